@@ -1,0 +1,141 @@
+"""Scalar data types and the promotion rules of tensor expressions.
+
+Promotion (written out in docs/dtypes.md):
+- bool < int32 < int64 < {float16, bfloat16} < float32 < float64 ("kind" then width).
+- Two dtypes of one kind promote to the wider; float16 with bfloat16 gives float32
+  (neither holds the other: float16 has the mantissa, bfloat16 the exponent range).
+- An integer with a float gives the float (like PyTorch; NumPy would widen int32+float16 to
+  float64, which no GPU kernel wants).
+- A Python scalar takes the dtype of the tensor expression it meets ("weak" scalars, as NumPy's
+  NEP 50): `x_f16 * 2.0` stays float16; a Python float meeting an integer expression gives float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+
+from .errors import DTypeError
+
+
+@dataclass(frozen=True)
+class DType:
+    """One scalar type: its name, kind ('bool' | 'int' | 'float'), width in bits and C spelling."""
+
+    name: str
+    kind: str
+    bits: int
+    c_name: str
+    rank: int  # position in the promotion order above
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind == "int"
+
+    @property
+    def is_bool(self) -> bool:
+        return self.kind == "bool"
+
+    @property
+    def bytes(self) -> int:
+        return max(1, self.bits // 8)
+
+    @property
+    def numpy(self) -> np.dtype:
+        """The host (NumPy) dtype; bfloat16 comes from ml-dtypes."""
+        if self.name == "bfloat16":
+            import ml_dtypes
+
+            return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(self.name if self.name != "bool" else np.bool_)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"tecc.{self.name}"
+
+
+bool_ = DType("bool", "bool", 8, "bool", 0)
+int32 = DType("int32", "int", 32, "int", 1)
+int64 = DType("int64", "int", 64, "long long", 2)
+float16 = DType("float16", "float", 16, "__half", 3)
+bfloat16 = DType("bfloat16", "float", 16, "__nv_bfloat16", 3)
+float32 = DType("float32", "float", 32, "float", 4)
+float64 = DType("float64", "float", 64, "double", 5)
+
+ALL_DTYPES: dict[str, DType] = {
+    d.name: d for d in (bool_, int32, int64, float16, bfloat16, float32, float64)
+}
+_ALIASES = {"float": float32, "half": float16, "bf16": bfloat16, "fp16": float16, "fp32": float32,
+            "fp64": float64, "double": float64, "int": int32, "bool_": bool_}
+
+DTypeLike = Union[DType, str, type, np.dtype]
+
+
+def as_dtype(value: DTypeLike) -> DType:
+    """Turn a name ('float32'), a NumPy dtype or a DType into a DType; unknown ones raise DTypeError."""
+    if isinstance(value, DType):
+        return value
+    if isinstance(value, str):
+        if value in ALL_DTYPES:
+            return ALL_DTYPES[value]
+        if value in _ALIASES:
+            return _ALIASES[value]
+        raise DTypeError(
+            f"unknown dtype {value!r}; tecc supports {', '.join(ALL_DTYPES)}"
+        )
+    if value is bool:
+        return bool_
+    if value is int:
+        return int64
+    if value is float:
+        return float64
+    try:
+        np_dtype = np.dtype(value)
+    except TypeError as exc:
+        raise DTypeError(f"cannot interpret {value!r} as a dtype") from exc
+    if np_dtype.name == "bfloat16":
+        return bfloat16
+    if np_dtype == np.bool_:
+        return bool_
+    if np_dtype.name in ALL_DTYPES:
+        return ALL_DTYPES[np_dtype.name]
+    raise DTypeError(f"NumPy dtype {np_dtype} has no tecc equivalent; use one of {', '.join(ALL_DTYPES)}")
+
+
+def promote(a: DType, b: DType) -> DType:
+    """The dtype of a binary operation on two tensor expressions of dtypes `a` and `b`."""
+    if a == b:
+        return a
+    if {a, b} == {float16, bfloat16}:
+        return float32
+    return a if a.rank > b.rank else b
+
+
+def scalar_dtype_against(value: object, other: DType) -> DType:
+    """The dtype a Python scalar takes next to an expression of dtype `other` (weak scalars)."""
+    if isinstance(value, bool):
+        return other
+    if isinstance(value, (int, np.integer)):
+        return other
+    if isinstance(value, (float, np.floating)):
+        return other if other.is_float else float32
+    raise DTypeError(f"cannot use {type(value).__name__} {value!r} in a tensor expression")
+
+
+def default_scalar_dtype(value: object) -> DType:
+    """The dtype of a Python scalar that stands alone (no tensor to take a dtype from)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool_
+    if isinstance(value, (int, np.integer)):
+        return int32 if -(2**31) <= int(value) < 2**31 else int64
+    if isinstance(value, (float, np.floating)):
+        return float32
+    raise DTypeError(f"cannot use {type(value).__name__} {value!r} in a tensor expression")

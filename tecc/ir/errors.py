@@ -1,0 +1,57 @@
+"""The errors tecc raises.
+
+Every error says what went wrong, where (op, tensor, index, pass) and what to do about it.
+They live in `tecc.ir` because every layer raises them and `ir` is the layer all may import;
+`tecc` re-exports them.
+"""
+
+from __future__ import annotations
+
+
+class TeccError(Exception):
+    """Base class of every error tecc raises on purpose."""
+
+
+class ShapeError(TeccError, ValueError):
+    """A shape, index arity, bound or stride does not fit what the tensor or kernel expects."""
+
+
+class DTypeError(TeccError, TypeError):
+    """An operator or argument is used with a dtype it does not support."""
+
+
+class ScheduleError(TeccError):
+    """A schedule primitive or pass was asked for something illegal; the message says which precondition failed."""
+
+
+class ResourceError(TeccError):
+    """A kernel needs more of a hardware resource (shared memory, registers, threads) than the target has."""
+
+
+class CompileError(TeccError):
+    """NVRTC rejected generated CUDA C. `log` holds the compiler's log, `source` the CUDA C."""
+
+    def __init__(self, message: str, log: str = "", source: str = "") -> None:
+        super().__init__(message)
+        self.log = log
+        self.source = source
+
+
+class LaunchError(TeccError):
+    """A kernel launch failed or the device reported an error after it."""
+
+
+class OutOfBoundsError(TeccError, IndexError):
+    """A kernel accessed memory outside a buffer (reported by the SIMT emulator)."""
+
+
+class RaceError(TeccError):
+    """Two threads of a block touched the same shared address with no barrier between (SIMT emulator)."""
+
+
+class UninitializedReadError(TeccError):
+    """A kernel read shared or local memory that nothing wrote (SIMT emulator)."""
+
+
+class DeviceError(TeccError):
+    """No usable CUDA device or driver where one is needed."""

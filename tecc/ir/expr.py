@@ -1,0 +1,719 @@
+"""Scalar expressions: the nodes shared by tensor expressions and the loop-nest IR.
+
+Nodes are immutable and hash-consed: building the same expression twice gives the very same
+object, so structural equality is identity (`a is b`), hashing is free, and common-subexpression
+elimination is a dictionary lookup. Variables (`Var`) are the one exception: two variables are the
+same only if they are the same object, whatever their names.
+
+`==` and `!=` on expressions build comparison nodes (so `tc.where(x == 0, ...)` works); such a node
+is truthy when its two sides are the same expression, which keeps `expr in list` and dict lookups
+meaningful. Any other use of an expression as a Python bool raises.
+
+Integer `//` and `%` are *floor* division and modulo (Python and NumPy semantics; the remainder has
+the divisor's sign). `/` is only defined on floats. Overflow of integer arithmetic wraps as in C.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any, Callable, Iterable, Sequence, Union
+
+from . import dtype as dt
+from .dtype import DType
+from .errors import DTypeError, TeccError
+
+ExprLike = Union["Expr", int, float, bool]
+
+_INTERN: "weakref.WeakValueDictionary[tuple, Expr]" = weakref.WeakValueDictionary()
+
+
+def _key_part(value: object) -> object:
+    """The part of an intern key that stands for one constructor argument."""
+    if isinstance(value, Expr):
+        return ("e", id(value))
+    if isinstance(value, tuple):
+        return ("t",) + tuple(_key_part(v) for v in value)
+    if isinstance(value, bool):
+        return ("b", value)
+    if isinstance(value, int):
+        return ("i", value)
+    if isinstance(value, float):
+        return ("f", repr(value))
+    if isinstance(value, (str, DType)) or value is None:
+        return value
+    return ("o", id(value))  # tensors, buffers: identity objects
+
+
+class Expr:
+    """Base of every scalar expression. `dtype` is the scalar type it evaluates to."""
+
+    __slots__ = ("dtype", "__weakref__")
+    _fields: tuple[str, ...] = ()
+    dtype: DType
+
+    def __new__(cls, *args: Any) -> "Expr":
+        key = (cls,) + tuple(_key_part(a) for a in args)
+        hit = _INTERN.get(key)
+        if hit is not None:
+            return hit
+        node = object.__new__(cls)
+        node._init(*args)
+        _INTERN[key] = node
+        return node
+
+    def _init(self, *args: Any) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def __reduce__(self) -> tuple:
+        return (type(self), tuple(getattr(self, f) for f in self._fields))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if hasattr(self, name):
+            raise AttributeError(f"{type(self).__name__} is immutable")
+        object.__setattr__(self, name, value)
+
+    @property
+    def children(self) -> tuple["Expr", ...]:
+        out: list[Expr] = []
+        for f in self._fields:
+            v = getattr(self, f)
+            if isinstance(v, Expr):
+                out.append(v)
+            elif isinstance(v, tuple):
+                out.extend(x for x in v if isinstance(x, Expr))
+        return tuple(out)
+
+    # ---- printing -------------------------------------------------------------------------
+    def __str__(self) -> str:
+        from .printer import expr_to_str
+
+        return expr_to_str(self)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self} : {self.dtype}>"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+    # ---- Python operators -----------------------------------------------------------------
+    def __add__(self, o: ExprLike) -> "Expr":
+        return binary("+", self, o)
+
+    def __radd__(self, o: ExprLike) -> "Expr":
+        return binary("+", o, self)
+
+    def __sub__(self, o: ExprLike) -> "Expr":
+        return binary("-", self, o)
+
+    def __rsub__(self, o: ExprLike) -> "Expr":
+        return binary("-", o, self)
+
+    def __mul__(self, o: ExprLike) -> "Expr":
+        return binary("*", self, o)
+
+    def __rmul__(self, o: ExprLike) -> "Expr":
+        return binary("*", o, self)
+
+    def __truediv__(self, o: ExprLike) -> "Expr":
+        return binary("/", self, o)
+
+    def __rtruediv__(self, o: ExprLike) -> "Expr":
+        return binary("/", o, self)
+
+    def __floordiv__(self, o: ExprLike) -> "Expr":
+        return binary("//", self, o)
+
+    def __rfloordiv__(self, o: ExprLike) -> "Expr":
+        return binary("//", o, self)
+
+    def __mod__(self, o: ExprLike) -> "Expr":
+        return binary("%", self, o)
+
+    def __rmod__(self, o: ExprLike) -> "Expr":
+        return binary("%", o, self)
+
+    def __pow__(self, o: ExprLike) -> "Expr":
+        return binary("pow", self, o)
+
+    def __rpow__(self, o: ExprLike) -> "Expr":
+        return binary("pow", o, self)
+
+    def __neg__(self) -> "Expr":
+        if self.dtype.is_bool:
+            raise DTypeError(f"cannot negate the bool expression {self}; use ~ for logical not")
+        return binary("-", Const(0, self.dtype), self) if not isinstance(self, Const) else Const(-self.value, self.dtype)
+
+    def __pos__(self) -> "Expr":
+        return self
+
+    def __abs__(self) -> "Expr":
+        return call("abs", self)
+
+    def __lt__(self, o: ExprLike) -> "Expr":
+        return compare("<", self, o)
+
+    def __le__(self, o: ExprLike) -> "Expr":
+        return compare("<=", self, o)
+
+    def __gt__(self, o: ExprLike) -> "Expr":
+        return compare(">", self, o)
+
+    def __ge__(self, o: ExprLike) -> "Expr":
+        return compare(">=", self, o)
+
+    def __eq__(self, o: object) -> "Expr":  # type: ignore[override]
+        if not isinstance(o, (Expr, int, float, bool)):
+            return NotImplemented
+        return compare("==", self, o)
+
+    def __ne__(self, o: object) -> "Expr":  # type: ignore[override]
+        if not isinstance(o, (Expr, int, float, bool)):
+            return NotImplemented
+        return compare("!=", self, o)
+
+    __hash__ = object.__hash__
+
+    def __and__(self, o: ExprLike) -> "Expr":
+        return binary("&", self, o)
+
+    def __rand__(self, o: ExprLike) -> "Expr":
+        return binary("&", o, self)
+
+    def __or__(self, o: ExprLike) -> "Expr":
+        return binary("|", self, o)
+
+    def __ror__(self, o: ExprLike) -> "Expr":
+        return binary("|", o, self)
+
+    def __xor__(self, o: ExprLike) -> "Expr":
+        return binary("^", self, o)
+
+    def __rxor__(self, o: ExprLike) -> "Expr":
+        return binary("^", o, self)
+
+    def __invert__(self) -> "Expr":
+        if not (self.dtype.is_bool or self.dtype.is_int):
+            raise DTypeError(f"~ needs a bool or integer expression, got {self.dtype} in {self}")
+        return Not(self)
+
+    def __bool__(self) -> bool:
+        raise TeccError(
+            f"the symbolic expression {self} has no Python truth value; "
+            "use tc.where(cond, a, b) for a choice inside a kernel"
+        )
+
+    def __index__(self) -> int:
+        if isinstance(self, Const) and self.dtype.is_int:
+            return int(self.value)
+        raise TeccError(f"the symbolic expression {self} is not a Python integer")
+
+    def __int__(self) -> int:
+        return self.__index__()
+
+
+class Const(Expr):
+    """A literal of a scalar dtype. Floats are stored as Python floats, ints as Python ints."""
+
+    __slots__ = ("value",)
+    _fields = ("value", "dtype")
+    value: Union[int, float, bool]
+
+    def __new__(cls, value: Union[int, float, bool], dtype: DType) -> "Const":
+        dtype = dt.as_dtype(dtype)
+        if dtype.is_bool:
+            value = bool(value)
+        elif dtype.is_int:
+            if isinstance(value, float) and not float(value).is_integer():
+                raise DTypeError(f"constant {value!r} is not an integer but was given dtype {dtype}")
+            value = int(value)
+        else:
+            value = float(value)
+        return super().__new__(cls, value, dtype)  # type: ignore[return-value]
+
+    def _init(self, value: Union[int, float, bool], dtype: DType) -> None:
+        object.__setattr__(self, "value", value)
+        object.__setattr__(self, "dtype", dtype)
+
+
+class Var(Expr):
+    """A named scalar variable: a symbolic size (`tc.var("M")`), a loop index, or a stride.
+
+    Variables compare by identity: two `Var("i")` are different variables. `kind` says which role
+    the variable plays: 'size' (a symbolic dimension, a kernel parameter), 'index' (a compute
+    axis or loop variable), 'stride' (a buffer stride, a kernel parameter)."""
+
+    __slots__ = ("name", "kind")
+    _fields = ("name", "dtype", "kind")
+    name: str
+    kind: str
+
+    def __new__(cls, name: str, dtype: DType = dt.int32, kind: str = "index") -> "Var":
+        node = object.__new__(cls)
+        node._init(name, dtype, kind)
+        return node
+
+    def _init(self, name: str, dtype: DType = dt.int32, kind: str = "index") -> None:
+        dtype = dt.as_dtype(dtype)
+        if not isinstance(name, str) or not name.isidentifier():
+            raise TeccError(f"variable name {name!r} must be a Python identifier")
+        if kind in ("size", "stride", "index") and not dtype.is_int:
+            raise DTypeError(f"variable {name} of kind {kind} must have an integer dtype, got {dtype}")
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "kind", kind)
+
+    def __reduce__(self) -> tuple:
+        raise TypeError("Var objects are identities; serialize whole programs with tecc.ir.serialize")
+
+
+class IterVar(Var):
+    """A variable ranging over [lo, lo + extent): an axis of a compute (kind 'index') or a
+    reduction axis (kind 'reduce', only valid inside the reduction that names it in `axis=`)."""
+
+    __slots__ = ("lo", "extent")
+    lo: Expr
+    extent: Expr
+
+    def __new__(cls, name: str, lo: Expr, extent: Expr, dtype: DType = dt.int32, kind: str = "index") -> "IterVar":
+        node = object.__new__(cls)
+        Var._init(node, name, dtype, kind)
+        object.__setattr__(node, "lo", lo)
+        object.__setattr__(node, "extent", extent)
+        return node
+
+
+class ReduceAxis(IterVar):
+    """A reduction axis, made by `tc.reduce_axis`."""
+
+    __slots__ = ()
+
+    def __new__(cls, name: str, lo: Expr, extent: Expr, dtype: DType = dt.int32) -> "ReduceAxis":
+        return IterVar.__new__(cls, name, lo, extent, dtype, "reduce")  # type: ignore[return-value]
+
+
+class Binary(Expr):
+    """`a op b` for op in + - * / // % min max pow & | ^ (& | ^ are logical on bools, bitwise on ints)."""
+
+    __slots__ = ("op", "a", "b")
+    _fields = ("op", "a", "b")
+    op: str
+    a: Expr
+    b: Expr
+
+    def _init(self, op: str, a: Expr, b: Expr) -> None:
+        if a.dtype != b.dtype:
+            raise DTypeError(f"operands of {op} must share a dtype after promotion, got {a.dtype} and {b.dtype}")
+        object.__setattr__(self, "op", op)
+        object.__setattr__(self, "a", a)
+        object.__setattr__(self, "b", b)
+        object.__setattr__(self, "dtype", a.dtype)
+
+
+class Compare(Expr):
+    """`a op b` for op in < <= > >= == !=, of dtype bool."""
+
+    __slots__ = ("op", "a", "b")
+    _fields = ("op", "a", "b")
+    op: str
+    a: Expr
+    b: Expr
+
+    def _init(self, op: str, a: Expr, b: Expr) -> None:
+        if a.dtype != b.dtype:
+            raise DTypeError(f"operands of {op} must share a dtype after promotion, got {a.dtype} and {b.dtype}")
+        object.__setattr__(self, "op", op)
+        object.__setattr__(self, "a", a)
+        object.__setattr__(self, "b", b)
+        object.__setattr__(self, "dtype", dt.bool_)
+
+    def __bool__(self) -> bool:
+        # Structural equality, so that containers and dict lookups of expressions work.
+        if self.op == "==":
+            return self.a is self.b
+        if self.op == "!=":
+            return self.a is not self.b
+        return Expr.__bool__(self)
+
+
+class Not(Expr):
+    """Logical not of a bool, bitwise not of an integer."""
+
+    __slots__ = ("a",)
+    _fields = ("a",)
+    a: Expr
+
+    def _init(self, a: Expr) -> None:
+        object.__setattr__(self, "a", a)
+        object.__setattr__(self, "dtype", a.dtype)
+
+
+class Cast(Expr):
+    """Convert `a` to `dtype` (C conversion; float→int truncates toward zero)."""
+
+    __slots__ = ("a",)
+    _fields = ("dtype", "a")
+    a: Expr
+
+    def _init(self, dtype: DType, a: Expr) -> None:
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "a", a)
+
+
+class Select(Expr):
+    """`cond ? a : b`. Only the chosen side is evaluated (C's `?:`), so a Select may guard a
+    load that would be out of bounds where `cond` is false (padding)."""
+
+    __slots__ = ("cond", "a", "b")
+    _fields = ("cond", "a", "b")
+    cond: Expr
+    a: Expr
+    b: Expr
+
+    def _init(self, cond: Expr, a: Expr, b: Expr) -> None:
+        if not cond.dtype.is_bool:
+            raise DTypeError(f"the condition of where() must be bool, got {cond.dtype} in {cond}")
+        if a.dtype != b.dtype:
+            raise DTypeError(f"both branches of where() must share a dtype, got {a.dtype} and {b.dtype}")
+        object.__setattr__(self, "cond", cond)
+        object.__setattr__(self, "a", a)
+        object.__setattr__(self, "b", b)
+        object.__setattr__(self, "dtype", a.dtype)
+
+
+# Math intrinsics: name -> (which dtypes are accepted). float16/bfloat16 inputs are computed in
+# float32 and rounded back (what CUDA's half math does, and what the emulator does).
+FLOAT_INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "erf", "sigmoid",
+                    "exp2", "log2", "floor", "ceil", "round", "isnan", "isinf")
+INTRINSICS = FLOAT_INTRINSICS + ("abs",)
+
+# Warp intrinsics (loop IR only), with CUDA's semantics over the 32 lanes of a warp, all lanes
+# active (mask 0xffffffff) and width 32:
+#   shfl_xor(value, lane_mask) -- the value of lane (lane ^ lane_mask)        (__shfl_xor_sync)
+#   shfl_down(value, delta)    -- the value of lane + delta, or own value if that is >= 32 (__shfl_down_sync)
+#   shfl_idx(value, src_lane)  -- the value of lane src_lane                   (__shfl_sync)
+# The lane of a thread is its linear thread index within the block modulo 32.
+WARP_INTRINSICS = ("shfl_xor", "shfl_down", "shfl_idx")
+
+
+class Call(Expr):
+    """A pure math intrinsic applied to scalars, e.g. `exp(x)`; see INTRINSICS.
+
+    Intrinsics with side effects or thread semantics (warp shuffles) also appear as Calls
+    in the loop IR; their meaning is in `tecc.ir.stmt`."""
+
+    __slots__ = ("name", "args")
+    _fields = ("name", "args", "dtype")
+    name: str
+    args: tuple[Expr, ...]
+
+    def _init(self, name: str, args: tuple[Expr, ...], dtype: DType) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "args", tuple(args))
+        object.__setattr__(self, "dtype", dtype)
+
+
+REDUCERS = ("sum", "prod", "max", "min")
+
+
+class Reduce(Expr):
+    """`combiner` (sum | prod | max | min) of `source` over the reduction axes `axes`.
+
+    The result has the source's dtype; the accumulator is float32 for float16/bfloat16 sources
+    (and the source's dtype otherwise), so long half-precision sums do not lose their low bits.
+    An empty reduction gives the combiner's identity: 0, 1, -inf / lowest, +inf / highest."""
+
+    __slots__ = ("combiner", "source", "axes", "acc_dtype")
+    _fields = ("combiner", "source", "axes")
+    combiner: str
+    source: Expr
+    axes: tuple[ReduceAxis, ...]
+    acc_dtype: DType
+
+    def _init(self, combiner: str, source: Expr, axes: tuple[ReduceAxis, ...]) -> None:
+        object.__setattr__(self, "combiner", combiner)
+        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "axes", tuple(axes))
+        object.__setattr__(self, "dtype", source.dtype)
+        acc = dt.float32 if source.dtype in (dt.float16, dt.bfloat16) else source.dtype
+        object.__setattr__(self, "acc_dtype", acc)
+
+
+def reduce_identity(combiner: str, dtype: DType) -> "Const":
+    """The identity of a combiner in `dtype` (what an empty reduction returns)."""
+    if combiner == "sum":
+        return Const(0, dtype)
+    if combiner == "prod":
+        return Const(1, dtype)
+    if dtype.is_float:
+        return Const(-math.inf if combiner == "max" else math.inf, dtype)
+    if dtype.is_bool:
+        return Const(combiner == "min", dtype)
+    bits = dtype.bits - 1
+    return Const(-(2**bits) if combiner == "max" else 2**bits - 1, dtype)
+
+
+class TensorRead(Expr):
+    """`tensor[indices]` in a tensor expression (before lowering). Built by `Tensor.__getitem__`,
+    which checks arity, index dtypes and bounds."""
+
+    __slots__ = ("tensor", "indices")
+    _fields = ("tensor", "indices")
+    tensor: Any
+    indices: tuple[Expr, ...]
+
+    def _init(self, tensor: Any, indices: tuple[Expr, ...]) -> None:
+        object.__setattr__(self, "tensor", tensor)
+        object.__setattr__(self, "indices", tuple(indices))
+        object.__setattr__(self, "dtype", tensor.dtype)
+
+
+class BufferLoad(Expr):
+    """`buffer[indices]` in the loop-nest IR: a read of one element of a global, shared or
+    local buffer (see `tecc.ir.stmt.Buffer`). Indices are in elements, one per dimension."""
+
+    __slots__ = ("buffer", "indices")
+    _fields = ("buffer", "indices")
+    buffer: Any
+    indices: tuple[Expr, ...]
+
+    def _init(self, buffer: Any, indices: tuple[Expr, ...]) -> None:
+        if len(indices) != len(buffer.shape):
+            raise TeccError(
+                f"buffer {buffer.name} has {len(buffer.shape)} dimensions but was indexed with {len(indices)}"
+            )
+        for ix in indices:
+            if not ix.dtype.is_int:
+                raise DTypeError(f"index {ix} of buffer {buffer.name} is {ix.dtype}, not an integer")
+        object.__setattr__(self, "buffer", buffer)
+        object.__setattr__(self, "indices", tuple(indices))
+        object.__setattr__(self, "dtype", buffer.dtype)
+
+
+# ---- building expressions with promotion and light constant folding --------------------------
+
+def as_expr(value: ExprLike, like: DType | None = None) -> Expr:
+    """Turn a Python scalar into a Const (taking the dtype `like` when given, weakly)."""
+    if isinstance(value, Expr):
+        return value
+    if like is not None:
+        return Const(value, dt.scalar_dtype_against(value, like))  # type: ignore[arg-type]
+    return Const(value, dt.default_scalar_dtype(value))  # type: ignore[arg-type]
+
+
+def _operands(a: ExprLike, b: ExprLike, op: str) -> tuple[Expr, Expr]:
+    if not isinstance(a, Expr) and not isinstance(b, Expr):
+        a, b = as_expr(a), as_expr(b)
+    elif not isinstance(a, Expr):
+        a = as_expr(a, b.dtype)  # type: ignore[union-attr]
+    elif not isinstance(b, Expr):
+        b = as_expr(b, a.dtype)
+    assert isinstance(a, Expr) and isinstance(b, Expr)
+    if a.dtype != b.dtype:
+        target = dt.promote(a.dtype, b.dtype)
+        a, b = cast(a, target), cast(b, target)
+    return a, b
+
+
+_FOLD: dict[str, Callable[[Any, Any], Any]] = {
+    "+": lambda x, y: x + y,
+    "-": lambda x, y: x - y,
+    "*": lambda x, y: x * y,
+    "min": min,
+    "max": max,
+}
+
+
+def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
+    """Build `a op b` with dtype promotion; folds integer constants and the identities x+0, x*1."""
+    x, y = _operands(a, b, op)
+    d = x.dtype
+    if op in ("+", "-", "*", "//", "%", "min", "max") and d.is_bool:
+        raise DTypeError(f"operator {op} is not defined on bool ({x} {op} {y}); cast to an integer first")
+    if op == "/" and not d.is_float:
+        raise DTypeError(
+            f"'/' needs floating operands, got {d} in ({x} / {y}); use // for integer division or tc.cast"
+        )
+    if op == "pow" and not d.is_float:
+        raise DTypeError(f"pow needs floating operands, got {d} in pow({x}, {y})")
+    if op in ("&", "|", "^") and d.is_float:
+        raise DTypeError(f"operator {op} needs bool or integer operands, got {d} in ({x} {op} {y})")
+    if d.is_int:
+        if isinstance(x, Const) and isinstance(y, Const):
+            if op in _FOLD:
+                return Const(_FOLD[op](x.value, y.value), d)
+            if op in ("//", "%") and y.value != 0:
+                return Const(x.value // y.value if op == "//" else x.value % y.value, d)
+        if op == "+" and isinstance(y, Const) and y.value == 0:
+            return x
+        if op == "+" and isinstance(x, Const) and x.value == 0:
+            return y
+        if op == "-" and isinstance(y, Const) and y.value == 0:
+            return x
+        if op == "*" and isinstance(y, Const) and y.value == 1:
+            return x
+        if op == "*" and isinstance(x, Const) and x.value == 1:
+            return y
+        if op == "*" and ((isinstance(y, Const) and y.value == 0) or (isinstance(x, Const) and x.value == 0)):
+            return Const(0, d)
+        if op in ("//",) and isinstance(y, Const) and y.value == 1:
+            return x
+        if op == "%" and isinstance(y, Const) and y.value == 1:
+            return Const(0, d)
+    if d.is_bool and op in ("&", "|") and (isinstance(x, Const) or isinstance(y, Const)):
+        c, other = (x, y) if isinstance(x, Const) else (y, x)
+        if op == "&":
+            return other if c.value else Const(False, d)
+        return Const(True, d) if c.value else other
+    return Binary(op, x, y)
+
+
+def compare(op: str, a: ExprLike, b: ExprLike) -> Expr:
+    """Build the comparison `a op b` (dtype bool) with dtype promotion."""
+    x, y = _operands(a, b, op)
+    if isinstance(x, Const) and isinstance(y, Const):
+        fold = {"<": x.value < y.value, "<=": x.value <= y.value, ">": x.value > y.value,
+                ">=": x.value >= y.value, "==": x.value == y.value, "!=": x.value != y.value}
+        return Const(fold[op], dt.bool_)
+    return Compare(op, x, y)
+
+
+def cast(value: ExprLike, dtype: dt.DTypeLike) -> Expr:
+    """`value` converted to `dtype`; no node when it already has that dtype."""
+    d = dt.as_dtype(dtype)
+    e = as_expr(value, d) if not isinstance(value, Expr) else value
+    if e.dtype == d:
+        return e
+    if isinstance(e, Const) and (d.is_int or d.is_bool) and not e.dtype.is_float:
+        return Const(e.value, d)
+    if isinstance(e, Const) and d.is_float and not (d in (dt.float16, dt.bfloat16)):
+        return Const(float(e.value), d)
+    return Cast(d, e)
+
+
+def call(name: str, *args: ExprLike) -> Expr:
+    """Apply the math intrinsic `name` (see INTRINSICS)."""
+    if name not in INTRINSICS:
+        raise DTypeError(f"unknown intrinsic {name!r}; tecc has {', '.join(INTRINSICS)}")
+    xs = [as_expr(a) if not isinstance(a, Expr) else a for a in args]
+    x = xs[0]
+    if name in ("isnan", "isinf"):
+        if not x.dtype.is_float:
+            raise DTypeError(f"{name} needs a floating argument, got {x.dtype} in {name}({x})")
+        return Call(name, tuple(xs), dt.bool_)
+    if name in FLOAT_INTRINSICS and not x.dtype.is_float:
+        raise DTypeError(
+            f"{name} needs a floating argument, got {x.dtype} in {name}({x}); cast it with tc.cast(x, 'float32')"
+        )
+    if name == "abs" and x.dtype.is_bool:
+        raise DTypeError(f"abs is not defined on bool ({x})")
+    return Call(name, tuple(xs), x.dtype)
+
+
+def warp_shuffle(kind: str, value: Expr, arg: ExprLike) -> Expr:
+    """A warp shuffle (see WARP_INTRINSICS): `kind` is shfl_xor | shfl_down | shfl_idx."""
+    if kind not in WARP_INTRINSICS:
+        raise TeccError(f"unknown warp intrinsic {kind!r}; one of {WARP_INTRINSICS}")
+    return Call(kind, (value, index_expr(arg) if not isinstance(arg, Expr) else arg), value.dtype)
+
+
+def select(cond: ExprLike, a: ExprLike, b: ExprLike) -> Expr:
+    """`where(cond, a, b)`: `a` where cond holds, else `b` (dtypes promoted)."""
+    c = as_expr(cond)
+    if not c.dtype.is_bool:
+        raise DTypeError(f"the condition of where() must be a bool expression, got {c.dtype} in {c}")
+    x, y = _operands(a, b, "where")
+    if isinstance(c, Const):
+        return x if c.value else y
+    return Select(c, x, y)
+
+
+def logical_and(*conds: Expr) -> Expr:
+    """The conjunction of bool expressions (True when there are none)."""
+    out: Expr = Const(True, dt.bool_)
+    for c in conds:
+        out = binary("&", out, c)
+    return out
+
+
+def free_vars(e: Expr) -> set[Var]:
+    """Every Var that occurs in `e` (reduce axes included, their domains too)."""
+    seen: set[int] = set()
+    out: set[Var] = set()
+    stack = [e]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, Var):
+            out.add(n)
+            if isinstance(n, IterVar):
+                stack.extend([n.lo, n.extent])
+            continue
+        if isinstance(n, TensorRead):
+            stack.extend(n.indices)
+            continue
+        stack.extend(n.children)
+    return out
+
+
+def substitute(e: Expr, mapping: dict[Var, Expr]) -> Expr:
+    """`e` with each variable in `mapping` replaced by its expression."""
+    from .visitor import ExprMutator
+
+    class _Sub(ExprMutator):
+        def visit_Var(self, v: Var) -> Expr:
+            return mapping.get(v, v)
+
+    return _Sub().visit(e)
+
+
+def walk(e: Expr) -> Iterable[Expr]:
+    """Every node of `e`, each once, parents before children."""
+    seen: set[int] = set()
+    stack = [e]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        yield n
+        if isinstance(n, TensorRead):
+            stack.extend(reversed(n.indices))
+        else:
+            stack.extend(reversed(n.children))
+
+
+def const_int(e: ExprLike) -> int | None:
+    """The value of an integer constant, or None when `e` is not one."""
+    if isinstance(e, bool):
+        return None
+    if isinstance(e, int):
+        return e
+    if isinstance(e, Const) and e.dtype.is_int:
+        return int(e.value)
+    return None
+
+
+def index_expr(value: ExprLike) -> Expr:
+    """An integer index or extent as an expression; floats and bools are refused."""
+    if isinstance(value, Expr):
+        if not value.dtype.is_int:
+            raise DTypeError(f"an index or extent must be an integer expression, got {value.dtype} in {value}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DTypeError(f"an index or extent must be an integer, got {type(value).__name__} {value!r}")
+    return Const(value, dt.int32 if -(2**31) <= value < 2**31 else dt.int64)
+
+
+def to_shape(shape: Sequence[ExprLike] | ExprLike) -> tuple[Expr, ...]:
+    """Normalize a shape given as ints / integer expressions."""
+    if isinstance(shape, (int, Expr)):
+        shape = (shape,)
+    out = tuple(index_expr(s) for s in shape)
+    for s in out:
+        c = const_int(s)
+        if c is not None and c < 0:
+            raise TeccError(f"a dimension cannot be negative, got {c} in shape {tuple(str(x) for x in out)}")
+    return out

@@ -1,0 +1,140 @@
+"""The functions of the tensor-expression language: reductions, math, where, cast."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .dtype import DTypeLike
+from .errors import DTypeError, ShapeError
+from .expr import (Expr, ExprLike, Reduce, ReduceAxis, as_expr, binary, call, cast as _cast, select)
+
+
+def _reduce(combiner: str, expr: ExprLike, axis: ReduceAxis | Sequence[ReduceAxis]) -> Expr:
+    axes = (axis,) if isinstance(axis, ReduceAxis) else tuple(axis)
+    if not axes:
+        raise ShapeError(f"{combiner}(): give at least one reduction axis with axis=")
+    for a in axes:
+        if not isinstance(a, ReduceAxis):
+            raise ShapeError(
+                f"{combiner}(): axis= takes axes made by tc.reduce_axis, got {a!r}; a compute's own axes "
+                "cannot be reduced over"
+            )
+    if len(set(axes)) != len(axes):
+        raise ShapeError(f"{combiner}(): axis {', '.join(a.name for a in axes)} lists an axis twice")
+    src = as_expr(expr)
+    if src.dtype.is_bool:
+        raise DTypeError(f"{combiner}() of a bool expression ({src}); cast it to an integer or float first")
+    if isinstance(src, Reduce) and set(src.axes) & set(axes):
+        raise ShapeError(f"{combiner}(): axis is already reduced by the inner {src.combiner}()")
+    return Reduce(combiner, src, axes)
+
+
+def sum(expr: ExprLike, axis: ReduceAxis | Sequence[ReduceAxis]) -> Expr:  # noqa: A001 - the language's name
+    """Σ of `expr` over the reduction axes (identity 0)."""
+    return _reduce("sum", expr, axis)
+
+
+def prod(expr: ExprLike, axis: ReduceAxis | Sequence[ReduceAxis]) -> Expr:
+    """Π of `expr` over the reduction axes (identity 1)."""
+    return _reduce("prod", expr, axis)
+
+
+def max(expr: ExprLike, axis: ReduceAxis | Sequence[ReduceAxis]) -> Expr:  # noqa: A001
+    """Maximum of `expr` over the reduction axes (identity -inf, or the dtype's lowest integer)."""
+    return _reduce("max", expr, axis)
+
+
+def min(expr: ExprLike, axis: ReduceAxis | Sequence[ReduceAxis]) -> Expr:  # noqa: A001
+    """Minimum of `expr` over the reduction axes (identity +inf, or the dtype's highest integer)."""
+    return _reduce("min", expr, axis)
+
+
+def exp(x: ExprLike) -> Expr:
+    return call("exp", x)
+
+
+def exp2(x: ExprLike) -> Expr:
+    return call("exp2", x)
+
+
+def log(x: ExprLike) -> Expr:
+    return call("log", x)
+
+
+def log2(x: ExprLike) -> Expr:
+    return call("log2", x)
+
+
+def sqrt(x: ExprLike) -> Expr:
+    return call("sqrt", x)
+
+
+def rsqrt(x: ExprLike) -> Expr:
+    """1 / sqrt(x)."""
+    return call("rsqrt", x)
+
+
+def sin(x: ExprLike) -> Expr:
+    return call("sin", x)
+
+
+def cos(x: ExprLike) -> Expr:
+    return call("cos", x)
+
+
+def tanh(x: ExprLike) -> Expr:
+    return call("tanh", x)
+
+
+def erf(x: ExprLike) -> Expr:
+    return call("erf", x)
+
+
+def sigmoid(x: ExprLike) -> Expr:
+    """1 / (1 + exp(-x))."""
+    return call("sigmoid", x)
+
+
+def abs(x: ExprLike) -> Expr:  # noqa: A001
+    return call("abs", x)
+
+
+def floor(x: ExprLike) -> Expr:
+    return call("floor", x)
+
+
+def ceil(x: ExprLike) -> Expr:
+    return call("ceil", x)
+
+
+def isnan(x: ExprLike) -> Expr:
+    return call("isnan", x)
+
+
+def maximum(a: ExprLike, b: ExprLike) -> Expr:
+    """Elementwise larger of two values (NaN handling as CUDA's fmaxf: the non-NaN operand)."""
+    return binary("max", a, b)
+
+
+def minimum(a: ExprLike, b: ExprLike) -> Expr:
+    """Elementwise smaller of two values (NaN handling as CUDA's fminf: the non-NaN operand)."""
+    return binary("min", a, b)
+
+
+def pow(a: ExprLike, b: ExprLike) -> Expr:  # noqa: A001
+    return binary("pow", a, b)
+
+
+def where(cond: ExprLike, a: ExprLike, b: ExprLike) -> Expr:
+    """`a` where `cond` holds, else `b`; only the chosen side is evaluated."""
+    return select(cond, a, b)
+
+
+def cast(x: ExprLike, dtype: DTypeLike) -> Expr:
+    """`x` converted to `dtype` (float to int truncates toward zero)."""
+    return _cast(x, dtype)
+
+
+def const(value: int | float | bool, dtype: DTypeLike) -> Expr:
+    """A constant of an explicit dtype."""
+    return _cast(as_expr(value), dtype) if not isinstance(value, Expr) else _cast(value, dtype)

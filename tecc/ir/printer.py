@@ -1,0 +1,157 @@
+"""Stable, deterministic text for every IR level. `str(node)` calls these.
+
+Expressions print infix with C-like precedence (`&&`/`||` for bool logic, `//` and `%` floor
+division and modulo, `min/max/pow` and casts as calls); statements print as an indented loop
+nest that reads like the program, with each loop's kind in brackets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .expr import (Binary, BufferLoad, Call, Cast, Compare, Const, Expr, Not, Reduce, Select, TensorRead,
+                   Var)
+from .stmt import (Allocate, Barrier, Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt, Module,
+                   PrimFunc, Seq, Stmt)
+
+# Higher binds tighter.
+_PREC = {"||": 1, "&&": 2, "|": 3, "^": 4, "&": 5, "==": 6, "!=": 6, "<": 7, "<=": 7, ">": 7, ">=": 7,
+         "+": 9, "-": 9, "*": 10, "/": 10, "//": 10, "%": 10}
+_FUNC_OPS = ("min", "max", "pow")
+
+
+def _fmt_const(c: Const) -> str:
+    if c.dtype.is_bool:
+        return "True" if c.value else "False"
+    if c.dtype.is_int:
+        text = str(c.value)
+        return text if c.dtype.name == "int32" else f"{c.dtype.name}({text})"
+    text = repr(float(c.value))
+    return text if c.dtype.name == "float32" else f"{c.dtype.name}({text})"
+
+
+def _op_text(e: Binary) -> str:
+    if e.dtype.is_bool and e.op in ("&", "|"):
+        return "&&" if e.op == "&" else "||"
+    return e.op
+
+
+def _expr(e: Expr, parent_prec: int = 0) -> str:
+    if isinstance(e, Const):
+        return _fmt_const(e)
+    if isinstance(e, Var):
+        return e.name
+    if isinstance(e, Binary):
+        if e.op in _FUNC_OPS:
+            return f"{e.op}({_expr(e.a)}, {_expr(e.b)})"
+        op = _op_text(e)
+        prec = _PREC[op]
+        # Left-associative: the right operand needs parentheses at equal precedence.
+        text = f"{_expr(e.a, prec)} {op} {_expr(e.b, prec + 1)}"
+        return f"({text})" if prec < parent_prec else text
+    if isinstance(e, Compare):
+        prec = _PREC[e.op]
+        text = f"{_expr(e.a, prec + 1)} {e.op} {_expr(e.b, prec + 1)}"
+        return f"({text})" if prec < parent_prec else text
+    if isinstance(e, Not):
+        return f"!{_expr(e.a, 11)}" if e.dtype.is_bool else f"~{_expr(e.a, 11)}"
+    if isinstance(e, Cast):
+        return f"{e.dtype.name}({_expr(e.a)})"
+    if isinstance(e, Select):
+        return f"where({_expr(e.cond)}, {_expr(e.a)}, {_expr(e.b)})"
+    if isinstance(e, Call):
+        return f"{e.name}({', '.join(_expr(a) for a in e.args)})"
+    if isinstance(e, Reduce):
+        axes = ", ".join(f"{a.name} in {_range(a.lo, a.extent)}" for a in e.axes)
+        return f"{e.combiner}({_expr(e.source)} for {axes})"
+    if isinstance(e, TensorRead):
+        return f"{e.tensor.name}[{', '.join(_expr(i) for i in e.indices)}]"
+    if isinstance(e, BufferLoad):
+        return f"{e.buffer.name}[{', '.join(_expr(i) for i in e.indices)}]"
+    raise TypeError(f"printer: no rule for {type(e).__name__}")
+
+
+def _range(lo: Expr, extent: Expr) -> str:
+    if isinstance(lo, Const) and lo.value == 0:
+        return f"range({_expr(extent)})"
+    return f"range({_expr(lo)}, {_expr(lo + extent)})"
+
+
+def expr_to_str(e: Expr) -> str:
+    return _expr(e)
+
+
+def buffer_decl(b: Buffer) -> str:
+    shape = ", ".join(_expr(s) for s in b.shape)
+    text = f"{b.name}: {b.dtype.name}[{shape}]"
+    if b.strides is not None:
+        text += f" strides({', '.join(_expr(s) for s in b.strides)})"
+    if b.scope != "global":
+        text += f" @{b.scope}"
+    return text
+
+
+def _stmt(s: Stmt, ind: int, out: list[str]) -> None:
+    pad = "  " * ind
+    if isinstance(s, Seq):
+        for x in s.stmts:
+            _stmt(x, ind, out)
+    elif isinstance(s, For):
+        kind = "" if s.kind == "serial" else f"  # {s.kind}"
+        notes = "".join(f" {k}={v}" for k, v in s.annotations)
+        if notes:
+            kind = (kind or "  #") + notes
+        out.append(f"{pad}for {s.var.name} in {_range(s.min, s.extent)}:{kind}")
+        _stmt(s.body, ind + 1, out)
+    elif isinstance(s, BufferStore):
+        idx = ", ".join(_expr(i) for i in s.indices)
+        out.append(f"{pad}{s.buffer.name}[{idx}] = {_expr(s.value)}")
+    elif isinstance(s, Allocate):
+        out.append(f"{pad}allocate {buffer_decl(s.buffer)}")
+        _stmt(s.body, ind, out)
+    elif isinstance(s, IfThenElse):
+        out.append(f"{pad}if {_expr(s.cond)}:")
+        _stmt(s.then_case, ind + 1, out)
+        if s.else_case is not None:
+            out.append(f"{pad}else:")
+            _stmt(s.else_case, ind + 1, out)
+    elif isinstance(s, LetStmt):
+        out.append(f"{pad}let {s.var.name}: {s.var.dtype.name} = {_expr(s.value)}")
+        _stmt(s.body, ind, out)
+    elif isinstance(s, Barrier):
+        out.append(f"{pad}barrier()")
+    elif isinstance(s, Evaluate):
+        out.append(f"{pad}{_expr(s.value)}")
+    else:
+        raise TypeError(f"printer: no rule for {type(s).__name__}")
+
+
+def stmt_to_str(s: Stmt) -> str:
+    out: list[str] = []
+    _stmt(s, 0, out)
+    return "\n".join(out)
+
+
+def _param(p: Any) -> str:
+    if isinstance(p, Buffer):
+        return buffer_decl(p)
+    return f"{p.name}: {p.dtype.name}"
+
+
+def func_to_str(f: PrimFunc) -> str:
+    out = [f"kernel {f.name}({', '.join(_param(p) for p in f.params)}):"]
+    for k, v in f.attrs:
+        out.append(f"  # {k} = {v}")
+    _stmt(f.body, 1, out)
+    return "\n".join(out)
+
+
+def module_to_str(m: Module) -> str:
+    out = [f"module {m.name}({', '.join(_param(p) for p in m.params)}):"]
+    for t in m.temps:
+        out.append(f"  temp {buffer_decl(t)}")
+    for c in m.calls:
+        out.append(f"  launch {c.kernel}({', '.join(a.name for a in c.args)})")
+    text = "\n".join(out)
+    kernels = "\n\n".join(func_to_str(k) for k in m.kernels)
+    return f"{text}\n\n{kernels}" if kernels else text

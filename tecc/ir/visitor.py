@@ -1,0 +1,175 @@
+"""One visitor and one mutator for expressions and statements.
+
+Dispatch is by node class name: `visit_Binary`, `visit_For`, ... A mutator that changes nothing
+returns the very same node, so unchanged subtrees stay shared and passes stay cheap. Expression
+results are memoized per mutator instance (expressions are hash-consed, so a shared subexpression
+is rewritten once).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .expr import (Binary, BufferLoad, Call, Cast, Compare, Const, Expr, Not, Reduce, Select, TensorRead,
+                   Var, binary, compare, select)
+from .stmt import (Allocate, Barrier, BufferStore, Evaluate, For, IfThenElse, LetStmt, PrimFunc, Seq,
+                   Stmt)
+
+
+class ExprVisitor:
+    """Walks an expression tree; override `visit_<Node>` and call `self.generic_visit(e)` to recurse."""
+
+    def visit(self, e: Expr) -> Any:
+        method: Callable[[Any], Any] = getattr(self, "visit_" + type(e).__name__, self.generic_visit)
+        return method(e)
+
+    def generic_visit(self, e: Expr) -> None:
+        if isinstance(e, TensorRead):
+            for i in e.indices:
+                self.visit(i)
+            return
+        for c in e.children:
+            self.visit(c)
+
+
+class ExprMutator:
+    """Rebuilds an expression bottom-up; nodes whose children did not change are returned as they are."""
+
+    def __init__(self) -> None:
+        self._memo: dict[int, tuple[Expr, Expr]] = {}
+
+    def visit(self, e: Expr) -> Expr:
+        hit = self._memo.get(id(e))
+        if hit is not None and hit[0] is e:
+            return hit[1]
+        method: Callable[[Any], Expr] = getattr(self, "visit_" + type(e).__name__, self.generic_visit)
+        out = method(e)
+        self._memo[id(e)] = (e, out)
+        return out
+
+    def generic_visit(self, e: Expr) -> Expr:
+        if isinstance(e, (Const, Var)):
+            return e
+        if isinstance(e, Binary):
+            a, b = self.visit(e.a), self.visit(e.b)
+            return e if (a is e.a and b is e.b) else binary(e.op, a, b)
+        if isinstance(e, Compare):
+            a, b = self.visit(e.a), self.visit(e.b)
+            return e if (a is e.a and b is e.b) else compare(e.op, a, b)
+        if isinstance(e, Not):
+            a = self.visit(e.a)
+            return e if a is e.a else Not(a)
+        if isinstance(e, Cast):
+            a = self.visit(e.a)
+            return e if a is e.a else (Cast(e.dtype, a) if a.dtype != e.dtype else a)
+        if isinstance(e, Select):
+            c, a, b = self.visit(e.cond), self.visit(e.a), self.visit(e.b)
+            return e if (c is e.cond and a is e.a and b is e.b) else select(c, a, b)
+        if isinstance(e, Call):
+            args = tuple(self.visit(a) for a in e.args)
+            return e if all(x is y for x, y in zip(args, e.args)) else Call(e.name, args, e.dtype)
+        if isinstance(e, Reduce):
+            src = self.visit(e.source)
+            return e if src is e.source else Reduce(e.combiner, src, e.axes)
+        if isinstance(e, TensorRead):
+            idx = tuple(self.visit(i) for i in e.indices)
+            return e if all(x is y for x, y in zip(idx, e.indices)) else TensorRead(e.tensor, idx)
+        if isinstance(e, BufferLoad):
+            idx = tuple(self.visit(i) for i in e.indices)
+            return e if all(x is y for x, y in zip(idx, e.indices)) else BufferLoad(e.buffer, idx)
+        raise TypeError(f"ExprMutator: no rule for {type(e).__name__}")
+
+
+class StmtVisitor:
+    """Walks statements (and, through `visit_expr`, the expressions in them)."""
+
+    def visit(self, s: Stmt) -> Any:
+        method: Callable[[Any], Any] = getattr(self, "visit_" + type(s).__name__, self.generic_visit)
+        return method(s)
+
+    def visit_expr(self, e: Expr) -> None:
+        """Called on every expression a statement holds; override to inspect them."""
+
+    def generic_visit(self, s: Stmt) -> None:
+        if isinstance(s, For):
+            self.visit_expr(s.min)
+            self.visit_expr(s.extent)
+            self.visit(s.body)
+        elif isinstance(s, BufferStore):
+            for i in s.indices:
+                self.visit_expr(i)
+            self.visit_expr(s.value)
+        elif isinstance(s, Allocate):
+            self.visit(s.body)
+        elif isinstance(s, IfThenElse):
+            self.visit_expr(s.cond)
+            self.visit(s.then_case)
+            if s.else_case is not None:
+                self.visit(s.else_case)
+        elif isinstance(s, LetStmt):
+            self.visit_expr(s.value)
+            self.visit(s.body)
+        elif isinstance(s, Seq):
+            for x in s.stmts:
+                self.visit(x)
+        elif isinstance(s, Evaluate):
+            self.visit_expr(s.value)
+        elif isinstance(s, Barrier):
+            pass
+        else:
+            raise TypeError(f"StmtVisitor: no rule for {type(s).__name__}")
+
+
+class StmtMutator:
+    """Rebuilds statements bottom-up, returning unchanged nodes as they are.
+
+    Expressions inside statements go through `visit_expr` (identity by default); set
+    `expr_mutator` to rewrite them with an ExprMutator."""
+
+    expr_mutator: ExprMutator | None = None
+
+    def visit(self, s: Stmt) -> Stmt:
+        method: Callable[[Any], Stmt] = getattr(self, "visit_" + type(s).__name__, self.generic_visit)
+        return method(s)
+
+    def visit_expr(self, e: Expr) -> Expr:
+        return self.expr_mutator.visit(e) if self.expr_mutator is not None else e
+
+    def visit_func(self, f: PrimFunc) -> PrimFunc:
+        return f.with_body(self.visit(f.body))
+
+    def generic_visit(self, s: Stmt) -> Stmt:
+        if isinstance(s, For):
+            mn, ext, body = self.visit_expr(s.min), self.visit_expr(s.extent), self.visit(s.body)
+            if mn is s.min and ext is s.extent and body is s.body:
+                return s
+            return For(s.var, mn, ext, s.kind, body, s.annotations)
+        if isinstance(s, BufferStore):
+            idx = tuple(self.visit_expr(i) for i in s.indices)
+            val = self.visit_expr(s.value)
+            if val is s.value and all(x is y for x, y in zip(idx, s.indices)):
+                return s
+            return BufferStore(s.buffer, idx, val)
+        if isinstance(s, Allocate):
+            body = self.visit(s.body)
+            return s if body is s.body else Allocate(s.buffer, body)
+        if isinstance(s, IfThenElse):
+            c = self.visit_expr(s.cond)
+            t = self.visit(s.then_case)
+            f = self.visit(s.else_case) if s.else_case is not None else None
+            if c is s.cond and t is s.then_case and f is s.else_case:
+                return s
+            return IfThenElse(c, t, f)
+        if isinstance(s, LetStmt):
+            v, body = self.visit_expr(s.value), self.visit(s.body)
+            return s if (v is s.value and body is s.body) else LetStmt(s.var, v, body)
+        if isinstance(s, Seq):
+            stmts = tuple(self.visit(x) for x in s.stmts)
+            return s if all(x is y for x, y in zip(stmts, s.stmts)) else Seq(stmts)
+        if isinstance(s, Evaluate):
+            v = self.visit_expr(s.value)
+            return s if v is s.value else Evaluate(v)
+        if isinstance(s, Barrier):
+            return s
+        raise TypeError(f"StmtMutator: no rule for {type(s).__name__}")
+
