@@ -1,0 +1,62 @@
+"""Evaluate scalar expressions over known variable values (host side: launch dimensions,
+temporary shapes, argument checks). Integer `//` and `%` floor, as everywhere in tecc."""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from .errors import TeccError
+from .expr import Binary, Call, Cast, Compare, Const, Expr, Not, Select, Var
+
+_BIN = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": lambda a, b: a / b,
+    "//": lambda a, b: a // b,
+    "%": lambda a, b: a % b,
+    "min": min,
+    "max": max,
+    "pow": lambda a, b: a**b,
+    "&": lambda a, b: a & b,
+    "|": lambda a, b: a | b,
+    "^": lambda a, b: a ^ b,
+}
+_CMP = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
+        ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
+
+
+def evaluate(e: Expr, env: Mapping[Var, int | float | bool]) -> int | float | bool:
+    """The value of `e` when each variable takes its value in `env`."""
+    if isinstance(e, Const):
+        return e.value
+    if isinstance(e, Var):
+        if e not in env:
+            raise TeccError(f"no value for variable {e.name} while evaluating an expression")
+        return env[e]
+    if isinstance(e, Binary):
+        a, b = evaluate(e.a, env), evaluate(e.b, env)
+        if e.op in ("//", "%") and b == 0:
+            raise TeccError(f"division by zero evaluating {e}")
+        return _BIN[e.op](a, b)
+    if isinstance(e, Compare):
+        return _CMP[e.op](evaluate(e.a, env), evaluate(e.b, env))
+    if isinstance(e, Not):
+        v = evaluate(e.a, env)
+        return (not v) if e.dtype.is_bool else ~int(v)
+    if isinstance(e, Cast):
+        v = evaluate(e.a, env)
+        if e.dtype.is_bool:
+            return bool(v)
+        return int(v) if e.dtype.is_int else float(v)
+    if isinstance(e, Select):
+        return evaluate(e.a, env) if evaluate(e.cond, env) else evaluate(e.b, env)
+    if isinstance(e, Call) and hasattr(math, e.name):
+        return getattr(math, e.name)(*(evaluate(a, env) for a in e.args))
+    raise TeccError(f"cannot evaluate {type(e).__name__} {e} on the host")
+
+
+def evaluate_int(e: Expr, env: Mapping[Var, int | float | bool]) -> int:
+    v = evaluate(e, env)
+    return int(v)

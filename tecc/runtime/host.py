@@ -1,0 +1,238 @@
+"""The host side of a compiled module: what to check, allocate and launch, without kernel bodies.
+
+`HostProgram` is what the manifest stores and what both executors (CUDA and the SIMT emulator)
+run: the user-visible signature, temporary buffers, each kernel's parameters and launch
+dimensions (expressions over size variables), and the launch sequence.
+
+Argument binding (`bind_arguments`) checks each array against its buffer: count, dtype, rank,
+every dimension (binding size variables on first sight and checking them after), and strides
+(contiguity, or binding stride variables). Errors name the kernel module, the argument and the
+dimension.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ..ir import dtype as dt
+from ..ir.dtype import DType
+from ..ir.errors import DTypeError, ShapeError, TeccError
+from ..ir.evaluate import evaluate_int
+from ..ir.expr import Expr, Var, const_int, free_vars
+from ..ir.serialize import (VarTable, expr_from_json, expr_to_json, param_from_json, param_to_json)
+from ..ir.stmt import Buffer, BufferStore, KernelParam, Module, iter_stmts, launch_dims
+
+# Largest grid dimensions of CUDA (compute capability >= 3.0).
+MAX_GRID = (2**31 - 1, 65535, 65535)
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """One kernel as the host sees it: entry name, parameters in ABI order, launch dimensions."""
+
+    name: str
+    params: tuple[KernelParam, ...]
+    grid: tuple[Expr, Expr, Expr]
+    block: tuple[int, int, int]
+    dynamic_smem: int = 0
+
+
+@dataclass(frozen=True)
+class Call:
+    """Launch kernel `kernel` with the module-level parameters/temporaries named in `args`."""
+
+    kernel: str
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class HostProgram:
+    name: str
+    params: tuple[KernelParam, ...]
+    temps: tuple[Buffer, ...]
+    kernels: tuple[KernelInfo, ...]
+    calls: tuple[Call, ...]
+    outputs: tuple[str, ...]
+
+    @property
+    def buffer_params(self) -> tuple[Buffer, ...]:
+        return tuple(p for p in self.params if isinstance(p, Buffer))
+
+    @property
+    def size_vars(self) -> tuple[Var, ...]:
+        return tuple(p for p in self.params if isinstance(p, Var))
+
+    def kernel(self, name: str) -> KernelInfo:
+        for k in self.kernels:
+            if k.name == name:
+                return k
+        raise KeyError(name)
+
+    @staticmethod
+    def from_module(module: Module, dynamic_smem: Mapping[str, int] | None = None) -> "HostProgram":
+        kernels = []
+        written: set[str] = set()
+        for k in module.kernels:
+            dims = launch_dims(k)
+            kernels.append(KernelInfo(k.name, k.params, dims.grid, dims.block, (dynamic_smem or {}).get(k.name, 0)))
+        for call in module.calls:
+            func = module.kernel(call.kernel)
+            by_param = {id(p): a for p, a in zip(func.params, call.args)}
+            for s in iter_stmts(func.body):
+                if isinstance(s, BufferStore) and s.buffer.scope == "global":
+                    arg = by_param.get(id(s.buffer))
+                    written.add(arg.name if arg is not None else s.buffer.name)
+        calls = tuple(Call(c.kernel, tuple(a.name for a in c.args)) for c in module.calls)
+        outputs = tuple(p.name for p in module.params if isinstance(p, Buffer) and p.name in written)
+        return HostProgram(module.name, module.params, module.temps, tuple(kernels), calls, outputs)
+
+    # ---- manifest JSON ------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "params": [param_to_json(p) for p in self.params],
+            "temps": [param_to_json(t) for t in self.temps],
+            "kernels": [
+                {
+                    "name": k.name,
+                    "params": [param_to_json(p) for p in k.params],
+                    "grid": [expr_to_json(g) for g in k.grid],
+                    "block": list(k.block),
+                    "dynamic_smem": k.dynamic_smem,
+                }
+                for k in self.kernels
+            ],
+            "calls": [{"kernel": c.kernel, "args": list(c.args)} for c in self.calls],
+            "outputs": list(self.outputs),
+        }
+
+    @staticmethod
+    def from_json(j: Mapping[str, Any]) -> "HostProgram":
+        table = VarTable()
+        params = tuple(param_from_json(p, table) for p in j["params"])
+        temps = tuple(param_from_json(t, table) for t in j["temps"])
+        kernels = tuple(
+            KernelInfo(
+                k["name"],
+                tuple(param_from_json(p, table) for p in k["params"]),
+                tuple(expr_from_json(g, table) for g in k["grid"]),  # type: ignore[arg-type]
+                tuple(k["block"]),  # type: ignore[arg-type]
+                k.get("dynamic_smem", 0),
+            )
+            for k in j["kernels"]
+        )
+        calls = tuple(Call(c["kernel"], tuple(c["args"])) for c in j["calls"])
+        return HostProgram(j["name"], params, temps, kernels, calls, tuple(j["outputs"]))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """What binding needs to know of an argument: shape, strides in elements, dtype."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: DType
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    out: list[int] = []
+    acc = 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(out))
+
+
+def is_contiguous(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Row-major contiguous, ignoring the strides of size-1 dimensions (they are never used)."""
+    if any(s == 0 for s in shape):
+        return True
+    expected = contiguous_strides(shape)
+    return all(n == 1 or a == b for n, a, b in zip(shape, strides, expected))
+
+
+def bind_arguments(prog: HostProgram, infos: Sequence[ArrayInfo]) -> dict[Var, int]:
+    """Check `infos` against the program's buffer parameters and return the value of every size
+    and stride variable. Raises ShapeError / DTypeError naming the argument and dimension."""
+    buffers = prog.buffer_params
+    if len(infos) != len(buffers):
+        names = ", ".join(b.name for b in buffers)
+        raise TeccError(f"{prog.name} takes {len(buffers)} arrays ({names}), got {len(infos)}")
+    env: dict[Var, int] = {}
+    pending: list[tuple[str, Expr, int]] = []
+    for pos, (buf, info) in enumerate(zip(buffers, infos)):
+        where = f"argument {pos} ({buf.name}) of {prog.name}"
+        if info.dtype != buf.dtype:
+            raise DTypeError(f"{where}: expected {buf.dtype.name}, got {info.dtype.name}")
+        if len(info.shape) != buf.ndim:
+            raise ShapeError(
+                f"{where}: expected {buf.ndim} dimensions [{', '.join(str(s) for s in buf.shape)}], "
+                f"got shape {tuple(info.shape)}"
+            )
+        for d, (want, got) in enumerate(zip(buf.shape, info.shape)):
+            _bind_dim(env, pending, f"{where}, dimension {d}", want, int(got))
+        if buf.strides is None:
+            if not is_contiguous(info.shape, info.strides):
+                raise ShapeError(
+                    f"{where}: expected a contiguous row-major array, got strides {tuple(info.strides)} "
+                    f"(elements) for shape {tuple(info.shape)}; pass a contiguous copy or declare the "
+                    f"placeholder with strides='any'"
+                )
+        else:
+            for d, (want, got) in enumerate(zip(buf.strides, info.strides)):
+                _bind_dim(env, pending, f"{where}, stride {d}", want, int(got))
+    for where, want, got in pending:
+        value = evaluate_int(want, env)
+        if value != got:
+            raise ShapeError(f"{where}: expected {want} = {value}, got {got}")
+    for v, value in env.items():
+        if v.dtype == dt.int32 and not (-(2**31) <= value < 2**31):
+            raise ShapeError(
+                f"{prog.name}: {v.name} = {value} does not fit the kernel's int32 index; "
+                f"declare it tc.var({v.name!r}, 'int64')"
+            )
+    return env
+
+
+def _bind_dim(env: dict[Var, int], pending: list[tuple[str, Expr, int]], where: str, want: Expr, got: int) -> None:
+    c = const_int(want)
+    if c is not None:
+        if c != got:
+            raise ShapeError(f"{where}: expected {c}, got {got}")
+        return
+    if isinstance(want, Var):
+        if want in env:
+            if env[want] != got:
+                raise ShapeError(
+                    f"{where}: {want.name} is {got} here but {env[want]} in an earlier argument; "
+                    f"every use of {want.name} must have the same size"
+                )
+        else:
+            env[want] = got
+        return
+    pending.append((where, want, got))
+
+
+def resolve_launch(info: KernelInfo, env: Mapping[Var, int], module: str = "") -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """Grid and block of a kernel for bound sizes; checks CUDA's grid limits."""
+    grid = tuple(evaluate_int(g, env) for g in info.grid)
+    for axis, (g, limit) in enumerate(zip(grid, MAX_GRID)):
+        if g > limit:
+            raise ShapeError(
+                f"{module or info.name}: kernel {info.name} needs a grid of {g} blocks in dimension "
+                f"{'xyz'[axis]}, over CUDA's limit of {limit}; the problem is too large for this schedule"
+            )
+    return grid, info.block  # type: ignore[return-value]
+
+
+def temp_shape(buf: Buffer, env: Mapping[Var, int]) -> tuple[int, ...]:
+    return tuple(evaluate_int(s, env) for s in buf.shape)
+
+
+def needed_vars(exprs: Sequence[Expr]) -> set[Var]:
+    out: set[Var] = set()
+    for e in exprs:
+        out |= free_vars(e)
+    return out
+
