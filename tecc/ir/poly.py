@@ -174,3 +174,315 @@ def is_provably_true(cond: Expr, iter_vars: Sequence[IterVar], context: Sequence
     if any(isinstance(v, IterVar) and names(v) not in dims for v in names.by_var):
         return False
     return isl.Set(f"[{', '.join(params)}] -> {{ [{', '.join(dims)}] : {text} }}").is_empty()
+
+
+# ---- the statement model of a kernel body: domains, accesses, schedules, dependences ----------
+#
+# Used by the schedule primitives (tecc.passes.schedule) to decide legality and to size caches.
+# A *statement* is a leaf of the loop IR (a BufferStore or an Evaluate); its *instances* are the
+# points of its iteration domain (the values of its enclosing loop variables where its guards
+# hold). Its schedule is the classic 2d+1 vector [p0, v0, p1, v1, ..., pd]: loop values
+# interleaved with the textual position of the statement (or loop) inside each loop body, so the
+# lexicographic order of schedule vectors is the sequential execution order.
+#
+# Anything not quasi-affine is over-approximated (an unknown index may touch any element, an
+# unknown bound or guard is dropped), so dependences are a superset of the real ones: a legality
+# check may refuse a legal schedule but never accepts an illegal one.
+
+
+@dataclass(frozen=True)
+class LoopDim:
+    """One loop around a statement: its variable, range and kind (a For's fields)."""
+
+    var: Var
+    min: Expr
+    extent: Expr
+    kind: str
+
+
+@dataclass(frozen=True)
+class PolyStmt:
+    """A leaf statement with everything the analyses need about it."""
+
+    name: str                        # isl tuple name: S0, S1, ...
+    node: object                     # the BufferStore / Evaluate it stands for
+    loops: tuple[LoopDim, ...]       # enclosing loops, outermost first
+    positions: tuple[int, ...]       # textual position in each loop body, len(loops) + 1
+    conditions: tuple[Expr, ...]     # enclosing guards (an else branch contributes Not(cond))
+    writes: tuple[tuple[object, tuple[Expr, ...]], ...]   # (Buffer, indices)
+    reads: tuple[tuple[object, tuple[Expr, ...]], ...]
+    prefixes: tuple[tuple[object, tuple[str, ...]], ...]  # per buffer: privatization prefix (isl text)
+
+    def prefix(self, buffer: object) -> tuple[str, ...]:
+        for b, p in self.prefixes:
+            if b is buffer:
+                return p
+        return ()
+
+
+def _loads_in(e: Expr) -> list[tuple[object, tuple[Expr, ...]]]:
+    from .expr import BufferLoad, walk
+
+    return [(n.buffer, n.indices) for n in walk(e) if isinstance(n, BufferLoad)]
+
+
+def collect_statements(body: object) -> list[PolyStmt]:
+    """The leaf statements of a kernel body, in execution (textual) order."""
+    from .stmt import (Allocate, Barrier, BufferStore, Evaluate, For, IfThenElse, LetStmt, Seq)
+
+    out: list[PolyStmt] = []
+    alloc_loops: dict[int, tuple[object, tuple[LoopDim, ...]]] = {}
+
+    def prefixes(buffers: list[object], loops: tuple[LoopDim, ...]) -> tuple[tuple[object, tuple[str, ...]], ...]:
+        # Shared memory is one copy per block, local memory one per thread; an Allocate inside a
+        # serial loop is a fresh buffer per iteration. The prefix makes those copies distinct
+        # elements, so privatized buffers carry no false dependences.
+        res: list[tuple[object, tuple[str, ...]]] = []
+        for b in buffers:
+            scope = getattr(b, "scope", "global")
+            if scope == "global" or any(x is b for x, _ in res):
+                continue
+            kinds = ["blockIdx.x", "blockIdx.y", "blockIdx.z"]
+            if scope == "local":
+                kinds += ["threadIdx.x", "threadIdx.y", "threadIdx.z"]
+            parts: list[object] = []
+            for k in kinds:
+                bound = [lp.var for lp in loops if lp.kind == k]
+                parts.append(bound[-1] if bound else 0)
+            hit = alloc_loops.get(id(b))
+            if hit is not None:
+                parts += [lp.var for lp in hit[1] if lp.kind in ("serial", "unroll", "vectorize")]
+            res.append((b, tuple(p if isinstance(p, int) else ("@", p) for p in parts)))  # type: ignore[misc]
+        return tuple(res)  # type: ignore[return-value]
+
+    def leaf(s: object, loops: tuple[LoopDim, ...], pos: list[int], conds: tuple[Expr, ...]) -> None:
+        writes: list[tuple[object, tuple[Expr, ...]]] = []
+        reads: list[tuple[object, tuple[Expr, ...]]] = []
+        if isinstance(s, BufferStore):
+            writes.append((s.buffer, s.indices))
+            reads += _loads_in(s.value)
+            for i in s.indices:
+                reads += _loads_in(i)
+        elif isinstance(s, Evaluate):
+            reads += _loads_in(s.value)
+        for c in conds:
+            reads += _loads_in(c)
+        for lp in loops:
+            reads += _loads_in(lp.min) + _loads_in(lp.extent)
+        bufs = [b for b, _ in writes + reads]
+        out.append(PolyStmt(f"S{len(out)}", s, loops, tuple(pos), conds, tuple(writes), tuple(reads),
+                            prefixes(bufs, loops)))
+
+    def walk(s: object, loops: tuple[LoopDim, ...], pos: list[int], counter: list[int],
+             conds: tuple[Expr, ...]) -> None:
+        if isinstance(s, Seq):
+            for x in s.stmts:
+                walk(x, loops, pos, counter, conds)
+        elif isinstance(s, For):
+            here = pos + [counter[0]]
+            counter[0] += 1
+            walk(s.body, loops + (LoopDim(s.var, s.min, s.extent, s.kind),), here, [0], conds)
+        elif isinstance(s, Allocate):
+            alloc_loops[id(s.buffer)] = (s.buffer, loops)
+            walk(s.body, loops, pos, counter, conds)
+        elif isinstance(s, IfThenElse):
+            walk(s.then_case, loops, pos, counter, conds + (s.cond,))
+            if s.else_case is not None:
+                walk(s.else_case, loops, pos, counter, conds + (Not(s.cond),))
+        elif isinstance(s, LetStmt):
+            # the let variable becomes an unknown parameter (over-approximation)
+            walk(s.body, loops, pos, counter, conds)
+        elif isinstance(s, Barrier):
+            counter[0] += 1
+        else:
+            leaf(s, loops, pos + [counter[0]], conds)
+            counter[0] += 1
+
+    walk(body, (), [], [0], ())
+    return out
+
+
+class StmtSpace:
+    """isl text of statements (shared names, so every piece lives in one parameter space)."""
+
+    def __init__(self, stmts: Sequence[PolyStmt]) -> None:
+        self.stmts = list(stmts)
+        self.names = _Names()
+        self.buffer_names: dict[int, str] = {}
+        self.depth = max((len(s.loops) for s in stmts), default=0)
+        self.loop_vars = {lp.var for s in stmts for lp in s.loops}
+
+    def buffer(self, b: object) -> str:
+        n = self.buffer_names.get(id(b))
+        if n is None:
+            n = f"{getattr(b, 'name', 'buf')}_b{len(self.buffer_names)}"
+            self.buffer_names[id(b)] = n
+        return n
+
+    def dims(self, s: PolyStmt) -> list[str]:
+        return [self.names(lp.var) for lp in s.loops]
+
+    def constraints(self, s: PolyStmt) -> list[str]:
+        out: list[str] = []
+        for lp in s.loops:
+            lo, ext = affine_text(lp.min, self.names), affine_text(lp.extent, self.names)
+            n = self.names(lp.var)
+            if lo is not None:
+                out.append(f"{n} >= {lo}")
+                if ext is not None:
+                    out.append(f"{n} < {lo} + {ext}")
+        for c in s.conditions:
+            t = condition_text(c, self.names) if not isinstance(c, Not) else None
+            if isinstance(c, Not):
+                inner = condition_text(c.a, self.names)
+                t = f"not ({inner})" if inner is not None else None
+            if t is not None:
+                out.append(f"({t})")
+        return out
+
+    def _text(self, s: PolyStmt, target: str, target_cons: list[str]) -> str:
+        dims = self.dims(s)
+        cons = self.constraints(s) + target_cons
+        params = [n for v, n in self.names.by_var.items() if v not in self.loop_vars]
+        for v, n in self.names.by_var.items():
+            if n in params and v.kind == "size":
+                cons.append(f"{n} >= 0")
+        where = " and ".join(cons) if cons else "true"
+        return f"[{', '.join(params)}] -> {{ {s.name}[{', '.join(dims)}] -> {target} : {where} }}"
+
+    def access(self, s: PolyStmt, buffer: object, indices: Sequence[Expr]) -> "isl.UnionMap":
+        pre = []
+        for p in s.prefix(buffer):
+            pre.append(str(p) if isinstance(p, int) else self.names(p[1]))  # type: ignore[index]
+        outs: list[str] = []
+        cons: list[str] = []
+        for k, ix in enumerate(indices):
+            o = f"o{k}_"
+            outs.append(o)
+            t = affine_text(ix, self.names)
+            if t is not None:
+                cons.append(f"{o} = {t}")
+        target = f"{self.buffer(buffer)}[{', '.join(pre + outs)}]"
+        return isl.UnionMap(self._text(s, target, cons))
+
+    def schedule(self, s: PolyStmt, entries: Sequence[object] | None = None) -> "isl.UnionMap":
+        """The schedule map of `s`; `entries` (ints and loop Vars) replaces the 2d+1 default."""
+        if entries is None:
+            entries = []
+            for k, lp in enumerate(s.loops):
+                entries += [s.positions[k], lp.var]
+            entries.append(s.positions[len(s.loops)])
+        width = 2 * self.depth + 3
+        items = [str(e) if isinstance(e, int) else self.names(e) for e in entries]  # type: ignore[arg-type]
+        items += ["0"] * (width - len(items))
+        return isl.UnionMap(self._text(s, f"[{', '.join(items)}]", []))
+
+
+def _union(maps: Iterable["isl.UnionMap"], empty_text: str = "{ }") -> "isl.UnionMap":
+    out = isl.UnionMap(empty_text)
+    for m in maps:
+        out = out.union(m)
+    return out
+
+
+@dataclass
+class Dependences:
+    """Dependences of a kernel body: pairs of instances (source → sink) that touch the same
+    element, at least one writing, the source first in the current schedule."""
+
+    space: StmtSpace
+    schedule: "isl.UnionMap"
+    relation: "isl.UnionMap"
+
+    def without_self(self, stmt_names: Iterable[str]) -> "isl.UnionMap":
+        """The dependences minus those of each named statement on itself (reduction updates)."""
+        rel = self.relation
+        for s in self.space.stmts:
+            if s.name in stmt_names:
+                n = len(s.loops)
+                a = ", ".join(f"a{k}" for k in range(n))
+                b = ", ".join(f"b{k}" for k in range(n))
+                rel = rel.subtract(isl.UnionMap(f"{{ {s.name}[{a}] -> {s.name}[{b}] }}"))
+        return rel
+
+
+def dependences(body: object) -> Dependences:
+    """The dependences of a kernel body under its current (sequential) schedule."""
+    stmts = collect_statements(body)
+    space = StmtSpace(stmts)
+    writes = _union(space.access(s, b, ix) for s in stmts for b, ix in s.writes)
+    reads = _union(space.access(s, b, ix) for s in stmts for b, ix in s.reads)
+    sched = _union(space.schedule(s) for s in stmts)
+    same = writes.apply_range(reads.reverse())          # write → read of the same element
+    same = same.union(reads.apply_range(writes.reverse()))   # read → write
+    same = same.union(writes.apply_range(writes.reverse()))  # write → write
+    order = sched.lex_lt_union_map(sched)
+    return Dependences(space, sched, same.intersect(order))
+
+
+def respects(relation: "isl.UnionMap", schedule: "isl.UnionMap") -> bool:
+    """True when every dependence source still runs before its sink under `schedule`."""
+    if relation.is_empty():
+        return True
+    return bool(relation.is_subset(schedule.lex_lt_union_map(schedule)))
+
+
+def carried_at(relation: "isl.UnionMap", schedule: "isl.UnionMap", level: int) -> bool:
+    """True when some dependence has equal schedule entries before `level` and different ones at
+    `level` (the loop whose variable is entry `level` carries it: running that loop's iterations
+    in parallel would break the dependence)."""
+    if relation.is_empty():
+        return False
+    timed = relation.apply_domain(schedule).apply_range(schedule)
+    if timed.is_empty():
+        return False
+    width = timed.get_map_list().get_at(0).dim(isl.dim_type.in_)
+    a = ", ".join(f"a{k}" for k in range(width))
+    b = ", ".join(f"b{k}" for k in range(width))
+    eq = [f"a{k} = b{k}" for k in range(level)] + [f"a{level} != b{level}"]
+    probe = isl.UnionMap(f"{{ [{a}] -> [{b}] : {' and '.join(eq)} }}")
+    return not timed.intersect(probe).is_empty()
+
+
+def expr_bounds(e: Expr, loops: Sequence[LoopDim], conditions: Sequence[Expr] = ()) -> tuple[int | None, int | None]:
+    """The least and greatest value of the affine expression `e` over the domain of `loops`
+    (restricted by `conditions`), over every value of the size parameters; None where unbounded
+    or not affine."""
+    names = _Names()
+    t = affine_text(e, names)
+    if t is None:
+        return (None, None)
+    fake = PolyStmt("D", None, tuple(loops), tuple(0 for _ in range(len(loops) + 1)), tuple(conditions), (), (), ())
+    space = StmtSpace([fake])
+    space.names = names
+    dims = space.dims(fake)
+    cons = space.constraints(fake) + [f"t_ = {t}"]
+    for v, n in list(names.by_var.items()):
+        if n not in dims and v.kind == "size":
+            cons.append(f"{n} >= 0")
+    params = [n for v, n in names.by_var.items() if n not in dims]
+    s = isl.Set(f"[{', '.join(params)}] -> {{ [{', '.join(dims + ['t_'])}] : {' and '.join(cons)} }}")
+    if s.is_empty():
+        return (None, None)
+    s = s.project_out(isl.dim_type.set, 0, len(dims))
+    lo, hi = s.dim_min_val(0), s.dim_max_val(0)
+    return (int(lo.to_python()) if lo.is_int() else None, int(hi.to_python()) if hi.is_int() else None)
+
+
+def proves(cond: Expr, loops: Sequence[LoopDim], context: Sequence[Expr] = ()) -> bool:
+    """True when `cond` holds at every point of the domain of `loops` under `context`, for every
+    value of the size parameters. False means "not proved"."""
+    names = _Names()
+    neg = condition_text(cond, names)
+    if neg is None:
+        return False
+    fake = PolyStmt("D", None, tuple(loops), tuple(0 for _ in range(len(loops) + 1)), tuple(context), (), (), ())
+    space = StmtSpace([fake])
+    space.names = names
+    dims = space.dims(fake)
+    cons = space.constraints(fake) + [f"not ({neg})"]
+    for v, n in list(names.by_var.items()):
+        if n not in dims and v.kind == "size":
+            cons.append(f"{n} >= 0")
+    params = [n for v, n in names.by_var.items() if n not in dims]
+    return bool(isl.Set(f"[{', '.join(params)}] -> {{ [{', '.join(dims)}] : {' and '.join(cons)} }}").is_empty())

@@ -16,12 +16,21 @@ from .stmt import (Allocate, Barrier, BufferStore, Evaluate, For, IfThenElse, Le
                    Stmt)
 
 
+def _method(obj: Any, prefix: str, node: Any) -> Callable[[Any], Any]:
+    """The most specific `visit_<Class>` for `node`, following its class hierarchy
+    (so `visit_Var` also sees IterVar and ReduceAxis), else `generic_visit`."""
+    for klass in type(node).__mro__:
+        m = getattr(obj, prefix + klass.__name__, None)
+        if m is not None:
+            return m  # type: ignore[no-any-return]
+    return obj.generic_visit  # type: ignore[no-any-return]
+
+
 class ExprVisitor:
     """Walks an expression tree; override `visit_<Node>` and call `self.generic_visit(e)` to recurse."""
 
     def visit(self, e: Expr) -> Any:
-        method: Callable[[Any], Any] = getattr(self, "visit_" + type(e).__name__, self.generic_visit)
-        return method(e)
+        return _method(self, "visit_", e)(e)
 
     def generic_visit(self, e: Expr) -> None:
         if isinstance(e, TensorRead):
@@ -42,8 +51,7 @@ class ExprMutator:
         hit = self._memo.get(id(e))
         if hit is not None and hit[0] is e:
             return hit[1]
-        method: Callable[[Any], Expr] = getattr(self, "visit_" + type(e).__name__, self.generic_visit)
-        out = method(e)
+        out = _method(self, "visit_", e)(e)
         self._memo[id(e)] = (e, out)
         return out
 
@@ -84,8 +92,7 @@ class StmtVisitor:
     """Walks statements (and, through `visit_expr`, the expressions in them)."""
 
     def visit(self, s: Stmt) -> Any:
-        method: Callable[[Any], Any] = getattr(self, "visit_" + type(s).__name__, self.generic_visit)
-        return method(s)
+        return _method(self, "visit_", s)(s)
 
     def visit_expr(self, e: Expr) -> None:
         """Called on every expression a statement holds; override to inspect them."""
@@ -129,8 +136,7 @@ class StmtMutator:
     expr_mutator: ExprMutator | None = None
 
     def visit(self, s: Stmt) -> Stmt:
-        method: Callable[[Any], Stmt] = getattr(self, "visit_" + type(s).__name__, self.generic_visit)
-        return method(s)
+        return _method(self, "visit_", s)(s)
 
     def visit_expr(self, e: Expr) -> Expr:
         return self.expr_mutator.visit(e) if self.expr_mutator is not None else e

@@ -1,0 +1,28 @@
+# The two commands of the README:
+#   make run    compile the example ops to .cubin with IR dumps and check them (GPU if present, else the emulator)
+#   make test   the test suite (layer contracts first)
+# Both create the virtual environment and install everything on a fresh machine.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+
+.PHONY: setup run test clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup
+	$(VENV)/bin/tecc check examples --dump-ir dumps -o out
+
+test: setup
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf dumps out build .pytest_cache

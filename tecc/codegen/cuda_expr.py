@@ -1,0 +1,358 @@
+"""Scalar expressions of the loop-nest IR as CUDA C text.
+
+The rules, each one the contract the SIMT emulator (tecc/runtime/sim) implements too:
+
+- **Precedence.** Every rendering returns its text with its C precedence, and a parent wraps a
+  child in parentheses only when C would otherwise parse it differently (plus around `&&` inside
+  `||` and bitwise operators inside logical ones, where compilers warn). Select is always
+  written `(c ? a : b)`; C's `?:` evaluates only the chosen side, which the IR relies on.
+- **Half math.** float16 and bfloat16 values are stored as `__half` / `__nv_bfloat16`; every
+  arithmetic node and intrinsic on them is computed in float and rounded back to the half type
+  (`__float2half_rn(__half2float(a) + __half2float(b))`). This is what the emulator does, so
+  results agree bit for bit, and it avoids the double rounding of mixing native half ops with
+  float ones.
+- **Floor division.** Integer `//` and `%` floor (Python semantics). When the ranges analysis
+  proves both operands non-negative (and the divisor positive) C's truncating `/` and `%` agree
+  and are emitted as they are; otherwise a floor formula built on them is.
+- **Constants round-trip exactly**: floats print as the shortest decimal that reads back to the
+  same float32/float64 (`0.1f`), infinities and NaN through `__int_as_float` bit patterns (NVRTC
+  has no math_constants.h), int64 with `LL`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from tecc.ir import dtype as dt
+from tecc.ir.dtype import DType
+from tecc.ir.errors import CompileError
+from tecc.ir.expr import (WARP_INTRINSICS, Binary, BufferLoad, Call, Cast, Compare, Const, Expr, Not, Select,
+                          Var, cast)
+from tecc.ir.stmt import Buffer
+
+from .ranges import RangeEnv
+
+# C precedence levels, higher binds tighter (C11 6.5).
+ATOM, POSTFIX, UNARY, MUL, ADD, REL, EQ, BAND, BXOR, BOR, LAND, LOR, COND = (
+    17, 16, 15, 13, 12, 10, 9, 8, 7, 6, 5, 4, 3)
+
+Text = tuple[str, int]  # C source and its precedence
+
+HALF_TYPES = (dt.float16, dt.bfloat16)
+
+# Half type -> (float -> half, half -> float, double -> half, int -> half, long long -> half).
+_HALF_CONVERT = {
+    dt.float16: ("__float2half_rn", "__half2float", "__double2half", "__int2half_rn", "__ll2half_rn"),
+    dt.bfloat16: ("__float2bfloat16_rn", "__bfloat162float", "__double2bfloat16", "__int2bfloat16_rn",
+                  "__ll2bfloat16_rn"),
+}
+
+_INFIX_PREC = {"+": ADD, "-": ADD, "*": MUL, "/": MUL, "%": MUL, "&": BAND, "^": BXOR, "|": BOR,
+               "&&": LAND, "||": LOR, "<": REL, "<=": REL, ">": REL, ">=": REL, "==": EQ, "!=": EQ}
+_LOGIC_OPS = ("&", "^", "|", "&&", "||")
+
+# Math intrinsics as data: name -> (float32 spelling, float64 spelling). "{x}" marks the argument
+# where the intrinsic is a formula rather than one call; `round` is half-to-even like np.round.
+_INTRINSIC_C = {
+    "exp": ("expf", "exp"), "log": ("logf", "log"), "sqrt": ("sqrtf", "sqrt"),
+    "rsqrt": ("rsqrtf", "1.0 / sqrt({x})"), "sin": ("sinf", "sin"), "cos": ("cosf", "cos"),
+    "tanh": ("tanhf", "tanh"), "erf": ("erff", "erf"), "exp2": ("exp2f", "exp2"),
+    "log2": ("log2f", "log2"), "floor": ("floorf", "floor"), "ceil": ("ceilf", "ceil"),
+    "round": ("rintf", "rint"), "abs": ("fabsf", "fabs"), "isnan": ("isnan", "isnan"),
+    "isinf": ("isinf", "isinf"),
+    "sigmoid": ("1.0f / (1.0f + expf(-{x}))", "1.0 / (1.0 + exp(-{x}))"),
+}
+_SHUFFLE_C = {"shfl_xor": "__shfl_xor_sync", "shfl_down": "__shfl_down_sync", "shfl_idx": "__shfl_sync"}
+FULL_WARP_MASK = "0xffffffffu"
+
+
+def c_type(d: DType) -> str:
+    """The C spelling of a tecc dtype (`int`, `long long`, `__half`, ...)."""
+    return d.c_name
+
+
+def wrap(text: Text, min_prec: int) -> str:
+    """`text` parenthesized when its precedence is below `min_prec`."""
+    code, prec = text
+    return code if prec >= min_prec else f"({code})"
+
+
+def float_literal(value: float, d: DType) -> Text:
+    """An exact C literal for a float32 (or half, read as float) or float64 value."""
+    single = d != dt.float64
+    if math.isnan(value):
+        return ("__int_as_float(0x7fc00000)", POSTFIX) if single else (
+            "__longlong_as_double(0x7ff8000000000000LL)", POSTFIX)
+    if math.isinf(value):
+        code = "__int_as_float(0x7f800000)" if single else "__longlong_as_double(0x7ff0000000000000LL)"
+        return (code, POSTFIX) if value > 0 else (f"-{code}", UNARY)
+    if single:
+        # The value the kernel computes with: rounded once from the IR's double to the dtype.
+        # NumPy prints the shortest decimal that reads back to that float32 (Steele-White).
+        rounded = d.numpy.type(value) if d in HALF_TYPES else np.float32(value)
+        if np.isinf(np.float32(rounded)):
+            return float_literal(float(np.float32(rounded)), d)
+        text = str(np.float32(rounded))
+    else:
+        text = repr(float(value))
+    if "." not in text and "e" not in text:
+        text += ".0"
+    if single:
+        text += "f"
+    return (text, UNARY) if text.startswith("-") else (text, ATOM)
+
+
+def int_literal(value: int, d: DType) -> Text:
+    """A C integer literal of the dtype's width; the most negative values are written as
+    differences because `-2147483648` is the negation of a too-large positive literal in C."""
+    suffix = "LL" if d == dt.int64 else ""
+    if value == -(2 ** (d.bits - 1)):
+        return f"(-{2 ** (d.bits - 1) - 1}{suffix} - 1)", ATOM
+    text = f"{value}{suffix}"
+    return (text, UNARY) if value < 0 else (text, ATOM)
+
+
+class ExprEmitter:
+    """Turns expressions into C text for one kernel.
+
+    `var_name` and `buffer_name` give the C names the kernel emitter chose; `wide` is the set of
+    global buffers indexed in 64-bit arithmetic; `ranges` holds what is known about the variables
+    in scope; `overrides` maps expression nodes (by identity) to ready text, which the vectorizer
+    uses to read one lane of a vector register instead of memory."""
+
+    def __init__(self, var_name: Callable[[Var], str], buffer_name: Callable[[Buffer], str],
+                 wide: set[Buffer], ranges: RangeEnv) -> None:
+        self.var_name = var_name
+        self.buffer_name = buffer_name
+        self.wide = wide
+        self.ranges = ranges
+        self.overrides: dict[int, str] = {}
+
+    # ---- entry points ---------------------------------------------------------------------
+    def code(self, e: Expr) -> str:
+        """`e` as a complete C expression of its own C type."""
+        return self.emit(e)[0]
+
+    def emit(self, e: Expr) -> Text:
+        """`e` in its own C type; half values are `__half` / `__nv_bfloat16`."""
+        hit = self.overrides.get(id(e))
+        if hit is not None:
+            return hit, ATOM
+        method = getattr(self, "_" + type(e).__name__, None)
+        if method is None:
+            raise CompileError(
+                f"the CUDA emitter cannot emit {type(e).__name__} ({e}); tensor-expression nodes "
+                "(Reduce, TensorRead) must be lowered to the loop-nest IR first")
+        return method(e)
+
+    def as_float(self, e: Expr) -> Text:
+        """A half-typed `e` as the float that holds its (already rounded) value exactly;
+        any other `e` as it is. Half math reads its operands through this."""
+        if e.dtype not in HALF_TYPES:
+            return self.emit(e)
+        if isinstance(e, Const) and id(e) not in self.overrides:
+            return float_literal(float(e.value), e.dtype)
+        return f"{_HALF_CONVERT[e.dtype][1]}({self.code(e)})", POSTFIX
+
+    def to_half(self, d: DType, float_value: Text) -> Text:
+        """Round a float to the half type `d` (round to nearest even)."""
+        return f"{_HALF_CONVERT[d][0]}({float_value[0]})", POSTFIX
+
+    # ---- leaves ---------------------------------------------------------------------------
+    def _Const(self, e: Const) -> Text:
+        if e.dtype.is_bool:
+            return ("true" if e.value else "false"), ATOM
+        if e.dtype.is_int:
+            return int_literal(int(e.value), e.dtype)
+        if e.dtype in HALF_TYPES:
+            literal = float_literal(float(e.value), e.dtype)[0]
+            return f"{_HALF_CONVERT[e.dtype][0]}({literal})", POSTFIX
+        return float_literal(float(e.value), e.dtype)
+
+    def _Var(self, e: Var) -> Text:
+        return self.var_name(e), ATOM
+
+    def _BufferLoad(self, e: BufferLoad) -> Text:
+        return self.buffer_ref(e.buffer, e.indices), POSTFIX
+
+    def buffer_ref(self, buffer: Buffer, indices: tuple[Expr, ...]) -> str:
+        """`name[offset]`, the multi-dimensional index flattened with the buffer's strides."""
+        return f"{self.buffer_name(buffer)}[{self.code(self.offset(buffer, indices))}]"
+
+    def offset(self, buffer: Buffer, indices: tuple[Expr, ...]) -> Expr:
+        """The flat element offset of `buffer[indices]` as an IR expression, in int64 when the
+        buffer is indexed in 64-bit arithmetic (the casts print as implicit promotions)."""
+        index_type = dt.int64 if buffer in self.wide else None
+        total: Expr | None = None
+        for index, stride in zip(indices, buffer.effective_strides()):
+            if index_type is not None:
+                index, stride = cast(index, index_type), cast(stride, index_type)
+            term = index * stride
+            total = term if total is None else total + term
+        if total is None:
+            return Const(0, dt.int32)
+        return total
+
+    # ---- operators ------------------------------------------------------------------------
+    @staticmethod
+    def _implicit_widening(a: Expr, b: Expr) -> tuple[Expr, Expr]:
+        """Operands of an int64 operation with the int32 -> int64 casts that C's usual arithmetic
+        conversions perform anyway left out: one long long operand widens the other, so
+        `i * 64LL + j` reads as written. When both are such casts the left one stays."""
+        def widening(x: Expr) -> bool:
+            return isinstance(x, Cast) and x.dtype == dt.int64 and x.a.dtype == dt.int32
+
+        if widening(b):
+            b = b.a  # type: ignore[attr-defined]
+        elif widening(a):
+            a = a.a  # type: ignore[attr-defined]
+        return a, b
+
+    def _Binary(self, e: Binary) -> Text:
+        a, b = e.a, e.b
+        if e.dtype == dt.int64 and e.op not in ("min", "max"):  # min/max overloads want one type
+            a, b = self._implicit_widening(a, b)
+        if e.dtype in HALF_TYPES:
+            return self.to_half(e.dtype, self._float_binary(e))
+        if e.dtype.is_int and e.op in ("//", "%"):
+            return self._floor_div_mod(e.op, a, b)
+        if e.op in ("min", "max", "pow"):
+            return self._call_binary(e.op, e.dtype, self.emit(a)[0], self.emit(b)[0])
+        op = e.op
+        if e.dtype.is_bool:
+            op = {"&": "&&", "|": "||", "^": "!="}.get(op, op)
+        right = self.emit(b)
+        if self._reassociates(e, b):
+            return f"{wrap(self.emit(a), _INFIX_PREC[op])} {op} {right[0]}", _INFIX_PREC[op]
+        return self._infix(op, self.emit(a), right)
+
+    @staticmethod
+    def _reassociates(e: Binary, right: Expr) -> bool:
+        """Integer `a + (b + c)`, `a + (b - c)` and `a * (b * c)` print without parentheses:
+        wrapping integer arithmetic is associative, so C's left-to-right grouping computes the
+        same value (only when `right` has the parent's dtype, so no widening moves)."""
+        if not e.dtype.is_int or not isinstance(right, Binary) or right.dtype != e.dtype:
+            return False
+        return (e.op == "+" and right.op in ("+", "-")) or (e.op == "*" and right.op == "*")
+
+    def _float_binary(self, e: Binary) -> Text:
+        """A half-typed Binary computed in float, before the rounding back to half."""
+        a, b = self.as_float(e.a), self.as_float(e.b)
+        if e.op in ("min", "max", "pow"):
+            return self._call_binary(e.op, dt.float32, a[0], b[0])
+        return self._infix(e.op, a, b)
+
+    @staticmethod
+    def _call_binary(op: str, d: DType, a: str, b: str) -> Text:
+        if d.is_int:
+            return f"{op}({a}, {b})", POSTFIX
+        single = d != dt.float64
+        name = {"min": "fmin", "max": "fmax", "pow": "pow"}[op] + ("f" if single else "")
+        return f"{name}({a}, {b})", POSTFIX
+
+    @staticmethod
+    def _infix(op: str, a: Text, b: Text) -> Text:
+        prec = _INFIX_PREC[op]
+        if op in _LOGIC_OPS:
+            # Comparisons and arithmetic stay bare inside logical/bitwise operators; another
+            # logical/bitwise operator gets parentheses for the reader (and -Wparentheses),
+            # except the same operator chaining on the left: a && b && c.
+            bare = BAND + 1
+            left = a[0] if a[1] >= bare or a[1] == prec else f"({a[0]})"
+            return f"{left} {op} {wrap(b, bare)}", prec
+        # Left-associative: the right operand needs parentheses at equal precedence.
+        return f"{wrap(a, prec)} {op} {wrap(b, prec + 1)}", prec
+
+    def _floor_div_mod(self, op: str, a: Expr, b: Expr) -> Text:
+        num, den = wrap(self.emit(a), MUL), wrap(self.emit(b), MUL + 1)
+        if self.ranges.is_nonnegative(a) and self.ranges.is_nonnegative(b):
+            return f"{num} {'/' if op == '//' else '%'} {den}", MUL
+        if self.ranges.is_nonnegative(b):
+            # Divisor > 0 (0 is undefined either way): truncation rounds a negative quotient up
+            # by one exactly when the remainder is negative.
+            if op == "//":
+                return f"{num} / {den} - ({num} % {den} < 0)", ADD
+            return f"({num} % {den} + {den}) % {den}", MUL
+        # Any signs: floor differs from truncation when the remainder is non-zero and its sign
+        # differs from the divisor's (C99 6.5.5: the remainder takes the dividend's sign).
+        fix = f"{num} % {den} != 0 && ({num} % {den} < 0) != ({den} < 0)"
+        if op == "//":
+            return f"{num} / {den} - ({fix})", ADD
+        return f"{num} % {den} + ({fix} ? {den} : 0)", ADD
+
+    def _Compare(self, e: Compare) -> Text:
+        a, b = e.a, e.b
+        if a.dtype == dt.int64:
+            a, b = self._implicit_widening(a, b)
+        if e.a.dtype in HALF_TYPES:
+            return self._infix(e.op, self.as_float(a), self.as_float(b))
+        return self._infix(e.op, self.emit(a), self.emit(b))
+
+    def _Not(self, e: Not) -> Text:
+        sign = "!" if e.dtype.is_bool else "~"
+        return f"{sign}{wrap(self.emit(e.a), UNARY)}", UNARY
+
+    def _Select(self, e: Select) -> Text:
+        cond = wrap(self.emit(e.cond), LOR)
+        return f"({cond} ? {self.code(e.a)} : {wrap(self.emit(e.b), COND)})", ATOM
+
+    # ---- conversions ----------------------------------------------------------------------
+    def _Cast(self, e: Cast) -> Text:
+        to, src = e.dtype, e.a.dtype
+        if to in HALF_TYPES:
+            convert = _HALF_CONVERT[to]
+            if src == dt.float32:
+                return f"{convert[0]}({self.code(e.a)})", POSTFIX
+            if src == dt.float64:
+                return f"{convert[2]}({self.code(e.a)})", POSTFIX
+            if src in HALF_TYPES:  # float16 <-> bfloat16: exact to float, one rounding
+                return self.to_half(to, self.as_float(e.a))
+            if src == dt.int64:
+                return f"{convert[4]}({self.code(e.a)})", POSTFIX
+            # int32 and bool (promoted to int) convert with one correct rounding.
+            return f"{convert[3]}({self.code(e.a)})", POSTFIX
+        if src in HALF_TYPES:
+            value = self.as_float(e.a)
+            if to == dt.float32:
+                return value
+            return f"static_cast<{c_type(to)}>({value[0]})", POSTFIX
+        return f"static_cast<{c_type(to)}>({self.code(e.a)})", POSTFIX
+
+    # ---- intrinsics -----------------------------------------------------------------------
+    def _Call(self, e: Call) -> Text:
+        if e.name in WARP_INTRINSICS:
+            return self._shuffle(e)
+        x = e.args[0]
+        if x.dtype.is_int:
+            if e.name != "abs":
+                raise CompileError(f"the CUDA emitter has no integer form of {e.name} in {e}")
+            return f"{'llabs' if x.dtype == dt.int64 else 'abs'}({self.code(x)})", POSTFIX
+        single, double = _INTRINSIC_C[e.name]
+        if x.dtype in HALF_TYPES:
+            value = self._apply(single, self.as_float(x))
+            if e.dtype.is_bool:  # isnan / isinf
+                return value
+            return self.to_half(x.dtype, value)
+        return self._apply(single if x.dtype == dt.float32 else double, self.emit(x))
+
+    @staticmethod
+    def _apply(spelling: str, arg: Text) -> Text:
+        if "{x}" in spelling:
+            # The formula negates its argument: keep `-(-1.0f)` from reading as `--1.0f`.
+            negated = "-{x}" in spelling
+            inner = f"({arg[0]})" if negated and arg[1] <= UNARY else arg[0]
+            return spelling.replace("{x}", inner), MUL
+        return f"{spelling}({arg[0]})", POSTFIX
+
+    def _shuffle(self, e: Call) -> Text:
+        """Warp shuffles over all 32 lanes (mask 0xffffffff, width 32; see WARP_INTRINSICS).
+        CUDA overloads them for int, long long, float, double, __half and __nv_bfloat16; a bool
+        travels as an int."""
+        value, lane = e.args
+        name = _SHUFFLE_C[e.name]
+        if value.dtype.is_bool:
+            return f"{name}({FULL_WARP_MASK}, static_cast<int>({self.code(value)}), {self.code(lane)}) != 0", EQ
+        return f"{name}({FULL_WARP_MASK}, {self.code(value)}, {self.code(lane)})", POSTFIX

@@ -1,0 +1,122 @@
+"""Vector memory accesses for `vectorize` loops (float4 / float2 / int4 / int2).
+
+A loop `for v in range(W): B[base + v] = f(A[base' + v], ...)` with W in {2, 4} becomes
+
+    const float4 A_vec = *reinterpret_cast<const float4*>(&A[base']);
+    float4 B_vec;
+    B_vec.x = f(A_vec.x, ...);  ...  (one line per lane, v replaced by the lane number)
+    *reinterpret_cast<float4*>(&B[base]) = B_vec;
+
+so each thread moves W elements with one 8- or 16-byte instruction (LDG.128 / STG.128), which is
+what lets an elementwise kernel reach DRAM bandwidth. When the loop does not have that shape the
+emitter falls back to a fully unrolled scalar loop (`#pragma unroll`), which is always correct.
+
+The shape that is vectorized (anything else falls back):
+- the loop starts at 0 and has the constant extent 2 or 4;
+- its body is one BufferStore to a float32 or int32 buffer, contiguous in `v` (the flat offset is
+  `base + 1*v` with `base` free of `v`);
+- every offset involved is provably a multiple of W (`ranges.divisible_by`). Shared buffers are
+  declared `__align__(16)`; global buffers are assumed 16-byte aligned at their base (cudaMalloc
+  gives 256), which the runtime must check for arguments that are views into larger tensors.
+Loads in the value that are contiguous in `v` and aligned become vector loads; other loads (a
+broadcast free of `v`, a strided one) stay scalar, one per lane.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tecc.ir import dtype as dt
+from tecc.ir.expr import (Binary, BufferLoad, Cast, Const, Expr, Var, const_int, free_vars, substitute,
+                          walk)
+from tecc.ir.stmt import Buffer, BufferStore, For
+
+from .ranges import divisible_by
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .cuda import KernelEmitter
+
+_VECTOR_TYPES = {(dt.float32, 2): "float2", (dt.float32, 4): "float4", (dt.int32, 2): "int2", (dt.int32, 4): "int4"}
+_LANES = "xyzw"
+
+
+def affine_coefficient(e: Expr, v: Var) -> int | None:
+    """The integer c such that `e = c * v + rest` with `rest` free of `v`, or None when `e` is
+    not affine in `v` that way."""
+    if v not in free_vars(e):
+        return 0
+    if e is v:
+        return 1
+    if isinstance(e, Cast) and e.a.dtype.is_int and e.dtype.is_int:
+        return affine_coefficient(e.a, v)
+    if isinstance(e, Binary) and e.op in ("+", "-"):
+        a, b = affine_coefficient(e.a, v), affine_coefficient(e.b, v)
+        if a is None or b is None:
+            return None
+        return a + b if e.op == "+" else a - b
+    if isinstance(e, Binary) and e.op == "*":
+        for inner, factor in ((e.a, e.b), (e.b, e.a)):
+            k = const_int(factor)
+            if k is not None:
+                c = affine_coefficient(inner, v)
+                return None if c is None else c * k
+    return None
+
+
+def _contiguous_base(emitter: "KernelEmitter", buffer: Buffer, indices: tuple[Expr, ...], v: Var,
+                     width: int) -> Expr | None:
+    """The offset at lane 0 when `buffer[indices]` is contiguous in `v` and aligned to `width`."""
+    if (buffer.dtype, width) not in _VECTOR_TYPES or buffer.scope == "local":
+        return None
+    offset = emitter.expr.offset(buffer, indices)
+    if affine_coefficient(offset, v) != 1:
+        return None
+    base = substitute(offset, {v: Const(0, v.dtype)})
+    return base if divisible_by(base, width) else None
+
+
+def emit_vector_loop(emitter: "KernelEmitter", loop: For) -> bool:
+    """Emit `loop` (kind vectorize) with vector accesses; False (nothing emitted) when it does
+    not have the shape described in the module docstring."""
+    width = const_int(loop.extent)
+    store = loop.body
+    if width not in (2, 4) or const_int(loop.min) != 0 or not isinstance(store, BufferStore):
+        return False
+    v = loop.var
+    store_base = _contiguous_base(emitter, store.buffer, store.indices, v, width)
+    if store_base is None:
+        return False
+    vector_type = _VECTOR_TYPES[(store.buffer.dtype, width)]
+    lanes = [Const(k, v.dtype) for k in range(width)]
+    overrides = emitter.expr.overrides
+    # Overrides are keyed by node identity: keep the lane nodes alive until the lanes are written.
+    lane_nodes: list[Expr] = []
+
+    # Vector loads: one register per distinct contiguous load, read once before the lanes.
+    vector_loads: dict[int, str] = {}
+    for node in walk(store.value):
+        if not isinstance(node, BufferLoad) or id(node) in vector_loads or v not in free_vars(node):
+            continue
+        base = _contiguous_base(emitter, node.buffer, node.indices, v, width)
+        if base is None:
+            continue
+        load_type = _VECTOR_TYPES[(node.buffer.dtype, width)]
+        register = emitter.names.add(object(), f"{node.buffer.name}_vec")
+        address = f"&{emitter.buffer_name(node.buffer)}[{emitter.expr.code(base)}]"
+        emitter.line(f"const {load_type} {register} = *reinterpret_cast<const {load_type}*>({address});")
+        vector_loads[id(node)] = register
+        for k, lane in enumerate(lanes):
+            lane_node = substitute(node, {v: lane})
+            overrides[id(lane_node)] = f"{register}.{_LANES[k]}"
+            lane_nodes.append(lane_node)
+
+    result = emitter.names.add(object(), f"{store.buffer.name}_vec")
+    emitter.line(f"{vector_type} {result};")
+    for k, lane in enumerate(lanes):
+        value = substitute(store.value, {v: lane})
+        emitter.line(f"{result}.{_LANES[k]} = {emitter.expr.code(value)};")
+    address = f"&{emitter.buffer_name(store.buffer)}[{emitter.expr.code(store_base)}]"
+    emitter.line(f"*reinterpret_cast<{vector_type}*>({address}) = {result};")
+    for node in lane_nodes:
+        overrides.pop(id(node), None)
+    return True

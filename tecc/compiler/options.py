@@ -1,0 +1,56 @@
+"""Every knob of tecc in one place: environment variables and their defaults.
+
+Nothing else reads the environment; values are read when a build starts, never at import time.
+
+| variable            | default                         | meaning |
+|---------------------|---------------------------------|---------|
+| TECC_DUMP_IR        | unset                           | `DIR` or `DIR:KERNEL`: dump the IR after every pass of every build into DIR/<module>/ (only kernels whose name contains KERNEL) |
+| TECC_ARCH           | the live device, else sm_90     | the default `arch` of builds for target "cuda" |
+| TECC_CACHE_DIR      | ~/.cache/tecc                   | the compile cache and tuning database |
+| TECC_SIM_CHECKS     | 1                               | 0 turns off the emulator's out-of-bounds / race / uninitialized-read checks (faster) |
+| TECC_VERIFY_IR      | 1                               | 0 skips the IR verifier between passes |
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class DumpRequest:
+    directory: Path
+    kernel_filter: str | None
+
+
+def dump_request(explicit: str | os.PathLike[str] | None, module_name: str,
+                 kernel_filter: str | None = None) -> DumpRequest | None:
+    """Where to dump the IR: the `dump_ir=` argument as given, else TECC_DUMP_IR's DIR/<module>/."""
+    if explicit is not None:
+        return DumpRequest(Path(explicit), kernel_filter)
+    env = os.environ.get("TECC_DUMP_IR")
+    if not env:
+        return None
+    directory, _, filt = env.partition(":")
+    return DumpRequest(Path(directory) / module_name, filt or kernel_filter)
+
+
+def default_arch_override() -> str | None:
+    return os.environ.get("TECC_ARCH") or None
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("TECC_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tecc"
+
+
+def sim_checks() -> bool:
+    return os.environ.get("TECC_SIM_CHECKS", "1") != "0"
+
+
+def verify_ir() -> bool:
+    return os.environ.get("TECC_VERIFY_IR", "1") != "0"

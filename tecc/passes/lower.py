@@ -1,0 +1,312 @@
+"""Lowering: a program of tensor expressions → the naive loop-nest module.
+
+Steps, in order:
+1. Collect the program DAG (networkx) from the tensors given to `build`, check that every input
+   it reads is among them, and topologically order the compute stages.
+2. Inline elementwise producers (computes without a reduction that are not outputs) into their
+   consumers, so chains of elementwise ops never round-trip through memory.
+3. Give every remaining stage a buffer: outputs and inputs are the module's parameters, other
+   stages become temporaries the host allocates.
+4. Turn each stage into one kernel: a loop per axis, and for every reduction a local accumulator
+   with an init, a loop over its axes and an update; then the store of the element.
+
+The result is serial, unscheduled loop IR ("for i: for j: C[i, j] = ..."); schedule passes
+bind it to threads and blocks afterwards.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import networkx as nx
+
+from ..ir import dtype as dt
+from ..ir.errors import ShapeError, TeccError
+from ..ir.expr import (BufferLoad, Cast, Const, Expr, IterVar, Reduce, TensorRead, Var, binary, cast,
+                       free_vars, reduce_identity, substitute)
+from ..ir.stmt import (Allocate, Buffer, BufferStore, For, KernelCall, Module, PrimFunc, Stmt, iter_stmts,
+                       seq)
+from ..ir.tensor import ComputeOp, PlaceholderOp, Tensor
+from ..ir.visitor import ExprMutator
+
+
+def _identifier(name: str) -> str:
+    out = re.sub(r"\W", "_", name)
+    return out if out and not out[0].isdigit() else f"t_{out}"
+
+
+@dataclass
+class Program:
+    """The tensors of a build: the signature, the DAG and the stages that need kernels."""
+
+    args: tuple[Tensor, ...]
+    graph: nx.DiGraph
+    order: tuple[Tensor, ...]  # every compute tensor, producers first
+    inlined: frozenset[Tensor] = field(default_factory=frozenset)
+
+    @property
+    def stages(self) -> tuple[Tensor, ...]:
+        return tuple(t for t in self.order if t not in self.inlined)
+
+
+def collect_program(args: Sequence[Tensor]) -> Program:
+    """The DAG of the tensors reachable from `args` (edges producer → consumer)."""
+    if not args:
+        raise TeccError("build() needs a list of tensors: the inputs and outputs, in kernel-signature order")
+    for a in args:
+        if not isinstance(a, Tensor):
+            raise TeccError(f"build() takes tensors made by tc.placeholder / tc.compute, got {type(a).__name__}")
+    if len({id(a) for a in args}) != len(args):
+        raise TeccError("build(): a tensor appears twice in the argument list")
+    g: nx.DiGraph = nx.DiGraph()
+    stack = [a for a in args if not a.is_placeholder]
+    if not stack:
+        raise TeccError("build(): the argument list has no compute tensor, so there is nothing to compute")
+    seen: set[int] = set()
+    while stack:
+        t = stack.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        g.add_node(t)
+        for src in t.op.input_tensors:
+            g.add_edge(src, t)
+            stack.append(src)
+    arg_ids = {id(a) for a in args}
+    for t in g.nodes:
+        if t.is_placeholder and id(t) not in arg_ids:
+            consumers = ", ".join(c.name for c in g.successors(t))
+            raise TeccError(
+                f"build(): placeholder {t.name} is read by {consumers} but is not in the argument list; "
+                "add it to the list passed to build()"
+            )
+    order = tuple(t for t in nx.topological_sort(g) if not t.is_placeholder)
+    return Program(tuple(args), g, order)
+
+
+def choose_inlined(prog: Program) -> Program:
+    """Inline every compute that is not an output and has no reduction."""
+    outputs = {id(a) for a in prog.args}
+    inlined = frozenset(
+        t for t in prog.order
+        if id(t) not in outputs and isinstance(t.op, ComputeOp) and not t.op.reductions
+    )
+    return Program(prog.args, prog.graph, prog.order, inlined)
+
+
+class _Inliner(ExprMutator):
+    """Replaces reads of inlined tensors by their bodies, and reads of stage tensors by buffer loads."""
+
+    def __init__(self, inlined: frozenset[Tensor], buffers: dict[Tensor, Buffer]) -> None:
+        super().__init__()
+        self.inlined = inlined
+        self.buffers = buffers
+
+    def visit_TensorRead(self, e: TensorRead) -> Expr:
+        idx = tuple(self.visit(i) for i in e.indices)
+        t = e.tensor
+        if t in self.inlined:
+            op = t.op
+            assert isinstance(op, ComputeOp)
+            body = substitute(op.body, dict(zip(op.axes, idx)))
+            return self.visit(body)
+        return BufferLoad(self.buffers[t], idx)
+
+
+_COMBINE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
+
+
+class _StageLowering:
+    """Builds the loop nest of one stage."""
+
+    def __init__(self, stage: Tensor, out: Buffer, inliner: _Inliner, taken: set[str]) -> None:
+        self.stage = stage
+        self.out = out
+        self.inliner = inliner
+        self.taken = taken
+        self.n_acc = 0
+
+    def fresh(self, base: str) -> str:
+        name = _identifier(base)
+        cand, n = name, 0
+        while cand in self.taken:
+            n += 1
+            cand = f"{name}{n}"
+        self.taken.add(cand)
+        return cand
+
+    def loop_var(self, iv: IterVar) -> Var:
+        return Var(self.fresh(iv.name), iv.dtype, "index")
+
+    def value(self, e: Expr, loops: dict[Var, Expr]) -> tuple[list[Stmt], list[Buffer], Expr]:
+        """Statements computing the reductions of `e`, their accumulators, and `e`'s value."""
+        stmts: list[Stmt] = []
+        allocs: list[Buffer] = []
+        pending: dict[int, Expr] = {}
+
+        class _Reduces(ExprMutator):
+            def visit_Reduce(inner, r: Reduce) -> Expr:  # noqa: N805 - closure over self
+                load = self.reduction(r, loops, stmts, allocs)
+                pending[id(r)] = load
+                return load
+
+        out = _Reduces().visit(substitute(e, loops) if loops else e)
+        return stmts, allocs, out
+
+    def reduction(self, r: Reduce, loops: dict[Var, Expr], stmts: list[Stmt], allocs: list[Buffer]) -> Expr:
+        name = self.stage.name if self.n_acc == 0 else f"{self.stage.name}_{self.n_acc}"
+        self.n_acc += 1
+        acc = Buffer(self.fresh(f"{name}_acc"), r.acc_dtype, (1,), "local", tensor=f"{self.stage.name}.acc")
+        allocs.append(acc)
+        inner_loops = dict(loops)
+        axis_vars = []
+        for ax in r.axes:
+            v = self.loop_var(ax)
+            inner_loops[ax] = v
+            axis_vars.append((v, ax))
+        src_stmts, src_allocs, src = self.value(r.source, inner_loops)
+        zero = Const(0, dt.int32)
+        update: Stmt = BufferStore(acc, (zero,), binary(_COMBINE[r.combiner], acc[zero], cast(src, r.acc_dtype)))
+        body = seq(*src_stmts, update)
+        for b in reversed(src_allocs):
+            body = Allocate(b, body)
+        for v, ax in reversed(axis_vars):
+            body = For(v, substitute(ax.lo, loops), substitute(ax.extent, loops), "serial", body)
+        stmts.append(BufferStore(acc, (zero,), reduce_identity(r.combiner, r.acc_dtype)))
+        stmts.append(body)
+        return cast(acc[zero], r.dtype)
+
+    def lower(self) -> Stmt:
+        op = self.stage.op
+        assert isinstance(op, ComputeOp)
+        loops = {ax: self.loop_var(ax) for ax in op.axes}
+        body_expr = self.inliner.visit(op.body)
+        stmts, allocs, value = self.value(body_expr, loops)  # type: ignore[arg-type]
+        store = BufferStore(self.out, tuple(loops[ax] for ax in op.axes), value)
+        body = seq(*stmts, store)
+        for b in reversed(allocs):
+            body = Allocate(b, body)
+        for ax in reversed(op.axes):
+            body = For(loops[ax], Const(0, ax.dtype), ax.extent, "serial", body)  # type: ignore[arg-type]
+        return body
+
+
+def _buffer_for(t: Tensor, name: str) -> Buffer:
+    strides = t.op.strides if isinstance(t.op, PlaceholderOp) else None
+    return Buffer(name, t.dtype, t.shape, "global", strides, t.name)
+
+
+def _scalar_vars(exprs: Sequence[Expr]) -> list[Var]:
+    out: list[Var] = []
+    for e in exprs:
+        for v in sorted(free_vars(e), key=lambda v: v.name):
+            if v.kind in ("size", "stride") and v not in out:
+                out.append(v)
+    return out
+
+
+def lower(args: Sequence[Tensor], name: str | None = None) -> Module:
+    """Lower the program whose signature is `args` to a module of naive (serial) kernels."""
+    prog = choose_inlined(collect_program(args))
+    names: set[str] = set()
+
+    def unique(base: str) -> str:
+        cand, n = _identifier(base), 0
+        while cand in names:
+            n += 1
+            cand = f"{_identifier(base)}_{n}"
+        names.add(cand)
+        return cand
+
+    buffers: dict[Tensor, Buffer] = {}
+    for t in prog.args:
+        buffers[t] = _buffer_for(t, unique(t.name))
+    temps: list[Buffer] = []
+    for t in prog.stages:
+        if t not in buffers:
+            buffers[t] = _buffer_for(t, unique(t.name))
+            temps.append(buffers[t])
+
+    # size and stride variables of the signature, in order of first appearance
+    sig_exprs: list[Expr] = []
+    for t in prog.args:
+        b = buffers[t]
+        sig_exprs.extend(b.shape)
+        sig_exprs.extend(b.strides or ())
+    scalars: list[Var] = []
+    for e in sig_exprs:
+        for v in sorted(free_vars(e), key=lambda v: v.name):
+            if v not in scalars:
+                scalars.append(v)
+    for v in scalars:
+        if v.name in names:
+            raise TeccError(f"build(): the size variable {v.name} has the same name as a tensor; rename one")
+        names.add(v.name)
+
+    inliner = _Inliner(prog.inlined, buffers)
+    kernels: list[PrimFunc] = []
+    calls: list[KernelCall] = []
+    for t in prog.stages:
+        taken = set(names)
+        body = _StageLowering(t, buffers[t], inliner, taken).lower()
+        used = _global_buffers(body)
+        body_vars = _scalar_vars(_exprs_of(body) + [s for b in used for s in b.shape + (b.strides or ())])
+        for v in body_vars:
+            if v not in scalars:
+                raise ShapeError(
+                    f"compute {t.name} uses the size variable {v.name}, which no tensor in build()'s "
+                    "argument list has in its shape; it could not be bound at call time"
+                )
+        ordered = [buffers[a] for a in prog.args if buffers[a] in used] + [b for b in temps if b in used]
+        params = tuple(ordered) + tuple(v for v in scalars if v in body_vars)
+        kname = unique(f"{t.name}_kernel")
+        kernels.append(PrimFunc(kname, params, body))
+        calls.append(KernelCall(kname, params))
+    module_params = tuple(buffers[a] for a in prog.args) + tuple(scalars)
+    mname = _identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
+    return Module(mname, module_params, tuple(kernels), tuple(calls), tuple(temps))
+
+
+def _global_buffers(body: Stmt) -> list[Buffer]:
+    out: list[Buffer] = []
+
+    def add(b: Buffer) -> None:
+        if b.scope == "global" and b not in out:
+            out.append(b)
+
+    for s in iter_stmts(body):
+        if isinstance(s, BufferStore):
+            add(s.buffer)
+    for e in _exprs_of(body):
+        from ..ir.expr import walk
+
+        for n in walk(e):
+            if isinstance(n, BufferLoad):
+                add(n.buffer)
+    return out
+
+
+def _exprs_of(body: Stmt) -> list[Expr]:
+    """Every expression held directly by a statement under `body`."""
+    from ..ir.stmt import Evaluate, IfThenElse, LetStmt
+
+    out: list[Expr] = []
+    for s in iter_stmts(body):
+        if isinstance(s, For):
+            out += [s.min, s.extent]
+        elif isinstance(s, BufferStore):
+            out += list(s.indices) + [s.value]
+        elif isinstance(s, IfThenElse):
+            out.append(s.cond)
+        elif isinstance(s, LetStmt):
+            out.append(s.value)
+        elif isinstance(s, Evaluate):
+            out.append(s.value)
+        elif isinstance(s, Allocate):
+            out += list(s.buffer.shape)
+    return out
+
+
+__all__ = ["Program", "collect_program", "choose_inlined", "lower", "Cast"]

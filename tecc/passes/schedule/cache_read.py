@@ -1,0 +1,184 @@
+"""cache_read at a loop: stage the part of a tensor that a loop nest reads in shared or local memory.
+
+`stage_read(func, tensor, scope, loop)` is what `Schedule.cache_read` + `compute_at` perform:
+1. The *region* of `tensor` read under `loop` is the image of the reading statements' iteration
+   domains under their access relations (islpy). It is parametrized by the loops outside `loop`
+   (and for shared memory the thread loops count as inside: the tile is the block's, not one
+   thread's). Its bounding box relative to the tile origin gives the cache's constant shape (the
+   largest over all tiles); a box that is not bounded by a constant raises ScheduleError (split
+   the loops so the tile is constant).
+2. Every read of `tensor` under `loop` becomes a read of the cache at index - origin.
+3. At the top of the loop body a copy fills the cache. Elements of the box outside the tensor
+   (partial tiles at a non-divisible or symbolic edge) are filled with zero; the bound checks
+   are emitted only where islpy cannot prove them. For shared memory the copy is cooperative:
+   the box is flattened, and the block's threads (linear thread id, fastest along the last
+   dimension so consecutive threads read consecutive addresses) each copy every T-th element.
+4. `insert_barriers` then adds the barriers before and after the copy.
+
+Preconditions: `tensor` is read under `loop` and not written there; for shared memory the
+block's thread loops are bound already (the copy is spread over them); the tile's indices are
+affine in the loop variables.
+"""
+
+from __future__ import annotations
+
+from ...ir import poly
+from ...ir.errors import ScheduleError
+from ...ir.expr import Const, Expr, Var, as_expr, const_int, logical_and, select, substitute
+from ...ir.stmt import (THREAD_KINDS, Allocate, Buffer, BufferStore, For, IfThenElse, PrimFunc, Stmt,
+                        launch_dims, seq)
+from ..simplify import simplify_func
+from .barriers import insert_barriers
+from .loops import all_names, find_loop, fresh_name, iter_with_path, loops_on_path, rebuffer, replace_stmt
+
+
+def find_buffer(func: PrimFunc, tensor: str) -> Buffer:
+    for p in func.params:
+        if isinstance(p, Buffer) and (p.tensor == tensor or p.name == tensor):
+            return p
+    for s, _ in iter_with_path(func.body):
+        if isinstance(s, Allocate) and (s.buffer.tensor == tensor or s.buffer.name == tensor):
+            return s.buffer
+    raise ScheduleError(f"kernel {func.name} has no buffer for tensor {tensor!r}")
+
+
+def _dims(loops: list[For]) -> list[poly.LoopDim]:
+    return [poly.LoopDim(lp.var, lp.min, lp.extent, lp.kind) for lp in loops]
+
+
+def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0) -> PrimFunc:
+    what = f"cache_read of {tensor} into {scope} at {loop}"
+    if scope not in ("shared", "local"):
+        raise ScheduleError(f"{what}: scope must be 'shared' or 'local'")
+    buf = find_buffer(func, tensor)
+    node, path = find_loop(func, loop)
+    outer_loops = loops_on_path(path) + [node]
+    for s, _ in iter_with_path(node.body):
+        if isinstance(s, BufferStore) and s.buffer is buf:
+            raise ScheduleError(f"{what}: the loop writes {tensor}; only a tensor the loop only reads can be cached")
+    stmts = [s for s in poly.collect_statements(func.body) if any(lp.var is node.var for lp in s.loops)]
+    reads = [(s, idx) for s in stmts for b, idx in s.reads if b is buf]
+    if not reads:
+        raise ScheduleError(f"{what}: nothing under loop {loop} reads {tensor}")
+    outer_vars = {lp.var for lp in outer_loops if not (scope == "shared" and lp.is_thread)}
+    # tile origin: each index with the loops inside the tile at their first iteration
+    origin: list[Expr] | None = None
+    lo = [None] * buf.ndim  # type: list[int | None]
+    hi = [None] * buf.ndim  # type: list[int | None]
+    for s, idx in reads:
+        inner = {lp.var: lp.min for lp in s.loops if lp.var not in outer_vars}
+        here = [substitute(i, inner) for i in idx]
+        if origin is None:
+            origin = here
+        for d, i in enumerate(idx):
+            a, b = poly.expr_bounds(i - origin[d], s.loops, s.conditions)
+            if a is None or b is None:
+                raise ScheduleError(
+                    f"{what}: the region read along dimension {d} ({i}) is not bounded by a constant tile "
+                    "(or not affine); split the loops so each tile has a constant size"
+                )
+            lo[d] = a if lo[d] is None else min(lo[d], a)  # type: ignore[type-var]
+            hi[d] = b if hi[d] is None else max(hi[d], b)  # type: ignore[type-var]
+    assert origin is not None
+    origin = [o + lo[d] if lo[d] else o for d, o in enumerate(origin)]  # type: ignore[operator]
+    shape = [int(h) - int(l) + 1 for h, l in zip(hi, lo)]  # type: ignore[arg-type]
+    alloc_shape = shape[:-1] + [shape[-1] + pad]
+    taken = all_names(func)
+    cache = Buffer(fresh_name(taken, f"{buf.name}_{scope}"), buf.dtype, tuple(alloc_shape), scope, None,
+                   f"{tensor}.{scope}")
+    body = rebuffer(node.body, buf, cache, lambda idx: tuple(i - o for i, o in zip(idx, origin)))
+
+    copy = _copy(func, buf, cache, shape, origin, outer_loops, scope, taken)
+    if scope == "local":
+        new_loop = For(node.var, node.min, node.extent, node.kind, Allocate(cache, seq(copy, body)), node.annotations)
+        out = func.with_body(replace_stmt(func.body, node, new_loop))
+    else:
+        new_loop = For(node.var, node.min, node.extent, node.kind, seq(copy, body), node.annotations)
+        out = func.with_body(replace_stmt(func.body, node, new_loop))
+        threads = [lp for lp in outer_loops if lp.is_thread]
+        if threads:
+            top, _ = find_loop(out, threads[0].var.name)
+            out = out.with_body(replace_stmt(out.body, top, Allocate(cache, top)))
+        else:
+            nl, _ = find_loop(out, node.var.name)
+            out = out.with_body(replace_stmt(out.body, nl, For(nl.var, nl.min, nl.extent, nl.kind,
+                                                                Allocate(cache, nl.body), nl.annotations)))
+        out = insert_barriers(out)
+    return simplify_func(out)
+
+
+def _in_bounds(buf: Buffer, index: list[Expr], loops: list[poly.LoopDim]) -> Expr:
+    conds: list[Expr] = []
+    for i, n in zip(index, buf.shape):
+        for c in (i >= 0, i < n):
+            if not poly.proves(c, loops):
+                conds.append(c)
+    return logical_and(*conds)
+
+
+def _copy(func: PrimFunc, buf: Buffer, cache: Buffer, shape: list[int], origin: list[Expr],
+          outer_loops: list[For], scope: str, taken: set[str]) -> Stmt:
+    d = origin[0].dtype if origin else Const(0, "int32").dtype
+    zero = as_expr(0, buf.dtype)
+    outer = [poly.LoopDim(lp.var, lp.min, lp.extent, lp.kind) for lp in outer_loops]
+    if scope == "local":
+        vars_ = [Var(fresh_name(taken, f"{cache.name}_ax{k}"), d) for k in range(len(shape))]
+        dims = outer + [poly.LoopDim(v, Const(0, d), Const(e, d), "serial") for v, e in zip(vars_, shape)]
+        src = [o + v for o, v in zip(origin, vars_)]
+        cond = _in_bounds(buf, src, dims)
+        stmt: Stmt = BufferStore(cache, tuple(vars_), select(cond, buf[tuple(src)], zero))
+        for v, e in zip(reversed(vars_), reversed(shape)):
+            stmt = For(v, Const(0, d), Const(e, d), "serial", stmt)
+        return stmt
+    # shared: spread the flattened box over the block's threads
+    block = launch_dims(func).block
+    enclosing = {lp.kind: lp for lp in outer_loops if lp.is_thread}
+    axis_vars: list[tuple[Expr, int]] = []  # (thread index, count), slowest axis first
+    wrappers: list[tuple[Var, int, str]] = []  # new thread loops around the copy
+    for kind in reversed(THREAD_KINDS):  # z, y, x
+        lp = enclosing.get(kind)
+        if lp is not None:
+            axis_vars.append((lp.var, int(const_int(lp.extent) or 1)))
+        elif block["xyz".index(kind[-1])] > 1:
+            n = block["xyz".index(kind[-1])]
+            v = Var(fresh_name(taken, f"{cache.name}_t{kind[-1]}"), d)
+            wrappers.append((v, n, kind))
+            axis_vars.append((v, n))
+    tid: Expr = Const(0, d)
+    threads = 1
+    for v, n in axis_vars:
+        tid = tid * n + v if threads > 1 else v
+        threads *= n
+    total = 1
+    for e in shape:
+        total *= e
+    steps = -(-total // threads)
+    step_var = Var(fresh_name(taken, f"{cache.name}_c"), d)
+    flat = step_var * threads + tid if steps > 1 else tid
+    idx: list[Expr] = []
+    stride = total
+    for k, e in enumerate(shape):
+        stride //= e
+        q = flat // stride if stride > 1 else flat
+        idx.append(q % e if k > 0 else q)
+    dims = outer + [poly.LoopDim(v, Const(0, d), Const(n, d), "serial") for v, n in axis_vars
+                    if not any(v is lp.var for lp in outer_loops)]
+    if steps > 1:
+        dims.append(poly.LoopDim(step_var, Const(0, d), Const(steps, d), "serial"))
+    guard = flat < total if total % threads else None
+    ctx = [guard] if guard is not None else []
+    src = [o + i for o, i in zip(origin, idx)]
+    conds: list[Expr] = []
+    for i, n in zip(src, buf.shape):
+        for c in (i >= 0, i < n):
+            if not poly.proves(c, dims, ctx):
+                conds.append(c)
+    value = select(logical_and(*conds), buf[tuple(src)], zero)
+    stmt = BufferStore(cache, tuple(idx), value)
+    if guard is not None:
+        stmt = IfThenElse(guard, stmt)
+    if steps > 1:
+        stmt = For(step_var, Const(0, d), Const(steps, d), "serial", stmt)
+    for v, n, kind in reversed(wrappers):
+        stmt = For(v, Const(0, d), Const(n, d), kind, stmt)
+    return stmt

@@ -1,0 +1,106 @@
+"""Legality of a schedule change, decided on dependences computed with islpy (tecc.ir.poly).
+
+A primitive describes the schedule it wants as a new schedule vector per statement of the
+*current* IR (a permutation of loop entries for `reorder`, a group index before a loop for
+loop distribution); it is legal when every dependence source still runs before its sink.
+A loop may run its iterations in parallel (`bind`) when it carries no dependence.
+
+Reductions: the update `acc[x] = acc[x] op value` of a reduction with op in + * max min (and a
+value that does not read acc) may run its instances in any order, because those combiners are
+associative and commutative. `reorder` therefore ignores the dependences of such an update on
+itself. Floating-point + and * are associative only up to rounding: a reordered float sum gives a
+result that differs from the serial one in the last bits (docs/schedule.md).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from ...ir import poly
+from ...ir.errors import ScheduleError
+from ...ir.expr import Binary, BufferLoad, Var
+from ...ir.stmt import BufferStore, For, PrimFunc
+from .loops import reads_buffer
+
+ASSOCIATIVE = ("+", "*", "min", "max")
+
+
+def is_reduction_update(node: object) -> bool:
+    """`acc[x] = acc[x] op value` with an associative, commutative op and value free of acc."""
+    if not isinstance(node, BufferStore) or not isinstance(node.value, Binary):
+        return False
+    v = node.value
+    if v.op not in ASSOCIATIVE:
+        return False
+    for self_side, other in ((v.a, v.b), (v.b, v.a)):
+        if (isinstance(self_side, BufferLoad) and self_side.buffer is node.buffer
+                and all(a is b for a, b in zip(self_side.indices, node.indices))
+                and not reads_buffer(other, node.buffer)):
+            return True
+    return False
+
+
+def default_entries(s: poly.PolyStmt) -> list[object]:
+    out: list[object] = []
+    for k, lp in enumerate(s.loops):
+        out += [s.positions[k], lp.var]
+    out.append(s.positions[len(s.loops)])
+    return out
+
+
+def _describe(deps: poly.Dependences, bad: object) -> str:
+    """Name the two statements of one violated dependence."""
+    by_name = {s.name: s for s in deps.space.stmts}
+    try:
+        m = bad.get_map_list().get_at(0)  # type: ignore[attr-defined]
+        import islpy as isl
+
+        src = by_name.get(m.get_tuple_name(isl.dim_type.in_))
+        dst = by_name.get(m.get_tuple_name(isl.dim_type.out))
+    except Exception:  # pragma: no cover - description only
+        return ""
+    if src is None or dst is None:
+        return ""
+    return f": `{str(dst.node).strip()}` depends on `{str(src.node).strip()}`"
+
+
+def check_schedule(func: PrimFunc, what: str, entries: Callable[[poly.PolyStmt], Sequence[object]],
+                   reductions_commute: bool) -> None:
+    """Raise ScheduleError when the schedule given by `entries` breaks a dependence of `func`."""
+    deps = poly.dependences(func.body)
+    rel = deps.relation
+    if reductions_commute:
+        rel = deps.without_self(s.name for s in deps.space.stmts if is_reduction_update(s.node))
+    import islpy as isl
+
+    new = isl.UnionMap("{ }")
+    for s in deps.space.stmts:
+        new = new.union(deps.space.schedule(s, list(entries(s))))
+    if poly.respects(rel, new):
+        return
+    bad = rel.subtract(new.lex_lt_union_map(new))
+    raise ScheduleError(f"{what} is illegal: it would run a dependence backwards{_describe(deps, bad)}")
+
+
+def check_parallel(func: PrimFunc, loop: For, what: str) -> None:
+    """Raise ScheduleError when `loop` carries a dependence (its iterations are not independent)."""
+    deps = poly.dependences(func.body)
+    level = None
+    for s in deps.space.stmts:
+        for d, lp in enumerate(s.loops):
+            if lp.var is loop.var:
+                level = 2 * d + 1
+                break
+        if level is not None:
+            break
+    if level is None:
+        return  # no statement under the loop
+    if poly.carried_at(deps.relation, deps.schedule, level):
+        raise ScheduleError(
+            f"{what} is illegal: loop {loop.var.name} carries a dependence (an iteration uses a value "
+            "another iteration computes, e.g. a reduction over it), so its iterations cannot run in parallel"
+        )
+
+
+def loop_vars(s: poly.PolyStmt) -> list[Var]:
+    return [lp.var for lp in s.loops]

@@ -1,0 +1,82 @@
+"""bind, unroll, vectorize: set how a loop's iterations run (see the For kinds in tecc.ir.stmt).
+
+bind(loop, axis), axis one of blockIdx.{x,y,z} / threadIdx.{x,y,z}. Preconditions:
+- the loop is serial, starts at 0, and carries no dependence (islpy): its iterations will run in
+  different blocks or threads at once;
+- a thread axis needs a constant extent (split by a constant first); a grid axis may be symbolic;
+- no enclosing loop is bound to the same axis, and a block axis is not bound inside a thread loop;
+- the threads bound on one path multiply to at most 1024 (CUDA's limit per block).
+
+unroll(loop): constant extent. vectorize(loop): constant extent, innermost (no loop inside); the
+emitter turns its contiguous accesses into one vector access where aligned and unrolls otherwise.
+"""
+
+from __future__ import annotations
+
+from ...ir.errors import ScheduleError
+from ...ir.expr import const_int
+from ...ir.stmt import BLOCK_KINDS, THREAD_KINDS, For, PrimFunc
+from .legality import check_parallel
+from .loops import find_loop, iter_with_path, loops_on_path, replace_stmt
+
+MAX_THREADS_PER_BLOCK = 1024  # CUDA limit for every architecture tecc targets (sm_70 .. sm_90)
+
+
+def _rekind(func: PrimFunc, node: For, kind: str) -> PrimFunc:
+    new = For(node.var, node.min, node.extent, kind, node.body, node.annotations)
+    return func.with_body(replace_stmt(func.body, node, new))
+
+
+def bind(func: PrimFunc, loop: str, axis: str) -> PrimFunc:
+    what = f"bind({loop}, {axis!r})"
+    if axis not in BLOCK_KINDS + THREAD_KINDS:
+        raise ScheduleError(f"{what}: unknown axis; one of {BLOCK_KINDS + THREAD_KINDS}")
+    node, path = find_loop(func, loop)
+    if node.kind != "serial":
+        raise ScheduleError(f"{what}: the loop is already {node.kind}")
+    if const_int(node.min) != 0:
+        raise ScheduleError(f"{what}: the loop starts at {node.min}, a bound loop must start at 0; split it first")
+    extent = const_int(node.extent)
+    if axis in THREAD_KINDS and extent is None:
+        raise ScheduleError(
+            f"{what}: a thread axis needs a constant extent, the loop has {node.extent}; "
+            f"split {loop} by a constant factor and bind the inner loop"
+        )
+    outer = loops_on_path(path)
+    for lp in outer:
+        if lp.kind == axis:
+            raise ScheduleError(f"{what}: the enclosing loop {lp.var.name} is already bound to {axis}")
+        if axis in BLOCK_KINDS and lp.is_thread:
+            raise ScheduleError(f"{what}: a block axis cannot be bound inside the thread loop {lp.var.name}")
+    if axis in THREAD_KINDS:
+        threads = extent or 1
+        for lp in outer:
+            if lp.is_thread:
+                threads *= const_int(lp.extent) or 1
+        if threads > MAX_THREADS_PER_BLOCK:
+            raise ScheduleError(f"{what}: {threads} threads per block, more than CUDA's {MAX_THREADS_PER_BLOCK}")
+    for s, _ in iter_with_path(node.body):
+        if isinstance(s, For) and s.kind == axis:
+            raise ScheduleError(f"{what}: the inner loop {s.var.name} is already bound to {axis}")
+    check_parallel(func, node, what)
+    return _rekind(func, node, axis)
+
+
+def unroll(func: PrimFunc, loop: str) -> PrimFunc:
+    node, _ = find_loop(func, loop)
+    if node.kind not in ("serial", "unroll"):
+        raise ScheduleError(f"unroll({loop}): the loop is {node.kind}; only a serial loop can be unrolled")
+    if const_int(node.extent) is None:
+        raise ScheduleError(f"unroll({loop}): the extent {node.extent} is not constant; split by a constant first")
+    return _rekind(func, node, "unroll")
+
+
+def vectorize(func: PrimFunc, loop: str) -> PrimFunc:
+    node, _ = find_loop(func, loop)
+    if node.kind not in ("serial", "vectorize"):
+        raise ScheduleError(f"vectorize({loop}): the loop is {node.kind}; only a serial loop can be vectorized")
+    if const_int(node.extent) is None:
+        raise ScheduleError(f"vectorize({loop}): the extent {node.extent} is not constant; split by a constant first")
+    if any(isinstance(s, For) for s, _ in iter_with_path(node.body)):
+        raise ScheduleError(f"vectorize({loop}): the loop contains other loops; only an innermost loop can be vectorized")
+    return _rekind(func, node, "vectorize")

@@ -1,0 +1,257 @@
+"""Arrays at the runtime's boundary: what an argument looks like to argument binding
+(`describe`), how it reaches a kernel, and the copies between host and device.
+
+Two kinds of argument (docs/runtime.md, "Arguments"):
+
+- **Host arrays** -- NumPy arrays, and any DLPack object living in CPU memory (a CPU torch
+  tensor). They are *staged*: the runtime uploads a C-contiguous copy to the device before the
+  launches and copies the outputs back into the caller's array after them. Because the kernel
+  only ever sees the contiguous copy, a non-contiguous NumPy array is accepted for any buffer.
+- **Device arrays** -- any DLPack or `__cuda_array_interface__` object in GPU memory (torch,
+  CuPy, JAX, a cuda.core `StridedMemoryView`). They are used *in place*: the kernel gets their
+  data pointer and argument binding checks their shape, strides and dtype as they are.
+
+cuda.core's `StridedMemoryView` does the interop (DLPack first, then the CUDA array interface):
+it gives the data pointer (element 0), shape, strides in elements and the NumPy dtype, with
+bfloat16 from ml_dtypes. Nothing here imports cuda.core at module level, so describing NumPy
+arrays works on a machine without CUDA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..ir import dtype as dt
+from ..ir.dtype import DType
+from ..ir.errors import DTypeError, ShapeError, TeccError
+from .host import ArrayInfo, contiguous_strides
+
+# DLPack device types (dlpack.h, DLDeviceType) the runtime tells apart.
+KDL_CPU = 1
+KDL_CUDA = 2
+KDL_CUDA_HOST = 3  # pinned host memory, device-accessible
+KDL_CUDA_MANAGED = 13
+
+# DLPack type codes (dlpack.h, DLDataTypeCode) and the tecc dtype of each (code, bits).
+KDL_INT, KDL_UINT, KDL_FLOAT, KDL_BFLOAT, KDL_BOOL = 0, 1, 2, 4, 6
+_FROM_DLPACK: dict[tuple[int, int], DType] = {
+    (KDL_INT, 32): dt.int32,
+    (KDL_INT, 64): dt.int64,
+    (KDL_FLOAT, 16): dt.float16,
+    (KDL_FLOAT, 32): dt.float32,
+    (KDL_FLOAT, 64): dt.float64,
+    (KDL_BFLOAT, 16): dt.bfloat16,
+    (KDL_BOOL, 8): dt.bool_,
+}
+_TO_DLPACK: dict[DType, tuple[int, int]] = {d: key for key, d in _FROM_DLPACK.items()}
+_CODE_NAMES = {KDL_INT: "int", KDL_UINT: "uint", KDL_FLOAT: "float", 3: "opaque handle", KDL_BFLOAT: "bfloat",
+               5: "complex", KDL_BOOL: "bool"}
+
+
+def dtype_from_dlpack(code: int, bits: int, lanes: int = 1) -> DType:
+    """The tecc dtype of a DLPack `DLDataType` (code, bits, lanes); DTypeError if none."""
+    if lanes != 1:
+        raise DTypeError(f"DLPack vector dtypes (lanes={lanes}) are not supported; pass a scalar-typed array")
+    found = _FROM_DLPACK.get((code, bits))
+    if found is None:
+        name = f"{_CODE_NAMES.get(code, f'code {code}')}{bits}"
+        raise DTypeError(f"DLPack dtype {name} has no tecc equivalent; use one of {', '.join(dt.ALL_DTYPES)}")
+    return found
+
+
+def dlpack_dtype(dtype: DType) -> tuple[int, int, int]:
+    """The DLPack `DLDataType` (code, bits, lanes) of a tecc dtype."""
+    code, bits = _TO_DLPACK[dtype]
+    return code, bits, 1
+
+
+def tecc_dtype(np_dtype: Any) -> DType:
+    """The tecc dtype of a NumPy dtype (bfloat16 from ml_dtypes included); DTypeError if none.
+
+    Non-native byte order is refused: the device reads little-endian values."""
+    d = np.dtype(np_dtype)
+    if not d.isnative:
+        raise DTypeError(f"dtype {d.str} has non-native byte order; convert with a.astype(a.dtype.newbyteorder('='))")
+    return dt.as_dtype(d)
+
+
+# ---- describing arguments ----------------------------------------------------------------------
+
+def is_host_array(obj: Any) -> bool:
+    """True for arrays the runtime stages through host memory: NumPy arrays and CPU DLPack objects."""
+    if isinstance(obj, np.ndarray):
+        return True
+    if hasattr(obj, "__cuda_array_interface__"):
+        return False
+    device = getattr(obj, "__dlpack_device__", None)
+    if device is not None:
+        return int(device()[0]) == KDL_CPU
+    raise TeccError(
+        f"cannot pass a {type(obj).__name__} as an array: expected a NumPy array or an object "
+        "supporting DLPack or __cuda_array_interface__ (torch, CuPy, JAX, ...)"
+    )
+
+
+def numpy_info(a: np.ndarray) -> ArrayInfo:
+    """Shape, strides in elements and dtype of a NumPy array, as it is (not as it will be staged)."""
+    dtype = tecc_dtype(a.dtype)
+    itemsize = a.dtype.itemsize
+    strides = []
+    for s in a.strides:
+        if s % itemsize != 0:
+            raise ShapeError(
+                f"array strides {a.strides} (bytes) are not multiples of the element size {itemsize}; "
+                "pass np.ascontiguousarray(a)"
+            )
+        strides.append(s // itemsize)
+    return ArrayInfo(tuple(int(n) for n in a.shape), tuple(strides), dtype)
+
+
+def strided_view(obj: Any, stream_ptr: int = -1) -> Any:
+    """cuda.core's `StridedMemoryView` of a DLPack / CUDA-array-interface object.
+
+    `stream_ptr` is the consumer stream: the producer's pending work on the array is ordered
+    before it (DLPack passes it to `__dlpack__(stream=...)`, the CUDA array interface waits on an
+    event); -1 asks for no ordering (metadata only)."""
+    from cuda.core.utils import StridedMemoryView
+
+    try:
+        return StridedMemoryView.from_any_interface(obj, stream_ptr)
+    except (BufferError, NotImplementedError, TypeError, ValueError) as exc:
+        raise TeccError(f"cannot view {type(obj).__name__} as a strided device array: {exc}") from exc
+
+
+def view_info(view: Any) -> ArrayInfo:
+    """Shape, strides in elements and dtype of a `StridedMemoryView` (strides None = contiguous)."""
+    shape = tuple(int(n) for n in view.shape)
+    strides = view.strides
+    return ArrayInfo(shape, contiguous_strides(shape) if strides is None else tuple(int(s) for s in strides),
+                     tecc_dtype(view.dtype))
+
+
+def describe(arg: Any) -> ArrayInfo:
+    """What argument binding needs of `arg`: its shape, strides in elements and tecc dtype.
+
+    NumPy arrays are described as they are (a non-contiguous array reports its strides; the
+    executor stages a contiguous copy, see `as_argument`); device arrays through cuda.core's
+    StridedMemoryView, without stream ordering."""
+    if is_host_array(arg):
+        return numpy_info(_as_numpy(arg))
+    return view_info(strided_view(arg, -1))
+
+
+def _as_numpy(obj: Any) -> np.ndarray:
+    if isinstance(obj, np.ndarray):
+        return obj
+    try:
+        return np.from_dlpack(obj)
+    except (BufferError, TypeError, RuntimeError) as exc:
+        raise TeccError(
+            f"cannot read the CPU {type(obj).__name__} through DLPack ({exc}); pass a NumPy array instead"
+        ) from exc
+
+
+# ---- arguments ready to launch ----------------------------------------------------------------
+
+@dataclass
+class Argument:
+    """One array argument, described and ready to launch.
+
+    Host path: `staged` is the C-contiguous host array that is uploaded (and that outputs are
+    downloaded into); `writeback` is the caller's array when `staged` is a copy of it, so results
+    are copied on into it. Device path: `ptr` is the data pointer the kernel gets and `view`
+    keeps the StridedMemoryView (and through it the producer's array) alive."""
+
+    source: Any
+    info: ArrayInfo  # as the kernel sees it: the staged copy for host arrays
+    staged: np.ndarray | None = None
+    writeback: np.ndarray | None = None
+    ptr: int = 0
+    device_id: int = -1
+    readonly: bool = False
+    view: Any = None
+
+    @property
+    def is_host(self) -> bool:
+        return self.staged is not None
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for n in self.info.shape:
+            count *= n
+        return count * self.info.dtype.bytes
+
+
+def as_argument(obj: Any, where: str = "argument", stream_ptr: int = -1) -> Argument:
+    """Describe `obj` for a launch. Host arrays get a C-contiguous staging array (no copy when
+    already contiguous); device arrays a StridedMemoryView ordered after the producer's work on
+    `stream_ptr`. Errors name `where` ("argument 1 (B) of matmul")."""
+    try:
+        if is_host_array(obj):
+            array = _as_numpy(obj)
+            staged = array if array.flags.c_contiguous else array.copy(order="C")
+            info = numpy_info(staged)
+            return Argument(obj, info, staged=staged, writeback=None if staged is array else array,
+                            readonly=not array.flags.writeable)
+        view = strided_view(obj, stream_ptr)
+        if not view.is_device_accessible:
+            raise TeccError("its memory is not accessible from the GPU")
+        return Argument(obj, view_info(view), ptr=int(view.ptr), device_id=int(view.device_id),
+                        readonly=bool(view.readonly), view=view)
+    except TeccError as exc:
+        raise type(exc)(f"{where}: {exc}") from exc
+
+
+# ---- device memory ----------------------------------------------------------------------------
+
+def allocate(device: Any, nbytes: int, stream: Any) -> Any:
+    """A cuda.core device Buffer of at least `nbytes` (at least 1 byte, so a zero-size array
+    still gets a valid pointer), stream-ordered on `stream` from the device's memory resource."""
+    return device.allocate(max(int(nbytes), 1), stream=stream)
+
+
+def _host_buffer(array: np.ndarray) -> Any:
+    from cuda.core import Buffer
+
+    # A non-owning cuda.core Buffer over the NumPy data; `owner` keeps the array alive.
+    # cuMemcpyAsync accepts pageable host pointers under unified addressing (64-bit Linux).
+    return Buffer.from_handle(array.ctypes.data, array.nbytes, owner=array)
+
+
+def upload(array: np.ndarray, dst: Any, stream: Any) -> None:
+    """Copy the C-contiguous host `array` into the start of device Buffer `dst` on `stream`."""
+    if array.nbytes == 0:
+        return
+    src = _host_buffer(array)
+    if dst.size != array.nbytes:
+        # Buffer.copy_from needs equal sizes: copy into a view of dst's first bytes.
+        from cuda.core import Buffer
+
+        dst = Buffer.from_handle(int(dst.handle), array.nbytes, owner=dst)
+    dst.copy_from(src, stream=stream)
+
+
+def download(src: Any, array: np.ndarray, stream: Any) -> None:
+    """Copy the start of device Buffer `src` into the C-contiguous, writeable host `array` on
+    `stream`. The copy into pageable memory completes before the call returns (CUDA's rule for
+    device-to-pageable copies), but callers still synchronize `stream` to see kernel errors."""
+    if array.nbytes == 0:
+        return
+    dst = _host_buffer(array)
+    if src.size != array.nbytes:
+        from cuda.core import Buffer
+
+        src = Buffer.from_handle(int(src.handle), array.nbytes, owner=src)
+    src.copy_to(dst, stream=stream)
+
+
+def to_device(array: np.ndarray, device: Any, stream: Any) -> Any:
+    """A new device Buffer holding a C-contiguous copy of `array`."""
+    staged = array if array.flags.c_contiguous else array.copy(order="C")
+    buf = allocate(device, staged.nbytes, stream)
+    upload(staged, buf, stream)
+    return buf

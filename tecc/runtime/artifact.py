@@ -1,0 +1,293 @@
+"""Saved artifacts: read, validate and run `kernel.save(path)` output with the runtime alone.
+
+An artifact is four files next to each other (`path` is the stem; `load("out/axpy")` and
+`load("out/axpy.json")` read the same artifact):
+
+    path.json   the manifest (below), required
+    path.cubin  the device code for the manifest's arch, required
+    path.ptx    the PTX, optional (kept as text for inspection)
+    path.cu     the CUDA C the cubin was compiled from, optional (kept as text)
+
+Manifest, version 1 (docs/runtime.md, "Artifacts", is the reference):
+
+    {"format": "tecc-artifact", "version": 1,
+     "entry": <module name, = host["name"]>, "arch": "sm_90",
+     "host": HostProgram.to_json(),
+     "kernels": [{"name", "registers", "shared_bytes", "spills"}, ...],   one per host kernel
+     "plan": <plan JSON or null>,
+     "versions": {"tecc", "nvrtc", "cuda_core"},
+     "options": [NVRTC options, ...],
+     "source_sha256": <hex SHA-256 of the CUDA C source, UTF-8>}
+
+Loading never imports tecc.passes, tecc.codegen or tecc.compiler: the manifest's `host` is all
+the runtime needs (signature, temporaries, kernel parameters and launch dimensions, call
+sequence). Without a GPU, `load` still reads and validates everything; calling the result
+raises DeviceError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..ir.errors import DeviceError, TeccError
+from .host import HostProgram
+
+MANIFEST_FORMAT = "tecc-artifact"
+MANIFEST_VERSION = 1
+REQUIRED_KEYS = ("format", "version", "entry", "arch", "host", "kernels", "plan", "versions", "options",
+                 "source_sha256")
+VERSION_KEYS = ("tecc", "nvrtc", "cuda_core")
+KERNEL_STAT_KEYS = ("name", "registers", "shared_bytes", "spills")
+
+# sm_90, sm_90a (arch-specific: runs on 9.0 only), sm_100f (family-specific).
+_ARCH = re.compile(r"^sm_(\d+)(\d)([af]?)$")
+
+
+class ArtifactError(TeccError):
+    """A saved artifact is missing, malformed, or of a format version this runtime cannot read."""
+
+
+def artifact_paths(path: str | os.PathLike[str]) -> dict[str, Path]:
+    """The four files of the artifact whose stem (or manifest path) is `path`."""
+    stem = Path(path)
+    return {suffix: stem.with_suffix(f".{suffix}") for suffix in ("json", "cubin", "ptx", "cu")}
+
+
+def source_sha256(source: str) -> str:
+    """The manifest's `source_sha256` of a CUDA C source text."""
+    return hashlib.sha256(source.encode("utf-8")).hexdigest()
+
+
+def parse_arch(arch: str) -> tuple[int, int, str]:
+    """(major, minor, suffix) of an `sm_XY[a|f]` name; ArtifactError if malformed."""
+    m = _ARCH.match(arch) if isinstance(arch, str) else None
+    if m is None:
+        raise ArtifactError(f"arch {arch!r} is not of the form sm_XY (e.g. sm_90)")
+    return int(m.group(1)), int(m.group(2)), m.group(3)
+
+
+def cubin_runs_on(arch: str, compute_capability: tuple[int, int]) -> bool:
+    """Whether a cubin compiled for `arch` runs on a device of `compute_capability`.
+
+    CUDA's rule for binaries (CUDA C++ Programming Guide, "Binary Compatibility"): a cubin for
+    sm_XY runs on devices X.Z with Z >= Y, never on another major version; an arch-specific
+    cubin (sm_XYa) runs on X.Y only; a family-specific one (sm_XYf) like a plain one here."""
+    major, minor, suffix = parse_arch(arch)
+    dev_major, dev_minor = compute_capability
+    if suffix == "a":
+        return (major, minor) == (dev_major, dev_minor)
+    return major == dev_major and dev_minor >= minor
+
+
+def validate_manifest(manifest: Any, where: str = "manifest") -> HostProgram:
+    """Check a manifest against format version 1 and return its HostProgram.
+
+    Raises ArtifactError naming the offending key."""
+    if not isinstance(manifest, Mapping):
+        raise ArtifactError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
+    if manifest.get("format") != MANIFEST_FORMAT:
+        raise ArtifactError(f"{where}: not a tecc artifact (format is {manifest.get('format')!r}, "
+                            f"expected {MANIFEST_FORMAT!r})")
+    version = manifest.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ArtifactError(f"{where}: malformed format version {version!r}")
+    if version > MANIFEST_VERSION:
+        raise ArtifactError(
+            f"{where}: written with artifact format version {version}, but this runtime reads version "
+            f"{MANIFEST_VERSION}; upgrade tecc, or rebuild and save the kernel with this version"
+        )
+    missing = [k for k in REQUIRED_KEYS if k not in manifest]
+    if missing:
+        raise ArtifactError(f"{where}: missing key(s) {', '.join(missing)}")
+    parse_arch(manifest["arch"])
+    if not isinstance(manifest["entry"], str) or not manifest["entry"]:
+        raise ArtifactError(f"{where}: 'entry' must be the module name, got {manifest['entry']!r}")
+    versions = manifest["versions"]
+    if not isinstance(versions, Mapping) or any(k not in versions for k in VERSION_KEYS):
+        raise ArtifactError(f"{where}: 'versions' must be an object with keys {', '.join(VERSION_KEYS)}")
+    if not isinstance(manifest["options"], list) or not all(isinstance(o, str) for o in manifest["options"]):
+        raise ArtifactError(f"{where}: 'options' must be a list of strings")
+    digest = manifest["source_sha256"]
+    if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise ArtifactError(f"{where}: 'source_sha256' must be 64 lowercase hex digits, got {digest!r}")
+
+    try:
+        host = HostProgram.from_json(manifest["host"])
+    except TeccError as exc:
+        raise ArtifactError(f"{where}: malformed 'host' program: {exc}") from exc
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ArtifactError(f"{where}: malformed 'host' program ({type(exc).__name__}: {exc})") from exc
+    if host.name != manifest["entry"]:
+        raise ArtifactError(f"{where}: 'entry' is {manifest['entry']!r} but the host program is {host.name!r}")
+
+    stats = manifest["kernels"]
+    if not isinstance(stats, list) or not all(isinstance(k, Mapping) for k in stats):
+        raise ArtifactError(f"{where}: 'kernels' must be a list of objects")
+    for k in stats:
+        absent = [key for key in KERNEL_STAT_KEYS if key not in k]
+        if absent:
+            raise ArtifactError(f"{where}: kernel entry {k.get('name', '?')!r} lacks {', '.join(absent)}")
+    listed = sorted(str(k["name"]) for k in stats)
+    expected = sorted(k.name for k in host.kernels)
+    if listed != expected:
+        raise ArtifactError(f"{where}: 'kernels' lists {listed} but the host program has kernels {expected}")
+    return host
+
+
+def write_artifact(path: str | os.PathLike[str], manifest: Mapping[str, Any], cubin: bytes, *,
+                   ptx: str | None = None, cuda_source: str | None = None) -> Path:
+    """Validate `manifest` and write the artifact's files (atomically each); returns the stem.
+
+    The compiler's `Kernel.save` may use this; tests use it to make artifacts by hand."""
+    validate_manifest(manifest)
+    files = artifact_paths(path)
+    files["json"].parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(files["cubin"], bytes(cubin))
+    if ptx is not None:
+        _atomic_write(files["ptx"], ptx.encode("utf-8"))
+    if cuda_source is not None:
+        _atomic_write(files["cu"], cuda_source.encode("utf-8"))
+    _atomic_write(files["json"], json.dumps(manifest, indent=2).encode("utf-8"))
+    return Path(path)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The parsed (not yet validated) manifest of the artifact at `path`."""
+    file = artifact_paths(path)["json"]
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ArtifactError(f"no tecc artifact at {file}: the manifest file does not exist "
+                            "(write one with kernel.save(path))") from None
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{file}: not valid JSON ({exc})") from exc
+    return manifest  # type: ignore[no-any-return]
+
+
+class LoadedKernel:
+    """A saved artifact, ready to run on the GPU with the runtime alone.
+
+    `f(*arrays)` runs it like the built kernel (arrays in `host.buffer_params` order; NumPy
+    arrays copied in and results copied back, device arrays used in place). The CUDA executor
+    is made on first call (or by `executor`); without a usable GPU that raises DeviceError.
+    `manifest`, `host`, `cubin`, `ptx`, `cuda_source`, `plan`, `arch` and `kernel_stats` give
+    what the artifact holds."""
+
+    def __init__(self, path: Path, manifest: dict[str, Any], host: HostProgram, cubin: bytes,
+                 ptx: str | None, cuda_source: str | None, *, stream: Any = None, debug_sync: bool = False) -> None:
+        self.path = path
+        self.manifest = manifest
+        self.host = host
+        self.cubin = cubin
+        self.ptx = ptx
+        self.cuda_source = cuda_source
+        self._stream = stream
+        self._debug_sync = debug_sync
+        self._executor: Any = None
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    @property
+    def arch(self) -> str:
+        return str(self.manifest["arch"])
+
+    @property
+    def plan(self) -> Any:
+        return self.manifest["plan"]
+
+    @property
+    def kernel_stats(self) -> list[dict[str, Any]]:
+        """The ptxas report per kernel: name, registers, shared_bytes, spills."""
+        return list(self.manifest["kernels"])
+
+    @property
+    def source_matches(self) -> bool | None:
+        """Whether path.cu hashes to the manifest's source_sha256 (None when path.cu is absent)."""
+        if self.cuda_source is None:
+            return None
+        return source_sha256(self.cuda_source) == str(self.manifest["source_sha256"])
+
+    @property
+    def executor(self) -> Any:
+        if self._executor is None:
+            from .cuda import CudaExecutor, cuda_unavailable_reason, current_device
+
+            reason = cuda_unavailable_reason()
+            if reason is not None:
+                raise DeviceError(
+                    f"{self.name}: no CUDA device is available to run the artifact {self.path} ({reason}); "
+                    "run it on a machine with an NVIDIA GPU, or rebuild the op with target='sim' to use the CPU emulator"
+                )
+            check_arch(self.arch, current_device(), self.path)
+            self._executor = CudaExecutor(self.host, self.cubin, stream=self._stream, debug_sync=self._debug_sync)
+        return self._executor
+
+    def __call__(self, *args: Any) -> None:
+        self.executor(*args)
+
+    def synchronize(self) -> None:
+        self.executor.synchronize()
+
+    def __repr__(self) -> str:
+        return f"<tecc.LoadedKernel {self.name} arch={self.arch} kernels={[k.name for k in self.host.kernels]} from {self.path}>"
+
+
+def check_arch(arch: str, device: Any, path: Any = "") -> None:
+    """DeviceError unless a cubin for `arch` runs on cuda.core `device`; says what to rebuild with."""
+    cc = device.compute_capability
+    major, minor = int(cc[0]), int(cc[1])
+    if not cubin_runs_on(arch, (major, minor)):
+        where = f"the artifact {path}" if path else "the cubin"
+        raise DeviceError(
+            f"{where} was compiled for {arch}, but CUDA device {device.device_id} ({device.name}) is "
+            f"sm_{major}{minor} and cannot run it; rebuild it with arch='sm_{major}{minor}' and save it again"
+        )
+
+
+def load(path: str | os.PathLike[str], *, stream: Any = None, debug_sync: bool = False) -> LoadedKernel:
+    """Read and validate the artifact at `path` (its stem, or its .json) and return a callable.
+
+    Checks the manifest's format and version, the host program, and that the cubin exists; when
+    a GPU is present, also that the cubin's arch runs on it (DeviceError saying which `arch=` to
+    rebuild with). Imports nothing of the compiler."""
+    files = artifact_paths(path)
+    manifest = read_manifest(path)
+    host = validate_manifest(manifest, str(files["json"]))
+    try:
+        cubin = files["cubin"].read_bytes()
+    except FileNotFoundError:
+        raise ArtifactError(f"{files['json']} names no device code: {files['cubin']} does not exist") from None
+    if not cubin.startswith(b"\x7fELF"):
+        raise ArtifactError(f"{files['cubin']} is not a cubin (no ELF header)")
+    ptx = _read_text(files["ptx"])
+    cuda_source = _read_text(files["cu"])
+    kernel = LoadedKernel(files["json"].with_suffix(""), manifest, host, cubin, ptx, cuda_source,
+                          stream=stream, debug_sync=debug_sync)
+
+    from .cuda import cuda_available, current_device
+
+    if cuda_available():
+        check_arch(kernel.arch, current_device(), kernel.path)
+    return kernel
+
+
+def _read_text(file: Path) -> str | None:
+    try:
+        return file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,500 @@
+"""Run a compiled module on a CUDA GPU through cuda.core.
+
+`CudaExecutor(host, cubin)` loads the cubin's kernels onto the device; each call then
+
+1. describes the arguments (`tecc.runtime.arrays`) and binds them against the host program's
+   signature (`bind_arguments`: count, dtype, rank, every dimension and stride), so a wrong
+   argument is a ShapeError / DTypeError that names it before anything runs;
+2. uploads host (NumPy) arguments into fresh device buffers and allocates the temporaries;
+3. launches the kernels of `host.calls` in order on one stream, each with its parameters
+   marshaled by the kernel ABI (below) and its grid evaluated for the bound sizes; a kernel
+   whose grid has a zero dimension is skipped (it would have no threads);
+4. if any argument came from the host: downloads the outputs, synchronizes the stream (an
+   asynchronous kernel fault surfaces here as LaunchError) and copies the results into the
+   caller's arrays. Calls with device arrays only return without synchronizing.
+
+Kernel ABI (docs/runtime.md, "Kernel ABI"): a kernel's parameters are `KernelInfo.params` in
+order. A Buffer parameter is passed as a device pointer (8 bytes): the data pointer of the
+argument or temporary named by the call, or a valid dummy allocation for a zero-size array
+whose pointer is null. A Var parameter is passed by value in its dtype (int32 -> 4 bytes,
+int64 -> 8 bytes); its value is the one argument binding found for the variable of that name.
+
+Nothing here imports the compiler; cuda.core and cuda.bindings are imported when first needed,
+so this module imports (and `cuda_available()` answers False) on a machine without a driver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..ir import dtype as dt
+from ..ir.dtype import DType
+from ..ir.errors import DeviceError, LaunchError, ResourceError, ShapeError, TeccError
+from ..ir.expr import Var
+from ..ir.stmt import Buffer
+from . import arrays
+from .arrays import Argument
+from .host import HostProgram, KernelInfo, bind_arguments, resolve_launch, temp_shape
+
+# Dynamic shared memory a kernel may use per block without opting in: 48 KiB on every
+# architecture since Volta (CUDA C++ Programming Guide, "Shared Memory"); a kernel that needs
+# more must raise CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, up to the device's
+# max_shared_memory_per_block_optin (227 KiB on sm_90).
+DEFAULT_DYNAMIC_SMEM_LIMIT = 48 * 1024
+
+# Base alignment the generated code may assume of every global buffer: codegen turns contiguous
+# float32/int32 accesses into 16-byte vector accesses (float4, int4) assuming 16-byte-aligned
+# bases, as cudaMalloc gives (docs/codegen.md, "Vector accesses"). A misaligned vector access
+# faults and poisons the whole CUDA context, so device arrays are checked before launching.
+DEFAULT_ALIGNMENT = 16
+
+# The by-value C type of a scalar kernel parameter, as cuda.core marshals it (a bare Python
+# int would be passed as a pointer-sized integer, which is wrong for an `int` parameter).
+_SCALAR_TYPES: dict[DType, type] = {
+    dt.int32: np.int32,
+    dt.int64: np.int64,
+    dt.bool_: np.bool_,
+    dt.float16: np.float16,
+    dt.float32: np.float32,
+    dt.float64: np.float64,
+}
+
+
+# ---- the device -------------------------------------------------------------------------------
+
+def cuda_unavailable_reason() -> str | None:
+    """Why no CUDA device can be used here (None when one can). Never raises."""
+    try:
+        from cuda.bindings import driver
+    except Exception as exc:  # noqa: BLE001 - any import failure means "no CUDA here"
+        return f"cuda-bindings cannot be imported ({type(exc).__name__}: {exc})"
+    try:
+        (err,) = driver.cuInit(0)
+    except Exception as exc:  # noqa: BLE001 - e.g. the driver library libcuda.so is not installed
+        return f"the CUDA driver cannot be loaded ({type(exc).__name__}: {exc})"
+    if err != driver.CUresult.CUDA_SUCCESS:
+        return f"cuInit failed with {_error_text(err)}"
+    err, count = driver.cuDeviceGetCount()
+    if err != driver.CUresult.CUDA_SUCCESS:
+        return f"cuDeviceGetCount failed with {_error_text(err)}"
+    if count == 0:
+        return "the CUDA driver reports no device"
+    try:
+        import cuda.core  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        return f"cuda-core cannot be imported ({type(exc).__name__}: {exc})"
+    return None
+
+
+def cuda_available() -> bool:
+    """True when a CUDA driver and at least one device can be used. Never raises."""
+    return cuda_unavailable_reason() is None
+
+
+def current_device(device: Any = None) -> Any:
+    """The cuda.core `Device` to run on (the current one, or ordinal / Device `device`), made
+    current on this thread. DeviceError if there is no usable CUDA device."""
+    reason = cuda_unavailable_reason()
+    if reason is not None:
+        raise DeviceError(f"no CUDA device is available: {reason}")
+    from cuda.core import Device
+
+    try:
+        dev = device if isinstance(device, Device) else Device(device)
+        dev.set_current()
+    except Exception as exc:  # noqa: BLE001 - cuda.core raises CUDAError / ValueError
+        raise DeviceError(f"cannot use CUDA device {device if device is not None else '(current)'}: {exc}") from exc
+    return dev
+
+
+def device_arch(device: Any) -> str:
+    """The `sm_XY` name of a cuda.core Device's compute capability (what `arch=` takes)."""
+    return f"sm_{device.arch}"
+
+
+def _error_text(err: Any) -> str:
+    """`CUDA_ERROR_X: explanation` for a CUresult."""
+    try:
+        from cuda.bindings import driver
+
+        _, name = driver.cuGetErrorName(err)
+        _, text = driver.cuGetErrorString(err)
+        return f"{name.decode()}: {text.decode()}"
+    except Exception:  # noqa: BLE001
+        return str(err)
+
+
+# ---- marshaling plan (pure: no device needed) -------------------------------------------------
+
+@dataclass(frozen=True)
+class ParamSlot:
+    """Where one kernel parameter's value comes from at a launch.
+
+    kind 'array': the data pointer of argument `index` (in `host.buffer_params` order);
+    kind 'temp': the data pointer of the temporary `name`;
+    kind 'scalar': the bound value of the size/stride variable `name`, passed as `dtype`."""
+
+    kind: str
+    name: str
+    index: int = -1
+    dtype: DType = dt.int32
+
+
+@dataclass(frozen=True)
+class PlannedLaunch:
+    kernel: KernelInfo
+    slots: tuple[ParamSlot, ...]
+
+
+def plan_launches(host: HostProgram) -> tuple[PlannedLaunch, ...]:
+    """Resolve every call's argument names against the host program once: which argument,
+    temporary or variable feeds each kernel parameter. Raises TeccError for an inconsistent
+    host program (unknown kernel or name, wrong arity, dtype mismatch, unbindable variable)."""
+    by_name = {b.name: (i, b) for i, b in enumerate(host.buffer_params)}
+    temps = {t.name: t for t in host.temps}
+    bindable = _bindable_var_names(host)
+    planned = []
+    for call in host.calls:
+        try:
+            info = host.kernel(call.kernel)
+        except KeyError:
+            raise TeccError(f"{host.name}: the call sequence launches unknown kernel {call.kernel!r}") from None
+        if len(call.args) != len(info.params):
+            raise TeccError(
+                f"{host.name}: kernel {info.name} takes {len(info.params)} parameters, the call passes {len(call.args)}"
+            )
+        slots = []
+        for param, name in zip(info.params, call.args):
+            where = f"{host.name}: kernel {info.name}, parameter {param.name}"
+            if isinstance(param, Buffer):
+                if name in by_name:
+                    index, module_buffer = by_name[name]
+                    slots.append(ParamSlot("array", name, index=index))
+                elif name in temps:
+                    module_buffer = temps[name]
+                    slots.append(ParamSlot("temp", name))
+                else:
+                    raise TeccError(f"{where}: {name!r} is neither an array parameter nor a temporary of the module")
+                if module_buffer.dtype != param.dtype:
+                    raise TeccError(f"{where}: expects {param.dtype} but {name} is {module_buffer.dtype}")
+            else:
+                if name not in bindable:
+                    raise TeccError(
+                        f"{where}: variable {name} is not a dimension or stride of any array argument, "
+                        "so no call can determine its value"
+                    )
+                if param.dtype not in _SCALAR_TYPES:
+                    raise TeccError(f"{where}: scalar parameters of dtype {param.dtype} are not supported")
+                slots.append(ParamSlot("scalar", name, dtype=param.dtype))
+        planned.append(PlannedLaunch(info, tuple(slots)))
+    return tuple(planned)
+
+
+def _bindable_var_names(host: HostProgram) -> set[str]:
+    """Names of the variables argument binding assigns: whole dimensions or strides of arrays."""
+    names: set[str] = set()
+    for b in host.buffer_params:
+        for e in tuple(b.shape) + tuple(b.strides or ()):
+            if isinstance(e, Var):
+                names.add(e.name)
+    return names
+
+
+def prepare_arguments(host: HostProgram, args: Sequence[Any], stream_ptr: int = -1) -> tuple[list[Argument], dict[Var, int]]:
+    """Describe `args` (in `host.buffer_params` order) and bind them: the launch-ready
+    arguments and the value of every size and stride variable. ShapeError / DTypeError name the
+    argument; host arrays get contiguous staging copies (see `arrays.as_argument`)."""
+    buffers = host.buffer_params
+    if len(args) != len(buffers):
+        names = ", ".join(b.name for b in buffers)
+        raise TeccError(f"{host.name} takes {len(buffers)} arrays ({names}), got {len(args)}")
+    prepared = [
+        arrays.as_argument(arg, f"argument {pos} ({buf.name}) of {host.name}", stream_ptr)
+        for pos, (arg, buf) in enumerate(zip(args, buffers))
+    ]
+    env = bind_arguments(host, [p.info for p in prepared])
+    outputs = set(host.outputs)
+    for pos, (p, buf) in enumerate(zip(prepared, buffers)):
+        if buf.name in outputs and p.readonly:
+            raise TeccError(
+                f"argument {pos} ({buf.name}) of {host.name}: the kernel writes it, but the array is read-only"
+            )
+    return prepared, env
+
+
+def check_device_arrays(host: HostProgram, prepared: Sequence[Argument], device_id: int,
+                        alignment: int = DEFAULT_ALIGNMENT) -> None:
+    """Device arrays must live on the executor's device and have data pointers aligned to
+    `alignment` bytes (at least their element size). DeviceError / ShapeError name the argument."""
+    for pos, (arg, buf) in enumerate(zip(prepared, host.buffer_params)):
+        if arg.is_host:
+            continue
+        where = f"argument {pos} ({buf.name}) of {host.name}"
+        if arg.device_id >= 0 and arg.device_id != device_id:
+            raise DeviceError(
+                f"{where} lives on CUDA device {arg.device_id}, but the kernel is loaded on device {device_id}; "
+                "move it there first"
+            )
+        need = max(alignment, arg.info.dtype.bytes)
+        if arg.nbytes > 0 and arg.ptr % need != 0:
+            raise ShapeError(
+                f"{where}: its data pointer {arg.ptr:#x} is not aligned to {need} bytes (a view at an offset "
+                f"into a larger array?); tecc kernels may access global memory in {need}-byte vectors, so pass "
+                "an aligned copy (e.g. x.clone() in torch, x.copy() in CuPy)"
+            )
+
+
+def scalar_argument(dtype: DType, value: int) -> Any:
+    """A scalar kernel argument of exactly `dtype`'s C type."""
+    return _SCALAR_TYPES[dtype](value)
+
+
+# ---- launching --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    """One launch of the last call, for profiling: kernel, grid, block, dynamic shared bytes."""
+
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    dynamic_smem: int = 0
+
+
+def describe_launch(module: str, kernel: str, grid: Sequence[int], block: Sequence[int], dynamic_smem: int) -> str:
+    return (f"{module}: kernel {kernel} (grid {tuple(grid)}, block {tuple(block)}, "
+            f"dynamic shared memory {dynamic_smem} bytes)")
+
+
+class CudaExecutor:
+    """Runs a HostProgram's kernels from `cubin` on a CUDA device.
+
+    `executor(*arrays)` runs the module on arrays in `host.buffer_params` order: NumPy arrays
+    are copied in and the outputs copied back into them (the call synchronizes); device arrays
+    (DLPack / CUDA array interface) are used in place (the call does not synchronize; use
+    `synchronize()` or the producer library's own synchronization). Returns None.
+
+    stream: a cuda.core Stream, an object with `__cuda_stream__`, a torch.cuda.Stream (its
+    `cuda_stream` handle) or a raw CUstream handle as int; default the device's default stream.
+    debug_sync: synchronize after every launch, so an asynchronous fault is reported as a
+    LaunchError that names the kernel and its launch configuration.
+    alignment: the base alignment in bytes required of device arrays' data pointers (default
+    16, what vectorized kernels assume; lower it only for code known to make no vector access).
+
+    `kernels` maps kernel names to the loaded cuda.core Kernels; `last_launches` lists the
+    launches of the last call (LaunchRecord) for profiling."""
+
+    def __init__(self, host: HostProgram, cubin: bytes, *, stream: Any = None, device: Any = None,
+                 debug_sync: bool = False, alignment: int = DEFAULT_ALIGNMENT) -> None:
+        self.host = host
+        self._planned = plan_launches(host)
+        self.device = current_device(device)
+        self.arch = device_arch(self.device)
+        self._stream_owner = stream  # keeps a foreign stream object alive while we use its handle
+        self.stream = _as_stream(stream, self.device)
+        self.debug_sync = debug_sync
+        self.alignment = alignment
+        self.last_launches: list[LaunchRecord] = []
+        self._temps: dict[str, Any] = {}
+        self._dummy: Any = None
+
+        from cuda.core import ObjectCode
+
+        self.object_code = ObjectCode.from_cubin(bytes(cubin), name=host.name)
+        self.kernels: dict[str, Any] = {}
+        self._max_threads: dict[str, int] = {}
+        for info in host.kernels:
+            kernel = self._load_kernel(info.name)
+            self.kernels[info.name] = kernel
+            self._max_threads[info.name] = int(_kernel_attribute(kernel, "max_threads_per_block"))
+            if info.dynamic_smem > 0:
+                self._allow_dynamic_smem(info, kernel)
+
+    def __repr__(self) -> str:
+        return f"<CudaExecutor {self.host.name} on {self.arch} kernels={list(self.kernels)}>"
+
+    # ---- loading ----------------------------------------------------------------------------
+    def _load_kernel(self, name: str) -> Any:
+        try:
+            return self.object_code.get_kernel(name)
+        except Exception as exc:  # noqa: BLE001 - cuda.core raises CUDAError
+            text = str(exc)
+            if "NO_BINARY_FOR_GPU" in text or "INVALID_IMAGE" in text:
+                raise DeviceError(
+                    f"{self.host.name}: the cubin has no code this device ({self.arch}, {self.device.name}) can run: "
+                    f"{text}; rebuild it with arch='{self.arch}'"
+                ) from exc
+            raise DeviceError(f"{self.host.name}: cannot load kernel {name} from the cubin: {text}") from exc
+
+    def _allow_dynamic_smem(self, info: KernelInfo, kernel: Any) -> None:
+        """Opt the kernel in to `info.dynamic_smem` bytes of dynamic shared memory when that is
+        more than it may use by default (48 KiB minus its static shared memory)."""
+        static = int(_kernel_attribute(kernel, "shared_size_bytes"))
+        optin = int(self.device.properties.max_shared_memory_per_block_optin)
+        if static + info.dynamic_smem > optin:
+            raise ResourceError(
+                f"{self.host.name}: kernel {info.name} needs {info.dynamic_smem} bytes of dynamic and {static} bytes "
+                f"of static shared memory per block, over the {optin} bytes a block may have on {self.device.name} "
+                f"({self.arch}); choose a plan with smaller shared-memory tiles"
+            )
+        if static + info.dynamic_smem <= DEFAULT_DYNAMIC_SMEM_LIMIT:
+            return
+        from cuda.bindings import driver
+
+        handle = kernel.handle
+        if not isinstance(handle, driver.CUkernel):
+            handle = driver.CUkernel(int(handle))
+        (err,) = driver.cuKernelSetAttribute(
+            driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            int(info.dynamic_smem), handle, driver.CUdevice(self.device.device_id),
+        )
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise ResourceError(
+                f"{self.host.name}: cannot allow kernel {info.name} {info.dynamic_smem} bytes of dynamic shared "
+                f"memory: {_error_text(err)}"
+            )
+
+    # ---- running ----------------------------------------------------------------------------
+    def __call__(self, *args: Any) -> None:
+        self.device.set_current()
+        prepared, env = prepare_arguments(self.host, args, int(self.stream.handle))
+        check_device_arrays(self.host, prepared, self.device.device_id, self.alignment)
+        staged = self._stage(prepared)
+        pointers = [self._pointer(arg, buf) for arg, buf in zip(prepared, staged)]
+        temps = self._allocate_temps(env)
+        values = {v.name: value for v, value in env.items()}
+
+        self.last_launches = []
+        for planned in self._planned:
+            grid, block = resolve_launch(planned.kernel, env, self.host.name)
+            if min(grid) <= 0:
+                continue
+            params = [self._param(slot, pointers, temps, values) for slot in planned.slots]
+            self._launch(planned.kernel, grid, block, params)
+
+        if any(arg.is_host for arg in prepared):
+            self._finish_host_call(prepared, staged)
+
+    def synchronize(self) -> None:
+        """Wait for this executor's stream; an asynchronous kernel fault raises LaunchError."""
+        self._synchronize(f"{self.host.name}: the device reported an error while synchronizing")
+
+    def _stage(self, prepared: list[Argument]) -> list[Any]:
+        """Device buffers holding the host arguments (None for device arguments), uploaded."""
+        staged: list[Any] = []
+        for arg in prepared:
+            if arg.staged is None:
+                staged.append(None)
+                continue
+            buf = arrays.allocate(self.device, arg.staged.nbytes, self.stream)
+            arrays.upload(arg.staged, buf, self.stream)
+            staged.append(buf)
+        return staged
+
+    def _pointer(self, arg: Argument, staged: Any) -> int:
+        if staged is not None:
+            return int(staged.handle)
+        if arg.ptr == 0:
+            # A zero-size DLPack array may carry a null data pointer; the kernel never
+            # dereferences it, but keep every pointer parameter a valid allocation.
+            return self._dummy_pointer()
+        return arg.ptr
+
+    def _dummy_pointer(self) -> int:
+        if self._dummy is None:
+            self._dummy = arrays.allocate(self.device, 256, self.stream)
+        return int(self._dummy.handle)
+
+    def _allocate_temps(self, env: dict[Var, int]) -> dict[str, int]:
+        """Device pointers of the temporaries, reusing the last call's buffers when big enough
+        (all launches are ordered on one stream, so reuse across calls is safe)."""
+        pointers: dict[str, int] = {}
+        for temp in self.host.temps:
+            count = 1
+            for n in temp_shape(temp, env):
+                count *= max(n, 0)
+            nbytes = max(count * temp.dtype.bytes, 1)
+            buf = self._temps.get(temp.name)
+            if buf is None or buf.size < nbytes:
+                buf = arrays.allocate(self.device, nbytes, self.stream)
+                self._temps[temp.name] = buf
+            pointers[temp.name] = int(buf.handle)
+        return pointers
+
+    def _param(self, slot: ParamSlot, pointers: list[int], temps: dict[str, int], values: dict[str, int]) -> Any:
+        if slot.kind == "array":
+            return pointers[slot.index]
+        if slot.kind == "temp":
+            return temps[slot.name]
+        return scalar_argument(slot.dtype, values[slot.name])
+
+    def _launch(self, info: KernelInfo, grid: tuple[int, int, int], block: tuple[int, int, int],
+                params: list[Any]) -> None:
+        from cuda.core import LaunchConfig, launch
+
+        what = describe_launch(self.host.name, info.name, grid, block, info.dynamic_smem)
+        threads = block[0] * block[1] * block[2]
+        limit = self._max_threads[info.name]
+        if threads > limit:
+            raise LaunchError(
+                f"{what} cannot launch: {threads} threads per block, but this kernel allows at most {limit} on "
+                f"{self.device.name} (the device's limit, or fewer because of the registers each thread uses); "
+                "choose a plan with smaller blocks"
+            )
+        try:
+            config = LaunchConfig(grid=grid, block=block, shmem_size=info.dynamic_smem)
+            launch(self.stream, config, self.kernels[info.name], *params)
+        except Exception as exc:  # noqa: BLE001 - cuda.core raises CUDAError (driver) or ValueError
+            raise LaunchError(f"{what} failed to launch: {exc}") from exc
+        self.last_launches.append(LaunchRecord(info.name, grid, block, info.dynamic_smem))
+        if self.debug_sync:
+            self._synchronize(f"{what} failed while running")
+
+    def _finish_host_call(self, prepared: list[Argument], staged: list[Any]) -> None:
+        outputs = set(self.host.outputs)
+        for arg, buf, param in zip(prepared, staged, self.host.buffer_params):
+            if buf is not None and param.name in outputs:
+                assert arg.staged is not None
+                arrays.download(buf, arg.staged, self.stream)
+        launched = ", ".join(r.kernel for r in self.last_launches) or "no kernel"
+        self._synchronize(
+            f"{self.host.name}: the device reported an error after launching {launched} "
+            "(pass debug_sync=True to synchronize after each launch and name the failing kernel)"
+        )
+        for arg, param in zip(prepared, self.host.buffer_params):
+            if arg.writeback is not None and arg.staged is not None and param.name in outputs:
+                arg.writeback[...] = arg.staged
+
+    def _synchronize(self, message: str) -> None:
+        try:
+            self.stream.sync()
+        except Exception as exc:  # noqa: BLE001 - cuda.core raises CUDAError
+            raise LaunchError(f"{message}: {exc}") from exc
+
+
+def _kernel_attribute(kernel: Any, name: str) -> Any:
+    """A cuda.core kernel attribute for the current device (a property in cuda.core 1.x;
+    a method taking the device in some releases)."""
+    value = getattr(kernel.attributes, name)
+    return value() if callable(value) else value
+
+
+def _as_stream(stream: Any, device: Any) -> Any:
+    from cuda.core import Stream
+
+    if stream is None:
+        return device.default_stream
+    if isinstance(stream, Stream):
+        return stream
+    if hasattr(stream, "__cuda_stream__"):
+        return device.create_stream(stream)
+    handle = getattr(stream, "cuda_stream", stream)  # torch.cuda.Stream exposes its handle as .cuda_stream
+    if isinstance(handle, int):
+        return Stream.from_handle(handle)
+    raise TeccError(
+        f"cannot use a {type(stream).__name__} as a CUDA stream: pass a cuda.core Stream, an object with "
+        "__cuda_stream__, a torch.cuda.Stream or a CUstream handle (int)"
+    )

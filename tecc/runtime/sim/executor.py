@@ -1,0 +1,73 @@
+"""Run a whole compiled module (its `HostProgram`) under the emulator, as the CUDA executor would."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ...ir.dtype import as_dtype
+from ...ir.errors import TeccError
+from ...ir.expr import Var
+from ...ir.stmt import Buffer, PrimFunc
+from ..host import ArrayInfo, HostProgram, bind_arguments, resolve_launch, temp_shape
+from .kernel import compile_kernel, simulate_kernel
+from .numerics import poison
+
+
+def array_info(array: np.ndarray) -> ArrayInfo:
+    """What `bind_arguments` checks of an array: shape, strides in elements, dtype."""
+    return ArrayInfo(tuple(array.shape), tuple(s // array.itemsize for s in array.strides), as_dtype(array.dtype))
+
+
+class SimExecutor:
+    """Executes `host`'s launch sequence with the kernels' loop IR on the CPU.
+
+    Call it with NumPy arrays in the order of `host.buffer_params`; outputs are written in place.
+    Temporaries are allocated per call and poisoned (NaN, or a sentinel for integers), so a read
+    of a temporary nothing wrote shows in the result even with `checks=False`."""
+
+    def __init__(self, host: HostProgram, kernels: Mapping[str, PrimFunc], *, checks: bool = True) -> None:
+        self.host = host
+        self.kernels = dict(kernels)
+        self.checks = checks
+        for call in host.calls:
+            if call.kernel not in self.kernels:
+                raise TeccError(f"{host.name}: the host program launches {call.kernel}, which has no loop IR here")
+        for func in self.kernels.values():
+            compile_kernel(func)  # fail early on IR the emulator cannot run
+
+    def __call__(self, *arrays: np.ndarray) -> None:
+        host = self.host
+        for pos, a in enumerate(arrays):
+            if not isinstance(a, np.ndarray):
+                raise TeccError(
+                    f"{host.name}: argument {pos} is a {type(a).__name__}; the emulator takes NumPy arrays "
+                    "(it writes outputs in place)"
+                )
+        env = bind_arguments(host, [array_info(a) for a in arrays])
+        values: dict[str, np.ndarray | int] = {v.name: n for v, n in env.items()}
+        values.update({b.name: a for b, a in zip(host.buffer_params, arrays)})
+        for t in host.temps:
+            values[t.name] = np.full(temp_shape(t, env), poison(t.dtype), dtype=t.dtype.numpy)
+        for call in host.calls:
+            func, info = self.kernels[call.kernel], host.kernel(call.kernel)
+            missing = [name for name in call.args if name not in values]
+            if missing:
+                raise TeccError(f"{host.name}: launch of {call.kernel} names {missing}, which have no value")
+            # Launch dimensions are expressions over the kernel's own size parameters, which may
+            # be other Var objects than the module's (a kernel loaded from a manifest): bind both.
+            kernel_env: dict[Var, int] = dict(env)
+            for param, name in zip(info.params, call.args):
+                if isinstance(param, Var) and isinstance(values[name], int):
+                    kernel_env[param] = values[name]  # type: ignore[assignment]
+            grid, block = resolve_launch(info, kernel_env, host.name)
+            if 0 in grid:
+                continue
+            args: dict[str, np.ndarray | int] = {}
+            for param, name in zip(func.params, call.args):
+                value = values[name]
+                if isinstance(param, Buffer) and not isinstance(value, np.ndarray):
+                    raise TeccError(f"{host.name}: {call.kernel} parameter {param.name} got the scalar {name}")
+                args[param.name] = value
+            simulate_kernel(func, args, grid, block, checks=self.checks)

@@ -1,0 +1,227 @@
+"""Scalar semantics of the loop IR on NumPy values, dtype by dtype, as the GPU computes them.
+
+A *value* in the emulator is either a uniform scalar (the same for every lane: a Python int or
+bool for integers and bools, a NumPy scalar of the node's dtype for floats) or a 1-D array with
+one entry per lane. Every function here accepts either and keeps the node's dtype:
+
+- float32 stays float32 (NumPy never widens float32 with a float32 scalar), so accumulations
+  round like the GPU's (up to FMA contraction, which the GPU may apply and NumPy does not).
+- float16 and bfloat16 are storage types: arithmetic and intrinsics run in float32 and round
+  back to the storage type after every node, which is what the CUDA emitter prints
+  (`__float2half(__half2float(a) op __half2float(b))`) and what `cuda_fp16.h` operators do.
+- Integer `//` and `%` floor (NumPy's and tecc's semantics); integer arrays wrap like C.
+- Casts float -> int truncate toward zero (C); casts to bool test `!= 0`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from ...ir import dtype as dt
+from ...ir.dtype import DType
+from ...ir.errors import TeccError
+
+Value = Any  # a uniform scalar or an np.ndarray of shape (lanes,)
+
+# Storage types whose arithmetic CUDA does in float32 (see the module docstring).
+HALF_TYPES = (dt.float16, dt.bfloat16)
+
+
+def numpy_dtype(d: DType) -> np.dtype:
+    return d.numpy
+
+
+def poison(d: DType) -> Any:
+    """The value that fills never-written memory: NaN for floats, a loud sentinel for ints,
+    so a read of memory nothing wrote shows in the result even with checks off."""
+    if d.is_float:
+        return np.nan
+    if d.is_bool:
+        return True
+    return -0x5EED5EED if d.bits >= 32 else -1
+
+
+def make_const(value: int | float | bool, d: DType) -> Value:
+    """A constant as the emulator holds it: Python ints/bools, NumPy scalars for floats."""
+    if d.is_float:
+        return numpy_dtype(d).type(value)
+    if d.is_bool:
+        return bool(value)
+    return int(value)
+
+
+def to_dtype(v: Value, d: DType) -> Value:
+    """`v` converted to `d` with C's conversion rules (float -> int truncates toward zero)."""
+    npd = numpy_dtype(d)
+    if isinstance(v, np.ndarray):
+        if v.dtype == npd:
+            return v
+        if d.is_bool:
+            return v != 0
+        if d.is_int and v.dtype.kind == "f":
+            # NaN/inf -> int is undefined in C; NumPy warns and gives some value, as a GPU would.
+            return np.trunc(v.astype(np.float64) if v.dtype.itemsize < 4 else v).astype(npd)
+        return v.astype(npd)
+    if d.is_bool:
+        return bool(v != 0)
+    if d.is_int:
+        if isinstance(v, (float, np.floating)):
+            f = float(v)
+            return int(f) if math.isfinite(f) else 0
+        return int(v)
+    return npd.type(v)
+
+
+def _as_float32(v: Value) -> Value:
+    if isinstance(v, np.ndarray):
+        return v.astype(np.float32)
+    return np.float32(v)
+
+
+def _round_half_away(x: Value) -> Value:
+    # C's roundf rounds halves away from zero; NumPy's round goes to even. Fix the exact ties.
+    r = np.round(x)
+    t = np.trunc(x)
+    tie = np.abs(x - t) == 0.5
+    return np.where(tie, t + np.sign(x), r) if isinstance(x, np.ndarray) else (t + np.sign(x) if tie else r)
+
+
+_erf64 = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _erf(x: Value) -> Value:
+    # NumPy has no erf; evaluate exactly in float64 and round to the argument's type.
+    out = _erf64(x)
+    return out.astype(x.dtype) if isinstance(x, np.ndarray) else type(x)(out)
+
+
+def _sigmoid(x: Value) -> Value:
+    one = x.dtype.type(1) if isinstance(x, np.ndarray) else type(x)(1)
+    return one / (one + np.exp(-x))
+
+
+# Intrinsic name -> NumPy function evaluated in float32 (or the argument's own float type).
+FLOAT_FUNCS: dict[str, Callable[[Value], Value]] = {
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1 / np.sqrt(x),
+    "sin": np.sin,
+    "cos": np.cos,
+    "tanh": np.tanh,
+    "erf": _erf,
+    "sigmoid": _sigmoid,
+    "exp2": np.exp2,
+    "log2": np.log2,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "round": _round_half_away,
+    "abs": np.abs,
+}
+
+
+def _floordiv(a: Value, b: Value) -> Value:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.floor_divide(a, b)
+    if b == 0:
+        return 0  # undefined on the GPU; do not crash the emulator on a masked-off lane's value
+    return a // b
+
+
+def _mod(a: Value, b: Value) -> Value:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.remainder(a, b)
+    if b == 0:
+        return 0
+    return a % b
+
+
+def _minimum(a: Value, b: Value) -> Value:
+    return np.minimum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else min(a, b)
+
+
+def _maximum(a: Value, b: Value) -> Value:
+    return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
+
+
+# Binary operators on values of one dtype. Float min/max are fminf/fmaxf: a NaN operand loses.
+INT_BINARY: dict[str, Callable[[Value, Value], Value]] = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "//": _floordiv,
+    "%": _mod,
+    "min": _minimum,
+    "max": _maximum,
+    "&": lambda a, b: a & b,
+    "|": lambda a, b: a | b,
+    "^": lambda a, b: a ^ b,
+}
+FLOAT_BINARY: dict[str, Callable[[Value, Value], Value]] = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": lambda a, b: a / b,
+    "min": np.fmin,
+    "max": np.fmax,
+    "pow": np.power,
+}
+COMPARE: dict[str, Callable[[Value, Value], Value]] = {
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+}
+
+
+def binary_op(op: str, d: DType) -> Callable[[Value, Value], Value]:
+    """The function computing `a op b` for operands of dtype `d`, rounding half types per node."""
+    if d.is_float:
+        if op not in FLOAT_BINARY:
+            raise TeccError(f"operator {op} is not defined on {d}")
+        f = FLOAT_BINARY[op]
+        if d in HALF_TYPES:
+            npd = numpy_dtype(d)
+            return lambda a, b: to_half(f(_as_float32(a), _as_float32(b)), npd)
+        return f
+    if d.is_bool:
+        bool_ops = {"&": lambda a, b: a & b, "|": lambda a, b: a | b, "^": lambda a, b: a ^ b}
+        if op not in bool_ops:
+            raise TeccError(f"operator {op} is not defined on bool")
+        return bool_ops[op]
+    if op not in INT_BINARY:
+        raise TeccError(f"operator {op} is not defined on {d}")
+    return INT_BINARY[op]
+
+
+def compare_op(op: str, d: DType) -> Callable[[Value, Value], Value]:
+    # Comparing 16-bit storage values directly is exact; no float32 round trip is needed.
+    return COMPARE[op]
+
+
+def intrinsic(name: str, d: DType) -> Callable[[Value], Value]:
+    """A math intrinsic on an argument of dtype `d` (result dtype `d`, or bool for isnan/isinf)."""
+    if name == "isnan":
+        return lambda x: np.isnan(x)
+    if name == "isinf":
+        return lambda x: np.isinf(x)
+    if name == "abs" and not d.is_float:
+        return lambda x: np.abs(x) if isinstance(x, np.ndarray) else abs(x)
+    if name not in FLOAT_FUNCS:
+        raise TeccError(f"the emulator has no rule for the intrinsic {name!r}")
+    f = FLOAT_FUNCS[name]
+    if d in HALF_TYPES:
+        npd = numpy_dtype(d)
+        return lambda x: to_half(f(_as_float32(x)), npd)
+    return f
+
+
+def to_half(v: Value, npd: np.dtype) -> Value:
+    """Round a float32 value to a 16-bit storage type (round to nearest even, like
+    __float2half_rn and __float2bfloat16_rn)."""
+    return v.astype(npd) if isinstance(v, np.ndarray) else npd.type(v)

@@ -1,0 +1,215 @@
+"""End to end: tensor expressions → loop IR → CUDA C → cubin, run in the emulator (and on the GPU
+where there is one), compared with float64 NumPy on fresh random inputs with poisoned outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tecc as tc
+from tecc.compiler.check import OpSpec, poison, run_and_compare
+
+
+def _assert_ok(result):
+    assert result.ok, str(result)
+
+
+def _matmul(M=None, N=512, K=256, dtype="float32"):
+    M = M if M is not None else tc.var("M")
+    A = tc.placeholder((M, K), dtype, name="A")
+    B = tc.placeholder((K, N), dtype, name="B")
+    k = tc.reduce_axis(K, name="k")
+    C = tc.compute((M, N), lambda i, j: tc.sum(A[i, k] * B[k, j], axis=k), name="C")
+    return A, B, C
+
+
+def test_matmul_symbolic_m_builds_cubin_and_matches_numpy_in_emulator():
+    A, B, C = _matmul()
+    f = tc.build([A, B, C], target="cuda")
+    assert f.cubin[:4] == b"\x7fELF"
+    assert ".entry C_kernel" in f.ptx or ".visible .entry C_kernel" in f.ptx
+    res = f.resources["C_kernel"]
+    assert res.registers > 0 and res.spill_stores == 0
+    for m in (1, 7, 100):
+        _assert_ok(run_and_compare(OpSpec("matmul", [A, B, C], lambda a, b: a @ b, sizes={"M": m}), f, use_sim=True))
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (3, 5, 7), (17, 13, 31), (64, 1, 64)])
+def test_matmul_static_odd_shapes(shape):
+    m, n, k = shape
+    A, B, C = _matmul(m, n, k)
+    f = tc.build([A, B, C], target="sim")
+    _assert_ok(run_and_compare(OpSpec("matmul", [A, B, C], lambda a, b: a @ b), f, seed=m * 100 + n))
+
+
+def test_sin_axpb_with_broadcasting_and_a_transposed_strided_input():
+    R, C = tc.var("R"), tc.var("C")
+    x = tc.placeholder((R, C), "float32", name="x", strides="any")
+    a = tc.placeholder((C,), "float32", name="a")
+    b = tc.placeholder((), "float32", name="b")
+    y = tc.compute((R, C), lambda i, j: tc.sin(a[j] * x[i, j] + b[()]), name="y")
+    f = tc.build([x, a, b, y], target="sim")
+    rng = np.random.default_rng(1)
+    base = rng.uniform(-1, 1, size=(37, 23)).astype(np.float32)
+    xt = base.T  # (23, 37), non-contiguous
+    av = rng.uniform(-1, 1, size=37).astype(np.float32)
+    bv = np.array(0.25, dtype=np.float32)
+    out = poison((23, 37), tc.float32)
+    f(xt, av, bv, out)
+    ref = np.sin(av.astype(np.float64)[None, :] * xt.astype(np.float64) + 0.25)
+    np.testing.assert_allclose(out, ref, rtol=2e-6, atol=2e-6)
+    assert "x_stride0" in f.source and "x_stride1" in f.source
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+def test_sum_over_any_axis(axis):
+    shape = (5, 6, 7)
+    ax = axis % 3
+    x = tc.placeholder(shape, "float32", name="x")
+    r = tc.reduce_axis(shape[ax], name="r")
+    out_shape = tuple(s for d, s in enumerate(shape) if d != ax)
+
+    def body(*idx):
+        full = list(idx)
+        full.insert(ax, r)
+        return tc.sum(x[tuple(full)], axis=r)
+
+    y = tc.compute(out_shape, body, name="y")
+    f = tc.build([x, y], target="sim")
+    _assert_ok(run_and_compare(OpSpec("sum", [x, y], lambda v: v.sum(axis=ax)), f, seed=axis + 10))
+
+
+def test_sum_with_zero_size_reduction_gives_identity_and_zero_size_output_launches_nothing():
+    R, C = tc.var("R"), tc.var("C")
+    x = tc.placeholder((R, C), "float32", name="x")
+    c = tc.reduce_axis(C, name="c")
+    s = tc.compute((R,), lambda r: tc.sum(x[r, c], axis=c), name="s")
+    m = tc.compute((R,), lambda r: tc.max(x[r, c], axis=c), name="m")
+    f = tc.build([x, s, m], target="sim")
+    xs = np.empty((4, 0), np.float32)
+    out_s, out_m = poison((4,), tc.float32), poison((4,), tc.float32)
+    f(xs, out_s, out_m)
+    assert np.array_equal(out_s, np.zeros(4, np.float32))
+    assert np.all(out_m == -np.inf)
+    empty = np.empty((0, 5), np.float32)
+    f(empty, np.empty((0,), np.float32), np.empty((0,), np.float32))  # no error, nothing to do
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64", "int32", "int64"])
+def test_row_reduction_dtypes(dtype):
+    x = tc.placeholder((9, 300), dtype, name="x")
+    c = tc.reduce_axis(300, name="c")
+    y = tc.compute((9,), lambda r: tc.sum(x[r, c], axis=c), name="y")
+    f = tc.build([x, y], target="sim")
+    _assert_ok(run_and_compare(OpSpec("row_sum", [x, y], lambda v: v.sum(axis=-1)), f, seed=3))
+
+
+def test_half_sum_accumulates_in_float32():
+    x = tc.placeholder((1, 4096), "float16", name="x")
+    c = tc.reduce_axis(4096, name="c")
+    y = tc.compute((1,), lambda r: tc.sum(x[r, c], axis=c), name="y")
+    f = tc.build([x, y], target="sim")
+    xs = np.full((1, 4096), 1.0, np.float16)
+    out = poison((1,), tc.float16)
+    f(xs, out)
+    assert out[0] == 4096.0  # a float16 accumulator would stall at 2048
+
+
+def test_multi_kernel_program_inlines_elementwise_and_keeps_reductions_as_kernels():
+    R = tc.var("R")
+    X = tc.placeholder((R, 50), "float32", name="X")
+    c, c2 = tc.reduce_axis(50, name="c"), tc.reduce_axis(50, name="c2")
+    m = tc.compute((R,), lambda r: tc.max(X[r, c], axis=c), name="m")
+    e = tc.compute((R, 50), lambda r, j: tc.exp(X[r, j] - m[r]), name="e")
+    s = tc.compute((R,), lambda r: tc.sum(e[r, c2], axis=c2), name="s")
+    Y = tc.compute((R, 50), lambda r, j: e[r, j] / s[r], name="Y")
+    f = tc.build([X, Y], target="sim")
+    assert [k.name for k in f.module.kernels] == ["m_kernel", "s_kernel", "Y_kernel"]
+    assert [t.name for t in f.module.temps] == ["m", "s"]
+
+    def softmax(x):
+        z = np.exp(x - x.max(axis=-1, keepdims=True))
+        return z / z.sum(axis=-1, keepdims=True)
+
+    _assert_ok(run_and_compare(OpSpec("softmax", [X, Y], softmax, sizes={"R": 33}), f, seed=5))
+
+
+def test_dump_ir_writes_one_file_per_pass_then_cuda_and_ptx(tmp_path: Path):
+    A, B, C = _matmul()
+    tc.build([A, B, C], target="cuda", dump_ir=tmp_path)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["00_lower.txt", "01_default_schedule.txt", "02_simplify.txt", "03_unique_names.txt",
+                     "04_cuda.cu", "05_C.ptx"]
+    lowered = (tmp_path / "00_lower.txt").read_text()
+    assert "for i in range(M):" in lowered and "C_acc[0] = C_acc[0] + A[i, k] * B[k, j]" in lowered
+    assert "# blockIdx.x" in (tmp_path / "01_default_schedule.txt").read_text()
+
+
+def test_tecc_dump_ir_environment_variable_filters_by_kernel(tmp_path: Path, monkeypatch):
+    R = tc.var("R")
+    X = tc.placeholder((R, 8), "float32", name="X")
+    c = tc.reduce_axis(8, name="c")
+    m = tc.compute((R,), lambda r: tc.max(X[r, c], axis=c), name="m")
+    Y = tc.compute((R, 8), lambda r, j: X[r, j] - m[r], name="Y")
+    monkeypatch.setenv("TECC_DUMP_IR", f"{tmp_path}:Y_kernel")
+    tc.build([X, Y], target="sim")
+    text = (tmp_path / "Y" / "01_default_schedule.txt").read_text()
+    assert "kernel Y_kernel" in text and "kernel m_kernel" not in text
+
+
+def test_save_writes_cubin_ptx_cu_and_manifest(tmp_path: Path):
+    A, B, C = _matmul()
+    f = tc.build([A, B, C], target="cuda")
+    f.save(tmp_path / "gemm")
+    for ext in ("cubin", "ptx", "cu", "json"):
+        assert (tmp_path / f"gemm.{ext}").stat().st_size > 0
+    manifest = json.loads((tmp_path / "gemm.json").read_text())
+    assert manifest["entry"] == "C" and manifest["arch"].startswith("sm_")
+    host = manifest["host"]
+    assert [p.get("buffer", {}).get("name") or p["scalar"]["var"] for p in host["params"]] == ["A", "B", "C", "M"]
+    assert host["kernels"][0]["grid"][0] == {"op": "*", "args": [{"var": "M", "dtype": "int32", "kind": "size"},
+                                                                {"const": 2, "dtype": "int32"}]}
+    assert manifest["plan"]["strategy"] == "naive"
+    assert len(manifest["source_sha256"]) == 64
+
+
+def test_argument_errors_name_the_argument():
+    A, B, C = _matmul()
+    f = tc.build([A, B, C], target="sim")
+    a = np.ones((4, 256), np.float32)
+    b = np.ones((256, 512), np.float32)
+    with pytest.raises(tc.DTypeError, match=r"argument 1 \(B\) of C: expected float32, got float64"):
+        f(a, b.astype(np.float64), np.empty((4, 512), np.float32))
+    with pytest.raises(tc.ShapeError, match=r"argument 2 \(C\) of C, dimension 0: M is 5 here but 4"):
+        f(a, b, np.empty((5, 512), np.float32))
+    with pytest.raises(tc.ShapeError, match=r"argument 1 \(B\) of C, dimension 1: expected 512, got 511"):
+        f(a, np.ones((256, 511), np.float32), np.empty((4, 512), np.float32))
+    with pytest.raises(tc.TeccError, match="takes 3 arrays"):
+        f(a, b)
+
+
+def test_build_errors():
+    A, B, C = _matmul()
+    with pytest.raises(tc.TeccError, match="placeholder B is read by C but is not in the argument list"):
+        tc.build([A, C], target="sim")
+    with pytest.raises(tc.TeccError, match="unknown target"):
+        tc.build([A, B, C], target="opencl")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 7, 128, 1000])
+def test_matmul_on_gpu_matches_numpy_and_emulator(m):
+    A, B, C = _matmul()
+    f = tc.build([A, B, C], target="cuda")
+    spec = OpSpec("matmul", [A, B, C], lambda a, b: a @ b, sizes={"M": m})
+    _assert_ok(run_and_compare(spec, f, seed=m))
+    rng = np.random.default_rng(m)
+    a = rng.uniform(-1, 1, (m, 256)).astype(np.float32)
+    b = rng.uniform(-1, 1, (256, 512)).astype(np.float32)
+    gpu, sim = poison((m, 512), tc.float32), poison((m, 512), tc.float32)
+    f(a, b, gpu)
+    f.sim(a, b, sim)
+    np.testing.assert_allclose(gpu, sim, rtol=1e-5, atol=1e-5)
