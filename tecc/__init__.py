@@ -4,9 +4,14 @@
     A = tc.placeholder((M, K), "float32", name="A")
     ...
     f = tc.build([A, B, C], target="cuda")
+
+The language (placeholder, compute, reductions, math) is imported eagerly; the compiler
+(build, load, ...) on first use, so a deployment that only loads saved artifacts through
+`tecc.runtime` never imports the compiler, NVRTC or islpy.
 """
 
-from .compiler import Kernel, OpSpec, Plan, Step, build, gpu_available, load
+from typing import Any
+
 from .ir import (DType, bfloat16, bool_, float16, float32, float64, int32, int64)
 from .ir.errors import (CompileError, DeviceError, DTypeError, LaunchError, OutOfBoundsError, RaceError,
                         ResourceError, ScheduleError, ShapeError, TeccError, UninitializedReadError)
@@ -15,3 +20,17 @@ from .ir.ops import (abs, cast, ceil, const, cos, erf, exp, exp2, floor, isnan, 
 from .ir.tensor import Tensor, compute, placeholder, reduce_axis, var
 
 __version__ = "0.1.0"
+
+_COMPILER_NAMES = ("build", "load", "gpu_available", "Kernel", "OpSpec", "Plan", "Step", "Schedule")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _COMPILER_NAMES:
+        from . import compiler
+
+        return getattr(compiler, name)
+    raise AttributeError(f"module 'tecc' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_COMPILER_NAMES))

@@ -20,7 +20,6 @@ from .dtype import DType, DTypeLike
 from .errors import DTypeError, ShapeError
 from .expr import (Expr, ExprLike, IterVar, Reduce, ReduceAxis, Select, TensorRead, Var, as_expr, const_int,
                    free_vars, index_expr, to_shape, walk)
-from . import poly
 
 _counter = itertools.count()
 
@@ -246,6 +245,8 @@ def _check_reduce_scoping(name: str, body: Expr) -> None:
 def _check_bounds(name: str, body: Expr) -> None:
     """Prove with islpy that affine reads stay inside their tensors, under the conditions of the
     `where`s that guard them; raise ShapeError with a witness point when they provably do not."""
+
+    from . import poly  # islpy is needed to build programs, not to run saved artifacts
 
     def visit(e: Expr, conds: tuple[Expr, ...]) -> None:
         if isinstance(e, Select):

@@ -114,13 +114,6 @@ def reads_buffer(e: Expr, buffer: Buffer) -> bool:
     return any(isinstance(n, BufferLoad) and n.buffer is buffer for n in walk(e))
 
 
-def uses_var(s: Stmt, v: Var) -> bool:
-    from ...ir.expr import free_vars
-    from ...passes.lower import _exprs_of  # noqa: F401 - reuse the list of held expressions
-
-    return any(v in free_vars(e) for e in _exprs_of(s))
-
-
 def rebuffer(s: Stmt, old: Buffer, new: Buffer, indices: "Callable[[tuple[Expr, ...]], tuple[Expr, ...]]") -> Stmt:
     """`s` with every load and store of `old` turned into one of `new` at `indices(old indices)`."""
     from ...ir.visitor import ExprMutator

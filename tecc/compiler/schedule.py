@@ -1,0 +1,278 @@
+"""The user-facing Schedule: apply schedule primitives to the lowered loop IR, recording a Plan.
+
+    sch = tc.Schedule([A, B, C])
+    i, j, k = sch.get_loops("C")
+    io, ii = sch.split(i, 64)
+    ...
+    sch2 = tc.Schedule([A, B, C], plan=tc.Plan.from_json(sch.plan.to_json()))   # same IR
+
+Loops are handles (`LoopRV`) that name a kernel and a loop variable; every primitive keeps the
+loop names of a kernel unique, so a handle survives the rewrites that rebuild the tree. Stages
+are named by tensor ("C", and cache stages "A.shared", "C.local"). Every primitive appends a
+`Step` with JSON arguments (loops as "kernel/loop") to `plan`; replaying the plan on a fresh
+Schedule of the same tensors gives identical IR text. With `dump_ir=DIR`, the module is written
+after every primitive (`00_lower.txt`, `01_split.txt`, ...).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence, Union
+
+from ..ir.errors import ScheduleError
+from ..ir.stmt import Module, PrimFunc
+from ..ir.tensor import Tensor
+from ..passes import schedule as prim
+from ..passes.lower import lower
+from ..passes.manager import DumpIR
+from ..passes.simplify import simplify_func
+from .plan import Plan, Step
+
+
+@dataclass(frozen=True)
+class LoopRV:
+    """A loop of a kernel, by name (`kernel/loop` in plans)."""
+
+    kernel: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kernel}/{self.name}"
+
+
+@dataclass(frozen=True)
+class StageRV:
+    """A stage (tensor) computed in a kernel; cache stages are named "A.shared", "C.local"."""
+
+    kernel: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kernel}/{self.name}"
+
+
+LoopLike = Union[LoopRV, str]
+StageLike = Union[StageRV, str]
+
+
+@dataclass
+class _PendingRead:
+    tensor: str
+    scope: str
+    pad: int = 0
+
+
+class Schedule:
+    """Schedule primitives over the naive lowered module of `tensors` (see the module docstring)."""
+
+    def __init__(self, tensors: Sequence[Tensor], plan: Plan | str | dict[str, Any] | None = None, *,
+                 name: str | None = None, dump_ir: str | os.PathLike[str] | None = None) -> None:
+        start = time.perf_counter()
+        self.mod: Module = lower(list(tensors), name)
+        self.timing: list[tuple[str, float]] = [("lower", time.perf_counter() - start)]
+        self._steps: list[Step] = []
+        self._pending: dict[str, _PendingRead] = {}
+        self._dump = DumpIR(dump_ir) if dump_ir is not None else None
+        if self._dump is not None:
+            self._dump.write("lower.txt", f"# after lower\n{self.mod}")
+        if plan is not None:
+            self.replay(plan if isinstance(plan, Plan) else Plan.from_json(plan))
+
+    # ---- the record -------------------------------------------------------------------------
+    @property
+    def plan(self) -> Plan:
+        return Plan(tuple(self._steps), "manual", "schedule written by hand")
+
+    def replay(self, plan: Plan) -> None:
+        """Apply every step of `plan` in order."""
+        for step in plan.steps:
+            method = getattr(self, step.primitive, None)
+            if method is None or step.primitive.startswith("_") or step.primitive in ("replay", "get_loops"):
+                raise ScheduleError(f"plan step {step.primitive!r} is not a schedule primitive")
+            method(**step.args)
+
+    def __str__(self) -> str:
+        return str(self.mod)
+
+    # ---- addressing -------------------------------------------------------------------------
+    def _kernel_of_stage(self, stage: str) -> PrimFunc:
+        for k in self.mod.kernels:
+            if prim.stage_leaves(k, stage):
+                return k
+        names = sorted({s.buffer.tensor for k in self.mod.kernels for s, _ in _stores(k)})
+        raise ScheduleError(f"no kernel computes stage {stage!r}; stages: {', '.join(names)}")
+
+    def _loop(self, loop: LoopLike) -> LoopRV:
+        if isinstance(loop, LoopRV):
+            return loop
+        if isinstance(loop, str) and "/" in loop:
+            kernel, name = loop.split("/", 1)
+            return LoopRV(kernel, name)
+        raise ScheduleError(f"a loop is a LoopRV from get_loops/split or 'kernel/loop', got {loop!r}")
+
+    def _stage(self, stage: StageLike) -> StageRV:
+        if isinstance(stage, StageRV):
+            return stage
+        if isinstance(stage, str) and "/" in stage:
+            kernel, name = stage.split("/", 1)
+            return StageRV(kernel, name)
+        if isinstance(stage, str):
+            return StageRV(self._kernel_of_stage(stage).name, stage)
+        raise ScheduleError(f"a stage is a tensor name or a StageRV, got {stage!r}")
+
+    def _same_kernel(self, what: str, loops: Sequence[LoopRV]) -> str:
+        kernels = sorted({lp.kernel for lp in loops})
+        if len(kernels) != 1:
+            raise ScheduleError(f"{what}: the loops belong to different kernels ({', '.join(kernels)}); "
+                                "a primitive works inside one kernel")
+        return kernels[0]
+
+    def get_loops(self, stage: StageLike) -> list[LoopRV]:
+        """Every loop around the statements of `stage`, outermost (and earliest) first."""
+        st = self._stage(stage)
+        k = self.mod.kernel(st.kernel)
+        return [LoopRV(k.name, lp.var.name) for lp in prim.stage_loops(k, st.name)]
+
+    # ---- applying ---------------------------------------------------------------------------
+    def _apply(self, kernel: str, step: Step, fn: Any) -> PrimFunc:
+        try:
+            func = self.mod.kernel(kernel)
+        except KeyError:
+            raise ScheduleError(f"{step.primitive}: no kernel {kernel!r}") from None
+        start = time.perf_counter()
+        new = simplify_func(fn(func))
+        self.timing.append((step.primitive, time.perf_counter() - start))
+        self.mod = self.mod.with_kernels([new if k.name == kernel else k for k in self.mod.kernels])
+        self._record(step)
+        return new
+
+    def _record(self, step: Step) -> None:
+        self._steps.append(step)
+        if self._dump is not None:
+            args = "".join(f"  # {k} = {v}\n" for k, v in step.args.items())
+            self._dump.write(f"{step.primitive}.txt", f"# after {step.primitive}\n{args}{self.mod}")
+
+    # ---- primitives -------------------------------------------------------------------------
+    def split(self, loop: LoopLike, factor: int | None = None, *, nparts: int | None = None,
+              factors: Sequence[int | None] | None = None) -> tuple[LoopRV, ...]:
+        """Split `loop` by `factor` (inner extent), `nparts` (outer extent) or `factors`
+        (outermost first, one may be None). Returns the new loops, outermost first."""
+        lp = self._loop(loop)
+        given = [x is not None for x in (factor, nparts, factors)]
+        if sum(given) != 1:
+            raise ScheduleError(f"split of {lp.name}: give exactly one of factor, nparts, factors")
+        fs: list[int | None] = ([None, factor] if factor is not None else [nparts, None] if nparts is not None
+                                else list(factors or []))
+        before = _loop_names(self.mod.kernel(lp.kernel)) if lp.kernel in _kernel_names(self.mod) else set()
+        step = Step("split", {"loop": str(lp), "factors": fs})
+        new = self._apply(lp.kernel, step, lambda f: prim.split(f, lp.name, fs))
+        added = [n for n in _ordered_loop_names(new) if n not in before]
+        return tuple(LoopRV(lp.kernel, n) for n in added)
+
+    def tile(self, outer: LoopLike, inner: LoopLike, outer_factor: int, inner_factor: int) -> tuple[LoopRV, ...]:
+        """split both loops and reorder to (outer_o, inner_o, outer_i, inner_i)."""
+        xo, xi = self.split(outer, outer_factor)
+        yo, yi = self.split(inner, inner_factor)
+        self.reorder(xo, yo, xi, yi)
+        return xo, yo, xi, yi
+
+    def reorder(self, *loops: LoopLike) -> None:
+        lps = [self._loop(x) for x in loops]
+        kernel = self._same_kernel("reorder", lps)
+        step = Step("reorder", {"loops": [str(x) for x in lps]})
+        self._apply(kernel, step, lambda f: prim.reorder(f, [x.name for x in lps]))
+
+    def fuse(self, outer: LoopLike, inner: LoopLike) -> LoopRV:
+        o, i = self._loop(outer), self._loop(inner)
+        kernel = self._same_kernel("fuse", [o, i])
+        before = _loop_names(self.mod.kernel(kernel))
+        new = self._apply(kernel, Step("fuse", {"outer": str(o), "inner": str(i)}),
+                          lambda f: prim.fuse(f, o.name, i.name))
+        added = [n for n in _ordered_loop_names(new) if n not in before]
+        return LoopRV(kernel, added[0])
+
+    def bind(self, loop: LoopLike, axis: str) -> None:
+        lp = self._loop(loop)
+        self._apply(lp.kernel, Step("bind", {"loop": str(lp), "axis": axis}), lambda f: prim.bind(f, lp.name, axis))
+
+    def unroll(self, loop: LoopLike) -> None:
+        lp = self._loop(loop)
+        self._apply(lp.kernel, Step("unroll", {"loop": str(lp)}), lambda f: prim.unroll(f, lp.name))
+
+    def vectorize(self, loop: LoopLike) -> None:
+        lp = self._loop(loop)
+        self._apply(lp.kernel, Step("vectorize", {"loop": str(lp)}), lambda f: prim.vectorize(f, lp.name))
+
+    def cache_read(self, stage: StageLike, tensor: str, scope: str) -> StageRV:
+        """A cache of `tensor` in `scope` ("shared" | "local") for the reads of `stage`. It is
+        placed (and the IR changes) by `compute_at(cache, loop)`."""
+        st = self._stage(stage)
+        if scope not in ("shared", "local"):
+            raise ScheduleError(f"cache_read of {tensor}: scope must be 'shared' or 'local', got {scope!r}")
+        cache = StageRV(st.kernel, f"{tensor}.{scope}")
+        if str(cache) in self._pending:
+            raise ScheduleError(f"cache_read: {tensor} already has a {scope} cache in {st.kernel}")
+        self._pending[str(cache)] = _PendingRead(tensor, scope)
+        self._record(Step("cache_read", {"stage": str(st), "tensor": tensor, "scope": scope}))
+        return cache
+
+    def storage_align(self, cache: StageLike, pad: int) -> None:
+        """Pad the last dimension of a pending shared cache by `pad` elements, so rows start in
+        different shared-memory banks (a column walk of a 32-wide float tile is then free of
+        bank conflicts). Call it before compute_at."""
+        c = self._stage(cache)
+        pending = self._pending.get(str(c))
+        if pending is None:
+            raise ScheduleError(f"storage_align({c}): not a cache_read stage that is still to be placed")
+        if not isinstance(pad, int) or pad < 0:
+            raise ScheduleError(f"storage_align({c}): pad must be a non-negative integer, got {pad!r}")
+        pending.pad = pad
+        self._record(Step("storage_align", {"cache": str(c), "pad": pad}))
+
+    def compute_at(self, stage: StageLike, loop: LoopLike) -> None:
+        """Place the cache stage `stage` at the top of `loop`'s body, sized to the tile read there."""
+        st, lp = self._stage(stage), self._loop(loop)
+        pending = self._pending.get(str(st))
+        if pending is None:
+            raise ScheduleError(
+                f"compute_at({st}, {lp.name}): only a cache_read stage that is not placed yet can be moved; "
+                "write caches sit where the accumulator is (move them with reorder)"
+            )
+        if lp.kernel != st.kernel:
+            raise ScheduleError(f"compute_at({st}, {lp}): the loop is in kernel {lp.kernel}, the stage in {st.kernel}")
+        self._apply(lp.kernel, Step("compute_at", {"stage": str(st), "loop": str(lp)}),
+                    lambda f: prim.stage_read(f, pending.tensor, pending.scope, lp.name, pending.pad))
+        del self._pending[str(st)]
+
+    def cache_write(self, stage: StageLike, scope: str = "local") -> StageRV:
+        st = self._stage(stage)
+        self._apply(st.kernel, Step("cache_write", {"stage": str(st), "scope": scope}),
+                    lambda f: prim.cache_write(f, st.name, scope))
+        return StageRV(st.kernel, f"{st.name}.{scope}")
+
+
+def _stores(k: PrimFunc) -> list[Any]:
+    from ..ir.stmt import BufferStore
+    from ..passes.schedule.loops import iter_with_path
+
+    return [(s, p) for s, p in iter_with_path(k.body) if isinstance(s, BufferStore)]
+
+
+def _kernel_names(m: Module) -> set[str]:
+    return {k.name for k in m.kernels}
+
+
+def _ordered_loop_names(k: PrimFunc) -> list[str]:
+    from ..ir.stmt import For
+    from ..passes.schedule.loops import iter_with_path
+
+    return [s.var.name for s, _ in iter_with_path(k.body) if isinstance(s, For)]
+
+
+def _loop_names(k: PrimFunc) -> set[str]:
+    return set(_ordered_loop_names(k))
+
+
+__all__ = ["Schedule", "LoopRV", "StageRV"]

@@ -1,0 +1,28 @@
+"""Schedule primitives: passes over one kernel of the loop IR, each checking its preconditions.
+
+Each primitive is a pure function PrimFunc → PrimFunc that raises ScheduleError naming the
+precondition that failed. Loops are named by their variable (unique inside a kernel), stages by
+their tensor name ("C", "A.shared", "C.local"). `tecc.compiler.schedule.Schedule` is the user
+interface that records every application in a Plan.
+
+  split        split.py        one loop into nested tiles (guards where not provably divisible)
+  reorder      reorder.py      permute nested loops (distributing reduction statements)
+  fuse         fuse.py         two adjacent loops into one
+  bind / unroll / vectorize    loop_kind.py
+  stage_read   cache_read.py   cache_read + compute_at: stage a tensor's tile in shared/local memory
+  cache_write  cache_write.py  the per-thread output tile in local memory
+  insert_barriers  barriers.py __syncthreads() where shared memory changes hands
+  legality     legality.py     dependence checks with islpy (tecc.ir.poly)
+"""
+
+from .barriers import insert_barriers
+from .cache_read import stage_read
+from .cache_write import cache_write
+from .fuse import fuse
+from .loop_kind import bind, unroll, vectorize
+from .loops import stage_leaves, stage_loops
+from .reorder import distribute, reorder
+from .split import split
+
+__all__ = ["bind", "cache_write", "distribute", "fuse", "insert_barriers", "reorder", "split", "stage_leaves",
+           "stage_loops", "stage_read", "unroll", "vectorize"]
