@@ -315,3 +315,25 @@ def test_barriers_under_a_block_uniform_branch_keep_other_blocks_epochs(monkeypa
     simulate_kernel(func, {"A": a, "out": o}, (nb, 1, 1), (64, 1, 1))
     want = np.where((np.arange(nb) % 2 == 0)[:, None], a[:, ::-1], np.roll(a, -1, axis=1))
     np.testing.assert_array_equal(o, want)
+
+
+def test_local_array_indexed_by_a_thread_dependent_index() -> None:
+    """A per-thread array read and written at lane-varying positions (local memory proper)."""
+    A = Buffer("A", dt.int32, (48, 8))
+    out = Buffer("out", dt.int32, (48,))
+    buf = Buffer("buf", dt.int32, (8,), "local")
+    func = PrimFunc("dyn_local", (A, out), loop("tx", 48, "threadIdx.x", lambda tx: Allocate(buf, seq(
+        loop("j", 8, "serial", lambda j: BufferStore(buf, ((j + tx) % 8,), A[tx, j])),
+        BufferStore(buf, (tx % 3,), buf[tx % 3] * 10),
+        BufferStore(out, (tx,), buf[tx % 8] + buf[(tx + 1) % 8]),
+    ))))
+    a = random_array((48, 8), np.int32, 21)
+    o = poisoned((48,), np.int32)
+    simulate_kernel(func, {"A": a, "out": o}, (1, 1, 1), (48, 1, 1))
+    want = np.empty(48, np.int64)
+    for t in range(48):
+        b = np.empty(8, np.int64)
+        b[(np.arange(8) + t) % 8] = a[t]
+        b[t % 3] *= 10
+        want[t] = b[t % 8] + b[(t + 1) % 8]
+    np.testing.assert_array_equal(o, want)

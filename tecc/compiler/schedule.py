@@ -91,7 +91,10 @@ class Schedule:
             method = getattr(self, step.primitive, None)
             if method is None or step.primitive.startswith("_") or step.primitive in ("replay", "get_loops"):
                 raise ScheduleError(f"plan step {step.primitive!r} is not a schedule primitive")
-            method(**step.args)
+            if step.primitive == "reorder":
+                method(*step.args["loops"])
+            else:
+                method(**step.args)
 
     def __str__(self) -> str:
         return str(self.mod)

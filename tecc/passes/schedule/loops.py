@@ -54,10 +54,10 @@ def stage_of(buffer: Buffer) -> str:
 
 
 def stage_leaves(func: PrimFunc, stage: str) -> list[tuple[Stmt, tuple[Stmt, ...]]]:
-    """The stores of `func` that compute `stage`: into its buffer, or its accumulator."""
+    """The stores of `func` that compute `stage`: into its buffer, its accumulator or its write cache."""
     out = []
     for s, path in iter_with_path(func.body):
-        if isinstance(s, BufferStore) and s.buffer.tensor in (stage, f"{stage}.acc"):
+        if isinstance(s, BufferStore) and s.buffer.tensor in (stage, f"{stage}.acc", f"{stage}.local"):
             out.append((s, path))
     return out
 
