@@ -1,10 +1,14 @@
-"""The `tecc` command.
+"""The `tecc` command (docs/cli.md).
 
-    tecc compile FILE.py... [--arch sm_90] [-o DIR] [--dump-ir DIR]   compile every op to .cubin
-    tecc run FILE.py... [--target auto|cuda|sim] [--check]            run the ops (and check them)
-    tecc check PATH... [-o DIR] [--dump-ir DIR]                       compile and check (the main job)
+    tecc compile FILE.py... [--arch sm_90] [-o DIR] [--dump-ir DIR] [--tune]   compile every op to .cubin
+    tecc check   PATH...   [--arch sm_90] [-o DIR] [--dump-ir DIR]            compile and check against NumPy
+    tecc run     FILE.py... [--target auto|cuda|sim] [--check] [--profile]     run the ops (check, profile)
+    tecc explain FILE.py... [--arch sm_90]                                      how each op was scheduled
+    tecc tune    FILE.py... [--arch sm_90] [--top-k N]                          autotune (needs the planner)
+    tecc cache   info | clear [--tuning]                                        the compile cache
 
-A file declares its ops in a module-level list `OPS` of `tecc.OpSpec` (see docs/cli.md).
+A file declares its ops in a module-level list `OPS` of `tecc.OpSpec`. The CLI only calls the
+compiler (`tecc.compiler`), never the runtime directly.
 """
 
 from __future__ import annotations
@@ -12,36 +16,78 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+import textwrap
+import threading
 import time
+import traceback
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from .compiler.check import OpSpec, run_and_compare
 from .ir.errors import TeccError
 
+EXIT_FAIL = 1   # a check failed
+EXIT_ERROR = 2  # tecc could not do what was asked (bad file, compile error, no GPU, ...)
+
+
+class UsageError(TeccError):
+    """A problem with the command line or the user's file, reported without a traceback."""
+
+
+# ---- the user's files -------------------------------------------------------------------------
 
 def _load_ops(path: Path) -> list[OpSpec]:
     spec = importlib.util.spec_from_file_location(f"tecc_user_{path.stem}", path)
     if spec is None or spec.loader is None:
-        raise TeccError(f"cannot import {path}")
+        raise UsageError(f"cannot import {path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except TeccError as exc:
+        raise UsageError(f"{path} raised {type(exc).__name__} while defining its ops: {exc}") from exc
+    except SyntaxError as exc:
+        raise UsageError(f"{path} is not valid Python: {exc.msg} at line {exc.lineno}") from exc
+    except Exception as exc:  # noqa: BLE001 - any error in the user's file is theirs to fix
+        line = _user_line(exc, path)
+        raise UsageError(f"importing {path} failed{line}: {type(exc).__name__}: {exc}. "
+                         "Fix the file (run it with python to see the traceback), then run tecc again") from exc
     ops = getattr(module, "OPS", None)
     if not isinstance(ops, (list, tuple)) or not all(isinstance(o, OpSpec) for o in ops):
-        raise TeccError(f"{path} declares no ops: define a module-level list OPS of tecc.OpSpec")
+        raise UsageError(f"{path} declares no ops: define a module-level list OPS of tecc.OpSpec, e.g. "
+                         "OPS = [tc.OpSpec('matmul', [A, B, C], lambda a, b: a @ b, sizes={'M': 100})] "
+                         "(see docs/cli.md)")
+    names = [o.name for o in ops]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        raise UsageError(f"{path} declares several ops named {', '.join(dups)}; op names must be unique "
+                         "(they name the artifacts)")
     return list(ops)
+
+
+def _user_line(exc: BaseException, path: Path) -> str:
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if Path(frame.filename).resolve() == path.resolve():
+            return f" at line {frame.lineno}"
+    return ""
 
 
 def _files(paths: Sequence[str]) -> list[Path]:
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            out.extend(sorted(f for f in p.glob("*.py") if not f.name.startswith("_")))
+            found = sorted(f for f in p.glob("*.py") if not f.name.startswith("_"))
+            if not found:
+                raise UsageError(f"{p} is a directory with no Python files (files starting with _ are skipped)")
+            out.extend(found)
         elif p.exists():
             out.append(p)
         else:
-            raise TeccError(f"no such file or directory: {p}")
+            raise UsageError(f"no such file or directory: {p}")
     return out
+
+
+def _all_ops(paths: Sequence[str]) -> list[tuple[Path, OpSpec]]:
+    return [(f, op) for f in _files(paths) for op in _load_ops(f)]
 
 
 def _gpu() -> bool:
@@ -50,61 +96,279 @@ def _gpu() -> bool:
     return gpu_available()
 
 
-def cmd_compile(args: argparse.Namespace, check: bool) -> int:
+# ---- progress ---------------------------------------------------------------------------------
+
+class _Progress:
+    """A rich progress bar on stderr that appears only when the work takes over `delay` seconds
+    and stderr is a terminal (TECC_PROGRESS=1 forces it, 0 hides it). `advance(label)` after
+    each item; plain print() still works while the bar shows (rich redirects it above the bar)."""
+
+    def __init__(self, total: int, description: str, delay: float = 1.0) -> None:
+        from .compiler import options as knobs
+
+        forced = knobs.progress_bars()
+        self.enabled = forced if forced is not None else sys.stderr.isatty()
+        self.total, self.description, self.delay = total, description, delay
+        self._progress: Any = None
+        self._task: Any = None
+        self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
+        self._done = 0
+        self._label = ""
+        self._started = False
+
+    def __enter__(self) -> "_Progress":
+        if self.enabled and self.total > 0:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                      TextColumn("{task.fields[label]}"), TimeElapsedColumn(),
+                                      console=Console(stderr=True), transient=True)
+            self._task = self._progress.add_task(self.description, total=self.total, label="")
+            self._timer = threading.Timer(self.delay, self._start)
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._progress is not None and self._done < self.total:
+                self._progress.update(self._task, completed=self._done, label=self._label)
+                self._progress.start()
+                self._started = True
+
+    def working_on(self, label: str) -> None:
+        with self._lock:
+            self._label = label
+            if self._progress is not None:
+                self._progress.update(self._task, label=label)
+
+    def advance(self) -> None:
+        with self._lock:
+            self._done += 1
+            if self._progress is not None:
+                self._progress.update(self._task, completed=self._done)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            if self._progress is not None and self._started:
+                self._progress.stop()
+            self._progress = None
+
+
+# ---- commands ---------------------------------------------------------------------------------
+
+def _build(op: OpSpec, target: str, args: argparse.Namespace, dump: Path | None = None) -> Any:
     from .compiler.build import build
 
+    return build(op.args, target, name=op.name, dump_ir=dump, arch=getattr(args, "arch", None))
+
+
+def _cached(kernel: Any) -> bool:
+    return any(name == "nvrtc (cache hit)" for name, _ in getattr(kernel.timing, "seconds", []))
+
+
+def cmd_compile(args: argparse.Namespace, check: bool) -> int:
+    if getattr(args, "tune", False):
+        return cmd_tune(args)
+    ops = _all_ops(args.files)
     out_dir = Path(args.output) if args.output else None
     use_gpu = _gpu() if check else False
     failures = 0
-    for f in _files(args.files):
-        for op in _load_ops(f):
+    total_start = time.perf_counter()
+    hits = 0
+    with _Progress(len(ops), "check" if check else "compile") as bar:
+        for _, op in ops:
+            bar.working_on(op.name)
             start = time.perf_counter()
             dump = Path(args.dump_ir) / op.name if args.dump_ir else None
-            kernel = build(op.args, "cuda", name=op.name, dump_ir=dump, arch=args.arch)
+            kernel = _build(op, "cuda", args, dump)
             took = time.perf_counter() - start
-            line = f"{op.name:<16} {len(kernel.module.kernels)} kernel(s)  {kernel.arch}  built in {took:.2f} s"
+            cached = _cached(kernel)
+            hits += cached
+            line = (f"{op.name:<16} {len(kernel.module.kernels)} kernel(s)  {kernel.arch}  "
+                    f"built in {took:.2f} s{' (cached)' if cached else ''}")
             if out_dir is not None:
                 stem = kernel.save(out_dir / op.name)
                 line += f"  -> {stem}.cubin"
-            print(line)
+            print(line, flush=True)
             if check:
                 result = run_and_compare(op, kernel, use_sim=not use_gpu)
-                print(f"  check {result}")
+                print(f"  check {result}", flush=True)
                 failures += not result.ok
-    return 1 if failures else 0
+            bar.advance()
+    print(f"{len(ops)} op(s) in {time.perf_counter() - total_start:.2f} s, {hits} from the compile cache"
+          + (f", {failures} failed the check" if failures else ""), flush=True)
+    return EXIT_FAIL if failures else 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .compiler.build import build
+    from .compiler.profile import profile
 
+    ops = _all_ops(args.files)
     target = args.target
     if target == "auto":
         target = "cuda" if _gpu() else "sim"
+    elif target == "cuda" and not _gpu():
+        raise UsageError("--target cuda needs a CUDA GPU and none is available here; use --target sim to run "
+                         "in the CPU emulator (or --target auto)")
     failures = 0
-    for f in _files(args.files):
-        for op in _load_ops(f):
-            kernel = build(op.args, target, name=op.name)
+    with profile() as prof, _Progress(len(ops), f"run on {target}") as bar:
+        for _, op in ops:
+            bar.working_on(op.name)
+            kernel = _build(op, target, args)
             result = run_and_compare(op, kernel, use_sim=target == "sim")
-            print(result if args.check else f"{op.name} ran on {target}")
-            failures += args.check and not result.ok
-    return 1 if failures else 0
+            if args.check:
+                print(result, flush=True)
+                failures += not result.ok
+            else:
+                print(f"{op.name} ran on {target}", flush=True)
+            bar.advance()
+    if args.profile:
+        prof.table()
+    return EXIT_FAIL if failures else 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    ops = _all_ops(args.files)
+    with _Progress(len(ops), "explain") as bar:
+        for i, (_, op) in enumerate(ops):
+            bar.working_on(op.name)
+            kernel = _build(op, "cuda", args)
+            if i:
+                print()
+            print(kernel.explain(), flush=True)
+            bar.advance()
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    try:
+        from .compiler import tuner  # type: ignore[attr-defined]
+    except ImportError:
+        raise UsageError("autotuning is not available in this version of tecc: it needs the planner's ranked "
+                         "candidates (tecc.compiler.tuner), which are not built yet. `tecc compile` uses the "
+                         "default schedule; the tuning database (tecc cache info) is ready for it") from None
+    return int(tuner.main(args))  # pragma: no cover - once the tuner exists
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from .compiler import cache
+
+    if args.action == "info":
+        print(cache.info())
+        stats_path = cache.info().tuning_db
+        if stats_path.exists():
+            from .compiler.tuning_db import TuningDB
+
+            s = TuningDB(stats_path).stats()
+            print(f"  measurements  {s['measurements']}\n  problems      {s['problems']}")
+        return 0
+    removed = cache.clear(tuning=args.tuning)
+    where = cache.root()
+    print(f"removed {removed} compile-cache entr{'y' if removed == 1 else 'ies'} from {where}"
+          + (" and the tuning database" if args.tuning else ""))
+    return 0
+
+
+# ---- the parser -------------------------------------------------------------------------------
+
+_EPILOG = """\
+A file declares its ops in a module-level list OPS of tecc.OpSpec:
+
+    import numpy as np, tecc as tc
+    M = tc.var("M")
+    A = tc.placeholder((M, 256), "float32", name="A")
+    B = tc.placeholder((256, 512), "float32", name="B")
+    k = tc.reduce_axis(256, name="k")
+    C = tc.compute((M, 512), lambda i, j: tc.sum(A[i, k] * B[k, j], axis=k), name="C")
+    OPS = [tc.OpSpec("matmul", [A, B, C], lambda a, b: a @ b, sizes={"M": 100})]
+
+Compiled kernels are cached in TECC_CACHE_DIR (default ~/.cache/tecc); TECC_NO_CACHE=1 bypasses it.
+Exit status: 0 success, 1 a check failed, 2 an error (message on stderr). docs/cli.md has more.
+"""
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=30, width=100)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tecc", description="tecc: a tensor-expression compiler for NVIDIA GPUs")
-    sub = p.add_subparsers(dest="command", required=True)
-    for name, helptext in (("compile", "compile every op of the files to .cubin"),
-                           ("check", "compile every op and check it against NumPy (GPU if present, else the emulator)")):
-        c = sub.add_parser(name, help=helptext)
-        c.add_argument("files", nargs="+", help="Python files (or directories of them) that define OPS")
-        c.add_argument("--arch", default=None, help="e.g. sm_90 (default: the live GPU, else sm_90)")
-        c.add_argument("-o", "--output", default=None, help="directory for .cubin/.ptx/.cu/.json artifacts")
-        c.add_argument("--dump-ir", default=None, help="directory for the IR after every pass")
-    r = sub.add_parser("run", help="run the ops of the files")
-    r.add_argument("files", nargs="+")
-    r.add_argument("--target", choices=("auto", "cuda", "sim"), default="auto")
+    p = argparse.ArgumentParser(
+        prog="tecc", formatter_class=_Formatter, epilog=_EPILOG,
+        description="tecc: a tensor-expression compiler for NVIDIA GPUs. Compile the ops a Python file "
+                    "declares to .cubin, run and check them on the GPU or in the CPU emulator, and "
+                    "manage the compile cache.")
+    p.add_argument("--traceback", action="store_true", help="on an error, show the Python traceback too")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def files(c: argparse.ArgumentParser) -> None:
+        c.add_argument("files", nargs="+", metavar="FILE",
+                       help="Python files (or directories of them) that define OPS")
+
+    def arch(c: argparse.ArgumentParser) -> None:
+        c.add_argument("--arch", default=None, metavar="SM",
+                       help="target architecture, e.g. sm_90 (default: TECC_ARCH, else the live GPU, else sm_90)")
+
+    for name, helptext in (
+            ("compile", "compile every op of the files to .cubin (served from the compile cache when unchanged)"),
+            ("check", "compile every op and check it against NumPy (on the GPU if present, else the emulator)")):
+        c = sub.add_parser(name, help=helptext, description=helptext, formatter_class=_Formatter)
+        files(c)
+        arch(c)
+        c.add_argument("-o", "--output", default=None, metavar="DIR",
+                       help="write DIR/<op>.cubin, .ptx, .cu and .json (the manifest, docs/runtime.md)")
+        c.add_argument("--dump-ir", default=None, metavar="DIR", help="write the IR after every pass to DIR/<op>/")
+        if name == "compile":
+            c.add_argument("--tune", action="store_true",
+                           help="autotune each op first (as `tecc tune`; needs the planner)")
+            c.add_argument("--top-k", type=int, default=8, help="with --tune: candidates to measure")
+
+    r = sub.add_parser("run", help="run every op on random inputs (GPU if present, else the emulator)",
+                       description="Run every op on random inputs, on the GPU if there is one, else in the "
+                                   "CPU emulator; --check compares each output with the NumPy reference.",
+                       formatter_class=_Formatter)
+    files(r)
+    arch(r)
+    r.add_argument("--target", choices=("auto", "cuda", "sim"), default="auto",
+                   help="where to run (default auto: cuda when a GPU is present)")
     r.add_argument("--check", action="store_true", help="compare every output with the NumPy reference")
+    r.add_argument("--profile", action="store_true",
+                   help="print a table of every launch: time, bytes, FLOPs, GB/s, TFLOP/s")
+
+    e = sub.add_parser("explain", help="show how each op was scheduled: plan, launch shapes, registers",
+                       description="Show how each op was scheduled: the plan (and, once the planner exists, "
+                                   "its ranking), each kernel's grid and block, ptxas's registers and spills.",
+                       formatter_class=_Formatter)
+    files(e)
+    arch(e)
+
+    t = sub.add_parser("tune", help="autotune every op and store the winners in the tuning database",
+                       description="Compile the planner's top-k candidates of every op, time them on the GPU, "
+                                   "check them against NumPy and store all measurements and the winner in the "
+                                   "tuning database (TECC_CACHE_DIR/tuning.sqlite).",
+                       formatter_class=_Formatter)
+    files(t)
+    arch(t)
+    t.add_argument("--top-k", type=int, default=8, help="candidates to measure per op (default 8)")
+
+    k = sub.add_parser("cache", help="show or empty the compile cache",
+                       description="Show (info) or empty (clear) the compile cache in TECC_CACHE_DIR.",
+                       formatter_class=_Formatter)
+    k.add_argument("action", choices=("info", "clear"))
+    k.add_argument("--tuning", action="store_true", help="with clear: also delete the tuning database")
     return p
+
+
+def _paragraph(message: str) -> str:
+    """The error as one paragraph: the first line wrapped, any quoted lines (source excerpts) kept."""
+    first, _, rest = str(message).strip().partition("\n")
+    text = textwrap.fill(first, width=100, subsequent_indent="  ")
+    return f"{text}\n{rest}" if rest else text
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -114,10 +378,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_compile(args, check=False)
         if args.command == "check":
             return cmd_compile(args, check=True)
-        return cmd_run(args)
+        if args.command == "run":
+            return cmd_run(args)
+        if args.command == "explain":
+            return cmd_explain(args)
+        if args.command == "tune":
+            return cmd_tune(args)
+        return cmd_cache(args)
+    except KeyboardInterrupt:
+        print("tecc: interrupted", file=sys.stderr)
+        return 130
     except TeccError as exc:
-        print(f"tecc: error: {exc}", file=sys.stderr)
-        return 2
+        if args.traceback:
+            traceback.print_exc()
+        kind = "" if isinstance(exc, UsageError) else f"{type(exc).__name__}: "
+        print(_paragraph(f"tecc: error: {kind}{exc}"), file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:  # noqa: BLE001 - a bug in tecc: still one paragraph, traceback on request
+        if args.traceback:
+            traceback.print_exc()
+        print(_paragraph(f"tecc: internal error: {type(exc).__name__}: {exc}. This is a bug in tecc; rerun "
+                         "with --traceback and report it with the traceback"), file=sys.stderr)
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

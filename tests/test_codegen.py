@@ -438,3 +438,53 @@ def test_ptxas_log_parsing() -> None:
 def test_default_arch_never_raises() -> None:
     arch = default_arch()
     assert arch.startswith("sm_") and arch[3:].isdigit()
+
+
+@pytest.mark.parametrize("dtype", [float32, "float64", float16, bfloat16])
+def test_every_intrinsic_and_operator_compiles(dtype: object) -> None:
+    """Each math intrinsic, min/max/pow, compare, Select, Let and a shuffle, in one dtype: the
+    spelling table must name functions NVRTC knows, with the right overload."""
+    from tecc.ir.expr import INTRINSICS, binary, call
+
+    x = Buffer("X", dtype, (64,))
+    out = Buffer("Out", dtype, (len(INTRINSICS) + 8,))
+    flags = Buffer("Flags", "bool", (2,))
+    tx, let = Var("tx"), Var("x", x.dtype, "value")
+    value = x[tx]
+    stores = []
+    for k, name in enumerate(INTRINSICS):
+        result = call(name, let)
+        if result.dtype.is_bool:
+            stores.append(BufferStore(flags, (k % 2,), result))
+        else:
+            stores.append(BufferStore(out, (k,), result))
+    base = len(INTRINSICS)
+    stores += [BufferStore(out, (base,), binary("min", let, 1.0)), BufferStore(out, (base + 1,), binary("max", let, 1.0)),
+               BufferStore(out, (base + 2,), binary("pow", let, 2.0)), BufferStore(out, (base + 3,), let / 3.0),
+               BufferStore(out, (base + 4,), where(let < 0.5, let - 1.0, cast(tx, x.dtype))),
+               BufferStore(out, (base + 5,), warp_shuffle("shfl_down", let, 1)),
+               BufferStore(out, (base + 6,), cast(cast(let, int64), x.dtype)),
+               BufferStore(flags, (0,), warp_shuffle("shfl_xor", let > 0.0, 1))]
+    body = For(tx, 0, 64, "threadIdx.x", LetStmt(let, value, seq(*stores)))
+    func = PrimFunc("intrinsics", (x, out, flags), body)
+    compiled = compile_cuda(emit_source([func]), name="intrinsics")
+    assert compiled.resources["intrinsics"].registers > 0
+    text = emit_kernel(func)
+    assert "const bool" not in text and f"const {x.dtype.c_name} x = X[tx];" in text
+
+
+def test_int64_min_max_abs_keep_one_type() -> None:
+    n = Var("N", int64, "size")
+    out = Buffer("Out", int64, (3,))
+    tx = Var("tx")
+    from tecc.ir.expr import binary, call
+    wide_tx = cast(tx, int64)
+    body = For(tx, 0, 32, "threadIdx.x", seq(BufferStore(out, (0,), binary("min", wide_tx, n)),
+                                             BufferStore(out, (1,), call("abs", wide_tx - n)),
+                                             BufferStore(out, (2,), wide_tx * n + wide_tx)))
+    func = PrimFunc("int64_ops", (out, n), body)
+    text = emit_kernel(func)
+    assert "min(static_cast<long long>(tx), N)" in text
+    assert "llabs(tx - N)" in text
+    assert "Out[2] = tx * N + tx;" in text
+    compile_cuda(emit_source([func]), name="int64_ops")

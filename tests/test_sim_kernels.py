@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 import pytest
-from test_sim_support import (assert_close, elementwise_kernel, let, loop, matmul_kernel, poisoned, random_array,
+from test_sim_support import (assert_close, elementwise_kernel, let, loop, poisoned, random_array,
                               run_matmul)
 
 from tecc.ir import dtype as dt
-from tecc.ir.expr import Var, cast, select, warp_shuffle
+from tecc.ir.expr import Var, binary, call, cast, select, warp_shuffle
 from tecc.ir.stmt import Allocate, Barrier, Buffer, BufferStore, IfThenElse, PrimFunc, seq
 from tecc.runtime.sim import simulate_kernel
 from tecc.runtime.sim import kernel as sim_kernel
@@ -337,3 +339,42 @@ def test_local_array_indexed_by_a_thread_dependent_index() -> None:
         b[t % 3] *= 10
         want[t] = b[t % 8] + b[(t + 1) % 8]
     np.testing.assert_array_equal(o, want)
+
+
+def test_intrinsics_and_integer_floor_semantics() -> None:
+    """Math intrinsics in float32 (round: halves to even, like rintf), fmaxf dropping NaN,
+    floor `//` and `%` on negative integers, float -> int casts truncating toward zero."""
+    n = 64
+    X = Buffer("X", dt.float32, (n,))
+    I = Buffer("I", dt.int32, (n,))  # noqa: E741
+    F = Buffer("F", dt.float32, (6, n))
+    G = Buffer("G", dt.int32, (3, n))
+
+    def thread(tx: Var) -> PrimFunc:
+        x = X[tx]
+        return seq(
+            BufferStore(F, (0, tx), call("exp", x)),
+            BufferStore(F, (1, tx), call("sqrt", call("abs", x))),
+            BufferStore(F, (2, tx), call("round", x)),
+            BufferStore(F, (3, tx), call("sigmoid", x)),
+            BufferStore(F, (4, tx), call("erf", x)),
+            BufferStore(F, (5, tx), binary("max", select(x > 0.0, x, float("nan")), -0.25)),
+            BufferStore(G, (0, tx), I[tx] // 7),
+            BufferStore(G, (1, tx), I[tx] % 7),
+            BufferStore(G, (2, tx), cast(x * 3.0, dt.int32)),
+        )
+
+    func = PrimFunc("intrinsics", (X, I, F, G), loop("tx", n, "threadIdx.x", thread))
+    x = np.linspace(-2.5, 2.5, n).astype(np.float32)
+    x[:4] = [-2.5, -1.5, 0.5, 1.5]
+    i = np.arange(-32, 32, dtype=np.int32)
+    f, g = poisoned((6, n), np.float32), poisoned((3, n), np.int32)
+    simulate_kernel(func, {"X": x, "I": i, "F": f, "G": g}, (1, 1, 1), (n, 1, 1))
+    want = [np.exp(x), np.sqrt(np.abs(x)), np.rint(x), 1 / (1 + np.exp(-x)),
+            np.array([math.erf(v) for v in x]), np.where(x > 0, x, -0.25)]
+    for row, w in enumerate(want):
+        assert_close(f[row], w, 1e-6, 1e-7, f"intrinsic row {row}")
+    np.testing.assert_array_equal(f[2, :4], [-2, -2, 0, 2])
+    np.testing.assert_array_equal(g[0], i // 7)
+    np.testing.assert_array_equal(g[1], i % 7)
+    np.testing.assert_array_equal(g[2], np.trunc(x * np.float32(3)).astype(np.int32))

@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any, Sequence
 
-from ..codegen import compile_cuda, default_arch, emit_source
+from ..codegen import default_arch, emit_source
 from ..ir.errors import TeccError
 from ..ir.stmt import Module
 from ..ir.tensor import Tensor
@@ -27,6 +27,7 @@ from ..passes.unique_names import unique_names
 from ..passes.verify import verify_module
 from ..runtime.host import HostProgram
 from . import options as knobs
+from .cache import compile_cached
 from .kernel import Kernel
 from .plan import Plan, Step
 
@@ -100,8 +101,8 @@ def build(args: Sequence[Tensor], target: str = "cuda", *, name: str | None = No
     if target == "cuda":
         the_arch = arch or knobs.default_arch_override() or default_arch()
         start = time.perf_counter()
-        compiled = compile_cuda(source, arch=the_arch, name=module.name, options=tuple(options))
-        timing.seconds.append(("nvrtc", time.perf_counter() - start))
+        compiled, cached = compile_cached(source, arch=the_arch, name=module.name, options=tuple(options))
+        timing.seconds.append(("nvrtc (cache hit)" if cached else "nvrtc", time.perf_counter() - start))
         kernel.attach_binary(compiled, tuple(options))
         if dumper is not None:
             dumper.write(f"{module.name}.ptx", compiled.ptx)

@@ -6,7 +6,10 @@ Nothing else reads the environment; values are read when a build starts, never a
 |---------------------|---------------------------------|---------|
 | TECC_DUMP_IR        | unset                           | `DIR` or `DIR:KERNEL`: dump the IR after every pass of every build into DIR/<module>/ (only kernels whose name contains KERNEL) |
 | TECC_ARCH           | the live device, else sm_90     | the default `arch` of builds for target "cuda" |
-| TECC_CACHE_DIR      | ~/.cache/tecc                   | the compile cache and tuning database |
+| TECC_CACHE_DIR      | ~/.cache/tecc                   | the compile cache (DIR/cubin/) and tuning database (DIR/tuning.sqlite) |
+| TECC_NO_CACHE       | unset                           | 1 bypasses the compile cache (neither read nor written) |
+| TECC_TUNING_DB      | TECC_CACHE_DIR/tuning.sqlite    | the SQLite tuning database |
+| TECC_PROGRESS       | auto                            | 0 hides the CLI's progress bars, 1 forces them (auto: only on a terminal) |
 | TECC_SIM_CHECKS     | 1                               | 0 turns off the emulator's out-of-bounds / race / uninitialized-read checks (faster) |
 | TECC_VERIFY_IR      | 1                               | 0 skips the IR verifier between passes |
 """
@@ -46,6 +49,24 @@ def cache_dir() -> Path:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "tecc"
+
+
+def cache_enabled() -> bool:
+    """False when TECC_NO_CACHE is set to anything but '' or '0'."""
+    return os.environ.get("TECC_NO_CACHE", "") in ("", "0")
+
+
+def tuning_db_path() -> Path:
+    env = os.environ.get("TECC_TUNING_DB")
+    return Path(env) if env else cache_dir() / "tuning.sqlite"
+
+
+def progress_bars() -> bool | None:
+    """True/False when TECC_PROGRESS forces the CLI's progress bars on/off; None: decide by the terminal."""
+    env = os.environ.get("TECC_PROGRESS", "")
+    if env in ("0", "1"):
+        return env == "1"
+    return None
 
 
 def sim_checks() -> bool:

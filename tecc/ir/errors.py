@@ -53,5 +53,11 @@ class UninitializedReadError(TeccError):
     """A kernel read shared or local memory that nothing wrote (SIMT emulator)."""
 
 
+class DivergenceError(TeccError):
+    """A block-wide or warp-wide operation (`__syncthreads()`, a warp shuffle) was reached by only
+    some of the threads that must take part in it (SIMT emulator; undefined behaviour on a GPU:
+    a hang or garbage, which compute-sanitizer's synccheck reports)."""
+
+
 class DeviceError(TeccError):
     """No usable CUDA device or driver where one is needed."""

@@ -397,8 +397,9 @@ class Dependences:
     def without_self(self, stmt_names: Iterable[str]) -> "isl.UnionMap":
         """The dependences minus those of each named statement on itself (reduction updates)."""
         rel = self.relation
+        names = set(stmt_names)
         for s in self.space.stmts:
-            if s.name in stmt_names:
+            if s.name in names:
                 n = len(s.loops)
                 a = ", ".join(f"a{k}" for k in range(n))
                 b = ", ".join(f"b{k}" for k in range(n))

@@ -52,6 +52,12 @@ def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0)
         raise ScheduleError(f"{what}: scope must be 'shared' or 'local'")
     buf = find_buffer(func, tensor)
     node, path = find_loop(func, loop)
+    if scope == "shared" and not any(isinstance(x, For) and (x.is_thread or x.is_block)
+                                     for x, _ in iter_with_path(func.body)):
+        # an unbound kernel gets the default one-thread-per-element schedule later, which would
+        # put the copy's barriers under its thread-dependent bounds check
+        raise ScheduleError(f"{what}: shared memory is per block, but no loop of {func.name} is bound to a "
+                            "block or thread yet; bind the kernel's loops first")
     outer_loops = loops_on_path(path) + [node]
     for s, _ in iter_with_path(node.body):
         if isinstance(s, BufferStore) and s.buffer is buf:

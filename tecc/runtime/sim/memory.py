@@ -24,7 +24,7 @@ import numpy as np
 
 from ...ir.dtype import DType
 from .numerics import poison
-from .state import LaneState, index_at, out_of_bounds, race, uninitialized
+from .state import LaneState, out_of_bounds, race, uninitialized
 
 Index = Sequence[Any]
 
@@ -326,6 +326,3 @@ class LocalMemory:
             if w is not True:
                 self.written[c] = sel if w is None else (w | sel)
 
-
-__all__ = ["GlobalMemory", "SharedMemory", "LocalMemory", "check_bounds", "flat_index", "span",
-           "row_major", "index_at"]

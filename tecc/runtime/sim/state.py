@@ -11,14 +11,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...ir.errors import OutOfBoundsError, RaceError, TeccError, UninitializedReadError
+from ...ir.errors import DivergenceError, OutOfBoundsError, RaceError, TeccError, UninitializedReadError
 from .lanes import LaneLayout
-
-
-class DivergenceError(TeccError):
-    """A block-wide or warp-wide operation (`__syncthreads()`, a warp shuffle) was reached by only
-    some of the threads that must take part in it (undefined behaviour on a GPU: a hang or
-    garbage; compute-sanitizer's synccheck reports it)."""
 
 
 class LaneState:

@@ -1,0 +1,264 @@
+"""The on-disk compile cache: NVRTC's output (cubin, PTX, ptxas report) keyed by what determines it.
+
+`build` goes through `compile_cached` instead of calling NVRTC directly. The key is the SHA-256 of
+
+    cache format version, the CUDA C source (a deterministic function of the final loop IR),
+    the module name (NVRTC's program name), the arch, the extra NVRTC options,
+    the tecc version and the NVRTC version
+
+so a different schedule, arch, option, tecc release or NVRTC gives a different entry, and the same
+build on the same machine is served from disk (docs/cache.md shows the timings).
+
+Layout: `TECC_CACHE_DIR/cubin/v1/<key[:2]>/<key>.entry`, one file per entry:
+
+    b"TECC-CACHE 1\\n" | 8-byte big-endian length L | L bytes of JSON metadata | cubin bytes
+
+The JSON holds the key, the PTX, the NVRTC log, arch, NVRTC version, full option list, the
+per-kernel resources and the SHA-256 of the cubin and of the PTX. An entry is written to a
+temporary file in the same directory and renamed over the final name (`os.replace`, atomic on
+POSIX and Windows), so a reader sees either no entry or a whole one, never a half-written file,
+and two processes compiling the same kernel at once both succeed (the second rename wins with
+identical content). A reader that finds an entry it cannot parse or whose hashes do not match
+treats it as a miss: the kernel is recompiled and the entry overwritten. Nothing here raises
+on a broken or unwritable cache; only NVRTC's own errors reach the caller.
+
+`TECC_NO_CACHE=1` bypasses the cache; `TECC_CACHE_DIR` moves it (default `~/.cache/tecc`).
+`tecc cache info` / `tecc cache clear` (or `info()` / `clear()`) inspect and empty it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..codegen import CompiledCode, KernelResources, compile_cuda
+from ..codegen.nvrtc import nvrtc_version
+from . import options as knobs
+
+CACHE_FORMAT = 1
+MAGIC = b"TECC-CACHE 1\n"
+SUBDIR = f"cubin/v{CACHE_FORMAT}"
+
+
+def tecc_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("tecc")
+    except metadata.PackageNotFoundError:  # running from a source tree that was never installed
+        from .. import __version__
+
+        return __version__
+
+
+def cache_key(source: str, *, arch: str, name: str, options: Sequence[str], nvrtc: str | None = None,
+              tecc: str | None = None) -> str:
+    """The hex SHA-256 that names a compile-cache entry."""
+    fields = {
+        "format": CACHE_FORMAT,
+        "source": hashlib.sha256(source.encode()).hexdigest(),
+        "name": name,
+        "arch": arch,
+        "options": list(options),
+        "tecc": tecc if tecc is not None else tecc_version(),
+        "nvrtc": nvrtc if nvrtc is not None else nvrtc_version(),
+    }
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def root(directory: str | os.PathLike[str] | None = None) -> Path:
+    """Where entries live: DIR/cubin/v1 (DIR = `directory`, else TECC_CACHE_DIR, else ~/.cache/tecc)."""
+    return (Path(directory) if directory is not None else knobs.cache_dir()) / SUBDIR
+
+
+def entry_path(key: str, directory: str | os.PathLike[str] | None = None) -> Path:
+    return root(directory) / key[:2] / f"{key}.entry"
+
+
+# ---- encoding ---------------------------------------------------------------------------------
+
+def encode(key: str, code: CompiledCode) -> bytes:
+    meta = {
+        "key": key,
+        "ptx": code.ptx,
+        "log": code.log,
+        "arch": code.arch,
+        "nvrtc_version": code.nvrtc_version,
+        "options": list(code.options),
+        "resources": {k: dataclasses.asdict(v) for k, v in code.resources.items()},
+        "cubin_sha256": hashlib.sha256(code.cubin).hexdigest(),
+        "ptx_sha256": hashlib.sha256(code.ptx.encode()).hexdigest(),
+        "created": time.time(),
+    }
+    blob = json.dumps(meta).encode()
+    return MAGIC + len(blob).to_bytes(8, "big") + blob + bytes(code.cubin)
+
+
+class CorruptEntry(Exception):
+    """An entry that cannot be trusted (truncated, wrong magic, hash mismatch); never escapes this module."""
+
+
+def decode(data: bytes, key: str) -> CompiledCode:
+    if not data.startswith(MAGIC) or len(data) < len(MAGIC) + 8:
+        raise CorruptEntry("bad header")
+    start = len(MAGIC) + 8
+    length = int.from_bytes(data[len(MAGIC):start], "big")
+    if start + length > len(data):
+        raise CorruptEntry("truncated metadata")
+    try:
+        meta = json.loads(data[start:start + length])
+        cubin = data[start + length:]
+        if meta["key"] != key:
+            raise CorruptEntry("key mismatch")
+        if hashlib.sha256(cubin).hexdigest() != meta["cubin_sha256"] or not cubin.startswith(b"\x7fELF"):
+            raise CorruptEntry("cubin hash mismatch")
+        if hashlib.sha256(meta["ptx"].encode()).hexdigest() != meta["ptx_sha256"]:
+            raise CorruptEntry("ptx hash mismatch")
+        resources = {k: KernelResources(**v) for k, v in meta["resources"].items()}
+        return CompiledCode(ptx=meta["ptx"], cubin=cubin, resources=resources, log=meta["log"], arch=meta["arch"],
+                            nvrtc_version=meta["nvrtc_version"], options=tuple(meta["options"]))
+    except CorruptEntry:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any parse failure means the entry is unusable
+        raise CorruptEntry(f"{type(exc).__name__}: {exc}") from exc
+
+
+# ---- reading and writing ----------------------------------------------------------------------
+
+@dataclass
+class CacheStats:
+    """What this process did with the cache (hits, misses, corrupt entries rebuilt, write failures)."""
+
+    hits: int = 0
+    misses: int = 0
+    corrupt: int = 0
+    write_errors: int = 0
+
+
+STATS = CacheStats()
+
+
+def lookup(key: str, directory: str | os.PathLike[str] | None = None) -> CompiledCode | None:
+    """The entry for `key`, or None when there is none or it is corrupt (counted in STATS.corrupt)."""
+    path = entry_path(key, directory)
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        return decode(data, key)
+    except CorruptEntry:
+        STATS.corrupt += 1
+        return None
+
+
+def store(key: str, code: CompiledCode, directory: str | os.PathLike[str] | None = None) -> Path | None:
+    """Write the entry atomically (temp file in the same directory, fsync, rename). Returns its
+    path, or None when the cache cannot be written (read-only disk, full disk...): never raises."""
+    path = entry_path(key, directory)
+    tmp_name = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(encode(key, code))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_name, path)
+        return path
+    except OSError:
+        STATS.write_errors += 1
+        if tmp_name is not None:
+            try:
+                os.unlink(tmp_name)
+            except OSError:
+                pass
+        return None
+
+
+def compile_cached(source: str, *, arch: str, name: str, options: Sequence[str] = ()) -> tuple[CompiledCode, bool]:
+    """`compile_cuda` through the cache: (compiled code, True when it came from the cache).
+
+    With TECC_NO_CACHE=1 this is `compile_cuda` (never a hit, nothing written)."""
+    if not knobs.cache_enabled():
+        return compile_cuda(source, arch=arch, name=name, options=options), False
+    key = cache_key(source, arch=arch, name=name, options=options)
+    hit = lookup(key)
+    if hit is not None:
+        STATS.hits += 1
+        return hit, True
+    STATS.misses += 1
+    code = compile_cuda(source, arch=arch, name=name, options=options)
+    store(key, code)
+    return code, False
+
+
+# ---- maintenance ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CacheInfo:
+    directory: Path
+    entries: int
+    bytes: int
+    tuning_db: Path
+    tuning_db_bytes: int
+    enabled: bool
+
+    def __str__(self) -> str:
+        state = "" if self.enabled else " (disabled by TECC_NO_CACHE)"
+        return (f"compile cache   {self.directory}{state}\n"
+                f"  entries       {self.entries}\n"
+                f"  size          {_human(self.bytes)}\n"
+                f"tuning database {self.tuning_db}"
+                f"{'' if self.tuning_db_bytes else ' (none yet)'}\n"
+                f"  size          {_human(self.tuning_db_bytes)}")
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
+
+
+def entries(directory: str | os.PathLike[str] | None = None) -> list[Path]:
+    base = root(directory)
+    return sorted(base.glob("*/*.entry")) if base.is_dir() else []
+
+
+def info(directory: str | os.PathLike[str] | None = None) -> CacheInfo:
+    files = entries(directory)
+    size = 0
+    for f in files:
+        try:
+            size += f.stat().st_size
+        except OSError:
+            pass
+    db = knobs.tuning_db_path() if directory is None else Path(directory) / "tuning.sqlite"
+    db_bytes = db.stat().st_size if db.exists() else 0
+    return CacheInfo(root(directory), len(files), size, db, db_bytes, knobs.cache_enabled())
+
+
+def clear(directory: str | os.PathLike[str] | None = None, *, tuning: bool = False) -> int:
+    """Remove every compile-cache entry (and the tuning database with `tuning=True`); returns how
+    many entries were removed. Safe while other processes build: they recompile on a miss."""
+    removed = len(entries(directory))
+    base = Path(directory) if directory is not None else knobs.cache_dir()
+    shutil.rmtree(base / "cubin", ignore_errors=True)
+    if tuning:
+        db = knobs.tuning_db_path() if directory is None else base / "tuning.sqlite"
+        for suffix in ("", "-wal", "-shm"):
+            try:
+                os.unlink(str(db) + suffix)
+            except OSError:
+                pass
+    return removed

@@ -1,0 +1,342 @@
+"""What the cost model needs to know about one kernel of the lowered (unscheduled) module.
+
+Lowering gives every stage a kernel of the shape
+
+    for s0 in range(S0): for s1 ...                 # the spatial nest (one loop per output axis)
+      [allocate acc; acc = init; for r0 ...: acc = combine(acc, f(reads))]   # a reduction, if any
+      out[s0, s1, ...] = g(acc or f(reads))
+
+`analyze_kernel` reads that shape off the IR: the spatial and reduction loops with their extents
+(symbolic sizes replaced by the sizes the caller gives, else `DEFAULT_SIZE`), every global access
+as an affine map from loop variables to a flat element offset (the access relation the polyhedral
+analyses use, restricted to the affine case the schedules produce), the arithmetic per innermost
+iteration, and a classification the strategies' guards read:
+
+  elementwise  -- no reduction loop;
+  contraction  -- a sum of products of two reads, each reading only some of the spatial axes
+                  (GEMM-like: every read is reused across the axes it does not depend on);
+  reduction    -- any other reduction (row: the reduced axis is the innermost of the read;
+                  column: it is not).
+
+Footprints follow from the affine maps: the region a tile of loop extents reads from a buffer is
+the box spanned along each buffer dimension (what `cache_read` allocates, tecc.passes.schedule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from ...ir.evaluate import evaluate_int
+from ...ir.expr import Binary, BufferLoad, Call, Cast, Const, Expr, Select, Var, free_vars, walk
+from ...ir.stmt import Allocate, Buffer, BufferStore, For, IfThenElse, LetStmt, PrimFunc, Seq, Stmt
+
+# The size assumed for a symbolic dimension the caller gives no value for. Plans stay valid for
+# every size (schedules guard partial tiles); only the ranking assumes this size.
+DEFAULT_SIZE = 1024
+
+# Special-function operations: issued on the SFU (16 lanes per SM partition per clock on
+# sm_80/90, a quarter of the FP32 rate: CUDA C++ Programming Guide, "Arithmetic Instructions"
+# throughput table); sin/cos/exp also cost a range reduction in FP32 around the MUFU op.
+SPECIAL_FUNCTIONS = ("exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "erf", "sigmoid", "exp2", "log2")
+
+
+@dataclass(frozen=True)
+class Affine:
+    """`const + Σ coeff[v] · v` over loop variables (by name); the flat element offset of an access."""
+
+    coeff: tuple[tuple[str, int], ...]
+    const: int = 0
+
+    def get(self, var: str) -> int:
+        return dict(self.coeff).get(var, 0)
+
+    @property
+    def vars(self) -> tuple[str, ...]:
+        return tuple(v for v, c in self.coeff if c)
+
+
+@dataclass(frozen=True)
+class Access:
+    """One global access: the buffer, its element size, and its flat offset (None where not affine
+    in the loop variables, e.g. a strided input whose strides are kernel parameters)."""
+
+    buffer: str
+    tensor: str
+    itemsize: int
+    offset: Affine | None
+    index_vars: tuple[frozenset[str], ...]    # per buffer dimension: the loop variables in its index
+    per_dim: tuple[Affine | None, ...] = ()   # per buffer dimension: its affine index
+    dims: tuple[int, ...] = ()                # the buffer's extents (sizes substituted)
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """The facts of one lowered kernel that strategies and the cost model reason with."""
+
+    kernel: str
+    stage: str
+    spatial: tuple[tuple[str, int], ...]            # (loop variable, extent), outermost first
+    reduction: tuple[tuple[str, int], ...]          # (loop variable, extent), outermost first
+    reads: tuple[Access, ...]                       # distinct global reads of the innermost body
+    write: Access
+    flops_per_iteration: int                        # floating-point ops per innermost iteration
+    special_per_iteration: int                      # special-function calls per innermost iteration
+    epilogue_flops: int                             # ops after the reduction, per output element
+    combiner: str | None                            # sum | max | min | prod, None for elementwise
+    kind: str                                       # elementwise | reduction | contraction
+    dtype: str                                      # the output's dtype
+    symbolic: tuple[str, ...] = ()                  # symbolic sizes in the extents
+    assumed: tuple[tuple[str, int], ...] = ()       # sizes assumed for them (not given by the caller)
+    strided_inputs: tuple[str, ...] = ()            # buffers whose strides are kernel parameters
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def outputs(self) -> int:
+        n = 1
+        for _, e in self.spatial:
+            n *= e
+        return n
+
+    @property
+    def reduce_extent(self) -> int:
+        n = 1
+        for _, e in self.reduction:
+            n *= e
+        return n
+
+    @property
+    def iterations(self) -> int:
+        return self.outputs * self.reduce_extent
+
+    @property
+    def flops(self) -> float:
+        return float(self.iterations * self.flops_per_iteration + self.outputs * self.epilogue_flops)
+
+    @property
+    def reduce_kind(self) -> str:
+        """'row' when the reduced loop is the innermost (unit-stride) axis of the main read,
+        'column' when it is not, '' for elementwise kernels."""
+        if not self.reduction:
+            return ""
+        inner = self.reduction[-1][0]
+        big = max(self.reads, key=lambda a: _size(a.dims), default=None)
+        if big is None or big.offset is None:
+            return "row"
+        return "row" if abs(big.offset.get(inner)) == 1 else "column"
+
+
+def _size(dims: tuple[int, ...]) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+def affine(e: Expr, env: Mapping[Var, int]) -> Affine | None:
+    """`e` as an affine function of its index variables, size variables replaced from `env`;
+    None when it is not affine (a product of two variables, a division, a stride parameter)."""
+    terms: dict[str, int] = {}
+
+    def go(x: Expr, scale: int) -> int | None:
+        if isinstance(x, Const):
+            return int(x.value) * scale if x.dtype.is_int else None
+        if isinstance(x, Var):
+            if x in env:
+                return int(env[x]) * scale
+            if x.kind != "index":
+                return None
+            terms[x.name] = terms.get(x.name, 0) + scale
+            return 0
+        if isinstance(x, Cast) and x.dtype.is_int and x.a.dtype.is_int:
+            return go(x.a, scale)
+        if isinstance(x, Binary) and x.op in ("+", "-"):
+            a = go(x.a, scale)
+            b = go(x.b, scale if x.op == "+" else -scale)
+            return None if a is None or b is None else a + b
+        if isinstance(x, Binary) and x.op == "*":
+            for k, other in ((x.a, x.b), (x.b, x.a)):
+                if not (free_vars(k) - set(env)):
+                    try:
+                        factor = evaluate_int(k, env)
+                    except Exception:  # noqa: BLE001 - not evaluable: not affine here
+                        return None
+                    return go(other, scale * factor)
+            return None
+        return None
+
+    c = go(e, 1)
+    if c is None:
+        return None
+    return Affine(tuple(sorted((v, k) for v, k in terms.items() if k)), c)
+
+
+def _access(buf: Buffer, indices: tuple[Expr, ...], env: Mapping[Var, int]) -> Access:
+    per_dim = tuple(affine(i, env) for i in indices)
+    dims: list[int] = []
+    for s in buf.shape:
+        try:
+            dims.append(evaluate_int(s, env))
+        except Exception:  # noqa: BLE001
+            dims.append(DEFAULT_SIZE)
+    index_vars = tuple(frozenset(v.name for v in free_vars(i) if v.kind == "index") for i in indices)
+    offset: Affine | None = None
+    if all(a is not None for a in per_dim):
+        strides: list[int] | None = []
+        if buf.strides is None:
+            acc = 1
+            rev: list[int] = []
+            for d in reversed(dims):
+                rev.append(acc)
+                acc *= d
+            strides = list(reversed(rev))
+        else:
+            for s in buf.strides:
+                try:
+                    strides.append(evaluate_int(s, env))  # type: ignore[union-attr]
+                except Exception:  # noqa: BLE001 - a stride parameter: assume row-major below
+                    strides = None
+                    break
+            if strides is None:  # rank by the usual call (a contiguous array); vector access not provable
+                acc = 1
+                rev = []
+                for d in reversed(dims):
+                    rev.append(acc)
+                    acc *= d
+                strides = list(reversed(rev))
+        coeff: dict[str, int] = {}
+        const = 0
+        for a, st in zip(per_dim, strides):
+            assert a is not None
+            const += a.const * st
+            for v, c in a.coeff:
+                coeff[v] = coeff.get(v, 0) + c * st
+        offset = Affine(tuple(sorted((v, c) for v, c in coeff.items() if c)), const)
+    return Access(buf.name, buf.tensor, buf.dtype.bytes, offset, index_vars, per_dim, tuple(dims))
+
+
+def _count_ops(e: Expr) -> tuple[int, int]:
+    """(floating-point ops, special-function calls) in `e`, not counting index arithmetic."""
+    flops = special = 0
+    for n in walk(e):
+        if isinstance(n, Binary) and n.dtype.is_float:
+            flops += 1
+        elif isinstance(n, Call) and n.name in SPECIAL_FUNCTIONS:
+            special += 1
+            flops += 1
+        elif isinstance(n, Select) and n.dtype.is_float:
+            flops += 1
+    return flops, special
+
+
+def _leaves(s: Stmt, loops: tuple[For, ...], out: list[tuple[BufferStore, tuple[For, ...]]]) -> None:
+    if isinstance(s, Seq):
+        for x in s.stmts:
+            _leaves(x, loops, out)
+    elif isinstance(s, For):
+        _leaves(s.body, loops + (s,), out)
+    elif isinstance(s, (Allocate, LetStmt)):
+        _leaves(s.body, loops, out)
+    elif isinstance(s, IfThenElse):
+        _leaves(s.then_case, loops, out)
+        if s.else_case is not None:
+            _leaves(s.else_case, loops, out)
+    elif isinstance(s, BufferStore):
+        out.append((s, loops))
+
+
+def analyze_kernel(func: PrimFunc, sizes: Mapping[str, int] | None = None) -> KernelInfo:
+    """The KernelInfo of a lowered, unscheduled kernel (see the module docstring)."""
+    sizes = dict(sizes or {})
+    size_vars: dict[str, Var] = {}
+    for p in func.params:
+        if isinstance(p, Var):
+            size_vars[p.name] = p
+        elif isinstance(p, Buffer):
+            for e in tuple(p.shape) + tuple(p.strides or ()):
+                for v in free_vars(e):
+                    size_vars.setdefault(v.name, v)
+    env: dict[Var, int] = {}
+    assumed: list[tuple[str, int]] = []
+    symbolic: list[str] = []
+    strided: list[str] = []
+    for name, v in size_vars.items():
+        if v.kind == "stride":
+            continue
+        symbolic.append(name)
+        if name in sizes:
+            env[v] = int(sizes[name])
+        else:
+            env[v] = DEFAULT_SIZE
+            assumed.append((name, DEFAULT_SIZE))
+    for p in func.params:
+        if isinstance(p, Buffer) and p.strides is not None and any(free_vars(s) for s in p.strides):
+            strided.append(p.name)
+
+    leaves: list[tuple[BufferStore, tuple[For, ...]]] = []
+    _leaves(func.body, (), leaves)
+    final = [(s, lps) for s, lps in leaves if s.buffer.scope == "global"]
+    if not final:
+        raise ValueError(f"kernel {func.name}: no store to a global buffer")
+    out_store, out_loops = final[-1]
+    spatial = tuple((lp.var.name, evaluate_int(lp.extent, env)) for lp in out_loops)
+    updates = [(s, lps) for s, lps in leaves if s.buffer.scope == "local" and len(lps) > len(out_loops)]
+    reduction: tuple[tuple[str, int], ...] = ()
+    combiner: str | None = None
+    body_value = out_store.value
+    if updates:
+        upd, upd_loops = updates[-1]
+        reduction = tuple((lp.var.name, evaluate_int(lp.extent, env)) for lp in upd_loops[len(out_loops):])
+        body_value = upd.value
+        combiner = _combiner(upd)
+    reads_seen: dict[str, Access] = {}
+    for n in walk(body_value):
+        if isinstance(n, BufferLoad) and n.buffer.scope == "global":
+            a = _access(n.buffer, n.indices, env)
+            reads_seen.setdefault(f"{n.buffer.name}{[str(i) for i in n.indices]}", a)
+    flops, special = _count_ops(body_value)
+    epilogue = 0
+    if updates:
+        flops = max(flops, 1)
+        epilogue, special_epi = _count_ops(out_store.value)
+        for n in walk(out_store.value):
+            if isinstance(n, BufferLoad) and n.buffer.scope == "global":
+                a = _access(n.buffer, n.indices, env)
+                reads_seen.setdefault(f"{n.buffer.name}{[str(i) for i in n.indices]}", a)
+    write = _access(out_store.buffer, out_store.indices, env)
+    reads = tuple(reads_seen.values())
+    info = KernelInfo(
+        kernel=func.name, stage=out_store.buffer.tensor, spatial=spatial, reduction=reduction, reads=reads,
+        write=write, flops_per_iteration=flops, special_per_iteration=special, epilogue_flops=epilogue,
+        combiner=combiner, kind="elementwise", dtype=str(out_store.buffer.dtype), symbolic=tuple(symbolic),
+        assumed=tuple(assumed), strided_inputs=tuple(strided))
+    return _classify(info)
+
+
+def _combiner(upd: BufferStore) -> str:
+    v = upd.value
+    if isinstance(v, Binary):
+        return {"+": "sum", "*": "prod", "max": "max", "min": "min"}.get(v.op, v.op)
+    if isinstance(v, Call):
+        return v.name
+    return "other"
+
+
+def _classify(info: KernelInfo) -> KernelInfo:
+    from dataclasses import replace
+
+    if not info.reduction:
+        return info
+    spatial = {v for v, _ in info.spatial}
+    reduce_vars = {v for v, _ in info.reduction}
+    big = [a for a in info.reads if a.offset is not None and set(a.offset.vars) & reduce_vars]
+    contraction = (
+        info.combiner == "sum" and len(spatial) >= 2 and len(big) >= 2
+        and any(spatial - set(a.offset.vars) for a in big if a.offset is not None)
+        and all(set(a.offset.vars) & spatial for a in big if a.offset is not None)
+        and len({frozenset(set(a.offset.vars) & spatial) for a in big if a.offset is not None}) >= 2
+    )
+    return replace(info, kind="contraction" if contraction else "reduction")
+
+
+__all__ = ["Access", "Affine", "KernelInfo", "analyze_kernel", "affine", "DEFAULT_SIZE"]

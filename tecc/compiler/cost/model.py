@@ -1,0 +1,200 @@
+"""The analytic cost model: a Workload (what one strategy point makes the GPU do) → a Cost.
+
+A strategy describes a point of its space as a `Workload`: launch shape, FLOPs, bytes at each
+level of the memory hierarchy (derived from the kernel's affine accesses and the tile shapes:
+`tecc.compiler.cost.analysis`, `tecc.compiler.cost.warp`), shared-memory bytes and wavefronts
+(bank conflicts included), registers per thread with their breakdown, instructions, and the
+parallelism a thread exposes (bytes of independent loads in flight, independent FMA chains).
+`predict` turns it into time with every term visible:
+
+    occupancy  blocks/SM from threads, registers, shared memory (cuda_occupancy.h's formula)
+    waves      ceil(blocks / (blocks/SM · SMs)); the busiest SM runs ceil(blocks / SMs) blocks
+    dram       DRAM bytes / min(efficiency · peak, Little's law: bytes in flight / latency)
+    l2         bytes requested from L2 (32-byte sectors) / L2 bandwidth
+    l1/shared  wavefronts through the SM's L1/shared-memory datapath (one 128-byte wavefront per
+               clock per SM; a bank-conflicted access costs one wavefront per conflicting word)
+    fma        FP32 FMAs on the busiest SM / (lanes · clock · efficiency(warps · ILP))
+    issue      warp instructions on the busiest SM / (schedulers · clock)
+    special    SFU operations on the busiest SM / (16 lanes · 4 partitions · clock)
+    latency    exposed latency: rounds · per-block critical path / resident blocks
+    launch     the fixed launch overhead
+
+    predicted = launch + max(dram, l2, l1/shared, fma, issue, special) + latency
+
+Hard constraints (threads per block, registers per thread and per block, shared memory without
+opt-in, a block that does not fit on an SM) reject a point with the reason.
+
+`CostParameters` holds the few constants that are not in the Target (latencies, achievable
+fractions); docs/cost-model.md gives their sources and how they were checked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...ir.target import KiB, Target
+from .occupancy import Occupancy, occupancy
+
+
+@dataclass(frozen=True)
+class CostParameters:
+    """Model constants that are not limits of the target.
+
+    dram_efficiency: achievable / peak DRAM bandwidth (a large device-to-device copy reaches
+      about 0.9 of peak on A100/H100; KINDS.md measured 3.0 of 3.35 TB/s on the lent H100).
+    dram_latency_s: loaded DRAM latency for Little's law (~500-600 ns on A100/H100,
+      microbenchmarks: Jia et al. "Dissecting the Ampere GPU architecture", Chips and Cheese H100).
+    l2_bandwidth_factor: L2→SM bandwidth / DRAM bandwidth (~2x on A100/H100, same sources).
+    l2_bytes_per_clock_per_sm: what one SM can pull from L2 (64 B/clk).
+    global_latency_cycles: a global load's latency as the k-tile loop sees it (L2/DRAM mix).
+    barrier_cycles: __syncthreads() plus the shared-memory round trip around it.
+    fma_latency_cycles: dependent FFMA latency (4 cycles on sm_80/90).
+    launch_s: launch overhead seen by back-to-back event timing of one kernel."""
+
+    dram_efficiency: float = 0.90
+    dram_latency_s: float = 550e-9
+    l2_bandwidth_factor: float = 2.0
+    l2_bytes_per_clock_per_sm: float = 64.0
+    global_latency_cycles: float = 550.0
+    barrier_cycles: float = 40.0
+    fma_latency_cycles: float = 4.0
+    launch_s: float = 2.5e-6
+    sfu_lanes_per_sm: float = 16.0 * 4
+
+
+DEFAULT_PARAMETERS = CostParameters()
+
+
+@dataclass
+class Workload:
+    """What one strategy point makes the GPU do (totals over the whole launch unless named
+    per thread / per block)."""
+
+    blocks: int
+    threads: int
+    registers: dict[str, int]                # per thread: name -> count (accumulators, fragments, addressing)
+    smem_bytes: int = 0                      # per block, static
+    flops: float = 0.0                       # useful floating-point ops (an FMA counts 2)
+    fma_ops: float = 0.0                     # FP32 FMA/ADD/MUL instructions x lanes (thread-level)
+    special_ops: float = 0.0                 # SFU operations (thread-level)
+    dram_bytes: float = 0.0                  # expected DRAM traffic
+    l2_bytes: float = 0.0                    # requested from L2 (sector-rounded)
+    global_wavefronts: float = 0.0           # L1 wavefronts of global accesses (warp-level)
+    smem_wavefronts: float = 0.0             # shared-memory wavefronts (warp-level, conflicts included)
+    bank_conflict: float = 1.0               # worst shared-memory conflict degree among the accesses
+    instructions: float = 0.0                # warp instructions issued
+    bytes_in_flight: float = 4.0             # per thread: independent global load bytes in flight
+    ilp: float = 1.0                         # per thread: independent FMA chains
+    block_latency_cycles: float = 0.0        # per block: critical path of latencies not overlapped inside it
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def register_count(self) -> int:
+        return sum(self.registers.values())
+
+
+@dataclass
+class Cost:
+    """The prediction for one Workload: every term in seconds, the total, and the facts behind it."""
+
+    total: float
+    terms: dict[str, float]
+    bound: str
+    occupancy: Occupancy
+    waves: int
+    tail: float                              # useful fraction of the last wave's slots
+    registers: int
+    smem_bytes: int
+    rejected: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.rejected is None
+
+    def breakdown(self) -> str:
+        parts = [f"{k} {_us(v)}" for k, v in self.terms.items() if v > 0]
+        return ", ".join(parts)
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} us"
+
+
+def reject_reason(w: Workload, target: Target) -> str | None:
+    """The first hard constraint `w` breaks on `target`, or None."""
+    regs = w.register_count
+    if w.threads > target.max_threads_per_block:
+        return f"{w.threads} threads per block > {target.max_threads_per_block}"
+    if w.threads < 1 or w.blocks < 0:
+        return "empty block"
+    if w.smem_bytes > target.smem_per_block:
+        return (f"smem {w.smem_bytes / KiB:.0f} KiB > {target.smem_per_block // KiB} KiB without opt-in "
+                "(static __shared__ arrays cannot opt in)")
+    if regs > target.max_registers_per_thread:
+        return f"registers {regs} per thread > {target.max_registers_per_thread} (would spill)"
+    if regs * w.threads > target.registers_per_block:
+        return f"registers {regs} x {w.threads} threads = {regs * w.threads} > {target.registers_per_block} per block"
+    return None
+
+
+def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAMETERS) -> Cost:
+    """The Cost of `w` on `target` (see the module docstring for every term)."""
+    regs = _alloc_registers(w.register_count)
+    occ = occupancy(target, w.threads, regs, w.smem_bytes)
+    reason = reject_reason(w, target)
+    if reason is None and occ.blocks_per_sm == 0:
+        reason = f"a block does not fit on an SM ({occ.limiter})"
+    if reason is not None:
+        return Cost(math.inf, {}, "rejected", occ, 0, 0.0, regs, w.smem_bytes, rejected=reason)
+    sms = target.sm_count
+    clock = target.clock_hz
+    blocks = max(w.blocks, 1)
+    warps_per_block = -(-w.threads // target.warp_size)
+    per_sm_blocks = -(-blocks // sms)                       # blocks the busiest SM runs
+    resident = min(occ.blocks_per_sm, per_sm_blocks)        # of them at once
+    rounds = -(-per_sm_blocks // resident)
+    waves = -(-blocks // (occ.blocks_per_sm * sms))
+    tail = blocks / (waves * occ.blocks_per_sm * sms)
+    share = per_sm_blocks / blocks                          # fraction of all work on the busiest SM
+    active_warps = resident * warps_per_block
+    sms_used = min(sms, blocks)
+
+    # DRAM: bandwidth, or Little's law when too few bytes are in flight to cover the latency
+    in_flight = sms_used * active_warps * target.warp_size * w.bytes_in_flight
+    dram_rate = min(params.dram_efficiency * target.dram_bandwidth, in_flight / params.dram_latency_s)
+    t_dram = w.dram_bytes / dram_rate if w.dram_bytes else 0.0
+    l2_rate = min(params.l2_bandwidth_factor * target.dram_bandwidth,
+                  sms_used * params.l2_bytes_per_clock_per_sm * clock,
+                  in_flight / (params.dram_latency_s * 0.5))
+    t_l2 = w.l2_bytes / l2_rate if w.l2_bytes else 0.0
+    t_lsu = (w.global_wavefronts + w.smem_wavefronts) * share / clock
+    # FP32 pipe: one warp FFMA per scheduler per clock on 128-lane SMs, needing
+    # fma_latency independent FMAs in flight per scheduler to stay busy
+    fma_eff = min(1.0, active_warps * w.ilp / (target.schedulers_per_sm * params.fma_latency_cycles))
+    t_fma = w.fma_ops * share / (target.fp32_lanes_per_sm * clock * max(fma_eff, 1e-3))
+    issue_eff = min(1.0, active_warps / (2.0 * target.schedulers_per_sm))
+    t_issue = w.instructions * share / (target.schedulers_per_sm * clock * max(issue_eff, 1e-3))
+    t_special = w.special_ops * share / (params.sfu_lanes_per_sm * clock)
+    t_latency = rounds * (w.block_latency_cycles + params.global_latency_cycles) / clock / resident
+    terms = {"dram": t_dram, "l2": t_l2, "l1/shared": t_lsu, "fma": t_fma, "issue": t_issue,
+             "special": t_special}
+    bound = max(terms, key=lambda k: terms[k])
+    total = params.launch_s + terms[bound] + t_latency
+    terms = dict(terms, latency=t_latency, launch=params.launch_s)
+    details = {"blocks": blocks, "threads": w.threads, "resident_blocks": resident, "rounds": rounds,
+               "active_warps_per_sm": active_warps, "dram_rate": dram_rate, "fma_efficiency": fma_eff,
+               "bytes_in_flight_per_thread": w.bytes_in_flight, "flops": w.flops, "dram_bytes": w.dram_bytes,
+               "l2_bytes": w.l2_bytes, "bank_conflict": w.bank_conflict, "registers": dict(w.registers)}
+    return Cost(total, terms, bound, occ, waves, tail, regs, w.smem_bytes, None, details)
+
+
+def _alloc_registers(regs: int) -> int:
+    """ptxas allocates registers per thread in multiples of 8 on sm_80+ (cuda_occupancy.h's
+    register allocation unit of 256 per warp)."""
+    return max(8, -(-regs // 8) * 8)
+
+
+__all__ = ["Cost", "CostParameters", "DEFAULT_PARAMETERS", "Workload", "predict", "reject_reason"]
