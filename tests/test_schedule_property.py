@@ -71,7 +71,7 @@ def apply_random(sch: Schedule, data: st.DataObject) -> None:
             pass
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kind=st.sampled_from(["elementwise", "broadcast", "sum", "max"]), symbolic=st.booleans(),
        n0=st.integers(1, 13), n1=st.integers(1, 11), data=st.data())
 def test_random_legal_schedules_match_numpy(kind: str, symbolic: bool, n0: int, n1: int, data: st.DataObject) -> None:

@@ -146,7 +146,8 @@ class ExprEmitter:
             raise CompileError(
                 f"the CUDA emitter cannot emit {type(e).__name__} ({e}); tensor-expression nodes "
                 "(Reduce, TensorRead) must be lowered to the loop-nest IR first")
-        return method(e)
+        text: Text = method(e)
+        return text
 
     def as_float(self, e: Expr) -> Text:
         """A half-typed `e` as the float that holds its (already rounded) value exactly;

@@ -63,10 +63,11 @@ class CompiledCode:
 
 def _import_nvrtc() -> ModuleType:
     """cuda.bindings.nvrtc, checked to reach a loadable libnvrtc (it is loaded lazily)."""
-    from cuda.bindings import nvrtc
+    from cuda.bindings import nvrtc  # type: ignore[import-untyped]
 
     nvrtc.nvrtcVersion()
-    return nvrtc
+    module: ModuleType = nvrtc
+    return module
 
 
 @functools.lru_cache(maxsize=1)
@@ -104,7 +105,7 @@ def default_arch() -> str:
     """The live device's architecture (`sm_XY` from cuda.core's compute capability), or
     'sm_90' when there is no device or driver. Never raises."""
     try:
-        from cuda.core import Device
+        from cuda.core import Device  # type: ignore[import-untyped]
 
         major, minor = Device().compute_capability
         return f"sm_{major}{minor}"
@@ -116,7 +117,7 @@ def default_arch() -> str:
 def cuda_include_dirs() -> tuple[str, ...]:
     """Directories holding cuda_fp16.h and its includes (empty when none is installed)."""
     try:
-        from cuda.pathfinder import locate_nvidia_header_directory
+        from cuda.pathfinder import locate_nvidia_header_directory  # type: ignore[import-untyped]
 
         located = locate_nvidia_header_directory("cudart")
     except Exception:
@@ -173,7 +174,7 @@ def compile_cuda(source: str, *, arch: str = DEFAULT_ARCH, name: str = "tecc",
 
 def _read(program: Any, size_fn: Any, read_fn: Any, text: bool = True) -> bytes:
     """One NVRTC output (log, PTX, cubin) as bytes; text outputs lose their trailing NUL."""
-    size = _check(size_fn(program), "output size query")
+    size = int(_check(size_fn(program), "output size query"))
     buffer = b" " * size
     _check(read_fn(program, buffer), "output read")
     return buffer.rstrip(b"\x00") if text else buffer

@@ -232,7 +232,7 @@ def _install() -> None:
             return orig_launch(self, info, grid, block, params)
         from cuda.core import EventOptions
 
-        timing = EventOptions(enable_timing=True)
+        timing = EventOptions(timing_enabled=True)
         start = self.stream.record(options=timing)
         result = orig_launch(self, info, grid, block, params)
         end = self.stream.record(options=timing)

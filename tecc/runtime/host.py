@@ -186,6 +186,8 @@ def bind_arguments(prog: HostProgram, infos: Sequence[ArrayInfo]) -> dict[Var, i
         value = evaluate_int(want, env)
         if value != got:
             raise ShapeError(f"{where}: expected {want} = {value}, got {got}")
+    for buf, info in zip(buffers, infos):
+        _check_int32_offsets(prog.name, buf, info)
     for v, value in env.items():
         if v.dtype == dt.int32 and not (-(2**31) <= value < 2**31):
             raise ShapeError(
@@ -193,6 +195,21 @@ def bind_arguments(prog: HostProgram, infos: Sequence[ArrayInfo]) -> dict[Var, i
                 f"declare it tc.var({v.name!r}, 'int64')"
             )
     return env
+
+
+def _check_int32_offsets(module: str, buf: Buffer, info: ArrayInfo) -> None:
+    """Kernels index a buffer whose sizes are all int32 with 32-bit offsets (the emitter's rule);
+    an array whose largest offset does not fit would be read at wrapped addresses."""
+    exprs = tuple(buf.shape) + tuple(buf.strides or ())
+    if any(e.dtype == dt.int64 for e in exprs) or any(s == 0 for s in info.shape):
+        return
+    largest = sum((n - 1) * abs(st) for n, st in zip(info.shape, info.strides))
+    if largest >= 2**31:
+        sizes = ", ".join(sorted({v.name for e in exprs for v in free_vars(e)})) or "its sizes"
+        raise ShapeError(
+            f"{module}: argument {buf.name} spans {largest + 1} elements, more than 32-bit indexing "
+            f"reaches; declare {sizes} with tc.var(name, 'int64') so the kernel uses 64-bit offsets"
+        )
 
 
 def _bind_dim(env: dict[Var, int], pending: list[tuple[str, Expr, int]], where: str, want: Expr, got: int) -> None:

@@ -16,6 +16,7 @@ phase costing the worst bank's number of distinct words.
 
 from __future__ import annotations
 
+import functools
 from typing import Mapping, Sequence
 
 from .analysis import Affine
@@ -38,6 +39,11 @@ def lane_offsets(offset: Affine, lanes: Mapping[str, Sequence[int]]) -> list[int
 
 def global_cost(offsets: Sequence[int], itemsize: int, vector: int = 1) -> tuple[int, int]:
     """(sectors, lines) one warp instruction touches; each lane moves `vector` consecutive items."""
+    return _global_cost(tuple(offsets), itemsize, vector)
+
+
+@functools.lru_cache(maxsize=65536)
+def _global_cost(offsets: tuple[int, ...], itemsize: int, vector: int) -> tuple[int, int]:
     sectors: set[int] = set()
     lines: set[int] = set()
     for o in offsets:
@@ -52,6 +58,11 @@ def global_cost(offsets: Sequence[int], itemsize: int, vector: int = 1) -> tuple
 def shared_wavefronts(word_offsets: Sequence[int], vector_words: int = 1) -> tuple[int, int]:
     """(wavefronts, worst conflict degree) of one warp access to shared memory; `word_offsets`
     are 4-byte word addresses per lane, each lane moving `vector_words` consecutive words."""
+    return _shared_wavefronts(tuple(word_offsets), vector_words)
+
+
+@functools.lru_cache(maxsize=65536)
+def _shared_wavefronts(word_offsets: tuple[int, ...], vector_words: int) -> tuple[int, int]:
     phase = WARP // max(1, min(vector_words, 4) if vector_words in (1, 2, 4) else 1)
     total = 0
     worst = 1

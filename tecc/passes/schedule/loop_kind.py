@@ -5,7 +5,11 @@ bind(loop, axis), axis one of blockIdx.{x,y,z} / threadIdx.{x,y,z}. Precondition
   different blocks or threads at once;
 - a thread axis needs a constant extent (split by a constant first); a grid axis may be symbolic;
 - no enclosing loop is bound to the same axis, and a block axis is not bound inside a thread loop;
-- the threads bound on one path multiply to at most 1024 (CUDA's limit per block).
+- the threads bound on one path multiply to at most 1024 (CUDA's limit per block);
+- the loop holds all the work of the kernel: every store of the kernel is inside it and only
+  block/thread loops and allocations are around it. Code outside a bound loop would run once in
+  every block (or thread) -- e.g. binding the `i_init` loop that reorder split off an
+  accumulator would leave the update loop running redundantly in every block.
 
 unroll(loop): constant extent. vectorize(loop): constant extent, innermost (no loop inside); the
 emitter turns its contiguous accesses into one vector access where aligned and unrolls otherwise.
@@ -17,7 +21,7 @@ from ...ir.errors import ScheduleError
 from ...ir.expr import const_int
 from ...ir.stmt import BLOCK_KINDS, THREAD_KINDS, For, PrimFunc
 from .legality import check_parallel
-from .loops import find_loop, iter_with_path, loops_on_path, replace_stmt
+from .loops import find_loop, iter_with_path, leaves, loops_on_path, replace_stmt
 
 MAX_THREADS_PER_BLOCK = 1024  # CUDA limit for every architecture tecc targets (sm_70 .. sm_90)
 
@@ -58,6 +62,15 @@ def bind(func: PrimFunc, loop: str, axis: str) -> PrimFunc:
     for s, _ in iter_with_path(node.body):
         if isinstance(s, For) and s.kind == axis:
             raise ScheduleError(f"{what}: the inner loop {s.var.name} is already bound to {axis}")
+    for anc in path:
+        if isinstance(anc, For) and not (anc.is_block or anc.is_thread):
+            raise ScheduleError(f"{what}: the loop is inside the serial loop {anc.var.name}; a bound loop may only "
+                                "be nested in other bound loops (reorder it outward first)")
+    inside = {id(x) for x in leaves(node)}
+    outside = [x for x in leaves(func.body) if id(x) not in inside]
+    if outside:
+        raise ScheduleError(f"{what}: the statement `{str(outside[0]).strip()}` is outside the loop and would run in "
+                            "every block/thread; bind a loop that holds all the kernel's work")
     check_parallel(func, node, what)
     return _rekind(func, node, axis)
 

@@ -1,0 +1,106 @@
+"""Memory traffic of the simple mappings: one thread per output element (or per vector of them).
+
+Used by the naive, elementwise and generic-reduction strategies. For each global read of the
+kernel, the lanes of a warp take consecutive output elements (the fused spatial index, `vector`
+elements per lane); the reduction loop runs inside the thread. From the affine offsets:
+
+  warp instructions  outputs / (32 · vector) per reduction iteration (a read that does not
+                     depend on the reduction variables is loaded once per thread)
+  sectors, lines     of one warp instruction (tecc.compiler.cost.warp.global_cost)
+  L2 bytes           sectors · 32 per instruction, divided by the reuse of a sector over
+                     consecutive reduction iterations (its stride in bytes below 32: the L1 keeps it)
+  DRAM bytes         every buffer once (compulsory), plus the L2 traffic beyond that in
+                     proportion to how much of the reused footprint does not fit in half of L2
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...ir.target import Target
+from .analysis import Access, KernelInfo
+from .warp import WARP, global_cost, lane_offsets
+
+
+@dataclass
+class Traffic:
+    l2_bytes: float = 0.0
+    dram_bytes: float = 0.0
+    wavefronts: float = 0.0
+    load_instructions: float = 0.0
+    sectors_per_request: float = 0.0      # of the main read, for explain
+    worst_lines: int = 0
+
+
+def unravel_lanes(info: KernelInfo, vector: int, lane_stride: int = 1) -> dict[str, list[int]]:
+    """Values of each spatial variable in the 32 lanes when lane l takes the flat output index
+    l · lane_stride · vector (row-major over the spatial loops)."""
+    out: dict[str, list[int]] = {v: [] for v, _ in info.spatial}
+    for lane in range(WARP):
+        flat = lane * lane_stride * vector
+        for v, e in reversed(info.spatial):
+            out[v].append(flat % max(e, 1))
+            flat //= max(e, 1)
+    return out
+
+
+def buffer_bytes(a: Access) -> int:
+    n = a.itemsize
+    for d in a.dims:
+        n *= d
+    return n
+
+
+def compulsory_bytes(info: KernelInfo) -> float:
+    seen: dict[str, int] = {}
+    for a in info.reads:
+        seen[a.buffer] = buffer_bytes(a)
+    return float(sum(seen.values()) + info.outputs * info.write.itemsize)
+
+
+def dram_from_l2(info: KernelInfo, l2_bytes: float, target: Target) -> float:
+    """Compulsory bytes, plus the re-read traffic that misses in L2."""
+    base = compulsory_bytes(info)
+    extra = max(0.0, l2_bytes - base)
+    footprint = sum(buffer_bytes(a) for a in {a.buffer: a for a in info.reads}.values())
+    usable = 0.5 * target.l2_bytes
+    miss = 0.0 if footprint <= usable else 1.0 - usable / footprint
+    return base + extra * miss
+
+
+def one_thread_per_output(info: KernelInfo, target: Target, vector: int = 1) -> Traffic:
+    lanes = unravel_lanes(info, vector)
+    reduce_vars = {v for v, _ in info.reduction}
+    vec_var = info.spatial[-1][0] if info.spatial else ""
+    warps = info.outputs / (WARP * vector)
+    t = Traffic()
+    for a in info.reads:
+        if a.offset is None:
+            sectors, lines = WARP, WARP
+        else:
+            vec = vector if abs(a.offset.get(vec_var)) == 1 else 1
+            sectors, lines = global_cost(lane_offsets(a.offset, lanes), a.itemsize, vec)
+        uses_reduce = a.offset is None or bool(set(a.offset.vars) & reduce_vars)
+        per_thread = info.reduce_extent if uses_reduce else 1
+        loads_per_lane = 1 if (a.offset is not None and abs(a.offset.get(vec_var)) == 1) else vector
+        instr = warps * per_thread * loads_per_lane
+        reuse = 1.0
+        if uses_reduce and a.offset is not None and info.reduction:
+            stride = abs(a.offset.get(info.reduction[-1][0])) * a.itemsize
+            if 0 < stride < 32:
+                reuse = 32.0 / stride
+        t.l2_bytes += instr * sectors * 32 / reuse
+        t.wavefronts += instr * lines
+        t.load_instructions += instr
+        t.worst_lines = max(t.worst_lines, lines)
+        if a is max(info.reads, key=buffer_bytes):
+            t.sectors_per_request = sectors
+    w_sectors, w_lines = (global_cost(lane_offsets(info.write.offset, lanes), info.write.itemsize, vector)
+                          if info.write.offset is not None else (WARP, WARP))
+    t.l2_bytes += warps * w_sectors * 32
+    t.wavefronts += warps * w_lines
+    t.dram_bytes = dram_from_l2(info, t.l2_bytes, target)
+    return t
+
+
+__all__ = ["Traffic", "compulsory_bytes", "dram_from_l2", "one_thread_per_output", "unravel_lanes", "buffer_bytes"]

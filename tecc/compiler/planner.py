@@ -1,0 +1,252 @@
+"""The planner: for each kernel, the strategy and point with the least predicted time.
+
+    result = plan_program([A, B, C], target=tc.target("sm_90"), sizes={"M": 4096})
+    result.plan          # the Plan: schedule steps, strategy, and the reason for the choice
+    print(explain(result))
+
+For every kernel of the lowered module (one per stage):
+1. analyze it (tecc.compiler.cost.analysis): loops, extents, affine accesses, kind;
+2. ask every registered strategy's guard; a strategy that declines says why;
+3. enumerate each remaining strategy's space (they are small: at most a few thousand points,
+   searched exhaustively; GEMM's space is pruned by construction: tiles no larger than twice the
+   problem, 32..1024 threads in whole warps), turn each point into a Workload and a Cost;
+   points that break a hard constraint are kept with their reason;
+4. rank the valid points by predicted time (ties: higher strategy priority, fewer threads);
+5. realize the best point with the schedule primitives on a `Schedule`; if a primitive refuses
+   it (ScheduleError), record why and take the next one. The naive strategy (the default
+   schedule) always succeeds, so every kernel gets a plan.
+
+The Plan holds the primitives of every kernel, then one `default_schedule` step that binds the
+kernels planned as naive; its `reason` says what was chosen and why. `PlanResult` keeps the
+ranking for `explain`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from ..ir.errors import ScheduleError
+from ..ir.stmt import Module
+from ..ir.target import Target, from_device, target as target_of
+from ..ir.tensor import Tensor
+from ..passes.default_schedule import DEFAULT_THREADS, default_schedule
+from ..passes.lower import lower
+from .cost.analysis import KernelInfo, analyze_kernel
+from .cost.model import DEFAULT_PARAMETERS, Cost, CostParameters, Workload, predict
+from .plan import Plan, Step
+from .strategies.registry import Point, Strategy, strategies
+
+
+@dataclass
+class Candidate:
+    """One (strategy, point) for a kernel with its workload and predicted cost."""
+
+    strategy: Strategy
+    point: Point
+    workload: Workload
+    cost: Cost
+    failed: str | None = None          # why the schedule primitives refused it
+
+    @property
+    def label(self) -> str:
+        return self.strategy.describe(self.point)
+
+    @property
+    def ok(self) -> bool:
+        return self.cost.ok and self.failed is None
+
+
+@dataclass
+class KernelPlan:
+    """The planning of one kernel: what it is, what was tried, what was chosen."""
+
+    kernel: str
+    info: KernelInfo
+    chosen: Candidate
+    ranked: list[Candidate]                          # valid candidates, best first
+    rejected: list[Candidate]                        # broke a hard constraint (cost.rejected says why)
+    declined: list[tuple[str, str]]                  # (strategy, guard's reason)
+    evaluated: int = 0
+
+    def runner_up(self, strategy: str | None = None) -> Candidate | None:
+        for c in self.ranked:
+            if c is not self.chosen and (strategy is None or c.strategy.name == strategy):
+                return c
+        return None
+
+
+@dataclass
+class PlanResult:
+    plan: Plan
+    target: Target
+    kernels: list[KernelPlan]
+    search_seconds: float
+    realize_seconds: float
+    sizes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def predicted_seconds(self) -> float:
+        return sum(k.chosen.cost.total for k in self.kernels)
+
+
+def resolve_target(target: Target | str | None) -> Target:
+    """A Target from a Target, an arch name, or None (the live device, else sm_90)."""
+    if isinstance(target, Target):
+        return target
+    if target:
+        return target_of(target)
+    try:
+        return from_device()
+    except Exception:  # noqa: BLE001 - no device here: plan for the default architecture
+        return target_of("sm_90")
+
+
+def candidates_for(info: KernelInfo, target: Target, params: CostParameters = DEFAULT_PARAMETERS,
+                   only: Sequence[str] | None = None) -> tuple[list[Candidate], list[tuple[str, str]]]:
+    """Every (strategy, point) for the kernel with its cost, and the strategies that declined."""
+    out: list[Candidate] = []
+    declined: list[tuple[str, str]] = []
+    for s in strategies():
+        if only is not None and s.name not in only:
+            continue
+        why = s.guard(info, target)
+        if why is not None:
+            declined.append((s.name, why))
+            continue
+        for point in s.space(info, target):
+            w = s.workload(info, point, target)
+            out.append(Candidate(s, dict(point), w, predict(w, target, params)))
+    return out, declined
+
+
+def _rank_key(c: Candidate) -> tuple[float, int, int]:
+    return (c.cost.total, -c.strategy.priority, c.workload.threads)
+
+
+def plan_program(args: Sequence[Tensor], target: Target | str | None = None, *,
+                 sizes: Mapping[str, int] | None = None, name: str | None = None,
+                 params: CostParameters = DEFAULT_PARAMETERS, only: Sequence[str] | None = None,
+                 keep: int = 8) -> PlanResult:
+    """Plan every kernel of the program `args` for `target` (see the module docstring).
+
+    sizes: values of symbolic dimensions to plan for (others are assumed, see analysis.DEFAULT_SIZE).
+    only: restrict to these strategies (naive is always added as the fallback)."""
+    tgt = resolve_target(target)
+    start = time.perf_counter()
+    module = lower(list(args), name)
+    only_list = None if only is None else list(only) + ["naive"]
+    kernel_plans: list[KernelPlan] = []
+    for k in module.kernels:
+        info = analyze_kernel(k, sizes)
+        cands, declined = candidates_for(info, tgt, params, only_list)
+        valid = sorted((c for c in cands if c.cost.ok), key=_rank_key)
+        rejected = [c for c in cands if not c.cost.ok]
+        kernel_plans.append(KernelPlan(k.name, info, valid[0], valid, rejected, declined, len(cands)))
+    search = time.perf_counter() - start
+
+    start = time.perf_counter()
+    steps = _realize(args, name, kernel_plans)
+    realize = time.perf_counter() - start
+    for kp in kernel_plans:
+        kp.ranked = _keep(kp, keep)
+    naive = [kp for kp in kernel_plans if kp.chosen.strategy.uses_default_schedule]
+    if naive:
+        threads = int(naive[0].chosen.point.get("threads", DEFAULT_THREADS))
+        steps.append(Step("default_schedule", {"threads": threads}))
+    names = sorted({kp.chosen.strategy.name for kp in kernel_plans})
+    plan = Plan(tuple(steps), "+".join(names), _reason(kernel_plans, tgt))
+    return PlanResult(plan, tgt, kernel_plans, search, realize, dict(sizes or {}))
+
+
+def _keep(kp: KernelPlan, keep: int) -> list[Candidate]:
+    """The candidates explain shows: the chosen, the next `keep`, the best of every strategy,
+    and those the primitives refused."""
+    ok = [c for c in kp.ranked if c.failed is None]
+    out = ok[:keep]
+    for c in ok[keep:]:
+        if all(o.strategy.name != c.strategy.name for o in out):
+            out.append(c)
+    return out + [c for c in kp.ranked if c.failed is not None]
+
+
+def _realize(args: Sequence[Tensor], name: str | None, kernel_plans: list[KernelPlan]) -> list[Step]:
+    """Apply each kernel's best realizable candidate on one Schedule; returns its steps."""
+    from .schedule import Schedule
+
+    sch = Schedule(list(args), name=name)
+    for kp in kernel_plans:
+        for cand in kp.ranked:
+            if cand.strategy.uses_default_schedule:
+                kp.chosen = cand
+                break
+            before = list(sch.plan.steps)
+            try:
+                cand.strategy.apply(sch, kp.info, cand.point)
+                kp.chosen = cand
+                break
+            except ScheduleError as exc:
+                cand.failed = str(exc).splitlines()[0]
+                sch = Schedule(list(args), plan=Plan(tuple(before)), name=name)
+    return list(sch.plan.steps)
+
+
+def _reason(kernel_plans: list[KernelPlan], tgt: Target) -> str:
+    parts = []
+    for kp in kernel_plans:
+        c = kp.chosen
+        part = (f"{kp.kernel}: {c.label}, predicted {c.cost.total * 1e6:.1f} us ({c.cost.bound}-bound), "
+                f"best of {len(kp.ranked)} valid / {kp.evaluated} evaluated on {tgt.arch}")
+        other = next((r for r in kp.ranked if r.strategy.name != c.strategy.name and r.ok), None)
+        if other is not None and math.isfinite(other.cost.total):
+            part += f"; best {other.strategy.name}: {other.cost.total * 1e6:.1f} us"
+        parts.append(part)
+    return "; ".join(parts)
+
+
+# ---- realizing a plan (used by build and the tests) ---------------------------------------------
+
+def scheduled_module(args: Sequence[Tensor], plan: Plan, name: str | None = None,
+                     dump_ir: Any = None) -> Module:
+    """The loop IR `plan` gives for the program `args`: its primitive steps replayed on a
+    Schedule, then `default_schedule` for the kernels still unbound (threads from the plan's
+    default_schedule step, else 256)."""
+    from .schedule import Schedule
+
+    prims = tuple(s for s in plan.steps if s.primitive != "default_schedule")
+    defaults = [s for s in plan.steps if s.primitive == "default_schedule"]
+    threads = int(defaults[-1].args.get("threads", DEFAULT_THREADS)) if defaults else DEFAULT_THREADS
+    if prims:
+        module = Schedule(list(args), plan=Plan(prims), name=name, dump_ir=dump_ir).mod
+    else:
+        module = lower(list(args), name)
+    return default_schedule(module, threads)
+
+
+def build_with_plan(args: Sequence[Tensor], plan: Plan, target: str = "sim", *, name: str | None = None,
+                    arch: str | None = None) -> Any:
+    """`build(args, target, plan=plan)` as it runs once build.py replays primitive plans (the
+    patch in docs/cost-model.md, "Integration"): the plan's loop IR, simplified, emitted,
+    compiled for target "cuda". Kept here so the planner's tests and the benchmark do not
+    depend on that patch; remove it once build.py carries it."""
+    from ..codegen import compile_cuda, default_arch, emit_source
+    from ..passes.manager import PassTiming
+    from ..passes.simplify import simplify
+    from ..passes.unique_names import unique_names
+    from ..runtime.host import HostProgram
+    from .kernel import Kernel
+
+    module = unique_names(simplify(scheduled_module(args, plan, name)))
+    source = emit_source(module.kernels)
+    kernel = Kernel(module=module, host=HostProgram.from_module(module), source=source, plan=plan,
+                    target=target, timing=PassTiming())
+    if target == "cuda":
+        compiled = compile_cuda(source, arch=arch or default_arch(), name=module.name)
+        kernel.attach_binary(compiled, ())
+    return kernel
+
+
+__all__ = ["build_with_plan", "Candidate", "KernelPlan", "PlanResult", "candidates_for", "plan_program", "resolve_target",
+           "scheduled_module"]

@@ -1,0 +1,122 @@
+"""elementwise: kernels without a reduction, coalesced and vectorized, blocked or grid-stride.
+
+Point: threads per block, vector width V (the innermost axis split by V and vectorized: one
+8/16-byte access per lane where the emitter can prove alignment, else an unrolled run of V),
+and either `items` vector groups per thread (blocked: block b covers items·threads groups, item
+u of thread t is group (b·items + u)·threads + t, so each item's warp access stays contiguous) or
+a fixed grid of `grid` blocks that strides over the output (grid-stride loop).
+
+Schedule: split(inner axis, V) → fuse the rest with the outer part → split into
+(blocks, items, threads) or (rounds, grid, threads) → reorder so the thread loop is outside the
+per-thread loop → bind → vectorize / unroll."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from ...ir.target import Target
+from ..cost.analysis import KernelInfo
+from ..cost.model import Workload
+from ._simple import simple_workload
+from .registry import Point, Strategy, register
+
+THREADS = (64, 128, 256, 512, 1024)
+VECTORS = (1, 2, 4)
+ITEMS = (1, 2, 4)
+GRID_WAVES = (1, 2, 4)      # grid-stride: this many full waves of blocks
+
+
+def vector_provable(info: KernelInfo, vector: int) -> bool:
+    """Whether the emitter can prove the V-wide accesses aligned: the innermost extent is a
+    constant multiple of V and every buffer read along it is row-major with unit stride."""
+    if vector == 1:
+        return True
+    inner, extent = info.spatial[-1]
+    if extent % vector or inner in info.symbolic or info.strided_inputs:
+        return False
+    if any(s for s, _ in info.assumed):
+        return False
+    return info.write.itemsize == 4 and all(a.itemsize == 4 for a in info.reads if a.offset is not None)
+
+
+class Elementwise(Strategy):
+    name = "elementwise"
+    description = "coalesced elementwise: vector width, items per thread, blocked or grid-stride"
+
+    def guard(self, info: KernelInfo, target: Target) -> str | None:
+        if info.reduction:
+            return "the kernel has a reduction"
+        if not info.spatial:
+            return "a 0-d output (nothing to spread over threads)"
+        return None
+
+    def space(self, info: KernelInfo, target: Target) -> Iterable[Point]:
+        inner = info.spatial[-1][1]
+        for v in VECTORS:
+            if v > 1 and inner < v:
+                continue
+            for t in THREADS:
+                for items in ITEMS:
+                    yield {"threads": t, "vector": v, "mode": "blocked", "items": items}
+                per_sm = min(max(1, target.max_threads_per_sm // t), target.max_blocks_per_sm)
+                for waves in GRID_WAVES:
+                    grid = waves * target.sm_count * per_sm
+                    if grid * t * v < info.outputs:      # otherwise it is the blocked mapping
+                        yield {"threads": t, "vector": v, "mode": "grid_stride", "grid": grid}
+
+    def _blocks(self, info: KernelInfo, point: Point, target: Target) -> int | None:
+        return int(point["grid"]) if point["mode"] == "grid_stride" else None
+
+    def workload(self, info: KernelInfo, point: Point, target: Target) -> Workload:
+        v = int(point["vector"])
+        provable = vector_provable(info, v)
+        blocks = self._blocks(info, point, target)
+        items = int(point.get("items", 1))
+        if blocks is not None:
+            items = max(1, -(-info.outputs // (blocks * int(point["threads"]) * v)))
+        w = simple_workload(info, target, threads=int(point["threads"]), vector=v if provable else 1,
+                            items=items * (1 if provable else v), blocks=blocks)
+        if not provable and v > 1:
+            w.notes.append(f"vector {v} not provably aligned: emitted as {v} scalar accesses")
+        return w
+
+    def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
+        loops = sch.get_loops(info.stage)[:len(info.spatial)]
+        v = int(point["vector"])
+        inner_vec = None
+        if v > 1:
+            outer, inner_vec = sch.split(loops[-1], v)
+            loops = loops[:-1] + [outer]
+        fused = loops[0]
+        for lp in loops[1:]:
+            fused = sch.fuse(fused, lp)
+        t = int(point["threads"])
+        if point["mode"] == "grid_stride":
+            grid = int(point["grid"])
+            rounds, g, th = sch.split(fused, factors=[None, grid, t])
+            sch.reorder(g, th, rounds)
+            sch.bind(g, "blockIdx.x")
+            sch.bind(th, "threadIdx.x")
+        else:
+            items = int(point["items"])
+            if items > 1:
+                b, u, th = sch.split(fused, factors=[None, items, t])
+                sch.reorder(b, th, u)
+                sch.bind(b, "blockIdx.x")
+                sch.bind(th, "threadIdx.x")
+                sch.unroll(u)
+            else:
+                b, th = sch.split(fused, factors=[None, t])
+                sch.bind(b, "blockIdx.x")
+                sch.bind(th, "threadIdx.x")
+        if inner_vec is not None:
+            sch.vectorize(inner_vec)
+
+    def describe(self, point: Point) -> str:
+        if point["mode"] == "grid_stride":
+            return (f"elementwise(grid-stride, grid={point.get('grid', '?')}, threads={point['threads']}, "
+                    f"vector={point['vector']})")
+        return f"elementwise(threads={point['threads']}, vector={point['vector']}, items/thread={point['items']})"
+
+
+register(Elementwise())

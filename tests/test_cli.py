@@ -1,0 +1,173 @@
+"""The `tecc` command: help, compile (cached), run/check, explain, tune, cache, and its errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tecc.cli import main, parser
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TECC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TECC_PROGRESS", "0")
+    monkeypatch.delenv("TECC_NO_CACHE", raising=False)
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+GOOD = """
+import numpy as np
+import tecc as tc
+n = tc.var("n")
+x = tc.placeholder((n,), "float32", name="x")
+y = tc.compute((n,), lambda i: x[i] * 2.0, name="y")
+OPS = [tc.OpSpec("double", [x, y], lambda x: {ref}, sizes={{"n": 1000}})]
+"""
+
+
+def test_help_lists_every_command_and_the_ops_convention(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("compile", "check", "run", "explain", "tune", "cache"):
+        assert command in out
+    assert "OPS = [tc.OpSpec(" in out and "TECC_CACHE_DIR" in out and "Exit status" in out
+    for command in ("compile", "run", "explain", "tune", "cache"):
+        text = parser()._subparsers._group_actions[0].choices[command].format_help()  # type: ignore[union-attr]
+        assert "usage: tecc " + command in text
+
+
+def test_compile_writes_artifacts_and_the_second_run_is_cached(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    assert main(["compile", str(EXAMPLES / "matmul.py"), "--arch", "sm_90", "-o", str(out),
+                 "--dump-ir", str(tmp_path / "dumps")]) == 0
+    first = capsys.readouterr().out
+    assert "matmul" in first and "(cached)" not in first and "0 from the compile cache" in first
+    for suffix in (".cubin", ".ptx", ".cu", ".json"):
+        assert (out / f"matmul{suffix}").exists()
+    assert (tmp_path / "dumps" / "matmul" / "00_lower.txt").exists()
+    assert main(["compile", str(EXAMPLES / "matmul.py"), "--arch", "sm_90"]) == 0
+    second = capsys.readouterr().out
+    assert "(cached)" in second and "1 from the compile cache" in second
+
+
+def test_a_directory_compiles_every_file(capsys) -> None:
+    assert main(["compile", str(EXAMPLES), "--arch", "sm_90"]) == 0
+    out = capsys.readouterr().out
+    for op in ("sin_axpb", "matmul", "softmax"):
+        assert op in out
+
+
+def test_run_check_and_profile_in_the_emulator(capsys) -> None:
+    assert main(["run", str(EXAMPLES / "elementwise.py"), "--target", "sim", "--check", "--profile"]) == 0
+    out = capsys.readouterr().out
+    assert "sin_axpb [sim]" in out and "rel err" in out
+    assert "y_kernel" in out and "GB/s" in out and "TFLOP/s" in out
+
+
+def test_check_failure_exits_1(tmp_path: Path, capsys) -> None:
+    f = _write(tmp_path, "wrong.py", GOOD.format(ref="x * 3.0"))
+    assert main(["run", str(f), "--target", "sim", "--check"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+    g = _write(tmp_path, "right.py", GOOD.format(ref="x * 2.0"))
+    assert main(["run", str(g), "--target", "sim", "--check"]) == 0
+
+
+def test_explain_shows_plan_and_launch(capsys) -> None:
+    assert main(["explain", str(EXAMPLES / "softmax.py"), "--arch", "sm_90"]) == 0
+    out = capsys.readouterr().out
+    assert "plan (" in out and "Y_kernel: grid" in out and "block (256, 1, 1)" in out
+
+
+def test_tune_without_the_planner_is_a_clear_error(capsys) -> None:
+    try:
+        import tecc.compiler.tuner  # noqa: F401
+        pytest.skip("the tuner exists")
+    except ImportError:
+        pass
+    assert main(["tune", str(EXAMPLES / "matmul.py")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tecc: error: autotuning is not available") and "Traceback" not in err
+
+
+def test_cache_info_and_clear(tmp_path: Path, capsys) -> None:
+    main(["compile", str(EXAMPLES / "matmul.py"), "--arch", "sm_90"])
+    capsys.readouterr()
+    assert main(["cache", "info"]) == 0
+    out = capsys.readouterr().out
+    assert str(tmp_path / "cache") in out and "entries       1" in out
+    assert main(["cache", "clear"]) == 0
+    assert "removed 1 compile-cache entry" in capsys.readouterr().out
+    assert main(["cache", "info"]) == 0
+    assert "entries       0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text, expect", [
+    (None, "no such file or directory"),
+    ("x = 1\n", "declares no ops: define a module-level list OPS"),
+    ("def f(:\n", "is not valid Python"),
+    ("import numpy\n\nraise RuntimeError('boom')\n", "failed at line 3: RuntimeError: boom"),
+    ("import tecc as tc\ntc.placeholder((2,), 'complex128', name='x')\n", "raised DTypeError"),
+    (GOOD.format(ref="x") + "OPS = OPS + OPS\n", "several ops named double"),
+])
+def test_errors_are_one_paragraph_and_exit_2(tmp_path: Path, capsys, text: str | None, expect: str) -> None:
+    path = tmp_path / "user_ops.py"
+    if text is not None:
+        path.write_text(text)
+    assert main(["compile", str(path)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err
+    assert err.startswith("tecc: error: ")
+    assert expect in " ".join(err.split()), err
+    assert "Traceback" not in err
+    assert "\n\n" not in err.strip()
+
+
+def test_compile_errors_name_the_problem(tmp_path: Path, capsys) -> None:
+    f = _write(tmp_path, "ok.py", GOOD.format(ref="x * 2.0"))
+    assert main(["compile", str(f), "--arch", "sm_1"]) == 2
+    err = capsys.readouterr().err
+    assert "CompileError" in err and "sm_1" in err
+
+
+def test_the_console_script_runs_and_exits_nonzero_on_error(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "tecc", "run", str(tmp_path / "missing.py")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no such file or directory" in r.stderr and r.stdout == ""
+    r = subprocess.run([sys.executable, "-m", "tecc"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "usage: tecc" in r.stderr
+
+
+def test_traceback_flag_shows_the_traceback(tmp_path: Path, capsys) -> None:
+    f = _write(tmp_path, "bad.py", "raise RuntimeError('boom')\n")
+    assert main(["--traceback", "compile", str(f)]) == 2
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_progress_bar_appears_only_after_the_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from tecc.cli import _Progress
+
+    monkeypatch.setenv("TECC_PROGRESS", "1")
+    with _Progress(3, "quick") as bar:
+        bar.advance()
+    assert bar._started is False
+    with _Progress(3, "slow", delay=0.05) as bar:
+        bar.working_on("op")
+        time.sleep(0.3)
+        bar.advance()
+    assert bar._started is True
