@@ -203,6 +203,9 @@ def _check_int32_offsets(module: str, buf: Buffer, info: ArrayInfo) -> None:
     exprs = tuple(buf.shape) + tuple(buf.strides or ())
     if any(e.dtype == dt.int64 for e in exprs) or any(s == 0 for s in info.shape):
         return
+    static = [const_int(e) for e in buf.shape]
+    if all(c is not None for c in static) and _product(static) >= 2**31:  # type: ignore[arg-type]
+        return  # the emitter already uses 64-bit offsets for this buffer
     largest = sum((n - 1) * abs(st) for n, st in zip(info.shape, info.strides))
     if largest >= 2**31:
         sizes = ", ".join(sorted({v.name for e in exprs for v in free_vars(e)})) or "its sizes"
@@ -210,6 +213,13 @@ def _check_int32_offsets(module: str, buf: Buffer, info: ArrayInfo) -> None:
             f"{module}: argument {buf.name} spans {largest + 1} elements, more than 32-bit indexing "
             f"reaches; declare {sizes} with tc.var(name, 'int64') so the kernel uses 64-bit offsets"
         )
+
+
+def _product(values: Sequence[int]) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
 
 
 def _bind_dim(env: dict[Var, int], pending: list[tuple[str, Expr, int]], where: str, want: Expr, got: int) -> None:
