@@ -205,6 +205,44 @@ def measure(directory: Path, out: Path) -> None:
     print(report_text(results))
 
 
+def device_target(results: dict[str, Any]) -> Any:
+    """The Target of the measured device, from the summary `measure` recorded (from_device)."""
+    import re
+
+    from tecc.ir.target import MiB, target
+
+    text = results.get("target", "")
+    tgt = target("sm_90")
+    m = re.search(r"DRAM ([0-9.]+) TB/s, L2 ([0-9]+) MiB", text)
+    if m:
+        tgt = tgt.replace(name=results.get("gpu", "device"), dram_bandwidth=float(m.group(1)) * 1e12,
+                          l2_bytes=int(m.group(2)) * MiB)
+    return tgt
+
+
+def repredict(results: dict[str, Any]) -> dict[str, Any]:
+    """The measured results with every candidate's prediction recomputed by the current model,
+    for the measured device's Target (what `from_device` would give there)."""
+    from tecc.compiler.cost.analysis import analyze_kernel
+    from tecc.compiler.cost.model import predict
+    from tecc.compiler.strategies.registry import get
+    from tecc.passes.lower import lower
+
+    tgt = device_target(results)
+    ops = make_ops()
+    for op, block in results["ops"].items():
+        info = analyze_kernel(lower(ops[op][0]).kernels[0])
+        for row in block["candidates"]:
+            s = get(row["strategy"])
+            w = s.workload(info, row["point"], tgt)
+            c = predict(w, tgt)
+            row["predicted_s_first"] = row["predicted_s"]
+            row.update(predicted_s=c.total, terms=c.terms, bound=c.bound, predicted_registers=w.register_count,
+                       predicted_blocks_per_sm=c.occupancy.blocks_per_sm)
+    results["note"] = f"predictions recomputed by the current model for {tgt.summary()}"
+    return results
+
+
 def op_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in rows if "measured_s" in r and r.get("rel_error", 1.0) < 1e-3]
     if not ok:
@@ -248,7 +286,7 @@ def report_text(results: dict[str, Any]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=("prepare", "measure", "report"))
+    p.add_argument("mode", choices=("prepare", "measure", "report", "repredict"))
     p.add_argument("--dir", default=str(ROOT / "build" / "costbench"))
     p.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "build" / "costbench-out")))
     p.add_argument("--per-op", type=int, default=60)
@@ -267,6 +305,10 @@ def main() -> None:
         path.write_text(json.dumps(data, indent=1))
     elif a.mode == "measure":
         measure(Path(a.dir), Path(a.out))
+    elif a.mode == "repredict":
+        results = repredict(json.loads(Path(a.results).read_text()))
+        Path(a.results).with_name("results_repredicted.json").write_text(json.dumps(results, indent=1))
+        print(report_text(results))
     else:
         print(report_text(json.loads(Path(a.results).read_text())))
 

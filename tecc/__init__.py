@@ -21,7 +21,7 @@ from .ir.tensor import Tensor, compute, placeholder, reduce_axis, var
 
 __version__ = "0.1.0"
 
-_COMPILER_NAMES = ("build", "load", "gpu_available", "Kernel", "OpSpec", "Plan", "Step", "Schedule")
+_COMPILER_NAMES = ("build", "load", "gpu_available", "Kernel", "OpSpec", "Plan", "Step", "Schedule", "LoopRV", "StageRV", "profile")
 
 
 def __getattr__(name: str) -> Any:

@@ -159,10 +159,18 @@ def test_bind_symbolic_loop_to_thread_is_refused() -> None:
 
 
 def test_bind_reduction_loop_is_refused() -> None:
-    sch, (i, j, k) = _gemm()
-    ko, ki = sch.split(k, 16)
+    X = tc.placeholder((4, 8), "float32", name="X")
+    r = tc.reduce_axis(8, name="r")
+    Y = tc.compute((4,), lambda i: tc.sum(X[i, r], axis=r), name="Y")
+    sch = Schedule([X, Y])
+    i, rr = sch.get_loops("Y")
     with pytest.raises(ScheduleError, match="carries a dependence"):
-        sch.bind(ki, "threadIdx.x")
+        sch.bind(rr, "threadIdx.x")
+    sch.reorder(rr, i)  # r outermost; the accumulator becomes Y_acc[4, 1]
+    with pytest.raises(ScheduleError, match="carries a dependence"):
+        sch.bind(rr, "threadIdx.x")
+    with pytest.raises(ScheduleError, match="outside the loop and would run in every block"):
+        sch.bind(sch.get_loops("Y")[0], "blockIdx.x")  # i_init: the update loop is not inside it
 
 
 def test_split_factor_zero_is_refused() -> None:
@@ -219,7 +227,10 @@ def test_reorder_that_breaks_a_dependence_is_refused() -> None:
         reorder(func, ["j", "i"])
     with pytest.raises(ScheduleError, match="carries a dependence"):
         bind(func, "i", "blockIdx.x")
-    bind(func, "j", "blockIdx.x")  # j carries nothing: its iterations are independent
+    from tecc.passes.schedule.legality import check_parallel
+    from tecc.passes.schedule.loops import find_loop
+
+    check_parallel(func, find_loop(func, "j")[0], "j in parallel")  # j carries nothing
 
 
 def test_reduction_loops_may_be_reordered() -> None:

@@ -30,20 +30,22 @@ from . import options as knobs
 from .cache import compile_cached
 from .kernel import Kernel
 from .plan import Plan, Step
+from .schedule import Schedule
 
 TARGETS = ("cuda", "sim")
 
 
-def _schedule_passes(plan: Plan) -> list[Pass]:
-    """The passes a plan asks for. Until the planner exists every plan is the default schedule."""
-    passes: list[Pass] = []
+def _default_schedule_pass(plan: Plan) -> Pass:
+    """The always-valid schedule for kernels the plan left unbound (all of them for the naive plan)."""
+    threads = DEFAULT_THREADS
     for step in plan.steps:
         if step.primitive == "default_schedule":
             threads = int(step.args.get("threads", DEFAULT_THREADS))
-            passes.append(Pass("default_schedule", lambda m, t=threads: default_schedule(m, t), (("threads", threads),)))
-        else:
-            raise TeccError(f"plan step {step.primitive!r} is not a known schedule step")
-    return passes
+    return Pass("default_schedule", lambda m: default_schedule(m, threads), (("threads", threads),))
+
+
+def _is_primitive_plan(plan: Plan) -> bool:
+    return any(step.primitive != "default_schedule" for step in plan.steps)
 
 
 def default_plan(threads: int = DEFAULT_THREADS) -> Plan:
@@ -51,45 +53,53 @@ def default_plan(threads: int = DEFAULT_THREADS) -> Plan:
                 "one thread per output element; reductions serial per thread")
 
 
-def build(args: Sequence[Tensor], target: str = "cuda", *, name: str | None = None,
+def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str | None = None,
           dump_ir: str | os.PathLike[str] | None = None, dump_filter: str | None = None,
           arch: str | None = None, plan: Plan | str | dict[str, Any] = "auto",
           options: Sequence[str] = ()) -> Kernel:
-    """Compile the program whose kernel signature is `args` (inputs and outputs, in order).
+    """Compile the program whose kernel signature is `args` (inputs and outputs, in order), or
+    the scheduled program of a `Schedule`.
 
     target: "cuda" (NVRTC → cubin, run through cuda.core) or "sim" (the CPU SIMT emulator).
     dump_ir: a directory that receives the IR after every pass (see the module docstring).
     arch: e.g. "sm_90"; default: TECC_ARCH, else the live device, else sm_90.
-    plan: "auto", a Plan, or its JSON.
+    plan: "auto", a Plan, or its JSON (ignored for a Schedule, which carries its own).
     options: extra NVRTC options (e.g. "-use_fast_math")."""
     if target not in TARGETS:
         raise TeccError(f"build(): unknown target {target!r}; use one of {TARGETS}")
-    if isinstance(args, Tensor):
-        args = [args]
     timing = PassTiming()
 
+    # 1. lowering and the schedule primitives of the plan (the Schedule's own, when one is given)
     start = time.perf_counter()
-    module = lower(list(args), name)
-    timing.seconds.append(("lower", time.perf_counter() - start))
+    if isinstance(args, Schedule):
+        module, chosen = args.mod, args.plan
+    else:
+        tensors = [args] if isinstance(args, Tensor) else list(args)
+        chosen = _resolve_plan(plan)
+        module = Schedule(tensors, chosen, name=name).mod if _is_primitive_plan(chosen) else lower(tensors, name)
+    timing.seconds.append(("lower+schedule", time.perf_counter() - start))
 
-    chosen = _resolve_plan(plan)
     dump = knobs.dump_request(dump_ir, module.name, dump_filter)
     instruments: list[Any] = [timing]
     dumper = None
     if dump is not None:
         dumper = DumpIR(dump.directory, dump.kernel_filter)
-        dumper.write("lower.txt", f"# after pass lower\n{dumper.text(module)}")
+        stage = "schedule" if isinstance(args, Schedule) or _is_primitive_plan(chosen) else "lower"
+        dumper.write(f"{stage}.txt", f"# after {stage}\n{dumper.text(module)}")
         instruments.append(dumper)
     if knobs.verify_ir():
         verify_module(module)
         instruments.append(VerifyIR())
 
-    pipeline = _schedule_passes(chosen) + [
+    # 2. the fixed tail of the pipeline
+    pipeline = [
+        _default_schedule_pass(chosen),
         Pass("simplify", simplify),
         Pass("unique_names", unique_names),
     ]
     module = PassManager(pipeline, instruments).run(module)
 
+    # 3. CUDA C, then NVRTC
     start = time.perf_counter()
     source = emit_source(module.kernels)
     timing.seconds.append(("emit_cuda", time.perf_counter() - start))

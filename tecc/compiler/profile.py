@@ -230,7 +230,7 @@ def _install() -> None:
     def launch(self: Any, info: Any, grid: Any, block: Any, params: Any) -> Any:
         if not _ACTIVE:
             return orig_launch(self, info, grid, block, params)
-        from cuda.core import EventOptions
+        from cuda.core import EventOptions  # type: ignore[import-untyped]
 
         timing = EventOptions(timing_enabled=True)
         start = self.stream.record(options=timing)

@@ -283,7 +283,8 @@ class TuningDB:
 
     def measurements(self, problem: Problem | None = None, *, strategy: str | None = None,
                      arch: str | None = None) -> list[Measurement]:
-        clauses, params = [], []
+        clauses: list[str] = []
+        params: list[Any] = []
         if problem is not None:
             clauses.append("op_signature = ? AND shapes = ? AND dtypes = ? AND arch = ?")
             params.extend(problem.key)

@@ -117,7 +117,7 @@ class Target:
 # cuda_occupancy.h (CUDA toolkit): register allocation unit 256 per warp, warp allocation
 #   granularity 4 (so a 64-register thread costs 64*32 = 2048 registers per warp), shared-memory
 #   allocation unit 128 bytes on 8.x / 9.0.
-_LIMITS: dict[int, dict[str, int]] = {
+_LIMITS: dict[int, dict[str, Any]] = {
     80: dict(max_threads_per_sm=2048, max_warps_per_sm=64, max_blocks_per_sm=32,
              smem_per_sm=164 * KiB, smem_per_block_optin=163 * KiB),
     86: dict(max_threads_per_sm=1536, max_warps_per_sm=48, max_blocks_per_sm=16,
@@ -229,7 +229,7 @@ def from_device(device: Any = None) -> Target:
     """The Target of the live GPU (cuda.core `Device(device)`). Raises RuntimeError when there is
     no usable device or cuda.core is missing."""
     try:
-        from cuda.core import Device
+        from cuda.core import Device  # type: ignore[import-untyped]
 
         dev = Device(device) if not hasattr(device, "properties") else device
         major, minor = dev.compute_capability

@@ -16,10 +16,11 @@ parallelism a thread exposes (bytes of independent loads in flight, independent 
     fma        FP32 FMAs on the busiest SM / (lanes · clock · efficiency(warps · ILP))
     issue      warp instructions on the busiest SM / (schedulers · clock)
     special    SFU operations on the busiest SM / (16 lanes · 4 partitions · clock)
+    blocks     block scheduling: blocks on the busiest SM · cycles per block launch
     latency    exposed latency: rounds · per-block critical path / resident blocks
     launch     the fixed launch overhead
 
-    predicted = launch + max(dram, l2, l1/shared, fma, issue, special) + latency
+    predicted = launch + max(dram, l2, l1/shared, fma, issue, special, blocks) + latency
 
 Hard constraints (threads per block, registers per thread and per block, shared memory without
 opt-in, a block that does not fit on an SM) reject a point with the reason.
@@ -51,7 +52,10 @@ class CostParameters:
     global_latency_cycles: a global load's latency as the k-tile loop sees it (L2/DRAM mix).
     barrier_cycles: __syncthreads() plus the shared-memory round trip around it.
     fma_latency_cycles: dependent FFMA latency (4 cycles on sm_80/90).
-    launch_s: launch overhead seen by back-to-back event timing of one kernel."""
+    launch_s: launch overhead seen by back-to-back event timing of one kernel.
+    block_cycles: cost of launching and retiring one block on an SM (the CTA scheduler), paid
+      per block on the busiest SM; fitted to the 2026-11-21 H200 run (docs/cost-model.md):
+      a 64-thread one-element-per-thread kernel over 2^26 elements took 725 us, 180 cycles/block."""
 
     dram_efficiency: float = 0.90
     dram_latency_s: float = 550e-9
@@ -61,6 +65,7 @@ class CostParameters:
     barrier_cycles: float = 40.0
     fma_latency_cycles: float = 4.0
     launch_s: float = 2.5e-6
+    block_cycles: float = 180.0
     sfu_lanes_per_sm: float = 16.0 * 4
 
 
@@ -179,8 +184,9 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
     t_issue = w.instructions * share / (target.schedulers_per_sm * clock * max(issue_eff, 1e-3))
     t_special = w.special_ops * share / (params.sfu_lanes_per_sm * clock)
     t_latency = rounds * (w.block_latency_cycles + params.global_latency_cycles) / clock / resident
+    t_blocks = per_sm_blocks * params.block_cycles / clock
     terms = {"dram": t_dram, "l2": t_l2, "l1/shared": t_lsu, "fma": t_fma, "issue": t_issue,
-             "special": t_special}
+             "special": t_special, "blocks": t_blocks}
     bound = max(terms, key=lambda k: terms[k])
     total = params.launch_s + terms[bound] + t_latency
     terms = dict(terms, latency=t_latency, launch=params.launch_s)

@@ -30,6 +30,7 @@ class Traffic:
     load_instructions: float = 0.0
     sectors_per_request: float = 0.0      # of the main read, for explain
     worst_lines: int = 0
+    sector_bytes_per_lane: float = 0.0    # DRAM-level bytes one lane's loads request per iteration
 
 
 def unravel_lanes(info: KernelInfo, vector: int, lane_stride: int = 1) -> dict[str, list[int]]:
@@ -92,6 +93,8 @@ def one_thread_per_output(info: KernelInfo, target: Target, vector: int = 1) -> 
         t.l2_bytes += instr * sectors * 32 / reuse
         t.wavefronts += instr * lines
         t.load_instructions += instr
+        if uses_reduce or not info.reduction:
+            t.sector_bytes_per_lane += sectors * 32 / WARP
         t.worst_lines = max(t.worst_lines, lines)
         if a is max(info.reads, key=buffer_bytes):
             t.sectors_per_request = sectors

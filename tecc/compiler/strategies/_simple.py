@@ -18,7 +18,8 @@ LOOP_OVERHEAD = 2.0        # compare + branch + induction per loop iteration not
 
 
 def simple_workload(info: KernelInfo, target: Target, *, threads: int, vector: int = 1, unroll: int = 1,
-                    items: int = 1, blocks: int | None = None, fused_index: bool = True) -> Workload:
+                    items: int = 1, blocks: int | None = None, fused_index: bool = True,
+                    grid_stride: bool = False) -> Workload:
     """`threads` per block; each thread computes `items` groups of `vector` consecutive outputs
     (its reduction loop unrolled `unroll` times); `blocks` fixed (grid-stride) or enough to cover."""
     per_thread = vector * items
@@ -32,7 +33,6 @@ def simple_workload(info: KernelInfo, target: Target, *, threads: int, vector: i
     # instructions: loads + arithmetic + loop overhead per iteration, index/store per output
     dims = max(0, len(info.spatial) - 1)
     index_cost = dims * (INDEX_COST_SYMBOLIC if info.symbolic else INDEX_COST_CONSTANT)
-    grid_stride = blocks * threads * per_thread < info.outputs
     loop = LOOP_OVERHEAD / max(unroll, 1) if info.reduction else 0.0
     instr_thread = (traffic.load_instructions * 32 / max(info.outputs / vector, 1) * 1.0
                     + fma_per_iter * info.reduce_extent * vector + loop * info.reduce_extent * vector
@@ -40,15 +40,19 @@ def simple_workload(info: KernelInfo, target: Target, *, threads: int, vector: i
                     + (LOOP_OVERHEAD if grid_stride or items > 1 else 0.0))
     instructions = instr_thread * info.outputs / (vector * 32)
     reads = max(1, len(info.reads))
-    itemsize = max((a.itemsize for a in info.reads), default=4)
+    # bytes a thread has in flight at the DRAM level: the sectors its loads request (an
+    # uncoalesced lane pulls a whole 32-byte sector), times the independent loads nvcc keeps in
+    # flight: 4 iterations of a reduction loop (its default unrolling; an explicit unroll adds
+    # none measurably, 2026-11-21 run), or the unrolled items of an elementwise thread
     if info.reduction:
-        in_flight = reads * itemsize * min(info.reduce_extent, max(4, unroll)) * vector
+        in_flight = traffic.sector_bytes_per_lane * min(info.reduce_extent, 4)
         ilp = float(vector)
     else:
-        in_flight = reads * itemsize * vector * items
-        ilp = float(vector * items)
+        in_flight = traffic.sector_bytes_per_lane * (items if not grid_stride else 1)
+        ilp = float(vector * (items if not grid_stride else 1))
+    live_items = 1 if grid_stride else items
     regs = {"addressing": 10 + 2 * reads + (4 if info.symbolic else 0),
-            "values": reads * vector * (min(unroll, 8) if info.reduction else items),
+            "values": reads * vector * (min(unroll, 8) if info.reduction else live_items),
             "accumulators": vector if info.reduction else 0,
             "index": 2 * dims if fused_index else 0}
     notes = []

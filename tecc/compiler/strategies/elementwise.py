@@ -75,7 +75,8 @@ class Elementwise(Strategy):
         if blocks is not None:
             items = max(1, -(-info.outputs // (blocks * int(point["threads"]) * v)))
         w = simple_workload(info, target, threads=int(point["threads"]), vector=v if provable else 1,
-                            items=items * (1 if provable else v), blocks=blocks)
+                            items=items * (1 if provable else v), blocks=blocks,
+                            grid_stride=blocks is not None)
         if not provable and v > 1:
             w.notes.append(f"vector {v} not provably aligned: emitted as {v} scalar accesses")
         return w

@@ -105,7 +105,7 @@ class Reduction(Strategy):
             special_ops=float(info.iterations * info.special_per_iteration),
             dram_bytes=compulsory_bytes(info), l2_bytes=l2, global_wavefronts=copy_instr * lines,
             smem_wavefronts=copy_instr * store_wf + read_instr * read_wf, bank_conflict=float(degree),
-            instructions=instructions, bytes_in_flight=float(min(w, 8) * x.itemsize), ilp=1.0,
+            instructions=instructions, bytes_in_flight=float(min(w, 16) * x.itemsize), ilp=1.0,
             block_latency_cycles=tiles * 2 * 40.0, notes=notes)
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:

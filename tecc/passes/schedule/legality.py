@@ -95,7 +95,15 @@ def check_parallel(func: PrimFunc, loop: For, what: str) -> None:
             break
     if level is None:
         return  # no statement under the loop
-    if poly.carried_at(deps.relation, deps.schedule, level):
+    import islpy as isl
+
+    # only dependences between two statements under this loop: other loops at the same depth
+    # have the same schedule level but are not this loop
+    under = [s for s in deps.space.stmts if any(lp.var is loop.var for lp in s.loops)]
+    universe = "; ".join(f"{s.name}[{', '.join(f'x{k}' for k in range(len(s.loops)))}]" for s in under)
+    inside = isl.UnionSet(f"{{ {universe} }}")
+    rel = deps.relation.intersect_domain(inside).intersect_range(inside)
+    if poly.carried_at(rel, deps.schedule, level):
         raise ScheduleError(
             f"{what} is illegal: loop {loop.var.name} carries a dependence (an iteration uses a value "
             "another iteration computes, e.g. a reduction over it), so its iterations cannot run in parallel"

@@ -6,6 +6,8 @@ bind(loop, axis), axis one of blockIdx.{x,y,z} / threadIdx.{x,y,z}. Precondition
 - a thread axis needs a constant extent (split by a constant first); a grid axis may be symbolic;
 - no enclosing loop is bound to the same axis, and a block axis is not bound inside a thread loop;
 - the threads bound on one path multiply to at most 1024 (CUDA's limit per block);
+- a thread axis is not bound to a loop that holds a shared-memory stage placed for one of its
+  iterations (the threads would race filling the one per-block buffer);
 - the loop holds all the work of the kernel: every store of the kernel is inside it and only
   block/thread loops and allocations are around it. Code outside a bound loop would run once in
   every block (or thread) -- e.g. binding the `i_init` loop that reorder split off an
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from ...ir.errors import ScheduleError
 from ...ir.expr import const_int
-from ...ir.stmt import BLOCK_KINDS, THREAD_KINDS, For, PrimFunc
+from ...ir.stmt import BLOCK_KINDS, THREAD_KINDS, Allocate, For, PrimFunc
 from .legality import check_parallel
 from .loops import find_loop, iter_with_path, leaves, loops_on_path, replace_stmt
 
@@ -62,6 +64,15 @@ def bind(func: PrimFunc, loop: str, axis: str) -> PrimFunc:
     for s, _ in iter_with_path(node.body):
         if isinstance(s, For) and s.kind == axis:
             raise ScheduleError(f"{what}: the inner loop {s.var.name} is already bound to {axis}")
+        if axis in THREAD_KINDS and isinstance(s, Allocate) and s.buffer.scope == "shared":
+            # The shared tile was sized for one iteration of this loop; as threads, all iterations
+            # would fill the one per-block buffer at once (a race). Staging placed after the bind
+            # sizes the tile for all the block's threads and copies cooperatively.
+            raise ScheduleError(
+                f"{what}: the shared buffer {s.buffer.name} is staged inside this loop for one of its "
+                "iterations; bind the loop to threads first, then compute_at the shared cache"
+            )
+    check_parallel(func, node, what)
     for anc in path:
         if isinstance(anc, For) and not (anc.is_block or anc.is_thread):
             raise ScheduleError(f"{what}: the loop is inside the serial loop {anc.var.name}; a bound loop may only "
@@ -71,7 +82,6 @@ def bind(func: PrimFunc, loop: str, axis: str) -> PrimFunc:
     if outside:
         raise ScheduleError(f"{what}: the statement `{str(outside[0]).strip()}` is outside the loop and would run in "
                             "every block/thread; bind a loop that holds all the kernel's work")
-    check_parallel(func, node, what)
     return _rekind(func, node, axis)
 
 
