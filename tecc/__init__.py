@@ -12,11 +12,48 @@ The language (placeholder, compute, reductions, math) is imported eagerly; the c
 
 from typing import Any
 
-from .ir import (DType, bfloat16, bool_, float16, float32, float64, int32, int64)
-from .ir.errors import (CompileError, DeviceError, DivergenceError, DTypeError, LaunchError, OutOfBoundsError, RaceError,
-                        ResourceError, ScheduleError, ShapeError, TeccError, UninitializedReadError)
-from .ir.ops import (abs, cast, ceil, const, cos, erf, exp, exp2, floor, isnan, log, log2, max, maximum, min,
-                     minimum, pow, prod, rsqrt, sigmoid, sin, sqrt, sum, tanh, where)
+from .ir import DType, bfloat16, bool_, float16, float32, float64, int32, int64
+from .ir.errors import (
+    CompileError,
+    DeviceError,
+    DivergenceError,
+    DTypeError,
+    LaunchError,
+    OutOfBoundsError,
+    RaceError,
+    ResourceError,
+    ScheduleError,
+    ShapeError,
+    TeccError,
+    UninitializedReadError,
+)
+from .ir.ops import (
+    abs,
+    cast,
+    ceil,
+    const,
+    cos,
+    erf,
+    exp,
+    exp2,
+    floor,
+    isnan,
+    log,
+    log2,
+    max,
+    maximum,
+    min,
+    minimum,
+    pow,
+    prod,
+    rsqrt,
+    sigmoid,
+    sin,
+    sqrt,
+    sum,
+    tanh,
+    where,
+)
 from .ir.tensor import Tensor, compute, placeholder, reduce_axis, var
 
 __version__ = "0.1.0"

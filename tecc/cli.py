@@ -120,7 +120,13 @@ class _Progress:
     def __enter__(self) -> "_Progress":
         if self.enabled and self.total > 0:
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
 
             self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                       TextColumn("{task.fields[label]}"), TimeElapsedColumn(),
@@ -206,7 +212,7 @@ def cmd_compile(args: argparse.Namespace, check: bool) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .compiler.profile import profile
+    from .compiler.profiling import profile
 
     ops = _all_ops(args.files)
     target = args.target

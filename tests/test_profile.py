@@ -1,4 +1,4 @@
-"""The profiling hook `tc.profile()` (tecc/compiler/profile.py)."""
+"""The profiling hook `tc.profile()` (tecc/compiler/profiling.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 import tecc as tc
 from tecc.compiler.build import build
-from tecc.compiler.profile import LaunchProfile, Profile, expr_flops, profile
+from tecc.compiler.profiling import LaunchProfile, Profile, expr_flops, profile
 
 
 def _matmul():
@@ -136,7 +136,7 @@ def test_the_cuda_launch_hook_times_with_events(monkeypatch: pytest.MonkeyPatch)
     params = [0x1000, 0x2000, 0x3000] + [np.int32(10)]
     assert [type(p).__name__ for p in info.params][-1] == "Var"
     with profile() as p:
-        from tecc.compiler import profile as prof_mod
+        from tecc.compiler import profiling as prof_mod
 
         token = prof_mod._CURRENT_MODULE.set(f.module)
         try:

@@ -2,7 +2,13 @@
 (`compile_cuda`), with the ptxas resource report of every kernel. Imports only `tecc.ir`."""
 
 from .cuda import emit_kernel, emit_source, needed_headers, needs_64bit_indexing
-from .nvrtc import CompiledCode, KernelResources, compile_cuda, default_arch, nvrtc_version
+from .nvrtc import (
+           CompiledCode,
+           KernelResources,
+           compile_cuda,
+           default_arch,
+           nvrtc_version,
+)
 
 __all__ = ["emit_kernel", "emit_source", "needed_headers", "needs_64bit_indexing", "CompiledCode",
            "KernelResources", "compile_cuda", "default_arch", "nvrtc_version"]

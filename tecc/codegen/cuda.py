@@ -30,8 +30,21 @@ from tecc.ir import dtype as dt
 from tecc.ir.dtype import DType
 from tecc.ir.errors import CompileError
 from tecc.ir.expr import Binary, Expr, Var, const_int, free_vars, walk
-from tecc.ir.stmt import (Allocate, Barrier, Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt,
-                          PrimFunc, Seq, Stmt, iter_stmts, launch_dims)
+from tecc.ir.stmt import (
+    Allocate,
+    Barrier,
+    Buffer,
+    BufferStore,
+    Evaluate,
+    For,
+    IfThenElse,
+    LetStmt,
+    PrimFunc,
+    Seq,
+    Stmt,
+    iter_stmts,
+    launch_dims,
+)
 
 from .cuda_expr import ExprEmitter, c_type
 from .ranges import RangeEnv

@@ -29,8 +29,20 @@ import numpy as np
 from tecc.ir import dtype as dt
 from tecc.ir.dtype import DType
 from tecc.ir.errors import CompileError
-from tecc.ir.expr import (WARP_INTRINSICS, Binary, BufferLoad, Call, Cast, Compare, Const, Expr, Not, Select,
-                          Var, cast)
+from tecc.ir.expr import (
+    WARP_INTRINSICS,
+    Binary,
+    BufferLoad,
+    Call,
+    Cast,
+    Compare,
+    Const,
+    Expr,
+    Not,
+    Select,
+    Var,
+    cast,
+)
 from tecc.ir.stmt import Buffer
 
 from .ranges import RangeEnv

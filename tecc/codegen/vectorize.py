@@ -27,9 +27,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tecc.ir import dtype as dt
-from tecc.ir.expr import (Binary, BufferLoad, Cast, Const, Expr, Var, const_int, free_vars, substitute,
-                          walk)
-from tecc.ir.stmt import Buffer, BufferStore, For
+from tecc.ir.expr import (
+    Binary,
+    BufferLoad,
+    Cast,
+    Const,
+    Expr,
+    Not,
+    Select,
+    Var,
+    const_int,
+    free_vars,
+    logical_and,
+    substitute,
+)
+from tecc.ir.stmt import Buffer, BufferStore, For, IfThenElse
 
 from .ranges import divisible_by
 
@@ -75,48 +87,97 @@ def _contiguous_base(emitter: "KernelEmitter", buffer: Buffer, indices: tuple[Ex
     return base if divisible_by(base, width) else None
 
 
+def _guarded_loads(e: Expr, v: Var, conds: tuple[Expr, ...] = ()) -> list[tuple[BufferLoad, tuple[Expr, ...]]]:
+    """The loads of `e` that depend on `v`, each with the conditions of the Selects that choose
+    it (a Select's false branch gets the negated condition). A load under a Select whose
+    condition depends on `v` is left out: its lanes are not all read or all skipped, so it stays
+    a scalar load under C's `?:`."""
+    if isinstance(e, BufferLoad):
+        return [(e, conds)] if v in free_vars(e) else []
+    if isinstance(e, Select):
+        if v in free_vars(e.cond):
+            return []
+        return (_guarded_loads(e.cond, v, conds) + _guarded_loads(e.a, v, conds + (e.cond,))
+                + _guarded_loads(e.b, v, conds + (Not(e.cond),)))
+    out: list[tuple[BufferLoad, tuple[Expr, ...]]] = []
+    for name in getattr(e, "_fields", ()):
+        child = getattr(e, name)
+        if isinstance(child, Expr):
+            out += _guarded_loads(child, v, conds)
+        elif isinstance(child, tuple):
+            for c in child:
+                if isinstance(c, Expr):
+                    out += _guarded_loads(c, v, conds)
+    return out
+
+
 def emit_vector_loop(emitter: "KernelEmitter", loop: For) -> bool:
     """Emit `loop` (kind vectorize) with vector accesses; False (nothing emitted) when it does
-    not have the shape described in the module docstring."""
+    not have the shape described in the module docstring.
+
+    Beyond a plain store, the body may be `if (c) store` with `c` free of the lane (a split guard
+    on a row), and the store may be per lane (a local register tile, a transposed shared tile)
+    when at least one load is a vector load. A load chosen by a Select whose condition is free
+    of the lane (the zero padding of a partial tile) becomes `c ? vector load : 0`, so a tile
+    row outside the tensor is never read."""
     width = const_int(loop.extent)
     store = loop.body
+    guard: Expr | None = None
+    if isinstance(store, IfThenElse) and store.else_case is None and loop.var not in free_vars(store.cond):
+        guard, store = store.cond, store.then_case
     if width not in (2, 4) or const_int(loop.min) != 0 or not isinstance(store, BufferStore):
         return False
     v = loop.var
     store_base = _contiguous_base(emitter, store.buffer, store.indices, v, width)
-    if store_base is None:
+    vector_loads_found = []
+    for node, conds in _guarded_loads(store.value, v):
+        base = _contiguous_base(emitter, node.buffer, node.indices, v, width)
+        if base is not None:
+            vector_loads_found.append((node, conds, base))
+    if store_base is None and not vector_loads_found:
         return False
-    vector_type = _VECTOR_TYPES[(store.buffer.dtype, width)]
     lanes = [Const(k, v.dtype) for k in range(width)]
     overrides = emitter.expr.overrides
     # Overrides are keyed by node identity: keep the lane nodes alive until the lanes are written.
     lane_nodes: list[Expr] = []
+    if guard is not None:
+        emitter.open_block(f"if ({emitter.expr.code(guard)})")
 
     # Vector loads: one register per distinct contiguous load, read once before the lanes.
     vector_loads: dict[int, str] = {}
-    for node in walk(store.value):
-        if not isinstance(node, BufferLoad) or id(node) in vector_loads or v not in free_vars(node):
-            continue
-        base = _contiguous_base(emitter, node.buffer, node.indices, v, width)
-        if base is None:
+    for node, conds, base in vector_loads_found:
+        if id(node) in vector_loads:
             continue
         load_type = _VECTOR_TYPES[(node.buffer.dtype, width)]
         register = emitter.names.add(object(), f"{node.buffer.name}_vec")
         address = f"&{emitter.buffer_name(node.buffer)}[{emitter.expr.code(base)}]"
-        emitter.line(f"const {load_type} {register} = *reinterpret_cast<const {load_type}*>({address});")
+        value = f"*reinterpret_cast<const {load_type}*>({address})"
+        if conds:
+            cond = logical_and(*conds)
+            zero = ", ".join(["0"] * width)
+            value = f"({emitter.expr.code(cond)} ? {value} : make_{load_type}({zero}))"
+        emitter.line(f"const {load_type} {register} = {value};")
         vector_loads[id(node)] = register
         for k, lane in enumerate(lanes):
             lane_node = substitute(node, {v: lane})
             overrides[id(lane_node)] = f"{register}.{_LANES[k]}"
             lane_nodes.append(lane_node)
 
-    result = emitter.names.add(object(), f"{store.buffer.name}_vec")
-    emitter.line(f"{vector_type} {result};")
-    for k, lane in enumerate(lanes):
-        value = substitute(store.value, {v: lane})
-        emitter.line(f"{result}.{_LANES[k]} = {emitter.expr.code(value)};")
-    address = f"&{emitter.buffer_name(store.buffer)}[{emitter.expr.code(store_base)}]"
-    emitter.line(f"*reinterpret_cast<{vector_type}*>({address}) = {result};")
+    if store_base is not None:
+        vector_type = _VECTOR_TYPES[(store.buffer.dtype, width)]
+        result = emitter.names.add(object(), f"{store.buffer.name}_vec")
+        emitter.line(f"{vector_type} {result};")
+        for k, lane in enumerate(lanes):
+            value = substitute(store.value, {v: lane})
+            emitter.line(f"{result}.{_LANES[k]} = {emitter.expr.code(value)};")
+        address = f"&{emitter.buffer_name(store.buffer)}[{emitter.expr.code(store_base)}]"
+        emitter.line(f"*reinterpret_cast<{vector_type}*>({address}) = {result};")
+    else:
+        for lane in lanes:
+            indices = tuple(substitute(i, {v: lane}) for i in store.indices)
+            emitter.stmt(BufferStore(store.buffer, indices, substitute(store.value, {v: lane})))
+    if guard is not None:
+        emitter.close_block()
     for node in lane_nodes:
         overrides.pop(id(node), None)
     return True

@@ -6,7 +6,7 @@ from .build import build, default_plan
 from .check import OpSpec
 from .kernel import Kernel
 from .plan import Plan, Step
-from .profile import profile
+from .profiling import profile
 from .schedule import LoopRV, Schedule, StageRV
 
 __all__ = ["build", "default_plan", "gpu_available", "load", "Kernel", "OpSpec", "Plan", "Step", "Schedule", "LoopRV", "StageRV", "profile"]

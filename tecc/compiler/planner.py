@@ -30,7 +30,8 @@ from typing import Any, Mapping, Sequence
 
 from ..ir.errors import ScheduleError
 from ..ir.stmt import Module
-from ..ir.target import Target, from_device, target as target_of
+from ..ir.target import Target, from_device
+from ..ir.target import target as target_of
 from ..ir.tensor import Tensor
 from ..passes.default_schedule import DEFAULT_THREADS, default_schedule
 from ..passes.lower import lower
@@ -97,7 +98,12 @@ def resolve_target(target: Target | str | None) -> Target:
     if isinstance(target, Target):
         return target
     if target:
-        return target_of(target)
+        try:
+            return target_of(target)
+        except ValueError:
+            # an arch without a table (or not an arch at all): rank for sm_90 and let NVRTC
+            # judge the arch when it compiles
+            return target_of("sm_90")
     try:
         return from_device()
     except Exception:  # noqa: BLE001 - no device here: plan for the default architecture

@@ -25,6 +25,7 @@ from ..ir.errors import ScheduleError
 from ..ir.stmt import Module, PrimFunc
 from ..ir.tensor import Tensor
 from ..passes import schedule as prim
+from ..passes.fuse_rows import fuse_rows as fuse_rows_module
 from ..passes.lower import lower
 from ..passes.manager import DumpIR
 from ..passes.simplify import simplify_func
@@ -62,6 +63,8 @@ class _PendingRead:
     tensor: str
     scope: str
     pad: int = 0
+    vector: int = 1
+    transpose: bool = False
 
 
 class Schedule:
@@ -70,7 +73,9 @@ class Schedule:
     def __init__(self, tensors: Sequence[Tensor], plan: Plan | str | dict[str, Any] | None = None, *,
                  name: str | None = None, dump_ir: str | os.PathLike[str] | None = None) -> None:
         start = time.perf_counter()
-        self.mod: Module = lower(list(tensors), name)
+        self._tensors = list(tensors)
+        self._name = name
+        self.mod: Module = lower(self._tensors, name)
         self.timing: list[tuple[str, float]] = [("lower", time.perf_counter() - start)]
         self._steps: list[Step] = []
         self._pending: dict[str, _PendingRead] = {}
@@ -234,6 +239,39 @@ class Schedule:
         pending.pad = pad
         self._record(Step("storage_align", {"cache": str(c), "pad": pad}))
 
+    def vector_copy(self, cache: StageLike, width: int) -> None:
+        """Copy a pending shared cache in chunks of `width` consecutive elements of its last
+        dimension per thread (width 4: 16-byte LDG.128 / STS.128 where the offsets are provably
+        aligned; the emitter falls back to scalar accesses where they are not). Call it before
+        compute_at."""
+        c = self._stage(cache)
+        pending = self._pending.get(str(c))
+        if pending is None or pending.scope != "shared":
+            raise ScheduleError(f"vector_copy({c}): not a shared cache_read stage that is still to be placed")
+        if width not in (1, 2, 4):
+            raise ScheduleError(f"vector_copy({c}): width must be 1, 2 or 4, got {width!r}")
+        pending.vector = width
+        self._record(Step("vector_copy", {"cache": str(c), "width": width}))
+
+    def storage_transpose(self, cache: StageLike) -> None:
+        """Store a pending two-dimensional shared cache transposed ([column][row]): the GEMM's A
+        tile as [k][i], so a thread's rows of A at one k are contiguous (LDS.128) while the copy
+        still reads A along its rows. Call it before compute_at."""
+        c = self._stage(cache)
+        pending = self._pending.get(str(c))
+        if pending is None or pending.scope != "shared":
+            raise ScheduleError(f"storage_transpose({c}): not a shared cache_read stage that is still to be placed")
+        pending.transpose = True
+        self._record(Step("storage_transpose", {"cache": str(c)}))
+
+    def double_buffer(self, loop: LoopLike) -> None:
+        """Software-pipeline the shared copies at the top of `loop` (a k-tile loop): the next
+        tile is loaded into registers while the current one is computed, then stored to shared
+        memory (tecc/passes/schedule/double_buffer.py)."""
+        lp = self._loop(loop)
+        self._apply(lp.kernel, Step("double_buffer", {"loop": str(lp)}),
+                    lambda f: prim.double_buffer(f, lp.name))
+
     def compute_at(self, stage: StageLike, loop: LoopLike) -> None:
         """Place the cache stage `stage` at the top of `loop`'s body, sized to the tile read there."""
         st, lp = self._stage(stage), self._loop(loop)
@@ -246,8 +284,24 @@ class Schedule:
         if lp.kernel != st.kernel:
             raise ScheduleError(f"compute_at({st}, {lp}): the loop is in kernel {lp.kernel}, the stage in {st.kernel}")
         self._apply(lp.kernel, Step("compute_at", {"stage": str(st), "loop": str(lp)}),
-                    lambda f: prim.stage_read(f, pending.tensor, pending.scope, lp.name, pending.pad))
+                    lambda f: prim.stage_read(f, pending.tensor, pending.scope, lp.name, pending.pad,
+                                               pending.vector, pending.transpose))
         del self._pending[str(st)]
+
+    def fuse_rows(self, threads: int, cache: str = "registers", vector: int = 1) -> None:
+        """Replace the module by ONE kernel computing every stage that shares the row (a
+        reduce→elementwise graph: softmax, layer norm, a row sum; see tecc.passes.fuse_rows):
+        one block of `threads` threads per row, cross-thread reductions, the row kept in
+        registers (`cache="registers"`) or re-read (`cache="none"`). It must be the first step."""
+        if self._steps:
+            raise ScheduleError("fuse_rows rewrites the whole module: it must be the first step of a plan")
+        start = time.perf_counter()
+        self.mod = fuse_rows_module(self._tensors, int(threads), cache, name=self._name, vector=int(vector))
+        self.timing.append(("fuse_rows", time.perf_counter() - start))
+        args: dict[str, Any] = {"threads": int(threads), "cache": cache}
+        if vector != 1:
+            args["vector"] = int(vector)
+        self._record(Step("fuse_rows", args))
 
     def cache_write(self, stage: StageLike, scope: str = "local") -> StageRV:
         st = self._stage(stage)

@@ -292,6 +292,16 @@ class ReduceAxis(IterVar):
         return IterVar.__new__(cls, name, lo, extent, dtype, "reduce")  # type: ignore[return-value]
 
 
+def _init_operands(node: Expr, op: str, a: Expr, b: Expr, result: DType) -> None:
+    """Set the fields of a two-operand node; the operands must already share a dtype."""
+    if a.dtype != b.dtype:
+        raise DTypeError(f"operands of {op} must share a dtype after promotion, got {a.dtype} and {b.dtype}")
+    object.__setattr__(node, "op", op)
+    object.__setattr__(node, "a", a)
+    object.__setattr__(node, "b", b)
+    object.__setattr__(node, "dtype", result)
+
+
 class Binary(Expr):
     """`a op b` for op in + - * / // % min max pow & | ^ (& | ^ are logical on bools, bitwise on ints)."""
 
@@ -302,12 +312,7 @@ class Binary(Expr):
     b: Expr
 
     def _init(self, op: str, a: Expr, b: Expr) -> None:
-        if a.dtype != b.dtype:
-            raise DTypeError(f"operands of {op} must share a dtype after promotion, got {a.dtype} and {b.dtype}")
-        object.__setattr__(self, "op", op)
-        object.__setattr__(self, "a", a)
-        object.__setattr__(self, "b", b)
-        object.__setattr__(self, "dtype", a.dtype)
+        _init_operands(self, op, a, b, a.dtype)
 
 
 class Compare(Expr):
@@ -320,12 +325,7 @@ class Compare(Expr):
     b: Expr
 
     def _init(self, op: str, a: Expr, b: Expr) -> None:
-        if a.dtype != b.dtype:
-            raise DTypeError(f"operands of {op} must share a dtype after promotion, got {a.dtype} and {b.dtype}")
-        object.__setattr__(self, "op", op)
-        object.__setattr__(self, "a", a)
-        object.__setattr__(self, "b", b)
-        object.__setattr__(self, "dtype", dt.bool_)
+        _init_operands(self, op, a, b, dt.bool_)
 
     def __bool__(self) -> bool:
         # Structural equality, so that containers and dict lookups of expressions work.

@@ -6,7 +6,8 @@ from typing import Sequence
 
 from .dtype import DTypeLike
 from .errors import DTypeError, ShapeError
-from .expr import (Expr, ExprLike, Reduce, ReduceAxis, as_expr, binary, call, cast as _cast, select)
+from .expr import Expr, ExprLike, Reduce, ReduceAxis, as_expr, binary, call, select
+from .expr import cast as _cast
 
 
 def _reduce(combiner: str, expr: ExprLike, axis: ReduceAxis | Sequence[ReduceAxis]) -> Expr:

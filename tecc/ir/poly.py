@@ -228,7 +228,16 @@ def _loads_in(e: Expr) -> list[tuple[object, tuple[Expr, ...]]]:
 
 def collect_statements(body: object) -> list[PolyStmt]:
     """The leaf statements of a kernel body, in execution (textual) order."""
-    from .stmt import (Allocate, Barrier, BufferStore, Evaluate, For, IfThenElse, LetStmt, Seq)
+    from .stmt import (
+        Allocate,
+        Barrier,
+        BufferStore,
+        Evaluate,
+        For,
+        IfThenElse,
+        LetStmt,
+        Seq,
+    )
 
     out: list[PolyStmt] = []
     alloc_loops: dict[int, tuple[object, tuple[LoopDim, ...]]] = {}

@@ -9,10 +9,34 @@ from __future__ import annotations
 
 from typing import Any
 
-from .expr import (Binary, BufferLoad, Call, Cast, Compare, Const, Expr, Not, Reduce, Select, TensorRead,
-                   Var)
-from .stmt import (Allocate, Barrier, Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt, Module,
-                   PrimFunc, Seq, Stmt)
+from .expr import (
+    Binary,
+    BufferLoad,
+    Call,
+    Cast,
+    Compare,
+    Const,
+    Expr,
+    Not,
+    Reduce,
+    Select,
+    TensorRead,
+    Var,
+)
+from .stmt import (
+    Allocate,
+    Barrier,
+    Buffer,
+    BufferStore,
+    Evaluate,
+    For,
+    IfThenElse,
+    LetStmt,
+    Module,
+    PrimFunc,
+    Seq,
+    Stmt,
+)
 
 # Higher binds tighter.
 _PREC = {"||": 1, "&&": 2, "|": 3, "^": 4, "&": 5, "==": 6, "!=": 6, "<": 7, "<=": 7, ">": 7, ">=": 7,

@@ -10,7 +10,20 @@ from typing import Any
 
 from . import dtype as dt
 from .errors import TeccError
-from .expr import Binary, Call, Cast, Compare, Const, Expr, Not, Select, Var, binary, compare, select
+from .expr import (
+    Binary,
+    Call,
+    Cast,
+    Compare,
+    Const,
+    Expr,
+    Not,
+    Select,
+    Var,
+    binary,
+    compare,
+    select,
+)
 from .stmt import Buffer
 
 

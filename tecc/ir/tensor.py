@@ -18,8 +18,22 @@ from typing import Any, Callable, Sequence, Union
 from . import dtype as dt
 from .dtype import DType, DTypeLike
 from .errors import DTypeError, ShapeError
-from .expr import (Expr, ExprLike, IterVar, Reduce, ReduceAxis, Select, TensorRead, Var, as_expr, const_int,
-                   free_vars, index_expr, to_shape, walk)
+from .expr import (
+    Expr,
+    ExprLike,
+    IterVar,
+    Reduce,
+    ReduceAxis,
+    Select,
+    TensorRead,
+    Var,
+    as_expr,
+    const_int,
+    free_vars,
+    index_expr,
+    to_shape,
+    walk,
+)
 
 _counter = itertools.count()
 

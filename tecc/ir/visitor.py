@@ -10,10 +10,35 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .expr import (Binary, BufferLoad, Call, Cast, Compare, Const, Expr, Not, Reduce, Select, TensorRead,
-                   Var, binary, compare, select)
-from .stmt import (Allocate, Barrier, BufferStore, Evaluate, For, IfThenElse, LetStmt, PrimFunc, Seq,
-                   Stmt)
+from .expr import (
+    Binary,
+    BufferLoad,
+    Call,
+    Cast,
+    Compare,
+    Const,
+    Expr,
+    Not,
+    Reduce,
+    Select,
+    TensorRead,
+    Var,
+    binary,
+    compare,
+    select,
+)
+from .stmt import (
+    Allocate,
+    Barrier,
+    BufferStore,
+    Evaluate,
+    For,
+    IfThenElse,
+    LetStmt,
+    PrimFunc,
+    Seq,
+    Stmt,
+)
 
 
 def _method(obj: Any, prefix: str, node: Any) -> Callable[[Any], Any]:

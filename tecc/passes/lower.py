@@ -16,7 +16,6 @@ bind it to threads and blocks afterwards.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -24,17 +23,37 @@ import networkx as nx
 
 from ..ir import dtype as dt
 from ..ir.errors import ShapeError, TeccError
-from ..ir.expr import (BufferLoad, Cast, Const, Expr, IterVar, Reduce, TensorRead, Var, binary, cast,
-                       free_vars, reduce_identity, substitute)
-from ..ir.stmt import (Allocate, Buffer, BufferStore, For, KernelCall, Module, PrimFunc, Stmt, iter_stmts,
-                       seq)
+from ..ir.expr import (
+    BufferLoad,
+    Const,
+    Expr,
+    IterVar,
+    Reduce,
+    TensorRead,
+    Var,
+    binary,
+    cast,
+    free_vars,
+    reduce_identity,
+    substitute,
+)
+from ..ir.stmt import (
+    Allocate,
+    Buffer,
+    BufferStore,
+    For,
+    KernelCall,
+    Module,
+    PrimFunc,
+    Stmt,
+    iter_stmts,
+    seq,
+)
 from ..ir.tensor import ComputeOp, PlaceholderOp, Tensor
 from ..ir.visitor import ExprMutator
+from .names import fresh_name, identifier
 
-
-def _identifier(name: str) -> str:
-    out = re.sub(r"\W", "_", name)
-    return out if out and not out[0].isdigit() else f"t_{out}"
+_identifier = identifier  # the name other lowering passes import
 
 
 @dataclass
@@ -129,13 +148,7 @@ class _StageLowering:
         self.n_acc = 0
 
     def fresh(self, base: str) -> str:
-        name = _identifier(base)
-        cand, n = name, 0
-        while cand in self.taken:
-            n += 1
-            cand = f"{name}{n}"
-        self.taken.add(cand)
-        return cand
+        return fresh_name(base, self.taken)
 
     def loop_var(self, iv: IterVar) -> Var:
         return Var(self.fresh(iv.name), iv.dtype, "index")
@@ -213,12 +226,7 @@ def lower(args: Sequence[Tensor], name: str | None = None) -> Module:
     names: set[str] = set()
 
     def unique(base: str) -> str:
-        cand, n = _identifier(base), 0
-        while cand in names:
-            n += 1
-            cand = f"{_identifier(base)}_{n}"
-        names.add(cand)
-        return cand
+        return fresh_name(base, names, sep="_")
 
     buffers: dict[Tensor, Buffer] = {}
     for t in prog.args:
@@ -265,7 +273,7 @@ def lower(args: Sequence[Tensor], name: str | None = None) -> Module:
         kernels.append(PrimFunc(kname, params, body))
         calls.append(KernelCall(kname, params))
     module_params = tuple(buffers[a] for a in prog.args) + tuple(scalars)
-    mname = _identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
+    mname = identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
     return Module(mname, module_params, tuple(kernels), tuple(calls), tuple(temps))
 
 
@@ -309,4 +317,4 @@ def _exprs_of(body: Stmt) -> list[Expr]:
     return out
 
 
-__all__ = ["Program", "collect_program", "choose_inlined", "lower", "Cast"]
+__all__ = ["Program", "collect_program", "choose_inlined", "lower"]

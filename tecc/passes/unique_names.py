@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..ir.expr import Var
 from ..ir.stmt import Allocate, Buffer, For, LetStmt, Module, PrimFunc, Stmt
 from ..ir.visitor import StmtMutator
+from .names import fresh_name
 from .substitute import substitute_stmt
 
 
@@ -17,12 +18,7 @@ class _Renamer(StmtMutator):
         self.taken = taken
 
     def fresh(self, name: str) -> str:
-        cand, n = name, 0
-        while cand in self.taken:
-            n += 1
-            cand = f"{name}{n}"
-        self.taken.add(cand)
-        return cand
+        return fresh_name(name, self.taken)
 
     def _rebind(self, var: Var) -> Var | None:
         name = self.fresh(var.name)

@@ -11,7 +11,17 @@ from __future__ import annotations
 
 from ..ir.errors import ScheduleError
 from ..ir.expr import BufferLoad, Expr, Var, free_vars, walk
-from ..ir.stmt import (Allocate, Barrier, Buffer, BufferStore, For, IfThenElse, LetStmt, Module, PrimFunc)
+from ..ir.stmt import (
+    Allocate,
+    Barrier,
+    Buffer,
+    BufferStore,
+    For,
+    IfThenElse,
+    LetStmt,
+    Module,
+    PrimFunc,
+)
 from ..ir.visitor import StmtVisitor
 
 

@@ -20,7 +20,13 @@ from ..ir.dtype import DType
 from ..ir.errors import DTypeError, ShapeError, TeccError
 from ..ir.evaluate import evaluate_int
 from ..ir.expr import Expr, Var, const_int, free_vars
-from ..ir.serialize import (VarTable, expr_from_json, expr_to_json, param_from_json, param_to_json)
+from ..ir.serialize import (
+    VarTable,
+    expr_from_json,
+    expr_to_json,
+    param_from_json,
+    param_to_json,
+)
 from ..ir.stmt import Buffer, BufferStore, KernelParam, Module, iter_stmts, launch_dims
 
 # Largest grid dimensions of CUDA (compute capability >= 3.0).

@@ -28,8 +28,29 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ...ir.evaluate import evaluate_int
-from ...ir.expr import Binary, BufferLoad, Call, Cast, Const, Expr, Select, Var, free_vars, walk
-from ...ir.stmt import Allocate, Buffer, BufferStore, For, IfThenElse, LetStmt, PrimFunc, Seq, Stmt
+from ...ir.expr import (
+    Binary,
+    BufferLoad,
+    Call,
+    Cast,
+    Const,
+    Expr,
+    Select,
+    Var,
+    free_vars,
+    walk,
+)
+from ...ir.stmt import (
+    Allocate,
+    Buffer,
+    BufferStore,
+    For,
+    IfThenElse,
+    LetStmt,
+    PrimFunc,
+    Seq,
+    Stmt,
+)
 
 # The size assumed for a symbolic dimension the caller gives no value for. Plans stay valid for
 # every size (schedules guard partial tiles); only the ranking assumes this size.

@@ -12,8 +12,8 @@ from ...ir.target import Target
 from ...passes.default_schedule import DEFAULT_THREADS
 from ..cost.analysis import KernelInfo
 from ..cost.model import Workload
-from .registry import Point, Strategy, register
 from ._simple import simple_workload
+from .registry import Point, Strategy, register
 
 
 class Naive(Strategy):

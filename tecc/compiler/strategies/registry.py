@@ -75,13 +75,22 @@ def unregister(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
+LOAD_ERRORS: dict[str, str] = {}
+
+
 def load_all() -> None:
-    """Import every strategy module of this package (each registers itself)."""
-    from . import __path__ as here, __name__ as package
+    """Import every strategy module of this package (each registers itself). A module that
+    fails to import is skipped and its error kept in LOAD_ERRORS: one broken strategy file
+    must not take the planner down (naive always remains)."""
+    from . import __name__ as package
+    from . import __path__ as here
 
     for mod in pkgutil.iter_modules(here):
         if mod.name != "registry" and not mod.name.startswith("_"):
-            importlib.import_module(f"{package}.{mod.name}")
+            try:
+                importlib.import_module(f"{package}.{mod.name}")
+            except Exception as exc:  # noqa: BLE001 - reported through LOAD_ERRORS
+                LOAD_ERRORS[mod.name] = f"{type(exc).__name__}: {exc}"
 
 
 def strategies() -> list[Strategy]:
@@ -98,4 +107,4 @@ def get(name: str) -> Strategy:
         raise KeyError(f"no strategy {name!r}; registered: {', '.join(sorted(_REGISTRY))}") from None
 
 
-__all__ = ["Point", "Strategy", "get", "load_all", "register", "strategies", "unregister"]
+__all__ = ["LOAD_ERRORS", "Point", "Strategy", "get", "load_all", "register", "strategies", "unregister"]

@@ -19,8 +19,21 @@ from __future__ import annotations
 
 from ...ir.errors import ScheduleError
 from ...ir.expr import BufferLoad, Expr, const_int, walk
-from ...ir.stmt import (Allocate, Barrier, Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt, PrimFunc,
-                        Seq, Stmt, launch_dims, seq)
+from ...ir.stmt import (
+    Allocate,
+    Barrier,
+    Buffer,
+    BufferStore,
+    Evaluate,
+    For,
+    IfThenElse,
+    LetStmt,
+    PrimFunc,
+    Seq,
+    Stmt,
+    launch_dims,
+    seq,
+)
 from ...ir.visitor import StmtMutator
 from .loops import iter_with_path
 

@@ -24,12 +24,39 @@ from __future__ import annotations
 
 from ...ir import poly
 from ...ir.errors import ScheduleError
-from ...ir.expr import Const, Expr, Var, as_expr, const_int, logical_and, select, substitute
-from ...ir.stmt import (THREAD_KINDS, Allocate, Buffer, BufferStore, For, IfThenElse, PrimFunc, Stmt,
-                        launch_dims, seq)
+from ...ir.expr import (
+    Const,
+    Expr,
+    Var,
+    as_expr,
+    const_int,
+    logical_and,
+    select,
+    substitute,
+)
+from ...ir.stmt import (
+    THREAD_KINDS,
+    Allocate,
+    Buffer,
+    BufferStore,
+    For,
+    IfThenElse,
+    PrimFunc,
+    Stmt,
+    launch_dims,
+    seq,
+)
 from ..simplify import simplify_func
 from .barriers import insert_barriers
-from .loops import all_names, find_loop, fresh_name, iter_with_path, loops_on_path, rebuffer, replace_stmt
+from .loops import (
+    all_names,
+    find_loop,
+    fresh_name,
+    iter_with_path,
+    loops_on_path,
+    rebuffer,
+    replace_stmt,
+)
 
 
 def find_buffer(func: PrimFunc, tensor: str) -> Buffer:
@@ -46,7 +73,8 @@ def _dims(loops: list[For]) -> list[poly.LoopDim]:
     return [poly.LoopDim(lp.var, lp.min, lp.extent, lp.kind) for lp in loops]
 
 
-def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0) -> PrimFunc:
+def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0, vector: int = 1,
+               transpose: bool = False) -> PrimFunc:
     what = f"cache_read of {tensor} into {scope} at {loop}"
     if scope not in ("shared", "local"):
         raise ScheduleError(f"{what}: scope must be 'shared' or 'local'")
@@ -88,13 +116,23 @@ def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0)
     assert origin is not None
     origin = [o + lo[d] if lo[d] else o for d, o in enumerate(origin)]  # type: ignore[operator]
     shape = [int(h) - int(l) + 1 for h, l in zip(hi, lo)]  # type: ignore[arg-type]
-    alloc_shape = shape[:-1] + [shape[-1] + pad]
+    if transpose and len(shape) != 2:
+        raise ScheduleError(f"{what}: only a two-dimensional tile can be stored transposed")
+    # a transposed tile is stored [column][row]: a thread tile's column of A is then contiguous
+    # (16-byte shared loads) while the copy still reads global memory along its rows
+    order = [1, 0] if transpose else list(range(len(shape)))
+    stored = [shape[d] for d in order]
+    alloc_shape = stored[:-1] + [stored[-1] + pad]
     taken = all_names(func)
     cache = Buffer(fresh_name(taken, f"{buf.name}_{scope}"), buf.dtype, tuple(alloc_shape), scope, None,
                    f"{tensor}.{scope}")
-    body = rebuffer(node.body, buf, cache, lambda idx: tuple(i - o for i, o in zip(idx, origin)))
+    body = rebuffer(node.body, buf, cache,
+                    lambda idx: tuple([i - o for i, o in zip(idx, origin)][d] for d in order))
 
-    copy = _copy(func, buf, cache, shape, origin, outer_loops, scope, taken)
+    if vector > 1 and (scope != "shared" or shape[-1] % vector):
+        raise ScheduleError(f"{what}: a vector copy of width {vector} needs a shared cache whose last "
+                            f"dimension ({shape[-1]}) is a multiple of the width")
+    copy = _copy(func, buf, cache, shape, origin, outer_loops, scope, taken, max(vector, 1), order)
     if scope == "local":
         new_loop = For(node.var, node.min, node.extent, node.kind, Allocate(cache, seq(copy, body)), node.annotations)
         out = func.with_body(replace_stmt(func.body, node, new_loop))
@@ -123,7 +161,8 @@ def _in_bounds(buf: Buffer, index: list[Expr], loops: list[poly.LoopDim]) -> Exp
 
 
 def _copy(func: PrimFunc, buf: Buffer, cache: Buffer, shape: list[int], origin: list[Expr],
-          outer_loops: list[For], scope: str, taken: set[str]) -> Stmt:
+          outer_loops: list[For], scope: str, taken: set[str], vector: int = 1,
+          order: list[int] | None = None) -> Stmt:
     d = origin[0].dtype if origin else Const(0, "int32").dtype
     zero = as_expr(0, buf.dtype)
     outer = [poly.LoopDim(lp.var, lp.min, lp.extent, lp.kind) for lp in outer_loops]
@@ -155,22 +194,30 @@ def _copy(func: PrimFunc, buf: Buffer, cache: Buffer, shape: list[int], origin: 
     for v, n in axis_vars:
         tid = tid * n + v if threads > 1 else v
         threads *= n
+    # the box in chunks of `vector` consecutive elements of the last dimension: each thread copies
+    # whole chunks (one 16-byte access for vector 4), consecutive threads consecutive chunks
+    chunks = list(shape[:-1]) + [shape[-1] // vector]
     total = 1
-    for e in shape:
+    for e in chunks:
         total *= e
     steps = -(-total // threads)
     step_var = Var(fresh_name(taken, f"{cache.name}_c"), d)
+    lane = Var(fresh_name(taken, f"{cache.name}_v"), d) if vector > 1 else None
     flat = step_var * threads + tid if steps > 1 else tid
     idx: list[Expr] = []
     stride = total
-    for k, e in enumerate(shape):
+    for k, e in enumerate(chunks):
         stride //= e
         q = flat // stride if stride > 1 else flat
         idx.append(q % e if k > 0 else q)
+    if lane is not None:
+        idx[-1] = idx[-1] * vector + lane
     dims = outer + [poly.LoopDim(v, Const(0, d), Const(n, d), "serial") for v, n in axis_vars
                     if not any(v is lp.var for lp in outer_loops)]
     if steps > 1:
         dims.append(poly.LoopDim(step_var, Const(0, d), Const(steps, d), "serial"))
+    if lane is not None:
+        dims.append(poly.LoopDim(lane, Const(0, d), Const(vector, d), "serial"))
     guard = flat < total if total % threads else None
     ctx = [guard] if guard is not None else []
     src = [o + i for o, i in zip(origin, idx)]
@@ -180,7 +227,9 @@ def _copy(func: PrimFunc, buf: Buffer, cache: Buffer, shape: list[int], origin: 
             if not poly.proves(c, dims, ctx):
                 conds.append(c)
     value = select(logical_and(*conds), buf[tuple(src)], zero)
-    stmt = BufferStore(cache, tuple(idx), value)
+    stmt = BufferStore(cache, tuple(idx[d] for d in (order or range(len(idx)))), value)
+    if lane is not None:
+        stmt = For(lane, Const(0, d), Const(vector, d), "vectorize", stmt)
     if guard is not None:
         stmt = IfThenElse(guard, stmt)
     if steps > 1:

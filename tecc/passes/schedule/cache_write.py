@@ -19,7 +19,14 @@ from ...ir.errors import ScheduleError
 from ...ir.expr import BufferLoad, Const, const_int, walk
 from ...ir.stmt import Allocate, Buffer, BufferStore, PrimFunc, Stmt, seq
 from ...ir.visitor import StmtMutator
-from .loops import all_names, fresh_name, iter_with_path, rebuffer, replace_stmt, stage_leaves
+from .loops import (
+    all_names,
+    fresh_name,
+    iter_with_path,
+    rebuffer,
+    replace_stmt,
+    stage_leaves,
+)
 
 
 def _unit_zero_dims(func: PrimFunc, buf: Buffer) -> list[int]:

@@ -10,9 +10,19 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 from ...ir.errors import ScheduleError
-from ...ir.expr import BufferLoad, Expr, Var, walk
-from ...ir.stmt import (Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt, PrimFunc, Seq,
-                        Stmt)
+from ...ir.expr import BufferLoad, Expr, walk
+from ...ir.stmt import (
+    Allocate,
+    Buffer,
+    BufferStore,
+    Evaluate,
+    For,
+    IfThenElse,
+    LetStmt,
+    PrimFunc,
+    Seq,
+    Stmt,
+)
 from ...ir.visitor import StmtMutator
 
 

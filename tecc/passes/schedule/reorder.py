@@ -31,8 +31,16 @@ from ...ir.expr import Const, Var, const_int, free_vars
 from ...ir.stmt import Allocate, Buffer, BufferStore, For, PrimFunc, Seq, Stmt, seq
 from ..substitute import substitute_stmt
 from .legality import check_schedule, default_entries
-from .loops import (all_names, find_loop, fresh_name, leaves, loops_on_path, rebuffer, replace_stmt,
-                    with_body)
+from .loops import (
+    all_names,
+    find_loop,
+    fresh_name,
+    leaves,
+    loops_on_path,
+    rebuffer,
+    replace_stmt,
+    with_body,
+)
 
 
 def _chain(func: PrimFunc, names: set[str]) -> list[For]:

@@ -23,7 +23,14 @@ from ...ir.expr import Const, Expr, Var, const_int, logical_and
 from ...ir.stmt import Barrier, BufferStore, Evaluate, For, IfThenElse, PrimFunc, Stmt
 from ...ir.visitor import StmtMutator
 from ..substitute import substitute_stmt
-from .loops import all_names, find_loop, fresh_name, iter_with_path, loops_on_path, replace_stmt
+from .loops import (
+    all_names,
+    find_loop,
+    fresh_name,
+    iter_with_path,
+    loops_on_path,
+    replace_stmt,
+)
 
 
 def _suffixes(n: int) -> list[str]:

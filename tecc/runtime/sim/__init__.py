@@ -7,10 +7,14 @@ what a GPU would not: out-of-bounds accesses, shared-memory races and uninitiali
 How it works and how to add an intrinsic: docs/emulator.md.
 """
 
-from ...ir.errors import OutOfBoundsError, RaceError, UninitializedReadError
+from ...ir.errors import (
+           DivergenceError,
+           OutOfBoundsError,
+           RaceError,
+           UninitializedReadError,
+)
 from .executor import SimExecutor
 from .kernel import compile_kernel, simulate_kernel
-from .state import DivergenceError
 
 __all__ = ["simulate_kernel", "SimExecutor", "compile_kernel", "DivergenceError", "OutOfBoundsError",
            "RaceError", "UninitializedReadError"]

@@ -15,12 +15,25 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ...ir.errors import TeccError
-from ...ir.expr import (WARP_INTRINSICS, Binary, BufferLoad, Call, Cast, Compare, Const, Expr, Not, Reduce,
-                        Select, TensorRead, Var)
+from ...ir.errors import DivergenceError, TeccError
+from ...ir.expr import (
+    WARP_INTRINSICS,
+    Binary,
+    BufferLoad,
+    Call,
+    Cast,
+    Compare,
+    Const,
+    Expr,
+    Not,
+    Reduce,
+    Select,
+    TensorRead,
+    Var,
+)
 from ...ir.stmt import Buffer
 from . import numerics as nm
-from .state import DivergenceError, LaneState, restrict
+from .state import LaneState, restrict
 
 Closure = Callable[[LaneState], Any]
 Interval = tuple[int, int]  # inclusive integer range

@@ -11,7 +11,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...ir.errors import DivergenceError, OutOfBoundsError, RaceError, TeccError, UninitializedReadError
+from ...ir.errors import (
+    OutOfBoundsError,
+    RaceError,
+    TeccError,
+    UninitializedReadError,
+)
 from .lanes import LaneLayout
 
 

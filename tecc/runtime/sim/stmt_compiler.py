@@ -18,13 +18,23 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...ir.errors import LaunchError, TeccError
+from ...ir.errors import DivergenceError, LaunchError, TeccError
 from ...ir.expr import const_int
-from ...ir.stmt import (Allocate, Barrier, BufferStore, Evaluate, For, IfThenElse, LetStmt, Seq, Stmt,
-                        THREAD_KINDS)
+from ...ir.stmt import (
+    THREAD_KINDS,
+    Allocate,
+    Barrier,
+    BufferStore,
+    Evaluate,
+    For,
+    IfThenElse,
+    LetStmt,
+    Seq,
+    Stmt,
+)
 from .expr_compiler import Scope, compile_expr, compile_indices
 from .memory import LocalMemory, SharedMemory, row_major
-from .state import DivergenceError, LaneState, restrict
+from .state import LaneState, restrict
 
 Runner = Callable[[LaneState], None]
 

@@ -38,7 +38,17 @@ from typing import Any, Iterator, Mapping
 
 from ..ir.evaluate import evaluate_int
 from ..ir.expr import Binary, Call, Cast, Compare, Expr, Not, Select, Var
-from ..ir.stmt import (Allocate, Buffer, BufferStore, For, IfThenElse, LetStmt, PrimFunc, Seq, Stmt)
+from ..ir.stmt import (
+    Allocate,
+    Buffer,
+    BufferStore,
+    For,
+    IfThenElse,
+    LetStmt,
+    PrimFunc,
+    Seq,
+    Stmt,
+)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,152 @@
+"""fp32 GEMM from a tensor expression vs cuBLAS (torch.matmul, TF32 off) — issue 6.
+
+    python benchmarks/gemm.py [--quick] [--sweep] [--out DIR]
+
+For each shape the matmul is written as `tc.compute((M, N), lambda i, j: tc.sum(A[i, k] * B[k, j],
+axis=k))`, planned by the planner (`plan_program`, every registered strategy, the live GPU's
+Target), built with `tc.build(args, plan=plan)` (IR → emitter → NVRTC), checked against torch in
+float64, and timed with CUDA events (median of the timed runs after warm-up) in the same process
+as torch.matmul. Prints the table (shape, tecc TFLOP/s, cuBLAS TFLOP/s, ratio, plan) and the
+geometric mean of the ratios. `--sweep` also times every point of gemm_pipelined at 4096³.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SHAPES = [  # (batch, M, N, K, note)
+    (1, 1024, 1024, 1024, ""), (1, 2048, 2048, 2048, ""), (1, 4096, 4096, 4096, ""), (1, 8192, 8192, 8192, ""),
+    (1, 1000, 1000, 1000, ""), (1, 4096, 1024, 4096, ""), (1, 127, 4096, 1023, ""), (1, 8192, 64, 8192, ""),
+    (32, 512, 512, 512, "batched"),
+]
+
+
+def matmul_tensors(batch: int, m: Any, n: int, k: int) -> list[Any]:
+    import tecc as tc
+
+    r = tc.reduce_axis(k, name="k")
+    if batch == 1:
+        A = tc.placeholder((m, k), "float32", name="A")
+        B = tc.placeholder((k, n), "float32", name="B")
+        C = tc.compute((m, n), lambda i, j: tc.sum(A[i, r] * B[r, j], axis=r), name="C")
+    else:
+        A = tc.placeholder((batch, m, k), "float32", name="A")
+        B = tc.placeholder((batch, k, n), "float32", name="B")
+        C = tc.compute((batch, m, n), lambda b, i, j: tc.sum(A[b, i, r] * B[b, r, j], axis=r), name="C")
+    return [A, B, C]
+
+
+def time_call(fn: Any, reps: int) -> float:
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e-3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def run_shape(batch: int, m: int, n: int, k: int, plan: Any = None, label: str | None = None) -> dict[str, Any]:
+    import torch
+
+    import tecc as tc
+    from tecc.compiler.planner import plan_program
+
+    args = matmul_tensors(batch, m, n, k)
+    t0 = time.perf_counter()
+    if plan is None:
+        res = plan_program(args)
+        plan = res.plan
+        label = "; ".join(kp.chosen.label for kp in res.kernels)
+    kern = tc.build(args, plan=plan)
+    build_s = time.perf_counter() - t0
+    shape_a, shape_b, shape_c = ((m, k), (k, n), (m, n)) if batch == 1 else ((batch, m, k), (batch, k, n), (batch, m, n))
+    a = torch.randn(*shape_a, device="cuda")
+    b = torch.randn(*shape_b, device="cuda")
+    c = torch.full(shape_c, float("nan"), device="cuda")
+    kern(a, b, c)
+    torch.cuda.synchronize()
+    ref = torch.matmul(a.double(), b.double())
+    err = float((c.double() - ref).abs().max() / ref.abs().max())
+    flops = 2.0 * batch * m * n * k
+    reps = max(5, min(50, int(2e12 / flops)))
+    t_tecc = time_call(lambda: kern(a, b, c), reps)
+    t_cublas = time_call(lambda: torch.matmul(a, b), reps)
+    row = {"shape": f"{batch}x{m}x{n}x{k}" if batch > 1 else f"{m}x{n}x{k}", "tecc_tflops": flops / t_tecc / 1e12,
+           "cublas_tflops": flops / t_cublas / 1e12, "ratio": t_cublas / t_tecc, "rel_err": err,
+           "plan": label, "build_s": build_s}
+    res_ = getattr(kern, "resources", None)
+    if res_:
+        row["resources"] = str(res_)
+    return row
+
+
+def main() -> None:
+    import torch
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="4096^3 and two irregular shapes only")
+    ap.add_argument("--sweep", action="store_true", help="time every gemm_pipelined point at 4096^3")
+    ap.add_argument("--out", default=None)
+    opts = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    shapes = SHAPES if not opts.quick else [SHAPES[2], SHAPES[4], SHAPES[6]]
+    rows = []
+    print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  TF32 off", flush=True)
+    print(f"{'shape':>18} {'tecc TF/s':>10} {'cuBLAS TF/s':>12} {'ratio':>6} {'rel err':>8}  plan", flush=True)
+    for batch, m, n, k, _ in shapes:
+        try:
+            row = run_shape(batch, m, n, k)
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            row = {"shape": f"{batch}x{m}x{n}x{k}", "error": f"{type(exc).__name__}: {exc}"[:400]}
+            print(row, flush=True)
+            rows.append(row)
+            continue
+        rows.append(row)
+        print(f"{row['shape']:>18} {row['tecc_tflops']:10.2f} {row['cublas_tflops']:12.2f} {row['ratio']:6.2f} "
+              f"{row['rel_err']:8.1e}  {row['plan']}", flush=True)
+    ratios = [r["ratio"] for r in rows if "ratio" in r]
+    if ratios:
+        print(f"geometric mean ratio: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} over {len(ratios)} shapes")
+    if opts.sweep:
+        from tecc.compiler.cost.analysis import analyze_kernel
+        from tecc.compiler.schedule import Schedule
+        from tecc.compiler.strategies import get
+        from tecc.passes.lower import lower
+
+        strat = get("gemm_pipelined")
+        args = matmul_tensors(1, 4096, 4096, 4096)
+        info = analyze_kernel(lower(args).kernels[0])
+        from tecc.ir.target import from_device
+        for point in strat.space(info, from_device()):
+            sch = Schedule(args)
+            strat.apply(sch, info, point)
+            row = run_shape(1, 4096, 4096, 4096, plan=sch.plan, label=strat.describe(point))
+            row["sweep"] = True
+            rows.append(row)
+            print(f"sweep {row['shape']:>12} {row['tecc_tflops']:10.2f} {row['cublas_tflops']:12.2f} "
+                  f"{row['ratio']:6.2f} {row['rel_err']:8.1e}  {row['plan']}", flush=True)
+    if opts.out:
+        Path(opts.out).mkdir(parents=True, exist_ok=True)
+        (Path(opts.out) / "gemm.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

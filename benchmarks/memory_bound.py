@@ -1,0 +1,173 @@
+"""Memory-bound ops at bandwidth: row reductions and the normalization family (issue 7).
+
+    python benchmarks/memory_bound.py [--rows 16384] [--cols 1024 4096 8192] [--quick]
+
+For each op, shape and dtype: tecc's kernel (the plan `row_fused.propose` chooses: ONE kernel),
+torch eager and torch.compile, all in this process on one stream, timed with CUDA events
+(median of --reps launches after warm-up), and a device-to-device copy of the same input size
+timed the same way. Bytes = each input read once + each output written once; GB/s = bytes /
+median time; "% copy" = tecc GB/s / copy GB/s. Every tecc result is checked against a float64
+reference computed by torch on the GPU first (max relative error printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "examples"))
+sys.path.insert(0, str(HERE.parent))
+
+import norms  # noqa: E402
+
+import tecc as tc  # noqa: E402
+from tecc.compiler.strategies.row_fused import propose  # noqa: E402
+from tecc.runtime.cuda import CudaExecutor  # noqa: E402
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+EPS = norms.EPS
+
+
+def torch_ops():
+    def softmax(x):
+        return torch.softmax(x.float(), -1).to(x.dtype)
+
+    def layer_norm(x, g, b):
+        return torch.nn.functional.layer_norm(x.float(), (x.shape[-1],), g.float(), b.float(), EPS).to(x.dtype)
+
+    def rms_norm(x, g):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * g.float()).to(x.dtype)
+
+    def row_sum(x):
+        return x.float().sum(-1).to(x.dtype)
+
+    def row_max(x):
+        return x.amax(-1)
+
+    return {"softmax": softmax, "layer_norm": layer_norm, "rms_norm": rms_norm, "row_sum": row_sum,
+            "row_max": row_max}
+
+
+def tensors_for(op: str, R: int, C: int, dtype: str):
+    if op == "softmax":
+        return norms.softmax(R, C, dtype)
+    if op == "layer_norm":
+        return norms.layer_norm(R, C, dtype)
+    if op == "rms_norm":
+        return norms.rms_norm(R, C, dtype)
+    return norms.row_reduce(R, C, dtype, "sum" if op == "row_sum" else "max")
+
+
+INNER = 10  # launches between two events, so host-side launch cost is hidden behind the GPU's work
+
+
+def time_it(fn, stream, reps: int) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record(stream)
+        for _ in range(INNER):
+            fn()
+        e1.record(stream)
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e-3 / INNER)
+    return statistics.median(times)
+
+
+def direct_launcher(kern, args):
+    """The launches of one checked call of `kern`, replayed through cuda.core without the
+    per-call argument checks (tecc's Python-side checks cost ~100 us, more than the kernel)."""
+    from cuda.core import LaunchConfig, launch
+
+    ex = kern._executor
+    recorded = []
+    real = ex._launch
+
+    def spy(info, grid, block, params):
+        recorded.append((ex.kernels[info.name], LaunchConfig(grid=grid, block=block, shmem_size=info.dynamic_smem),
+                         params))
+        real(info, grid, block, params)
+
+    ex._launch = spy
+    kern(*args)
+    ex._launch = real
+
+    def run():
+        for k, config, params in recorded:
+            launch(ex.stream, config, k, *params)
+
+    return run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=16384)
+    ap.add_argument("--cols", type=int, nargs="+", default=[1024, 4096, 8192])
+    ap.add_argument("--ops", nargs="+", default=["row_sum", "row_max", "softmax", "layer_norm", "rms_norm"])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="skip torch.compile once this much time has passed")
+    a = ap.parse_args()
+    t_start = time.time()
+    stream = torch.cuda.current_stream()
+    dev = torch.cuda.get_device_name()
+    ref_ops = torch_ops()
+    R = a.rows
+    print(f"device: {dev}; rows={R}; CUDA-event medians of {a.reps}")
+    print("| op | shape | dtype | tecc GB/s | torch GB/s | torch.compile GB/s | copy GB/s | % of copy | vs compile | max rel err | plan |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for dtype in a.dtypes:
+        tdt = TORCH_DTYPES[dtype]
+        for C in a.cols:
+            x = torch.randn(R, C, device="cuda", dtype=tdt)
+            dst = torch.empty_like(x)
+            t_copy = time_it(lambda: dst.copy_(x), stream, a.reps)
+            copy_gbps = 2 * x.numel() * x.element_size() / t_copy / 1e9
+            for op in a.ops:
+                args = tensors_for(op, R, C, dtype)
+                choice = propose(args)
+                kern = tc.build(args, plan=choice.plan)
+                kern._executor = CudaExecutor(kern.host, kern.cubin, stream=stream)
+                inputs = [x] + [torch.randn(C, device="cuda", dtype=tdt) for t in args[1:] if t.is_placeholder]
+                outs = [torch.empty(tuple(int(s) for s in t.shape), device="cuda", dtype=tdt)
+                        for t in args if not t.is_placeholder]
+                call = direct_launcher(kern, [*inputs, *outs])
+                torch.cuda.synchronize()
+                ref = ref_ops[op](*[i.double() for i in inputs])
+                err = ((outs[0].double() - ref).abs() / (ref.abs() + 1.0)).max().item()
+                nbytes = sum(i.numel() * i.element_size() for i in inputs) + sum(
+                    o.numel() * o.element_size() for o in outs)
+                t_tecc = time_it(call, stream, a.reps)
+                eager = ref_ops[op]
+                t_eager = time_it(lambda: eager(*inputs), stream, a.reps)
+                t_comp = None
+                if not a.no_compile and time.time() - t_start < a.budget_s:
+                    try:
+                        comp = torch.compile(eager, dynamic=False)
+                        t_comp = time_it(lambda: comp(*inputs), stream, a.reps)
+                    except Exception as exc:  # noqa: BLE001 - report and go on
+                        print(f"# torch.compile failed for {op}: {type(exc).__name__}: {exc}"[:300])
+                gb = lambda t: nbytes / t / 1e9  # noqa: E731
+                comp_txt = f"{gb(t_comp):.0f}" if t_comp else "-"
+                vs = f"{t_comp / t_tecc:.2f}x" if t_comp else "-"
+                res = kern.resources.get(kern.module.kernels[0].name)
+                regs = getattr(res, "registers", "?")
+                print(f"| {op} | {R}x{C} | {dtype} | {gb(t_tecc):.0f} | {gb(t_eager):.0f} | {comp_txt} | "
+                      f"{copy_gbps:.0f} | {100 * gb(t_tecc) / copy_gbps:.0f}% | {vs} | {err:.1e} | "
+                      f"fuse_rows(threads={choice.threads}, cache={choice.cache}, vector={choice.vector}), {regs} regs |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

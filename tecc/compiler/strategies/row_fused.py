@@ -1,0 +1,103 @@
+"""row_fused: a reduce→elementwise graph sharing the row as ONE kernel (tecc.passes.fuse_rows).
+
+This strategy is a *graph* rewrite, not a schedule of one lowered kernel, so it is planned over
+the whole program (`propose`) rather than through the per-kernel registry API; the planner calls
+`propose(tensors, target)` before planning kernel by kernel and keeps the result when it moves
+fewer global bytes than the unfused kernels (the hook is described in docs/memory-bound.md).
+
+Cost (the issue's criterion: fewer global bytes under the register / shared-memory limits):
+* unfused bytes: every kernel reads its operands and writes its stage; a reduction stage that
+  reads a row once per consumer re-reads it (softmax: X three times, two row temporaries);
+* fused bytes: each input once, each output once (cache="registers"), or the row once per
+  reduction pass plus once for the outputs (cache="none", whose re-reads mostly hit L2);
+* constraints: the row's cached inputs take K = ceil(C / threads) registers each per thread;
+  keep K·inputs ≤ MAX_ROW_REGISTERS so the kernel stays under ~128 registers per thread (two
+  1024-thread blocks or more per SM), and threads a multiple of 32 up to 1024;
+* the thread count: the fewest threads that keep K ≤ TARGET_PER_THREAD (8 independent loads in
+  flight per thread are enough to cover DRAM latency at full occupancy on sm_80/sm_90), but at
+  least MIN_THREADS so a block's reduction tree is short relative to its loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ...ir.errors import ScheduleError
+from ...ir.expr import const_int
+from ...ir.tensor import Tensor
+from ...passes.fuse_rows import row_group
+from ..plan import Plan, Step
+
+THREAD_CHOICES = (64, 128, 256, 512, 1024)
+TARGET_PER_THREAD = 8
+MIN_THREADS = 128
+MAX_ROW_REGISTERS = 64
+
+
+@dataclass
+class RowFusedChoice:
+    plan: Plan
+    threads: int
+    cache: str
+    fused_bytes_per_row: float
+    unfused_bytes_per_row: float
+    reason: str
+    vector: int = 1
+
+
+def _itemsize(t: Tensor) -> int:
+    return t.dtype.bits // 8
+
+
+def choose_point(columns: int | None, cached_inputs: int) -> tuple[int, str]:
+    """threads and cache for a row of `columns` elements (None: symbolic)."""
+    if columns is None:
+        return 256, "none"
+    for t in THREAD_CHOICES:
+        if t < MIN_THREADS and columns > t:
+            continue
+        k = -(-columns // t)
+        if k <= TARGET_PER_THREAD or t == THREAD_CHOICES[-1]:
+            if k * max(cached_inputs, 1) <= MAX_ROW_REGISTERS:
+                return t, "registers"
+            return t, "none"
+    return THREAD_CHOICES[-1], "none"
+
+
+def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | None:
+    """The row-fused plan for the program `tensors`, or None when it is not a row group or the
+    rewrite would not move fewer global bytes."""
+    try:
+        group = row_group(tensors)
+    except ScheduleError:
+        return None
+    columns = const_int(group.columns)
+    width = columns if columns is not None else 4096  # a symbolic row: bytes per row for the comparison
+    row_inputs = [t for t in group.program.args if t.is_placeholder and len(t.shape) == len(group.rows) + 1]
+    threads, cache = choose_point(columns, len(row_inputs))
+    # 16-byte accesses where the emitter can make them (float32 rows whose length is a multiple of 4)
+    vector = 4 if (cache == "registers" and columns is not None and columns % 4 == 0 and row_inputs
+                   and all(t.dtype.bits == 32 for t in row_inputs)) else 1
+    # bytes per row, fused: inputs once (cache="none": once per reduction pass + once for outputs)
+    passes = 1 if cache == "registers" else len(group.reductions) + (1 if group.elementwise else 0)
+    row_in = sum(_itemsize(t) * width for t in row_inputs)
+    outs = sum(_itemsize(t) * (width if t in group.elementwise else 1) for t in group.program.args
+               if not t.is_placeholder)
+    fused = row_in * passes + outs
+    # unfused: every stage kernel reads the row inputs it touches (at least once each) and writes its
+    # result; downstream stages read the row temporaries
+    stages = len(group.reductions) + len(group.elementwise)
+    unfused = row_in * stages + outs + sum(4 * 2 for _ in group.reductions)
+    if stages > 1 and fused >= unfused:
+        return None
+    step_args: dict[str, Any] = {"threads": threads, "cache": cache}
+    if vector > 1:
+        step_args["vector"] = vector
+    plan = Plan((Step("fuse_rows", step_args),), "row_fused",
+                f"{stages} stage(s) sharing rows of {group.columns} in one kernel: {fused:.0f} B/row "
+                f"instead of {unfused:.0f} B/row unfused; {threads} threads, row cache {cache}, vector {vector}")
+    return RowFusedChoice(plan, threads, cache, fused, unfused, plan.reason, vector)
+
+
+__all__ = ["RowFusedChoice", "choose_point", "propose"]

@@ -1,0 +1,331 @@
+"""Row fusion: every stage of a reduce→elementwise graph that shares the row, in ONE kernel.
+
+The normalization family (softmax, log-softmax, layer norm, RMS norm) and plain row reductions
+are graphs whose stages all iterate over the same rows: reductions `m[r] = ⊕_c f(X[r, c], ..)`
+over one axis of extent C, and elementwise outputs `Y[r, j] = g(X[r, j], m[r], ..)` of shape
+rows + (C,). Lowered stage by stage they are one kernel each, and X is read from global memory
+once per stage (three times for softmax), with the row statistics round-tripping through global
+temporaries. `fuse_rows` instead builds one kernel for the whole group:
+
+    for b in blockIdx.x(rows):                 # one thread block per row
+      for tx in threadIdx.x(T):
+        x_row[k] = X[b, k*T + tx]   (k < K)    # cache="registers": the row is read ONCE, kept in
+                                               # K = ceil(C/T) registers per thread
+        m_acc = -inf; for k: m_acc = max(m_acc, x_row[k])      # per-thread partial
+        <allreduce m_acc over the block>                       # shuffles + shared (cross_thread.py)
+        s_acc = 0;    for k: s_acc += exp(x_row[k] - m_acc)
+        <allreduce s_acc>
+        for k: Y[b, k*T + tx] = exp(x_row[k] - m_acc) / s_acc
+
+Consecutive threads take consecutive columns (`k*T + tx`), so every warp-wide load or store is
+one contiguous 128-byte line (coalesced); the K loads of a thread are independent and unrolled,
+which keeps enough bytes in flight to reach DRAM bandwidth. Row statistics stay in registers
+(every thread holds the all-reduced value), intermediate reductions never touch global memory.
+With cache="none" (a symbolic or too-long row) every stage reads its operands from global
+memory again (L2 serves most of the re-reads of a row the block has just read).
+
+What a group is (`row_group` says why a program is not one): after elementwise producers are
+inlined (lower.choose_inlined), every remaining stage is either a reduction stage of shape R (the
+row shape, one or more dimensions), whose body holds Reduce nodes over one axis of extent C each
+(the same C for all), or an elementwise output of shape R + (C,); reads of a reduction stage
+index it by the row itself. Nothing here looks at names: log-softmax, layer norm and RMS norm
+are the same rewrite. Whether to apply it is the planner's decision (strategies/row_fused.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..ir import dtype as dt
+from ..ir.errors import ScheduleError
+from ..ir.expr import (
+    BufferLoad,
+    Const,
+    Expr,
+    Reduce,
+    TensorRead,
+    Var,
+    binary,
+    cast,
+    const_int,
+    reduce_identity,
+    substitute,
+    walk,
+)
+from ..ir.stmt import (
+    Allocate,
+    Buffer,
+    BufferStore,
+    For,
+    IfThenElse,
+    KernelCall,
+    Module,
+    PrimFunc,
+    Stmt,
+    seq,
+)
+from ..ir.tensor import ComputeOp, Tensor
+from ..ir.visitor import ExprMutator
+from .lower import (
+    Program,
+    _buffer_for,
+    _exprs_of,
+    _global_buffers,
+    _identifier,
+    _Inliner,
+    _scalar_vars,
+    choose_inlined,
+    collect_program,
+)
+from .schedule.cross_thread import allreduce
+
+CACHES = ("registers", "none")
+COMBINE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
+
+
+@dataclass
+class RowGroup:
+    """A program all of whose stages share the row: the reductions, the elementwise outputs,
+    the row shape and the reduced extent."""
+
+    program: Program
+    rows: tuple[Expr, ...]
+    columns: Expr
+    reductions: tuple[Tensor, ...]
+    elementwise: tuple[Tensor, ...]
+
+    @property
+    def stages(self) -> tuple[Tensor, ...]:
+        return self.program.stages
+
+
+def row_group(args: Sequence[Tensor]) -> RowGroup:
+    """The row group of the program `args`, or ScheduleError saying why it is not one."""
+    prog = choose_inlined(collect_program(args))
+    stages = prog.stages
+    reductions = tuple(t for t in stages if isinstance(t.op, ComputeOp) and t.op.reductions)
+    if not reductions:
+        raise ScheduleError("fuse_rows: the program has no reduction stage")
+    rows = reductions[0].shape
+    columns: Expr | None = None
+    for t in reductions:
+        op = t.op
+        assert isinstance(op, ComputeOp)
+        if not _same_shape(t.shape, rows):
+            raise ScheduleError(f"fuse_rows: reduction {t.name} has shape {_fmt(t.shape)}, not the row shape {_fmt(rows)}")
+        for r in op.reductions:
+            if len(r.axes) != 1 or const_int(r.axes[0].lo) != 0:
+                raise ScheduleError(f"fuse_rows: {t.name} reduces over {len(r.axes)} axes; one axis from 0 is needed")
+            for inner in walk(r.source):
+                if isinstance(inner, Reduce):
+                    raise ScheduleError(f"fuse_rows: {t.name} has a reduction inside a reduction")
+            ext = r.axes[0].extent
+            if columns is None:
+                columns = ext
+            elif ext is not columns:
+                raise ScheduleError(f"fuse_rows: {t.name} reduces over {ext} columns, another stage over {columns}")
+    assert columns is not None
+    elementwise = tuple(t for t in stages if t not in reductions)
+    for t in elementwise:
+        if not _same_shape(t.shape, rows + (columns,)):
+            raise ScheduleError(
+                f"fuse_rows: elementwise stage {t.name} has shape {_fmt(t.shape)}, not rows + columns "
+                f"{_fmt(rows + (columns,))}")
+    return RowGroup(prog, tuple(rows), columns, reductions, elementwise)
+
+
+def _same_shape(a: Sequence[Expr], b: Sequence[Expr]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def _fmt(shape: Sequence[Expr]) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+class _RowInliner(_Inliner):
+    """Inlines elementwise producers; a read of a reduction stage of the group at the row being
+    computed becomes the thread's register holding that row's value."""
+
+    def __init__(self, base: _Inliner, values: dict[Tensor, Buffer], row: tuple[Expr, ...]) -> None:
+        super().__init__(base.inlined, base.buffers)
+        self.values = values
+        self.row = row
+
+    def visit_TensorRead(self, e: TensorRead) -> Expr:
+        if e.tensor in self.values:
+            idx = tuple(self.visit(i) for i in e.indices)
+            if not _same_shape(idx, self.row):
+                raise ScheduleError(
+                    f"fuse_rows: {e.tensor.name} is read at [{', '.join(str(i) for i in idx)}], not at the row "
+                    "being computed; such a graph does not keep its row on chip")
+            return self.values[e.tensor][Const(0, dt.int32)]
+        return super().visit_TensorRead(e)
+
+
+class _CacheRow(ExprMutator):
+    """Loads `X[row.., col]` of a cached input become the register `x_row[k]`."""
+
+    def __init__(self, caches: dict[Buffer, Buffer], row: tuple[Expr, ...], col: Expr, k: Expr) -> None:
+        super().__init__()
+        self.caches, self.key, self.k = caches, row + (col,), k
+
+    def visit_BufferLoad(self, e: BufferLoad) -> Expr:
+        cache = self.caches.get(e.buffer)
+        if cache is not None and _same_shape(e.indices, self.key):
+            return cache[self.k]
+        return self.generic_visit(e)
+
+
+def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", name: str | None = None,
+              vector: int = 1) -> Module:
+    """The module of ONE kernel computing the row group `args` (see the module docstring).
+
+    threads: block size T (a multiple of 32, at most 1024); cache: "registers" keeps the row's
+    cached inputs in K = ceil(C/T) registers per thread (C must be a constant), "none" re-reads.
+    vector: V > 1 gives each thread V consecutive columns per step (`col = (k*T + tx)*V + v`), so
+    the row's loads and the outputs' stores become one V-wide access (float4: LDG.128/STG.128);
+    it needs cache="registers" and C a multiple of V."""
+    group = row_group(args)
+    if cache not in CACHES:
+        raise ScheduleError(f"fuse_rows: cache must be one of {CACHES}, got {cache!r}")
+    C = group.columns
+    c_const = const_int(C)
+    if cache == "registers" and c_const is None:
+        raise ScheduleError(f"fuse_rows: cache='registers' needs a constant row length, got {C}; use cache='none'")
+    prog = group.program
+    if vector not in (1, 2, 4):
+        raise ScheduleError(f"fuse_rows: vector must be 1, 2 or 4, got {vector}")
+    if vector > 1 and (cache != "registers" or c_const is None or c_const % vector):
+        raise ScheduleError(f"fuse_rows: vector={vector} needs cache='registers' and a row length that is a multiple "
+                            f"of it, got {C}")
+
+    names: set[str] = set()
+
+    def unique(base: str) -> str:
+        cand, n = _identifier(base), 0
+        while cand in names:
+            n += 1
+            cand = f"{_identifier(base)}_{n}"
+        names.add(cand)
+        return cand
+
+    buffers: dict[Tensor, Buffer] = {t: _buffer_for(t, unique(t.name)) for t in prog.args}
+    scalars: list[Var] = []
+    for t in prog.args:
+        for e in buffers[t].shape + (buffers[t].strides or ()):
+            for v in _scalar_vars([e]):
+                if v not in scalars:
+                    scalars.append(v)
+    for v in scalars:
+        names.add(v.name)
+
+    # the block's row: blockIdx.x over the flattened rows, unflattened row-major
+    b = Var(unique("row"), dt.int32)
+    tx = Var(unique("tx"), dt.int32)
+    row: list[Expr] = []
+    rest: Expr = b
+    for i, extent in enumerate(reversed(group.rows)):
+        last = i == len(group.rows) - 1
+        row.append(rest if last else rest % extent)
+        rest = rest // extent
+    row_idx = tuple(reversed(row))
+    n_rows: Expr = Const(1, dt.int32)
+    for extent in group.rows:
+        n_rows = n_rows * extent
+
+    # the column walk: col = k*T + tx, k < K
+    k = Var(unique("k"), dt.int32)
+    v = Var(unique("v"), dt.int32)
+    V = vector
+    col = (k * threads + tx) * V + v if V > 1 else k * threads + tx
+    slot = k * V + v if V > 1 else k
+    if c_const is not None:
+        K: Expr = Const(-(-c_const // (threads * V)), dt.int32)
+        needs_guard = c_const % (threads * V) != 0
+        kind = "unroll" if cache == "registers" or c_const // threads <= 32 else "serial"
+    else:
+        K = (C + (threads - 1)) // threads
+        needs_guard = True
+        kind = "serial"
+
+    def column_loop(body: Stmt, vectorized: bool = False) -> Stmt:
+        if V > 1:
+            # C is a multiple of V: a vector is wholly inside the row or wholly past it
+            body = For(v, 0, V, "vectorize" if vectorized else "unroll", body)
+            if needs_guard:
+                body = IfThenElse((k * threads + tx) * V < C, body)
+            return For(k, 0, K, kind, body)
+        if needs_guard:
+            body = IfThenElse(col < C, body)
+        return For(k, 0, K, kind, body)
+
+    zero = Const(0, dt.int32)
+    base_inliner = _Inliner(prog.inlined, buffers)
+    values: dict[Tensor, Buffer] = {}
+    inliner = _RowInliner(base_inliner, values, row_idx)
+
+    # inputs read at [row.., col]: cached in registers once
+    caches: dict[Buffer, Buffer] = {}
+    stmts: list[Stmt] = []
+    allocs: list[Buffer] = []
+    if cache == "registers":
+        for t in prog.args:
+            if t.is_placeholder and _same_shape(t.shape, group.rows + (C,)):
+                src = buffers[t]
+                reg = Buffer(unique(f"{src.name}_row"), src.dtype, (K * V,), "local", tensor=f"{t.name}.local")
+                caches[src] = reg
+                allocs.append(reg)
+                stmts.append(column_loop(BufferStore(reg, (slot,), src[row_idx + (col,)]), vectorized=True))
+    cacher = _CacheRow(caches, row_idx, col, slot)
+
+    for t in prog.stages:
+        op = t.op
+        assert isinstance(op, ComputeOp)
+        if t in group.reductions:
+            body = substitute(op.body, dict(zip(op.axes, row_idx)))
+            accs: dict[int, Expr] = {}
+            for r in [n for n in walk(body) if isinstance(n, Reduce)]:
+                if id(r) in accs:
+                    continue
+                acc = Buffer(unique(f"{t.name}_acc"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.acc")
+                allocs.append(acc)
+                source = cacher.visit(inliner.visit(substitute(r.source, {r.axes[0]: col})))
+                stmts.append(BufferStore(acc, (zero,), reduce_identity(r.combiner, r.acc_dtype)))
+                update = BufferStore(acc, (zero,), binary(COMBINE[r.combiner], acc[zero], cast(source, r.acc_dtype)))
+                stmts.append(column_loop(update))
+                stmts.append(allreduce(acc, COMBINE[r.combiner], tx, threads, unique(f"{t.name}_block")))
+                accs[id(r)] = cast(acc[zero], r.dtype)
+
+            class _Finish(ExprMutator):
+                def visit_Reduce(self, r: Reduce) -> Expr:  # noqa: N805
+                    return accs[id(r)]
+
+            value = inliner.visit(_Finish().visit(body))
+            val = Buffer(unique(f"{t.name}_val"), t.dtype, (1,), "local", tensor=f"{t.name}.local")
+            allocs.append(val)
+            values[t] = val
+            stmts.append(BufferStore(val, (zero,), value))
+            if t in buffers:  # an output: thread 0 of the block writes the row's value
+                stmts.append(IfThenElse(tx == 0, BufferStore(buffers[t], row_idx, val[zero])))
+        else:
+            body = substitute(op.body, dict(zip(op.axes, row_idx + (col,))))
+            value = cacher.visit(inliner.visit(body))
+            stmts.append(column_loop(BufferStore(buffers[t], row_idx + (col,), value), vectorized=True))
+
+    body: Stmt = seq(*stmts)
+    for buf in reversed(allocs):
+        body = Allocate(buf, body)
+    body = For(b, 0, n_rows, "blockIdx.x", For(tx, 0, threads, "threadIdx.x", body))
+
+    used = _global_buffers(body)
+    body_vars = _scalar_vars(_exprs_of(body) + [s for u in used for s in u.shape + (u.strides or ())])
+    params = tuple(buffers[a] for a in prog.args if buffers[a] in used) + tuple(v for v in scalars if v in body_vars)
+    kname = unique(f"{prog.stages[-1].name}_rows_kernel")
+    mname = _identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
+    kernel = PrimFunc(kname, params, body, (("fused_rows", tuple(t.name for t in prog.stages)),))
+    module_params = tuple(buffers[a] for a in prog.args) + tuple(scalars)
+    return Module(mname, module_params, (kernel,), (KernelCall(kname, params),), ())
+
+
+__all__ = ["CACHES", "RowGroup", "fuse_rows", "row_group"]

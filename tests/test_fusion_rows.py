@@ -1,0 +1,140 @@
+"""Row fusion (tecc.passes.fuse_rows): a reduce→elementwise graph sharing the row is ONE kernel
+that reads its row once, and matches float64 NumPy in the emulator."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tecc as tc
+from tecc.compiler.strategies.row_fused import choose_point, propose
+from tecc.ir.errors import ScheduleError
+from tecc.ir.expr import BufferLoad, walk
+from tecc.ir.stmt import BufferStore, iter_stmts
+from tecc.passes.fuse_rows import fuse_rows, row_group
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import norms  # noqa: E402
+
+OPS = {
+    "softmax": (norms.softmax, norms.np_softmax),
+    "log_softmax": (lambda R, C, d: norms.softmax(R, C, d, log=True), lambda x: norms.np_softmax(x, log=True)),
+    "layer_norm": (norms.layer_norm, norms.np_layer_norm),
+    "rms_norm": (norms.rms_norm, norms.np_rms_norm),
+}
+
+
+def _run(args, plan, ins):
+    k = tc.build(args, target="sim", plan=plan)
+    outs = [np.zeros(tuple(int(s) for s in t.shape), t.dtype.name if t.dtype.name != "bfloat16" else np.float32)
+            for t in args if not t.is_placeholder]
+    k(*ins, *outs)
+    return k, outs
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("shape", [(3, 31), (2, 1000), (1, 1), (0, 40), (2, 257)])
+def test_fused_norms_match_float64_numpy(op, shape):
+    build, ref = OPS[op]
+    R, C = shape
+    args = build(R, C, "float32")
+    choice = propose(args)
+    assert choice is not None and len(choice.plan.steps) == 1
+    rng = np.random.default_rng(R * 1000 + C)
+    ins = [rng.standard_normal(tuple(int(s) for s in t.shape)).astype(np.float32) for t in args if t.is_placeholder]
+    k, outs = _run(args, choice.plan, ins)
+    assert len(k.module.kernels) == 1, f"{op}: expected one kernel, plan {choice.plan}"
+    if R == 0:
+        return
+    want = ref(*ins)
+    worst = np.unravel_index(np.argmax(np.abs(outs[0] - want)), want.shape)
+    np.testing.assert_allclose(outs[0], want, rtol=2e-5, atol=2e-6,
+                               err_msg=f"{op} {shape}, plan {choice.plan}, worst at {worst}")
+
+
+def test_fused_softmax_reads_the_row_once():
+    args = norms.softmax(4, 1000)
+    mod = fuse_rows(args, 128, "registers")
+    (kernel,) = mod.kernels
+    loads = [n for s in iter_stmts(kernel.body) if isinstance(s, BufferStore) for n in walk(s.value)
+             if isinstance(n, BufferLoad) and n.buffer.scope == "global"]
+    assert len(loads) == 1 and loads[0].buffer.name == "X"
+    assert "shfl_xor" in str(kernel) and "barrier()" in str(kernel)
+
+
+@pytest.mark.parametrize("threads,cache", [(32, "registers"), (64, "none"), (1024, "registers"), (256, "none")])
+def test_fused_softmax_every_block_size_and_cache(threads, cache):
+    args = norms.softmax(3, 300)
+    rng = np.random.default_rng(threads)
+    x = rng.standard_normal((3, 300)).astype(np.float32)
+    plan = tc.Plan((tc.compiler.plan.Step("fuse_rows", {"threads": threads, "cache": cache}),))
+    _, (y,) = _run(args, plan, [x])
+    np.testing.assert_allclose(y, norms.np_softmax(x), rtol=2e-5, atol=1e-7)
+
+
+def test_symbolic_rows_and_columns_use_the_rereading_form():
+    R, C = tc.var("R"), tc.var("C")
+    args = norms.softmax(R, C)
+    choice = propose(args)
+    assert choice.cache == "none"
+    with pytest.raises(ScheduleError, match="constant row length"):
+        fuse_rows(args, 128, "registers")
+    x = np.random.default_rng(1).standard_normal((5, 77)).astype(np.float32)
+    y = np.zeros_like(x)
+    tc.build(args, target="sim", plan=choice.plan)(x, y)
+    np.testing.assert_allclose(y, norms.np_softmax(x), rtol=2e-5, atol=1e-7)
+
+
+def test_rows_of_a_3d_tensor_are_flattened_into_blocks():
+    X = tc.placeholder((2, 3, 50), "float32", name="X")
+    c = tc.reduce_axis(50, name="c")
+    m = tc.compute((2, 3), lambda a, b: tc.max(X[a, b, c], axis=c), name="m")
+    Y = tc.compute((2, 3, 50), lambda a, b, j: X[a, b, j] - m[a, b], name="Y")
+    x = np.random.default_rng(2).standard_normal((2, 3, 50)).astype(np.float32)
+    choice = propose([X, Y])
+    _, (y,) = _run([X, Y], choice.plan, [x])
+    np.testing.assert_allclose(y, x - x.max(-1, keepdims=True), rtol=1e-6)
+
+
+def test_bf16_inputs_accumulate_in_float32():
+    args = norms.rms_norm(3, 200, "bfloat16")
+    src = str(fuse_rows(args, 64, "registers"))
+    assert "ms_acc: float32[1]" in src
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 200)).astype(np.float32)
+    g = rng.standard_normal(200).astype(np.float32)
+    k = tc.build(args, target="sim", plan=propose(args).plan)
+    assert len(k.module.kernels) == 1
+
+
+def test_a_graph_that_reads_another_row_is_not_a_row_group():
+    X = tc.placeholder((4, 8), "float32", name="X")
+    c = tc.reduce_axis(8, name="c")
+    m = tc.compute((4,), lambda r: tc.sum(X[r, c], axis=c), name="m")
+    Y = tc.compute((4, 8), lambda r, j: X[r, j] - m[(r + 1) % 4], name="Y")
+    with pytest.raises(ScheduleError, match="not at the row"):
+        fuse_rows([X, Y], 32, "registers")
+    Z = tc.compute((4, 4), lambda r, j: X[r, j], name="Z")
+    assert propose([X, Z]) is None  # no reduction: not a row group
+    with pytest.raises(ScheduleError, match="no reduction"):
+        row_group([X, Z])
+
+
+def test_plan_replays_to_the_same_ir():
+    args = norms.layer_norm(4, 96)
+    plan = propose(args).plan
+    a = tc.Schedule(args, plan=plan)
+    b = tc.Schedule(args, plan=tc.Plan.from_json(plan.to_json()))
+    assert str(a.mod) == str(b.mod)
+    with pytest.raises(ScheduleError, match="first step"):
+        s = tc.Schedule(args)
+        s.split(s.get_loops("Y")[0], 2)
+        s.fuse_rows(64)
+
+
+def test_choose_point_keeps_the_row_in_registers_up_to_the_limit():
+    assert choose_point(1024, 1) == (128, "registers")
+    assert choose_point(8192, 1) == (1024, "registers")
+    assert choose_point(65536 * 2, 1) == (1024, "none")
+    assert choose_point(None, 1) == (256, "none")
