@@ -62,16 +62,17 @@ def time_call(fn: Any, reps: int) -> float:
     return times[len(times) // 2]
 
 
-def run_shape(batch: int, m: int, n: int, k: int, plan: Any = None, label: str | None = None) -> dict[str, Any]:
+def run_shape(batch: int, m: int, n: int, k: int, plan: Any = None, label: str | None = None,
+              only: list[str] | None = None, symbolic: bool = False) -> dict[str, Any]:
     import torch
 
     import tecc as tc
     from tecc.compiler.planner import plan_program
 
-    args = matmul_tensors(batch, m, n, k)
+    args = matmul_tensors(batch, tc.var("M") if symbolic else m, n, k)
     t0 = time.perf_counter()
     if plan is None:
-        res = plan_program(args)
+        res = plan_program(args, only=only, sizes={"M": m} if symbolic else None)
         plan = res.plan
         label = "; ".join(kp.chosen.label for kp in res.kernels)
     kern = tc.build(args, plan=plan)
@@ -104,6 +105,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="4096^3 and two irregular shapes only")
     ap.add_argument("--sweep", action="store_true", help="time every gemm_pipelined point at 4096^3")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--compare", action="store_true", help="also time gemm_pipelined where the planner chose another")
+    ap.add_argument("--symbolic", action="store_true", help="check a symbolic-M build at M=1000 and M=4096")
     opts = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -122,9 +125,25 @@ def main() -> None:
         rows.append(row)
         print(f"{row['shape']:>18} {row['tecc_tflops']:10.2f} {row['cublas_tflops']:12.2f} {row['ratio']:6.2f} "
               f"{row['rel_err']:8.1e}  {row['plan']}", flush=True)
+        if opts.compare and batch == 1 and not row["plan"].startswith("gemm_pipelined"):
+            try:
+                alt = run_shape(batch, m, n, k, only=["gemm_pipelined"])
+                alt["forced"] = True
+                rows.append(alt)
+                print(f"{'(forced)':>18} {alt['tecc_tflops']:10.2f} {alt['cublas_tflops']:12.2f} {alt['ratio']:6.2f} "
+                      f"{alt['rel_err']:8.1e}  {alt['plan']}", flush=True)
+            except Exception as exc:  # noqa: BLE001
+                print("forced gemm_pipelined failed:", type(exc).__name__, str(exc)[:300], flush=True)
     ratios = [r["ratio"] for r in rows if "ratio" in r]
     if ratios:
         print(f"geometric mean ratio: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} over {len(ratios)} shapes")
+    if opts.symbolic:
+        for m in (1000, 4096):
+            row = run_shape(1, m, 4096, 4096, only=["gemm_pipelined"], symbolic=True)
+            row["symbolic"] = True
+            rows.append(row)
+            print(f"symbolic M={m}: {row['tecc_tflops']:.2f} TF/s ratio {row['ratio']:.2f} err {row['rel_err']:.1e} "
+                  f"{row['plan']}", flush=True)
     if opts.sweep:
         from tecc.compiler.cost.analysis import analyze_kernel
         from tecc.compiler.schedule import Schedule

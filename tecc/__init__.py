@@ -13,6 +13,8 @@ The language (placeholder, compute, reductions, math) is imported eagerly; the c
 from typing import Any
 
 from .ir import DType, bfloat16, bool_, float16, float32, float64, int32, int64
+from .ir.target import Target
+from .ir.target import target_api as target
 from .ir.errors import (
     CompileError,
     DeviceError,
@@ -58,7 +60,8 @@ from .ir.tensor import Tensor, compute, placeholder, reduce_axis, var
 
 __version__ = "0.1.0"
 
-_COMPILER_NAMES = ("build", "load", "gpu_available", "Kernel", "OpSpec", "Plan", "Step", "Schedule", "LoopRV", "StageRV", "profile")
+_COMPILER_NAMES = ("build", "load", "gpu_available", "Kernel", "OpSpec", "Plan", "Step", "Schedule", "LoopRV", "StageRV", "profile",
+                   "default_plan", "explain", "plan_program")
 
 
 def __getattr__(name: str) -> Any:

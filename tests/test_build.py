@@ -139,13 +139,25 @@ def test_multi_kernel_program_inlines_elementwise_and_keeps_reductions_as_kernel
 
 def test_dump_ir_writes_one_file_per_pass_then_cuda_and_ptx(tmp_path: Path):
     A, B, C = _matmul()
-    tc.build([A, B, C], target="cuda", dump_ir=tmp_path)
+    tc.build([A, B, C], target="cuda", dump_ir=tmp_path, plan=tc.default_plan())
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["00_lower.txt", "01_default_schedule.txt", "02_simplify.txt", "03_unique_names.txt",
                      "04_cuda.cu", "05_C.ptx"]
     lowered = (tmp_path / "00_lower.txt").read_text()
     assert "for i in range(M):" in lowered and "C_acc[0] = C_acc[0] + A[i, k] * B[k, j]" in lowered
     assert "# blockIdx.x" in (tmp_path / "01_default_schedule.txt").read_text()
+
+
+def test_planned_build_dumps_lower_then_every_primitive_then_the_tail(tmp_path: Path):
+    A, B, C = _matmul()
+    f = tc.build([A, B, C], target="cuda", dump_ir=tmp_path)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    primitives = [s.primitive for s in f.plan.steps if s.primitive != "default_schedule"]
+    assert primitives, f"the planner chose no primitives for matmul: {f.plan}"
+    expected = ["lower"] + primitives + ["default_schedule", "simplify", "unique_names"]
+    assert [n.split("_", 1)[1].rsplit(".", 1)[0] for n in names[:-2]] == expected
+    assert names[-2].endswith("_cuda.cu") and names[-1].endswith("_C.ptx")
+    assert [int(n.split("_", 1)[0]) for n in names] == list(range(len(names)))
 
 
 def test_tecc_dump_ir_environment_variable_filters_by_kernel(tmp_path: Path, monkeypatch):
@@ -156,13 +168,14 @@ def test_tecc_dump_ir_environment_variable_filters_by_kernel(tmp_path: Path, mon
     Y = tc.compute((R, 8), lambda r, j: X[r, j] - m[r], name="Y")
     monkeypatch.setenv("TECC_DUMP_IR", f"{tmp_path}:Y_kernel")
     tc.build([X, Y], target="sim")
-    text = (tmp_path / "Y" / "01_default_schedule.txt").read_text()
+    (last,) = (tmp_path / "Y").glob("*_unique_names.txt")
+    text = last.read_text()
     assert "kernel Y_kernel" in text and "kernel m_kernel" not in text
 
 
 def test_save_writes_cubin_ptx_cu_and_manifest(tmp_path: Path):
     A, B, C = _matmul()
-    f = tc.build([A, B, C], target="cuda")
+    f = tc.build([A, B, C], target="cuda", plan=tc.default_plan())
     f.save(tmp_path / "gemm")
     for ext in ("cubin", "ptx", "cu", "json"):
         assert (tmp_path / f"gemm.{ext}").stat().st_size > 0

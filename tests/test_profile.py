@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tecc as tc
-from tecc.compiler.build import build
+from tecc.compiler.build import build, default_plan
 from tecc.compiler.profiling import LaunchProfile, Profile, expr_flops, profile
 
 
@@ -40,7 +40,7 @@ def _mm_arrays(m: int = 10):
 
 
 def test_emulator_launches_are_recorded_with_bytes_and_flops() -> None:
-    f = build(_matmul(), "sim", name="mm")
+    f = build(_matmul(), "sim", name="mm", plan=default_plan())
     a, b, c = _mm_arrays(10)
     with profile() as p:
         f(a, b, c)
@@ -55,7 +55,7 @@ def test_emulator_launches_are_recorded_with_bytes_and_flops() -> None:
 
 
 def test_multi_kernel_module_counts_each_launch() -> None:
-    f = build(_softmax(), "sim", name="softmax")
+    f = build(_softmax(), "sim", name="softmax", plan=default_plan())
     x = np.random.default_rng(1).random((7, 100), dtype=np.float32)
     y = np.empty_like(x)
     with profile() as p:
@@ -74,7 +74,7 @@ def test_nothing_is_recorded_outside_and_hooks_are_restored() -> None:
     from tecc.runtime.sim import executor as sim_executor
 
     originals = (CudaExecutor._launch, sim_executor.simulate_kernel, Kernel.__call__, Kernel.sim)
-    f = build(_matmul(), "sim", name="mm")
+    f = build(_matmul(), "sim", name="mm", plan=default_plan())
     a, b, c = _mm_arrays()
     with profile() as outer:
         f(a, b, c)
@@ -130,7 +130,7 @@ def test_the_cuda_launch_hook_times_with_events(monkeypatch: pytest.MonkeyPatch)
             FakeStream.clock += 1.5
             return FakeEvent(FakeStream.clock)
 
-    f = build(_matmul(), "sim", name="mm")
+    f = build(_matmul(), "sim", name="mm", plan=default_plan())
     info = f.host.kernels[0]
     fake = type("FakeExecutor", (), {"stream": FakeStream(), "host": f.host})()
     params = [0x1000, 0x2000, 0x3000] + [np.int32(10)]
@@ -151,7 +151,7 @@ def test_the_cuda_launch_hook_times_with_events(monkeypatch: pytest.MonkeyPatch)
 
 @pytest.mark.gpu
 def test_gpu_launches_are_timed_with_cuda_events(tmp_path: Path) -> None:
-    f = build(_matmul(), "cuda", name="mm")
+    f = build(_matmul(), "cuda", name="mm", plan=default_plan())
     a, b, c = _mm_arrays(4096)
     f(a, b, c)  # warm up (module load)
     with profile() as p:

@@ -5,8 +5,12 @@ Read `build` top to bottom to learn the compiler:
     tensor expressions ──lower──▶ loop IR ──schedule passes──▶ bound loop IR ──emit──▶ CUDA C
         ──NVRTC──▶ PTX + cubin ──▶ Kernel (runs on the GPU through cuda.core, or in the emulator)
 
-With `dump_ir=DIR` (or TECC_DUMP_IR) the IR is written after every step: `00_lower.txt`,
-`01_default_schedule.txt`, …, then `NN_cuda.cu` and `NN+1_<module>.ptx`.
+The planner (plan="auto") picks each kernel's strategy and parameters by the cost model; its plan
+is a list of schedule primitives, replayed on the lowered IR by `Schedule`.
+
+With `dump_ir=DIR` (or TECC_DUMP_IR) the IR is written after every step: `00_lower.txt`, one
+file per schedule primitive of the plan (`01_split.txt`, …), then the fixed tail
+(`default_schedule`, `simplify`, `unique_names`), `NN_cuda.cu` and `NN+1_<module>.ptx`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from ..ir.tensor import Tensor
 from ..passes.default_schedule import DEFAULT_THREADS, default_schedule
 from ..passes.lower import lower
 from ..passes.manager import DumpIR, Pass, PassManager, PassTiming, VerifyIR
+from ..passes.names import identifier
 from ..passes.simplify import simplify
 from ..passes.unique_names import unique_names
 from ..passes.verify import verify_module
@@ -44,10 +49,6 @@ def _default_schedule_pass(plan: Plan) -> Pass:
     return Pass("default_schedule", lambda m: default_schedule(m, threads), (("threads", threads),))
 
 
-def _is_primitive_plan(plan: Plan) -> bool:
-    return any(step.primitive != "default_schedule" for step in plan.steps)
-
-
 def default_plan(threads: int = DEFAULT_THREADS) -> Plan:
     return Plan((Step("default_schedule", {"threads": threads}),), "naive",
                 "one thread per output element; reductions serial per thread")
@@ -56,36 +57,52 @@ def default_plan(threads: int = DEFAULT_THREADS) -> Plan:
 def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str | None = None,
           dump_ir: str | os.PathLike[str] | None = None, dump_filter: str | None = None,
           arch: str | None = None, plan: Plan | str | dict[str, Any] = "auto",
-          options: Sequence[str] = ()) -> Kernel:
+          options: Sequence[str] = (), sizes: dict[str, int] | None = None) -> Kernel:
     """Compile the program whose kernel signature is `args` (inputs and outputs, in order), or
     the scheduled program of a `Schedule`.
 
     target: "cuda" (NVRTC → cubin, run through cuda.core) or "sim" (the CPU SIMT emulator).
     dump_ir: a directory that receives the IR after every pass (see the module docstring).
     arch: e.g. "sm_90"; default: TECC_ARCH, else the live device, else sm_90.
-    plan: "auto", a Plan, or its JSON (ignored for a Schedule, which carries its own).
+    plan: "auto" (the planner picks strategy and parameters by the cost model; `f.explain()`
+      says why), a Plan, or its JSON (ignored for a Schedule, which carries its own).
+    sizes: values of symbolic dimensions for the planner to plan for (others are assumed).
     options: extra NVRTC options (e.g. "-use_fast_math")."""
     if target not in TARGETS:
         raise TeccError(f"build(): unknown target {target!r}; use one of {TARGETS}")
     timing = PassTiming()
+    planning = None
 
     # 1. lowering and the schedule primitives of the plan (the Schedule's own, when one is given)
     start = time.perf_counter()
+    dumper: DumpIR | None = None
     if isinstance(args, Schedule):
         module, chosen = args.mod, args.plan
+        dumper = _dumper(dump_ir, module.name, dump_filter)
+        if dumper is not None:
+            dumper.write("schedule.txt", f"# the Schedule as given\n{dumper.text(module)}")
     else:
         tensors = [args] if isinstance(args, Tensor) else list(args)
-        chosen = _resolve_plan(plan)
-        module = Schedule(tensors, chosen, name=name).mod if _is_primitive_plan(chosen) else lower(tensors, name)
+        if plan == "auto" or plan is None:
+            from .planner import plan_program
+
+            planning = plan_program(tensors, arch or knobs.default_arch_override(), sizes=sizes, name=name)
+            chosen = planning.plan
+            timing.seconds.append(("plan", planning.search_seconds))
+        else:
+            chosen = _resolve_plan(plan)
+        dumper = _dumper(dump_ir, module_name(tensors, name), dump_filter)
+        primitives = Plan(tuple(s for s in chosen.steps if s.primitive != "default_schedule"))
+        if primitives.steps:  # 00_lower.txt, then one file per primitive
+            module = Schedule(tensors, primitives, name=name, dump_ir=dumper).mod
+        else:
+            module = lower(tensors, name)
+            if dumper is not None:
+                dumper.write("lower.txt", f"# after pass lower\n{dumper.text(module)}")
     timing.seconds.append(("lower+schedule", time.perf_counter() - start))
 
-    dump = knobs.dump_request(dump_ir, module.name, dump_filter)
     instruments: list[Any] = [timing]
-    dumper = None
-    if dump is not None:
-        dumper = DumpIR(dump.directory, dump.kernel_filter)
-        stage = "schedule" if isinstance(args, Schedule) or _is_primitive_plan(chosen) else "lower"
-        dumper.write(f"{stage}.txt", f"# after {stage}\n{dumper.text(module)}")
+    if dumper is not None:
         instruments.append(dumper)
     if knobs.verify_ir():
         verify_module(module)
@@ -108,6 +125,7 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
 
     host = HostProgram.from_module(module)
     kernel = Kernel(module=module, host=host, source=source, plan=chosen, target=target, timing=timing)
+    kernel.planning = planning
     if target == "cuda":
         the_arch = arch or knobs.default_arch_override() or default_arch()
         start = time.perf_counter()
@@ -119,6 +137,17 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
     if dumper is not None:
         kernel.dump_dir = dumper.directory
     return kernel
+
+
+def module_name(tensors: Sequence[Tensor], name: str | None) -> str:
+    """The module's name: `name`, else the last computed tensor's (as lowering names it)."""
+    computed = [t for t in tensors if not t.is_placeholder]
+    return identifier(name or (computed[-1].name if computed else "module"))
+
+
+def _dumper(dump_ir: str | os.PathLike[str] | None, name: str, dump_filter: str | None) -> DumpIR | None:
+    request = knobs.dump_request(dump_ir, name, dump_filter)
+    return None if request is None else DumpIR(request.directory, request.kernel_filter)
 
 
 def _resolve_plan(plan: Plan | str | dict[str, Any]) -> Plan:

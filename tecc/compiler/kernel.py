@@ -53,6 +53,7 @@ class Kernel:
         self.nvrtc_version: str = ""
         self.options: tuple[str, ...] = ()
         self.dump_dir: Path | None = None
+        self.planning: Any = None  # the planner's PlanResult when plan="auto" (read by explain)
         self._executor: Any = None
         self._sim: Any = None
 
@@ -95,14 +96,12 @@ class Kernel:
 
     # ---- inspection -------------------------------------------------------------------------
     def explain(self) -> str:
-        lines = [f"{self.name}: {len(self.module.kernels)} kernel(s)", str(self.plan)]
-        for k in self.host.kernels:
-            grid = ", ".join(str(g) for g in k.grid)
-            lines.append(f"  {k.name}: grid ({grid}), block {k.block}")
-            res = self.resources.get(k.name)
-            if res is not None:
-                lines.append(f"    ptxas: {res}")
-        return "\n".join(lines)
+        """The plan and why: chosen strategy and parameters, the cost breakdown, the runners-up
+        and the rejected points (when the planner chose it); then each kernel's launch shape and
+        ptxas report."""
+        from .explain import explain_kernel
+
+        return explain_kernel(self)
 
     def __repr__(self) -> str:
         return f"<tecc.Kernel {self.name} target={self.target} arch={self.arch or '-'} kernels={len(self.module.kernels)}>"

@@ -71,7 +71,7 @@ class Schedule:
     """Schedule primitives over the naive lowered module of `tensors` (see the module docstring)."""
 
     def __init__(self, tensors: Sequence[Tensor], plan: Plan | str | dict[str, Any] | None = None, *,
-                 name: str | None = None, dump_ir: str | os.PathLike[str] | None = None) -> None:
+                 name: str | None = None, dump_ir: str | os.PathLike[str] | DumpIR | None = None) -> None:
         start = time.perf_counter()
         self._tensors = list(tensors)
         self._name = name
@@ -79,9 +79,10 @@ class Schedule:
         self.timing: list[tuple[str, float]] = [("lower", time.perf_counter() - start)]
         self._steps: list[Step] = []
         self._pending: dict[str, _PendingRead] = {}
-        self._dump = DumpIR(dump_ir) if dump_ir is not None else None
+        # a DumpIR may be shared with the build that continues the numbering after the primitives
+        self._dump = dump_ir if isinstance(dump_ir, DumpIR) else DumpIR(dump_ir) if dump_ir is not None else None
         if self._dump is not None:
-            self._dump.write("lower.txt", f"# after lower\n{self.mod}")
+            self._dump.write("lower.txt", f"# after lower\n{self._dump.text(self.mod)}")
         if plan is not None:
             self.replay(plan if isinstance(plan, Plan) else Plan.from_json(plan))
 
@@ -160,7 +161,7 @@ class Schedule:
         self._steps.append(step)
         if self._dump is not None:
             args = "".join(f"  # {k} = {v}\n" for k, v in step.args.items())
-            self._dump.write(f"{step.primitive}.txt", f"# after {step.primitive}\n{args}{self.mod}")
+            self._dump.write(f"{step.primitive}.txt", f"# after {step.primitive}\n{args}{self._dump.text(self.mod)}")
 
     # ---- primitives -------------------------------------------------------------------------
     def split(self, loop: LoopLike, factor: int | None = None, *, nparts: int | None = None,

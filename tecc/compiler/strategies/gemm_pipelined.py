@@ -30,11 +30,12 @@ from typing import Any, Iterable
 from ...ir.target import Target
 from ..cost.analysis import KernelInfo
 from ..cost.model import Workload
+from ..cost.warp import shared_wavefronts
 from .gemm import Gemm, operands
 from .registry import Point, Strategy, register
 
 BLOCKS = (64, 128)
-BKS = (8, 16, 32)
+BKS = (8, 16)  # k-tile 32 with 128x128 needs 32 prefetch registers: 1 block/SM, measured 0.70 of cuBLAS
 QUADRANT = 4  # a thread's register tile is 2 × 2 quadrants of QUADRANT × QUADRANT
 
 
@@ -87,7 +88,16 @@ class GemmPipelined(Strategy):
         regs = dict(base.registers)
         regs["copy"] = int(copy_per_thread)          # the prefetch registers of the next tile
         notes = [x for x in base.notes if "bank" not in x] + ["k-tile loads overlap the compute (double buffer)"]
-        return replace(base, instructions=max(base.instructions - saved, base.fma_ops / 32),
+        # shared reads per k step and warp: two LDS.128 of A (rows ty*4.., broadcast within the
+        # warp's two rows) and two of B (lanes tx*4.., consecutive 16-byte words), cost.warp's count
+        tx = bn // 8
+        lanes = range(32)
+        a_rd, _ = shared_wavefronts([((lane // tx) % (bm // 8)) * 4 for lane in lanes], 4)
+        b_rd, _ = shared_wavefronts([(lane % tx) * 4 for lane in lanes], 4)
+        warps = base.blocks * threads / 32
+        stores = base.blocks * ktiles * (bm * bk + bk * bn) / 32 / 4 * 2
+        smem = warps * k * 2 * (a_rd + b_rd) + stores
+        return replace(base, smem_wavefronts=smem, instructions=max(base.instructions - saved, base.fma_ops / 32),
                        bank_conflict=1.0, block_latency_cycles=base.block_latency_cycles / ktiles,
                        registers=regs, notes=notes)
 
