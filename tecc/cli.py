@@ -4,7 +4,7 @@
     tecc check   PATH...   [--arch sm_90] [-o DIR] [--dump-ir DIR]            compile and check against NumPy
     tecc run     FILE.py... [--target auto|cuda|sim] [--check] [--profile]     run the ops (check, profile)
     tecc explain FILE.py... [--arch sm_90]                                      how each op was scheduled
-    tecc tune    FILE.py... [--arch sm_90] [--top-k N]                          autotune (needs the planner)
+    tecc tune    FILE.py... [--arch sm_90] [--top-k N]                          autotune on the GPU (docs/tuning.md)
     tecc cache   info | clear [--tuning]                                        the compile cache
 
 A file declares its ops in a module-level list `OPS` of `tecc.OpSpec`. The CLI only calls the
@@ -170,6 +170,9 @@ class _Progress:
 def _build(op: OpSpec, target: str, args: argparse.Namespace, dump: Path | None = None) -> Any:
     from .compiler.build import build
 
+    if getattr(args, "tune", False):  # the winner `tecc tune` just stored, for the op's sizes
+        return build(op.args, target, name=op.name, dump_ir=dump, arch=getattr(args, "arch", None),
+                     sizes=dict(op.sizes), tune=True)
     return build(op.args, target, name=op.name, dump_ir=dump, arch=getattr(args, "arch", None))
 
 
@@ -179,7 +182,8 @@ def _cached(kernel: Any) -> bool:
 
 def cmd_compile(args: argparse.Namespace, check: bool) -> int:
     if getattr(args, "tune", False):
-        return cmd_tune(args)
+        cmd_tune(args)
+        print()
     ops = _all_ops(args.files)
     out_dir = Path(args.output) if args.output else None
     use_gpu = _gpu() if check else False
@@ -252,13 +256,54 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    try:
-        from .compiler import tuner  # type: ignore[attr-defined]
-    except ImportError:
-        raise UsageError("autotuning is not available in this version of tecc: it needs the planner's ranked "
-                         "candidates (tecc.compiler.tuner), which are not built yet. `tecc compile` uses the "
-                         "default schedule; the tuning database (tecc cache info) is ready for it") from None
-    return int(tuner.main(args))  # pragma: no cover - once the tuner exists
+    from .compiler import tuner
+
+    if not _gpu():
+        tuner.require_gpu()  # raises the TeccError that says why and what works without a GPU
+    ops = _all_ops(args.files)
+    for i, (path, op) in enumerate(ops):
+        if i:
+            print()
+        with _TuneProgress(op.name) as progress:
+            result = tuner.tune(op, arch=getattr(args, "arch", None), top_k=args.top_k,
+                                ref=tuner.ProgramRef(str(path), op.name), progress=progress)
+        win = result.winner
+        print(f"{op.name}: {len(result.results)} candidate(s) on {result.device} ({result.problem.arch}) "
+              f"in {result.seconds:.1f} s; timing: {result.note}", flush=True)
+        print(result.table(), flush=True)
+        if win is not None:
+            print(f"winner: {win.candidate.label}, median {win.median_us:.1f} us "
+                  f"(predicted {win.candidate.predicted_us:.1f} us); stored in {tuner.TuningDB().path}", flush=True)
+    return 0
+
+
+class _TuneProgress:
+    """The tuner's progress callback as rich bars: one for compiling, one for measuring."""
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+        self._bars: dict[str, _Progress] = {}
+        self._done: dict[str, int] = {}
+
+    def __enter__(self) -> "_TuneProgress":
+        return self
+
+    def __call__(self, phase: str, done: int, total: int, label: str) -> None:
+        bar = self._bars.get(phase)
+        if bar is None:
+            bar = self._bars[phase] = _Progress(total, f"{phase} {self.op}", delay=0.5).__enter__()
+            self._done[phase] = 0
+        if label:
+            bar.working_on(label[:60])
+        while self._done[phase] < done:
+            bar.advance()
+            self._done[phase] += 1
+        if done >= total:
+            bar.__exit__(None, None, None)
+
+    def __exit__(self, *exc: Any) -> None:
+        for bar in self._bars.values():
+            bar.__exit__(None, None, None)
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
@@ -331,7 +376,7 @@ def parser() -> argparse.ArgumentParser:
         c.add_argument("--dump-ir", default=None, metavar="DIR", help="write the IR after every pass to DIR/<op>/")
         if name == "compile":
             c.add_argument("--tune", action="store_true",
-                           help="autotune each op first (as `tecc tune`; needs the planner)")
+                           help="autotune each op first (as `tecc tune`; needs a GPU), then compile the winners")
             c.add_argument("--top-k", type=int, default=8, help="with --tune: candidates to measure")
 
     r = sub.add_parser("run", help="run every op on random inputs (GPU if present, else the emulator)",
@@ -356,7 +401,9 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("tune", help="autotune every op and store the winners in the tuning database",
                        description="Compile the planner's top-k candidates of every op, time them on the GPU, "
                                    "check them against NumPy and store all measurements and the winner in the "
-                                   "tuning database (TECC_CACHE_DIR/tuning.sqlite).",
+                                   "tuning database (TECC_TUNING_DB, else TECC_CACHE_DIR/tuning.sqlite); later builds with "
+                                   "tune=True (and `tecc compile --tune`) reuse the winner without measuring. "
+                                   "Needs a CUDA GPU.",
                        formatter_class=_Formatter)
     files(t)
     arch(t)

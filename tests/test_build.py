@@ -126,7 +126,7 @@ def test_multi_kernel_program_inlines_elementwise_and_keeps_reductions_as_kernel
     e = tc.compute((R, 50), lambda r, j: tc.exp(X[r, j] - m[r]), name="e")
     s = tc.compute((R,), lambda r: tc.sum(e[r, c2], axis=c2), name="s")
     Y = tc.compute((R, 50), lambda r, j: e[r, j] / s[r], name="Y")
-    f = tc.build([X, Y], target="sim")
+    f = tc.build([X, Y], target="sim", plan=tc.default_plan())
     assert [k.name for k in f.module.kernels] == ["m_kernel", "s_kernel", "Y_kernel"]
     assert [t.name for t in f.module.temps] == ["m", "s"]
 
@@ -135,6 +135,24 @@ def test_multi_kernel_program_inlines_elementwise_and_keeps_reductions_as_kernel
         return z / z.sum(axis=-1, keepdims=True)
 
     _assert_ok(run_and_compare(OpSpec("softmax", [X, Y], softmax, sizes={"R": 33}), f, seed=5))
+
+
+def test_planner_fuses_softmax_into_one_kernel_that_matches_numpy():
+    R = tc.var("R")
+    X = tc.placeholder((R, 50), "float32", name="X")
+    c, c2 = tc.reduce_axis(50, name="c"), tc.reduce_axis(50, name="c2")
+    m = tc.compute((R,), lambda r: tc.max(X[r, c], axis=c), name="m")
+    e = tc.compute((R, 50), lambda r, j: tc.exp(X[r, j] - m[r]), name="e")
+    s = tc.compute((R,), lambda r: tc.sum(e[r, c2], axis=c2), name="s")
+    Y = tc.compute((R, 50), lambda r, j: e[r, j] / s[r], name="Y")
+    f = tc.build([X, Y], target="sim")
+    assert len(f.module.kernels) == 1 and not f.module.temps, f.plan
+
+    def softmax(x):
+        z = np.exp(x - x.max(axis=-1, keepdims=True))
+        return z / z.sum(axis=-1, keepdims=True)
+
+    _assert_ok(run_and_compare(OpSpec("softmax", [X, Y], softmax, sizes={"R": 33}), f, seed=6))
 
 
 def test_dump_ir_writes_one_file_per_pass_then_cuda_and_ptx(tmp_path: Path):
@@ -167,7 +185,7 @@ def test_tecc_dump_ir_environment_variable_filters_by_kernel(tmp_path: Path, mon
     m = tc.compute((R,), lambda r: tc.max(X[r, c], axis=c), name="m")
     Y = tc.compute((R, 8), lambda r, j: X[r, j] - m[r], name="Y")
     monkeypatch.setenv("TECC_DUMP_IR", f"{tmp_path}:Y_kernel")
-    tc.build([X, Y], target="sim")
+    tc.build([X, Y], target="sim", plan=tc.default_plan())
     (last,) = (tmp_path / "Y").glob("*_unique_names.txt")
     text = last.read_text()
     assert "kernel Y_kernel" in text and "kernel m_kernel" not in text

@@ -87,22 +87,23 @@ def test_check_failure_exits_1(tmp_path: Path, capsys) -> None:
 
 
 def test_explain_shows_plan_and_launch(capsys) -> None:
-    assert main(["explain", str(EXAMPLES / "softmax.py"), "--arch", "sm_90"]) == 0
+    assert main(["explain", str(EXAMPLES / "matmul.py"), "--arch", "sm_90"]) == 0
     out = capsys.readouterr().out
     # the planner's ranking: a chosen point per kernel, the cost terms, and each kernel's launch shape
     assert "chosen:" in out and "predicted" in out and "runners-up" in out
-    assert "Y_kernel: grid" in out and "block (" in out
+    assert "C_kernel: grid" in out and "block (" in out
 
 
-def test_tune_without_the_planner_is_a_clear_error(capsys) -> None:
-    try:
-        import tecc.compiler.tuner  # noqa: F401
-        pytest.skip("the tuner exists")
-    except ImportError:
-        pass
-    assert main(["tune", str(EXAMPLES / "matmul.py")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("tecc: error: autotuning is not available") and "Traceback" not in err
+def test_tune_without_a_gpu_is_a_clear_error(capsys, monkeypatch) -> None:
+    import tecc.cli
+
+    monkeypatch.setattr(tecc.cli, "_gpu", lambda: False)
+    monkeypatch.setattr("tecc.runtime.cuda.cuda_unavailable_reason", lambda: "no device (test)")
+    for argv in (["tune", str(EXAMPLES / "matmul.py")], ["compile", "--tune", str(EXAMPLES / "matmul.py")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("tecc: error: TeccError: tuning needs a CUDA device") and "Traceback" not in err
+        assert 'plan="auto"' in err
 
 
 def test_cache_info_and_clear(tmp_path: Path, capsys) -> None:

@@ -89,7 +89,7 @@ int main() {
         int st = sin_axpb_launch(0, &s, &b, &l);
         std::printf("sin_axpb %lld %d %u %u %u %u %d %llu %d %d\n", R, st, st ? l.grid[0] : 0, l.grid[1], l.grid[2],
                     l.block[0], l.num_params, (unsigned long long)l.values[3].ptr, l.values[4].i32, l.values[5].i32);
-        softmax_sizes t{}; t.R = R; softmax_buffers c{1, 2, 3, 4};
+        softmax_sizes t{}; t.R = R; softmax_buffers c{1, 2};
         for (int i = 0; i < SOFTMAX_NUM_LAUNCHES; ++i) {
             int st2 = softmax_launch(i, &t, &c, &l);
             std::printf("softmax %lld %d %s %u\n", R, st2, st2 ? l.kernel : "-", st2 ? l.grid[0] : 0);

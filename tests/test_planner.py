@@ -48,10 +48,10 @@ def _matmul(m, n, k):
 
 def test_gemm_is_planned_with_tiling_and_explained():
     result = plan_program(_matmul(2048, 2048, 2048), "sm_90")
-    assert result.plan.strategy == "gemm"
+    assert result.plan.strategy in ("gemm", "gemm_pipelined")
     assert any(s.primitive == "cache_read" for s in result.plan.steps)
     text = explain(result)
-    assert "chosen: gemm(" in text and "runners-up" in text
+    assert "chosen: gemm" in text and "runners-up" in text
     assert "smem" in text and "> 48 KiB without opt-in" in text          # a rejected point and why
     assert "registers/thread" in text and "block(s)/SM" in text
 

@@ -57,7 +57,7 @@ def default_plan(threads: int = DEFAULT_THREADS) -> Plan:
 def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str | None = None,
           dump_ir: str | os.PathLike[str] | None = None, dump_filter: str | None = None,
           arch: str | None = None, plan: Plan | str | dict[str, Any] = "auto",
-          options: Sequence[str] = (), sizes: dict[str, int] | None = None) -> Kernel:
+          options: Sequence[str] = (), sizes: dict[str, int] | None = None, tune: bool = False) -> Kernel:
     """Compile the program whose kernel signature is `args` (inputs and outputs, in order), or
     the scheduled program of a `Schedule`.
 
@@ -67,7 +67,10 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
     plan: "auto" (the planner picks strategy and parameters by the cost model; `f.explain()`
       says why), a Plan, or its JSON (ignored for a Schedule, which carries its own).
     sizes: values of symbolic dimensions for the planner to plan for (others are assumed).
-    options: extra NVRTC options (e.g. "-use_fast_math")."""
+    options: extra NVRTC options (e.g. "-use_fast_math").
+    tune: use the tuning database's winner for this problem (op, shapes from `sizes`, dtypes,
+      arch) without measuring, else autotune now on the GPU (docs/tuning.md); `plan` is then
+      ignored. `f.plan.reason` says which."""
     if target not in TARGETS:
         raise TeccError(f"build(): unknown target {target!r}; use one of {TARGETS}")
     timing = PassTiming()
@@ -83,12 +86,26 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
             dumper.write("schedule.txt", f"# the Schedule as given\n{dumper.text(module)}")
     else:
         tensors = [args] if isinstance(args, Tensor) else list(args)
-        if plan == "auto" or plan is None:
-            from .planner import plan_program
+        if tune:
+            from .tuner import tuned_plan
 
-            planning = plan_program(tensors, arch or knobs.default_arch_override(), sizes=sizes, name=name)
-            chosen = planning.plan
-            timing.seconds.append(("plan", planning.search_seconds))
+            start_tune = time.perf_counter()
+            chosen = tuned_plan(tensors, arch=arch or knobs.default_arch_override(), sizes=sizes, name=name,
+                                options=options)
+            timing.seconds.append(("tune", time.perf_counter() - start_tune))
+        elif plan == "auto" or plan is None:
+            from .planner import plan_program
+            from .strategies.row_fused import propose as propose_row_fused
+
+            # A graph of stages that share a row (softmax, norms) becomes one kernel when that
+            # moves fewer global bytes; the per-kernel planner cannot express that rewrite.
+            fused = propose_row_fused(tensors)
+            if fused is not None:
+                chosen = fused.plan
+            else:
+                planning = plan_program(tensors, arch or knobs.default_arch_override(), sizes=sizes, name=name)
+                chosen = planning.plan
+                timing.seconds.append(("plan", planning.search_seconds))
         else:
             chosen = _resolve_plan(plan)
         dumper = _dumper(dump_ir, module_name(tensors, name), dump_filter)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ...ir.errors import ScheduleError
-from ...ir.expr import const_int
+from ...ir.expr import TensorRead, const_int, free_vars, walk
 from ...ir.tensor import Tensor
 from ...passes.fuse_rows import row_group
 from ..plan import Plan, Step
@@ -65,12 +65,30 @@ def choose_point(columns: int | None, cached_inputs: int) -> tuple[int, str]:
     return THREAD_CHOICES[-1], "none"
 
 
+def _walks_rows_along_their_last_axis(group: Any) -> bool:
+    """Every read inside a reduction uses the reduction axis only in its last index: the row is
+    then contiguous in memory, which the one-block-per-row kernel needs to read it coalesced. A
+    contraction (B[k, j] in a matmul) or a reduction over a middle axis is left to the planner."""
+    for t in group.reductions:
+        for r in t.op.reductions:
+            axis = r.axes[0]
+            for node in walk(r.source):
+                if not isinstance(node, TensorRead):
+                    continue
+                uses = [axis in free_vars(i) for i in node.indices]
+                if any(uses[:-1]):
+                    return False
+    return True
+
+
 def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | None:
     """The row-fused plan for the program `tensors`, or None when it is not a row group or the
     rewrite would not move fewer global bytes."""
     try:
         group = row_group(tensors)
     except ScheduleError:
+        return None
+    if not _walks_rows_along_their_last_axis(group):
         return None
     columns = const_int(group.columns)
     width = columns if columns is not None else 4096  # a symbolic row: bytes per row for the comparison
