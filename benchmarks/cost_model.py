@@ -3,6 +3,7 @@
     python benchmarks/cost_model.py prepare [--dir build/costbench] [--per-op 60]   # CPU: plan, schedule, NVRTC
     python benchmarks/cost_model.py measure --dir build/costbench --out DIR         # GPU: check, time, occupancy
     python benchmarks/cost_model.py report  --results DIR/results.json              # RESULTS.md section
+    python benchmarks/cost_model.py tuned   [--db FILE]                             # the tuning database's figures
 
 `prepare` (no GPU needed) enumerates every candidate (strategy, point) of three ops at
 realistic sizes, keeps a spread of `--per-op` valid ones over the predicted ranking (the top 12
@@ -284,9 +285,34 @@ def report_text(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tuned_report(db_path: str | None) -> str:
+    """Predicted vs measured from the tuning database (docs/tuning.md): per tuned problem, the
+    candidates measured correct, Kendall tau of predicted vs measured time, and the regret of
+    the model's pick (least predicted) against the measured winner."""
+    from tecc.compiler.tuning_db import TuningDB
+
+    db = TuningDB(db_path) if db_path else TuningDB()
+    problems: dict[tuple[str, ...], list[Any]] = {}
+    for m in db.measurements():
+        if m.ok and m.median_us is not None and m.predicted_us is not None:
+            key = (m.op_name or m.op_signature[:12], json.dumps(m.shapes), m.arch)
+            problems.setdefault(key, []).append(m)
+    lines = [f"tuning database {db.path}", "",
+             "| op | shapes | arch | measured | Kendall tau | model's pick | measured best | regret |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for (op, shapes, arch), rows in sorted(problems.items()):
+        pick = min(rows, key=lambda m: m.predicted_us)
+        best = min(rows, key=lambda m: m.median_us)
+        tau = kendall_tau([m.predicted_us for m in rows], [m.median_us for m in rows])
+        lines.append(f"| {op} | {shapes} | {arch} | {len(rows)} | {tau:.2f} | {pick.median_us:.1f} us | "
+                     f"{best.median_us:.1f} us | {100 * (pick.median_us / best.median_us - 1):.0f}% |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=("prepare", "measure", "report", "repredict"))
+    p.add_argument("mode", choices=("prepare", "measure", "report", "repredict", "tuned"))
+    p.add_argument("--db", default=None, help="tuned: the tuning database (default TECC_TUNING_DB)")
     p.add_argument("--dir", default=str(ROOT / "build" / "costbench"))
     p.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "build" / "costbench-out")))
     p.add_argument("--per-op", type=int, default=60)
@@ -305,6 +331,8 @@ def main() -> None:
         path.write_text(json.dumps(data, indent=1))
     elif a.mode == "measure":
         measure(Path(a.dir), Path(a.out))
+    elif a.mode == "tuned":
+        print(tuned_report(a.db))
     elif a.mode == "repredict":
         results = repredict(json.loads(Path(a.results).read_text()))
         Path(a.results).with_name("results_repredicted.json").write_text(json.dumps(results, indent=1))

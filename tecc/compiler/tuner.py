@@ -139,8 +139,10 @@ def candidate_plans(args: Sequence[Tensor], arch: str | None = None, *, sizes: M
     found: dict[str, TuneCandidate] = {}  # by the steps' JSON: two picks may realize the same plan
     for picks in choices:
         plan = _realize(args, name, result, picks)
-        key = None if plan is None else json.dumps([s.to_json() for s in plan.steps], sort_keys=True)
-        if plan is not None and key not in found:
+        if plan is None:
+            continue
+        key = json.dumps([s.to_json() for s in plan.steps], sort_keys=True)
+        if key not in found:
             predicted = sum(p.cost.total for p in picks) * 1e6
             found[key] = TuneCandidate(plan, "; ".join(p.label for p in picks), predicted)
     ranked = list(found.values())
@@ -308,7 +310,7 @@ class CudaBench(Bench):
         key = tuple(id(a) for a in arrays)
         if key == self._key:
             return self._sets
-        from cuda.core.utils import StridedMemoryView
+        from cuda.core.utils import StridedMemoryView  # type: ignore[import-untyped]
 
         from ..runtime import arrays as rt_arrays
 
@@ -460,7 +462,7 @@ def tune(program: OpSpec | Sequence[Tensor], *, arch: str | None = None, sizes: 
 
     start = time.perf_counter()
     spec = program if isinstance(program, OpSpec) else None
-    args = list(spec.args if spec is not None else program)  # type: ignore[union-attr]
+    args: list[Tensor] = list(spec.args) if spec is not None else list(program)  # type: ignore[arg-type]
     the_sizes = dict(spec.sizes if spec is not None else {}) | dict(sizes or {})
     name = name or (spec.name if spec is not None else None)
     if bench is None:
@@ -564,7 +566,7 @@ def _reference(spec: OpSpec | None, args: Sequence[Tensor], shapes: list[tuple[i
     arrays = _arguments(args, shapes, inputs)
     try:
         bench.run(naive, arrays)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - reported as a TeccError that says what failed
         raise TeccError(f"the naive plan (the reference) failed to run: {_first_line(exc)}") from exc
     got = [a for t, a in zip(args, arrays) if not t.is_placeholder]
     return [a.astype(np.float64) for a, _ in zip(got, outputs)]
@@ -600,6 +602,22 @@ def _check_and_time(kernel: Any, result: CandidateResult, spec: OpSpec | None, a
         result.error = f"timing failed: {_first_line(exc)}"
 
 
-__all__ = ["Bench", "CandidateResult", "CompileOutcome", "CudaBench", "ProgramRef", "TuneCandidate", "TuneResult",
-           "candidate_plans", "compile_candidates", "concrete_shapes", "load_op", "problem_of", "require_gpu",
-           "tune", "tuned_plan", "REASON_FROM_DB", "REASON_MEASURED"]
+__all__ = [
+    "REASON_FROM_DB",
+    "REASON_MEASURED",
+    "Bench",
+    "CandidateResult",
+    "CompileOutcome",
+    "CudaBench",
+    "ProgramRef",
+    "TuneCandidate",
+    "TuneResult",
+    "candidate_plans",
+    "compile_candidates",
+    "concrete_shapes",
+    "load_op",
+    "problem_of",
+    "require_gpu",
+    "tune",
+    "tuned_plan",
+]
