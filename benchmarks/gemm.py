@@ -107,6 +107,8 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--compare", action="store_true", help="also time gemm_pipelined where the planner chose another")
     ap.add_argument("--symbolic", action="store_true", help="check a symbolic-M build at M=1000 and M=4096")
+    ap.add_argument("--sweep-small", action="store_true",
+                    help="time every gemm_pipelined point at 1024^3, 1000^3 and 127x4096x1023")
     opts = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -162,6 +164,25 @@ def main() -> None:
             rows.append(row)
             print(f"sweep {row['shape']:>12} {row['tecc_tflops']:10.2f} {row['cublas_tflops']:12.2f} "
                   f"{row['ratio']:6.2f} {row['rel_err']:8.1e}  {row['plan']}", flush=True)
+    if opts.sweep_small:
+        from tecc.compiler.cost.analysis import analyze_kernel
+        from tecc.compiler.schedule import Schedule
+        from tecc.compiler.strategies import get
+        from tecc.ir.target import from_device
+        from tecc.passes.lower import lower
+
+        strat = get("gemm_pipelined")
+        for m, n, k in ((1024, 1024, 1024), (1000, 1000, 1000), (127, 4096, 1023)):
+            args = matmul_tensors(1, m, n, k)
+            info = analyze_kernel(lower(args).kernels[0])
+            for point in strat.space(info, from_device()):
+                sch = Schedule(args)
+                strat.apply(sch, info, point)
+                row = run_shape(1, m, n, k, plan=sch.plan, label=strat.describe(point))
+                row["sweep"] = True
+                rows.append(row)
+                print(f"sweep {row['shape']:>12} {row['tecc_tflops']:10.2f} {row['cublas_tflops']:12.2f} "
+                      f"{row['ratio']:6.2f} {row['rel_err']:8.1e}  {row['plan']}", flush=True)
     if opts.out:
         Path(opts.out).mkdir(parents=True, exist_ok=True)
         (Path(opts.out) / "gemm.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1))

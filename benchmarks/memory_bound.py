@@ -2,7 +2,9 @@
 
     python benchmarks/memory_bound.py [--rows 16384] [--cols 1024 4096 8192] [--quick]
 
-For each op, shape and dtype: tecc's kernel (the plan `row_fused.propose` chooses: ONE kernel),
+For each op, shape and dtype: tecc's kernels as `tc.build(args)` plans them (plan="auto": row
+fusion for the row ops, a split reduction for col_sum / mid_mean, the planner's elementwise
+strategy for sin_affine = sin(1.5·x + b[j]) with b broadcast along the rows),
 torch eager and torch.compile, all in this process on one stream, timed with CUDA events
 (median of --reps launches after warm-up), and a device-to-device copy of the same input size
 timed the same way. Bytes = each input read once + each output written once; GB/s = bytes /
@@ -28,7 +30,6 @@ sys.path.insert(0, str(HERE.parent))
 import norms  # noqa: E402
 
 import tecc as tc  # noqa: E402
-from tecc.compiler.strategies.row_fused import propose  # noqa: E402
 from tecc.runtime.cuda import CudaExecutor  # noqa: E402
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -52,8 +53,44 @@ def torch_ops():
     def row_max(x):
         return x.amax(-1)
 
+    def col_sum(x):
+        return x.float().sum(0).to(x.dtype)
+
+    def mid_mean(x):
+        return x.float().mean(1).to(x.dtype)
+
+    def sin_affine(x, b):
+        return torch.sin(1.5 * x.float() + b.float()).to(x.dtype)
+
     return {"softmax": softmax, "layer_norm": layer_norm, "rms_norm": rms_norm, "row_sum": row_sum,
-            "row_max": row_max}
+            "row_max": row_max, "col_sum": col_sum, "mid_mean": mid_mean, "sin_affine": sin_affine}
+
+
+MID = 16  # mid_mean reduces X viewed as (MID, rows / MID, C) over its middle axis
+
+
+def col_sum(R, C, dtype):
+    X = tc.placeholder((R, C), dtype, name="X")
+    i = tc.reduce_axis(R, name="i")
+    Y = tc.compute((C,), lambda j: tc.cast(tc.sum(tc.cast(X[i, j], "float32"), axis=i), dtype), name="Y")
+    return [X, Y]
+
+
+def mid_mean(R, C, dtype):
+    A, B = MID, R // MID
+    X = tc.placeholder((A, B, C), dtype, name="X")
+    b = tc.reduce_axis(B, name="b")
+    Y = tc.compute((A, C), lambda a, c: tc.cast(tc.sum(tc.cast(X[a, b, c], "float32"), axis=b) * (1.0 / B), dtype),
+                   name="Y")
+    return [X, Y]
+
+
+def sin_affine(R, C, dtype):
+    X = tc.placeholder((R, C), dtype, name="X")
+    b = tc.placeholder((C,), dtype, name="b")
+    Y = tc.compute((R, C), lambda r, j: tc.cast(tc.sin(1.5 * tc.cast(X[r, j], "float32") + tc.cast(b[j], "float32")),
+                                                dtype), name="Y")
+    return [X, b, Y]
 
 
 def tensors_for(op: str, R: int, C: int, dtype: str):
@@ -63,6 +100,8 @@ def tensors_for(op: str, R: int, C: int, dtype: str):
         return norms.layer_norm(R, C, dtype)
     if op == "rms_norm":
         return norms.rms_norm(R, C, dtype)
+    if op in ("col_sum", "mid_mean", "sin_affine"):
+        return globals()[op](R, C, dtype)
     return norms.row_reduce(R, C, dtype, "sum" if op == "row_sum" else "max")
 
 
@@ -114,7 +153,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=16384)
     ap.add_argument("--cols", type=int, nargs="+", default=[1024, 4096, 8192])
-    ap.add_argument("--ops", nargs="+", default=["row_sum", "row_max", "softmax", "layer_norm", "rms_norm"])
+    ap.add_argument("--ops", nargs="+", default=["row_sum", "row_max", "softmax", "layer_norm", "rms_norm", "col_sum",
+                                                 "mid_mean", "sin_affine"])
+    ap.add_argument("--compile-ops", nargs="+", default=None, help="ops to time torch.compile for (default: all)")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-compile", action="store_true")
@@ -137,10 +178,10 @@ def main() -> None:
             copy_gbps = 2 * x.numel() * x.element_size() / t_copy / 1e9
             for op in a.ops:
                 args = tensors_for(op, R, C, dtype)
-                choice = propose(args)
-                kern = tc.build(args, plan=choice.plan)
+                kern = tc.build(args)
                 kern._executor = CudaExecutor(kern.host, kern.cubin, stream=stream)
-                inputs = [x] + [torch.randn(C, device="cuda", dtype=tdt) for t in args[1:] if t.is_placeholder]
+                xin = x.view(MID, R // MID, C) if op == "mid_mean" else x
+                inputs = [xin] + [torch.randn(C, device="cuda", dtype=tdt) for t in args[1:] if t.is_placeholder]
                 outs = [torch.empty(tuple(int(s) for s in t.shape), device="cuda", dtype=tdt)
                         for t in args if not t.is_placeholder]
                 call = direct_launcher(kern, [*inputs, *outs])
@@ -153,7 +194,8 @@ def main() -> None:
                 eager = ref_ops[op]
                 t_eager = time_it(lambda: eager(*inputs), stream, a.reps)
                 t_comp = None
-                if not a.no_compile and time.time() - t_start < a.budget_s:
+                if (not a.no_compile and time.time() - t_start < a.budget_s
+                        and (a.compile_ops is None or op in a.compile_ops)):
                     try:
                         comp = torch.compile(eager, dynamic=False)
                         t_comp = time_it(lambda: comp(*inputs), stream, a.reps)
@@ -162,11 +204,14 @@ def main() -> None:
                 gb = lambda t: nbytes / t / 1e9  # noqa: E731
                 comp_txt = f"{gb(t_comp):.0f}" if t_comp else "-"
                 vs = f"{t_comp / t_tecc:.2f}x" if t_comp else "-"
-                res = kern.resources.get(kern.module.kernels[0].name)
-                regs = getattr(res, "registers", "?")
+                regs = "/".join(str(getattr(kern.resources.get(k.name), "registers", "?")) for k in kern.module.kernels)
+                plan = "; ".join(f"{st.primitive}({', '.join(f'{a}={v}' for a, v in st.args.items())})"
+                                 for st in kern.plan.steps)
+                if kern.planning is not None:  # the per-kernel planner: its strategies' own labels
+                    plan = "; ".join(kp.chosen.label for kp in kern.planning.kernels)
                 print(f"| {op} | {R}x{C} | {dtype} | {gb(t_tecc):.0f} | {gb(t_eager):.0f} | {comp_txt} | "
                       f"{copy_gbps:.0f} | {100 * gb(t_tecc) / copy_gbps:.0f}% | {vs} | {err:.1e} | "
-                      f"fuse_rows(threads={choice.threads}, cache={choice.cache}, vector={choice.vector}), {regs} regs |", flush=True)
+                      f"{plan}, {regs} regs |", flush=True)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Every line of a kernel comes from the IR; nothing is pasted from hand-written templates.
 The mapping, statement by statement (docs/codegen.md has the full table):
 
-  PrimFunc            extern "C" __global__ void __launch_bounds__(THREADS) name(params)
+  PrimFunc            extern "C" __global__ void __launch_bounds__(THREADS[, MIN_BLOCKS]) name(params)
   For serial/unroll   for (int i = min; i < min + extent; ++i)   (+ #pragma unroll)
   For vectorize       one float4/float2 access where contiguous and aligned, else #pragma unroll
   For blockIdx.x      const int bx = blockIdx.x;                  (no loop: one block per value)
@@ -220,8 +220,11 @@ class KernelEmitter:
                 params.append(f"{const}{c_type(p.dtype)}* __restrict__ {name}")
             else:
                 params.append(f"{c_type(p.dtype)} {name}")
-        threads = self.dims.threads
-        return f'extern "C" __global__ void __launch_bounds__({threads}) {sanitize(self.func.name)}({", ".join(params)})'
+        bounds = str(self.dims.threads)
+        min_blocks = self.func.attr("min_blocks_per_sm")
+        if min_blocks is not None and int(min_blocks) > 1:
+            bounds += f", {int(min_blocks)}"
+        return f'extern "C" __global__ void __launch_bounds__({bounds}) {sanitize(self.func.name)}({", ".join(params)})'
 
     def emit(self) -> str:
         for p in self.func.params:

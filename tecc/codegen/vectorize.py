@@ -1,6 +1,8 @@
-"""Vector memory accesses for `vectorize` loops (float4 / float2 / int4 / int2).
+"""Vector memory accesses for `vectorize` loops (float4 / float2 / int4 / int2, and 4/8/16-byte
+accesses of 16-bit types).
 
-A loop `for v in range(W): B[base + v] = f(A[base' + v], ...)` with W in {2, 4} becomes
+A loop `for v in range(W): B[base + v] = f(A[base' + v], ...)` with W in {2, 4} over 32-bit
+buffers becomes
 
     const float4 A_vec = *reinterpret_cast<const float4*>(&A[base']);
     float4 B_vec;
@@ -8,12 +10,26 @@ A loop `for v in range(W): B[base + v] = f(A[base' + v], ...)` with W in {2, 4} 
     *reinterpret_cast<float4*>(&B[base]) = B_vec;
 
 so each thread moves W elements with one 8- or 16-byte instruction (LDG.128 / STG.128), which is
-what lets an elementwise kernel reach DRAM bandwidth. When the loop does not have that shape the
+what lets an elementwise kernel reach DRAM bandwidth. For 16-bit buffers (float16, bfloat16)
+with W in {2, 4, 8} there is no CUDA vector type of the element, so the W elements travel as
+one `unsigned int` / `uint2` / `uint4` (4, 8, 16 bytes: LDG.32/64/128) through a 16-byte aligned
+register array of the element type:
+
+    __align__(16) __nv_bfloat16 A_vec[8];
+    *reinterpret_cast<uint4*>(A_vec) = *reinterpret_cast<const uint4*>(&A[base']);
+    __align__(16) __nv_bfloat16 B_vec[8];
+    B_vec[0] = f(A_vec[0], ...);  ...
+    *reinterpret_cast<uint4*>(&B[base]) = *reinterpret_cast<const uint4*>(B_vec);
+
+Every index into the arrays is a constant, so nvcc keeps them in registers (no local memory;
+checked in tests/test_codegen.py on the PTX). A 2-byte scalar access moves 64 bytes per warp
+instruction, a 16-byte one 512: without it a bf16 row cannot reach DRAM bandwidth.
+When the loop does not have that shape the
 emitter falls back to a fully unrolled scalar loop (`#pragma unroll`), which is always correct.
 
 The shape that is vectorized (anything else falls back):
-- the loop starts at 0 and has the constant extent 2 or 4;
-- its body is one BufferStore to a float32 or int32 buffer, contiguous in `v` (the flat offset is
+- the loop starts at 0 and has the constant extent 2 or 4 (32-bit types) or 2, 4 or 8 (16-bit);
+- its body is one BufferStore to a float32, int32, float16 or bfloat16 buffer, contiguous in `v` (the flat offset is
   `base + 1*v` with `base` free of `v`);
 - every offset involved is provably a multiple of W (`ranges.divisible_by`). Shared buffers are
   declared `__align__(16)`; global buffers are assumed 16-byte aligned at their base (cudaMalloc
@@ -50,6 +66,62 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _VECTOR_TYPES = {(dt.float32, 2): "float2", (dt.float32, 4): "float4", (dt.int32, 2): "int2", (dt.int32, 4): "int4"}
 _LANES = "xyzw"
+# 16-bit element types: W elements move as one unsigned integer container of 2·W bytes
+_HALF_TYPES = (dt.float16, dt.bfloat16)
+_CONTAINERS = {2: "unsigned int", 4: "uint2", 8: "uint4"}
+_CONTAINER_ZERO = {2: "0u", 4: "make_uint2(0u, 0u)", 8: "make_uint4(0u, 0u, 0u, 0u)"}
+
+
+def vector_widths(dtype: dt.DType) -> tuple[int, ...]:
+    """The `vectorize` extents that become one vector access for buffers of `dtype`."""
+    if dtype in _HALF_TYPES:
+        return (2, 4, 8)
+    if (dtype, 4) in _VECTOR_TYPES:
+        return (2, 4)
+    return ()
+
+
+def _vectorizable(dtype: dt.DType, width: int) -> bool:
+    return width in vector_widths(dtype)
+
+
+class _Access:
+    """How one vector access of `width` elements of `dtype` is spelled: a native vector type
+    (float4: lanes `.x .y .z .w`) or a container through a register array (lanes `[k]`)."""
+
+    def __init__(self, dtype: dt.DType, width: int) -> None:
+        self.native = _VECTOR_TYPES.get((dtype, width))
+        self.element = dtype.c_name
+        self.width = width
+        self.container = self.native or _CONTAINERS[width]
+
+    def lane(self, register: str, k: int) -> str:
+        return f"{register}.{_LANES[k]}" if self.native else f"{register}[{k}]"
+
+    def zero(self) -> str:
+        if self.native:
+            return f"make_{self.native}({', '.join(['0'] * self.width)})"
+        return _CONTAINER_ZERO[self.width]
+
+    def load(self, emitter: "KernelEmitter", register: str, address: str, cond: str | None) -> None:
+        value = f"*reinterpret_cast<const {self.container}*>({address})"
+        if cond is not None:
+            value = f"({cond} ? {value} : {self.zero()})"
+        if self.native:
+            emitter.line(f"const {self.native} {register} = {value};")
+        else:
+            emitter.line(f"__align__(16) {self.element} {register}[{self.width}];")
+            emitter.line(f"*reinterpret_cast<{self.container}*>({register}) = {value};")
+
+    def declare_result(self, emitter: "KernelEmitter", register: str) -> None:
+        if self.native:
+            emitter.line(f"{self.native} {register};")
+        else:
+            emitter.line(f"__align__(16) {self.element} {register}[{self.width}];")
+
+    def store(self, emitter: "KernelEmitter", register: str, address: str) -> None:
+        value = register if self.native else f"*reinterpret_cast<const {self.container}*>({register})"
+        emitter.line(f"*reinterpret_cast<{self.container}*>({address}) = {value};")
 
 
 def affine_coefficient(e: Expr, v: Var) -> int | None:
@@ -78,7 +150,7 @@ def affine_coefficient(e: Expr, v: Var) -> int | None:
 def _contiguous_base(emitter: "KernelEmitter", buffer: Buffer, indices: tuple[Expr, ...], v: Var,
                      width: int) -> Expr | None:
     """The offset at lane 0 when `buffer[indices]` is contiguous in `v` and aligned to `width`."""
-    if (buffer.dtype, width) not in _VECTOR_TYPES or buffer.scope == "local":
+    if not _vectorizable(buffer.dtype, width) or buffer.scope == "local":
         return None
     offset = emitter.expr.offset(buffer, indices)
     if affine_coefficient(offset, v) != 1:
@@ -125,7 +197,7 @@ def emit_vector_loop(emitter: "KernelEmitter", loop: For) -> bool:
     guard: Expr | None = None
     if isinstance(store, IfThenElse) and store.else_case is None and loop.var not in free_vars(store.cond):
         guard, store = store.cond, store.then_case
-    if width not in (2, 4) or const_int(loop.min) != 0 or not isinstance(store, BufferStore):
+    if width not in (2, 4, 8) or const_int(loop.min) != 0 or not isinstance(store, BufferStore):
         return False
     v = loop.var
     store_base = _contiguous_base(emitter, store.buffer, store.indices, v, width)
@@ -148,30 +220,26 @@ def emit_vector_loop(emitter: "KernelEmitter", loop: For) -> bool:
     for node, conds, base in vector_loads_found:
         if id(node) in vector_loads:
             continue
-        load_type = _VECTOR_TYPES[(node.buffer.dtype, width)]
+        access = _Access(node.buffer.dtype, width)
         register = emitter.names.add(object(), f"{node.buffer.name}_vec")
         address = f"&{emitter.buffer_name(node.buffer)}[{emitter.expr.code(base)}]"
-        value = f"*reinterpret_cast<const {load_type}*>({address})"
-        if conds:
-            cond = logical_and(*conds)
-            zero = ", ".join(["0"] * width)
-            value = f"({emitter.expr.code(cond)} ? {value} : make_{load_type}({zero}))"
-        emitter.line(f"const {load_type} {register} = {value};")
+        cond = emitter.expr.code(logical_and(*conds)) if conds else None
+        access.load(emitter, register, address, cond)
         vector_loads[id(node)] = register
         for k, lane in enumerate(lanes):
             lane_node = substitute(node, {v: lane})
-            overrides[id(lane_node)] = f"{register}.{_LANES[k]}"
+            overrides[id(lane_node)] = access.lane(register, k)
             lane_nodes.append(lane_node)
 
     if store_base is not None:
-        vector_type = _VECTOR_TYPES[(store.buffer.dtype, width)]
+        access = _Access(store.buffer.dtype, width)
         result = emitter.names.add(object(), f"{store.buffer.name}_vec")
-        emitter.line(f"{vector_type} {result};")
+        access.declare_result(emitter, result)
         for k, lane in enumerate(lanes):
             value = substitute(store.value, {v: lane})
-            emitter.line(f"{result}.{_LANES[k]} = {emitter.expr.code(value)};")
+            emitter.line(f"{access.lane(result, k)} = {emitter.expr.code(value)};")
         address = f"&{emitter.buffer_name(store.buffer)}[{emitter.expr.code(store_base)}]"
-        emitter.line(f"*reinterpret_cast<{vector_type}*>({address}) = {result};")
+        access.store(emitter, result, address)
     else:
         for lane in lanes:
             indices = tuple(substitute(i, {v: lane}) for i in store.indices)

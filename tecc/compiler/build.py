@@ -95,13 +95,18 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
             timing.seconds.append(("tune", time.perf_counter() - start_tune))
         elif plan == "auto" or plan is None:
             from .planner import plan_program
+            from .strategies.column_reduction import propose as propose_column_reduction
             from .strategies.row_fused import propose as propose_row_fused
 
             # A graph of stages that share a row (softmax, norms) becomes one kernel when that
-            # moves fewer global bytes; the per-kernel planner cannot express that rewrite.
+            # moves fewer global bytes, and a column / middle-axis reduction a split reduction
+            # (two kernels); the per-kernel planner cannot express either rewrite.
             fused = propose_row_fused(tensors)
+            column = propose_column_reduction(tensors) if fused is None else None
             if fused is not None:
                 chosen = fused.plan
+            elif column is not None:
+                chosen = column.plan
             else:
                 planning = plan_program(tensors, arch or knobs.default_arch_override(), sizes=sizes, name=name)
                 chosen = planning.plan

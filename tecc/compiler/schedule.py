@@ -26,6 +26,7 @@ from ..ir.stmt import Module, PrimFunc
 from ..ir.tensor import Tensor
 from ..passes import schedule as prim
 from ..passes.fuse_rows import fuse_rows as fuse_rows_module
+from ..passes.split_reduce import split_reduce as split_reduce_module
 from ..passes.lower import lower
 from ..passes.manager import DumpIR
 from ..passes.simplify import simplify_func
@@ -273,6 +274,15 @@ class Schedule:
         self._apply(lp.kernel, Step("double_buffer", {"loop": str(lp)}),
                     lambda f: prim.double_buffer(f, lp.name))
 
+    def guard_writeback_only(self, stage: StageLike) -> None:
+        """Keep the split guards of a per-thread register tile (a "C.local" write cache) only on
+        the statements that read it for the write-back: the init and the accumulation also run
+        on the tile's out-of-range lanes, which are never stored (the proof and its checks are in
+        tecc/passes/schedule/guard_writeback.py). Unchanged where every split divides."""
+        st = self._stage(stage)
+        self._apply(st.kernel, Step("guard_writeback_only", {"stage": str(st)}),
+                    lambda f: prim.guard_writeback_only(f, st.name))
+
     def compute_at(self, stage: StageLike, loop: LoopLike) -> None:
         """Place the cache stage `stage` at the top of `loop`'s body, sized to the tile read there."""
         st, lp = self._stage(stage), self._loop(loop)
@@ -303,6 +313,20 @@ class Schedule:
         if vector != 1:
             args["vector"] = int(vector)
         self._record(Step("fuse_rows", args))
+
+    def split_reduce(self, threads_x: int = 32, threads_y: int = 8, splits: int = 1, unroll: int = 4) -> None:
+        """Replace the module by the split reduction of its one reduction stage (a column or
+        middle-axis reduction; see tecc.passes.split_reduce): `threads_x` consecutive outputs
+        per block, the reduced axis over `threads_y` threads and `splits` blocks, combined in
+        shared memory and, when splits > 1, by a second kernel. It must be the first step."""
+        if self._steps:
+            raise ScheduleError("split_reduce rewrites the whole module: it must be the first step of a plan")
+        start = time.perf_counter()
+        self.mod = split_reduce_module(self._tensors, int(threads_x), int(threads_y), int(splits), int(unroll),
+                                       name=self._name)
+        self.timing.append(("split_reduce", time.perf_counter() - start))
+        self._record(Step("split_reduce", {"threads_x": int(threads_x), "threads_y": int(threads_y),
+                                           "splits": int(splits), "unroll": int(unroll)}))
 
     def cache_write(self, stage: StageLike, scope: str = "local") -> StageRV:
         st = self._stage(stage)

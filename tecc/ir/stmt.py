@@ -263,7 +263,10 @@ class PrimFunc:
 
     `params` are global buffers (passed as pointers) and scalar variables (sizes and strides,
     passed by value). Launch dimensions follow from the block/thread-bound loops of the body
-    (`launch_dims`). `attrs` records facts passes established (e.g. the plan step that made it)."""
+    (`launch_dims`). `attrs` records facts passes established (e.g. the plan step that made it).
+    The attr `min_blocks_per_sm` (an int) asks for that many resident blocks per SM: the
+    emitter writes it as `__launch_bounds__(threads, n)`, which makes ptxas cap the registers
+    per thread at 64 K / (threads · n)."""
 
     name: str
     params: tuple[KernelParam, ...]

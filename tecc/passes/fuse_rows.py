@@ -82,6 +82,27 @@ from .schedule.cross_thread import allreduce
 
 CACHES = ("registers", "none")
 COMBINE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
+VECTORS = (1, 2, 4, 8)
+# Occupancy request (`__launch_bounds__(T, n)`): sm_80 and sm_90 hold 2048 threads and 64 K
+# registers per SM (CUDA C++ Programming Guide, "Technical Specifications"), so full occupancy
+# allows 32 registers per thread. One register over that (33: 40 after the 8-register allocation
+# granularity) leaves ONE 1024-thread block per SM, which idles the SM through every barrier of
+# the block's reductions (layer norm at 8192 columns ran at 61% of copy bandwidth that way). The
+# request is made only when the cached row plus ROW_KERNEL_REGISTERS (addressing, accumulators,
+# statistics: 24 measured by ptxas for softmax) fits under the cap, so ptxas need not spill.
+SM_THREADS = 2048
+SM_REGISTERS = 65536
+ROW_KERNEL_REGISTERS = 24
+
+
+def min_blocks_per_sm(threads: int, row_words: int) -> int:
+    """The most resident blocks of `threads` threads per SM whose register cap still holds a
+    cached row of `row_words` 32-bit registers per thread plus the kernel's own registers."""
+    best = 1
+    for n in range(1, SM_THREADS // threads + 1):
+        if SM_REGISTERS // (threads * n) >= row_words + ROW_KERNEL_REGISTERS:
+            best = n
+    return best
 
 
 @dataclass
@@ -185,7 +206,8 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     cached inputs in K = ceil(C/T) registers per thread (C must be a constant), "none" re-reads.
     vector: V > 1 gives each thread V consecutive columns per step (`col = (k*T + tx)*V + v`), so
     the row's loads and the outputs' stores become one V-wide access (float4: LDG.128/STG.128);
-    it needs cache="registers" and C a multiple of V."""
+    it needs cache="registers" and C a multiple of V; V = 8 is for 16-bit rows (16 bytes).
+    The kernel asks for `min_blocks_per_sm` resident blocks (see SM_THREADS above)."""
     group = row_group(args)
     if cache not in CACHES:
         raise ScheduleError(f"fuse_rows: cache must be one of {CACHES}, got {cache!r}")
@@ -194,8 +216,8 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     if cache == "registers" and c_const is None:
         raise ScheduleError(f"fuse_rows: cache='registers' needs a constant row length, got {C}; use cache='none'")
     prog = group.program
-    if vector not in (1, 2, 4):
-        raise ScheduleError(f"fuse_rows: vector must be 1, 2 or 4, got {vector}")
+    if vector not in VECTORS:
+        raise ScheduleError(f"fuse_rows: vector must be one of {VECTORS}, got {vector}")
     if vector > 1 and (cache != "registers" or c_const is None or c_const % vector):
         raise ScheduleError(f"fuse_rows: vector={vector} needs cache='registers' and a row length that is a multiple "
                             f"of it, got {C}")
@@ -323,9 +345,19 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     params = tuple(buffers[a] for a in prog.args if buffers[a] in used) + tuple(v for v in scalars if v in body_vars)
     kname = unique(f"{prog.stages[-1].name}_rows_kernel")
     mname = _identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
-    kernel = PrimFunc(kname, params, body, (("fused_rows", tuple(t.name for t in prog.stages)),))
+    attrs: tuple[tuple[str, object], ...] = (("fused_rows", tuple(t.name for t in prog.stages)),)
+    if cache == "registers":
+        k_const = const_int(K)
+        assert k_const is not None
+        # one register per cached element, whatever its width: ptxas does not pack two 16-bit
+        # elements of a register array into one register (bf16 rows of 16 spilled at 32)
+        row_words = sum(k_const * V for _ in caches.values())
+        blocks = min_blocks_per_sm(threads, row_words)
+        if blocks > 1:
+            attrs += (("min_blocks_per_sm", blocks),)
+    kernel = PrimFunc(kname, params, body, attrs)
     module_params = tuple(buffers[a] for a in prog.args) + tuple(scalars)
     return Module(mname, module_params, (kernel,), (KernelCall(kname, params),), ())
 
 
-__all__ = ["CACHES", "RowGroup", "fuse_rows", "row_group"]
+__all__ = ["CACHES", "VECTORS", "RowGroup", "fuse_rows", "min_blocks_per_sm", "row_group"]

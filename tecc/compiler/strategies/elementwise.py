@@ -21,7 +21,7 @@ from ._simple import simple_workload
 from .registry import Point, Strategy, register
 
 THREADS = (64, 128, 256, 512, 1024)
-VECTORS = (1, 2, 4)
+VECTORS = (1, 2, 4, 8)      # 8: 16-bit elements only (16 bytes)
 ITEMS = (1, 2, 4)
 GRID_WAVES = (1, 2, 4)      # grid-stride: this many full waves of blocks
 
@@ -36,7 +36,13 @@ def vector_provable(info: KernelInfo, vector: int) -> bool:
         return False
     if any(s for s, _ in info.assumed):
         return False
-    return info.write.itemsize == 4 and all(a.itemsize == 4 for a in info.reads if a.offset is not None)
+    # one element size for every access, and a width the emitter turns into one access of at
+    # most 16 bytes (codegen/vectorize.py: float2/float4 for 32-bit, 2/4/8 elements for 16-bit)
+    sizes = {info.write.itemsize} | {a.itemsize for a in info.reads if a.offset is not None}
+    if len(sizes) != 1:
+        return False
+    (size,) = sizes
+    return size in (2, 4) and vector * size <= 16
 
 
 class Elementwise(Strategy):
@@ -52,8 +58,12 @@ class Elementwise(Strategy):
 
     def space(self, info: KernelInfo, target: Target) -> Iterable[Point]:
         inner = info.spatial[-1][1]
-        for v in VECTORS:
+        # widest first: the planner's sort is stable, so at equal predicted time (every point of
+        # a large elementwise kernel is DRAM-bound) the fewer, wider accesses win the tie
+        for v in sorted(VECTORS, reverse=True):
             if v > 1 and inner < v:
+                continue
+            if v == 8 and not vector_provable(info, v):
                 continue
             for t in THREADS:
                 for items in ITEMS:

@@ -45,8 +45,11 @@ COPY_INSTRUCTIONS = 6.0     # per copied element per thread: address, bounds, LD
 
 
 def operands(info: KernelInfo) -> tuple[Access, Access] | None:
-    """(A, B): the read indexed by the first spatial axis and the one indexed by the second."""
-    i, j = info.spatial[0][0], info.spatial[1][0]
+    """(A, B): the read indexed by the row axis i and the one indexed by the column axis j, the
+    last two spatial axes (a leading batch axis, when there is one, may index both)."""
+    if len(info.spatial) < 2:
+        return None
+    i, j = info.spatial[-2][0], info.spatial[-1][0]
     a = [x for x in info.reads if x.offset is not None and i in x.offset.vars and j not in x.offset.vars]
     b = [x for x in info.reads if x.offset is not None and j in x.offset.vars and i not in x.offset.vars]
     if len(a) != 1 or len(b) != 1:

@@ -1,6 +1,6 @@
 """gemm_pipelined: fp32 contractions with the SGEMM kernel structure (issue 6).
 
-Point: block tile BM × BN (64 or 128 each), k-tile BK (8 or 16). Every thread owns an 8 × 8
+Point: block tile BM × BN (32, 64 or 128 each, at least 32 threads), k-tile BK (8 or 16). Every thread owns an 8 × 8
 register tile made of four 4 × 4 quadrants 64/2 apart (rows ty·4 + {0..3} and BM/2 + ty·4 + ...,
 same for columns), the layout of CUTLASS's SIMT SGEMM: at one k a thread reads its 8 values of A
 and 8 of B as two 16-byte shared loads each (LDS.128), and the lanes of a warp read distinct
@@ -31,12 +31,37 @@ from ...ir.target import Target
 from ..cost.analysis import KernelInfo
 from ..cost.model import Workload
 from ..cost.warp import shared_wavefronts
+from ..cost.analysis import Access, Affine
 from .gemm import Gemm, operands
 from .registry import Point, Strategy, register
 
-BLOCKS = (64, 128)
+BLOCKS = (32, 64, 128)  # 32 only with a 128 partner or 64: at least a warp of 8 x 8 thread tiles
+MIN_THREADS = 32
 BKS = (8, 16)  # k-tile 32 with 128x128 needs 32 prefetch registers: 1 block/SM, measured 0.70 of cuBLAS
 QUADRANT = 4  # a thread's register tile is 2 × 2 quadrants of QUADRANT × QUADRANT
+
+
+def _batch_leads(info: KernelInfo) -> bool:
+    """True when the batch axis (the first spatial one) indexes dimension 0 of A, B and C and
+    nothing else, so that one batch element is one ordinary GEMM."""
+    b = info.spatial[0][0]
+    for x in info.reads + (info.write,):
+        if len(x.index_vars) != 3 or x.index_vars[0] != frozenset({b}):
+            return False
+        if any(b in v for v in x.index_vars[1:]):
+            return False
+    return True
+
+
+def _one_matrix(info: KernelInfo) -> KernelInfo:
+    """`info` of a batched GEMM seen as one of its matrices (batch axis and dimension dropped)."""
+    b = info.spatial[0][0]
+
+    def one(x: Access) -> Access:
+        offset = None if x.offset is None else Affine(tuple((v, c) for v, c in x.offset.coeff if v != b), x.offset.const)
+        return replace(x, offset=offset, index_vars=x.index_vars[1:], per_dim=x.per_dim[1:], dims=x.dims[1:])
+
+    return replace(info, spatial=info.spatial[1:], reads=tuple(one(x) for x in info.reads), write=one(info.write))
 
 
 def _k_contiguous(info: KernelInfo, which: int) -> bool:
@@ -56,26 +81,40 @@ class GemmPipelined(Strategy):
     def guard(self, info: KernelInfo, target: Target) -> str | None:
         if info.kind != "contraction":
             return f"not a contraction (kind {info.kind})"
-        if len(info.spatial) != 2 or len(info.reduction) != 1:
-            return "needs exactly two spatial axes and one reduction axis"
+        if len(info.spatial) not in (2, 3) or len(info.reduction) != 1:
+            return "needs two spatial axes (three with a leading batch axis) and one reduction axis"
         if operands(info) is None:
             return "needs one read indexed by (i, k) and one by (k, j)"
         if any(x.itemsize != 4 for x in info.reads):
             return "float32 operands only"
-        (_, m), (_, n) = info.spatial
-        if m < 64 or n < 64:
-            return "needs M and N of at least 64 (one 64x64 block tile)"
+        if len(info.spatial) == 3 and not _batch_leads(info):
+            return "a batch axis must index only the leading dimension of every operand"
+        (_, m), (_, n) = info.spatial[-2:]
+        if m < 32 or n < 32:
+            return "needs M and N of at least 32 (one 32-wide block tile)"
         return None
 
     def space(self, info: KernelInfo, target: Target) -> Iterable[Point]:
-        (_, m), (_, n) = info.spatial
+        (_, m), (_, n) = info.spatial[-2:]
         k = info.reduction[0][1]
         for bm, bn, bk in product(BLOCKS, BLOCKS, BKS):
-            if bm > 2 * m or bn > 2 * n or bk > max(k, 8):
+            # a tile twice the matrix's extent leaves half its lanes idle (N = 64 in a 128 tile)
+            if (bm >= 2 * m and bm > BLOCKS[0]) or (bn >= 2 * n and bn > BLOCKS[0]) or bk > max(k, 8):
+                continue
+            if (bm // 8) * (bn // 8) < MIN_THREADS:
                 continue
             yield {"bm": bm, "bn": bn, "bk": bk}
 
     def workload(self, info: KernelInfo, point: Point, target: Target) -> Workload:
+        if len(info.spatial) == 3:
+            # a batch of independent GEMMs side by side on blockIdx.z: one matrix's workload,
+            # every total times the batch (per-block and per-thread figures unchanged)
+            batch = info.spatial[0][1]
+            one = self.workload(_one_matrix(info), point, target)
+            return replace(one, blocks=one.blocks * batch, flops=one.flops * batch, fma_ops=one.fma_ops * batch,
+                           dram_bytes=one.dram_bytes * batch, l2_bytes=one.l2_bytes * batch,
+                           global_wavefronts=one.global_wavefronts * batch,
+                           smem_wavefronts=one.smem_wavefronts * batch, instructions=one.instructions * batch)
         bm, bn, bk = int(point["bm"]), int(point["bn"]), int(point["bk"])
         base = Gemm().workload(info, {"bm": bm, "bn": bn, "tm": 8, "tn": 8, "bk": bk, "layout": "contiguous",
                                       "staging": "shared", "pad": 1, "unroll": True}, target)
@@ -103,16 +142,20 @@ class GemmPipelined(Strategy):
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
         bm, bn, bk = int(point["bm"]), int(point["bn"]), int(point["bk"])
-        i, j, k = sch.get_loops(info.stage)[:3]
+        loops = sch.get_loops(info.stage)
+        batch = loops[0] if len(info.spatial) == 3 else None
+        i, j, k = loops[len(info.spatial) - 2:len(info.spatial) + 1]
         bi, qi, ty, ii = sch.split(i, factors=[None, 2, bm // (2 * QUADRANT), QUADRANT])
         bj, qj, tx, ji = sch.split(j, factors=[None, 2, bn // (2 * QUADRANT), QUADRANT])
         ko, ki = sch.split(k, bk)
         sch.reorder(bi, bj, ty, tx, ko, ki, qi, ii, qj, ji)
+        if batch is not None:
+            sch.bind(batch, "blockIdx.z")
         sch.bind(bi, "blockIdx.y")
         sch.bind(bj, "blockIdx.x")
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
-        sch.cache_write(info.stage, "local")
+        local = sch.cache_write(info.stage, "local")
         pair = operands(info)
         assert pair is not None
         for which, access in enumerate(pair):
@@ -123,6 +166,9 @@ class GemmPipelined(Strategy):
                 sch.storage_align(cache, 4)
             sch.compute_at(cache, ko)
         sch.double_buffer(ko)
+        # the shared tiles are zero-filled outside A and B: the register tile's edge lanes need
+        # no guard in the k loop, only at the store to C
+        sch.guard_writeback_only(local)
         for loop in (ki, qi, ii, qj, ji):
             sch.unroll(loop)
 

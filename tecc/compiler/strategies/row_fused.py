@@ -13,9 +13,15 @@ Cost (the issue's criterion: fewer global bytes under the register / shared-memo
 * constraints: the row's cached inputs take K = ceil(C / threads) registers each per thread;
   keep K·inputs ≤ MAX_ROW_REGISTERS so the kernel stays under ~128 registers per thread (two
   1024-thread blocks or more per SM), and threads a multiple of 32 up to 1024;
-* the thread count: the fewest threads that keep K ≤ TARGET_PER_THREAD (8 independent loads in
-  flight per thread are enough to cover DRAM latency at full occupancy on sm_80/sm_90), but at
-  least MIN_THREADS so a block's reduction tree is short relative to its loads.
+* the thread count: the fewest threads that keep K ≤ TARGET_PER_THREAD elements (8 independent
+  loads in flight per thread are enough to cover DRAM latency at full occupancy on sm_80/sm_90;
+  for 16-bit rows that is one 16-byte load: 32 KiB in flight per SM at 2048 threads, above the
+  ~25 KiB Little's law asks of an H200 at 4.8 TB/s × ~650 ns / 132 SMs), but at least
+  MIN_THREADS so a block's reduction tree is short relative to its loads. Elements, not bytes:
+  ptxas keeps one cached element per register whatever its width, and 8 per thread is what
+  fits the 32 registers of full occupancy (16 bf16 elements per thread spilled under that cap);
+* the vector width: 16 bytes (float4, or 8 bf16/fp16 as one uint4) when the row length allows,
+  else the widest that divides it.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ THREAD_CHOICES = (64, 128, 256, 512, 1024)
 TARGET_PER_THREAD = 8
 MIN_THREADS = 128
 MAX_ROW_REGISTERS = 64
+VECTOR_BYTES = 16
 
 
 @dataclass
@@ -65,6 +72,16 @@ def choose_point(columns: int | None, cached_inputs: int) -> tuple[int, str]:
     return THREAD_CHOICES[-1], "none"
 
 
+def choose_vector(columns: int | None, itemsize: int) -> int:
+    """The widest vector (elements) of at most VECTOR_BYTES that divides the row length."""
+    if columns is None:
+        return 1
+    v = max(1, VECTOR_BYTES // itemsize)
+    while v > 1 and columns % v:
+        v //= 2
+    return min(v, 8)
+
+
 def _walks_rows_along_their_last_axis(group: Any) -> bool:
     """Every read inside a reduction uses the reduction axis only in its last index: the row is
     then contiguous in memory, which the one-block-per-row kernel needs to read it coalesced. A
@@ -93,10 +110,12 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
     columns = const_int(group.columns)
     width = columns if columns is not None else 4096  # a symbolic row: bytes per row for the comparison
     row_inputs = [t for t in group.program.args if t.is_placeholder and len(t.shape) == len(group.rows) + 1]
+    sizes = {_itemsize(t) for t in row_inputs}
+    itemsize = min(sizes) if sizes else 4
     threads, cache = choose_point(columns, len(row_inputs))
-    # 16-byte accesses where the emitter can make them (float32 rows whose length is a multiple of 4)
-    vector = 4 if (cache == "registers" and columns is not None and columns % 4 == 0 and row_inputs
-                   and all(t.dtype.bits == 32 for t in row_inputs)) else 1
+    # 16-byte accesses (codegen/vectorize.py: float4, or 8 half-precision elements as a uint4)
+    # when every row input has one element size
+    vector = choose_vector(columns, itemsize) if cache == "registers" and len(sizes) == 1 else 1
     # bytes per row, fused: inputs once (cache="none": once per reduction pass + once for outputs)
     passes = 1 if cache == "registers" else len(group.reductions) + (1 if group.elementwise else 0)
     row_in = sum(_itemsize(t) * width for t in row_inputs)

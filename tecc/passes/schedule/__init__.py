@@ -13,6 +13,7 @@ interface that records every application in a Plan.
   cache_write  cache_write.py  the per-thread output tile in local memory
   insert_barriers  barriers.py __syncthreads() where shared memory changes hands
   double_buffer  double_buffer.py  prefetch the next k-tile's copies into registers (software pipeline)
+  guard_writeback_only  guard_writeback.py  a register tile's split guards only on its write-back
   legality     legality.py     dependence checks with islpy (tecc.ir.poly)
 """
 
@@ -21,10 +22,11 @@ from .cache_read import stage_read
 from .cache_write import cache_write
 from .double_buffer import double_buffer
 from .fuse import fuse
+from .guard_writeback import guard_writeback_only
 from .loop_kind import bind, unroll, vectorize
 from .loops import stage_leaves, stage_loops
 from .reorder import distribute, reorder
 from .split import split
 
-__all__ = ["bind", "cache_write", "distribute", "double_buffer", "fuse", "insert_barriers", "reorder", "split", "stage_leaves",
+__all__ = ["bind", "cache_write", "distribute", "double_buffer", "fuse", "guard_writeback_only", "insert_barriers", "reorder", "split", "stage_leaves",
            "stage_loops", "stage_read", "unroll", "vectorize"]

@@ -116,11 +116,13 @@ def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0,
     assert origin is not None
     origin = [o + lo[d] if lo[d] else o for d, o in enumerate(origin)]  # type: ignore[operator]
     shape = [int(h) - int(l) + 1 for h, l in zip(hi, lo)]  # type: ignore[arg-type]
-    if transpose and len(shape) != 2:
-        raise ScheduleError(f"{what}: only a two-dimensional tile can be stored transposed")
-    # a transposed tile is stored [column][row]: a thread tile's column of A is then contiguous
-    # (16-byte shared loads) while the copy still reads global memory along its rows
-    order = [1, 0] if transpose else list(range(len(shape)))
+    if transpose and (len(shape) < 2 or any(e != 1 for e in shape[:-2])):
+        raise ScheduleError(f"{what}: only a two-dimensional tile (leading dimensions of extent 1, such as "
+                            f"a batch index, allowed) can be stored transposed; the tile is {shape}")
+    # a transposed tile is stored [column][row] (its last two dimensions swapped): a thread
+    # tile's column of A is then contiguous (16-byte shared loads) while the copy still reads
+    # global memory along its rows
+    order = list(range(len(shape) - 2)) + [len(shape) - 1, len(shape) - 2] if transpose else list(range(len(shape)))
     stored = [shape[d] for d in order]
     alloc_shape = stored[:-1] + [stored[-1] + pad]
     taken = all_names(func)
@@ -222,7 +224,10 @@ def _copy(func: PrimFunc, buf: Buffer, cache: Buffer, shape: list[int], origin: 
     ctx = [guard] if guard is not None else []
     src = [o + i for o, i in zip(origin, idx)]
     conds: list[Expr] = []
-    for i, n in zip(src, buf.shape):
+    for axis, (i, n) in enumerate(zip(src, buf.shape)):
+        chunk_start = _chunk_start(i, lane, vector, n, dims, ctx) if axis == len(src) - 1 else None
+        if chunk_start is not None:
+            i = chunk_start
         for c in (i >= 0, i < n):
             if not poly.proves(c, dims, ctx):
                 conds.append(c)
@@ -237,3 +242,18 @@ def _copy(func: PrimFunc, buf: Buffer, cache: Buffer, shape: list[int], origin: 
     for v, n, kind in reversed(wrappers):
         stmt = For(v, Const(0, d), Const(n, d), kind, stmt)
     return stmt
+
+
+def _chunk_start(index: Expr, lane: Var | None, vector: int, extent: Expr, dims: list[poly.LoopDim],
+                 context: list[Expr]) -> Expr | None:
+    """The first element of a copy chunk, `index` at lane 0, when a bound check on it decides the
+    whole chunk: the chunk starts at a multiple of `vector` and the extent is one (a constant),
+    so `start + lane < n` ⇔ `start < n` for every lane. The check is then free of the lane and
+    the chunk stays one 16-byte load (a partial edge tile of a 1000-wide matrix is still read
+    as float4). None where that is not proved."""
+    if lane is None or const_int(extent) is None or int(const_int(extent) or 0) % vector:
+        return None
+    start = substitute(index, {lane: Const(0, lane.dtype)})
+    if not poly.proves(start % vector == 0, dims, context):
+        return None
+    return start

@@ -1,0 +1,264 @@
+"""Split reduction: a reduction over a non-contiguous axis (columns, a middle axis) read coalesced,
+with the reduced axis split over threads and blocks and combined in a second stage.
+
+A column sum `Y[j] = Σ_i X[i, j]` or a middle-axis sum `Y[a, c] = Σ_b X[a, b, c]` has few
+outputs (one per column) and long reductions. One thread per output (the planner's `thread`
+mapping) is coalesced but leaves the GPU idle: 1024 outputs are 1024 threads. `split_reduce`
+spreads the reduced axis r (extent N) over TY threads of a block and S blocks:
+
+    for bo in blockIdx.x(ceil(O / TX)):          # TX consecutive outputs per block
+      for s in blockIdx.y(S):                    # S slices of the reduced axis
+        for ty in threadIdx.y(TY): for tx in threadIdx.x(TX):
+          o = bo*TX + tx                         # the output, flattened row-major
+          acc = identity
+          for i in serial(ceil(N / (S*TY))):     # rows r = (i*S + s)*TY + ty
+            if o < O and r < N: acc = acc ⊕ f(X[.., r, .. o ..])
+          red[ty, tx] = acc; barrier()           # the block stage: shared memory over ty
+          if ty == 0: acc = ⊕_w red[w, tx]
+            S == 1: Y[o] = finish(acc)           # (the body around the Reduce: a mean's 1/N, a cast)
+            S > 1:  partial[s, o] = acc          # then a second kernel: Y[o] = finish(⊕_s partial[s, o])
+
+Consecutive lanes take consecutive outputs, whose reads are consecutive addresses when the
+output's last axis is the input's unit-stride axis (checked by the strategy), so a warp load is
+one contiguous run of 32 elements. The warp-shuffle allreduce of cross_thread.py does not fit
+here: the lanes of a warp hold *different* outputs; the threads that share an output are the
+TY rows of the block, combined through shared memory. The partials (S · O accumulators, in the
+accumulation dtype, float32 for 16-bit sources) are the only extra traffic; the strategy keeps
+S small enough that they are a few percent of the input.
+
+What is accepted (ScheduleError says why not): after elementwise producers are inlined, one
+compute stage, an output, whose body holds one Reduce over one axis starting at 0.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..ir import dtype as dt
+from ..ir.errors import ScheduleError
+from ..ir.expr import (
+    BufferLoad,
+    Const,
+    Expr,
+    Reduce,
+    Var,
+    binary,
+    cast,
+    const_int,
+    free_vars,
+    reduce_identity,
+    substitute,
+    walk,
+)
+from ..ir.stmt import (
+    Allocate,
+    Barrier,
+    Buffer,
+    BufferStore,
+    For,
+    IfThenElse,
+    KernelCall,
+    Module,
+    PrimFunc,
+    Stmt,
+    seq,
+)
+from ..ir.tensor import ComputeOp, Tensor
+from ..ir.visitor import ExprMutator
+from .lower import (
+    _buffer_for,
+    _exprs_of,
+    _global_buffers,
+    _identifier,
+    _Inliner,
+    _scalar_vars,
+    choose_inlined,
+    collect_program,
+)
+
+COMBINE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
+
+
+def reduction_stage(args: Sequence[Tensor]) -> tuple[Tensor, Reduce]:
+    """The one reduction stage of the program `args` and its Reduce, or ScheduleError."""
+    prog = choose_inlined(collect_program(args))
+    if len(prog.stages) != 1:
+        raise ScheduleError(f"split_reduce: the program has {len(prog.stages)} stages after inlining; one is needed")
+    (t,) = prog.stages
+    op = t.op
+    assert isinstance(op, ComputeOp)
+    reduces = {id(n): n for n in walk(op.body) if isinstance(n, Reduce)}
+    if len(reduces) != 1:
+        raise ScheduleError(f"split_reduce: {t.name} has {len(reduces)} reductions; one is needed")
+    (r,) = reduces.values()
+    if len(r.axes) != 1 or const_int(r.axes[0].lo) != 0:
+        raise ScheduleError(f"split_reduce: {t.name} reduces over {len(r.axes)} axes; one axis from 0 is needed")
+    if any(isinstance(n, Reduce) for n in walk(r.source) if n is not r):
+        raise ScheduleError(f"split_reduce: {t.name} has a reduction inside a reduction")
+    if not t.shape:
+        raise ScheduleError(f"split_reduce: {t.name} is 0-d (a full reduction)")
+    return t, r
+
+
+def split_reduce(args: Sequence[Tensor], threads_x: int = 32, threads_y: int = 8, splits: int = 1,
+                 unroll: int = 4, name: str | None = None) -> Module:
+    """The module computing the one-reduction program `args` with the reduced axis split over
+    `threads_y` threads and `splits` blocks (see the module docstring): one kernel when
+    splits == 1, else a partial kernel and a combining kernel with a temporary of
+    splits × outputs accumulators."""
+    if threads_x % 32 or threads_x <= 0 or threads_y <= 0 or threads_x * threads_y > 1024:
+        raise ScheduleError(f"split_reduce: threads {threads_x}x{threads_y}: x a multiple of 32, at most 1024 in all")
+    if splits < 1 or unroll < 1:
+        raise ScheduleError(f"split_reduce: splits ({splits}) and unroll ({unroll}) must be at least 1")
+    stage, red = reduction_stage(args)
+    prog = choose_inlined(collect_program(args))
+    op = stage.op
+    assert isinstance(op, ComputeOp)
+
+    names: set[str] = set()
+
+    def unique(base: str) -> str:
+        cand, n = _identifier(base), 0
+        while cand in names:
+            n += 1
+            cand = f"{_identifier(base)}_{n}"
+        names.add(cand)
+        return cand
+
+    buffers: dict[Tensor, Buffer] = {t: _buffer_for(t, unique(t.name)) for t in prog.args}
+    scalars: list[Var] = []
+    for t in prog.args:
+        for e in buffers[t].shape + (buffers[t].strides or ()):
+            for v in _scalar_vars([e]):
+                if v not in scalars:
+                    scalars.append(v)
+    for v in scalars:
+        names.add(v.name)
+    inliner = _Inliner(prog.inlined, buffers)
+    out = buffers[stage]
+
+    n_out: Expr = Const(1, dt.int32)
+    for extent in stage.shape:
+        n_out = n_out * extent
+
+    def unflatten(o: Expr) -> tuple[Expr, ...]:
+        idx: list[Expr] = []
+        rest = o
+        for i, extent in enumerate(reversed(stage.shape)):
+            idx.append(rest if i == len(stage.shape) - 1 else rest % extent)
+            rest = rest // extent
+        return tuple(reversed(idx))
+
+    def finish(acc: Expr, o_idx: tuple[Expr, ...]) -> Expr:
+        """The stage's body with its Reduce replaced by the combined accumulator."""
+
+        class _Finish(ExprMutator):
+            def visit_Reduce(self, r: Reduce) -> Expr:  # noqa: N805
+                return cast(acc, r.dtype)
+
+        return inliner.visit(_Finish().visit(substitute(op.body, dict(zip(op.axes, o_idx)))))
+
+    TX, TY, S = threads_x, threads_y, splits
+    N = red.axes[0].extent
+    combine = COMBINE[red.combiner]
+    acc_dtype = red.acc_dtype
+    zero = Const(0, dt.int32)
+
+    # ---- kernel 1: per-block partials over TY·S interleaved rows, combined over ty in shared
+    bo, s, ty, tx = (Var(unique(n), dt.int32) for n in ("bo", "s", "ty", "tx"))
+    i = Var(unique("i"), dt.int32)
+    o = bo * TX + tx
+    o_idx = unflatten(o)
+    r = (i * S + s) * TY + ty
+    acc = Buffer(unique(f"{stage.name}_acc"), acc_dtype, (1,), "local", tensor=f"{stage.name}.acc")
+    block = Buffer(unique(f"{stage.name}_block"), acc_dtype, (TY, TX), "shared", tensor=f"{stage.name}.block")
+    source = inliner.visit(substitute(red.source, {**dict(zip(op.axes, o_idx)), red.axes[0]: r}))
+    update = BufferStore(acc, (zero,), binary(combine, acc[zero], cast(source, acc_dtype)))
+    rounds: Expr = (N + (S * TY - 1)) // (S * TY)
+    k_rounds = const_int(rounds)
+    row_loop: Stmt = For(i, 0, rounds, "serial", IfThenElse((o < n_out) & (r < N), update))
+    if unroll > 1 and (k_rounds is None or k_rounds > 1):
+        row_loop = For(i, 0, rounds, "serial", IfThenElse((o < n_out) & (r < N), update),
+                       annotations=(("pragma_unroll", unroll),))
+    w = Var(unique("w"), dt.int32)
+    if S == 1:
+        result: Stmt = BufferStore(out, o_idx, finish(acc[zero], o_idx))
+        temps: tuple[Buffer, ...] = ()
+        partial = None
+    else:
+        partial = Buffer(unique(f"{stage.name}_partial"), acc_dtype, (Const(S, dt.int32), n_out), "global",
+                         tensor=f"{stage.name}.partial")
+        result = BufferStore(partial, (s, o), acc[zero])
+        temps = (partial,)
+    body1 = seq(
+        BufferStore(acc, (zero,), reduce_identity(red.combiner, acc_dtype)),
+        row_loop,
+        BufferStore(block, (ty, tx), acc[zero]),
+        Barrier(),
+        IfThenElse(ty == 0, seq(
+            For(w, 0, TY - 1, "unroll", BufferStore(acc, (zero,), binary(combine, acc[zero], block[w + 1, tx]))),
+            IfThenElse(o < n_out, result),
+        )),
+    )
+    body1 = Allocate(acc, Allocate(block, body1))
+    blocks_x = (n_out + (TX - 1)) // TX
+    body1 = For(bo, 0, blocks_x, "blockIdx.x", For(s, 0, S, "blockIdx.y",
+                For(ty, 0, TY, "threadIdx.y", For(tx, 0, TX, "threadIdx.x", body1))))
+
+    kernels = [body1]
+    # ---- kernel 2 (S > 1): one thread per output combines the S partials
+    if partial is not None:
+        b2, t2, j = (Var(unique(n), dt.int32) for n in ("b2", "t2", "j"))
+        threads2 = 256
+        o2 = b2 * threads2 + t2
+        acc2 = Buffer(unique(f"{stage.name}_total"), acc_dtype, (1,), "local", tensor=f"{stage.name}.total")
+        body2: Stmt = IfThenElse(o2 < n_out, seq(
+            BufferStore(acc2, (zero,), partial[zero, o2]),
+            For(j, 0, S - 1, "serial", BufferStore(acc2, (zero,), binary(combine, acc2[zero], partial[j + 1, o2]))),
+            BufferStore(out, unflatten(o2), finish(acc2[zero], unflatten(o2))),
+        ))
+        body2 = For(b2, 0, (n_out + (threads2 - 1)) // threads2, "blockIdx.x",
+                    For(t2, 0, threads2, "threadIdx.x", Allocate(acc2, body2)))
+        kernels.append(body2)
+
+    funcs: list[PrimFunc] = []
+    calls: list[KernelCall] = []
+    for n, body in enumerate(kernels):
+        used = _global_buffers(body)
+        body_vars = _scalar_vars(_exprs_of(body) + [e for u in used for e in u.shape + (u.strides or ())])
+        params = (tuple(buffers[a] for a in prog.args if buffers[a] in used) + tuple(t for t in temps if t in used)
+                  + tuple(v for v in scalars if v in body_vars))
+        kname = unique(f"{stage.name}_{'split' if n == 0 else 'combine'}_kernel")
+        funcs.append(PrimFunc(kname, params, body, (("split_reduce", stage.name),)))
+        calls.append(KernelCall(kname, params))
+    mname = _identifier(name or stage.name)
+    module_params = tuple(buffers[a] for a in prog.args) + tuple(scalars)
+    return Module(mname, module_params, tuple(funcs), tuple(calls), temps)
+
+
+
+
+def uncoalesced_read(args: Sequence[Tensor]) -> str | None:
+    """Why the reads of the one reduction of `args` would not be coalesced by split_reduce, or
+    None when every read that walks the reduced axis keeps it out of its last index and has the
+    output's last axis, alone, as its last index (consecutive outputs: consecutive addresses)."""
+    stage, red = reduction_stage(args)
+    prog = choose_inlined(collect_program(args))
+    op = stage.op
+    assert isinstance(op, ComputeOp)
+    buffers = {t: _buffer_for(t, t.name) for t in prog.args}
+    source = _Inliner(prog.inlined, buffers).visit(red.source)
+    axis, last = red.axes[0], op.axes[-1]
+    for node in walk(source):
+        if not isinstance(node, BufferLoad) or axis not in free_vars(node):
+            continue
+        if node.buffer.strides is not None:
+            return f"{node.buffer.name} is strided"
+        if any(axis in free_vars(i) for i in node.indices[-1:]):
+            return f"{node.buffer.name} walks the reduced axis along its last (unit-stride) index: a row reduction"
+        if node.indices[-1] is not last:
+            return f"{node.buffer.name}'s last index is {node.indices[-1]}, not the output's last axis {last}"
+    return None
+
+
+__all__ = ["reduction_stage", "split_reduce", "uncoalesced_read"]
