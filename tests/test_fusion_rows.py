@@ -138,3 +138,42 @@ def test_choose_point_keeps_the_row_in_registers_up_to_the_limit():
     assert choose_point(8192, 1) == (1024, "registers")
     assert choose_point(65536 * 2, 1) == (1024, "none")
     assert choose_point(None, 1) == (256, "none")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("shape", [(3, 1024), (2, 1000), (2, 1002), (0, 64), (2, 4096)])
+def test_half_rows_use_16_byte_vectors_and_match_numpy(dtype, shape):
+    import ml_dtypes
+
+    R, C = shape
+    args = norms.layer_norm(R, C, dtype)
+    choice = propose(args)
+    assert choice.vector == (8 if C % 8 == 0 else 2), choice.plan
+    k = tc.build(args, target="sim", plan=choice.plan)
+    container = {8: "uint4", 2: "unsigned int"}[choice.vector]
+    assert f"reinterpret_cast<const {container}*>(&X[" in k.source
+    npdt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
+    rng = np.random.default_rng(C)
+    ins = [rng.standard_normal(tuple(int(s) for s in t.shape)).astype(npdt) for t in args if t.is_placeholder]
+    y = np.zeros((R, C), npdt)
+    k(*ins, y)
+    want = norms.np_layer_norm(*ins)
+    # one rounding to the 16-bit type: half an ulp (2^-8 bf16, 2^-11 fp16) of |y| ≤ ~5
+    np.testing.assert_allclose(y.astype(np.float64), want, rtol=2 ** -7, atol=2e-2)
+
+
+def test_half_vector_loads_stay_in_registers():
+    from tecc.codegen import compile_cuda
+
+    args = norms.softmax(4, 8192, "bfloat16")
+    k = tc.build(args, target="sim", plan=propose(args).plan)
+    ptx = compile_cuda(k.source, arch="sm_90").ptx
+    assert "ld.global.nc.v4.u32" in ptx and "st.global.v4.u32" in ptx
+    assert ".local" not in ptx, "the bf16 register arrays went to local memory"
+
+
+def test_row_kernels_ask_for_full_occupancy_when_the_row_fits():
+    # 33 registers would leave one 1024-thread block per SM (layer norm at 8192 ran at 61%)
+    args = norms.layer_norm(4, 8192)
+    k = tc.build(args, target="sim", plan=propose(args).plan)
+    assert "__launch_bounds__(1024, 2)" in k.source

@@ -176,10 +176,14 @@ def split_reduce(args: Sequence[Tensor], threads_x: int = 32, threads_y: int = 8
     update = BufferStore(acc, (zero,), binary(combine, acc[zero], cast(source, acc_dtype)))
     rounds: Expr = (N + (S * TY - 1)) // (S * TY)
     k_rounds = const_int(rounds)
-    row_loop: Stmt = For(i, 0, rounds, "serial", IfThenElse((o < n_out) & (r < N), update))
-    if unroll > 1 and (k_rounds is None or k_rounds > 1):
-        row_loop = For(i, 0, rounds, "serial", IfThenElse((o < n_out) & (r < N), update),
-                       annotations=(("pragma_unroll", unroll),))
+    # the row guard is dropped when S·TY divides a constant N (every row of every round exists),
+    # and the output guard is hoisted out of the loop: the unrolled loads are then unconditional
+    # and independent, which is what keeps `unroll` of them in flight
+    n_const = const_int(N)
+    exact = n_const is not None and n_const % (S * TY) == 0
+    step = update if exact else IfThenElse(r < N, update)
+    notes = (("pragma_unroll", unroll),) if unroll > 1 and (k_rounds is None or k_rounds > 1) else ()
+    row_loop: Stmt = IfThenElse(o < n_out, For(i, 0, rounds, "serial", step, annotations=notes))
     w = Var(unique("w"), dt.int32)
     if S == 1:
         result: Stmt = BufferStore(out, o_idx, finish(acc[zero], o_idx))

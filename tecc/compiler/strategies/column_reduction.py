@@ -15,8 +15,8 @@ Choice of the point (constants with the fact they rest on):
 * splits S: enough blocks for WAVES full waves (blocks ≥ WAVES · SMs · 8), but each thread
   reduces at least MIN_ROWS rows, so the partials (S · outputs · 4 bytes) stay ≤ 1/MIN_ROWS ·
   1/THREADS_Y of the input's elements: under 1% extra traffic;
-* UNROLL = 8 rows in flight per thread (8 independent loads: 64 KiB in flight per SM for
-  float32, ~2.5× what Little's law asks of an H200: 4.8 TB/s × ~650 ns / 132 SMs).
+* UNROLL_BYTES = 32 bytes of rows in flight per thread (8 float32 or 16 bf16 loads: 64 KiB in
+  flight per SM, ~2.5× what Little's law asks of an H200: 4.8 TB/s × ~650 ns / 132 SMs).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ THREADS_X = 32
 THREADS_Y = 8
 WAVES = 2
 MIN_ROWS = 16
-UNROLL = 8
+UNROLL_BYTES = 32
 DEFAULT_SMS = 132            # an H100/H200 SXM when no Target is given
 SM_THREADS = 2048
 
@@ -55,7 +55,11 @@ def choose_splits(outputs: int | None, reduced: int | None, sms: int = DEFAULT_S
     blocks_x = max(1, -(-outputs // THREADS_X))
     wanted = WAVES * sms * (SM_THREADS // (THREADS_X * THREADS_Y))
     most = max(1, reduced // (THREADS_Y * MIN_ROWS))
-    return max(1, min(-(-wanted // blocks_x), most))
+    splits = max(1, min(-(-wanted // blocks_x), most))
+    # a power of two divides power-of-two lengths, so the row guard goes (split_reduce)
+    while reduced % (splits * THREADS_Y) and splits & (splits - 1):
+        splits &= splits - 1
+    return splits
 
 
 def propose(tensors: Sequence[Tensor], target: Any = None) -> ColumnChoice | None:
@@ -75,7 +79,10 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> ColumnChoice | Non
     reduced = const_int(red.axes[0].extent)
     sms = getattr(target, "sm_count", None) or DEFAULT_SMS
     splits = choose_splits(outputs, reduced, sms)
-    step = Step("split_reduce", {"threads_x": THREADS_X, "threads_y": THREADS_Y, "splits": splits, "unroll": UNROLL})
+    itemsize = max(1, min(t.dtype.bits // 8 for t in tensors if t.is_placeholder)) if any(
+        t.is_placeholder for t in tensors) else 4
+    unroll = max(1, UNROLL_BYTES // itemsize)
+    step = Step("split_reduce", {"threads_x": THREADS_X, "threads_y": THREADS_Y, "splits": splits, "unroll": unroll})
     reason = (f"reduction of {stage.name} over {red.axes[0].extent} elements along a non-contiguous axis: "
               f"{THREADS_X} outputs x {THREADS_Y} threads per block, {splits} block(s) along the reduced axis"
               + (", combined by a second kernel" if splits > 1 else ""))

@@ -17,9 +17,11 @@ Cost (the issue's criterion: fewer global bytes under the register / shared-memo
   loads in flight per thread are enough to cover DRAM latency at full occupancy on sm_80/sm_90;
   for 16-bit rows that is one 16-byte load: 32 KiB in flight per SM at 2048 threads, above the
   ~25 KiB Little's law asks of an H200 at 4.8 TB/s × ~650 ns / 132 SMs), but at least
-  MIN_THREADS so a block's reduction tree is short relative to its loads. Elements, not bytes:
-  ptxas keeps one cached element per register whatever its width, and 8 per thread is what
-  fits the 32 registers of full occupancy (16 bf16 elements per thread spilled under that cap);
+  MIN_THREADS so a block's reduction tree is short relative to its loads. For 16-bit rows that
+  measured 48-74% of copy bandwidth (H200, 2026 run 1: one 16-byte load per thread is too
+  little in flight), so a 16-bit row takes TARGET_BYTES // itemsize = 16 elements per thread
+  (two 16-byte loads) and fuse_rows asks for fewer resident blocks (1536 of 2048 threads)
+  so that ptxas has the ~40 registers that one-register-per-element caching needs;
 * the vector width: 16 bytes (float4, or 8 bf16/fp16 as one uint4) when the row length allows,
   else the widest that divides it.
 """
@@ -37,6 +39,7 @@ from ..plan import Plan, Step
 
 THREAD_CHOICES = (64, 128, 256, 512, 1024)
 TARGET_PER_THREAD = 8
+TARGET_BYTES = 32
 MIN_THREADS = 128
 MAX_ROW_REGISTERS = 64
 VECTOR_BYTES = 16
@@ -57,15 +60,16 @@ def _itemsize(t: Tensor) -> int:
     return t.dtype.bits // 8
 
 
-def choose_point(columns: int | None, cached_inputs: int) -> tuple[int, str]:
-    """threads and cache for a row of `columns` elements (None: symbolic)."""
+def choose_point(columns: int | None, cached_inputs: int, itemsize: int = 4) -> tuple[int, str]:
+    """threads and cache for a row of `columns` elements of `itemsize` bytes (None: symbolic)."""
     if columns is None:
         return 256, "none"
+    target = max(TARGET_PER_THREAD, TARGET_BYTES // itemsize)
     for t in THREAD_CHOICES:
         if t < MIN_THREADS and columns > t:
             continue
         k = -(-columns // t)
-        if k <= TARGET_PER_THREAD or t == THREAD_CHOICES[-1]:
+        if k <= target or t == THREAD_CHOICES[-1]:
             if k * max(cached_inputs, 1) <= MAX_ROW_REGISTERS:
                 return t, "registers"
             return t, "none"
@@ -112,7 +116,7 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
     row_inputs = [t for t in group.program.args if t.is_placeholder and len(t.shape) == len(group.rows) + 1]
     sizes = {_itemsize(t) for t in row_inputs}
     itemsize = min(sizes) if sizes else 4
-    threads, cache = choose_point(columns, len(row_inputs))
+    threads, cache = choose_point(columns, len(row_inputs), itemsize)
     # 16-byte accesses (codegen/vectorize.py: float4, or 8 half-precision elements as a uint4)
     # when every row input has one element size
     vector = choose_vector(columns, itemsize) if cache == "registers" and len(sizes) == 1 else 1

@@ -1,0 +1,98 @@
+"""Column and middle-axis reductions (tecc.passes.split_reduce, chosen by
+strategies/column_reduction.py): the reduced axis split over threads and blocks, combined in
+shared memory and a second kernel, matching float64 NumPy in the emulator."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tecc as tc
+from tecc.compiler.strategies.column_reduction import choose_splits, propose
+from tecc.ir.errors import ScheduleError
+from tecc.passes.split_reduce import split_reduce
+
+
+def column(R, C, dtype="float32", combiner="sum"):
+    X = tc.placeholder((R, C), dtype, name="X")
+    i = tc.reduce_axis(R, name="i")
+    red = {"sum": tc.sum, "max": tc.max, "min": tc.min}[combiner]
+    Y = tc.compute((C,), lambda j: tc.cast(red(tc.cast(X[i, j], "float32"), axis=i), dtype), name="Y")
+    return [X, Y]
+
+
+def middle_mean(A, B, C, dtype="float32"):
+    X = tc.placeholder((A, B, C), dtype, name="X")
+    b = tc.reduce_axis(B, name="b")
+    Y = tc.compute((A, C), lambda a, c: tc.cast(tc.sum(tc.cast(X[a, b, c], "float32"), axis=b) * (1.0 / max(B, 1)),
+                                                dtype), name="Y")
+    return [X, Y]
+
+
+NP = {"sum": lambda x, ax: x.sum(ax), "max": lambda x, ax: x.max(ax), "min": lambda x, ax: x.min(ax)}
+
+
+def _run(args, x):
+    k = tc.build(args, target="sim")
+    y = np.zeros(tuple(int(s) for s in args[-1].shape), x.dtype)
+    k(x, y)
+    return k, y
+
+
+@pytest.mark.parametrize("combiner", ["sum", "max", "min"])
+@pytest.mark.parametrize("shape", [(300, 70), (4096, 64), (1, 33), (257, 1)])
+def test_column_reduction_matches_numpy(shape, combiner):
+    x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+    k, y = _run(column(*shape, combiner=combiner), x)
+    assert k.plan.strategy == "column_reduction", k.plan
+    want = NP[combiner](x.astype(np.float64), 0)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4, err_msg=f"{combiner} {shape}, plan {k.plan}")
+
+
+@pytest.mark.parametrize("shape", [(3, 130, 5), (2, 9, 40), (4, 1, 3)])
+def test_middle_axis_mean_matches_numpy(shape):
+    x = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
+    k, y = _run(middle_mean(*shape), x)
+    assert k.plan.strategy == "column_reduction", k.plan
+    np.testing.assert_allclose(y, x.astype(np.float64).mean(1), rtol=1e-5, atol=1e-6)
+
+
+def test_zero_size_reductions_give_the_identity_or_nothing():
+    _, y = _run(column(0, 7), np.zeros((0, 7), np.float32))
+    assert (y == 0).all()
+    _, y = _run(column(5, 0), np.zeros((5, 0), np.float32))
+    assert y.shape == (0,)
+
+
+def test_bf16_columns_accumulate_in_float32():
+    x = np.random.default_rng(3).standard_normal((600, 40)).astype(ml_dtypes.bfloat16)
+    k, y = _run(column(600, 40, "bfloat16"), x)
+    assert "float32" in str(k.module).split("Y_acc:")[1].split("[")[0]
+    want = x.astype(np.float64).sum(0)
+    # one bf16 rounding of the float32 sum: half an ulp of 2^-8 relative
+    np.testing.assert_allclose(y.astype(np.float64), want, rtol=2 ** -8, atol=1e-2)
+
+
+def test_split_over_blocks_adds_a_combining_kernel_and_a_temporary():
+    mod = split_reduce(column(1000, 70), 32, 4, 5)
+    assert len(mod.kernels) == 2 and len(mod.temps) == 1
+    assert mod.temps[0].shape[0].value == 5
+    assert len(split_reduce(column(1000, 70), 32, 4, 1).kernels) == 1
+
+
+def test_row_reductions_and_contractions_are_not_split_reductions():
+    X = tc.placeholder((8, 16), "float32", name="X")
+    c = tc.reduce_axis(16, name="c")
+    rows = [X, tc.compute((8,), lambda r: tc.sum(X[r, c], axis=c), name="Y")]
+    assert propose(rows) is None
+    A, B = tc.placeholder((8, 16), "float32", name="A"), tc.placeholder((16, 4), "float32", name="B")
+    k = tc.reduce_axis(16, name="k")
+    assert propose([A, B, tc.compute((8, 4), lambda i, j: tc.sum(A[i, k] * B[k, j], axis=k), name="C")]) is None
+    with pytest.raises(ScheduleError, match="threads"):
+        split_reduce(column(8, 8), 48, 8, 1)
+
+
+def test_splits_fill_two_waves_but_keep_partials_small():
+    assert choose_splits(1024, 16384) == 64          # 32 column blocks x 64 = 2048 blocks
+    assert choose_splits(65536, 1024) <= 2           # enough outputs already
+    assert choose_splits(1024, 100) == 1             # too short to split
+    assert 16384 % (choose_splits(4096, 16384) * 8) == 0
