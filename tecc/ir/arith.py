@@ -1,0 +1,161 @@
+"""Building scalar expressions: dtype promotion, weak Python scalars, and light constant folding.
+
+The node classes are in expr.py; these functions are how every operator and pass makes new
+nodes, so promotion (docs/dtypes.md) and the few folds that keep generated code readable
+(integer constants, x+0, x*1, x*0 for integers, bool and/or with a constant) happen in one place.
+Float expressions are never folded algebraically (x*0 is not 0 for NaN or inf).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from . import dtype as dt
+from .dtype import DType
+from .errors import DTypeError, TeccError
+from .expr import (FLOAT_INTRINSICS, INTRINSICS, WARP_INTRINSICS, Binary, Call, Cast, Compare, Const, Expr,
+                   ExprLike, Select, index_expr)
+
+
+def as_expr(value: ExprLike, like: DType | None = None) -> Expr:
+    """Turn a Python scalar into a Const (taking the dtype `like` when given, weakly)."""
+    if isinstance(value, Expr):
+        return value
+    if like is not None:
+        return Const(value, dt.scalar_dtype_against(value, like))  # type: ignore[arg-type]
+    return Const(value, dt.default_scalar_dtype(value))  # type: ignore[arg-type]
+
+
+def _operands(a: ExprLike, b: ExprLike, op: str) -> tuple[Expr, Expr]:
+    if not isinstance(a, Expr) and not isinstance(b, Expr):
+        a, b = as_expr(a), as_expr(b)
+    elif not isinstance(a, Expr):
+        a = as_expr(a, b.dtype)  # type: ignore[union-attr]
+    elif not isinstance(b, Expr):
+        b = as_expr(b, a.dtype)
+    assert isinstance(a, Expr) and isinstance(b, Expr)
+    if a.dtype != b.dtype:
+        target = dt.promote(a.dtype, b.dtype)
+        a, b = cast(a, target), cast(b, target)
+    return a, b
+
+
+_FOLD: dict[str, Callable[[Any, Any], Any]] = {
+    "+": lambda x, y: x + y,
+    "-": lambda x, y: x - y,
+    "*": lambda x, y: x * y,
+    "min": min,
+    "max": max,
+}
+
+
+def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
+    """Build `a op b` with dtype promotion; folds integer constants and the identities x+0, x*1."""
+    x, y = _operands(a, b, op)
+    d = x.dtype
+    if op in ("+", "-", "*", "//", "%", "min", "max") and d.is_bool:
+        raise DTypeError(f"operator {op} is not defined on bool ({x} {op} {y}); cast to an integer first")
+    if op == "/" and not d.is_float:
+        raise DTypeError(
+            f"'/' needs floating operands, got {d} in ({x} / {y}); use // for integer division or tc.cast"
+        )
+    if op == "pow" and not d.is_float:
+        raise DTypeError(f"pow needs floating operands, got {d} in pow({x}, {y})")
+    if op in ("&", "|", "^") and d.is_float:
+        raise DTypeError(f"operator {op} needs bool or integer operands, got {d} in ({x} {op} {y})")
+    if d.is_int:
+        if isinstance(x, Const) and isinstance(y, Const):
+            if op in _FOLD:
+                return Const(_FOLD[op](x.value, y.value), d)
+            if op in ("//", "%") and y.value != 0:
+                return Const(x.value // y.value if op == "//" else x.value % y.value, d)
+        if op == "+" and isinstance(y, Const) and y.value == 0:
+            return x
+        if op == "+" and isinstance(x, Const) and x.value == 0:
+            return y
+        if op == "-" and isinstance(y, Const) and y.value == 0:
+            return x
+        if op == "*" and isinstance(y, Const) and y.value == 1:
+            return x
+        if op == "*" and isinstance(x, Const) and x.value == 1:
+            return y
+        if op == "*" and ((isinstance(y, Const) and y.value == 0) or (isinstance(x, Const) and x.value == 0)):
+            return Const(0, d)
+        if op in ("//",) and isinstance(y, Const) and y.value == 1:
+            return x
+        if op == "%" and isinstance(y, Const) and y.value == 1:
+            return Const(0, d)
+    if d.is_bool and op in ("&", "|") and (isinstance(x, Const) or isinstance(y, Const)):
+        c, other = (x, y) if isinstance(x, Const) else (y, x)
+        if op == "&":
+            return other if c.value else Const(False, d)
+        return Const(True, d) if c.value else other
+    return Binary(op, x, y)
+
+
+def compare(op: str, a: ExprLike, b: ExprLike) -> Expr:
+    """Build the comparison `a op b` (dtype bool) with dtype promotion."""
+    x, y = _operands(a, b, op)
+    if isinstance(x, Const) and isinstance(y, Const):
+        fold = {"<": x.value < y.value, "<=": x.value <= y.value, ">": x.value > y.value,
+                ">=": x.value >= y.value, "==": x.value == y.value, "!=": x.value != y.value}
+        return Const(fold[op], dt.bool_)
+    return Compare(op, x, y)
+
+
+def cast(value: ExprLike, dtype: dt.DTypeLike) -> Expr:
+    """`value` converted to `dtype`; no node when it already has that dtype."""
+    d = dt.as_dtype(dtype)
+    e = as_expr(value, d) if not isinstance(value, Expr) else value
+    if e.dtype == d:
+        return e
+    if isinstance(e, Const) and (d.is_int or d.is_bool) and not e.dtype.is_float:
+        return Const(e.value, d)
+    if isinstance(e, Const) and d.is_float and not (d in (dt.float16, dt.bfloat16)):
+        return Const(float(e.value), d)
+    return Cast(d, e)
+
+
+def call(name: str, *args: ExprLike) -> Expr:
+    """Apply the math intrinsic `name` (see INTRINSICS)."""
+    if name not in INTRINSICS:
+        raise DTypeError(f"unknown intrinsic {name!r}; tecc has {', '.join(INTRINSICS)}")
+    xs = [as_expr(a) if not isinstance(a, Expr) else a for a in args]
+    x = xs[0]
+    if name in ("isnan", "isinf"):
+        if not x.dtype.is_float:
+            raise DTypeError(f"{name} needs a floating argument, got {x.dtype} in {name}({x})")
+        return Call(name, tuple(xs), dt.bool_)
+    if name in FLOAT_INTRINSICS and not x.dtype.is_float:
+        raise DTypeError(
+            f"{name} needs a floating argument, got {x.dtype} in {name}({x}); cast it with tc.cast(x, 'float32')"
+        )
+    if name == "abs" and x.dtype.is_bool:
+        raise DTypeError(f"abs is not defined on bool ({x})")
+    return Call(name, tuple(xs), x.dtype)
+
+
+def warp_shuffle(kind: str, value: Expr, arg: ExprLike) -> Expr:
+    """A warp shuffle (see WARP_INTRINSICS): `kind` is shfl_xor | shfl_down | shfl_idx."""
+    if kind not in WARP_INTRINSICS:
+        raise TeccError(f"unknown warp intrinsic {kind!r}; one of {WARP_INTRINSICS}")
+    return Call(kind, (value, index_expr(arg) if not isinstance(arg, Expr) else arg), value.dtype)
+
+
+def select(cond: ExprLike, a: ExprLike, b: ExprLike) -> Expr:
+    """`where(cond, a, b)`: `a` where cond holds, else `b` (dtypes promoted)."""
+    c = as_expr(cond)
+    if not c.dtype.is_bool:
+        raise DTypeError(f"the condition of where() must be a bool expression, got {c.dtype} in {c}")
+    x, y = _operands(a, b, "where")
+    if isinstance(c, Const):
+        return x if c.value else y
+    return Select(c, x, y)
+
+
+def logical_and(*conds: Expr) -> Expr:
+    """The conjunction of bool expressions (True when there are none)."""
+    out: Expr = Const(True, dt.bool_)
+    for c in conds:
+        out = binary("&", out, c)
+    return out
