@@ -40,7 +40,7 @@ def mid_sum3(A, B, C, dtype):
 def cases():
     ref = torch_ops()
     for dtype in DTYPES:
-        for R, C in ((3, 1000), (2, 1002), (0, 64), (4, 8192)):
+        for R, C in ((3, 1000), (2, 1002), (0, 64), (4, 8192), (2, 1024), (2, 131072 + 8)):
             yield "softmax", (R, C), dtype, norms.softmax(R, C, dtype), ref["softmax"], [(R, C)]
             yield "layer_norm", (R, C), dtype, norms.layer_norm(R, C, dtype), ref["layer_norm"], [(R, C), (C,), (C,)]
         yield "row_max", (2, 257), dtype, norms.row_reduce(2, 257, dtype, "max"), ref["row_max"], [(2, 257)]

@@ -64,3 +64,31 @@ def test_batched_gemm_on_gpu() -> None:
     C = tc.compute((5, 100, 130), lambda b, i, j: tc.sum(A[b, i, r] * B[b, r, j], axis=r), name="C")
     a, b = torch.randn(5, 100, 72, device="cuda"), torch.randn(5, 72, 130, device="cuda")
     _check([A, B, C], [a, b], a.double() @ b.double())
+
+
+@pytest.mark.parametrize("m,n,k,point", [
+    (1000, 1000, 1000, {"bm": 128, "bn": 128, "bk": 16, "split": 4}),
+    (127, 4096, 1023, {"bm": 128, "bn": 128, "bk": 16, "split": 8}),
+    (8192, 64, 8192, {"bm": 128, "bn": 64, "bk": 16, "split": 8}),
+    (1024, 1024, 1024, {"bm": 64, "bn": 128, "bk": 8, "split": 4}),
+])
+def test_split_k_gemm_on_gpu(m: int, n: int, k: int, point: dict[str, int]) -> None:
+    from tecc.compiler.cost.analysis import analyze_kernel
+    from tecc.compiler.schedule import Schedule
+    from tecc.compiler.strategies import get
+    from tecc.passes.lower import lower
+
+    A = tc.placeholder((m, k), "float32", name="A")
+    B = tc.placeholder((k, n), "float32", name="B")
+    r = tc.reduce_axis(k, name="k")
+    C = tc.compute((m, n), lambda i, j: tc.sum(A[i, r] * B[r, j], axis=r), name="C")
+    sch = Schedule([A, B, C])
+    get("gemm_pipelined").apply(sch, analyze_kernel(lower([A, B, C]).kernels[0]), point)
+    kern = tc.build([A, B, C], plan=sch.plan)
+    a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+    out = torch.full((m, n), float("nan"), device="cuda")
+    kern(a, b, out)
+    torch.cuda.synchronize()
+    ref = a.double() @ b.double()
+    err = float((out.double() - ref).abs().max() / ref.abs().max())
+    assert err < 1e-5, (point, err)

@@ -125,3 +125,67 @@ def test_batched_gemm_pipelined_matches_numpy_on_the_emulator() -> None:
     c = np.full((3, 70, 130), np.nan, np.float32)
     run_sim(sch.mod, [a, b, c])
     assert np.allclose(c, a @ b, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("M,N,K,bt,point", [
+    (64, 64, 256, False, {"bm": 32, "bn": 64, "bk": 16, "split": 2}),      # K = 2 whole parts
+    (40, 70, 200, False, {"bm": 32, "bn": 64, "bk": 8, "split": 3}),       # last part short: k-tail
+    (48, 64, 130, True, {"bm": 32, "bn": 64, "bk": 8, "split": 4}),        # A·Bᵀ, K not a tile multiple
+])
+def test_split_k_matches_numpy_on_the_emulator(M: int, N: int, K: int, bt: bool, point: dict[str, int]) -> None:
+    tensors = matmul(M, N, K, bt)
+    sch = pipelined(tensors, point)
+    assert [k.name for k in sch.mod.kernels] == ["C_kernel", "C_kernel_combine"], sch.mod
+    assert [t.name for t in sch.mod.temps] == ["C_rf"]
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((M, K), dtype=np.float32)
+    b = rng.standard_normal((N, K) if bt else (K, N), dtype=np.float32)
+    c = np.full((M, N), np.nan, np.float32)
+    run_sim(sch.mod, [a, b, c])
+    ref = a @ (b.T if bt else b)
+    worst = np.unravel_index(np.argmax(np.abs(c - ref)), ref.shape)
+    assert np.allclose(c, ref, rtol=1e-5, atol=1e-4), (point, worst, c[worst], ref[worst])
+    again = Schedule(tensors, plan=Plan.from_json(sch.plan.to_json()))
+    assert str(again.mod) == str(sch.mod)
+
+
+def test_rfactor_refuses_a_bound_kernel() -> None:
+    from tecc.ir.errors import ScheduleError
+
+    sch = Schedule(matmul(64, 64, 64))
+    i, j, k = sch.get_loops("C")
+    ko, _ = sch.split(k, factors=[None, 16])
+    sch.bind(i, "blockIdx.x")
+    with pytest.raises(ScheduleError, match="before binding"):
+        sch.rfactor(ko)
+
+
+def test_rfactor_keeps_the_epilogue_in_the_combine_kernel() -> None:
+    A = tc.placeholder((16, 40), "float32", name="A")
+    B = tc.placeholder((40, 24), "float32", name="B")
+    k = tc.reduce_axis(40, name="k")
+    C = tc.compute((16, 24), lambda i, j: tc.maximum(tc.sum(A[i, k] * B[k, j], axis=k), 0.0), name="C")
+    sch = Schedule([A, B, C])
+    _, _, kk = sch.get_loops("C")
+    ko, _ = sch.split(kk, factors=[None, 16])
+    sch.rfactor(ko)
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((16, 40), dtype=np.float32), rng.standard_normal((40, 24), dtype=np.float32)
+    c = np.full((16, 24), np.nan, np.float32)
+    run_sim(sch.mod, [a, b, c])
+    assert np.allclose(c, np.maximum(a @ b, 0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("m,n,k", [(1024, 1024, 1024), (127, 4096, 1023), (8192, 64, 8192)])
+def test_planner_splits_k_when_the_output_has_too_few_tiles(m: int, n: int, k: int) -> None:
+    from tecc.compiler.planner import plan_program
+
+    kp = plan_program(matmul(m, n, k), "sm_90").kernels[0]
+    assert kp.chosen.strategy.name == "gemm_pipelined" and kp.chosen.point.get("split", 1) > 1, kp.chosen.label
+
+
+def test_planner_does_not_split_k_when_tiles_fill_the_gpu() -> None:
+    from tecc.compiler.planner import plan_program
+
+    kp = plan_program(matmul(4096, 4096, 4096), "sm_90").kernels[0]
+    assert kp.chosen.point == {"bm": 128, "bn": 128, "bk": 16}, kp.chosen.label

@@ -71,9 +71,12 @@ class Kernel:
 
     # ---- running ----------------------------------------------------------------------------
     def __call__(self, *args: Any) -> None:
-        if self.target == "sim":
-            return self.sim(*args)
-        if self._executor is None:
+        # Thin on purpose: a repeated call with device arrays is a launch-cache hit in the
+        # executor (docs/runtime.md, "Repeated calls"), so this frame is most of what is left.
+        executor = self._executor
+        if executor is None:
+            if self.target == "sim":
+                return self.sim(*args)
             from ..runtime.cuda import CudaExecutor, cuda_available
 
             if not cuda_available():
@@ -81,8 +84,8 @@ class Kernel:
                     f"{self.name}: no CUDA device is available to run this kernel; build with "
                     "target='sim' or call f.sim(...) to run it in the CPU emulator"
                 )
-            self._executor = CudaExecutor(self.host, self.cubin)
-        self._executor(*args)
+            executor = self._executor = CudaExecutor(self.host, self.cubin)
+        executor(*args)
         return None
 
     def sim(self, *args: Any) -> None:

@@ -283,6 +283,25 @@ class Schedule:
         self._apply(st.kernel, Step("guard_writeback_only", {"stage": str(st)}),
                     lambda f: prim.guard_writeback_only(f, st.name))
 
+    def rfactor(self, loop: LoopLike) -> StageRV:
+        """Make the reduction loop `loop` (e.g. the outer loop of `split(k, [None, chunk])`) a
+        parallel axis: the kernel computes partial results `C_rf[loop, ...]` into a temporary,
+        summed in order by a second kernel `<kernel>_combine` that also applies the stage's
+        epilogue (split-K; tecc/passes/schedule/rfactor.py). Returns the partial stage ("C.rf"),
+        whose loops are `loop` first, then the output's, then the rest of the reduction. Apply
+        it before any binding in the kernel; the combine kernel is left to default_schedule."""
+        lp = self._loop(loop)
+        step = Step("rfactor", {"loop": str(lp)})
+        if lp.kernel not in _kernel_names(self.mod):
+            raise ScheduleError(f"rfactor: no kernel {lp.kernel!r}")
+        store = [s for s, _ in _stores(self.mod.kernel(lp.kernel)) if s.buffer.scope == "global"]
+        start = time.perf_counter()
+        mod = prim.rfactor(self.mod, lp.kernel, lp.name)
+        self.mod = mod.with_kernels([simplify_func(k) for k in mod.kernels])
+        self.timing.append(("rfactor", time.perf_counter() - start))
+        self._record(step)
+        return StageRV(lp.kernel, f"{store[-1].buffer.tensor}.rf")
+
     def compute_at(self, stage: StageLike, loop: LoopLike) -> None:
         """Place the cache stage `stage` at the top of `loop`'s body, sized to the tile read there."""
         st, lp = self._stage(stage), self._loop(loop)

@@ -35,21 +35,27 @@ are the same rewrite. Whether to apply it is the planner's decision (strategies/
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..ir import dtype as dt
 from ..ir.errors import ScheduleError
 from ..ir.expr import (
+    Binary,
     BufferLoad,
+    Call,
     Const,
     Expr,
     Reduce,
     TensorRead,
     Var,
     binary,
+    call,
     cast,
+    compare,
     const_int,
+    free_vars,
     reduce_identity,
+    select,
     substitute,
     walk,
 )
@@ -80,7 +86,7 @@ from .lower import (
 )
 from .schedule.cross_thread import allreduce
 
-CACHES = ("registers", "none")
+CACHES = ("registers", "online", "none")
 COMBINE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
 VECTORS = (1, 2, 4, 8)
 # Occupancy request (`__launch_bounds__(T, n)`): sm_80 and sm_90 hold 2048 threads and 64 K
@@ -203,7 +209,9 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     """The module of ONE kernel computing the row group `args` (see the module docstring).
 
     threads: block size T (a multiple of 32, at most 1024); cache: "registers" keeps the row's
-    cached inputs in K = ceil(C/T) registers per thread (C must be a constant), "none" re-reads.
+    cached inputs in K = ceil(C/T) registers per thread (C must be a constant), "none" re-reads
+    them once per pass, "online" is "none" with a max followed by a sum of exp(· - max) computed
+    in ONE pass (running max, rescaled sum: `_online_max_sum`), so softmax reads its row twice.
     vector: V > 1 gives each thread V consecutive columns per step (`col = (k*T + tx)*V + v`), so
     the row's loads and the outputs' stores become one V-wide access (float4: LDG.128/STG.128);
     it needs cache="registers" and C a multiple of V; V = 8 is for 16-bit rows (16 bytes).
@@ -301,39 +309,85 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
                 stmts.append(column_loop(BufferStore(reg, (slot,), src[row_idx + (col,)]), vectorized=True))
     cacher = _CacheRow(caches, row_idx, col, slot)
 
+    # every reduction stage's row value lives in one register of every thread
+    for t in group.reductions:
+        val = Buffer(unique(f"{t.name}_val"), t.dtype, (1,), "local", tensor=f"{t.name}.local")
+        allocs.append(val)
+        values[t] = val
+
+    # the per-column expression of every pass, in program order: one per Reduce of a reduction
+    # stage (its source at column `col`), one per elementwise output (its value at `col`)
+    passes: list[tuple[Tensor, Expr, Reduce | None]] = []
     for t in prog.stages:
         op = t.op
         assert isinstance(op, ComputeOp)
         if t in group.reductions:
             body = substitute(op.body, dict(zip(op.axes, row_idx)))
-            accs: dict[int, Expr] = {}
+            seen: set[int] = set()
             for r in [n for n in walk(body) if isinstance(n, Reduce)]:
-                if id(r) in accs:
-                    continue
-                acc = Buffer(unique(f"{t.name}_acc"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.acc")
-                allocs.append(acc)
-                source = cacher.visit(inliner.visit(substitute(r.source, {r.axes[0]: col})))
-                stmts.append(BufferStore(acc, (zero,), reduce_identity(r.combiner, r.acc_dtype)))
-                update = BufferStore(acc, (zero,), binary(COMBINE[r.combiner], acc[zero], cast(source, r.acc_dtype)))
-                stmts.append(column_loop(update))
-                stmts.append(allreduce(acc, COMBINE[r.combiner], tx, threads, unique(f"{t.name}_block")))
-                accs[id(r)] = cast(acc[zero], r.dtype)
-
-            class _Finish(ExprMutator):
-                def visit_Reduce(self, r: Reduce) -> Expr:  # noqa: N805
-                    return accs[id(r)]
-
-            value = inliner.visit(_Finish().visit(body))
-            val = Buffer(unique(f"{t.name}_val"), t.dtype, (1,), "local", tensor=f"{t.name}.local")
-            allocs.append(val)
-            values[t] = val
-            stmts.append(BufferStore(val, (zero,), value))
-            if t in buffers:  # an output: thread 0 of the block writes the row's value
-                stmts.append(IfThenElse(tx == 0, BufferStore(buffers[t], row_idx, val[zero])))
+                if id(r) not in seen:
+                    seen.add(id(r))
+                    passes.append((t, cacher.visit(inliner.visit(substitute(r.source, {r.axes[0]: col}))), r))
         else:
             body = substitute(op.body, dict(zip(op.axes, row_idx + (col,))))
-            value = cacher.visit(inliner.visit(body))
-            stmts.append(column_loop(BufferStore(buffers[t], row_idx + (col,), value), vectorized=True))
+            passes.append((t, cacher.visit(inliner.visit(body)), None))
+
+    shared: dict[Expr, Buffer] = {}
+    if cache == "registers":
+        shared = _shared_column_values(passes, k, lambda e: Buffer(
+            unique("t_row"), e.dtype, (K * V,), "local", tensor="row.shared"))
+        allocs.extend(shared.values())
+
+    accs: dict[int, Expr] = {}
+    touched: list[set[int]] = []  # the row arrays each pass reads or writes
+    merged: set[int] = set()      # passes folded into the previous one (cache="online")
+    for i, (t, expr, r) in enumerate(passes):
+        if i in merged:
+            touched.append(set())
+            continue
+        online = _online_pair(passes, i, values) if cache == "online" else None
+        if online is not None:
+            t2, r2, h = online
+            assert r is not None
+            m_acc = Buffer(unique(f"{t.name}_acc"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.acc")
+            s_acc = Buffer(unique(f"{t2.name}_acc"), r2.acc_dtype, (1,), "local", tensor=f"{t2.name}.acc")
+            m_new = Buffer(unique(f"{t.name}_new"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.running")
+            m_own = Buffer(unique(f"{t.name}_own"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.thread")
+            allocs.extend([m_acc, s_acc, m_new, m_own])
+            stmts.extend(_online_max_sum(m_acc, s_acc, m_new, m_own, cast(expr, r.acc_dtype), h,
+                                         lambda body: column_loop(body), tx, threads, unique(f"{t.name}_block"),
+                                         unique(f"{t2.name}_block")))
+            accs[id(r)] = cast(m_acc[zero], r.dtype)
+            accs[id(r2)] = cast(s_acc[zero], r2.dtype)
+            stmts.extend(_finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx))
+            merged.add(i + 1)
+            touched.append(set())
+            if i + 2 == len(passes) or passes[i + 2][0] is not t2:
+                stmts.extend(_finish_reduction(t2, row_idx, accs, inliner, values[t2], buffers, tx))
+            continue
+        op = t.op
+        assert isinstance(op, ComputeOp)
+        # a value computed here for a later pass is stored in its register as it is computed
+        mine = {e: buf for e, buf in shared.items() if _first_pass(passes, e) == i}
+        used = _Replace({e: buf[slot] for e, buf in shared.items() if e not in mine})
+        keep = [BufferStore(buf, (slot,), used.visit(e)) for e, buf in mine.items()]
+        expr = _Replace({e: buf[slot] for e, buf in shared.items()}).visit(expr) if mine else used.visit(expr)
+        touched.append({id(n.buffer) for s in keep for n in walk(s.value) if isinstance(n, BufferLoad)}
+                       | {id(n.buffer) for n in walk(expr) if isinstance(n, BufferLoad)}
+                       | {id(buf) for buf in mine.values()})
+        if r is not None:
+            acc = Buffer(unique(f"{t.name}_acc"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.acc")
+            allocs.append(acc)
+            stmts.append(BufferStore(acc, (zero,), reduce_identity(r.combiner, r.acc_dtype)))
+            update = BufferStore(acc, (zero,), binary(COMBINE[r.combiner], acc[zero], cast(expr, r.acc_dtype)))
+            stmts.append(column_loop(seq(*keep, update)))
+            stmts.append(allreduce(acc, COMBINE[r.combiner], tx, threads, unique(f"{t.name}_block")))
+            accs[id(r)] = cast(acc[zero], r.dtype)
+            last_of_stage = i + 1 == len(passes) or passes[i + 1][0] is not t
+            if last_of_stage:
+                stmts.extend(_finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx))
+        else:
+            stmts.append(column_loop(BufferStore(buffers[t], row_idx + (col,), expr), vectorized=True))
 
     body: Stmt = seq(*stmts)
     for buf in reversed(allocs):
@@ -346,12 +400,15 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     kname = unique(f"{prog.stages[-1].name}_rows_kernel")
     mname = _identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
     attrs: tuple[tuple[str, object], ...] = (("fused_rows", tuple(t.name for t in prog.stages)),)
+    if merged:  # reductions computed together with the one before them (cache="online")
+        attrs += (("online_pairs", len(merged)),)
     if cache == "registers":
         k_const = const_int(K)
         assert k_const is not None
         # one register per cached element, whatever its width: ptxas does not pack two 16-bit
         # elements of a register array into one register (bf16 rows of 16 spilled at 32)
-        row_words = sum(k_const * V for _ in caches.values())
+        arrays = list(caches.values()) + list(shared.values())
+        row_words = peak_row_words(_row_spans(touched, arrays, list(caches.values())), k_const * V)
         blocks = min_blocks_per_sm(threads, row_words)
         if blocks > 1:
             attrs += (("min_blocks_per_sm", blocks),)
@@ -360,4 +417,153 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     return Module(mname, module_params, (kernel,), (KernelCall(kname, params),), ())
 
 
-__all__ = ["CACHES", "VECTORS", "RowGroup", "fuse_rows", "min_blocks_per_sm", "row_group"]
+# Intrinsics worth a register to compute once: each is a libdevice call of tens of instructions
+# (expf: ~10 with the range reduction, sinf/logf more), against one register per column.
+EXPENSIVE = ("exp", "log", "sin", "cos", "tanh", "erf", "sigmoid", "exp2", "log2")
+
+
+def _first_pass(passes: Sequence[tuple[Tensor, Expr, Reduce | None]], e: Expr) -> int:
+    return next(i for i, (_, expr, _r) in enumerate(passes) if any(n is e for n in walk(expr)))
+
+
+def _shared_column_values(passes: Sequence[tuple[Tensor, Expr, Reduce | None]], column: Var,
+                          new_buffer: "Callable[[Expr], Buffer]") -> dict[Expr, Buffer]:
+    """The expensive per-column values (EXPENSIVE intrinsics that depend on the column) that a
+    reduction pass computes and a later pass computes again -- softmax's `exp(x - max)` in the sum
+    pass and in the output pass -- each with a register array that keeps it (one per column of
+    the thread, like the cached row) so the later pass reads it instead of recomputing it.
+    Expressions are hash-consed, so "the same value" is identity of the node."""
+    out: dict[Expr, Buffer] = {}
+    for i, (_, expr, r) in enumerate(passes):
+        if r is None:
+            continue  # an output pass is the last to need its values
+        later = {id(n) for _, e, _r in passes[i + 1:] for n in walk(e)}
+        for n in walk(expr):
+            if (isinstance(n, Call) and n.name in EXPENSIVE and id(n) in later and n not in out
+                    and column in free_vars(n) and not any(n is m or _contains(m, n) for m in out)):
+                out[n] = new_buffer(n)
+    return out
+
+
+def _contains(outer: Expr, inner: Expr) -> bool:
+    return any(n is inner for n in walk(outer))
+
+
+class _Replace(ExprMutator):
+    """Replaces whole subexpressions (by identity) with the given expressions."""
+
+    def __init__(self, mapping: dict[Expr, Expr]) -> None:
+        super().__init__()
+        self.mapping = {id(e): (e, v) for e, v in mapping.items()}
+
+    def visit(self, e: Expr) -> Expr:
+        hit = self.mapping.get(id(e))
+        if hit is not None and hit[0] is e:
+            return hit[1]
+        return super().visit(e)
+
+
+def _row_spans(touched: Sequence[set[int]], arrays: Sequence[Buffer],
+               loaded: Sequence[Buffer]) -> list[tuple[float, float]]:
+    """The passes (first, last) over which each row array is live, from `touched[i]` (ids of the
+    arrays pass i reads or writes): a cached input (`loaded`) from the load pass (-1) on, a kept
+    value from just after the pass that computes it (that pass turns each element of its
+    operands into one element of it: `t_row[j] = exp(x_row[j] - m)`, so an operand whose last
+    use is that pass hands its registers over one by one)."""
+    spans: list[tuple[float, float]] = []
+    for buf in arrays:
+        at = [i for i, ids in enumerate(touched) if id(buf) in ids]
+        first = -1.0 if any(buf is b for b in loaded) else min(at, default=-1) + 0.5
+        spans.append((first, float(max(at, default=-1))))
+    return spans
+
+
+def peak_row_words(spans: Sequence[tuple[float, float]], words: int) -> int:
+    """Registers per thread the row arrays (`words` each) hold at once: softmax's exp(x - max)
+    array takes over the registers of the input row it is computed from, so the peak is the
+    most arrays live in one pass, not their sum."""
+    last = max((hi for _, hi in spans), default=0.0)
+    points = [q / 2 for q in range(-2, int(2 * last) + 2)]  # every pass and every gap between two
+    return max((words * sum(1 for lo, hi in spans if lo <= p <= hi) for p in points), default=0)
+
+
+def _online_pair(passes: Sequence[tuple[Tensor, Expr, Reduce | None]], i: int,
+                 values: dict[Tensor, Buffer]) -> tuple[Tensor, Reduce, Expr] | None:
+    """(stage, Reduce, h) when pass i is a stage `m = max_c a(c)` (the whole stage) and pass i+1
+    a sum `Σ_c exp(h(c) - m)` with h free of m: the pair one pass can compute with a running max
+    and a rescaled sum (Milakov & Gimelshein, "Online normalizer calculation for softmax", 2018):
+    when the running max grows from m to m', the sum so far is multiplied by exp(m - m')."""
+    if i + 1 >= len(passes):
+        return None
+    t, _, r = passes[i]
+    t2, expr2, r2 = passes[i + 1]
+    op = t.op
+    assert isinstance(op, ComputeOp)
+    if r is None or r2 is None or r.combiner != "max" or r2.combiner != "sum" or not isinstance(op.body, Reduce):
+        return None
+    if not r.acc_dtype.is_float or r2.acc_dtype != r.acc_dtype or t2 is t:
+        return None
+    m = values[t][Const(0, dt.int32)]
+    if not (isinstance(expr2, Call) and expr2.name == "exp" and isinstance(expr2.args[0], Binary)
+            and expr2.args[0].op == "-" and expr2.args[0].b is m and expr2.dtype == r2.acc_dtype):
+        return None
+    h = expr2.args[0].a
+    if any(n is m for n in walk(h)):
+        return None
+    return t2, r2, h
+
+
+def _online_max_sum(m_acc: Buffer, s_acc: Buffer, m_new: Buffer, m_own: Buffer, a: Expr, h: Expr,
+                    column_loop: Callable[[Stmt], Stmt], tx: Var, threads: int, m_name: str,
+                    s_name: str) -> list[Stmt]:
+    """One pass over the row for `m = max a` and `s = Σ exp(h - m)` (see _online_pair):
+
+        m_acc = -inf; s_acc = 0
+        for each column: m_new = max(m_acc, a); s_acc = s_acc·exp(m_acc - m_new) + exp(h - m_new); m_acc = m_new
+        m_own = m_acc; <allreduce m_acc, max>; s_acc = s_acc·exp(m_own - m_acc); <allreduce s_acc, +>
+
+    exp(m_acc - m_new) is taken as 1 when the two are equal, so a thread that has seen no
+    column (or only -inf) keeps s = 0 instead of 0·exp(-inf + inf) = NaN."""
+    zero = Const(0, dt.int32)
+    one = Const(1.0, s_acc.dtype)
+
+    def rescale(old: Expr, new: Expr) -> Expr:
+        return select(compare("==", old, new), one, call("exp", old - new))
+
+    update = seq(
+        BufferStore(m_new, (zero,), binary("max", m_acc[zero], a)),
+        BufferStore(s_acc, (zero,), s_acc[zero] * rescale(m_acc[zero], m_new[zero])
+                    + call("exp", h - m_new[zero])),
+        BufferStore(m_acc, (zero,), m_new[zero]),
+    )
+    return [
+        BufferStore(m_acc, (zero,), reduce_identity("max", m_acc.dtype)),
+        BufferStore(s_acc, (zero,), reduce_identity("sum", s_acc.dtype)),
+        column_loop(update),
+        BufferStore(m_own, (zero,), m_acc[zero]),
+        allreduce(m_acc, "max", tx, threads, m_name),
+        BufferStore(s_acc, (zero,), s_acc[zero] * rescale(m_own[zero], m_acc[zero])),
+        allreduce(s_acc, "+", tx, threads, s_name),
+    ]
+
+
+def _finish_reduction(t: Tensor, row_idx: tuple[Expr, ...], accs: dict[int, Expr], inliner: ExprMutator,
+                      val: Buffer, buffers: dict[Tensor, Buffer], tx: Var) -> list[Stmt]:
+    """The row value of reduction stage `t` from its all-reduced accumulators, and its store
+    (by thread 0) when the stage is an output."""
+    op = t.op
+    assert isinstance(op, ComputeOp)
+    body = substitute(op.body, dict(zip(op.axes, row_idx)))
+
+    class _Finish(ExprMutator):
+        def visit_Reduce(self, r: Reduce) -> Expr:  # noqa: N805
+            return accs[id(r)]
+
+    zero = Const(0, dt.int32)
+    out: list[Stmt] = [BufferStore(val, (zero,), inliner.visit(_Finish().visit(body)))]
+    if t in buffers:  # an output: thread 0 of the block writes the row's value
+        out.append(IfThenElse(tx == 0, BufferStore(buffers[t], row_idx, val[zero])))
+    return out
+
+
+__all__ = ["CACHES", "VECTORS", "RowGroup", "fuse_rows", "min_blocks_per_sm", "peak_row_words", "row_group"]

@@ -19,6 +19,7 @@ arrays works on a machine without CUDA.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,9 +74,20 @@ def tecc_dtype(np_dtype: Any) -> DType:
 
     Non-native byte order is refused: the device reads little-endian values."""
     d = np.dtype(np_dtype)
+    found = _TECC_DTYPES.get(d)
+    if found is not None:
+        return found
     if not d.isnative:
         raise DTypeError(f"dtype {d.str} has non-native byte order; convert with a.astype(a.dtype.newbyteorder('='))")
-    return dt.as_dtype(d)
+    found = dt.as_dtype(d)
+    _TECC_DTYPES[d] = found
+    return found
+
+
+# NumPy dtype -> tecc dtype, filled on first sight: `dt.as_dtype` costs ~8 us (it tries the
+# ml_dtypes comparisons), a dict hit ~0.1 us. NumPy dtypes hash and compare by kind, size and
+# byte order, so a cached answer is the one `as_dtype` would give again; only successes are kept.
+_TECC_DTYPES: dict[np.dtype, DType] = {}
 
 
 # ---- describing arguments ----------------------------------------------------------------------
@@ -255,3 +267,146 @@ def to_device(array: np.ndarray, device: Any, stream: Any) -> Any:
     buf = allocate(device, staged.nbytes, stream)
     upload(staged, buf, stream)
     return buf
+
+
+# ---- fast argument keys (the executor's launch cache) ------------------------------------------
+#
+# A repeated call with device arrays of the same layout should not pay for a StridedMemoryView per
+# argument. `device_key` reads an argument's protocol data directly -- the DLPack capsule's
+# DLTensor (DLPack first, as StridedMemoryView does), else the `__cuda_array_interface__` dict --
+# and returns everything argument checking depends on as a hashable key, plus the data pointer.
+# The executor only trusts a key it has seen agree with the full path (`key_agrees`), so a reader
+# that misreads some producer costs misses, never a wrong launch.
+
+# dlpack.h: DLManagedTensorVersioned.flags bit 0 marks a read-only tensor.
+DLPACK_FLAG_READ_ONLY = 1
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):  # dlpack.h before 1.0: capsule name "dltensor"
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+class _DLManagedTensorVersioned(ctypes.Structure):  # dlpack.h 1.x: capsule name "dltensor_versioned"
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
+
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_name = ctypes.pythonapi.PyCapsule_GetName
+_capsule_name.restype = ctypes.c_char_p
+_capsule_name.argtypes = [ctypes.py_object]
+
+
+def device_key(obj: Any, stream_ptr: int, pointer_device: Any) -> tuple[tuple[Any, ...], int] | None:
+    """(key, data pointer) of a device array, read from its DLPack capsule or CUDA array interface,
+    or None when this argument must take the full path (host arrays, zero-size arrays, producers
+    that do not answer the way the reader expects, a CUDA-array-interface stream to wait on).
+
+    The key holds what the checks read: the device, dtype, shape, strides and read-only flag as
+    the producer reports them. `__dlpack__(stream=stream_ptr)` is called every time, so the
+    producer still orders its pending work before the consumer stream (DLPack's rule), exactly as
+    the full path's StridedMemoryView does. For a CUDA-array-interface object the device is the
+    pointer's (`pointer_device(ptr)`, cuPointerGetAttribute), since the dict does not say it."""
+    kind = type(obj)
+    if kind is np.ndarray:
+        return None
+    try:
+        if hasattr(kind, "__dlpack__"):
+            return _dlpack_key(obj, stream_ptr)
+        cai = getattr(obj, "__cuda_array_interface__", None)
+        if cai is not None:
+            return _cai_key(cai, stream_ptr, pointer_device)
+    except Exception:  # noqa: BLE001 - whatever the producer raises, the full path reports it properly
+        return None
+    return None
+
+
+def _dlpack_key(obj: Any, stream_ptr: int) -> tuple[tuple[Any, ...], int] | None:
+    device_type, device_id = obj.__dlpack_device__()
+    if int(device_type) != KDL_CUDA:
+        return None
+    try:
+        capsule = obj.__dlpack__(stream=stream_ptr, max_version=(1, 0))
+    except TypeError:  # a producer from before DLPack 1.0 takes no max_version
+        capsule = obj.__dlpack__(stream=stream_ptr)
+    name = _capsule_name(capsule)
+    if name == b"dltensor_versioned":
+        managed = _DLManagedTensorVersioned.from_address(_capsule_pointer(capsule, name))
+        readonly = bool(managed.flags & DLPACK_FLAG_READ_ONLY)
+        tensor = managed.dl_tensor
+    elif name == b"dltensor":
+        tensor = _DLManagedTensor.from_address(_capsule_pointer(capsule, name)).dl_tensor
+        readonly = False
+    else:
+        return None
+    ndim = tensor.ndim
+    shape = tuple(tensor.shape[:ndim]) if ndim else ()
+    if 0 in shape or not tensor.data:
+        return None  # zero-size: the full path substitutes a dummy pointer; not worth a cache entry
+    strides = tuple(tensor.strides[:ndim]) if ndim and tensor.strides else None
+    dtype = tensor.dtype
+    key = ("dlpack", int(tensor.device.device_type), int(tensor.device.device_id),
+           (dtype.code, dtype.bits, dtype.lanes), shape, strides, readonly)
+    # `capsule` is dropped unconsumed on return: its destructor calls the producer's deleter.
+    return key, int(tensor.data) + int(tensor.byte_offset)
+
+
+def _cai_key(cai: Any, stream_ptr: int, pointer_device: Any) -> tuple[tuple[Any, ...], int] | None:
+    stream = cai.get("stream")
+    if stream is not None and stream != stream_ptr:
+        return None  # the producer's stream must be waited on: the full path records that event
+    ptr, readonly = cai["data"]
+    shape = tuple(cai["shape"])
+    if 0 in shape or not ptr:
+        return None
+    strides = cai.get("strides")
+    key = ("cai", cai["typestr"], shape, None if strides is None else tuple(strides), bool(readonly),
+           int(pointer_device(ptr)))
+    return key, int(ptr)
+
+
+def key_agrees(key: tuple[Any, ...], ptr: int, arg: Argument) -> bool:
+    """Whether `device_key`'s reading of an argument says what the full path's Argument says
+    (pointer, device, dtype, shape, strides in elements, read-only): only then may the key stand
+    for the Argument on later calls."""
+    if arg.is_host or arg.ptr != ptr:
+        return False
+    try:
+        if key[0] == "dlpack":
+            _, device_type, device_id, (code, bits, lanes), shape, strides, readonly = key
+            if device_type != KDL_CUDA:
+                return False
+            dtype = dtype_from_dlpack(code, bits, lanes)
+        else:
+            _, typestr, shape, byte_strides, readonly, device_id = key
+            dtype = tecc_dtype(typestr)
+            strides = None if byte_strides is None else _element_strides(byte_strides, dtype.bytes)
+    except (DTypeError, TypeError, ValueError):
+        return False
+    if device_id != arg.device_id or readonly != arg.readonly:
+        return False
+    if strides is None:
+        strides = contiguous_strides(shape)
+    return arg.info == ArrayInfo(tuple(shape), tuple(strides), dtype)
+
+
+def _element_strides(byte_strides: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    if any(s % itemsize for s in byte_strides):
+        raise ValueError(f"byte strides {byte_strides} are not multiples of the element size {itemsize}")
+    return tuple(s // itemsize for s in byte_strides)

@@ -13,6 +13,10 @@
    asynchronous kernel fault surfaces here as LaunchError) and copies the results into the
    caller's arrays. Calls with device arrays only return without synchronizing.
 
+A call with device arrays only is remembered under its arguments' layout key (the launch cache,
+docs/runtime.md "Repeated calls"): a later call with the same key skips steps 1-2 and relaunches
+the cached launches for the new data pointers, after re-checking their alignment and overlap.
+
 Kernel ABI (docs/runtime.md, "Kernel ABI"): a kernel's parameters are `KernelInfo.params` in
 order. A Buffer parameter is passed as a device pointer (8 bytes): the data pointer of the
 argument or temporary named by the call, or a valid dummy allocation for a zero-size array
@@ -37,7 +41,7 @@ from ..ir.expr import Var
 from ..ir.stmt import Buffer
 from . import arrays
 from .arrays import Argument
-from .host import HostProgram, KernelInfo, bind_arguments, resolve_launch, temp_shape
+from .host import ArrayInfo, HostProgram, KernelInfo, bind_arguments, resolve_launch, temp_shape
 
 # Dynamic shared memory a kernel may use per block without opting in: 48 KiB on every
 # architecture since Volta (CUDA C++ Programming Guide, "Shared Memory"); a kernel that needs
@@ -247,6 +251,50 @@ def check_device_arrays(host: HostProgram, prepared: Sequence[Argument], device_
             )
 
 
+def byte_span(info: ArrayInfo) -> tuple[int, int]:
+    """The bytes an array may touch, as offsets from its data pointer: [lo, hi). Negative strides
+    reach below the pointer. A bounding range: interleaved views of one buffer overlap in it."""
+    lo = hi = 0
+    for n, st in zip(info.shape, info.strides):
+        if st < 0:
+            lo += (n - 1) * st
+        else:
+            hi += (n - 1) * st
+    size = info.dtype.bytes
+    return lo * size, (hi + 1) * size
+
+
+def alias_pairs(host: HostProgram) -> tuple[tuple[int, int], ...]:
+    """Pairs of argument positions that must not overlap in memory: every pair with at least one
+    array the kernels write. Every pointer parameter is `__restrict__` (docs/codegen.md), and a
+    restrict pointer promises that what is written through it is reached through no other pointer;
+    two read-only inputs may share memory."""
+    outputs = set(host.outputs)
+    buffers = host.buffer_params
+    return tuple((i, j) for i in range(len(buffers)) for j in range(i + 1, len(buffers))
+                 if buffers[i].name in outputs or buffers[j].name in outputs)
+
+
+def check_aliasing(host: HostProgram, prepared: Sequence[Argument]) -> None:
+    """Device arrays used in place must not overlap an array the kernels write (the kernels'
+    pointers are `__restrict__`, so overlap is undefined behaviour: stale or torn results).
+    ShapeError names both arguments. Host arrays are staged into their own buffers: never shared."""
+    buffers = host.buffer_params
+    for i, j in alias_pairs(host):
+        a, b = prepared[i], prepared[j]
+        if a.is_host or b.is_host or a.nbytes == 0 or b.nbytes == 0:
+            continue
+        a_lo, a_hi = byte_span(a.info)
+        b_lo, b_hi = byte_span(b.info)
+        if a.ptr + a_lo < b.ptr + b_hi and b.ptr + b_lo < a.ptr + a_hi:
+            written = " and ".join(n for n in (buffers[i].name, buffers[j].name) if n in host.outputs)
+            raise ShapeError(
+                f"argument {i} ({buffers[i].name}) and argument {j} ({buffers[j].name}) of {host.name} overlap in "
+                f"memory, and the kernel writes {written}; its pointers are __restrict__, so pass arrays that do not "
+                "share memory (e.g. a fresh output, or x.clone() of the input)"
+            )
+
+
 def scalar_argument(dtype: DType, value: int) -> Any:
     """A scalar kernel argument of exactly `dtype`'s C type."""
     return _SCALAR_TYPES[dtype](value)
@@ -267,6 +315,40 @@ class LaunchRecord:
 def describe_launch(module: str, kernel: str, grid: Sequence[int], block: Sequence[int], dynamic_smem: int) -> str:
     return (f"{module}: kernel {kernel} (grid {tuple(grid)}, block {tuple(block)}, "
             f"dynamic shared memory {dynamic_smem} bytes)")
+
+
+# ---- the launch cache -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CachedLaunch:
+    """One launch of a cached call: the kernel, its resolved grid and block, the prepared
+    LaunchConfig, and its parameters with the temporaries' pointers and the scalars filled in;
+    `array_slots` says which parameter positions take which argument's data pointer."""
+
+    info: KernelInfo
+    kernel: Any
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    config: Any
+    params: tuple[Any, ...]
+    array_slots: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class CachedCall:
+    """What a call with one key of argument layouts launches, once checked by the full path.
+
+    `needs` is each argument's required pointer alignment and `spans` its byte span from its
+    pointer: the two checks that depend on the pointers themselves, redone on every hit."""
+
+    launches: tuple[CachedLaunch, ...]
+    needs: tuple[int, ...]
+    spans: tuple[tuple[int, int], ...]
+    alias_pairs: tuple[tuple[int, int], ...]
+
+
+# Distinct argument layouts remembered per executor; the oldest is forgotten past this.
+CALL_CACHE_SIZE = 64
 
 
 class CudaExecutor:
@@ -300,6 +382,7 @@ class CudaExecutor:
         self.last_launches: list[LaunchRecord] = []
         self._temps: dict[str, Any] = {}
         self._dummy: Any = None
+        self._init_launch_cache()
 
         from cuda.core import ObjectCode
 
@@ -312,6 +395,13 @@ class CudaExecutor:
             self._max_threads[info.name] = int(_kernel_attribute(kernel, "max_threads_per_block"))
             if info.dynamic_smem > 0:
                 self._allow_dynamic_smem(info, kernel)
+
+    def _init_launch_cache(self) -> None:
+        """The launch cache (docs/runtime.md, "Repeated calls"): argument keys -> CachedCall."""
+        self._calls: dict[tuple[Any, ...], CachedCall] = {}
+        self._arity = len(self.host.buffer_params)
+        self._alias_pairs = alias_pairs(self.host)
+        self._stream_ptr = int(self.stream.handle)
 
     def __repr__(self) -> str:
         return f"<CudaExecutor {self.host.name} on {self.arch} kernels={list(self.kernels)}>"
@@ -359,24 +449,126 @@ class CudaExecutor:
 
     # ---- running ----------------------------------------------------------------------------
     def __call__(self, *args: Any) -> None:
+        keys = self._argument_keys(args)
+        if keys is not None:
+            cached = self._calls.get(tuple(key for key, _ in keys))
+            if cached is not None and self._replay(cached, [ptr for _, ptr in keys]):
+                return
+        launched = self._call_checked(args)
+        if keys is not None and launched is not None:
+            self._remember(keys, *launched)
+
+    def _argument_keys(self, args: tuple[Any, ...]) -> list[tuple[tuple[Any, ...], int]] | None:
+        """Each argument's (key, data pointer) from `arrays.device_key`, or None when any
+        argument must take the full path (a host array, a zero-size array, a producer the key
+        reader does not know)."""
+        if len(args) != self._arity:
+            return None
+        keys = []
+        for arg in args:
+            found = arrays.device_key(arg, self._stream_ptr, self._pointer_device)
+            if found is None:
+                return None
+            keys.append(found)
+        return keys
+
+    def _replay(self, cached: CachedCall, ptrs: list[int]) -> bool:
+        """Launch a cached call for new data pointers. False (nothing launched) when a pointer
+        is misaligned or two arrays overlap: the full path then raises the error that names them."""
+        for ptr, need in zip(ptrs, cached.needs):
+            if ptr % need:
+                return False
+        spans = cached.spans
+        for i, j in cached.alias_pairs:
+            if ptrs[i] + spans[i][0] < ptrs[j] + spans[j][1] and ptrs[j] + spans[j][0] < ptrs[i] + spans[i][1]:
+                return False
         self.device.set_current()
-        prepared, env = prepare_arguments(self.host, args, int(self.stream.handle))
+        self.last_launches = []
+        # Straight to the driver unless something must see each launch: debug_sync, or a
+        # wrapper around `_launch` (tc.profile() installs one).
+        direct = not self.debug_sync and type(self)._launch is _PLAIN_LAUNCH
+        for launch in cached.launches:
+            params = list(launch.params)
+            for pos, index in launch.array_slots:
+                params[pos] = ptrs[index]
+            if not direct:
+                self._launch(launch.info, launch.grid, launch.block, params)
+                continue
+            try:
+                self._submit(launch.kernel, launch.config, params)
+            except Exception as exc:  # noqa: BLE001 - cuda.core raises CUDAError (driver) or ValueError
+                what = describe_launch(self.host.name, launch.info.name, launch.grid, launch.block,
+                                       launch.info.dynamic_smem)
+                raise LaunchError(f"{what} failed to launch: {exc}") from exc
+            self.last_launches.append(LaunchRecord(launch.info.name, launch.grid, launch.block,
+                                                   launch.info.dynamic_smem))
+        return True
+
+    def _call_checked(self, args: tuple[Any, ...]) -> tuple[list[Argument], list[tuple[Any, ...]]] | None:
+        """The full path: describe, bind and check every argument, stage host arrays, launch.
+        Returns the device arguments and the launches made (kernel, grid, block, parameters) for
+        the launch cache, or None when the call had host arrays."""
+        self.device.set_current()
+        prepared, env = prepare_arguments(self.host, args, self._stream_ptr)
         check_device_arrays(self.host, prepared, self.device.device_id, self.alignment)
+        check_aliasing(self.host, prepared)
         staged = self._stage(prepared)
         pointers = [self._pointer(arg, buf) for arg, buf in zip(prepared, staged)]
         temps = self._allocate_temps(env)
         values = {v.name: value for v, value in env.items()}
 
         self.last_launches = []
+        launched: list[tuple[Any, ...]] = []
         for planned in self._planned:
             grid, block = resolve_launch(planned.kernel, env, self.host.name)
             if min(grid) <= 0:
                 continue
             params = [self._param(slot, pointers, temps, values) for slot in planned.slots]
             self._launch(planned.kernel, grid, block, params)
+            launched.append((planned, grid, block, params))
 
         if any(arg.is_host for arg in prepared):
             self._finish_host_call(prepared, staged)
+            return None
+        return prepared, launched
+
+    def _remember(self, keys: list[tuple[tuple[Any, ...], int]], prepared: list[Argument],
+                  launched: list[tuple[Any, ...]]) -> None:
+        """Cache a call the full path has just checked and launched, under its arguments' keys --
+        only when every key says what the full path read (`arrays.key_agrees`), so that a later
+        call with the same keys passes the same checks."""
+        if not all(arrays.key_agrees(key, ptr, arg) for (key, ptr), arg in zip(keys, prepared)):
+            return
+        from cuda.core import LaunchConfig
+
+        launches = []
+        for planned, grid, block, params in launched:
+            slots = tuple((pos, slot.index) for pos, slot in enumerate(planned.slots) if slot.kind == "array")
+            template = list(params)
+            for pos, _ in slots:
+                template[pos] = None
+            config = LaunchConfig(grid=grid, block=block, shmem_size=planned.kernel.dynamic_smem)
+            launches.append(CachedLaunch(planned.kernel, self.kernels[planned.kernel.name], grid, block, config,
+                                         tuple(template), slots))
+        cached = CachedCall(
+            tuple(launches),
+            needs=tuple(max(self.alignment, arg.info.dtype.bytes) for arg in prepared),
+            spans=tuple(byte_span(arg.info) for arg in prepared),
+            alias_pairs=self._alias_pairs,
+        )
+        if len(self._calls) >= CALL_CACHE_SIZE:
+            del self._calls[next(iter(self._calls))]
+        self._calls[tuple(key for key, _ in keys)] = cached
+
+    def _pointer_device(self, ptr: int) -> int:
+        """The ordinal of the device that owns device pointer `ptr` (cuPointerGetAttribute)."""
+        from cuda.bindings import driver
+
+        err, ordinal = driver.cuPointerGetAttribute(
+            driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise DeviceError(f"cannot tell which device owns pointer {ptr:#x}: {_error_text(err)}")
+        return int(ordinal)
 
     def synchronize(self) -> None:
         """Wait for this executor's stream; an asynchronous kernel fault raises LaunchError."""
@@ -421,6 +613,7 @@ class CudaExecutor:
             if buf is None or buf.size < nbytes:
                 buf = arrays.allocate(self.device, nbytes, self.stream)
                 self._temps[temp.name] = buf
+                self._calls.clear()  # cached launches hold the old buffer's pointer
             pointers[temp.name] = int(buf.handle)
         return pointers
 
@@ -433,7 +626,7 @@ class CudaExecutor:
 
     def _launch(self, info: KernelInfo, grid: tuple[int, int, int], block: tuple[int, int, int],
                 params: list[Any]) -> None:
-        from cuda.core import LaunchConfig, launch
+        from cuda.core import LaunchConfig
 
         what = describe_launch(self.host.name, info.name, grid, block, info.dynamic_smem)
         threads = block[0] * block[1] * block[2]
@@ -446,12 +639,18 @@ class CudaExecutor:
             )
         try:
             config = LaunchConfig(grid=grid, block=block, shmem_size=info.dynamic_smem)
-            launch(self.stream, config, self.kernels[info.name], *params)
+            self._submit(self.kernels[info.name], config, params)
         except Exception as exc:  # noqa: BLE001 - cuda.core raises CUDAError (driver) or ValueError
             raise LaunchError(f"{what} failed to launch: {exc}") from exc
         self.last_launches.append(LaunchRecord(info.name, grid, block, info.dynamic_smem))
         if self.debug_sync:
             self._synchronize(f"{what} failed while running")
+
+    def _submit(self, kernel: Any, config: Any, params: Sequence[Any]) -> None:
+        """Hand one launch to the driver: cuda.core's `launch` (cuLaunchKernelEx) on the stream."""
+        from cuda.core import launch
+
+        launch(self.stream, config, kernel, *params)
 
     def _finish_host_call(self, prepared: list[Argument], staged: list[Any]) -> None:
         outputs = set(self.host.outputs)
@@ -473,6 +672,10 @@ class CudaExecutor:
             self.stream.sync()
         except Exception as exc:  # noqa: BLE001 - cuda.core raises CUDAError
             raise LaunchError(f"{message}: {exc}") from exc
+
+
+# The unwrapped `_launch`: a cache hit launches directly only while no one has wrapped it.
+_PLAIN_LAUNCH = CudaExecutor._launch
 
 
 def _kernel_attribute(kernel: Any, name: str) -> Any:

@@ -19,8 +19,9 @@ parallelism a thread exposes (bytes of independent loads in flight, independent 
     blocks     block scheduling: blocks on the busiest SM · cycles per block launch
     latency    exposed latency: rounds · per-block critical path / resident blocks
     launch     the fixed launch overhead
+    then       a second kernel of the same point (split-K's combine), predicted on its own
 
-    predicted = launch + max(dram, l2, l1/shared, fma, issue, special, blocks) + latency
+    predicted = launch + max(dram, l2, l1/shared, fma, issue, special, blocks) + latency (+ then)
 
 Hard constraints (threads per block, registers per thread and per block, shared memory without
 opt-in, a block that does not fit on an SM) reject a point with the reason.
@@ -55,7 +56,12 @@ class CostParameters:
     launch_s: launch overhead seen by back-to-back event timing of one kernel.
     block_cycles: cost of launching and retiring one block on an SM (the CTA scheduler), paid
       per block on the busiest SM; fitted to the 2026-11-21 H200 run (docs/cost-model.md):
-      a 64-thread one-element-per-thread kernel over 2^26 elements took 725 us, 180 cycles/block."""
+      a 64-thread one-element-per-thread kernel over 2^26 elements took 725 us, 180 cycles/block.
+    tile_loop_warps: warps per SM at which an SGEMM tile loop (LDS latency and a barrier per
+      k-tile in every warp) keeps the FP32 pipe busy; below it the FMA rate scales with
+      warps / tile_loop_warps. Fitted to the H200 GEMM runs of benchmarks/RESULTS.md (issue 6,
+      second pass): 4 warps/SM ran at 0.19 of peak FMA, 8 at 0.32, 16 at 0.70-0.73
+      (docs/cost-model.md, "GEMM re-fit"). Strategies opt in with Workload.tile_loop."""
 
     dram_efficiency: float = 0.90
     dram_latency_s: float = 550e-9
@@ -67,6 +73,7 @@ class CostParameters:
     launch_s: float = 2.5e-6
     block_cycles: float = 180.0
     sfu_lanes_per_sm: float = 16.0 * 4
+    tile_loop_warps: float = 22.0
 
 
 DEFAULT_PARAMETERS = CostParameters()
@@ -94,6 +101,10 @@ class Workload:
     ilp: float = 1.0                         # per thread: independent FMA chains
     block_latency_cycles: float = 0.0        # per block: critical path of latencies not overlapped inside it
     notes: list[str] = field(default_factory=list)
+    # a barrier-synchronized shared-memory tile loop (SGEMM): its FMA rate also scales with the
+    # resident warps up to CostParameters.tile_loop_warps
+    tile_loop: bool = False
+    then: "Workload | None" = None           # a second kernel launched after this one (split-K's combine)
 
     @property
     def register_count(self) -> int:
@@ -179,8 +190,13 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
     # FP32 pipe: one warp FFMA per scheduler per clock on 128-lane SMs, needing
     # fma_latency independent FMAs in flight per scheduler to stay busy
     fma_eff = min(1.0, active_warps * w.ilp / (target.schedulers_per_sm * params.fma_latency_cycles))
+    if w.tile_loop:
+        fma_eff = min(fma_eff, active_warps / params.tile_loop_warps)
     t_fma = w.fma_ops * share / (target.fp32_lanes_per_sm * clock * max(fma_eff, 1e-3))
     issue_eff = min(1.0, active_warps / (2.0 * target.schedulers_per_sm))
+    if w.tile_loop:
+        # the stalls that idle the FP32 pipe (LDS latency, barriers) idle the issue slots too
+        issue_eff = min(issue_eff, active_warps / params.tile_loop_warps)
     t_issue = w.instructions * share / (target.schedulers_per_sm * clock * max(issue_eff, 1e-3))
     t_special = w.special_ops * share / (params.sfu_lanes_per_sm * clock)
     t_latency = rounds * (w.block_latency_cycles + params.global_latency_cycles) / clock / resident
@@ -190,6 +206,11 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
     bound = max(terms, key=lambda k: terms[k])
     total = params.launch_s + terms[bound] + t_latency
     terms = dict(terms, latency=t_latency, launch=params.launch_s)
+    if w.then is not None:
+        # the next kernel waits for this one (same stream): its whole predicted time is added
+        after = predict(w.then, target, params)
+        terms["then"] = after.total
+        total += after.total
     details = {"blocks": blocks, "threads": w.threads, "resident_blocks": resident, "rounds": rounds,
                "active_warps_per_sm": active_warps, "dram_rate": dram_rate, "fma_efficiency": fma_eff,
                "bytes_in_flight_per_thread": w.bytes_in_flight, "flops": w.flops, "dram_bytes": w.dram_bytes,

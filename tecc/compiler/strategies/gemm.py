@@ -174,7 +174,8 @@ class Gemm(Strategy):
             blocks=blocks, threads=threads, registers=regs, smem_bytes=smem, flops=2 * fma, fma_ops=fma,
             dram_bytes=dram, l2_bytes=l2, global_wavefronts=gwf, smem_wavefronts=swf,
             bank_conflict=float(degree), instructions=blocks * threads / WARP * instr_thread,
-            bytes_in_flight=in_flight, ilp=float(tm * tn), block_latency_cycles=latency, notes=notes)
+            bytes_in_flight=in_flight, ilp=float(tm * tn), block_latency_cycles=latency, notes=notes,
+            tile_loop=point["staging"] == "shared")
 
     def _operands(self, info: KernelInfo) -> tuple[Access, Access]:
         cached = getattr(self, "_cache", None)

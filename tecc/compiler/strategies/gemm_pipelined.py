@@ -27,6 +27,7 @@ from dataclasses import replace
 from itertools import product
 from typing import Any, Iterable
 
+from ...ir.errors import ScheduleError
 from ...ir.target import Target
 from ..cost.analysis import KernelInfo
 from ..cost.model import Workload
@@ -37,8 +38,17 @@ from .registry import Point, Strategy, register
 
 BLOCKS = (32, 64, 128)  # 32 only with a 128 partner or 64: at least a warp of 8 x 8 thread tiles
 MIN_THREADS = 32
+SPLITS = (1, 2, 3, 4, 6, 8, 16)  # split-K parts (rfactor of the k loop onto blockIdx.z)
+MIN_SPLIT_TILES = 4  # a split keeps at least this many k-tiles (the pipeline's prologue is one of them)
+COMBINE_THREADS = 256
 BKS = (8, 16)  # k-tile 32 with 128x128 needs 32 prefetch registers: 1 block/SM, measured 0.70 of cuBLAS
 QUADRANT = 4  # a thread's register tile is 2 × 2 quadrants of QUADRANT × QUADRANT
+
+
+def split_chunk(k: int, bk: int, split: int) -> int:
+    """The k extent of one of `split` parts: whole k-tiles, so only the last part can need the
+    k-tail guard (the zero-filled shared tiles make its extra steps add 0)."""
+    return -(-(-(-k // bk)) // split) * bk
 
 
 def _batch_leads(info: KernelInfo) -> bool:
@@ -104,8 +114,20 @@ class GemmPipelined(Strategy):
             if (bm // 8) * (bn // 8) < MIN_THREADS:
                 continue
             yield {"bm": bm, "bn": bn, "bk": bk}
+            if len(info.spatial) != 2:
+                continue  # a batch already fills blockIdx.z
+            tiles = -(-m // bm) * -(-n // bn)
+            for split in SPLITS[1:]:
+                chunk = split_chunk(k, bk, split)
+                # only shapes short of blocks: the partials cost 2 x split x M x N x 4 bytes
+                if chunk < MIN_SPLIT_TILES * bk or -(-k // chunk) != split or tiles >= 2 * target.sm_count:
+                    continue
+                yield {"bm": bm, "bn": bn, "bk": bk, "split": split}
 
     def workload(self, info: KernelInfo, point: Point, target: Target) -> Workload:
+        split = int(point.get("split", 1))
+        if split > 1:
+            return self._split_workload(info, point, target, split)
         if len(info.spatial) == 3:
             # a batch of independent GEMMs side by side on blockIdx.z: one matrix's workload,
             # every total times the batch (per-block and per-thread figures unchanged)
@@ -140,11 +162,45 @@ class GemmPipelined(Strategy):
                        bank_conflict=1.0, block_latency_cycles=base.block_latency_cycles / ktiles,
                        registers=regs, notes=notes)
 
+    def _split_workload(self, info: KernelInfo, point: Point, target: Target, split: int) -> Workload:
+        """Split-K: `split` GEMMs of K/split side by side on blockIdx.z (each a tile grid of the
+        output), writing float32 partials that a second kernel sums (`then`)."""
+        (_, m), (_, n) = info.spatial
+        kv, k = info.reduction[0]
+        chunk = split_chunk(k, int(point["bk"]), split)
+        one = self.workload(replace(info, reduction=((kv, chunk),)),
+                            {x: point[x] for x in ("bm", "bn", "bk")}, target)
+        partials = float(split * m * n * 4)
+        combine = Workload(
+            blocks=-(-m * n // COMBINE_THREADS), threads=COMBINE_THREADS,
+            registers={"addressing": 14, "values": min(split, 4), "accumulators": 1},
+            flops=float(split * m * n), fma_ops=float(split * m * n),
+            dram_bytes=partials + m * n * 4, l2_bytes=partials + m * n * 4,
+            global_wavefronts=(split + 1) * m * n / 32.0,
+            instructions=m * n / 32.0 * (4.0 * split + 12.0),
+            bytes_in_flight=32.0 * min(split, 4), ilp=1.0,
+            notes=[f"combine: sums {split} partials per output"])
+        return replace(one, blocks=one.blocks * split, flops=one.flops * split, fma_ops=one.fma_ops * split,
+                       dram_bytes=one.dram_bytes + partials - m * n * 4, l2_bytes=one.l2_bytes * split + partials,
+                       global_wavefronts=one.global_wavefronts * split,
+                       smem_wavefronts=one.smem_wavefronts * split, instructions=one.instructions * split,
+                       notes=one.notes + [f"split-K: {split} parts of k {chunk} on blockIdx.z"], then=combine)
+
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
         bm, bn, bk = int(point["bm"]), int(point["bn"]), int(point["bk"])
-        loops = sch.get_loops(info.stage)
+        split = int(point.get("split", 1))
+        stage: Any = info.stage
+        loops = sch.get_loops(stage)
         batch = loops[0] if len(info.spatial) == 3 else None
         i, j, k = loops[len(info.spatial) - 2:len(info.spatial) + 1]
+        if split > 1:
+            # split-K: the k loop's outer part becomes a parallel axis of partial results
+            # (rfactor), bound to blockIdx.z like a batch; a second kernel sums the parts
+            if batch is not None:
+                raise ScheduleError("gemm_pipelined: split-K of a batched matmul is not supported")
+            part, k = sch.split(k, factors=[None, split_chunk(info.reduction[0][1], bk, split)])
+            stage = sch.rfactor(part)
+            batch = part
         bi, qi, ty, ii = sch.split(i, factors=[None, 2, bm // (2 * QUADRANT), QUADRANT])
         bj, qj, tx, ji = sch.split(j, factors=[None, 2, bn // (2 * QUADRANT), QUADRANT])
         ko, ki = sch.split(k, bk)
@@ -155,11 +211,11 @@ class GemmPipelined(Strategy):
         sch.bind(bj, "blockIdx.x")
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
-        local = sch.cache_write(info.stage, "local")
+        local = sch.cache_write(stage, "local")
         pair = operands(info)
         assert pair is not None
         for which, access in enumerate(pair):
-            cache = sch.cache_read(info.stage, access.tensor, "shared")
+            cache = sch.cache_read(stage, access.tensor, "shared")
             sch.vector_copy(cache, 4)
             if _k_contiguous(info, which):
                 sch.storage_transpose(cache)
@@ -173,8 +229,10 @@ class GemmPipelined(Strategy):
             sch.unroll(loop)
 
     def describe(self, point: Point) -> str:
+        split = int(point.get("split", 1))
+        parts = f", split-K {split} + combine kernel" if split > 1 else ""
         return (f"gemm_pipelined(block {point['bm']}x{point['bn']}, thread 8x8 in 4x4 quadrants, "
-                f"k-tile {point['bk']}, float4 copies, register double buffer)")
+                f"k-tile {point['bk']}{parts}, float4 copies, register double buffer)")
 
 
 register(GemmPipelined())

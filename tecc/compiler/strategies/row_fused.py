@@ -34,13 +34,13 @@ from typing import Any, Sequence
 from ...ir.errors import ScheduleError
 from ...ir.expr import TensorRead, const_int, free_vars, walk
 from ...ir.tensor import Tensor
-from ...passes.fuse_rows import row_group
+from ...passes.fuse_rows import fuse_rows, row_group
 from ..plan import Plan, Step
 
 THREAD_CHOICES = (64, 128, 256, 512, 1024)
 TARGET_PER_THREAD = 8
 TARGET_BYTES = 32
-MIN_THREADS = 128
+MIN_THREADS = 64
 MAX_ROW_REGISTERS = 64
 VECTOR_BYTES = 16
 
@@ -102,6 +102,15 @@ def _walks_rows_along_their_last_axis(group: Any) -> bool:
     return True
 
 
+def _online_pairs(tensors: Sequence[Tensor], threads: int) -> int:
+    """How many reduction passes fuse_rows(cache="online") folds into the pass before them."""
+    try:
+        (kernel,) = fuse_rows(tensors, threads, "online").kernels
+    except ScheduleError:
+        return 0
+    return int(dict(kernel.attrs).get("online_pairs", 0))  # type: ignore[call-overload]
+
+
 def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | None:
     """The row-fused plan for the program `tensors`, or None when it is not a row group or the
     rewrite would not move fewer global bytes."""
@@ -122,6 +131,12 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
     vector = choose_vector(columns, itemsize) if cache == "registers" and len(sizes) == 1 else 1
     # bytes per row, fused: inputs once (cache="none": once per reduction pass + once for outputs)
     passes = 1 if cache == "registers" else len(group.reductions) + (1 if group.elementwise else 0)
+    if cache == "none":
+        # a row too long for registers: a max and a following sum of exp(· - max) share one
+        # pass (running max with a rescaled sum), one read of the row fewer per pair
+        pairs = _online_pairs(tensors, threads)
+        if pairs:
+            cache, passes = "online", passes - pairs
     row_in = sum(_itemsize(t) * width for t in row_inputs)
     outs = sum(_itemsize(t) * (width if t in group.elementwise else 1) for t in group.program.args
                if not t.is_placeholder)
