@@ -15,6 +15,9 @@ Schedule (primitives, recorded in the Plan):
     stores, rows stay 16-byte aligned), so the compute reads it along i/j
   double_buffer the k-tile loop: tile k+1 is loaded into registers while tile k is computed
   unroll k and the register tile (64 accumulators + 16 fragments stay in registers)
+  split-K (point "split" = S > 1, only when the output has < 2 x SMs tiles): split k into S
+    parts of whole k-tiles, rfactor the part loop (partials C_rf[s, i, j] + a combine kernel,
+    tecc/passes/schedule/rfactor.py) and bind it to blockIdx.z like a batch axis
 
 The workload is `gemm`'s for the same tiles (the cost model's helpers), corrected for what this
 template changes: 4× fewer copy instructions (16-byte chunks), conflict-free shared reads, and the
