@@ -8,6 +8,10 @@ Target), built with `tc.build(args, plan=plan)` (IR → emitter → NVRTC), chec
 float64, and timed with CUDA events (median of the timed runs after warm-up) in the same process
 as torch.matmul. Prints the table (shape, tecc TFLOP/s, cuBLAS TFLOP/s, ratio, plan) and the
 geometric mean of the ratios. `--sweep` also times every point of gemm_pipelined at 4096³.
+`--epilogue` times `D = relu(A·B + bias[j])` at 4096³ (fused into the matmul's kernel by the
+lowering) against the plain matmul and against cuBLAS + torch's relu(c + bias).
+`--rank-small N` times the planner's N best-ranked candidates at 1024³ and 1000³ with their
+predicted times.
 """
 
 from __future__ import annotations
@@ -43,6 +47,48 @@ def matmul_tensors(batch: int, m: Any, n: int, k: int) -> list[Any]:
         B = tc.placeholder((batch, k, n), "float32", name="B")
         C = tc.compute((batch, m, n), lambda b, i, j: tc.sum(A[b, i, r] * B[b, r, j], axis=r), name="C")
     return [A, B, C]
+
+
+def epilogue_tensors(m: int, n: int, k: int) -> list[Any]:
+    """D[i, j] = relu(C[i, j] + bias[j]) with C = A·B not an output: one kernel after lowering."""
+    import tecc as tc
+
+    r = tc.reduce_axis(k, name="k")
+    A = tc.placeholder((m, k), "float32", name="A")
+    B = tc.placeholder((k, n), "float32", name="B")
+    bias = tc.placeholder((n,), "float32", name="bias")
+    C = tc.compute((m, n), lambda i, j: tc.sum(A[i, r] * B[r, j], axis=r), name="C")
+    D = tc.compute((m, n), lambda i, j: tc.maximum(C[i, j] + bias[j], 0.0), name="D")
+    return [A, B, bias, D]
+
+
+def run_epilogue(m: int, n: int, k: int) -> dict[str, Any]:
+    import torch
+
+    import tecc as tc
+    from tecc.compiler.planner import plan_program
+
+    res = plan_program(epilogue_tensors(m, n, k))
+    fused = tc.build(epilogue_tensors(m, n, k), plan=res.plan)
+    plain_res = plan_program(matmul_tensors(1, m, n, k))
+    plain = tc.build(matmul_tensors(1, m, n, k), plan=plain_res.plan)
+    a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+    bias = torch.randn(n, device="cuda")
+    d = torch.full((m, n), float("nan"), device="cuda")
+    c = torch.empty((m, n), device="cuda")
+    fused(a, b, bias, d)
+    torch.cuda.synchronize()
+    ref = torch.relu(a.double() @ b.double() + bias.double())
+    err = float((d.double() - ref).abs().max() / ref.abs().max())
+    flops = 2.0 * m * n * k
+    reps = max(5, min(50, int(2e12 / flops)))
+    t_fused = time_call(lambda: fused(a, b, bias, d), reps)
+    t_plain = time_call(lambda: plain(a, b, c), reps)
+    t_torch = time_call(lambda: torch.relu(torch.matmul(a, b) + bias), reps)
+    return {"shape": f"{m}x{n}x{k}", "epilogue": True, "kernels": len(fused.module.kernels),
+            "temps": len(fused.module.temps), "fused_us": t_fused * 1e6, "plain_us": t_plain * 1e6,
+            "torch_unfused_us": t_torch * 1e6, "fused_over_plain": t_fused / t_plain, "rel_err": err,
+            "plan": "; ".join(kp.chosen.label for kp in res.kernels)}
 
 
 def time_call(fn: Any, reps: int) -> float:
@@ -109,6 +155,10 @@ def main() -> None:
     ap.add_argument("--symbolic", action="store_true", help="check a symbolic-M build at M=1000 and M=4096")
     ap.add_argument("--sweep-small", action="store_true",
                     help="time every gemm_pipelined point at 1024^3, 1000^3 and 127x4096x1023")
+    ap.add_argument("--epilogue", action="store_true", help="relu(A·B + bias) fused vs plain matmul at 4096^3")
+    ap.add_argument("--rank-small", type=int, default=0,
+                    help="time the planner's N best-ranked candidates at 1024^3 and 1000^3")
+    ap.add_argument("--skip-shapes", action="store_true", help="no table of the issue's shapes")
     opts = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -116,7 +166,7 @@ def main() -> None:
     rows = []
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  TF32 off", flush=True)
     print(f"{'shape':>18} {'tecc TF/s':>10} {'cuBLAS TF/s':>12} {'ratio':>6} {'rel err':>8}  plan", flush=True)
-    for batch, m, n, k, _ in shapes:
+    for batch, m, n, k, _ in ([] if opts.skip_shapes else shapes):
         try:
             row = run_shape(batch, m, n, k)
         except Exception as exc:  # noqa: BLE001 - report and go on
@@ -183,6 +233,39 @@ def main() -> None:
                 rows.append(row)
                 print(f"sweep {row['shape']:>12} {row['tecc_tflops']:10.2f} {row['cublas_tflops']:12.2f} "
                       f"{row['ratio']:6.2f} {row['rel_err']:8.1e}  {row['plan']}", flush=True)
+    if opts.epilogue:
+        try:
+            row = run_epilogue(4096, 4096, 4096)
+            rows.append(row)
+            print(f"epilogue relu(A·B + bias) 4096^3: fused {row['fused_us']:.0f} us, plain matmul {row['plain_us']:.0f} us "
+                  f"(fused/plain {row['fused_over_plain']:.3f}), cuBLAS+torch relu {row['torch_unfused_us']:.0f} us, "
+                  f"{row['kernels']} kernel(s), {row['temps']} temporaries, err {row['rel_err']:.1e}, {row['plan']}",
+                  flush=True)
+        except Exception as exc:  # noqa: BLE001
+            print("epilogue failed:", type(exc).__name__, str(exc)[:400], flush=True)
+    if opts.rank_small:
+        from tecc.compiler.cost.analysis import analyze_kernel
+        from tecc.compiler.planner import plan_program
+        from tecc.compiler.schedule import Schedule
+        from tecc.passes.lower import lower as lower_
+
+        for m, n, k in ((1024, 1024, 1024), (1000, 1000, 1000)):
+            kp = plan_program(matmul_tensors(1, m, n, k), keep=max(opts.rank_small, 12)).kernels[0]
+            for rank, cand in enumerate([c for c in kp.ranked if c.ok][:opts.rank_small]):
+                args = matmul_tensors(1, m, n, k)
+                sch = Schedule(args)
+                cand.strategy.apply(sch, analyze_kernel(lower_(args).kernels[0]), cand.point)
+                try:
+                    row = run_shape(1, m, n, k, plan=sch.plan, label=cand.label)
+                except Exception as exc:  # noqa: BLE001
+                    print("rank", rank, cand.label, "failed:", type(exc).__name__, str(exc)[:200], flush=True)
+                    continue
+                row["rank"] = rank
+                row["predicted_us"] = cand.cost.total * 1e6
+                row["measured_us"] = 2.0 * m * n * k / row["tecc_tflops"] / 1e6
+                rows.append(row)
+                print(f"rank {rank} {row['shape']:>12} predicted {row['predicted_us']:6.1f} us measured "
+                      f"{row['measured_us']:6.1f} us ratio {row['ratio']:5.2f}  {cand.label}", flush=True)
     if opts.out:
         Path(opts.out).mkdir(parents=True, exist_ok=True)
         (Path(opts.out) / "gemm.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1))

@@ -78,7 +78,7 @@ def test_every_term_is_visible_and_the_total_adds_up():
              "pad": 1, "unroll": True}
     c = predict(gemm.workload(info, point, H100), H100)
     assert c.ok
-    throughput = max(c.terms[k] for k in ("dram", "l2", "l1/shared", "fma", "issue", "special", "blocks"))
+    throughput = max(c.terms[k] for k in ("dram", "l2", "l1/shared", "fma", "issue", "special", "blocks", "chain"))
     assert c.total == pytest.approx(c.terms["launch"] + throughput + c.terms["latency"])
     assert c.terms[c.bound] == throughput
 
@@ -111,3 +111,40 @@ def test_predicted_registers_are_close_to_ptxas():
         errors.append(abs(predicted - actual) / actual)
         assert 0.5 <= predicted / actual <= 2.0, (p, predicted, actual)
     assert float(np.median(errors)) <= 0.35
+
+
+def test_small_matmul_prices_operands_from_global_below_shared_staging():
+    """The tuner's 100x512x256 matmul (docs/tuning.md): operands read from global at every k step
+    measured 26-47 us against 17-21 us for shared staging; the chain term must rank them so."""
+    A = tc.placeholder((100, 256), "float32", name="A")
+    B = tc.placeholder((256, 512), "float32", name="B")
+    k = tc.reduce_axis(256, name="k")
+    C = tc.compute((100, 512), lambda i, j: tc.sum(A[i, k] * B[k, j], axis=k), name="C")
+    info = analyze_kernel(lower([A, B, C]).kernels[0])
+    tgt = target("sm_90")
+    g = get("gemm")
+    base = {"bm": 16, "bn": 32, "tm": 4, "tn": 1, "bk": 8, "layout": "contiguous", "pad": 0, "unroll": True}
+    none = predict(g.workload(info, dict(base, staging="none"), tgt), tgt)
+    shared = predict(g.workload(info, dict(base, tn=2, tm=2, bk=32, bn=16, layout="strided", staging="shared", pad=1),
+                                tgt), tgt)
+    assert none.bound == "chain" and none.total > 2 * shared.total, (none.terms, shared.terms)
+
+
+def test_staged_row_pays_its_per_tile_chain_and_row_fused_beats_it():
+    """A staged row reduction's tile is a serial path (copy, barrier, dependent reduce): the chain
+    term grows with the tiles; the one-kernel row_fused reduction is priced at the DRAM roof, no
+    slower than the best staged point."""
+    from tecc.compiler.strategies.row_fused import fused_workload
+
+    x = tc.placeholder((32768, 2048), "float32", name="x")
+    c = tc.reduce_axis(2048, name="c")
+    s = tc.compute((32768,), lambda r: tc.sum(x[r, c], axis=c), name="s")
+    info = analyze_kernel(lower([x, s]).kernels[0])
+    tgt = target("sm_90")
+    red = get("reduction")
+    small = predict(red.workload(info, {"mapping": "row_staged", "threads": 128, "tile": 8, "pad": 1}, tgt), tgt)
+    large = predict(red.workload(info, {"mapping": "row_staged", "threads": 128, "tile": 64, "pad": 1}, tgt), tgt)
+    assert small.terms["chain"] > 2 * large.terms["chain"] > 0   # 256 tiles of 8 vs 32 of 64
+    fused = predict(fused_workload(info, {"threads": 256, "cache": "registers", "vector": 4}, tgt), tgt)
+    # on the sm_90 table (3.35 TB/s) both sit at the DRAM roof; the H200 run measured 70 vs 84 us
+    assert fused.bound == "dram" and fused.total <= 1.01 * large.total, (fused.terms, large.terms)

@@ -189,3 +189,120 @@ def test_planner_does_not_split_k_when_tiles_fill_the_gpu() -> None:
 
     kp = plan_program(matmul(4096, 4096, 4096), "sm_90").kernels[0]
     assert kp.chosen.point == {"bm": 128, "bn": 128, "bk": 16}, kp.chosen.label
+
+
+def _accumulation_guards(text: str, acc: str) -> list[str]:
+    """The guards directly above the register tile's accumulation lines."""
+    lines = text.splitlines()
+    return [lines[n - 1].strip() for n, line in enumerate(lines)
+            if line.strip().startswith(f"{acc}[") and f"= {acc}[" in line and lines[n - 1].strip().startswith("if ")]
+
+
+@pytest.mark.parametrize("M,N,K,point", [
+    (100, 130, 37, {"bm": 64, "bn": 64, "bk": 8}),                 # 37 = 4 tiles of 8 + 5
+    (64, 64, 52, {"bm": 64, "bn": 64, "bk": 16}),                  # K a multiple of 4, not of 16
+    (40, 70, 200, {"bm": 32, "bn": 64, "bk": 8, "split": 3}),      # split-K: last part short
+])
+def test_k_tail_guard_leaves_the_accumulation(M: int, N: int, K: int, point: dict[str, int]) -> None:
+    """Past K both shared tiles are the copies' zero fill, so `k < K` is dropped from every FFMA
+    (unguard_reduction_tail, proved with islpy); the emulator's bounds, race and uninitialized
+    checks pass and the result is NumPy's."""
+    sch = pipelined(matmul(M, N, K), point)
+    assert any(s.primitive == "unguard_reduction_tail" for s in sch.plan.steps)
+    guards = _accumulation_guards(str(sch.mod.kernels[0]), "C_local")
+    assert not any(f"< {K}" in g for g in guards), guards
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((M, K), dtype=np.float32)
+    b = rng.standard_normal((K, N), dtype=np.float32)
+    c = np.full((M, N), np.nan, np.float32)
+    run_sim(sch.mod, [a, b, c])
+    worst = np.unravel_index(np.argmax(np.abs(c - a @ b)), c.shape)
+    assert np.allclose(c, a @ b, rtol=1e-5, atol=1e-4), (point, worst, c[worst], (a @ b)[worst])
+
+
+def _up_to_compute_at(tensors: list[tc.Tensor], bm: int, bk: int) -> tuple[Schedule, object, object]:
+    """The template's steps up to the shared copies (no double buffer yet)."""
+    sch = Schedule(tensors)
+    i, j, k = sch.get_loops("C")
+    bi, qi, ty, ii = sch.split(i, factors=[None, 2, bm // 8, 4])
+    bj, qj, tx, ji = sch.split(j, factors=[None, 2, bm // 8, 4])
+    ko, ki = sch.split(k, bk)
+    sch.reorder(bi, bj, ty, tx, ko, ki, qi, ii, qj, ji)
+    for lp, axis in ((bi, "blockIdx.y"), (bj, "blockIdx.x"), (ty, "threadIdx.y"), (tx, "threadIdx.x")):
+        sch.bind(lp, axis)
+    local = sch.cache_write("C", "local")
+    for name in ("A", "B"):
+        sch.compute_at(sch.cache_read("C", name, "shared"), ko)
+    return sch, local, ko
+
+
+def test_k_tail_proof_keeps_what_it_cannot_prove() -> None:
+    """The row guard `row < M` is not a k tail: past M only A's tile is zero, B's is not, so the
+    primitive keeps it (guard_writeback_only's lane argument removes it later). After
+    double_buffer a tile is also written from the prefetch registers: nothing is dropped."""
+    sch, local, ko = _up_to_compute_at(matmul(70, 64, 20), 64, 8)
+    sch.unguard_reduction_tail(local)
+    guards = _accumulation_guards(str(sch.mod), "C_local")
+    assert guards and all("< 70" in g and "< 20" not in g for g in guards), guards
+    late, local2, ko2 = _up_to_compute_at(matmul(70, 64, 20), 64, 8)
+    late.double_buffer(ko2)
+    before = str(late.mod)
+    late.unguard_reduction_tail(local2)
+    assert str(late.mod) == before
+
+
+def test_unguard_reduction_tail_refuses_a_shared_stage() -> None:
+    from tecc.ir.errors import ScheduleError
+
+    sch, _, _ = _up_to_compute_at(matmul(64, 64, 20), 64, 8)
+    with pytest.raises(ScheduleError, match="local"):
+        sch.unguard_reduction_tail("A.shared")
+
+
+def epilogue(M: int, N: int, K: int) -> list[tc.Tensor]:
+    A = tc.placeholder((M, K), "float32", name="A")
+    B = tc.placeholder((K, N), "float32", name="B")
+    bias = tc.placeholder((N,), "float32", name="bias")
+    k = tc.reduce_axis(K, name="k")
+    C = tc.compute((M, N), lambda i, j: tc.sum(A[i, k] * B[k, j], axis=k), name="C")
+    D = tc.compute((M, N), lambda i, j: tc.maximum(C[i, j] + bias[j], 0.0), name="D")
+    return [A, B, bias, D]
+
+
+@pytest.mark.parametrize("point", [{"bm": 64, "bn": 64, "bk": 8}, {"bm": 32, "bn": 64, "bk": 8, "split": 3}])
+def test_epilogue_fuses_into_the_matmul_kernel(point: dict[str, int]) -> None:
+    """relu(C + bias[j]) with C the matmul and D its only consumer: one kernel, no temporary C,
+    the store applies the epilogue (with split-K: the combine kernel does)."""
+    M, N, K = 70, 130, 100
+    tensors = epilogue(M, N, K)
+    assert [k.name for k in lower(tensors).kernels] == ["D_kernel"] and not lower(tensors).temps
+    sch = pipelined(tensors, point)
+    assert [t.name for t in sch.mod.temps] == (["D_rf"] if "split" in point else [])
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
+    bias = rng.standard_normal((N,), dtype=np.float32)
+    d = np.full((M, N), np.nan, np.float32)
+    run_sim(sch.mod, [a, b, bias, d])
+    ref = np.maximum(a @ b + bias, 0)
+    worst = np.unravel_index(np.argmax(np.abs(d - ref)), ref.shape)
+    assert np.allclose(d, ref, rtol=1e-5, atol=1e-4), (point, worst, d[worst], ref[worst])
+
+
+def test_epilogue_is_not_fused_where_it_would_not_save_bytes() -> None:
+    """C kept as its own kernel when it is an output, has two consumers, or is read at another index;
+    choose_inlined without the flag (fuse_rows, split_reduce) never inlines a reduction."""
+    from tecc.passes.lower import choose_inlined, collect_program
+
+    A = tc.placeholder((32, 16), "float32", name="A")
+    B = tc.placeholder((16, 32), "float32", name="B")
+    k = tc.reduce_axis(16, name="k")
+    C = tc.compute((32, 32), lambda i, j: tc.sum(A[i, k] * B[k, j], axis=k), name="C")
+    relu = tc.compute((32, 32), lambda i, j: tc.maximum(C[i, j], 0.0), name="D")
+    other = tc.compute((32, 32), lambda i, j: C[i, j] + 1.0, name="E")
+    moved = tc.compute((32, 32), lambda i, j: C[j, i] + 1.0, name="D")
+    assert len(lower([A, B, C, relu]).kernels) == 2          # C is an output
+    assert len(lower([A, B, relu, other]).kernels) == 3      # two consumers
+    assert len(lower([A, B, moved]).kernels) == 2
+    assert len(lower([A, B, relu]).kernels) == 1
+    assert C not in choose_inlined(collect_program([A, B, relu])).inlined
+    assert C in choose_inlined(collect_program([A, B, relu]), epilogues=True).inlined

@@ -12,7 +12,7 @@ import pytest
 from tecc.ir import dtype as dt
 from tecc.ir.errors import DTypeError, ShapeError, TeccError
 from tecc.runtime import arrays
-from tecc.runtime import cuda as rt_cuda
+from tecc.runtime import marshal as rt_marshal
 from tecc.runtime.cuda import CudaExecutor, plan_launches
 
 from test_runtime import axpy_program, strided_copy_program
@@ -73,14 +73,14 @@ def full_path(monkeypatch):
         counts["views"] += 1
         return FakeView(obj)
 
-    real_bind = rt_cuda.bind_arguments
+    real_bind = rt_marshal.bind_arguments
 
     def bind(host, infos):
         counts["binds"] += 1
         return real_bind(host, infos)
 
     monkeypatch.setattr(arrays, "strided_view", view)
-    monkeypatch.setattr(rt_cuda, "bind_arguments", bind)
+    monkeypatch.setattr(rt_marshal, "bind_arguments", bind)
     return counts
 
 

@@ -283,6 +283,16 @@ class Schedule:
         self._apply(st.kernel, Step("guard_writeback_only", {"stage": str(st)}),
                     lambda f: prim.guard_writeback_only(f, st.name))
 
+    def unguard_reduction_tail(self, stage: StageLike) -> None:
+        """Drop the k-tail guard (`k_o*BK + k_i < K`) from the accumulation of a per-thread
+        register tile ("C.local") where islpy proves both shared tiles it multiplies hold the
+        copy's zero fill there (the step adds 0*0). Apply it after compute_at of the shared
+        caches and before double_buffer (tecc/passes/schedule/reduction_tail.py). Unchanged
+        where nothing is proved (every k-tile divides K)."""
+        st = self._stage(stage)
+        self._apply(st.kernel, Step("unguard_reduction_tail", {"stage": str(st)}),
+                    lambda f: prim.unguard_reduction_tail(f, st.name))
+
     def rfactor(self, loop: LoopLike) -> StageRV:
         """Make the reduction loop `loop` (e.g. the outer loop of `split(k, [None, chunk])`) a
         parallel axis: the kernel computes partial results `C_rf[loop, ...]` into a temporary,

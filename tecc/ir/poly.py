@@ -496,3 +496,69 @@ def proves(cond: Expr, loops: Sequence[LoopDim], context: Sequence[Expr] = ()) -
             cons.append(f"{n} >= 0")
     params = [n for v, n in names.by_var.items() if n not in dims]
     return bool(isl.Set(f"[{', '.join(params)}] -> {{ [{', '.join(dims)}] : {' and '.join(cons)} }}").is_empty())
+
+
+def _strict_constraints(loops: Sequence[LoopDim], conditions: Sequence[Expr], names: _Names) -> list[str] | None:
+    """The loop ranges and `conditions` as isl constraints; None when any is not Presburger
+    (unlike `StmtSpace.constraints`, nothing is dropped: the callers below need the exact set,
+    an over-approximation would make `covered` unsound)."""
+    out: list[str] = []
+    for lp in loops:
+        lo, ext = affine_text(lp.min, names), affine_text(lp.extent, names)
+        if lo is None or ext is None:
+            return None
+        n = names(lp.var)
+        out.append(f"{lo} <= {n} < {lo} + {ext}")
+    for c in conditions:
+        if isinstance(c, Not):
+            inner = condition_text(c.a, names)
+            t = None if inner is None else f"not ({inner})"
+        else:
+            t = condition_text(c, names)
+        if t is None:
+            return None
+        out.append(f"({t})")
+    return out
+
+
+def _strict_set(loops: Sequence[LoopDim], conditions: Sequence[Expr], names: _Names,
+                params: Sequence[str] | None = None) -> "isl.Set | None":
+    cons = _strict_constraints(loops, conditions, names)
+    if cons is None:
+        return None
+    dims = [names(lp.var) for lp in loops]
+    if params is None:
+        params = [n for v, n in names.by_var.items() if n not in dims]
+    for v, n in names.by_var.items():
+        if n in params and v.kind == "size":
+            cons.append(f"{n} >= 0")
+    return isl.Set(f"[{', '.join(params)}] -> {{ [{', '.join(dims)}] : {' and '.join(cons) or 'true'} }}")
+
+
+def is_empty(loops: Sequence[LoopDim], conditions: Sequence[Expr]) -> bool:
+    """True when no point of the domain of `loops` satisfies every condition, for every value of
+    the size parameters. False means "not proved" (or not Presburger)."""
+    s = _strict_set(loops, conditions, _Names())
+    return s is not None and bool(s.is_empty())
+
+
+def covered(loops: Sequence[LoopDim], conditions: Sequence[Expr], inner: Sequence[LoopDim],
+            inner_conditions: Sequence[Expr]) -> bool:
+    """True when for every point of `loops` under `conditions` there is a point of the further
+    loops `inner` at which `inner_conditions` hold (∀x ∃y), for every value of the size
+    parameters. False means "not proved" (or not Presburger)."""
+    names = _Names()
+    for lp in list(loops) + list(inner):
+        names(lp.var)
+    outer_set = _strict_set(loops, conditions, names)
+    both = _strict_set(list(loops) + list(inner), list(conditions) + list(inner_conditions), names)
+    if outer_set is None or both is None:
+        return False
+    dims = {names(lp.var) for lp in list(loops) + list(inner)}
+    params = [n for n in names.by_var.values() if n not in dims]
+    # both sets in one parameter space (the same names in the same order)
+    outer_set = _strict_set(loops, conditions, names, params)
+    both = _strict_set(list(loops) + list(inner), list(conditions) + list(inner_conditions), names, params)
+    assert outer_set is not None and both is not None
+    shadow = both.project_out(isl.dim_type.set, len(loops), len(inner))
+    return bool(outer_set.is_subset(shadow))

@@ -4,7 +4,9 @@ Steps, in order:
 1. Collect the program DAG (networkx) from the tensors given to `build`, check that every input
    it reads is among them, and topologically order the compute stages.
 2. Inline elementwise producers (computes without a reduction that are not outputs) into their
-   consumers, so chains of elementwise ops never round-trip through memory.
+   consumers, so chains of elementwise ops never round-trip through memory; a reduction whose
+   only consumer is an elementwise output reading it at its own index (an epilogue such as
+   `relu(C[i, j] + bias[j])`) is inlined too, so the store of the reduction applies it.
 3. Give every remaining stage a buffer: outputs and inputs are the module's parameters, other
    stages become temporaries the host allocates.
 4. Turn each stage into one kernel: a loop per axis, and for every reduction a local accumulator
@@ -36,6 +38,7 @@ from ..ir.expr import (
     free_vars,
     reduce_identity,
     substitute,
+    walk,
 )
 from ..ir.stmt import (
     Allocate,
@@ -105,14 +108,52 @@ def collect_program(args: Sequence[Tensor]) -> Program:
     return Program(tuple(args), g, order)
 
 
-def choose_inlined(prog: Program) -> Program:
-    """Inline every compute that is not an output and has no reduction."""
+def choose_inlined(prog: Program, epilogues: bool = False) -> Program:
+    """Inline every compute that is not an output and has no reduction.
+
+    With `epilogues` (what `lower` asks for; fuse_rows and split_reduce, which reuse this, do not)
+    a reduction stage is also inlined into its consumer when that is an *epilogue*
+    (`epilogue_consumer`): the consumer's kernel then computes the reduction and stores
+    `D[i, j] = relu(acc + bias[j])` at the reduction's own store, and the temporary C is gone."""
     outputs = {id(a) for a in prog.args}
-    inlined = frozenset(
+    inlined = {
         t for t in prog.order
         if id(t) not in outputs and isinstance(t.op, ComputeOp) and not t.op.reductions
-    )
-    return Program(prog.args, prog.graph, prog.order, inlined)
+    }
+    if epilogues:
+        inlined |= {t for t in prog.order if epilogue_consumer(prog, t, frozenset(inlined)) is not None}
+    return Program(prog.args, prog.graph, prog.order, frozenset(inlined))
+
+
+def epilogue_consumer(prog: Program, t: Tensor, inlined: frozenset[Tensor]) -> Tensor | None:
+    """The consumer D of reduction stage `t` into which `t` is inlined, or None.
+
+    Inlining saves bytes exactly when it moves no work: D is an output stage of the same shape
+    without a reduction of its own, the only consumer of `t`, and reads `t` once, at its own
+    index (D[i, j] = f(C[i, j], ...)). The reduction is then computed once per output as
+    before, and C's write and read back (2·|C|·itemsize bytes) and a kernel launch disappear.
+    A consumer that reads C at another index or more than once would recompute the reduction;
+    one that is itself inlined further would move it into a kernel of another shape: neither
+    is done."""
+    outputs = {id(a) for a in prog.args}
+    op = t.op
+    if id(t) in outputs or not isinstance(op, ComputeOp) or not op.reductions or t in inlined:
+        return None
+    consumers = list(prog.graph.successors(t))
+    if len(consumers) != 1:
+        return None
+    d = consumers[0]
+    dop = d.op
+    if id(d) not in outputs or not isinstance(dop, ComputeOp) or dop.reductions or d.shape != t.shape:
+        return None
+    reads = [n for n in walk(dop.body) if isinstance(n, TensorRead) and n.tensor is t]
+    if len(reads) != 1 or reads[0].indices != tuple(dop.axes):
+        return None
+    # an inlined elementwise stage between them would hide further reads of t
+    if any(s in inlined and any(n.tensor is t for n in walk(s.op.body) if isinstance(n, TensorRead))
+           for s in prog.order if isinstance(s.op, ComputeOp)):
+        return None
+    return d
 
 
 class _Inliner(ExprMutator):
@@ -222,7 +263,7 @@ def _scalar_vars(exprs: Sequence[Expr]) -> list[Var]:
 
 def lower(args: Sequence[Tensor], name: str | None = None) -> Module:
     """Lower the program whose signature is `args` to a module of naive (serial) kernels."""
-    prog = choose_inlined(collect_program(args))
+    prog = choose_inlined(collect_program(args), epilogues=True)
     names: set[str] = set()
 
     def unique(base: str) -> str:
@@ -317,4 +358,4 @@ def _exprs_of(body: Stmt) -> list[Expr]:
     return out
 
 
-__all__ = ["Program", "collect_program", "choose_inlined", "lower"]
+__all__ = ["Program", "collect_program", "choose_inlined", "epilogue_consumer", "lower"]

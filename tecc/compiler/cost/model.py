@@ -17,11 +17,14 @@ parallelism a thread exposes (bytes of independent loads in flight, independent 
     issue      warp instructions on the busiest SM / (schedulers · clock)
     special    SFU operations on the busiest SM / (16 lanes · 4 partitions · clock)
     blocks     block scheduling: blocks on the busiest SM · cycles per block launch
+    chain      a block's serial critical path (Workload.chain_cycles: latencies that nothing
+               inside the block overlaps), paid once per round of resident blocks on the
+               busiest SM: however many warps other blocks add, a block cannot finish sooner
     latency    exposed latency: rounds · per-block critical path / resident blocks
     launch     the fixed launch overhead
     then       a second kernel of the same point (split-K's combine), predicted on its own
 
-    predicted = launch + max(dram, l2, l1/shared, fma, issue, special, blocks) + latency (+ then)
+    predicted = launch + max(dram, l2, l1/shared, fma, issue, special, blocks, chain) + latency (+ then)
 
 Hard constraints (threads per block, registers per thread and per block, shared memory without
 opt-in, a block that does not fit on an SM) reject a point with the reason.
@@ -100,6 +103,10 @@ class Workload:
     bytes_in_flight: float = 4.0             # per thread: independent global load bytes in flight
     ilp: float = 1.0                         # per thread: independent FMA chains
     block_latency_cycles: float = 0.0        # per block: critical path of latencies not overlapped inside it
+    # per block: a serial chain of latencies (a load, a barrier, a dependent reduce, per tile or
+    # per k step) that bounds the block's time from below whatever the throughput: the `chain`
+    # term, rounds of resident blocks x chain_cycles (0: the strategy claims no such chain)
+    chain_cycles: float = 0.0
     notes: list[str] = field(default_factory=list)
     # a barrier-synchronized shared-memory tile loop (SGEMM): its FMA rate also scales with the
     # resident warps up to CostParameters.tile_loop_warps
@@ -201,8 +208,9 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
     t_special = w.special_ops * share / (params.sfu_lanes_per_sm * clock)
     t_latency = rounds * (w.block_latency_cycles + params.global_latency_cycles) / clock / resident
     t_blocks = per_sm_blocks * params.block_cycles / clock
+    t_chain = rounds * w.chain_cycles / clock
     terms = {"dram": t_dram, "l2": t_l2, "l1/shared": t_lsu, "fma": t_fma, "issue": t_issue,
-             "special": t_special, "blocks": t_blocks}
+             "special": t_special, "blocks": t_blocks, "chain": t_chain}
     bound = max(terms, key=lambda k: terms[k])
     total = params.launch_s + terms[bound] + t_latency
     terms = dict(terms, latency=t_latency, launch=params.launch_s)

@@ -42,16 +42,25 @@ LAYOUTS = ("contiguous", "strided")
 # copy's addresses and values (fit to ptxas reports, docs/cost-model.md)
 ADDRESSING_REGISTERS = 22
 COPY_INSTRUCTIONS = 6.0     # per copied element per thread: address, bounds, LDG, STS
+# staging "none": every k step waits for its TM + TN loads from L1/L2, about this many cycles
+# each (one block of 4-8 warps per SM has nothing to hide them with). Fitted to the tuner's
+# H200 run of a 100x512x256 matmul (docs/tuning.md): 16x32 tiles, thread 2x1 measured 26.1 us
+# (200 cycles per k step), thread 4x1 47.2 us (360 cycles per k step); the model had 6 us for both
+GLOBAL_STEP_LOAD_CYCLES = 70.0
 
 
 def operands(info: KernelInfo) -> tuple[Access, Access] | None:
     """(A, B): the read indexed by the row axis i and the one indexed by the column axis j, the
-    last two spatial axes (a leading batch axis, when there is one, may index both)."""
+    last two spatial axes (a leading batch axis, when there is one, may index both). With a
+    reduction only reads under it count (those indexed by a reduction axis): an epilogue's
+    `bias[j]`, read once per output by the store, is not an operand."""
     if len(info.spatial) < 2:
         return None
     i, j = info.spatial[-2][0], info.spatial[-1][0]
-    a = [x for x in info.reads if x.offset is not None and i in x.offset.vars and j not in x.offset.vars]
-    b = [x for x in info.reads if x.offset is not None and j in x.offset.vars and i not in x.offset.vars]
+    reduce_vars = {v for v, _ in info.reduction}
+    under = [x for x in info.reads if x.offset is not None and (not reduce_vars or set(x.offset.vars) & reduce_vars)]
+    a = [x for x in under if i in x.offset.vars and j not in x.offset.vars]  # type: ignore[union-attr]
+    b = [x for x in under if j in x.offset.vars and i not in x.offset.vars]  # type: ignore[union-attr]
     if len(a) != 1 or len(b) != 1:
         return None
     return a[0], b[0]
@@ -145,6 +154,7 @@ class Gemm(Strategy):
             in_flight = copy_per_thread * 4
             latency = ktiles * (550.0 + 2 * 40.0) / 2
             regs["copy"] = int(min(copy_per_thread, 8))
+            chain = 0.0
             if degree > 1:
                 notes.append(f"shared reads {degree}-way bank conflicted")
         else:
@@ -164,6 +174,7 @@ class Gemm(Strategy):
             instr_thread = k * (tm * tn + tm + tn + 2)
             in_flight = (tm + tn) * 4 * 2
             latency = 0.0
+            chain = k * (tm + tn) * GLOBAL_STEP_LOAD_CYCLES
         dram = compulsory_bytes(info)
         footprint = buffer_bytes(a) + buffer_bytes(b)
         if footprint > 0.5 * target.l2_bytes:
@@ -174,7 +185,8 @@ class Gemm(Strategy):
             blocks=blocks, threads=threads, registers=regs, smem_bytes=smem, flops=2 * fma, fma_ops=fma,
             dram_bytes=dram, l2_bytes=l2, global_wavefronts=gwf, smem_wavefronts=swf,
             bank_conflict=float(degree), instructions=blocks * threads / WARP * instr_thread,
-            bytes_in_flight=in_flight, ilp=float(tm * tn), block_latency_cycles=latency, notes=notes,
+            bytes_in_flight=in_flight, ilp=float(tm * tn), block_latency_cycles=latency, chain_cycles=chain,
+            notes=notes,
             tile_loop=point["staging"] == "shared")
 
     def _operands(self, info: KernelInfo) -> tuple[Access, Access]:

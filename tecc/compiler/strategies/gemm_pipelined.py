@@ -224,6 +224,9 @@ class GemmPipelined(Strategy):
                 sch.storage_transpose(cache)
                 sch.storage_align(cache, 4)
             sch.compute_at(cache, ko)
+        # past K both shared tiles hold the copies' zero fill: the k-tail guard leaves the FFMAs
+        # (proved from the fill conditions; must precede double_buffer, while each copy is one store)
+        sch.unguard_reduction_tail(local)
         sch.double_buffer(ko)
         # the shared tiles are zero-filled outside A and B: the register tile's edge lanes need
         # no guard in the k loop, only at the store to C

@@ -37,6 +37,24 @@ COPY_INSTRUCTIONS = 7.0     # per copied element: address, bounds test, LDG, STS
 REDUCE_INSTRUCTIONS = 3.0   # per reduced element besides the arithmetic: LDS, address, loop
 
 
+COPY_IN_FLIGHT = 16         # copy loads a thread keeps in flight (nvcc's unrolled copy loop)
+GLOBAL_LATENCY_CYCLES = 550.0   # CostParameters.global_latency_cycles
+BARRIER_CYCLES = 40.0           # CostParameters.barrier_cycles
+LDS_LATENCY_CYCLES = 30.0       # shared load latency (sm_80/90 microbenchmarks: ~23-33 cycles)
+FADD_LATENCY_CYCLES = 4.0       # dependent FADD
+
+
+def tile_chain_cycles(tile: int) -> float:
+    """The serial path of one staged tile in every block: the copy's loads (COPY_IN_FLIGHT at a
+    time, one global latency per batch), the barrier, the thread's dependent walk over its row of
+    the tile (one shared load latency, then one FADD per column), the barrier before the next copy
+    overwrites the tile. With few warps per SM nothing else hides it (the second pass measured
+    staged rows at 4 warps/SM 1.2-2.3x slower than the model's throughput terms)."""
+    batches = -(-tile // COPY_IN_FLIGHT)
+    return (batches * GLOBAL_LATENCY_CYCLES + 2 * BARRIER_CYCLES + LDS_LATENCY_CYCLES
+            + tile * FADD_LATENCY_CYCLES)
+
+
 def main_read(info: KernelInfo) -> Access | None:
     """The largest read that walks the reduced axis."""
     inner = info.reduction[-1][0] if info.reduction else None
@@ -105,8 +123,8 @@ class Reduction(Strategy):
             special_ops=float(info.iterations * info.special_per_iteration),
             dram_bytes=compulsory_bytes(info), l2_bytes=l2, global_wavefronts=copy_instr * lines,
             smem_wavefronts=copy_instr * store_wf + read_instr * read_wf, bank_conflict=float(degree),
-            instructions=instructions, bytes_in_flight=float(min(w, 16) * x.itemsize), ilp=1.0,
-            block_latency_cycles=tiles * 2 * 40.0, notes=notes)
+            instructions=instructions, bytes_in_flight=float(min(w, COPY_IN_FLIGHT) * x.itemsize), ilp=1.0,
+            block_latency_cycles=tiles * 2 * 40.0, chain_cycles=tiles * tile_chain_cycles(w), notes=notes)
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
         loops = sch.get_loops(info.stage)

@@ -34,7 +34,11 @@ from typing import Any, Sequence
 from ...ir.errors import ScheduleError
 from ...ir.expr import TensorRead, const_int, free_vars, walk
 from ...ir.tensor import Tensor
+from ...ir.target import Target
 from ...passes.fuse_rows import fuse_rows, row_group
+from ..cost.analysis import KernelInfo
+from ..cost.model import Workload
+from ..cost.traffic import compulsory_bytes
 from ..plan import Plan, Step
 
 THREAD_CHOICES = (64, 128, 256, 512, 1024)
@@ -156,4 +160,60 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
     return RowFusedChoice(plan, threads, cache, fused, unfused, plan.reason, vector)
 
 
-__all__ = ["RowFusedChoice", "choose_point", "propose"]
+# Latencies of the one-row kernel's serial path (cycles; sm_80/sm_90 microbenchmarks, approximate)
+GLOBAL_LATENCY_CYCLES = 550.0      # CostParameters.global_latency_cycles
+SHUFFLE_CYCLES = 30.0              # one __shfl_xor_sync round trip
+BARRIER_CYCLES = 40.0              # CostParameters.barrier_cycles
+FADD_LATENCY_CYCLES = 4.0
+TREE_INSTRUCTIONS = 40.0           # per warp: two 5-step shuffle trees, the shared hand-off, the store
+
+
+def fused_points(columns: int) -> list[dict[str, Any]]:
+    """The (threads, cache, vector) points of a one-reduction row kernel of `columns` columns
+    that fuse_rows accepts: what the honesty loop measures (propose picks one of them)."""
+    out: list[dict[str, Any]] = []
+    for t in THREAD_CHOICES:
+        for v in (1, 2, 4):
+            if columns % v:
+                continue
+            out.append({"threads": t, "cache": "registers", "vector": v})
+        out.append({"threads": t, "cache": "none", "vector": 1})
+    return out
+
+
+def fused_workload(info: KernelInfo, point: dict[str, Any], target: Target) -> Workload:
+    """What fuse_rows' kernel for ONE row reduction (`info`: the unfused kernel, one output per
+    row) does at `point` (threads T, cache, vector V): one block per row, each thread loads
+    K = ceil(C / (T·V)) V-wide pieces of the row (all independent and unrolled with
+    cache="registers", nvcc's 4 in flight with "none"), sums them, then a warp shuffle tree, a
+    shared-memory hand-off between warps and a second tree. Multi-pass groups (softmax) are not
+    priced here: the benchmark measures a row sum."""
+    t, v = int(point["threads"]), int(point.get("vector", 1))
+    cache = str(point.get("cache", "registers"))
+    rows = info.outputs
+    columns = info.reduce_extent
+    x_size = max((a.itemsize for a in info.reads), default=4)
+    k = -(-columns // (t * v))
+    in_flight_loads = k if cache == "registers" else min(k, 4)
+    warps = rows * t / 32
+    instr_warp = k * (2.0 + v * (1.0 + info.flops_per_iteration)) + TREE_INSTRUCTIONS
+    chain = (-(-k // in_flight_loads) * GLOBAL_LATENCY_CYCLES + k * v * FADD_LATENCY_CYCLES
+             + 2 * 5 * SHUFFLE_CYCLES + 2 * BARRIER_CYCLES)
+    row_bytes = rows * columns * x_size
+    regs = {"addressing": 12, "row cache" if cache == "registers" else "values": in_flight_loads * v,
+            "accumulators": 2}
+    return Workload(
+        blocks=rows, threads=t, registers=regs, smem_bytes=4 * 32, flops=info.flops,
+        fma_ops=float(info.iterations * info.flops_per_iteration),
+        special_ops=float(info.iterations * info.special_per_iteration),
+        dram_bytes=compulsory_bytes(info), l2_bytes=row_bytes + rows * info.write.itemsize,
+        global_wavefronts=row_bytes / 128.0 + rows, instructions=warps * instr_warp,
+        bytes_in_flight=float(in_flight_loads * v * x_size), ilp=float(v), chain_cycles=chain,
+        notes=[f"one block per row, {k} load(s) of {v} per thread, cache {cache}"])
+
+
+def describe_point(point: dict[str, Any]) -> str:
+    return f"row_fused(threads={point['threads']}, cache={point['cache']}, vector={point.get('vector', 1)})"
+
+
+__all__ = ["RowFusedChoice", "choose_point", "describe_point", "fused_points", "fused_workload", "propose"]

@@ -14,6 +14,7 @@ interface that records every application in a Plan.
   insert_barriers  barriers.py __syncthreads() where shared memory changes hands
   double_buffer  double_buffer.py  prefetch the next k-tile's copies into registers (software pipeline)
   guard_writeback_only  guard_writeback.py  a register tile's split guards only on its write-back
+  unguard_reduction_tail  reduction_tail.py  the k-tail guard off the accumulation where both shared tiles are zero past K
   rfactor      rfactor.py      a reduction loop made a parallel axis, partials combined by a second kernel (split-K)
   legality     legality.py     dependence checks with islpy (tecc.ir.poly)
 """
@@ -26,9 +27,10 @@ from .fuse import fuse
 from .guard_writeback import guard_writeback_only
 from .loop_kind import bind, unroll, vectorize
 from .loops import stage_leaves, stage_loops
+from .reduction_tail import unguard_reduction_tail
 from .reorder import distribute, reorder
 from .rfactor import rfactor
 from .split import split
 
 __all__ = ["bind", "cache_write", "distribute", "double_buffer", "fuse", "guard_writeback_only", "insert_barriers", "reorder", "rfactor", "split", "stage_leaves",
-           "stage_loops", "stage_read", "unroll", "vectorize"]
+           "stage_loops", "stage_read", "unguard_reduction_tail", "unroll", "vectorize"]

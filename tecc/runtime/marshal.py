@@ -1,0 +1,209 @@
+"""Marshaling plan for kernel launches (pure: no device needed).
+
+Which argument, temporary or bound variable feeds each kernel parameter (`plan_launches`), how
+arguments are described and bound (`prepare_arguments`), and the checks on device arrays that
+depend on their pointers: device, alignment, and overlap with an array the kernel writes (every
+kernel pointer is `__restrict__`). `tecc.runtime.cuda` launches with what this module decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..ir import dtype as dt
+from ..ir.dtype import DType
+from ..ir.errors import DeviceError, ShapeError, TeccError
+from ..ir.expr import Var
+from ..ir.stmt import Buffer
+from . import arrays
+from .arrays import Argument
+from .host import ArrayInfo, HostProgram, KernelInfo, bind_arguments
+
+# Base alignment the generated code may assume of every global buffer: codegen turns contiguous
+# float32/int32 accesses into 16-byte vector accesses (float4, int4) assuming 16-byte-aligned
+# bases, as cudaMalloc gives (docs/codegen.md, "Vector accesses"). A misaligned vector access
+# faults and poisons the whole CUDA context, so device arrays are checked before launching.
+DEFAULT_ALIGNMENT = 16
+
+# The by-value C type of a scalar kernel parameter, as cuda.core marshals it (a bare Python
+# int would be passed as a pointer-sized integer, which is wrong for an `int` parameter).
+_SCALAR_TYPES: dict[DType, type] = {
+    dt.int32: np.int32,
+    dt.int64: np.int64,
+    dt.bool_: np.bool_,
+    dt.float16: np.float16,
+    dt.float32: np.float32,
+    dt.float64: np.float64,
+}
+
+
+@dataclass(frozen=True)
+class ParamSlot:
+    """Where one kernel parameter's value comes from at a launch.
+
+    kind 'array': the data pointer of argument `index` (in `host.buffer_params` order);
+    kind 'temp': the data pointer of the temporary `name`;
+    kind 'scalar': the bound value of the size/stride variable `name`, passed as `dtype`."""
+
+    kind: str
+    name: str
+    index: int = -1
+    dtype: DType = dt.int32
+
+
+@dataclass(frozen=True)
+class PlannedLaunch:
+    kernel: KernelInfo
+    slots: tuple[ParamSlot, ...]
+
+
+def plan_launches(host: HostProgram) -> tuple[PlannedLaunch, ...]:
+    """Resolve every call's argument names against the host program once: which argument,
+    temporary or variable feeds each kernel parameter. Raises TeccError for an inconsistent
+    host program (unknown kernel or name, wrong arity, dtype mismatch, unbindable variable)."""
+    by_name = {b.name: (i, b) for i, b in enumerate(host.buffer_params)}
+    temps = {t.name: t for t in host.temps}
+    bindable = _bindable_var_names(host)
+    planned = []
+    for call in host.calls:
+        try:
+            info = host.kernel(call.kernel)
+        except KeyError:
+            raise TeccError(f"{host.name}: the call sequence launches unknown kernel {call.kernel!r}") from None
+        if len(call.args) != len(info.params):
+            raise TeccError(
+                f"{host.name}: kernel {info.name} takes {len(info.params)} parameters, the call passes {len(call.args)}"
+            )
+        slots = []
+        for param, name in zip(info.params, call.args):
+            where = f"{host.name}: kernel {info.name}, parameter {param.name}"
+            if isinstance(param, Buffer):
+                if name in by_name:
+                    index, module_buffer = by_name[name]
+                    slots.append(ParamSlot("array", name, index=index))
+                elif name in temps:
+                    module_buffer = temps[name]
+                    slots.append(ParamSlot("temp", name))
+                else:
+                    raise TeccError(f"{where}: {name!r} is neither an array parameter nor a temporary of the module")
+                if module_buffer.dtype != param.dtype:
+                    raise TeccError(f"{where}: expects {param.dtype} but {name} is {module_buffer.dtype}")
+            else:
+                if name not in bindable:
+                    raise TeccError(
+                        f"{where}: variable {name} is not a dimension or stride of any array argument, "
+                        "so no call can determine its value"
+                    )
+                if param.dtype not in _SCALAR_TYPES:
+                    raise TeccError(f"{where}: scalar parameters of dtype {param.dtype} are not supported")
+                slots.append(ParamSlot("scalar", name, dtype=param.dtype))
+        planned.append(PlannedLaunch(info, tuple(slots)))
+    return tuple(planned)
+
+
+def _bindable_var_names(host: HostProgram) -> set[str]:
+    """Names of the variables argument binding assigns: whole dimensions or strides of arrays."""
+    names: set[str] = set()
+    for b in host.buffer_params:
+        for e in tuple(b.shape) + tuple(b.strides or ()):
+            if isinstance(e, Var):
+                names.add(e.name)
+    return names
+
+
+def prepare_arguments(host: HostProgram, args: Sequence[Any], stream_ptr: int = -1) -> tuple[list[Argument], dict[Var, int]]:
+    """Describe `args` (in `host.buffer_params` order) and bind them: the launch-ready
+    arguments and the value of every size and stride variable. ShapeError / DTypeError name the
+    argument; host arrays get contiguous staging copies (see `arrays.as_argument`)."""
+    buffers = host.buffer_params
+    if len(args) != len(buffers):
+        names = ", ".join(b.name for b in buffers)
+        raise TeccError(f"{host.name} takes {len(buffers)} arrays ({names}), got {len(args)}")
+    prepared = [
+        arrays.as_argument(arg, f"argument {pos} ({buf.name}) of {host.name}", stream_ptr)
+        for pos, (arg, buf) in enumerate(zip(args, buffers))
+    ]
+    env = bind_arguments(host, [p.info for p in prepared])
+    outputs = set(host.outputs)
+    for pos, (p, buf) in enumerate(zip(prepared, buffers)):
+        if buf.name in outputs and p.readonly:
+            raise TeccError(
+                f"argument {pos} ({buf.name}) of {host.name}: the kernel writes it, but the array is read-only"
+            )
+    return prepared, env
+
+
+def check_device_arrays(host: HostProgram, prepared: Sequence[Argument], device_id: int,
+                        alignment: int = DEFAULT_ALIGNMENT) -> None:
+    """Device arrays must live on the executor's device and have data pointers aligned to
+    `alignment` bytes (at least their element size). DeviceError / ShapeError name the argument."""
+    for pos, (arg, buf) in enumerate(zip(prepared, host.buffer_params)):
+        if arg.is_host:
+            continue
+        where = f"argument {pos} ({buf.name}) of {host.name}"
+        if arg.device_id >= 0 and arg.device_id != device_id:
+            raise DeviceError(
+                f"{where} lives on CUDA device {arg.device_id}, but the kernel is loaded on device {device_id}; "
+                "move it there first"
+            )
+        need = max(alignment, arg.info.dtype.bytes)
+        if arg.nbytes > 0 and arg.ptr % need != 0:
+            raise ShapeError(
+                f"{where}: its data pointer {arg.ptr:#x} is not aligned to {need} bytes (a view at an offset "
+                f"into a larger array?); tecc kernels may access global memory in {need}-byte vectors, so pass "
+                "an aligned copy (e.g. x.clone() in torch, x.copy() in CuPy)"
+            )
+
+
+def byte_span(info: ArrayInfo) -> tuple[int, int]:
+    """The bytes an array may touch, as offsets from its data pointer: [lo, hi). Negative strides
+    reach below the pointer. A bounding range: interleaved views of one buffer overlap in it."""
+    lo = hi = 0
+    for n, st in zip(info.shape, info.strides):
+        if st < 0:
+            lo += (n - 1) * st
+        else:
+            hi += (n - 1) * st
+    size = info.dtype.bytes
+    return lo * size, (hi + 1) * size
+
+
+def alias_pairs(host: HostProgram) -> tuple[tuple[int, int], ...]:
+    """Pairs of argument positions that must not overlap in memory: every pair with at least one
+    array the kernels write. Every pointer parameter is `__restrict__` (docs/codegen.md), and a
+    restrict pointer promises that what is written through it is reached through no other pointer;
+    two read-only inputs may share memory."""
+    outputs = set(host.outputs)
+    buffers = host.buffer_params
+    return tuple((i, j) for i in range(len(buffers)) for j in range(i + 1, len(buffers))
+                 if buffers[i].name in outputs or buffers[j].name in outputs)
+
+
+def check_aliasing(host: HostProgram, prepared: Sequence[Argument]) -> None:
+    """Device arrays used in place must not overlap an array the kernels write (the kernels'
+    pointers are `__restrict__`, so overlap is undefined behaviour: stale or torn results).
+    ShapeError names both arguments. Host arrays are staged into their own buffers: never shared."""
+    buffers = host.buffer_params
+    for i, j in alias_pairs(host):
+        a, b = prepared[i], prepared[j]
+        if a.is_host or b.is_host or a.nbytes == 0 or b.nbytes == 0:
+            continue
+        a_lo, a_hi = byte_span(a.info)
+        b_lo, b_hi = byte_span(b.info)
+        if a.ptr + a_lo < b.ptr + b_hi and b.ptr + b_lo < a.ptr + a_hi:
+            written = " and ".join(n for n in (buffers[i].name, buffers[j].name) if n in host.outputs)
+            raise ShapeError(
+                f"argument {i} ({buffers[i].name}) and argument {j} ({buffers[j].name}) of {host.name} overlap in "
+                f"memory, and the kernel writes {written}; its pointers are __restrict__, so pass arrays that do not "
+                "share memory (e.g. a fresh output, or x.clone() of the input)"
+            )
+
+
+def scalar_argument(dtype: DType, value: int) -> Any:
+    """A scalar kernel argument of exactly `dtype`'s C type."""
+    return _SCALAR_TYPES[dtype](value)
+
+
