@@ -12,6 +12,7 @@ import pytest
 from tecc.ir import dtype as dt
 from tecc.ir.errors import DTypeError, ShapeError, TeccError
 from tecc.runtime import arrays
+from tecc.runtime import cuda as rt_cuda
 from tecc.runtime import marshal as rt_marshal
 from tecc.runtime.cuda import CudaExecutor, plan_launches
 
