@@ -75,15 +75,15 @@ from ..ir.tensor import ComputeOp, Tensor
 from ..ir.visitor import ExprMutator
 from .lower import (
     Program,
-    _buffer_for,
     _exprs_of,
     _global_buffers,
-    _identifier,
     _Inliner,
     _scalar_vars,
     choose_inlined,
     collect_program,
+    signature,
 )
+from .names import identifier
 from .schedule.cross_thread import allreduce
 
 CACHES = ("registers", "online", "none")
@@ -230,25 +230,8 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         raise ScheduleError(f"fuse_rows: vector={vector} needs cache='registers' and a row length that is a multiple "
                             f"of it, got {C}")
 
-    names: set[str] = set()
-
-    def unique(base: str) -> str:
-        cand, n = _identifier(base), 0
-        while cand in names:
-            n += 1
-            cand = f"{_identifier(base)}_{n}"
-        names.add(cand)
-        return cand
-
-    buffers: dict[Tensor, Buffer] = {t: _buffer_for(t, unique(t.name)) for t in prog.args}
-    scalars: list[Var] = []
-    for t in prog.args:
-        for e in buffers[t].shape + (buffers[t].strides or ()):
-            for v in _scalar_vars([e]):
-                if v not in scalars:
-                    scalars.append(v)
-    for v in scalars:
-        names.add(v.name)
+    sig = signature(prog)
+    buffers, scalars, unique = sig.buffers, sig.scalars, sig.unique
 
     # the block's row: blockIdx.x over the flattened rows, unflattened row-major
     b = Var(unique("row"), dt.int32)
@@ -398,7 +381,7 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     body_vars = _scalar_vars(_exprs_of(body) + [s for u in used for s in u.shape + (u.strides or ())])
     params = tuple(buffers[a] for a in prog.args if buffers[a] in used) + tuple(v for v in scalars if v in body_vars)
     kname = unique(f"{prog.stages[-1].name}_rows_kernel")
-    mname = _identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
+    mname = identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
     attrs: tuple[tuple[str, object], ...] = (("fused_rows", tuple(t.name for t in prog.stages)),)
     if merged:  # reductions computed together with the one before them (cache="online")
         attrs += (("online_pairs", len(merged)),)

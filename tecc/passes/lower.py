@@ -56,8 +56,6 @@ from ..ir.tensor import ComputeOp, PlaceholderOp, Tensor
 from ..ir.visitor import ExprMutator
 from .names import fresh_name, identifier
 
-_identifier = identifier  # the name other lowering passes import
-
 
 @dataclass
 class Program:
@@ -261,38 +259,47 @@ def _scalar_vars(exprs: Sequence[Expr]) -> list[Var]:
     return out
 
 
+@dataclass
+class Signature:
+    """The global buffers and the size/stride variables of a program's arguments, and the names
+    they take (the kernel names and temporaries added later must avoid them)."""
+
+    buffers: dict[Tensor, Buffer]
+    scalars: list[Var]  # in order of first appearance in the arguments' shapes and strides
+    names: set[str]
+
+    def unique(self, base: str) -> str:
+        return fresh_name(base, self.names, sep="_")
+
+
+def signature(prog: Program) -> Signature:
+    """Buffers for `prog.args` and their size/stride variables; every lowering starts here."""
+    names: set[str] = set()
+    buffers = {t: _buffer_for(t, fresh_name(t.name, names, sep="_")) for t in prog.args}
+    scalars: list[Var] = []
+    for t in prog.args:
+        b = buffers[t]
+        for e in b.shape + (b.strides or ()):
+            for v in sorted(free_vars(e), key=lambda v: v.name):
+                if v not in scalars:
+                    scalars.append(v)
+    for v in scalars:
+        if v.name in names:
+            raise TeccError(f"build(): the size variable {v.name} has the same name as a tensor; rename one")
+        names.add(v.name)
+    return Signature(buffers, scalars, names)
+
+
 def lower(args: Sequence[Tensor], name: str | None = None) -> Module:
     """Lower the program whose signature is `args` to a module of naive (serial) kernels."""
     prog = choose_inlined(collect_program(args), epilogues=True)
-    names: set[str] = set()
-
-    def unique(base: str) -> str:
-        return fresh_name(base, names, sep="_")
-
-    buffers: dict[Tensor, Buffer] = {}
-    for t in prog.args:
-        buffers[t] = _buffer_for(t, unique(t.name))
+    sig = signature(prog)
+    buffers, scalars, names, unique = dict(sig.buffers), sig.scalars, sig.names, sig.unique
     temps: list[Buffer] = []
     for t in prog.stages:
         if t not in buffers:
             buffers[t] = _buffer_for(t, unique(t.name))
             temps.append(buffers[t])
-
-    # size and stride variables of the signature, in order of first appearance
-    sig_exprs: list[Expr] = []
-    for t in prog.args:
-        b = buffers[t]
-        sig_exprs.extend(b.shape)
-        sig_exprs.extend(b.strides or ())
-    scalars: list[Var] = []
-    for e in sig_exprs:
-        for v in sorted(free_vars(e), key=lambda v: v.name):
-            if v not in scalars:
-                scalars.append(v)
-    for v in scalars:
-        if v.name in names:
-            raise TeccError(f"build(): the size variable {v.name} has the same name as a tensor; rename one")
-        names.add(v.name)
 
     inliner = _Inliner(prog.inlined, buffers)
     kernels: list[PrimFunc] = []

@@ -69,12 +69,13 @@ from .lower import (
     _buffer_for,
     _exprs_of,
     _global_buffers,
-    _identifier,
     _Inliner,
     _scalar_vars,
     choose_inlined,
     collect_program,
+    signature,
 )
+from .names import identifier
 
 COMBINE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
 
@@ -115,25 +116,8 @@ def split_reduce(args: Sequence[Tensor], threads_x: int = 32, threads_y: int = 8
     op = stage.op
     assert isinstance(op, ComputeOp)
 
-    names: set[str] = set()
-
-    def unique(base: str) -> str:
-        cand, n = _identifier(base), 0
-        while cand in names:
-            n += 1
-            cand = f"{_identifier(base)}_{n}"
-        names.add(cand)
-        return cand
-
-    buffers: dict[Tensor, Buffer] = {t: _buffer_for(t, unique(t.name)) for t in prog.args}
-    scalars: list[Var] = []
-    for t in prog.args:
-        for e in buffers[t].shape + (buffers[t].strides or ()):
-            for v in _scalar_vars([e]):
-                if v not in scalars:
-                    scalars.append(v)
-    for v in scalars:
-        names.add(v.name)
+    sig = signature(prog)
+    buffers, scalars, unique = sig.buffers, sig.scalars, sig.unique
     inliner = _Inliner(prog.inlined, buffers)
     out = buffers[stage]
 
@@ -235,7 +219,7 @@ def split_reduce(args: Sequence[Tensor], threads_x: int = 32, threads_y: int = 8
         kname = unique(f"{stage.name}_{'split' if n == 0 else 'combine'}_kernel")
         funcs.append(PrimFunc(kname, params, body, (("split_reduce", stage.name),)))
         calls.append(KernelCall(kname, params))
-    mname = _identifier(name or stage.name)
+    mname = identifier(name or stage.name)
     module_params = tuple(buffers[a] for a in prog.args) + tuple(scalars)
     return Module(mname, module_params, tuple(funcs), tuple(calls), temps)
 

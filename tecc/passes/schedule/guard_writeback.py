@@ -34,8 +34,27 @@ from __future__ import annotations
 
 from ...ir import poly
 from ...ir.errors import ScheduleError
-from ...ir.expr import Binary, BufferLoad, Const, Expr, Var, free_vars, logical_and, substitute, walk
-from ...ir.stmt import Allocate, Buffer, BufferStore, For, IfThenElse, LetStmt, PrimFunc, Stmt
+from ...ir.expr import (
+    Binary,
+    BufferLoad,
+    Const,
+    Expr,
+    Var,
+    free_vars,
+    logical_and,
+    substitute,
+    walk,
+)
+from ...ir.stmt import (
+    Allocate,
+    Buffer,
+    BufferStore,
+    For,
+    IfThenElse,
+    LetStmt,
+    PrimFunc,
+    Stmt,
+)
 from ...ir.visitor import StmtMutator
 from .loops import iter_with_path, loops_on_path
 

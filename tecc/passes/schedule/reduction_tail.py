@@ -55,7 +55,16 @@ from ...ir.expr import (
     substitute,
     walk,
 )
-from ...ir.stmt import Allocate, Buffer, BufferStore, For, IfThenElse, PrimFunc, Seq, Stmt
+from ...ir.stmt import (
+    Allocate,
+    Buffer,
+    BufferStore,
+    For,
+    IfThenElse,
+    PrimFunc,
+    Seq,
+    Stmt,
+)
 from ...ir.visitor import StmtMutator
 from .guard_writeback import conjuncts
 from .loops import iter_with_path, loops_on_path

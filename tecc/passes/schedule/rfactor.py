@@ -39,8 +39,29 @@ there; the loop's extent does not depend on the nest's variables.
 from __future__ import annotations
 
 from ...ir.errors import ScheduleError
-from ...ir.expr import Binary, BufferLoad, Const, Expr, Var, binary, free_vars, reduce_identity, walk
-from ...ir.stmt import Allocate, Buffer, BufferStore, For, IfThenElse, KernelCall, Module, PrimFunc, Seq, Stmt, seq
+from ...ir.expr import (
+    Binary,
+    BufferLoad,
+    Const,
+    Var,
+    binary,
+    free_vars,
+    reduce_identity,
+    walk,
+)
+from ...ir.stmt import (
+    Allocate,
+    Buffer,
+    BufferStore,
+    For,
+    IfThenElse,
+    KernelCall,
+    Module,
+    PrimFunc,
+    Seq,
+    Stmt,
+    seq,
+)
 from .loops import find_loop, iter_with_path, rebuffer
 
 _COMBINERS = {"+": "sum", "*": "prod", "max": "max", "min": "min"}
