@@ -37,7 +37,6 @@ from ...ir.errors import ScheduleError
 from ...ir.expr import (
     Binary,
     BufferLoad,
-    Const,
     Expr,
     Var,
     free_vars,
@@ -55,8 +54,7 @@ from ...ir.stmt import (
     PrimFunc,
     Stmt,
 )
-from ...ir.visitor import StmtMutator
-from .loops import iter_with_path, loops_on_path
+from .loops import iter_with_path, loops_on_path, rewrite_guards
 
 
 def conjuncts(cond: Expr) -> list[Expr]:
@@ -149,16 +147,7 @@ def guard_writeback_only(func: PrimFunc, stage: str) -> PrimFunc:
     if not drop:
         return func
 
-    class _Drop(StmtMutator):
-        def visit_IfThenElse(self, s: IfThenElse) -> Stmt:
-            cond = drop.get(id(s))
-            if cond is None:
-                return self.generic_visit(s)
-            if isinstance(cond, Const) and bool(cond.value):
-                return s.then_case
-            return IfThenElse(cond, s.then_case)
-
-    return func.with_body(_Drop().visit(func.body))
+    return rewrite_guards(func, drop)
 
 
 def _reads_safe(s: BufferStore, buf: Buffer, path: tuple[Stmt, ...], keep: list[Expr]) -> bool:

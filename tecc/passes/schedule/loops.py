@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 from ...ir.errors import ScheduleError
-from ...ir.expr import BufferLoad, Expr, walk
+from ...ir.expr import BufferLoad, Const, Expr, walk
 from ...ir.stmt import (
     Allocate,
     Buffer,
@@ -148,3 +148,19 @@ def rebuffer(s: Stmt, old: Buffer, new: Buffer, indices: "Callable[[tuple[Expr, 
     m = _Stores()
     m.expr_mutator = _Loads()
     return m.visit(s)
+
+
+def rewrite_guards(func: PrimFunc, new_conditions: dict[int, Expr]) -> PrimFunc:
+    """`func` with the condition of each IfThenElse whose id is in `new_conditions` replaced by
+    the new one (an `if` with no else whose new condition is the constant True is dropped)."""
+
+    class _Rewrite(StmtMutator):
+        def visit_IfThenElse(self, s: IfThenElse) -> Stmt:
+            cond = new_conditions.get(id(s))
+            if cond is None:
+                return self.generic_visit(s)
+            if isinstance(cond, Const) and bool(cond.value) and s.else_case is None:
+                return s.then_case
+            return IfThenElse(cond, s.then_case, s.else_case)
+
+    return func.with_body(_Rewrite().visit(func.body))

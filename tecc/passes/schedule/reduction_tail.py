@@ -65,9 +65,8 @@ from ...ir.stmt import (
     Seq,
     Stmt,
 )
-from ...ir.visitor import StmtMutator
 from .guard_writeback import conjuncts
-from .loops import iter_with_path, loops_on_path
+from .loops import iter_with_path, loops_on_path, rewrite_guards
 
 
 def _strip(e: Expr) -> Expr:
@@ -210,16 +209,7 @@ def unguard_reduction_tail(func: PrimFunc, stage: str) -> PrimFunc:
     if not drop:
         return func
 
-    class _Drop(StmtMutator):
-        def visit_IfThenElse(self, s: IfThenElse) -> Stmt:
-            cond = drop.get(id(s))
-            if cond is None:
-                return self.generic_visit(s)
-            if isinstance(cond, Const) and bool(cond.value):
-                return s.then_case
-            return IfThenElse(cond, s.then_case)
-
-    return func.with_body(_Drop().visit(func.body))
+    return rewrite_guards(func, drop)
 
 
 __all__ = ["unguard_reduction_tail"]
