@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make run    compile the example ops to .cubin with IR dumps and check them (GPU if present, else the emulator)
-#   make test   the test suite (layer contracts first)
+#   make test   the test suite (layer contracts and mypy --strict on tecc/ir first)
 # Both create the virtual environment and install everything on a fresh machine.
 
 PYTHON ?= python3
@@ -22,6 +22,7 @@ run: setup
 
 test: setup
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy --strict --follow-imports=silent tecc/ir
 	$(PY) -m pytest -q
 
 clean:

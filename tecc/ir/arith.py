@@ -22,8 +22,8 @@ def as_expr(value: ExprLike, like: DType | None = None) -> Expr:
     if isinstance(value, Expr):
         return value
     if like is not None:
-        return Const(value, dt.scalar_dtype_against(value, like))  # type: ignore[arg-type]
-    return Const(value, dt.default_scalar_dtype(value))  # type: ignore[arg-type]
+        return Const(value, dt.scalar_dtype_against(value, like))
+    return Const(value, dt.default_scalar_dtype(value))
 
 
 def _operands(a: ExprLike, b: ExprLike, op: str) -> tuple[Expr, Expr]:
@@ -87,6 +87,7 @@ def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
             return Const(0, d)
     if d.is_bool and op in ("&", "|") and (isinstance(x, Const) or isinstance(y, Const)):
         c, other = (x, y) if isinstance(x, Const) else (y, x)
+        assert isinstance(c, Const)
         if op == "&":
             return other if c.value else Const(False, d)
         return Const(True, d) if c.value else other

@@ -13,7 +13,7 @@ Promotion (written out in docs/dtypes.md):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -47,12 +47,12 @@ class DType:
         return max(1, self.bits // 8)
 
     @property
-    def numpy(self) -> np.dtype:
+    def numpy(self) -> "np.dtype[Any]":
         """The host (NumPy) dtype; bfloat16 comes from ml-dtypes."""
         if self.name == "bfloat16":
             import ml_dtypes
 
-            return np.dtype(ml_dtypes.bfloat16)
+            return np.dtype(ml_dtypes.bfloat16)  # type: ignore[no-any-return]
         return np.dtype(self.name if self.name != "bool" else np.bool_)
 
     def __str__(self) -> str:

@@ -4,12 +4,14 @@ temporary shapes, argument checks). Integer `//` and `%` floor, as everywhere in
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Any, Callable, Mapping, Union
+
+Scalar = Union[int, float, bool]
 
 from .errors import TeccError
 from .expr import Binary, Call, Cast, Compare, Const, Expr, Not, Select, Var
 
-_BIN = {
+_BIN: dict[str, Callable[[Any, Any], Any]] = {
     "+": lambda a, b: a + b,
     "-": lambda a, b: a - b,
     "*": lambda a, b: a * b,
@@ -23,7 +25,7 @@ _BIN = {
     "|": lambda a, b: a | b,
     "^": lambda a, b: a ^ b,
 }
-_CMP = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
+_CMP: dict[str, Callable[[Any, Any], bool]] = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
         ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
 
 
@@ -39,7 +41,8 @@ def evaluate(e: Expr, env: Mapping[Var, int | float | bool]) -> int | float | bo
         a, b = evaluate(e.a, env), evaluate(e.b, env)
         if e.op in ("//", "%") and b == 0:
             raise TeccError(f"division by zero evaluating {e}")
-        return _BIN[e.op](a, b)
+        out: Scalar = _BIN[e.op](a, b)
+        return out
     if isinstance(e, Compare):
         return _CMP[e.op](evaluate(e.a, env), evaluate(e.b, env))
     if isinstance(e, Not):
@@ -53,7 +56,8 @@ def evaluate(e: Expr, env: Mapping[Var, int | float | bool]) -> int | float | bo
     if isinstance(e, Select):
         return evaluate(e.a, env) if evaluate(e.cond, env) else evaluate(e.b, env)
     if isinstance(e, Call) and hasattr(math, e.name):
-        return getattr(math, e.name)(*(evaluate(a, env) for a in e.args))
+        fn: Callable[..., Scalar] = getattr(math, e.name)
+        return fn(*(evaluate(a, env) for a in e.args))
     raise TeccError(f"cannot evaluate {type(e).__name__} {e} on the host")
 
 

@@ -25,7 +25,7 @@ from .errors import DTypeError, TeccError
 
 ExprLike = Union["Expr", int, float, bool]
 
-_INTERN: "weakref.WeakValueDictionary[tuple, Expr]" = weakref.WeakValueDictionary()
+_INTERN: "weakref.WeakValueDictionary[tuple[Any, ...], Expr]" = weakref.WeakValueDictionary()
 
 
 def _key_part(value: object) -> object:
@@ -65,7 +65,7 @@ class Expr:
     def _init(self, *args: Any) -> None:  # pragma: no cover - every subclass defines it
         raise NotImplementedError
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), tuple(getattr(self, f) for f in self._fields))
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -263,7 +263,7 @@ class Var(Expr):
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "kind", kind)
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         raise TypeError("Var objects are identities; serialize whole programs with tecc.ir.serialize")
 
 
@@ -563,9 +563,8 @@ def index_expr(value: ExprLike) -> Expr:
 
 def to_shape(shape: Sequence[ExprLike] | ExprLike) -> tuple[Expr, ...]:
     """Normalize a shape given as ints / integer expressions."""
-    if isinstance(shape, (int, Expr)):
-        shape = (shape,)
-    out = tuple(index_expr(s) for s in shape)
+    dims: Sequence[ExprLike] = (shape,) if isinstance(shape, (int, float, Expr)) else shape
+    out = tuple(index_expr(s) for s in dims)
     for s in out:
         c = const_int(s)
         if c is not None and c < 0:
@@ -575,5 +574,11 @@ def to_shape(shape: Sequence[ExprLike] | ExprLike) -> tuple[Expr, ...]:
 
 # Building expressions (promotion, constant folding) lives in arith.py; the operators above and
 # every pass use it through these names. Imported last: arith needs the node classes.
-from .arith import (as_expr, binary, call, cast, compare, logical_and, select,  # noqa: E402, F401
-                    warp_shuffle)
+from .arith import as_expr as as_expr  # noqa: E402
+from .arith import binary as binary  # noqa: E402
+from .arith import call as call  # noqa: E402
+from .arith import cast as cast  # noqa: E402
+from .arith import compare as compare  # noqa: E402
+from .arith import logical_and as logical_and  # noqa: E402
+from .arith import select as select  # noqa: E402
+from .arith import warp_shuffle as warp_shuffle  # noqa: E402

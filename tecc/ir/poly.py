@@ -110,9 +110,9 @@ def _domain(iter_vars: Iterable[IterVar], conditions: Sequence[Expr], names: _Na
             return None
         constraints.append(t)
     constraints.extend(extra)
-    params = [n for v, n in names.by_var.items() if n not in dims]
-    for v, n in names.by_var.items():
-        if n in params and v.kind == "size":
+    params = [n for n in names.by_var.values() if n not in dims]
+    for var, n in names.by_var.items():
+        if n in params and var.kind == "size":
             constraints.append(f"{n} >= 0")
     return " and ".join(constraints) or "true", dims, params
 
@@ -151,7 +151,7 @@ def find_out_of_bounds(index: Expr, extent: Expr, conditions: Sequence[Expr] = (
     inverse = {n: v.name for v, n in names.by_var.items()}
     for kind in (isl.dim_type.param, isl.dim_type.set):
         for pos in range(space.dim(kind)):
-            isl_name = space.get_dim_name(kind, pos)
+            isl_name = space.get_dim_name(kind, pos) or f"d{pos}"
             point[inverse.get(isl_name, isl_name)] = int(pt.get_coordinate_val(kind, pos).to_python())
     return Violation(point, None)
 
@@ -262,7 +262,7 @@ def collect_statements(body: object) -> list[PolyStmt]:
             if hit is not None:
                 parts += [lp.var for lp in hit[1] if lp.kind in ("serial", "unroll", "vectorize")]
             res.append((b, tuple(p if isinstance(p, int) else ("@", p) for p in parts)))  # type: ignore[misc]
-        return tuple(res)  # type: ignore[return-value]
+        return tuple(res)
 
     def leaf(s: object, loops: tuple[LoopDim, ...], pos: list[int], conds: tuple[Expr, ...]) -> None:
         writes: list[tuple[object, tuple[Expr, ...]]] = []
@@ -362,7 +362,7 @@ class StmtSpace:
     def access(self, s: PolyStmt, buffer: object, indices: Sequence[Expr]) -> "isl.UnionMap":
         pre = []
         for p in s.prefix(buffer):
-            pre.append(str(p) if isinstance(p, int) else self.names(p[1]))  # type: ignore[index]
+            pre.append(str(p) if isinstance(p, int) else self.names(p[1]))  # type: ignore[arg-type]
         outs: list[str] = []
         cons: list[str] = []
         for k, ix in enumerate(indices):

@@ -76,7 +76,7 @@ class ExprMutator:
         hit = self._memo.get(id(e))
         if hit is not None and hit[0] is e:
             return hit[1]
-        out = _method(self, "visit_", e)(e)
+        out: Expr = _method(self, "visit_", e)(e)
         self._memo[id(e)] = (e, out)
         return out
 
@@ -161,7 +161,8 @@ class StmtMutator:
     expr_mutator: ExprMutator | None = None
 
     def visit(self, s: Stmt) -> Stmt:
-        return _method(self, "visit_", s)(s)
+        out: Stmt = _method(self, "visit_", s)(s)
+        return out
 
     def visit_expr(self, e: Expr) -> Expr:
         return self.expr_mutator.visit(e) if self.expr_mutator is not None else e

@@ -84,7 +84,7 @@ from .lower import (
     signature,
 )
 from .names import identifier
-from .schedule.cross_thread import allreduce
+from .schedule.cross_thread import WARP, allreduce
 
 CACHES = ("registers", "online", "none")
 COMBINE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
@@ -205,7 +205,7 @@ class _CacheRow(ExprMutator):
 
 
 def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", name: str | None = None,
-              vector: int = 1) -> Module:
+              vector: int = 1, rows_per_block: int = 1) -> Module:
     """The module of ONE kernel computing the row group `args` (see the module docstring).
 
     threads: block size T (a multiple of 32, at most 1024); cache: "registers" keeps the row's
@@ -215,6 +215,12 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     vector: V > 1 gives each thread V consecutive columns per step (`col = (k*T + tx)*V + v`), so
     the row's loads and the outputs' stores become one V-wide access (float4: LDG.128/STG.128);
     it needs cache="registers" and C a multiple of V; V = 8 is for 16-bit rows (16 bytes).
+    rows_per_block: W > 1 puts W rows in one block, one warp per row (threads must be 32, the
+    rows on threadIdx.y): each row's reductions are warp shuffles only, with no shared memory and
+    no barrier, and the launch has W times fewer blocks (a 64-thread block per row of 1024 bf16
+    costs more in block launch and retire than its 2 KiB take to read: the cost model's `blocks`
+    term, CostParameters.block_cycles). A warp is one row, so the guard on the last block's
+    missing rows is uniform over every warp that shuffles.
     The kernel asks for `min_blocks_per_sm` resident blocks (see SM_THREADS above)."""
     group = row_group(args)
     if cache not in CACHES:
@@ -230,14 +236,21 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         raise ScheduleError(f"fuse_rows: vector={vector} needs cache='registers' and a row length that is a multiple "
                             f"of it, got {C}")
 
+    W = rows_per_block
+    if W < 1 or (W > 1 and threads != WARP) or threads * W > 1024:
+        raise ScheduleError(f"fuse_rows: rows_per_block={W} needs one warp per row (threads=32) and at most 1024 "
+                            f"threads per block, got threads={threads}")
+
     sig = signature(prog)
     buffers, scalars, unique = sig.buffers, sig.scalars, sig.unique
 
-    # the block's row: blockIdx.x over the flattened rows, unflattened row-major
+    # the block's row: blockIdx.x over the flattened rows (W rows per block: row b·W + ty), unflattened row-major
     b = Var(unique("row"), dt.int32)
     tx = Var(unique("tx"), dt.int32)
+    ty = Var(unique("ty"), dt.int32)
+    flat_row: Expr = b * W + ty if W > 1 else b
     row: list[Expr] = []
-    rest: Expr = b
+    rest: Expr = flat_row
     for i, extent in enumerate(reversed(group.rows)):
         last = i == len(group.rows) - 1
         row.append(rest if last else rest % extent)
@@ -375,7 +388,14 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     body: Stmt = seq(*stmts)
     for buf in reversed(allocs):
         body = Allocate(buf, body)
-    body = For(b, 0, n_rows, "blockIdx.x", For(tx, 0, threads, "threadIdx.x", body))
+    if W > 1:
+        n_const = const_int(n_rows)
+        if n_const is None or n_const % W:
+            body = IfThenElse(flat_row < n_rows, body)  # whole warps: a warp is one row
+        body = For(b, 0, (n_rows + (W - 1)) // W, "blockIdx.x",
+                   For(ty, 0, W, "threadIdx.y", For(tx, 0, threads, "threadIdx.x", body)))
+    else:
+        body = For(b, 0, n_rows, "blockIdx.x", For(tx, 0, threads, "threadIdx.x", body))
 
     used = _global_buffers(body)
     body_vars = _scalar_vars(_exprs_of(body) + [s for u in used for s in u.shape + (u.strides or ())])
@@ -392,7 +412,7 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         # elements of a register array into one register (bf16 rows of 16 spilled at 32)
         arrays = list(caches.values()) + list(shared.values())
         row_words = peak_row_words(_row_spans(touched, arrays, list(caches.values())), k_const * V)
-        blocks = min_blocks_per_sm(threads, row_words)
+        blocks = min_blocks_per_sm(threads * W, row_words)
         if blocks > 1:
             attrs += (("min_blocks_per_sm", blocks),)
     kernel = PrimFunc(kname, params, body, attrs)
