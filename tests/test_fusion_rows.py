@@ -206,3 +206,29 @@ def test_softmax_keeps_exp_for_the_output_pass():
 def test_short_16_bit_rows_take_two_16_byte_loads_per_thread():
     assert choose_point(1024, 1, itemsize=2) == (64, "registers")
     assert choose_point(1024, 1, itemsize=4) == (128, "registers")
+
+
+@pytest.mark.parametrize("op", ["softmax", "layer_norm"])
+@pytest.mark.parametrize("shape,rows_per_block,cache,vector", [
+    ((5, 64), 4, "registers", 4), ((8, 1000), 8, "registers", 1), ((3, 300), 2, "online", 1),
+    ((0, 64), 4, "registers", 1), ((7, 33), 4, "none", 1)])
+def test_several_rows_per_block_one_warp_each_match_numpy(op, shape, rows_per_block, cache, vector):
+    build, ref = OPS[op]
+    R, C = shape
+    args = build(R, C, "float32")
+    if cache == "online" and op != "softmax":
+        cache = "none"
+    step = {"threads": 32, "cache": cache, "vector": vector, "rows_per_block": rows_per_block}
+    rng = np.random.default_rng(R * 7 + C)
+    ins = [rng.standard_normal(tuple(int(s) for s in t.shape)).astype(np.float32) for t in args if t.is_placeholder]
+    k, outs = _run(args, tc.Plan((tc.compiler.plan.Step("fuse_rows", step),)), ins)
+    (kernel,) = k.module.kernels
+    assert "barrier()" not in str(kernel), "a warp per row needs no barrier"
+    if R:
+        np.testing.assert_allclose(outs[0], ref(*ins), rtol=2e-5, atol=2e-6,
+                                   err_msg=f"{op} {shape}, {rows_per_block} rows per block, cache {cache}")
+
+
+def test_several_rows_per_block_need_one_warp_per_row():
+    with pytest.raises(ScheduleError, match="one warp per row"):
+        fuse_rows(norms.softmax(4, 256), 64, "registers", rows_per_block=2)

@@ -328,19 +328,23 @@ class Schedule:
                                                pending.vector, pending.transpose))
         del self._pending[str(st)]
 
-    def fuse_rows(self, threads: int, cache: str = "registers", vector: int = 1) -> None:
+    def fuse_rows(self, threads: int, cache: str = "registers", vector: int = 1, rows_per_block: int = 1) -> None:
         """Replace the module by ONE kernel computing every stage that shares the row (a
         reduce→elementwise graph: softmax, layer norm, a row sum; see tecc.passes.fuse_rows):
         one block of `threads` threads per row, cross-thread reductions, the row kept in
-        registers (`cache="registers"`) or re-read (`cache="none"`). It must be the first step."""
+        registers (`cache="registers"`) or re-read (`cache="none"`); `rows_per_block` > 1 puts
+        that many rows in a block, one 32-thread warp each. It must be the first step."""
         if self._steps:
             raise ScheduleError("fuse_rows rewrites the whole module: it must be the first step of a plan")
         start = time.perf_counter()
-        self.mod = fuse_rows_module(self._tensors, int(threads), cache, name=self._name, vector=int(vector))
+        self.mod = fuse_rows_module(self._tensors, int(threads), cache, name=self._name, vector=int(vector),
+                                    rows_per_block=int(rows_per_block))
         self.timing.append(("fuse_rows", time.perf_counter() - start))
         args: dict[str, Any] = {"threads": int(threads), "cache": cache}
         if vector != 1:
             args["vector"] = int(vector)
+        if rows_per_block != 1:
+            args["rows_per_block"] = int(rows_per_block)
         self._record(Step("fuse_rows", args))
 
     def split_reduce(self, threads_x: int = 32, threads_y: int = 8, splits: int = 1, unroll: int = 4) -> None:

@@ -52,7 +52,8 @@ class DType:
         if self.name == "bfloat16":
             import ml_dtypes
 
-            return np.dtype(ml_dtypes.bfloat16)  # type: ignore[no-any-return]
+            bf16: "np.dtype[Any]" = np.dtype(ml_dtypes.bfloat16)
+            return bf16
         return np.dtype(self.name if self.name != "bool" else np.bool_)
 
     def __str__(self) -> str:
