@@ -10,6 +10,12 @@ as torch.matmul. Prints the table (shape, tecc TFLOP/s, cuBLAS TFLOP/s, ratio, p
 geometric mean of the ratios. `--sweep` also times every point of gemm_pipelined at 4096³.
 `--epilogue` times `D = relu(A·B + bias[j])` at 4096³ (fused into the matmul's kernel by the
 lowering) against the plain matmul and against cuBLAS + torch's relu(c + bias).
+`--split-sweep` times the split-K points of SPLIT_SWEEP at the four small shapes with the
+planner's predicted time and rank.
+Every row has three times: per call (events around one Python call, as in the earlier tables:
+host-side argument handling included), kernel (the profiling hook: the GPU time of the call's
+launches only) and stream (10 back-to-back calls between two events, / 10); cuBLAS is timed per
+call and back-to-back, and `ratio_kernel` = cuBLAS back-to-back / tecc kernel time.
 `--rank-small N` times the planner's N best-ranked candidates at 1024³ and 1000³ with their
 predicted times.
 """
@@ -108,6 +114,44 @@ def time_call(fn: Any, reps: int) -> float:
     return times[len(times) // 2]
 
 
+def time_kernels(fn: Any, reps: int) -> float:
+    """Median over `reps` calls of the GPU time of the call's kernels alone (the profiling hook:
+    CUDA events around each launch, summed over the launches of one call, e.g. split-K's partial
+    and combine kernels). Host-side argument handling before a launch is not in it."""
+    import tecc as tc
+
+    fn()
+    times = []
+    with tc.profile() as prof:
+        for _ in range(reps):
+            before = len(prof.launches)
+            fn()
+            times.append(sum(r.time_ms or 0.0 for r in prof.launches[before:]) * 1e-3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def time_stream(fn: Any, reps: int, calls: int = 10) -> float:
+    """Median over `reps` rounds of (time of `calls` back-to-back calls between two events) /
+    `calls`: the host work of one call overlaps the GPU work of the previous one, so this is GPU
+    time when the host keeps ahead and host time per call when it does not."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(max(3, reps // calls)):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(calls):
+            fn()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e-3 / calls)
+    times.sort()
+    return times[len(times) // 2]
+
+
 def run_shape(batch: int, m: int, n: int, k: int, plan: Any = None, label: str | None = None,
               only: list[str] | None = None, symbolic: bool = False) -> dict[str, Any]:
     import torch
@@ -135,13 +179,67 @@ def run_shape(batch: int, m: int, n: int, k: int, plan: Any = None, label: str |
     reps = max(5, min(50, int(2e12 / flops)))
     t_tecc = time_call(lambda: kern(a, b, c), reps)
     t_cublas = time_call(lambda: torch.matmul(a, b), reps)
+    t_kernel = time_kernels(lambda: kern(a, b, c), reps)
+    t_tecc_stream = time_stream(lambda: kern(a, b, c), reps)
+    t_cublas_stream = time_stream(lambda: torch.matmul(a, b), reps)
     row = {"shape": f"{batch}x{m}x{n}x{k}" if batch > 1 else f"{m}x{n}x{k}", "tecc_tflops": flops / t_tecc / 1e12,
            "cublas_tflops": flops / t_cublas / 1e12, "ratio": t_cublas / t_tecc, "rel_err": err,
-           "plan": label, "build_s": build_s}
+           "plan": label, "build_s": build_s,
+           "tecc_call_us": t_tecc * 1e6, "cublas_call_us": t_cublas * 1e6, "tecc_kernel_us": t_kernel * 1e6,
+           "tecc_stream_us": t_tecc_stream * 1e6, "cublas_stream_us": t_cublas_stream * 1e6,
+           "ratio_kernel": t_cublas_stream / t_kernel, "ratio_stream": t_cublas_stream / t_tecc_stream}
     res_ = getattr(kern, "resources", None)
     if res_:
         row["resources"] = str(res_)
     return row
+
+
+# (M, N, K) -> gemm_pipelined points (bm, bn, bk, split) around the planner's choice
+SPLIT_SWEEP = {
+    (1024, 1024, 1024): [(128, 128, 16, 4), (128, 128, 16, 2), (64, 128, 16, 4), (64, 128, 16, 2),
+                         (64, 128, 16, 8), (128, 64, 16, 4), (64, 64, 16, 4)],
+    (1000, 1000, 1000): [(128, 128, 16, 4), (128, 128, 16, 2), (64, 128, 16, 4), (64, 128, 16, 2),
+                         (128, 64, 16, 4)],
+    (127, 4096, 1023): [(128, 128, 16, 8), (128, 128, 16, 4), (64, 128, 16, 4), (64, 128, 16, 8),
+                        (128, 64, 16, 4)],
+    (8192, 64, 8192): [(128, 64, 16, 8), (128, 64, 16, 4), (128, 64, 16, 16), (64, 64, 16, 8)],
+}
+
+
+def split_sweep() -> list[dict[str, Any]]:
+    """Every SPLIT_SWEEP point: predicted µs (the planner's cost), kernel time, per-call time."""
+    from tecc.compiler.cost.analysis import analyze_kernel
+    from tecc.compiler.planner import plan_program
+    from tecc.compiler.schedule import Schedule
+    from tecc.passes.lower import lower as lower_
+
+    rows = []
+    for (m, n, k), points in SPLIT_SWEEP.items():
+        kp = plan_program(matmul_tensors(1, m, n, k), keep=5000).kernels[0]
+        ranked = [c for c in kp.ranked if c.ok]
+        for bm, bn, bk, split in points:
+            want = {"bm": bm, "bn": bn, "bk": bk, "split": split}
+            found = [(rank, c) for rank, c in enumerate(ranked) if c.strategy.name == "gemm_pipelined"
+                     and {x: int(c.point.get(x, 1)) for x in want} == want]
+            if not found:
+                print(f"split-sweep {m}x{n}x{k} {want}: not in the planner's space", flush=True)
+                continue
+            rank, cand = found[0]
+            args = matmul_tensors(1, m, n, k)
+            sch = Schedule(args)
+            cand.strategy.apply(sch, analyze_kernel(lower_(args).kernels[0]), cand.point)
+            try:
+                row = run_shape(1, m, n, k, plan=sch.plan, label=cand.label)
+            except Exception as exc:  # noqa: BLE001
+                print("split-sweep", want, "failed:", type(exc).__name__, str(exc)[:200], flush=True)
+                continue
+            row.update(split_sweep=True, rank=rank, predicted_us=cand.cost.total * 1e6, point=want)
+            rows.append(row)
+            print(f"split-sweep {row['shape']:>12} {bm}x{bn} k{bk} S{split:<2} rank {rank:3d} predicted "
+                  f"{row['predicted_us']:6.1f} us kernel {row['tecc_kernel_us']:6.1f} us call {row['tecc_call_us']:6.1f} "
+                  f"us stream {row['tecc_stream_us']:6.1f} us cuBLAS {row['cublas_stream_us']:6.1f} us "
+                  f"r.kern {row['ratio_kernel']:5.2f}", flush=True)
+    return rows
 
 
 def main() -> None:
@@ -158,6 +256,8 @@ def main() -> None:
     ap.add_argument("--epilogue", action="store_true", help="relu(A·B + bias) fused vs plain matmul at 4096^3")
     ap.add_argument("--rank-small", type=int, default=0,
                     help="time the planner's N best-ranked candidates at 1024^3 and 1000^3")
+    ap.add_argument("--split-sweep", action="store_true",
+                    help="time a few split-K points (SPLIT_SWEEP) at the four small shapes, with predictions")
     ap.add_argument("--skip-shapes", action="store_true", help="no table of the issue's shapes")
     opts = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -165,7 +265,8 @@ def main() -> None:
     shapes = SHAPES if not opts.quick else [SHAPES[2], SHAPES[4], SHAPES[6]]
     rows = []
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  TF32 off", flush=True)
-    print(f"{'shape':>18} {'tecc TF/s':>10} {'cuBLAS TF/s':>12} {'ratio':>6} {'rel err':>8}  plan", flush=True)
+    print(f"{'shape':>18} {'tecc TF/s':>10} {'cuBLAS TF/s':>12} {'ratio':>6} {'rel err':>8} "
+          f"{'kernel us':>9} {'stream us':>9} {'cuBLAS us':>9} {'r.kern':>6} {'r.strm':>6}  plan", flush=True)
     for batch, m, n, k, _ in ([] if opts.skip_shapes else shapes):
         try:
             row = run_shape(batch, m, n, k)
@@ -176,7 +277,9 @@ def main() -> None:
             continue
         rows.append(row)
         print(f"{row['shape']:>18} {row['tecc_tflops']:10.2f} {row['cublas_tflops']:12.2f} {row['ratio']:6.2f} "
-              f"{row['rel_err']:8.1e}  {row['plan']}", flush=True)
+              f"{row['rel_err']:8.1e} {row['tecc_kernel_us']:9.1f} {row['tecc_stream_us']:9.1f} "
+              f"{row['cublas_stream_us']:9.1f} {row['ratio_kernel']:6.2f} {row['ratio_stream']:6.2f}  {row['plan']}",
+              flush=True)
         if opts.compare and batch == 1 and not row["plan"].startswith("gemm_pipelined"):
             try:
                 alt = run_shape(batch, m, n, k, only=["gemm_pipelined"])
@@ -186,9 +289,13 @@ def main() -> None:
                       f"{alt['rel_err']:8.1e}  {alt['plan']}", flush=True)
             except Exception as exc:  # noqa: BLE001
                 print("forced gemm_pipelined failed:", type(exc).__name__, str(exc)[:300], flush=True)
-    ratios = [r["ratio"] for r in rows if "ratio" in r]
-    if ratios:
-        print(f"geometric mean ratio: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} over {len(ratios)} shapes")
+    for key, what in (("ratio", "per call (events around one Python call, host included)"),
+                      ("ratio_kernel", "kernel time (profiling hook) vs cuBLAS back-to-back"),
+                      ("ratio_stream", "back-to-back calls, both")):
+        ratios = [r[key] for r in rows if key in r]
+        if ratios:
+            print(f"geometric mean {key}: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} over "
+                  f"{len(ratios)} shapes, {what}", flush=True)
     if opts.symbolic:
         for m in (1000, 4096):
             row = run_shape(1, m, 4096, 4096, only=["gemm_pipelined"], symbolic=True)
@@ -266,6 +373,8 @@ def main() -> None:
                 rows.append(row)
                 print(f"rank {rank} {row['shape']:>12} predicted {row['predicted_us']:6.1f} us measured "
                       f"{row['measured_us']:6.1f} us ratio {row['ratio']:5.2f}  {cand.label}", flush=True)
+    if opts.split_sweep:
+        rows += split_sweep()
     if opts.out:
         Path(opts.out).mkdir(parents=True, exist_ok=True)
         (Path(opts.out) / "gemm.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1))

@@ -44,6 +44,14 @@ def cases():
             yield "softmax", (R, C), dtype, norms.softmax(R, C, dtype), ref["softmax"], [(R, C)]
             yield "layer_norm", (R, C), dtype, norms.layer_norm(R, C, dtype), ref["layer_norm"], [(R, C), (C,), (C,)]
         yield "row_max", (2, 257), dtype, norms.row_reduce(2, 257, dtype, "max"), ref["row_max"], [(2, 257)]
+        # rows of 1024: several rows per block, one warp each, where the cost model picks it (4099: a partial block)
+        for R in (4099, 16384):
+            yield "row_sum", (R, 1024), dtype, norms.row_reduce(R, 1024, dtype, "sum"), ref["row_sum"], [(R, 1024)]
+        # 16-bit column / middle-axis reductions wide enough for adjacent outputs per thread (vector loads)
+        for R, C in ((8192, 4096), (8192, 8192)):
+            yield "col_sum", (R, C), dtype, col_sum(R, C, dtype), ref["col_sum"], [(R, C)]
+        yield "mid_sum", (16, 1024, 4096), dtype, mid_sum3(16, 1024, 4096, dtype), \
+            lambda x: x.float().sum(1).to(x.dtype), [(16, 1024, 4096)]
         for R, C in ((300, 70), (0, 70), (5, 0), (4096, 1024), (1, 33)):
             yield "col_sum", (R, C), dtype, col_sum(R, C, dtype), ref["col_sum"], [(R, C)]
             yield "col_max", (R, C), dtype, col_max(R, C, dtype), lambda x: x.amax(0), [(R, C)]
@@ -68,7 +76,8 @@ def main() -> int:
         err = ((out.double() - want).abs() / (want.abs() + 1.0)).max().item() if out.numel() else 0.0
         ok = err <= TOL[dtype] * (8 if op.startswith(("col", "mid")) else 1)
         bad += not ok
-        print(f"{'ok ' if ok else 'BAD'} {op} {shape} {dtype}: {k.plan.strategy}, {len(k.module.kernels)} kernel(s), "
+        steps = "; ".join(f"{st.primitive}{st.args}" for st in k.plan.steps)
+        print(f"{'ok ' if ok else 'BAD'} {op} {shape} {dtype}: {k.plan.strategy} [{steps}], {len(k.module.kernels)} kernel(s), "
               f"err {err:.1e}", flush=True)
     print(f"{bad} failure(s)")
     return 1 if bad else 0

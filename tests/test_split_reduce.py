@@ -96,3 +96,35 @@ def test_splits_fill_two_waves_but_keep_partials_small():
     assert choose_splits(65536, 1024) <= 2           # enough outputs already
     assert choose_splits(1024, 100) == 1             # too short to split
     assert 16384 % (choose_splits(4096, 16384) * 8) == 0
+
+
+@pytest.mark.parametrize("outputs_per_thread", [2, 4, 8])
+@pytest.mark.parametrize("build,shape,splits", [
+    (column, (100, 48), 1), (column, (64, 520), 2), (middle_mean, (3, 40, 16), 2), (middle_mean, (2, 17, 8), 1)])
+def test_adjacent_outputs_per_thread_read_one_vector_and_match_numpy(build, shape, splits, outputs_per_thread):
+    args = build(*shape, dtype="bfloat16")
+    step = {"threads_x": 32, "threads_y": 8, "splits": splits, "unroll": 2, "outputs_per_thread": outputs_per_thread}
+    k = tc.build(args, target="sim", plan=tc.Plan((tc.compiler.plan.Step("split_reduce", step),)))
+    container = {2: "unsigned int", 4: "uint2", 8: "uint4"}[outputs_per_thread]
+    assert f"reinterpret_cast<const {container}*>(&X[" in k.source, k.source
+    x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(ml_dtypes.bfloat16)
+    y = np.zeros(tuple(int(s) for s in args[-1].shape), ml_dtypes.bfloat16)
+    k(x, y)
+    x64 = x.astype(np.float64)
+    want = x64.sum(0) if build is column else x64.mean(1)
+    # one bf16 rounding of the float32 total: half an ulp
+    np.testing.assert_allclose(y.astype(np.float64), want, rtol=2 ** -8, atol=2 ** -8 * np.abs(want).max(),
+                               err_msg=f"{build.__name__} {shape}, {outputs_per_thread} outputs per thread")
+
+
+def test_outputs_per_thread_must_divide_the_last_extent():
+    with pytest.raises(ScheduleError, match="outputs_per_thread"):
+        split_reduce(column(8, 12, "bfloat16"), outputs_per_thread=8)
+
+
+def test_bf16_column_sums_take_adjacent_outputs_when_the_grid_still_fills():
+    from tecc.compiler.strategies.column_reduction import choose_outputs_per_thread
+
+    assert choose_outputs_per_thread(8192, 8192, 16384, 2) == 4   # 64-way x, 64 splits: two waves
+    assert choose_outputs_per_thread(1024, 1024, 16384, 2) == 1   # too few outputs to fill the GPU
+    assert choose_outputs_per_thread(8192, 8192, 16384, 4) == 1   # float32 already reads 128 B per warp

@@ -347,19 +347,24 @@ class Schedule:
             args["rows_per_block"] = int(rows_per_block)
         self._record(Step("fuse_rows", args))
 
-    def split_reduce(self, threads_x: int = 32, threads_y: int = 8, splits: int = 1, unroll: int = 4) -> None:
+    def split_reduce(self, threads_x: int = 32, threads_y: int = 8, splits: int = 1, unroll: int = 4,
+                     outputs_per_thread: int = 1) -> None:
         """Replace the module by the split reduction of its one reduction stage (a column or
         middle-axis reduction; see tecc.passes.split_reduce): `threads_x` consecutive outputs
         per block, the reduced axis over `threads_y` threads and `splits` blocks, combined in
-        shared memory and, when splits > 1, by a second kernel. It must be the first step."""
+        shared memory and, when splits > 1, by a second kernel; `outputs_per_thread` adjacent
+        outputs per thread make its row reads vector loads. It must be the first step."""
         if self._steps:
             raise ScheduleError("split_reduce rewrites the whole module: it must be the first step of a plan")
         start = time.perf_counter()
         self.mod = split_reduce_module(self._tensors, int(threads_x), int(threads_y), int(splits), int(unroll),
-                                       name=self._name)
+                                       name=self._name, outputs_per_thread=int(outputs_per_thread))
         self.timing.append(("split_reduce", time.perf_counter() - start))
-        self._record(Step("split_reduce", {"threads_x": int(threads_x), "threads_y": int(threads_y),
-                                           "splits": int(splits), "unroll": int(unroll)}))
+        args: dict[str, Any] = {"threads_x": int(threads_x), "threads_y": int(threads_y), "splits": int(splits),
+                                "unroll": int(unroll)}
+        if outputs_per_thread != 1:
+            args["outputs_per_thread"] = int(outputs_per_thread)
+        self._record(Step("split_reduce", args))
 
     def cache_write(self, stage: StageLike, scope: str = "local") -> StageRV:
         st = self._stage(stage)

@@ -102,16 +102,27 @@ def reduction_stage(args: Sequence[Tensor]) -> tuple[Tensor, Reduce]:
 
 
 def split_reduce(args: Sequence[Tensor], threads_x: int = 32, threads_y: int = 8, splits: int = 1,
-                 unroll: int = 4, name: str | None = None) -> Module:
+                 unroll: int = 4, name: str | None = None, outputs_per_thread: int = 1) -> Module:
     """The module computing the one-reduction program `args` with the reduced axis split over
     `threads_y` threads and `splits` blocks (see the module docstring): one kernel when
     splits == 1, else a partial kernel and a combining kernel with a temporary of
-    splits × outputs accumulators."""
+    splits × outputs accumulators.
+
+    outputs_per_thread: V > 1 gives each thread V adjacent outputs `o = (bo·TX + tx)·V + v`, so
+    its read of a row is V consecutive elements, emitted as one vector load (`vectorize`: 16
+    bytes for V = 8 bf16 / 4 float32); a warp then reads 32·V consecutive elements per
+    instruction instead of 32 (64 bytes for bf16). V must divide the output's last extent (a
+    constant), so the V outputs of a thread never cross into the next output row."""
     if threads_x % 32 or threads_x <= 0 or threads_y <= 0 or threads_x * threads_y > 1024:
         raise ScheduleError(f"split_reduce: threads {threads_x}x{threads_y}: x a multiple of 32, at most 1024 in all")
     if splits < 1 or unroll < 1:
         raise ScheduleError(f"split_reduce: splits ({splits}) and unroll ({unroll}) must be at least 1")
     stage, red = reduction_stage(args)
+    V = outputs_per_thread
+    last = const_int(stage.shape[-1])
+    if V not in (1, 2, 4, 8) or (V > 1 and (last is None or last % V)):
+        raise ScheduleError(f"split_reduce: outputs_per_thread={V} must be 1, 2, 4 or 8 and divide the output's "
+                            f"last extent {stage.shape[-1]}")
     prog = choose_inlined(collect_program(args))
     op = stage.op
     assert isinstance(op, ComputeOp)
@@ -149,15 +160,38 @@ def split_reduce(args: Sequence[Tensor], threads_x: int = 32, threads_y: int = 8
     zero = Const(0, dt.int32)
 
     # ---- kernel 1: per-block partials over TY·S interleaved rows, combined over ty in shared
-    bo, s, ty, tx = (Var(unique(n), dt.int32) for n in ("bo", "s", "ty", "tx"))
+    bo, s, ty, tx, v = (Var(unique(n), dt.int32) for n in ("bo", "s", "ty", "tx", "v"))
     i = Var(unique("i"), dt.int32)
-    o = bo * TX + tx
-    o_idx = unflatten(o)
+    g = bo * TX + tx                                      # the thread's group of V outputs
+    o0 = g * V if V > 1 else g                            # its first output
+    o = o0 + v if V > 1 else o0
+
+    def lanes(group: Expr) -> tuple[Expr, ...]:
+        """The index of output group·V + v. V divides the last extent, so the group is unflattened
+        over the shape with the last extent divided by V, and only the last index moves with v:
+        written `(..)·V + v`, the offset of lane 0 is visibly a multiple of V (vectorize)."""
+        if V == 1:
+            return unflatten(group)
+        idx: list[Expr] = []
+        rest = group
+        shape = tuple(stage.shape[:-1]) + (Const(last // V, dt.int32),)
+        for n, extent in enumerate(reversed(shape)):
+            idx.append(rest if n == len(shape) - 1 else rest % extent)
+            rest = rest // extent
+        idx.reverse()
+        return tuple(idx[:-1]) + (idx[-1] * V + v,)
+
+    def per_output(body: Stmt, vectorized: bool = False) -> Stmt:
+        return For(v, 0, V, "vectorize" if vectorized else "unroll", body) if V > 1 else body
+
+    o_idx = lanes(g)
     r = (i * S + s) * TY + ty
-    acc = Buffer(unique(f"{stage.name}_acc"), acc_dtype, (1,), "local", tensor=f"{stage.name}.acc")
-    block = Buffer(unique(f"{stage.name}_block"), acc_dtype, (TY, TX), "shared", tensor=f"{stage.name}.block")
+    lane = v if V > 1 else zero
+    acc = Buffer(unique(f"{stage.name}_acc"), acc_dtype, (V,), "local", tensor=f"{stage.name}.acc")
+    block = Buffer(unique(f"{stage.name}_block"), acc_dtype, (TY, V, TX), "shared", tensor=f"{stage.name}.block")
     source = inliner.visit(substitute(red.source, {**dict(zip(op.axes, o_idx)), red.axes[0]: r}))
-    update = BufferStore(acc, (zero,), binary(combine, acc[zero], cast(source, acc_dtype)))
+    update = per_output(BufferStore(acc, (lane,), binary(combine, acc[lane], cast(source, acc_dtype))),
+                        vectorized=True)
     rounds: Expr = (N + (S * TY - 1)) // (S * TY)
     k_rounds = const_int(rounds)
     # the row guard is dropped when S·TY divides a constant N (every row of every round exists),
@@ -167,29 +201,32 @@ def split_reduce(args: Sequence[Tensor], threads_x: int = 32, threads_y: int = 8
     exact = n_const is not None and n_const % (S * TY) == 0
     step = update if exact else IfThenElse(r < N, update)
     notes = (("pragma_unroll", unroll),) if unroll > 1 and (k_rounds is None or k_rounds > 1) else ()
-    row_loop: Stmt = IfThenElse(o < n_out, For(i, 0, rounds, "serial", step, annotations=notes))
+    # V divides the last extent, hence the output count: the first output in range means all V are
+    row_loop: Stmt = IfThenElse(o0 < n_out, For(i, 0, rounds, "serial", step, annotations=notes))
     w = Var(unique("w"), dt.int32)
     if S == 1:
-        result: Stmt = BufferStore(out, o_idx, finish(acc[zero], o_idx))
+        result: Stmt = per_output(BufferStore(out, o_idx, finish(acc[lane], o_idx)), vectorized=True)
         temps: tuple[Buffer, ...] = ()
         partial = None
     else:
         partial = Buffer(unique(f"{stage.name}_partial"), acc_dtype, (Const(S, dt.int32), n_out), "global",
                          tensor=f"{stage.name}.partial")
-        result = BufferStore(partial, (s, o), acc[zero])
+        result = per_output(BufferStore(partial, (s, o), acc[lane]), vectorized=True)
         temps = (partial,)
+    # the block stage is laid out [ty, v, tx]: consecutive lanes on consecutive words (no conflicts)
     body1 = seq(
-        BufferStore(acc, (zero,), reduce_identity(red.combiner, acc_dtype)),
+        per_output(BufferStore(acc, (lane,), reduce_identity(red.combiner, acc_dtype))),
         row_loop,
-        BufferStore(block, (ty, tx), acc[zero]),
+        per_output(BufferStore(block, (ty, lane, tx), acc[lane])),
         Barrier(),
         IfThenElse(ty == 0, seq(
-            For(w, 0, TY - 1, "unroll", BufferStore(acc, (zero,), binary(combine, acc[zero], block[w + 1, tx]))),
-            IfThenElse(o < n_out, result),
+            For(w, 0, TY - 1, "unroll",
+                per_output(BufferStore(acc, (lane,), binary(combine, acc[lane], block[w + 1, lane, tx])))),
+            IfThenElse(o0 < n_out, result),
         )),
     )
     body1 = Allocate(acc, Allocate(block, body1))
-    blocks_x = (n_out + (TX - 1)) // TX
+    blocks_x = (n_out + (TX * V - 1)) // (TX * V)
     body1 = For(bo, 0, blocks_x, "blockIdx.x", For(s, 0, S, "blockIdx.y",
                 For(ty, 0, TY, "threadIdx.y", For(tx, 0, TX, "threadIdx.x", body1))))
 

@@ -36,6 +36,7 @@ from ...ir.expr import TensorRead, const_int, free_vars, walk
 from ...ir.tensor import Tensor
 from ...ir.target import Target
 from ...passes.fuse_rows import fuse_rows, row_group
+from ...passes.schedule.cross_thread import WARP
 from ..cost.analysis import KernelInfo
 from ..cost.model import Workload
 from ..cost.traffic import compulsory_bytes
@@ -58,6 +59,7 @@ class RowFusedChoice:
     unfused_bytes_per_row: float
     reason: str
     vector: int = 1
+    rows_per_block: int = 1
 
 
 def _itemsize(t: Tensor) -> int:
@@ -151,13 +153,93 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
     unfused = row_in * stages + outs + sum(4 * 2 for _ in group.reductions)
     if stages > 1 and fused >= unfused:
         return None
-    step_args: dict[str, Any] = {"threads": threads, "cache": cache}
+    rows_per_block, priced = 1, ""
+    n_rows = _const_rows(group)
+    if cache == "registers" and columns is not None and n_rows is not None:
+        arrays = max(len(row_inputs), 1)
+        rows_per_block, priced = choose_rows_per_block(n_rows, columns, itemsize, vector, threads, arrays,
+                                                       len(group.reductions), stages, fused, target)
+    step_args: dict[str, Any] = {"threads": WARP if rows_per_block > 1 else threads, "cache": cache}
     if vector > 1:
         step_args["vector"] = vector
+    if rows_per_block > 1:
+        step_args["rows_per_block"] = rows_per_block
+    layout = (f"{rows_per_block} rows per block, one warp each" if rows_per_block > 1 else f"{threads} threads")
     plan = Plan((Step("fuse_rows", step_args),), "row_fused",
                 f"{stages} stage(s) sharing rows of {group.columns} in one kernel: {fused:.0f} B/row "
-                f"instead of {unfused:.0f} B/row unfused; {threads} threads, row cache {cache}, vector {vector}")
-    return RowFusedChoice(plan, threads, cache, fused, unfused, plan.reason, vector)
+                f"instead of {unfused:.0f} B/row unfused; {layout}, row cache {cache}, vector {vector}" + priced)
+    return RowFusedChoice(plan, int(step_args["threads"]), cache, fused, unfused, plan.reason, vector,
+                          rows_per_block)
+
+
+def _const_rows(group: Any) -> int | None:
+    n = 1
+    for e in group.rows:
+        c = const_int(e)
+        if c is None:
+            return None
+        n *= c
+    return n
+
+
+def row_point_workload(n_rows: int, columns: int, itemsize: int, vector: int, threads: int, rows_per_block: int,
+                       arrays: int, reductions: int, stages: int, bytes_per_row: float) -> Workload:
+    """What fuse_rows(cache="registers") does for `n_rows` rows of `columns` at a point: T
+    `threads` per row (one block per row), or one warp per row and `rows_per_block` rows per
+    block. Each thread loads K = ceil(C / (T·V)) V-wide pieces (all in flight), each reduction
+    is a shuffle tree plus, above one warp, a shared hand-off and a barrier. The terms that
+    separate the points are the block count (launch and retire: CostParameters.block_cycles)
+    and the registers the cached row takes (occupancy)."""
+    t, w = threads, rows_per_block
+    k = -(-columns // (t * vector))
+    elements = k * vector
+    warps = n_rows * t / WARP
+    tree = TREE_INSTRUCTIONS / 2 + (TREE_INSTRUCTIONS / 2 if t > WARP else 0.0)
+    instr_warp = 2.0 * k + elements * (1.0 + stages) + reductions * tree
+    chain = (GLOBAL_LATENCY_CYCLES + elements * FADD_LATENCY_CYCLES * reductions
+             + reductions * (5 * SHUFFLE_CYCLES + (BARRIER_CYCLES + 5 * SHUFFLE_CYCLES if t > WARP else 0.0)))
+    return Workload(
+        blocks=-(-n_rows // w), threads=t * w,
+        registers={"addressing": 12, "row cache": elements * arrays, "accumulators": 2 * max(reductions, 1)},
+        smem_bytes=4 * 32 if t > WARP else 0, dram_bytes=n_rows * bytes_per_row, l2_bytes=n_rows * bytes_per_row,
+        global_wavefronts=n_rows * bytes_per_row / 128.0, instructions=warps * instr_warp,
+        bytes_in_flight=float(elements * itemsize), ilp=float(vector), chain_cycles=chain,
+        notes=[f"{k} load(s) of {vector} per thread, {t} threads per row, {w} row(s) per block"])
+
+
+# a warp per row is taken over the one-block-per-row point only when predicted this much faster:
+# at a tie (both DRAM-bound) the measured point stays
+ROWS_PER_BLOCK_MARGIN = 0.9
+ROWS_PER_BLOCK_TIE = 0.02
+ROWS_PER_BLOCK_CHOICES = (2, 4, 8, 16)
+
+
+def choose_rows_per_block(n_rows: int, columns: int, itemsize: int, vector: int, threads: int, arrays: int,
+                          reductions: int, stages: int, bytes_per_row: float, target: Any = None) -> tuple[int, str]:
+    """1 (one block of `threads` per row) or W rows per block of one warp each, whichever the
+    cost model predicts faster (the warp point only when the row still fits MAX_ROW_REGISTERS
+    at 32 threads), with the predictions for the plan's reason."""
+    from ..cost.model import predict
+    from ..planner import resolve_target  # the planner imports the strategies: imported when called
+
+    tgt = resolve_target(target)
+    k_warp = -(-columns // (WARP * vector)) * vector
+    if threads == WARP or k_warp * arrays > MAX_ROW_REGISTERS:
+        return 1, ""
+    base = predict(row_point_workload(n_rows, columns, itemsize, vector, threads, 1, arrays, reductions, stages,
+                                      bytes_per_row), tgt)
+    costs = {w: predict(row_point_workload(n_rows, columns, itemsize, vector, WARP, w, arrays, reductions, stages,
+                                           bytes_per_row), tgt) for w in ROWS_PER_BLOCK_CHOICES}
+    costs = {w: c for w, c in costs.items() if c.ok and c.total < ROWS_PER_BLOCK_MARGIN * base.total}
+    if not costs:
+        return 1, ""
+    # among the points within ROWS_PER_BLOCK_TIE of the best, the fewest blocks: the block term
+    # is fitted on one kernel (CostParameters.block_cycles) and the others do not add to it
+    fastest = min(c.total for c in costs.values())
+    best = max(w for w, c in costs.items() if c.total <= fastest * (1 + ROWS_PER_BLOCK_TIE))
+    best_cost = costs[best]
+    return best, (f"; predicted {best_cost.total * 1e6:.1f} us ({best_cost.bound}-bound) vs "
+                  f"{base.total * 1e6:.1f} us ({base.bound}-bound) for one block of {threads} per row")
 
 
 # Latencies of the one-row kernel's serial path (cycles; sm_80/sm_90 microbenchmarks, approximate)
@@ -216,4 +298,5 @@ def describe_point(point: dict[str, Any]) -> str:
     return f"row_fused(threads={point['threads']}, cache={point['cache']}, vector={point.get('vector', 1)})"
 
 
-__all__ = ["RowFusedChoice", "choose_point", "describe_point", "fused_points", "fused_workload", "propose"]
+__all__ = ["RowFusedChoice", "choose_point", "choose_rows_per_block", "describe_point", "fused_points",
+           "fused_workload", "propose", "row_point_workload"]
