@@ -2,10 +2,15 @@
 layout skips describing and binding and relaunches for the new data pointers; any change to
 what the checks read (shape, strides, dtype, device, read-only flag, pointer alignment) takes
 the full path again, and arrays that overlap an output are refused (the kernels' pointers are
-`__restrict__`). Device arrays are fakes with `__cuda_array_interface__`; the driver is a stub."""
+`__restrict__`). Device arrays are fakes with `__cuda_array_interface__`, or torch-like fakes read
+by attribute (whose producer stream the executor waits on); the driver is a stub."""
 
 from __future__ import annotations
 
+import sys
+import types
+
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -28,9 +33,16 @@ class FakeDeviceArray:
 
 
 class FakeView:
-    """What StridedMemoryView reports for a FakeDeviceArray (strides in elements)."""
+    """What StridedMemoryView reports for a FakeDeviceArray (strides in elements), or for a
+    TorchLike: what cuda.core's torch bridge reads from the tensor, here its backing array."""
 
     def __init__(self, obj):
+        if isinstance(obj, TorchLike):
+            a = obj.array
+            self.ptr, self.readonly, self.shape, self.dtype = a.ctypes.data, False, a.shape, a.dtype
+            self.strides = tuple(st // a.itemsize for st in a.strides)
+            self.device_id, self.is_device_accessible = obj.device, True
+            return
         cai = obj.__cuda_array_interface__
         self.ptr, self.readonly = cai["data"]
         self.shape = cai["shape"]
@@ -38,6 +50,82 @@ class FakeView:
         self.strides = None if cai["strides"] is None else tuple(s // self.dtype.itemsize for s in cai["strides"])
         self.device_id = 0
         self.is_device_accessible = True
+
+
+class FakeTorchDtype:
+    """A torch dtype as far as tecc looks at one: hashable, named `torch.<name>`."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return f"torch.{self.name}"
+
+
+TORCH_DTYPES = {np.dtype(np.float32): FakeTorchDtype("float32"), np.dtype(np.float64): FakeTorchDtype("float64"),
+                np.dtype(ml_dtypes.bfloat16): FakeTorchDtype("bfloat16"), np.dtype(np.int32): FakeTorchDtype("int32")}
+
+
+class TorchLike:
+    """torch.Tensor's accessors over a NumPy array that plays the device memory (properties and
+    methods of the class, as torch's are). The package that defines the class ("faketorch", see
+    `faketorch`) answers its current stream. `exported` counts DLPack exports, which fail."""
+
+    is_cuda = True
+
+    def __init__(self, array, device=0, requires_grad=False, neg=False, dtype=None):
+        self.array, self.device, self._requires_grad, self.neg = array, device, requires_grad, neg
+        self._dtype = dtype or TORCH_DTYPES[array.dtype]
+        self.exported = 0
+
+    @property
+    def shape(self):
+        return tuple(self.array.shape)  # torch.Size is a tuple
+
+    @property
+    def dtype(self):
+        return self._dtype
+
+    @property
+    def requires_grad(self):
+        return self._requires_grad
+
+    def data_ptr(self):
+        return self.array.ctypes.data
+
+    def stride(self):
+        return tuple(st // self.array.itemsize for st in self.array.strides)
+
+    def get_device(self):
+        return self.device
+
+    def is_neg(self):
+        return self.neg
+
+    def is_conj(self):
+        return False
+
+    def __dlpack_device__(self):
+        return (arrays.KDL_CUDA, self.device)
+
+    def __dlpack__(self, stream=None, max_version=None):
+        self.exported += 1
+        raise BufferError("a fake tensor cannot be exported")
+
+
+TorchLike.__module__ = "faketorch"
+
+
+@pytest.fixture
+def faketorch(monkeypatch):
+    """The package "faketorch" as torch looks to the attribute reader: `_C._cuda_getCurrentRawStream`
+    answers the current stream, `current[device]` (default 0, torch's NULL default stream)."""
+    package = types.ModuleType("faketorch")
+    package.current = {0: 0}
+    package._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda index: package.current[index])
+    monkeypatch.setitem(sys.modules, "faketorch", package)
+    monkeypatch.setattr(arrays, "_ATTRIBUTE_TYPES", {})  # learn the fake types afresh in each test
+    return package
 
 
 class StubExecutor(CudaExecutor):
@@ -57,9 +145,13 @@ class StubExecutor(CudaExecutor):
         self._max_threads = {k.name: 1024 for k in host.kernels}
         self._init_launch_cache()
         self.submitted = []
+        self.waits = []
 
     def _submit(self, kernel, config, params):
         self.submitted.append((kernel, config.grid, config.block, list(params)))
+
+    def _record_and_wait(self, producer):
+        self.waits.append((producer, len(self.submitted)))  # the wait comes before that many launches
 
     def _pointer_device(self, ptr):
         return 0
@@ -264,8 +356,8 @@ extern "C" __global__ void axpy(const float* x, const float* y, float* out, int 
 """
 
 
-@pytest.mark.gpu
-def test_torch_calls_hit_the_cache_and_still_refuse_overlap():
+def _torch_and_axpy_executor():
+    """torch (skips without it or its CUDA) and a CudaExecutor of AXPY_SOURCE on the default stream."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA")
@@ -273,7 +365,12 @@ def test_torch_calls_hit_the_cache_and_still_refuse_overlap():
 
     device = rt_cuda.current_device()
     cubin = bytes(Program(AXPY_SOURCE, "c++", ProgramOptions(arch=rt_cuda.device_arch(device))).compile("cubin").code)
-    f = CudaExecutor(axpy_program(), cubin)
+    return torch, CudaExecutor(axpy_program(), cubin)
+
+
+@pytest.mark.gpu
+def test_torch_calls_hit_the_cache_and_still_refuse_overlap():
+    torch, f = _torch_and_axpy_executor()
     n = 10_001
     for seed in range(3):
         g = torch.Generator(device="cuda").manual_seed(seed)
@@ -289,3 +386,183 @@ def test_torch_calls_hit_the_cache_and_still_refuse_overlap():
         f(x, y, x)
     with pytest.raises(ShapeError, match="not aligned"):
         f(torch.zeros(n + 1, device="cuda")[1:], y, out)
+
+
+# ---- the attribute reader: torch-like tensors --------------------------------------------------
+
+def _layout(name):
+    """A (backing array, TorchLike) of one layout the key must describe as the full path does."""
+    base = np.arange(4 * 8 * 6, dtype=np.float32).reshape(4, 8, 6)
+    if name == "contiguous":
+        a = base
+    elif name == "strided":
+        a = base[:, ::2, 1::3]
+    elif name == "transposed":
+        a = base[0].T
+    elif name == "sliced":
+        a = base[1:3, 2:, 4:]
+    elif name == "0-d":
+        a = base[1, 2, 3, ...]
+    elif name == "bf16":
+        a = base.astype(ml_dtypes.bfloat16)[:, :5].transpose(2, 0, 1)
+    else:
+        a = base.astype(np.float64)[::-1][:, 1]  # negative stride
+    return TorchLike(a)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "transposed", "sliced", "0-d", "bf16", "reversed"])
+def test_the_attribute_key_says_what_the_full_path_view_says(full_path, faketorch, layout):
+    t = _layout(layout)
+    key, ptr = arrays.device_key(t, 0x5EED, None)
+    arg = arrays.as_argument(t, "t")
+    assert key == (TorchLike, 0, t.dtype, t.array.shape, arg.info.strides, False), f"{layout}: key {key}, view {arg.info}"
+    assert ptr == arg.ptr == t.array.ctypes.data and t.exported == 0
+    assert arrays.key_agrees(key, ptr, arg), f"{layout}: key {key} disagrees with the view {arg.info}"
+    assert arg.info.dtype == arrays.attribute_dtype(t.dtype)
+
+
+@pytest.mark.parametrize("lie", ["stride", "data_ptr", "dtype", "device"])
+def test_an_attribute_key_that_disagrees_with_the_full_path_is_never_cached(full_path, faketorch, lie):
+    class Lying(TorchLike):
+        def stride(self):
+            true = super().stride()
+            return (true[0] + 1,) + true[1:] if lie == "stride" else true
+
+        def data_ptr(self):
+            return super().data_ptr() + (64 if lie == "data_ptr" else 0)
+
+        def get_device(self):
+            return 1 if lie == "device" else 0
+
+    Lying.__module__ = "faketorch"
+
+    def lying(a):
+        return Lying(a, dtype=FakeTorchDtype("float64") if lie == "dtype" else None)
+
+    program = strided_copy_program()
+    f = StubExecutor(program)
+    backing = np.zeros((8, 6), np.float32), np.zeros((8, 6), np.float32)
+    for _ in range(2):
+        f(lying(backing[0]), TorchLike(backing[1]))
+    assert f._calls == {} and full_path["binds"] == 2, f"a key lying about its {lie} must stay a miss"
+
+
+def test_torch_like_calls_hit_and_wait_on_the_producer_stream_only_when_it_differs(full_path, faketorch):
+    f = StubExecutor(axpy_program())
+    args = [TorchLike(np.zeros(4096, np.float32)) for _ in range(3)]
+    f(*args)
+    assert full_path == {"views": 3, "binds": 1} and len(f._calls) == 1
+    faketorch.current[0] = 0x5EED  # torch works on the executor's own stream: nothing to order
+    f(*args)
+    assert full_path["binds"] == 1 and f.waits == []
+    faketorch.current[0] = 0x1234  # a side stream: one wait per hit, before its launch, every hit
+    f(*args)
+    f(*args)
+    assert f.waits == [(0x1234, 2), (0x1234, 3)] and full_path["binds"] == 1
+    assert [r.kernel for r in f.last_launches] == ["axpy"]
+
+
+def test_the_legacy_default_stream_has_two_handles():
+    assert rt_cuda.same_stream(0, 1) and rt_cuda.same_stream(1, 0) and rt_cuda.same_stream(0x1234, 0x1234)
+    assert not rt_cuda.same_stream(0, 2) and not rt_cuda.same_stream(1, 0x1234)
+    f = StubExecutor(axpy_program())
+    f._stream_ptr = 1  # cuda.core's default stream (CU_STREAM_LEGACY); torch's default reports NULL
+    f._wait_for_stream(0)
+    assert f.waits == []
+    f._wait_for_stream(0x1234)
+    assert f.waits == [(0x1234, 0)]
+
+
+def test_the_wait_records_on_the_producer_stream_and_waits_on_the_executors(monkeypatch):
+    from cuda.bindings import driver
+
+    calls = []
+    ok = driver.CUresult.CUDA_SUCCESS
+    monkeypatch.setattr(driver, "cuEventRecord", lambda event, stream: calls.append(("record", event, int(stream))) or (ok,))
+    monkeypatch.setattr(driver, "cuStreamWaitEvent",
+                        lambda stream, event, flags: calls.append(("wait", event, int(stream))) or (ok,))
+    f = StubExecutor(axpy_program())
+    f.device.create_event = lambda: types.SimpleNamespace(handle="<event>")
+    CudaExecutor._record_and_wait(f, 0x1234)
+    CudaExecutor._record_and_wait(f, 0x1234)
+    assert calls == [("record", "<event>", 0x1234), ("wait", "<event>", 0x5EED)] * 2
+
+
+@pytest.mark.parametrize("change", ["shape", "stride", "dtype", "device", "requires_grad"])
+def test_any_change_to_a_torch_like_key_is_a_miss(full_path, faketorch, change):
+    f = StubExecutor(strided_copy_program())
+    a, out = np.zeros((8, 6), np.float32), np.zeros((8, 6), np.float32)
+    f(TorchLike(a), TorchLike(out))
+    if change == "shape":
+        other = TorchLike(np.zeros((8, 5), np.float32)), TorchLike(np.zeros((8, 5), np.float32))
+    elif change == "stride":
+        other = TorchLike(np.zeros((6, 8), np.float32).T), TorchLike(out)
+    elif change == "dtype":
+        other = TorchLike(np.zeros((8, 6), np.float64)), TorchLike(out)
+    elif change == "device":
+        other = TorchLike(a, device=1), TorchLike(out)
+    else:
+        other = TorchLike(a, requires_grad=True), TorchLike(out)
+    key = f._argument_keys(other)[0]
+    assert key not in f._calls
+    with pytest.raises(TeccError) if change in ("dtype", "device") else _no_error():
+        f(*other)
+    assert full_path["binds"] == 2 or change == "device"
+
+
+class _no_error:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_tensors_the_attribute_reader_refuses_take_the_full_path(faketorch):
+    assert arrays.device_key(TorchLike(np.zeros(4, np.float32), neg=True), 1, None) is None
+    assert arrays.device_key(TorchLike(np.zeros((3, 0), np.float32)), 1, None) is None
+    cpu = TorchLike(np.zeros(4, np.float32))
+    cpu.is_cuda = False
+    assert arrays.device_key(cpu, 1, None) is None
+
+
+def test_a_tensor_type_without_a_current_stream_is_read_through_dlpack(faketorch, monkeypatch):
+    monkeypatch.delitem(sys.modules, "faketorch")  # no package that says its current stream
+    t = TorchLike(np.zeros(4, np.float32))
+    assert arrays.device_key(t, 1, None) is None and t.exported == 1
+    assert arrays._ATTRIBUTE_TYPES[TorchLike] is None
+    package = types.ModuleType("faketorch")
+    package.cuda = types.SimpleNamespace(current_stream=lambda index: types.SimpleNamespace(cuda_stream=0x77))
+    monkeypatch.setitem(sys.modules, "faketorch", package)
+    assert arrays.producer_current_stream(TorchLike)(0) == 0x77  # torch's public accessor, when _C has none
+
+
+@pytest.mark.gpu
+def test_a_hit_waits_for_torch_work_queued_on_a_side_stream(monkeypatch):
+    torch, f = _torch_and_axpy_executor()
+    n = 1 << 20
+    x, y, out = torch.zeros(n, device="cuda"), torch.ones(n, device="cuda"), torch.empty(n, device="cuda")
+    f(x, y, out)  # the miss that fills the cache
+    torch.cuda.synchronize()
+    checked = []
+    monkeypatch.setattr(f, "_call_checked", lambda args: checked.append(args))
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time on the side stream before x is written
+        x.fill_(2.0)
+        f(x, y, out)  # a hit: the executor's stream must wait for the fill
+    torch.cuda.synchronize()
+    assert checked == [], "the call on the side stream should be a launch-cache hit"
+    wrong = (out != 2.5 * 2.0 + 1.0).sum().item()
+    assert wrong == 0, f"axpy after a fill on torch's side stream: {wrong} of {n} elements read x before the fill"
+
+
+def test_a_torch_like_hit_rechecks_alignment_and_overlap(full_path, faketorch):
+    f = StubExecutor(axpy_program())
+    x, y, out = (np.zeros(4097, np.float32) for _ in range(3))
+    f(TorchLike(x[:4096]), TorchLike(y[:4096]), TorchLike(out[:4096]))
+    with pytest.raises(ShapeError, match=r"argument 0 \(x\) of axpy: its data pointer .* is not aligned"):
+        f(TorchLike(x[1:]), TorchLike(y[:4096]), TorchLike(out[:4096]))
+    with pytest.raises(ShapeError, match=r"argument 0 \(x\) and argument 2 \(out\) of axpy overlap"):
+        f(TorchLike(x[:4096]), TorchLike(y[:4096]), TorchLike(x[:4096]))
+    assert len(f.submitted) == 1 and full_path["binds"] == 3

@@ -20,8 +20,9 @@ arrays works on a machine without CUDA.
 from __future__ import annotations
 
 import ctypes
+import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -272,9 +273,18 @@ def to_device(array: np.ndarray, device: Any, stream: Any) -> Any:
 # ---- fast argument keys (the executor's launch cache) ------------------------------------------
 #
 # A repeated call with device arrays of the same layout should not pay for a StridedMemoryView per
-# argument. `device_key` reads an argument's protocol data directly -- the DLPack capsule's
-# DLTensor (DLPack first, as StridedMemoryView does), else the `__cuda_array_interface__` dict --
-# and returns everything argument checking depends on as a hashable key, plus the data pointer.
+# argument. `device_key` reads what argument checking depends on straight from the argument and
+# returns it as a hashable key, plus the data pointer. Three readers, tried in this order:
+#
+# - **attributes**, for torch-like tensors (`data_ptr()`, `shape`, `stride()`, `dtype`,
+#   `get_device()`, ...; detected on the class, torch is never imported): each is a C call of
+#   ~0.1 us, where torch's `__dlpack__(stream=...)` costs ~15 us (Python, and a torch Stream
+#   object per call). Reading attributes orders no stream, so the executor does what `__dlpack__`
+#   would have done on every hit: its stream waits on the producer's current stream
+#   (`producer_stream`) when the two differ;
+# - the DLPack capsule's DLTensor (DLPack first, as StridedMemoryView does);
+# - the `__cuda_array_interface__` dict.
+#
 # The executor only trusts a key it has seen agree with the full path (`key_agrees`), so a reader
 # that misreads some producer costs misses, never a wrong launch.
 
@@ -319,14 +329,21 @@ def device_key(obj: Any, stream_ptr: int, pointer_device: Any) -> tuple[tuple[An
     that do not answer the way the reader expects, a CUDA-array-interface stream to wait on).
 
     The key holds what the checks read: the device, dtype, shape, strides and read-only flag as
-    the producer reports them. `__dlpack__(stream=stream_ptr)` is called every time, so the
-    producer still orders its pending work before the consumer stream (DLPack's rule), exactly as
-    the full path's StridedMemoryView does. For a CUDA-array-interface object the device is the
-    pointer's (`pointer_device(ptr)`, cuPointerGetAttribute), since the dict does not say it."""
+    the producer reports them. A torch-like tensor read by attribute orders no stream: the caller
+    must make `stream_ptr` wait on `producer_stream(key)`'s answer before launching.
+    `__dlpack__(stream=stream_ptr)` is called every time, so the producer still orders its pending
+    work before the consumer stream (DLPack's rule), exactly as the full path's StridedMemoryView
+    does. For a CUDA-array-interface object the device is the pointer's (`pointer_device(ptr)`,
+    cuPointerGetAttribute), since the dict does not say it."""
     kind = type(obj)
     if kind is np.ndarray:
         return None
+    current_stream = _ATTRIBUTE_TYPES.get(kind, _UNSEEN)
+    if current_stream is _UNSEEN:
+        current_stream = _learn_attribute_type(kind)
     try:
+        if current_stream is not None:
+            return _attribute_key(obj, kind)
         if hasattr(kind, "__dlpack__"):
             return _dlpack_key(obj, stream_ptr)
         cai = getattr(obj, "__cuda_array_interface__", None)
@@ -335,6 +352,78 @@ def device_key(obj: Any, stream_ptr: int, pointer_device: Any) -> tuple[tuple[An
     except Exception:  # noqa: BLE001 - whatever the producer raises, the full path reports it properly
         return None
     return None
+
+
+# ---- the attribute reader ----------------------------------------------------------------------
+
+# What a class must have to be read by attribute: torch.Tensor's accessors, each answered in C.
+TENSOR_ATTRIBUTES = ("data_ptr", "stride", "shape", "dtype", "is_cuda", "get_device", "requires_grad",
+                     "is_neg", "is_conj", "__dlpack__")
+
+_UNSEEN = object()
+
+# Argument type -> its producer's current-stream reader (device ordinal -> CUstream handle), or
+# None for a type read otherwise; filled on first sight of each type.
+_ATTRIBUTE_TYPES: dict[type, Callable[[int], int] | None] = {}
+
+
+def _learn_attribute_type(kind: type) -> Callable[[int], int] | None:
+    """Whether `kind` is read by attribute: it has every TENSOR_ATTRIBUTES and its producer says
+    what its current stream is (`producer_current_stream`); the answer is kept for the type."""
+    current_stream = None
+    if all(hasattr(kind, name) for name in TENSOR_ATTRIBUTES):
+        current_stream = producer_current_stream(kind)
+    _ATTRIBUTE_TYPES[kind] = current_stream
+    return current_stream
+
+
+def producer_current_stream(kind: type) -> Callable[[int], int] | None:
+    """The function giving the CUstream handle a torch-like producer is queuing work on for a
+    device ordinal, found in the package that defines `kind` (already imported, since `kind`'s
+    instances exist): `_C._cuda_getCurrentRawStream` (torch's C accessor, what Triton and
+    Inductor call, ~0.1 us), else `cuda.current_stream(index).cuda_stream` (public, ~2 us).
+    None when neither exists: the type is then read through DLPack."""
+    package = sys.modules.get(kind.__module__.partition(".")[0])
+    raw = getattr(getattr(package, "_C", None), "_cuda_getCurrentRawStream", None)
+    if callable(raw):
+        return raw  # type: ignore[no-any-return]
+    current = getattr(getattr(package, "cuda", None), "current_stream", None)
+    if callable(current):
+        return lambda index: int(current(index).cuda_stream)
+    return None
+
+
+def producer_stream(key: tuple[Any, ...]) -> Callable[[int], int] | None:
+    """For a key read by attribute, its producer's current-stream reader (what the executor must
+    wait on before launching); None for DLPack and CUDA-array-interface keys, whose reading
+    already ordered the streams or found nothing to order."""
+    kind = key[0]
+    return _ATTRIBUTE_TYPES.get(kind) if isinstance(kind, type) else None
+
+
+def _attribute_key(obj: Any, kind: type) -> tuple[tuple[Any, ...], int] | None:
+    """Key and pointer of a torch-like tensor: (type, device ordinal, dtype object, shape, strides
+    in elements, requires_grad), or None when it must take the full path: not on a CUDA device,
+    a conjugate or negative view (torch's lazy bits: the memory does not hold the values the
+    tensor stands for), zero-size.
+
+    The type is in the key so that a subclass is judged apart from its base; requires_grad so
+    that whatever the full path decides for such a tensor holds for every tensor with the key."""
+    if not obj.is_cuda or obj.is_neg() or obj.is_conj():
+        return None
+    shape = obj.shape
+    if 0 in shape:
+        return None
+    ptr = obj.data_ptr()
+    if not ptr:
+        return None
+    return (kind, obj.get_device(), obj.dtype, shape, obj.stride(), obj.requires_grad), ptr
+
+
+def attribute_dtype(producer_dtype: Any) -> DType | None:
+    """The tecc dtype of a torch-like dtype object, from its name (`torch.bfloat16` ->
+    bfloat16); None when tecc has no such dtype."""
+    return dt.ALL_DTYPES.get(str(producer_dtype).rpartition(".")[2])
 
 
 def _dlpack_key(obj: Any, stream_ptr: int) -> tuple[tuple[Any, ...], int] | None:
@@ -388,7 +477,13 @@ def key_agrees(key: tuple[Any, ...], ptr: int, arg: Argument) -> bool:
     if arg.is_host or arg.ptr != ptr:
         return False
     try:
-        if key[0] == "dlpack":
+        if isinstance(key[0], type):
+            _, device_id, producer_dtype, shape, strides, _ = key
+            found = attribute_dtype(producer_dtype)
+            if found is None:
+                return False
+            dtype, readonly = found, False  # torch has no read-only tensors
+        elif key[0] == "dlpack":
             _, device_type, device_id, (code, bits, lanes), shape, strides, readonly = key
             if device_type != KDL_CUDA:
                 return False

@@ -15,7 +15,8 @@
 
 A call with device arrays only is remembered under its arguments' layout key (the launch cache,
 docs/runtime.md "Repeated calls"): a later call with the same key skips steps 1-2 and relaunches
-the cached launches for the new data pointers, after re-checking their alignment and overlap.
+the cached launches for the new data pointers, after re-checking their alignment and overlap and
+ordering the stream after the producers' (torch's current stream, for tensors read by attribute).
 
 Kernel ABI (docs/runtime.md, "Kernel ABI"): a kernel's parameters are `KernelInfo.params` in
 order. A Buffer parameter is passed as a device pointer (8 bytes): the data pointer of the
@@ -29,8 +30,9 @@ so this module imports (and `cuda_available()` answers False) on a machine witho
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..ir.errors import DeviceError, LaunchError, ResourceError, TeccError
 from ..ir.expr import Var
@@ -150,16 +152,30 @@ class CachedCall:
     """What a call with one key of argument layouts launches, once checked by the full path.
 
     `needs` is each argument's required pointer alignment and `spans` its byte span from its
-    pointer: the two checks that depend on the pointers themselves, redone on every hit."""
+    pointer: the two checks that depend on the pointers themselves, redone on every hit.
+    `producer_streams` are the current-stream readers of the producers whose arrays were read by
+    attribute (torch): on every hit the executor's stream waits on each one's current stream.
+    `records` is what `last_launches` says after a hit."""
 
     launches: tuple[CachedLaunch, ...]
     needs: tuple[int, ...]
     spans: tuple[tuple[int, int], ...]
     alias_pairs: tuple[tuple[int, int], ...]
+    producer_streams: tuple[Callable[[int], int], ...] = ()
+    records: tuple[LaunchRecord, ...] = ()
 
 
 # Distinct argument layouts remembered per executor; the oldest is forgotten past this.
 CALL_CACHE_SIZE = 64
+
+# The two handles of the legacy default stream: NULL (0, what torch's default stream reports)
+# and CU_STREAM_LEGACY (1, cuda.core's `default_stream`, and DLPack's number for it).
+LEGACY_DEFAULT_STREAMS = (0, 1)
+
+
+def same_stream(a: int, b: int) -> bool:
+    """Whether CUstream handles `a` and `b` name one stream (so work on it is already ordered)."""
+    return a == b or (a in LEGACY_DEFAULT_STREAMS and b in LEGACY_DEFAULT_STREAMS)
 
 
 class CudaExecutor:
@@ -213,6 +229,9 @@ class CudaExecutor:
         self._arity = len(self.host.buffer_params)
         self._alias_pairs = alias_pairs(self.host)
         self._stream_ptr = int(self.stream.handle)
+        self._device_ordinal = int(self.device.device_id)
+        self._order_event: Any = None  # made on the first hit that must wait on another stream
+        self._order_lock = threading.Lock()  # a record and its wait, not interleaved between threads
 
     def __repr__(self) -> str:
         return f"<CudaExecutor {self.host.name} on {self.arch} kernels={list(self.kernels)}>"
@@ -260,28 +279,32 @@ class CudaExecutor:
 
     # ---- running ----------------------------------------------------------------------------
     def __call__(self, *args: Any) -> None:
-        keys = self._argument_keys(args)
-        if keys is not None:
-            cached = self._calls.get(tuple(key for key, _ in keys))
-            if cached is not None and self._replay(cached, [ptr for _, ptr in keys]):
+        found = self._argument_keys(args)
+        if found is not None:
+            cached = self._calls.get(found[0])
+            if cached is not None and self._replay(cached, found[1]):
                 return
         launched = self._call_checked(args)
-        if keys is not None and launched is not None:
-            self._remember(keys, *launched)
+        if found is not None and launched is not None:
+            self._remember(found, *launched)
 
-    def _argument_keys(self, args: tuple[Any, ...]) -> list[tuple[tuple[Any, ...], int]] | None:
-        """Each argument's (key, data pointer) from `arrays.device_key`, or None when any
-        argument must take the full path (a host array, a zero-size array, a producer the key
-        reader does not know)."""
+    def _argument_keys(self, args: tuple[Any, ...]) -> tuple[tuple[tuple[Any, ...], ...], list[int]] | None:
+        """The call's key (each argument's key from `arrays.device_key`, in order) and the
+        arguments' data pointers, or None when any argument must take the full path (a host
+        array, a zero-size array, a producer the key readers do not know)."""
         if len(args) != self._arity:
             return None
+        read = arrays.device_key
+        stream_ptr, pointer_device = self._stream_ptr, self._pointer_device
         keys = []
+        ptrs = []
         for arg in args:
-            found = arrays.device_key(arg, self._stream_ptr, self._pointer_device)
+            found = read(arg, stream_ptr, pointer_device)
             if found is None:
                 return None
-            keys.append(found)
-        return keys
+            keys.append(found[0])
+            ptrs.append(found[1])
+        return tuple(keys), ptrs
 
     def _replay(self, cached: CachedCall, ptrs: list[int]) -> bool:
         """Launch a cached call for new data pointers. False (nothing launched) when a pointer
@@ -294,26 +317,51 @@ class CudaExecutor:
             if ptrs[i] + spans[i][0] < ptrs[j] + spans[j][1] and ptrs[j] + spans[j][0] < ptrs[i] + spans[i][1]:
                 return False
         self.device.set_current()
-        self.last_launches = []
+        for current_stream in cached.producer_streams:
+            self._wait_for_stream(current_stream(self._device_ordinal))
         # Straight to the driver unless something must see each launch: debug_sync, or a
         # wrapper around `_launch` (tc.profile() installs one).
-        direct = not self.debug_sync and type(self)._launch is _PLAIN_LAUNCH
-        for launch in cached.launches:
-            params = list(launch.params)
-            for pos, index in launch.array_slots:
-                params[pos] = ptrs[index]
-            if not direct:
-                self._launch(launch.info, launch.grid, launch.block, params)
-                continue
+        if self.debug_sync or type(self)._launch is not _PLAIN_LAUNCH:
+            self.last_launches = []
+            for launch in cached.launches:
+                self._launch(launch.info, launch.grid, launch.block, _with_pointers(launch, ptrs))
+            return True
+        submit = self._submit
+        for done, launch in enumerate(cached.launches):
             try:
-                self._submit(launch.kernel, launch.config, params)
+                submit(launch.kernel, launch.config, _with_pointers(launch, ptrs))
             except Exception as exc:  # noqa: BLE001 - cuda.core raises CUDAError (driver) or ValueError
+                self.last_launches = list(cached.records[:done])
                 what = describe_launch(self.host.name, launch.info.name, launch.grid, launch.block,
                                        launch.info.dynamic_smem)
                 raise LaunchError(f"{what} failed to launch: {exc}") from exc
-            self.last_launches.append(LaunchRecord(launch.info.name, launch.grid, launch.block,
-                                                   launch.info.dynamic_smem))
+        self.last_launches = list(cached.records)
         return True
+
+    def _wait_for_stream(self, producer: int) -> None:
+        """Order this executor's stream after the work already queued on stream `producer`, as
+        `__dlpack__(stream=...)` does for the arrays it exports: nothing when they are one stream,
+        else an event recorded on `producer` that this stream waits on (cuEventRecord,
+        cuStreamWaitEvent: a wait binds to the event's latest record, so one event serves every
+        call as long as no other thread records it in between: hence the lock)."""
+        if not same_stream(producer, self._stream_ptr):
+            self._record_and_wait(producer)
+
+    def _record_and_wait(self, producer: int) -> None:
+        from cuda.bindings import driver
+
+        with self._order_lock:
+            if self._order_event is None:
+                self._order_event = self.device.create_event()  # cuda.core's default: no timing, owned
+            event = self._order_event.handle
+            (err,) = driver.cuEventRecord(event, driver.CUstream(producer))
+            if err == driver.CUresult.CUDA_SUCCESS:
+                (err,) = driver.cuStreamWaitEvent(driver.CUstream(self._stream_ptr), event, 0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise LaunchError(
+                f"{self.host.name}: cannot order stream {self._stream_ptr:#x} after the arrays' producer stream "
+                f"{producer:#x}: {_error_text(err)}"
+            )
 
     def _call_checked(self, args: tuple[Any, ...]) -> tuple[list[Argument], list[tuple[Any, ...]]] | None:
         """The full path: describe, bind and check every argument, stage host arrays, launch.
@@ -343,13 +391,19 @@ class CudaExecutor:
             return None
         return prepared, launched
 
-    def _remember(self, keys: list[tuple[tuple[Any, ...], int]], prepared: list[Argument],
+    def _remember(self, found: tuple[tuple[tuple[Any, ...], ...], list[int]], prepared: list[Argument],
                   launched: list[tuple[Any, ...]]) -> None:
         """Cache a call the full path has just checked and launched, under its arguments' keys --
         only when every key says what the full path read (`arrays.key_agrees`), so that a later
         call with the same keys passes the same checks."""
-        if not all(arrays.key_agrees(key, ptr, arg) for (key, ptr), arg in zip(keys, prepared)):
+        keys, ptrs = found
+        if not all(arrays.key_agrees(key, ptr, arg) for key, ptr, arg in zip(keys, ptrs, prepared)):
             return
+        producer_streams: list[Callable[[int], int]] = []
+        for key in keys:
+            current_stream = arrays.producer_stream(key)
+            if current_stream is not None and current_stream not in producer_streams:
+                producer_streams.append(current_stream)
         from cuda.core import LaunchConfig
 
         launches = []
@@ -366,10 +420,13 @@ class CudaExecutor:
             needs=tuple(max(self.alignment, arg.info.dtype.bytes) for arg in prepared),
             spans=tuple(byte_span(arg.info) for arg in prepared),
             alias_pairs=self._alias_pairs,
+            producer_streams=tuple(producer_streams),
+            records=tuple(LaunchRecord(launch.info.name, launch.grid, launch.block, launch.info.dynamic_smem)
+                          for launch in launches),
         )
         if len(self._calls) >= CALL_CACHE_SIZE:
             del self._calls[next(iter(self._calls))]
-        self._calls[tuple(key for key, _ in keys)] = cached
+        self._calls[keys] = cached
 
     def _pointer_device(self, ptr: int) -> int:
         """The ordinal of the device that owns device pointer `ptr` (cuPointerGetAttribute)."""
@@ -459,9 +516,12 @@ class CudaExecutor:
 
     def _submit(self, kernel: Any, config: Any, params: Sequence[Any]) -> None:
         """Hand one launch to the driver: cuda.core's `launch` (cuLaunchKernelEx) on the stream."""
-        from cuda.core import launch
+        global _cuda_core_launch
+        if _cuda_core_launch is None:
+            from cuda.core import launch
 
-        launch(self.stream, config, kernel, *params)
+            _cuda_core_launch = launch
+        _cuda_core_launch(self.stream, config, kernel, *params)
 
     def _finish_host_call(self, prepared: list[Argument], staged: list[Any]) -> None:
         outputs = set(self.host.outputs)
@@ -487,6 +547,18 @@ class CudaExecutor:
 
 # The unwrapped `_launch`: a cache hit launches directly only while no one has wrapped it.
 _PLAIN_LAUNCH = CudaExecutor._launch
+
+# cuda.core's `launch`, imported on the first launch (an import statement per launch costs ~0.3 us).
+_cuda_core_launch: Any = None
+
+
+def _with_pointers(launch: CachedLaunch, ptrs: list[int]) -> list[Any]:
+    """A cached launch's parameters with this call's argument pointers in their slots: a fresh
+    list per call, so that two threads replaying one entry never see each other's pointers."""
+    params = list(launch.params)
+    for pos, index in launch.array_slots:
+        params[pos] = ptrs[index]
+    return params
 
 
 def _kernel_attribute(kernel: Any, name: str) -> Any:
