@@ -13,7 +13,9 @@ parallelism a thread exposes (bytes of independent loads in flight, independent 
     l2         bytes requested from L2 (32-byte sectors) / L2 bandwidth
     l1/shared  wavefronts through the SM's L1/shared-memory datapath (one 128-byte wavefront per
                clock per SM; a bank-conflicted access costs one wavefront per conflicting word)
-    fma        FP32 FMAs on the busiest SM / (lanes · clock · efficiency(warps · ILP))
+    fma        FP32 FMAs on the busiest SM / (lanes · clock · efficiency(warps · ILP)); a tile
+               loop (SGEMM) is also capped by tile_loop_efficiency(warps, k extent of a block
+               slot), each round of resident blocks at its own warps
     issue      warp instructions on the busiest SM / (schedulers · clock)
     special    SFU operations on the busiest SM / (16 lanes · 4 partitions · clock)
     blocks     block scheduling: blocks on the busiest SM · cycles per block launch
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ...ir.target import KiB, Target
 from .occupancy import Occupancy, occupancy
@@ -60,11 +62,22 @@ class CostParameters:
     block_cycles: cost of launching and retiring one block on an SM (the CTA scheduler), paid
       per block on the busiest SM; fitted to the 2026-11-21 H200 run (docs/cost-model.md):
       a 64-thread one-element-per-thread kernel over 2^26 elements took 725 us, 180 cycles/block.
-    tile_loop_warps: warps per SM at which an SGEMM tile loop (LDS latency and a barrier per
-      k-tile in every warp) keeps the FP32 pipe busy; below it the FMA rate scales with
-      warps / tile_loop_warps. Fitted to the H200 GEMM runs of benchmarks/RESULTS.md (issue 6,
-      second pass): 4 warps/SM ran at 0.19 of peak FMA, 8 at 0.32, 16 at 0.70-0.73
-      (docs/cost-model.md, "GEMM re-fit"). Strategies opt in with Workload.tile_loop."""
+    tile_loop_warps, tile_loop_fill_k: the rate of an SGEMM tile loop (LDS latency and a barrier
+      per k-tile in every warp) on an SM running w warps, whose block slots each cover K steps of
+      k (a block's k extent times the rounds of blocks the slot runs):
+      (1 - exp(-w / tile_loop_warps)) · K / (K + tile_loop_fill_k) of the FP32 / issue peak
+      (`tile_loop_efficiency`). The first factor is the chance that a scheduler finds a ready warp
+      when each stalls independently; the second prices a slot's start and end (prologue load,
+      pipeline fill, write-back, blocks finishing unevenly) as a fixed amount of k-loop work,
+      which a short split-K part (128-512 steps of k) cannot amortize. Fitted (in-sample, a grid
+      search on the log error) to the H200 kernel times of benchmarks/RESULTS.md, issue 6 fifth
+      pass: the 21 split-K points and the 4 large unsplit picks, each fed ptxas's register count
+      (docs/cost-model.md, "Short k loops"). It replaces the third pass's warps / 22 line, which
+      was fitted on per-call times that held ~45 us of host time. Strategies opt in with
+      Workload.tile_loop and Workload.k_extent.
+    tile_loop_line_warps: the third pass's rule, efficiency = warps / 22, kept for tile loops
+      that give no k extent: the `gemm` strategy's single-buffered kernel, of which no point was
+      timed by kernel time since, so nothing to re-fit it on."""
 
     dram_efficiency: float = 0.90
     dram_latency_s: float = 550e-9
@@ -76,7 +89,9 @@ class CostParameters:
     launch_s: float = 2.5e-6
     block_cycles: float = 180.0
     sfu_lanes_per_sm: float = 16.0 * 4
-    tile_loop_warps: float = 22.0
+    tile_loop_warps: float = 8.6
+    tile_loop_fill_k: float = 208.0
+    tile_loop_line_warps: float = 22.0
 
 
 DEFAULT_PARAMETERS = CostParameters()
@@ -108,9 +123,10 @@ class Workload:
     # term, rounds of resident blocks x chain_cycles (0: the strategy claims no such chain)
     chain_cycles: float = 0.0
     notes: list[str] = field(default_factory=list)
-    # a barrier-synchronized shared-memory tile loop (SGEMM): its FMA rate also scales with the
-    # resident warps up to CostParameters.tile_loop_warps
+    # a barrier-synchronized shared-memory tile loop (SGEMM): its FMA and issue rates are also
+    # capped by tile_loop_efficiency(resident warps, k extent), priced per round of resident blocks
     tile_loop: bool = False
+    k_extent: int = 0                        # per block: the k extent its tile loop covers (0: not given)
     then: "Workload | None" = None           # a second kernel launched after this one (split-K's combine)
 
     @property
@@ -194,17 +210,46 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
                   in_flight / (params.dram_latency_s * 0.5))
     t_l2 = w.l2_bytes / l2_rate if w.l2_bytes else 0.0
     t_lsu = (w.global_wavefronts + w.smem_wavefronts) * share / clock
+    if w.tile_loop and w.k_extent <= 0:
+        # the single-buffered tile loop (`gemm`) also issues its shared loads only between the
+        # barriers its warps wait at: its line caps the shared pipe too. Without this, gemm's 4x4
+        # thread tiles were priced l1-bound at 80 us at 1024^3 and ranked above split-K
+        # gemm_pipelined (83-89 us measured), while the gemm tiles timed at the small shapes ran
+        # 1.0-3x their prediction (RESULTS.md first/second pass). The double-buffered fit
+        # (k_extent given) was made without it.
+        t_lsu /= max(min(1.0, active_warps / params.tile_loop_line_warps), 1e-3)
     # FP32 pipe: one warp FFMA per scheduler per clock on 128-lane SMs, needing
     # fma_latency independent FMAs in flight per scheduler to stay busy
-    fma_eff = min(1.0, active_warps * w.ilp / (target.schedulers_per_sm * params.fma_latency_cycles))
+    def fma_efficiency(warps: int) -> float:
+        eff = min(1.0, warps * w.ilp / (target.schedulers_per_sm * params.fma_latency_cycles))
+        if w.tile_loop:
+            eff = min(eff, tile_loop_efficiency(warps, w.k_extent * rounds, params))
+        return eff
+
+    def issue_efficiency(warps: int) -> float:
+        eff = min(1.0, warps / (2.0 * target.schedulers_per_sm))
+        if w.tile_loop:
+            # the stalls that idle the FP32 pipe (LDS latency, barriers) idle the issue slots too
+            eff = min(eff, tile_loop_efficiency(warps, w.k_extent * rounds, params))
+        return eff
+
     if w.tile_loop:
-        fma_eff = min(fma_eff, active_warps / params.tile_loop_warps)
-    t_fma = w.fma_ops * share / (target.fp32_lanes_per_sm * clock * max(fma_eff, 1e-3))
-    issue_eff = min(1.0, active_warps / (2.0 * target.schedulers_per_sm))
-    if w.tile_loop:
-        # the stalls that idle the FP32 pipe (LDS latency, barriers) idle the issue slots too
-        issue_eff = min(issue_eff, active_warps / params.tile_loop_warps)
-    t_issue = w.instructions * share / (target.schedulers_per_sm * clock * max(issue_eff, 1e-3))
+        # a tile loop's rate depends on the warps of the blocks running together, so each round
+        # of resident blocks is priced at its own warps: a last round of 1 block where 3 ran
+        # before takes a round's time, not a quarter of one (wave quantization per SM)
+        last = per_sm_blocks - (rounds - 1) * resident
+        phases = [(b / per_sm_blocks, b * warps_per_block) for b in [resident] * (rounds - 1) + [last]]
+    else:
+        phases = [(1.0, active_warps)]              # one rate for the SM's whole share
+
+    def pipe_time(at_peak: float, efficiency: Callable[[int], float]) -> float:
+        """The busiest SM's work (`at_peak`: its time at full rate) over `phases`: (share of the
+        work, warps running it)."""
+        return sum(at_peak * part / max(efficiency(warps), 1e-3) for part, warps in phases)
+
+    fma_eff = fma_efficiency(active_warps)
+    t_fma = pipe_time(w.fma_ops * share / (target.fp32_lanes_per_sm * clock), fma_efficiency)
+    t_issue = pipe_time(w.instructions * share / (target.schedulers_per_sm * clock), issue_efficiency)
     t_special = w.special_ops * share / (params.sfu_lanes_per_sm * clock)
     t_latency = rounds * (w.block_latency_cycles + params.global_latency_cycles) / clock / resident
     t_blocks = per_sm_blocks * params.block_cycles / clock
@@ -226,10 +271,20 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
     return Cost(total, terms, bound, occ, waves, tail, regs, w.smem_bytes, None, details)
 
 
+def tile_loop_efficiency(warps: int, k_extent: int, params: CostParameters = DEFAULT_PARAMETERS) -> float:
+    """Fraction of the FP32 / issue peak an SGEMM tile loop reaches with `warps` warps on the SM
+    when a block slot runs `k_extent` steps of k (0: not given, the third pass's warps / 22
+    line); CostParameters says why."""
+    if k_extent <= 0:
+        return warps / params.tile_loop_line_warps
+    eff = 1.0 - math.exp(-warps / params.tile_loop_warps)
+    return eff * k_extent / (k_extent + params.tile_loop_fill_k)
+
+
 def _alloc_registers(regs: int) -> int:
     """ptxas allocates registers per thread in multiples of 8 on sm_80+ (cuda_occupancy.h's
     register allocation unit of 256 per warp)."""
     return max(8, -(-regs // 8) * 8)
 
 
-__all__ = ["Cost", "CostParameters", "DEFAULT_PARAMETERS", "Workload", "predict", "reject_reason"]
+__all__ = ["Cost", "CostParameters", "DEFAULT_PARAMETERS", "Workload", "predict", "reject_reason", "tile_loop_efficiency"]

@@ -46,6 +46,33 @@ MIN_SPLIT_TILES = 4  # a split keeps at least this many k-tiles (the pipeline's 
 COMBINE_THREADS = 256
 BKS = (8, 16)  # k-tile 32 with 128x128 needs 32 prefetch registers: 1 block/SM, measured 0.70 of cuBLAS
 QUADRANT = 4  # a thread's register tile is 2 × 2 quadrants of QUADRANT × QUADRANT
+# Registers per thread of the kernel (the partial kernel with split-K) as ptxas (NVRTC, sm_90)
+# allocates them, per (BM, BN, BK): (no edge, edge-guarded). "Edge-guarded": M or N not a
+# multiple of the block tile, or a k tail (K not a multiple of BK; with split-K a last part
+# shorter than the others). ptxas squeezes several clean tiles to 127-128 registers (4 blocks of
+# 4 warps / 2 of 8 per SM) and cannot once the guards are in: 64x128 and 128x64 at k-tile 16 go
+# from 128 to 139, one block per SM fewer. The sum of parts the `gemm` strategy uses (64 + 16
+# + 22 + copy values) was 9% low in the median and put 30% of the points on the wrong side of
+# 128. Fitted on 1024^3, 2048^3 and 127x4096x1023 (clean values: the median of the
+# unguarded points; guarded: of the guarded ones); checked on 1000^3 (M, N and k edges at once),
+# 4096^3, 8192^3, 4096x1024x4096, 8192x64x8192 and batched 32x512^3 (docs/cost-model.md, "Registers of gemm_pipelined").
+PTXAS_REGISTERS = {
+    (32, 64, 8): (130, 139), (32, 64, 16): (167, 167), (32, 128, 8): (127, 136), (32, 128, 16): (155, 162),
+    (64, 32, 8): (141, 139), (64, 32, 16): (161, 165), (64, 64, 8): (128, 130), (64, 64, 16): (135, 130),
+    (64, 128, 8): (127, 128), (64, 128, 16): (128, 139), (128, 32, 8): (135, 129), (128, 32, 16): (159, 157),
+    (128, 64, 8): (127, 128), (128, 64, 16): (128, 139), (128, 128, 8): (124, 127), (128, 128, 16): (127, 127),
+}
+
+
+def pipelined_registers(bm: int, bn: int, bk: int, guarded: bool) -> dict[str, int]:
+    """Registers per thread by part: the accumulator tile, the fragments and the prefetch
+    registers of the next tile are counted; the rest (addresses, loop state, guards) is what
+    ptxas's count (PTXAS_REGISTERS) leaves."""
+    copy = bk * (bm + bn) * 64 // (bm * bn)
+    total = PTXAS_REGISTERS[(bm, bn, bk)][1 if guarded else 0]
+    parts = {"accumulators": 64, "fragments": 16, "copy": copy}
+    parts["addressing and guards" if guarded else "addressing"] = total - sum(parts.values())
+    return parts
 
 
 def split_chunk(k: int, bk: int, split: int) -> int:
@@ -149,8 +176,9 @@ class GemmPipelined(Strategy):
         ktiles = -(-k // bk)
         # gemm's count has 6 instructions per copied element; a 16-byte chunk costs about 6 for 4
         saved = ktiles * copy_per_thread * 6.0 * 0.75 * base.blocks * threads / 32
-        regs = dict(base.registers)
-        regs["copy"] = int(copy_per_thread)          # the prefetch registers of the next tile
+        (_, m), (_, n) = info.spatial[-2:]
+        guarded = m % bm != 0 or n % bn != 0 or k % bk != 0 or bool(point.get("short_last_part"))
+        regs = pipelined_registers(bm, bn, bk, guarded)
         notes = [x for x in base.notes if "bank" not in x] + ["k-tile loads overlap the compute (double buffer)"]
         # shared reads per k step and warp: two LDS.128 of A (rows ty*4.., broadcast within the
         # warp's two rows) and two of B (lanes tx*4.., consecutive 16-byte words), cost.warp's count
@@ -163,7 +191,7 @@ class GemmPipelined(Strategy):
         smem = warps * k * 2 * (a_rd + b_rd) + stores
         return replace(base, smem_wavefronts=smem, instructions=max(base.instructions - saved, base.fma_ops / 32),
                        bank_conflict=1.0, block_latency_cycles=base.block_latency_cycles / ktiles,
-                       registers=regs, notes=notes)
+                       registers=regs, notes=notes, k_extent=ktiles * bk)
 
     def _split_workload(self, info: KernelInfo, point: Point, target: Target, split: int) -> Workload:
         """Split-K: `split` GEMMs of K/split side by side on blockIdx.z (each a tile grid of the
@@ -172,7 +200,8 @@ class GemmPipelined(Strategy):
         kv, k = info.reduction[0]
         chunk = split_chunk(k, int(point["bk"]), split)
         one = self.workload(replace(info, reduction=((kv, chunk),)),
-                            {x: point[x] for x in ("bm", "bn", "bk")}, target)
+                            {"bm": point["bm"], "bn": point["bn"], "bk": point["bk"],
+                             "short_last_part": k != split * chunk}, target)
         partials = float(split * m * n * 4)
         combine = Workload(
             blocks=-(-m * n // COMBINE_THREADS), threads=COMBINE_THREADS,
