@@ -156,7 +156,7 @@ def op_candidates(op: str, args: list[Any], info: Any, tgt: Any) -> tuple[list[A
 def prepare(directory: Path, per_op: int, arch: str, device: str = "h200") -> None:
     from tecc.compiler.cost.analysis import analyze_kernel
     from tecc.compiler.plan import Plan, Step
-    from tecc.compiler.planner import build_with_plan
+    from tecc.compiler.build import build
     from tecc.compiler.schedule import Schedule
     from tecc.ir.errors import TeccError
     from tecc.passes.lower import lower
@@ -183,7 +183,7 @@ def prepare(directory: Path, per_op: int, arch: str, device: str = "h200") -> No
                     sch = Schedule(args)
                     cand.strategy.apply(sch, info, cand.point)
                     plan = Plan(sch.plan.steps, cand.strategy.name, cand.label)
-                kernel = build_with_plan(args, plan, "cuda", arch=arch)
+                kernel = build(args, "cuda", plan=plan, arch=arch)
             except TeccError as exc:
                 print(f"{op} #{idx} {cand.label}: not realizable: {str(exc).splitlines()[0]}", flush=True)
                 continue

@@ -88,7 +88,7 @@ def test_every_term_is_visible_and_the_total_adds_up():
 @pytest.mark.slow
 def test_predicted_registers_are_close_to_ptxas():
     from tecc.compiler.plan import Plan
-    from tecc.compiler.planner import build_with_plan
+    from tecc.compiler.build import build
     from tecc.compiler.schedule import Schedule
 
     args = _matmul(256, 256, 128)
@@ -105,7 +105,7 @@ def test_predicted_registers_are_close_to_ptxas():
         p["unroll"] = True
         sch = Schedule(args)
         gemm.apply(sch, info, p)
-        k = build_with_plan(args, Plan(sch.plan.steps), "cuda", arch="sm_90")
+        k = build(args, "cuda", plan=Plan(sch.plan.steps), arch="sm_90")
         actual = next(iter(k.resources.values())).registers
         predicted = gemm.workload(info, p, H100).register_count
         errors.append(abs(predicted - actual) / actual)
@@ -190,7 +190,7 @@ def test_pipelined_registers_match_ptxas(m, n, k, point):
     """The register table of gemm_pipelined against ptxas (NVRTC, no GPU): the allocation (8s)
     and so the blocks per SM agree."""
     from tecc.compiler.plan import Plan
-    from tecc.compiler.planner import build_with_plan
+    from tecc.compiler.build import build
     from tecc.compiler.schedule import Schedule
 
     args = _matmul(m, n, k)
@@ -198,7 +198,7 @@ def test_pipelined_registers_match_ptxas(m, n, k, point):
     strategy = get("gemm_pipelined")
     sch = Schedule(args)
     strategy.apply(sch, info, point)
-    kernel = build_with_plan(_matmul(m, n, k), Plan(sch.plan.steps), "cuda", arch="sm_90")
+    kernel = build(_matmul(m, n, k), "cuda", plan=Plan(sch.plan.steps), arch="sm_90")
     actual = kernel.resources["C_kernel"].registers
     cost = predict(strategy.workload(info, point, H100), H100)
     assert cost.registers == -(-actual // 8) * 8, (point, cost.registers, actual)

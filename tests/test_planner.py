@@ -12,7 +12,8 @@ from tecc.compiler.check import run_and_compare
 from tecc.compiler.cost.analysis import analyze_kernel
 from tecc.compiler.explain import explain
 from tecc.compiler.plan import Plan
-from tecc.compiler.planner import build_with_plan, candidates_for, plan_program
+from tecc.compiler.build import build
+from tecc.compiler.planner import candidates_for, plan_program
 from tecc.compiler.schedule import Schedule
 from tecc.ir.target import target
 from tecc.passes.lower import lower
@@ -29,11 +30,11 @@ def _ops():
 @pytest.mark.parametrize("op", list(_ops()))
 def test_the_planned_kernel_matches_numpy_in_the_emulator(op):
     result = plan_program(list(op.args), "sm_90", sizes=op.sizes)
-    kernel = build_with_plan(list(op.args), result.plan, "sim")
+    kernel = build(list(op.args), "sim", plan=result.plan)
     check = run_and_compare(op, kernel, use_sim=True, seed=1)
     assert check.ok, f"{check}\n{result.plan}"
     # the plan is JSON and replays to the same kernel
-    again = build_with_plan(list(op.args), Plan.from_json(result.plan.to_json()), "sim")
+    again = build(list(op.args), "sim", plan=Plan.from_json(result.plan.to_json()))
     assert str(again.module) == str(kernel.module)
     assert result.plan.reason and result.plan.strategy
 
@@ -96,7 +97,7 @@ def test_candidates_of_every_strategy_are_correct_in_the_emulator(strategy):
     for cand in _sample(valid, 6):
         sch = Schedule(args)
         cand.strategy.apply(sch, info, cand.point)
-        kernel = build_with_plan(args, Plan(sch.plan.steps, strategy), "sim")
+        kernel = build(args, "sim", plan=Plan(sch.plan.steps, strategy))
         check = run_and_compare(spec, kernel, use_sim=True, seed=2)
         assert check.ok, f"{cand.label}: {check}"
 

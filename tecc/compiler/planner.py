@@ -26,14 +26,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from ..ir.errors import ScheduleError
-from ..ir.stmt import Module
 from ..ir.target import Target, from_device
 from ..ir.target import target as target_of
 from ..ir.tensor import Tensor
-from ..passes.default_schedule import DEFAULT_THREADS, default_schedule
+from ..passes.default_schedule import DEFAULT_THREADS
 from ..passes.lower import lower
 from .cost.analysis import KernelInfo, analyze_kernel
 from .cost.model import DEFAULT_PARAMETERS, Cost, CostParameters, Workload, predict
@@ -212,47 +211,4 @@ def _reason(kernel_plans: list[KernelPlan], tgt: Target) -> str:
     return "; ".join(parts)
 
 
-# ---- realizing a plan (used by build and the tests) ---------------------------------------------
-
-def scheduled_module(args: Sequence[Tensor], plan: Plan, name: str | None = None,
-                     dump_ir: Any = None) -> Module:
-    """The loop IR `plan` gives for the program `args`: its primitive steps replayed on a
-    Schedule, then `default_schedule` for the kernels still unbound (threads from the plan's
-    default_schedule step, else 256)."""
-    from .schedule import Schedule
-
-    prims = tuple(s for s in plan.steps if s.primitive != "default_schedule")
-    defaults = [s for s in plan.steps if s.primitive == "default_schedule"]
-    threads = int(defaults[-1].args.get("threads", DEFAULT_THREADS)) if defaults else DEFAULT_THREADS
-    if prims:
-        module = Schedule(list(args), plan=Plan(prims), name=name, dump_ir=dump_ir).mod
-    else:
-        module = lower(list(args), name)
-    return default_schedule(module, threads)
-
-
-def build_with_plan(args: Sequence[Tensor], plan: Plan, target: str = "sim", *, name: str | None = None,
-                    arch: str | None = None) -> Any:
-    """`build(args, target, plan=plan)` as it runs once build.py replays primitive plans (the
-    patch in docs/cost-model.md, "Integration"): the plan's loop IR, simplified, emitted,
-    compiled for target "cuda". Kept here so the planner's tests and the benchmark do not
-    depend on that patch; remove it once build.py carries it."""
-    from ..codegen import compile_cuda, default_arch, emit_source
-    from ..passes.manager import PassTiming
-    from ..passes.simplify import simplify
-    from ..passes.unique_names import unique_names
-    from ..runtime.host import HostProgram
-    from .kernel import Kernel
-
-    module = unique_names(simplify(scheduled_module(args, plan, name)))
-    source = emit_source(module.kernels)
-    kernel = Kernel(module=module, host=HostProgram.from_module(module), source=source, plan=plan,
-                    target=target, timing=PassTiming())
-    if target == "cuda":
-        compiled = compile_cuda(source, arch=arch or default_arch(), name=module.name)
-        kernel.attach_binary(compiled, ())
-    return kernel
-
-
-__all__ = ["build_with_plan", "Candidate", "KernelPlan", "PlanResult", "candidates_for", "plan_program", "resolve_target",
-           "scheduled_module"]
+__all__ = ["Candidate", "KernelPlan", "PlanResult", "candidates_for", "plan_program", "resolve_target"]
