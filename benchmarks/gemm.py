@@ -247,6 +247,8 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="4096^3 and two irregular shapes only")
+    ap.add_argument("--grid", action="store_true",
+                    help="every (M, N, K) in {1024, 2048, 4096, 8192}^3 (64 shapes) plus the irregular ones")
     ap.add_argument("--sweep", action="store_true", help="time every gemm_pipelined point at 4096^3")
     ap.add_argument("--out", default=None)
     ap.add_argument("--compare", action="store_true", help="also time gemm_pipelined where the planner chose another")
@@ -263,6 +265,9 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     shapes = SHAPES if not opts.quick else [SHAPES[2], SHAPES[4], SHAPES[6]]
+    if opts.grid:
+        sizes = (1024, 2048, 4096, 8192)
+        shapes = [(1, m, n, k, "grid") for m in sizes for n in sizes for k in sizes] + SHAPES[4:]
     rows = []
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  TF32 off", flush=True)
     print(f"{'shape':>18} {'tecc TF/s':>10} {'cuBLAS TF/s':>12} {'ratio':>6} {'rel err':>8} "
