@@ -352,3 +352,23 @@ def test_runtime_loads_artifacts_without_importing_the_compiler(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert "IMPORTED []" in result.stdout
+
+
+def test_a_producer_that_refuses_to_export_is_a_tecc_error_naming_the_argument():
+    """torch refuses DLPack / __cuda_array_interface__ for a tensor that requires grad; the call
+    must fail with a TeccError that names the argument, not with torch's bare RuntimeError."""
+    from tecc.runtime import arrays
+
+    class RequiresGrad:
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad.")
+
+        def __dlpack__(self, stream=None):
+            raise RuntimeError("Can't export tensors that require gradient, use tensor.detach()")
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    with pytest.raises(TeccError, match=r"argument 0 \(x\) of f: cannot view RequiresGrad .*tensor.detach\(\)"):
+        arrays.as_argument(RequiresGrad(), "argument 0 (x) of f")

@@ -97,7 +97,9 @@ def is_host_array(obj: Any) -> bool:
     """True for arrays the runtime stages through host memory: NumPy arrays and CPU DLPack objects."""
     if isinstance(obj, np.ndarray):
         return True
-    if hasattr(obj, "__cuda_array_interface__"):
+    # Look on the type: evaluating the attribute may raise (torch refuses it for a tensor that
+    # requires grad), and that refusal should surface where the view is made, naming the argument.
+    if hasattr(type(obj), "__cuda_array_interface__") or hasattr(obj, "__cuda_array_interface__"):
         return False
     device = getattr(obj, "__dlpack_device__", None)
     if device is not None:
@@ -133,7 +135,8 @@ def strided_view(obj: Any, stream_ptr: int = -1) -> Any:
 
     try:
         return StridedMemoryView.from_any_interface(obj, stream_ptr)
-    except (BufferError, NotImplementedError, TypeError, ValueError) as exc:
+    except (BufferError, NotImplementedError, TypeError, ValueError, RuntimeError) as exc:
+        # RuntimeError: the producer refused to export (torch: a tensor that requires grad)
         raise TeccError(f"cannot view {type(obj).__name__} as a strided device array: {exc}") from exc
 
 
