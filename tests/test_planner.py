@@ -112,3 +112,26 @@ def test_symbolic_sizes_are_assumed_and_said_so():
     assert "assumed sizes" in explain(result) and "M=1024" in explain(result)
     sized = plan_program([A, B, C], "sm_90", sizes={"M": 8})
     assert "assumed sizes" not in explain(sized)
+
+
+def _sin_affine(R, C, dtype):
+    X = tc.placeholder((R, C), dtype, name="X")
+    b = tc.placeholder((C,), dtype, name="b")
+    Y = tc.compute((R, C), lambda r, j: tc.cast(tc.sin(1.5 * tc.cast(X[r, j], "float32") + tc.cast(b[j], "float32")),
+                                                dtype), name="Y")
+    return [X, b, Y]
+
+
+def test_elementwise_issue_term_prices_precise_sin_and_breaks_the_bf16_tie():
+    import dataclasses
+
+    from tecc.ir.target import target as make_target
+    # an H200-like part (sm_90 at 4.8 TB/s): bf16 sin(a*x+b) is issue-bound there, so the
+    # 64-thread grid-stride point no longer wins a DRAM-bound tie
+    h200 = dataclasses.replace(make_target("sm_90"), dram_bandwidth=4.8e12)
+    result = plan_program(_sin_affine(16384, 4096, "bfloat16"), h200)
+    text = explain(result)
+    assert "instructions/element" in text, text
+    kp = result.kernels[0]
+    assert kp.chosen.cost.bound == "issue", text
+    assert kp.chosen.point["mode"] != "grid_stride" or kp.chosen.point["threads"] != 64, text

@@ -61,6 +61,22 @@ DEFAULT_SIZE = 1024
 # throughput table); sin/cos/exp also cost a range reduction in FP32 around the MUFU op.
 SPECIAL_FUNCTIONS = ("exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "erf", "sigmoid", "exp2", "log2")
 
+# Issued instructions (SASS, per thread) of one call of each function in its precise form, as
+# nvcc emits it without --use_fast_math: a MUFU op where one exists plus the FP32 range
+# reduction / polynomial around it. The MUFU rate is the CUDA C++ Programming Guide's
+# "Arithmetic Instructions" table (16/clk/SM for sin/cos/ex2/lg2/rsqrt on sm_80/90); the counts
+# are estimates read off libdevice's __nv_sinf & co. (fast path only: sinf's Payne-Hanek path
+# for |x| > 105615 is not priced), not measured here. Anything not listed costs 1.
+INSTRUCTION_COST: dict[str, float] = {
+    "sin": 40.0, "cos": 40.0,        # Cody-Waite reduction, quadrant select, two polynomials
+    "exp": 8.0, "exp2": 4.0,         # scale, round, MUFU.EX2, fix-up of the exponent
+    "log": 16.0, "log2": 14.0,       # mantissa/exponent split, polynomial
+    "tanh": 20.0, "erf": 24.0,       # two-range polynomials
+    "sigmoid": 12.0,                 # exp + reciprocal (MUFU.RCP + Newton step)
+    "sqrt": 8.0, "rsqrt": 4.0,       # MUFU + a correction step
+}
+CONVERSION_COST = 1.0                # one convert per element between a 16-bit float and FP32
+
 
 @dataclass(frozen=True)
 class Affine:
@@ -111,6 +127,10 @@ class KernelInfo:
     assumed: tuple[tuple[str, int], ...] = ()       # sizes assumed for them (not given by the caller)
     strided_inputs: tuple[str, ...] = ()            # buffers whose strides are kernel parameters
     notes: tuple[str, ...] = field(default=())
+    # issued instructions per innermost iteration for the arithmetic (INSTRUCTION_COST for
+    # calls, one per FP op, CONVERSION_COST per 16-bit float conversion); loads, stores and index
+    # math are the strategies' to add. None: not counted (flops_per_iteration stands in).
+    arith_instructions_per_iteration: float | None = None
 
     @property
     def outputs(self) -> int:
@@ -250,6 +270,22 @@ def _count_ops(e: Expr) -> tuple[int, int]:
     return flops, special
 
 
+def _count_instructions(e: Expr) -> float:
+    """Issued instructions per thread for the arithmetic of `e` (see INSTRUCTION_COST), not
+    counting index arithmetic, loads or stores."""
+    n_instr = 0.0
+    for n in walk(e):
+        if isinstance(n, Binary) and n.dtype.is_float:
+            n_instr += 1.0
+        elif isinstance(n, Call):
+            n_instr += INSTRUCTION_COST.get(n.name, 1.0)
+        elif isinstance(n, Select) and n.dtype.is_float:
+            n_instr += 1.0
+        elif isinstance(n, Cast) and n.dtype.is_float and n.a.dtype.is_float and min(n.dtype.bytes, n.a.dtype.bytes) == 2:
+            n_instr += CONVERSION_COST
+    return n_instr
+
+
 def _leaves(s: Stmt, loops: tuple[For, ...], out: list[tuple[BufferStore, tuple[For, ...]]]) -> None:
     if isinstance(s, Seq):
         for x in s.stmts:
@@ -316,6 +352,7 @@ def analyze_kernel(func: PrimFunc, sizes: Mapping[str, int] | None = None) -> Ke
             a = _access(n.buffer, n.indices, env)
             reads_seen.setdefault(f"{n.buffer.name}{[str(i) for i in n.indices]}", a)
     flops, special = _count_ops(body_value)
+    arith = _count_instructions(body_value) if not updates else None
     epilogue = 0
     if updates:
         flops = max(flops, 1)
@@ -330,7 +367,7 @@ def analyze_kernel(func: PrimFunc, sizes: Mapping[str, int] | None = None) -> Ke
         kernel=func.name, stage=out_store.buffer.tensor, spatial=spatial, reduction=reduction, reads=reads,
         write=write, flops_per_iteration=flops, special_per_iteration=special, epilogue_flops=epilogue,
         combiner=combiner, kind="elementwise", dtype=str(out_store.buffer.dtype), symbolic=tuple(symbolic),
-        assumed=tuple(assumed), strided_inputs=tuple(strided))
+        assumed=tuple(assumed), strided_inputs=tuple(strided), arith_instructions_per_iteration=arith)
     return _classify(info)
 
 
@@ -360,4 +397,5 @@ def _classify(info: KernelInfo) -> KernelInfo:
     return replace(info, kind="contraction" if contraction else "reduction")
 
 
-__all__ = ["Access", "Affine", "KernelInfo", "analyze_kernel", "affine", "DEFAULT_SIZE"]
+__all__ = ["Access", "Affine", "CONVERSION_COST", "INSTRUCTION_COST", "KernelInfo", "analyze_kernel", "affine",
+           "DEFAULT_SIZE"]

@@ -89,7 +89,25 @@ class Elementwise(Strategy):
                             grid_stride=blocks is not None)
         if not provable and v > 1:
             w.notes.append(f"vector {v} not provably aligned: emitted as {v} scalar accesses")
+        self._price_arithmetic(info, w)
         return w
+
+    @staticmethod
+    def _price_arithmetic(info: KernelInfo, w: Workload) -> None:
+        """Replace simple_workload's one instruction per FP op by the IR's issued-instruction
+        count (analysis.INSTRUCTION_COST: a precise sinf is ~40, not 1; a bf16<->fp32 convert
+        is 1), so that where the arithmetic, not DRAM, bounds the kernel (bf16 sin: twice the
+        elements per byte of fp32) the `issue` term sees it and ranks points by how many
+        instructions and warps they give the schedulers."""
+        arith = info.arith_instructions_per_iteration
+        if arith is None:
+            return
+        extra = arith - info.flops_per_iteration
+        if extra > 0:
+            w.instructions += extra * info.outputs / 32
+        per_element = w.instructions * 32 / max(info.outputs, 1)
+        w.notes.append(f"issue: ~{per_element:.1f} instructions/element ({arith:.0f} arithmetic incl. "
+                       f"intrinsics and conversions, the rest loads, stores, index and loop math)")
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
         loops = sch.get_loops(info.stage)[:len(info.spatial)]
