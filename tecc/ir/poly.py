@@ -85,7 +85,6 @@ class Violation:
     """A point of the iteration domain where an index leaves its bounds."""
 
     point: dict[str, int]
-    index_value: int | None
 
     def __str__(self) -> str:
         where = ", ".join(f"{k}={v}" for k, v in self.point.items())
@@ -153,27 +152,7 @@ def find_out_of_bounds(index: Expr, extent: Expr, conditions: Sequence[Expr] = (
         for pos in range(space.dim(kind)):
             isl_name = space.get_dim_name(kind, pos) or f"d{pos}"
             point[inverse.get(isl_name, isl_name)] = int(pt.get_coordinate_val(kind, pos).to_python())
-    return Violation(point, None)
-
-
-def is_provably_true(cond: Expr, iter_vars: Sequence[IterVar], context: Sequence[Expr] = ()) -> bool:
-    """True when `cond` holds at every point of the iteration domain (under `context`).
-    False means "not proved" (it may still hold)."""
-    names = _Names()
-    neg = condition_text(cond, names)
-    if neg is None:
-        return False
-    for v in iter_vars:
-        for e in (v.lo, v.extent):
-            for fv in free_vars(e):
-                names(fv)
-    dom = _domain(iter_vars, context, names, [f"not ({neg})"])
-    if dom is None:
-        return False
-    text, dims, params = dom
-    if any(isinstance(v, IterVar) and names(v) not in dims for v in names.by_var):
-        return False
-    return isl.Set(f"[{', '.join(params)}] -> {{ [{', '.join(dims)}] : {text} }}").is_empty()
+    return Violation(point)
 
 
 # ---- the statement model of a kernel body: domains, accesses, schedules, dependences ----------

@@ -44,8 +44,11 @@ from ..ir.stmt import (
     Allocate,
     Buffer,
     BufferStore,
+    Evaluate,
     For,
+    IfThenElse,
     KernelCall,
+    LetStmt,
     Module,
     PrimFunc,
     Stmt,
@@ -336,8 +339,6 @@ def _global_buffers(body: Stmt) -> list[Buffer]:
         if isinstance(s, BufferStore):
             add(s.buffer)
     for e in _exprs_of(body):
-        from ..ir.expr import walk
-
         for n in walk(e):
             if isinstance(n, BufferLoad):
                 add(n.buffer)
@@ -346,8 +347,6 @@ def _global_buffers(body: Stmt) -> list[Buffer]:
 
 def _exprs_of(body: Stmt) -> list[Expr]:
     """Every expression held directly by a statement under `body`."""
-    from ..ir.stmt import Evaluate, IfThenElse, LetStmt
-
     out: list[Expr] = []
     for s in iter_stmts(body):
         if isinstance(s, For):

@@ -238,17 +238,20 @@ def _host_buffer(array: np.ndarray) -> Any:
     return Buffer.from_handle(array.ctypes.data, array.nbytes, owner=array)
 
 
+def _prefix(buf: Any, nbytes: int) -> Any:
+    """The first `nbytes` of device Buffer `buf` (Buffer copies need equal sizes)."""
+    if buf.size == nbytes:
+        return buf
+    from cuda.core import Buffer
+
+    return Buffer.from_handle(int(buf.handle), nbytes, owner=buf)
+
+
 def upload(array: np.ndarray, dst: Any, stream: Any) -> None:
     """Copy the C-contiguous host `array` into the start of device Buffer `dst` on `stream`."""
     if array.nbytes == 0:
         return
-    src = _host_buffer(array)
-    if dst.size != array.nbytes:
-        # Buffer.copy_from needs equal sizes: copy into a view of dst's first bytes.
-        from cuda.core import Buffer
-
-        dst = Buffer.from_handle(int(dst.handle), array.nbytes, owner=dst)
-    dst.copy_from(src, stream=stream)
+    _prefix(dst, array.nbytes).copy_from(_host_buffer(array), stream=stream)
 
 
 def download(src: Any, array: np.ndarray, stream: Any) -> None:
@@ -257,12 +260,7 @@ def download(src: Any, array: np.ndarray, stream: Any) -> None:
     device-to-pageable copies), but callers still synchronize `stream` to see kernel errors."""
     if array.nbytes == 0:
         return
-    dst = _host_buffer(array)
-    if src.size != array.nbytes:
-        from cuda.core import Buffer
-
-        src = Buffer.from_handle(int(src.handle), array.nbytes, owner=src)
-    src.copy_to(dst, stream=stream)
+    _prefix(src, array.nbytes).copy_to(_host_buffer(array), stream=stream)
 
 
 def to_device(array: np.ndarray, device: Any, stream: Any) -> Any:
