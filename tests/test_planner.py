@@ -122,10 +122,12 @@ def _sin_affine(R, C, dtype):
     return [X, b, Y]
 
 
-def test_elementwise_issue_term_prices_precise_sin_and_breaks_the_bf16_tie():
+def test_elementwise_issue_term_prices_precise_sin_and_breaks_the_bf16_tie(monkeypatch):
     import dataclasses
 
     from tecc.ir.target import target as make_target
+    # with the precise sinf (the cheap sin_approx makes it DRAM-bound: tests/test_approx_math.py)
+    monkeypatch.setenv("TECC_PRECISE_MATH", "1")
     # an H200-like part (sm_90 at 4.8 TB/s): bf16 sin(a*x+b) is issue-bound there, so the
     # 64-thread grid-stride point no longer wins a DRAM-bound tie
     h200 = dataclasses.replace(make_target("sm_90"), dram_bandwidth=4.8e12)

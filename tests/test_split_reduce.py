@@ -1,6 +1,7 @@
 """Column and middle-axis reductions (tecc.passes.split_reduce, chosen by
 strategies/column_reduction.py): the reduced axis split over threads and blocks, combined in
-shared memory and a second kernel, matching float64 NumPy in the emulator."""
+shared memory and then by a second kernel or by the last block to finish, matching float64
+NumPy in the emulator. The one-pass form has its own file, test_split_reduce_last_block.py."""
 
 import ml_dtypes
 import numpy as np

@@ -17,7 +17,8 @@ module OP (its `entry`):
         Returns 0 when launch i has an empty grid and must be skipped (as the tecc runtime does).
 
 It reads the manifest with `json` alone, so it runs where tecc is not installed. It refuses
-manifest versions it does not know.
+manifest versions it does not know. Version 2 adds zero-initialised temporaries: the header
+says "zero this temporary once" at each (zero it when you allocate it; the kernels keep it zero).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_VERSIONS = (1,)
+SUPPORTED_VERSIONS = (1, 2)
 
 C_TYPES = {"float32": "float", "float64": "double", "float16": "uint16_t (half)",
            "bfloat16": "uint16_t (bfloat16)", "int32": "int32_t", "int64": "int64_t", "bool": "uint8_t"}
@@ -161,6 +162,11 @@ def generate(manifest: dict[str, Any], source_name: str = "") -> str:
     for b in temps:
         w(f" *   temporary {b['name']}: {b['dtype']}[{', '.join(_pretty(s) for s in b['shape'])}] "
           "(allocate it; tecc's runtime does)")
+        if b.get("zero_init"):
+            # version 2: a self-resetting counter (split_reduce's arrivals); tecc's runtime zeroes it
+            # when it allocates it and never again
+            w(" *     zero this temporary once, when you allocate it (cuMemsetD8 to 0) and before its first launch;")
+            w(" *     the kernels leave it zero, so reuse it across calls without zeroing it again")
     w(f" * Outputs: {', '.join(host['outputs']) or '(none)'}. */\n")
 
     w(f"/* Sizes and strides (in elements) of the arrays; set every field before {op}_launch. */")
@@ -177,7 +183,8 @@ def generate(manifest: dict[str, Any], source_name: str = "") -> str:
     for b in arrays:
         w(f"    uint64_t {ident(b['name'])};  /* {C_TYPES.get(b['dtype'], b['dtype'])} */")
     for b in temps:
-        w(f"    uint64_t {ident(b['name'])};  /* temporary, {C_TYPES.get(b['dtype'], b['dtype'])} */")
+        zero = "; zero this temporary once, when allocated" if b.get("zero_init") else ""
+        w(f"    uint64_t {ident(b['name'])};  /* temporary, {C_TYPES.get(b['dtype'], b['dtype'])}{zero} */")
     w(f"}} {op}_buffers;\n")
 
     for b in arrays + temps:

@@ -26,10 +26,13 @@ from typing import Callable
 
 import numpy as np
 
+from tecc.ir import approx
 from tecc.ir import dtype as dt
 from tecc.ir.dtype import DType
 from tecc.ir.errors import CompileError
 from tecc.ir.expr import (
+    APPROX_INTRINSICS,
+    MEMORY_INTRINSICS,
     WARP_INTRINSICS,
     Binary,
     BufferLoad,
@@ -76,6 +79,8 @@ _INTRINSIC_C = {
     "round": ("rintf", "rint"), "abs": ("fabsf", "fabs"), "isnan": ("isnan", "isnan"),
     "isinf": ("isinf", "isinf"),
     "sigmoid": ("1.0f / (1.0f + expf(-{x}))", "1.0 / (1.0 + exp(-{x}))"),
+    # float32 only (no float64 form); device helpers that `device_helpers` defines
+    "sin_approx": ("tecc_sin_approx", ""), "cos_approx": ("tecc_cos_approx", ""),
 }
 _SHUFFLE_C = {"shfl_xor": "__shfl_xor_sync", "shfl_down": "__shfl_down_sync", "shfl_idx": "__shfl_sync"}
 FULL_WARP_MASK = "0xffffffffu"
@@ -338,12 +343,16 @@ class ExprEmitter:
     def _Call(self, e: Call) -> Text:
         if e.name in WARP_INTRINSICS:
             return self._shuffle(e)
+        if e.name in MEMORY_INTRINSICS:
+            return self._memory(e)
         x = e.args[0]
         if x.dtype.is_int:
             if e.name != "abs":
                 raise CompileError(f"the CUDA emitter has no integer form of {e.name} in {e}")
             return f"{'llabs' if x.dtype == dt.int64 else 'abs'}({self.code(x)})", POSTFIX
         single, double = _INTRINSIC_C[e.name]
+        if e.name in APPROX_INTRINSICS and x.dtype == dt.float64:
+            raise CompileError(f"{e.name} has no float64 form ({e}); it is for float32 and 16-bit floats")
         if x.dtype in HALF_TYPES:
             value = self._apply(single, self.as_float(x))
             if e.dtype.is_bool:  # isnan / isinf
@@ -369,3 +378,69 @@ class ExprEmitter:
         if value.dtype.is_bool:
             return f"{name}({FULL_WARP_MASK}, static_cast<int>({self.code(value)}), {self.code(lane)}) != 0", EQ
         return f"{name}({FULL_WARP_MASK}, {self.code(value)}, {self.code(lane)})", POSTFIX
+
+    def _memory(self, e: Call) -> Text:
+        """MEMORY_INTRINSICS: `__threadfence()` (PTX `fence.sc.gpu` / `membar.gl`),
+        `atomicAdd(&element, v)` (`atom.global.add`), `__ldcg(&element)` (`ld.global.cg`)."""
+        if e.name == "thread_fence":
+            return "__threadfence()", POSTFIX
+        element = e.args[0]
+        assert isinstance(element, BufferLoad)  # Call checked it
+        address = f"&{self.buffer_ref(element.buffer, element.indices)}"
+        if e.name == "atomic_add":
+            return f"atomicAdd({address}, {self.code(e.args[1])})", POSTFIX
+        return f"__ldcg({address})", POSTFIX
+
+
+# ---- device helpers ---------------------------------------------------------------------------
+def _f(value: float) -> str:
+    return float_literal(value, dt.float32)[0]
+
+
+def _trig_helper(name: str, precise: str, cosine: bool) -> str:
+    """`tecc_sin_approx` / `tecc_cos_approx`: the steps of tecc/ir/approx.py, constants from there.
+    The fast result is computed for every x and replaced by the precise one past the range (one
+    branch around the slow path: one instruction per call fewer than returning early, in SASS)."""
+    magic = _f(approx.ROUND_MAGIC)
+    if cosine:
+        reduce = (f"  const float t = fmaf(x, {_f(approx.INV_PI)}, -0.5f) + {magic};"
+                  "  // 1.5 * 2^23 + rint(x / pi - 1/2)\n"
+                  f"  const float m = (t - {magic}) + 0.5f;  // x = m * pi + r\n")
+        flip = "(__float_as_uint(t) << 31) ^ 0x80000000u);  // cos x = sin((-1)^(n+1) r)"
+    else:
+        reduce = (f"  const float t = fmaf(x, {_f(approx.INV_PI)}, {magic});  // 1.5 * 2^23 + rint(x / pi)\n"
+                  f"  const float m = t - {magic};  // x = m * pi + r\n")
+        flip = "(__float_as_uint(t) << 31));  // sin x = sin((-1)^n r)"
+    return (f"__device__ __forceinline__ float {name}(float x) {{\n"
+            + reduce
+            + f"  float r = fmaf(m, {_f(-approx.PI_HI)}, x);  // exact (but for cos, |x| < 1)\n"
+            f"  r = fmaf(m, {_f(-approx.PI_LO)}, r);\n"
+            f"  r = __uint_as_float(__float_as_uint(r) ^ {flip}\n"
+            f"  float y = tecc_sin_poly(r);\n"
+            f"  if (fabsf(x) > {_f(approx.FAST_RANGE)}) y = {precise}(x);  // and inf; NaN stays NaN\n"
+            f"  return y;\n"
+            f"}}\n")
+
+
+def device_helpers(intrinsics: set[str]) -> list[str]:
+    """The `__device__` functions a translation unit calling `intrinsics` (Call names) needs,
+    each once, in dependency order."""
+    if not intrinsics & set(APPROX_INTRINSICS):
+        return []
+    s1, s2, s3, s4 = (_f(c) for c in approx.SIN_POLY)
+    helpers = [
+        "// sin_approx / cos_approx (tecc/ir/approx.py): for values rounded to a 16-bit float at once.\n"
+        "// Relative error <= 2^-21.9 plus 1.5e-10 absolute for |x| <= 2^17, the precise sinf/cosf beyond.\n"
+        "__device__ __forceinline__ float tecc_sin_poly(float r) {  // sin(r) for |r| <= pi/2 + 0.02\n"
+        "  const float r2 = r * r;\n"
+        f"  float q = fmaf(r2, {s4}, {s3});\n"
+        f"  q = fmaf(q, r2, {s2});\n"
+        f"  q = fmaf(q, r2, {s1});\n"
+        "  q = fmaf(q, r2, 1.0f);\n"
+        "  return r * q;  // r * (...), not fma(r^3, ., r): sin(-0) stays -0\n"
+        "}\n"]
+    if "sin_approx" in intrinsics:
+        helpers.append(_trig_helper("tecc_sin_approx", "sinf", cosine=False))
+    if "cos_approx" in intrinsics:
+        helpers.append(_trig_helper("tecc_cos_approx", "cosf", cosine=True))
+    return helpers

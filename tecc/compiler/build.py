@@ -10,7 +10,7 @@ is a list of schedule primitives, replayed on the lowered IR by `Schedule`.
 
 With `dump_ir=DIR` (or TECC_DUMP_IR) the IR is written after every step: `00_lower.txt`, one
 file per schedule primitive of the plan (`01_split.txt`, …), then the fixed tail
-(`default_schedule`, `simplify`, `unique_names`), `NN_cuda.cu` and `NN+1_<module>.ptx`.
+(`default_schedule`, `simplify`, `approx_math`, `unique_names`), `NN_cuda.cu` and `NN+1_<module>.ptx`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from ..codegen import default_arch, emit_source
 from ..ir.errors import TeccError
 from ..ir.stmt import Module
 from ..ir.tensor import Tensor
+from ..passes.approx_math import approx_math
 from ..passes.default_schedule import DEFAULT_THREADS, default_schedule
 from ..passes.lower import lower
 from ..passes.manager import DumpIR, Pass, PassManager, PassTiming, VerifyIR
@@ -97,13 +98,19 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
             from .planner import plan_program
             from .strategies.column_reduction import propose as propose_column_reduction
             from .strategies.row_fused import propose as propose_row_fused
+            from .strategies.split_rows import propose as propose_split_rows
 
-            # A graph of stages that share a row (softmax, norms) becomes one kernel when that
-            # moves fewer global bytes, and a column / middle-axis reduction a split reduction
-            # (two kernels); the per-kernel planner cannot express either rewrite.
-            fused = propose_row_fused(tensors)
-            column = propose_column_reduction(tensors) if fused is None else None
-            if fused is not None:
+            # A reduction over rows too few to fill the GPU one block per row (or a full
+            # reduction) becomes a two-stage grid reduction (two kernels), a graph of stages
+            # that share a row (softmax, norms) one kernel when that moves fewer global bytes,
+            # and a column / middle-axis reduction a split reduction (two kernels); the
+            # per-kernel planner cannot express these rewrites.
+            split = propose_split_rows(tensors, arch or knobs.default_arch_override(), sizes=sizes)
+            fused = propose_row_fused(tensors) if split is None else None
+            column = propose_column_reduction(tensors) if split is None and fused is None else None
+            if split is not None:
+                chosen = split.plan
+            elif fused is not None:
                 chosen = fused.plan
             elif column is not None:
                 chosen = column.plan
@@ -134,6 +141,8 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
     pipeline = [
         _default_schedule_pass(chosen),
         Pass("simplify", simplify),
+        Pass("approx_math", lambda m: approx_math(m, precise=knobs.precise_math()),
+             (("precise", knobs.precise_math()),)),
         Pass("unique_names", unique_names),
     ]
     module = PassManager(pipeline, instruments).run(module)

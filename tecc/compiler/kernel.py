@@ -10,11 +10,11 @@ from typing import Any
 
 from ..ir.errors import DeviceError, TeccError
 from ..ir.stmt import Module
+from ..runtime.artifact import manifest_version
 from ..runtime.host import HostProgram
 from .plan import Plan
 
 MANIFEST_FORMAT = "tecc-artifact"
-MANIFEST_VERSION = 1
 
 
 def _versions(nvrtc: str = "") -> dict[str, str]:
@@ -125,7 +125,7 @@ class Kernel:
             })
         return {
             "format": MANIFEST_FORMAT,
-            "version": MANIFEST_VERSION,
+            "version": manifest_version(self.host),  # 1, or 2 with a zero_init temporary
             "entry": self.name,
             "arch": self.arch,
             "host": self.host.to_json(),

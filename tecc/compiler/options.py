@@ -12,6 +12,7 @@ Nothing else reads the environment; values are read when a build starts, never a
 | TECC_PROGRESS       | auto                            | 0 hides the CLI's progress bars, 1 forces them (auto: only on a terminal) |
 | TECC_SIM_CHECKS     | 1                               | 0 turns off the emulator's out-of-bounds / race / uninitialized-read checks (faster) |
 | TECC_VERIFY_IR      | 1                               | 0 skips the IR verifier between passes |
+| TECC_PRECISE_MATH   | unset                           | 1 keeps the precise sinf/cosf where a result rounded to float16/bfloat16 would get the cheap sin_approx/cos_approx (tecc/passes/approx_math.py) |
 """
 
 from __future__ import annotations
@@ -75,3 +76,9 @@ def sim_checks() -> bool:
 
 def verify_ir() -> bool:
     return os.environ.get("TECC_VERIFY_IR", "1") != "0"
+
+
+def precise_math() -> bool:
+    """True when TECC_PRECISE_MATH is set to anything but '' or '0': no cheap sin/cos, even where
+    the result is rounded to a 16-bit float (the approx_math pass and the cost model both ask)."""
+    return os.environ.get("TECC_PRECISE_MATH", "") not in ("", "0")

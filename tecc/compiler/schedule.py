@@ -27,6 +27,7 @@ from ..ir.tensor import Tensor
 from ..passes import schedule as prim
 from ..passes.fuse_rows import fuse_rows as fuse_rows_module
 from ..passes.split_reduce import split_reduce as split_reduce_module
+from ..passes.split_rows import split_rows as split_rows_module
 from ..passes.lower import lower
 from ..passes.manager import DumpIR
 from ..passes.simplify import simplify_func
@@ -328,43 +329,65 @@ class Schedule:
                                                pending.vector, pending.transpose))
         del self._pending[str(st)]
 
-    def fuse_rows(self, threads: int, cache: str = "registers", vector: int = 1, rows_per_block: int = 1) -> None:
+    def fuse_rows(self, threads: int, cache: str = "registers", vector: int = 1, rows_per_block: int = 1,
+                  unroll: int = 1) -> None:
         """Replace the module by ONE kernel computing every stage that shares the row (a
         reduce→elementwise graph: softmax, layer norm, a row sum; see tecc.passes.fuse_rows):
         one block of `threads` threads per row, cross-thread reductions, the row kept in
-        registers (`cache="registers"`) or re-read (`cache="none"`); `rows_per_block` > 1 puts
-        that many rows in a block, one 32-thread warp each. It must be the first step."""
+        registers (`cache="registers"`) or re-read (`cache="none"`, `"online"`: in chunks of
+        `unroll` vectors); `rows_per_block` > 1 puts that many rows in a block, one 32-thread
+        warp each. It must be the first step."""
         if self._steps:
             raise ScheduleError("fuse_rows rewrites the whole module: it must be the first step of a plan")
         start = time.perf_counter()
         self.mod = fuse_rows_module(self._tensors, int(threads), cache, name=self._name, vector=int(vector),
-                                    rows_per_block=int(rows_per_block))
+                                    rows_per_block=int(rows_per_block), unroll=int(unroll))
         self.timing.append(("fuse_rows", time.perf_counter() - start))
         args: dict[str, Any] = {"threads": int(threads), "cache": cache}
         if vector != 1:
             args["vector"] = int(vector)
         if rows_per_block != 1:
             args["rows_per_block"] = int(rows_per_block)
+        if unroll != 1:
+            args["unroll"] = int(unroll)
         self._record(Step("fuse_rows", args))
 
     def split_reduce(self, threads_x: int = 32, threads_y: int = 8, splits: int = 1, unroll: int = 4,
-                     outputs_per_thread: int = 1) -> None:
+                     outputs_per_thread: int = 1, combine: str = "kernel") -> None:
         """Replace the module by the split reduction of its one reduction stage (a column or
         middle-axis reduction; see tecc.passes.split_reduce): `threads_x` consecutive outputs
         per block, the reduced axis over `threads_y` threads and `splits` blocks, combined in
-        shared memory and, when splits > 1, by a second kernel; `outputs_per_thread` adjacent
-        outputs per thread make its row reads vector loads. It must be the first step."""
+        shared memory and, when splits > 1, by a second kernel (`combine="kernel"`) or by the
+        last block to finish, in one kernel (`combine="last_block"`); `outputs_per_thread`
+        adjacent outputs per thread make its row reads vector loads. It must be the first step."""
         if self._steps:
             raise ScheduleError("split_reduce rewrites the whole module: it must be the first step of a plan")
         start = time.perf_counter()
         self.mod = split_reduce_module(self._tensors, int(threads_x), int(threads_y), int(splits), int(unroll),
-                                       name=self._name, outputs_per_thread=int(outputs_per_thread))
+                                       name=self._name, outputs_per_thread=int(outputs_per_thread),
+                                       combine=str(combine))
         self.timing.append(("split_reduce", time.perf_counter() - start))
         args: dict[str, Any] = {"threads_x": int(threads_x), "threads_y": int(threads_y), "splits": int(splits),
                                 "unroll": int(unroll)}
         if outputs_per_thread != 1:
             args["outputs_per_thread"] = int(outputs_per_thread)
+        if combine != "kernel":  # the default is left out, so plans recorded before it read the same
+            args["combine"] = str(combine)
         self._record(Step("split_reduce", args))
+
+    def split_rows(self, threads: int = 256, splits: int = 1, vector: int = 1, unroll: int = 1) -> None:
+        """Replace the module by the two-stage grid reduction of its one reduction stage (few
+        long rows, or a full reduction; see tecc.passes.split_rows): `splits` blocks of
+        `threads` threads per row over contiguous chunks, `unroll` loads of `vector` elements in
+        flight per thread, the partials combined by a second kernel. It must be the first step."""
+        if self._steps:
+            raise ScheduleError("split_rows rewrites the whole module: it must be the first step of a plan")
+        start = time.perf_counter()
+        self.mod = split_rows_module(self._tensors, int(threads), int(splits), int(vector), int(unroll),
+                                     name=self._name)
+        self.timing.append(("split_rows", time.perf_counter() - start))
+        self._record(Step("split_rows", {"threads": int(threads), "splits": int(splits), "vector": int(vector),
+                                         "unroll": int(unroll)}))
 
     def cache_write(self, stage: StageLike, scope: str = "local") -> StageRV:
         st = self._stage(stage)

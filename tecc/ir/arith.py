@@ -13,8 +13,8 @@ from typing import Any, Callable
 from . import dtype as dt
 from .dtype import DType
 from .errors import DTypeError, TeccError
-from .expr import (FLOAT_INTRINSICS, INTRINSICS, WARP_INTRINSICS, Binary, Call, Cast, Compare, Const, Expr,
-                   ExprLike, Select, index_expr)
+from .expr import (APPROX_INTRINSICS, FLOAT_INTRINSICS, INTRINSICS, WARP_INTRINSICS, Binary, Call, Cast, Compare,
+                   Const, Expr, ExprLike, Select, index_expr)
 
 
 def as_expr(value: ExprLike, like: DType | None = None) -> Expr:
@@ -118,7 +118,12 @@ def cast(value: ExprLike, dtype: dt.DTypeLike) -> Expr:
 
 
 def call(name: str, *args: ExprLike) -> Expr:
-    """Apply the math intrinsic `name` (see INTRINSICS)."""
+    """Apply the math intrinsic `name` (see INTRINSICS, and APPROX_INTRINSICS for passes)."""
+    if name in APPROX_INTRINSICS:
+        x = as_expr(args[0]) if not isinstance(args[0], Expr) else args[0]
+        if x.dtype not in (dt.float32, dt.float16, dt.bfloat16):
+            raise DTypeError(f"{name} needs a float32, float16 or bfloat16 argument, got {x.dtype} in {name}({x})")
+        return Call(name, (x,), x.dtype)
     if name not in INTRINSICS:
         raise DTypeError(f"unknown intrinsic {name!r}; tecc has {', '.join(INTRINSICS)}")
     xs = [as_expr(a) if not isinstance(a, Expr) else a for a in args]
@@ -141,6 +146,22 @@ def warp_shuffle(kind: str, value: Expr, arg: ExprLike) -> Expr:
     if kind not in WARP_INTRINSICS:
         raise TeccError(f"unknown warp intrinsic {kind!r}; one of {WARP_INTRINSICS}")
     return Call(kind, (value, index_expr(arg) if not isinstance(arg, Expr) else arg), value.dtype)
+
+
+def atomic_add(element: Expr, value: ExprLike) -> Expr:
+    """`atomicAdd(&element, value)` on a global int32 element, giving its value before the add
+    (see MEMORY_INTRINSICS; `element` is a BufferLoad, Call checks it)."""
+    return Call("atomic_add", (element, as_expr(value, dt.int32)), dt.int32)
+
+
+def load_cg(element: Expr) -> Expr:
+    """`__ldcg(&element)`: a global element read at L2 (see MEMORY_INTRINSICS)."""
+    return Call("load_cg", (element,), element.dtype)
+
+
+def thread_fence() -> Expr:
+    """`__threadfence()` (see MEMORY_INTRINSICS), for an Evaluate statement."""
+    return Call("thread_fence", (), dt.int32)
 
 
 def select(cond: ExprLike, a: ExprLike, b: ExprLike) -> Expr:

@@ -387,6 +387,16 @@ FLOAT_INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "erf", 
                     "exp2", "log2", "floor", "ceil", "round", "isnan", "isinf")
 INTRINSICS = FLOAT_INTRINSICS + ("abs",)
 
+# Cheap forms of sin and cos (loop IR only: the `approx_math` pass writes them, users cannot):
+#   sin_approx(x), cos_approx(x) -- sin / cos with relative error <= 2^-21.9 plus absolute
+#       1.5e-10 for |x| <= 2^17 (Cody-Waite reduction by pi and an odd polynomial, ~19 issued
+#       instructions instead of sinf's ~27), the precise sinf / cosf beyond; see approx.py for
+#       the algorithm and the bound. Arguments float32, float16 or bfloat16 (a 16-bit one is
+#       computed in float32 and rounded back, like every intrinsic); float64 is refused.
+# Meant for values that are rounded to a 16-bit float right away, where that error is far
+# below half an ulp; a float32 result that is kept needs the precise sin.
+APPROX_INTRINSICS = ("sin_approx", "cos_approx")
+
 # Warp intrinsics (loop IR only), with CUDA's semantics over the 32 lanes of a warp, all lanes
 # active (mask 0xffffffff) and width 32:
 #   shfl_xor(value, lane_mask) -- the value of lane (lane ^ lane_mask)        (__shfl_xor_sync)
@@ -395,12 +405,28 @@ INTRINSICS = FLOAT_INTRINSICS + ("abs",)
 # The lane of a thread is its linear thread index within the block modulo 32.
 WARP_INTRINSICS = ("shfl_xor", "shfl_down", "shfl_idx")
 
+# Memory intrinsics (loop IR only), for blocks of one kernel that hand data to each other
+# (split_reduce's last block combines the partials the other blocks stored):
+#   atomic_add(buf[i], value) -- adds the int32 `value` to element buf[i] of a global int32
+#       buffer as one indivisible step and returns the element's value before it (atomicAdd,
+#       relaxed, device scope). The BufferLoad names the element (its address), it is no read
+#       of its own. Concurrent atomics on one element take effect in some order; the emulator's
+#       is lane order (docs/emulator.md).
+#   load_cg(buf[i])  -- the element of a global buffer read at L2 (__ldcg, ld.global.cg), never
+#       through L1 or the non-coherent read-only path: it sees what another block of the same
+#       kernel stored and published (a store, thread_fence, then an atomic this block observed).
+#   thread_fence()   -- __threadfence(): this thread's global stores before it are visible to
+#       every thread of the device before any of its memory accesses after it. Its value is an
+#       int32 0; it stands in an Evaluate statement.
+MEMORY_INTRINSICS = ("atomic_add", "load_cg", "thread_fence")
+
 
 class Call(Expr):
     """A pure math intrinsic applied to scalars, e.g. `exp(x)`; see INTRINSICS.
 
-    Intrinsics with side effects or thread semantics (warp shuffles) also appear as Calls
-    in the loop IR; their meaning is in `tecc.ir.stmt`."""
+    Intrinsics with side effects or thread semantics (warp shuffles, MEMORY_INTRINSICS) also
+    appear as Calls in the loop IR; their meaning is next to WARP_INTRINSICS and
+    MEMORY_INTRINSICS above."""
 
     __slots__ = ("name", "args")
     _fields = ("name", "args", "dtype")
@@ -408,9 +434,28 @@ class Call(Expr):
     args: tuple[Expr, ...]
 
     def _init(self, name: str, args: tuple[Expr, ...], dtype: DType) -> None:
+        if name in MEMORY_INTRINSICS:
+            _check_memory_intrinsic(name, tuple(args), dtype)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "args", tuple(args))
         object.__setattr__(self, "dtype", dtype)
+
+
+def _check_memory_intrinsic(name: str, args: tuple[Expr, ...], dtype: DType) -> None:
+    """The arity, operands and result dtype MEMORY_INTRINSICS documents, or TeccError."""
+    if name == "thread_fence":
+        if args or dtype != dt.int32:
+            raise TeccError(f"thread_fence() takes no arguments and is int32, got {len(args)} argument(s), {dtype}")
+        return
+    want = 2 if name == "atomic_add" else 1
+    target = args[0] if args else None
+    if len(args) != want or not isinstance(target, BufferLoad) or getattr(target.buffer, "scope", None) != "global":
+        raise TeccError(f"{name} takes {want} argument(s), the first a global buffer element (a BufferLoad)")
+    if name == "load_cg" and dtype != target.dtype:
+        raise DTypeError(f"load_cg of {target} is {target.dtype}, not {dtype}")
+    if name == "atomic_add" and not (target.dtype == args[1].dtype == dtype == dt.int32):
+        raise DTypeError(f"atomic_add needs an int32 element, value and result; got {target.dtype} element "
+                         f"{target}, {args[1].dtype} value, {dtype} result")
 
 
 REDUCERS = ("sum", "prod", "max", "min")
@@ -575,10 +620,13 @@ def to_shape(shape: Sequence[ExprLike] | ExprLike) -> tuple[Expr, ...]:
 # Building expressions (promotion, constant folding) lives in arith.py; the operators above and
 # every pass use it through these names. Imported last: arith needs the node classes.
 from .arith import as_expr as as_expr  # noqa: E402
+from .arith import atomic_add as atomic_add  # noqa: E402
 from .arith import binary as binary  # noqa: E402
 from .arith import call as call  # noqa: E402
 from .arith import cast as cast  # noqa: E402
 from .arith import compare as compare  # noqa: E402
+from .arith import load_cg as load_cg  # noqa: E402
 from .arith import logical_and as logical_and  # noqa: E402
 from .arith import select as select  # noqa: E402
+from .arith import thread_fence as thread_fence  # noqa: E402
 from .arith import warp_shuffle as warp_shuffle  # noqa: E402

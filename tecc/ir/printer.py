@@ -112,6 +112,8 @@ def buffer_decl(b: Buffer) -> str:
         text += f" strides({', '.join(_expr(s) for s in b.strides)})"
     if b.scope != "global":
         text += f" @{b.scope}"
+    if b.zero_init:
+        text += " zero_init"
     return text
 
 

@@ -87,7 +87,7 @@ def expr_from_json(j: Any, table: VarTable) -> Expr:
 
 
 def buffer_to_json(b: Buffer) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "name": b.name,
         "dtype": b.dtype.name,
         "shape": [expr_to_json(s) for s in b.shape],
@@ -95,12 +95,16 @@ def buffer_to_json(b: Buffer) -> dict[str, Any]:
         "scope": b.scope,
         "tensor": b.tensor,
     }
+    if b.zero_init:  # written only when set: documents without it read as before (false)
+        out["zero_init"] = True
+    return out
 
 
 def buffer_from_json(j: dict[str, Any], table: VarTable) -> Buffer:
     return Buffer(
         j["name"], dt.as_dtype(j["dtype"]), tuple(expr_from_json(s, table) for s in j["shape"]), j["scope"],
         None if j["strides"] is None else tuple(expr_from_json(s, table) for s in j["strides"]), j["tensor"],
+        bool(j.get("zero_init", False)),
     )
 
 

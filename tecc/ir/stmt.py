@@ -30,7 +30,10 @@ class Buffer:
     `strides` is None for a row-major contiguous buffer; otherwise one stride per dimension,
     ints or 'stride' variables passed to the kernel. Element (i0, .., in) lives at
     sum(ik * stride_k) elements past the base pointer. `tensor` names the tensor-expression
-    stage the buffer holds, so schedule primitives can address it ("C", "C.shared")."""
+    stage the buffer holds, so schedule primitives can address it ("C", "C.shared").
+    `zero_init` (global temporaries only): the host zeroes the buffer once, when it allocates
+    it, and not before later calls that reuse it; every kernel that changes it must leave it
+    zero again when it exits (a counter that resets itself, e.g. split_reduce's arrivals)."""
 
     name: str
     dtype: DType
@@ -38,6 +41,7 @@ class Buffer:
     scope: str = "global"
     strides: tuple[Expr, ...] | None = None
     tensor: str = ""
+    zero_init: bool = False
 
     def __post_init__(self) -> None:
         if self.scope not in SCOPES:
@@ -51,6 +55,8 @@ class Buffer:
             object.__setattr__(self, "strides", strides)
         if not self.tensor:
             object.__setattr__(self, "tensor", self.name)
+        if self.zero_init and self.scope != "global":
+            raise TeccError(f"buffer {self.name}: only a global temporary can be zero-initialised, not {self.scope}")
 
     @property
     def ndim(self) -> int:

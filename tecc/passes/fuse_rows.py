@@ -21,8 +21,11 @@ Consecutive threads take consecutive columns (`k*T + tx`), so every warp-wide lo
 one contiguous 128-byte line (coalesced); the K loads of a thread are independent and unrolled,
 which keeps enough bytes in flight to reach DRAM bandwidth. Row statistics stay in registers
 (every thread holds the all-reduced value), intermediate reductions never touch global memory.
-With cache="none" (a symbolic or too-long row) every stage reads its operands from global
-memory again (L2 serves most of the re-reads of a row the block has just read).
+With cache="none" (a symbolic or too-long row) every pass reads its operands from global
+memory again, walking the row in chunks of U 16-byte vectors per thread with a guarded tail
+(row_chunks.py); cache="online" also folds a max / sum-of-exp pair and a sum / sum-of-squared-
+deviations pair into one pass each (online_stats.py: running max, Welford / Chan moments), so
+softmax and layer norm read a long row twice.
 
 What a group is (`row_group` says why a program is not one): after elementwise producers are
 inlined (lower.choose_inlined), every remaining stage is either a reduction stage of shape R (the
@@ -40,7 +43,6 @@ from typing import Callable, Sequence
 from ..ir import dtype as dt
 from ..ir.errors import ScheduleError
 from ..ir.expr import (
-    Binary,
     BufferLoad,
     Call,
     Const,
@@ -49,13 +51,10 @@ from ..ir.expr import (
     TensorRead,
     Var,
     binary,
-    call,
     cast,
-    compare,
     const_int,
     free_vars,
     reduce_identity,
-    select,
     substitute,
     walk,
 )
@@ -84,6 +83,14 @@ from .lower import (
     signature,
 )
 from .names import identifier
+from .online_stats import (
+    centered_sum,
+    max_sum_exp_pair,
+    online_max_sum,
+    welford_moments,
+    welford_pair,
+)
+from .row_chunks import ColumnWalk
 from .schedule.cross_thread import WARP, allreduce
 
 CACHES = ("registers", "online", "none")
@@ -205,16 +212,20 @@ class _CacheRow(ExprMutator):
 
 
 def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", name: str | None = None,
-              vector: int = 1, rows_per_block: int = 1) -> Module:
+              vector: int = 1, rows_per_block: int = 1, unroll: int = 1) -> Module:
     """The module of ONE kernel computing the row group `args` (see the module docstring).
 
     threads: block size T (a multiple of 32, at most 1024); cache: "registers" keeps the row's
     cached inputs in K = ceil(C/T) registers per thread (C must be a constant), "none" re-reads
-    them once per pass, "online" is "none" with a max followed by a sum of exp(· - max) computed
-    in ONE pass (running max, rescaled sum: `_online_max_sum`), so softmax reads its row twice.
+    them once per pass, "online" is "none" with two reductions computed in ONE pass where
+    online_stats.py recognises them: a max followed by a sum of exp(· - max) (running max,
+    rescaled sum), a sum followed by a sum of squared deviations (Welford / Chan moments), so
+    softmax and layer norm read their row twice.
     vector: V > 1 gives each thread V consecutive columns per step (`col = (k*T + tx)*V + v`), so
     the row's loads and the outputs' stores become one V-wide access (float4: LDG.128/STG.128);
-    it needs cache="registers" and C a multiple of V; V = 8 is for 16-bit rows (16 bytes).
+    it needs a constant C that is a multiple of V; V = 8 is for 16-bit rows (16 bytes).
+    unroll: with cache="none" / "online", each thread walks its columns in chunks of U vectors
+    whose loads are all issued before they are used (row_chunks.py), with a guarded tail.
     rows_per_block: W > 1 puts W rows in one block, one warp per row (threads must be 32, the
     rows on threadIdx.y): each row's reductions are warp shuffles only, with no shared memory and
     no barrier, and the launch has W times fewer blocks (a 64-thread block per row of 1024 bf16
@@ -232,9 +243,11 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     prog = group.program
     if vector not in VECTORS:
         raise ScheduleError(f"fuse_rows: vector must be one of {VECTORS}, got {vector}")
-    if vector > 1 and (cache != "registers" or c_const is None or c_const % vector):
-        raise ScheduleError(f"fuse_rows: vector={vector} needs cache='registers' and a row length that is a multiple "
-                            f"of it, got {C}")
+    if vector > 1 and (c_const is None or c_const % vector):
+        raise ScheduleError(f"fuse_rows: vector={vector} needs a constant row length that is a multiple of it, got {C}")
+    if unroll < 1 or (unroll > 1 and cache == "registers"):
+        raise ScheduleError(f"fuse_rows: unroll={unroll} is the chunk of a re-read row (cache='none' or 'online'); "
+                            "cache='registers' unrolls its whole row")
 
     W = rows_per_block
     if W < 1 or (W > 1 and threads != WARP) or threads * W > 1024:
@@ -260,31 +273,42 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     for extent in group.rows:
         n_rows = n_rows * extent
 
-    # the column walk: col = k*T + tx, k < K
+    # the column walk: col = k*T + tx, k < K (a re-read row: the chunked walk of row_chunks.py,
+    # whose passes are written in the column variable `col`)
     k = Var(unique("k"), dt.int32)
     v = Var(unique("v"), dt.int32)
     V = vector
-    col = (k * threads + tx) * V + v if V > 1 else k * threads + tx
-    slot = k * V + v if V > 1 else k
-    if c_const is not None:
-        K: Expr = Const(-(-c_const // (threads * V)), dt.int32)
-        needs_guard = c_const % (threads * V) != 0
-        kind = "unroll" if cache == "registers" or c_const // threads <= 32 else "serial"
+    chunks: ColumnWalk | None = None
+    if cache == "registers":
+        col: Expr = (k * threads + tx) * V + v if V > 1 else k * threads + tx
     else:
-        K = (C + (threads - 1)) // threads
-        needs_guard = True
-        kind = "serial"
+        col = Var(unique("col"), dt.int32)
+        chunks = ColumnWalk(C, threads, V, unroll, tx, col, lambda label: Var(unique(label), dt.int32),
+                            lambda load, n: Buffer(unique(f"{load.buffer.name}_chunk"), load.buffer.dtype, (n,),
+                                                   "local", tensor=f"{load.buffer.tensor}.chunk"))
+    slot = k * V + v if V > 1 else k
+    K: Expr = Const(-(-(c_const or 0) // (threads * V)), dt.int32)
+    needs_guard = c_const is not None and c_const % (threads * V) != 0
 
     def column_loop(body: Stmt, vectorized: bool = False) -> Stmt:
+        """The registers form's walk: k < K, every step unrolled (the row's registers are indexed by k)."""
         if V > 1:
             # C is a multiple of V: a vector is wholly inside the row or wholly past it
             body = For(v, 0, V, "vectorize" if vectorized else "unroll", body)
             if needs_guard:
                 body = IfThenElse((k * threads + tx) * V < C, body)
-            return For(k, 0, K, kind, body)
+            return For(k, 0, K, "unroll", body)
         if needs_guard:
             body = IfThenElse(col < C, body)
-        return For(k, 0, K, kind, body)
+        return For(k, 0, K, "unroll", body)
+
+    def over_columns(exprs: list[Expr], element: Callable[[Callable[[Expr], Expr], Expr], Stmt],
+                     vectorized: bool = False) -> Stmt:
+        """The walk over the thread's columns running `element(value, column)` at each: `value`
+        maps a pass expression to its value at the column (chunk registers for a re-read row)."""
+        if chunks is None:
+            return column_loop(element(lambda e: e, col), vectorized)
+        return chunks.loop(exprs, row_idx, lambda ch: ch.each(element(ch.value, ch.column), vectorized))
 
     zero = Const(0, dt.int32)
     base_inliner = _Inliner(prog.inlined, buffers)
@@ -334,28 +358,49 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
             unique("t_row"), e.dtype, (K * V,), "local", tensor="row.shared"))
         allocs.extend(shared.values())
 
+    def new_local(label: str, dtype: dt.DType, n: int) -> Buffer:
+        buf = Buffer(unique(label), dtype, (n,), "local", tensor=label)
+        allocs.append(buf)
+        return buf
+
     accs: dict[int, Expr] = {}
     touched: list[set[int]] = []  # the row arrays each pass reads or writes
     merged: set[int] = set()      # passes folded into the previous one (cache="online")
+    welford = 0                   # of which sum / sum-of-squared-deviation pairs
     for i, (t, expr, r) in enumerate(passes):
         if i in merged:
             touched.append(set())
             continue
-        online = _online_pair(passes, i, values) if cache == "online" else None
-        if online is not None:
-            t2, r2, h = online
-            assert r is not None
-            m_acc = Buffer(unique(f"{t.name}_acc"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.acc")
-            s_acc = Buffer(unique(f"{t2.name}_acc"), r2.acc_dtype, (1,), "local", tensor=f"{t2.name}.acc")
-            m_new = Buffer(unique(f"{t.name}_new"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.running")
-            m_own = Buffer(unique(f"{t.name}_own"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.thread")
-            allocs.extend([m_acc, s_acc, m_new, m_own])
-            stmts.extend(_online_max_sum(m_acc, s_acc, m_new, m_own, cast(expr, r.acc_dtype), h,
-                                         lambda body: column_loop(body), tx, threads, unique(f"{t.name}_block"),
-                                         unique(f"{t2.name}_block")))
-            accs[id(r)] = cast(m_acc[zero], r.dtype)
-            accs[id(r2)] = cast(s_acc[zero], r2.dtype)
-            stmts.extend(_finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx))
+        pair = None
+        if cache == "online":
+            assert chunks is not None and isinstance(col, Var)
+            pair = max_sum_exp_pair(passes, i, values) or welford_pair(passes, i, col)
+        if pair is not None:
+            # two reductions in one pass over the row (online_stats.py)
+            t2, r2, other = pair
+            assert r is not None and chunks is not None
+            acc = Buffer(unique(f"{t.name}_acc"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.acc")
+            acc2 = Buffer(unique(f"{t2.name}_acc"), r2.acc_dtype, (1,), "local", tensor=f"{t2.name}.acc")
+            allocs.extend([acc, acc2])
+            if r.combiner == "max":
+                stmts.extend(online_max_sum(cast(expr, r.acc_dtype), other, chunks, row_idx, acc, acc2, new_local,
+                                            tx, threads, t.name, (unique(f"{t.name}_block"),
+                                                                  unique(f"{t2.name}_block"))))
+                accs[id(r)] = cast(acc[zero], r.dtype)
+                accs[id(r2)] = cast(acc2[zero], r2.dtype)
+                stmts.extend(_finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx))
+            else:
+                moments = (new_local(f"{t.name}_count", r.acc_dtype, 1), new_local(f"{t.name}_mean", r.acc_dtype, 1),
+                           new_local(f"{t.name}_m2", r.acc_dtype, 1))
+                stmts.extend(welford_moments(expr, chunks, row_idx, moments, new_local, tx, threads, t.name,
+                                             unique(f"{t.name}_block")))
+                stmts.append(BufferStore(acc, (zero,), moments[0][zero] * moments[1][zero]))  # S = n·mean
+                accs[id(r)] = cast(acc[zero], r.dtype)
+                stmts.extend(_finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx))
+                # μ (pass i+1's) may read t's row value, set just above
+                stmts.append(BufferStore(acc2, (zero,), centered_sum(moments, other)))
+                accs[id(r2)] = cast(acc2[zero], r2.dtype)
+                welford += 1
             merged.add(i + 1)
             touched.append(set())
             if i + 2 == len(passes) or passes[i + 2][0] is not t2:
@@ -375,15 +420,20 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
             acc = Buffer(unique(f"{t.name}_acc"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.acc")
             allocs.append(acc)
             stmts.append(BufferStore(acc, (zero,), reduce_identity(r.combiner, r.acc_dtype)))
-            update = BufferStore(acc, (zero,), binary(COMBINE[r.combiner], acc[zero], cast(expr, r.acc_dtype)))
-            stmts.append(column_loop(seq(*keep, update)))
+            combine = COMBINE[r.combiner]
+            stmts.append(over_columns([expr], lambda value, _column: seq(
+                *keep, BufferStore(acc, (zero,), binary(combine, acc[zero], cast(value(expr), acc.dtype))))))
             stmts.append(allreduce(acc, COMBINE[r.combiner], tx, threads, unique(f"{t.name}_block")))
             accs[id(r)] = cast(acc[zero], r.dtype)
             last_of_stage = i + 1 == len(passes) or passes[i + 1][0] is not t
             if last_of_stage:
                 stmts.extend(_finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx))
         else:
-            stmts.append(column_loop(BufferStore(buffers[t], row_idx + (col,), expr), vectorized=True))
+            out = buffers[t]
+            stmts.append(over_columns([expr], lambda value, column: BufferStore(out, row_idx + (column,), value(expr)),
+                                      vectorized=True))
+    if chunks is not None:
+        allocs.extend(chunks.buffers)
 
     body: Stmt = seq(*stmts)
     for buf in reversed(allocs):
@@ -405,6 +455,8 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     attrs: tuple[tuple[str, object], ...] = (("fused_rows", tuple(t.name for t in prog.stages)),)
     if merged:  # reductions computed together with the one before them (cache="online")
         attrs += (("online_pairs", len(merged)),)
+    if welford:  # of which mean/variance pairs (Welford / Chan moments)
+        attrs += (("welford_pairs", welford),)
     if cache == "registers":
         k_const = const_int(K)
         assert k_const is not None
@@ -488,66 +540,6 @@ def peak_row_words(spans: Sequence[tuple[float, float]], words: int) -> int:
     last = max((hi for _, hi in spans), default=0.0)
     points = [q / 2 for q in range(-2, int(2 * last) + 2)]  # every pass and every gap between two
     return max((words * sum(1 for lo, hi in spans if lo <= p <= hi) for p in points), default=0)
-
-
-def _online_pair(passes: Sequence[tuple[Tensor, Expr, Reduce | None]], i: int,
-                 values: dict[Tensor, Buffer]) -> tuple[Tensor, Reduce, Expr] | None:
-    """(stage, Reduce, h) when pass i is a stage `m = max_c a(c)` (the whole stage) and pass i+1
-    a sum `Σ_c exp(h(c) - m)` with h free of m: the pair one pass can compute with a running max
-    and a rescaled sum (Milakov & Gimelshein, "Online normalizer calculation for softmax", 2018):
-    when the running max grows from m to m', the sum so far is multiplied by exp(m - m')."""
-    if i + 1 >= len(passes):
-        return None
-    t, _, r = passes[i]
-    t2, expr2, r2 = passes[i + 1]
-    op = t.op
-    assert isinstance(op, ComputeOp)
-    if r is None or r2 is None or r.combiner != "max" or r2.combiner != "sum" or not isinstance(op.body, Reduce):
-        return None
-    if not r.acc_dtype.is_float or r2.acc_dtype != r.acc_dtype or t2 is t:
-        return None
-    m = values[t][Const(0, dt.int32)]
-    if not (isinstance(expr2, Call) and expr2.name == "exp" and isinstance(expr2.args[0], Binary)
-            and expr2.args[0].op == "-" and expr2.args[0].b is m and expr2.dtype == r2.acc_dtype):
-        return None
-    h = expr2.args[0].a
-    if any(n is m for n in walk(h)):
-        return None
-    return t2, r2, h
-
-
-def _online_max_sum(m_acc: Buffer, s_acc: Buffer, m_new: Buffer, m_own: Buffer, a: Expr, h: Expr,
-                    column_loop: Callable[[Stmt], Stmt], tx: Var, threads: int, m_name: str,
-                    s_name: str) -> list[Stmt]:
-    """One pass over the row for `m = max a` and `s = Σ exp(h - m)` (see _online_pair):
-
-        m_acc = -inf; s_acc = 0
-        for each column: m_new = max(m_acc, a); s_acc = s_acc·exp(m_acc - m_new) + exp(h - m_new); m_acc = m_new
-        m_own = m_acc; <allreduce m_acc, max>; s_acc = s_acc·exp(m_own - m_acc); <allreduce s_acc, +>
-
-    exp(m_acc - m_new) is taken as 1 when the two are equal, so a thread that has seen no
-    column (or only -inf) keeps s = 0 instead of 0·exp(-inf + inf) = NaN."""
-    zero = Const(0, dt.int32)
-    one = Const(1.0, s_acc.dtype)
-
-    def rescale(old: Expr, new: Expr) -> Expr:
-        return select(compare("==", old, new), one, call("exp", old - new))
-
-    update = seq(
-        BufferStore(m_new, (zero,), binary("max", m_acc[zero], a)),
-        BufferStore(s_acc, (zero,), s_acc[zero] * rescale(m_acc[zero], m_new[zero])
-                    + call("exp", h - m_new[zero])),
-        BufferStore(m_acc, (zero,), m_new[zero]),
-    )
-    return [
-        BufferStore(m_acc, (zero,), reduce_identity("max", m_acc.dtype)),
-        BufferStore(s_acc, (zero,), reduce_identity("sum", s_acc.dtype)),
-        column_loop(update),
-        BufferStore(m_own, (zero,), m_acc[zero]),
-        allreduce(m_acc, "max", tx, threads, m_name),
-        BufferStore(s_acc, (zero,), s_acc[zero] * rescale(m_own[zero], m_acc[zero])),
-        allreduce(s_acc, "+", tx, threads, s_name),
-    ]
 
 
 def _finish_reduction(t: Tensor, row_idx: tuple[Expr, ...], accs: dict[int, Expr], inliner: ExprMutator,

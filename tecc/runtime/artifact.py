@@ -8,7 +8,8 @@ An artifact is four files next to each other (`path` is the stem; `load("out/axp
     path.ptx    the PTX, optional (kept as text for inspection)
     path.cu     the CUDA C the cubin was compiled from, optional (kept as text)
 
-Manifest, version 1 (docs/runtime.md, "Artifacts", is the reference):
+Manifest, version 1 or 2 (docs/runtime.md, "Artifacts", is the reference; MANIFEST_VERSION
+says what 2 adds):
 
     {"format": "tecc-artifact", "version": 1,
      "entry": <module name, = host["name"]>, "arch": "sm_90",
@@ -38,7 +39,13 @@ from ..ir.errors import DeviceError, TeccError
 from .host import HostProgram
 
 MANIFEST_FORMAT = "tecc-artifact"
-MANIFEST_VERSION = 1
+# The newest format version this runtime reads (it reads every older one too):
+#   1  the format above;
+#   2  a temporary in host["temps"] may carry "zero_init": true (zero it once when allocated; its
+#      kernels leave it zero), which a version-1 reader would ignore and so run wrongly.
+# A manifest is written with the lowest version that holds it (`manifest_version`), so a
+# kernel with no such temporary stays loadable by version-1 runtimes.
+MANIFEST_VERSION = 2
 REQUIRED_KEYS = ("format", "version", "entry", "arch", "host", "kernels", "plan", "versions", "options",
                  "source_sha256")
 VERSION_KEYS = ("tecc", "nvrtc", "cuda_core")
@@ -84,8 +91,13 @@ def cubin_runs_on(arch: str, compute_capability: tuple[int, int]) -> bool:
     return major == dev_major and dev_minor >= minor
 
 
+def manifest_version(host: HostProgram) -> int:
+    """The lowest format version that holds `host` (see MANIFEST_VERSION)."""
+    return 2 if any(t.zero_init for t in host.temps) else 1
+
+
 def validate_manifest(manifest: Any, where: str = "manifest") -> HostProgram:
-    """Check a manifest against format version 1 and return its HostProgram.
+    """Check a manifest against its format version (1 or 2) and return its HostProgram.
 
     Raises ArtifactError naming the offending key."""
     if not isinstance(manifest, Mapping):
@@ -98,8 +110,8 @@ def validate_manifest(manifest: Any, where: str = "manifest") -> HostProgram:
         raise ArtifactError(f"{where}: malformed format version {version!r}")
     if version > MANIFEST_VERSION:
         raise ArtifactError(
-            f"{where}: written with artifact format version {version}, but this runtime reads version "
-            f"{MANIFEST_VERSION}; upgrade tecc, or rebuild and save the kernel with this version"
+            f"{where}: written with artifact format version {version}, but this runtime reads versions "
+            f"up to {MANIFEST_VERSION}; upgrade tecc, or rebuild and save the kernel with this version"
         )
     missing = [k for k in REQUIRED_KEYS if k not in manifest]
     if missing:
@@ -136,6 +148,9 @@ def validate_manifest(manifest: Any, where: str = "manifest") -> HostProgram:
     expected = sorted(k.name for k in host.kernels)
     if listed != expected:
         raise ArtifactError(f"{where}: 'kernels' lists {listed} but the host program has kernels {expected}")
+    if version < manifest_version(host):
+        raise ArtifactError(f"{where}: format version {version} cannot hold a zero_init temporary "
+                            f"(version {manifest_version(host)} and up)")
     return host
 
 

@@ -470,7 +470,9 @@ class CudaExecutor:
 
     def _allocate_temps(self, env: dict[Var, int]) -> dict[str, int]:
         """Device pointers of the temporaries, reusing the last call's buffers when big enough
-        (all launches are ordered on one stream, so reuse across calls is safe)."""
+        (all launches are ordered on one stream, so reuse across calls is safe). A zero_init
+        temporary is zeroed once, on the stream, when it is allocated: its kernels leave it
+        zero again (a self-resetting counter), so a reused one needs no new fill."""
         pointers: dict[str, int] = {}
         for temp in self.host.temps:
             count = 1
@@ -480,6 +482,8 @@ class CudaExecutor:
             buf = self._temps.get(temp.name)
             if buf is None or buf.size < nbytes:
                 buf = arrays.allocate(self.device, nbytes, self.stream)
+                if temp.zero_init:
+                    buf.fill(0, stream=self.stream)  # cuMemsetD8Async, ordered before the launches
                 self._temps[temp.name] = buf
                 self._calls.clear()  # cached launches hold the old buffer's pointer
             pointers[temp.name] = int(buf.handle)

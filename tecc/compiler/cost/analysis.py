@@ -51,6 +51,8 @@ from ...ir.stmt import (
     Seq,
     Stmt,
 )
+from ...passes.approx_math import approximate_expr
+from .. import options as knobs
 
 # The size assumed for a symbolic dimension the caller gives no value for. Plans stay valid for
 # every size (schedules guard partial tiles); only the ranking assumes this size.
@@ -74,6 +76,14 @@ INSTRUCTION_COST: dict[str, float] = {
     "tanh": 20.0, "erf": 24.0,       # two-range polynomials
     "sigmoid": 12.0,                 # exp + reciprocal (MUFU.RCP + Newton step)
     "sqrt": 8.0, "rsqrt": 4.0,       # MUFU + a correction step
+    # The cheap forms the approx_math pass writes for a sin/cos rounded to a 16-bit float
+    # (tecc/ir/approx.py), read off the SASS of the bf16 sin benchmark kernel on sm_90 (NVRTC
+    # 13.0, nvdisasm): FFMA + FADD (rint), 2 FFMA (reduction), SHF + LOP3 (sign), FMUL + 4 FFMA +
+    # FMUL (polynomial) = 12, plus FSETP + BRA + BSSY + BSYNC around the out-of-range precise
+    # path and ~2 constants moved into registers per call: the kernel's fast path went from 33.0
+    # to 25.25 issued instructions per element (6 without any sin), so ~19; cos adds 2 FADDs.
+    # No MUFU. (The same SASS puts sinf's fast path at ~27 per element, below the 40 above.)
+    "sin_approx": 19.0, "cos_approx": 21.0,
 }
 CONVERSION_COST = 1.0                # one convert per element between a 16-bit float and FP32
 
@@ -272,7 +282,11 @@ def _count_ops(e: Expr) -> tuple[int, int]:
 
 def _count_instructions(e: Expr) -> float:
     """Issued instructions per thread for the arithmetic of `e` (see INSTRUCTION_COST), not
-    counting index arithmetic, loads or stores."""
+    counting index arithmetic, loads or stores. A sin/cos the approx_math pass will make cheap
+    (it runs after planning, on the scheduled IR) is counted as its cheap form: the pass's own
+    rewrite is applied first, unless TECC_PRECISE_MATH turns the pass off."""
+    if not knobs.precise_math():
+        e = approximate_expr(e)
     n_instr = 0.0
     for n in walk(e):
         if isinstance(n, Binary) and n.dtype.is_float:

@@ -1,13 +1,16 @@
 """column_reduction: a reduction over a column or middle axis as a split reduction
 (tecc.passes.split_reduce): consecutive threads on consecutive outputs (coalesced), the reduced
 axis spread over the threads of a block and over blocks, combined in shared memory and, when
-split over blocks, by a second small kernel.
+split over blocks, by the last block of each column block to finish (one kernel).
 
-Like row_fused this rewrites the whole program (it may make two kernels and a temporary), so it
-is proposed over the program (`propose`) rather than through the per-kernel registry API; build
+Like row_fused this rewrites the whole program (it may add temporaries), so it is proposed
+over the program (`propose`) rather than through the per-kernel registry API; build
 (plan="auto") asks it after row_fused and before the per-kernel planner.
 
-Choice of the point (constants with the fact they rest on):
+Choice of the point (constants with the fact they rest on). Two families:
+
+**Two waves of 256-thread blocks** (the point of the 4096/8192-column plans, measured at 90-98%
+of copy bandwidth for bf16 and 98-106% for float32, H200, 2026-11-21):
 * THREADS_X = 32 outputs per block: one warp row reads one contiguous run of 32 elements (128 B
   for float32: one L2 line per warp load);
 * THREADS_Y = 8 threads share an output (256-thread blocks: 8 per SM at full occupancy on
@@ -22,8 +25,42 @@ Choice of the point (constants with the fact they rest on):
   columns (H200, 2026-11-21), where float32 (128 bytes per warp) ran at 98-100% with the same
   blocks. V adjacent outputs per thread make each row read one V-wide load (32·V·2 bytes per
   warp). V is the widest of 16 bytes that divides the output's last extent and still fills
-  WAVES waves with at most MAX_SPLITS blocks along the reduced axis (a longer combine is a
-  serial chain of loads per output); none: V = 1, as before.
+  WAVES waves with at most MAX_SPLITS blocks along the reduced axis; none: V = 1.
+
+**One wave of big blocks** (small inputs, few outputs). threads_y = ONE_WAVE_THREADS_Y = 32
+(1024-thread blocks, 2 per SM), V = ONE_WAVE_OUTPUTS = 4 adjacent outputs per thread (16-byte
+float32 / 8-byte bf16 loads; the widest of 4, 2 that divides the last extent, none: the two-wave
+point stays), unroll = ONE_WAVE_UNROLL = 4, and S the power of two that puts one wave of threads
+on the GPU (SMs × 2048), at most MAX_SPLITS and N / (32 · MIN_ROWS). It is chosen when the input
+is at most ONE_WAVE_MAX_BYTES = 64 MiB (≤ ~14 µs of DRAM time: a wave boundary and the ramp of
+the blocks are ≥ 10% of the op), or when the two-wave point reads under WARP_READ_BYTES per
+warp instruction (16-bit, V = 1: too few outputs for a wider V to fill two waves) or needs the
+full MAX_SPLITS. Measured (H200, 2026-11-21, % of copy bandwidth, benchmarks/column_one_pass.py;
+the two-wave points as planned before, with their combine kernel; the one-wave points in one
+pass; "first" is the first kernel of the two-kernel form alone):
+
+    16384 x 1024 bf16 col_sum   two-wave (8, 64, u16, V1): 59-60%      one wave (32, 32, u4, V4): 74-75%
+                                (16, 64, u4, V4): 73% (first 88-91%)   (16, 32, u8, V4): 75%
+    16 x 1024 x 1024 bf16 mean  two-wave (8, 4, u16, V1):  62%         (16, 4, u4, V4): 77-78%, (32, 2): 76-77%
+    16384 x 1024 f32 col_sum    two-wave (8, 64, u8, V1):  78-79%      (32, 32, u4, V4): 85-87%, (16, 64): 85%
+    16 x 1024 x 1024 f32 mean   two-wave (8, 4, u8, V1):   82%         (32, 2, u4, V4): 86%, (16, 4): 86-87%
+
+(threads_y, splits, unroll, V). Fewer, bigger blocks pay the one-pass tail (below) fewer times:
+the best first kernel (16, 64: 88-91%, the point the two-kernel sweep found) is not the best
+one-pass kernel (32, 32). 32 for every dtype is within a point of each row's best.
+
+**Combining.** With S > 1 the partials are combined by the last block to finish
+(`combine="last_block"`, one kernel) or by a second kernel (`"kernel"`). The second launch cost
+~2-3 µs of a ~13 µs op at 1024 columns: the one-pass form gained 2-4 points there (bf16 col
+13.0-13.3 µs one pass vs 13.4-13.6 two kernels at (16, 64); f32 col 20.2-20.4 vs 20.9-21.1).
+The one pass instead costs every block a tail (a barrier, a fence and an atomic round trip,
+another barrier) before it retires, which adds up over the waves of a two-wave grid. On the
+measured two-wave points (same first kernel; run-to-run noise ~0.3 µs) it was: S = 32 / 16 / 8
+(col_sum at 4096/8192) from 0.2 µs slower to 0.8 µs faster; S = 4 / 2 (mid_mean) from 0.2 µs
+faster (bf16 16 x 1024 x 4096) to 1.8 µs slower (bf16 16 x 1024 x 8192: 69.3-69.7 µs vs
+67.6-68.1). So: one pass for the one-wave points, and for two-wave points
+with S >= ONE_PASS_MIN_SPLITS = 8 (where the combine kernel's S-long chain per output costs
+most); else the two-kernel form, as the 4096/8192-column mid_mean plans were measured.
 """
 
 from __future__ import annotations
@@ -44,8 +81,14 @@ MIN_ROWS = 16
 UNROLL_BYTES = 32
 DEFAULT_SMS = 132            # an H100/H200 SXM when no Target is given
 SM_THREADS = 2048
-MAX_SPLITS = 64              # the combine kernel's serial chain of partials (64 measured at 83%)
+MAX_SPLITS = 64              # the combine's chain of partials per output (64 measured at 83-88%)
 VECTOR_BYTES = 16
+WARP_READ_BYTES = 128        # a warp row read below this (bf16 at V = 1) is what V > 1 fixes
+ONE_WAVE_OUTPUTS = 4         # V of the one-wave point (measured best for bf16 and float32)
+ONE_WAVE_THREADS_Y = 32      # 1024-thread blocks (module docstring: within a point of the best)
+ONE_WAVE_UNROLL = 4
+ONE_WAVE_MAX_BYTES = 64 << 20  # inputs up to this take the one-wave point (1024 columns: 32/64 MiB)
+ONE_PASS_MIN_SPLITS = 8      # two-wave points combine in one pass from this many splits
 
 
 @dataclass
@@ -55,6 +98,19 @@ class ColumnChoice:
     threads_y: int
     splits: int
     reason: str
+    outputs_per_thread: int = 1
+    combine: str = "kernel"  # or "last_block" (one kernel; choose_combine)
+
+
+@dataclass(frozen=True)
+class ColumnPoint:
+    """One point of split_reduce's space: threads_y, splits, unroll, outputs per thread."""
+
+    threads_y: int
+    splits: int
+    unroll: int
+    outputs_per_thread: int
+    family: str  # "two waves" or "one wave" (module docstring)
 
 
 def _wanted_blocks(sms: int) -> int:
@@ -84,11 +140,57 @@ def choose_splits(outputs: int | None, reduced: int | None, sms: int = DEFAULT_S
     most = max(1, reduced // (THREADS_Y * MIN_ROWS))
     if outputs_per_thread > 1:
         most = min(most, MAX_SPLITS)
-    splits = max(1, min(-(-wanted // blocks_x), most))
-    # a power of two divides power-of-two lengths, so the row guard goes (split_reduce)
-    while reduced % (splits * THREADS_Y) and splits & (splits - 1):
+    return _power_of_two_splits(max(1, min(-(-wanted // blocks_x), most)), reduced, THREADS_Y)
+
+
+def _power_of_two_splits(splits: int, reduced: int, threads_y: int) -> int:
+    """`splits` rounded down to a power of two while it does not divide `reduced / threads_y`:
+    a power of two divides power-of-two lengths, so split_reduce's row guard goes."""
+    while reduced % (splits * threads_y) and splits & (splits - 1):
         splits &= splits - 1
     return splits
+
+
+def one_wave_point(outputs: int, last: int, reduced: int, itemsize: int, sms: int = DEFAULT_SMS) -> ColumnPoint | None:
+    """The one-wave point (module docstring) for these sizes, or None when no V > 1 divides the
+    output's last extent (then the two-wave point stays)."""
+    v = ONE_WAVE_OUTPUTS
+    while v > 1 and last % v:
+        v //= 2
+    if v == 1:
+        return None
+    threads_y = ONE_WAVE_THREADS_Y
+    blocks_x = max(1, -(-outputs // (THREADS_X * v)))
+    wanted = -(-(sms * SM_THREADS) // (blocks_x * THREADS_X * threads_y))
+    most = min(MAX_SPLITS, max(1, reduced // (threads_y * MIN_ROWS)))
+    splits = _power_of_two_splits(max(1, min(wanted, most)), reduced, threads_y)
+    return ColumnPoint(threads_y, splits, ONE_WAVE_UNROLL, v, "one wave")
+
+
+def choose_point(outputs: int | None, last: int | None, reduced: int | None, itemsize: int,
+                 sms: int = DEFAULT_SMS) -> ColumnPoint:
+    """The split_reduce point for `outputs` outputs (last extent `last`) reduced over `reduced`
+    elements of `itemsize` bytes: the one-wave point for inputs of at most ONE_WAVE_MAX_BYTES or
+    where the two-wave point reads under WARP_READ_BYTES per warp instruction or needs
+    MAX_SPLITS splits; else the two-wave point (module docstring)."""
+    vector = choose_outputs_per_thread(outputs, last, reduced, itemsize, sms)
+    splits = choose_splits(outputs, reduced, sms, vector)
+    two_waves = ColumnPoint(THREADS_Y, splits, max(1, UNROLL_BYTES // (itemsize * vector)), vector, "two waves")
+    if outputs is None or last is None or reduced is None:
+        return two_waves
+    small = outputs * reduced * itemsize <= ONE_WAVE_MAX_BYTES
+    if not small and THREADS_X * vector * itemsize >= WARP_READ_BYTES and splits < MAX_SPLITS:
+        return two_waves
+    return one_wave_point(outputs, last, reduced, itemsize, sms) or two_waves
+
+
+def choose_combine(point: ColumnPoint) -> str:
+    """How the point's partials are combined (module docstring, "Combining")."""
+    if point.splits == 1:
+        return "kernel"  # nothing to combine: one kernel either way
+    if point.family == "one wave" or point.splits >= ONE_PASS_MIN_SPLITS:
+        return "last_block"
+    return "kernel"
 
 
 def propose(tensors: Sequence[Tensor], target: Any = None) -> ColumnChoice | None:
@@ -109,18 +211,23 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> ColumnChoice | Non
     sms = getattr(target, "sm_count", None) or DEFAULT_SMS
     itemsize = max(1, min(t.dtype.bits // 8 for t in tensors if t.is_placeholder)) if any(
         t.is_placeholder for t in tensors) else 4
-    vector = choose_outputs_per_thread(outputs, const_int(stage.shape[-1]), reduced, itemsize, sms)
-    splits = choose_splits(outputs, reduced, sms, vector)
-    unroll = max(1, UNROLL_BYTES // (itemsize * vector))
-    args: dict[str, Any] = {"threads_x": THREADS_X, "threads_y": THREADS_Y, "splits": splits, "unroll": unroll}
-    if vector > 1:
-        args["outputs_per_thread"] = vector
+    point = choose_point(outputs, const_int(stage.shape[-1]), reduced, itemsize, sms)
+    combine = choose_combine(point)
+    args: dict[str, Any] = {"threads_x": THREADS_X, "threads_y": point.threads_y, "splits": point.splits,
+                            "unroll": point.unroll}
+    if point.outputs_per_thread > 1:
+        args["outputs_per_thread"] = point.outputs_per_thread
+    if combine != "kernel":
+        args["combine"] = combine
     step = Step("split_reduce", args)
-    reason = (f"reduction of {stage.name} over {red.axes[0].extent} elements along a non-contiguous axis: "
-              f"{THREADS_X} x {vector} outputs x {THREADS_Y} threads per block, {splits} block(s) along the reduced "
-              "axis" + (", combined by a second kernel" if splits > 1 else ""))
+    reason = (f"reduction of {stage.name} over {red.axes[0].extent} elements along a non-contiguous axis "
+              f"({point.family}): {THREADS_X} x {point.outputs_per_thread} outputs x {point.threads_y} threads per "
+              f"block, {point.splits} block(s) along the reduced axis"
+              + {"last_block": ", combined by the last block to finish (one kernel)",
+                 "kernel": ", combined by a second kernel" if point.splits > 1 else ""}[combine])
     plan = Plan((step,), "column_reduction", reason)
-    return ColumnChoice(plan, THREADS_X, THREADS_Y, splits, reason)
+    return ColumnChoice(plan, THREADS_X, point.threads_y, point.splits, reason, point.outputs_per_thread, combine)
 
 
-__all__ = ["ColumnChoice", "choose_outputs_per_thread", "choose_splits", "propose"]
+__all__ = ["ColumnChoice", "ColumnPoint", "choose_combine", "choose_outputs_per_thread", "choose_point",
+           "choose_splits", "one_wave_point", "propose"]

@@ -21,9 +21,19 @@ Cost (the issue's criterion: fewer global bytes under the register / shared-memo
   measured 48-74% of copy bandwidth (H200, 2026 run 1: one 16-byte load per thread is too
   little in flight), so a 16-bit row takes TARGET_BYTES // itemsize = 16 elements per thread
   (two 16-byte loads) and fuse_rows asks for fewer resident blocks (1536 of 2048 threads)
-  so that ptxas has the ~40 registers that one-register-per-element caching needs;
+  so that ptxas has the ~40 registers that one-register-per-element caching needs; a 16-bit
+  row of LONG_16BIT_COLUMNS columns or more takes twice that (32 elements, four 16-byte loads):
+  on an H200 (2026-11-21, DRAM-sized inputs) 16384 x 8192 bf16 softmax ran at 82% of copy with
+  512 threads x 16 and 87% with 256 x 32, layer norm 92% -> 97%, RMS norm 97% either way; at
+  4096 columns the same change was mixed (softmax 86% -> 93%, layer norm 97% -> 94%), so it
+  stays at 16 there;
 * the vector width: 16 bytes (float4, or 8 bf16/fp16 as one uint4) when the row length allows,
-  else the widest that divides it.
+  else the widest that divides it;
+* a row past the register budget (or of symbolic length) is re-read once per pass; where the
+  group has a max / sum-of-exp or a sum / sum-of-squared-deviations pair (softmax, layer norm)
+  the pair is one pass (cache="online": running max, Welford moments), so the row is read twice.
+  Its walk (`choose_long_row`) takes 16-byte vectors when the row length allows and chunks of
+  LONG_ROW_BYTES per thread: U loads issued before any is used.
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ TARGET_PER_THREAD = 8
 TARGET_BYTES = 32
 MIN_THREADS = 64
 MAX_ROW_REGISTERS = 64
+LONG_16BIT_COLUMNS = 8192
 VECTOR_BYTES = 16
 
 
@@ -71,6 +82,8 @@ def choose_point(columns: int | None, cached_inputs: int, itemsize: int = 4) -> 
     if columns is None:
         return 256, "none"
     target = max(TARGET_PER_THREAD, TARGET_BYTES // itemsize)
+    if itemsize <= 2 and columns >= LONG_16BIT_COLUMNS:
+        target *= 2
     for t in THREAD_CHOICES:
         if t < MIN_THREADS and columns > t:
             continue
@@ -90,6 +103,23 @@ def choose_vector(columns: int | None, itemsize: int) -> int:
     while v > 1 and columns % v:
         v //= 2
     return min(v, 8)
+
+
+# A re-read row's walk (fuse_rows cache="none"/"online", tecc/passes/row_chunks.py): each thread
+# issues a chunk of LONG_ROW_BYTES before using any of it. Rows that take this form are long
+# (> 64 K elements) and few blocks may share the GPU (64 rows: 64 blocks on 132 SMs), so each SM
+# needs more bytes in flight than at full occupancy: 1024 threads × 64 B = 64 KiB per block,
+# against ~25 KiB per SM that Little's law asks at 4.8 TB/s × ~650 ns / 132 SMs. MAX_UNROLL
+# bounds the chunk's registers when the vector is narrow (symbolic rows take V = 1).
+LONG_ROW_BYTES = 64
+MAX_UNROLL = 8
+
+
+def choose_long_row(columns: int | None, itemsize: int) -> tuple[int, int]:
+    """(vector, unroll) of the chunked walk of a re-read row of `columns` elements of
+    `itemsize` bytes (None: symbolic, whose alignment cannot be proved: V = 1)."""
+    vector = choose_vector(columns, itemsize)
+    return vector, max(1, min(MAX_UNROLL, LONG_ROW_BYTES // (vector * itemsize)))
 
 
 def _walks_rows_along_their_last_axis(group: Any) -> bool:
@@ -135,6 +165,10 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
     # 16-byte accesses (codegen/vectorize.py: float4, or 8 half-precision elements as a uint4)
     # when every row input has one element size
     vector = choose_vector(columns, itemsize) if cache == "registers" and len(sizes) == 1 else 1
+    unroll = 1
+    if cache != "registers":
+        long_vector, unroll = choose_long_row(columns, itemsize)
+        vector = long_vector if len(sizes) == 1 else 1
     # bytes per row, fused: inputs once (cache="none": once per reduction pass + once for outputs)
     passes = 1 if cache == "registers" else len(group.reductions) + (1 if group.elementwise else 0)
     if cache == "none":
@@ -164,7 +198,11 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
         step_args["vector"] = vector
     if rows_per_block > 1:
         step_args["rows_per_block"] = rows_per_block
+    if unroll > 1:
+        step_args["unroll"] = unroll
     layout = (f"{rows_per_block} rows per block, one warp each" if rows_per_block > 1 else f"{threads} threads")
+    if unroll > 1:
+        layout += f", chunks of {unroll} vectors"
     plan = Plan((Step("fuse_rows", step_args),), "row_fused",
                 f"{stages} stage(s) sharing rows of {group.columns} in one kernel: {fused:.0f} B/row "
                 f"instead of {unfused:.0f} B/row unfused; {layout}, row cache {cache}, vector {vector}" + priced)
@@ -298,5 +336,6 @@ def describe_point(point: dict[str, Any]) -> str:
     return f"row_fused(threads={point['threads']}, cache={point['cache']}, vector={point.get('vector', 1)})"
 
 
-__all__ = ["RowFusedChoice", "choose_point", "choose_rows_per_block", "describe_point", "fused_points",
+__all__ = ["RowFusedChoice", "choose_long_row", "choose_point", "choose_rows_per_block", "describe_point",
+           "fused_points",
            "fused_workload", "propose", "row_point_workload"]

@@ -14,6 +14,12 @@ The result is in every thread (an all-reduce), so statements after it may use it
 block, e.g. `exp(x - max)` of a softmax. The shared array is used once; a second reduction gets
 its own array, so no barrier is needed after the reads (write-after-read cannot happen).
 
+`chan_allreduce` is the same two stages for a triple (count, mean, M2) of per-thread moments
+(Welford statistics of a thread's columns): the combiner is Chan's pairwise update (`chan_merge`)
+instead of an operator, three values travel per shuffle, and the shared stage holds `red[3, warps]`.
+Each butterfly step merges the lower lane's triple with the upper one's, in that order on both
+lanes, so both get the same bits (the update is not symmetric in its two operands).
+
 Requirements (checked): `threads` is a multiple of 32 and at most 1024, every thread of the block
 reaches the statements (they hold a barrier and full-warp shuffles: never put them under a
 thread-dependent condition), and the combiner is associative and commutative (`+ * max min`); for
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
-from ...ir.expr import Const, Expr, Var, binary, warp_shuffle
+from ...ir.expr import Const, Expr, Var, binary, select, warp_shuffle
 from ...ir.stmt import (
     Allocate,
     Barrier,
@@ -32,6 +38,7 @@ from ...ir.stmt import (
     BufferStore,
     For,
     IfThenElse,
+    LetStmt,
     Stmt,
     seq,
 )
@@ -76,4 +83,99 @@ def allreduce(acc: Buffer, op: str, lane: Expr, threads: int, name: str) -> Stmt
     return seq(warp_stage, Allocate(red, block_stage))
 
 
-__all__ = ["allreduce", "warp_allreduce", "COMBINERS", "WARP"]
+# (count, mean, M2): the moments of a set of values; M2 = Σ (x - mean)². count is kept in the
+# accumulator's float type, so one shuffle moves each value (exact up to 2^24 in float32).
+Moments = tuple[Expr, Expr, Expr]
+
+
+def _check_moments(bufs: tuple[Buffer, Buffer, Buffer]) -> None:
+    for b in bufs:
+        if b.scope != "local" or not b.dtype.is_float or b.dtype != bufs[0].dtype:
+            raise ScheduleError(f"Chan combine of {b.name}: the moments must be local buffers of one float type, "
+                                f"got {b.scope} {b.dtype}")
+
+
+def chan_merge(moments: tuple[Buffer, Buffer, Buffer], a: Moments, b: Moments, name: str) -> Stmt:
+    """Statements making `moments` (count, mean, M2 buffers, element 0) the moments of the union
+    of two disjoint sets whose moments are `a` and `b` (Chan, Golub & LeVeque, "Updating formulae
+    and a pairwise algorithm for computing sample variances", 1979):
+
+        n = n_a + n_b;  delta = mean_b - mean_a;  w = n_b / max(n, 1)
+        mean = mean_a + delta·w;   M2 = M2_a + M2_b + delta²·n_a·w      (= delta²·n_a·n_b / n)
+
+    `max(n, 1)`: two empty sets (a thread that saw no column has (0, 0, 0)) give w = 0 and stay
+    (0, 0, 0) instead of 0/0 = NaN. The operands may read the buffers being written: each is bound
+    (`let`) before the first store. `name` prefixes the let variables."""
+    _check_moments(moments)
+    count, mean, m2 = moments
+    zero = Const(0, dt.int32)
+    ft = count.dtype
+    lets: list[tuple[Var, Expr]] = []
+
+    def bind(label: str, value: Expr) -> Expr:
+        if isinstance(value, (Const, Var)):
+            return value
+        var = Var(f"{name}_{label}", ft, "value")  # a let-bound float
+        lets.append((var, value))
+        return var
+
+    n_a, mean_a, m2_a = (bind(f"{k}_a", x) for k, x in zip(("count", "mean", "m2"), a))
+    n_b, mean_b, m2_b = (bind(f"{k}_b", x) for k, x in zip(("count", "mean", "m2"), b))
+    n = bind("count", n_a + n_b)
+    delta = bind("delta", mean_b - mean_a)
+    w = bind("weight", n_b / binary("max", n, Const(1.0, ft)))
+    body: Stmt = seq(
+        BufferStore(m2, (zero,), m2_a + m2_b + delta * delta * n_a * w),
+        BufferStore(mean, (zero,), mean_a + delta * w),
+        BufferStore(count, (zero,), n),
+    )
+    for var, value in reversed(lets):
+        body = LetStmt(var, value, body)
+    return body
+
+
+def chan_allreduce(moments: tuple[Buffer, Buffer, Buffer], lane: Expr, threads: int, name: str) -> Stmt:
+    """Statements making each of the `threads` threads' moments (count, mean, M2 buffers, element
+    0; `lane` = threadIdx.x) the moments of the union of all of them: a butterfly of Chan merges
+    over the warp (three shuffles per step), then with several warps `red[3, warps]` in shared
+    memory, one barrier, and every thread merging the warps' triples in warp order (so every
+    thread ends with the same bits). `name` names the shared array and the let variables."""
+    if threads % WARP or not 0 < threads <= 1024:
+        raise ScheduleError(f"Chan combine of {moments[1].name}: {threads} threads; use a multiple of 32 up to 1024")
+    _check_moments(moments)
+    zero = Const(0, dt.int32)
+    ft = moments[0].dtype
+    own: Moments = (moments[0][zero], moments[1][zero], moments[2][zero])
+    steps: list[Stmt] = []
+    mask = WARP // 2
+    while mask >= 1:
+        other: Moments = (Var(f"{name}_count{mask}", ft, "value"), Var(f"{name}_mean{mask}", ft, "value"),
+                          Var(f"{name}_m2{mask}", ft, "value"))
+        # the lane whose `mask` bit is clear is operand a on both lanes of the pair
+        low = lane % (2 * mask) < mask
+        a: Moments = (select(low, own[0], other[0]), select(low, own[1], other[1]), select(low, own[2], other[2]))
+        b: Moments = (select(low, other[0], own[0]), select(low, other[1], own[1]), select(low, other[2], own[2]))
+        step = chan_merge(moments, a, b, f"{name}{mask}")
+        for var, x in reversed(list(zip(other, own))):
+            assert isinstance(var, Var)
+            step = LetStmt(var, warp_shuffle("shfl_xor", x, mask), step)
+        steps.append(step)
+        mask //= 2
+    warp_stage = seq(*steps)
+    warps = threads // WARP
+    if warps == 1:
+        return warp_stage
+    red = Buffer(name, ft, (3, warps), "shared", tensor=f"{moments[1].tensor}.block")
+    w = Var(f"{name}_warp", dt.int32)
+    which = [Const(i, dt.int32) for i in range(3)]
+    warp_w: Moments = (red[which[0], w + 1], red[which[1], w + 1], red[which[2], w + 1])
+    block_stage = seq(
+        IfThenElse(lane % WARP == 0, seq(*(BufferStore(red, (i, lane // WARP), x) for i, x in zip(which, own)))),
+        Barrier(),
+        *(BufferStore(buf, (zero,), red[i, zero]) for i, buf in zip(which, moments)),
+        For(w, 0, warps - 1, "unroll", chan_merge(moments, own, warp_w, name)),
+    )
+    return seq(warp_stage, Allocate(red, block_stage))
+
+
+__all__ = ["COMBINERS", "WARP", "Moments", "allreduce", "chan_allreduce", "chan_merge", "warp_allreduce"]

@@ -25,12 +25,14 @@ class SimExecutor:
 
     Call it with NumPy arrays in the order of `host.buffer_params`; outputs are written in place.
     Temporaries are allocated per call and poisoned (NaN, or a sentinel for integers), so a read
-    of a temporary nothing wrote shows in the result even with `checks=False`."""
+    of a temporary nothing wrote shows in the result even with `checks=False`; a zero_init one
+    is zeroed once and kept across calls, as on the GPU (`_zeroed`)."""
 
     def __init__(self, host: HostProgram, kernels: Mapping[str, PrimFunc], *, checks: bool = True) -> None:
         self.host = host
         self.kernels = dict(kernels)
         self.checks = checks
+        self._zero_temps: dict[str, np.ndarray] = {}  # flat storage of the zero_init temporaries
         for call in host.calls:
             if call.kernel not in self.kernels:
                 raise TeccError(f"{host.name}: the host program launches {call.kernel}, which has no loop IR here")
@@ -49,7 +51,10 @@ class SimExecutor:
         values: dict[str, np.ndarray | int] = {v.name: n for v, n in env.items()}
         values.update({b.name: a for b, a in zip(host.buffer_params, arrays)})
         for t in host.temps:
-            values[t.name] = np.full(temp_shape(t, env), poison(t.dtype), dtype=t.dtype.numpy)
+            if t.zero_init:
+                values[t.name] = self._zeroed(t, temp_shape(t, env))
+            else:
+                values[t.name] = np.full(temp_shape(t, env), poison(t.dtype), dtype=t.dtype.numpy)
         for call in host.calls:
             func, info = self.kernels[call.kernel], host.kernel(call.kernel)
             missing = [name for name in call.args if name not in values]
@@ -71,3 +76,13 @@ class SimExecutor:
                     raise TeccError(f"{host.name}: {call.kernel} parameter {param.name} got the scalar {name}")
                 args[param.name] = value
             simulate_kernel(func, args, grid, block, checks=self.checks)
+
+    def _zeroed(self, temp: Buffer, shape: tuple[int, ...]) -> np.ndarray:
+        """A zero-initialised temporary (Buffer.zero_init) as the CUDA executor keeps it: zeroed
+        once when allocated, then reused by later calls while it is big enough, never zeroed
+        again; so a kernel that does not leave it zero shows on the next call."""
+        count = int(np.prod(shape, dtype=np.int64))
+        held = self._zero_temps.get(temp.name)
+        if held is None or held.size < count:
+            held = self._zero_temps[temp.name] = np.zeros(max(count, 1), dtype=temp.dtype.numpy)
+        return held[:count].reshape(shape)

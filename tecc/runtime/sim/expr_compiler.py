@@ -17,6 +17,7 @@ import numpy as np
 
 from ...ir.errors import DivergenceError, TeccError
 from ...ir.expr import (
+    MEMORY_INTRINSICS,
     WARP_INTRINSICS,
     Binary,
     BufferLoad,
@@ -49,6 +50,7 @@ class Scope:
         self.mem_slots: dict[int, int] = {}  # id(Buffer) -> slot
         self.buffers: list[Buffer] = []
         self.ranges: dict[Var, Interval] = {}
+        self.tracks_fences = False  # the kernel holds an atomic: note global stores (memory_intrinsics.py)
 
     def bind_var(self, v: Var, rng: Interval | None = None) -> int:
         slot = self.var_slots.get(v)
@@ -153,6 +155,10 @@ def compile_expr(e: Expr, scope: Scope) -> Closure:
     if isinstance(e, Call):
         if e.name in WARP_INTRINSICS:
             return _compile_shuffle(e, scope)
+        if e.name in MEMORY_INTRINSICS:
+            from .memory_intrinsics import compile_memory_intrinsic  # it compiles operands with this module
+
+            return compile_memory_intrinsic(e, scope)
         f = nm.intrinsic(e.name, e.args[0].dtype)
         fa = compile_expr(e.args[0], scope)
         return lambda st: f(fa(st))

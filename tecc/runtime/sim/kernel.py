@@ -24,6 +24,7 @@ from .expr_compiler import Scope
 from .lanes import LaneLayout
 from .memory import GlobalMemory, span
 from .state import LaneState
+from .memory_intrinsics import uses_atomics
 from .stmt_compiler import Runner, compile_stmt
 
 # Lanes per chunk: large enough that NumPy's per-call overhead is amortized over many lanes,
@@ -63,6 +64,7 @@ def compile_kernel(func: PrimFunc) -> CompiledKernel:
             scope.bind_buffer(p)
         else:
             scope.bind_var(p)
+    scope.tracks_fences = uses_atomics(func.body)
     body = compile_stmt(func.body, scope)
     shared = local = 0
     for s in iter_stmts(func.body):

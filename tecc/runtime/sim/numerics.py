@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ...ir import approx
 from ...ir import dtype as dt
 from ...ir.dtype import DType
 from ...ir.errors import TeccError
@@ -95,6 +96,40 @@ def _sigmoid(x: Value) -> Value:
     return one / (one + np.exp(-x))
 
 
+def _fma32(a: Any, b: Any, c: Any) -> Any:
+    """float32 fma(a, b, c): the product of two float32 values is exact in float64, the sum is
+    rounded to float64 and then to float32 (this double rounding can differ from the GPU's one
+    rounding by an ulp, in rare halfway cases)."""
+    return (np.float64(a) * np.float64(b) + np.float64(c)).astype(np.float32)
+
+
+def _trig_approx(x: Value, cosine: bool) -> Value:
+    """sin_approx / cos_approx (tecc/ir/approx.py) on float32, step for step as the CUDA helper
+    computes them; the precise np.sin / np.cos beyond approx.FAST_RANGE, for inf and NaN."""
+    x32 = np.asarray(x, dtype=np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if cosine:
+            u = _fma32(x32, approx.INV_PI, -0.5)
+            n = np.rint(u) + np.float32(0.0)          # + 0 turns rint's -0 into the GPU's +0
+            m = (n + np.float32(0.5)).astype(np.float32)
+            flip = np.fmod(n, 2) == 0
+        else:
+            n = (np.rint(np.float64(x32) * approx.INV_PI) + 0.0).astype(np.float32)
+            m = n
+            flip = np.fmod(n, 2) != 0
+        r = _fma32(m, -approx.PI_HI, x32)
+        r = _fma32(m, -approx.PI_LO, r)
+        r = np.where(flip, -r, r)
+        r2 = (r * r).astype(np.float32)
+        q = np.full_like(r2, approx.SIN_POLY[-1])
+        for coefficient in (*approx.SIN_POLY[-2::-1], 1.0):
+            q = _fma32(q, r2, coefficient)
+        fast = (r * q).astype(np.float32)
+        precise = (np.cos if cosine else np.sin)(x32)
+        out = np.where(np.abs(x32) <= np.float32(approx.FAST_RANGE), fast, precise).astype(np.float32)
+    return out if isinstance(x, np.ndarray) else np.float32(out)
+
+
 # Intrinsic name -> NumPy function evaluated in float32 (or the argument's own float type).
 FLOAT_FUNCS: dict[str, Callable[[Value], Value]] = {
     "exp": np.exp,
@@ -112,6 +147,8 @@ FLOAT_FUNCS: dict[str, Callable[[Value], Value]] = {
     "ceil": np.ceil,
     "round": np.rint,  # rintf: halves to even, what the CUDA emitter prints
     "abs": np.abs,
+    "sin_approx": lambda x: _trig_approx(x, cosine=False),
+    "cos_approx": lambda x: _trig_approx(x, cosine=True),
 }
 
 

@@ -23,7 +23,7 @@ from .lanes import LaneLayout
 class LaneState:
     """Everything a compiled kernel body reads and writes while it runs one chunk."""
 
-    __slots__ = ("layout", "mask", "vals", "mems", "checks", "kernel", "live_shared")
+    __slots__ = ("layout", "mask", "vals", "mems", "checks", "kernel", "live_shared", "fences")
 
     def __init__(self, layout: LaneLayout, n_vars: int, n_mems: int, checks: bool, kernel: str) -> None:
         self.layout = layout
@@ -33,6 +33,8 @@ class LaneState:
         self.checks = checks
         self.kernel = kernel
         self.live_shared: list[Any] = []  # shared memories in scope, for barrier epochs
+        # per lane: are its global stores published before an atomic? (memory_intrinsics.py)
+        self.fences: np.ndarray | None = None
 
     def first_active_lane(self) -> int:
         return 0 if self.mask is None else int(np.argmax(self.mask))

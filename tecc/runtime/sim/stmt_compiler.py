@@ -34,6 +34,7 @@ from ...ir.stmt import (
 )
 from .expr_compiler import Scope, compile_expr, compile_indices
 from .memory import LocalMemory, SharedMemory, row_major
+from .memory_intrinsics import note_barrier, note_global_store
 from .state import LaneState, restrict
 
 Runner = Callable[[LaneState], None]
@@ -173,6 +174,12 @@ def _compile_store(s: BufferStore, scope: Scope) -> Runner:
     def run(st: LaneState) -> None:
         st.mems[slot].store(st, fidx(st), fval(st), dims)
 
+    if scope.tracks_fences and s.buffer.scope == "global":
+        def run_noted(st: LaneState) -> None:
+            run(st)
+            note_global_store(st)
+
+        return run_noted
     return run
 
 
@@ -273,6 +280,7 @@ def _run_barrier(st: LaneState) -> None:
             )
     for mem in st.live_shared:
         mem.barrier(st)
+    note_barrier(st)
 
 
 def _compile_evaluate(s: Evaluate, scope: Scope) -> Runner:

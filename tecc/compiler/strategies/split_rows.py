@@ -1,0 +1,249 @@
+"""split_rows: few long rows (or a full reduction) as a two-stage grid reduction
+(tecc.passes.split_rows): S blocks per row over contiguous chunks, the partials combined by a
+second small kernel.
+
+Like row_fused and column_reduction this rewrites the whole program (two kernels and a
+temporary), so it is proposed over the program (`propose`) rather than through the per-kernel
+registry API; build(plan="auto") asks it first, before row_fused, and keeps today's plans for
+everything it declines.
+
+When (all three must hold; `propose` puts the numbers in the plan's reason):
+* rows alone cannot fill the GPU: fewer rows than WAVES waves of the one-block-per-row kernel
+  row_fused would make (SMs × its resident blocks per SM, from the cost model's occupancy);
+  many rows keep their register-cached, measured row kernels whatever the model says;
+* the rows cannot keep DRAM busy: the cost model prices the one-block-per-row kernel
+  (`row_fused.fused_workload` at the point row_fused proposes) and its DRAM rate is capped by
+  Little's law (bytes in flight / latency) below the achievable bandwidth. R blocks of one row
+  each run on R SMs: 8 rows x 1024 threads x 64 B = 512 KiB in flight, ~0.95 TB/s; 64 rows
+  already keep 4 MiB in flight and run at copy speed (H200: 4.26 TB/s, the split 4.20);
+* the split pays: the two kernels (`split_workload`, the combine as its `then`) are predicted
+  at most SPLIT_TOLERANCE times the row kernel (why not a strict win: see the constant).
+For a full reduction or one over several axes today's plan is one thread per output (the
+per-kernel planner's reduction strategy declines a 0-d output); it is still priced as one block
+per row, the best one-pass form, so the split is taken only where it beats that too.
+
+The point (constants with the fact they rest on):
+* THREADS = 256 per block: 8 resident blocks per SM on sm_80/sm_90 (2048 threads), a 3-step
+  shared stage in the block reduction;
+* vector V: 16 bytes per load (float4, 8 bf16 as a uint4) where `vector_allowed` holds (rows
+  read through flat views, whatever their length; else the innermost reduced extent a multiple
+  of V, or a single row), else the widest that is;
+* unroll U: UNROLL_BYTES = 64 bytes of loads in flight per thread (four 16-byte loads; the
+  round loop stays rolled and kernel 1 asks for 8 blocks per SM, so ptxas keeps it at 32
+  registers): 8 x 256 x 64 B x 132 SMs = 17 MB in flight, far above what Little's law asks of an
+  H200 (4.8 TB/s x ~550 ns = 2.6 MB). Measured on an H200 (benchmarks/split_rows.py, rows of
+  8 x 16M, 1 x 64M, 64 x 1M and 8192^2 reduced whole): four loads beat two by 2.2-3.7% and one
+  by 3.6-5.4% in fp32; in bf16 two by -0.7 to +3.3% and one by 3.7-4.4%;
+* splits S: WAVES = 2 waves of 256-thread blocks over all rows (2 x 132 x 8 = 2112 blocks on an
+  H100/H200), but chunks of at least MIN_CHUNK = 4096 elements (16 KiB of fp32: the block's
+  launch, reduction tree and partial store stay small next to its loads); a power of two when
+  that makes every chunk full (no guarded loop), and the chunk rounded to whole rounds of
+  T·V·U elements, then S = ceil(N / chunk), so no block is empty.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ...ir import dtype as dt
+from ...ir.errors import ScheduleError
+from ...ir.evaluate import evaluate_int
+from ...ir.expr import Const, Expr, free_vars
+from ...ir.target import Target
+from ...ir.tensor import Tensor
+from ...passes.lower import lower
+from ...passes.split_rows import (
+    COMBINE_THREADS,
+    flat_views,
+    noncontiguous_read,
+    row_reduction,
+    vector_allowed,
+)
+from ..cost.analysis import KernelInfo, analyze_kernel
+from ..cost.model import DEFAULT_PARAMETERS, Cost, Workload, predict
+from ..cost.traffic import compulsory_bytes
+from ..plan import Plan, Step
+from .row_fused import (
+    BARRIER_CYCLES,
+    FADD_LATENCY_CYCLES,
+    GLOBAL_LATENCY_CYCLES,
+    SHUFFLE_CYCLES,
+    TREE_INSTRUCTIONS,
+    choose_point,
+    choose_vector,
+    fused_workload,
+)
+from .row_fused import propose as propose_row_fused
+
+THREADS = 256
+WAVES = 2
+MIN_CHUNK = 4096
+UNROLL_BYTES = 64
+VECTOR_BYTES = 16
+# The split is taken when predicted at most this much slower than one block per row whose DRAM
+# rate is capped by Little's law: that cap (bytes in flight / CostParameters.dram_latency_s, 550 ns)
+# is optimistic near the edge. On an H200, 32 rows of 1M (2 MiB in flight) ran at 3.14 TB/s fp32
+# and 2.57 TB/s bf16 -- 665-815 ns of loaded latency -- where the model gave 3.8 TB/s and a tie
+# (0.98 / 1.06); the split measured 1.23x / 1.29x faster (benchmarks/split_rows.py).
+SPLIT_TOLERANCE = 1.1
+WARP = 32
+
+
+@dataclass
+class SplitRowsChoice:
+    plan: Plan
+    threads: int
+    splits: int
+    vector: int
+    unroll: int
+    chunk: int
+    split_cost: Cost
+    row_cost: Cost
+    reason: str
+
+
+def _value(e: Expr, sizes: Mapping[str, int]) -> int | None:
+    """`e` with the given sizes, or None when a size it needs is not given."""
+    env = {}
+    for v in free_vars(e):
+        if v.name not in sizes:
+            return None
+        env[v] = int(sizes[v.name])
+    return evaluate_int(e, env)
+
+
+def chunk_elements(columns: int, splits: int, tile: int) -> int:
+    """The chunk split_rows gives each block: whole rounds of `tile` = T·V·U elements."""
+    return -(-columns // (splits * tile)) * tile
+
+
+def choose_splits(rows: int, columns: int, tile: int, target: Target, threads: int = THREADS) -> int:
+    """Blocks per row (see the module docstring)."""
+    resident = max(1, min(target.max_threads_per_sm // threads, target.max_blocks_per_sm))
+    wanted = WAVES * target.sm_count * resident
+    splits = max(1, min(-(-wanted // max(rows, 1)), columns // MIN_CHUNK))
+    if splits == 1:
+        return 1
+    power = 1 << (splits.bit_length() - 1)
+    if columns % (power * tile) == 0:
+        return power  # every chunk full: the unguarded loop only
+    # whole rounds of `tile` per chunk, the nearest to columns / splits but at least MIN_CHUNK
+    rounds = max(round(columns / (splits * tile)), -(-MIN_CHUNK // tile), 1)
+    return -(-columns // (rounds * tile))
+
+
+def split_workload(info: KernelInfo, rows: int, columns: int, itemsize: int, threads: int, splits: int,
+                   vector: int, unroll: int) -> Workload:
+    """What split_rows does: rows·S blocks of T threads, each thread k = chunk / (T·V) V-wide
+    loads (U in flight), V accumulator chains, a shuffle tree plus a shared stage, one partial
+    store per block; then (as `then`) one block per row combining its S partials."""
+    t, v, u, s = threads, vector, unroll, splits
+    chunk = chunk_elements(columns, s, t * v * u)
+    k = chunk // (t * v)
+    blocks = rows * s
+    warps = blocks * t / WARP
+    acc_bytes = 4
+    partials = rows * s * acc_bytes
+    instr_warp = k * (3.0 + v * (1.0 + info.flops_per_iteration)) + TREE_INSTRUCTIONS
+    chain = (-(-k // u) * GLOBAL_LATENCY_CYCLES + k * FADD_LATENCY_CYCLES
+             + 2 * 5 * SHUFFLE_CYCLES + BARRIER_CYCLES)
+    words = max(1, u * v * itemsize // 4)
+    data = compulsory_bytes(info) - rows * info.write.itemsize
+    t2 = min(COMBINE_THREADS, -(-s // WARP) * WARP)
+    steps = -(-s // t2)
+    combine = Workload(
+        blocks=rows, threads=t2, registers={"addressing": 12, "partials": steps, "accumulator": 1},
+        smem_bytes=4 * (t2 // WARP), dram_bytes=partials + rows * info.write.itemsize,
+        l2_bytes=partials + rows * info.write.itemsize, global_wavefronts=partials / 128.0 + rows,
+        instructions=rows * (t2 / WARP) * (3.0 * steps + TREE_INSTRUCTIONS),
+        bytes_in_flight=float(steps * acc_bytes), chain_cycles=GLOBAL_LATENCY_CYCLES + 2 * 5 * SHUFFLE_CYCLES
+        + BARRIER_CYCLES, notes=[f"one block of {t2} per row combines {s} partials"])
+    return Workload(
+        blocks=blocks, threads=t, registers={"addressing": 16, "loads in flight": words, "accumulators": v},
+        smem_bytes=4 * (t // WARP), flops=info.flops, fma_ops=float(info.iterations * info.flops_per_iteration),
+        special_ops=float(info.iterations * info.special_per_iteration), dram_bytes=data + partials,
+        l2_bytes=data + partials, global_wavefronts=data / 128.0 + blocks, instructions=warps * instr_warp,
+        bytes_in_flight=float(u * v * itemsize), ilp=float(v), chain_cycles=chain, then=combine,
+        notes=[f"{s} chunk(s) of {chunk} per row, {k} load(s) of {v} per thread, {u} in flight"])
+
+
+def propose(tensors: Sequence[Tensor], target: Any = None,
+            sizes: Mapping[str, int] | None = None) -> SplitRowsChoice | None:
+    """The two-stage plan for a one-reduction program whose rows cannot fill the GPU, or None
+    (see the module docstring for when)."""
+    try:
+        stage, red = row_reduction(tensors)
+        if noncontiguous_read(tensors) is not None:
+            return None
+    except ScheduleError:
+        return None
+    sizes = dict(sizes or {})
+    rows_expr = _product(stage.shape)
+    extents = [ax.extent for ax in red.axes]
+    rows, columns = _value(rows_expr, sizes), _value(_product(extents), sizes)
+    if rows is None or columns is None or rows == 0 or columns == 0:
+        return None  # symbolic without sizes, or nothing to split: today's plan
+    # the planner imports the strategies: imported when called
+    from ..planner import resolve_target
+
+    tgt = resolve_target(target)
+    inputs = [t for t in tensors if t.is_placeholder]
+    widest = max((t.dtype.bits // 8 for t in inputs), default=4)
+    narrowest = min((t.dtype.bits // 8 for t in inputs), default=4)
+    info = analyze_kernel(lower(list(tensors)).kernels[0], sizes)
+
+    # today's plan, one block per row: row_fused's own point where it takes the program, else
+    # (several reduced axes, a 0-d output) the point it would choose for such a row
+    fused = propose_row_fused(tensors, tgt)
+    if fused is not None:
+        point = dict(fused.plan.steps[0].args)
+    else:
+        row_threads, cache = choose_point(columns, 1, narrowest)
+        point = {"threads": row_threads, "cache": cache,
+                 "vector": choose_vector(columns, narrowest) if cache == "registers" else 1}
+    row_threads = int(point["threads"]) * int(point.get("rows_per_block", 1))
+    row_cost = predict(fused_workload(info, point, tgt), tgt)
+    slots = WAVES * tgt.sm_count * max(row_cost.occupancy.blocks_per_sm, 1)
+    if rows >= slots:
+        return None
+    # Little's law: the rate the rows' bytes in flight can sustain, against what DRAM gives
+    achievable = DEFAULT_PARAMETERS.dram_efficiency * tgt.dram_bandwidth
+    little = float(row_cost.details.get("dram_rate", achievable))
+    if little >= achievable:
+        return None  # enough bytes in flight: the row kernel is DRAM-bound already
+
+    flat = bool(flat_views(tensors))
+    vector = min(8, max(1, VECTOR_BYTES // widest))
+    while vector > 1 and not vector_allowed(rows_expr, extents, vector, flat):
+        vector //= 2
+    unroll = max(1, UNROLL_BYTES // (vector * widest))
+    tile = THREADS * vector * unroll
+    splits = choose_splits(rows, columns, tile, tgt)
+    if splits == 1:
+        return None
+    split_cost = predict(split_workload(info, rows, columns, widest, THREADS, splits, vector, unroll), tgt)
+    if not split_cost.ok or split_cost.total > SPLIT_TOLERANCE * row_cost.total:
+        return None
+    chunk = chunk_elements(columns, splits, tile)
+    reason = (f"{rows} row(s) of {columns} elements fill {rows} of the {slots} block slots of {WAVES} waves "
+              f"({tgt.sm_count} SMs x {row_cost.occupancy.blocks_per_sm} blocks of {row_threads}), whose loads in "
+              f"flight sustain {little / 1e12:.2f} TB/s by Little's law of the {achievable / 1e12:.2f} TB/s DRAM "
+              f"gives: "
+              f"{splits} blocks of {THREADS} threads per row, chunks of {chunk}, {unroll} x {vector * widest}-byte "
+              f"loads in flight per thread, partials combined by a second kernel; predicted "
+              f"{split_cost.total * 1e6:.1f} us ({split_cost.bound}-bound) vs {row_cost.total * 1e6:.1f} us "
+              f"({row_cost.bound}-bound) for one block of {row_threads} per row")
+    step = Step("split_rows", {"threads": THREADS, "splits": splits, "vector": vector, "unroll": unroll})
+    plan = Plan((step,), "split_rows", reason)
+    return SplitRowsChoice(plan, THREADS, splits, vector, unroll, chunk, split_cost, row_cost, reason)
+
+
+def _product(extents: Sequence[Expr]) -> Expr:
+    total: Expr = Const(1, dt.int32)
+    for e in extents:
+        total = total * e
+    return total
+
+
+__all__ = ["SplitRowsChoice", "choose_splits", "chunk_elements", "propose", "split_workload"]

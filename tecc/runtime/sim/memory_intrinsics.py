@@ -1,0 +1,188 @@
+"""The memory intrinsics (MEMORY_INTRINSICS in tecc.ir.expr) under the emulator, and the check
+that a block publishes its global stores before an atomic announces them.
+
+**Order.** A statement runs for all lanes of a chunk before the next statement starts; the
+lanes are the chunk's blocks in linear order (x fastest), and chunks run one after another.
+`atomic_add` applies the additions of its active lanes one lane at a time, in lane order: each
+lane gets the element's value before its own addition, with the additions of the lanes before
+it (same element) and of every earlier statement and chunk already in. That is one legal GPU
+order of relaxed atomics.
+
+Why a split reduction's last block then sees every partial (tecc.passes.split_reduce,
+combine="last_block"): a block stores its partials, reaches a barrier, and only then does its
+leader fence and add 1 to the column group's counter. Take the block that gets S-1. Every
+other block of its group got a smaller value, so its atomic came earlier: in an earlier chunk
+(which finished entirely, partials included), or in this chunk's same atomic statement at a
+lower lane (and its partial stores are statements before that one, so they finished in every
+lane of the chunk). Either way its partials are in memory when the last block reads them.
+
+**The check** (checks=True, kernels that hold an atomic_add) follows the PTX memory model's
+release pattern: a store is published before an atomic by a fence after it, either of its own
+thread or, through a barrier, of any thread of its block (fences are cumulative). Per lane:
+CLEAN, STORED (a global store that nothing orders yet), SYNCED (stored, then a barrier of its
+block: ordered before what the block does next, not yet released) or FENCED (stored, then its
+own fence: released, but another thread's atomic needs a barrier after that fence).
+
+    store:      the lane            -> STORED
+    barrier:    its blocks' lanes   STORED -> SYNCED, FENCED -> CLEAN
+    fence:      the lane            STORED -> FENCED; its block's SYNCED lanes -> CLEAN
+    atomic_add by lane L: RaceError if a lane of L's block is STORED or SYNCED, or a lane
+                other than L is FENCED
+
+So both handshakes pass: every writer fences, a barrier, then the atomic (CUDA's
+threadFenceReduction sample); or a barrier, then one thread fences and does the atomic
+(cooperative_groups' grid sync, what split_reduce emits). Under lockstep a missing fence or
+barrier never changes a result here, so the check is what finds it; on a GPU another block
+could see the atomic's count before the data it announces. The barrier that hands the atomic's
+result to the block through shared memory is checked by the shared-memory race detector (a
+read-after-write without a barrier).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ...ir.errors import RaceError, TeccError
+from ...ir.expr import BufferLoad, Call, walk
+from ...ir.stmt import BufferStore, Evaluate, For, IfThenElse, LetStmt, Stmt, iter_stmts
+from .expr_compiler import Scope, compile_expr, compile_indices
+from .memory import GlobalMemory, check_bounds, flat_index
+from .state import LaneState
+
+Closure = Callable[[LaneState], Any]
+
+CLEAN, STORED, SYNCED, FENCED = 0, 1, 2, 3
+
+
+def uses_atomics(body: Stmt) -> bool:
+    """Whether a kernel body holds an atomic_add (then its global stores are tracked)."""
+    for s in iter_stmts(body):
+        exprs: list[Any] = []
+        if isinstance(s, BufferStore):
+            exprs = [*s.indices, s.value]
+        elif isinstance(s, Evaluate):
+            exprs = [s.value]
+        elif isinstance(s, IfThenElse):
+            exprs = [s.cond]
+        elif isinstance(s, LetStmt):
+            exprs = [s.value]
+        elif isinstance(s, For):
+            exprs = [s.min, s.extent]
+        if any(isinstance(n, Call) and n.name == "atomic_add" for e in exprs for n in walk(e)):
+            return True
+    return False
+
+
+def compile_memory_intrinsic(e: Call, scope: Scope) -> Closure:
+    """The closure of atomic_add, load_cg or thread_fence (see the module docstring)."""
+    if e.name == "thread_fence":
+        return _run_fence
+    element = e.args[0]
+    assert isinstance(element, BufferLoad)  # Call checked it
+    if e.name == "load_cg":
+        return compile_expr(element, scope)  # lockstep: every earlier store is already in memory
+    if e.name != "atomic_add":
+        raise TeccError(f"kernel {scope.kernel}: the emulator has no rule for {e.name}")
+    slot = scope.buffer_slot(element.buffer)
+    dims = scope.dims_to_check(element.buffer, element.indices)
+    fidx = compile_indices(element.indices, scope)
+    fval = compile_expr(e.args[1], scope)
+
+    def run(st: LaneState) -> Any:
+        return _atomic_add(st, st.mems[slot], fidx(st), fval(st), dims)
+
+    return run
+
+
+def _atomic_add(st: LaneState, mem: GlobalMemory, idx: tuple[Any, ...], value: Any, dims: Any) -> np.ndarray:
+    if st.checks:
+        check_bounds(st, "atomic add", "global", mem.name, mem.shape, idx, dims)
+        _check_published(st)
+    lanes = st.layout.lanes
+    where = np.broadcast_to(np.asarray(flat_index(idx, mem.strides, mem.wide)), (lanes,))
+    add = np.broadcast_to(np.asarray(value, dtype=np.int64), (lanes,))
+    active = np.arange(lanes) if st.mask is None else np.flatnonzero(st.mask)
+    order = active[np.argsort(where[active], kind="stable")]  # by element, lane order within
+    f = np.clip(where[order], 0, mem.last)
+    v = add[order]
+    earlier = np.cumsum(v) - v  # the additions of the lanes before, over all elements
+    if f.size:
+        first = np.flatnonzero(np.r_[True, f[1:] != f[:-1]])  # where each element's run starts
+        runs = np.diff(np.r_[first, f.size])
+        earlier = earlier - np.repeat(earlier[first], runs)  # ... on the same element only
+    old = np.zeros(lanes, dtype=np.int64)
+    old[order] = mem.flat[f].astype(np.int64) + earlier
+    np.add.at(mem.flat, f, v.astype(mem.flat.dtype))  # int32 wraps, as on the GPU
+    return old.astype(np.int32)
+
+
+def _run_fence(st: LaneState) -> int:
+    state = st.fences
+    if state is None:
+        return 0
+    lay = st.layout
+    fencing = np.ones(lay.lanes, dtype=bool) if st.mask is None else st.mask
+    blocks = np.zeros(lay.blocks, dtype=bool)
+    blocks[lay.lane_block[fencing]] = True
+    released = (state == SYNCED) & blocks[lay.lane_block]  # cumulative: what the barrier ordered
+    own = (state == STORED) & fencing
+    state[released] = CLEAN
+    state[own] = FENCED
+    return 0
+
+
+def note_global_store(st: LaneState) -> None:
+    """A global store by the active lanes (called only in kernels that hold an atomic)."""
+    if not st.checks:
+        return
+    if st.fences is None:
+        st.fences = np.zeros(st.layout.lanes, dtype=np.int8)
+    if st.mask is None:
+        st.fences[:] = STORED
+    else:
+        st.fences[st.mask] = STORED
+
+
+def note_barrier(st: LaneState) -> None:
+    """A barrier reached by the active lanes' blocks (whole blocks: _run_barrier checked it)."""
+    state = st.fences
+    if state is None:
+        return
+    here = np.ones(state.size, dtype=bool) if st.mask is None else st.mask
+    fenced, stored = (state == FENCED) & here, (state == STORED) & here
+    state[fenced] = CLEAN
+    state[stored] = SYNCED
+
+
+def _check_published(st: LaneState) -> None:
+    state = st.fences
+    if state is None:
+        return
+    lay = st.layout
+    issuing = np.arange(lay.lanes) if st.mask is None else np.flatnonzero(st.mask)
+    rows = state.reshape(lay.blocks, lay.threads)[lay.lane_block[issuing]]  # each issuer's block
+    own = np.zeros_like(rows, dtype=bool)
+    own[np.arange(issuing.size), lay.lane_thread[issuing]] = True
+    unordered = ("stored to global memory, and neither its own __threadfence() nor a __syncthreads() "
+                 "then a __threadfence() orders that store before the atomic")
+    unfenced = "stored to global memory before a __syncthreads(), but no __threadfence() follows it before the atomic"
+    unsynced = "fenced its global stores, but no __syncthreads() orders that fence before the atomic"
+    for bad, what in ((rows == STORED, unordered), (rows == SYNCED, unfenced), ((rows == FENCED) & ~own, unsynced)):
+        hit = bad.any(axis=1)
+        if hit.any():
+            n = int(np.argmax(hit))
+            lane = int(issuing[n])
+            other = int(np.argmax(bad[n]))
+            err = RaceError(
+                f"unpublished global stores before atomic_add in kernel {st.kernel}, block {lay.block_of(lane)}: "
+                f"thread {lay.thread_coords(other)} {what} of thread {lay.thread_of(lane)}; another block could "
+                "see the atomic's count before the data it announces")
+            err.block = lay.block_of(lane)  # type: ignore[attr-defined]
+            err.thread = lay.thread_of(lane)  # type: ignore[attr-defined]
+            err.other_thread = lay.thread_coords(other)  # type: ignore[attr-defined]
+            raise err
+
+
+__all__ = ["compile_memory_intrinsic", "note_barrier", "note_global_store", "uses_atomics"]
