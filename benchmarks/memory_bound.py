@@ -1,10 +1,13 @@
 """Memory-bound ops at bandwidth: row reductions and the normalization family (issue 7).
 
     python benchmarks/memory_bound.py [--rows 16384] [--cols 1024 4096 8192] [--shapes 64x131072 ...]
+    python benchmarks/memory_bound.py --shapes 64x131072 16x262144 --ops softmax layer_norm rms_norm [--row-fused]
 
 For each op, shape and dtype: tecc's kernels as `tc.build(args)` plans them (plan="auto": row
-fusion for the row ops, a split reduction for col_sum / mid_mean, the planner's elementwise
-strategy for sin_affine = sin(1.5·x + b[j]) with b broadcast along the rows),
+fusion for the row ops, or for few long rows two kernels of S blocks per row (split_row_group),
+a split reduction for col_sum / mid_mean, the planner's elementwise strategy for
+sin_affine = sin(1.5·x + b[j]) with b broadcast along the rows; `--row-fused`: the row ops with
+row_fused's one-block-per-row plan instead, to compare with the split),
 torch eager and torch.compile, all in this process on one stream, timed with CUDA events
 (median of --reps launches after warm-up), and a device-to-device copy of the same input size
 timed the same way. Bytes = each input read once + each output written once; GB/s = bytes /
@@ -35,6 +38,7 @@ sys.path.insert(0, str(HERE.parent))
 import norms  # noqa: E402
 
 import tecc as tc  # noqa: E402
+from tecc.compiler.strategies.row_fused import propose as propose_row_fused  # noqa: E402
 from tecc.runtime.cuda import CudaExecutor  # noqa: E402
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -190,6 +194,8 @@ def main() -> None:
     ap.add_argument("--rotate-mib", type=float, default=None,
                     help="the input/output sets timed in turn cover at least this much (default 3 x L2)")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--row-fused", action="store_true",
+                    help="build the row ops with row_fused's one-block-per-row plan instead of plan='auto'")
     ap.add_argument("--budget-s", type=float, default=1e9, help="skip torch.compile once this much time has passed")
     a = ap.parse_args()
     t_start = time.time()
@@ -217,7 +223,8 @@ def main() -> None:
                 if op == "mid_mean" and R % MID:
                     continue
                 args = tensors_for(op, R, C, dtype)
-                kern = tc.build(args)
+                fused = propose_row_fused(args) if a.row_fused else None
+                kern = tc.build(args, plan=fused.plan if fused is not None else "auto")
                 n_vec = sum(1 for t in args[1:] if t.is_placeholder)
                 sets = []
                 for x in xs:

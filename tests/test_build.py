@@ -207,6 +207,43 @@ def test_save_writes_cubin_ptx_cu_and_manifest(tmp_path: Path):
     assert len(manifest["source_sha256"]) == 64
 
 
+def test_a_saved_kernel_loads_back_with_the_same_runnable_state(tmp_path: Path):
+    """tc.build's Kernel and tc.load's LoadedKernel are one RunnableKernel (host program, cubin,
+    PTX, arch, executor and call path); the loaded one holds what the built one saved."""
+    from tecc.runtime.runnable import RunnableKernel
+
+    A, B, C = _matmul()
+    f = tc.build([A, B, C], target="cuda", plan=tc.default_plan())
+    g = tc.load(f.save(tmp_path / "gemm"))
+    assert isinstance(f, RunnableKernel) and isinstance(g, RunnableKernel)
+    assert (g.name, g.arch, g.cubin, g.ptx) == (f.name, f.arch, f.cubin, f.ptx)
+    assert g.host.to_json() == f.host.to_json() and g.cuda_source == f.source and g.source_matches
+    assert g.plan == f.plan.to_dict()
+    assert [k["name"] for k in g.kernel_stats] == list(f.resources)
+    assert g.kernel_stats[0]["registers"] == f.resources["C_kernel"].registers
+
+
+def test_without_a_device_each_kernel_says_what_to_do_and_sim_kernels_still_run(tmp_path: Path, monkeypatch):
+    A, B, C = _matmul()
+    f = tc.build([A, B, C], target="cuda", plan=tc.default_plan())
+    f.save(tmp_path / "gemm")
+    s = tc.build([A, B, C], target="sim", plan=tc.default_plan())
+    monkeypatch.setattr("tecc.runtime.cuda.cuda_unavailable_reason", lambda: "no device (test)")
+    g = tc.load(tmp_path / "gemm")
+    a, b = np.ones((2, 256), np.float32), np.ones((256, 512), np.float32)
+    c = np.zeros((2, 512), np.float32)
+    with pytest.raises(tc.DeviceError, match=r"C: no CUDA device is available to run this kernel; build with target='sim'"):
+        f(a, b, c)
+    with pytest.raises(tc.DeviceError, match="no CUDA device is available to run this kernel"):
+        f.executor
+    with pytest.raises(tc.DeviceError, match=r"C: no CUDA device is available to run the artifact .*gemm \(no device \(test\)\)"):
+        g(a, b, c)
+    with pytest.raises(tc.DeviceError, match="to run the artifact"):
+        g.synchronize()
+    s(a, b, c)  # built for the emulator: runs there, needs no device
+    np.testing.assert_allclose(c, a @ b)
+
+
 def test_argument_errors_name_the_argument():
     A, B, C = _matmul()
     f = tc.build([A, B, C], target="sim")

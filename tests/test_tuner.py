@@ -1,5 +1,6 @@
-"""The measured autotuner (tecc/compiler/tuner.py): candidates, the process-pool compile, reuse of
-the tuning database, rejection of wrong candidates, and the errors without a GPU."""
+"""The measured autotuner (tecc/compiler/tuner.py and its steps, tuning_*.py): candidates, the
+process-pool compile, reuse of the tuning database, rejection of wrong candidates, and the errors
+without a GPU."""
 
 from __future__ import annotations
 
@@ -94,6 +95,16 @@ def test_concrete_shapes_name_the_missing_size() -> None:
         tuner.concrete_shapes(spec.args, {})
 
 
+def test_each_step_lives_in_its_module_and_every_public_name_stays_importable_from_the_tuner() -> None:
+    from tecc.compiler import tuning_bench, tuning_candidates, tuning_check, tuning_db, tuning_pool
+
+    assert tuner.candidate_plans is tuning_candidates.candidate_plans
+    assert tuner.compile_candidates is tuning_pool.compile_candidates and tuner.ProgramRef is tuning_pool.ProgramRef
+    assert tuner.CudaBench is tuning_bench.CudaBench and issubclass(tuner.CudaBench, tuner.Bench)
+    assert tuner.TuningDB is tuning_db.TuningDB and tuning_check.Reference is not None
+    assert all(hasattr(tuner, name) for name in tuner.__all__)
+
+
 # ---- the process pool -------------------------------------------------------------------------
 
 def test_process_pool_compiles_each_candidate_with_nvrtc_in_worker_processes() -> None:
@@ -153,6 +164,29 @@ def test_build_tune_replays_the_database_winner_without_measuring(monkeypatch: p
     _no_gpu(monkeypatch)
     with pytest.raises(TeccError, match="tuning needs a CUDA device"):
         build(spec.args, "sim", sizes={"M": 9}, tune=True)
+
+
+def test_a_winner_is_replayed_only_under_the_precise_math_setting_it_was_measured_with(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_gpu(monkeypatch)
+    monkeypatch.delenv("TECC_PRECISE_MATH", raising=False)
+    spec = small_matmul()
+    _, cands = tuner.candidate_plans(spec.args, "sm_90", sizes=spec.sizes, top_k=3)
+    stored = cands[-1].plan
+    cheap = tuner.problem_of(spec.args, spec.sizes, "sm_90", None)
+    assert not cheap.precise_math
+    TuningDB().record(cheap, stored.strategy, stored, [5.0])
+    assert build(spec.args, "sim", sizes=dict(spec.sizes), tune=True, arch="sm_90").plan.steps == stored.steps
+
+    # the same op built with precise sin/cos is another problem: nothing stored, no GPU to measure on
+    monkeypatch.setenv("TECC_PRECISE_MATH", "1")
+    precise = tuner.problem_of(spec.args, spec.sizes, "sm_90", None)
+    assert precise.precise_math and precise.key != cheap.key
+    with pytest.raises(TeccError, match="tuning needs a CUDA device"):
+        build(spec.args, "sim", sizes=dict(spec.sizes), tune=True, arch="sm_90")
+    TuningDB().record(precise, cands[0].plan.strategy, cands[0].plan, [6.0])
+    f = build(spec.args, "sim", sizes=dict(spec.sizes), tune=True, arch="sm_90")
+    assert f.plan.steps == cands[0].plan.steps and "median 6.0 us" in f.plan.reason
 
 
 # ---- checking the candidates ------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,76 @@ def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
     assert db.stats() == {"measurements": 100, "problems": 1}
     w = db.winner(Problem("sig", ((100, 256),), ("float32",), "sm_90"))
     assert w is not None and w.median_us == 1000.0 - 30 - 24 and w.plan == {"w": 3, "i": 24}
+
+
+# ---- precise math is part of the key ------------------------------------------------------------
+
+def test_precise_math_is_part_of_the_problem_and_follows_the_knob(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """TECC_PRECISE_MATH changes the emitted math of 16-bit sin/cos, hence the times: a winner
+    measured with it on is not the winner without it, and both are kept."""
+    monkeypatch.delenv("TECC_PRECISE_MATH", raising=False)
+    cheap = _problem()
+    monkeypatch.setenv("TECC_PRECISE_MATH", "1")
+    precise = _problem()
+    assert not cheap.precise_math and precise.precise_math
+    assert cheap.key != precise.key and cheap.key[:4] == precise.key[:4]
+    assert Problem.of(_matmul(), [(100, 256), (256, 512), (100, 512)], "sm_90", "matmul",
+                      precise_math=False) == cheap
+
+    db = TuningDB(tmp_path / "t.sqlite")
+    db.record(cheap, "cheap", {"steps": ["a"]}, [10.0], predicted_us=8.0)
+    assert db.winner(precise) is None, "a winner measured with the cheap sin/cos answered a precise-math build"
+    db.record(precise, "precise", {"steps": ["b"]}, [20.0], predicted_us=8.0)
+    assert db.winner(cheap).strategy == "cheap" and db.winner(precise).strategy == "precise"  # type: ignore[union-attr]
+    assert [m.precise_math for m in db.measurements()] == [False, True]
+    assert [m.strategy for m in db.measurements(precise)] == ["precise"]
+    assert [r["precise_math"] for r in db.report()] == [False, True]
+    assert db.forget(cheap) == 1 and db.winner(precise) is not None
+    assert db.stats() == {"measurements": 1, "problems": 1}
+
+
+# Schema version 1, as tecc wrote it before precise_math was part of the key.
+_SCHEMA_1 = """
+CREATE TABLE measurements (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, op_signature TEXT NOT NULL, op_name TEXT NOT NULL DEFAULT '',
+    shapes TEXT NOT NULL, dtypes TEXT NOT NULL, arch TEXT NOT NULL, strategy TEXT NOT NULL, plan TEXT NOT NULL,
+    plan_hash TEXT NOT NULL, median_us REAL, times_us TEXT NOT NULL DEFAULT '[]', predicted_us REAL,
+    ok INTEGER NOT NULL DEFAULT 1, error TEXT, device TEXT NOT NULL DEFAULT '',
+    tecc_version TEXT NOT NULL DEFAULT '', created REAL NOT NULL);
+CREATE INDEX measurements_key ON measurements (op_signature, shapes, dtypes, arch, strategy);
+CREATE TABLE winners (
+    op_signature TEXT NOT NULL, shapes TEXT NOT NULL, dtypes TEXT NOT NULL, arch TEXT NOT NULL,
+    strategy TEXT NOT NULL, plan TEXT NOT NULL, median_us REAL NOT NULL,
+    measurement_id INTEGER REFERENCES measurements (id), updated REAL NOT NULL,
+    PRIMARY KEY (op_signature, shapes, dtypes, arch));
+PRAGMA user_version=1;
+"""
+
+
+def test_a_version_1_database_is_read_with_precise_math_off(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    old = Problem("sig", ((100, 256),), ("float32",), "sm_90", "op")
+    sig, shapes, dtypes, arch, _ = old.key
+    with closing(sqlite3.connect(path)) as conn, conn:
+        conn.executescript(_SCHEMA_1)
+        conn.execute("INSERT INTO measurements (op_signature, op_name, shapes, dtypes, arch, strategy, plan, plan_hash, "
+                     "median_us, times_us, predicted_us, ok, device, tecc_version, created) "
+                     "VALUES (?, 'op', ?, ?, ?, 'tiled', '{\"x\":1}', 'h', 7.0, '[7.0]', 6.0, 1, 'H200', '0.1.0', 0)",
+                     (sig, shapes, dtypes, arch))
+        conn.execute("INSERT INTO winners VALUES (?, ?, ?, ?, 'tiled', '{\"x\":1}', 7.0, 1, 0)", (sig, shapes, dtypes, arch))
+
+    db = TuningDB(path)
+    w = db.winner(old)
+    assert w is not None and w.strategy == "tiled" and w.plan == {"x": 1} and w.median_us == 7.0
+    assert db.winner(Problem("sig", ((100, 256),), ("float32",), "sm_90", "op", precise_math=True)) is None
+    [m] = db.measurements(old)
+    assert m.precise_math is False and m.median_us == 7.0 and m.device == "H200"
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    # the migrated file takes new measurements under both keys; a faster one still replaces the winner
+    db.record(old, "faster", {"x": 2}, [5.0])
+    db.record(Problem("sig", ((100, 256),), ("float32",), "sm_90", "op", precise_math=True), "precise", {"x": 3}, [9.0])
+    assert db.winner(old).strategy == "faster"  # type: ignore[union-attr]
+    assert db.stats() == {"measurements": 3, "problems": 2}
+    assert TuningDB(path).winner(old).strategy == "faster", "a second open does not migrate again"  # type: ignore[union-attr]

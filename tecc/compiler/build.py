@@ -98,18 +98,25 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
             from .planner import plan_program
             from .strategies.column_reduction import propose as propose_column_reduction
             from .strategies.row_fused import propose as propose_row_fused
+            from .strategies.split_row_group import propose as propose_split_row_group
             from .strategies.split_rows import propose as propose_split_rows
 
             # A reduction over rows too few to fill the GPU one block per row (or a full
-            # reduction) becomes a two-stage grid reduction (two kernels), a graph of stages
-            # that share a row (softmax, norms) one kernel when that moves fewer global bytes,
-            # and a column / middle-axis reduction a split reduction (two kernels); the
-            # per-kernel planner cannot express these rewrites.
+            # reduction) becomes a two-stage grid reduction (two kernels), and so does a graph
+            # of stages that share such rows (softmax, norms over few long rows: partial
+            # statistics, then the outputs); a graph of stages that share a row otherwise one
+            # kernel when that moves fewer global bytes, and a column / middle-axis reduction a
+            # split reduction (two kernels); the per-kernel planner cannot express these rewrites.
             split = propose_split_rows(tensors, arch or knobs.default_arch_override(), sizes=sizes)
-            fused = propose_row_fused(tensors) if split is None else None
-            column = propose_column_reduction(tensors) if split is None and fused is None else None
+            group = (propose_split_row_group(tensors, arch or knobs.default_arch_override(), sizes=sizes)
+                     if split is None else None)
+            fused = propose_row_fused(tensors) if split is None and group is None else None
+            column = (propose_column_reduction(tensors)
+                      if split is None and group is None and fused is None else None)
             if split is not None:
                 chosen = split.plan
+            elif group is not None:
+                chosen = group.plan
             elif fused is not None:
                 chosen = fused.plan
             elif column is not None:

@@ -1,20 +1,23 @@
-"""The result of `build`: a compiled module you can call, inspect and save."""
+"""The result of `build`: a compiled module you can call, inspect and save.
+
+The runnable part (host program, cubin, PTX, arch, the CUDA executor and the call path) is
+`tecc.runtime.runnable.RunnableKernel`, shared with what `tecc.load` returns; `Kernel` adds what
+only the compiler has: the loop IR, the plan, the CUDA C, the ptxas report, timing, the
+emulator, `explain` and `save`.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from ..ir.errors import DeviceError, TeccError
+from ..ir.errors import TeccError
 from ..ir.stmt import Module
-from ..runtime.artifact import manifest_version
+from ..runtime.artifact import MANIFEST_FORMAT, manifest_version, source_sha256, write_artifact
 from ..runtime.host import HostProgram
+from ..runtime.runnable import RunnableKernel
 from .plan import Plan
-
-MANIFEST_FORMAT = "tecc-artifact"
 
 
 def _versions(nvrtc: str = "") -> dict[str, str]:
@@ -29,37 +32,31 @@ def _versions(nvrtc: str = "") -> dict[str, str]:
     return {"tecc": version("tecc"), "nvrtc": nvrtc, "cuda_core": version("cuda-core")}
 
 
-class Kernel:
+class Kernel(RunnableKernel):
     """A built program.
 
     `f(*arrays)` runs it (NumPy arrays are copied in and results copied back into them; device
     arrays are used in place). `f.sim(*arrays)` runs the same kernel IR in the CPU emulator.
     `f.source` is the CUDA C, `f.ptx` / `f.cubin` the NVRTC output, `f.resources` the ptxas
     report per kernel, `f.module` the final loop IR, `f.plan` the schedule, `f.save(path)` writes
-    a deployable artifact."""
+    a deployable artifact. `f.executor` and `f.synchronize()` are those of every RunnableKernel."""
+
+    ptx: str  # "" until attach_binary (a build for target "sim" has none)
 
     def __init__(self, *, module: Module, host: HostProgram, source: str, plan: Plan, target: str,
                  timing: Any) -> None:
+        super().__init__(host, b"", "", "")
         self.module = module
-        self.host = host
         self.source = source
         self.plan = plan
         self.target = target
         self.timing = timing
-        self.ptx: str = ""
-        self.cubin: bytes = b""
         self.resources: dict[str, Any] = {}
-        self.arch: str = ""
         self.nvrtc_version: str = ""
         self.options: tuple[str, ...] = ()
         self.dump_dir: Path | None = None
         self.planning: Any = None  # the planner's PlanResult when plan="auto" (read by explain)
-        self._executor: Any = None
         self._sim: Any = None
-
-    @property
-    def name(self) -> str:
-        return self.module.name
 
     def attach_binary(self, compiled: Any, options: tuple[str, ...]) -> None:
         self.ptx = compiled.ptx
@@ -70,23 +67,16 @@ class Kernel:
         self.options = options
 
     # ---- running ----------------------------------------------------------------------------
-    def __call__(self, *args: Any) -> None:
-        # Thin on purpose: a repeated call with device arrays is a launch-cache hit in the
-        # executor (docs/runtime.md, "Repeated calls"), so this frame is most of what is left.
-        executor = self._executor
-        if executor is None:
-            if self.target == "sim":
-                return self.sim(*args)
-            from ..runtime.cuda import CudaExecutor, cuda_available
+    def _runner(self) -> Callable[..., None]:
+        # built for "sim": every call runs in the emulator (no executor is kept, so the tuner
+        # may attach a binary and switch `target` to "cuda" later)
+        if self.target == "sim":
+            return self.sim
+        return self.executor
 
-            if not cuda_available():
-                raise DeviceError(
-                    f"{self.name}: no CUDA device is available to run this kernel; build with "
-                    "target='sim' or call f.sim(...) to run it in the CPU emulator"
-                )
-            executor = self._executor = CudaExecutor(self.host, self.cubin)
-        executor(*args)
-        return None
+    def _no_device_message(self, reason: str) -> str:
+        return (f"{self.name}: no CUDA device is available to run this kernel; build with "
+                "target='sim' or call f.sim(...) to run it in the CPU emulator")
 
     def sim(self, *args: Any) -> None:
         """Run the kernel IR in the CPU SIMT emulator (NumPy arrays, written in place)."""
@@ -133,22 +123,9 @@ class Kernel:
             "plan": self.plan.to_dict(),
             "versions": _versions(self.nvrtc_version),
             "options": list(self.options),
-            "source_sha256": hashlib.sha256(self.source.encode()).hexdigest(),
+            "source_sha256": source_sha256(self.source),
         }
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write path.cubin, path.ptx, path.cu and path.json (the manifest); returns the stem."""
-        stem = Path(path)
-        stem.parent.mkdir(parents=True, exist_ok=True)
-        manifest = self.manifest()
-        _atomic_write(stem.with_suffix(".cubin"), self.cubin)
-        _atomic_write(stem.with_suffix(".ptx"), self.ptx.encode())
-        _atomic_write(stem.with_suffix(".cu"), self.source.encode())
-        _atomic_write(stem.with_suffix(".json"), json.dumps(manifest, indent=2).encode())
-        return stem
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+        return write_artifact(path, self.manifest(), self.cubin, ptx=self.ptx, cuda_source=self.source)

@@ -27,6 +27,7 @@ from ..ir.tensor import Tensor
 from ..passes import schedule as prim
 from ..passes.fuse_rows import fuse_rows as fuse_rows_module
 from ..passes.split_reduce import split_reduce as split_reduce_module
+from ..passes.split_row_group import split_row_group as split_row_group_module
 from ..passes.split_rows import split_rows as split_rows_module
 from ..passes.lower import lower
 from ..passes.manager import DumpIR
@@ -388,6 +389,27 @@ class Schedule:
         self.timing.append(("split_rows", time.perf_counter() - start))
         self._record(Step("split_rows", {"threads": int(threads), "splits": int(splits), "vector": int(vector),
                                          "unroll": int(unroll)}))
+
+    def split_row_group(self, threads: int = 256, splits: int = 1, vector: int = 1, unroll: int = 1,
+                        output_splits: int | None = None) -> None:
+        """Replace the module by the two-kernel split form of its row group (softmax, layer
+        norm, RMS norm over few long rows; see tecc.passes.split_row_group): `splits` blocks of
+        `threads` threads per row write their chunk's partial statistics, then `output_splits`
+        (default: splits) blocks per row combine them and write their chunk of the outputs;
+        each thread walks its chunk with `unroll` loads of `vector` columns in flight. It must
+        be the first step."""
+        if self._steps:
+            raise ScheduleError("split_row_group rewrites the whole module: it must be the first step of a plan")
+        start = time.perf_counter()
+        outputs = None if output_splits is None or int(output_splits) == int(splits) else int(output_splits)
+        self.mod = split_row_group_module(self._tensors, int(threads), int(splits), int(vector), int(unroll),
+                                          output_splits=outputs, name=self._name)
+        self.timing.append(("split_row_group", time.perf_counter() - start))
+        args: dict[str, Any] = {"threads": int(threads), "splits": int(splits), "vector": int(vector),
+                                "unroll": int(unroll)}
+        if outputs is not None:  # the default (= splits) is left out
+            args["output_splits"] = outputs
+        self._record(Step("split_row_group", args))
 
     def cache_write(self, stage: StageLike, scope: str = "local") -> StageRV:
         st = self._stage(stage)

@@ -1,20 +1,26 @@
 """The SQLite tuning database: every measurement the autotuner makes, and the winner per problem.
 
-A *problem* is (op signature, shapes, dtypes, arch): the op's naive loop IR hashed (`op_signature`),
-the concrete shapes of its arguments, their dtypes and the GPU architecture. A *measurement* is one
-candidate plan of one strategy timed on that problem. Later builds look the problem up
-(`TuningDB.winner`) and reuse the winning plan without measuring; `report()` pairs the cost model's
-prediction with the measured time of every candidate (predicted vs measured).
+A *problem* is (op signature, shapes, dtypes, arch, precise math): the op's naive loop IR hashed
+(`op_signature`), the concrete shapes of its arguments, their dtypes, the GPU architecture, and
+whether TECC_PRECISE_MATH was on (it changes the emitted math of 16-bit sin/cos, so the times).
+A *measurement* is one candidate plan of one strategy timed on that problem. Later builds look
+the problem up (`TuningDB.winner`) and reuse the winning plan without measuring; `report()` pairs
+the cost model's prediction with the measured time of every candidate (predicted vs measured).
 
-Schema (version 1; `PRAGMA user_version`):
+Schema (version 2; `PRAGMA user_version`):
 
-    measurements(id, op_signature, op_name, shapes, dtypes, arch, strategy, plan, plan_hash,
-                 median_us, times_us, predicted_us, ok, error, device, tecc_version, created)
+    measurements(id, op_signature, op_name, shapes, dtypes, arch, precise_math, strategy, plan,
+                 plan_hash, median_us, times_us, predicted_us, ok, error, device, tecc_version, created)
         one row per timed candidate; shapes / dtypes / plan / times_us are JSON text;
         ok = 1 when the candidate matched the reference; indexed by
-        (op_signature, shapes, dtypes, arch, strategy)
-    winners(op_signature, shapes, dtypes, arch, strategy, plan, median_us, measurement_id, updated)
-        PRIMARY KEY (op_signature, shapes, dtypes, arch): the fastest correct candidate
+        (op_signature, shapes, dtypes, arch, precise_math, strategy)
+    winners(op_signature, shapes, dtypes, arch, precise_math, strategy, plan, median_us,
+            measurement_id, updated)
+        PRIMARY KEY (op_signature, shapes, dtypes, arch, precise_math): the fastest correct candidate
+
+Version 1 had no `precise_math`; a version-1 file is migrated when first opened, its rows reading
+as precise_math = 0 (the knob's default: a row measured with the knob on cannot be told apart). A
+tecc that knows only version 1 refuses the migrated file ("newer than this tecc's").
 
 Concurrency: the file is in WAL mode; each call opens its own connection with a 30 s busy
 timeout, and writes run in `BEGIN IMMEDIATE` transactions, so several processes (a process pool,
@@ -40,9 +46,9 @@ from typing import Any, Iterator, Mapping, Sequence
 from ..ir.errors import TeccError
 from . import options as knobs
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-_SCHEMA = """
+_MEASUREMENTS = """
 CREATE TABLE IF NOT EXISTS measurements (
     id            INTEGER PRIMARY KEY AUTOINCREMENT,
     op_signature  TEXT NOT NULL,
@@ -50,6 +56,7 @@ CREATE TABLE IF NOT EXISTS measurements (
     shapes        TEXT NOT NULL,
     dtypes        TEXT NOT NULL,
     arch          TEXT NOT NULL,
+    precise_math  INTEGER NOT NULL DEFAULT 0,
     strategy      TEXT NOT NULL,
     plan          TEXT NOT NULL,
     plan_hash     TEXT NOT NULL,
@@ -61,22 +68,28 @@ CREATE TABLE IF NOT EXISTS measurements (
     device        TEXT NOT NULL DEFAULT '',
     tecc_version  TEXT NOT NULL DEFAULT '',
     created       REAL NOT NULL
-);
+)"""
+_MEASUREMENTS_KEY = """
 CREATE INDEX IF NOT EXISTS measurements_key
-    ON measurements (op_signature, shapes, dtypes, arch, strategy);
+    ON measurements (op_signature, shapes, dtypes, arch, precise_math, strategy)"""
+_WINNERS = """
 CREATE TABLE IF NOT EXISTS winners (
     op_signature   TEXT NOT NULL,
     shapes         TEXT NOT NULL,
     dtypes         TEXT NOT NULL,
     arch           TEXT NOT NULL,
+    precise_math   INTEGER NOT NULL DEFAULT 0,
     strategy       TEXT NOT NULL,
     plan           TEXT NOT NULL,
     median_us      REAL NOT NULL,
     measurement_id INTEGER REFERENCES measurements (id),
     updated        REAL NOT NULL,
-    PRIMARY KEY (op_signature, shapes, dtypes, arch)
-);
-"""
+    PRIMARY KEY (op_signature, shapes, dtypes, arch, precise_math)
+)"""
+_SCHEMA = (_MEASUREMENTS, _MEASUREMENTS_KEY, _WINNERS)
+
+# The columns of Problem.key, as a WHERE clause.
+_PROBLEM = "op_signature = ? AND shapes = ? AND dtypes = ? AND arch = ? AND precise_math = ?"
 
 
 def op_signature(args: Sequence[Any], name: str | None = None) -> str:
@@ -103,23 +116,30 @@ def _plan_json(plan: Any) -> str:
 
 @dataclass(frozen=True)
 class Problem:
-    """What a tuning result is valid for: op signature, argument shapes and dtypes, arch."""
+    """What a tuning result is valid for: op signature, argument shapes and dtypes, arch, and
+    whether the build asked for precise math (TECC_PRECISE_MATH: precise sinf/cosf where a
+    16-bit result would otherwise get the cheap approximations, a different kernel to time)."""
 
     op_signature: str
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[str, ...]
     arch: str
     op_name: str = ""
+    precise_math: bool = False
 
     @property
-    def key(self) -> tuple[str, str, str, str]:
-        return (self.op_signature, _canon([list(s) for s in self.shapes]), _canon(list(self.dtypes)), self.arch)
+    def key(self) -> tuple[str, str, str, str, int]:
+        return (self.op_signature, _canon([list(s) for s in self.shapes]), _canon(list(self.dtypes)), self.arch,
+                int(self.precise_math))
 
     @staticmethod
-    def of(args: Sequence[Any], shapes: Sequence[Sequence[int]], arch: str, name: str | None = None) -> "Problem":
-        """The problem of build signature `args` at concrete `shapes` (one per argument) on `arch`."""
+    def of(args: Sequence[Any], shapes: Sequence[Sequence[int]], arch: str, name: str | None = None, *,
+           precise_math: bool | None = None) -> "Problem":
+        """The problem of build signature `args` at concrete `shapes` (one per argument) on `arch`;
+        `precise_math` defaults to the TECC_PRECISE_MATH knob now (what a build now would emit)."""
+        precise = knobs.precise_math() if precise_math is None else precise_math
         return Problem(op_signature(args, name), tuple(tuple(int(n) for n in s) for s in shapes),
-                       tuple(t.dtype.name for t in args), arch, name or "")
+                       tuple(t.dtype.name for t in args), arch, name or "", precise)
 
 
 @dataclass(frozen=True)
@@ -140,6 +160,7 @@ class Measurement:
     device: str
     tecc_version: str
     created: float
+    precise_math: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,14 +196,16 @@ class TuningDB:
     def _init(self, conn: sqlite3.Connection) -> None:
         try:
             conn.execute("PRAGMA journal_mode=WAL")
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise TeccError(f"the tuning database {self.path} has schema version {version}, newer than this "
-                                f"tecc's {SCHEMA_VERSION}; upgrade tecc or point TECC_TUNING_DB elsewhere")
+            # the version is read inside the write transaction: two processes opening a
+            # version-1 file one after the other must not both migrate it
             conn.execute("BEGIN IMMEDIATE")
-            for statement in _statements(_SCHEMA):  # executescript() would commit the transaction
-                conn.execute(statement)
-            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version <= SCHEMA_VERSION:
+                if version == 1:
+                    _migrate_from_1(conn)
+                for statement in _SCHEMA:  # one by one: executescript() would commit the transaction
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except sqlite3.DatabaseError as exc:
             if conn.in_transaction:
@@ -190,6 +213,10 @@ class TuningDB:
             conn.close()
             raise TeccError(f"the tuning database {self.path} is unusable ({exc}); remove it "
                             "(`tecc cache clear --tuning`) and tune again") from exc
+        if version > SCHEMA_VERSION:
+            conn.close()
+            raise TeccError(f"the tuning database {self.path} has schema version {version}, newer than this "
+                            f"tecc's {SCHEMA_VERSION}; upgrade tecc or point TECC_TUNING_DB elsewhere")
         self._ready = True
 
     @contextmanager
@@ -225,29 +252,29 @@ class TuningDB:
                 device: str) -> int:
         from .cache import tecc_version
 
-        op, shapes, dtypes, arch = problem.key
+        op, shapes, dtypes, arch, precise = problem.key
         plan_text = _plan_json(plan)
         times = [float(t) for t in times_us]
         median = statistics.median(times) if times else None
         good = bool(ok) and error is None and median is not None
         now = time.time()
         cur = conn.execute(
-            "INSERT INTO measurements (op_signature, op_name, shapes, dtypes, arch, strategy, plan, plan_hash, "
-            "median_us, times_us, predicted_us, ok, error, device, tecc_version, created) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (op, problem.op_name, shapes, dtypes, arch, strategy, plan_text,
+            "INSERT INTO measurements (op_signature, op_name, shapes, dtypes, arch, precise_math, strategy, plan, "
+            "plan_hash, median_us, times_us, predicted_us, ok, error, device, tecc_version, created) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (op, problem.op_name, shapes, dtypes, arch, precise, strategy, plan_text,
              hashlib.sha256(plan_text.encode()).hexdigest(), median, json.dumps(times), predicted_us,
              int(good), error, device, tecc_version(), now))
         mid = int(cur.lastrowid or 0)
         if good:
             conn.execute(
-                "INSERT INTO winners (op_signature, shapes, dtypes, arch, strategy, plan, median_us, "
-                "measurement_id, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (op_signature, shapes, dtypes, arch) DO UPDATE SET "
+                "INSERT INTO winners (op_signature, shapes, dtypes, arch, precise_math, strategy, plan, median_us, "
+                "measurement_id, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (op_signature, shapes, dtypes, arch, precise_math) DO UPDATE SET "
                 "strategy = excluded.strategy, plan = excluded.plan, median_us = excluded.median_us, "
                 "measurement_id = excluded.measurement_id, updated = excluded.updated "
                 "WHERE excluded.median_us < winners.median_us",
-                (op, shapes, dtypes, arch, strategy, plan_text, median, mid, now))
+                (op, shapes, dtypes, arch, precise, strategy, plan_text, median, mid, now))
         return mid
 
     def forget(self, problem: Problem | None = None) -> int:
@@ -257,17 +284,16 @@ class TuningDB:
                 n = conn.execute("DELETE FROM measurements").rowcount
                 conn.execute("DELETE FROM winners")
                 return n
-            where = "op_signature = ? AND shapes = ? AND dtypes = ? AND arch = ?"
-            conn.execute(f"DELETE FROM winners WHERE {where}", problem.key)
-            return conn.execute(f"DELETE FROM measurements WHERE {where}", problem.key).rowcount
+            conn.execute(f"DELETE FROM winners WHERE {_PROBLEM}", problem.key)
+            return conn.execute(f"DELETE FROM measurements WHERE {_PROBLEM}", problem.key).rowcount
 
     # ---- reading ------------------------------------------------------------------------------
     def winner(self, problem: Problem) -> Winner | None:
         """The fastest correct plan measured for `problem`, or None (never measured)."""
         with closing(self._connect()) as conn:
             row = conn.execute(
-                "SELECT strategy, plan, median_us, measurement_id FROM winners "
-                "WHERE op_signature = ? AND shapes = ? AND dtypes = ? AND arch = ?", problem.key).fetchone()
+                f"SELECT strategy, plan, median_us, measurement_id FROM winners WHERE {_PROBLEM}",
+                problem.key).fetchone()
         if row is None:
             return None
         return Winner(row["strategy"], json.loads(row["plan"]), row["median_us"], row["measurement_id"])
@@ -286,7 +312,7 @@ class TuningDB:
         clauses: list[str] = []
         params: list[Any] = []
         if problem is not None:
-            clauses.append("op_signature = ? AND shapes = ? AND dtypes = ? AND arch = ?")
+            clauses.append(_PROBLEM)
             params.extend(problem.key)
         if strategy is not None:
             clauses.append("strategy = ?")
@@ -299,7 +325,8 @@ class TuningDB:
             rows = conn.execute(f"SELECT * FROM measurements{where} ORDER BY id", params).fetchall()
         return [Measurement(r["id"], r["op_signature"], r["op_name"], json.loads(r["shapes"]), json.loads(r["dtypes"]),
                             r["arch"], r["strategy"], json.loads(r["plan"]), r["median_us"], json.loads(r["times_us"]),
-                            r["predicted_us"], bool(r["ok"]), r["error"], r["device"], r["tecc_version"], r["created"])
+                            r["predicted_us"], bool(r["ok"]), r["error"], r["device"], r["tecc_version"], r["created"],
+                            bool(r["precise_math"]))
                 for r in rows]
 
     def report(self, problem: Problem | None = None) -> list[dict[str, Any]]:
@@ -309,8 +336,9 @@ class TuningDB:
         for m in self.measurements(problem):
             if m.predicted_us is None or m.median_us is None:
                 continue
-            out.append({"op": m.op_name or m.op_signature[:12], "arch": m.arch, "strategy": m.strategy,
-                        "shapes": m.shapes, "predicted_us": m.predicted_us, "measured_us": m.median_us,
+            out.append({"op": m.op_name or m.op_signature[:12], "arch": m.arch, "precise_math": m.precise_math,
+                        "strategy": m.strategy, "shapes": m.shapes, "predicted_us": m.predicted_us,
+                        "measured_us": m.median_us,
                         "ratio": m.median_us / m.predicted_us if m.predicted_us else float("inf")})
         return out
 
@@ -320,5 +348,15 @@ class TuningDB:
                     "problems": conn.execute("SELECT COUNT(*) FROM winners").fetchone()[0]}
 
 
-def _statements(script: str) -> list[str]:
-    return [s.strip() for s in script.split(";") if s.strip()]
+def _migrate_from_1(conn: sqlite3.Connection) -> None:
+    """Schema 1 -> 2, inside the caller's transaction: add `precise_math` (0, the knob's default,
+    in every old row) and make it part of the winners' key. SQLite cannot change a primary key in
+    place, so the winners table is rebuilt."""
+    conn.execute("ALTER TABLE measurements ADD COLUMN precise_math INTEGER NOT NULL DEFAULT 0")
+    conn.execute("DROP INDEX IF EXISTS measurements_key")  # _SCHEMA makes it again, with the new column
+    conn.execute("ALTER TABLE winners RENAME TO winners_1")
+    conn.execute(_WINNERS)
+    conn.execute("INSERT INTO winners (op_signature, shapes, dtypes, arch, precise_math, strategy, plan, median_us, "
+                 "measurement_id, updated) SELECT op_signature, shapes, dtypes, arch, 0, strategy, plan, median_us, "
+                 "measurement_id, updated FROM winners_1")
+    conn.execute("DROP TABLE winners_1")

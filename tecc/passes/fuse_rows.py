@@ -337,20 +337,7 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
 
     # the per-column expression of every pass, in program order: one per Reduce of a reduction
     # stage (its source at column `col`), one per elementwise output (its value at `col`)
-    passes: list[tuple[Tensor, Expr, Reduce | None]] = []
-    for t in prog.stages:
-        op = t.op
-        assert isinstance(op, ComputeOp)
-        if t in group.reductions:
-            body = substitute(op.body, dict(zip(op.axes, row_idx)))
-            seen: set[int] = set()
-            for r in [n for n in walk(body) if isinstance(n, Reduce)]:
-                if id(r) not in seen:
-                    seen.add(id(r))
-                    passes.append((t, cacher.visit(inliner.visit(substitute(r.source, {r.axes[0]: col}))), r))
-        else:
-            body = substitute(op.body, dict(zip(op.axes, row_idx + (col,))))
-            passes.append((t, cacher.visit(inliner.visit(body)), None))
+    passes = [(t, cacher.visit(expr), r) for t, expr, r in row_passes(group, inliner, row_idx, col)]
 
     shared: dict[Expr, Buffer] = {}
     if cache == "registers":
@@ -472,6 +459,31 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     return Module(mname, module_params, (kernel,), (KernelCall(kname, params),), ())
 
 
+Pass = tuple[Tensor, Expr, "Reduce | None"]
+
+
+def row_passes(group: RowGroup, inliner: ExprMutator, row_idx: tuple[Expr, ...], col: Expr) -> list[Pass]:
+    """The per-column expression of every pass over the row `row_idx`, in program order: one per
+    Reduce of a reduction stage (its source at column `col`, with that Reduce), one per
+    elementwise output (its value at `col`, None). `inliner` (a _RowInliner) turns reads of the
+    group's reduction stages into the registers that hold their row values."""
+    passes: list[Pass] = []
+    for t in group.stages:
+        op = t.op
+        assert isinstance(op, ComputeOp)
+        if t in group.reductions:
+            body = substitute(op.body, dict(zip(op.axes, row_idx)))
+            seen: set[int] = set()
+            for r in [n for n in walk(body) if isinstance(n, Reduce)]:
+                if id(r) not in seen:
+                    seen.add(id(r))
+                    passes.append((t, inliner.visit(substitute(r.source, {r.axes[0]: col})), r))
+        else:
+            body = substitute(op.body, dict(zip(op.axes, row_idx + (col,))))
+            passes.append((t, inliner.visit(body), None))
+    return passes
+
+
 # Intrinsics worth a register to compute once: each is a libdevice call of tens of instructions
 # (expf: ~10 with the range reduction, sinf/logf more), against one register per column.
 EXPENSIVE = ("exp", "log", "sin", "cos", "tanh", "erf", "sigmoid", "exp2", "log2")
@@ -543,9 +555,9 @@ def peak_row_words(spans: Sequence[tuple[float, float]], words: int) -> int:
 
 
 def _finish_reduction(t: Tensor, row_idx: tuple[Expr, ...], accs: dict[int, Expr], inliner: ExprMutator,
-                      val: Buffer, buffers: dict[Tensor, Buffer], tx: Var) -> list[Stmt]:
+                      val: Buffer, buffers: dict[Tensor, Buffer], tx: Var, writer: Expr | None = None) -> list[Stmt]:
     """The row value of reduction stage `t` from its all-reduced accumulators, and its store
-    (by thread 0) when the stage is an output."""
+    (by thread 0, or where `writer` holds) when the stage is an output."""
     op = t.op
     assert isinstance(op, ComputeOp)
     body = substitute(op.body, dict(zip(op.axes, row_idx)))
@@ -557,8 +569,9 @@ def _finish_reduction(t: Tensor, row_idx: tuple[Expr, ...], accs: dict[int, Expr
     zero = Const(0, dt.int32)
     out: list[Stmt] = [BufferStore(val, (zero,), inliner.visit(_Finish().visit(body)))]
     if t in buffers:  # an output: thread 0 of the block writes the row's value
-        out.append(IfThenElse(tx == 0, BufferStore(buffers[t], row_idx, val[zero])))
+        out.append(IfThenElse(tx == 0 if writer is None else writer, BufferStore(buffers[t], row_idx, val[zero])))
     return out
 
 
-__all__ = ["CACHES", "VECTORS", "RowGroup", "fuse_rows", "min_blocks_per_sm", "peak_row_words", "row_group"]
+__all__ = ["CACHES", "VECTORS", "Pass", "RowGroup", "fuse_rows", "min_blocks_per_sm", "peak_row_words", "row_group",
+           "row_passes"]

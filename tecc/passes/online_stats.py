@@ -97,10 +97,6 @@ def online_max_sum(a: Expr, h: Expr, columns: ColumnWalk, row: tuple[Expr, ...],
     (or only -inf) keeps s = 0 instead of 0·exp(-inf + inf) = NaN."""
     ft = m_acc.dtype
     m_new, m_own, m_chunk = (new_local(f"{stage}_{k}", ft, 1) for k in ("new", "own", "chunk"))
-    one = Const(1.0, ft)
-
-    def rescale(old: Expr, new: Expr) -> Expr:
-        return select(compare("==", old, new), one, call("exp", old - new))
 
     def chunk(ch: Chunk) -> Stmt:
         if ch.elements == 1:
@@ -120,11 +116,39 @@ def online_max_sum(a: Expr, h: Expr, columns: ColumnWalk, row: tuple[Expr, ...],
         BufferStore(m_acc, (ZERO,), reduce_identity("max", ft)),
         BufferStore(s_acc, (ZERO,), reduce_identity("sum", ft)),
         columns.loop([a, h], row, chunk),
+        *allreduce_max_sum(m_acc, s_acc, m_own, tx, threads, blocks),
+    ]
+
+
+def rescale(old: Expr, new: Expr) -> Expr:
+    """exp(old - new), the factor that moves a sum of exp(· - old) to exp(· - new); 1 when the
+    two are equal, so -inf against -inf (nothing seen yet) gives 1, not exp(NaN)."""
+    return select(compare("==", old, new), Const(1.0, old.dtype), call("exp", old - new))
+
+
+def allreduce_max_sum(m_acc: Buffer, s_acc: Buffer, m_own: Buffer, tx: Var, threads: int,
+                      blocks: tuple[str, str]) -> list[Stmt]:
+    """The threads' (max, Σ exp(· - max)) pairs combined over the block: the max all-reduced,
+    each thread's sum moved to it, the sums all-reduced (`m_own` keeps the thread's own max)."""
+    return [
         BufferStore(m_own, (ZERO,), m_acc[ZERO]),
         allreduce(m_acc, "max", tx, threads, blocks[0]),
         BufferStore(s_acc, (ZERO,), s_acc[ZERO] * rescale(m_own[ZERO], m_acc[ZERO])),
         allreduce(s_acc, "+", tx, threads, blocks[1]),
     ]
+
+
+def merge_max_sum(m_acc: Buffer, s_acc: Buffer, m_new: Buffer, m: Expr, s: Expr, name: str) -> Stmt:
+    """Fold the pair (m, s) -- the max of some columns and the sum of exp(· - m) over them, a
+    block's partial statistics -- into the running pair (m_acc, s_acc): both sums moved to the
+    larger max, then added. `name` prefixes the let variables that hold m and s."""
+    m_var, s_var = Var(f"{name}_max", m.dtype, "value"), Var(f"{name}_sum", s.dtype, "value")
+    return LetStmt(m_var, m, LetStmt(s_var, s, seq(
+        BufferStore(m_new, (ZERO,), binary("max", m_acc[ZERO], m_var)),
+        BufferStore(s_acc, (ZERO,), s_acc[ZERO] * rescale(m_acc[ZERO], m_new[ZERO])
+                    + s_var * rescale(m_var, m_new[ZERO])),
+        BufferStore(m_acc, (ZERO,), m_new[ZERO]),
+    )))
 
 
 def welford_pair(passes: Sequence[Pass], i: int, col: Var) -> tuple[Tensor, Reduce, Expr] | None:
@@ -214,4 +238,5 @@ def _reads(e: Expr, node: Expr) -> bool:
     return any(n is node for n in walk(e))
 
 
-__all__ = ["centered_sum", "max_sum_exp_pair", "online_max_sum", "welford_moments", "welford_pair"]
+__all__ = ["allreduce_max_sum", "centered_sum", "max_sum_exp_pair", "merge_max_sum", "online_max_sum", "rescale",
+           "welford_moments", "welford_pair"]

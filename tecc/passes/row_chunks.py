@@ -91,7 +91,9 @@ class Chunk:
 class ColumnWalk:
     """The chunked walk over a row of `columns` (C) columns by `threads` (T) threads of lane
     `tx`: chunks of `unroll` (U) vectors of `vector` (V) columns. `col` is the column variable
-    the passes' expressions are written in; `new_var` / `new_buffer` make fresh names."""
+    the passes' expressions are written in; `new_var` / `new_buffer` make fresh names. `start`:
+    the walk covers columns [start, start + C) of the row instead of [0, C) (one block's chunk
+    of a split row, passes/split_row_group.py; a multiple of V, so vectors stay aligned)."""
 
     columns: Expr
     threads: int
@@ -102,6 +104,7 @@ class ColumnWalk:
     new_var: Callable[[str], Var]
     new_buffer: Callable[[BufferLoad, int], Buffer]
     registers: dict[int, tuple[Expr, Buffer]] = field(default_factory=dict)
+    start: Expr | None = None
 
     def __post_init__(self) -> None:
         self.j, self.u, self.v, self.t = (self.new_var(n) for n in ("j", "u", "v", "t"))
@@ -142,6 +145,8 @@ class ColumnWalk:
 
         def chunk(first_vector: Expr, u: Expr, units: int) -> Stmt:
             column = ((first_vector + u) * T + self.tx) * V + v
+            if self.start is not None:
+                column = self.start + column
             ch = Chunk(u, v, units, V, column, u * V + v, self.col, regs)
             stage = [ch.each(BufferStore(buf, (ch.slot,), substitute(load, {self.col: column})), vectorized=True)
                      for load, buf in regs.values()]

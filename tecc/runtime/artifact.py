@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..ir.errors import DeviceError, TeccError
+from . import cuda
 from .host import HostProgram
+from .runnable import RunnableKernel
 
 MANIFEST_FORMAT = "tecc-artifact"
 # The newest format version this runtime reads (it reads every older one too):
@@ -158,7 +160,7 @@ def write_artifact(path: str | os.PathLike[str], manifest: Mapping[str, Any], cu
                    ptx: str | None = None, cuda_source: str | None = None) -> Path:
     """Validate `manifest` and write the artifact's files (atomically each); returns the stem.
 
-    The compiler's `Kernel.save` may use this; tests use it to make artifacts by hand."""
+    The compiler's `Kernel.save` writes through this; tests use it to make artifacts by hand."""
     validate_manifest(manifest)
     files = artifact_paths(path)
     files["json"].parent.mkdir(parents=True, exist_ok=True)
@@ -192,34 +194,21 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     return manifest  # type: ignore[no-any-return]
 
 
-class LoadedKernel:
+class LoadedKernel(RunnableKernel):
     """A saved artifact, ready to run on the GPU with the runtime alone.
 
-    `f(*arrays)` runs it like the built kernel (arrays in `host.buffer_params` order; NumPy
-    arrays copied in and results copied back, device arrays used in place). The CUDA executor
-    is made on first call (or by `executor`); without a usable GPU that raises DeviceError.
-    `manifest`, `host`, `cubin`, `ptx`, `cuda_source`, `plan`, `arch` and `kernel_stats` give
-    what the artifact holds."""
+    `f(*arrays)` runs it like the built kernel (RunnableKernel: arrays in `host.buffer_params`
+    order; NumPy arrays copied in and results copied back, device arrays used in place). The
+    CUDA executor is made on first call (or by `executor`); without a usable GPU, or on one that
+    cannot run the cubin's arch, that raises DeviceError. `manifest`, `host`, `cubin`, `ptx`,
+    `cuda_source`, `plan`, `arch` and `kernel_stats` give what the artifact holds."""
 
     def __init__(self, path: Path, manifest: dict[str, Any], host: HostProgram, cubin: bytes,
                  ptx: str | None, cuda_source: str | None, *, stream: Any = None, debug_sync: bool = False) -> None:
+        super().__init__(host, cubin, ptx, str(manifest["arch"]), stream=stream, debug_sync=debug_sync)
         self.path = path
         self.manifest = manifest
-        self.host = host
-        self.cubin = cubin
-        self.ptx = ptx
         self.cuda_source = cuda_source
-        self._stream = stream
-        self._debug_sync = debug_sync
-        self._executor: Any = None
-
-    @property
-    def name(self) -> str:
-        return self.host.name
-
-    @property
-    def arch(self) -> str:
-        return str(self.manifest["arch"])
 
     @property
     def plan(self) -> Any:
@@ -237,26 +226,12 @@ class LoadedKernel:
             return None
         return source_sha256(self.cuda_source) == str(self.manifest["source_sha256"])
 
-    @property
-    def executor(self) -> Any:
-        if self._executor is None:
-            from .cuda import CudaExecutor, cuda_unavailable_reason, current_device
+    def _no_device_message(self, reason: str) -> str:
+        return (f"{self.name}: no CUDA device is available to run the artifact {self.path} ({reason}); "
+                "run it on a machine with an NVIDIA GPU, or rebuild the op with target='sim' to use the CPU emulator")
 
-            reason = cuda_unavailable_reason()
-            if reason is not None:
-                raise DeviceError(
-                    f"{self.name}: no CUDA device is available to run the artifact {self.path} ({reason}); "
-                    "run it on a machine with an NVIDIA GPU, or rebuild the op with target='sim' to use the CPU emulator"
-                )
-            check_arch(self.arch, current_device(), self.path)
-            self._executor = CudaExecutor(self.host, self.cubin, stream=self._stream, debug_sync=self._debug_sync)
-        return self._executor
-
-    def __call__(self, *args: Any) -> None:
-        self.executor(*args)
-
-    def synchronize(self) -> None:
-        self.executor.synchronize()
+    def _check_device(self) -> None:
+        check_arch(self.arch, cuda.current_device(), self.path)
 
     def __repr__(self) -> str:
         return f"<tecc.LoadedKernel {self.name} arch={self.arch} kernels={[k.name for k in self.host.kernels]} from {self.path}>"
@@ -294,10 +269,8 @@ def load(path: str | os.PathLike[str], *, stream: Any = None, debug_sync: bool =
     kernel = LoadedKernel(files["json"].with_suffix(""), manifest, host, cubin, ptx, cuda_source,
                           stream=stream, debug_sync=debug_sync)
 
-    from .cuda import cuda_available, current_device
-
-    if cuda_available():
-        check_arch(kernel.arch, current_device(), kernel.path)
+    if cuda.cuda_available():
+        check_arch(kernel.arch, cuda.current_device(), kernel.path)
     return kernel
 
 

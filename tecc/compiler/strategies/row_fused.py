@@ -303,18 +303,20 @@ def fused_points(columns: int) -> list[dict[str, Any]]:
 
 def fused_workload(info: KernelInfo, point: dict[str, Any], target: Target) -> Workload:
     """What fuse_rows' kernel for ONE row reduction (`info`: the unfused kernel, one output per
-    row) does at `point` (threads T, cache, vector V): one block per row, each thread loads
-    K = ceil(C / (T·V)) V-wide pieces of the row (all independent and unrolled with
-    cache="registers", nvcc's 4 in flight with "none"), sums them, then a warp shuffle tree, a
-    shared-memory hand-off between warps and a second tree. Multi-pass groups (softmax) are not
-    priced here: the benchmark measures a row sum."""
+    row) does at `point` (threads T, cache, vector V, unroll U): one block per row, each thread
+    loads K = ceil(C / (T·V)) V-wide pieces of the row (all independent and unrolled with
+    cache="registers"; with "none" / "online" the chunked walk of row_chunks.py, U pieces issued
+    before any is used, so U in flight), sums them, then a warp shuffle tree, a shared-memory
+    hand-off between warps and a second tree. Multi-pass groups (softmax) are not priced here:
+    the benchmark measures a row sum."""
     t, v = int(point["threads"]), int(point.get("vector", 1))
+    u = int(point.get("unroll", 1))
     cache = str(point.get("cache", "registers"))
     rows = info.outputs
     columns = info.reduce_extent
     x_size = max((a.itemsize for a in info.reads), default=4)
     k = -(-columns // (t * v))
-    in_flight_loads = k if cache == "registers" else min(k, 4)
+    in_flight_loads = k if cache == "registers" else max(1, min(k, u))
     warps = rows * t / 32
     instr_warp = k * (2.0 + v * (1.0 + info.flops_per_iteration)) + TREE_INSTRUCTIONS
     chain = (-(-k // in_flight_loads) * GLOBAL_LATENCY_CYCLES + k * v * FADD_LATENCY_CYCLES

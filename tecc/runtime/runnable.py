@@ -1,0 +1,92 @@
+"""A runnable kernel: a host program and its device code, called like a function.
+
+Both things a user calls are one: `tecc.compiler.kernel.Kernel` (what `build` returns; it adds
+the loop IR, the plan, `explain`, timing and `save`) and `tecc.runtime.artifact.LoadedKernel`
+(what `load` returns from a saved artifact; it adds the manifest and the files it came from).
+What they share lives here:
+
+- the state a launch needs: `host` (the HostProgram: signature, temporaries, kernels and their
+  launch dimensions, call sequence), `cubin` (the device code), `ptx` (kept for inspection) and
+  `arch` (what the cubin was compiled for);
+- the CUDA executor (`tecc.runtime.cuda.CudaExecutor`), made on first use and then kept, so its
+  loaded kernels, its temporaries and its launch cache (docs/runtime.md, "Repeated calls")
+  serve every later call;
+- the call path: once the executor exists, `f(*arrays)` is one frame on top of it.
+
+Nothing here imports the compiler: a deployment runs a saved artifact with the runtime alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..ir.errors import DeviceError
+from . import cuda
+from .host import HostProgram
+
+
+class RunnableKernel:
+    """A host program with its device code. `f(*arrays)` runs it on the current CUDA device:
+    arrays in `host.buffer_params` order, NumPy arrays copied in and the results copied back,
+    device arrays used in place. `executor` is the CudaExecutor, made on first call (DeviceError
+    when no GPU can run it); `synchronize()` waits for the launches of earlier calls.
+
+    `stream` and `debug_sync` are passed on to the executor (docs/runtime.md, "Streams,
+    synchronization, errors")."""
+
+    def __init__(self, host: HostProgram, cubin: bytes = b"", ptx: str | None = None, arch: str = "", *,
+                 stream: Any = None, debug_sync: bool = False) -> None:
+        self.host = host
+        self.cubin = cubin
+        self.ptx = ptx
+        self.arch = arch
+        self._stream = stream
+        self._debug_sync = debug_sync
+        self._executor: cuda.CudaExecutor | None = None
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    # ---- running ----------------------------------------------------------------------------
+    def __call__(self, *args: Any) -> None:
+        # Thin on purpose: a repeated call with device arrays is a launch-cache hit in the
+        # executor (docs/runtime.md, "Repeated calls"), so this frame is most of what is left.
+        executor = self._executor
+        if executor is not None:
+            executor(*args)
+        else:
+            self._runner()(*args)
+
+    def _runner(self) -> Callable[..., None]:
+        """What runs a call while no executor is held: the executor, made now. (A Kernel built
+        for target "sim" runs in the CPU emulator instead.)"""
+        return self.executor
+
+    @property
+    def executor(self) -> cuda.CudaExecutor:
+        """The CUDA executor, made (and the cubin loaded) on first use."""
+        executor = self._executor
+        if executor is None:
+            executor = self._executor = self._make_executor()
+        return executor
+
+    def _make_executor(self) -> cuda.CudaExecutor:
+        reason = cuda.cuda_unavailable_reason()  # through the module, so a stand-in (tests) is seen
+        if reason is not None:
+            raise DeviceError(self._no_device_message(reason))
+        self._check_device()
+        return cuda.CudaExecutor(self.host, self.cubin, stream=self._stream, debug_sync=self._debug_sync)
+
+    def _no_device_message(self, reason: str) -> str:
+        """The DeviceError's text when no CUDA device is usable (`reason` says why not)."""
+        return f"{self.name}: no CUDA device is available to run it ({reason})"
+
+    def _check_device(self) -> None:
+        """Refuse the current device before the cubin is loaded, where the subclass knows a
+        reason to (LoadedKernel: an arch the device cannot run). Nothing by default."""
+
+    def synchronize(self) -> None:
+        """Wait for every launch of earlier calls (LaunchError if one of them faulted)."""
+        self.executor.synchronize()
+
