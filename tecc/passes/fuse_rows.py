@@ -73,11 +73,12 @@ from ..ir.stmt import (
 from ..ir.tensor import ComputeOp, Tensor
 from ..ir.visitor import ExprMutator
 from .lower import (
+    COMBINE,
     Program,
-    _exprs_of,
-    _global_buffers,
-    _Inliner,
-    _scalar_vars,
+    exprs_of,
+    global_buffers,
+    Inliner,
+    scalar_vars,
     choose_inlined,
     collect_program,
     signature,
@@ -94,7 +95,6 @@ from .row_chunks import ColumnWalk
 from .schedule.cross_thread import WARP, allreduce
 
 CACHES = ("registers", "online", "none")
-COMBINE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
 VECTORS = (1, 2, 4, 8)
 # Occupancy request (`__launch_bounds__(T, n)`): sm_80 and sm_90 hold 2048 threads and 64 K
 # registers per SM (CUDA C++ Programming Guide, "Technical Specifications"), so full occupancy
@@ -177,11 +177,11 @@ def _fmt(shape: Sequence[Expr]) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
-class _RowInliner(_Inliner):
+class _RowInliner(Inliner):
     """Inlines elementwise producers; a read of a reduction stage of the group at the row being
     computed becomes the thread's register holding that row's value."""
 
-    def __init__(self, base: _Inliner, values: dict[Tensor, Buffer], row: tuple[Expr, ...]) -> None:
+    def __init__(self, base: Inliner, values: dict[Tensor, Buffer], row: tuple[Expr, ...]) -> None:
         super().__init__(base.inlined, base.buffers)
         self.values = values
         self.row = row
@@ -311,7 +311,7 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         return chunks.loop(exprs, row_idx, lambda ch: ch.each(element(ch.value, ch.column), vectorized))
 
     zero = Const(0, dt.int32)
-    base_inliner = _Inliner(prog.inlined, buffers)
+    base_inliner = Inliner(prog.inlined, buffers)
     values: dict[Tensor, Buffer] = {}
     inliner = _RowInliner(base_inliner, values, row_idx)
 
@@ -434,8 +434,8 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     else:
         body = For(b, 0, n_rows, "blockIdx.x", For(tx, 0, threads, "threadIdx.x", body))
 
-    used = _global_buffers(body)
-    body_vars = _scalar_vars(_exprs_of(body) + [s for u in used for s in u.shape + (u.strides or ())])
+    used = global_buffers(body)
+    body_vars = scalar_vars(exprs_of(body) + [s for u in used for s in u.shape + (u.strides or ())])
     params = tuple(buffers[a] for a in prog.args if buffers[a] in used) + tuple(v for v in scalars if v in body_vars)
     kname = unique(f"{prog.stages[-1].name}_rows_kernel")
     mname = identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))

@@ -157,7 +157,7 @@ def epilogue_consumer(prog: Program, t: Tensor, inlined: frozenset[Tensor]) -> T
     return d
 
 
-class _Inliner(ExprMutator):
+class Inliner(ExprMutator):
     """Replaces reads of inlined tensors by their bodies, and reads of stage tensors by buffer loads."""
 
     def __init__(self, inlined: frozenset[Tensor], buffers: dict[Tensor, Buffer]) -> None:
@@ -176,13 +176,15 @@ class _Inliner(ExprMutator):
         return BufferLoad(self.buffers[t], idx)
 
 
-_COMBINE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
+# A Reduce's combiner as the binary operator that folds two partials (every rewrite that splits a
+# reduction over threads or blocks combines its partials with it).
+COMBINE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
 
 
 class _StageLowering:
     """Builds the loop nest of one stage."""
 
-    def __init__(self, stage: Tensor, out: Buffer, inliner: _Inliner, taken: set[str]) -> None:
+    def __init__(self, stage: Tensor, out: Buffer, inliner: Inliner, taken: set[str]) -> None:
         self.stage = stage
         self.out = out
         self.inliner = inliner
@@ -223,7 +225,7 @@ class _StageLowering:
             axis_vars.append((v, ax))
         src_stmts, src_allocs, src = self.value(r.source, inner_loops)
         zero = Const(0, dt.int32)
-        update: Stmt = BufferStore(acc, (zero,), binary(_COMBINE[r.combiner], acc[zero], cast(src, r.acc_dtype)))
+        update: Stmt = BufferStore(acc, (zero,), binary(COMBINE[r.combiner], acc[zero], cast(src, r.acc_dtype)))
         body = seq(*src_stmts, update)
         for b in reversed(src_allocs):
             body = Allocate(b, body)
@@ -248,12 +250,12 @@ class _StageLowering:
         return body
 
 
-def _buffer_for(t: Tensor, name: str) -> Buffer:
+def buffer_for(t: Tensor, name: str) -> Buffer:
     strides = t.op.strides if isinstance(t.op, PlaceholderOp) else None
     return Buffer(name, t.dtype, t.shape, "global", strides, t.name)
 
 
-def _scalar_vars(exprs: Sequence[Expr]) -> list[Var]:
+def scalar_vars(exprs: Sequence[Expr]) -> list[Var]:
     out: list[Var] = []
     for e in exprs:
         for v in sorted(free_vars(e), key=lambda v: v.name):
@@ -278,7 +280,7 @@ class Signature:
 def signature(prog: Program) -> Signature:
     """Buffers for `prog.args` and their size/stride variables; every lowering starts here."""
     names: set[str] = set()
-    buffers = {t: _buffer_for(t, fresh_name(t.name, names, sep="_")) for t in prog.args}
+    buffers = {t: buffer_for(t, fresh_name(t.name, names, sep="_")) for t in prog.args}
     scalars: list[Var] = []
     for t in prog.args:
         b = buffers[t]
@@ -301,17 +303,17 @@ def lower(args: Sequence[Tensor], name: str | None = None) -> Module:
     temps: list[Buffer] = []
     for t in prog.stages:
         if t not in buffers:
-            buffers[t] = _buffer_for(t, unique(t.name))
+            buffers[t] = buffer_for(t, unique(t.name))
             temps.append(buffers[t])
 
-    inliner = _Inliner(prog.inlined, buffers)
+    inliner = Inliner(prog.inlined, buffers)
     kernels: list[PrimFunc] = []
     calls: list[KernelCall] = []
     for t in prog.stages:
         taken = set(names)
         body = _StageLowering(t, buffers[t], inliner, taken).lower()
-        used = _global_buffers(body)
-        body_vars = _scalar_vars(_exprs_of(body) + [s for b in used for s in b.shape + (b.strides or ())])
+        used = global_buffers(body)
+        body_vars = scalar_vars(exprs_of(body) + [s for b in used for s in b.shape + (b.strides or ())])
         for v in body_vars:
             if v not in scalars:
                 raise ShapeError(
@@ -328,7 +330,7 @@ def lower(args: Sequence[Tensor], name: str | None = None) -> Module:
     return Module(mname, module_params, tuple(kernels), tuple(calls), tuple(temps))
 
 
-def _global_buffers(body: Stmt) -> list[Buffer]:
+def global_buffers(body: Stmt) -> list[Buffer]:
     out: list[Buffer] = []
 
     def add(b: Buffer) -> None:
@@ -338,14 +340,14 @@ def _global_buffers(body: Stmt) -> list[Buffer]:
     for s in iter_stmts(body):
         if isinstance(s, BufferStore):
             add(s.buffer)
-    for e in _exprs_of(body):
+    for e in exprs_of(body):
         for n in walk(e):
             if isinstance(n, BufferLoad):
                 add(n.buffer)
     return out
 
 
-def _exprs_of(body: Stmt) -> list[Expr]:
+def exprs_of(body: Stmt) -> list[Expr]:
     """Every expression held directly by a statement under `body`."""
     out: list[Expr] = []
     for s in iter_stmts(body):
@@ -364,4 +366,5 @@ def _exprs_of(body: Stmt) -> list[Expr]:
     return out
 
 
-__all__ = ["Program", "collect_program", "choose_inlined", "epilogue_consumer", "lower"]
+__all__ = ["COMBINE", "Inliner", "Program", "buffer_for", "choose_inlined", "collect_program", "epilogue_consumer",
+           "exprs_of", "global_buffers", "lower", "scalar_vars"]

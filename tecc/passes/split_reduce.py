@@ -108,18 +108,18 @@ from ..ir.stmt import (
 from ..ir.tensor import ComputeOp, Tensor
 from ..ir.visitor import ExprMutator
 from .lower import (
-    _buffer_for,
-    _exprs_of,
-    _global_buffers,
-    _Inliner,
-    _scalar_vars,
+    COMBINE,
+    buffer_for,
+    exprs_of,
+    global_buffers,
+    Inliner,
+    scalar_vars,
     choose_inlined,
     collect_program,
     signature,
 )
 from .names import identifier
 
-COMBINE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
 COMBINE_FORMS = ("kernel", "last_block")  # how S > 1 partials are combined (module docstring)
 MAX_GRID_Y = 65535  # CUDA's gridDim.y limit: the S blocks of a column block lie along y
 
@@ -180,7 +180,7 @@ def split_reduce(args: Sequence[Tensor], threads_x: int = 32, threads_y: int = 8
 
     sig = signature(prog)
     buffers, scalars, unique = sig.buffers, sig.scalars, sig.unique
-    inliner = _Inliner(prog.inlined, buffers)
+    inliner = Inliner(prog.inlined, buffers)
     out = buffers[stage]
 
     n_out: Expr = Const(1, dt.int32)
@@ -345,8 +345,8 @@ def split_reduce(args: Sequence[Tensor], threads_x: int = 32, threads_y: int = 8
     funcs: list[PrimFunc] = []
     calls: list[KernelCall] = []
     for n, body in enumerate(kernels):
-        used = _global_buffers(body)
-        body_vars = _scalar_vars(_exprs_of(body) + [e for u in used for e in u.shape + (u.strides or ())])
+        used = global_buffers(body)
+        body_vars = scalar_vars(exprs_of(body) + [e for u in used for e in u.shape + (u.strides or ())])
         params = (tuple(buffers[a] for a in prog.args if buffers[a] in used) + tuple(t for t in temps if t in used)
                   + tuple(v for v in scalars if v in body_vars))
         kname = unique(f"{stage.name}_{'split' if n == 0 else 'combine'}_kernel")
@@ -368,8 +368,8 @@ def uncoalesced_read(args: Sequence[Tensor]) -> str | None:
     prog = choose_inlined(collect_program(args))
     op = stage.op
     assert isinstance(op, ComputeOp)
-    buffers = {t: _buffer_for(t, t.name) for t in prog.args}
-    source = _Inliner(prog.inlined, buffers).visit(red.source)
+    buffers = {t: buffer_for(t, t.name) for t in prog.args}
+    source = Inliner(prog.inlined, buffers).visit(red.source)
     axis, last = red.axes[0], op.axes[-1]
     for node in walk(source):
         if not isinstance(node, BufferLoad) or axis not in free_vars(node):

@@ -73,7 +73,7 @@ from ..ir.stmt import (
 )
 from ..ir.tensor import Tensor
 from .fuse_rows import COMBINE, VECTORS, Pass, _finish_reduction, _RowInliner, row_group, row_passes
-from .lower import _exprs_of, _global_buffers, _Inliner, _scalar_vars, signature
+from .lower import exprs_of, global_buffers, Inliner, scalar_vars, signature
 from .names import identifier
 from .online_stats import (
     allreduce_max_sum,
@@ -138,7 +138,7 @@ def row_statistics(args: Sequence[Tensor]) -> Statistics:
     row_idx = _unflatten(Var("row", dt.int32), group.rows)
     col = Var("col", dt.int32)
     values = {t: Buffer(f"{t.name}_val", t.dtype, (1,), "local") for t in group.reductions}
-    inliner = _RowInliner(_Inliner(group.program.inlined, sig.buffers), values, row_idx)
+    inliner = _RowInliner(Inliner(group.program.inlined, sig.buffers), values, row_idx)
     return one_pass_statistics(row_passes(group, inliner, row_idx, col), values, col)
 
 
@@ -185,7 +185,7 @@ def split_row_group(args: Sequence[Tensor], threads: int = 256, splits: int = 1,
     col = Var(unique("col"), dt.int32)
     values = {t: Buffer(unique(f"{t.name}_val"), t.dtype, (1,), "local", tensor=f"{t.name}.local")
               for t in group.reductions}
-    inliner = _RowInliner(_Inliner(prog.inlined, buffers), values, row_idx)
+    inliner = _RowInliner(Inliner(prog.inlined, buffers), values, row_idx)
     passes = row_passes(group, inliner, row_idx, col)
     stats = one_pass_statistics(passes, values, col)
     first, r = stats.passes[0][0], stats.passes[0][2]
@@ -338,8 +338,8 @@ def split_row_group(args: Sequence[Tensor], threads: int = 256, splits: int = 1,
     calls: list[KernelCall] = []
     names = tuple(t.name for t in prog.stages)
     for role, body in (("statistics", body1), ("rows", body2)):
-        used = _global_buffers(body)
-        body_vars = _scalar_vars(_exprs_of(body) + [e for x in used for e in x.shape + (x.strides or ())])
+        used = global_buffers(body)
+        body_vars = scalar_vars(exprs_of(body) + [e for x in used for e in x.shape + (x.strides or ())])
         params = (tuple(buffers[a] for a in prog.args if buffers[a] in used) + tuple(x for x in temps if x in used)
                   + tuple(v for v in scalars if v in body_vars))
         kname = unique(f"{prog.stages[-1].name}_{role}_kernel")

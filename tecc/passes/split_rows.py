@@ -93,11 +93,12 @@ from ..ir.stmt import (
 from ..ir.tensor import ComputeOp, Tensor
 from ..ir.visitor import ExprMutator
 from .lower import (
-    _buffer_for,
-    _exprs_of,
-    _global_buffers,
-    _Inliner,
-    _scalar_vars,
+    COMBINE,
+    buffer_for,
+    exprs_of,
+    global_buffers,
+    Inliner,
+    scalar_vars,
     choose_inlined,
     collect_program,
     signature,
@@ -105,7 +106,6 @@ from .lower import (
 from .names import identifier
 from .schedule.cross_thread import WARP, allreduce
 
-COMBINE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
 VECTORS = (1, 2, 4, 8)
 # Kernel 1 keeps its round loop rolled (`#pragma unroll 1`: U loads in flight per thread are the
 # design, UNROLL_BYTES in strategies/split_rows.py) and asks for full occupancy
@@ -189,11 +189,11 @@ def flat_views(args: Sequence[Tensor], buffers: dict[Tensor, Buffer] | None = No
     op = stage.op
     assert isinstance(op, ComputeOp)
     if buffers is None:
-        buffers = {t: _buffer_for(t, t.name) for t in prog.args}
+        buffers = {t: buffer_for(t, t.name) for t in prog.args}
     extents = [ax.extent for ax in red.axes]
     canonical = tuple(op.axes) + tuple(red.axes)
     shape = tuple(stage.shape) + tuple(extents)
-    loads = [n for n in walk(_Inliner(prog.inlined, buffers).visit(op.body)) if isinstance(n, BufferLoad)]
+    loads = [n for n in walk(Inliner(prog.inlined, buffers).visit(op.body)) if isinstance(n, BufferLoad)]
     axes = set(red.axes)
     flat_length = _product(shape)
     views: dict[Buffer, Buffer] = {}
@@ -230,7 +230,7 @@ def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vect
     assert isinstance(op, ComputeOp)
     sig = signature(prog)
     buffers, scalars, unique = sig.buffers, sig.scalars, sig.unique
-    inliner = _Inliner(prog.inlined, buffers)
+    inliner = Inliner(prog.inlined, buffers)
     out = buffers[stage]
     views = flat_views(args, buffers)
     flat = bool(views)
@@ -396,8 +396,8 @@ def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vect
     funcs: list[PrimFunc] = []
     calls: list[KernelCall] = []
     for role, body in kernels:
-        used = _global_buffers(body)
-        body_vars = _scalar_vars(_exprs_of(body) + [e for x in used for e in x.shape + (x.strides or ())])
+        used = global_buffers(body)
+        body_vars = scalar_vars(exprs_of(body) + [e for x in used for e in x.shape + (x.strides or ())])
         # a viewed input is passed under its own name: the host hands kernel 1 the same pointer
         arrays = [views.get(buffers[a], buffers[a]) for a in prog.args]
         params = (tuple(x for x in arrays if x in used) + tuple(t for t in temps if t in used)
@@ -427,8 +427,8 @@ def noncontiguous_read(args: Sequence[Tensor]) -> str | None:
     each index exactly the axis (a row of X[r, c], all of X[i, j], a weight W[c])."""
     _, red = row_reduction(args)
     prog = choose_inlined(collect_program(args))
-    buffers = {t: _buffer_for(t, t.name) for t in prog.args}
-    source = _Inliner(prog.inlined, buffers).visit(red.source)
+    buffers = {t: buffer_for(t, t.name) for t in prog.args}
+    source = Inliner(prog.inlined, buffers).visit(red.source)
     axes = list(red.axes)
     for node in walk(source):
         if not isinstance(node, BufferLoad):

@@ -86,12 +86,12 @@ def _update_combiner(s: Stmt, acc: Buffer) -> str | None:
 
 def _params(module: Module, body: Stmt, extra: list[Buffer]) -> tuple[Buffer | Var, ...]:
     """A kernel's parameters: the module's buffers and temporaries it uses, then its size variables."""
-    from ..lower import _exprs_of, _global_buffers, _scalar_vars
+    from ..lower import exprs_of, global_buffers, scalar_vars
 
-    used = _global_buffers(body)
+    used = global_buffers(body)
     buffers = [p for p in module.params if isinstance(p, Buffer) and p in used]
     buffers += [t for t in list(module.temps) + extra if t in used and t not in buffers]
-    scalars = _scalar_vars(_exprs_of(body) + [x for b in used for x in b.shape + (b.strides or ())])
+    scalars = scalar_vars(exprs_of(body) + [x for b in used for x in b.shape + (b.strides or ())])
     module_scalars = [p for p in module.params if isinstance(p, Var)]
     return tuple(buffers) + tuple(v for v in module_scalars if v in scalars)
 
