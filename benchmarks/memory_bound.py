@@ -23,7 +23,6 @@ this, rows of 1024 bf16 (32 MiB) were timed out of the H200's L2.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time

@@ -4,6 +4,7 @@ that reads its row once, and matches float64 NumPy in the emulator."""
 import sys
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -102,10 +103,14 @@ def test_bf16_inputs_accumulate_in_float32():
     src = str(fuse_rows(args, 64, "registers"))
     assert "ms_acc: float32[1]" in src
     rng = np.random.default_rng(3)
-    x = rng.standard_normal((3, 200)).astype(np.float32)
-    g = rng.standard_normal(200).astype(np.float32)
+    x = (rng.standard_normal((3, 200)) + 3.0).astype(ml_dtypes.bfloat16)
+    g = rng.standard_normal(200).astype(ml_dtypes.bfloat16)
     k = tc.build(args, target="sim", plan=propose(args).plan)
     assert len(k.module.kernels) == 1
+    y = np.full((3, 200), np.nan, dtype=ml_dtypes.bfloat16)
+    k(x, g, y)
+    ref = norms.np_rms_norm(x.astype(np.float64), g.astype(np.float64))
+    assert np.abs(y.astype(np.float64) - ref).max() / np.abs(ref).max() < 1e-2
 
 
 def test_a_graph_that_reads_another_row_is_not_a_row_group():

@@ -177,7 +177,7 @@ def _fmt(shape: Sequence[Expr]) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
-class _RowInliner(Inliner):
+class RowInliner(Inliner):
     """Inlines elementwise producers; a read of a reduction stage of the group at the row being
     computed becomes the thread's register holding that row's value."""
 
@@ -313,7 +313,7 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     zero = Const(0, dt.int32)
     base_inliner = Inliner(prog.inlined, buffers)
     values: dict[Tensor, Buffer] = {}
-    inliner = _RowInliner(base_inliner, values, row_idx)
+    inliner = RowInliner(base_inliner, values, row_idx)
 
     # inputs read at [row.., col]: cached in registers once
     caches: dict[Buffer, Buffer] = {}
@@ -375,7 +375,7 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
                                                                   unique(f"{t2.name}_block"))))
                 accs[id(r)] = cast(acc[zero], r.dtype)
                 accs[id(r2)] = cast(acc2[zero], r2.dtype)
-                stmts.extend(_finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx))
+                stmts.extend(finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx))
             else:
                 moments = (new_local(f"{t.name}_count", r.acc_dtype, 1), new_local(f"{t.name}_mean", r.acc_dtype, 1),
                            new_local(f"{t.name}_m2", r.acc_dtype, 1))
@@ -383,7 +383,7 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
                                              unique(f"{t.name}_block")))
                 stmts.append(BufferStore(acc, (zero,), moments[0][zero] * moments[1][zero]))  # S = n·mean
                 accs[id(r)] = cast(acc[zero], r.dtype)
-                stmts.extend(_finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx))
+                stmts.extend(finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx))
                 # μ (pass i+1's) may read t's row value, set just above
                 stmts.append(BufferStore(acc2, (zero,), centered_sum(moments, other)))
                 accs[id(r2)] = cast(acc2[zero], r2.dtype)
@@ -391,7 +391,7 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
             merged.add(i + 1)
             touched.append(set())
             if i + 2 == len(passes) or passes[i + 2][0] is not t2:
-                stmts.extend(_finish_reduction(t2, row_idx, accs, inliner, values[t2], buffers, tx))
+                stmts.extend(finish_reduction(t2, row_idx, accs, inliner, values[t2], buffers, tx))
             continue
         op = t.op
         assert isinstance(op, ComputeOp)
@@ -414,7 +414,7 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
             accs[id(r)] = cast(acc[zero], r.dtype)
             last_of_stage = i + 1 == len(passes) or passes[i + 1][0] is not t
             if last_of_stage:
-                stmts.extend(_finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx))
+                stmts.extend(finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx))
         else:
             out = buffers[t]
             stmts.append(over_columns([expr], lambda value, column: BufferStore(out, row_idx + (column,), value(expr)),
@@ -465,7 +465,7 @@ Pass = tuple[Tensor, Expr, "Reduce | None"]
 def row_passes(group: RowGroup, inliner: ExprMutator, row_idx: tuple[Expr, ...], col: Expr) -> list[Pass]:
     """The per-column expression of every pass over the row `row_idx`, in program order: one per
     Reduce of a reduction stage (its source at column `col`, with that Reduce), one per
-    elementwise output (its value at `col`, None). `inliner` (a _RowInliner) turns reads of the
+    elementwise output (its value at `col`, None). `inliner` (a RowInliner) turns reads of the
     group's reduction stages into the registers that hold their row values."""
     passes: list[Pass] = []
     for t in group.stages:
@@ -554,7 +554,7 @@ def peak_row_words(spans: Sequence[tuple[float, float]], words: int) -> int:
     return max((words * sum(1 for lo, hi in spans if lo <= p <= hi) for p in points), default=0)
 
 
-def _finish_reduction(t: Tensor, row_idx: tuple[Expr, ...], accs: dict[int, Expr], inliner: ExprMutator,
+def finish_reduction(t: Tensor, row_idx: tuple[Expr, ...], accs: dict[int, Expr], inliner: ExprMutator,
                       val: Buffer, buffers: dict[Tensor, Buffer], tx: Var, writer: Expr | None = None) -> list[Stmt]:
     """The row value of reduction stage `t` from its all-reduced accumulators, and its store
     (by thread 0, or where `writer` holds) when the stage is an output."""

@@ -72,7 +72,7 @@ from ..ir.stmt import (
     seq,
 )
 from ..ir.tensor import Tensor
-from .fuse_rows import COMBINE, VECTORS, Pass, _finish_reduction, _RowInliner, row_group, row_passes
+from .fuse_rows import COMBINE, VECTORS, Pass, finish_reduction, RowInliner, row_group, row_passes
 from .lower import exprs_of, global_buffers, Inliner, scalar_vars, signature
 from .names import identifier
 from .online_stats import (
@@ -86,7 +86,7 @@ from .online_stats import (
 )
 from .row_chunks import ColumnWalk
 from .schedule.cross_thread import WARP, allreduce, chan_allreduce, chan_merge
-from .split_rows import _product, _unflatten
+from .split_rows import extent_product, unflatten
 
 KINDS = ("reduction", "max_sum_exp", "welford")
 ZERO = Const(0, dt.int32)
@@ -135,10 +135,10 @@ def row_statistics(args: Sequence[Tensor]) -> Statistics:
     is not a row group or has none (what the strategy asks before proposing the split)."""
     group = row_group(args)
     sig = signature(group.program)
-    row_idx = _unflatten(Var("row", dt.int32), group.rows)
+    row_idx = unflatten(Var("row", dt.int32), group.rows)
     col = Var("col", dt.int32)
     values = {t: Buffer(f"{t.name}_val", t.dtype, (1,), "local") for t in group.reductions}
-    inliner = _RowInliner(Inliner(group.program.inlined, sig.buffers), values, row_idx)
+    inliner = RowInliner(Inliner(group.program.inlined, sig.buffers), values, row_idx)
     return one_pass_statistics(row_passes(group, inliner, row_idx, col), values, col)
 
 
@@ -180,12 +180,12 @@ def split_row_group(args: Sequence[Tensor], threads: int = 256, splits: int = 1,
 
     # the row of both kernels' blocks is the let-bound `row` (flattened, unflattened row-major)
     row = Var(unique("row"), dt.int32)
-    row_idx = _unflatten(row, group.rows)
-    n_rows = _product(group.rows)
+    row_idx = unflatten(row, group.rows)
+    n_rows = extent_product(group.rows)
     col = Var(unique("col"), dt.int32)
     values = {t: Buffer(unique(f"{t.name}_val"), t.dtype, (1,), "local", tensor=f"{t.name}.local")
               for t in group.reductions}
-    inliner = _RowInliner(Inliner(prog.inlined, buffers), values, row_idx)
+    inliner = RowInliner(Inliner(prog.inlined, buffers), values, row_idx)
     passes = row_passes(group, inliner, row_idx, col)
     stats = one_pass_statistics(passes, values, col)
     first, r = stats.passes[0][0], stats.passes[0][2]
@@ -278,7 +278,7 @@ def split_row_group(args: Sequence[Tensor], threads: int = 256, splits: int = 1,
     finished: list[Tensor] = []
 
     def finish(t: Tensor) -> None:
-        stmts2.extend(_finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx, writer))
+        stmts2.extend(finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx, writer))
         finished.append(t)
 
     if stats.kind == "reduction":

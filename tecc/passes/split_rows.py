@@ -143,14 +143,14 @@ def row_reduction(args: Sequence[Tensor]) -> tuple[Tensor, Reduce]:
     return t, r
 
 
-def _product(extents: Sequence[Expr]) -> Expr:
+def extent_product(extents: Sequence[Expr]) -> Expr:
     total: Expr = Const(1, dt.int32)
     for e in extents:
         total = total * e
     return total
 
 
-def _unflatten(flat: Expr, shape: Sequence[Expr]) -> tuple[Expr, ...]:
+def unflatten(flat: Expr, shape: Sequence[Expr]) -> tuple[Expr, ...]:
     """The row-major index of element `flat` of `shape` (the first index is not reduced modulo
     its extent: `flat` is in range)."""
     idx: list[Expr] = []
@@ -195,7 +195,7 @@ def flat_views(args: Sequence[Tensor], buffers: dict[Tensor, Buffer] | None = No
     shape = tuple(stage.shape) + tuple(extents)
     loads = [n for n in walk(Inliner(prog.inlined, buffers).visit(op.body)) if isinstance(n, BufferLoad)]
     axes = set(red.axes)
-    flat_length = _product(shape)
+    flat_length = extent_product(shape)
     views: dict[Buffer, Buffer] = {}
     for buf in {id(n.buffer): n.buffer for n in loads if any(free_vars(i) & axes for i in n.indices)}.values():
         mine = [n for n in loads if n.buffer is buf]
@@ -235,7 +235,7 @@ def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vect
     views = flat_views(args, buffers)
     flat = bool(views)
     extents = [ax.extent for ax in red.axes]
-    n_rows = _product(stage.shape)
+    n_rows = extent_product(stage.shape)
     if not vector_allowed(n_rows, extents, vector, flat):
         raise ScheduleError(f"split_rows: vector={vector} needs the innermost reduced extent ({extents[-1]}) to be a "
                             "constant multiple of it, a single row reduced over one axis, or rows read through a "
@@ -252,7 +252,7 @@ def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vect
 
     T, S, V, U = threads, splits, vector, unroll
     tile = T * V * U
-    N = _product(extents)
+    N = extent_product(extents)
     n_const = const_int(N)
     last = const_int(extents[-1]) if extents else None
     combine = COMBINE[red.combiner]
@@ -272,7 +272,7 @@ def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vect
     b, tx = Var(unique("b"), dt.int32), Var(unique("tx"), dt.int32)
     row_flat = b // S if S > 1 else b
     s: Expr = b % S if S > 1 else zero
-    row_idx = _unflatten(row_flat, stage.shape)
+    row_idx = unflatten(row_flat, stage.shape)
     # positions: the flat element of a viewed input (rows one after another), else the column
     base: Expr = row_flat * N if flat else zero
     position = Var(unique("p"), dt.int32)   # stands for the position in `template`
@@ -290,9 +290,9 @@ def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vect
         if vector_lane is not None and not flat and V > 1 and len(extents) > 1:
             q, v = vector_lane
             per_row = Const(last // V, dt.int32)  # type: ignore[operator]
-            col_idx = _unflatten(q // per_row, extents[:-1]) + ((q % per_row) * V + v,)
+            col_idx = unflatten(q // per_row, extents[:-1]) + ((q % per_row) * V + v,)
         else:
-            col_idx = _unflatten(pos - base if flat else pos, extents)
+            col_idx = unflatten(pos - base if flat else pos, extents)
         mapping = {**dict(zip(op.axes, row_idx)), **dict(zip(red.axes, col_idx)), position: pos}
         return cast(substitute(template, mapping), acc_dtype)
 
@@ -383,7 +383,7 @@ def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vect
         step: Stmt = BufferStore(acc2, (zero,), binary(combine, acc2[zero], partial[row2, p]))
         if S % T2:
             step = IfThenElse(p < S, step)
-        out_idx = _unflatten(row2, stage.shape)
+        out_idx = unflatten(row2, stage.shape)
         body2: Stmt = seq(
             BufferStore(acc2, (zero,), reduce_identity(red.combiner, acc_dtype)),
             For(i, 0, steps, "unroll", step),

@@ -46,15 +46,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
 from ...ir.evaluate import evaluate_int
-from ...ir.expr import Const, Expr, free_vars
+from ...ir.expr import Expr, free_vars
 from ...ir.target import Target
 from ...ir.tensor import Tensor
 from ...passes.lower import lower
 from ...passes.split_rows import (
     COMBINE_THREADS,
+    extent_product,
     flat_views,
     noncontiguous_read,
     row_reduction,
@@ -103,7 +103,7 @@ class SplitRowsChoice:
     reason: str
 
 
-def _value(e: Expr, sizes: Mapping[str, int]) -> int | None:
+def size_value(e: Expr, sizes: Mapping[str, int]) -> int | None:
     """`e` with the given sizes, or None when a size it needs is not given."""
     env = {}
     for v in free_vars(e):
@@ -179,9 +179,9 @@ def propose(tensors: Sequence[Tensor], target: Any = None,
     except ScheduleError:
         return None
     sizes = dict(sizes or {})
-    rows_expr = _product(stage.shape)
+    rows_expr = extent_product(stage.shape)
     extents = [ax.extent for ax in red.axes]
-    rows, columns = _value(rows_expr, sizes), _value(_product(extents), sizes)
+    rows, columns = size_value(rows_expr, sizes), size_value(extent_product(extents), sizes)
     if rows is None or columns is None or rows == 0 or columns == 0:
         return None  # symbolic without sizes, or nothing to split: today's plan
     # the planner imports the strategies: imported when called
@@ -237,13 +237,6 @@ def propose(tensors: Sequence[Tensor], target: Any = None,
     step = Step("split_rows", {"threads": THREADS, "splits": splits, "vector": vector, "unroll": unroll})
     plan = Plan((step,), "split_rows", reason)
     return SplitRowsChoice(plan, THREADS, splits, vector, unroll, chunk, split_cost, row_cost, reason)
-
-
-def _product(extents: Sequence[Expr]) -> Expr:
-    total: Expr = Const(1, dt.int32)
-    for e in extents:
-        total = total * e
-    return total
 
 
 __all__ = ["SplitRowsChoice", "choose_splits", "chunk_elements", "propose", "split_workload"]
