@@ -140,7 +140,7 @@ def test_plan_replays_to_the_same_ir():
 
 def test_choose_point_keeps_the_row_in_registers_up_to_the_limit():
     assert choose_point(1024, 1) == (128, "registers")
-    assert choose_point(8192, 1) == (1024, "registers")
+    assert choose_point(8192, 1) == (512, "registers")
     assert choose_point(65536 * 2, 1) == (1024, "none")
     assert choose_point(None, 1) == (256, "none")
 
@@ -180,8 +180,12 @@ def test_half_vector_loads_stay_in_registers():
 def test_row_kernels_ask_for_full_occupancy_when_the_row_fits():
     # 33 registers would leave one 1024-thread block per SM (layer norm at 8192 ran at 61%)
     args = norms.layer_norm(4, 8192)
-    k = tc.build(args, target="sim", plan=propose(args).plan)
+    plan = tc.Plan((tc.compiler.plan.Step("fuse_rows", {"threads": 1024, "cache": "registers", "vector": 4}),))
+    k = tc.build(args, target="sim", plan=plan)
     assert "__launch_bounds__(1024, 2)" in k.source
+    # the planner's point (512 x 16): 16 row words + 24 others fit three blocks of 512 per SM
+    k = tc.build(args, target="sim", plan=propose(args).plan)
+    assert "__launch_bounds__(512, 3)" in k.source
 
 
 @pytest.mark.parametrize("log", [False, True])
@@ -213,12 +217,15 @@ def test_short_16_bit_rows_take_two_16_byte_loads_per_thread():
     assert choose_point(1024, 1, itemsize=4) == (128, "registers")
 
 
-def test_16_bit_rows_from_8192_columns_take_four_16_byte_loads_per_thread():
-    # measured on an H200: 256 x 32 beat 512 x 16 for bf16 softmax / layer norm at 8192 columns
+def test_rows_from_8192_columns_take_four_16_byte_loads_per_thread():
+    # measured on an H200: 256 x 32 beat 512 x 16 for bf16 softmax / layer norm at 8192 columns,
+    # and 512 x 16 beat 1024 x 8 for float32 softmax; 4096 columns keep two loads per thread
     assert choose_point(4096, 1, itemsize=2) == (256, "registers")
     assert choose_point(8192, 1, itemsize=2) == (256, "registers")
     assert choose_point(16384, 1, itemsize=2) == (512, "registers")
-    assert choose_point(8192, 1, itemsize=4) == (1024, "registers")  # float32 rows unchanged
+    assert choose_point(4096, 1, itemsize=4) == (512, "registers")
+    assert choose_point(8192, 1, itemsize=4) == (512, "registers")
+    assert choose_point(16384, 1, itemsize=4) == (1024, "registers")
 
 
 @pytest.mark.parametrize("op", ["softmax", "layer_norm"])

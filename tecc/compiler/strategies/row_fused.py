@@ -21,12 +21,13 @@ Cost (the issue's criterion: fewer global bytes under the register / shared-memo
   measured 48-74% of copy bandwidth (H200, 2026 run 1: one 16-byte load per thread is too
   little in flight), so a 16-bit row takes TARGET_BYTES // itemsize = 16 elements per thread
   (two 16-byte loads) and fuse_rows asks for fewer resident blocks (1536 of 2048 threads)
-  so that ptxas has the ~40 registers that one-register-per-element caching needs; a 16-bit
-  row of LONG_16BIT_COLUMNS columns or more takes twice that (32 elements, four 16-byte loads):
-  on an H200 (2026-11-21, DRAM-sized inputs) 16384 x 8192 bf16 softmax ran at 82% of copy with
-  512 threads x 16 and 87% with 256 x 32, layer norm 92% -> 97%, RMS norm 97% either way; at
-  4096 columns the same change was mixed (softmax 86% -> 93%, layer norm 97% -> 94%), so it
-  stays at 16 there;
+  so that ptxas has the ~40 registers that one-register-per-element caching needs; a row of
+  LONG_ROW_COLUMNS columns or more takes twice the elements per thread (16 float32, 32 16-bit:
+  four 16-byte loads) and so half the threads: on an H200 (2026-11-21, DRAM-sized inputs)
+  16384 x 8192 bf16 softmax ran at 82% of copy with 512 threads x 16 and 87% with 256 x 32,
+  layer norm 92% -> 97%, RMS norm 97% either way; float32 softmax 93% with 1024 x 8 and 99%
+  with 512 x 16, layer norm 97% -> 98%. At 4096 columns the same change was mixed (bf16
+  softmax 86% -> 93% but layer norm 97% -> 94%; float32 softmax 98% -> 97%), so it stays there;
 * the vector width: 16 bytes (float4, or 8 bf16/fp16 as one uint4) when the row length allows,
   else the widest that divides it;
 * a row past the register budget (or of symbolic length) is re-read once per pass; where the
@@ -57,7 +58,7 @@ TARGET_PER_THREAD = 8
 TARGET_BYTES = 32
 MIN_THREADS = 64
 MAX_ROW_REGISTERS = 64
-LONG_16BIT_COLUMNS = 8192
+LONG_ROW_COLUMNS = 8192
 VECTOR_BYTES = 16
 
 
@@ -82,7 +83,7 @@ def choose_point(columns: int | None, cached_inputs: int, itemsize: int = 4) -> 
     if columns is None:
         return 256, "none"
     target = max(TARGET_PER_THREAD, TARGET_BYTES // itemsize)
-    if itemsize <= 2 and columns >= LONG_16BIT_COLUMNS:
+    if columns >= LONG_ROW_COLUMNS:
         target *= 2
     for t in THREAD_CHOICES:
         if t < MIN_THREADS and columns > t:
