@@ -105,6 +105,22 @@ def test_half_precision_rows_accumulate_in_float32_and_read_16_bytes(dtype):
     _check(y, x.astype(np.float64).mean(1), dtype, f"{dtype} mean", k)
 
 
+@pytest.mark.parametrize("shape,step", [
+    ((3, 1025), dict(threads=32, splits=3, vector=4, unroll=2)),   # last chunk: 1 element, 1-3 before a boundary
+    ((4, 4097), dict(threads=256, splits=2, vector=4, unroll=2)),
+    ((3, 1026), dict(threads=32, splits=3, vector=8, unroll=1)),   # 2 elements, up to 7 before a boundary
+    ((3, 1543), dict(threads=32, splits=5, vector=4, unroll=2)),   # chunks past the row's end at unaligned starts
+])
+def test_a_chunk_shorter_than_its_head_is_read_once(shape, step):
+    # a chunk that ends before its first vector boundary (n < head) has no vectors and no tail: the
+    # tail once started at ((lo + n) // V)·V, inside the head or the chunk before, and added those
+    # elements again (or read past the buffer's end); in bf16 outputs the error hid in the rounding
+    args = row_reduce(*shape)
+    (x,) = _inputs(args, "sum", seed=shape[1])
+    k, y = _run(args, plan(**step), x, (shape[0],))
+    _check(y, x.astype(np.float64).sum(1), "float32", f"{shape} {step}", k)
+
+
 def test_a_mean_applies_its_scale_and_cast_in_the_combine_kernel():
     args = row_reduce(2, 777, mean=True)
     (x,) = _inputs(args, "sum", seed=11)

@@ -376,19 +376,25 @@ class Schedule:
             args["combine"] = str(combine)
         self._record(Step("split_reduce", args))
 
-    def split_rows(self, threads: int = 256, splits: int = 1, vector: int = 1, unroll: int = 1) -> None:
+    def split_rows(self, threads: int = 256, splits: int = 1, vector: int = 1, unroll: int = 1,
+                   combine: str = "kernel") -> None:
         """Replace the module by the two-stage grid reduction of its one reduction stage (few
         long rows, or a full reduction; see tecc.passes.split_rows): `splits` blocks of
         `threads` threads per row over contiguous chunks, `unroll` loads of `vector` elements in
-        flight per thread, the partials combined by a second kernel. It must be the first step."""
+        flight per thread, the partials combined by a second kernel (`combine="kernel"`) or by
+        the last of a row's blocks to finish, in one kernel (`combine="last_block"`). It must be
+        the first step."""
         if self._steps:
             raise ScheduleError("split_rows rewrites the whole module: it must be the first step of a plan")
         start = time.perf_counter()
         self.mod = split_rows_module(self._tensors, int(threads), int(splits), int(vector), int(unroll),
-                                     name=self._name)
+                                     name=self._name, combine=str(combine))
         self.timing.append(("split_rows", time.perf_counter() - start))
-        self._record(Step("split_rows", {"threads": int(threads), "splits": int(splits), "vector": int(vector),
-                                         "unroll": int(unroll)}))
+        args: dict[str, Any] = {"threads": int(threads), "splits": int(splits), "vector": int(vector),
+                                "unroll": int(unroll)}
+        if combine != "kernel":  # the default is left out, so plans recorded before it read the same
+            args["combine"] = str(combine)
+        self._record(Step("split_rows", args))
 
     def split_row_group(self, threads: int = 256, splits: int = 1, vector: int = 1, unroll: int = 1,
                         output_splits: int | None = None) -> None:

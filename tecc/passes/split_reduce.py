@@ -80,7 +80,6 @@ from ..ir.expr import (
     Expr,
     Reduce,
     Var,
-    atomic_add,
     binary,
     cast,
     const_int,
@@ -88,7 +87,6 @@ from ..ir.expr import (
     load_cg,
     reduce_identity,
     substitute,
-    thread_fence,
     walk,
 )
 from ..ir.stmt import (
@@ -96,7 +94,6 @@ from ..ir.stmt import (
     Barrier,
     Buffer,
     BufferStore,
-    Evaluate,
     For,
     IfThenElse,
     KernelCall,
@@ -107,6 +104,7 @@ from ..ir.stmt import (
 )
 from ..ir.tensor import ComputeOp, Tensor
 from ..ir.visitor import ExprMutator
+from .last_block import LastBlockHandshake
 from .lower import (
     COMBINE,
     buffer_for,
@@ -273,12 +271,10 @@ def split_reduce(args: Sequence[Tensor], threads_x: int = 32, threads_y: int = 8
         )
 
     def last_block_combines(partial: Buffer, store_partial: Stmt) -> tuple[Stmt, Buffer]:
-        """Kernel 1's body in the one-pass form (module docstring, combine="last_block") and its
-        arrivals counter: per block of TX·V outputs, how many of its S blocks have stored their
-        partials (zero_init; the last block puts it back to 0)."""
-        arrivals = Buffer(unique(f"{stage.name}_arrivals"), dt.int32, (blocks_x,), "global",
-                          tensor=f"{stage.name}.arrivals", zero_init=True)
-        arrived = Buffer(unique(f"{stage.name}_arrived"), dt.int32, (1,), "shared", tensor=f"{stage.name}.arrived")
+        """Kernel 1's body in the one-pass form (module docstring, combine="last_block"; the
+        handshake is last_block.py's, shared with split_rows) and its arrivals counter: per
+        block of TX·V outputs, how many of its S blocks have stored their partials."""
+        handshake = LastBlockHandshake(unique, stage.name, blocks_x)
         leader = (tx == 0) & (ty == 0)
         j = Var(unique("j"), dt.int32)
         sj = j * TY + ty                                  # thread ty combines s = ty, ty + TY, ...
@@ -286,26 +282,10 @@ def split_reduce(args: Sequence[Tensor], threads_x: int = 32, threads_y: int = 8
         if S % TY:
             gather = IfThenElse(sj < S, gather)
         gather = IfThenElse(o0 < n_out, For(j, 0, -(-S // TY), "unroll", gather))
-        last = arrived[zero] == S - 1
-        body = seq(
-            identity,
-            row_loop,
-            block_stage(store_partial),
-            Barrier(),  # every partial of the block is stored before the leader's fence
-            IfThenElse(leader, seq(
-                Evaluate(thread_fence()),  # release: the block's partials, then its count
-                BufferStore(arrived, (zero,), atomic_add(arrivals[bo], 1)),
-                IfThenElse(last, Evaluate(thread_fence())),  # acquire: the other blocks' partials
-            )),
-            Barrier(),  # hands the count to the block: arrived[0] is block-uniform after it
-            IfThenElse(last, seq(
-                identity,
-                gather,
-                block_stage(write_y),
-                IfThenElse(leader, BufferStore(arrivals, (bo,), zero)),  # zero again for the next launch
-            )),
-        )
-        return Allocate(arrived, body), arrivals
+        body = handshake.body(seq(identity, row_loop, block_stage(store_partial)),
+                              seq(identity, gather, block_stage(write_y)),
+                              leader=leader, group=bo, splits=S)
+        return body, handshake.arrivals
 
     write_y = IfThenElse(o0 < n_out, per_output(BufferStore(out, o_idx, finish(acc[lane], o_idx)), vectorized=True))
     temps: tuple[Buffer, ...] = ()

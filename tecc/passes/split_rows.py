@@ -4,7 +4,7 @@ A row sum `Y[r] = Σ_c X[r, c]` over 8 rows of 16M elements, a full reduction `Y
 or a mean over the trailing axes of a batch of 4: one block (or warp) per row puts a handful of
 blocks on a 132-SM GPU, far from DRAM bandwidth. `split_rows` gives every row S blocks, each
 reducing one contiguous chunk of L = rounds·T·V·U elements of the row, and a second small kernel
-combining the S partials of a row:
+combining the S partials of a row (`combine="kernel"`, the default; the one-kernel form is below):
 
     # kernel 1: S blocks per row (blockIdx.x = row·S + s), T threads each
     for b in blockIdx.x(rows·S): for tx in threadIdx.x(T):
@@ -27,6 +27,30 @@ combining the S partials of a row:
 
 `finish` is the stage's body with its Reduce replaced by the combined accumulator (a mean's 1/N, a
 cast to bf16, ...). The partials are in the accumulation dtype (float32 for fp16/bf16 sources).
+
+One kernel (`combine="last_block"`, S > 1): instead of kernel 2, the last of a row's S blocks to
+store its partial combines the row, with the handshake of tecc/passes/last_block.py (shared with
+split_reduce; the argument that it is right is there and in split_reduce's docstring). A row's
+S blocks are one group, counted on `arrivals[row]` (a zero_init int32 temporary of `rows`
+counters, reset by the last block, so every launch finds it zero). The grid is 2-D, rows along
+blockIdx.x and a row's S blocks along blockIdx.y (S ≤ 65535): the row is needed again after the
+rounds, and a block index costs no register there, where b // S of the 1-D grid stayed live and
+made ptxas spill at the 32-register cap of 8 blocks per SM (2 × (3M+7) at S = 769, sm_90):
+
+    for row in blockIdx.x(rows): for s in blockIdx.y(S): for tx in threadIdx.x(T):
+      <kernel 1 up to its block reduction, as above>
+      if tx == 0: partial[row, s] = acc[0]
+      if tx == 0:                                  # thread 0 stored the partial itself: no barrier
+        thread_fence(); arrived[0] = atomic_add(arrivals[row], 1)
+        if arrived[0] == S - 1: thread_fence()
+      barrier()
+      if arrived[0] == S - 1:                      # block-uniform
+        acc[0] = ⊕_{i < ceil(S/T)} where(i·T + tx < S, load_cg(partial[row, i·T + tx]), identity)
+        <allreduce acc over the block>; if tx == 0: Y[row] = finish(acc[0])
+        if tx == 0: arrivals[row] = 0
+
+The partials are read at L2 (`load_cg`, never the non-coherent `ld.global.nc`: this kernel wrote
+them) with selects, so the ceil(S/T) loads of this last critical path are issued together.
 
 Flat views: an input whose every load is `X[output axes.., reduced axes..]` and whose shape is the
 output's shape followed by the reduced extents (contiguous, unstrided) holds the rows one after
@@ -72,6 +96,7 @@ from ..ir.expr import (
     cast,
     const_int,
     free_vars,
+    load_cg,
     reduce_identity,
     select,
     substitute,
@@ -92,6 +117,7 @@ from ..ir.stmt import (
 )
 from ..ir.tensor import ComputeOp, Tensor
 from ..ir.visitor import ExprMutator
+from .last_block import LastBlockHandshake
 from .lower import (
     COMBINE,
     buffer_for,
@@ -105,6 +131,7 @@ from .lower import (
 )
 from .names import identifier
 from .schedule.cross_thread import WARP, allreduce
+from .split_reduce import COMBINE_FORMS, MAX_GRID_Y
 
 VECTORS = (1, 2, 4, 8)
 # Kernel 1 keeps its round loop rolled (`#pragma unroll 1`: U loads in flight per thread are the
@@ -213,17 +240,25 @@ def flat_views(args: Sequence[Tensor], buffers: dict[Tensor, Buffer] | None = No
 
 
 def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vector: int = 1, unroll: int = 1,
-               name: str | None = None) -> Module:
+               name: str | None = None, combine: str = "kernel") -> Module:
     """The module computing the one-reduction program `args` with every row (output element)
     reduced by `splits` blocks of `threads` threads over contiguous chunks, `unroll` loads of
-    `vector` elements in flight per thread, and, when splits > 1, a combining kernel (see the
-    module docstring)."""
+    `vector` elements in flight per thread, and, when splits > 1, the S partials of a row
+    combined by a second kernel (`combine="kernel"`) or, in the same kernel, by the last of
+    the row's blocks to finish (`combine="last_block"`, with a zero_init counter per row); see
+    the module docstring. The default is the two-kernel form, so plans recorded before the
+    one-kernel form existed replay unchanged."""
     if threads % WARP or not 0 < threads <= 1024:
         raise ScheduleError(f"split_rows: threads={threads}: a multiple of 32 up to 1024")
     if splits < 1 or unroll < 1:
         raise ScheduleError(f"split_rows: splits ({splits}) and unroll ({unroll}) must be at least 1")
     if vector not in VECTORS:
         raise ScheduleError(f"split_rows: vector must be one of {VECTORS}, got {vector}")
+    if combine not in COMBINE_FORMS:
+        raise ScheduleError(f"split_rows: combine={combine!r}; one of {', '.join(COMBINE_FORMS)}")
+    if combine == "last_block" and splits > MAX_GRID_Y:
+        raise ScheduleError(f"split_rows: splits ({splits}) over CUDA's gridDim.y limit of {MAX_GRID_Y} "
+                            "(the one-pass form lays a row's blocks along y); use combine=\"kernel\"")
     stage, red = row_reduction(args)
     prog = choose_inlined(collect_program(args))
     op = stage.op
@@ -251,11 +286,12 @@ def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vect
         return inliner.visit(_Finish().visit(substitute(op.body, dict(zip(op.axes, row_idx)))))
 
     T, S, V, U = threads, splits, vector, unroll
+    one_pass = S > 1 and combine == "last_block"
     tile = T * V * U
     N = extent_product(extents)
     n_const = const_int(N)
     last = const_int(extents[-1]) if extents else None
-    combine = COMBINE[red.combiner]
+    combiner = COMBINE[red.combiner]
     acc_dtype = red.acc_dtype
     zero = Const(0, dt.int32)
 
@@ -269,9 +305,18 @@ def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vect
     exact = aligned and n_const is not None and n_const == S * const_int(rounds) * tile  # type: ignore[operator]
 
     # ---- kernel 1: S blocks per row, each reducing its chunk, combined over the block
-    b, tx = Var(unique("b"), dt.int32), Var(unique("tx"), dt.int32)
-    row_flat = b // S if S > 1 else b
-    s: Expr = b % S if S > 1 else zero
+    b, tx = Var(unique("row" if one_pass else "b"), dt.int32), Var(unique("tx"), dt.int32)
+    if one_pass:
+        # rows along blockIdx.x, the S blocks of a row along blockIdx.y: the row and s are block
+        # indices, which ptxas re-reads where it needs them (S2R) instead of keeping b // S live
+        # through the rounds for the handshake and the combine (at the 32-register cap of 8
+        # blocks per SM, the 1-D grid spilled one register in some plans)
+        s_var = Var(unique("s"), dt.int32)
+        row_flat: Expr = b
+        s: Expr = s_var
+    else:
+        row_flat = b // S if S > 1 else b
+        s = b % S if S > 1 else zero
     row_idx = unflatten(row_flat, stage.shape)
     # positions: the flat element of a viewed input (rows one after another), else the column
     base: Expr = row_flat * N if flat else zero
@@ -309,12 +354,12 @@ def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vect
         """acc[v] ⊕= the V elements from vector number `first` (position first·V), where `guard`."""
         v = Var(unique("v"), dt.int32)
         if V == 1:
-            return BufferStore(acc, (zero,), binary(combine, acc[zero], guarded(source_at(first), guard)))
+            return BufferStore(acc, (zero,), binary(combiner, acc[zero], guarded(source_at(first), guard)))
         value = guarded(source_at(first * V + v, (first, v)), guard)
-        return For(v, 0, V, "vectorize", BufferStore(acc, (v,), binary(combine, acc[v], value)))
+        return For(v, 0, V, "vectorize", BufferStore(acc, (v,), binary(combiner, acc[v], value)))
 
     def element_update(pos: Expr, guard: Expr) -> Stmt:
-        return BufferStore(acc, (zero,), binary(combine, acc[zero], guarded(source_at(pos), guard)))
+        return BufferStore(acc, (zero,), binary(combiner, acc[zero], guarded(source_at(pos), guard)))
 
     k, u, w = (Var(unique(n), dt.int32) for n in ("k", "u", "u"))
     init = _lanes(Var(unique("v"), dt.int32), V, acc, reduce_identity(red.combiner, acc_dtype))
@@ -347,8 +392,11 @@ def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vect
         # guarded round for the rest
         loop = []
         if not aligned:
-            tail = (first_vector + vectors) * V
-            loop += [element_update(lo + tx, tx < head), element_update(tail + tx, tx < lo + n - tail)]
+            # the tail starts `after` the head and the whole vectors; not at (first + vectors)·V,
+            # which is wrong when the chunk ends before its first vector boundary (head capped at
+            # n, no vectors: (lo + n) // V rounds down into the head or the chunk before)
+            after = head + vectors * V
+            loop += [element_update(lo + tx, tx < head), element_update(lo + after + tx, tx < n - after)]
         rest = (whole * U + w) * T + tx
         loop += [For(k, 0, whole, "serial", For(u, 0, U, "unroll", vector_update(first_vector + (k * U + u) * T + tx)),
                      annotations=ONE_ROUND),
@@ -356,8 +404,8 @@ def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vect
     stmts: list[Stmt] = [init, *loop]
     if V > 1:
         j = Var(unique("j"), dt.int32)
-        stmts.append(For(j, 0, V - 1, "unroll", BufferStore(acc, (zero,), binary(combine, acc[zero], acc[j + 1]))))
-    stmts.append(allreduce(acc, combine, tx, T, unique(f"{stage.name}_block")))
+        stmts.append(For(j, 0, V - 1, "unroll", BufferStore(acc, (zero,), binary(combiner, acc[zero], acc[j + 1]))))
+    stmts.append(allreduce(acc, combiner, tx, T, unique(f"{stage.name}_block")))
     temps: tuple[Buffer, ...] = ()
     partial: Buffer | None = None
     if S == 1:
@@ -368,26 +416,51 @@ def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vect
         temps = (partial,)
         stmts.append(IfThenElse(tx == 0, BufferStore(partial, (row_flat, s), acc[zero])))
     body1: Stmt = seq(*stmts)
+    if partial is not None and one_pass:
+        # the last of the row's S blocks to store its partial combines the row (last_block.py)
+        handshake = LastBlockHandshake(unique, stage.name, n_rows)
+        temps = (partial, handshake.arrivals)
+        i = Var(unique("i"), dt.int32)
+        p = i * T + tx                                 # thread tx folds partials tx, tx + T, ...
+        # a select, not a branch, as in the rounds: the ceil(S / T) loads of this tail (the
+        # kernel's last critical path) are issued together; read at L2 (load_cg), not through
+        # the non-coherent path: other blocks of this kernel wrote them
+        gathered = guarded(load_cg(partial[row_flat, p]), p < S if S % T else None)
+        gather = BufferStore(acc, (zero,), binary(combiner, acc[zero], gathered))
+        combine_row = seq(
+            BufferStore(acc, (zero,), identity),
+            For(i, 0, -(-S // T), "unroll", gather),
+            allreduce(acc, combiner, tx, T, unique(f"{stage.name}_combine_block")),
+            IfThenElse(tx == 0, BufferStore(out, row_idx, finish(acc[zero], row_idx))),
+        )
+        # thread 0 stored the block's one partial itself, so no barrier is needed before its
+        # fence (program order; last_block.py)
+        body1 = handshake.body(body1, combine_row, leader=tx == 0, group=row_flat, splits=S, publish_barrier=False)
     for var, value in reversed(lets):
         body1 = LetStmt(var, value, body1)
-    body1 = For(b, 0, n_rows * S, "blockIdx.x", For(tx, 0, T, "threadIdx.x", Allocate(acc, body1)))
-    kernels: list[tuple[str, Stmt]] = [("partial" if S > 1 else "rows", body1)]
+    body1 = For(tx, 0, T, "threadIdx.x", Allocate(acc, body1))
+    if one_pass:
+        body1 = For(b, 0, n_rows, "blockIdx.x", For(s_var, 0, S, "blockIdx.y", body1))
+    else:
+        body1 = For(b, 0, n_rows * S, "blockIdx.x", body1)
+    role1 = "rows" if S == 1 else ("split" if one_pass else "partial")
+    kernels: list[tuple[str, Stmt]] = [(role1, body1)]
 
-    # ---- kernel 2 (S > 1): one block per row combines its S partials
-    if partial is not None:
+    # ---- kernel 2 (S > 1, combine="kernel"): one block per row combines its S partials
+    if partial is not None and not one_pass:
         T2 = min(COMBINE_THREADS, -(-S // WARP) * WARP)
         steps = -(-S // T2)
         row2, tx2, i = (Var(unique(n), dt.int32) for n in ("row", "tx", "i"))
         acc2 = Buffer(unique(f"{stage.name}_total"), acc_dtype, (1,), "local", tensor=f"{stage.name}.total")
         p = i * T2 + tx2
-        step: Stmt = BufferStore(acc2, (zero,), binary(combine, acc2[zero], partial[row2, p]))
+        step: Stmt = BufferStore(acc2, (zero,), binary(combiner, acc2[zero], partial[row2, p]))
         if S % T2:
             step = IfThenElse(p < S, step)
         out_idx = unflatten(row2, stage.shape)
         body2: Stmt = seq(
             BufferStore(acc2, (zero,), reduce_identity(red.combiner, acc_dtype)),
             For(i, 0, steps, "unroll", step),
-            allreduce(acc2, combine, tx2, T2, unique(f"{stage.name}_combine_block")),
+            allreduce(acc2, combiner, tx2, T2, unique(f"{stage.name}_combine_block")),
             IfThenElse(tx2 == 0, BufferStore(out, out_idx, finish(acc2[zero], out_idx))),
         )
         body2 = For(row2, 0, n_rows, "blockIdx.x", For(tx2, 0, T2, "threadIdx.x", Allocate(acc2, body2)))
@@ -406,6 +479,8 @@ def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vect
         attrs: tuple[tuple[str, object], ...] = (("split_rows", stage.name),)
         if role != "combine" and SM_THREADS // T > 1:
             attrs += (("min_blocks_per_sm", min(SM_THREADS // T, SM_BLOCKS)),)
+        if role == "split":
+            attrs += (("combine", "last_block"),)
         funcs.append(PrimFunc(kname, params, body, attrs))
         calls.append(KernelCall(kname, params))
     mname = identifier(name or stage.name)
@@ -450,4 +525,4 @@ def noncontiguous_read(args: Sequence[Tensor]) -> str | None:
     return None
 
 
-__all__ = ["COMBINE_THREADS", "noncontiguous_read", "row_reduction", "split_rows", "vector_allowed"]
+__all__ = ["COMBINE_FORMS", "COMBINE_THREADS", "noncontiguous_read", "row_reduction", "split_rows", "vector_allowed"]

@@ -1,9 +1,9 @@
 """split_rows: few long rows (or a full reduction) as a two-stage grid reduction
 (tecc.passes.split_rows): S blocks per row over contiguous chunks, the partials combined by a
-second small kernel.
+second small kernel, or, for small inputs, by the last of a row's blocks to finish (one kernel).
 
-Like row_fused and column_reduction this rewrites the whole program (two kernels and a
-temporary), so it is proposed over the program (`propose`) rather than through the per-kernel
+Like row_fused and column_reduction this rewrites the whole program (one or two kernels and
+temporaries), so it is proposed over the program (`propose`) rather than through the per-kernel
 registry API; build(plan="auto") asks it first, before row_fused, and keeps today's plans for
 everything it declines.
 
@@ -39,6 +39,41 @@ The point (constants with the fact they rest on):
   launch, reduction tree and partial store stay small next to its loads); a power of two when
   that makes every chunk full (no guarded loop), and the chunk rounded to whole rounds of
   T·V·U elements, then S = ceil(N / chunk), so no block is empty.
+
+**Combining** (`choose_combine`; NOT YET MEASURED ON A GPU for split_rows: the rule rests on the
+two-kernel measurements below and on split_reduce's one-pass measurements). The partials are
+combined by the last of a row's S blocks to finish (`combine="last_block"`, one kernel; plan
+step `split_rows(..., combine="last_block")`) when both hold:
+* S >= ONE_PASS_MIN_SPLITS = 8 (column_reduction's constant): split_reduce's one pass measured
+  up to 1.8 us slower than its two kernels at S <= 4 on two-wave grids, and from 0.2 us slower
+  (within the ~0.3 us run-to-run noise) to 0.8 us faster at S >= 8 (H200, 2026-11-21,
+  strategies/column_reduction.py "Combining"). The benchmark shapes below plan S = 64-2050;
+* the second launch (CostParameters.launch_s = 2.5 us, what the model charges a kernel;
+  split_reduce measured its combine kernel at ~2.5 us of a ~13 us op) is at least
+  ONE_PASS_LAUNCH_SHARE = 10% of the input's DRAM time at the achievable bandwidth (0.9 of peak),
+  i.e. that time is at most 25 us: inputs up to ~103 MiB on an H200 (4.32 TB/s), ~72 MiB on the
+  sm_90 reference H100 (3.02 TB/s).
+Facts (H200, two kernels, benchmarks/RESULTS.md "split_rows", % of copy; the time over copy
+speed in brackets, estimated from the GB/s): the small inputs lose 2-5 us, about the second
+launch plus its combine: 2 x (3M+7) fp32 76% (~2.7 us) / bf16 62% (~3.4 us), full 4096 x 4099
+85% (~3.1 us) / 64% (~5.4 us), 16 x 1M 87% / 76%, 32 x 1M bf16 86%; the large ones are at copy
+speed already: 8 x 16M 106% / 100%, 1 x 64M 101% / 94%, full 8192^2 101% / 94%, 32 x 1M fp32
+95%. Above the threshold the one pass can gain at most the same ~2-3 us (<= 2-8% of >= 25 us),
+and split_reduce measured the one pass both faster and up to 1.8 us slower at that scale, so
+"never slower" cannot be argued there: those inputs keep the measured two-kernel plans. Below
+it the second launch is >= 10% of the op, and the one pass replaces it by an exposed tail of the
+last block (its fence, the atomic round trip, a fence, S / T coherent loads from L2, a block
+reduction: ~1-1.5 us by the model's latencies) plus a fence-and-atomic tail in every block,
+hidden by the other 7 resident blocks (17 MB in flight against the 2.6 MB Little's law needs).
+Choices (H200; the same on the sm_90 reference except 32 x 1M, not split there):
+8 x 16M, 1 x 64M, full 8192^2, 32 x 1M fp32, 8 x (4M+3) fp32: "kernel" (fp32 and bf16 where
+listed without a dtype); 2 x (3M+7), 16 x 1M, full 4096 x 4099, 32 x 1M bf16, 8 x (4M+3) bf16:
+"last_block". The gate above prices the two-kernel form, so the one pass changes how the
+programs the split already takes combine, never which programs are split; `split_cost` and the
+reason give the one-pass prediction (`split_workload(..., combine="last_block")`). The one-pass
+kernel's grid is (rows, S) where the two-kernel form's is rows·S (tecc/passes/split_rows.py), so
+with several rows its blocks are dispatched row-interleaved (chunk s of every row, then s + 1):
+the same chunks and bytes in flight, another order; also unmeasured.
 """
 
 from __future__ import annotations
@@ -61,9 +96,10 @@ from ...passes.split_rows import (
     vector_allowed,
 )
 from ..cost.analysis import KernelInfo, analyze_kernel
-from ..cost.model import DEFAULT_PARAMETERS, Cost, Workload, predict
+from ..cost.model import DEFAULT_PARAMETERS, Cost, CostParameters, Workload, predict
 from ..cost.traffic import compulsory_bytes
 from ..plan import Plan, Step
+from .column_reduction import ONE_PASS_MIN_SPLITS
 from .row_fused import (
     BARRIER_CYCLES,
     FADD_LATENCY_CYCLES,
@@ -88,6 +124,15 @@ VECTOR_BYTES = 16
 # (0.98 / 1.06); the split measured 1.23x / 1.29x faster (benchmarks/split_rows.py).
 SPLIT_TOLERANCE = 1.1
 WARP = 32
+# combine="last_block" when the second launch would be at least this share of the op's DRAM time
+# (module docstring, "Combining")
+ONE_PASS_LAUNCH_SHARE = 0.1
+# the one pass's tail in every block: the leader's fence waits for its partial store to be
+# acknowledged and its atomic is an L2 round trip, then a barrier; the last block of a row then
+# fences again, reads its partials at L2 and runs a second block reduction. Estimates from the
+# latencies above, not measured.
+ONE_PASS_TAIL_CYCLES = 2 * GLOBAL_LATENCY_CYCLES + BARRIER_CYCLES
+ONE_PASS_COMBINE_CYCLES = 2 * GLOBAL_LATENCY_CYCLES + 2 * 5 * SHUFFLE_CYCLES + BARRIER_CYCLES
 
 
 @dataclass
@@ -101,6 +146,7 @@ class SplitRowsChoice:
     split_cost: Cost
     row_cost: Cost
     reason: str
+    combine: str = "kernel"  # or "last_block" (one kernel; choose_combine)
 
 
 def size_value(e: Expr, sizes: Mapping[str, int]) -> int | None:
@@ -133,11 +179,26 @@ def choose_splits(rows: int, columns: int, tile: int, target: Target, threads: i
     return -(-columns // (rounds * tile))
 
 
+def choose_combine(input_bytes: float, splits: int, target: Target,
+                   params: CostParameters = DEFAULT_PARAMETERS) -> str:
+    """How the S partials of a row are combined (module docstring, "Combining"): by the last of
+    the row's blocks ("last_block", one kernel) where the second launch (params.launch_s) would
+    be at least ONE_PASS_LAUNCH_SHARE of the input's DRAM time and S >= ONE_PASS_MIN_SPLITS,
+    else by a second kernel ("kernel")."""
+    if splits < ONE_PASS_MIN_SPLITS:
+        return "kernel"
+    dram_s = input_bytes / (params.dram_efficiency * target.dram_bandwidth)
+    return "last_block" if params.launch_s >= ONE_PASS_LAUNCH_SHARE * dram_s else "kernel"
+
+
 def split_workload(info: KernelInfo, rows: int, columns: int, itemsize: int, threads: int, splits: int,
-                   vector: int, unroll: int) -> Workload:
+                   vector: int, unroll: int, combine: str = "kernel") -> Workload:
     """What split_rows does: rows·S blocks of T threads, each thread k = chunk / (T·V) V-wide
     loads (U in flight), V accumulator chains, a shuffle tree plus a shared stage, one partial
-    store per block; then (as `then`) one block per row combining its S partials."""
+    store per block; then (as `then`) one block per row combining its S partials, or, with
+    combine="last_block", no second kernel but a tail in every block (ONE_PASS_TAIL_CYCLES,
+    plus ONE_PASS_COMBINE_CYCLES for the last block's combine, charged to every block: an
+    overestimate of a term that is ~0.3 us at two waves)."""
     t, v, u, s = threads, vector, unroll, splits
     chunk = chunk_elements(columns, s, t * v * u)
     k = chunk // (t * v)
@@ -152,20 +213,26 @@ def split_workload(info: KernelInfo, rows: int, columns: int, itemsize: int, thr
     data = compulsory_bytes(info) - rows * info.write.itemsize
     t2 = min(COMBINE_THREADS, -(-s // WARP) * WARP)
     steps = -(-s // t2)
-    combine = Workload(
+    second = Workload(
         blocks=rows, threads=t2, registers={"addressing": 12, "partials": steps, "accumulator": 1},
         smem_bytes=4 * (t2 // WARP), dram_bytes=partials + rows * info.write.itemsize,
         l2_bytes=partials + rows * info.write.itemsize, global_wavefronts=partials / 128.0 + rows,
         instructions=rows * (t2 / WARP) * (3.0 * steps + TREE_INSTRUCTIONS),
         bytes_in_flight=float(steps * acc_bytes), chain_cycles=GLOBAL_LATENCY_CYCLES + 2 * 5 * SHUFFLE_CYCLES
         + BARRIER_CYCLES, notes=[f"one block of {t2} per row combines {s} partials"])
+    notes = [f"{s} chunk(s) of {chunk} per row, {k} load(s) of {v} per thread, {u} in flight"]
+    one_pass = combine == "last_block"
+    if one_pass:
+        notes.append(f"the last of a row's {s} blocks combines its partials (one kernel)")
     return Workload(
         blocks=blocks, threads=t, registers={"addressing": 16, "loads in flight": words, "accumulators": v},
-        smem_bytes=4 * (t // WARP), flops=info.flops, fma_ops=float(info.iterations * info.flops_per_iteration),
+        smem_bytes=4 * (t // WARP) * (2 if one_pass else 1) + (4 if one_pass else 0), flops=info.flops,
+        fma_ops=float(info.iterations * info.flops_per_iteration),
         special_ops=float(info.iterations * info.special_per_iteration), dram_bytes=data + partials,
         l2_bytes=data + partials, global_wavefronts=data / 128.0 + blocks, instructions=warps * instr_warp,
-        bytes_in_flight=float(u * v * itemsize), ilp=float(v), chain_cycles=chain, then=combine,
-        notes=[f"{s} chunk(s) of {chunk} per row, {k} load(s) of {v} per thread, {u} in flight"])
+        bytes_in_flight=float(u * v * itemsize), ilp=float(v), chain_cycles=chain,
+        block_latency_cycles=ONE_PASS_TAIL_CYCLES + ONE_PASS_COMBINE_CYCLES if one_pass else 0.0,
+        then=None if one_pass else second, notes=notes)
 
 
 def propose(tensors: Sequence[Tensor], target: Any = None,
@@ -222,21 +289,33 @@ def propose(tensors: Sequence[Tensor], target: Any = None,
     splits = choose_splits(rows, columns, tile, tgt)
     if splits == 1:
         return None
-    split_cost = predict(split_workload(info, rows, columns, widest, THREADS, splits, vector, unroll), tgt)
-    if not split_cost.ok or split_cost.total > SPLIT_TOLERANCE * row_cost.total:
+    # the gate prices the two-kernel form, as measured: the one pass only changes how the
+    # programs the split already takes combine (the one-pass prediction is lower still)
+    two_kernels = predict(split_workload(info, rows, columns, widest, THREADS, splits, vector, unroll), tgt)
+    if not two_kernels.ok or two_kernels.total > SPLIT_TOLERANCE * row_cost.total:
         return None
+    input_bytes = compulsory_bytes(info)
+    combine = choose_combine(input_bytes, splits, tgt)
+    split_cost = (two_kernels if combine == "kernel" else
+                  predict(split_workload(info, rows, columns, widest, THREADS, splits, vector, unroll, combine), tgt))
     chunk = chunk_elements(columns, splits, tile)
+    dram_us = input_bytes / (DEFAULT_PARAMETERS.dram_efficiency * tgt.dram_bandwidth) * 1e6
+    how = ({"kernel": "by a second kernel", "last_block": "by the last of the row's blocks to finish (one kernel)"}
+           [combine] + f" (the second launch ~{DEFAULT_PARAMETERS.launch_s * 1e6:.1f} us against "
+           f"{dram_us:.1f} us of DRAM time, {splits} partials)")
     reason = (f"{rows} row(s) of {columns} elements fill {rows} of the {slots} block slots of {WAVES} waves "
               f"({tgt.sm_count} SMs x {row_cost.occupancy.blocks_per_sm} blocks of {row_threads}), whose loads in "
               f"flight sustain {little / 1e12:.2f} TB/s by Little's law of the {achievable / 1e12:.2f} TB/s DRAM "
               f"gives: "
               f"{splits} blocks of {THREADS} threads per row, chunks of {chunk}, {unroll} x {vector * widest}-byte "
-              f"loads in flight per thread, partials combined by a second kernel; predicted "
+              f"loads in flight per thread, partials combined {how}; predicted "
               f"{split_cost.total * 1e6:.1f} us ({split_cost.bound}-bound) vs {row_cost.total * 1e6:.1f} us "
               f"({row_cost.bound}-bound) for one block of {row_threads} per row")
-    step = Step("split_rows", {"threads": THREADS, "splits": splits, "vector": vector, "unroll": unroll})
-    plan = Plan((step,), "split_rows", reason)
-    return SplitRowsChoice(plan, THREADS, splits, vector, unroll, chunk, split_cost, row_cost, reason)
+    args: dict[str, Any] = {"threads": THREADS, "splits": splits, "vector": vector, "unroll": unroll}
+    if combine != "kernel":  # the default is left out, as Schedule records it
+        args["combine"] = combine
+    plan = Plan((Step("split_rows", args),), "split_rows", reason)
+    return SplitRowsChoice(plan, THREADS, splits, vector, unroll, chunk, split_cost, row_cost, reason, combine)
 
 
-__all__ = ["SplitRowsChoice", "choose_splits", "chunk_elements", "propose", "split_workload"]
+__all__ = ["SplitRowsChoice", "choose_combine", "choose_splits", "chunk_elements", "propose", "split_workload"]
