@@ -488,3 +488,30 @@ def test_int64_min_max_abs_keep_one_type() -> None:
     assert "llabs(tx - N)" in text
     assert "Out[2] = tx * N + tx;" in text
     compile_cuda(emit_source([func]), name="int64_ops")
+
+
+def test_integer_products_keep_the_parentheses_around_a_division_on_their_right():
+    """`s * ((C + 7) // 8 * 4)` must not print as `s * (C + 7) / 8 * 4`, which C groups as
+    `((s * (C + 7)) / 8) * 4` (a split_rows chunk offset for symbolic C was wrong on the GPU)."""
+    import itertools
+
+    from tecc.codegen.cuda_expr import ExprEmitter
+    from tecc.codegen.ranges import RangeEnv
+    from tecc.ir import dtype as dt
+    from tecc.ir.evaluate import evaluate_int
+    from tecc.ir.expr import Var
+
+    s, c = Var("s", dt.int32), Var("C", dt.int32)
+    ranges = RangeEnv()
+    for v in (s, c):
+        ranges.bind(v, (0, 1 << 20))
+    emitter = ExprEmitter(lambda v: v.name, lambda b: b.name, set(), ranges)
+    exprs = [s * ((c + 7) // 8 * 4), s * ((c + 7) % 8 * 4), s * (c * ((c + 3) // 4 * 2)),
+             s * (c * 2 * 3), (s + 1) * ((c + 262143) // 262144 * 4096)]
+    for e in exprs:
+        text = emitter.code(e)
+        for sv, cv in itertools.product((0, 1, 3, 63), (1, 5, 1 << 20, 3 * (1 << 20) + 1)):
+            # every operand is non-negative here, so C's `/` and `%` are Python's `//` and `%`
+            got = eval(text.replace("/", "//"), {"s": sv, "C": cv})
+            assert got == evaluate_int(e, {s: sv, c: cv}), (text, sv, cv)
+    assert emitter.code(s * (c * 2 * 3)) == "s * C * 2 * 3"  # pure products still print bare

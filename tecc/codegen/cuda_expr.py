@@ -251,10 +251,21 @@ class ExprEmitter:
     def _reassociates(e: Binary, right: Expr) -> bool:
         """Integer `a + (b + c)`, `a + (b - c)` and `a * (b * c)` print without parentheses:
         wrapping integer arithmetic is associative, so C's left-to-right grouping computes the
-        same value (only when `right` has the parent's dtype, so no widening moves)."""
+        same value (only when `right` has the parent's dtype, so no widening moves). For `*`
+        every operand on the left spine of `right` must be a product too: `a * (b / c * d)`
+        printed bare would read `(a * b) / c * d`, and integer division does not reassociate."""
         if not e.dtype.is_int or not isinstance(right, Binary) or right.dtype != e.dtype:
             return False
-        return (e.op == "+" and right.op in ("+", "-")) or (e.op == "*" and right.op == "*")
+        if e.op == "+":
+            return right.op in ("+", "-")
+        if e.op != "*" or right.op != "*":
+            return False
+        spine: Expr = right
+        while isinstance(spine, Binary) and spine.dtype == e.dtype and spine.op in ("*", "//", "%"):
+            if spine.op != "*":
+                return False
+            spine = spine.a
+        return True
 
     def _float_binary(self, e: Binary) -> Text:
         """A half-typed Binary computed in float, before the rounding back to half."""
