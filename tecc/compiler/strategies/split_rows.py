@@ -40,8 +40,10 @@ The point (constants with the fact they rest on):
   that makes every chunk full (no guarded loop), and the chunk rounded to whole rounds of
   T·V·U elements, then S = ceil(N / chunk), so no block is empty.
 
-**Combining** (`choose_combine`; NOT YET MEASURED ON A GPU for split_rows: the rule rests on the
-two-kernel measurements below and on split_reduce's one-pass measurements). The partials are
+**Combining** (`choose_combine`; the rule was set from the two-kernel measurements below and
+split_reduce's one-pass ones, then measured for split_rows on the H200, 2026-11-21, RESULTS.md
+"Final checks": bf16 2 x (3M+7) 730 -> 1509 GB/s, full 4096 x 4099 +5%, the other one-pass
+picks within +-3% of the two kernels, bf16 16 x 1M 3% slower). The partials are
 combined by the last of a row's S blocks to finish (`combine="last_block"`, one kernel; plan
 step `split_rows(..., combine="last_block")`) when both hold:
 * S >= ONE_PASS_MIN_SPLITS = 8 (column_reduction's constant): split_reduce's one pass measured
