@@ -307,7 +307,7 @@ def propose(tensors: Sequence[Tensor], target: Any = None,
            f"{dram_us:.1f} us of DRAM time, {splits} partials)")
     reason = (f"{rows} row(s) of {columns} elements fill {rows} of the {slots} block slots of {WAVES} waves "
               f"({tgt.sm_count} SMs x {row_cost.occupancy.blocks_per_sm} blocks of {row_threads}), whose loads in "
-              f"flight sustain {little / 1e12:.2f} TB/s by Little's law of the {achievable / 1e12:.2f} TB/s DRAM "
+              f"flight sustain {_rate(little)} by Little's law of the {_rate(achievable)} DRAM "
               f"gives: "
               f"{splits} blocks of {THREADS} threads per row, chunks of {chunk}, {unroll} x {vector * widest}-byte "
               f"loads in flight per thread, partials combined {how}; predicted "
@@ -318,6 +318,12 @@ def propose(tensors: Sequence[Tensor], target: Any = None,
         args["combine"] = combine
     plan = Plan((Step("split_rows", args),), "split_rows", reason)
     return SplitRowsChoice(plan, THREADS, splits, vector, unroll, chunk, split_cost, row_cost, reason, combine)
+
+
+def _rate(bytes_per_s: float) -> str:
+    """A bandwidth for the reason text: TB/s, or GB/s below 0.1 TB/s (a full reduction's single
+    row reads 0.00x TB/s)."""
+    return f"{bytes_per_s / 1e12:.2f} TB/s" if bytes_per_s >= 1e11 else f"{bytes_per_s / 1e9:.1f} GB/s"
 
 
 __all__ = ["SplitRowsChoice", "choose_combine", "choose_splits", "chunk_elements", "propose", "split_workload"]
