@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -32,34 +31,11 @@ from tecc.ir.visitor import StmtMutator
 from tecc.passes.split_rows import split_rows
 from tecc.runtime.sim import SimExecutor
 
-REDUCE = {"sum": tc.sum, "max": tc.max, "min": tc.min, "prod": tc.prod}
-NP_REDUCE = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod}
-IDENTITY = {"sum": 0.0, "prod": 1.0, "max": -np.inf, "min": np.inf}
-NP_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+# tests/ is on sys.path (no package): the row and full reductions of the two-kernel tests
+from test_split_rows import IDENTITY, NP_DTYPE, full_reduce, row_reduce
+from test_split_rows import NP as NP_REDUCE
+
 WIDEST = {"float32": 4, "float16": 8, "bfloat16": 8}   # elements of a 16-byte vector
-
-
-def row_reduce(R, C, dtype="float32", combiner="sum", mean=False):
-    """Y[r] = ⊕_c X[r, c], accumulated in float32 (a mean scales by 1/C), cast back to dtype."""
-    X = tc.placeholder((R, C), dtype, name="X")
-    c = tc.reduce_axis(C, name="c")
-
-    def body(r):
-        acc = REDUCE[combiner](tc.cast(X[r, c], "float32"), axis=c)
-        if mean:
-            acc = acc * (1.0 / max(C, 1))
-        return tc.cast(acc, dtype)
-
-    return [X, tc.compute((R,), body, name="Y")]
-
-
-def full_reduce(shape, dtype="float32", combiner="sum"):
-    """Y = ⊕ over every element of X: a 0-d output."""
-    X = tc.placeholder(shape, dtype, name="X")
-    axes = [tc.reduce_axis(n, name=f"k{d}") for d, n in enumerate(shape)]
-    Y = tc.compute((), lambda: tc.cast(REDUCE[combiner](tc.cast(X[tuple(axes)], "float32"), axis=axes), dtype),
-                   name="Y")
-    return [X, Y]
 
 
 def plan_of(threads=64, splits=4, vector=1, unroll=2, combine="last_block"):
