@@ -101,28 +101,24 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
             from .strategies.split_row_group import propose as propose_split_row_group
             from .strategies.split_rows import propose as propose_split_rows
 
-            # A reduction over rows too few to fill the GPU one block per row (or a full
-            # reduction) becomes a two-stage grid reduction (two kernels), and so does a graph
-            # of stages that share such rows (softmax, norms over few long rows: partial
-            # statistics, then the outputs); a graph of stages that share a row otherwise one
-            # kernel when that moves fewer global bytes, and a column / middle-axis reduction a
-            # split reduction (two kernels); the per-kernel planner cannot express these rewrites.
-            split = propose_split_rows(tensors, arch or knobs.default_arch_override(), sizes=sizes)
-            group = (propose_split_row_group(tensors, arch or knobs.default_arch_override(), sizes=sizes)
-                     if split is None else None)
-            fused = propose_row_fused(tensors) if split is None and group is None else None
-            column = (propose_column_reduction(tensors)
-                      if split is None and group is None and fused is None else None)
-            if split is not None:
-                chosen = split.plan
-            elif group is not None:
-                chosen = group.plan
-            elif fused is not None:
-                chosen = fused.plan
-            elif column is not None:
-                chosen = column.plan
+            # Graph-level rewrites the per-kernel planner cannot express, asked in this order;
+            # the first that takes the program wins: a reduction over rows too few to fill the
+            # GPU (or a full reduction) as a grid reduction split over blocks; softmax / norms
+            # over such rows as partial statistics, then the outputs; a graph of stages sharing a
+            # row as one kernel when that moves fewer global bytes; a column / middle-axis
+            # reduction as a split reduction. docs/memory-bound.md says when each applies.
+            plan_arch = arch or knobs.default_arch_override()
+            graph_level = (
+                lambda: propose_split_rows(tensors, plan_arch, sizes=sizes),
+                lambda: propose_split_row_group(tensors, plan_arch, sizes=sizes),
+                lambda: propose_row_fused(tensors),
+                lambda: propose_column_reduction(tensors),
+            )
+            proposal = next((p for p in (ask() for ask in graph_level) if p is not None), None)
+            if proposal is not None:
+                chosen = proposal.plan
             else:
-                planning = plan_program(tensors, arch or knobs.default_arch_override(), sizes=sizes, name=name)
+                planning = plan_program(tensors, plan_arch, sizes=sizes, name=name)
                 chosen = planning.plan
                 timing.seconds.append(("plan", planning.search_seconds))
         else:
