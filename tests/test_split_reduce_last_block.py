@@ -21,12 +21,13 @@ from tecc.compiler.plan import Step
 from tecc.compiler.strategies.column_reduction import choose_point, propose
 from tecc.ir import dtype as dt
 from tecc.ir.errors import DTypeError, RaceError, TeccError
-from tecc.ir.expr import BufferLoad, Call, Const, Var, atomic_add, load_cg, thread_fence
-from tecc.ir.stmt import Barrier, Buffer, BufferStore, Evaluate, For, IfThenElse, PrimFunc, Seq, Stmt, seq
-from tecc.ir.visitor import StmtMutator
+from tecc.ir.expr import BufferLoad, Const, Var, atomic_add, load_cg, thread_fence
+from tecc.ir.stmt import Barrier, Buffer, BufferStore, Evaluate, For, IfThenElse, PrimFunc, seq
 from tecc.passes.split_reduce import split_reduce
 from tecc.runtime.artifact import ArtifactError, load
 from tecc.runtime.sim import SimExecutor, simulate_kernel
+
+from protocol_edits import Edit, holds_atomic, is_fence  # tests/ is on sys.path
 
 NP_DTYPE = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 REDUCE = {"sum": tc.sum, "max": tc.max, "min": tc.min}
@@ -227,31 +228,10 @@ def test_auto_plan_builds_one_kernel_and_matches_numpy():
 
 # ---- the emulator's checks -----------------------------------------------------------------------
 
-class _Drop(StmtMutator):
-    """Drops the statements `drop(previous, statement, next)` picks from every sequence."""
-
-    def __init__(self, drop):
-        self.drop = drop
-
-    def visit_Seq(self, s: Seq) -> Stmt:
-        items = [self.visit(x) for x in s.stmts]
-        kept = [x for n, x in enumerate(items)
-                if not self.drop(items[n - 1] if n else None, x, items[n + 1] if n + 1 < len(items) else None)]
-        return seq(*kept)
-
-
-def _holds_atomic(s) -> bool:
-    return isinstance(s, IfThenElse) and "atomic_add" in str(s.then_case)
-
-
-def _is_fence(s) -> bool:
-    return isinstance(s, Evaluate) and isinstance(s.value, Call) and s.value.name == "thread_fence"
-
-
 def _broken_run(drop, calls=1):
     k = tc.build(column(300, 70), target="sim", plan=plan_of(4, 5))
     (func,) = k.module.kernels
-    broken = _Drop(drop).visit_func(func)
+    broken = Edit(drop=drop).visit_func(func)
     assert str(broken) != str(func), "the mutation must remove something"
     run = SimExecutor(k.host, {func.name: broken})
     x = np.random.default_rng(1).standard_normal((300, 70)).astype(np.float32)
@@ -265,17 +245,17 @@ def _broken_run(drop, calls=1):
 
 def test_a_missing_barrier_after_the_atomic_is_a_shared_memory_race():
     with pytest.raises(RaceError, match="read-after-write.*Y_arrived"):
-        _broken_run(lambda prev, s, nxt: isinstance(s, Barrier) and _holds_atomic(prev))
+        _broken_run(lambda prev, s, nxt: isinstance(s, Barrier) and holds_atomic(prev))
 
 
 def test_a_missing_release_fence_is_reported():
     with pytest.raises(RaceError, match="no __threadfence\\(\\) follows it"):
-        _broken_run(lambda prev, s, nxt: _is_fence(s) and isinstance(nxt, BufferStore))
+        _broken_run(lambda prev, s, nxt: is_fence(s) and isinstance(nxt, BufferStore))
 
 
 def test_a_missing_barrier_between_the_stores_and_the_fence_is_reported():
     with pytest.raises(RaceError, match="a __syncthreads\\(\\) then a __threadfence"):
-        _broken_run(lambda prev, s, nxt: isinstance(s, Barrier) and _holds_atomic(nxt))
+        _broken_run(lambda prev, s, nxt: isinstance(s, Barrier) and holds_atomic(nxt))
 
 
 def _publish_kernel(fence_each: bool, barrier: bool, fence_leader: bool) -> PrimFunc:

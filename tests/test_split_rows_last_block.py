@@ -24,16 +24,16 @@ from tecc.compiler.strategies.split_rows import (
 )
 from tecc.ir import dtype as dt
 from tecc.ir.errors import RaceError, ScheduleError
-from tecc.ir.expr import Call, Const
-from tecc.ir.stmt import Barrier, BufferStore, Evaluate, IfThenElse, Seq, Stmt, seq
+from tecc.ir.expr import Const
+from tecc.ir.stmt import Barrier, BufferStore, IfThenElse
 from tecc.ir.target import target
-from tecc.ir.visitor import StmtMutator
 from tecc.passes.split_rows import split_rows
 from tecc.runtime.sim import SimExecutor
 
 # tests/ is on sys.path (no package): the row and full reductions of the two-kernel tests
 from test_split_rows import IDENTITY, NP_DTYPE, full_reduce, row_reduce
 from test_split_rows import NP as NP_REDUCE
+from protocol_edits import Edit, holds_atomic, is_fence
 
 WIDEST = {"float32": 4, "float16": 8, "bfloat16": 8}   # elements of a 16-byte vector
 
@@ -268,37 +268,10 @@ def test_the_plan_replays_through_json_and_schedule_and_records_combine_only_whe
 
 # ---- a broken protocol must fail -------------------------------------------------------------------
 
-class _Edit(StmtMutator):
-    """Drops the statements `drop(previous, statement, next)` picks from every sequence, and
-    replaces a statement by `swap(statement)` where that is not None."""
-
-    def __init__(self, drop=None, swap=None):
-        self.drop = drop or (lambda prev, s, nxt: False)
-        self.swap = swap or (lambda s: None)
-
-    def visit(self, s: Stmt) -> Stmt:  # type: ignore[override]
-        new = self.swap(s)
-        return new if new is not None else super().visit(s)
-
-    def visit_Seq(self, s: Seq) -> Stmt:
-        items = [self.visit(x) for x in s.stmts]
-        kept = [x for n, x in enumerate(items)
-                if not self.drop(items[n - 1] if n else None, x, items[n + 1] if n + 1 < len(items) else None)]
-        return seq(*kept)
-
-
-def _holds_atomic(s) -> bool:
-    return isinstance(s, IfThenElse) and "atomic_add" in str(s.then_case)
-
-
-def _is_fence(s) -> bool:
-    return isinstance(s, Evaluate) and isinstance(s.value, Call) and s.value.name == "thread_fence"
-
-
 def _broken_run(calls=1, **edit):
     k = tc.build(row_reduce(3, 1000), target="sim", plan=plan_of(64, 5, 4, 2))
     (func,) = k.module.kernels
-    broken = _Edit(**edit).visit_func(func)
+    broken = Edit(**edit).visit_func(func)
     assert str(broken) != str(func), "the mutation must change something"
     run = SimExecutor(k.host, {func.name: broken})
     x = np.random.default_rng(1).standard_normal((3, 1000)).astype(np.float32)
@@ -332,12 +305,12 @@ def test_a_counter_that_is_not_reset_shows_on_the_next_call():
 def test_a_missing_release_fence_is_reported():
     with pytest.raises(RaceError, match="thread \\(0, 0, 0\\) stored to global memory, and neither its own "
                                         "__threadfence"):
-        _broken_run(drop=lambda prev, s, nxt: _is_fence(s) and isinstance(nxt, BufferStore))
+        _broken_run(drop=lambda prev, s, nxt: is_fence(s) and isinstance(nxt, BufferStore))
 
 
 def test_a_missing_barrier_after_the_atomic_is_a_shared_memory_race():
     with pytest.raises(RaceError, match="read-after-write.*Y_arrived"):
-        _broken_run(drop=lambda prev, s, nxt: isinstance(s, Barrier) and _holds_atomic(prev))
+        _broken_run(drop=lambda prev, s, nxt: isinstance(s, Barrier) and holds_atomic(prev))
 
 
 def test_the_barrier_free_publish_needs_the_leader_to_store_the_partial():
