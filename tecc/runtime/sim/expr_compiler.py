@@ -34,6 +34,7 @@ from ...ir.expr import (
 )
 from ...ir.stmt import Buffer
 from . import numerics as nm
+from .memory_intrinsics import atomic_add, run_fence
 from .state import LaneState, restrict
 
 Closure = Callable[[LaneState], Any]
@@ -156,9 +157,7 @@ def compile_expr(e: Expr, scope: Scope) -> Closure:
         if e.name in WARP_INTRINSICS:
             return _compile_shuffle(e, scope)
         if e.name in MEMORY_INTRINSICS:
-            from .memory_intrinsics import compile_memory_intrinsic  # it compiles operands with this module
-
-            return compile_memory_intrinsic(e, scope)
+            return _compile_memory_intrinsic(e, scope)
         f = nm.intrinsic(e.name, e.args[0].dtype)
         fa = compile_expr(e.args[0], scope)
         return lambda st: f(fa(st))
@@ -274,6 +273,27 @@ def _compile_shuffle(e: Call, scope: Scope) -> Closure:
         if not isinstance(v, np.ndarray):
             return v
         return v[src]
+
+    return run
+
+
+def _compile_memory_intrinsic(e: Call, scope: Scope) -> Closure:
+    """The closure of atomic_add, load_cg or thread_fence (their semantics: memory_intrinsics.py)."""
+    if e.name == "thread_fence":
+        return run_fence
+    element = e.args[0]
+    assert isinstance(element, BufferLoad)  # Call checked it
+    if e.name == "load_cg":
+        return compile_expr(element, scope)  # lockstep: every earlier store is already in memory
+    if e.name != "atomic_add":
+        raise TeccError(f"kernel {scope.kernel}: the emulator has no rule for {e.name}")
+    slot = scope.buffer_slot(element.buffer)
+    dims = scope.dims_to_check(element.buffer, element.indices)
+    fidx = compile_indices(element.indices, scope)
+    fval = compile_expr(e.args[1], scope)
+
+    def run(st: LaneState) -> Any:
+        return atomic_add(st, st.mems[slot], fidx(st), fval(st), dims)
 
     return run
 
