@@ -58,7 +58,7 @@ from .ir.ops import (
 )
 from .ir.tensor import Tensor, compute, placeholder, reduce_axis, var
 
-__version__ = "0.1.0"
+from .version import __version__
 
 _COMPILER_NAMES = ("build", "load", "gpu_available", "Kernel", "OpSpec", "Plan", "Step", "Schedule", "LoopRV", "StageRV", "profile",
                    "default_plan", "explain", "plan_program")

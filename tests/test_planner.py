@@ -12,7 +12,7 @@ from tecc.compiler.check import run_and_compare
 from tecc.compiler.cost.analysis import analyze_kernel
 from tecc.compiler.explain import explain
 from tecc.compiler.plan import Plan
-from tecc.compiler.build import build
+from tecc.compiler import build
 from tecc.compiler.planner import candidates_for, plan_program
 from tecc.compiler.schedule import Schedule
 from tecc.ir.target import target
