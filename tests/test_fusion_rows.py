@@ -1,4 +1,4 @@
-"""Row fusion (tecc.passes.fuse_rows): a reduce→elementwise graph sharing the row is ONE kernel
+"""Row fusion (tecc.passes.rewrite.fuse_rows): a reduce→elementwise graph sharing the row is ONE kernel
 that reads its row once, and matches float64 NumPy in the emulator."""
 
 import sys
@@ -13,7 +13,7 @@ from tecc.compiler.strategies.row_fused import choose_point, propose
 from tecc.ir.errors import ScheduleError
 from tecc.ir.expr import BufferLoad, walk
 from tecc.ir.stmt import BufferStore, iter_stmts
-from tecc.passes.fuse_rows import fuse_rows, row_group
+from tecc.passes.rewrite.fuse_rows import fuse_rows, row_group
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import norms  # noqa: E402

@@ -1,5 +1,5 @@
 """split_rows: few long rows (or a full reduction) as a two-stage grid reduction
-(tecc.passes.split_rows): S blocks per row over contiguous chunks, the partials combined by a
+(tecc.passes.rewrite.split_rows): S blocks per row over contiguous chunks, the partials combined by a
 second small kernel, or, for small inputs, by the last of a row's blocks to finish (one kernel).
 
 Like row_fused and column_reduction this rewrites the whole program (one or two kernels and
@@ -73,7 +73,7 @@ listed without a dtype); 2 x (3M+7), 16 x 1M, full 4096 x 4099, 32 x 1M bf16, 8 
 "last_block". The gate above prices the two-kernel form, so the one pass changes how the
 programs the split already takes combine, never which programs are split; `split_cost` and the
 reason give the one-pass prediction (`split_workload(..., combine="last_block")`). The one-pass
-kernel's grid is (rows, S) where the two-kernel form's is rows·S (tecc/passes/split_rows.py), so
+kernel's grid is (rows, S) where the two-kernel form's is rows·S (tecc/passes/rewrite/split_rows.py), so
 with several rows its blocks are dispatched row-interleaved (chunk s of every row, then s + 1):
 the same chunks and bytes in flight, another order; also unmeasured.
 """
@@ -89,7 +89,7 @@ from ...ir.expr import Expr, free_vars
 from ...ir.target import Target
 from ...ir.tensor import Tensor
 from ...passes.lower import lower
-from ...passes.split_rows import (
+from ...passes.rewrite.split_rows import (
     COMBINE_THREADS,
     extent_product,
     flat_views,

@@ -8,7 +8,7 @@ lane gets the element's value before its own addition, with the additions of the
 it (same element) and of every earlier statement and chunk already in. That is one legal GPU
 order of relaxed atomics.
 
-Why a split reduction's last block then sees every partial (tecc.passes.split_reduce,
+Why a split reduction's last block then sees every partial (tecc.passes.rewrite.split_reduce,
 combine="last_block"): a block stores its partials, reaches a barrier, and only then does its
 leader fence and add 1 to the column group's counter. Take the block that gets S-1. Every
 other block of its group got a smaller value, so its atomic came earlier: in an earlier chunk

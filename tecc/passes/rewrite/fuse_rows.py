@@ -40,9 +40,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ..ir import dtype as dt
-from ..ir.errors import ScheduleError
-from ..ir.expr import (
+from ...ir import dtype as dt
+from ...ir.errors import ScheduleError
+from ...ir.expr import (
     BufferLoad,
     Call,
     Const,
@@ -58,7 +58,7 @@ from ..ir.expr import (
     substitute,
     walk,
 )
-from ..ir.stmt import (
+from ...ir.stmt import (
     Allocate,
     Buffer,
     BufferStore,
@@ -70,9 +70,9 @@ from ..ir.stmt import (
     Stmt,
     seq,
 )
-from ..ir.tensor import ComputeOp, Tensor
-from ..ir.visitor import ExprMutator
-from .lower import (
+from ...ir.tensor import ComputeOp, Tensor
+from ...ir.visitor import ExprMutator
+from ..lower import (
     COMBINE,
     Program,
     exprs_of,
@@ -83,7 +83,7 @@ from .lower import (
     collect_program,
     signature,
 )
-from .names import identifier
+from ..names import identifier
 from .online_stats import (
     centered_sum,
     max_sum_exp_pair,
@@ -92,7 +92,7 @@ from .online_stats import (
     welford_pair,
 )
 from .row_chunks import ColumnWalk
-from .schedule.cross_thread import WARP, allreduce
+from ..schedule.cross_thread import WARP, allreduce
 
 CACHES = ("registers", "online", "none")
 VECTORS = (1, 2, 4, 8)
