@@ -388,7 +388,7 @@ def analyze_kernel(func: PrimFunc, sizes: Mapping[str, int] | None = None) -> Ke
 def _combiner(upd: BufferStore) -> str:
     v = upd.value
     if isinstance(v, Binary):
-        return {"+": "sum", "*": "prod", "max": "max", "min": "min"}.get(v.op, v.op)
+        return {"+": "sum", "*": "prod", "max": "max", "min": "min", "fmax": "nanmax", "fmin": "nanmin"}.get(v.op, v.op)
     if isinstance(v, Call):
         return v.name
     return "other"
