@@ -46,7 +46,7 @@ from tecc.ir.stmt import (
     launch_dims,
 )
 
-from .cuda_expr import NAN_MIN_MAX, ExprEmitter, c_type, device_helpers
+from .cuda_expr import FLOAT_OP_HELPER, ExprEmitter, c_type, device_helpers
 from .ranges import RangeEnv
 from .vectorize import emit_vector_loop
 
@@ -383,8 +383,8 @@ def needed_headers(funcs: Sequence[PrimFunc]) -> list[str]:
 
 
 def used_intrinsics(funcs: Sequence[PrimFunc]) -> set[str]:
-    """The names of every Call in the kernels, and the helpers of float min / max (which decide
-    the device helpers they need)."""
+    """The names of every Call in the kernels, and the helpers of float operators
+    (`FLOAT_OP_HELPER`), which decide the device helpers they need."""
     names: set[str] = set()
     for f in funcs:
         for s in iter_stmts(f.body):
@@ -392,8 +392,8 @@ def used_intrinsics(funcs: Sequence[PrimFunc]) -> set[str]:
                 for node in walk(e):
                     if isinstance(node, Call):
                         names.add(node.name)
-                    elif isinstance(node, Binary) and node.op in NAN_MIN_MAX and node.dtype.is_float:
-                        names.add(NAN_MIN_MAX[node.op])
+                    elif isinstance(node, Binary) and node.op in FLOAT_OP_HELPER and node.dtype.is_float:
+                        names.add(FLOAT_OP_HELPER[node.op])
     return names
 
 

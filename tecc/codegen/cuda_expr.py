@@ -93,8 +93,9 @@ _FLOAT_TO_INT = {
     (dt.float32, dt.int32): "__float2int_rz", (dt.float32, dt.int64): "__float2ll_rz",
     (dt.float64, dt.int32): "__double2int_rz", (dt.float64, dt.int64): "__double2ll_rz",
 }
-# Float min / max propagate NaN (docs/semantics.md): device helpers `nan_min_max_helpers` defines.
-NAN_MIN_MAX = {"min": "tecc_min", "max": "tecc_max"}
+# Float operators printed as calls of device helpers (FLOAT_OP_HELPERS below, overloaded for
+# float and double): min / max that propagate NaN, floor division and modulo as NumPy's.
+FLOAT_OP_HELPER = {"min": "tecc_min", "max": "tecc_max", "//": "tecc_floordiv", "%": "tecc_mod"}
 _SHUFFLE_C = {"shfl_xor": "__shfl_xor_sync", "shfl_down": "__shfl_down_sync", "shfl_idx": "__shfl_sync"}
 FULL_WARP_MASK = "0xffffffffu"
 
@@ -250,7 +251,7 @@ class ExprEmitter:
             return self.to_half(e.dtype, self._float_binary(e))
         if e.dtype.is_int and e.op in ("//", "%"):
             return self._floor_div_mod(e.op, a, b)
-        if e.op in ("min", "max", "fmin", "fmax", "pow"):
+        if e.op in ("min", "max", "fmin", "fmax", "pow", "//", "%"):
             return self._call_binary(e.op, e.dtype, self.emit(a)[0], self.emit(b)[0])
         op = e.op
         if e.dtype.is_bool:
@@ -283,7 +284,7 @@ class ExprEmitter:
     def _float_binary(self, e: Binary) -> Text:
         """A half-typed Binary computed in float, before the rounding back to half."""
         a, b = self.as_float(e.a), self.as_float(e.b)
-        if e.op in ("min", "max", "fmin", "fmax", "pow"):
+        if e.op in ("min", "max", "fmin", "fmax", "pow", "//", "%"):
             return self._call_binary(e.op, dt.float32, a[0], b[0])
         return self._infix(e.op, a, b)
 
@@ -291,8 +292,8 @@ class ExprEmitter:
     def _call_binary(op: str, d: DType, a: str, b: str) -> Text:
         if d.is_int:
             return f"{op}({a}, {b})", POSTFIX
-        if op in ("min", "max"):  # NaN-propagating helpers, overloaded for float and double
-            return f"{NAN_MIN_MAX[op]}({a}, {b})", POSTFIX
+        if op in FLOAT_OP_HELPER:  # device helpers, overloaded for float and double
+            return f"{FLOAT_OP_HELPER[op]}({a}, {b})", POSTFIX
         single = d != dt.float64
         name = {"fmin": "fmin", "fmax": "fmax", "pow": "pow"}[op] + ("f" if single else "")
         return f"{name}({a}, {b})", POSTFIX
@@ -462,21 +463,56 @@ def _trig_helper(name: str, precise: str, cosine: bool) -> str:
             f"}}\n")
 
 
-NAN_MIN_MAX_HELPERS = (
-    "// Float max / min that give NaN when either operand is NaN, as NumPy's maximum / minimum\n"
-    "// (fmaxf / fminf, which tc.fmax / tc.fmin and nanmax / nanmin use, drop a NaN operand).\n"
-    "__device__ __forceinline__ float tecc_max(float a, float b) { return (a > b || a != a) ? a : b; }\n"
-    "__device__ __forceinline__ float tecc_min(float a, float b) { return (a < b || a != a) ? a : b; }\n"
-    "__device__ __forceinline__ double tecc_max(double a, double b) { return (a > b || a != a) ? a : b; }\n"
-    "__device__ __forceinline__ double tecc_min(double a, double b) { return (a < b || a != a) ? a : b; }\n")
+def _min_max_helpers(name: str, less: str) -> str:
+    return "".join(
+        f"__device__ __forceinline__ {t} {name}({t} a, {t} b) {{ return (a {less} b || a != a) ? a : b; }}\n"
+        for t in ("float", "double"))
+
+
+def _floor_div_helpers() -> str:
+    """NumPy's float floor division and modulo (npy_divmod): from the exact fmod, so the
+    quotient is the floor of the exact a / b rounded, and the remainder has b's sign."""
+    out = ""
+    for t, f, zero in (("float", "f", "0.0f"), ("double", "", "0.0")):
+        out += (
+            f"__device__ __forceinline__ {t} tecc_floordiv({t} a, {t} b) {{\n"
+            f"  if (b == 0) return a / b;  // inf or NaN, as NumPy\n"
+            f"  const {t} mod = fmod{f}(a, b);\n"
+            f"  {t} div = (a - mod) / b;  // very nearly an integer\n"
+            f"  if (mod != 0 && (b < 0) != (mod < 0)) div -= 1;\n"
+            f"  if (div == 0) return copysign{f}({zero}, a / b);\n"
+            f"  {t} floordiv = floor{f}(div);\n"
+            f"  if (div - floordiv > 0.5{f}) floordiv += 1;\n"
+            f"  return floordiv;\n"
+            f"}}\n"
+            f"__device__ __forceinline__ {t} tecc_mod({t} a, {t} b) {{\n"
+            f"  const {t} mod = fmod{f}(a, b);  // NaN for b == 0\n"
+            f"  if (b == 0) return mod;\n"
+            f"  if (mod == 0) return copysign{f}({zero}, b);\n"
+            f"  return (b < 0) != (mod < 0) ? mod + b : mod;\n"
+            f"}}\n")
+    return out
+
+
+# Helper name -> its definitions (float and double overloads), printed once per translation unit
+# when a kernel uses it (`device_helpers`).
+FLOAT_OP_HELPERS = {
+    "tecc_max": "// max / min of floats that give NaN when either operand is NaN (NumPy's maximum / minimum;\n"
+                "// fmaxf / fminf, which tc.fmax / tc.fmin and nanmax / nanmin use, drop a NaN operand).\n"
+                + _min_max_helpers("tecc_max", ">"),
+    "tecc_min": _min_max_helpers("tecc_min", "<"),
+    "tecc_floordiv": "// Float // and % as NumPy computes them (npy_divmod).\n" + _floor_div_helpers(),
+}
+FLOAT_OP_HELPERS["tecc_mod"] = FLOAT_OP_HELPERS["tecc_floordiv"]
 
 
 def device_helpers(intrinsics: set[str]) -> list[str]:
     """The `__device__` functions a translation unit calling `intrinsics` (Call names, plus
-    "tecc_max" / "tecc_min" for float max / min) needs, each once, in dependency order."""
+    the FLOAT_OP_HELPER names of float operators) needs, each once, in dependency order."""
     helpers: list[str] = []
-    if intrinsics & set(NAN_MIN_MAX.values()):
-        helpers.append(NAN_MIN_MAX_HELPERS)
+    for name, text in FLOAT_OP_HELPERS.items():
+        if name in intrinsics and text not in helpers:
+            helpers.append(text)
     if not intrinsics & set(APPROX_INTRINSICS):
         return helpers
     s1, s2, s3, s4 = (_f(c) for c in approx.SIN_POLY)

@@ -67,7 +67,7 @@ def to_dtype(v: Value, d: DType) -> Value:
             return v
         if d.is_bool:
             return v != 0
-        if d.is_int and v.dtype.kind == "f":
+        if d.is_int and (v.dtype.kind == "f" or v.dtype.name == "bfloat16"):  # ml_dtypes' kind is "V"
             return _float_to_int(v, d)
         if d == dt.bfloat16 and v.dtype.kind in "iu" or (d == dt.bfloat16 and v.dtype == np.float64):
             return _to_bfloat16(v)
@@ -104,10 +104,10 @@ def _to_bfloat16(v: np.ndarray) -> np.ndarray:
 
     if v.dtype.kind in "iu":
         out = _to_bfloat16(v.astype(np.float64))
-        huge = np.flatnonzero(np.abs(v.astype(np.float64)) > 2.0**53)  # not exact in float64
+        huge = np.flatnonzero(np.abs(v.astype(np.float64)) >= 2.0**53)  # maybe not exact in float64
         for i in huge:
             n = int(v[i])
-            shift = max(abs(n).bit_length() - 9, 0)  # keep 9 bits: 8 significant and a rounding bit
+            shift = max(abs(n).bit_length() - 10, 0)  # to odd on 10 bits: bfloat16's 8 and two more
             kept = abs(n) >> shift
             sticky = (abs(n) & ((1 << shift) - 1)) != 0
             out[i] = ml_dtypes.bfloat16((1 if n > 0 else -1) * float((kept | sticky) << shift))
@@ -217,6 +217,11 @@ def _mod(a: Value, b: Value) -> Value:
     return a % b
 
 
+def _quiet(f: Callable[[Value, Value], Value], a: Value, b: Value) -> Value:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return f(a, b)
+
+
 def _minimum(a: Value, b: Value) -> Value:
     return np.minimum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else min(a, b)
 
@@ -249,6 +254,8 @@ FLOAT_BINARY: dict[str, Callable[[Value, Value], Value]] = {
     "fmin": np.fmin,
     "fmax": np.fmax,
     "pow": np.power,
+    "//": lambda a, b: _quiet(np.floor_divide, a, b),  # npy_divmod, as the CUDA helper
+    "%": lambda a, b: _quiet(np.remainder, a, b),
 }
 COMPARE: dict[str, Callable[[Value, Value], Value]] = {
     "<": lambda a, b: a < b,
