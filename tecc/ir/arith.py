@@ -73,7 +73,8 @@ def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
             if op in ("//", "%"):
                 if y.value == 0:
                     return Const(0, d)
-                return Const(dt.wrap_int(x.value // y.value if op == "//" else x.value % y.value, d), d)
+                p, q = int(x.value), int(y.value)
+                return Const(dt.wrap_int(p // q if op == "//" else p % q, d), d)
         if op == "+" and isinstance(y, Const) and y.value == 0:
             return x
         if op == "+" and isinstance(x, Const) and x.value == 0:

@@ -154,7 +154,7 @@ def wrap_int(value: int, d: DType) -> int:
     lo, hi = int_range(d)
     if lo <= value <= hi:
         return value
-    return (value - lo) % 2**d.bits + lo
+    return int((value - lo) % 2**d.bits + lo)
 
 
 def check_constant_fits(value: object, d: DType) -> None:
@@ -187,5 +187,5 @@ def largest_finite(d: DType) -> float:
     if d.name == "bfloat16":
         import ml_dtypes
 
-        return float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+        return float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)  # type: ignore[no-untyped-call]
     return float(np.finfo(d.numpy).max)

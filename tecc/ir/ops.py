@@ -169,6 +169,6 @@ def const(value: int | float | bool, dtype: DTypeLike) -> Expr:
         return _cast(value, dtype)
     d = as_dtype(dtype)
     if d.is_int and isinstance(value, float) and not value.is_integer():
-        raise DTypeError(f"tc.const({value!r}, '{d}'): the value is not a {d}; give one, or convert an "
-                         f"expression with tc.cast(x, '{d}')")
+        raise DTypeError(f"tc.const({value!r}, '{d}'): {value!r} is not an integer, so it is no {d} constant; "
+                         f"give an integer, or convert an expression with tc.cast(x, '{d}') (truncating)")
     return Const(value, d)
