@@ -497,10 +497,10 @@ def _floor_div_helpers() -> str:
 # Helper name -> its definitions (float and double overloads), printed once per translation unit
 # when a kernel uses it (`device_helpers`).
 FLOAT_OP_HELPERS = {
-    "tecc_max": "// max / min of floats that give NaN when either operand is NaN (NumPy's maximum / minimum;\n"
-                "// fmaxf / fminf, which tc.fmax / tc.fmin and nanmax / nanmin use, drop a NaN operand).\n"
-                + _min_max_helpers("tecc_max", ">"),
-    "tecc_min": _min_max_helpers("tecc_min", "<"),
+    "tecc_max": "// max of floats: NaN when either operand is NaN, as NumPy's maximum (fmaxf, which\n"
+                "// tc.fmax and nanmax use, drops a NaN operand).\n" + _min_max_helpers("tecc_max", ">"),
+    "tecc_min": "// min of floats: NaN when either operand is NaN, as NumPy's minimum (fminf drops it).\n"
+                + _min_max_helpers("tecc_min", "<"),
     "tecc_floordiv": "// Float // and % as NumPy computes them (npy_divmod).\n" + _floor_div_helpers(),
 }
 FLOAT_OP_HELPERS["tecc_mod"] = FLOAT_OP_HELPERS["tecc_floordiv"]

@@ -2,12 +2,10 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
-// Float max / min that give NaN when either operand is NaN, as NumPy's maximum / minimum
-// (fmaxf / fminf, which tc.fmax / tc.fmin and nanmax / nanmin use, drop a NaN operand).
+// max of floats: NaN when either operand is NaN, as NumPy's maximum (fmaxf, which
+// tc.fmax and nanmax use, drops a NaN operand).
 __device__ __forceinline__ float tecc_max(float a, float b) { return (a > b || a != a) ? a : b; }
-__device__ __forceinline__ float tecc_min(float a, float b) { return (a < b || a != a) ? a : b; }
 __device__ __forceinline__ double tecc_max(double a, double b) { return (a > b || a != a) ? a : b; }
-__device__ __forceinline__ double tecc_min(double a, double b) { return (a < b || a != a) ? a : b; }
 
 extern "C" __global__ void __launch_bounds__(256) half_math(const __half* __restrict__ X, const __nv_bfloat16* __restrict__ Z, __half* __restrict__ Y, __nv_bfloat16* __restrict__ W, int N) {
   const int bx = blockIdx.x;
