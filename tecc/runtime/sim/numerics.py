@@ -69,7 +69,7 @@ def to_dtype(v: Value, d: DType) -> Value:
             return v != 0
         if d.is_int and (v.dtype.kind == "f" or v.dtype.name == "bfloat16"):  # ml_dtypes' kind is "V"
             return _float_to_int(v, d)
-        if d == dt.bfloat16 and v.dtype.kind in "iu" or (d == dt.bfloat16 and v.dtype == np.float64):
+        if d == dt.bfloat16 and (v.dtype.kind in "iu" or v.dtype == np.float64):
             return _to_bfloat16(v)
         return v.astype(npd)  # int -> narrower int wraps (NumPy casts modulo 2^bits)
     if d.is_bool:
