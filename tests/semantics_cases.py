@@ -207,7 +207,7 @@ def float_to_int_case(d: str) -> Case:
                 lambda x: [cvt_rzi(x, "int32"), cvt_rzi(x, "int64")])
 
 
-# ---- rounding to bfloat16 -------------------------------------------------------------------
+# ---- rounding to 16- and 32-bit floats -------------------------------------------------------------------
 def bf16_round_exact(v: int | float) -> float:
     """The bfloat16 nearest to `v` (ties to even), by exact rational arithmetic."""
     if isinstance(v, float) and not math.isfinite(v):
@@ -235,7 +235,8 @@ def bf16_round_exact(v: int | float) -> float:
 
 def to_bf16_case() -> Case:
     bodies = (lambda a, b, c: tc.cast(a, "bfloat16"), lambda a, b, c: tc.cast(b, "bfloat16"),
-              lambda a, b, c: tc.cast(c, "bfloat16"))
+              lambda a, b, c: tc.cast(c, "bfloat16"), lambda a, b, c: tc.cast(c, "float16"),
+              lambda a, b, c: tc.cast(a, "float32"), lambda a, b, c: tc.cast(b, "float32"))
 
     def inputs(rng: np.random.Generator) -> list[np.ndarray]:
         n = 512
@@ -246,14 +247,19 @@ def to_bf16_case() -> Case:
         k64 = rng.integers(40, 62, n)
         b = (2**k64 + 2 ** (k64 - 8) + 1).astype(np.int64) * rng.choice([-1, 1], n)
         b[0], b[1] = 2**62 + 2**54 + 1, np.iinfo(np.int64).min
+        b[2] = 2**60 + 2**36 + 1  # to float32 through float64 would round twice, to 2^60
         c = rng.standard_normal(n) * 2.0 ** rng.integers(-130, 130, n)
+        c[n // 2:] = rng.standard_normal(n - n // 2) * 2.0 ** rng.integers(-26, 17, n - n // 2)  # float16's range
         c[:3] = [1.0 + 2.0**-8 + 2.0**-40, np.nan, 3.5e38]
         return [a.astype(np.int32), b, c]
 
     def reference(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> list[np.ndarray]:
         bf = np.dtype(ml_dtypes.bfloat16)
+        with np.errstate(over="ignore"):
+            # float64 -> float16 and int -> float32 are correctly rounded by NumPy itself
+            exact = [c.astype(np.float16), a.astype(np.float32), b.astype(np.float32)]
         return [np.array([bf16_round_exact(int(v)) for v in x], np.float64).astype(bf) for x in (a, b)] + [
-            np.array([bf16_round_exact(float(v)) for v in c], np.float64).astype(np.float32).astype(bf)]
+            np.array([bf16_round_exact(float(v)) for v in c], np.float64).astype(np.float32).astype(bf)] + exact
 
     def args() -> list[tc.Tensor]:
         xs = [tc.placeholder((512,), d, name=f"X{k}") for k, d in enumerate(("int32", "int64", "float64"))]
@@ -263,7 +269,7 @@ def to_bf16_case() -> Case:
         ys = [tc.compute((512,), element(body), name=f"Y{k}") for k, body in enumerate(bodies)]
         return xs + ys
 
-    return Case("round_once_to_bfloat16", args, inputs, reference)
+    return Case("round_once_to_16_and_32_bits", args, inputs, reference)
 
 
 # ---- float max / min, // and % ----------------------------------------------------------------
