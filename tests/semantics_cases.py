@@ -130,27 +130,30 @@ def int_arith_case(d: str) -> Case:
 
 
 def uniform_int_case() -> Case:
-    """Integer arithmetic on values every thread shares (0-d inputs: the emulator holds them as
-    Python integers, which must wrap as the GPU's registers do)."""
+    """Integer arithmetic and float -> int casts on values every thread shares (0-d inputs: the
+    emulator holds them as Python scalars, which must wrap and saturate as the GPU's registers do)."""
     def args() -> list[tc.Tensor]:
         a = tc.placeholder((), "int32", name="a")
         b = tc.placeholder((), "int32", name="b")
         c = tc.placeholder((), "int64", name="c")
+        f = tc.placeholder((2,), "bfloat16", name="f")
         y = tc.compute((64,), lambda i: a[()] * b[()] + i, name="Y")
         z = tc.compute((64,), lambda i: (a[()] + b[()]) // (i - 3), name="Z")
         w = tc.compute((64,), lambda i: tc.cast(c[()] * (i + 1), "int32"), name="W")
-        return [a, b, c, y, z, w]
+        v = tc.compute((64,), lambda i: tc.cast(f[0], "int32") + tc.cast(f[1], "int32") + i, name="V")
+        return [a, b, c, f, y, z, w, v]
 
     def inputs(rng: np.random.Generator) -> list[np.ndarray]:
         return [np.array(2**30 + int(rng.integers(0, 1000)), np.int32), np.array(2**30 + 7, np.int32),
-                np.array(2**40 + 12345, np.int64)]
+                np.array(2**40 + 12345, np.int64), np.array([3e9, np.nan], ml_dtypes.bfloat16)]
 
-    def reference(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> list[np.ndarray]:
+    def reference(a: np.ndarray, b: np.ndarray, c: np.ndarray, f: np.ndarray) -> list[np.ndarray]:
         A, B, C = int(a), int(b), int(c)
+        F = [int(v) for v in cvt_rzi(f, "int32")]
         i = np.arange(64)
         s = wrap([A + B] * 64, "int32")
         return [wrap([A * B + k for k in range(64)], "int32"), floor_div(s, (i - 3).astype(np.int32)),
-                wrap([C * (k + 1) for k in range(64)], "int32")]
+                wrap([C * (k + 1) for k in range(64)], "int32"), wrap([F[0] + F[1] + k for k in range(64)], "int32")]
 
     return Case("uniform_int", args, inputs, reference)
 

@@ -75,9 +75,9 @@ def to_dtype(v: Value, d: DType) -> Value:
     if d.is_bool:
         return bool(v != 0)
     if d.is_int:
-        if isinstance(v, (float, np.floating)):
-            return int(_float_to_int(np.asarray([v]), d)[0])
-        return dt.wrap_int(int(v), d)
+        if isinstance(v, (bool, int, np.integer, np.bool_)):
+            return dt.wrap_int(int(v), d)
+        return int(_float_to_int(np.asarray([v]), d)[0])  # a float (ml_dtypes' are no np.floating)
     if d == dt.bfloat16 and (isinstance(v, (int, np.integer, np.float64)) and not isinstance(v, bool)):
         return _to_bfloat16(np.asarray([v]))[0]
     return npd.type(v)
