@@ -141,11 +141,12 @@ def uniform_int_case() -> Case:
         z = tc.compute((64,), lambda i: (a[()] + b[()]) // (i - 3), name="Z")
         w = tc.compute((64,), lambda i: tc.cast(c[()] * (i + 1), "int32"), name="W")
         v = tc.compute((64,), lambda i: tc.cast(f[0], "int32") + tc.cast(f[1], "int32") + i, name="V")
-        return [a, b, c, f, y, z, w, v]
+        u = tc.compute((1,), lambda i: tc.cast(c[()] * 2**20 + 1, "float32"), name="U")  # uniform: no i
+        return [a, b, c, f, y, z, w, v, u]
 
     def inputs(rng: np.random.Generator) -> list[np.ndarray]:
         return [np.array(2**30 + int(rng.integers(0, 1000)), np.int32), np.array(2**30 + 7, np.int32),
-                np.array(2**40 + 12345, np.int64), np.array([3e9, np.nan], ml_dtypes.bfloat16)]
+                np.array(2**40 + 2**16, np.int64), np.array([3e9, np.nan], ml_dtypes.bfloat16)]
 
     def reference(a: np.ndarray, b: np.ndarray, c: np.ndarray, f: np.ndarray) -> list[np.ndarray]:
         A, B, C = int(a), int(b), int(c)
@@ -153,7 +154,8 @@ def uniform_int_case() -> Case:
         i = np.arange(64)
         s = wrap([A + B] * 64, "int32")
         return [wrap([A * B + k for k in range(64)], "int32"), floor_div(s, (i - 3).astype(np.int32)),
-                wrap([C * (k + 1) for k in range(64)], "int32"), wrap([F[0] + F[1] + k for k in range(64)], "int32")]
+                wrap([C * (k + 1) for k in range(64)], "int32"), wrap([F[0] + F[1] + k for k in range(64)], "int32"),
+                np.array([C * 2**20 + 1], np.int64).astype(np.float32)]  # NumPy's int64 -> float32 rounds once
 
     return Case("uniform_int", args, inputs, reference)
 

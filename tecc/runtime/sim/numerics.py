@@ -78,7 +78,10 @@ def to_dtype(v: Value, d: DType) -> Value:
         if isinstance(v, (bool, int, np.integer, np.bool_)):
             return dt.wrap_int(int(v), d)
         return int(_float_to_int(np.asarray([v]), d)[0])  # a float (ml_dtypes' are no np.floating)
-    if d == dt.bfloat16 and (isinstance(v, (int, np.integer, np.float64)) and not isinstance(v, bool)):
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        # as an int64 array: NumPy converts a Python int through float64, rounding twice
+        return to_dtype(np.array([int(v)], np.int64), d)[0]
+    if d == dt.bfloat16 and isinstance(v, np.float64):
         return _to_bfloat16(np.asarray([v]))[0]
     return npd.type(v)
 
