@@ -46,7 +46,7 @@ from tecc.ir.stmt import (
     launch_dims,
 )
 
-from .cuda_expr import ExprEmitter, c_type, device_helpers
+from .cuda_expr import FLOAT_OP_HELPER, ExprEmitter, c_type, device_helpers
 from .ranges import RangeEnv
 from .vectorize import emit_vector_loop
 
@@ -63,6 +63,8 @@ _RESERVED = frozenset("""
     threadIdx blockIdx blockDim gridDim warpSize min max abs llabs fabs fabsf fmin fminf fmax fmaxf pow
     powf exp expf log logf sqrt sqrtf rsqrt rsqrtf sin sinf cos cosf tanh tanhf erf erff exp2 exp2f log2
     log2f floor floorf ceil ceilf rint rintf isnan isinf tecc_sin_poly tecc_sin_approx tecc_cos_approx
+    tecc_max tecc_min tecc_floordiv tecc_mod fmod fmodf copysign copysignf __float2int_rz __float2ll_rz
+    __double2int_rz __double2ll_rz
 """.split())
 
 
@@ -383,12 +385,17 @@ def needed_headers(funcs: Sequence[PrimFunc]) -> list[str]:
 
 
 def used_intrinsics(funcs: Sequence[PrimFunc]) -> set[str]:
-    """The names of every Call in the kernels (which decides the device helpers they need)."""
+    """The names of every Call in the kernels, and the helpers of float operators
+    (`FLOAT_OP_HELPER`), which decide the device helpers they need."""
     names: set[str] = set()
     for f in funcs:
         for s in iter_stmts(f.body):
             for e in _stmt_exprs(s):
-                names.update(node.name for node in walk(e) if isinstance(node, Call))
+                for node in walk(e):
+                    if isinstance(node, Call):
+                        names.add(node.name)
+                    elif isinstance(node, Binary) and node.op in FLOAT_OP_HELPER and node.dtype.is_float:
+                        names.add(FLOAT_OP_HELPER[node.op])
     return names
 
 

@@ -41,7 +41,7 @@ from .stmt import (
 # Higher binds tighter.
 _PREC = {"||": 1, "&&": 2, "|": 3, "^": 4, "&": 5, "==": 6, "!=": 6, "<": 7, "<=": 7, ">": 7, ">=": 7,
          "+": 9, "-": 9, "*": 10, "/": 10, "//": 10, "%": 10}
-_FUNC_OPS = ("min", "max", "pow")
+_FUNC_OPS = ("min", "max", "fmin", "fmax", "pow")
 
 
 def _fmt_const(c: Const) -> str:
