@@ -65,7 +65,9 @@ class FragmentRef:
         if b.scope != "fragment" or b.fragment is None:
             raise IntrinsicError(f"{row.name}: {what} must be a fragment buffer, {b.name} is {b.scope}")
         held = lookup(b.fragment[0]).operand(b.fragment[1])
-        if held.layout is not operand.layout or b.dtype != operand.dtype:
+        # ldmatrix moves untyped 16-bit registers into whatever fragment its addresses describe;
+        # an mma operand must hold exactly the layout and dtype of the row's operand.
+        if row.kind == "mma" and (held.layout is not operand.layout or b.dtype != operand.dtype):
             raise IntrinsicError(
                 f"{row.name}: {what} {b.name} holds operand {b.fragment[1]} of {b.fragment[0]} ({b.dtype}), whose "
                 f"layout or dtype differs from what {row.name} operand {operand.role} needs ({operand.dtype}); "

@@ -177,7 +177,7 @@ def _matrix_stmt(s: Stmt) -> str:
         return f"{s.intrinsic} {d} = {a} · {b} + {c}"
     if isinstance(s, MatrixLoad):
         idx = ", ".join(_expr(i) for i in s.src_indices)
-        return f"{s.intrinsic} {_fragment(s.dst, s.row.operand("d").elements)} <- {s.src.name}[{idx}]"
+        return f"{s.intrinsic} {_fragment(s.dst, s.row.operand('d').elements)} <- {s.src.name}[{idx}]"
     if isinstance(s, AsyncCopy):
         dst = ", ".join(_expr(i) for i in s.dst_indices)
         src = ", ".join(_expr(i) for i in s.src_indices)

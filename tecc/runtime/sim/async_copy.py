@@ -1,0 +1,191 @@
+"""cp.async under the emulator: copies that land at the wait, and the races around them.
+
+- `AsyncCopy` reads its source when it is issued (a GPU may read it any time before the wait;
+  a kernel that writes the source in between has a race this does not report) and records,
+  per lane, the destination elements and values as *in flight*: the destination's `pending`
+  shadow counts copies in flight per element. The predicate-false lanes record zeros (the
+  src-size 0 form) and read nothing.
+- `AsyncCommit` closes each active lane's open copies into its next group (numbered 1, 2, ...).
+- `AsyncWait(n)` lands, in each active lane, every copy of a group at most `committed - n`:
+  the values are written, the writer shadow names the issuing thread (so another thread must
+  pass a barrier before reading them, as on a GPU) and the pending count drops.
+- With checks on, any access to an element with a copy in flight is a RaceError (state.async_race);
+  so is a second copy to it. At the end of the kernel a copy that was never committed, or
+  committed but never waited for, is a RaceError too: its data would land at an unknown time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ...ir.errors import RaceError
+from ...ir.stmt import AsyncCommit, AsyncCopy, AsyncWait, Stmt
+from .expr_compiler import Scope, compile_expr, compile_indices
+from .memory import SharedMemory, check_bounds
+from .state import LaneState, async_race, race, restrict
+
+Runner = Callable[[LaneState], None]
+OPEN = 0  # the group number of a copy not yet committed
+
+
+@dataclass
+class _Copy:
+    """The copies one AsyncCopy statement issued in some lanes: `keys` and `values` are
+    (lanes, elements); `group[i]` is lane i's group number (OPEN until its commit)."""
+
+    mem: SharedMemory
+    lanes: np.ndarray
+    keys: np.ndarray
+    values: np.ndarray
+    group: np.ndarray
+    where: str
+
+
+class AsyncCopies:
+    """The copies in flight of one chunk and how many groups each lane committed."""
+
+    def __init__(self, lanes: int) -> None:
+        self.committed = np.zeros(lanes, dtype=np.int64)
+        self.copies: list[_Copy] = []
+
+
+def _state(st: LaneState) -> AsyncCopies:
+    if st.async_copies is None:
+        st.async_copies = AsyncCopies(st.layout.lanes)
+    state: AsyncCopies = st.async_copies
+    return state
+
+
+def _active(st: LaneState) -> np.ndarray:
+    return np.arange(st.layout.lanes) if st.mask is None else np.flatnonzero(st.mask)
+
+
+def compile_async_stmt(s: Stmt, scope: Scope) -> Runner:
+    if isinstance(s, AsyncCopy):
+        return _compile_copy(s, scope)
+    if isinstance(s, AsyncCommit):
+        return _commit
+    assert isinstance(s, AsyncWait)
+    pending = s.pending
+    return lambda st: _wait(st, pending)
+
+
+def _compile_copy(s: AsyncCopy, scope: Scope) -> Runner:
+    dst_slot, src_slot = scope.buffer_slot(s.dst), scope.buffer_slot(s.src)
+    fdst, fsrc = compile_indices(s.dst_indices, scope), compile_indices(s.src_indices, scope)
+    fpred = compile_expr(s.predicate, scope) if s.predicate is not None else None
+    n = s.elements
+    where = f"cp.async {s.src.name} -> {s.dst.name}"
+
+    def run(st: LaneState) -> None:
+        dst, src = st.mems[dst_slot], st.mems[src_slot]
+        lanes = _active(st)
+        didx, sidx = fdst(st), fsrc(st)
+        pred = fpred(st) if fpred is not None else True
+        values = np.zeros((st.layout.lanes, n), dtype=dst.dtype.numpy)
+        saved = st.mask
+        if isinstance(pred, np.ndarray):
+            read_mask = restrict(saved, pred)
+            reads = read_mask is None or bool(read_mask.any())
+        else:
+            read_mask, reads = saved, bool(pred)
+        if reads:
+            st.mask = read_mask
+            try:
+                for e in range(n):
+                    idx = (*sidx[:-1], sidx[-1] + e)
+                    values[:, e] = np.broadcast_to(src.load(st, idx, tuple(range(len(idx)))), (st.layout.lanes,))
+            finally:
+                st.mask = saved
+            if isinstance(pred, np.ndarray):
+                values[~pred] = 0  # the src-size 0 form: zero-fill, nothing read
+        keys = np.empty((lanes.size, n), dtype=np.int64)
+        for e in range(n):
+            idx = (*didx[:-1], didx[-1] + e)
+            if st.checks:
+                check_bounds(st, "cp.async store", "shared", dst.name, dst.shape, idx, tuple(range(len(idx))))
+            keys[:, e] = np.broadcast_to(dst._keys(idx), (st.layout.lanes,))[lanes]
+        if st.checks:
+            _check_destination(st, dst, lanes, keys, didx)
+        if dst.pending is None:
+            dst.pending = np.zeros(dst.data.size, dtype=np.int32)
+        np.add.at(dst.pending, keys.reshape(-1), 1)
+        _state(st).copies.append(_Copy(dst, lanes, keys, values[lanes], np.full(lanes.size, OPEN), where))
+
+    return run
+
+
+def _check_destination(st: LaneState, dst: SharedMemory, lanes: np.ndarray, keys: np.ndarray, didx: Any) -> None:
+    """A copy into an element another copy is still writing, or that another thread read or
+    wrote since the last barrier, races."""
+    tid = st.layout.lane_thread[lanes]
+    if dst.pending is not None:
+        busy = (dst.pending[keys] > 0).any(axis=1)
+        if busy.any():
+            raise async_race(st, dst.name, didx, int(lanes[np.argmax(busy)]))
+    if dst.read_log:
+        dst._fold_reads()
+    for e in range(keys.shape[1]):
+        k = keys[:, e]
+        w = dst.writer[k]
+        other_writer = (w >= 0) & (w != tid)
+        read_by_other = dst.readers_dirty & (dst.reader_max[k] >= 0) & (
+            (dst.reader_min[k] != tid) | (dst.reader_max[k] != tid))
+        for bad, kind in ((other_writer, "write-after-write"), (read_by_other, "write-after-read")):
+            if np.any(bad):
+                i = int(np.argmax(bad))
+                other = int(w[i]) if kind == "write-after-write" else int(dst.reader_min[k][i])
+                raise race(st, kind, dst.name, didx, int(lanes[i]), other)
+
+
+def _commit(st: LaneState) -> None:
+    state = _state(st)
+    active = np.zeros(st.layout.lanes, dtype=bool)
+    active[_active(st)] = True
+    state.committed[active] += 1
+    for c in state.copies:
+        closing = (c.group == OPEN) & active[c.lanes]
+        c.group[closing] = state.committed[c.lanes[closing]]
+
+
+def _wait(st: LaneState, pending: int) -> None:
+    state = st.async_copies
+    if state is None:
+        return
+    active = np.zeros(st.layout.lanes, dtype=bool)
+    active[_active(st)] = True
+    limit = state.committed - pending  # per lane: groups up to this number must have landed
+    kept: list[_Copy] = []
+    for c in state.copies:
+        land = (c.group != OPEN) & active[c.lanes] & (c.group <= limit[c.lanes])
+        if land.any():
+            keys, values = c.keys[land], c.values[land]
+            c.mem.data[keys.reshape(-1)] = values.reshape(-1)
+            assert c.mem.pending is not None
+            np.add.at(c.mem.pending, keys.reshape(-1), -1)
+            if st.checks:
+                tid = np.repeat(st.layout.lane_thread[c.lanes[land]], keys.shape[1])
+                c.mem.writer[keys.reshape(-1)] = tid
+            stay = ~land
+            c = _Copy(c.mem, c.lanes[stay], c.keys[stay], c.values[stay], c.group[stay], c.where)
+        if c.lanes.size:
+            kept.append(c)
+    state.copies = kept
+
+
+def finish_async_copies(st: LaneState) -> None:
+    """RaceError if a copy of this chunk was never committed or never waited for."""
+    state = st.async_copies
+    if state is None or not state.copies:
+        return
+    c = state.copies[0]
+    lane = int(c.lanes[0])
+    status = "never committed (no cp.async.commit_group after it)" if c.group[0] == OPEN else \
+        "committed but never waited for (no cp.async.wait_group covering its group)"
+    raise RaceError(
+        f"{c.where} in kernel {st.kernel}: the copy issued by {st.layout.where(lane)} is {status} when the kernel "
+        "ends; its data would land at an unknown time. Commit it and cp.async.wait_group before using or "
+        "leaving the buffer")

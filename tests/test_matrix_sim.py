@@ -1,0 +1,155 @@
+"""The matrix-fragment level under the emulator: mma through the table's maps, ldmatrix,
+cp.async groups, the races and divergence it reports, and shared-memory bank conflicts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from matrix_kernels import (
+    BF16_F32,
+    F16_F16,
+    F16_F32,
+    TF32_F32,
+    check_mma_result,
+    mma_direct_kernel,
+    mma_inputs,
+    mma_ldmatrix_kernel,
+    mma_reference,
+)
+
+from tecc.runtime.sim import simulate_kernel
+
+ALL_MMA = [F16_F32, BF16_F32, F16_F16, TF32_F32]
+HALF_MMA = [F16_F32, BF16_F32, F16_F16]
+
+
+@pytest.mark.parametrize("intrinsic", ALL_MMA)
+def test_one_warp_mma_with_fragments_loaded_through_the_maps_matches_numpy(intrinsic: str) -> None:
+    func = mma_direct_kernel(intrinsic)
+    for seed in (1, 2):
+        arrays = mma_inputs(intrinsic, seed)
+        simulate_kernel(func, arrays, (1, 1, 1), (32, 1, 1))
+        want, bound = mma_reference(intrinsic, arrays)
+        check_mma_result(arrays["D"], want, bound, f"{intrinsic} seed {seed}")
+
+
+@pytest.mark.parametrize("intrinsic", HALF_MMA)
+@pytest.mark.parametrize("a_stored,b_stored", [("mk", "kn"), ("mk", "nk"), ("km", "kn"), ("km", "nk")])
+@pytest.mark.parametrize("swizzle", [False, True])
+def test_mma_with_ldmatrix_fragments_matches_numpy(intrinsic: str, a_stored: str, b_stored: str, swizzle: bool) -> None:
+    func = mma_ldmatrix_kernel(intrinsic, a_stored, b_stored, swizzle=swizzle)
+    arrays = mma_inputs(intrinsic, 3, a_stored, b_stored)
+    simulate_kernel(func, arrays, (1, 1, 1), (32, 1, 1))
+    want, bound = mma_reference(intrinsic, arrays, a_stored, b_stored)
+    check_mma_result(arrays["D"], want, bound, func.name)
+
+
+@pytest.mark.parametrize("swizzle", [False, True])
+def test_cp_async_staging_with_commit_and_wait_feeds_ldmatrix(swizzle: bool) -> None:
+    func = mma_ldmatrix_kernel(F16_F32, "mk", "nk", staging="cp.async", swizzle=swizzle)
+    arrays = mma_inputs(F16_F32, 4, "mk", "nk")
+    simulate_kernel(func, {**arrays, "rows_valid": 16}, (1, 1, 1), (32, 1, 1))
+    want, bound = mma_reference(F16_F32, arrays, "mk", "nk")
+    check_mma_result(arrays["D"], want, bound, func.name)
+
+
+def test_cp_async_predicate_false_zero_fills_the_destination() -> None:
+    func = mma_ldmatrix_kernel(F16_F32, "mk", "kn", staging="cp.async")
+    arrays = mma_inputs(F16_F32, 5)
+    simulate_kernel(func, {**arrays, "rows_valid": 11}, (1, 1, 1), (32, 1, 1))
+    want, bound = mma_reference(F16_F32, arrays, rows_valid=11)
+    check_mma_result(arrays["D"], want, bound, "rows 11.. of A zero-filled")
+    np.testing.assert_array_equal(arrays["D"][11:], arrays["C"][11:])
+
+
+# ---- races, divergence, bank conflicts --------------------------------------------------------
+
+from matrix_kernels import fragment, ldmatrix_tile_kernel  # noqa: E402
+
+from tecc.ir import dtype as dt  # noqa: E402
+from tecc.ir.errors import DivergenceError, RaceError  # noqa: E402
+from tecc.ir.expr import Var  # noqa: E402
+from tecc.ir.stmt import (  # noqa: E402
+    Allocate,
+    AsyncCommit,
+    AsyncCopy,
+    Buffer,
+    For,
+    FragmentRef,
+    IfThenElse,
+    MatrixMultiply,
+    PrimFunc,
+    seq,
+)
+from tecc.runtime.sim.banks import count_bank_conflicts  # noqa: E402
+from tecc.runtime.sim.matrix import round_to_tf32  # noqa: E402
+
+
+def test_reading_a_cp_async_destination_without_the_wait_is_a_race() -> None:
+    func = mma_ldmatrix_kernel(F16_F32, staging="cp.async", wait=False)
+    with pytest.raises(RaceError) as info:
+        simulate_kernel(func, {**mma_inputs(F16_F32, 6), "rows_valid": 16}, (1, 1, 1), (32, 1, 1))
+    err = info.value
+    assert err.buffer == "As" and err.block == (0, 0, 0), str(err)
+    assert "cp.async" in str(err) and "in flight" in str(err) and "wait_group" in str(err)
+
+
+def test_reading_another_threads_cp_async_data_after_the_wait_needs_a_barrier() -> None:
+    func = mma_ldmatrix_kernel(F16_F32, staging="cp.async", barrier=False)
+    with pytest.raises(RaceError, match="read-after-write") as info:
+        simulate_kernel(func, {**mma_inputs(F16_F32, 7), "rows_valid": 16}, (1, 1, 1), (32, 1, 1))
+    assert info.value.buffer == "As" and info.value.other_thread != info.value.thread
+
+
+def test_a_copy_never_committed_or_never_waited_is_reported_at_kernel_end() -> None:
+    A = Buffer("A", dt.float16, (32, 8))
+    S = Buffer("S", dt.float16, (32, 8), "shared")
+    for commit in (False, True):
+        t = Var("t")
+        body = seq(AsyncCopy(S, (t, 0), A, (t, 0), 16), AsyncCommit() if commit else None)
+        func = PrimFunc("leaky", (A,), For(t, 0, 32, "threadIdx.x", Allocate(S, body)))
+        status = "never waited" if commit else "never committed"
+        with pytest.raises(RaceError, match=status):
+            simulate_kernel(func, {"A": np.ones((32, 8), np.float16)}, (1, 1, 1), (32, 1, 1))
+
+
+def test_mma_reached_by_half_a_warp_is_a_divergence_error() -> None:
+    a, b, c = fragment("a", F16_F32, "a"), fragment("b", F16_F32, "b"), fragment("c", F16_F32, "c")
+    lane = Var("lane")
+    mma = MatrixMultiply(F16_F32, FragmentRef(c, 0), FragmentRef(a, 0), FragmentRef(b, 0), FragmentRef(c, 0))
+    func = PrimFunc("half_warp", (), For(lane, 0, 32, "threadIdx.x",
+                                         Allocate(a, Allocate(b, Allocate(c, IfThenElse(lane < 16, mma))))))
+    with pytest.raises(DivergenceError, match="only some lanes of a warp"):
+        simulate_kernel(func, {}, (1, 1, 1), (32, 1, 1))
+
+
+@pytest.mark.parametrize("swizzle,conflicts", [(True, 0), (False, 4 * 4 * 7)])
+def test_swizzle_makes_ldmatrix_reads_conflict_free(swizzle: bool, conflicts: int) -> None:
+    """Unswizzled: each of the 4 x 4 ldmatrix phases (kk, matrix) puts 8 rows in 4 banks: 8
+    wavefronts instead of 1. Swizzle(3, 3, 3): 0 extra. The values arrive right either way."""
+    func = ldmatrix_tile_kernel(swizzle)
+    a = (np.random.default_rng(8).uniform(0.5, 1.5, (16, 64)) * np.random.default_rng(9).choice([-1, 1], (16, 64)))
+    a = a.astype(np.float16)
+    out = np.full((16, 64), np.nan, dtype=np.float16)
+    with count_bank_conflicts() as banks:
+        simulate_kernel(func, {"A": a, "Out": out}, (1, 1, 1), (32, 1, 1))
+    np.testing.assert_array_equal(out, a)
+    assert banks.conflicts("S") == conflicts, (banks.requests["S"], banks.wavefronts["S"])
+    assert banks.requests["S"] >= 16  # the 16 ldmatrix phases were counted
+
+
+def test_tf32_inputs_are_rounded_to_nearest_with_ties_away_from_zero() -> None:
+    x = np.array([1 + 2.0**-11, -(1 + 2.0**-11), 1 + 2.0**-12, 1 + 3 * 2.0**-11, np.inf, 3.0], dtype=np.float32)
+    want = np.array([1 + 2.0**-10, -(1 + 2.0**-10), 1.0, 1 + 2 * 2.0**-10, np.inf, 3.0], dtype=np.float32)
+    np.testing.assert_array_equal(round_to_tf32(x), want)
+    assert np.isnan(round_to_tf32(np.array([np.nan], np.float32)))[0]
+
+
+def test_tf32_mma_sees_rounded_inputs() -> None:
+    """B = I: D = tf32(A) + C exactly, so truncation (which gives 1.0) would fail."""
+    func = mma_direct_kernel(TF32_F32)
+    a = np.full((16, 8), 1 + 2.0**-11, dtype=np.float32)
+    c = np.full((16, 8), 0.25, dtype=np.float32)
+    d = np.full((16, 8), np.nan, dtype=np.float32)
+    simulate_kernel(func, {"A": a, "B": np.eye(8, dtype=np.float32), "C": c, "D": d}, (1, 1, 1), (32, 1, 1))
+    np.testing.assert_array_equal(d, np.float32(1 + 2.0**-10 + 0.25))
