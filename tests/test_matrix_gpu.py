@@ -92,3 +92,16 @@ def test_tf32_rounding_on_gpu_matches_the_emulator() -> None:
               "C": np.full((16, 8), 0.25, dtype=np.float32), "D": np.full((16, 8), np.nan, dtype=np.float32)}
     got = run_mma(func, arrays)
     np.testing.assert_array_equal(got, np.float32(1 + 2.0**-10 + 0.25))
+
+
+@pytest.mark.parametrize("shape", [(128, 128, 128), (256, 192, 512)])
+def test_tiled_tensor_core_gemm_on_gpu(shape: tuple[int, int, int]) -> None:
+    from test_matrix_gemm import check_gemm, gemm_inputs, gemm_kernel
+
+    M, N, K = shape
+    func = gemm_kernel(M, N, K)
+    arrays = gemm_inputs(M, N, K, 23)
+    d = torch.full((M, N), float("nan"), dtype=torch.float32, device="cuda")
+    run(func, to_device(arrays["A"]), to_device(arrays["B"]), d)
+    torch.cuda.synchronize()
+    check_gemm(d.cpu().numpy(), arrays, f"gemm {M}x{N}x{K} on GPU")
