@@ -29,13 +29,13 @@ from test_codegen_gpu import run  # noqa: E402
 
 def to_device(a: np.ndarray) -> Any:
     if a.dtype.name == "bfloat16":  # ml_dtypes' bfloat16: move the bits
-        return torch.from_numpy(a.view(np.uint16).copy()).view(torch.bfloat16).cuda()
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16).cuda()
     return torch.from_numpy(a.copy()).cuda()
 
 
 def to_host(t: Any, like: np.ndarray) -> np.ndarray:
     if like.dtype.name == "bfloat16":
-        return t.view(torch.int16).cpu().numpy().view(np.uint16).view(like.dtype)
+        return t.view(torch.int16).cpu().numpy().view(like.dtype)
     return t.cpu().numpy()
 
 

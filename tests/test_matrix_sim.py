@@ -67,7 +67,7 @@ def test_cp_async_predicate_false_zero_fills_the_destination() -> None:
 from matrix_kernels import fragment, ldmatrix_tile_kernel  # noqa: E402
 
 from tecc.ir import dtype as dt  # noqa: E402
-from tecc.ir.errors import DivergenceError, RaceError  # noqa: E402
+from tecc.ir.errors import DivergenceError, OutOfBoundsError, RaceError, TeccError, UninitializedReadError  # noqa: E402
 from tecc.ir.expr import Var  # noqa: E402
 from tecc.ir.stmt import (  # noqa: E402
     Allocate,
@@ -153,3 +153,56 @@ def test_tf32_mma_sees_rounded_inputs() -> None:
     d = np.full((16, 8), np.nan, dtype=np.float32)
     simulate_kernel(func, {"A": a, "B": np.eye(8, dtype=np.float32), "C": c, "D": d}, (1, 1, 1), (32, 1, 1))
     np.testing.assert_array_equal(d, np.float32(1 + 2.0**-10 + 0.25))
+
+
+def _ldmatrix_kernel(row_of_lane, col_of_lane, rows: int = 16) -> PrimFunc:  # type: ignore[no-untyped-def]
+    from tecc.ir.stmt import Barrier, BufferStore, MatrixLoad
+
+    S = Buffer("S", dt.float16, (rows, 16), "shared")
+    a = fragment("a", F16_F32, "a")
+    out = Buffer("out", dt.float16, (32, 8))
+    lane = Var("lane")
+    i = Var("i")
+    body = seq(
+        For(i, 0, rows * 16 // 32, "unroll", BufferStore(S, ((lane + 32 * i) // 16, (lane + 32 * i) % 16), 1.0)),
+        Barrier(),
+        MatrixLoad("ldmatrix.x4", FragmentRef(a, 0), S, (row_of_lane(lane), col_of_lane(lane))),
+        For(i, 0, 8, "unroll", BufferStore(out, (lane, i), a[i])),
+    )
+    return PrimFunc("ldm", (out,), For(lane, 0, 32, "threadIdx.x", Allocate(S, Allocate(a, body))))
+
+
+def test_ldmatrix_row_address_that_is_not_16_byte_aligned_is_reported() -> None:
+    func = _ldmatrix_kernel(lambda lane: lane % 16, lambda lane: 4 + 0 * lane)
+    with pytest.raises(TeccError, match="16-byte-aligned row of 8 elements") as info:
+        simulate_kernel(func, {"out": np.full((32, 8), np.nan, np.float16)}, (1, 1, 1), (32, 1, 1))
+    assert "shared buffer S" in str(info.value) and "thread (0, 0, 0)" in str(info.value)
+
+
+def test_ldmatrix_row_address_outside_the_buffer_is_out_of_bounds() -> None:
+    func = _ldmatrix_kernel(lambda lane: lane, lambda lane: 8 + 0 * lane)
+    with pytest.raises(OutOfBoundsError, match="lies outside shared buffer S") as info:
+        simulate_kernel(func, {"out": np.full((32, 8), np.nan, np.float16)}, (1, 1, 1), (32, 1, 1))
+    assert "thread (16, 0, 0)" in str(info.value)
+
+
+def test_ldmatrix_of_unwritten_shared_memory_is_an_uninitialized_read() -> None:
+    from tecc.ir.stmt import Barrier, BufferStore, MatrixLoad
+
+    # each lane writes one element of rows 0..15; ldmatrix.x4 reads all 32 rows
+
+    S = Buffer("S", dt.float16, (32, 8), "shared")
+    a = fragment("a", F16_F32, "a")
+    lane = Var("lane")
+    body = seq(BufferStore(S, (lane % 16, lane % 8), 1.0), Barrier(),
+               MatrixLoad("ldmatrix.x4", FragmentRef(a, 0), S, (lane, 0)))
+    half_written = PrimFunc("ldm_half", (), For(lane, 0, 32, "threadIdx.x", Allocate(S, Allocate(a, body))))
+    with pytest.raises(UninitializedReadError, match="S\\["):
+        simulate_kernel(half_written, {}, (1, 1, 1), (32, 1, 1))
+
+
+def test_a_block_that_is_not_whole_warps_cannot_run_mma() -> None:
+    func = mma_direct_kernel(F16_F32)
+    arrays = mma_inputs(F16_F32, 9)
+    with pytest.raises(DivergenceError, match="multiple of 32 threads"):
+        simulate_kernel(func, arrays, (1, 1, 1), (48, 1, 1))
