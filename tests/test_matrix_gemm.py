@@ -51,7 +51,7 @@ TM, TN = WM // 16, WN // 8  # 2 x 4 mma tiles per warp
 THREADS = 32 * WARPS_M * WARPS_N
 
 
-def gemm_kernel(M: int, N: int, K: int, swizzle: bool = True) -> PrimFunc:
+def gemm_kernel(M: int, N: int, K: int, swizzle: bool = True, refill_barrier: bool = True) -> PrimFunc:
     """D[M, N] (float32) = A[M, K] . B[K, N] (float16), M, N multiples of 64, K of 32."""
     assert M % BM == 0 and N % BN == 0 and K % BK == 0
     A, B, D = Buffer("A", dt.float16, (M, K)), Buffer("B", dt.float16, (K, N)), Buffer("D", dt.float32, (M, N))
@@ -117,7 +117,7 @@ def gemm_kernel(M: int, N: int, K: int, swizzle: bool = True) -> PrimFunc:
             AsyncWait(1),
             Barrier(),
             compute(kt % 2),
-            Barrier(),  # every warp is done with stage kt % 2 before it is refilled
+            Barrier() if refill_barrier else None,  # every warp is done with stage kt % 2 before it is refilled
         )),
         AsyncWait(0),
         unrolled("t", TM * TN, epilogue),
@@ -165,6 +165,16 @@ def test_without_swizzle_the_same_gemm_has_bank_conflicts() -> None:
         simulate_kernel(gemm_kernel(M, N, K, swizzle=False), arrays, (1, 1, 1), (THREADS, 1, 1))
     check_gemm(arrays["D"], arrays, "unswizzled gemm")
     assert banks.conflicts("As") > 0 and banks.conflicts("Bs") > 0
+
+
+def test_refilling_a_stage_other_warps_still_read_is_a_race() -> None:
+    from tecc.ir.errors import RaceError
+
+    M, N, K = 64, 64, 128  # 4 K tiles: iteration 1 refills stage 0, which iteration 0 read
+    func = gemm_kernel(M, N, K, refill_barrier=False)
+    with pytest.raises(RaceError, match="write-after-read") as info:
+        simulate_kernel(func, gemm_inputs(M, N, K, 24), (1, 1, 1), (THREADS, 1, 1))
+    assert info.value.buffer in ("As", "Bs") and info.value.other_thread != info.value.thread
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

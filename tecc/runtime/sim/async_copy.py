@@ -24,8 +24,8 @@ import numpy as np
 from ...ir.errors import RaceError
 from ...ir.stmt import AsyncCommit, AsyncCopy, AsyncWait, Stmt
 from .expr_compiler import Scope, compile_expr, compile_indices
-from .memory import SharedMemory, check_bounds
-from .state import LaneState, async_race, race, restrict
+from .memory import SharedMemory, check_bounds, flat_index
+from .state import LaneState, restrict
 
 Runner = Callable[[LaneState], None]
 OPEN = 0  # the group number of a copy not yet committed
@@ -107,38 +107,15 @@ def _compile_copy(s: AsyncCopy, scope: Scope) -> Runner:
             idx = (*didx[:-1], didx[-1] + e)
             if st.checks:
                 check_bounds(st, "cp.async store", "shared", dst.name, dst.shape, idx, tuple(range(len(idx))))
-            keys[:, e] = np.broadcast_to(dst._keys(idx), (st.layout.lanes,))[lanes]
+            keys[:, e] = np.broadcast_to(dst.keys_of(flat_index(idx, dst.strides)), (st.layout.lanes,))[lanes]
         if st.checks:
-            _check_destination(st, dst, lanes, keys, didx)
+            dst.check_async_write(st, didx, lanes, keys)
         if dst.pending is None:
             dst.pending = np.zeros(dst.data.size, dtype=np.int32)
         np.add.at(dst.pending, keys.reshape(-1), 1)
         _state(st).copies.append(_Copy(dst, lanes, keys, values[lanes], np.full(lanes.size, OPEN), where))
 
     return run
-
-
-def _check_destination(st: LaneState, dst: SharedMemory, lanes: np.ndarray, keys: np.ndarray, didx: Any) -> None:
-    """A copy into an element another copy is still writing, or that another thread read or
-    wrote since the last barrier, races."""
-    tid = st.layout.lane_thread[lanes]
-    if dst.pending is not None:
-        busy = (dst.pending[keys] > 0).any(axis=1)
-        if busy.any():
-            raise async_race(st, dst.name, didx, int(lanes[np.argmax(busy)]))
-    if dst.read_log:
-        dst._fold_reads()
-    for e in range(keys.shape[1]):
-        k = keys[:, e]
-        w = dst.writer[k]
-        other_writer = (w >= 0) & (w != tid)
-        read_by_other = dst.readers_dirty & (dst.reader_max[k] >= 0) & (
-            (dst.reader_min[k] != tid) | (dst.reader_max[k] != tid))
-        for bad, kind in ((other_writer, "write-after-write"), (read_by_other, "write-after-read")):
-            if np.any(bad):
-                i = int(np.argmax(bad))
-                other = int(w[i]) if kind == "write-after-write" else int(dst.reader_min[k][i])
-                raise race(st, kind, dst.name, didx, int(lanes[i]), other)
 
 
 def _commit(st: LaneState) -> None:

@@ -233,6 +233,32 @@ class SharedMemory:
                 raise race(st, "write-after-write", self.name, idx, _lane(lanes, i), int(self.writer[k][i]))
             self.writer[k[dup]] = SAME_VALUE_WRITERS
 
+    def check_async_write(self, st: LaneState, idx: Index, lanes: np.ndarray, keys: np.ndarray) -> None:
+        """The races of cp.async copies by `lanes` into `keys` ((lanes, elements) positions in
+        `data`): a copy still in flight to one of them, or another thread's write or read of it
+        in this epoch (async_copy.py; called with checks on)."""
+        if self.pending is not None:
+            busy = (self.pending[keys] > 0).any(axis=1)
+            if busy.any():
+                raise async_race(st, self.name, idx, int(lanes[np.argmax(busy)]))
+        if self.read_log:
+            self._fold_reads()
+        tid = st.layout.lane_thread[lanes]
+        for e in range(keys.shape[1]):
+            k = keys[:, e]
+            w = self.writer[k]
+            bad = (w >= 0) & (w != tid)
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise race(st, "write-after-write", self.name, idx, int(lanes[i]), int(w[i]))
+            if self.readers_dirty:
+                lo, hi = self.reader_min[k], self.reader_max[k]
+                bad = (hi >= 0) & ((lo != tid) | (hi != tid))
+                if bad.any():
+                    i = int(np.argmax(bad))
+                    other = int(lo[i]) if lo[i] != tid[i] else int(hi[i])
+                    raise race(st, "write-after-read", self.name, idx, int(lanes[i]), other)
+
     def _check_write(self, st: LaneState, idx: Index, lanes: np.ndarray | None, k: np.ndarray,
                      tid: np.ndarray, value: Any) -> None:
         w = self.writer[k]
