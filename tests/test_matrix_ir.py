@@ -29,6 +29,8 @@ def test_fragment_buffer_must_match_its_operand() -> None:
         Buffer("a", dt.float16, (8,), "fragment")
     with pytest.raises(TeccError, match="only a shared buffer can have a layout"):
         Buffer("r", dt.float16, (8,), "local", layout=Swizzle(1, 3, 3))
+    with pytest.raises(TeccError, match="permutes blocks of 512 elements but the buffer holds 384"):
+        Buffer("S", dt.float16, (16, 24), "shared", layout=Swizzle(3, 3, 3))
 
 
 def test_mma_refuses_operands_of_another_layout_or_outside_the_buffer() -> None:

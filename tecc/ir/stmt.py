@@ -66,6 +66,10 @@ class Buffer:
             raise TeccError(f"buffer {self.name}: only a global temporary can be zero-initialised, not {self.scope}")
         if self.layout is not None and self.scope != "shared":
             raise TeccError(f"buffer {self.name}: only a shared buffer can have a layout, not a {self.scope} one")
+        if self.layout is not None:
+            size = self.static_span()
+            if size is not None:
+                self.layout.check_fits(self.name, size)
         if (self.scope == "fragment") != (self.fragment is not None):
             raise TeccError(f"buffer {self.name}: a fragment buffer needs fragment=(intrinsic, operand), and only "
                             f"a fragment buffer may have one (scope {self.scope}, fragment {self.fragment})")
@@ -87,6 +91,16 @@ class Buffer:
 
     def effective_strides(self) -> tuple[Expr, ...]:
         return self.strides if self.strides is not None else self.row_major_strides()
+
+    def static_span(self) -> int | None:
+        """Elements from the first to one past the last, or None unless shape and strides are constants."""
+        shape = [const_int(e) for e in self.shape]
+        strides = [const_int(e) for e in self.effective_strides()]
+        if any(n is None for n in shape) or any(s is None for s in strides):
+            return None
+        if 0 in shape:
+            return 0
+        return 1 + sum((n - 1) * s for n, s in zip(shape, strides) if n is not None and s is not None)
 
     def __getitem__(self, indices: Any) -> Expr:
         from .expr import BufferLoad

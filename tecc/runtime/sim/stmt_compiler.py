@@ -41,7 +41,7 @@ from ...ir.stmt import (
 )
 from .async_copy import compile_async_stmt
 from .expr_compiler import Scope, compile_expr, compile_indices
-from .memory import LocalMemory, SharedMemory, row_major, span
+from .memory import LocalMemory, SharedMemory, row_major
 from .memory_intrinsics import note_barrier, note_global_store
 from .matrix import compile_matrix_load, compile_matrix_multiply
 from .state import LaneState, restrict
@@ -262,8 +262,6 @@ def _compile_allocate(s: Allocate, scope: Scope) -> Runner:
     body = compile_stmt(s.body, scope)
     name, dtype, layout = buf.name, buf.dtype, buf.layout
     shared = buf.scope == "shared"  # 'fragment' buffers are per-lane registers, like 'local' ones
-    if layout is not None:
-        layout.check_fits(name, span(shape, strides))  # type: ignore[arg-type]
 
     def run(st: LaneState) -> None:
         mem: SharedMemory | LocalMemory
