@@ -206,3 +206,21 @@ def test_a_block_that_is_not_whole_warps_cannot_run_mma() -> None:
     arrays = mma_inputs(F16_F32, 9)
     with pytest.raises(DivergenceError, match="multiple of 32 threads"):
         simulate_kernel(func, arrays, (1, 1, 1), (48, 1, 1))
+
+
+@pytest.mark.parametrize("case", ["misaligned", "split_by_swizzle"])
+def test_cp_async_must_be_one_aligned_contiguous_run(case: str) -> None:
+    """Codegen passes the physical address of a copy's first element; a copy that is not
+    aligned to its size, or that a swizzle with smaller chunks tears apart, is refused."""
+    from tecc.ir.layout import Swizzle
+    from tecc.ir.stmt import AsyncWait
+
+    A = Buffer("A", dt.float16, (32, 16))
+    layout = Swizzle(2, 2, 3) if case == "split_by_swizzle" else None  # 4-element chunks, 8-element copies
+    S = Buffer("S", dt.float16, (32, 16), "shared", layout=layout)
+    t = Var("t")
+    col = 4 if case == "misaligned" else 8
+    body = seq(AsyncCopy(S, (t, col), A, (t, col), 16), AsyncCommit(), AsyncWait(0))
+    func = PrimFunc("copy", (A,), For(t, 0, 32, "threadIdx.x", Allocate(S, body)))
+    with pytest.raises(TeccError, match="not one 16-byte-aligned contiguous run in S"):
+        simulate_kernel(func, {"A": np.ones((32, 16), np.float16)}, (1, 1, 1), (32, 1, 1))

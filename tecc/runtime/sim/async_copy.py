@@ -9,6 +9,9 @@
 - `AsyncWait(n)` lands, in each active lane, every copy of a group at most `committed - n`:
   the values are written, the writer shadow names the issuing thread (so another thread must
   pass a barrier before reading them, as on a GPU) and the pending count drops.
+- With checks on, each copy must be one aligned contiguous run in the destination (after its
+  layout) and in the source, as the hardware writes it; cp.async writes into a buffer with a
+  layout are counted by an active bank-conflict counter.
 - With checks on, any access to an element with a copy in flight is a RaceError (state.async_race);
   so is a second copy to it. At the end of the kernel a copy that was never committed, or
   committed but never waited for, is a RaceError too: its data would land at an unknown time.
@@ -21,8 +24,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...ir.errors import RaceError
+from ...ir.errors import RaceError, TeccError
 from ...ir.stmt import AsyncCommit, AsyncCopy, AsyncWait, Stmt
+from .banks import counting, record_access
 from .expr_compiler import Scope, compile_expr, compile_indices
 from .memory import SharedMemory, check_bounds, flat_index
 from .state import LaneState, restrict
@@ -108,14 +112,41 @@ def _compile_copy(s: AsyncCopy, scope: Scope) -> Runner:
             if st.checks:
                 check_bounds(st, "cp.async store", "shared", dst.name, dst.shape, idx, tuple(range(len(idx))))
             keys[:, e] = np.broadcast_to(dst.keys_of(flat_index(idx, dst.strides)), (st.layout.lanes,))[lanes]
+        physical = keys - dst.base[lanes][:, None]  # element offsets inside the block's copy
         if st.checks:
+            _check_contiguous(st, dst, lanes, physical, didx, _source_offsets(src, sidx), n, where)
             dst.check_async_write(st, didx, lanes, keys)
+        if counting() and dst.layout is not None:
+            start = np.zeros(st.layout.lanes, dtype=np.int64)
+            start[lanes] = physical[:, 0]
+            record_access(st, dst.name, start * dst.dtype.bytes, n * dst.dtype.bytes)
         if dst.pending is None:
             dst.pending = np.zeros(dst.data.size, dtype=np.int32)
         np.add.at(dst.pending, keys.reshape(-1), 1)
         _state(st).copies.append(_Copy(dst, lanes, keys, values[lanes], np.full(lanes.size, OPEN), where))
 
     return run
+
+
+def _source_offsets(src: Any, sidx: Any) -> Any:
+    """The source's flat element offset per lane (for the alignment check)."""
+    return flat_index(sidx, src.strides)
+
+
+def _check_contiguous(st: LaneState, dst: SharedMemory, lanes: np.ndarray, physical: np.ndarray, didx: Any,
+                      src_flat: Any, n: int, where: str) -> None:
+    """A cp.async writes `n` contiguous elements at one address aligned to its size, and reads
+    them from a source address aligned the same way: codegen passes the physical address of the
+    first element, so the layout must keep the copy's elements together."""
+    src = np.broadcast_to(np.asarray(src_flat), (st.layout.lanes,))[lanes]
+    bad = (physical != physical[:, :1] + np.arange(n)).any(axis=1) | (physical[:, 0] % n != 0) | (src % n != 0)
+    if bad.any():
+        lane = int(lanes[np.argmax(bad)])
+        layout = f" under {dst.layout}" if dst.layout is not None else ""
+        raise TeccError(
+            f"{where} in kernel {st.kernel} at {st.layout.where(lane)}: the {n} elements it copies are not one "
+            f"{n * dst.dtype.bytes}-byte-aligned contiguous run in {dst.name}{layout} or in the source; align the "
+            "copy to its size (and to the swizzle's chunk)")
 
 
 def _commit(st: LaneState) -> None:
