@@ -257,3 +257,24 @@ def ldmatrix_tile_kernel(swizzle: bool) -> PrimFunc:
     body = seq(stage, Barrier(), unrolled("kk", 4, load), unrolled("kk2", 4, write_back))
     name = "ldmatrix_tile" + ("_swizzled" if swizzle else "")
     return PrimFunc(name, (A, Out), For(lane, 0, 32, "threadIdx.x", Allocate(S, Allocate(af, body))))
+
+
+def ldmatrix_probe_kernel(row_name: str) -> PrimFunc:
+    """One warp loads the stacked (8 * matrices) x 8 tile S (staged from global) with one
+    ldmatrix row and writes what each lane received to Out[lane, e]; with distinct values in S,
+    Out says exactly which element went where (the table's map, observed)."""
+    row = lookup(row_name)
+    S_in = Buffer("S_in", dt.float16, (32, 8))
+    Out = Buffer("Out", dt.float16, (32, 8))
+    S = Buffer("S", dt.float16, (32, 8), "shared")
+    frag = fragment("frag", F16_F32, "a")  # 8 elements: room for x1, x2 and x4
+    lane = Var("lane")
+    n = row.operand("d").elements
+    body = seq(
+        unrolled("i", 8, lambda i: BufferStore(S, (lane, i), S_in[lane, i])),
+        Barrier(),
+        MatrixLoad(row_name, FragmentRef(frag, 0), S, (lane % row.address_lanes, 0 * lane)),
+        unrolled("e", n, lambda e: BufferStore(Out, (lane, e), frag[e])),
+    )
+    name = "probe_" + row_name.replace(".", "_")
+    return PrimFunc(name, (S_in, Out), For(lane, 0, 32, "threadIdx.x", Allocate(S, Allocate(frag, body))))

@@ -15,6 +15,7 @@ from matrix_kernels import (
     F16_F16,
     F16_F32,
     TF32_F32,
+    ldmatrix_probe_kernel,
     ldmatrix_tile_kernel,
     mma_direct_kernel,
     mma_ldmatrix_kernel,
@@ -35,6 +36,8 @@ KERNELS: dict[str, Callable[[], PrimFunc]] = {
     "ldmatrix_bf16": lambda: mma_ldmatrix_kernel(BF16_F32, "mk", "nk"),
     "cp_async_swizzled": lambda: mma_ldmatrix_kernel(F16_F32, "mk", "nk", staging="cp.async", swizzle=True),
     "tile_swizzled": lambda: ldmatrix_tile_kernel(True),
+    "probe_x1": lambda: ldmatrix_probe_kernel("ldmatrix.x1"),
+    "probe_x2_trans": lambda: ldmatrix_probe_kernel("ldmatrix.x2.trans"),
 }
 
 # PTX each kernel must contain: the table's mnemonics, reaching ptxas unchanged.
@@ -49,6 +52,8 @@ EXPECTED_PTX = {
     "cp_async_swizzled": ["cp.async.cg.shared.global", "cp.async.ca.shared.global", "cp.async.commit_group",
                           "cp.async.wait_group 0"],
     "tile_swizzled": ["ldmatrix.sync.aligned.m8n8.x4.shared.b16"],
+    "probe_x1": ["ldmatrix.sync.aligned.m8n8.x1.shared.b16"],
+    "probe_x2_trans": ["ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16"],
 }
 
 

@@ -105,3 +105,14 @@ def test_tiled_tensor_core_gemm_on_gpu(shape: tuple[int, int, int]) -> None:
     run(func, to_device(arrays["A"]), to_device(arrays["B"]), d)
     torch.cuda.synchronize()
     check_gemm(d.cpu().numpy(), arrays, f"gemm {M}x{N}x{K} on GPU")
+
+
+@pytest.mark.parametrize("row_name", [f"ldmatrix.x{x}{t}" for x in (1, 2, 4) for t in ("", ".trans")])
+def test_every_ldmatrix_row_on_gpu_delivers_what_the_isa_says(row_name: str) -> None:
+    from matrix_kernels import ldmatrix_probe_kernel
+    from test_matrix_sim import ldmatrix_probe_expected
+
+    s = np.arange(256, dtype=np.float16).reshape(32, 8)
+    out = torch.full((32, 8), float("nan"), dtype=torch.float16, device="cuda")
+    run(ldmatrix_probe_kernel(row_name), to_device(s), out)
+    np.testing.assert_array_equal(out.cpu().numpy(), ldmatrix_probe_expected(row_name, s))

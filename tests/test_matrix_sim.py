@@ -224,3 +224,29 @@ def test_cp_async_must_be_one_aligned_contiguous_run(case: str) -> None:
     func = PrimFunc("copy", (A,), For(t, 0, 32, "threadIdx.x", Allocate(S, body)))
     with pytest.raises(TeccError, match="not one 16-byte-aligned contiguous run in S"):
         simulate_kernel(func, {"A": np.ones((32, 16), np.float16)}, (1, 1, 1), (32, 1, 1))
+
+
+LDMATRIX_ROWS = [f"ldmatrix.x{x}{t}" for x in (1, 2, 4) for t in ("", ".trans")]
+
+
+def ldmatrix_probe_expected(row_name: str, s: np.ndarray) -> np.ndarray:
+    """What each lane must receive, from the ISA's words (independent of the table): register j
+    holds matrix j; lane l gets row l/4, columns 2(l%4) and 2(l%4)+1 (.trans: that column's rows)."""
+    from tecc.ir.intrinsics import lookup
+
+    out = np.full((32, 8), np.nan, dtype=np.float16)
+    for lane in range(32):
+        for i in range(lookup(row_name).operand("d").elements):
+            j, r, c = i // 2, lane // 4, 2 * (lane % 4) + i % 2
+            out[lane, i] = s[8 * j + c, r] if row_name.endswith(".trans") else s[8 * j + r, c]
+    return out
+
+
+@pytest.mark.parametrize("row_name", LDMATRIX_ROWS)
+def test_every_ldmatrix_row_delivers_what_the_isa_says(row_name: str) -> None:
+    from matrix_kernels import ldmatrix_probe_kernel
+
+    s = np.arange(256, dtype=np.float16).reshape(32, 8)
+    out = np.full((32, 8), np.nan, dtype=np.float16)
+    simulate_kernel(ldmatrix_probe_kernel(row_name), {"S_in": s, "Out": out}, (1, 1, 1), (32, 1, 1))
+    np.testing.assert_array_equal(out, ldmatrix_probe_expected(row_name, s))
