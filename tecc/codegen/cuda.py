@@ -14,6 +14,8 @@ The mapping, statement by statement (docs/codegen.md has the full table):
   IfThenElse          if (c) { ... } else { ... }
   Barrier             __syncthreads();
   BufferStore         name[offset] = value;
+  Allocate fragment   __align__(16) T name[N];                    (per-lane registers)
+  MatrixMultiply, MatrixLoad, AsyncCopy/Commit/Wait: inline PTX from the intrinsic table (matrix.py)
 
 Expressions are rendered by `cuda_expr.ExprEmitter` (precedence, half math, floor division).
 Offsets are computed in `long long` for global buffers that may hold 2^31 elements or more
@@ -32,6 +34,9 @@ from tecc.ir.errors import CompileError
 from tecc.ir.expr import Binary, Call, Expr, Var, const_int, free_vars, walk
 from tecc.ir.stmt import (
     Allocate,
+    AsyncCommit,
+    AsyncCopy,
+    AsyncWait,
     Barrier,
     Buffer,
     BufferStore,
@@ -39,12 +44,17 @@ from tecc.ir.stmt import (
     For,
     IfThenElse,
     LetStmt,
+    MatrixLoad,
+    MatrixMultiply,
     PrimFunc,
     Seq,
     Stmt,
     iter_stmts,
     launch_dims,
 )
+from tecc.ir.visitor import matrix_stmt_exprs
+
+from . import matrix
 
 from .cuda_expr import FLOAT_OP_HELPER, ExprEmitter, c_type, device_helpers
 from .ranges import RangeEnv
@@ -137,7 +147,7 @@ def _stmt_exprs(s: Stmt) -> list[Expr]:
         return [s.var, s.value]
     if isinstance(s, Evaluate):
         return [s.value]
-    return []
+    return matrix_stmt_exprs(s)
 
 
 def used_dtypes(func: PrimFunc) -> set[DType]:
@@ -260,6 +270,26 @@ class KernelEmitter:
     def _Barrier(self, s: Barrier) -> None:
         self.line("__syncthreads();")
 
+    # Matrix-fragment statements: inline PTX printed from the intrinsic table (matrix.py).
+    def _MatrixMultiply(self, s: MatrixMultiply) -> None:
+        self.lines_of(matrix.matrix_multiply(self, s))
+
+    def _MatrixLoad(self, s: MatrixLoad) -> None:
+        self.lines_of(matrix.matrix_load(self, s))
+
+    def _AsyncCopy(self, s: AsyncCopy) -> None:
+        self.lines_of(matrix.async_copy(self, s))
+
+    def _AsyncCommit(self, s: AsyncCommit) -> None:
+        self.lines_of(matrix.async_commit(self, s))
+
+    def _AsyncWait(self, s: AsyncWait) -> None:
+        self.lines_of(matrix.async_wait(self, s))
+
+    def lines_of(self, texts: list[str]) -> None:
+        for text in texts:
+            self.line(text)
+
     def _IfThenElse(self, s: IfThenElse) -> None:
         self.open_block(f"if ({self.expr.code(s.cond)})")
         self.stmt(s.then_case)
@@ -315,6 +345,8 @@ class KernelEmitter:
         if b.scope == "shared":
             # 16-byte alignment lets any staged tile be read with float4 accesses.
             self.line(f"__shared__ __align__(16) {c_type(b.dtype)} {name}[{count}];")
+        elif b.scope == "fragment":
+            self.line(matrix.fragment_declaration(b, name, count))
         else:
             self.line(f"{c_type(b.dtype)} {name}[{count}];")
         self.stmt(s.body)

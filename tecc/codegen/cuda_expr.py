@@ -226,6 +226,8 @@ class ExprEmitter:
             total = term if total is None else total + term
         if total is None:
             return Const(0, dt.int32)
+        if buffer.layout is not None:  # a swizzled shared buffer: logical -> physical offset
+            total = buffer.layout.apply(total)
         return total
 
     # ---- operators ------------------------------------------------------------------------

@@ -73,16 +73,24 @@ from .ops import (
                      tanh,
                      where,
 )
+from .intrinsics import MatrixIntrinsic
+from .layout import Swizzle
 from .stmt import (
                      Allocate,
+                     AsyncCommit,
+                     AsyncCopy,
+                     AsyncWait,
                      Barrier,
                      Buffer,
                      BufferStore,
                      Evaluate,
                      For,
+                     FragmentRef,
                      IfThenElse,
                      KernelCall,
                      LetStmt,
+                     MatrixLoad,
+                     MatrixMultiply,
                      Module,
                      PrimFunc,
                      Seq,
