@@ -169,3 +169,32 @@ def test_every_case_compiles_with_nvrtc() -> None:
     names += [n for n in CASES if n.startswith("nanmax_bfloat16_") or n.startswith("max_float32_")]
     for name in names:
         compile_cuda(CASES[name].build("sim").source, arch="sm_90", name=name)
+
+
+def test_a_product_of_sizes_widens_to_int64_where_kernel_arithmetic_would_wrap() -> None:
+    from tecc.ir import dtype as dt
+    from tecc.ir.expr import Const, Var, const_int, size_product
+    from tecc.ir.stmt import Buffer
+
+    big = size_product([Const(2, dt.int32), Const(2**30 + 3, dt.int32)])
+    assert const_int(big) == 2**31 + 6 and big.dtype == dt.int64
+    assert size_product([Const(3, dt.int32), Const(5, dt.int32)]).dtype == dt.int32
+    # the folding of kernel arithmetic itself still wraps (docs/semantics.md)
+    assert const_int(Const(2, dt.int32) * Const(2**30 + 3, dt.int32)) == -(2**31) + 6
+    n = Var("N")
+    assert str(size_product([n, Const(4, dt.int32)])) == str(n * 4)
+    strides = Buffer("X", dt.float32, (4, 2**29 + 1, 2)).row_major_strides()
+    assert [const_int(s) for s in strides] == [2**30 + 2, 2, 1]
+
+
+def test_the_default_schedule_indexes_a_tensor_of_2_31_elements_with_64_bit_offsets() -> None:
+    from tecc.ir import dtype as dt
+    from tecc.ir.stmt import For, iter_stmts
+    from tecc.passes.default_schedule import default_schedule
+    from tecc.passes.lower import lower
+
+    X = tc.placeholder((2, 2**30 + 3), "float16", name="X")
+    Y = tc.compute((2, 2**30 + 3), lambda i, j: X[i, j] * 2, name="Y")
+    module = default_schedule(lower([X, Y]), 256)
+    loops = [s for k in module.kernels for s in iter_stmts(k.body) if isinstance(s, For)]
+    assert loops and all(lp.var.dtype == dt.int64 for lp in loops), [(lp.var, lp.var.dtype) for lp in loops]

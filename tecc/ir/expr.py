@@ -617,6 +617,18 @@ def const_int(e: ExprLike) -> int | None:
     return None
 
 
+def size_product(extents: Sequence[Expr]) -> Expr:
+    """The product of sizes (a shape's element count, a row-major stride), left to right.
+    Constant factors multiply as Python ints and the product is int64 where it leaves int32:
+    a size widens, it never wraps as kernel arithmetic does (docs/semantics.md), so a caller can
+    see that a tensor has 2^31 elements or more and index it with 64-bit offsets."""
+    total: Expr = Const(1, dt.int32)
+    for e in extents:
+        a, b = const_int(total), const_int(e)
+        total = index_expr(a * b) if a is not None and b is not None else total * e
+    return total
+
+
 def index_expr(value: ExprLike) -> Expr:
     """An integer index or extent as an expression; floats and bools are refused."""
     if isinstance(value, Expr):

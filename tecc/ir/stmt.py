@@ -14,7 +14,7 @@ from typing import Any, Iterator, Sequence, Union
 from . import dtype as dt
 from .dtype import DType
 from .errors import DTypeError, ScheduleError, TeccError
-from .expr import Const, Expr, Var, as_expr, const_int, index_expr, to_shape
+from .expr import Const, Expr, Var, as_expr, const_int, index_expr, size_product, to_shape
 from .layout import Layout
 
 SCOPES = ("global", "shared", "local", "fragment")
@@ -82,12 +82,8 @@ class Buffer:
 
     def row_major_strides(self) -> tuple[Expr, ...]:
         """Strides of a contiguous row-major layout of this shape."""
-        out: list[Expr] = []
-        acc: Expr = Const(1, dt.int32)
-        for s in reversed(self.shape):
-            out.append(acc)
-            acc = acc * s
-        return tuple(reversed(out))
+        trailing = list(reversed(self.shape))
+        return tuple(reversed([size_product(trailing[:d]) for d in range(len(trailing))]))
 
     def effective_strides(self) -> tuple[Expr, ...]:
         return self.strides if self.strides is not None else self.row_major_strides()
