@@ -181,12 +181,12 @@ def float_to_int_edges(d: str) -> np.ndarray:
 
 
 def cvt_rzi(x: np.ndarray, to: str) -> np.ndarray:
-    """PTX cvt.rzi.s32/.s64 spelled out: truncate toward zero, NaN -> 0, saturate."""
+    """cvt.rzi.s32/.s64 as the GPU executes it: truncate toward zero, saturate, NaN -> the minimum."""
     info = np.iinfo(to)
     out = []
     for v in x.astype(np.float64):
         if math.isnan(v):
-            out.append(0)
+            out.append(info.min)
         elif v >= info.max:
             out.append(info.max)
         elif v <= info.min:
