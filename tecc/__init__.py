@@ -57,6 +57,7 @@ from .ir.ops import (
     where,
 )
 from .ir.tensor import Tensor, compute, placeholder, reduce_axis, var
+from .ir.autodiff import GradientError, Gradients, grad
 
 from .version import __version__
 

@@ -495,7 +495,7 @@ class _Backward:
         assert isinstance(t.op, ComputeOp)
         axes = tuple(t.op.axes)
         body = t.op.body
-        seed = TensorRead(dt_, axes)
+        seed: Expr = TensorRead(dt_, axes)
         if not isinstance(body, Reduce):
             space = axes
             source = body
