@@ -70,6 +70,15 @@ def __getattr__(name: str) -> Any:
         from . import compiler
 
         return getattr(compiler, name)
+    if name == "torch":  # tecc kernels as PyTorch ops; imports torch, so only on first use
+        try:
+            import torch  # noqa: F401
+        except ImportError as exc:
+            raise ImportError(f"tc.torch needs PyTorch, which cannot be imported ({exc}); "
+                              "install it with `pip install tecc[torch]`") from exc
+        from . import torch as torch_ops
+
+        return torch_ops
     raise AttributeError(f"module 'tecc' has no attribute {name!r}")
 
 
