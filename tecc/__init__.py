@@ -76,9 +76,9 @@ def __getattr__(name: str) -> Any:
         except ImportError as exc:
             raise ImportError(f"tc.torch needs PyTorch, which cannot be imported ({exc}); "
                               "install it with `pip install tecc[torch]`") from exc
-        from . import torch as torch_ops
+        import importlib
 
-        return torch_ops
+        return importlib.import_module(".torch", __name__)  # not `from . import`: that asks this hook again
     raise AttributeError(f"module 'tecc' has no attribute {name!r}")
 
 
