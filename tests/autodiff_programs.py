@@ -108,3 +108,27 @@ def attention(dtype: str = "float64", queries: int = 5, keys: int = 6, dim: int 
 
 def random_inputs(program: Program, rng: np.random.Generator, dtype: Any = np.float64) -> list[np.ndarray]:
     return [rng.standard_normal(program.shapes[t.name]).astype(dtype) for t in program.inputs]
+
+
+def mlp_block(dtype: str = "float64", rows: int = 5, d: int = 4, hidden: int = 6) -> Program:
+    """Y = gelu(X W1 + b1) W2 + b2 + X: two contractions, a tanh-gelu and a residual in one program."""
+    R = tc.var("R")
+    X = tc.placeholder((R, d), dtype, name="X")
+    W1 = tc.placeholder((d, hidden), dtype, name="W1")
+    b1 = tc.placeholder((hidden,), dtype, name="b1")
+    W2 = tc.placeholder((hidden, d), dtype, name="W2")
+    b2 = tc.placeholder((d,), dtype, name="b2")
+    k, h = tc.reduce_axis(d, name="k"), tc.reduce_axis(hidden, name="h")
+
+    def gelu(v: tc.Expr) -> tc.Expr:
+        return 0.5 * v * (1.0 + tc.tanh(GELU_C * (v + 0.044715 * v * v * v)))
+
+    H = tc.compute((R, hidden), lambda i, j: gelu(tc.sum(X[i, k] * W1[k, j], axis=k) + b1[j]), name="H")
+    Y = tc.compute((R, d), lambda i, j: tc.sum(H[i, h] * W2[h, j], axis=h) + b2[j] + X[i, j], name="Y")
+
+    def forward(x: np.ndarray, w1: np.ndarray, c1: np.ndarray, w2: np.ndarray, c2: np.ndarray) -> np.ndarray:
+        a = x @ w1 + c1
+        return 0.5 * a * (1.0 + np.tanh(GELU_C * (a + 0.044715 * a**3))) @ w2 + c2 + x
+
+    return Program("mlp_block", [X, W1, b1, W2, b2], Y, forward,
+                   {"X": (rows, d), "W1": (d, hidden), "b1": (hidden,), "W2": (hidden, d), "b2": (d,)})

@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pytest
-from autodiff_programs import Program, attention, layer_norm, matmul_bias_gelu, random_inputs, softmax
+from autodiff_programs import Program, attention, layer_norm, matmul_bias_gelu, mlp_block, random_inputs, softmax
 
 import tecc as tc
 
@@ -144,6 +144,10 @@ def test_attention_gradients_match_finite_differences_and_hand_derivation() -> N
         return [ds @ k, ds.T @ q, p.T @ do]
 
     check_program(attention(), hand)
+
+
+def test_mlp_block_gradients_through_two_contractions_and_a_residual() -> None:
+    check_program(mlp_block())
 
 
 # ---- single rules ---------------------------------------------------------------------------------

@@ -70,3 +70,14 @@ def test_an_output_size_no_input_determines_is_refused_at_registration() -> None
     Y = tc.compute((N,), lambda i: tc.cast(i, "float32"), name="Y")
     with pytest.raises(tc.ShapeError, match=r"output Y's dimension 0 \(N\) needs N"):
         tc.torch.op([X, Y], _name("unsized"), target="sim")
+
+
+def test_the_documented_training_example_trains_like_torch() -> None:
+    import pathlib
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).parent.parent / "docs" / "examples" / "pytorch_mlp.py"
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "the tecc block trains like the torch block" in result.stdout
