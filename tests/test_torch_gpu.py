@@ -85,7 +85,9 @@ def test_calls_launch_on_torchs_current_stream_without_an_event_wait(monkeypatch
 
 # ---- CUDA graphs -----------------------------------------------------------------------------------
 
-def _capture_and_replay(f, inputs, reference) -> None:
+def _capture_and_replay(f, inputs, reference, atol: float = 1e-5) -> None:
+    """Warm f up on a side stream, capture one call in a CUDA graph, then replay it on fresh data
+    copied into the captured inputs: the graph's output matches the reference and a direct call."""
     static = [x.clone() for x in inputs]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -102,7 +104,7 @@ def _capture_and_replay(f, inputs, reference) -> None:
             s.copy_(x)
         graph.replay()
         torch.cuda.synchronize()
-        torch.testing.assert_close(out, reference(*fresh), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(out, reference(*fresh), rtol=1e-4, atol=atol)
         direct = f(*fresh)
         torch.testing.assert_close(out, direct, rtol=0, atol=0)
 
@@ -124,7 +126,7 @@ def test_a_program_with_temporaries_is_capturable_too() -> None:
     if not f.host.temps:
         pytest.skip(f"the planner chose a plan without temporaries: {f.plan}")
     x = torch.randn(R, C, device="cuda")
-    _capture_and_replay(f, [x], lambda a: a.double().sum(1).float())
+    _capture_and_replay(f, [x], lambda a: a.double().sum(1).float(), atol=1e-3)  # sums of 65536 float32
 
 
 def test_a_registered_op_is_capturable() -> None:

@@ -30,6 +30,10 @@ from ..ir.stmt import Buffer
 from .host import HostProgram
 
 
+# Distinct tuples of input shapes whose output shapes an allocator remembers.
+SHAPE_CACHE_SIZE = 256
+
+
 class OutputAllocator:
     """Makes the outputs of `host` for a call that passes only its inputs.
 
@@ -52,11 +56,18 @@ class OutputAllocator:
         return count == self.arity and bool(self.outputs) and count != len(self._positions)
 
     def shapes(self, args: Sequence[Any]) -> tuple[tuple[int, ...], ...]:
-        """The outputs' shapes for inputs `args` (cached per tuple of input shapes)."""
-        key = tuple(_shape(a, b, self.host.name) for a, b in zip(args, self.inputs))
-        found = self._shapes.get(key)
+        """The outputs' shapes for inputs `args` (cached per tuple of input shapes: a NumPy
+        shape and a torch.Size are tuples, so the key costs one attribute read per input)."""
+        try:
+            key = tuple([a.shape for a in args])
+            found = self._shapes.get(key)
+        except (AttributeError, TypeError):  # no shape, or an unhashable one
+            key, found = None, None
         if found is None:
-            found = self._shapes[key] = self._derive(key)
+            given = tuple(_shape(a, b, self.host.name) for a, b in zip(args, self.inputs))
+            found = self._derive(given)
+            if key is not None and len(self._shapes) < SHAPE_CACHE_SIZE:
+                self._shapes[key] = found
         return found
 
     def _derive(self, input_shapes: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
@@ -86,8 +97,11 @@ class OutputAllocator:
     def complete(self, args: Sequence[Any], numpy_only: bool = False) -> tuple[list[Any], list[Any]]:
         """The full argument list for `args` (the inputs) and the outputs made for it."""
         shapes = self.shapes(args)
-        make = _numpy_empty if numpy_only or not args else allocator_like(args[0], self.host.name)
-        outputs = [make(shape, buf.dtype) for shape, buf in zip(shapes, self.outputs)]
+        if numpy_only or not args or type(args[0]) is np.ndarray:
+            outputs = [np.empty(shape, buf.dtype.numpy) for shape, buf in zip(shapes, self.outputs)]
+        else:
+            make = allocator_like(args[0], self.host.name)
+            outputs = [make(shape, buf.dtype) for shape, buf in zip(shapes, self.outputs)]
         full: list[Any] = []
         given, made = iter(args), iter(outputs)
         for is_output in self._positions:
@@ -123,6 +137,7 @@ def allocator_like(array: Any, module: str = "") -> Callable[[tuple[int, ...], D
             producer_dtype = getattr(package, dtype.name, None)
             if producer_dtype is None:
                 raise TeccError(f"{module}: {package.__name__} has no dtype {dtype.name} for an output")
+            # on the array's device; torch: from its caching allocator, ordered on the current stream
             return new_empty(shape, dtype=producer_dtype)
 
         return torch_like
