@@ -169,18 +169,27 @@ class TorchOp:
     `custom_op` is the torch CustomOpDef (what torch.compile traces), `backward_op` the one of
     the backward kernel (None without gradients), `kernel` / `backward_kernel` the tecc kernels."""
 
-    def __init__(self, custom_op: Any, kernel: Kernel, backward_op: Any = None, backward_kernel: Kernel | None = None) -> None:
+    def __init__(self, name: str, custom_op: Any, kernel: Kernel, backward_op: Any = None,
+                 backward_kernel: Kernel | None = None) -> None:
+        self.name = self.__name__ = name
         self.custom_op = custom_op
         self.kernel = kernel
         self.backward_op = backward_op
         self.backward_kernel = backward_kernel
-        self.__name__ = getattr(custom_op, "_qualname", kernel.name)
+        self.overload = _overload(name)
 
     def __call__(self, *tensors: Any) -> Any:
-        return self.custom_op(*tensors)
+        return self.overload(*tensors)
 
     def __repr__(self) -> str:
-        return f"<tecc.torch op {self.__name__} ({self.kernel.name})>"
+        return f"<tecc.torch op {self.name} ({self.kernel.name})>"
+
+
+def _overload(name: str) -> Any:
+    """torch.ops.<namespace>.<op>.default: what a custom op's __call__ calls, and what
+    torch.compile traces as one node."""
+    namespace, _, opname = name.partition("::")
+    return getattr(getattr(torch.ops, namespace), opname).default
 
 
 def _register(name: str, signature: _Signature) -> Any:
@@ -209,11 +218,14 @@ def op(program: Kernel | Sequence[Tensor], name: str, *, grads: Gradients | None
     grads: `tc.grad(output, wrt)` of the kernel's one output; the backward kernel (`backward`, or
     built from `grads.args`) is registered as `<name>_backward` and supplies the gradients of the
     `wrt` inputs (None for the others). A name can be registered once per process."""
+    if name.count("::") != 1 or not all(part.isidentifier() for part in name.split("::")):
+        raise TeccError(f"op name {name!r} must read 'namespace::name', both parts Python identifiers "
+                        "(e.g. 'mylib::gemm_bias')")
     kernel = _as_kernel(program, target, build_options)
     forward = _Signature(kernel, f"op {name}")
     custom = _register(name, forward)
     if grads is None:
-        return TorchOp(custom, kernel)
+        return TorchOp(name, custom, kernel)
     back_kernel = _as_kernel(backward if backward is not None else grads.args, target, build_options)
     back = _Backward(forward, grads, back_kernel, f"op {name}")
     back_custom = _register(name + "_backward", back.signature)
@@ -225,7 +237,7 @@ def op(program: Kernel | Sequence[Tensor], name: str, *, grads: Gradients | None
         return back.per_input(back_custom(*back.arguments(ctx.saved_tensors, grad_output)))
 
     custom.register_autograd(backward_formula, setup_context=setup_context)
-    return TorchOp(custom, kernel, back_custom, back_kernel)
+    return TorchOp(name, custom, kernel, back_custom, back_kernel)
 
 
 def function(program: Kernel | Sequence[Tensor], grads: Gradients, *, backward: Kernel | Sequence[Tensor] | None = None,

@@ -81,3 +81,9 @@ def test_the_documented_training_example_trains_like_torch() -> None:
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "the tecc block trains like the torch block" in result.stdout
+
+
+def test_an_op_name_must_be_namespace_colons_name() -> None:
+    p = softmax()
+    with pytest.raises(tc.TeccError, match="must read 'namespace::name'"):
+        tc.torch.op([*p.inputs, p.output], "softmax_without_namespace", target="sim")
