@@ -78,3 +78,29 @@ def test_allocator_knows_inputs_outputs_and_derived_shapes() -> None:
     assert allocator_like(np.empty(1))((2, 3), tc.float64).shape == (2, 3)
     with pytest.raises(tc.TeccError, match="cannot allocate outputs like a list"):
         allocator_like([1, 2])
+
+
+def test_torch_like_inputs_get_outputs_from_their_new_empty_with_their_packages_dtype(monkeypatch) -> None:
+    import sys
+    import types
+
+    package = types.ModuleType("fakearrays")
+    package.float32 = "fakearrays.float32"
+    monkeypatch.setitem(sys.modules, "fakearrays", package)
+
+    class Tensor:
+        made: list = []
+
+        def __init__(self, shape):
+            self.shape = tuple(shape)
+
+        def new_empty(self, shape, dtype):
+            Tensor.made.append((tuple(shape), dtype))
+            return Tensor(shape)
+
+    Tensor.__module__ = "fakearrays"
+    A, B, C, D = _matmul_then_scale()
+    f = tc.build([A, B, C, D], target="sim")
+    full, outputs = OutputAllocator(f.host).complete([Tensor((3, 5)), Tensor((5, 6))])
+    assert Tensor.made == [((3, 6), "fakearrays.float32"), ((3, 6), "fakearrays.float32")]
+    assert full[2:] == outputs and all(isinstance(o, Tensor) for o in outputs)

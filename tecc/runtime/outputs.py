@@ -50,6 +50,7 @@ class OutputAllocator:
         self.arity = len(self.inputs)
         self._positions = tuple(b.name in written for b in params)
         self._shapes: dict[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]] = {}
+        self._producer_dtypes: dict[type, Any] = {}  # array type -> its package's output dtypes, or None
 
     def accepts(self, count: int) -> bool:
         """Whether a call with `count` arrays leaves exactly the outputs out (and there are some)."""
@@ -97,11 +98,19 @@ class OutputAllocator:
     def complete(self, args: Sequence[Any], numpy_only: bool = False) -> tuple[list[Any], list[Any]]:
         """The full argument list for `args` (the inputs) and the outputs made for it."""
         shapes = self.shapes(args)
-        if numpy_only or not args or type(args[0]) is np.ndarray:
+        first = args[0] if args else None
+        if numpy_only or first is None or type(first) is np.ndarray:
             outputs = [np.empty(shape, buf.dtype.numpy) for shape, buf in zip(shapes, self.outputs)]
         else:
-            make = allocator_like(args[0], self.host.name)
-            outputs = [make(shape, buf.dtype) for shape, buf in zip(shapes, self.outputs)]
+            kind = type(first)
+            dtypes = self._producer_dtypes.get(kind, _UNSEEN)
+            if dtypes is _UNSEEN:
+                dtypes = self._producer_dtypes[kind] = producer_dtypes(first, [b.dtype for b in self.outputs])
+            if dtypes is not None:  # torch-like: new_empty on the first input's device
+                outputs = [first.new_empty(shape, dtype=d) for shape, d in zip(shapes, dtypes)]  # type: ignore[union-attr]
+            else:
+                make = allocator_like(first, self.host.name)
+                outputs = [make(shape, buf.dtype) for shape, buf in zip(shapes, self.outputs)]
         full: list[Any] = []
         given, made = iter(args), iter(outputs)
         for is_output in self._positions:
@@ -119,6 +128,19 @@ def _shape(arg: Any, buf: Buffer, module: str) -> tuple[int, ...]:
     if shape is None:
         raise TeccError(f"{module}: input {buf.name} is a {type(arg).__name__}, which has no shape; pass an array")
     return tuple(int(n) for n in shape)
+
+
+_UNSEEN = object()
+
+
+def producer_dtypes(array: Any, dtypes: Sequence[DType]) -> tuple[Any, ...] | None:
+    """The dtype objects of a torch-like `array`'s package for `dtypes` (torch.float32, ...), or
+    None when `array` has no `new_empty` or its package lacks one of them."""
+    package = sys.modules.get(type(array).__module__.partition(".")[0])
+    if package is None or not callable(getattr(array, "new_empty", None)):
+        return None
+    found = tuple(getattr(package, d.name, None) for d in dtypes)
+    return None if any(f is None for f in found) else found
 
 
 def _numpy_empty(shape: tuple[int, ...], dtype: DType) -> Any:
