@@ -337,3 +337,16 @@ def test_gradients_are_taken_with_respect_to_placeholders_only() -> None:
     p = softmax()
     with pytest.raises(tc.GradientError, match="not a placeholder"):
         tc.grad(p.output, [p.output])
+
+
+def test_generated_names_never_collide_with_the_programs_own() -> None:
+    X = tc.placeholder((3,), "float64", name="X")
+    dY = tc.compute((3,), lambda i: X[i] * 3.0, name="dY")  # a forward stage named like an adjoint
+    Y = tc.compute((3,), lambda i: dY[i] * X[i], name="Y")
+    g = tc.grad(Y, [X])
+    names = [t.name for t in g.args]
+    assert len(set(names)) == len(names) and g.cotangent.name != "dY"
+    back = tc.build(g.args, target="sim")
+    x, dy = np.array([1.0, -2.0, 0.5]), np.array([0.25, 1.0, -3.0])
+    (dx,) = _run(back, [x, dy], [(3,)])
+    np.testing.assert_allclose(dx, dy * 6 * x, rtol=1e-12)

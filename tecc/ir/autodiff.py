@@ -117,7 +117,9 @@ def grad(output: Tensor, wrt: Sequence[Tensor], *, cotangent_name: str | None = 
 
     inputs = _placeholders(output)
     builder = _Backward(output, wrt)
-    dC = placeholder(output.shape, output.dtype, name=cotangent_name or f"d{output.name}")
+    name = cotangent_name or builder._name(f"d{output.name}")
+    builder.taken.add(name)
+    dC = placeholder(output.shape, output.dtype, name=name)
     grads = builder.run(dC)
     return Gradients(output, wrt, inputs, dC, grads)
 
