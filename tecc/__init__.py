@@ -5,9 +5,10 @@
     ...
     f = tc.build([A, B, C], target="cuda")
 
-The language (placeholder, compute, reductions, math) is imported eagerly; the compiler
+The language (placeholder, compute, reductions, math, `grad`) is imported eagerly; the compiler
 (build, load, ...) on first use, so a deployment that only loads saved artifacts through
-`tecc.runtime` never imports the compiler, NVRTC or islpy.
+`tecc.runtime` never imports the compiler, NVRTC or islpy. `tc.torch` (kernels as PyTorch ops,
+docs/pytorch.md) imports torch, on first use only.
 """
 
 from typing import Any
