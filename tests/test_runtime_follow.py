@@ -47,3 +47,67 @@ def test_other_device_arrays_run_on_the_executors_own_stream(full_path, faketorc
     f(*[TorchLike(np.zeros(4096, np.float32)) for _ in range(3)])
     f(*[FakeDeviceArray((4096,), 0x7000_0000 + k * 0x10_0000) for k in range(3)])  # CUDA array interface
     assert f.streams == [0x1234, 0x5EED], "a call that follows no torch stream goes back to the executor's own"
+
+
+def test_use_stream_names_the_legacy_stream_once_and_keeps_a_view_per_handle(monkeypatch):
+    import cuda.core
+
+    made = []
+
+    def from_handle(handle):
+        made.append(handle)
+        return type("FakeStream", (), {"handle": handle})()
+
+    monkeypatch.setattr(cuda.core, "Stream", type("Stream", (), {"from_handle": staticmethod(from_handle)}))
+    f = StubExecutor(axpy_program())  # home stream 0x5EED
+    f.follows_producer = True
+    home = f.stream
+    f._use_stream(0x1234)
+    assert f._stream_ptr == 0x1234 and f.stream.handle == 0x1234
+    f._use_stream(0x1234)
+    f._use_stream(0)  # torch's default stream reports NULL: CU_STREAM_LEGACY, what DLPack expects
+    assert f._stream_ptr == 1 and f.stream.handle == 1
+    f._use_stream(0x1234)
+    assert made == [0x1234, 1], "one cuda.core view per stream handle, made once"
+    f._use_stream(0x5EED)
+    assert f.stream is home, "the executor's own stream is used as it is"
+
+
+def _two_kernels_through_a_temporary():
+    """part[i] = x[i] (kernel stage1), out[i] = part[i] (kernel stage2): one temporary."""
+    from tecc.ir import dtype as dt
+    from tecc.ir.expr import Const, Var
+    from tecc.ir.stmt import Buffer
+    from tecc.runtime.host import Call, HostProgram, KernelInfo
+
+    ONE = Const(1, dt.int32)
+
+    n = Var("n", dt.int32, "size")
+    x, out = Buffer("x", dt.float32, (n,)), Buffer("out", dt.float32, (n,))
+    part = Buffer("part", dt.float32, (n,), zero_init=True)
+    k1 = KernelInfo("stage1", (x, part, n), ((n + 255) // 256, ONE, ONE), (256, 1, 1))
+    k2 = KernelInfo("stage2", (part, out, n), ((n + 255) // 256, ONE, ONE), (256, 1, 1))
+    return HostProgram("staged", (x, out, n), (part,), (k1, k2),
+                       (Call("stage1", ("x", "part", "n")), Call("stage2", ("part", "out", "n"))), ("out",))
+
+
+def test_temporaries_of_a_followed_call_come_from_torch_per_call(full_path, faketorch):
+    faketorch.uint8 = "uint8"
+    made = []
+
+    class Allocating(TorchLike):
+        def new_zeros(self, shape, dtype):
+            array = np.zeros(shape, np.uint8)
+            made.append((array.ctypes.data, dtype))
+            return TorchLike(array, dtype=dtype)  # the owner: kept alive until the launches are queued
+
+    Allocating.__module__ = "faketorch"
+    f = FollowingStub(_two_kernels_through_a_temporary())
+    faketorch.current[0] = 0x1234
+    for _ in range(3):  # a miss, then two hits
+        f(Allocating(np.zeros(1024, np.float32)), Allocating(np.zeros(1024, np.float32)))
+    assert full_path["binds"] == 1 and len(made) == 3, "one temporary per call, from the tensor's allocator"
+    assert all(dtype == "uint8" for _, dtype in made)
+    temps_passed = [params[1] for kernel, _, _, params in f.submitted if kernel == "<kernel stage1>"]
+    assert temps_passed == [ptr for ptr, _ in made], "each launch gets its call's temporary"
+    assert f._temps == {}, "the executor keeps no temporaries of its own for followed calls"
