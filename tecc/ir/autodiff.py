@@ -59,6 +59,7 @@ from .expr import (
     select,
     walk,
 )
+from .ops import sum as reduce_sum
 from .tensor import ComputeOp, Tensor, compute, placeholder, reduce_axis
 from .visitor import ExprMutator
 
@@ -435,8 +436,6 @@ def _gather_body(x: Tensor, c: _Contribution) -> Callable[..., Expr]:
         if conds:
             value = select(logical_and(*conds), value, 0)
         if summed:
-            from .ops import sum as reduce_sum
-
             value = reduce_sum(value, axis=summed)
         return value
 
@@ -525,8 +524,6 @@ class _Backward:
             fresh = [reduce_axis((a.lo, binary("+", a.lo, a.extent)), name=f"{a.name}_") for a in body.axes]
             mapping: dict[Var, Expr] = dict(zip(axes, xs))
             mapping.update(zip(body.axes, fresh))
-            from .ops import sum as reduce_sum
-
             return reduce_sum(select(_Substitute(mapping).visit(reached), Const(1.0, t.dtype), Const(0.0, t.dtype)),
                               axis=fresh)
 
