@@ -350,3 +350,18 @@ def test_generated_names_never_collide_with_the_programs_own() -> None:
     x, dy = np.array([1.0, -2.0, 0.5]), np.array([0.25, 1.0, -3.0])
     (dx,) = _run(back, [x, dy], [(3,)])
     np.testing.assert_allclose(dx, dy * 6 * x, rtol=1e-12)
+
+
+def test_a_reduction_nested_in_another_is_refused_naming_the_stage() -> None:
+    X = tc.placeholder((4, 3, 2), "float64", name="X")
+    a, b = tc.reduce_axis(3, name="a"), tc.reduce_axis(2, name="b")
+    Y = tc.compute((4,), lambda i: tc.sum(tc.exp(tc.max(X[i, a, b], axis=b)), axis=a), name="Y")
+    with pytest.raises(tc.GradientError, match="Y nests the reduction .* inside another"):
+        tc.grad(Y, [X])
+
+
+def test_a_non_float_output_cannot_be_differentiated() -> None:
+    X = tc.placeholder((4,), "float64", name="X")
+    Y = tc.compute((4,), lambda i: tc.cast(X[i] > 0, "int32"), name="Y")
+    with pytest.raises(tc.DTypeError, match="output Y is int32"):
+        tc.grad(Y, [X])
