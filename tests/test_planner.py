@@ -47,6 +47,18 @@ def _matmul(m, n, k):
     return [A, B, C]
 
 
+@pytest.mark.parametrize("op", list(_ops()))
+def test_an_auto_build_compiles_the_planners_schedule_which_is_what_its_plan_replays_to(op, tmp_path):
+    auto = build(list(op.args), "sim", sizes=op.sizes)
+    replayed = build(list(op.args), "sim", plan=Plan.from_json(auto.plan.to_json()))
+    assert auto.source == replayed.source, auto.plan
+    assert str(auto.module) == str(replayed.module)
+    # with dumps on, the plan is replayed primitive by primitive so that each step has its file
+    dumped = build(list(op.args), "sim", sizes=op.sizes, dump_ir=tmp_path)
+    assert dumped.source == auto.source
+    assert (tmp_path / "00_lower.txt").exists()
+
+
 def test_gemm_is_planned_with_tiling_and_explained():
     result = plan_program(_matmul(2048, 2048, 2048), "sm_90")
     assert result.plan.strategy in ("gemm", "gemm_pipelined")

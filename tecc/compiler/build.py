@@ -58,6 +58,7 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
 
     tensors = [args] if isinstance(args, Tensor) else list(args)
     planning: PlanResult | None = None
+    program: Sequence[Tensor] | Schedule = tensors
     plan_arch = arch or knobs.default_arch_override()
     if tune:
         start = time.perf_counter()
@@ -71,9 +72,13 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
             planning = plan_program(tensors, plan_arch, sizes=sizes, name=name)
             chosen = planning.plan
             timing.seconds.append(("plan", planning.search_seconds))
+            if knobs.dump_request(dump_ir, "", dump_filter) is None:
+                # the planner already scheduled the program (to check the primitives take the
+                # plan): compile that IR; with dumps on, the replay writes one file per primitive
+                program = planning.schedule
     else:
         chosen = _resolve_plan(plan)
-    kernel = compile_plan(tensors, chosen, target, **compile_args)  # type: ignore[arg-type]
+    kernel = compile_plan(program, chosen, target, **compile_args)  # type: ignore[arg-type]
     kernel.planning = planning
     return kernel
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ...ir.errors import ScheduleError
+from ...ir.expr import size_product
 from ...ir.tensor import Tensor
 from ...passes.rewrite.fuse_rows import row_group
 from ...passes.lower import lower
@@ -51,7 +52,7 @@ from ..cost.model import predict
 from ..plan import Plan, Step
 from .row_fused import fused_workload
 from .row_fused import propose as propose_row_fused
-from .split_rows import THREADS, WAVES, extent_product, size_value, choose_splits, chunk_elements
+from .split_rows import THREADS, WAVES, size_value, choose_splits, chunk_elements
 
 STATISTICS = {"reduction": "one reduction", "max_sum_exp": "max and sum of exp",
               "welford": "Welford moments (n, mean, M2)"}
@@ -81,7 +82,7 @@ def propose(tensors: Sequence[Tensor], target: Any = None,
     if not group.elementwise:
         return None
     sizes = dict(sizes or {})
-    rows, columns = size_value(extent_product(group.rows), sizes), size_value(group.columns, sizes)
+    rows, columns = size_value(size_product(group.rows), sizes), size_value(group.columns, sizes)
     if rows is None or columns is None or rows == 0 or columns == 0:
         return None  # symbolic without sizes, or nothing to split: today's plan
     from ..planner import resolve_target  # the planner imports the strategies: imported when called

@@ -85,13 +85,12 @@ from typing import Any, Mapping, Sequence
 
 from ...ir.errors import ScheduleError
 from ...ir.evaluate import evaluate_int
-from ...ir.expr import Expr, free_vars
+from ...ir.expr import Expr, free_vars, size_product
 from ...ir.target import Target
 from ...ir.tensor import Tensor
 from ...passes.lower import lower
 from ...passes.rewrite.split_rows import (
     COMBINE_THREADS,
-    extent_product,
     flat_views,
     noncontiguous_read,
     row_reduction,
@@ -248,9 +247,9 @@ def propose(tensors: Sequence[Tensor], target: Any = None,
     except ScheduleError:
         return None
     sizes = dict(sizes or {})
-    rows_expr = extent_product(stage.shape)
+    rows_expr = size_product(stage.shape)
     extents = [ax.extent for ax in red.axes]
-    rows, columns = size_value(rows_expr, sizes), size_value(extent_product(extents), sizes)
+    rows, columns = size_value(rows_expr, sizes), size_value(size_product(extents), sizes)
     if rows is None or columns is None or rows == 0 or columns == 0:
         return None  # symbolic without sizes, or nothing to split: today's plan
     # the planner imports the strategies: imported when called

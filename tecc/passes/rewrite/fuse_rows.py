@@ -57,6 +57,7 @@ from ...ir.expr import (
     reduce_identity,
     substitute,
     walk,
+    size_product,
 )
 from ...ir.stmt import (
     Allocate,
@@ -269,9 +270,7 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         row.append(rest if last else rest % extent)
         rest = rest // extent
     row_idx = tuple(reversed(row))
-    n_rows: Expr = Const(1, dt.int32)
-    for extent in group.rows:
-        n_rows = n_rows * extent
+    n_rows = size_product(group.rows)
 
     # the column walk: col = k*T + tx, k < K (a re-read row: the chunked walk of row_chunks.py,
     # whose passes are written in the column variable `col`)

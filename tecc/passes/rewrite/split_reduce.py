@@ -88,6 +88,7 @@ from ...ir.expr import (
     reduce_identity,
     substitute,
     walk,
+    size_product,
 )
 from ...ir.stmt import (
     Allocate,
@@ -168,9 +169,7 @@ def split_reduce(args: Sequence[Tensor], threads_x: int = 32, threads_y: int = 8
     inliner = Inliner(prog.inlined, buffers)
     out = buffers[stage]
 
-    n_out: Expr = Const(1, dt.int32)
-    for extent in stage.shape:
-        n_out = n_out * extent
+    n_out = size_product(stage.shape)
 
     def unflatten(o: Expr) -> tuple[Expr, ...]:
         idx: list[Expr] = []

@@ -101,6 +101,7 @@ from ...ir.expr import (
     select,
     substitute,
     walk,
+    size_product,
 )
 from ...ir.stmt import (
     Allocate,
@@ -158,13 +159,6 @@ def row_reduction(args: Sequence[Tensor]) -> tuple[Tensor, Reduce]:
     return t, r
 
 
-def extent_product(extents: Sequence[Expr]) -> Expr:
-    total: Expr = Const(1, dt.int32)
-    for e in extents:
-        total = total * e
-    return total
-
-
 def unflatten(flat: Expr, shape: Sequence[Expr]) -> tuple[Expr, ...]:
     """The row-major index of element `flat` of `shape` (the first index is not reduced modulo
     its extent: `flat` is in range)."""
@@ -210,7 +204,7 @@ def flat_views(args: Sequence[Tensor], buffers: dict[Tensor, Buffer] | None = No
     shape = tuple(stage.shape) + tuple(extents)
     loads = [n for n in walk(Inliner(prog.inlined, buffers).visit(op.body)) if isinstance(n, BufferLoad)]
     axes = set(red.axes)
-    flat_length = extent_product(shape)
+    flat_length = size_product(shape)
     views: dict[Buffer, Buffer] = {}
     for buf in {id(n.buffer): n.buffer for n in loads if any(free_vars(i) & axes for i in n.indices)}.values():
         mine = [n for n in loads if n.buffer is buf]
@@ -258,7 +252,7 @@ def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vect
     views = flat_views(args, buffers)
     flat = bool(views)
     extents = [ax.extent for ax in red.axes]
-    n_rows = extent_product(stage.shape)
+    n_rows = size_product(stage.shape)
     if not vector_allowed(n_rows, extents, vector, flat):
         raise ScheduleError(f"split_rows: vector={vector} needs the innermost reduced extent ({extents[-1]}) to be a "
                             "constant multiple of it, a single row reduced over one axis, or rows read through a "
@@ -276,7 +270,7 @@ def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vect
     T, S, V, U = threads, splits, vector, unroll
     one_pass = S > 1 and combine == "last_block"
     tile = T * V * U
-    N = extent_product(extents)
+    N = size_product(extents)
     n_const = const_int(N)
     last = const_int(extents[-1]) if extents else None
     combiner = COMBINE[red.combiner]

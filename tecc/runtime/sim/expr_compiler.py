@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ...ir import dtype as dt
 from ...ir.errors import DivergenceError, TeccError
 from ...ir.expr import (
     MEMORY_INTRINSICS,
@@ -180,6 +181,11 @@ def _compile_binary(e: Binary, scope: Scope) -> Closure:
     if e.dtype.is_bool and e.op in ("&", "|"):
         return _compile_short_circuit(e.op, fa, fb)
     plain = e.dtype not in nm.HALF_TYPES
+    # Uniform integers are Python ints, which do not wrap: an integer node whose constant range
+    # (index math over known loops) may leave the dtype wraps its uniform results.
+    if e.dtype.is_int and e.op in ("+", "-", "*", "//", "%") and not _fits(scope.interval(e), e.dtype):
+        wrapped = nm.wrap_uniform(nm.binary_op(e.op, e.dtype), e.dtype)
+        return lambda st: wrapped(fa(st), fb(st))
     # The three hottest operators inline, saving a call per node in inner loops.
     if plain and e.op == "+":
         return lambda st: fa(st) + fb(st)
@@ -189,6 +195,13 @@ def _compile_binary(e: Binary, scope: Scope) -> Closure:
         return lambda st: fa(st) - fb(st)
     op = nm.binary_op(e.op, e.dtype)
     return lambda st: op(fa(st), fb(st))
+
+
+def _fits(interval: Interval | None, d: Any) -> bool:
+    if interval is None:
+        return False
+    lo, hi = dt.int_range(d)
+    return lo <= interval[0] and interval[1] <= hi
 
 
 def _compile_short_circuit(op: str, fa: Closure, fb: Closure) -> Closure:
