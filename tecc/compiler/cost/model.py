@@ -203,11 +203,13 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
 
     # DRAM: bandwidth, or Little's law when too few bytes are in flight to cover the latency
     in_flight = sms_used * active_warps * target.warp_size * w.bytes_in_flight
-    dram_rate = min(params.dram_efficiency * target.dram_bandwidth, in_flight / params.dram_latency_s)
+    # (a kernel that loads nothing, a constant fill, only stores: no latency bound then)
+    latency_rate = in_flight / params.dram_latency_s if in_flight > 0 else math.inf
+    dram_rate = min(params.dram_efficiency * target.dram_bandwidth, latency_rate)
     t_dram = w.dram_bytes / dram_rate if w.dram_bytes else 0.0
     l2_rate = min(params.l2_bandwidth_factor * target.dram_bandwidth,
                   sms_used * params.l2_bytes_per_clock_per_sm * clock,
-                  in_flight / (params.dram_latency_s * 0.5))
+                  2.0 * latency_rate)
     t_l2 = w.l2_bytes / l2_rate if w.l2_bytes else 0.0
     t_lsu = (w.global_wavefronts + w.smem_wavefronts) * share / clock
     if w.tile_loop and w.k_extent <= 0:
