@@ -202,7 +202,10 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
     sms_used = min(sms, blocks)
 
     # DRAM: bandwidth, or Little's law when too few bytes are in flight to cover the latency
-    in_flight = sms_used * active_warps * target.warp_size * w.bytes_in_flight
+    # A workload that counts no load in flight (only stores, or a degenerate extent such as a
+    # scalar output or a zero-length row) still has one access per thread outstanding; without
+    # this floor its bytes would be priced at rate 0 (a division by zero).
+    in_flight = sms_used * active_warps * target.warp_size * max(w.bytes_in_flight, 1.0)
     dram_rate = min(params.dram_efficiency * target.dram_bandwidth, in_flight / params.dram_latency_s)
     t_dram = w.dram_bytes / dram_rate if w.dram_bytes else 0.0
     l2_rate = min(params.l2_bandwidth_factor * target.dram_bandwidth,
