@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Sequence
+from dataclasses import replace
+from typing import Any, Callable, Sequence
 
 from ..codegen import default_arch, emit_source
 from ..ir.errors import TeccError
@@ -76,8 +77,10 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
         raise TeccError(f"build(): unknown target {target!r}; use one of {TARGETS}")
     timing = PassTiming()
     planning = None
+    fallbacks: list[tuple[str, str]] = []
 
-    # 1. lowering and the schedule primitives of the plan (the Schedule's own, when one is given)
+    # 1. lowering and the schedule primitives of the plan (the Schedule's own, when one is given),
+    #    then the fixed tail of the pipeline
     start = time.perf_counter()
     dumper: DumpIR | None = None
     if isinstance(args, Schedule):
@@ -85,8 +88,12 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
         dumper = _dumper(dump_ir, module.name, dump_filter)
         if dumper is not None:
             dumper.write("schedule.txt", f"# the Schedule as given\n{dumper.text(module)}")
+        timing.seconds.append(("lower+schedule", time.perf_counter() - start))
+        module = _tail(module, chosen, _instruments(timing, dumper))
     else:
         tensors = [args] if isinstance(args, Tensor) else list(args)
+        dumper = _dumper(dump_ir, module_name(tensors, name), dump_filter)
+        candidates: list[tuple[str, Callable[[], Any]]]
         if tune:
             from .tuner import tuned_plan
 
@@ -94,63 +101,16 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
             chosen = tuned_plan(tensors, arch=arch or knobs.default_arch_override(), sizes=sizes, name=name,
                                 options=options)
             timing.seconds.append(("tune", time.perf_counter() - start_tune))
+            tuned = chosen
+            candidates = [("tuned", lambda: tuned)]
         elif plan == "auto" or plan is None:
-            from .planner import plan_program
-            from .strategies.column_reduction import propose as propose_column_reduction
-            from .strategies.row_fused import propose as propose_row_fused
-            from .strategies.split_row_group import propose as propose_split_row_group
-            from .strategies.split_rows import propose as propose_split_rows
-
-            # Graph-level rewrites the per-kernel planner cannot express, asked in this order;
-            # the first that takes the program wins: a reduction over rows too few to fill the
-            # GPU (or a full reduction) as a grid reduction split over blocks; softmax / norms
-            # over such rows as partial statistics, then the outputs; a graph of stages sharing a
-            # row as one kernel when that moves fewer global bytes; a column / middle-axis
-            # reduction as a split reduction. docs/memory-bound.md says when each applies.
-            plan_arch = arch or knobs.default_arch_override()
-            graph_level = (
-                lambda: propose_split_rows(tensors, plan_arch, sizes=sizes),
-                lambda: propose_split_row_group(tensors, plan_arch, sizes=sizes),
-                lambda: propose_row_fused(tensors),
-                lambda: propose_column_reduction(tensors),
-            )
-            proposal = next((p for p in (ask() for ask in graph_level) if p is not None), None)
-            if proposal is not None:
-                chosen = proposal.plan
-            else:
-                planning = plan_program(tensors, plan_arch, sizes=sizes, name=name)
-                chosen = planning.plan
-                timing.seconds.append(("plan", planning.search_seconds))
+            candidates = _auto_candidates(tensors, arch or knobs.default_arch_override(), sizes, name, timing)
         else:
-            chosen = _resolve_plan(plan)
-        dumper = _dumper(dump_ir, module_name(tensors, name), dump_filter)
-        primitives = Plan(tuple(s for s in chosen.steps if s.primitive != "default_schedule"))
-        if primitives.steps:  # 00_lower.txt, then one file per primitive
-            module = Schedule(tensors, primitives, name=name, dump_ir=dumper).mod
-        else:
-            module = lower(tensors, name)
-            if dumper is not None:
-                dumper.write("lower.txt", f"# after pass lower\n{dumper.text(module)}")
-    timing.seconds.append(("lower+schedule", time.perf_counter() - start))
+            given = _resolve_plan(plan)
+            candidates = [("given", lambda: given)]
+        module, chosen, planning, fallbacks = _first_that_builds(candidates, tensors, name, dumper, timing)
 
-    instruments: list[Any] = [timing]
-    if dumper is not None:
-        instruments.append(dumper)
-    if knobs.verify_ir():
-        verify_module(module)
-        instruments.append(VerifyIR())
-
-    # 2. the fixed tail of the pipeline
-    pipeline = [
-        _default_schedule_pass(chosen),
-        Pass("simplify", simplify),
-        Pass("approx_math", lambda m: approx_math(m, precise=knobs.precise_math()),
-             (("precise", knobs.precise_math()),)),
-        Pass("unique_names", unique_names),
-    ]
-    module = PassManager(pipeline, instruments).run(module)
-
-    # 3. CUDA C, then NVRTC
+    # 2. CUDA C, then NVRTC
     start = time.perf_counter()
     source = emit_source(module.kernels)
     timing.seconds.append(("emit_cuda", time.perf_counter() - start))
@@ -160,6 +120,7 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
     host = HostProgram.from_module(module)
     kernel = Kernel(module=module, host=host, source=source, plan=chosen, target=target, timing=timing)
     kernel.planning = planning
+    kernel.fallbacks = fallbacks
     if target == "cuda":
         the_arch = arch or knobs.default_arch_override() or default_arch()
         start = time.perf_counter()
@@ -171,6 +132,133 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
     if dumper is not None:
         kernel.dump_dir = dumper.directory
     return kernel
+
+
+# What a strategy that accepted a program may fail with while it is realized: tecc's own errors
+# (a primitive refusing the request) and the internal failures of a strategy's arithmetic or
+# bookkeeping. The build then falls back to the next candidate and records why; the generic
+# schedule, last, is not caught, so a program that cannot be built at all says why.
+STRATEGY_FAILURES: tuple[type[BaseException], ...] = (
+    TeccError, ArithmeticError, LookupError, AssertionError, ValueError, TypeError, AttributeError,
+    RecursionError,
+)
+
+
+def _auto_candidates(tensors: list[Tensor], plan_arch: str | None, sizes: dict[str, int] | None,
+                     name: str | None, timing: PassTiming) -> list[tuple[str, Callable[[], Any]]]:
+    """plan="auto": the candidates in the order they are tried. Each is a (label, thunk) whose thunk
+    returns a Plan (or a PlanResult), or None when the candidate's guard declines the program."""
+    from .planner import plan_program
+    from .strategies.column_reduction import propose as propose_column_reduction
+    from .strategies.row_fused import propose as propose_row_fused
+    from .strategies.split_row_group import propose as propose_split_row_group
+    from .strategies.split_rows import propose as propose_split_rows
+
+    def proposal(propose: Callable[[], Any]) -> Callable[[], Plan | None]:
+        def ask() -> Plan | None:
+            found = propose()
+            return None if found is None else found.plan
+        return ask
+
+    def planner() -> Any:
+        result = plan_program(tensors, plan_arch, sizes=sizes, name=name)
+        timing.seconds.append(("plan", result.search_seconds))
+        return result
+
+    # Graph-level rewrites the per-kernel planner cannot express, asked in this order; the first
+    # that takes the program and builds wins: a reduction over rows too few to fill the GPU (or a
+    # full reduction) as a grid reduction split over blocks; softmax / norms over such rows as
+    # partial statistics, then the outputs; a graph of stages sharing a row as one kernel when
+    # that moves fewer global bytes; a column / middle-axis reduction as a split reduction.
+    # docs/memory-bound.md says when each applies. Then the per-kernel planner, then the
+    # generic schedule (always valid).
+    return [
+        ("split_rows", proposal(lambda: propose_split_rows(tensors, plan_arch, sizes=sizes))),
+        ("split_row_group", proposal(lambda: propose_split_row_group(tensors, plan_arch, sizes=sizes))),
+        ("row_fused", proposal(lambda: propose_row_fused(tensors))),
+        ("column_reduction", proposal(lambda: propose_column_reduction(tensors))),
+        ("planner", planner),
+        ("generic", default_plan),
+    ]
+
+
+def _first_that_builds(candidates: list[tuple[str, Callable[[], Any]]], tensors: list[Tensor],
+                       name: str | None, dumper: DumpIR | None, timing: PassTiming,
+                       ) -> tuple[Module, Plan, Any, list[tuple[str, str]]]:
+    """Lower and schedule with the first candidate that takes the program and builds.
+
+    A candidate that fails (STRATEGY_FAILURES) is recorded as (label, why) and the next one is
+    tried; its dumps are removed. The last candidate's failure is raised. Returns the final module,
+    the plan (its reason says which candidates failed), the planner's result when it was chosen,
+    and the failures."""
+    fallbacks: list[tuple[str, str]] = []
+    for position, (label, ask) in enumerate(candidates):
+        last = position == len(candidates) - 1
+        first_dump = dumper.count if dumper is not None else 0
+        try:
+            found = ask()
+            if found is None:
+                continue
+            planning = None if isinstance(found, Plan) else found
+            chosen: Plan = found if isinstance(found, Plan) else found.plan
+            start = time.perf_counter()
+            module = _lower_and_schedule(tensors, chosen, name, dumper)
+            timing.seconds.append(("lower+schedule", time.perf_counter() - start))
+            module = _tail(module, chosen, _instruments(timing, dumper))
+        except STRATEGY_FAILURES as exc:
+            if last or knobs.strict_plans():
+                raise
+            fallbacks.append((label, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+            _rewind(dumper, first_dump)
+            continue
+        if fallbacks:
+            tried = "; ".join(f"{who} failed ({why})" for who, why in fallbacks)
+            chosen = replace(chosen, reason=(chosen.reason + "; " if chosen.reason else "") + f"fell back: {tried}")
+        return module, chosen, planning, fallbacks
+    raise TeccError("build(): no candidate plan applies to this program")  # the list ends in one that always does
+
+
+def _lower_and_schedule(tensors: list[Tensor], chosen: Plan, name: str | None, dumper: DumpIR | None) -> Module:
+    primitives = Plan(tuple(s for s in chosen.steps if s.primitive != "default_schedule"))
+    if primitives.steps:  # 00_lower.txt, then one file per primitive
+        return Schedule(tensors, primitives, name=name, dump_ir=dumper).mod
+    module = lower(tensors, name)
+    if dumper is not None:
+        dumper.write("lower.txt", f"# after pass lower\n{dumper.text(module)}")
+    return module
+
+
+def _instruments(timing: PassTiming, dumper: DumpIR | None) -> list[Any]:
+    instruments: list[Any] = [timing]
+    if dumper is not None:
+        instruments.append(dumper)
+    return instruments
+
+
+def _tail(module: Module, chosen: Plan, instruments: list[Any]) -> Module:
+    """The fixed tail of the pipeline, after the plan's primitives."""
+    if knobs.verify_ir():
+        verify_module(module)
+        instruments = instruments + [VerifyIR()]
+    pipeline = [
+        _default_schedule_pass(chosen),
+        Pass("simplify", simplify),
+        Pass("approx_math", lambda m: approx_math(m, precise=knobs.precise_math()),
+             (("precise", knobs.precise_math()),)),
+        Pass("unique_names", unique_names),
+    ]
+    return PassManager(pipeline, instruments).run(module)
+
+
+def _rewind(dumper: DumpIR | None, first: int) -> None:
+    """Remove the dumps a failed candidate wrote (numbered from `first`) so the next starts there."""
+    if dumper is None:
+        return
+    for path in dumper.directory.iterdir():
+        number = path.name.split("_", 1)[0]
+        if number.isdigit() and int(number) >= first and path.is_file():
+            path.unlink()
+    dumper.count = first
 
 
 def module_name(tensors: Sequence[Tensor], name: str | None) -> str:

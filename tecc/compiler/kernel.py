@@ -56,6 +56,8 @@ class Kernel(RunnableKernel):
         self.options: tuple[str, ...] = ()
         self.dump_dir: Path | None = None
         self.planning: Any = None  # the planner's PlanResult when plan="auto" (read by explain)
+        # plan="auto" candidates that took the program but failed to build: (candidate, why)
+        self.fallbacks: list[tuple[str, str]] = []
         self._sim: Any = None
 
     def attach_binary(self, compiled: Any, options: tuple[str, ...]) -> None:
