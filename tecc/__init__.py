@@ -20,6 +20,7 @@ from .ir.errors import (
     DeviceError,
     DivergenceError,
     DTypeError,
+    InvalidNameError,
     LaunchError,
     OutOfBoundsError,
     RaceError,

@@ -151,9 +151,17 @@ def size_strategy() -> st.SearchStrategy[int]:
 
 
 @st.composite
-def programs(draw: st.DrawFn, max_stages: int = 4) -> Program:
+def programs(draw: st.DrawFn, max_stages: int = 4, huge: bool = False) -> Program:
+    """A random Program. `huge` also draws rows of 2^18 and more (what split_rows takes; too
+    slow for the generic schedule in the emulator, whose one thread per row loops serially)."""
     dtype = draw(st.sampled_from(["float32", "float32", "float32", "float64", "int32", "int64"]), label="dtype")
     sizes = {"R": draw(size_strategy(), label="R"), "C": draw(size_strategy(), label="C")}
+    if draw(st.integers(0, 4), label="long axis?") == 0:
+        # few long rows (or columns): what the split-over-blocks rewrites take
+        long_axis = draw(st.sampled_from(["R", "C"]), label="long axis")
+        longs = [1000, 2049, 4096, 6000] + ([262144, 300001] if huge else [])
+        sizes[long_axis] = draw(st.sampled_from(longs), label="long size")
+        sizes["C" if long_axis == "R" else "R"] = draw(st.integers(1, 4), label="short size")
     symbolic = tuple(n for n in ("R", "C") if draw(st.booleans(), label=f"{n} symbolic"))
     inputs: dict[str, tuple[tuple[str, ...], str]] = {"X": (("r", "c"), dtype)}
     if draw(st.booleans(), label="W"):
@@ -165,8 +173,18 @@ def programs(draw: st.DrawFn, max_stages: int = 4) -> Program:
     prog = Program(dtype, sizes, symbolic, inputs)
     bounds: dict[str, float] = {n: (3.0 if t.startswith("int") else 1.0) for n, (_, t) in inputs.items()}
     gen = _Generator(draw, prog, bounds)
-    for n in range(draw(st.integers(1, max_stages), label="stages")):
-        dims = draw(st.sampled_from(SHAPES), label="stage dims")
+    # the stages' shapes: free, or a motif the graph-level rewrites look for (softmax / norm
+    # chains along rows or columns, a global statistic used again)
+    motif = draw(st.sampled_from(["free", "free", "row chain", "column chain", "global"]), label="motif")
+    count = draw(st.integers(1, max_stages), label="stages")
+    if motif == "free":
+        shapes = [draw(st.sampled_from(SHAPES), label="stage dims") for _ in range(count)]
+    elif motif == "global":
+        shapes = [(), draw(st.sampled_from(SHAPES), label="then"), ()][:max(count, 2)]
+    else:
+        reduced: tuple[str, ...] = ("r",) if motif == "row chain" else ("c",)
+        shapes = [reduced if n % 2 == 0 else ("r", "c") for n in range(max(count, 2))]
+    for n, dims in enumerate(shapes):
         body, bound = gen.expr(set(dims), depth=3, want_reduce=len(dims) < 2)
         name = f"S{n}"
         prog.stages.append(Stage(name, dims, body, output=draw(st.booleans(), label="output")))
@@ -210,7 +228,11 @@ class _Generator:
             return CastInt(Read("I", ("r", "c"))), 3.0
         if not options:
             return Const(2.0 if self.prog.is_float else 2), 2.0
-        read = draw(st.sampled_from(options), label="read")
+        latest = [r for r in options if r.tensor.startswith("S")][-1:]
+        if latest and draw(st.booleans(), label="read the latest stage"):
+            read = latest[0]
+        else:
+            read = draw(st.sampled_from(options), label="read")
         return read, self.bounds[read.tensor]
 
     def expr(self, env: set[str], depth: int, want_reduce: bool = False) -> tuple[Any, float]:

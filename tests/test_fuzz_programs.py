@@ -63,7 +63,7 @@ def run_and_compare(prog: pg.Program, f: Any, how: str) -> None:
 
 
 @FUZZ
-@given(prog=pg.programs())
+@given(prog=pg.programs(huge=True))
 def test_random_programs_match_numpy_with_the_planners_choice(prog: pg.Program) -> None:
     note(prog.describe())
     args, _ = pg.to_tecc(prog)
