@@ -129,5 +129,9 @@ class Kernel(RunnableKernel):
         }
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write path.cubin, path.ptx, path.cu and path.json (the manifest); returns the stem."""
-        return write_artifact(path, self.manifest(), self.cubin, ptx=self.ptx, cuda_source=self.source)
+        """Write path.cubin, path.ptx, path.cu, path.json (the manifest) and path.ir (the loop
+        IR, for `tecc.load(path).sim(...)`); returns the stem."""
+        from ..ir.loop_json import module_to_json
+
+        return write_artifact(path, self.manifest(), self.cubin, ptx=self.ptx, cuda_source=self.source,
+                              loop_ir=module_to_json(self.module))
