@@ -3,10 +3,12 @@ the emulator, against an independent NumPy interpretation (tests/program_gen.py)
 
 Each example draws a program (nested and sibling reductions, reductions broadcast along other
 axes, `where`, casts, float32/float64/int32/int64, sizes 0, 1, odd or symbolic) and builds it
-three ways: with plan="auto" (TECC_STRICT_PLANS=1: a strategy that takes the program and then
-fails is a bug, not a fallback), with the generic plan, and as a `Schedule` with random
-schedule primitives (those a primitive refuses with ScheduleError are skipped; what is accepted
-must compute the right answer). Every output is compared element by element with the
+four ways: with plan="auto" (TECC_STRICT_PLANS=1: a strategy that takes the program and then
+fails is a bug, not a fallback), with the generic plan, with a random legal plan of the planner
+(per kernel a random strategy whose guard holds and a random point of its space that the cost
+model's hard constraints accept), and as a `Schedule` with random schedule primitives (those a
+primitive refuses with ScheduleError are skipped; what is accepted must compute the right
+answer). Every output is compared element by element with the
 interpretation, within a tolerance derived from the dtype and the reduction lengths.
 
 Profiles: CI runs a short derandomized set (the `ci` profile of tests/conftest.py; about
@@ -26,8 +28,14 @@ from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
 import tecc as tc
+from tecc.compiler.cost.analysis import analyze_kernel
+from tecc.compiler.cost.model import predict
+from tecc.compiler.plan import Plan
+from tecc.compiler.planner import resolve_target
 from tecc.compiler.schedule import Schedule
+from tecc.compiler.strategies.registry import strategies
 from tecc.ir.errors import ScheduleError
+from tecc.passes.lower import lower
 
 import program_gen as pg
 
@@ -124,3 +132,42 @@ def test_random_programs_match_numpy_with_random_schedules(prog: pg.Program, dat
     note(str(sch.plan))
     f = tc.build(sch, target="sim")
     run_and_compare(prog, f, "random schedule")
+
+
+def apply_random_planner_points(args: list[tc.Tensor], sizes: dict[str, int], data: st.DataObject) -> Schedule:
+    """Per kernel, a random strategy whose guard takes it and a random point of its space within
+    the hard constraints, applied as the planner applies its choice (a refused one is undone)."""
+    target = resolve_target("sm_90")
+    sch = Schedule(args)
+    for kernel in lower(args).kernels:
+        info = analyze_kernel(kernel, sizes)
+        usable = [s for s in strategies() if s.guard(info, target) is None]
+        strategy = data.draw(st.sampled_from(usable), label=f"{kernel.name} strategy")
+        if strategy.uses_default_schedule:
+            continue
+        points = list(strategy.space(info, target))
+        for _ in range(4):
+            point = points[data.draw(st.integers(0, len(points) - 1), label="point")]
+            if predict(strategy.workload(info, point, target), target).ok:
+                break
+        else:
+            continue
+        note(f"{kernel.name}: {strategy.describe(point)}")
+        before = list(sch.plan.steps)
+        try:
+            strategy.apply(sch, info, point)
+        except ScheduleError as exc:
+            note(f"  refused: {exc}")
+            sch = Schedule(args, plan=Plan(tuple(before)))
+    return sch
+
+
+@FUZZ
+@given(prog=pg.programs(), data=st.data())
+def test_random_programs_match_numpy_with_random_planner_points(prog: pg.Program, data: st.DataObject) -> None:
+    note(prog.describe())
+    args, _ = pg.to_tecc(prog)
+    sch = apply_random_planner_points(args, concrete_sizes(prog), data)
+    note(str(sch.plan))
+    f = tc.build(sch, target="sim")
+    run_and_compare(prog, f, "random planner points")
