@@ -424,8 +424,10 @@ def parser() -> argparse.ArgumentParser:
                    help="print a table of every launch: time, bytes, FLOPs, GB/s, TFLOP/s")
 
     e = sub.add_parser("explain", help="show how each op was scheduled: plan, launch shapes, registers",
-                       description="Show how each op was scheduled: the plan (and, once the planner exists, "
-                                   "its ranking), each kernel's grid and block, ptxas's registers and spills.",
+                       description="Show how each op was scheduled: the plan and why (the planner's ranking "
+                                   "when it chose per kernel, the rewrite's reason otherwise, and any candidate "
+                                   "that failed and was skipped), each kernel's grid and block, ptxas's registers "
+                                   "and spills.",
                        formatter_class=_Formatter)
     files(e)
     arch(e)
