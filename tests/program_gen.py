@@ -33,7 +33,14 @@ import tecc as tc
 
 AXES = ("r", "c")
 SHAPES = (("r", "c"), ("r",), ("c",), ())          # () is the scalar stage of shape (1,)
-UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "float64": 2.0 ** -53}
+UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float32": 2.0 ** -24, "float64": 2.0 ** -53}
+SMALLEST_NORMAL = {"float16": 2.0 ** -14, "bfloat16": 2.0 ** -126, "float32": 2.0 ** -126, "float64": 2.0 ** -1022}
+HALF_LIMIT = 60000.0                                 # float16 values stay below its largest (65504)
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a tecc dtype name (bfloat16 through ml_dtypes)."""
+    return tc.ir.dtype.as_dtype(name).numpy
 INT_LIMIT = 2 ** 30                                  # generated int32 values stay below this
 
 
@@ -111,7 +118,7 @@ class Program:
 
     @property
     def is_float(self) -> bool:
-        return self.dtype.startswith("float")
+        return not self.dtype.startswith("int")
 
     def describe(self) -> str:
         lines = [f"dtype {self.dtype}, R={self.sizes['R']}, C={self.sizes['C']}, symbolic {list(self.symbolic)}"]
@@ -154,7 +161,8 @@ def size_strategy() -> st.SearchStrategy[int]:
 def programs(draw: st.DrawFn, max_stages: int = 4, huge: bool = False) -> Program:
     """A random Program. `huge` also draws rows of 2^18 and more (what split_rows takes; too
     slow for the generic schedule in the emulator, whose one thread per row loops serially)."""
-    dtype = draw(st.sampled_from(["float32", "float32", "float32", "float64", "int32", "int64"]), label="dtype")
+    dtype = draw(st.sampled_from(["float32", "float32", "float32", "float64", "float16", "bfloat16", "int32", "int64"]),
+                 label="dtype")
     sizes = {"R": draw(size_strategy(), label="R"), "C": draw(size_strategy(), label="C")}
     if draw(st.integers(0, 4), label="long axis?") == 0:
         # few long rows (or columns): what the split-over-blocks rewrites take
@@ -168,7 +176,7 @@ def programs(draw: st.DrawFn, max_stages: int = 4, huge: bool = False) -> Progra
         inputs["W"] = (("r",), dtype)
     if draw(st.booleans(), label="V"):
         inputs["V"] = (("c",), dtype)
-    if dtype.startswith("float") and draw(st.booleans(), label="I"):
+    if not dtype.startswith("int") and draw(st.booleans(), label="I"):
         inputs["I"] = (("r", "c"), "int32")
     prog = Program(dtype, sizes, symbolic, inputs)
     bounds: dict[str, float] = {n: (3.0 if t.startswith("int") else 1.0) for n, (_, t) in inputs.items()}
@@ -399,7 +407,7 @@ def make_inputs(prog: Program, rng: np.random.Generator) -> dict[str, np.ndarray
         if dtype.startswith("int"):
             out[name] = rng.integers(-3, 4, shape).astype(dtype)
         else:
-            out[name] = rng.uniform(-1.0, 1.0, shape).astype(dtype)
+            out[name] = rng.uniform(-1.0, 1.0, shape).astype(numpy_dtype(dtype))
     return out
 
 
@@ -409,7 +417,7 @@ def interpret(prog: Program, arrays: dict[str, np.ndarray]) -> dict[str, Value]:
     is_float = prog.is_float
     eps = UNIT_ROUNDOFF.get(prog.dtype, 0.0)
     # a result in the subnormal range is off by up to the smallest normal number (gradual underflow)
-    tiny = float(np.finfo(prog.dtype).tiny) if is_float else 0.0
+    tiny = SMALLEST_NORMAL[prog.dtype] if is_float else 0.0
     work = np.float64 if is_float else np.int64
     stored: dict[str, Value] = {}
 
@@ -437,6 +445,8 @@ def interpret(prog: Program, arrays: dict[str, np.ndarray]) -> dict[str, Value]:
         v = evaluate(e)
         if is_float and np.isnan(v.value).any():
             raise Unrepresentable(f"NaN in {show(e)} (NaN semantics are not what this fuzzer checks)")
+        if prog.dtype == "float16" and v.value.size and np.nanmax(np.where(np.isinf(v.value), 0, np.abs(v.value))) > HALF_LIMIT:
+            raise Unrepresentable(f"{show(e)} overflows float16")
         if not is_float and v.value.size:
             info = np.iinfo(prog.dtype)
             if v.value.min() < info.min or v.value.max() > info.max:
@@ -449,7 +459,8 @@ def interpret(prog: Program, arrays: dict[str, np.ndarray]) -> dict[str, Value]:
         if isinstance(e, Const):
             return exact(np.array([[e.value]]))
         if isinstance(e, Index):
-            return exact(np.arange(R).reshape(R, 1) if e.axis == "r" else np.arange(C).reshape(1, C))
+            v = exact(np.arange(R).reshape(R, 1) if e.axis == "r" else np.arange(C).reshape(1, C))
+            return rounded(v.value, v.mag, v.err)      # an index past the mantissa rounds when cast
         if isinstance(e, CastInt):
             return exact(stored["I"].value)
         if isinstance(e, Unary):

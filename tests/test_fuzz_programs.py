@@ -64,7 +64,7 @@ def run_and_compare(prog: pg.Program, f: Any, how: str) -> None:
         if s.output:
             shape = pg.output_shape(prog, s)
             poison = np.nan if prog.is_float else np.iinfo(prog.dtype).max - 7
-            outputs.append((s, np.full(shape, poison, prog.dtype)))
+            outputs.append((s, np.full(shape, poison, pg.numpy_dtype(prog.dtype))))
     f(*inputs.values(), *(o for _, o in outputs))
     for s, got in outputs:
         pg.compare(prog, s, got, want[s.name], lambda: f"{how}\n{prog.describe()}\n{f.plan}")
@@ -146,6 +146,8 @@ def apply_random_planner_points(args: list[tc.Tensor], sizes: dict[str, int], da
         if strategy.uses_default_schedule:
             continue
         points = list(strategy.space(info, target))
+        if not points:
+            continue                       # nothing to choose (a zero-size kernel)
         for _ in range(4):
             point = points[data.draw(st.integers(0, len(points) - 1), label="point")]
             if predict(strategy.workload(info, point, target), target).ok:
