@@ -11,10 +11,14 @@ primitive refuses with ScheduleError are skipped; what is accepted must compute 
 answer). Every output is compared element by element with the
 interpretation, within a tolerance derived from the dtype and the reduction lengths.
 
-Profiles: CI runs a short derandomized set (the `ci` profile of tests/conftest.py; about
-TECC_FUZZ_EXAMPLES examples per test, default 25); `make fuzz` runs the long one
-(TECC_FUZZ_EXAMPLES=1000 with fresh random draws). A failure it finds becomes a named
-regression test (tests/test_fuzz_regressions.py).
+Profiles: the test suite runs TECC_FUZZ_EXAMPLES examples per test (default 25; derandomized
+under the `ci` profile of tests/conftest.py, so CI replays the same programs); `make fuzz` runs
+the long profile (FUZZ_EXAMPLES=2000 per test, fresh random draws). A failure it finds becomes
+a named regression test in tests/test_fuzz_regressions.py.
+
+What it found so far: the programs of the hardening issue (tests/test_build_fallback.py) and a
+column statistic broadcast along the rows of a square matrix that row fusion took for a row
+statistic (tests/test_fuzz_regressions.py).
 """
 
 from __future__ import annotations
