@@ -8,14 +8,14 @@ fails is a bug, not a fallback), with the generic plan, with a random legal plan
 (per kernel a random strategy whose guard holds and a random point of its space that the cost
 model's hard constraints accept), and as a `Schedule` with random schedule primitives (those a
 primitive refuses with ScheduleError are skipped; what is accepted must compute the right
-answer). Every output is compared element by element with the
-interpretation, within a tolerance derived from the dtype and the reduction lengths.
+answer). Every output is compared element by element with the interpretation, within a
+tolerance derived from the dtype and the reduction lengths.
 
-Profiles: the test suite runs TECC_FUZZ_EXAMPLES examples with the planner (default 25) and three
-times as many in the cheaper tests (derandomized
-under the `ci` profile of tests/conftest.py, so CI replays the same programs); `make fuzz` runs
-the long profile (FUZZ_EXAMPLES=2000 per test, fresh random draws). A failure it finds becomes
-a named regression test in tests/test_fuzz_regressions.py.
+Profiles: the test suite runs TECC_FUZZ_EXAMPLES examples with the planner (default 25) and
+three times as many in the cheaper tests (derandomized under the `ci` profile of
+tests/conftest.py, so CI replays the same programs; ~27 s on 2 cores); `make fuzz` runs the long
+profile (FUZZ_EXAMPLES=2000, fresh random draws). A failure it finds becomes a named regression
+test in tests/test_fuzz_regressions.py.
 
 What it found so far: the programs of the hardening issue (tests/test_build_fallback.py) and a
 column statistic broadcast along the rows of a square matrix that row fusion took for a row
