@@ -6,7 +6,9 @@ Read `build` top to bottom to learn the compiler:
         ──NVRTC──▶ PTX + cubin ──▶ Kernel (runs on the GPU through cuda.core, or in the emulator)
 
 The planner (plan="auto") picks each kernel's strategy and parameters by the cost model; its plan
-is a list of schedule primitives, replayed on the lowered IR by `Schedule`.
+is a list of schedule primitives, replayed on the lowered IR by `Schedule`. plan="auto" tries its
+candidates in order (graph-level rewrites, the per-kernel planner, the generic schedule) and falls
+back to the next when one that took the program fails to build (`_first_that_builds`).
 
 With `dump_ir=DIR` (or TECC_DUMP_IR) the IR is written after every step: `00_lower.txt`, one
 file per schedule primitive of the plan (`01_split.txt`, …), then the fixed tail
