@@ -21,6 +21,7 @@ from .ir.errors import (
     DeviceError,
     DivergenceError,
     DTypeError,
+    InvalidNameError,
     LaunchError,
     OutOfBoundsError,
     RaceError,

@@ -36,7 +36,12 @@ class UsageError(TeccError):
 
 # ---- the user's files -------------------------------------------------------------------------
 
+# the files whose code tecc ran: an exception raised there is the user's to fix (see main)
+_USER_FILES: set[Path] = set()
+
+
 def _load_ops(path: Path) -> list[OpSpec]:
+    _USER_FILES.add(path.resolve())
     spec = importlib.util.spec_from_file_location(f"tecc_user_{path.stem}", path)
     if spec is None or spec.loader is None:
         raise UsageError(f"cannot import {path}: not a Python file")
@@ -62,6 +67,33 @@ def _load_ops(path: Path) -> list[OpSpec]:
         raise UsageError(f"{path} declares several ops named {', '.join(dups)}; op names must be unique "
                          "(they name the artifacts)")
     return list(ops)
+
+
+def _raised_by_user_code(exc: BaseException) -> tuple[Path, int] | None:
+    """(file, line) when `exc` was raised by code of a user's file (an op's reference,
+    make_inputs, or a function it calls) rather than inside tecc: the innermost frame of a
+    user's file is deeper than the innermost frame of tecc's own package."""
+    package = Path(__file__).resolve().parent
+    user: tuple[int, Path, int] | None = None
+    tecc_depth = -1
+    for depth, frame in enumerate(traceback.extract_tb(exc.__traceback__)):
+        path = Path(frame.filename).resolve()
+        if path in _USER_FILES:
+            user = (depth, path, frame.lineno or 0)
+        elif path.is_relative_to(package):
+            tecc_depth = depth
+    if user is None or user[0] < tecc_depth:
+        return None
+    return user[1], user[2]
+
+
+def _under(directory: Path, name: str) -> Path:
+    """directory/name, refusing a name that would lead outside `directory` (OpSpec names are
+    checked when declared; this guards what is written)."""
+    path = directory / name
+    if path.resolve().parent != directory.resolve():
+        raise UsageError(f"op name {name!r} would write outside {directory}; name ops with letters, digits and _")
+    return path
 
 
 def _user_line(exc: BaseException, path: Path) -> str:
@@ -194,7 +226,7 @@ def cmd_compile(args: argparse.Namespace, check: bool) -> int:
         for _, op in ops:
             bar.working_on(op.name)
             start = time.perf_counter()
-            dump = Path(args.dump_ir) / op.name if args.dump_ir else None
+            dump = _under(Path(args.dump_ir), op.name) if args.dump_ir else None
             kernel = _build(op, "cuda", args, dump)
             took = time.perf_counter() - start
             cached = _cached(kernel)
@@ -202,7 +234,7 @@ def cmd_compile(args: argparse.Namespace, check: bool) -> int:
             line = (f"{op.name:<16} {len(kernel.module.kernels)} kernel(s)  {kernel.arch}  "
                     f"built in {took:.2f} s{' (cached)' if cached else ''}")
             if out_dir is not None:
-                stem = kernel.save(out_dir / op.name)
+                stem = kernel.save(_under(out_dir, op.name))
                 line += f"  -> {stem}.cubin"
             print(line, flush=True)
             if check:
@@ -392,8 +424,10 @@ def parser() -> argparse.ArgumentParser:
                    help="print a table of every launch: time, bytes, FLOPs, GB/s, TFLOP/s")
 
     e = sub.add_parser("explain", help="show how each op was scheduled: plan, launch shapes, registers",
-                       description="Show how each op was scheduled: the plan (and, once the planner exists, "
-                                   "its ranking), each kernel's grid and block, ptxas's registers and spills.",
+                       description="Show how each op was scheduled: the plan and why (the planner's ranking "
+                                   "when it chose per kernel, the rewrite's reason otherwise, and any candidate "
+                                   "that failed and was skipped), each kernel's grid and block, ptxas's registers "
+                                   "and spills.",
                        formatter_class=_Formatter)
     files(e)
     arch(e)
@@ -450,6 +484,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - a bug in tecc: still one paragraph, traceback on request
         if args.traceback:
             traceback.print_exc()
+        user = _raised_by_user_code(exc)
+        if user is not None:
+            print(_paragraph(f"tecc: error: {user[0].name} raised {type(exc).__name__} at line {user[1]}: {exc}. "
+                             "This is an error in that file's code (an op's reference, make_inputs or a "
+                             "function they call), not in tecc; fix it (--traceback shows where), then run "
+                             "tecc again"), file=sys.stderr)
+            return EXIT_ERROR
         print(_paragraph(f"tecc: internal error: {type(exc).__name__}: {exc}. This is a bug in tecc; rerun "
                          "with --traceback and report it with the traceback"), file=sys.stderr)
         return EXIT_ERROR

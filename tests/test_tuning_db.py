@@ -1,4 +1,4 @@
-"""The SQLite tuning database (tecc/compiler/tuning_db.py)."""
+"""The SQLite tuning database (tecc/compiler/tuning/database.py)."""
 
 from __future__ import annotations
 

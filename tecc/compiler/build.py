@@ -1,34 +1,52 @@
 """`build`: choose a program's Plan, then compile it (pipeline.py).
 
-    build(args) ──plan="auto"──▶ graph-level rewrites (first that takes the program) or the planner
+    build(args) ──plan="auto"──▶ the candidates in order: graph-level rewrites, the planner, the
+                                 generic schedule; the first that takes the program and builds wins
                 ──tune=True───▶ the tuning database's winner, or the tuner measures now (tuning/)
                 ──plan=Plan───▶ that plan, as given
-            ──▶ pipeline.compile_plan(args, plan) ──▶ Kernel
+            ──▶ pipeline.schedule_module(args, plan) ──▶ pipeline.compile_module ──▶ Kernel
 
 The planner (plan="auto") picks each kernel's strategy and parameters by the cost model; its plan
 is a list of schedule primitives, replayed on the lowered IR by `Schedule`. `f.explain()` says why.
+A candidate whose guard took the program but whose schedule then fails gives way to the next one
+(`_first_that_builds`); the plan's reason, `Kernel.fallbacks` and `explain()` say which failed and
+why (TECC_STRICT_PLANS=1 raises instead, to debug a strategy).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Any, Sequence
+from dataclasses import replace
+from typing import Any, Callable, Sequence
 
 from ..ir.errors import TeccError
+from ..ir.stmt import Module
 from ..ir.tensor import Tensor
-from ..passes.manager import PassTiming
+from ..passes.manager import DumpIR, PassTiming
 from . import options as knobs
 from .kernel import Kernel
-from .pipeline import TARGETS, compile_plan
+from .pipeline import TARGETS, compile_module, default_plan, open_dumps, schedule_module
 from .plan import Plan
-from .planner import PlanResult, plan_program
+from . import planner as per_kernel_planner
+from .planner import PlanResult
 from .schedule import Schedule
-from .strategies.column_reduction import propose as propose_column_reduction
-from .strategies.row_fused import propose as propose_row_fused
-from .strategies.split_row_group import propose as propose_split_row_group
-from .strategies.split_rows import propose as propose_split_rows
+from .strategies import column_reduction, row_fused, split_row_group, split_rows
 from .tuning import tuned_plan
+
+# A candidate is a label and a thunk returning its Plan (or the planner's PlanResult), or None when
+# the candidate's guard declines the program.
+Candidate = tuple[str, Callable[[], "Plan | PlanResult | None"]]
+
+# What a strategy that accepted a program may fail with while it is realized: tecc's own errors
+# (a primitive refusing the request) and the internal failures of a strategy's arithmetic or
+# bookkeeping. The build then falls back to the next candidate and records why; the last
+# candidate (the generic schedule, for plan="auto") is not caught, so a program that cannot be
+# built at all says why.
+STRATEGY_FAILURES: tuple[type[BaseException], ...] = (
+    TeccError, ArithmeticError, LookupError, AssertionError, ValueError, TypeError, AttributeError,
+    RecursionError,
+)
 
 
 def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str | None = None,
@@ -51,53 +69,100 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
     if target not in TARGETS:
         raise TeccError(f"build(): unknown target {target!r}; use one of {TARGETS}")
     timing = PassTiming()
-    compile_args = dict(name=name, dump_ir=dump_ir, dump_filter=dump_filter, arch=arch, options=options,
-                        timing=timing)
+    dumper = open_dumps(args, name, dump_ir, dump_filter)
     if isinstance(args, Schedule):
-        return compile_plan(args, args.plan, target, **compile_args)  # type: ignore[arg-type]
+        module = schedule_module(args, args.plan, name=name, dumper=dumper, timing=timing)
+        return compile_module(module, args.plan, target, arch=arch, options=options, dumper=dumper, timing=timing)
 
     tensors = [args] if isinstance(args, Tensor) else list(args)
-    planning: PlanResult | None = None
-    program: Sequence[Tensor] | Schedule = tensors
     plan_arch = arch or knobs.default_arch_override()
+    candidates: list[Candidate]
     if tune:
         start = time.perf_counter()
-        chosen = tuned_plan(tensors, arch=plan_arch, sizes=sizes, name=name, options=options)
+        tuned = tuned_plan(tensors, arch=plan_arch, sizes=sizes, name=name, options=options)
         timing.seconds.append(("tune", time.perf_counter() - start))
+        candidates = [("tuned", lambda: tuned)]
     elif plan == "auto" or plan is None:
-        proposal = _graph_level_proposal(tensors, plan_arch, sizes)
-        if proposal is not None:
-            chosen = proposal
-        else:
-            planning = plan_program(tensors, plan_arch, sizes=sizes, name=name)
-            chosen = planning.plan
-            timing.seconds.append(("plan", planning.search_seconds))
-            if knobs.dump_request(dump_ir, "", dump_filter) is None:
-                # the planner already scheduled the program (to check the primitives take the
-                # plan): compile that IR; with dumps on, the replay writes one file per primitive
-                program = planning.schedule
+        candidates = _auto_candidates(tensors, plan_arch, sizes, name, timing)
     else:
-        chosen = _resolve_plan(plan)
-    kernel = compile_plan(program, chosen, target, **compile_args)  # type: ignore[arg-type]
+        given = _resolve_plan(plan)
+        candidates = [("given", lambda: given)]
+    module, chosen, planning, fallbacks = _first_that_builds(candidates, tensors, name, dumper, timing)
+    kernel = compile_module(module, chosen, target, arch=arch, options=options, dumper=dumper, timing=timing)
     kernel.planning = planning
+    kernel.fallbacks = fallbacks
     return kernel
 
 
-def _graph_level_proposal(tensors: Sequence[Tensor], arch: str | None, sizes: dict[str, int] | None) -> Plan | None:
-    """The plan of the first graph-level rewrite that takes the program, asked in this order:
-    a reduction over rows too few to fill the GPU (or a full reduction) as a grid reduction
-    split over blocks; softmax / norms over such rows as partial statistics, then the outputs; a
-    graph of stages sharing a row as one kernel when that moves fewer global bytes; a column /
-    middle-axis reduction as a split reduction. docs/memory-bound.md says when each applies;
-    the per-kernel planner cannot express them."""
-    graph_level = (
-        lambda: propose_split_rows(tensors, arch, sizes=sizes),
-        lambda: propose_split_row_group(tensors, arch, sizes=sizes),
-        lambda: propose_row_fused(tensors),
-        lambda: propose_column_reduction(tensors),
-    )
-    proposal = next((p for p in (ask() for ask in graph_level) if p is not None), None)
-    return None if proposal is None else proposal.plan
+def _auto_candidates(tensors: list[Tensor], plan_arch: str | None, sizes: dict[str, int] | None,
+                     name: str | None, timing: PassTiming) -> list[Candidate]:
+    """plan="auto": the candidates in the order they are tried.
+
+    Graph-level rewrites the per-kernel planner cannot express, first: a reduction over rows too
+    few to fill the GPU (or a full reduction) as a grid reduction split over blocks; softmax /
+    norms over such rows as partial statistics, then the outputs; a graph of stages sharing a row
+    as one kernel when that moves fewer global bytes; a column / middle-axis reduction as a split
+    reduction (docs/memory-bound.md says when each applies). Then the per-kernel planner, then
+    the generic schedule (always valid)."""
+
+    def proposal(propose: Callable[[], Any]) -> Callable[[], Plan | None]:
+        def ask() -> Plan | None:
+            found = propose()
+            return None if found is None else found.plan
+        return ask
+
+    def planner() -> PlanResult:
+        result = per_kernel_planner.plan_program(tensors, plan_arch, sizes=sizes, name=name)
+        timing.seconds.append(("plan", result.search_seconds))
+        return result
+
+    return [
+        ("split_rows", proposal(lambda: split_rows.propose(tensors, plan_arch, sizes=sizes))),
+        ("split_row_group", proposal(lambda: split_row_group.propose(tensors, plan_arch, sizes=sizes))),
+        ("row_fused", proposal(lambda: row_fused.propose(tensors))),
+        ("column_reduction", proposal(lambda: column_reduction.propose(tensors))),
+        ("planner", planner),
+        ("generic", default_plan),
+    ]
+
+
+def _first_that_builds(candidates: list[Candidate], tensors: list[Tensor], name: str | None,
+                       dumper: DumpIR | None, timing: PassTiming,
+                       ) -> tuple[Module, Plan, PlanResult | None, list[tuple[str, str]]]:
+    """Lower and schedule with the first candidate that takes the program and builds.
+
+    A candidate that fails (STRATEGY_FAILURES) is recorded as (label, why) and the next one is
+    tried; its dumps are removed. The last candidate's failure is raised. Returns the final module,
+    the plan (its reason says which candidates failed), the planner's result when it was chosen,
+    and the failures."""
+    fallbacks: list[tuple[str, str]] = []
+    for position, (label, ask) in enumerate(candidates):
+        last = position == len(candidates) - 1
+        first_dump = dumper.count if dumper is not None else 0
+        try:
+            found = ask()
+            if found is None:
+                continue
+            planning = found if isinstance(found, PlanResult) else None
+            chosen = found.plan if isinstance(found, PlanResult) else found
+            # the planner already scheduled the program (to check that the primitives take the
+            # plan): compile that IR; with dumps on, the replay writes one file per primitive
+            program: Sequence[Tensor] | Schedule = tensors
+            if planning is not None and dumper is None and planning.schedule is not None:
+                program = planning.schedule
+            module = schedule_module(program, chosen, name=name, dumper=dumper, timing=timing)
+        except STRATEGY_FAILURES as exc:
+            if last or knobs.strict_plans():
+                raise
+            fallbacks.append((label, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+            if dumper is not None:
+                dumper.rewind(first_dump)
+            continue
+        if fallbacks:
+            tried = "; ".join(f"{who} failed ({why})" for who, why in fallbacks)
+            chosen = replace(chosen, reason=(chosen.reason + "; " if chosen.reason else "") + f"fell back: {tried}")
+        return module, chosen, planning, fallbacks
+    raise TeccError("build(): no candidate plan applies to this program")  # the list ends in one that always does
 
 
 def _resolve_plan(plan: Plan | str | dict[str, Any]) -> Plan:

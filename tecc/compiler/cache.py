@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -150,6 +151,10 @@ def lookup(key: str, directory: str | os.PathLike[str] | None = None) -> Compile
     """The entry for `key`, or None when there is none or it is corrupt (counted in STATS.corrupt)."""
     path = entry_path(key, directory)
     try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            # a FIFO would block the read forever, a directory cannot be read: not an entry
+            STATS.corrupt += 1
+            return None
         data = path.read_bytes()
     except OSError:
         return None

@@ -17,7 +17,7 @@ from ..ir import dtype as dt
 from ..ir.errors import TeccError
 from ..ir.evaluate import evaluate_int
 from ..ir.expr import free_vars
-from ..ir.tensor import ComputeOp, Tensor
+from ..ir.tensor import ComputeOp, Tensor, check_name
 
 # ‖out − ref‖ / ‖ref‖ bounds. fp32 arithmetic lands far below 1e-5 for the reductions in the
 # examples; half types are bounded by their storage rounding (2^-11, 2^-8) times a small factor.
@@ -37,6 +37,11 @@ class OpSpec:
     sizes: Mapping[str, int] = field(default_factory=dict)
     make_inputs: Callable[[np.random.Generator, list[tuple[int, ...]]], list[np.ndarray]] | None = None
     rel_tol: float | None = None
+
+    def __post_init__(self) -> None:
+        # the name is a file stem under `tecc compile -o DIR` and a dump directory: an ASCII
+        # identifier can never name a path outside DIR
+        check_name("op", self.name)
 
     @property
     def inputs(self) -> list[Tensor]:

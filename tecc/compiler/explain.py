@@ -129,6 +129,8 @@ def explain_kernel(kernel: Any) -> str:
         parts.append(explain(report))
     else:
         parts.append(str(kernel.plan))
+    for who, why in getattr(kernel, "fallbacks", []):
+        parts.append(f"  fell back: candidate {who} took the program but failed: {why}")
     for k in kernel.host.kernels:
         grid = ", ".join(str(g) for g in k.grid)
         parts.append(f"  {k.name}: grid ({grid}), block {k.block}")

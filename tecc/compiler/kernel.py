@@ -57,6 +57,8 @@ class Kernel(RunnableKernel):
         self.options: tuple[str, ...] = ()
         self.dump_dir: Path | None = None
         self.planning: Any = None  # the planner's PlanResult when plan="auto" (read by explain)
+        # plan="auto" candidates that took the program but failed to build: (candidate, why)
+        self.fallbacks: list[tuple[str, str]] = []
         self._sim: Any = None
 
     def attach_binary(self, compiled: Any, options: tuple[str, ...]) -> None:
@@ -138,5 +140,9 @@ class Kernel(RunnableKernel):
         }
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write path.cubin, path.ptx, path.cu and path.json (the manifest); returns the stem."""
-        return write_artifact(path, self.manifest(), self.cubin, ptx=self.ptx, cuda_source=self.source)
+        """Write path.cubin, path.ptx, path.cu, path.json (the manifest) and path.ir (the loop
+        IR, for `tecc.load(path).sim(...)`); returns the stem."""
+        from ..ir.loop_json import module_to_json
+
+        return write_artifact(path, self.manifest(), self.cubin, ptx=self.ptx, cuda_source=self.source,
+                              loop_ir=module_to_json(self.module))

@@ -51,17 +51,31 @@ def compile_plan(program: Sequence[Tensor] | Schedule, plan: Plan, target: str =
     """Replay `plan` on `program` (the kernel signature) and compile it for `target`; a Schedule
     carries its own scheduled IR and plan (`plan` is then its plan too)."""
     timing = timing if timing is not None else PassTiming()
+    dumper = open_dumps(program, name, dump_ir, dump_filter)
+    module = schedule_module(program, plan, name=name, dumper=dumper, timing=timing)
+    return compile_module(module, plan, target, arch=arch, options=options, dumper=dumper, timing=timing)
 
+
+def open_dumps(program: Sequence[Tensor] | Schedule, name: str | None,
+               dump_ir: str | os.PathLike[str] | None, dump_filter: str | None) -> DumpIR | None:
+    """Where this build writes its IR dumps (None: nowhere)."""
+    mod_name = program.mod.name if isinstance(program, Schedule) else module_name(list(program), name)
+    request = knobs.dump_request(dump_ir, mod_name, dump_filter)
+    return None if request is None else DumpIR(request.directory, request.kernel_filter)
+
+
+def schedule_module(program: Sequence[Tensor] | Schedule, plan: Plan, *, name: str | None,
+                    dumper: DumpIR | None, timing: PassTiming) -> Module:
+    """Steps 1 and 2: lowering and the plan's schedule primitives (or the Schedule's IR as it is),
+    then the fixed tail. Everything a plan can fail in happens here."""
     # 1. lowering and the schedule primitives of the plan (the Schedule's own, when one is given)
     start = time.perf_counter()
     if isinstance(program, Schedule):
         module = program.mod
-        dumper = _dumper(dump_ir, module.name, dump_filter)
         if dumper is not None:
             dumper.write("schedule.txt", f"# the Schedule as given\n{dumper.text(module)}")
     else:
         tensors = list(program)
-        dumper = _dumper(dump_ir, module_name(tensors, name), dump_filter)
         primitives = Plan(tuple(s for s in plan.steps if s.primitive != "default_schedule"))
         if primitives.steps:  # 00_lower.txt, then one file per primitive
             module = Schedule(tensors, primitives, name=name, dump_ir=dumper).mod
@@ -86,9 +100,12 @@ def compile_plan(program: Sequence[Tensor] | Schedule, plan: Plan, target: str =
              (("precise", knobs.precise_math()),)),
         Pass("unique_names", unique_names),
     ]
-    module = PassManager(pipeline, instruments).run(module)
+    return PassManager(pipeline, instruments).run(module)
 
-    # 3. CUDA C, then NVRTC
+
+def compile_module(module: Module, plan: Plan, target: str, *, arch: str | None, options: Sequence[str],
+                   dumper: DumpIR | None, timing: PassTiming) -> Kernel:
+    """Step 3: CUDA C from the final loop IR, then NVRTC (target "cuda"), as a Kernel."""
     start = time.perf_counter()
     source = emit_source(module.kernels)
     timing.seconds.append(("emit_cuda", time.perf_counter() - start))
@@ -123,11 +140,6 @@ def module_name(tensors: Sequence[Tensor], name: str | None) -> str:
     """The module's name: `name`, else the last computed tensor's (as lowering names it)."""
     computed = [t for t in tensors if not t.is_placeholder]
     return identifier(name or (computed[-1].name if computed else "module"))
-
-
-def _dumper(dump_ir: str | os.PathLike[str] | None, name: str, dump_filter: str | None) -> DumpIR | None:
-    request = knobs.dump_request(dump_ir, name, dump_filter)
-    return None if request is None else DumpIR(request.directory, request.kernel_filter)
 
 
 def lower_only(args: Sequence[Tensor], name: str | None = None) -> Module:

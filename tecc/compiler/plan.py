@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..ir.errors import ScheduleError
+
 
 @dataclass(frozen=True)
 class Step:
@@ -23,8 +25,15 @@ class Step:
         return {"primitive": self.primitive, "args": self.args}
 
     @staticmethod
-    def from_json(j: dict[str, Any]) -> "Step":
-        return Step(j["primitive"], dict(j.get("args", {})))
+    def from_json(j: dict[str, Any], where: str = "plan step") -> "Step":
+        if not isinstance(j, dict) or not isinstance(j.get("primitive"), str):
+            raise ScheduleError(f"{where} is {json.dumps(j)[:80]}; a step is an object "
+                                '{"primitive": NAME, "args": {...}} (see docs/schedule.md)')
+        args = j.get("args", {})
+        if not isinstance(args, dict):
+            raise ScheduleError(f"{where} ({j['primitive']}): args must be an object of keyword arguments, "
+                                f"got {json.dumps(args)[:80]}")
+        return Step(j["primitive"], dict(args))
 
 
 @dataclass(frozen=True)
@@ -41,9 +50,22 @@ class Plan:
 
     @staticmethod
     def from_json(text: str | dict[str, Any]) -> "Plan":
-        j = json.loads(text) if isinstance(text, str) else text
-        return Plan(tuple(Step.from_json(s) for s in j.get("steps", [])), j.get("strategy", "manual"),
-                    j.get("reason", ""))
+        if isinstance(text, str):
+            try:
+                j = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ScheduleError(f"the plan is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}; "
+                                    "pass plan='auto', a Plan, or the JSON of one (Plan.to_json())") from exc
+        else:
+            j = text
+        if not isinstance(j, dict):
+            raise ScheduleError(f"a plan is a JSON object with a list 'steps', got {type(j).__name__}; "
+                                "pass plan='auto', a Plan, or the JSON of one (Plan.to_json())")
+        steps = j.get("steps", [])
+        if not isinstance(steps, list):
+            raise ScheduleError(f"the plan's 'steps' must be a list of steps, got {json.dumps(steps)[:80]}")
+        return Plan(tuple(Step.from_json(s, f"plan step {n}") for n, s in enumerate(steps)),
+                    str(j.get("strategy", "manual")), str(j.get("reason", "")))
 
     def __str__(self) -> str:
         lines = [f"plan ({self.strategy}){': ' + self.reason if self.reason else ''}"]

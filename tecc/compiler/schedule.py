@@ -16,6 +16,8 @@ after every primitive (`00_lower.txt`, `01_split.txt`, ...).
 
 from __future__ import annotations
 
+import inspect
+
 import os
 import time
 from dataclasses import dataclass
@@ -100,8 +102,18 @@ class Schedule:
             method = getattr(self, step.primitive, None)
             if method is None or step.primitive.startswith("_") or step.primitive in ("replay", "get_loops"):
                 raise ScheduleError(f"plan step {step.primitive!r} is not a schedule primitive")
+            try:
+                if step.primitive == "reorder":
+                    loops = step.args["loops"]
+                    inspect.signature(method).bind(*loops)
+                else:
+                    inspect.signature(method).bind(**step.args)
+            except (KeyError, TypeError) as exc:
+                params = ", ".join(inspect.signature(method).parameters)
+                raise ScheduleError(f"plan step {step.primitive}({', '.join(map(str, step.args))}): {exc}; "
+                                    f"{step.primitive} takes ({params})") from exc
             if step.primitive == "reorder":
-                method(*step.args["loops"])
+                method(*loops)
             else:
                 method(**step.args)
 

@@ -17,6 +17,7 @@ from .errors import (
                      CompileError,
                      DeviceError,
                      DTypeError,
+                     InvalidNameError,
                      LaunchError,
                      OutOfBoundsError,
                      RaceError,

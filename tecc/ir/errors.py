@@ -16,6 +16,11 @@ class ShapeError(TeccError, ValueError):
     """A shape, index arity, bound or stride does not fit what the tensor or kernel expects."""
 
 
+class InvalidNameError(TeccError, ValueError):
+    """A tensor, axis, size or op name tecc cannot use: it becomes C identifiers, file names of
+    dumps and artifacts, and schedule addresses (`kernel/stage`), so it must be an ASCII identifier."""
+
+
 class DTypeError(TeccError, TypeError):
     """An operator or argument is used with a dtype it does not support."""
 

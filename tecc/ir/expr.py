@@ -26,7 +26,7 @@ from typing import Any, Iterable, Sequence, Union
 
 from . import dtype as dt
 from .dtype import DType
-from .errors import DTypeError, TeccError
+from .errors import DTypeError, ShapeError, TeccError
 
 ExprLike = Union["Expr", int, float, bool]
 
@@ -637,6 +637,9 @@ def index_expr(value: ExprLike) -> Expr:
         return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise DTypeError(f"an index or extent must be an integer, got {type(value).__name__} {value!r}")
+    if not -(2**63) <= value < 2**63:
+        raise ShapeError(f"the index or extent {value} does not fit int64 (|value| < 2**63), the widest "
+                         "index type of a kernel; use a smaller size")
     return Const(value, dt.int32 if -(2**31) <= value < 2**31 else dt.int64)
 
 
@@ -644,10 +647,16 @@ def to_shape(shape: Sequence[ExprLike] | ExprLike) -> tuple[Expr, ...]:
     """Normalize a shape given as ints / integer expressions."""
     dims: Sequence[ExprLike] = (shape,) if isinstance(shape, (int, float, Expr)) else shape
     out = tuple(index_expr(s) for s in dims)
+    elements = 1
     for s in out:
         c = const_int(s)
         if c is not None and c < 0:
-            raise TeccError(f"a dimension cannot be negative, got {c} in shape {tuple(str(x) for x in out)}")
+            raise ShapeError(f"a dimension cannot be negative, got {c} in shape {tuple(str(x) for x in out)}")
+        elements *= c if c is not None else 1
+    if elements >= 2**63:
+        # a flat element offset is an int64 in the generated code (and in NumPy)
+        raise ShapeError(f"the shape {tuple(str(x) for x in out)} has {elements} elements, more than an int64 "
+                         "offset can address (2**63); use smaller dimensions")
     return out
 
 

@@ -30,6 +30,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .errors import DeviceError
+
 KiB = 1024
 MiB = 1024 * 1024
 
@@ -226,7 +228,7 @@ def from_properties(arch: str, props: Any, name: str = "device") -> Target:
 
 
 def from_device(device: Any = None) -> Target:
-    """The Target of the live GPU (cuda.core `Device(device)`). Raises RuntimeError when there is
+    """The Target of the live GPU (cuda.core `Device(device)`). Raises DeviceError when there is
     no usable device or cuda.core is missing."""
     try:
         from cuda.core import Device  # type: ignore[import-untyped]
@@ -238,7 +240,8 @@ def from_device(device: Any = None) -> Target:
     except ValueError:
         raise
     except Exception as exc:  # noqa: BLE001 - no driver, no device, no cuda.core
-        raise RuntimeError(f"target.from_device(): no usable CUDA device ({type(exc).__name__}: {exc})") from exc
+        raise DeviceError(f"target.from_device(): no usable CUDA device ({type(exc).__name__}: {exc}); plan for "
+                          "an architecture instead, e.g. tc.target('sm_90')") from exc
 
 
 class _TargetFunction:

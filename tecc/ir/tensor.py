@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence, Union
 
 from . import dtype as dt
 from .dtype import DType, DTypeLike
-from .errors import DTypeError, ShapeError
+from .errors import DTypeError, InvalidNameError, ShapeError
 from .expr import (
     Expr,
     ExprLike,
@@ -151,9 +152,29 @@ class Tensor:
         return True
 
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_name(what: str, name: object) -> str:
+    """`name` when it is an ASCII identifier, else InvalidNameError. A name becomes part of the
+    CUDA C, of islpy's set strings, of dump and artifact file names and of the `kernel/stage`
+    addresses of schedules, so `A/B`, `../x`, `Ä` or `a b` would each break one of them."""
+    if isinstance(name, str) and _NAME.fullmatch(name):
+        return name
+    shown = repr(name) if isinstance(name, str) else f"a {type(name).__name__}"
+    suggestion = re.sub(r"[^A-Za-z0-9_]", "_", name) if isinstance(name, str) else ""
+    if not suggestion.strip("_"):
+        suggestion = "X"
+    elif suggestion[0].isdigit():
+        suggestion = "t_" + suggestion
+    raise InvalidNameError(
+        f"{what} name {shown} is not an ASCII identifier (letters, digits and _, not starting with a digit); "
+        f"names become CUDA C identifiers, file names and schedule addresses. Rename it, e.g. {suggestion!r}")
+
+
 def var(name: str, dtype: DTypeLike = "int32") -> Var:
     """A symbolic size, e.g. `M = tc.var("M")`; bound at call time from the arguments' shapes."""
-    return Var(name, dt.as_dtype(dtype), "size")
+    return Var(check_name("size", name), dt.as_dtype(dtype), "size")
 
 
 def placeholder(shape: Sequence[ExprLike] | ExprLike, dtype: DTypeLike = "float32", name: str | None = None,
@@ -162,7 +183,7 @@ def placeholder(shape: Sequence[ExprLike] | ExprLike, dtype: DTypeLike = "float3
     accepts any strides (they become kernel parameters); a tuple fixes them."""
     shp = to_shape(shape)
     d = dt.as_dtype(dtype)
-    nm = name or f"placeholder_{next(_counter)}"
+    nm = check_name("placeholder", name) if name is not None else f"placeholder_{next(_counter)}"
     st: tuple[Expr, ...] | None
     if strides is None:
         st = None
@@ -180,6 +201,7 @@ def placeholder(shape: Sequence[ExprLike] | ExprLike, dtype: DTypeLike = "float3
 
 def reduce_axis(dom: ExprLike | tuple[ExprLike, ExprLike], name: str = "k") -> ReduceAxis:
     """A reduction axis over range(extent) or range(lo, hi)."""
+    check_name("reduce_axis", name)
     if isinstance(dom, tuple):
         if len(dom) != 2:
             raise ShapeError(f"reduce_axis {name}: give an extent or a (lo, hi) pair, got {dom!r}")
@@ -206,13 +228,13 @@ def _axis_names(fcompute: Callable[..., Any], ndim: int, name: str) -> list[str]
             f"compute {name} has {ndim} dimension{'s' if ndim != 1 else ''} but its function takes "
             f"{len(params)} argument{'s' if len(params) != 1 else ''}; give one axis argument per dimension"
         )
-    return [p.name for p in params]
+    return [check_name(f"axis (a parameter of the function of compute {name})", p.name) for p in params]
 
 
 def compute(shape: Sequence[ExprLike] | ExprLike, fcompute: Callable[..., ExprLike], name: str | None = None) -> Tensor:
     """A tensor whose element at each point of `shape` is `fcompute(*axes)`."""
     shp = to_shape(shape)
-    nm = name or f"compute_{next(_counter)}"
+    nm = check_name("compute", name) if name is not None else f"compute_{next(_counter)}"
     axes = tuple(
         IterVar(n, index_expr(0), s, dt.int64 if s.dtype == dt.int64 else dt.int32)
         for n, s in zip(_axis_names(fcompute, len(shp), nm), shp)

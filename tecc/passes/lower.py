@@ -145,7 +145,7 @@ def epilogue_consumer(prog: Program, t: Tensor, inlined: frozenset[Tensor]) -> T
         return None
     d = consumers[0]
     dop = d.op
-    if id(d) not in outputs or not isinstance(dop, ComputeOp) or dop.reductions or d.shape != t.shape:
+    if id(d) not in outputs or not isinstance(dop, ComputeOp) or dop.reductions or not same_shape(d.shape, t.shape):
         return None
     reads = [n for n in walk(dop.body) if isinstance(n, TensorRead) and n.tensor is t]
     if len(reads) != 1 or reads[0].indices != tuple(dop.axes):
@@ -155,6 +155,13 @@ def epilogue_consumer(prog: Program, t: Tensor, inlined: frozenset[Tensor]) -> T
            for s in prog.order if isinstance(s.op, ComputeOp)):
         return None
     return d
+
+
+def same_shape(a: Sequence[Expr], b: Sequence[Expr]) -> bool:
+    """Whether two shapes are the same, dimension by dimension. Expressions are hash-consed, so
+    equal dimensions are the same node; `==` on two of them would build a symbolic comparison
+    (whose truth value is refused), not answer the question."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 class Inliner(ExprMutator):

@@ -6,8 +6,9 @@ import re
 
 
 def identifier(name: str) -> str:
-    """`name` made a C identifier (other characters become `_`; a leading digit gets a prefix)."""
-    out = re.sub(r"\W", "_", name)
+    """`name` made an ASCII C identifier (other characters become `_`; a leading digit gets a
+    prefix). ASCII, not Python's Unicode word characters: islpy and NVRTC read these names."""
+    out = re.sub(r"[^A-Za-z0-9_]", "_", name)
     return out if out and not out[0].isdigit() else f"t_{out}"
 
 

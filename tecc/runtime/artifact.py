@@ -62,9 +62,12 @@ class ArtifactError(TeccError):
 
 
 def artifact_paths(path: str | os.PathLike[str]) -> dict[str, Path]:
-    """The four files of the artifact whose stem (or manifest path) is `path`."""
+    """The files of the artifact whose stem (or manifest path) is `path`: the manifest, cubin,
+    PTX, CUDA C, and the final loop IR (`ir`, what the emulator runs: tecc.ir.loop_json)."""
     stem = Path(path)
-    return {suffix: stem.with_suffix(f".{suffix}") for suffix in ("json", "cubin", "ptx", "cu")}
+    files = {suffix: stem.with_suffix(f".{suffix}") for suffix in ("json", "cubin", "ptx", "cu")}
+    files["ir"] = stem.with_suffix(".ir")
+    return files
 
 
 def source_sha256(source: str) -> str:
@@ -157,7 +160,7 @@ def validate_manifest(manifest: Any, where: str = "manifest") -> HostProgram:
 
 
 def write_artifact(path: str | os.PathLike[str], manifest: Mapping[str, Any], cubin: bytes, *,
-                   ptx: str | None = None, cuda_source: str | None = None) -> Path:
+                   ptx: str | None = None, cuda_source: str | None = None, loop_ir: str | None = None) -> Path:
     """Validate `manifest` and write the artifact's files (atomically each); returns the stem.
 
     The compiler's `Kernel.save` writes through this; tests use it to make artifacts by hand."""
@@ -169,6 +172,8 @@ def write_artifact(path: str | os.PathLike[str], manifest: Mapping[str, Any], cu
         _atomic_write(files["ptx"], ptx.encode("utf-8"))
     if cuda_source is not None:
         _atomic_write(files["cu"], cuda_source.encode("utf-8"))
+    if loop_ir is not None:
+        _atomic_write(files["ir"], loop_ir.encode("utf-8"))
     _atomic_write(files["json"], json.dumps(manifest, indent=2).encode("utf-8"))
     return Path(path)
 
@@ -209,6 +214,7 @@ class LoadedKernel(RunnableKernel):
         self.path = path
         self.manifest = manifest
         self.cuda_source = cuda_source
+        self._sim: Any = None
 
     @property
     def plan(self) -> Any:
@@ -228,7 +234,24 @@ class LoadedKernel(RunnableKernel):
 
     def _no_device_message(self, reason: str) -> str:
         return (f"{self.name}: no CUDA device is available to run the artifact {self.path} ({reason}); "
-                "run it on a machine with an NVIDIA GPU, or rebuild the op with target='sim' to use the CPU emulator")
+                "run it on a machine with an NVIDIA GPU, or call .sim(...) to run its loop IR in the CPU emulator")
+
+    def sim(self, *args: Any) -> None:
+        """Run the artifact's final loop IR (`path.ir`) in the CPU SIMT emulator (NumPy
+        arrays, written in place), as `Kernel.sim` runs a built kernel."""
+        if self._sim is None:
+            from ..ir.loop_json import module_from_json
+            from .sim import SimExecutor
+
+            file = artifact_paths(self.path)["ir"]
+            try:
+                text = file.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                raise ArtifactError(f"{self.path} has no loop IR for the emulator ({file} does not exist: the "
+                                    "artifact was saved by an older tecc); save the kernel again") from None
+            module = module_from_json(text, str(file))
+            self._sim = SimExecutor(self.host, {k.name: k for k in module.kernels})
+        self._sim(*args)
 
     def _check_device(self) -> None:
         check_arch(self.arch, cuda.current_device(), self.path)

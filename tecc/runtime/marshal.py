@@ -131,7 +131,8 @@ def prepare_arguments(host: HostProgram, args: Sequence[Any], stream_ptr: int = 
     for pos, (p, buf) in enumerate(zip(prepared, buffers)):
         if buf.name in outputs and p.readonly:
             raise TeccError(
-                f"argument {pos} ({buf.name}) of {host.name}: the kernel writes it, but the array is read-only"
+                f"argument {pos} ({buf.name}) of {host.name}: the kernel writes it, but the array is read-only; "
+                "pass a writable array (e.g. a.copy())"
             )
     return prepared, env
 

@@ -182,10 +182,16 @@ class TuningDB:
         self._ready = False
 
     # ---- connections --------------------------------------------------------------------------
+    # seconds a write waits for another process's write transaction before giving up
+    BUSY_TIMEOUT_S = 30.0
+
     def _connect(self) -> sqlite3.Connection:
+        if self.path.exists() and not self.path.is_file():
+            raise TeccError(f"the tuning database {self.path} is not a file (a directory, FIFO or device); "
+                            "point TECC_TUNING_DB at a file path")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            conn = sqlite3.connect(self.path, timeout=self.BUSY_TIMEOUT_S, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
             raise TeccError(f"cannot open the tuning database {self.path}: {exc}") from exc
         conn.row_factory = sqlite3.Row
@@ -211,24 +217,46 @@ class TuningDB:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             conn.close()
-            raise TeccError(f"the tuning database {self.path} is unusable ({exc}); remove it "
-                            "(`tecc cache clear --tuning`) and tune again") from exc
+            raise self._database_error(exc) from exc
         if version > SCHEMA_VERSION:
             conn.close()
             raise TeccError(f"the tuning database {self.path} has schema version {version}, newer than this "
                             f"tecc's {SCHEMA_VERSION}; upgrade tecc or point TECC_TUNING_DB elsewhere")
         self._ready = True
 
+    def _database_error(self, exc: sqlite3.Error) -> TeccError:
+        """The TeccError for an SQLite failure: a lock held too long, or a damaged file."""
+        if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
+            # SQLite's locks die with the process that held them, so a lock that outlives
+            # BUSY_TIMEOUT_S is held by a live process (or lost by a file system without locks)
+            return TuningDBLocked(
+                f"the tuning database {self.path} stayed locked by another process for {self.BUSY_TIMEOUT_S:.0f} s. "
+                "Another tecc (tecc tune, or a build with tune=True) is writing to it: wait for it to finish, or "
+                "stop it if it hangs; a process that crashed releases its lock by itself. Do not delete the file "
+                "while any tecc may use it. If no tecc process runs and it stays locked, the file system does not "
+                "support SQLite's locks (NFS): point TECC_TUNING_DB at a local disk")
+        return TeccError(f"the tuning database {self.path} is unusable ({exc}). When no tecc process is using it, "
+                         "remove it (`tecc cache clear --tuning`) and tune again, or point TECC_TUNING_DB elsewhere")
+
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         with closing(self._connect()) as conn:
-            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise self._database_error(exc) from exc
             try:
                 yield conn
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+
+    def _row_error(self, table: str, row: Any, exc: Exception) -> TeccError:
+        return TeccError(
+            f"the tuning database {self.path} has a damaged row in {table} (id or key "
+            f"{row[0]!r}): {type(exc).__name__}: {exc}. Forget that problem's rows (TuningDB().forget(problem)) "
+            "or, when no tecc process is using the database, remove it (`tecc cache clear --tuning`), then tune again")
 
     # ---- writing ------------------------------------------------------------------------------
     def record(self, problem: Problem, strategy: str, plan: Any, times_us: Sequence[float], *,
@@ -296,7 +324,11 @@ class TuningDB:
                 problem.key).fetchone()
         if row is None:
             return None
-        return Winner(row["strategy"], json.loads(row["plan"]), row["median_us"], row["measurement_id"])
+        try:
+            return Winner(str(row["strategy"]), json.loads(row["plan"]), float(row["median_us"]),
+                          None if row["measurement_id"] is None else int(row["measurement_id"]))
+        except (TypeError, ValueError) as exc:
+            raise self._row_error("winners", (problem.op_name or problem.key[0],), exc) from exc
 
     def best_per_strategy(self, problem: Problem) -> dict[str, Measurement]:
         """The fastest correct measurement of each strategy for `problem`."""
@@ -323,11 +355,17 @@ class TuningDB:
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         with closing(self._connect()) as conn:
             rows = conn.execute(f"SELECT * FROM measurements{where} ORDER BY id", params).fetchall()
-        return [Measurement(r["id"], r["op_signature"], r["op_name"], json.loads(r["shapes"]), json.loads(r["dtypes"]),
-                            r["arch"], r["strategy"], json.loads(r["plan"]), r["median_us"], json.loads(r["times_us"]),
-                            r["predicted_us"], bool(r["ok"]), r["error"], r["device"], r["tecc_version"], r["created"],
-                            bool(r["precise_math"]))
-                for r in rows]
+        out = []
+        for r in rows:
+            try:
+                out.append(Measurement(r["id"], r["op_signature"], r["op_name"], json.loads(r["shapes"]),
+                                       json.loads(r["dtypes"]), r["arch"], r["strategy"], json.loads(r["plan"]),
+                                       r["median_us"], json.loads(r["times_us"]), r["predicted_us"], bool(r["ok"]),
+                                       r["error"], r["device"], r["tecc_version"], r["created"],
+                                       bool(r["precise_math"])))
+            except (TypeError, ValueError) as exc:
+                raise self._row_error("measurements", (r["id"],), exc) from exc
+        return out
 
     def report(self, problem: Problem | None = None) -> list[dict[str, Any]]:
         """Predicted vs measured, one row per measurement that has both: op, strategy, predicted
@@ -346,6 +384,10 @@ class TuningDB:
         with closing(self._connect()) as conn:
             return {"measurements": conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0],
                     "problems": conn.execute("SELECT COUNT(*) FROM winners").fetchone()[0]}
+
+
+class TuningDBLocked(TeccError):
+    """Another process held the tuning database's write lock longer than TuningDB.BUSY_TIMEOUT_S."""
 
 
 def _migrate_from_1(conn: sqlite3.Connection) -> None:

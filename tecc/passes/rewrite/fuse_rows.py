@@ -167,6 +167,18 @@ def row_group(args: Sequence[Tensor]) -> RowGroup:
             raise ScheduleError(
                 f"fuse_rows: elementwise stage {t.name} has shape {_fmt(t.shape)}, not rows + columns "
                 f"{_fmt(rows + (columns,))}")
+    # Shapes alone do not make a row group: a reduction stage must be read at the reader's own
+    # row. With as many rows as columns, `B[i, j] = A[i, j] / colsum[j]` has the right shapes but
+    # reads a column statistic along the row (the guard once took it and fuse_rows then failed).
+    for reader in prog.order:
+        if not isinstance(reader.op, ComputeOp):
+            continue
+        row = tuple(reader.op.axes[:len(rows)])
+        for read in walk(reader.op.body):
+            if isinstance(read, TensorRead) and read.tensor in reductions and not _same_shape(read.indices, row):
+                raise ScheduleError(
+                    f"fuse_rows: {reader.name} reads {read.tensor.name} at [{_fmt(read.indices)[1:-1]}], not at "
+                    f"the row being computed [{_fmt(row)[1:-1]}]")
     return RowGroup(prog, tuple(rows), columns, reductions, elementwise)
 
 

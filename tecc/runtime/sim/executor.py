@@ -48,6 +48,11 @@ class SimExecutor:
                     "(it writes outputs in place)"
                 )
         env = bind_arguments(host, [array_info(a) for a in arrays])
+        outputs = set(host.outputs)
+        for pos, (a, buf) in enumerate(zip(arrays, host.buffer_params)):
+            if buf.name in outputs and not a.flags.writeable:
+                raise TeccError(f"argument {pos} ({buf.name}) of {host.name}: the kernel writes it, but the array "
+                                "is read-only; pass a writable array (e.g. a.copy())")
         values: dict[str, np.ndarray | int] = {v.name: n for v, n in env.items()}
         values.update({b.name: a for b, a in zip(host.buffer_params, arrays)})
         for t in host.temps:
