@@ -181,12 +181,13 @@ def float_to_int_edges(d: str) -> np.ndarray:
 
 
 def cvt_rzi(x: np.ndarray, to: str) -> np.ndarray:
-    """cvt.rzi.s32/.s64 as the GPU executes it: truncate toward zero, saturate, NaN -> the minimum."""
+    """cvt.rzi.s32/.s64 as the GPU executes it (measured on an H200): truncate toward zero,
+    saturate; NaN -> 0 from a float of 32 bits or fewer to int32, the minimum otherwise."""
     info = np.iinfo(to)
     out = []
     for v in x.astype(np.float64):
         if math.isnan(v):
-            out.append(info.min)
+            out.append(0 if info.bits == 32 and x.dtype.itemsize <= 4 else info.min)
         elif v >= info.max:
             out.append(info.max)
         elif v <= info.min:

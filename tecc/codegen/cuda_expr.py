@@ -16,7 +16,8 @@ The rules, each one the contract the SIMT emulator (tecc/runtime/sim) implements
   are; otherwise a floor formula built on them is. A divisor not proven positive is guarded:
   `x // 0` and `x % 0` are 0 (docs/semantics.md), never C's undefined behaviour.
 - **Float to int** is `__float2int_rz` and its siblings (PTX `cvt.rzi`: truncate, saturate,
-  NaN -> INT_MIN, as measured), not a C cast, whose out-of-range and NaN results C leaves undefined.
+  NaN as the hardware gives it, docs/semantics.md), not a C cast, whose out-of-range and NaN
+  results C leaves undefined.
 - **Float max / min** propagate NaN through the `tecc_max` / `tecc_min` helpers (NumPy's
   maximum / minimum); `fmax` / `fmin` are C's `fmaxf` / `fminf`, which drop a NaN operand.
 - **Constants round-trip exactly**: floats print as the shortest decimal that reads back to the
@@ -87,8 +88,8 @@ _INTRINSIC_C = {
     # float32 only (no float64 form); device helpers that `device_helpers` defines
     "sin_approx": ("tecc_sin_approx", ""), "cos_approx": ("tecc_cos_approx", ""),
 }
-# float -> int conversions: PTX cvt.rzi (truncate, saturate to the integer range; NaN gives the
-# range's minimum on the hardware, measured on an H200 -- docs/semantics.md).
+# float -> int conversions: PTX cvt.rzi (truncate, saturate to the integer range; NaN gives 0 from
+# float32 to int32, the range's minimum otherwise, measured on an H200 -- docs/semantics.md).
 # A C cast compiles to the same instruction, but C leaves out-of-range and NaN undefined.
 _FLOAT_TO_INT = {
     (dt.float32, dt.int32): "__float2int_rz", (dt.float32, dt.int64): "__float2ll_rz",

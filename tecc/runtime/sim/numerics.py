@@ -12,7 +12,8 @@ one entry per lane. Every function here accepts either and keeps the node's dtyp
 - Integers wrap (two's complement), uniform Python ints too (`wrap_uniform`); `//` and `%` floor,
   and give 0 for a zero divisor.
 - Float `min` / `max` propagate NaN (np.minimum / np.maximum), `fmin` / `fmax` drop it.
-- Casts float -> int truncate toward zero and saturate, NaN -> the integer minimum (what the GPU's cvt.rzi gives); int -> narrower
+- Casts float -> int truncate toward zero and saturate; NaN gives what the GPU gives (0 from a 32-bit
+  float to int32, the integer minimum otherwise); int -> narrower
   int wraps; to bool tests `!= 0`; int and float64 -> bfloat16 round once (ml_dtypes rounds
   through float32, twice).
 docs/semantics.md is the reference; tests/test_semantics.py holds both targets to it.
@@ -88,15 +89,18 @@ def to_dtype(v: Value, d: DType) -> Value:
 
 def _float_to_int(v: np.ndarray, d: DType) -> np.ndarray:
     """float -> int as PTX `cvt.rzi.s32` / `.s64` (what `__float2int_rz` and friends are):
-    truncate toward zero, saturate to the integer range, NaN -> the range's minimum (INT_MIN /
-    INT64_MIN: measured on an H200, sm_90; the PTX ISA's text says 0, the hardware gives 0x80000000)."""
+    truncate toward zero, saturate to the integer range. NaN is what the hardware gives, measured
+    on an H200 (sm_90): 0 from float32 (and float16 / bfloat16, converted through float32) to
+    int32, the integer minimum (INT_MIN, INT64_MIN) from float64 and to int64."""
     lo, hi = dt.int_range(d)
     with np.errstate(invalid="ignore"):
         t = np.trunc(v.astype(np.float64))
         above = t >= 2.0 ** (d.bits - 1)
         below = t < -(2.0 ** (d.bits - 1))
         inside = np.where(above | below | np.isnan(t), 0.0, t).astype(d.numpy)
-    return np.where(above, hi, np.where(below | np.isnan(t), lo, inside)).astype(d.numpy)
+    nan = 0 if d.bits == 32 and v.dtype.itemsize <= 4 else lo
+    out = np.where(above, hi, np.where(below, lo, inside))
+    return np.where(np.isnan(t), nan, out).astype(d.numpy)
 
 
 def _to_bfloat16(v: np.ndarray) -> np.ndarray:
