@@ -161,7 +161,8 @@ def match_contraction(func: PrimFunc, stage: str) -> Contraction:
     batch = spatial[:-2]
     if tuple(store.indices) != tuple(spatial) and not _same_vars(store.indices, spatial):
         raise ScheduleError(f"{where}: the output {store.buffer.name} must be indexed by exactly its loop axes "
-                            f"({', '.join(v.name for v in spatial)}), got [{', '.join(map(str, store.indices))}]")
+                            f"({', '.join(v.name for v in spatial)}), got [{', '.join(map(str, store.indices))}]; the kernel must be "
+                            "as lowered (tensorize is the first primitive applied to it)")
     ops = {}
     for load in (x, y):
         names = [ix.name if isinstance(ix, Var) else None for ix in load.indices]
@@ -407,8 +408,15 @@ class _Emitter:
     def pipeline(self) -> Stmt:
         t = self.t
         zero = _unrolled(self.name("zero"), 4 * t.tm * t.tn, lambda z: BufferStore(self.frag_c, (z,), Const(0.0, dt.float32)))
-        prologue = [seq(IfThenElse(Const(s, dt.int32) < self.k_tiles, self.load_stage(Const(s, dt.int32), Const(s, dt.int32))),
-                        AsyncCommit()) for s in range(t.stages - 1)]
+        known = const_int(self.k_tiles)
+        prologue = []
+        for s in range(t.stages - 1):
+            load = self.load_stage(Const(s, dt.int32), Const(s, dt.int32))
+            if known is None:
+                prologue.append(IfThenElse(Const(s, dt.int32) < self.k_tiles, load))
+            elif s < known:
+                prologue.append(load)
+            prologue.append(AsyncCommit())  # one group per stage, even when K has fewer tiles
         ahead = self.kt + (t.stages - 1)
         loop = For(self.kt, 0, self.k_tiles, "serial", seq(
             AsyncWait(t.stages - 2),   # stage kt has landed (at most S - 2 later groups in flight)

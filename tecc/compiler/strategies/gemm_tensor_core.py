@@ -1,0 +1,150 @@
+"""gemm_tensor_core: float16/bfloat16 contractions on tensor cores through the `tensorize` primitive.
+
+Serves C[b.., i, j] = epilogue(Σ_k A · B) with A, B float16 or bfloat16 (the same dtype) on
+sm_80 and later: one Plan step, `tensorize(stage, block, warps, k_tile, stages)`
+(tecc/passes/schedule/tensorize.py builds the kernel: mma.m16n8k16 with float32 accumulators,
+a ring of cp.async stages in swizzled shared memory, ldmatrix, the stage's epilogue).
+
+Point: block tile BM × BN ∈ {64, 128, 256}², a warp grid of 4 or 8 warps whose warp tile is
+32..64 × 32..64, k-tile BK ∈ {32, 64}, stages ∈ {2, 3, 4}. The ring is declared as static
+`__shared__` arrays, so a point needs stages · (BM + BN) · BK · 2 bytes ≤ 48 KiB (the static
+limit; the runtime's dynamic-shared-memory opt-in is not used by this emitter yet).
+
+Workload for the cost model:
+- tensor: the padded tile FLOPs (every block computes its whole BM × BN × ceil(K/16)·16) at the
+  rate mma.sync reaches on the target (MMA_SYNC_FRACTION of the dense tensor peak for the dtype);
+- global: A is read once per column tile, B once per row tile (l2 bytes), DRAM the compulsory
+  bytes plus what misses the L2 (traffic.dram_from_l2); 16-byte copies, S - 1 tiles in flight
+  per thread (Little's law in the model's DRAM term: the pipeline depth hides the latency);
+- shared: per k16 step a warp issues TM + TN/2 ldmatrix.x4 (4 conflict-free wavefronts each) and
+  the block writes its tiles once per k-tile;
+- registers: TM·TN·4 accumulators, TM·4 + TN·2 fragment registers, addressing and the copy
+  loop's state (ADDRESSING + 4 per 16-byte copy per thread per stage; ptxas's count was at or
+  below this for every point compiled in tests/test_tensorize.py); over 255 is rejected.
+"""
+
+from __future__ import annotations
+
+from itertools import product
+from typing import Any, Iterable
+
+from ...ir.target import Target
+from ..cost.analysis import KernelInfo
+from ..cost.model import Workload
+from ..cost.traffic import dram_from_l2
+from .gemm import operands
+from .registry import Point, Strategy, register
+
+BLOCKS = (64, 128, 256)
+WARP_GRIDS = ((2, 2), (1, 4), (4, 1), (2, 4), (4, 2))  # 4 or 8 warps
+WARP_TILE = (32, 64)                                    # min, max of a warp's rows and columns
+BKS = (32, 64)
+STAGES = (2, 3, 4)
+STATIC_SHARED = 48 * 1024   # static __shared__ arrays are limited to 48 KiB per block
+ADDRESSING = 24
+# mma.sync's share of the dense tensor-core peak of the target's table: on sm_90 the peak is
+# wgmma's; mma.sync issued from 4 schedulers reaches about 0.6 of it (CUTLASS's sm_80-style
+# kernels on H100). On sm_8x mma.sync is the peak instruction. Assumed, not fitted here.
+MMA_SYNC_FRACTION = {80: 0.9, 86: 0.9, 89: 0.9, 90: 0.6}
+LDMATRIX_WAVEFRONTS = 4     # an x4 reads four 8 x 8 matrices, one wavefront each when conflict-free
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def shared_bytes(point: Point) -> int:
+    return int(point["stages"]) * (int(point["bm"]) + int(point["bn"])) * int(point["bk"]) * 2
+
+
+def tile_registers(bm: int, bn: int, wm: int, wn: int, bk: int) -> dict[str, int]:
+    tm, tn = bm // wm // 16, bn // wn // 8
+    threads = 32 * wm * wn
+    copies = (bm + bn) * bk // 8 // threads
+    return {"accumulators": tm * tn * 4, "fragments": tm * 4 + tn * 2, "addressing": ADDRESSING + 4 * copies}
+
+
+class GemmTensorCore(Strategy):
+    name = "gemm_tensor_core"
+    description = "half-precision contraction: mma.m16n8k16, cp.async ring, swizzled ldmatrix, fused epilogue"
+    priority = 3
+
+    def guard(self, info: KernelInfo, target: Target) -> str | None:
+        if info.kind != "contraction":
+            return f"not a contraction (kind {info.kind})"
+        if target.sm < 80:
+            return f"{target.arch} has no mma.m16n8k16 with float32 accumulators (needs sm_80 or later)"
+        if len(info.spatial) < 2 or len(info.reduction) != 1:
+            return "needs at least two spatial axes and one reduction axis"
+        pair = operands(info)
+        if pair is None:
+            return "needs one read indexed by (i, k) and one by (k, j)"
+        if any(x.itemsize != 2 for x in pair):
+            return "float16 or bfloat16 operands only"
+        batch = len(info.spatial) - 2
+        for x in pair + (info.write,):
+            if len(x.index_vars) != batch + 2 or any(len(v) != 1 for v in x.index_vars):
+                return f"operand {x.buffer}: every index must be one axis, batch axes first"
+        return None
+
+    def space(self, info: KernelInfo, target: Target) -> Iterable[Point]:
+        (_, m), (_, n) = info.spatial[-2:]
+        for bm, bn, (wm, wn), bk, stages in product(BLOCKS, BLOCKS, WARP_GRIDS, BKS, STAGES):
+            if (bm >= 2 * m and bm > BLOCKS[0]) or (bn >= 2 * n and bn > BLOCKS[0]):
+                continue  # a tile twice the matrix leaves half its warps idle
+            if not (WARP_TILE[0] <= bm // wm <= WARP_TILE[1] and WARP_TILE[0] <= bn // wn <= WARP_TILE[1]):
+                continue
+            point = {"bm": bm, "bn": bn, "warps_m": wm, "warps_n": wn, "bk": bk, "stages": stages}
+            if shared_bytes(point) > min(STATIC_SHARED, target.smem_per_block):
+                continue
+            yield point
+
+    def workload(self, info: KernelInfo, point: Point, target: Target) -> Workload:
+        bm, bn, bk, stages = (int(point[x]) for x in ("bm", "bn", "bk", "stages"))
+        wm, wn = int(point["warps_m"]), int(point["warps_n"])
+        batch = 1
+        for _, e in info.spatial[:-2]:
+            batch *= e
+        (_, m), (_, n) = info.spatial[-2:]
+        k = info.reduction[0][1]
+        threads = 32 * wm * wn
+        tm, tn = bm // wm // 16, bn // wn // 8
+        row_tiles, col_tiles, k_tiles = _ceil(m, bm), _ceil(n, bn), _ceil(max(k, 1), bk)
+        blocks = batch * row_tiles * col_tiles
+        warps = blocks * wm * wn
+        k16 = k_tiles * bk // 16
+        a_bytes, b_bytes = 2.0 * m * k * batch, 2.0 * k * n * batch
+        out_bytes = float(m * n * batch * info.write.itemsize)
+        l2 = a_bytes * col_tiles + b_bytes * row_tiles + out_bytes
+        copies = (bm + bn) * bk // 8 // threads              # 16-byte copies per thread per stage
+        ldmatrix = warps * k16 * (tm + tn // 2)
+        mma = warps * k16 * tm * tn
+        instructions = (mma + ldmatrix + blocks * k_tiles * (wm * wn) * (copies * 6 + 8)
+                        + warps * tm * tn * 4 * (4 + info.epilogue_flops))
+        # float16 and bfloat16 have the same dense peak on every target in the table
+        rate = target.tensor_flops.get("float16", 0.0) * MMA_SYNC_FRACTION.get(target.sm, 0.6)
+        notes = [f"mma.m16n8k16 {tm}x{tn} tiles per warp, {stages}-stage cp.async ring of {bk}-wide k tiles",
+                 "ldmatrix from swizzled shared tiles (conflict-free)"]
+        return Workload(
+            blocks=blocks, threads=threads, registers=tile_registers(bm, bn, wm, wn, bk),
+            smem_bytes=shared_bytes(point),
+            flops=2.0 * m * n * k * batch, fma_ops=float(m * n * batch * max(info.epilogue_flops, 0)),
+            tensor_flops=2.0 * blocks * bm * bn * k16 * 16, tensor_rate=rate,
+            dram_bytes=dram_from_l2(info, l2, target), l2_bytes=l2,
+            global_wavefronts=(l2 - out_bytes) / 128.0 + out_bytes / 32.0,
+            smem_wavefronts=ldmatrix * LDMATRIX_WAVEFRONTS + blocks * k_tiles * (bm + bn) * bk * 2 / 128.0,
+            instructions=instructions, bytes_in_flight=16.0 * copies * (stages - 1), ilp=float(tm * tn),
+            k_extent=k_tiles * bk, notes=notes)
+
+    def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
+        sch.tensorize(info.stage, intrinsic="auto", block=(int(point["bm"]), int(point["bn"])),
+                      warps=(int(point["warps_m"]), int(point["warps_n"])), k_tile=int(point["bk"]),
+                      stages=int(point["stages"]))
+
+    def describe(self, point: Point) -> str:
+        bm, bn, wm, wn = (int(point[x]) for x in ("bm", "bn", "warps_m", "warps_n"))
+        return (f"gemm_tensor_core(mma.m16n8k16 f32 accumulators, block {bm}x{bn}, "
+                f"{wm}x{wn} warps of {bm // wm}x{bn // wn}, k-tile {point['bk']}, {point['stages']} cp.async stages)")
+
+
+register(GemmTensorCore())

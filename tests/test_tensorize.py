@@ -1,0 +1,325 @@
+"""tensorize and the gemm_tensor_core strategy: half-precision contractions on tensor cores.
+
+Every kernel runs in the emulator against NumPy in float64 with a bound derived from K and the
+dtypes: the mma multiplies exactly and rounds its float32 sum once per k16 step, so the sum is
+within (K + 1)·2⁻²⁴·Σ|a·b| of the exact one; a 16-bit output adds one rounding of the result
+(and one per fused 16-bit epilogue operation). Inputs are fresh random values, outputs start as NaN.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+import tecc as tc
+from tecc.codegen import compile_cuda, emit_source
+from tecc.compiler.planner import candidates_for
+from tecc.compiler.cost.analysis import analyze_kernel
+from tecc.ir.stmt import AsyncCopy, MatrixLoad, iter_stmts
+from tecc.passes.lower import lower
+from tecc.runtime.sim.banks import count_bank_conflicts
+
+EPS = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 0.0}
+
+
+def np_dtype(name: str) -> Any:
+    if name == "bfloat16":
+        from ml_dtypes import bfloat16  # type: ignore[import-untyped]
+
+        return bfloat16
+    return np.dtype(name)
+
+
+def contraction(m: Any, n: int, k: int, dtype: str = "float16", *, a_t: bool = False, b_t: bool = False,
+                batch: int = 0, out: str = "float32", epilogue: Callable[..., Any] | None = None,
+                ) -> tuple[list[tc.Tensor], dict[str, Any]]:
+    """C[b, i, j] = epilogue(Σ_k A·B) with A stored [k, i] when a_t, B stored [j, k] when b_t."""
+    lead = (batch,) if batch else ()
+    A = tc.placeholder(lead + ((k, m) if a_t else (m, k)), dtype, "A")
+    B = tc.placeholder(lead + ((n, k) if b_t else (k, n)), dtype, "B")
+    r = tc.reduce_axis(k, "r")
+    bias = tc.placeholder((n,), out, "bias") if epilogue is not None else None
+
+    def body(*ix: Any) -> Any:
+        *bs, i, j = ix
+        a = A[(*bs, r, i)] if a_t else A[(*bs, i, r)]
+        b = B[(*bs, j, r)] if b_t else B[(*bs, r, j)]
+        acc = tc.sum(tc.cast(a, "float32") * tc.cast(b, "float32"), axis=r)
+        if epilogue is not None:
+            return epilogue(tc.cast(acc, out), bias[j])
+        return tc.cast(acc, out)
+
+    C = tc.compute(lead + (m, n), body, name="C")
+    tensors = [A, B] + ([bias] if bias is not None else []) + [C]
+    return tensors, {"a_t": a_t, "b_t": b_t, "dtype": dtype, "out": out, "epilogue": epilogue is not None}
+
+
+def run(tensors: list[tc.Tensor], how: dict[str, Any], m: int, n: int, k: int, batch: int = 0, seed: int = 0,
+        plan: Any = "auto", sizes: dict[str, int] | None = None) -> tuple[Any, dict[str, np.ndarray]]:
+    g = np.random.default_rng(seed)
+    lead = (batch,) if batch else ()
+    dtype = np_dtype(how["dtype"])
+
+    def values(shape: tuple[int, ...]) -> np.ndarray:
+        return (g.uniform(0.5, 1.5, shape) * g.choice([-1, 1], shape)).astype(dtype)
+
+    a = values(lead + ((k, m) if how["a_t"] else (m, k)))
+    b = values(lead + ((n, k) if how["b_t"] else (k, n)))
+    out = np.full(lead + (m, n), np.nan, dtype=np_dtype(how["out"]))
+    f = tc.build(tensors, target="sim", plan=plan, sizes=sizes)
+    args = [a, b]
+    arrays = {"A": a, "B": b}
+    if how["epilogue"]:
+        bias = g.uniform(-4, 4, (n,)).astype(np_dtype(how["out"]))
+        args.append(bias)
+        arrays["bias"] = bias
+    f(*args, out)
+    arrays["C"] = out
+    return f, arrays
+
+
+def check(arrays: dict[str, np.ndarray], how: dict[str, Any], what: str,
+          epilogue: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None) -> None:
+    a, b = arrays["A"].astype(np.float64), arrays["B"].astype(np.float64)
+    if how["a_t"]:
+        a = np.swapaxes(a, -1, -2)
+    if how["b_t"]:
+        b = np.swapaxes(b, -1, -2)
+    exact = a @ b
+    k = a.shape[-1]
+    size = np.abs(a) @ np.abs(b)
+    bound = (k + 1) * 2.0**-24 * size
+    want = exact
+    eps = EPS[how["out"]]
+    if epilogue is not None:
+        bias = arrays["bias"].astype(np.float64)
+        want = epilogue(exact, bias)
+        # rounding the sum, then the 16-bit add: one rounding each of |sum| and |sum + bias|
+        bound = bound + eps * (np.abs(exact) + bound) + eps * (np.abs(exact) + np.abs(bias) + bound)
+    else:
+        bound = bound + eps * (np.abs(exact) + bound)
+    got = arrays["C"].astype(np.float64)
+    err = np.where(np.isnan(got), np.inf, np.abs(got - want) - bound)
+    if (err > 0).any():
+        i = np.unravel_index(int(np.argmax(err)), err.shape)
+        raise AssertionError(f"{what}: {(err > 0).sum()} of {err.size} elements off; worst at {tuple(map(int, i))}: "
+                             f"got {got[i]!r}, want {want[i]!r} (bound {bound[i]:.3g})")
+
+
+def tensorize_plan(block: tuple[int, int] = (64, 64), warps: tuple[int, int] = (2, 2), k_tile: int = 32,
+                   stages: int = 2) -> dict[str, Any]:
+    return {"strategy": "manual", "reason": "test", "steps": [
+        {"primitive": "tensorize", "args": {"stage": "C", "intrinsic": "auto", "block": list(block),
+                                            "warps": list(warps), "k_tile": k_tile, "stages": stages}}]}
+
+
+# ---- the planner ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_auto_plan_puts_a_half_contraction_on_tensor_cores(dtype: str) -> None:
+    m, n, k = 72, 40, 24
+    tensors, how = contraction(m, n, k, dtype)
+    f, arrays = run(tensors, how, m, n, k, seed=1)
+    assert f.plan.strategy == "gemm_tensor_core", f.plan.reason
+    check(arrays, how, f"auto {dtype} {m}x{n}x{k}")
+
+
+def test_the_plain_half_sum_accumulates_in_float32() -> None:
+    """tc.sum(A * B) of float16 lowers to a float32 accumulator; the tensor core keeps it so."""
+    m, n, k = 64, 64, 200
+    A, B = tc.placeholder((m, k), "float16", "A"), tc.placeholder((k, n), "float16", "B")
+    r = tc.reduce_axis(k, "r")
+    C = tc.compute((m, n), lambda i, j: tc.sum(A[i, r] * B[r, j], axis=r), name="C")
+    assert "C_acc: float32[1]" in str(lower([A, B, C]))
+    f, arrays = run([A, B, C], {"a_t": False, "b_t": False, "dtype": "float16", "out": "float16",
+                                "epilogue": False}, m, n, k, seed=2)
+    assert f.plan.strategy == "gemm_tensor_core", f.plan.reason
+    check(arrays, {"a_t": False, "b_t": False, "dtype": "float16", "out": "float16"}, "plain fp16 sum")
+
+
+def test_explain_names_the_intrinsic_warp_tile_and_stages() -> None:
+    tensors, _ = contraction(1024, 1024, 1024, "float16")
+    info = analyze_kernel(lower(tensors).kernels[0])
+    cands, declined = candidates_for(info, tc.target("sm_90"))
+    best = min((c for c in cands if c.ok), key=lambda c: c.cost.total)
+    assert best.strategy.name == "gemm_tensor_core"
+    assert "mma.m16n8k16" in best.label and "warps of" in best.label and "cp.async stages" in best.label
+    assert best.cost.terms["tensor"] > 0
+    assert ("gemm", "float32 operands only (no tensor-core path yet)") in declined
+
+
+def test_the_strategy_declines_float32_and_pre_ampere_targets() -> None:
+    tensors, _ = contraction(256, 256, 256, "float16")
+    info = analyze_kernel(lower(tensors).kernels[0])
+    _, declined = candidates_for(info, tc.target("sm_75") if _has_target("sm_75") else
+                                 tc.target("sm_80").replace(arch="sm_75"))
+    assert any(name == "gemm_tensor_core" and "sm_80" in why for name, why in declined)
+    A, B = tc.placeholder((64, 64), "float32", "A"), tc.placeholder((64, 64), "float32", "B")
+    r = tc.reduce_axis(64, "r")
+    C = tc.compute((64, 64), lambda i, j: tc.sum(A[i, r] * B[r, j], axis=r), name="C")
+    _, declined = candidates_for(analyze_kernel(lower([A, B, C]).kernels[0]), tc.target("sm_90"))
+    assert ("gemm_tensor_core", "float16 or bfloat16 operands only") in declined
+
+
+def _has_target(arch: str) -> bool:
+    try:
+        tc.target(arch)
+        return True
+    except ValueError:
+        return False
+
+
+def test_every_point_of_the_space_fits_static_shared_memory_and_registers() -> None:
+    from tecc.compiler.strategies.gemm_tensor_core import GemmTensorCore, shared_bytes
+
+    tensors, _ = contraction(4096, 4096, 4096, "float16")
+    info = analyze_kernel(lower(tensors).kernels[0])
+    s = GemmTensorCore()
+    points = list(s.space(info, tc.target("sm_90")))
+    assert len(points) > 20
+    for p in points:
+        assert shared_bytes(p) <= 48 * 1024
+        assert s.workload(info, p, tc.target("sm_90")).register_count <= 255, p
+
+
+# ---- explicit plans: layouts, dtypes, shapes ------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("a_t,b_t", [(False, False), (True, False), (False, True), (True, True)])
+def test_every_operand_orientation_matches_numpy_without_bank_conflicts(dtype: str, a_t: bool, b_t: bool) -> None:
+    m, n, k = 80, 72, 40
+    tensors, how = contraction(m, n, k, dtype, a_t=a_t, b_t=b_t)
+    with count_bank_conflicts() as banks:
+        f, arrays = run(tensors, how, m, n, k, seed=3, plan=tensorize_plan())
+    check(arrays, how, f"{dtype} A{'ᵀ' if a_t else ''} B{'ᵀ' if b_t else ''}")
+    loads = [s for s in iter_stmts(f.module.kernels[0].body) if isinstance(s, MatrixLoad)]
+    want = {("ldmatrix.x4.trans" if a_t else "ldmatrix.x4", "A_shared"),
+            ("ldmatrix.x4" if b_t else "ldmatrix.x4.trans", "B_shared")}
+    assert {(x.row.name, x.src.name) for x in loads} == want
+    for buf in ("A_shared", "B_shared"):
+        assert banks.requests[buf] > 0 and banks.conflicts(buf) == 0, dict(banks.wavefronts)
+
+
+@pytest.mark.parametrize("m,n,k", [(72, 40, 24), (33, 17, 9), (40, 24, 8), (48, 56, 40), (16, 8, 1)])
+def test_sizes_that_are_no_multiple_of_any_tile(m: int, n: int, k: int) -> None:
+    tensors, how = contraction(m, n, k, "float16")
+    _, arrays = run(tensors, how, m, n, k, seed=m + n + k, plan=tensorize_plan())
+    check(arrays, how, f"{m}x{n}x{k}")
+
+
+@pytest.mark.parametrize("stages,k_tile,block,warps", [(3, 32, (64, 64), (2, 2)), (4, 32, (64, 128), (2, 2)),
+                                                       (2, 64, (128, 64), (4, 2)), (3, 32, (64, 64), (1, 4))])
+def test_deeper_rings_and_other_tiles_are_race_free(stages: int, k_tile: int, block: tuple[int, int],
+                                                    warps: tuple[int, int]) -> None:
+    m, n, k = 96, 80, 200  # 4-7 k tiles: every stage of the ring is refilled
+    tensors, how = contraction(m, n, k, "float16", b_t=True)
+    _, arrays = run(tensors, how, m, n, k, seed=stages, plan=tensorize_plan(block, warps, k_tile, stages))
+    check(arrays, how, f"stages {stages} k_tile {k_tile} block {block} warps {warps}")
+
+
+def test_batched_contraction_maps_the_batch_to_blockIdx_z() -> None:
+    b, m, n, k = 3, 40, 48, 32
+    tensors, how = contraction(m, n, k, "bfloat16", batch=b)
+    f, arrays = run(tensors, how, m, n, k, batch=b, seed=5)
+    assert f.plan.strategy == "gemm_tensor_core", f.plan.reason
+    assert f.module.kernels[0].body.kind == "blockIdx.z"  # type: ignore[attr-defined]
+    check(arrays, how, "batched")
+
+
+def test_symbolic_rows() -> None:
+    M = tc.var("M")
+    tensors, how = contraction(M, 40, 48, "float16")
+    f = None
+    for m in (50, 129):
+        f, arrays = run(tensors, how, m, 40, 48, seed=m, sizes={"M": 512})
+        check(arrays, how, f"M = {m}")
+    assert f is not None and f.plan.strategy == "gemm_tensor_core"
+
+
+def test_fp16_output_with_a_fused_bias_and_relu() -> None:
+    m, n, k = 72, 48, 64
+    tensors, how = contraction(m, n, k, "float16", out="float16",
+                               epilogue=lambda acc, bias: tc.maximum(acc + bias, tc.const(0.0, "float16")))
+    f, arrays = run(tensors, how, m, n, k, seed=7, plan=tensorize_plan())
+    check(arrays, how, "bias + relu", epilogue=lambda x, bias: np.maximum(x + bias, 0.0))
+    assert (arrays["C"] == 0).any() and (arrays["C"] > 0).any()  # the relu cut some, not all
+    assert f.module.kernels[0].name  # one kernel: the epilogue is fused
+    assert len(f.module.kernels) == 1
+
+
+def test_odd_k_falls_back_to_element_loads_for_the_k_contiguous_operand() -> None:
+    m, n, k = 64, 64, 37
+    tensors, how = contraction(m, n, k, "float16")
+    f, arrays = run(tensors, how, m, n, k, seed=8, plan=tensorize_plan(stages=3))
+    check(arrays, how, "odd K")
+    copied = {s.src.name for s in iter_stmts(f.module.kernels[0].body) if isinstance(s, AsyncCopy)}
+    assert copied == {"B"}  # A[i, k] rows of 37 halves are not 16-byte aligned; B[k, j] rows of 64 are
+
+
+# ---- the plan step ------------------------------------------------------------------------------------
+
+def test_the_plan_step_replays_to_the_same_ir() -> None:
+    tensors, _ = contraction(100, 60, 50, "float16", a_t=True)
+    sch = tc.Schedule(tensors)
+    sch.tensorize("C", block=(64, 128), warps=(2, 2), k_tile=32, stages=3)
+    text = sch.plan.to_json()
+    again = tc.Schedule(tensors, plan=json.loads(text))
+    assert str(again.mod) == str(sch.mod)
+    assert json.loads(text)["steps"][0]["primitive"] == "tensorize"
+
+
+def test_refusals_name_the_condition() -> None:
+    A16, B16 = tc.placeholder((64, 64), "float16", "A"), tc.placeholder((64, 64), "bfloat16", "B")
+    r = tc.reduce_axis(64, "r")
+    C = tc.compute((64, 64), lambda i, j: tc.sum(tc.cast(A16[i, r], "float32") * tc.cast(B16[r, j], "float32"),
+                                                 axis=r), name="C")
+    with pytest.raises(tc.ScheduleError, match="mixed operand dtypes"):
+        tc.Schedule([A16, B16, C]).tensorize("C")
+    A = tc.placeholder((128, 64), "float16", "A")
+    B = tc.placeholder((64, 64), "float16", "B")
+    D = tc.compute((64, 64), lambda i, j: tc.sum(A[i + r, r] * B[r, j], axis=r), name="D")
+    with pytest.raises(tc.ScheduleError, match="single axis"):
+        tc.Schedule([A, B, D]).tensorize("D")
+    F = tc.placeholder((64, 64), "float32", "F")
+    E = tc.compute((64, 64), lambda i, j: tc.sum(F[i, r] * F[r, j], axis=r), name="E")
+    with pytest.raises(tc.ScheduleError, match="float16 or bfloat16"):
+        tc.Schedule([F, E]).tensorize("E")
+    tensors, _ = contraction(64, 64, 64)
+    sch = tc.Schedule(tensors)
+    sch.split(sch.get_loops("C")[0], 16)
+    with pytest.raises(tc.ScheduleError, match="first primitive|lowered loop nest"):
+        sch.tensorize("C")
+    with pytest.raises(tc.ScheduleError, match="k_tile must be a multiple of 16"):
+        tc.Schedule(tensors).tensorize("C", k_tile=24)
+    with pytest.raises(tc.ScheduleError, match="intrinsic"):
+        tc.Schedule(tensors).tensorize("C", intrinsic="mma.m16n8k16.f32.bf16")
+
+
+# ---- NVRTC ----------------------------------------------------------------------------------------
+
+CONFIGS = [((64, 64), (2, 2), 32, 2), ((128, 128), (2, 2), 32, 3), ((128, 128), (2, 4), 32, 2),
+           ((128, 256), (2, 4), 32, 2), ((64, 64), (2, 2), 64, 3), ((256, 64), (4, 1), 32, 2)]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("block,warps,k_tile,stages", CONFIGS)
+def test_configurations_compile_without_spills(arch: str, block: tuple[int, int], warps: tuple[int, int],
+                                               k_tile: int, stages: int) -> None:
+    from tecc.compiler.strategies.gemm_tensor_core import tile_registers
+
+    tensors, _ = contraction(1000, 1000, 1000, "bfloat16" if stages == 3 else "float16", out="float16",
+                             b_t=block == (128, 256))
+    sch = tc.Schedule(tensors)
+    sch.tensorize("C", block=block, warps=warps, k_tile=k_tile, stages=stages)
+    func = sch.mod.kernels[0]
+    compiled = compile_cuda(emit_source([func]), arch=arch, name=func.name)
+    res = compiled.resources[func.name]
+    assert (res.spill_stores, res.spill_loads, res.stack_bytes) == (0, 0, 0), f"{arch}: {res}"
+    assert res.shared_bytes == stages * (block[0] + block[1]) * k_tile * 2
+    assert res.registers <= sum(tile_registers(*block, *warps, k_tile).values()), f"{arch}: {res.registers}"
+    for mnemonic in ("mma.sync.aligned.m16n8k16.row.col.f32", "ldmatrix.sync.aligned.m8n8.x4",
+                     "cp.async.cg.shared.global", f"cp.async.wait_group {stages - 2}"):
+        assert mnemonic in compiled.ptx, mnemonic
