@@ -173,7 +173,7 @@ def match_contraction(func: PrimFunc, stage: str) -> Contraction:
         outer = i if role == "A" else j
         want_batch = [v.name for v in batch]
         tail = names[len(batch):]
-        if role == "?" or names[:len(batch)] != want_batch or sorted(tail) != sorted([outer.name, k.name]):
+        if role == "?" or names[:len(batch)] != want_batch or sorted(str(x) for x in tail) != sorted([outer.name, k.name]):
             raise ScheduleError(
                 f"{where}: operand {load.buffer.name}[{', '.join(map(str, load.indices))}] must be indexed by the batch "
                 f"axes ({', '.join(want_batch) or 'none'}) then by (row, {k.name}) or (col, {k.name}) with "
@@ -285,13 +285,21 @@ def tensorize(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) -> Pri
     return _Emitter(func, c, intrinsic, tiling).kernel()
 
 
+def _int(value: int) -> Expr:
+    return Const(value, dt.int32)
+
+
+def _shape(*dims: int) -> tuple[Expr, ...]:
+    return tuple(_int(d) for d in dims)
+
+
 def _ceil_div(a: Expr, b: int) -> Expr:
     return (a + (b - 1)) // b
 
 
 def _unrolled(name: str, extent: int, body: Callable[[Var], Stmt]) -> Stmt:
     v = Var(name)
-    return For(v, 0, extent, "unroll", body(v))
+    return For(v, _int(0), _int(extent), "unroll", body(v))
 
 
 class _ReplaceAccumulator(ExprMutator):
@@ -316,11 +324,11 @@ class _Emitter:
         self.warp_m, self.warp_n = warp // t.warps_n, warp % t.warps_n
         self.k_tiles = _ceil_div(c.kext, t.bk)
         frag = lookup(intrinsic)
-        self.frag_a = Buffer(self.name("a_frag"), frag.operand("a").dtype, (8 * t.tm,), "fragment",
+        self.frag_a = Buffer(self.name("a_frag"), frag.operand("a").dtype, _shape(8 * t.tm), "fragment",
                              fragment=(intrinsic, "a"))
-        self.frag_b = Buffer(self.name("b_frag"), frag.operand("b").dtype, (4 * t.tn,), "fragment",
+        self.frag_b = Buffer(self.name("b_frag"), frag.operand("b").dtype, _shape(4 * t.tn), "fragment",
                              fragment=(intrinsic, "b"))
-        self.frag_c = Buffer(self.name("acc"), dt.float32, (4 * t.tm * t.tn,), "fragment",
+        self.frag_c = Buffer(self.name("acc"), dt.float32, _shape(4 * t.tm * t.tn), "fragment",
                              fragment=(intrinsic, "c"))
         self.c_map = frag.operand("c").layout
         # batch indices of this block (several batch axes share blockIdx.z, unflattened)
@@ -344,14 +352,14 @@ class _Emitter:
         allocs = self.pipeline()
         for buf in (self.shared["A"], self.shared["B"], self.frag_a, self.frag_b, self.frag_c):
             allocs = Allocate(buf, allocs)
-        body: Stmt = For(self.tx, 0, t.threads, "threadIdx.x", allocs)
-        body = For(self.bx, 0, _ceil_div(c.n, t.bn), "blockIdx.x", body)
-        body = For(self.by, 0, _ceil_div(c.m, t.bm), "blockIdx.y", body)
+        body: Stmt = For(self.tx, _int(0), _int(t.threads), "threadIdx.x", allocs)
+        body = For(self.bx, _int(0), _ceil_div(c.n, t.bn), "blockIdx.x", body)
+        body = For(self.by, _int(0), _ceil_div(c.m, t.bm), "blockIdx.y", body)
         if c.batch:
             total: Expr = c.batch[0][1]
             for _, ext in c.batch[1:]:
                 total = total * ext
-            body = For(self.bz, 0, total, "blockIdx.z", body)
+            body = For(self.bz, _int(0), total, "blockIdx.z", body)
         return PrimFunc(self.func.name, self.func.params, body,
                         self.func.attrs + (("tensorize", f"{self.row} block {t.bm}x{t.bn} warps {t.warps_m}x{t.warps_n} "
                                                          f"k_tile {t.bk} stages {t.stages}"),))
@@ -364,7 +372,7 @@ class _Emitter:
 
     def shared_buffer(self, op: Operand) -> Buffer:
         rows, width = self.tile_shape(op)
-        return Buffer(self.name(f"{op.buffer.name}_shared"), op.buffer.dtype, (self.t.stages, rows, width), "shared",
+        return Buffer(self.name(f"{op.buffer.name}_shared"), op.buffer.dtype, _shape(self.t.stages, rows, width), "shared",
                       tensor=f"{op.buffer.tensor}.shared", layout=row_swizzle(width))
 
     def asynchronous(self, op: Operand) -> bool:
@@ -409,7 +417,7 @@ class _Emitter:
         t = self.t
         zero = _unrolled(self.name("zero"), 4 * t.tm * t.tn, lambda z: BufferStore(self.frag_c, (z,), Const(0.0, dt.float32)))
         known = const_int(self.k_tiles)
-        prologue = []
+        prologue: list[Stmt] = []
         for s in range(t.stages - 1):
             load = self.load_stage(Const(s, dt.int32), Const(s, dt.int32))
             if known is None:
@@ -418,7 +426,7 @@ class _Emitter:
                 prologue.append(load)
             prologue.append(AsyncCommit())  # one group per stage, even when K has fewer tiles
         ahead = self.kt + (t.stages - 1)
-        loop = For(self.kt, 0, self.k_tiles, "serial", seq(
+        loop = For(self.kt, _int(0), self.k_tiles, "serial", seq(
             AsyncWait(t.stages - 2),   # stage kt has landed (at most S - 2 later groups in flight)
             Barrier(),                 # ... for every thread, and every warp is done with stage kt - 1
             IfThenElse(ahead < self.k_tiles, self.load_stage(ahead % t.stages, ahead)),
