@@ -203,6 +203,19 @@ def test_every_operand_orientation_matches_numpy_without_bank_conflicts(dtype: s
         assert banks.requests[buf] > 0 and banks.conflicts(buf) == 0, dict(banks.wavefronts)
 
 
+@pytest.mark.parametrize("a_t,b_t", [(True, False), (True, True)])
+def test_wide_tiles_are_conflict_free_too(a_t: bool, b_t: bool) -> None:
+    """Rows of 256 and 128 halves (Aᵀ as [k][256], B as [k][128]) get Swizzle(3, 3, 5) and (3, 3, 4);
+    with Swizzle(3, 3, 3) the 8 rows of an ldmatrix matrix would share 4 bank groups."""
+    m, n, k = 256, 128, 64
+    tensors, how = contraction(m, n, k, "float16", a_t=a_t, b_t=b_t)
+    with count_bank_conflicts() as banks:
+        _, arrays = run(tensors, how, m, n, k, seed=11, plan=tensorize_plan((256, 128), (4, 2), 32, 2))
+    check(arrays, how, f"256x128 tiles a_t={a_t} b_t={b_t}")
+    for buf in ("A_shared", "B_shared"):
+        assert banks.requests[buf] > 0 and banks.conflicts(buf) == 0, dict(banks.wavefronts)
+
+
 @pytest.mark.parametrize("m,n,k", [(72, 40, 24), (33, 17, 9), (40, 24, 8), (48, 56, 40), (16, 8, 1)])
 def test_sizes_that_are_no_multiple_of_any_tile(m: int, n: int, k: int) -> None:
     tensors, how = contraction(m, n, k, "float16")
