@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tecc as tc
-from tecc.codegen import compile_cuda, emit_source
+from tecc.codegen import compile_cuda, dynamic_shared_bytes, emit_source
 from tecc.compiler.planner import candidates_for
 from tecc.compiler.cost.analysis import analyze_kernel
 from tecc.ir.stmt import AsyncCopy, MatrixLoad, iter_stmts
@@ -172,17 +172,20 @@ def _has_target(arch: str) -> bool:
         return False
 
 
-def test_every_point_of_the_space_fits_static_shared_memory_and_registers() -> None:
-    from tecc.compiler.strategies.gemm_tensor_core import GemmTensorCore, shared_bytes
+def test_points_over_255_registers_are_rejected_and_the_rest_fit() -> None:
+    from tecc.compiler.strategies.gemm_tensor_core import shared_bytes
 
     tensors, _ = contraction(4096, 4096, 4096, "float16")
     info = analyze_kernel(lower(tensors).kernels[0])
-    s = GemmTensorCore()
-    points = list(s.space(info, tc.target("sm_90")))
-    assert len(points) > 20
-    for p in points:
-        assert shared_bytes(p) <= 48 * 1024
-        assert s.workload(info, p, tc.target("sm_90")).register_count <= 255, p
+    sm90 = tc.target("sm_90")
+    cands, _ = candidates_for(info, sm90, only=["gemm_tensor_core"])
+    assert len(cands) > 20
+    for c in cands:
+        assert shared_bytes(c.point) <= sm90.smem_per_block_optin
+        if c.workload.register_count > 255:
+            assert c.cost.rejected is not None and "registers" in c.cost.rejected, c.label
+    assert any(c.workload.register_count > 255 for c in cands)  # 64x256 on 1x4 warps: 64x64 warp tiles, many copies
+    assert sum(c.ok for c in cands) > 20
 
 
 # ---- explicit plans: layouts, dtypes, shapes ------------------------------------------------------
@@ -231,6 +234,15 @@ def test_deeper_rings_and_other_tiles_are_race_free(stages: int, k_tile: int, bl
     tensors, how = contraction(m, n, k, "float16", b_t=True)
     _, arrays = run(tensors, how, m, n, k, seed=stages, plan=tensorize_plan(block, warps, k_tile, stages))
     check(arrays, how, f"stages {stages} k_tile {k_tile} block {block} warps {warps}")
+
+
+def test_element_loaded_stages_in_a_deep_ring_are_race_free() -> None:
+    """Odd K: A (k-contiguous) is filled by plain stores, B by cp.async, in a 4-stage ring of 7 tiles."""
+    m, n, k = 64, 64, 201
+    tensors, how = contraction(m, n, k, "bfloat16")
+    f, arrays = run(tensors, how, m, n, k, seed=9, plan=tensorize_plan(stages=4))
+    check(arrays, how, "odd K, 4 stages")
+    assert {s.src.name for s in iter_stmts(f.module.kernels[0].body) if isinstance(s, AsyncCopy)} == {"B"}
 
 
 def test_batched_contraction_maps_the_batch_to_blockIdx_z() -> None:
@@ -313,8 +325,10 @@ def test_refusals_name_the_condition() -> None:
 
 # ---- NVRTC ----------------------------------------------------------------------------------------
 
+# the last three rings are over 48 KiB: dynamic shared memory
 CONFIGS = [((64, 64), (2, 2), 32, 2), ((128, 128), (2, 2), 32, 3), ((128, 128), (2, 4), 32, 2),
-           ((128, 256), (2, 4), 32, 2), ((64, 64), (2, 2), 64, 3), ((256, 64), (4, 1), 32, 2)]
+           ((128, 256), (2, 4), 32, 2), ((64, 64), (2, 2), 64, 3), ((256, 64), (4, 1), 32, 2),
+           ((128, 256), (2, 4), 32, 3), ((128, 128), (2, 2), 64, 3), ((256, 128), (4, 2), 64, 4)]
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -331,8 +345,36 @@ def test_configurations_compile_without_spills(arch: str, block: tuple[int, int]
     compiled = compile_cuda(emit_source([func]), arch=arch, name=func.name)
     res = compiled.resources[func.name]
     assert (res.spill_stores, res.spill_loads, res.stack_bytes) == (0, 0, 0), f"{arch}: {res}"
-    assert res.shared_bytes == stages * (block[0] + block[1]) * k_tile * 2
+    ring = stages * (block[0] + block[1]) * k_tile * 2
+    if ring <= 48 * 1024:
+        assert (res.shared_bytes, dynamic_shared_bytes(func)) == (ring, 0)
+    else:
+        assert (res.shared_bytes, dynamic_shared_bytes(func)) == (0, ring)
     assert res.registers <= sum(tile_registers(*block, *warps, k_tile).values()), f"{arch}: {res.registers}"
     for mnemonic in ("mma.sync.aligned.m16n8k16.row.col.f32", "ldmatrix.sync.aligned.m8n8.x4",
                      "cp.async.cg.shared.global", f"cp.async.wait_group {stages - 2}"):
         assert mnemonic in compiled.ptx, mnemonic
+
+
+def test_a_ring_over_48_kib_is_dynamic_shared_memory_the_launch_asks_for() -> None:
+    tensors, how = contraction(200, 136, 72, "float16")
+    plan = tensorize_plan((128, 128), (2, 2), 64, 3)  # 96 KiB
+    kernel = tc.build(tensors, target="cuda", arch="sm_90", plan=plan)
+    assert kernel.host.kernels[0].dynamic_smem == 3 * 256 * 64 * 2
+    assert "extern __shared__ __align__(16) unsigned char tecc_dynamic_smem[];" in kernel.source
+    _, arrays = run(tensors, how, 200, 136, 72, seed=12, plan=plan)  # the same IR in the emulator
+    check(arrays, how, "96 KiB ring")
+
+
+def test_the_planner_may_choose_rings_up_to_the_opt_in_limit() -> None:
+    from tecc.compiler.strategies.gemm_tensor_core import GemmTensorCore, shared_bytes
+
+    tensors, _ = contraction(4096, 4096, 4096, "float16")
+    info = analyze_kernel(lower(tensors).kernels[0])
+    sm90 = tc.target("sm_90")
+    points = list(GemmTensorCore().space(info, sm90))
+    assert max(shared_bytes(p) for p in points) > 48 * 1024
+    assert all(shared_bytes(p) <= sm90.smem_per_block_optin for p in points)
+    cands, _ = candidates_for(info, sm90, only=["gemm_tensor_core"])
+    big = [c for c in cands if shared_bytes(c.point) > 48 * 1024]
+    assert big and all(c.cost.rejected is None or "smem" not in c.cost.rejected for c in big)

@@ -19,7 +19,7 @@ import os
 import time
 from typing import Any, Sequence
 
-from ..codegen import default_arch, emit_source
+from ..codegen import default_arch, dynamic_shared_bytes, emit_source
 from ..ir.errors import TeccError
 from ..ir.stmt import Module
 from ..ir.tensor import Tensor
@@ -157,7 +157,9 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
     if dumper is not None:
         dumper.write("cuda.cu", source)
 
-    host = HostProgram.from_module(module)
+    # a kernel with over 48 KiB of shared buffers declares them dynamic: the launch passes the size
+    dynamic = {k.name: dynamic_shared_bytes(k) for k in module.kernels}
+    host = HostProgram.from_module(module, {k: v for k, v in dynamic.items() if v > 0})
     kernel = Kernel(module=module, host=host, source=source, plan=chosen, target=target, timing=timing)
     kernel.planning = planning
     if target == "cuda":

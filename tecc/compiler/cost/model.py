@@ -133,6 +133,9 @@ class Workload:
     then: "Workload | None" = None           # a second kernel launched after this one (split-K's combine)
     tensor_flops: float = 0.0                # FLOPs issued to tensor cores (padded tiles included)
     tensor_rate: float = 0.0                 # FLOP/s the matrix instruction reaches on the whole GPU
+    # the kernel's shared buffers may exceed 48 KiB: the emitter then declares them as dynamic
+    # shared memory and the runtime opts in (up to Target.smem_per_block_optin)
+    smem_opt_in: bool = False
 
     @property
     def register_count(self) -> int:
@@ -174,7 +177,10 @@ def reject_reason(w: Workload, target: Target) -> str | None:
         return f"{w.threads} threads per block > {target.max_threads_per_block}"
     if w.threads < 1 or w.blocks < 0:
         return "empty block"
-    if w.smem_bytes > target.smem_per_block:
+    if w.smem_opt_in and w.smem_bytes > target.smem_per_block_optin:
+        return (f"smem {w.smem_bytes / KiB:.0f} KiB > {target.smem_per_block_optin // KiB} KiB, the most a block "
+                f"may opt in to on {target.arch}")
+    if not w.smem_opt_in and w.smem_bytes > target.smem_per_block:
         return (f"smem {w.smem_bytes / KiB:.0f} KiB > {target.smem_per_block // KiB} KiB without opt-in "
                 "(static __shared__ arrays cannot opt in)")
     if regs > target.max_registers_per_thread:

@@ -6,9 +6,10 @@ sm_80 and later: one Plan step, `tensorize(stage, block, warps, k_tile, stages)`
 a ring of cp.async stages in swizzled shared memory, ldmatrix, the stage's epilogue).
 
 Point: block tile BM × BN ∈ {64, 128, 256}², a warp grid of 4 or 8 warps whose warp tile is
-32..64 × 32..64, k-tile BK ∈ {32, 64}, stages ∈ {2, 3, 4}. The ring is declared as static
-`__shared__` arrays, so a point needs stages · (BM + BN) · BK · 2 bytes ≤ 48 KiB (the static
-limit; the runtime's dynamic-shared-memory opt-in is not used by this emitter yet).
+32..64 × 32..64, k-tile BK ∈ {32, 64}, stages ∈ {2, 3, 4}, with stages · (BM + BN) · BK · 2
+bytes of shared ring within the target's opt-in limit: over 48 KiB the emitter declares the
+ring as dynamic shared memory (codegen `dynamic_shared_bytes`) and the runtime opts the kernel
+in at load (runtime/cuda.py), so the Workload says `smem_opt_in`.
 
 Workload for the cost model:
 - tensor: the padded tile FLOPs (every block computes its whole BM × BN × ceil(K/16)·16) at the
@@ -40,7 +41,6 @@ WARP_GRIDS = ((2, 2), (1, 4), (4, 1), (2, 4), (4, 2))  # 4 or 8 warps
 WARP_TILE = (32, 64)                                    # min, max of a warp's rows and columns
 BKS = (32, 64)
 STAGES = (2, 3, 4)
-STATIC_SHARED = 48 * 1024   # static __shared__ arrays are limited to 48 KiB per block
 ADDRESSING = 24
 # mma.sync's share of the dense tensor-core peak of the target's table: on sm_90 the peak is
 # wgmma's; mma.sync issued from 4 schedulers reaches about 0.6 of it (CUTLASS's sm_80-style
@@ -95,7 +95,7 @@ class GemmTensorCore(Strategy):
             if not (WARP_TILE[0] <= bm // wm <= WARP_TILE[1] and WARP_TILE[0] <= bn // wn <= WARP_TILE[1]):
                 continue
             point = {"bm": bm, "bn": bn, "warps_m": wm, "warps_n": wn, "bk": bk, "stages": stages}
-            if shared_bytes(point) > min(STATIC_SHARED, target.smem_per_block):
+            if shared_bytes(point) > target.smem_per_block_optin:
                 continue
             yield point
 
@@ -127,7 +127,7 @@ class GemmTensorCore(Strategy):
                  "ldmatrix from swizzled shared tiles (conflict-free)"]
         return Workload(
             blocks=blocks, threads=threads, registers=tile_registers(bm, bn, wm, wn, bk),
-            smem_bytes=shared_bytes(point),
+            smem_bytes=shared_bytes(point), smem_opt_in=True,
             flops=2.0 * m * n * k * batch, fma_ops=float(m * n * batch * max(info.epilogue_flops, 0)),
             tensor_flops=2.0 * blocks * bm * bn * k16 * 16, tensor_rate=rate,
             dram_bytes=dram_from_l2(info, l2, target), l2_bytes=l2,
