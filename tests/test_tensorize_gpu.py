@@ -101,7 +101,10 @@ def test_fp16_output_with_bias_and_relu_on_gpu() -> None:
 
 @pytest.mark.parametrize("block,warps,k_tile,stages", [((64, 64), (2, 2), 32, 2), ((128, 128), (2, 2), 32, 3),
                                                        ((128, 256), (2, 4), 32, 2), ((64, 64), (2, 2), 64, 3),
-                                                       ((256, 64), (4, 1), 32, 2), ((128, 64), (2, 2), 32, 4)])
+                                                       ((256, 64), (4, 1), 32, 2), ((128, 64), (2, 2), 32, 4),
+                                                       # dynamic shared memory: 72, 96 and 192 KiB rings
+                                                       ((128, 256), (2, 4), 32, 3), ((128, 128), (2, 2), 64, 3),
+                                                       ((256, 128), (4, 2), 64, 4)])
 def test_explicit_tensorize_points_on_gpu(block: tuple[int, int], warps: tuple[int, int], k_tile: int,
                                           stages: int) -> None:
     plan = {"strategy": "manual", "reason": "test", "steps": [

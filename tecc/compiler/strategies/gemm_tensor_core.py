@@ -19,6 +19,10 @@ Workload for the cost model:
   per thread (Little's law in the model's DRAM term: the pipeline depth hides the latency);
 - shared: per k16 step a warp issues TM + TN/2 ldmatrix.x4 (4 conflict-free wavefronts each) and
   the block writes its tiles once per k-tile;
+- chain (the block's serial path): per k tile the warp's TM·TN·BK/16 mma at its scheduler's
+  share of the tensor rate, a barrier, and what of the global latency the S - 1 tiles in
+  flight do not cover: max(0, latency - (S - 1)·tile cycles). This is where the ring depth
+  pays: a 32 × 32 warp tile (16 mma per 32-wide k tile) needs 3 stages to hide 550 cycles;
 - registers: TM·TN·4 accumulators, TM·4 + TN·2 fragment registers, addressing and the copy
   loop's state (ADDRESSING + 4 per 16-byte copy per thread per stage; ptxas's count was at or
   below this for every point compiled in tests/test_tensorize.py); over 255 is rejected.
@@ -46,6 +50,9 @@ ADDRESSING = 24
 # wgmma's; mma.sync issued from 4 schedulers reaches about 0.6 of it (CUTLASS's sm_80-style
 # kernels on H100). On sm_8x mma.sync is the peak instruction. Assumed, not fitted here.
 MMA_SYNC_FRACTION = {80: 0.9, 86: 0.9, 89: 0.9, 90: 0.6}
+GLOBAL_LATENCY_CYCLES = 550.0   # CostParameters.global_latency_cycles
+BARRIER_CYCLES = 40.0           # CostParameters.barrier_cycles
+MMA_FLOPS = 2 * 16 * 8 * 16     # one m16n8k16
 LDMATRIX_WAVEFRONTS = 4     # an x4 reads four 8 x 8 matrices, one wavefront each when conflict-free
 
 
@@ -123,6 +130,11 @@ class GemmTensorCore(Strategy):
                         + warps * tm * tn * 4 * (4 + info.epilogue_flops))
         # float16 and bfloat16 have the same dense peak on every target in the table
         rate = target.tensor_flops.get("float16", 0.0) * MMA_SYNC_FRACTION.get(target.sm, 0.6)
+        # a warp's k tile on its scheduler (a quarter of the SM's tensor rate), alone
+        mma_cycles = MMA_FLOPS / max(rate / target.sm_count / target.clock_hz / target.schedulers_per_sm, 1e-9)
+        tile_cycles = tm * tn * (bk // 16) * mma_cycles
+        exposed = max(0.0, GLOBAL_LATENCY_CYCLES - (stages - 1) * tile_cycles)
+        chain = k_tiles * (tile_cycles + exposed + BARRIER_CYCLES)
         notes = [f"mma.m16n8k16 {tm}x{tn} tiles per warp, {stages}-stage cp.async ring of {bk}-wide k tiles",
                  "ldmatrix from swizzled shared tiles (conflict-free)"]
         return Workload(
@@ -134,7 +146,8 @@ class GemmTensorCore(Strategy):
             global_wavefronts=(l2 - out_bytes) / 128.0 + out_bytes / 32.0,
             smem_wavefronts=ldmatrix * LDMATRIX_WAVEFRONTS + blocks * k_tiles * (bm + bn) * bk * 2 / 128.0,
             instructions=instructions, bytes_in_flight=16.0 * copies * (stages - 1), ilp=float(tm * tn),
-            k_extent=k_tiles * bk, notes=notes)
+            chain_cycles=chain, k_extent=k_tiles * bk, notes=notes + [
+                f"k tile {tile_cycles:.0f} cycles of mma per warp, {exposed:.0f} cycles of latency exposed"])
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
         sch.tensorize(info.stage, intrinsic="auto", block=(int(point["bm"]), int(point["bn"])),
