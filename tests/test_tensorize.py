@@ -18,7 +18,7 @@ import tecc as tc
 from tecc.codegen import compile_cuda, dynamic_shared_bytes, emit_source
 from tecc.compiler.planner import candidates_for
 from tecc.compiler.cost.analysis import analyze_kernel
-from tecc.ir.stmt import AsyncCopy, MatrixLoad, iter_stmts
+from tecc.ir.stmt import AsyncCopy, MatrixLoad, MatrixMultiply, iter_stmts
 from tecc.passes.lower import lower
 from tecc.runtime.sim.banks import count_bank_conflicts
 
@@ -378,3 +378,46 @@ def test_the_planner_may_choose_rings_up_to_the_opt_in_limit() -> None:
     cands, _ = candidates_for(info, sm90, only=["gemm_tensor_core"])
     big = [c for c in cands if shared_bytes(c.point) > 48 * 1024]
     assert big and all(c.cost.rejected is None or "smem" not in c.cost.rejected for c in big)
+
+
+def test_an_epilogue_reading_the_output_position_and_two_batch_axes() -> None:
+    """C[p, q, i, j] = 0.5 · Σ_k A·B + R[p, q, i, j]: the residual is read at the accumulator
+    element's (row, col) and batch, the two batch axes share blockIdx.z."""
+    P, Q, m, n, k = 2, 3, 40, 24, 32
+    A = tc.placeholder((P, Q, m, k), "float16", "A")
+    B = tc.placeholder((P, Q, k, n), "float16", "B")
+    R = tc.placeholder((P, Q, m, n), "float32", "R")
+    r = tc.reduce_axis(k, "r")
+    C = tc.compute((P, Q, m, n), lambda p, q, i, j: tc.sum(tc.cast(A[p, q, i, r], "float32") *
+                                                           tc.cast(B[p, q, r, j], "float32"), axis=r) * 0.5
+                   + R[p, q, i, j], name="C")
+    f = tc.build([A, B, R, C], target="sim", plan=tensorize_plan())
+    g = np.random.default_rng(13)
+    a = g.uniform(-1, 1, (P, Q, m, k)).astype(np.float16)
+    b = g.uniform(-1, 1, (P, Q, k, n)).astype(np.float16)
+    res = g.uniform(-1, 1, (P, Q, m, n)).astype(np.float32)
+    c = np.full((P, Q, m, n), np.nan, np.float32)
+    f(a, b, res, c)
+    prod = a.astype(np.float64) @ b.astype(np.float64)
+    want = 0.5 * prod + res
+    bound = (k + 1) * 2.0**-24 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))) \
+        + 2.0**-23 * (np.abs(want) + 0.5 * np.abs(prod))
+    err = np.abs(c - want) - bound
+    assert not np.isnan(c).any() and (err <= 0).all(), float(err.max())
+    assert any(isinstance(s, MatrixMultiply) for s in iter_stmts(f.module.kernels[0].body))
+    assert f.module.kernels[0].body.kind == "blockIdx.z"  # type: ignore[attr-defined]
+
+
+def test_symbolic_k_falls_back_to_element_loads_and_guards_the_prologue() -> None:
+    K = tc.var("K")
+    A, B = tc.placeholder((48, K), "float16", "A"), tc.placeholder((K, 40), "float16", "B")
+    r = tc.reduce_axis(K, "r")
+    C = tc.compute((48, 40), lambda i, j: tc.sum(tc.cast(A[i, r], "float32") * tc.cast(B[r, j], "float32"), axis=r),
+                   name="C")
+    f = None
+    for k in (5, 100):
+        f, arrays = run([A, B, C], {"a_t": False, "b_t": False, "dtype": "float16", "out": "float32",
+                                    "epilogue": False}, 48, 40, k, seed=k, plan=tensorize_plan(stages=3))
+        check(arrays, {"a_t": False, "b_t": False, "dtype": "float16", "out": "float32"}, f"K = {k}")
+    assert f is not None
+    assert {s.src.name for s in iter_stmts(f.module.kernels[0].body) if isinstance(s, AsyncCopy)} == {"B"}
