@@ -421,3 +421,23 @@ def test_symbolic_k_falls_back_to_element_loads_and_guards_the_prologue() -> Non
         check(arrays, {"a_t": False, "b_t": False, "dtype": "float16", "out": "float32"}, f"K = {k}")
     assert f is not None
     assert {s.src.name for s in iter_stmts(f.module.kernels[0].body) if isinstance(s, AsyncCopy)} == {"B"}
+
+
+def test_tensors_named_like_the_generated_buffers_keep_their_roles() -> None:
+    """unique_names renames the kernel's `acc` fragment and `A_shared` ring when tensors already
+    hold those names; the renamed buffers keep their fragment role and swizzle."""
+    A = tc.placeholder((40, 32), "float16", "acc")
+    B = tc.placeholder((32, 24), "float16", "thread")
+    r = tc.reduce_axis(32, "r")
+    C = tc.compute((40, 24), lambda i, j: tc.sum(tc.cast(A[i, r], "float32") * tc.cast(B[r, j], "float32"), axis=r),
+                   name="A_shared")
+    plan = tensorize_plan()
+    plan["steps"][0]["args"]["stage"] = "A_shared"
+    f = tc.build([A, B, C], target="sim", plan=plan)
+    g = np.random.default_rng(14)
+    a, b = g.uniform(-1, 1, (40, 32)).astype(np.float16), g.uniform(-1, 1, (32, 24)).astype(np.float16)
+    c = np.full((40, 24), np.nan, np.float32)
+    f(a, b, c)
+    check({"A": a, "B": b, "C": c}, {"a_t": False, "b_t": False, "out": "float32"}, "renamed buffers")
+    source = tc.build([A, B, C], target="cuda", arch="sm_90", plan=plan).source
+    assert "mma.sync" in source and "acc1" in source

@@ -316,19 +316,17 @@ class _ReplaceAccumulator(ExprMutator):
 class _Emitter:
     def __init__(self, func: PrimFunc, c: Contraction, intrinsic: str, t: Tiling) -> None:
         self.func, self.c, self.row, self.t = func, c, intrinsic, t
-        taken = {p.name for p in func.params}
-        self.prefix = "tc_" if any(n.startswith("tc_") for n in taken) else ""
-        v = self.var
+        v = Var  # names that meet a parameter's are made distinct by unique_names before codegen
         self.bz, self.by, self.bx, self.tx, self.kt = v("block_batch"), v("block_row"), v("block_col"), v("thread"), v("k_tile")
         self.lane, warp = self.tx % 32, self.tx // 32
         self.warp_m, self.warp_n = warp // t.warps_n, warp % t.warps_n
         self.k_tiles = _ceil_div(c.kext, t.bk)
         frag = lookup(intrinsic)
-        self.frag_a = Buffer(self.name("a_frag"), frag.operand("a").dtype, _shape(8 * t.tm), "fragment",
+        self.frag_a = Buffer("a_frag", frag.operand("a").dtype, _shape(8 * t.tm), "fragment",
                              fragment=(intrinsic, "a"))
-        self.frag_b = Buffer(self.name("b_frag"), frag.operand("b").dtype, _shape(4 * t.tn), "fragment",
+        self.frag_b = Buffer("b_frag", frag.operand("b").dtype, _shape(4 * t.tn), "fragment",
                              fragment=(intrinsic, "b"))
-        self.frag_c = Buffer(self.name("acc"), dt.float32, _shape(4 * t.tm * t.tn), "fragment",
+        self.frag_c = Buffer("acc", dt.float32, _shape(4 * t.tm * t.tn), "fragment",
                              fragment=(intrinsic, "c"))
         self.c_map = frag.operand("c").layout
         # batch indices of this block (several batch axes share blockIdx.z, unflattened)
@@ -339,12 +337,6 @@ class _Emitter:
             self.batch_index[bv.name] = rest if last else rest % ext
             rest = rest // ext
         self.shared = {op.role: self.shared_buffer(op) for op in (c.a, c.b)}
-
-    def var(self, base: str) -> Var:
-        return Var(self.name(base))
-
-    def name(self, base: str) -> str:
-        return self.prefix + base
 
     # step 1: tiling ------------------------------------------------------------------------------
     def kernel(self) -> PrimFunc:
@@ -372,7 +364,7 @@ class _Emitter:
 
     def shared_buffer(self, op: Operand) -> Buffer:
         rows, width = self.tile_shape(op)
-        return Buffer(self.name(f"{op.buffer.name}_shared"), op.buffer.dtype, _shape(self.t.stages, rows, width), "shared",
+        return Buffer(f"{op.buffer.name}_shared", op.buffer.dtype, _shape(self.t.stages, rows, width), "shared",
                       tensor=f"{op.buffer.tensor}.shared", layout=row_swizzle(width))
 
     def asynchronous(self, op: Operand) -> bool:
@@ -398,7 +390,7 @@ class _Emitter:
                 r, col = chunk // per_row, (chunk % per_row) * CHUNK
                 inside = (row0 + r < row_ext) & (col0 + col < col_ext)
                 return AsyncCopy(dst, (stage, r, col), op.buffer, batch + (row0 + r, col0 + col), 16, inside)
-            return _unrolled(self.name(f"copy_{op.role.lower()}"), rows * width // CHUNK // t.threads, copy)
+            return _unrolled(f"copy_{op.role.lower()}", rows * width // CHUNK // t.threads, copy)
 
         def element(u: Var) -> Stmt:
             e = self.tx + t.threads * u
@@ -406,7 +398,7 @@ class _Emitter:
             inside = (row0 + r < row_ext) & (col0 + col < col_ext)
             value = select(inside, op.buffer[batch + (row0 + r, col0 + col)], Const(0.0, op.buffer.dtype))
             return BufferStore(dst, (stage, r, col), value)
-        return _unrolled(self.name(f"load_{op.role.lower()}"), rows * width // t.threads, element)
+        return _unrolled(f"load_{op.role.lower()}", rows * width // t.threads, element)
 
     def load_stage(self, stage: Expr, k_tile: Expr) -> Stmt:
         k0 = k_tile * self.t.bk
@@ -415,7 +407,7 @@ class _Emitter:
     # step 3: the pipeline ring ---------------------------------------------------------------------
     def pipeline(self) -> Stmt:
         t = self.t
-        zero = _unrolled(self.name("zero"), 4 * t.tm * t.tn, lambda z: BufferStore(self.frag_c, (z,), Const(0.0, dt.float32)))
+        zero = _unrolled("zero", 4 * t.tm * t.tn, lambda z: BufferStore(self.frag_c, (z,), Const(0.0, dt.float32)))
         known = const_int(self.k_tiles)
         prologue: list[Stmt] = []
         for s in range(t.stages - 1):
@@ -467,11 +459,11 @@ class _Emitter:
                     acc = FragmentRef(self.frag_c, (mi * t.tn + ni) * 4)
                     return MatrixMultiply(self.row, acc, FragmentRef(self.frag_a, 8 * mi),
                                           FragmentRef(self.frag_b, 4 * ni), acc)
-                return _unrolled(self.name("mma_n"), t.tn, one)
+                return _unrolled("mma_n", t.tn, one)
 
-            return seq(_unrolled(self.name("frag_m"), t.tm, load_a), _unrolled(self.name("frag_n"), t.tn // 2, load_b),
-                       _unrolled(self.name("mma_m"), t.tm, mma))
-        return _unrolled(self.name("k_step"), t.bk // 16, k_step)
+            return seq(_unrolled("frag_m", t.tm, load_a), _unrolled("frag_n", t.tn // 2, load_b),
+                       _unrolled("mma_m", t.tm, mma))
+        return _unrolled("k_step", t.bk // 16, k_step)
 
     # step 6: the epilogue ---------------------------------------------------------------------------
     def epilogue(self) -> Stmt:
@@ -492,8 +484,8 @@ class _Emitter:
                 value = substitute(value, values)
                 indices = tuple(substitute(ix, values) for ix in store.indices)
                 return IfThenElse((row < c.m) & (column < c.n), BufferStore(store.buffer, indices, value))
-            return _unrolled(self.name("out_e"), 4, element)
-        return _unrolled(self.name("out_tile"), t.tm * t.tn, tile)
+            return _unrolled("out_e", 4, element)
+        return _unrolled("out_tile", t.tm * t.tn, tile)
 
 
 __all__ = ["Contraction", "Operand", "Tiling", "check_tiling", "match_contraction", "row_swizzle", "tensorize"]
