@@ -159,24 +159,26 @@ def match_contraction(func: PrimFunc, stage: str) -> Contraction:
     spatial = [lp.var for lp in loops]
     i, j, k = spatial[-2], spatial[-1], kloop.var
     batch = spatial[:-2]
-    if tuple(store.indices) != tuple(spatial) and not _same_vars(store.indices, spatial):
+    if not _same_vars(store.indices, spatial):
         raise ScheduleError(f"{where}: the output {store.buffer.name} must be indexed by exactly its loop axes "
-                            f"({', '.join(v.name for v in spatial)}), got [{', '.join(map(str, store.indices))}]; the kernel must be "
-                            "as lowered (tensorize is the first primitive applied to it)")
-    ops = {}
+                            f"({', '.join(v.name for v in spatial)}), got [{', '.join(map(str, store.indices))}]; "
+                            "the kernel must be as lowered (tensorize is the first primitive applied to it)")
+    ops: dict[str, Operand] = {}
     for load in (x, y):
         names = [ix.name if isinstance(ix, Var) else None for ix in load.indices]
         if None in names:
             raise ScheduleError(f"{where}: operand {load.buffer.name} is indexed by "
                                 f"[{', '.join(map(str, load.indices))}]; tensorize needs every index a single axis")
-        role = "A" if i.name in names and j.name not in names else "B" if j.name in names and i.name not in names else "?"
+        role = ("A" if i.name in names and j.name not in names
+                else "B" if j.name in names and i.name not in names else "?")
         outer = i if role == "A" else j
         want_batch = [v.name for v in batch]
         tail = names[len(batch):]
-        if role == "?" or names[:len(batch)] != want_batch or sorted(str(x) for x in tail) != sorted([outer.name, k.name]):
+        if (role == "?" or names[:len(batch)] != want_batch
+                or sorted(str(x) for x in tail) != sorted([outer.name, k.name])):
             raise ScheduleError(
-                f"{where}: operand {load.buffer.name}[{', '.join(map(str, load.indices))}] must be indexed by the batch "
-                f"axes ({', '.join(want_batch) or 'none'}) then by (row, {k.name}) or (col, {k.name}) with "
+                f"{where}: operand {load.buffer.name}[{', '.join(map(str, load.indices))}] must be indexed by the "
+                f"batch axes ({', '.join(want_batch) or 'none'}) then by (row, {k.name}) or (col, {k.name}) with "
                 f"row {i.name} and col {j.name}")
         if role in ops:
             raise ScheduleError(f"{where}: both operands are indexed by the {'row' if role == 'A' else 'column'} axis")
@@ -261,10 +263,11 @@ def _power_of_two(n: int) -> int | None:
 
 
 def row_swizzle(width: int) -> Swizzle:
-    """The XOR swizzle of a tile with rows of `width` halves: 16-byte chunks (base 3) XORed with
-    the row within 8 consecutive 128-byte lines, so the 8 rows an ldmatrix matrix reads at one
-    chunk hit 8 different bank groups. Rows of 32 halves (64 B) pair up in a 128-byte line, so the
-    chunk is XORed with row // 2 (2 bits), as in tests/test_matrix_gemm.py."""
+    """The XOR swizzle of a tile with rows of `width` halves: the 16-byte chunk index (base 3)
+    XORed with row % 8 (3 bits, shift log2(width) - 3, so the XOR source is the row number), so
+    the 8 consecutive rows an ldmatrix matrix reads at one chunk hit 8 different 16-byte bank
+    groups. Rows of 32 halves (64 B) pair up in a 128-byte line: there the chunk (2 bits) is
+    XORed with (row // 2) % 4, as in tests/test_matrix_gemm.py."""
     w = _power_of_two(width)
     assert w is not None and w >= 4
     bits = min(3, w - 3)
@@ -316,8 +319,9 @@ class _ReplaceAccumulator(ExprMutator):
 class _Emitter:
     def __init__(self, func: PrimFunc, c: Contraction, intrinsic: str, t: Tiling) -> None:
         self.func, self.c, self.row, self.t = func, c, intrinsic, t
-        v = Var  # names that meet a parameter's are made distinct by unique_names before codegen
-        self.bz, self.by, self.bx, self.tx, self.kt = v("block_batch"), v("block_row"), v("block_col"), v("thread"), v("k_tile")
+        # names that meet a parameter's are made distinct by unique_names before codegen
+        self.bz, self.by, self.bx = Var("block_batch"), Var("block_row"), Var("block_col")
+        self.tx, self.kt = Var("thread"), Var("k_tile")
         self.lane, warp = self.tx % 32, self.tx // 32
         self.warp_m, self.warp_n = warp // t.warps_n, warp % t.warps_n
         self.k_tiles = _ceil_div(c.kext, t.bk)
@@ -352,9 +356,8 @@ class _Emitter:
             for _, ext in c.batch[1:]:
                 total = total * ext
             body = For(self.bz, _int(0), total, "blockIdx.z", body)
-        return PrimFunc(self.func.name, self.func.params, body,
-                        self.func.attrs + (("tensorize", f"{self.row} block {t.bm}x{t.bn} warps {t.warps_m}x{t.warps_n} "
-                                                         f"k_tile {t.bk} stages {t.stages}"),))
+        what = f"{self.row} block {t.bm}x{t.bn} warps {t.warps_m}x{t.warps_n} k_tile {t.bk} stages {t.stages}"
+        return PrimFunc(self.func.name, self.func.params, body, self.func.attrs + (("tensorize", what),))
 
     # step 2: staging + layout ---------------------------------------------------------------------
     def tile_shape(self, op: Operand) -> tuple[int, int]:
