@@ -148,7 +148,7 @@ def test_explain_names_the_intrinsic_warp_tile_and_stages() -> None:
     assert best.strategy.name == "gemm_tensor_core"
     assert "mma.m16n8k16" in best.label and "warps of" in best.label and "cp.async stages" in best.label
     assert best.cost.terms["tensor"] > 0
-    assert ("gemm", "float32 operands only (no tensor-core path yet)") in declined
+    assert ("gemm", "float32 operands only (16-bit operands: gemm_tensor_core)") in declined
 
 
 def test_the_strategy_declines_float32_and_pre_ampere_targets() -> None:
