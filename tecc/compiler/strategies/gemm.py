@@ -19,8 +19,8 @@ the k-tile loop; unroll.
 
 Not expressible yet with the primitives: vectorized (16-byte) global→shared copies and shared
 reads chosen by the schedule (the emitter vectorizes only `vectorize` loops; ptxas may still merge
-adjacent shared loads), double buffering / cp.async pipelining (gemm_pipelined has the first; 16-bit operands go to
-gemm_tensor_core: mma, ldmatrix, cp.async through the `tensorize` primitive).
+adjacent shared loads), double buffering / cp.async pipelining (gemm_pipelined has the first;
+16-bit operands go to gemm_tensor_core: mma, ldmatrix, cp.async through `tensorize`).
 """
 
 from __future__ import annotations
