@@ -441,3 +441,20 @@ def test_tensors_named_like_the_generated_buffers_keep_their_roles() -> None:
     check({"A": a, "B": b, "C": c}, {"a_t": False, "b_t": False, "out": "float32"}, "renamed buffers")
     source = tc.build([A, B, C], target="cuda", arch="sm_90", plan=plan).source
     assert "mma.sync" in source and "acc1" in source
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("m,n,k", [(1000, 1000, 1000), (127, 4096, 1023), (4096, 4096, 4096)])
+def test_the_planners_choice_compiles_without_spills_within_its_register_estimate(arch: str, m: int, n: int,
+                                                                                   k: int) -> None:
+    from tecc.compiler.planner import plan_program
+
+    tensors, _ = contraction(m, n, k, "float16", out="float16")
+    res = plan_program(tensors, arch)
+    chosen = res.kernels[0].chosen
+    assert chosen.strategy.name == "gemm_tensor_core", res.plan.reason
+    kernel = tc.build(tensors, target="cuda", arch=arch, plan=res.plan)
+    (r,) = kernel.resources.values()
+    assert (r.spill_stores, r.spill_loads, r.stack_bytes) == (0, 0, 0), f"{chosen.label}: {r}"
+    assert r.registers <= chosen.workload.register_count, f"{chosen.label}: ptxas {r.registers}, " \
+                                                          f"estimate {chosen.workload.registers}"

@@ -25,7 +25,8 @@ Workload for the cost model:
   pays: a 32 × 32 warp tile (16 mma per 32-wide k tile) needs 3 stages to hide 550 cycles;
 - registers: TM·TN·4 accumulators, TM·4 + TN·2 fragment registers, addressing and the copy
   loop's state (ADDRESSING + 4 per 16-byte copy per thread per stage; ptxas's count was at or
-  below this for every point compiled in tests/test_tensorize.py); over 255 is rejected.
+  below this for every point compiled in tests/test_tensorize.py), plus one register per element
+  an operand without 16-byte copies (odd K) stages through registers; over 255 is rejected.
 """
 
 from __future__ import annotations
@@ -64,11 +65,24 @@ def shared_bytes(point: Point) -> int:
     return int(point["stages"]) * (int(point["bm"]) + int(point["bn"])) * int(point["bk"]) * 2
 
 
-def tile_registers(bm: int, bn: int, wm: int, wn: int, bk: int) -> dict[str, int]:
+def tile_registers(bm: int, bn: int, wm: int, wn: int, bk: int, staged: int = 0) -> dict[str, int]:
+    """Registers per thread; `staged`: elements per thread loaded through registers (the
+    operands without 16-byte copies), one register each."""
     tm, tn = bm // wm // 16, bn // wn // 8
     threads = 32 * wm * wn
     copies = (bm + bn) * bk // 8 // threads
-    return {"accumulators": tm * tn * 4, "fragments": tm * 4 + tn * 2, "addressing": ADDRESSING + 4 * copies}
+    parts = {"accumulators": tm * tn * 4, "fragments": tm * 4 + tn * 2, "addressing": ADDRESSING + 4 * copies}
+    if staged:
+        parts["staged elements"] = staged
+    return parts
+
+
+def element_loaded(info: KernelInfo) -> tuple[bool, bool]:
+    """(A, B): whether tensorize must load the operand element by element (its contiguous extent
+    is no multiple of 8 halves, so 16-byte copies are not aligned; odd K for A[i, k])."""
+    pair = operands(info)
+    assert pair is not None
+    return pair[0].dims[-1] % 8 != 0, pair[1].dims[-1] % 8 != 0
 
 
 class GemmTensorCore(Strategy):
@@ -124,9 +138,11 @@ class GemmTensorCore(Strategy):
         out_bytes = float(m * n * batch * info.write.itemsize)
         l2 = a_bytes * col_tiles + b_bytes * row_tiles + out_bytes
         copies = (bm + bn) * bk // 8 // threads              # 16-byte copies per thread per stage
+        slow_a, slow_b = element_loaded(info)
+        staged = (bm * bk // threads if slow_a else 0) + (bn * bk // threads if slow_b else 0)
         ldmatrix = warps * k16 * (tm + tn // 2)
         mma = warps * k16 * tm * tn
-        instructions = (mma + ldmatrix + blocks * k_tiles * (wm * wn) * (copies * 6 + 8)
+        instructions = (mma + ldmatrix + blocks * k_tiles * (wm * wn) * (copies * 6 + staged * 6 + 8)
                         + warps * tm * tn * 4 * (4 + info.epilogue_flops))
         # float16 and bfloat16 have the same dense peak on every target in the table
         rate = target.tensor_flops.get("float16", 0.0) * MMA_SYNC_FRACTION.get(target.sm, 0.6)
@@ -138,7 +154,7 @@ class GemmTensorCore(Strategy):
         notes = [f"mma.m16n8k16 {tm}x{tn} tiles per warp, {stages}-stage cp.async ring of {bk}-wide k tiles",
                  "ldmatrix from swizzled shared tiles (conflict-free)"]
         return Workload(
-            blocks=blocks, threads=threads, registers=tile_registers(bm, bn, wm, wn, bk),
+            blocks=blocks, threads=threads, registers=tile_registers(bm, bn, wm, wn, bk, staged),
             smem_bytes=shared_bytes(point), smem_opt_in=True,
             flops=2.0 * m * n * k * batch, fma_ops=float(m * n * batch * max(info.epilogue_flops, 0)),
             tensor_flops=2.0 * blocks * bm * bn * k16 * 16, tensor_rate=rate,

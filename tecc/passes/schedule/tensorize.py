@@ -35,7 +35,8 @@ What it emits, step by step (each step is one function below):
                when the operand's contiguous extent is a constant multiple of 8 (every chunk then
                lies inside or outside the matrix, and rows start 16-byte aligned); the predicate
                zero-fills chunks past the M/N/K edges. Otherwise (odd K, a symbolic contiguous
-               extent) the tile is filled by guarded element loads (select(in range, x, 0)).
+               extent) the tile's elements are loaded guarded (select(in range, x, 0)) into
+               registers when the refill is issued and stored to shared after the compute.
 3. pipeline    S - 1 stages are loaded before the k loop, one commit group each; iteration kt
                waits until at most S - 2 groups are in flight (stage kt has landed), barriers
                (every thread's copies are visible, and every warp is done with stage kt - 1),
@@ -341,12 +342,24 @@ class _Emitter:
             self.batch_index[bv.name] = rest if last else rest % ext
             rest = rest // ext
         self.shared = {op.role: self.shared_buffer(op) for op in (c.a, c.b)}
+        # registers of the element loads of an operand without 16-byte copies
+        self.staged = {op.role: Buffer(f"{op.buffer.name}_staged", op.buffer.dtype,
+                                       _shape(self.tile_shape(op)[0] * self.tile_shape(op)[1] // t.threads), "local")
+                       for op in (c.a, c.b) if not self.asynchronous(op)}
+        self.names: dict[str, int] = {}
+
+    def unrolled(self, name: str, extent: int, body: Callable[[Var], Stmt]) -> Stmt:
+        """An unrolled loop whose variable is named uniquely in the kernel (primitives address
+        loops by name): the second `copy_a` loop is `copy_a1`."""
+        n = self.names.get(name, 0)
+        self.names[name] = n + 1
+        return _unrolled(name if n == 0 else f"{name}{n}", extent, body)
 
     # step 1: tiling ------------------------------------------------------------------------------
     def kernel(self) -> PrimFunc:
         c, t = self.c, self.t
         allocs = self.pipeline()
-        for buf in (self.shared["A"], self.shared["B"], self.frag_a, self.frag_b, self.frag_c):
+        for buf in (self.shared["A"], self.shared["B"], *self.staged.values(), self.frag_a, self.frag_b, self.frag_c):
             allocs = Allocate(buf, allocs)
         body: Stmt = For(self.tx, _int(0), _int(t.threads), "threadIdx.x", allocs)
         body = For(self.bx, _int(0), _ceil_div(c.n, t.bn), "blockIdx.x", body)
@@ -375,8 +388,10 @@ class _Emitter:
         last = const_int(op.buffer.shape[-1])
         return last is not None and last % CHUNK == 0
 
-    def load_tile(self, op: Operand, stage: Expr, k0: Expr) -> Stmt:
-        """The operand's tile for k tile k0 into ring stage `stage`, zero past the edges."""
+    def load_tile(self, op: Operand, stage: Expr, k0: Expr) -> tuple[Stmt, Stmt | None]:
+        """The operand's tile for k tile k0 into ring stage `stage`, zero past the edges: (issue,
+        finish). cp.async copies are all issue; element loads are issued into registers and
+        finished (stored to shared) after the compute, so their latency overlaps it too."""
         c, t = self.c, self.t
         rows, width = self.tile_shape(op)
         outer0 = self.by * t.bm if op.role == "A" else self.bx * t.bn
@@ -393,40 +408,54 @@ class _Emitter:
                 r, col = chunk // per_row, (chunk % per_row) * CHUNK
                 inside = (row0 + r < row_ext) & (col0 + col < col_ext)
                 return AsyncCopy(dst, (stage, r, col), op.buffer, batch + (row0 + r, col0 + col), 16, inside)
-            return _unrolled(f"copy_{op.role.lower()}", rows * width // CHUNK // t.threads, copy)
+            return self.unrolled(f"copy_{op.role.lower()}", rows * width // CHUNK // t.threads, copy), None
+        staged = self.staged[op.role]
 
-        def element(u: Var) -> Stmt:
+        def fetch(u: Var) -> Stmt:
             e = self.tx + t.threads * u
             r, col = e // width, e % width
             inside = (row0 + r < row_ext) & (col0 + col < col_ext)
             value = select(inside, op.buffer[batch + (row0 + r, col0 + col)], Const(0.0, op.buffer.dtype))
-            return BufferStore(dst, (stage, r, col), value)
-        return _unrolled(f"load_{op.role.lower()}", rows * width // t.threads, element)
+            return BufferStore(staged, (u,), value)
 
-    def load_stage(self, stage: Expr, k_tile: Expr) -> Stmt:
+        def store(u: Var) -> Stmt:
+            e = self.tx + t.threads * u
+            return BufferStore(dst, (stage, e // width, e % width), staged[u])
+        count = rows * width // t.threads
+        return (self.unrolled(f"fetch_{op.role.lower()}", count, fetch),
+                self.unrolled(f"store_{op.role.lower()}", count, store))
+
+    def load_stage(self, stage: Expr, k_tile: Expr) -> tuple[Stmt, Stmt | None]:
         k0 = k_tile * self.t.bk
-        return seq(self.load_tile(self.c.a, stage, k0), self.load_tile(self.c.b, stage, k0))
+        (issue_a, finish_a), (issue_b, finish_b) = (self.load_tile(self.c.a, stage, k0),
+                                                    self.load_tile(self.c.b, stage, k0))
+        finish = seq(finish_a, finish_b) if finish_a is not None or finish_b is not None else None
+        return seq(issue_a, issue_b), finish
 
     # step 3: the pipeline ring ---------------------------------------------------------------------
     def pipeline(self) -> Stmt:
         t = self.t
-        zero = _unrolled("zero", 4 * t.tm * t.tn, lambda z: BufferStore(self.frag_c, (z,), Const(0.0, dt.float32)))
+        zero = self.unrolled("zero", 4 * t.tm * t.tn, lambda z: BufferStore(self.frag_c, (z,), Const(0.0, dt.float32)))
         known = const_int(self.k_tiles)
         prologue: list[Stmt] = []
         for s in range(t.stages - 1):
-            load = self.load_stage(Const(s, dt.int32), Const(s, dt.int32))
+            issue, finish = self.load_stage(Const(s, dt.int32), Const(s, dt.int32))
+            load = seq(issue, finish)
             if known is None:
                 prologue.append(IfThenElse(Const(s, dt.int32) < self.k_tiles, load))
             elif s < known:
                 prologue.append(load)
             prologue.append(AsyncCommit())  # one group per stage, even when K has fewer tiles
         ahead = self.kt + (t.stages - 1)
+        issue, finish = self.load_stage(ahead % t.stages, ahead)
         loop = For(self.kt, _int(0), self.k_tiles, "serial", seq(
             AsyncWait(t.stages - 2),   # stage kt has landed (at most S - 2 later groups in flight)
             Barrier(),                 # ... for every thread, and every warp is done with stage kt - 1
-            IfThenElse(ahead < self.k_tiles, self.load_stage(ahead % t.stages, ahead)),
+            IfThenElse(ahead < self.k_tiles, issue),
             AsyncCommit(),             # possibly empty, so the group count per iteration is fixed
             self.compute(self.kt % t.stages),
+            # element loads land in stage kt - 1 (free since the barrier) after the compute
+            IfThenElse(ahead < self.k_tiles, finish) if finish is not None else None,
         ))
         return seq(zero, *prologue, loop, AsyncWait(0), self.epilogue())
 
@@ -462,11 +491,11 @@ class _Emitter:
                     acc = FragmentRef(self.frag_c, (mi * t.tn + ni) * 4)
                     return MatrixMultiply(self.row, acc, FragmentRef(self.frag_a, 8 * mi),
                                           FragmentRef(self.frag_b, 4 * ni), acc)
-                return _unrolled("mma_n", t.tn, one)
+                return self.unrolled("mma_n", t.tn, one)
 
-            return seq(_unrolled("frag_m", t.tm, load_a), _unrolled("frag_n", t.tn // 2, load_b),
-                       _unrolled("mma_m", t.tm, mma))
-        return _unrolled("k_step", t.bk // 16, k_step)
+            return seq(self.unrolled("frag_m", t.tm, load_a), self.unrolled("frag_n", t.tn // 2, load_b),
+                       self.unrolled("mma_m", t.tm, mma))
+        return self.unrolled("k_step", t.bk // 16, k_step)
 
     # step 6: the epilogue ---------------------------------------------------------------------------
     def epilogue(self) -> Stmt:
@@ -487,8 +516,8 @@ class _Emitter:
                 value = substitute(value, values)
                 indices = tuple(substitute(ix, values) for ix in store.indices)
                 return IfThenElse((row < c.m) & (column < c.n), BufferStore(store.buffer, indices, value))
-            return _unrolled("out_e", 4, element)
-        return _unrolled("out_tile", t.tm * t.tn, tile)
+            return self.unrolled("out_e", 4, element)
+        return self.unrolled("out_tile", t.tm * t.tn, tile)
 
 
 __all__ = ["Contraction", "Operand", "Tiling", "check_tiling", "match_contraction", "row_swizzle", "tensorize"]
