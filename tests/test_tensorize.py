@@ -458,3 +458,18 @@ def test_the_planners_choice_compiles_without_spills_within_its_register_estimat
     assert (r.spill_stores, r.spill_loads, r.stack_bytes) == (0, 0, 0), f"{chosen.label}: {r}"
     assert r.registers <= chosen.workload.register_count, f"{chosen.label}: ptxas {r.registers}, " \
                                                           f"estimate {chosen.workload.registers}"
+
+
+def test_mixed_half_dtypes_are_declined_by_the_guard_and_planned_elsewhere() -> None:
+    A, B = tc.placeholder((64, 32), "float16", "A"), tc.placeholder((32, 48), "bfloat16", "B")
+    r = tc.reduce_axis(32, "r")
+    C = tc.compute((64, 48), lambda i, j: tc.sum(tc.cast(A[i, r], "float32") * tc.cast(B[r, j], "float32"), axis=r),
+                   name="C")
+    _, declined = candidates_for(analyze_kernel(lower([A, B, C]).kernels[0]), tc.target("sm_90"))
+    assert ("gemm_tensor_core", "mixed operand dtypes (float16, bfloat16): mma takes two of one 16-bit type") in declined
+    f = tc.build([A, B, C], target="sim")
+    g = np.random.default_rng(15)
+    a, b = g.uniform(-1, 1, (64, 32)).astype(np.float16), g.uniform(-1, 1, (32, 48)).astype(np_dtype("bfloat16"))
+    c = np.full((64, 48), np.nan, np.float32)
+    f(a, b, c)
+    check({"A": a, "B": b, "C": c}, {"a_t": False, "b_t": False, "out": "float32"}, "mixed dtypes, SIMT plan")

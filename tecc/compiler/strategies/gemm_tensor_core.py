@@ -100,8 +100,10 @@ class GemmTensorCore(Strategy):
         pair = operands(info)
         if pair is None:
             return "needs one read indexed by (i, k) and one by (k, j)"
-        if any(x.itemsize != 2 for x in pair):
+        if any(x.dtype not in ("float16", "bfloat16") for x in pair):
             return "float16 or bfloat16 operands only"
+        if pair[0].dtype != pair[1].dtype:
+            return f"mixed operand dtypes ({pair[0].dtype}, {pair[1].dtype}): mma takes two of one 16-bit type"
         batch = len(info.spatial) - 2
         for x in pair + (info.write,):
             if len(x.index_vars) != batch + 2 or any(len(v) != 1 for v in x.index_vars):
