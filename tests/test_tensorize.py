@@ -444,7 +444,7 @@ def test_tensors_named_like_the_generated_buffers_keep_their_roles() -> None:
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("m,n,k", [(1000, 1000, 1000), (127, 4096, 1023), (4096, 4096, 4096)])
+@pytest.mark.parametrize("m,n,k", [(1000, 1000, 1000), (127, 4096, 1023), (4096, 4096, 4096), (1000, 1000, 1002)])
 def test_the_planners_choice_compiles_without_spills_within_its_register_estimate(arch: str, m: int, n: int,
                                                                                    k: int) -> None:
     from tecc.compiler.planner import plan_program
@@ -473,3 +473,15 @@ def test_mixed_half_dtypes_are_declined_by_the_guard_and_planned_elsewhere() -> 
     c = np.full((64, 48), np.nan, np.float32)
     f(a, b, c)
     check({"A": a, "B": b, "C": c}, {"a_t": False, "b_t": False, "out": "float32"}, "mixed dtypes, SIMT plan")
+
+
+@pytest.mark.parametrize("k,size", [(44, 8), (42, 4), (200, 16)])
+def test_k_a_multiple_of_4_or_2_gets_narrower_copies(k: int, size: int) -> None:
+    m, n = 64, 48
+    tensors, how = contraction(m, n, k, "float16")
+    f, arrays = run(tensors, how, m, n, k, seed=k, plan=tensorize_plan(stages=3))
+    check(arrays, how, f"K = {k}")
+    sizes = {(s.src.name, s.bytes) for s in iter_stmts(f.module.kernels[0].body) if isinstance(s, AsyncCopy)}
+    assert sizes == {("A", size), ("B", 16)}
+    source = tc.build(tensors, target="cuda", arch="sm_80", plan=tensorize_plan(stages=3)).source
+    assert ("cp.async.ca.shared.global" in source) == (size < 16)

@@ -24,9 +24,9 @@ Workload for the cost model:
   flight do not cover: max(0, latency - (S - 1)·tile cycles). This is where the ring depth
   pays: a 32 × 32 warp tile (16 mma per 32-wide k tile) needs 3 stages to hide 550 cycles;
 - registers: TM·TN·4 accumulators, TM·4 + TN·2 fragment registers, addressing and the copy
-  loop's state (ADDRESSING + 4 per 16-byte copy per thread per stage; ptxas's count was at or
-  below this for every point compiled in tests/test_tensorize.py), plus one register per element
-  an operand without 16-byte copies (odd K) stages through registers; over 255 is rejected.
+  loop's state (ADDRESSING + 4 per cp.async copy per thread per stage; ptxas's count was at or
+  below this for every point compiled in tests/test_tensorize.py), plus two registers per element
+  an operand without cp.async copies (odd K) stages through registers; over 255 is rejected.
 """
 
 from __future__ import annotations
@@ -34,7 +34,10 @@ from __future__ import annotations
 from itertools import product
 from typing import Any, Iterable
 
+from ...ir.dtype import int32
+from ...ir.expr import Const
 from ...ir.target import Target
+from ...passes.schedule.tensorize import copy_elements
 from ..cost.analysis import KernelInfo
 from ..cost.model import Workload
 from ..cost.traffic import dram_from_l2
@@ -65,24 +68,30 @@ def shared_bytes(point: Point) -> int:
     return int(point["stages"]) * (int(point["bm"]) + int(point["bn"])) * int(point["bk"]) * 2
 
 
-def tile_registers(bm: int, bn: int, wm: int, wn: int, bk: int, staged: int = 0) -> dict[str, int]:
-    """Registers per thread; `staged`: elements per thread loaded through registers (the
-    operands without 16-byte copies), one register each."""
+def tile_registers(bm: int, bn: int, wm: int, wn: int, bk: int, sizes: tuple[int, int] = (8, 8)) -> dict[str, int]:
+    """Registers per thread; `sizes`: halves per cp.async copy of A and B (0: the operand's
+    elements are loaded through registers, two registers each)."""
     tm, tn = bm // wm // 16, bn // wn // 8
     threads = 32 * wm * wn
-    copies = (bm + bn) * bk // 8 // threads
+    copies = staged = 0
+    for tile, size in ((bm * bk, sizes[0]), (bn * bk, sizes[1])):
+        if size:
+            copies += tile // size // threads
+        else:
+            staged += tile // threads
     parts = {"accumulators": tm * tn * 4, "fragments": tm * 4 + tn * 2, "addressing": ADDRESSING + 4 * copies}
     if staged:
-        parts["staged elements"] = staged
+        # the element and its guarded address: ptxas used 1.3-1.5 per element on the odd-K points
+        parts["staged elements"] = 2 * staged
     return parts
 
 
-def element_loaded(info: KernelInfo) -> tuple[bool, bool]:
-    """(A, B): whether tensorize must load the operand element by element (its contiguous extent
-    is no multiple of 8 halves, so 16-byte copies are not aligned; odd K for A[i, k])."""
+def copy_sizes(info: KernelInfo) -> tuple[int, int]:
+    """Halves per cp.async copy tensorize will use for A and B (tensorize.copy_elements of the
+    operand's contiguous extent): 8, 4, 2, or 0 for element loads (odd K for A[i, k])."""
     pair = operands(info)
     assert pair is not None
-    return pair[0].dims[-1] % 8 != 0, pair[1].dims[-1] % 8 != 0
+    return copy_elements(Const(pair[0].dims[-1], int32)), copy_elements(Const(pair[1].dims[-1], int32))
 
 
 class GemmTensorCore(Strategy):
@@ -139,9 +148,9 @@ class GemmTensorCore(Strategy):
         a_bytes, b_bytes = 2.0 * m * k * batch, 2.0 * k * n * batch
         out_bytes = float(m * n * batch * info.write.itemsize)
         l2 = a_bytes * col_tiles + b_bytes * row_tiles + out_bytes
-        copies = (bm + bn) * bk // 8 // threads              # 16-byte copies per thread per stage
-        slow_a, slow_b = element_loaded(info)
-        staged = (bm * bk // threads if slow_a else 0) + (bn * bk // threads if slow_b else 0)
+        sizes = copy_sizes(info)
+        copies = sum(tile // size // threads for tile, size in ((bm * bk, sizes[0]), (bn * bk, sizes[1])) if size)
+        staged = sum(tile // threads for tile, size in ((bm * bk, sizes[0]), (bn * bk, sizes[1])) if not size)
         ldmatrix = warps * k16 * (tm + tn // 2)
         mma = warps * k16 * tm * tn
         instructions = (mma + ldmatrix + blocks * k_tiles * (wm * wn) * (copies * 6 + staged * 6 + 8)
@@ -156,14 +165,14 @@ class GemmTensorCore(Strategy):
         notes = [f"mma.m16n8k16 {tm}x{tn} tiles per warp, {stages}-stage cp.async ring of {bk}-wide k tiles",
                  "ldmatrix from swizzled shared tiles (conflict-free)"]
         return Workload(
-            blocks=blocks, threads=threads, registers=tile_registers(bm, bn, wm, wn, bk, staged),
+            blocks=blocks, threads=threads, registers=tile_registers(bm, bn, wm, wn, bk, sizes),
             smem_bytes=shared_bytes(point), smem_opt_in=True,
             flops=2.0 * m * n * k * batch, fma_ops=float(m * n * batch * max(info.epilogue_flops, 0)),
             tensor_flops=2.0 * blocks * bm * bn * k16 * 16, tensor_rate=rate,
             dram_bytes=dram_from_l2(info, l2, target), l2_bytes=l2,
             global_wavefronts=(l2 - out_bytes) / 128.0 + out_bytes / 32.0,
             smem_wavefronts=ldmatrix * LDMATRIX_WAVEFRONTS + blocks * k_tiles * (bm + bn) * bk * 2 / 128.0,
-            instructions=instructions, bytes_in_flight=16.0 * copies * (stages - 1), ilp=float(tm * tn),
+            instructions=instructions, bytes_in_flight=2.0 * (bm + bn) * bk / threads * (stages - 1), ilp=float(tm * tn),
             chain_cycles=chain, k_extent=k_tiles * bk, notes=notes + [
                 f"k tile {tile_cycles:.0f} cycles of mma per warp, {exposed:.0f} cycles of latency exposed"])
 

@@ -34,9 +34,10 @@ What it emits, step by step (each step is one function below):
                16-byte bank groups (`row_swizzle`). A tile is filled with 16-byte cp.async copies
                when the operand's contiguous extent is a constant multiple of 8 (every chunk then
                lies inside or outside the matrix, and rows start 16-byte aligned); the predicate
-               zero-fills chunks past the M/N/K edges. Otherwise (odd K, a symbolic contiguous
-               extent) the tile's elements are loaded guarded (select(in range, x, 0)) into
-               registers when the refill is issued and stored to shared after the compute.
+               zero-fills chunks past the M/N/K edges. A contiguous extent that is a multiple of 4
+               or 2 only gets 8- or 4-byte copies (cp.async.ca). Otherwise (odd K, a symbolic
+               contiguous extent) the tile's elements are loaded guarded (select(in range, x, 0))
+               into registers when the refill is issued and stored to shared after the compute.
 3. pipeline    S - 1 stages are loaded before the k loop, one commit group each; iteration kt
                waits until at most S - 2 groups are in flight (stage kt has landed), barriers
                (every thread's copies are visible, and every warp is done with stage kt - 1),
@@ -89,6 +90,17 @@ from ...ir.visitor import ExprMutator
 
 INTRINSICS = {"float16": "mma.m16n8k16.f32.f16", "bfloat16": "mma.m16n8k16.f32.bf16"}
 CHUNK = 8  # halves per 16-byte cp.async copy and per ldmatrix row
+
+
+def copy_elements(contiguous_extent: Expr) -> int:
+    """Halves per cp.async copy of an operand whose rows have `contiguous_extent` elements: 8
+    (16 bytes), 4 or 2 when the extent is a constant multiple of it (every copy then lies wholly
+    inside or outside the matrix, and every row starts aligned to the copy), 0 when none is
+    provable (odd or symbolic: element loads)."""
+    last = const_int(contiguous_extent)
+    if last is None:
+        return 0
+    return next((n for n in (8, 4, 2) if last % n == 0), 0)
 
 
 @dataclass(frozen=True)
@@ -384,9 +396,7 @@ class _Emitter:
                       tensor=f"{op.buffer.tensor}.shared", layout=row_swizzle(width))
 
     def asynchronous(self, op: Operand) -> bool:
-        """16-byte copies need the contiguous extent (= the row stride) a multiple of 8 halves."""
-        last = const_int(op.buffer.shape[-1])
-        return last is not None and last % CHUNK == 0
+        return copy_elements(op.buffer.shape[-1]) > 0
 
     def load_tile(self, op: Operand, stage: Expr, k0: Expr) -> tuple[Stmt, Stmt | None]:
         """The operand's tile for k tile k0 into ring stage `stage`, zero past the edges: (issue,
@@ -400,15 +410,18 @@ class _Emitter:
                                         else (k0, c.kext, outer0, outer_ext))
         batch = tuple(self.batch_index[v.name] for v, _ in c.batch)
         dst = self.shared[op.role]
-        if self.asynchronous(op):
-            per_row = width // CHUNK
+        size = copy_elements(op.buffer.shape[-1])
+        if size:
+            per_row = width // size
+            nbytes = size * op.buffer.dtype.bytes
 
             def copy(u: Var) -> Stmt:
                 chunk = self.tx + t.threads * u
-                r, col = chunk // per_row, (chunk % per_row) * CHUNK
+                r, col = chunk // per_row, (chunk % per_row) * size
                 inside = (row0 + r < row_ext) & (col0 + col < col_ext)
-                return AsyncCopy(dst, (stage, r, col), op.buffer, batch + (row0 + r, col0 + col), 16, inside)
-            return self.unrolled(f"copy_{op.role.lower()}", rows * width // CHUNK // t.threads, copy), None
+                return AsyncCopy(dst, (stage, r, col), op.buffer, batch + (row0 + r, col0 + col), nbytes, inside,
+                                 "cg" if nbytes == 16 else "ca")
+            return self.unrolled(f"copy_{op.role.lower()}", rows * width // size // t.threads, copy), None
         staged = self.staged[op.role]
 
         def fetch(u: Var) -> Stmt:
