@@ -77,7 +77,9 @@ def _run(m: int, n: int, k: int, dtype: str, *, a_t: bool = False, b_t: bool = F
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("m,n,k", [(1000, 1000, 1000), (127, 4096, 1023), (512, 512, 40), (4096, 4096, 4096)])
+# K = 1023: A by element loads; K = 1002 / 1004: 4- and 8-byte cp.async for A
+@pytest.mark.parametrize("m,n,k", [(1000, 1000, 1000), (127, 4096, 1023), (512, 512, 40), (4096, 4096, 4096),
+                                   (1000, 1000, 1002), (1000, 1000, 1004)])
 def test_tensorized_gemm_on_gpu(m: int, n: int, k: int, dtype: str) -> None:
     _run(m, n, k, dtype)
 
