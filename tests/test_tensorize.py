@@ -485,3 +485,20 @@ def test_k_a_multiple_of_4_or_2_gets_narrower_copies(k: int, size: int) -> None:
     assert sizes == {("A", size), ("B", 16)}
     source = tc.build(tensors, target="cuda", arch="sm_80", plan=tensorize_plan(stages=3)).source
     assert ("cp.async.ca.shared.global" in source) == (size < 16)
+
+
+def test_a_times_its_own_transpose() -> None:
+    """C = A·Aᵀ reads one buffer as both operands: two rings, the second renamed for C."""
+    m, k = 72, 40
+    A = tc.placeholder((m, k), "bfloat16", "A")
+    r = tc.reduce_axis(k, "r")
+    C = tc.compute((m, m), lambda i, j: tc.sum(tc.cast(A[i, r], "float32") * tc.cast(A[j, r], "float32"), axis=r),
+                   name="C")
+    f = tc.build([A, C], target="sim", plan=tensorize_plan())
+    g = np.random.default_rng(16)
+    a = g.uniform(-1, 1, (m, k)).astype(np_dtype("bfloat16"))
+    c = np.full((m, m), np.nan, np.float32)
+    f(a, c)
+    check({"A": a, "B": a.T.copy(), "C": c}, {"a_t": False, "b_t": False, "out": "float32"}, "A·Aᵀ")
+    source = tc.build([A, C], target="cuda", arch="sm_90", plan=tensorize_plan()).source
+    assert "A_shared1" in source
