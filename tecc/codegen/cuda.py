@@ -9,6 +9,8 @@ The mapping, statement by statement (docs/codegen.md has the full table):
   For blockIdx.x      const int bx = blockIdx.x;                  (no loop: one block per value)
   For threadIdx.x     const int tx = threadIdx.x;  + if (tx < extent) when the block is wider
   Allocate shared     __shared__ __align__(16) T name[N];
+                      (over 48 KiB of shared buffers in the kernel: one `extern __shared__` array,
+                      each buffer `T* const name` at its offset; `dynamic_shared_bytes`)
   Allocate local      T name[N];
   LetStmt             const T v = value;
   IfThenElse          if (c) { ... } else { ... }
@@ -164,6 +166,44 @@ def used_dtypes(func: PrimFunc) -> set[DType]:
     return found
 
 
+# Static `__shared__` arrays are limited to 48 KiB per block (CUDA C++ Programming Guide,
+# "Shared Memory"); beyond that a kernel must use dynamic shared memory, which the runtime opts
+# in to (runtime/cuda.py, _allow_dynamic_smem) up to the device's per-block opt-in limit.
+STATIC_SHARED_LIMIT = 48 * 1024
+DYNAMIC_SHARED = "tecc_dynamic_smem"
+_SHARED_ALIGN = 128
+
+
+def shared_offsets(func: PrimFunc) -> dict[int, int] | None:
+    """Byte offsets (by buffer id) of the kernel's shared buffers in one dynamic allocation, or
+    None when they fit in static shared memory (48 KiB), which is then used as before."""
+    offsets: dict[int, int] = {}
+    total = 0
+    for s in iter_stmts(func.body):
+        if isinstance(s, Allocate) and s.buffer.scope == "shared" and id(s.buffer) not in offsets:
+            count = 1
+            for extent in s.buffer.shape:
+                count *= const_int(extent) or 0
+            offsets[id(s.buffer)] = total
+            total += -(-count * s.buffer.dtype.bytes // _SHARED_ALIGN) * _SHARED_ALIGN
+    return offsets if total > STATIC_SHARED_LIMIT else None
+
+
+def dynamic_shared_bytes(func: PrimFunc) -> int:
+    """Bytes of dynamic shared memory a launch of `func` needs (0: its shared buffers are static)."""
+    offsets = shared_offsets(func)
+    if offsets is None:
+        return 0
+    total = 0
+    for s in iter_stmts(func.body):
+        if isinstance(s, Allocate) and id(s.buffer) in offsets:
+            count = 1
+            for extent in s.buffer.shape:
+                count *= const_int(extent) or 0
+            total = max(total, offsets[id(s.buffer)] + count * s.buffer.dtype.bytes)
+    return total
+
+
 class KernelEmitter:
     """Emits one PrimFunc. Holds the C names, the 64-bit decisions, the variable ranges in
     scope and the output lines; `stmt` dispatches on the statement type."""
@@ -181,6 +221,7 @@ class KernelEmitter:
         self.stored |= {id(n.args[0].buffer) for s in iter_stmts(func.body) for e in _stmt_exprs(s)  # type: ignore[attr-defined]
                         for n in walk(e) if isinstance(n, Call) and n.name == "atomic_add"}
         self.wide = {p for p in func.params if isinstance(p, Buffer) and needs_64bit_indexing(p)}
+        self.dynamic_shared = shared_offsets(func)
         self.expr = ExprEmitter(self.var_name, self.buffer_name, self.wide, self.ranges)
         for p in func.params:
             self.names.add(p, p.name)
@@ -342,7 +383,12 @@ class KernelEmitter:
         if nested:
             self.open_block("")
             self.declare(name)
-        if b.scope == "shared":
+        if b.scope == "shared" and self.dynamic_shared is not None:
+            # offsets are multiples of 128 bytes, so float4 accesses stay aligned
+            self.line(f"extern __shared__ __align__(16) unsigned char {DYNAMIC_SHARED}[];")
+            self.line(f"{c_type(b.dtype)}* const {name} = reinterpret_cast<{c_type(b.dtype)}*>"
+                      f"({DYNAMIC_SHARED} + {self.dynamic_shared[id(b)]});")
+        elif b.scope == "shared":
             # 16-byte alignment lets any staged tile be read with float4 accesses.
             self.line(f"__shared__ __align__(16) {c_type(b.dtype)} {name}[{count}];")
         elif b.scope == "fragment":

@@ -18,7 +18,7 @@ import os
 import time
 from typing import Any, Sequence
 
-from ..codegen import default_arch, emit_source
+from ..codegen import default_arch, dynamic_shared_bytes, emit_source
 from ..ir.stmt import Module
 from ..ir.tensor import Tensor
 from ..passes.approx_math import approx_math
@@ -112,7 +112,9 @@ def compile_module(module: Module, plan: Plan, target: str, *, arch: str | None,
     if dumper is not None:
         dumper.write("cuda.cu", source)
 
-    host = HostProgram.from_module(module)
+    # a kernel with over 48 KiB of shared buffers declares them dynamic: the launch passes the size
+    dynamic = {k.name: dynamic_shared_bytes(k) for k in module.kernels}
+    host = HostProgram.from_module(module, {k: v for k, v in dynamic.items() if v > 0})
     kernel = Kernel(module=module, host=host, source=source, plan=plan, target=target, timing=timing)
     if target == "cuda":
         the_arch = arch or knobs.default_arch_override() or default_arch()

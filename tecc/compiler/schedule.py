@@ -429,6 +429,23 @@ class Schedule:
             args["output_splits"] = outputs
         self._record(Step("split_row_group", args))
 
+    def tensorize(self, stage: StageLike, intrinsic: str = "auto", block: Sequence[int] = (64, 64),
+                  warps: Sequence[int] = (2, 2), k_tile: int = 32, stages: int = 2) -> None:
+        """Rebuild the kernel of the contraction `stage` (C[b.., i, j] = epilogue(Σ_k A·B) over
+        float16/bfloat16 operands) as a tensor-core kernel: `block` = (BM, BN) outputs per block,
+        `warps` = (rows, columns) of warps, each a (BM/rows) × (BN/columns) tile of
+        mma.m16n8k16 tiles, k tiles of `k_tile` staged through a ring of `stages` cp.async
+        stages in swizzled shared memory, read with ldmatrix; the epilogue is the stage's own.
+        `intrinsic` is the mma row ("auto": the one for the operands' dtype). It must be the
+        first primitive applied to the stage's kernel (tecc/passes/schedule/tensorize.py)."""
+        st = self._stage(stage)
+        bm, bn = (int(x) for x in block)
+        wm, wn = (int(x) for x in warps)
+        tiling = prim.Tiling(bm, bn, wm, wn, int(k_tile), int(stages))
+        step = Step("tensorize", {"stage": str(st), "intrinsic": intrinsic, "block": [bm, bn], "warps": [wm, wn],
+                                  "k_tile": int(k_tile), "stages": int(stages)})
+        self._apply(st.kernel, step, lambda f: prim.tensorize(f, st.name, intrinsic, tiling))
+
     def cache_write(self, stage: StageLike, scope: str = "local") -> StageRV:
         st = self._stage(stage)
         self._apply(st.kernel, Step("cache_write", {"stage": str(st), "scope": scope}),

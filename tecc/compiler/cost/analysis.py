@@ -120,6 +120,7 @@ class Access:
     index_vars: tuple[frozenset[str], ...]    # per buffer dimension: the loop variables in its index
     per_dim: tuple[Affine | None, ...] = ()   # per buffer dimension: its affine index
     dims: tuple[int, ...] = ()                # the buffer's extents (sizes substituted)
+    dtype: str = ""                           # the buffer's dtype name ("float16", ...)
 
 
 @dataclass(frozen=True)
@@ -268,7 +269,7 @@ def _access(buf: Buffer, indices: tuple[Expr, ...], env: Mapping[Var, int]) -> A
             for v, c in a.coeff:
                 coeff[v] = coeff.get(v, 0) + c * st
         offset = Affine(tuple(sorted((v, c) for v, c in coeff.items() if c)), const)
-    return Access(buf.name, buf.tensor, buf.dtype.bytes, offset, index_vars, per_dim, tuple(dims))
+    return Access(buf.name, buf.tensor, buf.dtype.bytes, offset, index_vars, per_dim, tuple(dims), buf.dtype.name)
 
 
 def _count_ops(e: Expr) -> tuple[int, int]:
