@@ -136,7 +136,25 @@ def _walks_rows_along_their_last_axis(group: Any) -> bool:
                 uses = [axis in free_vars(i) for i in node.indices]
                 if any(uses[:-1]):
                     return False
-    return True
+    return not _contracts(group)
+
+
+def _contracts(group: Any) -> bool:
+    """Whether a reduction of the group is a contraction: two or more reads along the reduced
+    axis, each indexed by some but not all of the row axes, and not by the same ones (A[i, k] and
+    B[j, k] of C[i, j] = Σ_k A·Bᵀ). Each read is then reused across the rows the other indexes,
+    which the tiled contraction strategies exploit and one block per row does not; a row vector
+    broadcast into a row reduction (bias[k] beside X[r, k]) is no contraction."""
+    for t in group.reductions:
+        rows = set(t.op.axes)
+        for r in t.op.reductions:
+            axis = r.axes[0]
+            subsets = {frozenset(v for v in rows if any(v in free_vars(i) for i in node.indices))
+                       for node in walk(r.source)
+                       if isinstance(node, TensorRead) and any(axis in free_vars(i) for i in node.indices)}
+            if len(subsets) >= 2 and all(s and s != rows for s in subsets):
+                return True
+    return False
 
 
 def _online_pairs(tensors: Sequence[Tensor], threads: int) -> int:
