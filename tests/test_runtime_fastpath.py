@@ -123,6 +123,8 @@ def faketorch(monkeypatch):
     package = types.ModuleType("faketorch")
     package.current = {0: 0}
     package._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda index: package.current[index])
+    package.capturing = [False]  # what torch.cuda.is_current_stream_capturing() answers
+    package.cuda = types.SimpleNamespace(is_current_stream_capturing=lambda: package.capturing[0])
     monkeypatch.setitem(sys.modules, "faketorch", package)
     monkeypatch.setattr(arrays, "_ATTRIBUTE_TYPES", {})  # learn the fake types afresh in each test
     return package
@@ -140,6 +142,7 @@ class StubExecutor(CudaExecutor):
         self.alignment = alignment
         self.last_launches = []
         self._temps = {}
+        self._stream_temps = {}
         self._dummy = None
         self.kernels = {k.name: f"<kernel {k.name}>" for k in host.kernels}
         self._max_threads = {k.name: 1024 for k in host.kernels}

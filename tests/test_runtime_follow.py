@@ -91,7 +91,8 @@ def _two_kernels_through_a_temporary():
                        (Call("stage1", ("x", "part", "n")), Call("stage2", ("part", "out", "n"))), ("out",))
 
 
-def test_temporaries_of_a_followed_call_come_from_torch_per_call(full_path, faketorch):
+def test_temporaries_of_a_followed_call_come_from_torch_kept_per_stream_and_per_call_under_capture(
+        full_path, faketorch):
     faketorch.uint8 = "uint8"
     made = []
 
@@ -99,15 +100,24 @@ def test_temporaries_of_a_followed_call_come_from_torch_per_call(full_path, fake
         def new_zeros(self, shape, dtype):
             array = np.zeros(shape, np.uint8)
             made.append((array.ctypes.data, dtype))
-            return TorchLike(array, dtype=dtype)  # the owner: kept alive until the launches are queued
+            return TorchLike(array, dtype=dtype)  # the owner
 
     Allocating.__module__ = "faketorch"
     f = FollowingStub(_two_kernels_through_a_temporary())
+    args = [Allocating(np.zeros(1024, np.float32)) for _ in range(2)]
     faketorch.current[0] = 0x1234
-    for _ in range(3):  # a miss, then two hits
-        f(Allocating(np.zeros(1024, np.float32)), Allocating(np.zeros(1024, np.float32)))
-    assert full_path["binds"] == 1 and len(made) == 3, "one temporary per call, from the tensor's allocator"
+    for _ in range(3):  # a miss, then two hits on one stream: one temporary, reused
+        f(*args)
+    assert full_path["binds"] == 1 and len(made) == 1, "one temporary per stream, from the tensor's allocator"
+    faketorch.current[0] = 0x5678  # another stream gets its own
+    f(*args)
+    assert len(made) == 2
+    faketorch.capturing[0] = True  # under CUDA-graph capture: one per call, from the graph's pool
+    f(*args)
+    f(*args)
+    assert len(made) == 4
     assert all(dtype == "uint8" for _, dtype in made)
     temps_passed = [params[1] for kernel, _, _, params in f.submitted if kernel == "<kernel stage1>"]
-    assert temps_passed == [ptr for ptr, _ in made], "each launch gets its call's temporary"
+    first, second, third, fourth = (ptr for ptr, _ in made)
+    assert temps_passed == [first, first, first, second, third, fourth], "each launch gets its stream's or call's temporary"
     assert f._temps == {}, "the executor keeps no temporaries of its own for followed calls"

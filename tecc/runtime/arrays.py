@@ -420,6 +420,26 @@ def allocate_like(obj: Any, nbytes: int, zero: bool) -> tuple[int, Any]:
     return int(owner.data_ptr()), owner
 
 
+def stream_temporary(obj: Any, nbytes: int, zero: bool, kept: dict[Any, tuple[int, Any, int]],
+                     key: Any) -> tuple[int, Any]:
+    """(data pointer, owner) of a kernel temporary for a call on torch-like `obj`'s current stream.
+
+    Under CUDA-graph capture each call takes its own from the graph's pool (allocate_like), so
+    replays find them where the capture put them. Otherwise the temporary is kept in `kept` under
+    `key` (the stream and the temporary's name) and reused by later calls on that stream: launches
+    on one stream run in order, so a later call cannot overwrite what an earlier one still reads,
+    and a zero-initialized temporary is left zero by every kernel that changes it. This saves the
+    allocation (and for zero_init the memset) of every call."""
+    package = sys.modules[type(obj).__module__.partition(".")[0]]
+    if package.cuda.is_current_stream_capturing():
+        return allocate_like(obj, nbytes, zero)
+    found = kept.get(key)
+    if found is None or found[2] < nbytes:
+        ptr, owner = allocate_like(obj, nbytes, zero)
+        found = kept[key] = (ptr, owner, nbytes)
+    return found[0], found[1]
+
+
 def producer_stream(key: tuple[Any, ...]) -> Callable[[int], int] | None:
     """For a key read by attribute, its producer's current-stream reader (what the executor must
     wait on before launching); None for DLPack and CUDA-array-interface keys, whose reading

@@ -159,9 +159,10 @@ class CachedCall:
     attribute (torch): on every hit the executor's stream waits on each one's current stream --
     or, when `follow` (an executor made without a stream, every device argument torch's), the
     launches go on the first one's current stream, with nothing to wait for.
-    `temps` are the (bytes, zero_init) of temporaries allocated per call from the allocator of
-    argument `temps_like` (a followed torch stream: torch's caching allocator, capture-safe); their
-    pointers fill the parameter slots numbered from the arity on. `records` is what
+    `temps` are the (name, bytes, zero_init) of temporaries taken from the allocator of argument
+    `temps_like` (a followed torch stream: torch's caching allocator; kept per stream outside
+    CUDA-graph capture, per call under it: arrays.stream_temporary); their pointers fill the
+    parameter slots numbered from the arity on. `records` is what
     `last_launches` says after a hit."""
 
     launches: tuple[CachedLaunch, ...]
@@ -171,7 +172,7 @@ class CachedCall:
     producer_streams: tuple[Callable[[int], int], ...] = ()
     records: tuple[LaunchRecord, ...] = ()
     follow: bool = False
-    temps: tuple[tuple[int, bool], ...] = ()
+    temps: tuple[tuple[str, int, bool], ...] = ()
     temps_like: int = -1
 
 
@@ -228,6 +229,8 @@ class CudaExecutor:
         self.alignment = alignment
         self.last_launches: list[LaunchRecord] = []
         self._temps: dict[str, Any] = {}
+        # temporaries of calls on followed torch streams, per (stream handle, name), outside capture
+        self._stream_temps: dict[tuple[int, str], tuple[int, Any, int]] = {}
         self._dummy: Any = None
         self._init_launch_cache()
 
@@ -388,8 +391,9 @@ class CudaExecutor:
         owners: list[Any] = []  # per-call temporaries, alive until their launches are queued
         if cached.temps:
             ptrs = list(ptrs)
-            for nbytes, zero in cached.temps:
-                ptr, owner = arrays.allocate_like(args[cached.temps_like], nbytes, zero)
+            like = args[cached.temps_like]
+            for name, nbytes, zero in cached.temps:
+                ptr, owner = arrays.stream_temporary(like, nbytes, zero, self._stream_temps, (self._stream_ptr, name))
                 ptrs.append(ptr)
                 owners.append(owner)
         # Straight to the driver unless something must see each launch: debug_sync, or a
@@ -514,7 +518,7 @@ class CudaExecutor:
             records=tuple(LaunchRecord(launch.info.name, launch.grid, launch.block, launch.info.dynamic_smem)
                           for launch in launches),
             follow=self.follows_producer and bool(producer_streams) and all(isinstance(k[0], type) for k in keys),
-            temps=() if per_call_temps is None else tuple((n, z) for _, n, z in per_call_temps[1]),
+            temps=() if per_call_temps is None else tuple(per_call_temps[1]),
             temps_like=-1 if per_call_temps is None else per_call_temps[0],
         )
         if len(self._calls) >= CALL_CACHE_SIZE:
@@ -595,7 +599,8 @@ class CudaExecutor:
             for n in temp_shape(temp, env):
                 count *= max(n, 0)
             nbytes = max(count * temp.dtype.bytes, 1)
-            ptr, owner = arrays.allocate_like(like, nbytes, temp.zero_init)
+            ptr, owner = arrays.stream_temporary(like, nbytes, temp.zero_init, self._stream_temps,
+                                                 (self._stream_ptr, temp.name))
             pointers[temp.name] = ptr
             owners.append(owner)
             sizes.append((temp.name, nbytes, bool(temp.zero_init)))
