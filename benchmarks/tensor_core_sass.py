@@ -1,0 +1,57 @@
+"""Save the planner's tensor-core GEMM kernel and count its SASS instructions.
+
+    python benchmarks/tensor_core_sass.py OUTDIR [M N K] [--dtype float16]
+
+Writes OUTDIR/tc_gemm.{cu,ptx,cubin,json}, and with `cuobjdump` on the PATH (or in
+/usr/local/cuda/bin) OUTDIR/tc_gemm.sass plus the counts of HMMA, LDSM (ldmatrix), LDGSTS
+(cp.async), BAR, DEPBAR (cp.async waits), the integer instructions (IMAD, IADD3, LOP3, SHF: address
+arithmetic) and local-memory traffic (LDL/STL) in the kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main() -> None:
+    import tecc as tc
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("shape", type=int, nargs="*", default=[4096, 4096, 4096])
+    ap.add_argument("--dtype", default="float16")
+    a = ap.parse_args()
+    m, n, k = a.shape
+    A = tc.placeholder((m, k), a.dtype, name="A")
+    B = tc.placeholder((k, n), a.dtype, name="B")
+    r = tc.reduce_axis(k, name="k")
+    C = tc.compute((m, n), lambda i, j: tc.sum(tc.cast(A[i, r], "float32") * tc.cast(B[r, j], "float32"), axis=r),
+                   name="C")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    kern = tc.build([A, B, C])
+    kern.save(str(out / "tc_gemm"))
+    print("plan:", kern.plan.reason.split(";")[0])
+    print("resources:", getattr(kern, "resources", None))
+    tool = shutil.which("cuobjdump") or next((p for p in ("/usr/local/cuda/bin/cuobjdump",) if Path(p).exists()), None)
+    if tool is None:
+        print("no cuobjdump on this machine: SASS not dumped (the .cubin is saved)")
+        return
+    sass = subprocess.run([tool, "--dump-sass", str(out / "tc_gemm.cubin")], capture_output=True, text=True).stdout
+    (out / "tc_gemm.sass").write_text(sass)
+    for name, pat in [("HMMA", r"\bHMMA\b"), ("LDSM", r"\bLDSM\b"), ("LDGSTS", r"\bLDGSTS\b"), ("BAR", r"\bBAR\b"),
+                      ("DEPBAR", r"\bDEPBAR\b"), ("IMAD", r"\bIMAD\b"), ("IADD3", r"\bIADD3\b"), ("LOP3", r"\bLOP3\b"),
+                      ("SHF", r"\bSHF\b"), ("LEA", r"\bLEA\b"), ("LDL", r"\bLDL\b"), ("STL", r"\bSTL\b"),
+                      ("all", r"^\s+/\*[0-9a-f]{4,}\*/")]:
+        print(f"{name:8s} {len(re.findall(pat, sass, re.M))}")
+
+
+if __name__ == "__main__":
+    main()
