@@ -502,3 +502,24 @@ def test_a_times_its_own_transpose() -> None:
     check({"A": a, "B": a.T.copy(), "C": c}, {"a_t": False, "b_t": False, "out": "float32"}, "A·Aᵀ")
     source = tc.build([A, C], target="cuda", arch="sm_90", plan=tensorize_plan()).source
     assert "A_shared1" in source
+
+
+def test_a_saved_tensorized_kernel_loads_and_runs_in_the_emulator(tmp_path) -> None:
+    # the artifact's loop IR (path.ir) carries the matrix statements, fragments and swizzles too
+    M, N, K = 40, 24, 32
+    A = tc.placeholder((M, K), "float16", name="A")
+    B = tc.placeholder((K, N), "float16", name="B")
+    k = tc.reduce_axis(K, name="k")
+    C = tc.compute((M, N), lambda i, j: tc.sum(tc.cast(A[i, k], "float32") * tc.cast(B[k, j], "float32"), axis=k),
+                   name="C")
+    f = tc.build([A, B, C], target="cuda", arch="sm_90")
+    assert f.plan.strategy == "gemm_tensor_core"
+    g = tc.load(f.save(tmp_path / "tc_gemm"))
+    rng = np.random.default_rng(7)
+    a = rng.uniform(-1, 1, (M, K)).astype(np.float16)
+    b = rng.uniform(-1, 1, (K, N)).astype(np.float16)
+    c = np.full((M, N), np.nan, np.float32)
+    g.sim(a, b, c)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    bound = (K + 1) * 2.0**-23 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))
+    assert np.all(np.abs(c - want) <= bound), float(np.max(np.abs(c - want) - bound))
