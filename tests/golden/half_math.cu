@@ -4,7 +4,13 @@
 
 // max of floats: NaN when either operand is NaN, as NumPy's maximum (fmaxf, which
 // tc.fmax and nanmax use, drops a NaN operand).
-__device__ __forceinline__ float tecc_max(float a, float b) { return (a > b || a != a) ? a : b; }
+__device__ __forceinline__ float tecc_max(float a, float b) {
+#if __CUDA_ARCH__ >= 800
+  float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
+#else
+  return (a > b || a != a) ? a : b;
+#endif
+}
 __device__ __forceinline__ double tecc_max(double a, double b) { return (a > b || a != a) ? a : b; }
 
 extern "C" __global__ void __launch_bounds__(256) half_math(const __half* __restrict__ X, const __nv_bfloat16* __restrict__ Z, __half* __restrict__ Y, __nv_bfloat16* __restrict__ W, int N) {
