@@ -17,13 +17,15 @@ file per schedule primitive of the plan (`01_split.txt`, …), then the fixed ta
 
 from __future__ import annotations
 
+import operator
 import os
 import time
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from ..codegen import default_arch, emit_source
-from ..ir.errors import TeccError
+from ..ir.errors import ShapeError, TeccError
+from ..ir.expr import free_vars
 from ..ir.stmt import Module
 from ..ir.tensor import Tensor
 from ..passes.approx_math import approx_math
@@ -94,6 +96,7 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
         module = _tail(module, chosen, _instruments(timing, dumper))
     else:
         tensors = [args] if isinstance(args, Tensor) else list(args)
+        _check_arguments(tensors, sizes)
         dumper = _dumper(dump_ir, module_name(tensors, name), dump_filter)
         candidates: list[tuple[str, Callable[[], Any]]]
         if tune:
@@ -271,7 +274,35 @@ def module_name(tensors: Sequence[Tensor], name: str | None) -> str:
 
 def _dumper(dump_ir: str | os.PathLike[str] | None, name: str, dump_filter: str | None) -> DumpIR | None:
     request = knobs.dump_request(dump_ir, name, dump_filter)
-    return None if request is None else DumpIR(request.directory, request.kernel_filter)
+    if request is None:
+        return None
+    try:
+        return DumpIR(request.directory, request.kernel_filter)
+    except OSError as exc:
+        raise TeccError(f"build(): cannot write the IR dumps to {request.directory} ({exc.strerror or exc}); "
+                        "give dump_ir (or TECC_DUMP_IR) a directory that can be created and written") from exc
+
+
+def _check_arguments(tensors: list[Tensor], sizes: dict[str, int] | None) -> None:
+    """The argument list holds tensors, and `sizes` gives non-negative ints to size names the
+    program has."""
+    for pos, t in enumerate(tensors):
+        if not isinstance(t, Tensor):
+            raise TeccError(f"build(): argument {pos} is a {type(t).__name__}, not a tensor made by "
+                            "tc.placeholder / tc.compute")
+    if not sizes:
+        return
+    known = {v.name for t in tensors for dim in t.shape for v in free_vars(dim)}
+    for key, value in sizes.items():
+        if key not in known:
+            raise ShapeError(f"build(): sizes names {key!r}, which is no size of this program; its sizes are "
+                             f"{', '.join(sorted(known)) or 'none (every dimension is a constant)'}")
+        try:
+            ok = not isinstance(value, bool) and operator.index(value) >= 0
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ShapeError(f"build(): sizes[{key!r}] is {value!r}; give a non-negative int")
 
 
 def _resolve_plan(plan: Plan | str | dict[str, Any]) -> Plan:
