@@ -1,5 +1,8 @@
 """Host time per call of a tiny tecc kernel on torch tensors, against torch in the same process.
-Plain launches (no CUDA graphs); wall time of N back-to-back calls / N, synchronized at the end.
+Plain launches; wall time of N back-to-back calls / N, synchronized at the end. Then the tecc
+kernel as a registered torch op (tc.torch.op) against a torch.library custom op that wraps a raw
+cuda.core launch of the same cubin (the issue's bar: at most 1.5x), and both captured in a CUDA
+graph (replays run no Python: host time per replay is the same for both).
 
 Runs against whichever tecc is imported (PYTHONPATH), so an older checkout can be timed by the
 same script: rows whose parts that checkout lacks are left out."""
@@ -64,7 +67,7 @@ rows = [
     ("torch.mul(x, 2.0, out=y)", lambda: torch.mul(x, 2.0, out=y)),
     ("torch: y.copy_(x)", lambda: y.copy_(x)),
     ("tecc f(x, y), launch-cache hit", lambda: f(x, y)),
-    ("tecc f(x, y) hit, torch's current stream a side stream (event record + wait per call)", on_side_stream),
+    ("tecc f(x, y) hit, torch's current stream a side stream (launched on it, no event wait)", on_side_stream),
     ("torch: `with torch.cuda.stream(side): pass` (part of the row above)", enter_side_stream),
     ("tecc full checked path", lambda: ex._call_checked((x, y))),
     ] + ([] if cl is None else [("cuda.core launch() alone, prepared config", lambda: launch(ex.stream, cl.config, cl.kernel, *params))]) + [
@@ -85,3 +88,74 @@ for label, fn in rows:
 print("cache entries after:", len(ex._calls))
 torch.cuda.synchronize()
 assert torch.allclose(y, x * 2 + 1)
+
+# ---- a registered op: tc.torch.op against a torch.library custom op wrapping a raw launch ----------
+if cl is None or not hasattr(tc, "grad"):
+    raise SystemExit("this checkout has no launch cache entry or no tc.torch: op rows left out")
+from cuda.core import Stream
+
+op = tc.torch.op(f, "tecc_bench::scale")
+_streams = {}
+
+
+def _torch_stream():
+    handle = torch._C._cuda_getCurrentRawStream(0)
+    stream = _streams.get(handle)
+    if stream is None:
+        stream = _streams[handle] = ex.stream if handle in (0, 1) else Stream.from_handle(handle)
+    return stream
+
+
+def raw_scale(x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    launch(_torch_stream(), cl.config, cl.kernel, x.data_ptr(), out.data_ptr(), *cl.params[2:])
+    return out
+
+
+raw_op = torch.library.custom_op("tecc_bench::raw_scale", raw_scale, mutates_args=())
+raw_op.register_fake(lambda x: torch.empty_like(x))
+assert torch.allclose(op(x), x * 2 + 1) and torch.allclose(raw_op(x), x * 2 + 1)
+
+op_rows = [
+    ("tecc f(x), output allocated by torch", lambda: f(x)),
+    ("tecc op: tc.torch.op(f)(x)", lambda: op(x)),
+    ("torch.library custom op wrapping a raw launch of the same cubin", lambda: raw_op(x)),
+]
+print()
+print("| what | host us per call |")
+print("| --- | --- |")
+measured = {}
+for label, fn in op_rows:
+    measured[label] = per_call(fn)
+    print(f"| {label} | {measured[label]:.1f} |", flush=True)
+ratio = measured["tecc op: tc.torch.op(f)(x)"] / measured["torch.library custom op wrapping a raw launch of the same cubin"]
+print(f"tecc op / raw custom op: {ratio:.2f}x (the bar: <= 1.5x)")
+
+# ---- inside a captured CUDA graph: replays run no Python ---------------------------------------------
+K = 100
+
+
+def graph_of(fn):
+    static = x.clone()
+    side_stream = torch.cuda.Stream()
+    side_stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side_stream):
+        for _ in range(3):
+            fn(static)
+    torch.cuda.current_stream().wait_stream(side_stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [fn(static) for _ in range(K)]
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.allclose(o, static * 2 + 1) for o in outs)
+    return graph
+
+
+print()
+print(f"| CUDA graph of {K} calls | host us per replay | host us per call inside |")
+print("| --- | --- | --- |")
+for label, fn in (("tecc op", op), ("raw custom op", raw_op)):
+    graph = graph_of(fn)
+    t = per_call(graph.replay, reps=1000)
+    print(f"| {label} | {t:.1f} | {t / K:.2f} |", flush=True)

@@ -156,7 +156,7 @@ def op_candidates(op: str, args: list[Any], info: Any, tgt: Any) -> tuple[list[A
 def prepare(directory: Path, per_op: int, arch: str, device: str = "h200") -> None:
     from tecc.compiler.cost.analysis import analyze_kernel
     from tecc.compiler.plan import Plan, Step
-    from tecc.compiler.build import build
+    from tecc.compiler import build
     from tecc.compiler.schedule import Schedule
     from tecc.ir.errors import TeccError
     from tecc.passes.lower import lower
@@ -471,7 +471,7 @@ def tuned_report(db_path: str | None) -> str:
     """Predicted vs measured from the tuning database (docs/tuning.md): per tuned problem, the
     candidates measured correct, Kendall tau of predicted vs measured time, and the regret of
     the model's pick (least predicted) against the measured winner."""
-    from tecc.compiler.tuning_db import TuningDB
+    from tecc.compiler.tuning import TuningDB
 
     db = TuningDB(db_path) if db_path else TuningDB()
     problems: dict[tuple[str, ...], list[Any]] = {}

@@ -1,6 +1,6 @@
 """fp32 GEMM from a tensor expression vs cuBLAS (torch.matmul, TF32 off) — issue 6.
 
-    python benchmarks/gemm.py [--quick] [--sweep] [--out DIR]
+    python benchmarks/gemm.py [--quick] [--sweep] [--out DIR] [--dtype float32|float16|bfloat16]
 
 For each shape the matmul is written as `tc.compute((M, N), lambda i, j: tc.sum(A[i, k] * B[k, j],
 axis=k))`, planned by the planner (`plan_program`, every registered strategy, the live GPU's
@@ -12,6 +12,10 @@ geometric mean of the ratios. `--sweep` also times every point of gemm_pipelined
 lowering) against the plain matmul and against cuBLAS + torch's relu(c + bias).
 `--split-sweep` times the split-K points of SPLIT_SWEEP at the four small shapes with the
 planner's predicted time and rank.
+`--dtype float16` / `bfloat16`: the operands and the result in that dtype, the sum in float32
+(`tc.cast(tc.sum(float32(A)·float32(B)), dtype)`: the tensor-core path, gemm_tensor_core), against
+torch.matmul in the same dtype (cuBLAS's half GEMM, float32 accumulation); the table's dtype
+column says which. The default float32 compares with cuBLAS's SGEMM (TF32 off).
 Every row has three times: per call (events around one Python call, as in the earlier tables:
 host-side argument handling included), kernel (the profiling hook: the GPU time of the call's
 launches only) and stream (10 back-to-back calls between two events, / 10); cuBLAS is timed per
@@ -40,19 +44,35 @@ SHAPES = [  # (batch, M, N, K, note)
 ]
 
 
-def matmul_tensors(batch: int, m: Any, n: int, k: int) -> list[Any]:
+DTYPE = "float32"  # --dtype: the operands' and the result's dtype
+
+
+def matmul_tensors(batch: int, m: Any, n: int, k: int, dtype: str | None = None) -> list[Any]:
     import tecc as tc
 
+    dtype = dtype or DTYPE
     r = tc.reduce_axis(k, name="k")
+
+    def product(a: Any, b: Any) -> Any:
+        if dtype == "float32":
+            return tc.sum(a * b, axis=r)
+        return tc.cast(tc.sum(tc.cast(a, "float32") * tc.cast(b, "float32"), axis=r), dtype)
+
     if batch == 1:
-        A = tc.placeholder((m, k), "float32", name="A")
-        B = tc.placeholder((k, n), "float32", name="B")
-        C = tc.compute((m, n), lambda i, j: tc.sum(A[i, r] * B[r, j], axis=r), name="C")
+        A = tc.placeholder((m, k), dtype, name="A")
+        B = tc.placeholder((k, n), dtype, name="B")
+        C = tc.compute((m, n), lambda i, j: product(A[i, r], B[r, j]), name="C")
     else:
-        A = tc.placeholder((batch, m, k), "float32", name="A")
-        B = tc.placeholder((batch, k, n), "float32", name="B")
-        C = tc.compute((batch, m, n), lambda b, i, j: tc.sum(A[b, i, r] * B[b, r, j], axis=r), name="C")
+        A = tc.placeholder((batch, m, k), dtype, name="A")
+        B = tc.placeholder((batch, k, n), dtype, name="B")
+        C = tc.compute((batch, m, n), lambda b, i, j: product(A[b, i, r], B[b, r, j]), name="C")
     return [A, B, C]
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
 def epilogue_tensors(m: int, n: int, k: int) -> list[Any]:
@@ -168,9 +188,9 @@ def run_shape(batch: int, m: int, n: int, k: int, plan: Any = None, label: str |
     kern = tc.build(args, plan=plan)
     build_s = time.perf_counter() - t0
     shape_a, shape_b, shape_c = ((m, k), (k, n), (m, n)) if batch == 1 else ((batch, m, k), (batch, k, n), (batch, m, n))
-    a = torch.randn(*shape_a, device="cuda")
-    b = torch.randn(*shape_b, device="cuda")
-    c = torch.full(shape_c, float("nan"), device="cuda")
+    a = torch.randn(*shape_a, device="cuda").to(torch_dtype(DTYPE))
+    b = torch.randn(*shape_b, device="cuda").to(torch_dtype(DTYPE))
+    c = torch.full(shape_c, float("nan"), device="cuda", dtype=torch_dtype(DTYPE))
     kern(a, b, c)
     torch.cuda.synchronize()
     ref = torch.matmul(a.double(), b.double())
@@ -182,7 +202,7 @@ def run_shape(batch: int, m: int, n: int, k: int, plan: Any = None, label: str |
     t_kernel = time_kernels(lambda: kern(a, b, c), reps)
     t_tecc_stream = time_stream(lambda: kern(a, b, c), reps)
     t_cublas_stream = time_stream(lambda: torch.matmul(a, b), reps)
-    row = {"shape": f"{batch}x{m}x{n}x{k}" if batch > 1 else f"{m}x{n}x{k}", "tecc_tflops": flops / t_tecc / 1e12,
+    row = {"shape": f"{batch}x{m}x{n}x{k}" if batch > 1 else f"{m}x{n}x{k}", "dtype": DTYPE, "tecc_tflops": flops / t_tecc / 1e12,
            "cublas_tflops": flops / t_cublas / 1e12, "ratio": t_cublas / t_tecc, "rel_err": err,
            "plan": label, "build_s": build_s,
            "tecc_call_us": t_tecc * 1e6, "cublas_call_us": t_cublas * 1e6, "tecc_kernel_us": t_kernel * 1e6,
@@ -261,7 +281,11 @@ def main() -> None:
     ap.add_argument("--split-sweep", action="store_true",
                     help="time a few split-K points (SPLIT_SWEEP) at the four small shapes, with predictions")
     ap.add_argument("--skip-shapes", action="store_true", help="no table of the issue's shapes")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                    help="operand and result dtype (halves: tensor cores, float32 accumulation) vs torch.matmul in it")
     opts = ap.parse_args()
+    global DTYPE
+    DTYPE = opts.dtype
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     shapes = SHAPES if not opts.quick else [SHAPES[2], SHAPES[4], SHAPES[6]]
@@ -269,8 +293,8 @@ def main() -> None:
         sizes = (1024, 2048, 4096, 8192)
         shapes = [(1, m, n, k, "grid") for m in sizes for n in sizes for k in sizes] + SHAPES[4:]
     rows = []
-    print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  TF32 off", flush=True)
-    print(f"{'shape':>18} {'tecc TF/s':>10} {'cuBLAS TF/s':>12} {'ratio':>6} {'rel err':>8} "
+    print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  TF32 off  dtype {DTYPE}", flush=True)
+    print(f"{'shape':>18} {'dtype':>8} {'tecc TF/s':>10} {'cuBLAS TF/s':>12} {'ratio':>6} {'rel err':>8} "
           f"{'kernel us':>9} {'stream us':>9} {'cuBLAS us':>9} {'r.kern':>6} {'r.strm':>6}  plan", flush=True)
     for batch, m, n, k, _ in ([] if opts.skip_shapes else shapes):
         try:
@@ -281,8 +305,8 @@ def main() -> None:
             rows.append(row)
             continue
         rows.append(row)
-        print(f"{row['shape']:>18} {row['tecc_tflops']:10.2f} {row['cublas_tflops']:12.2f} {row['ratio']:6.2f} "
-              f"{row['rel_err']:8.1e} {row['tecc_kernel_us']:9.1f} {row['tecc_stream_us']:9.1f} "
+        print(f"{row['shape']:>18} {row['dtype']:>8} {row['tecc_tflops']:10.2f} {row['cublas_tflops']:12.2f} "
+              f"{row['ratio']:6.2f} {row['rel_err']:8.1e} {row['tecc_kernel_us']:9.1f} {row['tecc_stream_us']:9.1f} "
               f"{row['cublas_stream_us']:9.1f} {row['ratio_kernel']:6.2f} {row['ratio_stream']:6.2f}  {row['plan']}",
               flush=True)
         if opts.compare and batch == 1 and not row["plan"].startswith("gemm_pipelined"):

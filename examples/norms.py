@@ -1,6 +1,6 @@
 """Layer norm, RMS norm and log-softmax over rows, written as plain tensor expressions.
 
-Each is a reduce→elementwise graph over the same rows; `tecc.passes.fuse_rows` turns each into
+Each is a reduce→elementwise graph over the same rows; `tecc.passes.rewrite.fuse_rows` turns each into
 ONE kernel (the row read once, kept in registers) when the planner chooses it
 (tecc.compiler.strategies.row_fused). Statistics are accumulated in float32 whatever the
 input dtype (the `tc.cast`s below).

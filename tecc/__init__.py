@@ -5,9 +5,10 @@
     ...
     f = tc.build([A, B, C], target="cuda")
 
-The language (placeholder, compute, reductions, math) is imported eagerly; the compiler
+The language (placeholder, compute, reductions, math, `grad`) is imported eagerly; the compiler
 (build, load, ...) on first use, so a deployment that only loads saved artifacts through
-`tecc.runtime` never imports the compiler, NVRTC or islpy.
+`tecc.runtime` never imports the compiler, NVRTC or islpy. `tc.torch` (kernels as PyTorch ops,
+docs/pytorch.md) imports torch, on first use only.
 """
 
 from typing import Any
@@ -40,6 +41,8 @@ from .ir.ops import (
     exp,
     exp2,
     floor,
+    fmax,
+    fmin,
     isnan,
     log,
     log2,
@@ -47,6 +50,8 @@ from .ir.ops import (
     maximum,
     min,
     minimum,
+    nanmax,
+    nanmin,
     pow,
     prod,
     rsqrt,
@@ -58,8 +63,9 @@ from .ir.ops import (
     where,
 )
 from .ir.tensor import Tensor, compute, placeholder, reduce_axis, var
+from .ir.autodiff import GradientError, Gradients, grad
 
-__version__ = "0.1.0"
+from .version import __version__
 
 _COMPILER_NAMES = ("build", "load", "gpu_available", "Kernel", "OpSpec", "Plan", "Step", "Schedule", "LoopRV", "StageRV", "profile",
                    "default_plan", "explain", "plan_program")
@@ -70,6 +76,15 @@ def __getattr__(name: str) -> Any:
         from . import compiler
 
         return getattr(compiler, name)
+    if name == "torch":  # tecc kernels as PyTorch ops; imports torch, so only on first use
+        try:
+            import torch  # noqa: F401
+        except ImportError as exc:
+            raise ImportError(f"tc.torch needs PyTorch, which cannot be imported ({exc}); "
+                              "install it with `pip install tecc[torch]`") from exc
+        import importlib
+
+        return importlib.import_module(".torch", __name__)  # not `from . import`: that asks this hook again
     raise AttributeError(f"module 'tecc' has no attribute {name!r}")
 
 

@@ -200,7 +200,7 @@ class _Progress:
 # ---- commands ---------------------------------------------------------------------------------
 
 def _build(op: OpSpec, target: str, args: argparse.Namespace, dump: Path | None = None) -> Any:
-    from .compiler.build import build
+    from .compiler import build
 
     if getattr(args, "tune", False):  # the winner `tecc tune` just stored, for the op's sizes
         return build(op.args, target, name=op.name, dump_ir=dump, arch=getattr(args, "arch", None),
@@ -288,24 +288,24 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .compiler import tuner
+    from .compiler import tuning
 
     if not _gpu():
-        tuner.require_gpu()  # raises the TeccError that says why and what works without a GPU
+        tuning.require_gpu()  # raises the TeccError that says why and what works without a GPU
     ops = _all_ops(args.files)
     for i, (path, op) in enumerate(ops):
         if i:
             print()
         with _TuneProgress(op.name) as progress:
-            result = tuner.tune(op, arch=getattr(args, "arch", None), top_k=args.top_k,
-                                ref=tuner.ProgramRef(str(path), op.name), progress=progress)
+            result = tuning.tune(op, arch=getattr(args, "arch", None), top_k=args.top_k,
+                                ref=tuning.ProgramRef(str(path), op.name), progress=progress)
         win = result.winner
         print(f"{op.name}: {len(result.results)} candidate(s) on {result.device} ({result.problem.arch}) "
               f"in {result.seconds:.1f} s; timing: {result.note}", flush=True)
         print(result.table(), flush=True)
         if win is not None:
             print(f"winner: {win.candidate.label}, median {win.median_us:.1f} us "
-                  f"(predicted {win.candidate.predicted_us:.1f} us); stored in {tuner.TuningDB().path}", flush=True)
+                  f"(predicted {win.candidate.predicted_us:.1f} us); stored in {tuning.TuningDB().path}", flush=True)
     return 0
 
 
@@ -345,7 +345,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print(cache.info())
         stats_path = cache.info().tuning_db
         if stats_path.exists():
-            from .compiler.tuning_db import TuningDB
+            from .compiler.tuning import TuningDB
 
             s = TuningDB(stats_path).stats()
             print(f"  measurements  {s['measurements']}\n  problems      {s['problems']}")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tecc as tc
-from tecc.compiler.tuning_db import Problem, TuningDB, TuningDBLocked
+from tecc.compiler.tuning.database import Problem, TuningDB, TuningDBLocked
 
 
 def doubled(name_a: str = "A", name_b: str = "B") -> list[tc.Tensor]:

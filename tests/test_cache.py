@@ -11,7 +11,7 @@ import pytest
 
 import tecc as tc
 from tecc.compiler import cache
-from tecc.compiler.build import build
+from tecc.compiler import build
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -88,7 +88,7 @@ def test_every_term_is_visible_and_the_total_adds_up():
 @pytest.mark.slow
 def test_predicted_registers_are_close_to_ptxas():
     from tecc.compiler.plan import Plan
-    from tecc.compiler.build import build
+    from tecc.compiler import build
     from tecc.compiler.schedule import Schedule
 
     args = _matmul(256, 256, 128)
@@ -190,7 +190,7 @@ def test_pipelined_registers_match_ptxas(m, n, k, point):
     """The register table of gemm_pipelined against ptxas (NVRTC, no GPU): the allocation (8s)
     and so the blocks per SM agree."""
     from tecc.compiler.plan import Plan
-    from tecc.compiler.build import build
+    from tecc.compiler import build
     from tecc.compiler.schedule import Schedule
 
     args = _matmul(m, n, k)

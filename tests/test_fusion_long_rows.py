@@ -17,7 +17,7 @@ from tecc.compiler.strategies.row_fused import choose_long_row, propose
 from tecc.ir.errors import ScheduleError
 from tecc.ir.expr import BufferLoad, walk
 from tecc.ir.stmt import BufferStore, For, iter_stmts
-from tecc.passes.fuse_rows import fuse_rows
+from tecc.passes.rewrite.fuse_rows import fuse_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import norms  # noqa: E402

@@ -1,4 +1,4 @@
-"""Row fusion (tecc.passes.fuse_rows): a reduce→elementwise graph sharing the row is ONE kernel
+"""Row fusion (tecc.passes.rewrite.fuse_rows): a reduce→elementwise graph sharing the row is ONE kernel
 that reads its row once, and matches float64 NumPy in the emulator."""
 
 import sys
@@ -13,7 +13,7 @@ from tecc.compiler.strategies.row_fused import choose_point, propose
 from tecc.ir.errors import ScheduleError
 from tecc.ir.expr import BufferLoad, walk
 from tecc.ir.stmt import BufferStore, iter_stmts
-from tecc.passes.fuse_rows import fuse_rows, row_group
+from tecc.passes.rewrite.fuse_rows import fuse_rows, row_group
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import norms  # noqa: E402
@@ -252,3 +252,24 @@ def test_several_rows_per_block_one_warp_each_match_numpy(op, shape, rows_per_bl
 def test_several_rows_per_block_need_one_warp_per_row():
     with pytest.raises(ScheduleError, match="one warp per row"):
         fuse_rows(norms.softmax(4, 256), 64, "registers", rows_per_block=2)
+
+
+@pytest.mark.parametrize("dtype, strategy", [("float16", "gemm_tensor_core"), ("float32", "gemm_pipelined")])
+def test_a_contraction_read_along_the_last_axis_of_both_operands_is_left_to_the_planner(dtype, strategy):
+    # C = A·Bᵀ reads A[i, k] and B[j, k]: both rows are contiguous along k, as in a row group, but
+    # each operand is reused across the other's rows, which the tiled strategies exploit
+    A = tc.placeholder((1000, 1000), dtype, name="A")
+    B = tc.placeholder((1000, 1000), dtype, name="B")
+    k = tc.reduce_axis(1000, name="k")
+    C = tc.compute((1000, 1000), lambda i, j: tc.sum(tc.cast(A[i, k], "float32") * tc.cast(B[j, k], "float32"),
+                                                      axis=k), name="C")
+    assert propose([A, B, C]) is None
+    assert tc.build([A, B, C], target="sim", arch="sm_90").plan.strategy == strategy
+
+
+def test_a_row_vector_broadcast_into_a_row_reduction_still_fuses():
+    X = tc.placeholder((64, 256), "float32", name="X")
+    bias = tc.placeholder((256,), "float32", name="bias")
+    k = tc.reduce_axis(256, name="k")
+    m = tc.compute((64,), lambda r: tc.max(X[r, k] + bias[k], axis=k), name="m")
+    assert propose([X, bias, m]) is not None

@@ -12,7 +12,7 @@ from tecc.compiler.check import run_and_compare
 from tecc.compiler.cost.analysis import analyze_kernel
 from tecc.compiler.explain import explain
 from tecc.compiler.plan import Plan
-from tecc.compiler.build import build
+from tecc.compiler import build
 from tecc.compiler.planner import candidates_for, plan_program
 from tecc.compiler.schedule import Schedule
 from tecc.ir.target import target
@@ -45,6 +45,18 @@ def _matmul(m, n, k):
     r = tc.reduce_axis(k, name="k")
     C = tc.compute((m, n), lambda i, j: tc.sum(A[i, r] * B[r, j], axis=r), name="C")
     return [A, B, C]
+
+
+@pytest.mark.parametrize("op", list(_ops()))
+def test_an_auto_build_compiles_the_planners_schedule_which_is_what_its_plan_replays_to(op, tmp_path):
+    auto = build(list(op.args), "sim", sizes=op.sizes)
+    replayed = build(list(op.args), "sim", plan=Plan.from_json(auto.plan.to_json()))
+    assert auto.source == replayed.source, auto.plan
+    assert str(auto.module) == str(replayed.module)
+    # with dumps on, the plan is replayed primitive by primitive so that each step has its file
+    dumped = build(list(op.args), "sim", sizes=op.sizes, dump_ir=tmp_path)
+    assert dumped.source == auto.source
+    assert (tmp_path / "00_lower.txt").exists()
 
 
 def test_gemm_is_planned_with_tiling_and_explained():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tecc as tc
-from tecc.compiler.build import build, default_plan
+from tecc.compiler import build, default_plan
 from tecc.compiler.profiling import LaunchProfile, Profile, expr_flops, profile
 
 

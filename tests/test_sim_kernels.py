@@ -342,7 +342,7 @@ def test_local_array_indexed_by_a_thread_dependent_index() -> None:
 
 
 def test_intrinsics_and_integer_floor_semantics() -> None:
-    """Math intrinsics in float32 (round: halves to even, like rintf), fmaxf dropping NaN,
+    """Math intrinsics in float32 (round: halves to even, like rintf), fmax dropping NaN,
     floor `//` and `%` on negative integers, float -> int casts truncating toward zero."""
     n = 64
     X = Buffer("X", dt.float32, (n,))
@@ -358,7 +358,7 @@ def test_intrinsics_and_integer_floor_semantics() -> None:
             BufferStore(F, (2, tx), call("round", x)),
             BufferStore(F, (3, tx), call("sigmoid", x)),
             BufferStore(F, (4, tx), call("erf", x)),
-            BufferStore(F, (5, tx), binary("max", select(x > 0.0, x, float("nan")), -0.25)),
+            BufferStore(F, (5, tx), binary("fmax", select(x > 0.0, x, float("nan")), -0.25)),
             BufferStore(G, (0, tx), I[tx] // 7),
             BufferStore(G, (1, tx), I[tx] % 7),
             BufferStore(G, (2, tx), cast(x * 3.0, dt.int32)),

@@ -1,4 +1,4 @@
-"""Column and middle-axis reductions (tecc.passes.split_reduce, chosen by
+"""Column and middle-axis reductions (tecc.passes.rewrite.split_reduce, chosen by
 strategies/column_reduction.py): the reduced axis split over threads and blocks, combined in
 shared memory and then by a second kernel or by the last block to finish, matching float64
 NumPy in the emulator. The one-pass form has its own file, test_split_reduce_last_block.py."""
@@ -10,7 +10,7 @@ import pytest
 import tecc as tc
 from tecc.compiler.strategies.column_reduction import choose_splits, propose
 from tecc.ir.errors import ScheduleError
-from tecc.passes.split_reduce import split_reduce
+from tecc.passes.rewrite.split_reduce import split_reduce
 
 
 def column(R, C, dtype="float32", combiner="sum"):

@@ -1,4 +1,4 @@
-"""The one-pass split reduction (tecc.passes.split_reduce, combine="last_block"): every block
+"""The one-pass split reduction (tecc.passes.rewrite.split_reduce, combine="last_block"): every block
 stores its partials, fences, and counts itself on a per-column-block counter; the last block
 of each column block combines the partials, writes Y and resets the counter. Checked against
 float64 NumPy in the emulator (fresh random data, several calls on one kernel: the counter must
@@ -23,7 +23,7 @@ from tecc.ir import dtype as dt
 from tecc.ir.errors import DTypeError, RaceError, TeccError
 from tecc.ir.expr import BufferLoad, Const, Var, atomic_add, load_cg, thread_fence
 from tecc.ir.stmt import Barrier, Buffer, BufferStore, Evaluate, For, IfThenElse, PrimFunc, seq
-from tecc.passes.split_reduce import split_reduce
+from tecc.passes.rewrite.split_reduce import split_reduce
 from tecc.runtime.artifact import ArtifactError, load
 from tecc.runtime.sim import SimExecutor, simulate_kernel
 

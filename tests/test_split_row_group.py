@@ -1,5 +1,5 @@
 """Softmax, log-softmax, layer norm and RMS norm over few long rows as two kernels of S blocks per row
-(tecc.passes.split_row_group, chosen by strategies/split_row_group.py): partial statistics per chunk
+(tecc.passes.rewrite.split_row_group, chosen by strategies/split_row_group.py): partial statistics per chunk
 (a sum; max and sum of exp; Welford moments), then a kernel that combines them and writes its chunk
 of the outputs. Checked in the emulator (race, partial-warp and bounds checks on) against float64
 NumPy on fresh random inputs; the proposal is checked at large shapes without running anything."""
@@ -21,7 +21,7 @@ from tecc.ir.errors import ScheduleError
 from tecc.ir.expr import BufferLoad, walk
 from tecc.ir.stmt import BufferStore, iter_stmts
 from tecc.ir.target import target
-from tecc.passes.split_row_group import split_row_group
+from tecc.passes.rewrite.split_row_group import split_row_group
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import norms  # noqa: E402

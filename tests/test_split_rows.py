@@ -1,4 +1,4 @@
-"""Few long rows and full reductions as a two-stage grid reduction (tecc.passes.split_rows, chosen
+"""Few long rows and full reductions as a two-stage grid reduction (tecc.passes.rewrite.split_rows, chosen
 by strategies/split_rows.py): S blocks per row over contiguous chunks, the partials combined by a
 second kernel, matching float64 NumPy in the emulator (with its race and bounds checks on)."""
 
@@ -13,7 +13,7 @@ from tecc.compiler.schedule import Schedule
 from tecc.compiler.strategies.split_rows import choose_splits, propose
 from tecc.ir.errors import ScheduleError
 from tecc.ir.target import target
-from tecc.passes.split_rows import split_rows
+from tecc.passes.rewrite.split_rows import split_rows
 
 REDUCE = {"sum": tc.sum, "max": tc.max, "min": tc.min, "prod": tc.prod}
 NP = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod}

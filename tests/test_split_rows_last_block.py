@@ -1,4 +1,4 @@
-"""Few long rows and full reductions in one kernel (tecc.passes.split_rows, combine="last_block"):
+"""Few long rows and full reductions in one kernel (tecc.passes.rewrite.split_rows, combine="last_block"):
 the S blocks of a row each store their partial, the leader fences and counts the block on the
 row's counter, and the last block to arrive combines the row's partials (read with load_cg),
 writes Y and resets the counter. Checked against float64 NumPy in the emulator (fresh random
@@ -27,7 +27,7 @@ from tecc.ir.errors import RaceError, ScheduleError
 from tecc.ir.expr import Const
 from tecc.ir.stmt import Barrier, BufferStore, IfThenElse
 from tecc.ir.target import target
-from tecc.passes.split_rows import split_rows
+from tecc.passes.rewrite.split_rows import split_rows
 from tecc.runtime.sim import SimExecutor
 
 # tests/ is on sys.path (no package): the row and full reductions of the two-kernel tests

@@ -1,4 +1,4 @@
-"""The measured autotuner (tecc/compiler/tuner.py and its steps, tuning_*.py): candidates, the
+"""The measured autotuner (the package tecc/compiler/tuning/: tuner.py and its steps): candidates, the
 process-pool compile, reuse of the tuning database, rejection of wrong candidates, and the errors
 without a GPU."""
 
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import tecc as tc
-from tecc.compiler import tuner
-from tecc.compiler.build import build
+from tecc.compiler import tuning as tuner
+from tecc.compiler import build
 from tecc.compiler.planner import plan_program
-from tecc.compiler.tuning_db import TuningDB
+from tecc.compiler.tuning import TuningDB
 from tecc.ir.errors import TeccError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,14 +95,25 @@ def test_concrete_shapes_name_the_missing_size() -> None:
         tuner.concrete_shapes(spec.args, {})
 
 
-def test_each_step_lives_in_its_module_and_every_public_name_stays_importable_from_the_tuner() -> None:
-    from tecc.compiler import tuning_bench, tuning_candidates, tuning_check, tuning_db, tuning_pool
+def test_each_step_lives_in_its_module_and_every_public_name_is_importable_from_the_package() -> None:
+    from tecc.compiler.tuning import bench, candidates, check, database, pool
 
-    assert tuner.candidate_plans is tuning_candidates.candidate_plans
-    assert tuner.compile_candidates is tuning_pool.compile_candidates and tuner.ProgramRef is tuning_pool.ProgramRef
-    assert tuner.CudaBench is tuning_bench.CudaBench and issubclass(tuner.CudaBench, tuner.Bench)
-    assert tuner.TuningDB is tuning_db.TuningDB and tuning_check.Reference is not None
+    assert tuner.candidate_plans is candidates.candidate_plans
+    assert tuner.compile_candidates is pool.compile_candidates and tuner.ProgramRef is pool.ProgramRef
+    assert tuner.CudaBench is bench.CudaBench and issubclass(tuner.CudaBench, tuner.Bench)
+    assert tuner.TuningDB is database.TuningDB and tuner.Reference is check.Reference
     assert all(hasattr(tuner, name) for name in tuner.__all__)
+
+
+def test_build_reaches_the_tuner_through_tuned_plan_and_the_tuner_never_imports_build() -> None:
+    import ast
+    from pathlib import Path as P
+
+    package = P(tuner.__file__).parent
+    for module in package.glob("*.py"):
+        tree = ast.parse(module.read_text())
+        imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert "build" not in {m.rsplit(".", 1)[-1] for m in imported}, f"{module.name} imports build"
 
 
 # ---- the process pool -------------------------------------------------------------------------

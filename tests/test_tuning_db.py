@@ -1,4 +1,4 @@
-"""The SQLite tuning database (tecc/compiler/tuning_db.py)."""
+"""The SQLite tuning database (tecc/compiler/tuning/database.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import tecc as tc
-from tecc.compiler.tuning_db import Problem, TuningDB, op_signature
+from tecc.compiler.tuning.database import Problem, TuningDB, op_signature
 from tecc.ir.errors import TeccError
 
 
@@ -95,7 +95,7 @@ def test_newer_schema_and_garbage_files_are_refused(tmp_path: Path) -> None:
 
 _WRITER = """
 import sys
-from tecc.compiler.tuning_db import Problem, TuningDB
+from tecc.compiler.tuning.database import Problem, TuningDB
 db = TuningDB(sys.argv[1])
 p = Problem("sig", ((100, 256),), ("float32",), "sm_90", "op")
 w = int(sys.argv[2])

@@ -1,7 +1,7 @@
 """tecc.codegen: loop-nest IR -> CUDA C (`emit_source`) -> PTX and cubin through NVRTC
 (`compile_cuda`), with the ptxas resource report of every kernel. Imports only `tecc.ir`."""
 
-from .cuda import emit_kernel, emit_source, needed_headers, needs_64bit_indexing
+from .cuda import dynamic_shared_bytes, emit_kernel, emit_source, needed_headers, needs_64bit_indexing
 from .nvrtc import (
            CompiledCode,
            KernelResources,
@@ -10,5 +10,5 @@ from .nvrtc import (
            nvrtc_version,
 )
 
-__all__ = ["emit_kernel", "emit_source", "needed_headers", "needs_64bit_indexing", "CompiledCode",
+__all__ = ["dynamic_shared_bytes", "emit_kernel", "emit_source", "needed_headers", "needs_64bit_indexing", "CompiledCode",
            "KernelResources", "compile_cuda", "default_arch", "nvrtc_version"]

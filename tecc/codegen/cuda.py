@@ -9,11 +9,15 @@ The mapping, statement by statement (docs/codegen.md has the full table):
   For blockIdx.x      const int bx = blockIdx.x;                  (no loop: one block per value)
   For threadIdx.x     const int tx = threadIdx.x;  + if (tx < extent) when the block is wider
   Allocate shared     __shared__ __align__(16) T name[N];
+                      (over 48 KiB of shared buffers in the kernel: one `extern __shared__` array,
+                      each buffer `T* const name` at its offset; `dynamic_shared_bytes`)
   Allocate local      T name[N];
   LetStmt             const T v = value;
   IfThenElse          if (c) { ... } else { ... }
   Barrier             __syncthreads();
   BufferStore         name[offset] = value;
+  Allocate fragment   __align__(16) T name[N];                    (per-lane registers)
+  MatrixMultiply, MatrixLoad, AsyncCopy/Commit/Wait: inline PTX from the intrinsic table (matrix.py)
 
 Expressions are rendered by `cuda_expr.ExprEmitter` (precedence, half math, floor division).
 Offsets are computed in `long long` for global buffers that may hold 2^31 elements or more
@@ -32,6 +36,9 @@ from tecc.ir.errors import CompileError
 from tecc.ir.expr import Binary, Call, Expr, Var, const_int, free_vars, walk
 from tecc.ir.stmt import (
     Allocate,
+    AsyncCommit,
+    AsyncCopy,
+    AsyncWait,
     Barrier,
     Buffer,
     BufferStore,
@@ -39,14 +46,19 @@ from tecc.ir.stmt import (
     For,
     IfThenElse,
     LetStmt,
+    MatrixLoad,
+    MatrixMultiply,
     PrimFunc,
     Seq,
     Stmt,
     iter_stmts,
     launch_dims,
 )
+from tecc.ir.visitor import matrix_stmt_exprs
 
-from .cuda_expr import ExprEmitter, c_type, device_helpers
+from . import matrix
+
+from .cuda_expr import FLOAT_OP_HELPER, ExprEmitter, c_type, device_helpers
 from .ranges import RangeEnv
 from .vectorize import emit_vector_loop
 
@@ -63,6 +75,8 @@ _RESERVED = frozenset("""
     threadIdx blockIdx blockDim gridDim warpSize min max abs llabs fabs fabsf fmin fminf fmax fmaxf pow
     powf exp expf log logf sqrt sqrtf rsqrt rsqrtf sin sinf cos cosf tanh tanhf erf erff exp2 exp2f log2
     log2f floor floorf ceil ceilf rint rintf isnan isinf tecc_sin_poly tecc_sin_approx tecc_cos_approx
+    tecc_max tecc_min tecc_floordiv tecc_mod fmod fmodf copysign copysignf __float2int_rz __float2ll_rz
+    __double2int_rz __double2ll_rz
 """.split())
 
 
@@ -135,7 +149,7 @@ def _stmt_exprs(s: Stmt) -> list[Expr]:
         return [s.var, s.value]
     if isinstance(s, Evaluate):
         return [s.value]
-    return []
+    return matrix_stmt_exprs(s)
 
 
 def used_dtypes(func: PrimFunc) -> set[DType]:
@@ -150,6 +164,44 @@ def used_dtypes(func: PrimFunc) -> set[DType]:
                 if hasattr(node, "buffer"):
                     found.add(node.buffer.dtype)
     return found
+
+
+# Static `__shared__` arrays are limited to 48 KiB per block (CUDA C++ Programming Guide,
+# "Shared Memory"); beyond that a kernel must use dynamic shared memory, which the runtime opts
+# in to (runtime/cuda.py, _allow_dynamic_smem) up to the device's per-block opt-in limit.
+STATIC_SHARED_LIMIT = 48 * 1024
+DYNAMIC_SHARED = "tecc_dynamic_smem"
+_SHARED_ALIGN = 128
+
+
+def shared_offsets(func: PrimFunc) -> dict[int, int] | None:
+    """Byte offsets (by buffer id) of the kernel's shared buffers in one dynamic allocation, or
+    None when they fit in static shared memory (48 KiB), which is then used as before."""
+    offsets: dict[int, int] = {}
+    total = 0
+    for s in iter_stmts(func.body):
+        if isinstance(s, Allocate) and s.buffer.scope == "shared" and id(s.buffer) not in offsets:
+            count = 1
+            for extent in s.buffer.shape:
+                count *= const_int(extent) or 0
+            offsets[id(s.buffer)] = total
+            total += -(-count * s.buffer.dtype.bytes // _SHARED_ALIGN) * _SHARED_ALIGN
+    return offsets if total > STATIC_SHARED_LIMIT else None
+
+
+def dynamic_shared_bytes(func: PrimFunc) -> int:
+    """Bytes of dynamic shared memory a launch of `func` needs (0: its shared buffers are static)."""
+    offsets = shared_offsets(func)
+    if offsets is None:
+        return 0
+    total = 0
+    for s in iter_stmts(func.body):
+        if isinstance(s, Allocate) and id(s.buffer) in offsets:
+            count = 1
+            for extent in s.buffer.shape:
+                count *= const_int(extent) or 0
+            total = max(total, offsets[id(s.buffer)] + count * s.buffer.dtype.bytes)
+    return total
 
 
 class KernelEmitter:
@@ -169,6 +221,7 @@ class KernelEmitter:
         self.stored |= {id(n.args[0].buffer) for s in iter_stmts(func.body) for e in _stmt_exprs(s)  # type: ignore[attr-defined]
                         for n in walk(e) if isinstance(n, Call) and n.name == "atomic_add"}
         self.wide = {p for p in func.params if isinstance(p, Buffer) and needs_64bit_indexing(p)}
+        self.dynamic_shared = shared_offsets(func)
         self.expr = ExprEmitter(self.var_name, self.buffer_name, self.wide, self.ranges)
         for p in func.params:
             self.names.add(p, p.name)
@@ -258,6 +311,26 @@ class KernelEmitter:
     def _Barrier(self, s: Barrier) -> None:
         self.line("__syncthreads();")
 
+    # Matrix-fragment statements: inline PTX printed from the intrinsic table (matrix.py).
+    def _MatrixMultiply(self, s: MatrixMultiply) -> None:
+        self.lines_of(matrix.matrix_multiply(self, s))
+
+    def _MatrixLoad(self, s: MatrixLoad) -> None:
+        self.lines_of(matrix.matrix_load(self, s))
+
+    def _AsyncCopy(self, s: AsyncCopy) -> None:
+        self.lines_of(matrix.async_copy(self, s))
+
+    def _AsyncCommit(self, s: AsyncCommit) -> None:
+        self.lines_of(matrix.async_commit(self, s))
+
+    def _AsyncWait(self, s: AsyncWait) -> None:
+        self.lines_of(matrix.async_wait(self, s))
+
+    def lines_of(self, texts: list[str]) -> None:
+        for text in texts:
+            self.line(text)
+
     def _IfThenElse(self, s: IfThenElse) -> None:
         self.open_block(f"if ({self.expr.code(s.cond)})")
         self.stmt(s.then_case)
@@ -310,9 +383,16 @@ class KernelEmitter:
         if nested:
             self.open_block("")
             self.declare(name)
-        if b.scope == "shared":
+        if b.scope == "shared" and self.dynamic_shared is not None:
+            # offsets are multiples of 128 bytes, so float4 accesses stay aligned
+            self.line(f"extern __shared__ __align__(16) unsigned char {DYNAMIC_SHARED}[];")
+            self.line(f"{c_type(b.dtype)}* const {name} = reinterpret_cast<{c_type(b.dtype)}*>"
+                      f"({DYNAMIC_SHARED} + {self.dynamic_shared[id(b)]});")
+        elif b.scope == "shared":
             # 16-byte alignment lets any staged tile be read with float4 accesses.
             self.line(f"__shared__ __align__(16) {c_type(b.dtype)} {name}[{count}];")
+        elif b.scope == "fragment":
+            self.line(matrix.fragment_declaration(b, name, count))
         else:
             self.line(f"{c_type(b.dtype)} {name}[{count}];")
         self.stmt(s.body)
@@ -383,12 +463,17 @@ def needed_headers(funcs: Sequence[PrimFunc]) -> list[str]:
 
 
 def used_intrinsics(funcs: Sequence[PrimFunc]) -> set[str]:
-    """The names of every Call in the kernels (which decides the device helpers they need)."""
+    """The names of every Call in the kernels, and the helpers of float operators
+    (`FLOAT_OP_HELPER`), which decide the device helpers they need."""
     names: set[str] = set()
     for f in funcs:
         for s in iter_stmts(f.body):
             for e in _stmt_exprs(s):
-                names.update(node.name for node in walk(e) if isinstance(node, Call))
+                for node in walk(e):
+                    if isinstance(node, Call):
+                        names.add(node.name)
+                    elif isinstance(node, Binary) and node.op in FLOAT_OP_HELPER and node.dtype.is_float:
+                        names.add(FLOAT_OP_HELPER[node.op])
     return names
 
 

@@ -12,8 +12,14 @@ The rules, each one the contract the SIMT emulator (tecc/runtime/sim) implements
   results agree bit for bit, and it avoids the double rounding of mixing native half ops with
   float ones.
 - **Floor division.** Integer `//` and `%` floor (Python semantics). When the ranges analysis
-  proves both operands non-negative (and the divisor positive) C's truncating `/` and `%` agree
-  and are emitted as they are; otherwise a floor formula built on them is.
+  proves both operands non-negative C's truncating `/` and `%` agree and are emitted as they
+  are; otherwise a floor formula built on them is. A divisor not proven positive is guarded:
+  `x // 0` and `x % 0` are 0 (docs/semantics.md), never C's undefined behaviour.
+- **Float to int** is `__float2int_rz` and its siblings (PTX `cvt.rzi`: truncate, saturate,
+  NaN as the hardware gives it, docs/semantics.md), not a C cast, whose out-of-range and NaN
+  results C leaves undefined.
+- **Float max / min** propagate NaN through the `tecc_max` / `tecc_min` helpers (NumPy's
+  maximum / minimum); `fmax` / `fmin` are C's `fmaxf` / `fminf`, which drop a NaN operand.
 - **Constants round-trip exactly**: floats print as the shortest decimal that reads back to the
   same float32/float64 (`0.1f`), infinities and NaN through `__int_as_float` bit patterns (NVRTC
   has no math_constants.h), int64 with `LL`.
@@ -82,6 +88,16 @@ _INTRINSIC_C = {
     # float32 only (no float64 form); device helpers that `device_helpers` defines
     "sin_approx": ("tecc_sin_approx", ""), "cos_approx": ("tecc_cos_approx", ""),
 }
+# float -> int conversions: PTX cvt.rzi (truncate, saturate to the integer range; NaN gives 0 from
+# float32 to int32, the range's minimum otherwise, measured on an H200 -- docs/semantics.md).
+# A C cast compiles to the same instruction, but C leaves out-of-range and NaN undefined.
+_FLOAT_TO_INT = {
+    (dt.float32, dt.int32): "__float2int_rz", (dt.float32, dt.int64): "__float2ll_rz",
+    (dt.float64, dt.int32): "__double2int_rz", (dt.float64, dt.int64): "__double2ll_rz",
+}
+# Float operators printed as calls of device helpers (FLOAT_OP_HELPERS below, overloaded for
+# float and double): min / max that propagate NaN, floor division and modulo as NumPy's.
+FLOAT_OP_HELPER = {"min": "tecc_min", "max": "tecc_max", "//": "tecc_floordiv", "%": "tecc_mod"}
 _SHUFFLE_C = {"shfl_xor": "__shfl_xor_sync", "shfl_down": "__shfl_down_sync", "shfl_idx": "__shfl_sync"}
 FULL_WARP_MASK = "0xffffffffu"
 
@@ -212,6 +228,8 @@ class ExprEmitter:
             total = term if total is None else total + term
         if total is None:
             return Const(0, dt.int32)
+        if buffer.layout is not None:  # a swizzled shared buffer: logical -> physical offset
+            total = buffer.layout.apply(total)
         return total
 
     # ---- operators ------------------------------------------------------------------------
@@ -231,13 +249,13 @@ class ExprEmitter:
 
     def _Binary(self, e: Binary) -> Text:
         a, b = e.a, e.b
-        if e.dtype == dt.int64 and e.op not in ("min", "max"):  # min/max overloads want one type
+        if e.dtype == dt.int64 and e.op not in ("min", "max", "fmin", "fmax"):  # overloads want one type
             a, b = self._implicit_widening(a, b)
         if e.dtype in HALF_TYPES:
             return self.to_half(e.dtype, self._float_binary(e))
         if e.dtype.is_int and e.op in ("//", "%"):
             return self._floor_div_mod(e.op, a, b)
-        if e.op in ("min", "max", "pow"):
+        if e.op in ("min", "max", "fmin", "fmax", "pow", "//", "%"):
             return self._call_binary(e.op, e.dtype, self.emit(a)[0], self.emit(b)[0])
         op = e.op
         if e.dtype.is_bool:
@@ -270,7 +288,7 @@ class ExprEmitter:
     def _float_binary(self, e: Binary) -> Text:
         """A half-typed Binary computed in float, before the rounding back to half."""
         a, b = self.as_float(e.a), self.as_float(e.b)
-        if e.op in ("min", "max", "pow"):
+        if e.op in ("min", "max", "fmin", "fmax", "pow", "//", "%"):
             return self._call_binary(e.op, dt.float32, a[0], b[0])
         return self._infix(e.op, a, b)
 
@@ -278,8 +296,10 @@ class ExprEmitter:
     def _call_binary(op: str, d: DType, a: str, b: str) -> Text:
         if d.is_int:
             return f"{op}({a}, {b})", POSTFIX
+        if op in FLOAT_OP_HELPER:  # device helpers, overloaded for float and double
+            return f"{FLOAT_OP_HELPER[op]}({a}, {b})", POSTFIX
         single = d != dt.float64
-        name = {"min": "fmin", "max": "fmax", "pow": "pow"}[op] + ("f" if single else "")
+        name = {"fmin": "fmin", "fmax": "fmax", "pow": "pow"}[op] + ("f" if single else "")
         return f"{name}({a}, {b})", POSTFIX
 
     @staticmethod
@@ -296,12 +316,22 @@ class ExprEmitter:
         return f"{wrap(a, prec)} {op} {wrap(b, prec + 1)}", prec
 
     def _floor_div_mod(self, op: str, a: Expr, b: Expr) -> Text:
+        text = self._floor_div_mod_nonzero(op, a, b)
+        if self.ranges.is_positive(b):
+            return text
+        # x // 0 and x % 0 are 0 (NumPy's value); C leaves division by zero undefined. The test
+        # costs a compare and a select next to the ~20 instructions of a division.
+        return f"({wrap(self.emit(b), EQ)} == 0 ? 0 : {wrap(text, COND)})", ATOM
+
+    def _floor_div_mod_nonzero(self, op: str, a: Expr, b: Expr) -> Text:
+        """Floor `a // b` or `a % b` for a divisor that is not 0 (INT_MIN // -1 gives INT_MIN
+        and INT_MIN % -1 gives 0 on the GPU, as they do in NumPy)."""
         num, den = wrap(self.emit(a), MUL), wrap(self.emit(b), MUL + 1)
         if self.ranges.is_nonnegative(a) and self.ranges.is_nonnegative(b):
             return f"{num} {'/' if op == '//' else '%'} {den}", MUL
         if self.ranges.is_nonnegative(b):
-            # Divisor > 0 (0 is undefined either way): truncation rounds a negative quotient up
-            # by one exactly when the remainder is negative.
+            # Divisor > 0: truncation rounds a negative quotient up by one exactly when the
+            # remainder is negative.
             if op == "//":
                 return f"{num} / {den} - ({num} % {den} < 0)", ADD
             return f"({num} % {den} + {den}) % {den}", MUL
@@ -347,7 +377,11 @@ class ExprEmitter:
             value = self.as_float(e.a)
             if to == dt.float32:
                 return value
+            if to.is_int:
+                return f"{_FLOAT_TO_INT[(dt.float32, to)]}({value[0]})", POSTFIX
             return f"static_cast<{c_type(to)}>({value[0]})", POSTFIX
+        if src.is_float and to.is_int:
+            return f"{_FLOAT_TO_INT[(src, to)]}({self.code(e.a)})", POSTFIX
         return f"static_cast<{c_type(to)}>({self.code(e.a)})", POSTFIX
 
     # ---- intrinsics -----------------------------------------------------------------------
@@ -433,13 +467,60 @@ def _trig_helper(name: str, precise: str, cosine: bool) -> str:
             f"}}\n")
 
 
+def _min_max_helpers(name: str, less: str) -> str:
+    return "".join(
+        f"__device__ __forceinline__ {t} {name}({t} a, {t} b) {{ return (a {less} b || a != a) ? a : b; }}\n"
+        for t in ("float", "double"))
+
+
+def _floor_div_helpers() -> str:
+    """NumPy's float floor division and modulo (npy_divmod): from the exact fmod, so the
+    quotient is the floor of the exact a / b rounded, and the remainder has b's sign."""
+    out = ""
+    for t, f, zero in (("float", "f", "0.0f"), ("double", "", "0.0")):
+        out += (
+            f"__device__ __forceinline__ {t} tecc_floordiv({t} a, {t} b) {{\n"
+            f"  if (b == 0) return a / b;  // inf or NaN, as NumPy\n"
+            f"  const {t} mod = fmod{f}(a, b);\n"
+            f"  {t} div = (a - mod) / b;  // very nearly an integer\n"
+            f"  if (mod != 0 && (b < 0) != (mod < 0)) div -= 1;\n"
+            f"  if (div == 0) return copysign{f}({zero}, a / b);\n"
+            f"  {t} floordiv = floor{f}(div);\n"
+            f"  if (div - floordiv > 0.5{f}) floordiv += 1;\n"
+            f"  return floordiv;\n"
+            f"}}\n"
+            f"__device__ __forceinline__ {t} tecc_mod({t} a, {t} b) {{\n"
+            f"  const {t} mod = fmod{f}(a, b);  // NaN for b == 0\n"
+            f"  if (b == 0) return mod;\n"
+            f"  if (mod == 0) return copysign{f}({zero}, b);\n"
+            f"  return (b < 0) != (mod < 0) ? mod + b : mod;\n"
+            f"}}\n")
+    return out
+
+
+# Helper name -> its definitions (float and double overloads), printed once per translation unit
+# when a kernel uses it (`device_helpers`).
+FLOAT_OP_HELPERS = {
+    "tecc_max": "// max of floats: NaN when either operand is NaN, as NumPy's maximum (fmaxf, which\n"
+                "// tc.fmax and nanmax use, drops a NaN operand).\n" + _min_max_helpers("tecc_max", ">"),
+    "tecc_min": "// min of floats: NaN when either operand is NaN, as NumPy's minimum (fminf drops it).\n"
+                + _min_max_helpers("tecc_min", "<"),
+    "tecc_floordiv": "// Float // and % as NumPy computes them (npy_divmod).\n" + _floor_div_helpers(),
+}
+FLOAT_OP_HELPERS["tecc_mod"] = FLOAT_OP_HELPERS["tecc_floordiv"]
+
+
 def device_helpers(intrinsics: set[str]) -> list[str]:
-    """The `__device__` functions a translation unit calling `intrinsics` (Call names) needs,
-    each once, in dependency order."""
+    """The `__device__` functions a translation unit calling `intrinsics` (Call names, plus
+    the FLOAT_OP_HELPER names of float operators) needs, each once, in dependency order."""
+    helpers: list[str] = []
+    for name, text in FLOAT_OP_HELPERS.items():
+        if name in intrinsics and text not in helpers:
+            helpers.append(text)
     if not intrinsics & set(APPROX_INTRINSICS):
-        return []
+        return helpers
     s1, s2, s3, s4 = (_f(c) for c in approx.SIN_POLY)
-    helpers = [
+    helpers += [
         "// sin_approx / cos_approx (tecc/ir/approx.py): for values rounded to a 16-bit float at once.\n"
         "// Relative error <= 2^-21.9 plus 1.5e-10 absolute for |x| <= 2^17, the precise sinf/cosf beyond.\n"
         "__device__ __forceinline__ float tecc_sin_poly(float r) {  // sin(r) for |r| <= pi/2 + 0.02\n"

@@ -146,6 +146,11 @@ class RangeEnv:
         """True when `e >= 0` holds for every value of the variables in scope."""
         return self.nonnegative_interval(self.interval(e))
 
+    def is_positive(self, e: Expr) -> bool:
+        """True when `e >= 1` holds for every value of the variables in scope."""
+        lo = self.interval(e)[0]
+        return lo is not None and lo >= 1
+
 
 def divisible_by(e: Expr, factor: int, aligned_vars: frozenset[Var] = frozenset()) -> bool:
     """True when the integer expression `e` is provably a multiple of `factor`.

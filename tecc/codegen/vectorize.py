@@ -40,7 +40,7 @@ broadcast free of `v`, a strided one) stay scalar, one per lane.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tecc.ir import dtype as dt
 from tecc.ir.expr import (
@@ -57,12 +57,35 @@ from tecc.ir.expr import (
     logical_and,
     substitute,
 )
-from tecc.ir.stmt import Buffer, BufferStore, For, IfThenElse
+from tecc.ir.stmt import Buffer, BufferStore, For, IfThenElse, Stmt
 
+from .cuda_expr import ExprEmitter
 from .ranges import divisible_by
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .cuda import KernelEmitter
+
+class Names(Protocol):
+    def add(self, obj: object, name: str) -> str: ...
+
+
+class StatementEmitter(Protocol):
+    """What a vector loop needs of the kernel emitter (cuda.KernelEmitter is one): its C lines,
+    blocks and names, the expression emitter, and the scalar statement fallback."""
+
+    @property
+    def names(self) -> Names: ...
+
+    @property
+    def expr(self) -> ExprEmitter: ...
+
+    def line(self, text: str) -> None: ...
+
+    def open_block(self, header: str) -> None: ...
+
+    def close_block(self, trailer: str = "}") -> None: ...
+
+    def buffer_name(self, b: Buffer) -> str: ...
+
+    def stmt(self, s: Stmt) -> None: ...
 
 _VECTOR_TYPES = {(dt.float32, 2): "float2", (dt.float32, 4): "float4", (dt.int32, 2): "int2", (dt.int32, 4): "int4"}
 _LANES = "xyzw"
@@ -103,7 +126,7 @@ class _Access:
             return f"make_{self.native}({', '.join(['0'] * self.width)})"
         return _CONTAINER_ZERO[self.width]
 
-    def load(self, emitter: "KernelEmitter", register: str, address: str, cond: str | None) -> None:
+    def load(self, emitter: StatementEmitter, register: str, address: str, cond: str | None) -> None:
         value = f"*reinterpret_cast<const {self.container}*>({address})"
         if cond is not None:
             value = f"({cond} ? {value} : {self.zero()})"
@@ -113,13 +136,13 @@ class _Access:
             emitter.line(f"__align__(16) {self.element} {register}[{self.width}];")
             emitter.line(f"*reinterpret_cast<{self.container}*>({register}) = {value};")
 
-    def declare_result(self, emitter: "KernelEmitter", register: str) -> None:
+    def declare_result(self, emitter: StatementEmitter, register: str) -> None:
         if self.native:
             emitter.line(f"{self.native} {register};")
         else:
             emitter.line(f"__align__(16) {self.element} {register}[{self.width}];")
 
-    def store(self, emitter: "KernelEmitter", register: str, address: str) -> None:
+    def store(self, emitter: StatementEmitter, register: str, address: str) -> None:
         value = register if self.native else f"*reinterpret_cast<const {self.container}*>({register})"
         emitter.line(f"*reinterpret_cast<{self.container}*>({address}) = {value};")
 
@@ -147,7 +170,7 @@ def affine_coefficient(e: Expr, v: Var) -> int | None:
     return None
 
 
-def _contiguous_base(emitter: "KernelEmitter", buffer: Buffer, indices: tuple[Expr, ...], v: Var,
+def _contiguous_base(emitter: StatementEmitter, buffer: Buffer, indices: tuple[Expr, ...], v: Var,
                      width: int) -> Expr | None:
     """The offset at lane 0 when `buffer[indices]` is contiguous in `v` and aligned to `width`."""
     if not _vectorizable(buffer.dtype, width) or buffer.scope == "local":
@@ -183,7 +206,7 @@ def _guarded_loads(e: Expr, v: Var, conds: tuple[Expr, ...] = ()) -> list[tuple[
     return out
 
 
-def emit_vector_loop(emitter: "KernelEmitter", loop: For) -> bool:
+def emit_vector_loop(emitter: StatementEmitter, loop: For) -> bool:
     """Emit `loop` (kind vectorize) with vector accesses; False (nothing emitted) when it does
     not have the shape described in the module docstring.
 

@@ -3,7 +3,8 @@ compile cache, tuning database and profiling."""
 
 from ..runtime.artifact import load
 from ..runtime.cuda import cuda_available as gpu_available
-from .build import build, default_plan
+from .build import build
+from .pipeline import default_plan
 from .check import OpSpec
 from .explain import explain
 from .kernel import Kernel

@@ -55,7 +55,7 @@ def tecc_version() -> str:
     try:
         return metadata.version("tecc")
     except metadata.PackageNotFoundError:  # running from a source tree that was never installed
-        from .. import __version__
+        from ..version import __version__
 
         return __version__
 

@@ -22,7 +22,7 @@ def _us(s: float) -> str:
 
 
 def _terms(c: Candidate) -> str:
-    order = ("dram", "l2", "l1/shared", "fma", "issue", "special", "chain", "latency", "launch", "then")
+    order = ("dram", "l2", "l1/shared", "tensor", "fma", "issue", "special", "chain", "latency", "launch", "then")
     parts = []
     for k in order:
         v = c.cost.terms.get(k, 0.0)

@@ -16,6 +16,7 @@ from ..ir.errors import TeccError
 from ..ir.stmt import Module
 from ..runtime.artifact import MANIFEST_FORMAT, manifest_version, source_sha256, write_artifact
 from ..runtime.host import HostProgram
+from ..runtime.outputs import returned
 from ..runtime.runnable import RunnableKernel
 from .plan import Plan
 
@@ -80,14 +81,24 @@ class Kernel(RunnableKernel):
         return (f"{self.name}: no CUDA device is available to run this kernel; build with "
                 "target='sim' or call f.sim(...) to run it in the CPU emulator")
 
-    def sim(self, *args: Any) -> None:
-        """Run the kernel IR in the CPU SIMT emulator (NumPy arrays, written in place)."""
+    def _runs_in_emulator(self) -> bool:
+        return self.target == "sim"
+
+    def sim(self, *args: Any) -> Any:
+        """Run the kernel IR in the CPU SIMT emulator (NumPy arrays, written in place). With the
+        outputs left out, they are allocated as NumPy arrays and returned (one bare, several as
+        a tuple)."""
+        if len(args) != self._arity and self.allocator.accepts(len(args)):
+            full, outputs = self.allocator.complete(args, numpy_only=True)
+            self.sim(*full)
+            return returned(outputs)
         if self._sim is None:
             from ..runtime.sim import SimExecutor
             from . import options as knobs
 
             self._sim = SimExecutor(self.host, {k.name: k for k in self.module.kernels}, checks=knobs.sim_checks())
         self._sim(*args)
+        return None
 
     # ---- inspection -------------------------------------------------------------------------
     def explain(self) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..ir.errors import ScheduleError
 from ..ir.target import Target, from_device
@@ -86,6 +86,10 @@ class PlanResult:
     search_seconds: float
     realize_seconds: float
     sizes: dict[str, int] = field(default_factory=dict)
+    # the Schedule the planner applied the plan on, to check that the primitives take it: its IR
+    # is what replaying `plan` gives (replay is deterministic), so build compiles it as it is
+    # instead of scheduling the program a second time
+    schedule: Any = None
 
     @property
     def predicted_seconds(self) -> float:
@@ -153,7 +157,8 @@ def plan_program(args: Sequence[Tensor], target: Target | str | None = None, *,
     search = time.perf_counter() - start
 
     start = time.perf_counter()
-    steps = _realize(args, name, kernel_plans)
+    schedule = _realize(args, name, kernel_plans)
+    steps = list(schedule.plan.steps)
     realize = time.perf_counter() - start
     for kp in kernel_plans:
         kp.ranked = _keep(kp, keep)
@@ -163,7 +168,7 @@ def plan_program(args: Sequence[Tensor], target: Target | str | None = None, *,
         steps.append(Step("default_schedule", {"threads": threads}))
     names = sorted({kp.chosen.strategy.name for kp in kernel_plans})
     plan = Plan(tuple(steps), "+".join(names), _reason(kernel_plans, tgt))
-    return PlanResult(plan, tgt, kernel_plans, search, realize, dict(sizes or {}))
+    return PlanResult(plan, tgt, kernel_plans, search, realize, dict(sizes or {}), schedule)
 
 
 def _keep(kp: KernelPlan, keep: int) -> list[Candidate]:
@@ -177,8 +182,8 @@ def _keep(kp: KernelPlan, keep: int) -> list[Candidate]:
     return out + [c for c in kp.ranked if c.failed is not None]
 
 
-def _realize(args: Sequence[Tensor], name: str | None, kernel_plans: list[KernelPlan]) -> list[Step]:
-    """Apply each kernel's best realizable candidate on one Schedule; returns its steps."""
+def _realize(args: Sequence[Tensor], name: str | None, kernel_plans: list[KernelPlan]) -> Any:
+    """Apply each kernel's best realizable candidate on one Schedule, and return it."""
     from .schedule import Schedule
 
     sch = Schedule(list(args), name=name)
@@ -195,7 +200,7 @@ def _realize(args: Sequence[Tensor], name: str | None, kernel_plans: list[Kernel
             except ScheduleError as exc:
                 cand.failed = str(exc).splitlines()[0]
                 sch = Schedule(list(args), plan=Plan(tuple(before)), name=name)
-    return list(sch.plan.steps)
+    return sch
 
 
 def _reason(kernel_plans: list[KernelPlan], tgt: Target) -> str:

@@ -138,7 +138,7 @@ def _num(x: float | None, digits: int) -> str:
 
 # ---- FLOP and byte counting -------------------------------------------------------------------
 
-_FLOAT_BINARY = {"+", "-", "*", "/", "min", "max", "pow"}
+_FLOAT_BINARY = {"+", "-", "*", "/", "min", "max", "fmin", "fmax", "pow"}
 
 
 def expr_flops(e: Expr) -> int:

@@ -27,10 +27,10 @@ from ..ir.errors import ScheduleError
 from ..ir.stmt import Module, PrimFunc
 from ..ir.tensor import Tensor
 from ..passes import schedule as prim
-from ..passes.fuse_rows import fuse_rows as fuse_rows_module
-from ..passes.split_reduce import split_reduce as split_reduce_module
-from ..passes.split_row_group import split_row_group as split_row_group_module
-from ..passes.split_rows import split_rows as split_rows_module
+from ..passes.rewrite.fuse_rows import fuse_rows as fuse_rows_module
+from ..passes.rewrite.split_reduce import split_reduce as split_reduce_module
+from ..passes.rewrite.split_row_group import split_row_group as split_row_group_module
+from ..passes.rewrite.split_rows import split_rows as split_rows_module
 from ..passes.lower import lower
 from ..passes.manager import DumpIR
 from ..passes.simplify import simplify_func
@@ -345,7 +345,7 @@ class Schedule:
     def fuse_rows(self, threads: int, cache: str = "registers", vector: int = 1, rows_per_block: int = 1,
                   unroll: int = 1) -> None:
         """Replace the module by ONE kernel computing every stage that shares the row (a
-        reduce→elementwise graph: softmax, layer norm, a row sum; see tecc.passes.fuse_rows):
+        reduce→elementwise graph: softmax, layer norm, a row sum; see tecc.passes.rewrite.fuse_rows):
         one block of `threads` threads per row, cross-thread reductions, the row kept in
         registers (`cache="registers"`) or re-read (`cache="none"`, `"online"`: in chunks of
         `unroll` vectors); `rows_per_block` > 1 puts that many rows in a block, one 32-thread
@@ -368,7 +368,7 @@ class Schedule:
     def split_reduce(self, threads_x: int = 32, threads_y: int = 8, splits: int = 1, unroll: int = 4,
                      outputs_per_thread: int = 1, combine: str = "kernel") -> None:
         """Replace the module by the split reduction of its one reduction stage (a column or
-        middle-axis reduction; see tecc.passes.split_reduce): `threads_x` consecutive outputs
+        middle-axis reduction; see tecc.passes.rewrite.split_reduce): `threads_x` consecutive outputs
         per block, the reduced axis over `threads_y` threads and `splits` blocks, combined in
         shared memory and, when splits > 1, by a second kernel (`combine="kernel"`) or by the
         last block to finish, in one kernel (`combine="last_block"`); `outputs_per_thread`
@@ -391,7 +391,7 @@ class Schedule:
     def split_rows(self, threads: int = 256, splits: int = 1, vector: int = 1, unroll: int = 1,
                    combine: str = "kernel") -> None:
         """Replace the module by the two-stage grid reduction of its one reduction stage (few
-        long rows, or a full reduction; see tecc.passes.split_rows): `splits` blocks of
+        long rows, or a full reduction; see tecc.passes.rewrite.split_rows): `splits` blocks of
         `threads` threads per row over contiguous chunks, `unroll` loads of `vector` elements in
         flight per thread, the partials combined by a second kernel (`combine="kernel"`) or by
         the last of a row's blocks to finish, in one kernel (`combine="last_block"`). It must be
@@ -411,7 +411,7 @@ class Schedule:
     def split_row_group(self, threads: int = 256, splits: int = 1, vector: int = 1, unroll: int = 1,
                         output_splits: int | None = None) -> None:
         """Replace the module by the two-kernel split form of its row group (softmax, layer
-        norm, RMS norm over few long rows; see tecc.passes.split_row_group): `splits` blocks of
+        norm, RMS norm over few long rows; see tecc.passes.rewrite.split_row_group): `splits` blocks of
         `threads` threads per row write their chunk's partial statistics, then `output_splits`
         (default: splits) blocks per row combine them and write their chunk of the outputs;
         each thread walks its chunk with `unroll` loads of `vector` columns in flight. It must
@@ -428,6 +428,23 @@ class Schedule:
         if outputs is not None:  # the default (= splits) is left out
             args["output_splits"] = outputs
         self._record(Step("split_row_group", args))
+
+    def tensorize(self, stage: StageLike, intrinsic: str = "auto", block: Sequence[int] = (64, 64),
+                  warps: Sequence[int] = (2, 2), k_tile: int = 32, stages: int = 2) -> None:
+        """Rebuild the kernel of the contraction `stage` (C[b.., i, j] = epilogue(Σ_k A·B) over
+        float16/bfloat16 operands) as a tensor-core kernel: `block` = (BM, BN) outputs per block,
+        `warps` = (rows, columns) of warps, each a (BM/rows) × (BN/columns) tile of
+        mma.m16n8k16 tiles, k tiles of `k_tile` staged through a ring of `stages` cp.async
+        stages in swizzled shared memory, read with ldmatrix; the epilogue is the stage's own.
+        `intrinsic` is the mma row ("auto": the one for the operands' dtype). It must be the
+        first primitive applied to the stage's kernel (tecc/passes/schedule/tensorize.py)."""
+        st = self._stage(stage)
+        bm, bn = (int(x) for x in block)
+        wm, wn = (int(x) for x in warps)
+        tiling = prim.Tiling(bm, bn, wm, wn, int(k_tile), int(stages))
+        step = Step("tensorize", {"stage": str(st), "intrinsic": intrinsic, "block": [bm, bn], "warps": [wm, wn],
+                                  "k_tile": int(k_tile), "stages": int(stages)})
+        self._apply(st.kernel, step, lambda f: prim.tensorize(f, st.name, intrinsic, tiling))
 
     def cache_write(self, stage: StageLike, scope: str = "local") -> StageRV:
         st = self._stage(stage)

@@ -53,6 +53,8 @@ def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
     """Build `a op b` with dtype promotion; folds integer constants and the identities x+0, x*1."""
     x, y = _operands(a, b, op)
     d = x.dtype
+    if op in ("fmin", "fmax") and not d.is_float:
+        op = op[1:]  # the NaN-dropping forms differ from min / max only where a NaN can occur
     if op in ("+", "-", "*", "//", "%", "min", "max") and d.is_bool:
         raise DTypeError(f"operator {op} is not defined on bool ({x} {op} {y}); cast to an integer first")
     if op == "/" and not d.is_float:
@@ -65,10 +67,14 @@ def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
         raise DTypeError(f"operator {op} needs bool or integer operands, got {d} in ({x} {op} {y})")
     if d.is_int:
         if isinstance(x, Const) and isinstance(y, Const):
+            # Folds compute what the kernel would: wrapping, and 0 for a zero divisor.
             if op in _FOLD:
-                return Const(_FOLD[op](x.value, y.value), d)
-            if op in ("//", "%") and y.value != 0:
-                return Const(x.value // y.value if op == "//" else x.value % y.value, d)
+                return Const(dt.wrap_int(_FOLD[op](x.value, y.value), d), d)
+            if op in ("//", "%"):
+                if y.value == 0:
+                    return Const(0, d)
+                p, q = int(x.value), int(y.value)
+                return Const(dt.wrap_int(p // q if op == "//" else p % q, d), d)
         if op == "+" and isinstance(y, Const) and y.value == 0:
             return x
         if op == "+" and isinstance(x, Const) and x.value == 0:
@@ -110,11 +116,23 @@ def cast(value: ExprLike, dtype: dt.DTypeLike) -> Expr:
     e = as_expr(value, d) if not isinstance(value, Expr) else value
     if e.dtype == d:
         return e
-    if isinstance(e, Const) and (d.is_int or d.is_bool) and not e.dtype.is_float:
+    if isinstance(e, Const) and d.is_int and not e.dtype.is_float:
+        return Const(dt.wrap_int(int(e.value), d), d)  # narrowing wraps, as at run time
+    if isinstance(e, Const) and d.is_bool and not e.dtype.is_float:
         return Const(e.value, d)
-    if isinstance(e, Const) and d.is_float and not (d in (dt.float16, dt.bfloat16)):
+    if isinstance(e, Const) and d.is_float and not (d in (dt.float16, dt.bfloat16)) and _fits(float(e.value), d):
         return Const(float(e.value), d)
     return Cast(d, e)
+
+
+def _fits(value: float, d: DType) -> bool:
+    """Whether a float constant stays finite in `d` (else the cast stays a node: at run time it
+    gives infinity, which no Const may hold by accident)."""
+    try:
+        dt.check_constant_fits(value, d)
+    except DTypeError:
+        return False
+    return True
 
 
 def call(name: str, *args: ExprLike) -> Expr:

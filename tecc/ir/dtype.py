@@ -140,3 +140,52 @@ def default_scalar_dtype(value: object) -> DType:
     if isinstance(value, (float, np.floating)):
         return float32
     raise DTypeError(f"cannot use {type(value).__name__} {value!r} in a tensor expression")
+
+
+def int_range(d: DType) -> tuple[int, int]:
+    """The smallest and largest value of the integer dtype `d` (two's complement)."""
+    half = 2 ** (d.bits - 1)
+    return -half, half - 1
+
+
+def wrap_int(value: int, d: DType) -> int:
+    """`value` reduced to the integer dtype `d` modulo 2^bits (two's complement), as integer
+    arithmetic and narrowing casts wrap on every target."""
+    lo, hi = int_range(d)
+    if lo <= value <= hi:
+        return value
+    return int((value - lo) % 2**d.bits + lo)
+
+
+def check_constant_fits(value: object, d: DType) -> None:
+    """DTypeError unless the Python number `value` can be a constant of dtype `d` without
+    changing its meaning: integers inside the dtype's range, floats that stay finite (rounding
+    to the nearest representable value is fine, overflowing to infinity is not)."""
+    if d.is_int and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        lo, hi = int_range(d)
+        if not lo <= int(value) <= hi:
+            wider = " or make it int64 (tc.const(value, 'int64'), tc.cast(expr, 'int64'))" if d.bits < 64 else ""
+            raise DTypeError(
+                f"the constant {int(value)} does not fit {d} (range {lo} .. {hi}); tecc will not wrap a "
+                f"Python constant silently: use a value in range{wider}"
+            )
+    if d.is_float and isinstance(value, (float, int, np.floating, np.integer)) and not isinstance(value, bool):
+        f = float(value)
+        if np.isfinite(f):
+            with np.errstate(over="ignore"):
+                rounded = d.numpy.type(f)
+            if not np.isfinite(rounded):
+                raise DTypeError(
+                    f"the constant {value!r} overflows {d} (largest finite {largest_finite(d)!r}); "
+                    f"use a wider dtype (tc.const(value, 'float32'), tc.cast(expr, 'float32')) or write "
+                    f"float('inf') if infinity is meant"
+                )
+
+
+def largest_finite(d: DType) -> float:
+    """The largest finite value of the float dtype `d`."""
+    if d.name == "bfloat16":
+        import ml_dtypes
+
+        return float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)  # type: ignore[no-untyped-call]
+    return float(np.finfo(d.numpy).max)

@@ -10,7 +10,12 @@ is truthy when its two sides are the same expression, which keeps `expr in list`
 meaningful. Any other use of an expression as a Python bool raises.
 
 Integer `//` and `%` are *floor* division and modulo (Python and NumPy semantics; the remainder has
-the divisor's sign). `/` is only defined on floats. Overflow of integer arithmetic wraps as in C.
+the divisor's sign). `/` is only defined on floats. docs/semantics.md has the numeric semantics
+every target implements; in short:
+- integer `+ - *`, negation, `abs` and integer narrowing casts wrap (two's complement);
+- integer `x // 0` and `x % 0` are 0 (NumPy's result), `INT_MIN // -1` is INT_MIN (wraps);
+- float `max`/`min` propagate NaN (NumPy's maximum/minimum); `fmax`/`fmin` drop it (fmaxf/fminf);
+- float -> int casts truncate toward zero and saturate; NaN gives 0 (PTX `cvt.rzi`).
 """
 
 from __future__ import annotations
@@ -142,7 +147,11 @@ class Expr:
     def __neg__(self) -> "Expr":
         if self.dtype.is_bool:
             raise DTypeError(f"cannot negate the bool expression {self}; use ~ for logical not")
-        return binary("-", Const(0, self.dtype), self) if not isinstance(self, Const) else Const(-self.value, self.dtype)
+        if not isinstance(self, Const):
+            return binary("-", Const(0, self.dtype), self)
+        if self.dtype.is_int:
+            return Const(dt.wrap_int(-int(self.value), self.dtype), self.dtype)  # -INT_MIN wraps
+        return Const(-self.value, self.dtype)
 
     def __pos__(self) -> "Expr":
         return self
@@ -225,9 +234,12 @@ class Const(Expr):
             value = bool(value)
         elif dtype.is_int:
             if isinstance(value, float) and not float(value).is_integer():
-                raise DTypeError(f"constant {value!r} is not an integer but was given dtype {dtype}")
+                raise DTypeError(f"the constant {value!r} is not an integer but was given dtype {dtype}; "
+                                 f"tc.cast(x, '{dtype}') converts a float expression (truncating)")
             value = int(value)
+            dt.check_constant_fits(value, dtype)
         else:
+            dt.check_constant_fits(value, dtype)
             value = float(value)
         return super().__new__(cls, value, dtype)  # type: ignore[return-value]
 
@@ -303,7 +315,12 @@ def _init_operands(node: Expr, op: str, a: Expr, b: Expr, result: DType) -> None
 
 
 class Binary(Expr):
-    """`a op b` for op in + - * / // % min max pow & | ^ (& | ^ are logical on bools, bitwise on ints)."""
+    """`a op b` for op in + - * / // % min max fmin fmax pow & | ^ (& | ^ are logical on bools,
+    bitwise on ints).
+
+    Integer + - * wrap; integer `//` and `%` floor, and give 0 for a zero divisor. Float `min` /
+    `max` are NaN when either operand is NaN (NumPy's minimum/maximum); `fmin` / `fmax` (floats
+    only) return the other operand when one is NaN (C's fminf/fmaxf, NumPy's fmin/fmax)."""
 
     __slots__ = ("op", "a", "b")
     _fields = ("op", "a", "b")
@@ -349,7 +366,9 @@ class Not(Expr):
 
 
 class Cast(Expr):
-    """Convert `a` to `dtype` (C conversion; float→int truncates toward zero)."""
+    """Convert `a` to `dtype`. float→int truncates toward zero and saturates to the integer
+    range, NaN giving 0 (PTX `cvt.rzi`); int→narrower int wraps; anything→bool is `!= 0` (NaN is
+    true); to a float rounds to nearest even, once."""
 
     __slots__ = ("a",)
     _fields = ("dtype", "a")
@@ -458,11 +477,13 @@ def _check_memory_intrinsic(name: str, args: tuple[Expr, ...], dtype: DType) -> 
                          f"{target}, {args[1].dtype} value, {dtype} result")
 
 
-REDUCERS = ("sum", "prod", "max", "min")
+# nanmax / nanmin skip NaN elements (a row of only NaN gives the identity, like an empty one);
+# max / min give NaN when any element is NaN. They differ only on float sources.
+REDUCERS = ("sum", "prod", "max", "min", "nanmax", "nanmin")
 
 
 class Reduce(Expr):
-    """`combiner` (sum | prod | max | min) of `source` over the reduction axes `axes`.
+    """`combiner` (sum | prod | max | min | nanmax | nanmin) of `source` over the reduction axes `axes`.
 
     The result has the source's dtype; the accumulator is float32 for float16/bfloat16 sources
     (and the source's dtype otherwise), so long half-precision sums do not lose their low bits.
@@ -490,12 +511,13 @@ def reduce_identity(combiner: str, dtype: DType) -> "Const":
         return Const(0, dtype)
     if combiner == "prod":
         return Const(1, dtype)
+    is_max = combiner in ("max", "nanmax")
     if dtype.is_float:
-        return Const(-math.inf if combiner == "max" else math.inf, dtype)
+        return Const(-math.inf if is_max else math.inf, dtype)
     if dtype.is_bool:
-        return Const(combiner == "min", dtype)
+        return Const(not is_max, dtype)
     bits = dtype.bits - 1
-    return Const(-(2**bits) if combiner == "max" else 2**bits - 1, dtype)
+    return Const(-(2**bits) if is_max else 2**bits - 1, dtype)
 
 
 class TensorRead(Expr):
@@ -593,6 +615,18 @@ def const_int(e: ExprLike) -> int | None:
     if isinstance(e, Const) and e.dtype.is_int:
         return int(e.value)
     return None
+
+
+def size_product(extents: Sequence[Expr]) -> Expr:
+    """The product of sizes (a shape's element count, a row-major stride), left to right.
+    Constant factors multiply as Python ints and the product is int64 where it leaves int32:
+    a size widens, it never wraps as kernel arithmetic does (docs/semantics.md), so a caller can
+    see that a tensor has 2^31 elements or more and index it with 64-bit offsets."""
+    total: Expr = Const(1, dt.int32)
+    for e in extents:
+        a, b = const_int(total), const_int(e)
+        total = index_expr(a * b) if a is not None and b is not None else total * e
+    return total
 
 
 def index_expr(value: ExprLike) -> Expr:

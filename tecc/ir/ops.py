@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .dtype import DTypeLike
+from .dtype import DTypeLike, as_dtype
 from .errors import DTypeError, ShapeError
-from .expr import Expr, ExprLike, Reduce, ReduceAxis, as_expr, binary, call, select
+from .expr import Const, Expr, ExprLike, Reduce, ReduceAxis, as_expr, binary, call, select
 from .expr import cast as _cast
 
 
@@ -41,13 +41,28 @@ def prod(expr: ExprLike, axis: ReduceAxis | Sequence[ReduceAxis]) -> Expr:
 
 
 def max(expr: ExprLike, axis: ReduceAxis | Sequence[ReduceAxis]) -> Expr:  # noqa: A001
-    """Maximum of `expr` over the reduction axes (identity -inf, or the dtype's lowest integer)."""
+    """Maximum of `expr` over the reduction axes (identity -inf, or the dtype's lowest integer).
+    NaN if any element is NaN, as `np.max`; `nanmax` skips NaN."""
     return _reduce("max", expr, axis)
 
 
 def min(expr: ExprLike, axis: ReduceAxis | Sequence[ReduceAxis]) -> Expr:  # noqa: A001
-    """Minimum of `expr` over the reduction axes (identity +inf, or the dtype's highest integer)."""
+    """Minimum of `expr` over the reduction axes (identity +inf, or the dtype's highest integer).
+    NaN if any element is NaN, as `np.min`; `nanmin` skips NaN."""
     return _reduce("min", expr, axis)
+
+
+def nanmax(expr: ExprLike, axis: ReduceAxis | Sequence[ReduceAxis]) -> Expr:
+    """Maximum of `expr` over the reduction axes, NaN elements skipped (as `np.nanmax`). A row
+    of only NaN gives the identity -inf, as an empty one does (NumPy gives NaN and warns).
+    On integer sources it is `max`."""
+    return _reduce("nanmax" if as_expr(expr).dtype.is_float else "max", expr, axis)
+
+
+def nanmin(expr: ExprLike, axis: ReduceAxis | Sequence[ReduceAxis]) -> Expr:
+    """Minimum of `expr` over the reduction axes, NaN elements skipped (as `np.nanmin`); a row of
+    only NaN gives +inf. On integer sources it is `min`."""
+    return _reduce("nanmin" if as_expr(expr).dtype.is_float else "min", expr, axis)
 
 
 def exp(x: ExprLike) -> Expr:
@@ -113,13 +128,24 @@ def isnan(x: ExprLike) -> Expr:
 
 
 def maximum(a: ExprLike, b: ExprLike) -> Expr:
-    """Elementwise larger of two values (NaN handling as CUDA's fmaxf: the non-NaN operand)."""
+    """Elementwise larger of two values; NaN when either is NaN (as `np.maximum`)."""
     return binary("max", a, b)
 
 
 def minimum(a: ExprLike, b: ExprLike) -> Expr:
-    """Elementwise smaller of two values (NaN handling as CUDA's fminf: the non-NaN operand)."""
+    """Elementwise smaller of two values; NaN when either is NaN (as `np.minimum`)."""
     return binary("min", a, b)
+
+
+def fmax(a: ExprLike, b: ExprLike) -> Expr:
+    """Elementwise larger of two values, a NaN operand ignored (as `np.fmax` and CUDA's `fmaxf`):
+    NaN only when both are NaN."""
+    return binary("fmax", a, b)
+
+
+def fmin(a: ExprLike, b: ExprLike) -> Expr:
+    """Elementwise smaller of two values, a NaN operand ignored (as `np.fmin` and CUDA's `fminf`)."""
+    return binary("fmin", a, b)
 
 
 def pow(a: ExprLike, b: ExprLike) -> Expr:  # noqa: A001
@@ -137,5 +163,12 @@ def cast(x: ExprLike, dtype: DTypeLike) -> Expr:
 
 
 def const(value: int | float | bool, dtype: DTypeLike) -> Expr:
-    """A constant of an explicit dtype."""
-    return _cast(as_expr(value), dtype) if not isinstance(value, Expr) else _cast(value, dtype)
+    """A constant of an explicit dtype. The value must fit: an integer in the dtype's range, a
+    finite float that stays finite (DTypeError otherwise; `cast` converts expressions)."""
+    if isinstance(value, Expr):
+        return _cast(value, dtype)
+    d = as_dtype(dtype)
+    if d.is_int and isinstance(value, float) and not value.is_integer():
+        raise DTypeError(f"tc.const({value!r}, '{d}'): {value!r} is not an integer, so it is no {d} constant; "
+                         f"give an integer, or convert an expression with tc.cast(x, '{d}') (truncating)")
+    return Const(value, d)

@@ -25,6 +25,9 @@ from .expr import (
 )
 from .stmt import (
     Allocate,
+    AsyncCommit,
+    AsyncCopy,
+    AsyncWait,
     Barrier,
     Buffer,
     BufferStore,
@@ -32,6 +35,8 @@ from .stmt import (
     For,
     IfThenElse,
     LetStmt,
+    MatrixLoad,
+    MatrixMultiply,
     Module,
     PrimFunc,
     Seq,
@@ -41,7 +46,7 @@ from .stmt import (
 # Higher binds tighter.
 _PREC = {"||": 1, "&&": 2, "|": 3, "^": 4, "&": 5, "==": 6, "!=": 6, "<": 7, "<=": 7, ">": 7, ">=": 7,
          "+": 9, "-": 9, "*": 10, "/": 10, "//": 10, "%": 10}
-_FUNC_OPS = ("min", "max", "pow")
+_FUNC_OPS = ("min", "max", "fmin", "fmax", "pow")
 
 
 def _fmt_const(c: Const) -> str:
@@ -112,6 +117,10 @@ def buffer_decl(b: Buffer) -> str:
         text += f" strides({', '.join(_expr(s) for s in b.strides)})"
     if b.scope != "global":
         text += f" @{b.scope}"
+    if b.fragment is not None:
+        text += f"({b.fragment[0]}.{b.fragment[1]})"
+    if b.layout is not None:
+        text += f" {b.layout}"
     if b.zero_init:
         text += " zero_init"
     return text
@@ -148,8 +157,36 @@ def _stmt(s: Stmt, ind: int, out: list[str]) -> None:
         out.append(f"{pad}barrier()")
     elif isinstance(s, Evaluate):
         out.append(f"{pad}{_expr(s.value)}")
+    elif isinstance(s, (MatrixMultiply, MatrixLoad, AsyncCopy, AsyncCommit, AsyncWait)):
+        out.append(pad + _matrix_stmt(s))
     else:
         raise TypeError(f"printer: no rule for {type(s).__name__}")
+
+
+def _fragment(ref: Any, size: int) -> str:
+    return f"{ref.buffer.name}[{_expr(ref.offset)}:{_expr(ref.offset + size)}]"
+
+
+def _matrix_stmt(s: Stmt) -> str:
+    """`mma.m16n8k16.f32.f16 D[0:4] += A[0:8] · B[0:4]`, `ldmatrix.x4 A[0:8] <- S[r, c]`, ..."""
+    if isinstance(s, MatrixMultiply):
+        row = s.row
+        d, a, b, c = (_fragment(getattr(s, r), row.operand(r).elements) for r in ("d", "a", "b", "c"))
+        if s.d.buffer is s.c.buffer and s.d.offset is s.c.offset:
+            return f"{s.intrinsic} {d} += {a} · {b}"
+        return f"{s.intrinsic} {d} = {a} · {b} + {c}"
+    if isinstance(s, MatrixLoad):
+        idx = ", ".join(_expr(i) for i in s.src_indices)
+        return f"{s.intrinsic} {_fragment(s.dst, s.row.operand('d').elements)} <- {s.src.name}[{idx}]"
+    if isinstance(s, AsyncCopy):
+        dst = ", ".join(_expr(i) for i in s.dst_indices)
+        src = ", ".join(_expr(i) for i in s.src_indices)
+        text = f"cp.async.{s.cache} {s.bytes}B {s.dst.name}[{dst}] <- {s.src.name}[{src}]"
+        return text if s.predicate is None else f"{text} if {_expr(s.predicate)} else zero"
+    if isinstance(s, AsyncCommit):
+        return "cp.async.commit_group()"
+    assert isinstance(s, AsyncWait)
+    return f"cp.async.wait_group({s.pending})"
 
 
 def stmt_to_str(s: Stmt) -> str:

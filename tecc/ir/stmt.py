@@ -14,9 +14,10 @@ from typing import Any, Iterator, Sequence, Union
 from . import dtype as dt
 from .dtype import DType
 from .errors import DTypeError, ScheduleError, TeccError
-from .expr import Const, Expr, Var, as_expr, const_int, index_expr, to_shape
+from .expr import Const, Expr, Var, as_expr, const_int, index_expr, size_product, to_shape
+from .layout import Layout
 
-SCOPES = ("global", "shared", "local")
+SCOPES = ("global", "shared", "local", "fragment")
 
 
 @dataclass(frozen=True, eq=False)
@@ -26,7 +27,11 @@ class Buffer:
     scope:
       'global' -- device memory, a kernel parameter (or a temporary the host allocates);
       'shared' -- one copy per thread block, visible to all its threads (CUDA __shared__);
-      'local'  -- one copy per thread (registers, or local memory if indexed dynamically).
+      'local'  -- one copy per thread (registers, or local memory if indexed dynamically);
+      'fragment' -- per-lane registers holding tiles of a warp-collective matrix instruction:
+                  `fragment = (intrinsic, operand)` names the row of tecc.ir.intrinsics and the
+                  operand ('a', 'b', 'c', 'd') whose layout map says which tile element each
+                  lane holds at each position; the buffer is a whole number of such fragments.
     `strides` is None for a row-major contiguous buffer; otherwise one stride per dimension,
     ints or 'stride' variables passed to the kernel. Element (i0, .., in) lives at
     sum(ik * stride_k) elements past the base pointer. `tensor` names the tensor-expression
@@ -42,6 +47,8 @@ class Buffer:
     strides: tuple[Expr, ...] | None = None
     tensor: str = ""
     zero_init: bool = False
+    layout: Layout | None = None
+    fragment: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         if self.scope not in SCOPES:
@@ -57,6 +64,17 @@ class Buffer:
             object.__setattr__(self, "tensor", self.name)
         if self.zero_init and self.scope != "global":
             raise TeccError(f"buffer {self.name}: only a global temporary can be zero-initialised, not {self.scope}")
+        if self.layout is not None and self.scope != "shared":
+            raise TeccError(f"buffer {self.name}: only a shared buffer can have a layout, not a {self.scope} one")
+        if self.layout is not None:
+            size = self.static_span()
+            if size is not None:
+                self.layout.check_fits(self.name, size)
+        if (self.scope == "fragment") != (self.fragment is not None):
+            raise TeccError(f"buffer {self.name}: a fragment buffer needs fragment=(intrinsic, operand), and only "
+                            f"a fragment buffer may have one (scope {self.scope}, fragment {self.fragment})")
+        if self.fragment is not None:
+            check_fragment_buffer(self)
 
     @property
     def ndim(self) -> int:
@@ -64,15 +82,21 @@ class Buffer:
 
     def row_major_strides(self) -> tuple[Expr, ...]:
         """Strides of a contiguous row-major layout of this shape."""
-        out: list[Expr] = []
-        acc: Expr = Const(1, dt.int32)
-        for s in reversed(self.shape):
-            out.append(acc)
-            acc = acc * s
-        return tuple(reversed(out))
+        trailing = list(reversed(self.shape))
+        return tuple(reversed([size_product(trailing[:d]) for d in range(len(trailing))]))
 
     def effective_strides(self) -> tuple[Expr, ...]:
         return self.strides if self.strides is not None else self.row_major_strides()
+
+    def static_span(self) -> int | None:
+        """Elements from the first to one past the last, or None unless shape and strides are constants."""
+        shape = [const_int(e) for e in self.shape]
+        strides = [const_int(e) for e in self.effective_strides()]
+        if any(n is None for n in shape) or any(s is None for s in strides):
+            return None
+        if 0 in shape:
+            return 0
+        return 1 + sum((n - 1) * s for n, s in zip(shape, strides) if n is not None and s is not None)
 
     def __getitem__(self, indices: Any) -> Expr:
         from .expr import BufferLoad
@@ -385,3 +409,14 @@ class Module:
         from .printer import module_to_str
 
         return module_to_str(self)
+
+
+# The matrix-fragment level (mma, ldmatrix, cp.async) lives in its own module; it is part of
+# this IR and re-exported here. Imported last: it builds on Stmt and Buffer.
+from .matrix_stmt import AsyncCommit as AsyncCommit  # noqa: E402
+from .matrix_stmt import AsyncCopy as AsyncCopy  # noqa: E402
+from .matrix_stmt import AsyncWait as AsyncWait  # noqa: E402
+from .matrix_stmt import FragmentRef as FragmentRef  # noqa: E402
+from .matrix_stmt import MatrixLoad as MatrixLoad  # noqa: E402
+from .matrix_stmt import MatrixMultiply as MatrixMultiply  # noqa: E402
+from .matrix_stmt import check_fragment_buffer as check_fragment_buffer  # noqa: E402

@@ -29,12 +29,18 @@ from .expr import (
 )
 from .stmt import (
     Allocate,
+    AsyncCommit,
+    AsyncCopy,
+    AsyncWait,
     Barrier,
     BufferStore,
     Evaluate,
     For,
+    FragmentRef,
     IfThenElse,
     LetStmt,
+    MatrixLoad,
+    MatrixMultiply,
     PrimFunc,
     Seq,
     Stmt,
@@ -146,10 +152,40 @@ class StmtVisitor:
                 self.visit(x)
         elif isinstance(s, Evaluate):
             self.visit_expr(s.value)
-        elif isinstance(s, Barrier):
+        elif isinstance(s, (Barrier, AsyncCommit, AsyncWait)):
             pass
+        elif isinstance(s, (MatrixMultiply, MatrixLoad, AsyncCopy)):
+            for e in matrix_stmt_exprs(s):
+                self.visit_expr(e)
         else:
             raise TypeError(f"StmtVisitor: no rule for {type(s).__name__}")
+
+    # One method per matrix-level node, so a visitor can override exactly one of them.
+    def visit_MatrixMultiply(self, s: MatrixMultiply) -> Any:
+        return self.generic_visit(s)
+
+    def visit_MatrixLoad(self, s: MatrixLoad) -> Any:
+        return self.generic_visit(s)
+
+    def visit_AsyncCopy(self, s: AsyncCopy) -> Any:
+        return self.generic_visit(s)
+
+    def visit_AsyncCommit(self, s: AsyncCommit) -> Any:
+        return self.generic_visit(s)
+
+    def visit_AsyncWait(self, s: AsyncWait) -> Any:
+        return self.generic_visit(s)
+
+
+def matrix_stmt_exprs(s: Stmt) -> list[Expr]:
+    """The expressions a matrix-level statement holds: fragment offsets, addresses, predicate."""
+    if isinstance(s, MatrixMultiply):
+        return [s.d.offset, s.a.offset, s.b.offset, s.c.offset]
+    if isinstance(s, MatrixLoad):
+        return [s.dst.offset, *s.src_indices]
+    if isinstance(s, AsyncCopy):
+        return [*s.dst_indices, *s.src_indices] + ([s.predicate] if s.predicate is not None else [])
+    return []
 
 
 class StmtMutator:
@@ -201,7 +237,45 @@ class StmtMutator:
         if isinstance(s, Evaluate):
             v = self.visit_expr(s.value)
             return s if v is s.value else Evaluate(v)
-        if isinstance(s, Barrier):
+        if isinstance(s, (Barrier, AsyncCommit, AsyncWait)):
             return s
+        if isinstance(s, MatrixMultiply):
+            refs = tuple(self._fragment(r) for r in (s.d, s.a, s.b, s.c))
+            if all(x is y for x, y in zip(refs, (s.d, s.a, s.b, s.c))):
+                return s
+            return MatrixMultiply(s.intrinsic, *refs)
+        if isinstance(s, MatrixLoad):
+            dst = self._fragment(s.dst)
+            idx = tuple(self.visit_expr(i) for i in s.src_indices)
+            if dst is s.dst and all(x is y for x, y in zip(idx, s.src_indices)):
+                return s
+            return MatrixLoad(s.intrinsic, dst, s.src, idx)
+        if isinstance(s, AsyncCopy):
+            di = tuple(self.visit_expr(i) for i in s.dst_indices)
+            si = tuple(self.visit_expr(i) for i in s.src_indices)
+            p = self.visit_expr(s.predicate) if s.predicate is not None else None
+            if p is s.predicate and all(x is y for x, y in zip(di + si, s.dst_indices + s.src_indices)):
+                return s
+            return AsyncCopy(s.dst, di, s.src, si, s.bytes, p, s.cache)
         raise TypeError(f"StmtMutator: no rule for {type(s).__name__}")
+
+    def _fragment(self, ref: FragmentRef) -> FragmentRef:
+        offset = self.visit_expr(ref.offset)
+        return ref if offset is ref.offset else FragmentRef(ref.buffer, offset)
+
+    # One method per matrix-level node, so a mutator can override exactly one of them.
+    def visit_MatrixMultiply(self, s: MatrixMultiply) -> Stmt:
+        return self.generic_visit(s)
+
+    def visit_MatrixLoad(self, s: MatrixLoad) -> Stmt:
+        return self.generic_visit(s)
+
+    def visit_AsyncCopy(self, s: AsyncCopy) -> Stmt:
+        return self.generic_visit(s)
+
+    def visit_AsyncCommit(self, s: AsyncCommit) -> Stmt:
+        return self.generic_visit(s)
+
+    def visit_AsyncWait(self, s: AsyncWait) -> Stmt:
+        return self.generic_visit(s)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..ir import dtype as dt
 from ..ir.errors import ScheduleError
-from ..ir.expr import Const, Expr, Var, const_int
+from ..ir.expr import Const, Expr, Var, const_int, size_product
 from ..ir.stmt import For, IfThenElse, LetStmt, Module, PrimFunc, Stmt
 from .substitute import substitute_stmt
 
@@ -35,9 +35,7 @@ def schedule_one_thread_per_element(func: PrimFunc, threads: int = DEFAULT_THREA
         raise ScheduleError(f"default schedule of {func.name}: threads must be a multiple of 32 in [32, 1024], got {threads}")
     loops, inner = _spatial_nest(func.body)
     extents = [lp.extent for lp in loops]
-    total: Expr = Const(1, dt.int32)
-    for e in extents:
-        total = total * e
+    total = size_product(extents)
     static_total = const_int(total)
     wide = any(e.dtype == dt.int64 for e in extents) or (static_total is not None and static_total >= 2**31)
     idx_t = dt.int64 if wide else dt.int32

@@ -185,7 +185,7 @@ class Inliner(ExprMutator):
 
 # A Reduce's combiner as the binary operator that folds two partials (every rewrite that splits a
 # reduction over threads or blocks combines its partials with it).
-COMBINE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
+COMBINE = {"sum": "+", "prod": "*", "max": "max", "min": "min", "nanmax": "fmax", "nanmin": "fmin"}
 
 
 class _StageLowering:

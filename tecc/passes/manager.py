@@ -56,6 +56,15 @@ class DumpIR:
         self.count += 1
         return path
 
+    def rewind(self, first: int) -> None:
+        """Remove the dumps numbered `first` and later (a plan that failed half-way through, which
+        the build then replaces), so that the next files are numbered from `first` again."""
+        for path in self.directory.iterdir():
+            number = path.name.split("_", 1)[0]
+            if number.isdigit() and int(number) >= first and path.is_file():
+                path.unlink()
+        self.count = first
+
     def after_pass(self, index: int, p: Pass, module: Module, seconds: float) -> None:
         params = "".join(f"  # {k} = {v}\n" for k, v in p.params)
         self.write(f"{p.name}.txt", f"# after pass {p.name}\n{params}{self.text(module)}")

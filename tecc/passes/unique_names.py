@@ -6,6 +6,8 @@ may meet a tensor named `bx`. C needs distinct names: this pass renames the late
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..ir.expr import Var
 from ..ir.stmt import Allocate, Buffer, For, LetStmt, Module, PrimFunc, Stmt
 from ..ir.visitor import StmtMutator
@@ -43,14 +45,14 @@ class _Renamer(StmtMutator):
         if name == s.buffer.name:
             return self.generic_visit(s)
         b = s.buffer
-        renamed = Buffer(name, b.dtype, b.shape, b.scope, b.strides, b.tensor)
+        renamed = dataclasses.replace(b, name=name)  # keeps the layout (swizzle) and the fragment role
         body = self.visit(_replace_buffer(s.body, b, renamed))
         return Allocate(renamed, body)
 
 
 def _replace_buffer(s: Stmt, old: Buffer, new: Buffer) -> Stmt:
     from ..ir.expr import BufferLoad, Expr
-    from ..ir.stmt import BufferStore
+    from ..ir.stmt import AsyncCopy, BufferStore, FragmentRef, MatrixLoad, MatrixMultiply
     from ..ir.visitor import ExprMutator
 
     class _Loads(ExprMutator):
@@ -62,6 +64,23 @@ def _replace_buffer(s: Stmt, old: Buffer, new: Buffer) -> Stmt:
         def visit_BufferStore(self, st: BufferStore) -> Stmt:
             idx = tuple(self.visit_expr(i) for i in st.indices)
             return BufferStore(new if st.buffer is old else st.buffer, idx, self.visit_expr(st.value))
+
+        # the matrix-level statements name buffers outside loads and stores
+        def _ref(self, ref: FragmentRef) -> FragmentRef:
+            return FragmentRef(new, self.visit_expr(ref.offset)) if ref.buffer is old else self._fragment(ref)
+
+        def visit_MatrixMultiply(self, st: MatrixMultiply) -> Stmt:
+            return MatrixMultiply(st.intrinsic, self._ref(st.d), self._ref(st.a), self._ref(st.b), self._ref(st.c))
+
+        def visit_MatrixLoad(self, st: MatrixLoad) -> Stmt:
+            return MatrixLoad(st.intrinsic, self._ref(st.dst), new if st.src is old else st.src,
+                              tuple(self.visit_expr(i) for i in st.src_indices))
+
+        def visit_AsyncCopy(self, st: AsyncCopy) -> Stmt:
+            pred = self.visit_expr(st.predicate) if st.predicate is not None else None
+            return AsyncCopy(new if st.dst is old else st.dst, tuple(self.visit_expr(i) for i in st.dst_indices),
+                             new if st.src is old else st.src, tuple(self.visit_expr(i) for i in st.src_indices),
+                             st.bytes, pred, st.cache)
 
     m = _Stores()
     m.expr_mutator = _Loads()

@@ -4,7 +4,10 @@
 - no loop variable is bound twice on one path;
 - buffers: global ones are kernel parameters, shared/local ones are inside their Allocate;
 - a barrier is never under a condition or loop that depends on the thread index (all threads of
-  the block must reach it).
+  the block must reach it);
+- matrix statements (mma, ldmatrix, cp.async) name buffers in scope and bound variables; whether
+  all 32 lanes of a warp reach a warp-collective one depends on values (a warp-uniform condition
+  is fine), so the emulator checks that when it runs.
 """
 
 from __future__ import annotations
@@ -13,12 +16,15 @@ from ..ir.errors import ScheduleError
 from ..ir.expr import BufferLoad, Expr, Var, free_vars, walk
 from ..ir.stmt import (
     Allocate,
+    AsyncCopy,
     Barrier,
     Buffer,
     BufferStore,
     For,
     IfThenElse,
     LetStmt,
+    MatrixLoad,
+    MatrixMultiply,
     Module,
     PrimFunc,
 )
@@ -86,6 +92,23 @@ class _Verifier(StmtVisitor):
     def visit_BufferStore(self, s: BufferStore) -> None:
         if s.buffer not in self.buffers:
             self.fail(f"store to buffer {s.buffer.name} outside its allocation / not a parameter")
+        self.generic_visit(s)
+
+    def _in_scope(self, buffers: tuple[Buffer, ...], what: str) -> None:
+        for b in buffers:
+            if b not in self.buffers:
+                self.fail(f"{what} uses buffer {b.name} outside its allocation / not a parameter")
+
+    def visit_MatrixMultiply(self, s: MatrixMultiply) -> None:
+        self._in_scope((s.d.buffer, s.a.buffer, s.b.buffer, s.c.buffer), s.intrinsic)
+        self.generic_visit(s)
+
+    def visit_MatrixLoad(self, s: MatrixLoad) -> None:
+        self._in_scope((s.dst.buffer, s.src), s.intrinsic)
+        self.generic_visit(s)
+
+    def visit_AsyncCopy(self, s: AsyncCopy) -> None:
+        self._in_scope((s.dst, s.src), "cp.async")
         self.generic_visit(s)
 
     def visit_Barrier(self, s: Barrier) -> None:

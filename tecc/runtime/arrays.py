@@ -394,6 +394,32 @@ def producer_current_stream(kind: type) -> Callable[[int], int] | None:
     return None
 
 
+def current_stream_reader(obj: Any) -> Callable[[int], int] | None:
+    """For a device tensor read by attribute (torch), its producer's current-stream reader
+    (device ordinal -> CUstream handle); None for anything else (NumPy, CPU tensors, DLPack and
+    CUDA-array-interface objects)."""
+    kind = type(obj)
+    if kind is np.ndarray:
+        return None
+    reader = _ATTRIBUTE_TYPES.get(kind, _UNSEEN)
+    if reader is _UNSEEN:
+        reader = _learn_attribute_type(kind)
+    if reader is None or not getattr(obj, "is_cuda", False):
+        return None
+    return reader  # type: ignore[return-value]
+
+
+def allocate_like(obj: Any, nbytes: int, zero: bool) -> tuple[int, Any]:
+    """(data pointer, owner) of `nbytes` of device memory (at least 1) from the allocator of the
+    torch-like tensor `obj`'s package, on its device and its current stream (torch's caching
+    allocator: stream-ordered, and taken from the graph's private pool under CUDA-graph
+    capture); zeroed on that stream when `zero`. The memory lives as long as `owner`."""
+    package = sys.modules[type(obj).__module__.partition(".")[0]]
+    make = obj.new_zeros if zero else obj.new_empty
+    owner = make((max(int(nbytes), 1),), dtype=package.uint8)
+    return int(owner.data_ptr()), owner
+
+
 def producer_stream(key: tuple[Any, ...]) -> Callable[[int], int] | None:
     """For a key read by attribute, its producer's current-stream reader (what the executor must
     wait on before launching); None for DLPack and CUDA-array-interface keys, whose reading

@@ -34,6 +34,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from ..ir.errors import DeviceError, LaunchError, ResourceError, TeccError
 from ..ir.expr import Var
 from . import arrays
@@ -154,8 +156,13 @@ class CachedCall:
     `needs` is each argument's required pointer alignment and `spans` its byte span from its
     pointer: the two checks that depend on the pointers themselves, redone on every hit.
     `producer_streams` are the current-stream readers of the producers whose arrays were read by
-    attribute (torch): on every hit the executor's stream waits on each one's current stream.
-    `records` is what `last_launches` says after a hit."""
+    attribute (torch): on every hit the executor's stream waits on each one's current stream --
+    or, when `follow` (an executor made without a stream, every device argument torch's), the
+    launches go on the first one's current stream, with nothing to wait for.
+    `temps` are the (bytes, zero_init) of temporaries allocated per call from the allocator of
+    argument `temps_like` (a followed torch stream: torch's caching allocator, capture-safe); their
+    pointers fill the parameter slots numbered from the arity on. `records` is what
+    `last_launches` says after a hit."""
 
     launches: tuple[CachedLaunch, ...]
     needs: tuple[int, ...]
@@ -163,6 +170,9 @@ class CachedCall:
     alias_pairs: tuple[tuple[int, int], ...]
     producer_streams: tuple[Callable[[int], int], ...] = ()
     records: tuple[LaunchRecord, ...] = ()
+    follow: bool = False
+    temps: tuple[tuple[int, bool], ...] = ()
+    temps_like: int = -1
 
 
 # Distinct argument layouts remembered per executor; the oldest is forgotten past this.
@@ -171,6 +181,10 @@ CALL_CACHE_SIZE = 64
 # The two handles of the legacy default stream: NULL (0, what torch's default stream reports)
 # and CU_STREAM_LEGACY (1, cuda.core's `default_stream`, and DLPack's number for it).
 LEGACY_DEFAULT_STREAMS = (0, 1)
+CU_STREAM_LEGACY = 1
+
+# Followed producer streams remembered per executor (cuda.core Stream views of their handles).
+FOLLOWED_STREAMS = 64
 
 
 def same_stream(a: int, b: int) -> bool:
@@ -187,7 +201,10 @@ class CudaExecutor:
     `synchronize()` or the producer library's own synchronization). Returns None.
 
     stream: a cuda.core Stream, an object with `__cuda_stream__`, a torch.cuda.Stream (its
-    `cuda_stream` handle) or a raw CUstream handle as int; default the device's default stream.
+    `cuda_stream` handle) or a raw CUstream handle as int. Default (None): the caller's stream --
+    a call whose device arrays are all torch tensors launches on torch's current stream (nothing
+    to wait for, and capturable in a CUDA graph; its temporaries then come from torch's caching
+    allocator per call), any other call on the device's default stream.
     debug_sync: synchronize after every launch, so an asynchronous fault is reported as a
     LaunchError that names the kernel and its launch configuration.
     alignment: the base alignment in bytes required of device arrays' data pointers (default
@@ -195,6 +212,8 @@ class CudaExecutor:
 
     `kernels` maps kernel names to the loaded cuda.core Kernels; `last_launches` lists the
     launches of the last call (LaunchRecord) for profiling."""
+
+    follows_producer = False  # launch on torch's current stream (set by __init__ for stream=None)
 
     def __init__(self, host: HostProgram, cubin: bytes, *, stream: Any = None, device: Any = None,
                  debug_sync: bool = False, alignment: int = DEFAULT_ALIGNMENT) -> None:
@@ -204,6 +223,7 @@ class CudaExecutor:
         self.arch = device_arch(self.device)
         self._stream_owner = stream  # keeps a foreign stream object alive while we use its handle
         self.stream = _as_stream(stream, self.device)
+        self.follows_producer = stream is None
         self.debug_sync = debug_sync
         self.alignment = alignment
         self.last_launches: list[LaunchRecord] = []
@@ -229,6 +249,8 @@ class CudaExecutor:
         self._arity = len(self.host.buffer_params)
         self._alias_pairs = alias_pairs(self.host)
         self._stream_ptr = int(self.stream.handle)
+        self._home_stream = (self.stream, self._stream_ptr)  # `stream` and its handle, as made
+        self._followed: dict[int, Any] = {}  # producer stream handle -> cuda.core Stream
         self._device_ordinal = int(self.device.device_id)
         self._order_event: Any = None  # made on the first hit that must wait on another stream
         self._order_lock = threading.Lock()  # a record and its wait, not interleaved between threads
@@ -279,14 +301,54 @@ class CudaExecutor:
 
     # ---- running ----------------------------------------------------------------------------
     def __call__(self, *args: Any) -> None:
+        if self.follows_producer:
+            self.stream, self._stream_ptr = self._home_stream  # until a call's arguments say otherwise
         found = self._argument_keys(args)
         if found is not None:
             cached = self._calls.get(found[0])
-            if cached is not None and self._replay(cached, found[1]):
+            if cached is not None and self._replay(cached, found[1], args):
                 return
         launched = self._call_checked(args)
         if found is not None and launched is not None:
             self._remember(found, *launched)
+
+    def _use_stream(self, handle: int) -> None:
+        """Launch the rest of this call on the producer's current stream `handle` (a followed
+        torch stream; the legacy default stream's NULL handle is named CU_STREAM_LEGACY, what
+        DLPack expects of a consumer stream)."""
+        if handle in LEGACY_DEFAULT_STREAMS:
+            handle = CU_STREAM_LEGACY
+        if handle == self._stream_ptr:
+            return
+        stream = self._followed.get(handle)
+        if stream is None:
+            home, home_ptr = self._home_stream
+            if same_stream(handle, home_ptr):
+                stream = home
+            else:
+                from cuda.core import Stream
+
+                stream = Stream.from_handle(handle)
+            if len(self._followed) >= FOLLOWED_STREAMS:
+                self._followed.clear()
+            self._followed[handle] = stream
+        self.stream, self._stream_ptr = stream, handle
+
+    def _followed_producer(self, args: tuple[Any, ...]) -> int | None:
+        """The position of the argument whose current stream this call follows: the first torch
+        CUDA tensor, when the executor follows its producers and every device argument is one;
+        None otherwise (the call runs on the executor's own stream)."""
+        if not self.follows_producer:
+            return None
+        found = None
+        for pos, arg in enumerate(args):
+            if type(arg) is np.ndarray:
+                continue
+            if arrays.current_stream_reader(arg) is not None:
+                found = pos if found is None else found
+            elif not arrays.is_host_array(arg):
+                return None  # another producer's device array: its own ordering, on our stream
+        return found
 
     def _argument_keys(self, args: tuple[Any, ...]) -> tuple[tuple[tuple[Any, ...], ...], list[int]] | None:
         """The call's key (each argument's key from `arrays.device_key`, in order) and the
@@ -306,7 +368,7 @@ class CudaExecutor:
             ptrs.append(found[1])
         return tuple(keys), ptrs
 
-    def _replay(self, cached: CachedCall, ptrs: list[int]) -> bool:
+    def _replay(self, cached: CachedCall, ptrs: list[int], args: tuple[Any, ...] = ()) -> bool:
         """Launch a cached call for new data pointers. False (nothing launched) when a pointer
         is misaligned or two arrays overlap: the full path then raises the error that names them."""
         for ptr, need in zip(ptrs, cached.needs):
@@ -317,8 +379,19 @@ class CudaExecutor:
             if ptrs[i] + spans[i][0] < ptrs[j] + spans[j][1] and ptrs[j] + spans[j][0] < ptrs[i] + spans[i][1]:
                 return False
         self.device.set_current()
-        for current_stream in cached.producer_streams:
+        producers = cached.producer_streams
+        if cached.follow:
+            self._use_stream(producers[0](self._device_ordinal))
+            producers = producers[1:]
+        for current_stream in producers:
             self._wait_for_stream(current_stream(self._device_ordinal))
+        owners: list[Any] = []  # per-call temporaries, alive until their launches are queued
+        if cached.temps:
+            ptrs = list(ptrs)
+            for nbytes, zero in cached.temps:
+                ptr, owner = arrays.allocate_like(args[cached.temps_like], nbytes, zero)
+                ptrs.append(ptr)
+                owners.append(owner)
         # Straight to the driver unless something must see each launch: debug_sync, or a
         # wrapper around `_launch` (tc.profile() installs one).
         if self.debug_sync or type(self)._launch is not _PLAIN_LAUNCH:
@@ -363,17 +436,28 @@ class CudaExecutor:
                 f"{producer:#x}: {_error_text(err)}"
             )
 
-    def _call_checked(self, args: tuple[Any, ...]) -> tuple[list[Argument], list[tuple[Any, ...]]] | None:
+    def _call_checked(self, args: tuple[Any, ...]) -> tuple[list[Argument], list[tuple[Any, ...]], Any] | None:
         """The full path: describe, bind and check every argument, stage host arrays, launch.
-        Returns the device arguments and the launches made (kernel, grid, block, parameters) for
-        the launch cache, or None when the call had host arrays."""
+        Returns the device arguments, the launches made (kernel, grid, block, parameters) and
+        the per-call temporaries (None, or the followed argument's position and each
+        temporary's name, bytes and zero_init) for the launch cache, or None when the call had
+        host arrays."""
         self.device.set_current()
+        like = self._followed_producer(args)
+        if like is not None:
+            reader = arrays.current_stream_reader(args[like])
+            assert reader is not None
+            self._use_stream(reader(self._device_ordinal))
         prepared, env = prepare_arguments(self.host, args, self._stream_ptr)
         check_device_arrays(self.host, prepared, self.device.device_id, self.alignment)
         check_aliasing(self.host, prepared)
         staged = self._stage(prepared)
         pointers = [self._pointer(arg, buf) for arg, buf in zip(prepared, staged)]
-        temps = self._allocate_temps(env)
+        if like is not None and self.host.temps:
+            temps, owners, per_call = self._allocate_temps_like(env, args[like])
+            per_call_temps: Any = (like, per_call)
+        else:
+            temps, owners, per_call_temps = self._allocate_temps(env), [], None
         values = {v.name: value for v, value in env.items()}
 
         self.last_launches = []
@@ -389,10 +473,11 @@ class CudaExecutor:
         if any(arg.is_host for arg in prepared):
             self._finish_host_call(prepared, staged)
             return None
-        return prepared, launched
+        del owners  # the launches are queued on the stream that allocated them: stream-ordered reuse is safe
+        return prepared, launched, per_call_temps
 
     def _remember(self, found: tuple[tuple[tuple[Any, ...], ...], list[int]], prepared: list[Argument],
-                  launched: list[tuple[Any, ...]]) -> None:
+                  launched: list[tuple[Any, ...]], per_call_temps: Any = None) -> None:
         """Cache a call the full path has just checked and launched, under its arguments' keys --
         only when every key says what the full path read (`arrays.key_agrees`), so that a later
         call with the same keys passes the same checks."""
@@ -406,9 +491,14 @@ class CudaExecutor:
                 producer_streams.append(current_stream)
         from cuda.core import LaunchConfig
 
+        temp_slot = {}  # per-call temporaries: name -> its pointer's index after the arguments'
+        if per_call_temps is not None:
+            temp_slot = {name: self._arity + t for t, (name, _, _) in enumerate(per_call_temps[1])}
         launches = []
         for planned, grid, block, params in launched:
             slots = tuple((pos, slot.index) for pos, slot in enumerate(planned.slots) if slot.kind == "array")
+            slots += tuple((pos, temp_slot[slot.name]) for pos, slot in enumerate(planned.slots)
+                           if slot.kind == "temp" and slot.name in temp_slot)
             template = list(params)
             for pos, _ in slots:
                 template[pos] = None
@@ -423,6 +513,9 @@ class CudaExecutor:
             producer_streams=tuple(producer_streams),
             records=tuple(LaunchRecord(launch.info.name, launch.grid, launch.block, launch.info.dynamic_smem)
                           for launch in launches),
+            follow=self.follows_producer and bool(producer_streams) and all(isinstance(k[0], type) for k in keys),
+            temps=() if per_call_temps is None else tuple((n, z) for _, n, z in per_call_temps[1]),
+            temps_like=-1 if per_call_temps is None else per_call_temps[0],
         )
         if len(self._calls) >= CALL_CACHE_SIZE:
             del self._calls[next(iter(self._calls))]
@@ -488,6 +581,25 @@ class CudaExecutor:
                 self._calls.clear()  # cached launches hold the old buffer's pointer
             pointers[temp.name] = int(buf.handle)
         return pointers
+
+    def _allocate_temps_like(self, env: dict[Var, int], like: Any) -> tuple[dict[str, int], list[Any], tuple[tuple[str, int, bool], ...]]:
+        """The temporaries of one call, from the allocator of the torch tensor `like` on its
+        current stream (the followed one): their pointers, their owners (keep them until the
+        launches are queued) and each one's (name, bytes, zero_init). Under CUDA-graph capture
+        they come from the graph's pool, so replays find them where the capture put them."""
+        pointers: dict[str, int] = {}
+        owners: list[Any] = []
+        sizes = []
+        for temp in self.host.temps:
+            count = 1
+            for n in temp_shape(temp, env):
+                count *= max(n, 0)
+            nbytes = max(count * temp.dtype.bytes, 1)
+            ptr, owner = arrays.allocate_like(like, nbytes, temp.zero_init)
+            pointers[temp.name] = ptr
+            owners.append(owner)
+            sizes.append((temp.name, nbytes, bool(temp.zero_init)))
+        return pointers, owners, tuple(sizes)
 
     def _param(self, slot: ParamSlot, pointers: list[int], temps: dict[str, int], values: dict[str, int]) -> Any:
         if slot.kind == "array":

@@ -23,12 +23,14 @@ from typing import Any, Callable
 from ..ir.errors import DeviceError
 from . import cuda
 from .host import HostProgram
+from .outputs import OutputAllocator, returned
 
 
 class RunnableKernel:
     """A host program with its device code. `f(*arrays)` runs it on the current CUDA device:
     arrays in `host.buffer_params` order, NumPy arrays copied in and the results copied back,
-    device arrays used in place. `executor` is the CudaExecutor, made on first call (DeviceError
+    device arrays used in place. `f(*inputs)` (the outputs left out) allocates the outputs like
+    the inputs and returns them, one bare, several as a tuple (tecc.runtime.outputs). `executor` is the CudaExecutor, made on first call (DeviceError
     when no GPU can run it); `synchronize()` waits for the launches of earlier calls.
 
     `stream` and `debug_sync` are passed on to the executor (docs/runtime.md, "Streams,
@@ -43,20 +45,39 @@ class RunnableKernel:
         self._stream = stream
         self._debug_sync = debug_sync
         self._executor: cuda.CudaExecutor | None = None
+        self._arity = len(host.buffer_params)
+        self._allocator: OutputAllocator | None = None
 
     @property
     def name(self) -> str:
         return self.host.name
 
     # ---- running ----------------------------------------------------------------------------
-    def __call__(self, *args: Any) -> None:
+    def __call__(self, *args: Any) -> Any:
         # Thin on purpose: a repeated call with device arrays is a launch-cache hit in the
         # executor (docs/runtime.md, "Repeated calls"), so this frame is most of what is left.
         executor = self._executor
-        if executor is not None:
+        if executor is not None and len(args) == self._arity:
             executor(*args)
-        else:
-            self._runner()(*args)
+            return None
+        if len(args) != self._arity and self.allocator.accepts(len(args)):
+            full, outputs = self.allocator.complete(args, numpy_only=self._runs_in_emulator())
+            self._runner()(*full)
+            return returned(outputs)
+        self._runner()(*args)
+        return None
+
+    @property
+    def allocator(self) -> OutputAllocator:
+        """What makes the outputs of a call that leaves them out (tecc.runtime.outputs)."""
+        allocator = self._allocator
+        if allocator is None:
+            allocator = self._allocator = OutputAllocator(self.host)
+        return allocator
+
+    def _runs_in_emulator(self) -> bool:
+        """Whether calls run in the CPU emulator, which takes NumPy arrays only (Kernel: "sim")."""
+        return False
 
     def _runner(self) -> Callable[..., None]:
         """What runs a call while no executor is held: the executor, made now. (A Kernel built

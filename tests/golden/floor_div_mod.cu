@@ -5,8 +5,8 @@ extern "C" __global__ void __launch_bounds__(256) floor_div_mod(int* __restrict_
   const int tx = threadIdx.x;
   if (bx * 256 + tx < N) {
     Out[(bx * 256 + tx) * 4] = (bx * 256 + tx - 8) / 4 - ((bx * 256 + tx - 8) % 4 < 0) + ((bx * 256 + tx - 8) % 4 + 4) % 4;
-    Out[(bx * 256 + tx) * 4 + 1] = (bx * 256 + tx - 8) / d - ((bx * 256 + tx - 8) % d != 0 && ((bx * 256 + tx - 8) % d < 0) != (d < 0)) + ((bx * 256 + tx - 8) % d + ((bx * 256 + tx - 8) % d != 0 && ((bx * 256 + tx - 8) % d < 0) != (d < 0) ? d : 0));
+    Out[(bx * 256 + tx) * 4 + 1] = (d == 0 ? 0 : (bx * 256 + tx - 8) / d - ((bx * 256 + tx - 8) % d != 0 && ((bx * 256 + tx - 8) % d < 0) != (d < 0))) + (d == 0 ? 0 : (bx * 256 + tx - 8) % d + ((bx * 256 + tx - 8) % d != 0 && ((bx * 256 + tx - 8) % d < 0) != (d < 0) ? d : 0));
     Out[(bx * 256 + tx) * 4 + 2] = (bx * 256 + tx) / 4 + tx % 32;
-    Out[(bx * 256 + tx) * 4 + 3] = (bx * 256 + tx) / N;
+    Out[(bx * 256 + tx) * 4 + 3] = (N == 0 ? 0 : (bx * 256 + tx) / N);
   }
 }

@@ -2,11 +2,16 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+// max of floats: NaN when either operand is NaN, as NumPy's maximum (fmaxf, which
+// tc.fmax and nanmax use, drops a NaN operand).
+__device__ __forceinline__ float tecc_max(float a, float b) { return (a > b || a != a) ? a : b; }
+__device__ __forceinline__ double tecc_max(double a, double b) { return (a > b || a != a) ? a : b; }
+
 extern "C" __global__ void __launch_bounds__(256) half_math(const __half* __restrict__ X, const __nv_bfloat16* __restrict__ Z, __half* __restrict__ Y, __nv_bfloat16* __restrict__ W, int N) {
   const int bx = blockIdx.x;
   const int tx = threadIdx.x;
   if (bx * 256 + tx < N) {
-    Y[bx * 256 + tx] = __float2half_rn(fmaxf(__half2float(__float2half_rn(__half2float(__float2half_rn(__half2float(__float2half_rn(1.0f / (1.0f + expf(-__half2float(X[bx * 256 + tx]))))) * __half2float(X[bx * 256 + tx]))) + 1.5f)), __half2float(__int2half_rn((bx * 256 + tx) % 7))));
+    Y[bx * 256 + tx] = __float2half_rn(tecc_max(__half2float(__float2half_rn(__half2float(__float2half_rn(__half2float(__float2half_rn(1.0f / (1.0f + expf(-__half2float(X[bx * 256 + tx]))))) * __half2float(X[bx * 256 + tx]))) + 1.5f)), __half2float(__int2half_rn((bx * 256 + tx) % 7))));
     W[bx * 256 + tx] = __float2bfloat16_rn(__bfloat162float(__float2bfloat16_rn(__bfloat162float(__float2bfloat16_rn(tanhf(__bfloat162float(Z[bx * 256 + tx])))) * __bfloat162float(__float2bfloat16_rn(__half2float(X[bx * 256 + tx]))))) + __bfloat162float(__float2bfloat16_rn(sqrtf(__bfloat162float(Z[bx * 256 + tx])))));
   }
 }

@@ -86,6 +86,11 @@ INSTRUCTION_COST: dict[str, float] = {
     "sin_approx": 19.0, "cos_approx": 21.0,
 }
 CONVERSION_COST = 1.0                # one convert per element between a 16-bit float and FP32
+# Float operators that are more than one instruction (docs/semantics.md): max / min propagate
+# NaN through `(a > b || a != a) ? a : b` (two FSETP and an FSEL; FMNMX alone would drop the
+# NaN); // and % are NumPy's npy_divmod (fmodf's loop, a division, floor and fix-ups: an
+# estimate, not read off SASS). Any other float operator costs 1.
+BINARY_COST: dict[str, float] = {"max": 3.0, "min": 3.0, "//": 24.0, "%": 20.0}
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,7 @@ class Access:
     index_vars: tuple[frozenset[str], ...]    # per buffer dimension: the loop variables in its index
     per_dim: tuple[Affine | None, ...] = ()   # per buffer dimension: its affine index
     dims: tuple[int, ...] = ()                # the buffer's extents (sizes substituted)
+    dtype: str = ""                           # the buffer's dtype name ("float16", ...)
 
 
 @dataclass(frozen=True)
@@ -263,7 +269,7 @@ def _access(buf: Buffer, indices: tuple[Expr, ...], env: Mapping[Var, int]) -> A
             for v, c in a.coeff:
                 coeff[v] = coeff.get(v, 0) + c * st
         offset = Affine(tuple(sorted((v, c) for v, c in coeff.items() if c)), const)
-    return Access(buf.name, buf.tensor, buf.dtype.bytes, offset, index_vars, per_dim, tuple(dims))
+    return Access(buf.name, buf.tensor, buf.dtype.bytes, offset, index_vars, per_dim, tuple(dims), buf.dtype.name)
 
 
 def _count_ops(e: Expr) -> tuple[int, int]:
@@ -290,7 +296,7 @@ def _count_instructions(e: Expr) -> float:
     n_instr = 0.0
     for n in walk(e):
         if isinstance(n, Binary) and n.dtype.is_float:
-            n_instr += 1.0
+            n_instr += BINARY_COST.get(n.op, 1.0)
         elif isinstance(n, Call):
             n_instr += INSTRUCTION_COST.get(n.name, 1.0)
         elif isinstance(n, Select) and n.dtype.is_float:
@@ -388,7 +394,7 @@ def analyze_kernel(func: PrimFunc, sizes: Mapping[str, int] | None = None) -> Ke
 def _combiner(upd: BufferStore) -> str:
     v = upd.value
     if isinstance(v, Binary):
-        return {"+": "sum", "*": "prod", "max": "max", "min": "min"}.get(v.op, v.op)
+        return {"+": "sum", "*": "prod", "max": "max", "min": "min", "fmax": "nanmax", "fmin": "nanmin"}.get(v.op, v.op)
     if isinstance(v, Call):
         return v.name
     return "other"
@@ -411,5 +417,5 @@ def _classify(info: KernelInfo) -> KernelInfo:
     return replace(info, kind="contraction" if contraction else "reduction")
 
 
-__all__ = ["Access", "Affine", "CONVERSION_COST", "INSTRUCTION_COST", "KernelInfo", "analyze_kernel", "affine",
+__all__ = ["Access", "Affine", "BINARY_COST", "CONVERSION_COST", "INSTRUCTION_COST", "KernelInfo", "analyze_kernel", "affine",
            "DEFAULT_SIZE"]

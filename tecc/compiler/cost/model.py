@@ -13,6 +13,9 @@ parallelism a thread exposes (bytes of independent loads in flight, independent 
     l2         bytes requested from L2 (32-byte sectors) / L2 bandwidth
     l1/shared  wavefronts through the SM's L1/shared-memory datapath (one 128-byte wavefront per
                clock per SM; a bank-conflicted access costs one wavefront per conflicting word)
+    tensor     tensor-core FLOPs on the busiest SM / (the rate the instruction reaches per SM ·
+               min(1, warps / (2 · schedulers))): mma.sync needs about two warps per scheduler
+               to keep the tensor pipe busy (Workload.tensor_flops, Workload.tensor_rate)
     fma        FP32 FMAs on the busiest SM / (lanes · clock · efficiency(warps · ILP)); a tile
                loop (SGEMM) is also capped by tile_loop_efficiency(warps, k extent of a block
                slot), each round of resident blocks at its own warps
@@ -26,7 +29,7 @@ parallelism a thread exposes (bytes of independent loads in flight, independent 
     launch     the fixed launch overhead
     then       a second kernel of the same point (split-K's combine), predicted on its own
 
-    predicted = launch + max(dram, l2, l1/shared, fma, issue, special, blocks, chain) + latency (+ then)
+    predicted = launch + max(dram, l2, l1/shared, tensor, fma, issue, special, blocks, chain) + latency (+ then)
 
 Hard constraints (threads per block, registers per thread and per block, shared memory without
 opt-in, a block that does not fit on an SM) reject a point with the reason.
@@ -128,6 +131,11 @@ class Workload:
     tile_loop: bool = False
     k_extent: int = 0                        # per block: the k extent its tile loop covers (0: not given)
     then: "Workload | None" = None           # a second kernel launched after this one (split-K's combine)
+    tensor_flops: float = 0.0                # FLOPs issued to tensor cores (padded tiles included)
+    tensor_rate: float = 0.0                 # FLOP/s the matrix instruction reaches on the whole GPU
+    # the kernel's shared buffers may exceed 48 KiB: the emitter then declares them as dynamic
+    # shared memory and the runtime opts in (up to Target.smem_per_block_optin)
+    smem_opt_in: bool = False
 
     @property
     def register_count(self) -> int:
@@ -169,7 +177,10 @@ def reject_reason(w: Workload, target: Target) -> str | None:
         return f"{w.threads} threads per block > {target.max_threads_per_block}"
     if w.threads < 1 or w.blocks < 0:
         return "empty block"
-    if w.smem_bytes > target.smem_per_block:
+    if w.smem_opt_in and w.smem_bytes > target.smem_per_block_optin:
+        return (f"smem {w.smem_bytes / KiB:.0f} KiB > {target.smem_per_block_optin // KiB} KiB, the most a block "
+                f"may opt in to on {target.arch}")
+    if not w.smem_opt_in and w.smem_bytes > target.smem_per_block:
         return (f"smem {w.smem_bytes / KiB:.0f} KiB > {target.smem_per_block // KiB} KiB without opt-in "
                 "(static __shared__ arrays cannot opt in)")
     if regs > target.max_registers_per_thread:
@@ -202,15 +213,14 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
     sms_used = min(sms, blocks)
 
     # DRAM: bandwidth, or Little's law when too few bytes are in flight to cover the latency
-    # A workload that counts no load in flight (only stores, or a degenerate extent such as a
-    # scalar output or a zero-length row) still has one access per thread outstanding; without
-    # this floor its bytes would be priced at rate 0 (a division by zero).
-    in_flight = sms_used * active_warps * target.warp_size * max(w.bytes_in_flight, 1.0)
-    dram_rate = min(params.dram_efficiency * target.dram_bandwidth, in_flight / params.dram_latency_s)
+    in_flight = sms_used * active_warps * target.warp_size * w.bytes_in_flight
+    # (a kernel that loads nothing, a constant fill, only stores: no latency bound then)
+    latency_rate = in_flight / params.dram_latency_s if in_flight > 0 else math.inf
+    dram_rate = min(params.dram_efficiency * target.dram_bandwidth, latency_rate)
     t_dram = w.dram_bytes / dram_rate if w.dram_bytes else 0.0
     l2_rate = min(params.l2_bandwidth_factor * target.dram_bandwidth,
                   sms_used * params.l2_bytes_per_clock_per_sm * clock,
-                  in_flight / (params.dram_latency_s * 0.5))
+                  2.0 * latency_rate)
     t_l2 = w.l2_bytes / l2_rate if w.l2_bytes else 0.0
     t_lsu = (w.global_wavefronts + w.smem_wavefronts) * share / clock
     if w.tile_loop and w.k_extent <= 0:
@@ -253,11 +263,17 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
     fma_eff = fma_efficiency(active_warps)
     t_fma = pipe_time(w.fma_ops * share / (target.fp32_lanes_per_sm * clock), fma_efficiency)
     t_issue = pipe_time(w.instructions * share / (target.schedulers_per_sm * clock), issue_efficiency)
+    t_tensor = 0.0
+    if w.tensor_flops > 0:
+        if w.tensor_rate <= 0:
+            raise ValueError("Workload.tensor_flops needs tensor_rate (the instruction's FLOP/s on the target)")
+        tensor_eff = min(1.0, active_warps / (2.0 * target.schedulers_per_sm))
+        t_tensor = w.tensor_flops * share / (w.tensor_rate / sms) / max(tensor_eff, 1e-3)
     t_special = w.special_ops * share / (params.sfu_lanes_per_sm * clock)
     t_latency = rounds * (w.block_latency_cycles + params.global_latency_cycles) / clock / resident
     t_blocks = per_sm_blocks * params.block_cycles / clock
     t_chain = rounds * w.chain_cycles / clock
-    terms = {"dram": t_dram, "l2": t_l2, "l1/shared": t_lsu, "fma": t_fma, "issue": t_issue,
+    terms = {"dram": t_dram, "l2": t_l2, "l1/shared": t_lsu, "tensor": t_tensor, "fma": t_fma, "issue": t_issue,
              "special": t_special, "blocks": t_blocks, "chain": t_chain}
     bound = max(terms, key=lambda k: terms[k])
     total = params.launch_s + terms[bound] + t_latency

@@ -1,5 +1,5 @@
 """column_reduction: a reduction over a column or middle axis as a split reduction
-(tecc.passes.split_reduce): consecutive threads on consecutive outputs (coalesced), the reduced
+(tecc.passes.rewrite.split_reduce): consecutive threads on consecutive outputs (coalesced), the reduced
 axis spread over the threads of a block and over blocks, combined in shared memory and, when
 split over blocks, by the last block of each column block to finish (one kernel).
 
@@ -71,7 +71,7 @@ from typing import Any, Sequence
 from ...ir.errors import ScheduleError
 from ...ir.expr import const_int
 from ...ir.tensor import Tensor
-from ...passes.split_reduce import reduction_stage, uncoalesced_read
+from ...passes.rewrite.split_reduce import reduction_over_one_axis, uncoalesced_read
 from ..plan import Plan, Step
 
 THREADS_X = 32
@@ -197,7 +197,7 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> ColumnChoice | Non
     """The split-reduction plan for a one-reduction program whose reduced axis is not the
     unit-stride one (a column or middle-axis reduction), or None."""
     try:
-        stage, red = reduction_stage(tensors)
+        stage, red = reduction_over_one_axis(tensors)
         why = uncoalesced_read(tensors)
     except ScheduleError:
         return None

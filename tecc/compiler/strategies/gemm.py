@@ -19,7 +19,8 @@ the k-tile loop; unroll.
 
 Not expressible yet with the primitives: vectorized (16-byte) global→shared copies and shared
 reads chosen by the schedule (the emitter vectorizes only `vectorize` loops; ptxas may still merge
-adjacent shared loads), double buffering / cp.async pipelining, tensor cores (mma).
+adjacent shared loads), double buffering / cp.async pipelining (gemm_pipelined has the first;
+16-bit operands go to gemm_tensor_core: mma, ldmatrix, cp.async through `tensorize`).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class Gemm(Strategy):
         if operands(info) is None:
             return "needs one read indexed by (i, k) and one by (k, j)"
         if any(x.itemsize != 4 for x in info.reads):
-            return "float32 operands only (no tensor-core path yet)"
+            return "float32 operands only (16-bit operands: gemm_tensor_core)"
         return None
 
     def space(self, info: KernelInfo, target: Target) -> Iterable[Point]:

@@ -126,7 +126,7 @@ class GemmPipelined(Strategy):
         if operands(info) is None:
             return "needs one read indexed by (i, k) and one by (k, j)"
         if any(x.itemsize != 4 for x in info.reads):
-            return "float32 operands only"
+            return "float32 operands only (16-bit operands: gemm_tensor_core)"
         if len(info.spatial) == 3 and not _batch_leads(info):
             return "a batch axis must index only the leading dimension of every operand"
         (_, m), (_, n) = info.spatial[-2:]

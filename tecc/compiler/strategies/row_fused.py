@@ -1,4 +1,4 @@
-"""row_fused: a reduce→elementwise graph sharing the row as ONE kernel (tecc.passes.fuse_rows).
+"""row_fused: a reduce→elementwise graph sharing the row as ONE kernel (tecc.passes.rewrite.fuse_rows).
 
 This strategy is a *graph* rewrite, not a schedule of one lowered kernel, so it is planned over
 the whole program (`propose`) rather than through the per-kernel registry API; the planner calls
@@ -46,7 +46,7 @@ from ...ir.errors import ScheduleError
 from ...ir.expr import TensorRead, const_int, free_vars, walk
 from ...ir.tensor import Tensor
 from ...ir.target import Target
-from ...passes.fuse_rows import fuse_rows, row_group
+from ...passes.rewrite.fuse_rows import fuse_rows, row_group
 from ...passes.schedule.cross_thread import WARP
 from ..cost.analysis import KernelInfo
 from ..cost.model import Workload
@@ -106,7 +106,7 @@ def choose_vector(columns: int | None, itemsize: int) -> int:
     return min(v, 8)
 
 
-# A re-read row's walk (fuse_rows cache="none"/"online", tecc/passes/row_chunks.py): each thread
+# A re-read row's walk (fuse_rows cache="none"/"online", tecc/passes/rewrite/row_chunks.py): each thread
 # issues a chunk of LONG_ROW_BYTES before using any of it. Rows that take this form are long
 # (> 64 K elements) and few blocks may share the GPU (64 rows: 64 blocks on 132 SMs), so each SM
 # needs more bytes in flight than at full occupancy: 1024 threads × 64 B = 64 KiB per block,
@@ -136,7 +136,25 @@ def _walks_rows_along_their_last_axis(group: Any) -> bool:
                 uses = [axis in free_vars(i) for i in node.indices]
                 if any(uses[:-1]):
                     return False
-    return True
+    return not _contracts(group)
+
+
+def _contracts(group: Any) -> bool:
+    """Whether a reduction of the group is a contraction: two or more reads along the reduced
+    axis, each indexed by some but not all of the row axes, and not by the same ones (A[i, k] and
+    B[j, k] of C[i, j] = Σ_k A·Bᵀ). Each read is then reused across the rows the other indexes,
+    which the tiled contraction strategies exploit and one block per row does not; a row vector
+    broadcast into a row reduction (bias[k] beside X[r, k]) is no contraction."""
+    for t in group.reductions:
+        rows = set(t.op.axes)
+        for r in t.op.reductions:
+            axis = r.axes[0]
+            subsets = {frozenset(v for v in rows if any(v in free_vars(i) for i in node.indices))
+                       for node in walk(r.source)
+                       if isinstance(node, TensorRead) and any(axis in free_vars(i) for i in node.indices)}
+            if len(subsets) >= 2 and all(s and s != rows for s in subsets):
+                return True
+    return False
 
 
 def _online_pairs(tensors: Sequence[Tensor], threads: int) -> int:

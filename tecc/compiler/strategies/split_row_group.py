@@ -1,5 +1,5 @@
 """split_row_group: softmax, layer norm, RMS norm over few long rows as two kernels of S blocks per
-row (tecc.passes.split_row_group): partial statistics per chunk, then a kernel that combines them
+row (tecc.passes.rewrite.split_row_group): partial statistics per chunk, then a kernel that combines them
 and writes its chunk of the outputs.
 
 Like split_rows (its counterpart for one-reduction programs) this rewrites the whole program, so
@@ -9,7 +9,7 @@ before row_fused, and keeps today's plans for everything it declines.
 When (all must hold; `propose` puts the numbers in the plan's reason):
 * the program is a row group whose reductions are one pass of partial statistics (one
   reduction, a max and a sum of exp(· - max), a sum and a sum of squared deviations:
-  passes/split_row_group.py) and that has elementwise outputs (a group of statistics only reads
+  passes/rewrite/split_row_group.py) and that has elementwise outputs (a group of statistics only reads
   its row once: split_rows' business for a single reduction, row_fused's otherwise);
 * row_fused takes it and its one-block-per-row kernel re-reads the row (cache "online" or
   "none": a row too long for registers). The split then reads the row twice too, so it moves no
@@ -42,16 +42,17 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ...ir.errors import ScheduleError
+from ...ir.expr import size_product
 from ...ir.tensor import Tensor
-from ...passes.fuse_rows import row_group
+from ...passes.rewrite.fuse_rows import row_group
 from ...passes.lower import lower
-from ...passes.split_row_group import row_statistics
+from ...passes.rewrite.split_row_group import row_statistics
 from ..cost.analysis import analyze_kernel
 from ..cost.model import predict
 from ..plan import Plan, Step
 from .row_fused import fused_workload
 from .row_fused import propose as propose_row_fused
-from .split_rows import THREADS, WAVES, extent_product, size_value, choose_splits, chunk_elements
+from .split_rows import THREADS, WAVES, size_value, choose_splits, chunk_elements
 
 STATISTICS = {"reduction": "one reduction", "max_sum_exp": "max and sum of exp",
               "welford": "Welford moments (n, mean, M2)"}
@@ -81,7 +82,7 @@ def propose(tensors: Sequence[Tensor], target: Any = None,
     if not group.elementwise:
         return None
     sizes = dict(sizes or {})
-    rows, columns = size_value(extent_product(group.rows), sizes), size_value(group.columns, sizes)
+    rows, columns = size_value(size_product(group.rows), sizes), size_value(group.columns, sizes)
     if rows is None or columns is None or rows == 0 or columns == 0:
         return None  # symbolic without sizes, or nothing to split: today's plan
     from ..planner import resolve_target  # the planner imports the strategies: imported when called

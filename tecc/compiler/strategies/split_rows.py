@@ -1,5 +1,5 @@
 """split_rows: few long rows (or a full reduction) as a two-stage grid reduction
-(tecc.passes.split_rows): S blocks per row over contiguous chunks, the partials combined by a
+(tecc.passes.rewrite.split_rows): S blocks per row over contiguous chunks, the partials combined by a
 second small kernel, or, for small inputs, by the last of a row's blocks to finish (one kernel).
 
 Like row_fused and column_reduction this rewrites the whole program (one or two kernels and
@@ -73,7 +73,7 @@ listed without a dtype); 2 x (3M+7), 16 x 1M, full 4096 x 4099, 32 x 1M bf16, 8 
 "last_block". The gate above prices the two-kernel form, so the one pass changes how the
 programs the split already takes combine, never which programs are split; `split_cost` and the
 reason give the one-pass prediction (`split_workload(..., combine="last_block")`). The one-pass
-kernel's grid is (rows, S) where the two-kernel form's is rows·S (tecc/passes/split_rows.py), so
+kernel's grid is (rows, S) where the two-kernel form's is rows·S (tecc/passes/rewrite/split_rows.py), so
 with several rows its blocks are dispatched row-interleaved (chunk s of every row, then s + 1):
 the same chunks and bytes in flight, another order; also unmeasured.
 """
@@ -85,13 +85,12 @@ from typing import Any, Mapping, Sequence
 
 from ...ir.errors import ScheduleError
 from ...ir.evaluate import evaluate_int
-from ...ir.expr import Expr, free_vars
+from ...ir.expr import Expr, free_vars, size_product
 from ...ir.target import Target
 from ...ir.tensor import Tensor
 from ...passes.lower import lower
-from ...passes.split_rows import (
+from ...passes.rewrite.split_rows import (
     COMBINE_THREADS,
-    extent_product,
     flat_views,
     noncontiguous_read,
     row_reduction,
@@ -248,9 +247,9 @@ def propose(tensors: Sequence[Tensor], target: Any = None,
     except ScheduleError:
         return None
     sizes = dict(sizes or {})
-    rows_expr = extent_product(stage.shape)
+    rows_expr = size_product(stage.shape)
     extents = [ax.extent for ax in red.axes]
-    rows, columns = size_value(rows_expr, sizes), size_value(extent_product(extents), sizes)
+    rows, columns = size_value(rows_expr, sizes), size_value(size_product(extents), sizes)
     if rows is None or columns is None or rows == 0 or columns == 0:
         return None  # symbolic without sizes, or nothing to split: today's plan
     # the planner imports the strategies: imported when called

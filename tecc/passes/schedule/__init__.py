@@ -16,6 +16,7 @@ interface that records every application in a Plan.
   guard_writeback_only  guard_writeback.py  a register tile's split guards only on its write-back
   unguard_reduction_tail  reduction_tail.py  the k-tail guard off the accumulation where both shared tiles are zero past K
   rfactor      rfactor.py      a reduction loop made a parallel axis, partials combined by a second kernel (split-K)
+  tensorize    tensorize.py    a contraction of half operands as a tiled mma.sync kernel (cp.async ring, ldmatrix)
   legality     legality.py     dependence checks with islpy (tecc.ir.poly)
 """
 
@@ -31,6 +32,7 @@ from .reduction_tail import unguard_reduction_tail
 from .reorder import distribute, reorder
 from .rfactor import rfactor
 from .split import split
+from .tensorize import Tiling, tensorize
 
 __all__ = ["bind", "cache_write", "distribute", "double_buffer", "fuse", "guard_writeback_only", "insert_barriers", "reorder", "rfactor", "split", "stage_leaves",
-           "stage_loops", "stage_read", "unguard_reduction_tail", "unroll", "vectorize"]
+           "stage_loops", "stage_read", "Tiling", "tensorize", "unguard_reduction_tail", "unroll", "vectorize"]

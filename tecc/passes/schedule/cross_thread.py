@@ -44,7 +44,7 @@ from ...ir.stmt import (
 )
 
 WARP = 32
-COMBINERS = ("+", "*", "max", "min")
+COMBINERS = ("+", "*", "max", "min", "fmax", "fmin")
 
 
 def warp_allreduce(acc: Buffer, op: str) -> Stmt:

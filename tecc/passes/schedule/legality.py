@@ -22,7 +22,7 @@ from ...ir.expr import Binary, BufferLoad, Var
 from ...ir.stmt import BufferStore, For, PrimFunc
 from .loops import reads_buffer
 
-ASSOCIATIVE = ("+", "*", "min", "max")
+ASSOCIATIVE = ("+", "*", "min", "max", "fmin", "fmax")
 
 
 def is_reduction_update(node: object) -> bool:

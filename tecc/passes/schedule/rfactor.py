@@ -64,7 +64,7 @@ from ...ir.stmt import (
 )
 from .loops import find_loop, iter_with_path, rebuffer
 
-_COMBINERS = {"+": "sum", "*": "prod", "max": "max", "min": "min"}
+_COMBINERS = {"+": "sum", "*": "prod", "max": "max", "min": "min", "fmax": "nanmax", "fmin": "nanmin"}
 
 
 def _update_combiner(s: Stmt, acc: Buffer) -> str | None:

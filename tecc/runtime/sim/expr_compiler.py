@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ...ir import dtype as dt
 from ...ir.errors import DivergenceError, TeccError
 from ...ir.expr import (
     MEMORY_INTRINSICS,
@@ -34,6 +35,7 @@ from ...ir.expr import (
 )
 from ...ir.stmt import Buffer
 from . import numerics as nm
+from .memory_intrinsics import atomic_add, run_fence
 from .state import LaneState, restrict
 
 Closure = Callable[[LaneState], Any]
@@ -156,9 +158,7 @@ def compile_expr(e: Expr, scope: Scope) -> Closure:
         if e.name in WARP_INTRINSICS:
             return _compile_shuffle(e, scope)
         if e.name in MEMORY_INTRINSICS:
-            from .memory_intrinsics import compile_memory_intrinsic  # it compiles operands with this module
-
-            return compile_memory_intrinsic(e, scope)
+            return _compile_memory_intrinsic(e, scope)
         f = nm.intrinsic(e.name, e.args[0].dtype)
         fa = compile_expr(e.args[0], scope)
         return lambda st: f(fa(st))
@@ -181,6 +181,11 @@ def _compile_binary(e: Binary, scope: Scope) -> Closure:
     if e.dtype.is_bool and e.op in ("&", "|"):
         return _compile_short_circuit(e.op, fa, fb)
     plain = e.dtype not in nm.HALF_TYPES
+    # Uniform integers are Python ints, which do not wrap: an integer node whose constant range
+    # (index math over known loops) may leave the dtype wraps its uniform results.
+    if e.dtype.is_int and e.op in ("+", "-", "*", "//", "%") and not _fits(scope.interval(e), e.dtype):
+        wrapped = nm.wrap_uniform(nm.binary_op(e.op, e.dtype), e.dtype)
+        return lambda st: wrapped(fa(st), fb(st))
     # The three hottest operators inline, saving a call per node in inner loops.
     if plain and e.op == "+":
         return lambda st: fa(st) + fb(st)
@@ -190,6 +195,13 @@ def _compile_binary(e: Binary, scope: Scope) -> Closure:
         return lambda st: fa(st) - fb(st)
     op = nm.binary_op(e.op, e.dtype)
     return lambda st: op(fa(st), fb(st))
+
+
+def _fits(interval: Interval | None, d: Any) -> bool:
+    if interval is None:
+        return False
+    lo, hi = dt.int_range(d)
+    return lo <= interval[0] and interval[1] <= hi
 
 
 def _compile_short_circuit(op: str, fa: Closure, fb: Closure) -> Closure:
@@ -274,6 +286,27 @@ def _compile_shuffle(e: Call, scope: Scope) -> Closure:
         if not isinstance(v, np.ndarray):
             return v
         return v[src]
+
+    return run
+
+
+def _compile_memory_intrinsic(e: Call, scope: Scope) -> Closure:
+    """The closure of atomic_add, load_cg or thread_fence (their semantics: memory_intrinsics.py)."""
+    if e.name == "thread_fence":
+        return run_fence
+    element = e.args[0]
+    assert isinstance(element, BufferLoad)  # Call checked it
+    if e.name == "load_cg":
+        return compile_expr(element, scope)  # lockstep: every earlier store is already in memory
+    if e.name != "atomic_add":
+        raise TeccError(f"kernel {scope.kernel}: the emulator has no rule for {e.name}")
+    slot = scope.buffer_slot(element.buffer)
+    dims = scope.dims_to_check(element.buffer, element.indices)
+    fidx = compile_indices(element.indices, scope)
+    fval = compile_expr(e.args[1], scope)
+
+    def run(st: LaneState) -> Any:
+        return atomic_add(st, st.mems[slot], fidx(st), fval(st), dims)
 
     return run
 

@@ -20,6 +20,7 @@ from ...ir.evaluate import evaluate_int
 from ...ir.expr import Var, const_int
 from ...ir.stmt import Allocate, Buffer, PrimFunc, iter_stmts
 from . import numerics as nm
+from .async_copy import finish_async_copies
 from .expr_compiler import Scope
 from .lanes import LaneLayout
 from .memory import GlobalMemory, span
@@ -124,6 +125,7 @@ def simulate_kernel(func: PrimFunc, args: Mapping[str, np.ndarray | int], grid: 
             for slot, mem in memories.items():
                 st.mems[slot] = mem
             compiled.body(st)
+            finish_async_copies(st)
 
 
 def _dims(dims: tuple[int, int, int], what: str, kernel: str) -> tuple[int, int, int]:

@@ -10,6 +10,8 @@ is clipped into range and their result discarded).
   races the way compute-sanitizer's racecheck does, within one *epoch* (the span between two
   barriers): the thread that wrote it (-1 none, -3 several with the same value), the thread that
   read it (-1 none, -2 several), and whether anything ever wrote it (uninitialized reads).
+  A buffer with a layout (tecc.ir.layout) stores logical element o at physical o' = layout(o);
+  its accesses are counted by an active bank-conflict counter (banks.py).
 - Local: one copy per lane, kept as a list of per-lane columns (one (lanes,) array per element).
   Register tiles are indexed by constants after unrolling, so a load is a list lookup and a
   store rebinds one column. Columns are never mutated in place, so a loaded value stays valid
@@ -23,8 +25,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...ir.dtype import DType
+from ...ir.layout import Layout
+from .banks import note_shared_access
 from .numerics import poison
-from .state import LaneState, out_of_bounds, race, uninitialized
+from .state import LaneState, async_race, out_of_bounds, race, uninitialized
 
 Index = Sequence[Any]
 
@@ -130,8 +134,11 @@ class SharedMemory:
     LOG_LIMIT = 1 << 22  # pending read entries before the log is folded anyway (bounds memory)
 
     def __init__(self, st: LaneState, name: str, dtype: DType, shape: tuple[int, ...],
-                 strides: tuple[int, ...]) -> None:
+                 strides: tuple[int, ...], layout: Layout | None = None) -> None:
         self.name, self.dtype, self.shape, self.strides = name, dtype, shape, strides
+        self.layout = layout  # logical -> physical element offset (tecc.ir.layout); None: identity
+        # per element: cp.async copies in flight to it (async_copy.py); None until one is issued
+        self.pending: np.ndarray | None = None
         self.size = span(shape, strides)
         n = st.layout.blocks * self.size
         self.data = np.full(n, poison(dtype), dtype=dtype.numpy)
@@ -145,21 +152,39 @@ class SharedMemory:
             self.readers_dirty = False
 
     def _keys(self, idx: Index) -> np.ndarray:
-        keys: np.ndarray = self.base + flat_index(idx, self.strides)
+        return self.keys_of(flat_index(idx, self.strides))
+
+    def keys_of(self, logical: Any) -> np.ndarray:
+        """Per-lane positions in `data` of logical flat element offsets (through the layout)."""
+        physical = logical if self.layout is None else self.layout.apply(logical)
+        keys: np.ndarray = self.base + physical
         return keys
 
     def load(self, st: LaneState, idx: Index, dims: Sequence[int]) -> Any:
         if st.checks:
             check_bounds(st, "load", "shared", self.name, self.shape, idx, dims)
         key = self._keys(idx)
+        if self.layout is not None:
+            note_shared_access(st, self, key - self.base)
         if st.checks:
             self._track_read(st, idx, key)
         return self.data.take(key, mode="clip")
+
+    def load_keys(self, st: LaneState, key: np.ndarray, idx: Index) -> np.ndarray:
+        """Read the elements at `key` (from `keys_of`; bounds already checked) with the race and
+        initialization checks of a load; `idx` is what an error message shows."""
+        if st.checks:
+            self._track_read(st, idx, key)
+        values: np.ndarray = self.data.take(key, mode="clip")
+        return values
 
     def _track_read(self, st: LaneState, idx: Index, key: np.ndarray) -> None:
         lanes = st.active_lanes()
         k = key if lanes is None else key[lanes]
         tid = st.layout.lane_thread if lanes is None else st.layout.lane_thread[lanes]
+        if self.pending is not None and self.pending[k].any():
+            i = int(np.argmax(self.pending[k] > 0))
+            raise async_race(st, self.name, idx, _lane(lanes, i))
         w = self.writer[k]
         if (w == NEVER_WRITTEN).any():
             raise uninitialized(st, "shared", self.name, idx, _lane(lanes, int(np.argmax(w == NEVER_WRITTEN))))
@@ -185,10 +210,14 @@ class SharedMemory:
         if st.checks:
             check_bounds(st, "store", "shared", self.name, self.shape, idx, dims)
         key = self._keys(idx)
+        if self.layout is not None:
+            note_shared_access(st, self, key - self.base)
         lanes = st.active_lanes()
         k = key if lanes is None else key[lanes]
         if isinstance(value, np.ndarray) and lanes is not None:
             value = value[lanes]
+        if st.checks and self.pending is not None and self.pending[k].any():
+            raise async_race(st, self.name, idx, _lane(lanes, int(np.argmax(self.pending[k] > 0))))
         if not st.checks:
             np.put(self.data, k, value, mode="clip")
             return
@@ -203,6 +232,32 @@ class SharedMemory:
                 i = int(np.argmax(differs))
                 raise race(st, "write-after-write", self.name, idx, _lane(lanes, i), int(self.writer[k][i]))
             self.writer[k[dup]] = SAME_VALUE_WRITERS
+
+    def check_async_write(self, st: LaneState, idx: Index, lanes: np.ndarray, keys: np.ndarray) -> None:
+        """The races of cp.async copies by `lanes` into `keys` ((lanes, elements) positions in
+        `data`): a copy still in flight to one of them, or another thread's write or read of it
+        in this epoch (async_copy.py; called with checks on)."""
+        if self.pending is not None:
+            busy = (self.pending[keys] > 0).any(axis=1)
+            if busy.any():
+                raise async_race(st, self.name, idx, int(lanes[np.argmax(busy)]))
+        if self.read_log:
+            self._fold_reads()
+        tid = st.layout.lane_thread[lanes]
+        for e in range(keys.shape[1]):
+            k = keys[:, e]
+            w = self.writer[k]
+            bad = (w >= 0) & (w != tid)
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise race(st, "write-after-write", self.name, idx, int(lanes[i]), int(w[i]))
+            if self.readers_dirty:
+                lo, hi = self.reader_min[k], self.reader_max[k]
+                bad = (hi >= 0) & ((lo != tid) | (hi != tid))
+                if bad.any():
+                    i = int(np.argmax(bad))
+                    other = int(lo[i]) if lo[i] != tid[i] else int(hi[i])
+                    raise race(st, "write-after-read", self.name, idx, int(lanes[i]), other)
 
     def _check_write(self, st: LaneState, idx: Index, lanes: np.ndarray | None, k: np.ndarray,
                      tid: np.ndarray, value: Any) -> None:

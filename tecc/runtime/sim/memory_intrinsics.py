@@ -8,7 +8,7 @@ lane gets the element's value before its own addition, with the additions of the
 it (same element) and of every earlier statement and chunk already in. That is one legal GPU
 order of relaxed atomics.
 
-Why a split reduction's last block then sees every partial (tecc.passes.split_reduce,
+Why a split reduction's last block then sees every partial (tecc.passes.rewrite.split_reduce,
 combine="last_block"): a block stores its partials, reaches a barrier, and only then does its
 leader fence and add 1 to the column group's counter. Take the block that gets S-1. Every
 other block of its group got a smaller value, so its atomic came earlier: in an earlier chunk
@@ -40,18 +40,15 @@ read-after-write without a barrier).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from ...ir.errors import RaceError, TeccError
-from ...ir.expr import BufferLoad, Call, walk
+from ...ir.errors import RaceError
+from ...ir.expr import Call, walk
 from ...ir.stmt import BufferStore, Evaluate, For, IfThenElse, LetStmt, Stmt, iter_stmts
-from .expr_compiler import Scope, compile_expr, compile_indices
 from .memory import GlobalMemory, check_bounds, flat_index
 from .state import LaneState
-
-Closure = Callable[[LaneState], Any]
 
 CLEAN, STORED, SYNCED, FENCED = 0, 1, 2, 3
 
@@ -75,28 +72,7 @@ def uses_atomics(body: Stmt) -> bool:
     return False
 
 
-def compile_memory_intrinsic(e: Call, scope: Scope) -> Closure:
-    """The closure of atomic_add, load_cg or thread_fence (see the module docstring)."""
-    if e.name == "thread_fence":
-        return _run_fence
-    element = e.args[0]
-    assert isinstance(element, BufferLoad)  # Call checked it
-    if e.name == "load_cg":
-        return compile_expr(element, scope)  # lockstep: every earlier store is already in memory
-    if e.name != "atomic_add":
-        raise TeccError(f"kernel {scope.kernel}: the emulator has no rule for {e.name}")
-    slot = scope.buffer_slot(element.buffer)
-    dims = scope.dims_to_check(element.buffer, element.indices)
-    fidx = compile_indices(element.indices, scope)
-    fval = compile_expr(e.args[1], scope)
-
-    def run(st: LaneState) -> Any:
-        return _atomic_add(st, st.mems[slot], fidx(st), fval(st), dims)
-
-    return run
-
-
-def _atomic_add(st: LaneState, mem: GlobalMemory, idx: tuple[Any, ...], value: Any, dims: Any) -> np.ndarray:
+def atomic_add(st: LaneState, mem: GlobalMemory, idx: tuple[Any, ...], value: Any, dims: Any) -> np.ndarray:
     if st.checks:
         check_bounds(st, "atomic add", "global", mem.name, mem.shape, idx, dims)
         _check_published(st)
@@ -118,7 +94,7 @@ def _atomic_add(st: LaneState, mem: GlobalMemory, idx: tuple[Any, ...], value: A
     return old.astype(np.int32)
 
 
-def _run_fence(st: LaneState) -> int:
+def run_fence(st: LaneState) -> int:
     state = st.fences
     if state is None:
         return 0
@@ -185,4 +161,4 @@ def _check_published(st: LaneState) -> None:
             raise err
 
 
-__all__ = ["compile_memory_intrinsic", "note_barrier", "note_global_store", "uses_atomics"]
+__all__ = ["atomic_add", "note_barrier", "note_global_store", "run_fence", "uses_atomics"]

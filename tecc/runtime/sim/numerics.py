@@ -9,8 +9,14 @@ one entry per lane. Every function here accepts either and keeps the node's dtyp
 - float16 and bfloat16 are storage types: arithmetic and intrinsics run in float32 and round
   back to the storage type after every node, which is what the CUDA emitter prints
   (`__float2half(__half2float(a) op __half2float(b))`) and what `cuda_fp16.h` operators do.
-- Integer `//` and `%` floor (NumPy's and tecc's semantics); integer arrays wrap like C.
-- Casts float -> int truncate toward zero (C); casts to bool test `!= 0`.
+- Integers wrap (two's complement), uniform Python ints too (`wrap_uniform`); `//` and `%` floor,
+  and give 0 for a zero divisor.
+- Float `min` / `max` propagate NaN (np.minimum / np.maximum), `fmin` / `fmax` drop it.
+- Casts float -> int truncate toward zero and saturate; NaN gives what the GPU gives (0 from a 32-bit
+  float to int32, the integer minimum otherwise); int -> narrower
+  int wraps; to bool tests `!= 0`; int and float64 -> bfloat16 round once (ml_dtypes rounds
+  through float32, twice).
+docs/semantics.md is the reference; tests/test_semantics.py holds both targets to it.
 """
 
 from __future__ import annotations
@@ -55,25 +61,72 @@ def make_const(value: int | float | bool, d: DType) -> Value:
 
 
 def to_dtype(v: Value, d: DType) -> Value:
-    """`v` converted to `d` with C's conversion rules (float -> int truncates toward zero)."""
+    """`v` converted to `d` as the emitted CUDA converts (docs/semantics.md, "Casts")."""
     npd = numpy_dtype(d)
     if isinstance(v, np.ndarray):
         if v.dtype == npd:
             return v
         if d.is_bool:
             return v != 0
-        if d.is_int and v.dtype.kind == "f":
-            # NaN/inf -> int is undefined in C; NumPy warns and gives some value, as a GPU would.
-            return np.trunc(v.astype(np.float64) if v.dtype.itemsize < 4 else v).astype(npd)
-        return v.astype(npd)
+        if d.is_int and (v.dtype.kind == "f" or v.dtype.name == "bfloat16"):  # ml_dtypes' kind is "V"
+            return _float_to_int(v, d)
+        if d == dt.bfloat16 and (v.dtype.kind in "iu" or v.dtype == np.float64):
+            return _to_bfloat16(v)
+        return v.astype(npd)  # int -> narrower int wraps (NumPy casts modulo 2^bits)
     if d.is_bool:
         return bool(v != 0)
     if d.is_int:
-        if isinstance(v, (float, np.floating)):
-            f = float(v)
-            return int(f) if math.isfinite(f) else 0
-        return int(v)
+        if isinstance(v, (bool, int, np.integer, np.bool_)):
+            return dt.wrap_int(int(v), d)
+        return int(_float_to_int(np.asarray([v]), d)[0])  # a float (ml_dtypes' are no np.floating)
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        # as an int64 array: NumPy converts a Python int through float64, rounding twice
+        return to_dtype(np.array([int(v)], np.int64), d)[0]
+    if d == dt.bfloat16 and isinstance(v, np.float64):
+        return _to_bfloat16(np.asarray([v]))[0]
     return npd.type(v)
+
+
+def _float_to_int(v: np.ndarray, d: DType) -> np.ndarray:
+    """float -> int as PTX `cvt.rzi.s32` / `.s64` (what `__float2int_rz` and friends are):
+    truncate toward zero, saturate to the integer range. NaN is what the hardware gives, measured
+    on an H200 (sm_90): 0 from float32 (and float16 / bfloat16, converted through float32) to
+    int32, the integer minimum (INT_MIN, INT64_MIN) from float64 and to int64."""
+    lo, hi = dt.int_range(d)
+    with np.errstate(invalid="ignore"):
+        t = np.trunc(v.astype(np.float64))
+        above = t >= 2.0 ** (d.bits - 1)
+        below = t < -(2.0 ** (d.bits - 1))
+        inside = np.where(above | below | np.isnan(t), 0.0, t).astype(d.numpy)
+    nan = 0 if d.bits == 32 and v.dtype.itemsize <= 4 else lo
+    out = np.where(above, hi, np.where(below, lo, inside))
+    return np.where(np.isnan(t), nan, out).astype(d.numpy)
+
+
+def _to_bfloat16(v: np.ndarray) -> np.ndarray:
+    """Integers or float64 rounded once to bfloat16 (nearest even), as `__int2bfloat16_rn`,
+    `__ll2bfloat16_rn` and `__double2bfloat16` do on the GPU. ml_dtypes goes through float32,
+    rounding twice (2^24 + 2^16 + 1 would become 2^24, not 2^24 + 2^17). Rounding to float32 *to
+    odd* first keeps the one rounding exact: float32 has 16 bits more than bfloat16."""
+    import ml_dtypes
+
+    if v.dtype.kind in "iu":
+        out = _to_bfloat16(v.astype(np.float64))
+        huge = np.flatnonzero(np.abs(v.astype(np.float64)) >= 2.0**53)  # maybe not exact in float64
+        for i in huge:
+            n = int(v[i])
+            shift = max(abs(n).bit_length() - 10, 0)  # to odd on 10 bits: bfloat16's 8 and two more
+            kept = abs(n) >> shift
+            sticky = (abs(n) & ((1 << shift) - 1)) != 0
+            out[i] = ml_dtypes.bfloat16((1 if n > 0 else -1) * float((kept | sticky) << shift))
+        return out
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = v.astype(np.float32)
+        back = f.astype(np.float64)
+        inexact = (back != v) & ~np.isnan(v)
+        toward_zero = np.where(inexact & (np.abs(back) > np.abs(v)), np.nextafter(f, np.float32(0)), f)
+        bits = toward_zero.view(np.uint32) | inexact.astype(np.uint32)  # the sticky bit
+        return bits.view(np.float32).astype(ml_dtypes.bfloat16)
 
 
 def _as_float32(v: Value) -> Value:
@@ -153,19 +206,28 @@ FLOAT_FUNCS: dict[str, Callable[[Value], Value]] = {
 
 
 def _floordiv(a: Value, b: Value) -> Value:
+    """Floor division; 0 for a zero divisor and INT_MIN // -1 == INT_MIN, as NumPy's arrays and
+    the guarded CUDA the emitter prints (uniform results are wrapped by the caller)."""
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return np.floor_divide(a, b)
+        with np.errstate(divide="ignore", over="ignore"):
+            return np.floor_divide(a, b)
     if b == 0:
-        return 0  # undefined on the GPU; do not crash the emulator on a masked-off lane's value
+        return 0
     return a // b
 
 
 def _mod(a: Value, b: Value) -> Value:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return np.remainder(a, b)
+        with np.errstate(divide="ignore", over="ignore"):
+            return np.remainder(a, b)
     if b == 0:
         return 0
     return a % b
+
+
+def _quiet(f: Callable[[Value, Value], Value], a: Value, b: Value) -> Value:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return f(a, b)
 
 
 def _minimum(a: Value, b: Value) -> Value:
@@ -176,7 +238,8 @@ def _maximum(a: Value, b: Value) -> Value:
     return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
 
 
-# Binary operators on values of one dtype. Float min/max are fminf/fmaxf: a NaN operand loses.
+# Binary operators on values of one dtype. Float min/max propagate NaN (np.minimum/np.maximum);
+# fmin/fmax (C's fminf/fmaxf) return the other operand when one is NaN.
 INT_BINARY: dict[str, Callable[[Value, Value], Value]] = {
     "+": lambda a, b: a + b,
     "-": lambda a, b: a - b,
@@ -194,9 +257,13 @@ FLOAT_BINARY: dict[str, Callable[[Value, Value], Value]] = {
     "-": lambda a, b: a - b,
     "*": lambda a, b: a * b,
     "/": lambda a, b: a / b,
-    "min": np.fmin,
-    "max": np.fmax,
+    "min": np.minimum,
+    "max": np.maximum,
+    "fmin": np.fmin,
+    "fmax": np.fmax,
     "pow": np.power,
+    "//": lambda a, b: _quiet(np.floor_divide, a, b),  # npy_divmod, as the CUDA helper
+    "%": lambda a, b: _quiet(np.remainder, a, b),
 }
 COMPARE: dict[str, Callable[[Value, Value], Value]] = {
     "<": lambda a, b: a < b,
@@ -228,6 +295,20 @@ def binary_op(op: str, d: DType) -> Callable[[Value, Value], Value]:
     return INT_BINARY[op]
 
 
+def wrap_uniform(op: Callable[[Value, Value], Value], d: DType) -> Callable[[Value, Value], Value]:
+    """`op` on an integer dtype whose uniform results (Python ints, which never overflow) are
+    reduced modulo 2^bits like the per-lane NumPy arrays are."""
+    lo, hi = dt.int_range(d)
+
+    def wrapped(a: Value, b: Value) -> Value:
+        r = op(a, b)
+        if r.__class__ is int and not lo <= r <= hi:
+            return dt.wrap_int(r, d)
+        return r
+
+    return wrapped
+
+
 def compare_op(op: str, d: DType) -> Callable[[Value, Value], Value]:
     # Comparing 16-bit storage values directly is exact; no float32 round trip is needed.
     return COMPARE[op]
@@ -239,8 +320,8 @@ def intrinsic(name: str, d: DType) -> Callable[[Value], Value]:
         return lambda x: np.isnan(x)
     if name == "isinf":
         return lambda x: np.isinf(x)
-    if name == "abs" and not d.is_float:
-        return lambda x: np.abs(x) if isinstance(x, np.ndarray) else abs(x)
+    if name == "abs" and not d.is_float:  # abs(INT_MIN) wraps to INT_MIN, as NumPy's and the GPU's
+        return lambda x: np.abs(x) if isinstance(x, np.ndarray) else dt.wrap_int(abs(x), d)
     if name not in FLOAT_FUNCS:
         raise TeccError(f"the emulator has no rule for the intrinsic {name!r}")
     f = FLOAT_FUNCS[name]

@@ -23,7 +23,7 @@ from .lanes import LaneLayout
 class LaneState:
     """Everything a compiled kernel body reads and writes while it runs one chunk."""
 
-    __slots__ = ("layout", "mask", "vals", "mems", "checks", "kernel", "live_shared", "fences")
+    __slots__ = ("layout", "mask", "vals", "mems", "checks", "kernel", "live_shared", "fences", "async_copies")
 
     def __init__(self, layout: LaneLayout, n_vars: int, n_mems: int, checks: bool, kernel: str) -> None:
         self.layout = layout
@@ -35,6 +35,8 @@ class LaneState:
         self.live_shared: list[Any] = []  # shared memories in scope, for barrier epochs
         # per lane: are its global stores published before an atomic? (memory_intrinsics.py)
         self.fences: np.ndarray | None = None
+        # cp.async copies in flight and each lane's committed groups (async_copy.py)
+        self.async_copies: Any = None
 
     def first_active_lane(self) -> int:
         return 0 if self.mask is None else int(np.argmax(self.mask))
@@ -101,6 +103,19 @@ def race(st: LaneState, kind: str, name: str, idx: Sequence[Any], lane: int, oth
     )
     _annotate(err, name, index, lay.block_of(lane), me)
     err.other_thread = None if other_thread < 0 else lay.thread_coords(other_thread)  # type: ignore[attr-defined]
+    return err
+
+
+def async_race(st: LaneState, name: str, idx: Sequence[Any], lane: int) -> RaceError:
+    """A read or write of a shared element that a cp.async copy may still be writing."""
+    index = index_at(idx, lane)
+    lay = st.layout
+    err = RaceError(
+        f"cp.async race on {_fmt_index(name, index)} in kernel {st.kernel}, block {lay.block_of(lane)}: thread "
+        f"{lay.thread_of(lane)} accesses it while a cp.async copy into it is still in flight; commit the copy's "
+        "group and cp.async.wait_group it (then __syncthreads() if other threads read it) before the access"
+    )
+    _annotate(err, name, index, lay.block_of(lane), lay.thread_of(lane))
     return err
 
 

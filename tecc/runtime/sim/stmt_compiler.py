@@ -8,6 +8,8 @@ The meaning of each statement under the emulator (see docs/emulator.md):
 - serial/unroll/vectorize loops with uniform bounds iterate in Python with a scalar variable;
   lane-dependent bounds iterate from the smallest start to the largest end under a mask.
 - `IfThenElse` with a lane-dependent condition narrows the mask for each branch.
+- `MatrixMultiply` / `MatrixLoad` run warp by warp through their intrinsic-table row (matrix.py);
+  `AsyncCopy` / `AsyncCommit` / `AsyncWait` land copies at the wait (async_copy.py).
 - `Barrier` is a no-op for values (all lanes of a statement finish before the next starts, so
   `__syncthreads()` holds by construction) and closes a race-detection epoch.
 """
@@ -23,18 +25,25 @@ from ...ir.expr import const_int
 from ...ir.stmt import (
     THREAD_KINDS,
     Allocate,
+    AsyncCommit,
+    AsyncCopy,
+    AsyncWait,
     Barrier,
     BufferStore,
     Evaluate,
     For,
     IfThenElse,
     LetStmt,
+    MatrixLoad,
+    MatrixMultiply,
     Seq,
     Stmt,
 )
+from .async_copy import compile_async_stmt
 from .expr_compiler import Scope, compile_expr, compile_indices
 from .memory import LocalMemory, SharedMemory, row_major
 from .memory_intrinsics import note_barrier, note_global_store
+from .matrix import compile_matrix_load, compile_matrix_multiply
 from .state import LaneState, restrict
 
 Runner = Callable[[LaneState], None]
@@ -60,6 +69,12 @@ def compile_stmt(s: Stmt, scope: Scope) -> Runner:
         return _run_barrier
     if isinstance(s, Evaluate):
         return _compile_evaluate(s, scope)
+    if isinstance(s, MatrixMultiply):
+        return compile_matrix_multiply(s, scope)
+    if isinstance(s, MatrixLoad):
+        return compile_matrix_load(s, scope)
+    if isinstance(s, (AsyncCopy, AsyncCommit, AsyncWait)):
+        return compile_async_stmt(s, scope)
     raise TeccError(f"kernel {scope.kernel}: the emulator has no rule for the statement {type(s).__name__}")
 
 
@@ -245,12 +260,15 @@ def _compile_allocate(s: Allocate, scope: Scope) -> Runner:
         raise TeccError(f"kernel {scope.kernel}: {buf.scope} buffer {buf.name} needs constant strides")
     slot = scope.bind_buffer(buf)
     body = compile_stmt(s.body, scope)
-    memory = SharedMemory if buf.scope == "shared" else LocalMemory
-    name, dtype = buf.name, buf.dtype
-    shared = buf.scope == "shared"
+    name, dtype, layout = buf.name, buf.dtype, buf.layout
+    shared = buf.scope == "shared"  # 'fragment' buffers are per-lane registers, like 'local' ones
 
     def run(st: LaneState) -> None:
-        mem = memory(st, name, dtype, shape, strides)  # type: ignore[arg-type]
+        mem: SharedMemory | LocalMemory
+        if shared:
+            mem = SharedMemory(st, name, dtype, shape, strides, layout)  # type: ignore[arg-type]
+        else:
+            mem = LocalMemory(st, name, dtype, shape, strides)  # type: ignore[arg-type]
         saved = st.mems[slot]
         st.mems[slot] = mem
         if shared:

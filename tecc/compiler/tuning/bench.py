@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .tuning_pool import first_line
+from .pool import first_line
 
 # The argument sets of one timing session together span at least this many L2 caches: with an
 # LRU-like replacement a set's lines are evicted before the rotation comes back to it.
@@ -45,8 +45,8 @@ class CudaBench(Bench):
     candidate (they all share the build signature)."""
 
     def __init__(self) -> None:
-        from ..ir.target import from_device
-        from ..runtime.cuda import current_device
+        from ...ir.target import from_device
+        from ...runtime.cuda import current_device
 
         self._device = current_device()
         self.target = from_device(self._device)
@@ -66,7 +66,7 @@ class CudaBench(Bench):
             return self._sets
         from cuda.core.utils import StridedMemoryView  # type: ignore[import-untyped]
 
-        from ..runtime import arrays as rt_arrays
+        from ...runtime import arrays as rt_arrays
 
         stream = self._device.default_stream
         count = self.rotation(sum(a.nbytes for a in arrays))
@@ -88,7 +88,7 @@ class CudaBench(Bench):
         return self._sets
 
     def time(self, kernel: Any, arrays: list[np.ndarray], warmup: int, repeats: int) -> list[float]:
-        from .profiling import profile
+        from ..profiling import profile
 
         sets = self._device_sets(arrays)
         times: list[float] = []

@@ -4,28 +4,8 @@
     result.plan                           # the fastest candidate that matched the reference
     print(result.table())                 # every candidate: predicted vs measured
 
-This module holds the entry points (`tune`, and `tuned_plan` for `build(..., tune=True)`) and
-runs the pipeline; each step is a module of its own:
-
-1. **candidates** (tuning_candidates: `candidate_plans`): the planner's own plan first, then
-   plans that move one kernel to one of its next `top_k` points, least predicted time first.
-2. **compile** (tuning_pool: `compile_candidates`): NVRTC in a pool of spawned processes (a
-   CUDA context of the parent is never forked). Workers get the program as a `ProgramRef` and
-   the plan as JSON, or, for a program that exists only in memory, the CUDA source emitted here.
-3. **check** (tuning_check: `Reference`): each candidate runs once on random inputs with
-   poisoned outputs; its outputs are compared with the float64 NumPy reference
-   (`OpSpec.reference`), or, without one, with the naive plan's result. A candidate over the
-   dtype's bound, or one that fails to compile or launch, is recorded as wrong and never wins.
-4. **time** (tuning_bench: `CudaBench`): CUDA events around every launch, `warmup` calls, then
-   the median of `repeats` calls over rotating device-resident argument sets spanning at least
-   twice the L2 cache, so no call finds its inputs in L2 from an earlier one.
-5. **store** (tuning_db: `TuningDB`): every measurement (with the cost model's prediction) and
-   the winner, keyed by the `Problem` (op signature, shapes, dtypes, arch, precise math) and
-   the candidate's strategy. `tuned_plan` looks the problem up first and replays a stored
-   winner without measuring.
-
-Every public name of those steps is importable from here too (`tuner.ProgramRef`,
-`tuner.CudaBench`, ...), as `tecc tune`, the tests and docs/tuning.md use them.
+The entry points, `tune` and `tuned_plan` (what `build(..., tune=True)` calls), run the
+steps of the package (tecc/compiler/tuning/__init__.py lists them) in order.
 """
 
 from __future__ import annotations
@@ -38,18 +18,19 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..ir.errors import TeccError
-from ..ir.evaluate import evaluate_int
-from ..ir.expr import free_vars
-from ..ir.tensor import Tensor
-from ..runtime.artifact import source_sha256
-from .check import OpSpec
-from .plan import Plan
-from .tuning_bench import L2_FACTOR, MAX_SET_BYTES, MAX_SETS, Bench, CudaBench
-from .tuning_candidates import DEFAULT_TOP_K, TuneCandidate, candidate_plans
-from .tuning_check import Reference
-from .tuning_db import Problem, TuningDB
-from .tuning_pool import CompileOutcome, ProgramRef, Progress, compile_candidates, first_line, load_op
+from ...ir.errors import TeccError
+from ...ir.evaluate import evaluate_int
+from ...ir.expr import free_vars
+from ...ir.tensor import Tensor
+from ...runtime.artifact import source_sha256
+from ..check import OpSpec
+from ..pipeline import compile_plan, default_plan
+from ..plan import Plan
+from .bench import Bench, CudaBench
+from .candidates import DEFAULT_TOP_K, TuneCandidate, candidate_plans
+from .check import Reference
+from .database import Problem, TuningDB
+from .pool import CompileOutcome, ProgramRef, Progress, compile_candidates, first_line
 
 DEFAULT_WARMUP = 3
 DEFAULT_REPEATS = 20
@@ -129,7 +110,7 @@ def concrete_shapes(args: Sequence[Tensor], sizes: Mapping[str, int] | None) -> 
 
 
 def require_gpu() -> None:
-    from ..runtime.cuda import cuda_unavailable_reason
+    from ...runtime.cuda import cuda_unavailable_reason
 
     reason = cuda_unavailable_reason()
     if reason is not None:
@@ -147,7 +128,7 @@ def tuned_plan(args: Sequence[Tensor], *, arch: str | None = None, sizes: Mappin
                options: Sequence[str] = ()) -> Plan:
     """`build(..., tune=True)`: the stored winner of the problem when the database has one
     (nothing is measured), else `tune` now (which needs a GPU)."""
-    from ..codegen import default_arch
+    from ...codegen import default_arch
 
     the_arch = arch or default_arch()
     db = db if db is not None else TuningDB()
@@ -171,7 +152,6 @@ def tune(program: OpSpec | Sequence[Tensor], *, arch: str | None = None, sizes: 
     ref: how worker processes rebuild the tensors (else they compile source emitted here).
     bench: where candidates run and are timed (default CudaBench: needs a CUDA device).
     Returns the TuneResult; `.plan` is the winner, its reason starting with "tuned: measured now"."""
-    from .build import build, default_plan
 
     start = time.perf_counter()
     spec = program if isinstance(program, OpSpec) else None
@@ -187,7 +167,7 @@ def tune(program: OpSpec | Sequence[Tensor], *, arch: str | None = None, sizes: 
                             f"made on the device; tune without arch= (or --arch {device_arch})")
         arch = device_arch
     if arch is None:
-        from ..codegen import default_arch
+        from ...codegen import default_arch
 
         arch = default_arch()
     shapes = concrete_shapes(args, the_sizes)
@@ -201,7 +181,7 @@ def tune(program: OpSpec | Sequence[Tensor], *, arch: str | None = None, sizes: 
         plans.append(default_plan())
     # the parent needs each candidate's loop IR to run it: build for "sim" (no NVRTC) here,
     # the workers compile; the source hashes must agree
-    kernels = [build(args, "sim", name=name, plan=p, options=options) for p in plans]
+    kernels = [compile_plan(args, p, "sim", name=name, options=options) for p in plans]
     sources = None if ref is not None else [(k.module.name, k.source) for k in kernels]
     outcomes = compile_candidates(plans, arch, ref=ref, sources=sources, name=name, options=options,
                                   workers=workers, progress=progress)
@@ -263,30 +243,6 @@ def _check_and_time(kernel: Any, result: CandidateResult, reference: Reference, 
 
 
 __all__ = [
-    "DEFAULT_REPEATS",
-    "DEFAULT_TOP_K",
-    "DEFAULT_WARMUP",
-    "L2_FACTOR",
-    "MAX_SETS",
-    "MAX_SET_BYTES",
-    "REASON_FROM_DB",
-    "REASON_MEASURED",
-    "Bench",
-    "CandidateResult",
-    "CompileOutcome",
-    "CudaBench",
-    "Problem",
-    "ProgramRef",
-    "Progress",
-    "TuneCandidate",
-    "TuneResult",
-    "TuningDB",
-    "candidate_plans",
-    "compile_candidates",
-    "concrete_shapes",
-    "load_op",
-    "problem_of",
-    "require_gpu",
-    "tune",
-    "tuned_plan",
+    "DEFAULT_REPEATS", "DEFAULT_WARMUP", "REASON_FROM_DB", "REASON_MEASURED", "CandidateResult", "TuneResult",
+    "concrete_shapes", "problem_of", "require_gpu", "tune", "tuned_plan",
 ]

@@ -13,10 +13,10 @@ import json
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ..ir.errors import ScheduleError, TeccError
-from ..ir.tensor import Tensor
-from .plan import Plan, Step
-from .planner import Candidate, PlanResult, plan_program
+from ...ir.errors import ScheduleError, TeccError
+from ...ir.tensor import Tensor
+from ..plan import Plan, Step
+from ..planner import Candidate, PlanResult, plan_program
 
 DEFAULT_TOP_K = 8
 
@@ -65,8 +65,8 @@ def candidate_plans(args: Sequence[Tensor], arch: str | None = None, *, sizes: M
 def _realize(args: Sequence[Tensor], name: str | None, result: PlanResult, picks: Sequence[Candidate]) -> Plan | None:
     """The plan of one pick per kernel, applied in kernel order on one Schedule (as the planner
     realizes its own choice); None when a primitive refuses a pick."""
-    from ..passes.default_schedule import DEFAULT_THREADS
-    from .schedule import Schedule
+    from ...passes.default_schedule import DEFAULT_THREADS
+    from ..schedule import Schedule
 
     sch = Schedule(list(args), name=name)
     naive_threads: int | None = None

@@ -39,9 +39,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..ir import dtype as dt
-from ..ir.expr import Const, Expr, atomic_add, thread_fence
-from ..ir.stmt import (
+from ...ir import dtype as dt
+from ...ir.expr import Const, Expr, atomic_add, thread_fence
+from ...ir.stmt import (
     Allocate,
     Barrier,
     Buffer,
@@ -51,6 +51,11 @@ from ..ir.stmt import (
     Stmt,
     seq,
 )
+
+# How a grid reduction's S > 1 partials are combined: a second kernel, or the last block (above).
+COMBINE_FORMS = ("kernel", "last_block")
+# CUDA's gridDim.y limit: the S blocks of a group lie along y in both rewrites that combine this way.
+MAX_GRID_Y = 65535
 
 
 class LastBlockHandshake:
@@ -89,4 +94,4 @@ class LastBlockHandshake:
         ))
 
 
-__all__ = ["LastBlockHandshake"]
+__all__ = ["COMBINE_FORMS", "MAX_GRID_Y", "LastBlockHandshake"]

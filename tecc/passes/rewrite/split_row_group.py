@@ -54,11 +54,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..ir import dtype as dt
-from ..ir.dtype import DType
-from ..ir.errors import ScheduleError
-from ..ir.expr import Const, Expr, Var, binary, cast, const_int, reduce_identity
-from ..ir.stmt import (
+from ...ir import dtype as dt
+from ...ir.dtype import DType
+from ...ir.errors import ScheduleError
+from ...ir.expr import Const, Expr, Var, binary, cast, const_int, reduce_identity, size_product
+from ...ir.stmt import (
     Allocate,
     Buffer,
     BufferStore,
@@ -71,10 +71,10 @@ from ..ir.stmt import (
     Stmt,
     seq,
 )
-from ..ir.tensor import Tensor
+from ...ir.tensor import Tensor
 from .fuse_rows import COMBINE, VECTORS, Pass, finish_reduction, RowInliner, row_group, row_passes
-from .lower import exprs_of, global_buffers, Inliner, scalar_vars, signature
-from .names import identifier
+from ..lower import exprs_of, global_buffers, Inliner, scalar_vars, signature
+from ..names import identifier
 from .online_stats import (
     allreduce_max_sum,
     centered_sum,
@@ -85,8 +85,8 @@ from .online_stats import (
     welford_pair,
 )
 from .row_chunks import ColumnWalk
-from .schedule.cross_thread import WARP, allreduce, chan_allreduce, chan_merge
-from .split_rows import extent_product, unflatten
+from ..schedule.cross_thread import WARP, allreduce, chan_allreduce, chan_merge
+from .split_rows import unflatten
 
 KINDS = ("reduction", "max_sum_exp", "welford")
 ZERO = Const(0, dt.int32)
@@ -181,7 +181,7 @@ def split_row_group(args: Sequence[Tensor], threads: int = 256, splits: int = 1,
     # the row of both kernels' blocks is the let-bound `row` (flattened, unflattened row-major)
     row = Var(unique("row"), dt.int32)
     row_idx = unflatten(row, group.rows)
-    n_rows = extent_product(group.rows)
+    n_rows = size_product(group.rows)
     col = Var(unique("col"), dt.int32)
     values = {t: Buffer(unique(f"{t.name}_val"), t.dtype, (1,), "local", tensor=f"{t.name}.local")
               for t in group.reductions}

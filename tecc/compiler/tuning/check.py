@@ -16,11 +16,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..ir.errors import TeccError
-from ..ir.tensor import Tensor
-from .check import REL_TOL, OpSpec, poison, random_array, relative_error
-from .tuning_bench import Bench
-from .tuning_pool import first_line
+from ...ir.errors import TeccError
+from ...ir.tensor import Tensor
+from ..check import REL_TOL, OpSpec, poison, random_array, relative_error
+from .bench import Bench
+from .pool import first_line
 
 
 @dataclass

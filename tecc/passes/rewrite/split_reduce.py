@@ -72,9 +72,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..ir import dtype as dt
-from ..ir.errors import ScheduleError
-from ..ir.expr import (
+from ...ir import dtype as dt
+from ...ir.errors import ScheduleError
+from ...ir.expr import (
     BufferLoad,
     Const,
     Expr,
@@ -88,8 +88,9 @@ from ..ir.expr import (
     reduce_identity,
     substitute,
     walk,
+    size_product,
 )
-from ..ir.stmt import (
+from ...ir.stmt import (
     Allocate,
     Barrier,
     Buffer,
@@ -102,10 +103,11 @@ from ..ir.stmt import (
     Stmt,
     seq,
 )
-from ..ir.tensor import ComputeOp, Tensor
-from ..ir.visitor import ExprMutator
-from .last_block import LastBlockHandshake
-from .lower import (
+from ...ir.tensor import ComputeOp, Tensor
+from ...ir.visitor import ExprMutator
+from .last_block import COMBINE_FORMS, MAX_GRID_Y, LastBlockHandshake
+from .reduction_stage import reduction_stage
+from ..lower import (
     COMBINE,
     buffer_for,
     exprs_of,
@@ -116,28 +118,14 @@ from .lower import (
     collect_program,
     signature,
 )
-from .names import identifier
+from ..names import identifier
 
-COMBINE_FORMS = ("kernel", "last_block")  # how S > 1 partials are combined (module docstring)
-MAX_GRID_Y = 65535  # CUDA's gridDim.y limit: the S blocks of a column block lie along y
-
-
-def reduction_stage(args: Sequence[Tensor]) -> tuple[Tensor, Reduce]:
-    """The one reduction stage of the program `args` and its Reduce, or ScheduleError."""
-    prog = choose_inlined(collect_program(args))
-    if len(prog.stages) != 1:
-        raise ScheduleError(f"split_reduce: the program has {len(prog.stages)} stages after inlining; one is needed")
-    (t,) = prog.stages
-    op = t.op
-    assert isinstance(op, ComputeOp)
-    reduces = {id(n): n for n in walk(op.body) if isinstance(n, Reduce)}
-    if len(reduces) != 1:
-        raise ScheduleError(f"split_reduce: {t.name} has {len(reduces)} reductions; one is needed")
-    (r,) = reduces.values()
-    if len(r.axes) != 1 or const_int(r.axes[0].lo) != 0:
+def reduction_over_one_axis(args: Sequence[Tensor]) -> tuple[Tensor, Reduce]:
+    """The one reduction stage of the program `args` and its Reduce, or ScheduleError: one
+    reduced axis and an output of rank >= 1 (a full reduction is split_rows' business)."""
+    t, r = reduction_stage(args, "split_reduce")
+    if len(r.axes) != 1:
         raise ScheduleError(f"split_reduce: {t.name} reduces over {len(r.axes)} axes; one axis from 0 is needed")
-    if any(isinstance(n, Reduce) for n in walk(r.source) if n is not r):
-        raise ScheduleError(f"split_reduce: {t.name} has a reduction inside a reduction")
     if not t.shape:
         raise ScheduleError(f"split_reduce: {t.name} is 0-d (a full reduction)")
     return t, r
@@ -166,7 +154,7 @@ def split_reduce(args: Sequence[Tensor], threads_x: int = 32, threads_y: int = 8
         raise ScheduleError(f"split_reduce: splits ({splits}) over CUDA's gridDim.y limit of {MAX_GRID_Y}")
     if combine not in COMBINE_FORMS:
         raise ScheduleError(f"split_reduce: combine={combine!r}; one of {', '.join(COMBINE_FORMS)}")
-    stage, red = reduction_stage(args)
+    stage, red = reduction_over_one_axis(args)
     V = outputs_per_thread
     last = const_int(stage.shape[-1])
     if V not in (1, 2, 4, 8) or (V > 1 and (last is None or last % V)):
@@ -181,9 +169,7 @@ def split_reduce(args: Sequence[Tensor], threads_x: int = 32, threads_y: int = 8
     inliner = Inliner(prog.inlined, buffers)
     out = buffers[stage]
 
-    n_out: Expr = Const(1, dt.int32)
-    for extent in stage.shape:
-        n_out = n_out * extent
+    n_out = size_product(stage.shape)
 
     def unflatten(o: Expr) -> tuple[Expr, ...]:
         idx: list[Expr] = []
@@ -344,7 +330,7 @@ def uncoalesced_read(args: Sequence[Tensor]) -> str | None:
     """Why the reads of the one reduction of `args` would not be coalesced by split_reduce, or
     None when every read that walks the reduced axis keeps it out of its last index and has the
     output's last axis, alone, as its last index (consecutive outputs: consecutive addresses)."""
-    stage, red = reduction_stage(args)
+    stage, red = reduction_over_one_axis(args)
     prog = choose_inlined(collect_program(args))
     op = stage.op
     assert isinstance(op, ComputeOp)
@@ -363,4 +349,4 @@ def uncoalesced_read(args: Sequence[Tensor]) -> str | None:
     return None
 
 
-__all__ = ["COMBINE_FORMS", "reduction_stage", "split_reduce", "uncoalesced_read"]
+__all__ = ["reduction_over_one_axis", "split_reduce", "uncoalesced_read"]

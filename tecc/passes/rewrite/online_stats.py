@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ..ir import dtype as dt
-from ..ir.dtype import DType
-from ..ir.expr import (
+from ...ir import dtype as dt
+from ...ir.dtype import DType
+from ...ir.expr import (
     Binary,
     Call,
     Const,
@@ -46,10 +46,10 @@ from ..ir.expr import (
     select,
     walk,
 )
-from ..ir.stmt import Buffer, BufferStore, LetStmt, Stmt, seq
-from ..ir.tensor import ComputeOp, Tensor
+from ...ir.stmt import Buffer, BufferStore, LetStmt, Stmt, seq
+from ...ir.tensor import ComputeOp, Tensor
 from .row_chunks import Chunk, ColumnWalk
-from .schedule.cross_thread import allreduce, chan_allreduce, chan_merge
+from ..schedule.cross_thread import allreduce, chan_allreduce, chan_merge
 
 Pass = tuple[Tensor, Expr, "Reduce | None"]
 # a fresh one-thread register array: (label, dtype, elements) -> Buffer (allocated by the caller)

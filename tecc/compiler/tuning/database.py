@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from ..ir.errors import TeccError
-from . import options as knobs
+from ...ir.errors import TeccError
+from .. import options as knobs
 
 SCHEMA_VERSION = 2
 
@@ -95,8 +95,8 @@ _PROBLEM = "op_signature = ? AND shapes = ? AND dtypes = ? AND arch = ? AND prec
 def op_signature(args: Sequence[Any], name: str | None = None) -> str:
     """SHA-256 of the op's naive loop IR (what `00_lower.txt` shows): the same computation over
     the same symbolic shapes and dtypes has the same signature, whatever its schedule."""
-    from ..ir.printer import module_to_str
-    from ..passes.lower import lower
+    from ...ir.printer import module_to_str
+    from ...passes.lower import lower
 
     return hashlib.sha256(module_to_str(lower(list(args), name)).encode()).hexdigest()
 
@@ -278,7 +278,7 @@ class TuningDB:
     def _record(self, conn: sqlite3.Connection, problem: Problem, strategy: str, plan: Any,
                 times_us: Sequence[float], predicted_us: float | None, ok: bool, error: str | None,
                 device: str) -> int:
-        from .cache import tecc_version
+        from ..cache import tecc_version
 
         op, shapes, dtypes, arch, precise = problem.key
         plan_text = _plan_json(plan)

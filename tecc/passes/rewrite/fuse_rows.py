@@ -40,9 +40,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ..ir import dtype as dt
-from ..ir.errors import ScheduleError
-from ..ir.expr import (
+from ...ir import dtype as dt
+from ...ir.errors import ScheduleError
+from ...ir.expr import (
     BufferLoad,
     Call,
     Const,
@@ -57,8 +57,9 @@ from ..ir.expr import (
     reduce_identity,
     substitute,
     walk,
+    size_product,
 )
-from ..ir.stmt import (
+from ...ir.stmt import (
     Allocate,
     Buffer,
     BufferStore,
@@ -70,9 +71,9 @@ from ..ir.stmt import (
     Stmt,
     seq,
 )
-from ..ir.tensor import ComputeOp, Tensor
-from ..ir.visitor import ExprMutator
-from .lower import (
+from ...ir.tensor import ComputeOp, Tensor
+from ...ir.visitor import ExprMutator
+from ..lower import (
     COMBINE,
     Program,
     exprs_of,
@@ -83,7 +84,7 @@ from .lower import (
     collect_program,
     signature,
 )
-from .names import identifier
+from ..names import identifier
 from .online_stats import (
     centered_sum,
     max_sum_exp_pair,
@@ -92,7 +93,7 @@ from .online_stats import (
     welford_pair,
 )
 from .row_chunks import ColumnWalk
-from .schedule.cross_thread import WARP, allreduce
+from ..schedule.cross_thread import WARP, allreduce
 
 CACHES = ("registers", "online", "none")
 VECTORS = (1, 2, 4, 8)
@@ -281,9 +282,7 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         row.append(rest if last else rest % extent)
         rest = rest // extent
     row_idx = tuple(reversed(row))
-    n_rows: Expr = Const(1, dt.int32)
-    for extent in group.rows:
-        n_rows = n_rows * extent
+    n_rows = size_product(group.rows)
 
     # the column walk: col = k*T + tx, k < K (a re-read row: the chunked walk of row_chunks.py,
     # whose passes are written in the column variable `col`)

@@ -30,10 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..ir import dtype as dt
-from ..ir.expr import BufferLoad, Const, Expr, Var, const_int, substitute, walk
-from ..ir.stmt import Buffer, BufferStore, For, IfThenElse, Stmt, seq
-from ..ir.visitor import ExprMutator
+from ...ir import dtype as dt
+from ...ir.expr import BufferLoad, Const, Expr, Var, const_int, substitute, walk
+from ...ir.stmt import Buffer, BufferStore, For, IfThenElse, Stmt, seq
+from ...ir.visitor import ExprMutator
 
 
 class _Replace(ExprMutator):
@@ -93,7 +93,7 @@ class ColumnWalk:
     `tx`: chunks of `unroll` (U) vectors of `vector` (V) columns. `col` is the column variable
     the passes' expressions are written in; `new_var` / `new_buffer` make fresh names. `start`:
     the walk covers columns [start, start + C) of the row instead of [0, C) (one block's chunk
-    of a split row, passes/split_row_group.py; a multiple of V, so vectors stay aligned)."""
+    of a split row, passes/rewrite/split_row_group.py; a multiple of V, so vectors stay aligned)."""
 
     columns: Expr
     threads: int

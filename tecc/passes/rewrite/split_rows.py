@@ -29,7 +29,7 @@ combining the S partials of a row (`combine="kernel"`, the default; the one-kern
 cast to bf16, ...). The partials are in the accumulation dtype (float32 for fp16/bf16 sources).
 
 One kernel (`combine="last_block"`, S > 1): instead of kernel 2, the last of a row's S blocks to
-store its partial combines the row, with the handshake of tecc/passes/last_block.py (shared with
+store its partial combines the row, with the handshake of tecc/passes/rewrite/last_block.py (shared with
 split_reduce; the argument that it is right is there and in split_reduce's docstring). A row's
 S blocks are one group, counted on `arrivals[row]` (a zero_init int32 temporary of `rows`
 counters, reset by the last block, so every launch finds it zero). The grid is 2-D, rows along
@@ -84,9 +84,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..ir import dtype as dt
-from ..ir.errors import ScheduleError
-from ..ir.expr import (
+from ...ir import dtype as dt
+from ...ir.errors import ScheduleError
+from ...ir.expr import (
     BufferLoad,
     Const,
     Expr,
@@ -101,8 +101,9 @@ from ..ir.expr import (
     select,
     substitute,
     walk,
+    size_product,
 )
-from ..ir.stmt import (
+from ...ir.stmt import (
     Allocate,
     Buffer,
     BufferStore,
@@ -115,10 +116,10 @@ from ..ir.stmt import (
     Stmt,
     seq,
 )
-from ..ir.tensor import ComputeOp, Tensor
-from ..ir.visitor import ExprMutator
-from .last_block import LastBlockHandshake
-from .lower import (
+from ...ir.tensor import ComputeOp, Tensor
+from ...ir.visitor import ExprMutator
+from .last_block import COMBINE_FORMS, MAX_GRID_Y, LastBlockHandshake
+from ..lower import (
     COMBINE,
     buffer_for,
     exprs_of,
@@ -129,9 +130,9 @@ from .lower import (
     collect_program,
     signature,
 )
-from .names import identifier
-from .schedule.cross_thread import WARP, allreduce
-from .split_reduce import COMBINE_FORMS, MAX_GRID_Y
+from ..names import identifier
+from ..schedule.cross_thread import WARP, allreduce
+from .reduction_stage import reduction_stage
 
 VECTORS = (1, 2, 4, 8)
 # Kernel 1 keeps its round loop rolled (`#pragma unroll 1`: U loads in flight per thread are the
@@ -147,34 +148,15 @@ COMBINE_THREADS = 256        # kernel 2: at most this many threads per row (S â‰
 
 
 def row_reduction(args: Sequence[Tensor]) -> tuple[Tensor, Reduce]:
-    """The one reduction stage of the program `args` and its Reduce, or ScheduleError.
-
-    Unlike split_reduce.reduction_stage it takes several reduced axes and a 0-d output (a full
-    reduction)."""
-    prog = choose_inlined(collect_program(args))
-    if len(prog.stages) != 1:
-        raise ScheduleError(f"split_rows: the program has {len(prog.stages)} stages after inlining; one is needed")
-    (t,) = prog.stages
+    """The one reduction stage of the program `args` and its Reduce, or ScheduleError: any number
+    of reduced axes (all of them: a 0-d output, a full reduction), whose extents are free of the
+    output's axes."""
+    t, r = reduction_stage(args, "split_rows")
     op = t.op
     assert isinstance(op, ComputeOp)
-    reduces = {id(n): n for n in walk(op.body) if isinstance(n, Reduce)}
-    if len(reduces) != 1:
-        raise ScheduleError(f"split_rows: {t.name} has {len(reduces)} reductions; one is needed")
-    (r,) = reduces.values()
-    if any(const_int(ax.lo) != 0 for ax in r.axes):
-        raise ScheduleError(f"split_rows: {t.name} reduces over an axis that does not start at 0")
     if any(free_vars(ax.extent) & set(op.axes) for ax in r.axes):
         raise ScheduleError(f"split_rows: {t.name}'s reduction extent depends on the output's axes")
-    if any(isinstance(n, Reduce) for n in walk(r.source) if n is not r):
-        raise ScheduleError(f"split_rows: {t.name} has a reduction inside a reduction")
     return t, r
-
-
-def extent_product(extents: Sequence[Expr]) -> Expr:
-    total: Expr = Const(1, dt.int32)
-    for e in extents:
-        total = total * e
-    return total
 
 
 def unflatten(flat: Expr, shape: Sequence[Expr]) -> tuple[Expr, ...]:
@@ -222,7 +204,7 @@ def flat_views(args: Sequence[Tensor], buffers: dict[Tensor, Buffer] | None = No
     shape = tuple(stage.shape) + tuple(extents)
     loads = [n for n in walk(Inliner(prog.inlined, buffers).visit(op.body)) if isinstance(n, BufferLoad)]
     axes = set(red.axes)
-    flat_length = extent_product(shape)
+    flat_length = size_product(shape)
     views: dict[Buffer, Buffer] = {}
     for buf in {id(n.buffer): n.buffer for n in loads if any(free_vars(i) & axes for i in n.indices)}.values():
         mine = [n for n in loads if n.buffer is buf]
@@ -270,7 +252,7 @@ def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vect
     views = flat_views(args, buffers)
     flat = bool(views)
     extents = [ax.extent for ax in red.axes]
-    n_rows = extent_product(stage.shape)
+    n_rows = size_product(stage.shape)
     if not vector_allowed(n_rows, extents, vector, flat):
         raise ScheduleError(f"split_rows: vector={vector} needs the innermost reduced extent ({extents[-1]}) to be a "
                             "constant multiple of it, a single row reduced over one axis, or rows read through a "
@@ -288,7 +270,7 @@ def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vect
     T, S, V, U = threads, splits, vector, unroll
     one_pass = S > 1 and combine == "last_block"
     tile = T * V * U
-    N = extent_product(extents)
+    N = size_product(extents)
     n_const = const_int(N)
     last = const_int(extents[-1]) if extents else None
     combiner = COMBINE[red.combiner]
@@ -525,4 +507,4 @@ def noncontiguous_read(args: Sequence[Tensor]) -> str | None:
     return None
 
 
-__all__ = ["COMBINE_FORMS", "COMBINE_THREADS", "noncontiguous_read", "row_reduction", "split_rows", "vector_allowed"]
+__all__ = ["COMBINE_THREADS", "noncontiguous_read", "row_reduction", "split_rows", "vector_allowed"]

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..ir.errors import TeccError
-from ..ir.tensor import Tensor
-from ..runtime.artifact import source_sha256
-from .check import OpSpec
-from .plan import Plan
+from ...ir.errors import TeccError
+from ...ir.tensor import Tensor
+from ...runtime.artifact import source_sha256
+from ..check import OpSpec
+from ..pipeline import compile_plan
+from ..plan import Plan
 
 Progress = Callable[[str, int, int, str], None]  # (phase, done, total, label)
 
@@ -85,12 +86,11 @@ class CompileOutcome:
 def _compile_from_ref(ref: ProgramRef, plan_json: str, arch: str, name: str | None,
                       options: tuple[str, ...]) -> CompileOutcome:
     """Worker: rebuild the tensors from `ref` and run the whole build of `plan_json` for `arch`."""
-    from ..codegen import CompiledCode
-    from .build import build
+    from ...codegen import CompiledCode
 
     start = time.perf_counter()
     try:
-        kernel = build(ref.tensors(), "cuda", name=name, arch=arch, plan=Plan.from_json(plan_json), options=options)
+        kernel = compile_plan(ref.tensors(), Plan.from_json(plan_json), "cuda", name=name, arch=arch, options=options)
     except Exception as exc:  # noqa: BLE001 - a candidate that does not compile is recorded, not fatal
         return CompileOutcome("", None, first_line(exc), time.perf_counter() - start, os.getpid())
     code = CompiledCode(kernel.ptx, kernel.cubin, kernel.resources, "", kernel.arch, kernel.nvrtc_version, options)
@@ -99,7 +99,7 @@ def _compile_from_ref(ref: ProgramRef, plan_json: str, arch: str, name: str | No
 
 def _compile_source(source: str, arch: str, name: str, options: tuple[str, ...]) -> CompileOutcome:
     """Worker: NVRTC on CUDA source emitted by the parent (a program that exists only in memory)."""
-    from .cache import compile_cached
+    from ..cache import compile_cached
 
     start = time.perf_counter()
     try:

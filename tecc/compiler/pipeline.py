@@ -1,0 +1,149 @@
+"""The pipeline: a program and its Plan in, a Kernel out. Read `compile_plan` top to bottom:
+
+    tensor expressions ──lower──▶ loop IR ──the plan's schedule primitives──▶ bound loop IR
+        ──fixed tail (default_schedule, simplify, approx_math, unique_names)──▶ final loop IR
+        ──emit──▶ CUDA C ──NVRTC──▶ PTX + cubin ──▶ Kernel (GPU through cuda.core, or the emulator)
+
+Choosing the plan is build.py's part (the planner, the graph-level rewrites, the tuner); this
+module only replays one, deterministically. The tuner's workers call it directly.
+
+With `dump_ir=DIR` (or TECC_DUMP_IR) the IR is written after every step: `00_lower.txt`, one
+file per schedule primitive of the plan (`01_split.txt`, …), then the fixed tail, `NN_cuda.cu`
+and `NN+1_<module>.ptx`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Sequence
+
+from ..codegen import default_arch, dynamic_shared_bytes, emit_source
+from ..ir.stmt import Module
+from ..ir.tensor import Tensor
+from ..passes.approx_math import approx_math
+from ..passes.default_schedule import DEFAULT_THREADS, default_schedule
+from ..passes.lower import lower
+from ..passes.manager import DumpIR, Pass, PassManager, PassTiming, VerifyIR
+from ..passes.names import identifier
+from ..passes.simplify import simplify
+from ..passes.unique_names import unique_names
+from ..passes.verify import verify_module
+from ..runtime.host import HostProgram
+from . import options as knobs
+from .cache import compile_cached
+from .kernel import Kernel
+from .plan import Plan, Step
+from .schedule import Schedule
+
+TARGETS = ("cuda", "sim")
+
+
+def default_plan(threads: int = DEFAULT_THREADS) -> Plan:
+    return Plan((Step("default_schedule", {"threads": threads}),), "naive",
+                "one thread per output element; reductions serial per thread")
+
+
+def compile_plan(program: Sequence[Tensor] | Schedule, plan: Plan, target: str = "cuda", *,
+                 name: str | None = None, dump_ir: str | os.PathLike[str] | None = None,
+                 dump_filter: str | None = None, arch: str | None = None, options: Sequence[str] = (),
+                 timing: PassTiming | None = None) -> Kernel:
+    """Replay `plan` on `program` (the kernel signature) and compile it for `target`; a Schedule
+    carries its own scheduled IR and plan (`plan` is then its plan too)."""
+    timing = timing if timing is not None else PassTiming()
+    dumper = open_dumps(program, name, dump_ir, dump_filter)
+    module = schedule_module(program, plan, name=name, dumper=dumper, timing=timing)
+    return compile_module(module, plan, target, arch=arch, options=options, dumper=dumper, timing=timing)
+
+
+def open_dumps(program: Sequence[Tensor] | Schedule, name: str | None,
+               dump_ir: str | os.PathLike[str] | None, dump_filter: str | None) -> DumpIR | None:
+    """Where this build writes its IR dumps (None: nowhere)."""
+    mod_name = program.mod.name if isinstance(program, Schedule) else module_name(list(program), name)
+    request = knobs.dump_request(dump_ir, mod_name, dump_filter)
+    return None if request is None else DumpIR(request.directory, request.kernel_filter)
+
+
+def schedule_module(program: Sequence[Tensor] | Schedule, plan: Plan, *, name: str | None,
+                    dumper: DumpIR | None, timing: PassTiming) -> Module:
+    """Steps 1 and 2: lowering and the plan's schedule primitives (or the Schedule's IR as it is),
+    then the fixed tail. Everything a plan can fail in happens here."""
+    # 1. lowering and the schedule primitives of the plan (the Schedule's own, when one is given)
+    start = time.perf_counter()
+    if isinstance(program, Schedule):
+        module = program.mod
+        if dumper is not None:
+            dumper.write("schedule.txt", f"# the Schedule as given\n{dumper.text(module)}")
+    else:
+        tensors = list(program)
+        primitives = Plan(tuple(s for s in plan.steps if s.primitive != "default_schedule"))
+        if primitives.steps:  # 00_lower.txt, then one file per primitive
+            module = Schedule(tensors, primitives, name=name, dump_ir=dumper).mod
+        else:
+            module = lower(tensors, name)
+            if dumper is not None:
+                dumper.write("lower.txt", f"# after pass lower\n{dumper.text(module)}")
+    timing.seconds.append(("lower+schedule", time.perf_counter() - start))
+
+    instruments: list[Any] = [timing]
+    if dumper is not None:
+        instruments.append(dumper)
+    if knobs.verify_ir():
+        verify_module(module)
+        instruments.append(VerifyIR())
+
+    # 2. the fixed tail of the pipeline
+    pipeline = [
+        _default_schedule_pass(plan),
+        Pass("simplify", simplify),
+        Pass("approx_math", lambda m: approx_math(m, precise=knobs.precise_math()),
+             (("precise", knobs.precise_math()),)),
+        Pass("unique_names", unique_names),
+    ]
+    return PassManager(pipeline, instruments).run(module)
+
+
+def compile_module(module: Module, plan: Plan, target: str, *, arch: str | None, options: Sequence[str],
+                   dumper: DumpIR | None, timing: PassTiming) -> Kernel:
+    """Step 3: CUDA C from the final loop IR, then NVRTC (target "cuda"), as a Kernel."""
+    start = time.perf_counter()
+    source = emit_source(module.kernels)
+    timing.seconds.append(("emit_cuda", time.perf_counter() - start))
+    if dumper is not None:
+        dumper.write("cuda.cu", source)
+
+    # a kernel with over 48 KiB of shared buffers declares them dynamic: the launch passes the size
+    dynamic = {k.name: dynamic_shared_bytes(k) for k in module.kernels}
+    host = HostProgram.from_module(module, {k: v for k, v in dynamic.items() if v > 0})
+    kernel = Kernel(module=module, host=host, source=source, plan=plan, target=target, timing=timing)
+    if target == "cuda":
+        the_arch = arch or knobs.default_arch_override() or default_arch()
+        start = time.perf_counter()
+        compiled, cached = compile_cached(source, arch=the_arch, name=module.name, options=tuple(options))
+        timing.seconds.append(("nvrtc (cache hit)" if cached else "nvrtc", time.perf_counter() - start))
+        kernel.attach_binary(compiled, tuple(options))
+        if dumper is not None:
+            dumper.write(f"{module.name}.ptx", compiled.ptx)
+    if dumper is not None:
+        kernel.dump_dir = dumper.directory
+    return kernel
+
+
+def _default_schedule_pass(plan: Plan) -> Pass:
+    """The always-valid schedule for kernels the plan left unbound (all of them for the naive plan)."""
+    threads = DEFAULT_THREADS
+    for step in plan.steps:
+        if step.primitive == "default_schedule":
+            threads = int(step.args.get("threads", DEFAULT_THREADS))
+    return Pass("default_schedule", lambda m: default_schedule(m, threads), (("threads", threads),))
+
+
+def module_name(tensors: Sequence[Tensor], name: str | None) -> str:
+    """The module's name: `name`, else the last computed tensor's (as lowering names it)."""
+    computed = [t for t in tensors if not t.is_placeholder]
+    return identifier(name or (computed[-1].name if computed else "module"))
+
+
+def lower_only(args: Sequence[Tensor], name: str | None = None) -> Module:
+    """The naive loop IR of a program (what `00_lower.txt` shows)."""
+    return lower(list(args), name)

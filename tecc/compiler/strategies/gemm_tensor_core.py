@@ -1,0 +1,190 @@
+"""gemm_tensor_core: float16/bfloat16 contractions on tensor cores through the `tensorize` primitive.
+
+Serves C[b.., i, j] = epilogue(Σ_k A · B) with A, B float16 or bfloat16 (the same dtype) on
+sm_80 and later: one Plan step, `tensorize(stage, block, warps, k_tile, stages)`
+(tecc/passes/schedule/tensorize.py builds the kernel: mma.m16n8k16 with float32 accumulators,
+a ring of cp.async stages in swizzled shared memory, ldmatrix, the stage's epilogue).
+
+Point: block tile BM × BN ∈ {64, 128, 256}², a warp grid of 4 or 8 warps whose warp tile is
+32..64 × 32..64, k-tile BK ∈ {32, 64}, stages ∈ {2, 3, 4}, with stages · (BM + BN) · BK · 2
+bytes of shared ring within the target's opt-in limit: over 48 KiB the emitter declares the
+ring as dynamic shared memory (codegen `dynamic_shared_bytes`) and the runtime opts the kernel
+in at load (runtime/cuda.py), so the Workload says `smem_opt_in`.
+
+Workload for the cost model:
+- tensor: the padded tile FLOPs (every block computes its whole BM × BN × ceil(K/16)·16) at the
+  rate mma.sync reaches on the target (MMA_SYNC_FRACTION of the dense tensor peak for the dtype);
+- global: A is read once per column tile, B once per row tile (l2 bytes), DRAM the compulsory
+  bytes plus what misses the L2 (traffic.dram_from_l2); 16-byte copies, S - 1 tiles in flight
+  per thread (Little's law in the model's DRAM term: the pipeline depth hides the latency);
+- shared: per k16 step a warp issues TM + TN/2 ldmatrix.x4 (4 conflict-free wavefronts each) and
+  the block writes its tiles once per k-tile;
+- chain (the block's serial path): per k tile the warp's TM·TN·BK/16 mma at its scheduler's
+  share of the tensor rate, a barrier, and what of the global latency the S - 1 tiles in
+  flight do not cover: max(0, latency - (S - 1)·tile cycles). This is where the ring depth
+  pays: a 32 × 32 warp tile (16 mma per 32-wide k tile) needs 3 stages to hide 550 cycles;
+- registers: TM·TN·4 accumulators, TM·4 + TN·2 fragment registers, addressing and the copy
+  loop's state (ADDRESSING + 4 per cp.async copy per thread per stage; ptxas's count was at or
+  below this for every point compiled in tests/test_tensorize.py), plus two registers per element
+  an operand without cp.async copies (odd K) stages through registers; over 255 is rejected.
+"""
+
+from __future__ import annotations
+
+from itertools import product
+from typing import Any, Iterable
+
+from ...ir.dtype import int32
+from ...ir.expr import Const
+from ...ir.target import Target
+from ...passes.schedule.tensorize import copy_elements
+from ..cost.analysis import KernelInfo
+from ..cost.model import Workload
+from ..cost.traffic import dram_from_l2
+from .gemm import operands
+from .registry import Point, Strategy, register
+
+BLOCKS = (64, 128, 256)
+WARP_GRIDS = ((2, 2), (1, 4), (4, 1), (2, 4), (4, 2))  # 4 or 8 warps
+WARP_TILE = (32, 64)                                    # min, max of a warp's rows and columns
+BKS = (32, 64)
+STAGES = (2, 3, 4)
+ADDRESSING = 24
+# mma.sync's share of the dense tensor-core peak of the target's table: on sm_90 the peak is
+# wgmma's; mma.sync issued from 4 schedulers reaches about 0.6 of it (CUTLASS's sm_80-style
+# kernels on H100). On sm_8x mma.sync is the peak instruction. Assumed, not fitted here.
+MMA_SYNC_FRACTION = {80: 0.9, 86: 0.9, 89: 0.9, 90: 0.6}
+GLOBAL_LATENCY_CYCLES = 550.0   # CostParameters.global_latency_cycles
+BARRIER_CYCLES = 40.0           # CostParameters.barrier_cycles
+MMA_FLOPS = 2 * 16 * 8 * 16     # one m16n8k16
+LDMATRIX_WAVEFRONTS = 4     # an x4 reads four 8 x 8 matrices, one wavefront each when conflict-free
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def shared_bytes(point: Point) -> int:
+    return int(point["stages"]) * (int(point["bm"]) + int(point["bn"])) * int(point["bk"]) * 2
+
+
+def tile_registers(bm: int, bn: int, wm: int, wn: int, bk: int, sizes: tuple[int, int] = (8, 8)) -> dict[str, int]:
+    """Registers per thread; `sizes`: halves per cp.async copy of A and B (0: the operand's
+    elements are loaded through registers, two registers each)."""
+    tm, tn = bm // wm // 16, bn // wn // 8
+    threads = 32 * wm * wn
+    copies = staged = 0
+    for tile, size in ((bm * bk, sizes[0]), (bn * bk, sizes[1])):
+        if size:
+            copies += tile // size // threads
+        else:
+            staged += tile // threads
+    parts = {"accumulators": tm * tn * 4, "fragments": tm * 4 + tn * 2, "addressing": ADDRESSING + 4 * copies}
+    if staged:
+        # the element and its guarded address: ptxas used 1.3-1.5 per element on the odd-K points
+        parts["staged elements"] = 2 * staged
+    return parts
+
+
+def copy_sizes(info: KernelInfo) -> tuple[int, int]:
+    """Halves per cp.async copy tensorize will use for A and B (tensorize.copy_elements of the
+    operand's contiguous extent): 8, 4, 2, or 0 for element loads (odd K for A[i, k])."""
+    pair = operands(info)
+    assert pair is not None
+    return copy_elements(Const(pair[0].dims[-1], int32)), copy_elements(Const(pair[1].dims[-1], int32))
+
+
+class GemmTensorCore(Strategy):
+    name = "gemm_tensor_core"
+    description = "half-precision contraction: mma.m16n8k16, cp.async ring, swizzled ldmatrix, fused epilogue"
+    priority = 3
+
+    def guard(self, info: KernelInfo, target: Target) -> str | None:
+        if info.kind != "contraction":
+            return f"not a contraction (kind {info.kind})"
+        if target.sm < 80:
+            return f"{target.arch} has no mma.m16n8k16 with float32 accumulators (needs sm_80 or later)"
+        if len(info.spatial) < 2 or len(info.reduction) != 1:
+            return "needs at least two spatial axes and one reduction axis"
+        pair = operands(info)
+        if pair is None:
+            return "needs one read indexed by (i, k) and one by (k, j)"
+        if any(x.dtype not in ("float16", "bfloat16") for x in pair):
+            return "float16 or bfloat16 operands only"
+        if pair[0].dtype != pair[1].dtype:
+            return f"mixed operand dtypes ({pair[0].dtype}, {pair[1].dtype}): mma takes two of one 16-bit type"
+        batch = len(info.spatial) - 2
+        for x in pair + (info.write,):
+            if len(x.index_vars) != batch + 2 or any(len(v) != 1 for v in x.index_vars):
+                return f"operand {x.buffer}: every index must be one axis, batch axes first"
+        return None
+
+    def space(self, info: KernelInfo, target: Target) -> Iterable[Point]:
+        (_, m), (_, n) = info.spatial[-2:]
+        for bm, bn, (wm, wn), bk, stages in product(BLOCKS, BLOCKS, WARP_GRIDS, BKS, STAGES):
+            if (bm >= 2 * m and bm > BLOCKS[0]) or (bn >= 2 * n and bn > BLOCKS[0]):
+                continue  # a tile twice the matrix leaves half its warps idle
+            if not (WARP_TILE[0] <= bm // wm <= WARP_TILE[1] and WARP_TILE[0] <= bn // wn <= WARP_TILE[1]):
+                continue
+            point = {"bm": bm, "bn": bn, "warps_m": wm, "warps_n": wn, "bk": bk, "stages": stages}
+            if shared_bytes(point) > target.smem_per_block_optin:
+                continue
+            yield point
+
+    def workload(self, info: KernelInfo, point: Point, target: Target) -> Workload:
+        bm, bn, bk, stages = (int(point[x]) for x in ("bm", "bn", "bk", "stages"))
+        wm, wn = int(point["warps_m"]), int(point["warps_n"])
+        batch = 1
+        for _, e in info.spatial[:-2]:
+            batch *= e
+        (_, m), (_, n) = info.spatial[-2:]
+        k = info.reduction[0][1]
+        threads = 32 * wm * wn
+        tm, tn = bm // wm // 16, bn // wn // 8
+        row_tiles, col_tiles, k_tiles = _ceil(m, bm), _ceil(n, bn), _ceil(max(k, 1), bk)
+        blocks = batch * row_tiles * col_tiles
+        warps = blocks * wm * wn
+        k16 = k_tiles * bk // 16
+        a_bytes, b_bytes = 2.0 * m * k * batch, 2.0 * k * n * batch
+        out_bytes = float(m * n * batch * info.write.itemsize)
+        l2 = a_bytes * col_tiles + b_bytes * row_tiles + out_bytes
+        sizes = copy_sizes(info)
+        copies = sum(tile // size // threads for tile, size in ((bm * bk, sizes[0]), (bn * bk, sizes[1])) if size)
+        staged = sum(tile // threads for tile, size in ((bm * bk, sizes[0]), (bn * bk, sizes[1])) if not size)
+        ldmatrix = warps * k16 * (tm + tn // 2)
+        mma = warps * k16 * tm * tn
+        instructions = (mma + ldmatrix + blocks * k_tiles * (wm * wn) * (copies * 6 + staged * 6 + 8)
+                        + warps * tm * tn * 4 * (4 + info.epilogue_flops))
+        # float16 and bfloat16 have the same dense peak on every target in the table
+        rate = target.tensor_flops.get("float16", 0.0) * MMA_SYNC_FRACTION.get(target.sm, 0.6)
+        # a warp's k tile on its scheduler (a quarter of the SM's tensor rate), alone
+        mma_cycles = MMA_FLOPS / max(rate / target.sm_count / target.clock_hz / target.schedulers_per_sm, 1e-9)
+        tile_cycles = tm * tn * (bk // 16) * mma_cycles
+        exposed = max(0.0, GLOBAL_LATENCY_CYCLES - (stages - 1) * tile_cycles)
+        chain = k_tiles * (tile_cycles + exposed + BARRIER_CYCLES)
+        notes = [f"mma.m16n8k16 {tm}x{tn} tiles per warp, {stages}-stage cp.async ring of {bk}-wide k tiles",
+                 "ldmatrix from swizzled shared tiles (conflict-free)"]
+        return Workload(
+            blocks=blocks, threads=threads, registers=tile_registers(bm, bn, wm, wn, bk, sizes),
+            smem_bytes=shared_bytes(point), smem_opt_in=True,
+            flops=2.0 * m * n * k * batch, fma_ops=float(m * n * batch * max(info.epilogue_flops, 0)),
+            tensor_flops=2.0 * blocks * bm * bn * k16 * 16, tensor_rate=rate,
+            dram_bytes=dram_from_l2(info, l2, target), l2_bytes=l2,
+            global_wavefronts=(l2 - out_bytes) / 128.0 + out_bytes / 32.0,
+            smem_wavefronts=ldmatrix * LDMATRIX_WAVEFRONTS + blocks * k_tiles * (bm + bn) * bk * 2 / 128.0,
+            instructions=instructions, bytes_in_flight=2.0 * (bm + bn) * bk / threads * (stages - 1), ilp=float(tm * tn),
+            chain_cycles=chain, k_extent=k_tiles * bk, notes=notes + [
+                f"k tile {tile_cycles:.0f} cycles of mma per warp, {exposed:.0f} cycles of latency exposed"])
+
+    def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
+        sch.tensorize(info.stage, intrinsic="auto", block=(int(point["bm"]), int(point["bn"])),
+                      warps=(int(point["warps_m"]), int(point["warps_n"])), k_tile=int(point["bk"]),
+                      stages=int(point["stages"]))
+
+    def describe(self, point: Point) -> str:
+        bm, bn, wm, wn = (int(point[x]) for x in ("bm", "bn", "warps_m", "warps_n"))
+        return (f"gemm_tensor_core(mma.m16n8k16 f32 accumulators, block {bm}x{bn}, "
+                f"{wm}x{wn} warps of {bm // wm}x{bn // wn}, k-tile {point['bk']}, {point['stages']} cp.async stages)")
+
+
+register(GemmTensorCore())

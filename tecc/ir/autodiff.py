@@ -1,0 +1,576 @@
+"""Reverse-mode differentiation of tensor expressions: `grad(C, [A, B])`.
+
+The result is more tensor expressions, built with the same language as the forward program, so
+the backward pass is compiled by the same planner as any other program:
+
+    C = compute(...)                      # from placeholders A, B
+    g = grad(C, [A, B])                   # g.cotangent: placeholder dC (C's shape and dtype)
+    back = build(g.args)                  # [*g.inputs, dC, dA, dB]: inputs, cotangent, gradients
+
+How (docs/pytorch.md, "Gradients"):
+
+1. **Normalize.** Every compute stage becomes either one reduction (`T[i] = sum/max/min_k h`)
+   or reduction-free (elementwise with reads), by moving each reduction embedded in a larger
+   body (`sum_k A*B + bias[j]`) into a stage of its own (`C.reduce0`). The backward program
+   recomputes the forward stages it needs from the inputs.
+2. **Adjoints, last stage first.** With the adjoint dT of a stage known, each read `X[idx(p)]`
+   of its body gets the scalar adjoint `g(p) = dT[i] · ∂body/∂X[idx(p)]` over the stage's
+   iteration space p = (axes i, reduction axes k), by reverse mode on the scalar expression
+   (the rules in `_local_adjoints`). For a max/min reduction the seed is the mask of the
+   elements that reached the extremum, `where(h == T[i], dT[i] / count[i], 0)`: ties share the
+   gradient equally (as torch.amax), `count[i]` being how many elements tie.
+3. **Gather, not scatter.** `dX[x] = Σ_{p : idx(p) = x} g(p)` is written as a compute over X's
+   shape: each coordinate of X's index that is an axis plus a constant (`i`, `k`, `j + 1`, a
+   constant) fixes that axis from x (with a guard when the ranges differ), and the axes that no
+   coordinate fixes are summed (`tc.sum`). Matmuls, broadcasts, transposes and shifts have this
+   form; other indices (`X[i + k]`, `X[2 * i]`) raise TeccError naming the read.
+4. **Accumulate.** A tensor read by several stages (or several times) sums the contributions,
+   each reduction in a stage of its own.
+
+Only float tensors get gradients; reads of integer and bool tensors, comparisons, `floor`,
+`ceil`, `round` and float→int casts pass no gradient.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .errors import DTypeError, TeccError
+from .expr import (
+    Binary,
+    Call,
+    Cast,
+    Const,
+    Expr,
+    IterVar,
+    Reduce,
+    ReduceAxis,
+    Select,
+    TensorRead,
+    Var,
+    binary,
+    call,
+    cast,
+    compare,
+    logical_and,
+    select,
+    walk,
+)
+from .ops import sum as reduce_sum
+from .tensor import ComputeOp, Tensor, compute, placeholder, reduce_axis
+from .visitor import ExprMutator
+
+
+class GradientError(TeccError):
+    """A program tecc cannot differentiate (the message names the tensor and the read)."""
+
+
+@dataclass(frozen=True)
+class Gradients:
+    """What `grad` returns.
+
+    `cotangent` is the new placeholder dC (the output's shape and dtype) that the backward
+    program takes; `grads` the tensors dL/dX, one per requested input, each of that input's
+    shape and dtype; `inputs` the placeholders of the forward program in the order they are
+    first read; `args` the kernel signature to build: `[*inputs, cotangent, *grads]`."""
+
+    output: Tensor
+    wrt: tuple[Tensor, ...]
+    inputs: tuple[Tensor, ...]
+    cotangent: Tensor
+    grads: tuple[Tensor, ...]
+
+    @property
+    def args(self) -> list[Tensor]:
+        return [*self.inputs, self.cotangent, *self.grads]
+
+    def __getitem__(self, tensor: Tensor) -> Tensor:
+        """The gradient with respect to `tensor` (one of `wrt`)."""
+        for x, g in zip(self.wrt, self.grads):
+            if x is tensor:
+                return g
+        raise KeyError(tensor.name)
+
+
+def grad(output: Tensor, wrt: Sequence[Tensor], *, cotangent_name: str | None = None) -> Gradients:
+    """The gradients of `output` with respect to the placeholders `wrt` (module docstring).
+
+    Raises GradientError for what cannot be differentiated (a `prod` reduction, a reduction
+    nested in another, a read whose index is not an axis plus a constant), DTypeError when a
+    requested input or the output is not a float tensor."""
+    if not isinstance(output, Tensor):
+        raise GradientError(f"grad(): the output must be a tensor, got {type(output).__name__}")
+    wrt = tuple(wrt)
+    for x in wrt:
+        if not isinstance(x, Tensor) or not x.is_placeholder:
+            shown = x.name if isinstance(x, Tensor) else type(x).__name__
+            raise GradientError(f"grad(): {shown} is not a placeholder; gradients are taken with respect to "
+                                "the program's inputs")
+        if not x.dtype.is_float:
+            raise DTypeError(f"grad(): input {x.name} is {x.dtype}; only float tensors have gradients")
+    if not output.dtype.is_float:
+        raise DTypeError(f"grad(): output {output.name} is {output.dtype}; only a float output can be differentiated")
+    if output.is_placeholder:
+        raise GradientError(f"grad(): the output {output.name} is a placeholder; pass a compute of the inputs")
+
+    inputs = _placeholders(output)
+    builder = _Backward(output, wrt)
+    name = cotangent_name or builder._name(f"d{output.name}")
+    builder.taken.add(name)
+    dC = placeholder(output.shape, output.dtype, name=name)
+    grads = builder.run(dC)
+    return Gradients(output, wrt, inputs, dC, grads)
+
+
+# ---- the forward DAG ------------------------------------------------------------------------------
+
+def _reads(body: Expr) -> list[TensorRead]:
+    return [n for n in walk(body) if isinstance(n, TensorRead)]
+
+
+def _placeholders(output: Tensor) -> tuple[Tensor, ...]:
+    """The placeholders of `output`'s program, in the order a depth-first walk first reads them."""
+    seen: set[int] = set()
+    found: list[Tensor] = []
+
+    def visit(t: Tensor) -> None:
+        if id(t) in seen:
+            return
+        seen.add(id(t))
+        if t.is_placeholder:
+            found.append(t)
+            return
+        assert isinstance(t.op, ComputeOp)
+        for r in _reads(t.op.body):
+            visit(r.tensor)
+
+    visit(output)
+    return tuple(found)
+
+
+def _topological(output: Tensor) -> list[Tensor]:
+    """Every tensor of `output`'s program, producers before consumers."""
+    order: list[Tensor] = []
+    seen: set[int] = set()
+
+    def visit(t: Tensor) -> None:
+        if id(t) in seen:
+            return
+        seen.add(id(t))
+        if isinstance(t.op, ComputeOp):
+            for r in _reads(t.op.body):
+                visit(r.tensor)
+        order.append(t)
+
+    visit(output)
+    return order
+
+
+class _Retarget(ExprMutator):
+    """Rewrites reads of tensors to their normalized replacements and replaces whole reduction
+    nodes by reads of the stages they moved to."""
+
+    def __init__(self, tensors: dict[int, Tensor], reductions: dict[int, Expr]) -> None:
+        super().__init__()
+        self.tensors = tensors
+        self.reductions = reductions
+
+    def visit_Reduce(self, e: Reduce) -> Expr:
+        hit = self.reductions.get(id(e))
+        return hit if hit is not None else self.generic_visit(e)
+
+    def visit_TensorRead(self, e: TensorRead) -> Expr:
+        idx = tuple(self.visit(i) for i in e.indices)
+        target = self.tensors.get(id(e.tensor), e.tensor)
+        if target is e.tensor and all(a is b for a, b in zip(idx, e.indices)):
+            return e
+        return TensorRead(target, idx)
+
+
+def _normalize(output: Tensor) -> Tensor:
+    """`output`'s program with every stage either one reduction or reduction-free (step 1)."""
+    replaced: dict[int, Tensor] = {}
+    for t in _topological(output):
+        if not isinstance(t.op, ComputeOp):
+            continue
+        body = t.op.body
+        embedded = [n for n in walk(body) if isinstance(n, Reduce)] if not isinstance(body, Reduce) else []
+        if isinstance(body, Reduce):
+            for n in walk(body.source):
+                if isinstance(n, Reduce):
+                    raise GradientError(f"grad(): {t.name} nests the reduction {n} inside another; write the inner "
+                                        "reduction as a stage of its own")
+        moved: dict[int, Expr] = {}
+        for pos, red in enumerate(embedded):
+            if any(isinstance(n, Reduce) for n in walk(red.source)):
+                raise GradientError(f"grad(): {t.name} nests a reduction inside {red}; write the inner reduction as "
+                                    "a stage of its own")
+            source = _Retarget(replaced, {}).visit(red)
+            stage = compute(t.shape, _renamed_axes(t.op.axes, source), name=f"{t.name}_reduce{pos}")
+            moved[id(red)] = TensorRead(stage, tuple(t.op.axes))
+        new_body = _Retarget(replaced, moved).visit(body)
+        if new_body is not body:
+            replaced[id(t)] = Tensor(ComputeOp(t.name, t.op.axes, new_body), t.shape, t.dtype)
+    return replaced.get(id(output), output)
+
+
+# ---- scalar reverse mode --------------------------------------------------------------------------
+
+def _differentiable_read(e: Expr, active: set[int]) -> bool:
+    return isinstance(e, TensorRead) and e.dtype.is_float and id(e.tensor) in active
+
+
+def _needs_gradient(body: Expr, active: set[int]) -> set[int]:
+    """Ids of the float nodes of `body` below which a read of an active tensor lies."""
+    needs: set[int] = set()
+    for node in _postorder(body):
+        if not node.dtype.is_float:
+            continue
+        if _differentiable_read(node, active):
+            needs.add(id(node))
+        elif not isinstance(node, TensorRead) and any(id(c) in needs for c in node.children):
+            needs.add(id(node))
+    return needs
+
+
+def _postorder(body: Expr) -> list[Expr]:
+    """The nodes of `body`, children before parents, each once; reads are leaves."""
+    order: list[Expr] = []
+    seen: set[int] = set()
+    stack: list[tuple[Expr, bool]] = [(body, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        if not isinstance(node, TensorRead):
+            stack.extend((c, False) for c in reversed(node.children))
+    return order
+
+
+LN2 = math.log(2.0)
+TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+
+def _local_adjoints(node: Expr, g: Expr) -> list[tuple[Expr, Expr]]:
+    """(child, adjoint contribution) of `node` with adjoint `g`: the derivative rules."""
+    if isinstance(node, Binary):
+        a, b, op = node.a, node.b, node.op
+        if op == "+":
+            return [(a, g), (b, g)]
+        if op == "-":
+            return [(a, g), (b, -g)]
+        if op == "*":
+            return [(a, g * b), (b, g * a)]
+        if op == "/":
+            return [(a, g / b), (b, -(g * node) / b)]
+        if op in ("max", "min"):
+            # the subgradient goes to the operand that was taken; a tie to the first (a)
+            first = compare(">=" if op == "max" else "<=", a, b)
+            return [(a, select(first, g, 0)), (b, select(first, 0, g))]
+        if op == "pow":
+            return [(a, g * _pow_derivative(a, b)), (b, g * node * call("log", a))]
+        return []  # integer // % & | ^: no gradient
+    if isinstance(node, Select):
+        return [(node.a, select(node.cond, g, 0)), (node.b, select(node.cond, 0, g))]
+    if isinstance(node, Cast):
+        if node.a.dtype.is_float and node.dtype.is_float:
+            return [(node.a, cast(g, node.a.dtype))]
+        return []
+    if isinstance(node, Call):
+        return [(node.args[0], _call_derivative(node, g))] if node.args else []
+    return []
+
+
+def _pow_derivative(a: Expr, b: Expr) -> Expr:
+    """d(a**b)/da = b·a**(b-1), with the common constant exponents written out."""
+    if isinstance(b, Const):
+        if b.value == 1.0:
+            return Const(1.0, a.dtype)
+        if b.value == 2.0:
+            return a * 2.0
+        if b.value == 0.5:
+            return 0.5 / call("sqrt", a)
+    return b * binary("pow", a, b - 1.0)
+
+
+def _call_derivative(node: Call, g: Expr) -> Expr:
+    x = node.args[0]
+    name = node.name
+    if name == "exp":
+        return g * node
+    if name == "exp2":
+        return g * node * LN2
+    if name == "log":
+        return g / x
+    if name == "log2":
+        return g / (x * LN2)
+    if name == "sqrt":
+        return g * 0.5 / node
+    if name == "rsqrt":
+        return g * -0.5 * node * node * node
+    if name == "sin":
+        return g * call("cos", x)
+    if name == "cos":
+        return -(g * call("sin", x))
+    if name == "tanh":
+        return g * (1.0 - node * node)
+    if name == "sigmoid":
+        return g * node * (1.0 - node)
+    if name == "erf":
+        return g * TWO_OVER_SQRT_PI * call("exp", -(x * x))
+    if name == "abs":
+        return select(compare(">", x, 0), g, select(compare("<", x, 0), -g, 0))
+    if name in ("floor", "ceil", "round"):
+        return Const(0.0, x.dtype)  # piecewise constant
+    raise GradientError(f"grad(): no derivative rule for {name}({x})")
+
+
+def _scalar_adjoints(body: Expr, seed: Expr, active: set[int]) -> dict[TensorRead, Expr]:
+    """The adjoint of every differentiable read of `body` when `body`'s adjoint is `seed`."""
+    needs = _needs_gradient(body, active)
+    if id(body) not in needs:
+        return {}
+    adjoint: dict[int, Expr] = {id(body): seed}
+    out: dict[TensorRead, Expr] = {}
+    for node in reversed(_postorder(body)):
+        g = adjoint.pop(id(node), None)
+        if g is None:
+            continue
+        if isinstance(node, TensorRead):
+            out[node] = g
+            continue
+        for child, contribution in _local_adjoints(node, g):
+            if id(child) not in needs:
+                continue
+            prev = adjoint.get(id(child))
+            adjoint[id(child)] = contribution if prev is None else prev + contribution
+    return out
+
+
+# ---- gathering adjoints onto an input's shape --------------------------------------------------
+
+@dataclass(frozen=True)
+class _Contribution:
+    """`Σ_{p in space : read.indices(p) = x} value(p)`, a part of the adjoint of read.tensor."""
+
+    stage: Tensor
+    read: TensorRead
+    value: Expr
+    space: tuple[IterVar, ...]
+
+
+def _affine_axis(ix: Expr, space: Sequence[IterVar]) -> tuple[IterVar | None, Expr] | None:
+    """`ix` as (axis, offset) when it is an axis of `space` plus a constant (offset an integer
+    expression free of the space's axes), (None, ix) when no axis of the space occurs in it,
+    None otherwise."""
+    axes = set(space)
+    used = [n for n in walk(ix) if isinstance(n, Var) and n in axes]
+    if not used:
+        return None, ix
+    if isinstance(ix, IterVar) and ix in axes:
+        return ix, Const(0, ix.dtype)
+    if isinstance(ix, Binary) and ix.op in ("+", "-"):
+        left = ix.a if isinstance(ix.a, IterVar) and ix.a in axes else None
+        right = ix.b if isinstance(ix.b, IterVar) and ix.b in axes else None
+        if left is not None and not any(n in axes for n in walk(ix.b) if isinstance(n, Var)):
+            return left, ix.b if ix.op == "+" else -ix.b
+        if right is not None and ix.op == "+" and not any(n in axes for n in walk(ix.a) if isinstance(n, Var)):
+            return right, ix.a
+    return None
+
+
+class _Substitute(ExprMutator):
+    def __init__(self, mapping: dict[Var, Expr]) -> None:
+        super().__init__()
+        self.mapping = mapping
+
+    def visit_Var(self, v: Var) -> Expr:
+        return self.mapping.get(v, v)
+
+
+def _gather_body(x: Tensor, c: _Contribution) -> Callable[..., Expr]:
+    """The compute function of one contribution over x's axes (step 3)."""
+    forms = []
+    for pos, ix in enumerate(c.read.indices):
+        form = _affine_axis(ix, c.space)
+        if form is None:
+            raise GradientError(
+                f"grad(): cannot differentiate {c.stage.name}'s read {c.read} with respect to {x.name}: index {pos} "
+                f"({ix}) is not one axis plus a constant; tc.grad handles reads like X[i, k], X[j], X[i + 1] "
+                "(matmuls, broadcasts, transposes, shifts), not convolution-like X[i + k] or strided X[2 * i]"
+            )
+        forms.append(form)
+
+    def body(*xs: Var) -> Expr:
+        mapping: dict[Var, Expr] = {}
+        conds: list[Expr] = []
+        for pos, (axis, offset) in enumerate(forms):
+            coordinate = xs[pos]
+            if axis is None:
+                conds.append(compare("==", coordinate, offset))
+                continue
+            value = binary("-", coordinate, offset)
+            if axis in mapping:
+                conds.append(compare("==", mapping[axis], value))
+                continue
+            mapping[axis] = value
+            if not (isinstance(offset, Const) and offset.value == 0 and isinstance(axis.lo, Const)
+                    and axis.lo.value == 0 and axis.extent is x.shape[pos]):
+                conds.append(compare(">=", value, axis.lo))
+                conds.append(compare("<", value, binary("+", axis.lo, axis.extent)))
+        summed = []
+        for axis in c.space:
+            if axis not in mapping:
+                fresh = reduce_axis((axis.lo, binary("+", axis.lo, axis.extent)), name=f"{axis.name}_")
+                mapping[axis] = fresh
+                summed.append(fresh)
+        value = _Substitute(mapping).visit(c.value)
+        if conds:
+            value = select(logical_and(*conds), value, 0)
+        if summed:
+            value = reduce_sum(value, axis=summed)
+        return value
+
+    return body
+
+
+# ---- the backward program ---------------------------------------------------------------------
+
+class _Backward:
+    def __init__(self, output: Tensor, wrt: tuple[Tensor, ...]) -> None:
+        self.output = _normalize(output)
+        self.wrt = wrt
+        self.order = _topological(self.output)
+        self.active = self._active()
+        self.names = itertools.count()
+        self.taken: set[str] = {t.name for t in self.order}
+
+    def _active(self) -> set[int]:
+        """Ids of the float tensors on a path from a requested input to the output."""
+        wanted = {id(x) for x in self.wrt}
+        active: set[int] = set()
+        for t in self.order:
+            if not t.dtype.is_float:
+                continue
+            if id(t) in wanted:
+                active.add(id(t))
+            elif isinstance(t.op, ComputeOp) and any(id(r.tensor) in active for r in _reads(t.op.body)):
+                active.add(id(t))
+        return active
+
+    def _name(self, want: str) -> str:
+        name = want
+        while name in self.taken:
+            name = f"{want}_{next(self.names)}"
+        self.taken.add(name)
+        return name
+
+    def run(self, cotangent: Tensor) -> tuple[Tensor, ...]:
+        contributions: dict[int, list[_Contribution]] = {}
+        adjoints: dict[int, Tensor] = {id(self.output): cotangent}
+        for t in reversed(self.order):
+            if id(t) not in self.active:
+                continue
+            if id(t) not in adjoints:
+                adjoints[id(t)] = self._accumulate(t, contributions.get(id(t), []))
+            if isinstance(t.op, ComputeOp):
+                for c in self._stage_contributions(t, adjoints[id(t)]):
+                    contributions.setdefault(id(c.read.tensor), []).append(c)
+        grads = []
+        for x in self.wrt:
+            found = adjoints.get(id(x))
+            if found is None:  # the output does not depend on x
+                found = compute(x.shape, lambda *_: Const(0.0, x.dtype), name=self._name(f"d{x.name}"))
+            grads.append(found)
+        return tuple(grads)
+
+    def _stage_contributions(self, t: Tensor, dt_: Tensor) -> list[_Contribution]:
+        assert isinstance(t.op, ComputeOp)
+        axes = tuple(t.op.axes)
+        body = t.op.body
+        seed: Expr = TensorRead(dt_, axes)
+        if not isinstance(body, Reduce):
+            space = axes
+            source = body
+        else:
+            space = axes + tuple(body.axes)
+            source = body.source
+            if body.combiner == "prod":
+                raise GradientError(
+                    f"grad(): {t.name} is a prod reduction, which tc.grad does not differentiate; write it as "
+                    "exp(sum(log(x))) for positive x"
+                )
+            if body.combiner in ("max", "min"):
+                reached = compare("==", source, TensorRead(t, axes))
+                count = self._tie_count(t, body, reached)
+                seed = select(reached, seed / TensorRead(count, axes), 0)
+        return [_Contribution(t, read, value, space)
+                for read, value in _scalar_adjoints(source, seed, self.active).items()]
+
+    def _tie_count(self, t: Tensor, body: Reduce, reached: Expr) -> Tensor:
+        """`count[i]`: how many elements of t's reduction reach its max/min (at least 1)."""
+        assert isinstance(t.op, ComputeOp)
+        axes = t.op.axes
+
+        def fcompute(*xs: Var) -> Expr:
+            fresh = [reduce_axis((a.lo, binary("+", a.lo, a.extent)), name=f"{a.name}_") for a in body.axes]
+            mapping: dict[Var, Expr] = dict(zip(axes, xs))
+            mapping.update(zip(body.axes, fresh))
+            return reduce_sum(select(_Substitute(mapping).visit(reached), Const(1.0, t.dtype), Const(0.0, t.dtype)),
+                              axis=fresh)
+
+        return compute(t.shape, fcompute, name=self._name(f"{t.name}_ties"))
+
+    def _accumulate(self, x: Tensor, parts: list[_Contribution]) -> Tensor:
+        """dx: the sum of its contributions (step 4)."""
+        name = f"d{x.name}"
+        if not parts:
+            return compute(x.shape, lambda *_: Const(0.0, x.dtype), name=self._name(name))
+        if len(parts) == 1:
+            return compute(x.shape, _cast_to(x, _gather_body(x, parts[0])), name=self._name(name))
+        terms: list[Callable[..., Expr]] = []
+        for c in parts:
+            body = _gather_body(x, c)
+            if any(isinstance(n, ReduceAxis) for n in walk(c.value)) or self._sums(x, c):
+                part = compute(x.shape, _cast_to(x, body), name=self._name(f"{name}_from_{c.stage.name}"))
+                terms.append(lambda *xs, part=part: TensorRead(part, tuple(xs)))
+            else:
+                terms.append(body)
+
+        def total(*xs: Var) -> Expr:
+            out = terms[0](*xs)
+            for term in terms[1:]:
+                out = out + term(*xs)
+            return cast(out, x.dtype)
+
+        return compute(x.shape, total, name=self._name(name))
+
+    @staticmethod
+    def _sums(x: Tensor, c: _Contribution) -> bool:
+        """Whether the contribution sums over axes its read does not fix."""
+        fixed = {form[0] for form in (_affine_axis(ix, c.space) for ix in c.read.indices) if form is not None}
+        return any(axis not in fixed for axis in c.space)
+
+
+def _cast_to(x: Tensor, body: Callable[..., Expr]) -> Callable[..., Expr]:
+    def cast_body(*xs: Var) -> Expr:
+        return cast(body(*xs), x.dtype)
+
+    return cast_body
+
+
+def _renamed_axes(axes: Sequence[IterVar], body: Expr) -> Callable[..., Expr]:
+    """A compute function giving `body` with `axes` replaced by the new compute's own axes."""
+
+    def fcompute(*xs: Var) -> Expr:
+        return _Substitute(dict(zip(axes, xs))).visit(body)
+
+    return fcompute

@@ -1,0 +1,212 @@
+"""The intrinsic table: every warp-collective matrix instruction tecc emits, declared once, as data.
+
+A row says what the instruction computes and how its operands are spread over the 32 lanes of a
+warp. Codegen prints the inline PTX from a row (operand counts, register packing, constraint
+letters), the emulator executes the row by gathering and scattering through the very same
+layout maps, and the tests pin the maps against the PTX ISA. A new instruction is a new row.
+
+**Layout maps.** `FragmentOperand.layout(lane, element) -> (row, col)` says which element of the
+operand's tile a lane holds at position `element` of its fragment (the PTX ISA, "Matrix
+fragments for mma.m16n8k16" / "... m16n8k8" and "ldmatrix"). The maps use only `+`, `*`, `//`
+and `%` on non-negative values, so one definition works on Python ints, NumPy integer arrays
+and tecc index `Expr`s.
+
+**Registers.** A lane's fragment elements pack into 32-bit registers in element order:
+`elements_per_register` consecutive elements share one register (two f16/bf16 values, low half
+first, as `.f16x2` has them; one f32/tf32 value). Codegen passes register r as the 32 bits at
+fragment elements [r * per_register, (r + 1) * per_register).
+
+**tf32.** A tf32 operand is stored as float32; the instruction reads only its top 19 bits.
+tecc converts each such register with `cvt.rna.tf32.f32` (round to nearest, ties away from
+zero, on the 13 dropped mantissa bits) before the mma, and the emulator rounds the same way
+(`tecc.runtime.sim.matrix.round_to_tf32`), so both see the same inputs whatever the hardware does with low bits.
+
+The m16n8k16 fragments (g = lane // 4, t = lane % 4; aN = element N of the lane's fragment):
+
+    A (16 x 16, row-major)              B (16 x 8, k x n)        C / D (16 x 8)
+          cols 0..7     cols 8..15            cols 0..7                cols 0..7
+    row g   a0 a1 @2t     a4 a5 @2t+8     k 2t,2t+1   b0 b1 @ n=g   row g    c0 c1 @2t
+    row g+8 a2 a3 @2t     a6 a7 @2t+8     k 2t+8,+9   b2 b3 @ n=g   row g+8  c2 c3 @2t
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import dtype as dt
+from .dtype import DType
+from .errors import TeccError
+
+# A lane or element index: a Python int, a NumPy integer array or an integer Expr.
+Index = Any
+LayoutMap = Callable[[Index, Index], tuple[Index, Index]]
+AddressMap = Callable[[Index], Index]
+
+WARP_SIZE = 32
+# The PTX operand types of the table and the dtype a fragment buffer stores them in.
+PTX_STORAGE: dict[str, DType] = {"f16": dt.float16, "bf16": dt.bfloat16, "tf32": dt.float32,
+                                 "f32": dt.float32, "b16": dt.float16}
+
+
+class IntrinsicError(TeccError):
+    """A matrix statement does not fit the intrinsic-table row it names (unknown row, wrong dtype,
+    fragment too small, misaligned offset); the message names the row, the buffer and the fix."""
+
+
+@dataclass(frozen=True)
+class FragmentOperand:
+    """One operand of a matrix instruction: the tile it covers and how the warp holds it.
+
+    `role` is 'a', 'b', 'c' or 'd' for mma ('d' only for ldmatrix: what it loads); `ptx_type`
+    the PTX element type; `rows x cols` the tile (A is m x k, B is k x n, C and D are m x n);
+    `elements` how many elements each lane holds; `layout` the (lane, element) -> (row, col) map."""
+
+    role: str
+    ptx_type: str
+    rows: int
+    cols: int
+    elements: int
+    layout: LayoutMap
+
+    @property
+    def dtype(self) -> DType:
+        """The dtype of a fragment buffer holding this operand."""
+        return PTX_STORAGE[self.ptx_type]
+
+    @property
+    def elements_per_register(self) -> int:
+        return 4 // self.dtype.bytes
+
+    @property
+    def registers(self) -> int:
+        return self.elements // self.elements_per_register
+
+    @property
+    def convert(self) -> str | None:
+        """The PTX conversion applied to each register before the instruction reads it."""
+        return "cvt.rna.tf32.f32" if self.ptx_type == "tf32" else None
+
+
+@dataclass(frozen=True)
+class MatrixIntrinsic:
+    """One row of the table.
+
+    kind 'mma': D = A . B + C over an m x n x k tile, all four operands fragments.
+    kind 'ldmatrix': `matrices` 8 x 8 tiles of 16-bit elements, stacked as one (8 * matrices) x 8
+    tile, loaded from shared memory; lane `address(lane)` < 8 * matrices supplies the address of
+    that stacked row (8 contiguous elements, 16-byte aligned), and operand 'd' says which lane
+    receives which element. `min_arch` is the first sm_XY that has the instruction."""
+
+    name: str
+    ptx: str
+    kind: str
+    shape: tuple[int, int, int]
+    operands: tuple[FragmentOperand, ...]
+    min_arch: int = 80
+    matrices: int = 0
+    transpose: bool = False
+    address: AddressMap | None = None
+
+    def operand(self, role: str) -> FragmentOperand:
+        for o in self.operands:
+            if o.role == role:
+                return o
+        raise IntrinsicError(f"intrinsic {self.name} has no operand {role!r}; it has "
+                             f"{', '.join(o.role for o in self.operands)}")
+
+    @property
+    def address_lanes(self) -> int:
+        """Lanes whose row address an ldmatrix reads (the others' are ignored)."""
+        return 8 * self.matrices
+
+
+# ---- layout maps, typed from the PTX ISA's fragment figures ------------------------------------
+# g = lane // 4 is the ISA's groupID, t = lane % 4 its threadID_in_group.
+
+def _m16n8k16_a(lane: Index, e: Index) -> tuple[Index, Index]:
+    # a0,a1: (g, 2t+i); a2,a3: (g+8, 2t+i); a4,a5: (g, 2t+8+i); a6,a7: (g+8, 2t+8+i)
+    return lane // 4 + 8 * ((e // 2) % 2), (lane % 4) * 2 + e % 2 + 8 * (e // 4)
+
+
+def _m16n8k16_b(lane: Index, e: Index) -> tuple[Index, Index]:
+    # b0,b1: (k = 2t+i, n = g); b2,b3: (k = 2t+8+i, n = g)
+    return (lane % 4) * 2 + e % 2 + 8 * (e // 2), lane // 4
+
+
+def _m16n8_c(lane: Index, e: Index) -> tuple[Index, Index]:
+    # c0,c1: (g, 2t+i); c2,c3: (g+8, 2t+i) -- m16n8k16 and m16n8k8 alike
+    return lane // 4 + 8 * (e // 2), (lane % 4) * 2 + e % 2
+
+
+def _m16n8k8_tf32_a(lane: Index, e: Index) -> tuple[Index, Index]:
+    # a0: (g, t); a1: (g+8, t); a2: (g, t+4); a3: (g+8, t+4)
+    return lane // 4 + 8 * (e % 2), lane % 4 + 4 * (e // 2)
+
+
+def _m16n8k8_tf32_b(lane: Index, e: Index) -> tuple[Index, Index]:
+    # b0: (k = t, n = g); b1: (k = t+4, n = g)
+    return lane % 4 + 4 * e, lane // 4
+
+
+def _ldmatrix_rows(lane: Index, e: Index) -> tuple[Index, Index]:
+    # matrix e // 2; the lane gets row g, columns 2t and 2t+1 of it
+    return 8 * (e // 2) + lane // 4, (lane % 4) * 2 + e % 2
+
+
+def _ldmatrix_transposed(lane: Index, e: Index) -> tuple[Index, Index]:
+    # .trans: the lane gets column g, rows 2t and 2t+1 of matrix e // 2 as stored
+    return 8 * (e // 2) + (lane % 4) * 2 + e % 2, lane // 4
+
+
+def _ldmatrix_address(lane: Index) -> Index:
+    # lanes 8j .. 8j+7 give the addresses of rows 0..7 of matrix j
+    return lane
+
+
+def _mma(name: str, ptx: str, m: int, n: int, k: int, ab: str, cd: str,
+         a: LayoutMap, b: LayoutMap, c: LayoutMap) -> MatrixIntrinsic:
+    per_lane = WARP_SIZE
+    return MatrixIntrinsic(
+        name=name, ptx=ptx, kind="mma", shape=(m, n, k),
+        operands=(
+            FragmentOperand("a", ab, m, k, m * k // per_lane, a),
+            FragmentOperand("b", ab, k, n, k * n // per_lane, b),
+            FragmentOperand("c", cd, m, n, m * n // per_lane, c),
+            FragmentOperand("d", cd, m, n, m * n // per_lane, c),
+        ),
+    )
+
+
+def _ldmatrix(matrices: int, transpose: bool) -> MatrixIntrinsic:
+    suffix = f".x{matrices}" + (".trans" if transpose else "")
+    rows = 8 * matrices
+    layout = _ldmatrix_transposed if transpose else _ldmatrix_rows
+    return MatrixIntrinsic(
+        name=f"ldmatrix{suffix}", ptx=f"ldmatrix.sync.aligned.m8n8{suffix}.shared.b16", kind="ldmatrix",
+        shape=(rows, 8, 0), operands=(FragmentOperand("d", "b16", rows, 8, 2 * matrices, layout),),
+        matrices=matrices, transpose=transpose, address=_ldmatrix_address,
+    )
+
+
+_ROWS = (
+    _mma("mma.m16n8k16.f32.f16", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", 16, 8, 16,
+         "f16", "f32", _m16n8k16_a, _m16n8k16_b, _m16n8_c),
+    _mma("mma.m16n8k16.f32.bf16", "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", 16, 8, 16,
+         "bf16", "f32", _m16n8k16_a, _m16n8k16_b, _m16n8_c),
+    _mma("mma.m16n8k16.f16.f16", "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16", 16, 8, 16,
+         "f16", "f16", _m16n8k16_a, _m16n8k16_b, _m16n8_c),
+    _mma("mma.m16n8k8.f32.tf32", "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 16, 8, 8,
+         "tf32", "f32", _m16n8k8_tf32_a, _m16n8k8_tf32_b, _m16n8_c),
+) + tuple(_ldmatrix(x, t) for x in (1, 2, 4) for t in (False, True))
+
+TABLE: dict[str, MatrixIntrinsic] = {row.name: row for row in _ROWS}
+
+
+def lookup(name: str) -> MatrixIntrinsic:
+    """The table row called `name`, or IntrinsicError listing the rows."""
+    row = TABLE.get(name)
+    if row is None:
+        raise IntrinsicError(f"no matrix intrinsic {name!r}; the table has {', '.join(TABLE)}")
+    return row
+

@@ -1,0 +1,208 @@
+"""The matrix-fragment statements of the loop-nest IR: mma, ldmatrix and cp.async.
+
+Part of tecc.ir.stmt (which re-exports every name here); this module is their reference manual.
+
+**Warp-collective.** `MatrixMultiply` and `MatrixLoad` are executed by a whole warp together:
+all 32 lanes of the warp must reach the statement (never under a lane-dependent condition),
+each lane contributing its fragment registers (and, for ldmatrix, a row address). What a lane
+holds is fixed by the intrinsic-table row the statement names (tecc.ir.intrinsics). Fragment
+offsets are element offsets into per-lane `fragment` buffers and must be the same in every
+lane of the warp (constants after unrolling, in practice).
+
+**Asynchronous copies.** `AsyncCopy` starts a copy global -> shared that lands later; the
+issuing thread's copies since its last `AsyncCommit` form one group at that commit;
+`AsyncWait(n)` blocks the thread until at most its `n` most recent groups are still in flight.
+Only then may the *issuing* thread read the destination; other threads of the block need a
+`Barrier` after the wait as well (cp.async data is made visible to the block by the barrier).
+Reading a destination before the wait that covers it is a race; so is leaving a copy
+uncommitted or unwaited when the kernel ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import DTypeError
+from .expr import Expr, const_int, index_expr
+from .intrinsics import FragmentOperand, IntrinsicError, MatrixIntrinsic, lookup
+from .stmt import Buffer, Stmt
+
+ASYNC_COPY_BYTES = (4, 8, 16)
+ASYNC_CACHE = ("ca", "cg")  # cache at all levels / in L2 only (cg needs 16 bytes)
+
+
+def check_fragment_buffer(buf: Buffer) -> None:
+    """A fragment buffer names an existing (intrinsic, operand), stores its dtype, is 1-D with a
+    constant length that is a whole number of fragments (called by Buffer's constructor)."""
+    assert buf.fragment is not None
+    name, role = buf.fragment
+    operand = lookup(name).operand(role)
+    if buf.dtype != operand.dtype:
+        raise IntrinsicError(
+            f"fragment buffer {buf.name} holds operand {role} of {name}, which is stored as {operand.dtype}, "
+            f"but the buffer is {buf.dtype}")
+    size = const_int(buf.shape[0]) if len(buf.shape) == 1 else None
+    if size is None or size % operand.elements:
+        raise IntrinsicError(
+            f"fragment buffer {buf.name}: shape [{', '.join(str(s) for s in buf.shape)}] must be one constant "
+            f"dimension holding whole fragments of {operand.elements} elements ({name} operand {role})")
+
+
+@dataclass(frozen=True, eq=False)
+class FragmentRef:
+    """The elements [offset, offset + operand.elements) of a per-lane fragment buffer: one
+    operand of one matrix instruction, in every lane of the warp."""
+
+    buffer: Buffer
+    offset: Expr
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "offset", index_expr(self.offset))
+
+    def check(self, row: MatrixIntrinsic, operand: FragmentOperand, what: str) -> None:
+        """IntrinsicError unless this slice can hold `operand` of `row`."""
+        b = self.buffer
+        if b.scope != "fragment" or b.fragment is None:
+            raise IntrinsicError(f"{row.name}: {what} must be a fragment buffer, {b.name} is {b.scope}")
+        held = lookup(b.fragment[0]).operand(b.fragment[1])
+        # ldmatrix moves untyped 16-bit registers into whatever fragment its addresses describe;
+        # an mma operand must hold exactly the layout and dtype of the row's operand.
+        if row.kind == "mma" and (held.layout is not operand.layout or b.dtype != operand.dtype):
+            raise IntrinsicError(
+                f"{row.name}: {what} {b.name} holds operand {b.fragment[1]} of {b.fragment[0]} ({b.dtype}), whose "
+                f"layout or dtype differs from what {row.name} operand {operand.role} needs ({operand.dtype}); "
+                "declare the buffer with a fragment of the same layout")
+        size = const_int(b.shape[0])
+        offset = const_int(self.offset)
+        if offset is not None and size is not None and not 0 <= offset <= size - operand.elements:
+            raise IntrinsicError(f"{row.name}: {what} {b.name}[{offset}:{offset + operand.elements}] is outside "
+                                 f"the buffer's {size} elements")
+        unit = operand.elements if row.kind == "mma" else operand.elements_per_register
+        if offset is not None and offset % unit:
+            raise IntrinsicError(f"{row.name}: {what} offset {offset} into {b.name} must be a multiple of {unit} "
+                                 "(fragments are whole registers)")
+
+
+@dataclass(frozen=True, eq=False)
+class MatrixMultiply(Stmt):
+    """`d = a . b + c` by the warp, with the mma row `intrinsic` of tecc.ir.intrinsics: the
+    m x k tile A and the k x n tile B (each spread over the warp's lanes as the row's layout maps
+    say) are multiplied exactly, summed in the accumulator precision with the m x n tile C, and the
+    result rounded to the accumulator type lands in D (which may be the same slice as C)."""
+
+    intrinsic: str
+    d: FragmentRef
+    a: FragmentRef
+    b: FragmentRef
+    c: FragmentRef
+
+    def __post_init__(self) -> None:
+        row = lookup(self.intrinsic)
+        if row.kind != "mma":
+            raise IntrinsicError(f"MatrixMultiply needs an mma row of the intrinsic table, {row.name} is {row.kind}")
+        for role in ("a", "b", "c", "d"):
+            getattr(self, role).check(row, row.operand(role), f"operand {role}")
+
+    @property
+    def row(self) -> MatrixIntrinsic:
+        return lookup(self.intrinsic)
+
+
+@dataclass(frozen=True, eq=False)
+class MatrixLoad(Stmt):
+    """ldmatrix by the warp (row `intrinsic`): lane L < 8 * matrices gives, as `src[src_indices]`
+    evaluated in that lane, the first of 8 contiguous 16-bit elements of row L of the stacked
+    (8 * matrices) x 8 source tile (16-byte aligned after the buffer's layout); every lane then
+    receives the elements the row's operand 'd' map assigns it, in `dst`, register by register.
+    The indices the other lanes compute are ignored."""
+
+    intrinsic: str
+    dst: FragmentRef
+    src: Buffer
+    src_indices: tuple[Expr, ...]
+
+    def __post_init__(self) -> None:
+        row = lookup(self.intrinsic)
+        if row.kind != "ldmatrix":
+            raise IntrinsicError(f"MatrixLoad needs an ldmatrix row of the intrinsic table, {row.name} is {row.kind}")
+        idx = tuple(index_expr(i) for i in self.src_indices)
+        object.__setattr__(self, "src_indices", idx)
+        if self.src.scope != "shared":
+            raise IntrinsicError(f"{row.name} reads shared memory; {self.src.name} is {self.src.scope}")
+        if len(idx) != self.src.ndim:
+            raise IntrinsicError(f"{row.name}: {len(idx)} indices for the {self.src.ndim} dimensions of {self.src.name}")
+        if self.src.dtype.bytes != 2:
+            raise DTypeError(f"{row.name} moves 16-bit elements; {self.src.name} is {self.src.dtype}")
+        if self.dst.buffer.dtype != self.src.dtype:
+            raise DTypeError(f"{row.name}: destination {self.dst.buffer.name} is {self.dst.buffer.dtype} but the "
+                             f"source {self.src.name} is {self.src.dtype}")
+        dst = self.dst.buffer
+        if dst.scope != "fragment" or dst.fragment is None:
+            raise IntrinsicError(f"{row.name}: the destination must be a fragment buffer, {dst.name} is {dst.scope}")
+        self.dst.check(row, row.operand("d"), "destination")
+
+    @property
+    def row(self) -> MatrixIntrinsic:
+        return lookup(self.intrinsic)
+
+
+@dataclass(frozen=True, eq=False)
+class AsyncCopy(Stmt):
+    """cp.async: copy `bytes` (4, 8 or 16) of contiguous elements from `src[src_indices]` (global)
+    to `dst[dst_indices]` (shared) without blocking the thread; the copy lands at the
+    `AsyncWait` that covers its group (see the module docstring). Where `predicate` is false the
+    destination is zero-filled and the source is not read (the src-size 0 form), so a tile's
+    out-of-range part needs no separate store. `cache` 'cg' bypasses L1 (16 bytes only), 'ca'
+    caches at all levels. Both addresses must be aligned to `bytes`."""
+
+    dst: Buffer
+    dst_indices: tuple[Expr, ...]
+    src: Buffer
+    src_indices: tuple[Expr, ...]
+    bytes: int
+    predicate: Expr | None = None
+    cache: str = "cg"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dst_indices", tuple(index_expr(i) for i in self.dst_indices))
+        object.__setattr__(self, "src_indices", tuple(index_expr(i) for i in self.src_indices))
+        where = f"cp.async {self.src.name} -> {self.dst.name}"
+        if self.dst.scope != "shared" or self.src.scope != "global":
+            raise IntrinsicError(f"{where}: copies global -> shared, got {self.src.scope} -> {self.dst.scope}")
+        if self.dst.dtype != self.src.dtype:
+            raise DTypeError(f"{where}: source is {self.src.dtype}, destination {self.dst.dtype}")
+        if self.bytes not in ASYNC_COPY_BYTES or self.bytes % self.dst.dtype.bytes:
+            raise IntrinsicError(f"{where}: copies 4, 8 or 16 bytes (whole {self.dst.dtype} elements), not {self.bytes}")
+        if self.cache not in ASYNC_CACHE or (self.cache == "cg" and self.bytes != 16):
+            raise IntrinsicError(f"{where}: cache must be 'ca', or 'cg' for 16-byte copies; got {self.cache!r} for "
+                                 f"{self.bytes} bytes")
+        for buf, idx in ((self.dst, self.dst_indices), (self.src, self.src_indices)):
+            if len(idx) != buf.ndim:
+                raise IntrinsicError(f"{where}: {len(idx)} indices for the {buf.ndim} dimensions of {buf.name}")
+            if buf.strides is not None and const_int(buf.strides[-1]) != 1:
+                raise IntrinsicError(f"{where}: the copied elements must be contiguous; {buf.name}'s last stride "
+                                     f"is {buf.strides[-1]}")
+        if self.predicate is not None and not self.predicate.dtype.is_bool:
+            raise DTypeError(f"{where}: the predicate must be bool, got {self.predicate.dtype}")
+
+    @property
+    def elements(self) -> int:
+        return self.bytes // self.dst.dtype.bytes
+
+
+@dataclass(frozen=True, eq=False)
+class AsyncCommit(Stmt):
+    """cp.async.commit_group: the thread's copies issued since its last commit become one group."""
+
+
+@dataclass(frozen=True, eq=False)
+class AsyncWait(Stmt):
+    """cp.async.wait_group n: wait until at most the `pending` most recent groups of this thread
+    are in flight (0: all its copies have landed)."""
+
+    pending: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.pending, bool) or not isinstance(self.pending, int) or not 0 <= self.pending <= 7:
+            raise IntrinsicError(f"cp.async.wait_group takes a constant 0..7, got {self.pending!r}")
+

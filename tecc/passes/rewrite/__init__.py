@@ -1,0 +1,29 @@
+"""Graph-level rewrites: a tensor-expression DAG (after lowering's inlining) becomes kernels that
+no sequence of loop-level schedule primitives (tecc/passes/schedule/) can reach from the one-
+kernel-per-stage lowering, because they change which stages share a kernel or how a reduction's
+partial results combine. Each applies where an algebraic precondition holds on the DAG, never
+because of an op's name; each refuses with a ScheduleError that says which condition fails.
+Whether one is worth applying is the planner's decision (tecc/compiler/strategies/).
+
+  fuse_rows        fuse_rows.py        every stage of a *row group* in one kernel, one block per row:
+                                       reductions over one axis of one extent C and elementwise outputs
+                                       of shape rows + (C,), which read the reductions only at their own
+                                       row (the reduced axis is shared, nothing crosses rows)
+  split_rows       split_rows.py       one reduction whose combiner ⊕ is associative and commutative
+                                       (+ * max min) over contiguous trailing axes, split into S chunks per
+                                       row: the chunks' partials combine by ⊕ (a full reduction included)
+  split_reduce     split_reduce.py     the same algebra over a non-contiguous axis (columns, a middle
+                                       axis): partials per slice of the reduced axis, combined by ⊕
+  split_row_group  split_row_group.py  a row group whose statistics have an associative combine of
+                                       *partial statistics*: a single ⊕; (max, Σ exp(h - max)) rescaled
+                                       to the larger max; (Σ h, Σ (h - μ)²) as moments merged by Chan's
+                                       update. Partials per chunk, then a kernel that combines and writes
+
+Their shared parts:
+  reduction_stage.py  the one reduction stage a split rewrite takes (one stage, one Reduce)
+  online_stats.py     the two pairs of reductions that fold into one pass (running max and rescaled
+                      sum; Welford / Chan moments): the algebra split_row_group and fuse_rows' long rows use
+  row_chunks.py       the column walk of a row too long for registers (vector loads in flight, a tail)
+  last_block.py       the one-kernel combine of split partials (fence/atomic handshake), with the
+                      combine forms both split rewrites offer
+"""

@@ -1,0 +1,264 @@
+"""tecc kernels as PyTorch ops (docs/pytorch.md).
+
+    import tecc as tc
+    f = tc.build([A, B, bias, Y])                    # or give the tensors: op() builds them
+    g = tc.grad(Y, [A, B, bias])                     # backward tensor expressions
+    gemm = tc.torch.op(f, "mylib::gemm_bias_gelu", grads=g)
+    y = gemm(a, b, bias)                             # torch tensors in, torch tensor out
+    y.sum().backward()                               # the backward kernel, built from g
+
+`op` registers the kernel through `torch.library.custom_op`, with a fake implementation whose
+output shapes and dtypes come from the tensor expression (so `torch.compile(fullgraph=True)`
+traces it without a graph break, dynamic shapes included, and `torch.library.opcheck` passes);
+with `grads` the backward program is compiled too, registered as the op `<name>_backward`, and
+wired in with `register_autograd`. `function` gives the same pair as a `torch.autograd.Function`
+without registering anything.
+
+CUDA tensors run the compiled kernel on torch's current stream, outputs from torch's caching
+allocator (capturable in a CUDA graph after one warm-up call); CPU tensors run the same kernel IR
+in the emulator (for gradcheck without a GPU).
+
+The top layer, like cli.py: torch is imported here and only here, on first use of `tc.torch`;
+`import tecc` never imports it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from .compiler import build
+from .compiler.kernel import Kernel
+from .ir.autodiff import Gradients
+from .ir.dtype import DType
+from .ir.errors import DTypeError, ShapeError, TeccError
+from .ir.evaluate import evaluate
+from .ir.expr import Var, free_vars
+from .ir.stmt import Buffer
+from .ir.tensor import Tensor
+from .runtime.outputs import OutputAllocator
+
+__all__ = ["TorchOp", "function", "op", "torch_dtype"]
+
+
+def torch_dtype(dtype: DType) -> Any:
+    """The torch dtype of a tecc dtype (`float32` -> torch.float32, `bool` -> torch.bool)."""
+    return getattr(torch, dtype.name)
+
+
+class _Signature:
+    """A kernel's inputs and outputs as torch sees them: names, dtypes, and the output shapes as
+    functions of the inputs' (possibly symbolic) sizes."""
+
+    def __init__(self, kernel: Kernel, what: str) -> None:
+        self.kernel = kernel
+        self.allocator = OutputAllocator(kernel.host)
+        self.inputs: tuple[Buffer, ...] = self.allocator.inputs
+        self.outputs: tuple[Buffer, ...] = self.allocator.outputs
+        if not self.outputs:
+            raise TeccError(f"{what}: kernel {kernel.name} writes none of its parameters; an op needs an output")
+        bound = {dim for buf in self.inputs for dim in buf.shape if isinstance(dim, Var)}
+        for buf in self.outputs:
+            for pos, dim in enumerate(buf.shape):
+                missing = sorted(v.name for v in free_vars(dim) if v not in bound)
+                if missing:
+                    raise ShapeError(
+                        f"{what}: output {buf.name}'s dimension {pos} ({dim}) needs {', '.join(missing)}, which no "
+                        f"input's shape determines; a torch op must derive every output size from its inputs"
+                    )
+        self.contiguous = tuple(buf.strides is None for buf in self.inputs)
+
+    def schema(self) -> str:
+        names = [_argument_name(buf.name, pos) for pos, buf in enumerate(self.inputs)]
+        returns = "Tensor" if len(self.outputs) == 1 else "(" + ", ".join("Tensor" for _ in self.outputs) + ")"
+        return "(" + ", ".join(f"Tensor {n}" for n in names) + ") -> " + returns
+
+    def check(self, tensors: Sequence[Any], what: str) -> None:
+        """Rank and dtype of each input (sizes are the kernel's to check)."""
+        if len(tensors) != len(self.inputs):
+            names = ", ".join(b.name for b in self.inputs)
+            raise TeccError(f"{what} takes {len(self.inputs)} tensors ({names}), got {len(tensors)}")
+        for pos, (t, buf) in enumerate(zip(tensors, self.inputs)):
+            if t.dim() != buf.ndim:
+                raise ShapeError(f"{what}: argument {pos} ({buf.name}) must have {buf.ndim} dimensions "
+                                 f"[{', '.join(str(s) for s in buf.shape)}], got shape {tuple(t.shape)}")
+            if t.dtype != torch_dtype(buf.dtype):
+                raise DTypeError(f"{what}: argument {pos} ({buf.name}) must be {buf.dtype.name}, got {t.dtype}")
+
+    def fake(self, tensors: Sequence[Any]) -> Any:
+        """Empty outputs of the right (possibly symbolic) shapes and dtypes, like the inputs."""
+        env: dict[Var, Any] = {}
+        for buf, t in zip(self.inputs, tensors):
+            for dim, n in zip(buf.shape, t.shape):
+                if isinstance(dim, Var) and dim not in env:
+                    env[dim] = n
+        like = tensors[0]
+        outs = [like.new_empty(tuple(evaluate(dim, env) for dim in buf.shape), dtype=torch_dtype(buf.dtype))
+                for buf in self.outputs]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def run(self, tensors: Sequence[Any]) -> Any:
+        """The kernel on torch tensors: compiled on CUDA tensors, in the emulator on CPU ones."""
+        args = []
+        for t, contiguous in zip(tensors, self.contiguous):
+            if t.requires_grad:
+                t = t.detach()  # DLPack refuses to export a tensor that requires grad
+            if contiguous and not t.is_contiguous():
+                t = t.contiguous()
+            args.append(t)
+        if args and args[0].is_cuda:
+            if self.kernel.target == "sim":
+                raise TeccError(f"{self.kernel.name} was built for the emulator (target='sim') and got CUDA tensors; "
+                                "build it with target='cuda', or pass CPU tensors")
+            return self.kernel(*args)
+        arrays = [t.numpy() for t in args]
+        outs = self.kernel.sim(*arrays)
+        if isinstance(outs, tuple):
+            return tuple(torch.from_numpy(np.ascontiguousarray(o)) for o in outs)
+        return torch.from_numpy(np.ascontiguousarray(outs))
+
+
+def _argument_name(name: str, pos: int) -> str:
+    reserved = {"self", "out", "Tensor", "int", "float", "bool"}
+    return name if name.isidentifier() and name not in reserved else f"arg{pos}"
+
+
+def _as_kernel(program: Kernel | Sequence[Tensor], target: str, options: dict[str, Any]) -> Kernel:
+    if isinstance(program, Kernel):
+        return program
+    return build(list(program), target=target, **options)
+
+
+class _Backward:
+    """The backward kernel of `grads` and how its results map onto the forward's inputs."""
+
+    def __init__(self, forward: _Signature, grads: Gradients, kernel: Kernel, what: str) -> None:
+        outputs = [b.name for b in forward.outputs]
+        if outputs != [grads.output.name]:
+            raise TeccError(
+                f"{what}: the gradients are those of {grads.output.name}, but the kernel's outputs are "
+                f"{', '.join(outputs)}; differentiate the kernel's one output"
+            )
+        names = [b.name for b in forward.inputs]
+        missing = [t.name for t in grads.inputs if t.name not in names]
+        if missing:
+            raise TeccError(f"{what}: the gradient program reads {', '.join(missing)}, which the kernel does not take")
+        self.signature = _Signature(kernel, what + " (backward)")
+        expected = [t.name for t in grads.args]
+        got = [b.name for b in kernel.host.buffer_params]
+        if got != expected:
+            raise TeccError(f"{what}: the backward kernel's signature is ({', '.join(got)}); build it from "
+                            f"grads.args ({', '.join(expected)})")
+        self.take = tuple(names.index(t.name) for t in grads.inputs)  # forward input -> backward argument
+        wrt = [x.name for x in grads.wrt]
+        self.gives = tuple(wrt.index(n) if n in wrt else None for n in names)  # forward input -> its gradient
+
+    def arguments(self, saved: Sequence[Any], cotangent: Any) -> list[Any]:
+        return [saved[i] for i in self.take] + [cotangent]
+
+    def per_input(self, grads: Any) -> tuple[Any, ...]:
+        found = grads if isinstance(grads, tuple) else (grads,)
+        return tuple(None if k is None else found[k] for k in self.gives)
+
+
+class TorchOp:
+    """A tecc kernel registered as the torch op `name` (see `op`): call it with torch tensors.
+
+    `custom_op` is the torch CustomOpDef (what torch.compile traces), `backward_op` the one of
+    the backward kernel (None without gradients), `kernel` / `backward_kernel` the tecc kernels."""
+
+    def __init__(self, name: str, custom_op: Any, kernel: Kernel, backward_op: Any = None,
+                 backward_kernel: Kernel | None = None) -> None:
+        self.name = self.__name__ = name
+        self.custom_op = custom_op
+        self.kernel = kernel
+        self.backward_op = backward_op
+        self.backward_kernel = backward_kernel
+        self.overload = _overload(name)
+
+    def __call__(self, *tensors: Any) -> Any:
+        return self.overload(*tensors)
+
+    def __repr__(self) -> str:
+        return f"<tecc.torch op {self.name} ({self.kernel.name})>"
+
+
+def _overload(name: str) -> Any:
+    """torch.ops.<namespace>.<op>.default: what a custom op's __call__ calls, and what
+    torch.compile traces as one node."""
+    namespace, _, opname = name.partition("::")
+    return getattr(getattr(torch.ops, namespace), opname).default
+
+
+def _register(name: str, signature: _Signature) -> Any:
+    what = f"op {name}"
+
+    def implementation(*tensors: Any) -> Any:
+        return signature.run(tensors)
+
+    custom = torch.library.custom_op(name, implementation, mutates_args=(), schema=signature.schema())
+
+    def fake(*tensors: Any) -> Any:
+        signature.check(tensors, what)
+        return signature.fake(tensors)
+
+    custom.register_fake(fake)
+    return custom
+
+
+def op(program: Kernel | Sequence[Tensor], name: str, *, grads: Gradients | None = None,
+       backward: Kernel | Sequence[Tensor] | None = None, target: str = "cuda", **build_options: Any) -> TorchOp:
+    """Register a tecc kernel as the torch custom op `name` ("namespace::op").
+
+    program: a built kernel, or its signature (tensors) to build for `target` with `build_options`.
+    The op takes the kernel's inputs (its parameters that no kernel writes), in signature order,
+    and returns its outputs (one bare, several as a tuple), allocated by torch.
+    grads: `tc.grad(output, wrt)` of the kernel's one output; the backward kernel (`backward`, or
+    built from `grads.args`) is registered as `<name>_backward` and supplies the gradients of the
+    `wrt` inputs (None for the others). A name can be registered once per process."""
+    if name.count("::") != 1 or not all(part.isidentifier() for part in name.split("::")):
+        raise TeccError(f"op name {name!r} must read 'namespace::name', both parts Python identifiers "
+                        "(e.g. 'mylib::gemm_bias')")
+    kernel = _as_kernel(program, target, build_options)
+    forward = _Signature(kernel, f"op {name}")
+    custom = _register(name, forward)
+    if grads is None:
+        return TorchOp(name, custom, kernel)
+    back_kernel = _as_kernel(backward if backward is not None else grads.args, target, build_options)
+    back = _Backward(forward, grads, back_kernel, f"op {name}")
+    back_custom = _register(name + "_backward", back.signature)
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.save_for_backward(*inputs)
+
+    def backward_formula(ctx: Any, grad_output: Any) -> tuple[Any, ...]:
+        return back.per_input(back_custom(*back.arguments(ctx.saved_tensors, grad_output)))
+
+    custom.register_autograd(backward_formula, setup_context=setup_context)
+    return TorchOp(name, custom, kernel, back_custom, back_kernel)
+
+
+def function(program: Kernel | Sequence[Tensor], grads: Gradients, *, backward: Kernel | Sequence[Tensor] | None = None,
+             target: str = "cuda", **build_options: Any) -> Callable[..., Any]:
+    """The kernel and its backward as a `torch.autograd.Function`, without registering an op:
+    returns `apply(*tensors)`. (Under torch.compile prefer `op`, which traces without a break.)"""
+    kernel = _as_kernel(program, target, build_options)
+    forward = _Signature(kernel, f"function {kernel.name}")
+    back_kernel = _as_kernel(backward if backward is not None else grads.args, target, build_options)
+    back = _Backward(forward, grads, back_kernel, f"function {kernel.name}")
+
+    class TeccFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *tensors: Any) -> Any:
+            forward.check(tensors, f"function {kernel.name}")
+            ctx.save_for_backward(*tensors)
+            return forward.run(tensors)
+
+        @staticmethod
+        def backward(ctx: Any, grad_output: Any) -> Any:
+            return back.per_input(back.signature.run(back.arguments(ctx.saved_tensors, grad_output)))
+
+    TeccFunction.__name__ = TeccFunction.__qualname__ = f"TeccFunction_{kernel.name}"
+    return TeccFunction.apply  # type: ignore[no-any-return]

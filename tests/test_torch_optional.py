@@ -1,0 +1,51 @@
+"""torch is an optional dependency: `import tecc` (and building, running) never imports it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_importing_and_using_tecc_does_not_import_torch() -> None:
+    code = (
+        "import sys, numpy as np, tecc as tc\n"
+        "X = tc.placeholder((4,), 'float32', name='X')\n"
+        "Y = tc.compute((4,), lambda i: X[i] * 2.0, name='Y')\n"
+        "g = tc.grad(Y, [X])\n"
+        "y = tc.build([X, Y], target='sim')(np.ones(4, np.float32))\n"
+        "assert (y == 2).all()\n"
+        "import tecc.runtime.cuda, tecc.runtime.outputs, tecc.compiler\n"
+        "assert 'torch' not in sys.modules, 'tecc imported torch'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_tc_torch_without_torch_says_how_to_install_it() -> None:
+    code = (
+        "import sys, tecc as tc\n"
+        "sys.modules['torch'] = None  # as if torch were not installed\n"
+        "try:\n"
+        "    tc.torch\n"
+        "except ImportError as exc:\n"
+        "    assert 'pip install tecc[torch]' in str(exc), exc\n"
+        "else:\n"
+        "    raise AssertionError('tc.torch imported without torch')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_tc_torch_is_the_tecc_torch_module_when_torch_imports(tmp_path) -> None:
+    # a stand-in package named torch with just what tecc.torch touches at import time
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("library = None\nautograd = None\n")
+    code = (
+        "import tecc as tc\n"
+        "module = tc.torch  # through tecc's lazy attribute hook\n"
+        "import tecc.torch\n"
+        "assert module is tecc.torch and callable(module.op) and callable(module.function)\n"
+    )
+    env = {**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{__import__('os').environ.get('PYTHONPATH', '')}"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
