@@ -521,7 +521,8 @@ def interpret(prog: Program, arrays: dict[str, np.ndarray]) -> dict[str, Value]:
         raise TypeError(e)
 
     for s in prog.stages:
-        out = ev(s.body)
+        with np.errstate(all="ignore"):    # ±inf of empty max/min reductions flow on (NaN is caught above)
+            out = ev(s.body)
         shape = (R if "r" in s.dims else 1, C if "c" in s.dims else 1)
         v = Value(np.broadcast_to(out.value, shape), np.broadcast_to(out.mag, shape), np.broadcast_to(out.err, shape))
         if not is_float:

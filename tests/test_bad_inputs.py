@@ -39,6 +39,19 @@ def build_with_plan(plan: str) -> Callable[[], Any]:
     return lambda: tc.build(doubled(), target="sim", plan=plan)
 
 
+def symbolic_doubled() -> list[tc.Tensor]:
+    M = tc.var("M")
+    A = tc.placeholder((M,), "float32", name="A")
+    return [A, tc.compute((M,), lambda i: A[i] * 2.0, name="B")]
+
+
+def dump_into_a_file() -> None:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile() as f:
+        tc.build(doubled(), target="sim", dump_ir=f.name)
+
+
 def unicode_axis() -> None:
     A = tc.placeholder((4,), "float32", name="A")
     tc.compute((4,), eval("lambda ä: A[ä] * 2.0", {"A": A}), name="B")
@@ -75,7 +88,17 @@ CASES: list[tuple[str, Callable[[], Any], type[tc.TeccError], tuple[str, ...]]] 
      tc.ScheduleError, ("plan step split", "split takes (loop")),
     ("plan step with positional arguments", build_with_plan('{"steps": [{"primitive": "split", "args": [1]}]}'),
      tc.ScheduleError, ("plan step 0 (split)", "object of keyword arguments")),
+    # build's own arguments
+    ("argument that is not a tensor", lambda: tc.build([doubled()[0], 3], target="sim"), tc.TeccError,
+     ("argument 1", "int", "tc.placeholder")),
+    ("sizes naming no size of the program", lambda: tc.build(symbolic_doubled(), target="sim", sizes={"N": 3}),
+     tc.ShapeError, ("'N'", "its sizes are M")),
+    ("negative size", lambda: tc.build(symbolic_doubled(), target="sim", sizes={"M": -3}), tc.ShapeError,
+     ("sizes['M']", "non-negative int")),
+    ("dump directory that is a file", dump_into_a_file, tc.TeccError, ("cannot write the IR dumps", "directory")),
     # sizes
+    ("shape that is None", lambda: tc.placeholder(None, "float32", name="H"), tc.DTypeError,  # type: ignore[arg-type]
+     ("a shape is", "NoneType")),
     ("dimension of 2**63", lambda: tc.placeholder((2**63, 4), "float32", name="H"), tc.ShapeError,
      ("2**63", "int64")),
     ("shape of 2**63 elements", lambda: tc.placeholder((2**62, 4), "float32", name="H"), tc.ShapeError,

@@ -15,12 +15,14 @@ why (TECC_STRICT_PLANS=1 raises instead, to debug a strategy).
 
 from __future__ import annotations
 
+import operator
 import os
 import time
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
-from ..ir.errors import TeccError
+from ..ir.errors import ShapeError, TeccError
+from ..ir.expr import free_vars
 from ..ir.stmt import Module
 from ..ir.tensor import Tensor
 from ..passes.manager import DumpIR, PassTiming
@@ -69,6 +71,8 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
     if target not in TARGETS:
         raise TeccError(f"build(): unknown target {target!r}; use one of {TARGETS}")
     timing = PassTiming()
+    if not isinstance(args, Schedule):
+        _check_arguments([args] if isinstance(args, Tensor) else list(args), sizes)
     dumper = open_dumps(args, name, dump_ir, dump_filter)
     if isinstance(args, Schedule):
         module = schedule_module(args, args.plan, name=name, dumper=dumper, timing=timing)
@@ -92,6 +96,28 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
     kernel.planning = planning
     kernel.fallbacks = fallbacks
     return kernel
+
+
+def _check_arguments(tensors: list[Tensor], sizes: dict[str, int] | None) -> None:
+    """The argument list holds tensors, and `sizes` gives non-negative ints to size names the
+    program has."""
+    for pos, t in enumerate(tensors):
+        if not isinstance(t, Tensor):
+            raise TeccError(f"build(): argument {pos} is a {type(t).__name__}, not a tensor made by "
+                            "tc.placeholder / tc.compute")
+    if not sizes:
+        return
+    known = {v.name for t in tensors for dim in t.shape for v in free_vars(dim)}
+    for key, value in sizes.items():
+        if key not in known:
+            raise ShapeError(f"build(): sizes names {key!r}, which is no size of this program; its sizes are "
+                             f"{', '.join(sorted(known)) or 'none (every dimension is a constant)'}")
+        try:
+            ok = not isinstance(value, bool) and operator.index(value) >= 0
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ShapeError(f"build(): sizes[{key!r}] is {value!r}; give a non-negative int")
 
 
 def _auto_candidates(tensors: list[Tensor], plan_arch: str | None, sizes: dict[str, int] | None,

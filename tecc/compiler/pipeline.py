@@ -19,6 +19,7 @@ import time
 from typing import Any, Sequence
 
 from ..codegen import default_arch, dynamic_shared_bytes, emit_source
+from ..ir.errors import TeccError
 from ..ir.stmt import Module
 from ..ir.tensor import Tensor
 from ..passes.approx_math import approx_math
@@ -61,7 +62,13 @@ def open_dumps(program: Sequence[Tensor] | Schedule, name: str | None,
     """Where this build writes its IR dumps (None: nowhere)."""
     mod_name = program.mod.name if isinstance(program, Schedule) else module_name(list(program), name)
     request = knobs.dump_request(dump_ir, mod_name, dump_filter)
-    return None if request is None else DumpIR(request.directory, request.kernel_filter)
+    if request is None:
+        return None
+    try:
+        return DumpIR(request.directory, request.kernel_filter)
+    except OSError as exc:
+        raise TeccError(f"build(): cannot write the IR dumps to {request.directory} ({exc.strerror or exc}); "
+                        "give dump_ir (or TECC_DUMP_IR) a directory that can be created and written") from exc
 
 
 def schedule_module(program: Sequence[Tensor] | Schedule, plan: Plan, *, name: str | None,

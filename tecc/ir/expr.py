@@ -646,6 +646,9 @@ def index_expr(value: ExprLike) -> Expr:
 def to_shape(shape: Sequence[ExprLike] | ExprLike) -> tuple[Expr, ...]:
     """Normalize a shape given as ints / integer expressions."""
     dims: Sequence[ExprLike] = (shape,) if isinstance(shape, (int, float, Expr)) else shape
+    if not isinstance(dims, (tuple, list)):
+        raise DTypeError(f"a shape is an int, a size expression or a tuple of them, got {type(shape).__name__} "
+                         f"{shape!r}")
     out = tuple(index_expr(s) for s in dims)
     elements = 1
     for s in out:
