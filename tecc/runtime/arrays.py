@@ -431,7 +431,9 @@ def stream_temporary(obj: Any, nbytes: int, zero: bool, kept: dict[Any, tuple[in
     and a zero-initialized temporary is left zero by every kernel that changes it. This saves the
     allocation (and for zero_init the memset) of every call."""
     package = sys.modules[type(obj).__module__.partition(".")[0]]
-    if package.cuda.is_current_stream_capturing():
+    # torch's C entry point when there is one (its Python wrapper costs a microsecond per call)
+    capturing = getattr(getattr(package, "_C", None), "_cuda_isCurrentStreamCapturing", None)
+    if (capturing or package.cuda.is_current_stream_capturing)():
         return allocate_like(obj, nbytes, zero)
     found = kept.get(key)
     if found is None or found[2] < nbytes:
