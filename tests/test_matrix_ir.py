@@ -115,3 +115,22 @@ def test_verifier_accepts_the_kernels_and_finds_a_fragment_outside_its_allocatio
     a, b, c = fragment("a", F16_F32, "a"), fragment("b", F16_F32, "b"), fragment("c", F16_F32, "c")
     with pytest.raises(ScheduleError, match="mma.m16n8k16.f32.f16 uses buffer c outside its allocation"):
         verify_func(PrimFunc("stray", (), _mma(a, b, c)))
+
+
+def test_a_term_of_whole_swizzle_periods_commutes_with_the_swizzle() -> None:
+    # codegen keeps such terms (the ring's stage) outside the XOR: apply(x + i*s) == apply(x) + i*s
+    import numpy as np
+
+    from tecc.ir.layout import Swizzle
+
+    rng = np.random.default_rng(3)
+    for sw in (Swizzle(2, 3, 3), Swizzle(3, 3, 3), Swizzle(3, 3, 4), Swizzle(3, 3, 5)):
+        x = rng.integers(0, 1 << 16, 4096)
+        for stride in (sw.period, 4 * sw.period, 3 * sw.period):
+            assert sw.moves_whole_periods(stride)
+            i = rng.integers(0, 64, 4096)
+            assert np.array_equal(sw.apply(x + i * stride), sw.apply(x) + i * stride)
+        assert not sw.moves_whole_periods(sw.period // 2)
+        # and a stride that is not a whole number of periods does not commute in general
+        half = sw.period // 2
+        assert not np.array_equal(sw.apply(x + half), sw.apply(x) + half)

@@ -51,6 +51,7 @@ from tecc.ir.expr import (
     Select,
     Var,
     cast,
+    const_int,
 )
 from tecc.ir.stmt import Buffer
 
@@ -221,16 +222,24 @@ class ExprEmitter:
         buffer is indexed in 64-bit arithmetic (the casts print as implicit promotions)."""
         index_type = dt.int64 if buffer in self.wide else None
         total: Expr | None = None
+        whole: Expr | None = None  # terms that move a swizzled offset by whole periods
+        layout = buffer.layout
         for index, stride in zip(indices, buffer.effective_strides()):
             if index_type is not None:
                 index, stride = cast(index, index_type), cast(stride, index_type)
             term = index * stride
-            total = term if total is None else total + term
-        if total is None:
-            return Const(0, dt.int32)
-        if buffer.layout is not None:  # a swizzled shared buffer: logical -> physical offset
-            total = buffer.layout.apply(total)
-        return total
+            step = const_int(stride)
+            if layout is not None and step is not None and layout.moves_whole_periods(step):
+                whole = term if whole is None else whole + term
+            else:
+                total = term if total is None else total + term
+        if layout is not None:  # a swizzled shared buffer: logical -> physical offset
+            # apply(x + whole) == apply(x) + whole (Swizzle.moves_whole_periods): the ring's stage
+            # stays outside the XOR, so the swizzle of the rest is invariant in the k loop and
+            # nvcc computes it once instead of every k-tile
+            swizzled = layout.apply(total) if total is not None else Const(0, dt.int32)
+            return swizzled if whole is None else whole + swizzled
+        return total if total is not None else Const(0, dt.int32)
 
     # ---- operators ------------------------------------------------------------------------
     @staticmethod

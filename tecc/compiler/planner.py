@@ -34,8 +34,10 @@ from ..ir.target import target as target_of
 from ..ir.tensor import Tensor
 from ..passes.default_schedule import DEFAULT_THREADS
 from ..passes.lower import lower
+from ..passes.manager import PassTiming
 from .cost.analysis import KernelInfo, analyze_kernel
 from .cost.model import DEFAULT_PARAMETERS, Cost, CostParameters, Workload, predict
+from .pipeline import compile_module, schedule_module
 from .plan import Plan, Step
 from .strategies.registry import Point, Strategy, strategies
 
@@ -157,7 +159,7 @@ def plan_program(args: Sequence[Tensor], target: Target | str | None = None, *,
     search = time.perf_counter() - start
 
     start = time.perf_counter()
-    schedule = _realize(args, name, kernel_plans)
+    schedule = _realize(args, name, kernel_plans, tgt.arch)
     steps = list(schedule.plan.steps)
     realize = time.perf_counter() - start
     for kp in kernel_plans:
@@ -182,7 +184,19 @@ def _keep(kp: KernelPlan, keep: int) -> list[Candidate]:
     return out + [c for c in kp.ranked if c.failed is not None]
 
 
-def _realize(args: Sequence[Tensor], name: str | None, kernel_plans: list[KernelPlan]) -> Any:
+def _refuse_spills(sch: Any, kernel: str, arch: str) -> None:
+    """ScheduleError when kernel `kernel` of the scheduled program spills once compiled for `arch`
+    (ptxas's report through NVRTC; the compile cache keeps the binary for the build)."""
+    timing = PassTiming()
+    module = schedule_module(sch, sch.plan, name=None, dumper=None, timing=timing)
+    compiled = compile_module(module, sch.plan, "cuda", arch=arch, options=(), dumper=None, timing=timing)
+    res = compiled.resources.get(kernel)
+    if res is not None and (res.spill_stores or res.spill_loads):
+        raise ScheduleError(f"{kernel} spills on {arch}: ptxas keeps {res.registers} registers and spills "
+                            f"{res.spill_stores} stores / {res.spill_loads} loads ({res.stack_bytes} bytes of stack)")
+
+
+def _realize(args: Sequence[Tensor], name: str | None, kernel_plans: list[KernelPlan], arch: str) -> Any:
     """Apply each kernel's best realizable candidate on one Schedule, and return it."""
     from .schedule import Schedule
 
@@ -195,6 +209,8 @@ def _realize(args: Sequence[Tensor], name: str | None, kernel_plans: list[Kernel
             before = list(sch.plan.steps)
             try:
                 cand.strategy.apply(sch, kp.info, cand.point)
+                if cand.strategy.compile_checked:
+                    _refuse_spills(sch, kp.kernel, arch)
                 kp.chosen = cand
                 break
             except ScheduleError as exc:

@@ -58,6 +58,14 @@ class Swizzle:
         """Elements that stay contiguous and in order (one chunk)."""
         return 1 << self.base
 
+    def moves_whole_periods(self, stride: int) -> bool:
+        """Whether a term `i * stride` of an offset moves it by whole periods, so that
+        `apply(x + i * stride) == apply(x) + i * stride` for every x >= 0: the swizzle reads and
+        changes only the offset's bits below the period, which adding a multiple of the period
+        leaves as they are. Codegen keeps such terms (the stage of a ring, say) outside the XOR,
+        where they do not make the swizzle of the rest depend on the loop that advances them."""
+        return stride % self.period == 0
+
     def apply(self, offset: Any) -> Any:
         if self.bits == 0:
             return offset

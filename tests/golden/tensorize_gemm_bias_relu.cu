@@ -51,7 +51,7 @@ extern "C" __global__ void __launch_bounds__(128) C_kernel(const __half* __restr
         asm volatile(
           "cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
           :
-          : "r"(static_cast<unsigned>(__cvta_generic_to_shared(&A_shared[(k_tile + 1) % 2 * 2048 + (copy_a1 * 32 + thread / 4) * 32 + thread % 4 * 8 ^ ((k_tile + 1) % 2 * 2048 + (copy_a1 * 32 + thread / 4) * 32 + thread % 4 * 8) / 64 % 4 * 8]))), "l"(&A[(block_row * 64 + copy_a1 * 32 + thread / 4) * 64 + k_tile * 32 + thread % 4 * 8 + 32]), "r"(block_row * 64 + copy_a1 * 32 + thread / 4 < M && k_tile * 32 + thread % 4 * 8 + 32 < 64 ? 16 : 0)
+          : "r"(static_cast<unsigned>(__cvta_generic_to_shared(&A_shared[(k_tile + 1) % 2 * 2048 + ((copy_a1 * 32 + thread / 4) * 32 + thread % 4 * 8 ^ ((copy_a1 * 32 + thread / 4) * 32 + thread % 4 * 8) / 64 % 4 * 8)]))), "l"(&A[(block_row * 64 + copy_a1 * 32 + thread / 4) * 64 + k_tile * 32 + thread % 4 * 8 + 32]), "r"(block_row * 64 + copy_a1 * 32 + thread / 4 < M && k_tile * 32 + thread % 4 * 8 + 32 < 64 ? 16 : 0)
           : "memory");
       }
       #pragma unroll
@@ -59,7 +59,7 @@ extern "C" __global__ void __launch_bounds__(128) C_kernel(const __half* __restr
         asm volatile(
           "cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
           :
-          : "r"(static_cast<unsigned>(__cvta_generic_to_shared(&B_shared[(k_tile + 1) % 2 * 2048 + (copy_b1 * 16 + thread / 8) * 64 + thread % 8 * 8 ^ ((k_tile + 1) % 2 * 2048 + (copy_b1 * 16 + thread / 8) * 64 + thread % 8 * 8) / 64 % 8 * 8]))), "l"(&B[(k_tile * 32 + copy_b1 * 16 + thread / 8 + 32) * 96 + block_col * 64 + thread % 8 * 8]), "r"(k_tile * 32 + copy_b1 * 16 + thread / 8 + 32 < 64 && block_col * 64 + thread % 8 * 8 < 96 ? 16 : 0)
+          : "r"(static_cast<unsigned>(__cvta_generic_to_shared(&B_shared[(k_tile + 1) % 2 * 2048 + ((copy_b1 * 16 + thread / 8) * 64 + thread % 8 * 8 ^ ((copy_b1 * 16 + thread / 8) * 64 + thread % 8 * 8) / 64 % 8 * 8)]))), "l"(&B[(k_tile * 32 + copy_b1 * 16 + thread / 8 + 32) * 96 + block_col * 64 + thread % 8 * 8]), "r"(k_tile * 32 + copy_b1 * 16 + thread / 8 + 32 < 64 && block_col * 64 + thread % 8 * 8 < 96 ? 16 : 0)
           : "memory");
       }
     }
@@ -71,7 +71,7 @@ extern "C" __global__ void __launch_bounds__(128) C_kernel(const __half* __restr
         asm volatile(
           "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
           : "=r"(*reinterpret_cast<unsigned*>(&a_frag[8 * frag_m])), "=r"(*reinterpret_cast<unsigned*>(&a_frag[8 * frag_m + 2])), "=r"(*reinterpret_cast<unsigned*>(&a_frag[8 * frag_m + 4])), "=r"(*reinterpret_cast<unsigned*>(&a_frag[8 * frag_m + 6]))
-          : "r"(static_cast<unsigned>(__cvta_generic_to_shared(&A_shared[k_tile * 2048 + (thread / 32 / 2 * 32 + frag_m * 16 + thread % 32 % 8 + thread % 32 / 8 % 2 * 8) * 32 + k_step * 16 + thread % 32 / 8 / 2 * 8 ^ (k_tile * 2048 + (thread / 32 / 2 * 32 + frag_m * 16 + thread % 32 % 8 + thread % 32 / 8 % 2 * 8) * 32 + k_step * 16 + thread % 32 / 8 / 2 * 8) / 64 % 4 * 8])))
+          : "r"(static_cast<unsigned>(__cvta_generic_to_shared(&A_shared[k_tile * 2048 + ((thread / 32 / 2 * 32 + frag_m * 16 + thread % 32 % 8 + thread % 32 / 8 % 2 * 8) * 32 + k_step * 16 + thread % 32 / 8 / 2 * 8 ^ ((thread / 32 / 2 * 32 + frag_m * 16 + thread % 32 % 8 + thread % 32 / 8 % 2 * 8) * 32 + k_step * 16 + thread % 32 / 8 / 2 * 8) / 64 % 4 * 8)])))
           : "memory");
       }
       #pragma unroll
@@ -79,7 +79,7 @@ extern "C" __global__ void __launch_bounds__(128) C_kernel(const __half* __restr
         asm volatile(
           "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
           : "=r"(*reinterpret_cast<unsigned*>(&b_frag[8 * frag_n])), "=r"(*reinterpret_cast<unsigned*>(&b_frag[8 * frag_n + 2])), "=r"(*reinterpret_cast<unsigned*>(&b_frag[8 * frag_n + 4])), "=r"(*reinterpret_cast<unsigned*>(&b_frag[8 * frag_n + 6]))
-          : "r"(static_cast<unsigned>(__cvta_generic_to_shared(&B_shared[k_tile * 2048 + (k_step * 16 + thread % 32 % 8 + thread % 32 / 8 % 2 * 8) * 64 + thread / 32 % 2 * 32 + frag_n * 16 + thread % 32 / 8 / 2 * 8 ^ (k_tile * 2048 + (k_step * 16 + thread % 32 % 8 + thread % 32 / 8 % 2 * 8) * 64 + thread / 32 % 2 * 32 + frag_n * 16 + thread % 32 / 8 / 2 * 8) / 64 % 8 * 8])))
+          : "r"(static_cast<unsigned>(__cvta_generic_to_shared(&B_shared[k_tile * 2048 + ((k_step * 16 + thread % 32 % 8 + thread % 32 / 8 % 2 * 8) * 64 + thread / 32 % 2 * 32 + frag_n * 16 + thread % 32 / 8 / 2 * 8 ^ ((k_step * 16 + thread % 32 % 8 + thread % 32 / 8 % 2 * 8) * 64 + thread / 32 % 2 * 32 + frag_n * 16 + thread % 32 / 8 / 2 * 8) / 64 % 8 * 8)])))
           : "memory");
       }
       #pragma unroll

@@ -31,12 +31,16 @@ class Strategy:
     """Base of strategies; subclasses set `name`, `description` and override the four methods.
 
     `uses_default_schedule` marks the naive fallback, realized by the "default_schedule" step
-    rather than by primitives. `priority` only breaks ties between equal predictions."""
+    rather than by primitives. `priority` only breaks ties between equal predictions.
+    `compile_checked`: the planner compiles the chosen point with NVRTC before taking it and
+    passes over a point that spills (ptxas's register allocation is what the register estimate
+    can only approximate; compiling is cheap, and the compile cache keeps it for the build)."""
 
     name: str = ""
     description: str = ""
     uses_default_schedule: bool = False
     priority: int = 0
+    compile_checked: bool = False
 
     def guard(self, info: KernelInfo, target: Target) -> str | None:
         return None
