@@ -448,10 +448,11 @@ def test_tensors_named_like_the_generated_buffers_keep_their_roles() -> None:
 @pytest.mark.parametrize("m,n,k", [(1000, 1000, 1000), (127, 4096, 1023), (4096, 4096, 4096), (1000, 1000, 1002)])
 def test_the_planners_choice_compiles_without_spills_within_its_register_estimate(arch: str, m: int, n: int,
                                                                                    k: int) -> None:
+    from tecc.compiler.pipeline import refuse_spills
     from tecc.compiler.planner import plan_program
 
     tensors, _ = contraction(m, n, k, "float16", out="float16")
-    res = plan_program(tensors, arch)
+    res = plan_program(tensors, arch, compile_check=refuse_spills)  # as build plans
     chosen = res.kernels[0].chosen
     assert chosen.strategy.name == "gemm_tensor_core", res.plan.reason
     kernel = tc.build(tensors, target="cuda", arch=arch, plan=res.plan)
@@ -543,3 +544,15 @@ def test_golden_cuda_of_a_tensorized_gemm_with_a_fused_epilogue() -> None:
         path.write_text(text)
     assert path.exists(), f"missing golden file {path}; run with TECC_UPDATE_GOLDEN=1 and review it"
     assert text == path.read_text(), f"generated CUDA changed; diff it against {path}"
+
+
+def test_the_planner_passes_over_a_point_that_spills_and_says_why() -> None:
+    # 1000 x 1000 x 1002 on sm_90: ptxas keeps the 64x128, 3-stage point at 128 registers and
+    # spills; build's compile check refuses it and the next point is taken
+    tensors, _ = contraction(1000, 1000, 1002, "float16")
+    f = tc.build(tensors, target="cuda", arch="sm_90")
+    (r,) = f.resources.values()
+    assert (r.spill_stores, r.spill_loads) == (0, 0), f.plan.reason
+    refused = [c for c in f.planning.kernels[0].ranked if c.failed and "spills on sm_90" in c.failed]
+    assert refused, "the spilling point is listed with its reason"
+    assert "spills on sm_90" in f.explain()

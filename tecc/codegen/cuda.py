@@ -313,19 +313,19 @@ class KernelEmitter:
 
     # Matrix-fragment statements: inline PTX printed from the intrinsic table (matrix.py).
     def _MatrixMultiply(self, s: MatrixMultiply) -> None:
-        self.lines_of(matrix.matrix_multiply(self, s))
+        self.lines_of(matrix.matrix_multiply(self.expr, s))
 
     def _MatrixLoad(self, s: MatrixLoad) -> None:
-        self.lines_of(matrix.matrix_load(self, s))
+        self.lines_of(matrix.matrix_load(self.expr, s))
 
     def _AsyncCopy(self, s: AsyncCopy) -> None:
-        self.lines_of(matrix.async_copy(self, s))
+        self.lines_of(matrix.async_copy(self.expr, s))
 
     def _AsyncCommit(self, s: AsyncCommit) -> None:
-        self.lines_of(matrix.async_commit(self, s))
+        self.lines_of(matrix.async_commit(self.expr, s))
 
     def _AsyncWait(self, s: AsyncWait) -> None:
-        self.lines_of(matrix.async_wait(self, s))
+        self.lines_of(matrix.async_wait(self.expr, s))
 
     def lines_of(self, texts: list[str]) -> None:
         for text in texts:

@@ -21,16 +21,11 @@ through the buffer's layout in `ExprEmitter.offset`, like every other access to 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from tecc.ir.expr import Expr
 from tecc.ir.intrinsics import FragmentOperand
 from tecc.ir.stmt import AsyncCommit, AsyncCopy, AsyncWait, Buffer, FragmentRef, MatrixLoad, MatrixMultiply
 
-from .cuda_expr import c_type
-
-if TYPE_CHECKING:
-    from .cuda import KernelEmitter
+from .cuda_expr import ExprEmitter, c_type
 
 
 def fragment_declaration(buffer: Buffer, name: str, count: int) -> str:
@@ -38,10 +33,10 @@ def fragment_declaration(buffer: Buffer, name: str, count: int) -> str:
     return f"__align__(16) {c_type(buffer.dtype)} {name}[{count}];"
 
 
-def _register(emitter: "KernelEmitter", ref: FragmentRef, op: FragmentOperand, r: int) -> tuple[str, str]:
+def _register(expr: ExprEmitter, ref: FragmentRef, op: FragmentOperand, r: int) -> tuple[str, str]:
     """(constraint letter, C lvalue) of register `r` of a fragment operand."""
     element: Expr = ref.offset + r * op.elements_per_register
-    lvalue = emitter.expr.buffer_ref(ref.buffer, (element,))
+    lvalue = expr.buffer_ref(ref.buffer, (element,))
     if op.elements_per_register == 2:
         return "r", f"*reinterpret_cast<unsigned*>(&{lvalue})"
     return "f", lvalue
@@ -59,7 +54,7 @@ def _asm(lines: list[str], outputs: list[str], inputs: list[str], clobber_memory
     return out
 
 
-def matrix_multiply(emitter: "KernelEmitter", s: MatrixMultiply) -> list[str]:
+def matrix_multiply(expr: ExprEmitter, s: MatrixMultiply) -> list[str]:
     row = s.row
     operands = [(role, getattr(s, role), row.operand(role)) for role in ("d", "a", "b", "c")]
     outputs: list[str] = []
@@ -71,7 +66,7 @@ def matrix_multiply(emitter: "KernelEmitter", s: MatrixMultiply) -> list[str]:
     for role, ref, op in operands:
         names = []
         for r in range(op.registers):
-            letter, lvalue = _register(emitter, ref, op, r)
+            letter, lvalue = _register(expr, ref, op, r)
             if role == "d":
                 outputs.append(f'"={letter}"({lvalue})')
             else:
@@ -93,35 +88,35 @@ def matrix_multiply(emitter: "KernelEmitter", s: MatrixMultiply) -> list[str]:
     return _asm(body, outputs, inputs, clobber_memory=False)
 
 
-def shared_address(emitter: "KernelEmitter", buffer: Buffer, indices: tuple[Expr, ...]) -> str:
+def shared_address(expr: ExprEmitter, buffer: Buffer, indices: tuple[Expr, ...]) -> str:
     """The 32-bit shared-window address of `buffer[indices]` (through its layout)."""
-    return f"static_cast<unsigned>(__cvta_generic_to_shared(&{emitter.expr.buffer_ref(buffer, indices)}))"
+    return f"static_cast<unsigned>(__cvta_generic_to_shared(&{expr.buffer_ref(buffer, indices)}))"
 
 
-def matrix_load(emitter: "KernelEmitter", s: MatrixLoad) -> list[str]:
+def matrix_load(expr: ExprEmitter, s: MatrixLoad) -> list[str]:
     row = s.row
     op = row.operand("d")
-    outputs = [f'"=r"({_register(emitter, s.dst, op, r)[1]})' for r in range(op.registers)]
+    outputs = [f'"=r"({_register(expr, s.dst, op, r)[1]})' for r in range(op.registers)]
     regs = ", ".join(f"%{r}" for r in range(op.registers))
     instruction = f"{row.ptx} {{{regs}}}, [%{op.registers}];"
-    return _asm([instruction], outputs, [f'"r"({shared_address(emitter, s.src, s.src_indices)})'],
+    return _asm([instruction], outputs, [f'"r"({shared_address(expr, s.src, s.src_indices)})'],
                 clobber_memory=True)
 
 
-def async_copy(emitter: "KernelEmitter", s: AsyncCopy) -> list[str]:
-    dst = shared_address(emitter, s.dst, s.dst_indices)
-    src = f"&{emitter.expr.buffer_ref(s.src, s.src_indices)}"
+def async_copy(expr: ExprEmitter, s: AsyncCopy) -> list[str]:
+    dst = shared_address(expr, s.dst, s.dst_indices)
+    src = f"&{expr.buffer_ref(s.src, s.src_indices)}"
     inputs = [f'"r"({dst})', f'"l"({src})']
     instruction = f"cp.async.{s.cache}.shared.global [%0], [%1], {s.bytes}"
     if s.predicate is not None:
-        inputs.append(f'"r"({emitter.expr.code(s.predicate)} ? {s.bytes} : 0)')
+        inputs.append(f'"r"({expr.code(s.predicate)} ? {s.bytes} : 0)')
         instruction += ", %2"
     return _asm([instruction + ";"], [], inputs, clobber_memory=True)
 
 
-def async_commit(emitter: "KernelEmitter", s: AsyncCommit) -> list[str]:
+def async_commit(expr: ExprEmitter, s: AsyncCommit) -> list[str]:
     return ['asm volatile("cp.async.commit_group;\\n" ::: "memory");']
 
 
-def async_wait(emitter: "KernelEmitter", s: AsyncWait) -> list[str]:
+def async_wait(expr: ExprEmitter, s: AsyncWait) -> list[str]:
     return [f'asm volatile("cp.async.wait_group {s.pending};\\n" ::: "memory");']

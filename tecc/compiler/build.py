@@ -28,7 +28,7 @@ from ..ir.tensor import Tensor
 from ..passes.manager import DumpIR, PassTiming
 from . import options as knobs
 from .kernel import Kernel
-from .pipeline import TARGETS, compile_module, default_plan, open_dumps, schedule_module
+from .pipeline import TARGETS, compile_module, default_plan, open_dumps, refuse_spills, schedule_module
 from .plan import Plan
 from . import planner as per_kernel_planner
 from .planner import PlanResult
@@ -138,7 +138,7 @@ def _auto_candidates(tensors: list[Tensor], plan_arch: str | None, sizes: dict[s
         return ask
 
     def planner() -> PlanResult:
-        result = per_kernel_planner.plan_program(tensors, plan_arch, sizes=sizes, name=name)
+        result = per_kernel_planner.plan_program(tensors, plan_arch, sizes=sizes, name=name, compile_check=refuse_spills)
         timing.seconds.append(("plan", result.search_seconds))
         return result
 

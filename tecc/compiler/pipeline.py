@@ -19,7 +19,7 @@ import time
 from typing import Any, Sequence
 
 from ..codegen import default_arch, dynamic_shared_bytes, emit_source
-from ..ir.errors import TeccError
+from ..ir.errors import ScheduleError, TeccError
 from ..ir.stmt import Module
 from ..ir.tensor import Tensor
 from ..passes.approx_math import approx_math
@@ -134,6 +134,19 @@ def compile_module(module: Module, plan: Plan, target: str, *, arch: str | None,
     if dumper is not None:
         kernel.dump_dir = dumper.directory
     return kernel
+
+
+def refuse_spills(schedule: Schedule, kernel: str, arch: str) -> None:
+    """ScheduleError when kernel `kernel` of the scheduled program spills once compiled for
+    `arch` (ptxas's report through NVRTC; the compile cache keeps the binary for the build).
+    The planner's compile check for strategies whose register use ptxas decides."""
+    timing = PassTiming()
+    module = schedule_module(schedule, schedule.plan, name=None, dumper=None, timing=timing)
+    compiled = compile_module(module, schedule.plan, "cuda", arch=arch, options=(), dumper=None, timing=timing)
+    res = compiled.resources.get(kernel)
+    if res is not None and (res.spill_stores or res.spill_loads):
+        raise ScheduleError(f"{kernel} spills on {arch}: ptxas keeps {res.registers} registers and spills "
+                            f"{res.spill_stores} stores / {res.spill_loads} loads ({res.stack_bytes} bytes of stack)")
 
 
 def _default_schedule_pass(plan: Plan) -> Pass:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..ir.errors import ScheduleError
 from ..ir.target import Target, from_device
@@ -34,12 +34,13 @@ from ..ir.target import target as target_of
 from ..ir.tensor import Tensor
 from ..passes.default_schedule import DEFAULT_THREADS
 from ..passes.lower import lower
-from ..passes.manager import PassTiming
 from .cost.analysis import KernelInfo, analyze_kernel
 from .cost.model import DEFAULT_PARAMETERS, Cost, CostParameters, Workload, predict
-from .pipeline import compile_module, schedule_module
 from .plan import Plan, Step
 from .strategies.registry import Point, Strategy, strategies
+
+# (scheduled program, kernel name, arch) -> None, or ScheduleError to pass over the point
+CompileCheck = Callable[[Any, str, str], None]
 
 
 @dataclass
@@ -140,8 +141,12 @@ def _rank_key(c: Candidate) -> tuple[float, int, int]:
 def plan_program(args: Sequence[Tensor], target: Target | str | None = None, *,
                  sizes: Mapping[str, int] | None = None, name: str | None = None,
                  params: CostParameters = DEFAULT_PARAMETERS, only: Sequence[str] | None = None,
-                 keep: int = 8) -> PlanResult:
+                 keep: int = 8, compile_check: CompileCheck | None = None) -> PlanResult:
     """Plan every kernel of the program `args` for `target` (see the module docstring).
+
+    compile_check: called as `compile_check(schedule, kernel, arch)` on a point of a strategy
+    that is `compile_checked` before the planner takes it; a ScheduleError passes over the point
+    (build gives pipeline.refuse_spills: compiled with NVRTC, a point that spills is refused).
 
     sizes: values of symbolic dimensions to plan for (others are assumed, see analysis.DEFAULT_SIZE).
     only: restrict to these strategies (naive is always added as the fallback)."""
@@ -159,7 +164,7 @@ def plan_program(args: Sequence[Tensor], target: Target | str | None = None, *,
     search = time.perf_counter() - start
 
     start = time.perf_counter()
-    schedule = _realize(args, name, kernel_plans, tgt.arch)
+    schedule = _realize(args, name, kernel_plans, tgt.arch, compile_check)
     steps = list(schedule.plan.steps)
     realize = time.perf_counter() - start
     for kp in kernel_plans:
@@ -184,19 +189,8 @@ def _keep(kp: KernelPlan, keep: int) -> list[Candidate]:
     return out + [c for c in kp.ranked if c.failed is not None]
 
 
-def _refuse_spills(sch: Any, kernel: str, arch: str) -> None:
-    """ScheduleError when kernel `kernel` of the scheduled program spills once compiled for `arch`
-    (ptxas's report through NVRTC; the compile cache keeps the binary for the build)."""
-    timing = PassTiming()
-    module = schedule_module(sch, sch.plan, name=None, dumper=None, timing=timing)
-    compiled = compile_module(module, sch.plan, "cuda", arch=arch, options=(), dumper=None, timing=timing)
-    res = compiled.resources.get(kernel)
-    if res is not None and (res.spill_stores or res.spill_loads):
-        raise ScheduleError(f"{kernel} spills on {arch}: ptxas keeps {res.registers} registers and spills "
-                            f"{res.spill_stores} stores / {res.spill_loads} loads ({res.stack_bytes} bytes of stack)")
-
-
-def _realize(args: Sequence[Tensor], name: str | None, kernel_plans: list[KernelPlan], arch: str) -> Any:
+def _realize(args: Sequence[Tensor], name: str | None, kernel_plans: list[KernelPlan], arch: str,
+             compile_check: CompileCheck | None) -> Any:
     """Apply each kernel's best realizable candidate on one Schedule, and return it."""
     from .schedule import Schedule
 
@@ -209,8 +203,8 @@ def _realize(args: Sequence[Tensor], name: str | None, kernel_plans: list[Kernel
             before = list(sch.plan.steps)
             try:
                 cand.strategy.apply(sch, kp.info, cand.point)
-                if cand.strategy.compile_checked:
-                    _refuse_spills(sch, kp.kernel, arch)
+                if cand.strategy.compile_checked and compile_check is not None:
+                    compile_check(sch, kp.kernel, arch)
                 kp.chosen = cand
                 break
             except ScheduleError as exc:

@@ -32,9 +32,10 @@ class Strategy:
 
     `uses_default_schedule` marks the naive fallback, realized by the "default_schedule" step
     rather than by primitives. `priority` only breaks ties between equal predictions.
-    `compile_checked`: the planner compiles the chosen point with NVRTC before taking it and
-    passes over a point that spills (ptxas's register allocation is what the register estimate
-    can only approximate; compiling is cheap, and the compile cache keeps it for the build)."""
+    `compile_checked`: the planner hands the chosen point to its compile check before taking it
+    (build's: compiled with NVRTC, a point that spills is passed over; ptxas's register
+    allocation is what the register estimate can only approximate; compiling is cheap, and the
+    compile cache keeps it for the build)."""
 
     name: str = ""
     description: str = ""

@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 from ...ir.errors import ScheduleError, TeccError
 from ...ir.tensor import Tensor
 from ..plan import Plan, Step
+from ..pipeline import refuse_spills
 from ..planner import Candidate, PlanResult, plan_program
 
 DEFAULT_TOP_K = 8
@@ -41,7 +42,7 @@ def candidate_plans(args: Sequence[Tensor], arch: str | None = None, *, sizes: M
     first (see the module docstring). The first is always the planner's own plan."""
     if top_k < 1:
         raise TeccError(f"top_k must be at least 1, got {top_k}")
-    result = plan_program(list(args), arch, sizes=sizes, name=name, keep=top_k)
+    result = plan_program(list(args), arch, sizes=sizes, name=name, keep=top_k, compile_check=refuse_spills)
     best = [kp.chosen for kp in result.kernels]
     choices: list[list[Candidate]] = [best]
     for i, kp in enumerate(result.kernels):
