@@ -2,7 +2,7 @@
 
     python benchmarks/tensor_core_points.py [--shape 4096 4096 4096] [--dtype float16] [--max 32]
 
-For the contraction C = A·B (fp32 accumulate) the planner's candidates of `gemm_tensor_core` are
+For the contraction C = A·B (fp32 accumulate, rounded to the operands' dtype, as benchmarks/gemm.py) the planner's candidates of `gemm_tensor_core` are
 each realized as a plan (`Strategy.apply` on a Schedule, as the planner does), built with NVRTC,
 checked once against torch in float64 and timed with CUDA events (10 back-to-back calls between
 two events, median of 5 rounds) in the same process as torch.matmul (cuBLAS). Prints one row per
@@ -20,12 +20,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main() -> None:
     import torch
 
     import tecc as tc
+    from gemm import matmul_tensors
     from tecc.compiler.planner import plan_program
     from tecc.compiler.schedule import Schedule
 
@@ -35,12 +37,7 @@ def main() -> None:
     ap.add_argument("--max", type=int, default=96, help="at most this many points (least predicted first)")
     a = ap.parse_args()
     m, n, k = a.shape
-    A = tc.placeholder((m, k), a.dtype, name="A")
-    B = tc.placeholder((k, n), a.dtype, name="B")
-    r = tc.reduce_axis(k, name="k")
-    C = tc.compute((m, n), lambda i, j: tc.sum(tc.cast(A[i, r], "float32") * tc.cast(B[r, j], "float32"), axis=r),
-                   name="C")
-    args = [A, B, C]
+    args = matmul_tensors(1, m, n, k, a.dtype)  # C = cast(Σ_k f32(A)·f32(B), dtype), as benchmarks/gemm.py
     result = plan_program(args, "sm_90", keep=1000)
     (kp,) = result.kernels
     points = [c for c in kp.ranked if c.strategy.name == "gemm_tensor_core" and c.failed is None][:a.max]
@@ -48,7 +45,7 @@ def main() -> None:
     tdt = getattr(torch, a.dtype)
     x = torch.randn(m, k, device="cuda", dtype=tdt)
     y = torch.randn(k, n, device="cuda", dtype=tdt)
-    out = torch.empty(m, n, device="cuda", dtype=torch.float32)
+    out = torch.empty(m, n, device="cuda", dtype=tdt)
     ref = x.double() @ y.double()
     flops = 2.0 * m * n * k
 

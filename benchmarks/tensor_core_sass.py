@@ -18,10 +18,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main() -> None:
     import tecc as tc
+    from gemm import matmul_tensors
 
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -29,14 +31,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="float16")
     a = ap.parse_args()
     m, n, k = a.shape
-    A = tc.placeholder((m, k), a.dtype, name="A")
-    B = tc.placeholder((k, n), a.dtype, name="B")
-    r = tc.reduce_axis(k, name="k")
-    C = tc.compute((m, n), lambda i, j: tc.sum(tc.cast(A[i, r], "float32") * tc.cast(B[r, j], "float32"), axis=r),
-                   name="C")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    kern = tc.build([A, B, C])
+    kern = tc.build(matmul_tensors(1, m, n, k, a.dtype))
     kern.save(str(out / "tc_gemm"))
     print("plan:", kern.plan.reason.split(";")[0])
     print("resources:", getattr(kern, "resources", None))

@@ -57,6 +57,7 @@ from .expr import (
     compare,
     logical_and,
     select,
+    substitute,
     walk,
 )
 from .ops import sum as reduce_sum
@@ -387,15 +388,6 @@ def _affine_axis(ix: Expr, space: Sequence[IterVar]) -> tuple[IterVar | None, Ex
     return None
 
 
-class _Substitute(ExprMutator):
-    def __init__(self, mapping: dict[Var, Expr]) -> None:
-        super().__init__()
-        self.mapping = mapping
-
-    def visit_Var(self, v: Var) -> Expr:
-        return self.mapping.get(v, v)
-
-
 def _gather_body(x: Tensor, c: _Contribution) -> Callable[..., Expr]:
     """The compute function of one contribution over x's axes (step 3)."""
     forms = []
@@ -432,7 +424,7 @@ def _gather_body(x: Tensor, c: _Contribution) -> Callable[..., Expr]:
                 fresh = reduce_axis((axis.lo, binary("+", axis.lo, axis.extent)), name=f"{axis.name}_")
                 mapping[axis] = fresh
                 summed.append(fresh)
-        value = _Substitute(mapping).visit(c.value)
+        value = substitute(c.value, mapping)
         if conds:
             value = select(logical_and(*conds), value, 0)
         if summed:
@@ -524,7 +516,7 @@ class _Backward:
             fresh = [reduce_axis((a.lo, binary("+", a.lo, a.extent)), name=f"{a.name}_") for a in body.axes]
             mapping: dict[Var, Expr] = dict(zip(axes, xs))
             mapping.update(zip(body.axes, fresh))
-            return reduce_sum(select(_Substitute(mapping).visit(reached), Const(1.0, t.dtype), Const(0.0, t.dtype)),
+            return reduce_sum(select(substitute(reached, mapping), Const(1.0, t.dtype), Const(0.0, t.dtype)),
                               axis=fresh)
 
         return compute(t.shape, fcompute, name=self._name(f"{t.name}_ties"))
@@ -571,6 +563,6 @@ def _renamed_axes(axes: Sequence[IterVar], body: Expr) -> Callable[..., Expr]:
     """A compute function giving `body` with `axes` replaced by the new compute's own axes."""
 
     def fcompute(*xs: Var) -> Expr:
-        return _Substitute(dict(zip(axes, xs))).visit(body)
+        return substitute(body, dict(zip(axes, xs)))
 
     return fcompute

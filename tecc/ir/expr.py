@@ -581,13 +581,9 @@ def free_vars(e: Expr) -> set[Var]:
 
 def substitute(e: Expr, mapping: dict[Var, Expr]) -> Expr:
     """`e` with each variable in `mapping` replaced by its expression."""
-    from .visitor import ExprMutator
+    from .visitor import VarSubstituter
 
-    class _Sub(ExprMutator):
-        def visit_Var(self, v: Var) -> Expr:
-            return mapping.get(v, v)
-
-    return _Sub().visit(e)
+    return VarSubstituter(mapping).visit(e)
 
 
 def walk(e: Expr) -> Iterable[Expr]:

@@ -8,7 +8,7 @@ is rewritten once).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .expr import (
     Binary,
@@ -117,6 +117,18 @@ class ExprMutator:
             idx = tuple(self.visit(i) for i in e.indices)
             return e if all(x is y for x, y in zip(idx, e.indices)) else BufferLoad(e.buffer, idx)
         raise TypeError(f"ExprMutator: no rule for {type(e).__name__}")
+
+
+class VarSubstituter(ExprMutator):
+    """Replaces each variable in `mapping` by its expression (the one substitution mutator:
+    `expr.substitute` for an expression, `passes.substitute.substitute_stmt` for a statement)."""
+
+    def __init__(self, mapping: Mapping[Var, Expr]) -> None:
+        super().__init__()
+        self.mapping = mapping
+
+    def visit_Var(self, v: Var) -> Expr:
+        return self.mapping.get(v, v)
 
 
 class StmtVisitor:

@@ -6,22 +6,13 @@ from typing import Mapping
 
 from ..ir.expr import Expr, Var, substitute
 from ..ir.stmt import Stmt
-from ..ir.visitor import ExprMutator, StmtMutator
-
-
-class _VarSubstituter(ExprMutator):
-    def __init__(self, mapping: Mapping[Var, Expr]) -> None:
-        super().__init__()
-        self.mapping = mapping
-
-    def visit_Var(self, v: Var) -> Expr:
-        return self.mapping.get(v, v)
+from ..ir.visitor import StmtMutator, VarSubstituter
 
 
 def substitute_stmt(s: Stmt, mapping: Mapping[Var, Expr]) -> Stmt:
     """`s` with every occurrence of a variable in `mapping` replaced by its expression."""
     m = StmtMutator()
-    m.expr_mutator = _VarSubstituter(mapping)
+    m.expr_mutator = VarSubstituter(mapping)
     return m.visit(s)
 
 
