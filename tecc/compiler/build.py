@@ -26,6 +26,8 @@ from ..ir.expr import free_vars
 from ..ir.stmt import Module
 from ..ir.tensor import Tensor
 from ..passes.manager import DumpIR, PassTiming
+from ..passes.lower import lower
+from . import build_cache
 from . import options as knobs
 from .kernel import Kernel
 from .pipeline import TARGETS, compile_module, default_plan, open_dumps, refuse_spills, schedule_module
@@ -81,21 +83,40 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
     tensors = [args] if isinstance(args, Tensor) else list(args)
     plan_arch = arch or knobs.default_arch_override()
     candidates: list[Candidate]
+    key: str | None = None
     if tune:
         start = time.perf_counter()
         tuned = tuned_plan(tensors, arch=plan_arch, sizes=sizes, name=name, options=options)
         timing.seconds.append(("tune", time.perf_counter() - start))
         candidates = [("tuned", lambda: tuned)]
     elif plan == "auto" or plan is None:
+        key = _build_cache_key(tensors, name, sizes, plan_arch) if dumper is None else None
+        found = build_cache.lookup(key) if key is not None else None
+        if found is not None:  # planned and scheduled by an earlier build (build_cache.py)
+            cached, module = found
+            timing.seconds.append(("build cache hit", 0.0))
+            return compile_module(module, cached, target, arch=arch, options=options, dumper=None, timing=timing)
         candidates = _auto_candidates(tensors, plan_arch, sizes, name, timing)
     else:
         given = _resolve_plan(plan)
         candidates = [("given", lambda: given)]
     module, chosen, planning, fallbacks = _first_that_builds(candidates, tensors, name, dumper, timing)
+    if key is not None and not fallbacks:
+        build_cache.store(key, chosen, module)
     kernel = compile_module(module, chosen, target, arch=arch, options=options, dumper=dumper, timing=timing)
     kernel.planning = planning
     kernel.fallbacks = fallbacks
     return kernel
+
+
+def _build_cache_key(tensors: list[Tensor], name: str | None, sizes: dict[str, int] | None,
+                     plan_arch: str | None) -> str | None:
+    """The build cache's key of an auto-planned program (None with the caches off)."""
+    if not knobs.build_cache_enabled():
+        return None
+    naive = lower(tensors, name)
+    return build_cache.build_key(str(naive), name=naive.name, sizes=sizes,
+                                 arch=per_kernel_planner.resolve_target(plan_arch).arch)
 
 
 def _check_arguments(tensors: list[Tensor], sizes: dict[str, int] | None) -> None:

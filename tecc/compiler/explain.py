@@ -129,6 +129,9 @@ def explain_kernel(kernel: Any) -> str:
         parts.append(explain(report))
     else:
         parts.append(str(kernel.plan))
+        if any(step == "build cache hit" for step, _ in getattr(getattr(kernel, "timing", None), "seconds", [])):
+            parts.append("  (planned by an earlier build: taken from the build cache, whose entry keeps the plan "
+                         "and the final loop IR but not the planner's runners-up; TECC_NO_CACHE=1 plans again)")
     for who, why in getattr(kernel, "fallbacks", []):
         parts.append(f"  fell back: candidate {who} took the program but failed: {why}")
     for k in kernel.host.kernels:

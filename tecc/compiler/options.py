@@ -58,6 +58,11 @@ def cache_enabled() -> bool:
     return os.environ.get("TECC_NO_CACHE", "") in ("", "0")
 
 
+def build_cache_enabled() -> bool:
+    """The build cache (build_cache.py): on with the compile cache, unless TECC_BUILD_CACHE=0."""
+    return cache_enabled() and os.environ.get("TECC_BUILD_CACHE", "1") != "0"
+
+
 def tuning_db_path() -> Path:
     env = os.environ.get("TECC_TUNING_DB")
     return Path(env) if env else cache_dir() / "tuning.sqlite"

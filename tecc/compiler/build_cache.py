@@ -1,0 +1,116 @@
+"""The build cache: what plan="auto" chose for a program, and the final loop IR it gave, on disk.
+
+A cold build plans (the cost model over every strategy's space) and schedules (the primitives,
+with islpy's dependence checks): a second or more for a GEMM. A program built before, in this
+process or an earlier one, needs neither: `build` looks the program up here first and, on a hit,
+emits CUDA C from the stored final loop IR (and NVRTC's output comes from the compile cache).
+
+The key is the SHA-256 of
+
+    the cache format, the program's naive loop IR (what `00_lower.txt` shows: shapes, dtypes,
+    names, the expressions), the module name, the sizes planned for, the arch planned for, the
+    knobs that change the IR (precise math), and the fingerprint of tecc's own source files
+
+so a change to the program, its sizes, the target, or to the compiler itself (any file of the
+`tecc` package, not only a release number) gives another entry. Builds that ask for dumps
+(`dump_ir`, TECC_DUMP_IR) or for tuning, and explicit plans, do not use it; `TECC_NO_CACHE=1`
+turns it off with the compile cache, `TECC_BUILD_CACHE=0` alone (the test suite does: its tests
+change strategies and the cost model on purpose, which the fingerprint of the files cannot see).
+
+Layout: `TECC_CACHE_DIR/builds/v1/<key[:2]>/<key>.json`: `{"key", "plan", "module"}`, the module
+as the artifacts' loop-IR JSON (tecc.ir.loop_json), written to a temporary file and renamed, as
+the compile cache does. An entry that cannot be read or decoded is a miss and is rewritten;
+nothing here fails a build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Mapping
+
+from ..ir.errors import TeccError
+from ..ir.loop_json import module_from_json, module_to_json
+from ..ir.stmt import Module
+from . import options as knobs
+from .plan import Plan
+
+FORMAT = 1
+SUBDIR = f"builds/v{FORMAT}"
+
+_FINGERPRINT: str | None = None
+
+
+def source_fingerprint() -> str:
+    """SHA-256 over the path and contents of every .py file of the tecc package (once per
+    process): the build cache's stand-in for "the same compiler"."""
+    global _FINGERPRINT
+    if _FINGERPRINT is None:
+        package = Path(__file__).resolve().parent.parent  # tecc/
+        digest = hashlib.sha256()
+        for path in sorted(package.rglob("*.py")):
+            digest.update(str(path.relative_to(package)).encode())
+            digest.update(path.read_bytes())
+        _FINGERPRINT = digest.hexdigest()
+    return _FINGERPRINT
+
+
+def build_key(naive_ir: str, *, name: str, sizes: Mapping[str, int] | None, arch: str) -> str:
+    """The hex SHA-256 that names a build-cache entry (module docstring)."""
+    fields = {
+        "format": FORMAT,
+        "program": hashlib.sha256(naive_ir.encode()).hexdigest(),
+        "name": name,
+        "sizes": sorted((str(k), int(v)) for k, v in (sizes or {}).items()),
+        "arch": arch,
+        "precise_math": knobs.precise_math(),
+        "tecc": source_fingerprint(),
+    }
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def entry_path(key: str) -> Path:
+    return knobs.cache_dir() / SUBDIR / key[:2] / f"{key}.json"
+
+
+def lookup(key: str) -> tuple[Plan, Module] | None:
+    """The stored plan and final module for `key`, or None (no entry, or one that cannot be read)."""
+    path = entry_path(key)
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return None
+        doc = json.loads(path.read_text())
+        if doc.get("key") != key:
+            return None
+        return Plan.from_json(doc["plan"]), module_from_json(doc["module"], f"build cache entry {path}")
+    except (OSError, ValueError, KeyError, TypeError, TeccError):
+        return None
+
+
+def store(key: str, plan: Plan, module: Module) -> Path | None:
+    """Write the entry atomically; None when it cannot be written (never raises for the disk,
+    nor for a module the loop-IR JSON does not know)."""
+    path = entry_path(key)
+    tmp_name = None
+    try:
+        text = json.dumps({"key": key, "plan": plan.to_json(), "module": module_to_json(module)})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp_name, path)
+        return path
+    except (OSError, TeccError):
+        if tmp_name is not None:
+            try:
+                os.unlink(tmp_name)
+            except OSError:
+                pass
+        return None
+
+
+__all__ = ["build_key", "entry_path", "lookup", "source_fingerprint", "store"]
