@@ -1,9 +1,10 @@
 """The `tecc` command (docs/cli.md).
 
-    tecc compile FILE.py... [--arch sm_90] [-o DIR] [--dump-ir DIR] [--tune]   compile every op to .cubin
+    tecc compile FILE.py... [--arch sm_90] [-o DIR] [--dump-ir DIR] [--tune] [--plan FILE.json]
+                                                                                compile every op to .cubin
     tecc check   PATH...   [--arch sm_90] [-o DIR] [--dump-ir DIR]            compile and check against NumPy
     tecc run     FILE.py... [--target auto|cuda|sim] [--check] [--profile]     run the ops (check, profile)
-    tecc explain FILE.py... [--arch sm_90]                                      how each op was scheduled
+    tecc explain FILE.py... [--arch sm_90] [--plan FILE.json]                   how each op was scheduled
     tecc tune    FILE.py... [--arch sm_90] [--top-k N]                          autotune on the GPU (docs/tuning.md)
     tecc cache   info | clear [--tuning]                                        the compile cache
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
 import textwrap
 import threading
@@ -199,9 +201,46 @@ class _Progress:
 
 # ---- commands ---------------------------------------------------------------------------------
 
-def _build(op: OpSpec, target: str, args: argparse.Namespace, dump: Path | None = None) -> Any:
+def _plans(args: argparse.Namespace, ops: Sequence[tuple[Path, OpSpec]]) -> dict[str, Any]:
+    """--plan FILE.json: the plan of each op, by op name. The file holds one plan (as `f.plan`
+    writes it, or an artifact manifest `path.json`, whose "plan" is used) for a command over one
+    op, or an object mapping op names to plans."""
+    given = getattr(args, "plan", None)
+    if not given:
+        return {}
+    path = Path(given)
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        raise UsageError(f"--plan {path}: cannot read it ({exc.strerror or exc})") from exc
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--plan {path}: not JSON ({exc.msg} at line {exc.lineno}); write a plan as "
+                         "`f.plan.to_json()` gives it, or an object mapping op names to plans") from exc
+    if isinstance(doc, dict) and isinstance(doc.get("plan"), dict) and "host" in doc:
+        doc = doc["plan"]  # an artifact manifest (kernel.save's path.json)
+    names = [op.name for _, op in ops]
+    if isinstance(doc, dict) and "steps" in doc:
+        if len(names) != 1:
+            raise UsageError(f"--plan {path} holds one plan, but the files declare {len(names)} ops "
+                             f"({', '.join(names)}); give one file with one op, or map op names to plans")
+        return {names[0]: doc}
+    if isinstance(doc, dict) and all(isinstance(v, dict) for v in doc.values()):
+        unknown = sorted(set(doc) - set(names))
+        if unknown:
+            raise UsageError(f"--plan {path} names ops the files do not declare: {', '.join(unknown)} "
+                             f"(they declare {', '.join(names)})")
+        return dict(doc)
+    raise UsageError(f"--plan {path}: expected a plan (an object with \"steps\") or an object mapping op "
+                     "names to plans")
+
+
+def _build(op: OpSpec, target: str, args: argparse.Namespace, dump: Path | None = None,
+           plans: dict[str, Any] | None = None) -> Any:
     from .compiler import build
 
+    plan = (plans or {}).get(op.name)
+    if plan is not None:  # replayed as given (a plan chosen elsewhere: a tuner, another machine)
+        return build(op.args, target, name=op.name, dump_ir=dump, arch=getattr(args, "arch", None), plan=plan)
     if getattr(args, "tune", False):  # the winner `tecc tune` just stored, for the op's sizes
         return build(op.args, target, name=op.name, dump_ir=dump, arch=getattr(args, "arch", None),
                      sizes=dict(op.sizes), tune=True)
@@ -217,6 +256,7 @@ def cmd_compile(args: argparse.Namespace, check: bool) -> int:
         cmd_tune(args)
         print()
     ops = _all_ops(args.files)
+    plans = _plans(args, ops)
     out_dir = Path(args.output) if args.output else None
     use_gpu = _gpu() if check else False
     failures = 0
@@ -227,7 +267,7 @@ def cmd_compile(args: argparse.Namespace, check: bool) -> int:
             bar.working_on(op.name)
             start = time.perf_counter()
             dump = _under(Path(args.dump_ir), op.name) if args.dump_ir else None
-            kernel = _build(op, "cuda", args, dump)
+            kernel = _build(op, "cuda", args, dump, plans)
             took = time.perf_counter() - start
             cached = _cached(kernel)
             hits += cached
@@ -276,10 +316,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     ops = _all_ops(args.files)
+    plans = _plans(args, ops)
     with _Progress(len(ops), "explain") as bar:
         for i, (_, op) in enumerate(ops):
             bar.working_on(op.name)
-            kernel = _build(op, "cuda", args)
+            kernel = _build(op, "cuda", args, plans=plans)
             if i:
                 print()
             print(kernel.explain(), flush=True)
@@ -406,6 +447,9 @@ def parser() -> argparse.ArgumentParser:
         c.add_argument("-o", "--output", default=None, metavar="DIR",
                        help="write DIR/<op>.cubin, .ptx, .cu and .json (the manifest, docs/runtime.md)")
         c.add_argument("--dump-ir", default=None, metavar="DIR", help="write the IR after every pass to DIR/<op>/")
+        c.add_argument("--plan", default=None, metavar="FILE.json",
+                       help="replay this plan instead of planning (one plan, an artifact's .json, or an object "
+                            "mapping op names to plans)")
         if name == "compile":
             c.add_argument("--tune", action="store_true",
                            help="autotune each op first (as `tecc tune`; needs a GPU), then compile the winners")
@@ -431,6 +475,9 @@ def parser() -> argparse.ArgumentParser:
                        formatter_class=_Formatter)
     files(e)
     arch(e)
+    e.add_argument("--plan", default=None, metavar="FILE.json",
+                   help="explain this plan instead of the planner's (one plan, an artifact's .json, or an object "
+                        "mapping op names to plans)")
 
     t = sub.add_parser("tune", help="autotune every op and store the winners in the tuning database",
                        description="Compile the planner's top-k candidates of every op, time them on the GPU, "

@@ -174,3 +174,42 @@ def test_progress_bar_appears_only_after_the_delay(monkeypatch: pytest.MonkeyPat
         time.sleep(0.3)
         bar.advance()
     assert bar._started is True
+
+
+def test_a_plan_chosen_elsewhere_is_replayed_by_compile_and_explain(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    import tecc as tc
+
+    matmul = EXAMPLES / "matmul.py"
+    assert main(["compile", str(matmul), "--arch", "sm_90", "-o", str(tmp_path / "a")]) == 0
+    manifest = json.loads((tmp_path / "a" / "matmul.json").read_text())
+    # another plan than the planner's: the naive one, as a plan file and as a mapping by op name
+    naive = tc.default_plan().to_json()
+    (tmp_path / "naive.json").write_text(naive)
+    (tmp_path / "by_op.json").write_text(json.dumps({"matmul": json.loads(naive)}))
+    capsys.readouterr()
+    for plan_file in ("naive.json", "by_op.json"):
+        out_dir = tmp_path / plan_file.replace(".json", "")
+        assert main(["compile", str(matmul), "--arch", "sm_90", "-o", str(out_dir),
+                     "--plan", str(tmp_path / plan_file)]) == 0
+        replayed = json.loads((out_dir / "matmul.json").read_text())
+        assert replayed["plan"]["strategy"] == "naive" != manifest["plan"]["strategy"]
+    # an artifact's manifest replays the plan it was built with
+    assert main(["explain", str(matmul), "--arch", "sm_90", "--plan", str(tmp_path / "a" / "matmul.json")]) == 0
+    assert f"plan ({manifest['plan']['strategy']})" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content, says", [
+    ("{not json", "not JSON"),
+    ('{"steps": []}', "holds one plan, but the files declare"),
+    ('{"nope": {"steps": []}}', "names ops the files do not declare: nope"),
+    ("[1, 2]", "expected a plan"),
+])
+def test_a_bad_plan_file_is_a_usage_error_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    content: str, says: str) -> None:
+    plan = _write(tmp_path, "plan.json", content)
+    assert main(["explain", str(EXAMPLES), "--plan", str(plan)]) == 2
+    err = " ".join(capsys.readouterr().err.split())  # the message is wrapped as one paragraph
+    assert says in err and str(plan) in err
