@@ -115,8 +115,9 @@ def _build_cache_key(tensors: list[Tensor], name: str | None, sizes: dict[str, i
     if not knobs.build_cache_enabled():
         return None
     naive = lower(tensors, name)
+    # the whole Target, not only its arch: an H100 and an H200 are both sm_90 and plan apart
     return build_cache.build_key(str(naive), name=naive.name, sizes=sizes,
-                                 arch=per_kernel_planner.resolve_target(plan_arch).arch)
+                                 target=repr(per_kernel_planner.resolve_target(plan_arch)))
 
 
 def _check_arguments(tensors: list[Tensor], sizes: dict[str, int] | None) -> None:

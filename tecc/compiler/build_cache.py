@@ -8,8 +8,9 @@ emits CUDA C from the stored final loop IR (and NVRTC's output comes from the co
 The key is the SHA-256 of
 
     the cache format, the program's naive loop IR (what `00_lower.txt` shows: shapes, dtypes,
-    names, the expressions), the module name, the sizes planned for, the arch planned for, the
-    knobs that change the IR (precise math), and the fingerprint of tecc's own source files
+    names, the expressions), the module name, the sizes planned for, the Target planned for (its
+    arch and every figure the cost model reads: an H100 and an H200 are both sm_90), the knobs
+    that change the IR (precise math), and the fingerprint of tecc's own source files
 
 so a change to the program, its sizes, the target, or to the compiler itself (any file of the
 `tecc` package, not only a release number) gives another entry. Builds that ask for dumps
@@ -59,14 +60,14 @@ def source_fingerprint() -> str:
     return _FINGERPRINT
 
 
-def build_key(naive_ir: str, *, name: str, sizes: Mapping[str, int] | None, arch: str) -> str:
+def build_key(naive_ir: str, *, name: str, sizes: Mapping[str, int] | None, target: str) -> str:
     """The hex SHA-256 that names a build-cache entry (module docstring)."""
     fields = {
         "format": FORMAT,
         "program": hashlib.sha256(naive_ir.encode()).hexdigest(),
         "name": name,
         "sizes": sorted((str(k), int(v)) for k, v in (sizes or {}).items()),
-        "arch": arch,
+        "target": target,
         "precise_math": knobs.precise_math(),
         "tecc": source_fingerprint(),
     }
