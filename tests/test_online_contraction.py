@@ -11,6 +11,7 @@ import tecc as tc
 from tecc.compiler.plan import Plan, Step
 from tecc.ir.errors import ScheduleError
 from tecc.ir.stmt import Allocate, iter_stmts
+from tecc.compiler.strategies.online_contraction import propose as propose_online
 from tecc.passes.rewrite.online_contraction import online_chain, online_contraction
 
 PLAN = Plan((Step("online_contraction", {"threads": 32, "rows_per_block": 4}),), "test", "")
@@ -195,12 +196,17 @@ def test_refuses_a_contraction_over_another_axis():
     q = tc.reduce_axis(4, name="q")
     m = tc.compute((4,), lambda r: tc.max(X[r, j1], axis=j1), name="m")
     l = tc.compute((4,), lambda r: tc.sum(tc.exp(X[r, j2] - m[r]), axis=j2), name="l")
-    # contracts over the rows q, not over the statistics' axis j
+    # contracts over the rows q, not over the statistics' axis j (and reads m at another row)
     Y = tc.compute((4, 8), lambda r, c: tc.sum(tc.exp(X[q, c] - m[q]) * V[q, c], axis=q) / l[r], name="Y")
-    with pytest.raises(ScheduleError):
+    with pytest.raises(ScheduleError, match="read at its own row"):
         online_chain([X, V, Y])
-    with pytest.raises(ScheduleError):
-        online_contraction([X, V, Y])
+    # an axis of the statistics' extent, but the summand is not exp(s - m) at the contracted key
+    W = tc.placeholder((8, 8), "float32", name="W")
+    k = tc.reduce_axis(8, name="k")
+    Z = tc.compute((4, 8), lambda r, c: tc.sum(tc.exp(X[r, c] - m[r]) * W[k, c], axis=k) / l[r], name="Z")
+    with pytest.raises(ScheduleError, match="does not contract exp"):
+        online_contraction([X, W, Z])
+    assert propose_online([X, W, Z]) is None
 
 
 def test_refuses_to_write_the_scores():
@@ -226,3 +232,97 @@ def test_row_statistics_are_outputs_too():
     p = np.exp(x64 - x64.max(axis=1, keepdims=True))
     check("softmax·V", y, (p @ v.astype(np.float64)) / p.sum(axis=1, keepdims=True), bound(np.float32, 33), PLAN)
     check("sum of exp", l_out, p.sum(axis=1), bound(np.float32, 33) * 33, PLAN)
+
+
+def test_build_proposes_it_and_it_replaces_four_kernels_and_the_score_matrix():
+    S = 37
+    ins, outs = attention(1, 2, S, 16, causal=True, lse=True)
+    unfused = tc.build(ins + outs, target="sim", plan=Plan((), "test", "the stage-per-kernel lowering"))
+    assert len(unfused.module.kernels) >= 4
+    assert any(math.prod(int(s) for s in t.shape) >= S * S for t in unfused.module.temps)
+    rng = np.random.default_rng()
+    x = inputs_for(ins, rng)
+    k, (o, lse) = run(ins + outs, x, plan="auto")
+    assert k.plan.strategy == "online_contraction", k.plan
+    assert len(k.module.kernels) == 1 and not k.module.temps and not k.fallbacks
+    want, want_lse = reference(*x, causal=True)
+    check("auto-planned attention", o, want, bound(np.float32, S), k.plan)
+    check("auto-planned log-sum-exp", lse, want_lse, bound(np.float32, S), k.plan)
+
+
+@pytest.mark.parametrize("D", [96, 256])
+def test_wide_heads_in_the_emulator(D):
+    ins, outs = attention(1, 1, 21, D, dtype="float16", causal=True)
+    rng = np.random.default_rng()
+    x = inputs_for(ins, rng)
+    _, (o,) = run(ins + outs, x)
+    want, _ = reference(*x, causal=True)
+    check(f"float16 attention d={D}", o, want, bound(np.float16, 21), PLAN)
+
+
+def test_symbolic_sequence_length():
+    n = tc.var("n")
+    ins, outs = softmax_then_contraction(n, n, 8)
+    rng = np.random.default_rng()
+    for size in (5, 40):
+        x = rng.standard_normal((size, size)).astype(np.float32)
+        v = rng.standard_normal((size, 8)).astype(np.float32)
+        k = tc.build(ins + outs, target="sim", plan=PLAN)
+        y = np.full((size, 8), np.nan, np.float32)
+        k(x, v, y)
+        x64 = x.astype(np.float64)
+        p = np.exp(x64 - x64.max(axis=1, keepdims=True))
+        check(f"softmax·V n={size}", y, (p @ v.astype(np.float64)) / p.sum(axis=1, keepdims=True),
+              bound(np.float32, size), PLAN)
+
+
+@pytest.mark.parametrize("D", [64, 96, 128, 256])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_head_dims_compile_with_nvrtc_without_spills(D, dtype):
+    from tecc.codegen import compile_cuda, emit_source
+
+    ins, outs = attention(2, 4, 200, D, dtype=dtype, causal=True, groups=2, lse=True)
+    mod = online_contraction(ins + outs)
+    compiled = compile_cuda(emit_source(mod.kernels), arch="sm_90", name="attention")
+    (res,) = compiled.resources.values()
+    assert res.spill_stores == 0 and res.spill_loads == 0, res
+
+
+def test_boolean_mask_tensor_and_more_keys_than_queries():
+    B, H, N, Nk, D = 1, 2, 19, 45, 16
+    Q = tc.placeholder((B, H, N, D), "float32", name="Q")
+    K = tc.placeholder((B, H, Nk, D), "float32", name="K")
+    V = tc.placeholder((B, H, Nk, D), "float32", name="V")
+    keep = tc.placeholder((B, 1, N, Nk), "bool", name="keep")
+    d = tc.reduce_axis(D, name="d")
+    j1, j2, j3 = (tc.reduce_axis(Nk, name=n) for n in ("j1", "j2", "j3"))
+    s = tc.compute((B, H, N, Nk), lambda b, h, i, j: tc.where(
+        keep[b, 0, i, j], tc.sum(Q[b, h, i, d] * K[b, h, j, d], axis=d) * 0.5, -math.inf), name="s")
+    m = tc.compute((B, H, N), lambda b, h, i: tc.max(s[b, h, i, j1], axis=j1), name="m")
+    l = tc.compute((B, H, N), lambda b, h, i: tc.sum(tc.exp(s[b, h, i, j2] - m[b, h, i]), axis=j2), name="l")
+    O = tc.compute((B, H, N, D), lambda b, h, i, c: tc.sum(
+        V[b, h, j3, c] * tc.exp(s[b, h, i, j3] - m[b, h, i]), axis=j3) / l[b, h, i], name="O")
+    rng = np.random.default_rng()
+    q, k, v = (rng.standard_normal(tuple(int(x) for x in t.shape)).astype(np.float32) for t in (Q, K, V))
+    mask = rng.random((B, 1, N, Nk)) < 0.6
+    mask[..., 0] = True  # every row keeps a key (a row with none is 0/0 = NaN, as in NumPy)
+    k_, (o,) = run([Q, K, V, keep, O], [q, k, v, mask], plan="auto")
+    assert k_.plan.strategy == "online_contraction"
+    scores = np.where(mask, np.einsum("bhid,bhjd->bhij", q.astype(np.float64), k.astype(np.float64)) * 0.5, -np.inf)
+    p = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    want = np.einsum("bhij,bhjd->bhid", p, v.astype(np.float64)) / p.sum(axis=-1, keepdims=True)
+    check("masked attention", o, want, bound(np.float32, Nk), k_.plan)
+
+
+def test_golden_cuda_of_causal_half_attention_with_log_sum_exp():
+    """The generated CUDA, kept in tests/golden/ (update on purpose with TECC_UPDATE_GOLDEN=1)."""
+    import os
+    from pathlib import Path
+
+    ins, outs = attention(1, 2, 37, 64, dtype="float16", causal=True, lse=True)
+    text = tc.build(ins + outs, target="sim", plan=PLAN).source
+    path = Path(__file__).parent / "golden" / "online_attention_causal_f16.cu"
+    if os.environ.get("TECC_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert path.exists(), f"missing golden file {path}; run with TECC_UPDATE_GOLDEN=1 and review it"
+    assert text == path.read_text(), f"generated CUDA of the online attention kernel changed; diff it against {path}"

@@ -132,7 +132,7 @@ class _Expand(ExprMutator):
                     f"[{', '.join(map(str, self.row))}]; a row statistic must be read at its own row")
             return self.stats[t]
         if t.is_placeholder:
-            return t[idx] if idx != e.indices else e
+            return e if _same(idx, e.indices) else t[idx]
         if id(t) in self.outputs:
             raise ScheduleError(
                 f"online_contraction: {t.name} is an output and is read by another stage; the one-pass "
@@ -239,8 +239,8 @@ def _chain_of(prog: Program, m: Tensor, outputs: set[int]) -> OnlineChain:
             raise ScheduleError(f"online_contraction: two contraction outputs ({main[0].name}, {t.name}); one is "
                                 "supported")
         body = expand(t, stats, op.body, row + (column,))
-        reduces = [n for n in walk(body) if isinstance(n, Reduce) and n.combiner == "sum"
-                   and n.axes[0].extent is keys and len(n.axes) == 1]
+        reduces = [n for n in walk(body) if isinstance(n, Reduce) and n.combiner == "sum" and len(n.axes) == 1
+                   and n.axes[0].extent is keys and const_int(n.axes[0].lo) == 0]
         found = None
         for r in reduces:
             src = substitute(r.source, {r.axes[0]: key})
