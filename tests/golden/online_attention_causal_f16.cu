@@ -13,7 +13,8 @@ __device__ __forceinline__ float tecc_max(float a, float b) {
 __device__ __forceinline__ double tecc_max(double a, double b) { return (a > b || a != a) ? a : b; }
 
 extern "C" __global__ void __launch_bounds__(128) O_online_kernel(const __half* __restrict__ Q, const __half* __restrict__ K, const __half* __restrict__ V, __half* __restrict__ O, float* __restrict__ lse) {
-  const int row_block = blockIdx.x;
+  const int head = blockIdx.y;
+  const int query_block = blockIdx.x;
   const int ty = threadIdx.y;
   const int tx = threadIdx.x;
   __shared__ __align__(16) float s_tile[128];
@@ -29,12 +30,12 @@ extern "C" __global__ void __launch_bounds__(128) O_online_kernel(const __half* 
     o_acc[k] = 0.0f;
   }
   for (int tile = 0; tile < 2; ++tile) {
-    if (row_block * 4 + ty < 74 && tile * 32 + tx < 37) {
+    if (query_block * 4 + ty < 37 && tile * 32 + tx < 37) {
       dot_acc[0] = 0.0f;
       for (int d = 0; d < 64; ++d) {
-        dot_acc[0] = dot_acc[0] + __half2float(Q[(row_block * 4 + ty) / 37 / 2 * 4736 + (row_block * 4 + ty) / 37 % 2 * 2368 + (row_block * 4 + ty) % 37 * 64 + d]) * __half2float(K[(row_block * 4 + ty) / 37 / 2 * 4736 + (row_block * 4 + ty) / 37 % 2 * 2368 + (tile * 32 + tx) * 64 + d]);
+        dot_acc[0] = dot_acc[0] + __half2float(Q[head * 2368 + (query_block * 4 + ty) * 64 + d]) * __half2float(K[head * 2368 + (tile * 32 + tx) * 64 + d]);
       }
-      s_tile[ty * 32 + tx] = (tile * 32 + tx <= (row_block * 4 + ty) % 37 ? dot_acc[0] * 0.125f : -__int_as_float(0x7f800000));
+      s_tile[ty * 32 + tx] = (tile * 32 + tx <= query_block * 4 + ty ? dot_acc[0] * 0.125f : -__int_as_float(0x7f800000));
     } else {
       s_tile[ty * 32 + tx] = -__int_as_float(0x7f800000);
     }
@@ -50,13 +51,13 @@ extern "C" __global__ void __launch_bounds__(128) O_online_kernel(const __half* 
       o_acc[k1] = o_acc[k1] * alpha;
     }
     for (int jj1 = 0; jj1 < 32; ++jj1) {
-      if (row_block * 4 + ty < 74 && tile * 32 + jj1 < 37) {
+      if (query_block * 4 + ty < 37 && tile * 32 + jj1 < 37) {
         const float p = (s_tile[ty * 32 + jj1] == -__int_as_float(0x7f800000) ? 0.0f : expf(s_tile[ty * 32 + jj1] - m_new[0]));
         l_run[0] = l_run[0] + p;
         #pragma unroll
         for (int k2 = 0; k2 < 2; ++k2) {
           if (k2 * 32 + tx < 64) {
-            o_acc[k2] = o_acc[k2] + p * __half2float(V[(row_block * 4 + ty) / 37 / 2 * 4736 + (row_block * 4 + ty) / 37 % 2 * 2368 + (tile * 32 + jj1) * 64 + k2 * 32 + tx]);
+            o_acc[k2] = o_acc[k2] + p * __half2float(V[head * 2368 + (tile * 32 + jj1) * 64 + k2 * 32 + tx]);
           }
         }
       }
@@ -64,14 +65,14 @@ extern "C" __global__ void __launch_bounds__(128) O_online_kernel(const __half* 
     m_run[0] = m_new[0];
     __syncthreads();
   }
-  if (row_block * 4 + ty < 74) {
+  if (query_block * 4 + ty < 37) {
     if (tx == 0) {
-      lse[(row_block * 4 + ty) / 37 / 2 * 74 + (row_block * 4 + ty) / 37 % 2 * 37 + (row_block * 4 + ty) % 37] = m_run[0] + logf(l_run[0]);
+      lse[head * 37 + query_block * 4 + ty] = m_run[0] + logf(l_run[0]);
     }
     #pragma unroll
     for (int k3 = 0; k3 < 2; ++k3) {
       if (k3 * 32 + tx < 64) {
-        O[(row_block * 4 + ty) / 37 / 2 * 4736 + (row_block * 4 + ty) / 37 % 2 * 2368 + (row_block * 4 + ty) % 37 * 64 + k3 * 32 + tx] = __float2half_rn(o_acc[k3] / l_run[0]);
+        O[head * 2368 + (query_block * 4 + ty) * 64 + k3 * 32 + tx] = __float2half_rn(o_acc[k3] / l_run[0]);
       }
     }
   }

@@ -32,12 +32,12 @@ the same key axis (a contraction over a different axis, or of another summand); 
 another row; a Reduce inside v or inside a row output; an intermediate stage that is also an
 output (the S×N scores, which the rewrite would have to write); an output of another shape.
 
-The kernel (`online_contraction`): a block holds `rows_per_block` rows (threadIdx.y; rows are
-flattened, so a block may span two heads) and `threads` lanes per row (threadIdx.x). The key
-axis is walked in tiles of `threads` keys: each lane computes one s(r, j) of the tile (its
-contraction over d serially) into shared memory, a barrier, then every lane of the row reads
-the row's tile (a broadcast), takes its max, rescales and accumulates the columns c = k·T + tx
-it owns (K = ceil(C / T) registers each). SIMT only: no tensor cores, no staging of K/V tiles
+The kernel (`online_contraction`): a block holds `rows_per_block` consecutive query rows (the
+last row axis; threadIdx.y) of one head (the leading row axes, flattened onto blockIdx.y) and
+`threads` lanes per row (threadIdx.x). The key axis is walked in tiles of `threads` keys:
+each lane computes one s(r, j) of the tile (its contraction over d serially) into shared
+memory, a barrier, then every lane of the row reads the row's tile (a broadcast), takes its
+max, rescales and accumulates the columns c = k·T + tx it owns (K = ceil(C / T) registers). SIMT only: no tensor cores, no staging of K/V tiles
 shared between rows of a head (docs/attention.md lists what is left).
 """
 
@@ -59,7 +59,6 @@ from ...ir.expr import (
     TensorRead,
     Var,
     binary,
-    call,
     cast,
     compare,
     const_int,
@@ -87,6 +86,7 @@ from ...ir.tensor import ComputeOp, Tensor
 from ...ir.visitor import ExprMutator
 from ..lower import COMBINE, Program, collect_program, exprs_of, global_buffers, scalar_vars, signature
 from ..names import identifier
+from .online_stats import rescale
 
 
 @dataclass
@@ -274,6 +274,10 @@ def _chain_of(prog: Program, m: Tensor, outputs: set[int]) -> OnlineChain:
                        v, t, body, columns, tuple(row_outputs))
 
 
+# gridDim.y is at most 65535 (CUDA C++ Programming Guide, "Technical Specifications")
+MAX_GRID_Y = 65535
+
+
 class _Lower:
     """Expressions with TensorReads and Reduce nodes -> loads and serial reduction loops."""
 
@@ -332,21 +336,28 @@ def online_contraction(args: Sequence[Tensor], threads: int = 32, rows_per_block
     K = -(-c_const // T)
     zero = Const(0, dt.int32)
 
-    bx = Var(unique("row_block"), dt.int32)
+    bx = Var(unique("query_block"), dt.int32)
+    by = Var(unique("head"), dt.int32)
     tx = Var(unique("tx"), dt.int32)
     ty = Var(unique("ty"), dt.int32)
     tile = Var(unique("tile"), dt.int32)
     jj = Var(unique("jj"), dt.int32)
     kk = Var(unique("k"), dt.int32)
-    n_rows = size_product(chain.rows)
-    flat: Expr = bx * BR + ty
+    # blockIdx.y: the leading row axes (b, h), flattened; blockIdx.x: a block of BR consecutive
+    # query rows (the last row axis) of that head, so the rows of a block read the same keys
+    heads, queries = chain.rows[:-1], chain.rows[-1]
+    n_heads = size_product(heads)
+    if (const_int(n_heads) or 0) > MAX_GRID_Y:
+        raise ScheduleError(f"online_contraction: {const_int(n_heads)} heads (the leading row axes) exceed the "
+                            f"grid's y extent {MAX_GRID_Y}")
+    query: Expr = bx * BR + ty
     idx: list[Expr] = []
-    rest = flat
-    for i, extent in enumerate(reversed(chain.rows)):
-        idx.append(rest if i == len(chain.rows) - 1 else rest % extent)
+    rest: Expr = by
+    for i, extent in enumerate(reversed(heads)):
+        idx.append(rest if i == len(heads) - 1 else rest % extent)
         rest = rest // extent
-    row_idx = tuple(reversed(idx))
-    row_ok = compare("<", flat, n_rows)
+    row_idx = tuple(reversed(idx)) + (query,)
+    row_ok = compare("<", query, queries)
     at_row = dict(zip(chain.row, row_idx))
 
     ft_m = chain.m.op.body.acc_dtype  # type: ignore[union-attr]
@@ -373,7 +384,7 @@ def online_contraction(args: Sequence[Tensor], threads: int = 32, rows_per_block
     s_at = s_tile[ty, jj]
     running_m = cast(m_new[zero], chain.m.dtype)
     tile_max = BufferStore(m_new, (zero,), binary("max", m_new[zero], cast(s_at, ft_m)))
-    alpha = select(compare("==", m_run[zero], m_new[zero]), Const(1.0, ft_m), call("exp", m_run[zero] - m_new[zero]))
+    alpha = rescale(m_run[zero], m_new[zero])  # exp(m_old - m_new), 1 while both are -inf
 
     # exp(s - m) at the running max; a -inf score (masked, or past the keys) contributes 0
     weight = _Replace({chain.score: s_at, chain.m_value: running_m}).visit(chain.weight)
@@ -427,8 +438,10 @@ def online_contraction(args: Sequence[Tensor], threads: int = 32, rows_per_block
     for buf in reversed([m_run, m_new, l_run, acc, *lower.allocs]):
         body = Allocate(buf, body)
     body = Allocate(s_tile, body)
-    body = For(bx, 0, (n_rows + (BR - 1)) // BR, "blockIdx.x",
+    body = For(bx, 0, (queries + (BR - 1)) // BR, "blockIdx.x",
                For(ty, 0, BR, "threadIdx.y", For(tx, 0, T, "threadIdx.x", body)))
+    if heads:
+        body = For(by, 0, n_heads, "blockIdx.y", body)
 
     used = global_buffers(body)
     body_vars = scalar_vars(exprs_of(body) + [s for u in used for s in u.shape + (u.strides or ())])
