@@ -357,3 +357,26 @@ def test_attention_on_the_gpu_matches_float64_numpy(variant):
                                kw.get("groups", 1))
     check(f"gpu attention {variant}", o, want, bound(np.float16, 200), k.plan)
     check(f"gpu log-sum-exp {variant}", lse, want_lse, bound(np.float32, 200), k.plan)
+
+
+def test_whole_key_tiles_masked_before_the_first_kept_key():
+    """Rows i >= 32 of an anti-causal mask (keep j >= i) see a first tile of 32 keys that is all
+    -inf: the running max stays -inf through it (rescale 1, weights 0) and no NaN appears."""
+    N, D = 64, 16
+    Q, K, V = (tc.placeholder((1, 1, N, D), "float32", name=n) for n in ("Q", "K", "V"))
+    d = tc.reduce_axis(D, name="d")
+    j1, j2, j3 = (tc.reduce_axis(N, name=n) for n in ("j1", "j2", "j3"))
+    s = tc.compute((1, 1, N, N), lambda b, h, i, j: tc.where(
+        j >= i, tc.sum(Q[b, h, i, d] * K[b, h, j, d], axis=d), -math.inf), name="s")
+    m = tc.compute((1, 1, N), lambda b, h, i: tc.max(s[b, h, i, j1], axis=j1), name="m")
+    l = tc.compute((1, 1, N), lambda b, h, i: tc.sum(tc.exp(s[b, h, i, j2] - m[b, h, i]), axis=j2), name="l")
+    O = tc.compute((1, 1, N, D), lambda b, h, i, c: tc.sum(
+        tc.exp(s[b, h, i, j3] - m[b, h, i]) * V[b, h, j3, c], axis=j3) / l[b, h, i], name="O")
+    rng = np.random.default_rng()
+    q, k, v = (rng.standard_normal((1, 1, N, D)).astype(np.float32) for _ in range(3))
+    _, (o,) = run([Q, K, V, O], [q, k, v])
+    i, j = np.indices((N, N))
+    scores = np.where(j >= i, np.einsum("bhid,bhjd->bhij", q.astype(np.float64), k.astype(np.float64)), -np.inf)
+    p = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    want = np.einsum("bhij,bhjd->bhid", p, v.astype(np.float64)) / p.sum(axis=-1, keepdims=True)
+    check("anti-causal attention", o, want, bound(np.float32, N), PLAN)
