@@ -28,6 +28,7 @@ from ..ir.stmt import Module, PrimFunc
 from ..ir.tensor import Tensor
 from ..passes import schedule as prim
 from ..passes.rewrite.fuse_rows import fuse_rows as fuse_rows_module
+from ..passes.rewrite.online_contraction import online_contraction as online_contraction_module
 from ..passes.rewrite.split_reduce import split_reduce as split_reduce_module
 from ..passes.rewrite.split_row_group import split_row_group as split_row_group_module
 from ..passes.rewrite.split_rows import split_rows as split_rows_module
@@ -364,6 +365,19 @@ class Schedule:
         if unroll != 1:
             args["unroll"] = int(unroll)
         self._record(Step("fuse_rows", args))
+
+    def online_contraction(self, threads: int = 32, rows_per_block: int = 4) -> None:
+        """Replace the module by ONE kernel computing a contraction over the axis of a (max,
+        Σ exp) row statistic with a running max, a rescaled sum and a rescaled partial output
+        (attention, softmax then a contraction; see tecc.passes.rewrite.online_contraction):
+        `rows_per_block` rows per block, `threads` lanes per row, the key axis walked in tiles
+        of `threads`. It must be the first step."""
+        if self._steps:
+            raise ScheduleError("online_contraction rewrites the whole module: it must be the first step of a plan")
+        start = time.perf_counter()
+        self.mod = online_contraction_module(self._tensors, int(threads), int(rows_per_block), name=self._name)
+        self.timing.append(("online_contraction", time.perf_counter() - start))
+        self._record(Step("online_contraction", {"threads": int(threads), "rows_per_block": int(rows_per_block)}))
 
     def split_reduce(self, threads_x: int = 32, threads_y: int = 8, splits: int = 1, unroll: int = 4,
                      outputs_per_thread: int = 1, combine: str = "kernel") -> None:

@@ -18,6 +18,11 @@ Whether one is worth applying is the planner's decision (tecc/compiler/strategie
                                        *partial statistics*: a single ⊕; (max, Σ exp(h - max)) rescaled
                                        to the larger max; (Σ h, Σ (h - μ)²) as moments merged by Chan's
                                        update. Partials per chunk, then a kernel that combines and writes
+  online_contraction online_contraction.py  a contraction Σ_j exp(s - m)·v over the axis of a row statistic
+                                       m = max_j s, l = Σ_j exp(s - m) (attention, masked / biased / grouped;
+                                       softmax then a contraction): one kernel walking j in tiles with a
+                                       running max; exp(s - m_new) = exp(s - m_old)·exp(m_old - m_new)
+                                       rescales the sum and the partial output alike (docs/attention.md)
 
 Their shared parts:
   reduction_stage.py  the one reduction stage a split rewrite takes (one stage, one Reduce)

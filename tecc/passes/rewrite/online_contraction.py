@@ -1,0 +1,483 @@
+"""Online contraction: a contraction over the axis of a (max, Σ exp) row statistic, in ONE pass.
+
+The chain this rewrite recognises (attention is one instance; softmax followed by a contraction
+is another) is, for every row r (any number of row axes) and a "key" axis j of extent N:
+
+    m[r]    = max_j s(r, j)                              a stage whose body is that Reduce
+    l[r]    = Σ_j exp(s(r, j) - m[r])                    the same s, the same extent N
+    O[r, c] = g(Σ_j exp(s(r, j) - m[r]) · v(r, j, c), m[r], l[r], ..)
+
+where s is ANY expression of (r, j): a contraction Σ_d Q[.., d]·K[.., j, d] times a scale, a
+plain read X[r, j], a `where(mask, s, -inf)` (a -inf contributes exp(-inf) = 0), an additive
+bias; grouped heads are only index expressions (K[b, h // G, j, d]). v is free of m and l.
+Outputs of shape r may be any expression of m and l (the log-sum-exp m + log l), and m and l
+may be outputs themselves.
+
+Precondition (algebraic, why one pass is exact): for any two maxima m_old ≤ m_new,
+
+    exp(s - m_new) = exp(s - m_old) · exp(m_old - m_new)
+
+so a sum of exp(s - m_old) over the keys seen so far becomes the sum of exp(s - m_new) by one
+multiplication by α = exp(m_old - m_new), and so does every partial Σ exp(s - m_old)·v(c),
+which is linear in the exps. Walking j in tiles with a running max m, a running sum l and a
+partial output acc[c], each tile rescales (l, acc) by α and adds its own terms; at the end m is
+the max over all keys, l = Σ_j exp(s - m) and acc[c] = Σ_j exp(s - m)·v(c) exactly as the
+program defines them (Milakov & Gimelshein 2018; Dao et al., "FlashAttention", 2022). The S×N
+matrix s is never stored: the kernel's memory is O(rows·C) and one tile of s per block.
+
+What `online_chain` refuses, with the condition that fails (ScheduleError): no stage that is a
+max over one axis; no sum whose summand is exp(s - m) of that max's own s (a sum of exp without
+the max, or of exp(s - c) for another c); no output contracting exp(s - m) against a v over
+the same key axis (a contraction over a different axis, or of another summand); m or l read at
+another row; a Reduce inside v or inside a row output; an intermediate stage that is also an
+output (the S×N scores, which the rewrite would have to write); an output of another shape.
+
+The kernel (`online_contraction`): a block holds `rows_per_block` consecutive query rows (the
+last row axis; threadIdx.y) of one head (the leading row axes, flattened onto blockIdx.y) and
+`threads` lanes per row (threadIdx.x). The key axis is walked in tiles of `threads` keys:
+each lane computes one s(r, j) of the tile (its contraction over d serially) into shared
+memory, a barrier, then every lane of the row reads the row's tile (a broadcast), takes its
+max, rescales and accumulates the columns c = k·T + tx it owns (K = ceil(C / T) registers). SIMT only: no tensor cores, no staging of K/V tiles
+shared between rows of a head (docs/attention.md lists what is left).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from ...ir import dtype as dt
+from ...ir.arith import logical_and
+from ...ir.errors import ScheduleError
+from ...ir.expr import (
+    Binary,
+    Call,
+    Cast,
+    Const,
+    Expr,
+    Reduce,
+    TensorRead,
+    Var,
+    binary,
+    cast,
+    compare,
+    const_int,
+    reduce_identity,
+    select,
+    size_product,
+    substitute,
+    walk,
+)
+from ...ir.stmt import (
+    Allocate,
+    Barrier,
+    Buffer,
+    BufferStore,
+    For,
+    IfThenElse,
+    KernelCall,
+    LetStmt,
+    Module,
+    PrimFunc,
+    Stmt,
+    seq,
+)
+from ...ir.tensor import ComputeOp, Tensor
+from ...ir.visitor import ExprMutator
+from ..lower import COMBINE, Program, collect_program, exprs_of, global_buffers, scalar_vars, signature
+from ..names import identifier
+from .online_stats import rescale
+
+
+@dataclass
+class OnlineChain:
+    """A recognised chain, in canonical variables: `row` (m's axes), `key` (j) and `column` (c).
+    `m_value` / `l_value` stand for the statistics' row values inside the expressions."""
+
+    program: Program
+    rows: tuple[Expr, ...]
+    keys: Expr
+    row: tuple[Var, ...]
+    key: Var
+    column: Var
+    m: Tensor
+    l: Tensor
+    m_value: Var
+    l_value: Var
+    score: Expr                 # s(row, key), reads of inputs as TensorRead
+    weight: Expr                # exp(s - m_value): the summand of l
+    contraction: Reduce         # the output's Σ_j weight·v (its axis, acc type)
+    value: Expr                 # v(row, key, column)
+    output: Tensor              # the output of shape rows + (C,)
+    output_body: Expr           # g, with the contraction as a Reduce node and column free
+    columns: Expr
+    row_outputs: tuple[tuple[Tensor, Expr], ...]  # outputs of shape rows (m, l, log-sum-exp ..)
+
+
+class _Expand(ExprMutator):
+    """Inlines every compute stage except the statistics, whose reads at the row become their
+    value variables; reads of placeholders stay TensorReads."""
+
+    def __init__(self, stats: dict[Tensor, Var], row: tuple[Var, ...], outputs: set[int]) -> None:
+        super().__init__()
+        self.stats, self.row, self.outputs = stats, row, outputs
+
+    def visit_TensorRead(self, e: TensorRead) -> Expr:
+        idx = tuple(self.visit(i) for i in e.indices)
+        t = e.tensor
+        if t in self.stats:
+            if len(idx) != len(self.row) or any(a is not b for a, b in zip(idx, self.row)):
+                raise ScheduleError(
+                    f"online_contraction: {t.name} is read at [{', '.join(map(str, idx))}], not at the row "
+                    f"[{', '.join(map(str, self.row))}]; a row statistic must be read at its own row")
+            return self.stats[t]
+        if t.is_placeholder:
+            return e if _same(idx, e.indices) else t[idx]
+        if id(t) in self.outputs:
+            raise ScheduleError(
+                f"online_contraction: {t.name} is an output and is read by another stage; the one-pass "
+                "kernel does not materialize intermediate stages (the scores included)")
+        op = t.op
+        assert isinstance(op, ComputeOp)
+        return self.visit(substitute(op.body, dict(zip(op.axes, idx))))
+
+
+def _one_axis_reduce(t: Tensor, combiner: str) -> Reduce | None:
+    op = t.op
+    if not isinstance(op, ComputeOp) or not isinstance(op.body, Reduce):
+        return None
+    r = op.body
+    if r.combiner != combiner or len(r.axes) != 1 or const_int(r.axes[0].lo) != 0:
+        return None
+    return r
+
+
+def _same(a: Sequence[Expr], b: Sequence[Expr]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def online_chain(args: Sequence[Tensor]) -> OnlineChain:
+    """The chain of the program `args` (module docstring), or ScheduleError naming the failing
+    condition."""
+    prog = collect_program(args)
+    outputs = {id(a) for a in args if not a.is_placeholder}
+    maxima = [t for t in prog.order if _one_axis_reduce(t, "max") is not None]
+    if not maxima:
+        raise ScheduleError("online_contraction: no stage is a max over one axis (m = max_j s); "
+                            "without the running max a sum of exp cannot be rescaled")
+    why: list[str] = []
+    for m in maxima:
+        try:
+            return _chain_of(prog, m, outputs)
+        except ScheduleError as exc:
+            why.append(str(exc))
+    raise ScheduleError(why[0] if len(why) == 1 else "; ".join(why))
+
+
+def _chain_of(prog: Program, m: Tensor, outputs: set[int]) -> OnlineChain:
+    m_red = _one_axis_reduce(m, "max")
+    assert m_red is not None and isinstance(m.op, ComputeOp)
+    if not m_red.acc_dtype.is_float:
+        raise ScheduleError(f"online_contraction: {m.name} is a max of {m_red.acc_dtype}; exp needs a float")
+    keys = m_red.axes[0].extent
+    row = tuple(Var(f"r{i}", dt.int32) for i in range(len(m.shape)))
+    key = Var("j", dt.int32)
+    column = Var("c", dt.int32)
+    m_value = Var(f"{m.name}_value", m.dtype, "value")
+    l_value: Var | None = None
+    rows = m.shape
+
+    def expand(t: Tensor, stats: dict[Tensor, Var], body: Expr, idx: tuple[Expr, ...]) -> Expr:
+        op = t.op
+        assert isinstance(op, ComputeOp)
+        return _Expand(stats, row, outputs).visit(substitute(body, dict(zip(op.axes, idx))))
+
+    score = expand(m, {m: m_value}, substitute(m_red.source, {m_red.axes[0]: key}), row)
+    if any(n is m_value for n in walk(score)):
+        raise ScheduleError(f"online_contraction: the maximized value of {m.name} reads {m.name} itself")
+    weight_target = None
+    l: Tensor | None = None
+    for t in prog.order:
+        r = _one_axis_reduce(t, "sum")
+        if r is None or t is m or not _same(t.shape, rows) or r.axes[0].extent is not keys:
+            continue
+        summand = expand(t, {m: m_value}, substitute(r.source, {r.axes[0]: key}), row)
+        if (isinstance(summand, Call) and summand.name == "exp" and isinstance(summand.args[0], Binary)
+                and summand.args[0].op == "-" and summand.args[0].a is score and summand.args[0].b is m_value):
+            l, weight_target = t, summand
+            break
+    if l is None or weight_target is None:
+        raise ScheduleError(
+            f"online_contraction: no stage of shape [{', '.join(map(str, rows))}] sums exp(s - {m.name}) over the "
+            f"axis of {m.name} with the s that {m.name} maximizes (a sum of exp without the max, or of exp(s - c) "
+            "for another c, has no rescaling)")
+    l_value = Var(f"{l.name}_value", l.dtype, "value")
+    stats = {m: m_value, l: l_value}
+    weight = weight_target
+
+    main: tuple[Tensor, Expr, Reduce, Expr, Expr] | None = None
+    row_outputs: list[tuple[Tensor, Expr]] = []
+    for t in prog.order:
+        if id(t) not in outputs:
+            continue
+        op = t.op
+        assert isinstance(op, ComputeOp)
+        if t is m or t is l:
+            row_outputs.append((t, m_value if t is m else l_value))
+            continue
+        if _same(t.shape, rows):
+            body = expand(t, stats, op.body, row)
+            if any(isinstance(n, Reduce) for n in walk(body)):
+                raise ScheduleError(f"online_contraction: row output {t.name} has a reduction of its own")
+            row_outputs.append((t, body))
+            continue
+        if len(t.shape) != len(rows) + 1 or not _same(t.shape[:-1], rows):
+            raise ScheduleError(
+                f"online_contraction: output {t.name} has shape [{', '.join(map(str, t.shape))}], neither the row "
+                f"shape of {m.name} nor that plus one column axis")
+        if main is not None:
+            raise ScheduleError(f"online_contraction: two contraction outputs ({main[0].name}, {t.name}); one is "
+                                "supported")
+        body = expand(t, stats, op.body, row + (column,))
+        reduces = [n for n in walk(body) if isinstance(n, Reduce) and n.combiner == "sum" and len(n.axes) == 1
+                   and n.axes[0].extent is keys and const_int(n.axes[0].lo) == 0]
+        found = None
+        for r in reduces:
+            src = substitute(r.source, {r.axes[0]: key})
+            if isinstance(src, Binary) and src.op == "*":
+                for p, v in ((src.a, src.b), (src.b, src.a)):
+                    if p is weight or (isinstance(p, Cast) and p.a is weight):
+                        found = (r, v, p)
+                        break
+            if found:
+                break
+        if found is None:
+            raise ScheduleError(
+                f"online_contraction: output {t.name} does not contract exp(s - {m.name}) against a value over the "
+                f"axis of {m.name} (Σ_j exp(s - {m.name})·v[.., j, c]); a contraction over another axis or of another "
+                "summand is not rescaled by the running max")
+        r, v, _p = found
+        if any(n is m_value or n is l_value for n in walk(v)) or any(isinstance(n, Reduce) for n in walk(v)):
+            raise ScheduleError(f"online_contraction: the contracted value of {t.name} reads a statistic or holds a "
+                                "reduction; only plain values rescale")
+        if not r.acc_dtype.is_float:
+            raise ScheduleError(f"online_contraction: {t.name} accumulates in {r.acc_dtype}; a float is needed")
+        others = [n for n in walk(body) if isinstance(n, Reduce) and n is not r
+                  and not any(n is q for q in walk(r))]
+        if others:
+            raise ScheduleError(f"online_contraction: output {t.name} has another reduction besides its contraction")
+        main = (t, body, r, v, t.shape[-1])
+    if main is None:
+        raise ScheduleError(f"online_contraction: no output contracts exp(s - {m.name}) over the axis of {m.name}")
+    t, body, r, v, columns = main
+    return OnlineChain(prog, tuple(rows), keys, row, key, column, m, l, m_value, l_value, score, weight, r,
+                       v, t, body, columns, tuple(row_outputs))
+
+
+# gridDim.y is at most 65535 (CUDA C++ Programming Guide, "Technical Specifications")
+MAX_GRID_Y = 65535
+
+
+class _Lower:
+    """Expressions with TensorReads and Reduce nodes -> loads and serial reduction loops."""
+
+    def __init__(self, buffers: dict[Tensor, Buffer], unique: Callable[[str], str]) -> None:
+        self.buffers = buffers
+        self.unique = unique
+        self.allocs: list[Buffer] = []
+
+    def value(self, e: Expr) -> tuple[list[Stmt], Expr]:
+        stmts: list[Stmt] = []
+        outer = self
+
+        class _Reads(ExprMutator):
+            def visit_TensorRead(self, n: TensorRead) -> Expr:  # noqa: N802
+                idx = tuple(self.visit(i) for i in n.indices)
+                return outer.buffers[n.tensor][idx]
+
+            def visit_Reduce(self, r: Reduce) -> Expr:  # noqa: N802
+                return outer.reduce(r, stmts)
+
+        return stmts, _Reads().visit(e)
+
+    def reduce(self, r: Reduce, stmts: list[Stmt]) -> Expr:
+        unique = self.unique
+        acc = Buffer(unique("dot_acc"), r.acc_dtype, (1,), "local", tensor="dot.acc")
+        self.allocs.append(acc)
+        zero = Const(0, dt.int32)
+        loops = {ax: Var(unique(ax.name), dt.int32) for ax in r.axes}
+        mapping: dict[Var, Expr] = {ax: v for ax, v in loops.items()}
+        inner, src = self.value(substitute(r.source, mapping))
+        body: Stmt = seq(*inner, BufferStore(acc, (zero,), binary(COMBINE[r.combiner], acc[zero],
+                                                                   cast(src, r.acc_dtype))))
+        for ax in reversed(r.axes):
+            body = For(loops[ax], ax.lo, ax.extent, "serial", body)
+        stmts.append(BufferStore(acc, (zero,), reduce_identity(r.combiner, r.acc_dtype)))
+        stmts.append(body)
+        return cast(acc[zero], r.dtype)
+
+
+def online_contraction(args: Sequence[Tensor], threads: int = 32, rows_per_block: int = 4,
+                       name: str | None = None) -> Module:
+    """The module of ONE kernel computing the chain `args` (module docstring): `rows_per_block`
+    rows per block, `threads` lanes per row (a tile of `threads` keys per step)."""
+    chain = online_chain(args)
+    if threads % 32 or threads <= 0 or rows_per_block < 1 or threads * rows_per_block > 1024:
+        raise ScheduleError(f"online_contraction: threads={threads} must be a multiple of 32 and threads·"
+                            f"rows_per_block={threads * rows_per_block} at most 1024")
+    c_const = const_int(chain.columns)
+    if c_const is None:
+        raise ScheduleError(f"online_contraction: the output's column extent {chain.columns} must be a constant "
+                            "(each lane keeps its columns' partial sums in registers)")
+    prog = chain.program
+    sig = signature(prog)
+    buffers, scalars, unique = sig.buffers, sig.scalars, sig.unique
+    T, BR = threads, rows_per_block
+    K = -(-c_const // T)
+    zero = Const(0, dt.int32)
+
+    bx = Var(unique("query_block"), dt.int32)
+    by = Var(unique("head"), dt.int32)
+    tx = Var(unique("tx"), dt.int32)
+    ty = Var(unique("ty"), dt.int32)
+    tile = Var(unique("tile"), dt.int32)
+    jj = Var(unique("jj"), dt.int32)
+    kk = Var(unique("k"), dt.int32)
+    # blockIdx.y: the leading row axes (b, h), flattened; blockIdx.x: a block of BR consecutive
+    # query rows (the last row axis) of that head, so the rows of a block read the same keys
+    heads, queries = chain.rows[:-1], chain.rows[-1]
+    n_heads = size_product(heads)
+    if (const_int(n_heads) or 0) > MAX_GRID_Y:
+        raise ScheduleError(f"online_contraction: {const_int(n_heads)} heads (the leading row axes) exceed the "
+                            f"grid's y extent {MAX_GRID_Y}")
+    query: Expr = bx * BR + ty
+    idx: list[Expr] = []
+    rest: Expr = by
+    for i, extent in enumerate(reversed(heads)):
+        idx.append(rest if i == len(heads) - 1 else rest % extent)
+        rest = rest // extent
+    row_idx = tuple(reversed(idx)) + (query,)
+    row_ok = compare("<", query, queries)
+    at_row = dict(zip(chain.row, row_idx))
+
+    ft_m = chain.m.op.body.acc_dtype  # type: ignore[union-attr]
+    l_red = chain.l.op.body  # type: ignore[union-attr]
+    assert isinstance(l_red, Reduce)
+    ft_l = l_red.acc_dtype
+    ft_o = chain.contraction.acc_dtype
+    score_dt = chain.score.dtype
+    s_tile = Buffer(unique("s_tile"), score_dt, (BR, T), "shared", tensor="s.shared")
+    m_run = Buffer(unique("m_run"), ft_m, (1,), "local", tensor=f"{chain.m.name}.running")
+    m_new = Buffer(unique("m_new"), ft_m, (1,), "local", tensor=f"{chain.m.name}.new")
+    l_run = Buffer(unique("l_run"), ft_l, (1,), "local", tensor=f"{chain.l.name}.running")
+    acc = Buffer(unique("o_acc"), ft_o, (K,), "local", tensor=f"{chain.output.name}.acc")
+    lower = _Lower(buffers, unique)
+
+    # the tile's scores: lane tx computes key tile·T + tx (-inf past the keys or the rows)
+    j_lane = tile * T + tx
+    s_stmts, s_val = lower.value(substitute(chain.score, {**at_row, chain.key: j_lane}))
+    ident = reduce_identity("max", score_dt)
+    fill = IfThenElse(logical_and(row_ok, compare("<", j_lane, chain.keys)),
+                      seq(*s_stmts, BufferStore(s_tile, (ty, tx), s_val)),
+                      BufferStore(s_tile, (ty, tx), ident))
+
+    s_at = s_tile[ty, jj]
+    running_m = cast(m_new[zero], chain.m.dtype)
+    tile_max = BufferStore(m_new, (zero,), binary("max", m_new[zero], cast(s_at, ft_m)))
+    alpha = rescale(m_run[zero], m_new[zero])  # exp(m_old - m_new), 1 while both are -inf
+
+    # exp(s - m) at the running max; a -inf score (masked, or past the keys) contributes 0
+    weight = _Replace({chain.score: s_at, chain.m_value: running_m}).visit(chain.weight)
+    weight = select(compare("==", s_at, ident), Const(0, weight.dtype), weight)
+    p = Var(unique("p"), weight.dtype, "value")
+    j_key = tile * T + jj
+    col = kk * T + tx
+    v_stmts, v_val = lower.value(substitute(chain.value, {**at_row, chain.key: j_key, chain.column: col}))
+    p_v = _contraction_term(chain, p, v_val)
+    accumulate = LetStmt(p, weight, seq(
+        BufferStore(l_run, (zero,), l_run[zero] + cast(p, ft_l)),
+        For(kk, 0, K, "unroll", IfThenElse(compare("<", col, chain.columns), seq(
+            *v_stmts, BufferStore(acc, (kk,), acc[kk] + cast(p_v, ft_o))))),
+    ))
+    scale = Var(unique("alpha"), ft_m, "value")
+    tile_body = seq(
+        fill,
+        Barrier(),
+        BufferStore(m_new, (zero,), m_run[zero]),
+        For(jj, 0, T, "serial", tile_max),
+        LetStmt(scale, alpha, seq(
+            BufferStore(l_run, (zero,), l_run[zero] * cast(scale, ft_l)),
+            For(kk, 0, K, "unroll", BufferStore(acc, (kk,), acc[kk] * cast(scale, ft_o))),
+        )),
+        For(jj, 0, T, "serial", IfThenElse(logical_and(row_ok, compare("<", j_key, chain.keys)), accumulate)),
+        BufferStore(m_run, (zero,), m_new[zero]),
+        Barrier(),
+    )
+    n_tiles = (chain.keys + (T - 1)) // T
+
+    # the end: the statistics are final; outputs of the row (lane 0), the contraction output
+    final: dict[Expr, Expr] = {chain.m_value: cast(m_run[zero], chain.m.dtype), chain.l_value: cast(l_run[zero], chain.l.dtype)}
+    finish: list[Stmt] = []
+    for t, row_value in chain.row_outputs:
+        st, val = lower.value(_Replace(final).visit(substitute(row_value, at_row)))
+        finish.append(IfThenElse(compare("==", tx, zero), seq(*st, BufferStore(buffers[t], row_idx,
+                                                                              cast(val, t.dtype)))))
+    out_body = _Replace({**final, chain.contraction: cast(acc[kk], chain.contraction.dtype)}).visit(chain.output_body)
+    st, val = lower.value(substitute(out_body, {**at_row, chain.column: col}))
+    out = buffers[chain.output]
+    finish.append(For(kk, 0, K, "unroll", IfThenElse(compare("<", col, chain.columns), seq(
+        *st, BufferStore(out, row_idx + (col,), cast(val, chain.output.dtype))))))
+
+    body: Stmt = seq(
+        BufferStore(m_run, (zero,), reduce_identity("max", ft_m)),
+        BufferStore(l_run, (zero,), Const(0, ft_l)),
+        For(kk, 0, K, "unroll", BufferStore(acc, (kk,), Const(0, ft_o))),
+        For(tile, 0, n_tiles, "serial", tile_body),
+        IfThenElse(row_ok, seq(*finish)),
+    )
+    for buf in reversed([m_run, m_new, l_run, acc, *lower.allocs]):
+        body = Allocate(buf, body)
+    body = Allocate(s_tile, body)
+    body = For(bx, 0, (queries + (BR - 1)) // BR, "blockIdx.x",
+               For(ty, 0, BR, "threadIdx.y", For(tx, 0, T, "threadIdx.x", body)))
+    if heads:
+        body = For(by, 0, n_heads, "blockIdx.y", body)
+
+    used = global_buffers(body)
+    body_vars = scalar_vars(exprs_of(body) + [s for u in used for s in u.shape + (u.strides or ())])
+    params = tuple(buffers[a] for a in prog.args if buffers[a] in used) + tuple(v for v in scalars if v in body_vars)
+    kname = unique(f"{chain.output.name}_online_kernel")
+    mname = identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
+    attrs: tuple[tuple[str, object], ...] = (
+        ("online_contraction", (chain.m.name, chain.l.name, chain.output.name)),)
+    kernel = PrimFunc(kname, params, body, attrs)
+    module_params = tuple(buffers[a] for a in prog.args) + tuple(scalars)
+    return Module(mname, module_params, (kernel,), (KernelCall(kname, params),), ())
+
+
+def _contraction_term(chain: OnlineChain, p: Var, v: Expr) -> Expr:
+    """The contraction's summand with the weight replaced by `p` (keeping the program's operand
+    order and any cast of the weight)."""
+    src = substitute(chain.contraction.source, {chain.contraction.axes[0]: chain.key})
+    assert isinstance(src, Binary)
+    a, b = src.a, src.b
+    if a is chain.weight or (isinstance(a, Cast) and a.a is chain.weight):
+        return binary("*", cast(p, a.dtype), v)
+    return binary("*", v, cast(p, b.dtype))
+
+
+class _Replace(ExprMutator):
+    """Replaces whole subexpressions (by identity)."""
+
+    def __init__(self, mapping: dict[Expr, Expr]) -> None:
+        super().__init__()
+        self.mapping = {id(e): (e, v) for e, v in mapping.items()}
+
+    def visit(self, e: Expr) -> Expr:
+        hit = self.mapping.get(id(e))
+        if hit is not None and hit[0] is e:
+            return hit[1]
+        return super().visit(e)
+
+
+__all__ = ["OnlineChain", "online_chain", "online_contraction"]
