@@ -59,14 +59,14 @@ def k_major(swizzle: str) -> MatrixDescriptor:
     return MatrixDescriptor("K", swizzle, leading_bytes=16, stride_bytes=8 * ROW_BYTES[swizzle])
 
 
-def mn_major(swizzle: str, n: int) -> MatrixDescriptor:
-    """B (16 x n) stored with n contiguous: swizzled, rows of W = swizzle bytes / 2 columns,
-    8 k-rows per atom (SBO = 8 rows apart), column blocks of W LBO = 16 * W * 2 bytes apart;
+def mn_major(swizzle: str, n: int, k: int = 16) -> MatrixDescriptor:
+    """B (k x n) stored with n contiguous: swizzled, rows of W = swizzle bytes / 2 columns,
+    8 k-rows per atom (SBO = 8 rows apart), column blocks of W LBO = k * W * 2 bytes apart;
     unswizzled, core matrices of 8 n x 8 k, SBO between n-blocks, LBO between k-blocks."""
     if swizzle == "none":
         return MatrixDescriptor("MN", "none", leading_bytes=128 * (n // 8), stride_bytes=128)
     w = ROW_BYTES[swizzle] // 2
-    return MatrixDescriptor("MN", swizzle, leading_bytes=16 * w * 2, stride_bytes=8 * ROW_BYTES[swizzle])
+    return MatrixDescriptor("MN", swizzle, leading_bytes=k * w * 2, stride_bytes=8 * ROW_BYTES[swizzle])
 
 
 def tile_elements(desc: MatrixDescriptor, rows: int, cols: int) -> int:
@@ -76,40 +76,59 @@ def tile_elements(desc: MatrixDescriptor, rows: int, cols: int) -> int:
     return -(-last // 512) * 512
 
 
+def _mn_step(desc: MatrixDescriptor, s: int) -> int:
+    """Start of k16 slice s of an MN-major tile: two 8-row k blocks, SBO (swizzled) or LBO apart."""
+    per_k8 = desc.stride_bytes if desc.swizzle != "none" else desc.leading_bytes
+    return 2 * s * per_k8 // desc.element_bytes
+
+
 def wgmma_kernel(n: int = 64, ab: str = "f16", a_swizzle: str = "128B", b_swizzle: str = "128B",
-                 b_major: str = "K", wait: bool = True, expect_bytes: int | None = None) -> PrimFunc:
+                 b_major: str = "K", k_steps: int = 1, wait: bool = True, expect_bytes: int | None = None,
+                 barrier_wait: bool = True, proxy_fence: bool = True, wgmma_fence: bool = True) -> PrimFunc:
+    """D (64 x n, f32) = A (64 x 16·k_steps) · B, with B given as [n][k] (b_major 'K') or [k][n]
+    ('MN'). k_steps > 1 chains wgmmas on one accumulator (the k16 slice s starts 32·s bytes into
+    each swizzled row, scale_d false only for the first) and needs swizzled K-major tiles wide
+    enough (16·k_steps elements per row)."""
     intrinsic = f"wgmma.m64n{n}k16.f32.{ab}"
+    k = 16 * k_steps
     row = lookup(intrinsic)
     half = dt.float16 if ab == "f16" else dt.bfloat16
     da = k_major(a_swizzle)
-    db = k_major(b_swizzle) if b_major == "K" else mn_major(b_swizzle, n)
-    A = Buffer("A", half, (64, 16))
-    B = Buffer("B", half, (n, 16) if b_major == "K" else (16, n))
+    db = k_major(b_swizzle) if b_major == "K" else mn_major(b_swizzle, n, 16 * k_steps)
+    if k_steps > 1 and (16 * k_steps > da.row_elements or (b_major == "K" and 16 * k_steps > db.row_elements)):
+        raise ValueError(f"k_steps={k_steps} needs swizzled K-major rows of at least {k} elements")
+    A = Buffer("A", half, (64, k))
+    B = Buffer("B", half, (n, k) if b_major == "K" else (k, n))
     D = Buffer("D", dt.float32, (64, n))
-    As = Buffer("As", half, (tile_elements(da, 64, 16),), "shared", layout=da.layout)
-    Bs = Buffer("Bs", half, (tile_elements(db, n, 16),), "shared", layout=db.layout)
+    As = Buffer("As", half, (tile_elements(da, 64, k),), "shared", layout=da.layout)
+    Bs = Buffer("Bs", half, (tile_elements(db, n, k),), "shared", layout=db.layout)
     bars = Buffer("bar", dt.int64, (1,), "shared")
     op = row.operand("d")
     acc = Buffer("acc", op.dtype, (op.elements,), "fragment", fragment=(intrinsic, "d"))
     tid = Var("tid")
     bar = BarrierRef(bars, 0)
 
-    # A: thread t copies chunk (r, j) = (t // 2, t % 2), 16 bytes, to its place in the tile
-    r, j = tid // 2, tid % 2
-    copy_a = BulkCopy(As, (da.canonical(r, 8 * j),), A, (r, 8 * j), 16, bar)
-    a_bytes = 64 * 16 * 2
+    # A: 64 rows of 2·k_steps 16-byte chunks; thread t copies chunks t, t + 128, ... to their place
+    c = Var("c")
+    chunk = tid + THREADS * c
+    r, j = chunk // (2 * k_steps), chunk % (2 * k_steps)
+    copy_a = For(c, 0, k_steps, "unroll", BulkCopy(As, (da.canonical(r, 8 * j),), A, (r, 8 * j), 16, bar))
+    a_bytes = 64 * k * 2
 
-    # B: each thread stores n * 16 / 128 elements through the descriptor's canonical map
-    stores = []
+    # B: each thread stores n * k / 128 elements through the descriptor's canonical map
     i = Var("i")
     e = tid + THREADS * i
     if b_major == "K":
-        bn, bk = e // 16, e % 16
+        bn, bk = e // k, e % k
         value = B[bn, bk]
     else:
         bk, bn = e // n, e % n
         value = B[bk, bn]
-    stores.append(For(i, 0, n * 16 // THREADS, "unroll", BufferStore(Bs, (db.canonical(bn, bk),), value)))
+    stores = For(i, 0, n * k // THREADS, "unroll", BufferStore(Bs, (db.canonical(bn, bk),), value))
+    steps = [WarpgroupMatrixMultiply(intrinsic, FragmentRef(acc, 0), SharedMatrix(As, 16 * s, da),
+                                     SharedMatrix(Bs, 16 * s if b_major == "K" else _mn_step(db, s), db),
+                                     s > 0)
+             for s in range(k_steps)]
 
     ee = Var("e")
     rr, cc = op.layout(tid, ee)
@@ -119,13 +138,12 @@ def wgmma_kernel(n: int = 64, ab: str = "f16", a_swizzle: str = "128B", b_swizzl
         Barrier(),
         IfThenElse(tid == 0, BarrierExpectTx(bar, a_bytes if expect_bytes is None else expect_bytes)),
         copy_a,
-        *stores,
-        AsyncProxyFence(),
+        stores,
+        AsyncProxyFence() if proxy_fence else None,
         Barrier(),
-        BarrierWait(bar, 0),
-        WarpgroupFence(),
-        WarpgroupMatrixMultiply(intrinsic, FragmentRef(acc, 0), SharedMatrix(As, 0, da), SharedMatrix(Bs, 0, db),
-                                False),
+        BarrierWait(bar, 0) if barrier_wait else None,
+        WarpgroupFence() if wgmma_fence else None,
+        *steps,
         WarpgroupCommit(),
         WarpgroupWait(0, (acc,)) if wait else None,
         epilogue,
@@ -133,5 +151,5 @@ def wgmma_kernel(n: int = 64, ab: str = "f16", a_swizzle: str = "128B", b_swizzl
     kernel: Stmt = For(tid, 0, THREADS, "threadIdx.x", body)
     for buf in (acc, bars, Bs, As):
         kernel = Allocate(buf, kernel)
-    name = f"wgmma_m64n{n}_{ab}_{a_swizzle}_{b_major}{b_swizzle}"
+    name = f"wgmma_m64n{n}k{k}_{ab}_{a_swizzle}_{b_major}{b_swizzle}"
     return PrimFunc(name, (A, B, D), kernel)
