@@ -81,7 +81,7 @@ def warpgroup_wait(expr: ExprEmitter, s: WarpgroupWait, counts: dict[int, int]) 
     out = [f'asm volatile("wgmma.wait_group.sync.aligned {s.pending};\\n" ::: "memory");']
     for b in s.accumulators:
         for i in range(counts[id(b)]):
-            out.append(f'asm volatile("" : "+f"({expr.buffer_ref(b, (i,))}) :: "memory");')
+            out.append(f'asm volatile("" : "+f"({expr.buffer_ref(b, (index_expr(i),))}) :: "memory");')
     return out
 
 
