@@ -1,9 +1,12 @@
 """CUDA C of the Hopper level: the hand-built wgmma kernels compile with NVRTC for sm_90a (wgmma
 needs the architecture-specific target) without spills, with every mnemonic in the PTX, and the
-descriptors printed from the same MatrixDescriptor the emulator reads through."""
+descriptors printed from the same MatrixDescriptor the emulator reads through; one kernel is kept
+as a golden file (tests/golden/wgmma_mbarrier_bulk_copy.cu)."""
 
 from __future__ import annotations
 
+import os
+import pathlib
 import re
 
 import pytest
@@ -88,3 +91,16 @@ def test_several_mbarrier_waits_in_one_kernel_compile() -> None:
     code = compile_cuda(emit_source([func]), arch="sm_90")
     assert code.ptx.count("mbarrier.try_wait.parity.shared::cta.b64") == 2
     assert "mbarrier.arrive.shared::cta.b64" in code.ptx
+
+
+GOLDEN = pathlib.Path(__file__).parent / "golden"
+
+
+def test_golden_cuda_of_the_wgmma_mbarrier_bulk_copy_kernel() -> None:
+    # update on purpose with TECC_UPDATE_GOLDEN=1 and review the diff
+    path = GOLDEN / "wgmma_mbarrier_bulk_copy.cu"
+    text = emit_source([wgmma_kernel(64, "f16", "128B", "128B", "MN", k_steps=2)])
+    if os.environ.get("TECC_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert path.exists(), f"missing golden file {path}; run with TECC_UPDATE_GOLDEN=1 and review it"
+    assert text == path.read_text(), f"generated CUDA changed; diff it against {path}"

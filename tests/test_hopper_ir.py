@@ -112,7 +112,7 @@ def _isa_canonical(major: str, swizzle: str, lbo: int, sbo: int) -> tuple[tuple,
     if major == "K":
         if swizzle == "none":
             return ((8, BIG), (t, BIG)), ((t, sbo), (1, lbo))
-        return ((8, BIG), (t * w, 1)), ((w * t, sbo), (1, 0))
+        return ((8, BIG), (t, BIG)), ((w * t, sbo), (1, t))
     if swizzle == "none":
         return ((t, 1, BIG), (8, BIG)), ((1, t, sbo), (t, lbo))
     return ((t, w, BIG), (8, BIG)), ((1, t, lbo), (w * t, sbo))
