@@ -84,11 +84,13 @@ def _mn_step(desc: MatrixDescriptor, s: int) -> int:
 
 def wgmma_kernel(n: int = 64, ab: str = "f16", a_swizzle: str = "128B", b_swizzle: str = "128B",
                  b_major: str = "K", k_steps: int = 1, wait: bool = True, expect_bytes: int | None = None,
-                 barrier_wait: bool = True, proxy_fence: bool = True, wgmma_fence: bool = True) -> PrimFunc:
+                 barrier_wait: bool = True, proxy_fence: bool = True, wgmma_fence: bool = True,
+                 warpgroups: int = 1) -> PrimFunc:
     """D (64 x n, f32) = A (64 x 16·k_steps) · B, with B given as [n][k] (b_major 'K') or [k][n]
     ('MN'). k_steps > 1 chains wgmmas on one accumulator (the k16 slice s starts 32·s bytes into
     each swizzled row, scale_d false only for the first) and needs swizzled K-major tiles wide
-    enough (16·k_steps elements per row)."""
+    enough (16·k_steps elements per row). With `warpgroups` = w > 1 the block has 128·w threads and
+    A 64·w rows: warpgroup g multiplies rows 64g.. of A, staged as its own 1024-byte-aligned tile."""
     intrinsic = f"wgmma.m64n{n}k16.f32.{ab}"
     k = 16 * k_steps
     row = lookup(intrinsic)
@@ -97,10 +99,11 @@ def wgmma_kernel(n: int = 64, ab: str = "f16", a_swizzle: str = "128B", b_swizzl
     db = k_major(b_swizzle) if b_major == "K" else mn_major(b_swizzle, n, 16 * k_steps)
     if k_steps > 1 and (16 * k_steps > da.row_elements or (b_major == "K" and 16 * k_steps > db.row_elements)):
         raise ValueError(f"k_steps={k_steps} needs swizzled K-major rows of at least {k} elements")
-    A = Buffer("A", half, (64, k))
+    m, threads, a_tile = 64 * warpgroups, THREADS * warpgroups, tile_elements(da, 64, k)
+    A = Buffer("A", half, (m, k))
     B = Buffer("B", half, (n, k) if b_major == "K" else (k, n))
-    D = Buffer("D", dt.float32, (64, n))
-    As = Buffer("As", half, (tile_elements(da, 64, k),), "shared", layout=da.layout)
+    D = Buffer("D", dt.float32, (m, n))
+    As = Buffer("As", half, (warpgroups * a_tile,), "shared", layout=da.layout)
     Bs = Buffer("Bs", half, (tile_elements(db, n, k),), "shared", layout=db.layout)
     bars = Buffer("bar", dt.int64, (1,), "shared")
     op = row.operand("d")
@@ -108,31 +111,35 @@ def wgmma_kernel(n: int = 64, ab: str = "f16", a_swizzle: str = "128B", b_swizzl
     tid = Var("tid")
     bar = BarrierRef(bars, 0)
 
-    # A: 64 rows of 2·k_steps 16-byte chunks; thread t copies chunks t, t + 128, ... to their place
+    # A: m rows of 2·k_steps 16-byte chunks; thread t copies chunks t, t + threads, ... to their
+    # place in the tile of the warpgroup that multiplies that row
     c = Var("c")
-    chunk = tid + THREADS * c
+    chunk = tid + threads * c
     r, j = chunk // (2 * k_steps), chunk % (2 * k_steps)
-    copy_a = For(c, 0, k_steps, "unroll", BulkCopy(As, (da.canonical(r, 8 * j),), A, (r, 8 * j), 16, bar))
-    a_bytes = 64 * k * 2
+    several = warpgroups > 1  # one warpgroup: the same kernel without the (zero) group terms
+    place = (r // 64) * a_tile + da.canonical(r % 64, 8 * j) if several else da.canonical(r, 8 * j)
+    copy_a = For(c, 0, k_steps, "unroll", BulkCopy(As, (place,), A, (r, 8 * j), 16, bar))
+    a_bytes = m * k * 2
+    group = tid // THREADS if several else 0
 
     # B: each thread stores n * k / 128 elements through the descriptor's canonical map
     i = Var("i")
-    e = tid + THREADS * i
+    e = tid + threads * i
     if b_major == "K":
         bn, bk = e // k, e % k
         value = B[bn, bk]
     else:
         bk, bn = e // n, e % n
         value = B[bk, bn]
-    stores = For(i, 0, n * k // THREADS, "unroll", BufferStore(Bs, (db.canonical(bn, bk),), value))
-    steps = [WarpgroupMatrixMultiply(intrinsic, FragmentRef(acc, 0), SharedMatrix(As, 16 * s, da),
+    stores = For(i, 0, n * k // threads, "unroll", BufferStore(Bs, (db.canonical(bn, bk),), value))
+    steps = [WarpgroupMatrixMultiply(intrinsic, FragmentRef(acc, 0), SharedMatrix(As, group * a_tile + 16 * s, da),
                                      SharedMatrix(Bs, 16 * s if b_major == "K" else _mn_step(db, s), db),
                                      s > 0)
              for s in range(k_steps)]
 
     ee = Var("e")
-    rr, cc = op.layout(tid, ee)
-    epilogue = For(ee, 0, op.elements, "unroll", BufferStore(D, (rr, cc), acc[ee]))
+    rr, cc = op.layout(tid % THREADS if several else tid, ee)
+    epilogue = For(ee, 0, op.elements, "unroll", BufferStore(D, (64 * group + rr, cc), acc[ee]))
     body = seq(
         IfThenElse(tid == 0, BarrierInit(bar, 1)),
         Barrier(),
@@ -148,8 +155,8 @@ def wgmma_kernel(n: int = 64, ab: str = "f16", a_swizzle: str = "128B", b_swizzl
         WarpgroupWait(0, (acc,)) if wait else None,
         epilogue,
     )
-    kernel: Stmt = For(tid, 0, THREADS, "threadIdx.x", body)
+    kernel: Stmt = For(tid, 0, threads, "threadIdx.x", body)
     for buf in (acc, bars, Bs, As):
         kernel = Allocate(buf, kernel)
-    name = f"wgmma_m64n{n}k{k}_{ab}_{a_swizzle}_{b_major}{b_swizzle}"
+    name = f"wgmma_m64n{n}k{k}_{ab}_{a_swizzle}_{b_major}{b_swizzle}" + (f"_x{warpgroups}" if warpgroups > 1 else "")
     return PrimFunc(name, (A, B, D), kernel)

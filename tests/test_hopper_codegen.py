@@ -37,6 +37,8 @@ KERNELS = {
     "m64n256_f16_128B_MN": dict(n=256, ab="f16", a_swizzle="128B", b_swizzle="128B", b_major="MN"),
     "m64n64_bf16_none": dict(n=64, ab="bf16", a_swizzle="none", b_swizzle="none", b_major="K"),
     "m64n64k64_f16_chained": dict(n=64, ab="f16", a_swizzle="128B", b_swizzle="128B", b_major="K", k_steps=4),
+    "two_warpgroups": dict(n=64, ab="bf16", a_swizzle="128B", b_swizzle="128B", b_major="K", k_steps=2,
+                           warpgroups=2),
 }
 
 MNEMONICS = ["mbarrier.init.shared::cta.b64", "mbarrier.arrive.expect_tx.shared::cta.b64",

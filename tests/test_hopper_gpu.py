@@ -28,18 +28,29 @@ def _to_device(a: np.ndarray) -> Any:
     return torch.from_numpy(a.copy()).cuda()
 
 
-def _launch(func: PrimFunc, tensors: list[Any]) -> None:
+def _launch(func: PrimFunc, tensors: list[Any], threads: int = 128) -> None:
     from cuda.core import Device, LaunchConfig, ObjectCode, launch
 
-    arch = default_arch() + "a"  # wgmma needs sm_90a
-    compiled = compile_cuda(emit_source([func]), arch=arch, name=func.name)
+    compiled = compile_cuda(emit_source([func]), arch=default_arch() + "a", name=func.name)  # wgmma: sm_90a
     device = Device()
     device.set_current()
     kernel = ObjectCode.from_cubin(compiled.cubin).get_kernel(func.name)
     torch.cuda.synchronize()
     stream = device.create_stream()
-    launch(stream, LaunchConfig(grid=(1, 1, 1), block=(128, 1, 1)), kernel, *[t.data_ptr() for t in tensors])
+    launch(stream, LaunchConfig(grid=(1, 1, 1), block=(threads, 1, 1)), kernel, *[t.data_ptr() for t in tensors])
     stream.sync()
+
+
+def test_two_warpgroups_on_gpu() -> None:
+    func = wgmma_kernel(64, "bf16", "128B", "128B", "K", k_steps=2, warpgroups=2)
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((128, 32)).astype(HALF["bf16"])
+    b_kn = rng.standard_normal((32, 64)).astype(HALF["bf16"])
+    d = torch.full((128, 64), float("nan"), device="cuda")
+    _launch(func, [_to_device(a), _to_device(np.ascontiguousarray(b_kn.T)), d], 256)
+    want = a.astype(np.float64) @ b_kn.astype(np.float64)
+    bound = 33 * 2.0**-24 * (np.abs(a.astype(np.float64)) @ np.abs(b_kn.astype(np.float64)))
+    assert (np.abs(d.cpu().numpy() - want) <= bound).all(), func.name
 
 
 @pytest.mark.parametrize("n,ab,a_swizzle,b_swizzle,b_major,k_steps", CASES)

@@ -70,6 +70,23 @@ def test_one_warpgroup_wgmma_matches_numpy(n: int, ab: str, a_swizzle: str, b_sw
     assert (err <= bound).all(), f"{func.name}: D{worst} = {d[worst]}, want {want[worst]} (bound {bound[worst]})"
 
 
+@pytest.mark.parametrize("warpgroups,blocks", [(2, 1), (2, 3), (1, 2)])
+def test_each_warpgroup_of_each_block_multiplies_its_own_rows(warpgroups: int, blocks: int) -> None:
+    # per-warpgroup descriptors (start 4096 halves apart), mbarrier state and shared memory per
+    # block; every block computes the same D
+    func = wgmma_kernel(64, "bf16", "128B", "128B", "K", k_steps=2, warpgroups=warpgroups)
+    rng = np.random.default_rng(5)
+    m = 64 * warpgroups
+    a = rng.standard_normal((m, 32)).astype(HALF["bf16"])
+    b_kn = rng.standard_normal((32, 64)).astype(HALF["bf16"])
+    d = np.full((m, 64), np.nan, np.float32)
+    simulate_kernel(func, {"A": a, "B": np.ascontiguousarray(b_kn.T), "D": d}, (blocks, 1, 1),
+                    (128 * warpgroups, 1, 1))
+    want = a.astype(np.float64) @ b_kn.astype(np.float64)
+    bound = 33 * 2.0**-24 * (np.abs(a.astype(np.float64)) @ np.abs(b_kn.astype(np.float64)))
+    assert (np.abs(d - want) <= bound).all(), func.name
+
+
 def test_reading_the_accumulator_before_the_wgmma_wait_is_a_race() -> None:
     with pytest.raises(RaceError, match="wgmma race on acc.*wgmma.wait_group"):
         _run(wgmma_kernel(64, "f16", wait=False), 64, "f16", "K")
