@@ -85,12 +85,14 @@ def _mn_step(desc: MatrixDescriptor, s: int) -> int:
 def wgmma_kernel(n: int = 64, ab: str = "f16", a_swizzle: str = "128B", b_swizzle: str = "128B",
                  b_major: str = "K", k_steps: int = 1, wait: bool = True, expect_bytes: int | None = None,
                  barrier_wait: bool = True, proxy_fence: bool = True, wgmma_fence: bool = True,
-                 warpgroups: int = 1) -> PrimFunc:
+                 warpgroups: int = 1, refill: str = "") -> PrimFunc:
     """D (64 x n, f32) = A (64 x 16·k_steps) · B, with B given as [n][k] (b_major 'K') or [k][n]
     ('MN'). k_steps > 1 chains wgmmas on one accumulator (the k16 slice s starts 32·s bytes into
     each swizzled row, scale_d false only for the first) and needs swizzled K-major tiles wide
     enough (16·k_steps elements per row). With `warpgroups` = w > 1 the block has 128·w threads and
-    A 64·w rows: warpgroup g multiplies rows 64g.. of A, staged as its own 1024-byte-aligned tile."""
+    A 64·w rows: warpgroup g multiplies rows 64g.. of A, staged as its own 1024-byte-aligned tile.
+    `refill` 'before_wait' / 'after_wait' stores B into its tile again (after a barrier) before or
+    after the wgmma.wait_group, as a pipelined kernel refills a stage."""
     intrinsic = f"wgmma.m64n{n}k16.f32.{ab}"
     k = 16 * k_steps
     row = lookup(intrinsic)
@@ -152,7 +154,9 @@ def wgmma_kernel(n: int = 64, ab: str = "f16", a_swizzle: str = "128B", b_swizzl
         WarpgroupFence() if wgmma_fence else None,
         *steps,
         WarpgroupCommit(),
+        seq(Barrier(), stores) if refill == "before_wait" else None,
         WarpgroupWait(0, (acc,)) if wait else None,
+        seq(Barrier(), stores) if refill == "after_wait" else None,
         epilogue,
     )
     kernel: Stmt = For(tid, 0, threads, "threadIdx.x", body)

@@ -92,6 +92,13 @@ def test_reading_the_accumulator_before_the_wgmma_wait_is_a_race() -> None:
         _run(wgmma_kernel(64, "f16", wait=False), 64, "f16", "K")
 
 
+def test_refilling_an_operand_of_a_wgmma_in_flight_is_a_race() -> None:
+    with pytest.raises(RaceError, match="wgmma operand race on Bs"):
+        _run(wgmma_kernel(64, "f16", refill="before_wait"), 64, "f16", "K")
+    d, a, b = _run(wgmma_kernel(64, "f16", refill="after_wait"), 64, "f16", "K")
+    assert np.allclose(d, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
 def test_a_phase_that_can_never_complete_is_a_deadlock_naming_the_barrier_and_phase() -> None:
     # thread 0 announces 4096 bytes but the copies bring 2048: the phase waits forever
     with pytest.raises(DeadlockError, match=r"bar\[0\].*phase 0 .*2048 transaction bytes are missing"):

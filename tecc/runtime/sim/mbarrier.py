@@ -236,6 +236,9 @@ def _compile_bulk_copy(s: BulkCopy, scope: Scope) -> Runner:
         for i, lane in enumerate(lanes):
             keys = start_dst[i] + np.arange(n)
             if st.checks:
+                if dst.wgmma_reading is not None and (dst.wgmma_reading[keys] > 0).any():
+                    raise RaceError(f"{where} in kernel {st.kernel} at {st.layout.where(int(lane))}: overwrites the "
+                                    "operand of a wgmma still in flight; wgmma.wait_group it first")
                 if dst.pending is not None and (dst.pending[keys] > 0).any():
                     raise RaceError(f"{where} in kernel {st.kernel} at {st.layout.where(int(lane))}: writes shared "
                                     "memory another asynchronous copy is still writing")

@@ -29,7 +29,7 @@ from ...ir.errors import RaceError
 from ...ir.layout import Layout
 from .banks import note_shared_access
 from .numerics import poison
-from .state import LaneState, async_race, out_of_bounds, race, uninitialized
+from .state import LaneState, async_race, out_of_bounds, race, uninitialized, wgmma_operand_race
 
 Index = Sequence[Any]
 
@@ -142,6 +142,8 @@ class SharedMemory:
         self.pending: np.ndarray | None = None
         # ordinary stores since the last fence.proxy.async (wgmma reads need one; warpgroup.py)
         self.unfenced = False
+        # per element: wgmmas in flight that read it; None until one does (warpgroup.py)
+        self.wgmma_reading: np.ndarray | None = None
         self.size = span(shape, strides)
         n = st.layout.blocks * self.size
         self.data = np.full(n, poison(dtype), dtype=dtype.numpy)
@@ -222,6 +224,8 @@ class SharedMemory:
             value = value[lanes]
         if st.checks and self.pending is not None and self.pending[k].any():
             raise async_race(st, self.name, idx, _lane(lanes, int(np.argmax(self.pending[k] > 0))))
+        if st.checks and self.wgmma_reading is not None and self.wgmma_reading[k].any():
+            raise wgmma_operand_race(st, self.name, idx, _lane(lanes, int(np.argmax(self.wgmma_reading[k] > 0))))
         if not st.checks:
             np.put(self.data, k, value, mode="clip")
             return
@@ -245,6 +249,10 @@ class SharedMemory:
             busy = (self.pending[keys] > 0).any(axis=1)
             if busy.any():
                 raise async_race(st, self.name, idx, int(lanes[np.argmax(busy)]))
+        if self.wgmma_reading is not None:
+            busy = (self.wgmma_reading[keys] > 0).any(axis=1)
+            if busy.any():
+                raise wgmma_operand_race(st, self.name, idx, int(lanes[np.argmax(busy)]))
         if self.read_log:
             self._fold_reads()
         tid = st.layout.lane_thread[lanes]

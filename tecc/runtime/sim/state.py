@@ -125,6 +125,18 @@ def async_race(st: LaneState, name: str, idx: Sequence[Any], lane: int) -> RaceE
     return err
 
 
+def wgmma_operand_race(st: LaneState, name: str, idx: Sequence[Any], lane: int) -> RaceError:
+    """A write of a shared element that a wgmma still in flight may be reading as A or B."""
+    index = index_at(idx, lane)
+    lay = st.layout
+    err = RaceError(
+        f"wgmma operand race on {_fmt_index(name, index)} in kernel {st.kernel}, block {lay.block_of(lane)}: thread "
+        f"{lay.thread_of(lane)} writes it while a wgmma that reads it is still in flight; wgmma.wait_group that "
+        "wgmma (and __syncthreads()) before refilling its operands")
+    _annotate(err, name, index, lay.block_of(lane), lay.thread_of(lane))
+    return err
+
+
 def _annotate(err: TeccError, buffer: str, index: tuple[int, ...], block: tuple[int, int, int],
               thread: tuple[int, int, int]) -> None:
     # Tests and tools read these rather than parsing the message.

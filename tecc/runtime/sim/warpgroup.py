@@ -10,7 +10,9 @@
   accumulator registers or, when a wgmma on the same accumulator is still in flight, its result
   (the hardware chains wgmmas on one accumulator). The result is *in flight*: it lands in the
   registers at the `WarpgroupWait` that covers its group; until then any access to those
-  registers by the issuing threads is a RaceError (LocalMemory.busy).
+  registers by the issuing threads is a RaceError (LocalMemory.busy). Until then its A and B
+  elements may still be read by the hardware: a store or copy into them is a RaceError too
+  (SharedMemory.wgmma_reading).
 - `WarpgroupCommit` closes each active lane's open wgmmas into its next group;
   `WarpgroupWait(n)` lands, per lane, the groups up to `committed - n`.
 - `WarpgroupFence`: needed before the first wgmma of a thread (checked); it changes no values.
@@ -58,6 +60,9 @@ class _Wgmma:
     values: np.ndarray
     group: np.ndarray
     where: str
+    # the shared elements it read, per warpgroup (rows of `keys`, in the order of `lanes`):
+    # until it completes, a store to them is a race (SharedMemory.wgmma_reading)
+    operands: list[tuple[SharedMemory, np.ndarray]]
 
 
 class WarpgroupState:
@@ -122,7 +127,9 @@ class _Operand:
         r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
         self.canonical = ref.descriptor.canonical(r, c)  # (rows, cols)
 
-    def read(self, st: LaneState, groups: np.ndarray, what: str) -> np.ndarray:
+    def read(self, st: LaneState, groups: np.ndarray, what: str,
+             operands: list[tuple[SharedMemory, np.ndarray]]) -> np.ndarray:
+        """The tiles (warpgroups, rows, cols) in float64; appends (memory, keys per warpgroup) to `operands`."""
         mem: SharedMemory = st.mems[self.slot]
         start = _uniform(st, self.start(st), groups, f"{what}: the start of operand {self.name}")
         logical = start[:, None, None] + self.canonical[None]
@@ -133,6 +140,7 @@ class _Operand:
         if st.checks:
             self._check(st, mem, physical, keys, first_lane, what)
         values: np.ndarray = mem.data[keys].astype(np.float64)
+        operands.append((mem, keys.reshape(keys.shape[0], -1)))
         return values
 
     def _check(self, st: LaneState, mem: SharedMemory, physical: np.ndarray, keys: np.ndarray,
@@ -199,7 +207,8 @@ def _compile_wgmma(s: WarpgroupMatrixMultiply, scope: Scope) -> Runner:
         offset = int(_uniform(st, f_offset(st), groups, f"{what}: the accumulator offset")[0])
         scale = _uniform(st, f_scale(st), groups, f"{what}: scale_d").astype(bool)
         mem: LocalMemory = st.mems[d_slot]
-        tile = np.einsum("gmk,gnk->gmn", a.read(st, groups, what), b.read(st, groups, what))
+        operands: list[tuple[SharedMemory, np.ndarray]] = []
+        tile = np.einsum("gmk,gnk->gmn", a.read(st, groups, what, operands), b.read(st, groups, what, operands))
         c = _accumulator(st, state, mem, offset, op.elements, lanes, scale, what)
         c_tile = np.zeros_like(tile)
         c_tile[:, rows, cols] = c.reshape(-1, WARPGROUP_SIZE, op.elements)
@@ -207,7 +216,12 @@ def _compile_wgmma(s: WarpgroupMatrixMultiply, scope: Scope) -> Runner:
         for e in range(op.elements):
             busy = mem.busy.setdefault(offset + e, np.zeros(st.layout.lanes, dtype=np.int32))
             busy[lanes] += 1
-        state.ops.append(_Wgmma(mem, offset, lanes, result, np.full(lanes.size, OPEN), what))
+        if st.checks:
+            for smem, keys in operands:
+                if smem.wgmma_reading is None:
+                    smem.wgmma_reading = np.zeros(smem.data.size, dtype=np.int32)
+                np.add.at(smem.wgmma_reading, keys.reshape(-1), 1)
+        state.ops.append(_Wgmma(mem, offset, lanes, result, np.full(lanes.size, OPEN), what, operands))
 
     return run
 
@@ -288,7 +302,13 @@ def _wait(st: LaneState, pending: int) -> None:
                 if not busy.any():
                     del mem.busy[op.offset + e]
             stay = ~land
-            op = _Wgmma(op.mem, op.offset, op.lanes[stay], op.values[stay], op.group[stay], op.where)
+            # warpgroups land whole (the wait is warpgroup-collective): release their operands
+            landed = land.reshape(-1, WARPGROUP_SIZE)[:, 0]
+            for smem, keys in op.operands:
+                if smem.wgmma_reading is not None:
+                    np.add.at(smem.wgmma_reading, keys[landed].reshape(-1), -1)
+            operands = [(smem, keys[~landed]) for smem, keys in op.operands]
+            op = _Wgmma(op.mem, op.offset, op.lanes[stay], op.values[stay], op.group[stay], op.where, operands)
         if op.lanes.size:
             kept.append(op)
     state.ops = kept
