@@ -28,6 +28,7 @@ from tecc.ir.stmt import (
     For,
     IfThenElse,
     PrimFunc,
+    SetMaxRegisters,
     seq,
 )
 
@@ -77,6 +78,16 @@ def test_descriptors_are_printed_from_the_matrix_descriptor() -> None:
 def test_plain_sm_90_refuses_wgmma() -> None:
     with pytest.raises(CompileError, match="sm_90"):
         compile_cuda(emit_source([wgmma_kernel()]), arch="sm_90")
+
+
+def test_setmaxnreg_compiles_for_sm_90a_in_a_warp_specialized_kernel() -> None:
+    tid = Var("tid")
+    out = Buffer("out", dt.int32, (256,))
+    body = seq(IfThenElse(tid < 128, SetMaxRegisters(40, False), SetMaxRegisters(232, True)),
+               BufferStore(out, (tid,), tid))
+    func = PrimFunc("roles", (out,), For(tid, 0, 256, "threadIdx.x", body), attrs=(("min_blocks_per_sm", 1),))
+    code = compile_cuda(emit_source([func]), arch="sm_90a")
+    assert "setmaxnreg.dec.sync.aligned.u32 40" in code.ptx and "setmaxnreg.inc.sync.aligned.u32 232" in code.ptx
 
 
 def test_several_mbarrier_waits_in_one_kernel_compile() -> None:

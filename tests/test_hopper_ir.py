@@ -31,6 +31,7 @@ from tecc.ir.stmt import (
     KernelCall,
     Module,
     PrimFunc,
+    SetMaxRegisters,
     SharedMatrix,
     WarpgroupMatrixMultiply,
     WarpgroupWait,
@@ -225,6 +226,9 @@ def test_wgmma_constructor_validates_its_operands() -> None:
         SharedMatrix(a, 4, desc)
     with pytest.raises(IntrinsicError, match="0..7"):
         WarpgroupWait(8)
+    with pytest.raises(IntrinsicError, match="multiple of 8 in"):
+        SetMaxRegisters(100, True)
+    assert str(SetMaxRegisters(240, True)) == "setmaxnreg.inc(240)"
 
 
 def test_mbarrier_statements_validate() -> None:

@@ -26,6 +26,7 @@ from tecc.ir.stmt import (
     For,
     IfThenElse,
     PrimFunc,
+    SetMaxRegisters,
     WarpgroupFence,
     seq,
 )
@@ -120,11 +121,16 @@ def test_the_first_wgmma_needs_a_wgmma_fence() -> None:
         _run(wgmma_kernel(64, "f16", wgmma_fence=False), 64, "f16", "K")
 
 
-def test_a_warpgroup_instruction_under_a_lane_condition_is_divergence() -> None:
+@pytest.mark.parametrize("stmt", [WarpgroupFence(), SetMaxRegisters(232, True)], ids=["fence", "setmaxnreg"])
+def test_a_warpgroup_instruction_under_a_lane_condition_is_divergence(stmt: Any) -> None:
     tid = Var("tid")
-    func = PrimFunc("half_fence", (), For(tid, 0, 128, "threadIdx.x", IfThenElse(tid < 64, WarpgroupFence())))
+    func = PrimFunc("half", (), For(tid, 0, 128, "threadIdx.x", IfThenElse(tid < 64, stmt)))
     with pytest.raises(DivergenceError, match="only some threads of a warpgroup"):
         simulate_kernel(func, {}, (1, 1, 1), (128, 1, 1))
+    # by whole warpgroups (warp specialization: warpgroup 0 gives registers, 1 takes them) it runs
+    whole = PrimFunc("whole", (), For(tid, 0, 256, "threadIdx.x",
+                                      IfThenElse(tid < 128, SetMaxRegisters(40, False), SetMaxRegisters(232, True))))
+    simulate_kernel(whole, {}, (1, 1, 1), (256, 1, 1))
 
 
 def _arrivals_kernel(count: int, arrive_if: Any, parity: int = 0) -> PrimFunc:

@@ -58,6 +58,7 @@ from tecc.ir.stmt import (
     MatrixMultiply,
     PrimFunc,
     Seq,
+    SetMaxRegisters,
     Stmt,
     WarpgroupCommit,
     WarpgroupFence,
@@ -382,6 +383,9 @@ class KernelEmitter:
 
     def _BulkCopy(self, s: BulkCopy) -> None:
         self.lines_of(warpgroup.bulk_copy(self.expr, s))
+
+    def _SetMaxRegisters(self, s: SetMaxRegisters) -> None:
+        self.lines_of(warpgroup.set_max_registers(self.expr, s))
 
     def lines_of(self, texts: list[str]) -> None:
         for text in texts:

@@ -27,6 +27,7 @@ from tecc.ir.stmt import (
     BarrierWait,
     BulkCopy,
     PrimFunc,
+    SetMaxRegisters,
     SharedMatrix,
     WarpgroupCommit,
     WarpgroupFence,
@@ -120,4 +121,9 @@ def bulk_copy(expr: ExprEmitter, s: BulkCopy) -> list[str]:
     instruction = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
     return _asm([instruction], [], [f'"r"({dst})', f'"l"({src})', f'"n"({s.bytes})', _barrier_address(expr, s.bar)],
                 clobber_memory=True)
+
+
+def set_max_registers(expr: ExprEmitter, s: SetMaxRegisters) -> list[str]:
+    direction = "inc" if s.increase else "dec"
+    return [f'asm volatile("setmaxnreg.{direction}.sync.aligned.u32 {s.count};\\n" ::: "memory");']
 

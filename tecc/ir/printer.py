@@ -46,6 +46,7 @@ from .stmt import (
     Module,
     PrimFunc,
     Seq,
+    SetMaxRegisters,
     SharedMatrix,
     Stmt,
     WarpgroupCommit,
@@ -55,7 +56,7 @@ from .stmt import (
 )
 
 _HOPPER = (WarpgroupMatrixMultiply, WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence, BarrierInit,
-           BarrierArrive, BarrierExpectTx, BarrierWait, BulkCopy)
+           BarrierArrive, BarrierExpectTx, BarrierWait, BulkCopy, SetMaxRegisters)
 
 # Higher binds tighter.
 _PREC = {"||": 1, "&&": 2, "|": 3, "^": 4, "&": 5, "==": 6, "!=": 6, "<": 7, "<=": 7, ">": 7, ">=": 7,
@@ -229,6 +230,8 @@ def _hopper_stmt(s: Stmt) -> str:
         return f"mbarrier.arrive_expect_tx({s.bar}, bytes={_expr(s.bytes)})"
     if isinstance(s, BarrierWait):
         return f"mbarrier.wait({s.bar}, parity={_expr(s.parity)})"
+    if isinstance(s, SetMaxRegisters):
+        return f"setmaxnreg.{'inc' if s.increase else 'dec'}({s.count})"
     if isinstance(s, BulkCopy):
         dst = ", ".join(_expr(i) for i in s.dst_indices)
         src = ", ".join(_expr(i) for i in s.src_indices)

@@ -429,6 +429,7 @@ from .mbarrier_stmt import BarrierInit as BarrierInit  # noqa: E402
 from .mbarrier_stmt import BarrierRef as BarrierRef  # noqa: E402
 from .mbarrier_stmt import BarrierWait as BarrierWait  # noqa: E402
 from .mbarrier_stmt import BulkCopy as BulkCopy  # noqa: E402
+from .warpgroup_stmt import SetMaxRegisters as SetMaxRegisters  # noqa: E402
 from .warpgroup_stmt import SharedMatrix as SharedMatrix  # noqa: E402
 from .warpgroup_stmt import WarpgroupCommit as WarpgroupCommit  # noqa: E402
 from .warpgroup_stmt import WarpgroupFence as WarpgroupFence  # noqa: E402

@@ -50,6 +50,7 @@ from .stmt import (
     MatrixMultiply,
     PrimFunc,
     Seq,
+    SetMaxRegisters,
     SharedMatrix,
     Stmt,
     WarpgroupCommit,
@@ -59,7 +60,8 @@ from .stmt import (
 )
 
 # Statements that hold no expressions and no statements.
-_LEAVES = (Barrier, AsyncCommit, AsyncWait, WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence)
+_LEAVES = (Barrier, AsyncCommit, AsyncWait, WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence,
+           SetMaxRegisters)
 # Statements whose expressions `matrix_stmt_exprs` lists.
 _MATRIX = (MatrixMultiply, MatrixLoad, AsyncCopy, WarpgroupMatrixMultiply, BarrierInit, BarrierArrive,
            BarrierExpectTx, BarrierWait, BulkCopy)
@@ -234,6 +236,9 @@ class StmtVisitor:
         return self.generic_visit(s)
 
     def visit_BulkCopy(self, s: BulkCopy) -> Any:
+        return self.generic_visit(s)
+
+    def visit_SetMaxRegisters(self, s: SetMaxRegisters) -> Any:
         return self.generic_visit(s)
 
 
@@ -417,4 +422,7 @@ class StmtMutator:
         return self.generic_visit(s)
 
     def visit_BulkCopy(self, s: BulkCopy) -> Stmt:
+        return self.generic_visit(s)
+
+    def visit_SetMaxRegisters(self, s: SetMaxRegisters) -> Stmt:
         return self.generic_visit(s)

@@ -143,3 +143,21 @@ class AsyncProxyFence(Stmt):
     ordered with later accesses by the async proxy (wgmma operand reads, bulk copies). Ordinary
     stores that a wgmma reads need a barrier and this fence between them."""
 
+
+@dataclass(frozen=True, eq=False)
+class SetMaxRegisters(Stmt):
+    """setmaxnreg.{inc,dec}.sync.aligned.u32 count: the warpgroup's threads ask for (`increase`)
+    or release registers until each has at most / at least `count` (a multiple of 8 in
+    [24, 256]); the block's register budget moves between warpgroups, as a producer warpgroup
+    that only issues copies gives registers to the consumers that hold accumulators. The kernel
+    must be compiled with a register limit (`min_blocks_per_sm` / launch bounds) for it to mean
+    anything. Warpgroup-collective."""
+
+    count: int
+    increase: bool
+
+    def __post_init__(self) -> None:
+        c = self.count
+        if isinstance(c, bool) or not isinstance(c, int) or c % 8 or not 24 <= c <= 256:
+            raise IntrinsicError(f"setmaxnreg takes a multiple of 8 in [24, 256], got {c!r}")
+

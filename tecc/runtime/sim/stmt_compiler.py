@@ -51,6 +51,7 @@ from ...ir.stmt import (
     WarpgroupFence,
     WarpgroupMatrixMultiply,
     WarpgroupWait,
+    SetMaxRegisters,
 )
 from .async_copy import compile_async_stmt
 from .mbarrier import compile_mbarrier_stmt
@@ -90,7 +91,8 @@ def compile_stmt(s: Stmt, scope: Scope) -> Runner:
         return compile_matrix_load(s, scope)
     if isinstance(s, (AsyncCopy, AsyncCommit, AsyncWait)):
         return compile_async_stmt(s, scope)
-    if isinstance(s, (WarpgroupMatrixMultiply, WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence)):
+    if isinstance(s, (WarpgroupMatrixMultiply, WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence,
+                      SetMaxRegisters)):
         return compile_warpgroup_stmt(s, scope)
     if isinstance(s, (BarrierInit, BarrierArrive, BarrierExpectTx, BarrierWait, BulkCopy)):
         return compile_mbarrier_stmt(s, scope)

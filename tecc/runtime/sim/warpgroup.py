@@ -18,6 +18,7 @@
 - `WarpgroupFence`: needed before the first wgmma of a thread (checked); it changes no values.
   The ISA also asks for one between other register accesses to an accumulator and a wgmma
   reading it; that finer rule is not checked.
+- `SetMaxRegisters` changes no values; it needs whole warpgroups.
 - `AsyncProxyFence` clears the "ordinary stores not fenced" flag of every shared buffer in scope
   (a per-buffer approximation of the per-thread rule).
 - A wgmma issued but never waited for when the kernel ends is a RaceError.
@@ -34,6 +35,7 @@ from ...ir.errors import DivergenceError, OutOfBoundsError, RaceError, TeccError
 from ...ir.intrinsics import WARPGROUP_SIZE
 from ...ir.stmt import (
     AsyncProxyFence,
+    SetMaxRegisters,
     SharedMatrix,
     Stmt,
     WarpgroupCommit,
@@ -177,6 +179,13 @@ def compile_warpgroup_stmt(s: Stmt, scope: Scope) -> Runner:
     if isinstance(s, WarpgroupWait):
         pending = s.pending
         return lambda st: _wait(st, pending)
+    if isinstance(s, SetMaxRegisters):
+        what = f"setmaxnreg.{'inc' if s.increase else 'dec'} {s.count}"
+
+        def set_max_registers(st: LaneState) -> None:
+            check_whole_warpgroups(st, what)  # values do not change; the warpgroup acts together
+
+        return set_max_registers
     assert isinstance(s, AsyncProxyFence)
     return _proxy_fence
 
