@@ -18,6 +18,8 @@ The mapping, statement by statement (docs/codegen.md has the full table):
   BufferStore         name[offset] = value;
   Allocate fragment   __align__(16) T name[N];                    (per-lane registers)
   MatrixMultiply, MatrixLoad, AsyncCopy/Commit/Wait: inline PTX from the intrinsic table (matrix.py)
+  WarpgroupMatrixMultiply/Fence/Commit/Wait, AsyncProxyFence, Barrier{Init,Arrive,ExpectTx,Wait},
+  BulkCopy: inline PTX for sm_90a (warpgroup.py); descriptor-addressed buffers __align__(1024)
 
 Expressions are rendered by `cuda_expr.ExprEmitter` (precedence, half math, floor division).
 Offsets are computed in `long long` for global buffers that may hold 2^31 elements or more
@@ -38,10 +40,16 @@ from tecc.ir.stmt import (
     Allocate,
     AsyncCommit,
     AsyncCopy,
+    AsyncProxyFence,
     AsyncWait,
     Barrier,
+    BarrierArrive,
+    BarrierExpectTx,
+    BarrierInit,
+    BarrierWait,
     Buffer,
     BufferStore,
+    BulkCopy,
     Evaluate,
     For,
     IfThenElse,
@@ -50,13 +58,18 @@ from tecc.ir.stmt import (
     MatrixMultiply,
     PrimFunc,
     Seq,
+    SetMaxRegisters,
     Stmt,
+    WarpgroupCommit,
+    WarpgroupFence,
+    WarpgroupMatrixMultiply,
+    WarpgroupWait,
     iter_stmts,
     launch_dims,
 )
 from tecc.ir.visitor import matrix_stmt_exprs
 
-from . import matrix
+from . import matrix, warpgroup
 
 from .cuda_expr import FLOAT_OP_HELPER, ExprEmitter, c_type, device_helpers
 from .ranges import RangeEnv
@@ -189,6 +202,14 @@ def shared_offsets(func: PrimFunc) -> dict[int, int] | None:
     return offsets if total > STATIC_SHARED_LIMIT else None
 
 
+def _count(buffer: Buffer) -> int:
+    """Elements of an allocated buffer (its shape is constant)."""
+    count = 1
+    for extent in buffer.shape:
+        count *= const_int(extent) or 0
+    return count
+
+
 def dynamic_shared_bytes(func: PrimFunc) -> int:
     """Bytes of dynamic shared memory a launch of `func` needs (0: its shared buffers are static)."""
     offsets = shared_offsets(func)
@@ -222,6 +243,11 @@ class KernelEmitter:
                         for n in walk(e) if isinstance(n, Call) and n.name == "atomic_add"}
         self.wide = {p for p in func.params if isinstance(p, Buffer) and needs_64bit_indexing(p)}
         self.dynamic_shared = shared_offsets(func)
+        self.descriptor_buffers = warpgroup.descriptor_buffers(func)
+        if self.descriptor_buffers and self.dynamic_shared is not None:
+            raise CompileError(f"kernel {func.name}: wgmma descriptors address shared buffers, which must be 1024-byte "
+                               "aligned; that is done for static shared memory (48 KiB or less) only so far")
+        self.element_counts = {id(s.buffer): _count(s.buffer) for s in iter_stmts(func.body) if isinstance(s, Allocate)}
         self.expr = ExprEmitter(self.var_name, self.buffer_name, self.wide, self.ranges)
         for p in func.params:
             self.names.add(p, p.name)
@@ -327,6 +353,40 @@ class KernelEmitter:
     def _AsyncWait(self, s: AsyncWait) -> None:
         self.lines_of(matrix.async_wait(self.expr, s))
 
+    # Hopper statements: wgmma, mbarriers, bulk copies (warpgroup.py).
+    def _WarpgroupMatrixMultiply(self, s: WarpgroupMatrixMultiply) -> None:
+        self.lines_of(warpgroup.warpgroup_multiply(self.expr, s))
+
+    def _WarpgroupFence(self, s: WarpgroupFence) -> None:
+        self.lines_of(warpgroup.warpgroup_fence(self.expr, s))
+
+    def _WarpgroupCommit(self, s: WarpgroupCommit) -> None:
+        self.lines_of(warpgroup.warpgroup_commit(self.expr, s))
+
+    def _WarpgroupWait(self, s: WarpgroupWait) -> None:
+        self.lines_of(warpgroup.warpgroup_wait(self.expr, s, self.element_counts))
+
+    def _AsyncProxyFence(self, s: AsyncProxyFence) -> None:
+        self.lines_of(warpgroup.async_proxy_fence(self.expr, s))
+
+    def _BarrierInit(self, s: BarrierInit) -> None:
+        self.lines_of(warpgroup.barrier_init(self.expr, s))
+
+    def _BarrierArrive(self, s: BarrierArrive) -> None:
+        self.lines_of(warpgroup.barrier_arrive(self.expr, s))
+
+    def _BarrierExpectTx(self, s: BarrierExpectTx) -> None:
+        self.lines_of(warpgroup.barrier_expect_tx(self.expr, s))
+
+    def _BarrierWait(self, s: BarrierWait) -> None:
+        self.lines_of(warpgroup.barrier_wait(self.expr, s))
+
+    def _BulkCopy(self, s: BulkCopy) -> None:
+        self.lines_of(warpgroup.bulk_copy(self.expr, s))
+
+    def _SetMaxRegisters(self, s: SetMaxRegisters) -> None:
+        self.lines_of(warpgroup.set_max_registers(self.expr, s))
+
     def lines_of(self, texts: list[str]) -> None:
         for text in texts:
             self.line(text)
@@ -389,8 +449,10 @@ class KernelEmitter:
             self.line(f"{c_type(b.dtype)}* const {name} = reinterpret_cast<{c_type(b.dtype)}*>"
                       f"({DYNAMIC_SHARED} + {self.dynamic_shared[id(b)]});")
         elif b.scope == "shared":
-            # 16-byte alignment lets any staged tile be read with float4 accesses.
-            self.line(f"__shared__ __align__(16) {c_type(b.dtype)} {name}[{count}];")
+            # 16-byte alignment lets any staged tile be read with float4 accesses; a tile that
+            # wgmma descriptors address starts at a multiple of 1024 bytes (tecc.ir.descriptor).
+            align = 1024 if id(b) in self.descriptor_buffers else 16
+            self.line(f"__shared__ __align__({align}) {c_type(b.dtype)} {name}[{count}];")
         elif b.scope == "fragment":
             self.line(matrix.fragment_declaration(b, name, count))
         else:

@@ -74,6 +74,7 @@ from .ops import (
                      tanh,
                      where,
 )
+from .descriptor import MatrixDescriptor
 from .intrinsics import MatrixIntrinsic
 from .layout import Swizzle
 from .stmt import (

@@ -64,5 +64,10 @@ class DivergenceError(TeccError):
     a hang or garbage, which compute-sanitizer's synccheck reports)."""
 
 
+class DeadlockError(TeccError):
+    """Threads wait for something that can never happen: an mbarrier phase that no pending
+    arrival or asynchronous copy can complete any more (SIMT emulator; a hang on a GPU)."""
+
+
 class DeviceError(TeccError):
     """No usable CUDA device or driver where one is needed."""

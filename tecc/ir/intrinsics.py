@@ -93,6 +93,11 @@ class MatrixIntrinsic:
     """One row of the table.
 
     kind 'mma': D = A . B + C over an m x n x k tile, all four operands fragments.
+    kind 'wgmma': D = A . B (+ D) over an m64 x n x k16 tile by a warpgroup (`threads` = 128
+    consecutive threads whose first is a multiple of 128): A and B (PTX type `input_type`) are
+    read from shared memory through matrix descriptors (tecc.ir.descriptor), so the row has only
+    the accumulator operands 'c' and 'd' (the same registers), whose layout maps take the thread
+    index within the warpgroup (0..127) as their "lane". Needs `sm_90a`.
     kind 'ldmatrix': `matrices` 8 x 8 tiles of 16-bit elements, stacked as one (8 * matrices) x 8
     tile, loaded from shared memory; lane `address(lane)` < 8 * matrices supplies the address of
     that stacked row (8 contiguous elements, 16-byte aligned), and operand 'd' says which lane
@@ -107,6 +112,8 @@ class MatrixIntrinsic:
     matrices: int = 0
     transpose: bool = False
     address: AddressMap | None = None
+    threads: int = WARP_SIZE
+    input_type: str = ""
 
     def operand(self, role: str) -> FragmentOperand:
         for o in self.operands:
@@ -164,6 +171,28 @@ def _ldmatrix_address(lane: Index) -> Index:
     return lane
 
 
+def _wgmma_accumulator(thread: Index, e: Index) -> tuple[Index, Index]:
+    # warp w = thread // 32 owns rows 16w .. 16w+15; inside the warp the m16n8 C pattern repeats
+    # over the n8 column blocks: d(4j), d(4j+1) at (g, 8j + 2t + i), d(4j+2), d(4j+3) at (g+8, ...)
+    # (PTX ISA, "Register fragment layout for accumulator matrix D" of wgmma .m64nNk16)
+    lane = thread % 32
+    return 16 * (thread // 32) + lane // 4 + 8 * ((e // 2) % 2), 8 * (e // 4) + (lane % 4) * 2 + e % 2
+
+
+WARPGROUP_SIZE = 128
+WGMMA_N = (8, 16, 32, 64, 96, 128, 192, 256)  # the n of the m64nNk16 rows in the table
+
+
+def _wgmma(n: int, ab: str) -> MatrixIntrinsic:
+    elements = 64 * n // WARPGROUP_SIZE
+    return MatrixIntrinsic(
+        name=f"wgmma.m64n{n}k16.f32.{ab}", ptx=f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab}",
+        kind="wgmma", shape=(64, n, 16), min_arch=90, threads=WARPGROUP_SIZE, input_type=ab,
+        operands=(FragmentOperand("c", "f32", 64, n, elements, _wgmma_accumulator),
+                  FragmentOperand("d", "f32", 64, n, elements, _wgmma_accumulator)),
+    )
+
+
 def _mma(name: str, ptx: str, m: int, n: int, k: int, ab: str, cd: str,
          a: LayoutMap, b: LayoutMap, c: LayoutMap) -> MatrixIntrinsic:
     per_lane = WARP_SIZE
@@ -198,7 +227,8 @@ _ROWS = (
          "f16", "f16", _m16n8k16_a, _m16n8k16_b, _m16n8_c),
     _mma("mma.m16n8k8.f32.tf32", "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 16, 8, 8,
          "tf32", "f32", _m16n8k8_tf32_a, _m16n8k8_tf32_b, _m16n8_c),
-) + tuple(_ldmatrix(x, t) for x in (1, 2, 4) for t in (False, True))
+) + tuple(_ldmatrix(x, t) for x in (1, 2, 4) for t in (False, True)) \
+  + tuple(_wgmma(n, ab) for ab in ("f16", "bf16") for n in WGMMA_N)
 
 TABLE: dict[str, MatrixIntrinsic] = {row.name: row for row in _ROWS}
 

@@ -67,7 +67,7 @@ class FragmentRef:
         held = lookup(b.fragment[0]).operand(b.fragment[1])
         # ldmatrix moves untyped 16-bit registers into whatever fragment its addresses describe;
         # an mma operand must hold exactly the layout and dtype of the row's operand.
-        if row.kind == "mma" and (held.layout is not operand.layout or b.dtype != operand.dtype):
+        if row.kind in ("mma", "wgmma") and (held.layout is not operand.layout or b.dtype != operand.dtype):
             raise IntrinsicError(
                 f"{row.name}: {what} {b.name} holds operand {b.fragment[1]} of {b.fragment[0]} ({b.dtype}), whose "
                 f"layout or dtype differs from what {row.name} operand {operand.role} needs ({operand.dtype}); "
@@ -77,7 +77,7 @@ class FragmentRef:
         if offset is not None and size is not None and not 0 <= offset <= size - operand.elements:
             raise IntrinsicError(f"{row.name}: {what} {b.name}[{offset}:{offset + operand.elements}] is outside "
                                  f"the buffer's {size} elements")
-        unit = operand.elements if row.kind == "mma" else operand.elements_per_register
+        unit = operand.elements if row.kind in ("mma", "wgmma") else operand.elements_per_register
         if offset is not None and offset % unit:
             raise IntrinsicError(f"{row.name}: {what} offset {offset} into {b.name} must be a multiple of {unit} "
                                  "(fragments are whole registers)")

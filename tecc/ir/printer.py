@@ -27,8 +27,14 @@ from .stmt import (
     Allocate,
     AsyncCommit,
     AsyncCopy,
+    AsyncProxyFence,
     AsyncWait,
     Barrier,
+    BarrierArrive,
+    BarrierExpectTx,
+    BarrierInit,
+    BarrierWait,
+    BulkCopy,
     Buffer,
     BufferStore,
     Evaluate,
@@ -40,8 +46,17 @@ from .stmt import (
     Module,
     PrimFunc,
     Seq,
+    SetMaxRegisters,
+    SharedMatrix,
     Stmt,
+    WarpgroupCommit,
+    WarpgroupFence,
+    WarpgroupMatrixMultiply,
+    WarpgroupWait,
 )
+
+_HOPPER = (WarpgroupMatrixMultiply, WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence, BarrierInit,
+           BarrierArrive, BarrierExpectTx, BarrierWait, BulkCopy, SetMaxRegisters)
 
 # Higher binds tighter.
 _PREC = {"||": 1, "&&": 2, "|": 3, "^": 4, "&": 5, "==": 6, "!=": 6, "<": 7, "<=": 7, ">": 7, ">=": 7,
@@ -159,6 +174,8 @@ def _stmt(s: Stmt, ind: int, out: list[str]) -> None:
         out.append(f"{pad}{_expr(s.value)}")
     elif isinstance(s, (MatrixMultiply, MatrixLoad, AsyncCopy, AsyncCommit, AsyncWait)):
         out.append(pad + _matrix_stmt(s))
+    elif isinstance(s, _HOPPER):
+        out.append(pad + _hopper_stmt(s))
     else:
         raise TypeError(f"printer: no rule for {type(s).__name__}")
 
@@ -187,6 +204,41 @@ def _matrix_stmt(s: Stmt) -> str:
         return "cp.async.commit_group()"
     assert isinstance(s, AsyncWait)
     return f"cp.async.wait_group({s.pending})"
+
+
+def _shared_matrix(ref: SharedMatrix) -> str:
+    return f"{ref.buffer.name}[{ref.descriptor} @ {_expr(ref.start)}]"
+
+
+def _hopper_stmt(s: Stmt) -> str:
+    """`wgmma.m64n64k16.f32.f16 acc[0:32] += As[desc(..) @ 0] · Bs[desc(..) @ 0]`, `mbarrier.wait(bar[0], 0)`, ..."""
+    if isinstance(s, WarpgroupMatrixMultiply):
+        d = _fragment(s.d, s.row.operand("d").elements)
+        product = f"{_shared_matrix(s.a)} · {_shared_matrix(s.b)}"
+        scale = s.scale_d
+        if isinstance(scale, Const):
+            return f"{s.intrinsic} {d} {'+=' if scale.value else '='} {product}"
+        return f"{s.intrinsic} {d} = {product} + ({d} if {_expr(scale)} else 0)"
+    if isinstance(s, WarpgroupWait):
+        accs = "".join(f", {b.name}" for b in s.accumulators)
+        return f"wgmma.wait_group({s.pending}{accs})"
+    if isinstance(s, BarrierInit):
+        return f"mbarrier.init({s.bar}, count={_expr(s.count)})"
+    if isinstance(s, BarrierArrive):
+        return f"mbarrier.arrive({s.bar})"
+    if isinstance(s, BarrierExpectTx):
+        return f"mbarrier.arrive_expect_tx({s.bar}, bytes={_expr(s.bytes)})"
+    if isinstance(s, BarrierWait):
+        return f"mbarrier.wait({s.bar}, parity={_expr(s.parity)})"
+    if isinstance(s, SetMaxRegisters):
+        return f"setmaxnreg.{'inc' if s.increase else 'dec'}({s.count})"
+    if isinstance(s, BulkCopy):
+        dst = ", ".join(_expr(i) for i in s.dst_indices)
+        src = ", ".join(_expr(i) for i in s.src_indices)
+        return f"cp.async.bulk {s.bytes}B {s.dst.name}[{dst}] <- {s.src.name}[{src}] completes {s.bar}"
+    names = {WarpgroupFence: "wgmma.fence()", WarpgroupCommit: "wgmma.commit_group()",
+             AsyncProxyFence: "fence.proxy.async()"}
+    return names[type(s)]
 
 
 def stmt_to_str(s: Stmt) -> str:

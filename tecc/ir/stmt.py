@@ -420,3 +420,18 @@ from .matrix_stmt import FragmentRef as FragmentRef  # noqa: E402
 from .matrix_stmt import MatrixLoad as MatrixLoad  # noqa: E402
 from .matrix_stmt import MatrixMultiply as MatrixMultiply  # noqa: E402
 from .matrix_stmt import check_fragment_buffer as check_fragment_buffer  # noqa: E402
+
+# The Hopper level (wgmma, mbarriers, bulk copies), likewise in its own modules.
+from .warpgroup_stmt import AsyncProxyFence as AsyncProxyFence  # noqa: E402
+from .mbarrier_stmt import BarrierArrive as BarrierArrive  # noqa: E402
+from .mbarrier_stmt import BarrierExpectTx as BarrierExpectTx  # noqa: E402
+from .mbarrier_stmt import BarrierInit as BarrierInit  # noqa: E402
+from .mbarrier_stmt import BarrierRef as BarrierRef  # noqa: E402
+from .mbarrier_stmt import BarrierWait as BarrierWait  # noqa: E402
+from .mbarrier_stmt import BulkCopy as BulkCopy  # noqa: E402
+from .warpgroup_stmt import SetMaxRegisters as SetMaxRegisters  # noqa: E402
+from .warpgroup_stmt import SharedMatrix as SharedMatrix  # noqa: E402
+from .warpgroup_stmt import WarpgroupCommit as WarpgroupCommit  # noqa: E402
+from .warpgroup_stmt import WarpgroupFence as WarpgroupFence  # noqa: E402
+from .warpgroup_stmt import WarpgroupMatrixMultiply as WarpgroupMatrixMultiply  # noqa: E402
+from .warpgroup_stmt import WarpgroupWait as WarpgroupWait  # noqa: E402

@@ -31,8 +31,15 @@ from .stmt import (
     Allocate,
     AsyncCommit,
     AsyncCopy,
+    AsyncProxyFence,
     AsyncWait,
     Barrier,
+    BarrierArrive,
+    BarrierExpectTx,
+    BarrierInit,
+    BarrierRef,
+    BarrierWait,
+    BulkCopy,
     BufferStore,
     Evaluate,
     For,
@@ -43,8 +50,21 @@ from .stmt import (
     MatrixMultiply,
     PrimFunc,
     Seq,
+    SetMaxRegisters,
+    SharedMatrix,
     Stmt,
+    WarpgroupCommit,
+    WarpgroupFence,
+    WarpgroupMatrixMultiply,
+    WarpgroupWait,
 )
+
+# Statements that hold no expressions and no statements.
+_LEAVES = (Barrier, AsyncCommit, AsyncWait, WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence,
+           SetMaxRegisters)
+# Statements whose expressions `matrix_stmt_exprs` lists.
+_MATRIX = (MatrixMultiply, MatrixLoad, AsyncCopy, WarpgroupMatrixMultiply, BarrierInit, BarrierArrive,
+           BarrierExpectTx, BarrierWait, BulkCopy)
 
 
 def _method(obj: Any, prefix: str, node: Any) -> Callable[[Any], Any]:
@@ -164,9 +184,9 @@ class StmtVisitor:
                 self.visit(x)
         elif isinstance(s, Evaluate):
             self.visit_expr(s.value)
-        elif isinstance(s, (Barrier, AsyncCommit, AsyncWait)):
+        elif isinstance(s, _LEAVES):
             pass
-        elif isinstance(s, (MatrixMultiply, MatrixLoad, AsyncCopy)):
+        elif isinstance(s, _MATRIX):
             for e in matrix_stmt_exprs(s):
                 self.visit_expr(e)
         else:
@@ -188,9 +208,55 @@ class StmtVisitor:
     def visit_AsyncWait(self, s: AsyncWait) -> Any:
         return self.generic_visit(s)
 
+    def visit_WarpgroupMatrixMultiply(self, s: WarpgroupMatrixMultiply) -> Any:
+        return self.generic_visit(s)
+
+    def visit_WarpgroupFence(self, s: WarpgroupFence) -> Any:
+        return self.generic_visit(s)
+
+    def visit_WarpgroupCommit(self, s: WarpgroupCommit) -> Any:
+        return self.generic_visit(s)
+
+    def visit_WarpgroupWait(self, s: WarpgroupWait) -> Any:
+        return self.generic_visit(s)
+
+    def visit_AsyncProxyFence(self, s: AsyncProxyFence) -> Any:
+        return self.generic_visit(s)
+
+    def visit_BarrierInit(self, s: BarrierInit) -> Any:
+        return self.generic_visit(s)
+
+    def visit_BarrierArrive(self, s: BarrierArrive) -> Any:
+        return self.generic_visit(s)
+
+    def visit_BarrierExpectTx(self, s: BarrierExpectTx) -> Any:
+        return self.generic_visit(s)
+
+    def visit_BarrierWait(self, s: BarrierWait) -> Any:
+        return self.generic_visit(s)
+
+    def visit_BulkCopy(self, s: BulkCopy) -> Any:
+        return self.generic_visit(s)
+
+    def visit_SetMaxRegisters(self, s: SetMaxRegisters) -> Any:
+        return self.generic_visit(s)
+
 
 def matrix_stmt_exprs(s: Stmt) -> list[Expr]:
-    """The expressions a matrix-level statement holds: fragment offsets, addresses, predicate."""
+    """The expressions a matrix-level statement holds: fragment offsets, addresses, predicate,
+    descriptor starts, barrier indices and counts."""
+    if isinstance(s, WarpgroupMatrixMultiply):
+        return [s.d.offset, s.a.start, s.b.start, s.scale_d]
+    if isinstance(s, BarrierInit):
+        return [s.bar.index, s.count]
+    if isinstance(s, BarrierArrive):
+        return [s.bar.index]
+    if isinstance(s, BarrierExpectTx):
+        return [s.bar.index, s.bytes]
+    if isinstance(s, BarrierWait):
+        return [s.bar.index, s.parity]
+    if isinstance(s, BulkCopy):
+        return [*s.dst_indices, *s.src_indices, s.bar.index]
     if isinstance(s, MatrixMultiply):
         return [s.d.offset, s.a.offset, s.b.offset, s.c.offset]
     if isinstance(s, MatrixLoad):
@@ -249,8 +315,11 @@ class StmtMutator:
         if isinstance(s, Evaluate):
             v = self.visit_expr(s.value)
             return s if v is s.value else Evaluate(v)
-        if isinstance(s, (Barrier, AsyncCommit, AsyncWait)):
+        if isinstance(s, _LEAVES):
             return s
+        hopper = self._hopper(s)
+        if hopper is not None:
+            return hopper
         if isinstance(s, MatrixMultiply):
             refs = tuple(self._fragment(r) for r in (s.d, s.a, s.b, s.c))
             if all(x is y for x, y in zip(refs, (s.d, s.a, s.b, s.c))):
@@ -270,6 +339,40 @@ class StmtMutator:
                 return s
             return AsyncCopy(s.dst, di, s.src, si, s.bytes, p, s.cache)
         raise TypeError(f"StmtMutator: no rule for {type(s).__name__}")
+
+    def _hopper(self, s: Stmt) -> Stmt | None:
+        """The warpgroup and mbarrier statements rebuilt (or `s` itself), None for other statements."""
+        if isinstance(s, WarpgroupMatrixMultiply):
+            d, a, b = self._fragment(s.d), self._shared_matrix(s.a), self._shared_matrix(s.b)
+            scale = self.visit_expr(s.scale_d)
+            if d is s.d and a is s.a and b is s.b and scale is s.scale_d:
+                return s
+            return WarpgroupMatrixMultiply(s.intrinsic, d, a, b, scale)
+        if isinstance(s, (BarrierInit, BarrierExpectTx, BarrierWait)):
+            field = {BarrierInit: "count", BarrierExpectTx: "bytes", BarrierWait: "parity"}[type(s)]
+            bar, value = self._barrier(s.bar), self.visit_expr(getattr(s, field))
+            if bar is s.bar and value is getattr(s, field):
+                return s
+            return type(s)(bar, value)
+        if isinstance(s, BarrierArrive):
+            bar = self._barrier(s.bar)
+            return s if bar is s.bar else BarrierArrive(bar)
+        if isinstance(s, BulkCopy):
+            di = tuple(self.visit_expr(i) for i in s.dst_indices)
+            si = tuple(self.visit_expr(i) for i in s.src_indices)
+            bar = self._barrier(s.bar)
+            if bar is s.bar and all(x is y for x, y in zip(di + si, s.dst_indices + s.src_indices)):
+                return s
+            return BulkCopy(s.dst, di, s.src, si, s.bytes, bar)
+        return None
+
+    def _shared_matrix(self, ref: SharedMatrix) -> SharedMatrix:
+        start = self.visit_expr(ref.start)
+        return ref if start is ref.start else SharedMatrix(ref.buffer, start, ref.descriptor)
+
+    def _barrier(self, ref: BarrierRef) -> BarrierRef:
+        index = self.visit_expr(ref.index)
+        return ref if index is ref.index else BarrierRef(ref.buffer, index)
 
     def _fragment(self, ref: FragmentRef) -> FragmentRef:
         offset = self.visit_expr(ref.offset)
@@ -291,3 +394,35 @@ class StmtMutator:
     def visit_AsyncWait(self, s: AsyncWait) -> Stmt:
         return self.generic_visit(s)
 
+    def visit_WarpgroupMatrixMultiply(self, s: WarpgroupMatrixMultiply) -> Stmt:
+        return self.generic_visit(s)
+
+    def visit_WarpgroupFence(self, s: WarpgroupFence) -> Stmt:
+        return self.generic_visit(s)
+
+    def visit_WarpgroupCommit(self, s: WarpgroupCommit) -> Stmt:
+        return self.generic_visit(s)
+
+    def visit_WarpgroupWait(self, s: WarpgroupWait) -> Stmt:
+        return self.generic_visit(s)
+
+    def visit_AsyncProxyFence(self, s: AsyncProxyFence) -> Stmt:
+        return self.generic_visit(s)
+
+    def visit_BarrierInit(self, s: BarrierInit) -> Stmt:
+        return self.generic_visit(s)
+
+    def visit_BarrierArrive(self, s: BarrierArrive) -> Stmt:
+        return self.generic_visit(s)
+
+    def visit_BarrierExpectTx(self, s: BarrierExpectTx) -> Stmt:
+        return self.generic_visit(s)
+
+    def visit_BarrierWait(self, s: BarrierWait) -> Stmt:
+        return self.generic_visit(s)
+
+    def visit_BulkCopy(self, s: BulkCopy) -> Stmt:
+        return self.generic_visit(s)
+
+    def visit_SetMaxRegisters(self, s: SetMaxRegisters) -> Stmt:
+        return self.generic_visit(s)

@@ -18,8 +18,13 @@ from ..ir.stmt import (
     Allocate,
     AsyncCopy,
     Barrier,
+    BarrierArrive,
+    BarrierExpectTx,
+    BarrierInit,
+    BarrierWait,
     Buffer,
     BufferStore,
+    BulkCopy,
     For,
     IfThenElse,
     LetStmt,
@@ -27,6 +32,8 @@ from ..ir.stmt import (
     MatrixMultiply,
     Module,
     PrimFunc,
+    WarpgroupMatrixMultiply,
+    WarpgroupWait,
 )
 from ..ir.visitor import StmtVisitor
 
@@ -110,6 +117,23 @@ class _Verifier(StmtVisitor):
     def visit_AsyncCopy(self, s: AsyncCopy) -> None:
         self._in_scope((s.dst, s.src), "cp.async")
         self.generic_visit(s)
+
+    def visit_WarpgroupMatrixMultiply(self, s: WarpgroupMatrixMultiply) -> None:
+        self._in_scope((s.d.buffer, s.a.buffer, s.b.buffer), s.intrinsic)
+        self.generic_visit(s)
+
+    def visit_WarpgroupWait(self, s: WarpgroupWait) -> None:
+        self._in_scope(s.accumulators, "wgmma.wait_group")
+
+    def visit_BulkCopy(self, s: BulkCopy) -> None:
+        self._in_scope((s.dst, s.src, s.bar.buffer), "cp.async.bulk")
+        self.generic_visit(s)
+
+    def _barrier_stmt(self, s: BarrierInit | BarrierArrive | BarrierExpectTx | BarrierWait) -> None:
+        self._in_scope((s.bar.buffer,), "mbarrier")
+        self.generic_visit(s)
+
+    visit_BarrierInit = visit_BarrierArrive = visit_BarrierExpectTx = visit_BarrierWait = _barrier_stmt
 
     def visit_Barrier(self, s: Barrier) -> None:
         if self.thread_dependent_depth:

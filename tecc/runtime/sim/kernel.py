@@ -21,6 +21,8 @@ from ...ir.expr import Var, const_int
 from ...ir.stmt import Allocate, Buffer, PrimFunc, iter_stmts
 from . import numerics as nm
 from .async_copy import finish_async_copies
+from .mbarrier import finish_mbarriers
+from .warpgroup import finish_warpgroup
 from .expr_compiler import Scope
 from .lanes import LaneLayout
 from .memory import GlobalMemory, span
@@ -126,6 +128,8 @@ def simulate_kernel(func: PrimFunc, args: Mapping[str, np.ndarray | int], grid: 
                 st.mems[slot] = mem
             compiled.body(st)
             finish_async_copies(st)
+            finish_warpgroup(st)
+            finish_mbarriers(st)
 
 
 def _dims(dims: tuple[int, int, int], what: str, kernel: str) -> tuple[int, int, int]:

@@ -25,10 +25,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...ir.dtype import DType
+from ...ir.errors import RaceError
 from ...ir.layout import Layout
 from .banks import note_shared_access
 from .numerics import poison
-from .state import LaneState, async_race, out_of_bounds, race, uninitialized
+from .state import LaneState, async_race, out_of_bounds, race, uninitialized, wgmma_operand_race
 
 Index = Sequence[Any]
 
@@ -139,6 +140,10 @@ class SharedMemory:
         self.layout = layout  # logical -> physical element offset (tecc.ir.layout); None: identity
         # per element: cp.async copies in flight to it (async_copy.py); None until one is issued
         self.pending: np.ndarray | None = None
+        # ordinary stores since the last fence.proxy.async (wgmma reads need one; warpgroup.py)
+        self.unfenced = False
+        # per element: wgmmas in flight that read it; None until one does (warpgroup.py)
+        self.wgmma_reading: np.ndarray | None = None
         self.size = span(shape, strides)
         n = st.layout.blocks * self.size
         self.data = np.full(n, poison(dtype), dtype=dtype.numpy)
@@ -210,6 +215,7 @@ class SharedMemory:
         if st.checks:
             check_bounds(st, "store", "shared", self.name, self.shape, idx, dims)
         key = self._keys(idx)
+        self.unfenced = True
         if self.layout is not None:
             note_shared_access(st, self, key - self.base)
         lanes = st.active_lanes()
@@ -218,6 +224,8 @@ class SharedMemory:
             value = value[lanes]
         if st.checks and self.pending is not None and self.pending[k].any():
             raise async_race(st, self.name, idx, _lane(lanes, int(np.argmax(self.pending[k] > 0))))
+        if st.checks and self.wgmma_reading is not None and self.wgmma_reading[k].any():
+            raise wgmma_operand_race(st, self.name, idx, _lane(lanes, int(np.argmax(self.wgmma_reading[k] > 0))))
         if not st.checks:
             np.put(self.data, k, value, mode="clip")
             return
@@ -241,6 +249,10 @@ class SharedMemory:
             busy = (self.pending[keys] > 0).any(axis=1)
             if busy.any():
                 raise async_race(st, self.name, idx, int(lanes[np.argmax(busy)]))
+        if self.wgmma_reading is not None:
+            busy = (self.wgmma_reading[keys] > 0).any(axis=1)
+            if busy.any():
+                raise wgmma_operand_race(st, self.name, idx, int(lanes[np.argmax(busy)]))
         if self.read_log:
             self._fold_reads()
         tid = st.layout.lane_thread[lanes]
@@ -317,16 +329,39 @@ class LocalMemory:
         self.cols: list[np.ndarray] = [fill] * self.size
         # Per element: None (never written), True (written in every lane) or a lane mask.
         self.written: list[Any] = [None] * self.size
+        # Per element: lanes (a count per lane) whose wgmma writing it is still in flight
+        # (warpgroup.py); any access by such a lane before its wgmma.wait_group is a race.
+        self.busy: dict[int, np.ndarray] = {}
 
     def load(self, st: LaneState, idx: Index, dims: Sequence[int]) -> Any:
         if st.checks:
             check_bounds(st, "load", "local", self.name, self.shape, idx, dims)
         f = flat_index(idx, self.strides)
+        if self.busy:
+            self._check_idle(st, idx, f)
         if isinstance(f, np.ndarray):
             return self._load_dynamic(st, idx, f)
         if st.checks and self.written[f] is not True:
             self._check_written(st, idx, self.written[f])
         return self.cols[f]
+
+    def _check_idle(self, st: LaneState, idx: Index, f: Any) -> None:
+        """RaceError if an active lane accesses an element its in-flight wgmma will write."""
+        for e in (np.unique(f) if isinstance(f, np.ndarray) else (f,)):
+            lanes = self.busy.get(int(e))
+            if lanes is None:
+                continue
+            hit = lanes > 0
+            if isinstance(f, np.ndarray):
+                hit &= f == e
+            if st.mask is not None:
+                hit &= st.mask
+            if hit.any():
+                lane = int(np.argmax(hit))
+                raise RaceError(
+                    f"wgmma race on {self.name}[{', '.join(str(int(i[lane]) if isinstance(i, np.ndarray) else int(i)) for i in idx)}] "
+                    f"in kernel {st.kernel} at {st.layout.where(lane)}: the accumulator of a wgmma still in flight is "
+                    "accessed; commit it (wgmma.commit_group) and wgmma.wait_group it before touching its registers")
 
     def _check_written(self, st: LaneState, idx: Index, w: Any) -> None:
         unwritten = np.ones(self.lanes, dtype=bool) if w is None else ~w
@@ -354,6 +389,8 @@ class LocalMemory:
         if st.checks:
             check_bounds(st, "store", "local", self.name, self.shape, idx, dims)
         f = flat_index(idx, self.strides)
+        if self.busy:
+            self._check_idle(st, idx, f)
         if isinstance(f, np.ndarray):
             self._store_dynamic(st, f, value)
             return

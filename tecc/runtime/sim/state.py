@@ -23,7 +23,8 @@ from .lanes import LaneLayout
 class LaneState:
     """Everything a compiled kernel body reads and writes while it runs one chunk."""
 
-    __slots__ = ("layout", "mask", "vals", "mems", "checks", "kernel", "live_shared", "fences", "async_copies")
+    __slots__ = ("layout", "mask", "vals", "mems", "checks", "kernel", "live_shared", "fences", "async_copies",
+                 "warpgroup", "mbarriers")
 
     def __init__(self, layout: LaneLayout, n_vars: int, n_mems: int, checks: bool, kernel: str) -> None:
         self.layout = layout
@@ -37,6 +38,10 @@ class LaneState:
         self.fences: np.ndarray | None = None
         # cp.async copies in flight and each lane's committed groups (async_copy.py)
         self.async_copies: Any = None
+        # wgmmas in flight and each lane's committed wgmma groups (warpgroup.py)
+        self.warpgroup: Any = None
+        # mbarrier states and bulk copies in flight (mbarrier.py)
+        self.mbarriers: Any = None
 
     def first_active_lane(self) -> int:
         return 0 if self.mask is None else int(np.argmax(self.mask))
@@ -112,9 +117,22 @@ def async_race(st: LaneState, name: str, idx: Sequence[Any], lane: int) -> RaceE
     lay = st.layout
     err = RaceError(
         f"cp.async race on {_fmt_index(name, index)} in kernel {st.kernel}, block {lay.block_of(lane)}: thread "
-        f"{lay.thread_of(lane)} accesses it while a cp.async copy into it is still in flight; commit the copy's "
-        "group and cp.async.wait_group it (then __syncthreads() if other threads read it) before the access"
+        f"{lay.thread_of(lane)} accesses it while an asynchronous copy into it is still in flight; commit a cp.async "
+        "copy's group and cp.async.wait_group it (then __syncthreads() if other threads read it), or wait on the "
+        "mbarrier a cp.async.bulk copy completes, before the access"
     )
+    _annotate(err, name, index, lay.block_of(lane), lay.thread_of(lane))
+    return err
+
+
+def wgmma_operand_race(st: LaneState, name: str, idx: Sequence[Any], lane: int) -> RaceError:
+    """A write of a shared element that a wgmma still in flight may be reading as A or B."""
+    index = index_at(idx, lane)
+    lay = st.layout
+    err = RaceError(
+        f"wgmma operand race on {_fmt_index(name, index)} in kernel {st.kernel}, block {lay.block_of(lane)}: thread "
+        f"{lay.thread_of(lane)} writes it while a wgmma that reads it is still in flight; wgmma.wait_group that "
+        "wgmma (and __syncthreads()) before refilling its operands")
     _annotate(err, name, index, lay.block_of(lane), lay.thread_of(lane))
     return err
 

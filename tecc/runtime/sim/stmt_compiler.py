@@ -10,6 +10,9 @@ The meaning of each statement under the emulator (see docs/emulator.md):
 - `IfThenElse` with a lane-dependent condition narrows the mask for each branch.
 - `MatrixMultiply` / `MatrixLoad` run warp by warp through their intrinsic-table row (matrix.py);
   `AsyncCopy` / `AsyncCommit` / `AsyncWait` land copies at the wait (async_copy.py).
+- The warpgroup statements (wgmma, its fences) run per warpgroup, their results landing at the
+  wgmma.wait_group (warpgroup.py); mbarriers count phases and land bulk copies at the wait on
+  their barrier (mbarrier.py).
 - `Barrier` is a no-op for values (all lanes of a statement finish before the next starts, so
   `__syncthreads()` holds by construction) and closes a race-detection epoch.
 """
@@ -38,8 +41,21 @@ from ...ir.stmt import (
     MatrixMultiply,
     Seq,
     Stmt,
+    AsyncProxyFence,
+    BarrierArrive,
+    BarrierExpectTx,
+    BarrierInit,
+    BarrierWait,
+    BulkCopy,
+    WarpgroupCommit,
+    WarpgroupFence,
+    WarpgroupMatrixMultiply,
+    WarpgroupWait,
+    SetMaxRegisters,
 )
 from .async_copy import compile_async_stmt
+from .mbarrier import compile_mbarrier_stmt
+from .warpgroup import compile_warpgroup_stmt
 from .expr_compiler import Scope, compile_expr, compile_indices
 from .memory import LocalMemory, SharedMemory, row_major
 from .memory_intrinsics import note_barrier, note_global_store
@@ -75,6 +91,11 @@ def compile_stmt(s: Stmt, scope: Scope) -> Runner:
         return compile_matrix_load(s, scope)
     if isinstance(s, (AsyncCopy, AsyncCommit, AsyncWait)):
         return compile_async_stmt(s, scope)
+    if isinstance(s, (WarpgroupMatrixMultiply, WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence,
+                      SetMaxRegisters)):
+        return compile_warpgroup_stmt(s, scope)
+    if isinstance(s, (BarrierInit, BarrierArrive, BarrierExpectTx, BarrierWait, BulkCopy)):
+        return compile_mbarrier_stmt(s, scope)
     raise TeccError(f"kernel {scope.kernel}: the emulator has no rule for the statement {type(s).__name__}")
 
 

@@ -1,0 +1,129 @@
+"""CUDA C for the Hopper statements: wgmma with shared-memory descriptors, its fences, mbarriers
+and bulk copies, as inline PTX (sm_90a: wgmma needs the architecture-specific target).
+
+- wgmma: each descriptor is built as 64-bit integer arithmetic from the statement's
+  `MatrixDescriptor`: its constant fields (`constant_bits()`, printed as a literal) plus the
+  start-address field, ((shared address of the buffer + 2 * start) & 0x3FFFF) >> 4, the formula
+  of `MatrixDescriptor.encode`. The accumulator registers are "+f" operands (read and written),
+  scale-d becomes a predicate, imm-scale-a/b are 1 and the transpose bits say MN-major operands.
+- Buffers that descriptors address are declared `__align__(1024)` (the emitter asks
+  `descriptor_buffers`), so the hardware's address swizzle is the buffer's layout.
+- wgmma.wait_group is followed by an empty asm per register of its `accumulators`, with the
+  register as a "+f" operand: the C compiler may not move a read of the accumulator above the wait.
+- mbarriers are addressed by their 32-bit shared-window address; the wait is a try_wait.parity
+  loop inside its own `{ }` scope (PTX labels are local to it, so every wait may use the same).
+"""
+
+from __future__ import annotations
+
+from tecc.ir.descriptor import MatrixDescriptor
+from tecc.ir.expr import index_expr
+from tecc.ir.stmt import (
+    AsyncProxyFence,
+    BarrierArrive,
+    BarrierExpectTx,
+    BarrierInit,
+    BarrierRef,
+    BarrierWait,
+    BulkCopy,
+    PrimFunc,
+    SetMaxRegisters,
+    SharedMatrix,
+    WarpgroupCommit,
+    WarpgroupFence,
+    WarpgroupMatrixMultiply,
+    WarpgroupWait,
+    iter_stmts,
+)
+
+from .cuda_expr import ExprEmitter
+from .matrix import _asm, _register, shared_address
+
+
+def descriptor_buffers(func: PrimFunc) -> set[int]:
+    """Ids of the shared buffers a wgmma descriptor addresses (declared 1024-byte aligned)."""
+    return {id(ref.buffer) for s in iter_stmts(func.body) if isinstance(s, WarpgroupMatrixMultiply)
+            for ref in (s.a, s.b)}
+
+
+def descriptor_value(expr: ExprEmitter, ref: SharedMatrix) -> str:
+    """The 64-bit descriptor of `ref` as a C expression (MatrixDescriptor.encode, in C)."""
+    d: MatrixDescriptor = ref.descriptor
+    base = shared_address(expr, ref.buffer, tuple(index_expr(0) for _ in ref.buffer.shape))  # element 0
+    address = f"{base} + {d.element_bytes}u * static_cast<unsigned>({expr.code(ref.start)})"
+    return f"(0x{d.constant_bits():016x}ULL + ((static_cast<unsigned long long>({address}) & 0x3FFFFULL) >> 4))"
+
+
+def warpgroup_multiply(expr: ExprEmitter, s: WarpgroupMatrixMultiply) -> list[str]:
+    row = s.row
+    op = row.operand("d")
+    outputs = [f'"+f"({_register(expr, s.d, op, r)[1]})' for r in range(op.registers)]
+    n = op.registers
+    inputs = [f'"l"({descriptor_value(expr, s.a)})', f'"l"({descriptor_value(expr, s.b)})',
+              f'"r"(static_cast<int>({expr.code(s.scale_d)}))']
+    trans_a = int(s.a.descriptor.major == "MN")
+    trans_b = int(s.b.descriptor.major == "MN")
+    accumulators = "{" + ", ".join(f"%{r}" for r in range(n)) + "}"
+    body = ["{", ".reg .pred scale_d;", f"setp.ne.b32 scale_d, %{n + 2}, 0;",
+            f"{row.ptx} {accumulators}, %{n}, %{n + 1}, scale_d, 1, 1, {trans_a}, {trans_b};", "}"]
+    return _asm(body, outputs, inputs, clobber_memory=True)
+
+
+def warpgroup_fence(expr: ExprEmitter, s: WarpgroupFence) -> list[str]:
+    return ['asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");']
+
+
+def warpgroup_commit(expr: ExprEmitter, s: WarpgroupCommit) -> list[str]:
+    return ['asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");']
+
+
+def warpgroup_wait(expr: ExprEmitter, s: WarpgroupWait, counts: dict[int, int]) -> list[str]:
+    """`counts` gives each accumulator buffer's element count (by buffer id)."""
+    out = [f'asm volatile("wgmma.wait_group.sync.aligned {s.pending};\\n" ::: "memory");']
+    for b in s.accumulators:
+        for i in range(counts[id(b)]):
+            out.append(f'asm volatile("" : "+f"({expr.buffer_ref(b, (index_expr(i),))}) :: "memory");')
+    return out
+
+
+def async_proxy_fence(expr: ExprEmitter, s: AsyncProxyFence) -> list[str]:
+    return ['asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");']
+
+
+def _barrier_address(expr: ExprEmitter, ref: BarrierRef) -> str:
+    return f'"r"({shared_address(expr, ref.buffer, (ref.index,))})'
+
+
+def barrier_init(expr: ExprEmitter, s: BarrierInit) -> list[str]:
+    return _asm(["mbarrier.init.shared::cta.b64 [%0], %1;"], [],
+                [_barrier_address(expr, s.bar), f'"r"(static_cast<unsigned>({expr.code(s.count)}))'], clobber_memory=True)
+
+
+def barrier_arrive(expr: ExprEmitter, s: BarrierArrive) -> list[str]:
+    return _asm(["mbarrier.arrive.shared::cta.b64 _, [%0];"], [], [_barrier_address(expr, s.bar)], clobber_memory=True)
+
+
+def barrier_expect_tx(expr: ExprEmitter, s: BarrierExpectTx) -> list[str]:
+    return _asm(["mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"], [],
+                [_barrier_address(expr, s.bar), f'"r"(static_cast<unsigned>({expr.code(s.bytes)}))'], clobber_memory=True)
+
+
+def barrier_wait(expr: ExprEmitter, s: BarrierWait) -> list[str]:
+    body = ["{", ".reg .pred done;", "TECC_WAIT:", "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;",
+            "@!done bra TECC_WAIT;", "}"]
+    return _asm(body, [], [_barrier_address(expr, s.bar), f'"r"(static_cast<unsigned>({expr.code(s.parity)}))'],
+                clobber_memory=True)
+
+
+def bulk_copy(expr: ExprEmitter, s: BulkCopy) -> list[str]:
+    dst = shared_address(expr, s.dst, s.dst_indices)
+    src = f"&{expr.buffer_ref(s.src, s.src_indices)}"
+    instruction = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+    return _asm([instruction], [], [f'"r"({dst})', f'"l"({src})', f'"n"({s.bytes})', _barrier_address(expr, s.bar)],
+                clobber_memory=True)
+
+
+def set_max_registers(expr: ExprEmitter, s: SetMaxRegisters) -> list[str]:
+    direction = "inc" if s.increase else "dec"
+    return [f'asm volatile("setmaxnreg.{direction}.sync.aligned.u32 {s.count};\\n" ::: "memory");']
+

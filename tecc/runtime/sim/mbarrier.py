@@ -1,0 +1,266 @@
+"""mbarriers and bulk copies under the emulator.
+
+Every mbarrier (one element of an int64 shared buffer, per block) has an expected arrival
+count, the arrivals still missing in the current phase, a transaction count (bytes) and the
+number of phases completed. The statements run in lockstep like all others:
+
+- `BarrierInit` (per active lane; several lanes initializing one barrier must agree) sets the
+  count and clears the rest. Any other use of a barrier nothing initialized is a TeccError.
+- `BarrierArrive` counts one arrival per active lane; `BarrierExpectTx` first adds its bytes to
+  the transaction count. A phase completes when no arrival is missing and no byte is pending:
+  the phase number goes up and the arrivals are re-armed. Arrivals beyond a phase's count go to
+  the next phase.
+- `BulkCopy` reads its source when issued and is *in flight* (the destination's `pending`
+  shadow, as for cp.async: any access to it is a RaceError) until a `BarrierWait` on its
+  barrier; then its bytes land (written by no thread of this epoch: the mbarrier wait is what
+  makes them visible) and complete as many transactions.
+- `BarrierWait(bar, parity)` first lands the bulk copies of that barrier, then needs, in every
+  active lane, the phase of that parity completed (current phase's parity differs). If not:
+  when the whole block is waiting, nothing can ever arrive, and it is a DeadlockError naming
+  the barrier and the phase; when only part of the block waits (warp specialization whose other
+  part comes later in program order) the lockstep emulator cannot run it and says so.
+- At the end of the kernel a bulk copy still in flight is a RaceError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ...ir.errors import DeadlockError, OutOfBoundsError, RaceError, TeccError
+from ...ir.stmt import BarrierArrive, BarrierExpectTx, BarrierInit, BarrierRef, BarrierWait, BulkCopy, Stmt
+from .expr_compiler import Scope, compile_expr, compile_indices
+from .memory import NOT_THIS_EPOCH, SharedMemory, check_bounds, flat_index
+from .state import LaneState
+
+Runner = Callable[[LaneState], None]
+
+
+@dataclass
+class _Barrier:
+    count: int
+    missing: int
+    tx: int = 0
+    phase: int = 0
+
+
+@dataclass
+class _BulkCopy:
+    mem: SharedMemory
+    keys: np.ndarray
+    values: np.ndarray
+    bar_id: int
+    bar_key: int
+    bytes: int
+    where: str
+
+
+@dataclass
+class MbarrierState:
+    """Barriers by (id of their SharedMemory, key in its data) and the bulk copies in flight."""
+
+    barriers: dict[tuple[int, int], _Barrier] = field(default_factory=dict)
+    copies: list[_BulkCopy] = field(default_factory=list)
+
+
+def _state(st: LaneState) -> MbarrierState:
+    if st.mbarriers is None:
+        st.mbarriers = MbarrierState()
+    state: MbarrierState = st.mbarriers
+    return state
+
+
+def _lanes(st: LaneState) -> np.ndarray:
+    return np.arange(st.layout.lanes) if st.mask is None else np.flatnonzero(st.mask)
+
+
+class _Ref:
+    """A compiled BarrierRef: each active lane's barrier key."""
+
+    def __init__(self, ref: BarrierRef, scope: Scope) -> None:
+        self.ref = ref
+        self.slot = scope.buffer_slot(ref.buffer)
+        self.index = compile_expr(ref.index, scope)
+
+    def keys(self, st: LaneState, lanes: np.ndarray) -> tuple[SharedMemory, np.ndarray]:
+        mem: SharedMemory = st.mems[self.slot]
+        idx = (self.index(st),)
+        if st.checks:
+            check_bounds(st, "mbarrier access", "shared", mem.name, mem.shape, idx, (0,))
+        keys = np.broadcast_to(mem.keys_of(flat_index(idx, mem.strides)), (st.layout.lanes,))[lanes]
+        return mem, keys
+
+    def get(self, st: LaneState, mem: SharedMemory, key: int, what: str) -> _Barrier:
+        bar = _state(st).barriers.get((id(mem), key))
+        if bar is None:
+            raise TeccError(f"{what} in kernel {st.kernel}: mbarrier {mem.name}[{key % mem.size}] "
+                            "was never initialized (mbarrier.init, then __syncthreads(), before any use)")
+        return bar
+
+
+def _arrive(bar: _Barrier, arrivals: int, tx: int) -> int:
+    """Count `arrivals` (after adding `tx` bytes); arrivals past a completed phase go to the next.
+    Returns the arrivals that found no phase to count in (all arrived, bytes still pending)."""
+    bar.tx += tx
+    while arrivals and bar.missing:
+        take = min(arrivals, bar.missing)
+        bar.missing -= take
+        arrivals -= take
+        _maybe_complete(bar)
+    return arrivals
+
+
+def _maybe_complete(bar: _Barrier) -> None:
+    if bar.missing == 0 and bar.tx == 0:
+        bar.phase += 1
+        bar.missing = bar.count
+
+
+def compile_mbarrier_stmt(s: Stmt, scope: Scope) -> Runner:
+    if isinstance(s, BulkCopy):
+        return _compile_bulk_copy(s, scope)
+    assert isinstance(s, (BarrierInit, BarrierArrive, BarrierExpectTx, BarrierWait))
+    ref = _Ref(s.bar, scope)
+    if isinstance(s, BarrierInit):
+        fcount = compile_expr(s.count, scope)
+
+        def init(st: LaneState) -> None:
+            lanes = _lanes(st)
+            mem, keys = ref.keys(st, lanes)
+            counts = np.broadcast_to(np.asarray(fcount(st)), (st.layout.lanes,))[lanes]
+            for key in np.unique(keys):
+                values = np.unique(counts[keys == key])
+                if values.size > 1:
+                    raise TeccError(f"mbarrier.init in kernel {st.kernel}: threads initialize barrier {s.bar} with "
+                                    f"different counts {values.tolist()}")
+                _state(st).barriers[(id(mem), int(key))] = _Barrier(int(values[0]), int(values[0]))
+
+        return init
+    if isinstance(s, (BarrierArrive, BarrierExpectTx)):
+        fbytes = compile_expr(s.bytes, scope) if isinstance(s, BarrierExpectTx) else None
+        what = "mbarrier.arrive" + (".expect_tx" if fbytes is not None else "") + f" on {s.bar}"
+
+        def arrive(st: LaneState) -> None:
+            lanes = _lanes(st)
+            mem, keys = ref.keys(st, lanes)
+            nbytes = np.zeros(lanes.size, dtype=np.int64) if fbytes is None else \
+                np.broadcast_to(np.asarray(fbytes(st)), (st.layout.lanes,))[lanes]
+            uniq, counts = np.unique(keys, return_counts=True)
+            for key, arrivals in zip(uniq, counts):
+                bar = ref.get(st, mem, int(key), what)
+                if _arrive(bar, int(arrivals), int(nbytes[keys == key].sum())):
+                    raise TeccError(f"{what} in kernel {st.kernel}: more arrivals than mbarrier.init's count "
+                                    f"({bar.count}) while the phase still waits for {bar.tx} transaction bytes")
+
+        return arrive
+    fparity = compile_expr(s.parity, scope)
+    bar_text = str(s.bar)
+
+    def wait(st: LaneState) -> None:
+        lanes = _lanes(st)
+        mem, keys = ref.keys(st, lanes)
+        parity = np.broadcast_to(np.asarray(fparity(st)), (st.layout.lanes,))[lanes]
+        state = _state(st)
+        for key in np.unique(keys):
+            _land(st, state, mem, int(key))
+        for key in np.unique(keys):
+            bar = ref.get(st, mem, int(key), f"mbarrier wait on {bar_text}")
+            waiting = (keys == key) & (parity == bar.phase % 2)
+            if not waiting.any():
+                continue
+            lane = int(lanes[np.argmax(waiting)])
+            phase = bar.phase
+            missing = f"{bar.missing} of {bar.count} arrivals and {bar.tx} transaction bytes are missing"
+            block = st.layout.lane_block == st.layout.lane_block[lane]
+            active = np.zeros(st.layout.lanes, dtype=bool)
+            active[lanes] = True
+            if active[block].all():
+                raise DeadlockError(
+                    f"mbarrier wait on {bar_text} in kernel {st.kernel}, block {st.layout.block_of(lane)}: every "
+                    f"thread of the block waits for phase {phase} (parity {phase % 2}) to complete, but {missing} and "
+                    "nothing in flight can supply them; the kernel would hang. Check the arrival count of "
+                    "mbarrier.init, the bytes of expect_tx, and the parity waited for")
+            raise TeccError(
+                f"mbarrier wait on {bar_text} in kernel {st.kernel} at {st.layout.where(lane)}: phase {phase} is not "
+                f"complete ({missing}) while only part of the block waits; the emulator runs the threads in "
+                "lockstep in program order, so the arrivals must come before the wait in the program text")
+
+    return wait
+
+
+def _land(st: LaneState, state: MbarrierState, bar_mem: SharedMemory, key: int) -> None:
+    """Land the bulk copies in flight that complete on barrier `key` of `bar_mem`."""
+    kept: list[_BulkCopy] = []
+    for c in state.copies:
+        if c.bar_id != id(bar_mem) or c.bar_key != key:
+            kept.append(c)
+            continue
+        c.mem.data[c.keys] = c.values
+        assert c.mem.pending is not None
+        np.add.at(c.mem.pending, c.keys, -1)
+        if st.checks:
+            c.mem.writer[c.keys] = NOT_THIS_EPOCH
+        bar = state.barriers[(id(bar_mem), key)]
+        bar.tx -= c.bytes
+        _maybe_complete(bar)
+    state.copies = kept
+
+
+def _compile_bulk_copy(s: BulkCopy, scope: Scope) -> Runner:
+    ref = _Ref(s.bar, scope)
+    dst_slot, src_slot = scope.buffer_slot(s.dst), scope.buffer_slot(s.src)
+    fdst, fsrc = compile_indices(s.dst_indices, scope), compile_indices(s.src_indices, scope)
+    n = s.elements
+    where = f"cp.async.bulk {s.src.name} -> {s.dst.name}"
+
+    def run(st: LaneState) -> None:
+        lanes = _lanes(st)
+        dst, src = st.mems[dst_slot], st.mems[src_slot]
+        bar_mem, bar_keys = ref.keys(st, lanes)
+        didx, sidx = fdst(st), fsrc(st)
+        if st.checks:
+            check_bounds(st, "cp.async.bulk store", "shared", dst.name, dst.shape, didx, tuple(range(len(didx))))
+        start_src = np.broadcast_to(np.asarray(flat_index(sidx, src.strides)), (st.layout.lanes,))[lanes]
+        start_dst = np.broadcast_to(dst.keys_of(flat_index(didx, dst.strides)), (st.layout.lanes,))[lanes]
+        elem = dst.dtype.bytes
+        if st.checks:
+            physical = start_dst - dst.base[lanes]
+            if ((physical * elem) % 16).any() or ((start_src * elem) % 16).any():
+                raise TeccError(f"{where} in kernel {st.kernel}: both addresses must be 16-byte aligned")
+            if (physical + n > dst.size).any() or (start_src < 0).any() or (start_src + n > src.flat.size).any():
+                raise OutOfBoundsError(f"{where} in kernel {st.kernel}: the {s.bytes} bytes copied leave the source "
+                                       "or the destination")
+        state = _state(st)
+        for i, lane in enumerate(lanes):
+            keys = start_dst[i] + np.arange(n)
+            if st.checks:
+                if dst.wgmma_reading is not None and (dst.wgmma_reading[keys] > 0).any():
+                    raise RaceError(f"{where} in kernel {st.kernel} at {st.layout.where(int(lane))}: overwrites the "
+                                    "operand of a wgmma still in flight; wgmma.wait_group it first")
+                if dst.pending is not None and (dst.pending[keys] > 0).any():
+                    raise RaceError(f"{where} in kernel {st.kernel} at {st.layout.where(int(lane))}: writes shared "
+                                    "memory another asynchronous copy is still writing")
+                w = dst.writer[keys]
+                if (w >= 0).any():
+                    raise RaceError(f"{where} in kernel {st.kernel} at {st.layout.where(int(lane))}: overwrites what "
+                                    "threads stored since the last barrier")
+            values = src.flat[start_src[i] + np.arange(n)].copy()
+            if dst.pending is None:
+                dst.pending = np.zeros(dst.data.size, dtype=np.int32)
+            dst.pending[keys] += 1
+            state.copies.append(_BulkCopy(dst, keys, values, id(bar_mem), int(bar_keys[i]), s.bytes, where))
+
+    return run
+
+
+def finish_mbarriers(st: LaneState) -> None:
+    """RaceError if a bulk copy of this chunk never landed (no wait on its barrier)."""
+    state = st.mbarriers
+    if state is None or not state.copies:
+        return
+    c = state.copies[0]
+    raise RaceError(f"{c.where} in kernel {st.kernel}: the copy is still in flight when the kernel ends (no mbarrier "
+                    "wait on the barrier it completes); its data would land at an unknown time")
+
