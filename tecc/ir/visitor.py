@@ -151,6 +151,21 @@ class VarSubstituter(ExprMutator):
         return self.mapping.get(v, v)
 
 
+class SubexpressionReplacer(ExprMutator):
+    """Replaces whole subexpressions, found by identity (expressions are hash-consed, so "the same
+    expression" is one node), with the given expressions; what is replaced is not visited again."""
+
+    def __init__(self, mapping: Mapping[Expr, Expr]) -> None:
+        super().__init__()
+        self._by_id = {id(e): (e, v) for e, v in mapping.items()}
+
+    def visit(self, e: Expr) -> Expr:
+        hit = self._by_id.get(id(e))
+        if hit is not None and hit[0] is e:
+            return hit[1]
+        return super().visit(e)
+
+
 class StmtVisitor:
     """Walks statements (and, through `visit_expr`, the expressions in them)."""
 

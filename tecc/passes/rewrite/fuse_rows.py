@@ -72,7 +72,7 @@ from ...ir.stmt import (
     seq,
 )
 from ...ir.tensor import ComputeOp, Tensor
-from ...ir.visitor import ExprMutator
+from ...ir.visitor import ExprMutator, SubexpressionReplacer
 from ..lower import (
     COMBINE,
     Program,
@@ -408,9 +408,9 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         assert isinstance(op, ComputeOp)
         # a value computed here for a later pass is stored in its register as it is computed
         mine = {e: buf for e, buf in shared.items() if _first_pass(passes, e) == i}
-        used = _Replace({e: buf[slot] for e, buf in shared.items() if e not in mine})
+        used = SubexpressionReplacer({e: buf[slot] for e, buf in shared.items() if e not in mine})
         keep = [BufferStore(buf, (slot,), used.visit(e)) for e, buf in mine.items()]
-        expr = _Replace({e: buf[slot] for e, buf in shared.items()}).visit(expr) if mine else used.visit(expr)
+        expr = SubexpressionReplacer({e: buf[slot] for e, buf in shared.items()}).visit(expr) if mine else used.visit(expr)
         touched.append({id(n.buffer) for s in keep for n in walk(s.value) if isinstance(n, BufferLoad)}
                        | {id(n.buffer) for n in walk(expr) if isinstance(n, BufferLoad)}
                        | {id(buf) for buf in mine.values()})
@@ -525,20 +525,6 @@ def _shared_column_values(passes: Sequence[tuple[Tensor, Expr, Reduce | None]], 
 
 def _contains(outer: Expr, inner: Expr) -> bool:
     return any(n is inner for n in walk(outer))
-
-
-class _Replace(ExprMutator):
-    """Replaces whole subexpressions (by identity) with the given expressions."""
-
-    def __init__(self, mapping: dict[Expr, Expr]) -> None:
-        super().__init__()
-        self.mapping = {id(e): (e, v) for e, v in mapping.items()}
-
-    def visit(self, e: Expr) -> Expr:
-        hit = self.mapping.get(id(e))
-        if hit is not None and hit[0] is e:
-            return hit[1]
-        return super().visit(e)
 
 
 def _row_spans(touched: Sequence[set[int]], arrays: Sequence[Buffer],

@@ -83,7 +83,7 @@ from ...ir.stmt import (
     seq,
 )
 from ...ir.tensor import ComputeOp, Tensor
-from ...ir.visitor import ExprMutator
+from ...ir.visitor import ExprMutator, SubexpressionReplacer
 from ..lower import COMBINE, Program, collect_program, exprs_of, global_buffers, scalar_vars, signature
 from ..names import identifier
 from .online_stats import rescale
@@ -387,7 +387,7 @@ def online_contraction(args: Sequence[Tensor], threads: int = 32, rows_per_block
     alpha = rescale(m_run[zero], m_new[zero])  # exp(m_old - m_new), 1 while both are -inf
 
     # exp(s - m) at the running max; a -inf score (masked, or past the keys) contributes 0
-    weight = _Replace({chain.score: s_at, chain.m_value: running_m}).visit(chain.weight)
+    weight = SubexpressionReplacer({chain.score: s_at, chain.m_value: running_m}).visit(chain.weight)
     weight = select(compare("==", s_at, ident), Const(0, weight.dtype), weight)
     p = Var(unique("p"), weight.dtype, "value")
     j_key = tile * T + jj
@@ -419,10 +419,10 @@ def online_contraction(args: Sequence[Tensor], threads: int = 32, rows_per_block
     final: dict[Expr, Expr] = {chain.m_value: cast(m_run[zero], chain.m.dtype), chain.l_value: cast(l_run[zero], chain.l.dtype)}
     finish: list[Stmt] = []
     for t, row_value in chain.row_outputs:
-        st, val = lower.value(_Replace(final).visit(substitute(row_value, at_row)))
+        st, val = lower.value(SubexpressionReplacer(final).visit(substitute(row_value, at_row)))
         finish.append(IfThenElse(compare("==", tx, zero), seq(*st, BufferStore(buffers[t], row_idx,
                                                                               cast(val, t.dtype)))))
-    out_body = _Replace({**final, chain.contraction: cast(acc[kk], chain.contraction.dtype)}).visit(chain.output_body)
+    out_body = SubexpressionReplacer({**final, chain.contraction: cast(acc[kk], chain.contraction.dtype)}).visit(chain.output_body)
     st, val = lower.value(substitute(out_body, {**at_row, chain.column: col}))
     out = buffers[chain.output]
     finish.append(For(kk, 0, K, "unroll", IfThenElse(compare("<", col, chain.columns), seq(
@@ -464,20 +464,6 @@ def _contraction_term(chain: OnlineChain, p: Var, v: Expr) -> Expr:
     if a is chain.weight or (isinstance(a, Cast) and a.a is chain.weight):
         return binary("*", cast(p, a.dtype), v)
     return binary("*", v, cast(p, b.dtype))
-
-
-class _Replace(ExprMutator):
-    """Replaces whole subexpressions (by identity)."""
-
-    def __init__(self, mapping: dict[Expr, Expr]) -> None:
-        super().__init__()
-        self.mapping = {id(e): (e, v) for e, v in mapping.items()}
-
-    def visit(self, e: Expr) -> Expr:
-        hit = self.mapping.get(id(e))
-        if hit is not None and hit[0] is e:
-            return hit[1]
-        return super().visit(e)
 
 
 __all__ = ["OnlineChain", "online_chain", "online_contraction"]

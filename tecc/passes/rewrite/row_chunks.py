@@ -33,21 +33,7 @@ from typing import Callable, Sequence
 from ...ir import dtype as dt
 from ...ir.expr import BufferLoad, Const, Expr, Var, const_int, substitute, walk
 from ...ir.stmt import Buffer, BufferStore, For, IfThenElse, Stmt, seq
-from ...ir.visitor import ExprMutator
-
-
-class _Replace(ExprMutator):
-    """Replaces whole subexpressions (by identity) with the given expressions."""
-
-    def __init__(self, mapping: dict[int, tuple[Expr, Expr]]) -> None:
-        super().__init__()
-        self.mapping = mapping
-
-    def visit(self, e: Expr) -> Expr:
-        hit = self.mapping.get(id(e))
-        if hit is not None and hit[0] is e:
-            return hit[1]
-        return super().visit(e)
+from ...ir.visitor import SubexpressionReplacer
 
 
 @dataclass
@@ -73,7 +59,7 @@ class Chunk:
     def value(self, e: Expr) -> Expr:
         """`e` (an expression of the column variable) at element (u, v): staged loads read the
         chunk registers, the column variable is the element's column."""
-        staged = _Replace({k: (load, buf[self.slot]) for k, (load, buf) in self.registers.items()})
+        staged = SubexpressionReplacer({load: buf[self.slot] for load, buf in self.registers.values()})
         return substitute(staged.visit(e), {self.col: self.column})
 
     def each(self, body: Stmt, vectorized: bool = False) -> Stmt:
