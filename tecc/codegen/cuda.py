@@ -187,21 +187,6 @@ DYNAMIC_SHARED = "tecc_dynamic_smem"
 _SHARED_ALIGN = 128
 
 
-def shared_offsets(func: PrimFunc) -> dict[int, int] | None:
-    """Byte offsets (by buffer id) of the kernel's shared buffers in one dynamic allocation, or
-    None when they fit in static shared memory (48 KiB), which is then used as before."""
-    offsets: dict[int, int] = {}
-    total = 0
-    for s in iter_stmts(func.body):
-        if isinstance(s, Allocate) and s.buffer.scope == "shared" and id(s.buffer) not in offsets:
-            count = 1
-            for extent in s.buffer.shape:
-                count *= const_int(extent) or 0
-            offsets[id(s.buffer)] = total
-            total += -(-count * s.buffer.dtype.bytes // _SHARED_ALIGN) * _SHARED_ALIGN
-    return offsets if total > STATIC_SHARED_LIMIT else None
-
-
 def _count(buffer: Buffer) -> int:
     """Elements of an allocated buffer (its shape is constant)."""
     count = 1
@@ -210,19 +195,31 @@ def _count(buffer: Buffer) -> int:
     return count
 
 
+def _shared_layout(func: PrimFunc) -> tuple[dict[int, int], int, int]:
+    """The kernel's shared buffers packed into one allocation: byte offsets (by buffer id; each
+    start 128-byte aligned), the padded total, and where the last buffer ends."""
+    offsets: dict[int, int] = {}
+    total = end = 0
+    for s in iter_stmts(func.body):
+        if isinstance(s, Allocate) and s.buffer.scope == "shared" and id(s.buffer) not in offsets:
+            nbytes = _count(s.buffer) * s.buffer.dtype.bytes
+            offsets[id(s.buffer)] = total
+            end = total + nbytes
+            total += -(-nbytes // _SHARED_ALIGN) * _SHARED_ALIGN
+    return offsets, total, end
+
+
+def shared_offsets(func: PrimFunc) -> dict[int, int] | None:
+    """Byte offsets (by buffer id) of the kernel's shared buffers in one dynamic allocation, or
+    None when they fit in static shared memory (48 KiB), which is then used as before."""
+    offsets, total, _ = _shared_layout(func)
+    return offsets if total > STATIC_SHARED_LIMIT else None
+
+
 def dynamic_shared_bytes(func: PrimFunc) -> int:
     """Bytes of dynamic shared memory a launch of `func` needs (0: its shared buffers are static)."""
-    offsets = shared_offsets(func)
-    if offsets is None:
-        return 0
-    total = 0
-    for s in iter_stmts(func.body):
-        if isinstance(s, Allocate) and id(s.buffer) in offsets:
-            count = 1
-            for extent in s.buffer.shape:
-                count *= const_int(extent) or 0
-            total = max(total, offsets[id(s.buffer)] + count * s.buffer.dtype.bytes)
-    return total
+    _, total, end = _shared_layout(func)
+    return end if total > STATIC_SHARED_LIMIT else 0
 
 
 class KernelEmitter:

@@ -73,14 +73,14 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
     if target not in TARGETS:
         raise TeccError(f"build(): unknown target {target!r}; use one of {TARGETS}")
     timing = PassTiming()
-    if not isinstance(args, Schedule):
-        _check_arguments([args] if isinstance(args, Tensor) else list(args), sizes)
-    dumper = open_dumps(args, name, dump_ir, dump_filter)
     if isinstance(args, Schedule):
+        dumper = open_dumps(args, name, dump_ir, dump_filter)
         module = schedule_module(args, args.plan, name=name, dumper=dumper, timing=timing)
         return compile_module(module, args.plan, target, arch=arch, options=options, dumper=dumper, timing=timing)
 
     tensors = [args] if isinstance(args, Tensor) else list(args)
+    _check_arguments(tensors, sizes)
+    dumper = open_dumps(tensors, name, dump_ir, dump_filter)
     plan_arch = arch or knobs.default_arch_override()
     candidates: list[Candidate]
     key: str | None = None

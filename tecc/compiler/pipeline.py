@@ -163,7 +163,3 @@ def module_name(tensors: Sequence[Tensor], name: str | None) -> str:
     computed = [t for t in tensors if not t.is_placeholder]
     return identifier(name or (computed[-1].name if computed else "module"))
 
-
-def lower_only(args: Sequence[Tensor], name: str | None = None) -> Module:
-    """The naive loop IR of a program (what `00_lower.txt` shows)."""
-    return lower(list(args), name)

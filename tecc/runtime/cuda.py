@@ -205,7 +205,7 @@ class CudaExecutor:
     `cuda_stream` handle) or a raw CUstream handle as int. Default (None): the caller's stream --
     a call whose device arrays are all torch tensors launches on torch's current stream (nothing
     to wait for, and capturable in a CUDA graph; its temporaries then come from torch's caching
-    allocator per call), any other call on the device's default stream.
+    allocator, kept per stream, per call under capture), any other call on the device's default stream.
     debug_sync: synchronize after every launch, so an asynchronous fault is reported as a
     LaunchError that names the kernel and its launch configuration.
     alignment: the base alignment in bytes required of device arrays' data pointers (default
@@ -334,6 +334,9 @@ class CudaExecutor:
                 stream = Stream.from_handle(handle)
             if len(self._followed) >= FOLLOWED_STREAMS:
                 self._followed.clear()
+                # and their kept temporaries: freed to torch on the stream that used them, which
+                # reuses them only for work ordered after them there
+                self._stream_temps.clear()
             self._followed[handle] = stream
         self.stream, self._stream_ptr = stream, handle
 
@@ -388,7 +391,7 @@ class CudaExecutor:
             producers = producers[1:]
         for current_stream in producers:
             self._wait_for_stream(current_stream(self._device_ordinal))
-        owners: list[Any] = []  # per-call temporaries, alive until their launches are queued
+        owners: list[Any] = []  # the temporaries' owners, alive until their launches are queued
         if cached.temps:
             ptrs = list(ptrs)
             like = args[cached.temps_like]
@@ -443,8 +446,8 @@ class CudaExecutor:
     def _call_checked(self, args: tuple[Any, ...]) -> tuple[list[Argument], list[tuple[Any, ...]], Any] | None:
         """The full path: describe, bind and check every argument, stage host arrays, launch.
         Returns the device arguments, the launches made (kernel, grid, block, parameters) and
-        the per-call temporaries (None, or the followed argument's position and each
-        temporary's name, bytes and zero_init) for the launch cache, or None when the call had
+        the temporaries taken from the followed tensor's allocator (None, or the followed
+        argument's position and each temporary's name, bytes and zero_init) for the launch cache, or None when the call had
         host arrays."""
         self.device.set_current()
         like = self._followed_producer(args)
@@ -495,7 +498,7 @@ class CudaExecutor:
                 producer_streams.append(current_stream)
         from cuda.core import LaunchConfig
 
-        temp_slot = {}  # per-call temporaries: name -> its pointer's index after the arguments'
+        temp_slot = {}  # followed-stream temporaries: name -> its pointer's index after the arguments'
         if per_call_temps is not None:
             temp_slot = {name: self._arity + t for t, (name, _, _) in enumerate(per_call_temps[1])}
         launches = []
@@ -587,10 +590,10 @@ class CudaExecutor:
         return pointers
 
     def _allocate_temps_like(self, env: dict[Var, int], like: Any) -> tuple[dict[str, int], list[Any], tuple[tuple[str, int, bool], ...]]:
-        """The temporaries of one call, from the allocator of the torch tensor `like` on its
-        current stream (the followed one): their pointers, their owners (keep them until the
-        launches are queued) and each one's (name, bytes, zero_init). Under CUDA-graph capture
-        they come from the graph's pool, so replays find them where the capture put them."""
+        """The temporaries of a call on the followed stream of the torch tensor `like`, from its
+        allocator (arrays.stream_temporary: kept per stream, per call under CUDA-graph capture,
+        so replays find them where the capture put them): their pointers, their owners (keep them
+        until the launches are queued) and each one's (name, bytes, zero_init)."""
         pointers: dict[str, int] = {}
         owners: list[Any] = []
         sizes = []

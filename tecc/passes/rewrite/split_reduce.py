@@ -120,6 +120,7 @@ from ..lower import (
 )
 from ..names import identifier
 
+
 def reduction_over_one_axis(args: Sequence[Tensor]) -> tuple[Tensor, Reduce]:
     """The one reduction stage of the program `args` and its Reduce, or ScheduleError: one
     reduced axis and an output of rank >= 1 (a full reduction is split_rows' business)."""

@@ -65,7 +65,7 @@ from typing import Callable, Sequence
 
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
-from ...ir.expr import Binary, BufferLoad, Cast, Const, Expr, Var, const_int, select, substitute
+from ...ir.expr import Binary, BufferLoad, Cast, Const, Expr, Var, const_int, select, size_product, substitute
 from ...ir.intrinsics import lookup
 from ...ir.layout import Swizzle
 from ...ir.stmt import (
@@ -377,10 +377,7 @@ class _Emitter:
         body = For(self.bx, _int(0), _ceil_div(c.n, t.bn), "blockIdx.x", body)
         body = For(self.by, _int(0), _ceil_div(c.m, t.bm), "blockIdx.y", body)
         if c.batch:
-            total: Expr = c.batch[0][1]
-            for _, ext in c.batch[1:]:
-                total = total * ext
-            body = For(self.bz, _int(0), total, "blockIdx.z", body)
+            body = For(self.bz, _int(0), size_product([ext for _, ext in c.batch]), "blockIdx.z", body)
         what = f"{self.row} block {t.bm}x{t.bn} warps {t.warps_m}x{t.warps_n} k_tile {t.bk} stages {t.stages}"
         return PrimFunc(self.func.name, self.func.params, body, self.func.attrs + (("tensorize", what),))
 
