@@ -1,7 +1,13 @@
 """gemm_tensor_core: float16/bfloat16 contractions on tensor cores through the `tensorize` primitive.
 
 Serves C[b.., i, j] = epilogue(Σ_k A · B) with A, B float16 or bfloat16 (the same dtype) on
-sm_80 and later: one Plan step, `tensorize(stage, block, warps, k_tile, stages)`
+sm_80 and later, and every contraction that is such a GEMM once its axes are grouped (an
+implicit GEMM: a convolution written as a tensor expression, docs/conv.md): the rows are the
+output axes that index only the first operand, the columns those that index only the second, K
+all reduction axes (`gemm_view`, mirroring tecc/passes/schedule/implicit_gemm.py, which makes the
+final decision when the step is applied: a point it refuses is passed over). A stage where no
+output axis indexes only one operand (a depthwise convolution) is declined: a memory-bound
+stencil, left to the SIMT strategies. One Plan step, one Plan step, `tensorize(stage, block, warps, k_tile, stages)`
 (tecc/passes/schedule/tensorize.py builds the kernel: mma.m16n8k16 with float32 accumulators,
 a ring of cp.async stages in swizzled shared memory, ldmatrix, the stage's epilogue).
 
@@ -31,17 +37,17 @@ Workload for the cost model:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import product
 from typing import Any, Iterable
 
 from ...ir.dtype import int32
 from ...ir.expr import Const
 from ...ir.target import Target
-from ...passes.schedule.tensorize import copy_elements
-from ..cost.analysis import KernelInfo
+from ...passes.schedule.implicit_gemm import gemm_order, layout_of
+from ..cost.analysis import Access, KernelInfo
 from ..cost.model import Workload
 from ..cost.traffic import dram_from_l2
-from .gemm import operands
 from .registry import Point, Strategy, register
 
 BLOCKS = (64, 128, 256)
@@ -91,12 +97,66 @@ def tile_registers(bm: int, bn: int, wm: int, wn: int, bk: int, sizes: tuple[int
     return parts
 
 
-def copy_sizes(info: KernelInfo) -> tuple[int, int]:
-    """Halves per cp.async copy tensorize will use for A and B (tensorize.copy_elements of the
-    operand's contiguous extent): 8, 4, 2, or 0 for element loads (odd K for A[i, k])."""
-    pair = operands(info)
-    assert pair is not None
-    return copy_elements(Const(pair[0].dims[-1], int32)), copy_elements(Const(pair[1].dims[-1], int32))
+@dataclass(frozen=True)
+class GemmView:
+    """The stage as a GEMM: batch × (M × K) · (K × N), and the halves per cp.async copy of A and B
+    (0: element loads) in the orientation tensorize will choose (implicit_gemm.gemm_order)."""
+
+    a: Access
+    b: Access
+    batch: int
+    m: int
+    n: int
+    k: int
+    copies: tuple[int, int]
+
+
+def gemm_view(info: KernelInfo) -> GemmView | str:
+    """The GEMM view of a contraction (module docstring), or why there is none."""
+    reduce_vars = {v for v, _ in info.reduction}
+    under = [x for x in info.reads if reduce_vars & set().union(*x.index_vars)]
+    if len(under) != 2:
+        return f"needs two operands read under the reduction, found {len(under)}"
+    inner = info.spatial[-1][0]
+    reads = [set().union(*x.index_vars) for x in under]
+    if (inner in reads[0]) == (inner in reads[1]):
+        return f"the output's innermost axis {inner} must index exactly one operand"
+    a, b = (under[1], under[0]) if inner in reads[0] else (under[0], under[1])
+    in_a, in_b = set().union(*a.index_vars), set().union(*b.index_vars)
+    # an axis a read only through a non-affine index (f // group of a grouped convolution's
+    # activations) that indexes B plainly is a column axis split by groups (tensorize splits it)
+    plain_a = set().union(*(vs for vs, d in zip(a.index_vars, a.per_dim or (None,) * len(a.index_vars))
+                            if d is not None))
+    extents = dict(info.spatial) | dict(info.reduction)
+    batch, rows, cols = 1, [], []
+    for v, e in info.spatial:
+        if v in in_a and v in in_b and v in plain_a:
+            batch *= e
+        elif v in in_a and v not in in_b:
+            rows.append(v)
+        elif v in in_b:
+            cols.append(v)
+        else:
+            return f"output axis {v} indexes neither operand"
+    if any(v not in in_a or v not in in_b for v in reduce_vars):
+        return "every reduction axis must index both operands"
+    if not rows or not cols:
+        return ("no output axis indexes only " + ("the first" if not rows else "the second") + " operand: a batched "
+                "dot product or stencil (a depthwise convolution is one), memory-bound; the SIMT strategies serve it")
+    layouts = []
+    for x in (a, b):
+        if x.per_dim and all(d is not None for d in x.per_dim):
+            layouts.append(layout_of([(dict(d.coeff), d.const) for d in x.per_dim if d is not None], list(x.dims)))
+        else:
+            layouts.append(layout_of([], []))  # no copy provable
+    *_, a_copy, b_copy = gemm_order(rows, cols, [v for v, _ in info.reduction], layouts[0], layouts[1],
+                                    {v: int(e) for v, e in extents.items()})
+    m = n = 1
+    for v in rows:
+        m *= extents[v]
+    for v in cols:
+        n *= extents[v]
+    return GemmView(a, b, batch, m, n, info.reduce_extent, (a_copy, b_copy))
 
 
 class GemmTensorCore(Strategy):
@@ -110,23 +170,22 @@ class GemmTensorCore(Strategy):
             return f"not a contraction (kind {info.kind})"
         if target.sm < 80:
             return f"{target.arch} has no mma.m16n8k16 with float32 accumulators (needs sm_80 or later)"
-        if len(info.spatial) < 2 or len(info.reduction) != 1:
-            return "needs at least two spatial axes and one reduction axis"
-        pair = operands(info)
-        if pair is None:
-            return "needs one read indexed by (i, k) and one by (k, j)"
+        if len(info.spatial) < 2 or not info.reduction:
+            return "needs at least two spatial axes and a reduction axis"
+        view = gemm_view(info)
+        if isinstance(view, str):
+            return view
+        pair = (view.a, view.b)
         if any(x.dtype not in ("float16", "bfloat16") for x in pair):
             return "float16 or bfloat16 operands only"
         if pair[0].dtype != pair[1].dtype:
             return f"mixed operand dtypes ({pair[0].dtype}, {pair[1].dtype}): mma takes two of one 16-bit type"
-        batch = len(info.spatial) - 2
-        for x in pair + (info.write,):
-            if len(x.index_vars) != batch + 2 or any(len(v) != 1 for v in x.index_vars):
-                return f"operand {x.buffer}: every index must be one axis, batch axes first"
         return None
 
     def space(self, info: KernelInfo, target: Target) -> Iterable[Point]:
-        (_, m), (_, n) = info.spatial[-2:]
+        view = gemm_view(info)
+        assert not isinstance(view, str)
+        m, n = view.m, view.n
         for bm, bn, (wm, wn), bk, stages in product(BLOCKS, BLOCKS, WARP_GRIDS, BKS, STAGES):
             if (bm >= 2 * m and bm > BLOCKS[0]) or (bn >= 2 * n and bn > BLOCKS[0]):
                 continue  # a tile twice the matrix leaves half its warps idle
@@ -140,11 +199,9 @@ class GemmTensorCore(Strategy):
     def workload(self, info: KernelInfo, point: Point, target: Target) -> Workload:
         bm, bn, bk, stages = (int(point[x]) for x in ("bm", "bn", "bk", "stages"))
         wm, wn = int(point["warps_m"]), int(point["warps_n"])
-        batch = 1
-        for _, e in info.spatial[:-2]:
-            batch *= e
-        (_, m), (_, n) = info.spatial[-2:]
-        k = info.reduction[0][1]
+        view = gemm_view(info)
+        assert not isinstance(view, str)
+        batch, m, n, k = view.batch, view.m, view.n, view.k
         threads = 32 * wm * wn
         tm, tn = bm // wm // 16, bn // wn // 8
         row_tiles, col_tiles, k_tiles = _ceil(m, bm), _ceil(n, bn), _ceil(max(k, 1), bk)
@@ -154,7 +211,7 @@ class GemmTensorCore(Strategy):
         a_bytes, b_bytes = 2.0 * m * k * batch, 2.0 * k * n * batch
         out_bytes = float(m * n * batch * info.write.itemsize)
         l2 = a_bytes * col_tiles + b_bytes * row_tiles + out_bytes
-        sizes = copy_sizes(info)
+        sizes = view.copies
         copies = sum(tile // size // threads for tile, size in ((bm * bk, sizes[0]), (bn * bk, sizes[1])) if size)
         staged = sum(tile // threads for tile, size in ((bm * bk, sizes[0]), (bn * bk, sizes[1])) if not size)
         ldmatrix = warps * k16 * (tm + tn // 2)

@@ -61,11 +61,11 @@ this file would then keep the matching, the fragment loads, the mma and the epil
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
 
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
-from ...ir.expr import Binary, BufferLoad, Cast, Const, Expr, Var, const_int, select, size_product, substitute
+from ...ir.expr import BufferLoad, Const, Expr, Var, const_int, select, size_product, substitute
 from ...ir.intrinsics import lookup
 from ...ir.layout import Swizzle
 from ...ir.stmt import (
@@ -82,152 +82,14 @@ from ...ir.stmt import (
     MatrixLoad,
     MatrixMultiply,
     PrimFunc,
-    Seq,
     Stmt,
     seq,
 )
 from ...ir.visitor import ExprMutator
+from .implicit_gemm import Contraction, Operand, match_contraction, unflatten
 
 INTRINSICS = {"float16": "mma.m16n8k16.f32.f16", "bfloat16": "mma.m16n8k16.f32.bf16"}
 CHUNK = 8  # halves per 16-byte cp.async copy and per ldmatrix row
-
-
-def copy_elements(contiguous_extent: Expr) -> int:
-    """Halves per cp.async copy of an operand whose rows have `contiguous_extent` elements: 8
-    (16 bytes), 4 or 2 when the extent is a constant multiple of it (every copy then lies wholly
-    inside or outside the matrix, and every row starts aligned to the copy), 0 when none is
-    provable (odd or symbolic: element loads)."""
-    last = const_int(contiguous_extent)
-    if last is None:
-        return 0
-    return next((n for n in (8, 4, 2) if last % n == 0), 0)
-
-
-@dataclass(frozen=True)
-class Operand:
-    """One multiplicand: its buffer, its batch indices, and which of its two trailing indices is
-    the reduction axis. `k_last`: contiguous along k (A[i, k], B[j, k])."""
-
-    role: str            # "A" (rows) or "B" (columns)
-    buffer: Buffer
-    k_last: bool
-
-
-@dataclass(frozen=True)
-class Contraction:
-    """The matched stage: C[b.., i, j] = epilogue(Σ_k A · B)."""
-
-    batch: tuple[tuple[Var, Expr], ...]   # (loop variable, extent), outermost first
-    i: Var
-    m: Expr
-    j: Var
-    n: Expr
-    k: Var
-    kext: Expr
-    a: Operand
-    b: Operand
-    acc: Buffer                            # the lowered accumulator (float32[1], local)
-    store: BufferStore                     # C[b.., i, j] = epilogue(acc[0])
-
-
-# ---- matching -----------------------------------------------------------------------------------
-
-def match_contraction(func: PrimFunc, stage: str) -> Contraction:
-    """The contraction computed by `func` for `stage`, or a ScheduleError naming what differs."""
-    where = f"tensorize({stage})"
-    loops: list[For] = []
-    node: Stmt = func.body
-    while isinstance(node, For):
-        if node.kind != "serial":
-            raise ScheduleError(f"{where}: loop {node.var.name} is already {node.kind}; tensorize must be the "
-                                "first primitive applied to the stage's kernel")
-        loops.append(node)
-        node = node.body
-    if not isinstance(node, Allocate) or len(loops) < 2:
-        raise ScheduleError(f"{where}: expected the lowered loop nest (spatial loops, then the accumulator) of a "
-                            "stage with at least two spatial axes and one reduction")
-    acc = node.buffer
-    body = node.body
-    if not isinstance(body, Seq) or len(body.stmts) != 3:
-        raise ScheduleError(f"{where}: expected init, one reduction loop and the store under the accumulator "
-                            f"{acc.name} (a stage with one Reduce)")
-    init, kloop, store = body.stmts
-    if acc.dtype != dt.float32:
-        raise ScheduleError(f"{where}: the accumulator {acc.name} is {acc.dtype}; tensor cores accumulate in float32 "
-                            "(use float16/bfloat16 operands and a float16/bfloat16/float32 result)")
-    if not (isinstance(init, BufferStore) and init.buffer is acc and isinstance(init.value, Const)
-            and float(init.value.value) == 0.0):
-        raise ScheduleError(f"{where}: the reduction must be a sum starting at 0 (tc.sum)")
-    if not isinstance(kloop, For) or not isinstance(kloop.body, BufferStore) or kloop.body.buffer is not acc:
-        raise ScheduleError(f"{where}: expected one reduction axis whose loop updates {acc.name} and nothing else")
-    if not isinstance(store, BufferStore) or store.buffer.scope != "global":
-        raise ScheduleError(f"{where}: expected the store of the stage to a global buffer after the reduction")
-    if const_int(kloop.min) != 0 or any(const_int(lp.min) != 0 for lp in loops):
-        raise ScheduleError(f"{where}: every axis must start at 0")
-    update = kloop.body.value
-    if not (isinstance(update, Binary) and update.op == "+" and isinstance(update.a, BufferLoad)
-            and update.a.buffer is acc):
-        raise ScheduleError(f"{where}: the reduction must be a sum (acc = acc + term), got {update}")
-    x, y = _multiplicands(where, update.b)
-    spatial = [lp.var for lp in loops]
-    i, j, k = spatial[-2], spatial[-1], kloop.var
-    batch = spatial[:-2]
-    if not _same_vars(store.indices, spatial):
-        raise ScheduleError(f"{where}: the output {store.buffer.name} must be indexed by exactly its loop axes "
-                            f"({', '.join(v.name for v in spatial)}), got [{', '.join(map(str, store.indices))}]; "
-                            "the kernel must be as lowered (tensorize is the first primitive applied to it)")
-    ops: dict[str, Operand] = {}
-    for load in (x, y):
-        names = [ix.name if isinstance(ix, Var) else None for ix in load.indices]
-        if None in names:
-            raise ScheduleError(f"{where}: operand {load.buffer.name} is indexed by "
-                                f"[{', '.join(map(str, load.indices))}]; tensorize needs every index a single axis")
-        role = ("A" if i.name in names and j.name not in names
-                else "B" if j.name in names and i.name not in names else "?")
-        outer = i if role == "A" else j
-        want_batch = [v.name for v in batch]
-        tail = names[len(batch):]
-        if (role == "?" or names[:len(batch)] != want_batch
-                or sorted(str(x) for x in tail) != sorted([outer.name, k.name])):
-            raise ScheduleError(
-                f"{where}: operand {load.buffer.name}[{', '.join(map(str, load.indices))}] must be indexed by the "
-                f"batch axes ({', '.join(want_batch) or 'none'}) then by (row, {k.name}) or (col, {k.name}) with "
-                f"row {i.name} and col {j.name}")
-        if role in ops:
-            raise ScheduleError(f"{where}: both operands are indexed by the {'row' if role == 'A' else 'column'} axis")
-        if load.buffer.strides is not None:
-            raise ScheduleError(f"{where}: operand {load.buffer.name} has run-time strides; tensorize needs a "
-                                "contiguous row-major operand (copy it first)")
-        ops[role] = Operand(role, load.buffer, tail[-1] == k.name)
-    if x.buffer.dtype != y.buffer.dtype:
-        raise ScheduleError(f"{where}: mixed operand dtypes {x.buffer.name}: {x.buffer.dtype}, {y.buffer.dtype} "
-                            f"{y.buffer.name}; cast one so both are float16 or both bfloat16")
-    return Contraction(tuple((lp.var, lp.extent) for lp in loops[:-2]), i, loops[-2].extent, j, loops[-1].extent,
-                       k, kloop.extent, ops["A"], ops["B"], acc, store)
-
-
-def _same_vars(indices: Sequence[Expr], vars_: Sequence[Var]) -> bool:
-    return len(indices) == len(vars_) and all(isinstance(a, Var) and a.name == b.name for a, b in zip(indices, vars_))
-
-
-def _multiplicands(where: str, term: Expr) -> tuple[BufferLoad, BufferLoad]:
-    """The two half loads of `float32(A * B)` or `float32(A) * float32(B)`."""
-    if isinstance(term, Cast) and term.dtype == dt.float32:
-        term = term.a
-    if not (isinstance(term, Binary) and term.op == "*"):
-        raise ScheduleError(f"{where}: the summed term must be a product of two operands, got {term}")
-    out = []
-    for side in (term.a, term.b):
-        if isinstance(side, Cast) and side.dtype == dt.float32:
-            side = side.a
-        if not isinstance(side, BufferLoad) or side.buffer.scope != "global":
-            raise ScheduleError(f"{where}: multiplicand {side} is not a read of an input (fold scales into the "
-                                "epilogue, casts to float32 are allowed)")
-        if side.buffer.dtype not in (dt.float16, dt.bfloat16):
-            raise ScheduleError(f"{where}: operand {side.buffer.name} is {side.buffer.dtype}; tensor-core "
-                                "mma.m16n8k16 needs float16 or bfloat16 operands")
-        out.append(side)
-    return out[0], out[1]
 
 
 # ---- the kernel ---------------------------------------------------------------------------------
@@ -347,12 +209,7 @@ class _Emitter:
                              fragment=(intrinsic, "c"))
         self.c_map = frag.operand("c").layout
         # batch indices of this block (several batch axes share blockIdx.z, unflattened)
-        self.batch_index: dict[str, Expr] = {}
-        rest: Expr = self.bz
-        for n, (bv, ext) in enumerate(reversed(c.batch)):
-            last = n == len(c.batch) - 1
-            self.batch_index[bv.name] = rest if last else rest % ext
-            rest = rest // ext
+        self.batch_index: dict[Var, Expr] = unflatten(c.batch, self.bz) if c.batch else {}
         self.shared = {op.role: self.shared_buffer(op) for op in (c.a, c.b)}
         # registers of the element loads of an operand without 16-byte copies
         self.staged = {op.role: Buffer(f"{op.buffer.name}_staged", op.buffer.dtype,
@@ -393,7 +250,17 @@ class _Emitter:
                       tensor=f"{op.buffer.tensor}.shared", layout=row_swizzle(width))
 
     def asynchronous(self, op: Operand) -> bool:
-        return copy_elements(op.buffer.shape[-1]) > 0
+        return op.copy > 0
+
+    def element(self, op: Operand, outer: Expr, k: Expr) -> tuple[tuple[Expr, ...], Expr | None]:
+        """The operand's global indices of GEMM element (outer, k) -- the row (A) or column (B) and
+        the reduction index, unflattened into the loop axes (implicit_gemm.Operand.at) -- and its
+        where() predicate (None: none)."""
+        c = self.c
+        values = dict(self.batch_index)
+        values.update(unflatten(c.rows if op.role == "A" else c.cols, outer))
+        values.update(unflatten(c.ks, k))
+        return op.at(values)
 
     def load_tile(self, op: Operand, stage: Expr, k0: Expr) -> tuple[Stmt, Stmt | None]:
         """The operand's tile for k tile k0 into ring stage `stage`, zero past the edges: (issue,
@@ -405,9 +272,16 @@ class _Emitter:
         outer_ext = c.m if op.role == "A" else c.n
         row0, row_ext, col0, col_ext = ((outer0, outer_ext, k0, c.kext) if op.k_last
                                         else (k0, c.kext, outer0, outer_ext))
-        batch = tuple(self.batch_index[v.name] for v, _ in c.batch)
         dst = self.shared[op.role]
-        size = copy_elements(op.buffer.shape[-1])
+
+        def address(r: Expr, col: Expr) -> tuple[tuple[Expr, ...], Expr]:
+            # tile element (r, col) in the tile's orientation: in range of the GEMM and of the
+            # operand's where() condition (padding)
+            inside = (row0 + r < row_ext) & (col0 + col < col_ext)
+            outer, k = (row0 + r, col0 + col) if op.k_last else (col0 + col, row0 + r)
+            indices, pad = self.element(op, outer, k)
+            return indices, inside if pad is None else inside & pad
+        size = op.copy
         if size:
             per_row = width // size
             nbytes = size * op.buffer.dtype.bytes
@@ -415,17 +289,16 @@ class _Emitter:
             def copy(u: Var) -> Stmt:
                 chunk = self.tx + t.threads * u
                 r, col = chunk // per_row, (chunk % per_row) * size
-                inside = (row0 + r < row_ext) & (col0 + col < col_ext)
-                return AsyncCopy(dst, (stage, r, col), op.buffer, batch + (row0 + r, col0 + col), nbytes, inside,
+                indices, inside = address(r, col)
+                return AsyncCopy(dst, (stage, r, col), op.buffer, indices, nbytes, inside,
                                  "cg" if nbytes == 16 else "ca")
             return self.unrolled(f"copy_{op.role.lower()}", rows * width // size // t.threads, copy), None
         staged = self.staged[op.role]
 
         def fetch(u: Var) -> Stmt:
             e = self.tx + t.threads * u
-            r, col = e // width, e % width
-            inside = (row0 + r < row_ext) & (col0 + col < col_ext)
-            value = select(inside, op.buffer[batch + (row0 + r, col0 + col)], Const(0.0, op.buffer.dtype))
+            indices, inside = address(e // width, e % width)
+            value = select(inside, op.buffer[indices], Const(0.0, op.buffer.dtype))
             return BufferStore(staged, (u,), value)
 
         def store(u: Var) -> Stmt:
@@ -520,8 +393,9 @@ class _Emitter:
                 r, col = self.c_map(self.lane, e)
                 row = self.by * t.bm + self.warp_m * wm + mi * 16 + r
                 column = self.bx * t.bn + self.warp_n * wn + ni * 8 + col
-                values: dict[Var, Expr] = {v: self.batch_index[v.name] for v, _ in c.batch}
-                values[c.i], values[c.j] = row, column
+                values: dict[Var, Expr] = dict(self.batch_index)
+                values.update(unflatten(c.rows, row))
+                values.update(unflatten(c.cols, column))
                 value = _ReplaceAccumulator(c.acc, self.frag_c[q * 4 + e]).visit(store.value)
                 value = substitute(value, values)
                 indices = tuple(substitute(ix, values) for ix in store.indices)

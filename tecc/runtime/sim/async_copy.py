@@ -77,6 +77,26 @@ def compile_async_stmt(s: Stmt, scope: Scope) -> Runner:
     return lambda st: _wait(st, pending)
 
 
+def _element(idx: tuple[Any, ...], src: Any, e: int) -> tuple[Any, ...]:
+    """The index of the element `e` past `idx`. cp.async reads contiguous bytes, so in a row-major
+    buffer a copy may run past the end of a row into the next (an implicit GEMM's reduction index
+    c·R·S + r·S + s of a KCRS filter): the index carries. A buffer with other strides does not
+    carry (the copy must stay in its row; the bounds check says so otherwise)."""
+    if not idx:
+        return idx
+    shape = tuple(src.shape)
+    row_major = tuple(int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape)))
+    if e == 0 or tuple(src.strides) != row_major:
+        return (*idx[:-1], idx[-1] + e)
+    out = list(idx)
+    carry: Any = e
+    for d in reversed(range(1, len(out))):
+        v = out[d] + carry
+        out[d], carry = v % shape[d], v // shape[d]
+    out[0] = out[0] + carry
+    return tuple(out)
+
+
 def _compile_copy(s: AsyncCopy, scope: Scope) -> Runner:
     dst_slot, src_slot = scope.buffer_slot(s.dst), scope.buffer_slot(s.src)
     fdst, fsrc = compile_indices(s.dst_indices, scope), compile_indices(s.src_indices, scope)
@@ -100,7 +120,7 @@ def _compile_copy(s: AsyncCopy, scope: Scope) -> Runner:
             st.mask = read_mask
             try:
                 for e in range(n):
-                    idx = (*sidx[:-1], sidx[-1] + e)
+                    idx = _element(sidx, src, e)
                     values[:, e] = np.broadcast_to(src.load(st, idx, tuple(range(len(idx)))), (st.layout.lanes,))
             finally:
                 st.mask = saved

@@ -1,0 +1,430 @@
+"""implicit_gemm: a contraction stage seen as a GEMM, whatever its index structure.
+
+`tensorize` builds a tiled tensor-core kernel over a GEMM: C[m, n] = Σ_k A[m, k] · B[k, n]. This
+module finds that GEMM in a lowered contraction whose loops and indices are more general than a
+matrix product, and describes how each element of the GEMM's operands is found in memory. A plain
+matrix product is the case where every group below has one axis; a convolution written as a
+tensor expression (NHWC, NCHW, stride, dilation, padding through `where`, 1x1, conv1d/3d) is
+the general case. Nothing here is keyed by an op's name: only by which loop variables index what.
+
+The stage, as lowered (tensorize is the first primitive applied to it):
+
+    for s1: for s2: ...                          # spatial loops
+      acc[0] = 0
+      for r1: for r2: ...                        # reduction loops, nested, one update inside
+        acc[0] = acc[0] + term
+      C[s1, s2, ..] = epilogue(acc[0])
+
+with term `float32(x * y)` or `float32(x) * float32(y)`, and each multiplicand a read of a
+float16/bfloat16 input, optionally under `where(cond, read, 0)` (zero padding; casts may sit
+either side of the `where`). Each index of a read must be affine in the loop variables
+(Σ coefficient · variable + constant, integer coefficients).
+
+The GEMM view (the axes are grouped, not the loops rewritten):
+- batch axes: spatial variables that index both operands (a batched GEMM's b);
+- row axes (M-like): spatial variables that index only the first operand A (n, p, q of a conv);
+- column axes (N-like): spatial variables that index only the second operand B (f of a conv);
+- reduction axes (K): every reduction variable (c, r, s of a conv).
+B is the operand indexed by the output's innermost axis (so consecutive accumulator columns are
+consecutive outputs); A the other. M, N, K are the products of the groups' extents; a row m is
+unflattened into its axes by div/mod, outermost first (the first axis takes the quotient, the
+innermost `m % extent`), and so are a column n and a reduction index k.
+
+Groups are flattened in an order chosen for the operands' memory: each group is sorted by the
+flat-address coefficient of its axes in the operand that reads it (outermost = largest stride),
+so the group's innermost axis is the operand's contiguous one when it has one (c of NHWC
+activations: k = (r·S + s)·C + c). K is read by both operands; its order is the one that gives
+the longer 16-byte copies (A's order first on a tie).
+
+Gathered loads (no materialized im2col): `OperandView.at(values)` is the operand's element for
+given values of the loop variables (the original indices with each variable replaced by its
+unflattened expression) and its predicate (the `where` condition, substituted the same way).
+A tile is copied with `copy` elements per cp.async when a run of consecutive indices of the
+tile's contiguous group is contiguous in memory and uniformly in or out of bounds
+(`contiguous_copy`): the innermost axes of the group with strides 1, e0, e0·e1, ... and absent
+from the `where` condition, whose extent product is a multiple of the copy, and every other
+stride and the constant offset multiples of it (so copies are aligned). NHWC with C % 8 == 0
+gets 16-byte copies; C = 3, NCHW activations (whose contiguous axis q·stride + s·dil mixes a row
+and a reduction axis) and symbolic strides get guarded element loads (zero where out of range).
+
+Refused (ScheduleError naming the condition): a read that is not affine, a spatial axis that
+indexes neither operand, a reduction axis that indexes only one, no row or no column axis (a
+depthwise convolution, where every output axis indexes the activations: a memory-bound stencil,
+not a GEMM), a batch axis under a `where`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from ...ir import dtype as dt
+from ...ir.errors import ScheduleError
+from ...ir.expr import Binary, BufferLoad, Cast, Const, Expr, Select, Var, const_int, free_vars, size_product, substitute
+from ...ir.stmt import Allocate, Buffer, BufferStore, For, PrimFunc, Seq, Stmt
+from ..simplify import linear_form
+
+Axis = tuple[Var, Expr]  # (loop variable, extent)
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One multiplicand seen as a GEMM operand (A: rows × k, B: k × columns).
+
+    load: the read as lowered (indices in the loop variables); guard: its `where` condition, or
+    None. k_last: the operand's shared tile is [outer][k] (its memory runs along k), else
+    [k][outer]. copy: elements per cp.async copy along the tile's contiguous dimension, 0 for
+    guarded element loads."""
+
+    role: str            # "A" (rows) or "B" (columns)
+    buffer: Buffer
+    k_last: bool
+    load: BufferLoad
+    guard: Expr | None
+    copy: int
+
+    def at(self, values: Mapping[Var, Expr]) -> tuple[tuple[Expr, ...], Expr | None]:
+        """The element's indices and its `where` predicate (None: always in range) for the loop
+        variables' values."""
+        mapping = dict(values)
+        indices = tuple(substitute(ix, mapping) for ix in self.load.indices)
+        return indices, (substitute(self.guard, mapping) if self.guard is not None else None)
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """The matched stage: C[..] = epilogue(Σ_k A · B) over the groups of axes (module docstring)."""
+
+    batch: tuple[Axis, ...]               # outermost first
+    rows: tuple[Axis, ...]                # M-like axes, outermost first (flattening order)
+    cols: tuple[Axis, ...]                # N-like axes
+    ks: tuple[Axis, ...]                  # reduction axes
+    a: Operand
+    b: Operand
+    acc: Buffer                            # the lowered accumulator (float32[1], local)
+    store: BufferStore                     # C[..] = epilogue(acc[0])
+
+    @property
+    def m(self) -> Expr:
+        return size_product([e for _, e in self.rows])
+
+    @property
+    def n(self) -> Expr:
+        return size_product([e for _, e in self.cols])
+
+    @property
+    def kext(self) -> Expr:
+        return size_product([e for _, e in self.ks])
+
+    @property
+    def i(self) -> Var:
+        """The innermost row axis (the row axis of a plain GEMM)."""
+        return self.rows[-1][0]
+
+    @property
+    def j(self) -> Var:
+        return self.cols[-1][0]
+
+    @property
+    def k(self) -> Var:
+        return self.ks[-1][0]
+
+
+def unflatten(axes: Sequence[Axis], flat: Expr) -> dict[Var, Expr]:
+    """Each axis's index for the flat index `flat` of the group (outermost axis first, row-major):
+    the innermost is flat % extent, the outermost takes what is left undivided. One axis: flat."""
+    out: dict[Var, Expr] = {}
+    rest = flat
+    for n, (v, ext) in enumerate(reversed(axes)):
+        if n == len(axes) - 1:
+            out[v] = rest
+        else:
+            out[v] = rest % ext
+            rest = rest // ext
+    return out
+
+
+# ---- the address structure of an operand --------------------------------------------------------
+
+@dataclass(frozen=True)
+class Stride:
+    """A flat-address stride: its exact value when constant, and the constant factor it surely has."""
+
+    exact: int | None
+    factor: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """An operand's flat address as Σ coeff[v] · v + const over loop variables (by name)."""
+
+    coeff: Mapping[str, Stride]
+    const: Stride
+    guard_vars: frozenset[str]
+
+
+def _times(s: Stride, k: int) -> Stride:
+    return Stride(None if s.exact is None else s.exact * k, abs(s.factor * k))
+
+
+def _plus(a: Stride, b: Stride) -> Stride:
+    from math import gcd
+
+    return Stride(None if a.exact is None or b.exact is None else a.exact + b.exact, gcd(a.factor, b.factor))
+
+
+def layout_of(per_dim: Sequence[tuple[Mapping[str, int], int]], dims: Sequence[int | None],
+              guard_vars: frozenset[str] = frozenset()) -> Layout:
+    """The Layout of a row-major buffer of extents `dims` (None: symbolic) read at indices
+    `per_dim` (each {variable: coefficient}, constant)."""
+    strides: list[Stride] = []
+    exact: int | None = 1
+    factor = 1
+    for d in reversed(dims):
+        strides.append(Stride(exact, factor))
+        exact = None if exact is None or d is None else exact * d
+        factor = factor * d if d is not None else factor
+    strides.reverse()
+    coeff: dict[str, Stride] = {}
+    const = Stride(0, 0)
+    for (terms, c), st in zip(per_dim, strides):
+        for v, k in terms.items():
+            piece = _times(st, k)
+            coeff[v] = _plus(coeff[v], piece) if v in coeff else piece
+        if c:
+            const = _plus(const, _times(st, c))
+    return Layout(coeff, const, guard_vars)
+
+
+COPY_SIZES = (8, 4, 2)  # halves per 16-, 8- and 4-byte cp.async
+
+
+def contiguous_copy(layout: Layout, group: Sequence[tuple[str, int | None]]) -> int:
+    """Elements per cp.async copy along `group` (the axes of the tile's contiguous dimension,
+    outermost first, with their extents): the run of innermost axes with strides 1, e0, e0·e1, ...
+    that the `where` condition does not read gives consecutive flat group indices consecutive
+    addresses; a copy of n elements needs n to divide the run (copies never straddle it, and the
+    group's extent is a multiple of it) and every other stride and the constant offset to be
+    multiples of n (aligned copies). 0: no copy is provable (guarded element loads)."""
+    run = 1
+    inner: set[str] = set()
+    for name, ext in reversed(group):
+        st = layout.coeff.get(name)
+        if st is None or st.exact != run or name in layout.guard_vars or ext is None:
+            break
+        run *= ext
+        inner.add(name)
+    if not inner:
+        return 0
+    for n in COPY_SIZES:
+        if run % n:
+            continue
+        others = [s for v, s in layout.coeff.items() if v not in inner] + [layout.const]
+        if all(s.factor % n == 0 for s in others):
+            return n
+    return 0
+
+
+def order_by_stride(group: Sequence[str], *layouts: Layout) -> list[str]:
+    """`group` sorted outermost first by the flat-address stride in the first layout that reads
+    the axis with a constant stride (largest first); the loop order where none does."""
+    def key(name: str) -> tuple[int, ...]:
+        out = []
+        for lay in layouts:
+            st = lay.coeff.get(name)
+            out.append(-abs(st.exact) if st is not None and st.exact is not None else 0)
+        return tuple(out)
+    return sorted(group, key=key)
+
+
+def gemm_order(rows: Sequence[str], cols: Sequence[str], ks: Sequence[str], a: Layout, b: Layout,
+               extents: Mapping[str, int | None]) -> tuple[list[str], list[str], list[str], bool, bool, int, int]:
+    """The flattening orders of the groups, each operand's orientation (k_last) and copy size
+    (the module docstring's rules). Shared by tensorize and the strategy's cost model."""
+    rows_o, cols_o = order_by_stride(rows, a), order_by_stride(cols, b)
+    best: tuple[int, int, list[str], bool, bool, int, int] | None = None
+    for rank, ks_o in enumerate((order_by_stride(ks, a, b), order_by_stride(ks, b, a))):
+        sides = []
+        for lay, outer in ((a, rows_o), (b, cols_o)):
+            along_k = contiguous_copy(lay, [(v, extents[v]) for v in ks_o])
+            along_outer = contiguous_copy(lay, [(v, extents[v]) for v in outer])
+            if along_k or along_outer:
+                sides.append((along_k >= along_outer, max(along_k, along_outer)))
+            else:
+                sides.append((_k_last_without_copy(lay, outer, ks_o), 0))
+        score = sides[0][1] + sides[1][1]
+        if best is None or score > best[0]:
+            best = (score, rank, ks_o, sides[0][0], sides[1][0], sides[0][1], sides[1][1])
+    assert best is not None
+    _, _, ks_o, a_k_last, b_k_last, a_copy, b_copy = best
+    return rows_o, cols_o, ks_o, a_k_last, b_k_last, a_copy, b_copy
+
+
+def _k_last_without_copy(lay: Layout, outer: Sequence[str], ks: Sequence[str]) -> bool:
+    """Orientation of an operand loaded element by element: along the group of its smallest
+    stride (consecutive threads then read nearby addresses); the outer group on a tie."""
+    def smallest(names: Sequence[str]) -> float:
+        vals = [abs(s.exact) for v in names if (s := lay.coeff.get(v)) is not None and s.exact is not None]
+        return min(vals, default=float("inf"))
+    return smallest(ks) < smallest(outer)
+
+
+# ---- matching -----------------------------------------------------------------------------------
+
+def match_contraction(func: PrimFunc, stage: str) -> Contraction:
+    """The contraction computed by `func` for `stage` as a GEMM, or a ScheduleError naming what differs."""
+    where = f"tensorize({stage})"
+    loops: list[For] = []
+    node: Stmt = func.body
+    while isinstance(node, For):
+        if node.kind != "serial":
+            raise ScheduleError(f"{where}: loop {node.var.name} is already {node.kind}; tensorize must be the "
+                                "first primitive applied to the stage's kernel")
+        loops.append(node)
+        node = node.body
+    if not isinstance(node, Allocate) or len(loops) < 2:
+        raise ScheduleError(f"{where}: expected the lowered loop nest (spatial loops, then the accumulator) of a "
+                            "stage with at least two spatial axes and one reduction")
+    acc = node.buffer
+    body = node.body
+    if not isinstance(body, Seq) or len(body.stmts) != 3:
+        raise ScheduleError(f"{where}: expected init, one reduction loop nest and the store under the accumulator "
+                            f"{acc.name} (a stage with one Reduce)")
+    init, kloop, store = body.stmts
+    if acc.dtype != dt.float32:
+        raise ScheduleError(f"{where}: the accumulator {acc.name} is {acc.dtype}; tensor cores accumulate in float32 "
+                            "(use float16/bfloat16 operands and a float16/bfloat16/float32 result)")
+    if not (isinstance(init, BufferStore) and init.buffer is acc and isinstance(init.value, Const)
+            and float(init.value.value) == 0.0):
+        raise ScheduleError(f"{where}: the reduction must be a sum starting at 0 (tc.sum)")
+    kloops: list[For] = []
+    inner: Stmt = kloop
+    while isinstance(inner, For):
+        kloops.append(inner)
+        inner = inner.body
+    if not kloops or not isinstance(inner, BufferStore) or inner.buffer is not acc:
+        raise ScheduleError(f"{where}: expected reduction loops whose innermost body updates {acc.name} and "
+                            "nothing else")
+    if not isinstance(store, BufferStore) or store.buffer.scope != "global":
+        raise ScheduleError(f"{where}: expected the store of the stage to a global buffer after the reduction")
+    if any(const_int(lp.min) != 0 for lp in loops + kloops):
+        raise ScheduleError(f"{where}: every axis must start at 0")
+    update = inner.value
+    if not (isinstance(update, Binary) and update.op == "+" and isinstance(update.a, BufferLoad)
+            and update.a.buffer is acc):
+        raise ScheduleError(f"{where}: the reduction must be a sum (acc = acc + term), got {update}")
+    (x, gx), (y, gy) = _multiplicands(where, update.b)
+    spatial = [lp.var for lp in loops]
+    if not _same_vars(store.indices, spatial):
+        raise ScheduleError(f"{where}: the output {store.buffer.name} must be indexed by exactly its loop axes "
+                            f"({', '.join(v.name for v in spatial)}), got [{', '.join(map(str, store.indices))}]; "
+                            "the kernel must be as lowered (tensorize is the first primitive applied to it)")
+    if x.buffer.dtype != y.buffer.dtype:
+        raise ScheduleError(f"{where}: mixed operand dtypes {x.buffer.name}: {x.buffer.dtype}, {y.buffer.dtype} "
+                            f"{y.buffer.name}; cast one so both are float16 or both bfloat16")
+    for load in (x, y):
+        if load.buffer.strides is not None:
+            raise ScheduleError(f"{where}: operand {load.buffer.name} has run-time strides; tensorize needs a "
+                                "contiguous row-major operand (copy it first)")
+    # B is indexed by the output's innermost axis
+    inner_axis = spatial[-1]
+    reads_x, reads_y = _vars_of(x, gx), _vars_of(y, gy)
+    if inner_axis in reads_x and inner_axis not in reads_y:
+        (x, gx), (y, gy), reads_x, reads_y = (y, gy), (x, gx), reads_y, reads_x
+    loads = {"A": (x, gx), "B": (y, gy)}
+    layouts = {role: _layout(where, load, guard, spatial, [lp.var for lp in kloops])
+               for role, (load, guard) in loads.items()}
+    batch, rows, cols = [], [], []
+    for v in spatial:
+        in_a, in_b = v in reads_x, v in reads_y
+        group = batch if in_a and in_b else rows if in_a else cols if in_b else None
+        if group is None:
+            raise ScheduleError(f"{where}: output axis {v.name} indexes neither operand (a broadcast, not a "
+                                "contraction); tensor cores need every output axis to index an operand")
+        group.append(v)
+    for lp in kloops:
+        if lp.var not in reads_x or lp.var not in reads_y:
+            raise ScheduleError(f"{where}: reduction axis {lp.var.name} indexes only one operand; sum it first")
+    if not rows or not cols:
+        which = "row (indexing only the first operand)" if not rows else "column (indexing only the second operand)"
+        raise ScheduleError(
+            f"{where}: no {which} axis: every output axis indexes {'both operands' if not rows and not cols else 'one'}"
+            f" ({', '.join(v.name for v in spatial)}), so this is not a matrix product but a batched dot product or a "
+            "stencil (a depthwise convolution is one): memory-bound, left to the SIMT strategies")
+    for v in batch:
+        if any(v.name in lay.guard_vars for lay in layouts.values()):
+            raise ScheduleError(f"{where}: batch axis {v.name} is read by a where() condition; tensorize predicates "
+                                "rows, columns and reduction indices only")
+    extents = {lp.var.name: const_int(lp.extent) for lp in loops + kloops}
+    by_name = {lp.var.name: (lp.var, lp.extent) for lp in loops + kloops}
+    rows_o, cols_o, ks_o, a_k_last, b_k_last, a_copy, b_copy = gemm_order(
+        [v.name for v in rows], [v.name for v in cols], [lp.var.name for lp in kloops],
+        layouts["A"], layouts["B"], extents)
+    a = Operand("A", x.buffer, a_k_last, x, gx, a_copy)
+    b = Operand("B", y.buffer, b_k_last, y, gy, b_copy)
+    return Contraction(tuple(by_name[v.name] for v in batch), tuple(by_name[n] for n in rows_o),
+                       tuple(by_name[n] for n in cols_o), tuple(by_name[n] for n in ks_o), a, b, acc, store)
+
+
+def _vars_of(load: BufferLoad, guard: Expr | None) -> set[Var]:
+    out: set[Var] = set()
+    for ix in load.indices:
+        out |= free_vars(ix)
+    if guard is not None:
+        out |= free_vars(guard)
+    return out
+
+
+def _layout(where: str, load: BufferLoad, guard: Expr | None, spatial: Sequence[Var], reduction: Sequence[Var]) -> Layout:
+    known = set(spatial) | set(reduction)
+    per_dim: list[tuple[dict[str, int], int]] = []
+    for ix in load.indices:
+        terms, const = linear_form(ix)
+        if not all(isinstance(t, Var) and t in known for t in terms):
+            raise ScheduleError(f"{where}: operand {load.buffer.name}[{', '.join(map(str, load.indices))}]: index "
+                                f"{ix} is not affine in the loop axes (Σ integer · axis + constant); tensorize "
+                                "gathers affine indices only")
+        per_dim.append(({t.name: k for t, k in terms.items() if isinstance(t, Var)}, const))
+    guard_vars = frozenset(v.name for v in free_vars(guard)) if guard is not None else frozenset()
+    if not guard_vars <= {v.name for v in known}:
+        raise ScheduleError(f"{where}: the where() condition of {load.buffer.name} reads {guard}, which is not a "
+                            "function of the loop axes alone")
+    return layout_of(per_dim, [const_int(d) for d in load.buffer.shape], guard_vars)
+
+
+def _same_vars(indices: Sequence[Expr], vars_: Sequence[Var]) -> bool:
+    return len(indices) == len(vars_) and all(isinstance(a, Var) and a.name == b.name for a, b in zip(indices, vars_))
+
+
+def _strip_cast(e: Expr) -> Expr:
+    return e.a if isinstance(e, Cast) and e.dtype == dt.float32 else e
+
+
+def _is_zero(e: Expr) -> bool:
+    e = _strip_cast(e)
+    return isinstance(e, Const) and float(e.value) == 0.0
+
+
+def _multiplicands(where: str, term: Expr) -> tuple[tuple[BufferLoad, Expr | None], tuple[BufferLoad, Expr | None]]:
+    """The two half loads (and their where() conditions) of `float32(A * B)` or `float32(A) * float32(B)`."""
+    term = _strip_cast(term)
+    if not (isinstance(term, Binary) and term.op == "*"):
+        raise ScheduleError(f"{where}: the summed term must be a product of two operands, got {term}")
+    out = []
+    for side in (term.a, term.b):
+        side = _strip_cast(side)
+        guard = None
+        if isinstance(side, Select) and _is_zero(side.b):
+            guard, side = side.cond, _strip_cast(side.a)
+        if not isinstance(side, BufferLoad) or side.buffer.scope != "global":
+            raise ScheduleError(f"{where}: multiplicand {side} is not a read of an input (fold scales into the "
+                                "epilogue; casts to float32 and where(condition, read, 0) are allowed)")
+        if side.buffer.dtype not in (dt.float16, dt.bfloat16):
+            raise ScheduleError(f"{where}: operand {side.buffer.name} is {side.buffer.dtype}; tensor-core "
+                                "mma.m16n8k16 needs float16 or bfloat16 operands")
+        out.append((side, guard))
+    return out[0], out[1]
+
+
+__all__ = ["Axis", "Contraction", "Layout", "Operand", "Stride", "contiguous_copy", "gemm_order", "layout_of",
+           "match_contraction", "order_by_stride", "unflatten"]
