@@ -119,9 +119,11 @@ def gemm_view(info: KernelInfo) -> GemmView | str:
         return f"needs two operands read under the reduction, found {len(under)}"
     inner = info.spatial[-1][0]
     reads = [set().union(*x.index_vars) for x in under]
-    if (inner in reads[0]) == (inner in reads[1]):
-        return f"the output's innermost axis {inner} must index exactly one operand"
-    a, b = (under[1], under[0]) if inner in reads[0] else (under[0], under[1])
+    if inner not in reads[0] and inner not in reads[1]:
+        return f"output axis {inner} indexes neither operand"
+    # B: the operand the output's innermost axis indexes (alone, or the smaller one when both do)
+    a, b = ((under[1], under[0]) if inner in reads[0] and (inner not in reads[1] or len(reads[0]) < len(reads[1]))
+            else (under[0], under[1]))
     in_a, in_b = set().union(*a.index_vars), set().union(*b.index_vars)
     # an axis a read only through a non-affine index (f // group of a grouped convolution's
     # activations) that indexes B plainly is a column axis split by groups (tensorize splits it)

@@ -60,9 +60,9 @@ from typing import Mapping, Sequence
 
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
-from ...ir.expr import Binary, BufferLoad, Cast, Const, Expr, Select, Var, const_int, free_vars, size_product, substitute
+from ...ir.expr import Binary, BufferLoad, Cast, Const, Expr, Select, Var, const_int, free_vars, size_product, substitute, walk
 from ...ir.stmt import Allocate, Buffer, BufferStore, For, PrimFunc, Seq, Stmt
-from ..simplify import linear_form
+from ..simplify import Bounds, Simplifier, linear_form
 
 Axis = tuple[Var, Expr]  # (loop variable, extent)
 
@@ -326,6 +326,10 @@ def match_contraction(func: PrimFunc, stage: str) -> Contraction:
         if load.buffer.strides is not None:
             raise ScheduleError(f"{where}: operand {load.buffer.name} has run-time strides; tensorize needs a "
                                 "contiguous row-major operand (copy it first)")
+    axes = [(lp.var, lp.extent) for lp in loops]
+    axes, (x, gx), (y, gy), store = _split_groups(where, axes, [(lp.var, lp.extent) for lp in kloops],
+                                                  (x, gx), (y, gy), store)
+    spatial = [v for v, _ in axes]
     # B is indexed by the output's innermost axis
     inner_axis = spatial[-1]
     reads_x, reads_y = _vars_of(x, gx), _vars_of(y, gy)
@@ -346,17 +350,19 @@ def match_contraction(func: PrimFunc, stage: str) -> Contraction:
         if lp.var not in reads_x or lp.var not in reads_y:
             raise ScheduleError(f"{where}: reduction axis {lp.var.name} indexes only one operand; sum it first")
     if not rows or not cols:
-        which = "row (indexing only the first operand)" if not rows else "column (indexing only the second operand)"
+        which = "row axis (an output axis indexing only the first operand)" if not rows else \
+            "column axis (an output axis indexing only the second operand)"
         raise ScheduleError(
-            f"{where}: no {which} axis: every output axis indexes {'both operands' if not rows and not cols else 'one'}"
-            f" ({', '.join(v.name for v in spatial)}), so this is not a matrix product but a batched dot product or a "
-            "stencil (a depthwise convolution is one): memory-bound, left to the SIMT strategies")
+            f"{where}: no {which}: the output axes ({', '.join(v.name for v in spatial)}) index both operands or "
+            f"only {'the second' if not rows else 'the first'}, so this is not a matrix product but a batched dot "
+            "product or a stencil (a depthwise convolution is one): memory-bound, left to the SIMT strategies")
     for v in batch:
         if any(v.name in lay.guard_vars for lay in layouts.values()):
             raise ScheduleError(f"{where}: batch axis {v.name} is read by a where() condition; tensorize predicates "
                                 "rows, columns and reduction indices only")
-    extents = {lp.var.name: const_int(lp.extent) for lp in loops + kloops}
-    by_name = {lp.var.name: (lp.var, lp.extent) for lp in loops + kloops}
+    every = axes + [(lp.var, lp.extent) for lp in kloops]
+    extents = {v.name: const_int(e) for v, e in every}
+    by_name = {v.name: (v, e) for v, e in every}
     rows_o, cols_o, ks_o, a_k_last, b_k_last, a_copy, b_copy = gemm_order(
         [v.name for v in rows], [v.name for v in cols], [lp.var.name for lp in kloops],
         layouts["A"], layouts["B"], extents)
@@ -364,6 +370,55 @@ def match_contraction(func: PrimFunc, stage: str) -> Contraction:
     b = Operand("B", y.buffer, b_k_last, y, gy, b_copy)
     return Contraction(tuple(by_name[v.name] for v in batch), tuple(by_name[n] for n in rows_o),
                        tuple(by_name[n] for n in cols_o), tuple(by_name[n] for n in ks_o), a, b, acc, store)
+
+
+Read = tuple[BufferLoad, Expr | None]
+
+
+def _split_groups(where: str, axes: list[Axis], reduction: list[Axis], x: Read, y: Read,
+                  store: BufferStore) -> tuple[list[Axis], Read, Read, BufferStore]:
+    """Grouped contractions: an output axis v that one operand reads only as v // d (a grouped
+    convolution's activations X[.., (f // Fg)·Cg + c] with filters W[.., c, f]) is split into
+    v_group = v // d, which indexes both operands (a batch axis), and v_in = v % d, which indexes
+    only the other (a column axis): v = v_group·d + v_in everywhere, the indices simplified with
+    0 <= v_in < d. The extent of v must be a constant multiple of d."""
+    for v, ext in list(axes):
+        divisors = {const_int(e.b) for load, guard in (x, y)
+                    for ix in load.indices + ((guard,) if guard is not None else ())
+                    for e in walk(ix) if isinstance(e, Binary) and e.op == "//" and e.a is v}
+        if not divisors:
+            continue
+        d = divisors.pop()
+        n = const_int(ext)
+        if divisors or d is None or d <= 0 or n is None or n % d:
+            raise ScheduleError(f"{where}: axis {v.name} is read divided by {d}; tensorize splits such an axis into "
+                                "groups only by one constant that divides its constant extent")
+        group, inner = Var(f"{v.name}_group"), Var(f"{v.name}_in")
+        bounds = Bounds()
+        bounds.var_bounds[group] = (0, n // d - 1)
+        bounds.var_bounds[inner] = (0, d - 1)
+        for a, e in axes + reduction:
+            hi = const_int(e)
+            bounds.var_bounds[a] = (0, None if hi is None else hi - 1)
+        simplify = Simplifier(bounds)
+        mapping: dict[Var, Expr] = {v: group * d + inner}
+
+        def rewrite(e: Expr) -> Expr:
+            return simplify.visit(substitute(e, mapping))
+
+        def read(r: Read) -> Read:
+            load, guard = r
+            new = BufferLoad(load.buffer, tuple(rewrite(ix) for ix in load.indices))
+            return new, (rewrite(guard) if guard is not None else None)
+        x, y = read(x), read(y)
+        store = BufferStore(store.buffer, tuple(substitute(ix, mapping) for ix in store.indices),
+                            substitute(store.value, mapping))
+        at = [a for a, _ in axes].index(v)
+        axes = axes[:at] + [(group, Const(n // d, dt.int32)), (inner, Const(d, dt.int32))] + axes[at + 1:]
+        if any(v in _vars_of(*r) for r in (x, y)):
+            raise ScheduleError(f"{where}: axis {v.name} is read both divided by {d} and otherwise; tensorize "
+                                "splits an axis into groups only where that leaves v // d and v % d")
+    return axes, x, y, store
 
 
 def _vars_of(load: BufferLoad, guard: Expr | None) -> set[Var]:

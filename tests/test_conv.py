@@ -1,0 +1,347 @@
+"""Convolutions written as tensor expressions: implicit GEMMs on tensor cores (docs/conv.md).
+
+Every program is an ordinary `tc.compute` with a `tc.sum` over (c, r, s) and padding by
+`tc.where` on the index; nothing names a convolution. Each kernel runs in the emulator against a
+float64 NumPy convolution with a bound derived from the dtypes and K = C/groups · R · S: the mma
+multiplies exactly and rounds its float32 sum once per k16 step, so the sum is within
+(K + 1)·2⁻²⁴·Σ|x·w| of the exact one; the float32 epilogue adds a few float32 roundings and the
+16-bit output one rounding of the result. Inputs are fresh random values, outputs start as NaN.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tecc as tc
+from tecc.codegen import compile_cuda, emit_source
+from tecc.ir.stmt import AsyncCopy, MatrixMultiply, iter_stmts
+
+EPS = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24}
+F32 = 2.0**-24
+
+
+def np_dtype(name: str) -> Any:
+    if name == "bfloat16":
+        from ml_dtypes import bfloat16  # type: ignore[import-untyped]
+
+        return bfloat16
+    return np.dtype(name)
+
+
+@dataclass
+class Conv:
+    """A convolution's sizes; `program()` writes it as a tensor expression."""
+
+    n: int
+    size: tuple[int, ...]          # input spatial extents (1, 2 or 3 of them)
+    c: int
+    f: int
+    kernel: tuple[int, ...]
+    stride: int = 1
+    pad: int = 0
+    dil: int = 1
+    groups: int = 1
+    layout: str = "NHWC"           # channels last (filters R,S,C/g,F) or "NCHW" (filters F,C/g,R,S)
+    dtype: str = "float16"
+    epilogue: str = ""             # "" | "bias_relu" | "bn_residual"
+    tensors: list[tc.Tensor] = field(default_factory=list)
+
+    @property
+    def out(self) -> tuple[int, ...]:
+        return tuple((x + 2 * self.pad - self.dil * (k - 1) - 1) // self.stride + 1
+                     for x, k in zip(self.size, self.kernel))
+
+    @property
+    def k(self) -> int:
+        return self.c // self.groups * int(np.prod(self.kernel))
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        cg = self.c // self.groups
+        if self.layout == "NHWC":
+            x, w, y = (self.n, *self.size, self.c), (*self.kernel, cg, self.f), (self.n, *self.out, self.f)
+        else:
+            x, w, y = (self.n, self.c, *self.size), (self.f, cg, *self.kernel), (self.n, self.f, *self.out)
+        out = {"X": x, "Wt": w, "Y": y}
+        if self.epilogue:
+            out["scale"], out["shift"] = (self.f,), (self.f,)
+        if self.epilogue == "bn_residual":
+            out["res"] = y
+        return out
+
+    def program(self) -> list[tc.Tensor]:
+        sh, d = self.shapes(), len(self.size)
+        X = tc.placeholder(sh["X"], self.dtype, "X")
+        Wt = tc.placeholder(sh["Wt"], self.dtype, "Wt")
+        extra = {name: tc.placeholder(sh[name], "float32" if name != "res" else self.dtype, name)
+                 for name in ("scale", "shift", "res") if name in sh}
+        cg, fg = self.c // self.groups, self.f // self.groups
+        c = tc.reduce_axis(cg, "c")
+        taps = [tc.reduce_axis(k, "rst"[i] if d <= 3 else f"t{i}") for i, k in enumerate(self.kernel)]
+
+        def body(*ix: Any) -> Any:
+            if self.layout == "NHWC":
+                n, *sp, f = ix
+            else:
+                n, f, *sp = ix
+            pos = [p * self.stride + t * self.dil - self.pad for p, t in zip(sp, taps)]
+            ch = (f // fg) * cg + c if self.groups > 1 else c
+            x = X[(n, *pos, ch)] if self.layout == "NHWC" else X[(n, ch, *pos)]
+            w = Wt[(*taps, c, f)] if self.layout == "NHWC" else Wt[(f, c, *taps)]
+            if self.pad:
+                inside = None
+                for p, e in zip(pos, self.size):
+                    cond = (p >= 0) & (p < e)
+                    inside = cond if inside is None else inside & cond
+                x = tc.where(inside, x, tc.const(0, self.dtype))
+            acc = tc.sum(tc.cast(x, "float32") * tc.cast(w, "float32"), axis=[c, *taps])
+            if self.epilogue == "bias_relu":
+                acc = tc.maximum(acc * extra["scale"][f] + extra["shift"][f], 0.0)
+            elif self.epilogue == "bn_residual":
+                acc = acc * extra["scale"][f] + extra["shift"][f] + tc.cast(extra["res"][ix], "float32")
+            return tc.cast(acc, self.dtype)
+
+        Y = tc.compute(sh["Y"], body, name="Y")
+        self.tensors = [X, Wt, *extra.values(), Y]
+        return self.tensors
+
+    def reference(self, x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(exact, Σ|x·w|) in float64, channels-last internally."""
+        x, w = x.astype(np.float64), w.astype(np.float64)
+        d = len(self.size)
+        if self.layout != "NHWC":
+            x = np.moveaxis(x, 1, -1)
+            w = np.moveaxis(np.moveaxis(w, 0, -1), 0, -2)  # (F, Cg, *k) -> (*k, Cg, F)
+        pad = [(0, 0)] + [(self.pad, self.pad + self.stride)] * d + [(0, 0)]
+        xp = np.pad(x, pad)
+        y = np.zeros((self.n, *self.out, self.f))
+        ya = np.zeros_like(y)
+        cg, fg = self.c // self.groups, self.f // self.groups
+        for taps in itertools.product(*(range(k) for k in self.kernel)):
+            win = xp[(slice(None),) + tuple(slice(t * self.dil, t * self.dil + self.stride * (o - 1) + 1, self.stride)
+                                             for t, o in zip(taps, self.out))]
+            for g in range(self.groups):
+                xs, ws = win[..., g * cg:(g + 1) * cg], w[taps][:, g * fg:(g + 1) * fg]
+                y[..., g * fg:(g + 1) * fg] += xs @ ws
+                ya[..., g * fg:(g + 1) * fg] += np.abs(xs) @ np.abs(ws)
+        if self.layout != "NHWC":
+            y, ya = np.moveaxis(y, -1, 1), np.moveaxis(ya, -1, 1)
+        return y, ya
+
+    def run(self, plan: Any = "auto", seed: int = 0, target: str = "sim") -> tuple[Any, np.ndarray]:
+        """Build, run on fresh inputs, and check against NumPy; returns (kernel, output)."""
+        tensors = self.tensors or self.program()
+        g = np.random.default_rng(seed)
+        sh, dtype = self.shapes(), np_dtype(self.dtype)
+        arrays = {"X": g.uniform(-1, 1, sh["X"]).astype(dtype), "Wt": g.uniform(-1, 1, sh["Wt"]).astype(dtype)}
+        if self.epilogue:
+            arrays["scale"] = g.uniform(0.5, 2, sh["scale"]).astype(np.float32)
+            arrays["shift"] = g.uniform(-1, 1, sh["shift"]).astype(np.float32)
+        if self.epilogue == "bn_residual":
+            arrays["res"] = g.uniform(-1, 1, sh["res"]).astype(dtype)
+        y = np.full(sh["Y"], np.nan, dtype=dtype)
+        f = tc.build(tensors, target=target, plan=plan)
+        f(*[arrays[t.name] for t in tensors[:-1]], y)
+        exact, size = self.reference(arrays["X"], arrays["Wt"])
+        bound = (self.k + 1) * F32 * size
+        want = exact
+        if self.epilogue:
+            shape = [1] * exact.ndim
+            shape[-1 if self.layout == "NHWC" else 1] = self.f
+            scale = arrays["scale"].astype(np.float64).reshape(shape)
+            shift = arrays["shift"].astype(np.float64).reshape(shape)
+            want = exact * scale + shift
+            bound = bound * scale
+            if self.epilogue == "bn_residual":
+                want = want + arrays["res"].astype(np.float64)
+            # three float32 roundings (product, sum, sum) of at most |exact·scale| + |shift| + |res| + bound
+            bound = bound + 3 * F32 * (np.abs(exact * scale) + np.abs(shift) + 2 + bound)
+            if self.epilogue == "bias_relu":
+                want = np.maximum(want, 0.0)
+        bound = bound + EPS[self.dtype] * (np.abs(want) + bound)
+        got = y.astype(np.float64)
+        err = np.where(np.isnan(got), np.inf, np.abs(got - want) - bound)
+        if (err > 0).any():
+            i = np.unravel_index(int(np.argmax(err)), err.shape)
+            raise AssertionError(f"{self}: plan {f.plan.strategy}: {(err > 0).sum()} of {err.size} elements off; "
+                                 f"worst at {tuple(map(int, i))}: got {got[i]!r}, want {want[i]!r} "
+                                 f"(bound {bound[i]:.3g})")
+        return f, y
+
+
+def tensorize_plan(block: tuple[int, int] = (64, 64), warps: tuple[int, int] = (2, 2), k_tile: int = 32,
+                   stages: int = 2) -> dict[str, Any]:
+    return {"strategy": "manual", "reason": "test", "steps": [
+        {"primitive": "tensorize", "args": {"stage": "Y", "intrinsic": "auto", "block": list(block),
+                                            "warps": list(warps), "k_tile": k_tile, "stages": stages}}]}
+
+
+def copies(f: Any) -> dict[str, int]:
+    """Bytes per cp.async copy of each operand in the built kernel (absent: element loads)."""
+    out: dict[str, int] = {}
+    for k in f.module.kernels:
+        for s in iter_stmts(k.body):
+            if isinstance(s, AsyncCopy):
+                out[s.src.name] = s.bytes
+    return out
+
+
+# ---- correctness of the implicit GEMM, shape by shape ---------------------------------------------
+
+CASES = {
+    "nhwc_3x3_pad1": Conv(2, (7, 7), 16, 24, (3, 3), pad=1),
+    "nchw_3x3_pad1": Conv(2, (7, 7), 16, 24, (3, 3), pad=1, layout="NCHW"),
+    "nhwc_stride2": Conv(2, (9, 9), 16, 16, (3, 3), stride=2, pad=1),
+    "nchw_stride2": Conv(1, (9, 9), 8, 16, (3, 3), stride=2, pad=1, layout="NCHW"),
+    "nhwc_dilation2": Conv(2, (9, 9), 16, 16, (3, 3), pad=2, dil=2),
+    "nhwc_1x1": Conv(2, (7, 7), 32, 40, (1, 1)),
+    "nchw_1x1": Conv(2, (7, 7), 32, 16, (1, 1), layout="NCHW"),
+    "nhwc_c3": Conv(2, (7, 7), 3, 16, (3, 3), pad=1),          # C % 8 != 0: guarded loads of X
+    "nhwc_5x5_no_pad": Conv(1, (11, 11), 8, 16, (5, 5)),
+    "nhwc_groups2": Conv(2, (7, 7), 16, 32, (3, 3), pad=1, groups=2),
+    "nchw_groups2": Conv(1, (7, 7), 16, 16, (3, 3), pad=1, groups=2, layout="NCHW"),
+    "conv1d": Conv(2, (33,), 16, 16, (3,), pad=1),
+    "conv3d": Conv(1, (5, 5, 5), 8, 16, (3, 3, 3), pad=1),
+    "bias_relu": Conv(2, (7, 7), 16, 16, (3, 3), pad=1, epilogue="bias_relu"),
+    "bn_residual": Conv(2, (7, 7), 16, 16, (3, 3), pad=1, epilogue="bn_residual", layout="NCHW"),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_implicit_gemm_matches_numpy(case: str, dtype: str) -> None:
+    conv = CASES[case]
+    conv = Conv(**{**conv.__dict__, "dtype": dtype, "tensors": []})
+    f, _ = conv.run(plan=tensorize_plan())
+    assert any(isinstance(s, MatrixMultiply) for k in f.module.kernels for s in iter_stmts(k.body)), case
+
+
+def test_gathered_loads_are_16_byte_copies_when_the_channels_allow() -> None:
+    """NHWC with C % 8 == 0: k = (r·S + s)·C + c, so 8 consecutive k are 16 contiguous bytes of X
+    with one padding predicate; the RSCF filter's rows of F halves copy along f."""
+    f, _ = Conv(2, (7, 7), 16, 16, (3, 3), pad=1).run(plan=tensorize_plan())
+    assert copies(f) == {"X": 16, "Wt": 16}
+    # C = 3: X's channel runs are 6 bytes, so X goes through guarded element loads; the filter,
+    # read along f, still copies
+    f, _ = Conv(2, (7, 7), 3, 16, (3, 3), pad=1).run(plan=tensorize_plan())
+    assert copies(f) == {"Wt": 16}
+    # NCHW: X's contiguous axis w = q + s - 1 mixes a row and a reduction axis (element loads); the
+    # KCRS filter is a plain [F][C·R·S] matrix, 144 halves per row: 16-byte copies across (c, r, s)
+    f, _ = Conv(1, (7, 7), 16, 16, (3, 3), pad=1, layout="NCHW").run(plan=tensorize_plan())
+    assert copies(f) == {"Wt": 16}
+
+
+def test_a_1x1_convolution_is_a_plain_gemm_over_n_p_q() -> None:
+    """1x1, stride 1, no padding: no predicate beyond the matrix edges, both operands copied."""
+    f, _ = Conv(2, (7, 7), 32, 40, (1, 1)).run(plan=tensorize_plan(k_tile=32, stages=3))
+    assert copies(f) == {"X": 16, "Wt": 16}
+
+
+# ---- the planner ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_auto_plan_puts_a_half_convolution_on_tensor_cores(layout: str) -> None:
+    conv = Conv(2, (14, 14), 64, 64, (3, 3), pad=1, layout=layout)
+    f, _ = conv.run()
+    assert f.plan.strategy == "gemm_tensor_core", f.plan.reason
+
+
+def test_float32_convolutions_stay_on_the_simt_path() -> None:
+    conv = Conv(1, (7, 7), 8, 16, (3, 3), pad=1, dtype="float32")
+    f, _ = conv.run()
+    assert f.plan.strategy != "gemm_tensor_core"
+    from tecc.compiler.planner import candidates_for
+    from tecc.compiler.cost.analysis import analyze_kernel
+    from tecc.passes.lower import lower
+
+    info = analyze_kernel(lower(conv.tensors).kernels[0])
+    _, declined = candidates_for(info, tc.target("sm_90"))
+    assert ("gemm_tensor_core", "float16 or bfloat16 operands only") in declined
+
+
+def depthwise(c: int = 16, dtype: str = "float16") -> list[tc.Tensor]:
+    X = tc.placeholder((2, 9, 9, c), dtype, "X")
+    Wt = tc.placeholder((3, 3, c), dtype, "Wt")
+    r, s = tc.reduce_axis(3, "r"), tc.reduce_axis(3, "s")
+
+    def body(n: Any, p: Any, q: Any, ch: Any) -> Any:
+        h, w = p + r - 1, q + s - 1
+        x = tc.where((h >= 0) & (h < 9) & (w >= 0) & (w < 9), X[n, h, w, ch], tc.const(0, dtype))
+        return tc.cast(tc.sum(tc.cast(x, "float32") * tc.cast(Wt[r, s, ch], "float32"), axis=[r, s]), dtype)
+    return [X, Wt, tc.compute((2, 9, 9, c), body, name="Y")]
+
+
+def test_depthwise_convolution_is_declined_by_tensor_cores_and_correct() -> None:
+    """groups == C: every output axis indexes the activations, no column axis: a memory-bound
+    stencil. The tensor-core strategy declines it with that reason; a SIMT schedule runs it."""
+    tensors = depthwise()
+    result = tc.plan_program(tensors, "sm_90")
+    declined = dict(result.kernels[0].declined)
+    assert "depthwise" in declined["gemm_tensor_core"], declined
+    text = tc.explain(result)
+    assert "depthwise" in text
+    with pytest.raises(tc.ScheduleError, match="no column axis"):
+        tc.Schedule(tensors).tensorize("Y")
+    f = tc.build(tensors, target="sim")
+    g = np.random.default_rng(3)
+    x = g.uniform(-1, 1, (2, 9, 9, 16)).astype(np.float16)
+    w = g.uniform(-1, 1, (3, 3, 16)).astype(np.float16)
+    y = np.full((2, 9, 9, 16), np.nan, np.float16)
+    f(x, w, y)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    want = sum(xp[:, r:r + 9, s:s + 9] * w[r, s].astype(np.float64) for r in range(3) for s in range(3))
+    size = sum(np.abs(xp[:, r:r + 9, s:s + 9] * w[r, s].astype(np.float64)) for r in range(3) for s in range(3))
+    bound = 10 * F32 * size + EPS["float16"] * (np.abs(want) + 10 * F32 * size)
+    assert np.all(np.abs(y.astype(np.float64) - want) <= bound), f.plan
+
+
+def test_refusals_name_the_condition() -> None:
+    X = tc.placeholder((2, 9, 9, 16), "float16", "X")
+    Wt = tc.placeholder((3, 3, 16, 16), "float16", "Wt")
+    c, r, s = tc.reduce_axis(16, "c"), tc.reduce_axis(3, "r"), tc.reduce_axis(3, "s")
+    Y = tc.compute((2, 7, 7, 16), lambda n, p, q, f: tc.sum(X[n, p * r, q + s, c] * Wt[r, s, c, f],
+                                                            axis=[c, r, s]), name="Y")
+    with pytest.raises(tc.ScheduleError, match="not affine"):
+        tc.Schedule([X, Wt, Y]).tensorize("Y")
+    X24 = tc.placeholder((2, 9, 9, 24), "float16", "X24")
+    Z = tc.compute((2, 7, 7, 16), lambda n, p, q, f: tc.sum(X24[n, p + r, q + s, (f // 3) + c] * Wt[r, s, c, f],
+                                                            axis=[c, r, s]), name="Z")
+    with pytest.raises(tc.ScheduleError, match="divides its constant extent"):
+        tc.Schedule([X24, Wt, Z]).tensorize("Z")
+
+
+# ---- NVRTC -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_resnet_layer_kernels_compile_without_spills(layout: str, arch: str) -> None:
+    """The ResNet-50 3x3 layer at 56x56x64 (batch 32) through NVRTC: no spills."""
+    conv = Conv(32, (56, 56), 64, 64, (3, 3), pad=1, layout=layout)
+    sch = tc.Schedule(conv.program())
+    # NCHW's activations go through registers (element loads): a smaller block keeps them there
+    block = (128, 128) if layout == "NHWC" else (128, 64)
+    sch.tensorize("Y", block=block, warps=(2, 2), k_tile=32, stages=3)
+    func = sch.mod.kernels[0]
+    compiled = compile_cuda(emit_source([func]), arch=arch, name=func.name)
+    res = compiled.resources[func.name]
+    assert (res.spill_stores, res.spill_loads, res.stack_bytes) == (0, 0, 0), f"{arch}: {res}"
+    assert res.registers <= 255
+    for mnemonic in ("mma.sync.aligned.m16n8k16.row.col.f32", "ldmatrix.sync.aligned.m8n8.x4", "cp.async"):
+        assert mnemonic in compiled.ptx, mnemonic
+
+
+# ---- on a GPU ----------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("conv", [Conv(32, (56, 56), 64, 64, (3, 3), pad=1),
+                                  Conv(32, (56, 56), 64, 256, (1, 1)),
+                                  Conv(32, (56, 56), 64, 64, (3, 3), pad=1, layout="NCHW", epilogue="bias_relu")],
+                         ids=["resnet_3x3_56", "resnet_1x1_56_64_256", "nchw_3x3_bias_relu"])
+def test_resnet_layers_on_the_gpu(conv: Conv) -> None:
+    f, _ = conv.run(target="cuda")
+    if conv.layout == "NHWC":
+        assert f.plan.strategy == "gemm_tensor_core", f.plan.reason
