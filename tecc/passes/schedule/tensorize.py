@@ -1,18 +1,29 @@
 """tensorize: a contraction stage rebuilt as a tiled tensor-core kernel (mma.sync, ldmatrix, cp.async).
 
-What it matches (by index structure, never by name). The stage must still be the kernel lowering
-made for it (tensorize is its first primitive):
+What it matches (by index structure, never by name): a contraction that is a GEMM once its axes
+are grouped -- tecc/passes/schedule/implicit_gemm.py finds it and says how each operand element
+is found in memory. The stage must still be the kernel lowering made for it (tensorize is its
+first primitive):
 
-    for b..: for i: for j:                      # spatial loops; the last two are rows and columns
+    for s..:                                    # spatial loops
       acc[0] = 0
-      for k: acc[0] = acc[0] + term             # one reduction axis
-      C[b.., i, j] = epilogue(acc[0])
+      for r..: acc[0] = acc[0] + term           # one or more reduction loops
+      C[s..] = epilogue(acc[0])
 
 where `term` is `float32(A[..] * B[..])` (the plain half form `tc.sum(A[i, k] * B[k, j])`) or
-`float32(A[..]) * float32(B[..])`; A and B are float16 or bfloat16 (the same dtype, the one of
-the intrinsic) global buffers, contiguous, each index a single loop variable: A by the batch
-axes, then (i, k) or (k, i); B by the batch axes, then (k, j) or (j, k); C by exactly
-(b.., i, j). Anything else is a ScheduleError naming the condition.
+`float32(A[..]) * float32(B[..])`, each multiplicand optionally `where(cond, read, 0)`; A and B
+are float16 or bfloat16 (the same dtype, the one of the intrinsic) contiguous global buffers
+whose indices are affine in the loop axes. The spatial axes group into batch (indexing both
+operands), rows (only A) and columns (only B, the operand the output's innermost axis indexes);
+M, N, K are the groups' extent products. A plain matrix product is the case of single-axis
+groups (`A[b.., i, k]`, `B[b.., k, j]`, either orientation); a convolution
+(`X[n, p·stride + r·dil - pad, q·stride + s·dil - pad, c]` under a padding `where`, NCHW, 1x1,
+grouped, 1-3 spatial dimensions) is the general case: an implicit GEMM, the tile loads gathering
+X's elements by div/mod of the row and reduction indices (docs/conv.md). The axes are grouped,
+not the loop nest flattened first: the grouping is a view the emitter unflattens where it
+addresses an operand (`_Emitter.element`, `implicit_gemm.unflatten`) or the output (step 6), so
+no loop-fusion primitive has to rewrite indices, and one matcher serves GEMMs and convolutions.
+Anything else is a ScheduleError naming the condition.
 
 Accumulation semantics: the mma multiplies the half operands exactly and accumulates in float32
 (the lowered loop's accumulator dtype), rounding once per k16 step. The plain half form lowers to
@@ -27,17 +38,21 @@ What it emits, step by step (each step is one function below):
                32·WM_COUNT·WN_COUNT threads, warp = tx // 32 at (warp // WN_COUNT, warp % WN_COUNT);
                each warp owns (BM/WM_COUNT) × (BN/WN_COUNT) = TM × TN mma tiles of 16 × 8, their
                accumulators one fragment buffer of TM·TN·4 floats per lane.
-2. staging     each operand's tile is kept in shared memory in its global orientation (its
-               contiguous axis contiguous), in a ring of S stages: A as [S][BM][BK] (k-contiguous)
-               or [S][BK][BM] (i-contiguous), B as [S][BK][BN] or [S][BN][BK]. A row of W halves
+2. staging     each operand's tile is kept in shared memory in its memory orientation (along the
+               group it is contiguous in), in a ring of S stages: A as [S][BM][BK] (k-contiguous)
+               or [S][BK][BM] (row-contiguous), B as [S][BK][BN] or [S][BN][BK]. A row of W halves
                gets the XOR swizzle that puts the 8 rows one ldmatrix matrix reads in 8 different
-               16-byte bank groups (`row_swizzle`). A tile is filled with 16-byte cp.async copies
-               when the operand's contiguous extent is a constant multiple of 8 (every chunk then
-               lies inside or outside the matrix, and rows start 16-byte aligned); the predicate
-               zero-fills chunks past the M/N/K edges. A contiguous extent that is a multiple of 4
-               or 2 only gets 8- or 4-byte copies (cp.async.ca). Otherwise (odd K, a symbolic
-               contiguous extent) the tile's elements are loaded guarded (select(in range, x, 0))
-               into registers when the refill is issued and stored to shared after the compute.
+               16-byte bank groups (`row_swizzle`). Element (outer, k) of an operand is at the
+               operand's own indices with every axis replaced by its unflattened expression,
+               predicated by the M/N/K edges and its where() condition. A tile is filled with
+               16-byte cp.async copies when implicit_gemm.contiguous_copy proves 8 consecutive
+               indices contiguous, aligned and uniformly in or out of range (a plain matrix whose
+               contiguous extent is a constant multiple of 8, NHWC activations with C % 8 == 0);
+               the predicate zero-fills chunks outside. Runs that are multiples of 4 or 2 only
+               get 8- or 4-byte copies (cp.async.ca). Otherwise (odd K, a symbolic contiguous
+               extent, C = 3, NCHW activations) the tile's elements are loaded guarded
+               (select(in range, x, 0)) into registers when the refill is issued and stored to
+               shared after the compute.
 3. pipeline    S - 1 stages are loaded before the k loop, one commit group each; iteration kt
                waits until at most S - 2 groups are in flight (stage kt has landed), barriers
                (every thread's copies are visible, and every warp is done with stage kt - 1),
@@ -49,7 +64,8 @@ What it emits, step by step (each step is one function below):
                j-contiguous, stored [k][j]; plain when B is k-contiguous, stored [j][k]).
 5. mma         TM × TN mma.sync per k16 step into the accumulators.
 6. epilogue    each lane's accumulator elements at (row, col) from the C fragment's layout map,
-               guarded by row < M and col < N, stored as the stage's own store with acc[0]
+               guarded by row < M and col < N, the row and column unflattened into their axes,
+               stored as the stage's own store with acc[0]
                replaced by the element: bias, activations, residuals, scales and the cast to the
                output dtype fuse as written.
 
