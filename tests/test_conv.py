@@ -48,7 +48,7 @@ class Conv:
     groups: int = 1
     layout: str = "NHWC"           # channels last (filters R,S,C/g,F) or "NCHW" (filters F,C/g,R,S)
     dtype: str = "float16"
-    epilogue: str = ""             # "" | "bias_relu" | "bn_residual"
+    epilogue: str = ""             # "" | "bias_relu" | "bn_relu" | "bn_residual"
     tensors: list[tc.Tensor] = field(default_factory=list)
 
     @property
@@ -67,7 +67,9 @@ class Conv:
         else:
             x, w, y = (self.n, self.c, *self.size), (self.f, cg, *self.kernel), (self.n, self.f, *self.out)
         out = {"X": x, "Wt": w, "Y": y}
-        if self.epilogue:
+        if self.epilogue == "bias_relu":
+            out["bias"] = (self.f,)
+        elif self.epilogue:
             out["scale"], out["shift"] = (self.f,), (self.f,)
         if self.epilogue == "bn_residual":
             out["res"] = y
@@ -78,7 +80,7 @@ class Conv:
         X = tc.placeholder(sh["X"], self.dtype, "X")
         Wt = tc.placeholder(sh["Wt"], self.dtype, "Wt")
         extra = {name: tc.placeholder(sh[name], "float32" if name != "res" else self.dtype, name)
-                 for name in ("scale", "shift", "res") if name in sh}
+                 for name in ("bias", "scale", "shift", "res") if name in sh}
         cg, fg = self.c // self.groups, self.f // self.groups
         c = tc.reduce_axis(cg, "c")
         taps = [tc.reduce_axis(k, "rst"[i] if d <= 3 else f"t{i}") for i, k in enumerate(self.kernel)]
@@ -100,6 +102,8 @@ class Conv:
                 x = tc.where(inside, x, tc.const(0, self.dtype))
             acc = tc.sum(tc.cast(x, "float32") * tc.cast(w, "float32"), axis=[c, *taps])
             if self.epilogue == "bias_relu":
+                acc = tc.maximum(acc + extra["bias"][f], 0.0)
+            elif self.epilogue == "bn_relu":
                 acc = tc.maximum(acc * extra["scale"][f] + extra["shift"][f], 0.0)
             elif self.epilogue == "bn_residual":
                 acc = acc * extra["scale"][f] + extra["shift"][f] + tc.cast(extra["res"][ix], "float32")
@@ -138,7 +142,9 @@ class Conv:
         g = np.random.default_rng(seed)
         sh, dtype = self.shapes(), np_dtype(self.dtype)
         arrays = {"X": g.uniform(-1, 1, sh["X"]).astype(dtype), "Wt": g.uniform(-1, 1, sh["Wt"]).astype(dtype)}
-        if self.epilogue:
+        if "bias" in sh:
+            arrays["bias"] = g.uniform(-1, 1, sh["bias"]).astype(np.float32)
+        if "scale" in sh:
             arrays["scale"] = g.uniform(0.5, 2, sh["scale"]).astype(np.float32)
             arrays["shift"] = g.uniform(-1, 1, sh["shift"]).astype(np.float32)
         if self.epilogue == "bn_residual":
@@ -152,15 +158,15 @@ class Conv:
         if self.epilogue:
             shape = [1] * exact.ndim
             shape[-1 if self.layout == "NHWC" else 1] = self.f
-            scale = arrays["scale"].astype(np.float64).reshape(shape)
-            shift = arrays["shift"].astype(np.float64).reshape(shape)
+            scale = arrays["scale"].astype(np.float64).reshape(shape) if "scale" in arrays else np.ones(shape)
+            shift = arrays["shift" if "shift" in arrays else "bias"].astype(np.float64).reshape(shape)
             want = exact * scale + shift
             bound = bound * scale
             if self.epilogue == "bn_residual":
                 want = want + arrays["res"].astype(np.float64)
             # three float32 roundings (product, sum, sum) of at most |exact·scale| + |shift| + |res| + bound
             bound = bound + 3 * F32 * (np.abs(exact * scale) + np.abs(shift) + 2 + bound)
-            if self.epilogue == "bias_relu":
+            if self.epilogue.endswith("relu"):
                 want = np.maximum(want, 0.0)
         bound = bound + EPS[self.dtype] * (np.abs(want) + bound)
         got = y.astype(np.float64)
@@ -207,6 +213,7 @@ CASES = {
     "conv1d": Conv(2, (33,), 16, 16, (3,), pad=1),
     "conv3d": Conv(1, (5, 5, 5), 8, 16, (3, 3, 3), pad=1),
     "bias_relu": Conv(2, (7, 7), 16, 16, (3, 3), pad=1, epilogue="bias_relu"),
+    "bn_relu": Conv(2, (7, 7), 16, 16, (3, 3), pad=1, epilogue="bn_relu", stride=2),
     "bn_residual": Conv(2, (7, 7), 16, 16, (3, 3), pad=1, epilogue="bn_residual", layout="NCHW"),
 }
 
@@ -245,7 +252,7 @@ def test_a_1x1_convolution_is_a_plain_gemm_over_n_p_q() -> None:
 
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
 def test_auto_plan_puts_a_half_convolution_on_tensor_cores(layout: str) -> None:
-    conv = Conv(2, (14, 14), 64, 64, (3, 3), pad=1, layout=layout)
+    conv = Conv(4, (14, 14), 64, 64, (3, 3), pad=1, layout=layout)
     f, _ = conv.run()
     assert f.plan.strategy == "gemm_tensor_core", f.plan.reason
 

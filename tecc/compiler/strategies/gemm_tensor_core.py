@@ -32,7 +32,10 @@ Workload for the cost model:
 - registers: TM·TN·4 accumulators, TM·4 + TN·2 fragment registers, the k-invariant shared addresses, addressing and the copy
   loop's state (ADDRESSING + 4 per cp.async copy per thread per stage; ptxas's count was at or
   below this for every point compiled in tests/test_tensorize.py), plus two registers per element
-  an operand without cp.async copies (odd K) stages through registers; over 255 is rejected.
+  an operand without cp.async copies (odd K) stages through registers; over 255 is rejected;
+- an implicit GEMM's gathered addresses: about 4 issued instructions (a div/mod pair by a
+  constant) per reduction axis beyond one, per copy or element load and k tile (the row and
+  column parts are k-invariant: GemmView.gathered).
 """
 
 from __future__ import annotations
@@ -109,6 +112,7 @@ class GemmView:
     n: int
     k: int
     copies: tuple[int, int]
+    gathered: int = 0   # reduction axes beyond one: each costs a div/mod pair per copy or element per k tile
 
 
 def gemm_view(info: KernelInfo) -> GemmView | str:
@@ -158,7 +162,10 @@ def gemm_view(info: KernelInfo) -> GemmView | str:
         m *= extents[v]
     for v in cols:
         n *= extents[v]
-    return GemmView(a, b, batch, m, n, info.reduce_extent, (a_copy, b_copy))
+    # the row and column parts of a gathered address do not change with the k tile (ptxas keeps
+    # them in registers); the reduction axes are unflattened anew for every k tile
+    gathered = len(info.reduction) - 1
+    return GemmView(a, b, batch, m, n, info.reduce_extent, (a_copy, b_copy), gathered)
 
 
 class GemmTensorCore(Strategy):
@@ -218,7 +225,9 @@ class GemmTensorCore(Strategy):
         staged = sum(tile // threads for tile, size in ((bm * bk, sizes[0]), (bn * bk, sizes[1])) if not size)
         ldmatrix = warps * k16 * (tm + tn // 2)
         mma = warps * k16 * tm * tn
-        instructions = (mma + ldmatrix + blocks * k_tiles * (wm * wn) * (copies * 6 + staged * 6 + 8)
+        # an implicit GEMM's gathered addresses: a div/mod pair (about 4 instructions with constant
+        # divisors) per extra reduction axis per copy or element load
+        instructions = (mma + ldmatrix + blocks * k_tiles * (wm * wn) * ((copies + staged) * (6 + 4 * view.gathered) + 8)
                         + warps * tm * tn * 4 * (4 + info.epilogue_flops))
         # float16 and bfloat16 have the same dense peak on every target in the table
         rate = target.tensor_flops.get("float16", 0.0) * MMA_SYNC_FRACTION.get(target.sm, 0.6)

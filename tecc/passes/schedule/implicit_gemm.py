@@ -338,7 +338,9 @@ def match_contraction(func: PrimFunc, stage: str) -> Contraction:
     loads = {"A": (x, gx), "B": (y, gy)}
     layouts = {role: _layout(where, load, guard, spatial, [lp.var for lp in kloops])
                for role, (load, guard) in loads.items()}
-    batch, rows, cols = [], [], []
+    batch: list[Var] = []
+    rows: list[Var] = []
+    cols: list[Var] = []
     for v in spatial:
         in_a, in_b = v in reads_x, v in reads_y
         group = batch if in_a and in_b else rows if in_a else cols if in_b else None
