@@ -248,6 +248,45 @@ def test_a_1x1_convolution_is_a_plain_gemm_over_n_p_q() -> None:
     assert copies(f) == {"X": 16, "Wt": 16}
 
 
+# ---- the GEMM view, as data ------------------------------------------------------------------------
+
+def test_copy_runs_follow_strides_guards_and_alignment() -> None:
+    """implicit_gemm.contiguous_copy on hand-written layouts (flat strides of row-major buffers)."""
+    from tecc.passes.schedule.implicit_gemm import contiguous_copy, layout_of
+
+    # NHWC X[n, p + r - 1, q + s - 1, c] of shape (2, 7, 7, C), guarded on p, r, q, s
+    def nhwc(c: int) -> Any:
+        return layout_of([({"n": 1}, 0), ({"p": 1, "r": 1}, -1), ({"q": 1, "s": 1}, -1), ({"c": 1}, 0)],
+                         [2, 7, 7, c], frozenset({"p", "r", "q", "s"}))
+    k = [("r", 3), ("s", 3), ("c", 16)]
+    assert contiguous_copy(nhwc(16), k) == 8                          # c: 16 contiguous halves
+    assert contiguous_copy(nhwc(12), [("r", 3), ("s", 3), ("c", 12)]) == 4   # 12 = 3 chunks of 4
+    assert contiguous_copy(nhwc(3), [("r", 3), ("s", 3), ("c", 3)]) == 0     # 3 halves: no copy
+    # without the guard, (s, c) would merge into a run of 48 only if s's stride were C: it is
+    assert contiguous_copy(layout_of([({"s": 1}, 0), ({"c": 1}, 0)], [3, 16]), [("s", 3), ("c", 16)]) == 8
+    # KCRS W[f, c, r, s] of shape (16, 16, 3, 3): (c, r, s) is one run of 144
+    kcrs = layout_of([({"f": 1}, 0), ({"c": 1}, 0), ({"r": 1}, 0), ({"s": 1}, 0)], [16, 16, 3, 3])
+    assert contiguous_copy(kcrs, [("c", 16), ("r", 3), ("s", 3)]) == 8
+    assert contiguous_copy(kcrs, [("r", 3), ("s", 3), ("c", 16)]) == 0    # c innermost is stride 9
+    # a symbolic leading extent keeps the run: its stride is a multiple of the known extents
+    assert contiguous_copy(layout_of([({"i": 1}, 0), ({"k": 1}, 0)], [None, 64]), [("k", 64)]) == 8
+
+
+def test_groups_are_ordered_by_the_operands_strides() -> None:
+    """K is flattened so that the activations' channel axis is innermost (NHWC) or so that the
+    KCRS filter is a plain matrix (NCHW); M in the activations' memory order."""
+    from tecc.passes.schedule.implicit_gemm import match_contraction
+    from tecc.passes.lower import lower
+
+    for layout, ks in (("NHWC", ["r", "s", "c"]), ("NCHW", ["c", "r", "s"])):
+        conv = Conv(2, (7, 7), 16, 16, (3, 3), pad=1, layout=layout)
+        c = match_contraction(lower(conv.program()).kernels[0], "Y")
+        assert [v.name for v, _ in c.ks] == ks, layout
+        # the output's axes are i0.. (body(*ix)): NHWC rows (n, p, q); NCHW rows f (the filter is A)
+        assert [v.name for v, _ in c.rows] == (["i0", "i1", "i2"] if layout == "NHWC" else ["i1"]), layout
+        assert (c.a.copy, c.b.copy) == ((8, 8) if layout == "NHWC" else (8, 0)), layout
+
+
 # ---- the planner ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
