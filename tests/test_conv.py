@@ -212,6 +212,8 @@ CASES = {
     "nhwc_5x5_no_pad": Conv(1, (11, 11), 8, 16, (5, 5)),
     "nhwc_groups2": Conv(2, (7, 7), 16, 32, (3, 3), pad=1, groups=2),
     "nchw_groups2": Conv(1, (7, 7), 16, 16, (3, 3), pad=1, groups=2, layout="NCHW"),
+    "nhwc_f12": Conv(2, (7, 7), 16, 12, (3, 3), pad=1),         # filter rows of 12 halves: 8-byte copies
+    "nchw_odd_everything": Conv(2, (11, 9), 5, 7, (3, 3), stride=2, pad=2, dil=2, layout="NCHW"),
     "conv1d": Conv(2, (33,), 16, 16, (3,), pad=1),
     "conv3d": Conv(1, (5, 5, 5), 8, 16, (3, 3, 3), pad=1),
     "bias_relu": Conv(2, (7, 7), 16, 16, (3, 3), pad=1, epilogue="bias_relu"),
@@ -238,6 +240,9 @@ def test_gathered_loads_are_16_byte_copies_when_the_channels_allow() -> None:
     # read along f, still copies
     f, _ = Conv(2, (7, 7), 3, 16, (3, 3), pad=1).run(plan=tensorize_plan())
     assert copies(f) == {"Wt": 16}
+    # F = 12: the filter's rows of 12 halves are 3 aligned runs of 4 (8-byte copies)
+    f, _ = Conv(2, (7, 7), 16, 12, (3, 3), pad=1).run(plan=tensorize_plan())
+    assert copies(f) == {"X": 16, "Wt": 8}
     # NCHW: X's contiguous axis w = q + s - 1 mixes a row and a reduction axis (element loads); the
     # KCRS filter is a plain [F][C·R·S] matrix, 144 halves per row: 16-byte copies across (c, r, s)
     f, _ = Conv(1, (7, 7), 16, 16, (3, 3), pad=1, layout="NCHW").run(plan=tensorize_plan())

@@ -235,7 +235,12 @@ class _Emitter:
                              fragment=(intrinsic, "c"))
         self.c_map = frag.operand("c").layout
         # batch indices of this block (several batch axes share blockIdx.z, unflattened)
-        self.batch_index: dict[Var, Expr] = unflatten(c.batch, self.bz) if c.batch else {}
+        self.batch_index: dict[str, Expr] = {}
+        rest: Expr = self.bz
+        for n, (bv, ext) in enumerate(reversed(c.batch)):
+            last = n == len(c.batch) - 1
+            self.batch_index[bv.name] = rest if last else rest % ext
+            rest = rest // ext
         self.shared = {op.role: self.shared_buffer(op) for op in (c.a, c.b)}
         # registers of the element loads of an operand without 16-byte copies
         self.staged = {op.role: Buffer(f"{op.buffer.name}_staged", op.buffer.dtype,
@@ -283,7 +288,7 @@ class _Emitter:
         the reduction index, unflattened into the loop axes (implicit_gemm.Operand.at) -- and its
         where() predicate (None: none)."""
         c = self.c
-        values = dict(self.batch_index)
+        values: dict[Var, Expr] = {v: self.batch_index[v.name] for v, _ in c.batch}
         values.update(unflatten(c.rows if op.role == "A" else c.cols, outer))
         values.update(unflatten(c.ks, k))
         return op.at(values)
@@ -419,7 +424,7 @@ class _Emitter:
                 r, col = self.c_map(self.lane, e)
                 row = self.by * t.bm + self.warp_m * wm + mi * 16 + r
                 column = self.bx * t.bn + self.warp_n * wn + ni * 8 + col
-                values: dict[Var, Expr] = dict(self.batch_index)
+                values: dict[Var, Expr] = {v: self.batch_index[v.name] for v, _ in c.batch}
                 values.update(unflatten(c.rows, row))
                 values.update(unflatten(c.cols, column))
                 value = _ReplaceAccumulator(c.acc, self.frag_c[q * 4 + e]).visit(store.value)
