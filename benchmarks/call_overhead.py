@@ -159,3 +159,15 @@ for label, fn in (("tecc op", op), ("raw custom op", raw_op)):
     graph = graph_of(fn)
     t = per_call(graph.replay, reps=1000)
     print(f"| {label} | {t:.1f} | {t / K:.2f} |", flush=True)
+
+# ---- where the tecc op's host time goes (python benchmarks/call_overhead.py --profile) -----------------
+import sys
+if "--profile" in sys.argv:
+    import cProfile, pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(5000):
+        op(x)
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(30)

@@ -546,13 +546,21 @@ def test_golden_cuda_of_a_tensorized_gemm_with_a_fused_epilogue() -> None:
     assert text == path.read_text(), f"generated CUDA changed; diff it against {path}"
 
 
-def test_the_planner_passes_over_a_point_that_spills_and_says_why() -> None:
-    # 1000 x 1000 x 1002 on sm_90: ptxas keeps the 64x128, 3-stage point at 128 registers and
-    # spills; build's compile check refuses it and the next point is taken
+def test_the_planner_passes_over_a_point_that_spills_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1000 x 1000 x 1002 on sm_90: ptxas keeps the 64x128, 2x2-warp, k32, 3-stage point at 128
+    # registers and spills (the only point of the space that does, found by compiling them all);
+    # the space is cut to it and a 64x64 point it outranks, so the planner must take it first:
+    # build's compile check refuses it and the next point is taken
+    from tecc.compiler.strategies.gemm_tensor_core import GemmTensorCore
+
+    spills = {"bm": 64, "bn": 128, "warps_m": 2, "warps_n": 2, "bk": 32, "stages": 3}
+    other = {"bm": 64, "bn": 64, "warps_m": 2, "warps_n": 2, "bk": 32, "stages": 2}
+    monkeypatch.setattr(GemmTensorCore, "space", lambda self, info, target: iter([dict(spills), dict(other)]))
     tensors, _ = contraction(1000, 1000, 1002, "float16")
     f = tc.build(tensors, target="cuda", arch="sm_90")
     (r,) = f.resources.values()
     assert (r.spill_stores, r.spill_loads) == (0, 0), f.plan.reason
+    assert f.plan.steps[0].args["block"] == [64, 64], f.plan.steps
     refused = [c for c in f.planning.kernels[0].ranked if c.failed and "spills on sm_90" in c.failed]
-    assert refused, "the spilling point is listed with its reason"
+    assert [c.point for c in refused] == [spills], "the spilling point is listed with its reason"
     assert "spills on sm_90" in f.explain()
