@@ -10,7 +10,8 @@ The mapping, statement by statement (docs/codegen.md has the full table):
   For threadIdx.x     const int tx = threadIdx.x;  + if (tx < extent) when the block is wider
   Allocate shared     __shared__ __align__(16) T name[N];
                       (over 48 KiB of shared buffers in the kernel: one `extern __shared__` array,
-                      each buffer `T* const name` at its offset; `dynamic_shared_bytes`)
+                      each buffer `T* const name` at its offset; `dynamic_shared_bytes`; with wgmma
+                      descriptors, 1024-byte offsets from a start the kernel rounds up to 1024)
   Allocate local      T name[N];
   LetStmt             const T v = value;
   IfThenElse          if (c) { ... } else { ... }

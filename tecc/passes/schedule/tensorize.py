@@ -53,6 +53,10 @@ What it emits, step by step (each step is one function below):
                replaced by the element: bias, activations, residuals, scales and the cast to the
                output dtype fuse as written.
 
+On Hopper (intrinsic "wgmma"), tensorize_wgmma.py subclasses this emitter: the same matching,
+tiling, ring and epilogue, with steps 4-5 replaced by wgmmas that read 128B-swizzled shared
+tiles through descriptors, and the ring kept one stage behind the wgmma group in flight.
+
 Next refactor (not done here): steps 2-3 are a `pipeline(loop, stages)` primitive on loop IR
 (staged loads of a k-tile loop → a ring of cp.async groups) and a `swizzle(cache)` primitive;
 this file would then keep the matching, the fragment loads, the mma and the epilogue.

@@ -210,7 +210,7 @@ class _WarpgroupEmitter(_Emitter):
 
         def k_step(s: Var) -> Stmt:
             return WarpgroupMatrixMultiply(
-                self.row, FragmentRef(self.frag_c, 0),
+                self.row, FragmentRef(self.frag_c, _int(0)),
                 SharedMatrix(self.shared["A"], self.operand_start(a, stage, row0, s), self.descriptor["A"]),
                 SharedMatrix(self.shared["B"], self.operand_start(b, stage, _int(0), s), self.descriptor["B"]),
                 as_expr(True))
