@@ -43,7 +43,7 @@ from ...ir.target import Target
 from ..cost.analysis import KernelInfo
 from ..cost.model import Workload
 from ..cost.traffic import dram_from_l2
-from .gemm_tensor_core import ADDRESSING, BARRIER_CYCLES, GLOBAL_LATENCY_CYCLES, GemmTensorCore, copy_sizes
+from .gemm_tensor_core import ADDRESSING, GemmTensorCore, copy_sizes
 from .registry import Point, Strategy, register
 
 BLOCK_M = (64, 128)
@@ -63,6 +63,8 @@ SMEM_WAVEFRONT_BYTES = 128.0
 # the next tile's issue then no longer overlap the tensor pipe, and the wgmma's own latency from
 # issue to completion is paid per tile. Assumed (about one m64n256k16's latency), not fitted.
 WGMMA_DRAIN_CYCLES = 128.0
+GLOBAL_LATENCY_CYCLES = 550.0   # CostParameters.global_latency_cycles (unloaded)
+BARRIER_CYCLES = 40.0           # CostParameters.barrier_cycles
 
 
 def shared_bytes(point: Point) -> int:
