@@ -7,13 +7,15 @@ axis=k))`, planned by the planner (`plan_program`, every registered strategy, th
 Target), built with `tc.build(args, plan=plan)` (IR → emitter → NVRTC), checked against torch in
 float64, and timed with CUDA events (median of the timed runs after warm-up) in the same process
 as torch.matmul. Prints the table (shape, tecc TFLOP/s, cuBLAS TFLOP/s, ratio, plan) and the
-geometric mean of the ratios. `--sweep` also times every point of gemm_pipelined at 4096³.
+geometric mean of the ratios. `--sweep` also times every point of gemm_pipelined at 4096³
+(`--sweep-strategy gemm_wgmma --dtype float16`: every point of that strategy instead).
 `--epilogue` times `D = relu(A·B + bias[j])` at 4096³ (fused into the matmul's kernel by the
 lowering) against the plain matmul and against cuBLAS + torch's relu(c + bias).
 `--split-sweep` times the split-K points of SPLIT_SWEEP at the four small shapes with the
 planner's predicted time and rank.
 `--dtype float16` / `bfloat16`: the operands and the result in that dtype, the sum in float32
-(`tc.cast(tc.sum(float32(A)·float32(B)), dtype)`: the tensor-core path, gemm_tensor_core), against
+(`tc.cast(tc.sum(float32(A)·float32(B)), dtype)`: the tensor-core paths, gemm_tensor_core's
+mma.sync, or on sm_90 gemm_wgmma's wgmma, whichever the planner ranks first), against
 torch.matmul in the same dtype (cuBLAS's half GEMM, float32 accumulation); the table's dtype
 column says which. The default float32 compares with cuBLAS's SGEMM (TF32 off).
 Every row has three times: per call (events around one Python call, as in the earlier tables:
@@ -270,6 +272,8 @@ def main() -> None:
     ap.add_argument("--grid", action="store_true",
                     help="every (M, N, K) in {1024, 2048, 4096, 8192}^3 (64 shapes) plus the irregular ones")
     ap.add_argument("--sweep", action="store_true", help="time every gemm_pipelined point at 4096^3")
+    ap.add_argument("--sweep-strategy", default="gemm_pipelined",
+                    help="the strategy whose points --sweep times (e.g. gemm_wgmma with --dtype float16)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--compare", action="store_true", help="also time gemm_pipelined where the planner chose another")
     ap.add_argument("--symbolic", action="store_true", help="check a symbolic-M build at M=1000 and M=4096")
@@ -338,7 +342,7 @@ def main() -> None:
         from tecc.compiler.strategies import get
         from tecc.passes.lower import lower
 
-        strat = get("gemm_pipelined")
+        strat = get(opts.sweep_strategy)
         args = matmul_tensors(1, 4096, 4096, 4096)
         info = analyze_kernel(lower(args).kernels[0])
         from tecc.ir.target import from_device

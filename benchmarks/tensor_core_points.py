@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--shape", type=int, nargs=3, default=[4096, 4096, 4096])
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     ap.add_argument("--max", type=int, default=96, help="at most this many points (least predicted first)")
+    ap.add_argument("--out", default=None, help="also write the rows as JSON to this file")
     a = ap.parse_args()
     m, n, k = a.shape
     args = matmul_tensors(1, m, n, k, a.dtype)  # C = cast(Σ_k f32(A)·f32(B), dtype), as benchmarks/gemm.py
@@ -90,6 +91,15 @@ def main() -> None:
     for us, c, err, built, regs, spills in rows:
         print(f"{us:9.1f} {flops / us / 1e6:7.1f} {cublas / us:6.2f} {c.cost.total * 1e6:8.1f} {c.cost.bound:>8} "
               f"{regs!s:>5} {spills!s:>5} {err:8.1e}  {c.label}", flush=True)
+    if a.out:
+        import json
+
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "shape": [m, n, k], "dtype": a.dtype,
+                                           "cublas_us": cublas, "rows": [
+            {"us": us, "point": dict(c.point), "predicted_us": c.cost.total * 1e6, "bound": c.cost.bound,
+             "registers": regs, "spills": spills, "rel_err": err, "label": c.label}
+            for us, c, err, built, regs, spills in rows]}, indent=1))
 
 
 if __name__ == "__main__":

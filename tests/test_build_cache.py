@@ -55,7 +55,7 @@ def test_a_second_build_comes_from_the_cache_and_is_the_same_kernel(cache_dir: P
 def test_a_saved_tensor_core_kernel_round_trips_through_the_cache(cache_dir: Path) -> None:
     cold = tc.build(matmul(64, 48, 32, "float16"), target="sim", arch="sm_90")
     warm = tc.build(matmul(64, 48, 32, "float16"), target="sim", arch="sm_90")
-    assert cold.plan.strategy == "gemm_tensor_core" and hit(warm) and warm.source == cold.source
+    assert cold.plan.strategy in ("gemm_tensor_core", "gemm_wgmma") and hit(warm) and warm.source == cold.source
 
 
 @pytest.mark.parametrize("change", ["shape", "dtype", "arch", "sizes", "name"])

@@ -231,6 +231,19 @@ def test_implicit_gemm_matches_numpy(case: str, dtype: str) -> None:
     assert any(isinstance(s, MatrixMultiply) for k in f.module.kernels for s in iter_stmts(k.body)), case
 
 
+WGMMA_PLAN = {"strategy": "manual", "reason": "test", "steps": [
+    {"primitive": "tensorize", "args": {"stage": "Y", "intrinsic": "wgmma", "block": [64, 64], "warps": [4, 1],
+                                        "k_tile": 64, "stages": 3}}]}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_implicit_gemm_on_wgmma_matches_numpy(case: str) -> None:
+    """The Hopper path (tensorize_wgmma) stages its tiles through the same gathered loads."""
+    conv = Conv(**{**CASES[case].__dict__, "tensors": []})
+    f, _ = conv.run(plan=WGMMA_PLAN)
+    assert "wgmma" in dict(f.module.kernels[0].attrs)["tensorize"], case
+
+
 def test_gathered_loads_are_16_byte_copies_when_the_channels_allow() -> None:
     """NHWC with C % 8 == 0: k = (r·S + s)·C + c, so 8 consecutive k are 16 contiguous bytes of X
     with one padding predicate; the RSCF filter's rows of F halves copy along f."""

@@ -75,9 +75,12 @@ def test_descriptors_are_printed_from_the_matrix_descriptor() -> None:
     assert source.count('asm volatile("" : "+f"(acc[') == 64
 
 
-def test_plain_sm_90_refuses_wgmma() -> None:
-    with pytest.raises(CompileError, match="sm_90"):
-        compile_cuda(emit_source([wgmma_kernel()]), arch="sm_90")
+def test_a_wgmma_source_compiles_for_sm_90a_and_sm_80_refuses_it() -> None:
+    # emit_source marks a source with wgmma; compile_cuda then targets the arch-specific sm_90a
+    code = compile_cuda(emit_source([wgmma_kernel()]), arch="sm_90")
+    assert code.arch == "sm_90a" and "wgmma.mma_async" in code.ptx
+    with pytest.raises(CompileError):
+        compile_cuda(emit_source([wgmma_kernel()]), arch="sm_80")
 
 
 def test_setmaxnreg_compiles_for_sm_90a_in_a_warp_specialized_kernel() -> None:

@@ -149,3 +149,12 @@ def test_elementwise_issue_term_prices_precise_sin_and_breaks_the_bf16_tie(monke
     kp = result.kernels[0]
     assert kp.chosen.cost.bound == "issue", text
     assert kp.chosen.point["mode"] != "grid_stride" or kp.chosen.point["threads"] != 64, text
+
+
+def test_every_strategy_module_loads():
+    """A strategy file that fails to import is skipped by load_all (one broken file must not
+    take planning down), so its error must fail here instead of going unnoticed."""
+    from tecc.compiler.strategies import registry
+
+    registry.load_all()
+    assert registry.LOAD_ERRORS == {}, registry.LOAD_ERRORS

@@ -19,6 +19,8 @@ pytestmark = [pytest.mark.gpu,
 
 TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 EPS = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 0.0}
+# the planner's tensor-core paths: mma.sync everywhere, wgmma on sm_90 (tests/test_wgmma_gpu.py)
+TENSOR_CORE = ("gemm_tensor_core", "gemm_wgmma")
 
 
 def _contraction(m: Any, n: int, k: int, dtype: str, a_t: bool = False, b_t: bool = False, batch: int = 0,
@@ -41,11 +43,12 @@ def _contraction(m: Any, n: int, k: int, dtype: str, a_t: bool = False, b_t: boo
 
 
 def _run(m: int, n: int, k: int, dtype: str, *, a_t: bool = False, b_t: bool = False, batch: int = 0,
-         out: str = "float32", relu_bias: bool = False, symbolic: bool = False, plan: Any = "auto") -> None:
+         out: str = "float32", relu_bias: bool = False, symbolic: bool = False, plan: Any = "auto",
+         strategies: tuple[str, ...] = TENSOR_CORE) -> Any:
     tensors = _contraction(tc.var("M") if symbolic else m, n, k, dtype, a_t, b_t, batch, out, relu_bias)
     f = tc.build(tensors, plan=plan, sizes={"M": m} if symbolic else None)
     if plan == "auto":
-        assert f.plan.strategy == "gemm_tensor_core", f.plan.reason
+        assert f.plan.strategy in strategies, f.plan.reason
     lead = (batch,) if batch else ()
     g = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
     a = torch.randn(lead + ((k, m) if a_t else (m, k)), device="cuda", generator=g).to(TORCH[dtype])
@@ -74,6 +77,7 @@ def _run(m: int, n: int, k: int, dtype: str, *, a_t: bool = False, b_t: bool = F
         i = tuple(int(x) for x in torch.unravel_index(torch.argmax(err), err.shape))
         raise AssertionError(f"{f.plan.reason}: {bad} of {err.numel()} elements off; worst at {i}: got {got[i]}, "
                              f"want {want[i]} (bound {bound[i]:.3g})")
+    return f
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

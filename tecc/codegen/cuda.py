@@ -10,7 +10,8 @@ The mapping, statement by statement (docs/codegen.md has the full table):
   For threadIdx.x     const int tx = threadIdx.x;  + if (tx < extent) when the block is wider
   Allocate shared     __shared__ __align__(16) T name[N];
                       (over 48 KiB of shared buffers in the kernel: one `extern __shared__` array,
-                      each buffer `T* const name` at its offset; `dynamic_shared_bytes`)
+                      each buffer `T* const name` at its offset; `dynamic_shared_bytes`; with wgmma
+                      descriptors, 1024-byte offsets from a start the kernel rounds up to 1024)
   Allocate local      T name[N];
   LetStmt             const T v = value;
   IfThenElse          if (c) { ... } else { ... }
@@ -34,6 +35,7 @@ from typing import Sequence
 
 from tecc.ir import dtype as dt
 from tecc.ir.dtype import DType
+from tecc.ir.descriptor import DESCRIPTOR_ALIGNMENT
 from tecc.ir.errors import CompileError
 from tecc.ir.expr import Binary, Call, Expr, Var, const_int, free_vars, walk
 from tecc.ir.stmt import (
@@ -197,7 +199,9 @@ def _count(buffer: Buffer) -> int:
 
 def _shared_layout(func: PrimFunc) -> tuple[dict[int, int], int, int]:
     """The kernel's shared buffers packed into one allocation: byte offsets (by buffer id; each
-    start 128-byte aligned), the padded total, and where the last buffer ends."""
+    start 128-byte aligned, 1024-byte aligned in a kernel whose wgmma descriptors address shared
+    buffers), the padded total, and where the last buffer ends."""
+    align = DESCRIPTOR_ALIGNMENT if warpgroup.descriptor_buffers(func) else _SHARED_ALIGN
     offsets: dict[int, int] = {}
     total = end = 0
     for s in iter_stmts(func.body):
@@ -205,7 +209,7 @@ def _shared_layout(func: PrimFunc) -> tuple[dict[int, int], int, int]:
             nbytes = _count(s.buffer) * s.buffer.dtype.bytes
             offsets[id(s.buffer)] = total
             end = total + nbytes
-            total += -(-nbytes // _SHARED_ALIGN) * _SHARED_ALIGN
+            total += -(-nbytes // align) * align
     return offsets, total, end
 
 
@@ -217,9 +221,13 @@ def shared_offsets(func: PrimFunc) -> dict[int, int] | None:
 
 
 def dynamic_shared_bytes(func: PrimFunc) -> int:
-    """Bytes of dynamic shared memory a launch of `func` needs (0: its shared buffers are static)."""
+    """Bytes of dynamic shared memory a launch of `func` needs (0: its shared buffers are static).
+    With wgmma descriptors, DESCRIPTOR_ALIGNMENT bytes more: the kernel rounds the allocation's
+    start up to a multiple of 1024 bytes itself (C++ does not promise the extern array's alignment)."""
     _, total, end = _shared_layout(func)
-    return end if total > STATIC_SHARED_LIMIT else 0
+    if total <= STATIC_SHARED_LIMIT:
+        return 0
+    return end + (DESCRIPTOR_ALIGNMENT if warpgroup.descriptor_buffers(func) else 0)
 
 
 class KernelEmitter:
@@ -241,9 +249,6 @@ class KernelEmitter:
         self.wide = {p for p in func.params if isinstance(p, Buffer) and needs_64bit_indexing(p)}
         self.dynamic_shared = shared_offsets(func)
         self.descriptor_buffers = warpgroup.descriptor_buffers(func)
-        if self.descriptor_buffers and self.dynamic_shared is not None:
-            raise CompileError(f"kernel {func.name}: wgmma descriptors address shared buffers, which must be 1024-byte "
-                               "aligned; that is done for static shared memory (48 KiB or less) only so far")
         self.element_counts = {id(s.buffer): _count(s.buffer) for s in iter_stmts(func.body) if isinstance(s, Allocate)}
         self.expr = ExprEmitter(self.var_name, self.buffer_name, self.wide, self.ranges)
         for p in func.params:
@@ -443,8 +448,15 @@ class KernelEmitter:
         if b.scope == "shared" and self.dynamic_shared is not None:
             # offsets are multiples of 128 bytes, so float4 accesses stay aligned
             self.line(f"extern __shared__ __align__(16) unsigned char {DYNAMIC_SHARED}[];")
+            base = DYNAMIC_SHARED
+            if self.descriptor_buffers:
+                # descriptors need 1024-byte aligned tiles: round the start up (dynamic_shared_bytes
+                # asked for the slack); offsets are multiples of 1024 bytes then
+                mask = DESCRIPTOR_ALIGNMENT - 1
+                base = (f"({DYNAMIC_SHARED} + ((0u - static_cast<unsigned>(__cvta_generic_to_shared({DYNAMIC_SHARED})))"
+                        f" & {mask}u))")
             self.line(f"{c_type(b.dtype)}* const {name} = reinterpret_cast<{c_type(b.dtype)}*>"
-                      f"({DYNAMIC_SHARED} + {self.dynamic_shared[id(b)]});")
+                      f"({base} + {self.dynamic_shared[id(b)]});")
         elif b.scope == "shared":
             # 16-byte alignment lets any staged tile be read with float4 accesses; a tile that
             # wgmma descriptors address starts at a multiple of 1024 bytes (tecc.ir.descriptor).
@@ -544,6 +556,8 @@ def emit_source(funcs: Sequence[PrimFunc]) -> str:
     if duplicates:
         raise CompileError(f"two kernels share the name {duplicates[0]}; kernel names must be unique")
     parts = ["// Generated by tecc.codegen from the loop-nest IR. Do not edit: change the IR or the emitter."]
+    if any(warpgroup.needs_arch_specific(f) for f in funcs):
+        parts.append(warpgroup.ARCH_SPECIFIC_MARK)  # compile_cuda compiles it for sm_XYa
     parts += [f"#include <{h}>" for h in needed_headers(funcs)]
     text = "\n".join(parts) + "\n"
     helpers = device_helpers(used_intrinsics(funcs))

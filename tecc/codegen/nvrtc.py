@@ -24,6 +24,8 @@ from typing import Any, Sequence
 
 from tecc.ir.errors import CompileError
 
+from .warpgroup import arch_for_source
+
 DEFAULT_ARCH = "sm_90"
 _INSTALL_NVRTC = 'pip install "nvidia-cuda-nvrtc>=13.0,<14"'
 _INSTALL_HEADERS = 'pip install "nvidia-cuda-runtime>=13.0,<14" "nvidia-cuda-crt>=13.0,<14"'
@@ -147,11 +149,14 @@ def nvrtc_options(arch: str, extra: Sequence[str] = (), needs_headers: bool = Fa
 
 def compile_cuda(source: str, *, arch: str = DEFAULT_ARCH, name: str = "tecc",
                  options: Sequence[str] = ()) -> CompiledCode:
-    """Compile one CUDA C translation unit for `arch` ('sm_90', ...) to PTX and cubin.
+    """Compile one CUDA C translation unit for `arch` ('sm_90', ...) to PTX and cubin. A source
+    emit_source marked as needing the architecture-specific target (wgmma) is compiled for
+    `arch` + 'a' (sm_90a); the result's `arch` says which.
 
     Raises CompileError (with `.log` and `.source`) when NVRTC rejects the source; the message
     quotes the offending lines with their numbers."""
     nvrtc = _nvrtc()
+    arch = arch_for_source(source, arch)  # wgmma needs sm_90a (codegen marks such sources)
     if not re.fullmatch(r"sm_\d+[af]?", arch):
         raise CompileError(f"arch must look like 'sm_90', got {arch!r}")
     if arch.rstrip("af") not in supported_archs():

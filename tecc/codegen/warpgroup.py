@@ -40,6 +40,27 @@ from .cuda_expr import ExprEmitter
 from .matrix import _asm, _register, shared_address
 
 
+# The line emit_source puts at the top of a translation unit that uses instructions only the
+# architecture-specific target has (wgmma, setmaxnreg: PTX ISA, "sm_90a"); compile_cuda then
+# compiles it for `sm_XYa` when asked for `sm_XY`, so every path to NVRTC (build, the planner's
+# compile check, the tuner's workers, which see only the source) picks the same arch.
+ARCH_SPECIFIC_MARK = "// tecc: needs the architecture-specific target (sm_90a: wgmma / setmaxnreg)"
+_ARCH_SPECIFIC = (WarpgroupMatrixMultiply, WarpgroupFence, WarpgroupCommit, WarpgroupWait, SetMaxRegisters)
+
+
+def needs_arch_specific(func: PrimFunc) -> bool:
+    """Whether `func` uses an instruction that only the sm_90a target has."""
+    return any(isinstance(s, _ARCH_SPECIFIC) for s in iter_stmts(func.body))
+
+
+def arch_for_source(source: str, arch: str) -> str:
+    """`arch` with the architecture-specific suffix when `source` carries ARCH_SPECIFIC_MARK
+    and `arch` has none ('sm_90' -> 'sm_90a'); otherwise `arch` unchanged."""
+    if ARCH_SPECIFIC_MARK in source and not arch.endswith(("a", "f")):
+        return arch + "a"
+    return arch
+
+
 def descriptor_buffers(func: PrimFunc) -> set[int]:
     """Ids of the shared buffers a wgmma descriptor addresses (declared 1024-byte aligned)."""
     return {id(ref.buffer) for s in iter_stmts(func.body) if isinstance(s, WarpgroupMatrixMultiply)

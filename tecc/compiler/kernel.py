@@ -54,6 +54,7 @@ class Kernel(RunnableKernel):
         self.timing = timing
         self.resources: dict[str, Any] = {}
         self.nvrtc_version: str = ""
+        self.compile_log = ""
         self.options: tuple[str, ...] = ()
         self.dump_dir: Path | None = None
         self.planning: Any = None  # the planner's PlanResult when plan="auto" (read by explain)
@@ -66,6 +67,7 @@ class Kernel(RunnableKernel):
         self.cubin = compiled.cubin
         self.resources = dict(compiled.resources)
         self.arch = compiled.arch
+        self.compile_log = compiled.log  # NVRTC's and ptxas's messages (warnings included)
         self.nvrtc_version = compiled.nvrtc_version
         self.options = options
 

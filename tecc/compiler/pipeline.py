@@ -147,6 +147,19 @@ def refuse_spills(schedule: Schedule, kernel: str, arch: str) -> None:
     if res is not None and (res.spill_stores or res.spill_loads):
         raise ScheduleError(f"{kernel} spills on {arch}: ptxas keeps {res.registers} registers and spills "
                             f"{res.spill_stores} stores / {res.spill_loads} loads ({res.stack_bytes} bytes of stack)")
+    serialized = wgmma_serialized(compiled.compile_log)
+    if serialized is not None:
+        raise ScheduleError(f"{kernel} on {compiled.arch}: ptxas serializes its wgmmas ({serialized})")
+
+
+def wgmma_serialized(log: str) -> str | None:
+    """ptxas's warning that it serialized the wgmmas of a kernel (C7515 "Potential Performance
+    Loss: wgmma.mma_async instructions are serialized due to ..."), or None: such a kernel waits
+    for every wgmma before the next, which is what the ring was built to avoid."""
+    for line in log.splitlines():
+        if "C7515" in line or ("wgmma" in line and "serialized" in line):
+            return line.strip()
+    return None
 
 
 def _default_schedule_pass(plan: Plan) -> Pass:

@@ -249,6 +249,9 @@ class CudaExecutor:
     def _init_launch_cache(self) -> None:
         """The launch cache (docs/runtime.md, "Repeated calls"): argument keys -> CachedCall."""
         self._calls: dict[tuple[Any, ...], CachedCall] = {}
+        # calls that leave their outputs out: the inputs' keys -> (the cached call of the whole
+        # argument list, what each output is: (shape, producer dtype), their positions)
+        self._allocating: dict[tuple[Any, ...], tuple[CachedCall, tuple[tuple[Any, Any], ...], tuple[bool, ...]]] = {}
         self._arity = len(self.host.buffer_params)
         self._alias_pairs = alias_pairs(self.host)
         self._stream_ptr = int(self.stream.handle)
@@ -314,6 +317,68 @@ class CudaExecutor:
         launched = self._call_checked(args)
         if found is not None and launched is not None:
             self._remember(found, *launched)
+
+    def call_allocating(self, inputs: tuple[Any, ...]) -> list[Any] | None:
+        """The outputs of a call that leaves them out (`f(*inputs)`), when it is a launch-cache
+        hit: the inputs' keys find what an earlier such call learned (`learn_allocating`), the
+        outputs are made as then (`new_empty` on the first input: same device, shapes and
+        dtypes, fresh contiguous memory, so their keys would be the same) and the cached launch
+        runs on their pointers -- the outputs' own keys are never read. None (nothing made,
+        nothing launched) when the call must take the full path."""
+        if self.follows_producer:
+            self.stream, self._stream_ptr = self._home_stream
+        read = arrays.device_key
+        stream_ptr, pointer_device = self._stream_ptr, self._pointer_device
+        keys = []
+        ptrs = []
+        for arg in inputs:
+            found = read(arg, stream_ptr, pointer_device)
+            if found is None:
+                return None
+            keys.append(found[0])
+            ptrs.append(found[1])
+        hit = self._allocating.get(tuple(keys))
+        if hit is None:
+            return None
+        cached, recipe, positions = hit
+        first = inputs[0]
+        outputs = [first.new_empty(shape, dtype=dtype) for shape, dtype in recipe]
+        full: list[Any] = []
+        all_ptrs: list[int] = []
+        given, made = 0, 0
+        for is_output in positions:
+            if is_output:
+                out = outputs[made]
+                full.append(out)
+                all_ptrs.append(out.data_ptr())
+                made += 1
+            else:
+                full.append(inputs[given])
+                all_ptrs.append(ptrs[given])
+                given += 1
+        if not self._replay(cached, all_ptrs, tuple(full)):
+            return None
+        return outputs
+
+    def learn_allocating(self, inputs: Sequence[Any], full: Sequence[Any], outputs: Sequence[Any],
+                         positions: tuple[bool, ...]) -> None:
+        """After a full-path call `f(*inputs)` whose outputs the allocator made with the first
+        input's `new_empty` (a torch-like producer read by attribute), remember its cached
+        launch under the inputs' keys for `call_allocating`."""
+        if not inputs or not outputs or len(self._allocating) >= CALL_CACHE_SIZE:
+            return
+        first = inputs[0]
+        if any(type(o) is not type(first) for o in outputs) or not callable(getattr(first, "new_empty", None)):
+            return
+        found = self._argument_keys(tuple(full))
+        if found is None or not all(isinstance(key[0], type) for key in found[0]):
+            return  # only keys read by attribute: their pointers are data_ptr()
+        cached = self._calls.get(found[0])
+        if cached is None:
+            return
+        input_keys = tuple(key for key, is_output in zip(found[0], positions) if not is_output)
+        recipe = tuple((tuple(o.shape), o.dtype) for o in outputs)
+        self._allocating[input_keys] = (cached, recipe, positions)
 
     def _use_stream(self, handle: int) -> None:
         """Launch the rest of this call on the producer's current stream `handle` (a followed
@@ -586,6 +651,7 @@ class CudaExecutor:
                     buf.fill(0, stream=self.stream)  # cuMemsetD8Async, ordered before the launches
                 self._temps[temp.name] = buf
                 self._calls.clear()  # cached launches hold the old buffer's pointer
+                self._allocating.clear()
             pointers[temp.name] = int(buf.handle)
         return pointers
 

@@ -49,6 +49,7 @@ class OutputAllocator:
         self.outputs = tuple(b for b in params if b.name in written)
         self.arity = len(self.inputs)
         self._positions = tuple(b.name in written for b in params)
+        self.positions = self._positions  # per buffer parameter: whether it is an output
         self._shapes: dict[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]] = {}
         self._producer_dtypes: dict[type, Any] = {}  # array type -> its package's output dtypes, or None
 

@@ -20,15 +20,17 @@ in at load (runtime/cuda.py), so the Workload says `smem_opt_in`.
 Workload for the cost model:
 - tensor: the padded tile FLOPs (every block computes its whole BM × BN × ceil(K/16)·16) at the
   rate mma.sync reaches on the target (MMA_SYNC_FRACTION of the dense tensor peak for the dtype);
-- global: A is read once per column tile, B once per row tile (l2 bytes), DRAM the compulsory
-  bytes plus what misses the L2 (traffic.dram_from_l2); 16-byte copies, S - 1 tiles in flight
-  per thread (Little's law in the model's DRAM term: the pipeline depth hides the latency);
+- global: A is read once per column tile, B once per row tile (l2 bytes); DRAM the panels each
+  wave of resident blocks spans (`wave_dram_bytes`: L2 serves the re-reads inside a wave);
+  16-byte copies, S - 1 tiles in flight per thread;
 - shared: per k16 step a warp issues TM + TN/2 ldmatrix.x4 (4 conflict-free wavefronts each) and
   the block writes its tiles once per k-tile;
-- chain (the block's serial path): per k tile the warp's TM·TN·BK/16 mma at its scheduler's
-  share of the tensor rate, a barrier, and what of the global latency the S - 1 tiles in
-  flight do not cover: max(0, latency - (S - 1)·tile cycles). This is where the ring depth
-  pays: a 32 × 32 warp tile (16 mma per 32-wide k tile) needs 3 stages to hide 550 cycles;
+- chain (`sm_chain`: one SM's round of resident blocks): per k tile each block's mma on its
+  schedulers (or its shared-pipe wavefronts when more), then a stall for its barrier and the
+  refill plus the global latency its S - 1 stages ahead do not cover; the tensor pipe idles
+  only while every resident block stalls at once. This is where two blocks of 4 warps beat one
+  of 8 with the same warp tiles (measured 0.51 vs 0.43 of cuBLAS at 4096³), where the ring
+  depth pays, and where 64 × 64 warp tiles (one ldmatrix wavefront per mma) beat 32 × 32 (two);
 - registers: TM·TN·4 accumulators, TM·4 + TN·2 fragment registers, the k-invariant shared addresses, addressing and the copy
   loop's state (ADDRESSING + 4 per cp.async copy per thread per stage; ptxas's count was at or
   below this for every point compiled in tests/test_tensorize.py), plus two registers per element
@@ -40,6 +42,7 @@ Workload for the cost model:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import product
 from typing import Any, Iterable
@@ -50,7 +53,8 @@ from ...ir.target import Target
 from ...passes.schedule.implicit_gemm import gemm_order, layout_of
 from ..cost.analysis import Access, KernelInfo
 from ..cost.model import Workload
-from ..cost.traffic import dram_from_l2
+from ..cost.occupancy import occupancy
+from ..cost.traffic import compulsory_bytes
 from .registry import Point, Strategy, register
 
 BLOCKS = (64, 128, 256)
@@ -63,14 +67,70 @@ ADDRESSING = 24
 # wgmma's; mma.sync issued from 4 schedulers reaches about 0.6 of it (CUTLASS's sm_80-style
 # kernels on H100). On sm_8x mma.sync is the peak instruction. Assumed, not fitted here.
 MMA_SYNC_FRACTION = {80: 0.9, 86: 0.9, 89: 0.9, 90: 0.6}
-GLOBAL_LATENCY_CYCLES = 550.0   # CostParameters.global_latency_cycles
-BARRIER_CYCLES = 40.0           # CostParameters.barrier_cycles
+# Fitted to the 141 points (81 + 60) of benchmarks/tensor_core_points.py at 4096^3 and 2048^3 on
+# an H200 (benchmarks/results/tensor_core_points_*_h200.json; RESULTS.md, "Tensor cores, third
+# pass"): the model picks the fastest point at 4096^3 and one within 1% at 2048^3; rank
+# correlation over all points 0.80 and 0.45 with ptxas's registers, 0.48 and 0.18 with
+# tile_registers' estimate (what the planner has); predicted / measured 1.01 at 4096^3, 0.76 at 2048^3.
+SYNC_CYCLES = 400.0             # a block's stall per k tile: its barrier and the ldmatrix pipeline refill
+LOADED_LATENCY_CYCLES = 1100.0  # a stage's global load under a full GPU's traffic
+SMEM_WEIGHT = 1.5               # shared-pipe cycles per wavefront of ldmatrix / cp.async writes under mma
 MMA_FLOPS = 2 * 16 * 8 * 16     # one m16n8k16
 LDMATRIX_WAVEFRONTS = 4     # an x4 reads four 8 x 8 matrices, one wavefront each when conflict-free
 
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: int,
+             registers: int) -> tuple[float, int, float]:
+    """Cycles one SM spends on one round of its resident blocks (their k loops side by side), the
+    resident blocks, and the fraction of a k tile the tensor pipe idles.
+
+    Per k tile a block's warps issue their mma (on each scheduler: the block's warps there times
+    TM·TN·BK/16 mma at the scheduler's share of `rate`) or, when more, the shared pipe's ldmatrix
+    and stage writes (SMEM_WEIGHT cycles a wavefront); then the block stalls for its barrier and
+    the ring's refill (SYNC_CYCLES), plus what of a stage's loaded global latency the S - 1 stages
+    ahead do not cover. The pipe idles only while every resident block stalls at once: with r
+    blocks and a stall of fraction f of each block's k tile, about f^r of the time."""
+    bm, bn, bk, stages = (int(point[x]) for x in ("bm", "bn", "bk", "stages"))
+    wm, wn = int(point["warps_m"]), int(point["warps_n"])
+    tm, tn = bm // wm // 16, bn // wn // 8
+    alloc = max(8, -(-registers // 8) * 8)
+    occ = occupancy(target, 32 * wm * wn, alloc, shared_bytes(point))
+    resident = max(1, min(occ.blocks_per_sm, _ceil(blocks, target.sm_count)))
+    per_clock = rate / target.sm_count / target.clock_hz / target.schedulers_per_sm
+    mma_cycles = MMA_FLOPS / max(per_clock, 1e-9)
+    warps_per_scheduler = max(1.0, wm * wn / target.schedulers_per_sm)
+    mma = warps_per_scheduler * tm * tn * (bk // 16) * mma_cycles
+    wavefronts = (tm + tn / 2) * LDMATRIX_WAVEFRONTS * (bk // 16) * wm * wn + (bm + bn) * bk * 2 / 128
+    tile = max(mma, wavefronts * SMEM_WEIGHT)
+    # the loaded latency varies from stage to stage: the share a ring of S - 1 stages ahead leaves
+    # exposed falls off smoothly with the mma time they cover (a hard max(0, ...) tied 3 and 4
+    # stages, which measure 381 and 363 us at 4096^3)
+    stall = SYNC_CYCLES + LOADED_LATENCY_CYCLES * math.exp(-(stages - 1) * tile * resident / LOADED_LATENCY_CYCLES)
+    idle = (stall / (tile + stall)) ** resident
+    return k_tiles * resident * tile / (1.0 - idle), resident, idle
+
+
+def wave_dram_bytes(info: KernelInfo, target: Target, point: Point, batch: int, resident: int, l2: float) -> float:
+    """DRAM bytes: each wave of resident blocks (blockIdx.x over column tiles fastest) reads the
+    A panels of the row tiles and the B panels of the column tiles it spans once; L2 serves the
+    other blocks of the wave. At least the compulsory bytes, at most every block's panels."""
+    bm, bn = int(point["bm"]), int(point["bn"])
+    view = gemm_view(info)
+    assert not isinstance(view, str)
+    m, n, k = view.m, view.n, view.k
+    row_tiles, col_tiles = _ceil(m, bm), _ceil(n, bn)
+    wave = target.sm_count * resident
+    blocks = batch * row_tiles * col_tiles
+    waves = _ceil(blocks, wave)
+    rows = min(row_tiles * batch, _ceil(min(wave, blocks), col_tiles))
+    cols = min(col_tiles, wave)
+    per_wave = 2.0 * k * (rows * bm + cols * bn)
+    out = float(m * n * batch * info.write.itemsize)
+    return min(l2, max(compulsory_bytes(info), waves * per_wave + out))
 
 
 def shared_bytes(point: Point) -> int:
@@ -113,6 +173,14 @@ class GemmView:
     k: int
     copies: tuple[int, int]
     gathered: int = 0   # reduction axes beyond one: each costs a div/mod pair per copy or element per k tile
+
+
+def copy_sizes(info: KernelInfo) -> tuple[int, int]:
+    """Halves per cp.async copy tensorize will use for A and B (8, 4, 2, or 0 for element loads):
+    the GEMM view's (implicit_gemm.gemm_order)."""
+    view = gemm_view(info)
+    assert not isinstance(view, str)
+    return view.copies
 
 
 def gemm_view(info: KernelInfo) -> GemmView | str:
@@ -231,24 +299,22 @@ class GemmTensorCore(Strategy):
                         + warps * tm * tn * 4 * (4 + info.epilogue_flops))
         # float16 and bfloat16 have the same dense peak on every target in the table
         rate = target.tensor_flops.get("float16", 0.0) * MMA_SYNC_FRACTION.get(target.sm, 0.6)
-        # a warp's k tile on its scheduler (a quarter of the SM's tensor rate), alone
-        mma_cycles = MMA_FLOPS / max(rate / target.sm_count / target.clock_hz / target.schedulers_per_sm, 1e-9)
-        tile_cycles = tm * tn * (bk // 16) * mma_cycles
-        exposed = max(0.0, GLOBAL_LATENCY_CYCLES - (stages - 1) * tile_cycles)
-        chain = k_tiles * (tile_cycles + exposed + BARRIER_CYCLES)
+        registers = tile_registers(bm, bn, wm, wn, bk, sizes)
+        chain, resident, idle = sm_chain(target, rate, point, blocks, k_tiles, sum(registers.values()))
         notes = [f"mma.m16n8k16 {tm}x{tn} tiles per warp, {stages}-stage cp.async ring of {bk}-wide k tiles",
-                 "ldmatrix from swizzled shared tiles (conflict-free)"]
+                 "ldmatrix from swizzled shared tiles (conflict-free)",
+                 f"{resident} block(s) per SM share the tensor pipe: idle {idle:.0%} of each k tile "
+                 "(all resident blocks at their barrier or waiting for a stage at once)"]
         return Workload(
-            blocks=blocks, threads=threads, registers=tile_registers(bm, bn, wm, wn, bk, sizes),
+            blocks=blocks, threads=threads, registers=registers,
             smem_bytes=shared_bytes(point), smem_opt_in=True,
             flops=2.0 * m * n * k * batch, fma_ops=float(m * n * batch * max(info.epilogue_flops, 0)),
             tensor_flops=2.0 * blocks * bm * bn * k16 * 16, tensor_rate=rate,
-            dram_bytes=dram_from_l2(info, l2, target), l2_bytes=l2,
+            dram_bytes=wave_dram_bytes(info, target, point, batch, resident, l2), l2_bytes=l2,
             global_wavefronts=(l2 - out_bytes) / 128.0 + out_bytes / 32.0,
             smem_wavefronts=ldmatrix * LDMATRIX_WAVEFRONTS + blocks * k_tiles * (bm + bn) * bk * 2 / 128.0,
             instructions=instructions, bytes_in_flight=2.0 * (bm + bn) * bk / threads * (stages - 1), ilp=float(tm * tn),
-            chain_cycles=chain, k_extent=k_tiles * bk, notes=notes + [
-                f"k tile {tile_cycles:.0f} cycles of mma per warp, {exposed:.0f} cycles of latency exposed"])
+            chain_cycles=chain, k_extent=k_tiles * bk, notes=notes)
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
         sch.tensorize(info.stage, intrinsic="auto", block=(int(point["bm"]), int(point["bn"])),

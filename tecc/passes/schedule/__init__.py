@@ -16,7 +16,8 @@ interface that records every application in a Plan.
   guard_writeback_only  guard_writeback.py  a register tile's split guards only on its write-back
   unguard_reduction_tail  reduction_tail.py  the k-tail guard off the accumulation where both shared tiles are zero past K
   rfactor      rfactor.py      a reduction loop made a parallel axis, partials combined by a second kernel (split-K)
-  tensorize    tensorize.py    a contraction of half operands as a tiled mma.sync kernel (cp.async ring, ldmatrix)
+  tensorize    tensorize.py    a contraction of half operands as a tiled mma.sync kernel (cp.async ring, ldmatrix);
+               tensorize_wgmma.py   ... or, intrinsic "wgmma", as a Hopper warpgroup kernel (wgmma from swizzled shared tiles)
   legality     legality.py     dependence checks with islpy (tecc.ir.poly)
 """
 

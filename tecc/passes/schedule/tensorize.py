@@ -69,6 +69,10 @@ What it emits, step by step (each step is one function below):
                replaced by the element: bias, activations, residuals, scales and the cast to the
                output dtype fuse as written.
 
+On Hopper (intrinsic "wgmma"), tensorize_wgmma.py subclasses this emitter: the same matching,
+tiling, ring and epilogue, with steps 4-5 replaced by wgmmas that read 128B-swizzled shared
+tiles through descriptors, and the ring kept one stage behind the wgmma group in flight.
+
 Next refactor (not done here): steps 2-3 are a `pipeline(loop, stages)` primitive on loop IR
 (staged loads of a k-tile loop → a ring of cp.async groups) and a `swizzle(cache)` primitive;
 this file would then keep the matching, the fragment loads, the mma and the epilogue.
@@ -176,7 +180,13 @@ def row_swizzle(width: int) -> Swizzle:
 
 
 def tensorize(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) -> PrimFunc:
-    """`func` (the lowered kernel of `stage`) as a tensor-core kernel (module docstring)."""
+    """`func` (the lowered kernel of `stage`) as a tensor-core kernel (module docstring).
+    `intrinsic` "auto" or an mma.m16n8k16 row: mma.sync; "wgmma" or a wgmma row: the Hopper
+    warpgroup kernel of tensorize_wgmma.py (same matching, tiling, ring and epilogue)."""
+    if intrinsic.startswith("wgmma"):
+        # imported here: tensorize_wgmma builds on this module's emitter
+        from .tensorize_wgmma import tensorize_wgmma
+        return tensorize_wgmma(func, stage, intrinsic, tiling)
     c = match_contraction(func, stage)
     check_tiling(stage, tiling)
     dtype = c.a.buffer.dtype.name
@@ -226,14 +236,7 @@ class _Emitter:
         self.lane, warp = self.tx % 32, self.tx // 32
         self.warp_m, self.warp_n = warp // t.warps_n, warp % t.warps_n
         self.k_tiles = _ceil_div(c.kext, t.bk)
-        frag = lookup(intrinsic)
-        self.frag_a = Buffer("a_frag", frag.operand("a").dtype, _shape(8 * t.tm), "fragment",
-                             fragment=(intrinsic, "a"))
-        self.frag_b = Buffer("b_frag", frag.operand("b").dtype, _shape(4 * t.tn), "fragment",
-                             fragment=(intrinsic, "b"))
-        self.frag_c = Buffer("acc", dt.float32, _shape(4 * t.tm * t.tn), "fragment",
-                             fragment=(intrinsic, "c"))
-        self.c_map = frag.operand("c").layout
+        self.fragments = self.fragment_buffers()
         # batch indices of this block (several batch axes share blockIdx.z, unflattened)
         self.batch_index: dict[str, Expr] = {}
         rest: Expr = self.bz
@@ -248,6 +251,20 @@ class _Emitter:
                        for op in (c.a, c.b) if not self.asynchronous(op)}
         self.names: dict[str, int] = {}
 
+    def fragment_buffers(self) -> tuple[Buffer, ...]:
+        """The per-lane fragment buffers (allocated around the kernel body); the accumulators
+        are `frag_c`, laid out by `c_map`."""
+        t, intrinsic = self.t, self.row
+        frag = lookup(intrinsic)
+        self.frag_a = Buffer("a_frag", frag.operand("a").dtype, _shape(8 * t.tm), "fragment",
+                             fragment=(intrinsic, "a"))
+        self.frag_b = Buffer("b_frag", frag.operand("b").dtype, _shape(4 * t.tn), "fragment",
+                             fragment=(intrinsic, "b"))
+        self.frag_c = Buffer("acc", dt.float32, _shape(4 * t.tm * t.tn), "fragment",
+                             fragment=(intrinsic, "c"))
+        self.c_map = frag.operand("c").layout
+        return self.frag_a, self.frag_b, self.frag_c
+
     def unrolled(self, name: str, extent: int, body: Callable[[Var], Stmt]) -> Stmt:
         """An unrolled loop whose variable is named uniquely in the kernel (primitives address
         loops by name): the second `copy_a` loop is `copy_a1`."""
@@ -259,15 +276,19 @@ class _Emitter:
     def kernel(self) -> PrimFunc:
         c, t = self.c, self.t
         allocs = self.pipeline()
-        for buf in (self.shared["A"], self.shared["B"], *self.staged.values(), self.frag_a, self.frag_b, self.frag_c):
+        for buf in (self.shared["A"], self.shared["B"], *self.staged.values(), *self.fragments):
             allocs = Allocate(buf, allocs)
         body: Stmt = For(self.tx, _int(0), _int(t.threads), "threadIdx.x", allocs)
         body = For(self.bx, _int(0), _ceil_div(c.n, t.bn), "blockIdx.x", body)
         body = For(self.by, _int(0), _ceil_div(c.m, t.bm), "blockIdx.y", body)
         if c.batch:
             body = For(self.bz, _int(0), size_product([ext for _, ext in c.batch]), "blockIdx.z", body)
-        what = f"{self.row} block {t.bm}x{t.bn} warps {t.warps_m}x{t.warps_n} k_tile {t.bk} stages {t.stages}"
-        return PrimFunc(self.func.name, self.func.params, body, self.func.attrs + (("tensorize", what),))
+        return PrimFunc(self.func.name, self.func.params, body, self.func.attrs + (("tensorize", self.summary()),))
+
+    def summary(self) -> str:
+        """What the kernel is, for its `tensorize` attribute (shown in dumps and explain)."""
+        t = self.t
+        return f"{self.row} block {t.bm}x{t.bn} warps {t.warps_m}x{t.warps_n} k_tile {t.bk} stages {t.stages}"
 
     # step 2: staging + layout ---------------------------------------------------------------------
     def tile_shape(self, op: Operand) -> tuple[int, int]:
@@ -279,6 +300,11 @@ class _Emitter:
         rows, width = self.tile_shape(op)
         return Buffer(f"{op.buffer.name}_shared", op.buffer.dtype, _shape(self.t.stages, rows, width), "shared",
                       tensor=f"{op.buffer.tensor}.shared", layout=row_swizzle(width))
+
+    def shared_index(self, op: Operand, stage: Expr, r: Expr, col: Expr) -> tuple[Expr, ...]:
+        """The shared-buffer indices of element (r, col) of the operand's tile (its global
+        orientation) in ring stage `stage`."""
+        return stage, r, col
 
     def asynchronous(self, op: Operand) -> bool:
         return op.copy > 0
@@ -321,7 +347,7 @@ class _Emitter:
                 chunk = self.tx + t.threads * u
                 r, col = chunk // per_row, (chunk % per_row) * size
                 indices, inside = address(r, col)
-                return AsyncCopy(dst, (stage, r, col), op.buffer, indices, nbytes, inside,
+                return AsyncCopy(dst, self.shared_index(op, stage, r, col), op.buffer, indices, nbytes, inside,
                                  "cg" if nbytes == 16 else "ca")
             return self.unrolled(f"copy_{op.role.lower()}", rows * width // size // t.threads, copy), None
         staged = self.staged[op.role]
@@ -334,7 +360,7 @@ class _Emitter:
 
         def store(u: Var) -> Stmt:
             e = self.tx + t.threads * u
-            return BufferStore(dst, (stage, e // width, e % width), staged[u])
+            return BufferStore(dst, self.shared_index(op, stage, e // width, e % width), staged[u])
         count = rows * width // t.threads
         return (self.unrolled(f"fetch_{op.role.lower()}", count, fetch),
                 self.unrolled(f"store_{op.role.lower()}", count, store))
@@ -413,9 +439,8 @@ class _Emitter:
 
     # step 6: the epilogue ---------------------------------------------------------------------------
     def epilogue(self) -> Stmt:
-        t, c = self.t, self.c
+        t = self.t
         wm, wn = t.bm // t.warps_m, t.bn // t.warps_n
-        store = c.store
 
         def tile(q: Var) -> Stmt:
             mi, ni = q // t.tn, q % t.tn
@@ -424,15 +449,22 @@ class _Emitter:
                 r, col = self.c_map(self.lane, e)
                 row = self.by * t.bm + self.warp_m * wm + mi * 16 + r
                 column = self.bx * t.bn + self.warp_n * wn + ni * 8 + col
-                values: dict[Var, Expr] = {v: self.batch_index[v.name] for v, _ in c.batch}
-                values.update(unflatten(c.rows, row))
-                values.update(unflatten(c.cols, column))
-                value = _ReplaceAccumulator(c.acc, self.frag_c[q * 4 + e]).visit(store.value)
-                value = substitute(value, values)
-                indices = tuple(substitute(ix, values) for ix in store.indices)
-                return IfThenElse((row < c.m) & (column < c.n), BufferStore(store.buffer, indices, value))
+                return self.output(row, column, self.frag_c[q * 4 + e])
             return self.unrolled("out_e", 4, element)
         return self.unrolled("out_tile", t.tm * t.tn, tile)
+
+    def output(self, row: Expr, column: Expr, element: Expr) -> Stmt:
+        """The stage's own store of output (row, column), guarded by row < M and column < N,
+        with the accumulator replaced by `element`: the epilogue fuses as written."""
+        c = self.c
+        store = c.store
+        values: dict[Var, Expr] = {v: self.batch_index[v.name] for v, _ in c.batch}
+        values.update(unflatten(c.rows, row))      # the row and column unflattened into their axes
+        values.update(unflatten(c.cols, column))
+        value = _ReplaceAccumulator(c.acc, element).visit(store.value)
+        value = substitute(value, values)
+        indices = tuple(substitute(ix, values) for ix in store.indices)
+        return IfThenElse((row < c.m) & (column < c.n), BufferStore(store.buffer, indices, value))
 
 
 __all__ = ["Contraction", "Operand", "Tiling", "check_tiling", "match_contraction", "row_swizzle", "tensorize"]

@@ -1,0 +1,177 @@
+"""gemm_wgmma: float16/bfloat16 contractions on Hopper's warpgroup tensor cores (wgmma.mma_async).
+
+The first rung of the Hopper ladder: "wgmma + cp.async ring, 128B swizzle". It serves what
+gemm_tensor_core serves (the same guard: C[b.., i, j] = epilogue(Σ_k A · B), A and B both
+float16 or both bfloat16, every index one axis) on sm_90 only -- wgmma exists on sm_90a alone
+(sm_8x has no wgmma, sm_100 replaced it) -- with one Plan step,
+`tensorize(stage, intrinsic="wgmma", block, warps=(4·BM/64, 1), k_tile=64, stages)`
+(tecc/passes/schedule/tensorize_wgmma.py builds the kernel). A separate strategy rather than a
+`path` dimension of gemm_tensor_core because its space, register and shared-memory accounting
+and cost are different (no warp grid, no ldmatrix, BK fixed by the swizzle, a ring whose depth
+loses one stage to the wgmma in flight); the planner ranks both by predicted time, and explain
+shows the best of each.
+
+Point: BM ∈ {64, 128} (1 or 2 consumer warpgroups), BN ∈ {64, 128, 256}, stages ∈ 2..5, with
+stages · (BM + BN) · 64 · 2 bytes of ring (+ 1024 bytes of alignment slack) within the opt-in
+shared-memory limit.
+
+Workload for the cost model:
+- tensor: the padded tile FLOPs at WGMMA_FRACTION of the dense tensor peak (the table's peak is
+  wgmma's; gemm_tensor_core prices mma.sync on sm_90 at 0.6 of it, so wgmma's instruction rate
+  is 1.5x; measured, cuBLAS-class wgmma kernels reach about 2x the mma.sync path);
+- global and L2 traffic as gemm_tensor_core (A once per column tile, B once per row tile);
+- shared: wgmma reads its A (64 x 64 per warpgroup) and B (BN x 64) tiles from shared memory
+  once per k tile per warpgroup, in 128-byte wavefronts (the 128B swizzle is conflict-free),
+  plus the ring's writes; there are no ldmatrix instructions and no A/B fragment registers;
+- chain per k tile: the block's wgmmas at the SM's tensor rate and the global latency the
+  D = S - 1 - P tiles loaded ahead do not cover; with P = 1 wgmma group in flight the barrier
+  overlaps the running wgmmas, with P = 0 (2 stages) it and the wgmma's drain are serial;
+- the same traffic as gemm_tensor_core, so where both are DRAM-bound the predictions tie and the
+  higher priority (this strategy's) breaks the tie; where the tensor pipe bounds, wgmma's rate
+  decides;
+- registers: BN / 2 f32 accumulators, addressing and the copy state (as gemm_tensor_core), and
+  the two 64-bit descriptors; ptxas stayed below this estimate on every tested point.
+"""
+
+from __future__ import annotations
+
+from itertools import product
+from typing import Any, Iterable
+
+from ...ir.descriptor import DESCRIPTOR_ALIGNMENT
+from ...ir.target import Target
+from ..cost.analysis import KernelInfo
+from ..cost.model import Workload
+from ..cost.traffic import dram_from_l2
+from .gemm_tensor_core import ADDRESSING, GemmTensorCore, copy_sizes, gemm_view
+from .registry import Point, Strategy, register
+
+BLOCK_M = (64, 128)
+BLOCK_N = (64, 128, 256)
+# Listed in the order the planner should take among equal predictions (a DRAM-bound prediction
+# ties every ring depth, and the sort is stable): 4 stages keep two tiles loading while one
+# wgmma group runs (the design point), 3 one, 5 three; 2 stages must wait for every wgmma group.
+STAGES = (4, 3, 5, 2)
+K_TILE = 64
+WARPGROUP = 128
+# wgmma's share of the dense tensor peak of the target's table (the peak is wgmma's own):
+# assumed, not fitted; the chain term prices what the non-specialized ring leaves exposed
+WGMMA_FRACTION = 0.9
+WGMMA_ARCH = 90
+SMEM_WAVEFRONT_BYTES = 128.0
+# A 2-stage ring waits for all its wgmmas each k tile (wait_group 0): the barrier, the fence and
+# the next tile's issue then no longer overlap the tensor pipe, and the wgmma's own latency from
+# issue to completion is paid per tile. Assumed (about one m64n256k16's latency), not fitted.
+WGMMA_DRAIN_CYCLES = 128.0
+GLOBAL_LATENCY_CYCLES = 550.0   # CostParameters.global_latency_cycles (unloaded)
+BARRIER_CYCLES = 40.0           # CostParameters.barrier_cycles
+
+
+def shared_bytes(point: Point) -> int:
+    """The ring's bytes plus the slack the kernel uses to align it to 1024 bytes."""
+    return int(point["stages"]) * (int(point["bm"]) + int(point["bn"])) * K_TILE * 2 + DESCRIPTOR_ALIGNMENT
+
+
+def in_flight(stages: int) -> tuple[int, int]:
+    """(wgmma groups left in flight, tiles loaded ahead) of a ring of `stages` (tensorize_wgmma)."""
+    pending = 1 if stages >= 3 else 0
+    return pending, stages - 1 - pending
+
+
+def wgmma_registers(bm: int, bn: int, sizes: tuple[int, int] = (8, 8)) -> dict[str, int]:
+    """Registers per thread; `sizes` as gemm_tensor_core.tile_registers."""
+    threads = WARPGROUP * (bm // 64)
+    copies = staged = 0
+    for tile, size in ((bm * K_TILE, sizes[0]), (bn * K_TILE, sizes[1])):
+        if size:
+            copies += tile // size // threads
+        else:
+            staged += tile // threads
+    parts = {"accumulators": bn // 2, "addressing": ADDRESSING + 4 * copies, "descriptors": 4}
+    if staged:
+        parts["staged elements"] = 2 * staged
+    return parts
+
+
+class GemmWgmma(Strategy):
+    name = "gemm_wgmma"
+    description = "half-precision contraction on Hopper: wgmma.m64nNk16 from 128B-swizzled shared tiles, cp.async ring"
+    priority = 4
+    compile_checked = True  # a point ptxas spills, or whose wgmmas it serializes (C7515), is passed over
+
+    def guard(self, info: KernelInfo, target: Target) -> str | None:
+        if target.sm != WGMMA_ARCH:
+            return f"{target.arch} has no wgmma (sm_90 only; sm_8x keeps mma.sync: gemm_tensor_core)"
+        return GemmTensorCore().guard(info, target)
+
+    def space(self, info: KernelInfo, target: Target) -> Iterable[Point]:
+        view = gemm_view(info)   # the GEMM's M and N (an implicit GEMM's axis groups, docs/conv.md)
+        assert not isinstance(view, str)
+        m, n = view.m, view.n
+        for bm, bn, stages in product(BLOCK_M, BLOCK_N, STAGES):
+            if (bm >= 2 * m and bm > BLOCK_M[0]) or (bn >= 2 * n and bn > BLOCK_N[0]):
+                continue  # a tile twice the matrix leaves half its warpgroups idle
+            point = {"bm": bm, "bn": bn, "stages": stages}
+            if shared_bytes(point) > target.smem_per_block_optin:
+                continue
+            yield point
+
+    def workload(self, info: KernelInfo, point: Point, target: Target) -> Workload:
+        bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
+        bk = K_TILE
+        groups = bm // 64
+        threads = WARPGROUP * groups
+        view = gemm_view(info)
+        assert not isinstance(view, str)
+        batch, m, n, k = view.batch, view.m, view.n, view.k
+        row_tiles, col_tiles, k_tiles = -(-m // bm), -(-n // bn), -(-max(k, 1) // bk)
+        blocks = batch * row_tiles * col_tiles
+        a_bytes, b_bytes = 2.0 * m * k * batch, 2.0 * k * n * batch
+        out_bytes = float(m * n * batch * info.write.itemsize)
+        l2 = a_bytes * col_tiles + b_bytes * row_tiles + out_bytes
+        sizes = copy_sizes(info)
+        copies = sum(tile // size // threads for tile, size in ((bm * bk, sizes[0]), (bn * bk, sizes[1])) if size)
+        staged = sum(tile // threads for tile, size in ((bm * bk, sizes[0]), (bn * bk, sizes[1])) if not size)
+        warps = blocks * groups * 4
+        wgmma = blocks * groups * k_tiles * (bk // 16)
+        # gathered (implicit GEMM) reduction indices: a div/mod pair per extra axis (gemm_tensor_core)
+        instructions = (wgmma + blocks * k_tiles * groups * 4 * ((copies + staged) * (6 + 4 * view.gathered) + 12)
+                        + warps * (bn // 2) * (4 + info.epilogue_flops))
+        rate = target.tensor_flops.get("float16", 0.0) * WGMMA_FRACTION
+        sm_flops_per_cycle = max(rate / target.sm_count / target.clock_hz, 1e-9)
+        tile_cycles = 2.0 * bm * bn * bk / sm_flops_per_cycle  # the block's wgmmas of one k tile, alone on the SM
+        pending, ahead = in_flight(stages)
+        exposed = max(0.0, GLOBAL_LATENCY_CYCLES - ahead * tile_cycles)
+        # with a wgmma group in flight the barrier and the next issue overlap the running wgmmas
+        serial = BARRIER_CYCLES + WGMMA_DRAIN_CYCLES if pending == 0 else 0.0
+        chain = k_tiles * (tile_cycles + exposed + serial)
+        # wgmma reads every warpgroup's A tile and the whole B tile once per k tile per warpgroup
+        smem_reads = blocks * k_tiles * groups * (64 + bn) * bk * 2
+        smem_writes = blocks * k_tiles * (bm + bn) * bk * 2
+        notes = [f"wgmma.m64n{bn}k16 on {groups} warpgroup(s), {stages}-stage cp.async ring of 64-wide k tiles "
+                 f"({ahead} ahead, {pending} wgmma group in flight)",
+                 "A and B read by wgmma from 128B-swizzled shared tiles (no ldmatrix)"]
+        return Workload(
+            blocks=blocks, threads=threads, registers=wgmma_registers(bm, bn, sizes),
+            smem_bytes=shared_bytes(point), smem_opt_in=True,
+            flops=2.0 * m * n * k * batch, fma_ops=float(m * n * batch * max(info.epilogue_flops, 0)),
+            tensor_flops=2.0 * blocks * bm * bn * k_tiles * bk, tensor_rate=rate,
+            dram_bytes=dram_from_l2(info, l2, target), l2_bytes=l2,
+            global_wavefronts=(l2 - out_bytes) / 128.0 + out_bytes / 32.0,
+            smem_wavefronts=(smem_reads + smem_writes) / SMEM_WAVEFRONT_BYTES,
+            instructions=instructions, bytes_in_flight=2.0 * (bm + bn) * bk / threads * max(ahead, 1),
+            ilp=float(bn // 8), chain_cycles=chain, k_extent=k_tiles * bk, notes=notes + [
+                f"k tile {tile_cycles:.0f} cycles of wgmma per block, {exposed:.0f} cycles of latency exposed"])
+
+    def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
+        bm = int(point["bm"])
+        sch.tensorize(info.stage, intrinsic="wgmma", block=(bm, int(point["bn"])), warps=(4 * (bm // 64), 1),
+                      k_tile=K_TILE, stages=int(point["stages"]))
+
+    def describe(self, point: Point) -> str:
+        bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
+        return (f"gemm_wgmma(wgmma.m64n{bn}k16 f32 accumulators, block {bm}x{bn}, {bm // 64} warpgroup(s), "
+                f"k-tile {K_TILE}, {stages} cp.async stages; rung: wgmma + cp.async ring, 128B swizzle)")
+
+
+register(GemmWgmma())

@@ -1,0 +1,260 @@
+"""tensorize's wgmma path and the gemm_wgmma strategy: half-precision contractions on Hopper's
+warpgroup tensor cores, in the emulator (which executes wgmma through the same descriptors and
+accumulator maps as codegen, and reports a refill of a stage an in-flight wgmma still reads),
+against NumPy float64 under tests/test_tensorize.py's bound: exact products, float32 sums, so
+within (K + 1)·2⁻²⁴·Σ|a·b|, plus one rounding per 16-bit output or epilogue operation. Inputs
+are fresh random values, outputs start as NaN. NVRTC checks compile the kernels for sm_90a.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+from test_tensorize import check, contraction, run
+
+import tecc as tc
+from tecc.codegen import dynamic_shared_bytes
+from tecc.compiler.cost.analysis import analyze_kernel
+from tecc.compiler.pipeline import wgmma_serialized
+from tecc.compiler.planner import candidates_for
+from tecc.ir.errors import RaceError, ScheduleError
+from tecc.ir.stmt import AsyncCopy, MatrixLoad, MatrixMultiply, WarpgroupMatrixMultiply, iter_stmts
+from tecc.passes.lower import lower
+from tecc.passes.schedule.tensorize import Tiling
+from tecc.passes.schedule.tensorize_wgmma import tensorize_wgmma
+from tecc.runtime.sim import simulate_kernel
+
+
+def wgmma_plan(block: tuple[int, int] = (64, 64), stages: int = 3, intrinsic: str = "wgmma") -> dict[str, Any]:
+    return {"strategy": "manual", "reason": "test", "steps": [
+        {"primitive": "tensorize", "args": {"stage": "C", "intrinsic": intrinsic, "block": list(block),
+                                            "warps": [4 * block[0] // 64, 1], "k_tile": 64, "stages": stages}}]}
+
+
+def wgmma_count(f: Any) -> int:
+    return sum(isinstance(s, WarpgroupMatrixMultiply) for s in iter_stmts(f.module.kernels[0].body))
+
+
+def _nvrtc() -> bool:
+    try:
+        from tecc.codegen import nvrtc_version
+
+        nvrtc_version()
+        return True
+    except Exception:  # noqa: BLE001 - no NVRTC here: the compile tests are skipped
+        return False
+
+
+needs_nvrtc = pytest.mark.skipif(not _nvrtc(), reason="NVRTC is not available")
+
+
+# ---- the kernel in the emulator ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("a_t,b_t", [(False, False), (True, False), (False, True), (True, True)])
+def test_every_operand_orientation_matches_numpy(dtype: str, a_t: bool, b_t: bool) -> None:
+    """A as [i, k] (K-major) or [k, i] (MN-major, wgmma's transposed A), B as [k, j] (MN-major)
+    or [j, k] (K-major); sizes no multiple of any tile, three k tiles through a 3-stage ring."""
+    m, n, k = 72, 136, 168
+    tensors, how = contraction(m, n, k, dtype, a_t=a_t, b_t=b_t)
+    f, arrays = run(tensors, how, m, n, k, seed=3, plan=wgmma_plan((64, 128), 3))
+    body = list(iter_stmts(f.module.kernels[0].body))
+    assert any(isinstance(s, WarpgroupMatrixMultiply) for s in body)
+    assert not any(isinstance(s, (MatrixLoad, MatrixMultiply)) for s in body)  # no ldmatrix, no mma.sync
+    check(arrays, how, f"wgmma {dtype} a_t={a_t} b_t={b_t} {m}x{n}x{k}")
+
+
+@pytest.mark.parametrize("m,n,k,block", [(72, 136, 40, (64, 64)), (130, 72, 8, (128, 64)), (64, 64, 15, (64, 64)),
+                                         (33, 200, 130, (128, 256))])
+def test_sizes_that_are_no_multiple_of_any_tile(m: int, n: int, k: int, block: tuple[int, int]) -> None:
+    """Edges in M, N and K are zero-filled by the copies' predicates and guarded in the epilogue;
+    K < 16 (one partial k16 step), odd K (element loads of the k-contiguous A through registers,
+    ordinary stores the proxy fence publishes to wgmma), K = 130 (4-byte copies)."""
+    tensors, how = contraction(m, n, k, "float16")
+    f, arrays = run(tensors, how, m, n, k, seed=m + k, plan=wgmma_plan(block, 3))
+    check(arrays, how, f"wgmma {m}x{n}x{k} block {block}")
+    copied = {s.src.name for s in iter_stmts(f.module.kernels[0].body) if isinstance(s, AsyncCopy)}
+    assert copied == ({"B"} if k % 2 else {"A", "B"})
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4, 5])
+def test_every_ring_depth_is_race_free(stages: int) -> None:
+    """Seven k tiles through rings of 2..5 stages (2: wait_group 0; deeper: one wgmma group in
+    flight, the ring loading S - 2 tiles ahead); the emulator checks every refill."""
+    m, n, k = 64, 64, 420
+    tensors, how = contraction(m, n, k, "bfloat16", b_t=stages % 2 == 0)
+    f, arrays = run(tensors, how, m, n, k, seed=stages, plan=wgmma_plan((64, 64), stages))
+    check(arrays, how, f"{stages} stages")
+    assert f"wait_group({1 if stages >= 3 else 0})" in str(f.module.kernels[0])
+
+
+def test_a_ring_that_refills_a_stage_an_inflight_wgmma_reads_is_reported() -> None:
+    """Loading S - 1 tiles ahead (as the mma.sync ring does) while one wgmma group stays in flight
+    refills the stage the previous tile's wgmmas may still read: the emulator says so."""
+    m, n, k = 64, 64, 256
+    tensors, _ = contraction(m, n, k, "float16")
+    kernel = lower(tensors).kernels[0]
+    g = np.random.default_rng(0)
+    a = g.standard_normal((m, k)).astype(np.float16)
+    b = g.standard_normal((k, n)).astype(np.float16)
+    c = np.full((m, n), np.nan, np.float32)
+    unsafe = tensorize_wgmma(kernel, "C", "wgmma", Tiling(64, 64, 4, 1, 64, 3), lookahead=2)
+    with pytest.raises(RaceError, match="wgmma operand race"):
+        simulate_kernel(unsafe, {"A": a, "B": b, "C": c}, (1, 1, 1), (128, 1, 1))
+    safe = tensorize_wgmma(kernel, "C", "wgmma", Tiling(64, 64, 4, 1, 64, 3))
+    simulate_kernel(safe, {"A": a, "B": b, "C": c}, (1, 1, 1), (128, 1, 1))
+    bound = (k + 1) * 2.0**-24 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))
+    assert (np.abs(c - a.astype(np.float64) @ b.astype(np.float64)) <= bound).all()
+
+
+def test_batched_contraction_on_two_warpgroups() -> None:
+    bt, m, n, k = 3, 100, 72, 96
+    tensors, how = contraction(m, n, k, "bfloat16", batch=bt, a_t=True)
+    f, arrays = run(tensors, how, m, n, k, batch=bt, seed=5, plan=wgmma_plan((128, 64), 4))
+    assert f.module.kernels[0].body.kind == "blockIdx.z"  # type: ignore[attr-defined]
+    check(arrays, how, "batched wgmma")
+
+
+def test_symbolic_rows() -> None:
+    M = tc.var("M")
+    tensors, how = contraction(M, 64, 80, "float16", b_t=True)
+    for m in (50, 129):
+        f, arrays = run(tensors, how, m, 64, 80, seed=m, sizes={"M": 512}, plan=wgmma_plan((64, 64), 3))
+        check(arrays, how, f"wgmma M = {m}")
+        assert wgmma_count(f) == 1
+
+
+def test_fp16_output_with_a_fused_bias_and_relu() -> None:
+    m, n, k = 72, 80, 72
+    tensors, how = contraction(m, n, k, "float16", out="float16",
+                               epilogue=lambda acc, bias: tc.maximum(acc + bias, tc.const(0.0, "float16")))
+    _, arrays = run(tensors, how, m, n, k, seed=7, plan=wgmma_plan((64, 128), 3))
+    check(arrays, how, "wgmma bias + relu", epilogue=lambda x, bias: np.maximum(x + bias, 0.0))
+
+
+def test_bfloat16_output_cast() -> None:
+    m, n, k = 64, 64, 64
+    tensors, how = contraction(m, n, k, "bfloat16", out="bfloat16")
+    _, arrays = run(tensors, how, m, n, k, seed=8, plan=wgmma_plan((64, 64), 2))
+    check(arrays, how, "wgmma bf16 output")
+
+
+def test_refusals_name_the_condition() -> None:
+    tensors, _ = contraction(128, 128, 128, "float16")
+    kernel = lower(tensors).kernels[0]
+    bad = [
+        (Tiling(64, 64, 4, 1, 32, 3), "k_tile must be 64"),
+        (Tiling(96, 64, 4, 1, 64, 3), "block rows"),
+        (Tiling(128, 64, 4, 1, 64, 3), r"warps must be \(8, 1\)"),
+        (Tiling(64, 96, 4, 1, 64, 3), "block columns"),
+        (Tiling(64, 64, 4, 1, 64, 9), "stages must be 2..8"),
+    ]
+    for tiling, message in bad:
+        with pytest.raises(ScheduleError, match=message):
+            tensorize_wgmma(kernel, "C", "wgmma", tiling)
+    with pytest.raises(ScheduleError, match="wgmma.m64n64k16.f32.f16"):
+        tensorize_wgmma(kernel, "C", "wgmma.m64n128k16.f32.f16", Tiling(64, 64, 4, 1, 64, 3))
+    with pytest.raises(ScheduleError, match="wgmma.m64n64k16.f32.f16"):
+        tensorize_wgmma(kernel, "C", "wgmma.m64n64k16.f32.bf16", Tiling(64, 64, 4, 1, 64, 3))
+
+
+# ---- the strategy -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_sm_90_plans_wgmma_for_a_4096_cube_and_sm_80_keeps_mma_sync(dtype: str) -> None:
+    tensors, _ = contraction(4096, 4096, 4096, dtype, out=dtype)
+    info = analyze_kernel(lower(tensors).kernels[0])
+    cands, _ = candidates_for(info, tc.target("sm_90"))
+    best = min((c for c in cands if c.ok), key=lambda c: (c.cost.total, -c.strategy.priority))
+    assert best.strategy.name == "gemm_wgmma", best.label
+    assert "wgmma.m64n" in best.label and "rung: wgmma + cp.async ring, 128B swizzle" in best.label
+    wgmma = [c for c in cands if c.strategy.name == "gemm_wgmma" and c.ok]
+    mma = [c for c in cands if c.strategy.name == "gemm_tensor_core" and c.ok]
+    # the same traffic, a faster tensor pipe and no ldmatrix: never predicted slower
+    assert min(c.cost.terms["tensor"] for c in wgmma) < min(c.cost.terms["tensor"] for c in mma)
+    assert min(c.cost.total for c in wgmma) <= min(c.cost.total for c in mma)
+    for arch in ("sm_80", "sm_89"):
+        cands, declined = candidates_for(info, tc.target(arch))
+        assert all(c.strategy.name != "gemm_wgmma" for c in cands)
+        assert any(name == "gemm_wgmma" and "no wgmma" in why for name, why in declined)
+
+
+def test_the_space_fits_the_opt_in_shared_memory_and_names_the_design_point() -> None:
+    from tecc.compiler.strategies.gemm_wgmma import GemmWgmma, shared_bytes
+
+    tensors, _ = contraction(4096, 4096, 4096, "float16")
+    info = analyze_kernel(lower(tensors).kernels[0])
+    sm90 = tc.target("sm_90")
+    points = list(GemmWgmma().space(info, sm90))
+    assert {"bm": 128, "bn": 256, "stages": 4} in points
+    assert {(p["bm"], p["bn"]) for p in points} == {(bm, bn) for bm in (64, 128) for bn in (64, 128, 256)}
+    assert all(shared_bytes(p) <= sm90.smem_per_block_optin for p in points)
+    assert {"bm": 128, "bn": 256, "stages": 5} not in points  # 241 KiB: over the 227 KiB opt-in
+
+
+def test_auto_plan_builds_and_explains_the_wgmma_rung() -> None:
+    """build(plan="auto") for sm_90 takes gemm_wgmma, compiles it for sm_90a (compile-checked)
+    and explain names the intrinsic and the rung."""
+    if not _nvrtc():
+        pytest.skip("NVRTC is not available")
+    tensors, _ = contraction(4096, 4096, 4096, "float16", out="float16")
+    f = tc.build(tensors, target="cuda", arch="sm_90")
+    assert f.plan.strategy == "gemm_wgmma", f.plan.reason
+    assert f.arch == "sm_90a"
+    text = f.explain()
+    assert "wgmma.m64n256k16" in text and "wgmma + cp.async ring, 128B swizzle" in text
+
+
+# ---- codegen and NVRTC ------------------------------------------------------------------------------
+
+def test_generated_cuda_has_the_ring_fences_and_descriptors() -> None:
+    """Structure of the CUDA of the design point: 128 x 256 on 2 warpgroups, 4 stages (193 KiB of
+    dynamic shared memory, its start rounded up to 1024 bytes in the kernel), one proxy fence and
+    one barrier per k tile, wgmma.wait_group 1 in the loop and 0 before the epilogue."""
+    tensors, _ = contraction(4096, 4096, 4096, "float16", out="float16")
+    sch = tc.Schedule(tensors)
+    sch.tensorize("C", intrinsic="wgmma", block=(128, 256), warps=(8, 1), k_tile=64, stages=4)
+    func = sch.mod.kernels[0]
+    source = tc.build(sch, target="sim").source
+    assert dynamic_shared_bytes(func) == 4 * (128 + 256) * 64 * 2 + 1024
+    assert "needs the architecture-specific target" in source
+    assert "__launch_bounds__(256)" in source
+    assert "& 1023u" in source  # the dynamic allocation's start rounded up to 1024 bytes
+    for text, count in (("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", 1), ("fence.proxy.async.shared::cta", 1),
+                        ("wgmma.fence.sync.aligned", 1), ("wgmma.commit_group.sync.aligned", 1),
+                        ("wgmma.wait_group.sync.aligned 1", 1), ("wgmma.wait_group.sync.aligned 0", 1),
+                        ("cp.async.wait_group 1", 1), ("__syncthreads()", 1), ("ldmatrix", 0), ("mma.sync", 0)):
+        assert source.count(text) == count, (text, source.count(text))
+    # the k16 steps' wgmma is one unrolled statement; A K-major (no transpose), B MN-major (transposed)
+    assert re.search(r"scale_d, 1, 1, 0, 1;", source)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("dtype,a_t,b_t,block,stages", [
+    ("float16", False, False, (128, 256), 4), ("bfloat16", True, True, (128, 128), 4),
+    ("float16", False, True, (64, 256), 3), ("bfloat16", True, False, (64, 128), 5), ("float16", False, False, (64, 64), 2)])
+def test_configurations_compile_for_sm_90a_without_spills(dtype: str, a_t: bool, b_t: bool, block: tuple[int, int],
+                                                          stages: int) -> None:
+    from tecc.compiler.strategies.gemm_wgmma import wgmma_registers
+
+    tensors, _ = contraction(4096, 4096, 4096, dtype, out=dtype, a_t=a_t, b_t=b_t)
+    sch = tc.Schedule(tensors)
+    sch.tensorize("C", intrinsic="wgmma", block=block, warps=(4 * block[0] // 64, 1), k_tile=64, stages=stages)
+    f = tc.build(sch, target="cuda", arch="sm_90")
+    (r,) = f.resources.values()
+    assert f.arch == "sm_90a"
+    assert (r.spill_stores, r.spill_loads, r.stack_bytes) == (0, 0, 0), r
+    assert r.registers <= sum(wgmma_registers(*block).values()), r.registers
+    assert wgmma_serialized(f.compile_log) is None, f.compile_log
+    assert f"wgmma.mma_async.sync.aligned.m64n{block[1]}k16" in f.ptx
+
+
+def test_a_serialized_wgmma_warning_is_recognized() -> None:
+    log = ("ptxas info    : Compiling entry function 'C_kernel' for 'sm_90a'\n"
+           "ptxas /tmp/x.ptx, line 9; warning : Potential Performance Loss: wgmma.mma_async instructions are "
+           "serialized due to the presence of Extern calls in the function 'C_kernel'.\n")
+    assert wgmma_serialized(log) is not None and "serialized" in wgmma_serialized(log)  # type: ignore[operator]
+    assert wgmma_serialized("ptxas info    : Used 166 registers, used 1 barriers") is None
