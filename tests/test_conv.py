@@ -400,6 +400,20 @@ def test_resnet_layer_kernels_compile_without_spills(layout: str, arch: str) -> 
         assert mnemonic in compiled.ptx, mnemonic
 
 
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_resnet_layer_wgmma_kernels_compile_for_sm_90a_without_spills(layout: str) -> None:
+    """The same layer on the Hopper path: wgmma reads the gathered tiles through descriptors."""
+    conv = Conv(32, (56, 56), 64, 64, (3, 3), pad=1, layout=layout)
+    sch = tc.Schedule(conv.program())
+    sch.tensorize("Y", intrinsic="wgmma", block=(128, 64), warps=(8, 1), k_tile=64, stages=4)
+    f = tc.build(sch, target="cuda", arch="sm_90")
+    (r,) = f.resources.values()
+    assert f.arch == "sm_90a"
+    assert (r.spill_stores, r.spill_loads, r.stack_bytes) == (0, 0, 0), r
+    assert r.registers <= 255
+    assert "wgmma.mma_async.sync.aligned.m64n64k16" in f.ptx
+
+
 # ---- on a GPU ----------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
