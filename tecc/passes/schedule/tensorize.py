@@ -112,16 +112,6 @@ INTRINSICS = {"float16": "mma.m16n8k16.f32.f16", "bfloat16": "mma.m16n8k16.f32.b
 CHUNK = 8  # halves per 16-byte cp.async copy and per ldmatrix row
 
 
-def copy_elements(contiguous_extent: Expr) -> int:
-    """Halves per cp.async copy of a plain operand whose rows have `contiguous_extent` elements:
-    8 (16 bytes), 4 or 2 when the extent is a constant multiple of it, 0 when none is provable.
-    The single-axis case of implicit_gemm.contiguous_copy, which the matcher uses (Operand.copy)."""
-    last = const_int(contiguous_extent)
-    if last is None:
-        return 0
-    return next((n for n in (8, 4, 2) if last % n == 0), 0)
-
-
 # ---- the kernel ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
