@@ -204,6 +204,11 @@ def test_auto_plan_builds_and_explains_the_wgmma_rung() -> None:
     f = tc.build(tensors, target="cuda", arch="sm_90")
     assert f.plan.strategy == "gemm_wgmma", f.plan.reason
     assert f.arch == "sm_90a"
+    (r,) = f.resources.values()
+    assert (r.spill_stores, r.spill_loads, r.stack_bytes) == (0, 0, 0), r
+    chosen = f.planning.kernels[0].chosen
+    assert r.registers <= chosen.workload.register_count, (r.registers, chosen.workload.registers)
+    assert wgmma_serialized(f.compile_log) is None, f.compile_log
     text = f.explain()
     assert "wgmma.m64n256k16" in text and "wgmma + cp.async ring, 128B swizzle" in text
 
