@@ -282,6 +282,17 @@ def test_configurations_compile_for_sm_90a_without_spills(dtype: str, a_t: bool,
     assert f"wgmma.mma_async.sync.aligned.m64n{block[1]}k16" in f.ptx
 
 
+@needs_nvrtc
+def test_a_wgmma_kernel_built_for_ampere_is_a_clear_compile_error() -> None:
+    from tecc.ir.errors import CompileError
+
+    tensors, _ = contraction(128, 128, 128, "float16")
+    sch = tc.Schedule(tensors)
+    sch.tensorize("C", intrinsic="wgmma", block=(64, 64), warps=(4, 1), k_tile=64, stages=3)
+    with pytest.raises(CompileError, match="only sm_90a has"):
+        tc.build(sch, target="cuda", arch="sm_80")
+
+
 def test_a_serialized_wgmma_warning_is_recognized() -> None:
     log = ("ptxas info    : Compiling entry function 'C_kernel' for 'sm_90a'\n"
            "ptxas /tmp/x.ptx, line 9; warning : Potential Performance Loss: wgmma.mma_async instructions are "
