@@ -110,6 +110,28 @@ def test_a_ring_that_refills_a_stage_an_inflight_wgmma_reads_is_reported() -> No
     assert (np.abs(c - a.astype(np.float64) @ b.astype(np.float64)) <= bound).all()
 
 
+def test_element_loaded_stages_without_the_proxy_fence_are_reported() -> None:
+    """Odd K: A's tile reaches shared memory by ordinary stores, which wgmma (the async proxy)
+    sees only after fence.proxy.async; the kernel without its fences is an unfenced read."""
+    from tecc.ir.stmt import AsyncProxyFence, Seq, Stmt
+    from tecc.ir.visitor import StmtMutator
+
+    class DropProxyFences(StmtMutator):
+        def visit_Seq(self, s: Seq) -> Stmt:
+            kept = tuple(self.visit(x) for x in s.stmts if not isinstance(x, AsyncProxyFence))
+            return Seq(kept)
+
+    m, n, k = 64, 64, 135
+    tensors, _ = contraction(m, n, k, "float16")
+    func = tensorize_wgmma(lower(tensors).kernels[0], "C", "wgmma", Tiling(64, 64, 4, 1, 64, 3))
+    g = np.random.default_rng(1)
+    args = {"A": g.standard_normal((m, k)).astype(np.float16), "B": g.standard_normal((k, n)).astype(np.float16),
+            "C": np.full((m, n), np.nan, np.float32)}
+    simulate_kernel(func, args, (1, 1, 1), (128, 1, 1))
+    with pytest.raises(RaceError, match="fence.proxy.async"):
+        simulate_kernel(DropProxyFences().visit_func(func), args, (1, 1, 1), (128, 1, 1))
+
+
 def test_batched_contraction_on_two_warpgroups() -> None:
     bt, m, n, k = 3, 100, 72, 96
     tensors, how = contraction(m, n, k, "bfloat16", batch=bt, a_t=True)
@@ -167,9 +189,12 @@ def test_refusals_name_the_condition() -> None:
 def test_sm_90_plans_wgmma_for_a_4096_cube_and_sm_80_keeps_mma_sync(dtype: str) -> None:
     tensors, _ = contraction(4096, 4096, 4096, dtype, out=dtype)
     info = analyze_kernel(lower(tensors).kernels[0])
-    cands, _ = candidates_for(info, tc.target("sm_90"))
-    best = min((c for c in cands if c.ok), key=lambda c: (c.cost.total, -c.strategy.priority))
-    assert best.strategy.name == "gemm_wgmma", best.label
+    # the H100 table, and an H200 (the same SMs and clock, 4.8 TB/s of HBM3e, 141 GB)
+    h200 = tc.target("sm_90").replace(name="H200", dram_bandwidth=4.8e12)
+    for target in (h200, tc.target("sm_90")):
+        cands, _ = candidates_for(info, target)
+        best = min((c for c in cands if c.ok), key=lambda c: (c.cost.total, -c.strategy.priority))
+        assert best.strategy.name == "gemm_wgmma", (target.name, best.label)
     assert "wgmma.m64n" in best.label and "rung: wgmma + cp.async ring, 128B swizzle" in best.label
     wgmma = [c for c in cands if c.strategy.name == "gemm_wgmma" and c.ok]
     mma = [c for c in cands if c.strategy.name == "gemm_tensor_core" and c.ok]
@@ -204,6 +229,11 @@ def test_auto_plan_builds_and_explains_the_wgmma_rung() -> None:
     f = tc.build(tensors, target="cuda", arch="sm_90")
     assert f.plan.strategy == "gemm_wgmma", f.plan.reason
     assert f.arch == "sm_90a"
+    (r,) = f.resources.values()
+    assert (r.spill_stores, r.spill_loads, r.stack_bytes) == (0, 0, 0), r
+    chosen = f.planning.kernels[0].chosen
+    assert r.registers <= chosen.workload.register_count, (r.registers, chosen.workload.registers)
+    assert wgmma_serialized(f.compile_log) is None, f.compile_log
     text = f.explain()
     assert "wgmma.m64n256k16" in text and "wgmma + cp.async ring, 128B swizzle" in text
 
@@ -250,6 +280,17 @@ def test_configurations_compile_for_sm_90a_without_spills(dtype: str, a_t: bool,
     assert r.registers <= sum(wgmma_registers(*block).values()), r.registers
     assert wgmma_serialized(f.compile_log) is None, f.compile_log
     assert f"wgmma.mma_async.sync.aligned.m64n{block[1]}k16" in f.ptx
+
+
+@needs_nvrtc
+def test_a_wgmma_kernel_built_for_ampere_is_a_clear_compile_error() -> None:
+    from tecc.ir.errors import CompileError
+
+    tensors, _ = contraction(128, 128, 128, "float16")
+    sch = tc.Schedule(tensors)
+    sch.tensorize("C", intrinsic="wgmma", block=(64, 64), warps=(4, 1), k_tile=64, stages=3)
+    with pytest.raises(CompileError, match="only sm_90a has"):
+        tc.build(sch, target="cuda", arch="sm_80")
 
 
 def test_a_serialized_wgmma_warning_is_recognized() -> None:

@@ -17,6 +17,7 @@ and bulk copies, as inline PTX (sm_90a: wgmma needs the architecture-specific ta
 from __future__ import annotations
 
 from tecc.ir.descriptor import MatrixDescriptor
+from tecc.ir.errors import CompileError
 from tecc.ir.expr import index_expr
 from tecc.ir.stmt import (
     AsyncProxyFence,
@@ -55,10 +56,15 @@ def needs_arch_specific(func: PrimFunc) -> bool:
 
 def arch_for_source(source: str, arch: str) -> str:
     """`arch` with the architecture-specific suffix when `source` carries ARCH_SPECIFIC_MARK
-    and `arch` has none ('sm_90' -> 'sm_90a'); otherwise `arch` unchanged."""
-    if ARCH_SPECIFIC_MARK in source and not arch.endswith(("a", "f")):
-        return arch + "a"
-    return arch
+    and `arch` has none ('sm_90' -> 'sm_90a'); otherwise `arch` unchanged. CompileError for a
+    marked source and another plain arch: those instructions exist on sm_90a only."""
+    if ARCH_SPECIFIC_MARK not in source or arch.endswith(("a", "f")):
+        return arch
+    if arch != "sm_90":
+        raise CompileError(f"this CUDA source uses wgmma / setmaxnreg, which only sm_90a has; it cannot be "
+                           f"compiled for {arch}: build it for sm_90 (arch='sm_90'), or plan for {arch} "
+                           "without intrinsic='wgmma' (plan='auto' does)")
+    return arch + "a"
 
 
 def descriptor_buffers(func: PrimFunc) -> set[int]:

@@ -15,26 +15,28 @@ Point: BM ∈ {64, 128} (1 or 2 consumer warpgroups), BN ∈ {64, 128, 256}, sta
 stages · (BM + BN) · 64 · 2 bytes of ring (+ 1024 bytes of alignment slack) within the opt-in
 shared-memory limit.
 
-Workload for the cost model:
+Workload for the cost model (the structure of gemm_tensor_core's, fitted there on an H200; the
+wgmma constants are assumed until this path is timed):
 - tensor: the padded tile FLOPs at WGMMA_FRACTION of the dense tensor peak (the table's peak is
-  wgmma's; gemm_tensor_core prices mma.sync on sm_90 at 0.6 of it, so wgmma's instruction rate
-  is 1.5x; measured, cuBLAS-class wgmma kernels reach about 2x the mma.sync path);
-- global and L2 traffic as gemm_tensor_core (A once per column tile, B once per row tile);
+  wgmma's; gemm_tensor_core prices mma.sync on sm_90 at 0.6 of it);
+- global: A once per column tile, B once per row tile through L2; DRAM the panels each wave of
+  resident blocks spans (gemm_tensor_core.wave_dram_bytes);
 - shared: wgmma reads its A (64 x 64 per warpgroup) and B (BN x 64) tiles from shared memory
   once per k tile per warpgroup, in 128-byte wavefronts (the 128B swizzle is conflict-free),
-  plus the ring's writes; there are no ldmatrix instructions and no A/B fragment registers;
-- chain per k tile: the block's wgmmas at the SM's tensor rate and the global latency the
-  D = S - 1 - P tiles loaded ahead do not cover; with P = 1 wgmma group in flight the barrier
-  overlaps the running wgmmas, with P = 0 (2 stages) it and the wgmma's drain are serial;
-- the same traffic as gemm_tensor_core, so where both are DRAM-bound the predictions tie and the
-  higher priority (this strategy's) breaks the tie; where the tensor pipe bounds, wgmma's rate
-  decides;
+  plus the ring's writes; no ldmatrix instructions and no A/B fragment registers;
+- chain (`wgmma_sm_chain`: one SM's round of resident blocks): per k tile a block's wgmmas at
+  the SM's tensor rate (its warpgroups span all four schedulers) or its shared-pipe wavefronts
+  when more, then a stall: with P = 1 wgmma group in flight the barrier, fence and refill issue
+  overlap the running group and stall only for what exceeds it; with P = 0 (2 stages) they and
+  the wgmma's drain are serial; plus the loaded global latency the D = S - 1 - P tiles ahead do
+  not cover. The tensor pipe idles only while every resident block stalls at once;
 - registers: BN / 2 f32 accumulators, addressing and the copy state (as gemm_tensor_core), and
-  the two 64-bit descriptors; ptxas stayed below this estimate on every tested point.
+  the two 64-bit descriptors; ptxas stayed at or below this estimate on every tested point.
 """
 
 from __future__ import annotations
 
+import math
 from itertools import product
 from typing import Any, Iterable
 
@@ -42,29 +44,38 @@ from ...ir.descriptor import DESCRIPTOR_ALIGNMENT
 from ...ir.target import Target
 from ..cost.analysis import KernelInfo
 from ..cost.model import Workload
-from ..cost.traffic import dram_from_l2
-from .gemm_tensor_core import ADDRESSING, GemmTensorCore, copy_sizes, gemm_view
+from ..cost.occupancy import occupancy
+from .gemm_tensor_core import (
+    ADDRESSING,
+    LOADED_LATENCY_CYCLES,
+    SMEM_WEIGHT,
+    GemmTensorCore,
+    copy_sizes,
+    gemm_view,
+    wave_dram_bytes,
+)
 from .registry import Point, Strategy, register
 
 BLOCK_M = (64, 128)
 BLOCK_N = (64, 128, 256)
-# Listed in the order the planner should take among equal predictions (a DRAM-bound prediction
-# ties every ring depth, and the sort is stable): 4 stages keep two tiles loading while one
-# wgmma group runs (the design point), 3 one, 5 three; 2 stages must wait for every wgmma group.
+# Listed in the order the planner takes among equal predictions (the sort is stable): 4 stages
+# keep two tiles loading while one wgmma group runs (the design point), 3 one, 5 three; 2 stages
+# must wait for every wgmma group.
 STAGES = (4, 3, 5, 2)
 K_TILE = 64
 WARPGROUP = 128
-# wgmma's share of the dense tensor peak of the target's table (the peak is wgmma's own):
-# assumed, not fitted; the chain term prices what the non-specialized ring leaves exposed
-WGMMA_FRACTION = 0.9
+# wgmma's share of the dense tensor peak of the target's table (the peak is wgmma's own); the
+# chain prices the stalls of the non-specialized ring separately. Assumed, not fitted: cuBLAS
+# reaches ~0.7 of the peak at 4096^3 on an H200 with TMA, warp specialization and persistence.
+WGMMA_FRACTION = 0.8
 WGMMA_ARCH = 90
 SMEM_WAVEFRONT_BYTES = 128.0
-# A 2-stage ring waits for all its wgmmas each k tile (wait_group 0): the barrier, the fence and
-# the next tile's issue then no longer overlap the tensor pipe, and the wgmma's own latency from
-# issue to completion is paid per tile. Assumed (about one m64n256k16's latency), not fitted.
+# A block's barrier, proxy fence and refill issue per k tile (gemm_tensor_core's SYNC_CYCLES, 400,
+# also holds the ldmatrix pipeline refill, which wgmma has not). Assumed, not fitted.
+WGMMA_SYNC_CYCLES = 300.0
+# A 2-stage ring waits for all its wgmmas each k tile (wait_group 0): the wgmma's latency from
+# issue to completion is then paid per tile. Assumed (about one m64n256k16's latency), not fitted.
 WGMMA_DRAIN_CYCLES = 128.0
-GLOBAL_LATENCY_CYCLES = 550.0   # CostParameters.global_latency_cycles (unloaded)
-BARRIER_CYCLES = 40.0           # CostParameters.barrier_cycles
 
 
 def shared_bytes(point: Point) -> int:
@@ -89,8 +100,32 @@ def wgmma_registers(bm: int, bn: int, sizes: tuple[int, int] = (8, 8)) -> dict[s
             staged += tile // threads
     parts = {"accumulators": bn // 2, "addressing": ADDRESSING + 4 * copies, "descriptors": 4}
     if staged:
+        # the element and its guarded address, and the swizzled shared address of its store
+        # (gemm_tensor_core's accounting; ptxas kept 150 at 64x64 with K = 1023, 255 at 128x256)
         parts["staged elements"] = 2 * staged
+        parts["shared addresses"] = staged // 2
     return parts
+
+
+def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: int,
+                   registers: int) -> tuple[float, int, float]:
+    """Cycles one SM spends on one round of its resident blocks, the resident blocks, and the
+    fraction of a k tile the tensor pipe idles (gemm_tensor_core.sm_chain's model, module
+    docstring: the wgmma ring's stall is what its in-flight group does not cover)."""
+    bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
+    groups = bm // 64
+    alloc = max(8, -(-registers // 8) * 8)
+    occ = occupancy(target, WARPGROUP * groups, alloc, shared_bytes(point))
+    resident = max(1, min(occ.blocks_per_sm, -(-blocks // target.sm_count)))
+    per_clock = rate / target.sm_count / target.clock_hz
+    wgmma = 2.0 * bm * bn * K_TILE / max(per_clock, 1e-9)
+    wavefronts = (groups * (64 + bn) + bm + bn) * K_TILE * 2 / SMEM_WAVEFRONT_BYTES
+    tile = max(wgmma, wavefronts * SMEM_WEIGHT)
+    pending, ahead = in_flight(stages)
+    sync = WGMMA_SYNC_CYCLES + WGMMA_DRAIN_CYCLES if pending == 0 else max(0.0, WGMMA_SYNC_CYCLES - tile)
+    stall = sync + LOADED_LATENCY_CYCLES * math.exp(-max(ahead, 0) * tile * resident / LOADED_LATENCY_CYCLES)
+    idle = (stall / (tile + stall)) ** resident
+    return k_tiles * resident * tile / (1.0 - idle), resident, idle
 
 
 class GemmWgmma(Strategy):
@@ -138,30 +173,26 @@ class GemmWgmma(Strategy):
         instructions = (wgmma + blocks * k_tiles * groups * 4 * ((copies + staged) * (6 + 4 * view.gathered) + 12)
                         + warps * (bn // 2) * (4 + info.epilogue_flops))
         rate = target.tensor_flops.get("float16", 0.0) * WGMMA_FRACTION
-        sm_flops_per_cycle = max(rate / target.sm_count / target.clock_hz, 1e-9)
-        tile_cycles = 2.0 * bm * bn * bk / sm_flops_per_cycle  # the block's wgmmas of one k tile, alone on the SM
+        registers = wgmma_registers(bm, bn, sizes)
+        chain, resident, idle = wgmma_sm_chain(target, rate, point, blocks, k_tiles, sum(registers.values()))
         pending, ahead = in_flight(stages)
-        exposed = max(0.0, GLOBAL_LATENCY_CYCLES - ahead * tile_cycles)
-        # with a wgmma group in flight the barrier and the next issue overlap the running wgmmas
-        serial = BARRIER_CYCLES + WGMMA_DRAIN_CYCLES if pending == 0 else 0.0
-        chain = k_tiles * (tile_cycles + exposed + serial)
         # wgmma reads every warpgroup's A tile and the whole B tile once per k tile per warpgroup
         smem_reads = blocks * k_tiles * groups * (64 + bn) * bk * 2
         smem_writes = blocks * k_tiles * (bm + bn) * bk * 2
         notes = [f"wgmma.m64n{bn}k16 on {groups} warpgroup(s), {stages}-stage cp.async ring of 64-wide k tiles "
                  f"({ahead} ahead, {pending} wgmma group in flight)",
-                 "A and B read by wgmma from 128B-swizzled shared tiles (no ldmatrix)"]
+                 "A and B read by wgmma from 128B-swizzled shared tiles (no ldmatrix)",
+                 f"{resident} block(s) per SM share the tensor pipe: idle {idle:.0%} of each k tile"]
         return Workload(
-            blocks=blocks, threads=threads, registers=wgmma_registers(bm, bn, sizes),
+            blocks=blocks, threads=threads, registers=registers,
             smem_bytes=shared_bytes(point), smem_opt_in=True,
             flops=2.0 * m * n * k * batch, fma_ops=float(m * n * batch * max(info.epilogue_flops, 0)),
             tensor_flops=2.0 * blocks * bm * bn * k_tiles * bk, tensor_rate=rate,
-            dram_bytes=dram_from_l2(info, l2, target), l2_bytes=l2,
+            dram_bytes=wave_dram_bytes(info, target, point, batch, resident, l2), l2_bytes=l2,
             global_wavefronts=(l2 - out_bytes) / 128.0 + out_bytes / 32.0,
             smem_wavefronts=(smem_reads + smem_writes) / SMEM_WAVEFRONT_BYTES,
             instructions=instructions, bytes_in_flight=2.0 * (bm + bn) * bk / threads * max(ahead, 1),
-            ilp=float(bn // 8), chain_cycles=chain, k_extent=k_tiles * bk, notes=notes + [
-                f"k tile {tile_cycles:.0f} cycles of wgmma per block, {exposed:.0f} cycles of latency exposed"])
+            ilp=float(bn // 8), chain_cycles=chain, k_extent=k_tiles * bk, notes=notes)
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
         bm = int(point["bm"])
