@@ -1,0 +1,636 @@
+"""The online contraction on tensor cores: both contractions of the chain as mma.sync tiles.
+
+The chain is the one `online_chain` recognises (tecc.passes.rewrite.online_contraction: a row max
+m, a row sum l of exp(s - m), and O = g(Σ_j exp(s - m)·v, m, l)). This module builds its
+FlashAttention-2-shaped kernel (Dao, "FlashAttention-2", 2023) when both contractions fit the
+m16n8k16 rows of the intrinsic table:
+
+    s(r, j) = f(Σ_d Q[.., i, d] · K[.., j, d], r, j)     Q, K float16 or bfloat16, d a constant
+                                                         multiple of 16 (a power of two, <= 128)
+    v(r, j, c) = V[.., j, c]                             V float16 or bfloat16, c likewise
+
+where the leading indices (`..`) are any expressions of the leading row axes (grouped heads
+K[b, h // G, ..] are index expressions), and f is any elementwise expression of the contraction
+(a scale, `where` masks, a bias, a boolean mask tensor). Anything else raises ScheduleError
+naming the condition, and the SIMT kernel of online_contraction serves the chain instead.
+
+The kernel. One block per (head, BM query rows), BM = 16·warps; warp w owns query rows
+16w..16w+15 of the block. Per block:
+
+1. Q tile [BM][D] -> shared (16-byte cp.async, zero past the rows), then ldmatrix.x4 into A
+   fragments that stay in registers for the whole key loop.
+2. K and V tiles [BN][D], [BN][C] of consecutive keys stream through a ring of 2 stages in
+   swizzled shared memory (tensorize's `row_swizzle`, 16-byte cp.async zero-filling keys past the
+   end); tile kt + 1 is in flight while tile kt is computed.
+3. S = Q Kᵀ: mma.m16n8k16 into float32 C fragments (K is [n][k] in shared: plain ldmatrix
+   gives the B fragments).
+4. Each accumulator element, at (row, col) of the C fragment's layout map, becomes
+   t = log2(e) · f(acc, row, key): the scale is folded into log2(e) when f is `x · c` (under
+   `where`s), so exp(s - m) = exp2(t - m₂) with m₂ = max t is one FFMA and one ex2 (`exp2f`,
+   MUFU.EX2: 2 ulp, CUDA C Programming Guide, "Mathematical Functions"). Keys past the end are
+   -inf. Elements that read tensors (a bias, a mask) are guarded by row and key bounds.
+5. The running max m₂ and sum l per row: a lane holds rows g and g + 8 of its warp's 16 (g =
+   lane // 4) at columns 2t, 2t+1 of each n8 tile; the row max is the lane's max, then two
+   shfl_xor (1, 2) over the 4 lanes of the quad. l stays a per-lane partial sum (every lane of
+   the quad rescales by the same α = exp2(m₂_old - m₂_new)) and is summed over the quad once,
+   at the end. A max that is still -inf is used as 0, so exp2(-inf - 0) = 0 and no NaN appears.
+6. P = exp2(t - m₂), rounded to V's dtype, is stored straight into the A fragment of the second
+   mma: the m16n8 C layout of n8 tiles 2k and 2k + 1 is exactly the m16n8k16 A layout of k16
+   step k (A element e < 4 is C element e of tile 2k, A element 4 + e is C element e of tile
+   2k + 1; checked against the table when the kernel is built), so P never touches shared memory.
+7. O = O·α + P V: V is [k][n] in shared, ldmatrix.x4.trans gives its B fragments.
+8. Epilogue: l summed over the quad, m = m₂ · ln 2, and the output O[row, col] = g(acc, m, l)
+   (the program's own expression, the cast included) and the row outputs (the log-sum-exp) by
+   lane t = 0 of each quad, guarded by row < the query extent.
+
+Precision: Q·K products are exact and summed in float32 (as the program's float32 sums); P is
+rounded to V's 16-bit dtype before P·V (relative 2^-11 for float16, 2^-8 for bfloat16, so O is
+off by at most that times max |v|, as in FlashAttention); the sum l is of the unrounded P.
+
+Key tiles a mask makes fully -inf are not visited: `key_tile_bound` derives, from the affine
+conjuncts of the `where` conditions, the last key any row of the block keeps, and isl proves
+(poly.is_empty) that no kept key of the block lies at or past the bound's tile; tiles before it
+keep their per-element guard (partially masked tiles).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from ...ir import dtype as dt
+from ...ir.errors import ScheduleError
+from ...ir.expr import (
+    Binary,
+    Cast,
+    Compare,
+    Const,
+    Expr,
+    Not,
+    Reduce,
+    Select,
+    TensorRead,
+    Var,
+    binary,
+    call,
+    cast,
+    compare,
+    const_int,
+    free_vars,
+    select,
+    size_product,
+    substitute,
+    walk,
+    warp_shuffle,
+)
+from ...ir.intrinsics import lookup
+from ...ir.poly import LoopDim, affine_coefficients, is_empty
+from ...ir.stmt import (
+    Allocate,
+    AsyncCommit,
+    AsyncCopy,
+    AsyncWait,
+    Barrier,
+    Buffer,
+    BufferStore,
+    For,
+    FragmentRef,
+    IfThenElse,
+    KernelCall,
+    MatrixMultiply,
+    Module,
+    PrimFunc,
+    Stmt,
+    seq,
+)
+from ...ir.tensor import Tensor
+from ...ir.visitor import SubexpressionReplacer
+from ..lower import exprs_of, global_buffers, scalar_vars, signature
+from ..names import identifier
+from ..schedule.tensorize import CHUNK, INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
+from .online_contraction import MAX_GRID_Y, OnlineChain, _Lower, head_indices, online_chain
+
+LOG2E = 1.0 / math.log(2.0)
+LN2 = math.log(2.0)
+MAX_HEAD_DIM = 128   # the partial output, 4·C/8 floats per lane, and Q's fragments, D/2 registers
+STAGES = 2
+
+
+@dataclass(frozen=True)
+class TensorCoreChain:
+    """An online chain whose two contractions run on tensor cores (module docstring)."""
+
+    chain: OnlineChain
+    scores: Reduce        # Σ_d Q·K inside chain.score
+    depth: int            # D
+    q: TensorRead         # Q[.., i, d]
+    k: TensorRead         # K[.., j, d]
+    v: TensorRead         # V[.., j, c]
+    qk_intrinsic: str
+    pv_intrinsic: str
+
+
+def _half_read(e: Expr) -> TensorRead | None:
+    if isinstance(e, Cast) and e.dtype == dt.float32:
+        e = e.a
+    if isinstance(e, TensorRead) and e.tensor.is_placeholder and e.dtype in (dt.float16, dt.bfloat16):
+        return e
+    return None
+
+
+def _shape_dim(where: str, name: str, extent: Expr) -> int:
+    n = const_int(extent)
+    if n is None:
+        raise ScheduleError(f"{where}: the contracted extent of {name} ({extent}) is symbolic; the tensor-core "
+                            "form needs a constant (its fragments live in registers)")
+    if n % 16 or n > MAX_HEAD_DIM or n & (n - 1):
+        raise ScheduleError(f"{where}: the contracted extent of {name} is {n}; the tensor-core form needs a power "
+                            f"of two from 16 to {MAX_HEAD_DIM} (mma k = 16, swizzled rows; wider heads would spill "
+                            "the partial output)")
+    return n
+
+
+def _leading(where: str, read: TensorRead, chain: OnlineChain, tail: tuple[Expr, Expr]) -> None:
+    """`read` must be indexed by expressions of the leading row axes, then exactly `tail`."""
+    idx = read.indices
+    if len(idx) < 2 or idx[-2] is not tail[0] or idx[-1] is not tail[1]:
+        raise ScheduleError(f"{where}: {read.tensor.name} is read at [{', '.join(map(str, idx))}]; the tensor-core "
+                            f"form needs [.., {tail[0]}, {tail[1]}] (a tile of whole rows)")
+    allowed = set(chain.row[:-1])
+    for e in idx[:-2]:
+        if any(isinstance(v, Var) and v.kind != "size" and v not in allowed for v in free_vars(e)):
+            raise ScheduleError(f"{where}: a leading index {e} of {read.tensor.name} depends on more than the "
+                                "leading row axes (the block's heads)")
+
+
+def tensor_core_chain(chain: OnlineChain) -> TensorCoreChain:
+    """The chain's tensor-core form, or ScheduleError saying which condition fails."""
+    where = "online_contraction_mma"
+    reduces = list({id(n): n for n in walk(chain.score) if isinstance(n, Reduce)}.values())
+    if len(reduces) != 1:
+        raise ScheduleError(f"{where}: the scores hold {len(reduces)} contractions; the tensor-core form needs one "
+                            "(s = f(Σ_d q·k))")
+    (red,) = reduces
+    assert isinstance(red, Reduce)
+    if red.combiner != "sum" or len(red.axes) != 1 or const_int(red.axes[0].lo) != 0:
+        raise ScheduleError(f"{where}: the scores' reduction is not one sum over an axis from 0")
+    if red.acc_dtype != dt.float32:
+        raise ScheduleError(f"{where}: the scores accumulate in {red.acc_dtype}; mma accumulates in float32")
+    axis = red.axes[0]
+    src = red.source
+    if isinstance(src, Cast) and src.dtype == dt.float32:
+        src = src.a
+    if not (isinstance(src, Binary) and src.op == "*"):
+        raise ScheduleError(f"{where}: the scores' summand {src} is not a product of two reads")
+    reads = [_half_read(src.a), _half_read(src.b)]
+    if any(r is None for r in reads):
+        raise ScheduleError(f"{where}: the scores multiply {src.a} and {src.b}; the tensor-core form needs two "
+                            "float16/bfloat16 input reads (float32 operands stay SIMT)")
+    a, b = reads
+    assert a is not None and b is not None
+    query = chain.row[-1]
+    q, k = (a, b) if any(x is query for x in a.indices) else (b, a)
+    _leading(where, q, chain, (query, axis))
+    _leading(where, k, chain, (chain.key, axis))
+    if q.dtype != k.dtype:
+        raise ScheduleError(f"{where}: Q is {q.dtype} and K is {k.dtype}; mma needs one dtype")
+    depth = _shape_dim(where, "the scores", axis.extent)
+    for t in (q.tensor, k.tensor):
+        if const_int(t.shape[-1]) != depth:
+            raise ScheduleError(f"{where}: {t.name}'s last extent {t.shape[-1]} is not the contracted {depth}")
+    v = _half_read(chain.value)
+    if v is None:
+        raise ScheduleError(f"{where}: the contracted value {chain.value} is not a float16/bfloat16 input read")
+    _leading(where, v, chain, (chain.key, chain.column))
+    columns = _shape_dim(where, "the output", chain.columns)
+    if const_int(v.tensor.shape[-1]) != columns:
+        raise ScheduleError(f"{where}: {v.tensor.name}'s last extent is not the output's {columns} columns")
+    for stat, what in ((chain.m, "max"), (chain.l, "sum")):
+        acc = stat.op.body.acc_dtype  # type: ignore[union-attr]
+        if acc != dt.float32:
+            raise ScheduleError(f"{where}: the row {what} {stat.name} accumulates in {acc}; the kernel keeps float32")
+    if chain.contraction.acc_dtype != dt.float32:
+        raise ScheduleError(f"{where}: {chain.output.name} accumulates in {chain.contraction.acc_dtype}; mma "
+                            "accumulates in float32")
+    for t in (q.tensor, k.tensor, v.tensor):
+        if getattr(t, "strides", None) is not None:
+            raise ScheduleError(f"{where}: {t.name} has strides; the tiles are copied as contiguous rows")
+    return TensorCoreChain(chain, red, depth, q, k, v, INTRINSICS[q.dtype.name], INTRINSICS[v.dtype.name])
+
+
+# ---- masked-tile skipping ------------------------------------------------------------------------
+
+def kept_conditions(score: Expr) -> list[Expr]:
+    """Conditions that hold wherever the score is not -inf: the `where`s around it (a where whose
+    other branch is -inf), split at `&`."""
+    out: list[Expr] = []
+    e = score
+    while isinstance(e, Select):
+        if _is_minus_inf(e.b):
+            out.append(e.cond)
+            e = e.a
+        elif _is_minus_inf(e.a):
+            out.append(Not(e.cond))  # the kept side is the else branch
+            e = e.b
+        else:
+            break
+    flat: list[Expr] = []
+    while out:
+        c = out.pop()
+        if isinstance(c, Binary) and c.op == "&" and c.dtype.is_bool:
+            out.extend((c.a, c.b))
+        else:
+            flat.append(c)
+    return flat
+
+
+def _is_minus_inf(e: Expr) -> bool:
+    return isinstance(e, Const) and e.dtype.is_float and float(e.value) == -math.inf
+
+
+def _upper_bound(cond: Expr, query: Var, key: Var, first: Expr, last: Expr) -> Expr | None:
+    """For an affine condition c·key + a·query + rest ≤ 0 with c > 0: the largest key it keeps
+    for any query in [first, last], floor((-a·q - rest) / c) at the q that maximizes it."""
+    if isinstance(cond, Not) and isinstance(cond.a, Compare):
+        flip = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}
+        if cond.a.op not in flip:
+            return None
+        cond = compare(flip[cond.a.op], cond.a.a, cond.a.b)
+    if not isinstance(cond, Compare) or not cond.a.dtype.is_int or not cond.b.dtype.is_int:
+        return None
+    lhs, rhs = cond.a, cond.b
+    if cond.op == "<=":
+        f = lhs - rhs
+    elif cond.op == "<":
+        f = lhs - rhs + 1
+    elif cond.op == ">=":
+        f = rhs - lhs
+    elif cond.op == ">":
+        f = rhs - lhs + 1
+    else:
+        return None
+    coeff = affine_coefficients(f, [query, key])
+    if coeff is None or coeff[1] <= 0:
+        return None
+    a, c = coeff
+    rest = substitute(f, {query: Const(0, dt.int32), key: Const(0, dt.int32)})
+    at = last if a <= 0 else first
+    return (Const(-a, dt.int32) * at - rest) // c
+
+
+def key_tile_bound(chain: OnlineChain, first: Var, rows: int, tile: int) -> tuple[Expr, str] | None:
+    """(tiles, why): the number of key tiles of `tile` keys that the block of query rows
+    [first·rows, first·rows + rows) needs, proved by isl: no key at or past tiles·tile is kept by
+    any row of the block. None when the conditions give no affine bound (every tile is visited)."""
+    query, key = chain.row[-1], chain.key
+    conds = kept_conditions(chain.score)
+    lo = first * rows
+    hi = binary("min", lo + rows, chain.rows[-1]) - 1
+    bounds = [b for b in (_upper_bound(c, query, key, lo, hi) for c in conds) if b is not None]
+    if not bounds:
+        return None
+    last: Expr = bounds[0]
+    for b in bounds[1:]:
+        last = binary("min", last, b)
+    all_tiles = (chain.keys + (tile - 1)) // tile
+    tiles = binary("min", all_tiles, (binary("max", last + 1, Const(0, dt.int32)) + (tile - 1)) // tile)
+    affine = [c for c in conds if _upper_bound(c, query, key, lo, hi) is not None]
+    loops = [LoopDim(first, Const(0, dt.int32), (chain.rows[-1] + (rows - 1)) // rows, "blockIdx.x"),
+             LoopDim(query, lo, Const(rows, dt.int32), "serial"),
+             LoopDim(key, Const(0, dt.int32), chain.keys, "serial")]
+    proof = [compare("<", query, chain.rows[-1]), *affine, compare(">=", key, tiles * tile)]
+    if not is_empty(loops, proof):
+        return None
+    why = (f"key tiles per block min(ceil({chain.keys} / {tile}), ceil((last kept key + 1) / {tile})), the last kept "
+           f"key {last} from {' and '.join(map(str, affine))} (isl: no kept key past it)")
+    return tiles, why
+
+
+# ---- the kernel ------------------------------------------------------------------------------------
+
+def _check_relayout(qk: str, pv: str) -> None:
+    """The C fragment of n8 tiles 2k, 2k + 1 is the A fragment of k16 step k (module docstring)."""
+    c_map = lookup(qk).operand("c").layout
+    a_map = lookup(pv).operand("a").layout
+    for lane in range(32):
+        for e in range(8):
+            r, col = c_map(lane, e % 4)
+            if a_map(lane, e) != (r, col + 8 * (e // 4)):
+                raise ScheduleError(f"online_contraction_mma: the C fragment of {qk} is not the A fragment of {pv} "
+                                    f"(lane {lane}, element {e}); P would need a shuffle")
+
+
+def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key_tile: int = 64,
+                           name: str | None = None) -> Module:
+    """The module of ONE tensor-core kernel computing the chain `args` (module docstring):
+    `rows_per_block` query rows per block (16 per warp), key tiles of `key_tile`."""
+    where = "online_contraction_mma"
+    chain = online_chain(args)
+    tc_chain = tensor_core_chain(chain)
+    if rows_per_block % 16 or not 16 <= rows_per_block <= 256:
+        raise ScheduleError(f"{where}: rows_per_block={rows_per_block} must be a multiple of 16 (one warp per 16 "
+                            "rows) from 16 to 256")
+    if key_tile not in (16, 32, 64, 128):
+        raise ScheduleError(f"{where}: key_tile={key_tile} must be 16, 32, 64 or 128")
+    _check_relayout(tc_chain.qk_intrinsic, tc_chain.pv_intrinsic)
+    return _Kernel(tc_chain, rows_per_block, key_tile, name).module()
+
+
+class _Kernel:
+    def __init__(self, tcc: TensorCoreChain, rows: int, key_tile: int, name: str | None) -> None:
+        self.tcc, self.chain = tcc, tcc.chain
+        self.BM, self.BN = rows, key_tile
+        self.warps = rows // 16
+        self.threads = 32 * self.warps
+        self.D = tcc.depth
+        self.C = const_int(tcc.chain.columns)
+        self.name = name
+        prog = tcc.chain.program
+        sig = signature(prog)
+        self.sig = sig
+        self.buffers, self.unique = sig.buffers, sig.unique
+        u = self.unique
+        self.bx, self.by = Var(u("query_block"), dt.int32), Var(u("head"), dt.int32)
+        self.tx, self.kt = Var(u("thread"), dt.int32), Var(u("key_tile"), dt.int32)
+        self.lane, self.warp = self.tx % 32, self.tx // 32
+        self.lower = _Lower(self.buffers, u)
+
+    def frag(self, label: str, intrinsic: str, role: str, size: int) -> Buffer:
+        op = lookup(intrinsic).operand(role)
+        return Buffer(self.unique(label), op.dtype, (Const(size, dt.int32),), "fragment", fragment=(intrinsic, role))
+
+    def local(self, label: str, size: int) -> Buffer:
+        return Buffer(self.unique(label), dt.float32, (Const(size, dt.int32),), "local")
+
+    def shared(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
+        shape = tuple(Const(n, dt.int32) for n in (stages, rows, width))
+        return Buffer(self.unique(label), read.dtype, shape, "shared", tensor=f"{read.tensor.name}.shared",
+                      layout=row_swizzle(width))
+
+    def unrolled(self, label: str, extent: int, body: Callable[[Var], Stmt]) -> Stmt:
+        v = Var(self.unique(label), dt.int32)
+        return For(v, Const(0, dt.int32), Const(extent, dt.int32), "unroll", body(v))
+
+    def copy_tile(self, dst: Buffer, stage: Expr, read: TensorRead, at: dict[Var, Expr], row0: Expr, extent: Expr, rows: int, width: int) -> Stmt:
+        """cp.async of rows [row0, row0 + rows) x [0, width) of the read tensor into dst[stage],
+        16 bytes per copy, zero past `extent`."""
+        per_row = width // CHUNK
+        chunks = rows * per_row
+        count = -(-chunks // self.threads)
+        src = self.buffers[read.tensor]
+        lead = tuple(substitute(e, at) for e in read.indices[:-2])
+
+        def copy(u: Var) -> Stmt:
+            chunk = self.tx + self.threads * u
+            r, col = chunk // per_row, (chunk % per_row) * CHUNK
+            st: Stmt = AsyncCopy(dst, (stage, r, col), src, lead + (row0 + r, col), 16,
+                                 compare("<", row0 + r, extent), "cg")
+            if chunks % self.threads:
+                st = IfThenElse(compare("<", chunk, chunks), st)
+            return st
+        return self.unrolled(f"copy_{read.tensor.name}", count, copy)
+
+    def module(self) -> Module:
+        chain, tcc, BM, BN, D, C = self.chain, self.tcc, self.BM, self.BN, self.D, self.C
+        assert C is not None
+        zero = Const(0, dt.int32)
+        minus_inf = Const(-math.inf, dt.float32)
+        heads, queries = chain.rows[:-1], chain.rows[-1]
+        n_heads = size_product(heads)
+        if (const_int(n_heads) or 0) > MAX_GRID_Y:
+            raise ScheduleError(f"online_contraction_mma: {const_int(n_heads)} heads exceed the grid's y extent "
+                                f"{MAX_GRID_Y}")
+        head_at = dict(zip(chain.row[:-1], head_indices(self.by, heads)))
+        q0 = self.bx * BM
+        warp_row0 = q0 + self.warp * 16
+
+        q_frag = self.frag("q_frag", tcc.qk_intrinsic, "a", 8 * (D // 16))
+        k_frag = self.frag("k_frag", tcc.qk_intrinsic, "b", 8)
+        s_frag = self.frag("s_frag", tcc.qk_intrinsic, "c", 4 * (BN // 8))
+        p_frag = self.frag("p_frag", tcc.pv_intrinsic, "a", 8 * (BN // 16))
+        v_frag = self.frag("v_frag", tcc.pv_intrinsic, "b", 8)
+        o_frag = self.frag("o_frag", tcc.pv_intrinsic, "c", 4 * (C // 8))
+        m_run, l_run = self.local("m_run", 2), self.local("l_run", 2)
+        m_use, alpha = self.local("m_use", 2), self.local("alpha", 2)
+        q_sh = self.shared("q_shared", tcc.q, 1, BM, D)
+        k_sh = self.shared("k_shared", tcc.k, STAGES, BN, D)
+        v_sh = self.shared("v_shared", tcc.v, STAGES, BN, C)
+        c_map = lookup(tcc.qk_intrinsic).operand("c").layout
+
+        all_tiles = (chain.keys + (BN - 1)) // BN
+        bound = key_tile_bound(chain, self.bx, BM, BN)
+        if bound is None:
+            n_tiles: Expr = all_tiles
+            self.skipping = f"every key tile visited ({(kept_conditions(chain.score) and 'the mask conditions give no affine bound on the key') or 'no mask'})"
+        else:
+            n_tiles = substitute(bound[0], {**head_at, chain.row[-1]: q0})
+            self.skipping = bound[1]
+
+        def load_kv(stage: Expr, tile: Expr) -> Stmt:
+            j0 = tile * BN
+            return seq(self.copy_tile(k_sh, stage, tcc.k, head_at, j0, chain.keys, BN, D),
+                       self.copy_tile(v_sh, stage, tcc.v, head_at, j0, chain.keys, BN, C))
+
+        # 1. Q -> shared -> A fragments; K, V tile 0 in the same group
+        prologue = seq(
+            self.copy_tile(q_sh, zero, tcc.q, head_at, q0, queries, BM, D),
+            IfThenElse(compare("<", zero, n_tiles), load_kv(zero, zero)),
+            AsyncCommit(),
+            AsyncWait(0),
+            Barrier(),
+            self.unrolled("q_step", D // 16, lambda kd: load_a_fragment(
+                FragmentRef(q_frag, 8 * kd), q_sh, zero, self.warp * 16, kd * 16, self.lane, True)),
+            self.unrolled("row", 2, lambda r: seq(BufferStore(m_run, (r,), minus_inf),
+                                                 BufferStore(l_run, (r,), Const(0.0, dt.float32)))),
+            self.unrolled("o_zero", 4 * (C // 8), lambda e: BufferStore(o_frag, (e,), Const(0.0, dt.float32))),
+        )
+
+        # 3. S = Q K^T
+        stage = self.kt % STAGES
+
+        def qk_step(kd: Var) -> Stmt:
+            def pair(kn: Var) -> Stmt:
+                return seq(
+                    load_b_fragments(FragmentRef(k_frag, 0), k_sh, stage, kn * 16, kd * 16, self.lane, True),
+                    MatrixMultiply(tcc.qk_intrinsic, FragmentRef(s_frag, 8 * kn), FragmentRef(q_frag, 8 * kd),
+                                   FragmentRef(k_frag, 0), FragmentRef(s_frag, 8 * kn)),
+                    MatrixMultiply(tcc.qk_intrinsic, FragmentRef(s_frag, 8 * kn + 4), FragmentRef(q_frag, 8 * kd),
+                                   FragmentRef(k_frag, 4), FragmentRef(s_frag, 8 * kn + 4)))
+            return self.unrolled("key_pair", BN // 16, pair)
+        scores = seq(self.unrolled("s_zero", 4 * (BN // 8), lambda e: BufferStore(s_frag, (e,), Const(0.0, dt.float32))),
+                     self.unrolled("qk_step", D // 16, qk_step))
+
+        # 4. the elementwise stage per accumulator element, in log2 units
+        has_reads = any(isinstance(n, TensorRead) for n in walk(chain.score) if not _inside(n, tcc.scores))
+
+        def element(nt: Var) -> Stmt:
+            def one(e: Var) -> Stmt:
+                r, col = c_map(self.lane, e)
+                row = warp_row0 + r
+                key = self.kt * BN + nt * 8 + col
+                at = {**head_at, chain.row[-1]: row, chain.key: key}
+                s = SubexpressionReplacer({tcc.scores: s_frag[4 * nt + e]}).visit(chain.score)
+                s = substitute(s, at)
+                stmts, value = self.lower.value(_fold_log2e(s))
+                value = cast(value, dt.float32)
+                key_ok = compare("<", key, chain.keys)
+                keys_const = const_int(chain.keys)
+                if has_reads:
+                    ok = compare("<", row, queries) & key_ok
+                    return IfThenElse(ok, seq(*stmts, BufferStore(s_frag, (4 * nt + e,), value)),
+                                      BufferStore(s_frag, (4 * nt + e,), minus_inf))
+                if keys_const is not None and keys_const % BN == 0:
+                    return seq(*stmts, BufferStore(s_frag, (4 * nt + e,), value))
+                return seq(*stmts, BufferStore(s_frag, (4 * nt + e,), select(key_ok, value, minus_inf)))
+            return self.unrolled("s_e", 4, one)
+        elementwise = self.unrolled("s_tile", BN // 8, element)
+
+        # 5. running max over the quad, the rescale α, 6. P into the A fragments, the partial sum
+        tile_max = self.local("tile_max", 2)
+
+        def row_stats(r: Var) -> Stmt:
+            def fold(nt: Var) -> Stmt:
+                return seq(*(BufferStore(tile_max, (r,), binary("max", tile_max[r], s_frag[4 * nt + 2 * r + i]))
+                             for i in (0, 1)))
+            return seq(
+                BufferStore(tile_max, (r,), m_run[r]),
+                self.unrolled("max_n", BN // 8, fold),
+                BufferStore(tile_max, (r,), binary("max", tile_max[r], warp_shuffle("shfl_xor", tile_max[r], 1))),
+                BufferStore(tile_max, (r,), binary("max", tile_max[r], warp_shuffle("shfl_xor", tile_max[r], 2))),
+                BufferStore(m_use, (r,), select(compare("==", tile_max[r], minus_inf), Const(0.0, dt.float32),
+                                                tile_max[r])),
+                BufferStore(alpha, (r,), call("exp2", m_run[r] - m_use[r])),
+                BufferStore(m_run, (r,), tile_max[r]),
+                BufferStore(l_run, (r,), l_run[r] * alpha[r]),
+            )
+        p_dtype = lookup(tcc.pv_intrinsic).operand("a").dtype
+
+        def weights(nt: Var) -> Stmt:
+            def one(e: Var) -> Stmt:
+                p = call("exp2", s_frag[4 * nt + e] - m_use[e // 2])
+                return seq(BufferStore(s_frag, (4 * nt + e,), p),
+                           BufferStore(l_run, (e // 2,), l_run[e // 2] + s_frag[4 * nt + e]),
+                           # C tile nt element e is A element 4·nt + e of k16 step nt // 2 (the relayout)
+                           BufferStore(p_frag, (4 * nt + e,), cast(s_frag[4 * nt + e], p_dtype)))
+            return self.unrolled("p_e", 4, one)
+
+        def rescale(nt: Var) -> Stmt:
+            return self.unrolled("o_e", 4, lambda e: BufferStore(o_frag, (4 * nt + e,),
+                                                                 o_frag[4 * nt + e] * alpha[e // 2]))
+
+        # 7. O += P V
+        def pv_step(kk: Var) -> Stmt:
+            def pair(dn: Var) -> Stmt:
+                return seq(
+                    load_b_fragments(FragmentRef(v_frag, 0), v_sh, stage, dn * 16, kk * 16, self.lane, False),
+                    MatrixMultiply(tcc.pv_intrinsic, FragmentRef(o_frag, 8 * dn), FragmentRef(p_frag, 8 * kk),
+                                   FragmentRef(v_frag, 0), FragmentRef(o_frag, 8 * dn)),
+                    MatrixMultiply(tcc.pv_intrinsic, FragmentRef(o_frag, 8 * dn + 4), FragmentRef(p_frag, 8 * kk),
+                                   FragmentRef(v_frag, 4), FragmentRef(o_frag, 8 * dn + 4)))
+            return self.unrolled("column_pair", C // 16, pair)
+
+        ahead = self.kt + 1
+        loop = For(self.kt, zero, n_tiles, "serial", seq(
+            AsyncWait(0),   # tile kt has landed (the only group in flight)
+            Barrier(),      # ... for every thread, and every warp is done with tile kt - 1's stage
+            IfThenElse(compare("<", ahead, n_tiles), load_kv(ahead % STAGES, ahead)),
+            AsyncCommit(),
+            scores,
+            elementwise,
+            self.unrolled("row_stat", 2, row_stats),
+            self.unrolled("p_tile", BN // 8, weights),
+            self.unrolled("o_tile", C // 8, rescale),
+            self.unrolled("pv_step", BN // 16, pv_step),
+        ))
+
+        # 8. epilogue
+        l_sum = self.local("l_sum", 2)
+        finish: list[Stmt] = [self.unrolled("quad_sum", 2, lambda r: seq(
+            BufferStore(l_sum, (r,), l_run[r] + warp_shuffle("shfl_xor", l_run[r], 1)),
+            BufferStore(l_sum, (r,), l_sum[r] + warp_shuffle("shfl_xor", l_sum[r], 2))))]
+
+        def final(r: Expr) -> dict[Expr, Expr]:
+            return {chain.m_value: cast(m_run[r] * LN2, chain.m.dtype), chain.l_value: cast(l_sum[r], chain.l.dtype)}
+
+        out = self.buffers[chain.output]
+
+        def out_tile(nt: Var) -> Stmt:
+            def one(e: Var) -> Stmt:
+                r, col = c_map(self.lane, e)
+                row = warp_row0 + r
+                column = nt * 8 + col
+                body = SubexpressionReplacer({**final(e // 2), chain.contraction: cast(o_frag[4 * nt + e],
+                                                                                        chain.contraction.dtype)}
+                                             ).visit(chain.output_body)
+                at = {**head_at, chain.row[-1]: row, chain.column: column}
+                st, val = self.lower.value(substitute(body, at))
+                idx = tuple(head_at[v] for v in chain.row[:-1]) + (row, column)
+                return IfThenElse(compare("<", row, queries), seq(*st, BufferStore(out, idx, cast(val, chain.output.dtype))))
+            return self.unrolled("out_e", 4, one)
+        finish.append(self.unrolled("out_tile", C // 8, out_tile))
+
+        def row_out(r: Var) -> Stmt:
+            row = warp_row0 + self.lane // 4 + 8 * r
+            at = {**head_at, chain.row[-1]: row}
+            stmts: list[Stmt] = []
+            for t, value in chain.row_outputs:
+                st, val = self.lower.value(substitute(SubexpressionReplacer(final(r)).visit(value), at))
+                idx = tuple(head_at[v] for v in chain.row[:-1]) + (row,)
+                stmts.append(seq(*st, BufferStore(self.buffers[t], idx, cast(val, t.dtype))))
+            return IfThenElse(compare("==", self.lane % 4, zero) & compare("<", row, queries), seq(*stmts))
+        if chain.row_outputs:
+            finish.append(self.unrolled("row_out", 2, row_out))
+
+        body: Stmt = seq(prologue, loop, AsyncWait(0), *finish)
+        for buf in reversed([q_sh, k_sh, v_sh, q_frag, k_frag, s_frag, p_frag, v_frag, o_frag,
+                             m_run, l_run, m_use, alpha, tile_max, l_sum, *self.lower.allocs]):
+            body = Allocate(buf, body)
+        body = For(self.tx, zero, Const(self.threads, dt.int32), "threadIdx.x", body)
+        body = For(self.bx, zero, (queries + (BM - 1)) // BM, "blockIdx.x", body)
+        if heads:
+            body = For(self.by, zero, n_heads, "blockIdx.y", body)
+
+        prog = chain.program
+        used = global_buffers(body)
+        body_vars = scalar_vars(exprs_of(body) + [s for b in used for s in b.shape + (b.strides or ())])
+        params = tuple(self.buffers[a] for a in prog.args if self.buffers[a] in used) + \
+            tuple(v for v in self.sig.scalars if v in body_vars)
+        kname = self.unique(f"{chain.output.name}_attention_mma_kernel")
+        mname = identifier(self.name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
+        what = (f"{tcc.qk_intrinsic} / {tcc.pv_intrinsic}: {BM} query rows ({self.warps} warps), key tiles of {BN}, "
+                f"{STAGES}-stage cp.async ring; exp2 with log2(e) folded into the scale; {self.skipping}")
+        attrs: tuple[tuple[str, object], ...] = (
+            ("online_contraction", (chain.m.name, chain.l.name, chain.output.name)), ("tensorize", what))
+        kernel = PrimFunc(kname, params, body, attrs)
+        module_params = tuple(self.buffers[a] for a in prog.args) + tuple(self.sig.scalars)
+        return Module(mname, module_params, (kernel,), (KernelCall(kname, params),), ())
+
+
+def _inside(node: Expr, container: Expr) -> bool:
+    return any(n is node for n in walk(container))
+
+
+def _fold_log2e(e: Expr) -> Expr:
+    """log2(e) · e in float32, with the factor folded into a constant scale (through `where`s,
+    sums and differences) so that the common `Σ·scale` costs one multiplication."""
+    return cast(_fold(e), dt.float32)
+
+
+def _fold(e: Expr) -> Expr:
+    if isinstance(e, Select):
+        return select(e.cond, _fold_log2e(e.a), _fold_log2e(e.b))
+    if isinstance(e, Const) and e.dtype.is_float:
+        return Const(float(e.value) * LOG2E, dt.float32)
+    if isinstance(e, Cast) and e.dtype == dt.float32 and e.a.dtype.is_float:
+        return _fold_log2e(e.a) if e.a.dtype == dt.float32 else binary("*", e, Const(LOG2E, dt.float32))
+    if isinstance(e, Binary) and e.op == "*" and e.dtype == dt.float32:
+        for x, y in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(y, Const):
+                return binary("*", x, Const(float(y.value) * LOG2E, dt.float32))
+    if isinstance(e, Binary) and e.op in ("+", "-") and e.dtype == dt.float32:
+        return binary(e.op, _fold_log2e(e.a), _fold_log2e(e.b))
+    return binary("*", cast(e, dt.float32), Const(LOG2E, dt.float32))
+
+
+__all__ = ["TensorCoreChain", "key_tile_bound", "kept_conditions", "online_contraction_mma", "tensor_core_chain"]
