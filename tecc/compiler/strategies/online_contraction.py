@@ -14,9 +14,14 @@ recovers. The point:
   (C = 64..256: 2..8 registers per lane for the partial output);
 * ROWS_PER_BLOCK = 4: 128 threads per block, a 4 × 32 tile of scores in shared memory.
 
-No cost-model prediction ranks it against the unfused kernels yet: the SIMT kernel re-reads K
-and V per query row (from L2), which the tensor-core form with K/V tiles staged in shared memory
-per head will remove (docs/attention.md, what is left).
+When both contractions have float16/bfloat16 operands and constant head dims (powers of two,
+16..128), `propose_mma` proposes the tensor-core kernel first (online_contraction_mma: mma.sync,
+K/V tiles staged per block in shared memory): 64 query rows per block (4 warps, 16 rows each),
+key tiles of 64 (of 32 when a head dim is 128, where the 64-key tile takes all 255 registers a
+thread may hold: 211 at 32 keys, checked with ptxas in the tests). The SIMT plan's reason then
+says why the tensor-core form does not apply (float32 operands, a symbolic or odd head dim ..).
+No cost-model prediction ranks either against the unfused kernels: unfused, the chain writes and
+re-reads an O(S²) score matrix, which no choice of tiles for the unfused kernels recovers.
 """
 
 from __future__ import annotations
@@ -28,10 +33,32 @@ from ...ir.errors import ScheduleError
 from ...ir.expr import const_int
 from ...ir.tensor import Tensor
 from ...passes.rewrite.online_contraction import online_chain
+from ...passes.rewrite.online_contraction_mma import tensor_core_chain
 from ..plan import Plan, Step
 
 THREADS = 32
 ROWS_PER_BLOCK = 4
+MMA_ROWS_PER_BLOCK = 64
+MMA_MIN_ARCH = 80  # mma.sync.m16n8k16, ldmatrix and cp.async: sm_80
+
+
+def _arch_number(target: Any) -> int | None:
+    if isinstance(target, str) and target.startswith("sm_"):
+        digits = "".join(ch for ch in target[3:] if ch.isdigit())
+        return int(digits) if digits else None
+    return None
+
+
+def _why_not_mma(tensors: Sequence[Tensor], target: Any) -> str | None:
+    """None when the tensor-core kernel applies, else the reason."""
+    try:
+        tensor_core_chain(online_chain(tensors))
+    except ScheduleError as exc:
+        return str(exc)
+    arch = _arch_number(target)
+    if arch is not None and arch < MMA_MIN_ARCH:
+        return f"online_contraction_mma: {target} has no mma.m16n8k16 / cp.async (sm_80 or newer)"
+    return None
 
 
 @dataclass
@@ -51,12 +78,38 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> OnlineContractionC
         return None
     if const_int(chain.columns) is None:
         return None  # the partial output lives in registers: a constant column extent is needed
+    why_not = _why_not_mma(tensors, target)
     reason = (f"{chain.output.name}: a contraction over the axis of the row statistics {chain.m.name} (max) and "
               f"{chain.l.name} (sum of exp) in one pass with a running max, no score temporary of "
               f"[{', '.join(map(str, chain.rows))}] x {chain.keys}; {ROWS_PER_BLOCK} rows per block, {THREADS} lanes per row, key tiles of {THREADS}")
+    if why_not:
+        reason += f"; SIMT, not tensor cores: {why_not.removeprefix('online_contraction_mma: ')}"
     plan = Plan((Step("online_contraction", {"threads": THREADS, "rows_per_block": ROWS_PER_BLOCK}),),
                 "online_contraction", reason)
     return OnlineContractionChoice(plan, THREADS, ROWS_PER_BLOCK, reason)
 
 
-__all__ = ["OnlineContractionChoice", "propose"]
+def propose_mma(tensors: Sequence[Tensor], target: Any = None) -> OnlineContractionChoice | None:
+    """The tensor-core plan for the chain `tensors`, or None when the chain is not one or its
+    contractions do not fit mma (then `propose` gives the SIMT plan and says why)."""
+    try:
+        chain = online_chain(tensors)
+        mma = tensor_core_chain(chain)
+    except ScheduleError:
+        return None
+    if _why_not_mma(tensors, target) is not None:
+        return None
+    widest = max(mma.depth, const_int(chain.columns) or 0)
+    key_tile = 32 if widest > 64 else 64
+    reason = (f"{chain.output.name}: a contraction over the axis of the row statistics {chain.m.name} (max) and "
+              f"{chain.l.name} (sum of exp) in one pass with a running max on tensor cores ({mma.qk_intrinsic} for "
+              f"the scores, {mma.pv_intrinsic} for P·V, P kept in registers), no score temporary of "
+              f"[{', '.join(map(str, chain.rows))}] x {chain.keys}; {MMA_ROWS_PER_BLOCK} query rows per block "
+              f"(4 warps), key tiles of {key_tile} through a 2-stage cp.async ring; exp2 with log2(e) folded into "
+              "the scale (exp2f: MUFU.EX2, 2 ulp); key tiles a mask leaves fully -inf skipped where isl proves a bound")
+    plan = Plan((Step("online_contraction_mma", {"rows_per_block": MMA_ROWS_PER_BLOCK, "key_tile": key_tile}),),
+                "online_contraction_mma", reason)
+    return OnlineContractionChoice(plan, 32 * MMA_ROWS_PER_BLOCK // 16, MMA_ROWS_PER_BLOCK, reason)
+
+
+__all__ = ["OnlineContractionChoice", "propose", "propose_mma"]
