@@ -33,7 +33,7 @@ from ...ir.errors import ScheduleError
 from ...ir.expr import const_int
 from ...ir.tensor import Tensor
 from ...passes.rewrite.online_contraction import online_chain
-from ...passes.rewrite.online_contraction_mma import tensor_core_chain
+from ...passes.rewrite.online_contraction_mma import describe_skipping, tensor_core_chain
 from ..plan import Plan, Step
 
 THREADS = 32
@@ -106,7 +106,8 @@ def propose_mma(tensors: Sequence[Tensor], target: Any = None) -> OnlineContract
               f"the scores, {mma.pv_intrinsic} for P·V, P kept in registers), no score temporary of "
               f"[{', '.join(map(str, chain.rows))}] x {chain.keys}; {MMA_ROWS_PER_BLOCK} query rows per block "
               f"(4 warps), key tiles of {key_tile} through a 2-stage cp.async ring; exp2 with log2(e) folded into "
-              "the scale (exp2f: MUFU.EX2, 2 ulp); key tiles a mask leaves fully -inf skipped where isl proves a bound")
+              "the scale (exp2f: MUFU.EX2, 2 ulp); "
+              f"{describe_skipping(tensors, MMA_ROWS_PER_BLOCK, key_tile)}")
     plan = Plan((Step("online_contraction_mma", {"rows_per_block": MMA_ROWS_PER_BLOCK, "key_tile": key_tile}),),
                 "online_contraction_mma", reason)
     return OnlineContractionChoice(plan, 32 * MMA_ROWS_PER_BLOCK // 16, MMA_ROWS_PER_BLOCK, reason)

@@ -307,6 +307,22 @@ def key_tile_bound(chain: OnlineChain, first: Var, rows: int, tile: int) -> tupl
     return tiles, why
 
 
+def skipping_description(chain: OnlineChain, bound: tuple[Expr, str] | None) -> str:
+    """What the kernel does about fully masked key tiles, for explain()."""
+    if bound is not None:
+        return bound[1]
+    if kept_conditions(chain.score):
+        return "every key tile visited (no affine bound on the key in the mask's conditions)"
+    return "every key tile visited (no mask)"
+
+
+def describe_skipping(args: Sequence[Tensor], rows: int, tile: int) -> str:
+    """skipping_description of the chain `args` for blocks of `rows` query rows (`query_block`
+    is the block index in the bound)."""
+    chain = online_chain(args)
+    return skipping_description(chain, key_tile_bound(chain, Var("query_block", dt.int32), rows, tile))
+
+
 # ---- the kernel ------------------------------------------------------------------------------------
 
 def _check_relayout(qk: str, pv: str) -> None:
@@ -418,14 +434,9 @@ class _Kernel:
         v_sh = self.shared("v_shared", tcc.v, STAGES, BN, C)
         c_map = lookup(tcc.qk_intrinsic).operand("c").layout
 
-        all_tiles = (chain.keys + (BN - 1)) // BN
         bound = key_tile_bound(chain, self.bx, BM, BN)
-        if bound is None:
-            n_tiles: Expr = all_tiles
-            self.skipping = f"every key tile visited ({(kept_conditions(chain.score) and 'the mask conditions give no affine bound on the key') or 'no mask'})"
-        else:
-            n_tiles = substitute(bound[0], {**head_at, chain.row[-1]: q0})
-            self.skipping = bound[1]
+        self.skipping = skipping_description(chain, bound)
+        n_tiles: Expr = (chain.keys + (BN - 1)) // BN if bound is None else substitute(bound[0], head_at)
 
         def load_kv(stage: Expr, tile: Expr) -> Stmt:
             j0 = tile * BN
@@ -491,13 +502,15 @@ class _Kernel:
 
         def row_stats(r: Var) -> Stmt:
             def fold(nt: Var) -> Stmt:
-                return seq(*(BufferStore(tile_max, (r,), binary("max", tile_max[r], s_frag[4 * nt + 2 * r + i]))
+                # fmax (one FMNMX) rather than the NaN-propagating max: a NaN score still makes
+                # its p, hence l and the outputs, NaN, as the program's max would
+                return seq(*(BufferStore(tile_max, (r,), binary("fmax", tile_max[r], s_frag[4 * nt + 2 * r + i]))
                              for i in (0, 1)))
             return seq(
                 BufferStore(tile_max, (r,), m_run[r]),
                 self.unrolled("max_n", BN // 8, fold),
-                BufferStore(tile_max, (r,), binary("max", tile_max[r], warp_shuffle("shfl_xor", tile_max[r], 1))),
-                BufferStore(tile_max, (r,), binary("max", tile_max[r], warp_shuffle("shfl_xor", tile_max[r], 2))),
+                BufferStore(tile_max, (r,), binary("fmax", tile_max[r], warp_shuffle("shfl_xor", tile_max[r], 1))),
+                BufferStore(tile_max, (r,), binary("fmax", tile_max[r], warp_shuffle("shfl_xor", tile_max[r], 2))),
                 BufferStore(m_use, (r,), select(compare("==", tile_max[r], minus_inf), Const(0.0, dt.float32),
                                                 tile_max[r])),
                 BufferStore(alpha, (r,), call("exp2", m_run[r] - m_use[r])),
@@ -633,4 +646,4 @@ def _fold(e: Expr) -> Expr:
     return binary("*", cast(e, dt.float32), Const(LOG2E, dt.float32))
 
 
-__all__ = ["TensorCoreChain", "key_tile_bound", "kept_conditions", "online_contraction_mma", "tensor_core_chain"]
+__all__ = ["TensorCoreChain", "describe_skipping", "key_tile_bound", "kept_conditions", "online_contraction_mma", "tensor_core_chain"]
