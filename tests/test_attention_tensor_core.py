@@ -15,7 +15,8 @@ from tecc.compiler.plan import Plan, Step
 from tecc.compiler.strategies.online_contraction import propose, propose_mma
 from tecc.ir.evaluate import evaluate_int
 from tecc.ir.intrinsics import lookup
-from tecc.ir.stmt import Allocate, For, MatrixMultiply, iter_stmts
+from tecc.ir.expr import Compare
+from tecc.ir.stmt import Allocate, For, IfThenElse, MatrixMultiply, iter_stmts
 from tecc.passes.rewrite.online_contraction_mma import online_contraction_mma
 
 from test_online_contraction import attention, check, inputs_for
@@ -212,7 +213,29 @@ def test_fully_masked_key_tiles_are_not_visited(mask, Sq, Sk):
         assert evaluate_int(loop.extent, {block: b}) == want, (mask, b, loop.extent)
     # the proof is in the kernel's description
     what = dict(kernel.attrs)["tensorize"]
-    assert ("isl" in what) == (mask in ("causal", "bottom_right")), what
+    assert ("isl: no kept key past it" in what) == (mask in ("causal", "bottom_right")), what
+
+
+@pytest.mark.parametrize("mask,Sq,Sk", [("causal", 150, 150), ("bottom_right", 40, 100), (None, 45, 45),
+                                        (None, 64, 64)])
+def test_tiles_kept_whole_skip_the_guard(mask, Sq, Sk):
+    """The key tiles that every row of a block keeps whole (below the diagonal, inside the keys)
+    are evaluated without the mask and bound guard: the count is exact, block by block."""
+    rows, key_tile = 64, 32
+    ins, outs = masked_attention(1, 2, Sq, Sk, 16, "float16", mask=mask)
+    (kernel,) = online_contraction_mma(ins + outs, rows, key_tile).kernels
+    loop = key_loop(kernel)
+    split = [s for s in iter_stmts(loop.body) if isinstance(s, IfThenElse) and isinstance(s.cond, Compare)
+             and s.cond.a is loop.var]
+    assert len(split) == 1, "one branch between the unguarded and the guarded tiles"
+    block = next(s.var for s in iter_stmts(kernel.body) if isinstance(s, For) and s.kind == "blockIdx.x")
+    keep = keep_mask(mask, Sq, Sk)
+    for b in range(-(-Sq // rows)):
+        rows_keep = keep[b * rows:(b + 1) * rows]
+        want = 0
+        while (want + 1) * key_tile <= Sk and rows_keep[:, want * key_tile:(want + 1) * key_tile].all():
+            want += 1
+        assert evaluate_int(split[0].cond.b, {block: b}) == want, (mask, b, split[0].cond.b)
 
 
 def test_skipped_tiles_do_no_mma_work():

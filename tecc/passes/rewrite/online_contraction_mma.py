@@ -221,9 +221,9 @@ def tensor_core_chain(chain: OnlineChain) -> TensorCoreChain:
 
 # ---- masked-tile skipping ------------------------------------------------------------------------
 
-def kept_conditions(score: Expr) -> list[Expr]:
-    """Conditions that hold wherever the score is not -inf: the `where`s around it (a where whose
-    other branch is -inf), split at `&`."""
+def _kept(score: Expr) -> tuple[list[Expr], Expr]:
+    """(conditions, value): the `where`s around the score whose other branch is -inf, and the
+    value they keep. The score is -inf unless every condition holds, and is `value` where all do."""
     out: list[Expr] = []
     e = score
     while isinstance(e, Select):
@@ -235,6 +235,12 @@ def kept_conditions(score: Expr) -> list[Expr]:
             e = e.b
         else:
             break
+    return out, e
+
+
+def kept_conditions(score: Expr) -> list[Expr]:
+    """Conditions that hold wherever the score is not -inf (`_kept`), split at `&`."""
+    out, _ = _kept(score)
     flat: list[Expr] = []
     while out:
         c = out.pop()
@@ -249,9 +255,10 @@ def _is_minus_inf(e: Expr) -> bool:
     return isinstance(e, Const) and e.dtype.is_float and float(e.value) == -math.inf
 
 
-def _upper_bound(cond: Expr, query: Var, key: Var, first: Expr, last: Expr) -> Expr | None:
+def _upper_bound(cond: Expr, query: Var, key: Var, first: Expr, last: Expr, widest: bool = True) -> Expr | None:
     """For an affine condition c·key + a·query + rest ≤ 0 with c > 0: the largest key it keeps
-    for any query in [first, last], floor((-a·q - rest) / c) at the q that maximizes it."""
+    for SOME query in [first, last] (`widest`; for EVERY query in it otherwise), floor((-a·q -
+    rest) / c) at the q that maximizes (minimizes) it."""
     if isinstance(cond, Not) and isinstance(cond.a, Compare):
         flip = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}
         if cond.a.op not in flip:
@@ -275,7 +282,7 @@ def _upper_bound(cond: Expr, query: Var, key: Var, first: Expr, last: Expr) -> E
         return None
     a, c = coeff
     rest = substitute(f, {query: Const(0, dt.int32), key: Const(0, dt.int32)})
-    at = last if a <= 0 else first
+    at = (last if a <= 0 else first) if widest else (first if a <= 0 else last)
     return (Const(-a, dt.int32) * at - rest) // c
 
 
@@ -307,20 +314,55 @@ def key_tile_bound(chain: OnlineChain, first: Var, rows: int, tile: int) -> tupl
     return tiles, why
 
 
-def skipping_description(chain: OnlineChain, bound: tuple[Expr, str] | None) -> str:
-    """What the kernel does about fully masked key tiles, for explain()."""
+def unmasked_tile_bound(chain: OnlineChain, first: Var, rows: int, tile: int) -> Expr | None:
+    """The number of leading key tiles in which EVERY score of the block of query rows
+    [first·rows, first·rows + rows) is kept and every key is below the key extent, proved by isl
+    (no point of those tiles violates a condition), so the kernel evaluates them without the
+    guard; None when a condition gives no affine bound (a mask tensor) or the proof fails."""
+    query, key = chain.row[-1], chain.key
+    conds = kept_conditions(chain.score)
+    lo = first * rows
+    hi = binary("min", lo + rows, chain.rows[-1]) - 1
+    whole = chain.keys // tile
+    full: Expr = whole
+    for c in conds:
+        b = _upper_bound(c, query, key, lo, hi, widest=False)
+        if b is None:
+            return None
+        full = binary("min", full, binary("max", b + 1, Const(0, dt.int32)) // tile)
+    loops = [LoopDim(first, Const(0, dt.int32), (chain.rows[-1] + (rows - 1)) // rows, "blockIdx.x"),
+             LoopDim(query, lo, Const(rows, dt.int32), "serial"),
+             LoopDim(key, Const(0, dt.int32), full * tile, "serial")]
+    inside = compare("<", query, chain.rows[-1])
+    for violated in [compare(">=", key, chain.keys), *(Not(c) for c in conds)]:
+        if not is_empty(loops, [inside, violated]):
+            return None
+    return full
+
+
+def skipping_description(chain: OnlineChain, bound: tuple[Expr, str] | None, unmasked: Expr | None = None) -> str:
+    """What the kernel does about fully masked and unmasked key tiles, for explain()."""
+    whole = "" if unmasked is None else (f"; the first {unmasked} key tiles, which every row of the block keeps "
+                                         "whole (isl), without the per-element guard")
     if bound is not None:
-        return bound[1]
+        return bound[1] + whole
     if kept_conditions(chain.score):
-        return "every key tile visited (no affine bound on the key in the mask's conditions)"
-    return "every key tile visited (no mask)"
+        return "every key tile visited (no affine bound on the key in the mask's conditions)" + whole
+    return "every key tile visited (no mask)" + whole
 
 
 def describe_skipping(args: Sequence[Tensor], rows: int, tile: int) -> str:
     """skipping_description of the chain `args` for blocks of `rows` query rows (`query_block`
     is the block index in the bound)."""
     chain = online_chain(args)
-    return skipping_description(chain, key_tile_bound(chain, Var("query_block", dt.int32), rows, tile))
+    block = Var("query_block", dt.int32)
+    unmasked = None if _reads_inputs(tensor_core_chain(chain)) else unmasked_tile_bound(chain, block, rows, tile)
+    return skipping_description(chain, key_tile_bound(chain, block, rows, tile), unmasked)
+
+
+def _reads_inputs(tcc: TensorCoreChain) -> bool:
+    """Whether the scores read inputs besides the contraction's (a bias, a mask tensor)."""
+    return any(isinstance(n, TensorRead) for n in walk(tcc.chain.score) if not _inside(n, tcc.scores))
 
 
 # ---- the kernel ------------------------------------------------------------------------------------
@@ -435,7 +477,6 @@ class _Kernel:
         c_map = lookup(tcc.qk_intrinsic).operand("c").layout
 
         bound = key_tile_bound(chain, self.bx, BM, BN)
-        self.skipping = skipping_description(chain, bound)
         n_tiles: Expr = (chain.keys + (BN - 1)) // BN if bound is None else substitute(bound[0], head_at)
 
         def load_kv(stage: Expr, tile: Expr) -> Stmt:
@@ -473,29 +514,38 @@ class _Kernel:
                      self.unrolled("qk_step", D // 16, qk_step))
 
         # 4. the elementwise stage per accumulator element, in log2 units
-        has_reads = any(isinstance(n, TensorRead) for n in walk(chain.score) if not _inside(n, tcc.scores))
+        has_reads = _reads_inputs(tcc)
 
-        def element(nt: Var) -> Stmt:
-            def one(e: Var) -> Stmt:
-                r, col = c_map(self.lane, e)
-                row = warp_row0 + r
-                key = self.kt * BN + nt * 8 + col
-                at = {**head_at, chain.row[-1]: row, chain.key: key}
-                s = SubexpressionReplacer({tcc.scores: s_frag[4 * nt + e]}).visit(chain.score)
-                s = substitute(s, at)
-                stmts, value = self.lower.value(_fold_log2e(s))
-                value = cast(value, dt.float32)
-                key_ok = compare("<", key, chain.keys)
-                keys_const = const_int(chain.keys)
-                if has_reads:
-                    ok = compare("<", row, queries) & key_ok
-                    return IfThenElse(ok, seq(*stmts, BufferStore(s_frag, (4 * nt + e,), value)),
-                                      BufferStore(s_frag, (4 * nt + e,), minus_inf))
-                if keys_const is not None and keys_const % BN == 0:
-                    return seq(*stmts, BufferStore(s_frag, (4 * nt + e,), value))
-                return seq(*stmts, BufferStore(s_frag, (4 * nt + e,), select(key_ok, value, minus_inf)))
-            return self.unrolled("s_e", 4, one)
-        elementwise = self.unrolled("s_tile", BN // 8, element)
+        def element(score: Expr, guarded: bool) -> Callable[[Var], Stmt]:
+            def tile(nt: Var) -> Stmt:
+                def one(e: Var) -> Stmt:
+                    r, col = c_map(self.lane, e)
+                    row = warp_row0 + r
+                    key = self.kt * BN + nt * 8 + col
+                    at = {**head_at, chain.row[-1]: row, chain.key: key}
+                    s = substitute(SubexpressionReplacer({tcc.scores: s_frag[4 * nt + e]}).visit(score), at)
+                    stmts, value = self.lower.value(_fold_log2e(s))
+                    store = seq(*stmts, BufferStore(s_frag, (4 * nt + e,), cast(value, dt.float32)))
+                    if not guarded:
+                        return store
+                    key_ok = compare("<", key, chain.keys)
+                    if has_reads:  # a bias or mask read: only inside the rows and keys
+                        return IfThenElse(compare("<", row, queries) & key_ok, store,
+                                          BufferStore(s_frag, (4 * nt + e,), minus_inf))
+                    return seq(*stmts, BufferStore(s_frag, (4 * nt + e,), select(key_ok, cast(value, dt.float32),
+                                                                               minus_inf)))
+                return self.unrolled("s_e", 4, one)
+            return tile
+        guarded = self.unrolled("s_tile", BN // 8, element(chain.score, True))
+        # tiles every row of the block keeps whole (below the diagonal): no condition, no guard
+        unmasked = None if has_reads else unmasked_tile_bound(chain, self.bx, BM, BN)
+        self.skipping = skipping_description(chain, bound, unmasked)
+        if unmasked is None:
+            elementwise: Stmt = guarded
+        else:
+            unmasked = substitute(unmasked, head_at)
+            plain = self.unrolled("s_tile", BN // 8, element(_kept(chain.score)[1], False))
+            elementwise = IfThenElse(compare("<", self.kt, unmasked), plain, guarded)
 
         # 5. running max over the quad, the rescale α, 6. P into the A fragments, the partial sum
         tile_max = self.local("tile_max", 2)
@@ -646,4 +696,4 @@ def _fold(e: Expr) -> Expr:
     return binary("*", cast(e, dt.float32), Const(LOG2E, dt.float32))
 
 
-__all__ = ["TensorCoreChain", "describe_skipping", "key_tile_bound", "kept_conditions", "online_contraction_mma", "tensor_core_chain"]
+__all__ = ["TensorCoreChain", "describe_skipping", "key_tile_bound", "kept_conditions", "unmasked_tile_bound", "online_contraction_mma", "tensor_core_chain"]
