@@ -328,6 +328,20 @@ def test_planned_kernels_compile_with_nvrtc_without_spills(D, dtype, arch, extra
     assert res.spill_stores == 0 and res.spill_loads == 0 and res.registers <= 255, res
 
 
+def test_exp2_approx_flushes_subnormals_and_prints_ex2_approx_ftz():
+    """The weights' exp2 is ex2.approx.ftz.f32: the emulator flushes subnormal arguments and
+    results to 0, as the instruction does, and codegen prints the instruction."""
+    from tecc.codegen import emit_source
+    from tecc.runtime.sim.numerics import FLOAT_FUNCS
+
+    x = np.array([-np.inf, -200.0, -126.5, -1e-40, 0.0, 3.5, np.nan], np.float32)
+    got = FLOAT_FUNCS["exp2_approx"](x)
+    want = np.array([0.0, 0.0, 0.0, 1.0, 1.0, 2.0 ** 3.5, np.nan], np.float32)
+    np.testing.assert_array_equal(got, want)
+    ins, outs = masked_attention(1, 1, 20, 20, 16, "float16")
+    assert "ex2.approx.ftz.f32" in emit_source(online_contraction_mma(ins + outs).kernels)
+
+
 # ---- on a GPU -----------------------------------------------------------------------------------
 
 GPU_CASES = [(64, "float16", None, 1, 1024), (64, "float16", "causal", 1, 1024), (128, "float16", "causal", 1, 1024),

@@ -106,7 +106,7 @@ def propose_mma(tensors: Sequence[Tensor], target: Any = None) -> OnlineContract
               f"the scores, {mma.pv_intrinsic} for P·V, P kept in registers), no score temporary of "
               f"[{', '.join(map(str, chain.rows))}] x {chain.keys}; {MMA_ROWS_PER_BLOCK} query rows per block "
               f"(4 warps), key tiles of {key_tile} through a 2-stage cp.async ring; exp2 with log2(e) folded into "
-              "the scale (exp2f: MUFU.EX2, 2 ulp); "
+              "the scale (ex2.approx.ftz: one MUFU.EX2, relative error ~2^-22, below P's rounding to 16 bits); "
               f"{describe_skipping(tensors, MMA_ROWS_PER_BLOCK, key_tile)}")
     plan = Plan((Step("online_contraction_mma", {"rows_per_block": MMA_ROWS_PER_BLOCK, "key_tile": key_tile}),),
                 "online_contraction_mma", reason)

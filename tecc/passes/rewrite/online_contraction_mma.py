@@ -26,8 +26,9 @@ The kernel. One block per (head, BM query rows), BM = 16·warps; warp w owns que
    gives the B fragments).
 4. Each accumulator element, at (row, col) of the C fragment's layout map, becomes
    t = log2(e) · f(acc, row, key): the scale is folded into log2(e) when f is `x · c` (under
-   `where`s), so exp(s - m) = exp2(t - m₂) with m₂ = max t is one FFMA and one ex2 (`exp2f`,
-   MUFU.EX2: 2 ulp, CUDA C Programming Guide, "Mathematical Functions"). Keys past the end are
+   `where`s), so exp(s - m) = exp2(t - m₂) with m₂ = max t is one subtraction and one
+   `exp2_approx` (ex2.approx.ftz.f32, one MUFU.EX2: relative error about 2^-22, far below the
+   rounding of P to 16 bits that follows; subnormal weights flush to 0). Keys past the end are
    -inf. Elements that read tensors (a bias, a mask) are guarded by row and key bounds.
 5. The running max m₂ and sum l per row: a lane holds rows g and g + 8 of its warp's 16 (g =
    lane // 4) at columns 2t, 2t+1 of each n8 tile; the row max is the lane's max, then two
@@ -563,7 +564,7 @@ class _Kernel:
                 BufferStore(tile_max, (r,), binary("fmax", tile_max[r], warp_shuffle("shfl_xor", tile_max[r], 2))),
                 BufferStore(m_use, (r,), select(compare("==", tile_max[r], minus_inf), Const(0.0, dt.float32),
                                                 tile_max[r])),
-                BufferStore(alpha, (r,), call("exp2", m_run[r] - m_use[r])),
+                BufferStore(alpha, (r,), call("exp2_approx", m_run[r] - m_use[r])),
                 BufferStore(m_run, (r,), tile_max[r]),
                 BufferStore(l_run, (r,), l_run[r] * alpha[r]),
             )
@@ -571,7 +572,7 @@ class _Kernel:
 
         def weights(nt: Var) -> Stmt:
             def one(e: Var) -> Stmt:
-                p = call("exp2", s_frag[4 * nt + e] - m_use[e // 2])
+                p = call("exp2_approx", s_frag[4 * nt + e] - m_use[e // 2])
                 return seq(BufferStore(s_frag, (4 * nt + e,), p),
                            BufferStore(l_run, (e // 2,), l_run[e // 2] + s_frag[4 * nt + e]),
                            # C tile nt element e is A element 4·nt + e of k16 step nt // 2 (the relayout)
