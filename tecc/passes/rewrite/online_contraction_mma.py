@@ -25,8 +25,9 @@ The kernel. One block per (head, BM query rows), BM = 16·warps; warp w owns que
 3. S = Q Kᵀ: mma.m16n8k16 into float32 C fragments (K is [n][k] in shared: plain ldmatrix
    gives the B fragments).
 4. Each accumulator element, at (row, col) of the C fragment's layout map, becomes
-   t = log2(e) · f(acc, row, key): the scale is folded into log2(e) when f is `x · c` (under
-   `where`s), so exp(s - m) = exp2(t - m₂) with m₂ = max t is one subtraction and one
+   t = log2(e) · f(acc, row, key) (when the kept f is `acc · c`, c > 0, the fragment keeps the
+   raw acc or -inf instead and the max is scaled once per row: each weight is then one FFMA and
+   one ex2), so exp(s - m) = exp2(t - m₂) with m₂ = max t is one subtraction and one
    `exp2_approx` (ex2.approx.ftz.f32, one MUFU.EX2: relative error about 2^-22, far below the
    rounding of P to 16 bits that follows; subnormal weights flush to 0). Keys past the end are
    -inf. Elements that read tensors (a bias, a mask) are guarded by row and key bounds.
@@ -516,6 +517,14 @@ class _Kernel:
 
         # 4. the elementwise stage per accumulator element, in log2 units
         has_reads = _reads_inputs(tcc)
+        # s = Σ·c (c > 0) under the masks: the fragments keep the raw Σ (or -inf), the max is taken
+        # on it and scaled once per row, and each weight is exp2(Σ·c·log2 e - m₂), one FFMA; the
+        # tiles kept whole then need no elementwise work at all
+        kept_value = _kept(chain.score)[1]
+        raw_scale = None if has_reads else _positive_scale(kept_value, tcc.scores)
+        score = chain.score
+        if raw_scale is not None:
+            score = SubexpressionReplacer({kept_value: tcc.scores}).visit(chain.score)
 
         def element(score: Expr, guarded: bool) -> Callable[[Var], Stmt]:
             def tile(nt: Var) -> Stmt:
@@ -525,7 +534,7 @@ class _Kernel:
                     key = self.kt * BN + nt * 8 + col
                     at = {**head_at, chain.row[-1]: row, chain.key: key}
                     s = substitute(SubexpressionReplacer({tcc.scores: s_frag[4 * nt + e]}).visit(score), at)
-                    stmts, value = self.lower.value(_fold_log2e(s))
+                    stmts, value = self.lower.value(_fold_log2e(s) if raw_scale is None else s)
                     store = seq(*stmts, BufferStore(s_frag, (4 * nt + e,), cast(value, dt.float32)))
                     if not guarded:
                         return store
@@ -537,7 +546,7 @@ class _Kernel:
                                                                                minus_inf)))
                 return self.unrolled("s_e", 4, one)
             return tile
-        guarded = self.unrolled("s_tile", BN // 8, element(chain.score, True))
+        guarded = self.unrolled("s_tile", BN // 8, element(score, True))
         # tiles every row of the block keeps whole (below the diagonal): no condition, no guard
         unmasked = None if has_reads else unmasked_tile_bound(chain, self.bx, BM, BN)
         self.skipping = skipping_description(chain, bound, unmasked)
@@ -545,8 +554,11 @@ class _Kernel:
             elementwise: Stmt = guarded
         else:
             unmasked = substitute(unmasked, head_at)
-            plain = self.unrolled("s_tile", BN // 8, element(_kept(chain.score)[1], False))
-            elementwise = IfThenElse(compare("<", self.kt, unmasked), plain, guarded)
+            if raw_scale is not None:  # the raw Σ is the value: nothing to do on whole tiles
+                elementwise = IfThenElse(compare(">=", self.kt, unmasked), guarded)
+            else:
+                plain = self.unrolled("s_tile", BN // 8, element(kept_value, False))
+                elementwise = IfThenElse(compare("<", self.kt, unmasked), plain, guarded)
 
         # 5. running max over the quad, the rescale α, 6. P into the A fragments, the partial sum
         tile_max = self.local("tile_max", 2)
@@ -557,11 +569,14 @@ class _Kernel:
                 # its p, hence l and the outputs, NaN, as the program's max would
                 return seq(*(BufferStore(tile_max, (r,), binary("fmax", tile_max[r], s_frag[4 * nt + 2 * r + i]))
                              for i in (0, 1)))
+            scaled = () if raw_scale is None else (
+                BufferStore(tile_max, (r,), binary("fmax", m_run[r], tile_max[r] * Const(raw_scale, dt.float32))),)
             return seq(
-                BufferStore(tile_max, (r,), m_run[r]),
+                BufferStore(tile_max, (r,), m_run[r] if raw_scale is None else minus_inf),
                 self.unrolled("max_n", BN // 8, fold),
                 BufferStore(tile_max, (r,), binary("fmax", tile_max[r], warp_shuffle("shfl_xor", tile_max[r], 1))),
                 BufferStore(tile_max, (r,), binary("fmax", tile_max[r], warp_shuffle("shfl_xor", tile_max[r], 2))),
+                *scaled,
                 BufferStore(m_use, (r,), select(compare("==", tile_max[r], minus_inf), Const(0.0, dt.float32),
                                                 tile_max[r])),
                 BufferStore(alpha, (r,), call("exp2_approx", m_run[r] - m_use[r])),
@@ -572,7 +587,8 @@ class _Kernel:
 
         def weights(nt: Var) -> Stmt:
             def one(e: Var) -> Stmt:
-                p = call("exp2_approx", s_frag[4 * nt + e] - m_use[e // 2])
+                t = s_frag[4 * nt + e] if raw_scale is None else s_frag[4 * nt + e] * Const(raw_scale, dt.float32)
+                p = call("exp2_approx", t - m_use[e // 2])
                 return seq(BufferStore(s_frag, (4 * nt + e,), p),
                            BufferStore(l_run, (e // 2,), l_run[e // 2] + s_frag[4 * nt + e]),
                            # C tile nt element e is A element 4·nt + e of k16 step nt // 2 (the relayout)
@@ -669,6 +685,18 @@ class _Kernel:
         kernel = PrimFunc(kname, params, body, attrs)
         module_params = tuple(self.buffers[a] for a in prog.args) + tuple(self.sig.scalars)
         return Module(mname, module_params, (kernel,), (KernelCall(kname, params),), ())
+
+
+def _positive_scale(value: Expr, scores: Reduce) -> float | None:
+    """log2(e)·c when `value` is `scores · c` (either order, c > 0 a constant) or `scores` itself
+    (c = 1), so that max(value) = c·max(scores); None otherwise."""
+    if value is scores:
+        return LOG2E
+    if isinstance(value, Binary) and value.op == "*":
+        for x, y in ((value.a, value.b), (value.b, value.a)):
+            if x is scores and isinstance(y, Const) and y.dtype.is_float and float(y.value) > 0:
+                return float(y.value) * LOG2E
+    return None
 
 
 def _inside(node: Expr, container: Expr) -> bool:
