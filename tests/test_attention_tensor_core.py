@@ -314,7 +314,8 @@ def test_symbolic_sequence_length():
 @pytest.mark.parametrize("D,dtype,arch,extra", [(64, "float16", "sm_90", {}), (128, "bfloat16", "sm_90", {}),
                                                 (128, "float16", "sm_80", {}),
                                                 (128, "float16", "sm_90", {"bias": True, "mask": "tensor"}),
-                                                (64, "bfloat16", "sm_80", {"bias": True})])
+                                                (64, "bfloat16", "sm_80", {"bias": True}),
+                                                (32, "float16", "sm_90", {}), (16, "bfloat16", "sm_80", {})])
 def test_planned_kernels_compile_with_nvrtc_without_spills(D, dtype, arch, extra):
     from tecc.codegen import compile_cuda, emit_source
 
