@@ -290,6 +290,43 @@ def test_falls_back_to_simt_and_says_why(why, kwargs):
     assert np.all(np.isfinite(o))
 
 
+def test_no_head_axes_and_the_statistics_as_outputs():
+    """Q[i, d]·K[j, d] with no leading row axes (no grid y), the product written in bfloat16
+    (`tc.sum(Q * K)`), and m and l outputs themselves (m from the log2-unit running max)."""
+    S, D = 50, 32
+    Q, K, V = (tc.placeholder((S, D), "bfloat16", name=n) for n in "QKV")
+    d = tc.reduce_axis(D, name="d")
+    j1, j2, j3 = (tc.reduce_axis(S, name=n) for n in ("j1", "j2", "j3"))
+    s = tc.compute((S, S), lambda i, j: tc.sum(Q[i, d] * K[j, d], axis=d) * 0.2, name="s")
+    m = tc.compute((S,), lambda i: tc.max(s[i, j1], axis=j1), name="m")
+    l = tc.compute((S,), lambda i: tc.sum(tc.exp(s[i, j2] - m[i]), axis=j2), name="l")
+    O = tc.compute((S, D), lambda i, c: tc.cast(tc.sum(
+        tc.exp(s[i, j3] - m[i]) * tc.cast(V[j3, c], "float32"), axis=j3) / l[i], "bfloat16"), name="O")
+    rng = np.random.default_rng()
+    k, (o, m_out, l_out), (q, kk, v) = run([Q, K, V], [O, m, l], make_inputs([Q, K, V], rng), "auto")
+    assert k.plan.strategy == "online_contraction_mma", k.plan
+    scores = (q @ kk.T) * 0.2
+    p = np.exp(scores - scores.max(axis=1, keepdims=True))
+    tol = bound("bfloat16", S, v)
+    check("attention without heads", o, (p @ v) / p.sum(axis=1, keepdims=True), tol, k.plan)
+    check("row max", m_out, scores.max(axis=1), tol, k.plan)
+    check("row sum of exp", l_out, p.sum(axis=1), tol, k.plan)
+
+
+def test_strided_inputs_fall_back():
+    Q, K, V = (tc.placeholder((1, 1, 20, 16), "float16", name=n, strides="any") for n in "QKV")
+    d = tc.reduce_axis(16, name="d")
+    j1, j2, j3 = (tc.reduce_axis(20, name=n) for n in ("j1", "j2", "j3"))
+    s = tc.compute((1, 1, 20, 20), lambda b, h, i, j: tc.sum(
+        tc.cast(Q[b, h, i, d], "float32") * tc.cast(K[b, h, j, d], "float32"), axis=d), name="s")
+    m = tc.compute((1, 1, 20), lambda b, h, i: tc.max(s[b, h, i, j1], axis=j1), name="m")
+    l = tc.compute((1, 1, 20), lambda b, h, i: tc.sum(tc.exp(s[b, h, i, j2] - m[b, h, i]), axis=j2), name="l")
+    O = tc.compute((1, 1, 20, 16), lambda b, h, i, c: tc.sum(
+        tc.exp(s[b, h, i, j3] - m[b, h, i]) * tc.cast(V[b, h, j3, c], "float32"), axis=j3) / l[b, h, i], name="O")
+    assert propose_mma([Q, K, V, O]) is None
+    assert "strides" in propose([Q, K, V, O]).reason
+
+
 def test_old_architecture_falls_back():
     ins, outs = masked_attention(1, 1, 20, 20, 32, "float16")
     assert propose_mma(ins + outs, "sm_75") is None

@@ -106,7 +106,7 @@ from ...ir.stmt import (
     Stmt,
     seq,
 )
-from ...ir.tensor import Tensor
+from ...ir.tensor import PlaceholderOp, Tensor
 from ...ir.visitor import SubexpressionReplacer
 from ..lower import exprs_of, global_buffers, scalar_vars, signature
 from ..names import identifier
@@ -216,8 +216,9 @@ def tensor_core_chain(chain: OnlineChain) -> TensorCoreChain:
         raise ScheduleError(f"{where}: {chain.output.name} accumulates in {chain.contraction.acc_dtype}; mma "
                             "accumulates in float32")
     for t in (q.tensor, k.tensor, v.tensor):
-        if getattr(t, "strides", None) is not None:
-            raise ScheduleError(f"{where}: {t.name} has strides; the tiles are copied as contiguous rows")
+        if isinstance(t.op, PlaceholderOp) and t.op.strides is not None:
+            raise ScheduleError(f"{where}: {t.name} has strides; the tiles are copied as 16-byte pieces of contiguous "
+                                "rows (pass a contiguous tensor)")
     return TensorCoreChain(chain, red, depth, q, k, v, INTRINSICS[q.dtype.name], INTRINSICS[v.dtype.name])
 
 
