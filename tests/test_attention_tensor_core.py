@@ -22,8 +22,11 @@ from tecc.passes.rewrite.online_contraction_mma import online_contraction_mma
 from test_online_contraction import attention, check, inputs_for
 
 
-def mma_plan(rows=64, key_tile=32):
-    return Plan((Step("online_contraction_mma", {"rows_per_block": rows, "key_tile": key_tile}),), "test", "")
+def mma_plan(rows=64, key_tile=32, warp_rows=16):
+    args = {"rows_per_block": rows, "key_tile": key_tile}
+    if warp_rows != 16:
+        args["warp_rows"] = warp_rows
+    return Plan((Step("online_contraction_mma", args),), "test", "")
 
 
 def masked_attention(B, H, Sq, Sk, D, dtype, groups=1, mask="causal", bias=False, lse=False):
@@ -179,13 +182,27 @@ def test_more_keys_than_queries_bfloat16(mask):
     check(f"bfloat16 log-sum-exp {mask}", lse, want_lse, bound("bfloat16", Sk, given[2]), k.plan)
 
 
-@pytest.mark.parametrize("rows,key_tile", [(16, 16), (32, 64), (128, 32)])
-def test_block_shapes(rows, key_tile):
-    ins, outs = masked_attention(1, 1, 37, 37, 32, "float16", mask="causal")
+@pytest.mark.parametrize("rows,key_tile,warp_rows", [(16, 16, 16), (32, 64, 16), (128, 32, 16), (64, 32, 32),
+                                                    (128, 64, 32)])
+def test_block_shapes(rows, key_tile, warp_rows):
+    """Blocks of 16..128 rows, key tiles of 16..64, one or two m16 tiles per warp (the second
+    shares the warp's K and V fragments), with a bias, grouped heads and the log-sum-exp."""
+    ins, outs = masked_attention(1, 2, 37, 37, 32, "float16", mask="causal", bias=True, groups=2, lse=True)
     rng = np.random.default_rng()
-    k, (o,), given = run(ins, outs, make_inputs(ins, rng), mma_plan(rows, key_tile))
-    want, _ = reference(given, 1, "causal", False)
-    check(f"attention rows={rows} key_tile={key_tile}", o, want, bound("float16", 37, given[2]), k.plan)
+    k, (o, lse), given = run(ins, outs, make_inputs(ins, rng), mma_plan(rows, key_tile, warp_rows))
+    want, want_lse = reference(given, 2, "causal", True)
+    what = f"rows={rows} key_tile={key_tile} warp_rows={warp_rows}"
+    check(f"attention {what}", o, want, bound("float16", 37, given[2]), k.plan)
+    check(f"log-sum-exp {what}", lse, want_lse, bound("float16", 37, given[2]), k.plan)
+
+
+@pytest.mark.parametrize("mask", ["causal", None])
+def test_two_m_tiles_per_warp(mask):
+    ins, outs = masked_attention(1, 2, 80, 80, 16, "bfloat16", mask=mask)
+    rng = np.random.default_rng()
+    k, (o,), given = run(ins, outs, make_inputs(ins, rng), mma_plan(64, 32, 32))
+    want, _ = reference(given, 1, mask, False)
+    check(f"two m16 tiles per warp {mask}", o, want, bound("bfloat16", 80, given[2]), k.plan)
 
 
 def key_loop(kernel):

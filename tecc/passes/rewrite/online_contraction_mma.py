@@ -383,26 +383,30 @@ def _check_relayout(qk: str, pv: str) -> None:
 
 
 def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key_tile: int = 64,
-                           name: str | None = None) -> Module:
+                           warp_rows: int = 16, name: str | None = None) -> Module:
     """The module of ONE tensor-core kernel computing the chain `args` (module docstring):
-    `rows_per_block` query rows per block (16 per warp), key tiles of `key_tile`."""
+    `rows_per_block` query rows per block, `warp_rows` (16 or 32: one or two m16 tiles, which
+    share every K and V fragment a warp loads) per warp, key tiles of `key_tile`."""
     where = "online_contraction_mma"
     chain = online_chain(args)
     tc_chain = tensor_core_chain(chain)
-    if rows_per_block % 16 or not 16 <= rows_per_block <= 256:
-        raise ScheduleError(f"{where}: rows_per_block={rows_per_block} must be a multiple of 16 (one warp per 16 "
-                            "rows) from 16 to 256")
+    if warp_rows not in (16, 32):
+        raise ScheduleError(f"{where}: warp_rows={warp_rows} must be 16 or 32 (one or two m16 tiles per warp)")
+    if rows_per_block % warp_rows or not warp_rows <= rows_per_block <= 512 or rows_per_block // warp_rows > 16:
+        raise ScheduleError(f"{where}: rows_per_block={rows_per_block} must be a multiple of warp_rows={warp_rows} "
+                            "(one warp per warp_rows rows), at most 16 warps")
     if key_tile not in (16, 32, 64, 128):
         raise ScheduleError(f"{where}: key_tile={key_tile} must be 16, 32, 64 or 128")
     _check_relayout(tc_chain.qk_intrinsic, tc_chain.pv_intrinsic)
-    return _Kernel(tc_chain, rows_per_block, key_tile, name).module()
+    return _Kernel(tc_chain, rows_per_block, key_tile, warp_rows, name).module()
 
 
 class _Kernel:
-    def __init__(self, tcc: TensorCoreChain, rows: int, key_tile: int, name: str | None) -> None:
+    def __init__(self, tcc: TensorCoreChain, rows: int, key_tile: int, warp_rows: int, name: str | None) -> None:
         self.tcc, self.chain = tcc, tcc.chain
         self.BM, self.BN = rows, key_tile
-        self.warps = rows // 16
+        self.WR, self.MT = warp_rows, warp_rows // 16   # rows and m16 tiles per warp
+        self.warps = rows // warp_rows
         self.threads = 32 * self.warps
         self.D = tcc.depth
         self.C = const_int(tcc.chain.columns)
@@ -463,17 +467,22 @@ class _Kernel:
             raise ScheduleError(f"online_contraction_mma: {const_int(n_heads)} heads exceed the grid's y extent "
                                 f"{MAX_GRID_Y}")
         head_at = dict(zip(chain.row[:-1], head_indices(self.by, heads)))
+        MT = self.MT
         q0 = self.bx * BM
-        warp_row0 = q0 + self.warp * 16
 
-        q_frag = self.frag("q_frag", tcc.qk_intrinsic, "a", 8 * (D // 16))
+        def warp_row0(mt: Expr) -> Expr:
+            return q0 + self.warp * self.WR + mt * 16
+
+        # per m16 tile mt of the warp: fragments at mt · (one tile's size), statistics at 2·mt + r
+        QF, SF, PF, OF = 8 * (D // 16), 4 * (BN // 8), 8 * (BN // 16), 4 * (C // 8)
+        q_frag = self.frag("q_frag", tcc.qk_intrinsic, "a", QF * MT)
         k_frag = self.frag("k_frag", tcc.qk_intrinsic, "b", 8)
-        s_frag = self.frag("s_frag", tcc.qk_intrinsic, "c", 4 * (BN // 8))
-        p_frag = self.frag("p_frag", tcc.pv_intrinsic, "a", 8 * (BN // 16))
+        s_frag = self.frag("s_frag", tcc.qk_intrinsic, "c", SF * MT)
+        p_frag = self.frag("p_frag", tcc.pv_intrinsic, "a", PF * MT)
         v_frag = self.frag("v_frag", tcc.pv_intrinsic, "b", 8)
-        o_frag = self.frag("o_frag", tcc.pv_intrinsic, "c", 4 * (C // 8))
-        m_run, l_run = self.local("m_run", 2), self.local("l_run", 2)
-        m_use, alpha = self.local("m_use", 2), self.local("alpha", 2)
+        o_frag = self.frag("o_frag", tcc.pv_intrinsic, "c", OF * MT)
+        m_run, l_run = self.local("m_run", 2 * MT), self.local("l_run", 2 * MT)
+        m_use, alpha = self.local("m_use", 2 * MT), self.local("alpha", 2 * MT)
         q_sh = self.shared("q_shared", tcc.q, 1, BM, D)
         k_sh = self.shared("k_shared", tcc.k, STAGES, BN, D)
         v_sh = self.shared("v_shared", tcc.v, STAGES, BN, C)
@@ -494,11 +503,12 @@ class _Kernel:
             AsyncCommit(),
             AsyncWait(0),
             Barrier(),
-            self.unrolled("q_step", D // 16, lambda kd: load_a_fragment(
-                FragmentRef(q_frag, 8 * kd), q_sh, zero, self.warp * 16, kd * 16, self.lane, True)),
-            self.unrolled("row", 2, lambda r: seq(BufferStore(m_run, (r,), minus_inf),
-                                                 BufferStore(l_run, (r,), Const(0.0, dt.float32)))),
-            self.unrolled("o_zero", 4 * (C // 8), lambda e: BufferStore(o_frag, (e,), Const(0.0, dt.float32))),
+            self.unrolled("q_tile", MT, lambda mt: self.unrolled("q_step", D // 16, lambda kd: load_a_fragment(
+                FragmentRef(q_frag, QF * mt + 8 * kd), q_sh, zero, self.warp * self.WR + mt * 16, kd * 16, self.lane,
+                True))),
+            self.unrolled("row", 2 * MT, lambda r: seq(BufferStore(m_run, (r,), minus_inf),
+                                                      BufferStore(l_run, (r,), Const(0.0, dt.float32)))),
+            self.unrolled("o_zero", OF * MT, lambda e: BufferStore(o_frag, (e,), Const(0.0, dt.float32))),
         )
 
         # 3. S = Q K^T
@@ -506,14 +516,18 @@ class _Kernel:
 
         def qk_step(kd: Var) -> Stmt:
             def pair(kn: Var) -> Stmt:
+                def mma(mt: Var) -> Stmt:  # one K fragment load serves the warp's MT m16 tiles
+                    s0, a = SF * mt + 8 * kn, FragmentRef(q_frag, QF * mt + 8 * kd)
+                    return seq(
+                        MatrixMultiply(tcc.qk_intrinsic, FragmentRef(s_frag, s0), a, FragmentRef(k_frag, 0),
+                                       FragmentRef(s_frag, s0)),
+                        MatrixMultiply(tcc.qk_intrinsic, FragmentRef(s_frag, s0 + 4), a, FragmentRef(k_frag, 4),
+                                       FragmentRef(s_frag, s0 + 4)))
                 return seq(
                     load_b_fragments(FragmentRef(k_frag, 0), k_sh, stage, kn * 16, kd * 16, self.lane, True),
-                    MatrixMultiply(tcc.qk_intrinsic, FragmentRef(s_frag, 8 * kn), FragmentRef(q_frag, 8 * kd),
-                                   FragmentRef(k_frag, 0), FragmentRef(s_frag, 8 * kn)),
-                    MatrixMultiply(tcc.qk_intrinsic, FragmentRef(s_frag, 8 * kn + 4), FragmentRef(q_frag, 8 * kd),
-                                   FragmentRef(k_frag, 4), FragmentRef(s_frag, 8 * kn + 4)))
+                    self.unrolled("qk_tile", MT, mma))
             return self.unrolled("key_pair", BN // 16, pair)
-        scores = seq(self.unrolled("s_zero", 4 * (BN // 8), lambda e: BufferStore(s_frag, (e,), Const(0.0, dt.float32))),
+        scores = seq(self.unrolled("s_zero", SF * MT, lambda e: BufferStore(s_frag, (e,), Const(0.0, dt.float32))),
                      self.unrolled("qk_step", D // 16, qk_step))
 
         # 4. the elementwise stage per accumulator element, in log2 units
@@ -527,27 +541,27 @@ class _Kernel:
         if raw_scale is not None:
             score = SubexpressionReplacer({kept_value: tcc.scores}).visit(chain.score)
 
-        def element(score: Expr, guarded: bool) -> Callable[[Var], Stmt]:
-            def tile(nt: Var) -> Stmt:
+        def element(score: Expr, guarded: bool) -> Stmt:
+            def tile(mt: Var, nt: Var) -> Stmt:
                 def one(e: Var) -> Stmt:
                     r, col = c_map(self.lane, e)
-                    row = warp_row0 + r
+                    row = warp_row0(mt) + r
                     key = self.kt * BN + nt * 8 + col
                     at = {**head_at, chain.row[-1]: row, chain.key: key}
-                    s = substitute(SubexpressionReplacer({tcc.scores: s_frag[4 * nt + e]}).visit(score), at)
+                    here = SF * mt + 4 * nt + e
+                    s = substitute(SubexpressionReplacer({tcc.scores: s_frag[here]}).visit(score), at)
                     stmts, value = self.lower.value(_fold_log2e(s) if raw_scale is None else s)
-                    store = seq(*stmts, BufferStore(s_frag, (4 * nt + e,), cast(value, dt.float32)))
+                    store = seq(*stmts, BufferStore(s_frag, (here,), cast(value, dt.float32)))
                     if not guarded:
                         return store
                     key_ok = compare("<", key, chain.keys)
                     if has_reads:  # a bias or mask read: only inside the rows and keys
                         return IfThenElse(compare("<", row, queries) & key_ok, store,
-                                          BufferStore(s_frag, (4 * nt + e,), minus_inf))
-                    return seq(*stmts, BufferStore(s_frag, (4 * nt + e,), select(key_ok, cast(value, dt.float32),
-                                                                               minus_inf)))
+                                          BufferStore(s_frag, (here,), minus_inf))
+                    return seq(*stmts, BufferStore(s_frag, (here,), select(key_ok, cast(value, dt.float32), minus_inf)))
                 return self.unrolled("s_e", 4, one)
-            return tile
-        guarded = self.unrolled("s_tile", BN // 8, element(score, True))
+            return self.unrolled("s_m", MT, lambda mt: self.unrolled("s_tile", BN // 8, lambda nt: tile(mt, nt)))
+        guarded = element(score, True)
         # tiles every row of the block keeps whole (below the diagonal): no condition, no guard
         unmasked = None if has_reads else unmasked_tile_bound(chain, self.bx, BM, BN)
         self.skipping = skipping_description(chain, bound, unmasked)
@@ -558,17 +572,18 @@ class _Kernel:
             if raw_scale is not None:  # the raw Σ is the value: nothing to do on whole tiles
                 elementwise = IfThenElse(compare(">=", self.kt, unmasked), guarded)
             else:
-                plain = self.unrolled("s_tile", BN // 8, element(kept_value, False))
+                plain = element(kept_value, False)
                 elementwise = IfThenElse(compare("<", self.kt, unmasked), plain, guarded)
 
         # 5. running max over the quad, the rescale α, 6. P into the A fragments, the partial sum
-        tile_max = self.local("tile_max", 2)
+        tile_max = self.local("tile_max", 2 * MT)
 
-        def row_stats(r: Var) -> Stmt:
+        def row_stats(r: Var) -> Stmt:  # r = 2·mt + (0: row g, 1: row g + 8)
             def fold(nt: Var) -> Stmt:
                 # fmax (one FMNMX) rather than the NaN-propagating max: a NaN score still makes
                 # its p, hence l and the outputs, NaN, as the program's max would
-                return seq(*(BufferStore(tile_max, (r,), binary("fmax", tile_max[r], s_frag[4 * nt + 2 * r + i]))
+                here = SF * (r // 2) + 4 * nt + 2 * (r % 2)
+                return seq(*(BufferStore(tile_max, (r,), binary("fmax", tile_max[r], s_frag[here + i]))
                              for i in (0, 1)))
             scaled = () if raw_scale is None else (
                 BufferStore(tile_max, (r,), binary("fmax", m_run[r], tile_max[r] * Const(raw_scale, dt.float32))),)
@@ -586,29 +601,34 @@ class _Kernel:
             )
         p_dtype = lookup(tcc.pv_intrinsic).operand("a").dtype
 
-        def weights(nt: Var) -> Stmt:
+        def weights(mt: Var, nt: Var) -> Stmt:
             def one(e: Var) -> Stmt:
-                t = s_frag[4 * nt + e] if raw_scale is None else s_frag[4 * nt + e] * Const(raw_scale, dt.float32)
-                p = call("exp2_approx", t - m_use[e // 2])
-                return seq(BufferStore(s_frag, (4 * nt + e,), p),
-                           BufferStore(l_run, (e // 2,), l_run[e // 2] + s_frag[4 * nt + e]),
+                here, r = SF * mt + 4 * nt + e, 2 * mt + e // 2
+                t = s_frag[here] if raw_scale is None else s_frag[here] * Const(raw_scale, dt.float32)
+                p = call("exp2_approx", t - m_use[r])
+                return seq(BufferStore(s_frag, (here,), p),
+                           BufferStore(l_run, (r,), l_run[r] + s_frag[here]),
                            # C tile nt element e is A element 4·nt + e of k16 step nt // 2 (the relayout)
-                           BufferStore(p_frag, (4 * nt + e,), cast(s_frag[4 * nt + e], p_dtype)))
+                           BufferStore(p_frag, (PF * mt + 4 * nt + e,), cast(s_frag[here], p_dtype)))
             return self.unrolled("p_e", 4, one)
 
-        def rescale(nt: Var) -> Stmt:
-            return self.unrolled("o_e", 4, lambda e: BufferStore(o_frag, (4 * nt + e,),
-                                                                 o_frag[4 * nt + e] * alpha[e // 2]))
+        def rescale(mt: Var, nt: Var) -> Stmt:
+            return self.unrolled("o_e", 4, lambda e: BufferStore(o_frag, (OF * mt + 4 * nt + e,),
+                                                                 o_frag[OF * mt + 4 * nt + e] * alpha[2 * mt + e // 2]))
 
         # 7. O += P V
         def pv_step(kk: Var) -> Stmt:
             def pair(dn: Var) -> Stmt:
+                def mma(mt: Var) -> Stmt:  # one V fragment load serves the warp's MT m16 tiles
+                    o0, a = OF * mt + 8 * dn, FragmentRef(p_frag, PF * mt + 8 * kk)
+                    return seq(
+                        MatrixMultiply(tcc.pv_intrinsic, FragmentRef(o_frag, o0), a, FragmentRef(v_frag, 0),
+                                       FragmentRef(o_frag, o0)),
+                        MatrixMultiply(tcc.pv_intrinsic, FragmentRef(o_frag, o0 + 4), a, FragmentRef(v_frag, 4),
+                                       FragmentRef(o_frag, o0 + 4)))
                 return seq(
                     load_b_fragments(FragmentRef(v_frag, 0), v_sh, stage, dn * 16, kk * 16, self.lane, False),
-                    MatrixMultiply(tcc.pv_intrinsic, FragmentRef(o_frag, 8 * dn), FragmentRef(p_frag, 8 * kk),
-                                   FragmentRef(v_frag, 0), FragmentRef(o_frag, 8 * dn)),
-                    MatrixMultiply(tcc.pv_intrinsic, FragmentRef(o_frag, 8 * dn + 4), FragmentRef(p_frag, 8 * kk),
-                                   FragmentRef(v_frag, 4), FragmentRef(o_frag, 8 * dn + 4)))
+                    self.unrolled("pv_tile", MT, mma))
             return self.unrolled("column_pair", C // 16, pair)
 
         ahead = self.kt + 1
@@ -619,15 +639,15 @@ class _Kernel:
             AsyncCommit(),
             scores,
             elementwise,
-            self.unrolled("row_stat", 2, row_stats),
-            self.unrolled("p_tile", BN // 8, weights),
-            self.unrolled("o_tile", C // 8, rescale),
+            self.unrolled("row_stat", 2 * MT, row_stats),
+            self.unrolled("p_m", MT, lambda mt: self.unrolled("p_tile", BN // 8, lambda nt: weights(mt, nt))),
+            self.unrolled("o_m", MT, lambda mt: self.unrolled("o_tile", C // 8, lambda nt: rescale(mt, nt))),
             self.unrolled("pv_step", BN // 16, pv_step),
         ))
 
         # 8. epilogue
-        l_sum = self.local("l_sum", 2)
-        finish: list[Stmt] = [self.unrolled("quad_sum", 2, lambda r: seq(
+        l_sum = self.local("l_sum", 2 * MT)
+        finish: list[Stmt] = [self.unrolled("quad_sum", 2 * MT, lambda r: seq(
             BufferStore(l_sum, (r,), l_run[r] + warp_shuffle("shfl_xor", l_run[r], 1)),
             BufferStore(l_sum, (r,), l_sum[r] + warp_shuffle("shfl_xor", l_sum[r], 2))))]
 
@@ -636,23 +656,25 @@ class _Kernel:
 
         out = self.buffers[chain.output]
 
-        def out_tile(nt: Var) -> Stmt:
+        def out_tile(mt: Var, nt: Var) -> Stmt:
             def one(e: Var) -> Stmt:
                 r, col = c_map(self.lane, e)
-                row = warp_row0 + r
+                row = warp_row0(mt) + r
                 column = nt * 8 + col
-                body = SubexpressionReplacer({**final(e // 2), chain.contraction: cast(o_frag[4 * nt + e],
-                                                                                        chain.contraction.dtype)}
+                body = SubexpressionReplacer({**final(2 * mt + e // 2),
+                                              chain.contraction: cast(o_frag[OF * mt + 4 * nt + e],
+                                                                      chain.contraction.dtype)}
                                              ).visit(chain.output_body)
                 at = {**head_at, chain.row[-1]: row, chain.column: column}
                 st, val = self.lower.value(substitute(body, at))
                 idx = tuple(head_at[v] for v in chain.row[:-1]) + (row, column)
                 return IfThenElse(compare("<", row, queries), seq(*st, BufferStore(out, idx, cast(val, chain.output.dtype))))
             return self.unrolled("out_e", 4, one)
-        finish.append(self.unrolled("out_tile", C // 8, out_tile))
+        finish.append(self.unrolled("out_m", MT, lambda mt: self.unrolled("out_tile", C // 8,
+                                                                            lambda nt: out_tile(mt, nt))))
 
-        def row_out(r: Var) -> Stmt:
-            row = warp_row0 + self.lane // 4 + 8 * r
+        def row_out(r: Var) -> Stmt:  # r = 2·mt + (0: row g, 1: row g + 8)
+            row = warp_row0(r // 2) + self.lane // 4 + 8 * (r % 2)
             at = {**head_at, chain.row[-1]: row}
             stmts: list[Stmt] = []
             for t, value in chain.row_outputs:
@@ -661,7 +683,7 @@ class _Kernel:
                 stmts.append(seq(*st, BufferStore(self.buffers[t], idx, cast(val, t.dtype))))
             return IfThenElse(compare("==", self.lane % 4, zero) & compare("<", row, queries), seq(*stmts))
         if chain.row_outputs:
-            finish.append(self.unrolled("row_out", 2, row_out))
+            finish.append(self.unrolled("row_out", 2 * MT, row_out))
 
         body: Stmt = seq(prologue, loop, AsyncWait(0), *finish)
         for buf in reversed([q_sh, k_sh, v_sh, q_frag, k_frag, s_frag, p_frag, v_frag, o_frag,
@@ -679,7 +701,8 @@ class _Kernel:
             tuple(v for v in self.sig.scalars if v in body_vars)
         kname = self.unique(f"{chain.output.name}_attention_mma_kernel")
         mname = identifier(self.name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
-        what = (f"{tcc.qk_intrinsic} / {tcc.pv_intrinsic}: {BM} query rows ({self.warps} warps), key tiles of {BN}, "
+        what = (f"{tcc.qk_intrinsic} / {tcc.pv_intrinsic}: {BM} query rows ({self.warps} warps of {self.WR}), key "
+                f"tiles of {BN}, "
                 f"{STAGES}-stage cp.async ring; exp2 with log2(e) folded into the scale; {self.skipping}")
         attrs: tuple[tuple[str, object], ...] = (
             ("online_contraction", (chain.m.name, chain.l.name, chain.output.name)), ("tensorize", what))
