@@ -14,8 +14,8 @@ K[b, h // G, ..] are index expressions), and f is any elementwise expression of 
 (a scale, `where` masks, a bias, a boolean mask tensor). Anything else raises ScheduleError
 naming the condition, and the SIMT kernel of online_contraction serves the chain instead.
 
-The kernel. One block per (head, BM query rows), BM = 16·warps; warp w owns query rows
-16w..16w+15 of the block. Per block:
+The kernel. One block per (head, BM query rows); warp w owns `warp_rows` (16 or 32) of them,
+one or two m16 tiles that share every K and V fragment the warp loads. Per block:
 
 1. Q tile [BM][D] -> shared (16-byte cp.async, zero past the rows), then ldmatrix.x4 into A
    fragments that stay in registers for the whole key loop.
