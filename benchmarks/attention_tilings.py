@@ -49,7 +49,8 @@ def main() -> None:
     reps = max(5, min(30, int(5e12 / flops)))
     sdpa = sdpa_times(q, k, v, causal, reps)
     flash = sdpa.get("flash", float("nan"))
-    print(f"S={s} d={d} B={b} H={h} {opts.dtype} causal={causal}: SDPA {', '.join(f'{n} {t * 1e6:.1f} us' for n, t in sdpa.items())}")
+    times = ", ".join(f"{n} {t * 1e6:.1f} us" for n, t in sdpa.items())
+    print(f"S={s} d={d} B={b} H={h} {opts.dtype} causal={causal}: SDPA {times}")
     for rows, key_tile, warp_rows in TILINGS:
         step = {"rows_per_block": rows, "key_tile": key_tile}
         if warp_rows != 16:

@@ -83,7 +83,8 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> OnlineContractionC
     why_not = _why_not_mma(tensors, target)
     reason = (f"{chain.output.name}: a contraction over the axis of the row statistics {chain.m.name} (max) and "
               f"{chain.l.name} (sum of exp) in one pass with a running max, no score temporary of "
-              f"[{', '.join(map(str, chain.rows))}] x {chain.keys}; {ROWS_PER_BLOCK} rows per block, {THREADS} lanes per row, key tiles of {THREADS}")
+              f"[{', '.join(map(str, chain.rows))}] x {chain.keys}; {ROWS_PER_BLOCK} rows per block, {THREADS} lanes "
+              f"per row, key tiles of {THREADS}")
     if why_not:
         reason += f"; SIMT, not tensor cores: {why_not.removeprefix('online_contraction_mma: ')}"
     plan = Plan((Step("online_contraction", {"threads": THREADS, "rows_per_block": ROWS_PER_BLOCK}),),

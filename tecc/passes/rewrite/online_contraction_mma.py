@@ -437,7 +437,8 @@ class _Kernel:
         v = Var(self.unique(label), dt.int32)
         return For(v, Const(0, dt.int32), Const(extent, dt.int32), "unroll", body(v))
 
-    def copy_tile(self, dst: Buffer, stage: Expr, read: TensorRead, at: dict[Var, Expr], row0: Expr, extent: Expr, rows: int, width: int) -> Stmt:
+    def copy_tile(self, dst: Buffer, stage: Expr, read: TensorRead, at: dict[Var, Expr], row0: Expr, extent: Expr,
+                  rows: int, width: int) -> Stmt:
         """cp.async of rows [row0, row0 + rows) x [0, width) of the read tensor into dst[stage],
         16 bytes per copy, zero past `extent`."""
         per_row = width // CHUNK
@@ -668,7 +669,8 @@ class _Kernel:
                 at = {**head_at, chain.row[-1]: row, chain.column: column}
                 st, val = self.lower.value(substitute(body, at))
                 idx = tuple(head_at[v] for v in chain.row[:-1]) + (row, column)
-                return IfThenElse(compare("<", row, queries), seq(*st, BufferStore(out, idx, cast(val, chain.output.dtype))))
+                return IfThenElse(compare("<", row, queries),
+                                  seq(*st, BufferStore(out, idx, cast(val, chain.output.dtype))))
             return self.unrolled("out_e", 4, one)
         finish.append(self.unrolled("out_m", MT, lambda mt: self.unrolled("out_tile", C // 8,
                                                                             lambda nt: out_tile(mt, nt))))
@@ -749,4 +751,5 @@ def _fold(e: Expr) -> Expr:
     return binary("*", cast(e, dt.float32), Const(LOG2E, dt.float32))
 
 
-__all__ = ["TensorCoreChain", "describe_skipping", "key_tile_bound", "kept_conditions", "unmasked_tile_bound", "online_contraction_mma", "tensor_core_chain"]
+__all__ = ["TensorCoreChain", "describe_skipping", "key_tile_bound", "kept_conditions", "online_contraction_mma",
+           "tensor_core_chain", "unmasked_tile_bound"]
