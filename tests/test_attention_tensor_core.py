@@ -330,6 +330,34 @@ def test_no_head_axes_and_the_statistics_as_outputs():
     check("row sum of exp", l_out, p.sum(axis=1), tol, k.plan)
 
 
+def test_symbolic_head_dim_falls_back_to_simt():
+    """A symbolic depth of the scores' contraction: the SIMT kernel (which loops over it), and
+    the plan says why not tensor cores."""
+    dq = tc.var("dq")
+    Q = tc.placeholder((1, 2, 20, dq), "float16", name="Q")
+    K = tc.placeholder((1, 2, 20, dq), "float16", name="K")
+    V = tc.placeholder((1, 2, 20, 16), "float16", name="V")
+    d = tc.reduce_axis(dq, name="d")
+    j1, j2, j3 = (tc.reduce_axis(20, name=n) for n in ("j1", "j2", "j3"))
+    s = tc.compute((1, 2, 20, 20), lambda b, h, i, j: tc.sum(
+        tc.cast(Q[b, h, i, d], "float32") * tc.cast(K[b, h, j, d], "float32"), axis=d), name="s")
+    m = tc.compute((1, 2, 20), lambda b, h, i: tc.max(s[b, h, i, j1], axis=j1), name="m")
+    l = tc.compute((1, 2, 20), lambda b, h, i: tc.sum(tc.exp(s[b, h, i, j2] - m[b, h, i]), axis=j2), name="l")
+    O = tc.compute((1, 2, 20, 16), lambda b, h, i, c: tc.sum(
+        tc.exp(s[b, h, i, j3] - m[b, h, i]) * tc.cast(V[b, h, j3, c], "float32"), axis=j3) / l[b, h, i], name="O")
+    k = tc.build([Q, K, V, O], target="sim")
+    assert k.plan.strategy == "online_contraction" and "symbolic" in k.plan.reason, k.plan.reason
+    rng = np.random.default_rng()
+    q, kk = (rng.standard_normal((1, 2, 20, 24)).astype(np.float16) for _ in range(2))
+    v = rng.standard_normal((1, 2, 20, 16)).astype(np.float16)
+    o = np.full((1, 2, 20, 16), np.nan, np.float32)
+    k(q, kk, v, o)
+    scores = wide(q) @ np.swapaxes(wide(kk), -1, -2)
+    p = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    check("symbolic head dim (SIMT)", o, (p @ wide(v)) / p.sum(axis=-1, keepdims=True), bound("float16", 20, wide(v)),
+          k.plan)
+
+
 def test_strided_inputs_fall_back():
     Q, K, V = (tc.placeholder((1, 1, 20, 16), "float16", name=n, strides="any") for n in "QKV")
     d = tc.reduce_axis(16, name="d")
