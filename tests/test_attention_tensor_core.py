@@ -196,6 +196,30 @@ def test_block_shapes(rows, key_tile, warp_rows):
     check(f"log-sum-exp {what}", lse, want_lse, bound("float16", 37, given[2]), k.plan)
 
 
+SWEEP = [  # (Sq, Sk, D, dtype, mask, bias, groups, log-sum-exp, (rows, key tile, warp rows))
+    (1, 1, 16, "float16", None, False, 1, True, (64, 64, 16)),
+    (3, 17, 32, "bfloat16", "bottom_right", False, 2, True, (16, 128, 16)),
+    (65, 5, 16, "float16", "causal", True, 1, False, (64, 32, 32)),
+    (100, 129, 64, "bfloat16", "tensor", True, 2, True, (128, 64, 32)),
+    (17, 33, 32, "float16", "bottom_right", True, 1, True, (32, 16, 16)),
+    (64, 70, 16, "bfloat16", "causal", False, 2, False, (64, 32, 16)),
+]
+
+
+@pytest.mark.parametrize("case", SWEEP, ids=[f"{c[0]}x{c[1]}-d{c[2]}-{c[3]}-{c[4]}-{c[8]}" for c in SWEEP])
+def test_edge_shapes_and_tilings(case):
+    """Single rows and keys, fewer keys than a tile, more keys than queries and fewer, every mask
+    form with a bias and grouped heads, through different tilings."""
+    Sq, Sk, D, dtype, mask, bias_, groups, lse, tiling = case
+    ins, outs = masked_attention(1, 2, Sq, Sk, D, dtype, groups=groups, mask=mask, bias=bias_, lse=lse)
+    rng = np.random.default_rng()
+    k, got, given = run(ins, outs, make_inputs(ins, rng), mma_plan(*tiling))
+    want, want_lse = reference(given, groups, mask, bias_)
+    check(f"attention {case}", got[0], want, bound(dtype, Sk, given[2]), k.plan)
+    if lse:
+        check(f"log-sum-exp {case}", got[1], want_lse, bound(dtype, Sk, given[2]), k.plan)
+
+
 @pytest.mark.parametrize("mask", ["causal", None])
 def test_two_m_tiles_per_warp(mask):
     ins, outs = masked_attention(1, 2, 80, 80, 16, "bfloat16", mask=mask)
