@@ -30,6 +30,8 @@ Whether one is worth applying is the planner's decision (tecc/compiler/strategie
 
 Their shared parts:
   reduction_stage.py  the one reduction stage a split rewrite takes (one stage, one Reduce)
+  key_tiles.py        which key tiles an attention mask keeps: loop bounds proved with isl (the tensor-
+                      core online contraction skips fully masked tiles and unguards whole ones)
   online_stats.py     the two pairs of reductions that fold into one pass (running max and rescaled
                       sum; Welford / Chan moments): the algebra split_row_group and fuse_rows' long rows use
   row_chunks.py       the column walk of a row too long for registers (vector loads in flight, a tail)

@@ -49,10 +49,9 @@ Precision: Q·K products are exact and summed in float32 (as the program's float
 rounded to V's 16-bit dtype before P·V (relative 2^-11 for float16, 2^-8 for bfloat16, so O is
 off by at most that times max |v|, as in FlashAttention); the sum l is of the unrounded P.
 
-Key tiles a mask makes fully -inf are not visited: `key_tile_bound` derives, from the affine
-conjuncts of the `where` conditions, the last key any row of the block keeps, and isl proves
-(poly.is_empty) that no kept key of the block lies at or past the bound's tile; tiles before it
-keep their per-element guard (partially masked tiles).
+Key tiles a mask makes fully -inf are not visited, and tiles every row keeps whole skip the
+per-element guard: bounds derived from the affine conditions of the `where`s and proved with isl
+(key_tiles.py).
 """
 
 from __future__ import annotations
@@ -66,10 +65,8 @@ from ...ir.errors import ScheduleError
 from ...ir.expr import (
     Binary,
     Cast,
-    Compare,
     Const,
     Expr,
-    Not,
     Reduce,
     Select,
     TensorRead,
@@ -87,7 +84,6 @@ from ...ir.expr import (
     warp_shuffle,
 )
 from ...ir.intrinsics import lookup
-from ...ir.poly import LoopDim, affine_coefficients, is_empty
 from ...ir.stmt import (
     Allocate,
     AsyncCommit,
@@ -111,6 +107,7 @@ from ...ir.visitor import SubexpressionReplacer
 from ..lower import exprs_of, global_buffers, scalar_vars, signature
 from ..names import identifier
 from ..schedule.tensorize import CHUNK, INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
+from .key_tiles import kept, key_tile_bound, skipping_description, unmasked_tile_bound
 from .online_contraction import MAX_GRID_Y, OnlineChain, _Lower, head_indices, online_chain
 
 LOG2E = 1.0 / math.log(2.0)
@@ -222,137 +219,7 @@ def tensor_core_chain(chain: OnlineChain) -> TensorCoreChain:
     return TensorCoreChain(chain, red, depth, q, k, v, INTRINSICS[q.dtype.name], INTRINSICS[v.dtype.name])
 
 
-# ---- masked-tile skipping ------------------------------------------------------------------------
-
-def _kept(score: Expr) -> tuple[list[Expr], Expr]:
-    """(conditions, value): the `where`s around the score whose other branch is -inf, and the
-    value they keep. The score is -inf unless every condition holds, and is `value` where all do."""
-    out: list[Expr] = []
-    e = score
-    while isinstance(e, Select):
-        if _is_minus_inf(e.b):
-            out.append(e.cond)
-            e = e.a
-        elif _is_minus_inf(e.a):
-            out.append(Not(e.cond))  # the kept side is the else branch
-            e = e.b
-        else:
-            break
-    return out, e
-
-
-def kept_conditions(score: Expr) -> list[Expr]:
-    """Conditions that hold wherever the score is not -inf (`_kept`), split at `&`."""
-    out, _ = _kept(score)
-    flat: list[Expr] = []
-    while out:
-        c = out.pop()
-        if isinstance(c, Binary) and c.op == "&" and c.dtype.is_bool:
-            out.extend((c.a, c.b))
-        else:
-            flat.append(c)
-    return flat
-
-
-def _is_minus_inf(e: Expr) -> bool:
-    return isinstance(e, Const) and e.dtype.is_float and float(e.value) == -math.inf
-
-
-def _upper_bound(cond: Expr, query: Var, key: Var, first: Expr, last: Expr, widest: bool = True) -> Expr | None:
-    """For an affine condition c·key + a·query + rest ≤ 0 with c > 0: the largest key it keeps
-    for SOME query in [first, last] (`widest`; for EVERY query in it otherwise), floor((-a·q -
-    rest) / c) at the q that maximizes (minimizes) it."""
-    if isinstance(cond, Not) and isinstance(cond.a, Compare):
-        flip = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}
-        if cond.a.op not in flip:
-            return None
-        cond = compare(flip[cond.a.op], cond.a.a, cond.a.b)
-    if not isinstance(cond, Compare) or not cond.a.dtype.is_int or not cond.b.dtype.is_int:
-        return None
-    lhs, rhs = cond.a, cond.b
-    if cond.op == "<=":
-        f = lhs - rhs
-    elif cond.op == "<":
-        f = lhs - rhs + 1
-    elif cond.op == ">=":
-        f = rhs - lhs
-    elif cond.op == ">":
-        f = rhs - lhs + 1
-    else:
-        return None
-    coeff = affine_coefficients(f, [query, key])
-    if coeff is None or coeff[1] <= 0:
-        return None
-    a, c = coeff
-    rest = substitute(f, {query: Const(0, dt.int32), key: Const(0, dt.int32)})
-    at = (last if a <= 0 else first) if widest else (first if a <= 0 else last)
-    return (Const(-a, dt.int32) * at - rest) // c
-
-
-def key_tile_bound(chain: OnlineChain, first: Var, rows: int, tile: int) -> tuple[Expr, str] | None:
-    """(tiles, why): the number of key tiles of `tile` keys that the block of query rows
-    [first·rows, first·rows + rows) needs, proved by isl: no key at or past tiles·tile is kept by
-    any row of the block. None when the conditions give no affine bound (every tile is visited)."""
-    query, key = chain.row[-1], chain.key
-    conds = kept_conditions(chain.score)
-    lo = first * rows
-    hi = binary("min", lo + rows, chain.rows[-1]) - 1
-    bounds = [b for b in (_upper_bound(c, query, key, lo, hi) for c in conds) if b is not None]
-    if not bounds:
-        return None
-    last: Expr = bounds[0]
-    for b in bounds[1:]:
-        last = binary("min", last, b)
-    all_tiles = (chain.keys + (tile - 1)) // tile
-    tiles = binary("min", all_tiles, (binary("max", last + 1, Const(0, dt.int32)) + (tile - 1)) // tile)
-    affine = [c for c in conds if _upper_bound(c, query, key, lo, hi) is not None]
-    loops = [LoopDim(first, Const(0, dt.int32), (chain.rows[-1] + (rows - 1)) // rows, "blockIdx.x"),
-             LoopDim(query, lo, Const(rows, dt.int32), "serial"),
-             LoopDim(key, Const(0, dt.int32), chain.keys, "serial")]
-    proof = [compare("<", query, chain.rows[-1]), *affine, compare(">=", key, tiles * tile)]
-    if not is_empty(loops, proof):
-        return None
-    why = (f"key tiles per block min(ceil({chain.keys} / {tile}), ceil((last kept key + 1) / {tile})), the last kept "
-           f"key {last} from {' and '.join(map(str, affine))} (isl: no kept key past it)")
-    return tiles, why
-
-
-def unmasked_tile_bound(chain: OnlineChain, first: Var, rows: int, tile: int) -> Expr | None:
-    """The number of leading key tiles in which EVERY score of the block of query rows
-    [first·rows, first·rows + rows) is kept and every key is below the key extent, proved by isl
-    (no point of those tiles violates a condition), so the kernel evaluates them without the
-    guard; None when a condition gives no affine bound (a mask tensor) or the proof fails."""
-    query, key = chain.row[-1], chain.key
-    conds = kept_conditions(chain.score)
-    lo = first * rows
-    hi = binary("min", lo + rows, chain.rows[-1]) - 1
-    whole = chain.keys // tile
-    full: Expr = whole
-    for c in conds:
-        b = _upper_bound(c, query, key, lo, hi, widest=False)
-        if b is None:
-            return None
-        full = binary("min", full, binary("max", b + 1, Const(0, dt.int32)) // tile)
-    loops = [LoopDim(first, Const(0, dt.int32), (chain.rows[-1] + (rows - 1)) // rows, "blockIdx.x"),
-             LoopDim(query, lo, Const(rows, dt.int32), "serial"),
-             LoopDim(key, Const(0, dt.int32), full * tile, "serial")]
-    inside = compare("<", query, chain.rows[-1])
-    for violated in [compare(">=", key, chain.keys), *(Not(c) for c in conds)]:
-        if not is_empty(loops, [inside, violated]):
-            return None
-    return full
-
-
-def skipping_description(chain: OnlineChain, bound: tuple[Expr, str] | None, unmasked: Expr | None = None) -> str:
-    """What the kernel does about fully masked and unmasked key tiles, for explain()."""
-    whole = "" if unmasked is None else (f"; the first {unmasked} key tiles, which every row of the block keeps "
-                                         "whole (isl), without the per-element guard")
-    if bound is not None:
-        return bound[1] + whole
-    if kept_conditions(chain.score):
-        return "every key tile visited (no affine bound on the key in the mask's conditions)" + whole
-    return "every key tile visited (no mask)" + whole
-
+# ---- masked-tile skipping (key_tiles.py) -----------------------------------------------------------
 
 def describe_skipping(args: Sequence[Tensor], rows: int, tile: int) -> str:
     """skipping_description of the chain `args` for blocks of `rows` query rows (`query_block`
@@ -536,7 +403,7 @@ class _Kernel:
         # s = Σ·c (c > 0) under the masks: the fragments keep the raw Σ (or -inf), the max is taken
         # on it and scaled once per row, and each weight is exp2(Σ·c·log2 e - m₂), one FFMA; the
         # tiles kept whole then need no elementwise work at all
-        kept_value = _kept(chain.score)[1]
+        kept_value = kept(chain.score)[1]
         raw_scale = None if has_reads else _positive_scale(kept_value, tcc.scores)
         score = chain.score
         if raw_scale is not None:
@@ -751,5 +618,4 @@ def _fold(e: Expr) -> Expr:
     return binary("*", cast(e, dt.float32), Const(LOG2E, dt.float32))
 
 
-__all__ = ["TensorCoreChain", "describe_skipping", "key_tile_bound", "kept_conditions", "online_contraction_mma",
-           "tensor_core_chain", "unmasked_tile_bound"]
+__all__ = ["TensorCoreChain", "describe_skipping", "online_contraction_mma", "tensor_core_chain"]
