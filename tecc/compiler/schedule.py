@@ -29,6 +29,7 @@ from ..ir.tensor import Tensor
 from ..passes import schedule as prim
 from ..passes.rewrite.fuse_rows import fuse_rows as fuse_rows_module
 from ..passes.rewrite.online_contraction import online_contraction as online_contraction_module
+from ..passes.rewrite.online_contraction_mma import online_contraction_mma as online_contraction_mma_module
 from ..passes.rewrite.split_reduce import split_reduce as split_reduce_module
 from ..passes.rewrite.split_row_group import split_row_group as split_row_group_module
 from ..passes.rewrite.split_rows import split_rows as split_rows_module
@@ -378,6 +379,23 @@ class Schedule:
         self.mod = online_contraction_module(self._tensors, int(threads), int(rows_per_block), name=self._name)
         self.timing.append(("online_contraction", time.perf_counter() - start))
         self._record(Step("online_contraction", {"threads": int(threads), "rows_per_block": int(rows_per_block)}))
+
+    def online_contraction_mma(self, rows_per_block: int = 64, key_tile: int = 64, warp_rows: int = 16) -> None:
+        """Replace the module by ONE tensor-core kernel for the same chain as online_contraction
+        when both contractions have float16/bfloat16 operands and constant head dims (see
+        tecc.passes.rewrite.online_contraction_mma): `rows_per_block` query rows per block,
+        `warp_rows` (16 or 32) per warp, key tiles of `key_tile` streamed through a 2-stage
+        cp.async ring. It must be the first step."""
+        if self._steps:
+            raise ScheduleError("online_contraction_mma rewrites the whole module: it must be the first step of a plan")
+        start = time.perf_counter()
+        self.mod = online_contraction_mma_module(self._tensors, int(rows_per_block), int(key_tile), int(warp_rows),
+                                                 name=self._name)
+        self.timing.append(("online_contraction_mma", time.perf_counter() - start))
+        args: dict[str, Any] = {"rows_per_block": int(rows_per_block), "key_tile": int(key_tile)}
+        if warp_rows != 16:
+            args["warp_rows"] = int(warp_rows)
+        self._record(Step("online_contraction_mma", args))
 
     def split_reduce(self, threads_x: int = 32, threads_y: int = 8, splits: int = 1, unroll: int = 4,
                      outputs_per_thread: int = 1, combine: str = "kernel") -> None:
