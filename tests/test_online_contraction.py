@@ -349,7 +349,7 @@ def test_attention_on_the_gpu_matches_float64_numpy(variant):
     rng = np.random.default_rng()
     x = inputs_for(ins, rng)
     k = tc.build(ins + outs, plan=PLAN)  # the SIMT kernel (tests/test_attention_tensor_core.py: tensor cores)
-    assert k.plan.strategy == "online_contraction" and len(k.module.kernels) == 1
+    assert k.plan.steps[0].primitive == "online_contraction" and len(k.module.kernels) == 1
     o = np.full(tuple(int(s) for s in outs[0].shape), np.nan, np.float16)
     lse = np.full(tuple(int(s) for s in outs[1].shape), np.nan, np.float32)
     k(*x, o, lse)

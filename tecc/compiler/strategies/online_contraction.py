@@ -108,8 +108,10 @@ def _ptxas(tensors: Sequence[Tensor], rows: int, key_tile: int, arch: str) -> Ke
         compiled = compile_cuda(emit_source(module.kernels), arch=arch, name="online_contraction_mma")
     except TeccError as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    (res,) = compiled.resources.values()
-    return res
+    found = list(compiled.resources.values())
+    if len(found) != 1:
+        return f"ptxas reported {len(found)} kernels for one (log: {compiled.log.strip()[:200]!r})"
+    return found[0]
 
 
 def propose_mma(tensors: Sequence[Tensor], target: Any = None) -> OnlineContractionChoice | None:
