@@ -92,19 +92,23 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> OnlineContractionC
     return OnlineContractionChoice(plan, THREADS, ROWS_PER_BLOCK, reason)
 
 
-def mma_tilings(widest: int) -> tuple[tuple[int, int], ...]:
-    """(rows_per_block, key_tile) in the order they are tried for head dims up to `widest`: 64
-    rows (4 warps) first, key tiles of 64 up to d = 64 and of 32 at d = 128, where a 64-key tile
-    takes all 255 registers."""
+def mma_tilings(widest: int) -> tuple[tuple[int, int, int], ...]:
+    """(rows_per_block, key_tile, warp_rows) in the order they are tried for head dims up to
+    `widest`, fastest measured first (benchmarks/attention_tilings.py on an H200, S = 4096, fp16,
+    RESULTS.md "Attention on tensor cores"): up to d = 64, 128 rows of 4 warps with two m16 tiles
+    each (each K/V fragment serves two mma) and 64-key tiles (1786 µs, against 1959 µs for 64 x 64
+    with one m16 tile per warp, the old first; causal 960 against 1062); at d = 128, 64 x 64
+    (1839 µs, against 2013 µs for 64 x 32), taking all 251 registers, with 64 x 32 next when
+    ptxas spills it."""
     if widest > 64:
-        return ((64, 32), (128, 32), (64, 64))
-    return ((64, 64), (128, 64), (64, 32))
+        return ((64, 64, 16), (64, 32, 16), (128, 32, 16))
+    return ((128, 64, 32), (64, 64, 16), (128, 64, 16), (64, 32, 16))
 
 
-def _ptxas(tensors: Sequence[Tensor], rows: int, key_tile: int, arch: str) -> KernelResources | str:
+def _ptxas(tensors: Sequence[Tensor], rows: int, key_tile: int, warp_rows: int, arch: str) -> KernelResources | str:
     """ptxas's report of the tensor-core kernel with this tiling, or why there is none."""
     try:
-        module = online_contraction_mma(tensors, rows, key_tile)
+        module = online_contraction_mma(tensors, rows, key_tile, warp_rows)
         compiled = compile_cuda(emit_source(module.kernels), arch=arch, name="online_contraction_mma")
     except TeccError as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -126,13 +130,13 @@ def propose_mma(tensors: Sequence[Tensor], target: Any = None) -> OnlineContract
     widest = max(mma.depth, const_int(chain.columns) or 0)
     arch = target if _arch_number(target) is not None else default_arch()
     checked: list[str] = []
-    for rows, key_tile in mma_tilings(widest):
-        res = _ptxas(tensors, rows, key_tile, arch)
+    for rows, key_tile, warp_rows in mma_tilings(widest):
+        res = _ptxas(tensors, rows, key_tile, warp_rows, arch)
         if isinstance(res, str):
-            checked.append(f"{rows}x{key_tile}: {res}")
+            checked.append(f"{rows}x{key_tile}/{warp_rows}: {res}")
             continue
         if res.spill_stores or res.spill_loads:
-            checked.append(f"{rows}x{key_tile}: {res.registers} registers, spills")
+            checked.append(f"{rows}x{key_tile}/{warp_rows}: {res.registers} registers, spills")
             continue
         break
     else:
@@ -142,13 +146,16 @@ def propose_mma(tensors: Sequence[Tensor], target: Any = None) -> OnlineContract
               f"{chain.l.name} (sum of exp) in one pass with a running max on tensor cores ({mma.qk_intrinsic} for "
               f"the scores, {mma.pv_intrinsic} for P·V, P kept in registers), no score temporary of "
               f"[{', '.join(map(str, chain.rows))}] x {chain.keys}; {rows} query rows per block "
-              f"({rows // 16} warps), key tiles of {key_tile} through a 2-stage cp.async ring ({arch}: "
+              f"({rows // warp_rows} warps of {warp_rows} rows), key tiles of {key_tile} through a 2-stage cp.async ring ({arch}: "
               f"{res.registers} registers, no spills{passed_over}); exp2 with log2(e) folded into "
               "the scale (ex2.approx.ftz: one MUFU.EX2, relative error ~2^-22, below P's rounding to 16 bits); "
               f"{describe_skipping(tensors, rows, key_tile)}")
-    plan = Plan((Step("online_contraction_mma", {"rows_per_block": rows, "key_tile": key_tile}),),
+    args = {"rows_per_block": rows, "key_tile": key_tile}
+    if warp_rows != 16:
+        args["warp_rows"] = warp_rows
+    plan = Plan((Step("online_contraction_mma", args),),
                 "online_contraction_mma", reason)
-    return OnlineContractionChoice(plan, 2 * rows, rows, reason)
+    return OnlineContractionChoice(plan, 32 * (rows // warp_rows), rows, reason)
 
 
 __all__ = ["OnlineContractionChoice", "mma_tilings", "propose", "propose_mma"]
