@@ -19,6 +19,10 @@ number of phases completed. The statements run in lockstep like all others:
   when the whole block is waiting, nothing can ever arrive, and it is a DeadlockError naming
   the barrier and the phase; when only part of the block waits (warp specialization whose other
   part comes later in program order) the lockstep emulator cannot run it and says so.
+- `TensorCopy` (TMA) is a bulk copy of a box: the issuing lane's coordinates select the box,
+  elements outside the tensor are zeros, the box lands in row-major order through the
+  destination's layout (the swizzle the tensor map writes), and it completes the box's full
+  byte count on its barrier, like a `BulkCopy`.
 - At the end of the kernel a bulk copy still in flight is a RaceError.
 """
 
@@ -30,7 +34,16 @@ from typing import Callable
 import numpy as np
 
 from ...ir.errors import DeadlockError, OutOfBoundsError, RaceError, TeccError
-from ...ir.stmt import BarrierArrive, BarrierExpectTx, BarrierInit, BarrierRef, BarrierWait, BulkCopy, Stmt
+from ...ir.stmt import (
+    BarrierArrive,
+    BarrierExpectTx,
+    BarrierInit,
+    BarrierRef,
+    BarrierWait,
+    BulkCopy,
+    Stmt,
+    TensorCopy,
+)
 from .expr_compiler import Scope, compile_expr, compile_indices
 from .memory import NOT_THIS_EPOCH, SharedMemory, check_bounds, flat_index
 from .state import LaneState
@@ -121,6 +134,8 @@ def _maybe_complete(bar: _Barrier) -> None:
 def compile_mbarrier_stmt(s: Stmt, scope: Scope) -> Runner:
     if isinstance(s, BulkCopy):
         return _compile_bulk_copy(s, scope)
+    if isinstance(s, TensorCopy):
+        return _compile_tensor_copy(s, scope)
     assert isinstance(s, (BarrierInit, BarrierArrive, BarrierExpectTx, BarrierWait))
     ref = _Ref(s.bar, scope)
     if isinstance(s, BarrierInit):
@@ -247,6 +262,62 @@ def _compile_bulk_copy(s: BulkCopy, scope: Scope) -> Runner:
                     raise RaceError(f"{where} in kernel {st.kernel} at {st.layout.where(int(lane))}: overwrites what "
                                     "threads stored since the last barrier")
             values = src.flat[start_src[i] + np.arange(n)].copy()
+            if dst.pending is None:
+                dst.pending = np.zeros(dst.data.size, dtype=np.int32)
+            dst.pending[keys] += 1
+            state.copies.append(_BulkCopy(dst, keys, values, id(bar_mem), int(bar_keys[i]), s.bytes, where))
+
+    return run
+
+
+def _check_async_destination(st: LaneState, dst: SharedMemory, keys: np.ndarray, lane: int, where: str) -> None:
+    if dst.wgmma_reading is not None and (dst.wgmma_reading[keys] > 0).any():
+        raise RaceError(f"{where} in kernel {st.kernel} at {st.layout.where(lane)}: overwrites the operand of a "
+                        "wgmma still in flight; wgmma.wait_group it first")
+    if dst.pending is not None and (dst.pending[keys] > 0).any():
+        raise RaceError(f"{where} in kernel {st.kernel} at {st.layout.where(lane)}: writes shared memory another "
+                        "asynchronous copy is still writing")
+    if (dst.writer[keys] >= 0).any():
+        raise RaceError(f"{where} in kernel {st.kernel} at {st.layout.where(lane)}: overwrites what threads stored "
+                        "since the last barrier")
+
+
+def _compile_tensor_copy(s: TensorCopy, scope: Scope) -> Runner:
+    ref = _Ref(s.bar, scope)
+    dst_slot, src_slot = scope.buffer_slot(s.dst), scope.buffer_slot(s.map.buffer)
+    fdst, fcoords = compile_indices(s.dst_indices, scope), compile_indices(s.coords, scope)
+    box = s.map.box
+    n = s.bytes // s.dst.dtype.bytes
+    # the box's element offsets along each dimension, as an open grid (row-major order)
+    steps = np.indices(box).reshape(len(box), -1)
+    where = f"TMA copy {s.map.buffer.name} -> {s.dst.name}"
+
+    def run(st: LaneState) -> None:
+        lanes = _lanes(st)
+        dst, src = st.mems[dst_slot], st.mems[src_slot]
+        bar_mem, bar_keys = ref.keys(st, lanes)
+        didx = fdst(st)
+        if st.checks:
+            check_bounds(st, "TMA copy store", "shared", dst.name, dst.shape, didx, tuple(range(len(didx))))
+        start = np.broadcast_to(np.asarray(flat_index(didx, dst.strides)), (st.layout.lanes,))[lanes]
+        coords = [np.broadcast_to(np.asarray(c), (st.layout.lanes,))[lanes] for c in fcoords(st)]
+        if st.checks and ((start + n > dst.size) | (start < 0)).any():
+            raise OutOfBoundsError(f"{where} in kernel {st.kernel}: the {s.bytes}-byte box leaves {dst.name}")
+        state = _state(st)
+        for i, lane in enumerate(lanes):
+            logical = start[i] + np.arange(n)
+            physical = logical if dst.layout is None else dst.layout.apply(logical)
+            keys = dst.base[lane] + physical
+            if st.checks:
+                _check_async_destination(st, dst, keys, int(lane), where)
+            at = [int(c[i]) + steps[d] for d, c in enumerate(coords)]
+            inside = np.ones(n, dtype=bool)
+            offset = np.zeros(n, dtype=np.int64)
+            for d, a in enumerate(at):
+                inside &= (a >= 0) & (a < src.shape[d])
+                offset += np.where(inside, a, 0) * src.strides[d]
+            values = np.zeros(n, dtype=dst.data.dtype)
+            values[inside] = src.flat[offset[inside]]
             if dst.pending is None:
                 dst.pending = np.zeros(dst.data.size, dtype=np.int32)
             dst.pending[keys] += 1

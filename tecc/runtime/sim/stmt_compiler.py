@@ -52,6 +52,7 @@ from ...ir.stmt import (
     WarpgroupMatrixMultiply,
     WarpgroupWait,
     SetMaxRegisters,
+    TensorCopy,
 )
 from .async_copy import compile_async_stmt
 from .mbarrier import compile_mbarrier_stmt
@@ -94,7 +95,7 @@ def compile_stmt(s: Stmt, scope: Scope) -> Runner:
     if isinstance(s, (WarpgroupMatrixMultiply, WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence,
                       SetMaxRegisters)):
         return compile_warpgroup_stmt(s, scope)
-    if isinstance(s, (BarrierInit, BarrierArrive, BarrierExpectTx, BarrierWait, BulkCopy)):
+    if isinstance(s, (BarrierInit, BarrierArrive, BarrierExpectTx, BarrierWait, BulkCopy, TensorCopy)):
         return compile_mbarrier_stmt(s, scope)
     raise TeccError(f"kernel {scope.kernel}: the emulator has no rule for the statement {type(s).__name__}")
 
