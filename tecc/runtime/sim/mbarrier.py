@@ -17,8 +17,11 @@ number of phases completed. The statements run in lockstep like all others:
 - `BarrierWait(bar, parity)` first lands the bulk copies of that barrier, then needs, in every
   active lane, the phase of that parity completed (current phase's parity differs). If not:
   when the whole block is waiting, nothing can ever arrive, and it is a DeadlockError naming
-  the barrier and the phase; when only part of the block waits (warp specialization whose other
-  part comes later in program order) the lockstep emulator cannot run it and says so.
+  the barrier and the phase; likewise when no statement of the kernel arrives on that barrier
+  buffer at all (a warp-specialized ring whose release was forgotten). When only part of the
+  block waits and other threads could still arrive later in program order (warp specialization
+  whose other part comes later in the program text) the lockstep emulator cannot run it and
+  says so.
 - `TensorCopy` (TMA) is a bulk copy of a box: the issuing lane's coordinates select the box,
   elements outside the tensor are zeros, the box lands in row-major order through the
   destination's layout (the swizzle the tensor map writes), and it completes the box's full
@@ -43,6 +46,7 @@ from ...ir.stmt import (
     BulkCopy,
     Stmt,
     TensorCopy,
+    iter_stmts,
 )
 from .expr_compiler import Scope, compile_expr, compile_indices
 from .memory import NOT_THIS_EPOCH, SharedMemory, check_bounds, flat_index
@@ -172,6 +176,7 @@ def compile_mbarrier_stmt(s: Stmt, scope: Scope) -> Runner:
         return arrive
     fparity = compile_expr(s.parity, scope)
     bar_text = str(s.bar)
+    never_arrived = id(s.bar.buffer) not in scope.arrived_barriers
 
     def wait(st: LaneState) -> None:
         lanes = _lanes(st)
@@ -191,18 +196,26 @@ def compile_mbarrier_stmt(s: Stmt, scope: Scope) -> Runner:
             block = st.layout.lane_block == st.layout.lane_block[lane]
             active = np.zeros(st.layout.lanes, dtype=bool)
             active[lanes] = True
-            if active[block].all():
+            if active[block].all() or never_arrived:
+                who = ("every thread of the block waits" if active[block].all() else
+                       f"{st.layout.where(lane)} waits (no statement of the kernel arrives on {s.bar.buffer.name})")
                 raise DeadlockError(
-                    f"mbarrier wait on {bar_text} in kernel {st.kernel}, block {st.layout.block_of(lane)}: every "
-                    f"thread of the block waits for phase {phase} (parity {phase % 2}) to complete, but {missing} and "
-                    "nothing in flight can supply them; the kernel would hang. Check the arrival count of "
-                    "mbarrier.init, the bytes of expect_tx, and the parity waited for")
+                    f"mbarrier wait on {bar_text} in kernel {st.kernel}, block {st.layout.block_of(lane)}: {who} "
+                    f"for phase {phase} (parity {phase % 2}) to complete, but {missing} and nothing in flight can "
+                    "supply them; the kernel would hang. Check the arrival count of mbarrier.init, the bytes of "
+                    "expect_tx, the arrivals that release the barrier, and the parity waited for")
             raise TeccError(
                 f"mbarrier wait on {bar_text} in kernel {st.kernel} at {st.layout.where(lane)}: phase {phase} is not "
                 f"complete ({missing}) while only part of the block waits; the emulator runs the threads in "
                 "lockstep in program order, so the arrivals must come before the wait in the program text")
 
     return wait
+
+
+def arrived_barriers(body: Stmt) -> set[int]:
+    """Ids of the barrier buffers that some statement of `body` arrives on or completes bytes on."""
+    return {id(s.bar.buffer) for s in iter_stmts(body)
+            if isinstance(s, (BarrierArrive, BarrierExpectTx, BulkCopy, TensorCopy))}
 
 
 def _land(st: LaneState, state: MbarrierState, bar_mem: SharedMemory, key: int) -> None:
