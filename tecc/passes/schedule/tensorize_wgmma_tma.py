@@ -181,41 +181,49 @@ class _TmaEmitter(_WarpgroupEmitter):
     def pipeline(self) -> Stmt:
         t = self.t
         S = t.stages
-        kt = self.kt
         thread = self.tx % WARPGROUP_SIZE
         producer = self.warpgroup == self.consumers
-        consumer = self.warpgroup < self.consumers
         warps = 4 * self.consumers
         init = IfThenElse(self.tx == 0, seq(
             *[BarrierInit(BarrierRef(self.full, Const(s, dt.int32)), 1) for s in range(S)],
             *[BarrierInit(BarrierRef(self.empty, Const(s, dt.int32)), warps) for s in range(S)],
             AsyncProxyFence()))   # the initialized barriers, visible to the TMA unit (async proxy)
-        registers = None
-        if self.consumers in CONSUMER_REGISTERS:
-            registers = IfThenElse(producer, SetMaxRegisters(PRODUCER_REGISTERS, False),
-                                   SetMaxRegisters(CONSUMER_REGISTERS[self.consumers], True))
         elements = lookup(self.row).operand("d").elements
         zero = self.unrolled("zero", elements, lambda z: BufferStore(self.frag_c, (z,), Const(0.0, dt.float32)))
-        stage = kt % S
-        full = BarrierRef(self.full, stage)
         tile_bytes = self.maps["A"].bytes * (1 if self.c.a.k_last else t.bm // 64) + \
             self.maps["B"].bytes * (1 if self.c.b.k_last else t.bn // 64)
-        produce = IfThenElse(thread == 0, seq(
-            BarrierWait(BarrierRef(self.empty, stage), (kt // S + 1) % 2),
-            BarrierExpectTx(full, tile_bytes),
-            *self.tile_copies(self.c.a, stage, kt, full),
-            *self.tile_copies(self.c.b, stage, kt, full)))
-        release = IfThenElse((kt > 0) & (self.lane == 0), BarrierArrive(BarrierRef(self.empty, (kt + (S - 1)) % S)))
-        consume = seq(
-            BarrierWait(full, (kt // S) % 2),
-            WarpgroupFence(),
-            self.compute(stage),
-            WarpgroupCommit(),
-            WarpgroupWait(1),
-            release if self.release else None)
-        loop = For(kt, _int(0), self.k_tiles, "serial", IfThenElse(producer, produce, consume))
-        finish = IfThenElse(consumer, seq(WarpgroupWait(0, (self.frag_c,)), self.epilogue()))
-        return seq(init, Barrier(), registers, IfThenElse(consumer, zero), loop, finish)
+
+        def produce(kt: Var) -> Stmt:
+            stage = kt % S
+            full = BarrierRef(self.full, stage)
+            return IfThenElse(thread == 0, seq(
+                BarrierWait(BarrierRef(self.empty, stage), (kt // S + 1) % 2),
+                BarrierExpectTx(full, tile_bytes),
+                *self.tile_copies(self.c.a, stage, kt, full),
+                *self.tile_copies(self.c.b, stage, kt, full)))
+
+        def consume(kt: Var) -> Stmt:
+            stage = kt % S
+            release = IfThenElse((kt > 0) & (self.lane == 0),
+                                 BarrierArrive(BarrierRef(self.empty, (kt + (S - 1)) % S)))
+            return seq(
+                BarrierWait(BarrierRef(self.full, stage), (kt // S) % 2),
+                WarpgroupFence(),
+                self.compute(stage),
+                WarpgroupCommit(),
+                WarpgroupWait(1),
+                release if self.release else None)
+        load_tile = Var("load_tile")
+        producer_role = seq(
+            SetMaxRegisters(PRODUCER_REGISTERS, False) if self.consumers in CONSUMER_REGISTERS else None,
+            For(load_tile, _int(0), self.k_tiles, "serial", produce(load_tile)))
+        consumer_role = seq(
+            SetMaxRegisters(CONSUMER_REGISTERS[self.consumers], True) if self.consumers in CONSUMER_REGISTERS else None,
+            zero,
+            For(self.kt, _int(0), self.k_tiles, "serial", consume(self.kt)),
+            WarpgroupWait(0, (self.frag_c,)),
+            self.epilogue())
+        return seq(init, Barrier(), IfThenElse(producer, producer_role, consumer_role))
 
 
 def tensorize_wgmma_tma(func: PrimFunc, stage: str, c: Contraction, intrinsic: str, tiling: Tiling,

@@ -80,6 +80,7 @@ class MbarrierState:
 
     barriers: dict[tuple[int, int], _Barrier] = field(default_factory=dict)
     copies: list[_BulkCopy] = field(default_factory=list)
+    events: int = 0   # arrivals, copies issued and landed so far (roles.py: has anything changed?)
 
 
 def _state(st: LaneState) -> MbarrierState:
@@ -167,6 +168,7 @@ def compile_mbarrier_stmt(s: Stmt, scope: Scope) -> Runner:
             nbytes = np.zeros(lanes.size, dtype=np.int64) if fbytes is None else \
                 np.broadcast_to(np.asarray(fbytes(st)), (st.layout.lanes,))[lanes]
             uniq, counts = np.unique(keys, return_counts=True)
+            _state(st).events += 1
             for key, arrivals in zip(uniq, counts):
                 bar = ref.get(st, mem, int(key), what)
                 if _arrive(bar, int(arrivals), int(nbytes[keys == key].sum())):
@@ -178,7 +180,9 @@ def compile_mbarrier_stmt(s: Stmt, scope: Scope) -> Runner:
     bar_text = str(s.bar)
     never_arrived = id(s.bar.buffer) not in scope.arrived_barriers
 
-    def wait(st: LaneState) -> None:
+    def blocked(st: LaneState) -> tuple[int, str, bool] | None:
+        """None when every active lane may pass; else (a waiting lane, what is missing, whether
+        its whole block waits)."""
         lanes = _lanes(st)
         mem, keys = ref.keys(st, lanes)
         parity = np.broadcast_to(np.asarray(fparity(st)), (st.layout.lanes,))[lanes]
@@ -191,25 +195,46 @@ def compile_mbarrier_stmt(s: Stmt, scope: Scope) -> Runner:
             if not waiting.any():
                 continue
             lane = int(lanes[np.argmax(waiting)])
-            phase = bar.phase
-            missing = f"{bar.missing} of {bar.count} arrivals and {bar.tx} transaction bytes are missing"
+            missing = (f"phase {bar.phase} (parity {bar.phase % 2}) to complete, but {bar.missing} of {bar.count} "
+                       f"arrivals and {bar.tx} transaction bytes are missing")
             block = st.layout.lane_block == st.layout.lane_block[lane]
             active = np.zeros(st.layout.lanes, dtype=bool)
             active[lanes] = True
-            if active[block].all() or never_arrived:
-                who = ("every thread of the block waits" if active[block].all() else
-                       f"{st.layout.where(lane)} waits (no statement of the kernel arrives on {s.bar.buffer.name})")
+            return lane, missing, bool(active[block].all())
+        return None
+
+    def wait(st: LaneState) -> None:
+        while True:
+            found = blocked(st)
+            if found is None:
+                return
+            lane, missing, whole_block = found
+            roles = st.roles
+            if roles is not None and not never_arrived and roles[0].stop_at_wait(roles[1]):
+                continue  # another role ran: check again
+            if whole_block or never_arrived or roles is not None:
+                who = ("every thread of the block waits" if whole_block else
+                       f"{st.layout.where(lane)} waits (no statement of the kernel arrives on {s.bar.buffer.name})"
+                       if never_arrived else
+                       f"{st.layout.where(lane)} waits and no other role of the warp-specialized branch can make "
+                       "progress")
                 raise DeadlockError(
                     f"mbarrier wait on {bar_text} in kernel {st.kernel}, block {st.layout.block_of(lane)}: {who} "
-                    f"for phase {phase} (parity {phase % 2}) to complete, but {missing} and nothing in flight can "
-                    "supply them; the kernel would hang. Check the arrival count of mbarrier.init, the bytes of "
-                    "expect_tx, the arrivals that release the barrier, and the parity waited for")
+                    f"for {missing} and nothing in flight can supply them; the kernel would hang. Check the arrival "
+                    "count of mbarrier.init, the bytes of expect_tx, the arrivals that release the barrier, and the "
+                    "parity waited for")
             raise TeccError(
-                f"mbarrier wait on {bar_text} in kernel {st.kernel} at {st.layout.where(lane)}: phase {phase} is not "
-                f"complete ({missing}) while only part of the block waits; the emulator runs the threads in "
-                "lockstep in program order, so the arrivals must come before the wait in the program text")
+                f"mbarrier wait on {bar_text} in kernel {st.kernel} at {st.layout.where(lane)}: waits for {missing} "
+                "while only part of the block waits; the emulator runs the threads in lockstep in program order, so "
+                "the arrivals must come before the wait in the program text (or in the other branch of a "
+                "warp-specialized if whose both branches wait on mbarriers: those run as roles, roles.py)")
 
     return wait
+
+
+def barrier_events(st: LaneState) -> int:
+    """How many arrivals and copies the chunk's barriers have seen (roles.py)."""
+    return _state(st).events
 
 
 def arrived_barriers(body: Stmt) -> set[int]:
@@ -231,6 +256,7 @@ def _land(st: LaneState, state: MbarrierState, bar_mem: SharedMemory, key: int) 
         if st.checks:
             c.mem.writer[c.keys] = NOT_THIS_EPOCH
         bar = state.barriers[(id(bar_mem), key)]
+        state.events += 1
         bar.tx -= c.bytes
         _maybe_complete(bar)
     state.copies = kept
@@ -279,6 +305,7 @@ def _compile_bulk_copy(s: BulkCopy, scope: Scope) -> Runner:
                 dst.pending = np.zeros(dst.data.size, dtype=np.int32)
             dst.pending[keys] += 1
             state.copies.append(_BulkCopy(dst, keys, values, id(bar_mem), int(bar_keys[i]), s.bytes, where))
+            state.events += 1
 
     return run
 
@@ -335,6 +362,7 @@ def _compile_tensor_copy(s: TensorCopy, scope: Scope) -> Runner:
                 dst.pending = np.zeros(dst.data.size, dtype=np.int32)
             dst.pending[keys] += 1
             state.copies.append(_BulkCopy(dst, keys, values, id(bar_mem), int(bar_keys[i]), s.bytes, where))
+            state.events += 1
 
     return run
 
