@@ -42,7 +42,11 @@ from . import arrays
 from .arrays import Argument
 from .host import HostProgram, KernelInfo, resolve_launch, temp_shape
 from .marshal import (DEFAULT_ALIGNMENT, ParamSlot, PlannedLaunch, alias_pairs, byte_span, check_aliasing,  # noqa: F401
-                      check_device_arrays, plan_launches, prepare_arguments, scalar_argument)
+                      check_device_arrays, plan_launches, prepare_arguments, scalar_argument, tensor_map_geometry)
+from .tensor_map import EncodedTensorMap, TensorMapSpec, encode_arguments, encode_tensor_map, launch_packed
+
+# Encoded tensor maps an executor keeps (a map per array pointer and shape; cleared when full).
+TENSOR_MAP_CACHE = 256
 
 # Dynamic shared memory a kernel may use per block without opting in: 48 KiB on every
 # architecture since Volta (CUDA C++ Programming Guide, "Shared Memory"); a kernel that needs
@@ -260,6 +264,9 @@ class CudaExecutor:
         self._device_ordinal = int(self.device.device_id)
         self._order_event: Any = None  # made on the first hit that must wait on another stream
         self._order_lock = threading.Lock()  # a record and its wait, not interleaved between threads
+        # encoded tensor maps by (spec, pointer, shape, strides) (tensor_map.py)
+        self._tensor_maps: dict[tuple[Any, ...], EncodedTensorMap] = {}
+        self._has_tensor_maps = any(k.tensor_maps for k in self.host.kernels)
 
     def __repr__(self) -> str:
         return f"<CudaExecutor {self.host.name} on {self.arch} kernels={list(self.kernels)}>"
@@ -538,7 +545,7 @@ class CudaExecutor:
             grid, block = resolve_launch(planned.kernel, env, self.host.name)
             if min(grid) <= 0:
                 continue
-            params = [self._param(slot, pointers, temps, values) for slot in planned.slots]
+            params = [self._param(slot, pointers, temps, values, env) for slot in planned.slots]
             self._launch(planned.kernel, grid, block, params)
             launched.append((planned, grid, block, params))
 
@@ -554,6 +561,8 @@ class CudaExecutor:
         only when every key says what the full path read (`arrays.key_agrees`), so that a later
         call with the same keys passes the same checks."""
         keys, ptrs = found
+        if self._has_tensor_maps:
+            return  # a cached launch swaps pointers only; a tensor map holds its pointer too (not cached yet)
         if not all(arrays.key_agrees(key, ptr, arg) for key, ptr, arg in zip(keys, ptrs, prepared)):
             return
         producer_streams: list[Callable[[int], int]] = []
@@ -675,12 +684,31 @@ class CudaExecutor:
             sizes.append((temp.name, nbytes, bool(temp.zero_init)))
         return pointers, owners, tuple(sizes)
 
-    def _param(self, slot: ParamSlot, pointers: list[int], temps: dict[str, int], values: dict[str, int]) -> Any:
+    def _param(self, slot: ParamSlot, pointers: list[int], temps: dict[str, int], values: dict[str, int],
+               env: dict[Var, int] | None = None) -> Any:
         if slot.kind == "array":
             return pointers[slot.index]
         if slot.kind == "temp":
             return temps[slot.name]
+        if slot.kind == "tensor_map":
+            assert slot.map is not None and env is not None
+            ptr = pointers[slot.index] if slot.index >= 0 else temps[slot.name]
+            shape, strides = tensor_map_geometry(self.host, slot.name, env)
+            return self._tensor_map(slot.map, ptr, shape, strides)
         return scalar_argument(slot.dtype, values[slot.name])
+
+    def _tensor_map(self, spec: TensorMapSpec, ptr: int, shape: tuple[int, ...],
+                    strides: tuple[int, ...]) -> EncodedTensorMap:
+        """The encoded map of `spec` for this array, encoded once per (pointer, shape, strides)."""
+        key = (spec, ptr, shape, strides)
+        found = self._tensor_maps.get(key)
+        if found is None:
+            where = f"{self.host.name}: tensor map of {spec.param}"
+            found = encode_tensor_map(encode_arguments(spec, ptr, shape, strides, where), where)
+            if len(self._tensor_maps) >= TENSOR_MAP_CACHE:
+                self._tensor_maps.clear()
+            self._tensor_maps[key] = found
+        return found
 
     def _launch(self, info: KernelInfo, grid: tuple[int, int, int], block: tuple[int, int, int],
                 params: list[Any]) -> None:
@@ -711,6 +739,11 @@ class CudaExecutor:
             from cuda.core import launch
 
             _cuda_core_launch = launch
+        if any(isinstance(p, EncodedTensorMap) for p in params):
+            # cuda.core's launch takes no raw by-value structure: the driver's cuLaunchKernel does
+            launch_packed(int(self.stream.handle), kernel.handle, _dims(config.grid), _dims(config.block),
+                          int(config.shmem_size or 0), params)
+            return
         _cuda_core_launch(self.stream, config, kernel, *params)
 
     def _finish_host_call(self, prepared: list[Argument], staged: list[Any]) -> None:
@@ -749,6 +782,12 @@ def _with_pointers(launch: CachedLaunch, ptrs: list[int]) -> list[Any]:
     for pos, index in launch.array_slots:
         params[pos] = ptrs[index]
     return params
+
+
+def _dims(value: Any) -> tuple[int, int, int]:
+    """A LaunchConfig's grid or block as three ints."""
+    dims = tuple(int(v) for v in (value if isinstance(value, (tuple, list)) else (value,)))
+    return dims + (1,) * (3 - len(dims))  # type: ignore[return-value]
 
 
 def _kernel_attribute(kernel: Any, name: str) -> Any:
