@@ -150,9 +150,13 @@ def encode_tensor_map(args: EncodeArguments, where: str = "tensor map") -> Encod
     return EncodedTensorMap(ctypes.string_at(int(tmap.getPtr()), TENSOR_MAP_BYTES))
 
 
-class _TensorMapStorage(ctypes.Structure):
-    _align_ = TENSOR_MAP_ALIGN
-    _fields_ = [("opaque", ctypes.c_uint64 * (TENSOR_MAP_BYTES // 8))]
+def _aligned_tensor_map(data: bytes) -> tuple[Any, int]:
+    """A buffer holding `data` at a 64-byte aligned address (CUtensorMap's alignment; ctypes
+    before Python 3.13 has no `_align_`): the buffer, and that address."""
+    buffer = (ctypes.c_char * (TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN))()
+    address = -(-ctypes.addressof(buffer) // TENSOR_MAP_ALIGN) * TENSOR_MAP_ALIGN
+    ctypes.memmove(address, data, TENSOR_MAP_BYTES)
+    return buffer, address
 
 
 _SCALARS: dict[type, Any] = {
@@ -167,13 +171,16 @@ class PackedParameters:
 
     def __init__(self, params: Sequence[Any]) -> None:
         self.storage: list[Any] = []
+        self.sizes: list[int] = []
+        addresses: list[int] = []
         for p in params:
             if isinstance(p, EncodedTensorMap):
-                value: Any = _TensorMapStorage()
-                ctypes.memmove(ctypes.addressof(value), p.data, TENSOR_MAP_BYTES)
-                if ctypes.addressof(value) % TENSOR_MAP_ALIGN:  # ctypes honours _align_; checked, not assumed
-                    raise LaunchError("a tensor-map parameter's storage is not 64-byte aligned")
-            elif isinstance(p, (bool, np.bool_)):
+                value, address = _aligned_tensor_map(p.data)
+                self.storage.append(value)
+                self.sizes.append(TENSOR_MAP_BYTES)
+                addresses.append(address)
+                continue
+            if isinstance(p, (bool, np.bool_)):
                 value = ctypes.c_bool(bool(p))
             elif isinstance(p, (int, np.integer)) and type(p) not in _SCALARS:
                 value = ctypes.c_uint64(int(p))   # a device pointer
@@ -183,8 +190,9 @@ class PackedParameters:
             else:
                 raise LaunchError(f"cannot pass a {type(p).__name__} as a kernel parameter")
             self.storage.append(value)
-        self.pointers = (ctypes.c_void_p * max(len(self.storage), 1))(
-            *[ctypes.addressof(v) for v in self.storage])
+            self.sizes.append(ctypes.sizeof(value))
+            addresses.append(ctypes.addressof(value))
+        self.pointers = (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
 
     @property
     def address(self) -> int:
@@ -192,8 +200,7 @@ class PackedParameters:
 
     def parameter_bytes(self, i: int) -> bytes:
         """The bytes parameter `i` passes (what the kernel reads)."""
-        v = self.storage[i]
-        return ctypes.string_at(self.pointers[i], ctypes.sizeof(v))
+        return ctypes.string_at(self.pointers[i], self.sizes[i])
 
 
 def launch_packed(stream_handle: int, kernel_handle: Any, grid: Sequence[int], block: Sequence[int], shmem: int,
