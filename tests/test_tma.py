@@ -397,3 +397,27 @@ def test_a_saved_tma_artifact_records_its_maps(tmp_path: Any) -> None:
                                 {"param": "B", "dtype": "float16", "box": [64, 64], "swizzle": "128B"}]
     loaded = load(tmp_path / "gemm")
     assert loaded.host.kernels[0].tensor_maps == HostProgram.from_module(f.module).kernels[0].tensor_maps
+
+
+def test_a_cached_launch_encodes_the_maps_for_each_hits_pointers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launch cache replays a TMA launch with new array pointers: its map slots are encoded
+    for those pointers (once per pointer), the other parameters as cached."""
+    from tecc.runtime import cuda as runtime_cuda
+
+    spec = TensorMapSpec("A", dt.float16, (128, 64), "128B")
+    encoded: list[int] = []
+
+    def fake_encode(args: Any, where: str = "") -> EncodedTensorMap:
+        encoded.append(args.address)
+        return EncodedTensorMap(args.address.to_bytes(8, "little") * 16)
+    monkeypatch.setattr(runtime_cuda, "encode_tensor_map", fake_encode)
+    executor = runtime_cuda.CudaExecutor.__new__(runtime_cuda.CudaExecutor)
+    executor.host = HostProgram("gemm", (), (), (), (), ())
+    executor._tensor_maps = {}
+    launch = runtime_cuda.CachedLaunch(None, None, (1, 1, 1), (384, 1, 1), None, (None, np.int32(1000), None),
+                                       ((0, 0),), ((2, 0, spec, (1000, 256), (256, 1)),))
+    for ptr in (0x10000, 0x20000, 0x10000):
+        params = executor._with_maps(launch, [ptr])
+        assert params[0] == ptr and params[1] == 1000
+        assert params[2].data[:8] == ptr.to_bytes(8, "little")
+    assert encoded == [0x10000, 0x20000]

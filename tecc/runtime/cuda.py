@@ -40,7 +40,7 @@ from ..ir.errors import DeviceError, LaunchError, ResourceError, TeccError
 from ..ir.expr import Var
 from . import arrays
 from .arrays import Argument
-from .host import HostProgram, KernelInfo, resolve_launch, temp_shape
+from .host import HostProgram, KernelInfo, bind_arguments, resolve_launch, temp_shape
 from .marshal import (DEFAULT_ALIGNMENT, ParamSlot, PlannedLaunch, alias_pairs, byte_span, check_aliasing,  # noqa: F401
                       check_device_arrays, plan_launches, prepare_arguments, scalar_argument, tensor_map_geometry)
 from .tensor_map import EncodedTensorMap, TensorMapSpec, encode_arguments, encode_tensor_map, launch_packed
@@ -151,6 +151,9 @@ class CachedLaunch:
     config: Any
     params: tuple[Any, ...]
     array_slots: tuple[tuple[int, int], ...]
+    # tensor-map parameters: (position, argument index, spec, shape, strides); encoded for each
+    # hit's pointer (tensor_map.py), from the executor's cache of encoded maps
+    map_slots: tuple[tuple[int, int, TensorMapSpec, tuple[int, ...], tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -476,12 +479,12 @@ class CudaExecutor:
         if self.debug_sync or type(self)._launch is not _PLAIN_LAUNCH:
             self.last_launches = []
             for launch in cached.launches:
-                self._launch(launch.info, launch.grid, launch.block, _with_pointers(launch, ptrs))
+                self._launch(launch.info, launch.grid, launch.block, self._with_maps(launch, ptrs))
             return True
         submit = self._submit
         for done, launch in enumerate(cached.launches):
             try:
-                submit(launch.kernel, launch.config, _with_pointers(launch, ptrs))
+                submit(launch.kernel, launch.config, self._with_maps(launch, ptrs))
             except Exception as exc:  # noqa: BLE001 - cuda.core raises CUDAError (driver) or ValueError
                 self.last_launches = list(cached.records[:done])
                 what = describe_launch(self.host.name, launch.info.name, launch.grid, launch.block,
@@ -489,6 +492,13 @@ class CudaExecutor:
                 raise LaunchError(f"{what} failed to launch: {exc}") from exc
         self.last_launches = list(cached.records)
         return True
+
+    def _with_maps(self, launch: CachedLaunch, ptrs: list[int]) -> list[Any]:
+        """`_with_pointers`, and the launch's tensor maps for this call's pointers."""
+        params = _with_pointers(launch, ptrs)
+        for pos, index, spec, shape, strides in launch.map_slots:
+            params[pos] = self._tensor_map(spec, ptrs[index], shape, strides)
+        return params
 
     def _wait_for_stream(self, producer: int) -> None:
         """Order this executor's stream after the work already queued on stream `producer`, as
@@ -561,8 +571,9 @@ class CudaExecutor:
         only when every key says what the full path read (`arrays.key_agrees`), so that a later
         call with the same keys passes the same checks."""
         keys, ptrs = found
-        if self._has_tensor_maps:
-            return  # a cached launch swaps pointers only; a tensor map holds its pointer too (not cached yet)
+        if self._has_tensor_maps and any(slot.kind == "tensor_map" and slot.index < 0
+                                         for planned, *_ in launched for slot in planned.slots):
+            return  # a tensor map of a temporary: its pointer is the allocator's, not a key's
         if not all(arrays.key_agrees(key, ptr, arg) for key, ptr, arg in zip(keys, ptrs, prepared)):
             return
         producer_streams: list[Callable[[int], int]] = []
@@ -572,6 +583,7 @@ class CudaExecutor:
                 producer_streams.append(current_stream)
         from cuda.core import LaunchConfig
 
+        env = bind_arguments(self.host, [arg.info for arg in prepared]) if self._has_tensor_maps else {}
         temp_slot = {}  # followed-stream temporaries: name -> its pointer's index after the arguments'
         if per_call_temps is not None:
             temp_slot = {name: self._arity + t for t, (name, _, _) in enumerate(per_call_temps[1])}
@@ -580,12 +592,14 @@ class CudaExecutor:
             slots = tuple((pos, slot.index) for pos, slot in enumerate(planned.slots) if slot.kind == "array")
             slots += tuple((pos, temp_slot[slot.name]) for pos, slot in enumerate(planned.slots)
                            if slot.kind == "temp" and slot.name in temp_slot)
+            maps = tuple((pos, slot.index, slot.map, *tensor_map_geometry(self.host, slot.name, env))
+                         for pos, slot in enumerate(planned.slots) if slot.kind == "tensor_map")
             template = list(params)
-            for pos, _ in slots:
+            for pos, *_ in slots + maps:
                 template[pos] = None
             config = LaunchConfig(grid=grid, block=block, shmem_size=planned.kernel.dynamic_smem)
             launches.append(CachedLaunch(planned.kernel, self.kernels[planned.kernel.name], grid, block, config,
-                                         tuple(template), slots))
+                                         tuple(template), slots, maps))
         cached = CachedCall(
             tuple(launches),
             needs=tuple(max(self.alignment, arg.info.dtype.bytes) for arg in prepared),
