@@ -10,7 +10,8 @@ as torch.matmul. Prints the table (shape, tecc TFLOP/s, cuBLAS TFLOP/s, ratio, p
 geometric mean of the ratios. `--sweep` also times every point of gemm_pipelined at 4096³
 (`--sweep-strategy gemm_wgmma --dtype float16`: every point of that strategy instead;
 `--load tma` or `--load cp.async` keeps only the points of that rung of gemm_wgmma, the ladder's
-rows; `--sweep-size 8192` sweeps at 8192³).
+rows; `--persistent` adds each TMA point as a persistent grid of one block per SM;
+`--sweep-size 8192` sweeps at 8192³).
 `--epilogue` times `D = relu(A·B + bias[j])` at 4096³ (fused into the matmul's kernel by the
 lowering) against the plain matmul and against cuBLAS + torch's relu(c + bias).
 `--split-sweep` times the split-K points of SPLIT_SWEEP at the four small shapes with the
@@ -279,6 +280,8 @@ def main() -> None:
     ap.add_argument("--load", default=None, choices=("cp.async", "tma"),
                     help="with --sweep-strategy gemm_wgmma: only the points of that rung (the load dimension)")
     ap.add_argument("--sweep-size", type=int, default=4096, help="the cube --sweep times (default 4096)")
+    ap.add_argument("--persistent", action="store_true",
+                    help="with --load tma: also time each point as a persistent grid of one block per SM")
     ap.add_argument("--out", default=None)
     ap.add_argument("--compare", action="store_true", help="also time gemm_pipelined where the planner chose another")
     ap.add_argument("--symbolic", action="store_true", help="check a symbolic-M build at M=1000 and M=4096")
@@ -352,9 +355,15 @@ def main() -> None:
         args = matmul_tensors(1, size, size, size)
         info = analyze_kernel(lower(args).kernels[0])
         from tecc.ir.target import from_device
-        for point in strat.space(info, from_device()):
+        device_target = from_device()
+        points = []
+        for point in strat.space(info, device_target):
             if opts.load is not None and point.get("load", "cp.async") != opts.load:
                 continue
+            points.append(point)
+            if opts.persistent and point.get("load") == "tma":
+                points.append({**point, "persistent": device_target.sm_count})
+        for point in points:
             sch = Schedule(args)
             strat.apply(sch, info, point)
             row = run_shape(1, size, size, size, plan=sch.plan, label=strat.describe(point))

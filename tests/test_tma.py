@@ -421,3 +421,57 @@ def test_a_cached_launch_encodes_the_maps_for_each_hits_pointers(monkeypatch: py
         assert params[0] == ptr and params[1] == 1000
         assert params[2].data[:8] == ptr.to_bytes(8, "little")
     assert encoded == [0x10000, 0x20000]
+
+
+# ---- rung 4: the persistent grid ---------------------------------------------------------------------
+
+def persistent_plan(block: tuple[int, int], stages: int, blocks: int) -> dict[str, Any]:
+    plan = tma_plan(block, stages)
+    plan["steps"][0]["args"]["persistent"] = blocks
+    return plan
+
+
+@pytest.mark.parametrize("m,n,k,batch,block,stages,blocks", [
+    (200, 300, 200, 0, (64, 64), 3, 5),       # 20 tiles over 5 blocks, the ring running on across tiles
+    (130, 140, 130, 3, (128, 64), 2, 4),      # batched: 18 tiles over 4 blocks
+    (70, 70, 64, 0, (64, 64), 4, 7),          # fewer tiles (4) than blocks: three blocks idle
+    (530, 72, 100, 0, (64, 64), 2, 3)])       # 9 row tiles: a full group of 8 and a group of 1
+def test_a_persistent_grid_matches_numpy(m: int, n: int, k: int, batch: int, block: tuple[int, int], stages: int,
+                                         blocks: int) -> None:
+    tensors, how = contraction(m, n, k, "bfloat16", batch=batch, a_t=batch > 0)
+    f, arrays = run(tensors, how, m, n, k, batch=batch, seed=m + blocks, plan=persistent_plan(block, stages, blocks))
+    check(arrays, how, f"persistent {m}x{n}x{k} batch {batch} over {blocks} blocks")
+    assert f.module.kernels[0].attr("tensorize").endswith(f"persistent over {blocks} blocks in groups of 8 row tiles)")
+
+
+def test_the_grouped_order_visits_every_tile_once() -> None:
+    """The tile order of 13 row tiles x 5 column tiles over 6 blocks, read back from the kernel's
+    let-bindings by evaluating them: a permutation of all tiles, groups of 8 row tiles."""
+    from tecc.ir.evaluate import evaluate_int
+    from tecc.ir.stmt import LetStmt
+
+    tensors, _ = contraction(13 * 64, 5 * 64, 64, "float16")
+    kernel = tensorize_wgmma(lower(tensors).kernels[0], "C", "wgmma", Tiling(64, 64, 4, 1, 64, 2),
+                             producer="tma", persistent=6)
+    lets = {}
+    for s in iter_stmts(kernel.body):
+        if isinstance(s, LetStmt) and s.var.name in ("block_row", "block_col"):
+            lets[s.var.name] = s
+    block_id = next(s.var for s in iter_stmts(kernel.body) if isinstance(s, For) and s.kind == "blockIdx.x")
+    tile_iter = next(s.var for s in iter_stmts(kernel.body) if isinstance(s, For) and s.var.name == "tile_iter")
+    seen = []
+    for tile in range(13 * 5):
+        env = {block_id: tile % 6, tile_iter: tile // 6}
+        seen.append((evaluate_int(lets["block_row"].value, env), evaluate_int(lets["block_col"].value, env)))
+    assert sorted(seen) == [(r, c) for r in range(13) for c in range(5)]
+    assert seen[:10] == [(r, 0) for r in range(8)] + [(0, 1), (1, 1)]   # the first group sweeps columns together
+
+
+@needs_nvrtc
+def test_the_persistent_4096_kernel_compiles_without_spills_or_serialization() -> None:
+    tensors, _ = contraction(tc.var("M"), 4096, 4096, "float16", out="float16")
+    f = tc.build(tensors, target="cuda", arch="sm_90", plan=persistent_plan((128, 256), 4, 132), sizes={"M": 4096})
+    (r,) = f.resources.values()
+    assert (r.spill_stores, r.spill_loads, r.stack_bytes, r.registers) == (0, 0, 0, 168), r
+    assert wgmma_serialized(f.compile_log) is None and "setmaxnreg' ignored" not in f.compile_log, f.compile_log
+    assert str(f.host.kernels[0].grid[0]) == "132"   # one block per SM, whatever M is

@@ -76,3 +76,16 @@ def test_tma_gemm_symbolic_m_through_a_saved_artifact(tmp_path: Any) -> None:
         bound = 257 * 2.0**-23 * (a.double().abs() @ b.double().abs()) + 2.0**-24 * exact.abs()
         err = (c.double() - exact).abs() - bound
         assert not torch.isnan(c).any() and (err <= 0).all(), (m, float(err.max()))
+
+
+def persistent_plan(block: tuple[int, int], stages: int, blocks: int) -> dict[str, Any]:
+    plan = tma_plan(block, stages)
+    plan["steps"][0]["args"]["persistent"] = blocks
+    return plan
+
+
+@pytest.mark.parametrize("m,n,k", [(1000, 1000, 1000), (4096, 4096, 4096)])
+def test_a_persistent_tma_gemm_on_gpu(m: int, n: int, k: int) -> None:
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    _run(m, n, k, "float16", out="float16", plan=persistent_plan((128, 256), 4, sms))
+    _run(m, n, k, "bfloat16", batch=2, plan=persistent_plan((128, 128), 4, sms))

@@ -445,7 +445,7 @@ class Schedule:
 
     def tensorize(self, stage: StageLike, intrinsic: str = "auto", block: Sequence[int] = (64, 64),
                   warps: Sequence[int] = (2, 2), k_tile: int = 32, stages: int = 2,
-                  producer: str = "threads") -> None:
+                  producer: str = "threads", persistent: int = 0) -> None:
         """Rebuild the kernel of the contraction `stage` (C[b.., i, j] = epilogue(Σ_k A·B) over
         float16/bfloat16 operands) as a tensor-core kernel: `block` = (BM, BN) outputs per block,
         `warps` = (rows, columns) of warps, each a (BM/rows) × (BN/columns) tile of
@@ -457,7 +457,8 @@ class Schedule:
         must be the first primitive applied to the stage's kernel (tecc/passes/schedule/tensorize.py).
         `producer` (wgmma only): "threads" (every thread issues cp.async into the ring) or "tma"
         (a producer warpgroup issues TMA tile copies into an mbarrier ring drained by the
-        consumer warpgroups: tensorize_wgmma_tma.py)."""
+        consumer warpgroups: tensorize_wgmma_tma.py); `persistent` > 0 (with "tma"): that many
+        blocks loop over the output tiles in a grouped (L2-friendly) order."""
         st = self._stage(stage)
         bm, bn = (int(x) for x in block)
         wm, wn = (int(x) for x in warps)
@@ -468,8 +469,10 @@ class Schedule:
             if not intrinsic.startswith("wgmma"):
                 raise ScheduleError(f"tensorize({st.name}): producer {producer!r} needs intrinsic='wgmma'")
             step.args["producer"] = producer
-            self._apply(st.kernel, step,
-                        lambda f: prim.tensorize_wgmma(f, st.name, intrinsic, tiling, producer=producer))
+            if persistent:
+                step.args["persistent"] = int(persistent)
+            self._apply(st.kernel, step, lambda f: prim.tensorize_wgmma(f, st.name, intrinsic, tiling,
+                                                                        producer=producer, persistent=int(persistent)))
             return
         self._apply(st.kernel, step, lambda f: prim.tensorize(f, st.name, intrinsic, tiling))
 

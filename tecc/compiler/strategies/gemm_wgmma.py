@@ -47,6 +47,11 @@ wgmma constants are assumed until this path is timed):
   WGMMA_SYNC_CYCLES), S - 1 tiles ahead (the refill does not wait for this iteration's wgmma),
   one more warpgroup per block (128 threads), and with two consumer warpgroups the registers of
   __launch_bounds__(384): 168 per thread at launch, the consumers raised to 232 by setmaxnreg.
+- a TMA point may carry "persistent": P (rung 4: P blocks loop over the output tiles in a
+  grouped order, tensorize_wgmma_tma.py step 5). The space does not enumerate it yet and the
+  workload prices it as one block per tile: it is reached by an explicit plan or
+  `benchmarks/gemm.py --sweep --sweep-strategy gemm_wgmma --load tma --persistent` until it is
+  timed.
 """
 
 from __future__ import annotations
@@ -261,6 +266,8 @@ class GemmWgmma(Strategy):
                  f"({ahead} ahead, {pending} wgmma group in flight)",
                  "A and B read by wgmma from 128B-swizzled shared tiles (no ldmatrix)",
                  f"{resident} block(s) per SM share the tensor pipe: idle {idle:.0%} of each k tile"]
+        if point.get("persistent"):
+            notes.append(f"persistent grid of {int(point['persistent'])} blocks (priced as one block per tile)")
         refusal = tma_refusal_for(info) if load == "cp.async" else None
         if refusal is not None:
             notes.append(f"the TMA rung is not offered: {refusal}")
@@ -277,16 +284,20 @@ class GemmWgmma(Strategy):
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
         bm = int(point["bm"])
-        producer = {"cp.async": {}, "tma": {"producer": "tma"}}[load_of(point)]
+        producer: dict[str, Any] = {"cp.async": {}, "tma": {"producer": "tma"}}[load_of(point)]
+        if point.get("persistent"):  # not in the space yet: a plan or a sweep may ask for it (module docstring)
+            producer["persistent"] = int(point["persistent"])
         sch.tensorize(info.stage, intrinsic="wgmma", block=(bm, int(point["bn"])), warps=(4 * (bm // 64), 1),
                       k_tile=K_TILE, stages=int(point["stages"]), **producer)
 
     def describe(self, point: Point) -> str:
         bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
         if load_of(point) == "tma":
+            persistent = (f", persistent grid of {int(point['persistent'])} blocks in grouped tile order"
+                          if point.get("persistent") else "")
             return (f"gemm_wgmma(wgmma.m64n{bn}k16 f32 accumulators, block {bm}x{bn}, {bm // 64} consumer "
-                    f"warpgroup(s) + 1 TMA producer warpgroup, k-tile {K_TILE}, {stages} TMA stages; rung: wgmma + TMA "
-                    "+ mbarrier ring, warp-specialized, 128B swizzle)")
+                    f"warpgroup(s) + 1 TMA producer warpgroup, k-tile {K_TILE}, {stages} TMA stages{persistent}; "
+                    "rung: wgmma + TMA + mbarrier ring, warp-specialized, 128B swizzle)")
         return (f"gemm_wgmma(wgmma.m64n{bn}k16 f32 accumulators, block {bm}x{bn}, {bm // 64} warpgroup(s), "
                 f"k-tile {K_TILE}, {stages} cp.async stages; rung: wgmma + cp.async ring, 128B swizzle)")
 

@@ -37,6 +37,13 @@ tensorize_wgmma.py (this emitter subclasses its emitter); the loads and the ring
                made visible to the async proxy (fence.proxy.async) before the one __syncthreads.
                The producer runs up to S tiles ahead of the slowest consumer warpgroup.
 4. epilogue    consumers: wgmma.wait_group 0, then tensorize_wgmma's epilogue.
+5. persistent  (optional, `persistent=P`) P blocks instead of one per output tile: block b
+               handles tiles b, b + P, b + 2P, ... in both roles, the ring's phases running on
+               across tiles (k tile kt of the block's i-th tile is ring entry i · k_tiles + kt),
+               so the producer loads the next tile's first stages while the consumers run this
+               tile's epilogue. Tiles are numbered in a grouped order: GROUP_M row tiles side by
+               side sweep the column tiles together (then the next group), so the blocks running
+               at one time share panels of A and B in L2.
 
 The emulator runs the threads in lockstep in program order; the producer's branch comes first
 in each iteration, so every wait is satisfied by what precedes it in program order, and a
@@ -47,6 +54,7 @@ from __future__ import annotations
 
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
+from ...ir.arith import binary
 from ...ir.expr import Const, Expr, Var, size_product
 from ...ir.intrinsics import WARPGROUP_SIZE, lookup
 from ...ir.stmt import (
@@ -62,6 +70,7 @@ from ...ir.stmt import (
     BufferStore,
     For,
     IfThenElse,
+    LetStmt,
     PrimFunc,
     SetMaxRegisters,
     Stmt,
@@ -76,6 +85,8 @@ from .tensorize import Contraction, Operand, Tiling, _ceil_div, _int, _shape
 from .tensorize_wgmma import K_TILE, _WarpgroupEmitter
 
 PRODUCER_REGISTERS = 40
+GROUP_M = 8            # row tiles per group of the persistent grid's tile order
+MAX_PERSISTENT = 2**31 - 1
 CONSUMER_REGISTERS = {2: 232}   # consumer warpgroups -> setmaxnreg.inc target (module docstring, step 1)
 
 
@@ -117,18 +128,23 @@ def _operand_refusal(c: Contraction, op: Operand) -> str | None:
 
 
 class _TmaEmitter(_WarpgroupEmitter):
-    def __init__(self, func: PrimFunc, c: Contraction, intrinsic: str, t: Tiling, release: bool) -> None:
+    def __init__(self, func: PrimFunc, c: Contraction, intrinsic: str, t: Tiling, release: bool,
+                 persistent: int = 0, group_m: int = GROUP_M) -> None:
         super().__init__(func, c, intrinsic, t, None)
         self.consumers = t.bm // 64
         self.release = release  # False only in tests: the deadlock the emulator must report
+        self.persistent, self.group_m = persistent, group_m
+        self.block_id, self.tile_iter = Var("block_id"), Var("tile_iter")
         self.full = Buffer("full_bar", dt.int64, _shape(t.stages), "shared")
         self.empty = Buffer("empty_bar", dt.int64, _shape(t.stages), "shared")
         self.maps = {op.role: self.tensor_map(op) for op in (c.a, c.b)}
 
     def summary(self) -> str:
         t = self.t
+        grid = (f", persistent over {self.persistent} blocks in groups of {self.group_m} row tiles"
+                if self.persistent else "")
         return (f"{self.row} block {t.bm}x{t.bn} consumer warpgroups {self.consumers} + TMA producer warpgroup "
-                f"k_tile {t.bk} stages {t.stages} (mbarrier ring, wgmma groups in flight 1)")
+                f"k_tile {t.bk} stages {t.stages} (mbarrier ring, wgmma groups in flight 1{grid})")
 
     # step 1: roles -------------------------------------------------------------------------------
     def kernel(self) -> PrimFunc:
@@ -138,6 +154,10 @@ class _TmaEmitter(_WarpgroupEmitter):
             body = Allocate(buf, body)
         threads = t.threads + WARPGROUP_SIZE
         body = For(self.tx, _int(0), _int(threads), "threadIdx.x", body)
+        if self.persistent:
+            body = For(self.block_id, _int(0), _int(self.persistent), "blockIdx.x", body)
+            return PrimFunc(self.func.name, self.func.params, body,
+                            self.func.attrs + (("tensorize", self.summary()),))
         body = For(self.bx, _int(0), _ceil_div(c.n, t.bn), "blockIdx.x", body)
         body = For(self.by, _int(0), _ceil_div(c.m, t.bm), "blockIdx.y", body)
         if c.batch:
@@ -177,6 +197,38 @@ class _TmaEmitter(_WarpgroupEmitter):
             copies.append(TensorCopy(dst, indices, self.maps[op.role], tuple(coords), bar))
         return copies
 
+    # step 3b: the persistent grid ------------------------------------------------------------------
+    def tiles(self) -> Expr:
+        c, t = self.c, self.t
+        total = _ceil_div(c.m, t.bm) * _ceil_div(c.n, t.bn)
+        return total * size_product([ext for _, ext in c.batch]) if c.batch else total
+
+    def for_each_tile(self, body: Stmt) -> Stmt:
+        """`body` once per output tile of this block (the persistent grid: tiles block_id,
+        block_id + P, ...), with block_row / block_col / block_batch bound to the tile in the
+        grouped order: GROUP_M row tiles side by side sweep the column tiles together, so the
+        blocks running at one time share A's row panels and B's column panels in L2."""
+        if not self.persistent:
+            return body
+        c, t = self.c, self.t
+        rows, cols = _ceil_div(c.m, t.bm), _ceil_div(c.n, t.bn)
+        tile = self.block_id + self.tile_iter * self.persistent
+        per_batch = rows * cols
+        local = tile % per_batch if c.batch else tile
+        group = self.group_m * cols
+        first_row = (local // group) * self.group_m
+        height = binary("min", rows - first_row, _int(self.group_m))
+        inner = local % group
+        bound = LetStmt(self.by, first_row + inner % height, LetStmt(self.bx, inner // height, body))
+        if c.batch:
+            bound = LetStmt(self.bz, tile // per_batch, bound)
+        count = (self.tiles() - self.block_id + (self.persistent - 1)) // self.persistent
+        return For(self.tile_iter, _int(0), count, "serial", bound)
+
+    def ring_index(self, kt: Expr) -> Expr:
+        """The ring's running k-tile count: k tiles of earlier tiles of this block, then kt."""
+        return self.tile_iter * self.k_tiles + kt if self.persistent else kt
+
     # step 3: the mbarrier ring -------------------------------------------------------------------
     def pipeline(self) -> Stmt:
         t = self.t
@@ -194,20 +246,22 @@ class _TmaEmitter(_WarpgroupEmitter):
             self.maps["B"].bytes * (1 if self.c.b.k_last else t.bn // 64)
 
         def produce(kt: Var) -> Stmt:
-            stage = kt % S
+            g = self.ring_index(kt)
+            stage = g % S
             full = BarrierRef(self.full, stage)
             return IfThenElse(thread == 0, seq(
-                BarrierWait(BarrierRef(self.empty, stage), (kt // S + 1) % 2),
+                BarrierWait(BarrierRef(self.empty, stage), (g // S + 1) % 2),
                 BarrierExpectTx(full, tile_bytes),
                 *self.tile_copies(self.c.a, stage, kt, full),
                 *self.tile_copies(self.c.b, stage, kt, full)))
 
         def consume(kt: Var) -> Stmt:
-            stage = kt % S
-            release = IfThenElse((kt > 0) & (self.lane == 0),
-                                 BarrierArrive(BarrierRef(self.empty, (kt + (S - 1)) % S)))
+            g = self.ring_index(kt)
+            stage = g % S
+            release = IfThenElse((g > 0) & (self.lane == 0),
+                                 BarrierArrive(BarrierRef(self.empty, (g + (S - 1)) % S)))
             return seq(
-                BarrierWait(BarrierRef(self.full, stage), (kt // S) % 2),
+                BarrierWait(BarrierRef(self.full, stage), (g // S) % 2),
                 WarpgroupFence(),
                 self.compute(stage),
                 WarpgroupCommit(),
@@ -216,24 +270,30 @@ class _TmaEmitter(_WarpgroupEmitter):
         load_tile = Var("load_tile")
         producer_role = seq(
             SetMaxRegisters(PRODUCER_REGISTERS, False) if self.consumers in CONSUMER_REGISTERS else None,
-            For(load_tile, _int(0), self.k_tiles, "serial", produce(load_tile)))
+            self.for_each_tile(For(load_tile, _int(0), self.k_tiles, "serial", produce(load_tile))))
         consumer_role = seq(
             SetMaxRegisters(CONSUMER_REGISTERS[self.consumers], True) if self.consumers in CONSUMER_REGISTERS else None,
-            zero,
-            For(self.kt, _int(0), self.k_tiles, "serial", consume(self.kt)),
-            WarpgroupWait(0, (self.frag_c,)),
-            self.epilogue())
+            self.for_each_tile(seq(
+                zero,
+                For(self.kt, _int(0), self.k_tiles, "serial", consume(self.kt)),
+                WarpgroupWait(0, (self.frag_c,)),
+                self.epilogue())))
         return seq(init, Barrier(), IfThenElse(producer, producer_role, consumer_role))
 
 
 def tensorize_wgmma_tma(func: PrimFunc, stage: str, c: Contraction, intrinsic: str, tiling: Tiling,
-                        release: bool = True) -> PrimFunc:
-    """The warp-specialized TMA kernel (module docstring); the caller checked the tiling."""
+                        release: bool = True, persistent: int = 0, group_m: int = GROUP_M) -> PrimFunc:
+    """The warp-specialized TMA kernel (module docstring); the caller checked the tiling.
+    `persistent` > 0: that many blocks loop over the output tiles in the grouped order of
+    `group_m` row tiles (step 5)."""
     reason = tma_refusal(c, tiling)
     if reason is not None:
         raise ScheduleError(f"tensorize({stage}, wgmma, producer='tma'): {reason}; "
                             "use producer='threads' (cp.async by every thread)")
-    return _TmaEmitter(func, c, intrinsic, tiling, release).kernel()
+    if persistent < 0 or persistent > MAX_PERSISTENT or group_m < 1:
+        raise ScheduleError(f"tensorize({stage}, wgmma, producer='tma'): persistent must be 0 (one block per tile) "
+                            f"or 1..{MAX_PERSISTENT} blocks and group_m positive, got {persistent} and {group_m}")
+    return _TmaEmitter(func, c, intrinsic, tiling, release, persistent, group_m).kernel()
 
 
 __all__ = ["tensorize_wgmma_tma", "tma_refusal"]
