@@ -156,7 +156,7 @@ def test_the_emulated_tma_copy_is_the_box_with_zero_fill(dtype: dt.DType, box: t
     np.testing.assert_array_equal(out.reshape(box).astype(np.float64), want.astype(np.float64))
 
 
-def test_announcing_fewer_bytes_than_the_box_is_a_deadlock_or_an_error() -> None:
+def test_announcing_fewer_bytes_than_the_box_is_a_deadlock() -> None:
     """expect_tx must announce the box's full size (out-of-bounds elements included): here the
     copy's bytes drive the transaction count below zero and the phase never completes."""
     func, _ = _tma_kernel(dt.float16, (64, 64), "128B", (-3, 50), 40)
@@ -167,7 +167,7 @@ def test_announcing_fewer_bytes_than_the_box_is_a_deadlock_or_an_error() -> None
             return BarrierExpectTx(s.bar, 4096)
     func = func.with_body(Fewer().visit(body))
     a = np.zeros((40, 100), np.float16)
-    with pytest.raises((DeadlockError, tc.TeccError)):
+    with pytest.raises(DeadlockError, match="transaction bytes"):
         simulate_kernel(func, {"A": a, "out": np.zeros(4096, np.float16), "D0": 40, "D1": 100}, (1, 1, 1), (128, 1, 1))
 
 

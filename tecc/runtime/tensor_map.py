@@ -136,7 +136,7 @@ class EncodedTensorMap:
 
 def encode_tensor_map(args: EncodeArguments, where: str = "tensor map") -> EncodedTensorMap:
     """cuTensorMapEncodeTiled through cuda.bindings (needs the CUDA driver, i.e. a GPU)."""
-    from cuda.bindings import driver
+    from cuda.bindings import driver  # type: ignore[import-untyped]
 
     err, tmap = driver.cuTensorMapEncodeTiled(
         driver.CUtensorMapDataType(args.data_type), args.rank, args.address,
@@ -200,7 +200,7 @@ class PackedParameters:
 
     def parameter_bytes(self, i: int) -> bytes:
         """The bytes parameter `i` passes (what the kernel reads)."""
-        return ctypes.string_at(self.pointers[i], self.sizes[i])
+        return ctypes.string_at(int(self.pointers[i] or 0), self.sizes[i])
 
 
 def launch_packed(stream_handle: int, kernel_handle: Any, grid: Sequence[int], block: Sequence[int], shmem: int,

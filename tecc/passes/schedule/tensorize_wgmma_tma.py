@@ -183,7 +183,7 @@ class _TmaEmitter(_WarpgroupEmitter):
         outer = t.bm if op.role == "A" else t.bn
         dst = self.shared[op.role]
         zero = _int(0)
-        copies = []
+        copies: list[Stmt] = []
         for block in range(1 if op.k_last else outer // 64):
             coords = []
             for ix in op.load.indices:
@@ -192,6 +192,7 @@ class _TmaEmitter(_WarpgroupEmitter):
                 elif ix in (c.i, c.j):
                     coords.append(outer0 + 64 * block)
                 else:
+                    assert isinstance(ix, Var)  # tma_refusal: every index is a plain loop variable
                     coords.append(self.batch_index[ix.name])
             indices = (stage, zero, zero) if op.k_last else (stage, _int(block), zero, zero)
             copies.append(TensorCopy(dst, indices, self.maps[op.role], tuple(coords), bar))
@@ -237,8 +238,8 @@ class _TmaEmitter(_WarpgroupEmitter):
         producer = self.warpgroup == self.consumers
         warps = 4 * self.consumers
         init = IfThenElse(self.tx == 0, seq(
-            *[BarrierInit(BarrierRef(self.full, Const(s, dt.int32)), 1) for s in range(S)],
-            *[BarrierInit(BarrierRef(self.empty, Const(s, dt.int32)), warps) for s in range(S)],
+            *[BarrierInit(BarrierRef(self.full, Const(s, dt.int32)), _int(1)) for s in range(S)],
+            *[BarrierInit(BarrierRef(self.empty, Const(s, dt.int32)), _int(warps)) for s in range(S)],
             AsyncProxyFence()))   # the initialized barriers, visible to the TMA unit (async proxy)
         elements = lookup(self.row).operand("d").elements
         zero = self.unrolled("zero", elements, lambda z: BufferStore(self.frag_c, (z,), Const(0.0, dt.float32)))
@@ -251,7 +252,7 @@ class _TmaEmitter(_WarpgroupEmitter):
             full = BarrierRef(self.full, stage)
             return IfThenElse(thread == 0, seq(
                 BarrierWait(BarrierRef(self.empty, stage), (g // S + 1) % 2),
-                BarrierExpectTx(full, tile_bytes),
+                BarrierExpectTx(full, _int(tile_bytes)),
                 *self.tile_copies(self.c.a, stage, kt, full),
                 *self.tile_copies(self.c.b, stage, kt, full)))
 
