@@ -475,3 +475,30 @@ def test_the_persistent_4096_kernel_compiles_without_spills_or_serialization() -
     assert (r.spill_stores, r.spill_loads, r.stack_bytes, r.registers) == (0, 0, 0, 168), r
     assert wgmma_serialized(f.compile_log) is None and "setmaxnreg' ignored" not in f.compile_log, f.compile_log
     assert str(f.host.kernels[0].grid[0]) == "132"   # one block per SM, whatever M is
+
+
+def test_a_repeated_tensor_map_launch_reuses_its_packed_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuLaunchKernel's packed block is kept per (configuration, stream, parameters): the same
+    pointers and encoded maps relaunch the block packed before; a new pointer packs anew."""
+    import types
+
+    from tecc.runtime import cuda as rt_cuda
+    from tecc.runtime.tensor_map import EncodedTensorMap
+
+    made: list[tuple[Any, ...]] = []
+    runs: list[int] = []
+
+    def prepare(stream, handle, grid, block, shmem, params):  # noqa: ANN001, ANN202
+        made.append(tuple(params))
+        return lambda: runs.append(len(made))
+
+    monkeypatch.setattr(rt_cuda, "prepare_packed", prepare)
+    executor = types.SimpleNamespace(_stream_ptr=7, stream=types.SimpleNamespace(handle=7), _packed_launches={})
+    config = types.SimpleNamespace(grid=(2, 1, 1), block=(384, 1, 1), shmem_size=1024)
+    kernel = types.SimpleNamespace(handle=1)
+    tmap = EncodedTensorMap(bytes(128))
+    for _ in range(3):
+        rt_cuda.CudaExecutor._submit(executor, kernel, config, [0x1000, tmap, 4096])  # type: ignore[arg-type]
+    assert len(made) == 1 and runs == [1, 1, 1]
+    rt_cuda.CudaExecutor._submit(executor, kernel, config, [0x2000, tmap, 4096])  # type: ignore[arg-type]
+    assert len(made) == 2 and runs[-1] == 2

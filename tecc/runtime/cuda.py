@@ -43,10 +43,11 @@ from .arrays import Argument
 from .host import HostProgram, KernelInfo, bind_arguments, resolve_launch, temp_shape
 from .marshal import (DEFAULT_ALIGNMENT, ParamSlot, PlannedLaunch, alias_pairs, byte_span, check_aliasing,  # noqa: F401
                       check_device_arrays, plan_launches, prepare_arguments, scalar_argument, tensor_map_geometry)
-from .tensor_map import EncodedTensorMap, TensorMapSpec, encode_arguments, encode_tensor_map, launch_packed
+from .tensor_map import EncodedTensorMap, TensorMapSpec, encode_arguments, encode_tensor_map, prepare_packed
 
 # Encoded tensor maps an executor keeps (a map per array pointer and shape; cleared when full).
 TENSOR_MAP_CACHE = 256
+PACKED_LAUNCHES = 256  # packed parameter blocks of tensor-map launches kept per executor
 
 # Dynamic shared memory a kernel may use per block without opting in: 48 KiB on every
 # architecture since Volta (CUDA C++ Programming Guide, "Shared Memory"); a kernel that needs
@@ -269,6 +270,7 @@ class CudaExecutor:
         self._order_lock = threading.Lock()  # a record and its wait, not interleaved between threads
         # encoded tensor maps by (spec, pointer, shape, strides) (tensor_map.py)
         self._tensor_maps: dict[tuple[Any, ...], EncodedTensorMap] = {}
+        self._packed_launches: dict[tuple[Any, ...], tuple[Any, Callable[[], None]]] = {}
         self._has_tensor_maps = any(k.tensor_maps for k in self.host.kernels)
 
     def __repr__(self) -> str:
@@ -754,9 +756,19 @@ class CudaExecutor:
 
             _cuda_core_launch = launch
         if any(isinstance(p, EncodedTensorMap) for p in params):
-            # cuda.core's launch takes no raw by-value structure: the driver's cuLaunchKernel does
-            launch_packed(int(self.stream.handle), kernel.handle, _dims(config.grid), _dims(config.block),
-                          int(config.shmem_size or 0), params)
+            # cuda.core's launch takes no raw by-value structure: the driver's cuLaunchKernel does.
+            # The packed parameter block is kept per (launch configuration, stream, parameters):
+            # a repeated call with the same pointers (its maps are the same encoded objects)
+            # relaunches the bytes packed before (the driver copies them at each launch).
+            key = (id(config), self._stream_ptr, tuple(params))
+            packed = self._packed_launches.get(key)
+            if packed is None or packed[0] is not config:
+                prepared = prepare_packed(int(self.stream.handle), kernel.handle, _dims(config.grid),
+                                          _dims(config.block), int(config.shmem_size or 0), params)
+                if len(self._packed_launches) >= PACKED_LAUNCHES:
+                    self._packed_launches.clear()
+                packed = self._packed_launches[key] = (config, prepared)
+            packed[1]()
             return
         _cuda_core_launch(self.stream, config, kernel, *params)
 

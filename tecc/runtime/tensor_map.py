@@ -18,7 +18,7 @@ compiler).
 - `pack_parameters(params)`: the `void*[]` kernelParams array of a launch whose parameters are
   pointers (int), NumPy scalars and encoded maps (`EncodedTensorMap`); cuda.core's `launch`
   takes no raw structure by value (it accepts its own TensorMapDescriptor only), so these
-  launches go through cuLaunchKernel (`launch_packed`). Pure up to the addresses; the CPU tests
+  launches go through cuLaunchKernel (`prepare_packed`: a packed launch kept and repeated per configuration, stream and parameters). Pure up to the addresses; the CPU tests
   read the packed bytes back.
 """
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -203,16 +203,29 @@ class PackedParameters:
         return ctypes.string_at(int(self.pointers[i] or 0), self.sizes[i])
 
 
-def launch_packed(stream_handle: int, kernel_handle: Any, grid: Sequence[int], block: Sequence[int], shmem: int,
-                  params: Sequence[Any]) -> None:
-    """cuLaunchKernel with `params` packed by value (tensor maps included). A cuda.core kernel's
-    handle is a CUkernel; the driver launches it as a CUfunction (CUDA 12: a context-less
-    kernel cast to CUfunction)."""
+def prepare_packed(stream_handle: int, kernel_handle: Any, grid: Sequence[int], block: Sequence[int], shmem: int,
+                   params: Sequence[Any]) -> Callable[[], None]:
+    """A launch with `params` packed by value (tensor maps included), ready to repeat:
+    calling it runs cuLaunchKernel on the packed block (kept alive by the closure). A cuda.core
+    kernel's handle is a CUkernel; the driver launches it as a CUfunction (CUDA 12: a
+    context-less kernel cast to CUfunction)."""
     from cuda.bindings import driver
 
     packed = PackedParameters(params)
     handle = kernel_handle if isinstance(kernel_handle, driver.CUfunction) else driver.CUfunction(int(kernel_handle))
-    (err,) = driver.cuLaunchKernel(handle, *(int(g) for g in grid), *(int(b) for b in block), int(shmem),
-                                   driver.CUstream(int(stream_handle)), packed.address, 0)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise LaunchError(f"cuLaunchKernel failed: {err.name}")
+    dims = tuple(int(g) for g in grid) + tuple(int(b) for b in block)
+    stream = driver.CUstream(int(stream_handle))
+    address, smem, launch, ok = packed.address, int(shmem), driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS
+
+    def run() -> None:
+        (err,) = launch(handle, *dims, smem, stream, address, 0)
+        if err != ok:
+            raise LaunchError(f"cuLaunchKernel failed: {err.name}")
+    run.packed = packed  # type: ignore[attr-defined]  # the bytes live as long as the launch
+    return run
+
+
+def launch_packed(stream_handle: int, kernel_handle: Any, grid: Sequence[int], block: Sequence[int], shmem: int,
+                  params: Sequence[Any]) -> None:
+    """cuLaunchKernel with `params` packed by value (tensor maps included), once."""
+    prepare_packed(stream_handle, kernel_handle, grid, block, shmem, params)()
