@@ -109,7 +109,12 @@ from ...ir.visitor import ExprMutator
 from .implicit_gemm import Contraction, Operand, match_contraction, unflatten
 
 INTRINSICS = {"float16": "mma.m16n8k16.f32.f16", "bfloat16": "mma.m16n8k16.f32.bf16"}
+# float32 operands run on tensor cores only rounded to tf32, which a plan must name: "auto" never
+# picks it (docs/tensor-cores.md, "TF32"); the planner does when the build has allow_tf32=True.
+TF32 = "mma.m16n8k8.f32.tf32"
+OPERAND_DTYPES = {**{row: dtype for dtype, row in INTRINSICS.items()}, TF32: "float32"}
 CHUNK = 8  # halves per 16-byte cp.async copy and per ldmatrix row
+COPY_BYTES = 16
 
 
 # ---- the kernel ---------------------------------------------------------------------------------
@@ -136,8 +141,10 @@ class Tiling:
         return self.bn // self.warps_n // 8
 
 
-def check_tiling(stage: str, t: Tiling) -> None:
+def check_tiling(stage: str, t: Tiling, element_bytes: int = 2) -> None:
+    """Refuse a tiling the emitter cannot build for operands of `element_bytes`."""
     where = f"tensorize({stage})"
+    chunk = COPY_BYTES // element_bytes
     if t.stages < 2 or t.stages > 8:
         raise ScheduleError(f"{where}: stages must be 2..8 (cp.async.wait_group takes 0..7), got {t.stages}")
     if t.bk % 16 or t.bk < 16:
@@ -148,7 +155,7 @@ def check_tiling(stage: str, t: Tiling) -> None:
         raise ScheduleError(f"{where}: block {t.bm}x{t.bn} over warps {t.warps_m}x{t.warps_n} must give warp tiles "
                             "that are multiples of 16 x 16 (ldmatrix.x4 loads two 16x8 B tiles)")
     for rows, width in ((t.bm, t.bk), (t.bk, t.bm), (t.bk, t.bn), (t.bn, t.bk)):
-        if (rows * width) % (CHUNK * t.threads) or width % CHUNK or _power_of_two(width) is None:
+        if (rows * width) % (chunk * t.threads) or width % chunk or _power_of_two(width) is None:
             raise ScheduleError(f"{where}: a {rows}x{width} tile is not a whole number of 16-byte copies per thread "
                                 f"for {t.threads} threads (block dimensions and k_tile powers of two >= 16)")
 
@@ -169,6 +176,29 @@ def row_swizzle(width: int) -> Swizzle:
     return Swizzle(bits, 3, max(3, w - 3))
 
 
+def tf32_swizzle(width: int, k_last: bool) -> Swizzle:
+    """The XOR swizzle of a float32 tile with rows of `width` floats for the tf32 fragment loads
+    (32-bit shared loads, one element per lane, step 4 of the module docstring).
+
+    k-contiguous ([outer][k], k_last): the 32 lanes of an A or B fragment load read 8 rows (g =
+    lane // 4) at 4 consecutive floats (t = lane % 4) of one 16-byte chunk; the chunk index (base
+    2: 4 floats) XORed with row % 8 puts the 8 rows in 8 different chunks of the 32 banks. Rows
+    of 16 floats (64 B) pair up in a 128-byte line, so there the 2 chunk bits are XORed with
+    (row // 2) % 4 (bank = 16·(row % 2) + 4·chunk + t: 32 banks), as row_swizzle does for halves.
+
+    outer-contiguous ([k][outer]): the lanes read 4 rows (k = t) at 8 consecutive floats (g) of
+    one 8-aligned 32-byte group; the group index (base 3) XORed with row % 4 (2 bits) puts the 4
+    rows in 4 different 8-bank groups. Rows must be at least 32 floats (the XOR source lies
+    above the group bits). Both keep 16-byte chunks whole for the cp.async copies."""
+    w = _power_of_two(width)
+    assert w is not None
+    if k_last:
+        assert w >= 3
+        return Swizzle(min(3, w - 2), 2, max(3, w - 2))
+    assert w >= 5
+    return Swizzle(2, 3, w - 3)
+
+
 def tensorize(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) -> PrimFunc:
     """`func` (the lowered kernel of `stage`) as a tensor-core kernel (module docstring).
     `intrinsic` "auto" or an mma.m16n8k16 row: mma.sync; "wgmma" or a wgmma row: the Hopper
@@ -178,8 +208,20 @@ def tensorize(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) -> Pri
         from .tensorize_wgmma import tensorize_wgmma
         return tensorize_wgmma(func, stage, intrinsic, tiling)
     c = match_contraction(func, stage)
-    check_tiling(stage, tiling)
     dtype = c.a.buffer.dtype.name
+    check_tiling(stage, tiling, c.a.buffer.dtype.bytes)
+    if dtype == "float32":
+        if intrinsic != TF32:
+            raise ScheduleError(
+                f"tensorize({stage}): float32 operands run on tensor cores only rounded to tf32 (10 mantissa bits), "
+                f"which a plan must ask for by name: intrinsic={TF32!r} (got {intrinsic!r}); plan='auto' does so "
+                "only with build(..., allow_tf32=True)")
+        for op in (c.a, c.b):
+            outer = tiling.bm if op.role == "A" else tiling.bn
+            if not op.k_last and outer < 32:
+                raise ScheduleError(f"tensorize({stage}): a float32 {op.role} tile stored k-major needs at least 32 "
+                                    f"{'rows' if op.role == 'A' else 'columns'} per block (tf32_swizzle), got {outer}")
+        return _Emitter(func, c, intrinsic, tiling).kernel()
     want = INTRINSICS.get(dtype)
     if intrinsic == "auto":
         intrinsic = want or ""
@@ -246,9 +288,11 @@ class _Emitter:
         are `frag_c`, laid out by `c_map`."""
         t, intrinsic = self.t, self.row
         frag = lookup(intrinsic)
-        self.frag_a = Buffer("a_frag", frag.operand("a").dtype, _shape(8 * t.tm), "fragment",
+        # elements per lane of one A (16 x k) and one B (k x 8) tile: 8 and 4 halves, 4 and 2 floats
+        self.a_elements, self.b_elements = frag.operand("a").elements, frag.operand("b").elements
+        self.frag_a = Buffer("a_frag", frag.operand("a").dtype, _shape(self.a_elements * t.tm), "fragment",
                              fragment=(intrinsic, "a"))
-        self.frag_b = Buffer("b_frag", frag.operand("b").dtype, _shape(4 * t.tn), "fragment",
+        self.frag_b = Buffer("b_frag", frag.operand("b").dtype, _shape(self.b_elements * t.tn), "fragment",
                              fragment=(intrinsic, "b"))
         self.frag_c = Buffer("acc", dt.float32, _shape(4 * t.tm * t.tn), "fragment",
                              fragment=(intrinsic, "c"))
@@ -288,8 +332,9 @@ class _Emitter:
 
     def shared_buffer(self, op: Operand) -> Buffer:
         rows, width = self.tile_shape(op)
+        layout = tf32_swizzle(width, op.k_last) if self.row == TF32 else row_swizzle(width)
         return Buffer(f"{op.buffer.name}_shared", op.buffer.dtype, _shape(self.t.stages, rows, width), "shared",
-                      tensor=f"{op.buffer.tensor}.shared", layout=row_swizzle(width))
+                      tensor=f"{op.buffer.tensor}.shared", layout=layout)
 
     def shared_index(self, op: Operand, stage: Expr, r: Expr, col: Expr) -> tuple[Expr, ...]:
         """The shared-buffer indices of element (r, col) of the operand's tile (its global
@@ -391,6 +436,8 @@ class _Emitter:
 
     # steps 4 and 5: fragment loads and mma ------------------------------------------------------------
     def compute(self, stage: Expr) -> Stmt:
+        if self.row == TF32:
+            return self.compute_elementwise(stage)
         t, c = self.t, self.c
         wm, wn = t.bm // t.warps_m, t.bn // t.warps_n
         r, j = self.lane % 8, self.lane // 8   # lane supplies row r of matrix j of an x4
@@ -427,6 +474,57 @@ class _Emitter:
                        self.unrolled("mma_m", t.tm, mma))
         return self.unrolled("k_step", t.bk // 16, k_step)
 
+    def compute_elementwise(self, stage: Expr) -> Stmt:
+        """Steps 4-5 for an intrinsic whose fragments are loaded element by element: each lane
+        reads its fragment elements from the swizzled shared tiles with 32-bit loads, at the
+        (row, col) of the intrinsic's own layout maps (A: 16 x k, B: k x 8), in either tile
+        orientation (tf32_swizzle makes both conflict-free); the mma converts them to tf32
+        (`cvt.rna.tf32.f32`, the row's operand conversion) as it reads them.
+
+        Why not ldmatrix: it moves 16-bit pairs, so on a k-contiguous float32 tile an x4 would give
+        each lane exactly its m16n8k8 A element (g, t) (one float = one b16 pair), but it would
+        need fragment buffers of float32 viewed as b16 in the table, codegen and the emulator; a
+        conflict-free 32-bit load moves the same 128 bytes per wavefront, so the shared pipe does
+        the same work and only the issued load count grows (per k8 step 4 loads per A tile and 2
+        per B tile; docs/tensor-cores.md, "TF32")."""
+        t, c = self.t, self.c
+        wm, wn = t.bm // t.warps_m, t.bn // t.warps_n
+        row = lookup(self.row)
+        kdim = row.shape[2]
+        a_map, b_map = row.operand("a").layout, row.operand("b").layout
+
+        def k_step(kk: Var) -> Stmt:
+            k0 = kk * kdim
+
+            def load_a(mi: Var) -> Stmt:
+                m0 = self.warp_m * wm + mi * 16
+                loads = []
+                for e in range(self.a_elements):
+                    r, col = a_map(self.lane, e)
+                    at = (stage, m0 + r, k0 + col) if c.a.k_last else (stage, k0 + col, m0 + r)
+                    loads.append(BufferStore(self.frag_a, (mi * self.a_elements + e,), self.shared["A"][at]))
+                return seq(*loads)
+
+            def load_b(ni: Var) -> Stmt:
+                n0 = self.warp_n * wn + ni * 8
+                loads = []
+                for e in range(self.b_elements):
+                    kr, col = b_map(self.lane, e)
+                    at = (stage, n0 + col, k0 + kr) if c.b.k_last else (stage, k0 + kr, n0 + col)
+                    loads.append(BufferStore(self.frag_b, (ni * self.b_elements + e,), self.shared["B"][at]))
+                return seq(*loads)
+
+            def mma(mi: Var) -> Stmt:
+                def one(ni: Var) -> Stmt:
+                    acc = FragmentRef(self.frag_c, (mi * t.tn + ni) * 4)
+                    return MatrixMultiply(self.row, acc, FragmentRef(self.frag_a, self.a_elements * mi),
+                                          FragmentRef(self.frag_b, self.b_elements * ni), acc)
+                return self.unrolled("mma_n", t.tn, one)
+
+            return seq(self.unrolled("frag_m", t.tm, load_a), self.unrolled("frag_n", t.tn, load_b),
+                       self.unrolled("mma_m", t.tm, mma))
+        return self.unrolled("k_step", t.bk // kdim, k_step)
+
     # step 6: the epilogue ---------------------------------------------------------------------------
     def epilogue(self) -> Stmt:
         t = self.t
@@ -457,4 +555,5 @@ class _Emitter:
         return IfThenElse((row < c.m) & (column < c.n), BufferStore(store.buffer, indices, value))
 
 
-__all__ = ["Contraction", "Operand", "Tiling", "check_tiling", "match_contraction", "row_swizzle", "tensorize"]
+__all__ = ["TF32", "Contraction", "Operand", "Tiling", "check_tiling", "match_contraction", "row_swizzle",
+           "tensorize", "tf32_swizzle"]
