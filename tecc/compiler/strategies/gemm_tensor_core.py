@@ -173,9 +173,11 @@ HALF = Precision(2, 16, "float16", "auto", BKS, True)
 TF32 = Precision(4, 8, "tf32", "mma.m16n8k8.f32.tf32", (16, 32), False)
 
 
-def tile_registers(bm: int, bn: int, wm: int, wn: int, bk: int, sizes: tuple[int, int] = (8, 8)) -> dict[str, int]:
-    """Registers per thread; `sizes`: halves per cp.async copy of A and B (0: the operand's
-    elements are loaded through registers, two registers each)."""
+def tile_registers(bm: int, bn: int, wm: int, wn: int, bk: int, sizes: tuple[int, int] = (8, 8),
+                   tf32: bool = False) -> dict[str, int]:
+    """Registers per thread; `sizes`: elements per cp.async copy of A and B (0: the operand's
+    elements are loaded through registers, two registers each); `tf32`: float32 tiles read by
+    32-bit fragment loads (k steps of 8)."""
     tm, tn = bm // wm // 16, bn // wn // 8
     threads = 32 * wm * wn
     copies = staged = 0
@@ -193,6 +195,13 @@ def tile_registers(bm: int, bn: int, wm: int, wn: int, bk: int, sizes: tuple[int
     if staged:
         # the element and its guarded address: ptxas used 1.3-1.5 per element on the odd-K points
         parts["staged elements"] = 2 * staged
+    if tf32:
+        # the 32-bit fragment loads' swizzled addresses, invariant in the k loop: the XOR changes
+        # with each k8 step and 16-byte chunk (k-contiguous tiles) or 32-byte group (k-major ones).
+        # About one per A tile and per two B tiles per k8 step keeps the estimate at or above
+        # ptxas's count on 16 of 18 points (9 tilings x 2 operand layouts at 4096^3, sm_90; at
+        # most 5 below), and the points ptxas spilled are over 255 or left to the compile check
+        parts["tf32 fragment addresses"] = (bk // 8) * (tm + tn // 2)
     return parts
 
 
@@ -340,7 +349,7 @@ class GemmTensorCore(Strategy):
                         + warps * tm * tn * 4 * (4 + info.epilogue_flops))
         # float16 and bfloat16 have the same dense peak on every target in the table
         rate = target.tensor_flops.get(p.rate_key, 0.0) * MMA_SYNC_FRACTION.get(target.sm, 0.6)
-        registers = tile_registers(bm, bn, wm, wn, bk, sizes)
+        registers = tile_registers(bm, bn, wm, wn, bk, sizes, tf32=not p.ldmatrix)
         chain, resident, idle = sm_chain(target, rate, point, blocks, k_tiles, sum(registers.values()), p)
         notes = [f"{self.mma_name} {tm}x{tn} tiles per warp, {stages}-stage cp.async ring of {bk}-wide k tiles",
                  self.fragment_note,

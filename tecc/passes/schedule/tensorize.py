@@ -81,7 +81,7 @@ this file would then keep the matching, the fragment loads, the mma and the epil
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
@@ -332,13 +332,29 @@ class _Emitter:
 
     def shared_buffer(self, op: Operand) -> Buffer:
         rows, width = self.tile_shape(op)
-        layout = tf32_swizzle(width, op.k_last) if self.row == TF32 else row_swizzle(width)
-        return Buffer(f"{op.buffer.name}_shared", op.buffer.dtype, _shape(self.t.stages, rows, width), "shared",
+        if self.row == TF32:
+            # [S][rows / P][P][width], P rows per swizzle period: the stride of the second axis is
+            # a whole period, so codegen keeps a row block's offset outside the XOR (like the
+            # stage's) and the fragment loads' swizzled addresses are invariant in the k loop
+            layout = tf32_swizzle(width, op.k_last)
+            per = layout.period // width
+            shape = _shape(self.t.stages, rows // per, per, width)
+        else:
+            layout, shape = row_swizzle(width), _shape(self.t.stages, rows, width)
+        return Buffer(f"{op.buffer.name}_shared", op.buffer.dtype, shape, "shared",
                       tensor=f"{op.buffer.tensor}.shared", layout=layout)
+
+    def period_rows(self, op: Operand) -> int | None:
+        """P of a [S][rows / P][P][width] tile (tf32), None for [S][rows][width]."""
+        buf = self.shared[op.role]
+        return const_int(buf.shape[2]) if len(buf.shape) == 4 else None
 
     def shared_index(self, op: Operand, stage: Expr, r: Expr, col: Expr) -> tuple[Expr, ...]:
         """The shared-buffer indices of element (r, col) of the operand's tile (its global
         orientation) in ring stage `stage`."""
+        per = self.period_rows(op)
+        if per is not None:
+            return stage, r // per, r % per, col
         return stage, r, col
 
     def asynchronous(self, op: Operand) -> bool:
@@ -491,28 +507,46 @@ class _Emitter:
         wm, wn = t.bm // t.warps_m, t.bn // t.warps_n
         row = lookup(self.row)
         kdim = row.shape[2]
-        a_map, b_map = row.operand("a").layout, row.operand("b").layout
+
+        def element(op: Operand, e: int, warp: Expr, warp_size: int, step: Var, step_size: int, kk: Var) -> Expr:
+            """Fragment element e of the operand from its shared tile: the map's (outer, k) is
+            the warp's base warp·warp_size + step·step_size (outer) and kk·kdim (k) plus the
+            map's lane-independent part plus the lane's part. The tile's row splits into its
+            period block (whole periods: outside the XOR) and the lane's row inside the block,
+            which needs the bases to be multiples of P and the lane's part below P (checked on the
+            map for every lane), so no division is emitted."""
+            role = op.role.lower()
+            layout = row.operand(role).layout
+            per = self.period_rows(op)
+            assert per is not None and warp_size % per == 0 and step_size % per == 0 and kdim % per == 0
+
+            def outer_k(lane: Any, el: Any) -> tuple[Any, Any]:
+                at = layout(lane, el)
+                return (at[0], at[1]) if role == "a" else (at[1], at[0])
+            base_outer, base_k = outer_k(0, e)
+            row_of = 0 if op.k_last else 1   # which of (outer, k) is the tile's row
+            for lane in range(32):           # separable, the lane's row part inside one block
+                whole, part = outer_k(lane, e), outer_k(lane, 0)
+                assert whole == (part[0] + base_outer, part[1] + base_k) and 0 <= part[row_of] < per
+            lane_outer, lane_k = outer_k(self.lane, 0)
+            if op.k_last:
+                assert base_outer % per == 0
+                block = warp * (warp_size // per) + step * (step_size // per) + base_outer // per
+                return self.shared[op.role][stage, block, lane_outer, kk * kdim + base_k + lane_k]
+            assert base_k % per == 0
+            block = kk * (kdim // per) + base_k // per
+            return self.shared[op.role][stage, block, lane_k, warp * warp_size + step * step_size + base_outer + lane_outer]
 
         def k_step(kk: Var) -> Stmt:
-            k0 = kk * kdim
-
             def load_a(mi: Var) -> Stmt:
-                m0 = self.warp_m * wm + mi * 16
-                loads = []
-                for e in range(self.a_elements):
-                    r, col = a_map(self.lane, e)
-                    at = (stage, m0 + r, k0 + col) if c.a.k_last else (stage, k0 + col, m0 + r)
-                    loads.append(BufferStore(self.frag_a, (mi * self.a_elements + e,), self.shared["A"][at]))
-                return seq(*loads)
+                return seq(*(BufferStore(self.frag_a, (mi * self.a_elements + e,),
+                                         element(c.a, e, self.warp_m, wm, mi, 16, kk))
+                             for e in range(self.a_elements)))
 
             def load_b(ni: Var) -> Stmt:
-                n0 = self.warp_n * wn + ni * 8
-                loads = []
-                for e in range(self.b_elements):
-                    kr, col = b_map(self.lane, e)
-                    at = (stage, n0 + col, k0 + kr) if c.b.k_last else (stage, k0 + kr, n0 + col)
-                    loads.append(BufferStore(self.frag_b, (ni * self.b_elements + e,), self.shared["B"][at]))
-                return seq(*loads)
+                return seq(*(BufferStore(self.frag_b, (ni * self.b_elements + e,),
+                                         element(c.b, e, self.warp_n, wn, ni, 8, kk))
+                             for e in range(self.b_elements)))
 
             def mma(mi: Var) -> Stmt:
                 def one(ni: Var) -> Stmt:
