@@ -251,3 +251,41 @@ def test_the_4096_cubed_tf32_plan_compiles_without_spills(arch: str) -> None:
     for name, res in f.resources.items():
         assert res.spill_stores == 0 and res.spill_loads == 0, (name, res)
         assert res.registers <= 255, (name, res)
+
+
+# ---- implicit GEMMs (convolutions) ------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["nhwc_3x3_pad1", "nchw_3x3_pad1", "nhwc_c3", "nhwc_groups2", "nhwc_f12"])
+def test_float32_convolutions_take_tf32_when_named(case: str) -> None:
+    """The implicit GEMM of a float32 convolution (tests/test_conv.py's cases): 16-byte copies of
+    4 floats where the channels allow, guarded element loads where they do not (C = 3)."""
+    from test_conv import CASES, Conv
+
+    conv = Conv(**{**CASES[case].__dict__, "dtype": "float32", "tensors": []})
+    tensors = conv.program()
+    stage_plan = plan()
+    stage_plan["steps"][0]["args"]["stage"] = "Y"
+    f = tc.build(tensors, target="sim", plan=stage_plan)
+    g = np.random.default_rng(17)
+    sh = conv.shapes()
+    x = g.standard_normal(sh["X"]).astype(np.float32)
+    w = g.standard_normal(sh["Wt"]).astype(np.float32)
+    y = np.full(sh["Y"], np.nan, np.float32)
+    f(x, w, y)
+    exact, size = conv.reference(x, w)
+    grow = (1 + U) ** 2
+    check(y, exact, (grow - 1 + (conv.k + 1) * 2.0**-23 * grow) * size, f"tf32 {case}")
+    rows = {s.row.name for k in f.module.kernels for s in iter_stmts(k.body) if isinstance(s, MatrixMultiply)}
+    assert rows == {TF32}
+
+
+def test_auto_plans_a_float32_convolution_on_tf32_only_when_allowed() -> None:
+    from test_conv import Conv
+
+    conv = Conv(4, (14, 14), 64, 64, (3, 3), pad=1, dtype="float32")
+    info = analyze_kernel(lower(conv.program()).kernels[0])
+    off, _ = candidates_for(info, tc.target("sm_80"))
+    on, _ = candidates_for(info, tc.target("sm_80").replace(allow_tf32=True))
+    assert not any(c.strategy.name in TENSOR_CORE for c in off)
+    best = min((c for c in on if c.ok), key=lambda c: c.cost.total)
+    assert best.strategy.name == "gemm_tensor_core_tf32", best.label

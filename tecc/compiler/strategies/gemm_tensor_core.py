@@ -1,4 +1,10 @@
-"""gemm_tensor_core: float16/bfloat16 contractions on tensor cores through the `tensorize` primitive.
+"""gemm_tensor_core: float16/bfloat16 contractions on tensor cores through the `tensorize` primitive;
+gemm_tensor_core_tf32: float32 ones rounded to tf32, only when the build allows TF32.
+
+The TF32 variant (`GemmTensorCoreTF32`, end of the file) is this strategy with the `Precision`
+TF32: mma.m16n8k8, 4-byte elements, k tiles of 16 or 32 floats, the dense TF32 peak and 32-bit
+fragment loads; its guard also needs `target.allow_tf32` (`build(..., allow_tf32=True)`), so a
+float32 contraction is never put on tensor cores silently (docs/tensor-cores.md, "TF32").
 
 Serves C[b.., i, j] = epilogue(Σ_k A · B) with A, B float16 or bfloat16 (the same dtype) on
 sm_80 and later, and every contraction that is such a GEMM once its axes are grouped (an

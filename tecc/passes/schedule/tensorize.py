@@ -69,6 +69,14 @@ What it emits, step by step (each step is one function below):
                replaced by the element: bias, activations, residuals, scales and the cast to the
                output dtype fuse as written.
 
+float32 operands (TF32, only with intrinsic "mma.m16n8k8.f32.tf32" named: "auto" refuses them,
+since rounding float32 inputs to tf32 is an opt-in, `build(..., allow_tf32=True)`) take the same
+steps with 4-byte elements: 16-byte copies of 4 floats, tiles shaped [S][rows/P][P][width] with
+`tf32_swizzle` (P rows per swizzle period, so a row block's offset stays outside the XOR), and
+in steps 4-5 (`compute_elementwise`) conflict-free 32-bit shared loads of each lane's fragment
+elements through the row's layout maps, k steps of 8, and mma.m16n8k8 tf32, whose asm block
+rounds each A/B register with cvt.rna.tf32.f32 (docs/tensor-cores.md, "TF32").
+
 On Hopper (intrinsic "wgmma"), tensorize_wgmma.py subclasses this emitter: the same matching,
 tiling, ring and epilogue, with steps 4-5 replaced by wgmmas that read 128B-swizzled shared
 tiles through descriptors, and the ring kept one stage behind the wgmma group in flight.
