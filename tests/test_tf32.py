@@ -289,3 +289,17 @@ def test_auto_plans_a_float32_convolution_on_tf32_only_when_allowed() -> None:
     assert not any(c.strategy.name in TENSOR_CORE for c in off)
     best = min((c for c in on if c.ok), key=lambda c: c.cost.total)
     assert best.strategy.name == "gemm_tensor_core_tf32", best.label
+
+
+def test_the_cli_plans_with_tf32_only_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    from pathlib import Path
+
+    from tecc.cli import main
+
+    matmul = Path(__file__).resolve().parent.parent / "examples" / "matmul.py"  # a float32 matmul
+    assert main(["explain", str(matmul), "--arch", "sm_80"]) == 0
+    off = capsys.readouterr().out
+    assert main(["explain", str(matmul), "--arch", "sm_80", "--allow-tf32"]) == 0
+    on = capsys.readouterr().out
+    assert "chosen: gemm_tensor_core_tf32" not in off and "TF32 allowed" not in off
+    assert "chosen: gemm_tensor_core_tf32" in on and "TF32 allowed" in on
