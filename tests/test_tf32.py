@@ -210,6 +210,20 @@ def test_symbolic_rows() -> None:
     check_tf32(out, a, b, "tf32 symbolic M")
 
 
+def test_symbolic_k_loads_elements_and_guards_the_prologue() -> None:
+    K = tc.var("K")
+    m, n, k = 40, 48, 37
+    A, B = tc.placeholder((m, K), "float32", "A"), tc.placeholder((K, n), "float32", "B")
+    r = tc.reduce_axis(K, "r")
+    C = tc.compute((m, n), lambda i, j: tc.sum(A[i, r] * B[r, j], axis=r), name="C")
+    f = tc.build([A, B, C], target="sim", plan=plan(stages=3), sizes={"K": k})
+    g = np.random.default_rng(21)
+    a, b = g.standard_normal((m, k)).astype(np.float32), g.standard_normal((k, n)).astype(np.float32)
+    out = np.full((m, n), np.nan, np.float32)
+    f(a, b, out)
+    check_tf32(out, a.astype(np.float64), b.astype(np.float64), "tf32 symbolic K")
+
+
 def test_fused_bias_and_relu_epilogue() -> None:
     tensors = contraction(48, 40, 32, bias_relu=True)
     f = tc.build(tensors, target="sim", plan=plan())
