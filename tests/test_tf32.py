@@ -176,7 +176,9 @@ def test_every_operand_orientation_matches_numpy_without_bank_conflicts(a_t: boo
         f, out, a, b = run(m, n, k, a_t=a_t, b_t=b_t, seed=3, plan=plan())
     check_tf32(out, a, b, f"tf32 A{'ᵀ' if a_t else ''} B{'ᵀ' if b_t else ''}")
     body = f.module.kernels[0].body
-    assert not any(isinstance(s, MatrixLoad) for s in iter_stmts(body))  # 32-bit fragment loads
+    loads = {(x.row.name, x.src.name) for x in iter_stmts(body) if isinstance(x, MatrixLoad)}
+    # ldmatrix.x4 of b16 pairs for k-contiguous tiles, 32-bit loads for k-major ones
+    assert loads == ({("ldmatrix.x4", "A_shared")} if not a_t else set()) | ({("ldmatrix.x4", "B_shared")} if b_t else set())
     for buf in ("A_shared", "B_shared"):
         assert banks.requests[buf] > 0 and banks.conflicts(buf) == 0, dict(banks.wavefronts)
 
@@ -317,3 +319,19 @@ def test_the_cli_plans_with_tf32_only_when_asked(capsys: pytest.CaptureFixture[s
     on = capsys.readouterr().out
     assert "chosen: gemm_tensor_core_tf32" not in off and "TF32 allowed" not in off
     assert "chosen: gemm_tensor_core_tf32" in on and "TF32 allowed" in on
+
+
+def test_ldmatrix_moves_float32_only_as_b16_pairs_without_trans() -> None:
+    from tecc.ir import dtype as dt
+    from tecc.ir.expr import Const
+    from tecc.ir.stmt import Buffer, FragmentRef
+
+    smem = Buffer("S", dt.float32, (Const(32, dt.int32), Const(8, dt.int32)), "shared")
+    frag = Buffer("a_frag", dt.float32, (Const(4, dt.int32),), "fragment", fragment=(TF32, "a"))
+    zero = Const(0, dt.int32)
+    load = MatrixLoad("ldmatrix.x4", FragmentRef(frag, zero), smem, (zero, zero))
+    assert load.pairs  # four registers, one float each: the whole A fragment
+    with pytest.raises(tc.TeccError, match="32-bit ones as 16-bit pairs"):
+        MatrixLoad("ldmatrix.x4.trans", FragmentRef(frag, zero), smem, (zero, zero))
+    with pytest.raises(tc.TeccError, match="outside"):
+        MatrixLoad("ldmatrix.x4", FragmentRef(frag, Const(2, dt.int32)), smem, (zero, zero))

@@ -165,7 +165,8 @@ class Precision:
         return 2 * 16 * 8 * self.k_step
 
     def fragment_loads(self, tm: int, tn: int) -> float:
-        """Load instructions a warp issues per k step."""
+        """Load instructions a warp issues per k step (tf32: as if every fragment took 32-bit loads;
+        k-contiguous tiles take fewer, ldmatrix.x4 of b16 pairs)."""
         return tm + tn / 2 if self.ldmatrix else tm * 4 + tn * 2
 
     def fragment_wavefronts(self, tm: int, tn: int) -> float:
@@ -397,12 +398,13 @@ class GemmTensorCoreTF32(GemmTensorCore):
     all by predicted time."""
 
     name = "gemm_tensor_core_tf32"
-    description = ("float32 contraction with TF32 allowed: mma.m16n8k8 tf32, cp.async ring, swizzled 32-bit "
-                   "fragment loads, fused epilogue")
+    description = ("float32 contraction with TF32 allowed: mma.m16n8k8 tf32, cp.async ring, swizzled ldmatrix / "
+                   "32-bit fragment loads, fused epilogue")
     precision = TF32
     mma_name = "mma.m16n8k8.tf32"
     fragment_note = ("float32 operands rounded to tf32 (10 mantissa bits, cvt.rna) because the build allows TF32 "
-                     "(allow_tf32=True); 32-bit fragment loads from swizzled shared tiles (conflict-free)")
+                     "(allow_tf32=True); ldmatrix (k-contiguous tiles) or 32-bit fragment loads (k-major ones) from "
+                     "swizzled shared tiles (conflict-free)")
 
     def guard(self, info: KernelInfo, target: Target) -> str | None:
         if info.kind != "contraction":

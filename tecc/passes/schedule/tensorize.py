@@ -73,8 +73,8 @@ float32 operands (TF32, only with intrinsic "mma.m16n8k8.f32.tf32" named: "auto"
 since rounding float32 inputs to tf32 is an opt-in, `build(..., allow_tf32=True)`) take the same
 steps with 4-byte elements: 16-byte copies of 4 floats, tiles shaped [S][rows/P][P][width] with
 `tf32_swizzle` (P rows per swizzle period, so a row block's offset stays outside the XOR), and
-in steps 4-5 (`compute_elementwise`) conflict-free 32-bit shared loads of each lane's fragment
-elements through the row's layout maps, k steps of 8, and mma.m16n8k8 tf32, whose asm block
+in steps 4-5 (`compute_elementwise`) ldmatrix.x4 of b16 pairs for k-contiguous tiles and
+conflict-free 32-bit shared loads through the row's layout maps for k-major ones, k steps of 8, and mma.m16n8k8 tf32, whose asm block
 rounds each A/B register with cvt.rna.tf32.f32 (docs/tensor-cores.md, "TF32").
 
 On Hopper (intrinsic "wgmma"), tensorize_wgmma.py subclasses this emitter: the same matching,
@@ -499,18 +499,14 @@ class _Emitter:
         return self.unrolled("k_step", t.bk // 16, k_step)
 
     def compute_elementwise(self, stage: Expr) -> Stmt:
-        """Steps 4-5 for an intrinsic whose fragments are loaded element by element: each lane
-        reads its fragment elements from the swizzled shared tiles with 32-bit loads, at the
-        (row, col) of the intrinsic's own layout maps (A: 16 x k, B: k x 8), in either tile
-        orientation (tf32_swizzle makes both conflict-free); the mma converts them to tf32
-        (`cvt.rna.tf32.f32`, the row's operand conversion) as it reads them.
-
-        Why not ldmatrix: it moves 16-bit pairs, so on a k-contiguous float32 tile an x4 would give
-        each lane exactly its m16n8k8 A element (g, t) (one float = one b16 pair), but it would
-        need fragment buffers of float32 viewed as b16 in the table, codegen and the emulator; a
-        conflict-free 32-bit load moves the same 128 bytes per wavefront, so the shared pipe does
-        the same work and only the issued load count grows (per k8 step 4 loads per A tile and 2
-        per B tile; docs/tensor-cores.md, "TF32")."""
+        """Steps 4-5 for tf32 (float32 tiles): a k-contiguous tile ([m][k] A, [n][k] B) is read
+        with ldmatrix.x4 moving 32-bit elements as b16 pairs (MatrixLoad's docstring: each lane
+        gets float (lane % 4) of row (lane // 4) of each matrix, exactly the m16n8k8 tf32 A
+        fragment of four 8 x 4 matrices, or b0, b1 of two n8 B tiles); a k-major tile, where
+        .trans would split floats across lanes, with one conflict-free 32-bit shared load per
+        fragment element at the (row, col) of the row's layout maps (tf32_swizzle serves both).
+        The mma converts A and B to tf32 (`cvt.rna.tf32.f32`, the row's operand conversion) as
+        it reads them; ptxas keeps one conversion per loaded register."""
         t, c = self.t, self.c
         wm, wn = t.bm // t.warps_m, t.bn // t.warps_n
         row = lookup(self.row)
@@ -545,8 +541,18 @@ class _Emitter:
             block = kk * (kdim // per) + base_k // per
             return self.shared[op.role][stage, block, lane_k, warp * warp_size + step * step_size + base_outer + lane_outer]
 
+        r8, j = self.lane % 8, self.lane // 8   # an ldmatrix.x4: lane supplies row r8 of matrix j
+
         def k_step(kk: Var) -> Stmt:
             def load_a(mi: Var) -> Stmt:
+                if c.a.k_last:
+                    # x4 of 4-float rows, matrices (m 0:8, k 0:4), (m 8:16, k 0:4), (m 0:8, k 4:8),
+                    # (m 8:16, k 4:8): registers a0..a3 of the m16n8k8 tf32 A fragment
+                    per = self.period_rows(c.a)
+                    assert per == 8
+                    block = self.warp_m * (wm // 8) + mi * 2 + j % 2
+                    return MatrixLoad("ldmatrix.x4", FragmentRef(self.frag_a, self.a_elements * mi), self.shared["A"],
+                                      (stage, block, r8, kk * kdim + 4 * (j // 2)))
                 return seq(*(BufferStore(self.frag_a, (mi * self.a_elements + e,),
                                          element(c.a, e, self.warp_m, wm, mi, 16, kk))
                              for e in range(self.a_elements)))
@@ -556,6 +562,15 @@ class _Emitter:
                                          element(c.b, e, self.warp_n, wn, ni, 8, kk))
                              for e in range(self.b_elements)))
 
+            def load_b_pair(nj: Var) -> Stmt:
+                # x4 of 4-float rows of the [n][k] tile, matrices (n 0:8, k 0:4), (n 0:8, k 4:8),
+                # (n 8:16, k 0:4), (n 8:16, k 4:8): b0, b1 of two n8 tiles
+                per = self.period_rows(c.b)
+                assert per == 8
+                block = self.warp_n * (wn // 8) + nj * 2 + j // 2
+                return MatrixLoad("ldmatrix.x4", FragmentRef(self.frag_b, 2 * self.b_elements * nj), self.shared["B"],
+                                  (stage, block, r8, kk * kdim + 4 * (j % 2)))
+
             def mma(mi: Var) -> Stmt:
                 def one(ni: Var) -> Stmt:
                     acc = FragmentRef(self.frag_c, (mi * t.tn + ni) * 4)
@@ -563,8 +578,9 @@ class _Emitter:
                                           FragmentRef(self.frag_b, self.b_elements * ni), acc)
                 return self.unrolled("mma_n", t.tn, one)
 
-            return seq(self.unrolled("frag_m", t.tm, load_a), self.unrolled("frag_n", t.tn, load_b),
-                       self.unrolled("mma_m", t.tm, mma))
+            loads_b = (self.unrolled("frag_n", t.tn // 2, load_b_pair) if c.b.k_last
+                        else self.unrolled("frag_n", t.tn, load_b))
+            return seq(self.unrolled("frag_m", t.tm, load_a), loads_b, self.unrolled("mma_m", t.tm, mma))
         return self.unrolled("k_step", t.bk // kdim, k_step)
 
     # step 6: the epilogue ---------------------------------------------------------------------------
