@@ -21,6 +21,11 @@ planner's predicted time and rank.
 mma.sync, or on sm_90 gemm_wgmma's wgmma, whichever the planner ranks first), against
 torch.matmul in the same dtype (cuBLAS's half GEMM, float32 accumulation); the table's dtype
 column says which. The default float32 compares with cuBLAS's SGEMM (TF32 off).
+`--tf32` (float32): TF32 on both sides -- tecc plans and builds with `allow_tf32=True` (the
+planner ranks gemm_tensor_core_tf32's mma.m16n8k8 tf32 against the SIMT GEMMs) and torch sets
+`torch.backends.cuda.matmul.allow_tf32 = True` for cuBLAS; the issue's target is >= 0.55x cuBLAS
+at 4096³ (`--quick --tf32`; `--sweep --sweep-strategy gemm_tensor_core_tf32 --tf32` times every
+point of the strategy).
 Every row has three times: per call (events around one Python call, as in the earlier tables:
 host-side argument handling included), kernel (the profiling hook: the GPU time of the call's
 launches only) and stream (10 back-to-back calls between two events, / 10); cuBLAS is timed per
@@ -50,6 +55,7 @@ SHAPES = [  # (batch, M, N, K, note)
 
 
 DTYPE = "float32"  # --dtype: the operands' and the result's dtype
+TF32 = False       # --tf32: allow_tf32=True for tecc, TF32 on for cuBLAS
 
 
 def matmul_tensors(batch: int, m: Any, n: int, k: int, dtype: str | None = None) -> list[Any]:
@@ -182,15 +188,17 @@ def run_shape(batch: int, m: int, n: int, k: int, plan: Any = None, label: str |
     import torch
 
     import tecc as tc
-    from tecc.compiler.planner import plan_program
+    from tecc.compiler.planner import plan_program, resolve_target
 
     args = matmul_tensors(batch, tc.var("M") if symbolic else m, n, k)
     t0 = time.perf_counter()
     if plan is None:
-        res = plan_program(args, only=only, sizes={"M": m} if symbolic else None)
+        # the live GPU's Target, with TF32 allowed under --tf32 (what build(allow_tf32=True) plans for)
+        target = resolve_target(None).replace(allow_tf32=TF32)
+        res = plan_program(args, target, only=only, sizes={"M": m} if symbolic else None)
         plan = res.plan
         label = "; ".join(kp.chosen.label for kp in res.kernels)
-    kern = tc.build(args, plan=plan)
+    kern = tc.build(args, plan=plan, allow_tf32=TF32)  # a given plan names its intrinsic (tf32 or not) itself
     build_s = time.perf_counter() - t0
     shape_a, shape_b, shape_c = ((m, k), (k, n), (m, n)) if batch == 1 else ((batch, m, k), (batch, k, n), (batch, m, n))
     a = torch.randn(*shape_a, device="cuda").to(torch_dtype(DTYPE))
@@ -207,7 +215,8 @@ def run_shape(batch: int, m: int, n: int, k: int, plan: Any = None, label: str |
     t_kernel = time_kernels(lambda: kern(a, b, c), reps)
     t_tecc_stream = time_stream(lambda: kern(a, b, c), reps)
     t_cublas_stream = time_stream(lambda: torch.matmul(a, b), reps)
-    row = {"shape": f"{batch}x{m}x{n}x{k}" if batch > 1 else f"{m}x{n}x{k}", "dtype": DTYPE, "tecc_tflops": flops / t_tecc / 1e12,
+    row = {"shape": f"{batch}x{m}x{n}x{k}" if batch > 1 else f"{m}x{n}x{k}", "dtype": DTYPE + ("/tf32" if TF32 else ""),
+           "tecc_tflops": flops / t_tecc / 1e12,
            "cublas_tflops": flops / t_cublas / 1e12, "ratio": t_cublas / t_tecc, "rel_err": err,
            "plan": label, "build_s": build_s,
            "tecc_call_us": t_tecc * 1e6, "cublas_call_us": t_cublas * 1e6, "tecc_kernel_us": t_kernel * 1e6,
@@ -295,17 +304,23 @@ def main() -> None:
     ap.add_argument("--skip-shapes", action="store_true", help="no table of the issue's shapes")
     ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
                     help="operand and result dtype (halves: tensor cores, float32 accumulation) vs torch.matmul in it")
+    ap.add_argument("--tf32", action="store_true",
+                    help="float32 with TF32 on both sides: tecc allow_tf32=True, torch.backends.cuda.matmul.allow_tf32")
     opts = ap.parse_args()
-    global DTYPE
+    global DTYPE, TF32
     DTYPE = opts.dtype
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    TF32 = opts.tf32
+    if TF32 and DTYPE != "float32":
+        ap.error("--tf32 applies to float32 operands only")
+    torch.backends.cuda.matmul.allow_tf32 = TF32
+    torch.backends.cudnn.allow_tf32 = TF32
     shapes = SHAPES if not opts.quick else [SHAPES[2], SHAPES[4], SHAPES[6]]
     if opts.grid:
         sizes = (1024, 2048, 4096, 8192)
         shapes = [(1, m, n, k, "grid") for m in sizes for n in sizes for k in sizes] + SHAPES[4:]
     rows = []
-    print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  TF32 off  dtype {DTYPE}", flush=True)
+    print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  TF32 {'on (both sides)' if TF32 else 'off'}  "
+          f"dtype {DTYPE}", flush=True)
     print(f"{'shape':>18} {'dtype':>8} {'tecc TF/s':>10} {'cuBLAS TF/s':>12} {'ratio':>6} {'rel err':>8} "
           f"{'kernel us':>9} {'stream us':>9} {'cuBLAS us':>9} {'r.kern':>6} {'r.strm':>6}  plan", flush=True)
     for batch, m, n, k, _ in ([] if opts.skip_shapes else shapes):

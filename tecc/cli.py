@@ -244,7 +244,8 @@ def _build(op: OpSpec, target: str, args: argparse.Namespace, dump: Path | None 
     if getattr(args, "tune", False):  # the winner `tecc tune` just stored, for the op's sizes
         return build(op.args, target, name=op.name, dump_ir=dump, arch=getattr(args, "arch", None),
                      sizes=dict(op.sizes), tune=True)
-    return build(op.args, target, name=op.name, dump_ir=dump, arch=getattr(args, "arch", None))
+    return build(op.args, target, name=op.name, dump_ir=dump, arch=getattr(args, "arch", None),
+                 allow_tf32=getattr(args, "allow_tf32", False))
 
 
 def _cached(kernel: Any) -> bool:
@@ -454,6 +455,9 @@ def parser() -> argparse.ArgumentParser:
             c.add_argument("--tune", action="store_true",
                            help="autotune each op first (as `tecc tune`; needs a GPU), then compile the winners")
             c.add_argument("--top-k", type=int, default=8, help="with --tune: candidates to measure")
+            c.add_argument("--allow-tf32", action="store_true",
+                           help="let the planner run float32 contractions on tensor cores with the operands rounded "
+                                "to tf32 (build(..., allow_tf32=True); not with --tune)")
 
     r = sub.add_parser("run", help="run every op on random inputs (GPU if present, else the emulator)",
                        description="Run every op on random inputs, on the GPU if there is one, else in the "
@@ -478,6 +482,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--plan", default=None, metavar="FILE.json",
                    help="explain this plan instead of the planner's (one plan, an artifact's .json, or an object "
                         "mapping op names to plans)")
+    e.add_argument("--allow-tf32", action="store_true",
+                   help="plan as build(..., allow_tf32=True): float32 contractions may use tf32 tensor cores")
 
     t = sub.add_parser("tune", help="autotune every op and store the winners in the tuning database",
                        description="Compile the planner's top-k candidates of every op, time them on the GPU, "

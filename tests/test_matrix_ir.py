@@ -53,8 +53,11 @@ def test_ldmatrix_and_cp_async_refuse_illegal_operands() -> None:
     s32 = Buffer("S32", dt.float32, (16, 16), "shared")
     with pytest.raises(IntrinsicError, match="reads shared memory; G is global"):
         MatrixLoad("ldmatrix.x4", FragmentRef(a, 0), g, (0, 0))
-    with pytest.raises(DTypeError, match="moves 16-bit elements"):
+    # float32 moves as b16 pairs (tf32 tiles, tests/test_tf32.py), but only into a float32 fragment
+    with pytest.raises(DTypeError, match="is float16 but the source S32 is float32"):
         MatrixLoad("ldmatrix.x4", FragmentRef(a, 0), s32, (0, 0))
+    with pytest.raises(DTypeError, match="moves 16-bit elements"):
+        MatrixLoad("ldmatrix.x4", FragmentRef(a, 0), Buffer("S64", dt.float64, (16, 16), "shared"), (0, 0))
     with pytest.raises(IntrinsicError, match="must be a multiple of 2"):
         MatrixLoad("ldmatrix.x2", FragmentRef(a, 1), s, (0, 0))
     with pytest.raises(IntrinsicError, match="copies 4, 8 or 16 bytes"):

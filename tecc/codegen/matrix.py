@@ -96,7 +96,11 @@ def shared_address(expr: ExprEmitter, buffer: Buffer, indices: tuple[Expr, ...])
 def matrix_load(expr: ExprEmitter, s: MatrixLoad) -> list[str]:
     row = s.row
     op = row.operand("d")
-    outputs = [f'"=r"({_register(expr, s.dst, op, r)[1]})' for r in range(op.registers)]
+    if s.pairs:  # 32-bit elements as b16 pairs: register r is element offset + r
+        outputs = [f'"=r"(*reinterpret_cast<unsigned*>(&{expr.buffer_ref(s.dst.buffer, (s.dst.offset + r,))}))'
+                   for r in range(op.registers)]
+    else:
+        outputs = [f'"=r"({_register(expr, s.dst, op, r)[1]})' for r in range(op.registers)]
     regs = ", ".join(f"%{r}" for r in range(op.registers))
     instruction = f"{row.ptx} {{{regs}}}, [%{op.registers}];"
     return _asm([instruction], outputs, [f'"r"({shared_address(expr, s.src, s.src_indices)})'],

@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 from ..ir.errors import ShapeError, TeccError
 from ..ir.expr import free_vars
 from ..ir.stmt import Module
+from ..ir.target import Target
 from ..ir.tensor import Tensor
 from ..passes.manager import DumpIR, PassTiming
 from ..passes.lower import lower
@@ -56,7 +57,8 @@ STRATEGY_FAILURES: tuple[type[BaseException], ...] = (
 def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str | None = None,
           dump_ir: str | os.PathLike[str] | None = None, dump_filter: str | None = None,
           arch: str | None = None, plan: Plan | str | dict[str, Any] = "auto",
-          options: Sequence[str] = (), sizes: dict[str, int] | None = None, tune: bool = False) -> Kernel:
+          options: Sequence[str] = (), sizes: dict[str, int] | None = None, tune: bool = False,
+          allow_tf32: bool = False) -> Kernel:
     """Compile the program whose kernel signature is `args` (inputs and outputs, in order), or
     the scheduled program of a `Schedule`.
 
@@ -69,7 +71,12 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
     options: extra NVRTC options (e.g. "-use_fast_math").
     tune: use the tuning database's winner for this problem (op, shapes from `sizes`, dtypes,
       arch) without measuring, else autotune now on the GPU (docs/tuning.md); `plan` is then
-      ignored. `f.plan.reason` says which."""
+      ignored. `f.plan.reason` says which.
+    allow_tf32: let plan="auto" run float32 contractions on tensor cores with their operands
+      rounded to tf32 (10 mantissa bits, ~1e-3 relative per product; docs/tensor-cores.md). Off by
+      default: a float32 contraction is never silently less accurate. The planner then ranks the
+      tf32 tensor-core plan against the float32 SIMT ones by predicted time; `explain()` says
+      whether TF32 was on. A given Plan names its intrinsic itself (`mma.m16n8k8.f32.tf32`)."""
     if target not in TARGETS:
         raise TeccError(f"build(): unknown target {target!r}; use one of {TARGETS}")
     timing = PassTiming()
@@ -84,19 +91,22 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
     plan_arch = arch or knobs.default_arch_override()
     candidates: list[Candidate]
     key: str | None = None
+    if allow_tf32 and tune:
+        raise TeccError("build(): tune=True does not take allow_tf32=True yet (the tuning database has no "
+                        "precision in its key); plan with allow_tf32=True, or tune without it")
     if tune:
         start = time.perf_counter()
         tuned = tuned_plan(tensors, arch=plan_arch, sizes=sizes, name=name, options=options)
         timing.seconds.append(("tune", time.perf_counter() - start))
         candidates = [("tuned", lambda: tuned)]
     elif plan == "auto" or plan is None:
-        key = _build_cache_key(tensors, name, sizes, plan_arch) if dumper is None else None
+        key = _build_cache_key(tensors, name, sizes, plan_arch, allow_tf32) if dumper is None else None
         found = build_cache.lookup(key) if key is not None else None
         if found is not None:  # planned and scheduled by an earlier build (build_cache.py)
             cached, module = found
             timing.seconds.append(("build cache hit", 0.0))
             return compile_module(module, cached, target, arch=arch, options=options, dumper=None, timing=timing)
-        candidates = _auto_candidates(tensors, plan_arch, sizes, name, timing)
+        candidates = _auto_candidates(tensors, plan_arch, sizes, name, timing, allow_tf32)
     else:
         given = _resolve_plan(plan)
         candidates = [("given", lambda: given)]
@@ -109,15 +119,24 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
     return kernel
 
 
+def _planner_target(plan_arch: str | None, allow_tf32: bool) -> str | None | Target:
+    """What the per-kernel planner plans for: the arch (resolved by the planner), or with TF32
+    allowed the resolved Target carrying that policy (Target.allow_tf32)."""
+    if not allow_tf32:
+        return plan_arch
+    return per_kernel_planner.resolve_target(plan_arch).replace(allow_tf32=True)
+
+
 def _build_cache_key(tensors: list[Tensor], name: str | None, sizes: dict[str, int] | None,
-                     plan_arch: str | None) -> str | None:
+                     plan_arch: str | None, allow_tf32: bool = False) -> str | None:
     """The build cache's key of an auto-planned program (None with the caches off)."""
     if not knobs.build_cache_enabled():
         return None
     naive = lower(tensors, name)
     # the whole Target, not only its arch: an H100 and an H200 are both sm_90 and plan apart
-    return build_cache.build_key(str(naive), name=naive.name, sizes=sizes,
-                                 target=repr(per_kernel_planner.resolve_target(plan_arch)))
+    target = per_kernel_planner.resolve_target(plan_arch).replace(allow_tf32=allow_tf32)
+    return build_cache.build_key(str(naive), name=naive.name, sizes=sizes, target=repr(target),
+                                 allow_tf32=allow_tf32)
 
 
 def _check_arguments(tensors: list[Tensor], sizes: dict[str, int] | None) -> None:
@@ -143,7 +162,7 @@ def _check_arguments(tensors: list[Tensor], sizes: dict[str, int] | None) -> Non
 
 
 def _auto_candidates(tensors: list[Tensor], plan_arch: str | None, sizes: dict[str, int] | None,
-                     name: str | None, timing: PassTiming) -> list[Candidate]:
+                     name: str | None, timing: PassTiming, allow_tf32: bool = False) -> list[Candidate]:
     """plan="auto": the candidates in the order they are tried.
 
     Graph-level rewrites the per-kernel planner cannot express, first: a contraction over the axis
@@ -153,7 +172,8 @@ def _auto_candidates(tensors: list[Tensor], plan_arch: str | None, sizes: dict[s
     norms over such rows as partial statistics, then the outputs; a graph of stages sharing a row
     as one kernel when that moves fewer global bytes; a column / middle-axis reduction as a split
     reduction (docs/memory-bound.md says when each applies). Then the per-kernel planner, then
-    the generic schedule (always valid)."""
+    the generic schedule (always valid). Only the per-kernel planner reads `allow_tf32` (its
+    tensor-core strategy); the graph-level rewrites keep float32 arithmetic."""
 
     def proposal(propose: Callable[[], Any]) -> Callable[[], Plan | None]:
         def ask() -> Plan | None:
@@ -162,7 +182,8 @@ def _auto_candidates(tensors: list[Tensor], plan_arch: str | None, sizes: dict[s
         return ask
 
     def planner() -> PlanResult:
-        result = per_kernel_planner.plan_program(tensors, plan_arch, sizes=sizes, name=name, compile_check=refuse_spills)
+        result = per_kernel_planner.plan_program(tensors, _planner_target(plan_arch, allow_tf32), sizes=sizes,
+                                                 name=name, compile_check=refuse_spills)
         timing.seconds.append(("plan", result.search_seconds))
         return result
 

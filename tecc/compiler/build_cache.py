@@ -10,7 +10,7 @@ The key is the SHA-256 of
     the cache format, the program's naive loop IR (what `00_lower.txt` shows: shapes, dtypes,
     names, the expressions), the module name, the sizes planned for, the Target planned for (its
     arch and every figure the cost model reads: an H100 and an H200 are both sm_90), the knobs
-    that change the IR (precise math), and the fingerprint of tecc's own source files
+    that change the IR (precise math), whether the build allowed TF32 (`allow_tf32`), and the fingerprint of tecc's own source files
 
 so a change to the program, its sizes, the target, or to the compiler itself (any file of the
 `tecc` package, not only a release number) gives another entry. Builds that ask for dumps
@@ -60,7 +60,8 @@ def source_fingerprint() -> str:
     return _FINGERPRINT
 
 
-def build_key(naive_ir: str, *, name: str, sizes: Mapping[str, int] | None, target: str) -> str:
+def build_key(naive_ir: str, *, name: str, sizes: Mapping[str, int] | None, target: str,
+              allow_tf32: bool = False) -> str:
     """The hex SHA-256 that names a build-cache entry (module docstring)."""
     fields = {
         "format": FORMAT,
@@ -69,6 +70,7 @@ def build_key(naive_ir: str, *, name: str, sizes: Mapping[str, int] | None, targ
         "sizes": sorted((str(k), int(v)) for k, v in (sizes or {}).items()),
         "target": target,
         "precise_math": knobs.precise_math(),
+        "allow_tf32": bool(allow_tf32),
         "tecc": source_fingerprint(),
     }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()

@@ -469,7 +469,8 @@ class Schedule:
         `warps` = (rows, columns) of warps, each a (BM/rows) × (BN/columns) tile of
         mma.m16n8k16 tiles, k tiles of `k_tile` staged through a ring of `stages` cp.async
         stages in swizzled shared memory, read with ldmatrix; the epilogue is the stage's own.
-        `intrinsic` is the mma row ("auto": the one for the operands' dtype), or "wgmma" (or a
+        `intrinsic` is the mma row ("auto": the one for the operands' dtype; float32 operands
+        take only "mma.m16n8k8.f32.tf32", named: their inputs are rounded to tf32), or "wgmma" (or a
         wgmma row) for the Hopper kernel: BM/64 warpgroups, `warps` = (4·BM/64, 1), k_tile 64,
         A and B read by wgmma from 128B-swizzled shared tiles (tensorize_wgmma.py; sm_90a). It
         must be the first primitive applied to the stage's kernel (tecc/passes/schedule/tensorize.py).

@@ -114,12 +114,24 @@ class MatrixLoad(Stmt):
     evaluated in that lane, the first of 8 contiguous 16-bit elements of row L of the stacked
     (8 * matrices) x 8 source tile (16-byte aligned after the buffer's layout); every lane then
     receives the elements the row's operand 'd' map assigns it, in `dst`, register by register.
-    The indices the other lanes compute are ignored."""
+    The indices the other lanes compute are ignored.
+
+    32-bit elements (float32: tf32 operands) are moved as pairs of 16-bit ones, which is all
+    ldmatrix sees: a row is then 4 contiguous elements (16 bytes), and register r of a lane (one
+    element of `dst`, not two) is element (lane % 4) of row (lane // 4) of matrix r -- the b16
+    pair (2t, 2t+1) of the 16-bit map. That is exactly the m16n8k8 tf32 A fragment of a
+    k-contiguous tile (and two B fragments of an n-major one); `.trans` would split elements
+    across lanes and is refused."""
 
     intrinsic: str
     dst: FragmentRef
     src: Buffer
     src_indices: tuple[Expr, ...]
+
+    @property
+    def pairs(self) -> bool:
+        """Whether the elements are 32-bit, moved as b16 pairs (one element per register)."""
+        return self.src.dtype.bytes == 4
 
     def __post_init__(self) -> None:
         row = lookup(self.intrinsic)
@@ -131,15 +143,23 @@ class MatrixLoad(Stmt):
             raise IntrinsicError(f"{row.name} reads shared memory; {self.src.name} is {self.src.scope}")
         if len(idx) != self.src.ndim:
             raise IntrinsicError(f"{row.name}: {len(idx)} indices for the {self.src.ndim} dimensions of {self.src.name}")
-        if self.src.dtype.bytes != 2:
-            raise DTypeError(f"{row.name} moves 16-bit elements; {self.src.name} is {self.src.dtype}")
+        if self.src.dtype.bytes not in (2, 4) or (self.src.dtype.bytes == 4 and row.transpose):
+            raise DTypeError(f"{row.name} moves 16-bit elements (or, without .trans, 32-bit ones as 16-bit pairs); "
+                             f"{self.src.name} is {self.src.dtype}")
         if self.dst.buffer.dtype != self.src.dtype:
             raise DTypeError(f"{row.name}: destination {self.dst.buffer.name} is {self.dst.buffer.dtype} but the "
                              f"source {self.src.name} is {self.src.dtype}")
         dst = self.dst.buffer
         if dst.scope != "fragment" or dst.fragment is None:
             raise IntrinsicError(f"{row.name}: the destination must be a fragment buffer, {dst.name} is {dst.scope}")
-        self.dst.check(row, row.operand("d"), "destination")
+        if not self.pairs:
+            self.dst.check(row, row.operand("d"), "destination")
+            return
+        registers = row.operand("d").registers
+        size, offset = const_int(dst.shape[0]), const_int(self.dst.offset)
+        if offset is not None and size is not None and not 0 <= offset <= size - registers:
+            raise IntrinsicError(f"{row.name}: destination {dst.name}[{offset}:{offset + registers}] is outside the "
+                                 f"buffer's {size} elements (one 32-bit element per register)")
 
     @property
     def row(self) -> MatrixIntrinsic:

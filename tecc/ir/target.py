@@ -45,7 +45,13 @@ class Target:
     cudaFuncSetAttribute(MaxDynamicSharedMemorySize). `smem_reserved_per_block` is taken by the
     system from the SM's shared memory for every resident block (sm_80+: 1 KiB).
     `tensor_flops` maps an operand dtype name to the dense tensor-core peak. `source` says where
-    the numbers came from."""
+    the numbers came from.
+
+    `allow_tf32` is no property of the GPU but the one precision policy the planner reads with
+    it: whether float32 contractions may run on tensor cores with their operands rounded to
+    tf32 (10 mantissa bits). False unless the build asks (`build(..., allow_tf32=True)`), so
+    a float32 result is never silently less accurate; it is part of the Target so that the
+    build cache's key and explain() carry it with the figures the plan was ranked for."""
 
     arch: str
     name: str
@@ -76,6 +82,8 @@ class Target:
     fp32_flops: float = 0.0              # FLOP/s on the CUDA cores (an FMA counts 2)
     tensor_flops: Mapping[str, float] = field(default_factory=dict)
     source: str = ""
+    # ---- precision policy of the build (not hardware) ----
+    allow_tf32: bool = False
 
     # ---- derived rates ----
     @property
@@ -103,7 +111,8 @@ class Target:
                 f"fp32 {self.fp32_flops / 1e12:.1f} TFLOP/s, tensor [{tc}] TFLOP/s; "
                 f"smem/block {self.smem_per_block // KiB} KiB ({self.smem_per_block_optin // KiB} KiB opt-in), "
                 f"smem/SM {self.smem_per_sm // KiB} KiB, regs/SM {self.registers_per_sm}, "
-                f"threads/SM {self.max_threads_per_sm}, blocks/SM {self.max_blocks_per_sm}")
+                f"threads/SM {self.max_threads_per_sm}, blocks/SM {self.max_blocks_per_sm}"
+                + ("; TF32 allowed for float32 contractions (build(..., allow_tf32=True))" if self.allow_tf32 else ""))
 
     def __str__(self) -> str:
         return f"Target({self.arch}, {self.name})"

@@ -1,4 +1,10 @@
-"""gemm_tensor_core: float16/bfloat16 contractions on tensor cores through the `tensorize` primitive.
+"""gemm_tensor_core: float16/bfloat16 contractions on tensor cores through the `tensorize` primitive;
+gemm_tensor_core_tf32: float32 ones rounded to tf32, only when the build allows TF32.
+
+The TF32 variant (`GemmTensorCoreTF32`, end of the file) is this strategy with the `Precision`
+TF32: mma.m16n8k8, 4-byte elements, k tiles of 16 or 32 floats, the dense TF32 peak and 32-bit
+fragment loads; its guard also needs `target.allow_tf32` (`build(..., allow_tf32=True)`), so a
+float32 contraction is never put on tensor cores silently (docs/tensor-cores.md, "TF32").
 
 Serves C[b.., i, j] = epilogue(Σ_k A · B) with A, B float16 or bfloat16 (the same dtype) on
 sm_80 and later, and every contraction that is such a GEMM once its axes are grouped (an
@@ -84,7 +90,7 @@ def _ceil(a: int, b: int) -> int:
 
 
 def sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: int,
-             registers: int) -> tuple[float, int, float]:
+             registers: int, precision: "Precision | None" = None) -> tuple[float, int, float]:
     """Cycles one SM spends on one round of its resident blocks (their k loops side by side), the
     resident blocks, and the fraction of a k tile the tensor pipe idles.
 
@@ -93,18 +99,22 @@ def sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: in
     and stage writes (SMEM_WEIGHT cycles a wavefront); then the block stalls for its barrier and
     the ring's refill (SYNC_CYCLES), plus what of a stage's loaded global latency the S - 1 stages
     ahead do not cover. The pipe idles only while every resident block stalls at once: with r
-    blocks and a stall of fraction f of each block's k tile, about f^r of the time."""
+    blocks and a stall of fraction f of each block's k tile, about f^r of the time.
+    `precision`: the operands' (HALF unless given)."""
+    p = precision or HALF
     bm, bn, bk, stages = (int(point[x]) for x in ("bm", "bn", "bk", "stages"))
     wm, wn = int(point["warps_m"]), int(point["warps_n"])
     tm, tn = bm // wm // 16, bn // wn // 8
     alloc = max(8, -(-registers // 8) * 8)
-    occ = occupancy(target, 32 * wm * wn, alloc, shared_bytes(point))
+    occ = occupancy(target, 32 * wm * wn, alloc, shared_bytes(point, p.operand_bytes))
     resident = max(1, min(occ.blocks_per_sm, _ceil(blocks, target.sm_count)))
     per_clock = rate / target.sm_count / target.clock_hz / target.schedulers_per_sm
-    mma_cycles = MMA_FLOPS / max(per_clock, 1e-9)
+    mma_cycles = p.mma_flops / max(per_clock, 1e-9)
     warps_per_scheduler = max(1.0, wm * wn / target.schedulers_per_sm)
-    mma = warps_per_scheduler * tm * tn * (bk // 16) * mma_cycles
-    wavefronts = (tm + tn / 2) * LDMATRIX_WAVEFRONTS * (bk // 16) * wm * wn + (bm + bn) * bk * 2 / 128
+    steps = bk // p.k_step
+    mma = warps_per_scheduler * tm * tn * steps * mma_cycles
+    wavefronts = (p.fragment_wavefronts(tm, tn) * steps * wm * wn
+                  + (bm + bn) * bk * p.operand_bytes / 128)
     tile = max(mma, wavefronts * SMEM_WEIGHT)
     # the loaded latency varies from stage to stage: the share a ring of S - 1 stages ahead leaves
     # exposed falls off smoothly with the mma time they cover (a hard max(0, ...) tied 3 and 4
@@ -133,13 +143,48 @@ def wave_dram_bytes(info: KernelInfo, target: Target, point: Point, batch: int, 
     return min(l2, max(compulsory_bytes(info), waves * per_wave + out))
 
 
-def shared_bytes(point: Point) -> int:
-    return int(point["stages"]) * (int(point["bm"]) + int(point["bn"])) * int(point["bk"]) * 2
+def shared_bytes(point: Point, operand_bytes: int = 2) -> int:
+    return int(point["stages"]) * (int(point["bm"]) + int(point["bn"])) * int(point["bk"]) * operand_bytes
 
 
-def tile_registers(bm: int, bn: int, wm: int, wn: int, bk: int, sizes: tuple[int, int] = (8, 8)) -> dict[str, int]:
-    """Registers per thread; `sizes`: halves per cp.async copy of A and B (0: the operand's
-    elements are loaded through registers, two registers each)."""
+@dataclass(frozen=True)
+class Precision:
+    """What the operands' dtype changes in the plan and the workload: the mma row (k per
+    instruction), the peak of the target's table it runs at, bytes per element, the k tiles,
+    and the fragment loads per k step of a warp with TM x TN mma tiles."""
+
+    operand_bytes: int
+    k_step: int
+    rate_key: str          # the key of Target.tensor_flops
+    intrinsic: str         # what the plan's tensorize step names ("auto": the row of the dtype)
+    bks: tuple[int, ...]
+    ldmatrix: bool         # fragments through ldmatrix.x4 (else one 32-bit shared load per element)
+
+    @property
+    def mma_flops(self) -> int:
+        return 2 * 16 * 8 * self.k_step
+
+    def fragment_loads(self, tm: int, tn: int) -> float:
+        """Load instructions a warp issues per k step (tf32: as if every fragment took 32-bit loads;
+        k-contiguous tiles take fewer, ldmatrix.x4 of b16 pairs)."""
+        return tm + tn / 2 if self.ldmatrix else tm * 4 + tn * 2
+
+    def fragment_wavefronts(self, tm: int, tn: int) -> float:
+        """Shared wavefronts of those loads (conflict-free: 4 per x4, 1 per 32-bit load)."""
+        return (tm + tn / 2) * LDMATRIX_WAVEFRONTS if self.ldmatrix else tm * 4 + tn * 2
+
+
+HALF = Precision(2, 16, "float16", "auto", BKS, True)
+# TF32: mma.m16n8k8, float32 tiles (k tiles of 16 or 32 floats: the same bytes per row as 32 and
+# 64 halves), the dense TF32 peak of the target's table (half the 16-bit one on sm_80 and sm_90).
+TF32 = Precision(4, 8, "tf32", "mma.m16n8k8.f32.tf32", (16, 32), False)
+
+
+def tile_registers(bm: int, bn: int, wm: int, wn: int, bk: int, sizes: tuple[int, int] = (8, 8),
+                   tf32: bool = False) -> dict[str, int]:
+    """Registers per thread; `sizes`: elements per cp.async copy of A and B (0: the operand's
+    elements are loaded through registers, two registers each); `tf32`: float32 tiles read by
+    32-bit fragment loads (k steps of 8)."""
     tm, tn = bm // wm // 16, bn // wn // 8
     threads = 32 * wm * wn
     copies = staged = 0
@@ -157,6 +202,13 @@ def tile_registers(bm: int, bn: int, wm: int, wn: int, bk: int, sizes: tuple[int
     if staged:
         # the element and its guarded address: ptxas used 1.3-1.5 per element on the odd-K points
         parts["staged elements"] = 2 * staged
+    if tf32:
+        # the 32-bit fragment loads' swizzled addresses, invariant in the k loop: the XOR changes
+        # with each k8 step and 16-byte chunk (k-contiguous tiles) or 32-byte group (k-major ones).
+        # About one per A tile and per two B tiles per k8 step keeps the estimate at or above
+        # ptxas's count on 16 of 18 points (9 tilings x 2 operand layouts at 4096^3, sm_90; at
+        # most 5 below), and the points ptxas spilled are over 255 or left to the compile check
+        parts["tf32 fragment addresses"] = (bk // 8) * (tm + tn // 2)
     return parts
 
 
@@ -223,8 +275,9 @@ def gemm_view(info: KernelInfo) -> GemmView | str:
             layouts.append(layout_of([(dict(d.coeff), d.const) for d in x.per_dim if d is not None], list(x.dims)))
         else:
             layouts.append(layout_of([], []))  # no copy provable
+    element_bytes = 4 if a.dtype == "float32" else 2
     *_, a_copy, b_copy = gemm_order(rows, cols, [v for v, _ in info.reduction], layouts[0], layouts[1],
-                                    {v: int(e) for v, e in extents.items()})
+                                    {v: int(e) for v, e in extents.items()}, element_bytes)
     m = n = 1
     for v in rows:
         m *= extents[v]
@@ -241,6 +294,7 @@ class GemmTensorCore(Strategy):
     description = "half-precision contraction: mma.m16n8k16, cp.async ring, swizzled ldmatrix, fused epilogue"
     priority = 3
     compile_checked = True  # 200+ registers per thread: a point ptxas spills is passed over
+    precision = HALF
 
     def guard(self, info: KernelInfo, target: Target) -> str | None:
         if info.kind != "contraction":
@@ -263,13 +317,13 @@ class GemmTensorCore(Strategy):
         view = gemm_view(info)
         assert not isinstance(view, str)
         m, n = view.m, view.n
-        for bm, bn, (wm, wn), bk, stages in product(BLOCKS, BLOCKS, WARP_GRIDS, BKS, STAGES):
+        for bm, bn, (wm, wn), bk, stages in product(BLOCKS, BLOCKS, WARP_GRIDS, self.precision.bks, STAGES):
             if (bm >= 2 * m and bm > BLOCKS[0]) or (bn >= 2 * n and bn > BLOCKS[0]):
                 continue  # a tile twice the matrix leaves half its warps idle
             if not (WARP_TILE[0] <= bm // wm <= WARP_TILE[1] and WARP_TILE[0] <= bn // wn <= WARP_TILE[1]):
                 continue
             point = {"bm": bm, "bn": bn, "warps_m": wm, "warps_n": wn, "bk": bk, "stages": stages}
-            if shared_bytes(point) > target.smem_per_block_optin:
+            if shared_bytes(point, self.precision.operand_bytes) > target.smem_per_block_optin:
                 continue
             yield point
 
@@ -284,47 +338,90 @@ class GemmTensorCore(Strategy):
         row_tiles, col_tiles, k_tiles = _ceil(m, bm), _ceil(n, bn), _ceil(max(k, 1), bk)
         blocks = batch * row_tiles * col_tiles
         warps = blocks * wm * wn
-        k16 = k_tiles * bk // 16
-        a_bytes, b_bytes = 2.0 * m * k * batch, 2.0 * k * n * batch
+        p = self.precision
+        k16 = k_tiles * bk // p.k_step    # mma k steps (k16, or k8 for tf32)
+        a_bytes, b_bytes = p.operand_bytes * m * k * batch, p.operand_bytes * k * n * batch
         out_bytes = float(m * n * batch * info.write.itemsize)
         l2 = a_bytes * col_tiles + b_bytes * row_tiles + out_bytes
         sizes = view.copies
         copies = sum(tile // size // threads for tile, size in ((bm * bk, sizes[0]), (bn * bk, sizes[1])) if size)
         staged = sum(tile // threads for tile, size in ((bm * bk, sizes[0]), (bn * bk, sizes[1])) if not size)
-        ldmatrix = warps * k16 * (tm + tn // 2)
+        ldmatrix = warps * k16 * p.fragment_loads(tm, tn)
         mma = warps * k16 * tm * tn
         # an implicit GEMM's gathered addresses: a div/mod pair (about 4 instructions with constant
         # divisors) per extra reduction axis per copy or element load
-        instructions = (mma + ldmatrix + blocks * k_tiles * (wm * wn) * ((copies + staged) * (6 + 4 * view.gathered) + 8)
+        # tf32: one cvt.rna per fragment register loaded (ptxas keeps one per register, not per mma)
+        converts = 0.0 if p.ldmatrix else ldmatrix
+        instructions = (mma + ldmatrix + converts + blocks * k_tiles * (wm * wn) * ((copies + staged) * (6 + 4 * view.gathered) + 8)
                         + warps * tm * tn * 4 * (4 + info.epilogue_flops))
         # float16 and bfloat16 have the same dense peak on every target in the table
-        rate = target.tensor_flops.get("float16", 0.0) * MMA_SYNC_FRACTION.get(target.sm, 0.6)
-        registers = tile_registers(bm, bn, wm, wn, bk, sizes)
-        chain, resident, idle = sm_chain(target, rate, point, blocks, k_tiles, sum(registers.values()))
-        notes = [f"mma.m16n8k16 {tm}x{tn} tiles per warp, {stages}-stage cp.async ring of {bk}-wide k tiles",
-                 "ldmatrix from swizzled shared tiles (conflict-free)",
+        rate = target.tensor_flops.get(p.rate_key, 0.0) * MMA_SYNC_FRACTION.get(target.sm, 0.6)
+        registers = tile_registers(bm, bn, wm, wn, bk, sizes, tf32=not p.ldmatrix)
+        chain, resident, idle = sm_chain(target, rate, point, blocks, k_tiles, sum(registers.values()), p)
+        notes = [f"{self.mma_name} {tm}x{tn} tiles per warp, {stages}-stage cp.async ring of {bk}-wide k tiles",
+                 self.fragment_note,
                  f"{resident} block(s) per SM share the tensor pipe: idle {idle:.0%} of each k tile "
                  "(all resident blocks at their barrier or waiting for a stage at once)"]
         return Workload(
             blocks=blocks, threads=threads, registers=registers,
-            smem_bytes=shared_bytes(point), smem_opt_in=True,
+            smem_bytes=shared_bytes(point, p.operand_bytes), smem_opt_in=True,
             flops=2.0 * m * n * k * batch, fma_ops=float(m * n * batch * max(info.epilogue_flops, 0)),
-            tensor_flops=2.0 * blocks * bm * bn * k16 * 16, tensor_rate=rate,
+            tensor_flops=2.0 * blocks * bm * bn * k16 * p.k_step, tensor_rate=rate,
             dram_bytes=wave_dram_bytes(info, target, point, batch, resident, l2), l2_bytes=l2,
             global_wavefronts=(l2 - out_bytes) / 128.0 + out_bytes / 32.0,
-            smem_wavefronts=ldmatrix * LDMATRIX_WAVEFRONTS + blocks * k_tiles * (bm + bn) * bk * 2 / 128.0,
-            instructions=instructions, bytes_in_flight=2.0 * (bm + bn) * bk / threads * (stages - 1), ilp=float(tm * tn),
+            smem_wavefronts=(warps * k16 * p.fragment_wavefronts(tm, tn)
+                             + blocks * k_tiles * (bm + bn) * bk * p.operand_bytes / 128.0),
+            instructions=instructions, bytes_in_flight=p.operand_bytes * (bm + bn) * bk / threads * (stages - 1),
+            ilp=float(tm * tn),
             chain_cycles=chain, k_extent=k_tiles * bk, notes=notes)
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
-        sch.tensorize(info.stage, intrinsic="auto", block=(int(point["bm"]), int(point["bn"])),
+        sch.tensorize(info.stage, intrinsic=self.precision.intrinsic, block=(int(point["bm"]), int(point["bn"])),
                       warps=(int(point["warps_m"]), int(point["warps_n"])), k_tile=int(point["bk"]),
                       stages=int(point["stages"]))
 
     def describe(self, point: Point) -> str:
         bm, bn, wm, wn = (int(point[x]) for x in ("bm", "bn", "warps_m", "warps_n"))
-        return (f"gemm_tensor_core(mma.m16n8k16 f32 accumulators, block {bm}x{bn}, "
+        return (f"{self.name}({self.mma_name} f32 accumulators, block {bm}x{bn}, "
                 f"{wm}x{wn} warps of {bm // wm}x{bn // wn}, k-tile {point['bk']}, {point['stages']} cp.async stages)")
 
 
+    mma_name = "mma.m16n8k16"
+    fragment_note = "ldmatrix from swizzled shared tiles (conflict-free)"
+
+
+class GemmTensorCoreTF32(GemmTensorCore):
+    """float32 contractions on tensor cores with the operands rounded to tf32, only when the build
+    allows it (`build(..., allow_tf32=True)` sets Target.allow_tf32): the same plan step with
+    the intrinsic mma.m16n8k8.f32.tf32 named, priced at the target's dense TF32 peak. The SIMT
+    float32 strategies (gemm, gemm_pipelined) still serve the stage, and the planner ranks them
+    all by predicted time."""
+
+    name = "gemm_tensor_core_tf32"
+    description = ("float32 contraction with TF32 allowed: mma.m16n8k8 tf32, cp.async ring, swizzled ldmatrix / "
+                   "32-bit fragment loads, fused epilogue")
+    precision = TF32
+    mma_name = "mma.m16n8k8.tf32"
+    fragment_note = ("float32 operands rounded to tf32 (10 mantissa bits, cvt.rna) because the build allows TF32 "
+                     "(allow_tf32=True); ldmatrix (k-contiguous tiles) or 32-bit fragment loads (k-major ones) from "
+                     "swizzled shared tiles (conflict-free)")
+
+    def guard(self, info: KernelInfo, target: Target) -> str | None:
+        if info.kind != "contraction":
+            return f"not a contraction (kind {info.kind})"
+        if target.sm < 80:
+            return f"{target.arch} has no mma.m16n8k8 tf32 (needs sm_80 or later)"
+        if len(info.spatial) < 2 or not info.reduction:
+            return "needs at least two spatial axes and a reduction axis"
+        view = gemm_view(info)
+        if isinstance(view, str):
+            return view
+        if any(x.dtype != "float32" for x in (view.a, view.b)):
+            return "float32 operands only (16-bit operands: gemm_tensor_core)"
+        if not target.allow_tf32:
+            return "TF32 is off: float32 contractions use tensor cores only with build(..., allow_tf32=True)"
+        return None
+
+
 register(GemmTensorCore())
+register(GemmTensorCoreTF32())

@@ -16,7 +16,7 @@ The stage, as lowered (tensorize is the first primitive applied to it):
       C[s1, s2, ..] = epilogue(acc[0])
 
 with term `float32(x * y)` or `float32(x) * float32(y)`, and each multiplicand a read of a
-float16/bfloat16 input, optionally under `where(cond, read, 0)` (zero padding; casts may sit
+float16/bfloat16 input (or float32: the tf32 intrinsic, which tensorize takes only when named), optionally under `where(cond, read, 0)` (zero padding; casts may sit
 either side of the `where`). Each index of a read must be affine in the loop variables
 (Σ coefficient · variable + constant, integer coefficients).
 
@@ -196,10 +196,15 @@ def layout_of(per_dim: Sequence[tuple[Mapping[str, int], int]], dims: Sequence[i
     return Layout(coeff, const, guard_vars)
 
 
-COPY_SIZES = (8, 4, 2)  # halves per 16-, 8- and 4-byte cp.async
+COPY_BYTES = (16, 8, 4)  # the sizes of cp.async
 
 
-def contiguous_copy(layout: Layout, group: Sequence[tuple[str, int | None]]) -> int:
+def copy_sizes_of(element_bytes: int) -> tuple[int, ...]:
+    """Elements per 16-, 8- and 4-byte cp.async of elements of `element_bytes` (8, 4, 2 halves; 4, 2, 1 floats)."""
+    return tuple(b // element_bytes for b in COPY_BYTES if b >= element_bytes)
+
+
+def contiguous_copy(layout: Layout, group: Sequence[tuple[str, int | None]], element_bytes: int = 2) -> int:
     """Elements per cp.async copy along `group` (the axes of the tile's contiguous dimension,
     outermost first, with their extents): the run of innermost axes with strides 1, e0, e0·e1, ...
     that the `where` condition does not read gives consecutive flat group indices consecutive
@@ -216,7 +221,7 @@ def contiguous_copy(layout: Layout, group: Sequence[tuple[str, int | None]]) -> 
         inner.add(name)
     if not inner:
         return 0
-    for n in COPY_SIZES:
+    for n in copy_sizes_of(element_bytes):
         if run % n:
             continue
         others = [s for v, s in layout.coeff.items() if v not in inner] + [layout.const]
@@ -238,16 +243,18 @@ def order_by_stride(group: Sequence[str], *layouts: Layout) -> list[str]:
 
 
 def gemm_order(rows: Sequence[str], cols: Sequence[str], ks: Sequence[str], a: Layout, b: Layout,
-               extents: Mapping[str, int | None]) -> tuple[list[str], list[str], list[str], bool, bool, int, int]:
-    """The flattening orders of the groups, each operand's orientation (k_last) and copy size
-    (the module docstring's rules). Shared by tensorize and the strategy's cost model."""
+               extents: Mapping[str, int | None], element_bytes: int = 2,
+               ) -> tuple[list[str], list[str], list[str], bool, bool, int, int]:
+    """The flattening orders of the groups, each operand's orientation (k_last) and copy size in
+    elements of `element_bytes` (the module docstring's rules). Shared by tensorize and the
+    strategy's cost model."""
     rows_o, cols_o = order_by_stride(rows, a), order_by_stride(cols, b)
     best: tuple[int, int, list[str], bool, bool, int, int] | None = None
     for rank, ks_o in enumerate((order_by_stride(ks, a, b), order_by_stride(ks, b, a))):
         sides = []
         for lay, outer in ((a, rows_o), (b, cols_o)):
-            along_k = contiguous_copy(lay, [(v, extents[v]) for v in ks_o])
-            along_outer = contiguous_copy(lay, [(v, extents[v]) for v in outer])
+            along_k = contiguous_copy(lay, [(v, extents[v]) for v in ks_o], element_bytes)
+            along_outer = contiguous_copy(lay, [(v, extents[v]) for v in outer], element_bytes)
             if along_k or along_outer:
                 sides.append((along_k >= along_outer, max(along_k, along_outer)))
             else:
@@ -321,7 +328,7 @@ def match_contraction(func: PrimFunc, stage: str) -> Contraction:
                             "the kernel must be as lowered (tensorize is the first primitive applied to it)")
     if x.buffer.dtype != y.buffer.dtype:
         raise ScheduleError(f"{where}: mixed operand dtypes {x.buffer.name}: {x.buffer.dtype}, {y.buffer.dtype} "
-                            f"{y.buffer.name}; cast one so both are float16 or both bfloat16")
+                            f"{y.buffer.name}; cast one so both are float16, both bfloat16 or both float32")
     for load in (x, y):
         if load.buffer.strides is not None:
             raise ScheduleError(f"{where}: operand {load.buffer.name} has run-time strides; tensorize needs a "
@@ -367,7 +374,7 @@ def match_contraction(func: PrimFunc, stage: str) -> Contraction:
     by_name = {v.name: (v, e) for v, e in every}
     rows_o, cols_o, ks_o, a_k_last, b_k_last, a_copy, b_copy = gemm_order(
         [v.name for v in rows], [v.name for v in cols], [lp.var.name for lp in kloops],
-        layouts["A"], layouts["B"], extents)
+        layouts["A"], layouts["B"], extents, x.buffer.dtype.bytes)
     a = Operand("A", x.buffer, a_k_last, x, gx, a_copy)
     b = Operand("B", y.buffer, b_k_last, y, gy, b_copy)
     return Contraction(tuple(by_name[v.name] for v in batch), tuple(by_name[n] for n in rows_o),
@@ -476,9 +483,9 @@ def _multiplicands(where: str, term: Expr) -> tuple[tuple[BufferLoad, Expr | Non
         if not isinstance(side, BufferLoad) or side.buffer.scope != "global":
             raise ScheduleError(f"{where}: multiplicand {side} is not a read of an input (fold scales into the "
                                 "epilogue; casts to float32 and where(condition, read, 0) are allowed)")
-        if side.buffer.dtype not in (dt.float16, dt.bfloat16):
+        if side.buffer.dtype not in (dt.float16, dt.bfloat16, dt.float32):
             raise ScheduleError(f"{where}: operand {side.buffer.name} is {side.buffer.dtype}; tensor-core "
-                                "mma.m16n8k16 needs float16 or bfloat16 operands")
+                                "mma needs float16 or bfloat16 operands (or float32 ones rounded to tf32)")
         out.append((side, guard))
     return out[0], out[1]
 

@@ -69,6 +69,14 @@ What it emits, step by step (each step is one function below):
                replaced by the element: bias, activations, residuals, scales and the cast to the
                output dtype fuse as written.
 
+float32 operands (TF32, only with intrinsic "mma.m16n8k8.f32.tf32" named: "auto" refuses them,
+since rounding float32 inputs to tf32 is an opt-in, `build(..., allow_tf32=True)`) take the same
+steps with 4-byte elements: 16-byte copies of 4 floats, tiles shaped [S][rows/P][P][width] with
+`tf32_swizzle` (P rows per swizzle period, so a row block's offset stays outside the XOR), and
+in steps 4-5 (`compute_elementwise`) ldmatrix.x4 of b16 pairs for k-contiguous tiles and
+conflict-free 32-bit shared loads through the row's layout maps for k-major ones, k steps of 8, and mma.m16n8k8 tf32, whose asm block
+rounds each A/B register with cvt.rna.tf32.f32 (docs/tensor-cores.md, "TF32").
+
 On Hopper (intrinsic "wgmma"), tensorize_wgmma.py subclasses this emitter: the same matching,
 tiling, ring and epilogue, with steps 4-5 replaced by wgmmas that read 128B-swizzled shared
 tiles through descriptors, and the ring kept one stage behind the wgmma group in flight.
@@ -81,7 +89,7 @@ this file would then keep the matching, the fragment loads, the mma and the epil
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
@@ -109,7 +117,12 @@ from ...ir.visitor import ExprMutator
 from .implicit_gemm import Contraction, Operand, match_contraction, unflatten
 
 INTRINSICS = {"float16": "mma.m16n8k16.f32.f16", "bfloat16": "mma.m16n8k16.f32.bf16"}
+# float32 operands run on tensor cores only rounded to tf32, which a plan must name: "auto" never
+# picks it (docs/tensor-cores.md, "TF32"); the planner does when the build has allow_tf32=True.
+TF32 = "mma.m16n8k8.f32.tf32"
+OPERAND_DTYPES = {**{row: dtype for dtype, row in INTRINSICS.items()}, TF32: "float32"}
 CHUNK = 8  # halves per 16-byte cp.async copy and per ldmatrix row
+COPY_BYTES = 16
 
 
 # ---- fragment loads (shared by every tensor-core kernel) ---------------------------------------
@@ -163,8 +176,10 @@ class Tiling:
         return self.bn // self.warps_n // 8
 
 
-def check_tiling(stage: str, t: Tiling) -> None:
+def check_tiling(stage: str, t: Tiling, element_bytes: int = 2) -> None:
+    """Refuse a tiling the emitter cannot build for operands of `element_bytes`."""
     where = f"tensorize({stage})"
+    chunk = COPY_BYTES // element_bytes
     if t.stages < 2 or t.stages > 8:
         raise ScheduleError(f"{where}: stages must be 2..8 (cp.async.wait_group takes 0..7), got {t.stages}")
     if t.bk % 16 or t.bk < 16:
@@ -175,7 +190,7 @@ def check_tiling(stage: str, t: Tiling) -> None:
         raise ScheduleError(f"{where}: block {t.bm}x{t.bn} over warps {t.warps_m}x{t.warps_n} must give warp tiles "
                             "that are multiples of 16 x 16 (ldmatrix.x4 loads two 16x8 B tiles)")
     for rows, width in ((t.bm, t.bk), (t.bk, t.bm), (t.bk, t.bn), (t.bn, t.bk)):
-        if (rows * width) % (CHUNK * t.threads) or width % CHUNK or _power_of_two(width) is None:
+        if (rows * width) % (chunk * t.threads) or width % chunk or _power_of_two(width) is None:
             raise ScheduleError(f"{where}: a {rows}x{width} tile is not a whole number of 16-byte copies per thread "
                                 f"for {t.threads} threads (block dimensions and k_tile powers of two >= 16)")
 
@@ -196,6 +211,29 @@ def row_swizzle(width: int) -> Swizzle:
     return Swizzle(bits, 3, max(3, w - 3))
 
 
+def tf32_swizzle(width: int, k_last: bool) -> Swizzle:
+    """The XOR swizzle of a float32 tile with rows of `width` floats for the tf32 fragment loads
+    (32-bit shared loads, one element per lane, step 4 of the module docstring).
+
+    k-contiguous ([outer][k], k_last): the 32 lanes of an A or B fragment load read 8 rows (g =
+    lane // 4) at 4 consecutive floats (t = lane % 4) of one 16-byte chunk; the chunk index (base
+    2: 4 floats) XORed with row % 8 puts the 8 rows in 8 different chunks of the 32 banks. Rows
+    of 16 floats (64 B) pair up in a 128-byte line, so there the 2 chunk bits are XORed with
+    (row // 2) % 4 (bank = 16·(row % 2) + 4·chunk + t: 32 banks), as row_swizzle does for halves.
+
+    outer-contiguous ([k][outer]): the lanes read 4 rows (k = t) at 8 consecutive floats (g) of
+    one 8-aligned 32-byte group; the group index (base 3) XORed with row % 4 (2 bits) puts the 4
+    rows in 4 different 8-bank groups. Rows must be at least 32 floats (the XOR source lies
+    above the group bits). Both keep 16-byte chunks whole for the cp.async copies."""
+    w = _power_of_two(width)
+    assert w is not None
+    if k_last:
+        assert w >= 3
+        return Swizzle(min(3, w - 2), 2, max(3, w - 2))
+    assert w >= 5
+    return Swizzle(2, 3, w - 3)
+
+
 def tensorize(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) -> PrimFunc:
     """`func` (the lowered kernel of `stage`) as a tensor-core kernel (module docstring).
     `intrinsic` "auto" or an mma.m16n8k16 row: mma.sync; "wgmma" or a wgmma row: the Hopper
@@ -205,8 +243,20 @@ def tensorize(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) -> Pri
         from .tensorize_wgmma import tensorize_wgmma
         return tensorize_wgmma(func, stage, intrinsic, tiling)
     c = match_contraction(func, stage)
-    check_tiling(stage, tiling)
     dtype = c.a.buffer.dtype.name
+    check_tiling(stage, tiling, c.a.buffer.dtype.bytes)
+    if dtype == "float32":
+        if intrinsic != TF32:
+            raise ScheduleError(
+                f"tensorize({stage}): float32 operands run on tensor cores only rounded to tf32 (10 mantissa bits), "
+                f"which a plan must ask for by name: intrinsic={TF32!r} (got {intrinsic!r}); plan='auto' does so "
+                "only with build(..., allow_tf32=True)")
+        for op in (c.a, c.b):
+            outer = tiling.bm if op.role == "A" else tiling.bn
+            if not op.k_last and outer < 32:
+                raise ScheduleError(f"tensorize({stage}): a float32 {op.role} tile stored k-major needs at least 32 "
+                                    f"{'rows' if op.role == 'A' else 'columns'} per block (tf32_swizzle), got {outer}")
+        return _Emitter(func, c, intrinsic, tiling).kernel()
     want = INTRINSICS.get(dtype)
     if intrinsic == "auto":
         intrinsic = want or ""
@@ -273,9 +323,11 @@ class _Emitter:
         are `frag_c`, laid out by `c_map`."""
         t, intrinsic = self.t, self.row
         frag = lookup(intrinsic)
-        self.frag_a = Buffer("a_frag", frag.operand("a").dtype, _shape(8 * t.tm), "fragment",
+        # elements per lane of one A (16 x k) and one B (k x 8) tile: 8 and 4 halves, 4 and 2 floats
+        self.a_elements, self.b_elements = frag.operand("a").elements, frag.operand("b").elements
+        self.frag_a = Buffer("a_frag", frag.operand("a").dtype, _shape(self.a_elements * t.tm), "fragment",
                              fragment=(intrinsic, "a"))
-        self.frag_b = Buffer("b_frag", frag.operand("b").dtype, _shape(4 * t.tn), "fragment",
+        self.frag_b = Buffer("b_frag", frag.operand("b").dtype, _shape(self.b_elements * t.tn), "fragment",
                              fragment=(intrinsic, "b"))
         self.frag_c = Buffer("acc", dt.float32, _shape(4 * t.tm * t.tn), "fragment",
                              fragment=(intrinsic, "c"))
@@ -315,12 +367,29 @@ class _Emitter:
 
     def shared_buffer(self, op: Operand) -> Buffer:
         rows, width = self.tile_shape(op)
-        return Buffer(f"{op.buffer.name}_shared", op.buffer.dtype, _shape(self.t.stages, rows, width), "shared",
-                      tensor=f"{op.buffer.tensor}.shared", layout=row_swizzle(width))
+        if self.row == TF32:
+            # [S][rows / P][P][width], P rows per swizzle period: the stride of the second axis is
+            # a whole period, so codegen keeps a row block's offset outside the XOR (like the
+            # stage's) and the fragment loads' swizzled addresses are invariant in the k loop
+            layout = tf32_swizzle(width, op.k_last)
+            per = layout.period // width
+            shape = _shape(self.t.stages, rows // per, per, width)
+        else:
+            layout, shape = row_swizzle(width), _shape(self.t.stages, rows, width)
+        return Buffer(f"{op.buffer.name}_shared", op.buffer.dtype, shape, "shared",
+                      tensor=f"{op.buffer.tensor}.shared", layout=layout)
+
+    def period_rows(self, op: Operand) -> int | None:
+        """P of a [S][rows / P][P][width] tile (tf32), None for [S][rows][width]."""
+        buf = self.shared[op.role]
+        return const_int(buf.shape[2]) if len(buf.shape) == 4 else None
 
     def shared_index(self, op: Operand, stage: Expr, r: Expr, col: Expr) -> tuple[Expr, ...]:
         """The shared-buffer indices of element (r, col) of the operand's tile (its global
         orientation) in ring stage `stage`."""
+        per = self.period_rows(op)
+        if per is not None:
+            return stage, r // per, r % per, col
         return stage, r, col
 
     def asynchronous(self, op: Operand) -> bool:
@@ -418,6 +487,8 @@ class _Emitter:
 
     # steps 4 and 5: fragment loads and mma ------------------------------------------------------------
     def compute(self, stage: Expr) -> Stmt:
+        if self.row == TF32:
+            return self.compute_elementwise(stage)
         t, c = self.t, self.c
         wm, wn = t.bm // t.warps_m, t.bn // t.warps_n
 
@@ -442,6 +513,91 @@ class _Emitter:
             return seq(self.unrolled("frag_m", t.tm, load_a), self.unrolled("frag_n", t.tn // 2, load_b),
                        self.unrolled("mma_m", t.tm, mma))
         return self.unrolled("k_step", t.bk // 16, k_step)
+
+    def compute_elementwise(self, stage: Expr) -> Stmt:
+        """Steps 4-5 for tf32 (float32 tiles): a k-contiguous tile ([m][k] A, [n][k] B) is read
+        with ldmatrix.x4 moving 32-bit elements as b16 pairs (MatrixLoad's docstring: each lane
+        gets float (lane % 4) of row (lane // 4) of each matrix, exactly the m16n8k8 tf32 A
+        fragment of four 8 x 4 matrices, or b0, b1 of two n8 B tiles); a k-major tile, where
+        .trans would split floats across lanes, with one conflict-free 32-bit shared load per
+        fragment element at the (row, col) of the row's layout maps (tf32_swizzle serves both).
+        The mma converts A and B to tf32 (`cvt.rna.tf32.f32`, the row's operand conversion) as
+        it reads them; ptxas keeps one conversion per loaded register."""
+        t, c = self.t, self.c
+        wm, wn = t.bm // t.warps_m, t.bn // t.warps_n
+        row = lookup(self.row)
+        kdim = row.shape[2]
+
+        def element(op: Operand, e: int, warp: Expr, warp_size: int, step: Var, step_size: int, kk: Var) -> Expr:
+            """Fragment element e of the operand from its shared tile: the map's (outer, k) is
+            the warp's base warp·warp_size + step·step_size (outer) and kk·kdim (k) plus the
+            map's lane-independent part plus the lane's part. The tile's row splits into its
+            period block (whole periods: outside the XOR) and the lane's row inside the block,
+            which needs the bases to be multiples of P and the lane's part below P (checked on the
+            map for every lane), so no division is emitted."""
+            role = op.role.lower()
+            layout = row.operand(role).layout
+            per = self.period_rows(op)
+            assert per is not None and warp_size % per == 0 and step_size % per == 0 and kdim % per == 0
+
+            def outer_k(lane: Any, el: Any) -> tuple[Any, Any]:
+                at = layout(lane, el)
+                return (at[0], at[1]) if role == "a" else (at[1], at[0])
+            base_outer, base_k = outer_k(0, e)
+            row_of = 0 if op.k_last else 1   # which of (outer, k) is the tile's row
+            for lane in range(32):           # separable, the lane's row part inside one block
+                whole, part = outer_k(lane, e), outer_k(lane, 0)
+                assert whole == (part[0] + base_outer, part[1] + base_k) and 0 <= part[row_of] < per
+            lane_outer, lane_k = outer_k(self.lane, 0)
+            if op.k_last:
+                assert base_outer % per == 0
+                block = warp * (warp_size // per) + step * (step_size // per) + base_outer // per
+                return self.shared[op.role][stage, block, lane_outer, kk * kdim + base_k + lane_k]
+            assert base_k % per == 0
+            block = kk * (kdim // per) + base_k // per
+            return self.shared[op.role][stage, block, lane_k, warp * warp_size + step * step_size + base_outer + lane_outer]
+
+        r8, j = self.lane % 8, self.lane // 8   # an ldmatrix.x4: lane supplies row r8 of matrix j
+
+        def k_step(kk: Var) -> Stmt:
+            def load_a(mi: Var) -> Stmt:
+                if c.a.k_last:
+                    # x4 of 4-float rows, matrices (m 0:8, k 0:4), (m 8:16, k 0:4), (m 0:8, k 4:8),
+                    # (m 8:16, k 4:8): registers a0..a3 of the m16n8k8 tf32 A fragment
+                    per = self.period_rows(c.a)
+                    assert per == 8
+                    block = self.warp_m * (wm // 8) + mi * 2 + j % 2
+                    return MatrixLoad("ldmatrix.x4", FragmentRef(self.frag_a, self.a_elements * mi), self.shared["A"],
+                                      (stage, block, r8, kk * kdim + 4 * (j // 2)))
+                return seq(*(BufferStore(self.frag_a, (mi * self.a_elements + e,),
+                                         element(c.a, e, self.warp_m, wm, mi, 16, kk))
+                             for e in range(self.a_elements)))
+
+            def load_b(ni: Var) -> Stmt:
+                return seq(*(BufferStore(self.frag_b, (ni * self.b_elements + e,),
+                                         element(c.b, e, self.warp_n, wn, ni, 8, kk))
+                             for e in range(self.b_elements)))
+
+            def load_b_pair(nj: Var) -> Stmt:
+                # x4 of 4-float rows of the [n][k] tile, matrices (n 0:8, k 0:4), (n 0:8, k 4:8),
+                # (n 8:16, k 0:4), (n 8:16, k 4:8): b0, b1 of two n8 tiles
+                per = self.period_rows(c.b)
+                assert per == 8
+                block = self.warp_n * (wn // 8) + nj * 2 + j // 2
+                return MatrixLoad("ldmatrix.x4", FragmentRef(self.frag_b, 2 * self.b_elements * nj), self.shared["B"],
+                                  (stage, block, r8, kk * kdim + 4 * (j % 2)))
+
+            def mma(mi: Var) -> Stmt:
+                def one(ni: Var) -> Stmt:
+                    acc = FragmentRef(self.frag_c, (mi * t.tn + ni) * 4)
+                    return MatrixMultiply(self.row, acc, FragmentRef(self.frag_a, self.a_elements * mi),
+                                          FragmentRef(self.frag_b, self.b_elements * ni), acc)
+                return self.unrolled("mma_n", t.tn, one)
+
+            loads_b = (self.unrolled("frag_n", t.tn // 2, load_b_pair) if c.b.k_last
+                        else self.unrolled("frag_n", t.tn, load_b))
+            return seq(self.unrolled("frag_m", t.tm, load_a), loads_b, self.unrolled("mma_m", t.tm, mma))
+        return self.unrolled("k_step", t.bk // kdim, k_step)
 
     # step 6: the epilogue ---------------------------------------------------------------------------
     def epilogue(self) -> Stmt:
@@ -473,5 +629,5 @@ class _Emitter:
         return IfThenElse((row < c.m) & (column < c.n), BufferStore(store.buffer, indices, value))
 
 
-__all__ = ["CHUNK", "INTRINSICS", "Contraction", "Operand", "Tiling", "check_tiling", "load_a_fragment",
-           "load_b_fragments", "match_contraction", "row_swizzle", "tensorize"]
+__all__ = ["CHUNK", "INTRINSICS", "TF32", "Contraction", "Operand", "Tiling", "check_tiling", "load_a_fragment",
+           "load_b_fragments", "match_contraction", "row_swizzle", "tensorize", "tf32_swizzle"]

@@ -139,6 +139,11 @@ def compile_matrix_load(s: MatrixLoad, scope: Scope) -> Runner:
     fidx = [compile_expr(i, scope) for i in s.src_indices]
     foff = compile_expr(s.dst.offset, scope)
     what = f"{row.name} ({row.ptx}) from {s.src.name}"
+    # 32-bit elements move as b16 pairs: a row is 4 elements, a register one element, the one
+    # whose pair (2t, 2t+1) the 16-bit map gives (MatrixLoad's docstring)
+    pairs = s.pairs
+    row_elements = 4 if pairs else 8
+    element_bytes = s.src.dtype.bytes
 
     def run(st: LaneState) -> None:
         check_whole_warps(st, what)
@@ -148,11 +153,18 @@ def compile_matrix_load(s: MatrixLoad, scope: Scope) -> Runner:
         start = start.reshape(-1, WARP_SIZE)
         warp_active = np.ones(start.shape[0], dtype=bool) if st.mask is None else st.mask.reshape(-1, WARP_SIZE)[:, 0]
         if st.checks:
-            _check_row_addresses(st, src, start, warp_active, row, what)
+            _check_row_addresses(st, src, start, warp_active, row, what, row_elements)
         if counting():
             physical = start if src.layout is None else src.layout.apply(start)
-            record_access(st, src.name, physical.reshape(-1) * 2, 16, row.address_lanes)
+            record_access(st, src.name, physical.reshape(-1) * element_bytes, 16, row.address_lanes)
         off = _uniform_offset(st, foff(st), what)
+        if pairs:
+            for r in range(op.registers):
+                e = 2 * r  # the low half of the pair: its row and its column // 2
+                logical = start[:, supplier[rows[:, e]]] + cols[:, e] // 2
+                flat = logical.reshape(-1)
+                dst.store(st, (off + r,), src.load_keys(st, src.keys_of(flat), (flat,)), (0,))
+            return
         for e in range(op.elements):
             logical = start[:, supplier[rows[:, e]]] + cols[:, e]  # (warps, 32)
             flat = logical.reshape(-1)
@@ -162,20 +174,21 @@ def compile_matrix_load(s: MatrixLoad, scope: Scope) -> Runner:
 
 
 def _check_row_addresses(st: LaneState, src: Any, start: np.ndarray, warp_active: np.ndarray,
-                         row: MatrixIntrinsic, what: str) -> None:
-    """Each address lane's row must lie inside the buffer and be 8 contiguous, 16-byte-aligned
-    elements after the layout (what ldmatrix reads as one 16-byte row)."""
+                         row: MatrixIntrinsic, what: str, width: int = 8) -> None:
+    """Each address lane's row must lie inside the buffer and be `width` contiguous (8 16-bit or
+    4 32-bit), 16-byte-aligned elements after the layout (what ldmatrix reads as one 16-byte row)."""
     used = start[warp_active][:, :row.address_lanes]
     if used.size == 0:
         return
-    bad = (used < 0) | (used + 8 > src.size)
+    bad = (used < 0) | (used + width > src.size)
     phys = used if src.layout is None else src.layout.apply(used)
     contiguous = np.ones(used.shape, dtype=bool)
-    for c in range(8):
+    for c in range(width):
         p = used + c if src.layout is None else src.layout.apply(used + c)
         contiguous &= p == phys + c
-    misaligned = (phys % 8 != 0) | ~contiguous
-    for mask, problem in ((bad, "lies outside"), (misaligned, "is not 8 contiguous 16-byte-aligned elements of")):
+    misaligned = (phys % width != 0) | ~contiguous
+    for mask, problem in ((bad, "lies outside"),
+                          (misaligned, f"is not {width} contiguous 16-byte-aligned elements of")):
         if mask.any():
             w, lane = np.argwhere(mask)[0]
             warp = int(np.flatnonzero(warp_active)[w])
@@ -184,4 +197,4 @@ def _check_row_addresses(st: LaneState, src: Any, start: np.ndarray, warp_active
             raise err_type(
                 f"{what} in kernel {st.kernel}: the row that {where} addresses (element {int(used[w, lane])}) "
                 f"{problem} shared buffer {src.name} ({src.size} elements{', ' + str(src.layout) if src.layout else ''}); "
-                "each address lane must point at a 16-byte-aligned row of 8 elements")
+                f"each address lane must point at a 16-byte-aligned row of {width} elements")

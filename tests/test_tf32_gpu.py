@@ -1,0 +1,119 @@
+"""TF32 float32 contractions on a real GPU (skipped without one), against torch in float64.
+
+Every element within ((1 + u)² - 1 + (K + 1)·2⁻²³·(1 + u)²)·Σ|a·b| with u = 2⁻¹¹: each input
+rounded to tf32 by cvt.rna (10 mantissa bits, relative error <= u), products of the rounded
+inputs exact, float32 accumulation in the mma that aligns and truncates (2⁻²³ per addition:
+tests/test_tensorize_gpu.py). torch's own TF32 is left off, so the reference is exact float64.
+Builds use `allow_tf32=True` (plan="auto") or name the tf32 intrinsic; the output starts as NaN.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import tecc as tc
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+TF32 = "mma.m16n8k8.f32.tf32"
+U = 2.0**-11
+
+
+def _contraction(m: Any, n: int, k: int, a_t: bool = False, b_t: bool = False, batch: int = 0,
+                 relu_bias: bool = False) -> list[tc.Tensor]:
+    lead = (batch,) if batch else ()
+    A = tc.placeholder(lead + ((k, m) if a_t else (m, k)), "float32", "A")
+    B = tc.placeholder(lead + ((n, k) if b_t else (k, n)), "float32", "B")
+    bias = tc.placeholder((n,), "float32", "bias")
+    r = tc.reduce_axis(k, "r")
+
+    def body(*ix: Any) -> Any:
+        *bs, i, j = ix
+        a = A[(*bs, r, i)] if a_t else A[(*bs, i, r)]
+        b = B[(*bs, j, r)] if b_t else B[(*bs, r, j)]
+        acc = tc.sum(a * b, axis=r)
+        return tc.maximum(acc + bias[j], tc.const(0.0, "float32")) if relu_bias else acc
+
+    C = tc.compute(lead + (m, n), body, name="C")
+    return [A, B] + ([bias] if relu_bias else []) + [C]
+
+
+def _run(m: int, n: int, k: int, *, a_t: bool = False, b_t: bool = False, batch: int = 0,
+         relu_bias: bool = False, symbolic: bool = False, plan: Any = "auto") -> Any:
+    torch.backends.cuda.matmul.allow_tf32 = False  # the float64 reference must not round
+    tensors = _contraction(tc.var("M") if symbolic else m, n, k, a_t, b_t, batch, relu_bias)
+    f = tc.build(tensors, plan=plan, sizes={"M": m} if symbolic else None, allow_tf32=True)
+    if plan == "auto":
+        assert f.plan.strategy == "gemm_tensor_core_tf32", f.plan.reason
+    lead = (batch,) if batch else ()
+    g = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
+    a = torch.randn(lead + ((k, m) if a_t else (m, k)), device="cuda", generator=g)
+    b = torch.randn(lead + ((n, k) if b_t else (k, n)), device="cuda", generator=g)
+    a64 = a.double().transpose(-1, -2) if a_t else a.double()
+    b64 = b.double().transpose(-1, -2) if b_t else b.double()
+    exact = a64 @ b64
+    grow = (1 + U) ** 2
+    bound = (grow - 1 + (k + 1) * 2.0**-23 * grow) * (a64.abs() @ b64.abs())
+    args = [a, b]
+    want = exact
+    if relu_bias:
+        bias = torch.rand(n, device="cuda", generator=g) * 8 - 4
+        args.append(bias)
+        want = torch.clamp(exact + bias.double(), min=0.0)
+        bound = bound + 2.0**-24 * (exact.abs() + bias.double().abs() + bound)  # the float32 bias add
+    c = torch.full(lead + (m, n), float("nan"), device="cuda")
+    f(*args, c)
+    torch.cuda.synchronize()
+    got = c.double()
+    err = torch.where(torch.isnan(got), torch.full_like(got, float("inf")), (got - want).abs() - bound)
+    bad = int((err > 0).sum())
+    if bad:
+        i = tuple(int(x) for x in torch.unravel_index(torch.argmax(err), err.shape))
+        raise AssertionError(f"{f.plan.reason}: {bad} of {err.numel()} elements off; worst at {i}: got {got[i]}, "
+                             f"want {want[i]} (bound {bound[i]:.3g})")
+    return f
+
+
+# K = 1023: A by element loads; 1002: 8-byte cp.async for A
+@pytest.mark.parametrize("m,n,k", [(1000, 1000, 1000), (4096, 4096, 4096), (127, 4096, 1023), (1000, 1000, 1002)])
+def test_tf32_gemm_on_gpu(m: int, n: int, k: int) -> None:
+    _run(m, n, k)
+
+
+@pytest.mark.parametrize("a_t,b_t", [(True, False), (False, True), (True, True)])
+def test_tf32_transposed_operands_on_gpu(a_t: bool, b_t: bool) -> None:
+    _run(1000, 1000, 1000, a_t=a_t, b_t=b_t)
+
+
+def test_tf32_batched_symbolic_and_epilogue_on_gpu() -> None:
+    _run(512, 512, 512, batch=8)
+    _run(1000, 512, 256, symbolic=True)
+    _run(1024, 1024, 1024, relu_bias=True)
+
+
+@pytest.mark.parametrize("block,warps,k_tile,stages", [((128, 128), (2, 2), 16, 4), ((128, 256), (2, 4), 16, 4),
+                                                       ((64, 64), (2, 2), 32, 4), ((128, 128), (2, 4), 32, 3)])
+def test_explicit_tf32_points_on_gpu(block: tuple[int, int], warps: tuple[int, int], k_tile: int, stages: int) -> None:
+    plan = {"strategy": "manual", "reason": "test", "steps": [
+        {"primitive": "tensorize", "args": {"stage": "C", "intrinsic": TF32, "block": list(block),
+                                            "warps": list(warps), "k_tile": k_tile, "stages": stages}}]}
+    _run(1000, 1000, 1000, b_t=True, plan=plan)
+    _run(1000, 1000, 1000, a_t=True, plan=plan)
+
+
+def test_tf32_off_keeps_float32_exact_on_gpu() -> None:
+    """Without allow_tf32 the float32 product is within the float32 bound, far below TF32's."""
+    m = n = k = 1024
+    f = tc.build(_contraction(m, n, k))
+    assert f.plan.strategy not in ("gemm_tensor_core_tf32",), f.plan.reason
+    a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+    c = torch.full((m, n), float("nan"), device="cuda")
+    f(a, b, c)
+    torch.cuda.synchronize()
+    exact = a.double() @ b.double()
+    bound = (k + 1) * 2.0**-24 * (a.double().abs() @ b.double().abs())
+    assert bool(((c.double() - exact).abs() <= bound).all()), f.plan.reason
