@@ -83,11 +83,13 @@ from ...ir.expr import (
     walk,
     warp_shuffle,
 )
-from ...ir.intrinsics import lookup
+from ...ir.descriptor import MatrixDescriptor
+from ...ir.intrinsics import WARPGROUP_SIZE, WGMMA_N, lookup
 from ...ir.stmt import (
     Allocate,
     AsyncCommit,
     AsyncCopy,
+    AsyncProxyFence,
     AsyncWait,
     Barrier,
     Buffer,
@@ -99,7 +101,12 @@ from ...ir.stmt import (
     MatrixMultiply,
     Module,
     PrimFunc,
+    SharedMatrix,
     Stmt,
+    WarpgroupCommit,
+    WarpgroupFence,
+    WarpgroupMatrixMultiply,
+    WarpgroupWait,
     seq,
 )
 from ...ir.tensor import PlaceholderOp, Tensor
@@ -107,6 +114,7 @@ from ...ir.visitor import SubexpressionReplacer
 from ..lower import exprs_of, global_buffers, scalar_vars, signature
 from ..names import identifier
 from ..schedule.tensorize import CHUNK, INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
+from ..schedule.tensorize_wgmma import wgmma_intrinsic
 from .key_tiles import kept, key_tile_bound, skipping_description, unmasked_tile_bound
 from .online_contraction import MAX_GRID_Y, OnlineChain, _Lower, head_indices, online_chain
 
@@ -250,13 +258,17 @@ def _check_relayout(qk: str, pv: str) -> None:
 
 
 def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key_tile: int = 64,
-                           warp_rows: int = 16, name: str | None = None) -> Module:
+                           warp_rows: int = 16, name: str | None = None, wgmma: bool = False) -> Module:
     """The module of ONE tensor-core kernel computing the chain `args` (module docstring):
     `rows_per_block` query rows per block, `warp_rows` (16 or 32: one or two m16 tiles, which
-    share every K and V fragment a warp loads) per warp, key tiles of `key_tile`."""
+    share every K and V fragment a warp loads) per warp, key tiles of `key_tile`.
+    `wgmma`: the Hopper form (sm_90a; section "The Hopper form" of the module docstring): one
+    warpgroup per 64 query rows, both contractions as wgmma, `warp_rows` ignored."""
     where = "online_contraction_mma"
     chain = online_chain(args)
     tc_chain = tensor_core_chain(chain)
+    if wgmma:
+        return _wgmma_module(tc_chain, rows_per_block, key_tile, name)
     if warp_rows not in (16, 32):
         raise ScheduleError(f"{where}: warp_rows={warp_rows} must be 16 or 32 (one or two m16 tiles per warp)")
     if rows_per_block % warp_rows or not warp_rows <= rows_per_block <= 512 or rows_per_block // warp_rows > 16:
@@ -269,7 +281,9 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
 
 
 class _Kernel:
-    def __init__(self, tcc: TensorCoreChain, rows: int, key_tile: int, warp_rows: int, name: str | None) -> None:
+    def __init__(self, tcc: TensorCoreChain, rows: int, key_tile: int, warp_rows: int, name: str | None,
+                 warpgroup: bool = False) -> None:
+        self.wg = warpgroup
         self.tcc, self.chain = tcc, tcc.chain
         self.BM, self.BN = rows, key_tile
         self.WR, self.MT = warp_rows, warp_rows // 16   # rows and m16 tiles per warp
@@ -287,6 +301,31 @@ class _Kernel:
         self.tx, self.kt = Var(u("thread"), dt.int32), Var(u("key_tile"), dt.int32)
         self.lane, self.warp = self.tx % 32, self.tx // 32
         self.lower = _Lower(self.buffers, u)
+        if warpgroup:
+            self.warpgroup = self.tx // WARPGROUP_SIZE
+            self.qk_wgmma = wgmma_intrinsic(tcc.q.dtype.name, key_tile)
+            assert self.C is not None
+            self.pv_wgmma = wgmma_intrinsic(tcc.v.dtype.name, self.C)
+
+    def blocked(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
+        """The Hopper form's shared tile [stages][width / W][rows][W] of `read`: W = min(width, 64)
+        halves a row (2·W bytes, the swizzle's row), the descriptors' swizzle as the buffer's layout."""
+        w = min(width, 64)
+        shape = tuple(Const(n, dt.int32) for n in (stages, width // w, rows, w))
+        return Buffer(self.unique(label), read.dtype, shape, "shared", tensor=f"{read.tensor.name}.shared",
+                      layout=_descriptor(w, "K").layout)
+
+    def operand(self, buf: Buffer, stage: Expr, row0: Expr, step: Expr, mn_major: bool = False) -> SharedMatrix:
+        """The wgmma operand of the blocked tile `buf` (blocked()) at k16 step `step`: K-major
+        (Q, K: rows are the tile's rows, k along its width) from row `row0`; for V (the P·V B
+        operand, k = the tile's rows = keys, n = its width) MN-major."""
+        _, blocks, rows, w = (const_int(x) for x in buf.shape)
+        assert blocks is not None and rows is not None and w is not None
+        base = stage * (blocks * rows * w)
+        if mn_major:
+            return SharedMatrix(buf, base + step * (16 * w), _descriptor(w, "MN", rows))
+        k = step * 16
+        return SharedMatrix(buf, base + (k // w) * (rows * w) + row0 * w + k % w, _descriptor(w, "K"))
 
     def frag(self, label: str, intrinsic: str, role: str, size: int) -> Buffer:
         op = lookup(intrinsic).operand(role)
@@ -307,7 +346,8 @@ class _Kernel:
     def copy_tile(self, dst: Buffer, stage: Expr, read: TensorRead, at: dict[Var, Expr], row0: Expr, extent: Expr,
                   rows: int, width: int) -> Stmt:
         """cp.async of rows [row0, row0 + rows) x [0, width) of the read tensor into dst[stage],
-        16 bytes per copy, zero past `extent`."""
+        16 bytes per copy, zero past `extent`. A 4-dimensional dst (the Hopper form) is
+        [stages][width / W][rows][W]: blocks of W-element swizzled rows."""
         per_row = width // CHUNK
         chunks = rows * per_row
         count = -(-chunks // self.threads)
@@ -317,7 +357,13 @@ class _Kernel:
         def copy(u: Var) -> Stmt:
             chunk = self.tx + self.threads * u
             r, col = chunk // per_row, (chunk % per_row) * CHUNK
-            st: Stmt = AsyncCopy(dst, (stage, r, col), src, lead + (row0 + r, col), 16,
+            if len(dst.shape) == 4:
+                w = const_int(dst.shape[3])
+                assert w is not None
+                at_dst: tuple[Expr, ...] = (stage, col // w, r, col % w)
+            else:
+                at_dst = (stage, r, col)
+            st: Stmt = AsyncCopy(dst, at_dst, src, lead + (row0 + r, col), 16,
                                  compare("<", row0 + r, extent), "cg")
             if chunks % self.threads:
                 st = IfThenElse(compare("<", chunk, chunks), st)
@@ -343,17 +389,27 @@ class _Kernel:
 
         # per m16 tile mt of the warp: fragments at mt · (one tile's size), statistics at 2·mt + r
         QF, SF, PF, OF = 8 * (D // 16), 4 * (BN // 8), 8 * (BN // 16), 4 * (C // 8)
-        q_frag = self.frag("q_frag", tcc.qk_intrinsic, "a", QF * MT)
-        k_frag = self.frag("k_frag", tcc.qk_intrinsic, "b", 8)
-        s_frag = self.frag("s_frag", tcc.qk_intrinsic, "c", SF * MT)
-        p_frag = self.frag("p_frag", tcc.pv_intrinsic, "a", PF * MT)
-        v_frag = self.frag("v_frag", tcc.pv_intrinsic, "b", 8)
-        o_frag = self.frag("o_frag", tcc.pv_intrinsic, "c", OF * MT)
         m_run, l_run = self.local("m_run", 2 * MT), self.local("l_run", 2 * MT)
         m_use, alpha = self.local("m_use", 2 * MT), self.local("alpha", 2 * MT)
-        q_sh = self.shared("q_shared", tcc.q, 1, BM, D)
-        k_sh = self.shared("k_shared", tcc.k, STAGES, BN, D)
-        v_sh = self.shared("v_shared", tcc.v, STAGES, BN, C)
+        wg = self.wg
+        if wg:  # the Hopper form: S and O are wgmma accumulators, P its register A, Q stays in shared
+            q_frag = k_frag = v_frag = None
+            s_frag = self.frag("s_frag", self.qk_wgmma, "d", SF)
+            p_frag = self.frag("p_frag", self.pv_wgmma, "a", PF)
+            o_frag = self.frag("o_frag", self.pv_wgmma, "d", OF)
+            q_sh = self.blocked("q_shared", tcc.q, 1, BM, D)
+            k_sh = self.blocked("k_shared", tcc.k, STAGES, BN, D)
+            v_sh = self.blocked("v_shared", tcc.v, STAGES, BN, C)
+        else:
+            q_frag = self.frag("q_frag", tcc.qk_intrinsic, "a", QF * MT)
+            k_frag = self.frag("k_frag", tcc.qk_intrinsic, "b", 8)
+            s_frag = self.frag("s_frag", tcc.qk_intrinsic, "c", SF * MT)
+            p_frag = self.frag("p_frag", tcc.pv_intrinsic, "a", PF * MT)
+            v_frag = self.frag("v_frag", tcc.pv_intrinsic, "b", 8)
+            o_frag = self.frag("o_frag", tcc.pv_intrinsic, "c", OF * MT)
+            q_sh = self.shared("q_shared", tcc.q, 1, BM, D)
+            k_sh = self.shared("k_shared", tcc.k, STAGES, BN, D)
+            v_sh = self.shared("v_shared", tcc.v, STAGES, BN, C)
         c_map = lookup(tcc.qk_intrinsic).operand("c").layout
 
         bound = key_tile_bound(chain, self.bx, BM, BN)
@@ -365,18 +421,23 @@ class _Kernel:
                        self.copy_tile(v_sh, stage, tcc.v, head_at, j0, chain.keys, BN, C))
 
         # 1. Q -> shared -> A fragments; K, V tile 0 in the same group
-        prologue = seq(
-            self.copy_tile(q_sh, zero, tcc.q, head_at, q0, queries, BM, D),
-            IfThenElse(compare("<", zero, n_tiles), load_kv(zero, zero)),
-            AsyncCommit(),
+        init = seq(
+            self.unrolled("row", 2 * MT, lambda r: seq(BufferStore(m_run, (r,), minus_inf),
+                                                      BufferStore(l_run, (r,), Const(0.0, dt.float32)))),
+            self.unrolled("o_zero", OF * MT, lambda e: BufferStore(o_frag, (e,), Const(0.0, dt.float32))))
+        q_copy = seq(self.copy_tile(q_sh, zero, tcc.q, head_at, q0, queries, BM, D),
+                     IfThenElse(compare("<", zero, n_tiles), load_kv(zero, zero)),
+                     AsyncCommit())
+        # the Hopper form: Q stays in shared memory; the loop's wait, proxy fence and barrier
+        # make it (and tile 0) visible to the first wgmma
+        prologue = seq(q_copy, init) if wg else seq(
+            q_copy,
             AsyncWait(0),
             Barrier(),
             self.unrolled("q_tile", MT, lambda mt: self.unrolled("q_step", D // 16, lambda kd: load_a_fragment(
                 FragmentRef(q_frag, QF * mt + 8 * kd), q_sh, zero, self.warp * self.WR + mt * 16, kd * 16, self.lane,
                 True))),
-            self.unrolled("row", 2 * MT, lambda r: seq(BufferStore(m_run, (r,), minus_inf),
-                                                      BufferStore(l_run, (r,), Const(0.0, dt.float32)))),
-            self.unrolled("o_zero", OF * MT, lambda e: BufferStore(o_frag, (e,), Const(0.0, dt.float32))),
+            init,
         )
 
         # 3. S = Q K^T
@@ -395,8 +456,16 @@ class _Kernel:
                     load_b_fragments(FragmentRef(k_frag, 0), k_sh, stage, kn * 16, kd * 16, self.lane, True),
                     self.unrolled("qk_tile", MT, mma))
             return self.unrolled("key_pair", BN // 16, pair)
-        scores = seq(self.unrolled("s_zero", SF * MT, lambda e: BufferStore(s_frag, (e,), Const(0.0, dt.float32))),
-                     self.unrolled("qk_step", D // 16, qk_step))
+        if wg:
+            scores = seq(WarpgroupFence(),
+                         self.unrolled("qk_step", D // 16, lambda kd: WarpgroupMatrixMultiply(
+                             self.qk_wgmma, FragmentRef(s_frag, 0), self.operand(q_sh, zero, self.warpgroup * 64, kd),
+                             self.operand(k_sh, stage, zero, kd), compare("!=", kd, zero))),
+                         WarpgroupCommit(),
+                         WarpgroupWait(0, (s_frag,)))
+        else:
+            scores = seq(self.unrolled("s_zero", SF * MT, lambda e: BufferStore(s_frag, (e,), Const(0.0, dt.float32))),
+                         self.unrolled("qk_step", D // 16, qk_step))
 
         # 4. the elementwise stage per accumulator element, in log2 units
         has_reads = _reads_inputs(tcc)
@@ -500,9 +569,25 @@ class _Kernel:
             return self.unrolled("column_pair", C // 16, pair)
 
         ahead = self.kt + 1
+        if wg:
+            pv: Stmt = seq(
+                WarpgroupFence(),   # after the rescale's writes of O, before the wgmmas read it
+                self.unrolled("pv_step", BN // 16, lambda kk: WarpgroupMatrixMultiply(
+                    self.pv_wgmma, FragmentRef(o_frag, 0), FragmentRef(p_frag, 8 * kk),
+                    self.operand(v_sh, stage, zero, kk, mn_major=True), Const(True, dt.bool_))),
+                WarpgroupCommit(),
+                WarpgroupWait(0, (o_frag,)))   # P and the stage are free before the next iteration
+            # tile kt (and Q) has landed; the copies are generic-proxy writes, which wgmma (the
+            # async proxy) sees after the fence; then every thread's copies, and every
+            # warpgroup's wgmmas of tile kt - 1 are complete, so its stage may be refilled
+            head: tuple[Stmt, ...] = (AsyncWait(0), AsyncProxyFence(), Barrier())
+        else:
+            pv = self.unrolled("pv_step", BN // 16, pv_step)
+            # tile kt has landed (the only group in flight) for every thread, and every warp is
+            # done with tile kt - 1's stage
+            head = (AsyncWait(0), Barrier())
         loop = For(self.kt, zero, n_tiles, "serial", seq(
-            AsyncWait(0),   # tile kt has landed (the only group in flight)
-            Barrier(),      # ... for every thread, and every warp is done with tile kt - 1's stage
+            *head,
             IfThenElse(compare("<", ahead, n_tiles), load_kv(ahead % STAGES, ahead)),
             AsyncCommit(),
             scores,
@@ -510,7 +595,7 @@ class _Kernel:
             self.unrolled("row_stat", 2 * MT, row_stats),
             self.unrolled("p_m", MT, lambda mt: self.unrolled("p_tile", BN // 8, lambda nt: weights(mt, nt))),
             self.unrolled("o_m", MT, lambda mt: self.unrolled("o_tile", C // 8, lambda nt: rescale(mt, nt))),
-            self.unrolled("pv_step", BN // 16, pv_step),
+            pv,
         ))
 
         # 8. epilogue
@@ -557,7 +642,8 @@ class _Kernel:
         body: Stmt = seq(prologue, loop, AsyncWait(0), *finish)
         for buf in reversed([q_sh, k_sh, v_sh, q_frag, k_frag, s_frag, p_frag, v_frag, o_frag,
                              m_run, l_run, m_use, alpha, tile_max, l_sum, *self.lower.allocs]):
-            body = Allocate(buf, body)
+            if buf is not None:
+                body = Allocate(buf, body)
         body = For(self.tx, zero, Const(self.threads, dt.int32), "threadIdx.x", body)
         body = For(self.bx, zero, (queries + (BM - 1)) // BM, "blockIdx.x", body)
         if heads:
@@ -568,16 +654,70 @@ class _Kernel:
         body_vars = scalar_vars(exprs_of(body) + [s for b in used for s in b.shape + (b.strides or ())])
         params = tuple(self.buffers[a] for a in prog.args if self.buffers[a] in used) + \
             tuple(v for v in self.sig.scalars if v in body_vars)
-        kname = self.unique(f"{chain.output.name}_attention_mma_kernel")
+        kname = self.unique(f"{chain.output.name}_attention_{'wgmma' if wg else 'mma'}_kernel")
         mname = identifier(self.name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
-        what = (f"{tcc.qk_intrinsic} / {tcc.pv_intrinsic}: {BM} query rows ({self.warps} warps of {self.WR}), key "
-                f"tiles of {BN}, "
-                f"{STAGES}-stage cp.async ring; exp2 with log2(e) folded into the scale; {self.skipping}")
+        if wg:
+            what = (f"{self.qk_wgmma} / {self.pv_wgmma} (P from registers): {BM} query rows ({BM // 64} warpgroups of "
+                    f"64), key tiles of {BN}, Q, K K-major and V MN-major in swizzled shared memory read through "
+                    f"descriptors, {STAGES}-stage cp.async ring; exp2 with log2(e) folded into the scale; "
+                    f"{self.skipping}")
+        else:
+            what = (f"{tcc.qk_intrinsic} / {tcc.pv_intrinsic}: {BM} query rows ({self.warps} warps of {self.WR}), key "
+                    f"tiles of {BN}, "
+                    f"{STAGES}-stage cp.async ring; exp2 with log2(e) folded into the scale; {self.skipping}")
         attrs: tuple[tuple[str, object], ...] = (
             ("online_contraction", (chain.m.name, chain.l.name, chain.output.name)), ("tensorize", what))
         kernel = PrimFunc(kname, params, body, attrs)
         module_params = tuple(self.buffers[a] for a in prog.args) + tuple(self.sig.scalars)
         return Module(mname, module_params, (kernel,), (KernelCall(kname, params),), ())
+
+
+def _descriptor(w: int, major: str, rows: int = 0) -> MatrixDescriptor:
+    """The descriptor of a blocked tile (_Kernel.blocked) with rows of w halves (16, 32 or 64:
+    the 32B, 64B or 128B swizzle): K-major, 8-row groups 8·2w bytes apart (SBO; LBO unused);
+    MN-major (V, `rows` keys per column block), k groups of 8 rows SBO = 8·2w bytes apart and
+    column blocks LBO = rows·2w bytes apart."""
+    mode = {16: "32B", 32: "64B", 64: "128B"}[w]
+    if major == "K":
+        return MatrixDescriptor("K", mode, leading_bytes=16, stride_bytes=16 * w)
+    return MatrixDescriptor("MN", mode, leading_bytes=rows * 2 * w, stride_bytes=16 * w)
+
+
+def _check_wgmma_relayout(qk: str, pv: str) -> None:
+    """The wgmma accumulator is the m16n8 C pattern per warp and n8 block (so the mma kernel's
+    element code serves it), and its elements 8k .. 8k + 7 are the register A of k16 step k."""
+    d_map = lookup(qk).operand("d").layout
+    c_map = lookup(INTRINSICS["float16"]).operand("c").layout
+    a_map = lookup(pv).operand("a").layout
+    for thread in range(WARPGROUP_SIZE):
+        for e in range(16):
+            r, col = c_map(thread % 32, e % 4)
+            if d_map(thread, e) != (16 * (thread // 32) + r, 8 * (e // 4) + col):
+                raise ScheduleError(f"online_contraction_mma: the accumulator of {qk} is not the m16n8 C pattern per "
+                                    f"warp (thread {thread}, element {e})")
+        for e in range(8):
+            if a_map(thread, e) != d_map(thread, e):
+                raise ScheduleError(f"online_contraction_mma: the accumulator of {qk} is not the register A of {pv} "
+                                    f"(thread {thread}, element {e}); P would need a shuffle")
+
+
+def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name: str | None) -> Module:
+    where = "online_contraction_mma (wgmma)"
+    if rows_per_block not in (64, 128, 192, 256):
+        raise ScheduleError(f"{where}: rows_per_block={rows_per_block} must be 64, 128, 192 or 256 (one warpgroup "
+                            "of m64 tiles per 64 query rows)")
+    if key_tile not in (64, 128):
+        raise ScheduleError(f"{where}: key_tile={key_tile} must be 64 or 128 (the n of the scores' m64nNk16 wgmma)")
+    columns = const_int(tcc.chain.columns)
+    if tcc.q.dtype != tcc.v.dtype:
+        raise ScheduleError(f"{where}: Q/K are {tcc.q.dtype} and V is {tcc.v.dtype}; the Hopper form rounds P to one "
+                            "16-bit dtype for both wgmmas")
+    for what, n in (("scores", key_tile), ("output", columns)):
+        if n not in WGMMA_N:
+            raise ScheduleError(f"{where}: the {what} tile is {n} wide; wgmma has n in {WGMMA_N}")
+    kernel = _Kernel(tcc, rows_per_block, key_tile, 16, name, warpgroup=True)
+    _check_wgmma_relayout(kernel.qk_wgmma, kernel.pv_wgmma)
+    return kernel.module()
 
 
 def _positive_scale(value: Expr, scores: Reduce) -> float | None:
