@@ -392,8 +392,11 @@ class _Kernel:
         m_run, l_run = self.local("m_run", 2 * MT), self.local("l_run", 2 * MT)
         m_use, alpha = self.local("m_use", 2 * MT), self.local("alpha", 2 * MT)
         wg = self.wg
+        # the mma.sync form's operand fragments (declared in both forms, allocated in its own)
+        q_frag = self.frag("q_frag", tcc.qk_intrinsic, "a", QF * MT)
+        k_frag = self.frag("k_frag", tcc.qk_intrinsic, "b", 8)
+        v_frag = self.frag("v_frag", tcc.pv_intrinsic, "b", 8)
         if wg:  # the Hopper form: S and O are wgmma accumulators, P its register A, Q stays in shared
-            q_frag = k_frag = v_frag = None
             s_frag = self.frag("s_frag", self.qk_wgmma, "d", SF)
             p_frag = self.frag("p_frag", self.pv_wgmma, "a", PF)
             o_frag = self.frag("o_frag", self.pv_wgmma, "d", OF)
@@ -401,11 +404,8 @@ class _Kernel:
             k_sh = self.blocked("k_shared", tcc.k, STAGES, BN, D)
             v_sh = self.blocked("v_shared", tcc.v, STAGES, BN, C)
         else:
-            q_frag = self.frag("q_frag", tcc.qk_intrinsic, "a", QF * MT)
-            k_frag = self.frag("k_frag", tcc.qk_intrinsic, "b", 8)
             s_frag = self.frag("s_frag", tcc.qk_intrinsic, "c", SF * MT)
             p_frag = self.frag("p_frag", tcc.pv_intrinsic, "a", PF * MT)
-            v_frag = self.frag("v_frag", tcc.pv_intrinsic, "b", 8)
             o_frag = self.frag("o_frag", tcc.pv_intrinsic, "c", OF * MT)
             q_sh = self.shared("q_shared", tcc.q, 1, BM, D)
             k_sh = self.shared("k_shared", tcc.k, STAGES, BN, D)
@@ -459,7 +459,7 @@ class _Kernel:
         if wg:
             scores = seq(WarpgroupFence(),
                          self.unrolled("qk_step", D // 16, lambda kd: WarpgroupMatrixMultiply(
-                             self.qk_wgmma, FragmentRef(s_frag, 0), self.operand(q_sh, zero, self.warpgroup * 64, kd),
+                             self.qk_wgmma, FragmentRef(s_frag, zero), self.operand(q_sh, zero, self.warpgroup * 64, kd),
                              self.operand(k_sh, stage, zero, kd), compare("!=", kd, zero))),
                          WarpgroupCommit(),
                          WarpgroupWait(0, (s_frag,)))
@@ -573,7 +573,7 @@ class _Kernel:
             pv: Stmt = seq(
                 WarpgroupFence(),   # after the rescale's writes of O, before the wgmmas read it
                 self.unrolled("pv_step", BN // 16, lambda kk: WarpgroupMatrixMultiply(
-                    self.pv_wgmma, FragmentRef(o_frag, 0), FragmentRef(p_frag, 8 * kk),
+                    self.pv_wgmma, FragmentRef(o_frag, zero), FragmentRef(p_frag, 8 * kk),
                     self.operand(v_sh, stage, zero, kk, mn_major=True), Const(True, dt.bool_))),
                 WarpgroupCommit(),
                 WarpgroupWait(0, (o_frag,)))   # P and the stage are free before the next iteration
@@ -640,9 +640,10 @@ class _Kernel:
             finish.append(self.unrolled("row_out", 2 * MT, row_out))
 
         body: Stmt = seq(prologue, loop, AsyncWait(0), *finish)
+        unused = (q_frag, k_frag, v_frag) if wg else ()
         for buf in reversed([q_sh, k_sh, v_sh, q_frag, k_frag, s_frag, p_frag, v_frag, o_frag,
                              m_run, l_run, m_use, alpha, tile_max, l_sum, *self.lower.allocs]):
-            if buf is not None:
+            if not any(buf is u for u in unused):
                 body = Allocate(buf, body)
         body = For(self.tx, zero, Const(self.threads, dt.int32), "threadIdx.x", body)
         body = For(self.bx, zero, (queries + (BM - 1)) // BM, "blockIdx.x", body)
