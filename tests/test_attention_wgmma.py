@@ -211,6 +211,24 @@ def test_fully_masked_key_tiles_are_not_visited(mask, Sq, Sk):
         assert visited < -(-Sq // rows) * -(-Sk // key_tile)
 
 
+def test_blocks_per_sm_becomes_the_launch_bounds():
+    from tecc.codegen import emit_source
+
+    ins, outs = masked_attention(1, 2, 70, 70, 64, "bfloat16", mask="causal", lse=True)
+    mod = online_contraction_mma(ins + outs, 128, 64, wgmma=True, blocks_per_sm=2)
+    assert dict(mod.kernels[0].attrs)["min_blocks_per_sm"] == 2
+    assert "__launch_bounds__(256, 2)" in emit_source(mod.kernels)
+    rng = np.random.default_rng()
+    plan = Plan((Step("online_contraction_mma", {"rows_per_block": 128, "key_tile": 64, "wgmma": True,
+                                                 "blocks_per_sm": 2}),), "test", "")
+    k, (o, lse), given = run(ins, outs, make_inputs(ins, rng), plan)
+    want, want_lse = reference(given, 1, "causal", False)
+    check("wgmma attention, 2 blocks per SM", o, want, bound("bfloat16", 70, given[2]), k.plan)
+    check("wgmma log-sum-exp, 2 blocks per SM", lse, want_lse, bound("bfloat16", 70, given[2]), k.plan)
+    with pytest.raises(ScheduleError, match="blocks_per_sm"):
+        online_contraction_mma(ins + outs, 64, 64, blocks_per_sm=2)
+
+
 @pytest.mark.parametrize("rows,key_tile", [(96, 64), (128, 32), (128, 256)])
 def test_bad_tilings_say_why(rows, key_tile):
     ins, outs = masked_attention(1, 2, 20, 20, 32, "float16")

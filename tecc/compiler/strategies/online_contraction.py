@@ -114,11 +114,11 @@ def mma_tilings(widest: int) -> tuple[tuple[int, int, int], ...]:
 
 
 def _ptxas(tensors: Sequence[Tensor], rows: int, key_tile: int, warp_rows: int, arch: str,
-           wgmma: bool = False) -> KernelResources | str:
+           wgmma: bool = False, blocks_per_sm: int = 0) -> KernelResources | str:
     """ptxas's report of the tensor-core kernel with this tiling, or why there is none (for the
     Hopper form also when ptxas serializes its wgmmas)."""
     try:
-        module = online_contraction_mma(tensors, rows, key_tile, warp_rows, wgmma=wgmma)
+        module = online_contraction_mma(tensors, rows, key_tile, warp_rows, wgmma=wgmma, blocks_per_sm=blocks_per_sm)
         compiled = compile_cuda(emit_source(module.kernels), arch=arch, name="online_contraction_mma")
     except TeccError as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -131,15 +131,18 @@ def _ptxas(tensors: Sequence[Tensor], rows: int, key_tile: int, warp_rows: int, 
     return found[0]
 
 
-def wgmma_tilings(widest: int) -> tuple[tuple[int, int], ...]:
-    """(rows_per_block, key_tile) of the Hopper form in the order they are tried for head dims
-    up to `widest`: two warpgroups of 64 query rows and 128-key tiles first (FlashAttention-3's
-    shape at d = 128; ptxas: 135 registers at d = 64, 182 at d = 128, no spills), then 64-key
-    tiles (95 / 155), then one warpgroup. Not yet ordered by measurement
-    (benchmarks/attention_tilings.py times them)."""
+def wgmma_tilings(widest: int) -> tuple[tuple[int, int, int], ...]:
+    """(rows_per_block, key_tile, blocks_per_sm) of the Hopper form in the order they are tried
+    for head dims up to `widest` (blocks_per_sm 0: no launch-bounds request). The kernel does not
+    overlap its softmax with its wgmmas yet, so resident warps hide the latency: up to d = 64,
+    two warpgroups × 64-key tiles asking for 2 blocks per SM (ptxas: 108 registers, no spills:
+    16 warps per SM), then 128-key tiles (135 registers, 1 block), 4 blocks of one warpgroup;
+    at d = 128, two warpgroups × 128 keys (182 registers, 160 KiB of shared memory, 1 block:
+    FlashAttention-3's shape), then 64 keys (155), then one warpgroup. Reasoned, not yet
+    measured: benchmarks/attention_tilings.py --wgmma times them."""
     if widest > 64:
-        return ((128, 128), (128, 64), (64, 64), (64, 128))
-    return ((128, 128), (128, 64), (64, 128), (64, 64))
+        return ((128, 128, 0), (128, 64, 0), (64, 64, 0), (64, 128, 0))
+    return ((128, 64, 2), (128, 128, 0), (64, 64, 4), (128, 64, 0))
 
 
 def _why_not_wgmma(tensors: Sequence[Tensor], target: Any) -> str | None:
@@ -167,13 +170,14 @@ def _wgmma_choice(tensors: Sequence[Tensor], target: Any) -> OnlineContractionCh
     widest = max(mma.depth, const_int(chain.columns) or 0)
     arch = f"sm_{WGMMA_ARCH}"
     checked: list[str] = []
-    for rows, key_tile in wgmma_tilings(widest):
-        res = _ptxas(tensors, rows, key_tile, 16, arch, wgmma=True)
+    for rows, key_tile, blocks in wgmma_tilings(widest):
+        label = f"{rows}x{key_tile}" + (f" ({blocks} blocks/SM)" if blocks else "")
+        res = _ptxas(tensors, rows, key_tile, 16, arch, wgmma=True, blocks_per_sm=blocks)
         if isinstance(res, str):
-            checked.append(f"{rows}x{key_tile}: {res}")
+            checked.append(f"{label}: {res}")
             continue
         if res.spill_stores or res.spill_loads:
-            checked.append(f"{rows}x{key_tile}: {res.registers} registers, spills")
+            checked.append(f"{label}: {res.registers} registers, spills")
             continue
         break
     else:
@@ -183,12 +187,15 @@ def _wgmma_choice(tensors: Sequence[Tensor], target: Any) -> OnlineContractionCh
               f"{chain.l.name} (sum of exp) in one pass with a running max on Hopper tensor cores (wgmma for the "
               f"scores and for P·V with P from registers, Q, K and V read from swizzled shared memory through "
               f"descriptors), no score temporary of [{', '.join(map(str, chain.rows))}] x {chain.keys}; {rows} "
-              f"query rows per block ({rows // 64} warpgroups of 64 rows), key tiles of {key_tile} through a 2-stage "
+              f"query rows per block ({rows // 64} warpgroups of 64 rows{f', {blocks} blocks per SM asked' if blocks else ''}"
+              f"), key tiles of {key_tile} through a 2-stage "
               f"cp.async ring ({arch}a: {res.registers} registers, no spills, wgmmas not serialized{passed_over}); "
               "exp2 with log2(e) folded into the scale; "
               f"{describe_skipping(tensors, rows, key_tile)}")
-    plan = Plan((Step("online_contraction_mma", {"rows_per_block": rows, "key_tile": key_tile, "wgmma": True}),),
-                "online_contraction_mma", reason)
+    args: dict[str, Any] = {"rows_per_block": rows, "key_tile": key_tile, "wgmma": True}
+    if blocks:
+        args["blocks_per_sm"] = blocks
+    plan = Plan((Step("online_contraction_mma", args),), "online_contraction_mma", reason)
     return OnlineContractionChoice(plan, 2 * rows, rows, reason)
 
 

@@ -52,12 +52,23 @@ off by at most that times max |v|, as in FlashAttention); the sum l is of the un
 Key tiles a mask makes fully -inf are not visited, and tiles every row keeps whole skip the
 per-element guard: bounds derived from the affine conditions of the `where`s and proved with isl
 (key_tiles.py).
+
+The Hopper form (`wgmma=True`, sm_90a; docs/attention.md "The Hopper form"): one warpgroup per
+64 query rows (warp 4w + v of warpgroup w owns rows 16v.. of its 64, the mma.sync form's m16
+rows), Q [BM][D], K and V tiles in blocked swizzled shared tiles [stage][D / W][rows][W]
+(W = min(D, 64) halves a row: the 128B, 64B or 32B swizzle) read by wgmma through descriptors
+(Q and K K-major, V MN-major as the B of P·V). S = Q·Kᵀ is D/16 wgmma.m64n{BN}k16 into the
+accumulator (scale-d false on the first), whose layout is the m16n8 C pattern per warp and n8
+block, so steps 4-6 are the code above; P's fragment is the register A of wgmma.m64n{C}k16
+(accumulator elements 8k..8k+7 are the A of k16 step k), and O += P·V is BN/16 such wgmmas.
+Both groups are waited for in their iteration; the loop head is cp.async.wait_group 0,
+fence.proxy.async (wgmma reads through the async proxy), barrier, then the next tile's copies.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from ...ir import dtype as dt
@@ -258,17 +269,21 @@ def _check_relayout(qk: str, pv: str) -> None:
 
 
 def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key_tile: int = 64,
-                           warp_rows: int = 16, name: str | None = None, wgmma: bool = False) -> Module:
+                           warp_rows: int = 16, name: str | None = None, wgmma: bool = False,
+                           blocks_per_sm: int = 0) -> Module:
     """The module of ONE tensor-core kernel computing the chain `args` (module docstring):
     `rows_per_block` query rows per block, `warp_rows` (16 or 32: one or two m16 tiles, which
     share every K and V fragment a warp loads) per warp, key tiles of `key_tile`.
     `wgmma`: the Hopper form (sm_90a; section "The Hopper form" of the module docstring): one
-    warpgroup per 64 query rows, both contractions as wgmma, `warp_rows` ignored."""
+    warpgroup per 64 query rows, both contractions as wgmma, `warp_rows` ignored; `blocks_per_sm`
+    > 0 asks for that many resident blocks (`__launch_bounds__`: ptxas caps the registers)."""
     where = "online_contraction_mma"
     chain = online_chain(args)
     tc_chain = tensor_core_chain(chain)
     if wgmma:
-        return _wgmma_module(tc_chain, rows_per_block, key_tile, name)
+        return _wgmma_module(tc_chain, rows_per_block, key_tile, name, blocks_per_sm)
+    if blocks_per_sm:
+        raise ScheduleError(f"{where}: blocks_per_sm is an option of the wgmma form (wgmma=True)")
     if warp_rows not in (16, 32):
         raise ScheduleError(f"{where}: warp_rows={warp_rows} must be 16 or 32 (one or two m16 tiles per warp)")
     if rows_per_block % warp_rows or not warp_rows <= rows_per_block <= 512 or rows_per_block // warp_rows > 16:
@@ -702,7 +717,8 @@ def _check_wgmma_relayout(qk: str, pv: str) -> None:
                                     f"(thread {thread}, element {e}); P would need a shuffle")
 
 
-def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name: str | None) -> Module:
+def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name: str | None,
+                  blocks_per_sm: int) -> Module:
     where = "online_contraction_mma (wgmma)"
     if rows_per_block not in (64, 128, 192, 256):
         raise ScheduleError(f"{where}: rows_per_block={rows_per_block} must be 64, 128, 192 or 256 (one warpgroup "
@@ -716,9 +732,16 @@ def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name
     for what, n in (("scores", key_tile), ("output", columns)):
         if n not in WGMMA_N:
             raise ScheduleError(f"{where}: the {what} tile is {n} wide; wgmma has n in {WGMMA_N}")
+    if isinstance(blocks_per_sm, bool) or not isinstance(blocks_per_sm, int) or not 0 <= blocks_per_sm <= 8:
+        raise ScheduleError(f"{where}: blocks_per_sm={blocks_per_sm!r} must be 0 (no request) .. 8")
     kernel = _Kernel(tcc, rows_per_block, key_tile, 16, name, warpgroup=True)
     _check_wgmma_relayout(kernel.qk_wgmma, kernel.pv_wgmma)
-    return kernel.module()
+    module = kernel.module()
+    if not blocks_per_sm:
+        return module
+    (func,) = module.kernels
+    func = replace(func, attrs=func.attrs + (("min_blocks_per_sm", blocks_per_sm),))
+    return replace(module, kernels=(func,))
 
 
 def _positive_scale(value: Expr, scores: Reduce) -> float | None:
