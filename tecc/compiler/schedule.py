@@ -470,7 +470,8 @@ class Schedule:
         self._record(Step("split_row_group", args))
 
     def tensorize(self, stage: StageLike, intrinsic: str = "auto", block: Sequence[int] = (64, 64),
-                  warps: Sequence[int] = (2, 2), k_tile: int = 32, stages: int = 2) -> None:
+                  warps: Sequence[int] = (2, 2), k_tile: int = 32, stages: int = 2,
+                  producer: str = "threads", persistent: int = 0) -> None:
         """Rebuild the kernel of the contraction `stage` (C[b.., i, j] = epilogue(Σ_k A·B) over
         float16/bfloat16 operands) as a tensor-core kernel: `block` = (BM, BN) outputs per block,
         `warps` = (rows, columns) of warps, each a (BM/rows) × (BN/columns) tile of
@@ -479,13 +480,26 @@ class Schedule:
         `intrinsic` is the mma row ("auto": the one for the operands' dtype), or "wgmma" (or a
         wgmma row) for the Hopper kernel: BM/64 warpgroups, `warps` = (4·BM/64, 1), k_tile 64,
         A and B read by wgmma from 128B-swizzled shared tiles (tensorize_wgmma.py; sm_90a). It
-        must be the first primitive applied to the stage's kernel (tecc/passes/schedule/tensorize.py)."""
+        must be the first primitive applied to the stage's kernel (tecc/passes/schedule/tensorize.py).
+        `producer` (wgmma only): "threads" (every thread issues cp.async into the ring) or "tma"
+        (a producer warpgroup issues TMA tile copies into an mbarrier ring drained by the
+        consumer warpgroups: tensorize_wgmma_tma.py); `persistent` > 0 (with "tma"): that many
+        blocks loop over the output tiles in a grouped (L2-friendly) order."""
         st = self._stage(stage)
         bm, bn = (int(x) for x in block)
         wm, wn = (int(x) for x in warps)
         tiling = prim.Tiling(bm, bn, wm, wn, int(k_tile), int(stages))
         step = Step("tensorize", {"stage": str(st), "intrinsic": intrinsic, "block": [bm, bn], "warps": [wm, wn],
                                   "k_tile": int(k_tile), "stages": int(stages)})
+        if producer != "threads":  # recorded only when not the default, so earlier plans replay unchanged
+            if not intrinsic.startswith("wgmma"):
+                raise ScheduleError(f"tensorize({st.name}): producer {producer!r} needs intrinsic='wgmma'")
+            step.args["producer"] = producer
+            if persistent:
+                step.args["persistent"] = int(persistent)
+            self._apply(st.kernel, step, lambda f: prim.tensorize_wgmma(f, st.name, intrinsic, tiling,
+                                                                        producer=producer, persistent=int(persistent)))
+            return
         self._apply(st.kernel, step, lambda f: prim.tensorize(f, st.name, intrinsic, tiling))
 
     def cache_write(self, stage: StageLike, scope: str = "local") -> StageRV:
