@@ -121,7 +121,7 @@ def _plan_label(plan: Any) -> str:
     if plan.strategy != "online_contraction_mma" or not plan.steps:
         return str(plan.strategy)
     args = dict(plan.steps[0].args)
-    form = "+wgmma" if args.get("wgmma") else ""
+    form = ("+wgmma" if args.get("wgmma") else "") + ("+overlap" if args.get("overlap") else "")
     return f"{plan.strategy}{form} {args.get('rows_per_block')}x{args.get('key_tile')}"
 
 

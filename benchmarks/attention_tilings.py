@@ -8,8 +8,8 @@ checks each against SDPA in float64 on a slice, and prints its time, TFLOP/s, pt
 and the ratio to SDPA flash. The tiling build(plan="auto") picks is marked with *, so a faster
 one says which order `mma_tilings` (tecc/compiler/strategies/online_contraction.py) should try.
 With --wgmma (an sm_90 GPU) the tilings are those of the Hopper form instead,
-`{rows_per_block, key_tile, "wgmma": True, blocks_per_sm}` (WGMMA_TILINGS: 64 or 128 rows, one or two
-warpgroups, 64- or 128-key tiles, with or without a blocks-per-SM request), and the marked one orders `wgmma_tilings`.
+`{rows_per_block, key_tile, "wgmma": True, blocks_per_sm, overlap}` (WGMMA_TILINGS: 64 or 128 rows, one or two
+warpgroups, 64- or 128-key tiles, with or without a blocks-per-SM request, overlapped or not), and the marked one orders `wgmma_tilings`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from benchmarks.attention import attention_tensors, sdpa_times  # noqa: E402
 from benchmarks.gemm import time_call  # noqa: E402
 
 TILINGS = ((64, 64, 16), (128, 64, 16), (64, 32, 16), (128, 32, 32), (128, 64, 32), (64, 32, 32))
-WGMMA_TILINGS = ((128, 128, 0), (128, 64, 0), (128, 64, 2), (64, 128, 0), (64, 64, 0), (64, 64, 4))
+WGMMA_TILINGS = ((128, 128, 0, True), (128, 64, 0, True), (128, 64, 2, True), (64, 64, 0, True),
+                 (128, 128, 0, False), (128, 64, 0, False), (128, 64, 2, False), (64, 64, 4, False))
 
 
 def main() -> None:
@@ -64,8 +65,9 @@ def main() -> None:
         points.append((rows, key_tile, warp_rows, step))
     if opts.wgmma:
         points = [(rows, key_tile, -blocks, {"rows_per_block": rows, "key_tile": key_tile, "wgmma": True,
-                                              **({"blocks_per_sm": blocks} if blocks else {})})
-                  for rows, key_tile, blocks in WGMMA_TILINGS]
+                                              **({"blocks_per_sm": blocks} if blocks else {}),
+                                              **({"overlap": True} if overlap else {})})
+                  for rows, key_tile, blocks, overlap in WGMMA_TILINGS]
     for rows, key_tile, warp_rows, step in points:
         try:
             kern = tc.build(args, plan=Plan((Step("online_contraction_mma", step),), "tilings", ""))
@@ -79,7 +81,8 @@ def main() -> None:
         t = time_call(lambda: kern(q, k, v, o), reps)
         (res,) = kern.resources.values()
         mark = "*" if step == chosen else " "
-        print(f" {mark}{rows:4d} x {key_tile:3d} {_form(warp_rows)}: {t * 1e6:9.1f} us {flops / t / 1e12:6.1f} TF/s "
+        form = _form(warp_rows) + (" overlap" if step.get("overlap") else "")
+        print(f" {mark}{rows:4d} x {key_tile:3d} {form}: {t * 1e6:9.1f} us {flops / t / 1e12:6.1f} TF/s "
               f"flash/tecc {flash / t:5.3f}  {res.registers} regs {res.spill_stores + res.spill_loads} B spills "
               f"rel err {err:.1e}")
 

@@ -33,9 +33,11 @@ from tecc.passes.rewrite.online_contraction_mma import online_contraction_mma
 from tecc.runtime.sim import simulate_kernel
 
 
-def wgmma_plan(rows=64, key_tile=64):
-    return Plan((Step("online_contraction_mma", {"rows_per_block": rows, "key_tile": key_tile, "wgmma": True}),),
-                "test", "")
+def wgmma_plan(rows=64, key_tile=64, overlap=False):
+    args = {"rows_per_block": rows, "key_tile": key_tile, "wgmma": True}
+    if overlap:
+        args["overlap"] = True
+    return Plan((Step("online_contraction_mma", args),), "test", "")
 
 
 # ---- wgmma with A from registers ----------------------------------------------------------------
@@ -130,14 +132,18 @@ def test_wgmma_attention_matches_float64_numpy(variant, S):
         check(f"wgmma log-sum-exp {variant}", got[1], want_lse, bound("float16", S, given[2]), k.plan)
 
 
-SWEEP = [  # (Sq, Sk, D, dtype, mask, bias, groups, log-sum-exp, (rows, key tile))
-    (1, 1, 16, "float16", None, False, 1, True, (64, 64)),
-    (21, 70, 16, "bfloat16", "bottom_right", False, 1, True, (64, 128)),
-    (65, 5, 32, "float16", "causal", True, 1, False, (128, 64)),
-    (70, 77, 64, "bfloat16", "tensor", True, 2, True, (128, 128)),
-    (17, 33, 32, "bfloat16", "bottom_right", True, 1, True, (64, 64)),
-    (80, 80, 128, "float16", "causal", False, 2, True, (128, 64)),
-    (45, 45, 128, "bfloat16", None, True, 1, True, (64, 128)),
+SWEEP = [  # (Sq, Sk, D, dtype, mask, bias, groups, log-sum-exp, (rows, key tile, overlapped))
+    (1, 1, 16, "float16", None, False, 1, True, (64, 64, False)),
+    (1, 1, 16, "bfloat16", "causal", False, 1, True, (64, 64, True)),
+    (21, 70, 16, "bfloat16", "bottom_right", False, 1, True, (64, 128, False)),
+    (65, 5, 32, "float16", "causal", True, 1, False, (128, 64, True)),
+    (70, 77, 64, "bfloat16", "tensor", True, 2, True, (128, 128, False)),
+    (17, 33, 32, "bfloat16", "bottom_right", True, 1, True, (64, 64, False)),
+    (80, 80, 128, "float16", "causal", False, 2, True, (128, 64, False)),
+    (45, 45, 128, "bfloat16", None, True, 1, True, (64, 128, False)),
+    (40, 260, 32, "float16", "bottom_right", True, 2, True, (64, 64, True)),   # 5 tiles: the 3-stage ring wraps
+    (200, 200, 16, "bfloat16", "causal", False, 1, True, (128, 64, True)),
+    (45, 80, 128, "float16", "tensor", False, 1, True, (64, 64, True)),
 ]
 
 
@@ -145,11 +151,12 @@ SWEEP = [  # (Sq, Sk, D, dtype, mask, bias, groups, log-sum-exp, (rows, key tile
 def test_wgmma_edge_shapes_and_tilings(case):
     """Single rows and keys, fewer keys than a tile, more keys than queries and fewer, every mask
     form with a bias, grouped heads, head dims 16..128 (32B, 64B and 128B swizzles, two 64-column
-    blocks at 128), one or two warpgroups, 64- and 128-key tiles."""
+    blocks at 128), one or two warpgroups, 64- and 128-key tiles, overlapped or not."""
     Sq, Sk, D, dtype, mask, bias_, groups, lse, tiling = case
     ins, outs = masked_attention(1, 2, Sq, Sk, D, dtype, groups=groups, mask=mask, bias=bias_, lse=lse)
     rng = np.random.default_rng()
     k, got, given = run(ins, outs, make_inputs(ins, rng), wgmma_plan(*tiling))
+    assert len(k.module.kernels) == 1 and not k.module.temps
     want, want_lse = reference(given, groups, mask, bias_)
     check(f"wgmma attention {case}", got[0], want, bound(dtype, Sk, given[2]), k.plan)
     if lse:
@@ -229,6 +236,35 @@ def test_blocks_per_sm_becomes_the_launch_bounds():
         online_contraction_mma(ins + outs, 64, 64, blocks_per_sm=2)
 
 
+def test_the_overlapped_ring_needs_three_stages(monkeypatch):
+    """The overlapped loop reads tile kt's V and tile kt + 1's K while kt + 2 loads: with a
+    2-stage ring the copy lands on an operand a wgmma reads, and the emulator says so."""
+    import tecc.passes.rewrite.online_contraction_mma as rewrite
+    from tecc.ir.errors import RaceError
+
+    ins, outs = masked_attention(1, 1, 64, 200, 16, "float16", mask=None)
+    rng = np.random.default_rng()
+    monkeypatch.setattr(rewrite, "OVERLAP_STAGES", 2)
+    with pytest.raises(RaceError, match="asynchronous copy is still writing|wgmma operand race"):
+        run(ins, outs, make_inputs(ins, rng), wgmma_plan(64, 64, overlap=True))
+
+
+def test_the_overlapped_loop_keeps_p_v_in_flight_during_the_softmax():
+    """In the loop: S(kt + 1) and P(kt)·V are issued, then wait_group 1 (the scores), then the
+    softmax, then wait_group 0 (O)."""
+    from tecc.ir.stmt import WarpgroupWait
+
+    ins, outs = masked_attention(1, 2, 200, 200, 64, "float16", mask="causal")
+    (kernel,) = online_contraction_mma(ins + outs, 128, 64, wgmma=True, overlap=True).kernels
+    loop = key_loop(kernel)
+    order = [s for s in iter_stmts(loop.body) if isinstance(s, (WarpgroupMatrixMultiply, WarpgroupWait))]
+    waits = [i for i, s in enumerate(order) if isinstance(s, WarpgroupWait)]
+    assert [order[i].pending for i in waits] == [1, 0]
+    issued = order[:waits[0]]
+    assert {isinstance(s.a, FragmentRef) for s in issued} == {True, False}   # S(kt + 1) and P·V
+    assert dict(kernel.attrs)["tensorize"].count("3-stage") == 1
+
+
 @pytest.mark.parametrize("rows,key_tile", [(96, 64), (128, 32), (128, 256)])
 def test_bad_tilings_say_why(rows, key_tile):
     ins, outs = masked_attention(1, 2, 20, 20, 32, "float16")
@@ -251,6 +287,8 @@ def test_planned_wgmma_kernels_compile_for_sm_90a_without_spills(D, dtype, mask)
     assert compiled.arch == "sm_90a"
     assert res.spill_stores == 0 and res.spill_loads == 0 and res.registers <= 255, res
     assert wgmma_serialized(compiled.log) is None, compiled.log
+    from tecc.codegen import dynamic_shared_bytes
+    assert dynamic_shared_bytes(mod.kernels[0]) <= 227 * 1024   # sm_90's opt-in limit per block
 
 
 # ---- on an sm_90 GPU ----------------------------------------------------------------------------

@@ -114,11 +114,12 @@ def mma_tilings(widest: int) -> tuple[tuple[int, int, int], ...]:
 
 
 def _ptxas(tensors: Sequence[Tensor], rows: int, key_tile: int, warp_rows: int, arch: str,
-           wgmma: bool = False, blocks_per_sm: int = 0) -> KernelResources | str:
+           wgmma: bool = False, blocks_per_sm: int = 0, overlap: bool = False) -> KernelResources | str:
     """ptxas's report of the tensor-core kernel with this tiling, or why there is none (for the
     Hopper form also when ptxas serializes its wgmmas)."""
     try:
-        module = online_contraction_mma(tensors, rows, key_tile, warp_rows, wgmma=wgmma, blocks_per_sm=blocks_per_sm)
+        module = online_contraction_mma(tensors, rows, key_tile, warp_rows, wgmma=wgmma, blocks_per_sm=blocks_per_sm,
+                                        overlap=overlap)
         compiled = compile_cuda(emit_source(module.kernels), arch=arch, name="online_contraction_mma")
     except TeccError as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -131,18 +132,19 @@ def _ptxas(tensors: Sequence[Tensor], rows: int, key_tile: int, warp_rows: int, 
     return found[0]
 
 
-def wgmma_tilings(widest: int) -> tuple[tuple[int, int, int], ...]:
-    """(rows_per_block, key_tile, blocks_per_sm) of the Hopper form in the order they are tried
-    for head dims up to `widest` (blocks_per_sm 0: no launch-bounds request). The kernel does not
-    overlap its softmax with its wgmmas yet, so resident warps hide the latency: up to d = 64,
-    two warpgroups × 64-key tiles asking for 2 blocks per SM (ptxas: 108 registers, no spills:
-    16 warps per SM), then 128-key tiles (135 registers, 1 block), 4 blocks of one warpgroup;
-    at d = 128, two warpgroups × 128 keys (182 registers, 160 KiB of shared memory, 1 block:
-    FlashAttention-3's shape), then 64 keys (155), then one warpgroup. Reasoned, not yet
-    measured: benchmarks/attention_tilings.py --wgmma times them."""
+def wgmma_tilings(widest: int) -> tuple[tuple[int, int, int, bool], ...]:
+    """(rows_per_block, key_tile, blocks_per_sm, overlap) of the Hopper form in the order they
+    are tried for head dims up to `widest` (blocks_per_sm 0: no launch-bounds request). The
+    overlapped form (the next tile's scores and softmax while P·V is in flight, a 3-stage ring)
+    first, then the plain one. Up to d = 64: two warpgroups × 64-key tiles asking for 2 blocks per
+    SM (ptxas: 118-122 registers, no spills, 65 KiB of shared memory: 16 warps per SM), then
+    128-key tiles (172-182 registers, 1 block); at d = 128: two warpgroups × 128 keys
+    (FlashAttention-3's shape; 220-232 registers, 225 KiB), then 64 keys (160-170, 129 KiB).
+    Reasoned, not yet measured: benchmarks/attention_tilings.py --wgmma times them."""
     if widest > 64:
-        return ((128, 128, 0), (128, 64, 0), (64, 64, 0), (64, 128, 0))
-    return ((128, 64, 2), (128, 128, 0), (64, 64, 4), (128, 64, 0))
+        return ((128, 128, 0, True), (128, 64, 0, True), (128, 128, 0, False), (128, 64, 0, False),
+                (64, 64, 0, False))
+    return ((128, 64, 2, True), (128, 128, 0, True), (128, 64, 2, False), (128, 128, 0, False), (64, 64, 4, False))
 
 
 def _why_not_wgmma(tensors: Sequence[Tensor], target: Any) -> str | None:
@@ -170,9 +172,9 @@ def _wgmma_choice(tensors: Sequence[Tensor], target: Any) -> OnlineContractionCh
     widest = max(mma.depth, const_int(chain.columns) or 0)
     arch = f"sm_{WGMMA_ARCH}"
     checked: list[str] = []
-    for rows, key_tile, blocks in wgmma_tilings(widest):
-        label = f"{rows}x{key_tile}" + (f" ({blocks} blocks/SM)" if blocks else "")
-        res = _ptxas(tensors, rows, key_tile, 16, arch, wgmma=True, blocks_per_sm=blocks)
+    for rows, key_tile, blocks, overlap in wgmma_tilings(widest):
+        label = f"{rows}x{key_tile}" + (f" ({blocks} blocks/SM)" if blocks else "") + (" overlapped" if overlap else "")
+        res = _ptxas(tensors, rows, key_tile, 16, arch, wgmma=True, blocks_per_sm=blocks, overlap=overlap)
         if isinstance(res, str):
             checked.append(f"{label}: {res}")
             continue
@@ -188,13 +190,15 @@ def _wgmma_choice(tensors: Sequence[Tensor], target: Any) -> OnlineContractionCh
               f"scores and for P·V with P from registers, Q, K and V read from swizzled shared memory through "
               f"descriptors), no score temporary of [{', '.join(map(str, chain.rows))}] x {chain.keys}; {rows} "
               f"query rows per block ({rows // 64} warpgroups of 64 rows{f', {blocks} blocks per SM asked' if blocks else ''}"
-              f"), key tiles of {key_tile} through a 2-stage "
-              f"cp.async ring ({arch}a: {res.registers} registers, no spills, wgmmas not serialized{passed_over}); "
+              f"), key tiles of {key_tile} through a {3 if overlap else 2}-stage cp.async ring"
+              f"{', the next tile scores and softmax while P·V is in flight' if overlap else ''} ({arch}a: {res.registers} registers, no spills, wgmmas not serialized{passed_over}); "
               "exp2 with log2(e) folded into the scale; "
               f"{describe_skipping(tensors, rows, key_tile)}")
     args: dict[str, Any] = {"rows_per_block": rows, "key_tile": key_tile, "wgmma": True}
     if blocks:
         args["blocks_per_sm"] = blocks
+    if overlap:
+        args["overlap"] = True
     plan = Plan((Step("online_contraction_mma", args),), "online_contraction_mma", reason)
     return OnlineContractionChoice(plan, 2 * rows, rows, reason)
 

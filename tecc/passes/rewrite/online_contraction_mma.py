@@ -123,6 +123,7 @@ from ...ir.stmt import (
 from ...ir.tensor import PlaceholderOp, Tensor
 from ...ir.visitor import SubexpressionReplacer
 from ..lower import exprs_of, global_buffers, scalar_vars, signature
+from ..substitute import substitute_stmt
 from ..names import identifier
 from ..schedule.tensorize import CHUNK, INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
 from ..schedule.tensorize_wgmma import wgmma_intrinsic
@@ -133,6 +134,7 @@ LOG2E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
 MAX_HEAD_DIM = 128   # the partial output, 4·C/8 floats per lane, and Q's fragments, D/2 registers
 STAGES = 2
+OVERLAP_STAGES = 3   # the overlapped Hopper form reads tiles kt (V) and kt + 1 (K) while kt + 2 loads
 
 
 @dataclass(frozen=True)
@@ -270,20 +272,22 @@ def _check_relayout(qk: str, pv: str) -> None:
 
 def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key_tile: int = 64,
                            warp_rows: int = 16, name: str | None = None, wgmma: bool = False,
-                           blocks_per_sm: int = 0) -> Module:
+                           blocks_per_sm: int = 0, overlap: bool = False) -> Module:
     """The module of ONE tensor-core kernel computing the chain `args` (module docstring):
     `rows_per_block` query rows per block, `warp_rows` (16 or 32: one or two m16 tiles, which
     share every K and V fragment a warp loads) per warp, key tiles of `key_tile`.
     `wgmma`: the Hopper form (sm_90a; section "The Hopper form" of the module docstring): one
     warpgroup per 64 query rows, both contractions as wgmma, `warp_rows` ignored; `blocks_per_sm`
-    > 0 asks for that many resident blocks (`__launch_bounds__`: ptxas caps the registers)."""
+    > 0 asks for that many resident blocks (`__launch_bounds__`: ptxas caps the registers);
+    `overlap`: S(kt + 1) and the softmax of tile kt + 1 while P(kt)·V is in flight, over a
+    3-stage ring (_Kernel.overlapped_loop)."""
     where = "online_contraction_mma"
     chain = online_chain(args)
     tc_chain = tensor_core_chain(chain)
     if wgmma:
-        return _wgmma_module(tc_chain, rows_per_block, key_tile, name, blocks_per_sm)
-    if blocks_per_sm:
-        raise ScheduleError(f"{where}: blocks_per_sm is an option of the wgmma form (wgmma=True)")
+        return _wgmma_module(tc_chain, rows_per_block, key_tile, name, blocks_per_sm, overlap)
+    if blocks_per_sm or overlap:
+        raise ScheduleError(f"{where}: blocks_per_sm and overlap are options of the wgmma form (wgmma=True)")
     if warp_rows not in (16, 32):
         raise ScheduleError(f"{where}: warp_rows={warp_rows} must be 16 or 32 (one or two m16 tiles per warp)")
     if rows_per_block % warp_rows or not warp_rows <= rows_per_block <= 512 or rows_per_block // warp_rows > 16:
@@ -299,6 +303,8 @@ class _Kernel:
     def __init__(self, tcc: TensorCoreChain, rows: int, key_tile: int, warp_rows: int, name: str | None,
                  warpgroup: bool = False) -> None:
         self.wg = warpgroup
+        self.overlap = False       # the Hopper form's S(kt + 1) issued before P(kt)·V: set by _wgmma_module
+        self.stages = STAGES
         self.tcc, self.chain = tcc, tcc.chain
         self.BM, self.BN = rows, key_tile
         self.WR, self.MT = warp_rows, warp_rows // 16   # rows and m16 tiles per warp
@@ -385,6 +391,72 @@ class _Kernel:
             return st
         return self.unrolled(f"copy_{read.tensor.name}", count, copy)
 
+    def overlapped_loop(self, prologue: Stmt, n_tiles: Expr, load_kv: Callable[[Expr, Expr], Stmt], s_frag: Buffer,
+                        p_frag: Buffer, o_frag: Buffer, q_sh: Buffer, k_sh: Buffer, v_sh: Buffer, softmax: Stmt,
+                        convert: Stmt) -> tuple[Stmt, Stmt]:
+        """The Hopper form with S(kt + 1) = Q·K(kt + 1)ᵀ in flight during P(kt)·V and the softmax
+        of tile kt + 1 during P(kt)·V (FlashAttention-3's intra-warpgroup pipelining), over a
+        3-stage ring: (the loop, the prologue). `softmax` is the elementwise stage, statistics and
+        float32 weights of tile `self.kt` (left in s_frag); `convert` rounds them into p_frag and
+        rescales O. Iteration kt:
+
+            cp.async.wait_group 0; fence.proxy.async; barrier   tile kt + 1 landed; tile kt - 1's stage free
+            tile kt + 2 -> stage (kt + 2) % 3; commit
+            wgmma.fence; S = Q·K(kt + 1)ᵀ; commit                (group A)
+            O += P·V(kt); commit                                  (group B: P from registers)
+            wait_group 1 (A done); [kt + 1 < n] softmax(kt + 1) in s_frag   (B in flight: O, P untouched)
+            wait_group 0 (B done); [kt + 1 < n] P = s_frag rounded; O·α
+
+        The copies and S(kt + 1) are issued even past the block's last tile (keys past the end are
+        zero-filled, the scores unused): with the wgmma under a condition that the softmax's
+        `kt + 1 < n` does not provably match, ptxas serializes the wgmmas (C7514).
+        """
+        zero, one = Const(0, dt.int32), Const(1, dt.int32)
+        S = self.stages
+        D, BN = self.D, self.BN
+
+        def scores(stage: Expr) -> Stmt:
+            return seq(self.unrolled("qk_step", D // 16, lambda kd: WarpgroupMatrixMultiply(
+                           self.qk_wgmma, FragmentRef(s_frag, zero), self.operand(q_sh, zero, self.warpgroup * 64, kd),
+                           self.operand(k_sh, stage, zero, kd), compare("!=", kd, zero))),
+                       WarpgroupCommit())
+        nxt = self.kt + 1
+        has_next = compare("<", nxt, n_tiles)
+        pv = seq(self.unrolled("pv_step", BN // 16, lambda kk: WarpgroupMatrixMultiply(
+                     self.pv_wgmma, FragmentRef(o_frag, zero), FragmentRef(p_frag, 8 * kk),
+                     self.operand(v_sh, self.kt % S, zero, kk, mn_major=True), Const(True, dt.bool_))),
+                 WarpgroupCommit())
+        first = seq(
+            AsyncWait(1),           # Q and tile 0 (tile 1 may be in flight)
+            AsyncProxyFence(),
+            Barrier(),
+            WarpgroupFence(),
+            scores(zero),
+            WarpgroupWait(0, (s_frag,)),
+            substitute_stmt(softmax, {self.kt: zero}),
+            substitute_stmt(convert, {self.kt: zero}))
+        start = seq(
+            prologue,  # Q and tile 0: one group
+            load_kv(one, one),
+            AsyncCommit(),
+            IfThenElse(compare("<", zero, n_tiles), first))
+        ahead = self.kt + 2
+        loop = For(self.kt, zero, n_tiles, "serial", seq(
+            AsyncWait(0),
+            AsyncProxyFence(),
+            Barrier(),
+            load_kv(ahead % S, ahead),
+            AsyncCommit(),
+            WarpgroupFence(),
+            scores(nxt % S),
+            pv,
+            WarpgroupWait(1, (s_frag,)),
+            IfThenElse(has_next, substitute_stmt(softmax, {self.kt: nxt})),
+            WarpgroupWait(0, (o_frag,)),
+            IfThenElse(has_next, substitute_stmt(convert, {self.kt: nxt})),
+        ))
+        return loop, start
+
     def module(self) -> Module:
         chain, tcc, BM, BN, D, C = self.chain, self.tcc, self.BM, self.BN, self.D, self.C
         assert C is not None
@@ -416,8 +488,8 @@ class _Kernel:
             p_frag = self.frag("p_frag", self.pv_wgmma, "a", PF)
             o_frag = self.frag("o_frag", self.pv_wgmma, "d", OF)
             q_sh = self.blocked("q_shared", tcc.q, 1, BM, D)
-            k_sh = self.blocked("k_shared", tcc.k, STAGES, BN, D)
-            v_sh = self.blocked("v_shared", tcc.v, STAGES, BN, C)
+            k_sh = self.blocked("k_shared", tcc.k, self.stages, BN, D)
+            v_sh = self.blocked("v_shared", tcc.v, self.stages, BN, C)
         else:
             s_frag = self.frag("s_frag", tcc.qk_intrinsic, "c", SF * MT)
             p_frag = self.frag("p_frag", tcc.pv_intrinsic, "a", PF * MT)
@@ -456,7 +528,7 @@ class _Kernel:
         )
 
         # 3. S = Q K^T
-        stage = self.kt % STAGES
+        stage = self.kt % self.stages
 
         def qk_step(kd: Var) -> Stmt:
             def pair(kn: Var) -> Stmt:
@@ -560,7 +632,9 @@ class _Kernel:
                 p = call("exp2_approx", t - m_use[r])
                 return seq(BufferStore(s_frag, (here,), p),
                            BufferStore(l_run, (r,), l_run[r] + s_frag[here]),
-                           # C tile nt element e is A element 4·nt + e of k16 step nt // 2 (the relayout)
+                           # C tile nt element e is A element 4·nt + e of k16 step nt // 2 (the relayout);
+                           # the overlapped form converts after the P·V in flight has read the old P
+                           None if self.overlap else
                            BufferStore(p_frag, (PF * mt + 4 * nt + e,), cast(s_frag[here], p_dtype)))
             return self.unrolled("p_e", 4, one)
 
@@ -584,7 +658,14 @@ class _Kernel:
             return self.unrolled("column_pair", C // 16, pair)
 
         ahead = self.kt + 1
-        if wg:
+        if wg and self.overlap:
+            loop, prologue = self.overlapped_loop(
+                prologue, n_tiles, load_kv, s_frag, p_frag, o_frag, q_sh, k_sh, v_sh,
+                seq(elementwise, self.unrolled("row_stat", 2 * MT, row_stats),
+                    self.unrolled("p_m", MT, lambda mt: self.unrolled("p_tile", BN // 8, lambda nt: weights(mt, nt)))),
+                seq(self.unrolled("p_cast", PF, lambda e: BufferStore(p_frag, (e,), cast(s_frag[e], p_dtype))),
+                    self.unrolled("o_m", MT, lambda mt: self.unrolled("o_tile", C // 8, lambda nt: rescale(mt, nt)))))
+        elif wg:
             pv: Stmt = seq(
                 WarpgroupFence(),   # after the rescale's writes of O, before the wgmmas read it
                 self.unrolled("pv_step", BN // 16, lambda kk: WarpgroupMatrixMultiply(
@@ -601,17 +682,18 @@ class _Kernel:
             # tile kt has landed (the only group in flight) for every thread, and every warp is
             # done with tile kt - 1's stage
             head = (AsyncWait(0), Barrier())
-        loop = For(self.kt, zero, n_tiles, "serial", seq(
-            *head,
-            IfThenElse(compare("<", ahead, n_tiles), load_kv(ahead % STAGES, ahead)),
-            AsyncCommit(),
-            scores,
-            elementwise,
-            self.unrolled("row_stat", 2 * MT, row_stats),
-            self.unrolled("p_m", MT, lambda mt: self.unrolled("p_tile", BN // 8, lambda nt: weights(mt, nt))),
-            self.unrolled("o_m", MT, lambda mt: self.unrolled("o_tile", C // 8, lambda nt: rescale(mt, nt))),
-            pv,
-        ))
+        if not (wg and self.overlap):
+            loop = For(self.kt, zero, n_tiles, "serial", seq(
+                *head,
+                IfThenElse(compare("<", ahead, n_tiles), load_kv(ahead % STAGES, ahead)),
+                AsyncCommit(),
+                scores,
+                elementwise,
+                self.unrolled("row_stat", 2 * MT, row_stats),
+                self.unrolled("p_m", MT, lambda mt: self.unrolled("p_tile", BN // 8, lambda nt: weights(mt, nt))),
+                self.unrolled("o_m", MT, lambda mt: self.unrolled("o_tile", C // 8, lambda nt: rescale(mt, nt))),
+                pv,
+            ))
 
         # 8. epilogue
         l_sum = self.local("l_sum", 2 * MT)
@@ -675,7 +757,9 @@ class _Kernel:
         if wg:
             what = (f"{self.qk_wgmma} / {self.pv_wgmma} (P from registers): {BM} query rows ({BM // 64} warpgroups of "
                     f"64), key tiles of {BN}, Q, K K-major and V MN-major in swizzled shared memory read through "
-                    f"descriptors, {STAGES}-stage cp.async ring; exp2 with log2(e) folded into the scale; "
+                    f"descriptors, {self.stages}-stage cp.async ring"
+                    f"{'; S(kt + 1) and its softmax while P(kt)·V is in flight' if self.overlap else ''}; "
+                    "exp2 with log2(e) folded into the scale; "
                     f"{self.skipping}")
         else:
             what = (f"{tcc.qk_intrinsic} / {tcc.pv_intrinsic}: {BM} query rows ({self.warps} warps of {self.WR}), key "
@@ -718,7 +802,7 @@ def _check_wgmma_relayout(qk: str, pv: str) -> None:
 
 
 def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name: str | None,
-                  blocks_per_sm: int) -> Module:
+                  blocks_per_sm: int, overlap: bool = False) -> Module:
     where = "online_contraction_mma (wgmma)"
     if rows_per_block not in (64, 128, 192, 256):
         raise ScheduleError(f"{where}: rows_per_block={rows_per_block} must be 64, 128, 192 or 256 (one warpgroup "
@@ -735,6 +819,8 @@ def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name
     if isinstance(blocks_per_sm, bool) or not isinstance(blocks_per_sm, int) or not 0 <= blocks_per_sm <= 8:
         raise ScheduleError(f"{where}: blocks_per_sm={blocks_per_sm!r} must be 0 (no request) .. 8")
     kernel = _Kernel(tcc, rows_per_block, key_tile, 16, name, warpgroup=True)
+    if overlap:
+        kernel.overlap, kernel.stages = True, OVERLAP_STAGES
     _check_wgmma_relayout(kernel.qk_wgmma, kernel.pv_wgmma)
     module = kernel.module()
     if not blocks_per_sm:
