@@ -112,7 +112,17 @@ def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int = 1) -> dict
     return {"S": s, "d": d, "B": b, "H": h, "H_kv": h // groups, "dtype": dtype, "causal": causal, "rel_err": err,
             "tecc_us": t_tecc * 1e6, "tecc_tflops": flops / t_tecc / 1e12,
             **{f"sdpa_{n}_us": t * 1e6 for n, t in refs.items()}, "ratio": best / t_tecc,
-            "kernels": len(kern.module.kernels), "plan": kern.plan.strategy, "build_s": build_s}
+            "kernels": len(kern.module.kernels), "plan": _plan_label(kern.plan), "build_s": build_s}
+
+
+def _plan_label(plan: Any) -> str:
+    """The plan's strategy, with the step's tiling for the tensor-core kernel ('+wgmma' for its
+    Hopper form)."""
+    if plan.strategy != "online_contraction_mma" or not plan.steps:
+        return str(plan.strategy)
+    args = dict(plan.steps[0].args)
+    form = ("+wgmma" if args.get("wgmma") else "") + ("+overlap" if args.get("overlap") else "")
+    return f"{plan.strategy}{form} {args.get('rows_per_block')}x{args.get('key_tile')}"
 
 
 def main() -> None:

@@ -1,12 +1,15 @@
 """Time the tilings of the tensor-core attention kernel against each other and SDPA flash.
 
-    python benchmarks/attention_tilings.py [--s 1024] [--d 64] [--dtype float16] [--causal]
+    python benchmarks/attention_tilings.py [--s 1024] [--d 64] [--dtype float16] [--causal] [--wgmma]
 
 Builds the program of benchmarks/attention.py (same B = 16384 / S, H = 2048 / d) once per tiling
 with an explicit plan `Step("online_contraction_mma", {rows_per_block, key_tile, warp_rows})`,
 checks each against SDPA in float64 on a slice, and prints its time, TFLOP/s, ptxas registers
 and the ratio to SDPA flash. The tiling build(plan="auto") picks is marked with *, so a faster
 one says which order `mma_tilings` (tecc/compiler/strategies/online_contraction.py) should try.
+With --wgmma (an sm_90 GPU) the tilings are those of the Hopper form instead,
+`{rows_per_block, key_tile, "wgmma": True, blocks_per_sm, overlap}` (WGMMA_TILINGS: 64 or 128 rows, one or two
+warpgroups, 64- or 128-key tiles, with or without a blocks-per-SM request, overlapped or not), and the marked one orders `wgmma_tilings`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from benchmarks.attention import attention_tensors, sdpa_times  # noqa: E402
 from benchmarks.gemm import time_call  # noqa: E402
 
 TILINGS = ((64, 64, 16), (128, 64, 16), (64, 32, 16), (128, 32, 32), (128, 64, 32), (64, 32, 32))
+WGMMA_TILINGS = ((128, 128, 0, True), (128, 64, 0, True), (128, 64, 2, True), (64, 64, 0, True),
+                 (128, 128, 0, False), (128, 64, 0, False), (128, 64, 2, False), (64, 64, 4, False))
 
 
 def main() -> None:
@@ -35,6 +40,7 @@ def main() -> None:
     ap.add_argument("--d", type=int, default=64)
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--wgmma", action="store_true", help="the Hopper form's tilings (sm_90)")
     opts = ap.parse_args()
     s, d, causal = opts.s, opts.d, opts.causal
     b, h = max(1, 16384 // s), 2048 // d
@@ -51,14 +57,22 @@ def main() -> None:
     flash = sdpa.get("flash", float("nan"))
     times = ", ".join(f"{n} {t * 1e6:.1f} us" for n, t in sdpa.items())
     print(f"S={s} d={d} B={b} H={h} {opts.dtype} causal={causal}: SDPA {times}")
+    points: list[tuple[int, int, int, dict[str, object]]] = []
     for rows, key_tile, warp_rows in TILINGS:
-        step = {"rows_per_block": rows, "key_tile": key_tile}
+        step: dict[str, object] = {"rows_per_block": rows, "key_tile": key_tile}
         if warp_rows != 16:
             step["warp_rows"] = warp_rows
+        points.append((rows, key_tile, warp_rows, step))
+    if opts.wgmma:
+        points = [(rows, key_tile, -blocks, {"rows_per_block": rows, "key_tile": key_tile, "wgmma": True,
+                                              **({"blocks_per_sm": blocks} if blocks else {}),
+                                              **({"overlap": True} if overlap else {})})
+                  for rows, key_tile, blocks, overlap in WGMMA_TILINGS]
+    for rows, key_tile, warp_rows, step in points:
         try:
             kern = tc.build(args, plan=Plan((Step("online_contraction_mma", step),), "tilings", ""))
         except Exception as exc:  # noqa: BLE001 - a tiling that does not build for this d
-            print(f"  {rows:4d} x {key_tile:3d} warp_rows {warp_rows}: {type(exc).__name__}: {str(exc)[:100]}")
+            print(f"  {rows:4d} x {key_tile:3d} {_form(warp_rows)}: {type(exc).__name__}: {str(exc)[:100]}")
             continue
         o = torch.full((b, h, s, d), float("nan"), device="cuda", dtype=tdt)
         kern(q, k, v, o)
@@ -67,9 +81,18 @@ def main() -> None:
         t = time_call(lambda: kern(q, k, v, o), reps)
         (res,) = kern.resources.values()
         mark = "*" if step == chosen else " "
-        print(f" {mark}{rows:4d} x {key_tile:3d} warp_rows {warp_rows}: {t * 1e6:9.1f} us {flops / t / 1e12:6.1f} TF/s "
+        form = _form(warp_rows) + (" overlap" if step.get("overlap") else "")
+        print(f" {mark}{rows:4d} x {key_tile:3d} {form}: {t * 1e6:9.1f} us {flops / t / 1e12:6.1f} TF/s "
               f"flash/tecc {flash / t:5.3f}  {res.registers} regs {res.spill_stores + res.spill_loads} B spills "
               f"rel err {err:.1e}")
+
+
+def _form(warp_rows: int) -> str:
+    """'warp_rows N' for the mma.sync tilings; 'wgmma' (and the blocks per SM asked) for the
+    Hopper form's, whose points carry -blocks_per_sm there."""
+    if warp_rows > 0:
+        return f"warp_rows {warp_rows}"
+    return "wgmma" + (f" {-warp_rows} blocks/SM" if warp_rows else "")
 
 
 if __name__ == "__main__":

@@ -164,3 +164,48 @@ def wgmma_kernel(n: int = 64, ab: str = "f16", a_swizzle: str = "128B", b_swizzl
         kernel = Allocate(buf, kernel)
     name = f"wgmma_m64n{n}k{k}_{ab}_{a_swizzle}_{b_major}{b_swizzle}" + (f"_x{warpgroups}" if warpgroups > 1 else "")
     return PrimFunc(name, (A, B, D), kernel)
+
+
+def register_a_kernel(n: int = 64, ab: str = "f16", b_swizzle: str = "128B", b_major: str = "K",
+                      k_steps: int = 1) -> PrimFunc:
+    """D (64 x n, f32) = A (64 x 16·k_steps) · B with A from registers (wgmma's register form):
+    each thread loads its 8 elements of each k16 slice of A from global memory straight into a
+    fragment through the row's operand-'a' map, B is stored as in wgmma_kernel (plain stores
+    through the descriptor's canonical map, then fence.proxy.async and a barrier); the k_steps
+    wgmmas chain on one accumulator (scale_d false for the first)."""
+    intrinsic = f"wgmma.m64n{n}k16.f32.{ab}"
+    k = 16 * k_steps
+    row = lookup(intrinsic)
+    half = dt.float16 if ab == "f16" else dt.bfloat16
+    db = k_major(b_swizzle) if b_major == "K" else mn_major(b_swizzle, n, k)
+    A = Buffer("A", half, (64, k))
+    B = Buffer("B", half, (n, k) if b_major == "K" else (k, n))
+    D = Buffer("D", dt.float32, (64, n))
+    Bs = Buffer("Bs", half, (tile_elements(db, n, k),), "shared", layout=db.layout)
+    a_op, d_op = row.operand("a"), row.operand("d")
+    a_frag = Buffer("a_frag", a_op.dtype, (a_op.elements * k_steps,), "fragment", fragment=(intrinsic, "a"))
+    acc = Buffer("acc", d_op.dtype, (d_op.elements,), "fragment", fragment=(intrinsic, "d"))
+    tid, s, e, i = Var("tid"), Var("s"), Var("e"), Var("i")
+    ar, ac = a_op.layout(tid, e)
+    load_a = For(s, 0, k_steps, "unroll", For(e, 0, a_op.elements, "unroll",
+                                               BufferStore(a_frag, (a_op.elements * s + e,), A[ar, 16 * s + ac])))
+    el = tid + THREADS * i
+    if b_major == "K":
+        bn, bk = el // k, el % k
+        value = B[bn, bk]
+    else:
+        bk, bn = el // n, el % n
+        value = B[bk, bn]
+    stores = For(i, 0, n * k // THREADS, "unroll", BufferStore(Bs, (db.canonical(bn, bk),), value))
+    steps = [WarpgroupMatrixMultiply(intrinsic, FragmentRef(acc, 0), FragmentRef(a_frag, a_op.elements * q),
+                                     SharedMatrix(Bs, 16 * q if b_major == "K" else _mn_step(db, q), db), q > 0)
+             for q in range(k_steps)]
+    f = Var("f")
+    rr, cc = d_op.layout(tid, f)
+    body = seq(load_a, stores, AsyncProxyFence(), Barrier(), WarpgroupFence(), *steps, WarpgroupCommit(),
+               WarpgroupWait(0, (acc,)),
+               For(f, 0, d_op.elements, "unroll", BufferStore(D, (rr, cc), acc[f])))
+    kernel: Stmt = For(tid, 0, THREADS, "threadIdx.x", body)
+    for buf in (acc, a_frag, Bs):
+        kernel = Allocate(buf, kernel)
+    return PrimFunc(f"wgmma_register_a_m64n{n}k{k}_{ab}_{b_major}{b_swizzle}", (A, B, D), kernel)

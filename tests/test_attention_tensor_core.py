@@ -135,10 +135,11 @@ def wide(a):
     return a if a.dtype == bool else a.astype(np.float64)
 
 
-def run(ins, outs, x, plan, target="sim"):
-    """Build, run on NaN-poisoned outputs, and return the kernel, the outputs and the inputs as
-    float64 (the values the kernel was given)."""
-    k = tc.build(ins + outs, target=target, plan=plan)
+def run(ins, outs, x, plan, target="sim", arch=None):
+    """Build (planning for `arch`: sm_80 keeps plan="auto" on the mma.sync kernel, sm_90 takes
+    the wgmma form), run on NaN-poisoned outputs, and return the kernel, the outputs and the
+    inputs as float64 (the values the kernel was given)."""
+    k = tc.build(ins + outs, target=target, plan=plan, arch=arch)
     got = [poisoned(t) for t in outs]
     k(*x, *got)
     return k, [wide(g) for g in got], [wide(a) for a in x]
@@ -161,8 +162,8 @@ def test_tensor_core_attention_matches_float64_numpy(variant, S):
     groups, lse = kw.pop("groups", 1), kw.pop("lse", False)
     ins, outs = masked_attention(1, 2, S, S, 32, "float16", groups=groups, lse=lse, **kw)
     rng = np.random.default_rng()
-    k, got, given = run(ins, outs, make_inputs(ins, rng), "auto")
-    assert k.plan.strategy == "online_contraction_mma", k.plan
+    k, got, given = run(ins, outs, make_inputs(ins, rng), "auto", arch="sm_80")
+    assert k.plan.strategy == "online_contraction_mma" and "wgmma" not in k.plan.steps[0].args, k.plan
     assert len(k.module.kernels) == 1 and not k.module.temps
     want, want_lse = reference(given, groups, kw["mask"], kw.get("bias", False))
     check(f"tensor-core attention {variant} S={S}", got[0], want, bound("float16", S, given[2]), k.plan)
@@ -463,8 +464,11 @@ def test_tensor_core_attention_on_the_gpu(D, dtype, mask, groups, S):
     Sq = S if mask != "bottom_right" else S // 2
     ins, outs = masked_attention(B, H, Sq, S, D, dtype, groups=groups, mask=mask, lse=True)
     rng = np.random.default_rng()
-    k, (o, lse), given = run(ins, outs, make_inputs(ins, rng), "auto", target="cuda")
+    # planned for sm_80: the mma.sync kernel (on sm_90 plan="auto" takes the wgmma form, tested in
+    # test_attention_wgmma.py)
+    k, (o, lse), given = run(ins, outs, make_inputs(ins, rng), "auto", target="cuda", arch="sm_80")
     assert k.plan.strategy == "online_contraction_mma" and len(k.module.kernels) == 1, k.plan
+    assert "wgmma" not in k.plan.steps[0].args, k.plan
     want, want_lse = reference(given, groups, mask, False)
     check(f"gpu tensor-core attention d={D} {dtype} {mask} G={groups} S={S}", o, want, bound(dtype, S, given[2]),
           k.plan)

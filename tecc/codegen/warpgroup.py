@@ -27,6 +27,7 @@ from tecc.ir.stmt import (
     BarrierRef,
     BarrierWait,
     BulkCopy,
+    FragmentRef,
     PrimFunc,
     SetMaxRegisters,
     SharedMatrix,
@@ -70,7 +71,7 @@ def arch_for_source(source: str, arch: str) -> str:
 def descriptor_buffers(func: PrimFunc) -> set[int]:
     """Ids of the shared buffers a wgmma descriptor addresses (declared 1024-byte aligned)."""
     return {id(ref.buffer) for s in iter_stmts(func.body) if isinstance(s, WarpgroupMatrixMultiply)
-            for ref in (s.a, s.b)}
+            for ref in (s.a, s.b) if isinstance(ref, SharedMatrix)}
 
 
 def descriptor_value(expr: ExprEmitter, ref: SharedMatrix) -> str:
@@ -86,11 +87,21 @@ def warpgroup_multiply(expr: ExprEmitter, s: WarpgroupMatrixMultiply) -> list[st
     op = row.operand("d")
     outputs = [f'"+f"({_register(expr, s.d, op, r)[1]})' for r in range(op.registers)]
     n = op.registers
+    trans_b = int(s.b.descriptor.major == "MN")
+    accumulators = "{" + ", ".join(f"%{r}" for r in range(n)) + "}"
+    if isinstance(s.a, FragmentRef):
+        # A from registers: 4 .f16x2 registers, and no transpose bit for A (PTX ISA, wgmma.mma_async)
+        a_op = row.operand("a")
+        a_regs = [f'"r"({_register(expr, s.a, a_op, r)[1]})' for r in range(a_op.registers)]
+        inputs = a_regs + [f'"l"({descriptor_value(expr, s.b)})', f'"r"(static_cast<int>({expr.code(s.scale_d)}))']
+        na = len(a_regs)
+        a_vec = "{" + ", ".join(f"%{n + r}" for r in range(na)) + "}"
+        body = ["{", ".reg .pred scale_d;", f"setp.ne.b32 scale_d, %{n + na + 1}, 0;",
+                f"{row.ptx} {accumulators}, {a_vec}, %{n + na}, scale_d, 1, 1, {trans_b};", "}"]
+        return _asm(body, outputs, inputs, clobber_memory=True)
     inputs = [f'"l"({descriptor_value(expr, s.a)})', f'"l"({descriptor_value(expr, s.b)})',
               f'"r"(static_cast<int>({expr.code(s.scale_d)}))']
     trans_a = int(s.a.descriptor.major == "MN")
-    trans_b = int(s.b.descriptor.major == "MN")
-    accumulators = "{" + ", ".join(f"%{r}" for r in range(n)) + "}"
     body = ["{", ".reg .pred scale_d;", f"setp.ne.b32 scale_d, %{n + 2}, 0;",
             f"{row.ptx} {accumulators}, %{n}, %{n + 1}, scale_d, 1, 1, {trans_a}, {trans_b};", "}"]
     return _asm(body, outputs, inputs, clobber_memory=True)

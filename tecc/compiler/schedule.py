@@ -380,20 +380,31 @@ class Schedule:
         self.timing.append(("online_contraction", time.perf_counter() - start))
         self._record(Step("online_contraction", {"threads": int(threads), "rows_per_block": int(rows_per_block)}))
 
-    def online_contraction_mma(self, rows_per_block: int = 64, key_tile: int = 64, warp_rows: int = 16) -> None:
+    def online_contraction_mma(self, rows_per_block: int = 64, key_tile: int = 64, warp_rows: int = 16,
+                               wgmma: bool = False, blocks_per_sm: int = 0, overlap: bool = False) -> None:
         """Replace the module by ONE tensor-core kernel for the same chain as online_contraction
         when both contractions have float16/bfloat16 operands and constant head dims (see
         tecc.passes.rewrite.online_contraction_mma): `rows_per_block` query rows per block,
         `warp_rows` (16 or 32) per warp, key tiles of `key_tile` streamed through a 2-stage
-        cp.async ring. It must be the first step."""
+        cp.async ring. `wgmma`: the Hopper form (sm_90a: one warpgroup per 64 query rows, both
+        contractions as wgmma, P from registers; `warp_rows` unused; `blocks_per_sm` > 0 asks for
+        that many resident blocks through the launch bounds; `overlap` issues the next tile's
+        scores and softmax while P·V is in flight, over a 3-stage ring). It must be the first step."""
         if self._steps:
             raise ScheduleError("online_contraction_mma rewrites the whole module: it must be the first step of a plan")
         start = time.perf_counter()
         self.mod = online_contraction_mma_module(self._tensors, int(rows_per_block), int(key_tile), int(warp_rows),
-                                                 name=self._name)
+                                                 name=self._name, wgmma=bool(wgmma),
+                                                 blocks_per_sm=int(blocks_per_sm), overlap=bool(overlap))
         self.timing.append(("online_contraction_mma", time.perf_counter() - start))
         args: dict[str, Any] = {"rows_per_block": int(rows_per_block), "key_tile": int(key_tile)}
-        if warp_rows != 16:
+        if wgmma:
+            args["wgmma"] = True
+            if blocks_per_sm:
+                args["blocks_per_sm"] = int(blocks_per_sm)
+            if overlap:
+                args["overlap"] = True
+        elif warp_rows != 16:
             args["warp_rows"] = int(warp_rows)
         self._record(Step("online_contraction_mma", args))
 

@@ -94,10 +94,12 @@ class MatrixIntrinsic:
 
     kind 'mma': D = A . B + C over an m x n x k tile, all four operands fragments.
     kind 'wgmma': D = A . B (+ D) over an m64 x n x k16 tile by a warpgroup (`threads` = 128
-    consecutive threads whose first is a multiple of 128): A and B (PTX type `input_type`) are
-    read from shared memory through matrix descriptors (tecc.ir.descriptor), so the row has only
-    the accumulator operands 'c' and 'd' (the same registers), whose layout maps take the thread
-    index within the warpgroup (0..127) as their "lane". Needs `sm_90a`.
+    consecutive threads whose first is a multiple of 128): B (PTX type `input_type`) is read from
+    shared memory through a matrix descriptor (tecc.ir.descriptor), A either the same way or from
+    registers (operand 'a': 8 elements, 4 `.f16x2` registers per thread, the m16n8k16 A pattern
+    repeated per warp over its 16 rows); 'c' and 'd' are the accumulator (the same registers).
+    The layout maps take the thread index within the warpgroup (0..127) as their "lane". Needs
+    `sm_90a`.
     kind 'ldmatrix': `matrices` 8 x 8 tiles of 16-bit elements, stacked as one (8 * matrices) x 8
     tile, loaded from shared memory; lane `address(lane)` < 8 * matrices supplies the address of
     that stacked row (8 contiguous elements, 16-byte aligned), and operand 'd' says which lane
@@ -179,6 +181,14 @@ def _wgmma_accumulator(thread: Index, e: Index) -> tuple[Index, Index]:
     return 16 * (thread // 32) + lane // 4 + 8 * ((e // 2) % 2), 8 * (e // 4) + (lane % 4) * 2 + e % 2
 
 
+def _wgmma_a(thread: Index, e: Index) -> tuple[Index, Index]:
+    # A from registers: warp w = thread // 32 holds rows 16w .. 16w+15 of the m64 x k16 tile in
+    # the m16n8k16 A pattern: a0,a1: (g, 2t+i); a2,a3: (g+8, 2t+i); a4,a5: (g, 2t+8+i);
+    # a6,a7: (g+8, 2t+8+i) (PTX ISA, "Register fragment layout for matrix A" of wgmma .m64nNk16)
+    lane = thread % 32
+    return 16 * (thread // 32) + lane // 4 + 8 * ((e // 2) % 2), (lane % 4) * 2 + e % 2 + 8 * (e // 4)
+
+
 WARPGROUP_SIZE = 128
 WGMMA_N = (8, 16, 32, 64, 96, 128, 192, 256)  # the n of the m64nNk16 rows in the table
 
@@ -188,7 +198,8 @@ def _wgmma(n: int, ab: str) -> MatrixIntrinsic:
     return MatrixIntrinsic(
         name=f"wgmma.m64n{n}k16.f32.{ab}", ptx=f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab}",
         kind="wgmma", shape=(64, n, 16), min_arch=90, threads=WARPGROUP_SIZE, input_type=ab,
-        operands=(FragmentOperand("c", "f32", 64, n, elements, _wgmma_accumulator),
+        operands=(FragmentOperand("a", ab, 64, 16, 8, _wgmma_a),
+                  FragmentOperand("c", "f32", 64, n, elements, _wgmma_accumulator),
                   FragmentOperand("d", "f32", 64, n, elements, _wgmma_accumulator)),
     )
 

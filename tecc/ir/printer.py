@@ -215,7 +215,8 @@ def _hopper_stmt(s: Stmt) -> str:
     """`wgmma.m64n64k16.f32.f16 acc[0:32] += As[desc(..) @ 0] · Bs[desc(..) @ 0]`, `mbarrier.wait(bar[0], 0)`, ..."""
     if isinstance(s, WarpgroupMatrixMultiply):
         d = _fragment(s.d, s.row.operand("d").elements)
-        product = f"{_shared_matrix(s.a)} · {_shared_matrix(s.b)}"
+        a = _shared_matrix(s.a) if isinstance(s.a, SharedMatrix) else _fragment(s.a, s.row.operand("a").elements)
+        product = f"{a} · {_shared_matrix(s.b)}"
         scale = s.scale_d
         if isinstance(scale, Const):
             return f"{s.intrinsic} {d} {'+=' if scale.value else '='} {product}"

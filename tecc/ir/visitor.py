@@ -265,7 +265,8 @@ def matrix_stmt_exprs(s: Stmt) -> list[Expr]:
     """The expressions a matrix-level statement holds: fragment offsets, addresses, predicate,
     descriptor starts, barrier indices and counts."""
     if isinstance(s, WarpgroupMatrixMultiply):
-        return [s.d.offset, s.a.start, s.b.start, s.scale_d]
+        a = s.a.start if isinstance(s.a, SharedMatrix) else s.a.offset
+        return [s.d.offset, a, s.b.start, s.scale_d]
     if isinstance(s, BarrierInit):
         return [s.bar.index, s.count]
     if isinstance(s, BarrierArrive):
@@ -364,7 +365,8 @@ class StmtMutator:
     def _hopper(self, s: Stmt) -> Stmt | None:
         """The warpgroup and mbarrier statements rebuilt (or `s` itself), None for other statements."""
         if isinstance(s, WarpgroupMatrixMultiply):
-            d, a, b = self._fragment(s.d), self._shared_matrix(s.a), self._shared_matrix(s.b)
+            d, b = self._fragment(s.d), self._shared_matrix(s.b)
+            a = self._shared_matrix(s.a) if isinstance(s.a, SharedMatrix) else self._fragment(s.a)
             scale = self.visit_expr(s.scale_d)
             if d is s.d and a is s.a and b is s.b and scale is s.scale_d:
                 return s

@@ -76,14 +76,18 @@ class SharedMatrix:
 @dataclass(frozen=True, eq=False)
 class WarpgroupMatrixMultiply(Stmt):
     """wgmma.mma_async by the warpgroup, with the wgmma row `intrinsic` (m64nNk16): D = A . B +
-    (D if `scale_d` else 0), where A (64 x 16) and B (16 x N, described as its N x 16 transpose)
-    are read from shared memory through `a` and `b`, and D is the warpgroup's accumulator
-    fragment (each thread's N / 2 f32 registers at `d`, laid out by the row's map). Products are
-    exact and summed in f32. Asynchronous: see the module docstring."""
+    (D if `scale_d` else 0), where B (16 x N, described as its N x 16 transpose) is read from
+    shared memory through `b`, A (64 x 16) through `a` when it is a SharedMatrix or from the
+    threads' registers when it is a FragmentRef (the row's operand 'a': 8 elements per thread,
+    the register form of the ISA, as FlashAttention-3 feeds P to P·V), and D is the warpgroup's
+    accumulator fragment (each thread's N / 2 f32 registers at `d`, laid out by the row's map).
+    Products are exact and summed in f32. Asynchronous: see the module docstring; a register A
+    is read at some time before the wgmma completes too, so its registers must not be written
+    until a `WarpgroupWait` covers it."""
 
     intrinsic: str
     d: FragmentRef
-    a: SharedMatrix
+    a: SharedMatrix | FragmentRef
     b: SharedMatrix
     scale_d: Expr
 
@@ -97,7 +101,11 @@ class WarpgroupMatrixMultiply(Stmt):
         self.d.check(row, row.operand("d"), "accumulator")
         m, n, k = row.shape
         want: DType = PTX_STORAGE[row.input_type]
+        if isinstance(self.a, FragmentRef):
+            self.a.check(row, row.operand("a"), "register operand A")
         for role, ref, rows in (("A", self.a, m), ("B", self.b, n)):
+            if not isinstance(ref, SharedMatrix):
+                continue
             if ref.buffer.dtype != want:
                 raise DTypeError(f"{row.name}: operand {role} must be {want}, {ref.buffer.name} is {ref.buffer.dtype}")
             ref.check_tile(rows, k, f"{row.name} operand {role}")
@@ -105,6 +113,10 @@ class WarpgroupMatrixMultiply(Stmt):
     @property
     def row(self) -> MatrixIntrinsic:
         return lookup(self.intrinsic)
+
+    @property
+    def a_in_registers(self) -> bool:
+        return isinstance(self.a, FragmentRef)
 
 
 @dataclass(frozen=True, eq=False)

@@ -120,7 +120,7 @@ class _Verifier(StmtVisitor):
         self.generic_visit(s)
 
     def visit_WarpgroupMatrixMultiply(self, s: WarpgroupMatrixMultiply) -> None:
-        self._in_scope((s.d.buffer, s.a.buffer, s.b.buffer), s.intrinsic)
+        self._in_scope((s.d.buffer, s.a.buffer, s.b.buffer), s.intrinsic)  # a SharedMatrix or a FragmentRef
         self.generic_visit(s)
 
     def visit_WarpgroupWait(self, s: WarpgroupWait) -> None:

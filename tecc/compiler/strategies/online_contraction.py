@@ -22,6 +22,12 @@ thread may hold: ~210 at 32 keys), the first tiling of `mma_tilings` that ptxas 
 target's arch without spilling (its heuristics spill a value or two at d = 32 with 64 x 64, for
 instance, where 128 x 64 fits in 120 registers). The SIMT plan's reason then
 says why the tensor-core form does not apply (float32 operands, a symbolic or odd head dim ..).
+On sm_90 `propose_wgmma` is asked before `propose_mma`: the Hopper form of the same kernel
+(online_contraction_mma(wgmma=True): one warpgroup per 64 query rows, S = Q·Kᵀ and O += P·V as
+wgmma with P from registers, Q/K/V in swizzled shared memory read through descriptors), the
+first of `wgmma_tilings` that ptxas compiles for sm_90a without spills and without serializing
+its wgmmas (C7515). Elsewhere, or when no tiling passes, the mma.sync plan is taken and its
+reason says why the Hopper form was not.
 No cost-model prediction ranks either against the unfused kernels: unfused, the chain writes and
 re-reads an O(S²) score matrix, which no choice of tiles for the unfused kernels recovers.
 """
@@ -37,11 +43,13 @@ from ...ir.expr import const_int
 from ...ir.tensor import Tensor
 from ...passes.rewrite.online_contraction import online_chain
 from ...passes.rewrite.online_contraction_mma import describe_skipping, online_contraction_mma, tensor_core_chain
+from ..pipeline import wgmma_serialized
 from ..plan import Plan, Step
 
 THREADS = 32
 ROWS_PER_BLOCK = 4
 MMA_MIN_ARCH = 80  # mma.sync.m16n8k16, ldmatrix and cp.async: sm_80
+WGMMA_ARCH = 90    # wgmma: sm_90a only
 
 
 def _arch_number(target: Any) -> int | None:
@@ -105,17 +113,94 @@ def mma_tilings(widest: int) -> tuple[tuple[int, int, int], ...]:
     return ((128, 64, 32), (64, 64, 16), (128, 64, 16), (64, 32, 16))
 
 
-def _ptxas(tensors: Sequence[Tensor], rows: int, key_tile: int, warp_rows: int, arch: str) -> KernelResources | str:
-    """ptxas's report of the tensor-core kernel with this tiling, or why there is none."""
+def _ptxas(tensors: Sequence[Tensor], rows: int, key_tile: int, warp_rows: int, arch: str,
+           wgmma: bool = False, blocks_per_sm: int = 0, overlap: bool = False) -> KernelResources | str:
+    """ptxas's report of the tensor-core kernel with this tiling, or why there is none (for the
+    Hopper form also when ptxas serializes its wgmmas)."""
     try:
-        module = online_contraction_mma(tensors, rows, key_tile, warp_rows)
+        module = online_contraction_mma(tensors, rows, key_tile, warp_rows, wgmma=wgmma, blocks_per_sm=blocks_per_sm,
+                                        overlap=overlap)
         compiled = compile_cuda(emit_source(module.kernels), arch=arch, name="online_contraction_mma")
     except TeccError as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     found = list(compiled.resources.values())
     if len(found) != 1:
         return f"ptxas reported {len(found)} kernels for one (log: {compiled.log.strip()[:200]!r})"
+    serialized = wgmma_serialized(compiled.log) if wgmma else None
+    if serialized is not None:
+        return f"ptxas serializes the wgmmas ({serialized[:120]})"
     return found[0]
+
+
+def wgmma_tilings(widest: int) -> tuple[tuple[int, int, int, bool], ...]:
+    """(rows_per_block, key_tile, blocks_per_sm, overlap) of the Hopper form in the order they
+    are tried for head dims up to `widest` (blocks_per_sm 0: no launch-bounds request). The
+    overlapped form (the next tile's scores and softmax while P·V is in flight, a 3-stage ring)
+    first, then the plain one. Up to d = 64: two warpgroups × 64-key tiles asking for 2 blocks per
+    SM (ptxas: 118-122 registers, no spills, 65 KiB of shared memory: 16 warps per SM), then
+    128-key tiles (172-182 registers, 1 block); at d = 128: two warpgroups × 128 keys
+    (FlashAttention-3's shape; 220-232 registers, 225 KiB), then 64 keys (160-170, 129 KiB).
+    Reasoned, not yet measured: benchmarks/attention_tilings.py --wgmma times them."""
+    if widest > 64:
+        return ((128, 128, 0, True), (128, 64, 0, True), (128, 128, 0, False), (128, 64, 0, False),
+                (64, 64, 0, False))
+    return ((128, 64, 2, True), (128, 128, 0, True), (128, 64, 2, False), (128, 128, 0, False), (64, 64, 4, False))
+
+
+def _why_not_wgmma(tensors: Sequence[Tensor], target: Any) -> str | None:
+    """None when the Hopper form may be tried for `target`, else the reason."""
+    arch = _arch_number(target if _arch_number(target) is not None else default_arch())
+    if arch != WGMMA_ARCH:
+        return f"wgmma is sm_90a only, the target is sm_{arch}"
+    return _why_not_mma(tensors, target)
+
+
+def propose_wgmma(tensors: Sequence[Tensor], target: Any = None) -> OnlineContractionChoice | None:
+    """The Hopper (wgmma) plan for the chain `tensors` on sm_90, or None (the target is not
+    sm_90, the chain does not fit tensor cores, or no tiling of `wgmma_tilings` compiles without
+    spills or serialized wgmmas: `propose_mma` then says why)."""
+    found = _wgmma_choice(tensors, target)
+    return found if isinstance(found, OnlineContractionChoice) else None
+
+
+def _wgmma_choice(tensors: Sequence[Tensor], target: Any) -> OnlineContractionChoice | str:
+    why_not = _why_not_wgmma(tensors, target)
+    if why_not is not None:
+        return why_not
+    chain = online_chain(tensors)
+    mma = tensor_core_chain(chain)
+    widest = max(mma.depth, const_int(chain.columns) or 0)
+    arch = f"sm_{WGMMA_ARCH}"
+    checked: list[str] = []
+    for rows, key_tile, blocks, overlap in wgmma_tilings(widest):
+        label = f"{rows}x{key_tile}" + (f" ({blocks} blocks/SM)" if blocks else "") + (" overlapped" if overlap else "")
+        res = _ptxas(tensors, rows, key_tile, 16, arch, wgmma=True, blocks_per_sm=blocks, overlap=overlap)
+        if isinstance(res, str):
+            checked.append(f"{label}: {res}")
+            continue
+        if res.spill_stores or res.spill_loads:
+            checked.append(f"{label}: {res.registers} registers, spills")
+            continue
+        break
+    else:
+        return "no tiling compiles without spills or serialized wgmmas: " + "; ".join(checked)
+    passed_over = f" (passed over: {'; '.join(checked)})" if checked else ""
+    reason = (f"{chain.output.name}: a contraction over the axis of the row statistics {chain.m.name} (max) and "
+              f"{chain.l.name} (sum of exp) in one pass with a running max on Hopper tensor cores (wgmma for the "
+              f"scores and for P·V with P from registers, Q, K and V read from swizzled shared memory through "
+              f"descriptors), no score temporary of [{', '.join(map(str, chain.rows))}] x {chain.keys}; {rows} "
+              f"query rows per block ({rows // 64} warpgroups of 64 rows{f', {blocks} blocks per SM asked' if blocks else ''}"
+              f"), key tiles of {key_tile} through a {3 if overlap else 2}-stage cp.async ring"
+              f"{', the next tile scores and softmax while P·V is in flight' if overlap else ''} ({arch}a: {res.registers} registers, no spills, wgmmas not serialized{passed_over}); "
+              "exp2 with log2(e) folded into the scale; "
+              f"{describe_skipping(tensors, rows, key_tile)}")
+    args: dict[str, Any] = {"rows_per_block": rows, "key_tile": key_tile, "wgmma": True}
+    if blocks:
+        args["blocks_per_sm"] = blocks
+    if overlap:
+        args["overlap"] = True
+    plan = Plan((Step("online_contraction_mma", args),), "online_contraction_mma", reason)
+    return OnlineContractionChoice(plan, 2 * rows, rows, reason)
 
 
 def propose_mma(tensors: Sequence[Tensor], target: Any = None) -> OnlineContractionChoice | None:
@@ -142,6 +227,8 @@ def propose_mma(tensors: Sequence[Tensor], target: Any = None) -> OnlineContract
     else:
         return None
     passed_over = f" (passed over: {'; '.join(checked)})" if checked else ""
+    hopper = _wgmma_choice(tensors, target)
+    not_wgmma = "" if not isinstance(hopper, str) else f"; mma.sync, not wgmma: {hopper}"
     reason = (f"{chain.output.name}: a contraction over the axis of the row statistics {chain.m.name} (max) and "
               f"{chain.l.name} (sum of exp) in one pass with a running max on tensor cores ({mma.qk_intrinsic} for "
               f"the scores, {mma.pv_intrinsic} for P·V, P kept in registers), no score temporary of "
@@ -149,7 +236,7 @@ def propose_mma(tensors: Sequence[Tensor], target: Any = None) -> OnlineContract
               f"({rows // warp_rows} warps of {warp_rows} rows), key tiles of {key_tile} through a 2-stage cp.async ring ({arch}: "
               f"{res.registers} registers, no spills{passed_over}); exp2 with log2(e) folded into "
               "the scale (ex2.approx.ftz: one MUFU.EX2, relative error ~2^-22, below P's rounding to 16 bits); "
-              f"{describe_skipping(tensors, rows, key_tile)}")
+              f"{describe_skipping(tensors, rows, key_tile)}{not_wgmma}")
     args = {"rows_per_block": rows, "key_tile": key_tile}
     if warp_rows != 16:
         args["warp_rows"] = warp_rows
@@ -158,4 +245,4 @@ def propose_mma(tensors: Sequence[Tensor], target: Any = None) -> OnlineContract
     return OnlineContractionChoice(plan, 32 * (rows // warp_rows), rows, reason)
 
 
-__all__ = ["OnlineContractionChoice", "mma_tilings", "propose", "propose_mma"]
+__all__ = ["OnlineContractionChoice", "mma_tilings", "propose", "propose_mma", "propose_wgmma", "wgmma_tilings"]

@@ -26,7 +26,8 @@ Whether one is worth applying is the planner's decision (tecc/compiler/strategie
   online_contraction_mma online_contraction_mma.py  the same chain with float16/bfloat16 contractions as
                                        ONE tensor-core kernel (mma.sync, ldmatrix, a cp.async ring; P moved
                                        from C to A fragments in registers; key tiles a mask leaves -inf
-                                       skipped by an isl-proved bound)
+                                       skipped by an isl-proved bound); wgmma=True: the Hopper form
+                                       (wgmma for both contractions, P as the register A operand)
 
 Their shared parts:
   reduction_stage.py  the one reduction stage a split rewrite takes (one stage, one Reduce)

@@ -52,12 +52,23 @@ off by at most that times max |v|, as in FlashAttention); the sum l is of the un
 Key tiles a mask makes fully -inf are not visited, and tiles every row keeps whole skip the
 per-element guard: bounds derived from the affine conditions of the `where`s and proved with isl
 (key_tiles.py).
+
+The Hopper form (`wgmma=True`, sm_90a; docs/attention.md "The Hopper form"): one warpgroup per
+64 query rows (warp 4w + v of warpgroup w owns rows 16v.. of its 64, the mma.sync form's m16
+rows), Q [BM][D], K and V tiles in blocked swizzled shared tiles [stage][D / W][rows][W]
+(W = min(D, 64) halves a row: the 128B, 64B or 32B swizzle) read by wgmma through descriptors
+(Q and K K-major, V MN-major as the B of P·V). S = Q·Kᵀ is D/16 wgmma.m64n{BN}k16 into the
+accumulator (scale-d false on the first), whose layout is the m16n8 C pattern per warp and n8
+block, so steps 4-6 are the code above; P's fragment is the register A of wgmma.m64n{C}k16
+(accumulator elements 8k..8k+7 are the A of k16 step k), and O += P·V is BN/16 such wgmmas.
+Both groups are waited for in their iteration; the loop head is cp.async.wait_group 0,
+fence.proxy.async (wgmma reads through the async proxy), barrier, then the next tile's copies.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from ...ir import dtype as dt
@@ -83,11 +94,13 @@ from ...ir.expr import (
     walk,
     warp_shuffle,
 )
-from ...ir.intrinsics import lookup
+from ...ir.descriptor import MatrixDescriptor
+from ...ir.intrinsics import WARPGROUP_SIZE, WGMMA_N, lookup
 from ...ir.stmt import (
     Allocate,
     AsyncCommit,
     AsyncCopy,
+    AsyncProxyFence,
     AsyncWait,
     Barrier,
     Buffer,
@@ -99,14 +112,21 @@ from ...ir.stmt import (
     MatrixMultiply,
     Module,
     PrimFunc,
+    SharedMatrix,
     Stmt,
+    WarpgroupCommit,
+    WarpgroupFence,
+    WarpgroupMatrixMultiply,
+    WarpgroupWait,
     seq,
 )
 from ...ir.tensor import PlaceholderOp, Tensor
 from ...ir.visitor import SubexpressionReplacer
 from ..lower import exprs_of, global_buffers, scalar_vars, signature
+from ..substitute import substitute_stmt
 from ..names import identifier
 from ..schedule.tensorize import CHUNK, INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
+from ..schedule.tensorize_wgmma import wgmma_intrinsic
 from .key_tiles import kept, key_tile_bound, skipping_description, unmasked_tile_bound
 from .online_contraction import MAX_GRID_Y, OnlineChain, _Lower, head_indices, online_chain
 
@@ -114,6 +134,7 @@ LOG2E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
 MAX_HEAD_DIM = 128   # the partial output, 4·C/8 floats per lane, and Q's fragments, D/2 registers
 STAGES = 2
+OVERLAP_STAGES = 3   # the overlapped Hopper form reads tiles kt (V) and kt + 1 (K) while kt + 2 loads
 
 
 @dataclass(frozen=True)
@@ -250,13 +271,23 @@ def _check_relayout(qk: str, pv: str) -> None:
 
 
 def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key_tile: int = 64,
-                           warp_rows: int = 16, name: str | None = None) -> Module:
+                           warp_rows: int = 16, name: str | None = None, wgmma: bool = False,
+                           blocks_per_sm: int = 0, overlap: bool = False) -> Module:
     """The module of ONE tensor-core kernel computing the chain `args` (module docstring):
     `rows_per_block` query rows per block, `warp_rows` (16 or 32: one or two m16 tiles, which
-    share every K and V fragment a warp loads) per warp, key tiles of `key_tile`."""
+    share every K and V fragment a warp loads) per warp, key tiles of `key_tile`.
+    `wgmma`: the Hopper form (sm_90a; section "The Hopper form" of the module docstring): one
+    warpgroup per 64 query rows, both contractions as wgmma, `warp_rows` ignored; `blocks_per_sm`
+    > 0 asks for that many resident blocks (`__launch_bounds__`: ptxas caps the registers);
+    `overlap`: S(kt + 1) and the softmax of tile kt + 1 while P(kt)·V is in flight, over a
+    3-stage ring (_Kernel.overlapped_loop)."""
     where = "online_contraction_mma"
     chain = online_chain(args)
     tc_chain = tensor_core_chain(chain)
+    if wgmma:
+        return _wgmma_module(tc_chain, rows_per_block, key_tile, name, blocks_per_sm, overlap)
+    if blocks_per_sm or overlap:
+        raise ScheduleError(f"{where}: blocks_per_sm and overlap are options of the wgmma form (wgmma=True)")
     if warp_rows not in (16, 32):
         raise ScheduleError(f"{where}: warp_rows={warp_rows} must be 16 or 32 (one or two m16 tiles per warp)")
     if rows_per_block % warp_rows or not warp_rows <= rows_per_block <= 512 or rows_per_block // warp_rows > 16:
@@ -269,7 +300,11 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
 
 
 class _Kernel:
-    def __init__(self, tcc: TensorCoreChain, rows: int, key_tile: int, warp_rows: int, name: str | None) -> None:
+    def __init__(self, tcc: TensorCoreChain, rows: int, key_tile: int, warp_rows: int, name: str | None,
+                 warpgroup: bool = False) -> None:
+        self.wg = warpgroup
+        self.overlap = False       # the Hopper form's S(kt + 1) issued before P(kt)·V: set by _wgmma_module
+        self.stages = STAGES
         self.tcc, self.chain = tcc, tcc.chain
         self.BM, self.BN = rows, key_tile
         self.WR, self.MT = warp_rows, warp_rows // 16   # rows and m16 tiles per warp
@@ -287,6 +322,31 @@ class _Kernel:
         self.tx, self.kt = Var(u("thread"), dt.int32), Var(u("key_tile"), dt.int32)
         self.lane, self.warp = self.tx % 32, self.tx // 32
         self.lower = _Lower(self.buffers, u)
+        if warpgroup:
+            self.warpgroup = self.tx // WARPGROUP_SIZE
+            self.qk_wgmma = wgmma_intrinsic(tcc.q.dtype.name, key_tile)
+            assert self.C is not None
+            self.pv_wgmma = wgmma_intrinsic(tcc.v.dtype.name, self.C)
+
+    def blocked(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
+        """The Hopper form's shared tile [stages][width / W][rows][W] of `read`: W = min(width, 64)
+        halves a row (2·W bytes, the swizzle's row), the descriptors' swizzle as the buffer's layout."""
+        w = min(width, 64)
+        shape = tuple(Const(n, dt.int32) for n in (stages, width // w, rows, w))
+        return Buffer(self.unique(label), read.dtype, shape, "shared", tensor=f"{read.tensor.name}.shared",
+                      layout=_descriptor(w, "K").layout)
+
+    def operand(self, buf: Buffer, stage: Expr, row0: Expr, step: Expr, mn_major: bool = False) -> SharedMatrix:
+        """The wgmma operand of the blocked tile `buf` (blocked()) at k16 step `step`: K-major
+        (Q, K: rows are the tile's rows, k along its width) from row `row0`; for V (the P·V B
+        operand, k = the tile's rows = keys, n = its width) MN-major."""
+        _, blocks, rows, w = (const_int(x) for x in buf.shape)
+        assert blocks is not None and rows is not None and w is not None
+        base = stage * (blocks * rows * w)
+        if mn_major:
+            return SharedMatrix(buf, base + step * (16 * w), _descriptor(w, "MN", rows))
+        k = step * 16
+        return SharedMatrix(buf, base + (k // w) * (rows * w) + row0 * w + k % w, _descriptor(w, "K"))
 
     def frag(self, label: str, intrinsic: str, role: str, size: int) -> Buffer:
         op = lookup(intrinsic).operand(role)
@@ -307,7 +367,8 @@ class _Kernel:
     def copy_tile(self, dst: Buffer, stage: Expr, read: TensorRead, at: dict[Var, Expr], row0: Expr, extent: Expr,
                   rows: int, width: int) -> Stmt:
         """cp.async of rows [row0, row0 + rows) x [0, width) of the read tensor into dst[stage],
-        16 bytes per copy, zero past `extent`."""
+        16 bytes per copy, zero past `extent`. A 4-dimensional dst (the Hopper form) is
+        [stages][width / W][rows][W]: blocks of W-element swizzled rows."""
         per_row = width // CHUNK
         chunks = rows * per_row
         count = -(-chunks // self.threads)
@@ -317,12 +378,84 @@ class _Kernel:
         def copy(u: Var) -> Stmt:
             chunk = self.tx + self.threads * u
             r, col = chunk // per_row, (chunk % per_row) * CHUNK
-            st: Stmt = AsyncCopy(dst, (stage, r, col), src, lead + (row0 + r, col), 16,
+            if len(dst.shape) == 4:
+                w = const_int(dst.shape[3])
+                assert w is not None
+                at_dst: tuple[Expr, ...] = (stage, col // w, r, col % w)
+            else:
+                at_dst = (stage, r, col)
+            st: Stmt = AsyncCopy(dst, at_dst, src, lead + (row0 + r, col), 16,
                                  compare("<", row0 + r, extent), "cg")
             if chunks % self.threads:
                 st = IfThenElse(compare("<", chunk, chunks), st)
             return st
         return self.unrolled(f"copy_{read.tensor.name}", count, copy)
+
+    def overlapped_loop(self, prologue: Stmt, n_tiles: Expr, load_kv: Callable[[Expr, Expr], Stmt], s_frag: Buffer,
+                        p_frag: Buffer, o_frag: Buffer, q_sh: Buffer, k_sh: Buffer, v_sh: Buffer, softmax: Stmt,
+                        convert: Stmt) -> tuple[Stmt, Stmt]:
+        """The Hopper form with S(kt + 1) = Q·K(kt + 1)ᵀ in flight during P(kt)·V and the softmax
+        of tile kt + 1 during P(kt)·V (FlashAttention-3's intra-warpgroup pipelining), over a
+        3-stage ring: (the loop, the prologue). `softmax` is the elementwise stage, statistics and
+        float32 weights of tile `self.kt` (left in s_frag); `convert` rounds them into p_frag and
+        rescales O. Iteration kt:
+
+            cp.async.wait_group 0; fence.proxy.async; barrier   tile kt + 1 landed; tile kt - 1's stage free
+            tile kt + 2 -> stage (kt + 2) % 3; commit
+            wgmma.fence; S = Q·K(kt + 1)ᵀ; commit                (group A)
+            O += P·V(kt); commit                                  (group B: P from registers)
+            wait_group 1 (A done); [kt + 1 < n] softmax(kt + 1) in s_frag   (B in flight: O, P untouched)
+            wait_group 0 (B done); [kt + 1 < n] P = s_frag rounded; O·α
+
+        The copies and S(kt + 1) are issued even past the block's last tile (keys past the end are
+        zero-filled, the scores unused): with the wgmma under a condition that the softmax's
+        `kt + 1 < n` does not provably match, ptxas serializes the wgmmas (C7514).
+        """
+        zero, one = Const(0, dt.int32), Const(1, dt.int32)
+        S = self.stages
+        D, BN = self.D, self.BN
+
+        def scores(stage: Expr) -> Stmt:
+            return seq(self.unrolled("qk_step", D // 16, lambda kd: WarpgroupMatrixMultiply(
+                           self.qk_wgmma, FragmentRef(s_frag, zero), self.operand(q_sh, zero, self.warpgroup * 64, kd),
+                           self.operand(k_sh, stage, zero, kd), compare("!=", kd, zero))),
+                       WarpgroupCommit())
+        nxt = self.kt + 1
+        has_next = compare("<", nxt, n_tiles)
+        pv = seq(self.unrolled("pv_step", BN // 16, lambda kk: WarpgroupMatrixMultiply(
+                     self.pv_wgmma, FragmentRef(o_frag, zero), FragmentRef(p_frag, 8 * kk),
+                     self.operand(v_sh, self.kt % S, zero, kk, mn_major=True), Const(True, dt.bool_))),
+                 WarpgroupCommit())
+        first = seq(
+            AsyncWait(1),           # Q and tile 0 (tile 1 may be in flight)
+            AsyncProxyFence(),
+            Barrier(),
+            WarpgroupFence(),
+            scores(zero),
+            WarpgroupWait(0, (s_frag,)),
+            substitute_stmt(softmax, {self.kt: zero}),
+            substitute_stmt(convert, {self.kt: zero}))
+        start = seq(
+            prologue,  # Q and tile 0: one group
+            load_kv(one, one),
+            AsyncCommit(),
+            IfThenElse(compare("<", zero, n_tiles), first))
+        ahead = self.kt + 2
+        loop = For(self.kt, zero, n_tiles, "serial", seq(
+            AsyncWait(0),
+            AsyncProxyFence(),
+            Barrier(),
+            load_kv(ahead % S, ahead),
+            AsyncCommit(),
+            WarpgroupFence(),
+            scores(nxt % S),
+            pv,
+            WarpgroupWait(1, (s_frag,)),
+            IfThenElse(has_next, substitute_stmt(softmax, {self.kt: nxt})),
+            WarpgroupWait(0, (o_frag,)),
+            IfThenElse(has_next, substitute_stmt(convert, {self.kt: nxt})),
+        ))
+        return loop, start
 
     def module(self) -> Module:
         chain, tcc, BM, BN, D, C = self.chain, self.tcc, self.BM, self.BN, self.D, self.C
@@ -343,17 +476,27 @@ class _Kernel:
 
         # per m16 tile mt of the warp: fragments at mt · (one tile's size), statistics at 2·mt + r
         QF, SF, PF, OF = 8 * (D // 16), 4 * (BN // 8), 8 * (BN // 16), 4 * (C // 8)
-        q_frag = self.frag("q_frag", tcc.qk_intrinsic, "a", QF * MT)
-        k_frag = self.frag("k_frag", tcc.qk_intrinsic, "b", 8)
-        s_frag = self.frag("s_frag", tcc.qk_intrinsic, "c", SF * MT)
-        p_frag = self.frag("p_frag", tcc.pv_intrinsic, "a", PF * MT)
-        v_frag = self.frag("v_frag", tcc.pv_intrinsic, "b", 8)
-        o_frag = self.frag("o_frag", tcc.pv_intrinsic, "c", OF * MT)
         m_run, l_run = self.local("m_run", 2 * MT), self.local("l_run", 2 * MT)
         m_use, alpha = self.local("m_use", 2 * MT), self.local("alpha", 2 * MT)
-        q_sh = self.shared("q_shared", tcc.q, 1, BM, D)
-        k_sh = self.shared("k_shared", tcc.k, STAGES, BN, D)
-        v_sh = self.shared("v_shared", tcc.v, STAGES, BN, C)
+        wg = self.wg
+        # the mma.sync form's operand fragments (declared in both forms, allocated in its own)
+        q_frag = self.frag("q_frag", tcc.qk_intrinsic, "a", QF * MT)
+        k_frag = self.frag("k_frag", tcc.qk_intrinsic, "b", 8)
+        v_frag = self.frag("v_frag", tcc.pv_intrinsic, "b", 8)
+        if wg:  # the Hopper form: S and O are wgmma accumulators, P its register A, Q stays in shared
+            s_frag = self.frag("s_frag", self.qk_wgmma, "d", SF)
+            p_frag = self.frag("p_frag", self.pv_wgmma, "a", PF)
+            o_frag = self.frag("o_frag", self.pv_wgmma, "d", OF)
+            q_sh = self.blocked("q_shared", tcc.q, 1, BM, D)
+            k_sh = self.blocked("k_shared", tcc.k, self.stages, BN, D)
+            v_sh = self.blocked("v_shared", tcc.v, self.stages, BN, C)
+        else:
+            s_frag = self.frag("s_frag", tcc.qk_intrinsic, "c", SF * MT)
+            p_frag = self.frag("p_frag", tcc.pv_intrinsic, "a", PF * MT)
+            o_frag = self.frag("o_frag", tcc.pv_intrinsic, "c", OF * MT)
+            q_sh = self.shared("q_shared", tcc.q, 1, BM, D)
+            k_sh = self.shared("k_shared", tcc.k, STAGES, BN, D)
+            v_sh = self.shared("v_shared", tcc.v, STAGES, BN, C)
         c_map = lookup(tcc.qk_intrinsic).operand("c").layout
 
         bound = key_tile_bound(chain, self.bx, BM, BN)
@@ -365,22 +508,27 @@ class _Kernel:
                        self.copy_tile(v_sh, stage, tcc.v, head_at, j0, chain.keys, BN, C))
 
         # 1. Q -> shared -> A fragments; K, V tile 0 in the same group
-        prologue = seq(
-            self.copy_tile(q_sh, zero, tcc.q, head_at, q0, queries, BM, D),
-            IfThenElse(compare("<", zero, n_tiles), load_kv(zero, zero)),
-            AsyncCommit(),
+        init = seq(
+            self.unrolled("row", 2 * MT, lambda r: seq(BufferStore(m_run, (r,), minus_inf),
+                                                      BufferStore(l_run, (r,), Const(0.0, dt.float32)))),
+            self.unrolled("o_zero", OF * MT, lambda e: BufferStore(o_frag, (e,), Const(0.0, dt.float32))))
+        q_copy = seq(self.copy_tile(q_sh, zero, tcc.q, head_at, q0, queries, BM, D),
+                     IfThenElse(compare("<", zero, n_tiles), load_kv(zero, zero)),
+                     AsyncCommit())
+        # the Hopper form: Q stays in shared memory; the loop's wait, proxy fence and barrier
+        # make it (and tile 0) visible to the first wgmma
+        prologue = seq(q_copy, init) if wg else seq(
+            q_copy,
             AsyncWait(0),
             Barrier(),
             self.unrolled("q_tile", MT, lambda mt: self.unrolled("q_step", D // 16, lambda kd: load_a_fragment(
                 FragmentRef(q_frag, QF * mt + 8 * kd), q_sh, zero, self.warp * self.WR + mt * 16, kd * 16, self.lane,
                 True))),
-            self.unrolled("row", 2 * MT, lambda r: seq(BufferStore(m_run, (r,), minus_inf),
-                                                      BufferStore(l_run, (r,), Const(0.0, dt.float32)))),
-            self.unrolled("o_zero", OF * MT, lambda e: BufferStore(o_frag, (e,), Const(0.0, dt.float32))),
+            init,
         )
 
         # 3. S = Q K^T
-        stage = self.kt % STAGES
+        stage = self.kt % self.stages
 
         def qk_step(kd: Var) -> Stmt:
             def pair(kn: Var) -> Stmt:
@@ -395,8 +543,16 @@ class _Kernel:
                     load_b_fragments(FragmentRef(k_frag, 0), k_sh, stage, kn * 16, kd * 16, self.lane, True),
                     self.unrolled("qk_tile", MT, mma))
             return self.unrolled("key_pair", BN // 16, pair)
-        scores = seq(self.unrolled("s_zero", SF * MT, lambda e: BufferStore(s_frag, (e,), Const(0.0, dt.float32))),
-                     self.unrolled("qk_step", D // 16, qk_step))
+        if wg:
+            scores = seq(WarpgroupFence(),
+                         self.unrolled("qk_step", D // 16, lambda kd: WarpgroupMatrixMultiply(
+                             self.qk_wgmma, FragmentRef(s_frag, zero), self.operand(q_sh, zero, self.warpgroup * 64, kd),
+                             self.operand(k_sh, stage, zero, kd), compare("!=", kd, zero))),
+                         WarpgroupCommit(),
+                         WarpgroupWait(0, (s_frag,)))
+        else:
+            scores = seq(self.unrolled("s_zero", SF * MT, lambda e: BufferStore(s_frag, (e,), Const(0.0, dt.float32))),
+                         self.unrolled("qk_step", D // 16, qk_step))
 
         # 4. the elementwise stage per accumulator element, in log2 units
         has_reads = _reads_inputs(tcc)
@@ -476,7 +632,9 @@ class _Kernel:
                 p = call("exp2_approx", t - m_use[r])
                 return seq(BufferStore(s_frag, (here,), p),
                            BufferStore(l_run, (r,), l_run[r] + s_frag[here]),
-                           # C tile nt element e is A element 4·nt + e of k16 step nt // 2 (the relayout)
+                           # C tile nt element e is A element 4·nt + e of k16 step nt // 2 (the relayout);
+                           # the overlapped form converts after the P·V in flight has read the old P
+                           None if self.overlap else
                            BufferStore(p_frag, (PF * mt + 4 * nt + e,), cast(s_frag[here], p_dtype)))
             return self.unrolled("p_e", 4, one)
 
@@ -500,18 +658,42 @@ class _Kernel:
             return self.unrolled("column_pair", C // 16, pair)
 
         ahead = self.kt + 1
-        loop = For(self.kt, zero, n_tiles, "serial", seq(
-            AsyncWait(0),   # tile kt has landed (the only group in flight)
-            Barrier(),      # ... for every thread, and every warp is done with tile kt - 1's stage
-            IfThenElse(compare("<", ahead, n_tiles), load_kv(ahead % STAGES, ahead)),
-            AsyncCommit(),
-            scores,
-            elementwise,
-            self.unrolled("row_stat", 2 * MT, row_stats),
-            self.unrolled("p_m", MT, lambda mt: self.unrolled("p_tile", BN // 8, lambda nt: weights(mt, nt))),
-            self.unrolled("o_m", MT, lambda mt: self.unrolled("o_tile", C // 8, lambda nt: rescale(mt, nt))),
-            self.unrolled("pv_step", BN // 16, pv_step),
-        ))
+        if wg and self.overlap:
+            loop, prologue = self.overlapped_loop(
+                prologue, n_tiles, load_kv, s_frag, p_frag, o_frag, q_sh, k_sh, v_sh,
+                seq(elementwise, self.unrolled("row_stat", 2 * MT, row_stats),
+                    self.unrolled("p_m", MT, lambda mt: self.unrolled("p_tile", BN // 8, lambda nt: weights(mt, nt)))),
+                seq(self.unrolled("p_cast", PF, lambda e: BufferStore(p_frag, (e,), cast(s_frag[e], p_dtype))),
+                    self.unrolled("o_m", MT, lambda mt: self.unrolled("o_tile", C // 8, lambda nt: rescale(mt, nt)))))
+        elif wg:
+            pv: Stmt = seq(
+                WarpgroupFence(),   # after the rescale's writes of O, before the wgmmas read it
+                self.unrolled("pv_step", BN // 16, lambda kk: WarpgroupMatrixMultiply(
+                    self.pv_wgmma, FragmentRef(o_frag, zero), FragmentRef(p_frag, 8 * kk),
+                    self.operand(v_sh, stage, zero, kk, mn_major=True), Const(True, dt.bool_))),
+                WarpgroupCommit(),
+                WarpgroupWait(0, (o_frag,)))   # P and the stage are free before the next iteration
+            # tile kt (and Q) has landed; the copies are generic-proxy writes, which wgmma (the
+            # async proxy) sees after the fence; then every thread's copies, and every
+            # warpgroup's wgmmas of tile kt - 1 are complete, so its stage may be refilled
+            head: tuple[Stmt, ...] = (AsyncWait(0), AsyncProxyFence(), Barrier())
+        else:
+            pv = self.unrolled("pv_step", BN // 16, pv_step)
+            # tile kt has landed (the only group in flight) for every thread, and every warp is
+            # done with tile kt - 1's stage
+            head = (AsyncWait(0), Barrier())
+        if not (wg and self.overlap):
+            loop = For(self.kt, zero, n_tiles, "serial", seq(
+                *head,
+                IfThenElse(compare("<", ahead, n_tiles), load_kv(ahead % STAGES, ahead)),
+                AsyncCommit(),
+                scores,
+                elementwise,
+                self.unrolled("row_stat", 2 * MT, row_stats),
+                self.unrolled("p_m", MT, lambda mt: self.unrolled("p_tile", BN // 8, lambda nt: weights(mt, nt))),
+                self.unrolled("o_m", MT, lambda mt: self.unrolled("o_tile", C // 8, lambda nt: rescale(mt, nt))),
+                pv,
+            ))
 
         # 8. epilogue
         l_sum = self.local("l_sum", 2 * MT)
@@ -555,9 +737,11 @@ class _Kernel:
             finish.append(self.unrolled("row_out", 2 * MT, row_out))
 
         body: Stmt = seq(prologue, loop, AsyncWait(0), *finish)
+        unused = (q_frag, k_frag, v_frag) if wg else ()
         for buf in reversed([q_sh, k_sh, v_sh, q_frag, k_frag, s_frag, p_frag, v_frag, o_frag,
                              m_run, l_run, m_use, alpha, tile_max, l_sum, *self.lower.allocs]):
-            body = Allocate(buf, body)
+            if not any(buf is u for u in unused):
+                body = Allocate(buf, body)
         body = For(self.tx, zero, Const(self.threads, dt.int32), "threadIdx.x", body)
         body = For(self.bx, zero, (queries + (BM - 1)) // BM, "blockIdx.x", body)
         if heads:
@@ -568,16 +752,82 @@ class _Kernel:
         body_vars = scalar_vars(exprs_of(body) + [s for b in used for s in b.shape + (b.strides or ())])
         params = tuple(self.buffers[a] for a in prog.args if self.buffers[a] in used) + \
             tuple(v for v in self.sig.scalars if v in body_vars)
-        kname = self.unique(f"{chain.output.name}_attention_mma_kernel")
+        kname = self.unique(f"{chain.output.name}_attention_{'wgmma' if wg else 'mma'}_kernel")
         mname = identifier(self.name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
-        what = (f"{tcc.qk_intrinsic} / {tcc.pv_intrinsic}: {BM} query rows ({self.warps} warps of {self.WR}), key "
-                f"tiles of {BN}, "
-                f"{STAGES}-stage cp.async ring; exp2 with log2(e) folded into the scale; {self.skipping}")
+        if wg:
+            what = (f"{self.qk_wgmma} / {self.pv_wgmma} (P from registers): {BM} query rows ({BM // 64} warpgroups of "
+                    f"64), key tiles of {BN}, Q, K K-major and V MN-major in swizzled shared memory read through "
+                    f"descriptors, {self.stages}-stage cp.async ring"
+                    f"{'; S(kt + 1) and its softmax while P(kt)·V is in flight' if self.overlap else ''}; "
+                    "exp2 with log2(e) folded into the scale; "
+                    f"{self.skipping}")
+        else:
+            what = (f"{tcc.qk_intrinsic} / {tcc.pv_intrinsic}: {BM} query rows ({self.warps} warps of {self.WR}), key "
+                    f"tiles of {BN}, "
+                    f"{STAGES}-stage cp.async ring; exp2 with log2(e) folded into the scale; {self.skipping}")
         attrs: tuple[tuple[str, object], ...] = (
             ("online_contraction", (chain.m.name, chain.l.name, chain.output.name)), ("tensorize", what))
         kernel = PrimFunc(kname, params, body, attrs)
         module_params = tuple(self.buffers[a] for a in prog.args) + tuple(self.sig.scalars)
         return Module(mname, module_params, (kernel,), (KernelCall(kname, params),), ())
+
+
+def _descriptor(w: int, major: str, rows: int = 0) -> MatrixDescriptor:
+    """The descriptor of a blocked tile (_Kernel.blocked) with rows of w halves (16, 32 or 64:
+    the 32B, 64B or 128B swizzle): K-major, 8-row groups 8·2w bytes apart (SBO; LBO unused);
+    MN-major (V, `rows` keys per column block), k groups of 8 rows SBO = 8·2w bytes apart and
+    column blocks LBO = rows·2w bytes apart."""
+    mode = {16: "32B", 32: "64B", 64: "128B"}[w]
+    if major == "K":
+        return MatrixDescriptor("K", mode, leading_bytes=16, stride_bytes=16 * w)
+    return MatrixDescriptor("MN", mode, leading_bytes=rows * 2 * w, stride_bytes=16 * w)
+
+
+def _check_wgmma_relayout(qk: str, pv: str) -> None:
+    """The wgmma accumulator is the m16n8 C pattern per warp and n8 block (so the mma kernel's
+    element code serves it), and its elements 8k .. 8k + 7 are the register A of k16 step k."""
+    d_map = lookup(qk).operand("d").layout
+    c_map = lookup(INTRINSICS["float16"]).operand("c").layout
+    a_map = lookup(pv).operand("a").layout
+    for thread in range(WARPGROUP_SIZE):
+        for e in range(16):
+            r, col = c_map(thread % 32, e % 4)
+            if d_map(thread, e) != (16 * (thread // 32) + r, 8 * (e // 4) + col):
+                raise ScheduleError(f"online_contraction_mma: the accumulator of {qk} is not the m16n8 C pattern per "
+                                    f"warp (thread {thread}, element {e})")
+        for e in range(8):
+            if a_map(thread, e) != d_map(thread, e):
+                raise ScheduleError(f"online_contraction_mma: the accumulator of {qk} is not the register A of {pv} "
+                                    f"(thread {thread}, element {e}); P would need a shuffle")
+
+
+def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name: str | None,
+                  blocks_per_sm: int, overlap: bool = False) -> Module:
+    where = "online_contraction_mma (wgmma)"
+    if rows_per_block not in (64, 128, 192, 256):
+        raise ScheduleError(f"{where}: rows_per_block={rows_per_block} must be 64, 128, 192 or 256 (one warpgroup "
+                            "of m64 tiles per 64 query rows)")
+    if key_tile not in (64, 128):
+        raise ScheduleError(f"{where}: key_tile={key_tile} must be 64 or 128 (the n of the scores' m64nNk16 wgmma)")
+    columns = const_int(tcc.chain.columns)
+    if tcc.q.dtype != tcc.v.dtype:
+        raise ScheduleError(f"{where}: Q/K are {tcc.q.dtype} and V is {tcc.v.dtype}; the Hopper form rounds P to one "
+                            "16-bit dtype for both wgmmas")
+    for what, n in (("scores", key_tile), ("output", columns)):
+        if n not in WGMMA_N:
+            raise ScheduleError(f"{where}: the {what} tile is {n} wide; wgmma has n in {WGMMA_N}")
+    if isinstance(blocks_per_sm, bool) or not isinstance(blocks_per_sm, int) or not 0 <= blocks_per_sm <= 8:
+        raise ScheduleError(f"{where}: blocks_per_sm={blocks_per_sm!r} must be 0 (no request) .. 8")
+    kernel = _Kernel(tcc, rows_per_block, key_tile, 16, name, warpgroup=True)
+    if overlap:
+        kernel.overlap, kernel.stages = True, OVERLAP_STAGES
+    _check_wgmma_relayout(kernel.qk_wgmma, kernel.pv_wgmma)
+    module = kernel.module()
+    if not blocks_per_sm:
+        return module
+    (func,) = module.kernels
+    func = replace(func, attrs=func.attrs + (("min_blocks_per_sm", blocks_per_sm),))
+    return replace(module, kernels=(func,))
 
 
 def _positive_scale(value: Expr, scores: Reduce) -> float | None:

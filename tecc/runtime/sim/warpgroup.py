@@ -13,6 +13,11 @@
   registers by the issuing threads is a RaceError (LocalMemory.busy). Until then its A and B
   elements may still be read by the hardware: a store or copy into them is a RaceError too
   (SharedMemory.wgmma_reading).
+- A register A operand (a FragmentRef: FlashAttention-3's P for P·V) is gathered from the
+  issuing threads' fragment registers at the issue, through the row's operand-'a' map (each warp
+  of the warpgroup holds its 16 rows in the m16n8k16 A pattern), with the checks of a register
+  read (written, no wgmma result in flight into it). A later write to those registers before the
+  wgmma completes is a race on a GPU that the emulator does not report.
 - `WarpgroupCommit` closes each active lane's open wgmmas into its next group;
   `WarpgroupWait(n)` lands, per lane, the groups up to `committed - n`.
 - `WarpgroupFence`: needed before the first wgmma of a thread (checked); it changes no values.
@@ -32,9 +37,10 @@ from typing import Any, Callable
 import numpy as np
 
 from ...ir.errors import DivergenceError, OutOfBoundsError, RaceError, TeccError, UninitializedReadError
-from ...ir.intrinsics import WARPGROUP_SIZE
+from ...ir.intrinsics import WARPGROUP_SIZE, FragmentOperand
 from ...ir.stmt import (
     AsyncProxyFence,
+    FragmentRef,
     SetMaxRegisters,
     SharedMatrix,
     Stmt,
@@ -169,6 +175,29 @@ class _Operand:
         mem.logged += tid.size
 
 
+class _RegisterOperand:
+    """A register A of a wgmma: each active warpgroup's 64 x 16 tile from its threads' fragments."""
+
+    def __init__(self, ref: FragmentRef, op: FragmentOperand, scope: Scope) -> None:
+        self.slot = scope.buffer_slot(ref.buffer)
+        self.offset = compile_expr(ref.offset, scope)
+        self.op = op
+        threads = np.arange(WARPGROUP_SIZE)[:, None]
+        shape = (WARPGROUP_SIZE, op.elements)
+        self.rows, self.cols = (np.broadcast_to(x, shape) for x in op.layout(threads, np.arange(op.elements)[None, :]))
+
+    def read(self, st: LaneState, groups: np.ndarray, what: str) -> np.ndarray:
+        """The tiles (warpgroups, 64, 16) in float64."""
+        off = int(_uniform(st, self.offset(st), groups, f"{what}: the offset of register operand A")[0])
+        mem = st.mems[self.slot]
+        vals = np.stack([np.broadcast_to(np.asarray(mem.load(st, (off + e,), (0,))), (st.layout.lanes,))
+                         for e in range(self.op.elements)], axis=-1)
+        vals = vals.astype(np.float64).reshape(-1, WARPGROUP_SIZE, self.op.elements)[groups]
+        tile = np.zeros((vals.shape[0], self.op.rows, self.op.cols))
+        tile[:, self.rows, self.cols] = vals
+        return tile
+
+
 def compile_warpgroup_stmt(s: Stmt, scope: Scope) -> Runner:
     if isinstance(s, WarpgroupMatrixMultiply):
         return _compile_wgmma(s, scope)
@@ -194,7 +223,8 @@ def _compile_wgmma(s: WarpgroupMatrixMultiply, scope: Scope) -> Runner:
     row = s.row
     m, n, k = row.shape
     op = row.operand("d")
-    a = _Operand(s.a, m, k, "A", scope)
+    a: _Operand | _RegisterOperand = (_Operand(s.a, m, k, "A", scope) if isinstance(s.a, SharedMatrix)
+                                       else _RegisterOperand(s.a, row.operand("a"), scope))
     b = _Operand(s.b, n, k, "B", scope)
     d_slot = scope.buffer_slot(s.d.buffer)
     f_offset = compile_expr(s.d.offset, scope)
@@ -217,7 +247,8 @@ def _compile_wgmma(s: WarpgroupMatrixMultiply, scope: Scope) -> Runner:
         scale = _uniform(st, f_scale(st), groups, f"{what}: scale_d").astype(bool)
         mem: LocalMemory = st.mems[d_slot]
         operands: list[tuple[SharedMemory, np.ndarray]] = []
-        tile = np.einsum("gmk,gnk->gmn", a.read(st, groups, what, operands), b.read(st, groups, what, operands))
+        a_tile = a.read(st, groups, what, operands) if isinstance(a, _Operand) else a.read(st, groups, what)
+        tile = np.einsum("gmk,gnk->gmn", a_tile, b.read(st, groups, what, operands))
         c = _accumulator(st, state, mem, offset, op.elements, lanes, scale, what)
         c_tile = np.zeros_like(tile)
         c_tile[:, rows, cols] = c.reshape(-1, WARPGROUP_SIZE, op.elements)

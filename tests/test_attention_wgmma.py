@@ -1,0 +1,315 @@
+"""The Hopper form of the tensor-core attention (online_contraction_mma(wgmma=True)): wgmma with
+its A operand from registers (the intrinsic table's operand 'a' of the wgmma rows, pinned against
+the PTX ISA's figure and run in the emulator), and attention as ONE warpgroup kernel (S = Q·Kᵀ
+and O += P·V on wgmma, P from registers) matching float64 NumPy in the emulator for the variants
+of test_attention_tensor_core.py, chosen by plan="auto" on sm_90 (mma.sync on sm_80, saying
+why), compiling for sm_90a without spills or serialized wgmmas; GPU tests for sm_90."""
+
+import math
+
+import numpy as np
+import pytest
+from hopper_kernels import register_a_kernel
+from test_attention_tensor_core import (
+    VARIANTS,
+    bound,
+    key_loop,
+    keep_mask,
+    make_inputs,
+    masked_attention,
+    reference,
+    run,
+)
+from test_hopper_sim import HALF
+from test_online_contraction import check
+
+from tecc.compiler.plan import Plan, Step
+from tecc.compiler.strategies.online_contraction import propose_mma, propose_wgmma
+from tecc.ir.errors import ScheduleError
+from tecc.ir.evaluate import evaluate_int
+from tecc.ir.intrinsics import WGMMA_N, lookup
+from tecc.ir.stmt import Allocate, For, FragmentRef, MatrixMultiply, WarpgroupMatrixMultiply, iter_stmts
+from tecc.passes.rewrite.online_contraction_mma import online_contraction_mma
+from tecc.runtime.sim import simulate_kernel
+
+
+def wgmma_plan(rows=64, key_tile=64, overlap=False):
+    args = {"rows_per_block": rows, "key_tile": key_tile, "wgmma": True}
+    if overlap:
+        args["overlap"] = True
+    return Plan((Step("online_contraction_mma", args),), "test", "")
+
+
+# ---- wgmma with A from registers ----------------------------------------------------------------
+
+@pytest.mark.parametrize("n", WGMMA_N)
+def test_register_a_layout_is_the_ptx_isa_figure(n):
+    """PTX ISA, "Register fragment layout for matrix A" of wgmma .m64nNk16 (16-bit types): the
+    64 x 16 tile is split into four 16-row slices, slice w held by warp w of the warpgroup; in it,
+    element (r, c) is held by lane 4·(r % 8) + (c % 8) // 2 as a_i, i = c % 2 + 2·(r // 8) + 4·(c // 8).
+    Written here from the figure's side (which thread holds a tile element) and checked to be a
+    bijection with the table's map."""
+    op = lookup(f"wgmma.m64n{n}k16.f32.f16").operand("a")
+    assert (op.rows, op.cols, op.elements, op.registers) == (64, 16, 8, 4)
+    seen = set()
+    for r in range(64):
+        for c in range(16):
+            w, rr = divmod(r, 16)
+            thread = 32 * w + 4 * (rr % 8) + (c % 8) // 2
+            element = c % 2 + 2 * (rr // 8) + 4 * (c // 8)
+            assert op.layout(thread, element) == (r, c), (r, c, thread, element)
+            seen.add((thread, element))
+    assert len(seen) == 128 * 8
+
+
+def test_register_a_is_the_accumulator_layout_of_a_k16_slice():
+    """FlashAttention-3's relayout: accumulator elements 8k .. 8k + 7 of the scores' wgmma (n8
+    blocks 2k and 2k + 1) are the register A of k16 step k of P·V, column for column."""
+    d = lookup("wgmma.m64n128k16.f32.bf16").operand("d").layout
+    a = lookup("wgmma.m64n64k16.f32.bf16").operand("a").layout
+    for thread in range(128):
+        for k in range(8):
+            for e in range(8):
+                r, c = d(thread, 8 * k + e)
+                assert a(thread, e) == (r, c - 16 * k)
+
+
+@pytest.mark.parametrize("n,ab,b_swizzle,b_major,k_steps", [
+    (64, "f16", "128B", "K", 1), (128, "bf16", "128B", "MN", 1), (64, "f16", "128B", "K", 4),
+    (32, "bf16", "64B", "MN", 2), (256, "f16", "none", "K", 1)])
+def test_wgmma_with_a_from_registers_matches_numpy(n, ab, b_swizzle, b_major, k_steps):
+    func = register_a_kernel(n, ab, b_swizzle, b_major, k_steps)
+    rng = np.random.default_rng()
+    k = 16 * k_steps
+    a = rng.standard_normal((64, k)).astype(HALF[ab])
+    b_kn = rng.standard_normal((k, n)).astype(HALF[ab])
+    b = np.ascontiguousarray(b_kn.T) if b_major == "K" else b_kn
+    d = np.full((64, n), np.nan, np.float32)
+    simulate_kernel(func, {"A": a, "B": b, "D": d}, (1, 1, 1), (128, 1, 1))
+    a64, b64 = a.astype(np.float64), b_kn.astype(np.float64)
+    want = a64 @ b64
+    assert ((np.abs(d - want)) <= (k + 1) * 2.0 ** -24 * (np.abs(a64) @ np.abs(b64))).all(), func.name
+
+
+def test_register_a_prints_the_register_form():
+    from tecc.codegen import compile_cuda, emit_source
+
+    src = emit_source([register_a_kernel(64, "bf16", "128B", "MN", 2)])
+    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in src
+    compiled = compile_cuda(src, arch="sm_90", name="register_a")
+    assert compiled.arch == "sm_90a"
+
+
+def test_register_a_must_be_the_rows_a_fragment():
+    from tecc.ir import dtype as dt
+    from tecc.ir.intrinsics import IntrinsicError
+    from tecc.ir.stmt import Buffer
+
+    func = register_a_kernel()
+    wg = next(s for s in iter_stmts(func.body) if isinstance(s, WarpgroupMatrixMultiply))
+    wrong = Buffer("acc2", dt.float32, (32,), "fragment", fragment=(wg.intrinsic, "d"))
+    with pytest.raises(IntrinsicError, match="register operand A"):
+        WarpgroupMatrixMultiply(wg.intrinsic, wg.d, FragmentRef(wrong, 0), wg.b, wg.scale_d)
+
+
+# ---- attention in the Hopper form ---------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("S", [45, 80])
+def test_wgmma_attention_matches_float64_numpy(variant, S):
+    """plan="auto" for sm_90: the wgmma form, one kernel, no temporaries."""
+    kw = dict(VARIANTS[variant])
+    groups, lse = kw.pop("groups", 1), kw.pop("lse", False)
+    D = 64 if S == 80 else 32
+    ins, outs = masked_attention(1, 2, S, S, D, "float16", groups=groups, lse=lse, **kw)
+    rng = np.random.default_rng()
+    k, got, given = run(ins, outs, make_inputs(ins, rng), "auto", arch="sm_90")
+    assert k.plan.strategy == "online_contraction_mma" and k.plan.steps[0].args.get("wgmma"), k.plan
+    assert len(k.module.kernels) == 1 and not k.module.temps
+    want, want_lse = reference(given, groups, kw["mask"], kw.get("bias", False))
+    check(f"wgmma attention {variant} S={S}", got[0], want, bound("float16", S, given[2]), k.plan)
+    if lse:
+        check(f"wgmma log-sum-exp {variant}", got[1], want_lse, bound("float16", S, given[2]), k.plan)
+
+
+SWEEP = [  # (Sq, Sk, D, dtype, mask, bias, groups, log-sum-exp, (rows, key tile, overlapped))
+    (1, 1, 16, "float16", None, False, 1, True, (64, 64, False)),
+    (1, 1, 16, "bfloat16", "causal", False, 1, True, (64, 64, True)),
+    (21, 70, 16, "bfloat16", "bottom_right", False, 1, True, (64, 128, False)),
+    (65, 5, 32, "float16", "causal", True, 1, False, (128, 64, True)),
+    (70, 77, 64, "bfloat16", "tensor", True, 2, True, (128, 128, False)),
+    (17, 33, 32, "bfloat16", "bottom_right", True, 1, True, (64, 64, False)),
+    (80, 80, 128, "float16", "causal", False, 2, True, (128, 64, False)),
+    (45, 45, 128, "bfloat16", None, True, 1, True, (64, 128, False)),
+    (40, 260, 32, "float16", "bottom_right", True, 2, True, (64, 64, True)),   # 5 tiles: the 3-stage ring wraps
+    (200, 200, 16, "bfloat16", "causal", False, 1, True, (128, 64, True)),
+    (45, 80, 128, "float16", "tensor", False, 1, True, (64, 64, True)),
+]
+
+
+@pytest.mark.parametrize("case", SWEEP, ids=[f"{c[0]}x{c[1]}-d{c[2]}-{c[3]}-{c[4]}-{c[8]}" for c in SWEEP])
+def test_wgmma_edge_shapes_and_tilings(case):
+    """Single rows and keys, fewer keys than a tile, more keys than queries and fewer, every mask
+    form with a bias, grouped heads, head dims 16..128 (32B, 64B and 128B swizzles, two 64-column
+    blocks at 128), one or two warpgroups, 64- and 128-key tiles, overlapped or not."""
+    Sq, Sk, D, dtype, mask, bias_, groups, lse, tiling = case
+    ins, outs = masked_attention(1, 2, Sq, Sk, D, dtype, groups=groups, mask=mask, bias=bias_, lse=lse)
+    rng = np.random.default_rng()
+    k, got, given = run(ins, outs, make_inputs(ins, rng), wgmma_plan(*tiling))
+    assert len(k.module.kernels) == 1 and not k.module.temps
+    want, want_lse = reference(given, groups, mask, bias_)
+    check(f"wgmma attention {case}", got[0], want, bound(dtype, Sk, given[2]), k.plan)
+    if lse:
+        check(f"wgmma log-sum-exp {case}", got[1], want_lse, bound(dtype, Sk, given[2]), k.plan)
+
+
+def test_the_plan_is_wgmma_on_sm_90_and_mma_sync_on_sm_80():
+    ins, outs = masked_attention(1, 2, 200, 200, 64, "float16", mask="causal", lse=True)
+    hopper = propose_wgmma(ins + outs, "sm_90")
+    assert hopper is not None and hopper.plan.steps[0].args["wgmma"] is True, hopper
+    assert "wgmma" in hopper.reason and "P·V with P from registers" in hopper.reason
+    assert propose_wgmma(ins + outs, "sm_80") is None
+    ampere = propose_mma(ins + outs, "sm_80")
+    assert ampere is not None and "wgmma" not in ampere.plan.steps[0].args
+    assert "mma.sync, not wgmma: wgmma is sm_90a only, the target is sm_80" in ampere.reason, ampere.reason
+    for arch, statement in (("sm_90", WarpgroupMatrixMultiply), ("sm_80", MatrixMultiply)):
+        mod = online_contraction_mma(ins + outs, **(hopper if arch == "sm_90" else ampere).plan.steps[0].args)
+        (kernel,) = mod.kernels
+        found = [s for s in iter_stmts(kernel.body) if isinstance(s, statement)]
+        assert found, arch
+        other = MatrixMultiply if statement is WarpgroupMatrixMultiply else WarpgroupMatrixMultiply
+        assert not any(isinstance(s, other) for s in iter_stmts(kernel.body)), arch
+    # P·V reads P from registers; the scores read Q from shared memory
+    (kernel,) = online_contraction_mma(ins + outs, **hopper.plan.steps[0].args).kernels
+    wg = [s for s in iter_stmts(kernel.body) if isinstance(s, WarpgroupMatrixMultiply)]
+    assert {isinstance(s.a, FragmentRef) for s in wg} == {True, False}
+
+
+def test_one_kernel_no_score_matrix():
+    """One kernel, no temporaries, and no buffer whose size depends on the sequence length (the
+    same allocations at S = 200 and 400: tiles only)."""
+    sizes = []
+    for S in (200, 400):
+        ins, outs = masked_attention(1, 2, S, S, 64, "float16", mask="causal", lse=True)
+        mod = online_contraction_mma(ins + outs, 128, 128, wgmma=True)
+        assert len(mod.kernels) == 1 and not mod.temps
+        sizes.append(sorted(math.prod(int(s) for s in st.buffer.shape) for st in iter_stmts(mod.kernels[0].body)
+                            if isinstance(st, Allocate)))
+    assert sizes[0] == sizes[1] and max(sizes[0]) < 200 * 200, sizes
+
+
+@pytest.mark.parametrize("mask,Sq,Sk", [("causal", 300, 300), ("bottom_right", 40, 200), (None, 45, 45)])
+def test_fully_masked_key_tiles_are_not_visited(mask, Sq, Sk):
+    rows, key_tile = 128, 64
+    ins, outs = masked_attention(1, 2, Sq, Sk, 16, "float16", mask=mask)
+    (kernel,) = online_contraction_mma(ins + outs, rows, key_tile, wgmma=True).kernels
+    loop = key_loop(kernel)
+    assert any(isinstance(s, WarpgroupMatrixMultiply) for s in iter_stmts(loop.body))
+    block = next(s.var for s in iter_stmts(kernel.body) if isinstance(s, For) and s.kind == "blockIdx.x")
+    keep = keep_mask(mask, Sq, Sk)
+    visited = 0
+    for b in range(-(-Sq // rows)):
+        kept = np.nonzero(keep[b * rows:(b + 1) * rows].any(axis=0))[0]
+        want = -(-(int(kept.max()) + 1) // key_tile) if mask else -(-Sk // key_tile)
+        got = evaluate_int(loop.extent, {block: b})
+        assert got == want, (mask, b, loop.extent)
+        visited += got
+    if mask == "causal":
+        assert visited < -(-Sq // rows) * -(-Sk // key_tile)
+
+
+def test_blocks_per_sm_becomes_the_launch_bounds():
+    from tecc.codegen import emit_source
+
+    ins, outs = masked_attention(1, 2, 70, 70, 64, "bfloat16", mask="causal", lse=True)
+    mod = online_contraction_mma(ins + outs, 128, 64, wgmma=True, blocks_per_sm=2)
+    assert dict(mod.kernels[0].attrs)["min_blocks_per_sm"] == 2
+    assert "__launch_bounds__(256, 2)" in emit_source(mod.kernels)
+    rng = np.random.default_rng()
+    plan = Plan((Step("online_contraction_mma", {"rows_per_block": 128, "key_tile": 64, "wgmma": True,
+                                                 "blocks_per_sm": 2}),), "test", "")
+    k, (o, lse), given = run(ins, outs, make_inputs(ins, rng), plan)
+    want, want_lse = reference(given, 1, "causal", False)
+    check("wgmma attention, 2 blocks per SM", o, want, bound("bfloat16", 70, given[2]), k.plan)
+    check("wgmma log-sum-exp, 2 blocks per SM", lse, want_lse, bound("bfloat16", 70, given[2]), k.plan)
+    with pytest.raises(ScheduleError, match="blocks_per_sm"):
+        online_contraction_mma(ins + outs, 64, 64, blocks_per_sm=2)
+
+
+def test_the_overlapped_ring_needs_three_stages(monkeypatch):
+    """The overlapped loop reads tile kt's V and tile kt + 1's K while kt + 2 loads: with a
+    2-stage ring the copy lands on an operand a wgmma reads, and the emulator says so."""
+    import tecc.passes.rewrite.online_contraction_mma as rewrite
+    from tecc.ir.errors import RaceError
+
+    ins, outs = masked_attention(1, 1, 64, 200, 16, "float16", mask=None)
+    rng = np.random.default_rng()
+    monkeypatch.setattr(rewrite, "OVERLAP_STAGES", 2)
+    with pytest.raises(RaceError, match="asynchronous copy is still writing|wgmma operand race"):
+        run(ins, outs, make_inputs(ins, rng), wgmma_plan(64, 64, overlap=True))
+
+
+def test_the_overlapped_loop_keeps_p_v_in_flight_during_the_softmax():
+    """In the loop: S(kt + 1) and P(kt)·V are issued, then wait_group 1 (the scores), then the
+    softmax, then wait_group 0 (O)."""
+    from tecc.ir.stmt import WarpgroupWait
+
+    ins, outs = masked_attention(1, 2, 200, 200, 64, "float16", mask="causal")
+    (kernel,) = online_contraction_mma(ins + outs, 128, 64, wgmma=True, overlap=True).kernels
+    loop = key_loop(kernel)
+    order = [s for s in iter_stmts(loop.body) if isinstance(s, (WarpgroupMatrixMultiply, WarpgroupWait))]
+    waits = [i for i, s in enumerate(order) if isinstance(s, WarpgroupWait)]
+    assert [order[i].pending for i in waits] == [1, 0]
+    issued = order[:waits[0]]
+    assert {isinstance(s.a, FragmentRef) for s in issued} == {True, False}   # S(kt + 1) and P·V
+    assert dict(kernel.attrs)["tensorize"].count("3-stage") == 1
+
+
+@pytest.mark.parametrize("rows,key_tile", [(96, 64), (128, 32), (128, 256)])
+def test_bad_tilings_say_why(rows, key_tile):
+    ins, outs = masked_attention(1, 2, 20, 20, 32, "float16")
+    with pytest.raises(ScheduleError, match="wgmma"):
+        online_contraction_mma(ins + outs, rows, key_tile, wgmma=True)
+
+
+@pytest.mark.parametrize("D,dtype,mask", [(64, "float16", "causal"), (64, "bfloat16", None),
+                                          (128, "float16", None), (128, "bfloat16", "causal")])
+def test_planned_wgmma_kernels_compile_for_sm_90a_without_spills(D, dtype, mask):
+    from tecc.codegen import compile_cuda, emit_source
+    from tecc.compiler.pipeline import wgmma_serialized
+
+    ins, outs = masked_attention(2, 4, 200, 200, D, dtype, groups=2, lse=True, mask=mask)
+    choice = propose_wgmma(ins + outs, "sm_90")
+    assert choice is not None
+    mod = online_contraction_mma(ins + outs, **choice.plan.steps[0].args)
+    compiled = compile_cuda(emit_source(mod.kernels), arch="sm_90", name="attention_wgmma")
+    (res,) = compiled.resources.values()
+    assert compiled.arch == "sm_90a"
+    assert res.spill_stores == 0 and res.spill_loads == 0 and res.registers <= 255, res
+    assert wgmma_serialized(compiled.log) is None, compiled.log
+    from tecc.codegen import dynamic_shared_bytes
+    assert dynamic_shared_bytes(mod.kernels[0]) <= 227 * 1024   # sm_90's opt-in limit per block
+
+
+# ---- on an sm_90 GPU ----------------------------------------------------------------------------
+
+GPU_CASES = [(64, "float16", None, 1, 1024), (64, "float16", "causal", 1, 1024), (128, "float16", "causal", 1, 1024),
+             (128, "bfloat16", None, 1, 1024), (64, "bfloat16", "causal", 4, 1024), (128, "float16", "causal", 2, 200),
+             (64, "bfloat16", None, 2, 200), (64, "float16", "bottom_right", 1, 200)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D,dtype,mask,groups,S", GPU_CASES)
+def test_wgmma_attention_on_the_gpu(D, dtype, mask, groups, S):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm_90 GPU")
+    B, H = 2, 8
+    Sq = S if mask != "bottom_right" else S // 2
+    ins, outs = masked_attention(B, H, Sq, S, D, dtype, groups=groups, mask=mask, lse=True)
+    rng = np.random.default_rng()
+    k, (o, lse), given = run(ins, outs, make_inputs(ins, rng), "auto", target="cuda", arch="sm_90")
+    assert k.plan.steps[0].args.get("wgmma") and len(k.module.kernels) == 1, k.plan
+    want, want_lse = reference(given, groups, mask, False)
+    check(f"gpu wgmma attention d={D} {dtype} {mask} G={groups} S={S}", o, want, bound(dtype, S, given[2]), k.plan)
+    check(f"gpu wgmma log-sum-exp d={D} {dtype} {mask}", lse, want_lse, bound(dtype, S, given[2]), k.plan)
