@@ -134,17 +134,18 @@ def _ptxas(tensors: Sequence[Tensor], rows: int, key_tile: int, warp_rows: int, 
 
 def wgmma_tilings(widest: int) -> tuple[tuple[int, int, int, bool], ...]:
     """(rows_per_block, key_tile, blocks_per_sm, overlap) of the Hopper form in the order they
-    are tried for head dims up to `widest` (blocks_per_sm 0: no launch-bounds request). The
-    overlapped form (the next tile's scores and softmax while P·V is in flight, a 3-stage ring)
-    first, then the plain one. Up to d = 64: two warpgroups × 64-key tiles asking for 2 blocks per
-    SM (ptxas: 118-122 registers, no spills, 65 KiB of shared memory: 16 warps per SM), then
-    128-key tiles (172-182 registers, 1 block); at d = 128: two warpgroups × 128 keys
-    (FlashAttention-3's shape; 220-232 registers, 225 KiB), then 64 keys (160-170, 129 KiB).
-    Reasoned, not yet measured: benchmarks/attention_tilings.py --wgmma times them."""
+    are tried for head dims up to `widest` (blocks_per_sm 0: no launch-bounds request), fastest
+    measured first (benchmarks/attention_tilings.py --wgmma on an H200, S = 4096, fp16, not
+    causal; RESULTS.md "Attention on Hopper"): the plain form beat the overlapped one (the next
+    tile's scores and softmax while P·V is in flight, a 3-stage ring) at every tiling. Up to
+    d = 64: two warpgroups × 128-key tiles 1235 µs (overlapped 128 × 64, the first tried before,
+    1415 µs), then 64 × 64 asking for 4 blocks per SM 1319 µs, 128 × 64 1340 µs; at d = 128:
+    128 × 64 1059 µs (overlapped 128 × 128 1285 µs), then 128 × 128 1165 µs. The overlapped
+    tilings stay as later choices."""
     if widest > 64:
-        return ((128, 128, 0, True), (128, 64, 0, True), (128, 128, 0, False), (128, 64, 0, False),
-                (64, 64, 0, False))
-    return ((128, 64, 2, True), (128, 128, 0, True), (128, 64, 2, False), (128, 128, 0, False), (64, 64, 4, False))
+        return ((128, 64, 0, False), (128, 128, 0, False), (64, 64, 0, False), (128, 64, 0, True),
+                (128, 128, 0, True))
+    return ((128, 128, 0, False), (64, 64, 4, False), (128, 64, 2, False), (128, 64, 2, True), (128, 128, 0, True))
 
 
 def _why_not_wgmma(tensors: Sequence[Tensor], target: Any) -> str | None:
