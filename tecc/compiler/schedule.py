@@ -462,6 +462,22 @@ class Schedule:
                                   "k_tile": int(k_tile), "stages": int(stages)})
         self._apply(st.kernel, step, lambda f: prim.tensorize(f, st.name, intrinsic, tiling))
 
+    def flatten_contraction(self, stage: StageLike) -> None:
+        """Rewrite the float32 contraction `stage` (a convolution, any grouping of axes) over its
+        GEMM view: loops (b,) m, n, k reading view buffers `A_view[(b,) m, k]`, `B_view[(b,) k, n]`
+        and storing `C_view[(b,) m, n]`, so the SIMT GEMM schedule applies as to a matrix product;
+        `gather_views` afterwards turns the views back into gathered reads of the real tensors
+        (tecc/passes/schedule/gemm_view.py). It must be the first primitive applied to the stage."""
+        st = self._stage(stage)
+        self._apply(st.kernel, Step("flatten_contraction", {"stage": str(st)}),
+                    lambda f: prim.flatten_contraction(f, st.name))
+
+    def gather_views(self, stage: StageLike) -> None:
+        """Replace the view buffers of a flattened contraction (flatten_contraction) by gathered,
+        predicated reads of the real operands and the store to the real output; the last step."""
+        st = self._stage(stage)
+        self._apply(st.kernel, Step("gather_views", {"stage": str(st)}), lambda f: prim.gather_views(f))
+
     def cache_write(self, stage: StageLike, scope: str = "local") -> StageRV:
         st = self._stage(stage)
         self._apply(st.kernel, Step("cache_write", {"stage": str(st), "scope": scope}),

@@ -25,6 +25,7 @@ from __future__ import annotations
 from ...ir import poly
 from ...ir.errors import ScheduleError
 from ...ir.expr import (
+    BufferLoad,
     Const,
     Expr,
     Var,
@@ -33,6 +34,7 @@ from ...ir.expr import (
     logical_and,
     select,
     substitute,
+    walk,
 )
 from ...ir.stmt import (
     THREAD_KINDS,
@@ -66,6 +68,12 @@ def find_buffer(func: PrimFunc, tensor: str) -> Buffer:
     for s, _ in iter_with_path(func.body):
         if isinstance(s, Allocate) and (s.buffer.tensor == tensor or s.buffer.name == tensor):
             return s.buffer
+    # a view buffer (gemm_view.py): read by the kernel, backed by no parameter until gather_views
+    for s, _ in iter_with_path(func.body):
+        if isinstance(s, BufferStore):
+            for e in walk(s.value):
+                if isinstance(e, BufferLoad) and e.buffer.scope == "global" and e.buffer.tensor == tensor:
+                    return e.buffer
     raise ScheduleError(f"kernel {func.name} has no buffer for tensor {tensor!r}")
 
 
