@@ -41,7 +41,17 @@ from .gemm_tensor_core import GemmView, gemm_view
 from .registry import Point, Strategy, register
 
 GATHER_INSTRUCTIONS = 4.0  # per grouped axis of a gathered element: the div/mod pair by a constant
-GATHER_REGISTERS = 8       # the row part of the gathered address, kept across the k loop
+# Registers per thread as ptxas (NVRTC 12, sm_90) allocates them per (BM, BN, BK): the median over
+# the ten ResNet-50 float32 layers of benchmarks/conv.py (NHWC, batch 32; 1x1 and 3x3 within 1-11
+# of each other on most points). The gathered addresses keep the row part of every copy live
+# across the k loop, so k-tile 16 (twice the copies) costs 20-35 more than gemm_pipelined's
+# PTXAS_REGISTERS, and k-tile 8 about the same.
+IMPLICIT_PTXAS_REGISTERS = {
+    (32, 64, 8): 136, (32, 64, 16): 166, (32, 128, 8): 127, (32, 128, 16): 161,
+    (64, 32, 8): 157, (64, 32, 16): 168, (64, 64, 8): 128, (64, 64, 16): 161,
+    (64, 128, 8): 127, (64, 128, 16): 141, (128, 32, 8): 141, (128, 32, 16): 167,
+    (128, 64, 8): 127, (128, 64, 16): 151, (128, 128, 8): 123, (128, 128, 16): 129,
+}
 
 
 def _view(info: KernelInfo) -> GemmView | str:
@@ -146,13 +156,12 @@ class GemmImplicit(Strategy):
         widths = _vector_widths(info)
         grouped = len(info.spatial) + len(info.reduction) - 3 - (1 if view.batch > 1 else 0)
         per_block = 0.0
-        regs = dict(base.registers)
         for elements, width in ((bm * bk, widths[0]), (bk * bn, widths[1])):
             # gemm_pipelined counts a float4 copy as 6 instructions for 4 elements; an element
             # copy costs 6 per element, and every grouped axis a div/mod pair
             per_block += elements * ((6.0 - 6.0 / 4) * (width == 1) + GATHER_INSTRUCTIONS * grouped / width)
-            if width == 1:
-                regs["gathered addresses"] = regs.get("gathered addresses", 0) + GATHER_REGISTERS
+        parts = {k: v for k, v in base.registers.items() if k in ("accumulators", "fragments", "copy")}
+        regs = parts | {"addressing and gathers": IMPLICIT_PTXAS_REGISTERS[(bm, bn, bk)] - sum(parts.values())}
         extra = base.blocks * ktiles * per_block / 32
         notes = base.notes + [f"implicit GEMM {view.m}x{view.n}x{view.k}: copies {widths[0]}/{widths[1]} "
                               "elements wide, gathered through the view"]
