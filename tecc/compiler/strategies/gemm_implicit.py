@@ -15,15 +15,18 @@ SIMT kernel with its own loaders, this strategy brackets gemm_pipelined's schedu
   gather_views          each view read becomes `select(pred, X[unflattened indices], 0)` in the
                         copy (pred: the `where` padding condition), the C_view store the store to Y
 
-So the loads are gathered and predicated, and nothing is materialized. The copies are element
-copies (width 1) for a gathered operand; an operand whose view is its buffer reshaped (the RSCF
-filter: B_view[k, n] = Wt[r, s, c, f] with k = (r·S + s)·C + c) keeps float4 copies where
-implicit_gemm.contiguous_copy proves 4 consecutive view elements one aligned 16-byte chunk.
-Split-K and symbolic sizes stay with the plain strategies; plain GEMMs (what gemm_pipelined's
-guard accepts) are declined here, so their plans and code are unchanged.
+So the loads are gathered and predicated, and nothing is materialized. A tile is copied in
+float4 chunks (vector_copy 4) where the view's contiguous group ends in an axis that
+implicit_gemm.contiguous_copy proves a run of 4-aligned chunks of the operand (NHWC activations
+with C % 4 == 0 along k: the channel; RSCF filters with F % 4 == 0 along n): gather_views then
+reads each chunk as one 16-byte load at its first element's indices, under its first element's
+predicate. Elsewhere (NCHW activations) the copies are element by element.
+Split-K and symbolic sizes stay with the plain strategies; plain GEMMs (one row, one column and
+one reduction axis) are declined here, so their plans and code are unchanged.
 
 Workload: gemm_pipelined's for the M × N × K GEMM (the operands' real sizes for DRAM), plus the
-gather: a div/mod pair per grouped axis and copied element, and element instead of float4 copies.
+gather (a div/mod pair per grouped axis and copied element, element instead of float4 copies),
+with the registers ptxas allocates per tile (IMPLICIT_PTXAS_REGISTERS).
 """
 
 from __future__ import annotations

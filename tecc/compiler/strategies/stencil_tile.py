@@ -161,7 +161,7 @@ class StencilTile(Strategy):
         assert found is not None
         x, _ = found
         lane, row, outer = _shape(info)
-        ext = dict(info.spatial)
+        assert row is not None
         taps = 1
         for _, e in info.reduction:
             taps *= e
