@@ -474,9 +474,17 @@ class Schedule:
 
     def gather_views(self, stage: StageLike) -> None:
         """Replace the view buffers of a flattened contraction (flatten_contraction) by gathered,
-        predicated reads of the real operands and the store to the real output; the last step."""
+        predicated reads of the real operands and the store to the real output, in the stage's
+        kernel and in the combine kernel a split-K rfactor made of it; the last step."""
         st = self._stage(stage)
-        self._apply(st.kernel, Step("gather_views", {"stage": str(st)}), lambda f: prim.gather_views(f))
+        step = Step("gather_views", {"stage": str(st)})
+        if st.kernel not in _kernel_names(self.mod):
+            raise ScheduleError(f"gather_views: no kernel {st.kernel!r}")
+        start = time.perf_counter()
+        mod = prim.gather_views(self.mod, st.kernel)
+        self.mod = mod.with_kernels([simplify_func(k) for k in mod.kernels])
+        self.timing.append(("gather_views", time.perf_counter() - start))
+        self._record(step)
 
     def cache_write(self, stage: StageLike, scope: str = "local") -> StageRV:
         st = self._stage(stage)

@@ -21,8 +21,11 @@ implicit_gemm.contiguous_copy proves a run of 4-aligned chunks of the operand (N
 with C % 4 == 0 along k: the channel; RSCF filters with F % 4 == 0 along n): gather_views then
 reads each chunk as one 16-byte load at its first element's indices, under its first element's
 predicate. Elsewhere (NCHW activations) the copies are element by element.
-Split-K and symbolic sizes stay with the plain strategies; plain GEMMs (one row, one column and
-one reduction axis) are declined here, so their plans and code are unchanged.
+Split-K (point "split", where the output has fewer than 2 x SMs tiles: the 7x7 and 14x14 ResNet
+layers) is gemm_pipelined's: `split` + `rfactor` of the flattened k loop onto blockIdx.z, a
+combine kernel that sums the partials and stores C_view, which gather_views also turns into the
+store to the output. Symbolic sizes stay with the plain strategies; plain GEMMs (one row, one
+column and one reduction axis) are declined here, so their plans and code are unchanged.
 
 Workload: gemm_pipelined's for the M × N × K GEMM (the operands' real sizes for DRAM), plus the
 gather (a div/mod pair per grouped axis and copied element, element instead of float4 copies),
@@ -32,14 +35,13 @@ with the registers ptxas allocates per tile (IMPLICIT_PTXAS_REGISTERS).
 from __future__ import annotations
 
 from dataclasses import replace
-from itertools import product
 from typing import Any, Iterable
 
 from ...ir.target import Target
 from ..cost.analysis import Access, Affine, KernelInfo
 from ..cost.model import Workload
 from ...passes.schedule.implicit_gemm import Layout, contiguous_copy, gemm_order, layout_of
-from .gemm_pipelined import BKS, BLOCKS, MIN_THREADS, GemmPipelined, schedule_tiles
+from .gemm_pipelined import GemmPipelined, schedule_tiles, split_chunk
 from .gemm_tensor_core import GemmView, gemm_view
 from .registry import Point, Strategy, register
 
@@ -141,21 +143,20 @@ class GemmImplicit(Strategy):
         return None
 
     def space(self, info: KernelInfo, target: Target) -> Iterable[Point]:
+        # gemm_pipelined's space over the view: tiles, and split-K where the output has fewer
+        # than 2 x SMs tiles (not for a batch of groups, which fills blockIdx.z already)
         view = _view(info)
         assert not isinstance(view, str)
-        for bm, bn, bk in product(BLOCKS, BLOCKS, BKS):
-            if (bm >= 2 * view.m and bm > BLOCKS[0]) or (bn >= 2 * view.n and bn > BLOCKS[0]) or bk > max(view.k, 8):
-                continue
-            if (bm // 8) * (bn // 8) < MIN_THREADS:
-                continue
-            yield {"bm": bm, "bn": bn, "bk": bk}
+        yield from GemmPipelined().space(_plain_info(info, view), target)
 
     def workload(self, info: KernelInfo, point: Point, target: Target) -> Workload:
         view = _view(info)
         assert not isinstance(view, str)
         base = GemmPipelined().workload(_plain_info(info, view), point, target)
         bm, bn, bk = int(point["bm"]), int(point["bn"]), int(point["bk"])
-        ktiles = -(-view.k // bk)
+        split = int(point.get("split", 1))
+        # with split-K, base.blocks counts every part's blocks: a block runs one part's k-tiles
+        ktiles = -(-(split_chunk(view.k, bk, split) if split > 1 else view.k) // bk)
         widths = _vector_widths(info)
         grouped = len(info.spatial) + len(info.reduction) - 3 - (1 if view.batch > 1 else 0)
         per_block = 0.0
@@ -174,6 +175,7 @@ class GemmImplicit(Strategy):
         bm, bn, bk = int(point["bm"]), int(point["bn"]), int(point["bk"])
         stage = info.stage
         a_width, b_width = _vector_widths(info)
+        split = int(point.get("split", 1))
         sch.flatten_contraction(stage)
         loops = sch.get_loops(stage)
         batch = loops[0] if len(loops) == 4 else None
@@ -181,12 +183,24 @@ class GemmImplicit(Strategy):
         kernel = sch.mod.kernel(i.kernel)
         views = dict(kernel.attrs)["gemm_views"]
         a_view, b_view = views[0][0], views[1][0]
-        schedule_tiles(sch, stage, batch, i, j, k, [(a_view.tensor, a_width, True), (b_view.tensor, b_width, False)],
+        tiled: Any = stage
+        if split > 1:
+            # split-K as in gemm_pipelined: the k loop's outer part made a parallel axis of
+            # partials (rfactor) on blockIdx.z; the combine kernel stores C_view, which
+            # gather_views turns into the store to the output too
+            view = _view(info)
+            assert not isinstance(view, str) and batch is None
+            part, k = sch.split(k, factors=[None, split_chunk(view.k, bk, split)])
+            tiled = sch.rfactor(part)
+            batch = part
+        schedule_tiles(sch, tiled, batch, i, j, k, [(a_view.tensor, a_width, True), (b_view.tensor, b_width, False)],
                        bm, bn, bk)
-        sch.gather_views(stage)
+        sch.gather_views(f"{i.kernel}/{stage}")
 
     def describe(self, point: Point) -> str:
-        return (f"gemm_implicit(block {point['bm']}x{point['bn']}, thread 8x8 in 4x4 quadrants, k-tile {point['bk']}, "
+        split = int(point.get("split", 1))
+        parts = f", split-K {split} + combine kernel" if split > 1 else ""
+        return (f"gemm_implicit(block {point['bm']}x{point['bn']}, thread 8x8 in 4x4 quadrants, k-tile {point['bk']}{parts}, "
                 "gathered view tiles, register double buffer)")
 
 

@@ -35,11 +35,12 @@ from __future__ import annotations
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
 from ...ir.expr import BufferLoad, Const, Expr, Var, as_expr, const_int, free_vars, select, substitute
-from ...ir.stmt import Allocate, Buffer, BufferStore, For, PrimFunc, Stmt, seq
+from ...ir.stmt import Allocate, Buffer, BufferStore, For, KernelCall, KernelParam, Module, PrimFunc, Stmt, seq
 from ...ir.visitor import ExprMutator, StmtMutator
 from ..simplify import linear_form
 from .implicit_gemm import Axis, Contraction, Operand, _layout, contiguous_copy, match_contraction, unflatten
 from .loops import all_names, fresh_name
+from .rfactor import kernel_params
 
 VIEWS = "gemm_views"  # PrimFunc attr: (view buffer, real buffer, placeholders, indices, predicate, chunk) each
 VECTOR = 4  # elements per float4 chunk
@@ -225,13 +226,35 @@ class _Gather(StmtMutator):
         return s2
 
 
-def gather_views(func: PrimFunc) -> PrimFunc:
+def gather_views(module: Module, kernel: str) -> Module:
+    """`module` with the views that `kernel` defines (its VIEWS attr) replaced in every kernel
+    that uses them: `kernel` itself and, after a split-K `rfactor`, its combine kernel, which
+    stores C_view. A kernel whose body now reads or writes tensors that are not among its
+    parameters (rfactor derived the parameters from the flattened body) gets them, in the
+    module's order, and so does its call."""
+    from ..lower import global_buffers
+
+    func = module.kernel(kernel)
     views = dict(func.attrs).get(VIEWS)
     if views is None:
-        raise ScheduleError(f"gather_views({func.name}): the kernel has no GEMM views (flatten_contraction first)")
+        raise ScheduleError(f"gather_views({kernel}): the kernel has no GEMM views (flatten_contraction first)")
     table = {view: (real, ph, ix, pred, chunk) for view, real, ph, ix, pred, chunk in views}
-    body = _Gather(table).visit(func.body)
-    return PrimFunc(func.name, func.params, body, tuple((k, v) for k, v in func.attrs if k != VIEWS))
+    kernels: list[PrimFunc] = []
+    renamed: dict[str, tuple[KernelParam, ...]] = {}
+    for k in module.kernels:
+        body = _Gather(table).visit(k.body)
+        attrs = tuple((a, v) for a, v in k.attrs if a != VIEWS)
+        if body is k.body and attrs == k.attrs:
+            kernels.append(k)
+            continue
+        used = set(global_buffers(body))
+        params = k.params
+        if not used <= {p for p in k.params if isinstance(p, Buffer)} | set(module.temps):
+            params = kernel_params(module, body, [])
+            renamed[k.name] = params
+        kernels.append(PrimFunc(k.name, params, body, attrs))
+    calls = tuple(KernelCall(c.kernel, renamed[c.kernel]) if c.kernel in renamed else c for c in module.calls)
+    return Module(module.name, module.params, tuple(kernels), calls, module.temps)
 
 
 __all__ = ["VIEWS", "flatten_contraction", "gather_views"]
