@@ -9,7 +9,7 @@ its structure matches), checks it against torch in float64 on fresh random input
 NaN-poisoned output, and times it with CUDA events in the same process as SDPA's flash and cuDNN
 backends (each where torch offers it for the shape). The ratio is against the fastest of them.
 B·H fills the GPU as FlashAttention's benchmarks do: 16k tokens per batch (B = 16384 / S) and
-2048 / d heads.
+2048 / d heads. `--gqa`: 32 query heads over 8 K/V heads (K[b, h // 4, j, d]), d = 128.
 """
 
 from __future__ import annotations
@@ -28,18 +28,19 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.gemm import time_call  # noqa: E402
 
 
-def attention_tensors(b: int, h: int, s: int, d: int, dtype: str, causal: bool) -> list[Any]:
+def attention_tensors(b: int, h: int, s: int, d: int, dtype: str, causal: bool, groups: int = 1) -> list[Any]:
+    """The program users write; `groups` query heads share one K/V head (K[b, h // groups, j, d])."""
     import tecc as tc
 
     Q = tc.placeholder((b, h, s, d), dtype, name="Q")
-    K = tc.placeholder((b, h, s, d), dtype, name="K")
-    V = tc.placeholder((b, h, s, d), dtype, name="V")
+    K = tc.placeholder((b, h // groups, s, d), dtype, name="K")
+    V = tc.placeholder((b, h // groups, s, d), dtype, name="V")
     r = tc.reduce_axis(d, name="d")
     j1, j2, j3 = (tc.reduce_axis(s, name=n) for n in ("j1", "j2", "j3"))
     scale = 1.0 / math.sqrt(d)
 
     def score(bb: Any, hh: Any, i: Any, j: Any) -> Any:
-        x = tc.sum(tc.cast(Q[bb, hh, i, r], "float32") * tc.cast(K[bb, hh, j, r], "float32"), axis=r) * scale
+        x = tc.sum(tc.cast(Q[bb, hh, i, r], "float32") * tc.cast(K[bb, hh // groups, j, r], "float32"), axis=r) * scale
         return tc.where(j <= i, x, -math.inf) if causal else x
 
     S = tc.compute((b, h, s, s), score, name="S")
@@ -47,53 +48,68 @@ def attention_tensors(b: int, h: int, s: int, d: int, dtype: str, causal: bool) 
     e = tc.compute((b, h, s, s), lambda bb, hh, i, j: tc.exp(S[bb, hh, i, j] - m[bb, hh, i]), name="e")
     l = tc.compute((b, h, s), lambda bb, hh, i: tc.sum(e[bb, hh, i, j2], axis=j2), name="l")
     O = tc.compute((b, h, s, d), lambda bb, hh, i, c: tc.cast(
-        tc.sum(e[bb, hh, i, j3] * tc.cast(V[bb, hh, j3, c], "float32"), axis=j3) / l[bb, hh, i], dtype), name="O")
+        tc.sum(e[bb, hh, i, j3] * tc.cast(V[bb, hh // groups, j3, c], "float32"), axis=j3) / l[bb, hh, i], dtype), name="O")
     return [Q, K, V, O]
 
 
 def sdpa_times(q: Any, k: Any, v: Any, causal: bool, reps: int) -> dict[str, float]:
+    """Each SDPA backend's time; grouped K/V heads (fewer than Q's) go in as they are with
+    enable_gqa=True where the backend takes it, else expanded to Q's heads (then the backend reads
+    `groups` times the K/V bytes: the row says so)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     out = {}
+    groups = q.shape[1] // k.shape[1]
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-        try:
-            with sdpa_kernel([backend]):
-                sdpa(q, k, v, is_causal=causal)
-                torch.cuda.synchronize()
-                out[name] = time_call(lambda: sdpa(q, k, v, is_causal=causal), reps)
-        except Exception as exc:  # noqa: BLE001 - a backend torch does not offer for this shape
-            print(f"  SDPA {name} unavailable: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+        tries = [(k, v, {"enable_gqa": True} if groups > 1 else {})]
+        if groups > 1:
+            tries.append((k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), {}))
+        for kk, vv, kw in tries:
+            try:
+                with sdpa_kernel([backend]):
+                    sdpa(q, kk, vv, is_causal=causal, **kw)
+                    torch.cuda.synchronize()
+                    out[name] = time_call(lambda: sdpa(q, kk, vv, is_causal=causal, **kw), reps)
+                if groups > 1 and not kw:
+                    print(f"  SDPA {name}: K/V expanded to {q.shape[1]} heads (no enable_gqa)", flush=True)
+                break
+            except Exception as exc:  # noqa: BLE001 - a backend torch does not offer for this shape
+                print(f"  SDPA {name} unavailable{' with enable_gqa' if kw else ''}: {type(exc).__name__}: "
+                      f"{str(exc)[:120]}", flush=True)
     return out
 
 
-def run_shape(s: int, d: int, dtype: str, causal: bool) -> dict[str, Any]:
+def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int = 1) -> dict[str, Any]:
     import torch
 
     import tecc as tc
 
-    b, h = max(1, 16384 // s), 2048 // d
-    args = attention_tensors(b, h, s, d, dtype, causal)
+    b, h = max(1, 16384 // s), (2048 // d if groups == 1 else 32)
+    args = attention_tensors(b, h, s, d, dtype, causal, groups)
     t0 = time.perf_counter()
     kern = tc.build(args)
     build_s = time.perf_counter() - t0
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
-    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=tdt) for _ in range(3))
+    q = torch.randn(b, h, s, d, device="cuda", dtype=tdt)
+    k, v = (torch.randn(b, h // groups, s, d, device="cuda", dtype=tdt) for _ in range(2))
     o = torch.full((b, h, s, d), float("nan"), device="cuda", dtype=tdt)
     kern(q, k, v, o)
     torch.cuda.synchronize()
     # float64 reference on a slice of the batch (the whole one does not fit at S = 16k)
     bq = max(1, min(b, (1 << 22) // (s * s)))
-    ref = torch.nn.functional.scaled_dot_product_attention(q[:bq, :2].double(), k[:bq, :2].double(),
-                                                           v[:bq, :2].double(), is_causal=causal)
+    kv_heads = [head // groups for head in range(2)]  # the K/V heads of query heads 0 and 1
+    kx, vx = (x[:bq, kv_heads] for x in (k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(q[:bq, :2].double(), kx.double(), vx.double(),
+                                                           is_causal=causal)
     err = float(((o[:bq, :2].double() - ref).abs() / (1 + ref.abs())).max())
     flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
     reps = max(5, min(30, int(5e12 / flops)))
     t_tecc = time_call(lambda: kern(q, k, v, o), reps)
     refs = sdpa_times(q, k, v, causal, reps)
     best = min(refs.values()) if refs else float("nan")
-    return {"S": s, "d": d, "B": b, "H": h, "dtype": dtype, "causal": causal, "rel_err": err,
+    return {"S": s, "d": d, "B": b, "H": h, "H_kv": h // groups, "dtype": dtype, "causal": causal, "rel_err": err,
             "tecc_us": t_tecc * 1e6, "tecc_tflops": flops / t_tecc / 1e12,
             **{f"sdpa_{n}_us": t * 1e6 for n, t in refs.items()}, "ratio": best / t_tecc,
             "kernels": len(kern.module.kernels), "plan": kern.plan.strategy, "build_s": build_s}
@@ -106,9 +122,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="S in {1k, 4k}, d = 64 only")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--gqa", action="store_true",
+                    help="grouped heads: H = 32 query heads over H_kv = 8 K/V heads (d = 128, S in {1k, 4k, 8k})")
     opts = ap.parse_args()
     seqs = (1024, 4096) if opts.quick else (1024, 2048, 4096, 8192, 16384)
     dims = (64,) if opts.quick else (64, 128)
+    groups = 1
+    if opts.gqa:
+        seqs, dims, groups = (1024, 4096, 8192), (128,), 4
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  dtype {opts.dtype}", flush=True)
     print(f"{'S':>6} {'d':>4} {'B':>3} {'H':>3} {'causal':>6} {'tecc us':>10} {'TF/s':>6} {'flash us':>9} "
           f"{'cudnn us':>9} {'ratio':>6} {'rel err':>8}  plan", flush=True)
@@ -117,14 +138,14 @@ def main() -> None:
         for s in seqs:
             for causal in (False, True):
                 try:
-                    row = run_shape(s, d, opts.dtype, causal)
+                    row = run_shape(s, d, opts.dtype, causal, groups)
                 except Exception as exc:  # noqa: BLE001 - report and go on
                     row = {"S": s, "d": d, "causal": causal, "error": f"{type(exc).__name__}: {exc}"[:400]}
                     print(row, flush=True)
                     rows.append(row)
                     continue
                 rows.append(row)
-                print(f"{s:6d} {d:4d} {row['B']:3d} {row['H']:3d} {str(causal):>6} {row['tecc_us']:10.1f} "
+                print(f"{s:6d} {d:4d} {row['B']:3d} {row['H']:3d}{'/' + str(row['H_kv']) if groups > 1 else ''} {str(causal):>6} {row['tecc_us']:10.1f} "
                       f"{row['tecc_tflops']:6.1f} {row.get('sdpa_flash_us', float('nan')):9.1f} "
                       f"{row.get('sdpa_cudnn_us', float('nan')):9.1f} {row['ratio']:6.3f} {row['rel_err']:8.1e}  "
                       f"{row['plan']} ({row['kernels']} kernel{'s' if row['kernels'] > 1 else ''})", flush=True)

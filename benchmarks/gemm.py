@@ -8,7 +8,10 @@ Target), built with `tc.build(args, plan=plan)` (IR → emitter → NVRTC), chec
 float64, and timed with CUDA events (median of the timed runs after warm-up) in the same process
 as torch.matmul. Prints the table (shape, tecc TFLOP/s, cuBLAS TFLOP/s, ratio, plan) and the
 geometric mean of the ratios. `--sweep` also times every point of gemm_pipelined at 4096³
-(`--sweep-strategy gemm_wgmma --dtype float16`: every point of that strategy instead).
+(`--sweep-strategy gemm_wgmma --dtype float16`: every point of that strategy instead;
+`--load tma` or `--load cp.async` keeps only the points of that rung of gemm_wgmma, the ladder's
+rows; `--persistent` adds each TMA point as a persistent grid of one block per SM;
+`--sweep-size 8192` sweeps at 8192³).
 `--epilogue` times `D = relu(A·B + bias[j])` at 4096³ (fused into the matmul's kernel by the
 lowering) against the plain matmul and against cuBLAS + torch's relu(c + bias).
 `--split-sweep` times the split-K points of SPLIT_SWEEP at the four small shapes with the
@@ -274,6 +277,11 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="time every gemm_pipelined point at 4096^3")
     ap.add_argument("--sweep-strategy", default="gemm_pipelined",
                     help="the strategy whose points --sweep times (e.g. gemm_wgmma with --dtype float16)")
+    ap.add_argument("--load", default=None, choices=("cp.async", "tma"),
+                    help="with --sweep-strategy gemm_wgmma: only the points of that rung (the load dimension)")
+    ap.add_argument("--sweep-size", type=int, default=4096, help="the cube --sweep times (default 4096)")
+    ap.add_argument("--persistent", action="store_true",
+                    help="with --load tma: also time each point as a persistent grid of one block per SM")
     ap.add_argument("--out", default=None)
     ap.add_argument("--compare", action="store_true", help="also time gemm_pipelined where the planner chose another")
     ap.add_argument("--symbolic", action="store_true", help="check a symbolic-M build at M=1000 and M=4096")
@@ -343,13 +351,22 @@ def main() -> None:
         from tecc.passes.lower import lower
 
         strat = get(opts.sweep_strategy)
-        args = matmul_tensors(1, 4096, 4096, 4096)
+        size = opts.sweep_size
+        args = matmul_tensors(1, size, size, size)
         info = analyze_kernel(lower(args).kernels[0])
         from tecc.ir.target import from_device
-        for point in strat.space(info, from_device()):
+        device_target = from_device()
+        points = []
+        for point in strat.space(info, device_target):
+            if opts.load is not None and point.get("load", "cp.async") != opts.load:
+                continue
+            points.append(point)
+            if opts.persistent and point.get("load") == "tma":
+                points.append({**point, "persistent": device_target.sm_count})
+        for point in points:
             sch = Schedule(args)
             strat.apply(sch, info, point)
-            row = run_shape(1, 4096, 4096, 4096, plan=sch.plan, label=strat.describe(point))
+            row = run_shape(1, size, size, size, plan=sch.plan, label=strat.describe(point))
             row["sweep"] = True
             rows.append(row)
             print(f"sweep {row['shape']:>12} {row['tecc_tflops']:10.2f} {row['cublas_tflops']:12.2f} "

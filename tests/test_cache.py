@@ -60,7 +60,7 @@ def test_second_build_is_served_from_the_cache(cache_dir: Path) -> None:
     assert not _hit(build(_op(), "cuda", name="axpb", arch="sm_90", options=("-use_fast_math",)))
     assert len(cache.entries()) == 4
     info = cache.info()
-    assert info.entries == 4 and info.bytes > 0 and info.directory == cache_dir / "cubin" / "v1"
+    assert info.entries == 4 and info.bytes > 0 and info.directory == cache_dir / "cubin" / "v2"
     assert "entries       4" in str(info)
     assert cache.clear() == 4
     assert cache.entries() == []

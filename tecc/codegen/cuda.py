@@ -61,6 +61,8 @@ from tecc.ir.stmt import (
     PrimFunc,
     Seq,
     SetMaxRegisters,
+    TensorCopy,
+    tensor_maps,
     Stmt,
     WarpgroupCommit,
     WarpgroupFence,
@@ -71,7 +73,7 @@ from tecc.ir.stmt import (
 )
 from tecc.ir.visitor import matrix_stmt_exprs
 
-from . import matrix, warpgroup
+from . import matrix, tma, warpgroup
 
 from .cuda_expr import FLOAT_OP_HELPER, ExprEmitter, c_type, device_helpers
 from .ranges import RangeEnv
@@ -89,7 +91,7 @@ _RESERVED = frozenset("""
     virtual void volatile while half
     threadIdx blockIdx blockDim gridDim warpSize min max abs llabs fabs fabsf fmin fminf fmax fmaxf pow
     powf exp expf log logf sqrt sqrtf rsqrt rsqrtf sin sinf cos cosf tanh tanhf erf erff exp2 exp2f log2
-    log2f floor floorf ceil ceilf rint rintf isnan isinf tecc_sin_poly tecc_sin_approx tecc_cos_approx
+    log2f floor floorf ceil ceilf rint rintf isnan isinf tecc_sin_poly tecc_sin_approx tecc_cos_approx tecc_exp2_approx
     tecc_max tecc_min tecc_floordiv tecc_mod fmod fmodf copysign copysignf __float2int_rz __float2ll_rz
     __double2int_rz __double2ll_rz
 """.split())
@@ -248,7 +250,7 @@ class KernelEmitter:
                         for n in walk(e) if isinstance(n, Call) and n.name == "atomic_add"}
         self.wide = {p for p in func.params if isinstance(p, Buffer) and needs_64bit_indexing(p)}
         self.dynamic_shared = shared_offsets(func)
-        self.descriptor_buffers = warpgroup.descriptor_buffers(func)
+        self.descriptor_buffers = warpgroup.descriptor_buffers(func) | tma.swizzled_destinations(func)
         self.element_counts = {id(s.buffer): _count(s.buffer) for s in iter_stmts(func.body) if isinstance(s, Allocate)}
         self.expr = ExprEmitter(self.var_name, self.buffer_name, self.wide, self.ranges)
         for p in func.params:
@@ -304,6 +306,7 @@ class KernelEmitter:
                 params.append(f"{const}{c_type(p.dtype)}* __restrict__ {name}")
             else:
                 params.append(f"{c_type(p.dtype)} {name}")
+        params += tma.tensor_map_params(self.func)
         bounds = str(self.dims.threads)
         min_blocks = self.func.attr("min_blocks_per_sm")
         if min_blocks is not None and int(min_blocks) > 1:
@@ -385,6 +388,9 @@ class KernelEmitter:
 
     def _BulkCopy(self, s: BulkCopy) -> None:
         self.lines_of(warpgroup.bulk_copy(self.expr, s))
+
+    def _TensorCopy(self, s: TensorCopy) -> None:
+        self.lines_of(tma.tensor_copy(self.expr, s))
 
     def _SetMaxRegisters(self, s: SetMaxRegisters) -> None:
         self.lines_of(warpgroup.set_max_registers(self.expr, s))
@@ -559,6 +565,8 @@ def emit_source(funcs: Sequence[PrimFunc]) -> str:
     if any(warpgroup.needs_arch_specific(f) for f in funcs):
         parts.append(warpgroup.ARCH_SPECIFIC_MARK)  # compile_cuda compiles it for sm_XYa
     parts += [f"#include <{h}>" for h in needed_headers(funcs)]
+    if any(tensor_maps(f) for f in funcs):
+        parts.append(tma.TENSOR_MAP_DECLARATION)
     text = "\n".join(parts) + "\n"
     helpers = device_helpers(used_intrinsics(funcs))
     if helpers:

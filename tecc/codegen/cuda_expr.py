@@ -88,6 +88,7 @@ _INTRINSIC_C = {
     "sigmoid": ("1.0f / (1.0f + expf(-{x}))", "1.0 / (1.0 + exp(-{x}))"),
     # float32 only (no float64 form); device helpers that `device_helpers` defines
     "sin_approx": ("tecc_sin_approx", ""), "cos_approx": ("tecc_cos_approx", ""),
+    "exp2_approx": ("tecc_exp2_approx", ""),
 }
 # float -> int conversions: PTX cvt.rzi (truncate, saturate to the integer range; NaN gives 0 from
 # float32 to int32, the range's minimum otherwise, measured on an H200 -- docs/semantics.md).
@@ -536,7 +537,15 @@ def device_helpers(intrinsics: set[str]) -> list[str]:
     for name, text in FLOAT_OP_HELPERS.items():
         if name in intrinsics and text not in helpers:
             helpers.append(text)
-    if not intrinsics & set(APPROX_INTRINSICS):
+    if "exp2_approx" in intrinsics:
+        helpers.append(
+            "// exp2_approx (tecc/ir/expr.py): one MUFU.EX2, subnormals flushed to zero.\n"
+            "__device__ __forceinline__ float tecc_exp2_approx(float x) {\n"
+            "  float y;\n"
+            "  asm(\"ex2.approx.ftz.f32 %0, %1;\" : \"=f\"(y) : \"f\"(x));\n"
+            "  return y;\n"
+            "}\n")
+    if not intrinsics & {"sin_approx", "cos_approx"}:
         return helpers
     s1, s2, s3, s4 = (_f(c) for c in approx.SIN_POLY)
     helpers += [

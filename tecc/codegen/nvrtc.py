@@ -16,8 +16,11 @@ headers it bundles (`use_bundled_headers`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import os
 import re
+import time
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Sequence
@@ -155,6 +158,30 @@ def compile_cuda(source: str, *, arch: str = DEFAULT_ARCH, name: str = "tecc",
 
     Raises CompileError (with `.log` and `.source`) when NVRTC rejects the source; the message
     quotes the offending lines with their numbers."""
+    code = _compile(source, arch=arch, name=name, options=options)
+    if code.resources or ".entry" not in code.ptx:
+        return code
+    # No `-v` report: with a CUDA driver on the machine, ptxas answers from the driver's compute
+    # cache (~/.nv/ComputeCache) and prints nothing for a cubin it had made before (measured on
+    # an H200: the second compile of a source reports nothing; CUDA_CACHE_DISABLE only counts when
+    # set before the process loads NVRTC). The report is what the planner's spill and C7515
+    # checks and Kernel.resources read, so a probe compile of the source plus one unique empty
+    # kernel (a new PTX text: a cache miss) gives it; the binary stays the first compile's.
+    global _probes
+    _probes += 1
+    probe_kernel = f"{_PROBE_PREFIX}{os.getpid()}_{_probes}_{time.time_ns()}"
+    probe = _compile(source + f'\nextern "C" __global__ void {probe_kernel}() {{}}\n', arch=arch, name=name,
+                     options=options)
+    resources = {k: v for k, v in probe.resources.items() if not k.startswith(_PROBE_PREFIX)}
+    log = "\n".join(line for line in probe.log.splitlines() if _PROBE_PREFIX not in line)
+    return dataclasses.replace(code, resources=resources, log=log)
+
+
+_PROBE_PREFIX = "tecc_resource_probe_"
+_probes = 0
+
+
+def _compile(source: str, *, arch: str, name: str, options: Sequence[str]) -> CompiledCode:
     nvrtc = _nvrtc()
     arch = arch_for_source(source, arch)  # wgmma needs sm_90a (codegen marks such sources)
     if not re.fullmatch(r"sm_\d+[af]?", arch):

@@ -44,7 +44,7 @@ from ..codegen import CompiledCode, KernelResources, compile_cuda
 from ..codegen.nvrtc import nvrtc_version
 from . import options as knobs
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: resources always from a ptxas report (format 1 could keep none: nvrtc.compile_cuda)
 MAGIC = b"TECC-CACHE 1\n"
 SUBDIR = f"cubin/v{CACHE_FORMAT}"
 

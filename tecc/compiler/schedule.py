@@ -29,6 +29,7 @@ from ..ir.tensor import Tensor
 from ..passes import schedule as prim
 from ..passes.rewrite.fuse_rows import fuse_rows as fuse_rows_module
 from ..passes.rewrite.online_contraction import online_contraction as online_contraction_module
+from ..passes.rewrite.online_contraction_mma import online_contraction_mma as online_contraction_mma_module
 from ..passes.rewrite.split_reduce import split_reduce as split_reduce_module
 from ..passes.rewrite.split_row_group import split_row_group as split_row_group_module
 from ..passes.rewrite.split_rows import split_rows as split_rows_module
@@ -379,6 +380,23 @@ class Schedule:
         self.timing.append(("online_contraction", time.perf_counter() - start))
         self._record(Step("online_contraction", {"threads": int(threads), "rows_per_block": int(rows_per_block)}))
 
+    def online_contraction_mma(self, rows_per_block: int = 64, key_tile: int = 64, warp_rows: int = 16) -> None:
+        """Replace the module by ONE tensor-core kernel for the same chain as online_contraction
+        when both contractions have float16/bfloat16 operands and constant head dims (see
+        tecc.passes.rewrite.online_contraction_mma): `rows_per_block` query rows per block,
+        `warp_rows` (16 or 32) per warp, key tiles of `key_tile` streamed through a 2-stage
+        cp.async ring. It must be the first step."""
+        if self._steps:
+            raise ScheduleError("online_contraction_mma rewrites the whole module: it must be the first step of a plan")
+        start = time.perf_counter()
+        self.mod = online_contraction_mma_module(self._tensors, int(rows_per_block), int(key_tile), int(warp_rows),
+                                                 name=self._name)
+        self.timing.append(("online_contraction_mma", time.perf_counter() - start))
+        args: dict[str, Any] = {"rows_per_block": int(rows_per_block), "key_tile": int(key_tile)}
+        if warp_rows != 16:
+            args["warp_rows"] = int(warp_rows)
+        self._record(Step("online_contraction_mma", args))
+
     def split_reduce(self, threads_x: int = 32, threads_y: int = 8, splits: int = 1, unroll: int = 4,
                      outputs_per_thread: int = 1, combine: str = "kernel") -> None:
         """Replace the module by the split reduction of its one reduction stage (a column or
@@ -444,7 +462,8 @@ class Schedule:
         self._record(Step("split_row_group", args))
 
     def tensorize(self, stage: StageLike, intrinsic: str = "auto", block: Sequence[int] = (64, 64),
-                  warps: Sequence[int] = (2, 2), k_tile: int = 32, stages: int = 2) -> None:
+                  warps: Sequence[int] = (2, 2), k_tile: int = 32, stages: int = 2,
+                  producer: str = "threads", persistent: int = 0) -> None:
         """Rebuild the kernel of the contraction `stage` (C[b.., i, j] = epilogue(Σ_k A·B) over
         float16/bfloat16 operands) as a tensor-core kernel: `block` = (BM, BN) outputs per block,
         `warps` = (rows, columns) of warps, each a (BM/rows) × (BN/columns) tile of
@@ -453,13 +472,26 @@ class Schedule:
         `intrinsic` is the mma row ("auto": the one for the operands' dtype), or "wgmma" (or a
         wgmma row) for the Hopper kernel: BM/64 warpgroups, `warps` = (4·BM/64, 1), k_tile 64,
         A and B read by wgmma from 128B-swizzled shared tiles (tensorize_wgmma.py; sm_90a). It
-        must be the first primitive applied to the stage's kernel (tecc/passes/schedule/tensorize.py)."""
+        must be the first primitive applied to the stage's kernel (tecc/passes/schedule/tensorize.py).
+        `producer` (wgmma only): "threads" (every thread issues cp.async into the ring) or "tma"
+        (a producer warpgroup issues TMA tile copies into an mbarrier ring drained by the
+        consumer warpgroups: tensorize_wgmma_tma.py); `persistent` > 0 (with "tma"): that many
+        blocks loop over the output tiles in a grouped (L2-friendly) order."""
         st = self._stage(stage)
         bm, bn = (int(x) for x in block)
         wm, wn = (int(x) for x in warps)
         tiling = prim.Tiling(bm, bn, wm, wn, int(k_tile), int(stages))
         step = Step("tensorize", {"stage": str(st), "intrinsic": intrinsic, "block": [bm, bn], "warps": [wm, wn],
                                   "k_tile": int(k_tile), "stages": int(stages)})
+        if producer != "threads":  # recorded only when not the default, so earlier plans replay unchanged
+            if not intrinsic.startswith("wgmma"):
+                raise ScheduleError(f"tensorize({st.name}): producer {producer!r} needs intrinsic='wgmma'")
+            step.args["producer"] = producer
+            if persistent:
+                step.args["persistent"] = int(persistent)
+            self._apply(st.kernel, step, lambda f: prim.tensorize_wgmma(f, st.name, intrinsic, tiling,
+                                                                        producer=producer, persistent=int(persistent)))
+            return
         self._apply(st.kernel, step, lambda f: prim.tensorize(f, st.name, intrinsic, tiling))
 
     def flatten_contraction(self, stage: StageLike) -> None:

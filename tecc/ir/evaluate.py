@@ -28,7 +28,7 @@ _BIN: dict[str, Callable[[Any, Any], Any]] = {
 _CMP: dict[str, Callable[[Any, Any], bool]] = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
         ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
 
-_HOST_MATH = {"sin_approx": "sin", "cos_approx": "cos"}  # the intrinsic -> its `math` function
+_HOST_MATH = {"sin_approx": "sin", "cos_approx": "cos", "exp2_approx": "exp2"}  # the intrinsic -> its `math` function
 
 
 def evaluate(e: Expr, env: Mapping[Var, int | float | bool]) -> int | float | bool:

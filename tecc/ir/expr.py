@@ -414,7 +414,12 @@ INTRINSICS = FLOAT_INTRINSICS + ("abs",)
 #       computed in float32 and rounded back, like every intrinsic); float64 is refused.
 # Meant for values that are rounded to a 16-bit float right away, where that error is far
 # below half an ulp; a float32 result that is kept needs the precise sin.
-APPROX_INTRINSICS = ("sin_approx", "cos_approx")
+#   exp2_approx(x) -- 2^x by PTX `ex2.approx.ftz.f32` (one MUFU.EX2): relative error about
+#       2^-22 (PTX ISA, "ex2"), a subnormal argument or result flushed to zero; float32 only
+#       in effect (16-bit arguments are computed in float32). exp2f instead spends three more
+#       instructions per call on the subnormal range. Written by rewrites that sum or round
+#       the result (the softmax weights of the tensor-core attention kernel).
+APPROX_INTRINSICS = ("sin_approx", "cos_approx", "exp2_approx")
 
 # Warp intrinsics (loop IR only), with CUDA's semantics over the 32 lanes of a warp, all lanes
 # active (mask 0xffffffff) and width 32:

@@ -477,6 +477,37 @@ def proves(cond: Expr, loops: Sequence[LoopDim], context: Sequence[Expr] = ()) -
     return bool(isl.Set(f"[{', '.join(params)}] -> {{ [{', '.join(dims)}] : {' and '.join(cons)} }}").is_empty())
 
 
+def affine_coefficients(e: Expr, variables: Sequence[Var]) -> tuple[int, ...] | None:
+    """The integer coefficients c_k of `e` = Σ c_k · variables[k] + rest, where `rest` (which is
+    `e` with every variable set to 0) is free of them, when `e` is quasi-affine and no floor,
+    modulo, min or max involves one of `variables`; None otherwise (isl decides: the affine form
+    of the text has a single piece and no division touching those dimensions)."""
+    names = _Names()
+    dims = [names(v) for v in variables]
+    t = affine_text(e, names)
+    if t is None:
+        return None
+    params = [n for n in names.by_var.values() if n not in dims]
+    piece = isl.PwAff(f"[{', '.join(params)}] -> {{ [{', '.join(dims)}] -> [({t})] }}")
+    if piece.n_piece() != 1:
+        return None
+    affs: list[isl.Aff] = []
+    piece.foreach_piece(lambda _set, aff: affs.append(aff))
+    (aff,) = affs
+    for k in range(aff.dim(isl.dim_type.div)):
+        div = aff.get_div(k)
+        if any(not div.get_coefficient_val(isl.dim_type.in_, n).is_zero() for n in range(len(dims))) \
+                and not aff.get_coefficient_val(isl.dim_type.div, k).is_zero():
+            return None
+    out: list[int] = []
+    for n in range(len(dims)):
+        c = aff.get_coefficient_val(isl.dim_type.in_, n)
+        if not c.is_int():
+            return None
+        out.append(int(c.to_python()))
+    return tuple(out)
+
+
 def _strict_constraints(loops: Sequence[LoopDim], conditions: Sequence[Expr], names: _Names) -> list[str] | None:
     """The loop ranges and `conditions` as isl constraints; None when any is not Presburger
     (unlike `StmtSpace.constraints`, nothing is dropped: the callers below need the exact set,

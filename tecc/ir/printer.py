@@ -49,6 +49,7 @@ from .stmt import (
     SetMaxRegisters,
     SharedMatrix,
     Stmt,
+    TensorCopy,
     WarpgroupCommit,
     WarpgroupFence,
     WarpgroupMatrixMultiply,
@@ -56,7 +57,7 @@ from .stmt import (
 )
 
 _HOPPER = (WarpgroupMatrixMultiply, WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence, BarrierInit,
-           BarrierArrive, BarrierExpectTx, BarrierWait, BulkCopy, SetMaxRegisters)
+           BarrierArrive, BarrierExpectTx, BarrierWait, BulkCopy, SetMaxRegisters, TensorCopy)
 
 # Higher binds tighter.
 _PREC = {"||": 1, "&&": 2, "|": 3, "^": 4, "&": 5, "==": 6, "!=": 6, "<": 7, "<=": 7, ">": 7, ">=": 7,
@@ -236,6 +237,10 @@ def _hopper_stmt(s: Stmt) -> str:
         dst = ", ".join(_expr(i) for i in s.dst_indices)
         src = ", ".join(_expr(i) for i in s.src_indices)
         return f"cp.async.bulk {s.bytes}B {s.dst.name}[{dst}] <- {s.src.name}[{src}] completes {s.bar}"
+    if isinstance(s, TensorCopy):
+        dst = ", ".join(_expr(i) for i in s.dst_indices)
+        coords = ", ".join(_expr(i) for i in s.coords)
+        return f"tma.load {s.bytes}B {s.dst.name}[{dst}] <- {s.map}[{coords}] completes {s.bar}"
     names = {WarpgroupFence: "wgmma.fence()", WarpgroupCommit: "wgmma.commit_group()",
              AsyncProxyFence: "fence.proxy.async()"}
     return names[type(s)]

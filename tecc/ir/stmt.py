@@ -430,6 +430,9 @@ from .mbarrier_stmt import BarrierRef as BarrierRef  # noqa: E402
 from .mbarrier_stmt import BarrierWait as BarrierWait  # noqa: E402
 from .mbarrier_stmt import BulkCopy as BulkCopy  # noqa: E402
 from .warpgroup_stmt import SetMaxRegisters as SetMaxRegisters  # noqa: E402
+from .tma_stmt import TensorCopy as TensorCopy  # noqa: E402
+from .tma_stmt import TensorMap as TensorMap  # noqa: E402
+from .tma_stmt import tensor_maps as tensor_maps  # noqa: E402
 from .warpgroup_stmt import SharedMatrix as SharedMatrix  # noqa: E402
 from .warpgroup_stmt import WarpgroupCommit as WarpgroupCommit  # noqa: E402
 from .warpgroup_stmt import WarpgroupFence as WarpgroupFence  # noqa: E402

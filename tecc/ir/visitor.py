@@ -53,6 +53,7 @@ from .stmt import (
     SetMaxRegisters,
     SharedMatrix,
     Stmt,
+    TensorCopy,
     WarpgroupCommit,
     WarpgroupFence,
     WarpgroupMatrixMultiply,
@@ -64,7 +65,7 @@ _LEAVES = (Barrier, AsyncCommit, AsyncWait, WarpgroupFence, WarpgroupCommit, War
            SetMaxRegisters)
 # Statements whose expressions `matrix_stmt_exprs` lists.
 _MATRIX = (MatrixMultiply, MatrixLoad, AsyncCopy, WarpgroupMatrixMultiply, BarrierInit, BarrierArrive,
-           BarrierExpectTx, BarrierWait, BulkCopy)
+           BarrierExpectTx, BarrierWait, BulkCopy, TensorCopy)
 
 
 def _method(obj: Any, prefix: str, node: Any) -> Callable[[Any], Any]:
@@ -256,6 +257,9 @@ class StmtVisitor:
     def visit_SetMaxRegisters(self, s: SetMaxRegisters) -> Any:
         return self.generic_visit(s)
 
+    def visit_TensorCopy(self, s: TensorCopy) -> Any:
+        return self.generic_visit(s)
+
 
 def matrix_stmt_exprs(s: Stmt) -> list[Expr]:
     """The expressions a matrix-level statement holds: fragment offsets, addresses, predicate,
@@ -272,6 +276,8 @@ def matrix_stmt_exprs(s: Stmt) -> list[Expr]:
         return [s.bar.index, s.parity]
     if isinstance(s, BulkCopy):
         return [*s.dst_indices, *s.src_indices, s.bar.index]
+    if isinstance(s, TensorCopy):
+        return [*s.dst_indices, *s.coords, s.bar.index]
     if isinstance(s, MatrixMultiply):
         return [s.d.offset, s.a.offset, s.b.offset, s.c.offset]
     if isinstance(s, MatrixLoad):
@@ -379,6 +385,13 @@ class StmtMutator:
             if bar is s.bar and all(x is y for x, y in zip(di + si, s.dst_indices + s.src_indices)):
                 return s
             return BulkCopy(s.dst, di, s.src, si, s.bytes, bar)
+        if isinstance(s, TensorCopy):
+            di = tuple(self.visit_expr(i) for i in s.dst_indices)
+            co = tuple(self.visit_expr(i) for i in s.coords)
+            bar = self._barrier(s.bar)
+            if bar is s.bar and all(x is y for x, y in zip(di + co, s.dst_indices + s.coords)):
+                return s
+            return TensorCopy(s.dst, di, s.map, co, bar)
         return None
 
     def _shared_matrix(self, ref: SharedMatrix) -> SharedMatrix:
@@ -440,4 +453,7 @@ class StmtMutator:
         return self.generic_visit(s)
 
     def visit_SetMaxRegisters(self, s: SetMaxRegisters) -> Stmt:
+        return self.generic_visit(s)
+
+    def visit_TensorCopy(self, s: TensorCopy) -> Stmt:
         return self.generic_visit(s)

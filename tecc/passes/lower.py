@@ -42,6 +42,7 @@ from ..ir.expr import (
 )
 from ..ir.stmt import (
     Allocate,
+    AsyncCopy,
     Buffer,
     BufferStore,
     Evaluate,
@@ -49,6 +50,7 @@ from ..ir.stmt import (
     IfThenElse,
     KernelCall,
     LetStmt,
+    MatrixLoad,
     Module,
     PrimFunc,
     Stmt,
@@ -347,6 +349,8 @@ def global_buffers(body: Stmt) -> list[Buffer]:
     for s in iter_stmts(body):
         if isinstance(s, BufferStore):
             add(s.buffer)
+        elif isinstance(s, AsyncCopy):
+            add(s.src)
     for e in exprs_of(body):
         for n in walk(e):
             if isinstance(n, BufferLoad):
@@ -370,6 +374,10 @@ def exprs_of(body: Stmt) -> list[Expr]:
             out.append(s.value)
         elif isinstance(s, Allocate):
             out += list(s.buffer.shape)
+        elif isinstance(s, AsyncCopy):
+            out += list(s.dst_indices) + list(s.src_indices) + ([s.predicate] if s.predicate is not None else [])
+        elif isinstance(s, MatrixLoad):
+            out += list(s.src_indices)
     return out
 
 

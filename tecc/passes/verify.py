@@ -25,6 +25,7 @@ from ..ir.stmt import (
     Buffer,
     BufferStore,
     BulkCopy,
+    TensorCopy,
     For,
     IfThenElse,
     LetStmt,
@@ -127,6 +128,10 @@ class _Verifier(StmtVisitor):
 
     def visit_BulkCopy(self, s: BulkCopy) -> None:
         self._in_scope((s.dst, s.src, s.bar.buffer), "cp.async.bulk")
+        self.generic_visit(s)
+
+    def visit_TensorCopy(self, s: TensorCopy) -> None:
+        self._in_scope((s.dst, s.map.buffer, s.bar.buffer), "cp.async.bulk.tensor")
         self.generic_visit(s)
 
     def _barrier_stmt(self, s: BarrierInit | BarrierArrive | BarrierExpectTx | BarrierWait) -> None:

@@ -40,9 +40,13 @@ from ..ir.errors import DeviceError, LaunchError, ResourceError, TeccError
 from ..ir.expr import Var
 from . import arrays
 from .arrays import Argument
-from .host import HostProgram, KernelInfo, resolve_launch, temp_shape
+from .host import HostProgram, KernelInfo, bind_arguments, resolve_launch, temp_shape
 from .marshal import (DEFAULT_ALIGNMENT, ParamSlot, PlannedLaunch, alias_pairs, byte_span, check_aliasing,  # noqa: F401
-                      check_device_arrays, plan_launches, prepare_arguments, scalar_argument)
+                      check_device_arrays, plan_launches, prepare_arguments, scalar_argument, tensor_map_geometry)
+from .tensor_map import EncodedTensorMap, TensorMapSpec, encode_arguments, encode_tensor_map, launch_packed
+
+# Encoded tensor maps an executor keeps (a map per array pointer and shape; cleared when full).
+TENSOR_MAP_CACHE = 256
 
 # Dynamic shared memory a kernel may use per block without opting in: 48 KiB on every
 # architecture since Volta (CUDA C++ Programming Guide, "Shared Memory"); a kernel that needs
@@ -147,6 +151,9 @@ class CachedLaunch:
     config: Any
     params: tuple[Any, ...]
     array_slots: tuple[tuple[int, int], ...]
+    # tensor-map parameters: (position, argument index, spec, shape, strides); encoded for each
+    # hit's pointer (tensor_map.py), from the executor's cache of encoded maps
+    map_slots: tuple[tuple[int, int, TensorMapSpec, tuple[int, ...], tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -260,6 +267,9 @@ class CudaExecutor:
         self._device_ordinal = int(self.device.device_id)
         self._order_event: Any = None  # made on the first hit that must wait on another stream
         self._order_lock = threading.Lock()  # a record and its wait, not interleaved between threads
+        # encoded tensor maps by (spec, pointer, shape, strides) (tensor_map.py)
+        self._tensor_maps: dict[tuple[Any, ...], EncodedTensorMap] = {}
+        self._has_tensor_maps = any(k.tensor_maps for k in self.host.kernels)
 
     def __repr__(self) -> str:
         return f"<CudaExecutor {self.host.name} on {self.arch} kernels={list(self.kernels)}>"
@@ -469,12 +479,12 @@ class CudaExecutor:
         if self.debug_sync or type(self)._launch is not _PLAIN_LAUNCH:
             self.last_launches = []
             for launch in cached.launches:
-                self._launch(launch.info, launch.grid, launch.block, _with_pointers(launch, ptrs))
+                self._launch(launch.info, launch.grid, launch.block, self._with_maps(launch, ptrs))
             return True
         submit = self._submit
         for done, launch in enumerate(cached.launches):
             try:
-                submit(launch.kernel, launch.config, _with_pointers(launch, ptrs))
+                submit(launch.kernel, launch.config, self._with_maps(launch, ptrs))
             except Exception as exc:  # noqa: BLE001 - cuda.core raises CUDAError (driver) or ValueError
                 self.last_launches = list(cached.records[:done])
                 what = describe_launch(self.host.name, launch.info.name, launch.grid, launch.block,
@@ -482,6 +492,13 @@ class CudaExecutor:
                 raise LaunchError(f"{what} failed to launch: {exc}") from exc
         self.last_launches = list(cached.records)
         return True
+
+    def _with_maps(self, launch: CachedLaunch, ptrs: list[int]) -> list[Any]:
+        """`_with_pointers`, and the launch's tensor maps for this call's pointers."""
+        params = _with_pointers(launch, ptrs)
+        for pos, index, spec, shape, strides in launch.map_slots:
+            params[pos] = self._tensor_map(spec, ptrs[index], shape, strides)
+        return params
 
     def _wait_for_stream(self, producer: int) -> None:
         """Order this executor's stream after the work already queued on stream `producer`, as
@@ -538,7 +555,7 @@ class CudaExecutor:
             grid, block = resolve_launch(planned.kernel, env, self.host.name)
             if min(grid) <= 0:
                 continue
-            params = [self._param(slot, pointers, temps, values) for slot in planned.slots]
+            params = [self._param(slot, pointers, temps, values, env) for slot in planned.slots]
             self._launch(planned.kernel, grid, block, params)
             launched.append((planned, grid, block, params))
 
@@ -554,6 +571,9 @@ class CudaExecutor:
         only when every key says what the full path read (`arrays.key_agrees`), so that a later
         call with the same keys passes the same checks."""
         keys, ptrs = found
+        if self._has_tensor_maps and any(slot.kind == "tensor_map" and slot.index < 0
+                                         for planned, *_ in launched for slot in planned.slots):
+            return  # a tensor map of a temporary: its pointer is the allocator's, not a key's
         if not all(arrays.key_agrees(key, ptr, arg) for key, ptr, arg in zip(keys, ptrs, prepared)):
             return
         producer_streams: list[Callable[[int], int]] = []
@@ -563,6 +583,7 @@ class CudaExecutor:
                 producer_streams.append(current_stream)
         from cuda.core import LaunchConfig
 
+        env = bind_arguments(self.host, [arg.info for arg in prepared]) if self._has_tensor_maps else {}
         temp_slot = {}  # followed-stream temporaries: name -> its pointer's index after the arguments'
         if per_call_temps is not None:
             temp_slot = {name: self._arity + t for t, (name, _, _) in enumerate(per_call_temps[1])}
@@ -571,12 +592,14 @@ class CudaExecutor:
             slots = tuple((pos, slot.index) for pos, slot in enumerate(planned.slots) if slot.kind == "array")
             slots += tuple((pos, temp_slot[slot.name]) for pos, slot in enumerate(planned.slots)
                            if slot.kind == "temp" and slot.name in temp_slot)
+            maps = tuple((pos, slot.index, slot.map, *tensor_map_geometry(self.host, slot.name, env))
+                         for pos, slot in enumerate(planned.slots) if slot.kind == "tensor_map")
             template = list(params)
-            for pos, _ in slots:
+            for pos, *_ in slots + maps:
                 template[pos] = None
             config = LaunchConfig(grid=grid, block=block, shmem_size=planned.kernel.dynamic_smem)
             launches.append(CachedLaunch(planned.kernel, self.kernels[planned.kernel.name], grid, block, config,
-                                         tuple(template), slots))
+                                         tuple(template), slots, maps))
         cached = CachedCall(
             tuple(launches),
             needs=tuple(max(self.alignment, arg.info.dtype.bytes) for arg in prepared),
@@ -675,12 +698,31 @@ class CudaExecutor:
             sizes.append((temp.name, nbytes, bool(temp.zero_init)))
         return pointers, owners, tuple(sizes)
 
-    def _param(self, slot: ParamSlot, pointers: list[int], temps: dict[str, int], values: dict[str, int]) -> Any:
+    def _param(self, slot: ParamSlot, pointers: list[int], temps: dict[str, int], values: dict[str, int],
+               env: dict[Var, int] | None = None) -> Any:
         if slot.kind == "array":
             return pointers[slot.index]
         if slot.kind == "temp":
             return temps[slot.name]
+        if slot.kind == "tensor_map":
+            assert slot.map is not None and env is not None
+            ptr = pointers[slot.index] if slot.index >= 0 else temps[slot.name]
+            shape, strides = tensor_map_geometry(self.host, slot.name, env)
+            return self._tensor_map(slot.map, ptr, shape, strides)
         return scalar_argument(slot.dtype, values[slot.name])
+
+    def _tensor_map(self, spec: TensorMapSpec, ptr: int, shape: tuple[int, ...],
+                    strides: tuple[int, ...]) -> EncodedTensorMap:
+        """The encoded map of `spec` for this array, encoded once per (pointer, shape, strides)."""
+        key = (spec, ptr, shape, strides)
+        found = self._tensor_maps.get(key)
+        if found is None:
+            where = f"{self.host.name}: tensor map of {spec.param}"
+            found = encode_tensor_map(encode_arguments(spec, ptr, shape, strides, where), where)
+            if len(self._tensor_maps) >= TENSOR_MAP_CACHE:
+                self._tensor_maps.clear()
+            self._tensor_maps[key] = found
+        return found
 
     def _launch(self, info: KernelInfo, grid: tuple[int, int, int], block: tuple[int, int, int],
                 params: list[Any]) -> None:
@@ -711,6 +753,11 @@ class CudaExecutor:
             from cuda.core import launch
 
             _cuda_core_launch = launch
+        if any(isinstance(p, EncodedTensorMap) for p in params):
+            # cuda.core's launch takes no raw by-value structure: the driver's cuLaunchKernel does
+            launch_packed(int(self.stream.handle), kernel.handle, _dims(config.grid), _dims(config.block),
+                          int(config.shmem_size or 0), params)
+            return
         _cuda_core_launch(self.stream, config, kernel, *params)
 
     def _finish_host_call(self, prepared: list[Argument], staged: list[Any]) -> None:
@@ -749,6 +796,12 @@ def _with_pointers(launch: CachedLaunch, ptrs: list[int]) -> list[Any]:
     for pos, index in launch.array_slots:
         params[pos] = ptrs[index]
     return params
+
+
+def _dims(value: Any) -> tuple[int, int, int]:
+    """A LaunchConfig's grid or block as three ints."""
+    dims = tuple(int(v) for v in (value if isinstance(value, (tuple, list)) else (value,)))
+    return dims + (1,) * (3 - len(dims))  # type: ignore[return-value]
 
 
 def _kernel_attribute(kernel: Any, name: str) -> Any:

@@ -27,7 +27,8 @@ from ..ir.serialize import (
     param_from_json,
     param_to_json,
 )
-from ..ir.stmt import Buffer, BufferStore, KernelParam, Module, iter_stmts, launch_dims
+from ..ir.stmt import Buffer, BufferStore, KernelParam, Module, iter_stmts, launch_dims, tensor_maps
+from .tensor_map import TensorMapSpec
 
 # Largest grid dimensions of CUDA (compute capability >= 3.0).
 MAX_GRID = (2**31 - 1, 65535, 65535)
@@ -42,6 +43,8 @@ class KernelInfo:
     grid: tuple[Expr, Expr, Expr]
     block: tuple[int, int, int]
     dynamic_smem: int = 0
+    # by-value tensor maps after `params`, in this order (tensor_map.py; TMA copies)
+    tensor_maps: tuple[TensorMapSpec, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,9 @@ class HostProgram:
         written: set[str] = set()
         for k in module.kernels:
             dims = launch_dims(k)
-            kernels.append(KernelInfo(k.name, k.params, dims.grid, dims.block, (dynamic_smem or {}).get(k.name, 0)))
+            maps = tuple(TensorMapSpec(m.buffer.name, m.buffer.dtype, m.box, m.swizzle) for m in tensor_maps(k))
+            kernels.append(KernelInfo(k.name, k.params, dims.grid, dims.block, (dynamic_smem or {}).get(k.name, 0),
+                                      maps))
         for call in module.calls:
             func = module.kernel(call.kernel)
             by_param = {id(p): a for p, a in zip(func.params, call.args)}
@@ -106,6 +111,7 @@ class HostProgram:
                     "grid": [expr_to_json(g) for g in k.grid],
                     "block": list(k.block),
                     "dynamic_smem": k.dynamic_smem,
+                    **({"tensor_maps": [m.to_json() for m in k.tensor_maps]} if k.tensor_maps else {}),
                 }
                 for k in self.kernels
             ],
@@ -125,6 +131,7 @@ class HostProgram:
                 tuple(expr_from_json(g, table) for g in k["grid"]),  # type: ignore[arg-type]
                 tuple(k["block"]),  # type: ignore[arg-type]
                 k.get("dynamic_smem", 0),
+                tuple(TensorMapSpec.from_json(m) for m in k.get("tensor_maps", ())),
             )
             for k in j["kernels"]
         )

@@ -21,6 +21,7 @@ from ..ir.stmt import Buffer
 from . import arrays
 from .arrays import Argument
 from .host import ArrayInfo, HostProgram, KernelInfo, bind_arguments
+from .tensor_map import TensorMapSpec
 
 # Base alignment the generated code may assume of every global buffer: codegen turns contiguous
 # float32/int32 accesses into 16-byte vector accesses (float4, int4) assuming 16-byte-aligned
@@ -46,12 +47,15 @@ class ParamSlot:
 
     kind 'array': the data pointer of argument `index` (in `host.buffer_params` order);
     kind 'temp': the data pointer of the temporary `name`;
-    kind 'scalar': the bound value of the size/stride variable `name`, passed as `dtype`."""
+    kind 'scalar': the bound value of the size/stride variable `name`, passed as `dtype`;
+    kind 'tensor_map': the tensor map `map` of the array (index >= 0) or temporary (index -1)
+    `name`, encoded from its pointer and shape at the launch (tensor_map.py)."""
 
     kind: str
     name: str
     index: int = -1
     dtype: DType = dt.int32
+    map: TensorMapSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,13 @@ def plan_launches(host: HostProgram) -> tuple[PlannedLaunch, ...]:
                 if param.dtype not in _SCALAR_TYPES:
                     raise TeccError(f"{where}: scalar parameters of dtype {param.dtype} are not supported")
                 slots.append(ParamSlot("scalar", name, dtype=param.dtype))
+        by_param = {p.name: a for p, a in zip(info.params, call.args) if isinstance(p, Buffer)}
+        for spec in info.tensor_maps:
+            name = by_param.get(spec.param)
+            if name is None:
+                raise TeccError(f"{host.name}: kernel {info.name} has a tensor map of {spec.param!r}, which is not one "
+                                "of its buffer parameters")
+            slots.append(ParamSlot("tensor_map", name, index=by_name[name][0] if name in by_name else -1, map=spec))
         planned.append(PlannedLaunch(info, tuple(slots)))
     return tuple(planned)
 
@@ -201,6 +212,21 @@ def check_aliasing(host: HostProgram, prepared: Sequence[Argument]) -> None:
                 f"memory, and the kernel writes {written}; its pointers are __restrict__, so pass arrays that do not "
                 "share memory (e.g. a fresh output, or x.clone() of the input)"
             )
+
+
+def tensor_map_geometry(host: HostProgram, name: str, env: dict[Var, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shape and strides (elements) of the array or temporary `name` under the bound variables:
+    what its tensor map is encoded from (arguments were checked against exactly these)."""
+    from ..ir.evaluate import evaluate_int
+    from .host import contiguous_strides
+
+    buf = next((b for b in host.buffer_params if b.name == name), None)
+    if buf is None:
+        buf = next(t for t in host.temps if t.name == name)
+    shape = tuple(evaluate_int(n, env) for n in buf.shape)
+    strides = (tuple(evaluate_int(s, env) for s in buf.strides) if buf.strides is not None
+               else contiguous_strides(shape))
+    return shape, strides
 
 
 def scalar_argument(dtype: DType, value: int) -> Any:

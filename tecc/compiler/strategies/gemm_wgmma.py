@@ -13,7 +13,16 @@ shows the best of each.
 
 Point: BM ∈ {64, 128} (1 or 2 consumer warpgroups), BN ∈ {64, 128, 256}, stages ∈ 2..5, with
 stages · (BM + BN) · 64 · 2 bytes of ring (+ 1024 bytes of alignment slack) within the opt-in
-shared-memory limit.
+shared-memory limit; and load ∈ {"cp.async", "tma"}, the rung:
+- "cp.async" (the first rung): every thread issues 16-byte cp.async copies into the ring, one
+  __syncthreads and proxy fence per k tile (tensorize_wgmma.py);
+- "tma" (the second rung): warp specialization -- one producer warpgroup issues a TMA tile copy
+  per operand and k tile into an mbarrier ring (expect-tx on full barriers), the consumer
+  warpgroups wait on them and release stages through empty barriers, setmaxnreg moves registers
+  to the consumers (tensorize_wgmma_tma.py). Offered only when both operands suit TMA
+  (`tma_refusal_for`: every index a plain loop variable -- no implicit-GEMM gather, no
+  padding --, strides fixed at compile time, rows a multiple of 16 bytes); otherwise the
+  point is not in the space and explain says why.
 
 Workload for the cost model (the structure of gemm_tensor_core's, fitted there on an H200; the
 wgmma constants are assumed until this path is timed):
@@ -32,6 +41,17 @@ wgmma constants are assumed until this path is timed):
   not cover. The tensor pipe idles only while every resident block stalls at once;
 - registers: BN / 2 f32 accumulators, addressing and the copy state (as gemm_tensor_core), and
   the two 64-bit descriptors; ptxas stayed at or below this estimate on every tested point.
+- the TMA rung differs in: no per-thread copy instructions or copy addresses (the producer
+  thread's few instructions per k tile are off the consumers' issue slots), no __syncthreads or
+  proxy fence per k tile (TMA_SYNC_CYCLES for the mbarrier wait and release instead of
+  WGMMA_SYNC_CYCLES), S - 1 tiles ahead (the refill does not wait for this iteration's wgmma),
+  one more warpgroup per block (128 threads), and with two consumer warpgroups the registers of
+  __launch_bounds__(384): 168 per thread at launch, the consumers raised to 232 by setmaxnreg.
+- a TMA point may carry "persistent": P (rung 4: P blocks loop over the output tiles in a
+  grouped order, tensorize_wgmma_tma.py step 5). The space does not enumerate it yet and the
+  workload prices it as one block per tile: it is reached by an explicit plan or
+  `benchmarks/gemm.py --sweep --sweep-strategy gemm_wgmma --load tma --persistent` until it is
+  timed.
 """
 
 from __future__ import annotations
@@ -76,17 +96,57 @@ WGMMA_SYNC_CYCLES = 300.0
 # A 2-stage ring waits for all its wgmmas each k tile (wait_group 0): the wgmma's latency from
 # issue to completion is then paid per tile. Assumed (about one m64n256k16's latency), not fitted.
 WGMMA_DRAIN_CYCLES = 128.0
+# The TMA ring's per-k-tile synchronization on the consumers' path: an mbarrier try_wait that
+# usually finds its phase complete, and one arrive per warp. Assumed, not fitted.
+TMA_SYNC_CYCLES = 60.0
+LOADS = ("cp.async", "tma")
+PRODUCER_THREADS = 128
+TMA_LAUNCH_REGISTERS = 168   # 65536 / 384 rounded down to 8: two consumer warpgroups and the producer
+
+
+def load_of(point: Point) -> str:
+    """The point's rung: "cp.async" (plans made before the TMA rung have no "load") or "tma"."""
+    return str(point.get("load", "cp.async"))
 
 
 def shared_bytes(point: Point) -> int:
-    """The ring's bytes plus the slack the kernel uses to align it to 1024 bytes."""
-    return int(point["stages"]) * (int(point["bm"]) + int(point["bn"])) * K_TILE * 2 + DESCRIPTOR_ALIGNMENT
+    """The ring's bytes plus the slack the kernel uses to align it to 1024 bytes (and the TMA
+    ring's two mbarriers per stage)."""
+    stages = int(point["stages"])
+    barriers = 2 * 8 * stages if load_of(point) == "tma" else 0
+    return stages * (int(point["bm"]) + int(point["bn"])) * K_TILE * 2 + DESCRIPTOR_ALIGNMENT + barriers
 
 
-def in_flight(stages: int) -> tuple[int, int]:
-    """(wgmma groups left in flight, tiles loaded ahead) of a ring of `stages` (tensorize_wgmma)."""
+def in_flight(stages: int, load: str = "cp.async") -> tuple[int, int]:
+    """(wgmma groups left in flight, tiles loaded ahead) of a ring of `stages` (tensorize_wgmma;
+    the TMA ring always keeps one group in flight and refills as soon as a stage is released)."""
+    if load == "tma":
+        return 1, stages - 1
     pending = 1 if stages >= 3 else 0
     return pending, stages - 1 - pending
+
+
+def tma_refusal_for(info: KernelInfo) -> str | None:
+    """Why the TMA rung cannot load this contraction's operands, or None (module docstring); the
+    analysis-level mirror of tensorize_wgmma_tma.tma_refusal, which tensorize checks again."""
+    view = gemm_view(info)
+    if isinstance(view, str):
+        return view
+    if view.gathered or len(info.reduction) != 1:
+        return "the reduction is several axes (an implicit GEMM gathers its operands; cp.async serves it)"
+    for role, x in (("A", view.a), ("B", view.b)):
+        if x.buffer in info.strided_inputs:
+            return f"operand {role} ({x.buffer}) has strides that are kernel parameters (a tensor map needs them at launch)"
+        if x.buffer == (view.b if role == "A" else view.a).buffer:
+            return f"A and B are the same buffer {x.buffer} (one tensor map per buffer)"
+        if not x.per_dim or any(d is None or len(d.coeff) != 1 or d.coeff[0][1] != 1 or d.const for d in x.per_dim):
+            return f"operand {role} ({x.buffer}) is not indexed by plain loop variables (TMA copies boxes)"
+        if len({d.coeff[0][0] for d in x.per_dim if d is not None}) != len(x.per_dim):
+            return f"operand {role} ({x.buffer}) uses one loop variable in two dimensions"
+        if len(x.dims) >= 2 and (x.dims[-1] * x.itemsize) % 16:
+            return (f"operand {role} ({x.buffer}): rows of {x.dims[-1]} elements are not a multiple of 16 bytes "
+                    "(TMA's stride alignment)")
+    return None
 
 
 def wgmma_registers(bm: int, bn: int, sizes: tuple[int, int] = (8, 8)) -> dict[str, int]:
@@ -107,6 +167,15 @@ def wgmma_registers(bm: int, bn: int, sizes: tuple[int, int] = (8, 8)) -> dict[s
     return parts
 
 
+def tma_registers(bm: int, bn: int) -> dict[str, int]:
+    """Registers per thread of the TMA rung at launch: the consumers' accumulators, addressing
+    and descriptors (no copy state); with two consumer warpgroups __launch_bounds__(384) and
+    setmaxnreg make ptxas allocate the launch-bound cap (TMA_LAUNCH_REGISTERS) for all."""
+    if bm // 64 == 2:
+        return {"launch bound (setmaxnreg)": TMA_LAUNCH_REGISTERS}
+    return {"accumulators": bn // 2, "addressing": ADDRESSING, "descriptors": 4}
+
+
 def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: int,
                    registers: int) -> tuple[float, int, float]:
     """Cycles one SM spends on one round of its resident blocks, the resident blocks, and the
@@ -114,15 +183,20 @@ def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_til
     docstring: the wgmma ring's stall is what its in-flight group does not cover)."""
     bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
     groups = bm // 64
+    load = load_of(point)
     alloc = max(8, -(-registers // 8) * 8)
-    occ = occupancy(target, WARPGROUP * groups, alloc, shared_bytes(point))
+    threads = WARPGROUP * groups + (PRODUCER_THREADS if load == "tma" else 0)
+    occ = occupancy(target, threads, alloc, shared_bytes(point))
     resident = max(1, min(occ.blocks_per_sm, -(-blocks // target.sm_count)))
     per_clock = rate / target.sm_count / target.clock_hz
     wgmma = 2.0 * bm * bn * K_TILE / max(per_clock, 1e-9)
     wavefronts = (groups * (64 + bn) + bm + bn) * K_TILE * 2 / SMEM_WAVEFRONT_BYTES
     tile = max(wgmma, wavefronts * SMEM_WEIGHT)
-    pending, ahead = in_flight(stages)
-    sync = WGMMA_SYNC_CYCLES + WGMMA_DRAIN_CYCLES if pending == 0 else max(0.0, WGMMA_SYNC_CYCLES - tile)
+    pending, ahead = in_flight(stages, load)
+    if load == "tma":
+        sync = max(0.0, TMA_SYNC_CYCLES - tile)
+    else:
+        sync = WGMMA_SYNC_CYCLES + WGMMA_DRAIN_CYCLES if pending == 0 else max(0.0, WGMMA_SYNC_CYCLES - tile)
     stall = sync + LOADED_LATENCY_CYCLES * math.exp(-max(ahead, 0) * tile * resident / LOADED_LATENCY_CYCLES)
     idle = (stall / (tile + stall)) ** resident
     return k_tiles * resident * tile / (1.0 - idle), resident, idle
@@ -143,19 +217,21 @@ class GemmWgmma(Strategy):
         view = gemm_view(info)   # the GEMM's M and N (an implicit GEMM's axis groups, docs/conv.md)
         assert not isinstance(view, str)
         m, n = view.m, view.n
-        for bm, bn, stages in product(BLOCK_M, BLOCK_N, STAGES):
+        loads = LOADS if tma_refusal_for(info) is None else LOADS[:1]
+        for load, bm, bn, stages in product(loads, BLOCK_M, BLOCK_N, STAGES):
             if (bm >= 2 * m and bm > BLOCK_M[0]) or (bn >= 2 * n and bn > BLOCK_N[0]):
                 continue  # a tile twice the matrix leaves half its warpgroups idle
-            point = {"bm": bm, "bn": bn, "stages": stages}
+            point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
             if shared_bytes(point) > target.smem_per_block_optin:
                 continue
             yield point
 
     def workload(self, info: KernelInfo, point: Point, target: Target) -> Workload:
         bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
+        load = load_of(point)
         bk = K_TILE
         groups = bm // 64
-        threads = WARPGROUP * groups
+        threads = WARPGROUP * groups + (PRODUCER_THREADS if load == "tma" else 0)
         view = gemm_view(info)
         assert not isinstance(view, str)
         batch, m, n, k = view.batch, view.m, view.n, view.k
@@ -164,25 +240,37 @@ class GemmWgmma(Strategy):
         a_bytes, b_bytes = 2.0 * m * k * batch, 2.0 * k * n * batch
         out_bytes = float(m * n * batch * info.write.itemsize)
         l2 = a_bytes * col_tiles + b_bytes * row_tiles + out_bytes
-        sizes = copy_sizes(info)
-        copies = sum(tile // size // threads for tile, size in ((bm * bk, sizes[0]), (bn * bk, sizes[1])) if size)
-        staged = sum(tile // threads for tile, size in ((bm * bk, sizes[0]), (bn * bk, sizes[1])) if not size)
+        sizes = copy_sizes(info) if load == "cp.async" else (0, 0)
+        tiles = ((bm * bk, sizes[0]), (bn * bk, sizes[1]))
+        copies = 0 if load == "tma" else sum(tile // size // threads for tile, size in tiles if size)
+        staged = 0 if load == "tma" else sum(tile // threads for tile, size in tiles if not size)
         warps = blocks * groups * 4
         wgmma = blocks * groups * k_tiles * (bk // 16)
         # gathered (implicit GEMM) reduction indices: a div/mod pair per extra axis (gemm_tensor_core)
-        instructions = (wgmma + blocks * k_tiles * groups * 4 * ((copies + staged) * (6 + 4 * view.gathered) + 12)
-                        + warps * (bn // 2) * (4 + info.epilogue_flops))
+        if load == "tma":
+            # consumers: a wait, the wgmmas and a release per k tile; the producer thread's
+            # expect-tx and copies run on its own warp, outside the consumers' issue slots
+            instructions = wgmma + blocks * k_tiles * groups * 4 * 8 + warps * (bn // 2) * (4 + info.epilogue_flops)
+        else:
+            instructions = (wgmma + blocks * k_tiles * groups * 4 * ((copies + staged) * (6 + 4 * view.gathered) + 12)
+                            + warps * (bn // 2) * (4 + info.epilogue_flops))
         rate = target.tensor_flops.get("float16", 0.0) * WGMMA_FRACTION
-        registers = wgmma_registers(bm, bn, sizes)
+        registers = wgmma_registers(bm, bn, sizes) if load == "cp.async" else tma_registers(bm, bn)
         chain, resident, idle = wgmma_sm_chain(target, rate, point, blocks, k_tiles, sum(registers.values()))
-        pending, ahead = in_flight(stages)
+        pending, ahead = in_flight(stages, load)
         # wgmma reads every warpgroup's A tile and the whole B tile once per k tile per warpgroup
         smem_reads = blocks * k_tiles * groups * (64 + bn) * bk * 2
         smem_writes = blocks * k_tiles * (bm + bn) * bk * 2
-        notes = [f"wgmma.m64n{bn}k16 on {groups} warpgroup(s), {stages}-stage cp.async ring of 64-wide k tiles "
+        ring = ("TMA producer warpgroup, mbarrier ring" if load == "tma" else "cp.async ring")
+        notes = [f"wgmma.m64n{bn}k16 on {groups} warpgroup(s), {stages}-stage {ring} of 64-wide k tiles "
                  f"({ahead} ahead, {pending} wgmma group in flight)",
                  "A and B read by wgmma from 128B-swizzled shared tiles (no ldmatrix)",
                  f"{resident} block(s) per SM share the tensor pipe: idle {idle:.0%} of each k tile"]
+        if point.get("persistent"):
+            notes.append(f"persistent grid of {int(point['persistent'])} blocks (priced as one block per tile)")
+        refusal = tma_refusal_for(info) if load == "cp.async" else None
+        if refusal is not None:
+            notes.append(f"the TMA rung is not offered: {refusal}")
         return Workload(
             blocks=blocks, threads=threads, registers=registers,
             smem_bytes=shared_bytes(point), smem_opt_in=True,
@@ -196,11 +284,20 @@ class GemmWgmma(Strategy):
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
         bm = int(point["bm"])
+        producer: dict[str, Any] = {"cp.async": {}, "tma": {"producer": "tma"}}[load_of(point)]
+        if point.get("persistent"):  # not in the space yet: a plan or a sweep may ask for it (module docstring)
+            producer["persistent"] = int(point["persistent"])
         sch.tensorize(info.stage, intrinsic="wgmma", block=(bm, int(point["bn"])), warps=(4 * (bm // 64), 1),
-                      k_tile=K_TILE, stages=int(point["stages"]))
+                      k_tile=K_TILE, stages=int(point["stages"]), **producer)
 
     def describe(self, point: Point) -> str:
         bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
+        if load_of(point) == "tma":
+            persistent = (f", persistent grid of {int(point['persistent'])} blocks in grouped tile order"
+                          if point.get("persistent") else "")
+            return (f"gemm_wgmma(wgmma.m64n{bn}k16 f32 accumulators, block {bm}x{bn}, {bm // 64} consumer "
+                    f"warpgroup(s) + 1 TMA producer warpgroup, k-tile {K_TILE}, {stages} TMA stages{persistent}; "
+                    "rung: wgmma + TMA + mbarrier ring, warp-specialized, 128B swizzle)")
         return (f"gemm_wgmma(wgmma.m64n{bn}k16 f32 accumulators, block {bm}x{bn}, {bm // 64} warpgroup(s), "
                 f"k-tile {K_TILE}, {stages} cp.async stages; rung: wgmma + cp.async ring, 128B swizzle)")
 

@@ -14,9 +14,16 @@ recovers. The point:
   (C = 64..256: 2..8 registers per lane for the partial output);
 * ROWS_PER_BLOCK = 4: 128 threads per block, a 4 × 32 tile of scores in shared memory.
 
-No cost-model prediction ranks it against the unfused kernels yet: the SIMT kernel re-reads K
-and V per query row (from L2), which the tensor-core form with K/V tiles staged in shared memory
-per head will remove (docs/attention.md, what is left).
+When both contractions have float16/bfloat16 operands and constant head dims (powers of two,
+16..128), `propose_mma` proposes the tensor-core kernel first (online_contraction_mma: mma.sync,
+K/V tiles staged per block in shared memory): 64 query rows per block (4 warps, 16 rows each),
+key tiles of 64 (of 32 when a head dim is 128, where the 64-key tile takes all 255 registers a
+thread may hold: ~210 at 32 keys), the first tiling of `mma_tilings` that ptxas compiles for the
+target's arch without spilling (its heuristics spill a value or two at d = 32 with 64 x 64, for
+instance, where 128 x 64 fits in 120 registers). The SIMT plan's reason then
+says why the tensor-core form does not apply (float32 operands, a symbolic or odd head dim ..).
+No cost-model prediction ranks either against the unfused kernels: unfused, the chain writes and
+re-reads an O(S²) score matrix, which no choice of tiles for the unfused kernels recovers.
 """
 
 from __future__ import annotations
@@ -24,14 +31,36 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ...ir.errors import ScheduleError
+from ...codegen import KernelResources, compile_cuda, default_arch, emit_source
+from ...ir.errors import ScheduleError, TeccError
 from ...ir.expr import const_int
 from ...ir.tensor import Tensor
 from ...passes.rewrite.online_contraction import online_chain
+from ...passes.rewrite.online_contraction_mma import describe_skipping, online_contraction_mma, tensor_core_chain
 from ..plan import Plan, Step
 
 THREADS = 32
 ROWS_PER_BLOCK = 4
+MMA_MIN_ARCH = 80  # mma.sync.m16n8k16, ldmatrix and cp.async: sm_80
+
+
+def _arch_number(target: Any) -> int | None:
+    if isinstance(target, str) and target.startswith("sm_"):
+        digits = "".join(ch for ch in target[3:] if ch.isdigit())
+        return int(digits) if digits else None
+    return None
+
+
+def _why_not_mma(tensors: Sequence[Tensor], target: Any) -> str | None:
+    """None when the tensor-core kernel applies, else the reason."""
+    try:
+        tensor_core_chain(online_chain(tensors))
+    except ScheduleError as exc:
+        return str(exc)
+    arch = _arch_number(target)
+    if arch is not None and arch < MMA_MIN_ARCH:
+        return f"online_contraction_mma: {target} has no mma.m16n8k16 / cp.async (sm_80 or newer)"
+    return None
 
 
 @dataclass
@@ -51,12 +80,82 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> OnlineContractionC
         return None
     if const_int(chain.columns) is None:
         return None  # the partial output lives in registers: a constant column extent is needed
+    why_not = _why_not_mma(tensors, target)
     reason = (f"{chain.output.name}: a contraction over the axis of the row statistics {chain.m.name} (max) and "
               f"{chain.l.name} (sum of exp) in one pass with a running max, no score temporary of "
-              f"[{', '.join(map(str, chain.rows))}] x {chain.keys}; {ROWS_PER_BLOCK} rows per block, {THREADS} lanes per row, key tiles of {THREADS}")
+              f"[{', '.join(map(str, chain.rows))}] x {chain.keys}; {ROWS_PER_BLOCK} rows per block, {THREADS} lanes "
+              f"per row, key tiles of {THREADS}")
+    if why_not:
+        reason += f"; SIMT, not tensor cores: {why_not.removeprefix('online_contraction_mma: ')}"
     plan = Plan((Step("online_contraction", {"threads": THREADS, "rows_per_block": ROWS_PER_BLOCK}),),
                 "online_contraction", reason)
     return OnlineContractionChoice(plan, THREADS, ROWS_PER_BLOCK, reason)
 
 
-__all__ = ["OnlineContractionChoice", "propose"]
+def mma_tilings(widest: int) -> tuple[tuple[int, int, int], ...]:
+    """(rows_per_block, key_tile, warp_rows) in the order they are tried for head dims up to
+    `widest`, fastest measured first (benchmarks/attention_tilings.py on an H200, S = 4096, fp16,
+    RESULTS.md "Attention on tensor cores"): up to d = 64, 128 rows of 4 warps with two m16 tiles
+    each (each K/V fragment serves two mma) and 64-key tiles (1786 µs, against 1959 µs for 64 x 64
+    with one m16 tile per warp, the old first; causal 960 against 1062); at d = 128, 64 x 64
+    (1839 µs, against 2013 µs for 64 x 32), taking all 251 registers, with 64 x 32 next when
+    ptxas spills it."""
+    if widest > 64:
+        return ((64, 64, 16), (64, 32, 16), (128, 32, 16))
+    return ((128, 64, 32), (64, 64, 16), (128, 64, 16), (64, 32, 16))
+
+
+def _ptxas(tensors: Sequence[Tensor], rows: int, key_tile: int, warp_rows: int, arch: str) -> KernelResources | str:
+    """ptxas's report of the tensor-core kernel with this tiling, or why there is none."""
+    try:
+        module = online_contraction_mma(tensors, rows, key_tile, warp_rows)
+        compiled = compile_cuda(emit_source(module.kernels), arch=arch, name="online_contraction_mma")
+    except TeccError as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    found = list(compiled.resources.values())
+    if len(found) != 1:
+        return f"ptxas reported {len(found)} kernels for one (log: {compiled.log.strip()[:200]!r})"
+    return found[0]
+
+
+def propose_mma(tensors: Sequence[Tensor], target: Any = None) -> OnlineContractionChoice | None:
+    """The tensor-core plan for the chain `tensors`, or None when the chain is not one or its
+    contractions do not fit mma (then `propose` gives the SIMT plan and says why). ptxas decides
+    the registers, so the first tiling of `mma_tilings` that compiles for the target's arch
+    (NVRTC, no GPU needed; cached for the build) without spilling is taken."""
+    if _why_not_mma(tensors, target) is not None:
+        return None
+    chain = online_chain(tensors)
+    mma = tensor_core_chain(chain)
+    widest = max(mma.depth, const_int(chain.columns) or 0)
+    arch = target if _arch_number(target) is not None else default_arch()
+    checked: list[str] = []
+    for rows, key_tile, warp_rows in mma_tilings(widest):
+        res = _ptxas(tensors, rows, key_tile, warp_rows, arch)
+        if isinstance(res, str):
+            checked.append(f"{rows}x{key_tile}/{warp_rows}: {res}")
+            continue
+        if res.spill_stores or res.spill_loads:
+            checked.append(f"{rows}x{key_tile}/{warp_rows}: {res.registers} registers, spills")
+            continue
+        break
+    else:
+        return None
+    passed_over = f" (passed over: {'; '.join(checked)})" if checked else ""
+    reason = (f"{chain.output.name}: a contraction over the axis of the row statistics {chain.m.name} (max) and "
+              f"{chain.l.name} (sum of exp) in one pass with a running max on tensor cores ({mma.qk_intrinsic} for "
+              f"the scores, {mma.pv_intrinsic} for P·V, P kept in registers), no score temporary of "
+              f"[{', '.join(map(str, chain.rows))}] x {chain.keys}; {rows} query rows per block "
+              f"({rows // warp_rows} warps of {warp_rows} rows), key tiles of {key_tile} through a 2-stage cp.async ring ({arch}: "
+              f"{res.registers} registers, no spills{passed_over}); exp2 with log2(e) folded into "
+              "the scale (ex2.approx.ftz: one MUFU.EX2, relative error ~2^-22, below P's rounding to 16 bits); "
+              f"{describe_skipping(tensors, rows, key_tile)}")
+    args = {"rows_per_block": rows, "key_tile": key_tile}
+    if warp_rows != 16:
+        args["warp_rows"] = warp_rows
+    plan = Plan((Step("online_contraction_mma", args),),
+                "online_contraction_mma", reason)
+    return OnlineContractionChoice(plan, 32 * (rows // warp_rows), rows, reason)
+
+
+__all__ = ["OnlineContractionChoice", "mma_tilings", "propose", "propose_mma"]

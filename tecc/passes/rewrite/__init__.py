@@ -23,9 +23,15 @@ Whether one is worth applying is the planner's decision (tecc/compiler/strategie
                                        softmax then a contraction): one kernel walking j in tiles with a
                                        running max; exp(s - m_new) = exp(s - m_old)·exp(m_old - m_new)
                                        rescales the sum and the partial output alike (docs/attention.md)
+  online_contraction_mma online_contraction_mma.py  the same chain with float16/bfloat16 contractions as
+                                       ONE tensor-core kernel (mma.sync, ldmatrix, a cp.async ring; P moved
+                                       from C to A fragments in registers; key tiles a mask leaves -inf
+                                       skipped by an isl-proved bound)
 
 Their shared parts:
   reduction_stage.py  the one reduction stage a split rewrite takes (one stage, one Reduce)
+  key_tiles.py        which key tiles an attention mask keeps: loop bounds proved with isl (the tensor-
+                      core online contraction skips fully masked tiles and unguards whole ones)
   online_stats.py     the two pairs of reductions that fold into one pass (running max and rescaled
                       sum; Welford / Chan moments): the algebra split_row_group and fuse_rows' long rows use
   row_chunks.py       the column walk of a row too long for registers (vector loads in flight, a tail)

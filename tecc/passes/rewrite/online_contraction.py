@@ -317,6 +317,16 @@ class _Lower:
         return cast(acc[zero], r.dtype)
 
 
+def head_indices(flat: Expr, heads: Sequence[Expr]) -> tuple[Expr, ...]:
+    """The leading row axes' indices of the flattened head index `flat` (row-major)."""
+    idx: list[Expr] = []
+    rest: Expr = flat
+    for i, extent in enumerate(reversed(heads)):
+        idx.append(rest if i == len(heads) - 1 else rest % extent)
+        rest = rest // extent
+    return tuple(reversed(idx))
+
+
 def online_contraction(args: Sequence[Tensor], threads: int = 32, rows_per_block: int = 4,
                        name: str | None = None) -> Module:
     """The module of ONE kernel computing the chain `args` (module docstring): `rows_per_block`
@@ -351,12 +361,7 @@ def online_contraction(args: Sequence[Tensor], threads: int = 32, rows_per_block
         raise ScheduleError(f"online_contraction: {const_int(n_heads)} heads (the leading row axes) exceed the "
                             f"grid's y extent {MAX_GRID_Y}")
     query: Expr = bx * BR + ty
-    idx: list[Expr] = []
-    rest: Expr = by
-    for i, extent in enumerate(reversed(heads)):
-        idx.append(rest if i == len(heads) - 1 else rest % extent)
-        rest = rest // extent
-    row_idx = tuple(reversed(idx)) + (query,)
+    row_idx = head_indices(by, heads) + (query,)
     row_ok = compare("<", query, queries)
     at_row = dict(zip(chain.row, row_idx))
 
@@ -466,4 +471,4 @@ def _contraction_term(chain: OnlineChain, p: Var, v: Expr) -> Expr:
     return binary("*", v, cast(p, b.dtype))
 
 
-__all__ = ["OnlineChain", "online_chain", "online_contraction"]
+__all__ = ["MAX_GRID_Y", "OnlineChain", "head_indices", "online_chain", "online_contraction"]

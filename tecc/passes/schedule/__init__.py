@@ -20,6 +20,7 @@ interface that records every application in a Plan.
                A_view[m, k], B_view[k, n] for the SIMT GEMM schedule, and the views replaced by gathered reads after it
   tensorize    tensorize.py    a contraction of half operands as a tiled mma.sync kernel (cp.async ring, ldmatrix);
                tensorize_wgmma.py   ... or, intrinsic "wgmma", as a Hopper warpgroup kernel (wgmma from swizzled shared tiles)
+               tensorize_wgmma_tma.py  ... with producer "tma": a TMA producer warpgroup and an mbarrier ring
   legality     legality.py     dependence checks with islpy (tecc.ir.poly)
 """
 
@@ -37,6 +38,8 @@ from .reorder import distribute, reorder
 from .rfactor import rfactor
 from .split import split
 from .tensorize import Tiling, tensorize
+from .tensorize_wgmma import tensorize_wgmma
 
-__all__ = ["bind", "cache_write", "distribute", "double_buffer", "flatten_contraction", "fuse", "gather_views", "guard_writeback_only", "insert_barriers", "reorder", "rfactor", "split", "stage_leaves",
-           "stage_loops", "stage_read", "Tiling", "tensorize", "unguard_reduction_tail", "unroll", "vectorize"]
+__all__ = ["bind", "cache_write", "distribute", "double_buffer", "flatten_contraction", "fuse", "gather_views",
+           "guard_writeback_only", "insert_barriers", "reorder", "rfactor", "split", "stage_leaves", "stage_loops",
+           "stage_read", "Tiling", "tensorize", "tensorize_wgmma", "unguard_reduction_tail", "unroll", "vectorize"]

@@ -112,6 +112,33 @@ INTRINSICS = {"float16": "mma.m16n8k16.f32.f16", "bfloat16": "mma.m16n8k16.f32.b
 CHUNK = 8  # halves per 16-byte cp.async copy and per ldmatrix row
 
 
+# ---- fragment loads (shared by every tensor-core kernel) ---------------------------------------
+
+def load_a_fragment(dst: FragmentRef, tile: Buffer, stage: Expr, m0: Expr, k0: Expr, lane: Expr,
+                    k_last: bool) -> Stmt:
+    """ldmatrix.x4 of the 16 x 16 A tile at rows m0.., k k0.. of ring stage `stage` of `tile` into
+    the A fragment `dst`. The four 8 x 8 matrices in register order are (m 0:8, k 0:8),
+    (m 8:16, k 0:8), (m 0:8, k 8:16), (m 8:16, k 8:16); lane = 8j + r supplies row r of matrix j.
+    `k_last`: the tile is stored [m][k] (plain); otherwise [k][m] (`.trans`)."""
+    r, j = lane % 8, lane // 8
+    if k_last:
+        return MatrixLoad("ldmatrix.x4", dst, tile, (stage, m0 + r + 8 * (j % 2), k0 + 8 * (j // 2)))
+    return MatrixLoad("ldmatrix.x4.trans", dst, tile, (stage, k0 + r + 8 * (j // 2), m0 + 8 * (j % 2)))
+
+
+def load_b_fragments(dst: FragmentRef, tile: Buffer, stage: Expr, n0: Expr, k0: Expr, lane: Expr,
+                     k_last: bool) -> Stmt:
+    """ldmatrix.x4 of two 16 x 8 B tiles (columns n0..n0+16, k k0..k0+16) of ring stage `stage`
+    of `tile` into 8 elements of B fragments at `dst` (the first n8 tile, then the second). The
+    matrices are (k 0:8, n 0:8), (k 8:16, n 0:8), (k 0:8, n 8:16), (k 8:16, n 8:16). `k_last`:
+    the tile is stored [n][k] and plain ldmatrix gives the "col" B fragment; otherwise [k][n]
+    (`.trans`)."""
+    r, j = lane % 8, lane // 8
+    if k_last:
+        return MatrixLoad("ldmatrix.x4", dst, tile, (stage, n0 + r + 8 * (j // 2), k0 + 8 * (j % 2)))
+    return MatrixLoad("ldmatrix.x4.trans", dst, tile, (stage, k0 + r + 8 * (j % 2), n0 + 8 * (j // 2)))
+
+
 # ---- the kernel ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -393,28 +420,17 @@ class _Emitter:
     def compute(self, stage: Expr) -> Stmt:
         t, c = self.t, self.c
         wm, wn = t.bm // t.warps_m, t.bn // t.warps_n
-        r, j = self.lane % 8, self.lane // 8   # lane supplies row r of matrix j of an x4
 
         def k_step(kk: Var) -> Stmt:
             k0 = kk * 16
 
             def load_a(mi: Var) -> Stmt:
-                # matrices in register order: (m 0:8, k 0:8), (m 8:16, k 0:8), (m 0:8, k 8:16), (m 8:16, k 8:16)
-                m0 = self.warp_m * wm + mi * 16
-                if c.a.k_last:  # [m][k]: the lane's row is an m row
-                    return MatrixLoad("ldmatrix.x4", FragmentRef(self.frag_a, 8 * mi), self.shared["A"],
-                                      (stage, m0 + r + 8 * (j % 2), k0 + 8 * (j // 2)))
-                return MatrixLoad("ldmatrix.x4.trans", FragmentRef(self.frag_a, 8 * mi), self.shared["A"],
-                                  (stage, k0 + r + 8 * (j // 2), m0 + 8 * (j % 2)))
+                return load_a_fragment(FragmentRef(self.frag_a, 8 * mi), self.shared["A"], stage,
+                                       self.warp_m * wm + mi * 16, k0, self.lane, c.a.k_last)
 
             def load_b(nj: Var) -> Stmt:
-                # two n8 tiles: (k 0:8, n 0:8), (k 8:16, n 0:8), (k 0:8, n 8:16), (k 8:16, n 8:16)
-                n0 = self.warp_n * wn + nj * 16
-                if c.b.k_last:  # [n][k]: plain ldmatrix gives the "col" B fragment
-                    return MatrixLoad("ldmatrix.x4", FragmentRef(self.frag_b, 8 * nj), self.shared["B"],
-                                      (stage, n0 + r + 8 * (j // 2), k0 + 8 * (j % 2)))
-                return MatrixLoad("ldmatrix.x4.trans", FragmentRef(self.frag_b, 8 * nj), self.shared["B"],
-                                  (stage, k0 + r + 8 * (j % 2), n0 + 8 * (j // 2)))
+                return load_b_fragments(FragmentRef(self.frag_b, 8 * nj), self.shared["B"], stage,
+                                        self.warp_n * wn + nj * 16, k0, self.lane, c.b.k_last)
 
             def mma(mi: Var) -> Stmt:
                 def one(ni: Var) -> Stmt:
@@ -457,4 +473,5 @@ class _Emitter:
         return IfThenElse((row < c.m) & (column < c.n), BufferStore(store.buffer, indices, value))
 
 
-__all__ = ["Contraction", "Operand", "Tiling", "check_tiling", "match_contraction", "row_swizzle", "tensorize"]
+__all__ = ["CHUNK", "INTRINSICS", "Contraction", "Operand", "Tiling", "check_tiling", "load_a_fragment",
+           "load_b_fragments", "match_contraction", "row_swizzle", "tensorize"]

@@ -53,6 +53,9 @@ class Scope:
         self.buffers: list[Buffer] = []
         self.ranges: dict[Var, Interval] = {}
         self.tracks_fences = False  # the kernel holds an atomic: note global stores (memory_intrinsics.py)
+        # ids of the mbarrier buffers some statement of the kernel arrives or completes bytes on
+        # (mbarrier.py: a wait on any other barrier can never complete)
+        self.arrived_barriers: set[int] = set()
 
     def bind_var(self, v: Var, rng: Interval | None = None) -> int:
         slot = self.var_slots.get(v)

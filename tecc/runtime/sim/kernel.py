@@ -28,6 +28,7 @@ from .lanes import LaneLayout
 from .memory import GlobalMemory, span
 from .state import LaneState
 from .memory_intrinsics import uses_atomics
+from .mbarrier import arrived_barriers
 from .stmt_compiler import Runner, compile_stmt
 
 # Lanes per chunk: large enough that NumPy's per-call overhead is amortized over many lanes,
@@ -68,6 +69,7 @@ def compile_kernel(func: PrimFunc) -> CompiledKernel:
         else:
             scope.bind_var(p)
     scope.tracks_fences = uses_atomics(func.body)
+    scope.arrived_barriers = arrived_barriers(func.body)
     body = compile_stmt(func.body, scope)
     shared = local = 0
     for s in iter_stmts(func.body):

@@ -17,8 +17,15 @@ number of phases completed. The statements run in lockstep like all others:
 - `BarrierWait(bar, parity)` first lands the bulk copies of that barrier, then needs, in every
   active lane, the phase of that parity completed (current phase's parity differs). If not:
   when the whole block is waiting, nothing can ever arrive, and it is a DeadlockError naming
-  the barrier and the phase; when only part of the block waits (warp specialization whose other
-  part comes later in program order) the lockstep emulator cannot run it and says so.
+  the barrier and the phase; likewise when no statement of the kernel arrives on that barrier
+  buffer at all (a warp-specialized ring whose release was forgotten). When only part of the
+  block waits and other threads could still arrive later in program order (warp specialization
+  whose other part comes later in the program text) the lockstep emulator cannot run it and
+  says so.
+- `TensorCopy` (TMA) is a bulk copy of a box: the issuing lane's coordinates select the box,
+  elements outside the tensor are zeros, the box lands in row-major order through the
+  destination's layout (the swizzle the tensor map writes), and it completes the box's full
+  byte count on its barrier, like a `BulkCopy`.
 - At the end of the kernel a bulk copy still in flight is a RaceError.
 """
 
@@ -30,7 +37,17 @@ from typing import Callable
 import numpy as np
 
 from ...ir.errors import DeadlockError, OutOfBoundsError, RaceError, TeccError
-from ...ir.stmt import BarrierArrive, BarrierExpectTx, BarrierInit, BarrierRef, BarrierWait, BulkCopy, Stmt
+from ...ir.stmt import (
+    BarrierArrive,
+    BarrierExpectTx,
+    BarrierInit,
+    BarrierRef,
+    BarrierWait,
+    BulkCopy,
+    Stmt,
+    TensorCopy,
+    iter_stmts,
+)
 from .expr_compiler import Scope, compile_expr, compile_indices
 from .memory import NOT_THIS_EPOCH, SharedMemory, check_bounds, flat_index
 from .state import LaneState
@@ -63,6 +80,7 @@ class MbarrierState:
 
     barriers: dict[tuple[int, int], _Barrier] = field(default_factory=dict)
     copies: list[_BulkCopy] = field(default_factory=list)
+    events: int = 0   # arrivals, copies issued and landed so far (roles.py: has anything changed?)
 
 
 def _state(st: LaneState) -> MbarrierState:
@@ -121,6 +139,8 @@ def _maybe_complete(bar: _Barrier) -> None:
 def compile_mbarrier_stmt(s: Stmt, scope: Scope) -> Runner:
     if isinstance(s, BulkCopy):
         return _compile_bulk_copy(s, scope)
+    if isinstance(s, TensorCopy):
+        return _compile_tensor_copy(s, scope)
     assert isinstance(s, (BarrierInit, BarrierArrive, BarrierExpectTx, BarrierWait))
     ref = _Ref(s.bar, scope)
     if isinstance(s, BarrierInit):
@@ -148,6 +168,7 @@ def compile_mbarrier_stmt(s: Stmt, scope: Scope) -> Runner:
             nbytes = np.zeros(lanes.size, dtype=np.int64) if fbytes is None else \
                 np.broadcast_to(np.asarray(fbytes(st)), (st.layout.lanes,))[lanes]
             uniq, counts = np.unique(keys, return_counts=True)
+            _state(st).events += 1
             for key, arrivals in zip(uniq, counts):
                 bar = ref.get(st, mem, int(key), what)
                 if _arrive(bar, int(arrivals), int(nbytes[keys == key].sum())):
@@ -157,8 +178,11 @@ def compile_mbarrier_stmt(s: Stmt, scope: Scope) -> Runner:
         return arrive
     fparity = compile_expr(s.parity, scope)
     bar_text = str(s.bar)
+    never_arrived = id(s.bar.buffer) not in scope.arrived_barriers
 
-    def wait(st: LaneState) -> None:
+    def blocked(st: LaneState) -> tuple[int, str, bool] | None:
+        """None when every active lane may pass; else (a waiting lane, what is missing, whether
+        its whole block waits)."""
         lanes = _lanes(st)
         mem, keys = ref.keys(st, lanes)
         parity = np.broadcast_to(np.asarray(fparity(st)), (st.layout.lanes,))[lanes]
@@ -171,23 +195,52 @@ def compile_mbarrier_stmt(s: Stmt, scope: Scope) -> Runner:
             if not waiting.any():
                 continue
             lane = int(lanes[np.argmax(waiting)])
-            phase = bar.phase
-            missing = f"{bar.missing} of {bar.count} arrivals and {bar.tx} transaction bytes are missing"
+            missing = (f"phase {bar.phase} (parity {bar.phase % 2}) to complete, but {bar.missing} of {bar.count} "
+                       f"arrivals and {bar.tx} transaction bytes are missing")
             block = st.layout.lane_block == st.layout.lane_block[lane]
             active = np.zeros(st.layout.lanes, dtype=bool)
             active[lanes] = True
-            if active[block].all():
+            return lane, missing, bool(active[block].all())
+        return None
+
+    def wait(st: LaneState) -> None:
+        while True:
+            found = blocked(st)
+            if found is None:
+                return
+            lane, missing, whole_block = found
+            roles = st.roles
+            if roles is not None and not never_arrived and roles[0].stop_at_wait(roles[1]):
+                continue  # another role ran: check again
+            if whole_block or never_arrived or roles is not None:
+                who = ("every thread of the block waits" if whole_block else
+                       f"{st.layout.where(lane)} waits (no statement of the kernel arrives on {s.bar.buffer.name})"
+                       if never_arrived else
+                       f"{st.layout.where(lane)} waits and no other role of the warp-specialized branch can make "
+                       "progress")
                 raise DeadlockError(
-                    f"mbarrier wait on {bar_text} in kernel {st.kernel}, block {st.layout.block_of(lane)}: every "
-                    f"thread of the block waits for phase {phase} (parity {phase % 2}) to complete, but {missing} and "
-                    "nothing in flight can supply them; the kernel would hang. Check the arrival count of "
-                    "mbarrier.init, the bytes of expect_tx, and the parity waited for")
+                    f"mbarrier wait on {bar_text} in kernel {st.kernel}, block {st.layout.block_of(lane)}: {who} "
+                    f"for {missing} and nothing in flight can supply them; the kernel would hang. Check the arrival "
+                    "count of mbarrier.init, the bytes of expect_tx, the arrivals that release the barrier, and the "
+                    "parity waited for")
             raise TeccError(
-                f"mbarrier wait on {bar_text} in kernel {st.kernel} at {st.layout.where(lane)}: phase {phase} is not "
-                f"complete ({missing}) while only part of the block waits; the emulator runs the threads in "
-                "lockstep in program order, so the arrivals must come before the wait in the program text")
+                f"mbarrier wait on {bar_text} in kernel {st.kernel} at {st.layout.where(lane)}: waits for {missing} "
+                "while only part of the block waits; the emulator runs the threads in lockstep in program order, so "
+                "the arrivals must come before the wait in the program text (or in the other branch of a "
+                "warp-specialized if whose both branches wait on mbarriers: those run as roles, roles.py)")
 
     return wait
+
+
+def barrier_events(st: LaneState) -> int:
+    """How many arrivals and copies the chunk's barriers have seen (roles.py)."""
+    return _state(st).events
+
+
+def arrived_barriers(body: Stmt) -> set[int]:
+    """Ids of the barrier buffers that some statement of `body` arrives on or completes bytes on."""
+    return {id(s.bar.buffer) for s in iter_stmts(body)
+            if isinstance(s, (BarrierArrive, BarrierExpectTx, BulkCopy, TensorCopy))}
 
 
 def _land(st: LaneState, state: MbarrierState, bar_mem: SharedMemory, key: int) -> None:
@@ -203,6 +256,7 @@ def _land(st: LaneState, state: MbarrierState, bar_mem: SharedMemory, key: int) 
         if st.checks:
             c.mem.writer[c.keys] = NOT_THIS_EPOCH
         bar = state.barriers[(id(bar_mem), key)]
+        state.events += 1
         bar.tx -= c.bytes
         _maybe_complete(bar)
     state.copies = kept
@@ -251,6 +305,64 @@ def _compile_bulk_copy(s: BulkCopy, scope: Scope) -> Runner:
                 dst.pending = np.zeros(dst.data.size, dtype=np.int32)
             dst.pending[keys] += 1
             state.copies.append(_BulkCopy(dst, keys, values, id(bar_mem), int(bar_keys[i]), s.bytes, where))
+            state.events += 1
+
+    return run
+
+
+def _check_async_destination(st: LaneState, dst: SharedMemory, keys: np.ndarray, lane: int, where: str) -> None:
+    if dst.wgmma_reading is not None and (dst.wgmma_reading[keys] > 0).any():
+        raise RaceError(f"{where} in kernel {st.kernel} at {st.layout.where(lane)}: overwrites the operand of a "
+                        "wgmma still in flight; wgmma.wait_group it first")
+    if dst.pending is not None and (dst.pending[keys] > 0).any():
+        raise RaceError(f"{where} in kernel {st.kernel} at {st.layout.where(lane)}: writes shared memory another "
+                        "asynchronous copy is still writing")
+    if (dst.writer[keys] >= 0).any():
+        raise RaceError(f"{where} in kernel {st.kernel} at {st.layout.where(lane)}: overwrites what threads stored "
+                        "since the last barrier")
+
+
+def _compile_tensor_copy(s: TensorCopy, scope: Scope) -> Runner:
+    ref = _Ref(s.bar, scope)
+    dst_slot, src_slot = scope.buffer_slot(s.dst), scope.buffer_slot(s.map.buffer)
+    fdst, fcoords = compile_indices(s.dst_indices, scope), compile_indices(s.coords, scope)
+    box = s.map.box
+    n = s.bytes // s.dst.dtype.bytes
+    # the box's element offsets along each dimension, as an open grid (row-major order)
+    steps = np.indices(box).reshape(len(box), -1)
+    where = f"TMA copy {s.map.buffer.name} -> {s.dst.name}"
+
+    def run(st: LaneState) -> None:
+        lanes = _lanes(st)
+        dst, src = st.mems[dst_slot], st.mems[src_slot]
+        bar_mem, bar_keys = ref.keys(st, lanes)
+        didx = fdst(st)
+        if st.checks:
+            check_bounds(st, "TMA copy store", "shared", dst.name, dst.shape, didx, tuple(range(len(didx))))
+        start = np.broadcast_to(np.asarray(flat_index(didx, dst.strides)), (st.layout.lanes,))[lanes]
+        coords = [np.broadcast_to(np.asarray(c), (st.layout.lanes,))[lanes] for c in fcoords(st)]
+        if st.checks and ((start + n > dst.size) | (start < 0)).any():
+            raise OutOfBoundsError(f"{where} in kernel {st.kernel}: the {s.bytes}-byte box leaves {dst.name}")
+        state = _state(st)
+        for i, lane in enumerate(lanes):
+            logical = start[i] + np.arange(n)
+            physical = logical if dst.layout is None else dst.layout.apply(logical)
+            keys = dst.base[lane] + physical
+            if st.checks:
+                _check_async_destination(st, dst, keys, int(lane), where)
+            at = [int(c[i]) + steps[d] for d, c in enumerate(coords)]
+            inside = np.ones(n, dtype=bool)
+            offset = np.zeros(n, dtype=np.int64)
+            for d, a in enumerate(at):
+                inside &= (a >= 0) & (a < src.shape[d])
+                offset += np.where(inside, a, 0) * src.strides[d]
+            values = np.zeros(n, dtype=dst.data.dtype)
+            values[inside] = src.flat[offset[inside]]
+            if dst.pending is None:
+                dst.pending = np.zeros(dst.data.size, dtype=np.int32)
+            dst.pending[keys] += 1
+            state.copies.append(_BulkCopy(dst, keys, values, id(bar_mem), int(bar_keys[i]), s.bytes, where))
+            state.events += 1
 
     return run
 

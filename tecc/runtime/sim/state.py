@@ -24,7 +24,7 @@ class LaneState:
     """Everything a compiled kernel body reads and writes while it runs one chunk."""
 
     __slots__ = ("layout", "mask", "vals", "mems", "checks", "kernel", "live_shared", "fences", "async_copies",
-                 "warpgroup", "mbarriers")
+                 "warpgroup", "mbarriers", "roles")
 
     def __init__(self, layout: LaneLayout, n_vars: int, n_mems: int, checks: bool, kernel: str) -> None:
         self.layout = layout
@@ -42,6 +42,8 @@ class LaneState:
         self.warpgroup: Any = None
         # mbarrier states and bulk copies in flight (mbarrier.py)
         self.mbarriers: Any = None
+        # (Roles, index) while this state runs one role of a warp-specialized branch (roles.py)
+        self.roles: Any = None
 
     def first_active_lane(self) -> int:
         return 0 if self.mask is None else int(np.argmax(self.mask))

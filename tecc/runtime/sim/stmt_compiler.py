@@ -52,9 +52,11 @@ from ...ir.stmt import (
     WarpgroupMatrixMultiply,
     WarpgroupWait,
     SetMaxRegisters,
+    TensorCopy,
 )
 from .async_copy import compile_async_stmt
-from .mbarrier import compile_mbarrier_stmt
+from .mbarrier import barrier_events, compile_mbarrier_stmt
+from .roles import has_waits, run_roles
 from .warpgroup import compile_warpgroup_stmt
 from .expr_compiler import Scope, compile_expr, compile_indices
 from .memory import LocalMemory, SharedMemory, row_major
@@ -94,7 +96,7 @@ def compile_stmt(s: Stmt, scope: Scope) -> Runner:
     if isinstance(s, (WarpgroupMatrixMultiply, WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence,
                       SetMaxRegisters)):
         return compile_warpgroup_stmt(s, scope)
-    if isinstance(s, (BarrierInit, BarrierArrive, BarrierExpectTx, BarrierWait, BulkCopy)):
+    if isinstance(s, (BarrierInit, BarrierArrive, BarrierExpectTx, BarrierWait, BulkCopy, TensorCopy)):
         return compile_mbarrier_stmt(s, scope)
     raise TeccError(f"kernel {scope.kernel}: the emulator has no rule for the statement {type(s).__name__}")
 
@@ -223,6 +225,7 @@ def _compile_if(s: IfThenElse, scope: Scope) -> Runner:
     fc = compile_expr(s.cond, scope)
     then_run = compile_stmt(s.then_case, scope)
     else_run = compile_stmt(s.else_case, scope) if s.else_case is not None else None
+    as_roles = has_waits(s.then_case) and has_waits(s.else_case)  # warp specialization (roles.py)
 
     def run(st: LaneState) -> None:
         c = fc(st)
@@ -233,6 +236,14 @@ def _compile_if(s: IfThenElse, scope: Scope) -> Runner:
                 else_run(st)
             return
         saved = st.mask
+        if as_roles:
+            assert else_run is not None
+            parts = [(m, r) for m, r in ((restrict(saved, c), then_run), (restrict(saved, ~c), else_run))
+                     if m is None or m.any()]
+            if len(parts) == 2:
+                share_async_states(st)
+                run_roles(st, parts, lambda: barrier_events(st))
+                return
         try:
             _run_masked(st, restrict(saved, c), then_run)
             if else_run is not None:
@@ -242,6 +253,18 @@ def _compile_if(s: IfThenElse, scope: Scope) -> Runner:
             st.mask = saved
 
     return run
+
+
+def share_async_states(st: LaneState) -> None:
+    """Create the lazily made states of copies, wgmmas and barriers before roles copy `st`, so
+    that every role shares them."""
+    from .async_copy import _state as async_state
+    from .mbarrier import _state as mbarrier_state
+    from .warpgroup import _state as warpgroup_state
+
+    async_state(st)
+    mbarrier_state(st)
+    warpgroup_state(st)
 
 
 def _run_masked(st: LaneState, m: np.ndarray | None, body: Runner) -> None:

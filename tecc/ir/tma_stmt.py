@@ -1,0 +1,169 @@
+"""TMA tile copies of the loop-nest IR (sm_90): a box of a global tensor copied into shared
+memory by the Tensor Memory Accelerator, described by a tensor map.
+
+Part of tecc.ir.stmt (which re-exports every name here); this module is their reference manual.
+
+**A tensor map** (`TensorMap`) describes how the TMA unit sees one global buffer of the kernel:
+its rank, element type, the size of the box one copy moves, and the shared-memory swizzle the
+copy writes. Its global part (the base address, every dimension and every stride) is *not* in
+the IR: the host encodes it at each launch from the argument it binds to the buffer
+(cuTensorMapEncodeTiled, `tecc.runtime.tensor_map`), so one compiled kernel serves every shape
+of a symbolic dimension. The encoded map (a 128-byte, 64-byte-aligned `CUtensorMap`) reaches the
+kernel as a `const __grid_constant__` by-value parameter after the kernel's ordinary
+parameters, in the order `tensor_maps(func)` lists them (first use in the body).
+
+Requirements the map checks (PTX ISA / CUDA driver API, cuTensorMapEncodeTiled): rank 1..5;
+the innermost dimension is contiguous (unit stride), every other stride a multiple of 16 bytes
+(checked by the host at launch, since strides may be symbolic); box sizes 1..256 elements per
+dimension, the box's innermost extent a multiple of 16 bytes; with the 128-byte swizzle the
+innermost extent is at most 128 bytes.
+
+**A tensor copy** (`TensorCopy`, cp.async.bulk.tensor.Nd.shared::cluster.global.mbarrier::
+complete_tx::bytes) copies the box whose first element sits at global coordinates `coords` (one
+per dimension, outermost first as everywhere in tecc; they may be negative or run past the end)
+into shared memory at `dst[dst_indices]`, the box's elements in row-major order from there, as
+the destination buffer's layout places them. Elements outside the tensor arrive as zeros. The
+copy is asynchronous (the async proxy): when all of the box has landed, its full byte count
+(`bytes`, out-of-bounds elements included) completes as transactions on `bar`, so the thread
+that expects the bytes announces exactly `bytes` with `BarrierExpectTx`. The destination may
+be read only after a `BarrierWait` on the phase it completes. Issued by one thread.
+
+The swizzle: "128B" is the hardware's XOR of byte-address bits [4, 7) with bits [7, 10), which
+is tecc's `Swizzle(3, log2(16 / element bytes), 3)` on element offsets when the destination
+starts at a multiple of 1024 bytes (codegen aligns such buffers); the destination must carry
+that layout. "none" writes the box densely and the destination has no layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from .errors import DTypeError
+from .expr import Expr, index_expr
+from .intrinsics import IntrinsicError
+from .layout import Swizzle
+from .mbarrier_stmt import MAX_TX_BYTES, BarrierRef
+from .stmt import Buffer, PrimFunc, Stmt, iter_stmts
+
+TMA_SWIZZLES = ("none", "128B")
+MAX_BOX = 256          # elements per box dimension (cuTensorMapEncodeTiled: boxDim[i] <= 256)
+MAX_RANK = 5
+TMA_ALIGN = 16         # bytes: box innermost extent, global strides, global base address
+SWIZZLE_BYTES = {"128B": 128}
+TENSOR_MAP_BYTES = 128  # sizeof(CUtensorMap); alignment 64
+
+
+def swizzle_layout(swizzle: str, element_bytes: int) -> Swizzle | None:
+    """tecc's element-offset layout of a TMA swizzle mode for elements of `element_bytes`."""
+    if swizzle == "none":
+        return None
+    base = {1: 4, 2: 3, 4: 2, 8: 1}[element_bytes]
+    return Swizzle(3, base, 3)
+
+
+@dataclass(frozen=True, eq=False)
+class TensorMap:
+    """How the TMA unit sees global buffer `buffer` (a parameter of the kernel): boxes of
+    `box` elements (one size per dimension, outermost first) written with `swizzle`."""
+
+    buffer: Buffer
+    box: tuple[int, ...]
+    swizzle: str = "none"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "box", tuple(self.box))
+        b = self.buffer
+        where = f"tensor map of {b.name}"
+        if b.scope != "global":
+            raise IntrinsicError(f"{where}: TMA copies from a global buffer, not a {b.scope} one")
+        if not 1 <= b.ndim <= MAX_RANK or len(self.box) != b.ndim:
+            raise IntrinsicError(f"{where}: a box of {len(self.box)} sizes for a {b.ndim}-dimensional buffer; TMA takes "
+                                 f"rank 1..{MAX_RANK} with one box size per dimension")
+        if self.swizzle not in TMA_SWIZZLES:
+            raise IntrinsicError(f"{where}: swizzle {self.swizzle!r} is not one of {TMA_SWIZZLES}")
+        if b.dtype.bytes not in (1, 2, 4, 8):
+            raise DTypeError(f"{where}: TMA copies 1, 2, 4 or 8-byte elements, not {b.dtype}")
+        for n in self.box:
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_BOX:
+                raise IntrinsicError(f"{where}: box sizes must be integers in [1, {MAX_BOX}], got {self.box}")
+        inner = self.box[-1] * b.dtype.bytes
+        if inner % TMA_ALIGN:
+            raise IntrinsicError(f"{where}: the box's innermost extent is {inner} bytes; TMA needs a multiple of "
+                                 f"{TMA_ALIGN}")
+        limit = SWIZZLE_BYTES.get(self.swizzle)
+        if limit is not None and inner > limit:
+            raise IntrinsicError(f"{where}: with the {self.swizzle} swizzle the box's innermost extent may be at most "
+                                 f"{limit} bytes, got {inner}")
+        if b.strides is not None and len(b.strides) and str(b.strides[-1]) != "1":
+            raise IntrinsicError(f"{where}: TMA needs a contiguous innermost dimension, the buffer's stride is "
+                                 f"{b.strides[-1]}")
+
+    @property
+    def name(self) -> str:
+        """The kernel parameter's name."""
+        return f"{self.buffer.name}_tmap"
+
+    @property
+    def bytes(self) -> int:
+        """Bytes one copy moves (and completes on its mbarrier), out-of-bounds elements included."""
+        return prod(self.box) * self.buffer.dtype.bytes
+
+    @property
+    def layout(self) -> Swizzle | None:
+        return swizzle_layout(self.swizzle, self.buffer.dtype.bytes)
+
+    def __str__(self) -> str:
+        return f"{self.name}(box {'x'.join(str(n) for n in self.box)}, swizzle {self.swizzle})"
+
+
+@dataclass(frozen=True, eq=False)
+class TensorCopy(Stmt):
+    """cp.async.bulk.tensor: the box of `map` at global coordinates `coords` into
+    `dst[dst_indices]..`, completing `map.bytes` transactions on `bar` (module docstring)."""
+
+    dst: Buffer
+    dst_indices: tuple[Expr, ...]
+    map: TensorMap
+    coords: tuple[Expr, ...]
+    bar: BarrierRef
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dst_indices", tuple(index_expr(i) for i in self.dst_indices))
+        object.__setattr__(self, "coords", tuple(index_expr(i) for i in self.coords))
+        m = self.map
+        where = f"TMA copy {m.buffer.name} -> {self.dst.name}"
+        if self.dst.scope != "shared":
+            raise IntrinsicError(f"{where}: copies into shared memory, not {self.dst.scope}")
+        if self.dst.dtype != m.buffer.dtype:
+            raise DTypeError(f"{where}: source is {m.buffer.dtype}, destination {self.dst.dtype}")
+        if len(self.dst_indices) != self.dst.ndim:
+            raise IntrinsicError(f"{where}: {len(self.dst_indices)} indices for the {self.dst.ndim} dimensions of "
+                                 f"{self.dst.name}")
+        if len(self.coords) != m.buffer.ndim:
+            raise IntrinsicError(f"{where}: {len(self.coords)} coordinates for the {m.buffer.ndim}-dimensional tensor")
+        if self.dst.layout != m.layout:
+            raise IntrinsicError(f"{where}: the destination's layout {self.dst.layout} is not the {m.swizzle} "
+                                 f"swizzle's {m.layout}; give the shared buffer that layout")
+        if m.bytes > MAX_TX_BYTES:
+            raise IntrinsicError(f"{where}: a box of {m.bytes} bytes exceeds the mbarrier's transaction count")
+
+    @property
+    def bytes(self) -> int:
+        return self.map.bytes
+
+
+def tensor_maps(func: PrimFunc) -> tuple[TensorMap, ...]:
+    """The tensor maps `func`'s TMA copies use, in order of first use: the kernel's by-value
+    parameters after its ordinary ones. Each map's buffer must be one of `func`'s parameters."""
+    seen: dict[int, TensorMap] = {}
+    for s in iter_stmts(func.body):
+        if isinstance(s, TensorCopy) and id(s.map) not in seen:
+            if not any(p is s.map.buffer for p in func.params):
+                raise IntrinsicError(f"kernel {func.name}: the tensor map of {s.map.buffer.name} describes a buffer "
+                                     "that is not a parameter of the kernel")
+            seen[id(s.map)] = s.map
+    names = [m.name for m in seen.values()]
+    if len(set(names)) != len(names):
+        raise IntrinsicError(f"kernel {func.name}: two tensor maps of one buffer ({names}); use one map per buffer")
+    return tuple(seen.values())

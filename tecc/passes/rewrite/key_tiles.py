@@ -1,0 +1,163 @@
+"""Which key tiles an attention mask keeps: bounds on the key loop of a block of query rows,
+proved with isl (tecc.ir.poly), for the tensor-core online contraction (online_contraction_mma).
+
+The score s(r, j) of an online chain is often a `where(cond, x, -inf)` (a causal mask j <= i, a
+bottom-right one j <= i + Sk - Sq, a window). `kept_conditions` reads the conditions under which
+the score is kept. Each affine one, `c·j + a·i + rest <= 0` with c > 0 (coefficients from
+`poly.affine_coefficients`), keeps keys up to `floor((-a·i - rest) / c)`; over the rows
+[first, last] of a block that is largest at `last` when a <= 0 and at `first` otherwise, and
+smallest the other way round. So, with the min over the conditions:
+
+  key_tile_bound       the key tiles a block needs at all: min(ceil(Sk / T), ceil((bound + 1) / T)),
+                       proved by checking that no (block, i, j) with j at or past it satisfies every
+                       affine condition (`poly.is_empty`); tiles past it are fully -inf and skipped;
+  unmasked_tile_bound  the leading tiles every row of the block keeps whole and that lie inside the
+                       keys, proved by checking that no point of them violates a condition; those
+                       need no per-element guard.
+
+Nothing is special-cased for "causal": any affine condition in the query and key works, and a
+condition isl cannot read (a boolean mask tensor) gives no bound: every tile is visited, guarded.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ...ir import dtype as dt
+from ...ir.expr import Binary, Compare, Const, Expr, Not, Select, Var, binary, compare, substitute
+from ...ir.poly import LoopDim, affine_coefficients, is_empty
+from .online_contraction import OnlineChain
+
+
+def kept(score: Expr) -> tuple[list[Expr], Expr]:
+    """(conditions, value): the `where`s around the score whose other branch is -inf, and the
+    value they keep. The score is -inf unless every condition holds, and is `value` where all do."""
+    out: list[Expr] = []
+    e = score
+    while isinstance(e, Select):
+        if is_minus_inf(e.b):
+            out.append(e.cond)
+            e = e.a
+        elif is_minus_inf(e.a):
+            out.append(Not(e.cond))  # the kept side is the else branch
+            e = e.b
+        else:
+            break
+    return out, e
+
+
+def kept_conditions(score: Expr) -> list[Expr]:
+    """Conditions that hold wherever the score is not -inf (`kept`), split at `&`."""
+    out, _ = kept(score)
+    flat: list[Expr] = []
+    while out:
+        c = out.pop()
+        if isinstance(c, Binary) and c.op == "&" and c.dtype.is_bool:
+            out.extend((c.a, c.b))
+        else:
+            flat.append(c)
+    return flat
+
+
+def is_minus_inf(e: Expr) -> bool:
+    """Whether `e` is the constant -inf (the masked branch of a `where`)."""
+    return isinstance(e, Const) and e.dtype.is_float and float(e.value) == -math.inf
+
+
+def _upper_bound(cond: Expr, query: Var, key: Var, first: Expr, last: Expr, widest: bool = True) -> Expr | None:
+    """For an affine condition c·key + a·query + rest ≤ 0 with c > 0: the largest key it keeps
+    for SOME query in [first, last] (`widest`; for EVERY query in it otherwise), floor((-a·q -
+    rest) / c) at the q that maximizes (minimizes) it."""
+    if isinstance(cond, Not) and isinstance(cond.a, Compare):
+        flip = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}
+        if cond.a.op not in flip:
+            return None
+        cond = compare(flip[cond.a.op], cond.a.a, cond.a.b)
+    if not isinstance(cond, Compare) or not cond.a.dtype.is_int or not cond.b.dtype.is_int:
+        return None
+    lhs, rhs = cond.a, cond.b
+    if cond.op == "<=":
+        f = lhs - rhs
+    elif cond.op == "<":
+        f = lhs - rhs + 1
+    elif cond.op == ">=":
+        f = rhs - lhs
+    elif cond.op == ">":
+        f = rhs - lhs + 1
+    else:
+        return None
+    coeff = affine_coefficients(f, [query, key])
+    if coeff is None or coeff[1] <= 0:
+        return None
+    a, c = coeff
+    rest = substitute(f, {query: Const(0, dt.int32), key: Const(0, dt.int32)})
+    at = (last if a <= 0 else first) if widest else (first if a <= 0 else last)
+    return (Const(-a, dt.int32) * at - rest) // c
+
+
+def key_tile_bound(chain: OnlineChain, first: Var, rows: int, tile: int) -> tuple[Expr, str] | None:
+    """(tiles, why): the number of key tiles of `tile` keys that the block of query rows
+    [first·rows, first·rows + rows) needs, proved by isl: no key at or past tiles·tile is kept by
+    any row of the block. None when the conditions give no affine bound (every tile is visited)."""
+    query, key = chain.row[-1], chain.key
+    conds = kept_conditions(chain.score)
+    lo = first * rows
+    hi = binary("min", lo + rows, chain.rows[-1]) - 1
+    bounds = [b for b in (_upper_bound(c, query, key, lo, hi) for c in conds) if b is not None]
+    if not bounds:
+        return None
+    last: Expr = bounds[0]
+    for b in bounds[1:]:
+        last = binary("min", last, b)
+    all_tiles = (chain.keys + (tile - 1)) // tile
+    tiles = binary("min", all_tiles, (binary("max", last + 1, Const(0, dt.int32)) + (tile - 1)) // tile)
+    affine = [c for c in conds if _upper_bound(c, query, key, lo, hi) is not None]
+    loops = [LoopDim(first, Const(0, dt.int32), (chain.rows[-1] + (rows - 1)) // rows, "blockIdx.x"),
+             LoopDim(query, lo, Const(rows, dt.int32), "serial"),
+             LoopDim(key, Const(0, dt.int32), chain.keys, "serial")]
+    proof = [compare("<", query, chain.rows[-1]), *affine, compare(">=", key, tiles * tile)]
+    if not is_empty(loops, proof):
+        return None
+    why = (f"key tiles per block min(ceil({chain.keys} / {tile}), ceil((last kept key + 1) / {tile})), the last kept "
+           f"key {last} from {' and '.join(map(str, affine))} (isl: no kept key past it)")
+    return tiles, why
+
+
+def unmasked_tile_bound(chain: OnlineChain, first: Var, rows: int, tile: int) -> Expr | None:
+    """The number of leading key tiles in which EVERY score of the block of query rows
+    [first·rows, first·rows + rows) is kept and every key is below the key extent, proved by isl
+    (no point of those tiles violates a condition), so the kernel evaluates them without the
+    guard; None when a condition gives no affine bound (a mask tensor) or the proof fails."""
+    query, key = chain.row[-1], chain.key
+    conds = kept_conditions(chain.score)
+    lo = first * rows
+    hi = binary("min", lo + rows, chain.rows[-1]) - 1
+    whole = chain.keys // tile
+    full: Expr = whole
+    for c in conds:
+        b = _upper_bound(c, query, key, lo, hi, widest=False)
+        if b is None:
+            return None
+        full = binary("min", full, binary("max", b + 1, Const(0, dt.int32)) // tile)
+    loops = [LoopDim(first, Const(0, dt.int32), (chain.rows[-1] + (rows - 1)) // rows, "blockIdx.x"),
+             LoopDim(query, lo, Const(rows, dt.int32), "serial"),
+             LoopDim(key, Const(0, dt.int32), full * tile, "serial")]
+    inside = compare("<", query, chain.rows[-1])
+    for violated in [compare(">=", key, chain.keys), *(Not(c) for c in conds)]:
+        if not is_empty(loops, [inside, violated]):
+            return None
+    return full
+
+
+def skipping_description(chain: OnlineChain, bound: tuple[Expr, str] | None, unmasked: Expr | None = None) -> str:
+    """What the kernel does about fully masked and unmasked key tiles, for explain()."""
+    whole = "" if unmasked is None else (f"; the first {unmasked} key tiles, which every row of the block keeps "
+                                         "whole (isl), without the per-element guard")
+    if bound is not None:
+        return bound[1] + whole
+    if kept_conditions(chain.score):
+        return "every key tile visited (no affine bound on the key in the mask's conditions)" + whole
+    return "every key tile visited (no mask)" + whole
+
+
+__all__ = ["is_minus_inf", "kept", "kept_conditions", "key_tile_bound", "skipping_description", "unmasked_tile_bound"]

@@ -1,0 +1,621 @@
+"""The online contraction on tensor cores: both contractions of the chain as mma.sync tiles.
+
+The chain is the one `online_chain` recognises (tecc.passes.rewrite.online_contraction: a row max
+m, a row sum l of exp(s - m), and O = g(Σ_j exp(s - m)·v, m, l)). This module builds its
+FlashAttention-2-shaped kernel (Dao, "FlashAttention-2", 2023) when both contractions fit the
+m16n8k16 rows of the intrinsic table:
+
+    s(r, j) = f(Σ_d Q[.., i, d] · K[.., j, d], r, j)     Q, K float16 or bfloat16, d a constant
+                                                         multiple of 16 (a power of two, <= 128)
+    v(r, j, c) = V[.., j, c]                             V float16 or bfloat16, c likewise
+
+where the leading indices (`..`) are any expressions of the leading row axes (grouped heads
+K[b, h // G, ..] are index expressions), and f is any elementwise expression of the contraction
+(a scale, `where` masks, a bias, a boolean mask tensor). Anything else raises ScheduleError
+naming the condition, and the SIMT kernel of online_contraction serves the chain instead.
+
+The kernel. One block per (head, BM query rows); warp w owns `warp_rows` (16 or 32) of them,
+one or two m16 tiles that share every K and V fragment the warp loads. Per block:
+
+1. Q tile [BM][D] -> shared (16-byte cp.async, zero past the rows), then ldmatrix.x4 into A
+   fragments that stay in registers for the whole key loop.
+2. K and V tiles [BN][D], [BN][C] of consecutive keys stream through a ring of 2 stages in
+   swizzled shared memory (tensorize's `row_swizzle`, 16-byte cp.async zero-filling keys past the
+   end); tile kt + 1 is in flight while tile kt is computed.
+3. S = Q Kᵀ: mma.m16n8k16 into float32 C fragments (K is [n][k] in shared: plain ldmatrix
+   gives the B fragments).
+4. Each accumulator element, at (row, col) of the C fragment's layout map, becomes
+   t = log2(e) · f(acc, row, key) (when the kept f is `acc · c`, c > 0, the fragment keeps the
+   raw acc or -inf instead and the max is scaled once per row: each weight is then one FFMA and
+   one ex2), so exp(s - m) = exp2(t - m₂) with m₂ = max t is one subtraction and one
+   `exp2_approx` (ex2.approx.ftz.f32, one MUFU.EX2: relative error about 2^-22, far below the
+   rounding of P to 16 bits that follows; subnormal weights flush to 0). Keys past the end are
+   -inf. Elements that read tensors (a bias, a mask) are guarded by row and key bounds.
+5. The running max m₂ and sum l per row: a lane holds rows g and g + 8 of its warp's 16 (g =
+   lane // 4) at columns 2t, 2t+1 of each n8 tile; the row max is the lane's max, then two
+   shfl_xor (1, 2) over the 4 lanes of the quad. l stays a per-lane partial sum (every lane of
+   the quad rescales by the same α = exp2(m₂_old - m₂_new)) and is summed over the quad once,
+   at the end. A max that is still -inf is used as 0, so exp2(-inf - 0) = 0 and no NaN appears.
+6. P = exp2(t - m₂), rounded to V's dtype, is stored straight into the A fragment of the second
+   mma: the m16n8 C layout of n8 tiles 2k and 2k + 1 is exactly the m16n8k16 A layout of k16
+   step k (A element e < 4 is C element e of tile 2k, A element 4 + e is C element e of tile
+   2k + 1; checked against the table when the kernel is built), so P never touches shared memory.
+7. O = O·α + P V: V is [k][n] in shared, ldmatrix.x4.trans gives its B fragments.
+8. Epilogue: l summed over the quad, m = m₂ · ln 2, and the output O[row, col] = g(acc, m, l)
+   (the program's own expression, the cast included) and the row outputs (the log-sum-exp) by
+   lane t = 0 of each quad, guarded by row < the query extent.
+
+Precision: Q·K products are exact and summed in float32 (as the program's float32 sums); P is
+rounded to V's 16-bit dtype before P·V (relative 2^-11 for float16, 2^-8 for bfloat16, so O is
+off by at most that times max |v|, as in FlashAttention); the sum l is of the unrounded P.
+
+Key tiles a mask makes fully -inf are not visited, and tiles every row keeps whole skip the
+per-element guard: bounds derived from the affine conditions of the `where`s and proved with isl
+(key_tiles.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from ...ir import dtype as dt
+from ...ir.errors import ScheduleError
+from ...ir.expr import (
+    Binary,
+    Cast,
+    Const,
+    Expr,
+    Reduce,
+    Select,
+    TensorRead,
+    Var,
+    binary,
+    call,
+    cast,
+    compare,
+    const_int,
+    free_vars,
+    select,
+    size_product,
+    substitute,
+    walk,
+    warp_shuffle,
+)
+from ...ir.intrinsics import lookup
+from ...ir.stmt import (
+    Allocate,
+    AsyncCommit,
+    AsyncCopy,
+    AsyncWait,
+    Barrier,
+    Buffer,
+    BufferStore,
+    For,
+    FragmentRef,
+    IfThenElse,
+    KernelCall,
+    MatrixMultiply,
+    Module,
+    PrimFunc,
+    Stmt,
+    seq,
+)
+from ...ir.tensor import PlaceholderOp, Tensor
+from ...ir.visitor import SubexpressionReplacer
+from ..lower import exprs_of, global_buffers, scalar_vars, signature
+from ..names import identifier
+from ..schedule.tensorize import CHUNK, INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
+from .key_tiles import kept, key_tile_bound, skipping_description, unmasked_tile_bound
+from .online_contraction import MAX_GRID_Y, OnlineChain, _Lower, head_indices, online_chain
+
+LOG2E = 1.0 / math.log(2.0)
+LN2 = math.log(2.0)
+MAX_HEAD_DIM = 128   # the partial output, 4·C/8 floats per lane, and Q's fragments, D/2 registers
+STAGES = 2
+
+
+@dataclass(frozen=True)
+class TensorCoreChain:
+    """An online chain whose two contractions run on tensor cores (module docstring)."""
+
+    chain: OnlineChain
+    scores: Reduce        # Σ_d Q·K inside chain.score
+    depth: int            # D
+    q: TensorRead         # Q[.., i, d]
+    k: TensorRead         # K[.., j, d]
+    v: TensorRead         # V[.., j, c]
+    qk_intrinsic: str
+    pv_intrinsic: str
+
+
+def _half_read(e: Expr) -> TensorRead | None:
+    if isinstance(e, Cast) and e.dtype == dt.float32:
+        e = e.a
+    if isinstance(e, TensorRead) and e.tensor.is_placeholder and e.dtype in (dt.float16, dt.bfloat16):
+        return e
+    return None
+
+
+def _shape_dim(where: str, name: str, extent: Expr) -> int:
+    n = const_int(extent)
+    if n is None:
+        raise ScheduleError(f"{where}: the contracted extent of {name} ({extent}) is symbolic; the tensor-core "
+                            "form needs a constant (its fragments live in registers)")
+    if n % 16 or n > MAX_HEAD_DIM or n & (n - 1):
+        raise ScheduleError(f"{where}: the contracted extent of {name} is {n}; the tensor-core form needs a power "
+                            f"of two from 16 to {MAX_HEAD_DIM} (mma k = 16, swizzled rows; wider heads would spill "
+                            "the partial output)")
+    return n
+
+
+def _leading(where: str, read: TensorRead, chain: OnlineChain, tail: tuple[Expr, Expr]) -> None:
+    """`read` must be indexed by expressions of the leading row axes, then exactly `tail`."""
+    idx = read.indices
+    if len(idx) < 2 or idx[-2] is not tail[0] or idx[-1] is not tail[1]:
+        raise ScheduleError(f"{where}: {read.tensor.name} is read at [{', '.join(map(str, idx))}]; the tensor-core "
+                            f"form needs [.., {tail[0]}, {tail[1]}] (a tile of whole rows)")
+    allowed = set(chain.row[:-1])
+    for e in idx[:-2]:
+        if any(isinstance(v, Var) and v.kind != "size" and v not in allowed for v in free_vars(e)):
+            raise ScheduleError(f"{where}: a leading index {e} of {read.tensor.name} depends on more than the "
+                                "leading row axes (the block's heads)")
+
+
+def tensor_core_chain(chain: OnlineChain) -> TensorCoreChain:
+    """The chain's tensor-core form, or ScheduleError saying which condition fails."""
+    where = "online_contraction_mma"
+    reduces = list({id(n): n for n in walk(chain.score) if isinstance(n, Reduce)}.values())
+    if len(reduces) != 1:
+        raise ScheduleError(f"{where}: the scores hold {len(reduces)} contractions; the tensor-core form needs one "
+                            "(s = f(Σ_d q·k))")
+    (red,) = reduces
+    assert isinstance(red, Reduce)
+    if red.combiner != "sum" or len(red.axes) != 1 or const_int(red.axes[0].lo) != 0:
+        raise ScheduleError(f"{where}: the scores' reduction is not one sum over an axis from 0")
+    if red.acc_dtype != dt.float32:
+        raise ScheduleError(f"{where}: the scores accumulate in {red.acc_dtype}; mma accumulates in float32")
+    axis = red.axes[0]
+    src = red.source
+    if isinstance(src, Cast) and src.dtype == dt.float32:
+        src = src.a
+    if not (isinstance(src, Binary) and src.op == "*"):
+        raise ScheduleError(f"{where}: the scores' summand {src} is not a product of two reads")
+    reads = [_half_read(src.a), _half_read(src.b)]
+    if any(r is None for r in reads):
+        raise ScheduleError(f"{where}: the scores multiply {src.a} and {src.b}; the tensor-core form needs two "
+                            "float16/bfloat16 input reads (float32 operands stay SIMT)")
+    a, b = reads
+    assert a is not None and b is not None
+    query = chain.row[-1]
+    q, k = (a, b) if any(x is query for x in a.indices) else (b, a)
+    _leading(where, q, chain, (query, axis))
+    _leading(where, k, chain, (chain.key, axis))
+    if q.dtype != k.dtype:
+        raise ScheduleError(f"{where}: Q is {q.dtype} and K is {k.dtype}; mma needs one dtype")
+    depth = _shape_dim(where, "the scores", axis.extent)
+    for t in (q.tensor, k.tensor):
+        if const_int(t.shape[-1]) != depth:
+            raise ScheduleError(f"{where}: {t.name}'s last extent {t.shape[-1]} is not the contracted {depth}")
+    v = _half_read(chain.value)
+    if v is None:
+        raise ScheduleError(f"{where}: the contracted value {chain.value} is not a float16/bfloat16 input read")
+    _leading(where, v, chain, (chain.key, chain.column))
+    columns = _shape_dim(where, "the output", chain.columns)
+    if const_int(v.tensor.shape[-1]) != columns:
+        raise ScheduleError(f"{where}: {v.tensor.name}'s last extent is not the output's {columns} columns")
+    for stat, what in ((chain.m, "max"), (chain.l, "sum")):
+        acc = stat.op.body.acc_dtype  # type: ignore[union-attr]
+        if acc != dt.float32:
+            raise ScheduleError(f"{where}: the row {what} {stat.name} accumulates in {acc}; the kernel keeps float32")
+    if chain.contraction.acc_dtype != dt.float32:
+        raise ScheduleError(f"{where}: {chain.output.name} accumulates in {chain.contraction.acc_dtype}; mma "
+                            "accumulates in float32")
+    for t in (q.tensor, k.tensor, v.tensor):
+        if isinstance(t.op, PlaceholderOp) and t.op.strides is not None:
+            raise ScheduleError(f"{where}: {t.name} has strides; the tiles are copied as 16-byte pieces of contiguous "
+                                "rows (pass a contiguous tensor)")
+    return TensorCoreChain(chain, red, depth, q, k, v, INTRINSICS[q.dtype.name], INTRINSICS[v.dtype.name])
+
+
+# ---- masked-tile skipping (key_tiles.py) -----------------------------------------------------------
+
+def describe_skipping(args: Sequence[Tensor], rows: int, tile: int) -> str:
+    """skipping_description of the chain `args` for blocks of `rows` query rows (`query_block`
+    is the block index in the bound)."""
+    chain = online_chain(args)
+    block = Var("query_block", dt.int32)
+    unmasked = None if _reads_inputs(tensor_core_chain(chain)) else unmasked_tile_bound(chain, block, rows, tile)
+    return skipping_description(chain, key_tile_bound(chain, block, rows, tile), unmasked)
+
+
+def _reads_inputs(tcc: TensorCoreChain) -> bool:
+    """Whether the scores read inputs besides the contraction's (a bias, a mask tensor)."""
+    return any(isinstance(n, TensorRead) for n in walk(tcc.chain.score) if not _inside(n, tcc.scores))
+
+
+# ---- the kernel ------------------------------------------------------------------------------------
+
+def _check_relayout(qk: str, pv: str) -> None:
+    """The C fragment of n8 tiles 2k, 2k + 1 is the A fragment of k16 step k (module docstring)."""
+    c_map = lookup(qk).operand("c").layout
+    a_map = lookup(pv).operand("a").layout
+    for lane in range(32):
+        for e in range(8):
+            r, col = c_map(lane, e % 4)
+            if a_map(lane, e) != (r, col + 8 * (e // 4)):
+                raise ScheduleError(f"online_contraction_mma: the C fragment of {qk} is not the A fragment of {pv} "
+                                    f"(lane {lane}, element {e}); P would need a shuffle")
+
+
+def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key_tile: int = 64,
+                           warp_rows: int = 16, name: str | None = None) -> Module:
+    """The module of ONE tensor-core kernel computing the chain `args` (module docstring):
+    `rows_per_block` query rows per block, `warp_rows` (16 or 32: one or two m16 tiles, which
+    share every K and V fragment a warp loads) per warp, key tiles of `key_tile`."""
+    where = "online_contraction_mma"
+    chain = online_chain(args)
+    tc_chain = tensor_core_chain(chain)
+    if warp_rows not in (16, 32):
+        raise ScheduleError(f"{where}: warp_rows={warp_rows} must be 16 or 32 (one or two m16 tiles per warp)")
+    if rows_per_block % warp_rows or not warp_rows <= rows_per_block <= 512 or rows_per_block // warp_rows > 16:
+        raise ScheduleError(f"{where}: rows_per_block={rows_per_block} must be a multiple of warp_rows={warp_rows} "
+                            "(one warp per warp_rows rows), at most 16 warps")
+    if key_tile not in (16, 32, 64, 128):
+        raise ScheduleError(f"{where}: key_tile={key_tile} must be 16, 32, 64 or 128")
+    _check_relayout(tc_chain.qk_intrinsic, tc_chain.pv_intrinsic)
+    return _Kernel(tc_chain, rows_per_block, key_tile, warp_rows, name).module()
+
+
+class _Kernel:
+    def __init__(self, tcc: TensorCoreChain, rows: int, key_tile: int, warp_rows: int, name: str | None) -> None:
+        self.tcc, self.chain = tcc, tcc.chain
+        self.BM, self.BN = rows, key_tile
+        self.WR, self.MT = warp_rows, warp_rows // 16   # rows and m16 tiles per warp
+        self.warps = rows // warp_rows
+        self.threads = 32 * self.warps
+        self.D = tcc.depth
+        self.C = const_int(tcc.chain.columns)
+        self.name = name
+        prog = tcc.chain.program
+        sig = signature(prog)
+        self.sig = sig
+        self.buffers, self.unique = sig.buffers, sig.unique
+        u = self.unique
+        self.bx, self.by = Var(u("query_block"), dt.int32), Var(u("head"), dt.int32)
+        self.tx, self.kt = Var(u("thread"), dt.int32), Var(u("key_tile"), dt.int32)
+        self.lane, self.warp = self.tx % 32, self.tx // 32
+        self.lower = _Lower(self.buffers, u)
+
+    def frag(self, label: str, intrinsic: str, role: str, size: int) -> Buffer:
+        op = lookup(intrinsic).operand(role)
+        return Buffer(self.unique(label), op.dtype, (Const(size, dt.int32),), "fragment", fragment=(intrinsic, role))
+
+    def local(self, label: str, size: int) -> Buffer:
+        return Buffer(self.unique(label), dt.float32, (Const(size, dt.int32),), "local")
+
+    def shared(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
+        shape = tuple(Const(n, dt.int32) for n in (stages, rows, width))
+        return Buffer(self.unique(label), read.dtype, shape, "shared", tensor=f"{read.tensor.name}.shared",
+                      layout=row_swizzle(width))
+
+    def unrolled(self, label: str, extent: int, body: Callable[[Var], Stmt]) -> Stmt:
+        v = Var(self.unique(label), dt.int32)
+        return For(v, Const(0, dt.int32), Const(extent, dt.int32), "unroll", body(v))
+
+    def copy_tile(self, dst: Buffer, stage: Expr, read: TensorRead, at: dict[Var, Expr], row0: Expr, extent: Expr,
+                  rows: int, width: int) -> Stmt:
+        """cp.async of rows [row0, row0 + rows) x [0, width) of the read tensor into dst[stage],
+        16 bytes per copy, zero past `extent`."""
+        per_row = width // CHUNK
+        chunks = rows * per_row
+        count = -(-chunks // self.threads)
+        src = self.buffers[read.tensor]
+        lead = tuple(substitute(e, at) for e in read.indices[:-2])
+
+        def copy(u: Var) -> Stmt:
+            chunk = self.tx + self.threads * u
+            r, col = chunk // per_row, (chunk % per_row) * CHUNK
+            st: Stmt = AsyncCopy(dst, (stage, r, col), src, lead + (row0 + r, col), 16,
+                                 compare("<", row0 + r, extent), "cg")
+            if chunks % self.threads:
+                st = IfThenElse(compare("<", chunk, chunks), st)
+            return st
+        return self.unrolled(f"copy_{read.tensor.name}", count, copy)
+
+    def module(self) -> Module:
+        chain, tcc, BM, BN, D, C = self.chain, self.tcc, self.BM, self.BN, self.D, self.C
+        assert C is not None
+        zero = Const(0, dt.int32)
+        minus_inf = Const(-math.inf, dt.float32)
+        heads, queries = chain.rows[:-1], chain.rows[-1]
+        n_heads = size_product(heads)
+        if (const_int(n_heads) or 0) > MAX_GRID_Y:
+            raise ScheduleError(f"online_contraction_mma: {const_int(n_heads)} heads exceed the grid's y extent "
+                                f"{MAX_GRID_Y}")
+        head_at = dict(zip(chain.row[:-1], head_indices(self.by, heads)))
+        MT = self.MT
+        q0 = self.bx * BM
+
+        def warp_row0(mt: Expr) -> Expr:
+            return q0 + self.warp * self.WR + mt * 16
+
+        # per m16 tile mt of the warp: fragments at mt · (one tile's size), statistics at 2·mt + r
+        QF, SF, PF, OF = 8 * (D // 16), 4 * (BN // 8), 8 * (BN // 16), 4 * (C // 8)
+        q_frag = self.frag("q_frag", tcc.qk_intrinsic, "a", QF * MT)
+        k_frag = self.frag("k_frag", tcc.qk_intrinsic, "b", 8)
+        s_frag = self.frag("s_frag", tcc.qk_intrinsic, "c", SF * MT)
+        p_frag = self.frag("p_frag", tcc.pv_intrinsic, "a", PF * MT)
+        v_frag = self.frag("v_frag", tcc.pv_intrinsic, "b", 8)
+        o_frag = self.frag("o_frag", tcc.pv_intrinsic, "c", OF * MT)
+        m_run, l_run = self.local("m_run", 2 * MT), self.local("l_run", 2 * MT)
+        m_use, alpha = self.local("m_use", 2 * MT), self.local("alpha", 2 * MT)
+        q_sh = self.shared("q_shared", tcc.q, 1, BM, D)
+        k_sh = self.shared("k_shared", tcc.k, STAGES, BN, D)
+        v_sh = self.shared("v_shared", tcc.v, STAGES, BN, C)
+        c_map = lookup(tcc.qk_intrinsic).operand("c").layout
+
+        bound = key_tile_bound(chain, self.bx, BM, BN)
+        n_tiles: Expr = (chain.keys + (BN - 1)) // BN if bound is None else substitute(bound[0], head_at)
+
+        def load_kv(stage: Expr, tile: Expr) -> Stmt:
+            j0 = tile * BN
+            return seq(self.copy_tile(k_sh, stage, tcc.k, head_at, j0, chain.keys, BN, D),
+                       self.copy_tile(v_sh, stage, tcc.v, head_at, j0, chain.keys, BN, C))
+
+        # 1. Q -> shared -> A fragments; K, V tile 0 in the same group
+        prologue = seq(
+            self.copy_tile(q_sh, zero, tcc.q, head_at, q0, queries, BM, D),
+            IfThenElse(compare("<", zero, n_tiles), load_kv(zero, zero)),
+            AsyncCommit(),
+            AsyncWait(0),
+            Barrier(),
+            self.unrolled("q_tile", MT, lambda mt: self.unrolled("q_step", D // 16, lambda kd: load_a_fragment(
+                FragmentRef(q_frag, QF * mt + 8 * kd), q_sh, zero, self.warp * self.WR + mt * 16, kd * 16, self.lane,
+                True))),
+            self.unrolled("row", 2 * MT, lambda r: seq(BufferStore(m_run, (r,), minus_inf),
+                                                      BufferStore(l_run, (r,), Const(0.0, dt.float32)))),
+            self.unrolled("o_zero", OF * MT, lambda e: BufferStore(o_frag, (e,), Const(0.0, dt.float32))),
+        )
+
+        # 3. S = Q K^T
+        stage = self.kt % STAGES
+
+        def qk_step(kd: Var) -> Stmt:
+            def pair(kn: Var) -> Stmt:
+                def mma(mt: Var) -> Stmt:  # one K fragment load serves the warp's MT m16 tiles
+                    s0, a = SF * mt + 8 * kn, FragmentRef(q_frag, QF * mt + 8 * kd)
+                    return seq(
+                        MatrixMultiply(tcc.qk_intrinsic, FragmentRef(s_frag, s0), a, FragmentRef(k_frag, 0),
+                                       FragmentRef(s_frag, s0)),
+                        MatrixMultiply(tcc.qk_intrinsic, FragmentRef(s_frag, s0 + 4), a, FragmentRef(k_frag, 4),
+                                       FragmentRef(s_frag, s0 + 4)))
+                return seq(
+                    load_b_fragments(FragmentRef(k_frag, 0), k_sh, stage, kn * 16, kd * 16, self.lane, True),
+                    self.unrolled("qk_tile", MT, mma))
+            return self.unrolled("key_pair", BN // 16, pair)
+        scores = seq(self.unrolled("s_zero", SF * MT, lambda e: BufferStore(s_frag, (e,), Const(0.0, dt.float32))),
+                     self.unrolled("qk_step", D // 16, qk_step))
+
+        # 4. the elementwise stage per accumulator element, in log2 units
+        has_reads = _reads_inputs(tcc)
+        # s = Σ·c (c > 0) under the masks: the fragments keep the raw Σ (or -inf), the max is taken
+        # on it and scaled once per row, and each weight is exp2(Σ·c·log2 e - m₂), one FFMA; the
+        # tiles kept whole then need no elementwise work at all
+        kept_value = kept(chain.score)[1]
+        raw_scale = None if has_reads else _positive_scale(kept_value, tcc.scores)
+        score = chain.score
+        if raw_scale is not None:
+            score = SubexpressionReplacer({kept_value: tcc.scores}).visit(chain.score)
+
+        def element(score: Expr, guarded: bool) -> Stmt:
+            def tile(mt: Var, nt: Var) -> Stmt:
+                def one(e: Var) -> Stmt:
+                    r, col = c_map(self.lane, e)
+                    row = warp_row0(mt) + r
+                    key = self.kt * BN + nt * 8 + col
+                    at = {**head_at, chain.row[-1]: row, chain.key: key}
+                    here = SF * mt + 4 * nt + e
+                    s = substitute(SubexpressionReplacer({tcc.scores: s_frag[here]}).visit(score), at)
+                    stmts, value = self.lower.value(_fold_log2e(s) if raw_scale is None else s)
+                    store = seq(*stmts, BufferStore(s_frag, (here,), cast(value, dt.float32)))
+                    if not guarded:
+                        return store
+                    key_ok = compare("<", key, chain.keys)
+                    if has_reads:  # a bias or mask read: only inside the rows and keys
+                        return IfThenElse(compare("<", row, queries) & key_ok, store,
+                                          BufferStore(s_frag, (here,), minus_inf))
+                    return seq(*stmts, BufferStore(s_frag, (here,), select(key_ok, cast(value, dt.float32), minus_inf)))
+                return self.unrolled("s_e", 4, one)
+            return self.unrolled("s_m", MT, lambda mt: self.unrolled("s_tile", BN // 8, lambda nt: tile(mt, nt)))
+        guarded = element(score, True)
+        # tiles every row of the block keeps whole (below the diagonal): no condition, no guard
+        unmasked = None if has_reads else unmasked_tile_bound(chain, self.bx, BM, BN)
+        self.skipping = skipping_description(chain, bound, unmasked)
+        if unmasked is None:
+            elementwise: Stmt = guarded
+        else:
+            unmasked = substitute(unmasked, head_at)
+            if raw_scale is not None:  # the raw Σ is the value: nothing to do on whole tiles
+                elementwise = IfThenElse(compare(">=", self.kt, unmasked), guarded)
+            else:
+                plain = element(kept_value, False)
+                elementwise = IfThenElse(compare("<", self.kt, unmasked), plain, guarded)
+
+        # 5. running max over the quad, the rescale α, 6. P into the A fragments, the partial sum
+        tile_max = self.local("tile_max", 2 * MT)
+
+        def row_stats(r: Var) -> Stmt:  # r = 2·mt + (0: row g, 1: row g + 8)
+            def fold(nt: Var) -> Stmt:
+                # fmax (one FMNMX) rather than the NaN-propagating max: a NaN score still makes
+                # its p, hence l and the outputs, NaN, as the program's max would
+                here = SF * (r // 2) + 4 * nt + 2 * (r % 2)
+                return seq(*(BufferStore(tile_max, (r,), binary("fmax", tile_max[r], s_frag[here + i]))
+                             for i in (0, 1)))
+            scaled = () if raw_scale is None else (
+                BufferStore(tile_max, (r,), binary("fmax", m_run[r], tile_max[r] * Const(raw_scale, dt.float32))),)
+            return seq(
+                BufferStore(tile_max, (r,), m_run[r] if raw_scale is None else minus_inf),
+                self.unrolled("max_n", BN // 8, fold),
+                BufferStore(tile_max, (r,), binary("fmax", tile_max[r], warp_shuffle("shfl_xor", tile_max[r], 1))),
+                BufferStore(tile_max, (r,), binary("fmax", tile_max[r], warp_shuffle("shfl_xor", tile_max[r], 2))),
+                *scaled,
+                BufferStore(m_use, (r,), select(compare("==", tile_max[r], minus_inf), Const(0.0, dt.float32),
+                                                tile_max[r])),
+                BufferStore(alpha, (r,), call("exp2_approx", m_run[r] - m_use[r])),
+                BufferStore(m_run, (r,), tile_max[r]),
+                BufferStore(l_run, (r,), l_run[r] * alpha[r]),
+            )
+        p_dtype = lookup(tcc.pv_intrinsic).operand("a").dtype
+
+        def weights(mt: Var, nt: Var) -> Stmt:
+            def one(e: Var) -> Stmt:
+                here, r = SF * mt + 4 * nt + e, 2 * mt + e // 2
+                t = s_frag[here] if raw_scale is None else s_frag[here] * Const(raw_scale, dt.float32)
+                p = call("exp2_approx", t - m_use[r])
+                return seq(BufferStore(s_frag, (here,), p),
+                           BufferStore(l_run, (r,), l_run[r] + s_frag[here]),
+                           # C tile nt element e is A element 4·nt + e of k16 step nt // 2 (the relayout)
+                           BufferStore(p_frag, (PF * mt + 4 * nt + e,), cast(s_frag[here], p_dtype)))
+            return self.unrolled("p_e", 4, one)
+
+        def rescale(mt: Var, nt: Var) -> Stmt:
+            return self.unrolled("o_e", 4, lambda e: BufferStore(o_frag, (OF * mt + 4 * nt + e,),
+                                                                 o_frag[OF * mt + 4 * nt + e] * alpha[2 * mt + e // 2]))
+
+        # 7. O += P V
+        def pv_step(kk: Var) -> Stmt:
+            def pair(dn: Var) -> Stmt:
+                def mma(mt: Var) -> Stmt:  # one V fragment load serves the warp's MT m16 tiles
+                    o0, a = OF * mt + 8 * dn, FragmentRef(p_frag, PF * mt + 8 * kk)
+                    return seq(
+                        MatrixMultiply(tcc.pv_intrinsic, FragmentRef(o_frag, o0), a, FragmentRef(v_frag, 0),
+                                       FragmentRef(o_frag, o0)),
+                        MatrixMultiply(tcc.pv_intrinsic, FragmentRef(o_frag, o0 + 4), a, FragmentRef(v_frag, 4),
+                                       FragmentRef(o_frag, o0 + 4)))
+                return seq(
+                    load_b_fragments(FragmentRef(v_frag, 0), v_sh, stage, dn * 16, kk * 16, self.lane, False),
+                    self.unrolled("pv_tile", MT, mma))
+            return self.unrolled("column_pair", C // 16, pair)
+
+        ahead = self.kt + 1
+        loop = For(self.kt, zero, n_tiles, "serial", seq(
+            AsyncWait(0),   # tile kt has landed (the only group in flight)
+            Barrier(),      # ... for every thread, and every warp is done with tile kt - 1's stage
+            IfThenElse(compare("<", ahead, n_tiles), load_kv(ahead % STAGES, ahead)),
+            AsyncCommit(),
+            scores,
+            elementwise,
+            self.unrolled("row_stat", 2 * MT, row_stats),
+            self.unrolled("p_m", MT, lambda mt: self.unrolled("p_tile", BN // 8, lambda nt: weights(mt, nt))),
+            self.unrolled("o_m", MT, lambda mt: self.unrolled("o_tile", C // 8, lambda nt: rescale(mt, nt))),
+            self.unrolled("pv_step", BN // 16, pv_step),
+        ))
+
+        # 8. epilogue
+        l_sum = self.local("l_sum", 2 * MT)
+        finish: list[Stmt] = [self.unrolled("quad_sum", 2 * MT, lambda r: seq(
+            BufferStore(l_sum, (r,), l_run[r] + warp_shuffle("shfl_xor", l_run[r], 1)),
+            BufferStore(l_sum, (r,), l_sum[r] + warp_shuffle("shfl_xor", l_sum[r], 2))))]
+
+        def final(r: Expr) -> dict[Expr, Expr]:
+            return {chain.m_value: cast(m_run[r] * LN2, chain.m.dtype), chain.l_value: cast(l_sum[r], chain.l.dtype)}
+
+        out = self.buffers[chain.output]
+
+        def out_tile(mt: Var, nt: Var) -> Stmt:
+            def one(e: Var) -> Stmt:
+                r, col = c_map(self.lane, e)
+                row = warp_row0(mt) + r
+                column = nt * 8 + col
+                body = SubexpressionReplacer({**final(2 * mt + e // 2),
+                                              chain.contraction: cast(o_frag[OF * mt + 4 * nt + e],
+                                                                      chain.contraction.dtype)}
+                                             ).visit(chain.output_body)
+                at = {**head_at, chain.row[-1]: row, chain.column: column}
+                st, val = self.lower.value(substitute(body, at))
+                idx = tuple(head_at[v] for v in chain.row[:-1]) + (row, column)
+                return IfThenElse(compare("<", row, queries),
+                                  seq(*st, BufferStore(out, idx, cast(val, chain.output.dtype))))
+            return self.unrolled("out_e", 4, one)
+        finish.append(self.unrolled("out_m", MT, lambda mt: self.unrolled("out_tile", C // 8,
+                                                                            lambda nt: out_tile(mt, nt))))
+
+        def row_out(r: Var) -> Stmt:  # r = 2·mt + (0: row g, 1: row g + 8)
+            row = warp_row0(r // 2) + self.lane // 4 + 8 * (r % 2)
+            at = {**head_at, chain.row[-1]: row}
+            stmts: list[Stmt] = []
+            for t, value in chain.row_outputs:
+                st, val = self.lower.value(substitute(SubexpressionReplacer(final(r)).visit(value), at))
+                idx = tuple(head_at[v] for v in chain.row[:-1]) + (row,)
+                stmts.append(seq(*st, BufferStore(self.buffers[t], idx, cast(val, t.dtype))))
+            return IfThenElse(compare("==", self.lane % 4, zero) & compare("<", row, queries), seq(*stmts))
+        if chain.row_outputs:
+            finish.append(self.unrolled("row_out", 2 * MT, row_out))
+
+        body: Stmt = seq(prologue, loop, AsyncWait(0), *finish)
+        for buf in reversed([q_sh, k_sh, v_sh, q_frag, k_frag, s_frag, p_frag, v_frag, o_frag,
+                             m_run, l_run, m_use, alpha, tile_max, l_sum, *self.lower.allocs]):
+            body = Allocate(buf, body)
+        body = For(self.tx, zero, Const(self.threads, dt.int32), "threadIdx.x", body)
+        body = For(self.bx, zero, (queries + (BM - 1)) // BM, "blockIdx.x", body)
+        if heads:
+            body = For(self.by, zero, n_heads, "blockIdx.y", body)
+
+        prog = chain.program
+        used = global_buffers(body)
+        body_vars = scalar_vars(exprs_of(body) + [s for b in used for s in b.shape + (b.strides or ())])
+        params = tuple(self.buffers[a] for a in prog.args if self.buffers[a] in used) + \
+            tuple(v for v in self.sig.scalars if v in body_vars)
+        kname = self.unique(f"{chain.output.name}_attention_mma_kernel")
+        mname = identifier(self.name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
+        what = (f"{tcc.qk_intrinsic} / {tcc.pv_intrinsic}: {BM} query rows ({self.warps} warps of {self.WR}), key "
+                f"tiles of {BN}, "
+                f"{STAGES}-stage cp.async ring; exp2 with log2(e) folded into the scale; {self.skipping}")
+        attrs: tuple[tuple[str, object], ...] = (
+            ("online_contraction", (chain.m.name, chain.l.name, chain.output.name)), ("tensorize", what))
+        kernel = PrimFunc(kname, params, body, attrs)
+        module_params = tuple(self.buffers[a] for a in prog.args) + tuple(self.sig.scalars)
+        return Module(mname, module_params, (kernel,), (KernelCall(kname, params),), ())
+
+
+def _positive_scale(value: Expr, scores: Reduce) -> float | None:
+    """log2(e)·c when `value` is `scores · c` (either order, c > 0 a constant) or `scores` itself
+    (c = 1), so that max(value) = c·max(scores); None otherwise."""
+    if value is scores:
+        return LOG2E
+    if isinstance(value, Binary) and value.op == "*":
+        for x, y in ((value.a, value.b), (value.b, value.a)):
+            if x is scores and isinstance(y, Const) and y.dtype.is_float and float(y.value) > 0:
+                return float(y.value) * LOG2E
+    return None
+
+
+def _inside(node: Expr, container: Expr) -> bool:
+    return any(n is node for n in walk(container))
+
+
+def _fold_log2e(e: Expr) -> Expr:
+    """log2(e) · e in float32, with the factor folded into a constant scale (through `where`s,
+    sums and differences) so that the common `Σ·scale` costs one multiplication."""
+    return cast(_fold(e), dt.float32)
+
+
+def _fold(e: Expr) -> Expr:
+    if isinstance(e, Select):
+        return select(e.cond, _fold_log2e(e.a), _fold_log2e(e.b))
+    if isinstance(e, Const) and e.dtype.is_float:
+        return Const(float(e.value) * LOG2E, dt.float32)
+    if isinstance(e, Cast) and e.dtype == dt.float32 and e.a.dtype.is_float:
+        return _fold_log2e(e.a) if e.a.dtype == dt.float32 else binary("*", e, Const(LOG2E, dt.float32))
+    if isinstance(e, Binary) and e.op == "*" and e.dtype == dt.float32:
+        for x, y in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(y, Const):
+                return binary("*", x, Const(float(y.value) * LOG2E, dt.float32))
+    if isinstance(e, Binary) and e.op in ("+", "-") and e.dtype == dt.float32:
+        return binary(e.op, _fold_log2e(e.a), _fold_log2e(e.b))
+    return binary("*", cast(e, dt.float32), Const(LOG2E, dt.float32))
+
+
+__all__ = ["TensorCoreChain", "describe_skipping", "online_contraction_mma", "tensor_core_chain"]

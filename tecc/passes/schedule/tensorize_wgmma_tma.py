@@ -1,0 +1,300 @@
+"""tensorize on Hopper, warp-specialized: a producer warpgroup loads tiles with TMA into an
+mbarrier ring, consumer warpgroups run wgmma (tensorize_wgmma(..., producer="tma")).
+
+The same matching, block tiling, 128B-swizzled shared tiles, descriptors and epilogue as
+tensorize_wgmma.py (this emitter subclasses its emitter); the loads and the ring differ:
+
+1. roles       BM/64 consumer warpgroups (warpgroup g computes rows 64g .. 64g + 63, as before)
+               and one more warpgroup, the producer, of which one thread issues every load. The
+               block has 128 · (BM/64 + 1) threads. With two consumer warpgroups (384 threads,
+               168 registers each at launch) the producer gives registers back
+               (setmaxnreg.dec 40) and the consumers take them (setmaxnreg.inc 232):
+               128 · 40 + 256 · 232 = 384 · 168.
+2. loads       one TMA tile copy per operand and k tile (tecc/ir/tma_stmt.py): a K-major operand
+               (A[b?, i, k], B[b?, j, k]) as one box of (rows, 64) into [S][rows][64]; an MN-major
+               operand (A[b?, k, i], B[b?, k, j]) as rows/64 boxes of (64, 64), one per 64-column
+               block of [S][rows/64][64][64]. The tensor map's 128B swizzle writes exactly the
+               layout the descriptors read, and its zero fill is the M/N/K edge handling (no
+               predicates). Only operands whose every index is a plain loop variable (a batch,
+               the row/column, the k axis) qualify: an implicit-GEMM gather keeps cp.async.
+3. ring        S stages, barriers full[S] (count 1: the producer's expect-tx) and empty[S]
+               (count 4 · BM/64: one arrival per consumer warp). Iteration kt, in one k loop
+               whose body branches on the role (warpgroup-uniform, no __syncthreads in it):
+
+                 producer thread:  wait empty[kt % S] for parity (kt / S + 1) % 2
+                                     (stage free: its previous tile's wgmmas completed; on a
+                                      fresh barrier parity 1 counts as completed, so the first
+                                      S waits return at once)
+                                   expect_tx(full[kt % S], bytes of both tiles)
+                                   TMA A and B tiles of k tile kt into stage kt % S
+                 consumers:        wait full[kt % S] for parity (kt / S) % 2   (tile kt landed)
+                                   wgmma.fence; BK/16 wgmmas; commit; wgmma.wait_group 1
+                                   lane 0 of each warp: arrive empty[(kt - 1) % S]
+                                     (tile kt - 1's wgmmas of this warp completed)
+
+               TMA writes and wgmma reads are both async-proxy accesses ordered by the
+               mbarriers, so no proxy fence sits in the loop; the barriers' initialization is
+               made visible to the async proxy (fence.proxy.async) before the one __syncthreads.
+               The producer runs up to S tiles ahead of the slowest consumer warpgroup.
+4. epilogue    consumers: wgmma.wait_group 0, then tensorize_wgmma's epilogue.
+5. persistent  (optional, `persistent=P`) P blocks instead of one per output tile: block b
+               handles tiles b, b + P, b + 2P, ... in both roles, the ring's phases running on
+               across tiles (k tile kt of the block's i-th tile is ring entry i · k_tiles + kt),
+               so the producer loads the next tile's first stages while the consumers run this
+               tile's epilogue. Tiles are numbered in a grouped order: GROUP_M row tiles side by
+               side sweep the column tiles together (then the next group), so the blocks running
+               at one time share panels of A and B in L2.
+
+The emulator runs the threads in lockstep in program order; the producer's branch comes first
+in each iteration, so every wait is satisfied by what precedes it in program order, and a
+forgotten release (no arrive on `empty`) is reported as a deadlock.
+"""
+
+from __future__ import annotations
+
+from ...ir import dtype as dt
+from ...ir.errors import ScheduleError
+from ...ir.arith import binary
+from ...ir.expr import Const, Expr, Var, size_product
+from ...ir.intrinsics import WARPGROUP_SIZE, lookup
+from ...ir.stmt import (
+    Allocate,
+    AsyncProxyFence,
+    Barrier,
+    BarrierArrive,
+    BarrierExpectTx,
+    BarrierInit,
+    BarrierRef,
+    BarrierWait,
+    Buffer,
+    BufferStore,
+    For,
+    IfThenElse,
+    LetStmt,
+    PrimFunc,
+    SetMaxRegisters,
+    Stmt,
+    TensorCopy,
+    TensorMap,
+    WarpgroupCommit,
+    WarpgroupFence,
+    WarpgroupWait,
+    seq,
+)
+from .tensorize import Contraction, Operand, Tiling, _ceil_div, _int, _shape
+from .tensorize_wgmma import K_TILE, _WarpgroupEmitter
+
+PRODUCER_REGISTERS = 40
+GROUP_M = 8            # row tiles per group of the persistent grid's tile order
+MAX_PERSISTENT = 2**31 - 1
+CONSUMER_REGISTERS = {2: 232}   # consumer warpgroups -> setmaxnreg.inc target (module docstring, step 1)
+
+
+def tma_refusal(c: Contraction, tiling: Tiling | None = None) -> str | None:
+    """Why the contraction's operands cannot be loaded by TMA tile copies, or None when they can
+    (module docstring, step 2): every index a plain loop variable, no where(), a contiguous
+    innermost dimension, and two different buffers (one tensor map each)."""
+    if c.a.buffer is c.b.buffer:
+        return f"A and B are the same buffer {c.a.buffer.name} (one tensor map per buffer)"
+    for op in (c.a, c.b):
+        reason = _operand_refusal(c, op)
+        if reason is not None:
+            return f"operand {op.role} ({op.buffer.name}): {reason}"
+    return None
+
+
+def _operand_refusal(c: Contraction, op: Operand) -> str | None:
+    if op.guard is not None:
+        return "its read is under a where() (padding): TMA has no per-element predicate"
+    outer = c.rows if op.role == "A" else c.cols
+    if len(outer) != 1 or len(c.ks) != 1:
+        return "its rows or its reduction are several axes (an implicit GEMM gathers them)"
+    axes = {c.k: "k", outer[0][0]: "outer"}
+    axes.update({v: "batch" for v, _ in c.batch})
+    seen: set[Var] = set()
+    for ix in op.load.indices:
+        if not isinstance(ix, Var) or ix not in axes or ix in seen:
+            return f"index {ix} is not a plain loop variable (TMA copies boxes of plain coordinates)"
+        seen.add(ix)
+    if c.k not in seen or outer[0][0] not in seen:
+        return "it is not indexed by both its row/column axis and k"
+    last = op.load.indices[-1]
+    if last not in (c.k, outer[0][0]):
+        return "its innermost dimension is a batch axis"
+    strides = op.buffer.strides
+    if strides is not None and len(strides) and str(strides[-1]) != "1":
+        return f"its innermost stride is {strides[-1]}, TMA needs a contiguous innermost dimension"
+    return None
+
+
+class _TmaEmitter(_WarpgroupEmitter):
+    def __init__(self, func: PrimFunc, c: Contraction, intrinsic: str, t: Tiling, release: bool,
+                 persistent: int = 0, group_m: int = GROUP_M) -> None:
+        super().__init__(func, c, intrinsic, t, None)
+        self.consumers = t.bm // 64
+        self.release = release  # False only in tests: the deadlock the emulator must report
+        self.persistent, self.group_m = persistent, group_m
+        self.block_id, self.tile_iter = Var("block_id"), Var("tile_iter")
+        self.full = Buffer("full_bar", dt.int64, _shape(t.stages), "shared")
+        self.empty = Buffer("empty_bar", dt.int64, _shape(t.stages), "shared")
+        self.maps = {op.role: self.tensor_map(op) for op in (c.a, c.b)}
+
+    def summary(self) -> str:
+        t = self.t
+        grid = (f", persistent over {self.persistent} blocks in groups of {self.group_m} row tiles"
+                if self.persistent else "")
+        return (f"{self.row} block {t.bm}x{t.bn} consumer warpgroups {self.consumers} + TMA producer warpgroup "
+                f"k_tile {t.bk} stages {t.stages} (mbarrier ring, wgmma groups in flight 1{grid})")
+
+    # step 1: roles -------------------------------------------------------------------------------
+    def kernel(self) -> PrimFunc:
+        c, t = self.c, self.t
+        body: Stmt = self.pipeline()
+        for buf in (self.shared["A"], self.shared["B"], self.full, self.empty, *self.fragments):
+            body = Allocate(buf, body)
+        threads = t.threads + WARPGROUP_SIZE
+        body = For(self.tx, _int(0), _int(threads), "threadIdx.x", body)
+        if self.persistent:
+            body = For(self.block_id, _int(0), _int(self.persistent), "blockIdx.x", body)
+            return PrimFunc(self.func.name, self.func.params, body,
+                            self.func.attrs + (("tensorize", self.summary()),))
+        body = For(self.bx, _int(0), _ceil_div(c.n, t.bn), "blockIdx.x", body)
+        body = For(self.by, _int(0), _ceil_div(c.m, t.bm), "blockIdx.y", body)
+        if c.batch:
+            body = For(self.bz, _int(0), size_product([ext for _, ext in c.batch]), "blockIdx.z", body)
+        return PrimFunc(self.func.name, self.func.params, body, self.func.attrs + (("tensorize", self.summary()),))
+
+    # step 2: TMA loads ---------------------------------------------------------------------------
+    def tensor_map(self, op: Operand) -> TensorMap:
+        outer = self.t.bm if op.role == "A" else self.t.bn
+        box = []
+        for ix in op.load.indices:
+            if ix is self.c.k:
+                box.append(K_TILE)
+            elif ix in (self.c.i, self.c.j):
+                box.append(outer if op.k_last else 64)
+            else:
+                box.append(1)
+        return TensorMap(op.buffer, tuple(box), "128B")
+
+    def tile_copies(self, op: Operand, stage: Expr, k_tile: Expr, bar: BarrierRef) -> list[Stmt]:
+        c, t = self.c, self.t
+        outer0 = self.by * t.bm if op.role == "A" else self.bx * t.bn
+        outer = t.bm if op.role == "A" else t.bn
+        dst = self.shared[op.role]
+        zero = _int(0)
+        copies: list[Stmt] = []
+        for block in range(1 if op.k_last else outer // 64):
+            coords = []
+            for ix in op.load.indices:
+                if ix is c.k:
+                    coords.append(k_tile * K_TILE)
+                elif ix in (c.i, c.j):
+                    coords.append(outer0 + 64 * block)
+                else:
+                    assert isinstance(ix, Var)  # tma_refusal: every index is a plain loop variable
+                    coords.append(self.batch_index[ix.name])
+            indices = (stage, zero, zero) if op.k_last else (stage, _int(block), zero, zero)
+            copies.append(TensorCopy(dst, indices, self.maps[op.role], tuple(coords), bar))
+        return copies
+
+    # step 3b: the persistent grid ------------------------------------------------------------------
+    def tiles(self) -> Expr:
+        c, t = self.c, self.t
+        total = _ceil_div(c.m, t.bm) * _ceil_div(c.n, t.bn)
+        return total * size_product([ext for _, ext in c.batch]) if c.batch else total
+
+    def for_each_tile(self, body: Stmt) -> Stmt:
+        """`body` once per output tile of this block (the persistent grid: tiles block_id,
+        block_id + P, ...), with block_row / block_col / block_batch bound to the tile in the
+        grouped order: GROUP_M row tiles side by side sweep the column tiles together, so the
+        blocks running at one time share A's row panels and B's column panels in L2."""
+        if not self.persistent:
+            return body
+        c, t = self.c, self.t
+        rows, cols = _ceil_div(c.m, t.bm), _ceil_div(c.n, t.bn)
+        tile = self.block_id + self.tile_iter * self.persistent
+        per_batch = rows * cols
+        local = tile % per_batch if c.batch else tile
+        group = self.group_m * cols
+        first_row = (local // group) * self.group_m
+        height = binary("min", rows - first_row, _int(self.group_m))
+        inner = local % group
+        bound = LetStmt(self.by, first_row + inner % height, LetStmt(self.bx, inner // height, body))
+        if c.batch:
+            bound = LetStmt(self.bz, tile // per_batch, bound)
+        count = (self.tiles() - self.block_id + (self.persistent - 1)) // self.persistent
+        return For(self.tile_iter, _int(0), count, "serial", bound)
+
+    def ring_index(self, kt: Expr) -> Expr:
+        """The ring's running k-tile count: k tiles of earlier tiles of this block, then kt."""
+        return self.tile_iter * self.k_tiles + kt if self.persistent else kt
+
+    # step 3: the mbarrier ring -------------------------------------------------------------------
+    def pipeline(self) -> Stmt:
+        t = self.t
+        S = t.stages
+        thread = self.tx % WARPGROUP_SIZE
+        producer = self.warpgroup == self.consumers
+        warps = 4 * self.consumers
+        init = IfThenElse(self.tx == 0, seq(
+            *[BarrierInit(BarrierRef(self.full, Const(s, dt.int32)), _int(1)) for s in range(S)],
+            *[BarrierInit(BarrierRef(self.empty, Const(s, dt.int32)), _int(warps)) for s in range(S)],
+            AsyncProxyFence()))   # the initialized barriers, visible to the TMA unit (async proxy)
+        elements = lookup(self.row).operand("d").elements
+        zero = self.unrolled("zero", elements, lambda z: BufferStore(self.frag_c, (z,), Const(0.0, dt.float32)))
+        tile_bytes = self.maps["A"].bytes * (1 if self.c.a.k_last else t.bm // 64) + \
+            self.maps["B"].bytes * (1 if self.c.b.k_last else t.bn // 64)
+
+        def produce(kt: Var) -> Stmt:
+            g = self.ring_index(kt)
+            stage = g % S
+            full = BarrierRef(self.full, stage)
+            return IfThenElse(thread == 0, seq(
+                BarrierWait(BarrierRef(self.empty, stage), (g // S + 1) % 2),
+                BarrierExpectTx(full, _int(tile_bytes)),
+                *self.tile_copies(self.c.a, stage, kt, full),
+                *self.tile_copies(self.c.b, stage, kt, full)))
+
+        def consume(kt: Var) -> Stmt:
+            g = self.ring_index(kt)
+            stage = g % S
+            release = IfThenElse((g > 0) & (self.lane == 0),
+                                 BarrierArrive(BarrierRef(self.empty, (g + (S - 1)) % S)))
+            return seq(
+                BarrierWait(BarrierRef(self.full, stage), (g // S) % 2),
+                WarpgroupFence(),
+                self.compute(stage),
+                WarpgroupCommit(),
+                WarpgroupWait(1),
+                release if self.release else None)
+        load_tile = Var("load_tile")
+        producer_role = seq(
+            SetMaxRegisters(PRODUCER_REGISTERS, False) if self.consumers in CONSUMER_REGISTERS else None,
+            self.for_each_tile(For(load_tile, _int(0), self.k_tiles, "serial", produce(load_tile))))
+        consumer_role = seq(
+            SetMaxRegisters(CONSUMER_REGISTERS[self.consumers], True) if self.consumers in CONSUMER_REGISTERS else None,
+            self.for_each_tile(seq(
+                zero,
+                For(self.kt, _int(0), self.k_tiles, "serial", consume(self.kt)),
+                WarpgroupWait(0, (self.frag_c,)),
+                self.epilogue())))
+        return seq(init, Barrier(), IfThenElse(producer, producer_role, consumer_role))
+
+
+def tensorize_wgmma_tma(func: PrimFunc, stage: str, c: Contraction, intrinsic: str, tiling: Tiling,
+                        release: bool = True, persistent: int = 0, group_m: int = GROUP_M) -> PrimFunc:
+    """The warp-specialized TMA kernel (module docstring); the caller checked the tiling.
+    `persistent` > 0: that many blocks loop over the output tiles in the grouped order of
+    `group_m` row tiles (step 5)."""
+    reason = tma_refusal(c, tiling)
+    if reason is not None:
+        raise ScheduleError(f"tensorize({stage}, wgmma, producer='tma'): {reason}; "
+                            "use producer='threads' (cp.async by every thread)")
+    if persistent < 0 or persistent > MAX_PERSISTENT or group_m < 1:
+        raise ScheduleError(f"tensorize({stage}, wgmma, producer='tma'): persistent must be 0 (one block per tile) "
+                            f"or 1..{MAX_PERSISTENT} blocks and group_m positive, got {persistent} and {group_m}")
+    return _TmaEmitter(func, c, intrinsic, tiling, release, persistent, group_m).kernel()
+
+
+__all__ = ["tensorize_wgmma_tma", "tma_refusal"]

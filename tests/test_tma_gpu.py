@@ -1,0 +1,91 @@
+"""The TMA rung on a real sm_90 GPU (skipped elsewhere): the warp-specialized wgmma kernel
+(tensorize(..., producer="tma")) against torch in float64 under tests/test_tensorize_gpu.py's
+bound ((K + 1)·2⁻²³·Σ|a·b|, plus one rounding of a 16-bit output); outputs start as NaN, inputs
+are fresh random values. Covers the tensor-map encoding (cuTensorMapEncodeTiled) and the
+by-value launch (cuLaunchKernel) that only a GPU can run, and a saved artifact reloaded by the
+runtime alone for new symbolic M. Time it with
+`python benchmarks/gemm.py --dtype float16 --skip-shapes --sweep --sweep-strategy gemm_wgmma --load tma`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from test_tensorize_gpu import _run
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                                 reason="needs an sm_90 GPU")]
+
+
+def tma_plan(block: tuple[int, int], stages: int) -> dict[str, Any]:
+    return {"strategy": "manual", "reason": "test", "steps": [
+        {"primitive": "tensorize", "args": {"stage": "C", "intrinsic": "wgmma", "block": list(block),
+                                            "warps": [4 * block[0] // 64, 1], "k_tile": 64, "stages": stages,
+                                            "producer": "tma"}}]}
+
+
+def test_one_tensor_map_encodes_on_the_device() -> None:
+    """The isolated driver call: a 128-byte map for a 1000 x 4096 half matrix."""
+    from tecc.runtime.tensor_map import TensorMapSpec, encode_arguments, encode_tensor_map
+    from tecc.ir import dtype as dt
+
+    a = torch.empty((1000, 4096), device="cuda", dtype=torch.float16)
+    spec = TensorMapSpec("A", dt.float16, (128, 64), "128B")
+    encoded = encode_tensor_map(encode_arguments(spec, a.data_ptr(), tuple(a.shape), tuple(a.stride())))
+    assert len(encoded.data) == 128 and any(encoded.data)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("m,n,k,block,stages", [(1000, 1000, 1000, (128, 128), 4), (4096, 4096, 4096, (128, 256), 4)])
+def test_tma_gemm_on_gpu(m: int, n: int, k: int, block: tuple[int, int], stages: int, dtype: str) -> None:
+    f = _run(m, n, k, dtype, plan=tma_plan(block, stages))
+    assert f.arch == "sm_90a"
+    assert all(k.tensor_maps for k in f.host.kernels)
+
+
+@pytest.mark.parametrize("a_t,b_t", [(True, False), (False, True), (True, True)])
+def test_tma_gemm_transposed_operands_on_gpu(a_t: bool, b_t: bool) -> None:
+    _run(1000, 1000, 1000, "float16", a_t=a_t, b_t=b_t, plan=tma_plan((128, 128), 4))
+
+
+@pytest.mark.parametrize("block,stages", [((64, 64), 2), ((64, 256), 4), ((128, 64), 5), ((128, 256), 3)])
+def test_tma_points_batched_and_fused(block: tuple[int, int], stages: int) -> None:
+    _run(512, 512, 512, "bfloat16", batch=8, plan=tma_plan(block, stages))
+    _run(1024, 1024, 1000, "float16", out="float16", relu_bias=True, plan=tma_plan(block, stages))
+
+
+def test_tma_gemm_symbolic_m_through_a_saved_artifact(tmp_path: Any) -> None:
+    """Built once with M symbolic, saved, reloaded by the runtime alone: each call encodes the
+    tensor maps for its own M (the manifest records what the maps need)."""
+    from tecc.runtime.artifact import load
+
+    f = _run(77, 512, 256, "float16", symbolic=True, plan=tma_plan((128, 128), 4))
+    f.save(tmp_path / "tma_gemm")
+    kernel = load(tmp_path / "tma_gemm")
+    assert kernel.host.kernels[0].tensor_maps
+    for m in (1000, 4096, 77):
+        g = torch.Generator(device="cuda").manual_seed(m)
+        a = torch.randn((m, 256), device="cuda", generator=g).half()
+        b = torch.randn((256, 512), device="cuda", generator=g).half()
+        c = torch.full((m, 512), float("nan"), device="cuda", dtype=torch.float32)
+        kernel(a, b, c)
+        torch.cuda.synchronize()
+        exact = a.double() @ b.double()
+        bound = 257 * 2.0**-23 * (a.double().abs() @ b.double().abs()) + 2.0**-24 * exact.abs()
+        err = (c.double() - exact).abs() - bound
+        assert not torch.isnan(c).any() and (err <= 0).all(), (m, float(err.max()))
+
+
+def persistent_plan(block: tuple[int, int], stages: int, blocks: int) -> dict[str, Any]:
+    plan = tma_plan(block, stages)
+    plan["steps"][0]["args"]["persistent"] = blocks
+    return plan
+
+
+@pytest.mark.parametrize("m,n,k", [(1000, 1000, 1000), (4096, 4096, 4096)])
+def test_a_persistent_tma_gemm_on_gpu(m: int, n: int, k: int) -> None:
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    _run(m, n, k, "float16", out="float16", plan=persistent_plan((128, 256), 4, sms))
+    _run(m, n, k, "bfloat16", batch=2, plan=persistent_plan((128, 128), 4, sms))
