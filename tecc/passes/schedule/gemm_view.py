@@ -20,9 +20,15 @@ the ordinary GEMM schedule:
 2. The GEMM schedule applies unchanged: every access is affine in (b, m, n, k), so `cache_read`
    stages a BM × BK tile of A_view in shared memory — an im2col tile, built in shared memory
    only — with its usual cooperative, zero-filled, double-buffered copy.
-3. `gather_views(func)` replaces every read of a view by its definition (`select(pred,
-   X[indices], 0)`, the indices in the copy's own index expressions) and every store to C_view
-   by the store to the real output, and drops the attr. No view buffer survives into codegen.
+3. `gather_views(module, kernel)` replaces every read of a view by its definition
+   (`select(pred, X[indices], 0)`, the indices in the copy's own index expressions) and every
+   store to C_view by the store to the real output, in the kernel and in the combine kernel a
+   split-K `rfactor` made of it (which stores C_view), and drops the attr. No view buffer
+   survives into codegen. A read in a `vectorize` copy loop of at most VECTOR lanes, at view
+   index `start + lane` with `start` a multiple of VECTOR, is gathered as one chunk where the
+   view proves it contiguous (`_chunk`): the first element's indices with `lane` added along
+   the operand's contiguous dimension, under the first element's predicate (the emitter then
+   makes it one 16-byte load).
 
 Plain GEMMs never come here (the planner serves them with the strategies unchanged); a
 contraction whose groups are single axes would give the same kernel up to the view names.
@@ -176,7 +182,7 @@ def _chunk(where: str, op: Operand, group: tuple[Axis, ...]) -> tuple[int, int] 
     of VECTOR is then that first element's indices + lane. None: element by element."""
     inner, ext = group[-1]
     extent = const_int(ext)
-    spatial = [v for v in free_vars_of(op)]
+    spatial = _free_vars_of(op)
     lay = _layout(where, op.load, op.guard, spatial, [])
     if extent is None:
         return None
@@ -192,7 +198,7 @@ def _chunk(where: str, op: Operand, group: tuple[Axis, ...]) -> tuple[int, int] 
     return dims[0], VECTOR
 
 
-def free_vars_of(op: Operand) -> list[Var]:
+def _free_vars_of(op: Operand) -> list[Var]:
     out: set[Var] = set()
     for ix in op.load.indices:
         out |= free_vars(ix)
