@@ -5,13 +5,15 @@
 Each layer is written as an ordinary tensor expression (docs/conv.md): NHWC activations, RSCF
 filters, `tc.sum` over (c, r, s), padding by `tc.where` on the index, the float16 sum in float32
 (`tc.cast(tc.sum(float32(x) · float32(w)), dtype)`), planned by the planner for the live GPU
-(`plan_program`: fp16 layers are implicit GEMMs on tensor cores, gemm_tensor_core) and built with
+(`plan_program`: fp16 layers are implicit GEMMs on tensor cores, gemm_tensor_core / gemm_wgmma;
+fp32 layers implicit GEMMs on the SGEMM kernel, gemm_implicit; depthwise layers stencils,
+stencil_tile) and built with
 `tc.build(args, plan=plan)`. The same layer runs through torch.nn.functional.conv2d on
 channels_last tensors with torch.backends.cudnn.benchmark = True, in the same process, TF32 off
 on both sides (fp32 rows). Results are checked against torch in float64.
 
 Rows: the ResNet-50 3x3 and 1x1 layers at batch 32 in float16 (and float32 with --fp32, the
-default), and depthwise 3x3 layers (groups = C: memory-bound, on SIMT strategies). Times are
+default), and depthwise 3x3 layers (groups = C: memory-bound, stencil_tile). Times are
 CUDA-event medians (benchmarks/gemm.py's time_call: events around one Python call; time_kernels:
 the GPU time of the call's launches; time_stream: 10 back-to-back calls / 10). `ratio` = cuDNN /
 tecc per call, `ratio_kernel` = cuDNN back-to-back / tecc kernel time. Prints the table and the

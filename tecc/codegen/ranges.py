@@ -175,4 +175,7 @@ def divisible_by(e: Expr, factor: int, aligned_vars: frozenset[Var] = frozenset(
             return divisible_by(e.a, factor, aligned_vars) or divisible_by(e.b, factor, aligned_vars)
         if e.op in ("+", "-"):
             return divisible_by(e.a, factor, aligned_vars) and divisible_by(e.b, factor, aligned_vars)
+        if e.op == "%" and isinstance(e.b, Const) and e.b.dtype.is_int and int(e.b.value) % factor == 0:
+            # a - (a // c)·c: both terms multiples of factor (an implicit GEMM's k % C, C % 4 == 0)
+            return divisible_by(e.a, factor, aligned_vars)
     return False

@@ -506,6 +506,30 @@ class Schedule:
             return
         self._apply(st.kernel, step, lambda f: prim.tensorize(f, st.name, intrinsic, tiling))
 
+    def flatten_contraction(self, stage: StageLike) -> None:
+        """Rewrite the float32 contraction `stage` (a convolution, any grouping of axes) over its
+        GEMM view: loops (b,) m, n, k reading view buffers `A_view[(b,) m, k]`, `B_view[(b,) k, n]`
+        and storing `C_view[(b,) m, n]`, so the SIMT GEMM schedule applies as to a matrix product;
+        `gather_views` afterwards turns the views back into gathered reads of the real tensors
+        (tecc/passes/schedule/gemm_view.py). It must be the first primitive applied to the stage."""
+        st = self._stage(stage)
+        self._apply(st.kernel, Step("flatten_contraction", {"stage": str(st)}),
+                    lambda f: prim.flatten_contraction(f, st.name))
+
+    def gather_views(self, stage: StageLike) -> None:
+        """Replace the view buffers of a flattened contraction (flatten_contraction) by gathered,
+        predicated reads of the real operands and the store to the real output, in the stage's
+        kernel and in the combine kernel a split-K rfactor made of it; the last step."""
+        st = self._stage(stage)
+        step = Step("gather_views", {"stage": str(st)})
+        if st.kernel not in _kernel_names(self.mod):
+            raise ScheduleError(f"gather_views: no kernel {st.kernel!r}")
+        start = time.perf_counter()
+        mod = prim.gather_views(self.mod, st.kernel)
+        self.mod = mod.with_kernels([simplify_func(k) for k in mod.kernels])
+        self.timing.append(("gather_views", time.perf_counter() - start))
+        self._record(step)
+
     def cache_write(self, stage: StageLike, scope: str = "local") -> StageRV:
         st = self._stage(stage)
         self._apply(st.kernel, Step("cache_write", {"stage": str(st), "scope": scope}),

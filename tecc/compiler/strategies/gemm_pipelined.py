@@ -233,41 +233,50 @@ class GemmPipelined(Strategy):
             part, k = sch.split(k, factors=[None, split_chunk(info.reduction[0][1], bk, split)])
             stage = sch.rfactor(part)
             batch = part
-        bi, qi, ty, ii = sch.split(i, factors=[None, 2, bm // (2 * QUADRANT), QUADRANT])
-        bj, qj, tx, ji = sch.split(j, factors=[None, 2, bn // (2 * QUADRANT), QUADRANT])
-        ko, ki = sch.split(k, bk)
-        sch.reorder(bi, bj, ty, tx, ko, ki, qi, ii, qj, ji)
-        if batch is not None:
-            sch.bind(batch, "blockIdx.z")
-        sch.bind(bi, "blockIdx.y")
-        sch.bind(bj, "blockIdx.x")
-        sch.bind(ty, "threadIdx.y")
-        sch.bind(tx, "threadIdx.x")
-        local = sch.cache_write(stage, "local")
         pair = operands(info)
         assert pair is not None
-        for which, access in enumerate(pair):
-            cache = sch.cache_read(stage, access.tensor, "shared")
-            sch.vector_copy(cache, 4)
-            if _k_contiguous(info, which):
-                sch.storage_transpose(cache)
-                sch.storage_align(cache, 4)
-            sch.compute_at(cache, ko)
-        # past K both shared tiles hold the copies' zero fill: the k-tail guard leaves the FFMAs
-        # (proved from the fill conditions; must precede double_buffer, while each copy is one store)
-        sch.unguard_reduction_tail(local)
-        sch.double_buffer(ko)
-        # the shared tiles are zero-filled outside A and B: the register tile's edge lanes need
-        # no guard in the k loop, only at the store to C
-        sch.guard_writeback_only(local)
-        for loop in (ki, qi, ii, qj, ji):
-            sch.unroll(loop)
+        tiles = [(access.tensor, 4, _k_contiguous(info, which)) for which, access in enumerate(pair)]
+        schedule_tiles(sch, stage, batch, i, j, k, tiles, bm, bn, bk)
 
     def describe(self, point: Point) -> str:
         split = int(point.get("split", 1))
         parts = f", split-K {split} + combine kernel" if split > 1 else ""
         return (f"gemm_pipelined(block {point['bm']}x{point['bn']}, thread 8x8 in 4x4 quadrants, "
                 f"k-tile {point['bk']}{parts}, float4 copies, register double buffer)")
+
+
+def schedule_tiles(sch: Any, stage: Any, batch: Any, i: Any, j: Any, k: Any, operand_tiles: list[tuple[str, int, bool]],
+                   bm: int, bn: int, bk: int) -> None:
+    """The SGEMM schedule over loops (batch,) i, j, k of `stage` (module docstring), shared with
+    gemm_implicit: `operand_tiles` = (tensor, copy width, contiguous along k) for A, then B."""
+    bi, qi, ty, ii = sch.split(i, factors=[None, 2, bm // (2 * QUADRANT), QUADRANT])
+    bj, qj, tx, ji = sch.split(j, factors=[None, 2, bn // (2 * QUADRANT), QUADRANT])
+    ko, ki = sch.split(k, bk)
+    sch.reorder(bi, bj, ty, tx, ko, ki, qi, ii, qj, ji)
+    if batch is not None:
+        sch.bind(batch, "blockIdx.z")
+    sch.bind(bi, "blockIdx.y")
+    sch.bind(bj, "blockIdx.x")
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+    local = sch.cache_write(stage, "local")
+    for tensor, width, k_contiguous in operand_tiles:
+        cache = sch.cache_read(stage, tensor, "shared")
+        if width > 1:
+            sch.vector_copy(cache, width)
+        if k_contiguous:
+            sch.storage_transpose(cache)
+            sch.storage_align(cache, 4)
+        sch.compute_at(cache, ko)
+    # past K both shared tiles hold the copies' zero fill: the k-tail guard leaves the FFMAs
+    # (proved from the fill conditions; must precede double_buffer, while each copy is one store)
+    sch.unguard_reduction_tail(local)
+    sch.double_buffer(ko)
+    # the shared tiles are zero-filled outside A and B: the register tile's edge lanes need
+    # no guard in the k loop, only at the store to C
+    sch.guard_writeback_only(local)
+    for loop in (ki, qi, ii, qj, ji):
+        sch.unroll(loop)
 
 
 register(GemmPipelined())

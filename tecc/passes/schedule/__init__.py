@@ -16,6 +16,8 @@ interface that records every application in a Plan.
   guard_writeback_only  guard_writeback.py  a register tile's split guards only on its write-back
   unguard_reduction_tail  reduction_tail.py  the k-tail guard off the accumulation where both shared tiles are zero past K
   rfactor      rfactor.py      a reduction loop made a parallel axis, partials combined by a second kernel (split-K)
+  flatten_contraction / gather_views  gemm_view.py  a float32 contraction (a convolution) over view buffers
+               A_view[m, k], B_view[k, n] for the SIMT GEMM schedule, and the views replaced by gathered reads after it
   tensorize    tensorize.py    a contraction of half operands as a tiled mma.sync kernel (cp.async ring, ldmatrix);
                tensorize_wgmma.py   ... or, intrinsic "wgmma", as a Hopper warpgroup kernel (wgmma from swizzled shared tiles)
                tensorize_wgmma_tma.py  ... with producer "tma": a TMA producer warpgroup and an mbarrier ring
@@ -27,6 +29,7 @@ from .cache_read import stage_read
 from .cache_write import cache_write
 from .double_buffer import double_buffer
 from .fuse import fuse
+from .gemm_view import flatten_contraction, gather_views
 from .guard_writeback import guard_writeback_only
 from .loop_kind import bind, unroll, vectorize
 from .loops import stage_leaves, stage_loops
@@ -37,5 +40,6 @@ from .split import split
 from .tensorize import Tiling, tensorize
 from .tensorize_wgmma import tensorize_wgmma
 
-__all__ = ["bind", "cache_write", "distribute", "double_buffer", "fuse", "guard_writeback_only", "insert_barriers", "reorder", "rfactor", "split", "stage_leaves",
-           "stage_loops", "stage_read", "Tiling", "tensorize", "tensorize_wgmma", "unguard_reduction_tail", "unroll", "vectorize"]
+__all__ = ["bind", "cache_write", "distribute", "double_buffer", "flatten_contraction", "fuse", "gather_views",
+           "guard_writeback_only", "insert_barriers", "reorder", "rfactor", "split", "stage_leaves", "stage_loops",
+           "stage_read", "Tiling", "tensorize", "tensorize_wgmma", "unguard_reduction_tail", "unroll", "vectorize"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 from ...ir import poly
 from ...ir.errors import ScheduleError
 from ...ir.expr import (
+    BufferLoad,
     Const,
     Expr,
     Var,
@@ -33,6 +34,7 @@ from ...ir.expr import (
     logical_and,
     select,
     substitute,
+    walk,
 )
 from ...ir.stmt import (
     THREAD_KINDS,
@@ -66,6 +68,12 @@ def find_buffer(func: PrimFunc, tensor: str) -> Buffer:
     for s, _ in iter_with_path(func.body):
         if isinstance(s, Allocate) and (s.buffer.tensor == tensor or s.buffer.name == tensor):
             return s.buffer
+    # a view buffer (gemm_view.py): read by the kernel, backed by no parameter until gather_views
+    for s, _ in iter_with_path(func.body):
+        if isinstance(s, BufferStore):
+            for e in walk(s.value):
+                if isinstance(e, BufferLoad) and e.buffer.scope == "global" and e.buffer.tensor == tensor:
+                    return e.buffer
     raise ScheduleError(f"kernel {func.name} has no buffer for tensor {tensor!r}")
 
 
@@ -128,7 +136,7 @@ def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0,
     taken = all_names(func)
     cache = Buffer(fresh_name(taken, f"{buf.name}_{scope}"), buf.dtype, tuple(alloc_shape), scope, None,
                    f"{tensor}.{scope}")
-    body = rebuffer(node.body, buf, cache,
+    body = rebuffer(_drop_padding_tests(node.body, buf), buf, cache,
                     lambda idx: tuple([i - o for i, o in zip(idx, origin)][d] for d in order))
 
     if vector > 1 and (scope != "shared" or shape[-1] % vector):
@@ -151,6 +159,47 @@ def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0,
                                                                 Allocate(cache, nl.body), nl.annotations)))
         out = insert_barriers(out)
     return simplify_func(out)
+
+
+def _drop_padding_tests(s: Stmt, buf: Buffer) -> Stmt:
+    """`where(cond, buf[idx], 0)` → `buf[idx]` where every conjunct of cond is a bounds test of
+    idx against buf's shape (`idx[d] >= 0`, `idx[d] < n_d`): zero padding written as a `where`.
+    The cache then serves the read with the test left out, because its copy zero-fills every
+    element of the box outside the tensor (step 3): wherever cond is false, idx is out of bounds
+    and the cache holds 0 there. A stencil's shared halo (strategies/stencil_tile.py) reads R·S
+    times per output without the test."""
+    from ...ir.expr import Binary, Compare, Select
+    from ...ir.visitor import ExprMutator, StmtMutator
+
+    def bounds_test(c: Expr, idx: tuple[Expr, ...]) -> bool:
+        if not isinstance(c, Compare):
+            return False
+        for d, (i, n) in enumerate(zip(idx, buf.shape)):
+            lo = (c.op == ">=" and c.a is i and const_int(c.b) == 0) or (c.op == "<=" and c.b is i and const_int(c.a) == 0)
+            hi = (c.op == "<" and c.a is i and (c.b is n or (const_int(c.b) is not None and const_int(c.b) == const_int(n))))
+            if lo or hi:
+                return True
+        return False
+
+    def conjuncts(c: Expr) -> list[Expr]:
+        if isinstance(c, Binary) and c.op == "&" and c.dtype.name == "bool":
+            return conjuncts(c.a) + conjuncts(c.b)
+        return [c]
+
+    class _Loads(ExprMutator):
+        def visit_Select(self, e: Select) -> Expr:
+            a = self.visit(e.a)
+            if (isinstance(a, BufferLoad) and a.buffer is buf and isinstance(e.b, Const) and float(e.b.value) == 0.0
+                    and all(bounds_test(c, a.indices) for c in conjuncts(e.cond))):
+                return a
+            return self.generic_visit(e)
+
+    class _Stmts(StmtMutator):
+        pass
+
+    m = _Stmts()
+    m.expr_mutator = _Loads()
+    return m.visit(s)
 
 
 def _in_bounds(buf: Buffer, index: list[Expr], loops: list[poly.LoopDim]) -> Expr:

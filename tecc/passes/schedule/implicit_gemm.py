@@ -278,9 +278,16 @@ def _k_last_without_copy(lay: Layout, outer: Sequence[str], ks: Sequence[str]) -
 
 # ---- matching -----------------------------------------------------------------------------------
 
-def match_contraction(func: PrimFunc, stage: str) -> Contraction:
-    """The contraction computed by `func` for `stage` as a GEMM, or a ScheduleError naming what differs."""
-    where = f"tensorize({stage})"
+HALF_OPERANDS = (dt.float16, dt.bfloat16)
+TENSOR_CORE_OPERANDS = (dt.float16, dt.bfloat16, dt.float32)  # float32: rounded to tf32 (tensorize)
+
+
+def match_contraction(func: PrimFunc, stage: str, operand_dtypes: Sequence[dt.DType] = HALF_OPERANDS,
+                      where: str = "") -> Contraction:
+    """The contraction computed by `func` for `stage` as a GEMM, or a ScheduleError naming what differs.
+    `operand_dtypes`: the multiplicands' allowed dtypes (tensor cores: 16-bit; the SIMT implicit
+    GEMM of gemm_view.py: float32); `where` names the primitive in errors."""
+    where = where or f"tensorize({stage})"
     loops: list[For] = []
     node: Stmt = func.body
     while isinstance(node, For):
@@ -320,7 +327,7 @@ def match_contraction(func: PrimFunc, stage: str) -> Contraction:
     if not (isinstance(update, Binary) and update.op == "+" and isinstance(update.a, BufferLoad)
             and update.a.buffer is acc):
         raise ScheduleError(f"{where}: the reduction must be a sum (acc = acc + term), got {update}")
-    (x, gx), (y, gy) = _multiplicands(where, update.b)
+    (x, gx), (y, gy) = _multiplicands(where, update.b, operand_dtypes)
     spatial = [lp.var for lp in loops]
     if not _same_vars(store.indices, spatial):
         raise ScheduleError(f"{where}: the output {store.buffer.name} must be indexed by exactly its loop axes "
@@ -469,7 +476,8 @@ def _is_zero(e: Expr) -> bool:
     return isinstance(e, Const) and float(e.value) == 0.0
 
 
-def _multiplicands(where: str, term: Expr) -> tuple[tuple[BufferLoad, Expr | None], tuple[BufferLoad, Expr | None]]:
+def _multiplicands(where: str, term: Expr, operand_dtypes: Sequence[dt.DType] = HALF_OPERANDS
+                   ) -> tuple[tuple[BufferLoad, Expr | None], tuple[BufferLoad, Expr | None]]:
     """The two half loads (and their where() conditions) of `float32(A * B)` or `float32(A) * float32(B)`."""
     term = _strip_cast(term)
     if not (isinstance(term, Binary) and term.op == "*"):
@@ -483,12 +491,15 @@ def _multiplicands(where: str, term: Expr) -> tuple[tuple[BufferLoad, Expr | Non
         if not isinstance(side, BufferLoad) or side.buffer.scope != "global":
             raise ScheduleError(f"{where}: multiplicand {side} is not a read of an input (fold scales into the "
                                 "epilogue; casts to float32 and where(condition, read, 0) are allowed)")
-        if side.buffer.dtype not in (dt.float16, dt.bfloat16, dt.float32):
-            raise ScheduleError(f"{where}: operand {side.buffer.name} is {side.buffer.dtype}; tensor-core "
-                                "mma needs float16 or bfloat16 operands (or float32 ones rounded to tf32)")
+        if side.buffer.dtype not in operand_dtypes:
+            if tuple(operand_dtypes) in (HALF_OPERANDS, TENSOR_CORE_OPERANDS):
+                raise ScheduleError(f"{where}: operand {side.buffer.name} is {side.buffer.dtype}; tensor-core "
+                                    "mma needs float16 or bfloat16 operands (or float32 ones rounded to tf32)")
+            raise ScheduleError(f"{where}: operand {side.buffer.name} is {side.buffer.dtype}; this kernel takes "
+                                f"{' or '.join(map(str, operand_dtypes))} operands")
         out.append((side, guard))
     return out[0], out[1]
 
 
-__all__ = ["Axis", "Contraction", "Layout", "Operand", "Stride", "contiguous_copy", "gemm_order", "layout_of",
+__all__ = ["HALF_OPERANDS", "TENSOR_CORE_OPERANDS", "Axis", "Contraction", "Layout", "Operand", "Stride", "contiguous_copy", "gemm_order", "layout_of",
            "match_contraction", "order_by_stride", "unflatten"]

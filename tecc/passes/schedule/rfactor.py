@@ -84,7 +84,7 @@ def _update_combiner(s: Stmt, acc: Buffer) -> str | None:
     return v.op
 
 
-def _params(module: Module, body: Stmt, extra: list[Buffer]) -> tuple[Buffer | Var, ...]:
+def kernel_params(module: Module, body: Stmt, extra: list[Buffer]) -> tuple[Buffer | Var, ...]:
     """A kernel's parameters: the module's buffers and temporaries it uses, then its size variables."""
     from ..lower import exprs_of, global_buffers, scalar_vars
 
@@ -171,8 +171,8 @@ def rfactor(module: Module, kernel: str, loop: str) -> Module:
     combine_name = f"{kernel}_combine"
     while combine_name in taken:
         combine_name += "_"
-    partial = PrimFunc(kernel, _params(module, partial_body, [rf]), partial_body, func.attrs)
-    combine = PrimFunc(combine_name, _params(module, combine_body, [rf]), combine_body)
+    partial = PrimFunc(kernel, kernel_params(module, partial_body, [rf]), partial_body, func.attrs)
+    combine = PrimFunc(combine_name, kernel_params(module, combine_body, [rf]), combine_body)
     kernels: list[PrimFunc] = []
     calls: list[KernelCall] = []
     for k in module.kernels:
@@ -188,4 +188,4 @@ def rfactor(module: Module, kernel: str, loop: str) -> Module:
     return Module(module.name, module.params, tuple(kernels), tuple(calls), tuple(module.temps) + (rf,))
 
 
-__all__ = ["rfactor"]
+__all__ = ["kernel_params", "rfactor"]

@@ -114,7 +114,7 @@ from ...ir.stmt import (
     seq,
 )
 from ...ir.visitor import ExprMutator
-from .implicit_gemm import Contraction, Operand, match_contraction, unflatten
+from .implicit_gemm import TENSOR_CORE_OPERANDS, Contraction, Operand, match_contraction, unflatten
 
 INTRINSICS = {"float16": "mma.m16n8k16.f32.f16", "bfloat16": "mma.m16n8k16.f32.bf16"}
 # float32 operands run on tensor cores only rounded to tf32, which a plan must name: "auto" never
@@ -242,7 +242,7 @@ def tensorize(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) -> Pri
         # imported here: tensorize_wgmma builds on this module's emitter
         from .tensorize_wgmma import tensorize_wgmma
         return tensorize_wgmma(func, stage, intrinsic, tiling)
-    c = match_contraction(func, stage)
+    c = match_contraction(func, stage, TENSOR_CORE_OPERANDS)  # float32 only with the tf32 intrinsic (below)
     dtype = c.a.buffer.dtype.name
     check_tiling(stage, tiling, c.a.buffer.dtype.bytes)
     if dtype == "float32":
