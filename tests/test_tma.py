@@ -49,7 +49,7 @@ from tecc.ir.stmt import (
 from tecc.ir.tma_stmt import swizzle_layout
 from tecc.passes.lower import lower
 from tecc.passes.schedule.tensorize import Tiling
-from tecc.passes.schedule.tensorize_wgmma import tensorize_wgmma
+from tecc.passes.schedule.tensor_core import tensorize_wgmma
 from tecc.runtime.host import HostProgram
 from tecc.runtime.marshal import plan_launches, tensor_map_geometry
 from tecc.runtime.sim import simulate_kernel

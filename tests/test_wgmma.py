@@ -24,7 +24,7 @@ from tecc.ir.errors import RaceError, ScheduleError
 from tecc.ir.stmt import AsyncCopy, MatrixLoad, MatrixMultiply, WarpgroupMatrixMultiply, iter_stmts
 from tecc.passes.lower import lower
 from tecc.passes.schedule.tensorize import Tiling
-from tecc.passes.schedule.tensorize_wgmma import tensorize_wgmma
+from tecc.passes.schedule.tensor_core import tensorize_wgmma
 from tecc.runtime.sim import simulate_kernel
 
 

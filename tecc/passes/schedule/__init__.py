@@ -37,8 +37,8 @@ from .reduction_tail import unguard_reduction_tail
 from .reorder import distribute, reorder
 from .rfactor import rfactor
 from .split import split
-from .tensorize import Tiling, tensorize
-from .tensorize_wgmma import tensorize_wgmma
+from .tensor_core import tensorize, tensorize_wgmma
+from .tensorize import Tiling
 
 __all__ = ["bind", "cache_write", "distribute", "double_buffer", "flatten_contraction", "fuse", "gather_views",
            "guard_writeback_only", "insert_barriers", "reorder", "rfactor", "split", "stage_leaves", "stage_loops",

@@ -234,14 +234,10 @@ def tf32_swizzle(width: int, k_last: bool) -> Swizzle:
     return Swizzle(2, 3, w - 3)
 
 
-def tensorize(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) -> PrimFunc:
-    """`func` (the lowered kernel of `stage`) as a tensor-core kernel (module docstring).
-    `intrinsic` "auto" or an mma.m16n8k16 row: mma.sync; "wgmma" or a wgmma row: the Hopper
-    warpgroup kernel of tensorize_wgmma.py (same matching, tiling, ring and epilogue)."""
-    if intrinsic.startswith("wgmma"):
-        # imported here: tensorize_wgmma builds on this module's emitter
-        from .tensorize_wgmma import tensorize_wgmma
-        return tensorize_wgmma(func, stage, intrinsic, tiling)
+def tensorize_mma(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) -> PrimFunc:
+    """`func` (the lowered kernel of `stage`) as an mma.sync tensor-core kernel (module docstring).
+    `intrinsic` "auto" or an mma row of the table. (The primitive users call, `tensorize` in
+    tensor_core.py, sends "wgmma" to the Hopper kernels.)"""
     c = match_contraction(func, stage, TENSOR_CORE_OPERANDS)  # float32 only with the tf32 intrinsic (below)
     dtype = c.a.buffer.dtype.name
     check_tiling(stage, tiling, c.a.buffer.dtype.bytes)
@@ -630,4 +626,4 @@ class _Emitter:
 
 
 __all__ = ["CHUNK", "INTRINSICS", "TF32", "Contraction", "Operand", "Tiling", "check_tiling", "load_a_fragment",
-           "load_b_fragments", "match_contraction", "row_swizzle", "tensorize", "tf32_swizzle"]
+           "load_b_fragments", "match_contraction", "row_swizzle", "tensorize_mma", "tf32_swizzle"]

@@ -109,18 +109,10 @@ def check_warpgroup_tiling(stage: str, t: Tiling) -> None:
 PRODUCERS = ("threads", "tma")
 
 
-def tensorize_wgmma(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling,
-                    lookahead: int | None = None, producer: str = "threads", release: bool = True,
-                    persistent: int = 0) -> PrimFunc:
-    """`func` (the lowered kernel of `stage`) as a warpgroup kernel (module docstring).
-    `intrinsic`: "wgmma" (the row for the operands' dtype and BN) or that row's name.
-    `producer`: "threads" (every thread issues cp.async into the ring: this module) or "tma"
-    (a producer warpgroup issues TMA tile copies into an mbarrier ring that consumer warpgroups
-    drain: tensorize_wgmma_tma.py). `release` False drops the consumers' arrivals on that
-    ring's empty barriers (only tests: the emulator must report the deadlock). `persistent` > 0
-    (producer "tma" only): that many blocks loop over the output tiles in a grouped order.
-    `lookahead` overrides the tiles loaded ahead (S - 1 - P); only tests pass one, to show that
-    a ring refilling a stage an in-flight wgmma reads is reported by the emulator."""
+def checked_wgmma(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) -> tuple[Contraction, str]:
+    """The contraction `func` computes for `stage` and the wgmma row it takes, or a
+    ScheduleError naming what does not fit. `intrinsic`: "wgmma" (the row for the operands'
+    dtype and BN) or that row's name."""
     c = match_contraction(func, stage)
     check_warpgroup_tiling(stage, tiling)
     dtype = c.a.buffer.dtype.name
@@ -132,13 +124,15 @@ def tensorize_wgmma(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling,
     if intrinsic != want:
         raise ScheduleError(f"tensorize({stage}): intrinsic {intrinsic!r} does not fit {dtype} operands and block "
                             f"columns {tiling.bn}; use {want!r} (or 'wgmma')")
-    if producer == "tma":
-        from .tensorize_wgmma_tma import tensorize_wgmma_tma  # its emitter subclasses this module's
-        return tensorize_wgmma_tma(func, stage, c, intrinsic, tiling, release, persistent)
-    if persistent:
-        raise ScheduleError(f"tensorize({stage}, wgmma): a persistent grid needs producer='tma'")
-    if producer != "threads":
-        raise ScheduleError(f"tensorize({stage}, wgmma): producer {producer!r} is not one of {PRODUCERS}")
+    return c, intrinsic
+
+
+def tensorize_wgmma_threads(func: PrimFunc, c: Contraction, intrinsic: str, tiling: Tiling,
+                            lookahead: int | None = None) -> PrimFunc:
+    """The warpgroup kernel whose every thread issues cp.async into the ring (module
+    docstring), for the contraction and row `checked_wgmma` gave. `lookahead` overrides the
+    tiles loaded ahead (S - 1 - P); only tests pass one, to show that a ring refilling a stage an
+    in-flight wgmma reads is reported by the emulator."""
     return _WarpgroupEmitter(func, c, intrinsic, tiling, lookahead).kernel()
 
 
@@ -245,4 +239,5 @@ class _WarpgroupEmitter(_Emitter):
         return self.unrolled("out_e", int(lookup(self.row).operand("d").elements), element)
 
 
-__all__ = ["BLOCK_N", "K_TILE", "PRODUCERS", "check_warpgroup_tiling", "tensorize_wgmma", "wgmma_intrinsic"]
+__all__ = ["BLOCK_N", "K_TILE", "PRODUCERS", "check_warpgroup_tiling", "checked_wgmma", "tensorize_wgmma_threads",
+           "wgmma_intrinsic"]
