@@ -339,17 +339,11 @@ class CudaExecutor:
         nothing launched) when the call must take the full path."""
         if self.follows_producer:
             self.stream, self._stream_ptr = self._home_stream
-        read = arrays.device_key
-        stream_ptr, pointer_device = self._stream_ptr, self._pointer_device
-        keys = []
-        ptrs = []
-        for arg in inputs:
-            found = read(arg, stream_ptr, pointer_device)
-            if found is None:
-                return None
-            keys.append(found[0])
-            ptrs.append(found[1])
-        hit = self._allocating.get(tuple(keys))
+        read = self._read_keys(inputs)
+        if read is None:
+            return None
+        keys, ptrs = read
+        hit = self._allocating.get(keys)
         if hit is None:
             return None
         cached, recipe, positions = hit
@@ -439,6 +433,11 @@ class CudaExecutor:
         array, a zero-size array, a producer the key readers do not know)."""
         if len(args) != self._arity:
             return None
+        return self._read_keys(args)
+
+    def _read_keys(self, args: Sequence[Any]) -> tuple[tuple[tuple[Any, ...], ...], list[int]] | None:
+        """Each argument's key and data pointer (`arrays.device_key`), or None when one must
+        take the full path."""
         read = arrays.device_key
         stream_ptr, pointer_device = self._stream_ptr, self._pointer_device
         keys = []

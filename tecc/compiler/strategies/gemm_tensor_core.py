@@ -289,6 +289,18 @@ def gemm_view(info: KernelInfo) -> GemmView | str:
     return GemmView(a, b, batch, m, n, info.reduce_extent, (a_copy, b_copy), gathered)
 
 
+def mma_view(info: KernelInfo, target: Target, instruction: str) -> Any:
+    """The GEMM view of a contraction an mma.sync strategy may take on `target`, or why not (the
+    part of the guard both precisions share; `instruction` names the mma the reason cites)."""
+    if info.kind != "contraction":
+        return f"not a contraction (kind {info.kind})"
+    if target.sm < 80:
+        return f"{target.arch} has no {instruction} (needs sm_80 or later)"
+    if len(info.spatial) < 2 or not info.reduction:
+        return "needs at least two spatial axes and a reduction axis"
+    return gemm_view(info)
+
+
 class GemmTensorCore(Strategy):
     name = "gemm_tensor_core"
     description = "half-precision contraction: mma.m16n8k16, cp.async ring, swizzled ldmatrix, fused epilogue"
@@ -297,13 +309,7 @@ class GemmTensorCore(Strategy):
     precision = HALF
 
     def guard(self, info: KernelInfo, target: Target) -> str | None:
-        if info.kind != "contraction":
-            return f"not a contraction (kind {info.kind})"
-        if target.sm < 80:
-            return f"{target.arch} has no mma.m16n8k16 with float32 accumulators (needs sm_80 or later)"
-        if len(info.spatial) < 2 or not info.reduction:
-            return "needs at least two spatial axes and a reduction axis"
-        view = gemm_view(info)
+        view = mma_view(info, target, "mma.m16n8k16 with float32 accumulators")
         if isinstance(view, str):
             return view
         pair = (view.a, view.b)
@@ -407,13 +413,7 @@ class GemmTensorCoreTF32(GemmTensorCore):
                      "swizzled shared tiles (conflict-free)")
 
     def guard(self, info: KernelInfo, target: Target) -> str | None:
-        if info.kind != "contraction":
-            return f"not a contraction (kind {info.kind})"
-        if target.sm < 80:
-            return f"{target.arch} has no mma.m16n8k8 tf32 (needs sm_80 or later)"
-        if len(info.spatial) < 2 or not info.reduction:
-            return "needs at least two spatial axes and a reduction axis"
-        view = gemm_view(info)
+        view = mma_view(info, target, "mma.m16n8k8 tf32")
         if isinstance(view, str):
             return view
         if any(x.dtype != "float32" for x in (view.a, view.b)):

@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
@@ -297,6 +297,14 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
         raise ScheduleError(f"{where}: key_tile={key_tile} must be 16, 32, 64 or 128")
     _check_relayout(tc_chain.qk_intrinsic, tc_chain.pv_intrinsic)
     return _Kernel(tc_chain, rows_per_block, key_tile, warp_rows, name).module()
+
+
+def two_n8_tiles(intrinsic: str, acc: Buffer, offset: Any, a: FragmentRef, b: Buffer) -> Stmt:
+    """acc[offset..] += a · b for the two n8 tiles one ldmatrix.x4 of B loaded (b[0:4], b[4:8]):
+    the accumulators of the second tile follow the first's 4 elements."""
+    return seq(
+        MatrixMultiply(intrinsic, FragmentRef(acc, offset), a, FragmentRef(b, 0), FragmentRef(acc, offset)),
+        MatrixMultiply(intrinsic, FragmentRef(acc, offset + 4), a, FragmentRef(b, 4), FragmentRef(acc, offset + 4)))
 
 
 class _Kernel:
@@ -533,12 +541,8 @@ class _Kernel:
         def qk_step(kd: Var) -> Stmt:
             def pair(kn: Var) -> Stmt:
                 def mma(mt: Var) -> Stmt:  # one K fragment load serves the warp's MT m16 tiles
-                    s0, a = SF * mt + 8 * kn, FragmentRef(q_frag, QF * mt + 8 * kd)
-                    return seq(
-                        MatrixMultiply(tcc.qk_intrinsic, FragmentRef(s_frag, s0), a, FragmentRef(k_frag, 0),
-                                       FragmentRef(s_frag, s0)),
-                        MatrixMultiply(tcc.qk_intrinsic, FragmentRef(s_frag, s0 + 4), a, FragmentRef(k_frag, 4),
-                                       FragmentRef(s_frag, s0 + 4)))
+                    return two_n8_tiles(tcc.qk_intrinsic, s_frag, SF * mt + 8 * kn, FragmentRef(q_frag, QF * mt + 8 * kd),
+                                        k_frag)
                 return seq(
                     load_b_fragments(FragmentRef(k_frag, 0), k_sh, stage, kn * 16, kd * 16, self.lane, True),
                     self.unrolled("qk_tile", MT, mma))
@@ -646,12 +650,8 @@ class _Kernel:
         def pv_step(kk: Var) -> Stmt:
             def pair(dn: Var) -> Stmt:
                 def mma(mt: Var) -> Stmt:  # one V fragment load serves the warp's MT m16 tiles
-                    o0, a = OF * mt + 8 * dn, FragmentRef(p_frag, PF * mt + 8 * kk)
-                    return seq(
-                        MatrixMultiply(tcc.pv_intrinsic, FragmentRef(o_frag, o0), a, FragmentRef(v_frag, 0),
-                                       FragmentRef(o_frag, o0)),
-                        MatrixMultiply(tcc.pv_intrinsic, FragmentRef(o_frag, o0 + 4), a, FragmentRef(v_frag, 4),
-                                       FragmentRef(o_frag, o0 + 4)))
+                    return two_n8_tiles(tcc.pv_intrinsic, o_frag, OF * mt + 8 * dn, FragmentRef(p_frag, PF * mt + 8 * kk),
+                                        v_frag)
                 return seq(
                     load_b_fragments(FragmentRef(v_frag, 0), v_sh, stage, dn * 16, kk * 16, self.lane, False),
                     self.unrolled("pv_tile", MT, mma))
