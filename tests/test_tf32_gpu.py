@@ -14,38 +14,16 @@ from typing import Any
 import pytest
 
 import tecc as tc
+from test_tf32 import TF32, U, contraction
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-TF32 = "mma.m16n8k8.f32.tf32"
-U = 2.0**-11
-
-
-def _contraction(m: Any, n: int, k: int, a_t: bool = False, b_t: bool = False, batch: int = 0,
-                 relu_bias: bool = False) -> list[tc.Tensor]:
-    lead = (batch,) if batch else ()
-    A = tc.placeholder(lead + ((k, m) if a_t else (m, k)), "float32", "A")
-    B = tc.placeholder(lead + ((n, k) if b_t else (k, n)), "float32", "B")
-    bias = tc.placeholder((n,), "float32", "bias")
-    r = tc.reduce_axis(k, "r")
-
-    def body(*ix: Any) -> Any:
-        *bs, i, j = ix
-        a = A[(*bs, r, i)] if a_t else A[(*bs, i, r)]
-        b = B[(*bs, j, r)] if b_t else B[(*bs, r, j)]
-        acc = tc.sum(a * b, axis=r)
-        return tc.maximum(acc + bias[j], tc.const(0.0, "float32")) if relu_bias else acc
-
-    C = tc.compute(lead + (m, n), body, name="C")
-    return [A, B] + ([bias] if relu_bias else []) + [C]
-
-
 def _run(m: int, n: int, k: int, *, a_t: bool = False, b_t: bool = False, batch: int = 0,
          relu_bias: bool = False, symbolic: bool = False, plan: Any = "auto") -> Any:
     torch.backends.cuda.matmul.allow_tf32 = False  # the float64 reference must not round
-    tensors = _contraction(tc.var("M") if symbolic else m, n, k, a_t, b_t, batch, relu_bias)
+    tensors = contraction(tc.var("M") if symbolic else m, n, k, a_t=a_t, b_t=b_t, batch=batch, bias_relu=relu_bias)
     f = tc.build(tensors, plan=plan, sizes={"M": m} if symbolic else None, allow_tf32=True)
     if plan == "auto":
         assert f.plan.strategy == "gemm_tensor_core_tf32", f.plan.reason
@@ -108,7 +86,7 @@ def test_explicit_tf32_points_on_gpu(block: tuple[int, int], warps: tuple[int, i
 def test_tf32_off_keeps_float32_exact_on_gpu() -> None:
     """Without allow_tf32 the float32 product is within the float32 bound, far below TF32's."""
     m = n = k = 1024
-    f = tc.build(_contraction(m, n, k))
+    f = tc.build(contraction(m, n, k))
     assert f.plan.strategy not in ("gemm_tensor_core_tf32",), f.plan.reason
     a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
     c = torch.full((m, n), float("nan"), device="cuda")
