@@ -1,10 +1,11 @@
 """Save the planner's tensor-core GEMM kernel and count its SASS instructions.
 
-    python benchmarks/tensor_core_sass.py OUTDIR [M N K] [--dtype float16]
+    python benchmarks/tensor_core_sass.py OUTDIR [M N K] [--dtype float16|bfloat16|float32] [--tf32]
 
 Writes OUTDIR/tc_gemm.{cu,ptx,cubin,json}, and with `cuobjdump` on the PATH (or in
 /usr/local/cuda/bin) OUTDIR/tc_gemm.sass plus the counts of HMMA, LDSM (ldmatrix), LDGSTS
-(cp.async), BAR, DEPBAR (cp.async waits), the integer instructions (IMAD, IADD3, LOP3, SHF: address
+(cp.async), BAR, DEPBAR (cp.async waits), and on sm_90 HGMMA (wgmma), UTMALDG / UTMASTG (TMA
+loads / stores), SYNCS (mbarrier operations) and USETMAXREG (setmaxnreg); the integer instructions (IMAD, IADD3, LOP3, SHF: address
 arithmetic) and local-memory traffic (LDL/STL) in the kernel.
 """
 
@@ -29,11 +30,12 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("shape", type=int, nargs="*", default=[4096, 4096, 4096])
     ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--tf32", action="store_true", help="float32 with allow_tf32=True")
     a = ap.parse_args()
     m, n, k = a.shape
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    kern = tc.build(matmul_tensors(1, m, n, k, a.dtype))
+    kern = tc.build(matmul_tensors(1, m, n, k, a.dtype), allow_tf32=a.tf32)
     kern.save(str(out / "tc_gemm"))
     print("plan:", kern.plan.reason.split(";")[0])
     print("resources:", getattr(kern, "resources", None))
@@ -43,7 +45,8 @@ def main() -> None:
         return
     sass = subprocess.run([tool, "--dump-sass", str(out / "tc_gemm.cubin")], capture_output=True, text=True).stdout
     (out / "tc_gemm.sass").write_text(sass)
-    for name, pat in [("HMMA", r"\bHMMA\b"), ("LDSM", r"\bLDSM\b"), ("LDGSTS", r"\bLDGSTS\b"), ("BAR", r"\bBAR\b"),
+    for name, pat in [("HGMMA", r"\bHGMMA\b"), ("UTMALDG", r"\bUTMALDG\b"), ("UTMASTG", r"\bUTMASTG\b"),
+                      ("SYNCS", r"\bSYNCS\b"), ("USETMAXREG", r"\bUSETMAXREG\b"), ("HMMA", r"\bHMMA\b"), ("LDSM", r"\bLDSM\b"), ("LDGSTS", r"\bLDGSTS\b"), ("BAR", r"\bBAR\b"),
                       ("DEPBAR", r"\bDEPBAR\b"), ("IMAD", r"\bIMAD\b"), ("IADD3", r"\bIADD3\b"), ("LOP3", r"\bLOP3\b"),
                       ("SHF", r"\bSHF\b"), ("LEA", r"\bLEA\b"), ("LDL", r"\bLDL\b"), ("STL", r"\bSTL\b"),
                       ("all", r"^\s+/\*[0-9a-f]{4,}\*/")]:
