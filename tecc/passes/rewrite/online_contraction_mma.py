@@ -109,6 +109,7 @@ from ...ir.stmt import (
     FragmentRef,
     IfThenElse,
     KernelCall,
+    LetStmt,
     MatrixMultiply,
     Module,
     PrimFunc,
@@ -127,12 +128,13 @@ from ..substitute import substitute_stmt
 from ..names import identifier
 from ..schedule.tensorize import CHUNK, INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
 from ..schedule.tensorize_wgmma import wgmma_intrinsic
-from .key_tiles import kept, key_tile_bound, skipping_description, unmasked_tile_bound
+from .key_tiles import kept, key_tile_bound, skipping_description, tiles_grow_with_block, unmasked_tile_bound
 from .online_contraction import MAX_GRID_Y, OnlineChain, _Lower, head_indices, online_chain
 
 LOG2E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
-MAX_HEAD_DIM = 128   # the partial output, 4·C/8 floats per lane, and Q's fragments, D/2 registers
+MAX_HEAD_DIM = 128   # mma.sync: the partial output, 4·C/8 floats per lane, and Q's fragments, D/2 registers
+HOPPER_HEAD_DIMS = (16, 32, 64, 96, 128, 256)   # the wgmma form: Q stays in shared memory, 64-row tiles per warpgroup
 STAGES = 2
 OVERLAP_STAGES = 3   # the overlapped Hopper form reads tiles kt (V) and kt + 1 (K) while kt + 2 loads
 
@@ -164,11 +166,23 @@ def _shape_dim(where: str, name: str, extent: Expr) -> int:
     if n is None:
         raise ScheduleError(f"{where}: the contracted extent of {name} ({extent}) is symbolic; the tensor-core "
                             "form needs a constant (its fragments live in registers)")
-    if n % 16 or n > MAX_HEAD_DIM or n & (n - 1):
-        raise ScheduleError(f"{where}: the contracted extent of {name} is {n}; the tensor-core form needs a power "
-                            f"of two from 16 to {MAX_HEAD_DIM} (mma k = 16, swizzled rows; wider heads would spill "
-                            "the partial output)")
+    if n not in HOPPER_HEAD_DIMS:
+        raise ScheduleError(f"{where}: the contracted extent of {name} is {n}; the tensor-core form needs one of "
+                            f"{', '.join(map(str, HOPPER_HEAD_DIMS))} (mma.sync: a power of two up to {MAX_HEAD_DIM}; "
+                            "96 and 256 on wgmma, sm_90)")
     return n
+
+
+def mma_sync_head_dims(tcc: "TensorCoreChain") -> str | None:
+    """Why the mma.sync form cannot take the chain's head dims, or None: its tiles are
+    swizzled by a power-of-two row width (row_swizzle) and it keeps Q's fragments (D/2
+    registers) and the partial output (C/2 floats) per lane, which spills past 128."""
+    columns = const_int(tcc.chain.columns)
+    for what, n in (("scores", tcc.depth), ("output", columns)):
+        if n is None or n > MAX_HEAD_DIM or n & (n - 1):
+            return (f"online_contraction_mma: the {what}' head dim is {n}; the mma.sync form takes a power of two from "
+                    f"16 to {MAX_HEAD_DIM} (96 and 256 run on wgmma, sm_90)")
+    return None
 
 
 def _leading(where: str, read: TensorRead, chain: OnlineChain, tail: tuple[Expr, Expr]) -> None:
@@ -246,9 +260,12 @@ def describe_skipping(args: Sequence[Tensor], rows: int, tile: int) -> str:
     """skipping_description of the chain `args` for blocks of `rows` query rows (`query_block`
     is the block index in the bound)."""
     chain = online_chain(args)
+    tcc = tensor_core_chain(chain)
     block = Var("query_block", dt.int32)
-    unmasked = None if _reads_inputs(tensor_core_chain(chain)) else unmasked_tile_bound(chain, block, rows, tile)
-    return skipping_description(chain, key_tile_bound(chain, block, rows, tile), unmasked)
+    unmasked = None if _reads_inputs(tcc) else unmasked_tile_bound(chain, block, rows, tile)
+    bound = key_tile_bound(chain, block, rows, tile)
+    order = launch_order(tcc, block, rows, bound)[2]
+    return skipping_description(chain, bound, unmasked) + (f"; {order}" if order else "")
 
 
 def _reads_inputs(tcc: TensorCoreChain) -> bool:
@@ -288,6 +305,9 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
         return _wgmma_module(tc_chain, rows_per_block, key_tile, name, blocks_per_sm, overlap)
     if blocks_per_sm or overlap:
         raise ScheduleError(f"{where}: blocks_per_sm and overlap are options of the wgmma form (wgmma=True)")
+    not_sync = mma_sync_head_dims(tc_chain)
+    if not_sync is not None:
+        raise ScheduleError(not_sync)
     if warp_rows not in (16, 32):
         raise ScheduleError(f"{where}: warp_rows={warp_rows} must be 16 or 32 (one or two m16 tiles per warp)")
     if rows_per_block % warp_rows or not warp_rows <= rows_per_block <= 512 or rows_per_block // warp_rows > 16:
@@ -328,6 +348,7 @@ class _Kernel:
         u = self.unique
         self.bx, self.by = Var(u("query_block"), dt.int32), Var(u("head"), dt.int32)
         self.tx, self.kt = Var(u("thread"), dt.int32), Var(u("key_tile"), dt.int32)
+        self.order = ""   # the launch order of the blocks, for the plan (grid())
         self.lane, self.warp = self.tx % 32, self.tx // 32
         self.lower = _Lower(self.buffers, u)
         if warpgroup:
@@ -336,10 +357,41 @@ class _Kernel:
             assert self.C is not None
             self.pv_wgmma = wgmma_intrinsic(tcc.v.dtype.name, self.C)
 
+    def grid(self, body: Stmt, bound: tuple[Expr, str] | None, n_heads: Expr) -> Stmt:
+        """The blockIdx loops around `body`, and the launch order of the blocks: the grid is
+        (query blocks, heads) as before, but block L = x + X·y of the launch (X = gridDim.x; the
+        hardware starts blocks in that order) runs query block and head
+
+            g = L % G, t = L / G, query_block = t % X (or X - 1 - t % X), head = (t / X)·G + g
+
+        G = kv_group (the G query heads that read one K/V head run side by side, each K/V tile
+        read by G blocks at about the same time, through L2); the query blocks run from the last
+        when isl proves the tile count never falls with the block (tiles_grow_with_block: a
+        causal mask's long blocks start first and the launch ends on short ones). Neither: the
+        plain grid."""
+        chain = self.chain
+        zero = Const(0, dt.int32)
+        X = (chain.rows[-1] + (self.BM - 1)) // self.BM
+        heads = chain.rows[:-1]
+        group, backwards, self.order = launch_order(self.tcc, self.bx, self.BM, bound)
+        if group == 1 and not backwards:
+            body = For(self.bx, zero, X, "blockIdx.x", body)
+            return For(self.by, zero, n_heads, "blockIdx.y", body) if heads else body
+        u = self.unique
+        x, y = Var(u("block_x"), dt.int32), Var(u("block_y"), dt.int32)
+        linear = x + X * y
+        t = linear // group
+        rank = t % X if group > 1 else x   # group 1: the plain grid's (x, y)
+        body = LetStmt(self.bx, (X - 1) - rank if backwards else rank, body)
+        if heads:
+            body = LetStmt(self.by, (t // X) * group + linear % group if group > 1 else y, body)
+        body = For(x, zero, X, "blockIdx.x", body)
+        return For(y, zero, n_heads, "blockIdx.y", body) if heads else body
+
     def blocked(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
-        """The Hopper form's shared tile [stages][width / W][rows][W] of `read`: W = min(width, 64)
+        """The Hopper form's shared tile [stages][width / W][rows][W] of `read`: W = block_width(width)
         halves a row (2·W bytes, the swizzle's row), the descriptors' swizzle as the buffer's layout."""
-        w = min(width, 64)
+        w = block_width(width)
         shape = tuple(Const(n, dt.int32) for n in (stages, width // w, rows, w))
         return Buffer(self.unique(label), read.dtype, shape, "shared", tensor=f"{read.tensor.name}.shared",
                       layout=_descriptor(w, "K").layout)
@@ -743,9 +795,7 @@ class _Kernel:
             if not any(buf is u for u in unused):
                 body = Allocate(buf, body)
         body = For(self.tx, zero, Const(self.threads, dt.int32), "threadIdx.x", body)
-        body = For(self.bx, zero, (queries + (BM - 1)) // BM, "blockIdx.x", body)
-        if heads:
-            body = For(self.by, zero, n_heads, "blockIdx.y", body)
+        body = self.grid(body, bound, n_heads)
 
         prog = chain.program
         used = global_buffers(body)
@@ -754,22 +804,67 @@ class _Kernel:
             tuple(v for v in self.sig.scalars if v in body_vars)
         kname = self.unique(f"{chain.output.name}_attention_{'wgmma' if wg else 'mma'}_kernel")
         mname = identifier(self.name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
+        order = f"; {self.order}" if self.order else ""
         if wg:
             what = (f"{self.qk_wgmma} / {self.pv_wgmma} (P from registers): {BM} query rows ({BM // 64} warpgroups of "
                     f"64), key tiles of {BN}, Q, K K-major and V MN-major in swizzled shared memory read through "
                     f"descriptors, {self.stages}-stage cp.async ring"
                     f"{'; S(kt + 1) and its softmax while P(kt)·V is in flight' if self.overlap else ''}; "
                     "exp2 with log2(e) folded into the scale; "
-                    f"{self.skipping}")
+                    f"{self.skipping}{order}")
         else:
             what = (f"{tcc.qk_intrinsic} / {tcc.pv_intrinsic}: {BM} query rows ({self.warps} warps of {self.WR}), key "
                     f"tiles of {BN}, "
-                    f"{STAGES}-stage cp.async ring; exp2 with log2(e) folded into the scale; {self.skipping}")
+                    f"{STAGES}-stage cp.async ring; exp2 with log2(e) folded into the scale; {self.skipping}{order}")
         attrs: tuple[tuple[str, object], ...] = (
             ("online_contraction", (chain.m.name, chain.l.name, chain.output.name)), ("tensorize", what))
         kernel = PrimFunc(kname, params, body, attrs)
         module_params = tuple(self.buffers[a] for a in prog.args) + tuple(self.sig.scalars)
         return Module(mname, module_params, (kernel,), (KernelCall(kname, params),), ())
+
+
+def launch_order(tcc: TensorCoreChain, first: Var, rows: int, bound: tuple[Expr, str] | None) -> tuple[int, bool, str]:
+    """(G, backwards, what): the block order of _Kernel.grid for blocks of `rows` query rows
+    (`first` the query block in `bound`, key_tile_bound's)."""
+    group = kv_group(tcc) if tcc.chain.rows[:-1] else 1
+    backwards = bound is not None and tiles_grow_with_block(tcc.chain, first, rows, bound[0])
+    said = []
+    if group > 1:
+        said.append(f"the {group} query heads of one K/V head launched side by side")
+    if backwards:
+        said.append("query blocks launched from the last (isl: their key tile counts never fall with the block)")
+    return group, backwards, ", ".join(said)
+
+
+def kv_group(tcc: TensorCoreChain) -> int:
+    """G when consecutive values of the innermost head axis h come in groups of G that read the
+    same K and V rows: h appears in K's and V's leading indices only as `h // G` (G a constant
+    that divides h's extent: grouped-query heads K[b, h // G, j, d]); 1 otherwise."""
+    chain = tcc.chain
+    if len(chain.row) < 2:
+        return 1
+    h, extent = chain.row[-2], const_int(chain.rows[-2])
+    found: set[int] = set()
+    for read in (tcc.k, tcc.v):
+        for e in read.indices[:-2]:
+            divs = [n for n in walk(e) if isinstance(n, Binary) and n.op == "//" and n.a is h]
+            for n in divs:
+                g = const_int(n.b)
+                if g is None or g < 1:
+                    return 1
+                found.add(g)
+            if any(n is h for n in walk(SubexpressionReplacer({d: Const(0, dt.int32) for d in divs}).visit(e))):
+                return 1   # h itself (not only h // G) picks the K/V row
+    if len(found) != 1:
+        return 1
+    (g,) = found
+    return g if extent is not None and extent % g == 0 else 1
+
+
+def block_width(width: int) -> int:
+    """The halves per swizzled row of the Hopper form's blocked tiles: 64 (the 128B swizzle) when
+    they divide the width, else 32 (64B: d = 96 is three blocks of 32) or 16 (32B)."""
+    return next(w for w in (64, 32, 16) if width % w == 0)
 
 
 def _descriptor(w: int, major: str, rows: int = 0) -> MatrixDescriptor:
@@ -868,4 +963,5 @@ def _fold(e: Expr) -> Expr:
     return binary("*", cast(e, dt.float32), Const(LOG2E, dt.float32))
 
 
-__all__ = ["TensorCoreChain", "describe_skipping", "online_contraction_mma", "tensor_core_chain"]
+__all__ = ["TensorCoreChain", "block_width", "describe_skipping", "kv_group", "launch_order", "mma_sync_head_dims",
+           "online_contraction_mma", "tensor_core_chain"]
