@@ -325,7 +325,6 @@ def test_c_fragments_of_two_n8_tiles_are_the_a_fragment():
     ("float32", dict(dtype="float32", D=32)),
     ("power of two", dict(dtype="float16", D=48)),
     ("power of two", dict(dtype="float16", D=256, arch="sm_80")),   # sm_90 runs it on wgmma
-    ("power of two", dict(dtype="float16", D=96, arch="sm_80")),
 ])
 def test_falls_back_to_simt_and_says_why(why, kwargs):
     arch = kwargs.get("arch")
@@ -464,7 +463,7 @@ def test_exp2_approx_flushes_subnormals_and_prints_ex2_approx_ftz():
 
 GPU_CASES = [(64, "float16", None, 1, 1024), (64, "float16", "causal", 1, 1024), (128, "float16", "causal", 1, 1024),
              (128, "bfloat16", None, 1, 1024), (64, "bfloat16", "causal", 4, 1024), (128, "float16", "causal", 2, 200),
-             (64, "float16", "bottom_right", 1, 200)]
+             (64, "float16", "bottom_right", 1, 200), (96, "float16", "causal", 4, 1024), (96, "bfloat16", None, 1, 200)]
 
 
 @pytest.mark.gpu

@@ -346,19 +346,53 @@ def test_head_dims_96_and_256_match_float64_numpy(case):
 
 
 @pytest.mark.parametrize("D", [96, 256])
-def test_head_dims_96_and_256_plan_wgmma_on_sm_90_and_simt_on_sm_80(D):
+def test_head_dims_96_and_256_plan_wgmma_on_sm_90(D):
+    """plan="auto" on sm_90 takes the wgmma form for both; on sm_80 d = 96 runs on mma.sync
+    (padded rows) and d = 256 falls back to SIMT, saying why."""
     ins, outs = masked_attention(1, 2, 100, 100, D, "float16", mask="causal", lse=True)
     hopper = propose_wgmma(ins + outs, "sm_90")
     assert hopper is not None and hopper.plan.steps[0].args["wgmma"] is True, hopper
     assert hopper.plan.steps[0].args["key_tile"] == 64 or D < 256
-    assert propose_mma(ins + outs, "sm_80") is None
-    with pytest.raises(ScheduleError, match="mma.sync form takes a power of two"):
-        online_contraction_mma(ins + outs, 64, 64)
     rng = np.random.default_rng()
     k, (o, lse), given = run(ins, outs, make_inputs(ins, rng), "auto", arch="sm_90")
     assert k.plan.steps[0].args.get("wgmma"), k.plan
     want, want_lse = reference(given, 1, "causal", False)
     check(f"planned wgmma attention d={D}", o, want, bound("float16", 100, given[2]), k.plan)
+    ampere = propose_mma(ins + outs, "sm_80")
+    if D == 256:
+        assert ampere is None
+        with pytest.raises(ScheduleError, match="mma.sync form takes a power of two"):
+            online_contraction_mma(ins + outs, 64, 64)
+    else:
+        assert ampere is not None and "wgmma" not in ampere.plan.steps[0].args, ampere
+
+
+@pytest.mark.parametrize("case", [(70, 96, "float16", "causal", 2, (64, 64, 16)),
+                                  (45, 96, "bfloat16", "tensor", 1, (64, 32, 16)),
+                                  (77, 96, "float16", "bottom_right", 1, (128, 64, 32))])
+def test_head_dim_96_on_mma_sync_matches_float64_numpy(case):
+    """d = 96 on mma.sync: tiles of rows padded to 104 halves (no swizzle), six k16 steps."""
+    S, D, dtype, mask, groups, (rows, key_tile, warp_rows) = case
+    ins, outs = masked_attention(1, 2, S, S, D, dtype, groups=groups, mask=mask, lse=True)
+    plan = Plan((Step("online_contraction_mma", {"rows_per_block": rows, "key_tile": key_tile,
+                                                 "warp_rows": warp_rows}),), "test", "")
+    rng = np.random.default_rng()
+    k, (o, lse), given = run(ins, outs, make_inputs(ins, rng), plan)
+    want, want_lse = reference(given, groups, mask, False)
+    check(f"mma.sync attention {case}", o, want, bound(dtype, S, given[2]), k.plan)
+    check(f"mma.sync log-sum-exp {case}", lse, want_lse, bound(dtype, S, given[2]), k.plan)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_head_dim_96_mma_sync_compiles_without_spills(arch):
+    from tecc.codegen import compile_cuda, emit_source
+
+    ins, outs = masked_attention(2, 4, 200, 200, 96, "float16", groups=2, lse=True, mask="causal")
+    choice = propose_mma(ins + outs, arch)
+    assert choice is not None
+    mod = online_contraction_mma(ins + outs, **choice.plan.steps[0].args)
+    (res,) = compile_cuda(emit_source(mod.kernels), arch=arch, name="attention_mma_96").resources.values()
+    assert res.spill_stores == 0 and res.spill_loads == 0 and res.registers <= 255, res
 
 
 # ---- the launch order: grouped heads side by side, the longest query blocks first ------------------
@@ -437,3 +471,18 @@ def test_kv_group_reads_the_index_structure():
     assert chain(8, 8, lambda h: h) == 1
     assert chain(8, 2, lambda h: h % 2) == 1
     assert chain(6, 2, lambda h: h // 4) == 1
+
+
+def test_plain_order_step_keeps_the_plain_grid():
+    """Step arg "plain_order": the plain grid (for timing against the reordered one), same values."""
+    from tecc.ir.stmt import LetStmt
+
+    ins, outs = masked_attention(1, 4, 130, 130, 32, "bfloat16", groups=2, mask="causal", lse=True)
+    plan = Plan((Step("online_contraction_mma", {"rows_per_block": 64, "key_tile": 64, "wgmma": True,
+                                                 "plain_order": True}),), "test", "")
+    rng = np.random.default_rng()
+    k, (o, lse), given = run(ins, outs, make_inputs(ins, rng), plan)
+    assert not any(isinstance(s, LetStmt) for s in iter_stmts(k.module.kernels[0].body))
+    assert k.plan.steps[0].args.get("plain_order") is True
+    want, want_lse = reference(given, 2, "causal", False)
+    check("wgmma attention, plain order", o, want, bound("bfloat16", 130, given[2]), k.plan)

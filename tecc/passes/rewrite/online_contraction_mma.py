@@ -174,14 +174,14 @@ def _shape_dim(where: str, name: str, extent: Expr) -> int:
 
 
 def mma_sync_head_dims(tcc: "TensorCoreChain") -> str | None:
-    """Why the mma.sync form cannot take the chain's head dims, or None: its tiles are
-    swizzled by a power-of-two row width (row_swizzle) and it keeps Q's fragments (D/2
-    registers) and the partial output (C/2 floats) per lane, which spills past 128."""
+    """Why the mma.sync form cannot take the chain's head dims, or None: it keeps Q's fragments
+    (D/2 registers) and the partial output (C/2 floats) per lane, which spill past 128; its
+    tiles are swizzled by a power-of-two row width (row_swizzle), or padded (96: _Kernel.shared)."""
     columns = const_int(tcc.chain.columns)
     for what, n in (("scores", tcc.depth), ("output", columns)):
-        if n is None or n > MAX_HEAD_DIM or n & (n - 1):
+        if n is None or n > MAX_HEAD_DIM or (n & (n - 1) and n != 96):
             return (f"online_contraction_mma: the {what}' head dim is {n}; the mma.sync form takes a power of two from "
-                    f"16 to {MAX_HEAD_DIM} (96 and 256 run on wgmma, sm_90)")
+                    f"16 to {MAX_HEAD_DIM}, or 96 (256 runs on wgmma, sm_90)")
     return None
 
 
@@ -289,7 +289,7 @@ def _check_relayout(qk: str, pv: str) -> None:
 
 def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key_tile: int = 64,
                            warp_rows: int = 16, name: str | None = None, wgmma: bool = False,
-                           blocks_per_sm: int = 0, overlap: bool = False) -> Module:
+                           blocks_per_sm: int = 0, overlap: bool = False, plain_order: bool = False) -> Module:
     """The module of ONE tensor-core kernel computing the chain `args` (module docstring):
     `rows_per_block` query rows per block, `warp_rows` (16 or 32: one or two m16 tiles, which
     share every K and V fragment a warp loads) per warp, key tiles of `key_tile`.
@@ -297,12 +297,13 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
     warpgroup per 64 query rows, both contractions as wgmma, `warp_rows` ignored; `blocks_per_sm`
     > 0 asks for that many resident blocks (`__launch_bounds__`: ptxas caps the registers);
     `overlap`: S(kt + 1) and the softmax of tile kt + 1 while P(kt)·V is in flight, over a
-    3-stage ring (_Kernel.overlapped_loop)."""
+    3-stage ring (_Kernel.overlapped_loop). `plain_order`: launch the blocks in the plain grid's
+    order (query blocks, then heads) instead of _Kernel.grid's (for timing one against the other)."""
     where = "online_contraction_mma"
     chain = online_chain(args)
     tc_chain = tensor_core_chain(chain)
     if wgmma:
-        return _wgmma_module(tc_chain, rows_per_block, key_tile, name, blocks_per_sm, overlap)
+        return _wgmma_module(tc_chain, rows_per_block, key_tile, name, blocks_per_sm, overlap, plain_order)
     if blocks_per_sm or overlap:
         raise ScheduleError(f"{where}: blocks_per_sm and overlap are options of the wgmma form (wgmma=True)")
     not_sync = mma_sync_head_dims(tc_chain)
@@ -316,7 +317,9 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
     if key_tile not in (16, 32, 64, 128):
         raise ScheduleError(f"{where}: key_tile={key_tile} must be 16, 32, 64 or 128")
     _check_relayout(tc_chain.qk_intrinsic, tc_chain.pv_intrinsic)
-    return _Kernel(tc_chain, rows_per_block, key_tile, warp_rows, name).module()
+    kernel = _Kernel(tc_chain, rows_per_block, key_tile, warp_rows, name)
+    kernel.plain_order = plain_order
+    return kernel.module()
 
 
 def two_n8_tiles(intrinsic: str, acc: Buffer, offset: Any, a: FragmentRef, b: Buffer) -> Stmt:
@@ -349,6 +352,7 @@ class _Kernel:
         self.bx, self.by = Var(u("query_block"), dt.int32), Var(u("head"), dt.int32)
         self.tx, self.kt = Var(u("thread"), dt.int32), Var(u("key_tile"), dt.int32)
         self.order = ""   # the launch order of the blocks, for the plan (grid())
+        self.plain_order = False
         self.lane, self.warp = self.tx % 32, self.tx // 32
         self.lower = _Lower(self.buffers, u)
         if warpgroup:
@@ -373,7 +377,8 @@ class _Kernel:
         zero = Const(0, dt.int32)
         X = (chain.rows[-1] + (self.BM - 1)) // self.BM
         heads = chain.rows[:-1]
-        group, backwards, self.order = launch_order(self.tcc, self.bx, self.BM, bound)
+        group, backwards, self.order = (1, False, "") if self.plain_order else launch_order(self.tcc, self.bx,
+                                                                                             self.BM, bound)
         if group == 1 and not backwards:
             body = For(self.bx, zero, X, "blockIdx.x", body)
             return For(self.by, zero, n_heads, "blockIdx.y", body) if heads else body
@@ -416,9 +421,16 @@ class _Kernel:
         return Buffer(self.unique(label), dt.float32, (Const(size, dt.int32),), "local")
 
     def shared(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
-        shape = tuple(Const(n, dt.int32) for n in (stages, rows, width))
-        return Buffer(self.unique(label), read.dtype, shape, "shared", tensor=f"{read.tensor.name}.shared",
-                      layout=row_swizzle(width))
+        """The mma.sync form's tile [stages][rows][width], XOR-swizzled (row_swizzle) when the width is
+        a power of two; otherwise (d = 96) rows padded by 16 bytes: a row of 96 halves is 48 words,
+        which puts every other row of an ldmatrix on the same banks, and 52 words apart the 8 rows
+        one ldmatrix reads start at banks 20·r mod 32, eight different 4-bank groups."""
+        if width & (width - 1) == 0:
+            shape = tuple(Const(n, dt.int32) for n in (stages, rows, width))
+            return Buffer(self.unique(label), read.dtype, shape, "shared", tensor=f"{read.tensor.name}.shared",
+                          layout=row_swizzle(width))
+        shape = tuple(Const(n, dt.int32) for n in (stages, rows, width + CHUNK))
+        return Buffer(self.unique(label), read.dtype, shape, "shared", tensor=f"{read.tensor.name}.shared")
 
     def unrolled(self, label: str, extent: int, body: Callable[[Var], Stmt]) -> Stmt:
         v = Var(self.unique(label), dt.int32)
@@ -897,7 +909,7 @@ def _check_wgmma_relayout(qk: str, pv: str) -> None:
 
 
 def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name: str | None,
-                  blocks_per_sm: int, overlap: bool = False) -> Module:
+                  blocks_per_sm: int, overlap: bool = False, plain_order: bool = False) -> Module:
     where = "online_contraction_mma (wgmma)"
     if rows_per_block not in (64, 128, 192, 256):
         raise ScheduleError(f"{where}: rows_per_block={rows_per_block} must be 64, 128, 192 or 256 (one warpgroup "
@@ -914,6 +926,7 @@ def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name
     if isinstance(blocks_per_sm, bool) or not isinstance(blocks_per_sm, int) or not 0 <= blocks_per_sm <= 8:
         raise ScheduleError(f"{where}: blocks_per_sm={blocks_per_sm!r} must be 0 (no request) .. 8")
     kernel = _Kernel(tcc, rows_per_block, key_tile, 16, name, warpgroup=True)
+    kernel.plain_order = plain_order
     if overlap:
         kernel.overlap, kernel.stages = True, OVERLAP_STAGES
     _check_wgmma_relayout(kernel.qk_wgmma, kernel.pv_wgmma)
