@@ -450,7 +450,8 @@ def test_kv_group_reads_the_index_structure():
     not divide H give 1 (no grouping assumed)."""
     import tecc as tc
     from tecc.passes.rewrite.online_contraction import online_chain
-    from tecc.passes.rewrite.online_contraction_mma import kv_group, tensor_core_chain
+    from tecc.passes.rewrite.launch_order import kv_group
+    from tecc.passes.rewrite.online_contraction_mma import tensor_core_chain
 
     def chain(H, kv_heads, index):
         Q = tc.placeholder((2, H, 40, 32), "float16", name="Q")
@@ -465,7 +466,8 @@ def test_kv_group_reads_the_index_structure():
         l = tc.compute((2, H, 40), lambda b, h, i: tc.sum(e[b, h, i, j2], axis=j2), name="l")
         O = tc.compute((2, H, 40, 32), lambda b, h, i, c: tc.cast(tc.sum(
             e[b, h, i, j3] * tc.cast(V[b, index(h), j3, c], "float32"), axis=j3) / l[b, h, i], "float16"), name="O")
-        return kv_group(tensor_core_chain(online_chain([Q, K, V, O])))
+        tcc = tensor_core_chain(online_chain([Q, K, V, O]))
+        return kv_group(tcc.chain, (tcc.k, tcc.v))
 
     assert chain(8, 2, lambda h: h // 4) == 4
     assert chain(8, 8, lambda h: h) == 1

@@ -109,7 +109,6 @@ from ...ir.stmt import (
     FragmentRef,
     IfThenElse,
     KernelCall,
-    LetStmt,
     MatrixMultiply,
     Module,
     PrimFunc,
@@ -128,7 +127,8 @@ from ..substitute import substitute_stmt
 from ..names import identifier
 from ..schedule.tensorize import CHUNK, INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
 from ..schedule.tensorize_wgmma import wgmma_intrinsic
-from .key_tiles import kept, key_tile_bound, skipping_description, tiles_grow_with_block, unmasked_tile_bound
+from .key_tiles import kept, key_tile_bound, skipping_description, unmasked_tile_bound
+from .launch_order import block_grid, launch_order
 from .online_contraction import MAX_GRID_Y, OnlineChain, _Lower, head_indices, online_chain
 
 LOG2E = 1.0 / math.log(2.0)
@@ -264,7 +264,7 @@ def describe_skipping(args: Sequence[Tensor], rows: int, tile: int) -> str:
     block = Var("query_block", dt.int32)
     unmasked = None if _reads_inputs(tcc) else unmasked_tile_bound(chain, block, rows, tile)
     bound = key_tile_bound(chain, block, rows, tile)
-    order = launch_order(tcc, block, rows, bound)[2]
+    order = launch_order(chain, (tcc.k, tcc.v), block, rows, bound)[2]
     return skipping_description(chain, bound, unmasked) + (f"; {order}" if order else "")
 
 
@@ -351,7 +351,7 @@ class _Kernel:
         u = self.unique
         self.bx, self.by = Var(u("query_block"), dt.int32), Var(u("head"), dt.int32)
         self.tx, self.kt = Var(u("thread"), dt.int32), Var(u("key_tile"), dt.int32)
-        self.order = ""   # the launch order of the blocks, for the plan (grid())
+        self.order = ""   # the launch order of the blocks, for the plan (launch_order.py)
         self.plain_order = False
         self.lane, self.warp = self.tx % 32, self.tx // 32
         self.lower = _Lower(self.buffers, u)
@@ -360,38 +360,6 @@ class _Kernel:
             self.qk_wgmma = wgmma_intrinsic(tcc.q.dtype.name, key_tile)
             assert self.C is not None
             self.pv_wgmma = wgmma_intrinsic(tcc.v.dtype.name, self.C)
-
-    def grid(self, body: Stmt, bound: tuple[Expr, str] | None, n_heads: Expr) -> Stmt:
-        """The blockIdx loops around `body`, and the launch order of the blocks: the grid is
-        (query blocks, heads) as before, but block L = x + X·y of the launch (X = gridDim.x; the
-        hardware starts blocks in that order) runs query block and head
-
-            g = L % G, t = L / G, query_block = t % X (or X - 1 - t % X), head = (t / X)·G + g
-
-        G = kv_group (the G query heads that read one K/V head run side by side, each K/V tile
-        read by G blocks at about the same time, through L2); the query blocks run from the last
-        when isl proves the tile count never falls with the block (tiles_grow_with_block: a
-        causal mask's long blocks start first and the launch ends on short ones). Neither: the
-        plain grid."""
-        chain = self.chain
-        zero = Const(0, dt.int32)
-        X = (chain.rows[-1] + (self.BM - 1)) // self.BM
-        heads = chain.rows[:-1]
-        group, backwards, self.order = (1, False, "") if self.plain_order else launch_order(self.tcc, self.bx,
-                                                                                             self.BM, bound)
-        if group == 1 and not backwards:
-            body = For(self.bx, zero, X, "blockIdx.x", body)
-            return For(self.by, zero, n_heads, "blockIdx.y", body) if heads else body
-        u = self.unique
-        x, y = Var(u("block_x"), dt.int32), Var(u("block_y"), dt.int32)
-        linear = x + X * y
-        t = linear // group
-        rank = t % X if group > 1 else x   # group 1: the plain grid's (x, y)
-        body = LetStmt(self.bx, (X - 1) - rank if backwards else rank, body)
-        if heads:
-            body = LetStmt(self.by, (t // X) * group + linear % group if group > 1 else y, body)
-        body = For(x, zero, X, "blockIdx.x", body)
-        return For(y, zero, n_heads, "blockIdx.y", body) if heads else body
 
     def blocked(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
         """The Hopper form's shared tile [stages][width / W][rows][W] of `read`: W = block_width(width)
@@ -807,7 +775,9 @@ class _Kernel:
             if not any(buf is u for u in unused):
                 body = Allocate(buf, body)
         body = For(self.tx, zero, Const(self.threads, dt.int32), "threadIdx.x", body)
-        body = self.grid(body, bound, n_heads)
+        order = (1, False, "") if self.plain_order else launch_order(self.chain, (tcc.k, tcc.v), self.bx, BM, bound)
+        self.order = order[2]
+        body = block_grid(body, self.chain, BM, self.bx, self.by, order, self.unique)
 
         prog = chain.program
         used = global_buffers(body)
@@ -833,44 +803,6 @@ class _Kernel:
         kernel = PrimFunc(kname, params, body, attrs)
         module_params = tuple(self.buffers[a] for a in prog.args) + tuple(self.sig.scalars)
         return Module(mname, module_params, (kernel,), (KernelCall(kname, params),), ())
-
-
-def launch_order(tcc: TensorCoreChain, first: Var, rows: int, bound: tuple[Expr, str] | None) -> tuple[int, bool, str]:
-    """(G, backwards, what): the block order of _Kernel.grid for blocks of `rows` query rows
-    (`first` the query block in `bound`, key_tile_bound's)."""
-    group = kv_group(tcc) if tcc.chain.rows[:-1] else 1
-    backwards = bound is not None and tiles_grow_with_block(tcc.chain, first, rows, bound[0])
-    said = []
-    if group > 1:
-        said.append(f"the {group} query heads of one K/V head launched side by side")
-    if backwards:
-        said.append("query blocks launched from the last (isl: their key tile counts never fall with the block)")
-    return group, backwards, ", ".join(said)
-
-
-def kv_group(tcc: TensorCoreChain) -> int:
-    """G when consecutive values of the innermost head axis h come in groups of G that read the
-    same K and V rows: h appears in K's and V's leading indices only as `h // G` (G a constant
-    that divides h's extent: grouped-query heads K[b, h // G, j, d]); 1 otherwise."""
-    chain = tcc.chain
-    if len(chain.row) < 2:
-        return 1
-    h, extent = chain.row[-2], const_int(chain.rows[-2])
-    found: set[int] = set()
-    for read in (tcc.k, tcc.v):
-        for e in read.indices[:-2]:
-            divs = [n for n in walk(e) if isinstance(n, Binary) and n.op == "//" and n.a is h]
-            for n in divs:
-                g = const_int(n.b)
-                if g is None or g < 1:
-                    return 1
-                found.add(g)
-            if any(n is h for n in walk(SubexpressionReplacer({d: Const(0, dt.int32) for d in divs}).visit(e))):
-                return 1   # h itself (not only h // G) picks the K/V row
-    if len(found) != 1:
-        return 1
-    (g,) = found
-    return g if extent is not None and extent % g == 0 else 1
 
 
 def block_width(width: int) -> int:
@@ -976,5 +908,5 @@ def _fold(e: Expr) -> Expr:
     return binary("*", cast(e, dt.float32), Const(LOG2E, dt.float32))
 
 
-__all__ = ["TensorCoreChain", "block_width", "describe_skipping", "kv_group", "launch_order", "mma_sync_head_dims",
-           "online_contraction_mma", "tensor_core_chain"]
+__all__ = ["TensorCoreChain", "block_width", "describe_skipping", "mma_sync_head_dims", "online_contraction_mma",
+           "tensor_core_chain"]
