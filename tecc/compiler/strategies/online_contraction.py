@@ -14,8 +14,8 @@ recovers. The point:
   (C = 64..256: 2..8 registers per lane for the partial output);
 * ROWS_PER_BLOCK = 4: 128 threads per block, a 4 × 32 tile of scores in shared memory.
 
-When both contractions have float16/bfloat16 operands and constant head dims (powers of two,
-16..128), `propose_mma` proposes the tensor-core kernel first (online_contraction_mma: mma.sync,
+When both contractions have float16/bfloat16 operands and constant head dims (16, 32, 64, 96,
+128; 256 on sm_90's wgmma form only), `propose_mma` proposes the tensor-core kernel first (online_contraction_mma: mma.sync,
 K/V tiles staged per block in shared memory): 64 query rows per block (4 warps, 16 rows each),
 key tiles of 64 (of 32 when a head dim is 128, where the 64-key tile takes all 255 registers a
 thread may hold: ~210 at 32 keys), the first tiling of `mma_tilings` that ptxas compiles for the

@@ -5,8 +5,9 @@ m, a row sum l of exp(s - m), and O = g(Σ_j exp(s - m)·v, m, l)). This module 
 FlashAttention-2-shaped kernel (Dao, "FlashAttention-2", 2023) when both contractions fit the
 m16n8k16 rows of the intrinsic table:
 
-    s(r, j) = f(Σ_d Q[.., i, d] · K[.., j, d], r, j)     Q, K float16 or bfloat16, d a constant
-                                                         multiple of 16 (a power of two, <= 128)
+    s(r, j) = f(Σ_d Q[.., i, d] · K[.., j, d], r, j)     Q, K float16 or bfloat16, d a constant:
+                                                         16, 32, 64, 96 or 128 (and 256 in the
+                                                         Hopper form)
     v(r, j, c) = V[.., j, c]                             V float16 or bfloat16, c likewise
 
 where the leading indices (`..`) are any expressions of the leading row axes (grouped heads
@@ -168,8 +169,8 @@ def _shape_dim(where: str, name: str, extent: Expr) -> int:
                             "form needs a constant (its fragments live in registers)")
     if n not in HOPPER_HEAD_DIMS:
         raise ScheduleError(f"{where}: the contracted extent of {name} is {n}; the tensor-core form needs one of "
-                            f"{', '.join(map(str, HOPPER_HEAD_DIMS))} (mma.sync: a power of two up to {MAX_HEAD_DIM}; "
-                            "96 and 256 on wgmma, sm_90)")
+                            f"{', '.join(map(str, HOPPER_HEAD_DIMS))} (mma.sync: up to {MAX_HEAD_DIM}; 256 on wgmma, sm_90 "
+                            "only)")
     return n
 
 
