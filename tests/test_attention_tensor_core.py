@@ -323,7 +323,7 @@ def test_c_fragments_of_two_n8_tiles_are_the_a_fragment():
 
 @pytest.mark.parametrize("why,kwargs", [
     ("float32", dict(dtype="float32", D=32)),
-    ("power of two", dict(dtype="float16", D=48)),
+    ("needs one of 16, 32, 64, 96, 128, 256", dict(dtype="float16", D=48)),
     ("power of two", dict(dtype="float16", D=256, arch="sm_80")),   # sm_90 runs it on wgmma
 ])
 def test_falls_back_to_simt_and_says_why(why, kwargs):

@@ -266,6 +266,12 @@ def test_the_overlapped_loop_keeps_p_v_in_flight_during_the_softmax():
     assert dict(kernel.attrs)["tensorize"].count("3-stage") == 1
 
 
+def test_a_tiling_over_the_shared_memory_limit_says_why():
+    ins, outs = masked_attention(1, 2, 20, 20, 256, "float16")
+    with pytest.raises(ScheduleError, match="KiB of shared memory; sm_90 allows 227 KiB"):
+        online_contraction_mma(ins + outs, 128, 128, wgmma=True)
+
+
 @pytest.mark.parametrize("rows,key_tile", [(96, 64), (128, 32), (128, 256)])
 def test_bad_tilings_say_why(rows, key_tile):
     ins, outs = masked_attention(1, 2, 20, 20, 32, "float16")

@@ -97,6 +97,7 @@ from ...ir.expr import (
 )
 from ...ir.descriptor import MatrixDescriptor
 from ...ir.intrinsics import WARPGROUP_SIZE, WGMMA_N, lookup
+from ...ir.target import target
 from ...ir.stmt import (
     Allocate,
     AsyncCommit,
@@ -862,6 +863,15 @@ def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name
     kernel.plain_order = plain_order
     if overlap:
         kernel.overlap, kernel.stages = True, OVERLAP_STAGES
+    assert columns is not None
+    # Q, the K and V ring, and the slack that aligns the dynamic shared memory to 1024 bytes
+    # (the 128B swizzle's atom) in the emitter
+    needed = 2 * (rows_per_block * tcc.depth + kernel.stages * key_tile * (tcc.depth + columns)) + 1024
+    limit = target("sm_90").smem_per_block_optin
+    if needed > limit:
+        raise ScheduleError(f"{where}: {rows_per_block} rows x {key_tile}-key tiles at head dims {tcc.depth} / "
+                            f"{columns} need {needed // 1024} KiB of shared memory; sm_90 allows {limit // 1024} KiB "
+                            "per block: take 64-key tiles or fewer rows")
     _check_wgmma_relayout(kernel.qk_wgmma, kernel.pv_wgmma)
     module = kernel.module()
     if not blocks_per_sm:
