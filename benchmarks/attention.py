@@ -1,6 +1,6 @@
 """Attention written as tensor expressions vs torch's scaled_dot_product_attention (issue 15).
 
-    python benchmarks/attention.py [--quick] [--dtype float16|bfloat16] [--out DIR]
+    python benchmarks/attention.py [--quick] [--dtype float16|bfloat16] [--gqa] [--dims 96 256] [--out DIR]
 
 Each row builds the program users write (scores as a float32 contraction of Q and K, a causal
 `where` when asked, row max, exp, row sum, the contraction with V divided by the sum, cast back to
@@ -9,7 +9,8 @@ its structure matches), checks it against torch in float64 on fresh random input
 NaN-poisoned output, and times it with CUDA events in the same process as SDPA's flash and cuDNN
 backends (each where torch offers it for the shape). The ratio is against the fastest of them.
 B·H fills the GPU as FlashAttention's benchmarks do: 16k tokens per batch (B = 16384 / S) and
-2048 / d heads. `--gqa`: 32 query heads over 8 K/V heads (K[b, h // 4, j, d]), d = 128.
+2048 / d heads (rounded down). `--gqa`: 32 query heads over 8 K/V heads (K[b, h // 4, j, d]), d = 128.
+`--dims`: the head dims to run (e.g. `--dims 96 256`: the wgmma form's 96 and 256).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def sdpa_times(q: Any, k: Any, v: Any, causal: bool, reps: int) -> dict[str, flo
     return out
 
 
-def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int = 1) -> dict[str, Any]:
+def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int = 1, plain_order: bool = False) -> dict[str, Any]:
     import torch
 
     import tecc as tc
@@ -91,6 +92,11 @@ def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int = 1) -> dict
     t0 = time.perf_counter()
     kern = tc.build(args)
     build_s = time.perf_counter() - t0
+    if plain_order and kern.plan.strategy == "online_contraction_mma":   # the same plan, the plain grid's order
+        from tecc.compiler.plan import Plan, Step
+
+        step = Step("online_contraction_mma", {**dict(kern.plan.steps[0].args), "plain_order": True})
+        kern = tc.build(args, plan=Plan((step,), kern.plan.strategy, kern.plan.reason))
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     q = torch.randn(b, h, s, d, device="cuda", dtype=tdt)
     k, v = (torch.randn(b, h // groups, s, d, device="cuda", dtype=tdt) for _ in range(2))
@@ -121,7 +127,8 @@ def _plan_label(plan: Any) -> str:
     if plan.strategy != "online_contraction_mma" or not plan.steps:
         return str(plan.strategy)
     args = dict(plan.steps[0].args)
-    form = ("+wgmma" if args.get("wgmma") else "") + ("+overlap" if args.get("overlap") else "")
+    form = ("+wgmma" if args.get("wgmma") else "") + ("+overlap" if args.get("overlap") else "") + \
+        ("+plain_order" if args.get("plain_order") else "")
     return f"{plan.strategy}{form} {args.get('rows_per_block')}x{args.get('key_tile')}"
 
 
@@ -134,12 +141,18 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--gqa", action="store_true",
                     help="grouped heads: H = 32 query heads over H_kv = 8 K/V heads (d = 128, S in {1k, 4k, 8k})")
+    ap.add_argument("--plain-order", action="store_true",
+                    help="launch the blocks in the plain grid's order (query blocks, then heads): the order before "
+                         "grouped heads side by side and the longest query blocks first, for comparison")
+    ap.add_argument("--dims", type=int, nargs="+", default=None, help="head dims (default 64 128; 64 with --quick)")
     opts = ap.parse_args()
     seqs = (1024, 4096) if opts.quick else (1024, 2048, 4096, 8192, 16384)
     dims = (64,) if opts.quick else (64, 128)
     groups = 1
     if opts.gqa:
         seqs, dims, groups = (1024, 4096, 8192), (128,), 4
+    if opts.dims:
+        dims = tuple(opts.dims)
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  dtype {opts.dtype}", flush=True)
     print(f"{'S':>6} {'d':>4} {'B':>3} {'H':>3} {'causal':>6} {'tecc us':>10} {'TF/s':>6} {'flash us':>9} "
           f"{'cudnn us':>9} {'ratio':>6} {'rel err':>8}  plan", flush=True)
@@ -148,7 +161,7 @@ def main() -> None:
         for s in seqs:
             for causal in (False, True):
                 try:
-                    row = run_shape(s, d, opts.dtype, causal, groups)
+                    row = run_shape(s, d, opts.dtype, causal, groups, opts.plain_order)
                 except Exception as exc:  # noqa: BLE001 - report and go on
                     row = {"S": s, "d": d, "causal": causal, "error": f"{type(exc).__name__}: {exc}"[:400]}
                     print(row, flush=True)

@@ -230,6 +230,14 @@ def test_two_m_tiles_per_warp(mask):
     check(f"two m16 tiles per warp {mask}", o, want, bound("bfloat16", 80, given[2]), k.plan)
 
 
+def query_block(kernel):
+    """The query block's variable: the blockIdx.x loop's, or the let that reorders the launch."""
+    from tecc.ir.stmt import LetStmt
+
+    lets = [s.var for s in iter_stmts(kernel.body) if isinstance(s, LetStmt) and s.var.name.startswith("query_block")]
+    return lets[0] if lets else next(s.var for s in iter_stmts(kernel.body) if isinstance(s, For) and s.kind == "blockIdx.x")
+
+
 def key_loop(kernel):
     loops = [s for s in iter_stmts(kernel.body) if isinstance(s, For) and s.var.name.startswith("key_tile")]
     assert len(loops) == 1, [s.var.name for s in loops]
@@ -247,7 +255,7 @@ def test_fully_masked_key_tiles_are_not_visited(mask, Sq, Sk):
     mod = online_contraction_mma(ins + outs, rows, key_tile)
     (kernel,) = mod.kernels
     loop = key_loop(kernel)
-    block = next(s.var for s in iter_stmts(kernel.body) if isinstance(s, For) and s.kind == "blockIdx.x")
+    block = query_block(kernel)
     keep = keep_mask(mask, Sq, Sk, np.ones((Sq, Sk), bool))
     for b in range(-(-Sq // rows)):
         kept = np.nonzero(keep[b * rows:(b + 1) * rows].any(axis=0))[0]
@@ -270,7 +278,7 @@ def test_tiles_kept_whole_skip_the_guard(mask, Sq, Sk):
     split = [s for s in iter_stmts(loop.body) if isinstance(s, IfThenElse) and isinstance(s.cond, Compare)
              and s.cond.a is loop.var]
     assert len(split) == 1, "one branch between the unguarded and the guarded tiles"
-    block = next(s.var for s in iter_stmts(kernel.body) if isinstance(s, For) and s.kind == "blockIdx.x")
+    block = query_block(kernel)
     keep = keep_mask(mask, Sq, Sk)
     for b in range(-(-Sq // rows)):
         rows_keep = keep[b * rows:(b + 1) * rows]
@@ -286,7 +294,7 @@ def test_skipped_tiles_do_no_mma_work():
     ins, outs = masked_attention(1, 1, 128, 128, 16, "float16", mask="causal")
     (kernel,) = online_contraction_mma(ins + outs, 64, 32).kernels
     loop = key_loop(kernel)
-    block = next(s.var for s in iter_stmts(kernel.body) if isinstance(s, For) and s.kind == "blockIdx.x")
+    block = query_block(kernel)
     assert sum(evaluate_int(loop.extent, {block: b}) for b in range(2)) == 6
     assert any(isinstance(s, MatrixMultiply) for s in iter_stmts(loop.body))
 
@@ -315,16 +323,17 @@ def test_c_fragments_of_two_n8_tiles_are_the_a_fragment():
 
 @pytest.mark.parametrize("why,kwargs", [
     ("float32", dict(dtype="float32", D=32)),
-    ("power of two", dict(dtype="float16", D=48)),
-    ("power of two", dict(dtype="float16", D=256)),
+    ("needs one of 16, 32, 64, 96, 128, 256", dict(dtype="float16", D=48)),
+    ("power of two", dict(dtype="float16", D=256, arch="sm_80")),   # sm_90 runs it on wgmma
 ])
 def test_falls_back_to_simt_and_says_why(why, kwargs):
+    arch = kwargs.get("arch")
     ins, outs = attention(1, 2, 20, kwargs["D"], dtype=kwargs["dtype"], causal=True)
-    assert propose_mma(ins + outs) is None
-    simt = propose(ins + outs)
+    assert propose_mma(ins + outs, arch) is None
+    simt = propose(ins + outs, arch)
     assert simt is not None and "SIMT, not tensor cores" in simt.reason and why in simt.reason, simt.reason
     rng = np.random.default_rng()
-    k = tc.build(ins + outs, target="sim")
+    k = tc.build(ins + outs, target="sim", arch=arch)
     assert k.plan.strategy == "online_contraction" and why in k.plan.reason
     x = inputs_for(ins, rng)
     o = np.full(tuple(int(s) for s in outs[0].shape), np.nan, outs[0].dtype.name)
@@ -454,7 +463,7 @@ def test_exp2_approx_flushes_subnormals_and_prints_ex2_approx_ftz():
 
 GPU_CASES = [(64, "float16", None, 1, 1024), (64, "float16", "causal", 1, 1024), (128, "float16", "causal", 1, 1024),
              (128, "bfloat16", None, 1, 1024), (64, "bfloat16", "causal", 4, 1024), (128, "float16", "causal", 2, 200),
-             (64, "float16", "bottom_right", 1, 200)]
+             (64, "float16", "bottom_right", 1, 200), (96, "float16", "causal", 4, 1024), (96, "bfloat16", None, 1, 200)]
 
 
 @pytest.mark.gpu

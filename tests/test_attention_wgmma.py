@@ -17,6 +17,7 @@ from test_attention_tensor_core import (
     keep_mask,
     make_inputs,
     masked_attention,
+    query_block,
     reference,
     run,
 )
@@ -205,7 +206,7 @@ def test_fully_masked_key_tiles_are_not_visited(mask, Sq, Sk):
     (kernel,) = online_contraction_mma(ins + outs, rows, key_tile, wgmma=True).kernels
     loop = key_loop(kernel)
     assert any(isinstance(s, WarpgroupMatrixMultiply) for s in iter_stmts(loop.body))
-    block = next(s.var for s in iter_stmts(kernel.body) if isinstance(s, For) and s.kind == "blockIdx.x")
+    block = query_block(kernel)
     keep = keep_mask(mask, Sq, Sk)
     visited = 0
     for b in range(-(-Sq // rows)):
@@ -265,6 +266,12 @@ def test_the_overlapped_loop_keeps_p_v_in_flight_during_the_softmax():
     assert dict(kernel.attrs)["tensorize"].count("3-stage") == 1
 
 
+def test_a_tiling_over_the_shared_memory_limit_says_why():
+    ins, outs = masked_attention(1, 2, 20, 20, 256, "float16")
+    with pytest.raises(ScheduleError, match="KiB of shared memory; sm_90 allows 227 KiB"):
+        online_contraction_mma(ins + outs, 128, 128, wgmma=True)
+
+
 @pytest.mark.parametrize("rows,key_tile", [(96, 64), (128, 32), (128, 256)])
 def test_bad_tilings_say_why(rows, key_tile):
     ins, outs = masked_attention(1, 2, 20, 20, 32, "float16")
@@ -273,7 +280,8 @@ def test_bad_tilings_say_why(rows, key_tile):
 
 
 @pytest.mark.parametrize("D,dtype,mask", [(64, "float16", "causal"), (64, "bfloat16", None),
-                                          (128, "float16", None), (128, "bfloat16", "causal")])
+                                          (128, "float16", None), (128, "bfloat16", "causal"),
+                                          (96, "float16", "causal"), (256, "bfloat16", "causal"), (256, "float16", None)])
 def test_planned_wgmma_kernels_compile_for_sm_90a_without_spills(D, dtype, mask):
     from tecc.codegen import compile_cuda, emit_source
     from tecc.compiler.pipeline import wgmma_serialized
@@ -295,7 +303,10 @@ def test_planned_wgmma_kernels_compile_for_sm_90a_without_spills(D, dtype, mask)
 
 GPU_CASES = [(64, "float16", None, 1, 1024), (64, "float16", "causal", 1, 1024), (128, "float16", "causal", 1, 1024),
              (128, "bfloat16", None, 1, 1024), (64, "bfloat16", "causal", 4, 1024), (128, "float16", "causal", 2, 200),
-             (64, "bfloat16", None, 2, 200), (64, "float16", "bottom_right", 1, 200)]
+             (64, "bfloat16", None, 2, 200), (64, "float16", "bottom_right", 1, 200),
+             # head dims 96 and 256 on wgmma; grouped heads launched side by side, long blocks first
+             (96, "float16", "causal", 4, 1024), (96, "bfloat16", None, 1, 200), (256, "bfloat16", "causal", 2, 1024),
+             (256, "float16", None, 1, 200), (128, "float16", "causal", 4, 1000)]
 
 
 @pytest.mark.gpu
@@ -313,3 +324,196 @@ def test_wgmma_attention_on_the_gpu(D, dtype, mask, groups, S):
     want, want_lse = reference(given, groups, mask, False)
     check(f"gpu wgmma attention d={D} {dtype} {mask} G={groups} S={S}", o, want, bound(dtype, S, given[2]), k.plan)
     check(f"gpu wgmma log-sum-exp d={D} {dtype} {mask}", lse, want_lse, bound(dtype, S, given[2]), k.plan)
+
+
+# ---- head dims 96 and 256 on wgmma ------------------------------------------------------------------
+
+HEAD_DIMS = [  # (Sq, Sk, D, dtype, mask, groups, (rows, key tile))
+    (45, 45, 96, "float16", "causal", 1, (64, 64)),
+    (70, 77, 96, "bfloat16", "bottom_right", 2, (128, 128)),
+    (33, 33, 96, "bfloat16", "tensor", 1, (128, 64)),
+    (70, 70, 256, "float16", "causal", 2, (128, 64)),
+    (17, 130, 256, "bfloat16", None, 1, (64, 64)),
+]
+
+
+@pytest.mark.parametrize("case", HEAD_DIMS, ids=[f"{c[0]}x{c[1]}-d{c[2]}-{c[3]}-{c[4]}-G{c[5]}" for c in HEAD_DIMS])
+def test_head_dims_96_and_256_match_float64_numpy(case):
+    """d = 96 (three 32-half blocks per row, the 64B swizzle; wgmma n = 96 for P·V) and d = 256
+    (four 128B blocks, n = 256) on wgmma, odd lengths, every mask form, grouped heads."""
+    Sq, Sk, D, dtype, mask, groups, tiling = case
+    ins, outs = masked_attention(1, 2, Sq, Sk, D, dtype, groups=groups, mask=mask, lse=True)
+    rng = np.random.default_rng()
+    k, (o, lse), given = run(ins, outs, make_inputs(ins, rng), wgmma_plan(*tiling))
+    assert len(k.module.kernels) == 1 and not k.module.temps
+    want, want_lse = reference(given, groups, mask, False)
+    check(f"wgmma attention {case}", o, want, bound(dtype, Sk, given[2]), k.plan)
+    check(f"wgmma log-sum-exp {case}", lse, want_lse, bound(dtype, Sk, given[2]), k.plan)
+
+
+@pytest.mark.parametrize("D", [96, 256])
+def test_head_dims_96_and_256_plan_wgmma_on_sm_90(D):
+    """plan="auto" on sm_90 takes the wgmma form for both; on sm_80 d = 96 runs on mma.sync
+    (padded rows) and d = 256 falls back to SIMT, saying why."""
+    ins, outs = masked_attention(1, 2, 100, 100, D, "float16", mask="causal", lse=True)
+    hopper = propose_wgmma(ins + outs, "sm_90")
+    assert hopper is not None and hopper.plan.steps[0].args["wgmma"] is True, hopper
+    assert hopper.plan.steps[0].args["key_tile"] == 64 or D < 256
+    rng = np.random.default_rng()
+    k, (o, lse), given = run(ins, outs, make_inputs(ins, rng), "auto", arch="sm_90")
+    assert k.plan.steps[0].args.get("wgmma"), k.plan
+    want, want_lse = reference(given, 1, "causal", False)
+    check(f"planned wgmma attention d={D}", o, want, bound("float16", 100, given[2]), k.plan)
+    ampere = propose_mma(ins + outs, "sm_80")
+    if D == 256:
+        assert ampere is None
+        with pytest.raises(ScheduleError, match="mma.sync form takes a power of two"):
+            online_contraction_mma(ins + outs, 64, 64)
+    else:
+        assert ampere is not None and "wgmma" not in ampere.plan.steps[0].args, ampere
+
+
+@pytest.mark.parametrize("case", [(70, 96, "float16", "causal", 2, (64, 64, 16)),
+                                  (45, 96, "bfloat16", "tensor", 1, (64, 32, 16)),
+                                  (77, 96, "float16", "bottom_right", 1, (128, 64, 32))])
+def test_head_dim_96_on_mma_sync_matches_float64_numpy(case):
+    """d = 96 on mma.sync: tiles of rows padded to 104 halves (no swizzle), six k16 steps."""
+    S, D, dtype, mask, groups, (rows, key_tile, warp_rows) = case
+    ins, outs = masked_attention(1, 2, S, S, D, dtype, groups=groups, mask=mask, lse=True)
+    plan = Plan((Step("online_contraction_mma", {"rows_per_block": rows, "key_tile": key_tile,
+                                                 "warp_rows": warp_rows}),), "test", "")
+    rng = np.random.default_rng()
+    k, (o, lse), given = run(ins, outs, make_inputs(ins, rng), plan)
+    want, want_lse = reference(given, groups, mask, False)
+    check(f"mma.sync attention {case}", o, want, bound(dtype, S, given[2]), k.plan)
+    check(f"mma.sync log-sum-exp {case}", lse, want_lse, bound(dtype, S, given[2]), k.plan)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_head_dim_96_mma_sync_compiles_without_spills(arch):
+    from tecc.codegen import compile_cuda, emit_source
+
+    ins, outs = masked_attention(2, 4, 200, 200, 96, "float16", groups=2, lse=True, mask="causal")
+    choice = propose_mma(ins + outs, arch)
+    assert choice is not None
+    mod = online_contraction_mma(ins + outs, **choice.plan.steps[0].args)
+    (res,) = compile_cuda(emit_source(mod.kernels), arch=arch, name="attention_mma_96").resources.values()
+    assert res.spill_stores == 0 and res.spill_loads == 0 and res.registers <= 255, res
+
+
+# ---- the launch order: grouped heads side by side, the longest query blocks first ------------------
+
+def _grid_order(kernel):
+    """(query block, head) of each block in launch order (x fastest), from the kernel's lets."""
+    from tecc.ir.stmt import LetStmt, launch_dims
+
+    grid = launch_dims(kernel).grid
+    X, Y = (evaluate_int(g, {}) for g in grid[:2])
+    blocks = {s.kind: s.var for s in iter_stmts(kernel.body) if isinstance(s, For) and s.is_block}
+    lets = {s.var.name.rstrip("0123456789_"): s for s in iter_stmts(kernel.body) if isinstance(s, LetStmt)}
+    order = []
+    for y in range(Y):
+        for x in range(X):
+            at = {blocks["blockIdx.x"]: x, blocks["blockIdx.y"]: y}
+            order.append((evaluate_int(lets["query_block"].value, at), evaluate_int(lets["head"].value, at)))
+    return order, X, Y
+
+
+@pytest.mark.parametrize("wgmma", [True, False])
+def test_grouped_heads_launch_side_by_side_and_long_blocks_first(wgmma):
+    """Causal, 8 query heads over 2 K/V heads (B = 2): every (query block, head) once; the 4
+    heads of one K/V head at the same query block are consecutive blocks of the launch; within
+    them the query blocks run from the one with the most key tiles (the loop bound, evaluated)."""
+    B, H, G, S, rows = 2, 8, 4, 300, 64
+    ins, outs = masked_attention(B, H, S, S, 32, "float16", groups=G, mask="causal")
+    kw = dict(wgmma=True) if wgmma else {}
+    (kernel,) = online_contraction_mma(ins + outs, rows, 64, **kw).kernels
+    assert "launched side by side" in dict(kernel.attrs)["tensorize"]
+    order, X, Y = _grid_order(kernel)
+    assert sorted(order) == [(q, h) for q in range(X) for h in range(Y)]
+    extent = key_loop(kernel).extent
+    qb = query_block(kernel)
+    tiles = [evaluate_int(extent, {qb: q}) for q, _ in order]
+    for at in range(0, len(order), G):
+        run_of = order[at:at + G]
+        assert len({q for q, _ in run_of}) == 1 and len({h // G for _, h in run_of}) == 1, run_of
+    per_group = X * G
+    for at in range(0, len(order), per_group):
+        t = tiles[at:at + per_group]
+        assert t == sorted(t, reverse=True) and t[0] > t[-1], t
+
+
+def test_launch_order_is_plain_without_groups_or_growing_tiles():
+    from tecc.ir.stmt import LetStmt
+
+    ins, outs = masked_attention(1, 4, 200, 200, 32, "float16", mask=None)
+    (kernel,) = online_contraction_mma(ins + outs, 64, 64, wgmma=True).kernels
+    assert not any(isinstance(s, LetStmt) for s in iter_stmts(kernel.body))
+
+
+def test_kv_group_reads_the_index_structure():
+    """G from K/V's leading indices: h // G with G dividing H; h itself, h % 2 or a G that does
+    not divide H give 1 (no grouping assumed)."""
+    import tecc as tc
+    from tecc.passes.rewrite.online_contraction import online_chain
+    from tecc.passes.rewrite.launch_order import kv_group
+    from tecc.passes.rewrite.online_contraction_mma import tensor_core_chain
+
+    def chain(H, kv_heads, index):
+        Q = tc.placeholder((2, H, 40, 32), "float16", name="Q")
+        K = tc.placeholder((2, kv_heads, 40, 32), "float16", name="K")
+        V = tc.placeholder((2, kv_heads, 40, 32), "float16", name="V")
+        d = tc.reduce_axis(32, name="d")
+        j1, j2, j3 = (tc.reduce_axis(40, name=n) for n in ("j1", "j2", "j3"))
+        S = tc.compute((2, H, 40, 40), lambda b, h, i, j: tc.sum(
+            tc.cast(Q[b, h, i, d], "float32") * tc.cast(K[b, index(h), j, d], "float32"), axis=d), name="S")
+        m = tc.compute((2, H, 40), lambda b, h, i: tc.max(S[b, h, i, j1], axis=j1), name="m")
+        e = tc.compute((2, H, 40, 40), lambda b, h, i, j: tc.exp(S[b, h, i, j] - m[b, h, i]), name="e")
+        l = tc.compute((2, H, 40), lambda b, h, i: tc.sum(e[b, h, i, j2], axis=j2), name="l")
+        O = tc.compute((2, H, 40, 32), lambda b, h, i, c: tc.cast(tc.sum(
+            e[b, h, i, j3] * tc.cast(V[b, index(h), j3, c], "float32"), axis=j3) / l[b, h, i], "float16"), name="O")
+        tcc = tensor_core_chain(online_chain([Q, K, V, O]))
+        return kv_group(tcc.chain, (tcc.k, tcc.v))
+
+    assert chain(8, 2, lambda h: h // 4) == 4
+    assert chain(8, 8, lambda h: h) == 1
+    assert chain(8, 2, lambda h: h % 2) == 1
+    assert chain(6, 2, lambda h: h // 4) == 1
+
+
+def test_plain_order_step_keeps_the_plain_grid():
+    """Step arg "plain_order": the plain grid (for timing against the reordered one), same values."""
+    from tecc.ir.stmt import LetStmt
+
+    ins, outs = masked_attention(1, 4, 130, 130, 32, "bfloat16", groups=2, mask="causal", lse=True)
+    plan = Plan((Step("online_contraction_mma", {"rows_per_block": 64, "key_tile": 64, "wgmma": True,
+                                                 "plain_order": True}),), "test", "")
+    rng = np.random.default_rng()
+    k, (o, lse), given = run(ins, outs, make_inputs(ins, rng), plan)
+    assert not any(isinstance(s, LetStmt) for s in iter_stmts(k.module.kernels[0].body))
+    assert k.plan.steps[0].args.get("plain_order") is True
+    want, want_lse = reference(given, 2, "causal", False)
+    check("wgmma attention, plain order", o, want, bound("bfloat16", 130, given[2]), k.plan)
+
+
+@pytest.mark.parametrize("wgmma", [True, False])
+def test_launch_order_with_a_symbolic_sequence_length(wgmma):
+    """A symbolic n: isl proves the tile counts grow for every n, the lets use the symbolic number
+    of query blocks; grouped causal attention matches NumPy at several n (1, 2 and 3 blocks)."""
+    import tecc as tc
+
+    n = tc.var("n")
+    ins, outs = masked_attention(1, 4, n, n, 16, "bfloat16", groups=2, mask="causal")
+    args = {"rows_per_block": 64, "key_tile": 64, **({"wgmma": True} if wgmma else {})}
+    k = tc.build(ins + outs, target="sim", plan=Plan((Step("online_contraction_mma", args),), "test", ""))
+    assert "launched side by side" in dict(k.module.kernels[0].attrs)["tensorize"]
+    assert "launched from the last" in dict(k.module.kernels[0].attrs)["tensorize"]
+    rng = np.random.default_rng()
+    for size in (50, 100, 150):
+        x = [rng.standard_normal((1, 4 // (2 if t else 1), size, 16)).astype(np.float32).astype(HALF["bf16"])
+             for t in (0, 1, 1)]
+        o = np.full((1, 4, size, 16), np.nan, HALF["bf16"])
+        k(*x, o)
+        given = [a.astype(np.float64) for a in x]
+        want, _ = reference(given, 2, "causal", False)
+        check(f"symbolic n={size}", o.astype(np.float64), want, bound("bfloat16", size, given[2]), k.plan)

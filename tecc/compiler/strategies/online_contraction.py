@@ -14,8 +14,8 @@ recovers. The point:
   (C = 64..256: 2..8 registers per lane for the partial output);
 * ROWS_PER_BLOCK = 4: 128 threads per block, a 4 × 32 tile of scores in shared memory.
 
-When both contractions have float16/bfloat16 operands and constant head dims (powers of two,
-16..128), `propose_mma` proposes the tensor-core kernel first (online_contraction_mma: mma.sync,
+When both contractions have float16/bfloat16 operands and constant head dims (16, 32, 64, 96,
+128; 256 on sm_90's wgmma form only), `propose_mma` proposes the tensor-core kernel first (online_contraction_mma: mma.sync,
 K/V tiles staged per block in shared memory): 64 query rows per block (4 warps, 16 rows each),
 key tiles of 64 (of 32 when a head dim is 128, where the 64-key tile takes all 255 registers a
 thread may hold: ~210 at 32 keys), the first tiling of `mma_tilings` that ptxas compiles for the
@@ -42,7 +42,12 @@ from ...ir.errors import ScheduleError, TeccError
 from ...ir.expr import const_int
 from ...ir.tensor import Tensor
 from ...passes.rewrite.online_contraction import online_chain
-from ...passes.rewrite.online_contraction_mma import describe_skipping, online_contraction_mma, tensor_core_chain
+from ...passes.rewrite.online_contraction_mma import (
+    describe_skipping,
+    mma_sync_head_dims,
+    online_contraction_mma,
+    tensor_core_chain,
+)
 from ..pipeline import wgmma_serialized
 from ..plan import Plan, Step
 
@@ -59,15 +64,18 @@ def _arch_number(target: Any) -> int | None:
     return None
 
 
-def _why_not_mma(tensors: Sequence[Tensor], target: Any) -> str | None:
-    """None when the tensor-core kernel applies, else the reason."""
+def _why_not_mma(tensors: Sequence[Tensor], target: Any, sync: bool = True) -> str | None:
+    """None when the tensor-core kernel applies (`sync`: its mma.sync form; else the wgmma one's
+    head dims are enough), else the reason."""
     try:
-        tensor_core_chain(online_chain(tensors))
+        tcc = tensor_core_chain(online_chain(tensors))
     except ScheduleError as exc:
         return str(exc)
     arch = _arch_number(target)
     if arch is not None and arch < MMA_MIN_ARCH:
         return f"online_contraction_mma: {target} has no mma.m16n8k16 / cp.async (sm_80 or newer)"
+    if sync:
+        return mma_sync_head_dims(tcc)
     return None
 
 
@@ -141,7 +149,11 @@ def wgmma_tilings(widest: int) -> tuple[tuple[int, int, int, bool], ...]:
     d = 64: two warpgroups × 128-key tiles 1235 µs (overlapped 128 × 64, the first tried before,
     1415 µs), then 64 × 64 asking for 4 blocks per SM 1319 µs, 128 × 64 1340 µs; at d = 128:
     128 × 64 1059 µs (overlapped 128 × 128 1285 µs), then 128 × 128 1165 µs. The overlapped
-    tilings stay as later choices."""
+    tilings stay as later choices. d = 256 (not measured yet): 64-key tiles only (O is 128 float32
+    registers per thread, and 128-key K/V tiles would not fit shared memory), two warpgroups
+    first; d = 96 takes d = 128's order."""
+    if widest > 128:
+        return ((128, 64, 0, False), (64, 64, 0, False))
     if widest > 64:
         return ((128, 64, 0, False), (128, 128, 0, False), (64, 64, 0, False), (128, 64, 0, True),
                 (128, 128, 0, True))
@@ -153,7 +165,7 @@ def _why_not_wgmma(tensors: Sequence[Tensor], target: Any) -> str | None:
     arch = _arch_number(target if _arch_number(target) is not None else default_arch())
     if arch != WGMMA_ARCH:
         return f"wgmma is sm_90a only, the target is sm_{arch}"
-    return _why_not_mma(tensors, target)
+    return _why_not_mma(tensors, target, sync=False)
 
 
 def propose_wgmma(tensors: Sequence[Tensor], target: Any = None) -> OnlineContractionChoice | None:

@@ -160,4 +160,16 @@ def skipping_description(chain: OnlineChain, bound: tuple[Expr, str] | None, unm
     return "every key tile visited (no mask)" + whole
 
 
-__all__ = ["is_minus_inf", "kept", "kept_conditions", "key_tile_bound", "skipping_description", "unmasked_tile_bound"]
+def tiles_grow_with_block(chain: OnlineChain, first: Var, rows: int, tiles: Expr) -> bool:
+    """Whether the block's tile count `tiles` (key_tile_bound's, an expression of `first`) never
+    falls from one query block to the next, proved by isl: no block b < last has
+    tiles(b + 1) < tiles(b). Then the later query blocks carry the most work and the kernel
+    launches them first (the tail of a launch is its shortest blocks)."""
+    blocks = (chain.rows[-1] + (rows - 1)) // rows
+    loops = [LoopDim(first, Const(0, dt.int32), blocks - 1, "blockIdx.x")]
+    following = substitute(tiles, {first: first + 1})
+    return is_empty(loops, [compare("<", following, tiles)]) and not is_empty(loops, [compare("<", tiles, following)])
+
+
+__all__ = ["is_minus_inf", "kept", "kept_conditions", "key_tile_bound", "skipping_description", "tiles_grow_with_block",
+           "unmasked_tile_bound"]

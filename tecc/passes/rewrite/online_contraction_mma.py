@@ -5,8 +5,9 @@ m, a row sum l of exp(s - m), and O = g(Σ_j exp(s - m)·v, m, l)). This module 
 FlashAttention-2-shaped kernel (Dao, "FlashAttention-2", 2023) when both contractions fit the
 m16n8k16 rows of the intrinsic table:
 
-    s(r, j) = f(Σ_d Q[.., i, d] · K[.., j, d], r, j)     Q, K float16 or bfloat16, d a constant
-                                                         multiple of 16 (a power of two, <= 128)
+    s(r, j) = f(Σ_d Q[.., i, d] · K[.., j, d], r, j)     Q, K float16 or bfloat16, d a constant:
+                                                         16, 32, 64, 96 or 128 (and 256 in the
+                                                         Hopper form)
     v(r, j, c) = V[.., j, c]                             V float16 or bfloat16, c likewise
 
 where the leading indices (`..`) are any expressions of the leading row axes (grouped heads
@@ -96,6 +97,7 @@ from ...ir.expr import (
 )
 from ...ir.descriptor import MatrixDescriptor
 from ...ir.intrinsics import WARPGROUP_SIZE, WGMMA_N, lookup
+from ...ir.target import target
 from ...ir.stmt import (
     Allocate,
     AsyncCommit,
@@ -128,11 +130,13 @@ from ..names import identifier
 from ..schedule.tensorize import CHUNK, INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
 from ..schedule.tensorize_wgmma import wgmma_intrinsic
 from .key_tiles import kept, key_tile_bound, skipping_description, unmasked_tile_bound
+from .launch_order import block_grid, launch_order
 from .online_contraction import MAX_GRID_Y, OnlineChain, _Lower, head_indices, online_chain
 
 LOG2E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
-MAX_HEAD_DIM = 128   # the partial output, 4·C/8 floats per lane, and Q's fragments, D/2 registers
+MAX_HEAD_DIM = 128   # mma.sync: the partial output, 4·C/8 floats per lane, and Q's fragments, D/2 registers
+HOPPER_HEAD_DIMS = (16, 32, 64, 96, 128, 256)   # the wgmma form: Q stays in shared memory, 64-row tiles per warpgroup
 STAGES = 2
 OVERLAP_STAGES = 3   # the overlapped Hopper form reads tiles kt (V) and kt + 1 (K) while kt + 2 loads
 
@@ -164,11 +168,23 @@ def _shape_dim(where: str, name: str, extent: Expr) -> int:
     if n is None:
         raise ScheduleError(f"{where}: the contracted extent of {name} ({extent}) is symbolic; the tensor-core "
                             "form needs a constant (its fragments live in registers)")
-    if n % 16 or n > MAX_HEAD_DIM or n & (n - 1):
-        raise ScheduleError(f"{where}: the contracted extent of {name} is {n}; the tensor-core form needs a power "
-                            f"of two from 16 to {MAX_HEAD_DIM} (mma k = 16, swizzled rows; wider heads would spill "
-                            "the partial output)")
+    if n not in HOPPER_HEAD_DIMS:
+        raise ScheduleError(f"{where}: the contracted extent of {name} is {n}; the tensor-core form needs one of "
+                            f"{', '.join(map(str, HOPPER_HEAD_DIMS))} (mma.sync: up to {MAX_HEAD_DIM}; 256 on wgmma, sm_90 "
+                            "only)")
     return n
+
+
+def mma_sync_head_dims(tcc: "TensorCoreChain") -> str | None:
+    """Why the mma.sync form cannot take the chain's head dims, or None: it keeps Q's fragments
+    (D/2 registers) and the partial output (C/2 floats) per lane, which spill past 128; its
+    tiles are swizzled by a power-of-two row width (row_swizzle), or padded (96: _Kernel.shared)."""
+    columns = const_int(tcc.chain.columns)
+    for what, n in (("scores", tcc.depth), ("output", columns)):
+        if n is None or n > MAX_HEAD_DIM or (n & (n - 1) and n != 96):
+            return (f"online_contraction_mma: the {what}' head dim is {n}; the mma.sync form takes a power of two from "
+                    f"16 to {MAX_HEAD_DIM}, or 96 (256 runs on wgmma, sm_90)")
+    return None
 
 
 def _leading(where: str, read: TensorRead, chain: OnlineChain, tail: tuple[Expr, Expr]) -> None:
@@ -246,9 +262,12 @@ def describe_skipping(args: Sequence[Tensor], rows: int, tile: int) -> str:
     """skipping_description of the chain `args` for blocks of `rows` query rows (`query_block`
     is the block index in the bound)."""
     chain = online_chain(args)
+    tcc = tensor_core_chain(chain)
     block = Var("query_block", dt.int32)
-    unmasked = None if _reads_inputs(tensor_core_chain(chain)) else unmasked_tile_bound(chain, block, rows, tile)
-    return skipping_description(chain, key_tile_bound(chain, block, rows, tile), unmasked)
+    unmasked = None if _reads_inputs(tcc) else unmasked_tile_bound(chain, block, rows, tile)
+    bound = key_tile_bound(chain, block, rows, tile)
+    order = launch_order(chain, (tcc.k, tcc.v), block, rows, bound)[2]
+    return skipping_description(chain, bound, unmasked) + (f"; {order}" if order else "")
 
 
 def _reads_inputs(tcc: TensorCoreChain) -> bool:
@@ -272,7 +291,7 @@ def _check_relayout(qk: str, pv: str) -> None:
 
 def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key_tile: int = 64,
                            warp_rows: int = 16, name: str | None = None, wgmma: bool = False,
-                           blocks_per_sm: int = 0, overlap: bool = False) -> Module:
+                           blocks_per_sm: int = 0, overlap: bool = False, plain_order: bool = False) -> Module:
     """The module of ONE tensor-core kernel computing the chain `args` (module docstring):
     `rows_per_block` query rows per block, `warp_rows` (16 or 32: one or two m16 tiles, which
     share every K and V fragment a warp loads) per warp, key tiles of `key_tile`.
@@ -280,14 +299,18 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
     warpgroup per 64 query rows, both contractions as wgmma, `warp_rows` ignored; `blocks_per_sm`
     > 0 asks for that many resident blocks (`__launch_bounds__`: ptxas caps the registers);
     `overlap`: S(kt + 1) and the softmax of tile kt + 1 while P(kt)·V is in flight, over a
-    3-stage ring (_Kernel.overlapped_loop)."""
+    3-stage ring (_Kernel.overlapped_loop). `plain_order`: launch the blocks in the plain grid's
+    order (query blocks, then heads) instead of _Kernel.grid's (for timing one against the other)."""
     where = "online_contraction_mma"
     chain = online_chain(args)
     tc_chain = tensor_core_chain(chain)
     if wgmma:
-        return _wgmma_module(tc_chain, rows_per_block, key_tile, name, blocks_per_sm, overlap)
+        return _wgmma_module(tc_chain, rows_per_block, key_tile, name, blocks_per_sm, overlap, plain_order)
     if blocks_per_sm or overlap:
         raise ScheduleError(f"{where}: blocks_per_sm and overlap are options of the wgmma form (wgmma=True)")
+    not_sync = mma_sync_head_dims(tc_chain)
+    if not_sync is not None:
+        raise ScheduleError(not_sync)
     if warp_rows not in (16, 32):
         raise ScheduleError(f"{where}: warp_rows={warp_rows} must be 16 or 32 (one or two m16 tiles per warp)")
     if rows_per_block % warp_rows or not warp_rows <= rows_per_block <= 512 or rows_per_block // warp_rows > 16:
@@ -296,7 +319,9 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
     if key_tile not in (16, 32, 64, 128):
         raise ScheduleError(f"{where}: key_tile={key_tile} must be 16, 32, 64 or 128")
     _check_relayout(tc_chain.qk_intrinsic, tc_chain.pv_intrinsic)
-    return _Kernel(tc_chain, rows_per_block, key_tile, warp_rows, name).module()
+    kernel = _Kernel(tc_chain, rows_per_block, key_tile, warp_rows, name)
+    kernel.plain_order = plain_order
+    return kernel.module()
 
 
 def two_n8_tiles(intrinsic: str, acc: Buffer, offset: Any, a: FragmentRef, b: Buffer) -> Stmt:
@@ -328,6 +353,8 @@ class _Kernel:
         u = self.unique
         self.bx, self.by = Var(u("query_block"), dt.int32), Var(u("head"), dt.int32)
         self.tx, self.kt = Var(u("thread"), dt.int32), Var(u("key_tile"), dt.int32)
+        self.order = ""   # the launch order of the blocks, for the plan (launch_order.py)
+        self.plain_order = False
         self.lane, self.warp = self.tx % 32, self.tx // 32
         self.lower = _Lower(self.buffers, u)
         if warpgroup:
@@ -337,9 +364,9 @@ class _Kernel:
             self.pv_wgmma = wgmma_intrinsic(tcc.v.dtype.name, self.C)
 
     def blocked(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
-        """The Hopper form's shared tile [stages][width / W][rows][W] of `read`: W = min(width, 64)
+        """The Hopper form's shared tile [stages][width / W][rows][W] of `read`: W = block_width(width)
         halves a row (2·W bytes, the swizzle's row), the descriptors' swizzle as the buffer's layout."""
-        w = min(width, 64)
+        w = block_width(width)
         shape = tuple(Const(n, dt.int32) for n in (stages, width // w, rows, w))
         return Buffer(self.unique(label), read.dtype, shape, "shared", tensor=f"{read.tensor.name}.shared",
                       layout=_descriptor(w, "K").layout)
@@ -364,9 +391,16 @@ class _Kernel:
         return Buffer(self.unique(label), dt.float32, (Const(size, dt.int32),), "local")
 
     def shared(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
-        shape = tuple(Const(n, dt.int32) for n in (stages, rows, width))
-        return Buffer(self.unique(label), read.dtype, shape, "shared", tensor=f"{read.tensor.name}.shared",
-                      layout=row_swizzle(width))
+        """The mma.sync form's tile [stages][rows][width], XOR-swizzled (row_swizzle) when the width is
+        a power of two; otherwise (d = 96) rows padded by 16 bytes: a row of 96 halves is 48 words,
+        which puts every other row of an ldmatrix on the same banks, and 52 words apart the 8 rows
+        one ldmatrix reads start at banks 20·r mod 32, eight different 4-bank groups."""
+        if width & (width - 1) == 0:
+            shape = tuple(Const(n, dt.int32) for n in (stages, rows, width))
+            return Buffer(self.unique(label), read.dtype, shape, "shared", tensor=f"{read.tensor.name}.shared",
+                          layout=row_swizzle(width))
+        shape = tuple(Const(n, dt.int32) for n in (stages, rows, width + CHUNK))
+        return Buffer(self.unique(label), read.dtype, shape, "shared", tensor=f"{read.tensor.name}.shared")
 
     def unrolled(self, label: str, extent: int, body: Callable[[Var], Stmt]) -> Stmt:
         v = Var(self.unique(label), dt.int32)
@@ -743,9 +777,9 @@ class _Kernel:
             if not any(buf is u for u in unused):
                 body = Allocate(buf, body)
         body = For(self.tx, zero, Const(self.threads, dt.int32), "threadIdx.x", body)
-        body = For(self.bx, zero, (queries + (BM - 1)) // BM, "blockIdx.x", body)
-        if heads:
-            body = For(self.by, zero, n_heads, "blockIdx.y", body)
+        order = (1, False, "") if self.plain_order else launch_order(self.chain, (tcc.k, tcc.v), self.bx, BM, bound)
+        self.order = order[2]
+        body = block_grid(body, self.chain, BM, self.bx, self.by, order, self.unique)
 
         prog = chain.program
         used = global_buffers(body)
@@ -754,22 +788,29 @@ class _Kernel:
             tuple(v for v in self.sig.scalars if v in body_vars)
         kname = self.unique(f"{chain.output.name}_attention_{'wgmma' if wg else 'mma'}_kernel")
         mname = identifier(self.name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
+        order = f"; {self.order}" if self.order else ""
         if wg:
             what = (f"{self.qk_wgmma} / {self.pv_wgmma} (P from registers): {BM} query rows ({BM // 64} warpgroups of "
                     f"64), key tiles of {BN}, Q, K K-major and V MN-major in swizzled shared memory read through "
                     f"descriptors, {self.stages}-stage cp.async ring"
                     f"{'; S(kt + 1) and its softmax while P(kt)·V is in flight' if self.overlap else ''}; "
                     "exp2 with log2(e) folded into the scale; "
-                    f"{self.skipping}")
+                    f"{self.skipping}{order}")
         else:
             what = (f"{tcc.qk_intrinsic} / {tcc.pv_intrinsic}: {BM} query rows ({self.warps} warps of {self.WR}), key "
                     f"tiles of {BN}, "
-                    f"{STAGES}-stage cp.async ring; exp2 with log2(e) folded into the scale; {self.skipping}")
+                    f"{STAGES}-stage cp.async ring; exp2 with log2(e) folded into the scale; {self.skipping}{order}")
         attrs: tuple[tuple[str, object], ...] = (
             ("online_contraction", (chain.m.name, chain.l.name, chain.output.name)), ("tensorize", what))
         kernel = PrimFunc(kname, params, body, attrs)
         module_params = tuple(self.buffers[a] for a in prog.args) + tuple(self.sig.scalars)
         return Module(mname, module_params, (kernel,), (KernelCall(kname, params),), ())
+
+
+def block_width(width: int) -> int:
+    """The halves per swizzled row of the Hopper form's blocked tiles: 64 (the 128B swizzle) when
+    they divide the width, else 32 (64B: d = 96 is three blocks of 32) or 16 (32B)."""
+    return next(w for w in (64, 32, 16) if width % w == 0)
 
 
 def _descriptor(w: int, major: str, rows: int = 0) -> MatrixDescriptor:
@@ -802,7 +843,7 @@ def _check_wgmma_relayout(qk: str, pv: str) -> None:
 
 
 def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name: str | None,
-                  blocks_per_sm: int, overlap: bool = False) -> Module:
+                  blocks_per_sm: int, overlap: bool = False, plain_order: bool = False) -> Module:
     where = "online_contraction_mma (wgmma)"
     if rows_per_block not in (64, 128, 192, 256):
         raise ScheduleError(f"{where}: rows_per_block={rows_per_block} must be 64, 128, 192 or 256 (one warpgroup "
@@ -819,8 +860,18 @@ def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name
     if isinstance(blocks_per_sm, bool) or not isinstance(blocks_per_sm, int) or not 0 <= blocks_per_sm <= 8:
         raise ScheduleError(f"{where}: blocks_per_sm={blocks_per_sm!r} must be 0 (no request) .. 8")
     kernel = _Kernel(tcc, rows_per_block, key_tile, 16, name, warpgroup=True)
+    kernel.plain_order = plain_order
     if overlap:
         kernel.overlap, kernel.stages = True, OVERLAP_STAGES
+    assert columns is not None
+    # Q, the K and V ring, and the slack that aligns the dynamic shared memory to 1024 bytes
+    # (the 128B swizzle's atom) in the emitter
+    needed = 2 * (rows_per_block * tcc.depth + kernel.stages * key_tile * (tcc.depth + columns)) + 1024
+    limit = target("sm_90").smem_per_block_optin
+    if needed > limit:
+        raise ScheduleError(f"{where}: {rows_per_block} rows x {key_tile}-key tiles at head dims {tcc.depth} / "
+                            f"{columns} need {needed // 1024} KiB of shared memory; sm_90 allows {limit // 1024} KiB "
+                            "per block: take 64-key tiles or fewer rows")
     _check_wgmma_relayout(kernel.qk_wgmma, kernel.pv_wgmma)
     module = kernel.module()
     if not blocks_per_sm:
@@ -868,4 +919,5 @@ def _fold(e: Expr) -> Expr:
     return binary("*", cast(e, dt.float32), Const(LOG2E, dt.float32))
 
 
-__all__ = ["TensorCoreChain", "describe_skipping", "online_contraction_mma", "tensor_core_chain"]
+__all__ = ["TensorCoreChain", "block_width", "describe_skipping", "mma_sync_head_dims", "online_contraction_mma",
+           "tensor_core_chain"]
