@@ -274,7 +274,8 @@ class GemmWgmma(Strategy):
                             + warps * (wgmma_n // 2) * (4 + info.epilogue_flops))
         rate = target.tensor_flops.get(self.rate_key, 0.0) * WGMMA_FRACTION
         registers = wgmma_registers(bm, bn, sizes) if load == "cp.async" else tma_registers(bm, bn)
-        registers["accumulators"] = wgmma_n // 2
+        if "accumulators" in registers:   # the wgmma's N: the block's rows when tf32 computes Cᵀ
+            registers["accumulators"] = wgmma_n // 2
         x_registers = self.register_operand(info)
         if x_registers:
             # per k tile each thread loads its A fragments (4 per k8 step) with 32-bit shared
