@@ -41,6 +41,30 @@ replaced by wgmmas that read A and B straight from shared memory through matrix 
                After the loop: wait_group 0 (pinning the accumulators), cp.async.wait_group 0.
 4. epilogue    each thread's accumulator elements at (row, col) from the wgmma D fragment's
                layout map (row + 64 · warpgroup), guarded, fused as tensorize.py's epilogue.
+
+tf32 (float32 operands, intrinsic "wgmma.tf32" or a `wgmma.m64nNk8.f32.tf32` row; the opt-in
+that mma.sync's tf32 row asks for too). The ISA gives tf32 no transpose immediates: a shared
+operand must be K-major. BK = 32 floats (the same 128-byte rows), k steps of 8 (32 bytes, as
+k16 of halves), K-major tiles [S][rows][32] in the 128B swizzle of 4-byte elements,
+Swizzle(3, 2, 3) (MatrixDescriptor(element_bytes=4).layout), 16-byte cp.async copies of 4 floats.
+Call X the wgmma's A (64 rows per warpgroup) and Y its B (N = the block's other side):
+
+   A [i, k], B [j, k]   X = A, Y = B, both through descriptors;
+   A [k, i], B [j, k]   X = A from registers, Y = B;
+   A [i, k], B [k, j]   Cᵀ = Bᵀ·Aᵀ: X = B from registers, Y = A; the warpgroups split the
+                        block's columns (BN = 64 · warpgroups, warps (4 · BN/64, 1)) and the
+                        wgmma's N is BM; the epilogue stores accumulator (r, c) at C[c, r];
+   A [k, i], B [k, j]   refused (no K-major operand for Y): the mma.sync tf32 row serves it.
+
+An X from registers keeps its tile k-outermost in shared memory, [S][BK/P][P][outer] with
+tensorize.tf32_swizzle (its 4 k rows x 8 consecutive floats per load are conflict-free); per k
+tile each thread loads its fragments (4 per k8 step, the row's operand-'a' map) into one of two
+register sets, and the wgmma converts them with cvt.rna as it takes them (the row's conversion).
+The registers of a register A are read until the wgmma completes, so with one group in flight
+the loop runs two k tiles per trip, the second guarded, each with its own set: the set written
+at tile kt was last read by tile kt - 2, complete since wait_group 1 at tile kt - 1. A shared
+operand is read as stored: the tensor core ignores the 13 low mantissa bits (truncation; the
+emulator does the same).
 """
 
 from __future__ import annotations
