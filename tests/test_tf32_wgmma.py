@@ -47,10 +47,12 @@ U = 2.0**-10
 
 
 def tf32_wgmma_plan(block: tuple[int, int] = (64, 64), stages: int = 3, groups: int = 1,
-                    intrinsic: str = "wgmma.tf32") -> dict[str, Any]:
-    return {"strategy": "manual", "reason": "test", "steps": [
-        {"primitive": "tensorize", "args": {"stage": "C", "intrinsic": intrinsic, "block": list(block),
-                                            "warps": [4 * groups, 1], "k_tile": 32, "stages": stages}}]}
+                    intrinsic: str = "wgmma.tf32", producer: str = "threads") -> dict[str, Any]:
+    args: dict[str, Any] = {"stage": "C", "intrinsic": intrinsic, "block": list(block), "warps": [4 * groups, 1],
+                            "k_tile": 32, "stages": stages}
+    if producer != "threads":
+        args["producer"] = producer
+    return {"strategy": "manual", "reason": "test", "steps": [{"primitive": "tensorize", "args": args}]}
 
 
 def wgmmas(f: Any) -> list[WarpgroupMatrixMultiply]:
@@ -143,8 +145,6 @@ def test_float32_needs_the_tf32_intrinsic_named_and_the_cp_async_ring() -> None:
         tensorize_wgmma(kernel, "C", "wgmma", Tiling(64, 64, 4, 1, 32, 3))
     with pytest.raises(ScheduleError, match="k_tile must be 32"):
         tensorize_wgmma(kernel, "C", "wgmma.tf32", Tiling(64, 64, 4, 1, 64, 3))
-    with pytest.raises(ScheduleError, match="TMA ring does not take tf32"):
-        tensorize_wgmma(kernel, "C", "wgmma.tf32", Tiling(64, 64, 4, 1, 32, 3), producer="tma")
     # swapped: the warpgroups split the columns, so 128 columns need warps (8, 1)
     with pytest.raises(ScheduleError, match=r"warps must be \(8, 1\) for block columns 128"):
         tensorize_wgmma(kernel, "C", "wgmma.tf32", Tiling(64, 128, 4, 1, 32, 3))
@@ -177,6 +177,26 @@ def test_symbolic_rows_with_a_fused_bias_and_relu() -> None:
         f, out, a, b, bias = run_bias(m, 64, 72, symbolic=True, seed=m, arch="sm_90",
                                       plan=tf32_wgmma_plan((64, 64), 3))
         check_tf32_wgmma(f, out, a, b, f"tf32 wgmma M = {m}, bias + relu", bias=bias)
+
+
+# ---- the warp-specialized TMA ring ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("a_t,b_t", [(False, True), (False, False), (True, True)])
+def test_the_tma_ring_in_every_servable_orientation(a_t: bool, b_t: bool) -> None:
+    """The producer warpgroup's TMA boxes (128B swizzle of 4-byte elements: K-major tiles as one
+    box of (rows, 32), a register-loaded X as boxes of (32 k, 32 floats)), edges zero-filled by the
+    tensor map, two consumer warpgroups, a ring that wraps."""
+    m, n, k = 130, 120, 200
+    f, out, a, b = run(m, n, k, a_t=a_t, b_t=b_t, seed=13, arch="sm_90",
+                       plan=tf32_wgmma_plan((128, 128), 3, 2, producer="tma"))
+    assert "TMA producer warpgroup" in dict(f.module.kernels[0].attrs)["tensorize"]
+    check_tf32_wgmma(f, out, a, b, f"tf32 wgmma TMA a_t={a_t} b_t={b_t}")
+
+
+def test_the_tma_ring_batched_with_an_epilogue() -> None:
+    f, out, a, b, bias = run_bias(70, 64, 100, batch=2, seed=4, arch="sm_90",
+                                  plan=tf32_wgmma_plan((64, 64), 2, 1, producer="tma"))
+    check_tf32_wgmma(f, out, a, b, "batched tf32 wgmma TMA, bias + relu", bias=bias)
 
 
 # ---- the strategy ------------------------------------------------------------------------------------
@@ -242,3 +262,17 @@ def test_the_4096_kernels_compile_for_sm_90a_without_spills_or_serialization(
     assert ", scale_d, 1, 1;" in src                                     # no transpose immediates
     if not b_t or a_t:
         assert "cvt.rna.tf32.f32 ta0" in src                             # the register operand
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("a_t,b_t,block", [(False, False, (256, 128)), (False, True, (128, 256)),
+                                           (True, True, (128, 128))])
+def test_the_4096_tma_kernels_compile_for_sm_90a_without_spills_or_serialization(
+        a_t: bool, b_t: bool, block: tuple[int, int]) -> None:
+    f = tc.build(contraction(4096, 4096, 4096, a_t=a_t, b_t=b_t), target="cuda", arch="sm_90",
+                 plan=tf32_wgmma_plan(block, 4, 2, producer="tma"))
+    (r,) = f.resources.values()
+    assert (r.spill_stores, r.spill_loads, r.stack_bytes) == (0, 0, 0), r
+    assert r.registers == 168, r          # __launch_bounds__(384) with setmaxnreg: the cap
+    assert wgmma_serialized(f.compile_log) is None, f.compile_log
+    assert "setmaxnreg' ignored" not in f.compile_log, f.compile_log

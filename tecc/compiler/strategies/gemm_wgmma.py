@@ -357,8 +357,9 @@ class GemmWgmmaTF32(GemmWgmma):
     - A m-contiguous, B k-contiguous: A from registers, B through its descriptor;
     - both with k outermost: not served (the guard says so; gemm_tensor_core_tf32 is).
     The register form costs each thread 4 shared loads and cvt.rna per k8 step and two sets of
-    16 registers (one set is read by the wgmma group in flight). cp.async ring only (no TMA rung
-    yet). Priced with gemm_wgmma's model and constants (assumed, not fitted: untimed)."""
+    16 registers (one set is read by the wgmma group in flight). Both rungs, cp.async and the
+    warp-specialized TMA ring (where `tma_refusal_for` allows). Priced with gemm_wgmma's model
+    and constants (assumed, not fitted: untimed)."""
 
     name = "gemm_wgmma_tf32"
     description = ("float32 contraction with TF32 allowed on Hopper: wgmma.m64nNk8 tf32 (K-major shared operands, "
@@ -407,25 +408,30 @@ class GemmWgmmaTF32(GemmWgmma):
         view = gemm_view(info)
         assert not isinstance(view, str)
         swap = self.swapped(info)
-        for split, across, stages in product(TF32_SPLIT, TF32_ACROSS, STAGES):
+        loads = LOADS if tma_refusal_for(info) is None else LOADS[:1]
+        for load, split, across, stages in product(loads, TF32_SPLIT, TF32_ACROSS, STAGES):
             bm, bn = (across, split) if swap else (split, across)
             if (bm >= 2 * view.m and bm > 64) or (bn >= 2 * view.n and bn > 64):
                 continue  # a tile twice the matrix leaves half its warpgroups idle
-            point = {"bm": bm, "bn": bn, "stages": stages, "load": "cp.async"}
+            if load == "tma" and split == 64 and self.register_operand(info):
+                continue  # ptxas serializes its wgmmas (C7520: a compiler-inserted arrive on a divergent path)
+            point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
             if shared_bytes(point) > target.smem_per_block_optin:
                 continue
             yield point
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
         groups = self.warpgroups(info, point)
+        producer: dict[str, Any] = {"tma": {"producer": "tma"}}.get(load_of(point), {})
         sch.tensorize(info.stage, intrinsic=self.intrinsic, block=(int(point["bm"]), int(point["bn"])),
-                      warps=(4 * groups, 1), k_tile=self.k_tile, stages=int(point["stages"]))
+                      warps=(4 * groups, 1), k_tile=self.k_tile, stages=int(point["stages"]), **producer)
 
     def describe(self, point: Point) -> str:
         bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
+        rung = ("TMA stages; rung: wgmma + TMA + mbarrier ring, warp-specialized, 128B swizzle)" if load_of(point) == "tma"
+                else "cp.async stages; rung: wgmma + cp.async ring, 128B swizzle)")
         return (f"gemm_wgmma_tf32(wgmma.m64nNk8 tf32 f32 accumulators, block {bm}x{bn}, k-tile {self.k_tile} floats, "
-                f"{stages} cp.async stages; operands rounded to tf32 because the build allows TF32; rung: wgmma + "
-                "cp.async ring, 128B swizzle)")
+                f"{stages} {rung}; operands rounded to tf32 because the build allows TF32")
 
 
 register(GemmWgmmaTF32())

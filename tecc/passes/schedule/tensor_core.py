@@ -40,9 +40,6 @@ def tensorize_wgmma(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling,
     if producer not in PRODUCERS:
         raise ScheduleError(f"tensorize({stage}, wgmma): producer {producer!r} is not one of {PRODUCERS}")
     c, row = checked_wgmma(func, stage, intrinsic, tiling)
-    if producer == "tma" and row.endswith(".tf32"):
-        raise ScheduleError(f"tensorize({stage}, wgmma): the TMA ring does not take tf32 operands yet; use producer "
-                            "'threads' (the cp.async ring)")
     if producer == "tma":
         return tensorize_wgmma_tma(func, stage, c, row, tiling, release, persistent)
     if persistent:

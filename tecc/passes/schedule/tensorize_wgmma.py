@@ -218,6 +218,7 @@ class _WarpgroupEmitter(_Emitter):
         # a tf32 X stored with k outermost cannot be a shared operand: wgmma takes it from
         # registers, loaded from its shared tile (two sets: one is read by the group in flight)
         self.x_registers = self.tf32 and not self.x.k_last
+        self.groups = (t.bn if self.swap else t.bm) // 64   # consumer warpgroups
         # P: wgmma groups left in flight per k tile; D: tiles loaded ahead (module docstring)
         self.pending = 1 if t.stages >= 3 else 0
         self.lookahead = t.stages - 1 - self.pending if lookahead is None else lookahead
@@ -242,14 +243,17 @@ class _WarpgroupEmitter(_Emitter):
         self.frag_x = Buffer("x_frag", a.dtype, _shape(2 * self.x_elements), "fragment", fragment=(self.row, "a"))
         return self.frag_c, self.frag_x
 
+    def form(self) -> str:
+        """The tf32 form, for the summary: '' (both operands through descriptors), the
+        transposed product and/or which operand comes from registers."""
+        if not self.tf32:
+            return ""
+        return (" C^T = B^T.A^T," if self.swap else "") + (
+            f" {self.x.buffer.name} from registers" if self.x_registers else "")
+
     def summary(self) -> str:
         t = self.t
-        groups = (t.bn if self.swap else t.bm) // 64
-        form = ""
-        if self.tf32:
-            form = (" C^T = B^T.A^T," if self.swap else "") + (
-                f" {self.x.buffer.name} from registers" if self.x_registers else "")
-        return (f"{self.row} block {t.bm}x{t.bn} warpgroups {groups} k_tile {t.bk} stages {t.stages}{form} "
+        return (f"{self.row} block {t.bm}x{t.bn} warpgroups {self.groups} k_tile {t.bk} stages {t.stages}{self.form()} "
                 f"(wgmma groups in flight {self.pending}, tiles ahead {self.lookahead})")
 
     # step 2: staging in the descriptors' 128-byte swizzle ---------------------------------------
