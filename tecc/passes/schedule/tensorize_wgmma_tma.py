@@ -13,7 +13,10 @@ tensorize_wgmma.py (this emitter subclasses its emitter); the loads and the ring
 2. loads       one TMA tile copy per operand and k tile (tecc/ir/tma_stmt.py): a K-major operand
                (A[b?, i, k], B[b?, j, k]) as one box of (rows, 64) into [S][rows][64]; an MN-major
                operand (A[b?, k, i], B[b?, k, j]) as rows/64 boxes of (64, 64), one per 64-column
-               block of [S][rows/64][64][64]. The tensor map's 128B swizzle writes exactly the
+               block of [S][rows/64][64][64]. tf32 (4-byte elements): boxes of 32 floats (128
+               bytes) instead of 64 halves; a register-loaded X (tensorize_wgmma.py, "tf32") as
+               rows/32 boxes of (32 k, 32) into [S][rows/32][32][32], which its fragment loads
+               read through the same swizzle. The tensor map's 128B swizzle writes exactly the
                layout the descriptors read, and its zero fill is the M/N/K edge handling (no
                predicates). Only operands whose every index is a plain loop variable (a batch,
                the row/column, the k axis) qualify: an implicit-GEMM gather keeps cp.async.
