@@ -150,6 +150,17 @@ def test_explicit_tf32_wgmma_points_on_gpu(block: tuple[int, int], groups: int, 
 
 
 @needs_sm90
+@pytest.mark.parametrize("block,a_t,b_t", [((256, 128), False, False), ((128, 128), False, False),
+                                           ((128, 256), False, True), ((128, 128), True, True)])
+def test_tf32_wgmma_tma_ring_on_gpu(block: tuple[int, int], a_t: bool, b_t: bool) -> None:
+    """The warp-specialized TMA ring with two consumer warpgroups (tensor maps encoded at launch)."""
+    plan = tf32_wgmma_plan(block, 4, 2, producer="tma")
+    _run(1000, 1000, 1000, a_t=a_t, b_t=b_t, plan=plan)
+    _run(4096, 4096, 4096, a_t=a_t, b_t=b_t, plan=plan)
+    _run(333, 520, 1001, a_t=a_t, b_t=b_t, plan=plan)
+
+
+@needs_sm90
 def test_tf32_wgmma_batched_symbolic_and_epilogue_on_gpu() -> None:
     _run(512, 512, 512, batch=8, plan=tf32_wgmma_plan((128, 128), 4, 2))
     _run(1000, 512, 256, symbolic=True, plan=tf32_wgmma_plan((128, 128), 4, 2))
