@@ -157,7 +157,7 @@ def test_tf32_wgmma_tma_ring_on_gpu(block: tuple[int, int], a_t: bool, b_t: bool
     plan = tf32_wgmma_plan(block, 4, 2, producer="tma")
     _run(1000, 1000, 1000, a_t=a_t, b_t=b_t, plan=plan)
     _run(4096, 4096, 4096, a_t=a_t, b_t=b_t, plan=plan)
-    _run(333, 520, 1001, a_t=a_t, b_t=b_t, plan=plan)
+    _run(332, 520, 1000, a_t=a_t, b_t=b_t, plan=plan)   # rows a multiple of 16 bytes (TMA strides)
 
 
 @needs_sm90
