@@ -150,11 +150,13 @@ def tma_refusal_for(info: KernelInfo) -> str | None:
     return None
 
 
-def wgmma_registers(bm: int, bn: int, sizes: tuple[int, int] = (8, 8)) -> dict[str, int]:
-    """Registers per thread; `sizes` as gemm_tensor_core.tile_registers."""
-    threads = WARPGROUP * (bm // 64)
+def wgmma_registers(bm: int, bn: int, sizes: tuple[int, int] = (8, 8), k_tile: int = K_TILE,
+                    groups: int = 0) -> dict[str, int]:
+    """Registers per thread; `sizes` as gemm_tensor_core.tile_registers, `k_tile` elements per
+    128-byte row, `groups` the warpgroups (0: BM / 64)."""
+    threads = WARPGROUP * (groups or bm // 64)
     copies = staged = 0
-    for tile, size in ((bm * K_TILE, sizes[0]), (bn * K_TILE, sizes[1])):
+    for tile, size in ((bm * k_tile, sizes[0]), (bn * k_tile, sizes[1])):
         if size:
             copies += tile // size // threads
         else:
@@ -273,7 +275,7 @@ class GemmWgmma(Strategy):
             instructions = (wgmma + blocks * k_tiles * groups * 4 * ((copies + staged) * (6 + 4 * view.gathered) + 12)
                             + warps * (wgmma_n // 2) * (4 + info.epilogue_flops))
         rate = target.tensor_flops.get(self.rate_key, 0.0) * WGMMA_FRACTION
-        registers = wgmma_registers(bm, bn, sizes) if load == "cp.async" else tma_registers(bm, bn)
+        registers = wgmma_registers(bm, bn, sizes, bk, groups) if load == "cp.async" else tma_registers(bm, bn)
         if "accumulators" in registers:   # the wgmma's N: the block's rows when tf32 computes Cᵀ
             registers["accumulators"] = wgmma_n // 2
         x_registers = self.register_operand(info)
