@@ -179,6 +179,29 @@ def test_symbolic_rows_with_a_fused_bias_and_relu() -> None:
         check_tf32_wgmma(f, out, a, b, f"tf32 wgmma M = {m}, bias + relu", bias=bias)
 
 
+@pytest.mark.parametrize("case", ["nhwc_3x3_pad1", "nchw_3x3_pad1", "nhwc_c3", "nhwc_groups2"])
+def test_float32_convolutions_on_the_tf32_wgmma(case: str) -> None:
+    """Implicit GEMMs (tests/test_conv.py's cases) through the same matcher: NHWC puts the
+    filter's [k][f] tile in registers (Cᵀ form), NCHW the activations' [k][pixel] tile; the
+    padding where(), C = 3 (guarded element loads) and groups as on the fp16 path."""
+    from test_conv import CASES, Conv
+
+    conv = Conv(**{**CASES[case].__dict__, "dtype": "float32", "tensors": []})
+    stage_plan = tf32_wgmma_plan((64, 64), 3)
+    stage_plan["steps"][0]["args"]["stage"] = "Y"
+    f = tc.build(conv.program(), target="sim", arch="sm_90", plan=stage_plan)
+    g = np.random.default_rng(17)
+    sh = conv.shapes()
+    x = g.standard_normal(sh["X"]).astype(np.float32)
+    w = g.standard_normal(sh["Wt"]).astype(np.float32)
+    y = np.full(sh["Y"], np.nan, np.float32)
+    f(x, w, y)
+    exact, size = conv.reference(x, w)
+    grow = (1 + U) ** 2
+    check(y, exact, (grow - 1 + (conv.k + 1) * 2.0**-23 * grow) * size, f"tf32 wgmma {case}")
+    assert wgmmas(f) and all(w.row.input_type == "tf32" for w in wgmmas(f))
+
+
 # ---- the warp-specialized TMA ring ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("a_t,b_t", [(False, True), (False, False), (True, True)])
