@@ -1,4 +1,5 @@
-"""gemm_wgmma: float16/bfloat16 contractions on Hopper's warpgroup tensor cores (wgmma.mma_async).
+"""gemm_wgmma: float16/bfloat16 contractions on Hopper's warpgroup tensor cores (wgmma.mma_async);
+gemm_wgmma_tf32 (end of the file): float32 ones as tf32 (wgmma.m64nNk8), only with allow_tf32.
 
 The first rung of the Hopper ladder: "wgmma + cp.async ring, 128B swizzle". It serves what
 gemm_tensor_core serves (the same guard: C[b.., i, j] = epilogue(Σ_k A · B), A and B both
