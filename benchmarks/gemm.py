@@ -22,10 +22,11 @@ mma.sync, or on sm_90 gemm_wgmma's wgmma, whichever the planner ranks first), ag
 torch.matmul in the same dtype (cuBLAS's half GEMM, float32 accumulation); the table's dtype
 column says which. The default float32 compares with cuBLAS's SGEMM (TF32 off).
 `--tf32` (float32): TF32 on both sides -- tecc plans and builds with `allow_tf32=True` (the
-planner ranks gemm_tensor_core_tf32's mma.m16n8k8 tf32 against the SIMT GEMMs) and torch sets
-`torch.backends.cuda.matmul.allow_tf32 = True` for cuBLAS; the issue's target is >= 0.55x cuBLAS
-at 4096³ (`--quick --tf32`; `--sweep --sweep-strategy gemm_tensor_core_tf32 --tf32` times every
-point of the strategy).
+planner ranks gemm_tensor_core_tf32's mma.m16n8k8 tf32 and, on sm_90, gemm_wgmma_tf32's
+wgmma.m64nNk8 tf32 against the SIMT GEMMs) and torch sets
+`torch.backends.cuda.matmul.allow_tf32 = True` for cuBLAS; the issue's targets are >= 0.55x and
+>= 0.85x cuBLAS at 4096³ (`--quick --tf32`; `--sweep --sweep-strategy gemm_wgmma_tf32 --tf32`
+or `gemm_tensor_core_tf32` times every point of a strategy).
 Every row has three times: per call (events around one Python call, as in the earlier tables:
 host-side argument handling included), kernel (the profiling hook: the GPU time of the call's
 launches only) and stream (10 back-to-back calls between two events, / 10); cuBLAS is timed per

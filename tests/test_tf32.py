@@ -31,7 +31,7 @@ from tecc.runtime.sim.matrix import round_to_tf32
 
 TF32 = "mma.m16n8k8.f32.tf32"
 U = 2.0**-11
-TENSOR_CORE = ("gemm_tensor_core", "gemm_tensor_core_tf32", "gemm_wgmma")
+TENSOR_CORE = ("gemm_tensor_core", "gemm_tensor_core_tf32", "gemm_wgmma", "gemm_wgmma_tf32")
 
 
 def tf32_bound(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -133,7 +133,9 @@ def test_allow_tf32_lets_the_planner_rank_tf32_against_the_simt_gemms(arch: str)
     # the tf32 peak is half the 16-bit one; the same point predicts slower than it would for halves
     assert best["gemm_tensor_core_tf32"] < min(best.get("gemm", np.inf), best.get("gemm_pipelined", np.inf))
     result = plan_program(contraction(4096, 4096, 4096), tc.target(arch).replace(allow_tf32=True))
-    assert result.plan.strategy == "gemm_tensor_core_tf32", result.plan.reason
+    # sm_90 takes the tf32 wgmma (tests/test_tf32_wgmma.py), sm_80 mma.sync
+    want = "gemm_wgmma_tf32" if arch == "sm_90" else "gemm_tensor_core_tf32"
+    assert result.plan.strategy == want, result.plan.reason
     assert "TF32 allowed" in result.target.summary()
 
 
@@ -262,8 +264,12 @@ def test_tf32_is_only_taken_by_name_and_only_for_float32() -> None:
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_4096_cubed_tf32_plan_compiles_without_spills(arch: str) -> None:
     f = tc.build(contraction(4096, 4096, 4096), target="cuda", arch=arch, allow_tf32=True)
-    assert f.plan.strategy == "gemm_tensor_core_tf32", f.plan.reason
-    assert "cvt.rna.tf32.f32" in f.source and "m16n8k8.row.col.f32.tf32.tf32.f32" in f.source
+    if arch == "sm_90":  # Hopper: the tf32 wgmma (tests/test_tf32_wgmma.py)
+        assert f.plan.strategy == "gemm_wgmma_tf32", f.plan.reason
+        assert "cvt.rna.tf32.f32" in f.source and "k8.f32.tf32.tf32" in f.source
+    else:
+        assert f.plan.strategy == "gemm_tensor_core_tf32", f.plan.reason
+        assert "cvt.rna.tf32.f32" in f.source and "m16n8k8.row.col.f32.tf32.tf32.f32" in f.source
     for name, res in f.resources.items():
         assert res.spill_stores == 0 and res.spill_loads == 0, (name, res)
         assert res.registers <= 255, (name, res)

@@ -87,23 +87,36 @@ def warpgroup_multiply(expr: ExprEmitter, s: WarpgroupMatrixMultiply) -> list[st
     op = row.operand("d")
     outputs = [f'"+f"({_register(expr, s.d, op, r)[1]})' for r in range(op.registers)]
     n = op.registers
-    trans_b = int(s.b.descriptor.major == "MN")
+    # tf32 has no transpose immediates (its shared operands are K-major only: PTX ISA, wgmma.mma_async)
+    tf32 = row.input_type == "tf32"
+    refs = [ref for ref in (s.a, s.b) if isinstance(ref, SharedMatrix)]
+    if tf32 and any(ref.descriptor.major != "K" or ref.descriptor.element_bytes != 4 for ref in refs):
+        raise CompileError(f"{row.name}: tf32 wgmma reads only K-major 4-byte shared operands; "
+                           f"got {', '.join(str(ref.descriptor) for ref in refs)}")
+    trans_b = "" if tf32 else f", {int(s.b.descriptor.major == 'MN')}"
     accumulators = "{" + ", ".join(f"%{r}" for r in range(n)) + "}"
     if isinstance(s.a, FragmentRef):
-        # A from registers: 4 .f16x2 registers, and no transpose bit for A (PTX ISA, wgmma.mma_async)
+        # A from registers (4 .f16x2, or 4 f32 converted to tf32 inside the block like
+        # mma.sync's), and no transpose bit for A (PTX ISA, wgmma.mma_async)
         a_op = row.operand("a")
-        a_regs = [f'"r"({_register(expr, s.a, a_op, r)[1]})' for r in range(a_op.registers)]
+        a_regs = [f'"{_register(expr, s.a, a_op, r)[0]}"({_register(expr, s.a, a_op, r)[1]})'
+                  for r in range(a_op.registers)]
         inputs = a_regs + [f'"l"({descriptor_value(expr, s.b)})', f'"r"(static_cast<int>({expr.code(s.scale_d)}))']
         na = len(a_regs)
-        a_vec = "{" + ", ".join(f"%{n + r}" for r in range(na)) + "}"
-        body = ["{", ".reg .pred scale_d;", f"setp.ne.b32 scale_d, %{n + na + 1}, 0;",
-                f"{row.ptx} {accumulators}, {a_vec}, %{n + na}, scale_d, 1, 1, {trans_b};", "}"]
+        convert: list[str] = []
+        if a_op.convert is not None:
+            convert = [f".reg .b32 ta<{na}>;"] + [f"{a_op.convert} ta{r}, %{n + r};" for r in range(na)]
+            a_vec = "{" + ", ".join(f"ta{r}" for r in range(na)) + "}"
+        else:
+            a_vec = "{" + ", ".join(f"%{n + r}" for r in range(na)) + "}"
+        body = ["{", ".reg .pred scale_d;", *convert, f"setp.ne.b32 scale_d, %{n + na + 1}, 0;",
+                f"{row.ptx} {accumulators}, {a_vec}, %{n + na}, scale_d, 1, 1{trans_b};", "}"]
         return _asm(body, outputs, inputs, clobber_memory=True)
     inputs = [f'"l"({descriptor_value(expr, s.a)})', f'"l"({descriptor_value(expr, s.b)})',
               f'"r"(static_cast<int>({expr.code(s.scale_d)}))']
-    trans_a = int(s.a.descriptor.major == "MN")
+    trans = "" if tf32 else f", {int(s.a.descriptor.major == 'MN')}{trans_b}"
     body = ["{", ".reg .pred scale_d;", f"setp.ne.b32 scale_d, %{n + 2}, 0;",
-            f"{row.ptx} {accumulators}, %{n}, %{n + 1}, scale_d, 1, 1, {trans_a}, {trans_b};", "}"]
+            f"{row.ptx} {accumulators}, %{n}, %{n + 1}, scale_d, 1, 1{trans};", "}"]
     return _asm(body, outputs, inputs, clobber_memory=True)
 
 

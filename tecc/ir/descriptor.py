@@ -17,7 +17,7 @@ Rows of the tile are its m (or n) index, columns its k index; "K-major" means k 
 (A as [m][k], B as [n][k]), "MN-major" that m or n is (A as [k][m], B as [k][n]; wgmma's
 transpose bits). The swizzle XORs bits [4, 4 + b) of the shared *byte address* with bits
 [7, 7 + b), b = 1, 2, 3 for 32, 64, 128 bytes: for 16-bit elements that is tecc's
-`Swizzle(b, 3, 3)` on element offsets. tecc requires every descriptor's buffer to start at a
+`Swizzle(b, 3, 3)` on element offsets (32-bit ones, tf32: `Swizzle(b, 2, 3)`). tecc requires every descriptor's buffer to start at a
 multiple of 1024 bytes (codegen aligns such buffers), so the swizzle of the absolute address is
 the swizzle of the offset within the buffer, and the descriptor's base-offset field is 0.
 
@@ -41,6 +41,8 @@ SWIZZLE_MODES: dict[str, tuple[int, int]] = {"none": (16, 0), "128B": (128, 1), 
 MAJORS = ("K", "MN")
 CORE_ROW_BYTES = 16          # one row of a core matrix
 DESCRIPTOR_ALIGNMENT = 1024  # bytes; the swizzle pattern repeats every 8 rows of 128 bytes
+# element bytes -> log2(T), T = elements in a 16-byte core-matrix row (the swizzle's base)
+ELEMENT_BYTES = {2: 3, 4: 2}
 
 
 class DescriptorError(TeccError):
@@ -52,7 +54,7 @@ class MatrixDescriptor:
     """The static part of a wgmma shared-memory matrix descriptor (the start address is given
     per use): `major` 'K' or 'MN', `swizzle` 'none', '32B', '64B' or '128B', `leading_bytes`
     (LBO) and `stride_bytes` (SBO) as the module docstring defines them, for elements of
-    `element_bytes` bytes (2: f16 / bf16)."""
+    `element_bytes` bytes (2: f16 / bf16; 4: tf32, which the ISA takes K-major only)."""
 
     major: str
     swizzle: str
@@ -64,8 +66,8 @@ class MatrixDescriptor:
         where = f"matrix descriptor ({self.major}-major, swizzle {self.swizzle})"
         if self.major not in MAJORS or self.swizzle not in SWIZZLE_MODES:
             raise DescriptorError(f"{where}: major must be one of {MAJORS} and swizzle one of {tuple(SWIZZLE_MODES)}")
-        if self.element_bytes != 2:
-            raise DescriptorError(f"{where}: only 16-bit elements (f16, bf16) are supported, not {self.element_bytes} bytes")
+        if self.element_bytes not in ELEMENT_BYTES:
+            raise DescriptorError(f"{where}: elements must be 2 bytes (f16, bf16) or 4 (tf32), not {self.element_bytes}")
         for field in ("leading_bytes", "stride_bytes"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value % 16 or value >= 1 << 18:
@@ -87,7 +89,8 @@ class MatrixDescriptor:
         """The element-offset swizzle this mode applies (None for 'none'): a buffer that plain
         loads and stores address logically must carry exactly this layout."""
         bits = {"none": 0, "32B": 1, "64B": 2, "128B": 3}[self.swizzle]
-        return None if bits == 0 else Swizzle(bits, 3, 3)
+        # byte-address bits [4, 4 + b) XOR [7, 7 + b): in elements, base log2(T), shift 3
+        return None if bits == 0 else Swizzle(bits, ELEMENT_BYTES[self.element_bytes], 3)
 
     def canonical(self, row: Any, col: Any) -> Any:
         """The unswizzled element offset of tile element (row, col) from the start (module docstring)."""

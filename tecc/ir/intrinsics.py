@@ -93,7 +93,7 @@ class MatrixIntrinsic:
     """One row of the table.
 
     kind 'mma': D = A . B + C over an m x n x k tile, all four operands fragments.
-    kind 'wgmma': D = A . B (+ D) over an m64 x n x k16 tile by a warpgroup (`threads` = 128
+    kind 'wgmma': D = A . B (+ D) over an m64 x n x k16 tile (k8 for tf32) by a warpgroup (`threads` = 128
     consecutive threads whose first is a multiple of 128): B (PTX type `input_type`) is read from
     shared memory through a matrix descriptor (tecc.ir.descriptor), A either the same way or from
     registers (operand 'a': 8 elements, 4 `.f16x2` registers per thread, the m16n8k16 A pattern
@@ -189,8 +189,16 @@ def _wgmma_a(thread: Index, e: Index) -> tuple[Index, Index]:
     return 16 * (thread // 32) + lane // 4 + 8 * ((e // 2) % 2), (lane % 4) * 2 + e % 2 + 8 * (e // 4)
 
 
+def _wgmma_tf32_a(thread: Index, e: Index) -> tuple[Index, Index]:
+    # A from registers, tf32 (m64nNk8): warp w holds rows 16w .. 16w+15 of the m64 x k8 tile in
+    # the m16n8k8 tf32 A pattern: a0: (g, t); a1: (g+8, t); a2: (g, t+4); a3: (g+8, t+4)
+    # (PTX ISA, "Register fragment layout for matrix A" of wgmma .m64nNk8)
+    lane = thread % 32
+    return 16 * (thread // 32) + lane // 4 + 8 * (e % 2), lane % 4 + 4 * (e // 2)
+
+
 WARPGROUP_SIZE = 128
-WGMMA_N = (8, 16, 32, 64, 96, 128, 192, 256)  # the n of the m64nNk16 rows in the table
+WGMMA_N = (8, 16, 32, 64, 96, 128, 192, 256)  # the n of the m64nNk16 / m64nNk8 rows in the table
 
 
 def _wgmma(n: int, ab: str) -> MatrixIntrinsic:
@@ -199,6 +207,21 @@ def _wgmma(n: int, ab: str) -> MatrixIntrinsic:
         name=f"wgmma.m64n{n}k16.f32.{ab}", ptx=f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab}",
         kind="wgmma", shape=(64, n, 16), min_arch=90, threads=WARPGROUP_SIZE, input_type=ab,
         operands=(FragmentOperand("a", ab, 64, 16, 8, _wgmma_a),
+                  FragmentOperand("c", "f32", 64, n, elements, _wgmma_accumulator),
+                  FragmentOperand("d", "f32", 64, n, elements, _wgmma_accumulator)),
+    )
+
+
+def _wgmma_tf32(n: int) -> MatrixIntrinsic:
+    """m64nNk8 with tf32 inputs: the ISA has no transpose immediates for them, so both shared
+    operands must be K-major (A [m][k], B [n][k]); A may instead come from registers (4 per
+    thread, converted with cvt.rna like mma.sync's). A shared operand is read as stored: the
+    tensor core ignores the 13 low mantissa bits of each float32 (truncation)."""
+    elements = 64 * n // WARPGROUP_SIZE
+    return MatrixIntrinsic(
+        name=f"wgmma.m64n{n}k8.f32.tf32", ptx=f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32",
+        kind="wgmma", shape=(64, n, 8), min_arch=90, threads=WARPGROUP_SIZE, input_type="tf32",
+        operands=(FragmentOperand("a", "tf32", 64, 8, 4, _wgmma_tf32_a),
                   FragmentOperand("c", "f32", 64, n, elements, _wgmma_accumulator),
                   FragmentOperand("d", "f32", 64, n, elements, _wgmma_accumulator)),
     )
@@ -239,7 +262,8 @@ _ROWS = (
     _mma("mma.m16n8k8.f32.tf32", "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 16, 8, 8,
          "tf32", "f32", _m16n8k8_tf32_a, _m16n8k8_tf32_b, _m16n8_c),
 ) + tuple(_ldmatrix(x, t) for x in (1, 2, 4) for t in (False, True)) \
-  + tuple(_wgmma(n, ab) for ab in ("f16", "bf16") for n in WGMMA_N)
+  + tuple(_wgmma(n, ab) for ab in ("f16", "bf16") for n in WGMMA_N) \
+  + tuple(_wgmma_tf32(n) for n in WGMMA_N)
 
 TABLE: dict[str, MatrixIntrinsic] = {row.name: row for row in _ROWS}
 

@@ -225,6 +225,7 @@ class GemmView:
     k: int
     copies: tuple[int, int]
     gathered: int = 0   # reduction axes beyond one: each costs a div/mod pair per copy or element per k tile
+    k_last: tuple[bool, bool] = (True, True)   # whether A's and B's tiles are k-contiguous
 
 
 def copy_sizes(info: KernelInfo) -> tuple[int, int]:
@@ -276,7 +277,7 @@ def gemm_view(info: KernelInfo) -> GemmView | str:
         else:
             layouts.append(layout_of([], []))  # no copy provable
     element_bytes = 4 if a.dtype == "float32" else 2
-    *_, a_copy, b_copy = gemm_order(rows, cols, [v for v, _ in info.reduction], layouts[0], layouts[1],
+    *_, a_k_last, b_k_last, a_copy, b_copy = gemm_order(rows, cols, [v for v, _ in info.reduction], layouts[0], layouts[1],
                                     {v: int(e) for v, e in extents.items()}, element_bytes)
     m = n = 1
     for v in rows:
@@ -286,7 +287,7 @@ def gemm_view(info: KernelInfo) -> GemmView | str:
     # the row and column parts of a gathered address do not change with the k tile (ptxas keeps
     # them in registers); the reduction axes are unflattened anew for every k tile
     gathered = len(info.reduction) - 1
-    return GemmView(a, b, batch, m, n, info.reduce_extent, (a_copy, b_copy), gathered)
+    return GemmView(a, b, batch, m, n, info.reduce_extent, (a_copy, b_copy), gathered, (a_k_last, b_k_last))
 
 
 def mma_view(info: KernelInfo, target: Target, instruction: str) -> Any:

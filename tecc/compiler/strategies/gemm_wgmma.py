@@ -1,4 +1,5 @@
-"""gemm_wgmma: float16/bfloat16 contractions on Hopper's warpgroup tensor cores (wgmma.mma_async).
+"""gemm_wgmma: float16/bfloat16 contractions on Hopper's warpgroup tensor cores (wgmma.mma_async);
+gemm_wgmma_tf32 (end of the file): float32 ones as tf32 (wgmma.m64nNk8), only with allow_tf32.
 
 The first rung of the Hopper ladder: "wgmma + cp.async ring, 128B swizzle". It serves what
 gemm_tensor_core serves (the same guard: C[b.., i, j] = epilogue(Σ_k A · B), A and B both
@@ -70,6 +71,7 @@ from .gemm_tensor_core import (
     LOADED_LATENCY_CYCLES,
     SMEM_WEIGHT,
     GemmTensorCore,
+    GemmTensorCoreTF32,
     copy_sizes,
     gemm_view,
     wave_dram_bytes,
@@ -149,11 +151,13 @@ def tma_refusal_for(info: KernelInfo) -> str | None:
     return None
 
 
-def wgmma_registers(bm: int, bn: int, sizes: tuple[int, int] = (8, 8)) -> dict[str, int]:
-    """Registers per thread; `sizes` as gemm_tensor_core.tile_registers."""
-    threads = WARPGROUP * (bm // 64)
+def wgmma_registers(bm: int, bn: int, sizes: tuple[int, int] = (8, 8), k_tile: int = K_TILE,
+                    groups: int = 0) -> dict[str, int]:
+    """Registers per thread; `sizes` as gemm_tensor_core.tile_registers, `k_tile` elements per
+    128-byte row, `groups` the warpgroups (0: BM / 64)."""
+    threads = WARPGROUP * (groups or bm // 64)
     copies = staged = 0
-    for tile, size in ((bm * K_TILE, sizes[0]), (bn * K_TILE, sizes[1])):
+    for tile, size in ((bm * k_tile, sizes[0]), (bn * k_tile, sizes[1])):
         if size:
             copies += tile // size // threads
         else:
@@ -177,19 +181,20 @@ def tma_registers(bm: int, bn: int) -> dict[str, int]:
 
 
 def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: int,
-                   registers: int) -> tuple[float, int, float]:
+                   registers: int, k_tile: int = K_TILE, groups: int = 0) -> tuple[float, int, float]:
     """Cycles one SM spends on one round of its resident blocks, the resident blocks, and the
     fraction of a k tile the tensor pipe idles (gemm_tensor_core.sm_chain's model, module
-    docstring: the wgmma ring's stall is what its in-flight group does not cover)."""
+    docstring: the wgmma ring's stall is what its in-flight group does not cover). `k_tile`:
+    elements per 128-byte row (32 for tf32); `groups`: the warpgroups (0: BM / 64)."""
     bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
-    groups = bm // 64
+    groups = groups or bm // 64
     load = load_of(point)
     alloc = max(8, -(-registers // 8) * 8)
     threads = WARPGROUP * groups + (PRODUCER_THREADS if load == "tma" else 0)
     occ = occupancy(target, threads, alloc, shared_bytes(point))
     resident = max(1, min(occ.blocks_per_sm, -(-blocks // target.sm_count)))
     per_clock = rate / target.sm_count / target.clock_hz
-    wgmma = 2.0 * bm * bn * K_TILE / max(per_clock, 1e-9)
+    wgmma = 2.0 * bm * bn * k_tile / max(per_clock, 1e-9)
     wavefronts = (groups * (64 + bn) + bm + bn) * K_TILE * 2 / SMEM_WAVEFRONT_BYTES
     tile = max(wgmma, wavefronts * SMEM_WEIGHT)
     pending, ahead = in_flight(stages, load)
@@ -207,6 +212,21 @@ class GemmWgmma(Strategy):
     description = "half-precision contraction on Hopper: wgmma.m64nNk16 from 128B-swizzled shared tiles, cp.async ring"
     priority = 4
     compile_checked = True  # a point ptxas spills, or whose wgmmas it serializes (C7515), is passed over
+    # the operands' precision: bytes per element, elements per 128-byte k tile, the wgmma's k, the
+    # dense peak of the target's table it runs at, the plan's intrinsic
+    element_bytes = 2
+    k_tile = K_TILE
+    k_step = 16
+    rate_key = "float16"
+    intrinsic = "wgmma"
+
+    def warpgroups(self, info: KernelInfo, point: Point) -> int:
+        """Consumer warpgroups of a block: one per 64 rows."""
+        return int(point["bm"]) // 64
+
+    def register_operand(self, info: KernelInfo) -> bool:
+        """Whether the wgmma's A comes from registers loaded from shared memory (tf32 only)."""
+        return False
 
     def guard(self, info: KernelInfo, target: Target) -> str | None:
         if target.sm != WGMMA_ARCH:
@@ -229,15 +249,16 @@ class GemmWgmma(Strategy):
     def workload(self, info: KernelInfo, point: Point, target: Target) -> Workload:
         bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
         load = load_of(point)
-        bk = K_TILE
-        groups = bm // 64
+        bk = self.k_tile
+        groups = self.warpgroups(info, point)
+        wgmma_n = bm * bn // (64 * groups)
         threads = WARPGROUP * groups + (PRODUCER_THREADS if load == "tma" else 0)
         view = gemm_view(info)
         assert not isinstance(view, str)
         batch, m, n, k = view.batch, view.m, view.n, view.k
         row_tiles, col_tiles, k_tiles = -(-m // bm), -(-n // bn), -(-max(k, 1) // bk)
         blocks = batch * row_tiles * col_tiles
-        a_bytes, b_bytes = 2.0 * m * k * batch, 2.0 * k * n * batch
+        a_bytes, b_bytes = self.element_bytes * m * k * batch, self.element_bytes * k * n * batch
         out_bytes = float(m * n * batch * info.write.itemsize)
         l2 = a_bytes * col_tiles + b_bytes * row_tiles + out_bytes
         sizes = copy_sizes(info) if load == "cp.async" else (0, 0)
@@ -245,7 +266,7 @@ class GemmWgmma(Strategy):
         copies = 0 if load == "tma" else sum(tile // size // threads for tile, size in tiles if size)
         staged = 0 if load == "tma" else sum(tile // threads for tile, size in tiles if not size)
         warps = blocks * groups * 4
-        wgmma = blocks * groups * k_tiles * (bk // 16)
+        wgmma = blocks * groups * k_tiles * (bk // self.k_step)
         # gathered (implicit GEMM) reduction indices: a div/mod pair per extra axis (gemm_tensor_core)
         if load == "tma":
             # consumers: a wait, the wgmmas and a release per k tile; the producer thread's
@@ -253,18 +274,27 @@ class GemmWgmma(Strategy):
             instructions = wgmma + blocks * k_tiles * groups * 4 * 8 + warps * (bn // 2) * (4 + info.epilogue_flops)
         else:
             instructions = (wgmma + blocks * k_tiles * groups * 4 * ((copies + staged) * (6 + 4 * view.gathered) + 12)
-                            + warps * (bn // 2) * (4 + info.epilogue_flops))
-        rate = target.tensor_flops.get("float16", 0.0) * WGMMA_FRACTION
-        registers = wgmma_registers(bm, bn, sizes) if load == "cp.async" else tma_registers(bm, bn)
-        chain, resident, idle = wgmma_sm_chain(target, rate, point, blocks, k_tiles, sum(registers.values()))
+                            + warps * (wgmma_n // 2) * (4 + info.epilogue_flops))
+        rate = target.tensor_flops.get(self.rate_key, 0.0) * WGMMA_FRACTION
+        registers = wgmma_registers(bm, bn, sizes, bk, groups) if load == "cp.async" else tma_registers(bm, bn)
+        if "accumulators" in registers:   # the wgmma's N: the block's rows when tf32 computes Cᵀ
+            registers["accumulators"] = wgmma_n // 2
+        x_registers = self.register_operand(info)
+        if x_registers:
+            # per k tile each thread loads its A fragments (4 per k8 step) with 32-bit shared
+            # loads and converts them (cvt.rna), into one of two register sets
+            per_thread = 4 * (bk // self.k_step)
+            instructions += blocks * k_tiles * groups * 4 * 2 * per_thread
+            registers["register A (two sets)"] = 2 * per_thread
+        chain, resident, idle = wgmma_sm_chain(target, rate, point, blocks, k_tiles, sum(registers.values()),
+                                               bk, groups)
         pending, ahead = in_flight(stages, load)
         # wgmma reads every warpgroup's A tile and the whole B tile once per k tile per warpgroup
-        smem_reads = blocks * k_tiles * groups * (64 + bn) * bk * 2
-        smem_writes = blocks * k_tiles * (bm + bn) * bk * 2
+        smem_reads = blocks * k_tiles * groups * (64 + wgmma_n) * bk * self.element_bytes
+        smem_writes = blocks * k_tiles * (bm + bn) * bk * self.element_bytes
         ring = ("TMA producer warpgroup, mbarrier ring" if load == "tma" else "cp.async ring")
-        notes = [f"wgmma.m64n{bn}k16 on {groups} warpgroup(s), {stages}-stage {ring} of 64-wide k tiles "
-                 f"({ahead} ahead, {pending} wgmma group in flight)",
-                 "A and B read by wgmma from 128B-swizzled shared tiles (no ldmatrix)",
+        notes = [f"wgmma.m64n{wgmma_n}k{self.k_step} on {groups} warpgroup(s), {stages}-stage {ring} of {bk}-wide k "
+                 f"tiles ({ahead} ahead, {pending} wgmma group in flight)", self.operand_note(info)[0],
                  f"{resident} block(s) per SM share the tensor pipe: idle {idle:.0%} of each k tile"]
         if point.get("persistent"):
             notes.append(f"persistent grid of {int(point['persistent'])} blocks (priced as one block per tile)")
@@ -279,8 +309,11 @@ class GemmWgmma(Strategy):
             dram_bytes=wave_dram_bytes(info, target, point, batch, resident, l2), l2_bytes=l2,
             global_wavefronts=(l2 - out_bytes) / 128.0 + out_bytes / 32.0,
             smem_wavefronts=(smem_reads + smem_writes) / SMEM_WAVEFRONT_BYTES,
-            instructions=instructions, bytes_in_flight=2.0 * (bm + bn) * bk / threads * max(ahead, 1),
-            ilp=float(bn // 8), chain_cycles=chain, k_extent=k_tiles * bk, notes=notes)
+            instructions=instructions, bytes_in_flight=self.element_bytes * (bm + bn) * bk / threads * max(ahead, 1),
+            ilp=float(wgmma_n // 8), chain_cycles=chain, k_extent=k_tiles * bk, notes=notes)
+
+    def operand_note(self, info: KernelInfo) -> tuple[str]:
+        return ("A and B read by wgmma from 128B-swizzled shared tiles (no ldmatrix)",)
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
         bm = int(point["bm"])
@@ -303,3 +336,105 @@ class GemmWgmma(Strategy):
 
 
 register(GemmWgmma())
+
+
+# ---- TF32 --------------------------------------------------------------------------------------
+
+TF32_K_TILE = 32           # floats in a 128-byte swizzled row
+TF32_SPLIT = (64, 128)     # the block side the warpgroups split (64 rows or columns each)
+TF32_ACROSS = (64, 128, 256)
+
+
+class GemmWgmmaTF32(GemmWgmma):
+    """float32 contractions on Hopper's wgmma with the operands rounded to tf32, only when the
+    build allows it (`build(..., allow_tf32=True)` sets Target.allow_tf32): wgmma.m64nNk8 .tf32
+    at the target's dense TF32 peak (half the 16-bit one), k tiles of 32 floats (the same 128-byte
+    rows, ring bytes and swizzle as gemm_wgmma's 64 halves).
+
+    The ISA takes tf32 shared operands K-major only (no transpose immediates), so the form
+    follows the operands' orientation (tensorize_wgmma.py, "tf32"):
+    - A and B k-contiguous (C = A·Bᵀ): both from shared memory through descriptors;
+    - A k-contiguous, B n-contiguous (the plain C = A·B): the kernel computes Cᵀ = Bᵀ·Aᵀ, the
+      wgmma's A being the B tile loaded from shared memory into registers, its B the A tile; the
+      warpgroups split the block's columns and the wgmma's N is its rows;
+    - A m-contiguous, B k-contiguous: A from registers, B through its descriptor;
+    - both with k outermost: not served (the guard says so; gemm_tensor_core_tf32 is).
+    The register form costs each thread 4 shared loads and cvt.rna per k8 step and two sets of
+    16 registers (one set is read by the wgmma group in flight). Both rungs, cp.async and the
+    warp-specialized TMA ring (where `tma_refusal_for` allows). Priced with gemm_wgmma's model
+    and constants (assumed, not fitted: untimed)."""
+
+    name = "gemm_wgmma_tf32"
+    description = ("float32 contraction with TF32 allowed on Hopper: wgmma.m64nNk8 tf32 (K-major shared operands, "
+                   "register A or Cᵀ = Bᵀ·Aᵀ for the others), cp.async ring, 128B swizzle")
+    element_bytes = 4
+    k_tile = TF32_K_TILE
+    k_step = 8
+    rate_key = "tf32"
+    intrinsic = "wgmma.tf32"
+
+    def guard(self, info: KernelInfo, target: Target) -> str | None:
+        if target.sm != WGMMA_ARCH:
+            return f"{target.arch} has no wgmma (sm_90 only; sm_8x keeps mma.sync: gemm_tensor_core_tf32)"
+        refusal = GemmTensorCoreTF32().guard(info, target)
+        if refusal is not None:
+            return refusal
+        view = gemm_view(info)
+        assert not isinstance(view, str)
+        if not any(view.k_last):
+            return ("both operands are stored with k outermost, and tf32 wgmma reads its shared operand K-major only "
+                    "(gemm_tensor_core_tf32 serves it)")
+        return None
+
+    def swapped(self, info: KernelInfo) -> bool:
+        view = gemm_view(info)
+        assert not isinstance(view, str)
+        return view.k_last[0] and not view.k_last[1]
+
+    def warpgroups(self, info: KernelInfo, point: Point) -> int:
+        return int(point["bn" if self.swapped(info) else "bm"]) // 64
+
+    def register_operand(self, info: KernelInfo) -> bool:
+        view = gemm_view(info)
+        assert not isinstance(view, str)
+        return not all(view.k_last)
+
+    def operand_note(self, info: KernelInfo) -> tuple[str]:
+        if self.swapped(info):
+            return ("Cᵀ = Bᵀ·Aᵀ: B loaded from shared memory into registers as the wgmma's A (tf32 takes K-major "
+                    "shared operands only), A read through its descriptor",)
+        if self.register_operand(info):
+            return "A loaded from shared memory into registers (m-contiguous), B read through its descriptor",
+        return "A and B read by wgmma from 128B-swizzled K-major shared tiles",
+
+    def space(self, info: KernelInfo, target: Target) -> Iterable[Point]:
+        view = gemm_view(info)
+        assert not isinstance(view, str)
+        swap = self.swapped(info)
+        loads = LOADS if tma_refusal_for(info) is None else LOADS[:1]
+        for load, split, across, stages in product(loads, TF32_SPLIT, TF32_ACROSS, STAGES):
+            bm, bn = (across, split) if swap else (split, across)
+            if (bm >= 2 * view.m and bm > 64) or (bn >= 2 * view.n and bn > 64):
+                continue  # a tile twice the matrix leaves half its warpgroups idle
+            if load == "tma" and split == 64 and self.register_operand(info):
+                continue  # ptxas serializes its wgmmas (C7520: a compiler-inserted arrive on a divergent path)
+            point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
+            if shared_bytes(point) > target.smem_per_block_optin:
+                continue
+            yield point
+
+    def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
+        groups = self.warpgroups(info, point)
+        producer: dict[str, Any] = {"tma": {"producer": "tma"}}.get(load_of(point), {})
+        sch.tensorize(info.stage, intrinsic=self.intrinsic, block=(int(point["bm"]), int(point["bn"])),
+                      warps=(4 * groups, 1), k_tile=self.k_tile, stages=int(point["stages"]), **producer)
+
+    def describe(self, point: Point) -> str:
+        bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
+        rung = ("TMA stages; rung: wgmma + TMA + mbarrier ring, warp-specialized, 128B swizzle)" if load_of(point) == "tma"
+                else "cp.async stages; rung: wgmma + cp.async ring, 128B swizzle)")
+        return (f"gemm_wgmma_tf32(wgmma.m64nNk8 tf32 f32 accumulators, block {bm}x{bn}, k-tile {self.k_tile} floats, "
+                f"{stages} {rung}; operands rounded to tf32 because the build allows TF32")
+
+
+register(GemmWgmmaTF32())

@@ -5,6 +5,7 @@ tensorize_wgmma's):
 
   intrinsic "auto", an mma row (mma.sync m16n8k16, tf32 m16n8k8)   tensorize.py        tensorize_mma
   "wgmma" or a wgmma row, producer "threads" (cp.async ring)        tensorize_wgmma.py  tensorize_wgmma_threads
+    ("wgmma.tf32" or a tf32 row for float32 operands)
   "wgmma" or a wgmma row, producer "tma" (mbarrier ring, optional   tensorize_wgmma_tma.py
     persistent grid)
 """

@@ -41,6 +41,30 @@ replaced by wgmmas that read A and B straight from shared memory through matrix 
                After the loop: wait_group 0 (pinning the accumulators), cp.async.wait_group 0.
 4. epilogue    each thread's accumulator elements at (row, col) from the wgmma D fragment's
                layout map (row + 64 · warpgroup), guarded, fused as tensorize.py's epilogue.
+
+tf32 (float32 operands, intrinsic "wgmma.tf32" or a `wgmma.m64nNk8.f32.tf32` row; the opt-in
+that mma.sync's tf32 row asks for too). The ISA gives tf32 no transpose immediates: a shared
+operand must be K-major. BK = 32 floats (the same 128-byte rows), k steps of 8 (32 bytes, as
+k16 of halves), K-major tiles [S][rows][32] in the 128B swizzle of 4-byte elements,
+Swizzle(3, 2, 3) (MatrixDescriptor(element_bytes=4).layout), 16-byte cp.async copies of 4 floats.
+Call X the wgmma's A (64 rows per warpgroup) and Y its B (N = the block's other side):
+
+   A [i, k], B [j, k]   X = A, Y = B, both through descriptors;
+   A [k, i], B [j, k]   X = A from registers, Y = B;
+   A [i, k], B [k, j]   Cᵀ = Bᵀ·Aᵀ: X = B from registers, Y = A; the warpgroups split the
+                        block's columns (BN = 64 · warpgroups, warps (4 · BN/64, 1)) and the
+                        wgmma's N is BM; the epilogue stores accumulator (r, c) at C[c, r];
+   A [k, i], B [k, j]   refused (no K-major operand for Y): the mma.sync tf32 row serves it.
+
+An X from registers keeps its tile k-outermost in shared memory, [S][BK/P][P][outer] with
+tensorize.tf32_swizzle (its 4 k rows x 8 consecutive floats per load are conflict-free); per k
+tile each thread loads its fragments (4 per k8 step, the row's operand-'a' map) into one of two
+register sets, and the wgmma converts them with cvt.rna as it takes them (the row's conversion).
+The registers of a register A are read until the wgmma completes, so with one group in flight
+the loop runs two k tiles per trip, the second guarded, each with its own set: the set written
+at tile kt was last read by tile kt - 2, complete since wait_group 1 at tile kt - 1. A shared
+operand is read as stored: the tensor core ignores the 13 low mantissa bits (truncation; the
+emulator does the same).
 """
 
 from __future__ import annotations
@@ -70,38 +94,69 @@ from ...ir.stmt import (
     WarpgroupWait,
     seq,
 )
-from .tensorize import INTRINSICS, Contraction, Operand, Tiling, _Emitter, _int, _shape, match_contraction
+from .implicit_gemm import TENSOR_CORE_OPERANDS
+from .tensorize import (
+    INTRINSICS,
+    Contraction,
+    Operand,
+    Tiling,
+    _Emitter,
+    _int,
+    _shape,
+    match_contraction,
+    tf32_swizzle,
+)
 
 K_TILE = 64            # halves in one 128-byte swizzled row
+TF32_K_TILE = 32       # floats in one
 BLOCK_N = (64, 128, 192, 256)
 SWIZZLE_128B = Swizzle(3, 3, 3)
 ROW_BYTES = 128
 ATOM_BYTES = 1024      # 8 rows of 128 bytes: the swizzle's period, the descriptor's alignment
 INPUT_TYPES = {"float16": "f16", "bfloat16": "bf16"}
+# float32 operands run on wgmma only rounded to tf32, which a plan must name (as mma.sync's tf32
+# row): intrinsic "wgmma.tf32" or a tf32 row; plain "wgmma" refuses them
+TF32_WGMMA = "wgmma.tf32"
 
 
 def wgmma_intrinsic(dtype: str, bn: int) -> str:
-    """The intrinsic-table row of an m64nBNk16 wgmma with f32 accumulators for `dtype` operands."""
+    """The intrinsic-table row of an m64nBNk16 wgmma with f32 accumulators for `dtype` operands
+    (m64nBNk8 tf32 for float32)."""
+    if dtype == "float32":
+        return f"wgmma.m64n{bn}k8.f32.tf32"
     return f"wgmma.m64n{bn}k16.f32.{INPUT_TYPES[dtype]}"
 
 
-def check_warpgroup_tiling(stage: str, t: Tiling) -> None:
+def swaps_operands(c: Contraction) -> bool:
+    """Whether the tf32 kernel computes Cᵀ = Bᵀ·Aᵀ (module docstring, "tf32"): B is N-major, which
+    tf32's shared operand B cannot be, and A is K-major, which it can."""
+    return c.a.k_last and not c.b.k_last
+
+
+def check_warpgroup_tiling(stage: str, t: Tiling, tf32: bool = False, swap: bool = False) -> None:
+    """`tf32`: float32 operands (k tiles of 32 floats); `swap`: the warpgroups split the block's
+    columns and the wgmma's N is its rows (Cᵀ = Bᵀ·Aᵀ)."""
     where = f"tensorize({stage}, wgmma)"
-    if t.bk != K_TILE:
-        raise ScheduleError(f"{where}: k_tile must be {K_TILE} (one 128-byte swizzled row of halves), got {t.bk}")
-    if t.bm % 64 or not 1 <= t.bm // 64 <= 4:
-        raise ScheduleError(f"{where}: block rows must be 64, 128, 192 or 256 (one m64 warpgroup per 64 rows), "
-                            f"got {t.bm}")
-    if (t.warps_m, t.warps_n) != (4 * (t.bm // 64), 1):
-        raise ScheduleError(f"{where}: warps must be ({4 * (t.bm // 64)}, 1) for block rows {t.bm}: one warpgroup of "
-                            f"4 warps per 64 rows, each over all {t.bn} columns; got {t.warps_m}x{t.warps_n}")
-    if t.bn not in BLOCK_N:
-        raise ScheduleError(f"{where}: block columns must be one of {BLOCK_N} (an m64nNk16 wgmma whose B tile is "
-                            f"whole 64-column swizzle blocks), got {t.bn}")
+    k_tile = TF32_K_TILE if tf32 else K_TILE
+    if t.bk != k_tile:
+        raise ScheduleError(f"{where}: k_tile must be {k_tile} (one 128-byte swizzled row of "
+                            f"{'floats' if tf32 else 'halves'}), got {t.bk}")
+    split, split_name, across, across_name = ((t.bn, "columns", t.bm, "rows") if swap
+                                              else (t.bm, "rows", t.bn, "columns"))
+    if split % 64 or not 1 <= split // 64 <= 4:
+        raise ScheduleError(f"{where}: block {split_name} must be 64, 128, 192 or 256 (one m64 warpgroup per 64 "
+                            f"{split_name}), got {split}")
+    if (t.warps_m, t.warps_n) != (4 * (split // 64), 1):
+        raise ScheduleError(f"{where}: warps must be ({4 * (split // 64)}, 1) for block {split_name} {split}: one "
+                            f"warpgroup of 4 warps per 64 {split_name}, each over all {across} {across_name}; "
+                            f"got {t.warps_m}x{t.warps_n}")
+    if across not in BLOCK_N:
+        raise ScheduleError(f"{where}: block {across_name} must be one of {BLOCK_N} (the N of an m64nNk wgmma, whole "
+                            f"64-wide swizzle blocks), got {across}")
     if t.stages < 2 or t.stages > 8:
         raise ScheduleError(f"{where}: stages must be 2..8 (cp.async.wait_group takes 0..7), got {t.stages}")
     for rows in (t.bm, t.bn):
-        if (rows * t.bk) % (8 * t.threads):
+        if (rows * t.bk * (4 if tf32 else 2)) % (16 * t.threads):
             raise ScheduleError(f"{where}: a {rows}x{t.bk} tile is not a whole number of 16-byte copies per thread "
                                 f"for {t.threads} threads")
 
@@ -113,13 +168,27 @@ def checked_wgmma(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) ->
     """The contraction `func` computes for `stage` and the wgmma row it takes, or a
     ScheduleError naming what does not fit. `intrinsic`: "wgmma" (the row for the operands'
     dtype and BN) or that row's name."""
-    c = match_contraction(func, stage)
-    check_warpgroup_tiling(stage, tiling)
+    c = match_contraction(func, stage, TENSOR_CORE_OPERANDS)
     dtype = c.a.buffer.dtype.name
-    if dtype not in INTRINSICS:
-        raise ScheduleError(f"tensorize({stage}, wgmma): operands are {dtype}; wgmma takes float16 or bfloat16")
-    want = wgmma_intrinsic(dtype, tiling.bn)
-    if intrinsic == "wgmma":
+    tf32 = dtype == "float32"
+    if tf32:
+        if intrinsic != TF32_WGMMA and not intrinsic.endswith(".tf32"):
+            raise ScheduleError(
+                f"tensorize({stage}): float32 operands run on tensor cores only rounded to tf32 (10 mantissa bits), "
+                f"which a plan must ask for by name: intrinsic={TF32_WGMMA!r} (got {intrinsic!r}); plan='auto' does "
+                "so only with build(..., allow_tf32=True)")
+        if not c.a.k_last and not c.b.k_last:
+            raise ScheduleError(
+                f"tensorize({stage}, wgmma): tf32 wgmma reads its shared operand K-major only, and both A "
+                f"({c.a.buffer.name}) and B ({c.b.buffer.name}) are stored with k outermost; use the mma.sync "
+                "tf32 row ('mma.m16n8k8.f32.tf32'), or store one operand k-contiguous")
+    elif dtype not in INTRINSICS:
+        raise ScheduleError(f"tensorize({stage}, wgmma): operands are {dtype}; wgmma takes float16 or bfloat16 "
+                            f"(float32 as tf32: intrinsic={TF32_WGMMA!r})")
+    swap = tf32 and swaps_operands(c)
+    check_warpgroup_tiling(stage, tiling, tf32, swap)
+    want = wgmma_intrinsic(dtype, tiling.bm if swap else tiling.bn)
+    if intrinsic in ("wgmma", TF32_WGMMA):
         intrinsic = want
     if intrinsic != want:
         raise ScheduleError(f"tensorize({stage}): intrinsic {intrinsic!r} does not fit {dtype} operands and block "
@@ -138,47 +207,91 @@ def tensorize_wgmma_threads(func: PrimFunc, c: Contraction, intrinsic: str, tili
 
 class _WarpgroupEmitter(_Emitter):
     def __init__(self, func: PrimFunc, c: Contraction, intrinsic: str, t: Tiling, lookahead: int | None) -> None:
+        row = lookup(intrinsic)
+        self.tf32 = row.input_type == "tf32"
+        self.k_step = row.shape[2]                      # 16 halves or 8 floats: 32 bytes either way
+        self.k_tile = ROW_BYTES // c.a.buffer.dtype.bytes
+        # X: wgmma's A (64 rows per warpgroup), Y: its B (the block's other side, wgmma N);
+        # Cᵀ = Bᵀ·Aᵀ swaps them (module docstring, "tf32")
+        self.swap = self.tf32 and swaps_operands(c)
+        self.x, self.y = (c.b, c.a) if self.swap else (c.a, c.b)
+        # a tf32 X stored with k outermost cannot be a shared operand: wgmma takes it from
+        # registers, loaded from its shared tile (two sets: one is read by the group in flight)
+        self.x_registers = self.tf32 and not self.x.k_last
+        self.groups = (t.bn if self.swap else t.bm) // 64   # consumer warpgroups
         # P: wgmma groups left in flight per k tile; D: tiles loaded ahead (module docstring)
         self.pending = 1 if t.stages >= 3 else 0
         self.lookahead = t.stages - 1 - self.pending if lookahead is None else lookahead
         super().__init__(func, c, intrinsic, t)
         self.warpgroup = self.tx // WARPGROUP_SIZE
-        self.descriptor = {op.role: self.operand_descriptor(op) for op in (c.a, c.b)}
+        self.descriptor = {op.role: self.operand_descriptor(op) for op in (c.a, c.b)
+                           if not (self.x_registers and op is self.x)}
+
+    def extent(self, op: Operand) -> int:
+        """The block's rows (A) or columns (B): the operand's tile's outer extent."""
+        return self.t.bm if op.role == "A" else self.t.bn
 
     def fragment_buffers(self) -> tuple[Buffer, ...]:
-        d = lookup(self.row).operand("d")
+        row = lookup(self.row)
+        d = row.operand("d")
         self.frag_c = Buffer("acc", d.dtype, _shape(d.elements), "fragment", fragment=(self.row, "d"))
         self.c_map = d.layout
-        return (self.frag_c,)
+        if not self.x_registers:
+            return (self.frag_c,)
+        a = row.operand("a")
+        self.x_elements = a.elements * (self.t.bk // self.k_step)   # one k tile's A fragments
+        self.frag_x = Buffer("x_frag", a.dtype, _shape(2 * self.x_elements), "fragment", fragment=(self.row, "a"))
+        return self.frag_c, self.frag_x
+
+    def form(self) -> str:
+        """The tf32 form, for the summary: '' (both operands through descriptors), the
+        transposed product and/or which operand comes from registers."""
+        if not self.tf32:
+            return ""
+        return (" C^T = B^T.A^T," if self.swap else "") + (
+            f" {self.x.buffer.name} from registers" if self.x_registers else "")
 
     def summary(self) -> str:
         t = self.t
-        return (f"{self.row} block {t.bm}x{t.bn} warpgroups {t.bm // 64} k_tile {t.bk} stages {t.stages} "
+        return (f"{self.row} block {t.bm}x{t.bn} warpgroups {self.groups} k_tile {t.bk} stages {t.stages}{self.form()} "
                 f"(wgmma groups in flight {self.pending}, tiles ahead {self.lookahead})")
 
     # step 2: staging in the descriptors' 128-byte swizzle ---------------------------------------
     def shared_buffer(self, op: Operand) -> Buffer:
-        outer = self.t.bm if op.role == "A" else self.t.bn
-        shape = ((self.t.stages, outer, K_TILE) if op.k_last
-                 else (self.t.stages, outer // 64, self.t.bk, 64))
-        return Buffer(f"{op.buffer.name}_shared", op.buffer.dtype, _shape(*shape), "shared",
-                      tensor=f"{op.buffer.tensor}.shared", layout=SWIZZLE_128B)
+        outer = self.extent(op)
+        if self.x_registers and op is self.x:
+            # [S][BK / P][P][outer], P k rows per swizzle period: the register loads read 4 k rows
+            # at 8 consecutive floats, conflict-free (tensorize.tf32_swizzle, k-major)
+            layout = tf32_swizzle(outer, False)
+            per = layout.period // outer
+            return Buffer(f"{op.buffer.name}_shared", op.buffer.dtype, _shape(self.t.stages, self.t.bk // per, per, outer),
+                          "shared", tensor=f"{op.buffer.tensor}.shared", layout=layout)
+        if op.k_last:
+            descriptor = self.operand_descriptor(op)
+            return Buffer(f"{op.buffer.name}_shared", op.buffer.dtype, _shape(self.t.stages, outer, self.k_tile),
+                          "shared", tensor=f"{op.buffer.tensor}.shared", layout=descriptor.layout)
+        return Buffer(f"{op.buffer.name}_shared", op.buffer.dtype, _shape(self.t.stages, outer // 64, self.t.bk, 64),
+                      "shared", tensor=f"{op.buffer.tensor}.shared", layout=SWIZZLE_128B)
 
     def shared_index(self, op: Operand, stage: Expr, r: Expr, col: Expr) -> tuple[Expr, ...]:
+        if self.x_registers and op is self.x:
+            per = tf32_swizzle(self.extent(op), False).period // self.extent(op)
+            return stage, r // per, r % per, col
         if op.k_last:
             return stage, r, col
         return stage, col // 64, r, col % 64  # (k, mn) -> its 64-column block, row k
 
     def operand_descriptor(self, op: Operand) -> MatrixDescriptor:
+        size = op.buffer.dtype.bytes
         if op.k_last:  # LBO is unused by swizzled K-major layouts; SBO: 8 rows of 128 bytes
-            return MatrixDescriptor("K", "128B", leading_bytes=16, stride_bytes=ATOM_BYTES)
+            return MatrixDescriptor("K", "128B", leading_bytes=16, stride_bytes=ATOM_BYTES, element_bytes=size)
         return MatrixDescriptor("MN", "128B", leading_bytes=self.t.bk * ROW_BYTES, stride_bytes=ATOM_BYTES)
 
     def operand_start(self, op: Operand, stage: Expr, row0: Expr, k_step: Expr) -> Expr:
-        """Element offset of the m64 (A) or n BN (B) by k16 tile at rows row0.. and k 16·k_step.."""
-        outer = self.t.bm if op.role == "A" else self.t.bn
+        """Element offset of the m64 (X) or N (Y) by k tile at rows row0.. and k step k_step."""
+        outer = self.extent(op)
         if op.k_last:
-            return stage * (outer * K_TILE) + row0 * K_TILE + k_step * 16
+            return stage * (outer * self.k_tile) + row0 * self.k_tile + k_step * self.k_step
         return stage * (outer * self.t.bk) + (row0 // 64) * (self.t.bk * 64) + k_step * (16 * 64)
 
     # step 3: the ring around asynchronous wgmmas ------------------------------------------------
@@ -197,34 +310,73 @@ class _WarpgroupEmitter(_Emitter):
             elif s < known:
                 prologue.append(load)
             prologue.append(AsyncCommit())  # one group per tile, even past the last
-        ahead = self.kt + ahead_tiles
+        if self.x_registers:
+            # two iterations per trip, each with its own set of X registers: the group left in
+            # flight reads the other set (the register operand's registers are read until the
+            # wgmma completes: PTX ISA, wgmma.mma_async)
+            pair = Var("k_pair")
+            second = 2 * pair + 1
+            loop = For(pair, _int(0), (self.k_tiles + 1) // 2, "serial", seq(
+                self.iteration(2 * pair, 0),
+                IfThenElse(second < self.k_tiles, self.iteration(second, 1))))
+        else:
+            loop = For(self.kt, _int(0), self.k_tiles, "serial", self.iteration(self.kt, 0))
+        return seq(zero, *prologue, loop, WarpgroupWait(0, (self.frag_c,)), AsyncWait(0), self.epilogue())
+
+    def iteration(self, kt: Expr, registers: int) -> Stmt:
+        """k tile kt of the ring (module docstring, step 3); `registers`: the X register set."""
+        t = self.t
+        ahead = kt + self.lookahead
         issue, finish = self.load_stage(ahead % t.stages, ahead)
-        loop = For(self.kt, _int(0), self.k_tiles, "serial", seq(
-            AsyncWait(max(ahead_tiles - 1, 0)),  # tile kt has landed
+        stage = kt % t.stages
+        return seq(
+            AsyncWait(max(self.lookahead - 1, 0)),  # tile kt has landed
             AsyncProxyFence(),   # cp.async and element stores are generic-proxy writes; wgmma reads via the async proxy
             Barrier(),           # every thread's tile kt is visible; every warpgroup waited for tile kt - 1 - P
             IfThenElse(ahead < self.k_tiles, issue),
             AsyncCommit(),
-            WarpgroupFence(),    # orders the accumulator registers (zeroed, or the last wgmmas') before the wgmmas
-            self.compute(self.kt % t.stages),
+            self.load_x(stage, registers) if self.x_registers else None,
+            WarpgroupFence(),    # orders the accumulator (and X) registers before the wgmmas
+            self.compute_set(stage, registers),
             WarpgroupCommit(),
             WarpgroupWait(self.pending),
             IfThenElse(ahead < self.k_tiles, finish) if finish is not None else None,
-        ))
-        return seq(zero, *prologue, loop, WarpgroupWait(0, (self.frag_c,)), AsyncWait(0), self.epilogue())
+        )
 
     # steps 4-5: wgmma straight from shared memory -----------------------------------------------
+    def load_x(self, stage: Expr, registers: int) -> Stmt:
+        """The k tile's X fragments (tf32, k outermost in shared) into register set `registers`:
+        element e of k step s at the row's operand-'a' map, rows 64 · warpgroup + ..."""
+        a = lookup(self.row).operand("a")
+        thread = self.tx % WARPGROUP_SIZE
+
+        def element(q: Var) -> Stmt:
+            step, e = q // a.elements, q % a.elements
+            r, col = a.layout(thread, e)
+            outer = self.warpgroup * 64 + r
+            k = step * self.k_step + col
+            value = self.shared[self.x.role][self.shared_index(self.x, stage, k, outer)]
+            return BufferStore(self.frag_x, (registers * self.x_elements + q,), value)
+        return self.unrolled("x_frag", self.x_elements, element)
+
     def compute(self, stage: Expr) -> Stmt:
-        a, b = self.c.a, self.c.b
+        return self.compute_set(stage, 0)
+
+    def compute_set(self, stage: Expr, registers: int) -> Stmt:
         row0 = self.warpgroup * 64
+        elements = lookup(self.row).operand("a").elements
 
         def k_step(s: Var) -> Stmt:
-            return WarpgroupMatrixMultiply(
-                self.row, FragmentRef(self.frag_c, _int(0)),
-                SharedMatrix(self.shared["A"], self.operand_start(a, stage, row0, s), self.descriptor["A"]),
-                SharedMatrix(self.shared["B"], self.operand_start(b, stage, _int(0), s), self.descriptor["B"]),
-                as_expr(True))
-        return self.unrolled("k_step", self.t.bk // 16, k_step)
+            y = SharedMatrix(self.shared[self.y.role], self.operand_start(self.y, stage, _int(0), s),
+                             self.descriptor[self.y.role])
+            x: SharedMatrix | FragmentRef
+            if self.x_registers:
+                x = FragmentRef(self.frag_x, registers * self.x_elements + s * elements)
+            else:
+                x = SharedMatrix(self.shared[self.x.role], self.operand_start(self.x, stage, row0, s),
+                                 self.descriptor[self.x.role])
+            return WarpgroupMatrixMultiply(self.row, FragmentRef(self.frag_c, _int(0)), x, y, as_expr(True))
+        return self.unrolled("k_step", self.t.bk // self.k_step, k_step)
 
     # step 6: the epilogue from the D fragment map -----------------------------------------------
     def epilogue(self) -> Stmt:
@@ -233,11 +385,12 @@ class _WarpgroupEmitter(_Emitter):
 
         def element(e: Var) -> Stmt:
             r, col = self.c_map(thread, e)
-            row = self.by * t.bm + self.warpgroup * 64 + r
-            column = self.bx * t.bn + col
-            return self.output(row, column, self.frag_c[e])
+            x = self.warpgroup * 64 + r
+            if self.swap:  # the accumulator holds Cᵀ: its rows are C's columns
+                return self.output(self.by * t.bm + col, self.bx * t.bn + x, self.frag_c[e])
+            return self.output(self.by * t.bm + x, self.bx * t.bn + col, self.frag_c[e])
         return self.unrolled("out_e", int(lookup(self.row).operand("d").elements), element)
 
 
-__all__ = ["BLOCK_N", "K_TILE", "PRODUCERS", "check_warpgroup_tiling", "checked_wgmma", "tensorize_wgmma_threads",
+__all__ = ["BLOCK_N", "K_TILE", "TF32_K_TILE", "TF32_WGMMA", "swaps_operands", "PRODUCERS", "check_warpgroup_tiling", "checked_wgmma", "tensorize_wgmma_threads",
            "wgmma_intrinsic"]

@@ -13,7 +13,10 @@ tensorize_wgmma.py (this emitter subclasses its emitter); the loads and the ring
 2. loads       one TMA tile copy per operand and k tile (tecc/ir/tma_stmt.py): a K-major operand
                (A[b?, i, k], B[b?, j, k]) as one box of (rows, 64) into [S][rows][64]; an MN-major
                operand (A[b?, k, i], B[b?, k, j]) as rows/64 boxes of (64, 64), one per 64-column
-               block of [S][rows/64][64][64]. The tensor map's 128B swizzle writes exactly the
+               block of [S][rows/64][64][64]. tf32 (4-byte elements): boxes of 32 floats (128
+               bytes) instead of 64 halves; a register-loaded X (tensorize_wgmma.py, "tf32") as
+               rows/32 boxes of (32 k, 32) into [S][rows/32][32][32], which its fragment loads
+               read through the same swizzle. The tensor map's 128B swizzle writes exactly the
                layout the descriptors read, and its zero fill is the M/N/K edge handling (no
                predicates). Only operands whose every index is a plain loop variable (a batch,
                the row/column, the k axis) qualify: an implicit-GEMM gather keeps cp.async.
@@ -81,8 +84,9 @@ from ...ir.stmt import (
     WarpgroupWait,
     seq,
 )
+from ...ir.descriptor import MatrixDescriptor
 from .tensorize import Contraction, Operand, Tiling, _ceil_div, _int, _shape
-from .tensorize_wgmma import K_TILE, _WarpgroupEmitter
+from .tensorize_wgmma import ROW_BYTES, _WarpgroupEmitter
 
 PRODUCER_REGISTERS = 40
 GROUP_M = 8            # row tiles per group of the persistent grid's tile order
@@ -131,7 +135,8 @@ class _TmaEmitter(_WarpgroupEmitter):
     def __init__(self, func: PrimFunc, c: Contraction, intrinsic: str, t: Tiling, release: bool,
                  persistent: int = 0, group_m: int = GROUP_M) -> None:
         super().__init__(func, c, intrinsic, t, None)
-        self.consumers = t.bm // 64
+        self.consumers = self.groups
+        self.mn_box = ROW_BYTES // c.a.buffer.dtype.bytes   # columns of an MN-major box: one 128-byte row
         self.release = release  # False only in tests: the deadlock the emulator must report
         self.persistent, self.group_m = persistent, group_m
         self.block_id, self.tile_iter = Var("block_id"), Var("tile_iter")
@@ -144,7 +149,7 @@ class _TmaEmitter(_WarpgroupEmitter):
         grid = (f", persistent over {self.persistent} blocks in groups of {self.group_m} row tiles"
                 if self.persistent else "")
         return (f"{self.row} block {t.bm}x{t.bn} consumer warpgroups {self.consumers} + TMA producer warpgroup "
-                f"k_tile {t.bk} stages {t.stages} (mbarrier ring, wgmma groups in flight 1{grid})")
+                f"k_tile {t.bk} stages {t.stages}{self.form()} (mbarrier ring, wgmma groups in flight 1{grid})")
 
     # step 1: roles -------------------------------------------------------------------------------
     def kernel(self) -> PrimFunc:
@@ -165,14 +170,33 @@ class _TmaEmitter(_WarpgroupEmitter):
         return PrimFunc(self.func.name, self.func.params, body, self.func.attrs + (("tensorize", self.summary()),))
 
     # step 2: TMA loads ---------------------------------------------------------------------------
+    def shared_buffer(self, op: Operand) -> Buffer:
+        if not (self.x_registers and op is self.x):
+            return super().shared_buffer(op)
+        # a tf32 X from registers, k outermost: [S][outer / 32][BK][32], the boxes the tensor map
+        # writes in its 128B swizzle (4-byte elements: Swizzle(3, 2, 3)); the fragment loads read
+        # it through the same layout
+        width = ROW_BYTES // op.buffer.dtype.bytes
+        layout = self.operand_descriptor(op).layout if op.k_last else \
+            MatrixDescriptor("K", "128B", 16, 1024, op.buffer.dtype.bytes).layout
+        return Buffer(f"{op.buffer.name}_shared", op.buffer.dtype,
+                      _shape(self.t.stages, self.extent(op) // width, self.t.bk, width), "shared",
+                      tensor=f"{op.buffer.tensor}.shared", layout=layout)
+
+    def shared_index(self, op: Operand, stage: Expr, r: Expr, col: Expr) -> tuple[Expr, ...]:
+        if not (self.x_registers and op is self.x):
+            return super().shared_index(op, stage, r, col)
+        width = ROW_BYTES // op.buffer.dtype.bytes
+        return stage, col // width, r, col % width
+
     def tensor_map(self, op: Operand) -> TensorMap:
         outer = self.t.bm if op.role == "A" else self.t.bn
         box = []
         for ix in op.load.indices:
             if ix is self.c.k:
-                box.append(K_TILE)
+                box.append(self.k_tile)
             elif ix in (self.c.i, self.c.j):
-                box.append(outer if op.k_last else 64)
+                box.append(outer if op.k_last else self.mn_box)
             else:
                 box.append(1)
         return TensorMap(op.buffer, tuple(box), "128B")
@@ -184,13 +208,13 @@ class _TmaEmitter(_WarpgroupEmitter):
         dst = self.shared[op.role]
         zero = _int(0)
         copies: list[Stmt] = []
-        for block in range(1 if op.k_last else outer // 64):
+        for block in range(1 if op.k_last else outer // self.mn_box):
             coords = []
             for ix in op.load.indices:
                 if ix is c.k:
-                    coords.append(k_tile * K_TILE)
+                    coords.append(k_tile * self.k_tile)
                 elif ix in (c.i, c.j):
-                    coords.append(outer0 + 64 * block)
+                    coords.append(outer0 + self.mn_box * block)
                 else:
                     assert isinstance(ix, Var)  # tma_refusal: every index is a plain loop variable
                     coords.append(self.batch_index[ix.name])
@@ -243,8 +267,8 @@ class _TmaEmitter(_WarpgroupEmitter):
             AsyncProxyFence()))   # the initialized barriers, visible to the TMA unit (async proxy)
         elements = lookup(self.row).operand("d").elements
         zero = self.unrolled("zero", elements, lambda z: BufferStore(self.frag_c, (z,), Const(0.0, dt.float32)))
-        tile_bytes = self.maps["A"].bytes * (1 if self.c.a.k_last else t.bm // 64) + \
-            self.maps["B"].bytes * (1 if self.c.b.k_last else t.bn // 64)
+        tile_bytes = self.maps["A"].bytes * (1 if self.c.a.k_last else t.bm // self.mn_box) + \
+            self.maps["B"].bytes * (1 if self.c.b.k_last else t.bn // self.mn_box)
 
         def produce(kt: Var) -> Stmt:
             g = self.ring_index(kt)
@@ -256,18 +280,27 @@ class _TmaEmitter(_WarpgroupEmitter):
                 *self.tile_copies(self.c.a, stage, kt, full),
                 *self.tile_copies(self.c.b, stage, kt, full)))
 
-        def consume(kt: Var) -> Stmt:
+        def consume(kt: Expr, registers: int = 0) -> Stmt:
             g = self.ring_index(kt)
             stage = g % S
             release = IfThenElse((g > 0) & (self.lane == 0),
                                  BarrierArrive(BarrierRef(self.empty, (g + (S - 1)) % S)))
             return seq(
                 BarrierWait(BarrierRef(self.full, stage), (g // S) % 2),
+                self.load_x(stage, registers) if self.x_registers else None,
                 WarpgroupFence(),
-                self.compute(stage),
+                self.compute_set(stage, registers),
                 WarpgroupCommit(),
                 WarpgroupWait(1),
                 release if self.release else None)
+
+        if self.x_registers:
+            # two k tiles per trip, each with its own X register set (tensorize_wgmma.py, "tf32")
+            pair = Var("k_pair")
+            consume_loop: Stmt = For(pair, _int(0), (self.k_tiles + 1) // 2, "serial", seq(
+                consume(2 * pair, 0), IfThenElse(2 * pair + 1 < self.k_tiles, consume(2 * pair + 1, 1))))
+        else:
+            consume_loop = For(self.kt, _int(0), self.k_tiles, "serial", consume(self.kt))
         load_tile = Var("load_tile")
         producer_role = seq(
             SetMaxRegisters(PRODUCER_REGISTERS, False) if self.consumers in CONSUMER_REGISTERS else None,
@@ -276,7 +309,7 @@ class _TmaEmitter(_WarpgroupEmitter):
             SetMaxRegisters(CONSUMER_REGISTERS[self.consumers], True) if self.consumers in CONSUMER_REGISTERS else None,
             self.for_each_tile(seq(
                 zero,
-                For(self.kt, _int(0), self.k_tiles, "serial", consume(self.kt)),
+                consume_loop,
                 WarpgroupWait(0, (self.frag_c,)),
                 self.epilogue())))
         return seq(init, Barrier(), IfThenElse(producer, producer_role, consumer_role))

@@ -46,6 +46,15 @@ def round_to_tf32(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def truncate_to_tf32(x: np.ndarray) -> np.ndarray:
+    """float32 values as a tf32 wgmma reads them from shared memory: the 13 low mantissa bits
+    ignored (cleared: truncation toward zero); infinities and NaNs pass unchanged."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    special = (bits & 0x7F800000) == 0x7F800000
+    out: np.ndarray = np.where(special, bits, bits & np.uint32(0xFFFFE000)).view(np.float32)
+    return out
+
+
 def _lane_map(op: FragmentOperand) -> tuple[np.ndarray, np.ndarray]:
     """The operand's layout map evaluated at every (lane, element): two (32, elements) arrays."""
     lanes = np.arange(WARP_SIZE)[:, None]

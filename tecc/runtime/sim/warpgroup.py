@@ -13,6 +13,9 @@
   registers by the issuing threads is a RaceError (LocalMemory.busy). Until then its A and B
   elements may still be read by the hardware: a store or copy into them is a RaceError too
   (SharedMemory.wgmma_reading).
+- tf32 rows (m64nNk8): a shared operand's float32 elements are read with their 13 low mantissa
+  bits cleared (the tensor core ignores them: truncation), a register A rounded as the
+  `cvt.rna.tf32.f32` codegen puts before the instruction; products exact, sums as above.
 - A register A operand (a FragmentRef: FlashAttention-3's P for P·V) is gathered from the
   issuing threads' fragment registers at the issue, through the row's operand-'a' map (each warp
   of the warpgroup holds its 16 rows in the m16n8k16 A pattern), with the checks of a register
@@ -50,6 +53,7 @@ from ...ir.stmt import (
     WarpgroupWait,
 )
 from .expr_compiler import Scope, compile_expr
+from .matrix import round_to_tf32, truncate_to_tf32
 from .memory import NEVER_WRITTEN, SAME_VALUE_WRITERS, LocalMemory, SharedMemory
 from .state import LaneState
 
@@ -128,8 +132,8 @@ def _uniform(st: LaneState, value: Any, groups: np.ndarray, what: str) -> np.nda
 class _Operand:
     """A or B of a wgmma: reads each active warpgroup's rows x cols tile from shared memory."""
 
-    def __init__(self, ref: SharedMatrix, rows: int, cols: int, name: str, scope: Scope) -> None:
-        self.ref, self.rows, self.cols, self.name = ref, rows, cols, name
+    def __init__(self, ref: SharedMatrix, rows: int, cols: int, name: str, scope: Scope, tf32: bool) -> None:
+        self.ref, self.rows, self.cols, self.name, self.tf32 = ref, rows, cols, name, tf32
         self.slot = scope.buffer_slot(ref.buffer)
         self.start = compile_expr(ref.start, scope)
         r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
@@ -147,7 +151,10 @@ class _Operand:
         keys = mem.base[first_lane][:, None, None] + physical
         if st.checks:
             self._check(st, mem, physical, keys, first_lane, what)
-        values: np.ndarray = mem.data[keys].astype(np.float64)
+        data = mem.data[keys]
+        if self.tf32:
+            data = truncate_to_tf32(data)
+        values: np.ndarray = data.astype(np.float64)
         operands.append((mem, keys.reshape(keys.shape[0], -1)))
         return values
 
@@ -192,6 +199,8 @@ class _RegisterOperand:
         mem = st.mems[self.slot]
         vals = np.stack([np.broadcast_to(np.asarray(mem.load(st, (off + e,), (0,))), (st.layout.lanes,))
                          for e in range(self.op.elements)], axis=-1)
+        if self.op.convert is not None:  # tf32: codegen converts each register with cvt.rna
+            vals = round_to_tf32(vals)
         vals = vals.astype(np.float64).reshape(-1, WARPGROUP_SIZE, self.op.elements)[groups]
         tile = np.zeros((vals.shape[0], self.op.rows, self.op.cols))
         tile[:, self.rows, self.cols] = vals
@@ -223,9 +232,10 @@ def _compile_wgmma(s: WarpgroupMatrixMultiply, scope: Scope) -> Runner:
     row = s.row
     m, n, k = row.shape
     op = row.operand("d")
-    a: _Operand | _RegisterOperand = (_Operand(s.a, m, k, "A", scope) if isinstance(s.a, SharedMatrix)
+    tf32 = row.input_type == "tf32"
+    a: _Operand | _RegisterOperand = (_Operand(s.a, m, k, "A", scope, tf32) if isinstance(s.a, SharedMatrix)
                                        else _RegisterOperand(s.a, row.operand("a"), scope))
-    b = _Operand(s.b, n, k, "B", scope)
+    b = _Operand(s.b, n, k, "B", scope, tf32)
     d_slot = scope.buffer_slot(s.d.buffer)
     f_offset = compile_expr(s.d.offset, scope)
     f_scale = compile_expr(s.scale_d, scope)
