@@ -339,10 +339,6 @@ class StmtSpace:
         return f"[{', '.join(params)}] -> {{ {s.name}[{', '.join(dims)}] -> {target} : {where} }}"
 
     def access(self, s: PolyStmt, buffer: object, indices: Sequence[Expr]) -> "isl.UnionMap":
-        return isl.UnionMap(self.access_text(s, buffer, indices))
-
-    def access_text(self, s: PolyStmt, buffer: object, indices: Sequence[Expr]) -> str:
-        """The isl text of `s`'s access to `buffer` at `indices` (statement instance → element)."""
         pre = []
         for p in s.prefix(buffer):
             pre.append(str(p) if isinstance(p, int) else self.names(p[1]))  # type: ignore[arg-type]
@@ -355,14 +351,10 @@ class StmtSpace:
             if t is not None:
                 cons.append(f"{o} = {t}")
         target = f"{self.buffer(buffer)}[{', '.join(pre + outs)}]"
-        return self._text(s, target, cons)
+        return isl.UnionMap(self._text(s, target, cons))
 
     def schedule(self, s: PolyStmt, entries: Sequence[object] | None = None) -> "isl.UnionMap":
         """The schedule map of `s`; `entries` (ints and loop Vars) replaces the 2d+1 default."""
-        return isl.UnionMap(self.schedule_text(s, entries))
-
-    def schedule_text(self, s: PolyStmt, entries: Sequence[object] | None = None) -> str:
-        """The isl text of `schedule(s, entries)`."""
         if entries is None:
             entries = []
             for k, lp in enumerate(s.loops):
@@ -371,7 +363,7 @@ class StmtSpace:
         width = 2 * self.depth + 3
         items = [str(e) if isinstance(e, int) else self.names(e) for e in entries]  # type: ignore[arg-type]
         items += ["0"] * (width - len(items))
-        return self._text(s, f"[{', '.join(items)}]", [])
+        return isl.UnionMap(self._text(s, f"[{', '.join(items)}]", []))
 
 
 def _union(maps: Iterable["isl.UnionMap"], empty_text: str = "{ }") -> "isl.UnionMap":
@@ -403,36 +395,18 @@ class Dependences:
         return rel
 
 
-# (isl texts of the writes, the reads, the schedule) -> (schedule, dependence relation): the
-# relation is a function of these texts alone, and the schedule primitives ask again for bodies
-# whose statements, accesses and order did not change (a bind changes a loop's kind only; each
-# legality check of one primitive reads the same body). Bounded: the oldest entries go first.
-_DEPENDENCES: dict[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]], tuple["isl.UnionMap", "isl.UnionMap"]] = {}
-_DEPENDENCES_KEPT = 64
-
-
 def dependences(body: object) -> Dependences:
     """The dependences of a kernel body under its current (sequential) schedule."""
     stmts = collect_statements(body)
     space = StmtSpace(stmts)
-    write_texts = tuple(space.access_text(s, b, ix) for s in stmts for b, ix in s.writes)
-    read_texts = tuple(space.access_text(s, b, ix) for s in stmts for b, ix in s.reads)
-    sched_texts = tuple(space.schedule_text(s) for s in stmts)
-    key = (write_texts, read_texts, sched_texts)
-    found = _DEPENDENCES.get(key)
-    if found is None:
-        writes = _union(isl.UnionMap(t) for t in write_texts)
-        reads = _union(isl.UnionMap(t) for t in read_texts)
-        sched = _union(isl.UnionMap(t) for t in sched_texts)
-        same = writes.apply_range(reads.reverse())          # write → read of the same element
-        same = same.union(reads.apply_range(writes.reverse()))   # read → write
-        same = same.union(writes.apply_range(writes.reverse()))  # write → write
-        order = sched.lex_lt_union_map(sched)
-        found = (sched, same.intersect(order))
-        if len(_DEPENDENCES) >= _DEPENDENCES_KEPT:
-            del _DEPENDENCES[next(iter(_DEPENDENCES))]
-        _DEPENDENCES[key] = found
-    return Dependences(space, found[0], found[1])
+    writes = _union(space.access(s, b, ix) for s in stmts for b, ix in s.writes)
+    reads = _union(space.access(s, b, ix) for s in stmts for b, ix in s.reads)
+    sched = _union(space.schedule(s) for s in stmts)
+    same = writes.apply_range(reads.reverse())          # write → read of the same element
+    same = same.union(reads.apply_range(writes.reverse()))   # read → write
+    same = same.union(writes.apply_range(writes.reverse()))  # write → write
+    order = sched.lex_lt_union_map(sched)
+    return Dependences(space, sched, same.intersect(order))
 
 
 def respects(relation: "isl.UnionMap", schedule: "isl.UnionMap") -> bool:
