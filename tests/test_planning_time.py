@@ -1,0 +1,59 @@
+"""Planning-time work that must not change the plan (issue 16): a cold build compiles each CUDA
+source once (the planner's ptxas check compiles the kernel the build then takes from the compile
+cache), and the plan it chooses is the one the strategy's check chose."""
+
+from __future__ import annotations
+
+import pytest
+
+import tecc as tc
+from tecc.codegen import nvrtc
+from tecc.compiler.strategies.online_contraction import propose_mma, propose_wgmma
+
+from test_attention_tensor_core import masked_attention
+
+
+@pytest.fixture
+def compiles(monkeypatch, tmp_path):
+    """A fresh compile cache and the list of the sources NVRTC compiles in this test."""
+    monkeypatch.setenv("TECC_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TECC_NO_CACHE", raising=False)
+    seen: list[str] = []
+    inner = nvrtc._compile
+
+    def counted(source, **kw):
+        seen.append(source)
+        return inner(source, **kw)
+
+    monkeypatch.setattr(nvrtc, "_compile", counted)
+    return seen
+
+
+@pytest.mark.parametrize("arch,propose", [("sm_90", propose_wgmma), ("sm_80", propose_mma)])
+def test_attention_cold_build_compiles_once_and_keeps_the_checked_plan(compiles, arch, propose):
+    ins, outs = masked_attention(1, 2, 64, 64, 64, "float16", lse=True)
+    kernel = tc.build(ins + outs, arch=arch, name="attn")
+    # the check's compile is the build's: one compile of one source (no second compile of the
+    # chosen kernel after the pipeline's tail passes)
+    assert len(compiles) == 1, [len(s) for s in compiles]
+    assert kernel.source in compiles[0]
+    (res,) = kernel.resources.values()
+    assert res.spill_stores == 0 and res.spill_loads == 0
+    # the build's plan is the one the proposal's ptxas check chose
+    compiles.clear()
+    choice = propose(ins + outs, arch, "attn")
+    assert choice is not None and kernel.plan.steps == choice.plan.steps
+    assert compiles == []  # asked again: every check is a compile-cache hit
+
+
+def test_gemm_cold_build_compiles_once(compiles):
+    """The planner's spill check (compile_checked strategies) compiles the IR the build compiles."""
+    M = N = K = 256
+    A = tc.placeholder((M, K), "float16", name="A")
+    B = tc.placeholder((K, N), "float16", name="B")
+    k = tc.reduce_axis(K, name="k")
+    C = tc.compute((M, N), lambda i, j: tc.cast(
+        tc.sum(tc.cast(A[i, k], "float32") * tc.cast(B[k, j], "float32"), axis=k), "float16"), name="C")
+    kernel = tc.build([A, B, C], arch="sm_90")
+    assert kernel.plan.strategy in ("gemm_wgmma", "gemm_tensor_core")
+    assert len(compiles) == 1 and kernel.source in compiles[0]
