@@ -3,13 +3,14 @@
     python benchmarks/build_time.py [--target cuda|sim] [--arch sm_90] [--ops examples|planning]
                                     [--profile DIR]
 
-Runs two child processes over a set of ops with one fresh TECC_CACHE_DIR: the first builds every
-op from nothing (planning, scheduling, NVRTC), the second builds them again as a new process
-would (the build cache and the compile cache filled). Prints, per op, the seconds of `tc.build`
-in each (the import of tecc, ~0.2 s, is outside the figures), split into NVRTC (every compile of
-the build: the planner's ptxas checks and the final kernel's; `compiles` counts them) and the
-rest (planning, scheduling, emitting CUDA C), and the warm build's steps. Needs no GPU: NVRTC
-compiles on the CPU.
+Builds every op twice, each time in a new process with the op's own TECC_CACHE_DIR: cold (empty
+caches: planning, scheduling, NVRTC; the process's first build, so it also pays the first use of
+NVRTC and of the compiler's modules) and warm (a new process, the build cache and the compile
+cache filled). Prints, per op, the seconds of `tc.build` in each (the import of tecc, ~0.2 s, is
+outside the figures), split into NVRTC (every compile of the build: the planner's ptxas checks
+and the final kernel's; `compiles` counts them) and the rest (planning, scheduling, emitting
+CUDA C), and the warm build's steps. Needs no GPU: NVRTC compiles on the CPU. --shared-process
+builds all ops cold in one process instead (then only the first pays the first-use costs).
 
 --ops examples (the default): the ops of examples/*.py. --ops planning: the sizes of the
 planning-time targets (issues 14 and 16): fp32 and fp16 4096³ GEMMs, fp16 attention
@@ -49,8 +50,11 @@ if which == "examples":
     ops = [op for f in sorted(Path(sys.argv[5]).glob("*.py")) for op in runpy.run_path(str(f)).get("OPS", [])]
 else:
     ops = runpy.run_path(sys.argv[5])["planning_ops"]()
+only = int(sys.argv[6])
 rows = []
-for op in ops:
+for index, op in enumerate(ops):
+    if only >= 0 and index != only:
+        continue
     spent[:] = [0.0, 0]
     prof = cProfile.Profile() if profile != "-" else None
     start = time.perf_counter()
@@ -84,14 +88,22 @@ def planning_ops() -> list:
 Row = tuple  # (op, build seconds, nvrtc seconds, compiles, steps, strategy)
 
 
-def run(target: str, arch: str, cache: str, ops: str, profile: str | None = None) -> list[Row]:
+def run(target: str, arch: str, cache: str, ops: str, profile: str | None = None, only: int = -1) -> list[Row]:
     env = dict(os.environ, TECC_CACHE_DIR=cache, PYTHONPATH=str(ROOT))
     for knob in ("TECC_NO_CACHE", "TECC_BUILD_CACHE", "TECC_DUMP_IR"):
         env.pop(knob, None)
     source = str(ROOT / "examples") if ops == "examples" else str(Path(__file__).resolve())
-    out = subprocess.run([sys.executable, "-c", CHILD, target, arch, ops, profile or "-", source], env=env,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", CHILD, target, arch, ops, profile or "-", source, str(only)],
+                         env=env, capture_output=True, text=True, check=True)
     return [tuple(r) for r in json.loads(out.stdout.strip().splitlines()[-1])]
+
+
+def count_ops(ops: str) -> int:
+    if ops == "examples":
+        import runpy
+        return sum(len(runpy.run_path(str(f)).get("OPS", [])) for f in sorted((ROOT / "examples").glob("*.py")))
+    sys.path.insert(0, str(ROOT))
+    return len(planning_ops())
 
 
 def main() -> None:
@@ -100,12 +112,20 @@ def main() -> None:
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--ops", default="examples", choices=("examples", "planning"))
     ap.add_argument("--profile", default=None, help="directory for a cProfile of each cold build")
+    ap.add_argument("--shared-process", action="store_true", help="all cold builds in one process")
     a = ap.parse_args()
     if a.profile:
         Path(a.profile).mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as cache:
-        cold = run(a.target, a.arch, cache, a.ops, a.profile)
-        warm = run(a.target, a.arch, cache, a.ops)
+    if a.shared_process:
+        with tempfile.TemporaryDirectory() as cache:
+            cold = run(a.target, a.arch, cache, a.ops, a.profile)
+            warm = run(a.target, a.arch, cache, a.ops)
+    else:
+        cold, warm = [], []
+        for index in range(count_ops(a.ops)):
+            with tempfile.TemporaryDirectory() as cache:
+                cold += run(a.target, a.arch, cache, a.ops, a.profile, index)
+                warm += run(a.target, a.arch, cache, a.ops, None, index)
     print("| op | plan | cold build s | of it NVRTC s (compiles) | cold without NVRTC s | warm build s (new process) "
           "| warm steps |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
