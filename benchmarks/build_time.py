@@ -9,7 +9,8 @@ NVRTC and of the compiler's modules) and warm (a new process, the build cache an
 cache filled). Prints, per op, the seconds of `tc.build` in each (the import of tecc, ~0.2 s, is
 outside the figures), split into NVRTC (every compile of the build: the planner's ptxas checks
 and the final kernel's; `compiles` counts them) and the rest (planning, scheduling, emitting
-CUDA C), and the warm build's steps. Needs no GPU: NVRTC compiles on the CPU. --shared-process
+CUDA C), the process's CPU seconds of the cold build (steadier than the wall clock on a
+shared machine), and the warm build's steps. Needs no GPU: NVRTC compiles on the CPU. --shared-process
 builds all ops cold in one process instead (then only the first pays the first-use costs).
 
 --ops examples (the default): the ops of examples/*.py. --ops planning: the sizes of the
@@ -36,15 +37,16 @@ from pathlib import Path
 import tecc as tc
 from tecc.codegen import nvrtc
 target, arch, which, profile = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-spent = [0.0, 0]
+spent = [0.0, 0.0, 0]  # NVRTC wall seconds, NVRTC CPU seconds, compiles
 inner = nvrtc._compile
 def timed(*a, **kw):
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         return inner(*a, **kw)
     finally:
         spent[0] += time.perf_counter() - start
-        spent[1] += 1
+        spent[1] += time.process_time() - cpu
+        spent[2] += 1
 nvrtc._compile = timed
 if which == "examples":
     ops = [op for f in sorted(Path(sys.argv[5]).glob("*.py")) for op in runpy.run_path(str(f)).get("OPS", [])]
@@ -55,17 +57,18 @@ rows = []
 for index, op in enumerate(ops):
     if only >= 0 and index != only:
         continue
-    spent[:] = [0.0, 0]
+    spent[:] = [0.0, 0.0, 0]
     prof = cProfile.Profile() if profile != "-" else None
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     if prof is not None:
         prof.enable()
     k = tc.build(list(op.args), target=target, arch=arch, sizes=op.sizes, name=op.name)
-    total = time.perf_counter() - start
+    total, total_cpu = time.perf_counter() - start, time.process_time() - cpu
     if prof is not None:
         prof.disable()
         prof.dump_stats(str(Path(profile) / f"{op.name}.prof"))
-    rows.append((op.name, total, spent[0], spent[1], [s for s, _ in k.timing.seconds], k.plan.strategy))
+    rows.append((op.name, total, spent[0], spent[2], [s for s, _ in k.timing.seconds], k.plan.strategy,
+                 total_cpu, spent[1]))
 print(json.dumps(rows))
 """
 
@@ -85,7 +88,7 @@ def planning_ops() -> list:
             tc.OpSpec("conv3x3_f32_32x28x28x128", conv_tensors(32, 28, 28, 128, 128, 3, 1, "float32"), None)]
 
 
-Row = tuple  # (op, build seconds, nvrtc seconds, compiles, steps, strategy)
+Row = tuple  # (op, build s, NVRTC s, compiles, steps, strategy, build CPU s, NVRTC CPU s)
 
 
 def run(target: str, arch: str, cache: str, ops: str, profile: str | None = None, only: int = -1) -> list[Row]:
@@ -126,11 +129,12 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as cache:
                 cold += run(a.target, a.arch, cache, a.ops, a.profile, index)
                 warm += run(a.target, a.arch, cache, a.ops, None, index)
-    print("| op | plan | cold build s | of it NVRTC s (compiles) | cold without NVRTC s | warm build s (new process) "
-          "| warm steps |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for (name, c, nv, n, _, strategy), (_, w, _, _, steps, _) in zip(cold, warm):
-        print(f"| {name} | {strategy} | {c:.3f} | {nv:.3f} ({n}) | {c - nv:.3f} | {w:.3f} | {', '.join(steps)} |")
+    print("| op | plan | cold build s | of it NVRTC s (compiles) | cold without NVRTC s | cold CPU s (NVRTC CPU s) "
+          "| warm build s (new process) | warm steps |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (name, c, nv, n, _, strategy, c_cpu, nv_cpu), (_, w, _, _, steps, *_) in zip(cold, warm):
+        print(f"| {name} | {strategy} | {c:.3f} | {nv:.3f} ({n}) | {c - nv:.3f} | {c_cpu:.3f} ({nv_cpu:.3f}) | {w:.3f} "
+              f"| {', '.join(steps)} |")
     print(f"max warm build: {max(r[1] for r in warm) * 1e3:.0f} ms over {len(warm)} ops")
 
 

@@ -57,3 +57,41 @@ def test_gemm_cold_build_compiles_once(compiles):
     kernel = tc.build([A, B, C], arch="sm_90")
     assert kernel.plan.strategy in ("gemm_wgmma", "gemm_tensor_core")
     assert len(compiles) == 1 and kernel.source in compiles[0]
+
+
+def _separately(maps):
+    """The old way: every map parsed alone, then united one by one."""
+    import islpy as isl
+
+    out = isl.UnionMap("{ }")
+    for m in maps:
+        out = out.union(m)
+    return out
+
+
+@pytest.mark.parametrize("symbolic", [False, True])
+def test_dependences_parsed_as_one_text_equal_the_union_of_each_map(symbolic):
+    """poly.dependences parses all accesses (and the schedule) as one isl text: the same maps as
+    parsing each statement's map alone and uniting them, on a scheduled GEMM (symbolic M too)."""
+    from tecc.compiler.planner import plan_program
+    from tecc.ir import poly
+
+    M = tc.var("M") if symbolic else 96
+    A = tc.placeholder((M, 64), "float32", name="A")
+    B = tc.placeholder((64, 80), "float32", name="B")
+    k = tc.reduce_axis(64, name="k")
+    C = tc.compute((M, 80), lambda i, j: tc.sum(A[i, k] * B[k, j], axis=k), name="C")
+    sch = plan_program([A, B, C], "sm_90", sizes={"M": 96} if symbolic else None).schedule
+    for kernel in sch.mod.kernels:
+        body = kernel.body
+        deps = poly.dependences(body)
+        stmts = poly.collect_statements(body)
+        space = poly.StmtSpace(stmts)
+        writes = _separately([space.access(s, b, ix) for s in stmts for b, ix in s.writes])
+        reads = _separately([space.access(s, b, ix) for s in stmts for b, ix in s.reads])
+        sched = _separately([space.schedule(s) for s in stmts])
+        same = writes.apply_range(reads.reverse()).union(reads.apply_range(writes.reverse()))
+        same = same.union(writes.apply_range(writes.reverse()))
+        assert sched.is_equal(deps.schedule)
+        assert same.intersect(sched.lex_lt_union_map(sched)).is_equal(deps.relation)
+        assert not deps.relation.is_empty()

@@ -71,11 +71,7 @@ def check_schedule(func: PrimFunc, what: str, entries: Callable[[poly.PolyStmt],
     rel = deps.relation
     if reductions_commute:
         rel = deps.without_self(s.name for s in deps.space.stmts if is_reduction_update(s.node))
-    import islpy as isl
-
-    new = isl.UnionMap("{ }")
-    for s in deps.space.stmts:
-        new = new.union(deps.space.schedule(s, list(entries(s))))
+    new = deps.space.union([deps.space.schedule_piece(s, list(entries(s))) for s in deps.space.stmts])
     if poly.respects(rel, new):
         return
     bad = rel.subtract(new.lex_lt_union_map(new))
