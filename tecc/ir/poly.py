@@ -412,7 +412,11 @@ def dependences(body: object) -> Dependences:
     stmts = collect_statements(body)
     space = StmtSpace(stmts)
     writes = space.union(space.access_piece(s, b, ix) for s in stmts for b, ix in s.writes)
-    reads = space.union(space.access_piece(s, b, ix) for s in stmts for b, ix in s.reads)
+    # every dependence pairs an access with a write of the same buffer (buffers are told apart
+    # by identity, as `StmtSpace.buffer` names them): reads of a buffer the body never writes
+    # (the kernel's inputs) pair with nothing, so their maps are left out
+    written = {id(b) for s in stmts for b, _ in s.writes}
+    reads = space.union(space.access_piece(s, b, ix) for s in stmts for b, ix in s.reads if id(b) in written)
     sched = space.union(space.schedule_piece(s) for s in stmts)
     same = writes.apply_range(reads.reverse())          # write → read of the same element
     same = same.union(reads.apply_range(writes.reverse()))   # read → write
