@@ -1,7 +1,7 @@
 """Build time per op: cold (empty caches) and warm (a new process, caches filled).
 
     python benchmarks/build_time.py [--target cuda|sim] [--arch sm_90] [--ops examples|planning]
-                                    [--profile DIR]
+                                    [--profile DIR] [--shared-process]
 
 Builds every op twice, each time in a new process with the op's own TECC_CACHE_DIR: cold (empty
 caches: planning, scheduling, NVRTC; the process's first build, so it also pays the first use of
