@@ -95,3 +95,28 @@ def test_dependences_parsed_as_one_text_equal_the_union_of_each_map(symbolic):
         assert sched.is_equal(deps.schedule)
         assert same.intersect(sched.lex_lt_union_map(sched)).is_equal(deps.relation)
         assert not deps.relation.is_empty()
+
+
+def test_a_loop_carries_the_same_dependences_ordered_or_not():
+    """check_parallel asks poly.dependences(ordered=False) (no lexicographic order: the costly
+    isl step): at every schedule level of a scheduled GEMM and of a matmul's naive body (its k
+    loop carries the sum), carried_at answers as with the ordered relation."""
+    from tecc.compiler.planner import plan_program
+    from tecc.ir import poly
+    from tecc.passes.lower import lower
+
+    A = tc.placeholder((48, 32), "float32", name="A")
+    B = tc.placeholder((32, 40), "float32", name="B")
+    k = tc.reduce_axis(32, name="k")
+    C = tc.compute((48, 40), lambda i, j: tc.sum(A[i, k] * B[k, j], axis=k), name="C")
+    bodies = [kern.body for kern in plan_program([A, B, C], "sm_90").schedule.mod.kernels]
+    bodies += [kern.body for kern in lower([A, B, C]).kernels]
+    carried = 0
+    for body in bodies:
+        ordered, unordered = poly.dependences(body), poly.dependences(body, ordered=False)
+        assert ordered.relation.is_subset(unordered.relation)
+        for level in range(1, 2 * ordered.space.depth + 2, 2):
+            a = poly.carried_at(ordered.relation, ordered.schedule, level)
+            assert a == poly.carried_at(unordered.relation, unordered.schedule, level), level
+            carried += a
+    assert carried  # some level carries a dependence (the k loops)

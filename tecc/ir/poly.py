@@ -388,7 +388,8 @@ class StmtSpace:
 @dataclass
 class Dependences:
     """Dependences of a kernel body: pairs of instances (source → sink) that touch the same
-    element, at least one writing, the source first in the current schedule."""
+    element, at least one writing, the source first in the current schedule (both directions
+    when built with `dependences(..., ordered=False)`)."""
 
     space: StmtSpace
     schedule: "isl.UnionMap"
@@ -407,8 +408,13 @@ class Dependences:
         return rel
 
 
-def dependences(body: object) -> Dependences:
-    """The dependences of a kernel body under its current (sequential) schedule."""
+def dependences(body: object, ordered: bool = True) -> Dependences:
+    """The dependences of a kernel body under its current (sequential) schedule.
+
+    ordered=False: every pair of instances that touch the same element, at least one writing,
+    in both directions (not only source first): what `carried_at` needs, since whether a loop
+    carries a pair does not depend on which of the two runs first -- without the schedule's
+    lexicographic order, the most expensive isl operation here."""
     stmts = collect_statements(body)
     space = StmtSpace(stmts)
     writes = space.union(space.access_piece(s, b, ix) for s in stmts for b, ix in s.writes)
@@ -421,6 +427,8 @@ def dependences(body: object) -> Dependences:
     same = writes.apply_range(reads.reverse())          # write → read of the same element
     same = same.union(reads.apply_range(writes.reverse()))   # read → write
     same = same.union(writes.apply_range(writes.reverse()))  # write → write
+    if not ordered:
+        return Dependences(space, sched, same)
     order = sched.lex_lt_union_map(sched)
     return Dependences(space, sched, same.intersect(order))
 

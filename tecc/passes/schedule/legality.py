@@ -80,7 +80,7 @@ def check_schedule(func: PrimFunc, what: str, entries: Callable[[poly.PolyStmt],
 
 def check_parallel(func: PrimFunc, loop: For, what: str) -> None:
     """Raise ScheduleError when `loop` carries a dependence (its iterations are not independent)."""
-    deps = poly.dependences(func.body)
+    deps = poly.dependences(func.body, ordered=False)  # carried or not is the same in both directions
     level = None
     for s in deps.space.stmts:
         for d, lp in enumerate(s.loops):
