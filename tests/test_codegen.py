@@ -399,6 +399,17 @@ def test_cubin_matches_cuda_core_program() -> None:
     assert bytes(theirs) == ours.cubin
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a", "sm_100a"])
+@pytest.mark.parametrize("include", [(), ("/opt/cuda/include",), ("/a", "/b c")])
+def test_option_list_is_what_program_options_spells(arch, include) -> None:
+    """tecc spells NVRTC's common command line itself (no cuda.core import in a build): the same
+    list cuda.core's ProgramOptions gives."""
+    from cuda.core import ProgramOptions
+
+    options = ProgramOptions(arch=arch, std="c++17", ptxas_options=["-v"], include_path=list(include) or None)
+    assert nvrtc_module._spelled(arch, include) == [o.decode() for o in options.as_bytes("nvrtc")]
+
+
 def test_nvrtc_error_is_a_compile_error_quoting_the_line() -> None:
     source = 'extern "C" __global__ void k(float* a) {\n  a[0] = undefined_name;\n}\n'
     with pytest.raises(CompileError) as info:

@@ -2,7 +2,9 @@
 
 One NVRTC compilation for a real architecture (`-arch=sm_90`) yields both the PTX and the cubin,
 plus the ptxas `-v` log. We run it through `cuda.bindings.nvrtc` directly, with the option list
-spelled by `cuda.core.ProgramOptions` (the one place that knows NVRTC's option syntax). Why not
+`cuda.core.ProgramOptions` spells (the one place that knows NVRTC's option syntax): tecc writes
+the common list itself, as ProgramOptions does (a test compares the two), so that a build never
+imports cuda.core (~0.2 s of a cold process), and asks ProgramOptions for the rest. Why not
 `cuda.core.Program.compile`: on a machine without a GPU driver, `compile("ptx")` fails inside
 cuda.core (it probes the driver version) while `compile("cubin")` works, and compiling twice to
 get both would double the compile time. Going through the bindings works the same with and
@@ -133,8 +135,6 @@ def cuda_include_dirs() -> tuple[str, ...]:
 def nvrtc_options(arch: str, extra: Sequence[str] = (), needs_headers: bool = False) -> list[str]:
     """The NVRTC command line: C++17, ptxas -v for the resource report, the CUDA include
     directory, then `extra` (caller options go last so they can override)."""
-    from cuda.core import ProgramOptions
-
     include = list(cuda_include_dirs())
     bundled = False
     if needs_headers and not include:
@@ -145,9 +145,22 @@ def nvrtc_options(arch: str, extra: Sequence[str] = (), needs_headers: bool = Fa
                 "the kernel needs cuda_fp16.h / cuda_bf16.h but no CUDA include directory was found and "
                 f"NVRTC {major}.{minor} bundles none (13.3+ does). Install the headers: {_INSTALL_HEADERS}, "
                 "or set CUDA_HOME to a CUDA toolkit")
-    options = ProgramOptions(arch=arch, std="c++17", ptxas_options=["-v"], include_path=include or None,
-                             use_bundled_headers=bundled)
-    return [o.decode() for o in options.as_bytes("nvrtc")] + list(extra)
+    if bundled:
+        from cuda.core import ProgramOptions
+
+        options = ProgramOptions(arch=arch, std="c++17", ptxas_options=["-v"], include_path=include or None,
+                                 use_bundled_headers=bundled)
+        return [o.decode() for o in options.as_bytes("nvrtc")] + list(extra)
+    return _spelled(arch, tuple(include)) + list(extra)
+
+
+@functools.lru_cache(maxsize=None)
+def _spelled(arch: str, include: tuple[str, ...]) -> list[str]:
+    """What `ProgramOptions(arch=arch, std="c++17", ptxas_options=["-v"], include_path=include)
+    .as_bytes("nvrtc")` spells, without importing cuda.core (~0.2 s of a cold process's first
+    build; tests/test_codegen.py checks that the two agree)."""
+    return ([f"-arch={arch}", "--ptxas-options=-v"] + [f"--include-path={d}" for d in include]
+            + ["--std=c++17"])
 
 
 def compile_cuda(source: str, *, arch: str = DEFAULT_ARCH, name: str = "tecc",

@@ -188,8 +188,8 @@ def _auto_candidates(tensors: list[Tensor], plan_arch: str | None, sizes: dict[s
         return result
 
     return [
-        ("online_contraction_wgmma", proposal(lambda: online_contraction.propose_wgmma(tensors, plan_arch))),
-        ("online_contraction_mma", proposal(lambda: online_contraction.propose_mma(tensors, plan_arch))),
+        ("online_contraction_wgmma", proposal(lambda: online_contraction.propose_wgmma(tensors, plan_arch, name))),
+        ("online_contraction_mma", proposal(lambda: online_contraction.propose_mma(tensors, plan_arch, name))),
         ("online_contraction", proposal(lambda: online_contraction.propose(tensors, plan_arch))),
         ("split_rows", proposal(lambda: split_rows.propose(tensors, plan_arch, sizes=sizes))),
         ("split_row_group", proposal(lambda: split_row_group.propose(tensors, plan_arch, sizes=sizes))),

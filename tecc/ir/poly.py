@@ -328,17 +328,32 @@ class StmtSpace:
                 out.append(f"({t})")
         return out
 
-    def _text(self, s: PolyStmt, target: str, target_cons: list[str]) -> str:
+    def _params(self) -> list[str]:
+        return [n for v, n in self.names.by_var.items() if v not in self.loop_vars]
+
+    def _piece(self, s: PolyStmt, target: str, target_cons: list[str]) -> str:
+        """`s`'s map to `target` without the parameter list: `S[dims] -> target : constraints`."""
         dims = self.dims(s)
         cons = self.constraints(s) + target_cons
-        params = [n for v, n in self.names.by_var.items() if v not in self.loop_vars]
+        params = self._params()
         for v, n in self.names.by_var.items():
             if n in params and v.kind == "size":
                 cons.append(f"{n} >= 0")
         where = " and ".join(cons) if cons else "true"
-        return f"[{', '.join(params)}] -> {{ {s.name}[{', '.join(dims)}] -> {target} : {where} }}"
+        return f"{s.name}[{', '.join(dims)}] -> {target} : {where}"
+
+    def union(self, pieces: Iterable[str]) -> "isl.UnionMap":
+        """The union of maps given as pieces (access_piece, schedule_piece), parsed as ONE isl
+        text: the same map as the union of each piece parsed alone (a parameter a piece does
+        not name is unconstrained in it either way), without a parse and a union per piece."""
+        body = "; ".join(list(pieces))  # the pieces first: they name the parameters
+        return isl.UnionMap(f"[{', '.join(self._params())}] -> {{ {body} }}")
 
     def access(self, s: PolyStmt, buffer: object, indices: Sequence[Expr]) -> "isl.UnionMap":
+        return self.union([self.access_piece(s, buffer, indices)])
+
+    def access_piece(self, s: PolyStmt, buffer: object, indices: Sequence[Expr]) -> str:
+        """`s`'s access to `buffer` at `indices` (statement instance -> element) as a piece."""
         pre = []
         for p in s.prefix(buffer):
             pre.append(str(p) if isinstance(p, int) else self.names(p[1]))  # type: ignore[arg-type]
@@ -351,10 +366,14 @@ class StmtSpace:
             if t is not None:
                 cons.append(f"{o} = {t}")
         target = f"{self.buffer(buffer)}[{', '.join(pre + outs)}]"
-        return isl.UnionMap(self._text(s, target, cons))
+        return self._piece(s, target, cons)
 
     def schedule(self, s: PolyStmt, entries: Sequence[object] | None = None) -> "isl.UnionMap":
         """The schedule map of `s`; `entries` (ints and loop Vars) replaces the 2d+1 default."""
+        return self.union([self.schedule_piece(s, entries)])
+
+    def schedule_piece(self, s: PolyStmt, entries: Sequence[object] | None = None) -> str:
+        """`schedule(s, entries)` as a piece."""
         if entries is None:
             entries = []
             for k, lp in enumerate(s.loops):
@@ -363,20 +382,14 @@ class StmtSpace:
         width = 2 * self.depth + 3
         items = [str(e) if isinstance(e, int) else self.names(e) for e in entries]  # type: ignore[arg-type]
         items += ["0"] * (width - len(items))
-        return isl.UnionMap(self._text(s, f"[{', '.join(items)}]", []))
-
-
-def _union(maps: Iterable["isl.UnionMap"], empty_text: str = "{ }") -> "isl.UnionMap":
-    out = isl.UnionMap(empty_text)
-    for m in maps:
-        out = out.union(m)
-    return out
+        return self._piece(s, f"[{', '.join(items)}]", [])
 
 
 @dataclass
 class Dependences:
     """Dependences of a kernel body: pairs of instances (source → sink) that touch the same
-    element, at least one writing, the source first in the current schedule."""
+    element, at least one writing, the source first in the current schedule (both directions
+    when built with `dependences(..., ordered=False)`)."""
 
     space: StmtSpace
     schedule: "isl.UnionMap"
@@ -395,16 +408,27 @@ class Dependences:
         return rel
 
 
-def dependences(body: object) -> Dependences:
-    """The dependences of a kernel body under its current (sequential) schedule."""
+def dependences(body: object, ordered: bool = True) -> Dependences:
+    """The dependences of a kernel body under its current (sequential) schedule.
+
+    ordered=False: every pair of instances that touch the same element, at least one writing,
+    in both directions (not only source first): what `carried_at` needs, since whether a loop
+    carries a pair does not depend on which of the two runs first -- without the schedule's
+    lexicographic order, the most expensive isl operation here."""
     stmts = collect_statements(body)
     space = StmtSpace(stmts)
-    writes = _union(space.access(s, b, ix) for s in stmts for b, ix in s.writes)
-    reads = _union(space.access(s, b, ix) for s in stmts for b, ix in s.reads)
-    sched = _union(space.schedule(s) for s in stmts)
+    writes = space.union(space.access_piece(s, b, ix) for s in stmts for b, ix in s.writes)
+    # every dependence pairs an access with a write of the same buffer (buffers are told apart
+    # by identity, as `StmtSpace.buffer` names them): reads of a buffer the body never writes
+    # (the kernel's inputs) pair with nothing, so their maps are left out
+    written = {id(b) for s in stmts for b, _ in s.writes}
+    reads = space.union(space.access_piece(s, b, ix) for s in stmts for b, ix in s.reads if id(b) in written)
+    sched = space.union(space.schedule_piece(s) for s in stmts)
     same = writes.apply_range(reads.reverse())          # write → read of the same element
     same = same.union(reads.apply_range(writes.reverse()))   # read → write
     same = same.union(writes.apply_range(writes.reverse()))  # write → write
+    if not ordered:
+        return Dependences(space, sched, same)
     order = sched.lex_lt_union_map(sched)
     return Dependences(space, sched, same.intersect(order))
 

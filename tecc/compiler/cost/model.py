@@ -250,15 +250,25 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
         # a tile loop's rate depends on the warps of the blocks running together, so each round
         # of resident blocks is priced at its own warps: a last round of 1 block where 3 ran
         # before takes a round's time, not a quarter of one (wave quantization per SM)
+        # (the rounds - 1 full rounds are alike: one phase of `rounds - 1` repeats, priced once)
         last = per_sm_blocks - (rounds - 1) * resident
-        phases = [(b / per_sm_blocks, b * warps_per_block) for b in [resident] * (rounds - 1) + [last]]
+        phases = [(resident / per_sm_blocks, resident * warps_per_block, rounds - 1), (last / per_sm_blocks,
+                                                                                      last * warps_per_block, 1)]
     else:
-        phases = [(1.0, active_warps)]              # one rate for the SM's whole share
+        phases = [(1.0, active_warps, 1)]           # one rate for the SM's whole share
 
     def pipe_time(at_peak: float, efficiency: Callable[[int], float]) -> float:
         """The busiest SM's work (`at_peak`: its time at full rate) over `phases`: (share of the
-        work, warps running it)."""
-        return sum(at_peak * part / max(efficiency(warps), 1e-3) for part, warps in phases)
+        work, warps running it, how many such phases)."""
+        total = 0.0
+        for part, warps, repeats in phases:
+            if repeats:
+                # repeated addition, as the sum over every round gave (the same float, so the
+                # same ranking: tests/test_planning_time.py)
+                term = at_peak * part / max(efficiency(warps), 1e-3)
+                for _ in range(repeats):
+                    total += term
+        return total
 
     fma_eff = fma_efficiency(active_warps)
     t_fma = pipe_time(w.fma_ops * share / (target.fp32_lanes_per_sm * clock), fma_efficiency)

@@ -37,18 +37,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ...codegen import KernelResources, compile_cuda, default_arch, emit_source
+from ...codegen import KernelResources, default_arch
 from ...ir.errors import ScheduleError, TeccError
 from ...ir.expr import const_int
 from ...ir.tensor import Tensor
 from ...passes.rewrite.online_contraction import online_chain
+from ...passes.manager import PassTiming
 from ...passes.rewrite.online_contraction_mma import (
     describe_skipping,
     mma_sync_head_dims,
     online_contraction_mma,
     tensor_core_chain,
 )
-from ..pipeline import wgmma_serialized
+from ..pipeline import compile_module, schedule_module, wgmma_serialized
 from ..plan import Plan, Step
 
 THREADS = 32
@@ -121,23 +122,44 @@ def mma_tilings(widest: int) -> tuple[tuple[int, int, int], ...]:
     return ((128, 64, 32), (64, 64, 16), (128, 64, 16), (64, 32, 16))
 
 
-def _ptxas(tensors: Sequence[Tensor], rows: int, key_tile: int, warp_rows: int, arch: str,
-           wgmma: bool = False, blocks_per_sm: int = 0, overlap: bool = False) -> KernelResources | str:
-    """ptxas's report of the tensor-core kernel with this tiling, or why there is none (for the
-    Hopper form also when ptxas serializes its wgmmas)."""
+def _ptxas(tensors: Sequence[Tensor], args: dict[str, Any], arch: str, name: str | None = None,
+           wgmma: bool = False) -> KernelResources | str:
+    """ptxas's report of the tensor-core kernel with this tiling (the online_contraction_mma step's
+    `args`), or why there is none (for the Hopper form also when ptxas serializes its wgmmas).
+
+    The kernel is scheduled and compiled exactly as the build that takes the plan does
+    (pipeline.schedule_module, then compile_module: the fixed tail of passes, the module's name,
+    no extra options), so the compile cache holds the very binary the build asks for next and the
+    check's compile is the build's only one (docs/cache.md)."""
+    plan = Plan((Step("online_contraction_mma", args),), "online_contraction_mma", "")
+    timing = PassTiming()
     try:
-        module = online_contraction_mma(tensors, rows, key_tile, warp_rows, wgmma=wgmma, blocks_per_sm=blocks_per_sm,
-                                        overlap=overlap)
-        compiled = compile_cuda(emit_source(module.kernels), arch=arch, name="online_contraction_mma")
+        module = schedule_module(list(tensors), plan, name=name, dumper=None, timing=timing)
+        kernel = compile_module(module, plan, "cuda", arch=arch, options=(), dumper=None, timing=timing)
     except TeccError as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    found = list(compiled.resources.values())
+    found = list(kernel.resources.values())
     if len(found) != 1:
-        return f"ptxas reported {len(found)} kernels for one (log: {compiled.log.strip()[:200]!r})"
-    serialized = wgmma_serialized(compiled.log) if wgmma else None
+        return f"ptxas reported {len(found)} kernels for one (log: {kernel.compile_log.strip()[:200]!r})"
+    serialized = wgmma_serialized(kernel.compile_log) if wgmma else None
     if serialized is not None:
         return f"ptxas serializes the wgmmas ({serialized[:120]})"
     return found[0]
+
+
+def _step_args(rows: int, key_tile: int, warp_rows: int = 16, wgmma: bool = False, blocks_per_sm: int = 0,
+               overlap: bool = False) -> dict[str, Any]:
+    """The online_contraction_mma step's arguments for a tiling (defaults left out)."""
+    args: dict[str, Any] = {"rows_per_block": rows, "key_tile": key_tile}
+    if warp_rows != 16:
+        args["warp_rows"] = warp_rows
+    if wgmma:
+        args["wgmma"] = True
+    if blocks_per_sm:
+        args["blocks_per_sm"] = blocks_per_sm
+    if overlap:
+        args["overlap"] = True
+    return args
 
 
 def wgmma_tilings(widest: int) -> tuple[tuple[int, int, int, bool], ...]:
@@ -168,15 +190,16 @@ def _why_not_wgmma(tensors: Sequence[Tensor], target: Any) -> str | None:
     return _why_not_mma(tensors, target, sync=False)
 
 
-def propose_wgmma(tensors: Sequence[Tensor], target: Any = None) -> OnlineContractionChoice | None:
+def propose_wgmma(tensors: Sequence[Tensor], target: Any = None,
+                  name: str | None = None) -> OnlineContractionChoice | None:
     """The Hopper (wgmma) plan for the chain `tensors` on sm_90, or None (the target is not
     sm_90, the chain does not fit tensor cores, or no tiling of `wgmma_tilings` compiles without
     spills or serialized wgmmas: `propose_mma` then says why)."""
-    found = _wgmma_choice(tensors, target)
+    found = _wgmma_choice(tensors, target, name)
     return found if isinstance(found, OnlineContractionChoice) else None
 
 
-def _wgmma_choice(tensors: Sequence[Tensor], target: Any) -> OnlineContractionChoice | str:
+def _wgmma_choice(tensors: Sequence[Tensor], target: Any, name: str | None = None) -> OnlineContractionChoice | str:
     why_not = _why_not_wgmma(tensors, target)
     if why_not is not None:
         return why_not
@@ -187,7 +210,8 @@ def _wgmma_choice(tensors: Sequence[Tensor], target: Any) -> OnlineContractionCh
     checked: list[str] = []
     for rows, key_tile, blocks, overlap in wgmma_tilings(widest):
         label = f"{rows}x{key_tile}" + (f" ({blocks} blocks/SM)" if blocks else "") + (" overlapped" if overlap else "")
-        res = _ptxas(tensors, rows, key_tile, 16, arch, wgmma=True, blocks_per_sm=blocks, overlap=overlap)
+        res = _ptxas(tensors, _step_args(rows, key_tile, wgmma=True, blocks_per_sm=blocks, overlap=overlap), arch,
+                     name, wgmma=True)
         if isinstance(res, str):
             checked.append(f"{label}: {res}")
             continue
@@ -207,16 +231,13 @@ def _wgmma_choice(tensors: Sequence[Tensor], target: Any) -> OnlineContractionCh
               f"{', the next tile scores and softmax while P·V is in flight' if overlap else ''} ({arch}a: {res.registers} registers, no spills, wgmmas not serialized{passed_over}); "
               "exp2 with log2(e) folded into the scale; "
               f"{describe_skipping(tensors, rows, key_tile)}")
-    args: dict[str, Any] = {"rows_per_block": rows, "key_tile": key_tile, "wgmma": True}
-    if blocks:
-        args["blocks_per_sm"] = blocks
-    if overlap:
-        args["overlap"] = True
-    plan = Plan((Step("online_contraction_mma", args),), "online_contraction_mma", reason)
+    plan = Plan((Step("online_contraction_mma", _step_args(rows, key_tile, wgmma=True, blocks_per_sm=blocks,
+                                                           overlap=overlap)),), "online_contraction_mma", reason)
     return OnlineContractionChoice(plan, 2 * rows, rows, reason)
 
 
-def propose_mma(tensors: Sequence[Tensor], target: Any = None) -> OnlineContractionChoice | None:
+def propose_mma(tensors: Sequence[Tensor], target: Any = None,
+                name: str | None = None) -> OnlineContractionChoice | None:
     """The tensor-core plan for the chain `tensors`, or None when the chain is not one or its
     contractions do not fit mma (then `propose` gives the SIMT plan and says why). ptxas decides
     the registers, so the first tiling of `mma_tilings` that compiles for the target's arch
@@ -229,7 +250,7 @@ def propose_mma(tensors: Sequence[Tensor], target: Any = None) -> OnlineContract
     arch = target if _arch_number(target) is not None else default_arch()
     checked: list[str] = []
     for rows, key_tile, warp_rows in mma_tilings(widest):
-        res = _ptxas(tensors, rows, key_tile, warp_rows, arch)
+        res = _ptxas(tensors, _step_args(rows, key_tile, warp_rows), arch, name)
         if isinstance(res, str):
             checked.append(f"{rows}x{key_tile}/{warp_rows}: {res}")
             continue
@@ -240,7 +261,7 @@ def propose_mma(tensors: Sequence[Tensor], target: Any = None) -> OnlineContract
     else:
         return None
     passed_over = f" (passed over: {'; '.join(checked)})" if checked else ""
-    hopper = _wgmma_choice(tensors, target)
+    hopper = _wgmma_choice(tensors, target, name)
     not_wgmma = "" if not isinstance(hopper, str) else f"; mma.sync, not wgmma: {hopper}"
     reason = (f"{chain.output.name}: a contraction over the axis of the row statistics {chain.m.name} (max) and "
               f"{chain.l.name} (sum of exp) in one pass with a running max on tensor cores ({mma.qk_intrinsic} for "
@@ -250,10 +271,7 @@ def propose_mma(tensors: Sequence[Tensor], target: Any = None) -> OnlineContract
               f"{res.registers} registers, no spills{passed_over}); exp2 with log2(e) folded into "
               "the scale (ex2.approx.ftz: one MUFU.EX2, relative error ~2^-22, below P's rounding to 16 bits); "
               f"{describe_skipping(tensors, rows, key_tile)}{not_wgmma}")
-    args = {"rows_per_block": rows, "key_tile": key_tile}
-    if warp_rows != 16:
-        args["warp_rows"] = warp_rows
-    plan = Plan((Step("online_contraction_mma", args),),
+    plan = Plan((Step("online_contraction_mma", _step_args(rows, key_tile, warp_rows)),),
                 "online_contraction_mma", reason)
     return OnlineContractionChoice(plan, 32 * (rows // warp_rows), rows, reason)
 

@@ -71,11 +71,7 @@ def check_schedule(func: PrimFunc, what: str, entries: Callable[[poly.PolyStmt],
     rel = deps.relation
     if reductions_commute:
         rel = deps.without_self(s.name for s in deps.space.stmts if is_reduction_update(s.node))
-    import islpy as isl
-
-    new = isl.UnionMap("{ }")
-    for s in deps.space.stmts:
-        new = new.union(deps.space.schedule(s, list(entries(s))))
+    new = deps.space.union([deps.space.schedule_piece(s, list(entries(s))) for s in deps.space.stmts])
     if poly.respects(rel, new):
         return
     bad = rel.subtract(new.lex_lt_union_map(new))
@@ -84,7 +80,7 @@ def check_schedule(func: PrimFunc, what: str, entries: Callable[[poly.PolyStmt],
 
 def check_parallel(func: PrimFunc, loop: For, what: str) -> None:
     """Raise ScheduleError when `loop` carries a dependence (its iterations are not independent)."""
-    deps = poly.dependences(func.body)
+    deps = poly.dependences(func.body, ordered=False)  # carried or not is the same in both directions
     level = None
     for s in deps.space.stmts:
         for d, lp in enumerate(s.loops):
