@@ -192,7 +192,9 @@ class _TmaEmitter(_WarpgroupEmitter):
             out = c.store.buffer
             width = SWIZZLE_BYTES["128B"] // out.dtype.bytes   # output elements per 128-byte staging row
             self.stage_width = width
-            self.staging = Buffer(f"{out.name}_stage", out.dtype, _shape(t.bn // width, t.bm, width), "shared",
+            # [column chunk][row / 8][row % 8][column]: the 8-row period of the swizzle its own
+            # dimension, so that codegen keeps the row's multiple of 8 outside the XOR
+            self.staging = Buffer(f"{out.name}_stage", out.dtype, _shape(t.bn // width, t.bm // 8, 8, width), "shared",
                                   tensor=f"{out.tensor}.stage", layout=swizzle_layout("128B", out.dtype.bytes))
             box = tuple(64 if ix is c.i else width if ix is c.j else 1 for ix in c.store.indices)
             self.out_map = TensorMap(out, box, "128B")
@@ -370,7 +372,8 @@ class _TmaEmitter(_WarpgroupEmitter):
             values.update(unflatten(c.rows, row))
             values.update(unflatten(c.cols, column))
             value = substitute(_ReplaceAccumulator(c.acc, self.frag_c[e]).visit(c.store.value), values)
-            store = BufferStore(self.staging, (col // width, row0 + r, col % width), value)
+            local = row0 + r
+            store = BufferStore(self.staging, (col // width, local // 8, local % 8, col % width), value)
             # the guard keeps the epilogue's own reads (a bias at the column...) in bounds; the
             # TMA store clips the staged tile's out-of-range rows and columns itself
             return IfThenElse((row < c.m) & (column < c.n), store)
@@ -388,7 +391,8 @@ class _TmaEmitter(_WarpgroupEmitter):
                     else:
                         assert isinstance(ix, Var)
                         coords.append(self.batch_index[ix.name])
-                out.append(TensorStore(self.staging, (_int(chunk), row0, _int(0)), self.out_map, tuple(coords)))
+                out.append(TensorStore(self.staging, (_int(chunk), row0 // 8, _int(0), _int(0)), self.out_map,
+                                       tuple(coords)))
             return seq(*out, BulkCommit())
         # one named barrier per consumer warpgroup, id 1 + warpgroup (0 is __syncthreads')
         sync = NamedBarrier(self.warpgroup + 1, WARPGROUP_SIZE)
