@@ -347,8 +347,9 @@ class GemmWgmma(Strategy):
             per_tile, once = tile_fixed_cycles(target, point, info.write.itemsize)
             how = ("through a swizzled shared staging tile and TMA stores" if epilogue_of(point) == "tma"
                    else "from registers")
-            notes.append(f"epilogue {how}: {per_tile:.0f} cycles per output tile (with the ring's fill"
-                         f"{'' if persistent else ' each tile'})")
+            fill = (f"the ring's fill ({once:.0f} cycles) once per block" if persistent
+                    else "with the ring's fill")
+            notes.append(f"epilogue {how}: {per_tile:.0f} cycles per output tile ({fill})")
             if epilogue_of(point) == "registers" and tma_store_refusal_for(info) is not None:
                 notes.append(f"no TMA-store epilogue: {tma_store_refusal_for(info)}")
         if persistent:

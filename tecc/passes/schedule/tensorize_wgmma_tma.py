@@ -41,9 +41,10 @@ tensorize_wgmma.py (this emitter subclasses its emitter); the loads and the ring
                memory, guarded) or, with `epilogue="tma"`, through shared memory: each consumer
                warpgroup writes its 64 rows of epilogue-applied values (bias, relu, the cast:
                the stage's own expression, other tensors read at their indices) into a staging
-               tile C_stage[BN/W][BM][W] (W = 128 bytes of output elements) in the 128B
-               swizzle -- a warp's stores of one fragment element then hit 8 rows in 8
-               different 16-byte chunks: conflict-free --, then fence.proxy.async, a named
+               tile C_stage[BN/W][BM/8][8][W] (W = 128 bytes of output elements; the row split
+               in its multiple of 8 and the rest keeps the former outside the swizzle's XOR in
+               codegen) in the 128B swizzle -- a warp's stores of one fragment element then hit
+               8 rows in 8 different 16-byte chunks: conflict-free --, then fence.proxy.async, a named
                barrier of its 128 threads (bar.sync 1 + warpgroup, 128: the other warpgroup and
                the producer do not take part), and its thread 0 issues BN/W TMA stores of
                (64, W) boxes through the output's tensor map (encoded at launch like the
@@ -68,7 +69,6 @@ forgotten release (no arrive on `empty`) is reported as a deadlock.
 """
 
 from __future__ import annotations
-
 
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
@@ -410,7 +410,8 @@ def tensorize_wgmma_tma(func: PrimFunc, stage: str, c: Contraction, intrinsic: s
                         epilogue: str = "registers") -> PrimFunc:
     """The warp-specialized TMA kernel (module docstring); the caller checked the tiling.
     `persistent` > 0: that many blocks loop over the output tiles in the grouped order of
-    `group_m` row tiles (step 5)."""
+    `group_m` row tiles (step 5). `epilogue`: "registers" or "tma" (through a shared staging
+    tile and TMA stores, step 4; the register epilogue where the output cannot take them)."""
     reason = tma_refusal(c, tiling)
     if reason is not None:
         raise ScheduleError(f"tensorize({stage}, wgmma, producer='tma'): {reason}; "
