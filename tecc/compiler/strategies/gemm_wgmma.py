@@ -55,7 +55,9 @@ wgmma constants are assumed until this path is timed):
   (`tma_store_refusal_for`), its staging tile counted in the shared-memory budget;
   "persistent": 0 (one block per output tile) or the SM count (rung 4: blocks loop over the
   tiles in a grouped order, step 5).
-- the per-tile fixed cost (`tile_fixed_cycles`), in the chain: the ring's fill (a k tile's
+- the per-tile fixed cost (`tile_fixed_cycles`), in the chain relative to one block per tile
+  with the register epilogue (whose cost the k-loop constants already carry, as
+  gemm_tensor_core's fitted ones do; that baseline adds nothing): the ring's fill (a k tile's
   loaded latency before the first wgmma) and the epilogue. From registers the consumers store
   the tile at REGISTER_EPILOGUE_BYTES_PER_CYCLE (4-byte pieces, half-used sectors; fitted to the
   ~4.5 us per 128x256 tile the H200 timings of 4096^3 and 8192^3 imply); through staging they
@@ -228,13 +230,21 @@ def wgmma_registers(bm: int, bn: int, sizes: tuple[int, int] = (8, 8)) -> dict[s
     return parts
 
 
-def tma_registers(bm: int, bn: int) -> dict[str, int]:
+def tma_registers(bm: int, bn: int, point: Point | None = None) -> dict[str, int]:
     """Registers per thread of the TMA rung at launch: the consumers' accumulators, addressing
-    and descriptors (no copy state); with two consumer warpgroups __launch_bounds__(384) and
-    setmaxnreg make ptxas allocate the launch-bound cap (TMA_LAUNCH_REGISTERS) for all."""
+    and descriptors (no copy state), the staging addresses of the TMA-store epilogue and the
+    tile loop of the persistent grid; with two consumer warpgroups __launch_bounds__(384) and
+    setmaxnreg make ptxas allocate the launch-bound cap (TMA_LAUNCH_REGISTERS) for all.
+    (ptxas, 64 x BN, one consumer warpgroup: 117 at BN 128 and 214 at 256 with both; 154 at
+    256 non-persistent.)"""
     if bm // 64 == 2:
         return {"launch bound (setmaxnreg)": TMA_LAUNCH_REGISTERS}
-    return {"accumulators": bn // 2, "addressing": ADDRESSING, "descriptors": 4}
+    parts = {"accumulators": bn // 2, "addressing": ADDRESSING, "descriptors": 4}
+    if point is not None and epilogue_of(point) == "tma":
+        parts["staging addresses"] = bn // 4
+    if point is not None and point.get("persistent"):
+        parts["tile loop"] = 8
+    return parts
 
 
 def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: int,
@@ -261,13 +271,20 @@ def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_til
     stall = sync + LOADED_LATENCY_CYCLES * math.exp(-max(ahead, 0) * tile * resident / LOADED_LATENCY_CYCLES)
     idle = (stall / (tile + stall)) ** resident
     main = k_tiles * resident * tile / (1.0 - idle)
-    # the per-tile fixed cost (the fill, the epilogue), exposed once per round: the other
-    # resident blocks' k loops run under the rest
+    # the per-tile fixed cost (the fill, the epilogue), exposed once per round (the other
+    # resident blocks' k loops run under the rest), priced relative to one block per tile with
+    # the register epilogue: the k-loop constants above were set (like gemm_tensor_core's, which
+    # has no such term) on kernels that paid that baseline, so the baseline adds nothing and the
+    # other rungs add what they change. A k loop shorter than the baseline's fixed part carries
+    # it only in proportion (`share`), and so do the changes: the chain stays positive
     per_tile, once = tile_fixed_cycles(target, point, out_itemsize)
+    base, _ = tile_fixed_cycles(target, {**point, "epilogue": "registers", "persistent": 0}, out_itemsize)
+    share = min(1.0, main / base) if base > 0 else 1.0
+    round_ = main + (per_tile - base) * share
     if point.get("persistent"):
         per_block = -(-max(tiles, 1) // max(blocks, 1))   # the busiest block's tiles
-        return per_block * (main + per_tile) + once, resident, idle
-    return main + per_tile, resident, idle
+        return per_block * round_ + once * share, resident, idle
+    return round_, resident, idle
 
 
 class GemmWgmma(Strategy):
@@ -331,7 +348,7 @@ class GemmWgmma(Strategy):
             instructions = (wgmma + blocks * k_tiles * groups * 4 * ((copies + staged) * (6 + 4 * view.gathered) + 12)
                             + warps * (bn // 2) * (4 + info.epilogue_flops))
         rate = target.tensor_flops.get("float16", 0.0) * WGMMA_FRACTION
-        registers = wgmma_registers(bm, bn, sizes) if load == "cp.async" else tma_registers(bm, bn)
+        registers = wgmma_registers(bm, bn, sizes) if load == "cp.async" else tma_registers(bm, bn, point)
         chain, resident, idle = wgmma_sm_chain(target, rate, point, grid, k_tiles, sum(registers.values()),
                                                info.write.itemsize, blocks)
         pending, ahead = in_flight(stages, load)

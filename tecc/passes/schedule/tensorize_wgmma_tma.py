@@ -187,8 +187,8 @@ class _TmaEmitter(_WarpgroupEmitter):
                  persistent: int = 0, group_m: int = GROUP_M, epilogue: str = "registers") -> None:
         super().__init__(func, c, intrinsic, t, None)
         self.store_refusal = tma_store_refusal(c) if epilogue == "tma" else None
-        self.staged = epilogue == "tma" and self.store_refusal is None
-        if self.staged:
+        self.store_staged = epilogue == "tma" and self.store_refusal is None
+        if self.store_staged:
             out = c.store.buffer
             width = SWIZZLE_BYTES["128B"] // out.dtype.bytes   # output elements per 128-byte staging row
             self.stage_width = width
@@ -210,7 +210,7 @@ class _TmaEmitter(_WarpgroupEmitter):
         t = self.t
         grid = (f", persistent over {self.persistent} blocks in groups of {self.group_m} row tiles"
                 if self.persistent else "")
-        if self.staged:
+        if self.store_staged:
             epilogue = ", epilogue through shared memory + TMA store"
         elif self.store_refusal is not None:
             epilogue = f", epilogue from registers (no TMA store: {self.store_refusal})"
@@ -223,7 +223,7 @@ class _TmaEmitter(_WarpgroupEmitter):
     def kernel(self) -> PrimFunc:
         c, t = self.c, self.t
         body: Stmt = self.pipeline()
-        staging = (self.staging,) if self.staged else ()
+        staging = (self.staging,) if self.store_staged else ()
         for buf in (self.shared["A"], self.shared["B"], *staging, self.full, self.empty, *self.fragments):
             body = Allocate(buf, body)
         threads = t.threads + WARPGROUP_SIZE
@@ -352,9 +352,9 @@ class _TmaEmitter(_WarpgroupEmitter):
                 zero,
                 For(self.kt, _int(0), self.k_tiles, "serial", consume(self.kt)),
                 WarpgroupWait(0, (self.frag_c,)),
-                self.staged_epilogue() if self.staged else self.epilogue())),
+                self.staged_epilogue() if self.store_staged else self.epilogue())),
             # the last tile's stores must have read the staging tile before the block exits
-            IfThenElse(thread == 0, BulkWait(0)) if self.staged else None)
+            IfThenElse(thread == 0, BulkWait(0)) if self.store_staged else None)
         return seq(init, Barrier(), IfThenElse(producer, producer_role, consumer_role))
 
     # step 4: the epilogue through shared memory and TMA stores -----------------------------------
