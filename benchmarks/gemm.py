@@ -10,8 +10,13 @@ as torch.matmul. Prints the table (shape, tecc TFLOP/s, cuBLAS TFLOP/s, ratio, p
 geometric mean of the ratios. `--sweep` also times every point of gemm_pipelined at 4096³
 (`--sweep-strategy gemm_wgmma --dtype float16`: every point of that strategy instead;
 `--load tma` or `--load cp.async` keeps only the points of that rung of gemm_wgmma, the ladder's
-rows; `--persistent` adds each TMA point as a persistent grid of one block per SM;
-`--sweep-size 8192` sweeps at 8192³).
+rows; the TMA points come as a persistent grid of one block per SM and as one block per tile
+(`--persistent` / `--persistent off` keep only one kind), and with the epilogue through a
+shared staging tile and TMA stores or from registers (`--store-epilogue tma|registers` keeps one);
+`--sweep-size 8192` sweeps at 8192³). `--ladder` (float16) times one row per rung of the Hopper
+ladder at `--sweep-size`: the best-predicted point of cp.async, TMA, TMA + persistent grid,
+TMA + TMA-store epilogue, and TMA + persistent + TMA-store epilogue, with the predicted time,
+so each row shows what its rung buys.
 `--epilogue` times `D = relu(A·B + bias[j])` at 4096³ (fused into the matmul's kernel by the
 lowering) against the plain matmul and against cuBLAS + torch's relu(c + bias).
 `--split-sweep` times the split-K points of SPLIT_SWEEP at the four small shapes with the
@@ -277,6 +282,49 @@ def split_sweep() -> list[dict[str, Any]]:
     return rows
 
 
+# The Hopper ladder's rungs: (name, what a gemm_wgmma point must have)
+LADDER = (
+    ("wgmma + cp.async ring", {"load": "cp.async"}),
+    ("+ TMA producer ring", {"load": "tma", "persistent": 0, "epilogue": "registers"}),
+    ("+ persistent grid", {"load": "tma", "persistent": "sm", "epilogue": "registers"}),
+    ("+ TMA-store epilogue", {"load": "tma", "persistent": 0, "epilogue": "tma"}),
+    ("+ persistent + TMA-store epilogue (overlapped)", {"load": "tma", "persistent": "sm", "epilogue": "tma"}),
+)
+
+
+def ladder(size: int) -> list[dict[str, Any]]:
+    """One row per LADDER rung at size³: its best-predicted gemm_wgmma point, timed."""
+    from tecc.compiler.cost.analysis import analyze_kernel
+    from tecc.compiler.planner import candidates_for
+    from tecc.compiler.schedule import Schedule
+    from tecc.ir.target import from_device
+    from tecc.passes.lower import lower as lower_
+
+    target = from_device()
+    args = matmul_tensors(1, size, size, size)
+    info = analyze_kernel(lower_(args).kernels[0])
+    cands, _ = candidates_for(info, target)
+    ranked = sorted((c for c in cands if c.ok and c.strategy.name == "gemm_wgmma"), key=lambda c: c.cost.total)
+    rows = []
+    for name, want in LADDER:
+        want = {x: (target.sm_count if v == "sm" else v) for x, v in want.items()}
+        found = [c for c in ranked if all(c.point.get(x, 0 if x == "persistent" else None) == v
+                                          for x, v in want.items())]
+        if not found:
+            print(f"ladder {name}: no point of this rung in the space", flush=True)
+            continue
+        cand = found[0]
+        sch = Schedule(args)
+        cand.strategy.apply(sch, info, cand.point)
+        row = run_shape(1, size, size, size, plan=sch.plan, label=cand.label)
+        row.update(ladder=name, predicted_us=cand.cost.total * 1e6, point=dict(cand.point))
+        rows.append(row)
+        print(f"ladder {size}^3 {name:48s} predicted {row['predicted_us']:7.1f} us kernel {row['tecc_kernel_us']:7.1f} "
+              f"us stream {row['tecc_stream_us']:7.1f} us cuBLAS {row['cublas_stream_us']:7.1f} us "
+              f"r.kern {row['ratio_kernel']:5.2f}  {cand.point}", flush=True)
+    return rows
+
+
 def main() -> None:
     import torch
 
@@ -290,8 +338,12 @@ def main() -> None:
     ap.add_argument("--load", default=None, choices=("cp.async", "tma"),
                     help="with --sweep-strategy gemm_wgmma: only the points of that rung (the load dimension)")
     ap.add_argument("--sweep-size", type=int, default=4096, help="the cube --sweep times (default 4096)")
-    ap.add_argument("--persistent", action="store_true",
-                    help="with --load tma: also time each point as a persistent grid of one block per SM")
+    ap.add_argument("--persistent", nargs="?", const="on", default="both", choices=("on", "off", "both"),
+                    help="with --load tma: only the persistent-grid points (on), only one block per tile (off)")
+    ap.add_argument("--store-epilogue", default=None, choices=("tma", "registers"),
+                    help="with --load tma: only the points with that epilogue (staging tile + TMA store, or registers)")
+    ap.add_argument("--ladder", action="store_true",
+                    help="one row per rung of the Hopper ladder at --sweep-size (float16, gemm_wgmma)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--compare", action="store_true", help="also time gemm_pipelined where the planner chose another")
     ap.add_argument("--symbolic", action="store_true", help="check a symbolic-M build at M=1000 and M=4096")
@@ -376,9 +428,12 @@ def main() -> None:
         for point in strat.space(info, device_target):
             if opts.load is not None and point.get("load", "cp.async") != opts.load:
                 continue
+            if point.get("load") == "tma":
+                if opts.persistent != "both" and bool(point.get("persistent")) != (opts.persistent == "on"):
+                    continue
+                if opts.store_epilogue is not None and point.get("epilogue", "registers") != opts.store_epilogue:
+                    continue
             points.append(point)
-            if opts.persistent and point.get("load") == "tma":
-                points.append({**point, "persistent": device_target.sm_count})
         for point in points:
             sch = Schedule(args)
             strat.apply(sch, info, point)
@@ -387,6 +442,8 @@ def main() -> None:
             rows.append(row)
             print(f"sweep {row['shape']:>12} {row['tecc_tflops']:10.2f} {row['cublas_tflops']:12.2f} "
                   f"{row['ratio']:6.2f} {row['rel_err']:8.1e}  {row['plan']}", flush=True)
+    if opts.ladder:
+        rows += ladder(opts.sweep_size)
     if opts.sweep_small:
         from tecc.compiler.cost.analysis import analyze_kernel
         from tecc.compiler.schedule import Schedule

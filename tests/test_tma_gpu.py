@@ -3,8 +3,10 @@
 bound ((K + 1)·2⁻²³·Σ|a·b|, plus one rounding of a 16-bit output); outputs start as NaN, inputs
 are fresh random values. Covers the tensor-map encoding (cuTensorMapEncodeTiled) and the
 by-value launch (cuLaunchKernel) that only a GPU can run, and a saved artifact reloaded by the
-runtime alone for new symbolic M. Time it with
-`python benchmarks/gemm.py --dtype float16 --skip-shapes --sweep --sweep-strategy gemm_wgmma --load tma`."""
+runtime alone for new symbolic M, and the staged epilogue (shared staging tile + TMA stores, in
+the plain and the persistent grid). Time it with
+`python benchmarks/gemm.py --dtype float16 --skip-shapes --sweep --sweep-strategy gemm_wgmma --load tma`
+or one row per rung with `python benchmarks/gemm.py --dtype float16 --skip-shapes --ladder --sweep-size 4096`."""
 
 from __future__ import annotations
 
@@ -89,3 +91,46 @@ def test_a_persistent_tma_gemm_on_gpu(m: int, n: int, k: int) -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     _run(m, n, k, "float16", out="float16", plan=persistent_plan((128, 256), 4, sms))
     _run(m, n, k, "bfloat16", batch=2, plan=persistent_plan((128, 128), 4, sms))
+
+
+# ---- the staged epilogue: a shared staging tile written out by TMA stores ----------------------------
+
+def store_plan(block: tuple[int, int], stages: int, blocks: int = 0) -> dict[str, Any]:
+    plan = persistent_plan(block, stages, blocks) if blocks else tma_plan(block, stages)
+    plan["steps"][0]["args"]["epilogue"] = "tma"
+    return plan
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("m,n,k,persistent", [(1000, 1000, 1000, False), (4096, 4096, 4096, False),
+                                              (4096, 4096, 4096, True), (8192, 8192, 8192, True)])
+def test_a_tma_store_epilogue_on_gpu(m: int, n: int, k: int, persistent: bool, dtype: str) -> None:
+    """The output's tensor map encoded at launch, the staging tile's boxes clipped at M and N by
+    the TMA unit (1000 = 7 row tiles and 3 column tiles of 128 x 256 + a partial one)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    f = _run(m, n, k, dtype, out=dtype, plan=store_plan((128, 256), 3, sms if persistent else 0))
+    assert [s.name for s in f.host.kernels[0].tensor_maps] == ["A_tmap", "B_tmap", "C_tmap"]
+
+
+@pytest.mark.parametrize("a_t,b_t", [(True, False), (False, True), (True, True)])
+def test_a_tma_store_epilogue_with_transposed_operands_on_gpu(a_t: bool, b_t: bool) -> None:
+    _run(1000, 1000, 1000, "float16", out="float16", a_t=a_t, b_t=b_t, plan=store_plan((128, 128), 4, 132))
+
+
+def test_a_tma_store_epilogue_batched_fused_symbolic_and_float32_on_gpu() -> None:
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    _run(512, 512, 512, "bfloat16", batch=8, out="bfloat16", plan=store_plan((128, 128), 4, sms))
+    _run(1024, 1024, 1000, "float16", out="float16", relu_bias=True, plan=store_plan((128, 256), 3, sms))
+    _run(1000, 1024, 1000, "float16", out="float16", relu_bias=True, plan=store_plan((64, 256), 3))
+    _run(77, 512, 256, "float16", symbolic=True, plan=store_plan((128, 128), 3, sms))    # float32 output
+    _run(4096, 4096, 4096, "float16", symbolic=True, plan=store_plan((64, 128), 4, sms))
+
+
+def test_the_planner_takes_the_staged_persistent_rung_at_4096_on_gpu() -> None:
+    """The planner's own choice at 4096^3 (the cost model ranks the TMA-store epilogue on the
+    persistent grid first on sm_90), built, run and checked."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    f = _run(4096, 4096, 4096, "float16", out="float16")
+    (step,) = [s for s in f.plan.steps if s.primitive == "tensorize"]
+    assert f.plan.strategy == "gemm_wgmma", f.plan.reason
+    assert (step.args.get("producer"), step.args.get("epilogue"), step.args.get("persistent")) == ("tma", "tma", sms)

@@ -62,6 +62,10 @@ from tecc.ir.stmt import (
     Seq,
     SetMaxRegisters,
     TensorCopy,
+    TensorStore,
+    BulkCommit,
+    BulkWait,
+    NamedBarrier,
     tensor_maps,
     Stmt,
     WarpgroupCommit,
@@ -391,6 +395,18 @@ class KernelEmitter:
 
     def _TensorCopy(self, s: TensorCopy) -> None:
         self.lines_of(tma.tensor_copy(self.expr, s))
+
+    def _TensorStore(self, s: TensorStore) -> None:
+        self.lines_of(tma.tensor_store(self.expr, s))
+
+    def _BulkCommit(self, s: BulkCommit) -> None:
+        self.lines_of(tma.bulk_commit(self.expr, s))
+
+    def _BulkWait(self, s: BulkWait) -> None:
+        self.lines_of(tma.bulk_wait(self.expr, s))
+
+    def _NamedBarrier(self, s: NamedBarrier) -> None:
+        self.lines_of(tma.named_barrier(self.expr, s))
 
     def _SetMaxRegisters(self, s: SetMaxRegisters) -> None:
         self.lines_of(warpgroup.set_max_registers(self.expr, s))

@@ -6,6 +6,9 @@
   alignment (128 bytes, 64-byte aligned; NVRTC has no cuda.h): the host passes the driver's
   encoded bytes, the kernel only takes the parameter's address. `__grid_constant__` keeps the
   parameter in the parameter space, so its generic address is what the TMA unit reads.
+- A store (TensorStore) is cp.async.bulk.tensor.Nd.global.shared::cta.bulk_group with the same
+  coordinate order and the source's 32-bit shared address; BulkCommit / BulkWait are
+  cp.async.bulk.commit_group / cp.async.bulk.wait_group.read; a NamedBarrier is bar.sync id, n.
 - A copy is one inline-PTX cp.async.bulk.tensor.Nd with the coordinates innermost first (the
   PTX order; tecc's indices are outermost first), the destination's and the mbarrier's 32-bit
   shared addresses.
@@ -14,7 +17,7 @@
 from __future__ import annotations
 
 from tecc.ir.expr import index_expr
-from tecc.ir.stmt import PrimFunc, TensorCopy, iter_stmts, tensor_maps
+from tecc.ir.stmt import BulkCommit, BulkWait, NamedBarrier, PrimFunc, TensorCopy, TensorStore, iter_stmts, tensor_maps
 from tecc.ir.tma_stmt import TENSOR_MAP_BYTES
 
 from .cuda_expr import ExprEmitter
@@ -31,8 +34,15 @@ def tensor_map_params(func: PrimFunc) -> list[str]:
 
 
 def swizzled_destinations(func: PrimFunc) -> set[int]:
-    """Ids of the shared buffers a swizzling TMA copy writes (declared 1024-byte aligned)."""
-    return {id(s.dst) for s in iter_stmts(func.body) if isinstance(s, TensorCopy) and s.map.swizzle != "none"}
+    """Ids of the shared buffers a swizzling TMA copy writes or a swizzling TMA store reads
+    (declared 1024-byte aligned)."""
+    out = set()
+    for s in iter_stmts(func.body):
+        if isinstance(s, TensorCopy) and s.map.swizzle != "none":
+            out.add(id(s.dst))
+        elif isinstance(s, TensorStore) and s.map.swizzle != "none":
+            out.add(id(s.src))
+    return out
 
 
 def tensor_copy(expr: ExprEmitter, s: TensorCopy) -> list[str]:
@@ -51,3 +61,30 @@ def tensor_copy(expr: ExprEmitter, s: TensorCopy) -> list[str]:
     inputs = [f'"r"({dst})', f'"l"(reinterpret_cast<unsigned long long>(&{s.map.name}))', f'"r"({bar})']
     inputs += [f'"r"(static_cast<int>({expr.code(c)}))' for c in reversed(s.coords)]
     return _asm([instruction], [], inputs, clobber_memory=True)
+
+
+def tensor_store(expr: ExprEmitter, s: TensorStore) -> list[str]:
+    rank = len(s.coords)
+    base = shared_address(expr, s.src, tuple(index_expr(0) for _ in s.src.shape))
+    flat = index_expr(0)
+    for i, n in zip(s.src_indices, s.src.shape):
+        flat = flat * n + i
+    src = f"{base} + {s.src.dtype.bytes}u * static_cast<unsigned>({expr.code(flat)})"
+    coords = ", ".join(f"%{2 + d}" for d in range(rank))
+    instruction = f"cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group [%0, {{{coords}}}], [%1];"
+    inputs = [f'"l"(reinterpret_cast<unsigned long long>(&{s.map.name}))', f'"r"({src})']
+    inputs += [f'"r"(static_cast<int>({expr.code(c)}))' for c in reversed(s.coords)]
+    return _asm([instruction], [], inputs, clobber_memory=True)
+
+
+def bulk_commit(expr: ExprEmitter, s: BulkCommit) -> list[str]:
+    return _asm(["cp.async.bulk.commit_group;"], [], [], clobber_memory=True)
+
+
+def bulk_wait(expr: ExprEmitter, s: BulkWait) -> list[str]:
+    return _asm([f"cp.async.bulk.wait_group.read {s.pending};"], [], [], clobber_memory=True)
+
+
+def named_barrier(expr: ExprEmitter, s: NamedBarrier) -> list[str]:
+    return _asm([f"bar.sync %0, {s.threads};"], [], [f'"r"(static_cast<unsigned>({expr.code(s.id)}))'],
+                clobber_memory=True)

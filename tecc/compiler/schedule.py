@@ -480,7 +480,7 @@ class Schedule:
 
     def tensorize(self, stage: StageLike, intrinsic: str = "auto", block: Sequence[int] = (64, 64),
                   warps: Sequence[int] = (2, 2), k_tile: int = 32, stages: int = 2,
-                  producer: str = "threads", persistent: int = 0) -> None:
+                  producer: str = "threads", persistent: int = 0, epilogue: str = "registers") -> None:
         """Rebuild the kernel of the contraction `stage` (C[b.., i, j] = epilogue(Σ_k A·B) over
         float16/bfloat16 operands) as a tensor-core kernel: `block` = (BM, BN) outputs per block,
         `warps` = (rows, columns) of warps, each a (BM/rows) × (BN/columns) tile of
@@ -494,7 +494,9 @@ class Schedule:
         `producer` (wgmma only): "threads" (every thread issues cp.async into the ring) or "tma"
         (a producer warpgroup issues TMA tile copies into an mbarrier ring drained by the
         consumer warpgroups: tensorize_wgmma_tma.py); `persistent` > 0 (with "tma"): that many
-        blocks loop over the output tiles in a grouped (L2-friendly) order."""
+        blocks loop over the output tiles in a grouped (L2-friendly) order; `epilogue` (with
+        "tma"): "registers" (each thread stores its accumulator elements) or "tma" (through a
+        swizzled shared staging tile, written out by TMA stores that overlap the next tile)."""
         st = self._stage(stage)
         bm, bn = (int(x) for x in block)
         wm, wn = (int(x) for x in warps)
@@ -507,8 +509,11 @@ class Schedule:
             step.args["producer"] = producer
             if persistent:
                 step.args["persistent"] = int(persistent)
+            if epilogue != "registers":
+                step.args["epilogue"] = epilogue
             self._apply(st.kernel, step, lambda f: prim.tensorize_wgmma(f, st.name, intrinsic, tiling,
-                                                                        producer=producer, persistent=int(persistent)))
+                                                                        producer=producer, persistent=int(persistent),
+                                                                        epilogue=epilogue))
             return
         self._apply(st.kernel, step, lambda f: prim.tensorize(f, st.name, intrinsic, tiling))
 

@@ -50,6 +50,10 @@ from .stmt import (
     SharedMatrix,
     Stmt,
     TensorCopy,
+    TensorStore,
+    BulkCommit,
+    BulkWait,
+    NamedBarrier,
     WarpgroupCommit,
     WarpgroupFence,
     WarpgroupMatrixMultiply,
@@ -57,7 +61,8 @@ from .stmt import (
 )
 
 _HOPPER = (WarpgroupMatrixMultiply, WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence, BarrierInit,
-           BarrierArrive, BarrierExpectTx, BarrierWait, BulkCopy, SetMaxRegisters, TensorCopy)
+           BarrierArrive, BarrierExpectTx, BarrierWait, BulkCopy, SetMaxRegisters, TensorCopy, TensorStore, BulkCommit,
+           BulkWait, NamedBarrier)
 
 # Higher binds tighter.
 _PREC = {"||": 1, "&&": 2, "|": 3, "^": 4, "&": 5, "==": 6, "!=": 6, "<": 7, "<=": 7, ">": 7, ">=": 7,
@@ -242,8 +247,16 @@ def _hopper_stmt(s: Stmt) -> str:
         dst = ", ".join(_expr(i) for i in s.dst_indices)
         coords = ", ".join(_expr(i) for i in s.coords)
         return f"tma.load {s.bytes}B {s.dst.name}[{dst}] <- {s.map}[{coords}] completes {s.bar}"
+    if isinstance(s, TensorStore):
+        src = ", ".join(_expr(i) for i in s.src_indices)
+        coords = ", ".join(_expr(i) for i in s.coords)
+        return f"tma.store {s.bytes}B {s.map}[{coords}] <- {s.src.name}[{src}]"
+    if isinstance(s, BulkWait):
+        return f"cp.async.bulk.wait_group.read({s.pending})"
+    if isinstance(s, NamedBarrier):
+        return f"bar.sync({_expr(s.id)}, threads={s.threads})"
     names = {WarpgroupFence: "wgmma.fence()", WarpgroupCommit: "wgmma.commit_group()",
-             AsyncProxyFence: "fence.proxy.async()"}
+             AsyncProxyFence: "fence.proxy.async()", BulkCommit: "cp.async.bulk.commit_group()"}
     return names[type(s)]
 
 

@@ -46,6 +46,8 @@ from .layout import Swizzle
 from .mbarrier_stmt import MAX_TX_BYTES, BarrierRef
 from .stmt import Buffer, PrimFunc, Stmt, iter_stmts
 
+MAX_BULK_GROUPS = 8   # wait_group's operand: PTX accepts 0..7 pending groups
+
 TMA_SWIZZLES = ("none", "128B")
 MAX_BOX = 256          # elements per box dimension (cuTensorMapEncodeTiled: boxDim[i] <= 256)
 MAX_RANK = 5
@@ -153,12 +155,65 @@ class TensorCopy(Stmt):
         return self.map.bytes
 
 
+@dataclass(frozen=True, eq=False)
+class TensorStore(Stmt):
+    """cp.async.bulk.tensor (shared -> global): the box of `map` at global coordinates `coords`
+    from `src[src_indices]..`, clipped at the tensor's edges, in the issuing thread's open bulk
+    group (module docstring)."""
+
+    src: Buffer
+    src_indices: tuple[Expr, ...]
+    map: TensorMap
+    coords: tuple[Expr, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "src_indices", tuple(index_expr(i) for i in self.src_indices))
+        object.__setattr__(self, "coords", tuple(index_expr(i) for i in self.coords))
+        m = self.map
+        where = f"TMA store {self.src.name} -> {m.buffer.name}"
+        if self.src.scope != "shared":
+            raise IntrinsicError(f"{where}: stores from shared memory, not {self.src.scope}")
+        if self.src.dtype != m.buffer.dtype:
+            raise DTypeError(f"{where}: source is {self.src.dtype}, destination {m.buffer.dtype}")
+        if len(self.src_indices) != self.src.ndim:
+            raise IntrinsicError(f"{where}: {len(self.src_indices)} indices for the {self.src.ndim} dimensions of "
+                                 f"{self.src.name}")
+        if len(self.coords) != m.buffer.ndim:
+            raise IntrinsicError(f"{where}: {len(self.coords)} coordinates for the {m.buffer.ndim}-dimensional tensor")
+        if self.src.layout != m.layout:
+            raise IntrinsicError(f"{where}: the source's layout {self.src.layout} is not the {m.swizzle} "
+                                 f"swizzle's {m.layout}; give the shared buffer that layout")
+
+    @property
+    def bytes(self) -> int:
+        return self.map.bytes
+
+
+@dataclass(frozen=True, eq=False)
+class BulkCommit(Stmt):
+    """cp.async.bulk.commit_group: closes the issuing thread's open group of tensor stores."""
+
+
+@dataclass(frozen=True, eq=False)
+class BulkWait(Stmt):
+    """cp.async.bulk.wait_group.read `pending`: the thread waits until at most `pending` of its
+    committed bulk groups still read shared memory (their sources may then be overwritten)."""
+
+    pending: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.pending, bool) or not isinstance(self.pending, int) or \
+                not 0 <= self.pending < MAX_BULK_GROUPS:
+            raise IntrinsicError(f"cp.async.bulk.wait_group.read: pending must be an integer in "
+                                 f"[0, {MAX_BULK_GROUPS}), got {self.pending!r}")
+
+
 def tensor_maps(func: PrimFunc) -> tuple[TensorMap, ...]:
-    """The tensor maps `func`'s TMA copies use, in order of first use: the kernel's by-value
+    """The tensor maps `func`'s TMA copies and stores use, in order of first use: the kernel's by-value
     parameters after its ordinary ones. Each map's buffer must be one of `func`'s parameters."""
     seen: dict[int, TensorMap] = {}
     for s in iter_stmts(func.body):
-        if isinstance(s, TensorCopy) and id(s.map) not in seen:
+        if isinstance(s, (TensorCopy, TensorStore)) and id(s.map) not in seen:
             if not any(p is s.map.buffer for p in func.params):
                 raise IntrinsicError(f"kernel {func.name}: the tensor map of {s.map.buffer.name} describes a buffer "
                                      "that is not a parameter of the kernel")

@@ -54,6 +54,10 @@ from .stmt import (
     SharedMatrix,
     Stmt,
     TensorCopy,
+    TensorStore,
+    BulkCommit,
+    BulkWait,
+    NamedBarrier,
     WarpgroupCommit,
     WarpgroupFence,
     WarpgroupMatrixMultiply,
@@ -61,11 +65,11 @@ from .stmt import (
 )
 
 # Statements that hold no expressions and no statements.
-_LEAVES = (Barrier, AsyncCommit, AsyncWait, WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence,
+_LEAVES = (Barrier, BulkCommit, BulkWait, AsyncCommit, AsyncWait, WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence,
            SetMaxRegisters)
 # Statements whose expressions `matrix_stmt_exprs` lists.
 _MATRIX = (MatrixMultiply, MatrixLoad, AsyncCopy, WarpgroupMatrixMultiply, BarrierInit, BarrierArrive,
-           BarrierExpectTx, BarrierWait, BulkCopy, TensorCopy)
+           BarrierExpectTx, BarrierWait, BulkCopy, TensorCopy, TensorStore, NamedBarrier)
 
 
 def _method(obj: Any, prefix: str, node: Any) -> Callable[[Any], Any]:
@@ -260,6 +264,9 @@ class StmtVisitor:
     def visit_TensorCopy(self, s: TensorCopy) -> Any:
         return self.generic_visit(s)
 
+    def visit_TensorStore(self, s: TensorStore) -> Any:
+        return self.generic_visit(s)
+
 
 def matrix_stmt_exprs(s: Stmt) -> list[Expr]:
     """The expressions a matrix-level statement holds: fragment offsets, addresses, predicate,
@@ -279,6 +286,10 @@ def matrix_stmt_exprs(s: Stmt) -> list[Expr]:
         return [*s.dst_indices, *s.src_indices, s.bar.index]
     if isinstance(s, TensorCopy):
         return [*s.dst_indices, *s.coords, s.bar.index]
+    if isinstance(s, TensorStore):
+        return [*s.src_indices, *s.coords]
+    if isinstance(s, NamedBarrier):
+        return [s.id]
     if isinstance(s, MatrixMultiply):
         return [s.d.offset, s.a.offset, s.b.offset, s.c.offset]
     if isinstance(s, MatrixLoad):
@@ -394,6 +405,15 @@ class StmtMutator:
             if bar is s.bar and all(x is y for x, y in zip(di + co, s.dst_indices + s.coords)):
                 return s
             return TensorCopy(s.dst, di, s.map, co, bar)
+        if isinstance(s, TensorStore):
+            si = tuple(self.visit_expr(i) for i in s.src_indices)
+            co = tuple(self.visit_expr(i) for i in s.coords)
+            if all(x is y for x, y in zip(si + co, s.src_indices + s.coords)):
+                return s
+            return TensorStore(s.src, si, s.map, co)
+        if isinstance(s, NamedBarrier):
+            bid = self.visit_expr(s.id)
+            return s if bid is s.id else NamedBarrier(bid, s.threads)
         return None
 
     def _shared_matrix(self, ref: SharedMatrix) -> SharedMatrix:
@@ -458,4 +478,7 @@ class StmtMutator:
         return self.generic_visit(s)
 
     def visit_TensorCopy(self, s: TensorCopy) -> Stmt:
+        return self.generic_visit(s)
+
+    def visit_TensorStore(self, s: TensorStore) -> Stmt:
         return self.generic_visit(s)

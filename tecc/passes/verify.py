@@ -26,6 +26,7 @@ from ..ir.stmt import (
     BufferStore,
     BulkCopy,
     TensorCopy,
+    TensorStore,
     For,
     IfThenElse,
     LetStmt,
@@ -132,6 +133,10 @@ class _Verifier(StmtVisitor):
 
     def visit_TensorCopy(self, s: TensorCopy) -> None:
         self._in_scope((s.dst, s.map.buffer, s.bar.buffer), "cp.async.bulk.tensor")
+        self.generic_visit(s)
+
+    def visit_TensorStore(self, s: TensorStore) -> None:
+        self._in_scope((s.src, s.map.buffer), "cp.async.bulk.tensor (store)")
         self.generic_visit(s)
 
     def _barrier_stmt(self, s: BarrierInit | BarrierArrive | BarrierExpectTx | BarrierWait) -> None:

@@ -48,11 +48,26 @@ wgmma constants are assumed until this path is timed):
   WGMMA_SYNC_CYCLES), S - 1 tiles ahead (the refill does not wait for this iteration's wgmma),
   one more warpgroup per block (128 threads), and with two consumer warpgroups the registers of
   __launch_bounds__(384): 168 per thread at launch, the consumers raised to 232 by setmaxnreg.
-- a TMA point may carry "persistent": P (rung 4: P blocks loop over the output tiles in a
-  grouped order, tensorize_wgmma_tma.py step 5). The space does not enumerate it yet and the
-  workload prices it as one block per tile: it is reached by an explicit plan or
-  `benchmarks/gemm.py --sweep --sweep-strategy gemm_wgmma --load tma --persistent` until it is
-  timed.
+- a TMA point carries two more knobs, each a rung of the ladder the space enumerates (so a sweep
+  can turn each off and show what it buys):
+  "epilogue": "registers" (each thread stores its accumulator elements to global memory) or
+  "tma" (through a 128B-swizzled shared staging tile of BM x BN output elements, written out by
+  TMA stores; tensorize_wgmma_tma.py step 4), offered where the output can take a tensor map
+  (`tma_store_refusal_for`), its staging tile counted in the shared-memory budget;
+  "persistent": 0 (one block per output tile) or the SM count (rung 4: blocks loop over the
+  tiles in a grouped order, step 5).
+- the per-tile fixed cost (`tile_fixed_cycles`), in the chain relative to one block per tile
+  with the register epilogue (whose cost the k-loop constants already carry, as
+  gemm_tensor_core's fitted ones do; that baseline adds nothing): the ring's fill (a k tile's
+  loaded latency before the first wgmma) and the epilogue. From registers the consumers store
+  the tile at REGISTER_EPILOGUE_BYTES_PER_CYCLE (4-byte pieces, half-used sectors; fitted to the
+  ~4.5 us per 128x256 tile the H200 timings of 4096^3 and 8192^3 imply); through staging they
+  write shared memory at a wavefront per store instruction, meet at a named barrier, and the
+  TMA unit reads the tile at SMEM_WAVEFRONT_BYTES per cycle before the block may exit (its
+  global writes drain behind). In the persistent grid the producer fills the next tile's stages
+  during the epilogue (the fill is paid once per block) and, with the TMA epilogue, the staging
+  tile is read out under the next tile's k loop (only its writes and barrier stay exposed); the
+  busiest block runs ceil(tiles / P) tiles, which is also what prices the tail.
 """
 
 from __future__ import annotations
@@ -102,6 +117,14 @@ WGMMA_DRAIN_CYCLES = 128.0
 # usually finds its phase complete, and one arrive per warp. Assumed, not fitted.
 TMA_SYNC_CYCLES = 60.0
 LOADS = ("cp.async", "tma")
+EPILOGUES = ("tma", "registers")   # the TMA rung's epilogue knob; the planner prefers "tma" among equals
+# Output bytes per cycle one SM's consumers store from their wgmma fragments (4-byte pieces, 8
+# rows per warp instruction: half of each 32-byte sector). Fitted: 8192^3 and 4096^3 on an H200
+# differ by 0.93 us per k tile and leave ~4.5 us per 128x256 fp16 tile (~8900 cycles at 1.98 GHz),
+# of which ~LOADED_LATENCY_CYCLES is the ring's fill.
+REGISTER_EPILOGUE_BYTES_PER_CYCLE = 8.0
+# The staged epilogue's fence.proxy.async, named barrier and store issue. Assumed, not fitted.
+TMA_STORE_SYNC_CYCLES = 200.0
 PRODUCER_THREADS = 128
 TMA_LAUNCH_REGISTERS = 168   # 65536 / 384 rounded down to 8: two consumer warpgroups and the producer
 
@@ -111,12 +134,52 @@ def load_of(point: Point) -> str:
     return str(point.get("load", "cp.async"))
 
 
-def shared_bytes(point: Point) -> int:
+def epilogue_of(point: Point) -> str:
+    """The point's epilogue: "registers" (plans made before the staged epilogue have none) or "tma"."""
+    return str(point.get("epilogue", "registers"))
+
+
+def shared_bytes(point: Point, out_itemsize: int = 2) -> int:
     """The ring's bytes plus the slack the kernel uses to align it to 1024 bytes (and the TMA
-    ring's two mbarriers per stage)."""
+    ring's two mbarriers per stage, and the staging tile of the TMA epilogue)."""
     stages = int(point["stages"])
     barriers = 2 * 8 * stages if load_of(point) == "tma" else 0
-    return stages * (int(point["bm"]) + int(point["bn"])) * K_TILE * 2 + DESCRIPTOR_ALIGNMENT + barriers
+    staging = int(point["bm"]) * int(point["bn"]) * out_itemsize if epilogue_of(point) == "tma" else 0
+    return stages * (int(point["bm"]) + int(point["bn"])) * K_TILE * 2 + DESCRIPTOR_ALIGNMENT + barriers + staging
+
+
+def tma_store_refusal_for(info: KernelInfo) -> str | None:
+    """Why the output cannot be written by TMA stores from a staging tile, or None; the
+    analysis-level mirror of tensorize_wgmma_tma.tma_store_refusal (which falls back to the
+    register epilogue when it disagrees)."""
+    w = info.write
+    if w.itemsize not in (2, 4):
+        return f"the output's {w.itemsize}-byte elements (TMA stores of 2 or 4 bytes here)"
+    if w.buffer in info.strided_inputs:
+        return f"the output {w.buffer} has strides that are kernel parameters"
+    if not w.per_dim or any(d is None or len(d.coeff) != 1 or d.coeff[0][1] != 1 or d.const for d in w.per_dim):
+        return f"the output {w.buffer} is not indexed by plain loop variables"
+    if len(w.dims) >= 2 and (w.dims[-1] * w.itemsize) % 16:
+        return f"the output's rows of {w.dims[-1]} elements are not a multiple of 16 bytes (TMA's stride alignment)"
+    return None
+
+
+def tile_fixed_cycles(target: Target, point: Point, out_itemsize: int) -> tuple[float, float]:
+    """(cycles each output tile adds to its SM's chain beyond its k loop, cycles paid once per
+    block): the ring's fill and the epilogue (module docstring)."""
+    bm, bn = int(point["bm"]), int(point["bn"])
+    out_bytes = bm * bn * out_itemsize
+    persistent = bool(point.get("persistent"))
+    if epilogue_of(point) == "tma":
+        # stores of 2 or 4 bytes per lane: one wavefront per warp instruction of 32 elements
+        writes = out_bytes / (32.0 * out_itemsize) + TMA_STORE_SYNC_CYCLES
+        read_out = 0.0 if persistent else out_bytes / SMEM_WAVEFRONT_BYTES
+        epilogue = writes + read_out
+    else:
+        epilogue = out_bytes / REGISTER_EPILOGUE_BYTES_PER_CYCLE
+    if persistent:
+        return epilogue, LOADED_LATENCY_CYCLES
+    return epilogue + LOADED_LATENCY_CYCLES, 0.0
 
 
 def in_flight(stages: int, load: str = "cp.async") -> tuple[int, int]:
@@ -171,17 +234,26 @@ def wgmma_registers(bm: int, bn: int, sizes: tuple[int, int] = (8, 8), k_tile: i
     return parts
 
 
-def tma_registers(bm: int, bn: int) -> dict[str, int]:
+def tma_registers(bm: int, bn: int, point: Point | None = None) -> dict[str, int]:
     """Registers per thread of the TMA rung at launch: the consumers' accumulators, addressing
-    and descriptors (no copy state); with two consumer warpgroups __launch_bounds__(384) and
-    setmaxnreg make ptxas allocate the launch-bound cap (TMA_LAUNCH_REGISTERS) for all."""
+    and descriptors (no copy state), the staging addresses of the TMA-store epilogue and the
+    tile loop of the persistent grid; with two consumer warpgroups __launch_bounds__(384) and
+    setmaxnreg make ptxas allocate the launch-bound cap (TMA_LAUNCH_REGISTERS) for all.
+    (ptxas, 64 x BN, one consumer warpgroup: 117 at BN 128 and 214 at 256 with both; 154 at
+    256 non-persistent.)"""
     if bm // 64 == 2:
         return {"launch bound (setmaxnreg)": TMA_LAUNCH_REGISTERS}
-    return {"accumulators": bn // 2, "addressing": ADDRESSING, "descriptors": 4}
+    parts = {"accumulators": bn // 2, "addressing": ADDRESSING, "descriptors": 4}
+    if point is not None and epilogue_of(point) == "tma":
+        parts["staging addresses"] = bn // 4
+    if point is not None and point.get("persistent"):
+        parts["tile loop"] = 8
+    return parts
 
 
 def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: int,
-                   registers: int, k_tile: int = K_TILE, groups: int = 0) -> tuple[float, int, float]:
+                   registers: int, out_itemsize: int = 2, tiles: int = 0, k_tile: int = K_TILE,
+                   groups: int = 0) -> tuple[float, int, float]:
     """Cycles one SM spends on one round of its resident blocks, the resident blocks, and the
     fraction of a k tile the tensor pipe idles (gemm_tensor_core.sm_chain's model, module
     docstring: the wgmma ring's stall is what its in-flight group does not cover). `k_tile`:
@@ -191,7 +263,7 @@ def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_til
     load = load_of(point)
     alloc = max(8, -(-registers // 8) * 8)
     threads = WARPGROUP * groups + (PRODUCER_THREADS if load == "tma" else 0)
-    occ = occupancy(target, threads, alloc, shared_bytes(point))
+    occ = occupancy(target, threads, alloc, shared_bytes(point, out_itemsize))
     resident = max(1, min(occ.blocks_per_sm, -(-blocks // target.sm_count)))
     per_clock = rate / target.sm_count / target.clock_hz
     wgmma = 2.0 * bm * bn * k_tile / max(per_clock, 1e-9)
@@ -204,7 +276,21 @@ def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_til
         sync = WGMMA_SYNC_CYCLES + WGMMA_DRAIN_CYCLES if pending == 0 else max(0.0, WGMMA_SYNC_CYCLES - tile)
     stall = sync + LOADED_LATENCY_CYCLES * math.exp(-max(ahead, 0) * tile * resident / LOADED_LATENCY_CYCLES)
     idle = (stall / (tile + stall)) ** resident
-    return k_tiles * resident * tile / (1.0 - idle), resident, idle
+    main = k_tiles * resident * tile / (1.0 - idle)
+    # the per-tile fixed cost (the fill, the epilogue), exposed once per round (the other
+    # resident blocks' k loops run under the rest), priced relative to one block per tile with
+    # the register epilogue: the k-loop constants above were set (like gemm_tensor_core's, which
+    # has no such term) on kernels that paid that baseline, so the baseline adds nothing and the
+    # other rungs add what they change. A k loop shorter than the baseline's fixed part carries
+    # it only in proportion (`share`), and so do the changes: the chain stays positive
+    per_tile, once = tile_fixed_cycles(target, point, out_itemsize)
+    base, _ = tile_fixed_cycles(target, {**point, "epilogue": "registers", "persistent": 0}, out_itemsize)
+    share = min(1.0, main / base) if base > 0 else 1.0
+    round_ = main + (per_tile - base) * share
+    if point.get("persistent"):
+        per_block = -(-max(tiles, 1) // max(blocks, 1))   # the busiest block's tiles
+        return per_block * round_ + once * share, resident, idle
+    return round_, resident, idle
 
 
 class GemmWgmma(Strategy):
@@ -238,13 +324,19 @@ class GemmWgmma(Strategy):
         assert not isinstance(view, str)
         m, n = view.m, view.n
         loads = LOADS if tma_refusal_for(info) is None else LOADS[:1]
+        epilogues = EPILOGUES if tma_store_refusal_for(info) is None else EPILOGUES[1:]
         for load, bm, bn, stages in product(loads, BLOCK_M, BLOCK_N, STAGES):
             if (bm >= 2 * m and bm > BLOCK_M[0]) or (bn >= 2 * n and bn > BLOCK_N[0]):
                 continue  # a tile twice the matrix leaves half its warpgroups idle
-            point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
-            if shared_bytes(point) > target.smem_per_block_optin:
+            point: Point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
+            if load == "cp.async":
+                if shared_bytes(point) <= target.smem_per_block_optin:
+                    yield point
                 continue
-            yield point
+            for epilogue, persistent in product(epilogues, (target.sm_count, 0)):
+                rung = dict(point, epilogue=epilogue, persistent=persistent)
+                if shared_bytes(rung, info.write.itemsize) <= target.smem_per_block_optin:
+                    yield rung
 
     def workload(self, info: KernelInfo, point: Point, target: Target) -> Workload:
         bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
@@ -258,6 +350,8 @@ class GemmWgmma(Strategy):
         batch, m, n, k = view.batch, view.m, view.n, view.k
         row_tiles, col_tiles, k_tiles = -(-m // bm), -(-n // bn), -(-max(k, 1) // bk)
         blocks = batch * row_tiles * col_tiles
+        persistent = int(point.get("persistent", 0))
+        grid = persistent if persistent else blocks   # blocks launched
         a_bytes, b_bytes = self.element_bytes * m * k * batch, self.element_bytes * k * n * batch
         out_bytes = float(m * n * batch * info.write.itemsize)
         l2 = a_bytes * col_tiles + b_bytes * row_tiles + out_bytes
@@ -276,7 +370,7 @@ class GemmWgmma(Strategy):
             instructions = (wgmma + blocks * k_tiles * groups * 4 * ((copies + staged) * (6 + 4 * view.gathered) + 12)
                             + warps * (wgmma_n // 2) * (4 + info.epilogue_flops))
         rate = target.tensor_flops.get(self.rate_key, 0.0) * WGMMA_FRACTION
-        registers = wgmma_registers(bm, bn, sizes, bk, groups) if load == "cp.async" else tma_registers(bm, bn)
+        registers = wgmma_registers(bm, bn, sizes, bk, groups) if load == "cp.async" else tma_registers(bm, bn, point)
         if "accumulators" in registers:   # the wgmma's N: the block's rows when tf32 computes Cᵀ
             registers["accumulators"] = wgmma_n // 2
         x_registers = self.register_operand(info)
@@ -286,8 +380,8 @@ class GemmWgmma(Strategy):
             per_thread = 4 * (bk // self.k_step)
             instructions += blocks * k_tiles * groups * 4 * 2 * per_thread
             registers["register A (two sets)"] = 2 * per_thread
-        chain, resident, idle = wgmma_sm_chain(target, rate, point, blocks, k_tiles, sum(registers.values()),
-                                               bk, groups)
+        chain, resident, idle = wgmma_sm_chain(target, rate, point, grid, k_tiles, sum(registers.values()),
+                                               info.write.itemsize, blocks, bk, groups)
         pending, ahead = in_flight(stages, load)
         # wgmma reads every warpgroup's A tile and the whole B tile once per k tile per warpgroup
         smem_reads = blocks * k_tiles * groups * (64 + wgmma_n) * bk * self.element_bytes
@@ -296,18 +390,28 @@ class GemmWgmma(Strategy):
         notes = [f"wgmma.m64n{wgmma_n}k{self.k_step} on {groups} warpgroup(s), {stages}-stage {ring} of {bk}-wide k "
                  f"tiles ({ahead} ahead, {pending} wgmma group in flight)", self.operand_note(info)[0],
                  f"{resident} block(s) per SM share the tensor pipe: idle {idle:.0%} of each k tile"]
-        if point.get("persistent"):
-            notes.append(f"persistent grid of {int(point['persistent'])} blocks (priced as one block per tile)")
+        if load == "tma":
+            per_tile, once = tile_fixed_cycles(target, point, info.write.itemsize)
+            how = ("through a swizzled shared staging tile and TMA stores" if epilogue_of(point) == "tma"
+                   else "from registers")
+            fill = (f"the ring's fill ({once:.0f} cycles) once per block" if persistent
+                    else "with the ring's fill")
+            notes.append(f"epilogue {how}: {per_tile:.0f} cycles per output tile ({fill})")
+            if epilogue_of(point) == "registers" and tma_store_refusal_for(info) is not None:
+                notes.append(f"no TMA-store epilogue: {tma_store_refusal_for(info)}")
+        if persistent:
+            notes.append(f"persistent grid of {persistent} blocks over {blocks} tiles "
+                         f"({-(-blocks // persistent)} on the busiest block)")
         refusal = tma_refusal_for(info) if load == "cp.async" else None
         if refusal is not None:
             notes.append(f"the TMA rung is not offered: {refusal}")
         return Workload(
-            blocks=blocks, threads=threads, registers=registers,
-            smem_bytes=shared_bytes(point), smem_opt_in=True,
+            blocks=grid, threads=threads, registers=registers,
+            smem_bytes=shared_bytes(point, info.write.itemsize), smem_opt_in=True,
             flops=2.0 * m * n * k * batch, fma_ops=float(m * n * batch * max(info.epilogue_flops, 0)),
             tensor_flops=2.0 * blocks * bm * bn * k_tiles * bk, tensor_rate=rate,
             dram_bytes=wave_dram_bytes(info, target, point, batch, resident, l2), l2_bytes=l2,
-            global_wavefronts=(l2 - out_bytes) / 128.0 + out_bytes / 32.0,
+            global_wavefronts=(l2 - out_bytes) / 128.0 + out_bytes / (128.0 if epilogue_of(point) == "tma" else 32.0),
             smem_wavefronts=(smem_reads + smem_writes) / SMEM_WAVEFRONT_BYTES,
             instructions=instructions, bytes_in_flight=self.element_bytes * (bm + bn) * bk / threads * max(ahead, 1),
             ilp=float(wgmma_n // 8), chain_cycles=chain, k_extent=k_tiles * bk, notes=notes)
@@ -318,8 +422,10 @@ class GemmWgmma(Strategy):
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
         bm = int(point["bm"])
         producer: dict[str, Any] = {"cp.async": {}, "tma": {"producer": "tma"}}[load_of(point)]
-        if point.get("persistent"):  # not in the space yet: a plan or a sweep may ask for it (module docstring)
+        if point.get("persistent"):
             producer["persistent"] = int(point["persistent"])
+        if load_of(point) == "tma" and epilogue_of(point) != "registers":
+            producer["epilogue"] = epilogue_of(point)
         sch.tensorize(info.stage, intrinsic="wgmma", block=(bm, int(point["bn"])), warps=(4 * (bm // 64), 1),
                       k_tile=K_TILE, stages=int(point["stages"]), **producer)
 
@@ -328,6 +434,8 @@ class GemmWgmma(Strategy):
         if load_of(point) == "tma":
             persistent = (f", persistent grid of {int(point['persistent'])} blocks in grouped tile order"
                           if point.get("persistent") else "")
+            if epilogue_of(point) == "tma":
+                persistent += ", epilogue through shared memory + TMA store"
             return (f"gemm_wgmma(wgmma.m64n{bn}k16 f32 accumulators, block {bm}x{bn}, {bm // 64} consumer "
                     f"warpgroup(s) + 1 TMA producer warpgroup, k-tile {K_TILE}, {stages} TMA stages{persistent}; "
                     "rung: wgmma + TMA + mbarrier ring, warp-specialized, 128B swizzle)")

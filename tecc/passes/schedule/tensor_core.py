@@ -29,21 +29,25 @@ def tensorize(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) -> Pri
 
 def tensorize_wgmma(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling,
                     lookahead: int | None = None, producer: str = "threads", release: bool = True,
-                    persistent: int = 0) -> PrimFunc:
+                    persistent: int = 0, epilogue: str = "registers") -> PrimFunc:
     """`func` as a warpgroup (wgmma) kernel. `intrinsic`: "wgmma" (the row for the operands'
     dtype and BN) or that row's name. `producer`: "threads" (every thread issues cp.async into the
     ring: tensorize_wgmma.py) or "tma" (a producer warpgroup issues TMA tile copies into an
     mbarrier ring that consumer warpgroups drain: tensorize_wgmma_tma.py). `release` False drops
     the consumers' arrivals on that ring's empty barriers (only tests: the emulator must report
     the deadlock). `persistent` > 0 (producer "tma" only): that many blocks loop over the output
-    tiles in a grouped order. `lookahead` overrides the cp.async ring's tiles loaded ahead (tests)."""
+    tiles in a grouped order. `epilogue` (producer "tma" only): "registers" (fragments stored to
+    global memory by every thread) or "tma" (through a swizzled shared staging tile and TMA
+    stores, tensorize_wgmma_tma.py step 4). `lookahead` overrides the cp.async ring's tiles loaded ahead (tests)."""
     if producer not in PRODUCERS:
         raise ScheduleError(f"tensorize({stage}, wgmma): producer {producer!r} is not one of {PRODUCERS}")
     c, row = checked_wgmma(func, stage, intrinsic, tiling)
     if producer == "tma":
-        return tensorize_wgmma_tma(func, stage, c, row, tiling, release, persistent)
+        return tensorize_wgmma_tma(func, stage, c, row, tiling, release, persistent, epilogue=epilogue)
     if persistent:
         raise ScheduleError(f"tensorize({stage}, wgmma): a persistent grid needs producer='tma'")
+    if epilogue != "registers":
+        raise ScheduleError(f"tensorize({stage}, wgmma): epilogue {epilogue!r} needs producer='tma'")
     return tensorize_wgmma_threads(func, c, row, tiling, lookahead)
 
 

@@ -39,7 +39,25 @@ tensorize_wgmma.py (this emitter subclasses its emitter); the loads and the ring
                mbarriers, so no proxy fence sits in the loop; the barriers' initialization is
                made visible to the async proxy (fence.proxy.async) before the one __syncthreads.
                The producer runs up to S tiles ahead of the slowest consumer warpgroup.
-4. epilogue    consumers: wgmma.wait_group 0, then tensorize_wgmma's epilogue.
+4. epilogue    consumers: wgmma.wait_group 0, then either tensorize_wgmma's epilogue
+               (`epilogue="registers"`: each thread stores its fragment elements to global
+               memory, guarded) or, with `epilogue="tma"`, through shared memory: each consumer
+               warpgroup writes its 64 rows of epilogue-applied values (bias, relu, the cast:
+               the stage's own expression, other tensors read at their indices) into a staging
+               tile C_stage[BN/W][BM/8][8][W] (W = 128 bytes of output elements; the row split
+               in its multiple of 8 and the rest keeps the former outside the swizzle's XOR in
+               codegen) in the 128B swizzle -- a warp's stores of one fragment element then hit
+               8 rows in 8 different 16-byte chunks: conflict-free --, then fence.proxy.async, a named
+               barrier of its 128 threads (bar.sync 1 + warpgroup, 128: the other warpgroup and
+               the producer do not take part), and its thread 0 issues BN/W TMA stores of
+               (64, W) boxes through the output's tensor map (encoded at launch like the
+               loads'; the TMA unit clips the box at M and N, so no predicate) and commits
+               them as one bulk group. Before the warpgroup writes the staging tile again
+               (the next tile of a persistent block) its thread 0 waits wait_group.read 0 and
+               the warpgroup meets at the named barrier, so the store drains under the next
+               tile's k loop; the last wait is at the end of the consumer role.
+               `tma_store_refusal` says when the output cannot take a tensor map (then the
+               register epilogue is kept and the summary says why).
 5. persistent  (optional, `persistent=P`) P blocks instead of one per output tile: block b
                handles tiles b, b + P, b + 2P, ... in both roles, the ring's phases running on
                across tiles (k tile kt of the block's i-th tile is ring entry i · k_tiles + kt),
@@ -58,8 +76,9 @@ from __future__ import annotations
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
 from ...ir.arith import binary
-from ...ir.expr import Const, Expr, Var, size_product
+from ...ir.expr import Const, Expr, Var, size_product, substitute
 from ...ir.intrinsics import WARPGROUP_SIZE, lookup
+from ...ir.tma_stmt import SWIZZLE_BYTES, TMA_ALIGN, swizzle_layout
 from ...ir.stmt import (
     Allocate,
     AsyncProxyFence,
@@ -71,27 +90,33 @@ from ...ir.stmt import (
     BarrierWait,
     Buffer,
     BufferStore,
+    BulkCommit,
+    BulkWait,
     For,
     IfThenElse,
     LetStmt,
+    NamedBarrier,
     PrimFunc,
     SetMaxRegisters,
     Stmt,
     TensorCopy,
     TensorMap,
+    TensorStore,
     WarpgroupCommit,
     WarpgroupFence,
     WarpgroupWait,
     seq,
 )
 from ...ir.descriptor import MatrixDescriptor
-from .tensorize import Contraction, Operand, Tiling, _ceil_div, _int, _shape
+from .implicit_gemm import unflatten
+from .tensorize import Contraction, Operand, Tiling, _ceil_div, _int, _ReplaceAccumulator, _shape
 from .tensorize_wgmma import ROW_BYTES, _WarpgroupEmitter
 
 PRODUCER_REGISTERS = 40
 GROUP_M = 8            # row tiles per group of the persistent grid's tile order
 MAX_PERSISTENT = 2**31 - 1
 CONSUMER_REGISTERS = {2: 232}   # consumer warpgroups -> setmaxnreg.inc target (module docstring, step 1)
+EPILOGUES = ("registers", "tma")  # step 4: fragments straight to global memory, or staged + TMA store
 
 
 def tma_refusal(c: Contraction, tiling: Tiling | None = None) -> str | None:
@@ -131,12 +156,56 @@ def _operand_refusal(c: Contraction, op: Operand) -> str | None:
     return None
 
 
+def tma_store_refusal(c: Contraction) -> str | None:
+    """Why the stage's output cannot be written by TMA stores from a staging tile (step 4), or
+    None: the output a global buffer indexed by plain loop variables -- batch axes, then the row
+    axis, then the column axis innermost --, contiguous rows of a multiple of 16 bytes known at
+    compile time, elements of 2 or 4 bytes."""
+    out = c.store.buffer
+    if out.scope != "global":
+        return f"the output {out.name} is a {out.scope} buffer"
+    if out.dtype.bytes not in (2, 4):
+        return f"the output's {out.dtype} elements are not 2 or 4 bytes"
+    if len(c.rows) != 1 or len(c.cols) != 1:
+        return "its rows or columns are several axes"
+    batch = [v for v, _ in c.batch]
+    indices = c.store.indices
+    if tuple(indices) != (*batch, c.i, c.j) or not all(isinstance(ix, Var) for ix in indices):
+        return "it is not indexed [batch.., row, column] by plain loop variables"
+    if out.strides is not None:
+        if str(out.strides[-1]) != "1":
+            return f"its innermost stride is {out.strides[-1]} (TMA needs contiguous rows)"
+        for s in out.strides[:-1]:
+            if not isinstance(s, Const) or (int(s.value) * out.dtype.bytes) % TMA_ALIGN:
+                return f"its stride {s} is not a compile-time multiple of {TMA_ALIGN} bytes"
+    elif len(out.shape) > 1:
+        row = out.shape[-1]
+        if not isinstance(row, Const) or (int(row.value) * out.dtype.bytes) % TMA_ALIGN:
+            return (f"its rows of {row} elements are not a compile-time multiple of {TMA_ALIGN} bytes "
+                    "(TMA's stride alignment)")
+    return None
+
+
 class _TmaEmitter(_WarpgroupEmitter):
     def __init__(self, func: PrimFunc, c: Contraction, intrinsic: str, t: Tiling, release: bool,
-                 persistent: int = 0, group_m: int = GROUP_M) -> None:
+                 persistent: int = 0, group_m: int = GROUP_M, epilogue: str = "registers") -> None:
         super().__init__(func, c, intrinsic, t, None)
         self.consumers = self.groups
         self.mn_box = ROW_BYTES // c.a.buffer.dtype.bytes   # columns of an MN-major box: one 128-byte row
+        self.store_refusal = tma_store_refusal(c) if epilogue == "tma" else None
+        if self.store_refusal is None and epilogue == "tma" and self.swap:
+            self.store_refusal = "the accumulators hold Cᵀ (tf32's swapped form)"
+        self.store_staged = epilogue == "tma" and self.store_refusal is None
+        if self.store_staged:
+            out = c.store.buffer
+            width = SWIZZLE_BYTES["128B"] // out.dtype.bytes   # output elements per 128-byte staging row
+            self.stage_width = width
+            # [column chunk][row / 8][row % 8][column]: the 8-row period of the swizzle its own
+            # dimension, so that codegen keeps the row's multiple of 8 outside the XOR
+            self.staging = Buffer(f"{out.name}_stage", out.dtype, _shape(t.bn // width, t.bm // 8, 8, width), "shared",
+                                  tensor=f"{out.tensor}.stage", layout=swizzle_layout("128B", out.dtype.bytes))
+            box = tuple(64 if ix is c.i else width if ix is c.j else 1 for ix in c.store.indices)
+            self.out_map = TensorMap(out, box, "128B")
         self.release = release  # False only in tests: the deadlock the emulator must report
         self.persistent, self.group_m = persistent, group_m
         self.block_id, self.tile_iter = Var("block_id"), Var("tile_iter")
@@ -148,14 +217,21 @@ class _TmaEmitter(_WarpgroupEmitter):
         t = self.t
         grid = (f", persistent over {self.persistent} blocks in groups of {self.group_m} row tiles"
                 if self.persistent else "")
+        if self.store_staged:
+            epilogue = ", epilogue through shared memory + TMA store"
+        elif self.store_refusal is not None:
+            epilogue = f", epilogue from registers (no TMA store: {self.store_refusal})"
+        else:
+            epilogue = ""
         return (f"{self.row} block {t.bm}x{t.bn} consumer warpgroups {self.consumers} + TMA producer warpgroup "
-                f"k_tile {t.bk} stages {t.stages}{self.form()} (mbarrier ring, wgmma groups in flight 1{grid})")
+                f"k_tile {t.bk} stages {t.stages}{self.form()} (mbarrier ring, wgmma groups in flight 1{grid}{epilogue})")
 
     # step 1: roles -------------------------------------------------------------------------------
     def kernel(self) -> PrimFunc:
         c, t = self.c, self.t
         body: Stmt = self.pipeline()
-        for buf in (self.shared["A"], self.shared["B"], self.full, self.empty, *self.fragments):
+        staging = (self.staging,) if self.store_staged else ()
+        for buf in (self.shared["A"], self.shared["B"], *staging, self.full, self.empty, *self.fragments):
             body = Allocate(buf, body)
         threads = t.threads + WARPGROUP_SIZE
         body = For(self.tx, _int(0), _int(threads), "threadIdx.x", body)
@@ -311,15 +387,66 @@ class _TmaEmitter(_WarpgroupEmitter):
                 zero,
                 consume_loop,
                 WarpgroupWait(0, (self.frag_c,)),
-                self.epilogue())))
+                self.staged_epilogue() if self.store_staged else self.epilogue())),
+            # the last tile's stores must have read the staging tile before the block exits
+            IfThenElse(thread == 0, BulkWait(0)) if self.store_staged else None)
         return seq(init, Barrier(), IfThenElse(producer, producer_role, consumer_role))
+
+    # step 4: the epilogue through shared memory and TMA stores -----------------------------------
+    def staged_epilogue(self) -> Stmt:
+        c, t = self.c, self.t
+        thread = self.tx % WARPGROUP_SIZE
+        width = self.stage_width
+        row0 = self.warpgroup * 64
+
+        def element(e: Var) -> Stmt:
+            r, col = self.c_map(thread, e)
+            row = self.by * t.bm + row0 + r
+            column = self.bx * t.bn + col
+            values: dict[Var, Expr] = {v: self.batch_index[v.name] for v, _ in c.batch}
+            values.update(unflatten(c.rows, row))
+            values.update(unflatten(c.cols, column))
+            value = substitute(_ReplaceAccumulator(c.acc, self.frag_c[e]).visit(c.store.value), values)
+            local = row0 + r
+            store = BufferStore(self.staging, (col // width, local // 8, local % 8, col % width), value)
+            # the guard keeps the epilogue's own reads (a bias at the column...) in bounds; the
+            # TMA store clips the staged tile's out-of-range rows and columns itself
+            return IfThenElse((row < c.m) & (column < c.n), store)
+        writes = self.unrolled("stage_e", int(lookup(self.row).operand("d").elements), element)
+
+        def copies() -> Stmt:
+            out: list[Stmt] = []
+            for chunk in range(t.bn // width):
+                coords = []
+                for ix in c.store.indices:
+                    if ix is c.i:
+                        coords.append(self.by * t.bm + row0)
+                    elif ix is c.j:
+                        coords.append(self.bx * t.bn + chunk * width)
+                    else:
+                        assert isinstance(ix, Var)
+                        coords.append(self.batch_index[ix.name])
+                out.append(TensorStore(self.staging, (_int(chunk), row0 // 8, _int(0), _int(0)), self.out_map,
+                                       tuple(coords)))
+            return seq(*out, BulkCommit())
+        # one named barrier per consumer warpgroup, id 1 + warpgroup (0 is __syncthreads')
+        sync = NamedBarrier(self.warpgroup + 1, WARPGROUP_SIZE)
+        return seq(
+            IfThenElse(thread == 0, BulkWait(0)) if self.persistent else None,   # the previous tile's store read it
+            sync if self.persistent else None,
+            writes,
+            AsyncProxyFence(),    # the staged values, visible to the TMA unit (async proxy)
+            sync,
+            IfThenElse(thread == 0, copies()))
 
 
 def tensorize_wgmma_tma(func: PrimFunc, stage: str, c: Contraction, intrinsic: str, tiling: Tiling,
-                        release: bool = True, persistent: int = 0, group_m: int = GROUP_M) -> PrimFunc:
+                        release: bool = True, persistent: int = 0, group_m: int = GROUP_M,
+                        epilogue: str = "registers") -> PrimFunc:
     """The warp-specialized TMA kernel (module docstring); the caller checked the tiling.
     `persistent` > 0: that many blocks loop over the output tiles in the grouped order of
-    `group_m` row tiles (step 5)."""
+    `group_m` row tiles (step 5). `epilogue`: "registers" or "tma" (through a shared staging
+    tile and TMA stores, step 4; the register epilogue where the output cannot take them)."""
     reason = tma_refusal(c, tiling)
     if reason is not None:
         raise ScheduleError(f"tensorize({stage}, wgmma, producer='tma'): {reason}; "
@@ -327,7 +454,10 @@ def tensorize_wgmma_tma(func: PrimFunc, stage: str, c: Contraction, intrinsic: s
     if persistent < 0 or persistent > MAX_PERSISTENT or group_m < 1:
         raise ScheduleError(f"tensorize({stage}, wgmma, producer='tma'): persistent must be 0 (one block per tile) "
                             f"or 1..{MAX_PERSISTENT} blocks and group_m positive, got {persistent} and {group_m}")
-    return _TmaEmitter(func, c, intrinsic, tiling, release, persistent, group_m).kernel()
+    if epilogue not in EPILOGUES:
+        raise ScheduleError(f"tensorize({stage}, wgmma, producer='tma'): epilogue {epilogue!r} is not one of "
+                            f"{EPILOGUES}")
+    return _TmaEmitter(func, c, intrinsic, tiling, release, persistent, group_m, epilogue).kernel()
 
 
-__all__ = ["tensorize_wgmma_tma", "tma_refusal"]
+__all__ = ["EPILOGUES", "tensorize_wgmma_tma", "tma_refusal", "tma_store_refusal"]

@@ -22,6 +22,7 @@ from ...ir.stmt import Allocate, Buffer, PrimFunc, iter_stmts
 from . import numerics as nm
 from .async_copy import finish_async_copies
 from .mbarrier import finish_mbarriers
+from .bulk_store import finish_bulk_stores
 from .warpgroup import finish_warpgroup
 from .expr_compiler import Scope
 from .lanes import LaneLayout
@@ -132,6 +133,7 @@ def simulate_kernel(func: PrimFunc, args: Mapping[str, np.ndarray | int], grid: 
             finish_async_copies(st)
             finish_warpgroup(st)
             finish_mbarriers(st)
+            finish_bulk_stores(st)
 
 
 def _dims(dims: tuple[int, int, int], what: str, kernel: str) -> tuple[int, int, int]:

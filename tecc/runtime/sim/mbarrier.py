@@ -32,7 +32,7 @@ number of phases completed. The statements run in lockstep like all others:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -81,6 +81,7 @@ class MbarrierState:
     barriers: dict[tuple[int, int], _Barrier] = field(default_factory=dict)
     copies: list[_BulkCopy] = field(default_factory=list)
     events: int = 0   # arrivals, copies issued and landed so far (roles.py: has anything changed?)
+    stores: Any = None  # TMA stores' bulk groups (bulk_store.py), shared by roles like the barriers
 
 
 def _state(st: LaneState) -> MbarrierState:
@@ -320,6 +321,9 @@ def _check_async_destination(st: LaneState, dst: SharedMemory, keys: np.ndarray,
     if (dst.writer[keys] >= 0).any():
         raise RaceError(f"{where} in kernel {st.kernel} at {st.layout.where(lane)}: overwrites what threads stored "
                         "since the last barrier")
+    if dst.bulk_reading is not None and (dst.bulk_reading[keys] > 0).any():
+        raise RaceError(f"{where} in kernel {st.kernel} at {st.layout.where(lane)}: overwrites shared memory a TMA "
+                        "store still reads; cp.async.bulk.wait_group.read first")
 
 
 def _compile_tensor_copy(s: TensorCopy, scope: Scope) -> Runner:

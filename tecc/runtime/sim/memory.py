@@ -29,7 +29,7 @@ from ...ir.errors import RaceError
 from ...ir.layout import Layout
 from .banks import note_shared_access
 from .numerics import poison
-from .state import LaneState, async_race, out_of_bounds, race, uninitialized, wgmma_operand_race
+from .state import LaneState, async_race, bulk_store_race, out_of_bounds, race, uninitialized, wgmma_operand_race
 
 Index = Sequence[Any]
 
@@ -144,6 +144,8 @@ class SharedMemory:
         self.unfenced = False
         # per element: wgmmas in flight that read it; None until one does (warpgroup.py)
         self.wgmma_reading: np.ndarray | None = None
+        # per element: TMA stores still reading it (bulk_store.py); None until one does
+        self.bulk_reading: np.ndarray | None = None
         self.size = span(shape, strides)
         n = st.layout.blocks * self.size
         self.data = np.full(n, poison(dtype), dtype=dtype.numpy)
@@ -226,6 +228,8 @@ class SharedMemory:
             raise async_race(st, self.name, idx, _lane(lanes, int(np.argmax(self.pending[k] > 0))))
         if st.checks and self.wgmma_reading is not None and self.wgmma_reading[k].any():
             raise wgmma_operand_race(st, self.name, idx, _lane(lanes, int(np.argmax(self.wgmma_reading[k] > 0))))
+        if st.checks and self.bulk_reading is not None and self.bulk_reading[k].any():
+            raise bulk_store_race(st, self.name, idx, _lane(lanes, int(np.argmax(self.bulk_reading[k] > 0))))
         if not st.checks:
             np.put(self.data, k, value, mode="clip")
             return

@@ -127,6 +127,19 @@ def async_race(st: LaneState, name: str, idx: Sequence[Any], lane: int) -> RaceE
     return err
 
 
+def bulk_store_race(st: LaneState, name: str, idx: Sequence[Any], lane: int) -> RaceError:
+    """A write of a shared element that a TMA store may still be reading."""
+    index = index_at(idx, lane)
+    lay = st.layout
+    err = RaceError(
+        f"TMA store race on {_fmt_index(name, index)} in kernel {st.kernel}, block {lay.block_of(lane)}: thread "
+        f"{lay.thread_of(lane)} overwrites it while a TMA store (cp.async.bulk.tensor) may still be reading it; the "
+        "issuing thread's cp.async.bulk.wait_group.read, then a barrier, before the write"
+    )
+    _annotate(err, name, index, lay.block_of(lane), lay.thread_of(lane))
+    return err
+
+
 def wgmma_operand_race(st: LaneState, name: str, idx: Sequence[Any], lane: int) -> RaceError:
     """A write of a shared element that a wgmma still in flight may be reading as A or B."""
     index = index_at(idx, lane)

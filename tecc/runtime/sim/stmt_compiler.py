@@ -53,11 +53,16 @@ from ...ir.stmt import (
     WarpgroupWait,
     SetMaxRegisters,
     TensorCopy,
+    TensorStore,
+    BulkCommit,
+    BulkWait,
+    NamedBarrier,
 )
 from .async_copy import compile_async_stmt
 from .mbarrier import barrier_events, compile_mbarrier_stmt
 from .roles import has_waits, run_roles
 from .warpgroup import compile_warpgroup_stmt
+from .bulk_store import compile_bulk_stmt
 from .expr_compiler import Scope, compile_expr, compile_indices
 from .memory import LocalMemory, SharedMemory, row_major
 from .memory_intrinsics import note_barrier, note_global_store
@@ -98,6 +103,8 @@ def compile_stmt(s: Stmt, scope: Scope) -> Runner:
         return compile_warpgroup_stmt(s, scope)
     if isinstance(s, (BarrierInit, BarrierArrive, BarrierExpectTx, BarrierWait, BulkCopy, TensorCopy)):
         return compile_mbarrier_stmt(s, scope)
+    if isinstance(s, (TensorStore, BulkCommit, BulkWait, NamedBarrier)):
+        return compile_bulk_stmt(s, scope)
     raise TeccError(f"kernel {scope.kernel}: the emulator has no rule for the statement {type(s).__name__}")
 
 
