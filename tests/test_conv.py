@@ -219,6 +219,9 @@ CASES = {
     "bias_relu": Conv(2, (7, 7), 16, 16, (3, 3), pad=1, epilogue="bias_relu"),
     "bn_relu": Conv(2, (7, 7), 16, 16, (3, 3), pad=1, epilogue="bn_relu", stride=2),
     "bn_residual": Conv(2, (7, 7), 16, 16, (3, 3), pad=1, epilogue="bn_residual", layout="NCHW"),
+    # NCHW with an even output row: the columns (n, p, q) are stored in pairs along q (output_pair)
+    "nchw_even_q_residual": Conv(2, (8, 8), 16, 16, (3, 3), pad=1, epilogue="bn_residual", layout="NCHW"),
+    "nhwc_stride2_residual": Conv(2, (9, 9), 16, 24, (3, 3), stride=2, pad=1, epilogue="bn_residual"),
 }
 
 
@@ -260,6 +263,21 @@ def test_gathered_loads_are_16_byte_copies_when_the_channels_allow() -> None:
     # KCRS filter is a plain [F][C·R·S] matrix, 144 halves per row: 16-byte copies across (c, r, s)
     f, _ = Conv(1, (7, 7), 16, 16, (3, 3), pad=1, layout="NCHW").run(plan=tensorize_plan())
     assert copies(f) == {"Wt": 16}
+
+
+@pytest.mark.parametrize("intrinsic", ["auto", "wgmma"])
+def test_the_epilogue_stores_column_pairs_with_one_vector_store(intrinsic: str) -> None:
+    """Accumulator elements 2j, 2j + 1 are adjacent columns of one row (mma.sync's C and wgmma's
+    D fragments): with an even innermost column extent the epilogue stores them with one 4-byte
+    store and reads the residual the same way (codegen's vectorize loop); an odd one keeps
+    scalar stores. The sums are checked against NumPy in the emulator."""
+    plan = WGMMA_PLAN if intrinsic == "wgmma" else tensorize_plan()
+    f, _ = Conv(2, (7, 7), 16, 16, (3, 3), pad=1, epilogue="bn_residual").run(plan=plan)
+    source = f.source
+    assert "*reinterpret_cast<unsigned int*>(&Y[" in source, "paired output store"
+    assert "*reinterpret_cast<const unsigned int*>(&res[" in source, "paired residual load"
+    f, _ = Conv(2, (7, 7), 16, 7, (3, 3), pad=1).run(plan=plan)
+    assert "reinterpret_cast<unsigned int*>(&Y[" not in f.source, "F = 7: no pairs"
 
 
 def test_a_1x1_convolution_is_a_plain_gemm_over_n_p_q() -> None:

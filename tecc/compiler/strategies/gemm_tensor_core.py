@@ -328,6 +328,8 @@ class GemmTensorCore(Strategy):
                 continue  # a tile twice the matrix leaves half its warps idle
             if not (WARP_TILE[0] <= bm // wm <= WARP_TILE[1] and WARP_TILE[0] <= bn // wn <= WARP_TILE[1]):
                 continue
+            if stages > 2 and stages - 1 > -(-max(view.k, 1) // bk):
+                continue  # a ring deeper than the k loop: S - 2 stages ahead already hold every k tile
             point = {"bm": bm, "bn": bn, "warps_m": wm, "warps_n": wn, "bk": bk, "stages": stages}
             if shared_bytes(point, self.precision.operand_bytes) > target.smem_per_block_optin:
                 continue

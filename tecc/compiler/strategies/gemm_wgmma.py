@@ -126,6 +126,18 @@ def in_flight(stages: int, load: str = "cp.async") -> tuple[int, int]:
     return pending, stages - 1 - pending
 
 
+def deeper_than_the_k_loop(stages: int, k_tiles: int, load: str = "cp.async") -> bool:
+    """Whether a ring of `stages` is deeper than a k loop of `k_tiles` needs: one stage fewer
+    already loads every k tile ahead and keeps as many wgmma groups in flight (with one k tile
+    nothing is left to overlap). Such a point only costs shared memory, hence resident blocks:
+    a 1x1 convolution over 64 channels (K = 64, one k tile) took 3 stages and 3 blocks per SM."""
+    if stages <= 2:
+        return False
+    pending, _ = in_flight(stages, load)
+    fewer_pending, fewer_ahead = in_flight(stages - 1, load)
+    return fewer_ahead >= k_tiles and (fewer_pending == pending or k_tiles == 1)
+
+
 def tma_refusal_for(info: KernelInfo) -> str | None:
     """Why the TMA rung cannot load this contraction's operands, or None (module docstring); the
     analysis-level mirror of tensorize_wgmma_tma.tma_refusal, which tensorize checks again."""
@@ -221,6 +233,8 @@ class GemmWgmma(Strategy):
         for load, bm, bn, stages in product(loads, BLOCK_M, BLOCK_N, STAGES):
             if (bm >= 2 * m and bm > BLOCK_M[0]) or (bn >= 2 * n and bn > BLOCK_N[0]):
                 continue  # a tile twice the matrix leaves half its warpgroups idle
+            if deeper_than_the_k_loop(stages, -(-max(view.k, 1) // K_TILE), load):
+                continue
             point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
             if shared_bytes(point) > target.smem_per_block_optin:
                 continue

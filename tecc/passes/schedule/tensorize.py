@@ -600,16 +600,38 @@ class _Emitter:
         t = self.t
         wm, wn = t.bm // t.warps_m, t.bn // t.warps_n
 
+        paired = self.pairs_columns(32, 4)
+
         def tile(q: Var) -> Stmt:
             mi, ni = q // t.tn, q % t.tn
 
-            def element(e: Var) -> Stmt:
+            def element(e: Expr) -> Stmt:
                 r, col = self.c_map(self.lane, e)
                 row = self.by * t.bm + self.warp_m * wm + mi * 16 + r
                 column = self.bx * t.bn + self.warp_n * wn + ni * 8 + col
+                if paired:
+                    return self.output_pair(row, column, q * 4 + e)
                 return self.output(row, column, self.frag_c[q * 4 + e])
+            if paired:
+                return self.unrolled("out_e", 2, lambda p: element(p * 2))
             return self.unrolled("out_e", 4, element)
         return self.unrolled("out_tile", t.tm * t.tn, tile)
+
+    def pairs_columns(self, lanes: int, elements: int) -> bool:
+        """Whether the epilogue stores two adjacent columns per statement (`output_pair`): the
+        accumulator layout keeps elements 2j, 2j + 1 of every lane at (row, col), (row, col + 1)
+        with col even (mma.sync's C and wgmma's D fragments do: PTX ISA, "Matrix fragments"),
+        and the innermost column axis has a constant even extent, so an even column and the
+        next one unflatten to the same outer axes and are both in range or both out."""
+        inner = const_int(self.c.cols[-1][1])
+        if inner is None or inner % 2:
+            return False
+        for lane in range(lanes):
+            for j in range(elements // 2):
+                (r0, c0), (r1, c1) = self.c_map(lane, 2 * j), self.c_map(lane, 2 * j + 1)
+                if r0 != r1 or c1 != c0 + 1 or c0 % 2:
+                    return False
+        return True
 
     def output(self, row: Expr, column: Expr, element: Expr) -> Stmt:
         """The stage's own store of output (row, column), guarded by row < M and column < N,
@@ -623,6 +645,30 @@ class _Emitter:
         value = substitute(value, values)
         indices = tuple(substitute(ix, values) for ix in store.indices)
         return IfThenElse((row < c.m) & (column < c.n), BufferStore(store.buffer, indices, value))
+
+    def output_pair(self, row: Expr, column: Expr, first: Expr) -> Stmt:
+        """Outputs (row, column) and (row, column + 1) from accumulator elements `first` and
+        `first` + 1, column even (`pairs_columns`): a `vectorize` loop of 2 over the innermost
+        column axis, so where the output is contiguous along it codegen stores both with one
+        4-byte (half2) or 8-byte (float2) store instead of two scalar ones -- a warp's store then
+        covers whole 32-byte sectors of 8 rows (16 bytes per row from each of two stores) rather
+        than every other 2-byte element -- and reads a residual operand the same way. The guard
+        is the even column's: column + 1 < N whenever column < N (N even)."""
+        c = self.c
+        store = c.store
+        n = self.names.get("out_v", 0)
+        self.names["out_v"] = n + 1
+        lane = Var("out_v" if n == 0 else f"out_v{n}")
+        values: dict[Var, Expr] = {v: self.batch_index[v.name] for v, _ in c.batch}
+        values.update(unflatten(c.rows, row))
+        values.update(unflatten(c.cols, column))
+        inner = c.cols[-1][0]
+        values[inner] = values[inner] + lane    # (column + v) % e = column % e + v: e and column even
+        value = _ReplaceAccumulator(c.acc, self.frag_c[first + lane]).visit(store.value)
+        value = substitute(value, values)
+        indices = tuple(substitute(ix, values) for ix in store.indices)
+        body = IfThenElse((row < c.m) & (column < c.n), BufferStore(store.buffer, indices, value))
+        return For(lane, _int(0), _int(2), "vectorize", body)
 
 
 __all__ = ["CHUNK", "INTRINSICS", "TF32", "Contraction", "Operand", "Tiling", "check_tiling", "load_a_fragment",

@@ -231,12 +231,19 @@ class _WarpgroupEmitter(_Emitter):
         t = self.t
         thread = self.tx % WARPGROUP_SIZE
 
-        def element(e: Var) -> Stmt:
+        elements = int(lookup(self.row).operand("d").elements)
+        paired = self.pairs_columns(WARPGROUP_SIZE, elements)
+
+        def element(e: Expr) -> Stmt:
             r, col = self.c_map(thread, e)
             row = self.by * t.bm + self.warpgroup * 64 + r
             column = self.bx * t.bn + col
+            if paired:
+                return self.output_pair(row, column, e)
             return self.output(row, column, self.frag_c[e])
-        return self.unrolled("out_e", int(lookup(self.row).operand("d").elements), element)
+        if paired:
+            return self.unrolled("out_e", elements // 2, lambda p: element(p * 2))
+        return self.unrolled("out_e", elements, element)
 
 
 __all__ = ["BLOCK_N", "K_TILE", "PRODUCERS", "check_warpgroup_tiling", "checked_wgmma", "tensorize_wgmma_threads",
