@@ -474,7 +474,7 @@ class Schedule:
 
     def tensorize(self, stage: StageLike, intrinsic: str = "auto", block: Sequence[int] = (64, 64),
                   warps: Sequence[int] = (2, 2), k_tile: int = 32, stages: int = 2,
-                  producer: str = "threads", persistent: int = 0) -> None:
+                  producer: str = "threads", persistent: int = 0, staged_output: bool = False) -> None:
         """Rebuild the kernel of the contraction `stage` (C[b.., i, j] = epilogue(Σ_k A·B) over
         float16/bfloat16 operands) as a tensor-core kernel: `block` = (BM, BN) outputs per block,
         `warps` = (rows, columns) of warps, each a (BM/rows) × (BN/columns) tile of
@@ -488,13 +488,18 @@ class Schedule:
         `producer` (wgmma only): "threads" (every thread issues cp.async into the ring) or "tma"
         (a producer warpgroup issues TMA tile copies into an mbarrier ring drained by the
         consumer warpgroups: tensorize_wgmma_tma.py); `persistent` > 0 (with "tma"): that many
-        blocks loop over the output tiles in a grouped (L2-friendly) order."""
+        blocks loop over the output tiles in a grouped (L2-friendly) order. `staged_output`: the
+        epilogue writes the block's outputs to a padded shared tile and copies it out in 16-byte
+        chunks, whole lines per warp (needs one column axis whose constant extent is a multiple
+        of 16 bytes; not with "tma")."""
         st = self._stage(stage)
         bm, bn = (int(x) for x in block)
         wm, wn = (int(x) for x in warps)
-        tiling = prim.Tiling(bm, bn, wm, wn, int(k_tile), int(stages))
+        tiling = prim.Tiling(bm, bn, wm, wn, int(k_tile), int(stages), bool(staged_output))
         step = Step("tensorize", {"stage": str(st), "intrinsic": intrinsic, "block": [bm, bn], "warps": [wm, wn],
                                   "k_tile": int(k_tile), "stages": int(stages)})
+        if staged_output:  # recorded only when asked for, so earlier plans replay unchanged
+            step.args["staged_output"] = True
         if producer != "threads":  # recorded only when not the default, so earlier plans replay unchanged
             if not intrinsic.startswith("wgmma"):
                 raise ScheduleError(f"tensorize({st.name}): producer {producer!r} needs intrinsic='wgmma'")

@@ -236,14 +236,14 @@ class _WarpgroupEmitter(_Emitter):
 
         def element(e: Expr) -> Stmt:
             r, col = self.c_map(thread, e)
-            row = self.by * t.bm + self.warpgroup * 64 + r
-            column = self.bx * t.bn + col
+            row = self.warpgroup * 64 + r
+            column = col
             if paired:
                 return self.output_pair(row, column, e)
             return self.output(row, column, self.frag_c[e])
         if paired:
-            return self.unrolled("out_e", elements // 2, lambda p: element(p * 2))
-        return self.unrolled("out_e", elements, element)
+            return self.finish_output(self.unrolled("out_e", elements // 2, lambda p: element(p * 2)))
+        return self.finish_output(self.unrolled("out_e", elements, element))
 
 
 __all__ = ["BLOCK_N", "K_TILE", "PRODUCERS", "check_warpgroup_tiling", "checked_wgmma", "tensorize_wgmma_threads",
