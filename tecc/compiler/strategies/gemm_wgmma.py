@@ -72,6 +72,9 @@ from .gemm_tensor_core import (
     GemmTensorCore,
     copy_sizes,
     gemm_view,
+    output_stageable,
+    output_traffic,
+    staged_output_bytes,
     wave_dram_bytes,
 )
 from .registry import Point, Strategy, register
@@ -189,7 +192,7 @@ def tma_registers(bm: int, bn: int) -> dict[str, int]:
 
 
 def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: int,
-                   registers: int) -> tuple[float, int, float]:
+                   registers: int, extra_smem: int = 0) -> tuple[float, int, float]:
     """Cycles one SM spends on one round of its resident blocks, the resident blocks, and the
     fraction of a k tile the tensor pipe idles (gemm_tensor_core.sm_chain's model, module
     docstring: the wgmma ring's stall is what its in-flight group does not cover)."""
@@ -198,7 +201,7 @@ def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_til
     load = load_of(point)
     alloc = max(8, -(-registers // 8) * 8)
     threads = WARPGROUP * groups + (PRODUCER_THREADS if load == "tma" else 0)
-    occ = occupancy(target, threads, alloc, shared_bytes(point))
+    occ = occupancy(target, threads, alloc, shared_bytes(point) + extra_smem)
     resident = max(1, min(occ.blocks_per_sm, -(-blocks // target.sm_count)))
     per_clock = rate / target.sm_count / target.clock_hz
     wgmma = 2.0 * bm * bn * K_TILE / max(per_clock, 1e-9)
@@ -230,13 +233,18 @@ class GemmWgmma(Strategy):
         assert not isinstance(view, str)
         m, n = view.m, view.n
         loads = LOADS if tma_refusal_for(info) is None else LOADS[:1]
-        for load, bm, bn, stages in product(loads, BLOCK_M, BLOCK_N, STAGES):
+        stageable, itemsize = output_stageable(info, view), info.write.itemsize
+        for load, bm, bn, stages, staged in product(loads, BLOCK_M, BLOCK_N, STAGES, (False, True)):
+            if staged and (load == "tma" or not stageable):
+                continue  # tensorize stages the output on the cp.async ring only
             if (bm >= 2 * m and bm > BLOCK_M[0]) or (bn >= 2 * n and bn > BLOCK_N[0]):
                 continue  # a tile twice the matrix leaves half its warpgroups idle
             if deeper_than_the_k_loop(stages, -(-max(view.k, 1) // K_TILE), load):
                 continue
             point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
-            if shared_bytes(point) > target.smem_per_block_optin:
+            if staged:
+                point["staged_output"] = True
+            if shared_bytes(point) + staged_output_bytes(point, itemsize) > target.smem_per_block_optin:
                 continue
             yield point
 
@@ -253,7 +261,10 @@ class GemmWgmma(Strategy):
         blocks = batch * row_tiles * col_tiles
         a_bytes, b_bytes = 2.0 * m * k * batch, 2.0 * k * n * batch
         out_bytes = float(m * n * batch * info.write.itemsize)
-        l2 = a_bytes * col_tiles + b_bytes * row_tiles + out_bytes
+        staged_out = bool(point.get("staged_output"))
+        out_l2, out_wavefronts, out_smem = output_traffic(out_bytes, info.write.itemsize, staged_out)
+        out_tile = staged_output_bytes(point, info.write.itemsize)
+        l2 = a_bytes * col_tiles + b_bytes * row_tiles + out_l2
         sizes = copy_sizes(info) if load == "cp.async" else (0, 0)
         tiles = ((bm * bk, sizes[0]), (bn * bk, sizes[1]))
         copies = 0 if load == "tma" else sum(tile // size // threads for tile, size in tiles if size)
@@ -270,7 +281,7 @@ class GemmWgmma(Strategy):
                             + warps * (bn // 2) * (4 + info.epilogue_flops))
         rate = target.tensor_flops.get("float16", 0.0) * WGMMA_FRACTION
         registers = wgmma_registers(bm, bn, sizes) if load == "cp.async" else tma_registers(bm, bn)
-        chain, resident, idle = wgmma_sm_chain(target, rate, point, blocks, k_tiles, sum(registers.values()))
+        chain, resident, idle = wgmma_sm_chain(target, rate, point, blocks, k_tiles, sum(registers.values()), out_tile)
         pending, ahead = in_flight(stages, load)
         # wgmma reads every warpgroup's A tile and the whole B tile once per k tile per warpgroup
         smem_reads = blocks * k_tiles * groups * (64 + bn) * bk * 2
@@ -280,6 +291,8 @@ class GemmWgmma(Strategy):
                  f"({ahead} ahead, {pending} wgmma group in flight)",
                  "A and B read by wgmma from 128B-swizzled shared tiles (no ldmatrix)",
                  f"{resident} block(s) per SM share the tensor pipe: idle {idle:.0%} of each k tile"]
+        if staged_out:
+            notes.append("output staged in a padded shared tile, stored in 16-byte chunks (whole lines per warp)")
         if point.get("persistent"):
             notes.append(f"persistent grid of {int(point['persistent'])} blocks (priced as one block per tile)")
         refusal = tma_refusal_for(info) if load == "cp.async" else None
@@ -287,12 +300,12 @@ class GemmWgmma(Strategy):
             notes.append(f"the TMA rung is not offered: {refusal}")
         return Workload(
             blocks=blocks, threads=threads, registers=registers,
-            smem_bytes=shared_bytes(point), smem_opt_in=True,
+            smem_bytes=shared_bytes(point) + out_tile, smem_opt_in=True,
             flops=2.0 * m * n * k * batch, fma_ops=float(m * n * batch * max(info.epilogue_flops, 0)),
             tensor_flops=2.0 * blocks * bm * bn * k_tiles * bk, tensor_rate=rate,
-            dram_bytes=wave_dram_bytes(info, target, point, batch, resident, l2), l2_bytes=l2,
-            global_wavefronts=(l2 - out_bytes) / 128.0 + out_bytes / 32.0,
-            smem_wavefronts=(smem_reads + smem_writes) / SMEM_WAVEFRONT_BYTES,
+            dram_bytes=wave_dram_bytes(info, target, point, batch, resident, l2 - out_l2 + out_bytes), l2_bytes=l2,
+            global_wavefronts=(l2 - out_l2) / 128.0 + out_wavefronts,
+            smem_wavefronts=(smem_reads + smem_writes) / SMEM_WAVEFRONT_BYTES + out_smem,
             instructions=instructions, bytes_in_flight=2.0 * (bm + bn) * bk / threads * max(ahead, 1),
             ilp=float(bn // 8), chain_cycles=chain, k_extent=k_tiles * bk, notes=notes)
 
@@ -301,6 +314,8 @@ class GemmWgmma(Strategy):
         producer: dict[str, Any] = {"cp.async": {}, "tma": {"producer": "tma"}}[load_of(point)]
         if point.get("persistent"):  # not in the space yet: a plan or a sweep may ask for it (module docstring)
             producer["persistent"] = int(point["persistent"])
+        if point.get("staged_output"):
+            producer["staged_output"] = True
         sch.tensorize(info.stage, intrinsic="wgmma", block=(bm, int(point["bn"])), warps=(4 * (bm // 64), 1),
                       k_tile=K_TILE, stages=int(point["stages"]), **producer)
 
@@ -312,8 +327,9 @@ class GemmWgmma(Strategy):
             return (f"gemm_wgmma(wgmma.m64n{bn}k16 f32 accumulators, block {bm}x{bn}, {bm // 64} consumer "
                     f"warpgroup(s) + 1 TMA producer warpgroup, k-tile {K_TILE}, {stages} TMA stages{persistent}; "
                     "rung: wgmma + TMA + mbarrier ring, warp-specialized, 128B swizzle)")
+        staged = ", output staged in shared memory" if point.get("staged_output") else ""
         return (f"gemm_wgmma(wgmma.m64n{bn}k16 f32 accumulators, block {bm}x{bn}, {bm // 64} warpgroup(s), "
-                f"k-tile {K_TILE}, {stages} cp.async stages; rung: wgmma + cp.async ring, 128B swizzle)")
+                f"k-tile {K_TILE}, {stages} cp.async stages{staged}; rung: wgmma + cp.async ring, 128B swizzle)")
 
 
 register(GemmWgmma())
