@@ -329,6 +329,17 @@ def output_stageable(info: KernelInfo, view: GemmView) -> bool:
             and dict(last.coeff) == {inner: 1} and info.write.itemsize in (2, 4))
 
 
+# A staged output is offered where the block's output tile is at least this share of the bytes
+# its k loop loads (a 1x1 convolution over 64 channels: 2/3; a 2048^3 GEMM's 128x128 tile: 1/32,
+# where the two forms differ by less than the model resolves and only double the search).
+STAGED_OUTPUT_MIN_SHARE = 1.0 / 8.0
+
+
+def worth_staging(bm: int, bn: int, k: int, operand_bytes: int, itemsize: int) -> bool:
+    """Whether a BM x BN block's output is a large enough share of its traffic to offer staging."""
+    return bm * bn * itemsize >= STAGED_OUTPUT_MIN_SHARE * (bm + bn) * max(k, 1) * operand_bytes
+
+
 def staged_output_bytes(point: Point, itemsize: int) -> int:
     """The shared tile of a staged output: BM rows of BN elements plus the 16-byte pad."""
     if not point.get("staged_output"):
@@ -386,7 +397,8 @@ class GemmTensorCore(Strategy):
                 continue  # a tile twice the matrix leaves half its warps idle
             if not (WARP_TILE[0] <= bm // wm <= WARP_TILE[1] and WARP_TILE[0] <= bn // wn <= WARP_TILE[1]):
                 continue
-            for staged in ((False, True) if stageable else (False,)):
+            worth = stageable and worth_staging(bm, bn, view.k, self.precision.operand_bytes, itemsize)
+            for staged in ((False, True) if worth else (False,)):
                 point = {"bm": bm, "bn": bn, "warps_m": wm, "warps_n": wn, "bk": bk, "stages": stages}
                 if staged:
                     point["staged_output"] = True

@@ -76,6 +76,7 @@ from .gemm_tensor_core import (
     output_traffic,
     staged_output_bytes,
     wave_dram_bytes,
+    worth_staging,
 )
 from .registry import Point, Strategy, register
 
@@ -235,7 +236,7 @@ class GemmWgmma(Strategy):
         loads = LOADS if tma_refusal_for(info) is None else LOADS[:1]
         stageable, itemsize = output_stageable(info, view), info.write.itemsize
         for load, bm, bn, stages, staged in product(loads, BLOCK_M, BLOCK_N, STAGES, (False, True)):
-            if staged and (load == "tma" or not stageable):
+            if staged and (load == "tma" or not stageable or not worth_staging(bm, bn, view.k, 2, itemsize)):
                 continue  # tensorize stages the output on the cp.async ring only
             if (bm >= 2 * m and bm > BLOCK_M[0]) or (bn >= 2 * n and bn > BLOCK_N[0]):
                 continue  # a tile twice the matrix leaves half its warpgroups idle
