@@ -259,15 +259,15 @@ class Schedule:
 
     def vector_copy(self, cache: StageLike, width: int) -> None:
         """Copy a pending shared cache in chunks of `width` consecutive elements of its last
-        dimension per thread (width 4: 16-byte LDG.128 / STS.128 where the offsets are provably
-        aligned; the emitter falls back to scalar accesses where they are not). Call it before
-        compute_at."""
+        dimension per thread (width 4 of 4-byte or 8 of 2-byte elements: 16-byte LDG.128 /
+        STS.128 where the offsets are provably aligned; the emitter falls back to scalar accesses
+        where they are not). Call it before compute_at."""
         c = self._stage(cache)
         pending = self._pending.get(str(c))
         if pending is None or pending.scope != "shared":
             raise ScheduleError(f"vector_copy({c}): not a shared cache_read stage that is still to be placed")
-        if width not in (1, 2, 4):
-            raise ScheduleError(f"vector_copy({c}): width must be 1, 2 or 4, got {width!r}")
+        if width not in (1, 2, 4, 8):
+            raise ScheduleError(f"vector_copy({c}): width must be 1, 2, 4 or 8 (8: 16-bit elements), got {width!r}")
         pending.vector = width
         self._record(Step("vector_copy", {"cache": str(c), "width": width}))
 
