@@ -67,7 +67,10 @@ What it emits, step by step (each step is one function below):
                guarded by row < M and col < N, the row and column unflattened into their axes,
                stored as the stage's own store with acc[0]
                replaced by the element: bias, activations, residuals, scales and the cast to the
-               output dtype fuse as written.
+               output dtype fuse as written. Elements 2j, 2j + 1 (adjacent columns) are stored
+               together by a vectorize loop where the innermost column extent is even
+               (`output_pair`); with Tiling.staged_output the values go to a padded shared tile
+               that the block then copies to the output in 16-byte chunks (`finish_output`).
 
 float32 operands (TF32, only with intrinsic "mma.m16n8k8.f32.tf32" named: "auto" refuses them,
 since rounding float32 inputs to tf32 is an opt-in, `build(..., allow_tf32=True)`) take the same

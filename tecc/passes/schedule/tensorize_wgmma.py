@@ -40,7 +40,8 @@ replaced by wgmmas that read A and B straight from shared memory through matrix 
                reports that race: tests build the ring one tile further ahead to show it).
                After the loop: wait_group 0 (pinning the accumulators), cp.async.wait_group 0.
 4. epilogue    each thread's accumulator elements at (row, col) from the wgmma D fragment's
-               layout map (row + 64 · warpgroup), guarded, fused as tensorize.py's epilogue.
+               layout map (row + 64 · warpgroup), guarded, fused as tensorize.py's epilogue
+               (column pairs in one store; optionally staged through shared memory).
 """
 
 from __future__ import annotations
@@ -228,19 +229,16 @@ class _WarpgroupEmitter(_Emitter):
 
     # step 6: the epilogue from the D fragment map -----------------------------------------------
     def epilogue(self) -> Stmt:
-        t = self.t
         thread = self.tx % WARPGROUP_SIZE
-
         elements = int(lookup(self.row).operand("d").elements)
         paired = self.pairs_columns(WARPGROUP_SIZE, elements)
 
         def element(e: Expr) -> Stmt:
-            r, col = self.c_map(thread, e)
+            r, col = self.c_map(thread, e)     # (row, column) in the block: warpgroup g has rows 64g..
             row = self.warpgroup * 64 + r
-            column = col
             if paired:
-                return self.output_pair(row, column, e)
-            return self.output(row, column, self.frag_c[e])
+                return self.output_pair(row, col, e)
+            return self.output(row, col, self.frag_c[e])
         if paired:
             return self.finish_output(self.unrolled("out_e", elements // 2, lambda p: element(p * 2)))
         return self.finish_output(self.unrolled("out_e", elements, element))
