@@ -168,23 +168,27 @@ def ranked_plans(layer: tuple[int, ...], dtype: str, count: int, strategy: str |
     return out
 
 
-def print_plans(layers: list[tuple[int, ...]], dtypes: list[str], arch: str) -> None:
-    """The planner's choice for each layer on `arch` (build's spill check included) and the ptxas
-    report of its kernels; NVRTC only, no GPU."""
+def print_plans(layers: list[tuple[int, ...]], dtypes: list[str], arch: str, depthwise: bool = True) -> None:
+    """The planner's choice for each layer (and the depthwise layers) on `arch` (build's spill
+    check included) and the ptxas report of its kernels; NVRTC only, no GPU."""
     import tecc as tc
     from tecc.compiler.pipeline import refuse_spills
     from tecc.compiler.planner import plan_program
 
+    jobs = [(layer, False) for layer in layers]
+    if depthwise:
+        jobs += [((n, h, w, c, c, r, s), True) for n, h, w, c, r, s in DEPTHWISE]
     for dtype in dtypes:
-        for layer in layers:
-            args = conv_tensors(*layer, dtype=dtype)
+        for layer, dw in jobs:
+            args = conv_tensors(*layer, dtype=dtype, depthwise=dw)
             res = plan_program(args, arch, compile_check=refuse_spills)
             kern = tc.build(args, target="cuda", arch=arch, plan=res.plan)
             regs = ", ".join(f"{name}: {r.registers} registers, {r.spill_stores}/{r.spill_loads} spill st/ld"
                              for name, r in kern.resources.items())
             n, h, w, c, f, r, stride = layer
+            kind = "dw" if dw else f"{r}x{r}"
             predicted = sum(kp.chosen.cost.total for kp in res.kernels) * 1e6
-            print(f"{n}x{h}x{w}x{c}->{f} {r}x{r} s{stride} {dtype} on {arch}: predicted {predicted:.1f} us; "
+            print(f"{n}x{h}x{w}x{c}->{f} {kind} s{stride} {dtype} on {arch}: predicted {predicted:.1f} us; "
                   f"{'; '.join(kp.chosen.label for kp in res.kernels)}; {regs}", flush=True)
 
 
@@ -208,7 +212,7 @@ def main() -> None:
     if opts.layers:
         layers = [LAYERS[int(i)] for i in opts.layers.split(",")]
     if opts.plans:
-        print_plans(layers, dtypes, opts.plans)
+        print_plans(layers, dtypes, opts.plans, not opts.no_depthwise)
         return
     import torch
 
