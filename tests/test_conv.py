@@ -219,6 +219,9 @@ CASES = {
     "bias_relu": Conv(2, (7, 7), 16, 16, (3, 3), pad=1, epilogue="bias_relu"),
     "bn_relu": Conv(2, (7, 7), 16, 16, (3, 3), pad=1, epilogue="bn_relu", stride=2),
     "bn_residual": Conv(2, (7, 7), 16, 16, (3, 3), pad=1, epilogue="bn_residual", layout="NCHW"),
+    # NCHW with an even output row: the columns (n, p, q) are stored in pairs along q (output_pair)
+    "nchw_even_q_residual": Conv(2, (8, 8), 16, 16, (3, 3), pad=1, epilogue="bn_residual", layout="NCHW"),
+    "nhwc_stride2_residual": Conv(2, (9, 9), 16, 24, (3, 3), stride=2, pad=1, epilogue="bn_residual"),
 }
 
 
@@ -260,6 +263,90 @@ def test_gathered_loads_are_16_byte_copies_when_the_channels_allow() -> None:
     # KCRS filter is a plain [F][C·R·S] matrix, 144 halves per row: 16-byte copies across (c, r, s)
     f, _ = Conv(1, (7, 7), 16, 16, (3, 3), pad=1, layout="NCHW").run(plan=tensorize_plan())
     assert copies(f) == {"Wt": 16}
+
+
+@pytest.mark.parametrize("intrinsic", ["auto", "wgmma"])
+def test_the_epilogue_stores_column_pairs_with_one_vector_store(intrinsic: str) -> None:
+    """Accumulator elements 2j, 2j + 1 are adjacent columns of one row (mma.sync's C and wgmma's
+    D fragments): with an even innermost column extent the epilogue stores them with one 4-byte
+    store and reads the residual the same way (codegen's vectorize loop); an odd one keeps
+    scalar stores. The sums are checked against NumPy in the emulator."""
+    plan = WGMMA_PLAN if intrinsic == "wgmma" else tensorize_plan()
+    f, _ = Conv(2, (7, 7), 16, 16, (3, 3), pad=1, epilogue="bn_residual").run(plan=plan)
+    source = f.source
+    assert "*reinterpret_cast<unsigned int*>(&Y[" in source, "paired output store"
+    assert "*reinterpret_cast<const unsigned int*>(&res[" in source, "paired residual load"
+    f, _ = Conv(2, (7, 7), 16, 7, (3, 3), pad=1).run(plan=plan)
+    assert "reinterpret_cast<unsigned int*>(&Y[" not in f.source, "F = 7: no pairs"
+
+
+def staged(plan: dict[str, Any]) -> dict[str, Any]:
+    """`plan` with the tensorize step's output staged through shared memory."""
+    step = plan["steps"][0]
+    return {**plan, "steps": [{**step, "args": {**step["args"], "staged_output": True}}]}
+
+
+STAGED_CASES = {
+    "nhwc_3x3_residual": Conv(2, (7, 7), 16, 16, (3, 3), pad=1, epilogue="bn_residual"),
+    "nhwc_stride2_f24": Conv(2, (9, 9), 16, 24, (3, 3), stride=2, pad=1),       # N = 24: a partial column tile
+    "nhwc_1x1_odd_rows": Conv(3, (5, 7), 32, 64, (1, 1), epilogue="bias_relu"),  # M = 105: a partial row tile
+    "nhwc_dilation2_c3": Conv(1, (9, 9), 3, 16, (3, 3), pad=2, dil=2),
+    "conv1d": Conv(2, (33,), 16, 16, (3,), pad=1),
+}
+
+
+@pytest.mark.parametrize("intrinsic", ["auto", "wgmma"])
+@pytest.mark.parametrize("case", list(STAGED_CASES))
+def test_a_staged_output_matches_numpy(case: str, intrinsic: str) -> None:
+    """staged_output: the epilogue writes the block's outputs (bias, relu, residual fused) into a
+    padded shared tile, a barrier, then 16-byte chunks to the output, edges guarded; the emulator
+    checks the values against NumPy and the shared tile for races."""
+    conv = Conv(**{**STAGED_CASES[case].__dict__, "tensors": []})
+    f, _ = conv.run(plan=staged(WGMMA_PLAN if intrinsic == "wgmma" else tensorize_plan()))
+    assert "*reinterpret_cast<uint4*>(&Y[" in f.source, "16-byte output stores"
+
+
+def test_a_staged_output_is_refused_where_chunks_do_not_fit() -> None:
+    """F = 12 is no whole number of 16-byte chunks; NCHW's columns are (n, p, q); the TMA ring's
+    producer takes no part in the epilogue's barrier."""
+    with pytest.raises(tc.ScheduleError, match="staged_output"):
+        Conv(2, (7, 7), 16, 12, (3, 3), pad=1).run(plan=staged(tensorize_plan()))
+    with pytest.raises(tc.ScheduleError, match="staged_output"):
+        Conv(2, (8, 8), 16, 16, (3, 3), pad=1, layout="NCHW").run(plan=staged(tensorize_plan()))
+    A = tc.placeholder((128, 64), "float16", "A")
+    B = tc.placeholder((64, 128), "float16", "B")
+    k = tc.reduce_axis(64, "k")
+    C = tc.compute((128, 128), lambda i, j: tc.sum(A[i, k] * B[k, j], axis=[k]), name="C")
+    with pytest.raises(tc.ScheduleError, match="staged_output"):
+        tc.Schedule([A, B, C]).tensorize("C", intrinsic="wgmma", block=(128, 128), warps=(8, 1), k_tile=64,
+                                         stages=3, producer="tma", staged_output=True)
+
+
+def test_the_tensor_core_spaces_offer_staged_outputs_and_no_rings_deeper_than_the_k_loop() -> None:
+    """The ResNet 1x1 layer 56x56, 64 -> 256 channels (K = 64: one wgmma k tile): no wgmma ring
+    deeper than the k loop needs; staged-output points where the output's rows are whole 16-byte
+    chunks, priced with fewer L2 bytes and L1 wavefronts than in registers; none for F = 12."""
+    from tecc.compiler.cost.analysis import analyze_kernel
+    from tecc.compiler.planner import resolve_target
+    from tecc.compiler.strategies import get
+    from tecc.passes.lower import lower
+
+    target = resolve_target("sm_90")
+    info = analyze_kernel(lower(Conv(32, (56, 56), 64, 256, (1, 1)).program()).kernels[0])
+    wgmma, mma = get("gemm_wgmma"), get("gemm_tensor_core")
+    wg_points = list(wgmma.space(info, target))
+    assert wg_points and max(int(p["stages"]) for p in wg_points) == 2
+    mma_points = list(mma.space(info, target))
+    for strategy, points in ((wgmma, wg_points), (mma, mma_points)):
+        staged_points = [p for p in points if p.get("staged_output")]
+        assert staged_points, strategy.name
+        for p in staged_points:
+            plain = strategy.workload(info, {k: v for k, v in p.items() if k != "staged_output"}, target)
+            staged_w = strategy.workload(info, p, target)
+            assert staged_w.l2_bytes < plain.l2_bytes and staged_w.global_wavefronts < plain.global_wavefronts
+            assert staged_w.smem_bytes > plain.smem_bytes
+    info12 = analyze_kernel(lower(Conv(2, (7, 7), 16, 12, (3, 3), pad=1).program()).kernels[0])
+    assert not any(p.get("staged_output") for p in mma.space(info12, target))
 
 
 def test_a_1x1_convolution_is_a_plain_gemm_over_n_p_q() -> None:
@@ -415,6 +502,26 @@ def test_resnet_layer_wgmma_kernels_compile_for_sm_90a_without_spills(layout: st
 
 
 # ---- on a GPU ----------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("intrinsic", ["auto", "wgmma"])
+@pytest.mark.parametrize("conv", [Conv(32, (56, 56), 64, 256, (1, 1)),
+                                  Conv(32, (56, 56), 64, 64, (3, 3), pad=1, epilogue="bn_residual")],
+                         ids=["resnet_1x1_56_64_256", "resnet_3x3_56_residual"])
+def test_staged_output_resnet_layers_on_the_gpu(conv: Conv, intrinsic: str) -> None:
+    """The staged output (and paired stores) on the device, against float64 NumPy; wgmma needs
+    sm_90."""
+    from tecc.compiler.planner import resolve_target
+
+    if intrinsic == "wgmma" and resolve_target(None).sm != 90:
+        pytest.skip("wgmma needs sm_90")
+    plan = (staged(WGMMA_PLAN) if intrinsic == "wgmma" else
+            staged(tensorize_plan(block=(128, 64), warps=(2, 2), k_tile=32, stages=3)))
+    if intrinsic == "wgmma":
+        plan["steps"][0]["args"].update(block=[128, 128], warps=[8, 1], stages=2)
+    f, _ = Conv(**{**conv.__dict__, "tensors": []}).run(plan=plan, target="cuda")
+    assert "tensorize" in dict(f.module.kernels[0].attrs)
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("conv", [Conv(32, (56, 56), 64, 64, (3, 3), pad=1),

@@ -178,7 +178,10 @@ def depthwise_reference(x: np.ndarray, w: np.ndarray, stride: int, layout: str) 
     (2, 10, 40, 1, "float16", "NHWC", {"tx": 32, "ty": 2, "tp": 4}),
     (2, 11, 6, 1, "float32", "NCHW", {"tx": 16, "ty": 4, "tp": 1}),
     (1, 12, 4, 2, "float16", "NCHW", {"tx": 16, "ty": 8, "tp": 1}),
-], ids=["nhwc", "nhwc_stride2", "nhwc_edges", "nhwc_half", "nchw", "nchw_half_stride2"])
+    (2, 9, 24, 2, "float16", "NHWC", {"tx": 16, "ty": 4, "tp": 2}),
+    (1, 7, 12, 1, "float16", "NHWC", {"tx": 16, "ty": 4, "tp": 2}),
+], ids=["nhwc", "nhwc_stride2", "nhwc_edges", "nhwc_half", "nchw", "nchw_half_stride2", "nhwc_half_stride2_c24",
+        "nhwc_half_c12"])
 def test_depthwise_stencil_tile_matches_numpy(n: int, h: int, c: int, stride: int, dtype: str, layout: str,
                                               point: dict[str, int]) -> None:
     tensors = depthwise(n, h, c, 3, stride, dtype, layout)
@@ -197,6 +200,16 @@ def test_depthwise_stencil_tile_matches_numpy(n: int, h: int, c: int, stride: in
     worst = np.unravel_index(int(np.argmax(err)), err.shape)
     assert (err <= 0).all(), (f"depthwise {layout} {dtype} stride {stride}: {(err > 0).sum()} elements off; worst "
                               f"at {worst}: got {y[worst]!r}, want {want[worst]!r}")
+
+
+@pytest.mark.parametrize("dtype,c,width", [("float16", 64, 8), ("float32", 64, 4), ("float16", 12, 4)])
+def test_depthwise_halo_copies_16_byte_chunks_of_channels(dtype: str, c: int, width: int) -> None:
+    """The halo copy moves 16 bytes per access along the channels (8 halves, 4 floats) where the
+    lane tile and C are multiples of the chunk, else 4 elements; the halves run in the emulator
+    against NumPy in test_depthwise_stencil_tile_matches_numpy."""
+    tensors = depthwise(2, 10, c, 3, 1, dtype)
+    plan = forced_plan(tensors, "stencil_tile", {"tx": 16, "ty": 4, "tp": 2})
+    assert [s.args["width"] for s in plan.steps if s.primitive == "vector_copy"] == [width]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

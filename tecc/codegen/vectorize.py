@@ -173,7 +173,9 @@ def affine_coefficient(e: Expr, v: Var) -> int | None:
 def _contiguous_base(emitter: StatementEmitter, buffer: Buffer, indices: tuple[Expr, ...], v: Var,
                      width: int) -> Expr | None:
     """The offset at lane 0 when `buffer[indices]` is contiguous in `v` and aligned to `width`."""
-    if not _vectorizable(buffer.dtype, width) or buffer.scope == "local":
+    # registers (local arrays, mma fragments) are read per lane: a vector reinterpret of a
+    # register array could make ptxas keep it in local memory
+    if not _vectorizable(buffer.dtype, width) or buffer.scope in ("local", "fragment"):
         return None
     offset = emitter.expr.offset(buffer, indices)
     if affine_coefficient(offset, v) != 1:

@@ -259,15 +259,15 @@ class Schedule:
 
     def vector_copy(self, cache: StageLike, width: int) -> None:
         """Copy a pending shared cache in chunks of `width` consecutive elements of its last
-        dimension per thread (width 4: 16-byte LDG.128 / STS.128 where the offsets are provably
-        aligned; the emitter falls back to scalar accesses where they are not). Call it before
-        compute_at."""
+        dimension per thread (width 4 of 4-byte or 8 of 2-byte elements: 16-byte LDG.128 /
+        STS.128 where the offsets are provably aligned; the emitter falls back to scalar accesses
+        where they are not). Call it before compute_at."""
         c = self._stage(cache)
         pending = self._pending.get(str(c))
         if pending is None or pending.scope != "shared":
             raise ScheduleError(f"vector_copy({c}): not a shared cache_read stage that is still to be placed")
-        if width not in (1, 2, 4):
-            raise ScheduleError(f"vector_copy({c}): width must be 1, 2 or 4, got {width!r}")
+        if width not in (1, 2, 4, 8):
+            raise ScheduleError(f"vector_copy({c}): width must be 1, 2, 4 or 8 (8: 16-bit elements), got {width!r}")
         pending.vector = width
         self._record(Step("vector_copy", {"cache": str(c), "width": width}))
 
@@ -480,7 +480,8 @@ class Schedule:
 
     def tensorize(self, stage: StageLike, intrinsic: str = "auto", block: Sequence[int] = (64, 64),
                   warps: Sequence[int] = (2, 2), k_tile: int = 32, stages: int = 2,
-                  producer: str = "threads", persistent: int = 0, epilogue: str = "registers") -> None:
+                  producer: str = "threads", persistent: int = 0, epilogue: str = "registers",
+                  staged_output: bool = False) -> None:
         """Rebuild the kernel of the contraction `stage` (C[b.., i, j] = epilogue(Σ_k A·B) over
         float16/bfloat16 operands) as a tensor-core kernel: `block` = (BM, BN) outputs per block,
         `warps` = (rows, columns) of warps, each a (BM/rows) × (BN/columns) tile of
@@ -496,13 +497,18 @@ class Schedule:
         consumer warpgroups: tensorize_wgmma_tma.py); `persistent` > 0 (with "tma"): that many
         blocks loop over the output tiles in a grouped (L2-friendly) order; `epilogue` (with
         "tma"): "registers" (each thread stores its accumulator elements) or "tma" (through a
-        swizzled shared staging tile, written out by TMA stores that overlap the next tile)."""
+        swizzled shared staging tile, written out by TMA stores that overlap the next tile). `staged_output`: the
+        epilogue writes the block's outputs to a padded shared tile and copies it out in 16-byte
+        chunks, whole lines per warp (needs one column axis whose constant extent is a multiple
+        of 16 bytes; not with "tma")."""
         st = self._stage(stage)
         bm, bn = (int(x) for x in block)
         wm, wn = (int(x) for x in warps)
-        tiling = prim.Tiling(bm, bn, wm, wn, int(k_tile), int(stages))
+        tiling = prim.Tiling(bm, bn, wm, wn, int(k_tile), int(stages), bool(staged_output))
         step = Step("tensorize", {"stage": str(st), "intrinsic": intrinsic, "block": [bm, bn], "warps": [wm, wn],
                                   "k_tile": int(k_tile), "stages": int(stages)})
+        if staged_output:  # recorded only when asked for, so earlier plans replay unchanged
+            step.args["staged_output"] = True
         if producer != "threads":  # recorded only when not the default, so earlier plans replay unchanged
             if not intrinsic.startswith("wgmma"):
                 raise ScheduleError(f"tensorize({st.name}): producer {producer!r} needs intrinsic='wgmma'")

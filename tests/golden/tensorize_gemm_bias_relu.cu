@@ -98,9 +98,14 @@ extern "C" __global__ void __launch_bounds__(128) C_kernel(const __half* __restr
   #pragma unroll
   for (int out_tile = 0; out_tile < 8; ++out_tile) {
     #pragma unroll
-    for (int out_e = 0; out_e < 4; ++out_e) {
-      if (block_row * 64 + thread / 32 / 2 * 32 + out_tile / 4 * 16 + thread % 32 / 4 + out_e / 2 * 8 < M && block_col * 64 + thread / 32 % 2 * 32 + out_tile % 4 * 8 + thread % 32 % 4 * 2 + out_e % 2 < 96) {
-        C[(block_row * 64 + thread / 32 / 2 * 32 + out_tile / 4 * 16 + thread % 32 / 4 + out_e / 2 * 8) * 96 + block_col * 64 + thread / 32 % 2 * 32 + out_tile % 4 * 8 + thread % 32 % 4 * 2 + out_e % 2] = __float2half_rn(tecc_max(__half2float(__float2half_rn(__half2float(__float2half_rn(acc[out_tile * 4 + out_e])) + __half2float(bias[block_col * 64 + thread / 32 % 2 * 32 + out_tile % 4 * 8 + thread % 32 % 4 * 2 + out_e % 2]))), 0.0f));
+    for (int out_e = 0; out_e < 2; ++out_e) {
+      if (block_row * 64 + thread / 32 / 2 * 32 + out_tile / 4 * 16 + thread % 32 / 4 + out_e * 8 < M && block_col * 64 + thread / 32 % 2 * 32 + out_tile % 4 * 8 + thread % 32 % 4 * 2 < 96) {
+        __align__(16) __half bias_vec[2];
+        *reinterpret_cast<unsigned int*>(bias_vec) = *reinterpret_cast<const unsigned int*>(&bias[block_col * 64 + thread / 32 % 2 * 32 + out_tile % 4 * 8 + thread % 32 % 4 * 2]);
+        __align__(16) __half C_vec[2];
+        C_vec[0] = __float2half_rn(tecc_max(__half2float(__float2half_rn(__half2float(__float2half_rn(acc[out_tile * 4 + out_e * 2])) + __half2float(bias_vec[0]))), 0.0f));
+        C_vec[1] = __float2half_rn(tecc_max(__half2float(__float2half_rn(__half2float(__float2half_rn(acc[out_tile * 4 + out_e * 2 + 1])) + __half2float(bias_vec[1]))), 0.0f));
+        *reinterpret_cast<unsigned int*>(&C[(block_row * 64 + thread / 32 / 2 * 32 + out_tile / 4 * 16 + thread % 32 / 4 + out_e * 8) * 96 + block_col * 64 + thread / 32 % 2 * 32 + out_tile % 4 * 8 + thread % 32 % 4 * 2]) = *reinterpret_cast<const unsigned int*>(C_vec);
       }
     }
   }

@@ -90,7 +90,7 @@ def _ceil(a: int, b: int) -> int:
 
 
 def sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: int,
-             registers: int, precision: "Precision | None" = None) -> tuple[float, int, float]:
+             registers: int, precision: "Precision | None" = None, extra_smem: int = 0) -> tuple[float, int, float]:
     """Cycles one SM spends on one round of its resident blocks (their k loops side by side), the
     resident blocks, and the fraction of a k tile the tensor pipe idles.
 
@@ -100,13 +100,14 @@ def sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: in
     the ring's refill (SYNC_CYCLES), plus what of a stage's loaded global latency the S - 1 stages
     ahead do not cover. The pipe idles only while every resident block stalls at once: with r
     blocks and a stall of fraction f of each block's k tile, about f^r of the time.
-    `precision`: the operands' (HALF unless given)."""
+    `precision`: the operands' (HALF unless given); `extra_smem`: shared bytes beyond the ring
+    (a staged output tile)."""
     p = precision or HALF
     bm, bn, bk, stages = (int(point[x]) for x in ("bm", "bn", "bk", "stages"))
     wm, wn = int(point["warps_m"]), int(point["warps_n"])
     tm, tn = bm // wm // 16, bn // wn // 8
     alloc = max(8, -(-registers // 8) * 8)
-    occ = occupancy(target, 32 * wm * wn, alloc, shared_bytes(point, p.operand_bytes))
+    occ = occupancy(target, 32 * wm * wn, alloc, shared_bytes(point, p.operand_bytes) + extra_smem)
     resident = max(1, min(occ.blocks_per_sm, _ceil(blocks, target.sm_count)))
     per_clock = rate / target.sm_count / target.clock_hz / target.schedulers_per_sm
     mma_cycles = p.mma_flops / max(per_clock, 1e-9)
@@ -127,7 +128,14 @@ def sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: in
 def wave_dram_bytes(info: KernelInfo, target: Target, point: Point, batch: int, resident: int, l2: float) -> float:
     """DRAM bytes: each wave of resident blocks (blockIdx.x over column tiles fastest) reads the
     A panels of the row tiles and the B panels of the column tiles it spans once; L2 serves the
-    other blocks of the wave. At least the compulsory bytes, at most every block's panels."""
+    other blocks of the wave. At least the compulsory bytes, at most every block's panels.
+
+    An implicit GEMM's panel is a gathered view of a smaller tensor: a 3x3 convolution's A panel
+    of BM rows and K = 9·C columns reads about BM·C distinct input elements (each tap re-reads
+    its neighbours' pixels, from L2). So a panel costs DRAM its operand's real bytes per view
+    byte (`gather_ratio`: 1/9 for a 3x3 stride-1 convolution's activations, 1 for a GEMM or a
+    1x1 convolution); counting the view's bytes made every 3x3 layer DRAM-bound at about 9x
+    its input and tied the points of both tensor-core strategies there."""
     bm, bn = int(point["bm"]), int(point["bn"])
     view = gemm_view(info)
     assert not isinstance(view, str)
@@ -138,9 +146,21 @@ def wave_dram_bytes(info: KernelInfo, target: Target, point: Point, batch: int, 
     waves = _ceil(blocks, wave)
     rows = min(row_tiles * batch, _ceil(min(wave, blocks), col_tiles))
     cols = min(col_tiles, wave)
-    per_wave = 2.0 * k * (rows * bm + cols * bn)
+    per_wave = 2.0 * k * (rows * bm * gather_ratio(view.a, m * k * batch)
+                          + cols * bn * gather_ratio(view.b, k * n * batch))
     out = float(m * n * batch * info.write.itemsize)
     return min(l2, max(compulsory_bytes(info), waves * per_wave + out))
+
+
+def gather_ratio(operand: Access, view_elements: int) -> float:
+    """The operand tensor's elements per element of its GEMM view (at most 1): what of a view
+    panel's bytes come from DRAM (wave_dram_bytes)."""
+    real = 1
+    for d in operand.dims:
+        real *= d
+    if not operand.dims or view_elements <= 0:
+        return 1.0
+    return min(1.0, real / view_elements)
 
 
 def shared_bytes(point: Point, operand_bytes: int = 2) -> int:
@@ -226,6 +246,7 @@ class GemmView:
     copies: tuple[int, int]
     gathered: int = 0   # reduction axes beyond one: each costs a div/mod pair per copy or element per k tile
     k_last: tuple[bool, bool] = (True, True)   # whether A's and B's tiles are k-contiguous
+    column_axes: int = 1   # output axes in the N group (one: the output's rows are contiguous runs of N)
 
 
 def copy_sizes(info: KernelInfo) -> tuple[int, int]:
@@ -287,7 +308,55 @@ def gemm_view(info: KernelInfo) -> GemmView | str:
     # the row and column parts of a gathered address do not change with the k tile (ptxas keeps
     # them in registers); the reduction axes are unflattened anew for every k tile
     gathered = len(info.reduction) - 1
-    return GemmView(a, b, batch, m, n, info.reduce_extent, (a_copy, b_copy), gathered, (a_k_last, b_k_last))
+    return GemmView(a, b, batch, m, n, info.reduce_extent, (a_copy, b_copy), gathered, (a_k_last, b_k_last),
+                    len(cols))
+
+
+# ---- the epilogue's stores (tensorize step 6) ----------------------------------------------------
+# In registers, a warp's store instruction writes two adjacent columns per lane (output_pair) of 8
+# rows: 8 x 4 lanes x 2 elements, so each 128-byte line it touches gets 8 · itemsize useful bytes
+# and a 32-byte sector at most that (half a sector for 16-bit outputs: L2 sees every sector
+# written twice, DRAM write-back after both halves merged). Staged through shared memory
+# (`staged_output`), each lane stores 16 contiguous bytes and a warp whole lines.
+STAGED_OUTPUT_PAD_BYTES = 16
+
+
+def output_stageable(info: KernelInfo, view: GemmView) -> bool:
+    """Whether tensorize can stage this contraction's output (Tiling.staged_output): one column
+    axis, the output's innermost, whose extent is a whole number of 16-byte chunks."""
+    chunk = 16 // max(info.write.itemsize, 1)
+    last = info.write.per_dim[-1] if info.write.per_dim else None
+    inner = info.spatial[-1][0]
+    return (view.column_axes == 1 and view.n % chunk == 0 and last is not None
+            and dict(last.coeff) == {inner: 1} and info.write.itemsize in (2, 4))
+
+
+# A staged output is offered where the block's output tile is at least this share of the bytes
+# its k loop loads (a 1x1 convolution over 64 channels: 2/3; a 2048^3 GEMM's 128x128 tile: 1/32,
+# where the two forms differ by less than the model resolves and only double the search).
+STAGED_OUTPUT_MIN_SHARE = 1.0 / 8.0
+
+
+def worth_staging(bm: int, bn: int, k: int, operand_bytes: int, itemsize: int) -> bool:
+    """Whether a BM x BN block's output is a large enough share of its traffic to offer staging."""
+    return bm * bn * itemsize >= STAGED_OUTPUT_MIN_SHARE * (bm + bn) * max(k, 1) * operand_bytes
+
+
+def staged_output_bytes(point: Point, itemsize: int) -> int:
+    """The shared tile of a staged output: BM rows of BN elements plus the 16-byte pad."""
+    if not point.get("staged_output"):
+        return 0
+    return int(point["bm"]) * (int(point["bn"]) * itemsize + STAGED_OUTPUT_PAD_BYTES)
+
+
+def output_traffic(out_bytes: float, itemsize: int, staged: bool) -> tuple[float, float, float]:
+    """(L2 bytes requested, L1 global wavefronts, shared wavefronts) of writing `out_bytes` of
+    output (the comment above): staged, whole lines plus a shared write and read of each byte;
+    in registers, 8 · itemsize useful bytes per line and per 32-byte sector at most."""
+    if staged:
+        return out_bytes, out_bytes / 128.0, 2.0 * out_bytes / 128.0
+    useful = 8.0 * itemsize
+    return out_bytes * max(1.0, 32.0 / useful), out_bytes / useful, 0.0
 
 
 def mma_view(info: KernelInfo, target: Target, instruction: str) -> Any:
@@ -324,15 +393,21 @@ class GemmTensorCore(Strategy):
         view = gemm_view(info)
         assert not isinstance(view, str)
         m, n = view.m, view.n
+        stageable, itemsize = output_stageable(info, view), info.write.itemsize
         for bm, bn, (wm, wn), bk, stages in product(BLOCKS, BLOCKS, WARP_GRIDS, self.precision.bks, STAGES):
             if (bm >= 2 * m and bm > BLOCKS[0]) or (bn >= 2 * n and bn > BLOCKS[0]):
                 continue  # a tile twice the matrix leaves half its warps idle
             if not (WARP_TILE[0] <= bm // wm <= WARP_TILE[1] and WARP_TILE[0] <= bn // wn <= WARP_TILE[1]):
                 continue
-            point = {"bm": bm, "bn": bn, "warps_m": wm, "warps_n": wn, "bk": bk, "stages": stages}
-            if shared_bytes(point, self.precision.operand_bytes) > target.smem_per_block_optin:
-                continue
-            yield point
+            worth = stageable and worth_staging(bm, bn, view.k, self.precision.operand_bytes, itemsize)
+            for staged in ((False, True) if worth else (False,)):
+                point = {"bm": bm, "bn": bn, "warps_m": wm, "warps_n": wn, "bk": bk, "stages": stages}
+                if staged:
+                    point["staged_output"] = True
+                smem = shared_bytes(point, self.precision.operand_bytes) + staged_output_bytes(point, itemsize)
+                if smem > target.smem_per_block_optin:
+                    continue
+                yield point
 
     def workload(self, info: KernelInfo, point: Point, target: Target) -> Workload:
         bm, bn, bk, stages = (int(point[x]) for x in ("bm", "bn", "bk", "stages"))
@@ -349,7 +424,9 @@ class GemmTensorCore(Strategy):
         k16 = k_tiles * bk // p.k_step    # mma k steps (k16, or k8 for tf32)
         a_bytes, b_bytes = p.operand_bytes * m * k * batch, p.operand_bytes * k * n * batch
         out_bytes = float(m * n * batch * info.write.itemsize)
-        l2 = a_bytes * col_tiles + b_bytes * row_tiles + out_bytes
+        staged_out = bool(point.get("staged_output"))
+        out_l2, out_wavefronts, out_smem = output_traffic(out_bytes, info.write.itemsize, staged_out)
+        l2 = a_bytes * col_tiles + b_bytes * row_tiles + out_l2
         sizes = view.copies
         copies = sum(tile // size // threads for tile, size in ((bm * bk, sizes[0]), (bn * bk, sizes[1])) if size)
         staged = sum(tile // threads for tile, size in ((bm * bk, sizes[0]), (bn * bk, sizes[1])) if not size)
@@ -364,20 +441,24 @@ class GemmTensorCore(Strategy):
         # float16 and bfloat16 have the same dense peak on every target in the table
         rate = target.tensor_flops.get(p.rate_key, 0.0) * MMA_SYNC_FRACTION.get(target.sm, 0.6)
         registers = tile_registers(bm, bn, wm, wn, bk, sizes, tf32=not p.ldmatrix)
-        chain, resident, idle = sm_chain(target, rate, point, blocks, k_tiles, sum(registers.values()), p)
+        chain, resident, idle = sm_chain(target, rate, point, blocks, k_tiles, sum(registers.values()), p,
+                                         staged_output_bytes(point, info.write.itemsize))
         notes = [f"{self.mma_name} {tm}x{tn} tiles per warp, {stages}-stage cp.async ring of {bk}-wide k tiles",
                  self.fragment_note,
                  f"{resident} block(s) per SM share the tensor pipe: idle {idle:.0%} of each k tile "
                  "(all resident blocks at their barrier or waiting for a stage at once)"]
+        if staged_out:
+            notes.append("output staged in a padded shared tile, stored in 16-byte chunks (whole lines per warp)")
         return Workload(
             blocks=blocks, threads=threads, registers=registers,
-            smem_bytes=shared_bytes(point, p.operand_bytes), smem_opt_in=True,
+            smem_bytes=shared_bytes(point, p.operand_bytes) + staged_output_bytes(point, info.write.itemsize),
+            smem_opt_in=True,
             flops=2.0 * m * n * k * batch, fma_ops=float(m * n * batch * max(info.epilogue_flops, 0)),
             tensor_flops=2.0 * blocks * bm * bn * k16 * p.k_step, tensor_rate=rate,
-            dram_bytes=wave_dram_bytes(info, target, point, batch, resident, l2), l2_bytes=l2,
-            global_wavefronts=(l2 - out_bytes) / 128.0 + out_bytes / 32.0,
+            dram_bytes=wave_dram_bytes(info, target, point, batch, resident, l2 - out_l2 + out_bytes), l2_bytes=l2,
+            global_wavefronts=(l2 - out_l2) / 128.0 + out_wavefronts,
             smem_wavefronts=(warps * k16 * p.fragment_wavefronts(tm, tn)
-                             + blocks * k_tiles * (bm + bn) * bk * p.operand_bytes / 128.0),
+                             + blocks * k_tiles * (bm + bn) * bk * p.operand_bytes / 128.0 + out_smem),
             instructions=instructions, bytes_in_flight=p.operand_bytes * (bm + bn) * bk / threads * (stages - 1),
             ilp=float(tm * tn),
             chain_cycles=chain, k_extent=k_tiles * bk, notes=notes)
@@ -385,12 +466,13 @@ class GemmTensorCore(Strategy):
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
         sch.tensorize(info.stage, intrinsic=self.precision.intrinsic, block=(int(point["bm"]), int(point["bn"])),
                       warps=(int(point["warps_m"]), int(point["warps_n"])), k_tile=int(point["bk"]),
-                      stages=int(point["stages"]))
+                      stages=int(point["stages"]), staged_output=bool(point.get("staged_output")))
 
     def describe(self, point: Point) -> str:
         bm, bn, wm, wn = (int(point[x]) for x in ("bm", "bn", "warps_m", "warps_n"))
         return (f"{self.name}({self.mma_name} f32 accumulators, block {bm}x{bn}, "
-                f"{wm}x{wn} warps of {bm // wm}x{bn // wn}, k-tile {point['bk']}, {point['stages']} cp.async stages)")
+                f"{wm}x{wn} warps of {bm // wm}x{bn // wn}, k-tile {point['bk']}, {point['stages']} cp.async stages"
+                f"{', output staged in shared memory' if point.get('staged_output') else ''})")
 
 
     mma_name = "mma.m16n8k16"

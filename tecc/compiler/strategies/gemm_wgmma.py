@@ -89,7 +89,11 @@ from .gemm_tensor_core import (
     GemmTensorCoreTF32,
     copy_sizes,
     gemm_view,
+    output_stageable,
+    output_traffic,
+    staged_output_bytes,
     wave_dram_bytes,
+    worth_staging,
 )
 from .registry import Point, Strategy, register
 
@@ -191,6 +195,18 @@ def in_flight(stages: int, load: str = "cp.async") -> tuple[int, int]:
     return pending, stages - 1 - pending
 
 
+def deeper_than_the_k_loop(stages: int, k_tiles: int, load: str = "cp.async") -> bool:
+    """Whether a ring of `stages` is deeper than a k loop of `k_tiles` needs: one stage fewer
+    already loads every k tile ahead and keeps as many wgmma groups in flight (with one k tile
+    nothing is left to overlap). Such a point only costs shared memory, hence resident blocks:
+    a 1x1 convolution over 64 channels (K = 64, one k tile) took 3 stages and 3 blocks per SM."""
+    if stages <= 2:
+        return False
+    pending, _ = in_flight(stages, load)
+    fewer_pending, fewer_ahead = in_flight(stages - 1, load)
+    return fewer_ahead >= k_tiles and (fewer_pending == pending or k_tiles == 1)
+
+
 def tma_refusal_for(info: KernelInfo) -> str | None:
     """Why the TMA rung cannot load this contraction's operands, or None (module docstring); the
     analysis-level mirror of tensorize_wgmma_tma.tma_refusal, which tensorize checks again."""
@@ -253,7 +269,7 @@ def tma_registers(bm: int, bn: int, point: Point | None = None) -> dict[str, int
 
 def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: int,
                    registers: int, out_itemsize: int = 2, tiles: int = 0, k_tile: int = K_TILE,
-                   groups: int = 0) -> tuple[float, int, float]:
+                   groups: int = 0, extra_smem: int = 0) -> tuple[float, int, float]:
     """Cycles one SM spends on one round of its resident blocks, the resident blocks, and the
     fraction of a k tile the tensor pipe idles (gemm_tensor_core.sm_chain's model, module
     docstring: the wgmma ring's stall is what its in-flight group does not cover). `k_tile`:
@@ -263,7 +279,7 @@ def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_til
     load = load_of(point)
     alloc = max(8, -(-registers // 8) * 8)
     threads = WARPGROUP * groups + (PRODUCER_THREADS if load == "tma" else 0)
-    occ = occupancy(target, threads, alloc, shared_bytes(point, out_itemsize))
+    occ = occupancy(target, threads, alloc, shared_bytes(point, out_itemsize) + extra_smem)
     resident = max(1, min(occ.blocks_per_sm, -(-blocks // target.sm_count)))
     per_clock = rate / target.sm_count / target.clock_hz
     wgmma = 2.0 * bm * bn * k_tile / max(per_clock, 1e-9)
@@ -325,12 +341,19 @@ class GemmWgmma(Strategy):
         m, n = view.m, view.n
         loads = LOADS if tma_refusal_for(info) is None else LOADS[:1]
         epilogues = EPILOGUES if tma_store_refusal_for(info) is None else EPILOGUES[1:]
-        for load, bm, bn, stages in product(loads, BLOCK_M, BLOCK_N, STAGES):
+        stageable, itemsize = output_stageable(info, view), info.write.itemsize
+        for load, bm, bn, stages, staged in product(loads, BLOCK_M, BLOCK_N, STAGES, (False, True)):
+            if staged and (load == "tma" or not stageable or not worth_staging(bm, bn, view.k, 2, itemsize)):
+                continue  # tensorize stages the output on the cp.async ring (the TMA ring has its own epilogue)
             if (bm >= 2 * m and bm > BLOCK_M[0]) or (bn >= 2 * n and bn > BLOCK_N[0]):
                 continue  # a tile twice the matrix leaves half its warpgroups idle
+            if deeper_than_the_k_loop(stages, -(-max(view.k, 1) // K_TILE), load):
+                continue
             point: Point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
             if load == "cp.async":
-                if shared_bytes(point) <= target.smem_per_block_optin:
+                if staged:
+                    point["staged_output"] = True
+                if shared_bytes(point) + staged_output_bytes(point, itemsize) <= target.smem_per_block_optin:
                     yield point
                 continue
             for epilogue, persistent in product(epilogues, (target.sm_count, 0)):
@@ -354,7 +377,11 @@ class GemmWgmma(Strategy):
         grid = persistent if persistent else blocks   # blocks launched
         a_bytes, b_bytes = self.element_bytes * m * k * batch, self.element_bytes * k * n * batch
         out_bytes = float(m * n * batch * info.write.itemsize)
-        l2 = a_bytes * col_tiles + b_bytes * row_tiles + out_bytes
+        staged_out = bool(point.get("staged_output"))
+        out_l2, out_wavefronts, out_smem = output_traffic(out_bytes, info.write.itemsize,
+                                                          staged_out or epilogue_of(point) == "tma")
+        out_tile = staged_output_bytes(point, info.write.itemsize)
+        l2 = a_bytes * col_tiles + b_bytes * row_tiles + out_l2
         sizes = copy_sizes(info) if load == "cp.async" else (0, 0)
         tiles = ((bm * bk, sizes[0]), (bn * bk, sizes[1]))
         copies = 0 if load == "tma" else sum(tile // size // threads for tile, size in tiles if size)
@@ -381,7 +408,7 @@ class GemmWgmma(Strategy):
             instructions += blocks * k_tiles * groups * 4 * 2 * per_thread
             registers["register A (two sets)"] = 2 * per_thread
         chain, resident, idle = wgmma_sm_chain(target, rate, point, grid, k_tiles, sum(registers.values()),
-                                               info.write.itemsize, blocks, bk, groups)
+                                               info.write.itemsize, blocks, bk, groups, out_tile)
         pending, ahead = in_flight(stages, load)
         # wgmma reads every warpgroup's A tile and the whole B tile once per k tile per warpgroup
         smem_reads = blocks * k_tiles * groups * (64 + wgmma_n) * bk * self.element_bytes
@@ -402,17 +429,19 @@ class GemmWgmma(Strategy):
         if persistent:
             notes.append(f"persistent grid of {persistent} blocks over {blocks} tiles "
                          f"({-(-blocks // persistent)} on the busiest block)")
+        if staged_out:
+            notes.append("output staged in a padded shared tile, stored in 16-byte chunks (whole lines per warp)")
         refusal = tma_refusal_for(info) if load == "cp.async" else None
         if refusal is not None:
             notes.append(f"the TMA rung is not offered: {refusal}")
         return Workload(
             blocks=grid, threads=threads, registers=registers,
-            smem_bytes=shared_bytes(point, info.write.itemsize), smem_opt_in=True,
+            smem_bytes=shared_bytes(point, info.write.itemsize) + out_tile, smem_opt_in=True,
             flops=2.0 * m * n * k * batch, fma_ops=float(m * n * batch * max(info.epilogue_flops, 0)),
             tensor_flops=2.0 * blocks * bm * bn * k_tiles * bk, tensor_rate=rate,
-            dram_bytes=wave_dram_bytes(info, target, point, batch, resident, l2), l2_bytes=l2,
-            global_wavefronts=(l2 - out_bytes) / 128.0 + out_bytes / (128.0 if epilogue_of(point) == "tma" else 32.0),
-            smem_wavefronts=(smem_reads + smem_writes) / SMEM_WAVEFRONT_BYTES,
+            dram_bytes=wave_dram_bytes(info, target, point, batch, resident, l2 - out_l2 + out_bytes), l2_bytes=l2,
+            global_wavefronts=(l2 - out_l2) / 128.0 + out_wavefronts,
+            smem_wavefronts=(smem_reads + smem_writes) / SMEM_WAVEFRONT_BYTES + out_smem,
             instructions=instructions, bytes_in_flight=self.element_bytes * (bm + bn) * bk / threads * max(ahead, 1),
             ilp=float(wgmma_n // 8), chain_cycles=chain, k_extent=k_tiles * bk, notes=notes)
 
@@ -426,6 +455,8 @@ class GemmWgmma(Strategy):
             producer["persistent"] = int(point["persistent"])
         if load_of(point) == "tma" and epilogue_of(point) != "registers":
             producer["epilogue"] = epilogue_of(point)
+        if point.get("staged_output"):
+            producer["staged_output"] = True
         sch.tensorize(info.stage, intrinsic="wgmma", block=(bm, int(point["bn"])), warps=(4 * (bm // 64), 1),
                       k_tile=K_TILE, stages=int(point["stages"]), **producer)
 
@@ -439,8 +470,9 @@ class GemmWgmma(Strategy):
             return (f"gemm_wgmma(wgmma.m64n{bn}k16 f32 accumulators, block {bm}x{bn}, {bm // 64} consumer "
                     f"warpgroup(s) + 1 TMA producer warpgroup, k-tile {K_TILE}, {stages} TMA stages{persistent}; "
                     "rung: wgmma + TMA + mbarrier ring, warp-specialized, 128B swizzle)")
+        staged = ", output staged in shared memory" if point.get("staged_output") else ""
         return (f"gemm_wgmma(wgmma.m64n{bn}k16 f32 accumulators, block {bm}x{bn}, {bm // 64} warpgroup(s), "
-                f"k-tile {K_TILE}, {stages} cp.async stages; rung: wgmma + cp.async ring, 128B swizzle)")
+                f"k-tile {K_TILE}, {stages} cp.async stages{staged}; rung: wgmma + cp.async ring, 128B swizzle)")
 
 
 register(GemmWgmma())

@@ -20,8 +20,9 @@ stages the tile's input *halo* in shared memory once, with the existing primitiv
   bind      lane tile → blockIdx.x, window tile → blockIdx.y, the rest → blockIdx.z
   cache_read X into shared memory at the innermost block loop: the box is the halo,
             (TP·σ + (R-1)·δ) × ((TY-1)·σ + (S-1)·δ + 1) × TX for NHWC, copied cooperatively,
-            consecutive threads on consecutive elements of X's contiguous dimension (float4
-            chunks where the lane axis is X's contiguous dimension and TX, C are multiples of 4),
+            consecutive threads on consecutive elements of X's contiguous dimension (16-byte
+            chunks -- 8 halves, 4 floats -- where the lane axis is X's contiguous dimension and
+            TX, C are multiples of the chunk; 4 elements where they are multiples of 4),
             zero-filled outside X (the padding)
   unroll    the window loops and the TP outputs
 
@@ -125,6 +126,15 @@ def _window_rows(x: Access, axis: str | None, tp: int, info: KernelInfo) -> tupl
     return 0, 0
 
 
+def copy_width(x: Access, tx: int) -> int:
+    """Elements per chunk of the halo copy along the channels: 16 bytes (8 halves, 4 floats)
+    where TX and C are multiples of it, else 4 elements where they are multiples of 4, else 1."""
+    for width in (16 // max(x.itemsize, 1), 4):
+        if width > 1 and tx % width == 0 and x.dims[-1] % width == 0:
+            return width
+    return 1
+
+
 class StencilTile(Strategy):
     name = "stencil_tile"
     description = "window sum over shifted reads (depthwise conv): output tile per block, input halo in shared memory"
@@ -178,7 +188,7 @@ class StencilTile(Strategy):
             axes = [v for v in tiles if d.get(v)]
             halo *= _halo(x, axes[0], tiles[axes[0]], info) if axes else 1
         lane_contiguous = any(d is not None and d.get(lane) == 1 for d in x.per_dim[-1:])
-        vector = 4 if lane_contiguous and tx % 4 == 0 and x.dims[-1] % 4 == 0 else 1
+        vector = copy_width(x, tx) if lane_contiguous else 1
         copy_elems = float(blocks * halo)
         outputs = float(info.outputs)
         # the copy: consecutive threads on consecutive elements of the box's last dimension
@@ -248,8 +258,8 @@ class StencilTile(Strategy):
         sch.bind(lt, "threadIdx.x")
         cache = sch.cache_read(info.stage, x.tensor, "shared")
         lane_contiguous = x.per_dim[-1] is not None and x.per_dim[-1].get(lane) == 1
-        if lane_contiguous and tx % 4 == 0 and x.dims[-1] % 4 == 0:
-            sch.vector_copy(cache, 4)
+        if lane_contiguous and copy_width(x, tx) > 1:
+            sch.vector_copy(cache, copy_width(x, tx))
         sch.compute_at(cache, lb)
         for lp in (*per_thread, *window):
             sch.unroll(lp)

@@ -42,6 +42,9 @@ def tensorize_wgmma(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling,
     if producer not in PRODUCERS:
         raise ScheduleError(f"tensorize({stage}, wgmma): producer {producer!r} is not one of {PRODUCERS}")
     c, row = checked_wgmma(func, stage, intrinsic, tiling)
+    if producer == "tma" and tiling.staged_output:
+        raise ScheduleError(f"tensorize({stage}, wgmma): staged_output is built for the cp.async ring only (the TMA "
+                            "ring's producer warpgroup takes no part in the epilogue's barrier)")
     if producer == "tma":
         return tensorize_wgmma_tma(func, stage, c, row, tiling, release, persistent, epilogue=epilogue)
     if persistent:

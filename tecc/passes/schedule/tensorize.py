@@ -67,7 +67,10 @@ What it emits, step by step (each step is one function below):
                guarded by row < M and col < N, the row and column unflattened into their axes,
                stored as the stage's own store with acc[0]
                replaced by the element: bias, activations, residuals, scales and the cast to the
-               output dtype fuse as written.
+               output dtype fuse as written. Elements 2j, 2j + 1 (adjacent columns) are stored
+               together by a vectorize loop where the innermost column extent is even
+               (`output_pair`); with Tiling.staged_output the values go to a padded shared tile
+               that the block then copies to the output in 16-byte chunks (`finish_output`).
 
 float32 operands (TF32, only with intrinsic "mma.m16n8k8.f32.tf32" named: "auto" refuses them,
 since rounding float32 inputs to tf32 is an opt-in, `build(..., allow_tf32=True)`) take the same
@@ -162,6 +165,7 @@ class Tiling:
     warps_n: int
     bk: int
     stages: int
+    staged_output: bool = False   # the epilogue writes the block's outputs through shared memory (step 6)
 
     @property
     def threads(self) -> int:
@@ -313,6 +317,7 @@ class _Emitter:
                                        _shape(self.tile_shape(op)[0] * self.tile_shape(op)[1] // t.threads), "local")
                        for op in (c.a, c.b) if not self.asynchronous(op)}
         self.names: dict[str, int] = {}
+        self.out_tile = self.output_tile() if t.staged_output else None
 
     def fragment_buffers(self) -> tuple[Buffer, ...]:
         """The per-lane fragment buffers (allocated around the kernel body); the accumulators
@@ -341,7 +346,8 @@ class _Emitter:
     def kernel(self) -> PrimFunc:
         c, t = self.c, self.t
         allocs = self.pipeline()
-        for buf in (self.shared["A"], self.shared["B"], *self.staged.values(), *self.fragments):
+        out_tile = () if self.out_tile is None else (self.out_tile,)
+        for buf in (self.shared["A"], self.shared["B"], *out_tile, *self.staged.values(), *self.fragments):
             allocs = Allocate(buf, allocs)
         body: Stmt = For(self.tx, _int(0), _int(t.threads), "threadIdx.x", allocs)
         body = For(self.bx, _int(0), _ceil_div(c.n, t.bn), "blockIdx.x", body)
@@ -600,29 +606,139 @@ class _Emitter:
         t = self.t
         wm, wn = t.bm // t.warps_m, t.bn // t.warps_n
 
+        paired = self.pairs_columns(32, 4)
+
         def tile(q: Var) -> Stmt:
             mi, ni = q // t.tn, q % t.tn
 
-            def element(e: Var) -> Stmt:
+            def element(e: Expr) -> Stmt:
                 r, col = self.c_map(self.lane, e)
-                row = self.by * t.bm + self.warp_m * wm + mi * 16 + r
-                column = self.bx * t.bn + self.warp_n * wn + ni * 8 + col
+                row = self.warp_m * wm + mi * 16 + r
+                column = self.warp_n * wn + ni * 8 + col
+                if paired:
+                    return self.output_pair(row, column, q * 4 + e)
                 return self.output(row, column, self.frag_c[q * 4 + e])
+            if paired:
+                return self.unrolled("out_e", 2, lambda p: element(p * 2))
             return self.unrolled("out_e", 4, element)
-        return self.unrolled("out_tile", t.tm * t.tn, tile)
+        return self.finish_output(self.unrolled("out_tile", t.tm * t.tn, tile))
 
-    def output(self, row: Expr, column: Expr, element: Expr) -> Stmt:
-        """The stage's own store of output (row, column), guarded by row < M and column < N,
-        with the accumulator replaced by `element`: the epilogue fuses as written."""
+    def pairs_columns(self, lanes: int, elements: int) -> bool:
+        """Whether the epilogue stores two adjacent columns per statement (`output_pair`): the
+        accumulator layout keeps elements 2j, 2j + 1 of every lane at (row, col), (row, col + 1)
+        with col even (mma.sync's C and wgmma's D fragments do: PTX ISA, "Matrix fragments"),
+        and the innermost column axis has a constant even extent, so an even column and the
+        next one unflatten to the same outer axes and are both in range or both out."""
+        inner = const_int(self.c.cols[-1][1])
+        if inner is None or inner % 2:
+            return False
+        for lane in range(lanes):
+            for j in range(elements // 2):
+                (r0, c0), (r1, c1) = self.c_map(lane, 2 * j), self.c_map(lane, 2 * j + 1)
+                if r0 != r1 or c1 != c0 + 1 or c0 % 2:
+                    return False
+        return True
+
+    def output(self, row_in_block: Expr, column_in_block: Expr, element: Expr) -> Stmt:
+        """The stage's own store of output (row, column) -- the block's row_in_block,
+        column_in_block --, guarded by row < M and column < N, with the accumulator replaced by
+        `element`: the epilogue fuses as written. With a staged output the value goes to the
+        block's output tile in shared memory instead (`finish_output` stores it)."""
         c = self.c
         store = c.store
+        row, column = self.by * self.t.bm + row_in_block, self.bx * self.t.bn + column_in_block
         values: dict[Var, Expr] = {v: self.batch_index[v.name] for v, _ in c.batch}
         values.update(unflatten(c.rows, row))      # the row and column unflattened into their axes
         values.update(unflatten(c.cols, column))
         value = _ReplaceAccumulator(c.acc, element).visit(store.value)
         value = substitute(value, values)
-        indices = tuple(substitute(ix, values) for ix in store.indices)
-        return IfThenElse((row < c.m) & (column < c.n), BufferStore(store.buffer, indices, value))
+        if self.out_tile is not None:
+            target = BufferStore(self.out_tile, (row_in_block, column_in_block), value)
+        else:
+            target = BufferStore(store.buffer, tuple(substitute(ix, values) for ix in store.indices), value)
+        return IfThenElse((row < c.m) & (column < c.n), target)
+
+    # step 6 with a staged output: the block's outputs through shared memory -------------------------
+    def output_tile(self) -> Buffer:
+        """The block's BM x BN outputs in shared memory, rows padded by 16 bytes (consecutive
+        rows start 4 banks apart, so a warp's paired stores of 8 rows x 4 lanes hit 32 banks),
+        or a ScheduleError when the output cannot be copied out in 16-byte chunks."""
+        c, t = self.c, self.t
+        where = f"tensorize({c.store.buffer.tensor or c.store.buffer.name}, staged_output)"
+        out = c.store.buffer
+        chunk = 16 // out.dtype.bytes
+        (j, extent), = c.cols if len(c.cols) == 1 else ((None, None),)
+        n = const_int(extent) if extent is not None else None
+        if j is None or n is None or n % chunk:
+            raise ScheduleError(f"{where}: the output is copied out in 16-byte chunks along one column axis of a "
+                                f"constant extent that is a multiple of {chunk}; the columns here are "
+                                f"{', '.join(f'{v.name} ({e})' for v, e in c.cols)}: use staged_output=False")
+        if out.strides is not None or not (isinstance(c.store.indices[-1], Var) and c.store.indices[-1] is j):
+            raise ScheduleError(f"{where}: the output {out.name} must be contiguous along its column axis {j.name} "
+                                "(its innermost index): use staged_output=False")
+        if (t.bm * t.bn // chunk) % t.threads:
+            raise ScheduleError(f"{where}: a {t.bm}x{t.bn} output tile is not a whole number of 16-byte chunks per "
+                                f"thread for {t.threads} threads")
+        return Buffer(f"{out.name}_out", out.dtype, _shape(t.bm, t.bn + chunk), "shared",
+                      tensor=f"{out.tensor}.out")
+
+    def finish_output(self, stores: Stmt) -> Stmt:
+        """The epilogue's statements, then, with a staged output, a barrier and the copy of the
+        block's tile to the output: thread tx copies 16-byte chunks tx, tx + threads, ... in row
+        order (a warp stores whole 128-byte lines of consecutive rows), each guarded by its row
+        and its column (N is a multiple of the chunk) and addressed through the output's own
+        indices with the row unflattened and the column axis at column .. column + chunk - 1
+        (a `vectorize` loop: one 16-byte store, one 16-byte shared load)."""
+        if self.out_tile is None:
+            return stores
+        c, t = self.c, self.t
+        store, tile = c.store, self.out_tile
+        chunk = 16 // tile.dtype.bytes
+        per_row = t.bn // chunk
+        j = c.cols[0][0]
+
+        def piece(i: Var) -> Stmt:
+            index = self.tx + i * t.threads
+            r, col = index // per_row, index % per_row * chunk
+            row, column = self.by * t.bm + r, self.bx * t.bn + col
+            lane = Var("out_copy_v" if i.name == "out_copy" else f"{i.name}_v")
+            values: dict[Var, Expr] = {v: self.batch_index[v.name] for v, _ in c.batch}
+            values.update(unflatten(c.rows, row))
+            values[j] = column + lane
+            indices = tuple(substitute(ix, values) for ix in store.indices)
+            body = IfThenElse((row < c.m) & (column < c.n),
+                              BufferStore(store.buffer, indices, BufferLoad(tile, (r, col + lane))))
+            return For(lane, _int(0), _int(chunk), "vectorize", body)
+        copy = self.unrolled("out_copy", t.bm * t.bn // chunk // t.threads, piece)
+        return seq(stores, Barrier(), copy)
+
+    def output_pair(self, row_in_block: Expr, column_in_block: Expr, first: Expr) -> Stmt:
+        """Outputs (row, column) and (row, column + 1) from accumulator elements `first` and
+        `first` + 1, column even (`pairs_columns`): a `vectorize` loop of 2 over the innermost
+        column axis, so where the output is contiguous along it codegen stores both with one
+        4-byte (half2) or 8-byte (float2) store instead of two scalar ones -- a warp's store then
+        covers whole 32-byte sectors of 8 rows (16 bytes per row from each of two stores) rather
+        than every other 2-byte element -- and reads a residual operand the same way. The guard
+        is the even column's: column + 1 < N whenever column < N (N even)."""
+        c = self.c
+        store = c.store
+        row, column = self.by * self.t.bm + row_in_block, self.bx * self.t.bn + column_in_block
+        n = self.names.get("out_v", 0)
+        self.names["out_v"] = n + 1
+        lane = Var("out_v" if n == 0 else f"out_v{n}")
+        values: dict[Var, Expr] = {v: self.batch_index[v.name] for v, _ in c.batch}
+        values.update(unflatten(c.rows, row))
+        values.update(unflatten(c.cols, column))
+        inner = c.cols[-1][0]
+        values[inner] = values[inner] + lane    # (column + v) % e = column % e + v: e and column even
+        value = _ReplaceAccumulator(c.acc, self.frag_c[first + lane]).visit(store.value)
+        value = substitute(value, values)
+        if self.out_tile is not None:
+            target = BufferStore(self.out_tile, (row_in_block, column_in_block + lane), value)
+        else:
+            target = BufferStore(store.buffer, tuple(substitute(ix, values) for ix in store.indices), value)
+        body = IfThenElse((row < c.m) & (column < c.n), target)
+        return For(lane, _int(0), _int(2), "vectorize", body)
 
 
 __all__ = ["CHUNK", "INTRINSICS", "TF32", "Contraction", "Operand", "Tiling", "check_tiling", "load_a_fragment",

@@ -40,7 +40,8 @@ replaced by wgmmas that read A and B straight from shared memory through matrix 
                reports that race: tests build the ring one tile further ahead to show it).
                After the loop: wait_group 0 (pinning the accumulators), cp.async.wait_group 0.
 4. epilogue    each thread's accumulator elements at (row, col) from the wgmma D fragment's
-               layout map (row + 64 · warpgroup), guarded, fused as tensorize.py's epilogue.
+               layout map (row + 64 · warpgroup), guarded, fused as tensorize.py's epilogue
+               (column pairs in one store; optionally staged through shared memory).
 
 tf32 (float32 operands, intrinsic "wgmma.tf32" or a `wgmma.m64nNk8.f32.tf32` row; the opt-in
 that mma.sync's tf32 row asks for too). The ISA gives tf32 no transpose immediates: a shared
@@ -380,16 +381,22 @@ class _WarpgroupEmitter(_Emitter):
 
     # step 6: the epilogue from the D fragment map -----------------------------------------------
     def epilogue(self) -> Stmt:
-        t = self.t
         thread = self.tx % WARPGROUP_SIZE
+        elements = int(lookup(self.row).operand("d").elements)
+        # Cᵀ's adjacent accumulator columns are adjacent rows of C: no pairs in the swapped form
+        paired = not self.swap and self.pairs_columns(WARPGROUP_SIZE, elements)
 
-        def element(e: Var) -> Stmt:
-            r, col = self.c_map(thread, e)
-            x = self.warpgroup * 64 + r
+        def element(e: Expr) -> Stmt:
+            r, col = self.c_map(thread, e)     # (row, column) in the block: warpgroup g has rows 64g..
+            row = self.warpgroup * 64 + r
             if self.swap:  # the accumulator holds Cᵀ: its rows are C's columns
-                return self.output(self.by * t.bm + col, self.bx * t.bn + x, self.frag_c[e])
-            return self.output(self.by * t.bm + x, self.bx * t.bn + col, self.frag_c[e])
-        return self.unrolled("out_e", int(lookup(self.row).operand("d").elements), element)
+                return self.output(col, row, self.frag_c[e])
+            if paired:
+                return self.output_pair(row, col, e)
+            return self.output(row, col, self.frag_c[e])
+        if paired:
+            return self.finish_output(self.unrolled("out_e", elements // 2, lambda p: element(p * 2)))
+        return self.finish_output(self.unrolled("out_e", elements, element))
 
 
 __all__ = ["BLOCK_N", "K_TILE", "TF32_K_TILE", "TF32_WGMMA", "swaps_operands", "PRODUCERS", "check_warpgroup_tiling", "checked_wgmma", "tensorize_wgmma_threads",
