@@ -517,3 +517,55 @@ def test_launch_order_with_a_symbolic_sequence_length(wgmma):
         given = [a.astype(np.float64) for a in x]
         want, _ = reference(given, 2, "causal", False)
         check(f"symbolic n={size}", o.astype(np.float64), want, bound("bfloat16", size, given[2]), k.plan)
+
+
+# ---- the tiling under a mask that skips key tiles: the fitted cost per block -----------------------
+
+@pytest.mark.parametrize("d,rows,key_tile,tiles,guarded,blocks,measured", [
+    (128, 128, 64, 128, 0, 2048, 2062.8), (128, 128, 64, 65, 2, 2048, 1394.3), (128, 128, 64, 64, 0, 2048, 1059.0),
+    (128, 128, 128, 64, 0, 2048, 2188.4), (128, 128, 128, 32.5, 1, 2048, 1202.5), (128, 128, 128, 32, 0, 2048, 1165.0),
+    (64, 128, 128, 64, 0, 4096, 2314.9), (64, 128, 128, 32.5, 1, 4096, 1287.0), (64, 128, 128, 32, 0, 4096, 1235.0),
+    (64, 128, 64, 128, 0, 4096, 2580.5), (64, 128, 64, 65, 2, 4096, 1460.8), (64, 128, 64, 64, 0, 4096, 1340.0)])
+def test_block_cost_reproduces_the_timings_it_was_fitted_on(d, rows, key_tile, tiles, guarded, blocks, measured):
+    """WGMMA_BLOCK_COST: the H200 times (attention_tilings.py --wgmma, S = 4k / 8k, causal and
+    not) as blocks / 132 SMs times the cost of one block, within the fit's rounding (1%)."""
+    from tecc.compiler.strategies.online_contraction import block_cost
+
+    predicted = block_cost(d, rows, key_tile, tiles, guarded) * blocks / 132
+    assert abs(predicted - measured) <= 0.01 * measured, (predicted, measured)
+
+
+@pytest.mark.parametrize("d,mask,want", [(128, "causal", 128), (128, "bottom_right", 128), (128, None, 64),
+                                         (128, "tensor", 64), (64, "causal", 128)])
+def test_masked_programs_take_128_key_tiles_by_the_proven_tile_counts(d, mask, want):
+    """At d = 128 the planner takes 128-key tiles when the isl-proven tile counts show the mask
+    skips tiles (causal, bottom-right: the fitted cost ranks them first, and the plan says so),
+    64-key tiles without a mask and with a mask tensor (no proven bound: the measured order)."""
+    ins, outs = masked_attention(2, 16, 8192, 8192 if mask != "bottom_right" else 8192 + 512, d, "float16",
+                                 mask=mask)
+    choice = propose_wgmma(ins + outs, "sm_90")
+    assert choice is not None
+    assert choice.plan.steps[0].args["key_tile"] == want, choice.plan
+    ranked = "the mask skips key tiles (isl-proven counts)" in choice.reason
+    assert ranked == (mask in ("causal", "bottom_right") and d == 128), choice.reason
+
+
+def test_proven_tiles_count_the_causal_blocks_and_a_symbolic_length():
+    """proven_tiles: a causal S = 1000, 128 x 64: block b visits min(16, 2b + 2) tiles, the
+    diagonal two guarded; a symbolic length is costed at NOMINAL_LENGTH."""
+    import tecc as tc
+    from tecc.compiler.strategies.online_contraction import NOMINAL_LENGTH, proven_tiles
+    from tecc.passes.rewrite.online_contraction import online_chain
+
+    ins, outs = masked_attention(1, 2, 1000, 1000, 64, "float16", mask="causal")
+    mean, guarded, whole, blocks = proven_tiles(online_chain(ins + outs), 128, 64)
+    visited = [min(16, 2 * b + 2) for b in range(8)]
+    assert (blocks, whole) == (8, 16) and mean == sum(visited) / 8
+    plain = [min(15, (128 * b + 1) // 64) for b in range(8)]
+    assert guarded == sum(v - min(v, p) for v, p in zip(visited, plain)) / 8
+    n = tc.var("n")
+    ins, outs = masked_attention(1, 2, n, n, 64, "float16", mask="causal")
+    mean, _, whole, blocks = proven_tiles(online_chain(ins + outs), 128, 128)
+    assert blocks == NOMINAL_LENGTH // 128 and whole == NOMINAL_LENGTH // 128 and mean < whole
+    ins, outs = masked_attention(1, 2, 1000, 1000, 64, "float16", mask="tensor")
+    assert proven_tiles(online_chain(ins + outs), 128, 64) is None
