@@ -111,6 +111,7 @@ from ...ir.stmt import (
     FragmentRef,
     IfThenElse,
     KernelCall,
+    LetStmt,
     MatrixMultiply,
     Module,
     PrimFunc,
@@ -130,7 +131,7 @@ from ..names import identifier
 from ..schedule.tensorize import CHUNK, INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
 from ..schedule.tensorize_wgmma import wgmma_intrinsic
 from .key_tiles import kept, key_tile_bound, skipping_description, unmasked_tile_bound
-from .launch_order import block_grid, launch_order
+from .launch_order import block_grid, launch_order, work_item
 from .online_contraction import MAX_GRID_Y, OnlineChain, _Lower, head_indices, online_chain
 
 LOG2E = 1.0 / math.log(2.0)
@@ -291,7 +292,8 @@ def _check_relayout(qk: str, pv: str) -> None:
 
 def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key_tile: int = 64,
                            warp_rows: int = 16, name: str | None = None, wgmma: bool = False,
-                           blocks_per_sm: int = 0, overlap: bool = False, plain_order: bool = False) -> Module:
+                           blocks_per_sm: int = 0, overlap: bool = False, plain_order: bool = False,
+                           persistent: int = 0) -> Module:
     """The module of ONE tensor-core kernel computing the chain `args` (module docstring):
     `rows_per_block` query rows per block, `warp_rows` (16 or 32: one or two m16 tiles, which
     share every K and V fragment a warp loads) per warp, key tiles of `key_tile`.
@@ -300,14 +302,18 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
     > 0 asks for that many resident blocks (`__launch_bounds__`: ptxas caps the registers);
     `overlap`: S(kt + 1) and the softmax of tile kt + 1 while P(kt)·V is in flight, over a
     3-stage ring (_Kernel.overlapped_loop). `plain_order`: launch the blocks in the plain grid's
-    order (query blocks, then heads) instead of _Kernel.grid's (for timing one against the other)."""
+    order (query blocks, then heads) instead of _Kernel.grid's (for timing one against the other).
+    `persistent` > 0 (the Hopper form, not overlapped): a grid of that many blocks (one per SM:
+    132 on an H100/H200) looping over the (query block, head) work items, the longest first, the
+    next item's loads under this one's epilogue (_Kernel.persistent_body)."""
     where = "online_contraction_mma"
     chain = online_chain(args)
     tc_chain = tensor_core_chain(chain)
     if wgmma:
-        return _wgmma_module(tc_chain, rows_per_block, key_tile, name, blocks_per_sm, overlap, plain_order)
-    if blocks_per_sm or overlap:
-        raise ScheduleError(f"{where}: blocks_per_sm and overlap are options of the wgmma form (wgmma=True)")
+        return _wgmma_module(tc_chain, rows_per_block, key_tile, name, blocks_per_sm, overlap, plain_order, persistent)
+    if blocks_per_sm or overlap or persistent:
+        raise ScheduleError(f"{where}: blocks_per_sm, overlap and persistent are options of the wgmma form "
+                            "(wgmma=True)")
     not_sync = mma_sync_head_dims(tc_chain)
     if not_sync is not None:
         raise ScheduleError(not_sync)
@@ -353,8 +359,10 @@ class _Kernel:
         u = self.unique
         self.bx, self.by = Var(u("query_block"), dt.int32), Var(u("head"), dt.int32)
         self.tx, self.kt = Var(u("thread"), dt.int32), Var(u("key_tile"), dt.int32)
+        self.pb = Var(u("persistent_block"), dt.int32)
         self.order = ""   # the launch order of the blocks, for the plan (launch_order.py)
         self.plain_order = False
+        self.persistent = 0   # > 0: that many blocks loop over the work items (_Kernel.persistent_body)
         self.lane, self.warp = self.tx % 32, self.tx // 32
         self.lower = _Lower(self.buffers, u)
         if warpgroup:
@@ -498,6 +506,44 @@ class _Kernel:
             IfThenElse(has_next, substitute_stmt(convert, {self.kt: nxt})),
         ))
         return loop, start
+
+    def work_items(self) -> Expr:
+        return ((self.chain.rows[-1] + (self.BM - 1)) // self.BM) * size_product(self.chain.rows[:-1])
+
+    def persistent_body(self, q_copy: Stmt, init: Stmt, loop: Stmt, finish: Sequence[Stmt],
+                        order: tuple[int, bool, str]) -> Stmt:
+        """The persistent form (the Hopper form's `persistent` = P blocks): block p runs the work
+        items p, p + P, .. (launch_order.work_item: query block major, the longest first), each
+        item the plain block's key loop and epilogue; the next item's Q tile and first K/V tile
+        (q_copy, one commit group) are issued before this item's epilogue, after a barrier that
+        orders every warpgroup's last wgmmas (which read Q and the ring) before the copies
+        overwrite them, so the loads run under the epilogue's normalization and stores.
+
+            [p < W] copy Q, K/V tile 0 of item p; commit
+            for it < ceil((W - p) / P):  item = p + it·P  (query_block, head from it)
+              init; key loop; wait_group 0; barrier
+              [item + P < W] copy Q, K/V tile 0 of item + P; commit
+              epilogue
+            wait_group 0
+        """
+        zero = Const(0, dt.int32)
+        P = Const(self.persistent, dt.int32)
+        W = self.work_items()
+        item, it = Var(self.unique("work_item"), dt.int32), Var(self.unique("work"), dt.int32)
+
+        def at(linear: Expr) -> dict[Var, Expr]:
+            qb, head = work_item(self.chain, self.BM, order, linear, self.plain_order)
+            return {self.bx: qb, self.by: head} if self.chain.rows[:-1] else {self.bx: qb}
+
+        body: Stmt = seq(init, loop, AsyncWait(0), Barrier(),
+                         IfThenElse(compare("<", item + P, W), substitute_stmt(q_copy, at(item + P))),
+                         *finish)
+        here = at(item)
+        if self.chain.rows[:-1]:
+            body = LetStmt(self.by, here[self.by], body)
+        body = LetStmt(item, self.pb + it * P, LetStmt(self.bx, here[self.bx], body))
+        items = For(it, zero, (W - self.pb + (P - 1)) // P, "serial", body)
+        return seq(IfThenElse(compare("<", self.pb, W), substitute_stmt(q_copy, at(self.pb))), items, AsyncWait(0))
 
     def module(self) -> Module:
         chain, tcc, BM, BN, D, C = self.chain, self.tcc, self.BM, self.BN, self.D, self.C
@@ -770,16 +816,23 @@ class _Kernel:
         if chain.row_outputs:
             finish.append(self.unrolled("row_out", 2 * MT, row_out))
 
-        body: Stmt = seq(prologue, loop, AsyncWait(0), *finish)
+        order = (1, False, "") if self.plain_order else launch_order(self.chain, (tcc.k, tcc.v), self.bx, BM, bound)
+        self.order = order[2]
+        if self.persistent:
+            body: Stmt = self.persistent_body(q_copy, init, loop, finish, order)
+        else:
+            body = seq(prologue, loop, AsyncWait(0), *finish)
         unused = (q_frag, k_frag, v_frag) if wg else ()
         for buf in reversed([q_sh, k_sh, v_sh, q_frag, k_frag, s_frag, p_frag, v_frag, o_frag,
                              m_run, l_run, m_use, alpha, tile_max, l_sum, *self.lower.allocs]):
             if not any(buf is u for u in unused):
                 body = Allocate(buf, body)
         body = For(self.tx, zero, Const(self.threads, dt.int32), "threadIdx.x", body)
-        order = (1, False, "") if self.plain_order else launch_order(self.chain, (tcc.k, tcc.v), self.bx, BM, bound)
-        self.order = order[2]
-        body = block_grid(body, self.chain, BM, self.bx, self.by, order, self.unique)
+        if self.persistent:
+            body = For(self.pb, zero, binary("min", Const(self.persistent, dt.int32), self.work_items()), "blockIdx.x",
+                       body)
+        else:
+            body = block_grid(body, self.chain, BM, self.bx, self.by, order, self.unique)
 
         prog = chain.program
         used = global_buffers(body)
@@ -789,6 +842,10 @@ class _Kernel:
         kname = self.unique(f"{chain.output.name}_attention_{'wgmma' if wg else 'mma'}_kernel")
         mname = identifier(self.name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
         order = f"; {self.order}" if self.order else ""
+        if self.persistent:
+            order += (f"; persistent: {self.persistent} blocks loop over the (query block, head) work items, query "
+                      "block major" + (", the longest first" if "from the last" in self.order else "") +
+                      ", the next item's Q and first K/V tile loaded under this one's epilogue")
         if wg:
             what = (f"{self.qk_wgmma} / {self.pv_wgmma} (P from registers): {BM} query rows ({BM // 64} warpgroups of "
                     f"64), key tiles of {BN}, Q, K K-major and V MN-major in swizzled shared memory read through "
@@ -843,7 +900,7 @@ def _check_wgmma_relayout(qk: str, pv: str) -> None:
 
 
 def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name: str | None,
-                  blocks_per_sm: int, overlap: bool = False, plain_order: bool = False) -> Module:
+                  blocks_per_sm: int, overlap: bool = False, plain_order: bool = False, persistent: int = 0) -> Module:
     where = "online_contraction_mma (wgmma)"
     if rows_per_block not in (64, 128, 192, 256):
         raise ScheduleError(f"{where}: rows_per_block={rows_per_block} must be 64, 128, 192 or 256 (one warpgroup "
@@ -859,8 +916,15 @@ def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name
             raise ScheduleError(f"{where}: the {what} tile is {n} wide; wgmma has n in {WGMMA_N}")
     if isinstance(blocks_per_sm, bool) or not isinstance(blocks_per_sm, int) or not 0 <= blocks_per_sm <= 8:
         raise ScheduleError(f"{where}: blocks_per_sm={blocks_per_sm!r} must be 0 (no request) .. 8")
+    if isinstance(persistent, bool) or not isinstance(persistent, int) or not 0 <= persistent <= 1024:
+        raise ScheduleError(f"{where}: persistent={persistent!r} must be 0 (one block per work item) or the number of "
+                            "blocks that loop over the work items (132: one per SM of an H100/H200), at most 1024")
+    if persistent and overlap:
+        raise ScheduleError(f"{where}: persistent and overlap together are not built (the overlapped loop's prologue "
+                            "issues tile 0's scores); take one")
     kernel = _Kernel(tcc, rows_per_block, key_tile, 16, name, warpgroup=True)
     kernel.plain_order = plain_order
+    kernel.persistent = persistent
     if overlap:
         kernel.overlap, kernel.stages = True, OVERLAP_STAGES
     assert columns is not None
