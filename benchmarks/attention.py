@@ -1,6 +1,7 @@
 """Attention written as tensor expressions vs torch's scaled_dot_product_attention (issue 15).
 
-    python benchmarks/attention.py [--quick] [--dtype float16|bfloat16] [--gqa] [--dims 96 256] [--out DIR]
+    python benchmarks/attention.py [--quick] [--dtype float16|bfloat16] [--gqa] [--dims 96 256] [--persistent 132]
+                                   [--plain-order] [--out DIR]
 
 Each row builds the program users write (scores as a float32 contraction of Q and K, a causal
 `where` when asked, row max, exp, row sum, the contraction with V divided by the sum, cast back to
@@ -10,7 +11,9 @@ NaN-poisoned output, and times it with CUDA events in the same process as SDPA's
 backends (each where torch offers it for the shape). The ratio is against the fastest of them.
 B·H fills the GPU as FlashAttention's benchmarks do: 16k tokens per batch (B = 16384 / S) and
 2048 / d heads (rounded down). `--gqa`: 32 query heads over 8 K/V heads (K[b, h // 4, j, d]), d = 128.
-`--dims`: the head dims to run (e.g. `--dims 96 256`: the wgmma form's 96 and 256).
+`--dims`: the head dims to run (e.g. `--dims 96 256`: the wgmma form's 96 and 256). `--persistent 132`:
+the planned wgmma kernel in its persistent form (132 blocks looping over the work items). Each
+causal row is followed by its time over the non-causal one's.
 """
 
 from __future__ import annotations
@@ -82,7 +85,8 @@ def sdpa_times(q: Any, k: Any, v: Any, causal: bool, reps: int) -> dict[str, flo
     return out
 
 
-def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int = 1, plain_order: bool = False) -> dict[str, Any]:
+def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int = 1, plain_order: bool = False,
+              persistent: int = 0) -> dict[str, Any]:
     import torch
 
     import tecc as tc
@@ -92,10 +96,16 @@ def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int = 1, plain_o
     t0 = time.perf_counter()
     kern = tc.build(args)
     build_s = time.perf_counter() - t0
-    if plain_order and kern.plan.strategy == "online_contraction_mma":   # the same plan, the plain grid's order
+    if (plain_order or persistent) and kern.plan.strategy == "online_contraction_mma":
+        # the same plan, in the plain grid's order and/or persistent
         from tecc.compiler.plan import Plan, Step
 
-        step = Step("online_contraction_mma", {**dict(kern.plan.steps[0].args), "plain_order": True})
+        extra: dict[str, Any] = {"plain_order": True} if plain_order else {}
+        if persistent:
+            if not kern.plan.steps[0].args.get("wgmma"):
+                raise RuntimeError("--persistent is an option of the wgmma form (sm_90)")
+            extra["persistent"] = persistent
+        step = Step("online_contraction_mma", {**dict(kern.plan.steps[0].args), **extra})
         kern = tc.build(args, plan=Plan((step,), kern.plan.strategy, kern.plan.reason))
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     q = torch.randn(b, h, s, d, device="cuda", dtype=tdt)
@@ -128,7 +138,8 @@ def _plan_label(plan: Any) -> str:
         return str(plan.strategy)
     args = dict(plan.steps[0].args)
     form = ("+wgmma" if args.get("wgmma") else "") + ("+overlap" if args.get("overlap") else "") + \
-        ("+plain_order" if args.get("plain_order") else "")
+        ("+plain_order" if args.get("plain_order") else "") + \
+        (f"+persistent{args['persistent']}" if args.get("persistent") else "")
     return f"{plan.strategy}{form} {args.get('rows_per_block')}x{args.get('key_tile')}"
 
 
@@ -144,6 +155,9 @@ def main() -> None:
     ap.add_argument("--plain-order", action="store_true",
                     help="launch the blocks in the plain grid's order (query blocks, then heads): the order before "
                          "grouped heads side by side and the longest query blocks first, for comparison")
+    ap.add_argument("--persistent", type=int, default=0, metavar="BLOCKS",
+                    help="the wgmma form's persistent kernel: BLOCKS blocks (132: one per SM of an H100/H200) loop "
+                         "over the (query block, head) work items, longest first")
     ap.add_argument("--dims", type=int, nargs="+", default=None, help="head dims (default 64 128; 64 with --quick)")
     opts = ap.parse_args()
     seqs = (1024, 4096) if opts.quick else (1024, 2048, 4096, 8192, 16384)
@@ -161,7 +175,7 @@ def main() -> None:
         for s in seqs:
             for causal in (False, True):
                 try:
-                    row = run_shape(s, d, opts.dtype, causal, groups, opts.plain_order)
+                    row = run_shape(s, d, opts.dtype, causal, groups, opts.plain_order, opts.persistent)
                 except Exception as exc:  # noqa: BLE001 - report and go on
                     row = {"S": s, "d": d, "causal": causal, "error": f"{type(exc).__name__}: {exc}"[:400]}
                     print(row, flush=True)
@@ -172,6 +186,10 @@ def main() -> None:
                       f"{row['tecc_tflops']:6.1f} {row.get('sdpa_flash_us', float('nan')):9.1f} "
                       f"{row.get('sdpa_cudnn_us', float('nan')):9.1f} {row['ratio']:6.3f} {row['rel_err']:8.1e}  "
                       f"{row['plan']} ({row['kernels']} kernel{'s' if row['kernels'] > 1 else ''})", flush=True)
+                if causal and len(rows) >= 2 and "tecc_us" in rows[-2] and rows[-2]["S"] == s and rows[-2]["d"] == d:
+                    row["causal_over_noncausal"] = row["tecc_us"] / rows[-2]["tecc_us"]
+                    print(f"{'':>6} causal / non-causal time: {row['causal_over_noncausal']:.3f} (issue 15's target "
+                          "<= 0.55 at S = 8k)", flush=True)
     ratios = [r["ratio"] for r in rows if "ratio" in r and r["ratio"] == r["ratio"]]
     if ratios:
         print(f"geometric mean ratio vs the fastest SDPA backend: "
