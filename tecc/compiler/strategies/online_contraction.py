@@ -42,6 +42,7 @@ from ...ir import dtype as dt
 from ...ir.errors import ScheduleError, TeccError
 from ...ir.evaluate import evaluate_int
 from ...ir.expr import Expr, Var, const_int, walk
+from ...ir.target import target as target_info
 from ...ir.tensor import Tensor
 from ...passes.rewrite.key_tiles import key_tile_bound, unmasked_tile_bound
 from ...passes.rewrite.online_contraction import OnlineChain, online_chain
@@ -259,6 +260,50 @@ def masked_tiling_order(chain: OnlineChain, widest: int, tilings: Sequence[tuple
     return tuple(order), note
 
 
+# ---- split-KV for few query rows over many keys (decoding) --------------------------------------
+
+MIN_CHUNK_TILES = 4   # a key chunk of fewer tiles spends more on its prologue, ring fill and partials
+
+
+def kv_split_choice(chain: OnlineChain, rows: int, key_tile: int, sms: int) -> tuple[int, str]:
+    """(chunks, why) for split-KV: when the query blocks × heads (constant extents) are fewer
+    than the GPU's `sms`, the key tiles of a block (the isl-proven mean when the mask skips
+    some, a symbolic key extent at NOMINAL_LENGTH) are split into min(ceil(sms / blocks),
+    tiles // MIN_CHUNK_TILES) chunks (floor: at most one wave of blocks); (1, "") when that is
+    below 2 or the row and head extents are symbolic."""
+    queries, heads = const_int(chain.rows[-1]), [const_int(h) for h in chain.rows[:-1]]
+    if queries is None or any(h is None for h in heads):
+        return 1, ""
+    n_heads = 1
+    for h in heads:
+        assert h is not None
+        n_heads *= h
+    blocks = -(-queries // rows) * n_heads
+    if blocks >= sms:
+        return 1, ""
+    found = proven_tiles(chain, rows, key_tile)
+    if found is not None:
+        tiles = found[0]
+    else:
+        keys = const_int(chain.keys)
+        tiles = -(-(keys if keys is not None else NOMINAL_LENGTH) // key_tile)
+    chunks = min(sms // blocks, int(tiles) // MIN_CHUNK_TILES)
+    if chunks < 2:
+        return 1, ""
+    return chunks, (f"split-KV: {blocks} blocks of {rows} query rows would fill {blocks} of {sms} SMs, so the ~{tiles:.0f} key "
+                    f"tiles of a block are split into {chunks} chunks (a grid axis), float32 partial O, max and sum "
+                    f"per chunk, combined by a second kernel (at least {MIN_CHUNK_TILES} tiles a chunk)")
+
+
+def decode_first(tilings: Sequence[tuple[int, int, int, bool]], queries: int | None
+                 ) -> tuple[tuple[int, int, int, bool], ...]:
+    """With at most 64 query rows, the one-warpgroup (64-row) tilings first: a second warpgroup
+    would only compute rows past the end."""
+    if queries is None or queries > 64:
+        return tuple(tilings)
+    return tuple(sorted(tilings, key=lambda t: t[0] > 64))
+
+
 def _why_not_wgmma(tensors: Sequence[Tensor], target: Any) -> str | None:
     """None when the Hopper form may be tried for `target`, else the reason."""
     arch = _arch_number(target if _arch_number(target) is not None else default_arch())
@@ -285,6 +330,7 @@ def _wgmma_choice(tensors: Sequence[Tensor], target: Any) -> OnlineContractionCh
     arch = f"sm_{WGMMA_ARCH}"
     checked: list[str] = []
     tilings, masked_note = masked_tiling_order(chain, widest, wgmma_tilings(widest))
+    tilings = decode_first(tilings, const_int(chain.rows[-1]))
     for rows, key_tile, blocks, overlap in tilings:
         label = f"{rows}x{key_tile}" + (f" ({blocks} blocks/SM)" if blocks else "") + (" overlapped" if overlap else "")
         res = _ptxas(tensors, rows, key_tile, 16, arch, wgmma=True, blocks_per_sm=blocks, overlap=overlap)
@@ -308,7 +354,12 @@ def _wgmma_choice(tensors: Sequence[Tensor], target: Any) -> OnlineContractionCh
               "exp2 with log2(e) folded into the scale; "
               f"{describe_skipping(tensors, rows, key_tile)}"
               f"{f'; {masked_note}' if masked_note else ''}")
+    splits, split_note = kv_split_choice(chain, rows, key_tile, target_info(arch).sm_count)
+    if split_note:
+        reason += f"; {split_note}"
     args: dict[str, Any] = {"rows_per_block": rows, "key_tile": key_tile, "wgmma": True}
+    if splits > 1:
+        args["kv_splits"] = splits
     if blocks:
         args["blocks_per_sm"] = blocks
     if overlap:
@@ -351,13 +402,18 @@ def propose_mma(tensors: Sequence[Tensor], target: Any = None) -> OnlineContract
               f"{res.registers} registers, no spills{passed_over}); exp2 with log2(e) folded into "
               "the scale (ex2.approx.ftz: one MUFU.EX2, relative error ~2^-22, below P's rounding to 16 bits); "
               f"{describe_skipping(tensors, rows, key_tile)}{not_wgmma}")
+    splits, split_note = kv_split_choice(chain, rows, key_tile, target_info(arch).sm_count)
+    if split_note:
+        reason += f"; {split_note}"
     args = {"rows_per_block": rows, "key_tile": key_tile}
     if warp_rows != 16:
         args["warp_rows"] = warp_rows
+    if splits > 1:
+        args["kv_splits"] = splits
     plan = Plan((Step("online_contraction_mma", args),),
                 "online_contraction_mma", reason)
     return OnlineContractionChoice(plan, 32 * (rows // warp_rows), rows, reason)
 
 
-__all__ = ["NOMINAL_LENGTH", "OnlineContractionChoice", "WGMMA_BLOCK_COST", "block_cost", "masked_tiling_order",
+__all__ = ["MIN_CHUNK_TILES", "NOMINAL_LENGTH", "decode_first", "kv_split_choice", "OnlineContractionChoice", "WGMMA_BLOCK_COST", "block_cost", "masked_tiling_order",
            "mma_tilings", "proven_tiles", "propose", "propose_mma", "propose_wgmma", "wgmma_tilings"]
