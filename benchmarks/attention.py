@@ -1,7 +1,7 @@
 """Attention written as tensor expressions vs torch's scaled_dot_product_attention (issue 15).
 
     python benchmarks/attention.py [--quick] [--dtype float16|bfloat16] [--gqa] [--dims 96 256] [--persistent 132]
-                                   [--plain-order] [--decode] [--out DIR]
+                                   [--plain-order] [--decode [--kv-splits 8 16 32]] [--out DIR]
 
 Each row builds the program users write (scores as a float32 contraction of Q and K, a causal
 `where` when asked, row max, exp, row sum, the contraction with V divided by the sum, cast back to
@@ -84,7 +84,8 @@ def decode_tensors(b: int, h: int, sq: int, sk: int, d: int, dtype: str, groups:
     return [Q, K, V, O]
 
 
-def run_decode(sq: int, sk: int, d: int, dtype: str, b: int, h: int, groups: int) -> dict[str, Any]:
+def run_decode(sq: int, sk: int, d: int, dtype: str, b: int, h: int, groups: int,
+               other_splits: tuple[int, ...] = ()) -> dict[str, Any]:
     """The planned kernel (split-KV when the planner takes it), the same plan without the split,
     and SDPA's backends (bottom-right causal bias when sq > 1, K/V expanded to the query heads
     for the backends without enable_gqa) on the same inputs; checked in float64."""
@@ -115,10 +116,21 @@ def run_decode(sq: int, sk: int, d: int, dtype: str, b: int, h: int, groups: int
     row: dict[str, Any] = {"Sq": sq, "Sk": sk, "d": d, "B": b, "H": h, "H_kv": h // groups, "dtype": dtype,
                            "rel_err": err, "plan": _plan_label(kern.plan), "tecc_us": time_call(lambda: kern(q, k, v, o), reps) * 1e6}
     step = dict(kern.plan.steps[0].args) if kern.plan.strategy == "online_contraction_mma" else {}
-    if step.get("kv_splits", 1) > 1:
-        step.pop("kv_splits")
-        whole = tc.build(args, plan=Plan((Step("online_contraction_mma", step),), "no split", ""))
-        row["tecc_no_split_us"] = time_call(lambda: whole(q, k, v, o), reps) * 1e6
+    if step:
+        for splits in (1, *other_splits):
+            if splits == step.get("kv_splits", 1):
+                continue
+            other = {key: val for key, val in step.items() if key != "kv_splits"}
+            if splits > 1:
+                other["kv_splits"] = splits
+            alt = tc.build(args, plan=Plan((Step("online_contraction_mma", other),), "other split", ""))
+            alt(q, k, v, o)
+            torch.cuda.synchronize()
+            alt_err = float(((o.double() - ref).abs() / (1 + ref.abs())).max())
+            key = "tecc_no_split_us" if splits == 1 else f"tecc_{splits}_splits_us"
+            row[key] = time_call(lambda: alt(q, k, v, o), reps) * 1e6
+            if splits > 1:
+                print(f"  kv_splits={splits}: {row[key]:.1f} us (rel err {alt_err:.1e})", flush=True)
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
                           ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
         try:
@@ -133,7 +145,7 @@ def run_decode(sq: int, sk: int, d: int, dtype: str, b: int, h: int, groups: int
     return row
 
 
-def decode_main(dtype: str, out: str | None) -> None:
+def decode_main(dtype: str, out: str | None, other_splits: tuple[int, ...] = ()) -> None:
     """--decode: Sq in {1, 4, 16} over Sk in {4k, 16k, 64k}, B = 1, H = 32 over 8 K/V heads, d = 128,
     and B = 2, H = 16, d = 64 without grouping."""
     rows = []
@@ -143,7 +155,7 @@ def decode_main(dtype: str, out: str | None) -> None:
         for sk in (4096, 16384, 65536):
             for sq in (1, 4, 16):
                 try:
-                    row = run_decode(sq, sk, d, dtype, b, h, groups)
+                    row = run_decode(sq, sk, d, dtype, b, h, groups, other_splits)
                 except Exception as exc:  # noqa: BLE001 - report and go on
                     row = {"Sq": sq, "Sk": sk, "d": d, "error": f"{type(exc).__name__}: {exc}"[:400]}
                     print(row, flush=True)
@@ -270,10 +282,12 @@ def main() -> None:
     ap.add_argument("--dims", type=int, nargs="+", default=None, help="head dims (default 64 128; 64 with --quick)")
     ap.add_argument("--decode", action="store_true",
                     help="decoding: 1..16 query rows over 4k..64k keys (split-KV), against SDPA in the same process")
+    ap.add_argument("--kv-splits", type=int, nargs="+", default=(), metavar="S",
+                    help="with --decode: also time the planned tiling with these key chunk counts")
     opts = ap.parse_args()
     if opts.decode:
         print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  dtype {opts.dtype}", flush=True)
-        decode_main(opts.dtype, opts.out)
+        decode_main(opts.dtype, opts.out, tuple(opts.kv_splits))
         return
     seqs = (1024, 4096) if opts.quick else (1024, 2048, 4096, 8192, 16384)
     dims = (64,) if opts.quick else (64, 128)

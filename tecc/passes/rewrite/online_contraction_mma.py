@@ -861,13 +861,13 @@ class _Kernel:
             tuple(v for v in self.sig.scalars if v in body_vars)
         kname = self.unique(f"{chain.output.name}_attention_{'wgmma' if wg else 'mma'}_kernel")
         mname = identifier(self.name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
-        order = f"; {self.order}" if self.order else ""
+        said = f"; {self.order}" if self.order else ""
         if self.splits > 1:
-            order += (f"; split-KV: {self.splits} chunks of {self.chunk_tiles()} key tiles (grid z), float32 partial "
+            said += (f"; split-KV: {self.splits} chunks of {self.chunk_tiles()} key tiles (grid z), float32 partial "
                       "O, max and sum per chunk, combined by a second kernel (rescaled by 2^(m_s - max), then the "
                       "program's epilogue)")
         if self.persistent:
-            order += (f"; persistent: {self.persistent} blocks loop over the (query block, head) work items, query "
+            said += (f"; persistent: {self.persistent} blocks loop over the (query block, head) work items, query "
                       "block major" + (", the longest first" if "from the last" in self.order else "") +
                       ", the next item's Q and first K/V tile loaded under this one's epilogue")
         if wg:
@@ -876,11 +876,11 @@ class _Kernel:
                     f"descriptors, {self.stages}-stage cp.async ring"
                     f"{'; S(kt + 1) and its softmax while P(kt)·V is in flight' if self.overlap else ''}; "
                     "exp2 with log2(e) folded into the scale; "
-                    f"{self.skipping}{order}")
+                    f"{self.skipping}{said}")
         else:
             what = (f"{tcc.qk_intrinsic} / {tcc.pv_intrinsic}: {BM} query rows ({self.warps} warps of {self.WR}), key "
                     f"tiles of {BN}, "
-                    f"{STAGES}-stage cp.async ring; exp2 with log2(e) folded into the scale; {self.skipping}{order}")
+                    f"{STAGES}-stage cp.async ring; exp2 with log2(e) folded into the scale; {self.skipping}{said}")
         attrs: tuple[tuple[str, object], ...] = (
             ("online_contraction", (chain.m.name, chain.l.name, chain.output.name)), ("tensorize", what))
         temps = tuple(self.partials) if self.splits > 1 else ()
@@ -967,11 +967,12 @@ class _Kernel:
         flat = b * threads + t
         column, row, head = flat % C, (flat // C) % queries, flat // (C * queries)
         head_at = dict(zip(chain.row[:-1], head_at_of(head, heads)))
-        m_star, m_use, l_star, o_star, w = (Buffer(u(n), dt.float32, (1,), "local", tensor=f"combine.{n}")
+        m_star, m_use, l_star, o_star, w = (Buffer(u(n), dt.float32, (Const(1, dt.int32),), "local",
+                                                                   tensor=f"combine.{n}")
                                             for n in ("m_star", "m_use", "l_star", "o_star", "weight"))
         minus_inf = Const(-math.inf, dt.float32)
         S = Const(self.splits, dt.int32)
-        stats = {chain.m_value: cast(m_star[zero] * LN2, chain.m.dtype), chain.l_value: cast(l_star[zero], chain.l.dtype)}
+        stats: dict[Expr, Expr] = {chain.m_value: cast(m_star[zero] * LN2, chain.m.dtype), chain.l_value: cast(l_star[zero], chain.l.dtype)}
         body_g = SubexpressionReplacer({**stats, chain.contraction: cast(o_star[zero], chain.contraction.dtype)}
                                        ).visit(chain.output_body)
         at = {**head_at, chain.row[-1]: row, chain.column: column}
