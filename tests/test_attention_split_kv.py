@@ -122,3 +122,37 @@ def test_split_kv_on_the_gpu(Sq, Sk, H, G, D, mask):
     want, want_lse = reference(given, G, mask, False)
     check(f"gpu split-KV attention Sq={Sq} Sk={Sk}", o, want, bound("float16", Sk, given[2]), k.plan)
     check(f"gpu split-KV log-sum-exp Sq={Sq} Sk={Sk}", lse, want_lse, bound("float16", Sk, given[2]), k.plan)
+
+
+@pytest.mark.parametrize("args", [dict(rows_per_block=64, key_tile=64, wgmma=True, kv_splits=3),
+                                  dict(rows_per_block=64, key_tile=64, wgmma=True, persistent=3)],
+                         ids=["split-KV", "persistent"])
+def test_symbolic_lengths_split_and_persistent(args):
+    """One build for symbolic query and key lengths (a bottom-right mask), run at two sizes: the
+    chunk size, the work items and the grid are run-time expressions."""
+    import math
+
+    import tecc as tc
+
+    n, m = tc.var("n"), tc.var("m")
+    B, H, D = 1, 2, 32
+    Q = tc.placeholder((B, H, n, D), "float16", name="Q")
+    K, V = (tc.placeholder((B, H, m, D), "float16", name=x) for x in ("K", "V"))
+    d = tc.reduce_axis(D, name="d")
+    S = tc.compute((B, H, n, m), lambda b, h, i, j: tc.where(
+        j <= i + (m - n), tc.sum(tc.cast(Q[b, h, i, d], "float32") * tc.cast(K[b, h, j, d], "float32"), axis=d)
+        * (1 / math.sqrt(D)), -math.inf), name="S")
+    j1, j2, j3 = (tc.reduce_axis(m, name=x) for x in ("j1", "j2", "j3"))
+    mx = tc.compute((B, H, n), lambda b, h, i: tc.max(S[b, h, i, j1], axis=j1), name="m")
+    e = tc.compute((B, H, n, m), lambda b, h, i, j: tc.exp(S[b, h, i, j] - mx[b, h, i]), name="e")
+    l = tc.compute((B, H, n), lambda b, h, i: tc.sum(e[b, h, i, j2], axis=j2), name="l")
+    O = tc.compute((B, H, n, D), lambda b, h, i, c: tc.cast(
+        tc.sum(e[b, h, i, j3] * tc.cast(V[b, h, j3, c], "float32"), axis=j3) / l[b, h, i], "float16"), name="O")
+    k = tc.build([Q, K, V, O], target="sim", plan=split_plan(**args))
+    rng = np.random.default_rng()
+    for Sq, Sk in ((5, 300), (130, 140)):
+        x = [rng.standard_normal(s).astype(np.float16) for s in ((B, H, Sq, D), (B, H, Sk, D), (B, H, Sk, D))]
+        o = np.full((B, H, Sq, D), np.nan, np.float16)
+        k(*x, o)
+        want, _ = reference([a.astype(np.float64) for a in x], 1, "bottom_right", False)
+        check(f"symbolic {args} {Sq}x{Sk}", o.astype(np.float64), want, bound("float16", Sk, x[2]), k.plan)
