@@ -34,6 +34,8 @@ SPLITS = [  # (B, H, G, Sq, Sk, D, dtype, mask, bias, lse, step args)
     (1, 2, 1, 150, 150, 32, "float16", "causal", False, True,
      dict(rows_per_block=64, key_tile=64, wgmma=True, kv_splits=3)),
     (1, 2, 1, 70, 70, 128, "float16", "causal", False, True, dict(rows_per_block=64, key_tile=32, kv_splits=3)),
+    (2, 2, 2, 9, 250, 32, "bfloat16", "bottom_right", False, True,
+     dict(rows_per_block=64, key_tile=32, warp_rows=32, kv_splits=3)),
 ]
 
 
