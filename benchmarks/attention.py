@@ -1,6 +1,7 @@
 """Attention written as tensor expressions vs torch's scaled_dot_product_attention (issue 15).
 
-    python benchmarks/attention.py [--quick] [--dtype float16|bfloat16] [--gqa] [--dims 96 256] [--out DIR]
+    python benchmarks/attention.py [--quick] [--dtype float16|bfloat16] [--gqa] [--dims 96 256] [--persistent 132]
+                                   [--plain-order] [--decode [--kv-splits 8 16 32]] [--out DIR]
 
 Each row builds the program users write (scores as a float32 contraction of Q and K, a causal
 `where` when asked, row max, exp, row sum, the contraction with V divided by the sum, cast back to
@@ -10,7 +11,11 @@ NaN-poisoned output, and times it with CUDA events in the same process as SDPA's
 backends (each where torch offers it for the shape). The ratio is against the fastest of them.
 B·H fills the GPU as FlashAttention's benchmarks do: 16k tokens per batch (B = 16384 / S) and
 2048 / d heads (rounded down). `--gqa`: 32 query heads over 8 K/V heads (K[b, h // 4, j, d]), d = 128.
-`--dims`: the head dims to run (e.g. `--dims 96 256`: the wgmma form's 96 and 256).
+`--dims`: the head dims to run (e.g. `--dims 96 256`: the wgmma form's 96 and 256). `--persistent 132`:
+the planned wgmma kernel in its persistent form (132 blocks looping over the work items). Each
+causal row is followed by its time over the non-causal one's. `--decode`: 1, 4 and 16 query rows
+over 4k, 16k and 64k cached keys (bottom-right causal mask), the planned kernel (split-KV) and
+the same plan unsplit against SDPA's flash, cuDNN and memory-efficient backends.
 """
 
 from __future__ import annotations
@@ -53,6 +58,124 @@ def attention_tensors(b: int, h: int, s: int, d: int, dtype: str, causal: bool, 
     return [Q, K, V, O]
 
 
+def decode_tensors(b: int, h: int, sq: int, sk: int, d: int, dtype: str, groups: int) -> list[Any]:
+    """Decoding: `sq` new query rows over `sk` cached keys, query i seeing keys j <= i + sk - sq
+    (the bottom-right causal mask; every key when sq = 1), `groups` query heads per K/V head."""
+    import tecc as tc
+
+    Q = tc.placeholder((b, h, sq, d), dtype, name="Q")
+    K = tc.placeholder((b, h // groups, sk, d), dtype, name="K")
+    V = tc.placeholder((b, h // groups, sk, d), dtype, name="V")
+    r = tc.reduce_axis(d, name="d")
+    j1, j2, j3 = (tc.reduce_axis(sk, name=n) for n in ("j1", "j2", "j3"))
+    scale = 1.0 / math.sqrt(d)
+
+    def score(bb: Any, hh: Any, i: Any, j: Any) -> Any:
+        x = tc.sum(tc.cast(Q[bb, hh, i, r], "float32") * tc.cast(K[bb, hh // groups, j, r], "float32"), axis=r) * scale
+        return tc.where(j <= i + (sk - sq), x, -math.inf) if sq > 1 else x
+
+    S = tc.compute((b, h, sq, sk), score, name="S")
+    m = tc.compute((b, h, sq), lambda bb, hh, i: tc.max(S[bb, hh, i, j1], axis=j1), name="m")
+    e = tc.compute((b, h, sq, sk), lambda bb, hh, i, j: tc.exp(S[bb, hh, i, j] - m[bb, hh, i]), name="e")
+    l = tc.compute((b, h, sq), lambda bb, hh, i: tc.sum(e[bb, hh, i, j2], axis=j2), name="l")
+    O = tc.compute((b, h, sq, d), lambda bb, hh, i, c: tc.cast(
+        tc.sum(e[bb, hh, i, j3] * tc.cast(V[bb, hh // groups, j3, c], "float32"), axis=j3) / l[bb, hh, i], dtype),
+        name="O")
+    return [Q, K, V, O]
+
+
+def run_decode(sq: int, sk: int, d: int, dtype: str, b: int, h: int, groups: int,
+               other_splits: tuple[int, ...] = ()) -> dict[str, Any]:
+    """The planned kernel (split-KV when the planner takes it), the same plan without the split,
+    and SDPA's backends (bottom-right causal bias when sq > 1, K/V expanded to the query heads
+    for the backends without enable_gqa) on the same inputs; checked in float64."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    import tecc as tc
+    from tecc.compiler.plan import Plan, Step
+
+    args = decode_tensors(b, h, sq, sk, d, dtype, groups)
+    kern = tc.build(args)
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    q = torch.randn(b, h, sq, d, device="cuda", dtype=tdt)
+    k, v = (torch.randn(b, h // groups, sk, d, device="cuda", dtype=tdt) for _ in range(2))
+    kx, vx = (x.repeat_interleave(groups, dim=1) for x in (k, v))
+    mask = None
+    if sq > 1:
+        from torch.nn.attention.bias import causal_lower_right
+
+        mask = causal_lower_right(sq, sk)
+    o = torch.full((b, h, sq, d), float("nan"), device="cuda", dtype=tdt)
+    kern(q, k, v, o)
+    torch.cuda.synchronize()
+    ref = sdpa(q.double(), kx.double(), vx.double(), attn_mask=mask)
+    err = float(((o.double() - ref).abs() / (1 + ref.abs())).max())
+    reps = 50
+    row: dict[str, Any] = {"Sq": sq, "Sk": sk, "d": d, "B": b, "H": h, "H_kv": h // groups, "dtype": dtype,
+                           "rel_err": err, "plan": _plan_label(kern.plan), "tecc_us": time_call(lambda: kern(q, k, v, o), reps) * 1e6}
+    step = dict(kern.plan.steps[0].args) if kern.plan.strategy == "online_contraction_mma" else {}
+    if step:
+        for splits in (1, *other_splits):
+            if splits == step.get("kv_splits", 1):
+                continue
+            other = {key: val for key, val in step.items() if key != "kv_splits"}
+            if splits > 1:
+                other["kv_splits"] = splits
+            alt = tc.build(args, plan=Plan((Step("online_contraction_mma", other),), "other split", ""))
+            alt(q, k, v, o)
+            torch.cuda.synchronize()
+            alt_err = float(((o.double() - ref).abs() / (1 + ref.abs())).max())
+            key = "tecc_no_split_us" if splits == 1 else f"tecc_{splits}_splits_us"
+            row[key] = time_call(lambda: alt(q, k, v, o), reps) * 1e6
+            if splits > 1:
+                print(f"  kv_splits={splits}: {row[key]:.1f} us (rel err {alt_err:.1e})", flush=True)
+    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                          ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+        try:
+            with sdpa_kernel([backend]):
+                sdpa(q, kx, vx, attn_mask=mask)
+                torch.cuda.synchronize()
+                row[f"sdpa_{name}_us"] = time_call(lambda: sdpa(q, kx, vx, attn_mask=mask), reps) * 1e6
+        except Exception as exc:  # noqa: BLE001 - a backend torch does not offer for this shape
+            print(f"  SDPA {name} unavailable: {type(exc).__name__}: {str(exc)[:100]}", flush=True)
+    refs = [t for n, t in row.items() if n.startswith("sdpa_")]
+    row["ratio"] = min(refs) / row["tecc_us"] if refs else float("nan")
+    return row
+
+
+def decode_main(dtype: str, out: str | None, other_splits: tuple[int, ...] = ()) -> None:
+    """--decode: Sq in {1, 4, 16} over Sk in {4k, 16k, 64k}, B = 1, H = 32 over 8 K/V heads, d = 128,
+    and B = 2, H = 16, d = 64 without grouping."""
+    rows = []
+    print(f"{'Sq':>3} {'Sk':>6} {'d':>4} {'B':>2} {'H':>6} {'tecc us':>9} {'no split':>9} {'flash':>8} {'cudnn':>8} "
+          f"{'effic.':>8} {'ratio':>6} {'rel err':>8}  plan", flush=True)
+    for d, b, h, groups in ((128, 1, 32, 4), (64, 2, 16, 1)):
+        for sk in (4096, 16384, 65536):
+            for sq in (1, 4, 16):
+                try:
+                    row = run_decode(sq, sk, d, dtype, b, h, groups, other_splits)
+                except Exception as exc:  # noqa: BLE001 - report and go on
+                    row = {"Sq": sq, "Sk": sk, "d": d, "error": f"{type(exc).__name__}: {exc}"[:400]}
+                    print(row, flush=True)
+                    rows.append(row)
+                    continue
+                rows.append(row)
+                nan = float("nan")
+                print(f"{sq:3d} {sk:6d} {d:4d} {b:2d} {h:3d}/{h // groups:<2d} {row['tecc_us']:9.1f} "
+                      f"{row.get('tecc_no_split_us', nan):9.1f} {row.get('sdpa_flash_us', nan):8.1f} "
+                      f"{row.get('sdpa_cudnn_us', nan):8.1f} {row.get('sdpa_efficient_us', nan):8.1f} "
+                      f"{row['ratio']:6.3f} {row['rel_err']:8.1e}  {row['plan']}", flush=True)
+    ratios = [r["ratio"] for r in rows if "ratio" in r and r["ratio"] == r["ratio"]]
+    if ratios:
+        print(f"geometric mean ratio vs the fastest SDPA backend: "
+              f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.4f} over {len(ratios)} shapes", flush=True)
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "attention_decode.json").write_text(json.dumps(rows, indent=1))
+
+
 def sdpa_times(q: Any, k: Any, v: Any, causal: bool, reps: int) -> dict[str, float]:
     """Each SDPA backend's time; grouped K/V heads (fewer than Q's) go in as they are with
     enable_gqa=True where the backend takes it, else expanded to Q's heads (then the backend reads
@@ -82,7 +205,8 @@ def sdpa_times(q: Any, k: Any, v: Any, causal: bool, reps: int) -> dict[str, flo
     return out
 
 
-def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int = 1, plain_order: bool = False) -> dict[str, Any]:
+def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int = 1, plain_order: bool = False,
+              persistent: int = 0) -> dict[str, Any]:
     import torch
 
     import tecc as tc
@@ -92,10 +216,16 @@ def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int = 1, plain_o
     t0 = time.perf_counter()
     kern = tc.build(args)
     build_s = time.perf_counter() - t0
-    if plain_order and kern.plan.strategy == "online_contraction_mma":   # the same plan, the plain grid's order
+    if (plain_order or persistent) and kern.plan.strategy == "online_contraction_mma":
+        # the same plan, in the plain grid's order and/or persistent
         from tecc.compiler.plan import Plan, Step
 
-        step = Step("online_contraction_mma", {**dict(kern.plan.steps[0].args), "plain_order": True})
+        extra: dict[str, Any] = {"plain_order": True} if plain_order else {}
+        if persistent:
+            if not kern.plan.steps[0].args.get("wgmma"):
+                raise RuntimeError("--persistent is an option of the wgmma form (sm_90)")
+            extra["persistent"] = persistent
+        step = Step("online_contraction_mma", {**dict(kern.plan.steps[0].args), **extra})
         kern = tc.build(args, plan=Plan((step,), kern.plan.strategy, kern.plan.reason))
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     q = torch.randn(b, h, s, d, device="cuda", dtype=tdt)
@@ -128,7 +258,9 @@ def _plan_label(plan: Any) -> str:
         return str(plan.strategy)
     args = dict(plan.steps[0].args)
     form = ("+wgmma" if args.get("wgmma") else "") + ("+overlap" if args.get("overlap") else "") + \
-        ("+plain_order" if args.get("plain_order") else "")
+        (f"+kv_splits{args['kv_splits']}" if args.get("kv_splits") else "") + \
+        ("+plain_order" if args.get("plain_order") else "") + \
+        (f"+persistent{args['persistent']}" if args.get("persistent") else "")
     return f"{plan.strategy}{form} {args.get('rows_per_block')}x{args.get('key_tile')}"
 
 
@@ -144,8 +276,19 @@ def main() -> None:
     ap.add_argument("--plain-order", action="store_true",
                     help="launch the blocks in the plain grid's order (query blocks, then heads): the order before "
                          "grouped heads side by side and the longest query blocks first, for comparison")
+    ap.add_argument("--persistent", type=int, default=0, metavar="BLOCKS",
+                    help="the wgmma form's persistent kernel: BLOCKS blocks (132: one per SM of an H100/H200) loop "
+                         "over the (query block, head) work items, longest first")
     ap.add_argument("--dims", type=int, nargs="+", default=None, help="head dims (default 64 128; 64 with --quick)")
+    ap.add_argument("--decode", action="store_true",
+                    help="decoding: 1..16 query rows over 4k..64k keys (split-KV), against SDPA in the same process")
+    ap.add_argument("--kv-splits", type=int, nargs="+", default=(), metavar="S",
+                    help="with --decode: also time the planned tiling with these key chunk counts")
     opts = ap.parse_args()
+    if opts.decode:
+        print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  dtype {opts.dtype}", flush=True)
+        decode_main(opts.dtype, opts.out, tuple(opts.kv_splits))
+        return
     seqs = (1024, 4096) if opts.quick else (1024, 2048, 4096, 8192, 16384)
     dims = (64,) if opts.quick else (64, 128)
     groups = 1
@@ -161,7 +304,7 @@ def main() -> None:
         for s in seqs:
             for causal in (False, True):
                 try:
-                    row = run_shape(s, d, opts.dtype, causal, groups, opts.plain_order)
+                    row = run_shape(s, d, opts.dtype, causal, groups, opts.plain_order, opts.persistent)
                 except Exception as exc:  # noqa: BLE001 - report and go on
                     row = {"S": s, "d": d, "causal": causal, "error": f"{type(exc).__name__}: {exc}"[:400]}
                     print(row, flush=True)
@@ -172,6 +315,10 @@ def main() -> None:
                       f"{row['tecc_tflops']:6.1f} {row.get('sdpa_flash_us', float('nan')):9.1f} "
                       f"{row.get('sdpa_cudnn_us', float('nan')):9.1f} {row['ratio']:6.3f} {row['rel_err']:8.1e}  "
                       f"{row['plan']} ({row['kernels']} kernel{'s' if row['kernels'] > 1 else ''})", flush=True)
+                if causal and len(rows) >= 2 and "tecc_us" in rows[-2] and rows[-2]["S"] == s and rows[-2]["d"] == d:
+                    row["causal_over_noncausal"] = row["tecc_us"] / rows[-2]["tecc_us"]
+                    print(f"{'':>6} causal / non-causal time: {row['causal_over_noncausal']:.3f} (issue 15's target "
+                          "<= 0.55 at S = 8k)", flush=True)
     ratios = [r["ratio"] for r in rows if "ratio" in r and r["ratio"] == r["ratio"]]
     if ratios:
         print(f"geometric mean ratio vs the fastest SDPA backend: "

@@ -1,6 +1,6 @@
 """Time the tilings of the tensor-core attention kernel against each other and SDPA flash.
 
-    python benchmarks/attention_tilings.py [--s 1024] [--d 64] [--dtype float16] [--causal] [--wgmma]
+    python benchmarks/attention_tilings.py [--s 1024] [--d 64] [--dtype float16] [--causal] [--wgmma] [--persistent 132]
 
 Builds the program of benchmarks/attention.py (same B = 16384 / S, H = 2048 / d) once per tiling
 with an explicit plan `Step("online_contraction_mma", {rows_per_block, key_tile, warp_rows})`,
@@ -10,6 +10,8 @@ one says which order `mma_tilings` (tecc/compiler/strategies/online_contraction.
 With --wgmma (an sm_90 GPU) the tilings are those of the Hopper form instead,
 `{rows_per_block, key_tile, "wgmma": True, blocks_per_sm, overlap}` (WGMMA_TILINGS: 64 or 128 rows, one or two
 warpgroups, 64- or 128-key tiles, with or without a blocks-per-SM request, overlapped or not), and the marked one orders `wgmma_tilings`.
+`--persistent 132` adds, after each plain (not overlapped, no blocks-per-SM request) wgmma tiling, the
+same tiling in the persistent form (132 blocks looping over the work items, longest first).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--wgmma", action="store_true", help="the Hopper form's tilings (sm_90)")
+    ap.add_argument("--persistent", type=int, default=0, metavar="BLOCKS",
+                    help="with --wgmma: also each plain tiling as a persistent kernel of BLOCKS blocks (132 on an H200)")
     opts = ap.parse_args()
     s, d, causal = opts.s, opts.d, opts.causal
     b, h = max(1, 16384 // s), 2048 // d
@@ -68,6 +72,10 @@ def main() -> None:
                                               **({"blocks_per_sm": blocks} if blocks else {}),
                                               **({"overlap": True} if overlap else {})})
                   for rows, key_tile, blocks, overlap in WGMMA_TILINGS]
+        if opts.persistent:
+            points += [(rows, key_tile, 0, {"rows_per_block": rows, "key_tile": key_tile, "wgmma": True,
+                                            "persistent": opts.persistent})
+                       for rows, key_tile, blocks, overlap in WGMMA_TILINGS if not blocks and not overlap]
     for rows, key_tile, warp_rows, step in points:
         try:
             kern = tc.build(args, plan=Plan((Step("online_contraction_mma", step),), "tilings", ""))
@@ -81,7 +89,8 @@ def main() -> None:
         t = time_call(lambda: kern(q, k, v, o), reps)
         (res,) = kern.resources.values()
         mark = "*" if step == chosen else " "
-        form = _form(warp_rows) + (" overlap" if step.get("overlap") else "")
+        form = _form(warp_rows) + (" overlap" if step.get("overlap") else "") + \
+            (f" persistent {step['persistent']}" if step.get("persistent") else "")
         print(f" {mark}{rows:4d} x {key_tile:3d} {form}: {t * 1e6:9.1f} us {flops / t / 1e12:6.1f} TF/s "
               f"flash/tecc {flash / t:5.3f}  {res.registers} regs {res.spill_stores + res.spill_loads} B spills "
               f"rel err {err:.1e}")

@@ -517,3 +517,160 @@ def test_launch_order_with_a_symbolic_sequence_length(wgmma):
         given = [a.astype(np.float64) for a in x]
         want, _ = reference(given, 2, "causal", False)
         check(f"symbolic n={size}", o.astype(np.float64), want, bound("bfloat16", size, given[2]), k.plan)
+
+
+# ---- the tiling under a mask that skips key tiles: the fitted cost per block -----------------------
+
+@pytest.mark.parametrize("d,rows,key_tile,tiles,guarded,blocks,measured", [
+    (128, 128, 64, 128, 0, 2048, 2062.8), (128, 128, 64, 65, 2, 2048, 1394.3), (128, 128, 64, 64, 0, 2048, 1059.0),
+    (128, 128, 128, 64, 0, 2048, 2188.4), (128, 128, 128, 32.5, 1, 2048, 1202.5), (128, 128, 128, 32, 0, 2048, 1165.0),
+    (64, 128, 128, 64, 0, 4096, 2314.9), (64, 128, 128, 32.5, 1, 4096, 1287.0), (64, 128, 128, 32, 0, 4096, 1235.0),
+    (64, 128, 64, 128, 0, 4096, 2580.5), (64, 128, 64, 65, 2, 4096, 1460.8), (64, 128, 64, 64, 0, 4096, 1340.0)])
+def test_block_cost_reproduces_the_timings_it_was_fitted_on(d, rows, key_tile, tiles, guarded, blocks, measured):
+    """WGMMA_BLOCK_COST: the H200 times (attention_tilings.py --wgmma, S = 4k / 8k, causal and
+    not) as blocks / 132 SMs times the cost of one block, within the fit's rounding (1%)."""
+    from tecc.compiler.strategies.online_contraction import block_cost
+
+    predicted = block_cost(d, rows, key_tile, tiles, guarded) * blocks / 132
+    assert abs(predicted - measured) <= 0.01 * measured, (predicted, measured)
+
+
+@pytest.mark.parametrize("d,mask,want", [(128, "causal", 128), (128, "bottom_right", 128), (128, None, 64),
+                                         (128, "tensor", 64), (64, "causal", 128)])
+def test_masked_programs_take_128_key_tiles_by_the_proven_tile_counts(d, mask, want):
+    """At d = 128 the planner takes 128-key tiles when the isl-proven tile counts show the mask
+    skips tiles (causal, bottom-right: the fitted cost ranks them first, and the plan says so),
+    64-key tiles without a mask and with a mask tensor (no proven bound: the measured order)."""
+    ins, outs = masked_attention(2, 16, 8192, 8192 if mask != "bottom_right" else 8192 + 512, d, "float16",
+                                 mask=mask)
+    choice = propose_wgmma(ins + outs, "sm_90")
+    assert choice is not None
+    assert choice.plan.steps[0].args["key_tile"] == want, choice.plan
+    ranked = "the mask skips key tiles (isl-proven counts)" in choice.reason
+    assert ranked == (mask in ("causal", "bottom_right") and d == 128), choice.reason
+
+
+def test_proven_tiles_count_the_causal_blocks_and_a_symbolic_length():
+    """proven_tiles: a causal S = 1000, 128 x 64: block b visits min(16, 2b + 2) tiles, the
+    diagonal two guarded; a symbolic length is costed at NOMINAL_LENGTH."""
+    import tecc as tc
+    from tecc.compiler.strategies.online_contraction import NOMINAL_LENGTH, proven_tiles
+    from tecc.passes.rewrite.online_contraction import online_chain
+
+    ins, outs = masked_attention(1, 2, 1000, 1000, 64, "float16", mask="causal")
+    mean, guarded, whole, blocks = proven_tiles(online_chain(ins + outs), 128, 64)
+    visited = [min(16, 2 * b + 2) for b in range(8)]
+    assert (blocks, whole) == (8, 16) and mean == sum(visited) / 8
+    plain = [min(15, (128 * b + 1) // 64) for b in range(8)]
+    assert guarded == sum(v - min(v, p) for v, p in zip(visited, plain)) / 8
+    n = tc.var("n")
+    ins, outs = masked_attention(1, 2, n, n, 64, "float16", mask="causal")
+    mean, _, whole, blocks = proven_tiles(online_chain(ins + outs), 128, 128)
+    assert blocks == NOMINAL_LENGTH // 128 and whole == NOMINAL_LENGTH // 128 and mean < whole
+    ins, outs = masked_attention(1, 2, 1000, 1000, 64, "float16", mask="tensor")
+    assert proven_tiles(online_chain(ins + outs), 128, 64) is None
+
+
+# ---- the persistent form: P blocks loop over the (query block, head) work items ---------------------
+
+def persistent_plan(rows, key_tile, blocks, plain_order=False):
+    args = {"rows_per_block": rows, "key_tile": key_tile, "wgmma": True, "persistent": blocks}
+    if plain_order:
+        args["plain_order"] = True
+    return Plan((Step("online_contraction_mma", args),), "test", "")
+
+
+PERSISTENT = [  # (B, H, G, Sq, Sk, D, dtype, mask, bias, (rows, key tile, blocks, plain order))
+    (1, 2, 1, 150, 150, 32, "float16", "causal", False, (64, 64, 3, False)),      # 6 items on 3 blocks
+    (2, 4, 2, 70, 70, 64, "bfloat16", "causal", False, (64, 64, 5, False)),      # 16 items on 5: not a multiple
+    (1, 4, 4, 133, 133, 16, "float16", "causal", True, (128, 64, 3, False)),     # GQA, one K/V head, a bias
+    (1, 2, 1, 21, 70, 32, "float16", "bottom_right", False, (64, 128, 7, False)),  # more blocks than items
+    (2, 2, 1, 97, 45, 64, "bfloat16", None, False, (64, 64, 4, True)),          # the plain order
+    (1, 2, 1, 45, 80, 32, "float16", "tensor", False, (128, 64, 2, False)),
+    (1, 2, 2, 80, 80, 128, "float16", "causal", False, (128, 128, 3, False)),
+]
+
+
+@pytest.mark.parametrize("case", PERSISTENT, ids=[f"{c[0]}x{c[1]}/{c[2]}-{c[3]}x{c[4]}-d{c[5]}-{c[7]}-P{c[9][2]}"
+                                                  for c in PERSISTENT])
+def test_persistent_attention_matches_float64_numpy(case):
+    """The persistent form in the emulator against float64 NumPy: work items not a multiple of
+    the grid, fewer items than blocks, grouped heads, causal / bottom-right / mask tensor / none,
+    odd lengths, both tilings, the plain order; the next item's copies issued under the epilogue
+    (the emulator reports a copy racing a wgmma operand or an unfinished copy)."""
+    B, H, G, Sq, Sk, D, dtype, mask, bias_, (rows, key_tile, blocks, plain) = case
+    ins, outs = masked_attention(B, H, Sq, Sk, D, dtype, groups=G, mask=mask, bias=bias_, lse=True)
+    rng = np.random.default_rng()
+    k, got, given = run(ins, outs, make_inputs(ins, rng), persistent_plan(rows, key_tile, blocks, plain))
+    (kernel,) = k.module.kernels
+    from tecc.ir.stmt import launch_dims
+    items = -(-Sq // rows) * B * H
+    assert [evaluate_int(g, {}) for g in launch_dims(kernel).grid] == [min(blocks, items), 1, 1]
+    assert "persistent" in dict(kernel.attrs)["tensorize"]
+    want, want_lse = reference(given, G, mask, bias_)
+    check(f"persistent attention {case}", got[0], want, bound(dtype, Sk, given[2]), k.plan)
+    check(f"persistent log-sum-exp {case}", got[1], want_lse, bound(dtype, Sk, given[2]), k.plan)
+
+
+def test_persistent_work_items_are_every_block_once_longest_first():
+    """work_item over the items of a causal grouped program: a bijection onto (query block,
+    head); the heads of one query block consecutive (the G heads of a K/V head side by side);
+    the key tile counts (the loop bound, evaluated) never rise along the items, so block p's
+    items p, p + P, .. start with the heaviest."""
+    from tecc.ir.stmt import LetStmt
+
+    B, H, G, S, rows = 2, 8, 4, 300, 64
+    ins, outs = masked_attention(B, H, S, S, 32, "float16", groups=G, mask="causal")
+    (kernel,) = online_contraction_mma(ins + outs, rows, 64, wgmma=True, persistent=7).kernels
+    lets = {s.var.name.rstrip("0123456789_"): s for s in iter_stmts(kernel.body) if isinstance(s, LetStmt)}
+    item = lets["work_item"].var
+    X = -(-S // rows)
+    order = [(evaluate_int(lets["query_block"].value, {item: n}), evaluate_int(lets["head"].value, {item: n}))
+             for n in range(X * B * H)]
+    assert sorted(order) == [(q, h) for q in range(X) for h in range(B * H)]
+    for at in range(0, len(order), G):
+        assert len({q for q, _ in order[at:at + G]}) == 1 and len({h // G for _, h in order[at:at + G]}) == 1
+    extent = key_loop(kernel).extent
+    qb = lets["query_block"].var
+    tiles = [evaluate_int(extent, {qb: q}) for q, _ in order]
+    assert tiles == sorted(tiles, reverse=True) and tiles[0] > tiles[-1], tiles
+
+
+@pytest.mark.parametrize("D,mask,key_tile", [(128, "causal", 128), (128, None, 64), (64, "causal", 128),
+                                             (256, None, 64)])
+def test_persistent_kernels_compile_for_sm_90a_without_spills(D, mask, key_tile):
+    from tecc.codegen import compile_cuda, emit_source
+    from tecc.compiler.pipeline import wgmma_serialized
+
+    ins, outs = masked_attention(2, 8, 8192, 8192, D, "float16", groups=2, lse=True, mask=mask)
+    mod = online_contraction_mma(ins + outs, 128, key_tile, wgmma=True, persistent=132)
+    compiled = compile_cuda(emit_source(mod.kernels), arch="sm_90", name="attention_persistent")
+    (res,) = compiled.resources.values()
+    assert res.spill_stores == 0 and res.spill_loads == 0 and res.registers <= 255, res
+    assert wgmma_serialized(compiled.log) is None, compiled.log
+
+
+def test_persistent_is_an_option_of_the_plain_wgmma_form():
+    ins, outs = masked_attention(1, 2, 64, 64, 32, "float16")
+    with pytest.raises(ScheduleError, match="wgmma form"):
+        online_contraction_mma(ins + outs, 64, 64, persistent=132)
+    with pytest.raises(ScheduleError, match="persistent and overlap"):
+        online_contraction_mma(ins + outs, 64, 64, wgmma=True, persistent=132, overlap=True)
+    with pytest.raises(ScheduleError, match="persistent=-1"):
+        online_contraction_mma(ins + outs, 64, 64, wgmma=True, persistent=-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D,mask,groups,key_tile", [(128, "causal", 1, 128), (64, None, 2, 128), (128, "causal", 4, 64)])
+def test_persistent_attention_on_the_gpu(D, mask, groups, key_tile):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm_90 GPU")
+    B, H, S = 2, 8, 1000
+    ins, outs = masked_attention(B, H, S, S, D, "float16", groups=groups, mask=mask, lse=True)
+    rng = np.random.default_rng()
+    k, (o, lse), given = run(ins, outs, make_inputs(ins, rng), persistent_plan(128, key_tile, 132),
+                             target="cuda", arch="sm_90")
+    want, want_lse = reference(given, groups, mask, False)
+    check(f"gpu persistent attention d={D} {mask} G={groups}", o, want, bound("float16", S, given[2]), k.plan)
+    check(f"gpu persistent log-sum-exp d={D} {mask}", lse, want_lse, bound("float16", S, given[2]), k.plan)

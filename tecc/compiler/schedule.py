@@ -382,7 +382,7 @@ class Schedule:
 
     def online_contraction_mma(self, rows_per_block: int = 64, key_tile: int = 64, warp_rows: int = 16,
                                wgmma: bool = False, blocks_per_sm: int = 0, overlap: bool = False,
-                               plain_order: bool = False) -> None:
+                               plain_order: bool = False, persistent: int = 0, kv_splits: int = 1) -> None:
         """Replace the module by ONE tensor-core kernel for the same chain as online_contraction
         when both contractions have float16/bfloat16 operands and constant head dims (see
         tecc.passes.rewrite.online_contraction_mma): `rows_per_block` query rows per block,
@@ -392,14 +392,19 @@ class Schedule:
         that many resident blocks through the launch bounds; `overlap` issues the next tile's
         scores and softmax while P·V is in flight, over a 3-stage ring). `plain_order` launches the
         blocks in the plain grid's order instead of grouped heads side by side and the longest
-        query blocks first (for timing one against the other). It must be the first step."""
+        query blocks first (for timing one against the other). `persistent` > 0 (wgmma, not
+        overlapped): that many blocks (132: one per SM of an H100/H200) loop over the (query block,
+        head) work items, the longest first, the next item's loads under this one's epilogue.
+        `kv_splits` > 1: split-KV (a grid axis over key chunks, float32 partials, a combine
+        kernel), for few query rows over many keys. It must be the first step."""
         if self._steps:
             raise ScheduleError("online_contraction_mma rewrites the whole module: it must be the first step of a plan")
         start = time.perf_counter()
         self.mod = online_contraction_mma_module(self._tensors, int(rows_per_block), int(key_tile), int(warp_rows),
                                                  name=self._name, wgmma=bool(wgmma),
                                                  blocks_per_sm=int(blocks_per_sm), overlap=bool(overlap),
-                                                 plain_order=bool(plain_order))
+                                                 plain_order=bool(plain_order), persistent=int(persistent),
+                                                 kv_splits=int(kv_splits))
         self.timing.append(("online_contraction_mma", time.perf_counter() - start))
         args: dict[str, Any] = {"rows_per_block": int(rows_per_block), "key_tile": int(key_tile)}
         if wgmma:
@@ -408,10 +413,14 @@ class Schedule:
                 args["blocks_per_sm"] = int(blocks_per_sm)
             if overlap:
                 args["overlap"] = True
+            if persistent:
+                args["persistent"] = int(persistent)
         elif warp_rows != 16:
             args["warp_rows"] = int(warp_rows)
         if plain_order:
             args["plain_order"] = True
+        if kv_splits > 1:
+            args["kv_splits"] = int(kv_splits)
         self._record(Step("online_contraction_mma", args))
 
     def split_reduce(self, threads_x: int = 32, threads_y: int = 8, splits: int = 1, unroll: int = 4,

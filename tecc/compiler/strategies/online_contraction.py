@@ -38,11 +38,15 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ...codegen import KernelResources, default_arch
+from ...ir import dtype as dt
 from ...ir.errors import ScheduleError, TeccError
-from ...ir.expr import const_int
+from ...ir.evaluate import evaluate_int
+from ...ir.expr import Expr, Var, const_int, walk
+from ...ir.target import target as target_info
 from ...ir.tensor import Tensor
-from ...passes.rewrite.online_contraction import online_chain
 from ...passes.manager import PassTiming
+from ...passes.rewrite.key_tiles import key_tile_bound, unmasked_tile_bound
+from ...passes.rewrite.online_contraction import OnlineChain, online_chain
 from ...passes.rewrite.online_contraction_mma import (
     describe_skipping,
     mma_sync_head_dims,
@@ -139,16 +143,18 @@ def _ptxas(tensors: Sequence[Tensor], args: dict[str, Any], arch: str, name: str
     except TeccError as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     found = list(kernel.resources.values())
-    if len(found) != 1:
-        return f"ptxas reported {len(found)} kernels for one (log: {kernel.compile_log.strip()[:200]!r})"
+    if len(found) != len(kernel.module.kernels) or not found:
+        return (f"ptxas reported {len(found)} kernels for {len(kernel.module.kernels)} "
+                f"(log: {kernel.compile_log.strip()[:200]!r})")
     serialized = wgmma_serialized(kernel.compile_log) if wgmma else None
     if serialized is not None:
         return f"ptxas serializes the wgmmas ({serialized[:120]})"
-    return found[0]
+    # split-KV adds a combine kernel: the plan is judged by its worst kernel (spills first)
+    return max(found, key=lambda r: (r.spill_stores + r.spill_loads, r.registers))
 
 
 def _step_args(rows: int, key_tile: int, warp_rows: int = 16, wgmma: bool = False, blocks_per_sm: int = 0,
-               overlap: bool = False) -> dict[str, Any]:
+               overlap: bool = False, kv_splits: int = 1) -> dict[str, Any]:
     """The online_contraction_mma step's arguments for a tiling (defaults left out)."""
     args: dict[str, Any] = {"rows_per_block": rows, "key_tile": key_tile}
     if warp_rows != 16:
@@ -159,6 +165,8 @@ def _step_args(rows: int, key_tile: int, warp_rows: int = 16, wgmma: bool = Fals
         args["blocks_per_sm"] = blocks_per_sm
     if overlap:
         args["overlap"] = True
+    if kv_splits > 1:
+        args["kv_splits"] = kv_splits
     return args
 
 
@@ -180,6 +188,146 @@ def wgmma_tilings(widest: int) -> tuple[tuple[int, int, int, bool], ...]:
         return ((128, 64, 0, False), (128, 128, 0, False), (64, 64, 0, False), (128, 64, 0, True),
                 (128, 128, 0, True))
     return ((128, 128, 0, False), (64, 64, 4, False), (128, 64, 2, False), (128, 64, 2, True), (128, 128, 0, True))
+
+
+# ---- a cost per block for the Hopper tilings, fitted on H200 timings ------------------------------
+
+# (F, t, m) per (head-dim class, rows, key tile): microseconds of one block at one block per SM,
+# F fixed per block (Q load, ring fill, epilogue), t per key tile visited, m per key tile visited
+# with the per-element guard (the diagonal tiles of a mask). Fitted exactly on
+# benchmarks/attention_tilings.py --wgmma (H200, fp16; B = 16384 / S, H = 2048 / d, so 2048 blocks
+# of 128 rows at d = 128 and 4096 at d = 64 for S = 4k and 8k), a block's time taken as
+# time · 132 / blocks:
+#   d = 128, 128 x 64:  S = 4k 1059 us, 8k 2062.8 us (64, 128 tiles)  -> t, F; 8k causal 1394.3 us
+#                       (65 tiles, 2 guarded, on average)              -> m
+#   d = 128, 128 x 128: 4k 1165, 8k 2188.4 (32, 64 tiles); 8k causal 1202.5 (32.5 tiles, 1 guarded)
+#   d = 64,  128 x 128: 4k 1235, 8k 2314.9; 8k causal 1287.0;   128 x 64: 4k 1340, 8k 2580.5; causal 1460.8
+# The fit says what the brief measured: at d = 128 the causal 128 x 64 block costs ~20 us more than
+# its visited tiles predict (m = 10.3 us per guarded 64-key tile against 1.4 us per guarded
+# 128-key tile), so 128 x 128 wins under a mask that skips tiles, and 128 x 64 without one.
+WGMMA_BLOCK_COST: dict[tuple[int, int, int], tuple[float, float, float]] = {
+    (128, 128, 64): (3.65, 1.010, 10.28),
+    (128, 128, 128): (9.15, 2.061, 1.37),
+    (64, 128, 128): (5.00, 1.088, 1.14),
+    (64, 128, 64): (3.24, 0.624, 1.64),
+}
+NOMINAL_LENGTH = 8192   # a symbolic row or key extent is costed at this length (the fit's)
+
+
+def _head_dim_class(widest: int) -> int:
+    return 64 if widest <= 64 else 128 if widest <= 128 else widest
+
+
+def block_cost(widest: int, rows: int, key_tile: int, tiles: float, guarded: float) -> float | None:
+    """The fitted time of one block (µs at one block per SM on an H200) visiting `tiles` key
+    tiles of which `guarded` carry the per-element guard; None without a fit for the tiling."""
+    fit = WGMMA_BLOCK_COST.get((_head_dim_class(widest), rows, key_tile))
+    if fit is None:
+        return None
+    fixed, per_tile, per_guarded = fit
+    return fixed + per_tile * tiles + per_guarded * guarded
+
+
+def proven_tiles(chain: OnlineChain, rows: int, key_tile: int) -> tuple[float, float, float, int] | None:
+    """(mean visited key tiles per block, mean guarded ones, all tiles of a row, blocks) of the
+    blocks of `rows` query rows, from the isl-proven bounds (key_tiles.py) evaluated at the
+    program's sizes (a symbolic extent at NOMINAL_LENGTH); None when the mask gives no proven
+    bound (every block visits every tile: nothing is skipped)."""
+    block = Var("query_block", dt.int32)
+    bound = key_tile_bound(chain, block, rows, key_tile)
+    if bound is None:
+        return None
+    unmasked = unmasked_tile_bound(chain, block, rows, key_tile)
+    sizes: list[Expr] = [chain.rows[-1], chain.keys, bound[0]] + ([unmasked] if unmasked is not None else [])
+    env: dict[Var, int] = {v: NOMINAL_LENGTH for e in sizes for v in walk(e) if isinstance(v, Var) and v is not block}
+    try:
+        blocks = evaluate_int((chain.rows[-1] + (rows - 1)) // rows, env)
+        whole = evaluate_int((chain.keys + (key_tile - 1)) // key_tile, env)
+        visited = [evaluate_int(bound[0], {**env, block: b}) for b in range(blocks)]
+        plain = [min(n, evaluate_int(unmasked, {**env, block: b})) if unmasked is not None else 0
+                 for b, n in enumerate(visited)]
+    except TeccError:
+        return None
+    if blocks <= 0:
+        return None
+    return (sum(visited) / blocks, sum(n - p for n, p in zip(visited, plain)) / blocks, float(whole), blocks)
+
+
+def masked_tiling_order(chain: OnlineChain, widest: int, tilings: Sequence[tuple[int, int, int, bool]]
+                        ) -> tuple[tuple[tuple[int, int, int, bool], ...], str]:
+    """`tilings` with those that have a fitted cost (WGMMA_BLOCK_COST; plain form, no blocks-per-SM
+    request) reordered among their own places by predicted time, when the isl-proven tile counts
+    show the mask skips tiles (mean visited < all); else unchanged. With the note for the plan."""
+    costed: list[tuple[float, int]] = []
+    said: list[str] = []
+    skips = False
+    for at, (rows, key_tile, blocks, overlap) in enumerate(tilings):
+        if blocks or overlap or block_cost(widest, rows, key_tile, 0, 0) is None:
+            continue
+        found = proven_tiles(chain, rows, key_tile)
+        if found is None:
+            return tuple(tilings), ""
+        mean, guarded, whole, n_blocks = found
+        skips = skips or mean < whole
+        cost = block_cost(widest, rows, key_tile, mean, guarded)
+        assert cost is not None
+        costed.append((cost * n_blocks, at))
+        said.append(f"{rows}x{key_tile} {mean:.1f} of {whole:.0f} tiles ({guarded:.1f} guarded) per block, "
+                    f"{cost * n_blocks:.0f}")
+    if not skips or len(costed) < 2:
+        return tuple(tilings), ""
+    places = sorted(at for _, at in costed)
+    ranked = [at for _, at in sorted(costed)]
+    order = list(tilings)
+    for place, at in zip(places, ranked):
+        order[place] = tilings[at]
+    note = ("the mask skips key tiles (isl-proven counts), so the tilings are ranked by the fitted cost per block "
+            "F + t·tiles + m·guarded tiles (WGMMA_BLOCK_COST, H200; µs summed over one head's query blocks): " + "; ".join(said))
+    return tuple(order), note
+
+
+# ---- split-KV for few query rows over many keys (decoding) --------------------------------------
+
+MIN_CHUNK_TILES = 4   # a key chunk of fewer tiles spends more on its prologue, ring fill and partials
+
+
+def kv_split_choice(chain: OnlineChain, rows: int, key_tile: int, sms: int) -> tuple[int, str]:
+    """(chunks, why) for split-KV: when the query blocks × heads (constant extents) are fewer
+    than the GPU's `sms`, the key tiles of a block (the isl-proven mean when the mask skips
+    some, a symbolic key extent at NOMINAL_LENGTH) are split into min(ceil(sms / blocks),
+    tiles // MIN_CHUNK_TILES) chunks (floor: at most one wave of blocks); (1, "") when that is
+    below 2 or the row and head extents are symbolic."""
+    queries, heads = const_int(chain.rows[-1]), [const_int(h) for h in chain.rows[:-1]]
+    if queries is None or any(h is None for h in heads):
+        return 1, ""
+    n_heads = 1
+    for h in heads:
+        assert h is not None
+        n_heads *= h
+    blocks = -(-queries // rows) * n_heads
+    if blocks >= sms:
+        return 1, ""
+    found = proven_tiles(chain, rows, key_tile)
+    if found is not None:
+        tiles = found[0]
+    else:
+        keys = const_int(chain.keys)
+        tiles = -(-(keys if keys is not None else NOMINAL_LENGTH) // key_tile)
+    chunks = min(sms // blocks, int(tiles) // MIN_CHUNK_TILES)
+    if chunks < 2:
+        return 1, ""
+    return chunks, (f"split-KV: {blocks} blocks of {rows} query rows would fill {blocks} of {sms} SMs, so the ~{tiles:.0f} key "
+                    f"tiles of a block are split into {chunks} chunks (a grid axis), float32 partial O, max and sum "
+                    f"per chunk, combined by a second kernel (at least {MIN_CHUNK_TILES} tiles a chunk)")
+
+
+def decode_first(tilings: Sequence[tuple[int, int, int, bool]], queries: int | None
+                 ) -> tuple[tuple[int, int, int, bool], ...]:
+    """With at most 64 query rows, the one-warpgroup (64-row) tilings first: a second warpgroup
+    would only compute rows past the end."""
+    if queries is None or queries > 64:
+        return tuple(tilings)
+    return tuple(sorted(tilings, key=lambda t: t[0] > 64))
 
 
 def _why_not_wgmma(tensors: Sequence[Tensor], target: Any) -> str | None:
@@ -208,9 +356,13 @@ def _wgmma_choice(tensors: Sequence[Tensor], target: Any, name: str | None = Non
     widest = max(mma.depth, const_int(chain.columns) or 0)
     arch = f"sm_{WGMMA_ARCH}"
     checked: list[str] = []
-    for rows, key_tile, blocks, overlap in wgmma_tilings(widest):
+    tilings, masked_note = masked_tiling_order(chain, widest, wgmma_tilings(widest))
+    tilings = decode_first(tilings, const_int(chain.rows[-1]))
+    for rows, key_tile, blocks, overlap in tilings:
         label = f"{rows}x{key_tile}" + (f" ({blocks} blocks/SM)" if blocks else "") + (" overlapped" if overlap else "")
-        res = _ptxas(tensors, _step_args(rows, key_tile, wgmma=True, blocks_per_sm=blocks, overlap=overlap), arch,
+        splits, split_note = kv_split_choice(chain, rows, key_tile, target_info(arch).sm_count)
+        res = _ptxas(tensors, _step_args(rows, key_tile, wgmma=True, blocks_per_sm=blocks, overlap=overlap,
+                                         kv_splits=splits), arch,
                      name, wgmma=True)
         if isinstance(res, str):
             checked.append(f"{label}: {res}")
@@ -230,9 +382,13 @@ def _wgmma_choice(tensors: Sequence[Tensor], target: Any, name: str | None = Non
               f"), key tiles of {key_tile} through a {3 if overlap else 2}-stage cp.async ring"
               f"{', the next tile scores and softmax while P·V is in flight' if overlap else ''} ({arch}a: {res.registers} registers, no spills, wgmmas not serialized{passed_over}); "
               "exp2 with log2(e) folded into the scale; "
-              f"{describe_skipping(tensors, rows, key_tile)}")
+              f"{describe_skipping(tensors, rows, key_tile)}"
+              f"{f'; {masked_note}' if masked_note else ''}")
+    if split_note:
+        reason += f"; {split_note}"
     plan = Plan((Step("online_contraction_mma", _step_args(rows, key_tile, wgmma=True, blocks_per_sm=blocks,
-                                                           overlap=overlap)),), "online_contraction_mma", reason)
+                                                           overlap=overlap, kv_splits=splits)),),
+                "online_contraction_mma", reason)
     return OnlineContractionChoice(plan, 2 * rows, rows, reason)
 
 
@@ -249,8 +405,11 @@ def propose_mma(tensors: Sequence[Tensor], target: Any = None,
     widest = max(mma.depth, const_int(chain.columns) or 0)
     arch = target if _arch_number(target) is not None else default_arch()
     checked: list[str] = []
+    sms = target_info(arch).sm_count
     for rows, key_tile, warp_rows in mma_tilings(widest):
-        res = _ptxas(tensors, _step_args(rows, key_tile, warp_rows), arch, name)
+        # the kernel the build compiles: with its key splits, which change its registers
+        splits, split_note = kv_split_choice(chain, rows, key_tile, sms)
+        res = _ptxas(tensors, _step_args(rows, key_tile, warp_rows, kv_splits=splits), arch, name)
         if isinstance(res, str):
             checked.append(f"{rows}x{key_tile}/{warp_rows}: {res}")
             continue
@@ -271,9 +430,12 @@ def propose_mma(tensors: Sequence[Tensor], target: Any = None,
               f"{res.registers} registers, no spills{passed_over}); exp2 with log2(e) folded into "
               "the scale (ex2.approx.ftz: one MUFU.EX2, relative error ~2^-22, below P's rounding to 16 bits); "
               f"{describe_skipping(tensors, rows, key_tile)}{not_wgmma}")
-    plan = Plan((Step("online_contraction_mma", _step_args(rows, key_tile, warp_rows)),),
+    if split_note:
+        reason += f"; {split_note}"
+    plan = Plan((Step("online_contraction_mma", _step_args(rows, key_tile, warp_rows, kv_splits=splits)),),
                 "online_contraction_mma", reason)
     return OnlineContractionChoice(plan, 32 * (rows // warp_rows), rows, reason)
 
 
-__all__ = ["OnlineContractionChoice", "mma_tilings", "propose", "propose_mma", "propose_wgmma", "wgmma_tilings"]
+__all__ = ["MIN_CHUNK_TILES", "NOMINAL_LENGTH", "decode_first", "kv_split_choice", "OnlineContractionChoice", "WGMMA_BLOCK_COST", "block_cost", "masked_tiling_order",
+           "mma_tilings", "proven_tiles", "propose", "propose_mma", "propose_wgmma", "wgmma_tilings"]

@@ -101,4 +101,21 @@ def block_grid(body: Stmt, chain: OnlineChain, rows: int, query_block: Var, head
     return For(y, zero, n_heads, "blockIdx.y", body) if heads else body
 
 
-__all__ = ["block_grid", "kv_group", "launch_order"]
+def work_item(chain: OnlineChain, rows: int, order: tuple[int, bool, str], linear: Expr,
+              plain: bool = False) -> tuple[Expr, Expr]:
+    """(query block, head) of work item `linear` of the persistent form (online_contraction_mma's
+    `persistent`): query block major, head minor, so the heads of one query block are consecutive
+    items (the G heads of one K/V head side by side for any G) and, with `order` backwards, every
+    head's longest query block comes before any shorter one: a grid of P blocks taking items
+    p, p + P, p + 2P, .. gets the heaviest P first and ends on the lightest (longest-processing-
+    time-first over the whole launch, not per head). `plain`: the plain grid's order (query
+    blocks, then heads), for timing against it."""
+    X = (chain.rows[-1] + (rows - 1)) // rows
+    heads = size_product(chain.rows[:-1])
+    if plain:
+        return linear % X, linear // X
+    rank = linear // heads
+    return ((X - 1) - rank if order[1] else rank), linear % heads
+
+
+__all__ = ["block_grid", "kv_group", "launch_order", "work_item"]

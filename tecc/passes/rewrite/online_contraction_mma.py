@@ -111,6 +111,7 @@ from ...ir.stmt import (
     FragmentRef,
     IfThenElse,
     KernelCall,
+    LetStmt,
     MatrixMultiply,
     Module,
     PrimFunc,
@@ -130,7 +131,7 @@ from ..names import identifier
 from ..schedule.tensorize import CHUNK, INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
 from ..schedule.tensorize_wgmma import wgmma_intrinsic
 from .key_tiles import kept, key_tile_bound, skipping_description, unmasked_tile_bound
-from .launch_order import block_grid, launch_order
+from .launch_order import block_grid, launch_order, work_item
 from .online_contraction import MAX_GRID_Y, OnlineChain, _Lower, head_indices, online_chain
 
 LOG2E = 1.0 / math.log(2.0)
@@ -291,7 +292,8 @@ def _check_relayout(qk: str, pv: str) -> None:
 
 def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key_tile: int = 64,
                            warp_rows: int = 16, name: str | None = None, wgmma: bool = False,
-                           blocks_per_sm: int = 0, overlap: bool = False, plain_order: bool = False) -> Module:
+                           blocks_per_sm: int = 0, overlap: bool = False, plain_order: bool = False,
+                           persistent: int = 0, kv_splits: int = 1) -> Module:
     """The module of ONE tensor-core kernel computing the chain `args` (module docstring):
     `rows_per_block` query rows per block, `warp_rows` (16 or 32: one or two m16 tiles, which
     share every K and V fragment a warp loads) per warp, key tiles of `key_tile`.
@@ -300,14 +302,26 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
     > 0 asks for that many resident blocks (`__launch_bounds__`: ptxas caps the registers);
     `overlap`: S(kt + 1) and the softmax of tile kt + 1 while P(kt)·V is in flight, over a
     3-stage ring (_Kernel.overlapped_loop). `plain_order`: launch the blocks in the plain grid's
-    order (query blocks, then heads) instead of _Kernel.grid's (for timing one against the other)."""
+    order (query blocks, then heads) instead of _Kernel.grid's (for timing one against the other).
+    `persistent` > 0 (the Hopper form, not overlapped): a grid of that many blocks (one per SM:
+    132 on an H100/H200) looping over the (query block, head) work items, the longest first, the
+    next item's loads under this one's epilogue (_Kernel.persistent_body). `kv_splits` > 1
+    (split-KV, for few query rows over many keys): a third grid axis over that many chunks of the
+    key tiles, each block writing float32 partial O, max and sum of its chunk, and a second kernel
+    combining them (_Kernel.combine_kernel); not with `overlap` or `persistent`."""
     where = "online_contraction_mma"
     chain = online_chain(args)
     tc_chain = tensor_core_chain(chain)
+    if isinstance(kv_splits, bool) or not isinstance(kv_splits, int) or not 1 <= kv_splits <= 65535:
+        raise ScheduleError(f"{where}: kv_splits={kv_splits!r} must be 1 (no split) .. 65535 key chunks")
+    if kv_splits > 1 and (overlap or persistent):
+        raise ScheduleError(f"{where}: kv_splits with overlap or persistent is not built; take one")
     if wgmma:
-        return _wgmma_module(tc_chain, rows_per_block, key_tile, name, blocks_per_sm, overlap, plain_order)
-    if blocks_per_sm or overlap:
-        raise ScheduleError(f"{where}: blocks_per_sm and overlap are options of the wgmma form (wgmma=True)")
+        return _wgmma_module(tc_chain, rows_per_block, key_tile, name, blocks_per_sm, overlap, plain_order, persistent,
+                             kv_splits)
+    if blocks_per_sm or overlap or persistent:
+        raise ScheduleError(f"{where}: blocks_per_sm, overlap and persistent are options of the wgmma form "
+                            "(wgmma=True)")
     not_sync = mma_sync_head_dims(tc_chain)
     if not_sync is not None:
         raise ScheduleError(not_sync)
@@ -321,6 +335,7 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
     _check_relayout(tc_chain.qk_intrinsic, tc_chain.pv_intrinsic)
     kernel = _Kernel(tc_chain, rows_per_block, key_tile, warp_rows, name)
     kernel.plain_order = plain_order
+    kernel.splits = kv_splits
     return kernel.module()
 
 
@@ -353,8 +368,13 @@ class _Kernel:
         u = self.unique
         self.bx, self.by = Var(u("query_block"), dt.int32), Var(u("head"), dt.int32)
         self.tx, self.kt = Var(u("thread"), dt.int32), Var(u("key_tile"), dt.int32)
+        self.pb = Var(u("persistent_block"), dt.int32)
+        self.bz = Var(u("key_chunk"), dt.int32)
         self.order = ""   # the launch order of the blocks, for the plan (launch_order.py)
         self.plain_order = False
+        self.persistent = 0   # > 0: that many blocks loop over the work items (_Kernel.persistent_body)
+        self.splits = 1       # > 1: split-KV over that many key chunks (grid z) and a combine kernel
+        self.partials: list[Buffer] = []
         self.lane, self.warp = self.tx % 32, self.tx // 32
         self.lower = _Lower(self.buffers, u)
         if warpgroup:
@@ -499,6 +519,44 @@ class _Kernel:
         ))
         return loop, start
 
+    def work_items(self) -> Expr:
+        return ((self.chain.rows[-1] + (self.BM - 1)) // self.BM) * size_product(self.chain.rows[:-1])
+
+    def persistent_body(self, q_copy: Stmt, init: Stmt, loop: Stmt, finish: Sequence[Stmt],
+                        order: tuple[int, bool, str]) -> Stmt:
+        """The persistent form (the Hopper form's `persistent` = P blocks): block p runs the work
+        items p, p + P, .. (launch_order.work_item: query block major, the longest first), each
+        item the plain block's key loop and epilogue; the next item's Q tile and first K/V tile
+        (q_copy, one commit group) are issued before this item's epilogue, after a barrier that
+        orders every warpgroup's last wgmmas (which read Q and the ring) before the copies
+        overwrite them, so the loads run under the epilogue's normalization and stores.
+
+            [p < W] copy Q, K/V tile 0 of item p; commit
+            for it < ceil((W - p) / P):  item = p + it·P  (query_block, head from it)
+              init; key loop; wait_group 0; barrier
+              [item + P < W] copy Q, K/V tile 0 of item + P; commit
+              epilogue
+            wait_group 0
+        """
+        zero = Const(0, dt.int32)
+        P = Const(self.persistent, dt.int32)
+        W = self.work_items()
+        item, it = Var(self.unique("work_item"), dt.int32), Var(self.unique("work"), dt.int32)
+
+        def at(linear: Expr) -> dict[Var, Expr]:
+            qb, head = work_item(self.chain, self.BM, order, linear, self.plain_order)
+            return {self.bx: qb, self.by: head} if self.chain.rows[:-1] else {self.bx: qb}
+
+        body: Stmt = seq(init, loop, AsyncWait(0), Barrier(),
+                         IfThenElse(compare("<", item + P, W), substitute_stmt(q_copy, at(item + P))),
+                         *finish)
+        here = at(item)
+        if self.chain.rows[:-1]:
+            body = LetStmt(self.by, here[self.by], body)
+        body = LetStmt(item, self.pb + it * P, LetStmt(self.bx, here[self.bx], body))
+        items = For(it, zero, (W - self.pb + (P - 1)) // P, "serial", body)
+        return seq(IfThenElse(compare("<", self.pb, W), substitute_stmt(q_copy, at(self.pb))), items, AsyncWait(0))
+
     def module(self) -> Module:
         chain, tcc, BM, BN, D, C = self.chain, self.tcc, self.BM, self.BN, self.D, self.C
         assert C is not None
@@ -543,6 +601,10 @@ class _Kernel:
 
         bound = key_tile_bound(chain, self.bx, BM, BN)
         n_tiles: Expr = (chain.keys + (BN - 1)) // BN if bound is None else substitute(bound[0], head_at)
+        first_tile: Expr = zero
+        if self.splits > 1:   # split-KV: this block's chunk of the key tiles, within the proven range
+            first_tile = self.bz * self.chunk_tiles()
+            n_tiles = binary("min", n_tiles, first_tile + self.chunk_tiles())
 
         def load_kv(stage: Expr, tile: Expr) -> Stmt:
             j0 = tile * BN
@@ -555,7 +617,7 @@ class _Kernel:
                                                       BufferStore(l_run, (r,), Const(0.0, dt.float32)))),
             self.unrolled("o_zero", OF * MT, lambda e: BufferStore(o_frag, (e,), Const(0.0, dt.float32))))
         q_copy = seq(self.copy_tile(q_sh, zero, tcc.q, head_at, q0, queries, BM, D),
-                     IfThenElse(compare("<", zero, n_tiles), load_kv(zero, zero)),
+                     IfThenElse(compare("<", first_tile, n_tiles), load_kv(first_tile % self.stages, first_tile)),
                      AsyncCommit())
         # the Hopper form: Q stays in shared memory; the loop's wait, proxy fence and barrier
         # make it (and tile 0) visible to the first wgmma
@@ -717,7 +779,7 @@ class _Kernel:
             # done with tile kt - 1's stage
             head = (AsyncWait(0), Barrier())
         if not (wg and self.overlap):
-            loop = For(self.kt, zero, n_tiles, "serial", seq(
+            loop = For(self.kt, first_tile, binary("max", n_tiles - first_tile, zero), "serial", seq(
                 *head,
                 IfThenElse(compare("<", ahead, n_tiles), load_kv(ahead % STAGES, ahead)),
                 AsyncCommit(),
@@ -770,16 +832,27 @@ class _Kernel:
         if chain.row_outputs:
             finish.append(self.unrolled("row_out", 2 * MT, row_out))
 
-        body: Stmt = seq(prologue, loop, AsyncWait(0), *finish)
+        if self.splits > 1:   # the partial (acc, m₂, l) of this chunk instead of the program's epilogue
+            finish = finish[:1] + [self.store_partials(o_frag, m_run, l_sum, c_map, warp_row0, head_at)]
+        order = (1, False, "") if self.plain_order else launch_order(self.chain, (tcc.k, tcc.v), self.bx, BM, bound)
+        self.order = order[2]
+        if self.persistent:
+            body: Stmt = self.persistent_body(q_copy, init, loop, finish, order)
+        else:
+            body = seq(prologue, loop, AsyncWait(0), *finish)
         unused = (q_frag, k_frag, v_frag) if wg else ()
         for buf in reversed([q_sh, k_sh, v_sh, q_frag, k_frag, s_frag, p_frag, v_frag, o_frag,
                              m_run, l_run, m_use, alpha, tile_max, l_sum, *self.lower.allocs]):
             if not any(buf is u for u in unused):
                 body = Allocate(buf, body)
         body = For(self.tx, zero, Const(self.threads, dt.int32), "threadIdx.x", body)
-        order = (1, False, "") if self.plain_order else launch_order(self.chain, (tcc.k, tcc.v), self.bx, BM, bound)
-        self.order = order[2]
-        body = block_grid(body, self.chain, BM, self.bx, self.by, order, self.unique)
+        if self.persistent:
+            body = For(self.pb, zero, binary("min", Const(self.persistent, dt.int32), self.work_items()), "blockIdx.x",
+                       body)
+        else:
+            body = block_grid(body, self.chain, BM, self.bx, self.by, order, self.unique)
+        if self.splits > 1:
+            body = For(self.bz, zero, Const(self.splits, dt.int32), "blockIdx.z", body)
 
         prog = chain.program
         used = global_buffers(body)
@@ -788,23 +861,158 @@ class _Kernel:
             tuple(v for v in self.sig.scalars if v in body_vars)
         kname = self.unique(f"{chain.output.name}_attention_{'wgmma' if wg else 'mma'}_kernel")
         mname = identifier(self.name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
-        order = f"; {self.order}" if self.order else ""
+        said = f"; {self.order}" if self.order else ""
+        if self.splits > 1:
+            said += (f"; split-KV: {self.splits} chunks of {self.chunk_tiles()} key tiles (grid z), float32 partial "
+                      "O, max and sum per chunk, combined by a second kernel (rescaled by 2^(m_s - max), then the "
+                      "program's epilogue)")
+        if self.persistent:
+            said += (f"; persistent: {self.persistent} blocks loop over the (query block, head) work items, query "
+                      "block major" + (", the longest first" if "from the last" in self.order else "") +
+                      ", the next item's Q and first K/V tile loaded under this one's epilogue")
         if wg:
             what = (f"{self.qk_wgmma} / {self.pv_wgmma} (P from registers): {BM} query rows ({BM // 64} warpgroups of "
                     f"64), key tiles of {BN}, Q, K K-major and V MN-major in swizzled shared memory read through "
                     f"descriptors, {self.stages}-stage cp.async ring"
                     f"{'; S(kt + 1) and its softmax while P(kt)·V is in flight' if self.overlap else ''}; "
                     "exp2 with log2(e) folded into the scale; "
-                    f"{self.skipping}{order}")
+                    f"{self.skipping}{said}")
         else:
             what = (f"{tcc.qk_intrinsic} / {tcc.pv_intrinsic}: {BM} query rows ({self.warps} warps of {self.WR}), key "
                     f"tiles of {BN}, "
-                    f"{STAGES}-stage cp.async ring; exp2 with log2(e) folded into the scale; {self.skipping}{order}")
+                    f"{STAGES}-stage cp.async ring; exp2 with log2(e) folded into the scale; {self.skipping}{said}")
         attrs: tuple[tuple[str, object], ...] = (
             ("online_contraction", (chain.m.name, chain.l.name, chain.output.name)), ("tensorize", what))
+        temps = tuple(self.partials) if self.splits > 1 else ()
+        if temps:
+            params = params[:len(params) - len([v for v in self.sig.scalars if v in body_vars])] + \
+                tuple(t for t in temps if t in used) + tuple(v for v in self.sig.scalars if v in body_vars)
         kernel = PrimFunc(kname, params, body, attrs)
         module_params = tuple(self.buffers[a] for a in prog.args) + tuple(self.sig.scalars)
-        return Module(mname, module_params, (kernel,), (KernelCall(kname, params),), ())
+        kernels, calls = [kernel], [KernelCall(kname, params)]
+        if temps:
+            combine = self.combine_kernel(head_at_of=head_indices, prog_args=prog.args)
+            kernels.append(combine)
+            calls.append(KernelCall(combine.name, combine.params))
+        return Module(mname, module_params, tuple(kernels), tuple(calls), temps)
+
+    # ---- split-KV (decoding): partial (acc, m₂, l) per key chunk, then a combine kernel -------------
+
+    def chunk_tiles(self) -> Expr:
+        """Key tiles per chunk: ceil(all tiles / splits)."""
+        all_tiles = (self.chain.keys + (self.BN - 1)) // self.BN
+        return (all_tiles + (self.splits - 1)) // self.splits
+
+    def partial_buffers(self) -> tuple[Buffer, Buffer, Buffer]:
+        """Float32 [splits, heads, rows, C] partial outputs and [splits, heads, rows] running max
+        (log2 units) and sums, the module's temporaries."""
+        if not self.partials:
+            chain = self.chain
+            heads = size_product(chain.rows[:-1])
+            S = Const(self.splits, dt.int32)
+            assert self.C is not None
+            name = chain.output.name
+            self.partials = [
+                Buffer(self.unique(f"{name}_partial_acc"), dt.float32, (S, heads, chain.rows[-1], Const(self.C, dt.int32)),
+                       "global", tensor=f"{name}.partial_acc"),
+                Buffer(self.unique(f"{name}_partial_max"), dt.float32, (S, heads, chain.rows[-1]), "global",
+                       tensor=f"{name}.partial_max"),
+                Buffer(self.unique(f"{name}_partial_sum"), dt.float32, (S, heads, chain.rows[-1]), "global",
+                       tensor=f"{name}.partial_sum")]
+        acc, mx, sm = self.partials
+        return acc, mx, sm
+
+    def store_partials(self, o_frag: Buffer, m_run: Buffer, l_sum: Buffer, c_map: Any, warp_row0: Callable[[Expr], Expr],
+                       head_at: dict[Var, Expr]) -> Stmt:
+        """This chunk's unnormalized O, running max m₂ and sum l to the partial buffers (rows
+        inside the queries; m₂ and l by lane 0 of each quad)."""
+        acc, mx, sm = self.partial_buffers()
+        queries, OF, MT = self.chain.rows[-1], 4 * (self.C // 8), self.MT   # type: ignore[operator]
+        hd = self.by if self.chain.rows[:-1] else Const(0, dt.int32)
+
+        def out_tile(mt: Var, nt: Var) -> Stmt:
+            def one(e: Var) -> Stmt:
+                r, col = c_map(self.lane, e)
+                row = warp_row0(mt) + r
+                return IfThenElse(compare("<", row, queries), BufferStore(
+                    acc, (self.bz, hd, row, nt * 8 + col), o_frag[OF * mt + 4 * nt + e]))
+            return self.unrolled("part_e", 4, one)
+
+        def row_out(r: Var) -> Stmt:
+            row = warp_row0(r // 2) + self.lane // 4 + 8 * (r % 2)
+            return IfThenElse(compare("==", self.lane % 4, Const(0, dt.int32)) & compare("<", row, queries), seq(
+                BufferStore(mx, (self.bz, hd, row), m_run[r]),
+                BufferStore(sm, (self.bz, hd, row), l_sum[r])))
+        return seq(self.unrolled("part_m", MT, lambda mt: self.unrolled("part_tile", self.C // 8,  # type: ignore[operator]
+                                                                          lambda nt: out_tile(mt, nt))),
+                   self.unrolled("part_row", 2 * MT, row_out))
+
+    def combine_kernel(self, head_at_of: Callable[[Expr, Sequence[Expr]], tuple[Expr, ...]],
+                       prog_args: Sequence[Tensor]) -> PrimFunc:
+        """One thread per (head, row, column): m* = max_s m₂_s (0 in its place while -inf),
+        w_s = 2^(m₂_s - m*), l* = Σ_s w_s·l_s, acc* = Σ_s w_s·acc_s (the rescaling of the online
+        pass, across chunks), then the program's epilogue g(acc*, m*·ln 2, l*) and, at column 0,
+        its row outputs."""
+        chain = self.chain
+        acc, mx, sm = self.partial_buffers()
+        u = self.unique
+        lower = _Lower(self.buffers, u)
+        zero = Const(0, dt.int32)
+        C = Const(self.C, dt.int32)   # type: ignore[arg-type]
+        heads, queries = chain.rows[:-1], chain.rows[-1]
+        n_heads = size_product(heads)
+        total = n_heads * queries * C
+        threads = 256
+        b, t, s = (Var(u(n), dt.int32) for n in ("combine_block", "combine_thread", "chunk"))
+        flat = b * threads + t
+        column, row, head = flat % C, (flat // C) % queries, flat // (C * queries)
+        head_at = dict(zip(chain.row[:-1], head_at_of(head, heads)))
+        m_star, m_use, l_star, o_star, w = (Buffer(u(n), dt.float32, (Const(1, dt.int32),), "local",
+                                                                   tensor=f"combine.{n}")
+                                            for n in ("m_star", "m_use", "l_star", "o_star", "weight"))
+        minus_inf = Const(-math.inf, dt.float32)
+        S = Const(self.splits, dt.int32)
+        stats: dict[Expr, Expr] = {chain.m_value: cast(m_star[zero] * LN2, chain.m.dtype), chain.l_value: cast(l_star[zero], chain.l.dtype)}
+        body_g = SubexpressionReplacer({**stats, chain.contraction: cast(o_star[zero], chain.contraction.dtype)}
+                                       ).visit(chain.output_body)
+        at = {**head_at, chain.row[-1]: row, chain.column: column}
+        st, val = lower.value(substitute(body_g, at))
+        idx = tuple(head_at[v] for v in chain.row[:-1]) + (row, column)
+        out = self.buffers[chain.output]
+        stmts: list[Stmt] = [
+            BufferStore(m_star, (zero,), minus_inf),
+            For(s, zero, S, "serial", BufferStore(m_star, (zero,), binary("fmax", m_star[zero], mx[s, head, row]))),
+            BufferStore(m_use, (zero,), select(compare("==", m_star[zero], minus_inf), Const(0.0, dt.float32),
+                                               m_star[zero])),
+            BufferStore(l_star, (zero,), Const(0.0, dt.float32)),
+            BufferStore(o_star, (zero,), Const(0.0, dt.float32)),
+            For(s, zero, S, "serial", seq(
+                BufferStore(w, (zero,), call("exp2_approx", mx[s, head, row] - m_use[zero])),
+                BufferStore(l_star, (zero,), l_star[zero] + w[zero] * sm[s, head, row]),
+                BufferStore(o_star, (zero,), o_star[zero] + w[zero] * acc[s, head, row, column]))),
+            *st, BufferStore(out, idx, cast(val, chain.output.dtype))]
+        rows_at = {**head_at, chain.row[-1]: row}
+        row_stmts: list[Stmt] = []
+        for tensor, value in chain.row_outputs:
+            st2, val2 = lower.value(substitute(SubexpressionReplacer(stats).visit(value), rows_at))
+            row_stmts.append(seq(*st2, BufferStore(self.buffers[tensor], tuple(head_at[v] for v in chain.row[:-1]) + (row,),
+                                                   cast(val2, tensor.dtype))))
+        if row_stmts:
+            stmts.append(IfThenElse(compare("==", column, zero), seq(*row_stmts)))
+        body: Stmt = IfThenElse(compare("<", flat, total), seq(*stmts))
+        for buf in reversed([m_star, m_use, l_star, o_star, w, *lower.allocs]):
+            body = Allocate(buf, body)
+        body = For(b, zero, (total + (threads - 1)) // threads, "blockIdx.x",
+                   For(t, zero, Const(threads, dt.int32), "threadIdx.x", body))
+        used = global_buffers(body)
+        body_vars = scalar_vars(exprs_of(body) + [x for bf in used for x in bf.shape + (bf.strides or ())])
+        params = tuple(self.buffers[a] for a in prog_args if self.buffers[a] in used) + \
+            tuple(p for p in self.partials if p in used) + tuple(v for v in self.sig.scalars if v in body_vars)
+        name = u(f"{chain.output.name}_attention_combine_kernel")
+        attrs: tuple[tuple[str, object], ...] = (
+            ("online_contraction", (chain.m.name, chain.l.name, chain.output.name)),
+            ("split_kv", f"{self.splits} chunks: rescale the partials by 2^(m_s - max), then the program's epilogue"))
+        return PrimFunc(name, params, body, attrs)
 
 
 def block_width(width: int) -> int:
@@ -843,7 +1051,8 @@ def _check_wgmma_relayout(qk: str, pv: str) -> None:
 
 
 def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name: str | None,
-                  blocks_per_sm: int, overlap: bool = False, plain_order: bool = False) -> Module:
+                  blocks_per_sm: int, overlap: bool = False, plain_order: bool = False, persistent: int = 0,
+                  kv_splits: int = 1) -> Module:
     where = "online_contraction_mma (wgmma)"
     if rows_per_block not in (64, 128, 192, 256):
         raise ScheduleError(f"{where}: rows_per_block={rows_per_block} must be 64, 128, 192 or 256 (one warpgroup "
@@ -859,8 +1068,16 @@ def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name
             raise ScheduleError(f"{where}: the {what} tile is {n} wide; wgmma has n in {WGMMA_N}")
     if isinstance(blocks_per_sm, bool) or not isinstance(blocks_per_sm, int) or not 0 <= blocks_per_sm <= 8:
         raise ScheduleError(f"{where}: blocks_per_sm={blocks_per_sm!r} must be 0 (no request) .. 8")
+    if isinstance(persistent, bool) or not isinstance(persistent, int) or not 0 <= persistent <= 1024:
+        raise ScheduleError(f"{where}: persistent={persistent!r} must be 0 (one block per work item) or the number of "
+                            "blocks that loop over the work items (132: one per SM of an H100/H200), at most 1024")
+    if persistent and overlap:
+        raise ScheduleError(f"{where}: persistent and overlap together are not built (the overlapped loop's prologue "
+                            "issues tile 0's scores); take one")
     kernel = _Kernel(tcc, rows_per_block, key_tile, 16, name, warpgroup=True)
     kernel.plain_order = plain_order
+    kernel.persistent = persistent
+    kernel.splits = kv_splits
     if overlap:
         kernel.overlap, kernel.stages = True, OVERLAP_STAGES
     assert columns is not None
@@ -876,9 +1093,9 @@ def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name
     module = kernel.module()
     if not blocks_per_sm:
         return module
-    (func,) = module.kernels
+    func, *rest = module.kernels
     func = replace(func, attrs=func.attrs + (("min_blocks_per_sm", blocks_per_sm),))
-    return replace(module, kernels=(func,))
+    return replace(module, kernels=(func, *rest))
 
 
 def _positive_scale(value: Expr, scores: Reduce) -> float | None:
