@@ -134,8 +134,10 @@ def candidates_for(info: KernelInfo, target: Target, params: CostParameters = DE
     return out, declined
 
 
-def _rank_key(c: Candidate) -> tuple[float, int, int]:
-    return (c.cost.total, -c.strategy.priority, c.workload.threads)
+def _rank_key(c: Candidate) -> tuple[float, float, int, int]:
+    # equal totals (one shared bound, e.g. L2, binds both): the shorter SM-level chain (the
+    # pipeline's own stall, which the bound hides in the model but not on the GPU) goes first
+    return (c.cost.total, c.cost.terms.get("chain", 0.0), -c.strategy.priority, c.workload.threads)
 
 
 def plan_program(args: Sequence[Tensor], target: Target | str | None = None, *,

@@ -250,14 +250,14 @@ def wgmma_registers(bm: int, bn: int, sizes: tuple[int, int] = (8, 8), k_tile: i
     return parts
 
 
-def tma_registers(bm: int, bn: int, point: Point | None = None) -> dict[str, int]:
+def tma_registers(bm: int, bn: int, point: Point | None = None, groups: int = 0) -> dict[str, int]:
     """Registers per thread of the TMA rung at launch: the consumers' accumulators, addressing
     and descriptors (no copy state), the staging addresses of the TMA-store epilogue and the
     tile loop of the persistent grid; with two consumer warpgroups __launch_bounds__(384) and
     setmaxnreg make ptxas allocate the launch-bound cap (TMA_LAUNCH_REGISTERS) for all.
     (ptxas, 64 x BN, one consumer warpgroup: 117 at BN 128 and 214 at 256 with both; 154 at
     256 non-persistent.)"""
-    if bm // 64 == 2:
+    if (groups or bm // 64) == 2:   # the consumer warpgroups (tf32's Cᵀ form splits the columns)
         return {"launch bound (setmaxnreg)": TMA_LAUNCH_REGISTERS}
     parts = {"accumulators": bn // 2, "addressing": ADDRESSING, "descriptors": 4}
     if point is not None and epilogue_of(point) == "tma":
@@ -397,7 +397,8 @@ class GemmWgmma(Strategy):
             instructions = (wgmma + blocks * k_tiles * groups * 4 * ((copies + staged) * (6 + 4 * view.gathered) + 12)
                             + warps * (wgmma_n // 2) * (4 + info.epilogue_flops))
         rate = target.tensor_flops.get(self.rate_key, 0.0) * WGMMA_FRACTION
-        registers = wgmma_registers(bm, bn, sizes, bk, groups) if load == "cp.async" else tma_registers(bm, bn, point)
+        registers = (wgmma_registers(bm, bn, sizes, bk, groups) if load == "cp.async"
+                     else tma_registers(bm, bn, point, groups))
         if "accumulators" in registers:   # the wgmma's N: the block's rows when tf32 computes Cᵀ
             registers["accumulators"] = wgmma_n // 2
         x_registers = self.register_operand(info)
@@ -406,7 +407,8 @@ class GemmWgmma(Strategy):
             # loads and converts them (cvt.rna), into one of two register sets
             per_thread = 4 * (bk // self.k_step)
             instructions += blocks * k_tiles * groups * 4 * 2 * per_thread
-            registers["register A (two sets)"] = 2 * per_thread
+            if "launch bound (setmaxnreg)" not in registers:   # else within the consumers' setmaxnreg share
+                registers["register A (two sets)"] = 2 * per_thread
         chain, resident, idle = wgmma_sm_chain(target, rate, point, grid, k_tiles, sum(registers.values()),
                                                info.write.itemsize, blocks, bk, groups, out_tile)
         pending, ahead = in_flight(stages, load)
