@@ -277,17 +277,15 @@ def test_the_4096_cubed_tf32_plan_compiles_without_spills(arch: str) -> None:
 
 # ---- implicit GEMMs (convolutions) ------------------------------------------------------------------
 
-@pytest.mark.parametrize("case", ["nhwc_3x3_pad1", "nchw_3x3_pad1", "nhwc_c3", "nhwc_groups2", "nhwc_f12"])
-def test_float32_convolutions_take_tf32_when_named(case: str) -> None:
-    """The implicit GEMM of a float32 convolution (tests/test_conv.py's cases): 16-byte copies of
-    4 floats where the channels allow, guarded element loads where they do not (C = 3)."""
+def run_conv_case(case: str, stage_plan: dict[str, Any], what: str, **build: Any) -> Any:
+    """Build tests/test_conv.py's convolution `case` in float32 with `stage_plan` (a tensorize plan
+    for the stage Y) for the emulator, run it on fresh inputs with the output poisoned, check it
+    against float64 within the tf32 bound of its K, and return the kernel."""
     from test_conv import CASES, Conv
 
     conv = Conv(**{**CASES[case].__dict__, "dtype": "float32", "tensors": []})
-    tensors = conv.program()
-    stage_plan = plan()
     stage_plan["steps"][0]["args"]["stage"] = "Y"
-    f = tc.build(tensors, target="sim", plan=stage_plan)
+    f = tc.build(conv.program(), target="sim", plan=stage_plan, **build)
     g = np.random.default_rng(17)
     sh = conv.shapes()
     x = g.standard_normal(sh["X"]).astype(np.float32)
@@ -296,7 +294,14 @@ def test_float32_convolutions_take_tf32_when_named(case: str) -> None:
     f(x, w, y)
     exact, size = conv.reference(x, w)
     grow = (1 + U) ** 2
-    check(y, exact, (grow - 1 + (conv.k + 1) * 2.0**-23 * grow) * size, f"tf32 {case}")
+    check(y, exact, (grow - 1 + (conv.k + 1) * 2.0**-23 * grow) * size, what)
+    return f
+
+@pytest.mark.parametrize("case", ["nhwc_3x3_pad1", "nchw_3x3_pad1", "nhwc_c3", "nhwc_groups2", "nhwc_f12"])
+def test_float32_convolutions_take_tf32_when_named(case: str) -> None:
+    """The implicit GEMM of a float32 convolution (tests/test_conv.py's cases): 16-byte copies of
+    4 floats where the channels allow, guarded element loads where they do not (C = 3)."""
+    f = run_conv_case(case, plan(), f"tf32 {case}")
     rows = {s.row.name for k in f.module.kernels for s in iter_stmts(k.body) if isinstance(s, MatrixMultiply)}
     assert rows == {TF32}
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_tf32 import check, contraction, run
+from test_tf32 import check, contraction, run, run_conv_case
 from test_wgmma import needs_nvrtc
 
 import tecc as tc
@@ -184,21 +184,7 @@ def test_float32_convolutions_on_the_tf32_wgmma(case: str) -> None:
     """Implicit GEMMs (tests/test_conv.py's cases) through the same matcher: NHWC puts the
     filter's [k][f] tile in registers (Cᵀ form), NCHW the activations' [k][pixel] tile; the
     padding where(), C = 3 (guarded element loads) and groups as on the fp16 path."""
-    from test_conv import CASES, Conv
-
-    conv = Conv(**{**CASES[case].__dict__, "dtype": "float32", "tensors": []})
-    stage_plan = tf32_wgmma_plan((64, 64), 3)
-    stage_plan["steps"][0]["args"]["stage"] = "Y"
-    f = tc.build(conv.program(), target="sim", arch="sm_90", plan=stage_plan)
-    g = np.random.default_rng(17)
-    sh = conv.shapes()
-    x = g.standard_normal(sh["X"]).astype(np.float32)
-    w = g.standard_normal(sh["Wt"]).astype(np.float32)
-    y = np.full(sh["Y"], np.nan, np.float32)
-    f(x, w, y)
-    exact, size = conv.reference(x, w)
-    grow = (1 + U) ** 2
-    check(y, exact, (grow - 1 + (conv.k + 1) * 2.0**-23 * grow) * size, f"tf32 wgmma {case}")
+    f = run_conv_case(case, tf32_wgmma_plan((64, 64), 3), f"tf32 wgmma {case}", arch="sm_90")
     assert wgmmas(f) and all(w.row.input_type == "tf32" for w in wgmmas(f))
 
 
