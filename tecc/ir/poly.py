@@ -459,10 +459,12 @@ def respects(relation: "isl.UnionMap", schedule: "isl.UnionMap") -> bool:
     return bool(relation.is_subset(schedule.lex_lt_union_map(schedule)))
 
 
-def keeps_order(relation: "isl.UnionMap", both: "isl.UnionMap", width: int) -> bool:
+def keeps_order(relation: "isl.UnionMap", both: "isl.UnionMap", width: int, new_width: int | None = None) -> bool:
     """True when every pair of `relation` that runs in one order under the old schedule runs in
     the same order under the new one. `both` maps every statement instance to its old schedule
-    (`width` entries) followed by its new one (`width` entries); `relation` may hold its pairs in
+    (`width` entries) followed by its new one (`new_width` entries, `width` unless given; an
+    entry that is the same constant in every statement may be left out of either: its
+    difference is always zero, which never decides an order); `relation` may hold its pairs in
     both directions (`dependences(..., ordered=False)`), which makes this the same question as
     `respects(ordered relation, new)`: a pair (x, y) with old(x) <lex old(y) keeps its order when
     new(x) <lex new(y), and whether a <lex b depends only on b - a (its first nonzero entry is
@@ -474,7 +476,9 @@ def keeps_order(relation: "isl.UnionMap", both: "isl.UnionMap", width: int) -> b
     timed = relation.apply_domain(both).apply_range(both)
     if timed.is_empty():
         return True
-    # one space (every statement's schedule has 2 · width entries): a Set, asked entry by entry
+    if new_width is None:
+        new_width = width
+    # one space (every statement's schedule has width + new_width entries): a Set, asked entry by entry
     # through isl's API (fixing an entry, bounding it) rather than through parsed probe sets
     deltas = isl.Set.from_union_set(timed.deltas())
     dim = isl.dim_type.set
@@ -486,7 +490,7 @@ def keeps_order(relation: "isl.UnionMap", both: "isl.UnionMap", width: int) -> b
         if not first.is_empty():
             # ... and the new schedule runs the pair at the same time or the sink first
             tied = first
-            for j in range(width, 2 * width):
+            for j in range(width, width + new_width):
                 if not tied.upper_bound_val(dim, j, minus_one).is_empty():
                     return False
                 tied = tied.fix_val(dim, j, zero)
