@@ -67,15 +67,49 @@ def _describe(deps: poly.Dependences, bad: object) -> str:
 def check_schedule(func: PrimFunc, what: str, entries: Callable[[poly.PolyStmt], Sequence[object]],
                    reductions_commute: bool) -> None:
     """Raise ScheduleError when the schedule given by `entries` breaks a dependence of `func`."""
-    deps = poly.dependences(func.body)
+    # the unordered dependences (pairs in both directions) and one map to the old schedule
+    # followed by the new: poly.keeps_order asks the question without the lexicographic order
+    # of the old schedule (`dependences(ordered=True)`) and of the new (`respects`), the costly
+    # isl steps; only a refused schedule pays them, to name a dependence it breaks
+    deps = poly.dependences(func.body, ordered=False)
     rel = deps.relation
     if reductions_commute:
         rel = deps.without_self(s.name for s in deps.space.stmts if is_reduction_update(s.node))
-    new = deps.space.union([deps.space.schedule_piece(s, list(entries(s))) for s in deps.space.stmts])
-    if poly.respects(rel, new):
+    if poly.keeps_order(rel, *order_map(deps.space, entries)):
         return
+    rel = rel.intersect(deps.schedule.lex_lt_union_map(deps.schedule))
+    new = deps.space.union([deps.space.schedule_piece(s, list(entries(s))) for s in deps.space.stmts])
     bad = rel.subtract(new.lex_lt_union_map(new))
     raise ScheduleError(f"{what} is illegal: it would run a dependence backwards{_describe(deps, bad)}")
+
+
+def order_map(space: poly.StmtSpace, entries: Callable[[poly.PolyStmt], Sequence[object]]
+              ) -> tuple[object, int, int]:
+    """The map of every statement instance to its current schedule vector followed by the one
+    `entries` gives, and the two vectors' lengths (poly.keeps_order's arguments)."""
+    width = 2 * space.depth + 3
+    old_rows = [_padded(default_entries(s), width) for s in space.stmts]
+    new_rows = [_padded(list(entries(s)), width) for s in space.stmts]
+    # entries that are one constant in every statement (the padding, most loop positions) differ
+    # by zero in every pair and never decide an order: left out, the isl space is half as wide
+    old_keep, new_keep = _varying(old_rows), _varying(new_rows)
+    rows = [[r[k] for k in old_keep] + [n[k] for k in new_keep] for r, n in zip(old_rows, new_rows)]
+    both = space.union([space.schedule_piece(s, row, len(row)) for s, row in zip(space.stmts, rows)])
+    return both, len(old_keep), len(new_keep)
+
+
+def _varying(rows: Sequence[Sequence[object]]) -> list[int]:
+    """The columns of `rows` that are not one integer in every row."""
+    out = []
+    for k in range(len(rows[0]) if rows else 0):
+        col = [r[k] for r in rows]
+        if not (isinstance(col[0], int) and all(isinstance(c, int) and c == col[0] for c in col)):
+            out.append(k)
+    return out
+
+
+def _padded(entries: Sequence[object], width: int) -> list[object]:
+    return list(entries) + [0] * (width - len(entries))
 
 
 def check_parallel(func: PrimFunc, loop: For, what: str) -> None:
