@@ -674,3 +674,31 @@ def test_persistent_attention_on_the_gpu(D, mask, groups, key_tile):
     want, want_lse = reference(given, groups, mask, False)
     check(f"gpu persistent attention d={D} {mask} G={groups}", o, want, bound("float16", S, given[2]), k.plan)
     check(f"gpu persistent log-sum-exp d={D} {mask}", lse, want_lse, bound("float16", S, given[2]), k.plan)
+
+
+# ---- every visited key tile guarded (guard_every_tile: timing what the guard costs) -------------
+
+@pytest.mark.parametrize("wgmma,mask,dtype", [(True, "causal", "float16"), (True, "bottom_right", "bfloat16"),
+                                              (False, "causal", "bfloat16")])
+def test_guard_every_tile_keeps_the_results_and_guards_the_whole_tiles_too(wgmma, mask, dtype):
+    """`guard_every_tile` (a timing option) puts the per-element guard on the tiles isl proves
+    whole as well: the same results against float64 NumPy over several key tiles, and the kernel
+    no longer branches on the proven count of whole tiles (the plain one does)."""
+    from tecc.codegen import emit_source
+
+    Sq, Sk, D = 150, 170, 32
+    args = {"rows_per_block": 64, "key_tile": 64, **({"wgmma": True} if wgmma else {})}
+    ins, outs = masked_attention(1, 2, Sq, Sk, D, dtype, groups=2, mask=mask, lse=True)
+    rng = np.random.default_rng()
+    x = make_inputs(ins, rng)
+    sources = []
+    for every in (False, True):
+        step = {**args, **({"guard_every_tile": True} if every else {})}
+        k, got, given = run(ins, outs, x, Plan((Step("online_contraction_mma", step),), "test", ""))
+        assert k.plan.steps[0].args == step, k.plan
+        want, want_lse = reference(given, 2, mask, False)
+        check(f"guard_every_tile={every} {mask}", got[0], want, bound(dtype, Sk, given[2]), k.plan)
+        check(f"guard_every_tile={every} {mask} lse", got[1], want_lse, bound(dtype, Sk, given[2]), k.plan)
+        sources.append(emit_source(k.module.kernels))
+    plain, every_tile = sources
+    assert "if (key_tile >= " in plain and "if (key_tile >= " not in every_tile

@@ -293,7 +293,7 @@ def _check_relayout(qk: str, pv: str) -> None:
 def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key_tile: int = 64,
                            warp_rows: int = 16, name: str | None = None, wgmma: bool = False,
                            blocks_per_sm: int = 0, overlap: bool = False, plain_order: bool = False,
-                           persistent: int = 0, kv_splits: int = 1) -> Module:
+                           persistent: int = 0, kv_splits: int = 1, guard_every_tile: bool = False) -> Module:
     """The module of ONE tensor-core kernel computing the chain `args` (module docstring):
     `rows_per_block` query rows per block, `warp_rows` (16 or 32: one or two m16 tiles, which
     share every K and V fragment a warp loads) per warp, key tiles of `key_tile`.
@@ -308,7 +308,10 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
     next item's loads under this one's epilogue (_Kernel.persistent_body). `kv_splits` > 1
     (split-KV, for few query rows over many keys): a third grid axis over that many chunks of the
     key tiles, each block writing float32 partial O, max and sum of its chunk, and a second kernel
-    combining them (_Kernel.combine_kernel); not with `overlap` or `persistent`."""
+    combining them (_Kernel.combine_kernel); not with `overlap` or `persistent`.
+    `guard_every_tile`: every visited key tile carries the per-element guard, the leading ones
+    that isl proves whole included (the same results; for timing what the guard costs against
+    the plain kernel, which guards only the partial tiles)."""
     where = "online_contraction_mma"
     chain = online_chain(args)
     tc_chain = tensor_core_chain(chain)
@@ -318,7 +321,7 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
         raise ScheduleError(f"{where}: kv_splits with overlap or persistent is not built; take one")
     if wgmma:
         return _wgmma_module(tc_chain, rows_per_block, key_tile, name, blocks_per_sm, overlap, plain_order, persistent,
-                             kv_splits)
+                             kv_splits, guard_every_tile)
     if blocks_per_sm or overlap or persistent:
         raise ScheduleError(f"{where}: blocks_per_sm, overlap and persistent are options of the wgmma form "
                             "(wgmma=True)")
@@ -335,6 +338,7 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
     _check_relayout(tc_chain.qk_intrinsic, tc_chain.pv_intrinsic)
     kernel = _Kernel(tc_chain, rows_per_block, key_tile, warp_rows, name)
     kernel.plain_order = plain_order
+    kernel.guard_every_tile = guard_every_tile
     kernel.splits = kv_splits
     return kernel.module()
 
@@ -372,6 +376,7 @@ class _Kernel:
         self.bz = Var(u("key_chunk"), dt.int32)
         self.order = ""   # the launch order of the blocks, for the plan (launch_order.py)
         self.plain_order = False
+        self.guard_every_tile = False   # every visited tile guarded (timing the guard): set by the module builders
         self.persistent = 0   # > 0: that many blocks loop over the work items (_Kernel.persistent_body)
         self.splits = 1       # > 1: split-KV over that many key chunks (grid z) and a combine kernel
         self.partials: list[Buffer] = []
@@ -687,7 +692,7 @@ class _Kernel:
             return self.unrolled("s_m", MT, lambda mt: self.unrolled("s_tile", BN // 8, lambda nt: tile(mt, nt)))
         guarded = element(score, True)
         # tiles every row of the block keeps whole (below the diagonal): no condition, no guard
-        unmasked = None if has_reads else unmasked_tile_bound(chain, self.bx, BM, BN)
+        unmasked = None if has_reads or self.guard_every_tile else unmasked_tile_bound(chain, self.bx, BM, BN)
         self.skipping = skipping_description(chain, bound, unmasked)
         if unmasked is None:
             elementwise: Stmt = guarded
@@ -1052,7 +1057,7 @@ def _check_wgmma_relayout(qk: str, pv: str) -> None:
 
 def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name: str | None,
                   blocks_per_sm: int, overlap: bool = False, plain_order: bool = False, persistent: int = 0,
-                  kv_splits: int = 1) -> Module:
+                  kv_splits: int = 1, guard_every_tile: bool = False) -> Module:
     where = "online_contraction_mma (wgmma)"
     if rows_per_block not in (64, 128, 192, 256):
         raise ScheduleError(f"{where}: rows_per_block={rows_per_block} must be 64, 128, 192 or 256 (one warpgroup "
@@ -1076,6 +1081,7 @@ def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name
                             "issues tile 0's scores); take one")
     kernel = _Kernel(tcc, rows_per_block, key_tile, 16, name, warpgroup=True)
     kernel.plain_order = plain_order
+    kernel.guard_every_tile = guard_every_tile
     kernel.persistent = persistent
     kernel.splits = kv_splits
     if overlap:
