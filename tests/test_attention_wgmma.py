@@ -702,3 +702,61 @@ def test_guard_every_tile_keeps_the_results_and_guards_the_whole_tiles_too(wgmma
         sources.append(emit_source(k.module.kernels))
     plain, every_tile = sources
     assert "if (key_tile >= " in plain and "if (key_tile >= " not in every_tile
+
+
+# ---- a 3-stage K/V ring in the plain loop (stages=3) ----------------------------------------------
+
+STAGES3 = [  # (Sq, Sk, D, dtype, mask, bias, groups, (rows, key tile), kv_splits)
+    (150, 170, 32, "float16", "causal", False, 2, (64, 64), 1),
+    (200, 200, 16, "bfloat16", "bottom_right", True, 1, (128, 64), 1),
+    (45, 300, 64, "float16", "tensor", False, 1, (64, 128), 1),   # 3 tiles: the ring wraps once
+    (70, 77, 128, "bfloat16", None, True, 2, (128, 64), 1),
+    (1, 1, 16, "float16", "causal", False, 1, (64, 64), 1),        # one tile: tile 1 never loads
+    (16, 400, 32, "bfloat16", "causal", False, 1, (64, 64), 3),    # split-KV chunks start past tile 0
+]
+
+
+@pytest.mark.parametrize("case", STAGES3, ids=[f"{c[0]}x{c[1]}-d{c[2]}-{c[3]}-{c[4]}-{c[7]}-s{c[8]}" for c in STAGES3])
+def test_three_stage_ring_matches_float64_numpy(case):
+    """`stages=3`: tiles kt + 1 and kt + 2 load while kt is computed (cp.async.wait_group 1 at the
+    loop head); every mask form, bias, grouped heads, odd lengths, both dtypes, 64/128 rows and
+    key tiles, split-KV, against float64 NumPy on NaN-poisoned outputs."""
+    from tecc.codegen import emit_source
+
+    Sq, Sk, D, dtype, mask, bias_, groups, (rows, key_tile), splits = case
+    ins, outs = masked_attention(1, 2, Sq, Sk, D, dtype, groups=groups, mask=mask, bias=bias_, lse=True)
+    step = {"rows_per_block": rows, "key_tile": key_tile, "wgmma": True, "stages": 3,
+            **({"kv_splits": splits} if splits > 1 else {})}
+    k, got, given = run(ins, outs, make_inputs(ins, np.random.default_rng()),
+                        Plan((Step("online_contraction_mma", step),), "test", ""))
+    assert k.plan.steps[0].args == step, k.plan
+    assert "cp.async.wait_group 1;" in emit_source(k.module.kernels)
+    want, want_lse = reference(given, groups, mask, bias_)
+    check(f"3-stage ring {case}", got[0], want, bound(dtype, Sk, given[2]), k.plan)
+    check(f"3-stage ring {case} lse", got[1], want_lse, bound(dtype, Sk, given[2]), k.plan)
+
+
+@pytest.mark.parametrize("D,key_tile", [(128, 64), (128, 128), (64, 128)])
+def test_three_stage_ring_compiles_for_sm_90a_without_spills(D, key_tile):
+    """The S = 8k causal kernels with a 3-stage ring: within sm_90's shared memory, no spills, no
+    serialized wgmma."""
+    from tecc.codegen import compile_cuda, dynamic_shared_bytes, emit_source
+    from tecc.compiler.pipeline import wgmma_serialized
+
+    ins, outs = masked_attention(1, 32, 8192, 8192, D, "float16", mask="causal")
+    mod = online_contraction_mma(ins + outs, rows_per_block=128, key_tile=key_tile, wgmma=True, stages=3)
+    compiled = compile_cuda(emit_source(mod.kernels), arch="sm_90", name="attention_3_stages")
+    (res,) = compiled.resources.values()
+    assert res.spill_stores == 0 and res.spill_loads == 0 and res.registers <= 255, res
+    assert wgmma_serialized(compiled.log) is None, compiled.log
+    assert dynamic_shared_bytes(mod.kernels[0]) <= 227 * 1024
+
+
+@pytest.mark.parametrize("args,match", [({"stages": 4}, "must be 2 or 3"), ({"stages": 3, "overlap": True}, "plain loop"),
+                                        ({"stages": 3, "persistent": 132}, "plain loop")])
+def test_bad_stages_say_why(args, match):
+    ins, outs = masked_attention(1, 2, 64, 64, 32, "float16")
+    with pytest.raises(ScheduleError, match=match):
+        online_contraction_mma(ins + outs, rows_per_block=64, key_tile=64, wgmma=True, **args)
+    with pytest.raises(ScheduleError, match="options of the wgmma form"):
+        online_contraction_mma(ins + outs, rows_per_block=64, key_tile=64, stages=3)

@@ -293,7 +293,8 @@ def _check_relayout(qk: str, pv: str) -> None:
 def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key_tile: int = 64,
                            warp_rows: int = 16, name: str | None = None, wgmma: bool = False,
                            blocks_per_sm: int = 0, overlap: bool = False, plain_order: bool = False,
-                           persistent: int = 0, kv_splits: int = 1, guard_every_tile: bool = False) -> Module:
+                           persistent: int = 0, kv_splits: int = 1, guard_every_tile: bool = False,
+                           stages: int = STAGES) -> Module:
     """The module of ONE tensor-core kernel computing the chain `args` (module docstring):
     `rows_per_block` query rows per block, `warp_rows` (16 or 32: one or two m16 tiles, which
     share every K and V fragment a warp loads) per warp, key tiles of `key_tile`.
@@ -311,7 +312,9 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
     combining them (_Kernel.combine_kernel); not with `overlap` or `persistent`.
     `guard_every_tile`: every visited key tile carries the per-element guard, the leading ones
     that isl proves whole included (the same results; for timing what the guard costs against
-    the plain kernel, which guards only the partial tiles)."""
+    the plain kernel, which guards only the partial tiles). `stages` (the Hopper form, neither
+    overlapped nor persistent): the depth of the K/V cp.async ring, 2 (tile kt + 1 loads while tile
+    kt is computed) or 3 (tiles kt + 1 and kt + 2: two tiles of latency hidden instead of one)."""
     where = "online_contraction_mma"
     chain = online_chain(args)
     tc_chain = tensor_core_chain(chain)
@@ -321,9 +324,9 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
         raise ScheduleError(f"{where}: kv_splits with overlap or persistent is not built; take one")
     if wgmma:
         return _wgmma_module(tc_chain, rows_per_block, key_tile, name, blocks_per_sm, overlap, plain_order, persistent,
-                             kv_splits, guard_every_tile)
-    if blocks_per_sm or overlap or persistent:
-        raise ScheduleError(f"{where}: blocks_per_sm, overlap and persistent are options of the wgmma form "
+                             kv_splits, guard_every_tile, stages)
+    if blocks_per_sm or overlap or persistent or stages != STAGES:
+        raise ScheduleError(f"{where}: blocks_per_sm, overlap, persistent and stages are options of the wgmma form "
                             "(wgmma=True)")
     not_sync = mma_sync_head_dims(tc_chain)
     if not_sync is not None:
@@ -624,6 +627,10 @@ class _Kernel:
         q_copy = seq(self.copy_tile(q_sh, zero, tcc.q, head_at, q0, queries, BM, D),
                      IfThenElse(compare("<", first_tile, n_tiles), load_kv(first_tile % self.stages, first_tile)),
                      AsyncCommit())
+        if wg and not self.overlap:   # a deeper ring: tiles 1 .. S - 2 in a group each, before the loop
+            q_copy = seq(q_copy, *(seq(IfThenElse(compare("<", first_tile + s, n_tiles),
+                                                  load_kv((first_tile + s) % self.stages, first_tile + s)),
+                                       AsyncCommit()) for s in range(1, self.stages - 1)))
         # the Hopper form: Q stays in shared memory; the loop's wait, proxy fence and barrier
         # make it (and tile 0) visible to the first wgmma
         prologue = seq(q_copy, init) if wg else seq(
@@ -758,7 +765,7 @@ class _Kernel:
                     self.unrolled("pv_tile", MT, mma))
             return self.unrolled("column_pair", C // 16, pair)
 
-        ahead = self.kt + 1
+        ahead = self.kt + (self.stages - 1 if wg else 1)   # the tile this iteration starts loading
         if wg and self.overlap:
             loop, prologue = self.overlapped_loop(
                 prologue, n_tiles, load_kv, s_frag, p_frag, o_frag, q_sh, k_sh, v_sh,
@@ -774,10 +781,12 @@ class _Kernel:
                     self.operand(v_sh, stage, zero, kk, mn_major=True), Const(True, dt.bool_))),
                 WarpgroupCommit(),
                 WarpgroupWait(0, (o_frag,)))   # P and the stage are free before the next iteration
-            # tile kt (and Q) has landed; the copies are generic-proxy writes, which wgmma (the
-            # async proxy) sees after the fence; then every thread's copies, and every
-            # warpgroup's wgmmas of tile kt - 1 are complete, so its stage may be refilled
-            head: tuple[Stmt, ...] = (AsyncWait(0), AsyncProxyFence(), Barrier())
+            # tile kt (and Q) has landed (one group per iteration: with a ring of S stages the
+            # S - 2 later tiles may still be in flight); the copies are generic-proxy writes, which
+            # wgmma (the async proxy) sees after the fence; then every thread's copies, and every
+            # warpgroup's wgmmas of tile kt - 1 are complete, so its stage (that of tile
+            # kt + S - 1) may be refilled
+            head: tuple[Stmt, ...] = (AsyncWait(self.stages - 2), AsyncProxyFence(), Barrier())
         else:
             pv = self.unrolled("pv_step", BN // 16, pv_step)
             # tile kt has landed (the only group in flight) for every thread, and every warp is
@@ -786,7 +795,7 @@ class _Kernel:
         if not (wg and self.overlap):
             loop = For(self.kt, first_tile, binary("max", n_tiles - first_tile, zero), "serial", seq(
                 *head,
-                IfThenElse(compare("<", ahead, n_tiles), load_kv(ahead % STAGES, ahead)),
+                IfThenElse(compare("<", ahead, n_tiles), load_kv(ahead % (self.stages if wg else STAGES), ahead)),
                 AsyncCommit(),
                 scores,
                 elementwise,
@@ -1057,7 +1066,7 @@ def _check_wgmma_relayout(qk: str, pv: str) -> None:
 
 def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name: str | None,
                   blocks_per_sm: int, overlap: bool = False, plain_order: bool = False, persistent: int = 0,
-                  kv_splits: int = 1, guard_every_tile: bool = False) -> Module:
+                  kv_splits: int = 1, guard_every_tile: bool = False, stages: int = STAGES) -> Module:
     where = "online_contraction_mma (wgmma)"
     if rows_per_block not in (64, 128, 192, 256):
         raise ScheduleError(f"{where}: rows_per_block={rows_per_block} must be 64, 128, 192 or 256 (one warpgroup "
@@ -1076,6 +1085,11 @@ def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name
     if isinstance(persistent, bool) or not isinstance(persistent, int) or not 0 <= persistent <= 1024:
         raise ScheduleError(f"{where}: persistent={persistent!r} must be 0 (one block per work item) or the number of "
                             "blocks that loop over the work items (132: one per SM of an H100/H200), at most 1024")
+    if isinstance(stages, bool) or stages not in (2, 3):
+        raise ScheduleError(f"{where}: stages={stages!r} must be 2 or 3 (the depth of the K/V cp.async ring)")
+    if stages != STAGES and (overlap or persistent):
+        raise ScheduleError(f"{where}: stages={stages} is an option of the plain loop; the overlapped form has its own "
+                            f"{OVERLAP_STAGES}-stage ring and the persistent one a 2-stage ring: leave stages out")
     if persistent and overlap:
         raise ScheduleError(f"{where}: persistent and overlap together are not built (the overlapped loop's prologue "
                             "issues tile 0's scores); take one")
@@ -1084,6 +1098,7 @@ def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name
     kernel.guard_every_tile = guard_every_tile
     kernel.persistent = persistent
     kernel.splits = kv_splits
+    kernel.stages = stages
     if overlap:
         kernel.overlap, kernel.stages = True, OVERLAP_STAGES
     assert columns is not None
