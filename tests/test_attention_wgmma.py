@@ -760,3 +760,25 @@ def test_bad_stages_say_why(args, match):
         online_contraction_mma(ins + outs, rows_per_block=64, key_tile=64, wgmma=True, **args)
     with pytest.raises(ScheduleError, match="options of the wgmma form"):
         online_contraction_mma(ins + outs, rows_per_block=64, key_tile=64, stages=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D,dtype,mask,key_tile,extra", [
+    (128, "float16", "causal", 64, {"stages": 3}), (128, "bfloat16", "causal", 128, {"stages": 3}),
+    (64, "float16", None, 128, {"stages": 3}), (128, "float16", "bottom_right", 64, {"guard_every_tile": True}),
+    (64, "bfloat16", "causal", 128, {"guard_every_tile": True, "stages": 3})])
+def test_three_stages_and_every_tile_guarded_on_the_gpu(D, dtype, mask, key_tile, extra):
+    """stages=3 and guard_every_tile on an sm_90 GPU against float64 NumPy (S = 1000: a partial
+    last tile), grouped heads."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm_90 GPU")
+    S = 1000
+    Sq = S if mask != "bottom_right" else S // 2
+    ins, outs = masked_attention(2, 8, Sq, S, D, dtype, groups=2, mask=mask, lse=True)
+    step = {"rows_per_block": 128, "key_tile": key_tile, "wgmma": True, **extra}
+    k, (o, lse), given = run(ins, outs, make_inputs(ins, np.random.default_rng()),
+                             Plan((Step("online_contraction_mma", step),), "test", ""), target="cuda", arch="sm_90")
+    want, want_lse = reference(given, 2, mask, False)
+    check(f"gpu {extra} d={D} {dtype} {mask}", o, want, bound(dtype, S, given[2]), k.plan)
+    check(f"gpu {extra} d={D} {dtype} {mask} lse", lse, want_lse, bound(dtype, S, given[2]), k.plan)
