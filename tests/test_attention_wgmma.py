@@ -782,3 +782,45 @@ def test_three_stages_and_every_tile_guarded_on_the_gpu(D, dtype, mask, key_tile
     want, want_lse = reference(given, 2, mask, False)
     check(f"gpu {extra} d={D} {dtype} {mask}", o, want, bound(dtype, S, given[2]), k.plan)
     check(f"gpu {extra} d={D} {dtype} {mask} lse", lse, want_lse, bound(dtype, S, given[2]), k.plan)
+
+
+# ---- what the fitted m is: the causal times under a model of the launch (docs/attention.md) ----------
+
+@pytest.mark.parametrize("d,key_tile,heads,times,predicted", [
+    (128, 128, 32, (1165.0, 2188.4, 1202.5), 1204), (64, 128, 64, (1235.0, 2314.9, 1287.0), 1245),
+    (64, 64, 64, (1340.0, 2580.5, 1460.8), 1354), (128, 64, 32, (1059.0, 2062.8, 1394.3), 1099)])
+def test_the_launch_model_of_the_guarded_tile_table(d, key_tile, heads, times, predicted):
+    """The table of "What a guarded tile costs": F and t from the non-causal S = 4k / 8k H200 times
+    of WGMMA_BLOCK_COST's comment with the launch's waves (every block equal: ceil(blocks / 132)
+    of them), then the causal S = 8k blocks (128 query rows; tiles from the proven bound, evaluated
+    per block) greedily on 132 SMs in the kernel's launch order (per head, longest first), with
+    the guard free. The numbers the docs quote, and that 128 x 128 at d = 128 has no excess."""
+    import heapq
+
+    rows, sms, S = 128, 132, 8192
+    ins, outs = masked_attention(1, heads, S, S, d, "float16", mask="causal")
+    mod = online_contraction_mma(ins + outs, rows_per_block=rows, key_tile=key_tile, wgmma=True)
+    loop = next(s for s in iter_stmts(mod.kernels[0].body) if isinstance(s, For) and s.var.name == "key_tile")
+    qb = next(v for v in _free_vars(loop.extent) if v.name == "query_block")
+    X = S // rows
+    tiles = [evaluate_int(loop.extent, {qb: b}) for b in range(X)]
+    assert tiles[0] == rows // key_tile and tiles[-1] == S // key_tile
+    blocks = X * heads
+    waves = -(-blocks // sms)
+    per4, per8 = times[0] / waves, times[1] / waves
+    t = (per8 - per4) / (S // key_tile - S // 2 // key_tile)
+    F = per8 - t * (S // key_tile)
+    free = [0.0] * sms
+    for _ in range(heads):
+        for b in reversed(range(X)):   # the launch order: each head's query blocks from the last
+            heapq.heappush(free, heapq.heappop(free) + F + t * tiles[b])
+    model = max(free)
+    assert abs(model - predicted) <= 0.005 * predicted, model
+    if (d, key_tile) == (128, 128):
+        assert abs(times[2] - model) <= 0.01 * model   # no excess: the guarded tile costs nothing measurable
+
+
+def _free_vars(e):
+    from tecc.ir.expr import Var, walk
+
+    return [v for v in walk(e) if isinstance(v, Var)]
