@@ -290,6 +290,19 @@ def _check_relayout(qk: str, pv: str) -> None:
                                     f"(lane {lane}, element {e}); P would need a shuffle")
 
 
+def _check_pairs(qk: str) -> None:
+    """The epilogue stores elements 2h and 2h + 1 of the C fragment of `qk` as one 2-element
+    vector: they must be one row's columns c and c + 1, c even (the m16n8 C layout)."""
+    c_map = lookup(qk).operand("c").layout
+    for lane in range(32):
+        for e in (0, 2):
+            r, col = c_map(lane, e)
+            if col % 2 or c_map(lane, e + 1) != (r, col + 1):
+                raise ScheduleError(f"online_contraction_mma: elements {e}, {e + 1} of lane {lane} of the C fragment "
+                                    f"of {qk} are not two adjacent columns of one row; the epilogue's paired stores "
+                                    "need them")
+
+
 def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key_tile: int = 64,
                            warp_rows: int = 16, name: str | None = None, wgmma: bool = False,
                            blocks_per_sm: int = 0, overlap: bool = False, plain_order: bool = False,
@@ -816,21 +829,27 @@ class _Kernel:
 
         out = self.buffers[chain.output]
 
+        _check_pairs(tcc.qk_intrinsic)
+
         def out_tile(mt: Var, nt: Var) -> Stmt:
-            def one(e: Var) -> Stmt:
-                r, col = c_map(self.lane, e)
+            # elements 2h and 2h + 1 of the m16n8 C fragment are one row's two adjacent columns
+            # (_check_pairs): one guarded 2-element store per row, a 4-byte store of 16-bit outputs
+            def pair(h: Var) -> Stmt:
+                v = Var(self.unique("out_e"), dt.int32)
+                r, col = c_map(self.lane, 2 * h)
                 row = warp_row0(mt) + r
-                column = nt * 8 + col
-                body = SubexpressionReplacer({**final(2 * mt + e // 2),
-                                              chain.contraction: cast(o_frag[OF * mt + 4 * nt + e],
+                column = nt * 8 + col + v
+                body = SubexpressionReplacer({**final(2 * mt + h),
+                                              chain.contraction: cast(o_frag[OF * mt + 4 * nt + 2 * h + v],
                                                                       chain.contraction.dtype)}
                                              ).visit(chain.output_body)
                 at = {**head_at, chain.row[-1]: row, chain.column: column}
                 st, val = self.lower.value(substitute(body, at))
-                idx = tuple(head_at[v] for v in chain.row[:-1]) + (row, column)
-                return IfThenElse(compare("<", row, queries),
-                                  seq(*st, BufferStore(out, idx, cast(val, chain.output.dtype))))
-            return self.unrolled("out_e", 4, one)
+                idx = tuple(head_at[u] for u in chain.row[:-1]) + (row, column)
+                return IfThenElse(compare("<", row, queries), For(
+                    v, zero, Const(2, dt.int32), "vectorize" if not st else "unroll",
+                    seq(*st, BufferStore(out, idx, cast(val, chain.output.dtype)))))
+            return self.unrolled("out_h", 2, pair)
         finish.append(self.unrolled("out_m", MT, lambda mt: self.unrolled("out_tile", C // 8,
                                                                             lambda nt: out_tile(mt, nt))))
 
