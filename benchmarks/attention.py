@@ -1,7 +1,7 @@
 """Attention written as tensor expressions vs torch's scaled_dot_product_attention (issue 15).
 
     python benchmarks/attention.py [--quick] [--dtype float16|bfloat16] [--gqa] [--dims 96 256] [--persistent 132]
-                                   [--plain-order] [--decode [--kv-splits 8 16 32]] [--out DIR]
+                                   [--plain-order] [--stages 3] [--decode [--kv-splits 8 16 32]] [--out DIR]
 
 Each row builds the program users write (scores as a float32 contraction of Q and K, a causal
 `where` when asked, row max, exp, row sum, the contraction with V divided by the sum, cast back to
@@ -12,7 +12,8 @@ backends (each where torch offers it for the shape). The ratio is against the fa
 B·H fills the GPU as FlashAttention's benchmarks do: 16k tokens per batch (B = 16384 / S) and
 2048 / d heads (rounded down). `--gqa`: 32 query heads over 8 K/V heads (K[b, h // 4, j, d]), d = 128.
 `--dims`: the head dims to run (e.g. `--dims 96 256`: the wgmma form's 96 and 256). `--persistent 132`:
-the planned wgmma kernel in its persistent form (132 blocks looping over the work items). Each
+the planned wgmma kernel in its persistent form (132 blocks looping over the work items). `--stages 3`:
+the planned wgmma kernel with a 3-stage K/V ring (plain loop only). Each
 causal row is followed by its time over the non-causal one's. `--decode`: 1, 4 and 16 query rows
 over 4k, 16k and 64k cached keys (bottom-right causal mask), the planned kernel (split-KV) and
 the same plan unsplit against SDPA's flash, cuDNN and memory-efficient backends.
@@ -206,7 +207,7 @@ def sdpa_times(q: Any, k: Any, v: Any, causal: bool, reps: int) -> dict[str, flo
 
 
 def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int = 1, plain_order: bool = False,
-              persistent: int = 0) -> dict[str, Any]:
+              persistent: int = 0, stages: int = 2) -> dict[str, Any]:
     import torch
 
     import tecc as tc
@@ -216,7 +217,7 @@ def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int = 1, plain_o
     t0 = time.perf_counter()
     kern = tc.build(args)
     build_s = time.perf_counter() - t0
-    if (plain_order or persistent) and kern.plan.strategy == "online_contraction_mma":
+    if (plain_order or persistent or stages != 2) and kern.plan.strategy == "online_contraction_mma":
         # the same plan, in the plain grid's order and/or persistent
         from tecc.compiler.plan import Plan, Step
 
@@ -225,6 +226,10 @@ def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int = 1, plain_o
             if not kern.plan.steps[0].args.get("wgmma"):
                 raise RuntimeError("--persistent is an option of the wgmma form (sm_90)")
             extra["persistent"] = persistent
+        if stages != 2:
+            if not kern.plan.steps[0].args.get("wgmma"):
+                raise RuntimeError("--stages is an option of the wgmma form (sm_90)")
+            extra["stages"] = stages
         step = Step("online_contraction_mma", {**dict(kern.plan.steps[0].args), **extra})
         kern = tc.build(args, plan=Plan((step,), kern.plan.strategy, kern.plan.reason))
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
@@ -260,7 +265,8 @@ def _plan_label(plan: Any) -> str:
     form = ("+wgmma" if args.get("wgmma") else "") + ("+overlap" if args.get("overlap") else "") + \
         (f"+kv_splits{args['kv_splits']}" if args.get("kv_splits") else "") + \
         ("+plain_order" if args.get("plain_order") else "") + \
-        (f"+persistent{args['persistent']}" if args.get("persistent") else "")
+        (f"+persistent{args['persistent']}" if args.get("persistent") else "") + \
+        (f"+stages{args['stages']}" if args.get("stages") else "")
     return f"{plan.strategy}{form} {args.get('rows_per_block')}x{args.get('key_tile')}"
 
 
@@ -279,6 +285,8 @@ def main() -> None:
     ap.add_argument("--persistent", type=int, default=0, metavar="BLOCKS",
                     help="the wgmma form's persistent kernel: BLOCKS blocks (132: one per SM of an H100/H200) loop "
                          "over the (query block, head) work items, longest first")
+    ap.add_argument("--stages", type=int, default=2, choices=(2, 3),
+                    help="3: the planned wgmma kernel with a 3-stage K/V ring (tiles kt + 1 and kt + 2 in flight)")
     ap.add_argument("--dims", type=int, nargs="+", default=None, help="head dims (default 64 128; 64 with --quick)")
     ap.add_argument("--decode", action="store_true",
                     help="decoding: 1..16 query rows over 4k..64k keys (split-KV), against SDPA in the same process")
@@ -304,7 +312,8 @@ def main() -> None:
         for s in seqs:
             for causal in (False, True):
                 try:
-                    row = run_shape(s, d, opts.dtype, causal, groups, opts.plain_order, opts.persistent)
+                    row = run_shape(s, d, opts.dtype, causal, groups, opts.plain_order, opts.persistent,
+                                    opts.stages)
                 except Exception as exc:  # noqa: BLE001 - report and go on
                     row = {"S": s, "d": d, "causal": causal, "error": f"{type(exc).__name__}: {exc}"[:400]}
                     print(row, flush=True)

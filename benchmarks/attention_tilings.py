@@ -1,6 +1,7 @@
 """Time the tilings of the tensor-core attention kernel against each other and SDPA flash.
 
     python benchmarks/attention_tilings.py [--s 1024] [--d 64] [--dtype float16] [--causal] [--wgmma] [--persistent 132]
+                                           [--guard-every-tile] [--stages 3]
 
 Builds the program of benchmarks/attention.py (same B = 16384 / S, H = 2048 / d) once per tiling
 with an explicit plan `Step("online_contraction_mma", {rows_per_block, key_tile, warp_rows})`,
@@ -12,6 +13,11 @@ With --wgmma (an sm_90 GPU) the tilings are those of the Hopper form instead,
 warpgroups, 64- or 128-key tiles, with or without a blocks-per-SM request, overlapped or not), and the marked one orders `wgmma_tilings`.
 `--persistent 132` adds, after each plain (not overlapped, no blocks-per-SM request) wgmma tiling, the
 same tiling in the persistent form (132 blocks looping over the work items, longest first).
+`--guard-every-tile` adds, after each tiling, the same tiling with the per-element mask guard on
+every visited key tile (`guard_every_tile`): the difference over the extra guarded tiles is what
+one guarded tile costs, measured rather than fitted (docs/attention.md, "What a guarded tile costs").
+`--stages 3` adds, after each plain wgmma tiling, the same tiling with a 3-stage K/V ring (two
+tiles of load latency hidden instead of one).
 """
 
 from __future__ import annotations
@@ -45,6 +51,10 @@ def main() -> None:
     ap.add_argument("--wgmma", action="store_true", help="the Hopper form's tilings (sm_90)")
     ap.add_argument("--persistent", type=int, default=0, metavar="BLOCKS",
                     help="with --wgmma: also each plain tiling as a persistent kernel of BLOCKS blocks (132 on an H200)")
+    ap.add_argument("--guard-every-tile", action="store_true",
+                    help="also each tiling with the per-element guard on every visited key tile (times the guard)")
+    ap.add_argument("--stages", type=int, default=2, choices=(2, 3),
+                    help="with --wgmma: 3 also times each plain tiling with a 3-stage K/V ring")
     opts = ap.parse_args()
     s, d, causal = opts.s, opts.d, opts.causal
     b, h = max(1, 16384 // s), 2048 // d
@@ -76,6 +86,12 @@ def main() -> None:
             points += [(rows, key_tile, 0, {"rows_per_block": rows, "key_tile": key_tile, "wgmma": True,
                                             "persistent": opts.persistent})
                        for rows, key_tile, blocks, overlap in WGMMA_TILINGS if not blocks and not overlap]
+    if opts.wgmma and opts.stages != 2:
+        points = [p for point in points for p in (point, *(
+            [(*point[:3], {**point[3], "stages": opts.stages})]
+            if not any(k in point[3] for k in ("overlap", "persistent", "blocks_per_sm")) else []))]
+    if opts.guard_every_tile:
+        points = [p for point in points for p in (point, (*point[:3], {**point[3], "guard_every_tile": True}))]
     for rows, key_tile, warp_rows, step in points:
         try:
             kern = tc.build(args, plan=Plan((Step("online_contraction_mma", step),), "tilings", ""))
@@ -90,7 +106,9 @@ def main() -> None:
         (res,) = kern.resources.values()
         mark = "*" if step == chosen else " "
         form = _form(warp_rows) + (" overlap" if step.get("overlap") else "") + \
-            (f" persistent {step['persistent']}" if step.get("persistent") else "")
+            (f" persistent {step['persistent']}" if step.get("persistent") else "") + \
+            (" every tile guarded" if step.get("guard_every_tile") else "") + \
+            (f" {step['stages']} stages" if step.get("stages") else "")
         print(f" {mark}{rows:4d} x {key_tile:3d} {form}: {t * 1e6:9.1f} us {flops / t / 1e12:6.1f} TF/s "
               f"flash/tecc {flash / t:5.3f}  {res.registers} regs {res.spill_stores + res.spill_loads} B spills "
               f"rel err {err:.1e}")

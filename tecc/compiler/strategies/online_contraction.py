@@ -205,6 +205,10 @@ def wgmma_tilings(widest: int) -> tuple[tuple[int, int, int, bool], ...]:
 # The fit says what the brief measured: at d = 128 the causal 128 x 64 block costs ~20 us more than
 # its visited tiles predict (m = 10.3 us per guarded 64-key tile against 1.4 us per guarded
 # 128-key tile), so 128 x 128 wins under a mask that skips tiles, and 128 x 64 without one.
+# m is what the linear model leaves out, not the guard's instructions: a guarded 64-key tile is
+# ~80 more SASS instructions per thread than an unguarded one (~420), and with the launch's waves
+# and tail modelled 128 x 128's causal time has no excess at all (docs/attention.md, "What a
+# guarded tile costs"); the 128 x 64 excess at d = 128 is measured with guard_every_tile / stages=3.
 WGMMA_BLOCK_COST: dict[tuple[int, int, int], tuple[float, float, float]] = {
     (128, 128, 64): (3.65, 1.010, 10.28),
     (128, 128, 128): (9.15, 2.061, 1.37),

@@ -290,10 +290,24 @@ def _check_relayout(qk: str, pv: str) -> None:
                                     f"(lane {lane}, element {e}); P would need a shuffle")
 
 
+def _check_pairs(qk: str) -> None:
+    """The epilogue stores elements 2h and 2h + 1 of the C fragment of `qk` as one 2-element
+    vector: they must be one row's columns c and c + 1, c even (the m16n8 C layout)."""
+    c_map = lookup(qk).operand("c").layout
+    for lane in range(32):
+        for e in (0, 2):
+            r, col = c_map(lane, e)
+            if col % 2 or c_map(lane, e + 1) != (r, col + 1):
+                raise ScheduleError(f"online_contraction_mma: elements {e}, {e + 1} of lane {lane} of the C fragment "
+                                    f"of {qk} are not two adjacent columns of one row; the epilogue's paired stores "
+                                    "need them")
+
+
 def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key_tile: int = 64,
                            warp_rows: int = 16, name: str | None = None, wgmma: bool = False,
                            blocks_per_sm: int = 0, overlap: bool = False, plain_order: bool = False,
-                           persistent: int = 0, kv_splits: int = 1) -> Module:
+                           persistent: int = 0, kv_splits: int = 1, guard_every_tile: bool = False,
+                           stages: int = STAGES) -> Module:
     """The module of ONE tensor-core kernel computing the chain `args` (module docstring):
     `rows_per_block` query rows per block, `warp_rows` (16 or 32: one or two m16 tiles, which
     share every K and V fragment a warp loads) per warp, key tiles of `key_tile`.
@@ -308,7 +322,12 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
     next item's loads under this one's epilogue (_Kernel.persistent_body). `kv_splits` > 1
     (split-KV, for few query rows over many keys): a third grid axis over that many chunks of the
     key tiles, each block writing float32 partial O, max and sum of its chunk, and a second kernel
-    combining them (_Kernel.combine_kernel); not with `overlap` or `persistent`."""
+    combining them (_Kernel.combine_kernel); not with `overlap` or `persistent`.
+    `guard_every_tile`: every visited key tile carries the per-element guard, the leading ones
+    that isl proves whole included (the same results; for timing what the guard costs against
+    the plain kernel, which guards only the partial tiles). `stages` (the Hopper form, neither
+    overlapped nor persistent): the depth of the K/V cp.async ring, 2 (tile kt + 1 loads while tile
+    kt is computed) or 3 (tiles kt + 1 and kt + 2: two tiles of latency hidden instead of one)."""
     where = "online_contraction_mma"
     chain = online_chain(args)
     tc_chain = tensor_core_chain(chain)
@@ -318,9 +337,9 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
         raise ScheduleError(f"{where}: kv_splits with overlap or persistent is not built; take one")
     if wgmma:
         return _wgmma_module(tc_chain, rows_per_block, key_tile, name, blocks_per_sm, overlap, plain_order, persistent,
-                             kv_splits)
-    if blocks_per_sm or overlap or persistent:
-        raise ScheduleError(f"{where}: blocks_per_sm, overlap and persistent are options of the wgmma form "
+                             kv_splits, guard_every_tile, stages)
+    if blocks_per_sm or overlap or persistent or stages != STAGES:
+        raise ScheduleError(f"{where}: blocks_per_sm, overlap, persistent and stages are options of the wgmma form "
                             "(wgmma=True)")
     not_sync = mma_sync_head_dims(tc_chain)
     if not_sync is not None:
@@ -335,6 +354,7 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
     _check_relayout(tc_chain.qk_intrinsic, tc_chain.pv_intrinsic)
     kernel = _Kernel(tc_chain, rows_per_block, key_tile, warp_rows, name)
     kernel.plain_order = plain_order
+    kernel.guard_every_tile = guard_every_tile
     kernel.splits = kv_splits
     return kernel.module()
 
@@ -372,6 +392,7 @@ class _Kernel:
         self.bz = Var(u("key_chunk"), dt.int32)
         self.order = ""   # the launch order of the blocks, for the plan (launch_order.py)
         self.plain_order = False
+        self.guard_every_tile = False   # every visited tile guarded (timing the guard): set by the module builders
         self.persistent = 0   # > 0: that many blocks loop over the work items (_Kernel.persistent_body)
         self.splits = 1       # > 1: split-KV over that many key chunks (grid z) and a combine kernel
         self.partials: list[Buffer] = []
@@ -619,6 +640,10 @@ class _Kernel:
         q_copy = seq(self.copy_tile(q_sh, zero, tcc.q, head_at, q0, queries, BM, D),
                      IfThenElse(compare("<", first_tile, n_tiles), load_kv(first_tile % self.stages, first_tile)),
                      AsyncCommit())
+        if wg and not self.overlap:   # a deeper ring: tiles 1 .. S - 2 in a group each, before the loop
+            q_copy = seq(q_copy, *(seq(IfThenElse(compare("<", first_tile + s, n_tiles),
+                                                  load_kv((first_tile + s) % self.stages, first_tile + s)),
+                                       AsyncCommit()) for s in range(1, self.stages - 1)))
         # the Hopper form: Q stays in shared memory; the loop's wait, proxy fence and barrier
         # make it (and tile 0) visible to the first wgmma
         prologue = seq(q_copy, init) if wg else seq(
@@ -687,7 +712,7 @@ class _Kernel:
             return self.unrolled("s_m", MT, lambda mt: self.unrolled("s_tile", BN // 8, lambda nt: tile(mt, nt)))
         guarded = element(score, True)
         # tiles every row of the block keeps whole (below the diagonal): no condition, no guard
-        unmasked = None if has_reads else unmasked_tile_bound(chain, self.bx, BM, BN)
+        unmasked = None if has_reads or self.guard_every_tile else unmasked_tile_bound(chain, self.bx, BM, BN)
         self.skipping = skipping_description(chain, bound, unmasked)
         if unmasked is None:
             elementwise: Stmt = guarded
@@ -753,7 +778,7 @@ class _Kernel:
                     self.unrolled("pv_tile", MT, mma))
             return self.unrolled("column_pair", C // 16, pair)
 
-        ahead = self.kt + 1
+        ahead = self.kt + (self.stages - 1 if wg else 1)   # the tile this iteration starts loading
         if wg and self.overlap:
             loop, prologue = self.overlapped_loop(
                 prologue, n_tiles, load_kv, s_frag, p_frag, o_frag, q_sh, k_sh, v_sh,
@@ -769,10 +794,12 @@ class _Kernel:
                     self.operand(v_sh, stage, zero, kk, mn_major=True), Const(True, dt.bool_))),
                 WarpgroupCommit(),
                 WarpgroupWait(0, (o_frag,)))   # P and the stage are free before the next iteration
-            # tile kt (and Q) has landed; the copies are generic-proxy writes, which wgmma (the
-            # async proxy) sees after the fence; then every thread's copies, and every
-            # warpgroup's wgmmas of tile kt - 1 are complete, so its stage may be refilled
-            head: tuple[Stmt, ...] = (AsyncWait(0), AsyncProxyFence(), Barrier())
+            # tile kt (and Q) has landed (one group per iteration: with a ring of S stages the
+            # S - 2 later tiles may still be in flight); the copies are generic-proxy writes, which
+            # wgmma (the async proxy) sees after the fence; then every thread's copies, and every
+            # warpgroup's wgmmas of tile kt - 1 are complete, so its stage (that of tile
+            # kt + S - 1) may be refilled
+            head: tuple[Stmt, ...] = (AsyncWait(self.stages - 2), AsyncProxyFence(), Barrier())
         else:
             pv = self.unrolled("pv_step", BN // 16, pv_step)
             # tile kt has landed (the only group in flight) for every thread, and every warp is
@@ -781,7 +808,7 @@ class _Kernel:
         if not (wg and self.overlap):
             loop = For(self.kt, first_tile, binary("max", n_tiles - first_tile, zero), "serial", seq(
                 *head,
-                IfThenElse(compare("<", ahead, n_tiles), load_kv(ahead % STAGES, ahead)),
+                IfThenElse(compare("<", ahead, n_tiles), load_kv(ahead % (self.stages if wg else STAGES), ahead)),
                 AsyncCommit(),
                 scores,
                 elementwise,
@@ -802,21 +829,27 @@ class _Kernel:
 
         out = self.buffers[chain.output]
 
+        _check_pairs(tcc.qk_intrinsic)
+
         def out_tile(mt: Var, nt: Var) -> Stmt:
-            def one(e: Var) -> Stmt:
-                r, col = c_map(self.lane, e)
+            # elements 2h and 2h + 1 of the m16n8 C fragment are one row's two adjacent columns
+            # (_check_pairs): one guarded 2-element store per row, a 4-byte store of 16-bit outputs
+            def pair(h: Var) -> Stmt:
+                v = Var(self.unique("out_e"), dt.int32)
+                r, col = c_map(self.lane, 2 * h)
                 row = warp_row0(mt) + r
-                column = nt * 8 + col
-                body = SubexpressionReplacer({**final(2 * mt + e // 2),
-                                              chain.contraction: cast(o_frag[OF * mt + 4 * nt + e],
+                column = nt * 8 + col + v
+                body = SubexpressionReplacer({**final(2 * mt + h),
+                                              chain.contraction: cast(o_frag[OF * mt + 4 * nt + 2 * h + v],
                                                                       chain.contraction.dtype)}
                                              ).visit(chain.output_body)
                 at = {**head_at, chain.row[-1]: row, chain.column: column}
                 st, val = self.lower.value(substitute(body, at))
-                idx = tuple(head_at[v] for v in chain.row[:-1]) + (row, column)
-                return IfThenElse(compare("<", row, queries),
-                                  seq(*st, BufferStore(out, idx, cast(val, chain.output.dtype))))
-            return self.unrolled("out_e", 4, one)
+                idx = tuple(head_at[u] for u in chain.row[:-1]) + (row, column)
+                return IfThenElse(compare("<", row, queries), For(
+                    v, zero, Const(2, dt.int32), "vectorize" if not st else "unroll",
+                    seq(*st, BufferStore(out, idx, cast(val, chain.output.dtype)))))
+            return self.unrolled("out_h", 2, pair)
         finish.append(self.unrolled("out_m", MT, lambda mt: self.unrolled("out_tile", C // 8,
                                                                             lambda nt: out_tile(mt, nt))))
 
@@ -1052,7 +1085,7 @@ def _check_wgmma_relayout(qk: str, pv: str) -> None:
 
 def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name: str | None,
                   blocks_per_sm: int, overlap: bool = False, plain_order: bool = False, persistent: int = 0,
-                  kv_splits: int = 1) -> Module:
+                  kv_splits: int = 1, guard_every_tile: bool = False, stages: int = STAGES) -> Module:
     where = "online_contraction_mma (wgmma)"
     if rows_per_block not in (64, 128, 192, 256):
         raise ScheduleError(f"{where}: rows_per_block={rows_per_block} must be 64, 128, 192 or 256 (one warpgroup "
@@ -1071,13 +1104,20 @@ def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name
     if isinstance(persistent, bool) or not isinstance(persistent, int) or not 0 <= persistent <= 1024:
         raise ScheduleError(f"{where}: persistent={persistent!r} must be 0 (one block per work item) or the number of "
                             "blocks that loop over the work items (132: one per SM of an H100/H200), at most 1024")
+    if isinstance(stages, bool) or stages not in (2, 3):
+        raise ScheduleError(f"{where}: stages={stages!r} must be 2 or 3 (the depth of the K/V cp.async ring)")
+    if stages != STAGES and (overlap or persistent):
+        raise ScheduleError(f"{where}: stages={stages} is an option of the plain loop; the overlapped form has its own "
+                            f"{OVERLAP_STAGES}-stage ring and the persistent one a 2-stage ring: leave stages out")
     if persistent and overlap:
         raise ScheduleError(f"{where}: persistent and overlap together are not built (the overlapped loop's prologue "
                             "issues tile 0's scores); take one")
     kernel = _Kernel(tcc, rows_per_block, key_tile, 16, name, warpgroup=True)
     kernel.plain_order = plain_order
+    kernel.guard_every_tile = guard_every_tile
     kernel.persistent = persistent
     kernel.splits = kv_splits
+    kernel.stages = stages
     if overlap:
         kernel.overlap, kernel.stages = True, OVERLAP_STAGES
     assert columns is not None
