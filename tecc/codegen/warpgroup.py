@@ -87,11 +87,12 @@ def warpgroup_multiply(expr: ExprEmitter, s: WarpgroupMatrixMultiply) -> list[st
     op = row.operand("d")
     outputs = [f'"+f"({_register(expr, s.d, op, r)[1]})' for r in range(op.registers)]
     n = op.registers
-    # tf32 has no transpose immediates (its shared operands are K-major only: PTX ISA, wgmma.mma_async)
-    tf32 = row.input_type == "tf32"
+    # tf32 and fp8 have no transpose immediates (their shared operands are K-major only: PTX ISA,
+    # wgmma.mma_async)
+    tf32 = row.k_major_only
     refs = [ref for ref in (s.a, s.b) if isinstance(ref, SharedMatrix)]
-    if tf32 and any(ref.descriptor.major != "K" or ref.descriptor.element_bytes != 4 for ref in refs):
-        raise CompileError(f"{row.name}: tf32 wgmma reads only K-major 4-byte shared operands; "
+    if tf32 and any(ref.descriptor.major != "K" for ref in refs):
+        raise CompileError(f"{row.name}: .{row.input_type} wgmma reads only K-major shared operands; "
                            f"got {', '.join(str(ref.descriptor) for ref in refs)}")
     trans_b = "" if tf32 else f", {int(s.b.descriptor.major == 'MN')}"
     accumulators = "{" + ", ".join(f"%{r}" for r in range(n)) + "}"
