@@ -87,6 +87,7 @@ from .gemm_tensor_core import (
     SMEM_WEIGHT,
     GemmTensorCore,
     GemmTensorCoreTF32,
+    mma_view,
     copy_sizes,
     gemm_view,
     output_stageable,
@@ -580,3 +581,75 @@ class GemmWgmmaTF32(GemmWgmma):
 
 
 register(GemmWgmmaTF32())
+
+
+# ---- fp8 ---------------------------------------------------------------------------------------
+
+FP8_K_TILE = 128           # fp8 elements in a 128-byte swizzled row
+FP8_DTYPES = ("float8_e4m3", "float8_e5m2")
+
+
+class GemmWgmmaFP8(GemmWgmmaTF32):
+    """fp8 (float8_e4m3 / float8_e5m2) contractions on Hopper's wgmma: wgmma.m64nNk32 .e4m3 /
+    .e5m2 with f32 accumulators at the target's dense fp8 peak, k tiles of 128 elements (the
+    same 128-byte rows, ring bytes and swizzle as gemm_wgmma's 64 halves), the output float32,
+    float16 or bfloat16 (the epilogue rounds once). The user writes
+    `tc.sum(tc.cast(A[i, k], "float32") * tc.cast(B[j, k], "float32"), axis=k)`.
+
+    Like tf32 the ISA takes fp8 shared operands K-major only (no transpose immediates), and this
+    strategy serves the main form only: both operands k-contiguous (C = A·Bᵀ, A [m][k] and
+    B [n][k], as torch._scaled_mm takes B column-major), both read through descriptors. The
+    other orientations are refused by the guard (transpose an operand first); both operands must
+    be of one fp8 type. The cp.async ring only (the TMA ring is not yet built for 1-byte
+    elements). Priced with gemm_wgmma's model and constants (assumed, not fitted: untimed)."""
+
+    name = "gemm_wgmma_fp8"
+    description = ("fp8 (e4m3 / e5m2) contraction on Hopper: wgmma.m64nNk32 with f32 accumulators, both operands "
+                   "K-major (C = A·Bᵀ), cp.async ring, 128B swizzle")
+    element_bytes = 1
+    k_tile = FP8_K_TILE
+    k_step = 32
+    rate_key = "float8"
+    intrinsic = "wgmma"
+
+    def guard(self, info: KernelInfo, target: Target) -> str | None:
+        if target.sm != WGMMA_ARCH:
+            return f"{target.arch} has no wgmma (sm_90 only); fp8 contractions run on Hopper's wgmma only"
+        view = mma_view(info, target, "wgmma.m64nNk32 fp8")
+        if isinstance(view, str):
+            return view
+        pair = (view.a, view.b)
+        if any(x.dtype not in FP8_DTYPES for x in pair):
+            return "float8_e4m3 or float8_e5m2 operands only"
+        if pair[0].dtype != pair[1].dtype:
+            return f"mixed operand dtypes ({pair[0].dtype}, {pair[1].dtype}): cast one so both are one fp8 type"
+        if not all(view.k_last):
+            return ("fp8 wgmma reads its shared operands K-major only (no transpose for .e4m3/.e5m2): store both "
+                    "operands k-contiguous (A [i, k], B [j, k]: C = A·Bᵀ)")
+        return None
+
+    def swapped(self, info: KernelInfo) -> bool:
+        return False
+
+    def register_operand(self, info: KernelInfo) -> bool:
+        return False
+
+    def space(self, info: KernelInfo, target: Target) -> Iterable[Point]:
+        view = gemm_view(info)
+        assert not isinstance(view, str)
+        for split, across, stages in product(TF32_SPLIT, TF32_ACROSS, STAGES):
+            bm, bn = split, across
+            if (bm >= 2 * view.m and bm > 64) or (bn >= 2 * view.n and bn > 64):
+                continue  # a tile twice the matrix leaves half its warpgroups idle
+            point = {"bm": bm, "bn": bn, "stages": stages, "load": "cp.async"}
+            if shared_bytes(point) > target.smem_per_block_optin:
+                continue
+            yield point
+
+    def describe(self, point: Point) -> str:
+        bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
+        return (f"gemm_wgmma_fp8(wgmma.m64nNk32 fp8 f32 accumulators, block {bm}x{bn}, k-tile {self.k_tile} "
+                f"elements, {stages} cp.async stages; rung: wgmma + cp.async ring, 128B swizzle)")
+
+
+register(GemmWgmmaFP8())

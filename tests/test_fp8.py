@@ -1,0 +1,227 @@
+"""fp8 (float8_e4m3, float8_e5m2): the dtypes, their conversions, and fp8 contractions on Hopper's
+wgmma (wgmma.m64nNk32 .e4m3 / .e5m2) in the emulator and through NVRTC for sm_90a.
+
+Conversions to fp8 round to nearest even and saturate (PTX `cvt.rn.satfinite`, what cuda_fp8.h's
+`__nv_fp8_e4m3(float)` does): checked against the nearest of all finite fp8 values, ties to the
+even code, magnitudes beyond the largest finite value giving it.
+
+Bound of a contraction. fp8 inputs are exact in float64, their products too; the tensor core sums
+in float32 (2⁻²³ per addition on the GPU, aligning and truncating: tests/test_tensorize_gpu.py), so
+
+    |C - A·Bᵀ| <= (K + 1)·2⁻²³·(|A|·|B|ᵀ)
+
+elementwise against float64 NumPy of the fp8 inputs (plus half an ulp of the output dtype when it
+is 16-bit). Inputs are fresh random values, outputs start as NaN.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+from test_tf32 import check
+from test_wgmma import needs_nvrtc
+
+import tecc as tc
+from tecc.ir import dtype as dt
+from tecc.ir.errors import DTypeError, ScheduleError
+from tecc.ir.intrinsics import lookup
+from tecc.runtime.sim import numerics as nm
+
+FP8 = ("float8_e4m3", "float8_e5m2")
+OUT_EPS = {"float32": 0.0, "bfloat16": 2.0**-8, "float16": 2.0**-11}
+
+
+# ---- the dtypes -----------------------------------------------------------------------------------
+
+def test_fp8_dtype_names_and_host_types() -> None:
+    assert dt.as_dtype("float8_e4m3") is dt.float8_e4m3 and dt.as_dtype("float8_e4m3fn") is dt.float8_e4m3
+    assert dt.as_dtype(np.dtype(ml_dtypes.float8_e4m3fn)) is dt.float8_e4m3
+    assert dt.as_dtype(np.dtype(ml_dtypes.float8_e5m2)) is dt.float8_e5m2
+    assert dt.float8_e4m3.numpy == np.dtype(ml_dtypes.float8_e4m3fn) and dt.float8_e4m3.bytes == 1
+    assert dt.float8_e4m3.c_name == "__nv_fp8_e4m3" and dt.float8_e5m2.c_name == "__nv_fp8_e5m2"
+    assert dt.largest_finite(dt.float8_e4m3) == 448.0 and dt.largest_finite(dt.float8_e5m2) == 57344.0
+    assert dt.promote(dt.float8_e4m3, dt.float8_e5m2) is dt.float16   # float16 holds both exactly
+    assert dt.promote(dt.float8_e4m3, dt.bfloat16) is dt.bfloat16
+    assert dt.promote(dt.float8_e5m2, dt.float32) is dt.float32
+    with pytest.raises(DTypeError, match="overflows float8_e4m3"):
+        dt.check_constant_fits(1000.0, dt.float8_e4m3)
+    from tecc.runtime.arrays import attribute_dtype
+    assert attribute_dtype("torch.float8_e4m3fn") is None or attribute_dtype("torch.float8_e4m3fn") is dt.float8_e4m3
+
+
+def _nearest_even_saturating(x: np.ndarray, npd: np.dtype) -> np.ndarray:
+    """The reference: the nearest finite fp8 value, ties to the even code, saturating."""
+    codes = np.arange(256, dtype=np.uint8).view(npd)
+    values = codes.astype(np.float64)
+    keep = np.isfinite(values)
+    vals, code_ids = values[keep], np.arange(256)[keep]
+    out = np.empty(x.shape, np.float64)
+    for i, v in enumerate(x):
+        if np.isnan(v):
+            out[i] = np.nan
+            continue
+        v = float(np.clip(v, vals.min(), vals.max()))
+        dist = np.abs(vals - v)
+        best = np.flatnonzero(dist == dist.min())
+        even = [b for b in best if code_ids[b] % 2 == 0]
+        out[i] = vals[(even or list(best))[0]]
+    return out
+
+
+@pytest.mark.parametrize("name", FP8)
+def test_fp8_conversion_rounds_once_to_nearest_even_and_saturates(name: str) -> None:
+    d = dt.as_dtype(name)
+    g = np.random.default_rng(1)
+    big = dt.largest_finite(d)
+    x = np.concatenate([g.standard_normal(400) * 4, g.uniform(-2 * big, 2 * big, 100), g.standard_normal(100) * 2**-8,
+                        [np.inf, -np.inf, np.nan, big * 1.04, 1 + 2.0**-4 + 2.0**-30, 0.0, -0.0]])
+    got = nm.to_dtype(x.astype(np.float64), d).astype(np.float64)
+    want = _nearest_even_saturating(x, d.numpy)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.array_equal(got[~np.isnan(got)], want[~np.isnan(want)])
+    got32 = nm.to_dtype(x.astype(np.float32), d).astype(np.float64)  # float32 sources: the same one rounding
+    want32 = _nearest_even_saturating(x.astype(np.float32).astype(np.float64), d.numpy)
+    assert np.array_equal(got32[~np.isnan(got32)], want32[~np.isnan(want32)])
+
+
+@pytest.mark.parametrize("name", FP8)
+def test_fp8_elementwise_cast_round_trip_in_the_emulator(name: str) -> None:
+    n = 300
+    X = tc.placeholder((n,), "float32", "X")
+    Y = tc.compute((n,), lambda i: tc.cast(X[i], name), name="Y")
+    Z = tc.compute((n,), lambda i: tc.cast(Y[i], "float32") * 2.0, name="Z")
+    f = tc.build([X, Y, Z], target="sim")
+    x = (np.random.default_rng(2).standard_normal(n) * 300).astype(np.float32)
+    x[:3] = [np.inf, np.nan, 1e6]
+    y = np.zeros(n, dt.as_dtype(name).numpy)
+    z = np.full(n, np.nan, np.float32)
+    f(x, y, z)
+    want = _nearest_even_saturating(x.astype(np.float64), dt.as_dtype(name).numpy)
+    assert np.array_equal(y.astype(np.float64), want, equal_nan=True)
+    assert np.array_equal(z.astype(np.float64), 2 * want, equal_nan=True)
+
+
+@needs_nvrtc
+def test_fp8_casts_compile_with_cuda_fp8_h() -> None:
+    from tecc.codegen import compile_cuda, emit_source
+
+    X = tc.placeholder((64,), "float32", "X")
+    Y = tc.compute((64,), lambda i: tc.cast(X[i], "float8_e4m3"), name="Y")
+    Z = tc.compute((64,), lambda i: tc.cast(tc.cast(Y[i], "float8_e5m2"), "bfloat16"), name="Z")
+    src = emit_source(list(tc.build([X, Y, Z], target="sim").module.kernels))
+    assert "#include <cuda_fp8.h>" in src and "__nv_fp8_e4m3(" in src
+    compile_cuda(src, arch="sm_90", name="fp8_casts")
+
+
+# ---- the wgmma rows ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["wgmma.m64n128k32.f32.e4m3", "wgmma.m64n64k32.f32.e5m2",
+                                  "wgmma.m64n256k32.f32.e4m3.e5m2"])
+def test_fp8_rows_register_a_covers_the_tile_once(name: str) -> None:
+    row = lookup(name)
+    assert row.shape[2] == 32 and row.k_major_only
+    a = row.operand("a")
+    assert (a.rows, a.cols, a.elements, a.elements_per_register, a.registers) == (64, 32, 16, 4, 4)
+    t, e = np.meshgrid(np.arange(128), np.arange(16), indexing="ij")
+    r, c = a.layout(t, e)
+    assert np.unique(r * 32 + c).size == 64 * 32
+    # each register holds 4 consecutive k of one row (the bytes of a .b32, lowest first)
+    assert (c[:, 0::4] % 4 == 0).all() and (np.diff(c.reshape(128, 4, 4), axis=2) == 1).all()
+    assert (np.diff(r.reshape(128, 4, 4), axis=2) == 0).all()
+    assert row.operand_type("b") == name.split(".")[-1]
+
+
+# ---- contractions in the emulator -------------------------------------------------------------------
+
+def fp8_contraction(m: Any, n: int, k: int, dtype: str, out: str = "float32", batch: int = 0,
+                    b_k_last: bool = True) -> list[tc.Tensor]:
+    lead = (batch,) if batch else ()
+    A = tc.placeholder(lead + (m, k), dtype, "A")
+    B = tc.placeholder(lead + ((n, k) if b_k_last else (k, n)), dtype, "B")
+    r = tc.reduce_axis(k, "r")
+
+    def body(*ix: Any) -> Any:
+        *bs, i, j = ix
+        b = B[(*bs, j, r)] if b_k_last else B[(*bs, r, j)]
+        acc = tc.sum(tc.cast(A[(*bs, i, r)], "float32") * tc.cast(b, "float32"), axis=r)
+        return acc if out == "float32" else tc.cast(acc, out)
+    return [A, B, tc.compute(lead + (m, n), body, name="C")]
+
+
+def wgmma_plan(block: tuple[int, int] = (64, 64), stages: int = 3) -> dict[str, Any]:
+    return {"strategy": "manual", "reason": "test", "steps": [{"primitive": "tensorize", "args": {
+        "stage": "C", "intrinsic": "wgmma", "block": list(block), "warps": [4 * (block[0] // 64), 1],
+        "k_tile": 128, "stages": stages}}]}
+
+
+def run_fp8(m: int, n: int, k: int, dtype: str, out: str = "float32", batch: int = 0, symbolic: bool = False,
+            seed: int = 0, **build: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
+    tensors = fp8_contraction(tc.var("M") if symbolic else m, n, k, dtype, out, batch)
+    f = tc.build(tensors, target="sim", arch="sm_90", sizes={"M": m} if symbolic else None, **build)
+    g = np.random.default_rng(seed)
+    lead = (batch,) if batch else ()
+    npd = dt.as_dtype(dtype).numpy
+    a = (g.standard_normal(lead + (m, k)) * 3).astype(npd)
+    b = (g.standard_normal(lead + (n, k)) * 3).astype(npd)
+    c = np.full(lead + (m, n), np.nan, dt.as_dtype(out).numpy)
+    f(a, b, c)
+    return f, c, a.astype(np.float64), np.swapaxes(b.astype(np.float64), -1, -2)
+
+
+def check_fp8(got: np.ndarray, a: np.ndarray, b: np.ndarray, out: str, what: str) -> None:
+    k = a.shape[-1]
+    exact = a @ b
+    acc = (k + 1) * 2.0**-23 * (np.abs(a) @ np.abs(b))
+    check(got.astype(np.float64), exact, acc + OUT_EPS[out] * (np.abs(exact) + acc), what)
+
+
+@pytest.mark.parametrize("dtype,out", [("float8_e4m3", "float32"), ("float8_e5m2", "bfloat16")])
+def test_fp8_wgmma_edges_in_the_emulator(dtype: str, out: str) -> None:
+    f, c, a, b = run_fp8(130, 72, 200, dtype, out, plan=wgmma_plan())
+    assert f"k32.f32.{dtype[-4:]}" in dict(f.module.kernels[0].attrs)["tensorize"]
+    check_fp8(c, a, b, out, f"{dtype} -> {out}")
+
+
+def test_fp8_wgmma_batched_symbolic_two_warpgroups() -> None:
+    f, c, a, b = run_fp8(70, 64, 256, "float8_e4m3", batch=2, symbolic=True, plan=wgmma_plan((128, 64), 2))
+    check_fp8(c, a, b, "float32", "batched symbolic M")
+
+
+def test_fp8_auto_plans_gemm_wgmma_fp8_on_sm_90_only() -> None:
+    f, c, a, b = run_fp8(64, 64, 128, "float8_e4m3")
+    assert f.plan.strategy == "gemm_wgmma_fp8", f.plan.reason
+    check_fp8(c, a, b, "float32", "plan auto")
+    f = tc.build(fp8_contraction(64, 64, 128, "float8_e4m3"), target="sim", arch="sm_80")
+    assert f.plan.strategy != "gemm_wgmma_fp8"
+
+
+def test_fp8_refusals_name_the_dtype_and_the_fix() -> None:
+    with pytest.raises(ScheduleError, match="K-major only"):
+        tc.build(fp8_contraction(64, 64, 128, "float8_e4m3", b_k_last=False), target="sim", arch="sm_90",
+                 plan=wgmma_plan())
+    mma = {"strategy": "manual", "reason": "test", "steps": [{"primitive": "tensorize", "args": {
+        "stage": "C", "intrinsic": "auto", "block": [64, 64], "warps": [2, 2], "k_tile": 32, "stages": 3}}]}
+    with pytest.raises(ScheduleError, match="float8_e4m3; fp8 contractions run only on Hopper's wgmma"):
+        tc.build(fp8_contraction(64, 64, 128, "float8_e4m3"), target="sim", arch="sm_90", plan=mma)
+
+
+# ---- NVRTC + ptxas at the benchmark sizes ------------------------------------------------------------
+
+@needs_nvrtc
+@pytest.mark.parametrize("dtype,size,out", [("float8_e4m3", 4096, "float32"), ("float8_e4m3", 8192, "bfloat16"),
+                                             ("float8_e5m2", 8192, "float32")])
+def test_fp8_wgmma_compiles_for_sm_90a_without_spills(dtype: str, size: int, out: str) -> None:
+    from tecc.codegen import compile_cuda, emit_source
+
+    f = tc.build(fp8_contraction(size, size, size, dtype, out), target="sim", arch="sm_90")
+    assert f.plan.strategy == "gemm_wgmma_fp8", f.plan.reason
+    src = emit_source(list(f.module.kernels))
+    assert f"k32.f32.{dtype[-4:]}.{dtype[-4:]}" in src
+    compiled = compile_cuda(src, arch="sm_90", name="fp8_gemm")
+    assert compiled.arch == "sm_90a"
+    for res in compiled.resources.values():
+        assert res.spill_stores == 0 and res.spill_loads == 0 and res.registers <= 168, res
+    assert "C7515" not in compiled.log and "C7520" not in compiled.log, compiled.log
