@@ -225,3 +225,47 @@ def test_fp8_wgmma_compiles_for_sm_90a_without_spills(dtype: str, size: int, out
     for res in compiled.resources.values():
         assert res.spill_stores == 0 and res.spill_loads == 0 and res.registers <= 168, res
     assert "C7515" not in compiled.log and "C7520" not in compiled.log, compiled.log
+
+
+# ---- the register-A layout, pinned in a hand-built kernel -------------------------------------------
+
+@pytest.mark.parametrize("n,ab,b_swizzle,k_steps", [(64, "e4m3", "128B", 1), (128, "e5m2", "128B", 2),
+                                                    (32, "e4m3", "64B", 2), (256, "e5m2", "none", 1)])
+def test_fp8_wgmma_with_a_from_registers_matches_numpy(n: int, ab: str, b_swizzle: str, k_steps: int) -> None:
+    """A loaded into each thread's 16 fragment elements through the row's operand-'a' map, B
+    through a K-major descriptor: a wrong map (or descriptor of 1-byte elements) gives a wrong D."""
+    from hopper_kernels import register_a_kernel
+
+    from tecc.runtime.sim import simulate_kernel
+
+    func = register_a_kernel(n, ab, b_swizzle, "K", k_steps)
+    npd = dt.as_dtype({"e4m3": "float8_e4m3", "e5m2": "float8_e5m2"}[ab]).numpy
+    g = np.random.default_rng()
+    k = 32 * k_steps
+    a = (g.standard_normal((64, k)) * 3).astype(npd)
+    b = (g.standard_normal((n, k)) * 3).astype(npd)
+    d = np.full((64, n), np.nan, np.float32)
+    simulate_kernel(func, {"A": a, "B": b, "D": d}, (1, 1, 1), (128, 1, 1))
+    a64, b64 = a.astype(np.float64), b.astype(np.float64).T
+    check(d.astype(np.float64), a64 @ b64, (k + 1) * 2.0**-24 * (np.abs(a64) @ np.abs(b64)), func.name)
+
+
+@needs_nvrtc
+def test_fp8_register_a_form_compiles() -> None:
+    from hopper_kernels import register_a_kernel
+
+    from tecc.codegen import compile_cuda, emit_source
+
+    src = emit_source([register_a_kernel(128, "e4m3", "128B", "K", 2)])
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in src
+    compiled = compile_cuda(src, arch="sm_90", name="fp8_register_a")
+    assert compiled.arch == "sm_90a"
+
+
+def test_fp8_wgmma_tma_ring_persistent_in_the_emulator() -> None:
+    plan = {"strategy": "manual", "reason": "test", "steps": [{"primitive": "tensorize", "args": {
+        "stage": "C", "intrinsic": "wgmma", "block": [128, 64], "warps": [8, 1], "k_tile": 128, "stages": 3,
+        "producer": "tma", "persistent": 3, "epilogue": "tma"}}]}
+    f, c, a, b = run_fp8(130, 72, 272, "float8_e5m2", "bfloat16", plan=plan)
+    assert "TMA producer" in dict(f.module.kernels[0].attrs)["tensorize"]
+    check_fp8(c, a, b, "bfloat16", "TMA ring, persistent, TMA-store epilogue")

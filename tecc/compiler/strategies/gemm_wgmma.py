@@ -589,23 +589,24 @@ FP8_K_TILE = 128           # fp8 elements in a 128-byte swizzled row
 FP8_DTYPES = ("float8_e4m3", "float8_e5m2")
 
 
-class GemmWgmmaFP8(GemmWgmmaTF32):
+class GemmWgmmaFP8(GemmWgmma):
     """fp8 (float8_e4m3 / float8_e5m2) contractions on Hopper's wgmma: wgmma.m64nNk32 .e4m3 /
     .e5m2 with f32 accumulators at the target's dense fp8 peak, k tiles of 128 elements (the
     same 128-byte rows, ring bytes and swizzle as gemm_wgmma's 64 halves), the output float32,
-    float16 or bfloat16 (the epilogue rounds once). The user writes
+    float16 or bfloat16 (the epilogue rounds once, after any fused scale). The user writes
     `tc.sum(tc.cast(A[i, k], "float32") * tc.cast(B[j, k], "float32"), axis=k)`.
 
     Like tf32 the ISA takes fp8 shared operands K-major only (no transpose immediates), and this
     strategy serves the main form only: both operands k-contiguous (C = A·Bᵀ, A [m][k] and
     B [n][k], as torch._scaled_mm takes B column-major), both read through descriptors. The
     other orientations are refused by the guard (transpose an operand first); both operands must
-    be of one fp8 type. The cp.async ring only (the TMA ring is not yet built for 1-byte
-    elements). Priced with gemm_wgmma's model and constants (assumed, not fitted: untimed)."""
+    be of one fp8 type. gemm_wgmma's rungs: the cp.async ring and the warp-specialized TMA ring
+    (TMA copies fp8 as bytes), persistent or not, with the register or TMA-store epilogue.
+    Priced with gemm_wgmma's model and constants (assumed, not fitted: untimed)."""
 
     name = "gemm_wgmma_fp8"
     description = ("fp8 (e4m3 / e5m2) contraction on Hopper: wgmma.m64nNk32 with f32 accumulators, both operands "
-                   "K-major (C = A·Bᵀ), cp.async ring, 128B swizzle")
+                   "K-major (C = A·Bᵀ), cp.async or TMA ring, 128B swizzle")
     element_bytes = 1
     k_tile = FP8_K_TILE
     k_step = 32
@@ -628,28 +629,24 @@ class GemmWgmmaFP8(GemmWgmmaTF32):
                     "operands k-contiguous (A [i, k], B [j, k]: C = A·Bᵀ)")
         return None
 
-    def swapped(self, info: KernelInfo) -> bool:
-        return False
+    def operand_note(self, info: KernelInfo) -> tuple[str]:
+        return ("A and B (fp8, K-major) read by wgmma from 128B-swizzled shared tiles",)
 
-    def register_operand(self, info: KernelInfo) -> bool:
-        return False
-
-    def space(self, info: KernelInfo, target: Target) -> Iterable[Point]:
-        view = gemm_view(info)
-        assert not isinstance(view, str)
-        for split, across, stages in product(TF32_SPLIT, TF32_ACROSS, STAGES):
-            bm, bn = split, across
-            if (bm >= 2 * view.m and bm > 64) or (bn >= 2 * view.n and bn > 64):
-                continue  # a tile twice the matrix leaves half its warpgroups idle
-            point = {"bm": bm, "bn": bn, "stages": stages, "load": "cp.async"}
-            if shared_bytes(point) > target.smem_per_block_optin:
-                continue
-            yield point
+    def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
+        bm = int(point["bm"])
+        producer: dict[str, Any] = {"cp.async": {}, "tma": {"producer": "tma"}}[load_of(point)]
+        if point.get("persistent"):
+            producer["persistent"] = int(point["persistent"])
+        if load_of(point) == "tma" and epilogue_of(point) != "registers":
+            producer["epilogue"] = epilogue_of(point)
+        if point.get("staged_output"):
+            producer["staged_output"] = True
+        sch.tensorize(info.stage, intrinsic="wgmma", block=(bm, int(point["bn"])), warps=(4 * (bm // 64), 1),
+                      k_tile=self.k_tile, stages=int(point["stages"]), **producer)
 
     def describe(self, point: Point) -> str:
-        bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
-        return (f"gemm_wgmma_fp8(wgmma.m64nNk32 fp8 f32 accumulators, block {bm}x{bn}, k-tile {self.k_tile} "
-                f"elements, {stages} cp.async stages; rung: wgmma + cp.async ring, 128B swizzle)")
+        return super().describe(point).replace("gemm_wgmma(", "gemm_wgmma_fp8(").replace(
+            "k16 f32", "k32 fp8 f32").replace(f"k-tile {K_TILE}", f"k-tile {self.k_tile}")
 
 
 register(GemmWgmmaFP8())
