@@ -269,3 +269,30 @@ def test_fp8_wgmma_tma_ring_persistent_in_the_emulator() -> None:
     f, c, a, b = run_fp8(130, 72, 272, "float8_e5m2", "bfloat16", plan=plan)
     assert "TMA producer" in dict(f.module.kernels[0].attrs)["tensorize"]
     check_fp8(c, a, b, "bfloat16", "TMA ring, persistent, TMA-store epilogue")
+
+
+def test_fp8_mixed_e4m3_e5m2_with_a_scale_epilogue() -> None:
+    """C = bfloat16(Σ A·B · (s0 · s1)), A e4m3 and B e5m2 (the mixed row), torch._scaled_mm's
+    per-tensor scales fused in the epilogue: float32 product of the scales and by the sum (2⁻²⁴
+    each), then bfloat16 (2⁻⁸ relative)."""
+    m, n, k = 130, 72, 256
+    A = tc.placeholder((m, k), "float8_e4m3", "A")
+    B = tc.placeholder((n, k), "float8_e5m2", "B")
+    S = tc.placeholder((2,), "float32", "S")
+    r = tc.reduce_axis(k, "r")
+    C = tc.compute((m, n), lambda i, j: tc.cast(tc.sum(tc.cast(A[i, r], "float32") * tc.cast(B[j, r], "float32"),
+                                                       axis=r) * (S[0] * S[1]), "bfloat16"), name="C")
+    f = tc.build([A, B, S, C], target="sim", arch="sm_90")
+    assert f.plan.strategy == "gemm_wgmma_fp8", f.plan.reason
+    assert "k32.f32.e4m3.e5m2" in dict(f.module.kernels[0].attrs)["tensorize"]
+    g = np.random.default_rng()
+    a = (g.standard_normal((m, k)) * 3).astype(dt.float8_e4m3.numpy)
+    b = (g.standard_normal((n, k)) * 3).astype(dt.float8_e5m2.numpy)
+    s = g.uniform(0.01, 2, 2).astype(np.float32)
+    c = np.full((m, n), np.nan, dt.bfloat16.numpy)
+    f(a, b, s, c)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64).T
+    scale = float(s[0]) * float(s[1])
+    exact = a64 @ b64 * scale
+    acc = (k + 1) * 2.0**-23 * (np.abs(a64) @ np.abs(b64)) * scale
+    check(c.astype(np.float64), exact, acc + (2 * 2.0**-24 + 2.0**-8) * (np.abs(exact) + acc) * 1.01, "mixed, scaled")

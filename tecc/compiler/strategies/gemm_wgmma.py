@@ -599,8 +599,8 @@ class GemmWgmmaFP8(GemmWgmma):
     Like tf32 the ISA takes fp8 shared operands K-major only (no transpose immediates), and this
     strategy serves the main form only: both operands k-contiguous (C = A·Bᵀ, A [m][k] and
     B [n][k], as torch._scaled_mm takes B column-major), both read through descriptors. The
-    other orientations are refused by the guard (transpose an operand first); both operands must
-    be of one fp8 type. gemm_wgmma's rungs: the cp.async ring and the warp-specialized TMA ring
+    other orientations are refused by the guard (transpose an operand first). The two operands
+    may be of different fp8 types (e4m3 x e5m2: the mixed rows). gemm_wgmma's rungs: the cp.async ring and the warp-specialized TMA ring
     (TMA copies fp8 as bytes), persistent or not, with the register or TMA-store epilogue.
     Priced with gemm_wgmma's model and constants (assumed, not fitted: untimed)."""
 
@@ -622,8 +622,6 @@ class GemmWgmmaFP8(GemmWgmma):
         pair = (view.a, view.b)
         if any(x.dtype not in FP8_DTYPES for x in pair):
             return "float8_e4m3 or float8_e5m2 operands only"
-        if pair[0].dtype != pair[1].dtype:
-            return f"mixed operand dtypes ({pair[0].dtype}, {pair[1].dtype}): cast one so both are one fp8 type"
         if not all(view.k_last):
             return ("fp8 wgmma reads its shared operands K-major only (no transpose for .e4m3/.e5m2): store both "
                     "operands k-contiguous (A [i, k], B [j, k]: C = A·Bᵀ)")

@@ -334,7 +334,7 @@ def match_contraction(func: PrimFunc, stage: str, operand_dtypes: Sequence[dt.DT
         raise ScheduleError(f"{where}: the output {store.buffer.name} must be indexed by exactly its loop axes "
                             f"({', '.join(v.name for v in spatial)}), got [{', '.join(map(str, store.indices))}]; "
                             "the kernel must be as lowered (tensorize is the first primitive applied to it)")
-    if x.buffer.dtype != y.buffer.dtype:
+    if x.buffer.dtype != y.buffer.dtype and not {x.buffer.dtype, y.buffer.dtype} <= set(operand_dtypes) & set(dt.FP8_DTYPES):
         raise ScheduleError(f"{where}: mixed operand dtypes {x.buffer.name}: {x.buffer.dtype}, {y.buffer.dtype} "
                             f"{y.buffer.name}; cast one so both are float16, both bfloat16 or both float32")
     for load in (x, y):

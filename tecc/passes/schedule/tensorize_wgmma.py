@@ -122,13 +122,14 @@ FP8_K_TILE = 128       # fp8 elements in one
 TF32_WGMMA = "wgmma.tf32"
 
 
-def wgmma_intrinsic(dtype: str, bn: int) -> str:
+def wgmma_intrinsic(dtype: str, bn: int, b_dtype: str = "") -> str:
     """The intrinsic-table row of an m64nBNk16 wgmma with f32 accumulators for `dtype` operands
-    (m64nBNk8 tf32 for float32)."""
+    (m64nBNk8 tf32 for float32, m64nBNk32 for fp8, where B may be the other fp8 type `b_dtype`)."""
     if dtype == "float32":
         return f"wgmma.m64n{bn}k8.f32.tf32"
     if dtype in FP8_INPUT_TYPES:
-        return f"wgmma.m64n{bn}k32.f32.{FP8_INPUT_TYPES[dtype]}"
+        a, b = FP8_INPUT_TYPES[dtype], FP8_INPUT_TYPES[b_dtype or dtype]
+        return f"wgmma.m64n{bn}k32.f32.{a}" + ("" if a == b else f".{b}")
     return f"wgmma.m64n{bn}k16.f32.{INPUT_TYPES[dtype]}"
 
 
@@ -202,7 +203,7 @@ def checked_wgmma(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) ->
                             f"float8_e4m3 or float8_e5m2 (float32 as tf32: intrinsic={TF32_WGMMA!r})")
     swap = tf32 and swaps_operands(c)
     check_warpgroup_tiling(stage, tiling, tf32, swap, c.a.buffer.dtype.bytes)
-    want = wgmma_intrinsic(dtype, tiling.bm if swap else tiling.bn)
+    want = wgmma_intrinsic(dtype, tiling.bm if swap else tiling.bn, c.b.buffer.dtype.name)
     if intrinsic in ("wgmma", TF32_WGMMA):
         intrinsic = want
     if intrinsic != want:
