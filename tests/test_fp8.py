@@ -296,3 +296,27 @@ def test_fp8_mixed_e4m3_e5m2_with_a_scale_epilogue() -> None:
     exact = a64 @ b64 * scale
     acc = (k + 1) * 2.0**-23 * (np.abs(a64) @ np.abs(b64)) * scale
     check(c.astype(np.float64), exact, acc + (2 * 2.0**-24 + 2.0**-8) * (np.abs(exact) + acc) * 1.01, "mixed, scaled")
+
+
+def test_fp8_row_reductions_accumulate_in_float32() -> None:
+    """max and sum over fp8 rows (SIMT, cross-thread shuffles of the float32 accumulator):
+    exact against NumPy (max picks an input; the inputs are e5m2 values with 2⁻⁶ <= |x| < 8 or 0,
+    multiples of 2⁻⁸, so any float32 sum of 1000 of them, below 2¹³, is exact), and the CUDA compiles."""
+    X = tc.placeholder((64, 1000), "float8_e5m2", "X")
+    r, r2 = tc.reduce_axis(1000, "r"), tc.reduce_axis(1000, "r2")
+    Y = tc.compute((64,), lambda i: tc.max(X[i, r], axis=r), name="Y")
+    Z = tc.compute((64,), lambda i: tc.sum(tc.cast(X[i, r2], "float32"), axis=r2), name="Z")
+    f = tc.build([X, Y, Z], target="sim")
+    x64 = np.random.default_rng().standard_normal((64, 1000))
+    x64[np.abs(x64) < 2.0**-6] = 0.0
+    x = np.clip(x64, -7, 7).astype(dt.float8_e5m2.numpy)
+    y = np.full(64, np.nan, dt.float8_e5m2.numpy)
+    z = np.full(64, np.nan, np.float32)
+    f(x, y, z)
+    assert np.array_equal(y.astype(np.float64), x.astype(np.float64).max(1))
+    assert np.array_equal(z.astype(np.float64), x.astype(np.float64).sum(1))
+    if needs_nvrtc.args[0]:
+        return
+    from tecc.codegen import compile_cuda, emit_source
+
+    compile_cuda(emit_source(list(f.module.kernels)), arch="sm_90", name="fp8_rows")

@@ -432,11 +432,14 @@ class ExprEmitter:
     def _shuffle(self, e: Call) -> Text:
         """Warp shuffles over all 32 lanes (mask 0xffffffff, width 32; see WARP_INTRINSICS).
         CUDA overloads them for int, long long, float, double, __half and __nv_bfloat16; a bool
-        travels as an int."""
+        travels as an int, an fp8 value as the float that holds it exactly."""
         value, lane = e.args
         name = _SHUFFLE_C[e.name]
         if value.dtype.is_bool:
             return f"{name}({FULL_WARP_MASK}, static_cast<int>({self.code(value)}), {self.code(lane)}) != 0", EQ
+        if value.dtype in dt.FP8_DTYPES:  # no fp8 overload: travels as the float holding it exactly
+            moved = f"{name}({FULL_WARP_MASK}, {self.as_float(value)[0]}, {self.code(lane)})"
+            return self.to_half(value.dtype, (moved, POSTFIX))
         return f"{name}({FULL_WARP_MASK}, {self.code(value)}, {self.code(lane)})", POSTFIX
 
     def _memory(self, e: Call) -> Text:
