@@ -320,3 +320,26 @@ def test_fp8_row_reductions_accumulate_in_float32() -> None:
     from tecc.codegen import compile_cuda, emit_source
 
     compile_cuda(emit_source(list(f.module.kernels)), arch="sm_90", name="fp8_rows")
+
+
+def test_a_device_view_without_a_numpy_fp8_dtype_takes_the_producers_dtype() -> None:
+    """cuda.core may raise for DLPack's fp8 codes where it names no NumPy dtype; a torch fp8
+    tensor's own dtype name then says it (a stand-in view here: no GPU needed)."""
+    from tecc.runtime import arrays
+
+    def view(producer_dtype: str) -> Any:
+        class View:
+            shape, strides = (2, 3), None
+
+            @property
+            def dtype(self) -> Any:
+                raise TypeError("Unsupported dtype. dtype code: 10")
+
+        View.exporting_obj = type("Tensor", (), {"dtype": producer_dtype})
+        return View()
+
+    assert arrays.view_info(view("torch.float8_e4m3fn")) == arrays.ArrayInfo((2, 3), (3, 1), dt.float8_e4m3)
+    assert arrays.view_info(view("torch.float8_e5m2")).dtype is dt.float8_e5m2
+    with pytest.raises(DTypeError, match="no tecc equivalent"):
+        arrays.view_info(view("torch.float8_e4m3fnuz"))
+    assert arrays.dtype_from_dlpack(10, 8) is dt.float8_e4m3 and arrays.dtype_from_dlpack(12, 8) is dt.float8_e5m2

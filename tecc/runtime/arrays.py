@@ -148,7 +148,21 @@ def view_info(view: Any) -> ArrayInfo:
     shape = tuple(int(n) for n in view.shape)
     strides = view.strides
     return ArrayInfo(shape, contiguous_strides(shape) if strides is None else tuple(int(s) for s in strides),
-                     tecc_dtype(view.dtype))
+                     _view_dtype(view))
+
+
+def _view_dtype(view: Any) -> DType:
+    """The tecc dtype of a StridedMemoryView. cuda.core may name no NumPy dtype for DLPack's fp8
+    codes (kDLFloat8_e4m3fn, kDLFloat8_e5m2: torch.float8_e4m3fn tensors); the producer's own
+    dtype (by name, `attribute_dtype`) says it then."""
+    try:
+        np_dtype = view.dtype
+    except (TypeError, NotImplementedError, ValueError) as exc:
+        found = attribute_dtype(getattr(getattr(view, "exporting_obj", None), "dtype", None))
+        if found is None:
+            raise DTypeError(f"the array's dtype has no tecc equivalent ({exc})") from exc
+        return found
+    return tecc_dtype(np_dtype)
 
 
 def describe(arg: Any) -> ArrayInfo:
