@@ -49,7 +49,8 @@ def test_fp8_dtype_names_and_host_types() -> None:
     with pytest.raises(DTypeError, match="overflows float8_e4m3"):
         dt.check_constant_fits(1000.0, dt.float8_e4m3)
     from tecc.runtime.arrays import attribute_dtype
-    assert attribute_dtype("torch.float8_e4m3fn") is dt.float8_e4m3 and attribute_dtype("torch.float8_e5m2") is dt.float8_e5m2
+    assert attribute_dtype("torch.float8_e4m3fn") is dt.float8_e4m3
+    assert attribute_dtype("torch.float8_e5m2") is dt.float8_e5m2
 
 
 def _nearest_even_saturating(x: np.ndarray, npd: np.dtype) -> np.ndarray:

@@ -89,12 +89,12 @@ def warpgroup_multiply(expr: ExprEmitter, s: WarpgroupMatrixMultiply) -> list[st
     n = op.registers
     # tf32 and fp8 have no transpose immediates (their shared operands are K-major only: PTX ISA,
     # wgmma.mma_async)
-    tf32 = row.k_major_only
+    k_major_only = row.k_major_only
     refs = [ref for ref in (s.a, s.b) if isinstance(ref, SharedMatrix)]
-    if tf32 and any(ref.descriptor.major != "K" for ref in refs):
+    if k_major_only and any(ref.descriptor.major != "K" for ref in refs):
         raise CompileError(f"{row.name}: .{row.input_type} wgmma reads only K-major shared operands; "
                            f"got {', '.join(str(ref.descriptor) for ref in refs)}")
-    trans_b = "" if tf32 else f", {int(s.b.descriptor.major == 'MN')}"
+    trans_b = "" if k_major_only else f", {int(s.b.descriptor.major == 'MN')}"
     accumulators = "{" + ", ".join(f"%{r}" for r in range(n)) + "}"
     if isinstance(s.a, FragmentRef):
         # A from registers (4 .f16x2, or 4 f32 converted to tf32 inside the block like
@@ -115,7 +115,7 @@ def warpgroup_multiply(expr: ExprEmitter, s: WarpgroupMatrixMultiply) -> list[st
         return _asm(body, outputs, inputs, clobber_memory=True)
     inputs = [f'"l"({descriptor_value(expr, s.a)})', f'"l"({descriptor_value(expr, s.b)})',
               f'"r"(static_cast<int>({expr.code(s.scale_d)}))']
-    trans = "" if tf32 else f", {int(s.a.descriptor.major == 'MN')}{trans_b}"
+    trans = "" if k_major_only else f", {int(s.a.descriptor.major == 'MN')}{trans_b}"
     body = ["{", ".reg .pred scale_d;", f"setp.ne.b32 scale_d, %{n + 2}, 0;",
             f"{row.ptx} {accumulators}, %{n}, %{n + 1}, scale_d, 1, 1{trans};", "}"]
     return _asm(body, outputs, inputs, clobber_memory=True)

@@ -68,7 +68,8 @@ class MatrixDescriptor:
         if self.major not in MAJORS or self.swizzle not in SWIZZLE_MODES:
             raise DescriptorError(f"{where}: major must be one of {MAJORS} and swizzle one of {tuple(SWIZZLE_MODES)}")
         if self.element_bytes not in ELEMENT_BYTES:
-            raise DescriptorError(f"{where}: elements must be 1 byte (fp8), 2 (f16, bf16) or 4 (tf32), not {self.element_bytes}")
+            raise DescriptorError(f"{where}: elements must be 1 byte (fp8), 2 (f16, bf16) or 4 (tf32), "
+                                  f"not {self.element_bytes}")
         for field in ("leading_bytes", "stride_bytes"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value % 16 or value >= 1 << 18:

@@ -13,8 +13,9 @@ and tecc index `Expr`s.
 
 **Registers.** A lane's fragment elements pack into 32-bit registers in element order:
 `elements_per_register` consecutive elements share one register (two f16/bf16 values, low half
-first, as `.f16x2` has them; four fp8 values, lowest byte first; one f32/tf32 value). Codegen passes register r as the 32 bits at
-fragment elements [r * per_register, (r + 1) * per_register).
+first, as `.f16x2` has them; four fp8 values, lowest byte first; one f32/tf32 value).
+Codegen passes register r as the 32 bits at fragment elements [r * per_register, (r + 1) *
+per_register).
 
 **tf32.** A tf32 operand is stored as float32; the instruction reads only its top 19 bits.
 tecc converts each such register with `cvt.rna.tf32.f32` (round to nearest, ties away from

@@ -344,11 +344,12 @@ class GemmWgmma(Strategy):
         epilogues = EPILOGUES if tma_store_refusal_for(info) is None else EPILOGUES[1:]
         stageable, itemsize = output_stageable(info, view), info.write.itemsize
         for load, bm, bn, stages, staged in product(loads, BLOCK_M, BLOCK_N, STAGES, (False, True)):
-            if staged and (load == "tma" or not stageable or not worth_staging(bm, bn, view.k, 2, itemsize)):
+            if staged and (load == "tma" or not stageable
+                           or not worth_staging(bm, bn, view.k, self.element_bytes, itemsize)):
                 continue  # tensorize stages the output on the cp.async ring (the TMA ring has its own epilogue)
             if (bm >= 2 * m and bm > BLOCK_M[0]) or (bn >= 2 * n and bn > BLOCK_N[0]):
                 continue  # a tile twice the matrix leaves half its warpgroups idle
-            if deeper_than_the_k_loop(stages, -(-max(view.k, 1) // K_TILE), load):
+            if deeper_than_the_k_loop(stages, -(-max(view.k, 1) // self.k_tile), load):
                 continue
             point: Point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
             if load == "cp.async":
@@ -600,8 +601,9 @@ class GemmWgmmaFP8(GemmWgmma):
     strategy serves the main form only: both operands k-contiguous (C = A·Bᵀ, A [m][k] and
     B [n][k], as torch._scaled_mm takes B column-major), both read through descriptors. The
     other orientations are refused by the guard (transpose an operand first). The two operands
-    may be of different fp8 types (e4m3 x e5m2: the mixed rows). gemm_wgmma's rungs: the cp.async ring and the warp-specialized TMA ring
-    (TMA copies fp8 as bytes), persistent or not, with the register or TMA-store epilogue.
+    may be of different fp8 types (e4m3 x e5m2: the mixed rows). gemm_wgmma's rungs: the
+    cp.async ring and the warp-specialized TMA ring (TMA copies fp8 as bytes), persistent or
+    not, with the register or TMA-store epilogue.
     Priced with gemm_wgmma's model and constants (assumed, not fitted: untimed)."""
 
     name = "gemm_wgmma_fp8"

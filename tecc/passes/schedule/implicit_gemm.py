@@ -334,7 +334,8 @@ def match_contraction(func: PrimFunc, stage: str, operand_dtypes: Sequence[dt.DT
         raise ScheduleError(f"{where}: the output {store.buffer.name} must be indexed by exactly its loop axes "
                             f"({', '.join(v.name for v in spatial)}), got [{', '.join(map(str, store.indices))}]; "
                             "the kernel must be as lowered (tensorize is the first primitive applied to it)")
-    if x.buffer.dtype != y.buffer.dtype and not {x.buffer.dtype, y.buffer.dtype} <= set(operand_dtypes) & set(dt.FP8_DTYPES):
+    mixed_fp8 = {x.buffer.dtype, y.buffer.dtype} <= set(operand_dtypes) & set(dt.FP8_DTYPES)  # e4m3 x e5m2 rows
+    if x.buffer.dtype != y.buffer.dtype and not mixed_fp8:
         raise ScheduleError(f"{where}: mixed operand dtypes {x.buffer.name}: {x.buffer.dtype}, {y.buffer.dtype} "
                             f"{y.buffer.name}; cast one so both are float16, both bfloat16 or both float32")
     for load in (x, y):
@@ -505,5 +506,6 @@ def _multiplicands(where: str, term: Expr, operand_dtypes: Sequence[dt.DType] = 
     return out[0], out[1]
 
 
-__all__ = ["HALF_OPERANDS", "TENSOR_CORE_OPERANDS", "WGMMA_OPERANDS", "Axis", "Contraction", "Layout", "Operand", "Stride", "contiguous_copy", "gemm_order", "layout_of",
+__all__ = ["HALF_OPERANDS", "TENSOR_CORE_OPERANDS", "WGMMA_OPERANDS",
+           "Axis", "Contraction", "Layout", "Operand", "Stride", "contiguous_copy", "gemm_order", "layout_of",
            "match_contraction", "order_by_stride", "unflatten"]
