@@ -344,3 +344,25 @@ def test_a_device_view_without_a_numpy_fp8_dtype_takes_the_producers_dtype() -> 
     with pytest.raises(DTypeError, match="no tecc equivalent"):
         arrays.view_info(view("torch.float8_e4m3fnuz"))
     assert arrays.dtype_from_dlpack(10, 8) is dt.float8_e4m3 and arrays.dtype_from_dlpack(12, 8) is dt.float8_e5m2
+
+
+def test_fp8_planner_declines_with_the_reason_and_falls_back_exactly() -> None:
+    """B stored [k, j] on sm_90 and any layout on sm_80: gemm_wgmma_fp8 declines saying why, and
+    the plan taken (SIMT, in float32) is still exact for these small sums."""
+    from tecc.compiler.cost.analysis import analyze_kernel
+    from tecc.compiler.planner import candidates_for
+    from tecc.passes.lower import lower
+
+    for arch, k_last, why in (("sm_90", False, "K-major only"), ("sm_80", True, "sm_90 only")):
+        tensors = fp8_contraction(70, 40, 96, "float8_e4m3", b_k_last=k_last)
+        cands, declined = candidates_for(analyze_kernel(lower(tensors).kernels[0]), tc.target(arch))
+        assert not any(c.strategy.name == "gemm_wgmma_fp8" for c in cands)
+        assert any(name == "gemm_wgmma_fp8" and why in reason for name, reason in declined), declined
+        f = tc.build(tensors, target="sim", arch=arch)
+        g = np.random.default_rng()
+        a = g.standard_normal((70, 96)).astype(dt.float8_e4m3.numpy)
+        b = g.standard_normal((40, 96) if k_last else (96, 40)).astype(dt.float8_e4m3.numpy)
+        c = np.full((70, 40), np.nan, np.float32)
+        f(a, b, c)
+        b64 = b.astype(np.float64).T if k_last else b.astype(np.float64)
+        check_fp8(c, a.astype(np.float64), b64, "float32", f"{arch} fallback {f.plan.strategy}")
