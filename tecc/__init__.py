@@ -13,7 +13,7 @@ docs/pytorch.md) imports torch, on first use only.
 
 from typing import Any
 
-from .ir import DType, bfloat16, bool_, float16, float32, float64, int32, int64
+from .ir import DType, bfloat16, bool_, float8_e4m3, float8_e5m2, float16, float32, float64, int32, int64
 from .ir.target import Target
 from .ir.target import target_api as target
 from .ir.errors import (

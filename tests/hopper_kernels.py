@@ -51,12 +51,13 @@ THREADS = 128
 ROW_BYTES = {"none": 16, "32B": 32, "64B": 64, "128B": 128}
 
 
-def k_major(swizzle: str) -> MatrixDescriptor:
-    """A 64 x 16 (or N x 16) K-major tile: 8-row groups SBO apart; unswizzled, the two 8-column
-    core matrices of a row group are LBO = 128 bytes apart and a row group is 256 bytes."""
+def k_major(swizzle: str, element_bytes: int = 2) -> MatrixDescriptor:
+    """A 64 x 16 (or N x 16; fp8: x 32) K-major tile: 8-row groups SBO apart; unswizzled, the two
+    16-byte core matrices of a row group are LBO = 128 bytes apart and a row group is 256 bytes."""
     if swizzle == "none":
-        return MatrixDescriptor("K", "none", leading_bytes=128, stride_bytes=256)
-    return MatrixDescriptor("K", swizzle, leading_bytes=16, stride_bytes=8 * ROW_BYTES[swizzle])
+        return MatrixDescriptor("K", "none", leading_bytes=128, stride_bytes=256, element_bytes=element_bytes)
+    return MatrixDescriptor("K", swizzle, leading_bytes=16, stride_bytes=8 * ROW_BYTES[swizzle],
+                            element_bytes=element_bytes)
 
 
 def mn_major(swizzle: str, n: int, k: int = 16) -> MatrixDescriptor:
@@ -73,7 +74,8 @@ def tile_elements(desc: MatrixDescriptor, rows: int, cols: int) -> int:
     """Elements of a shared buffer holding the tile: past its last canonical offset, rounded up
     to the swizzle's period (and to 512 elements, the 1024-byte unit descriptors assume)."""
     last = max(int(desc.canonical(r, c)) for r in range(rows) for c in range(cols)) + 1
-    return -(-last // 512) * 512
+    unit = 1024 // desc.element_bytes
+    return -(-last // unit) * unit
 
 
 def _mn_step(desc: MatrixDescriptor, s: int) -> int:
@@ -172,12 +174,15 @@ def register_a_kernel(n: int = 64, ab: str = "f16", b_swizzle: str = "128B", b_m
     each thread loads its 8 elements of each k16 slice of A from global memory straight into a
     fragment through the row's operand-'a' map, B is stored as in wgmma_kernel (plain stores
     through the descriptor's canonical map, then fence.proxy.async and a barrier); the k_steps
-    wgmmas chain on one accumulator (scale_d false for the first)."""
-    intrinsic = f"wgmma.m64n{n}k16.f32.{ab}"
-    k = 16 * k_steps
+    wgmmas chain on one accumulator (scale_d false for the first). `ab` "e4m3" / "e5m2": the fp8
+    rows (k32 per step, 16 elements per thread, B K-major only)."""
+    fp8 = ab in ("e4m3", "e5m2")
+    ks = 32 if fp8 else 16
+    intrinsic = f"wgmma.m64n{n}k{ks}.f32.{ab}"
+    k = ks * k_steps
     row = lookup(intrinsic)
-    half = dt.float16 if ab == "f16" else dt.bfloat16
-    db = k_major(b_swizzle) if b_major == "K" else mn_major(b_swizzle, n, k)
+    half = {"f16": dt.float16, "bf16": dt.bfloat16, "e4m3": dt.float8_e4m3, "e5m2": dt.float8_e5m2}[ab]
+    db = k_major(b_swizzle, half.bytes) if b_major == "K" else mn_major(b_swizzle, n, k)
     A = Buffer("A", half, (64, k))
     B = Buffer("B", half, (n, k) if b_major == "K" else (k, n))
     D = Buffer("D", dt.float32, (64, n))
@@ -188,7 +193,7 @@ def register_a_kernel(n: int = 64, ab: str = "f16", b_swizzle: str = "128B", b_m
     tid, s, e, i = Var("tid"), Var("s"), Var("e"), Var("i")
     ar, ac = a_op.layout(tid, e)
     load_a = For(s, 0, k_steps, "unroll", For(e, 0, a_op.elements, "unroll",
-                                               BufferStore(a_frag, (a_op.elements * s + e,), A[ar, 16 * s + ac])))
+                                               BufferStore(a_frag, (a_op.elements * s + e,), A[ar, ks * s + ac])))
     el = tid + THREADS * i
     if b_major == "K":
         bn, bk = el // k, el % k
@@ -198,7 +203,7 @@ def register_a_kernel(n: int = 64, ab: str = "f16", b_swizzle: str = "128B", b_m
         value = B[bk, bn]
     stores = For(i, 0, n * k // THREADS, "unroll", BufferStore(Bs, (db.canonical(bn, bk),), value))
     steps = [WarpgroupMatrixMultiply(intrinsic, FragmentRef(acc, 0), FragmentRef(a_frag, a_op.elements * q),
-                                     SharedMatrix(Bs, 16 * q if b_major == "K" else _mn_step(db, q), db), q > 0)
+                                     SharedMatrix(Bs, ks * q if b_major == "K" else _mn_step(db, q), db), q > 0)
              for q in range(k_steps)]
     f = Var("f")
     rr, cc = d_op.layout(tid, f)

@@ -552,6 +552,8 @@ def needed_headers(funcs: Sequence[PrimFunc]) -> list[str]:
         headers.append("cuda_fp16.h")
     if dt.bfloat16 in dtypes:
         headers.append("cuda_bf16.h")
+    if dtypes & set(dt.FP8_DTYPES):
+        headers.append("cuda_fp8.h")
     return headers
 
 

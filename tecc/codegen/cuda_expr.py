@@ -6,7 +6,8 @@ The rules, each one the contract the SIMT emulator (tecc/runtime/sim) implements
   child in parentheses only when C would otherwise parse it differently (plus around `&&` inside
   `||` and bitwise operators inside logical ones, where compilers warn). Select is always
   written `(c ? a : b)`; C's `?:` evaluates only the chosen side, which the IR relies on.
-- **Half math.** float16 and bfloat16 values are stored as `__half` / `__nv_bfloat16`; every
+- **Half math.** float16 and bfloat16 values are stored as `__half` / `__nv_bfloat16` (the fp8
+  ones as `__nv_fp8_e4m3` / `__nv_fp8_e5m2`, converted by cuda_fp8.h's saturating constructors); every
   arithmetic node and intrinsic on them is computed in float and rounded back to the half type
   (`__float2half_rn(__half2float(a) + __half2float(b))`). This is what the emulator does, so
   results agree bit for bit, and it avoids the double rounding of mixing native half ops with
@@ -63,13 +64,17 @@ ATOM, POSTFIX, UNARY, MUL, ADD, REL, EQ, BAND, BXOR, BOR, LAND, LOR, COND = (
 
 Text = tuple[str, int]  # C source and its precedence
 
-HALF_TYPES = (dt.float16, dt.bfloat16)
+HALF_TYPES = (dt.float16, dt.bfloat16) + dt.FP8_DTYPES
 
 # Half type -> (float -> half, half -> float, double -> half, int -> half, long long -> half).
 _HALF_CONVERT = {
     dt.float16: ("__float2half_rn", "__half2float", "__double2half", "__int2half_rn", "__ll2half_rn"),
     dt.bfloat16: ("__float2bfloat16_rn", "__bfloat162float", "__double2bfloat16", "__int2bfloat16_rn",
                   "__ll2bfloat16_rn"),
+    # cuda_fp8.h's constructors: nearest even, saturating (cvt.rn.satfinite); from double in one
+    # rounding, from integers through float (exact below 2^24; larger ones saturate anyway)
+    dt.float8_e4m3: ("__nv_fp8_e4m3", "static_cast<float>", "__nv_fp8_e4m3", "__nv_fp8_e4m3", "__nv_fp8_e4m3"),
+    dt.float8_e5m2: ("__nv_fp8_e5m2", "static_cast<float>", "__nv_fp8_e5m2", "__nv_fp8_e5m2", "__nv_fp8_e5m2"),
 }
 
 _INFIX_PREC = {"+": ADD, "-": ADD, "*": MUL, "/": MUL, "%": MUL, "&": BAND, "^": BXOR, "|": BOR,
@@ -427,11 +432,14 @@ class ExprEmitter:
     def _shuffle(self, e: Call) -> Text:
         """Warp shuffles over all 32 lanes (mask 0xffffffff, width 32; see WARP_INTRINSICS).
         CUDA overloads them for int, long long, float, double, __half and __nv_bfloat16; a bool
-        travels as an int."""
+        travels as an int, an fp8 value as the float that holds it exactly."""
         value, lane = e.args
         name = _SHUFFLE_C[e.name]
         if value.dtype.is_bool:
             return f"{name}({FULL_WARP_MASK}, static_cast<int>({self.code(value)}), {self.code(lane)}) != 0", EQ
+        if value.dtype in dt.FP8_DTYPES:  # no fp8 overload: travels as the float holding it exactly
+            moved = f"{name}({FULL_WARP_MASK}, {self.as_float(value)[0]}, {self.code(lane)})"
+            return self.to_half(value.dtype, (moved, POSTFIX))
         return f"{name}({FULL_WARP_MASK}, {self.code(value)}, {self.code(lane)})", POSTFIX
 
     def _memory(self, e: Call) -> Text:

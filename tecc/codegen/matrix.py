@@ -3,7 +3,7 @@
 Nothing here is written per instruction. For a row of tecc.ir.intrinsics:
 
 - operand registers come from the row: register r of an operand is the 32 bits at fragment
-  elements [offset + r * per_register, ...). A 16-bit operand (two elements per register) is
+  elements [offset + r * per_register, ...). A 16-bit or 8-bit operand (two or four elements per register) is
   passed as `*reinterpret_cast<unsigned*>(&frag[i])` with constraint "r"; an f32 one as
   `frag[i]` with "f". Fragment arrays are declared `__align__(16)`, and offsets are multiples
   of the register width (the statement's constructor checks), so the reinterpretation is aligned;
@@ -37,7 +37,7 @@ def _register(expr: ExprEmitter, ref: FragmentRef, op: FragmentOperand, r: int) 
     """(constraint letter, C lvalue) of register `r` of a fragment operand."""
     element: Expr = ref.offset + r * op.elements_per_register
     lvalue = expr.buffer_ref(ref.buffer, (element,))
-    if op.elements_per_register == 2:
+    if op.elements_per_register > 1:
         return "r", f"*reinterpret_cast<unsigned*>(&{lvalue})"
     return "f", lvalue
 

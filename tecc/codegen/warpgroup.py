@@ -87,13 +87,14 @@ def warpgroup_multiply(expr: ExprEmitter, s: WarpgroupMatrixMultiply) -> list[st
     op = row.operand("d")
     outputs = [f'"+f"({_register(expr, s.d, op, r)[1]})' for r in range(op.registers)]
     n = op.registers
-    # tf32 has no transpose immediates (its shared operands are K-major only: PTX ISA, wgmma.mma_async)
-    tf32 = row.input_type == "tf32"
+    # tf32 and fp8 have no transpose immediates (their shared operands are K-major only: PTX ISA,
+    # wgmma.mma_async)
+    k_major_only = row.k_major_only
     refs = [ref for ref in (s.a, s.b) if isinstance(ref, SharedMatrix)]
-    if tf32 and any(ref.descriptor.major != "K" or ref.descriptor.element_bytes != 4 for ref in refs):
-        raise CompileError(f"{row.name}: tf32 wgmma reads only K-major 4-byte shared operands; "
+    if k_major_only and any(ref.descriptor.major != "K" for ref in refs):
+        raise CompileError(f"{row.name}: .{row.input_type} wgmma reads only K-major shared operands; "
                            f"got {', '.join(str(ref.descriptor) for ref in refs)}")
-    trans_b = "" if tf32 else f", {int(s.b.descriptor.major == 'MN')}"
+    trans_b = "" if k_major_only else f", {int(s.b.descriptor.major == 'MN')}"
     accumulators = "{" + ", ".join(f"%{r}" for r in range(n)) + "}"
     if isinstance(s.a, FragmentRef):
         # A from registers (4 .f16x2, or 4 f32 converted to tf32 inside the block like
@@ -114,7 +115,7 @@ def warpgroup_multiply(expr: ExprEmitter, s: WarpgroupMatrixMultiply) -> list[st
         return _asm(body, outputs, inputs, clobber_memory=True)
     inputs = [f'"l"({descriptor_value(expr, s.a)})', f'"l"({descriptor_value(expr, s.b)})',
               f'"r"(static_cast<int>({expr.code(s.scale_d)}))']
-    trans = "" if tf32 else f", {int(s.a.descriptor.major == 'MN')}{trans_b}"
+    trans = "" if k_major_only else f", {int(s.a.descriptor.major == 'MN')}{trans_b}"
     body = ["{", ".reg .pred scale_d;", f"setp.ne.b32 scale_d, %{n + 2}, 0;",
             f"{row.ptx} {accumulators}, %{n}, %{n + 1}, scale_d, 1, 1{trans};", "}"]
     return _asm(body, outputs, inputs, clobber_memory=True)

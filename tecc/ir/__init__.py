@@ -6,6 +6,8 @@ from .dtype import (
                      as_dtype,
                      bfloat16,
                      bool_,
+                     float8_e4m3,
+                     float8_e5m2,
                      float16,
                      float32,
                      float64,

@@ -120,7 +120,8 @@ def cast(value: ExprLike, dtype: dt.DTypeLike) -> Expr:
         return Const(dt.wrap_int(int(e.value), d), d)  # narrowing wraps, as at run time
     if isinstance(e, Const) and d.is_bool and not e.dtype.is_float:
         return Const(e.value, d)
-    if isinstance(e, Const) and d.is_float and not (d in (dt.float16, dt.bfloat16)) and _fits(float(e.value), d):
+    narrow = (dt.float16, dt.bfloat16) + dt.FP8_DTYPES
+    if isinstance(e, Const) and d.is_float and d not in narrow and _fits(float(e.value), d):
         return Const(float(e.value), d)
     return Cast(d, e)
 

@@ -17,7 +17,8 @@ Rows of the tile are its m (or n) index, columns its k index; "K-major" means k 
 (A as [m][k], B as [n][k]), "MN-major" that m or n is (A as [k][m], B as [k][n]; wgmma's
 transpose bits). The swizzle XORs bits [4, 4 + b) of the shared *byte address* with bits
 [7, 7 + b), b = 1, 2, 3 for 32, 64, 128 bytes: for 16-bit elements that is tecc's
-`Swizzle(b, 3, 3)` on element offsets (32-bit ones, tf32: `Swizzle(b, 2, 3)`). tecc requires every descriptor's buffer to start at a
+`Swizzle(b, 3, 3)` on element offsets (32-bit ones, tf32: `Swizzle(b, 2, 3)`; 8-bit ones, fp8:
+`Swizzle(b, 4, 3)`, T = 16, a 128B row holding 128 elements). tecc requires every descriptor's buffer to start at a
 multiple of 1024 bytes (codegen aligns such buffers), so the swizzle of the absolute address is
 the swizzle of the offset within the buffer, and the descriptor's base-offset field is 0.
 
@@ -42,7 +43,7 @@ MAJORS = ("K", "MN")
 CORE_ROW_BYTES = 16          # one row of a core matrix
 DESCRIPTOR_ALIGNMENT = 1024  # bytes; the swizzle pattern repeats every 8 rows of 128 bytes
 # element bytes -> log2(T), T = elements in a 16-byte core-matrix row (the swizzle's base)
-ELEMENT_BYTES = {2: 3, 4: 2}
+ELEMENT_BYTES = {1: 4, 2: 3, 4: 2}
 
 
 class DescriptorError(TeccError):
@@ -54,7 +55,7 @@ class MatrixDescriptor:
     """The static part of a wgmma shared-memory matrix descriptor (the start address is given
     per use): `major` 'K' or 'MN', `swizzle` 'none', '32B', '64B' or '128B', `leading_bytes`
     (LBO) and `stride_bytes` (SBO) as the module docstring defines them, for elements of
-    `element_bytes` bytes (2: f16 / bf16; 4: tf32, which the ISA takes K-major only)."""
+    `element_bytes` bytes (2: f16 / bf16; 4: tf32 and 1: fp8, which the ISA takes K-major only)."""
 
     major: str
     swizzle: str
@@ -67,7 +68,8 @@ class MatrixDescriptor:
         if self.major not in MAJORS or self.swizzle not in SWIZZLE_MODES:
             raise DescriptorError(f"{where}: major must be one of {MAJORS} and swizzle one of {tuple(SWIZZLE_MODES)}")
         if self.element_bytes not in ELEMENT_BYTES:
-            raise DescriptorError(f"{where}: elements must be 2 bytes (f16, bf16) or 4 (tf32), not {self.element_bytes}")
+            raise DescriptorError(f"{where}: elements must be 1 byte (fp8), 2 (f16, bf16) or 4 (tf32), "
+                                  f"not {self.element_bytes}")
         for field in ("leading_bytes", "stride_bytes"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value % 16 or value >= 1 << 18:

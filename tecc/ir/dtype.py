@@ -1,9 +1,16 @@
 """Scalar data types and the promotion rules of tensor expressions.
 
 Promotion (written out in docs/dtypes.md):
-- bool < int32 < int64 < {float16, bfloat16} < float32 < float64 ("kind" then width).
+- bool < int32 < int64 < {float8_e4m3, float8_e5m2} < {float16, bfloat16} < float32 < float64
+  ("kind" then width).
 - Two dtypes of one kind promote to the wider; float16 with bfloat16 gives float32
-  (neither holds the other: float16 has the mantissa, bfloat16 the exponent range).
+  (neither holds the other: float16 has the mantissa, bfloat16 the exponent range), and
+  float8_e4m3 with float8_e5m2 gives float16 (which holds every value of both exactly).
+- The fp8 dtypes are storage types for tensor-core contractions (like float16 they compute in
+  float32): float8_e4m3 is CUDA's `__nv_fp8_e4m3` and ml_dtypes' `float8_e4m3fn` (4 exponent
+  bits, 3 mantissa bits, no infinity, NaN = 0x7f / 0xff, largest finite 448), float8_e5m2 is
+  `__nv_fp8_e5m2` / `float8_e5m2` (IEEE-like, largest finite 57344). Conversions to them round
+  to nearest even and saturate to the largest finite value (PTX `cvt.rn.satfinite`); NaN stays NaN.
 - An integer with a float gives the float (like PyTorch; NumPy would widen int32+float16 to
   float64, which no GPU kernel wants).
 - A Python scalar takes the dtype of the tensor expression it meets ("weak" scalars, as NumPy's
@@ -48,12 +55,12 @@ class DType:
 
     @property
     def numpy(self) -> "np.dtype[Any]":
-        """The host (NumPy) dtype; bfloat16 comes from ml-dtypes."""
-        if self.name == "bfloat16":
+        """The host (NumPy) dtype; bfloat16 and the fp8 dtypes come from ml-dtypes."""
+        if self.name in ML_DTYPES_NAMES:
             import ml_dtypes
 
-            bf16: "np.dtype[Any]" = np.dtype(ml_dtypes.bfloat16)
-            return bf16
+            host: "np.dtype[Any]" = np.dtype(getattr(ml_dtypes, ML_DTYPES_NAMES[self.name]))
+            return host
         return np.dtype(self.name if self.name != "bool" else np.bool_)
 
     def __str__(self) -> str:
@@ -66,16 +73,24 @@ class DType:
 bool_ = DType("bool", "bool", 8, "bool", 0)
 int32 = DType("int32", "int", 32, "int", 1)
 int64 = DType("int64", "int", 64, "long long", 2)
+float8_e4m3 = DType("float8_e4m3", "float", 8, "__nv_fp8_e4m3", 3)
+float8_e5m2 = DType("float8_e5m2", "float", 8, "__nv_fp8_e5m2", 3)
 float16 = DType("float16", "float", 16, "__half", 3)
 bfloat16 = DType("bfloat16", "float", 16, "__nv_bfloat16", 3)
 float32 = DType("float32", "float", 32, "float", 4)
 float64 = DType("float64", "float", 64, "double", 5)
 
 ALL_DTYPES: dict[str, DType] = {
-    d.name: d for d in (bool_, int32, int64, float16, bfloat16, float32, float64)
+    d.name: d for d in (bool_, int32, int64, float8_e4m3, float8_e5m2, float16, bfloat16, float32, float64)
 }
+FP8_DTYPES = (float8_e4m3, float8_e5m2)
+# tecc dtype name -> the ml_dtypes type of its host arrays
+ML_DTYPES_NAMES = {"bfloat16": "bfloat16", "float8_e4m3": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}
 _ALIASES = {"float": float32, "half": float16, "bf16": bfloat16, "fp16": float16, "fp32": float32,
-            "fp64": float64, "double": float64, "int": int32, "bool_": bool_}
+            "fp64": float64, "double": float64, "int": int32, "bool_": bool_,
+            # ml_dtypes' and torch's names of the fp8 types (torch.float8_e4m3fn)
+            "float8_e4m3fn": float8_e4m3, "fp8_e4m3": float8_e4m3, "e4m3": float8_e4m3,
+            "fp8_e5m2": float8_e5m2, "e5m2": float8_e5m2}
 
 DTypeLike = Union[DType, str, type, np.dtype]
 
@@ -104,6 +119,8 @@ def as_dtype(value: DTypeLike) -> DType:
         raise DTypeError(f"cannot interpret {value!r} as a dtype") from exc
     if np_dtype.name == "bfloat16":
         return bfloat16
+    if np_dtype.name in ("float8_e4m3fn", "float8_e5m2"):
+        return _ALIASES.get(np_dtype.name) or ALL_DTYPES[np_dtype.name]
     if np_dtype == np.bool_:
         return bool_
     if np_dtype.name in ALL_DTYPES:
@@ -117,6 +134,12 @@ def promote(a: DType, b: DType) -> DType:
         return a
     if {a, b} == {float16, bfloat16}:
         return float32
+    if {a, b} == {float8_e4m3, float8_e5m2}:
+        return float16
+    if a in FP8_DTYPES and b in (float16, bfloat16):
+        return b
+    if b in FP8_DTYPES and a in (float16, bfloat16):
+        return a
     return a if a.rank > b.rank else b
 
 
@@ -184,8 +207,8 @@ def check_constant_fits(value: object, d: DType) -> None:
 
 def largest_finite(d: DType) -> float:
     """The largest finite value of the float dtype `d`."""
-    if d.name == "bfloat16":
+    if d.name in ML_DTYPES_NAMES:
         import ml_dtypes
 
-        return float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)  # type: ignore[no-untyped-call]
+        return float(ml_dtypes.finfo(d.numpy).max)  # type: ignore[no-untyped-call]
     return float(np.finfo(d.numpy).max)

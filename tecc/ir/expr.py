@@ -506,7 +506,7 @@ class Reduce(Expr):
         object.__setattr__(self, "source", source)
         object.__setattr__(self, "axes", tuple(axes))
         object.__setattr__(self, "dtype", source.dtype)
-        acc = dt.float32 if source.dtype in (dt.float16, dt.bfloat16) else source.dtype
+        acc = dt.float32 if source.dtype in (dt.float16, dt.bfloat16) + dt.FP8_DTYPES else source.dtype
         object.__setattr__(self, "acc_dtype", acc)
 
 

@@ -13,8 +13,9 @@ and tecc index `Expr`s.
 
 **Registers.** A lane's fragment elements pack into 32-bit registers in element order:
 `elements_per_register` consecutive elements share one register (two f16/bf16 values, low half
-first, as `.f16x2` has them; one f32/tf32 value). Codegen passes register r as the 32 bits at
-fragment elements [r * per_register, (r + 1) * per_register).
+first, as `.f16x2` has them; four fp8 values, lowest byte first; one f32/tf32 value).
+Codegen passes register r as the 32 bits at fragment elements [r * per_register, (r + 1) *
+per_register).
 
 **tf32.** A tf32 operand is stored as float32; the instruction reads only its top 19 bits.
 tecc converts each such register with `cvt.rna.tf32.f32` (round to nearest, ties away from
@@ -46,7 +47,11 @@ AddressMap = Callable[[Index], Index]
 WARP_SIZE = 32
 # The PTX operand types of the table and the dtype a fragment buffer stores them in.
 PTX_STORAGE: dict[str, DType] = {"f16": dt.float16, "bf16": dt.bfloat16, "tf32": dt.float32,
-                                 "f32": dt.float32, "b16": dt.float16}
+                                 "f32": dt.float32, "b16": dt.float16,
+                                 "e4m3": dt.float8_e4m3, "e5m2": dt.float8_e5m2}
+# PTX input types of wgmma that have no transpose immediates: their shared operands must be
+# K-major (A [m][k], B [n][k]) (PTX ISA, wgmma.mma_async: imm-trans-a/b only for .f16 / .bf16)
+K_MAJOR_ONLY = ("tf32", "e4m3", "e5m2")
 
 
 class IntrinsicError(TeccError):
@@ -93,7 +98,7 @@ class MatrixIntrinsic:
     """One row of the table.
 
     kind 'mma': D = A . B + C over an m x n x k tile, all four operands fragments.
-    kind 'wgmma': D = A . B (+ D) over an m64 x n x k16 tile (k8 for tf32) by a warpgroup (`threads` = 128
+    kind 'wgmma': D = A . B (+ D) over an m64 x n x k16 tile (k8 for tf32, k32 for fp8) by a warpgroup (`threads` = 128
     consecutive threads whose first is a multiple of 128): B (PTX type `input_type`) is read from
     shared memory through a matrix descriptor (tecc.ir.descriptor), A either the same way or from
     registers (operand 'a': 8 elements, 4 `.f16x2` registers per thread, the m16n8k16 A pattern
@@ -116,6 +121,16 @@ class MatrixIntrinsic:
     address: AddressMap | None = None
     threads: int = WARP_SIZE
     input_type: str = ""
+    b_type: str = ""  # wgmma: B's PTX type when it differs from A's (fp8 e4m3 x e5m2)
+
+    def operand_type(self, role: str) -> str:
+        """The PTX type of wgmma input `role` ('a' or 'b')."""
+        return self.b_type if role == "b" and self.b_type else self.input_type
+
+    @property
+    def k_major_only(self) -> bool:
+        """Whether the row's shared operands must be K-major (no transpose immediates)."""
+        return self.input_type in K_MAJOR_ONLY
 
     def operand(self, role: str) -> FragmentOperand:
         for o in self.operands:
@@ -197,6 +212,15 @@ def _wgmma_tf32_a(thread: Index, e: Index) -> tuple[Index, Index]:
     return 16 * (thread // 32) + lane // 4 + 8 * (e % 2), lane % 4 + 4 * (e // 2)
 
 
+def _wgmma_fp8_a(thread: Index, e: Index) -> tuple[Index, Index]:
+    # A from registers, 8-bit (m64nNk32): warp w holds rows 16w .. 16w+15 of the m64 x k32 tile,
+    # four elements per .b32 register (lowest byte first), the m16n8k32 8-bit A pattern:
+    # a0..a3: (g, 4t+i); a4..a7: (g+8, 4t+i); a8..a11: (g, 4t+16+i); a12..a15: (g+8, 4t+16+i)
+    # (PTX ISA, "Register fragment layout for matrix A" of wgmma .m64nNk32)
+    lane = thread % 32
+    return 16 * (thread // 32) + lane // 4 + 8 * ((e // 4) % 2), (lane % 4) * 4 + e % 4 + 16 * (e // 8)
+
+
 WARPGROUP_SIZE = 128
 WGMMA_N = (8, 16, 32, 64, 96, 128, 192, 256)  # the n of the m64nNk16 / m64nNk8 rows in the table
 
@@ -222,6 +246,26 @@ def _wgmma_tf32(n: int) -> MatrixIntrinsic:
         name=f"wgmma.m64n{n}k8.f32.tf32", ptx=f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32",
         kind="wgmma", shape=(64, n, 8), min_arch=90, threads=WARPGROUP_SIZE, input_type="tf32",
         operands=(FragmentOperand("a", "tf32", 64, 8, 4, _wgmma_tf32_a),
+                  FragmentOperand("c", "f32", 64, n, elements, _wgmma_accumulator),
+                  FragmentOperand("d", "f32", 64, n, elements, _wgmma_accumulator)),
+    )
+
+
+FP8_TYPES = ("e4m3", "e5m2")
+
+
+def _wgmma_fp8(n: int, a: str, b: str) -> MatrixIntrinsic:
+    """m64nNk32 with fp8 inputs (`a`, `b`: e4m3 or e5m2, mixed allowed), f32 accumulator: like
+    tf32, no transpose immediates, so both shared operands are K-major (32 bytes of k per
+    instruction); A may come from registers (16 bytes per thread in 4 .b32). The products of
+    fp8 values are exact, the sums f32."""
+    elements = 64 * n // WARPGROUP_SIZE
+    types = a if a == b else f"{a}.{b}"
+    return MatrixIntrinsic(
+        name=f"wgmma.m64n{n}k32.f32.{types}", ptx=f"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.{a}.{b}",
+        kind="wgmma", shape=(64, n, 32), min_arch=90, threads=WARPGROUP_SIZE, input_type=a,
+        b_type="" if a == b else b,
+        operands=(FragmentOperand("a", a, 64, 32, 16, _wgmma_fp8_a),
                   FragmentOperand("c", "f32", 64, n, elements, _wgmma_accumulator),
                   FragmentOperand("d", "f32", 64, n, elements, _wgmma_accumulator)),
     )
@@ -263,7 +307,8 @@ _ROWS = (
          "tf32", "f32", _m16n8k8_tf32_a, _m16n8k8_tf32_b, _m16n8_c),
 ) + tuple(_ldmatrix(x, t) for x in (1, 2, 4) for t in (False, True)) \
   + tuple(_wgmma(n, ab) for ab in ("f16", "bf16") for n in WGMMA_N) \
-  + tuple(_wgmma_tf32(n) for n in WGMMA_N)
+  + tuple(_wgmma_tf32(n) for n in WGMMA_N) \
+  + tuple(_wgmma_fp8(n, a, b) for a in FP8_TYPES for b in FP8_TYPES for n in WGMMA_N)
 
 TABLE: dict[str, MatrixIntrinsic] = {row.name: row for row in _ROWS}
 

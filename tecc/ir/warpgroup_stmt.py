@@ -100,14 +100,17 @@ class WarpgroupMatrixMultiply(Stmt):
             raise DTypeError(f"{row.name}: scale_d must be bool, got {self.scale_d.dtype}")
         self.d.check(row, row.operand("d"), "accumulator")
         m, n, k = row.shape
-        want: DType = PTX_STORAGE[row.input_type]
         if isinstance(self.a, FragmentRef):
             self.a.check(row, row.operand("a"), "register operand A")
         for role, ref, rows in (("A", self.a, m), ("B", self.b, n)):
             if not isinstance(ref, SharedMatrix):
                 continue
+            want: DType = PTX_STORAGE[row.operand_type(role.lower())]
             if ref.buffer.dtype != want:
                 raise DTypeError(f"{row.name}: operand {role} must be {want}, {ref.buffer.name} is {ref.buffer.dtype}")
+            if row.k_major_only and ref.descriptor.major != "K":
+                raise DescriptorError(f"{row.name}: operand {role} ({ref.descriptor}) must be K-major; the ISA has "
+                                      f"no transpose for .{row.operand_type(role.lower())} inputs")
             ref.check_tile(rows, k, f"{row.name} operand {role}")
 
     @property

@@ -39,6 +39,7 @@ KDL_CUDA_MANAGED = 13
 
 # DLPack type codes (dlpack.h, DLDataTypeCode) and the tecc dtype of each (code, bits).
 KDL_INT, KDL_UINT, KDL_FLOAT, KDL_BFLOAT, KDL_BOOL = 0, 1, 2, 4, 6
+KDL_FLOAT8_E4M3FN, KDL_FLOAT8_E5M2 = 10, 12  # dlpack.h 1.1: kDLFloat8_e4m3fn, kDLFloat8_e5m2
 _FROM_DLPACK: dict[tuple[int, int], DType] = {
     (KDL_INT, 32): dt.int32,
     (KDL_INT, 64): dt.int64,
@@ -47,6 +48,8 @@ _FROM_DLPACK: dict[tuple[int, int], DType] = {
     (KDL_FLOAT, 64): dt.float64,
     (KDL_BFLOAT, 16): dt.bfloat16,
     (KDL_BOOL, 8): dt.bool_,
+    (KDL_FLOAT8_E4M3FN, 8): dt.float8_e4m3,
+    (KDL_FLOAT8_E5M2, 8): dt.float8_e5m2,
 }
 _TO_DLPACK: dict[DType, tuple[int, int]] = {d: key for key, d in _FROM_DLPACK.items()}
 _CODE_NAMES = {KDL_INT: "int", KDL_UINT: "uint", KDL_FLOAT: "float", 3: "opaque handle", KDL_BFLOAT: "bfloat",
@@ -145,7 +148,21 @@ def view_info(view: Any) -> ArrayInfo:
     shape = tuple(int(n) for n in view.shape)
     strides = view.strides
     return ArrayInfo(shape, contiguous_strides(shape) if strides is None else tuple(int(s) for s in strides),
-                     tecc_dtype(view.dtype))
+                     _view_dtype(view))
+
+
+def _view_dtype(view: Any) -> DType:
+    """The tecc dtype of a StridedMemoryView. cuda.core may name no NumPy dtype for DLPack's fp8
+    codes (kDLFloat8_e4m3fn, kDLFloat8_e5m2: torch.float8_e4m3fn tensors); the producer's own
+    dtype (by name, `attribute_dtype`) says it then."""
+    try:
+        np_dtype = view.dtype
+    except (TypeError, NotImplementedError, ValueError) as exc:
+        found = attribute_dtype(getattr(getattr(view, "exporting_obj", None), "dtype", None))
+        if found is None:
+            raise DTypeError(f"the array's dtype has no tecc equivalent ({exc})") from exc
+        return found
+    return tecc_dtype(np_dtype)
 
 
 def describe(arg: Any) -> ArrayInfo:
@@ -471,8 +488,9 @@ def _attribute_key(obj: Any, kind: type) -> tuple[tuple[Any, ...], int] | None:
 
 def attribute_dtype(producer_dtype: Any) -> DType | None:
     """The tecc dtype of a torch-like dtype object, from its name (`torch.bfloat16` ->
-    bfloat16); None when tecc has no such dtype."""
-    return dt.ALL_DTYPES.get(str(producer_dtype).rpartition(".")[2])
+    bfloat16, `torch.float8_e4m3fn` -> float8_e4m3); None when tecc has no such dtype."""
+    name = str(producer_dtype).rpartition(".")[2]
+    return dt.ALL_DTYPES.get(name) or (dt.as_dtype(name) if name in ("float8_e4m3fn",) else None)
 
 
 def _dlpack_key(obj: Any, stream_ptr: int) -> tuple[tuple[Any, ...], int] | None:

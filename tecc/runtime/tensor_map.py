@@ -42,7 +42,9 @@ MAX_STRIDE = 1 << 40
 
 # CUtensorMapDataType values (cuda.h): the element types tecc copies with TMA
 DATA_TYPES: dict[str, int] = {"uint8": 0, "uint16": 1, "int32": 3, "int64": 5, "float16": 6,
-                              "float32": 7, "float64": 8, "bfloat16": 9, "int8": 0}
+                              "float32": 7, "float64": 8, "bfloat16": 9, "int8": 0,
+                              # fp8 moves as bytes (CU_TENSOR_MAP_DATA_TYPE_UINT8): TMA copies, never converts
+                              "float8_e4m3": 0, "float8_e5m2": 0}
 # CUtensorMapSwizzle values
 SWIZZLES = {"none": 0, "32B": 1, "64B": 2, "128B": 3}
 INTERLEAVE_NONE = 0

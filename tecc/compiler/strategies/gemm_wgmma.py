@@ -87,6 +87,7 @@ from .gemm_tensor_core import (
     SMEM_WEIGHT,
     GemmTensorCore,
     GemmTensorCoreTF32,
+    mma_view,
     copy_sizes,
     gemm_view,
     output_stageable,
@@ -343,11 +344,12 @@ class GemmWgmma(Strategy):
         epilogues = EPILOGUES if tma_store_refusal_for(info) is None else EPILOGUES[1:]
         stageable, itemsize = output_stageable(info, view), info.write.itemsize
         for load, bm, bn, stages, staged in product(loads, BLOCK_M, BLOCK_N, STAGES, (False, True)):
-            if staged and (load == "tma" or not stageable or not worth_staging(bm, bn, view.k, 2, itemsize)):
+            if staged and (load == "tma" or not stageable
+                           or not worth_staging(bm, bn, view.k, self.element_bytes, itemsize)):
                 continue  # tensorize stages the output on the cp.async ring (the TMA ring has its own epilogue)
             if (bm >= 2 * m and bm > BLOCK_M[0]) or (bn >= 2 * n and bn > BLOCK_N[0]):
                 continue  # a tile twice the matrix leaves half its warpgroups idle
-            if deeper_than_the_k_loop(stages, -(-max(view.k, 1) // K_TILE), load):
+            if deeper_than_the_k_loop(stages, -(-max(view.k, 1) // self.k_tile), load):
                 continue
             point: Point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
             if load == "cp.async":
@@ -580,3 +582,71 @@ class GemmWgmmaTF32(GemmWgmma):
 
 
 register(GemmWgmmaTF32())
+
+
+# ---- fp8 ---------------------------------------------------------------------------------------
+
+FP8_K_TILE = 128           # fp8 elements in a 128-byte swizzled row
+FP8_DTYPES = ("float8_e4m3", "float8_e5m2")
+
+
+class GemmWgmmaFP8(GemmWgmma):
+    """fp8 (float8_e4m3 / float8_e5m2) contractions on Hopper's wgmma: wgmma.m64nNk32 .e4m3 /
+    .e5m2 with f32 accumulators at the target's dense fp8 peak, k tiles of 128 elements (the
+    same 128-byte rows, ring bytes and swizzle as gemm_wgmma's 64 halves), the output float32,
+    float16 or bfloat16 (the epilogue rounds once, after any fused scale). The user writes
+    `tc.sum(tc.cast(A[i, k], "float32") * tc.cast(B[j, k], "float32"), axis=k)`.
+
+    Like tf32 the ISA takes fp8 shared operands K-major only (no transpose immediates), and this
+    strategy serves the main form only: both operands k-contiguous (C = A·Bᵀ, A [m][k] and
+    B [n][k], as torch._scaled_mm takes B column-major), both read through descriptors. The
+    other orientations are refused by the guard (transpose an operand first). The two operands
+    may be of different fp8 types (e4m3 x e5m2: the mixed rows). gemm_wgmma's rungs: the
+    cp.async ring and the warp-specialized TMA ring (TMA copies fp8 as bytes), persistent or
+    not, with the register or TMA-store epilogue.
+    Priced with gemm_wgmma's model and constants (assumed, not fitted: untimed)."""
+
+    name = "gemm_wgmma_fp8"
+    description = ("fp8 (e4m3 / e5m2) contraction on Hopper: wgmma.m64nNk32 with f32 accumulators, both operands "
+                   "K-major (C = A·Bᵀ), cp.async or TMA ring, 128B swizzle")
+    element_bytes = 1
+    k_tile = FP8_K_TILE
+    k_step = 32
+    rate_key = "float8"
+    intrinsic = "wgmma"
+
+    def guard(self, info: KernelInfo, target: Target) -> str | None:
+        if target.sm != WGMMA_ARCH:
+            return f"{target.arch} has no wgmma (sm_90 only); fp8 contractions run on Hopper's wgmma only"
+        view = mma_view(info, target, "wgmma.m64nNk32 fp8")
+        if isinstance(view, str):
+            return view
+        pair = (view.a, view.b)
+        if any(x.dtype not in FP8_DTYPES for x in pair):
+            return "float8_e4m3 or float8_e5m2 operands only"
+        if not all(view.k_last):
+            return ("fp8 wgmma reads its shared operands K-major only (no transpose for .e4m3/.e5m2): store both "
+                    "operands k-contiguous (A [i, k], B [j, k]: C = A·Bᵀ)")
+        return None
+
+    def operand_note(self, info: KernelInfo) -> tuple[str]:
+        return ("A and B (fp8, K-major) read by wgmma from 128B-swizzled shared tiles",)
+
+    def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
+        bm = int(point["bm"])
+        producer: dict[str, Any] = {"cp.async": {}, "tma": {"producer": "tma"}}[load_of(point)]
+        if point.get("persistent"):
+            producer["persistent"] = int(point["persistent"])
+        if load_of(point) == "tma" and epilogue_of(point) != "registers":
+            producer["epilogue"] = epilogue_of(point)
+        if point.get("staged_output"):
+            producer["staged_output"] = True
+        sch.tensorize(info.stage, intrinsic="wgmma", block=(bm, int(point["bn"])), warps=(4 * (bm // 64), 1),
+                      k_tile=self.k_tile, stages=int(point["stages"]), **producer)
+
+    def describe(self, point: Point) -> str:
+        return super().describe(point).replace("gemm_wgmma(", "gemm_wgmma_fp8(").replace(
+            "k16 f32", "k32 fp8 f32").replace(f"k-tile {K_TILE}", f"k-tile {self.k_tile}")
+
+
+register(GemmWgmmaFP8())

@@ -280,6 +280,7 @@ def _k_last_without_copy(lay: Layout, outer: Sequence[str], ks: Sequence[str]) -
 
 HALF_OPERANDS = (dt.float16, dt.bfloat16)
 TENSOR_CORE_OPERANDS = (dt.float16, dt.bfloat16, dt.float32)  # float32: rounded to tf32 (tensorize)
+WGMMA_OPERANDS = TENSOR_CORE_OPERANDS + dt.FP8_DTYPES  # fp8: Hopper's wgmma only (tensorize_wgmma)
 
 
 def match_contraction(func: PrimFunc, stage: str, operand_dtypes: Sequence[dt.DType] = HALF_OPERANDS,
@@ -333,7 +334,8 @@ def match_contraction(func: PrimFunc, stage: str, operand_dtypes: Sequence[dt.DT
         raise ScheduleError(f"{where}: the output {store.buffer.name} must be indexed by exactly its loop axes "
                             f"({', '.join(v.name for v in spatial)}), got [{', '.join(map(str, store.indices))}]; "
                             "the kernel must be as lowered (tensorize is the first primitive applied to it)")
-    if x.buffer.dtype != y.buffer.dtype:
+    mixed_fp8 = {x.buffer.dtype, y.buffer.dtype} <= set(operand_dtypes) & set(dt.FP8_DTYPES)  # e4m3 x e5m2 rows
+    if x.buffer.dtype != y.buffer.dtype and not mixed_fp8:
         raise ScheduleError(f"{where}: mixed operand dtypes {x.buffer.name}: {x.buffer.dtype}, {y.buffer.dtype} "
                             f"{y.buffer.name}; cast one so both are float16, both bfloat16 or both float32")
     for load in (x, y):
@@ -492,6 +494,9 @@ def _multiplicands(where: str, term: Expr, operand_dtypes: Sequence[dt.DType] = 
             raise ScheduleError(f"{where}: multiplicand {side} is not a read of an input (fold scales into the "
                                 "epilogue; casts to float32 and where(condition, read, 0) are allowed)")
         if side.buffer.dtype not in operand_dtypes:
+            if side.buffer.dtype in dt.FP8_DTYPES:
+                raise ScheduleError(f"{where}: operand {side.buffer.name} is {side.buffer.dtype}; fp8 contractions run "
+                                    "only on Hopper's wgmma (sm_90, intrinsic='wgmma', both operands k-contiguous)")
             if tuple(operand_dtypes) in (HALF_OPERANDS, TENSOR_CORE_OPERANDS):
                 raise ScheduleError(f"{where}: operand {side.buffer.name} is {side.buffer.dtype}; tensor-core "
                                     "mma needs float16 or bfloat16 operands (or float32 ones rounded to tf32)")
@@ -501,5 +506,6 @@ def _multiplicands(where: str, term: Expr, operand_dtypes: Sequence[dt.DType] = 
     return out[0], out[1]
 
 
-__all__ = ["HALF_OPERANDS", "TENSOR_CORE_OPERANDS", "Axis", "Contraction", "Layout", "Operand", "Stride", "contiguous_copy", "gemm_order", "layout_of",
+__all__ = ["HALF_OPERANDS", "TENSOR_CORE_OPERANDS", "WGMMA_OPERANDS",
+           "Axis", "Contraction", "Layout", "Operand", "Stride", "contiguous_copy", "gemm_order", "layout_of",
            "match_contraction", "order_by_stride", "unflatten"]

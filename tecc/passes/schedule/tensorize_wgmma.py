@@ -95,7 +95,7 @@ from ...ir.stmt import (
     WarpgroupWait,
     seq,
 )
-from .implicit_gemm import TENSOR_CORE_OPERANDS
+from .implicit_gemm import WGMMA_OPERANDS
 from .tensorize import (
     INTRINSICS,
     Contraction,
@@ -115,16 +115,21 @@ SWIZZLE_128B = Swizzle(3, 3, 3)
 ROW_BYTES = 128
 ATOM_BYTES = 1024      # 8 rows of 128 bytes: the swizzle's period, the descriptor's alignment
 INPUT_TYPES = {"float16": "f16", "bfloat16": "bf16"}
+FP8_INPUT_TYPES = {"float8_e4m3": "e4m3", "float8_e5m2": "e5m2"}
+FP8_K_TILE = 128       # fp8 elements in one
 # float32 operands run on wgmma only rounded to tf32, which a plan must name (as mma.sync's tf32
 # row): intrinsic "wgmma.tf32" or a tf32 row; plain "wgmma" refuses them
 TF32_WGMMA = "wgmma.tf32"
 
 
-def wgmma_intrinsic(dtype: str, bn: int) -> str:
+def wgmma_intrinsic(dtype: str, bn: int, b_dtype: str = "") -> str:
     """The intrinsic-table row of an m64nBNk16 wgmma with f32 accumulators for `dtype` operands
-    (m64nBNk8 tf32 for float32)."""
+    (m64nBNk8 tf32 for float32, m64nBNk32 for fp8, where B may be the other fp8 type `b_dtype`)."""
     if dtype == "float32":
         return f"wgmma.m64n{bn}k8.f32.tf32"
+    if dtype in FP8_INPUT_TYPES:
+        a, b = FP8_INPUT_TYPES[dtype], FP8_INPUT_TYPES[b_dtype or dtype]
+        return f"wgmma.m64n{bn}k32.f32.{a}" + ("" if a == b else f".{b}")
     return f"wgmma.m64n{bn}k16.f32.{INPUT_TYPES[dtype]}"
 
 
@@ -134,14 +139,17 @@ def swaps_operands(c: Contraction) -> bool:
     return c.a.k_last and not c.b.k_last
 
 
-def check_warpgroup_tiling(stage: str, t: Tiling, tf32: bool = False, swap: bool = False) -> None:
+def check_warpgroup_tiling(stage: str, t: Tiling, tf32: bool = False, swap: bool = False,
+                           element_bytes: int = 0) -> None:
     """`tf32`: float32 operands (k tiles of 32 floats); `swap`: the warpgroups split the block's
-    columns and the wgmma's N is its rows (Cᵀ = Bᵀ·Aᵀ)."""
+    columns and the wgmma's N is its rows (Cᵀ = Bᵀ·Aᵀ); `element_bytes` 1: fp8 operands (k tiles
+    of 128), 0: 4 for tf32, else 2."""
     where = f"tensorize({stage}, wgmma)"
-    k_tile = TF32_K_TILE if tf32 else K_TILE
+    size = element_bytes or (4 if tf32 else 2)
+    k_tile = ROW_BYTES // size
     if t.bk != k_tile:
         raise ScheduleError(f"{where}: k_tile must be {k_tile} (one 128-byte swizzled row of "
-                            f"{'floats' if tf32 else 'halves'}), got {t.bk}")
+                            f"{ {1: 'fp8 elements', 2: 'halves', 4: 'floats'}[size] }), got {t.bk}")
     split, split_name, across, across_name = ((t.bn, "columns", t.bm, "rows") if swap
                                               else (t.bm, "rows", t.bn, "columns"))
     if split % 64 or not 1 <= split // 64 <= 4:
@@ -157,7 +165,7 @@ def check_warpgroup_tiling(stage: str, t: Tiling, tf32: bool = False, swap: bool
     if t.stages < 2 or t.stages > 8:
         raise ScheduleError(f"{where}: stages must be 2..8 (cp.async.wait_group takes 0..7), got {t.stages}")
     for rows in (t.bm, t.bn):
-        if (rows * t.bk * (4 if tf32 else 2)) % (16 * t.threads):
+        if (rows * t.bk * size) % (16 * t.threads):
             raise ScheduleError(f"{where}: a {rows}x{t.bk} tile is not a whole number of 16-byte copies per thread "
                                 f"for {t.threads} threads")
 
@@ -169,9 +177,16 @@ def checked_wgmma(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) ->
     """The contraction `func` computes for `stage` and the wgmma row it takes, or a
     ScheduleError naming what does not fit. `intrinsic`: "wgmma" (the row for the operands'
     dtype and BN) or that row's name."""
-    c = match_contraction(func, stage, TENSOR_CORE_OPERANDS)
+    c = match_contraction(func, stage, WGMMA_OPERANDS)
     dtype = c.a.buffer.dtype.name
     tf32 = dtype == "float32"
+    fp8 = dtype in FP8_INPUT_TYPES
+    if fp8 and not (c.a.k_last and c.b.k_last):
+        raise ScheduleError(
+            f"tensorize({stage}, wgmma): fp8 wgmma reads its shared operands K-major only (no transpose for "
+            f".e4m3/.e5m2), and {' and '.join(op.buffer.name for op in (c.a, c.b) if not op.k_last)} is stored "
+            "with k outermost; store both operands k-contiguous (A [i, k], B [j, k]: C = A·Bᵀ, as "
+            "torch._scaled_mm takes them)")
     if tf32:
         if intrinsic != TF32_WGMMA and not intrinsic.endswith(".tf32"):
             raise ScheduleError(
@@ -183,12 +198,12 @@ def checked_wgmma(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) ->
                 f"tensorize({stage}, wgmma): tf32 wgmma reads its shared operand K-major only, and both A "
                 f"({c.a.buffer.name}) and B ({c.b.buffer.name}) are stored with k outermost; use the mma.sync "
                 "tf32 row ('mma.m16n8k8.f32.tf32'), or store one operand k-contiguous")
-    elif dtype not in INTRINSICS:
-        raise ScheduleError(f"tensorize({stage}, wgmma): operands are {dtype}; wgmma takes float16 or bfloat16 "
-                            f"(float32 as tf32: intrinsic={TF32_WGMMA!r})")
+    elif dtype not in INTRINSICS and not fp8:
+        raise ScheduleError(f"tensorize({stage}, wgmma): operands are {dtype}; wgmma takes float16, bfloat16, "
+                            f"float8_e4m3 or float8_e5m2 (float32 as tf32: intrinsic={TF32_WGMMA!r})")
     swap = tf32 and swaps_operands(c)
-    check_warpgroup_tiling(stage, tiling, tf32, swap)
-    want = wgmma_intrinsic(dtype, tiling.bm if swap else tiling.bn)
+    check_warpgroup_tiling(stage, tiling, tf32, swap, c.a.buffer.dtype.bytes)
+    want = wgmma_intrinsic(dtype, tiling.bm if swap else tiling.bn, c.b.buffer.dtype.name)
     if intrinsic in ("wgmma", TF32_WGMMA):
         intrinsic = want
     if intrinsic != want:
@@ -209,8 +224,8 @@ def tensorize_wgmma_threads(func: PrimFunc, c: Contraction, intrinsic: str, tili
 class _WarpgroupEmitter(_Emitter):
     def __init__(self, func: PrimFunc, c: Contraction, intrinsic: str, t: Tiling, lookahead: int | None) -> None:
         row = lookup(intrinsic)
-        self.tf32 = row.input_type == "tf32"
-        self.k_step = row.shape[2]                      # 16 halves or 8 floats: 32 bytes either way
+        self.tf32 = row.k_major_only                    # tf32 or fp8: K-major shared operands only
+        self.k_step = row.shape[2]                      # 16 halves, 8 floats, 32 fp8: 32 bytes each
         self.k_tile = ROW_BYTES // c.a.buffer.dtype.bytes
         # X: wgmma's A (64 rows per warpgroup), Y: its B (the block's other side, wgmma N);
         # Cᵀ = Bᵀ·Aᵀ swaps them (module docstring, "tf32")

@@ -9,6 +9,9 @@ one entry per lane. Every function here accepts either and keeps the node's dtyp
 - float16 and bfloat16 are storage types: arithmetic and intrinsics run in float32 and round
   back to the storage type after every node, which is what the CUDA emitter prints
   (`__float2half(__half2float(a) op __half2float(b))`) and what `cuda_fp16.h` operators do.
+  float8_e4m3 / float8_e5m2 alike; rounding to them is nearest even *and saturating* (PTX
+  `cvt.rn.satfinite`, what `__nv_fp8_e4m3(float)` does: beyond the largest finite value,
+  infinities included, gives that value; NaN stays NaN), from any source in one rounding.
 - Integers wrap (two's complement), uniform Python ints too (`wrap_uniform`); `//` and `%` floor,
   and give 0 for a zero divisor.
 - Float `min` / `max` propagate NaN (np.minimum / np.maximum), `fmin` / `fmax` drop it.
@@ -34,7 +37,8 @@ from ...ir.errors import TeccError
 Value = Any  # a uniform scalar or an np.ndarray of shape (lanes,)
 
 # Storage types whose arithmetic CUDA does in float32 (see the module docstring).
-HALF_TYPES = (dt.float16, dt.bfloat16)
+HALF_TYPES = (dt.float16, dt.bfloat16) + dt.FP8_DTYPES
+_FP8_NUMPY_NAMES = ("float8_e4m3fn", "float8_e5m2")
 
 
 def numpy_dtype(d: DType) -> np.dtype:
@@ -68,8 +72,10 @@ def to_dtype(v: Value, d: DType) -> Value:
             return v
         if d.is_bool:
             return v != 0
-        if d.is_int and (v.dtype.kind == "f" or v.dtype.name == "bfloat16"):  # ml_dtypes' kind is "V"
-            return _float_to_int(v, d)
+        if d.is_int and (v.dtype.kind == "f" or v.dtype.name in ("bfloat16",) + _FP8_NUMPY_NAMES):
+            return _float_to_int(v, d)  # ml_dtypes' kind is "V"
+        if d in dt.FP8_DTYPES:
+            return to_fp8(v, npd)
         if d == dt.bfloat16 and (v.dtype.kind in "iu" or v.dtype == np.float64):
             return _to_bfloat16(v)
         return v.astype(npd)  # int -> narrower int wraps (NumPy casts modulo 2^bits)
@@ -84,6 +90,8 @@ def to_dtype(v: Value, d: DType) -> Value:
         return to_dtype(np.array([int(v)], np.int64), d)[0]
     if d == dt.bfloat16 and isinstance(v, np.float64):
         return _to_bfloat16(np.asarray([v]))[0]
+    if d in dt.FP8_DTYPES:
+        return to_fp8(np.asarray([v]), npd)[0]
     return npd.type(v)
 
 
@@ -127,6 +135,26 @@ def _to_bfloat16(v: np.ndarray) -> np.ndarray:
         toward_zero = np.where(inexact & (np.abs(back) > np.abs(v)), np.nextafter(f, np.float32(0)), f)
         bits = toward_zero.view(np.uint32) | inexact.astype(np.uint32)  # the sticky bit
         return bits.view(np.float32).astype(ml_dtypes.bfloat16)
+
+
+def to_fp8(v: np.ndarray, npd: np.dtype) -> np.ndarray:
+    """Any real values rounded once to an fp8 type (`npd`: ml_dtypes' float8_e4m3fn or
+    float8_e5m2) as PTX `cvt.rn.satfinite` does: nearest even, magnitudes beyond the largest
+    finite value (infinities too) saturate to it, NaN stays NaN. ml_dtypes rounds float64
+    through float32 (twice) and gives NaN on overflow, so: clip, then round to float32 *to
+    odd* (float32 keeps 20 bits more than fp8's 4: the later rounding is then exact)."""
+    import ml_dtypes
+
+    big = float(ml_dtypes.finfo(npd).max)  # type: ignore[no-untyped-call]
+    with np.errstate(over="ignore", invalid="ignore"):
+        x = np.clip(np.asarray(v).astype(np.float64), -big, big)
+        f = x.astype(np.float32)
+        back = f.astype(np.float64)
+        inexact = (back != x) & ~np.isnan(x)
+        toward_zero = np.where(inexact & (np.abs(back) > np.abs(x)), np.nextafter(f, np.float32(0)), f)
+        bits = toward_zero.view(np.uint32) | inexact.astype(np.uint32)
+        out: np.ndarray = bits.view(np.float32).astype(npd)
+    return out
 
 
 def _as_float32(v: Value) -> Value:
@@ -346,5 +374,7 @@ def intrinsic(name: str, d: DType) -> Callable[[Value], Value]:
 
 def to_half(v: Value, npd: np.dtype) -> Value:
     """Round a float32 value to a 16-bit storage type (round to nearest even, like
-    __float2half_rn and __float2bfloat16_rn)."""
+    __float2half_rn and __float2bfloat16_rn) or an fp8 one (saturating, `to_fp8`)."""
+    if npd.name in _FP8_NUMPY_NAMES:
+        return to_fp8(v, npd) if isinstance(v, np.ndarray) else to_fp8(np.asarray([v]), npd)[0]
     return v.astype(npd) if isinstance(v, np.ndarray) else npd.type(v)

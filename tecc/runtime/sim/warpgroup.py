@@ -16,6 +16,8 @@
 - tf32 rows (m64nNk8): a shared operand's float32 elements are read with their 13 low mantissa
   bits cleared (the tensor core ignores them: truncation), a register A rounded as the
   `cvt.rna.tf32.f32` codegen puts before the instruction; products exact, sums as above.
+- fp8 rows (m64nNk32 .e4m3 / .e5m2): the stored fp8 values are read exactly (float64), so
+  products are exact and the sum is rounded once, as for the 16-bit rows.
 - A register A operand (a FragmentRef: FlashAttention-3's P for P·V) is gathered from the
   issuing threads' fragment registers at the issue, through the row's operand-'a' map (each warp
   of the warpgroup holds its 16 rows in the m16n8k16 A pattern), with the checks of a register
