@@ -140,7 +140,38 @@ def strided_view(obj: Any, stream_ptr: int = -1) -> Any:
         return StridedMemoryView.from_any_interface(obj, stream_ptr)
     except (BufferError, NotImplementedError, TypeError, ValueError, RuntimeError) as exc:
         # RuntimeError: the producer refused to export (torch: a tensor that requires grad)
+        retyped = _fp8_byte_view(obj, stream_ptr)
+        if retyped is not None:
+            return retyped
         raise TeccError(f"cannot view {type(obj).__name__} as a strided device array: {exc}") from exc
+
+
+class Fp8View:
+    """The StridedMemoryView of an fp8 torch tensor's bytes (its `view(torch.uint8)`: cuda.core
+    refuses torch's fp8 DLPack codes, "Unsupported AOTI dtype code: 24"), standing for the tensor:
+    the bytes' pointer, shape, strides and stream ordering, the tensor's own tecc dtype."""
+
+    def __init__(self, view: Any, dtype: DType) -> None:
+        self._view, self.tecc_dtype = view, dtype
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._view, name)
+
+
+def _fp8_byte_view(obj: Any, stream_ptr: int) -> Fp8View | None:
+    """`Fp8View` of a torch fp8 tensor, or None for anything else."""
+    from cuda.core.utils import StridedMemoryView
+
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(obj, torch.Tensor):
+        return None
+    dtype = attribute_dtype(obj.dtype)
+    if dtype is None or not dtype.name.startswith("float8"):
+        return None
+    try:
+        return Fp8View(StridedMemoryView.from_any_interface(obj.view(torch.uint8), stream_ptr), dtype)
+    except (BufferError, NotImplementedError, TypeError, ValueError, RuntimeError):
+        return None
 
 
 def view_info(view: Any) -> ArrayInfo:
@@ -155,6 +186,8 @@ def _view_dtype(view: Any) -> DType:
     """The tecc dtype of a StridedMemoryView. cuda.core may name no NumPy dtype for DLPack's fp8
     codes (kDLFloat8_e4m3fn, kDLFloat8_e5m2: torch.float8_e4m3fn tensors); the producer's own
     dtype (by name, `attribute_dtype`) says it then."""
+    if isinstance(view, Fp8View):
+        return view.tecc_dtype
     try:
         np_dtype = view.dtype
     except (TypeError, NotImplementedError, ValueError) as exc:
