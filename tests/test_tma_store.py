@@ -42,6 +42,7 @@ from tecc.ir.tma_stmt import swizzle_layout
 from tecc.passes.lower import lower
 from tecc.passes.schedule.tensor_core import tensorize_wgmma
 from tecc.passes.schedule.tensorize import Tiling
+from tecc.runtime.host import HostProgram
 from tecc.runtime.sim import simulate_kernel
 
 H200 = tc.target("sm_90").replace(name="H200", dram_bandwidth=4.8e12)
@@ -100,6 +101,11 @@ def test_a_staged_epilogue_matches_numpy_in_every_orientation(dtype: str, a_t: b
     check(arrays, how, f"tma-store {dtype} a_t={a_t} b_t={b_t}")
     assert f.module.kernels[0].attr("tensorize").endswith("epilogue through shared memory + TMA store)")
     assert len(stores_of(f)) == 1 and not global_output_stores(f)   # one 64 x 64 box per warpgroup
+    # written only by TMA stores, the output is still one the host copies back from the device
+    # (a NumPy output on the GPU is staged: a host program without it left the NaNs of the upload)
+    out = tensors[-1].name
+    assert f.host.outputs == (out,), f.host.outputs
+    assert HostProgram.from_json(f.host.to_json()).outputs == (out,)
 
 
 @pytest.mark.parametrize("m,n,k,batch,block,stages,blocks", [

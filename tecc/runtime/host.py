@@ -27,7 +27,7 @@ from ..ir.serialize import (
     param_from_json,
     param_to_json,
 )
-from ..ir.stmt import Buffer, BufferStore, KernelParam, Module, iter_stmts, launch_dims, tensor_maps
+from ..ir.stmt import Buffer, BufferStore, KernelParam, Module, TensorStore, iter_stmts, launch_dims, tensor_maps
 from .tensor_map import TensorMapSpec
 
 # Largest grid dimensions of CUDA (compute capability >= 3.0).
@@ -91,9 +91,13 @@ class HostProgram:
             func = module.kernel(call.kernel)
             by_param = {id(p): a for p, a in zip(func.params, call.args)}
             for s in iter_stmts(func.body):
-                if isinstance(s, BufferStore) and s.buffer.scope == "global":
-                    arg = by_param.get(id(s.buffer))
-                    written.add(arg.name if arg is not None else s.buffer.name)
+                # a global buffer is written by plain stores and by TMA tile stores (the staged
+                # epilogue's only writes): both make it an output the host copies back
+                target = (s.buffer if isinstance(s, BufferStore) else s.map.buffer if isinstance(s, TensorStore)
+                          else None)
+                if target is not None and target.scope == "global":
+                    arg = by_param.get(id(target))
+                    written.add(arg.name if arg is not None else target.name)
         calls = tuple(Call(c.kernel, tuple(a.name for a in c.args)) for c in module.calls)
         outputs = tuple(p.name for p in module.params if isinstance(p, Buffer) and p.name in written)
         return HostProgram(module.name, module.params, module.temps, tuple(kernels), calls, outputs)
