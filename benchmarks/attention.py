@@ -37,31 +37,19 @@ from benchmarks.gemm import time_call  # noqa: E402
 
 def attention_tensors(b: int, h: int, s: int, d: int, dtype: str, causal: bool, groups: int = 1) -> list[Any]:
     """The program users write; `groups` query heads share one K/V head (K[b, h // groups, j, d])."""
-    import tecc as tc
-
-    Q = tc.placeholder((b, h, s, d), dtype, name="Q")
-    K = tc.placeholder((b, h // groups, s, d), dtype, name="K")
-    V = tc.placeholder((b, h // groups, s, d), dtype, name="V")
-    r = tc.reduce_axis(d, name="d")
-    j1, j2, j3 = (tc.reduce_axis(s, name=n) for n in ("j1", "j2", "j3"))
-    scale = 1.0 / math.sqrt(d)
-
-    def score(bb: Any, hh: Any, i: Any, j: Any) -> Any:
-        x = tc.sum(tc.cast(Q[bb, hh, i, r], "float32") * tc.cast(K[bb, hh // groups, j, r], "float32"), axis=r) * scale
-        return tc.where(j <= i, x, -math.inf) if causal else x
-
-    S = tc.compute((b, h, s, s), score, name="S")
-    m = tc.compute((b, h, s), lambda bb, hh, i: tc.max(S[bb, hh, i, j1], axis=j1), name="m")
-    e = tc.compute((b, h, s, s), lambda bb, hh, i, j: tc.exp(S[bb, hh, i, j] - m[bb, hh, i]), name="e")
-    l = tc.compute((b, h, s), lambda bb, hh, i: tc.sum(e[bb, hh, i, j2], axis=j2), name="l")
-    O = tc.compute((b, h, s, d), lambda bb, hh, i, c: tc.cast(
-        tc.sum(e[bb, hh, i, j3] * tc.cast(V[bb, hh // groups, j3, c], "float32"), axis=j3) / l[bb, hh, i], dtype), name="O")
-    return [Q, K, V, O]
+    return attention_program(b, h, s, s, d, dtype, groups, 0 if causal else None)
 
 
 def decode_tensors(b: int, h: int, sq: int, sk: int, d: int, dtype: str, groups: int) -> list[Any]:
     """Decoding: `sq` new query rows over `sk` cached keys, query i seeing keys j <= i + sk - sq
     (the bottom-right causal mask; every key when sq = 1), `groups` query heads per K/V head."""
+    return attention_program(b, h, sq, sk, d, dtype, groups, sk - sq if sq > 1 else None)
+
+
+def attention_program(b: int, h: int, sq: int, sk: int, d: int, dtype: str, groups: int,
+                      offset: int | None) -> list[Any]:
+    """Attention of `sq` query rows over `sk` keys as tensor expressions; with `offset`, query i
+    sees keys j <= i + offset (0: causal), without it every key."""
     import tecc as tc
 
     Q = tc.placeholder((b, h, sq, d), dtype, name="Q")
@@ -73,7 +61,9 @@ def decode_tensors(b: int, h: int, sq: int, sk: int, d: int, dtype: str, groups:
 
     def score(bb: Any, hh: Any, i: Any, j: Any) -> Any:
         x = tc.sum(tc.cast(Q[bb, hh, i, r], "float32") * tc.cast(K[bb, hh // groups, j, r], "float32"), axis=r) * scale
-        return tc.where(j <= i + (sk - sq), x, -math.inf) if sq > 1 else x
+        if offset is None:
+            return x
+        return tc.where(j <= (i + offset if offset else i), x, -math.inf)
 
     S = tc.compute((b, h, sq, sk), score, name="S")
     m = tc.compute((b, h, sq), lambda bb, hh, i: tc.max(S[bb, hh, i, j1], axis=j1), name="m")

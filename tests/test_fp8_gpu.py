@@ -18,6 +18,7 @@ import pytest
 import tecc as tc
 from tecc.ir import dtype as dt
 from test_fp8 import OUT_EPS, check_fp8, fp8_contraction, hardware_accumulation, wgmma_plan
+from test_tensorize_gpu import check_on_gpu
 
 pytestmark = pytest.mark.gpu
 TORCH_FP8 = {"float8_e4m3": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}
@@ -79,10 +80,7 @@ def _run_torch(m: int, n: int, k: int, dtype: str, out: str = "float32", batch: 
     exact = a64 @ b64
     acc = (k + 1) * 2.0**-23 * (a64.abs() @ b64.abs()) + hardware_accumulation(a64, b64)
     bound = acc + OUT_EPS[out] * (exact.abs() + acc)
-    got = c.double()
-    err = torch.where(torch.isnan(got), torch.full_like(got, float("inf")), (got - exact).abs() - bound)
-    bad = int((err > 0).sum())
-    assert bad == 0, f"{f.plan.reason}: {bad} of {err.numel()} elements off (worst excess {float(err.max()):.3g})"
+    check_on_gpu(c, exact, bound, f.plan.reason)
 
 
 RUNNERS = {"numpy": _run_numpy, "torch": _run_torch}

@@ -70,14 +70,22 @@ def _run(m: int, n: int, k: int, dtype: str, *, a_t: bool = False, b_t: bool = F
     c = torch.full(lead + (m, n), float("nan"), device="cuda", dtype=TORCH[out])
     f(*args, c)
     torch.cuda.synchronize()
+    check_on_gpu(c, want, bound, f.plan.reason)
+    return f
+
+
+def check_on_gpu(c: Any, want: Any, bound: Any, what: str) -> None:
+    """Every element of the device result `c` within `bound` of the float64 `want` (a NaN left
+    from the poisoning is off by infinity); the error names the worst element."""
+    import torch
+
     got = c.double()
     err = torch.where(torch.isnan(got), torch.full_like(got, float("inf")), (got - want).abs() - bound)
     bad = int((err > 0).sum())
     if bad:
         i = tuple(int(x) for x in torch.unravel_index(torch.argmax(err), err.shape))
-        raise AssertionError(f"{f.plan.reason}: {bad} of {err.numel()} elements off; worst at {i}: got {got[i]}, "
+        raise AssertionError(f"{what}: {bad} of {err.numel()} elements off; worst at {i}: got {got[i]}, "
                              f"want {want[i]} (bound {bound[i]:.3g})")
-    return f
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

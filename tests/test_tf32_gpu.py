@@ -19,6 +19,7 @@ import pytest
 
 import tecc as tc
 from test_tf32 import TF32, U, contraction
+from test_tensorize_gpu import check_on_gpu
 from test_tf32_wgmma import tf32_wgmma_plan
 
 torch = pytest.importorskip("torch")
@@ -64,13 +65,7 @@ def _run(m: int, n: int, k: int, *, a_t: bool = False, b_t: bool = False, batch:
     c = torch.full(lead + (m, n), float("nan"), device="cuda")
     f(*args, c)
     torch.cuda.synchronize()
-    got = c.double()
-    err = torch.where(torch.isnan(got), torch.full_like(got, float("inf")), (got - want).abs() - bound)
-    bad = int((err > 0).sum())
-    if bad:
-        i = tuple(int(x) for x in torch.unravel_index(torch.argmax(err), err.shape))
-        raise AssertionError(f"{f.plan.reason}: {bad} of {err.numel()} elements off; worst at {i}: got {got[i]}, "
-                             f"want {want[i]} (bound {bound[i]:.3g})")
+    check_on_gpu(c, want, bound, f.plan.reason)
     return f
 
 
