@@ -17,8 +17,8 @@ import pytest
 
 import tecc as tc
 from tecc.ir import dtype as dt
+from gpu_checks import check_on_gpu
 from test_fp8 import OUT_EPS, check_fp8, fp8_contraction, hardware_accumulation, wgmma_plan
-from test_tensorize_gpu import check_on_gpu
 
 pytestmark = pytest.mark.gpu
 TORCH_FP8 = {"float8_e4m3": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import tecc as tc
+from gpu_checks import check_on_gpu
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
@@ -73,19 +74,6 @@ def _run(m: int, n: int, k: int, dtype: str, *, a_t: bool = False, b_t: bool = F
     check_on_gpu(c, want, bound, f.plan.reason)
     return f
 
-
-def check_on_gpu(c: Any, want: Any, bound: Any, what: str) -> None:
-    """Every element of the device result `c` within `bound` of the float64 `want` (a NaN left
-    from the poisoning is off by infinity); the error names the worst element."""
-    import torch
-
-    got = c.double()
-    err = torch.where(torch.isnan(got), torch.full_like(got, float("inf")), (got - want).abs() - bound)
-    bad = int((err > 0).sum())
-    if bad:
-        i = tuple(int(x) for x in torch.unravel_index(torch.argmax(err), err.shape))
-        raise AssertionError(f"{what}: {bad} of {err.numel()} elements off; worst at {i}: got {got[i]}, "
-                             f"want {want[i]} (bound {bound[i]:.3g})")
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

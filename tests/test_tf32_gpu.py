@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 import tecc as tc
+from gpu_checks import check_on_gpu
 from test_tf32 import TF32, U, contraction
-from test_tensorize_gpu import check_on_gpu
 from test_tf32_wgmma import tf32_wgmma_plan
 
 torch = pytest.importorskip("torch")
