@@ -499,7 +499,7 @@ class Schedule:
     def tensorize(self, stage: StageLike, intrinsic: str = "auto", block: Sequence[int] = (64, 64),
                   warps: Sequence[int] = (2, 2), k_tile: int = 32, stages: int = 2,
                   producer: str = "threads", persistent: int = 0, epilogue: str = "registers",
-                  staged_output: bool = False) -> None:
+                  staged_output: bool = False, fragment_pipeline: bool = False) -> None:
         """Rebuild the kernel of the contraction `stage` (C[b.., i, j] = epilogue(Σ_k A·B) over
         float16/bfloat16 operands) as a tensor-core kernel: `block` = (BM, BN) outputs per block,
         `warps` = (rows, columns) of warps, each a (BM/rows) × (BN/columns) tile of
@@ -518,15 +518,23 @@ class Schedule:
         swizzled shared staging tile, written out by TMA stores that overlap the next tile). `staged_output`: the
         epilogue writes the block's outputs to a padded shared tile and copies it out in 16-byte
         chunks, whole lines per warp (needs one column axis whose constant extent is a multiple
-        of 16 bytes; not with "tma")."""
+        of 16 bytes; not with "tma"). `fragment_pipeline` (mma.sync only): two fragment sets, the next k step's
+        ldmatrix issued before this step's mma and across the k-tile boundary, the ring's wait and barrier
+        before the last k step of each tile (tensorize.py, "the pipelined mainloop"; an even number of k
+        steps per tile)."""
         st = self._stage(stage)
         bm, bn = (int(x) for x in block)
         wm, wn = (int(x) for x in warps)
-        tiling = prim.Tiling(bm, bn, wm, wn, int(k_tile), int(stages), bool(staged_output))
+        tiling = prim.Tiling(bm, bn, wm, wn, int(k_tile), int(stages), bool(staged_output), bool(fragment_pipeline))
         step = Step("tensorize", {"stage": str(st), "intrinsic": intrinsic, "block": [bm, bn], "warps": [wm, wn],
                                   "k_tile": int(k_tile), "stages": int(stages)})
         if staged_output:  # recorded only when asked for, so earlier plans replay unchanged
             step.args["staged_output"] = True
+        if fragment_pipeline:  # likewise
+            if intrinsic.startswith("wgmma"):
+                raise ScheduleError(f"tensorize({st.name}): fragment_pipeline is a form of the mma.sync mainloop "
+                                    "(wgmma reads its operands from shared memory): leave it off with intrinsic='wgmma'")
+            step.args["fragment_pipeline"] = True
         if producer != "threads":  # recorded only when not the default, so earlier plans replay unchanged
             if not intrinsic.startswith("wgmma"):
                 raise ScheduleError(f"tensorize({st.name}): producer {producer!r} needs intrinsic='wgmma'")

@@ -69,6 +69,7 @@ WARP_TILE = (32, 64)                                    # min, max of a warp's r
 BKS = (32, 64)
 STAGES = (2, 3, 4)
 ADDRESSING = 24
+PIPELINED_ADDRESSING = 22   # tile_registers with two fragment sets (Tiling.fragment_pipeline)
 # mma.sync's share of the dense tensor-core peak of the target's table: on sm_90 the peak is
 # wgmma's; mma.sync issued from 4 schedulers reaches about 0.6 of it (CUTLASS's sm_80-style
 # kernels on H100). On sm_8x mma.sync is the peak instruction. Assumed, not fitted here.
@@ -79,6 +80,11 @@ MMA_SYNC_FRACTION = {80: 0.9, 86: 0.9, 89: 0.9, 90: 0.6}
 # correlation over all points 0.80 and 0.45 with ptxas's registers, 0.48 and 0.18 with
 # tile_registers' estimate (what the planner has); predicted / measured 1.01 at 4096^3, 0.76 at 2048^3.
 SYNC_CYCLES = 400.0             # a block's stall per k tile: its barrier and the ldmatrix pipeline refill
+# The pipelined mainloop (Tiling.fragment_pipeline) waits at the barrier with the mma of the k step
+# before it still in the tensor pipe, and issues the next tile's first ldmatrix before the last
+# step's mma: up to one k step of its warps' mma (per scheduler) of SYNC_CYCLES is covered.
+# Assumed, not fitted yet (benchmarks/tensor_core_points.py --pipeline times both forms).
+PIPELINED_COVER_STEPS = 1.0
 LOADED_LATENCY_CYCLES = 1100.0  # a stage's global load under a full GPU's traffic
 SMEM_WEIGHT = 1.5               # shared-pipe cycles per wavefront of ldmatrix / cp.async writes under mma
 MMA_FLOPS = 2 * 16 * 8 * 16     # one m16n8k16
@@ -99,7 +105,9 @@ def sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: in
     and stage writes (SMEM_WEIGHT cycles a wavefront); then the block stalls for its barrier and
     the ring's refill (SYNC_CYCLES), plus what of a stage's loaded global latency the S - 1 stages
     ahead do not cover. The pipe idles only while every resident block stalls at once: with r
-    blocks and a stall of fraction f of each block's k tile, about f^r of the time.
+    blocks and a stall of fraction f of each block's k tile, about f^r of the time. With the
+    fragments pipelined (point["fragment_pipeline"]) one k step of the block's mma covers part of
+    the barrier's stall (PIPELINED_COVER_STEPS).
     `precision`: the operands' (HALF unless given); `extra_smem`: shared bytes beyond the ring
     (a staged output tile)."""
     p = precision or HALF
@@ -120,7 +128,10 @@ def sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: in
     # the loaded latency varies from stage to stage: the share a ring of S - 1 stages ahead leaves
     # exposed falls off smoothly with the mma time they cover (a hard max(0, ...) tied 3 and 4
     # stages, which measure 381 and 363 us at 4096^3)
-    stall = SYNC_CYCLES + LOADED_LATENCY_CYCLES * math.exp(-(stages - 1) * tile * resident / LOADED_LATENCY_CYCLES)
+    sync = SYNC_CYCLES
+    if point.get("fragment_pipeline"):
+        sync = max(0.0, SYNC_CYCLES - PIPELINED_COVER_STEPS * mma / steps)
+    stall = sync + LOADED_LATENCY_CYCLES * math.exp(-(stages - 1) * tile * resident / LOADED_LATENCY_CYCLES)
     idle = (stall / (tile + stall)) ** resident
     return k_tiles * resident * tile / (1.0 - idle), resident, idle
 
@@ -201,10 +212,10 @@ TF32 = Precision(4, 8, "tf32", "mma.m16n8k8.f32.tf32", (16, 32), False)
 
 
 def tile_registers(bm: int, bn: int, wm: int, wn: int, bk: int, sizes: tuple[int, int] = (8, 8),
-                   tf32: bool = False) -> dict[str, int]:
+                   tf32: bool = False, pipelined: bool = False) -> dict[str, int]:
     """Registers per thread; `sizes`: elements per cp.async copy of A and B (0: the operand's
     elements are loaded through registers, two registers each); `tf32`: float32 tiles read by
-    32-bit fragment loads (k steps of 8)."""
+    32-bit fragment loads (k steps of 8); `pipelined`: two fragment sets (Tiling.fragment_pipeline)."""
     tm, tn = bm // wm // 16, bn // wn // 8
     threads = 32 * wm * wn
     copies = staged = 0
@@ -214,6 +225,15 @@ def tile_registers(bm: int, bn: int, wm: int, wn: int, bk: int, sizes: tuple[int
         else:
             staged += tile // threads
     parts = {"accumulators": tm * tn * 4, "fragments": tm * 4 + tn * 2, "addressing": ADDRESSING + 4 * copies}
+    if pipelined:
+        # two fragment sets, both live while the last k step's mma read one and the next tile's
+        # first loads fill the other; ptxas then keeps fewer copy addresses live than in the
+        # plain loop: PIPELINED_ADDRESSING + 3 per copy is at or above its count on the 12
+        # pipelined 4096^3 points of tests/test_fragment_pipeline.py's fit (sm_80 and sm_90, 0-4
+        # registers above on 4 of them), where the plain form's 4 per copy put the 128x128 point
+        # of 64x64 warp tiles (ptxas: 250) over 255
+        parts["fragments"] *= 2
+        parts["addressing"] = PIPELINED_ADDRESSING + 3 * copies
     # the swizzled shared addresses of the ldmatrix of every k-step (A: one x4 per 16 rows, B: one
     # x4.trans per 16 columns) and of the staged stores, which no longer change with the k-tile
     # (codegen keeps the ring's stage outside the XOR) and so live across it: ptxas kept 2-10 more
@@ -400,10 +420,13 @@ class GemmTensorCore(Strategy):
             if not (WARP_TILE[0] <= bm // wm <= WARP_TILE[1] and WARP_TILE[0] <= bn // wn <= WARP_TILE[1]):
                 continue
             worth = stageable and worth_staging(bm, bn, view.k, self.precision.operand_bytes, itemsize)
-            for staged in ((False, True) if worth else (False,)):
+            pipelines = (False, True) if (bk // self.precision.k_step) % 2 == 0 else (False,)
+            for staged, pipelined in product((False, True) if worth else (False,), pipelines):
                 point = {"bm": bm, "bn": bn, "warps_m": wm, "warps_n": wn, "bk": bk, "stages": stages}
                 if staged:
                     point["staged_output"] = True
+                if pipelined:
+                    point["fragment_pipeline"] = True
                 smem = shared_bytes(point, self.precision.operand_bytes) + staged_output_bytes(point, itemsize)
                 if smem > target.smem_per_block_optin:
                     continue
@@ -440,7 +463,8 @@ class GemmTensorCore(Strategy):
                         + warps * tm * tn * 4 * (4 + info.epilogue_flops))
         # float16 and bfloat16 have the same dense peak on every target in the table
         rate = target.tensor_flops.get(p.rate_key, 0.0) * MMA_SYNC_FRACTION.get(target.sm, 0.6)
-        registers = tile_registers(bm, bn, wm, wn, bk, sizes, tf32=not p.ldmatrix)
+        pipelined = bool(point.get("fragment_pipeline"))
+        registers = tile_registers(bm, bn, wm, wn, bk, sizes, tf32=not p.ldmatrix, pipelined=pipelined)
         chain, resident, idle = sm_chain(target, rate, point, blocks, k_tiles, sum(registers.values()), p,
                                          staged_output_bytes(point, info.write.itemsize))
         notes = [f"{self.mma_name} {tm}x{tn} tiles per warp, {stages}-stage cp.async ring of {bk}-wide k tiles",
@@ -449,6 +473,9 @@ class GemmTensorCore(Strategy):
                  "(all resident blocks at their barrier or waiting for a stage at once)"]
         if staged_out:
             notes.append("output staged in a padded shared tile, stored in 16-byte chunks (whole lines per warp)")
+        if pipelined:
+            notes.append("fragments pipelined: two fragment sets, the next k step's loads before this step's mma, "
+                         "the ring's wait and barrier before the last k step (covered by its neighbours' mma)")
         return Workload(
             blocks=blocks, threads=threads, registers=registers,
             smem_bytes=shared_bytes(point, p.operand_bytes) + staged_output_bytes(point, info.write.itemsize),
@@ -466,13 +493,15 @@ class GemmTensorCore(Strategy):
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
         sch.tensorize(info.stage, intrinsic=self.precision.intrinsic, block=(int(point["bm"]), int(point["bn"])),
                       warps=(int(point["warps_m"]), int(point["warps_n"])), k_tile=int(point["bk"]),
-                      stages=int(point["stages"]), staged_output=bool(point.get("staged_output")))
+                      stages=int(point["stages"]), staged_output=bool(point.get("staged_output")),
+                      fragment_pipeline=bool(point.get("fragment_pipeline")))
 
     def describe(self, point: Point) -> str:
         bm, bn, wm, wn = (int(point[x]) for x in ("bm", "bn", "warps_m", "warps_n"))
         return (f"{self.name}({self.mma_name} f32 accumulators, block {bm}x{bn}, "
                 f"{wm}x{wn} warps of {bm // wm}x{bn // wn}, k-tile {point['bk']}, {point['stages']} cp.async stages"
-                f"{', output staged in shared memory' if point.get('staged_output') else ''})")
+                f"{', output staged in shared memory' if point.get('staged_output') else ''}"
+                f"{', fragments pipelined' if point.get('fragment_pipeline') else ''})")
 
 
     mma_name = "mma.m16n8k16"

@@ -166,6 +166,9 @@ class Tiling:
     bk: int
     stages: int
     staged_output: bool = False   # the epilogue writes the block's outputs through shared memory (step 6)
+    # two fragment sets, the next k step's loads issued before this one's mma, the ring's wait and
+    # barrier before the last k step of a tile (step 3, "the pipelined mainloop")
+    fragment_pipeline: bool = False
 
     @property
     def threads(self) -> int:
@@ -193,6 +196,11 @@ def check_tiling(stage: str, t: Tiling, element_bytes: int = 2) -> None:
     if t.bm % (16 * t.warps_m) or t.bn % (16 * t.warps_n):
         raise ScheduleError(f"{where}: block {t.bm}x{t.bn} over warps {t.warps_m}x{t.warps_n} must give warp tiles "
                             "that are multiples of 16 x 16 (ldmatrix.x4 loads two 16x8 B tiles)")
+    steps = t.bk // (8 if element_bytes == 4 else 16)   # mma k steps per tile (tf32: k8)
+    if t.fragment_pipeline and steps % 2:
+        raise ScheduleError(f"{where}: fragment_pipeline alternates two fragment sets over the k steps of a tile, "
+                            f"so it needs an even number of them; k_tile {t.bk} has {steps}: use a k_tile of twice "
+                            "the mma's k or fragment_pipeline=False")
     for rows, width in ((t.bm, t.bk), (t.bk, t.bm), (t.bk, t.bn), (t.bn, t.bk)):
         if (rows * width) % (chunk * t.threads) or width % chunk or _power_of_two(width) is None:
             raise ScheduleError(f"{where}: a {rows}x{width} tile is not a whole number of 16-byte copies per thread "
@@ -278,6 +286,13 @@ def _ceil_div(a: Expr, b: int) -> Expr:
     return (a + (b - 1)) // b
 
 
+def _plus(index: Expr, offset: Expr | int) -> Expr:
+    """index + offset, left as it is for the constant offset 0 (the first fragment set)."""
+    if isinstance(offset, int) and offset == 0:
+        return index
+    return index + offset
+
+
 def _unrolled(name: str, extent: int, body: Callable[[Var], Stmt]) -> Stmt:
     v = Var(name)
     return For(v, _int(0), _int(extent), "unroll", body(v))
@@ -326,9 +341,10 @@ class _Emitter:
         frag = lookup(intrinsic)
         # elements per lane of one A (16 x k) and one B (k x 8) tile: 8 and 4 halves, 4 and 2 floats
         self.a_elements, self.b_elements = frag.operand("a").elements, frag.operand("b").elements
-        self.frag_a = Buffer("a_frag", frag.operand("a").dtype, _shape(self.a_elements * t.tm), "fragment",
+        sets = 2 if t.fragment_pipeline else 1   # fragment sets (fragment_offsets)
+        self.frag_a = Buffer("a_frag", frag.operand("a").dtype, _shape(sets * self.a_elements * t.tm), "fragment",
                              fragment=(intrinsic, "a"))
-        self.frag_b = Buffer("b_frag", frag.operand("b").dtype, _shape(self.b_elements * t.tn), "fragment",
+        self.frag_b = Buffer("b_frag", frag.operand("b").dtype, _shape(sets * self.b_elements * t.tn), "fragment",
                              fragment=(intrinsic, "b"))
         self.frag_c = Buffer("acc", dt.float32, _shape(4 * t.tm * t.tn), "fragment",
                              fragment=(intrinsic, "c"))
@@ -359,7 +375,8 @@ class _Emitter:
     def summary(self) -> str:
         """What the kernel is, for its `tensorize` attribute (shown in dumps and explain)."""
         t = self.t
-        return f"{self.row} block {t.bm}x{t.bn} warps {t.warps_m}x{t.warps_n} k_tile {t.bk} stages {t.stages}"
+        pipelined = " fragment_pipeline" if t.fragment_pipeline else ""
+        return f"{self.row} block {t.bm}x{t.bn} warps {t.warps_m}x{t.warps_n} k_tile {t.bk} stages {t.stages}{pipelined}"
 
     # step 2: staging + layout ---------------------------------------------------------------------
     def tile_shape(self, op: Operand) -> tuple[int, int]:
@@ -463,6 +480,8 @@ class _Emitter:
     # step 3: the pipeline ring ---------------------------------------------------------------------
     def pipeline(self) -> Stmt:
         t = self.t
+        if t.fragment_pipeline:
+            return self.pipelined_loop()
         zero = self.unrolled("zero", 4 * t.tm * t.tn, lambda z: BufferStore(self.frag_c, (z,), Const(0.0, dt.float32)))
         known = const_int(self.k_tiles)
         prologue: list[Stmt] = []
@@ -487,37 +506,126 @@ class _Emitter:
         ))
         return seq(zero, *prologue, loop, AsyncWait(0), self.epilogue())
 
+    def pipelined_loop(self) -> Stmt:
+        """Step 3 with the fragments pipelined across the k-tile boundary (Tiling.fragment_pipeline;
+        module docstring, "the pipelined mainloop"). Two fragment sets alternate over the k steps
+        (an even number per tile, so step s of every tile uses set s % 2): while the mma of step
+        s run, the ldmatrix of step s + 1 fill the other set. The last step's next fragments are
+        step 0 of tile kt + 1, so the ring's wait and barrier come before the last step's loads
+        (covered by the mma of the step before and the last step's own), and tile kt + S is
+        issued into stage kt % S right after that barrier: every warp has read its last
+        fragments of tile kt by then. The prologue thus fills all S stages (tiles 0..S-1), and
+        before the last step of tile kt the S + kt groups committed leave at most S - 2 in
+        flight once tile kt + 1 has landed."""
+        t = self.t
+        zero = self.unrolled("zero", 4 * t.tm * t.tn, lambda z: BufferStore(self.frag_c, (z,), Const(0.0, dt.float32)))
+        known = const_int(self.k_tiles)
+        prologue: list[Stmt] = []
+        for s in range(t.stages):
+            issue, finish = self.load_stage(Const(s, dt.int32), Const(s, dt.int32))
+            load = seq(issue, finish)
+            if known is None:
+                prologue.append(IfThenElse(Const(s, dt.int32) < self.k_tiles, load))
+            elif s < known:
+                prologue.append(load)
+            prologue.append(AsyncCommit())  # one group per stage, even when K has fewer tiles
+        steps = self.k_steps()
+        first = seq(AsyncWait(t.stages - 1), Barrier(),   # tile 0 has landed, for every thread
+                    self.fragment_loads(Const(0, dt.int32), Const(0, dt.int32), 0))
+        ahead = self.kt + t.stages
+        stage = self.kt % t.stages
+        # cp.async copies are issued after the barrier; element loads are fetched into registers
+        # at the top of the tile and stored to the freed stage after the barrier, so their
+        # latency overlaps the first steps' mma
+        copies: list[Stmt] = []
+        fetches: list[Stmt] = []
+        stores: list[Stmt] = []
+        for op in (self.c.a, self.c.b):
+            first_part, store = self.load_tile(op, stage, ahead * t.bk)
+            if store is None:
+                copies.append(first_part)
+            else:
+                fetches.append(first_part)
+                stores.append(store)
+        issue = seq(*copies) if copies else None
+        fetch = seq(*fetches) if fetches else None
+        finish = seq(*stores) if stores else None
+
+        def step(kk: Var) -> Stmt:
+            return seq(self.fragment_loads(stage, kk + 1, (kk + 1) % 2), self.mmas(kk % 2))
+        fetched = IfThenElse(ahead < self.k_tiles, fetch) if fetch is not None else None
+        inner = self.unrolled("k_step", steps - 1, step) if steps > 1 else None
+        # the next tile's step 0 reads stage (kt + 1) % S, which no copy has written when K has
+        # fewer than S tiles (an uninitialized read): load it only for a next tile then, and
+        # always when K has S tiles or more (the last tile then reads a stale stage, unused)
+        following = self.fragment_loads((self.kt + 1) % t.stages, Const(0, dt.int32), 0)
+        if known is None or known < t.stages:
+            following = IfThenElse(self.kt + 1 < self.k_tiles, following)
+        last = seq(
+            AsyncWait(t.stages - 2),   # tile kt + 1 has landed (at most S - 2 later groups in flight)
+            Barrier(),                 # ... for every thread, and every warp is done with stage kt
+            IfThenElse(ahead < self.k_tiles, issue) if issue is not None else None,
+            AsyncCommit(),             # possibly empty, so the group count per tile is fixed
+            IfThenElse(ahead < self.k_tiles, finish) if finish is not None else None,
+            following,
+            self.mmas((steps - 1) % 2),
+        )
+        loop = For(self.kt, _int(0), self.k_tiles, "serial", seq(fetched, inner, last))
+        return seq(zero, *prologue, first, loop, AsyncWait(0), self.epilogue())
+
     # steps 4 and 5: fragment loads and mma ------------------------------------------------------------
+    def k_steps(self) -> int:
+        """mma k steps per k tile (k16, or k8 for tf32)."""
+        return self.t.bk // lookup(self.row).shape[2]
+
     def compute(self, stage: Expr) -> Stmt:
+        """One k tile of ring stage `stage`: per k step its fragment loads, then its mma (the
+        single fragment set; the pipelined form is `pipelined_loop`)."""
+        return self.unrolled("k_step", self.k_steps(),
+                             lambda kk: seq(self.fragment_loads(stage, kk, 0), self.mmas(0)))
+
+    def fragment_offsets(self, buffer: Expr | int) -> tuple[Expr | int, Expr | int]:
+        """The first A and B fragment element of fragment set `buffer` (0 or 1; the pipelined
+        mainloop keeps two sets of TM A and TN B fragments)."""
+        if isinstance(buffer, int) and buffer == 0:
+            return 0, 0
+        return buffer * (self.a_elements * self.t.tm), buffer * (self.b_elements * self.t.tn)
+
+    def mmas(self, buffer: Expr | int) -> Stmt:
+        """Step 5: the TM x TN mma of one k step from fragment set `buffer`."""
+        t = self.t
+        a0, b0 = self.fragment_offsets(buffer)
+
+        def mma(mi: Var) -> Stmt:
+            def one(ni: Var) -> Stmt:
+                acc = FragmentRef(self.frag_c, (mi * t.tn + ni) * 4)
+                return MatrixMultiply(self.row, acc, FragmentRef(self.frag_a, _plus(self.a_elements * mi, a0)),
+                                      FragmentRef(self.frag_b, _plus(self.b_elements * ni, b0)), acc)
+            return self.unrolled("mma_n", t.tn, one)
+        return self.unrolled("mma_m", t.tm, mma)
+
+    def fragment_loads(self, stage: Expr, kk: Expr, buffer: Expr | int) -> Stmt:
+        """Step 4: the A and B fragments of k step `kk` of ring stage `stage` into fragment set
+        `buffer`."""
         if self.row == TF32:
-            return self.compute_elementwise(stage)
+            return self.fragment_loads_elementwise(stage, kk, buffer)
         t, c = self.t, self.c
         wm, wn = t.bm // t.warps_m, t.bn // t.warps_n
+        k0 = kk * 16
+        a0, b0 = self.fragment_offsets(buffer)
 
-        def k_step(kk: Var) -> Stmt:
-            k0 = kk * 16
+        def load_a(mi: Var) -> Stmt:
+            return load_a_fragment(FragmentRef(self.frag_a, _plus(8 * mi, a0)), self.shared["A"], stage,
+                                   self.warp_m * wm + mi * 16, k0, self.lane, c.a.k_last)
 
-            def load_a(mi: Var) -> Stmt:
-                return load_a_fragment(FragmentRef(self.frag_a, 8 * mi), self.shared["A"], stage,
-                                       self.warp_m * wm + mi * 16, k0, self.lane, c.a.k_last)
+        def load_b(nj: Var) -> Stmt:
+            return load_b_fragments(FragmentRef(self.frag_b, _plus(8 * nj, b0)), self.shared["B"], stage,
+                                    self.warp_n * wn + nj * 16, k0, self.lane, c.b.k_last)
 
-            def load_b(nj: Var) -> Stmt:
-                return load_b_fragments(FragmentRef(self.frag_b, 8 * nj), self.shared["B"], stage,
-                                        self.warp_n * wn + nj * 16, k0, self.lane, c.b.k_last)
+        return seq(self.unrolled("frag_m", t.tm, load_a), self.unrolled("frag_n", t.tn // 2, load_b))
 
-            def mma(mi: Var) -> Stmt:
-                def one(ni: Var) -> Stmt:
-                    acc = FragmentRef(self.frag_c, (mi * t.tn + ni) * 4)
-                    return MatrixMultiply(self.row, acc, FragmentRef(self.frag_a, 8 * mi),
-                                          FragmentRef(self.frag_b, 4 * ni), acc)
-                return self.unrolled("mma_n", t.tn, one)
-
-            return seq(self.unrolled("frag_m", t.tm, load_a), self.unrolled("frag_n", t.tn // 2, load_b),
-                       self.unrolled("mma_m", t.tm, mma))
-        return self.unrolled("k_step", t.bk // 16, k_step)
-
-    def compute_elementwise(self, stage: Expr) -> Stmt:
-        """Steps 4-5 for tf32 (float32 tiles): a k-contiguous tile ([m][k] A, [n][k] B) is read
+    def fragment_loads_elementwise(self, stage: Expr, kk: Expr, buffer: Expr | int) -> Stmt:
+        """Step 4 for tf32 (float32 tiles): a k-contiguous tile ([m][k] A, [n][k] B) is read
         with ldmatrix.x4 moving 32-bit elements as b16 pairs (MatrixLoad's docstring: each lane
         gets float (lane % 4) of row (lane // 4) of each matrix, exactly the m16n8k8 tf32 A
         fragment of four 8 x 4 matrices, or b0, b1 of two n8 B tiles); a k-major tile, where
@@ -529,8 +637,9 @@ class _Emitter:
         wm, wn = t.bm // t.warps_m, t.bn // t.warps_n
         row = lookup(self.row)
         kdim = row.shape[2]
+        a0, b0 = self.fragment_offsets(buffer)
 
-        def element(op: Operand, e: int, warp: Expr, warp_size: int, step: Var, step_size: int, kk: Var) -> Expr:
+        def element(op: Operand, e: int, warp: Expr, warp_size: int, step: Var, step_size: int) -> Expr:
             """Fragment element e of the operand from its shared tile: the map's (outer, k) is
             the warp's base warp·warp_size + step·step_size (outer) and kk·kdim (k) plus the
             map's lane-independent part plus the lane's part. The tile's row splits into its
@@ -561,45 +670,36 @@ class _Emitter:
 
         r8, j = self.lane % 8, self.lane // 8   # an ldmatrix.x4: lane supplies row r8 of matrix j
 
-        def k_step(kk: Var) -> Stmt:
-            def load_a(mi: Var) -> Stmt:
-                if c.a.k_last:
-                    # x4 of 4-float rows, matrices (m 0:8, k 0:4), (m 8:16, k 0:4), (m 0:8, k 4:8),
-                    # (m 8:16, k 4:8): registers a0..a3 of the m16n8k8 tf32 A fragment
-                    per = self.period_rows(c.a)
-                    assert per == 8
-                    block = self.warp_m * (wm // 8) + mi * 2 + j % 2
-                    return MatrixLoad("ldmatrix.x4", FragmentRef(self.frag_a, self.a_elements * mi), self.shared["A"],
-                                      (stage, block, r8, kk * kdim + 4 * (j // 2)))
-                return seq(*(BufferStore(self.frag_a, (mi * self.a_elements + e,),
-                                         element(c.a, e, self.warp_m, wm, mi, 16, kk))
-                             for e in range(self.a_elements)))
-
-            def load_b(ni: Var) -> Stmt:
-                return seq(*(BufferStore(self.frag_b, (ni * self.b_elements + e,),
-                                         element(c.b, e, self.warp_n, wn, ni, 8, kk))
-                             for e in range(self.b_elements)))
-
-            def load_b_pair(nj: Var) -> Stmt:
-                # x4 of 4-float rows of the [n][k] tile, matrices (n 0:8, k 0:4), (n 0:8, k 4:8),
-                # (n 8:16, k 0:4), (n 8:16, k 4:8): b0, b1 of two n8 tiles
-                per = self.period_rows(c.b)
+        def load_a(mi: Var) -> Stmt:
+            if c.a.k_last:
+                # x4 of 4-float rows, matrices (m 0:8, k 0:4), (m 8:16, k 0:4), (m 0:8, k 4:8),
+                # (m 8:16, k 4:8): registers a0..a3 of the m16n8k8 tf32 A fragment
+                per = self.period_rows(c.a)
                 assert per == 8
-                block = self.warp_n * (wn // 8) + nj * 2 + j // 2
-                return MatrixLoad("ldmatrix.x4", FragmentRef(self.frag_b, 2 * self.b_elements * nj), self.shared["B"],
-                                  (stage, block, r8, kk * kdim + 4 * (j % 2)))
+                block = self.warp_m * (wm // 8) + mi * 2 + j % 2
+                return MatrixLoad("ldmatrix.x4", FragmentRef(self.frag_a, _plus(self.a_elements * mi, a0)), self.shared["A"],
+                                  (stage, block, r8, kk * kdim + 4 * (j // 2)))
+            return seq(*(BufferStore(self.frag_a, (_plus(mi * self.a_elements + e, a0),),
+                                     element(c.a, e, self.warp_m, wm, mi, 16))
+                         for e in range(self.a_elements)))
 
-            def mma(mi: Var) -> Stmt:
-                def one(ni: Var) -> Stmt:
-                    acc = FragmentRef(self.frag_c, (mi * t.tn + ni) * 4)
-                    return MatrixMultiply(self.row, acc, FragmentRef(self.frag_a, self.a_elements * mi),
-                                          FragmentRef(self.frag_b, self.b_elements * ni), acc)
-                return self.unrolled("mma_n", t.tn, one)
+        def load_b(ni: Var) -> Stmt:
+            return seq(*(BufferStore(self.frag_b, (_plus(ni * self.b_elements + e, b0),),
+                                     element(c.b, e, self.warp_n, wn, ni, 8))
+                         for e in range(self.b_elements)))
 
-            loads_b = (self.unrolled("frag_n", t.tn // 2, load_b_pair) if c.b.k_last
-                        else self.unrolled("frag_n", t.tn, load_b))
-            return seq(self.unrolled("frag_m", t.tm, load_a), loads_b, self.unrolled("mma_m", t.tm, mma))
-        return self.unrolled("k_step", t.bk // kdim, k_step)
+        def load_b_pair(nj: Var) -> Stmt:
+            # x4 of 4-float rows of the [n][k] tile, matrices (n 0:8, k 0:4), (n 0:8, k 4:8),
+            # (n 8:16, k 0:4), (n 8:16, k 4:8): b0, b1 of two n8 tiles
+            per = self.period_rows(c.b)
+            assert per == 8
+            block = self.warp_n * (wn // 8) + nj * 2 + j // 2
+            return MatrixLoad("ldmatrix.x4", FragmentRef(self.frag_b, _plus(2 * self.b_elements * nj, b0)), self.shared["B"],
+                              (stage, block, r8, kk * kdim + 4 * (j % 2)))
+
+        loads_b = (self.unrolled("frag_n", t.tn // 2, load_b_pair) if c.b.k_last
+                   else self.unrolled("frag_n", t.tn, load_b))
+        return seq(self.unrolled("frag_m", t.tm, load_a), loads_b)
 
     # step 6: the epilogue ---------------------------------------------------------------------------
     def epilogue(self) -> Stmt:

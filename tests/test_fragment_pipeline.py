@@ -1,0 +1,148 @@
+"""The pipelined mma.sync mainloop (Tiling.fragment_pipeline): two fragment sets, the next k step's
+ldmatrix before this step's mma, the ring's wait and barrier before the last k step of a tile.
+
+Every kernel runs in the emulator, which executes cp.async, ldmatrix and mma per the PTX ISA and
+reports a read of a ring stage before its wait, a refill of a stage some warp still reads, and an
+uninitialized read; results are compared with NumPy in float64 under the bounds of
+tests/test_tensorize.py (half operands) and tests/test_tf32.py (tf32).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tecc as tc
+from tecc.codegen import compile_cuda, emit_source
+from tecc.ir.stmt import AsyncCopy, AsyncWait, Barrier, For, MatrixLoad, MatrixMultiply, iter_stmts
+from test_tensorize import check, contraction, run
+
+import test_tf32
+
+
+def pipelined_plan(block: tuple[int, int] = (64, 64), warps: tuple[int, int] = (2, 2), k_tile: int = 32,
+                   stages: int = 3, intrinsic: str = "auto") -> dict[str, Any]:
+    return {"strategy": "manual", "reason": "test", "steps": [
+        {"primitive": "tensorize", "args": {"stage": "C", "intrinsic": intrinsic, "block": list(block),
+                                            "warps": list(warps), "k_tile": k_tile, "stages": stages,
+                                            "fragment_pipeline": True}}]}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("a_t,b_t", [(False, False), (True, False), (False, True), (True, True)])
+def test_every_operand_orientation_matches_numpy(dtype: str, a_t: bool, b_t: bool) -> None:
+    m, n, k = 64, 64, 160   # 5 k tiles through a 3-stage ring: every stage is refilled
+    tensors, how = contraction(m, n, k, dtype, a_t=a_t, b_t=b_t)
+    _, arrays = run(tensors, how, m, n, k, seed=3, plan=pipelined_plan())
+    check(arrays, how, f"pipelined {dtype} a_t={a_t} b_t={b_t}")
+
+
+@pytest.mark.parametrize("stages,k_tile,block,warps", [(2, 32, (64, 64), (2, 2)), (4, 32, (64, 128), (2, 2)),
+                                                       (3, 64, (128, 64), (4, 2)), (4, 64, (64, 64), (1, 4))])
+def test_every_ring_depth_and_tile_is_race_free(stages: int, k_tile: int, block: tuple[int, int],
+                                                warps: tuple[int, int]) -> None:
+    m, n, k = 96, 80, 424  # 7-14 k tiles, the last one partial
+    tensors, how = contraction(m, n, k, "float16", b_t=True)
+    _, arrays = run(tensors, how, m, n, k, seed=stages, plan=pipelined_plan(block, warps, k_tile, stages))
+    check(arrays, how, f"pipelined stages {stages} k_tile {k_tile} block {block} warps {warps}")
+
+
+@pytest.mark.parametrize("m,n,k,stages", [(33, 17, 9, 3), (16, 8, 1, 4), (72, 40, 24, 2), (48, 56, 40, 4),
+                                          (40, 24, 96, 3), (40, 24, 128, 4)])
+def test_fewer_k_tiles_than_stages_and_k_below_16(m: int, n: int, k: int, stages: int) -> None:
+    """K < 16, K not a multiple of the tile, and K of exactly S - 1 or S tiles: the next tile's
+    fragment loads must not read a stage no copy wrote (the emulator's uninitialized read)."""
+    tensors, how = contraction(m, n, k, "float16")
+    _, arrays = run(tensors, how, m, n, k, seed=m + k, plan=pipelined_plan(stages=stages))
+    check(arrays, how, f"pipelined {m}x{n}x{k} stages {stages}")
+
+
+def test_element_loaded_operands_are_fetched_early_and_stored_after_the_barrier() -> None:
+    """Odd K: A's tile elements go through registers (fetched at the top of a tile, stored to the
+    freed stage after the barrier), B's through cp.async, in a 4-stage ring of 7 tiles."""
+    m, n, k = 64, 64, 201
+    tensors, how = contraction(m, n, k, "bfloat16")
+    f, arrays = run(tensors, how, m, n, k, seed=9, plan=pipelined_plan(stages=4))
+    check(arrays, how, "pipelined odd K")
+    assert {s.src.name for s in iter_stmts(f.module.kernels[0].body) if isinstance(s, AsyncCopy)} == {"B"}
+
+
+def test_symbolic_k_guards_the_prologue_and_the_next_tiles_loads() -> None:
+    K = tc.var("K")
+    A, B = tc.placeholder((48, K), "float16", "A"), tc.placeholder((K, 40), "float16", "B")
+    r = tc.reduce_axis(K, "r")
+    C = tc.compute((48, 40), lambda i, j: tc.sum(tc.cast(A[i, r], "float32") * tc.cast(B[r, j], "float32"), axis=r),
+                   name="C")
+    how = {"a_t": False, "b_t": False, "dtype": "float16", "out": "float32", "epilogue": False}
+    for k in (5, 100):
+        _, arrays = run([A, B, C], how, 48, 40, k, seed=k, plan=pipelined_plan(stages=3))
+        check(arrays, how, f"pipelined K = {k}")
+
+
+def test_batched_with_a_fused_bias_relu_and_a_staged_output() -> None:
+    b, m, n, k = 2, 72, 48, 96
+    tensors, how = contraction(m, n, k, "float16", out="float16", batch=b,
+                               epilogue=lambda acc, bias: tc.maximum(acc + bias, tc.const(0.0, "float16")))
+    plan = pipelined_plan()
+    plan["steps"][0]["args"]["staged_output"] = True
+    f, arrays = run(tensors, how, m, n, k, batch=b, seed=11, plan=plan)
+    check(arrays, how, "pipelined batched bias + relu, staged output", epilogue=lambda x, bias: np.maximum(x + bias, 0))
+    assert f.module.kernels[0].body.kind == "blockIdx.z"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("a_t,b_t", [(False, False), (True, True)])
+def test_tf32_shares_the_pipelined_loop(a_t: bool, b_t: bool) -> None:
+    """The m16n8k8 form: ldmatrix of b16 pairs (k-contiguous tiles) or 32-bit loads (k-major ones)."""
+    p = pipelined_plan(k_tile=16, intrinsic=test_tf32.TF32)
+    _, out, a, b = test_tf32.run(40, 72, 88, a_t=a_t, b_t=b_t, seed=5, plan=p)
+    test_tf32.check_tf32(out, a, b, f"tf32 pipelined a_t={a_t} b_t={b_t}")
+
+
+def test_the_loop_has_its_wait_and_barrier_before_the_last_k_step() -> None:
+    """The k-tile loop's body: the k steps but the last (each: fragment loads of the next step,
+    then this step's mma), then the ring's wait and barrier, the refill, the next tile's first
+    fragments, the last step's mma; plan, dump summary and explain() name the form."""
+    tensors, _ = contraction(256, 256, 256, "float16")
+    sch = tc.Schedule(tensors)
+    sch.tensorize("C", block=(128, 128), warps=(2, 2), k_tile=64, stages=3, fragment_pipeline=True)
+    assert sch.plan.steps[0].args["fragment_pipeline"] is True
+    func = sch.mod.kernels[0]
+    assert "fragment_pipeline" in dict(func.attrs)["tensorize"]
+    (loop,) = [s for s in iter_stmts(func.body) if isinstance(s, For) and s.var.name == "k_tile"]
+    order = [type(s).__name__ for s in iter_stmts(loop.body)
+             if isinstance(s, (AsyncWait, Barrier, AsyncCopy, MatrixLoad, MatrixMultiply))]
+    # collapse runs: the 3 inner steps (unrolled loops appear once each) then the last step
+    runs = [name for i, name in enumerate(order) if i == 0 or order[i - 1] != name]
+    assert runs == ["MatrixLoad", "MatrixMultiply", "AsyncWait", "Barrier", "AsyncCopy", "MatrixLoad",
+                    "MatrixMultiply"], runs
+    plain = tc.Schedule(tensors)
+    plain.tensorize("C", block=(128, 128), warps=(2, 2), k_tile=64, stages=3)
+    assert "fragment_pipeline" not in plain.plan.steps[0].args   # earlier plans replay unchanged
+
+
+def test_refusals_name_the_condition() -> None:
+    tensors, _ = contraction(64, 64, 64, "float16")
+    with pytest.raises(tc.ScheduleError, match="even number"):
+        tc.Schedule(tensors).tensorize("C", k_tile=48, fragment_pipeline=True)
+    with pytest.raises(tc.ScheduleError, match="fragment_pipeline"):
+        tc.Schedule(tensors).tensorize("C", intrinsic="wgmma", block=(128, 128), warps=(8, 1), k_tile=64, stages=3,
+                                       fragment_pipeline=True)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_4096_cubed_best_point_compiles_without_spills(arch: str) -> None:
+    """Block 128x128, 2x2 warps of 64x64, k-tile 32, 4 stages: 128 accumulators and two sets of
+    32 fragment registers fit in 255 (ptxas: 248 on sm_80, 250 on sm_90)."""
+    from tecc.compiler.strategies.gemm_tensor_core import tile_registers
+
+    tensors, _ = contraction(4096, 4096, 4096, "float16", out="float16")
+    sch = tc.Schedule(tensors)
+    sch.tensorize("C", block=(128, 128), warps=(2, 2), k_tile=32, stages=4, fragment_pipeline=True)
+    func = sch.mod.kernels[0]
+    compiled = compile_cuda(emit_source([func]), arch=arch, name=func.name)
+    res = compiled.resources[func.name]
+    assert (res.spill_stores, res.spill_loads, res.stack_bytes) == (0, 0, 0), f"{arch}: {res}"
+    assert res.registers <= sum(tile_registers(128, 128, 2, 2, 32, pipelined=True).values()) <= 255
+    assert compiled.ptx.count("cp.async.wait_group 2") == 1 and "cp.async.wait_group 3" in compiled.ptx
