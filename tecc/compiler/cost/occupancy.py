@@ -51,7 +51,10 @@ def occupancy(target: Target, threads: int, registers: int, smem_bytes: int) -> 
     by["threads"] = target.max_warps_per_sm // warps if warps else 0
     by["blocks"] = target.max_blocks_per_sm
     regs_per_warp = _round_up(max(registers, 1) * target.warp_size, target.register_alloc_unit)
-    if registers > target.max_registers_per_thread:
+    # callers pass the count rounded to the allocation unit (8 per thread: 256 per warp), which
+    # takes 249..255 registers, legal, to 256: the per-thread limit applies to the count before that
+    per_thread_unit = max(1, target.register_alloc_unit // target.warp_size)
+    if registers > _round_up(target.max_registers_per_thread, per_thread_unit):
         by["registers"] = 0
     else:
         per_partition = target.registers_per_sm // target.schedulers_per_sm

@@ -69,7 +69,7 @@ WARP_TILE = (32, 64)                                    # min, max of a warp's r
 BKS = (32, 64)
 STAGES = (2, 3, 4)
 ADDRESSING = 24
-PIPELINED_ADDRESSING = 22   # tile_registers with two fragment sets (Tiling.fragment_pipeline)
+PIPELINED_ADDRESSING = 23   # tile_registers with two fragment sets (Tiling.fragment_pipeline)
 # mma.sync's share of the dense tensor-core peak of the target's table: on sm_90 the peak is
 # wgmma's; mma.sync issued from 4 schedulers reaches about 0.6 of it (CUTLASS's sm_80-style
 # kernels on H100). On sm_8x mma.sync is the peak instruction. Assumed, not fitted here.
@@ -80,11 +80,13 @@ MMA_SYNC_FRACTION = {80: 0.9, 86: 0.9, 89: 0.9, 90: 0.6}
 # correlation over all points 0.80 and 0.45 with ptxas's registers, 0.48 and 0.18 with
 # tile_registers' estimate (what the planner has); predicted / measured 1.01 at 4096^3, 0.76 at 2048^3.
 SYNC_CYCLES = 400.0             # a block's stall per k tile: its barrier and the ldmatrix pipeline refill
-# The pipelined mainloop (Tiling.fragment_pipeline) waits at the barrier with the mma of the k step
-# before it still in the tensor pipe, and issues the next tile's first ldmatrix before the last
-# step's mma: up to one k step of its warps' mma (per scheduler) of SYNC_CYCLES is covered.
-# Assumed, not fitted yet (benchmarks/tensor_core_points.py --pipeline times both forms).
-PIPELINED_COVER_STEPS = 1.0
+# The pipelined mainloop (Tiling.fragment_pipeline) issues the next tile's first ldmatrix right
+# after the barrier and the last k step's mma (on fragments loaded before it) next, so the refill
+# part of SYNC_CYCLES -- a warp's first mma of a tile waiting on its ldmatrix -- is covered by up to
+# one k step of the block's mma per scheduler; the barrier's own wait for the slowest warp stays.
+# Half of SYNC_CYCLES is assumed to be the refill (not fitted yet: benchmarks/tensor_core_points.py
+# --pipeline times both forms on a GPU).
+PIPELINED_COVER_CYCLES = 200.0
 LOADED_LATENCY_CYCLES = 1100.0  # a stage's global load under a full GPU's traffic
 SMEM_WEIGHT = 1.5               # shared-pipe cycles per wavefront of ldmatrix / cp.async writes under mma
 MMA_FLOPS = 2 * 16 * 8 * 16     # one m16n8k16
@@ -106,8 +108,8 @@ def sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: in
     the ring's refill (SYNC_CYCLES), plus what of a stage's loaded global latency the S - 1 stages
     ahead do not cover. The pipe idles only while every resident block stalls at once: with r
     blocks and a stall of fraction f of each block's k tile, about f^r of the time. With the
-    fragments pipelined (point["fragment_pipeline"]) one k step of the block's mma covers part of
-    the barrier's stall (PIPELINED_COVER_STEPS).
+    fragments pipelined (point["fragment_pipeline"]) one k step of the block's mma covers the
+    ldmatrix refill part of that stall (PIPELINED_COVER_CYCLES).
     `precision`: the operands' (HALF unless given); `extra_smem`: shared bytes beyond the ring
     (a staged output tile)."""
     p = precision or HALF
@@ -130,7 +132,7 @@ def sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: in
     # stages, which measure 381 and 363 us at 4096^3)
     sync = SYNC_CYCLES
     if point.get("fragment_pipeline"):
-        sync = max(0.0, SYNC_CYCLES - PIPELINED_COVER_STEPS * mma / steps)
+        sync = SYNC_CYCLES - min(PIPELINED_COVER_CYCLES, mma / steps)
     stall = sync + LOADED_LATENCY_CYCLES * math.exp(-(stages - 1) * tile * resident / LOADED_LATENCY_CYCLES)
     idle = (stall / (tile + stall)) ** resident
     return k_tiles * resident * tile / (1.0 - idle), resident, idle
@@ -229,8 +231,8 @@ def tile_registers(bm: int, bn: int, wm: int, wn: int, bk: int, sizes: tuple[int
         # two fragment sets, both live while the last k step's mma read one and the next tile's
         # first loads fill the other; ptxas then keeps fewer copy addresses live than in the
         # plain loop: PIPELINED_ADDRESSING + 3 per copy is at or above its count on the 12
-        # pipelined 4096^3 points of tests/test_fragment_pipeline.py's fit (sm_80 and sm_90, 0-4
-        # registers above on 4 of them), where the plain form's 4 per copy put the 128x128 point
+        # pipelined 4096^3 points of tests/test_fragment_pipeline.py's fit and of 128x256 (sm_80 and sm_90,
+        # 0-5 registers above on 5 of them), where the plain form's 4 per copy put the 128x128 point
         # of 64x64 warp tiles (ptxas: 250) over 255
         parts["fragments"] *= 2
         parts["addressing"] = PIPELINED_ADDRESSING + 3 * copies
