@@ -146,3 +146,42 @@ def test_the_4096_cubed_best_point_compiles_without_spills(arch: str) -> None:
     assert (res.spill_stores, res.spill_loads, res.stack_bytes) == (0, 0, 0), f"{arch}: {res}"
     assert res.registers <= sum(tile_registers(128, 128, 2, 2, 32, pipelined=True).values()) <= 255
     assert compiled.ptx.count("cp.async.wait_group 2") == 1 and "cp.async.wait_group 3" in compiled.ptx
+
+
+def test_the_strategy_offers_both_forms_and_prices_the_refill_the_pipeline_hides() -> None:
+    """Every point of gemm_tensor_core comes plain and pipelined; the pipelined one counts two
+    fragment sets and a shorter stall per k tile, and at 250 ptxas registers (rounded to 256
+    allocated) two blocks of 4 warps still fit per SM."""
+    from tecc.compiler.cost.occupancy import occupancy
+    from tecc.compiler.strategies.gemm_tensor_core import GemmTensorCore, sm_chain, tile_registers
+    from tecc.ir.target import target as target_of
+
+    tensors, _ = contraction(4096, 4096, 4096, "float16", out="float16")
+    target = target_of("sm_90")
+    kp = candidates_for(tensors, target)
+    forms: dict[tuple[Any, ...], dict[bool, Any]] = {}
+    for c in kp:
+        key = tuple(sorted((k, v) for k, v in c.point.items() if k != "fragment_pipeline"))
+        forms.setdefault(key, {})[bool(c.point.get("fragment_pipeline"))] = c
+    assert forms and all(set(f) == {False, True} for f in forms.values())
+    best = {"bm": 128, "bn": 128, "warps_m": 2, "warps_n": 2, "bk": 32, "stages": 4}
+    pair = forms[tuple(sorted(best.items()))]
+    plain, pipelined = pair[False], pair[True]
+    assert pipelined.workload.register_count == sum(tile_registers(128, 128, 2, 2, 32, pipelined=True).values())
+    assert pipelined.workload.registers["fragments"] == 2 * plain.workload.registers["fragments"]
+    assert pipelined.cost.ok and pipelined.cost.occupancy.blocks_per_sm == 2, pipelined.cost.rejected
+    assert pipelined.cost.total < plain.cost.total
+    rate = 1e15
+    chains = [sm_chain(target, rate, dict(best, fragment_pipeline=p), 1024, 128, 250) for p in (False, True)]
+    assert chains[1][2] < chains[0][2]   # the tensor pipe idles less
+    assert occupancy(target, 128, 256, 64 * 1024).blocks_per_sm == 2
+    assert occupancy(target, 128, 264, 0).blocks_per_sm == 0
+    assert GemmTensorCore().describe(dict(best, fragment_pipeline=True)).endswith("fragments pipelined)")
+
+
+def candidates_for(tensors: list[tc.Tensor], target: Any) -> list[Any]:
+    """gemm_tensor_core's candidates for the one kernel of `tensors` (every point, priced)."""
+    from tecc.compiler.planner import plan_program
+
+    (kp,) = plan_program(tensors, target.arch, keep=10_000).kernels
+    return [c for c in kp.ranked + kp.rejected if c.strategy.name == "gemm_tensor_core"]

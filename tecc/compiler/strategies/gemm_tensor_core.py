@@ -18,7 +18,8 @@ stencil, left to the SIMT strategies. One Plan step, one Plan step, `tensorize(s
 a ring of cp.async stages in swizzled shared memory, ldmatrix, the stage's epilogue).
 
 Point: block tile BM × BN ∈ {64, 128, 256}², a warp grid of 4 or 8 warps whose warp tile is
-32..64 × 32..64, k-tile BK ∈ {32, 64}, stages ∈ {2, 3, 4}, with stages · (BM + BN) · BK · 2
+32..64 × 32..64, k-tile BK ∈ {32, 64}, stages ∈ {2, 3, 4}, the mainloop plain or with its
+fragments pipelined across k steps and k tiles (`fragment_pipeline`), with stages · (BM + BN) · BK · 2
 bytes of shared ring within the target's opt-in limit: over 48 KiB the emitter declares the
 ring as dynamic shared memory (codegen `dynamic_shared_bytes`) and the runtime opts the kernel
 in at load (runtime/cuda.py), so the Workload says `smem_opt_in`.
@@ -34,7 +35,8 @@ Workload for the cost model:
 - chain (`sm_chain`: one SM's round of resident blocks): per k tile each block's mma on its
   schedulers (or its shared-pipe wavefronts when more), then a stall for its barrier and the
   refill plus the global latency its S - 1 stages ahead do not cover; the tensor pipe idles
-  only while every resident block stalls at once. This is where two blocks of 4 warps beat one
+  only while every resident block stalls at once; the pipelined mainloop hides the ldmatrix
+  refill part of that stall (PIPELINED_COVER_CYCLES, assumed). This is where two blocks of 4 warps beat one
   of 8 with the same warp tiles (measured 0.51 vs 0.43 of cuBLAS at 4096³), where the ring
   depth pays, and where 64 × 64 warp tiles (one ldmatrix wavefront per mma) beat 32 × 32 (two);
 - registers: TM·TN·4 accumulators, TM·4 + TN·2 fragment registers, the k-invariant shared addresses, addressing and the copy
@@ -44,6 +46,8 @@ Workload for the cost model:
 - an implicit GEMM's gathered addresses: about 4 issued instructions (a div/mod pair by a
   constant) per reduction axis beyond one, per copy or element load and k tile (the row and
   column parts are k-invariant: GemmView.gathered).
+- the pipelined mainloop: two fragment sets, and 23 + 3 per copy of addressing in place of
+  24 + 4 (fitted to ptxas, tile_registers).
 """
 
 from __future__ import annotations

@@ -59,6 +59,14 @@ What it emits, step by step (each step is one function below):
                then refills stage (kt + S - 1) % S = (kt - 1) % S, commits (a group even when
                empty, so "S - 2 most recent" always means the stages after kt), and computes
                stage kt. One barrier per k tile; the emulator proves the ring race-free.
+               The pipelined mainloop (Tiling.fragment_pipeline, `pipelined_loop`): two
+               fragment sets, k step s in set s % 2 (an even number of steps per tile); while
+               the mma of step s run, the ldmatrix of step s + 1 fill the other set; the ring's
+               wait (S - 2) and barrier come before the last step, whose next fragments are
+               step 0 of tile kt + 1, and tile kt + S is issued right after that barrier into
+               stage kt % S (every warp has read all of it by then), so the prologue fills all
+               S stages. Element loads are fetched at the top of a tile and stored after the
+               barrier. docs/tensor-cores.md draws the loop.
 4. fragments   per k16 step: ldmatrix.x4 for a 16 × 16 A tile (`.trans` when A is i-contiguous,
                stored [k][i]), ldmatrix.x4 for two 16 × 8 B tiles (`.trans` when B is
                j-contiguous, stored [k][j]; plain when B is k-contiguous, stored [j][k]).
@@ -547,9 +555,9 @@ class _Emitter:
             else:
                 fetches.append(first_part)
                 stores.append(store)
-        issue = seq(*copies) if copies else None
+        refill = seq(*copies) if copies else None
         fetch = seq(*fetches) if fetches else None
-        finish = seq(*stores) if stores else None
+        store_fetched = seq(*stores) if stores else None
 
         def step(kk: Var) -> Stmt:
             return seq(self.fragment_loads(stage, kk + 1, (kk + 1) % 2), self.mmas(kk % 2))
@@ -564,9 +572,9 @@ class _Emitter:
         last = seq(
             AsyncWait(t.stages - 2),   # tile kt + 1 has landed (at most S - 2 later groups in flight)
             Barrier(),                 # ... for every thread, and every warp is done with stage kt
-            IfThenElse(ahead < self.k_tiles, issue) if issue is not None else None,
+            IfThenElse(ahead < self.k_tiles, refill) if refill is not None else None,
             AsyncCommit(),             # possibly empty, so the group count per tile is fixed
-            IfThenElse(ahead < self.k_tiles, finish) if finish is not None else None,
+            IfThenElse(ahead < self.k_tiles, store_fetched) if store_fetched is not None else None,
             following,
             self.mmas((steps - 1) % 2),
         )
