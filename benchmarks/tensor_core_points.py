@@ -11,8 +11,9 @@ point, fastest first: measured time, TFLOP/s, ratio to cuBLAS, predicted time an
 that the cost model's ranking can be compared with the measured one.
 
 With --pipeline it times instead the best points of the plain mainloop (PIPELINE_POINTS) in both
-forms, fragment_pipeline off and on (tensorize.py, "the pipelined mainloop"), at the cube of each
-of --shapes, in one process: a row per point and form with its time, TFLOP/s, ratio to cuBLAS,
+forms, fragment_pipeline off and on (tensorize.py, "the pipelined mainloop"), the first point also
+in the grouped block order (`group_m`, --group rows per group), at the cube of each of --shapes,
+in one process: a row per point and form with its time, TFLOP/s, ratio to cuBLAS,
 the cost model's prediction, ptxas's registers and spills and the relative error vs float64.
 """
 
@@ -31,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # (block, warps, k_tile, stages): the fastest plain points at 4096^3 on the H200 (RESULTS.md), a
 # 64x128 block of 32x64 warp tiles (3 blocks/SM fit by registers in either form), and the k-64
-# point whose pipelined form ptxas spills on (reported, as a check of the register estimate)
+# point whose pipelined form ptxas spills on (reported, as a check of the register estimate).
+# Each is timed plain and pipelined; the first also in the grouped block order (--group).
 PIPELINE_POINTS = [((128, 128), (2, 2), 32, 4), ((128, 128), (2, 2), 32, 3), ((128, 256), (2, 4), 32, 4),
                    ((64, 128), (2, 2), 32, 4), ((128, 128), (4, 2), 32, 4), ((128, 128), (2, 2), 64, 3)]
 
@@ -54,7 +56,7 @@ def timed(fn: object) -> float:
     return statistics.median(rounds)
 
 
-def pipeline_forms(shapes: list[int], dtype: str) -> None:
+def pipeline_forms(shapes: list[int], dtype: str, group_m: int) -> None:
     """--pipeline: PIPELINE_POINTS with the plain and the pipelined mainloop at each size^3."""
     import torch
 
@@ -79,19 +81,20 @@ def pipeline_forms(shapes: list[int], dtype: str) -> None:
         cublas = timed(lambda: torch.matmul(x, y))
         print(f"{m}x{n}x{k}  cuBLAS {cublas:.1f} us ({flops / cublas / 1e6:.1f} TF/s)", flush=True)
         print(f"{'us':>9} {'TF/s':>7} {'ratio':>6} {'pred us':>8} {'regs':>5} {'spill':>5} {'relerr':>8}  point")
-        for (bm, bn), (wm, wn), bk, stages in PIPELINE_POINTS:
-            for pipelined in (False, True):
+        for number, ((bm, bn), (wm, wn), bk, stages) in enumerate(PIPELINE_POINTS):
+            forms = [(False, 0), (True, 0)] + ([(False, group_m), (True, group_m)] if number == 0 and group_m else [])
+            for pipelined, group in forms:
                 point = {"bm": bm, "bn": bn, "warps_m": wm, "warps_n": wn, "bk": bk, "stages": stages}
                 if pipelined:
                     point["fragment_pipeline"] = True
                 label = (f"block {bm}x{bn} warps {wm}x{wn} k-tile {bk} stages {stages} "
-                         f"{'pipelined' if pipelined else 'plain'}")
-                cand = predicted.get(tuple(sorted(point.items())))
+                         f"{'pipelined' if pipelined else 'plain'}{f', grouped order {group}' if group else ''}")
+                cand = None if group else predicted.get(tuple(sorted(point.items())))
                 pred = (f"{cand.cost.total * 1e6:8.1f}" if cand is not None and cand.cost.ok
                         else f"{'rejected' if cand is not None else '-':>8}")
                 sch = Schedule(args)
                 sch.tensorize("C", block=(bm, bn), warps=(wm, wn), k_tile=bk, stages=stages,
-                              fragment_pipeline=pipelined)
+                              fragment_pipeline=pipelined, group_m=group)
                 try:
                     f = tc.build(args, plan=sch.plan)
                 except Exception as exc:  # noqa: BLE001 - reported, not fatal
@@ -125,9 +128,10 @@ def main() -> None:
     ap.add_argument("--pipeline", action="store_true",
                     help="time PIPELINE_POINTS with the plain and the pipelined mainloop at each --shapes cube")
     ap.add_argument("--shapes", type=int, nargs="+", default=[4096, 8192], help="cube sizes for --pipeline")
+    ap.add_argument("--group", type=int, default=8, help="row tiles per group of the grouped block order (0: off)")
     a = ap.parse_args()
     if a.pipeline:
-        pipeline_forms(a.shapes, a.dtype)
+        pipeline_forms(a.shapes, a.dtype, a.group)
         return
     m, n, k = a.shape
     args = matmul_tensors(1, m, n, k, a.dtype)  # C = cast(Σ_k f32(A)·f32(B), dtype), as benchmarks/gemm.py

@@ -122,6 +122,25 @@ def test_the_loop_has_its_wait_and_barrier_before_the_last_k_step() -> None:
     assert "fragment_pipeline" not in plain.plan.steps[0].args   # earlier plans replay unchanged
 
 
+@pytest.mark.parametrize("pipelined", [False, True])
+@pytest.mark.parametrize("m,n,batch,group_m", [(300, 200, 0, 2), (130, 520, 2, 2), (200, 70, 0, 8)])
+def test_the_grouped_block_order_covers_every_tile_once(pipelined: bool, m: int, n: int, batch: int,
+                                                        group_m: int) -> None:
+    """group_m: one blockIdx.x over the tiles in groups of group_m row tiles (the last group
+    shorter, or the only one); every output element is written (the output starts as NaN)."""
+    k = 72
+    tensors, how = contraction(m, n, k, "float16", batch=batch)
+    plan = pipelined_plan()
+    plan["steps"][0]["args"]["group_m"] = group_m
+    if not pipelined:
+        del plan["steps"][0]["args"]["fragment_pipeline"]
+    f, arrays = run(tensors, how, m, n, k, batch=batch, seed=m + n, plan=plan)
+    check(arrays, how, f"grouped order {group_m}, pipelined {pipelined}")
+    grid = [s for s in iter_stmts(f.module.kernels[0].body) if isinstance(s, For) and s.kind.startswith("blockIdx")]
+    assert [s.kind for s in grid] == (["blockIdx.z"] if batch else []) + ["blockIdx.x"]
+    assert f"group_m {group_m}" in dict(f.module.kernels[0].attrs)["tensorize"]
+
+
 def test_refusals_name_the_condition() -> None:
     tensors, _ = contraction(64, 64, 64, "float16")
     with pytest.raises(tc.ScheduleError, match="even number"):
@@ -129,6 +148,11 @@ def test_refusals_name_the_condition() -> None:
     with pytest.raises(tc.ScheduleError, match="fragment_pipeline"):
         tc.Schedule(tensors).tensorize("C", intrinsic="wgmma", block=(128, 128), warps=(8, 1), k_tile=64, stages=3,
                                        fragment_pipeline=True)
+    with pytest.raises(tc.ScheduleError, match="group_m"):
+        tc.Schedule(tensors).tensorize("C", intrinsic="wgmma", block=(128, 128), warps=(8, 1), k_tile=64, stages=3,
+                                       group_m=8)
+    with pytest.raises(tc.ScheduleError, match="group_m"):
+        tc.Schedule(tensors).tensorize("C", group_m=-1)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

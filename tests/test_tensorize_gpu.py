@@ -115,3 +115,17 @@ def test_explicit_tensorize_points_on_gpu(block: tuple[int, int], warps: tuple[i
         {"primitive": "tensorize", "args": {"stage": "C", "intrinsic": "auto", "block": list(block),
                                             "warps": list(warps), "k_tile": k_tile, "stages": stages}}]}
     _run(1000, 1000, 1000, "bfloat16", b_t=True, plan=plan)
+
+
+@pytest.mark.parametrize("block,warps,k_tile,stages", [((128, 128), (2, 2), 32, 4), ((128, 128), (2, 2), 32, 2),
+                                                       ((64, 128), (2, 2), 32, 4), ((128, 256), (2, 4), 32, 3),
+                                                       ((64, 64), (2, 2), 64, 3)])
+@pytest.mark.parametrize("m,n,k", [(1000, 1000, 1000), (512, 512, 40), (4096, 4096, 4096), (1000, 1000, 1023)])
+def test_pipelined_mainloop_points_on_gpu(block: tuple[int, int], warps: tuple[int, int], k_tile: int, stages: int,
+                                          m: int, n: int, k: int) -> None:
+    """fragment_pipeline: K of fewer tiles than stages (40), odd K (A by element loads), 4096^3."""
+    plan = {"strategy": "manual", "reason": "test", "steps": [
+        {"primitive": "tensorize", "args": {"stage": "C", "intrinsic": "auto", "block": list(block),
+                                            "warps": list(warps), "k_tile": k_tile, "stages": stages,
+                                            "fragment_pipeline": True}}]}
+    _run(m, n, k, "float16", out="float16", plan=plan)

@@ -499,7 +499,7 @@ class Schedule:
     def tensorize(self, stage: StageLike, intrinsic: str = "auto", block: Sequence[int] = (64, 64),
                   warps: Sequence[int] = (2, 2), k_tile: int = 32, stages: int = 2,
                   producer: str = "threads", persistent: int = 0, epilogue: str = "registers",
-                  staged_output: bool = False, fragment_pipeline: bool = False) -> None:
+                  staged_output: bool = False, fragment_pipeline: bool = False, group_m: int = 0) -> None:
         """Rebuild the kernel of the contraction `stage` (C[b.., i, j] = epilogue(Σ_k A·B) over
         float16/bfloat16 operands) as a tensor-core kernel: `block` = (BM, BN) outputs per block,
         `warps` = (rows, columns) of warps, each a (BM/rows) × (BN/columns) tile of
@@ -521,11 +521,13 @@ class Schedule:
         of 16 bytes; not with "tma"). `fragment_pipeline` (mma.sync only): two fragment sets, the next k step's
         ldmatrix issued before this step's mma and across the k-tile boundary, the ring's wait and barrier
         before the last k step of each tile (tensorize.py, "the pipelined mainloop"; an even number of k
-        steps per tile)."""
+        steps per tile). `group_m` > 0 (mma.sync only): one blockIdx.x over the output tiles in a grouped order,
+        `group_m` row tiles side by side sweeping the column tiles together (L2 reuse; tensorize.grouped_tile)."""
         st = self._stage(stage)
         bm, bn = (int(x) for x in block)
         wm, wn = (int(x) for x in warps)
-        tiling = prim.Tiling(bm, bn, wm, wn, int(k_tile), int(stages), bool(staged_output), bool(fragment_pipeline))
+        tiling = prim.Tiling(bm, bn, wm, wn, int(k_tile), int(stages), bool(staged_output), bool(fragment_pipeline),
+                             int(group_m))
         step = Step("tensorize", {"stage": str(st), "intrinsic": intrinsic, "block": [bm, bn], "warps": [wm, wn],
                                   "k_tile": int(k_tile), "stages": int(stages)})
         if staged_output:  # recorded only when asked for, so earlier plans replay unchanged
@@ -535,6 +537,11 @@ class Schedule:
                 raise ScheduleError(f"tensorize({st.name}): fragment_pipeline is a form of the mma.sync mainloop "
                                     "(wgmma reads its operands from shared memory): leave it off with intrinsic='wgmma'")
             step.args["fragment_pipeline"] = True
+        if group_m:  # likewise
+            if intrinsic.startswith("wgmma"):
+                raise ScheduleError(f"tensorize({st.name}): group_m orders the blocks of the mma.sync kernel; the "
+                                    "wgmma TMA ring's persistent grid has its own grouped order (persistent=P)")
+            step.args["group_m"] = int(group_m)
         if producer != "threads":  # recorded only when not the default, so earlier plans replay unchanged
             if not intrinsic.startswith("wgmma"):
                 raise ScheduleError(f"tensorize({st.name}): producer {producer!r} needs intrinsic='wgmma'")

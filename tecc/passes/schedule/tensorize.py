@@ -103,6 +103,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ...ir import dtype as dt
+from ...ir.arith import binary
 from ...ir.errors import ScheduleError
 from ...ir.expr import BufferLoad, Const, Expr, Var, const_int, select, size_product, substitute
 from ...ir.intrinsics import lookup
@@ -118,6 +119,7 @@ from ...ir.stmt import (
     For,
     FragmentRef,
     IfThenElse,
+    LetStmt,
     MatrixLoad,
     MatrixMultiply,
     PrimFunc,
@@ -177,6 +179,10 @@ class Tiling:
     # two fragment sets, the next k step's loads issued before this one's mma, the ring's wait and
     # barrier before the last k step of a tile (step 3, "the pipelined mainloop")
     fragment_pipeline: bool = False
+    # > 0: one blockIdx.x over the output tiles, numbered in the grouped order of `grouped_tile`
+    # (group_m row tiles side by side sweep the column tiles together: L2 reuse); 0: blockIdx.y
+    # over row tiles, blockIdx.x over column tiles
+    group_m: int = 0
 
     @property
     def threads(self) -> int:
@@ -199,6 +205,9 @@ def check_tiling(stage: str, t: Tiling, element_bytes: int = 2) -> None:
         raise ScheduleError(f"{where}: stages must be 2..8 (cp.async.wait_group takes 0..7), got {t.stages}")
     if t.bk % 16 or t.bk < 16:
         raise ScheduleError(f"{where}: k_tile must be a multiple of 16 (the mma's k), got {t.bk}")
+    if t.group_m < 0:
+        raise ScheduleError(f"{where}: group_m must be 0 (row-major block order) or the row tiles per group, "
+                            f"got {t.group_m}")
     if t.warps_m < 1 or t.warps_n < 1 or t.threads > 1024:
         raise ScheduleError(f"{where}: warps {t.warps_m}x{t.warps_n} must be positive and at most 32 in all")
     if t.bm % (16 * t.warps_m) or t.bn % (16 * t.warps_n):
@@ -301,6 +310,19 @@ def _plus(index: Expr, offset: Expr | int) -> Expr:
     return index + offset
 
 
+def grouped_tile(local: Expr, rows: Expr, cols: Expr, group_m: int) -> tuple[Expr, Expr]:
+    """(row tile, column tile) of tile number `local` of a rows x cols grid in the grouped order:
+    group_m row tiles side by side sweep the column tiles together (column by column, the rows of
+    the group fastest), then the next group (the last one may be shorter), so the blocks running
+    at one time share A's row panels and B's column panels in L2 (the order of CUTLASS's and
+    Triton's grouped GEMM tile schedulers)."""
+    group = group_m * cols
+    first_row = (local // group) * group_m
+    height = binary("min", rows - first_row, _int(group_m))
+    inner = local % group
+    return first_row + inner % height, inner // height
+
+
 def _unrolled(name: str, extent: int, body: Callable[[Var], Stmt]) -> Stmt:
     v = Var(name)
     return For(v, _int(0), _int(extent), "unroll", body(v))
@@ -373,9 +395,18 @@ class _Emitter:
         out_tile = () if self.out_tile is None else (self.out_tile,)
         for buf in (self.shared["A"], self.shared["B"], *out_tile, *self.staged.values(), *self.fragments):
             allocs = Allocate(buf, allocs)
-        body: Stmt = For(self.tx, _int(0), _int(t.threads), "threadIdx.x", allocs)
-        body = For(self.bx, _int(0), _ceil_div(c.n, t.bn), "blockIdx.x", body)
-        body = For(self.by, _int(0), _ceil_div(c.m, t.bm), "blockIdx.y", body)
+        if t.group_m:
+            # one blockIdx.x over every output tile, bound to (block_row, block_col) in the grouped order
+            rows, cols = _ceil_div(c.m, t.bm), _ceil_div(c.n, t.bn)
+            tile = Var("block_tile")
+            row, col = grouped_tile(tile, rows, cols, t.group_m)
+            body: Stmt = For(self.tx, _int(0), _int(t.threads), "threadIdx.x",
+                             LetStmt(self.by, row, LetStmt(self.bx, col, allocs)))
+            body = For(tile, _int(0), rows * cols, "blockIdx.x", body)
+        else:
+            body = For(self.tx, _int(0), _int(t.threads), "threadIdx.x", allocs)
+            body = For(self.bx, _int(0), _ceil_div(c.n, t.bn), "blockIdx.x", body)
+            body = For(self.by, _int(0), _ceil_div(c.m, t.bm), "blockIdx.y", body)
         if c.batch:
             body = For(self.bz, _int(0), size_product([ext for _, ext in c.batch]), "blockIdx.z", body)
         return PrimFunc(self.func.name, self.func.params, body, self.func.attrs + (("tensorize", self.summary()),))
@@ -383,8 +414,9 @@ class _Emitter:
     def summary(self) -> str:
         """What the kernel is, for its `tensorize` attribute (shown in dumps and explain)."""
         t = self.t
-        pipelined = " fragment_pipeline" if t.fragment_pipeline else ""
-        return f"{self.row} block {t.bm}x{t.bn} warps {t.warps_m}x{t.warps_n} k_tile {t.bk} stages {t.stages}{pipelined}"
+        form = " fragment_pipeline" if t.fragment_pipeline else ""
+        form += f" group_m {t.group_m}" if t.group_m else ""
+        return f"{self.row} block {t.bm}x{t.bn} warps {t.warps_m}x{t.warps_n} k_tile {t.bk} stages {t.stages}{form}"
 
     # step 2: staging + layout ---------------------------------------------------------------------
     def tile_shape(self, op: Operand) -> tuple[int, int]:
@@ -849,5 +881,6 @@ class _Emitter:
         return For(lane, _int(0), _int(2), "vectorize", body)
 
 
-__all__ = ["CHUNK", "INTRINSICS", "TF32", "Contraction", "Operand", "Tiling", "check_tiling", "load_a_fragment",
+__all__ = ["CHUNK", "INTRINSICS", "TF32", "Contraction", "Operand", "Tiling", "check_tiling", "grouped_tile",
+           "load_a_fragment",
            "load_b_fragments", "match_contraction", "row_swizzle", "tensorize_mma", "tf32_swizzle"]

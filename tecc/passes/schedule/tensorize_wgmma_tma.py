@@ -75,7 +75,6 @@ from __future__ import annotations
 
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
-from ...ir.arith import binary
 from ...ir.expr import Const, Expr, Var, size_product, substitute
 from ...ir.intrinsics import WARPGROUP_SIZE, lookup
 from ...ir.tma_stmt import SWIZZLE_BYTES, TMA_ALIGN, swizzle_layout
@@ -109,7 +108,7 @@ from ...ir.stmt import (
 )
 from ...ir.descriptor import MatrixDescriptor
 from .implicit_gemm import unflatten
-from .tensorize import Contraction, Operand, Tiling, _ceil_div, _int, _ReplaceAccumulator, _shape
+from .tensorize import Contraction, Operand, Tiling, _ceil_div, _int, _ReplaceAccumulator, _shape, grouped_tile
 from .tensorize_wgmma import ROW_BYTES, _WarpgroupEmitter
 
 PRODUCER_REGISTERS = 40
@@ -316,11 +315,8 @@ class _TmaEmitter(_WarpgroupEmitter):
         tile = self.block_id + self.tile_iter * self.persistent
         per_batch = rows * cols
         local = tile % per_batch if c.batch else tile
-        group = self.group_m * cols
-        first_row = (local // group) * self.group_m
-        height = binary("min", rows - first_row, _int(self.group_m))
-        inner = local % group
-        bound = LetStmt(self.by, first_row + inner % height, LetStmt(self.bx, inner // height, body))
+        row, col = grouped_tile(local, rows, cols, self.group_m)
+        bound = LetStmt(self.by, row, LetStmt(self.bx, col, body))
         if c.batch:
             bound = LetStmt(self.bz, tile // per_batch, bound)
         count = (self.tiles() - self.block_id + (self.persistent - 1)) // self.persistent
