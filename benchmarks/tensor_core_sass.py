@@ -1,6 +1,7 @@
 """Save the planner's tensor-core GEMM kernel and count its SASS instructions.
 
     python benchmarks/tensor_core_sass.py OUTDIR [M N K] [--dtype float16|bfloat16|float32] [--tf32]
+        [--point BM BN WM WN BK STAGES [--fragment-pipeline] [--group G]]
 
 Writes OUTDIR/tc_gemm.{cu,ptx,cubin,json}, and with `cuobjdump` on the PATH (or in
 /usr/local/cuda/bin) OUTDIR/tc_gemm.sass plus the counts of HMMA, LDSM (ldmatrix), LDGSTS
@@ -31,11 +32,23 @@ def main() -> None:
     ap.add_argument("shape", type=int, nargs="*", default=[4096, 4096, 4096])
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--tf32", action="store_true", help="float32 with allow_tf32=True")
+    ap.add_argument("--point", type=int, nargs=6, metavar=("BM", "BN", "WM", "WN", "BK", "STAGES"),
+                    help="this mma.sync tensorize point instead of the planner's choice")
+    ap.add_argument("--fragment-pipeline", action="store_true", help="with --point: the pipelined mainloop")
+    ap.add_argument("--group", type=int, default=0, help="with --point: the grouped block order (group_m)")
     a = ap.parse_args()
     m, n, k = a.shape
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    kern = tc.build(matmul_tensors(1, m, n, k, a.dtype), allow_tf32=a.tf32)
+    tensors = matmul_tensors(1, m, n, k, a.dtype)
+    plan: object = "auto"
+    if a.point:
+        bm, bn, wm, wn, bk, stages = a.point
+        sch = tc.Schedule(tensors)
+        sch.tensorize("C", intrinsic="mma.m16n8k8.f32.tf32" if a.tf32 else "auto", block=(bm, bn), warps=(wm, wn),
+                      k_tile=bk, stages=stages, fragment_pipeline=a.fragment_pipeline, group_m=a.group)
+        plan = sch.plan
+    kern = tc.build(tensors, allow_tf32=a.tf32, plan=plan)
     kern.save(str(out / "tc_gemm"))
     print("plan:", kern.plan.reason.split(";")[0])
     print("resources:", getattr(kern, "resources", None))
