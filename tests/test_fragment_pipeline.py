@@ -209,3 +209,15 @@ def candidates_for(tensors: list[tc.Tensor], target: Any) -> list[Any]:
 
     (kp,) = plan_program(tensors, target.arch, keep=10_000).kernels
     return [c for c in kp.ranked + kp.rejected if c.strategy.name == "gemm_tensor_core"]
+
+
+@pytest.mark.parametrize("case", ["nhwc_3x3_pad1", "nchw_odd_everything", "nhwc_c3", "bn_residual"])
+def test_implicit_gemm_convolutions_take_the_pipelined_loop(case: str) -> None:
+    """Gathered tiles (div/mod of the reduction index), guarded element loads (C = 3, NCHW) and a
+    fused residual epilogue through the pipelined mainloop, against NumPy (tests/test_conv.py)."""
+    from test_conv import CASES, tensorize_plan
+
+    plan = tensorize_plan(stages=3)
+    plan["steps"][0]["args"]["fragment_pipeline"] = True
+    f, _ = CASES[case].run(plan=plan)
+    assert "fragment_pipeline" in dict(f.module.kernels[-1].attrs).get("tensorize", ""), case
