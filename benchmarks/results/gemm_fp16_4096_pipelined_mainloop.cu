@@ -106,29 +106,29 @@ extern "C" __global__ void __launch_bounds__(128) C_kernel(const __half* __restr
     #pragma unroll
     for (int k_step = 0; k_step < 1; ++k_step) {
       #pragma unroll
-      for (int frag_m2 = 0; frag_m2 < 4; ++frag_m2) {
+      for (int frag_m1 = 0; frag_m1 < 4; ++frag_m1) {
         asm volatile(
           "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-          : "=r"(*reinterpret_cast<unsigned*>(&a_frag[frag_m2 * 8 + k_step * 32 + 32])), "=r"(*reinterpret_cast<unsigned*>(&a_frag[frag_m2 * 8 + k_step * 32 + 32 + 2])), "=r"(*reinterpret_cast<unsigned*>(&a_frag[frag_m2 * 8 + k_step * 32 + 32 + 4])), "=r"(*reinterpret_cast<unsigned*>(&a_frag[frag_m2 * 8 + k_step * 32 + 32 + 6]))
-          : "r"(static_cast<unsigned>(__cvta_generic_to_shared(&A_shared[k_tile % 4 * 4096 + ((thread / 32 / 2 * 64 + frag_m2 * 16 + thread % 32 % 8 + thread % 32 / 8 % 2 * 8) * 32 + k_step * 16 + thread % 32 / 8 / 2 * 8 + 16 ^ ((thread / 32 / 2 * 64 + frag_m2 * 16 + thread % 32 % 8 + thread % 32 / 8 % 2 * 8) * 32 + k_step * 16 + thread % 32 / 8 / 2 * 8 + 16) / 64 % 4 * 8)])))
+          : "=r"(*reinterpret_cast<unsigned*>(&a_frag[frag_m1 * 8 + k_step * 32 + 32])), "=r"(*reinterpret_cast<unsigned*>(&a_frag[frag_m1 * 8 + k_step * 32 + 32 + 2])), "=r"(*reinterpret_cast<unsigned*>(&a_frag[frag_m1 * 8 + k_step * 32 + 32 + 4])), "=r"(*reinterpret_cast<unsigned*>(&a_frag[frag_m1 * 8 + k_step * 32 + 32 + 6]))
+          : "r"(static_cast<unsigned>(__cvta_generic_to_shared(&A_shared[k_tile % 4 * 4096 + ((thread / 32 / 2 * 64 + frag_m1 * 16 + thread % 32 % 8 + thread % 32 / 8 % 2 * 8) * 32 + k_step * 16 + thread % 32 / 8 / 2 * 8 + 16 ^ ((thread / 32 / 2 * 64 + frag_m1 * 16 + thread % 32 % 8 + thread % 32 / 8 % 2 * 8) * 32 + k_step * 16 + thread % 32 / 8 / 2 * 8 + 16) / 64 % 4 * 8)])))
           : "memory");
       }
       #pragma unroll
-      for (int frag_n2 = 0; frag_n2 < 4; ++frag_n2) {
+      for (int frag_n1 = 0; frag_n1 < 4; ++frag_n1) {
         asm volatile(
           "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-          : "=r"(*reinterpret_cast<unsigned*>(&b_frag[frag_n2 * 8 + k_step * 32 + 32])), "=r"(*reinterpret_cast<unsigned*>(&b_frag[frag_n2 * 8 + k_step * 32 + 32 + 2])), "=r"(*reinterpret_cast<unsigned*>(&b_frag[frag_n2 * 8 + k_step * 32 + 32 + 4])), "=r"(*reinterpret_cast<unsigned*>(&b_frag[frag_n2 * 8 + k_step * 32 + 32 + 6]))
-          : "r"(static_cast<unsigned>(__cvta_generic_to_shared(&B_shared[k_tile % 4 * 4096 + ((k_step * 16 + thread % 32 % 8 + thread % 32 / 8 % 2 * 8 + 16) * 128 + thread / 32 % 2 * 64 + frag_n2 * 16 + thread % 32 / 8 / 2 * 8 ^ ((k_step * 16 + thread % 32 % 8 + thread % 32 / 8 % 2 * 8 + 16) * 128 + thread / 32 % 2 * 64 + frag_n2 * 16 + thread % 32 / 8 / 2 * 8) / 128 % 8 * 8)])))
+          : "=r"(*reinterpret_cast<unsigned*>(&b_frag[frag_n1 * 8 + k_step * 32 + 32])), "=r"(*reinterpret_cast<unsigned*>(&b_frag[frag_n1 * 8 + k_step * 32 + 32 + 2])), "=r"(*reinterpret_cast<unsigned*>(&b_frag[frag_n1 * 8 + k_step * 32 + 32 + 4])), "=r"(*reinterpret_cast<unsigned*>(&b_frag[frag_n1 * 8 + k_step * 32 + 32 + 6]))
+          : "r"(static_cast<unsigned>(__cvta_generic_to_shared(&B_shared[k_tile % 4 * 4096 + ((k_step * 16 + thread % 32 % 8 + thread % 32 / 8 % 2 * 8 + 16) * 128 + thread / 32 % 2 * 64 + frag_n1 * 16 + thread % 32 / 8 / 2 * 8 ^ ((k_step * 16 + thread % 32 % 8 + thread % 32 / 8 % 2 * 8 + 16) * 128 + thread / 32 % 2 * 64 + frag_n1 * 16 + thread % 32 / 8 / 2 * 8) / 128 % 8 * 8)])))
           : "memory");
       }
       #pragma unroll
-      for (int mma_m1 = 0; mma_m1 < 4; ++mma_m1) {
+      for (int mma_m = 0; mma_m < 4; ++mma_m) {
         #pragma unroll
-        for (int mma_n1 = 0; mma_n1 < 8; ++mma_n1) {
+        for (int mma_n = 0; mma_n < 8; ++mma_n) {
           asm volatile(
             "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
-            : "=f"(acc[(mma_m1 * 8 + mma_n1) * 4]), "=f"(acc[(mma_m1 * 8 + mma_n1) * 4 + 1]), "=f"(acc[(mma_m1 * 8 + mma_n1) * 4 + 2]), "=f"(acc[(mma_m1 * 8 + mma_n1) * 4 + 3])
-            : "r"(*reinterpret_cast<unsigned*>(&a_frag[mma_m1 * 8 + k_step * 32])), "r"(*reinterpret_cast<unsigned*>(&a_frag[mma_m1 * 8 + k_step * 32 + 2])), "r"(*reinterpret_cast<unsigned*>(&a_frag[mma_m1 * 8 + k_step * 32 + 4])), "r"(*reinterpret_cast<unsigned*>(&a_frag[mma_m1 * 8 + k_step * 32 + 6])), "r"(*reinterpret_cast<unsigned*>(&b_frag[mma_n1 * 4 + k_step * 32])), "r"(*reinterpret_cast<unsigned*>(&b_frag[mma_n1 * 4 + k_step * 32 + 2])), "f"(acc[(mma_m1 * 8 + mma_n1) * 4]), "f"(acc[(mma_m1 * 8 + mma_n1) * 4 + 1]), "f"(acc[(mma_m1 * 8 + mma_n1) * 4 + 2]), "f"(acc[(mma_m1 * 8 + mma_n1) * 4 + 3]));
+            : "=f"(acc[(mma_m * 8 + mma_n) * 4]), "=f"(acc[(mma_m * 8 + mma_n) * 4 + 1]), "=f"(acc[(mma_m * 8 + mma_n) * 4 + 2]), "=f"(acc[(mma_m * 8 + mma_n) * 4 + 3])
+            : "r"(*reinterpret_cast<unsigned*>(&a_frag[mma_m * 8 + k_step * 32])), "r"(*reinterpret_cast<unsigned*>(&a_frag[mma_m * 8 + k_step * 32 + 2])), "r"(*reinterpret_cast<unsigned*>(&a_frag[mma_m * 8 + k_step * 32 + 4])), "r"(*reinterpret_cast<unsigned*>(&a_frag[mma_m * 8 + k_step * 32 + 6])), "r"(*reinterpret_cast<unsigned*>(&b_frag[mma_n * 4 + k_step * 32])), "r"(*reinterpret_cast<unsigned*>(&b_frag[mma_n * 4 + k_step * 32 + 2])), "f"(acc[(mma_m * 8 + mma_n) * 4]), "f"(acc[(mma_m * 8 + mma_n) * 4 + 1]), "f"(acc[(mma_m * 8 + mma_n) * 4 + 2]), "f"(acc[(mma_m * 8 + mma_n) * 4 + 3]));
         }
       }
     }
@@ -154,29 +154,29 @@ extern "C" __global__ void __launch_bounds__(128) C_kernel(const __half* __restr
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     #pragma unroll
-    for (int frag_m1 = 0; frag_m1 < 4; ++frag_m1) {
+    for (int frag_m2 = 0; frag_m2 < 4; ++frag_m2) {
       asm volatile(
         "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-        : "=r"(*reinterpret_cast<unsigned*>(&a_frag[8 * frag_m1])), "=r"(*reinterpret_cast<unsigned*>(&a_frag[8 * frag_m1 + 2])), "=r"(*reinterpret_cast<unsigned*>(&a_frag[8 * frag_m1 + 4])), "=r"(*reinterpret_cast<unsigned*>(&a_frag[8 * frag_m1 + 6]))
-        : "r"(static_cast<unsigned>(__cvta_generic_to_shared(&A_shared[(k_tile + 1) % 4 * 4096 + ((thread / 32 / 2 * 64 + frag_m1 * 16 + thread % 32 % 8 + thread % 32 / 8 % 2 * 8) * 32 + 8 * (thread % 32 / 8 / 2) ^ ((thread / 32 / 2 * 64 + frag_m1 * 16 + thread % 32 % 8 + thread % 32 / 8 % 2 * 8) * 32 + 8 * (thread % 32 / 8 / 2)) / 64 % 4 * 8)])))
+        : "=r"(*reinterpret_cast<unsigned*>(&a_frag[8 * frag_m2])), "=r"(*reinterpret_cast<unsigned*>(&a_frag[8 * frag_m2 + 2])), "=r"(*reinterpret_cast<unsigned*>(&a_frag[8 * frag_m2 + 4])), "=r"(*reinterpret_cast<unsigned*>(&a_frag[8 * frag_m2 + 6]))
+        : "r"(static_cast<unsigned>(__cvta_generic_to_shared(&A_shared[(k_tile + 1) % 4 * 4096 + ((thread / 32 / 2 * 64 + frag_m2 * 16 + thread % 32 % 8 + thread % 32 / 8 % 2 * 8) * 32 + 8 * (thread % 32 / 8 / 2) ^ ((thread / 32 / 2 * 64 + frag_m2 * 16 + thread % 32 % 8 + thread % 32 / 8 % 2 * 8) * 32 + 8 * (thread % 32 / 8 / 2)) / 64 % 4 * 8)])))
         : "memory");
     }
     #pragma unroll
-    for (int frag_n1 = 0; frag_n1 < 4; ++frag_n1) {
+    for (int frag_n2 = 0; frag_n2 < 4; ++frag_n2) {
       asm volatile(
         "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-        : "=r"(*reinterpret_cast<unsigned*>(&b_frag[8 * frag_n1])), "=r"(*reinterpret_cast<unsigned*>(&b_frag[8 * frag_n1 + 2])), "=r"(*reinterpret_cast<unsigned*>(&b_frag[8 * frag_n1 + 4])), "=r"(*reinterpret_cast<unsigned*>(&b_frag[8 * frag_n1 + 6]))
-        : "r"(static_cast<unsigned>(__cvta_generic_to_shared(&B_shared[(k_tile + 1) % 4 * 4096 + ((thread % 32 % 8 + thread % 32 / 8 % 2 * 8) * 128 + thread / 32 % 2 * 64 + frag_n1 * 16 + thread % 32 / 8 / 2 * 8 ^ ((thread % 32 % 8 + thread % 32 / 8 % 2 * 8) * 128 + thread / 32 % 2 * 64 + frag_n1 * 16 + thread % 32 / 8 / 2 * 8) / 128 % 8 * 8)])))
+        : "=r"(*reinterpret_cast<unsigned*>(&b_frag[8 * frag_n2])), "=r"(*reinterpret_cast<unsigned*>(&b_frag[8 * frag_n2 + 2])), "=r"(*reinterpret_cast<unsigned*>(&b_frag[8 * frag_n2 + 4])), "=r"(*reinterpret_cast<unsigned*>(&b_frag[8 * frag_n2 + 6]))
+        : "r"(static_cast<unsigned>(__cvta_generic_to_shared(&B_shared[(k_tile + 1) % 4 * 4096 + ((thread % 32 % 8 + thread % 32 / 8 % 2 * 8) * 128 + thread / 32 % 2 * 64 + frag_n2 * 16 + thread % 32 / 8 / 2 * 8 ^ ((thread % 32 % 8 + thread % 32 / 8 % 2 * 8) * 128 + thread / 32 % 2 * 64 + frag_n2 * 16 + thread % 32 / 8 / 2 * 8) / 128 % 8 * 8)])))
         : "memory");
     }
     #pragma unroll
-    for (int mma_m = 0; mma_m < 4; ++mma_m) {
+    for (int mma_m1 = 0; mma_m1 < 4; ++mma_m1) {
       #pragma unroll
-      for (int mma_n = 0; mma_n < 8; ++mma_n) {
+      for (int mma_n1 = 0; mma_n1 < 8; ++mma_n1) {
         asm volatile(
           "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
-          : "=f"(acc[(mma_m * 8 + mma_n) * 4]), "=f"(acc[(mma_m * 8 + mma_n) * 4 + 1]), "=f"(acc[(mma_m * 8 + mma_n) * 4 + 2]), "=f"(acc[(mma_m * 8 + mma_n) * 4 + 3])
-          : "r"(*reinterpret_cast<unsigned*>(&a_frag[mma_m * 8 + 32])), "r"(*reinterpret_cast<unsigned*>(&a_frag[mma_m * 8 + 32 + 2])), "r"(*reinterpret_cast<unsigned*>(&a_frag[mma_m * 8 + 32 + 4])), "r"(*reinterpret_cast<unsigned*>(&a_frag[mma_m * 8 + 32 + 6])), "r"(*reinterpret_cast<unsigned*>(&b_frag[mma_n * 4 + 32])), "r"(*reinterpret_cast<unsigned*>(&b_frag[mma_n * 4 + 32 + 2])), "f"(acc[(mma_m * 8 + mma_n) * 4]), "f"(acc[(mma_m * 8 + mma_n) * 4 + 1]), "f"(acc[(mma_m * 8 + mma_n) * 4 + 2]), "f"(acc[(mma_m * 8 + mma_n) * 4 + 3]));
+          : "=f"(acc[(mma_m1 * 8 + mma_n1) * 4]), "=f"(acc[(mma_m1 * 8 + mma_n1) * 4 + 1]), "=f"(acc[(mma_m1 * 8 + mma_n1) * 4 + 2]), "=f"(acc[(mma_m1 * 8 + mma_n1) * 4 + 3])
+          : "r"(*reinterpret_cast<unsigned*>(&a_frag[mma_m1 * 8 + 32])), "r"(*reinterpret_cast<unsigned*>(&a_frag[mma_m1 * 8 + 32 + 2])), "r"(*reinterpret_cast<unsigned*>(&a_frag[mma_m1 * 8 + 32 + 4])), "r"(*reinterpret_cast<unsigned*>(&a_frag[mma_m1 * 8 + 32 + 6])), "r"(*reinterpret_cast<unsigned*>(&b_frag[mma_n1 * 4 + 32])), "r"(*reinterpret_cast<unsigned*>(&b_frag[mma_n1 * 4 + 32 + 2])), "f"(acc[(mma_m1 * 8 + mma_n1) * 4]), "f"(acc[(mma_m1 * 8 + mma_n1) * 4 + 1]), "f"(acc[(mma_m1 * 8 + mma_n1) * 4 + 2]), "f"(acc[(mma_m1 * 8 + mma_n1) * 4 + 3]));
       }
     }
   }
