@@ -88,8 +88,11 @@ SYNC_CYCLES = 400.0             # a block's stall per k tile: its barrier and th
 # after the barrier and the last k step's mma (on fragments loaded before it) next, so the refill
 # part of SYNC_CYCLES -- a warp's first mma of a tile waiting on its ldmatrix -- is covered by up to
 # one k step of the block's mma per scheduler; the barrier's own wait for the slowest warp stays.
-# Half of SYNC_CYCLES is assumed to be the refill (not fitted yet: benchmarks/tensor_core_points.py
-# --pipeline times both forms on a GPU).
+# Half of SYNC_CYCLES is assumed to be the refill. Measured on the H200 (benchmarks/tensor_core_points.py
+# --pipeline, fp16 4096^3 / 8192^3): the form gains only where few warps share an SM (128x256 of 8
+# warps, 1 block/SM: 400 -> 361 us; 64x128: 413 -> 398 us) and loses at the best point, two blocks
+# of 4 warps (343 -> 355 us; 3 stages 358 -> 347), so the planner does not offer it
+# (GemmTensorCore.offer_pipelined); a plan names it (tensorize(..., fragment_pipeline=True)).
 PIPELINED_COVER_CYCLES = 200.0
 LOADED_LATENCY_CYCLES = 1100.0  # a stage's global load under a full GPU's traffic
 SMEM_WEIGHT = 1.5               # shared-pipe cycles per wavefront of ldmatrix / cp.async writes under mma
@@ -402,6 +405,9 @@ class GemmTensorCore(Strategy):
     description = "half-precision contraction: mma.m16n8k16, cp.async ring, swizzled ldmatrix, fused epilogue"
     priority = 3
     compile_checked = True  # 200+ registers per thread: a point ptxas spills is passed over
+    # the pipelined mainloop is a plan knob, not a point of the space: measured slower at the points
+    # the planner takes (PIPELINED_COVER_CYCLES says where it gains); True puts both forms in the space
+    offer_pipelined = False
     precision = HALF
 
     def guard(self, info: KernelInfo, target: Target) -> str | None:
@@ -426,7 +432,7 @@ class GemmTensorCore(Strategy):
             if not (WARP_TILE[0] <= bm // wm <= WARP_TILE[1] and WARP_TILE[0] <= bn // wn <= WARP_TILE[1]):
                 continue
             worth = stageable and worth_staging(bm, bn, view.k, self.precision.operand_bytes, itemsize)
-            pipelines = (False, True) if (bk // self.precision.k_step) % 2 == 0 else (False,)
+            pipelines = (False, True) if self.offer_pipelined and (bk // self.precision.k_step) % 2 == 0 else (False,)
             for staged, pipelined in product((False, True) if worth else (False,), pipelines):
                 point = {"bm": bm, "bn": bn, "warps_m": wm, "warps_n": wn, "bk": bk, "stages": stages}
                 if staged:
