@@ -242,7 +242,8 @@ def tensorize_mma(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) ->
     """`func` (the lowered kernel of `stage`) as an mma.sync tensor-core kernel (module docstring).
     `intrinsic` "auto" or an mma row of the table. (The primitive users call, `tensorize` in
     tensor_core.py, sends "wgmma" to the Hopper kernels.)"""
-    c = match_contraction(func, stage, TENSOR_CORE_OPERANDS)  # float32 only with the tf32 intrinsic (below)
+    # float32 only with the tf32 intrinsic (below); operands with run-time strides: `_Emitter.dispatch`
+    c = match_contraction(func, stage, TENSOR_CORE_OPERANDS, run_time_strides=True)
     dtype = c.a.buffer.dtype.name
     check_tiling(stage, tiling, c.a.buffer.dtype.bytes)
     if dtype == "float32":
@@ -312,10 +313,14 @@ class _Emitter:
             self.batch_index[bv.name] = rest if last else rest % ext
             rest = rest // ext
         self.shared = {op.role: self.shared_buffer(op) for op in (c.a, c.b)}
-        # registers of the element loads of an operand without 16-byte copies
+        # operands loaded element by element in the main loop being built (`dispatch`): those
+        # whose copies need a launch condition, in the main loop for when it fails
+        self.element_roles: set[str] = set()
+        # registers of the element loads of an operand without 16-byte copies (always, or when
+        # its run-time strides do not allow them)
         self.staged = {op.role: Buffer(f"{op.buffer.name}_staged", op.buffer.dtype,
                                        _shape(self.tile_shape(op)[0] * self.tile_shape(op)[1] // t.threads), "local")
-                       for op in (c.a, c.b) if not self.asynchronous(op)}
+                       for op in (c.a, c.b) if not op.copy or op.assumes is not None}
         self.names: dict[str, int] = {}
         self.out_tile = self.output_tile() if t.staged_output else None
 
@@ -345,7 +350,7 @@ class _Emitter:
     # step 1: tiling ------------------------------------------------------------------------------
     def kernel(self) -> PrimFunc:
         c, t = self.c, self.t
-        allocs = self.pipeline()
+        allocs = self.dispatch()
         out_tile = () if self.out_tile is None else (self.out_tile,)
         for buf in (self.shared["A"], self.shared["B"], *out_tile, *self.staged.values(), *self.fragments):
             allocs = Allocate(buf, allocs)
@@ -359,7 +364,46 @@ class _Emitter:
     def summary(self) -> str:
         """What the kernel is, for its `tensorize` attribute (shown in dumps and explain)."""
         t = self.t
-        return f"{self.row} block {t.bm}x{t.bn} warps {t.warps_m}x{t.warps_n} k_tile {t.bk} stages {t.stages}"
+        return (f"{self.row} block {t.bm}x{t.bn} warps {t.warps_m}x{t.warps_n} k_tile {t.bk} stages {t.stages}"
+                f"{self.dispatch_summary()}")
+
+    def launch_condition(self) -> Expr | None:
+        """The condition on run-time strides under which every operand's copies are correct
+        (implicit_gemm.stride_condition), or None when they always are."""
+        conds = [op.assumes for op in (self.c.a, self.c.b) if op.copy and op.assumes is not None]
+        if not conds:
+            return None
+        return conds[0] & conds[1] if len(conds) == 2 else conds[0]
+
+    def dispatch_summary(self) -> str:
+        """The launch-time choice between the main loops, for the summary ('' when there is none)."""
+        cond = self.launch_condition()
+        if cond is None:
+            return ""
+        names = ", ".join(op.buffer.name for op in (self.c.a, self.c.b) if op.copy and op.assumes is not None)
+        return (f"; run-time strides of {names}: cp.async copies when {cond}, else element loads "
+                "(a uniform branch at launch)")
+
+    def dispatch(self) -> Stmt:
+        """The kernel's main loop (`pipeline`, through the epilogue). An operand with run-time
+        strides has copies only under a launch condition (implicit_gemm.stride_condition: unit
+        innermost stride, the others multiples of the copy -- a slice of a wider row-major array);
+        the kernel then holds two main loops over the same shared ring and fragments, the copy one
+        and one that loads those operands element by element (always correct, any strides), and
+        branches on the condition. The condition reads kernel parameters only, so every thread
+        takes the same side: no divergence, one test per launch. ptxas allocates registers for
+        the larger of the two loops (the element loads stage through registers)."""
+        cond = self.launch_condition()
+        if cond is None:
+            return self.pipeline()
+        fast = self.pipeline()
+        self.element_roles = {op.role for op in (self.c.a, self.c.b) if op.assumes is not None}
+        self.kt = Var(self.kt.name, self.kt.dtype)   # the second loop binds a variable of its own
+        try:
+            slow = self.pipeline()
+        finally:
+            self.element_roles = set()
+        return IfThenElse(cond, fast, slow)
 
     # step 2: staging + layout ---------------------------------------------------------------------
     def tile_shape(self, op: Operand) -> tuple[int, int]:
@@ -395,7 +439,8 @@ class _Emitter:
         return stage, r, col
 
     def asynchronous(self, op: Operand) -> bool:
-        return op.copy > 0
+        """Whether the main loop being built copies the operand with cp.async (`dispatch`)."""
+        return op.copy > 0 and op.role not in self.element_roles
 
     def element(self, op: Operand, outer: Expr, k: Expr) -> tuple[tuple[Expr, ...], Expr | None]:
         """The operand's global indices of GEMM element (outer, k) -- the row (A) or column (B) and
@@ -426,7 +471,7 @@ class _Emitter:
             outer, k = (row0 + r, col0 + col) if op.k_last else (col0 + col, row0 + r)
             indices, pad = self.element(op, outer, k)
             return indices, inside if pad is None else inside & pad
-        size = op.copy
+        size = op.copy if self.asynchronous(op) else 0
         if size:
             per_row = width // size
             nbytes = size * op.buffer.dtype.bytes
@@ -435,8 +480,10 @@ class _Emitter:
                 chunk = self.tx + t.threads * u
                 r, col = chunk // per_row, (chunk % per_row) * size
                 indices, inside = address(r, col)
+                # an operand with run-time strides is copied only in dispatch's main loop that
+                # runs when its strides were tested (unit innermost stride among them)
                 return AsyncCopy(dst, self.shared_index(op, stage, r, col), op.buffer, indices, nbytes, inside,
-                                 "cg" if nbytes == 16 else "ca")
+                                 "cg" if nbytes == 16 else "ca", op.assumes is not None)
             return self.unrolled(f"copy_{op.role.lower()}", rows * width // size // t.threads, copy), None
         staged = self.staged[op.role]
 
