@@ -137,6 +137,11 @@ def explain_kernel(kernel: Any) -> str:
     for k in kernel.host.kernels:
         grid = ", ".join(str(g) for g in k.grid)
         parts.append(f"  {k.name}: grid ({grid}), block {k.block}")
+        # what a tensor-core primitive built (its form; a launch-time test of run-time strides)
+        funcs = {f.name: f for f in getattr(getattr(kernel, "module", None), "kernels", ())}
+        built = dict(funcs[k.name].attrs).get("tensorize") if k.name in funcs else None
+        if built:
+            parts.append(f"    built: {built}")
         res = kernel.resources.get(k.name)
         if res is not None:
             parts.append(f"    ptxas: {res.registers} registers, {res.shared_bytes} B shared, "

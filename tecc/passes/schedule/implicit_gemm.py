@@ -213,21 +213,28 @@ COPY_BYTES = (16, 8, 4)  # the sizes of cp.async
 # operand out as if that held (`assumed_strides`), and the kernel tests it at launch
 # (`stride_condition`, a uniform branch between the copy and the element-load main loops).
 
+def run_time_stride(innermost: bool, element_bytes: int) -> Stride:
+    """A run-time stride as a fast kernel may assume it: 1 innermost, else an unknown multiple of
+    16 bytes."""
+    return Stride(1, 1) if innermost else Stride(None, max(1, COPY_BYTES[0] // element_bytes))
+
+
 def assumed_strides(buffer: Buffer, element_bytes: int) -> list[Stride] | None:
-    """Each dimension's stride as a fast kernel may assume it (None for a buffer whose strides are
-    all compile-time constants or row-major): a constant stride exactly, a run-time innermost
-    stride 1, any other run-time stride an unknown multiple of 16 bytes."""
-    if buffer.strides is None or all(const_int(s) is not None for s in buffer.strides):
+    """Each dimension's stride as a fast kernel may assume it (None for a row-major buffer): a
+    constant stride exactly, a run-time one by `run_time_stride`. A constant innermost stride
+    other than 1 allows no copies (cp.async reads contiguous elements of the innermost
+    dimension): every stride is then given as unknown, so `contiguous_copy` proves none; so
+    is a constant stride of 1 outside the innermost dimension beside a run-time innermost one."""
+    if buffer.strides is None:
         return None
-    chunk = max(1, COPY_BYTES[0] // element_bytes)
-    out: list[Stride] = []
     last = len(buffer.strides) - 1
+    inner = const_int(buffer.strides[last])
+    if inner not in (None, 1) or (inner is None and any(const_int(s) == 1 for s in buffer.strides[:last])):
+        return [Stride(None, 1) for _ in buffer.strides]
+    out: list[Stride] = []
     for d, s in enumerate(buffer.strides):
         c = const_int(s)
-        if c is not None:
-            out.append(Stride(c, abs(c)))
-        else:
-            out.append(Stride(1, 1) if d == last else Stride(None, chunk))
+        out.append(Stride(c, abs(c)) if c is not None else run_time_stride(d == last, element_bytes))
     return out
 
 
@@ -565,5 +572,5 @@ def _multiplicands(where: str, term: Expr, operand_dtypes: Sequence[dt.DType] = 
 
 
 __all__ = ["HALF_OPERANDS", "TENSOR_CORE_OPERANDS", "WGMMA_OPERANDS",
-           "Axis", "Contraction", "Layout", "Operand", "Stride", "assumed_strides", "contiguous_copy", "gemm_order",
+           "Axis", "Contraction", "Layout", "Operand", "Stride", "assumed_strides", "run_time_stride", "contiguous_copy", "gemm_order",
            "layout_of", "match_contraction", "order_by_stride", "stride_condition", "unflatten"]

@@ -125,6 +125,11 @@ INTRINSICS = {"float16": "mma.m16n8k16.f32.f16", "bfloat16": "mma.m16n8k16.f32.b
 TF32 = "mma.m16n8k8.f32.tf32"
 OPERAND_DTYPES = {**{row: dtype for dtype, row in INTRINSICS.items()}, TF32: "float32"}
 CHUNK = 8  # halves per 16-byte cp.async copy and per ldmatrix row
+# element loads per round of dispatch's element-load loop (`load_tile`): a serial loop of rounds
+# of this many unrolled loads, so ptxas keeps few loaded elements and addresses live at once
+# (all of a 128x32 tile's 32 per thread at once took the kernel to 255 registers on sm_80, from
+# 222 with the copy loop alone; rounds of 4, 8 or 16 kept 222; on sm_90, 8 kept 168, 16 170)
+DIRECT_LOADS = 8
 COPY_BYTES = 16
 
 
@@ -316,11 +321,10 @@ class _Emitter:
         # operands loaded element by element in the main loop being built (`dispatch`): those
         # whose copies need a launch condition, in the main loop for when it fails
         self.element_roles: set[str] = set()
-        # registers of the element loads of an operand without 16-byte copies (always, or when
-        # its run-time strides do not allow them)
+        # registers of the element loads of an operand without 16-byte copies
         self.staged = {op.role: Buffer(f"{op.buffer.name}_staged", op.buffer.dtype,
                                        _shape(self.tile_shape(op)[0] * self.tile_shape(op)[1] // t.threads), "local")
-                       for op in (c.a, c.b) if not op.copy or op.assumes is not None}
+                       for op in (c.a, c.b) if not op.copy}
         self.names: dict[str, int] = {}
         self.out_tile = self.output_tile() if t.staged_output else None
 
@@ -392,7 +396,8 @@ class _Emitter:
         and one that loads those operands element by element (always correct, any strides), and
         branches on the condition. The condition reads kernel parameters only, so every thread
         takes the same side: no divergence, one test per launch. ptxas allocates registers for
-        the larger of the two loops (the element loads stage through registers)."""
+        the larger of the two loops; the element loop's loads go straight to shared memory
+        (`load_tile`), so that is the copy loop's count."""
         cond = self.launch_condition()
         if cond is None:
             return self.pipeline()
@@ -485,6 +490,28 @@ class _Emitter:
                 return AsyncCopy(dst, self.shared_index(op, stage, r, col), op.buffer, indices, nbytes, inside,
                                  "cg" if nbytes == 16 else "ca", op.assumes is not None)
             return self.unrolled(f"copy_{op.role.lower()}", rows * width // size // t.threads, copy), None
+        count = rows * width // t.threads
+        if op.role in self.element_roles:
+            # dispatch's loop for strides the launch test refused: each element is loaded and
+            # stored to its ring stage at once (that stage is free from the issue on, as for a
+            # cp.async), in rounds of DIRECT_LOADS, so no register holds one across the compute
+            # and ptxas's allocation for the kernel stays the copy loop's; the loads' latency is
+            # exposed per round instead
+            group = min(count, DIRECT_LOADS)
+            while count % group:
+                group //= 2
+
+            def rounds(g: Var) -> Stmt:
+                def direct(u: Var) -> Stmt:
+                    e = self.tx + t.threads * (g * group + u)
+                    indices, inside = address(e // width, e % width)
+                    value = select(inside, op.buffer[indices], Const(0.0, op.buffer.dtype))
+                    return BufferStore(dst, self.shared_index(op, stage, e // width, e % width), value)
+                return self.unrolled(f"load_{op.role.lower()}", group, direct)
+            n = self.names.get("load_round", 0)
+            self.names["load_round"] = n + 1
+            g = Var("load_round" if n == 0 else f"load_round{n}")
+            return For(g, _int(0), _int(count // group), "serial", rounds(g)), None
         staged = self.staged[op.role]
 
         def fetch(u: Var) -> Stmt:
@@ -496,7 +523,6 @@ class _Emitter:
         def store(u: Var) -> Stmt:
             e = self.tx + t.threads * u
             return BufferStore(dst, self.shared_index(op, stage, e // width, e % width), staged[u])
-        count = rows * width // t.threads
         return (self.unrolled(f"fetch_{op.role.lower()}", count, fetch),
                 self.unrolled(f"store_{op.role.lower()}", count, store))
 

@@ -270,7 +270,7 @@ class _WarpgroupEmitter(_Emitter):
     def summary(self) -> str:
         t = self.t
         return (f"{self.row} block {t.bm}x{t.bn} warpgroups {self.groups} k_tile {t.bk} stages {t.stages}{self.form()} "
-                f"(wgmma groups in flight {self.pending}, tiles ahead {self.lookahead})")
+                f"(wgmma groups in flight {self.pending}, tiles ahead {self.lookahead}){self.dispatch_summary()}")
 
     # step 2: staging in the descriptors' 128-byte swizzle ---------------------------------------
     def shared_buffer(self, op: Operand) -> Buffer:
