@@ -226,3 +226,18 @@ def test_the_two_loop_kernel_compiles_without_spills(arch: str, intrinsic: str, 
     assert (res.spill_stores, res.spill_loads, res.stack_bytes) == (0, 0, 0), f"{arch}: {res}"
     assert res.registers <= 255
     assert "cp.async.cg.shared.global" in compiled.ptx and "ld.global.u16" in compiled.ptx
+
+
+def test_the_emulator_reports_a_copy_that_skipped_the_launch_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel with the copy loop alone (the test dropped) runs a transposed A through 16-byte
+    copies: the emulator names the untested stride instead of computing garbage."""
+    from tecc.ir.errors import TeccError
+    from tecc.passes.schedule.tensorize import _Emitter
+
+    monkeypatch.setenv("TECC_NO_CACHE", "1")
+    monkeypatch.setattr(_Emitter, "dispatch", lambda self: self.pipeline())
+    f = tc.build(strided_contraction(M, N, K, "float16"), target="sim", arch="sm_80", plan=mma_plan())
+    g = np.random.default_rng(9)
+    a = np.ascontiguousarray(values(g, (K, M), "float16")).T
+    with pytest.raises(TeccError, match="assumes a unit innermost stride, tested at launch, but A's is"):
+        f(a, values(g, (K, N), "float16"), np.full((M, N), np.nan, np.float32))

@@ -208,6 +208,7 @@ class AsyncCopy(Stmt):
             if innermost is None and buf is self.src and self.unit_stride_at_launch:
                 continue  # a run-time stride the kernel tested to be 1 (the docstring)
             if innermost != 1:
+                assert buf.strides is not None
                 raise IntrinsicError(f"{where}: the copied elements must be contiguous; {buf.name}'s last stride "
                                      f"is {buf.strides[-1]}" + ("" if innermost is not None else
                                      " (a run-time stride: test it at launch and mark the copy unit_stride_at_launch)"))

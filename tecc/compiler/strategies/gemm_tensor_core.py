@@ -44,6 +44,9 @@ Workload for the cost model:
 - an implicit GEMM's gathered addresses: about 4 issued instructions (a div/mod pair by a
   constant) per reduction axis beyond one, per copy or element load and k tile (the row and
   column parts are k-invariant: GemmView.gathered).
+- an operand with run-time strides (strides="any"): priced as its copy loop (a slice of a wider
+  tensor, what users pass), the kernel's element loop for other strides named in a note
+  (`GemmView.launch_tested`, `run_time_stride_note`; docs/tensor-cores.md).
 """
 
 from __future__ import annotations

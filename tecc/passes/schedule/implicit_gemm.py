@@ -44,8 +44,11 @@ tile's contiguous group is contiguous in memory and uniformly in or out of bound
 (`contiguous_copy`): the innermost axes of the group with strides 1, e0, e0·e1, ... and absent
 from the `where` condition, whose extent product is a multiple of the copy, and every other
 stride and the constant offset multiples of it (so copies are aligned). NHWC with C % 8 == 0
-gets 16-byte copies; C = 3, NCHW activations (whose contiguous axis q·stride + s·dil mixes a row
-and a reduction axis) and symbolic strides get guarded element loads (zero where out of range).
+gets 16-byte copies; C = 3 and NCHW activations (whose contiguous axis q·stride + s·dil mixes a
+row and a reduction axis) get guarded element loads (zero where out of range). An operand with
+run-time strides (strides="any") is laid out as a slice of a wider row-major array would be
+(`assumed_strides`), and its copies carry the launch condition that makes them correct
+(`stride_condition`), which the kernel tests (tensorize.py, `_Emitter.dispatch`).
 
 Refused (ScheduleError naming the condition): a read that is not affine, a spatial axis that
 indexes neither operand, a reduction axis that indexes only one, no row or no column axis (a

@@ -12,8 +12,10 @@ first primitive):
 
 where `term` is `float32(A[..] * B[..])` (the plain half form `tc.sum(A[i, k] * B[k, j])`) or
 `float32(A[..]) * float32(B[..])`, each multiplicand optionally `where(cond, read, 0)`; A and B
-are float16 or bfloat16 (the same dtype, the one of the intrinsic) contiguous global buffers
-whose indices are affine in the loop axes. The spatial axes group into batch (indexing both
+are float16 or bfloat16 (the same dtype, the one of the intrinsic) global buffers whose indices
+are affine in the loop axes, contiguous or with run-time strides (`strides="any"`: the kernel
+then tests the strides at launch and branches between a copy and an element-load main loop,
+`_Emitter.dispatch`). The spatial axes group into batch (indexing both
 operands), rows (only A) and columns (only B, the operand the output's innermost axis indexes);
 M, N, K are the groups' extent products. A plain matrix product is the case of single-axis
 groups (`A[b.., i, k]`, `B[b.., k, j]`, either orientation); a convolution
