@@ -29,20 +29,24 @@ from tecc.ir.stmt import AsyncCopy, Buffer, IfThenElse, iter_stmts
 from tecc.passes.lower import lower
 from tecc.runtime.sim.banks import count_bank_conflicts
 
-M, N, K = 64, 48, 40
+# K = 136: several k tiles on both paths (5 of 32 for mma.sync, 3 of 64 for wgmma's 3-stage ring),
+# so the element loop refills stages inside the k loop, not only in the prologue
+M, N, K = 64, 48, 136
 
 
 def strided_contraction(m: int, n: int, k: int, dtype: str, *, a_any: bool = True, b_any: bool = False,
-                        batch: int = 0) -> list[tc.Tensor]:
-    """C[b.., i, j] = Σ_k A[b.., i, k] · B[b.., k, j] in float32, stored as float32."""
+                        batch: int = 0, b_t: bool = False) -> list[tc.Tensor]:
+    """C[b.., i, j] = Σ_k A[b.., i, k] · B[b.., k, j] (B stored [j, k] when b_t) in float32,
+    stored as float32."""
     lead = (batch,) if batch else ()
     A = tc.placeholder(lead + (m, k), dtype, "A", strides="any" if a_any else None)
-    B = tc.placeholder(lead + (k, n), dtype, "B", strides="any" if b_any else None)
+    B = tc.placeholder(lead + ((n, k) if b_t else (k, n)), dtype, "B", strides="any" if b_any else None)
     r = tc.reduce_axis(k, "r")
 
     def body(*ix: Any) -> Any:
         *bs, i, j = ix
-        return tc.sum(tc.cast(A[(*bs, i, r)], "float32") * tc.cast(B[(*bs, r, j)], "float32"), axis=r)
+        b = B[(*bs, j, r)] if b_t else B[(*bs, r, j)]
+        return tc.sum(tc.cast(A[(*bs, i, r)], "float32") * tc.cast(b, "float32"), axis=r)
 
     return [A, B, tc.compute(lead + (m, n), body, name="C")]
 
@@ -82,9 +86,9 @@ def views(g: np.random.Generator, shape: tuple[int, int], dtype: str) -> dict[st
 
 
 def element_stored(banks: Any, buffer: str) -> bool:
-    """Whether the shared tile `buffer` was filled by element stores (2-byte accesses) rather
-    than 16-byte copies (ldmatrix reads are 16-byte accesses too)."""
-    return 2 in banks.widths[buffer]
+    """Whether the shared tile `buffer` was filled by element stores (accesses of one element,
+    1 to 4 bytes) rather than 16-byte copies (ldmatrix reads are 16-byte accesses too)."""
+    return bool(banks.widths[buffer] & {1, 2, 4})
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -226,6 +230,44 @@ def test_the_two_loop_kernel_compiles_without_spills(arch: str, intrinsic: str, 
     assert (res.spill_stores, res.spill_loads, res.stack_bytes) == (0, 0, 0), f"{arch}: {res}"
     assert res.registers <= 255
     assert "cp.async.cg.shared.global" in compiled.ptx and "ld.global.u16" in compiled.ptx
+
+
+# float32 operands rounded to tf32 (cvt.rna: 2⁻¹¹ relative per operand) and fp8 (exact products)
+PRECISIONS = {
+    "tf32 mma.sync": ("float32", "sm_80", "mma.m16n8k8.f32.tf32", [2, 2], 16, 2 * 2.0**-11),
+    "tf32 wgmma": ("float32", "sm_90", "wgmma.tf32", [4, 1], 32, 2 * 2.0**-11),
+    "fp8 wgmma": ("float8_e4m3", "sm_90", "wgmma", [4, 1], 128, 0.0),
+}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_tf32_and_fp8_operands_with_run_time_strides(precision: str) -> None:
+    """The other tensor-core precisions take the same two loops (B stored [j, k]: fp8 and tf32
+    wgmma read K-major operands); K = 264 gives the 128-wide fp8 k tile three tiles too."""
+    import ml_dtypes
+
+    dtype, arch, intrinsic, warps, k_tile, rounding = PRECISIONS[precision]
+    k = 264
+    plan = {"strategy": "manual", "reason": "test", "steps": [
+        {"primitive": "tensorize", "args": {"stage": "C", "intrinsic": intrinsic, "block": [64, 64], "warps": warps,
+                                            "k_tile": k_tile, "stages": 3}}]}
+    f = tc.build(strided_contraction(M, N, k, dtype, b_t=True), target="sim", arch=arch, plan=plan)
+    npd = np.float32 if dtype == "float32" else ml_dtypes.float8_e4m3fn
+    g = np.random.default_rng(21)
+
+    def rand(shape: tuple[int, ...]) -> np.ndarray:
+        return (g.uniform(0.5, 1.5, shape) * g.choice([-1, 1], shape)).astype(npd)
+    for what, a, fast in (("slice", rand((M, k + 16))[:, :k], True),
+                          ("transposed", np.ascontiguousarray(rand((k, M))).T, False)):
+        b, c = rand((N, k)), np.full((M, N), np.nan, np.float32)
+        with count_bank_conflicts() as banks:
+            f(a, b, c)
+        a64, b64 = a.astype(np.float64), b.astype(np.float64).T
+        want, size = a64 @ b64, np.abs(a64) @ np.abs(b64)
+        bound = (rounding + (k + 1) * 2.0**-24) * size
+        err = np.where(np.isnan(c), np.inf, np.abs(c - want) - bound)
+        assert (err <= 0).all(), f"{precision} A {what}: worst {float(err.max())} over the bound"
+        assert element_stored(banks, "A_shared") is not fast, what
 
 
 def test_the_emulator_reports_a_copy_that_skipped_the_launch_test(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -495,10 +495,12 @@ class _Emitter:
         count = rows * width // t.threads
         if op.role in self.element_roles:
             # dispatch's loop for strides the launch test refused: each element is loaded and
-            # stored to its ring stage at once (that stage is free from the issue on, as for a
-            # cp.async), in rounds of DIRECT_LOADS, so no register holds one across the compute
-            # and ptxas's allocation for the kernel stays the copy loop's; the loads' latency is
-            # exposed per round instead
+            # stored to its ring stage at once, where the element loads' registers would be
+            # stored (after the compute: the stage is free then, and on Hopper the next k tile's
+            # proxy fence publishes the stores to wgmma before any wgmma reads the buffer), in
+            # rounds of DIRECT_LOADS, so no register holds one across the compute and ptxas's
+            # allocation for the kernel stays the copy loop's; the loads' latency is exposed
+            # per round instead
             group = min(count, DIRECT_LOADS)
             while count % group:
                 group //= 2
@@ -513,7 +515,7 @@ class _Emitter:
             n = self.names.get("load_round", 0)
             self.names["load_round"] = n + 1
             g = Var("load_round" if n == 0 else f"load_round{n}")
-            return For(g, _int(0), _int(count // group), "serial", rounds(g)), None
+            return seq(), For(g, _int(0), _int(count // group), "serial", rounds(g))
         staged = self.staged[op.role]
 
         def fetch(u: Var) -> Stmt:
