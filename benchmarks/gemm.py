@@ -260,8 +260,9 @@ def run_strided(size: int, pad: int = 64, only: list[str] | None = None) -> list
     target = resolve_target(None)
     kernels = {}
     for strided in (True, False):
-        res = plan_program(tensors(strided), target, only=only)
-        kernels[strided] = (tc.build(tensors(strided), plan=res.plan), "; ".join(kp.chosen.label for kp in res.kernels))
+        args = tensors(strided)
+        res = plan_program(args, target, only=only)
+        kernels[strided] = (tc.build(args, plan=res.plan), "; ".join(kp.chosen.label for kp in res.kernels))
     t = torch_dtype(dtype)
     wide = torch.randn(m, k + pad, device="cuda").to(t)
     views = {"slice x[:, :K]": wide[:, :k], "contiguous": wide[:, :k].contiguous(),

@@ -190,6 +190,18 @@ def test_an_odd_k_needs_no_launch_test() -> None:
                                      "epilogue": False}, "K = 41")
 
 
+def test_the_loop_ir_round_trip_keeps_the_launch_tested_copies() -> None:
+    """An artifact's .ir (loop_json) keeps the copies' mark, so `load(path).sim(...)` runs the
+    same two loops."""
+    from tecc.ir import loop_json
+
+    f = tc.build(strided_contraction(M, N, K, "float16"), target="sim", arch="sm_80", plan=mma_plan())
+    again = loop_json.module_from_json(loop_json.module_to_json(f.module))
+    marks = [[s.unit_stride_at_launch for s in iter_stmts(m.kernels[0].body) if isinstance(s, AsyncCopy)]
+             for m in (f.module, again)]
+    assert marks[0] == marks[1] and any(marks[0]) and not all(marks[0])
+
+
 def test_a_copy_from_a_run_time_innermost_stride_must_say_it_was_tested() -> None:
     src = Buffer("X", dt.float16, (64, 64), "global", strides=(Var("s0", kind="stride"), Var("s1", kind="stride")))
     dst = Buffer("X_shared", dt.float16, (64, 64), "shared")
@@ -283,3 +295,42 @@ def test_the_emulator_reports_a_copy_that_skipped_the_launch_test(monkeypatch: p
     a = np.ascontiguousarray(values(g, (K, M), "float16")).T
     with pytest.raises(TeccError, match="assumes a unit innermost stride, tested at launch, but A's is"):
         f(a, values(g, (K, N), "float16"), np.full((M, N), np.nan, np.float32))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_a_convolution_over_a_strided_nhwc_view(arch: str) -> None:
+    """The machinery is the implicit GEMM's, not a GEMM special case: a 3x3 convolution (padding
+    under where()) whose activations have run-time strides gathers through them, with 16-byte
+    copies along C for a channel slice and element loads for an NCHW tensor seen as NHWC."""
+    n, h, w, cin, cout, r = 2, 8, 8, 16, 32, 3
+    X = tc.placeholder((n, h, w, cin), "float16", name="X", strides="any")
+    Wt = tc.placeholder((r, r, cin, cout), "float16", name="Wt")
+    rr, ss, cc = tc.reduce_axis(r, "rr"), tc.reduce_axis(r, "ss"), tc.reduce_axis(cin, "cc")
+
+    def body(b: Any, p: Any, q: Any, f: Any) -> Any:
+        y, x = p + rr - 1, q + ss - 1
+        inside = (y >= 0) & (y < h) & (x >= 0) & (x < w)
+        pixel = tc.where(inside, X[b, y, x, cc], tc.const(0.0, "float16"))
+        return tc.sum(tc.cast(pixel, "float32") * tc.cast(Wt[rr, ss, cc, f], "float32"), axis=[rr, ss, cc])
+
+    f = tc.build([X, Wt, tc.compute((n, h, w, cout), body, name="Y")], target="sim", arch=arch)
+    assert f.plan.steps[0].primitive == "tensorize", f.explain()
+    g = np.random.default_rng(2)
+    weights = values(g, (r, r, cin, cout), "float16")
+    channel_slice = values(g, (n, h, w, cin + 8), "float16")[..., :cin]
+    nchw = np.ascontiguousarray(values(g, (n, cin, h, w), "float16")).transpose(0, 2, 3, 1)
+    for what, x, fast in (("channel slice", channel_slice, True), ("NCHW seen as NHWC", nchw, False)):
+        y = np.full((n, h, w, cout), np.nan, np.float32)
+        with count_bank_conflicts() as banks:
+            f(x, weights, y)
+        padded = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
+        want, size = np.zeros(y.shape), np.zeros(y.shape)
+        for i in range(r):
+            for j in range(r):
+                tap = padded[:, i:i + h, j:j + w, :]
+                want += tap @ weights[i, j].astype(np.float64)
+                size += np.abs(tap) @ np.abs(weights[i, j].astype(np.float64))
+        bound = (r * r * cin + 1) * 2.0**-24 * size
+        err = np.where(np.isnan(y), np.inf, np.abs(y - want) - bound)
+        assert (err <= 0).all(), f"{arch} {what}: worst {float(err.max())} over the bound"
+        assert element_stored(banks, "X_shared") is not fast, what
