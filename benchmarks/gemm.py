@@ -38,6 +38,11 @@ launches only) and stream (10 back-to-back calls between two events, / 10); cuBL
 call and back-to-back, and `ratio_kernel` = cuBLAS back-to-back / tecc kernel time.
 `--rank-small N` times the planner's N best-ranked candidates at 1024³ and 1000³ with their
 predicted times.
+`--strided` (float16 unless `--dtype bfloat16`) times C = A·B at `--sweep-size`³ with A declared
+`strides="any"` and passed as the slice `x[:, :K]` of a K + 64 wide tensor (16-byte-multiple rows:
+the cp.async loop), against torch.matmul on the same view, against the contiguous build on a
+contiguous A, and (for the record) on a transposed view of A (the element loop of the same
+kernel); `--strided-only gemm_tensor_core` restricts the planner (mma.sync on sm_90).
 """
 
 from __future__ import annotations
@@ -234,6 +239,63 @@ def run_shape(batch: int, m: int, n: int, k: int, plan: Any = None, label: str |
     return row
 
 
+def run_strided(size: int, pad: int = 64, only: list[str] | None = None) -> list[dict[str, Any]]:
+    """`--strided`: rows for a strided A (module docstring), each with the kernel and per-call times."""
+    import torch
+
+    import tecc as tc
+    from tecc.compiler.planner import plan_program, resolve_target
+
+    dtype = DTYPE if DTYPE != "float32" else "float16"
+    m = n = k = size
+    r = tc.reduce_axis(k, name="k")
+
+    def tensors(strided: bool) -> list[Any]:
+        A = tc.placeholder((m, k), dtype, name="A", strides="any" if strided else None)
+        B = tc.placeholder((k, n), dtype, name="B")
+        C = tc.compute((m, n), lambda i, j: tc.cast(tc.sum(tc.cast(A[i, r], "float32") * tc.cast(B[r, j], "float32"),
+                                                           axis=r), dtype), name="C")
+        return [A, B, C]
+
+    target = resolve_target(None)
+    kernels = {}
+    for strided in (True, False):
+        args = tensors(strided)
+        res = plan_program(args, target, only=only)
+        kernels[strided] = (tc.build(args, plan=res.plan), "; ".join(kp.chosen.label for kp in res.kernels))
+    t = torch_dtype(dtype)
+    wide = torch.randn(m, k + pad, device="cuda").to(t)
+    views = {"slice x[:, :K]": wide[:, :k], "contiguous": wide[:, :k].contiguous(),
+             "transposed view": torch.randn(k, m, device="cuda").to(t).t()}
+    b = torch.randn(k, n, device="cuda").to(t)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=t)
+    flops = 2.0 * m * n * k
+    reps = max(5, min(50, int(2e12 / flops)))
+    rows = []
+    for what, a in views.items():
+        for strided in (True, False):
+            if not strided and what != "contiguous":
+                continue
+            kern, label = kernels[strided]
+            kern(a, b, c)
+            torch.cuda.synchronize()
+            ref = torch.matmul(a.double(), b.double())
+            err = float((c.double() - ref).abs().max() / ref.abs().max())
+            t_kernel = time_kernels(lambda: kern(a, b, c), reps)
+            t_call = time_call(lambda: kern(a, b, c), reps)
+            t_torch = time_stream(lambda: torch.matmul(a, b), reps)
+            row = {"shape": f"{m}x{n}x{k}", "dtype": dtype, "A": what, "A_strides": list(a.stride()),
+                   "build": "strides='any'" if strided else "contiguous", "plan": label, "rel_err": err,
+                   "tecc_kernel_us": t_kernel * 1e6, "tecc_call_us": t_call * 1e6, "torch_stream_us": t_torch * 1e6,
+                   "tecc_tflops": flops / t_kernel / 1e12, "ratio_kernel": t_torch / t_kernel,
+                   "resources": str(getattr(kern, "resources", ""))}
+            rows.append(row)
+            print(f"strided {row['shape']:>14} {dtype:>8} A {what:>16} {row['build']:>14}: tecc kernel "
+                  f"{row['tecc_kernel_us']:8.1f} us ({row['tecc_tflops']:6.1f} TF/s), torch.matmul same view "
+                  f"{row['torch_stream_us']:8.1f} us, ratio {row['ratio_kernel']:5.2f}, err {err:.1e}  {label}", flush=True)
+    return rows
+
+
 # (M, N, K) -> gemm_pipelined points (bm, bn, bk, split) around the planner's choice
 SPLIT_SWEEP = {
     (1024, 1024, 1024): [(128, 128, 16, 4), (128, 128, 16, 2), (64, 128, 16, 4), (64, 128, 16, 2),
@@ -357,6 +419,10 @@ def main() -> None:
     ap.add_argument("--skip-shapes", action="store_true", help="no table of the issue's shapes")
     ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
                     help="operand and result dtype (halves: tensor cores, float32 accumulation) vs torch.matmul in it")
+    ap.add_argument("--strided", action="store_true",
+                    help="A declared strides='any', passed as a slice x[:, :K] of a wider tensor (module docstring)")
+    ap.add_argument("--strided-only", default=None,
+                    help="with --strided: plan with this strategy only (e.g. gemm_tensor_core: mma.sync on sm_90)")
     ap.add_argument("--tf32", action="store_true",
                     help="float32 with TF32 on both sides: tecc allow_tf32=True, torch.backends.cuda.matmul.allow_tf32")
     opts = ap.parse_args()
@@ -498,6 +564,8 @@ def main() -> None:
                       f"{row['measured_us']:6.1f} us ratio {row['ratio']:5.2f}  {cand.label}", flush=True)
     if opts.split_sweep:
         rows += split_sweep()
+    if opts.strided:
+        rows += run_strided(opts.sweep_size, only=[opts.strided_only] if opts.strided_only else None)
     if opts.out:
         Path(opts.out).mkdir(parents=True, exist_ok=True)
         (Path(opts.out) / "gemm.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1))

@@ -134,9 +134,16 @@ def explain_kernel(kernel: Any) -> str:
                          "and the final loop IR but not the planner's runners-up; TECC_NO_CACHE=1 plans again)")
     for who, why in getattr(kernel, "fallbacks", []):
         parts.append(f"  fell back: candidate {who} took the program but failed: {why}")
+    # what the tensorize primitive built (its form; a launch-time test of run-time strides); the
+    # attention rewrite, which sets the same attribute, says it in its plan's reason
+    tensorized = any(step.primitive == "tensorize" for step in getattr(kernel.plan, "steps", ()))
+    funcs = {f.name: f for f in getattr(getattr(kernel, "module", None), "kernels", ())}
     for k in kernel.host.kernels:
         grid = ", ".join(str(g) for g in k.grid)
         parts.append(f"  {k.name}: grid ({grid}), block {k.block}")
+        built = dict(funcs[k.name].attrs).get("tensorize") if tensorized and k.name in funcs else None
+        if built:
+            parts.append(f"    built: {built}")
         res = kernel.resources.get(k.name)
         if res is not None:
             parts.append(f"    ptxas: {res.registers} registers, {res.shared_bytes} B shared, "

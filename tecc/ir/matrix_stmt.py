@@ -173,7 +173,11 @@ class AsyncCopy(Stmt):
     `AsyncWait` that covers its group (see the module docstring). Where `predicate` is false the
     destination is zero-filled and the source is not read (the src-size 0 form), so a tile's
     out-of-range part needs no separate store. `cache` 'cg' bypasses L1 (16 bytes only), 'ca'
-    caches at all levels. Both addresses must be aligned to `bytes`."""
+    caches at all levels. Both addresses must be aligned to `bytes`. `unit_stride_at_launch`: the
+    source's innermost stride is a run-time one (a kernel parameter) that the kernel has tested
+    to be 1 before it reaches this copy (a uniform branch on the launch's strides, as tensorize's
+    dispatch makes); the emulator checks it at each copy. Without it the innermost stride must
+    be 1 at compile time."""
 
     dst: Buffer
     dst_indices: tuple[Expr, ...]
@@ -182,6 +186,7 @@ class AsyncCopy(Stmt):
     bytes: int
     predicate: Expr | None = None
     cache: str = "cg"
+    unit_stride_at_launch: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dst_indices", tuple(index_expr(i) for i in self.dst_indices))
@@ -199,9 +204,14 @@ class AsyncCopy(Stmt):
         for buf, idx in ((self.dst, self.dst_indices), (self.src, self.src_indices)):
             if len(idx) != buf.ndim:
                 raise IntrinsicError(f"{where}: {len(idx)} indices for the {buf.ndim} dimensions of {buf.name}")
-            if buf.strides is not None and const_int(buf.strides[-1]) != 1:
+            innermost = const_int(buf.strides[-1]) if buf.strides is not None else 1
+            if innermost is None and buf is self.src and self.unit_stride_at_launch:
+                continue  # a run-time stride the kernel tested to be 1 (the docstring)
+            if innermost != 1:
+                assert buf.strides is not None
                 raise IntrinsicError(f"{where}: the copied elements must be contiguous; {buf.name}'s last stride "
-                                     f"is {buf.strides[-1]}")
+                                     f"is {buf.strides[-1]}" + ("" if innermost is not None else
+                                     " (a run-time stride: test it at launch and mark the copy unit_stride_at_launch)"))
         if self.predicate is not None and not self.predicate.dtype.is_bool:
             raise DTypeError(f"{where}: the predicate must be bool, got {self.predicate.dtype}")
 

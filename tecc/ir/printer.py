@@ -205,6 +205,8 @@ def _matrix_stmt(s: Stmt) -> str:
         dst = ", ".join(_expr(i) for i in s.dst_indices)
         src = ", ".join(_expr(i) for i in s.src_indices)
         text = f"cp.async.{s.cache} {s.bytes}B {s.dst.name}[{dst}] <- {s.src.name}[{src}]"
+        if s.unit_stride_at_launch:
+            text += " (unit innermost stride tested at launch)"
         return text if s.predicate is None else f"{text} if {_expr(s.predicate)} else zero"
     if isinstance(s, AsyncCommit):
         return "cp.async.commit_group()"

@@ -48,6 +48,9 @@ Workload for the cost model:
   column parts are k-invariant: GemmView.gathered).
 - the pipelined mainloop: two fragment sets, and 23 + 3 per copy of addressing in place of
   24 + 4 (fitted to ptxas, tile_registers).
+- an operand with run-time strides (strides="any"): priced as its copy loop (a slice of a wider
+  tensor, what users pass), the kernel's element loop for other strides named in a note
+  (`GemmView.launch_tested`, `run_time_stride_note`; docs/tensor-cores.md).
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ from typing import Any, Iterable
 from ...ir.dtype import int32
 from ...ir.expr import Const
 from ...ir.target import Target
-from ...passes.schedule.implicit_gemm import gemm_order, layout_of
+from ...passes.schedule.implicit_gemm import gemm_order, layout_of, run_time_stride
 from ..cost.analysis import Access, KernelInfo
 from ..cost.model import Workload
 from ..cost.occupancy import occupancy
@@ -276,6 +279,20 @@ class GemmView:
     gathered: int = 0   # reduction axes beyond one: each costs a div/mod pair per copy or element per k tile
     k_last: tuple[bool, bool] = (True, True)   # whether A's and B's tiles are k-contiguous
     column_axes: int = 1   # output axes in the N group (one: the output's rows are contiguous runs of N)
+    # whether A's and B's copies hold only under a launch-time test of their run-time strides
+    # (strides="any"): the kernel then also holds an element-load main loop for other strides
+    launch_tested: tuple[bool, bool] = (False, False)
+
+
+def run_time_stride_note(view: GemmView) -> str | None:
+    """What explain says of operands with run-time strides (tensorize's dispatch), or None."""
+    names = [x.buffer for x, tested in zip((view.a, view.b), view.launch_tested) if tested]
+    if not names:
+        return None
+    return (f"run-time strides of {', '.join(names)}: cp.async copies (priced) when the innermost stride is 1 and "
+            "the others multiples of the copy (a slice of a wider row-major array), tested at launch; other strides "
+            "(a transposed view, odd row strides) take the kernel's element-load main loop (slower: each element "
+            "loaded and stored to shared memory, its latency exposed per k tile)")
 
 
 def copy_sizes(info: KernelInfo) -> tuple[int, int]:
@@ -321,12 +338,16 @@ def gemm_view(info: KernelInfo) -> GemmView | str:
         return ("no output axis indexes only " + ("the first" if not rows else "the second") + " operand: a batched "
                 "dot product or stencil (a depthwise convolution is one), memory-bound; the SIMT strategies serve it")
     layouts = []
+    element_bytes = 4 if a.dtype == "float32" else 2
     for x in (a, b):
         if x.per_dim and all(d is not None for d in x.per_dim):
-            layouts.append(layout_of([(dict(d.coeff), d.const) for d in x.per_dim if d is not None], list(x.dims)))
+            # strides="any": laid out as the fast kernel assumes them (implicit_gemm.assumed_strides)
+            strides = ([run_time_stride(d == len(x.dims) - 1, element_bytes) for d in range(len(x.dims))]
+                       if x.buffer in info.strided_inputs else None)
+            layouts.append(layout_of([(dict(d.coeff), d.const) for d in x.per_dim if d is not None], list(x.dims),
+                                     dim_strides=strides))
         else:
             layouts.append(layout_of([], []))  # no copy provable
-    element_bytes = 4 if a.dtype == "float32" else 2
     *_, a_k_last, b_k_last, a_copy, b_copy = gemm_order(rows, cols, [v for v, _ in info.reduction], layouts[0], layouts[1],
                                     {v: int(e) for v, e in extents.items()}, element_bytes)
     m = n = 1
@@ -337,8 +358,9 @@ def gemm_view(info: KernelInfo) -> GemmView | str:
     # the row and column parts of a gathered address do not change with the k tile (ptxas keeps
     # them in registers); the reduction axes are unflattened anew for every k tile
     gathered = len(info.reduction) - 1
+    tested = (a.buffer in info.strided_inputs and a_copy > 0, b.buffer in info.strided_inputs and b_copy > 0)
     return GemmView(a, b, batch, m, n, info.reduce_extent, (a_copy, b_copy), gathered, (a_k_last, b_k_last),
-                    len(cols))
+                    len(cols), tested)
 
 
 # ---- the epilogue's stores (tensorize step 6) ----------------------------------------------------
@@ -475,6 +497,8 @@ class GemmTensorCore(Strategy):
                         + warps * tm * tn * 4 * (4 + info.epilogue_flops))
         # float16 and bfloat16 have the same dense peak on every target in the table
         rate = target.tensor_flops.get(p.rate_key, 0.0) * MMA_SYNC_FRACTION.get(target.sm, 0.6)
+        # operands with run-time strides: the element-load loop the kernel also holds stores
+        # each element to shared memory at once, so the copy loop's registers are the kernel's
         pipelined = bool(point.get("fragment_pipeline"))
         registers = tile_registers(bm, bn, wm, wn, bk, sizes, tf32=not p.ldmatrix, pipelined=pipelined)
         chain, resident, idle = sm_chain(target, rate, point, blocks, k_tiles, sum(registers.values()), p,
@@ -488,6 +512,9 @@ class GemmTensorCore(Strategy):
         if pipelined:
             notes.append("fragments pipelined: two fragment sets, the next k step's loads before this step's mma, "
                          "the ring's wait and barrier before the last k step (covered by its neighbours' mma)")
+        stride_note = run_time_stride_note(view)
+        if stride_note is not None:
+            notes.append(stride_note)
         return Workload(
             blocks=blocks, threads=threads, registers=registers,
             smem_bytes=shared_bytes(point, p.operand_bytes) + staged_output_bytes(point, info.write.itemsize),

@@ -92,6 +92,7 @@ from .gemm_tensor_core import (
     gemm_view,
     output_stageable,
     output_traffic,
+    run_time_stride_note,
     staged_output_bytes,
     wave_dram_bytes,
     worth_staging,
@@ -401,6 +402,7 @@ class GemmWgmma(Strategy):
         rate = target.tensor_flops.get(self.rate_key, 0.0) * WGMMA_FRACTION
         registers = (wgmma_registers(bm, bn, sizes, bk, groups) if load == "cp.async"
                      else tma_registers(bm, bn, point, groups))
+
         if "accumulators" in registers:   # the wgmma's N: the block's rows when tf32 computes Cᵀ
             registers["accumulators"] = wgmma_n // 2
         x_registers = self.register_operand(info)
@@ -438,6 +440,9 @@ class GemmWgmma(Strategy):
         refusal = tma_refusal_for(info) if load == "cp.async" else None
         if refusal is not None:
             notes.append(f"the TMA rung is not offered: {refusal}")
+        stride_note = run_time_stride_note(view) if load == "cp.async" else None
+        if stride_note is not None:
+            notes.append(stride_note)
         return Workload(
             blocks=grid, threads=threads, registers=registers,
             smem_bytes=shared_bytes(point, info.write.itemsize) + out_tile, smem_opt_in=True,

@@ -44,8 +44,11 @@ tile's contiguous group is contiguous in memory and uniformly in or out of bound
 (`contiguous_copy`): the innermost axes of the group with strides 1, e0, e0·e1, ... and absent
 from the `where` condition, whose extent product is a multiple of the copy, and every other
 stride and the constant offset multiples of it (so copies are aligned). NHWC with C % 8 == 0
-gets 16-byte copies; C = 3, NCHW activations (whose contiguous axis q·stride + s·dil mixes a row
-and a reduction axis) and symbolic strides get guarded element loads (zero where out of range).
+gets 16-byte copies; C = 3 and NCHW activations (whose contiguous axis q·stride + s·dil mixes a
+row and a reduction axis) get guarded element loads (zero where out of range). An operand with
+run-time strides (strides="any") is laid out as a slice of a wider row-major array would be
+(`assumed_strides`), and its copies carry the launch condition that makes them correct
+(`stride_condition`), which the kernel tests (tensorize.py, `_Emitter.dispatch`).
 
 Refused (ScheduleError naming the condition): a read that is not affine, a spatial axis that
 indexes neither operand, a reduction axis that indexes only one, no row or no column axis (a
@@ -74,7 +77,8 @@ class Operand:
     load: the read as lowered (indices in the loop variables); guard: its `where` condition, or
     None. k_last: the operand's shared tile is [outer][k] (its memory runs along k), else
     [k][outer]. copy: elements per cp.async copy along the tile's contiguous dimension, 0 for
-    guarded element loads."""
+    guarded element loads. assumes: for an operand with run-time strides, the launch condition
+    on them under which `copy` holds (`stride_condition`); None when `copy` holds always."""
 
     role: str            # "A" (rows) or "B" (columns)
     buffer: Buffer
@@ -82,6 +86,7 @@ class Operand:
     load: BufferLoad
     guard: Expr | None
     copy: int
+    assumes: Expr | None = None
 
     def at(self, values: Mapping[Var, Expr]) -> tuple[tuple[Expr, ...], Expr | None]:
         """The element's indices and its `where` predicate (None: always in range) for the loop
@@ -174,9 +179,10 @@ def _plus(a: Stride, b: Stride) -> Stride:
 
 
 def layout_of(per_dim: Sequence[tuple[Mapping[str, int], int]], dims: Sequence[int | None],
-              guard_vars: frozenset[str] = frozenset()) -> Layout:
+              guard_vars: frozenset[str] = frozenset(), dim_strides: Sequence[Stride] | None = None) -> Layout:
     """The Layout of a row-major buffer of extents `dims` (None: symbolic) read at indices
-    `per_dim` (each {variable: coefficient}, constant)."""
+    `per_dim` (each {variable: coefficient}, constant); `dim_strides`: each dimension's stride
+    instead of the row-major ones (a buffer with run-time strides: `assumed_strides`)."""
     strides: list[Stride] = []
     exact: int | None = 1
     factor = 1
@@ -185,6 +191,8 @@ def layout_of(per_dim: Sequence[tuple[Mapping[str, int], int]], dims: Sequence[i
         exact = None if exact is None or d is None else exact * d
         factor = factor * d if d is not None else factor
     strides.reverse()
+    if dim_strides is not None:
+        strides = list(dim_strides)
     coeff: dict[str, Stride] = {}
     const = Stride(0, 0)
     for (terms, c), st in zip(per_dim, strides):
@@ -197,6 +205,63 @@ def layout_of(per_dim: Sequence[tuple[Mapping[str, int], int]], dims: Sequence[i
 
 
 COPY_BYTES = (16, 8, 4)  # the sizes of cp.async
+
+
+# ---- run-time strides: the layout a fast kernel assumes, and the launch condition it needs -------
+# A buffer declared with strides="any" has its strides as kernel parameters, known only at launch.
+# Its element loads are always correct (they address through the stride variables). Its 16-byte
+# copies are correct when the innermost stride is 1 and every other stride is a multiple of the
+# copy (the runtime aligns base pointers to 16 bytes: runtime/marshal.py DEFAULT_ALIGNMENT): what a
+# slice of a wider row-major array (torch's x[:, :K]) has. The planner and tensorize lay such an
+# operand out as if that held (`assumed_strides`), and the kernel tests it at launch
+# (`stride_condition`, a uniform branch between the copy and the element-load main loops).
+
+def run_time_stride(innermost: bool, element_bytes: int) -> Stride:
+    """A run-time stride as a fast kernel may assume it: 1 innermost, else an unknown multiple of
+    16 bytes."""
+    return Stride(1, 1) if innermost else Stride(None, max(1, COPY_BYTES[0] // element_bytes))
+
+
+def assumed_strides(buffer: Buffer, element_bytes: int) -> list[Stride] | None:
+    """Each dimension's stride as a fast kernel may assume it (None for a row-major buffer): a
+    constant stride exactly, a run-time one by `run_time_stride`. A constant innermost stride
+    other than 1 allows no copies (cp.async reads contiguous elements of the innermost
+    dimension): every stride is then given as unknown, so `contiguous_copy` proves none; so
+    is a constant stride of 1 outside the innermost dimension beside a run-time innermost one."""
+    if buffer.strides is None:
+        return None
+    last = len(buffer.strides) - 1
+    inner = const_int(buffer.strides[last])
+    if inner not in (None, 1) or (inner is None and any(const_int(s) == 1 for s in buffer.strides[:last])):
+        return [Stride(None, 1) for _ in buffer.strides]
+    out: list[Stride] = []
+    for d, s in enumerate(buffer.strides):
+        c = const_int(s)
+        out.append(Stride(c, abs(c)) if c is not None else run_time_stride(d == last, element_bytes))
+    return out
+
+
+def stride_condition(buffer: Buffer, copy: int) -> Expr | None:
+    """The launch condition under which copies of `copy` elements of `buffer` laid out by
+    `assumed_strides` are correct: its run-time innermost stride is 1 and each other run-time
+    stride is a multiple of `copy` (or its dimension has size 1: that stride is never used).
+    None when no stride is a run-time one."""
+    if buffer.strides is None or copy <= 0:
+        return None
+    terms: list[Expr] = []
+    last = len(buffer.strides) - 1
+    for d, (n, s) in enumerate(zip(buffer.shape, buffer.strides)):
+        size = const_int(n)
+        if const_int(s) is not None or size == 1 or (d != last and copy == 1):
+            continue
+        term = (s == 1) if d == last else (s % copy == 0)
+        terms.append(term if size is not None else (n == 1) | term)
+    if not terms:
+        return None
+    cond = terms[0]
+    for t in terms[1:]:
+        cond = cond & t
+    return cond
 
 
 def copy_sizes_of(element_bytes: int) -> tuple[int, ...]:
@@ -284,10 +349,12 @@ WGMMA_OPERANDS = TENSOR_CORE_OPERANDS + dt.FP8_DTYPES  # fp8: Hopper's wgmma onl
 
 
 def match_contraction(func: PrimFunc, stage: str, operand_dtypes: Sequence[dt.DType] = HALF_OPERANDS,
-                      where: str = "") -> Contraction:
+                      where: str = "", run_time_strides: bool = False) -> Contraction:
     """The contraction computed by `func` for `stage` as a GEMM, or a ScheduleError naming what differs.
     `operand_dtypes`: the multiplicands' allowed dtypes (tensor cores: 16-bit; the SIMT implicit
-    GEMM of gemm_view.py: float32); `where` names the primitive in errors."""
+    GEMM of gemm_view.py: float32); `where` names the primitive in errors. `run_time_strides`:
+    the caller takes operands whose strides are kernel parameters (each Operand's `assumes` is
+    the launch condition of its copies); otherwise they are refused."""
     where = where or f"tensorize({stage})"
     loops: list[For] = []
     node: Stmt = func.body
@@ -339,7 +406,7 @@ def match_contraction(func: PrimFunc, stage: str, operand_dtypes: Sequence[dt.DT
         raise ScheduleError(f"{where}: mixed operand dtypes {x.buffer.name}: {x.buffer.dtype}, {y.buffer.dtype} "
                             f"{y.buffer.name}; cast one so both are float16, both bfloat16 or both float32")
     for load in (x, y):
-        if load.buffer.strides is not None:
+        if load.buffer.strides is not None and not run_time_strides:
             raise ScheduleError(f"{where}: operand {load.buffer.name} has run-time strides; tensorize needs a "
                                 "contiguous row-major operand (copy it first)")
     axes = [(lp.var, lp.extent) for lp in loops]
@@ -384,8 +451,8 @@ def match_contraction(func: PrimFunc, stage: str, operand_dtypes: Sequence[dt.DT
     rows_o, cols_o, ks_o, a_k_last, b_k_last, a_copy, b_copy = gemm_order(
         [v.name for v in rows], [v.name for v in cols], [lp.var.name for lp in kloops],
         layouts["A"], layouts["B"], extents, x.buffer.dtype.bytes)
-    a = Operand("A", x.buffer, a_k_last, x, gx, a_copy)
-    b = Operand("B", y.buffer, b_k_last, y, gy, b_copy)
+    a = Operand("A", x.buffer, a_k_last, x, gx, a_copy, stride_condition(x.buffer, a_copy))
+    b = Operand("B", y.buffer, b_k_last, y, gy, b_copy, stride_condition(y.buffer, b_copy))
     return Contraction(tuple(by_name[v.name] for v in batch), tuple(by_name[n] for n in rows_o),
                        tuple(by_name[n] for n in cols_o), tuple(by_name[n] for n in ks_o), a, b, acc, store)
 
@@ -462,7 +529,8 @@ def _layout(where: str, load: BufferLoad, guard: Expr | None, spatial: Sequence[
     if not guard_vars <= {v.name for v in known}:
         raise ScheduleError(f"{where}: the where() condition of {load.buffer.name} reads {guard}, which is not a "
                             "function of the loop axes alone")
-    return layout_of(per_dim, [const_int(d) for d in load.buffer.shape], guard_vars)
+    return layout_of(per_dim, [const_int(d) for d in load.buffer.shape], guard_vars,
+                     assumed_strides(load.buffer, load.buffer.dtype.bytes))
 
 
 def _same_vars(indices: Sequence[Expr], vars_: Sequence[Var]) -> bool:
@@ -507,5 +575,5 @@ def _multiplicands(where: str, term: Expr, operand_dtypes: Sequence[dt.DType] = 
 
 
 __all__ = ["HALF_OPERANDS", "TENSOR_CORE_OPERANDS", "WGMMA_OPERANDS",
-           "Axis", "Contraction", "Layout", "Operand", "Stride", "contiguous_copy", "gemm_order", "layout_of",
-           "match_contraction", "order_by_stride", "unflatten"]
+           "Axis", "Contraction", "Layout", "Operand", "Stride", "assumed_strides", "run_time_stride", "contiguous_copy", "gemm_order",
+           "layout_of", "match_contraction", "order_by_stride", "stride_condition", "unflatten"]

@@ -12,8 +12,10 @@ first primitive):
 
 where `term` is `float32(A[..] * B[..])` (the plain half form `tc.sum(A[i, k] * B[k, j])`) or
 `float32(A[..]) * float32(B[..])`, each multiplicand optionally `where(cond, read, 0)`; A and B
-are float16 or bfloat16 (the same dtype, the one of the intrinsic) contiguous global buffers
-whose indices are affine in the loop axes. The spatial axes group into batch (indexing both
+are float16 or bfloat16 (the same dtype, the one of the intrinsic) global buffers whose indices
+are affine in the loop axes, contiguous or with run-time strides (`strides="any"`: the kernel
+then tests the strides at launch and branches between a copy and an element-load main loop,
+`_Emitter.dispatch`). The spatial axes group into batch (indexing both
 operands), rows (only A) and columns (only B, the operand the output's innermost axis indexes);
 M, N, K are the groups' extent products. A plain matrix product is the case of single-axis
 groups (`A[b.., i, k]`, `B[b.., k, j]`, either orientation); a convolution
@@ -135,6 +137,11 @@ INTRINSICS = {"float16": "mma.m16n8k16.f32.f16", "bfloat16": "mma.m16n8k16.f32.b
 TF32 = "mma.m16n8k8.f32.tf32"
 OPERAND_DTYPES = {**{row: dtype for dtype, row in INTRINSICS.items()}, TF32: "float32"}
 CHUNK = 8  # halves per 16-byte cp.async copy and per ldmatrix row
+# element loads per round of dispatch's element-load loop (`load_tile`): a serial loop of rounds
+# of this many unrolled loads, so ptxas keeps few loaded elements and addresses live at once
+# (all of a 128x32 tile's 32 per thread at once took the kernel to 255 registers on sm_80, from
+# 222 with the copy loop alone; rounds of 4, 8 or 16 kept 222; on sm_90, 8 kept 168, 16 170)
+DIRECT_LOADS = 8
 COPY_BYTES = 16
 
 
@@ -267,7 +274,8 @@ def tensorize_mma(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) ->
     """`func` (the lowered kernel of `stage`) as an mma.sync tensor-core kernel (module docstring).
     `intrinsic` "auto" or an mma row of the table. (The primitive users call, `tensorize` in
     tensor_core.py, sends "wgmma" to the Hopper kernels.)"""
-    c = match_contraction(func, stage, TENSOR_CORE_OPERANDS)  # float32 only with the tf32 intrinsic (below)
+    # float32 only with the tf32 intrinsic (below); operands with run-time strides: `_Emitter.dispatch`
+    c = match_contraction(func, stage, TENSOR_CORE_OPERANDS, run_time_strides=True)
     dtype = c.a.buffer.dtype.name
     check_tiling(stage, tiling, c.a.buffer.dtype.bytes)
     if dtype == "float32":
@@ -357,10 +365,13 @@ class _Emitter:
             self.batch_index[bv.name] = rest if last else rest % ext
             rest = rest // ext
         self.shared = {op.role: self.shared_buffer(op) for op in (c.a, c.b)}
+        # operands loaded element by element in the main loop being built (`dispatch`): those
+        # whose copies need a launch condition, in the main loop for when it fails
+        self.element_roles: set[str] = set()
         # registers of the element loads of an operand without 16-byte copies
         self.staged = {op.role: Buffer(f"{op.buffer.name}_staged", op.buffer.dtype,
                                        _shape(self.tile_shape(op)[0] * self.tile_shape(op)[1] // t.threads), "local")
-                       for op in (c.a, c.b) if not self.asynchronous(op)}
+                       for op in (c.a, c.b) if not op.copy}
         self.names: dict[str, int] = {}
         self.out_tile = self.output_tile() if t.staged_output else None
 
@@ -391,7 +402,7 @@ class _Emitter:
     # step 1: tiling ------------------------------------------------------------------------------
     def kernel(self) -> PrimFunc:
         c, t = self.c, self.t
-        allocs = self.pipeline()
+        allocs = self.dispatch()
         out_tile = () if self.out_tile is None else (self.out_tile,)
         for buf in (self.shared["A"], self.shared["B"], *out_tile, *self.staged.values(), *self.fragments):
             allocs = Allocate(buf, allocs)
@@ -416,7 +427,47 @@ class _Emitter:
         t = self.t
         form = " fragment_pipeline" if t.fragment_pipeline else ""
         form += f" group_m {t.group_m}" if t.group_m else ""
-        return f"{self.row} block {t.bm}x{t.bn} warps {t.warps_m}x{t.warps_n} k_tile {t.bk} stages {t.stages}{form}"
+        return (f"{self.row} block {t.bm}x{t.bn} warps {t.warps_m}x{t.warps_n} k_tile {t.bk} stages {t.stages}{form}"
+                f"{self.dispatch_summary()}")
+
+    def launch_condition(self) -> Expr | None:
+        """The condition on run-time strides under which every operand's copies are correct
+        (implicit_gemm.stride_condition), or None when they always are."""
+        conds = [op.assumes for op in (self.c.a, self.c.b) if op.copy and op.assumes is not None]
+        if not conds:
+            return None
+        return conds[0] & conds[1] if len(conds) == 2 else conds[0]
+
+    def dispatch_summary(self) -> str:
+        """The launch-time choice between the main loops, for the summary ('' when there is none)."""
+        cond = self.launch_condition()
+        if cond is None:
+            return ""
+        names = ", ".join(op.buffer.name for op in (self.c.a, self.c.b) if op.copy and op.assumes is not None)
+        return (f"; run-time strides of {names}: cp.async copies when {cond}, else element loads "
+                "(a uniform branch at launch)")
+
+    def dispatch(self) -> Stmt:
+        """The kernel's main loop (`pipeline`, through the epilogue). An operand with run-time
+        strides has copies only under a launch condition (implicit_gemm.stride_condition: unit
+        innermost stride, the others multiples of the copy -- a slice of a wider row-major array);
+        the kernel then holds two main loops over the same shared ring and fragments, the copy one
+        and one that loads those operands element by element (always correct, any strides), and
+        branches on the condition. The condition reads kernel parameters only, so every thread
+        takes the same side: no divergence, one test per launch. ptxas allocates registers for
+        the larger of the two loops; the element loop's loads go straight to shared memory
+        (`load_tile`), so that is the copy loop's count."""
+        cond = self.launch_condition()
+        if cond is None:
+            return self.pipeline()
+        fast = self.pipeline()
+        self.element_roles = {op.role for op in (self.c.a, self.c.b) if op.assumes is not None}
+        self.kt = Var(self.kt.name, self.kt.dtype)   # the second loop binds a variable of its own
+        try:
+            slow = self.pipeline()
+        finally:
+            self.element_roles = set()
+        return IfThenElse(cond, fast, slow)
 
     # step 2: staging + layout ---------------------------------------------------------------------
     def tile_shape(self, op: Operand) -> tuple[int, int]:
@@ -452,7 +503,8 @@ class _Emitter:
         return stage, r, col
 
     def asynchronous(self, op: Operand) -> bool:
-        return op.copy > 0
+        """Whether the main loop being built copies the operand with cp.async (`dispatch`)."""
+        return op.copy > 0 and op.role not in self.element_roles
 
     def element(self, op: Operand, outer: Expr, k: Expr) -> tuple[tuple[Expr, ...], Expr | None]:
         """The operand's global indices of GEMM element (outer, k) -- the row (A) or column (B) and
@@ -483,7 +535,7 @@ class _Emitter:
             outer, k = (row0 + r, col0 + col) if op.k_last else (col0 + col, row0 + r)
             indices, pad = self.element(op, outer, k)
             return indices, inside if pad is None else inside & pad
-        size = op.copy
+        size = op.copy if self.asynchronous(op) else 0
         if size:
             per_row = width // size
             nbytes = size * op.buffer.dtype.bytes
@@ -492,9 +544,35 @@ class _Emitter:
                 chunk = self.tx + t.threads * u
                 r, col = chunk // per_row, (chunk % per_row) * size
                 indices, inside = address(r, col)
+                # an operand with run-time strides is copied only in dispatch's main loop that
+                # runs when its strides were tested (unit innermost stride among them)
                 return AsyncCopy(dst, self.shared_index(op, stage, r, col), op.buffer, indices, nbytes, inside,
-                                 "cg" if nbytes == 16 else "ca")
+                                 "cg" if nbytes == 16 else "ca", op.assumes is not None)
             return self.unrolled(f"copy_{op.role.lower()}", rows * width // size // t.threads, copy), None
+        count = rows * width // t.threads
+        if op.role in self.element_roles:
+            # dispatch's loop for strides the launch test refused: each element is loaded and
+            # stored to its ring stage at once, where the element loads' registers would be
+            # stored (after the compute: the stage is free then, and on Hopper the next k tile's
+            # proxy fence publishes the stores to wgmma before any wgmma reads the buffer), in
+            # rounds of DIRECT_LOADS, so no register holds one across the compute and ptxas's
+            # allocation for the kernel stays the copy loop's; the loads' latency is exposed
+            # per round instead
+            group = min(count, DIRECT_LOADS)
+            while count % group:
+                group //= 2
+
+            def rounds(g: Var) -> Stmt:
+                def direct(u: Var) -> Stmt:
+                    e = self.tx + t.threads * (g * group + u)
+                    indices, inside = address(e // width, e % width)
+                    value = select(inside, op.buffer[indices], Const(0.0, op.buffer.dtype))
+                    return BufferStore(dst, self.shared_index(op, stage, e // width, e % width), value)
+                return self.unrolled(f"load_{op.role.lower()}", group, direct)
+            n = self.names.get("load_round", 0)
+            self.names["load_round"] = n + 1
+            g = Var("load_round" if n == 0 else f"load_round{n}")
+            return seq(), For(g, _int(0), _int(count // group), "serial", rounds(g))
         staged = self.staged[op.role]
 
         def fetch(u: Var) -> Stmt:
@@ -506,7 +584,6 @@ class _Emitter:
         def store(u: Var) -> Stmt:
             e = self.tx + t.threads * u
             return BufferStore(dst, self.shared_index(op, stage, e // width, e % width), staged[u])
-        count = rows * width // t.threads
         return (self.unrolled(f"fetch_{op.role.lower()}", count, fetch),
                 self.unrolled(f"store_{op.role.lower()}", count, store))
 

@@ -177,7 +177,7 @@ def checked_wgmma(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) ->
     """The contraction `func` computes for `stage` and the wgmma row it takes, or a
     ScheduleError naming what does not fit. `intrinsic`: "wgmma" (the row for the operands'
     dtype and BN) or that row's name."""
-    c = match_contraction(func, stage, WGMMA_OPERANDS)
+    c = match_contraction(func, stage, WGMMA_OPERANDS, run_time_strides=True)  # run-time strides: _Emitter.dispatch
     dtype = c.a.buffer.dtype.name
     tf32 = dtype == "float32"
     fp8 = dtype in FP8_INPUT_TYPES
@@ -270,7 +270,7 @@ class _WarpgroupEmitter(_Emitter):
     def summary(self) -> str:
         t = self.t
         return (f"{self.row} block {t.bm}x{t.bn} warpgroups {self.groups} k_tile {t.bk} stages {t.stages}{self.form()} "
-                f"(wgmma groups in flight {self.pending}, tiles ahead {self.lookahead})")
+                f"(wgmma groups in flight {self.pending}, tiles ahead {self.lookahead}){self.dispatch_summary()}")
 
     # step 2: staging in the descriptors' 128-byte swizzle ---------------------------------------
     def shared_buffer(self, op: Operand) -> Buffer:

@@ -106,6 +106,10 @@ def _compile_copy(s: AsyncCopy, scope: Scope) -> Runner:
 
     def run(st: LaneState) -> None:
         dst, src = st.mems[dst_slot], st.mems[src_slot]
+        if s.unit_stride_at_launch and src.strides[-1] != 1:
+            raise TeccError(f"{where} in kernel {st.kernel}: the copy assumes a unit innermost stride, tested at "
+                            f"launch, but {s.src.name}'s is {src.strides[-1]}: the kernel reached the copy without "
+                            "the test (a tensorize dispatch bug)")
         lanes = _active(st)
         didx, sidx = fdst(st), fsrc(st)
         pred = fpred(st) if fpred is not None else True

@@ -27,11 +27,14 @@ PHASE_BYTES = BANKS * BANK_BYTES
 
 
 class BankConflicts:
-    """Per shared buffer: `requests` (warp phases), `wavefronts` and `conflicts` (extra wavefronts)."""
+    """Per shared buffer: `requests` (warp phases), `wavefronts` and `conflicts` (extra wavefronts),
+    and `widths`: the bytes per lane of the accesses seen (16 for a 16-byte cp.async, 2 for a
+    half stored alone: which form filled a tile)."""
 
     def __init__(self) -> None:
         self.requests: dict[str, int] = defaultdict(int)
         self.wavefronts: dict[str, int] = defaultdict(int)
+        self.widths: dict[str, set[int]] = defaultdict(set)
 
     def conflicts(self, buffer: str) -> int:
         return self.wavefronts[buffer] - self.requests[buffer]
@@ -41,6 +44,7 @@ class BankConflicts:
         """Count one warp-wide access: lane L of each warp touches `width` bytes at
         byte_address[L] (offsets inside the block's copy of the buffer); only the first
         `lanes_used` lanes of each warp take part (ldmatrix.x1 / .x2 use 8 / 16)."""
+        self.widths[buffer].add(width)
         threads = st.layout.threads
         if threads % WARP_SIZE:
             return  # a partial warp: the emulator reports warp-collective use of it elsewhere

@@ -115,7 +115,7 @@ def _compile_tensor_store(s: TensorStore, scope: Scope) -> Runner:
             keys = src.base[lane] + physical
             if st.checks:
                 _check_read(st, src, keys, int(lane), where)
-            dst.flat[offset[inside]] = src.data[keys]
+            dst.flat[offset[inside] + dst.origin] = src.data[keys]
             if src.bulk_reading is None:
                 src.bulk_reading = np.zeros(src.data.size, dtype=np.int32)
             src.bulk_reading[keys] += 1

@@ -87,18 +87,24 @@ def compile_kernel(func: PrimFunc) -> CompiledKernel:
     return compiled
 
 
-def flat_view(array: np.ndarray, name: str) -> np.ndarray:
-    """A writable 1-D view of the memory `array` spans, from its first element on (so element
-    offsets computed from the array's own strides index it directly)."""
+def flat_view(array: np.ndarray, name: str) -> tuple[np.ndarray, int]:
+    """A writable 1-D view of the memory `array` spans, from its lowest address on, and the
+    position of element 0 in it (nonzero with negative strides), so element offsets computed
+    from the array's own strides index it at origin + offset."""
     if array.flags.c_contiguous:
-        return array.reshape(-1)
+        return array.reshape(-1), 0
     steps = []
     for s in array.strides:
-        if s < 0 or s % array.itemsize:
-            raise ShapeError(f"argument {name}: strides {array.strides} (bytes) are negative or not whole elements")
+        if s % array.itemsize:
+            raise ShapeError(f"argument {name}: strides {array.strides} (bytes) are not whole elements")
         steps.append(s // array.itemsize)
-    n = span(array.shape, steps)
-    return np.lib.stride_tricks.as_strided(array, shape=(n,), strides=(array.itemsize,))
+    if any(n == 0 for n in array.shape):
+        return array.reshape(-1), 0
+    origin = -sum((n - 1) * s for n, s in zip(array.shape, steps) if s < 0)
+    n = 1 + sum((n - 1) * abs(s) for n, s in zip(array.shape, steps))
+    # reversing the axes of negative stride puts the lowest-addressed element first
+    lowest = array[tuple(slice(None, None, -1) if s < 0 else slice(None) for s in steps)]
+    return np.lib.stride_tricks.as_strided(lowest, shape=(n,), strides=(array.itemsize,)), origin
 
 
 def simulate_kernel(func: PrimFunc, args: Mapping[str, np.ndarray | int], grid: tuple[int, int, int],
@@ -178,11 +184,11 @@ def _bind(func: PrimFunc, args: Mapping[str, np.ndarray | int]) -> tuple[dict[Va
             raise DTypeError(f"kernel {func.name}: parameter {p.name} is {p.dtype}, the array is {array.dtype}")
         shape = tuple(evaluate_int(s, ints) for s in p.shape)
         strides = tuple(evaluate_int(s, ints) for s in p.effective_strides())
-        flat = flat_view(array, p.name)
-        if span(shape, strides) > flat.size:
+        flat, origin = flat_view(array, p.name)
+        if span(shape, [abs(s) for s in strides]) > flat.size:
             raise ShapeError(
                 f"kernel {func.name}: buffer {p.name} of shape {shape} and strides {strides} needs "
                 f"{span(shape, strides)} elements, the array holds {flat.size}"
             )
-        memories[scope.buffer_slot(p)] = GlobalMemory(p.name, p.dtype, flat, shape, strides)
+        memories[scope.buffer_slot(p)] = GlobalMemory(p.name, p.dtype, flat, shape, strides, origin)
     return env, memories

@@ -277,7 +277,7 @@ def _compile_bulk_copy(s: BulkCopy, scope: Scope) -> Runner:
         didx, sidx = fdst(st), fsrc(st)
         if st.checks:
             check_bounds(st, "cp.async.bulk store", "shared", dst.name, dst.shape, didx, tuple(range(len(didx))))
-        start_src = np.broadcast_to(np.asarray(flat_index(sidx, src.strides)), (st.layout.lanes,))[lanes]
+        start_src = np.broadcast_to(np.asarray(flat_index(sidx, src.strides) + src.origin), (st.layout.lanes,))[lanes]
         start_dst = np.broadcast_to(dst.keys_of(flat_index(didx, dst.strides)), (st.layout.lanes,))[lanes]
         elem = dst.dtype.bytes
         if st.checks:
@@ -361,7 +361,7 @@ def _compile_tensor_copy(s: TensorCopy, scope: Scope) -> Runner:
                 inside &= (a >= 0) & (a < src.shape[d])
                 offset += np.where(inside, a, 0) * src.strides[d]
             values = np.zeros(n, dtype=dst.data.dtype)
-            values[inside] = src.flat[offset[inside]]
+            values[inside] = src.flat[offset[inside] + src.origin]
             if dst.pending is None:
                 dst.pending = np.zeros(dst.data.size, dtype=np.int32)
             dst.pending[keys] += 1

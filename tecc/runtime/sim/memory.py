@@ -90,13 +90,16 @@ def _uniform(v: Any, d: DType) -> Any:
 
 
 class GlobalMemory:
-    """A global buffer: a flat, writable view of the caller's storage."""
+    """A global buffer: a flat, writable view of the caller's storage. `origin`: the flat
+    position of element 0 (its lowest-addressed element comes first in `flat`, so an array with
+    negative strides has element 0 past the start); element offsets from the strides are
+    relative to element 0, as the kernel's pointer arithmetic is."""
 
     scope = "global"
 
     def __init__(self, name: str, dtype: DType, flat: np.ndarray, shape: tuple[int, ...],
-                 strides: tuple[int, ...]) -> None:
-        self.name, self.dtype, self.flat = name, dtype, flat
+                 strides: tuple[int, ...], origin: int = 0) -> None:
+        self.name, self.dtype, self.flat, self.origin = name, dtype, flat, origin
         self.shape, self.strides = shape, strides
         self.wide = flat.size >= 2**31
         self.last = max(flat.size - 1, 0)
@@ -104,7 +107,7 @@ class GlobalMemory:
     def load(self, st: LaneState, idx: Index, dims: Sequence[int]) -> Any:
         if st.checks:
             check_bounds(st, "load", "global", self.name, self.shape, idx, dims)
-        f = flat_index(idx, self.strides, self.wide)
+        f = flat_index(idx, self.strides, self.wide) + self.origin
         if isinstance(f, np.ndarray):
             return self.flat.take(f, mode="clip")
         return _uniform(self.flat[min(max(f, 0), self.last)], self.dtype)
@@ -112,7 +115,7 @@ class GlobalMemory:
     def store(self, st: LaneState, idx: Index, value: Any, dims: Sequence[int]) -> None:
         if st.checks:
             check_bounds(st, "store", "global", self.name, self.shape, idx, dims)
-        f = flat_index(idx, self.strides, self.wide)
+        f = flat_index(idx, self.strides, self.wide) + self.origin
         m = st.mask
         if m is not None:
             f = f[m] if isinstance(f, np.ndarray) else f

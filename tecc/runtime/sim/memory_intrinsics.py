@@ -77,7 +77,7 @@ def atomic_add(st: LaneState, mem: GlobalMemory, idx: tuple[Any, ...], value: An
         check_bounds(st, "atomic add", "global", mem.name, mem.shape, idx, dims)
         _check_published(st)
     lanes = st.layout.lanes
-    where = np.broadcast_to(np.asarray(flat_index(idx, mem.strides, mem.wide)), (lanes,))
+    where = np.broadcast_to(np.asarray(flat_index(idx, mem.strides, mem.wide) + mem.origin), (lanes,))
     add = np.broadcast_to(np.asarray(value, dtype=np.int64), (lanes,))
     active = np.arange(lanes) if st.mask is None else np.flatnonzero(st.mask)
     order = active[np.argsort(where[active], kind="stable")]  # by element, lane order within
