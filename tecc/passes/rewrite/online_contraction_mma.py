@@ -130,7 +130,14 @@ from ..substitute import substitute_stmt
 from ..names import identifier
 from ..schedule.tensorize import CHUNK, INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
 from ..schedule.tensorize_wgmma import wgmma_intrinsic
-from .key_tiles import kept, key_tile_bound, skipping_description, unmasked_tile_bound
+from .key_tiles import (
+    affine_form,
+    kept,
+    key_tile_bound,
+    skipping_description,
+    tiles_inside_keys,
+    unmasked_tile_bound,
+)
 from .launch_order import block_grid, launch_order, work_item
 from .online_contraction import MAX_GRID_Y, OnlineChain, _Lower, head_indices, online_chain
 
@@ -540,6 +547,89 @@ class _Kernel:
         ))
         return loop, start
 
+    def limited_guard(self, score: Expr, fold: bool, s_frag: Buffer, SF: int, c_map: Any,
+                      warp_row0: Callable[[Expr], Expr], head_at: dict[Var, Expr],
+                      bound: tuple[Expr, str] | None) -> Stmt | None:
+        """The guarded tile's elementwise stage with each affine condition of the mask (key_tiles.
+        affine_form: c·key + a·row + rest ≤ 0) compared against ONE integer per m16 tile and
+        condition, so that its register cost is that integer, not the element's row and key.
+
+        An accumulator element sits at row R0 + rc and key K0 + kc, with R0 = the m16 tile's first
+        row + the lane's row, K0 = kt·BN + the lane's column, and (rc, kc) = (8·(e // 2), 8·n +
+        e % 2), constants once the element loops are unrolled (the C fragment is the lane's
+        position plus the element's: checked against the table). So the condition is
+
+            c·kc + a·rc ≤ limit,   limit = -(c·K0 + a·R0 + rest)    (one int per m16 tile)
+
+        The key-extent test key < Sk is one more such condition, left out when isl proves every
+        key of the visited tiles is inside (key_tiles.tiles_inside_keys: Sk a multiple of the
+        tile, or the mask's last kept key inside). Conditions that are not affine in the row and
+        key are evaluated per element as before. `fold`: log2(e) folded into the kept value (no
+        raw-Σ scale). None when the fragment is not lane + element (the per-element form then)."""
+        chain, BN, MT = self.chain, self.BN, self.MT
+        for lane in range(32):
+            for e in range(4):
+                (r, col), (r0, c0), (re, ce), (rz, cz) = c_map(lane, e), c_map(lane, 0), c_map(0, e), c_map(0, 0)
+                if (r, col) != (r0 + re - rz, c0 + ce - cz):
+                    return None
+        conds, value = kept(score)
+        flat: list[Expr] = []
+        while conds:
+            c = conds.pop()
+            if isinstance(c, Binary) and c.op == "&" and c.dtype.is_bool:
+                conds.extend((c.a, c.b))
+            else:
+                flat.append(c)
+        tiles = (chain.keys + (BN - 1)) // BN if bound is None else bound[0]
+        if not tiles_inside_keys(chain, self.bx, self.BM, BN, tiles):
+            flat.append(compare("<", chain.key, chain.keys))
+        query, key = chain.row[-1], chain.key
+        forms = [affine_form(c, query, key) for c in flat]
+        zero = Const(0, dt.int32)
+        minus_inf = Const(-math.inf, dt.float32)
+
+        def times(k: int, x: Expr) -> Expr:
+            return x if k == 1 else Const(k, dt.int32) * x
+
+        def per_tile(mt: Var) -> Stmt:
+            r_lane, c_lane = c_map(self.lane, 0)
+            row0, key0 = warp_row0(mt) + r_lane, self.kt * BN + c_lane
+            limits: list[tuple[Var, Expr]] = []
+            for form in forms:
+                if form is not None:
+                    a, c, rest = form
+                    limit = Var(self.unique("key_limit"), dt.int32)
+                    limits.append((limit, zero - (times(c, key0) + times(a, row0) + substitute(rest, head_at))))
+
+            def tile(nt: Var) -> Stmt:
+                def one(e: Var) -> Stmt:
+                    r, col = c_map(self.lane, e)
+                    (re, ce), (rz, cz) = c_map(0, e), c_map(0, 0)
+                    kc, rc = nt * 8 + (ce - cz), re - rz
+                    at = {**head_at, query: warp_row0(mt) + r, key: self.kt * BN + nt * 8 + col}
+                    here = SF * mt + 4 * nt + e
+                    ok: Expr | None = None
+                    used = iter(limits)
+                    for cond, form in zip(flat, forms):
+                        if form is None:
+                            test = substitute(cond, at)
+                        else:
+                            a, c, _ = form
+                            lhs = (times(c, kc) if c else zero) + (times(a, rc) if a else zero)
+                            test = compare("<=", lhs, next(used)[0])
+                        ok = test if ok is None else ok & test
+                    v = substitute(SubexpressionReplacer({self.tcc.scores: s_frag[here]}).visit(value), at)
+                    stmts, val = self.lower.value(_fold_log2e(v) if fold else v)
+                    kept_value = cast(val, dt.float32)
+                    return seq(*stmts, BufferStore(s_frag, (here,), kept_value if ok is None else
+                                                   select(ok, kept_value, minus_inf)))
+                return self.unrolled("s_e", 4, one)
+            body: Stmt = self.unrolled("s_tile", BN // 8, tile)
+            for limit, at_tile in reversed(limits):
+                body = LetStmt(limit, at_tile, body)
+            return body
+        return self.unrolled("s_m", MT, per_tile)
+
     def work_items(self) -> Expr:
         return ((self.chain.rows[-1] + (self.BM - 1)) // self.BM) * size_product(self.chain.rows[:-1])
 
@@ -709,6 +799,10 @@ class _Kernel:
                                           BufferStore(s_frag, (here,), minus_inf))
                     return seq(*stmts, BufferStore(s_frag, (here,), select(key_ok, cast(value, dt.float32), minus_inf)))
                 return self.unrolled("s_e", 4, one)
+            if guarded and not has_reads:
+                limited = self.limited_guard(score, raw_scale is None, s_frag, SF, c_map, warp_row0, head_at, bound)
+                if limited is not None:
+                    return limited
             return self.unrolled("s_m", MT, lambda mt: self.unrolled("s_tile", BN // 8, lambda nt: tile(mt, nt)))
         guarded = element(score, True)
         # tiles every row of the block keeps whole (below the diagonal): no condition, no guard
@@ -806,17 +900,19 @@ class _Kernel:
             # done with tile kt - 1's stage
             head = (AsyncWait(0), Barrier())
         if not (wg and self.overlap):
-            loop = For(self.kt, first_tile, binary("max", n_tiles - first_tile, zero), "serial", seq(
-                *head,
-                IfThenElse(compare("<", ahead, n_tiles), load_kv(ahead % (self.stages if wg else STAGES), ahead)),
-                AsyncCommit(),
-                scores,
-                elementwise,
-                self.unrolled("row_stat", 2 * MT, row_stats),
-                self.unrolled("p_m", MT, lambda mt: self.unrolled("p_tile", BN // 8, lambda nt: weights(mt, nt))),
-                self.unrolled("o_m", MT, lambda mt: self.unrolled("o_tile", C // 8, lambda nt: rescale(mt, nt))),
-                pv,
-            ))
+            def key_loop(lo: Expr, hi: Expr, elementwise: Stmt) -> Stmt:
+                return For(self.kt, lo, binary("max", hi - lo, zero), "serial", seq(
+                    *head,
+                    IfThenElse(compare("<", ahead, n_tiles), load_kv(ahead % (self.stages if wg else STAGES), ahead)),
+                    AsyncCommit(),
+                    scores,
+                    elementwise,
+                    self.unrolled("row_stat", 2 * MT, row_stats),
+                    self.unrolled("p_m", MT, lambda mt: self.unrolled("p_tile", BN // 8, lambda nt: weights(mt, nt))),
+                    self.unrolled("o_m", MT, lambda mt: self.unrolled("o_tile", C // 8, lambda nt: rescale(mt, nt))),
+                    pv,
+                ))
+            loop = key_loop(first_tile, n_tiles, elementwise)
 
         # 8. epilogue
         l_sum = self.local("l_sum", 2 * MT)

@@ -1,0 +1,168 @@
+"""The per-element guard of the partially masked key tiles (online_contraction_mma's
+`_Kernel.limited_guard`): each affine condition of the mask, c·key + a·row + rest <= 0, becomes
+one integer limit per m16 tile compared against the element's compile-time offsets, and the
+key-extent test is left out where isl proves every visited key inside. In the emulator against
+float64 NumPy (causal, bottom-right, a sliding window, a condition that is not affine, key extents
+that are no multiple of the tile, every tile guarded), the structure of the guard in the IR, and
+ptxas's registers for the d = 128 kernel (2 blocks of 256 threads per SM need <= 128)."""
+
+import math
+
+import numpy as np
+import pytest
+
+import tecc as tc
+from tecc.compiler.plan import Plan, Step
+from tecc.ir.stmt import LetStmt, iter_stmts
+from tecc.passes.rewrite.online_contraction_mma import online_contraction_mma
+
+from test_attention_tensor_core import bound, make_inputs, masked_attention, reference, run
+from test_online_contraction import check
+
+WINDOW = 37   # the sliding window's width: keys row - 37 .. row
+
+
+def window_attention(Sq, Sk, D, dtype, mask):
+    """Attention under 'window' (row - WINDOW <= key <= row: two affine conditions, one with a
+    negative key coefficient) or 'window_odd' (the window and key % 3 != 1: a condition that is
+    not affine, evaluated per element)."""
+    Q = tc.placeholder((1, 2, Sq, D), dtype, name="Q")
+    K = tc.placeholder((1, 2, Sk, D), dtype, name="K")
+    V = tc.placeholder((1, 2, Sk, D), dtype, name="V")
+    d = tc.reduce_axis(D, name="d")
+    scale = 1.0 / math.sqrt(D)
+
+    def score(b, h, i, j):
+        s = tc.sum(tc.cast(Q[b, h, i, d], "float32") * tc.cast(K[b, h, j, d], "float32"), axis=d) * scale
+        keep = (j <= i) & (j >= i - WINDOW)
+        if mask == "window_odd":
+            keep = keep & (j % 3 != 1)
+        return tc.where(keep, s, -math.inf)
+
+    S = tc.compute((1, 2, Sq, Sk), score, name="S")
+    j1, j2, j3 = (tc.reduce_axis(Sk, name=n) for n in ("j1", "j2", "j3"))
+    m = tc.compute((1, 2, Sq), lambda b, h, i: tc.max(S[b, h, i, j1], axis=j1), name="m")
+    e = tc.compute((1, 2, Sq, Sk), lambda b, h, i, j: tc.exp(S[b, h, i, j] - m[b, h, i]), name="e")
+    l = tc.compute((1, 2, Sq), lambda b, h, i: tc.sum(e[b, h, i, j2], axis=j2), name="l")
+    O = tc.compute((1, 2, Sq, D), lambda b, h, i, c: tc.cast(
+        tc.sum(e[b, h, i, j3] * tc.cast(V[b, h, j3, c], "float32"), axis=j3) / l[b, h, i], dtype), name="O")
+    return [Q, K, V], [O]
+
+
+def window_reference(x, mask):
+    q, k, v = x
+    s = (q @ np.swapaxes(k, -1, -2)) / math.sqrt(q.shape[-1])
+    i, j = np.indices(s.shape[-2:])
+    keep = (j <= i) & (j >= i - WINDOW)
+    if mask == "window_odd":
+        keep &= j % 3 != 1
+    s = np.where(keep, s, -np.inf)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (p @ v) / p.sum(axis=-1, keepdims=True)
+
+
+def plan(rows, key_tile, wgmma, **extra):
+    return Plan((Step("online_contraction_mma", {"rows_per_block": rows, "key_tile": key_tile,
+                                                 **({"wgmma": True} if wgmma else {}), **extra}),), "test", "")
+
+
+GUARDED = [  # (Sq, Sk, D, dtype, mask, groups, (rows, key tile, wgmma), every tile guarded)
+    (130, 130, 32, "float16", "causal", 1, (128, 64, True), False),        # Sk no multiple of the tile
+    (128, 128, 32, "bfloat16", "causal", 2, (128, 64, True), False),       # a multiple: no key-extent test
+    (128, 128, 16, "float16", "causal", 1, (64, 32, False), True),         # mma.sync, two m16 tiles per warp
+    (40, 100, 32, "float16", "bottom_right", 1, (64, 64, True), False),
+    (70, 130, 32, "bfloat16", "bottom_right", 2, (64, 64, True), True),    # every tile guarded, 3 tiles
+    (96, 96, 32, "float16", "bottom_right", 1, (64, 32, False), False),
+]
+
+
+@pytest.mark.parametrize("case", GUARDED, ids=[f"{c[0]}x{c[1]}-d{c[2]}-{c[4]}-{c[6]}-every{c[7]}" for c in GUARDED])
+def test_the_limit_guard_matches_float64_numpy(case):
+    """Causal and bottom-right masks through the limit form of the guard, in the Hopper and the
+    mma.sync forms, key extents that are and are not multiples of the tile, grouped heads, more
+    and fewer keys than queries, and with every visited tile guarded (guard_every_tile)."""
+    Sq, Sk, D, dtype, mask, groups, (rows, key_tile, wgmma), every = case
+    ins, outs = masked_attention(1, 2, Sq, Sk, D, dtype, groups=groups, mask=mask, lse=True)
+    extra = {"guard_every_tile": True} if every else {}
+    if not wgmma:
+        extra["warp_rows"] = 32
+    k, got, given = run(ins, outs, make_inputs(ins, np.random.default_rng()), plan(rows, key_tile, wgmma, **extra))
+    want, want_lse = reference(given, groups, mask, False)
+    check(f"limit guard {case}", got[0], want, bound(dtype, Sk, given[2]), k.plan)
+    check(f"limit guard lse {case}", got[1], want_lse, bound(dtype, Sk, given[2]), k.plan)
+
+
+@pytest.mark.parametrize("mask,S,wgmma", [("window", 150, True), ("window_odd", 150, True), ("window", 97, False),
+                                          ("window_odd", 97, False)])
+def test_a_window_and_a_condition_that_is_not_affine(mask, S, wgmma):
+    """A sliding window (a lower bound on the key: key coefficient -1) and, with it, key % 3 != 1
+    (not affine: compared per element beside the limits), every tile guarded, against NumPy."""
+    ins, outs = window_attention(S, S, 32, "float16", mask)
+    k, got, given = run(ins, outs, make_inputs(ins, np.random.default_rng()),
+                        plan(64, 32 if not wgmma else 64, wgmma, guard_every_tile=True))
+    want = window_reference(given, mask)
+    check(f"{mask} attention S={S}", got[0], want, bound("float16", S, given[2]), k.plan)
+
+
+def _limits(kernel):
+    return [s for s in iter_stmts(kernel.body) if isinstance(s, LetStmt) and s.var.name.startswith("key_limit")]
+
+
+@pytest.mark.parametrize("Sk,want", [(128, 1), (130, 2)])
+def test_one_limit_per_affine_condition_and_the_key_extent_only_when_not_proven(Sk, want):
+    """Causal 128 x 64: the guard binds one limit per m16 tile for j <= i, and a second for
+    j < Sk only when Sk is no multiple of the tile (isl: tiles_inside_keys); the elements compare
+    constants against it (no row or key expression per element)."""
+    from tecc.codegen import emit_source
+
+    ins, outs = masked_attention(1, 2, Sk, Sk, 32, "float16", mask="causal")
+    (kernel,) = online_contraction_mma(ins + outs, 128, 64, wgmma=True).kernels
+    assert len(_limits(kernel)) == want, [str(s.value) for s in _limits(kernel)]
+    source = emit_source([kernel])
+    guard = [line for line in source.splitlines() if "<= key_limit" in line]
+    assert guard and all("thread" not in line and "query_block" not in line for line in guard), guard
+
+
+def test_tiles_inside_keys_is_proved_only_for_a_multiple_of_the_tile():
+    from tecc.passes.rewrite.key_tiles import key_tile_bound, tiles_inside_keys
+    from tecc.passes.rewrite.online_contraction import online_chain
+    from tecc.ir import dtype as dt
+    from tecc.ir.expr import Var
+
+    block = Var("query_block", dt.int32)
+    for S, mask, proved in ((256, "causal", True), (250, "causal", False), (256, None, True), (250, None, False)):
+        chain = online_chain(sum(masked_attention(1, 2, S, S, 32, "float16", mask=mask), []))
+        bound = key_tile_bound(chain, block, 128, 64)
+        tiles = (chain.keys + 63) // 64 if bound is None else bound[0]
+        assert tiles_inside_keys(chain, block, 128, 64, tiles) == proved, (S, mask)
+    n = tc.var("n")
+    chain = online_chain(sum(masked_attention(1, 2, n, n, 32, "float16", mask="causal"), []))
+    bound = key_tile_bound(chain, block, 128, 64)
+    assert bound is not None and not tiles_inside_keys(chain, block, 128, 64, bound[0])
+
+
+# ---- ptxas: the d = 128 causal 128 x 64 kernel fits 2 blocks per SM -------------------------------
+
+def _nvrtc_or_skip():
+    try:
+        from tecc.codegen.nvrtc import supported_archs
+        if "sm_90" not in supported_archs():
+            pytest.skip("NVRTC cannot compile for sm_90")
+    except Exception as exc:   # no NVRTC library on this machine
+        pytest.skip(f"NVRTC is not available: {exc}")
+
+
+@pytest.mark.parametrize("dtype,groups,Sq,Sk", [("float16", 1, 8192, 8192), ("bfloat16", 1, 8192, 8192),
+                                                ("float16", 1, 1024, 8192), ("float16", 1, 8000, 8000)])
+def test_causal_d128_128x64_fits_two_blocks_per_sm(dtype, groups, Sq, Sk):
+    """ptxas (NVRTC, sm_90a) for the Hopper causal / bottom-right kernel at d = 128, 128 x 64:
+    at most 128 registers (256 threads: 2 blocks per SM, as the non-causal kernel) and no spills;
+    the per-element guard used to take it to 133-135 (1 block per SM)."""
+    _nvrtc_or_skip()
+    from test_attention_tensor_core import masked_attention as attention
+
+    mask = "causal" if Sq == Sk else "bottom_right"
+    ins, outs = attention(2, 16, Sq, Sk, 128, dtype, groups=groups, mask=mask)
+    k = tc.build(ins + outs, plan=plan(128, 64, True), target="cuda", arch="sm_90")
+    (res,) = k.resources.values()
+    assert res.registers <= 128 and res.spill_stores == 0 and res.spill_loads == 0, res
