@@ -166,3 +166,57 @@ def test_causal_d128_128x64_fits_two_blocks_per_sm(dtype, groups, Sq, Sk):
     k = tc.build(ins + outs, plan=plan(128, 64, True), target="cuda", arch="sm_90")
     (res,) = k.resources.values()
     assert res.registers <= 128 and res.spill_stores == 0 and res.spill_loads == 0, res
+
+
+# ---- the guarded tiles peeled into a loop of their own (peel_guarded) ------------------------------
+
+PEELED = [  # (Sq, Sk, D, dtype, mask, groups, bias, (rows, key tile, wgmma), extra step arguments)
+    (200, 200, 32, "float16", "causal", 2, False, (64, 64, True), {}),
+    (130, 130, 16, "bfloat16", "causal", 1, True, (128, 64, True), {}),          # a bias: every tile guarded
+    (40, 300, 32, "float16", "bottom_right", 1, False, (64, 64, True), {"kv_splits": 2}),
+    (150, 150, 32, "bfloat16", "causal", 2, False, (64, 64, True), {"persistent": 3}),
+    (150, 150, 16, "float16", "causal", 1, False, (64, 32, False), {}),         # mma.sync
+    (97, 97, 32, "float16", "causal", 1, False, (64, 64, True), {"stages": 3}),
+]
+
+
+@pytest.mark.parametrize("case", PEELED, ids=[f"{c[0]}x{c[1]}-d{c[2]}-{c[4]}-{c[7]}-{sorted(c[8])}" for c in PEELED])
+def test_peeled_guarded_tiles_match_float64_numpy(case):
+    """`peel_guarded`: the whole tiles in one loop without the guard, the partial ones after it in
+    a second loop with it; against float64 NumPy with grouped heads, a bias, split-KV, the
+    persistent form, the mma.sync form and a 3-stage ring, and the kernel has two key loops."""
+    from tecc.ir.stmt import For
+
+    Sq, Sk, D, dtype, mask, groups, bias_, (rows, key_tile, wgmma), extra = case
+    ins, outs = masked_attention(1, 2, Sq, Sk, D, dtype, groups=groups, mask=mask, bias=bias_, lse=True)
+    k, got, given = run(ins, outs, make_inputs(ins, np.random.default_rng()),
+                        plan(rows, key_tile, wgmma, peel_guarded=True, **extra))
+    assert k.plan.steps[0].args.get("peel_guarded") is True, k.plan
+    loops = [s for s in iter_stmts(k.module.kernels[0].body) if isinstance(s, For) and s.var.name.startswith("key_tile")]
+    assert len(loops) == (1 if bias_ else 2), loops   # a bias guards every tile: nothing to peel
+    want, want_lse = reference(given, groups, mask, bias_)
+    check(f"peeled {case}", got[0], want, bound(dtype, Sk, given[2]), k.plan)
+    check(f"peeled lse {case}", got[1], want_lse, bound(dtype, Sk, given[2]), k.plan)
+
+
+def test_peel_guarded_and_overlap_say_why():
+    from tecc.ir.errors import ScheduleError
+
+    ins, outs = masked_attention(1, 2, 64, 64, 32, "float16", mask="causal")
+    with pytest.raises(ScheduleError, match="peel_guarded"):
+        online_contraction_mma(ins + outs, 128, 64, wgmma=True, overlap=True, peel_guarded=True)
+
+
+def test_grouped_causal_d128_takes_the_peeled_128x64_at_two_blocks_per_sm():
+    """Grouped heads (4 per K/V head), causal, d = 128, S = 8k: the one-loop 128 x 64 kernel is
+    past 128 registers (its K/V head addressing), the peeled one fits 128 (2 blocks per SM), so the
+    planner takes the peeled 128 x 64 over 128 x 128 and says so."""
+    _nvrtc_or_skip()
+    from tecc.compiler.strategies.online_contraction import propose_wgmma
+
+    ins, outs = masked_attention(2, 16, 8192, 8192, 128, "float16", groups=4, mask="causal")
+    choice = propose_wgmma(ins + outs, "sm_90")
+    assert choice is not None
+    args = choice.plan.steps[0].args
+    assert (args["key_tile"], args.get("peel_guarded")) == (64, True), choice.plan
+    assert "2 blocks/SM" in choice.reason and "a loop of their own" in choice.reason, choice.reason

@@ -164,7 +164,7 @@ def _ptxas(tensors: Sequence[Tensor], args: dict[str, Any], arch: str, name: str
 
 
 def _step_args(rows: int, key_tile: int, warp_rows: int = 16, wgmma: bool = False, blocks_per_sm: int = 0,
-               overlap: bool = False, kv_splits: int = 1) -> dict[str, Any]:
+               overlap: bool = False, kv_splits: int = 1, peel_guarded: bool = False) -> dict[str, Any]:
     """The online_contraction_mma step's arguments for a tiling (defaults left out)."""
     args: dict[str, Any] = {"rows_per_block": rows, "key_tile": key_tile}
     if warp_rows != 16:
@@ -177,6 +177,8 @@ def _step_args(rows: int, key_tile: int, warp_rows: int = 16, wgmma: bool = Fals
         args["overlap"] = True
     if kv_splits > 1:
         args["kv_splits"] = kv_splits
+    if peel_guarded:
+        args["peel_guarded"] = True
     return args
 
 
@@ -400,23 +402,38 @@ def _wgmma_choice(tensors: Sequence[Tensor], target: Any, name: str | None = Non
     checked: list[str] = []
     sms = target_info(arch).sm_count
 
+    peeled: set[tuple[int, int]] = set()   # plain tilings whose guarded tiles fit more blocks/SM in a loop of their own
+
     def occupancy_of(rows: int, key_tile: int) -> tuple[int, int] | None:
-        """(registers, blocks per SM) of the plain tiling's kernel as the build would compile it."""
+        """(registers, blocks per SM) of the plain tiling's kernel as the build would compile it;
+        when registers keep it below the blocks its shared memory allows, the form with the
+        guarded tiles peeled into their own loop is compiled too (ptxas allocates it differently:
+        docs/attention.md) and taken when it fits more."""
         splits = kv_split_choice(chain, rows, key_tile, sms)[0]
-        found = _compiled(tensors, _step_args(rows, key_tile, wgmma=True, kv_splits=splits), arch, name, wgmma=True)
-        if isinstance(found, str) or found[0].spill_stores or found[0].spill_loads:
-            return None
-        res, smem = found
-        return res.registers, occupancy(target_info(arch), 2 * rows, res.registers,
-                                        smem + res.shared_bytes).blocks_per_sm
+        best: tuple[int, int] | None = None
+        for peel in (False, True):
+            found = _compiled(tensors, _step_args(rows, key_tile, wgmma=True, kv_splits=splits, peel_guarded=peel),
+                              arch, name, wgmma=True)
+            if isinstance(found, str) or found[0].spill_stores or found[0].spill_loads:
+                continue
+            res, smem = found
+            occ = occupancy(target_info(arch), 2 * rows, res.registers, smem + res.shared_bytes)
+            if best is None or occ.blocks_per_sm > best[1]:
+                best = (res.registers, occ.blocks_per_sm)
+                if peel:
+                    peeled.add((rows, key_tile))
+            if best is not None and best[1] >= dict(occ.by)["shared memory"]:
+                break   # registers do not limit it: peeling cannot fit more
+        return best
 
     tilings, masked_note = masked_tiling_order(chain, widest, wgmma_tilings(widest), occupancy_of)
     tilings = decode_first(tilings, const_int(chain.rows[-1]))
     for rows, key_tile, blocks, overlap in tilings:
         label = f"{rows}x{key_tile}" + (f" ({blocks} blocks/SM)" if blocks else "") + (" overlapped" if overlap else "")
         splits, split_note = kv_split_choice(chain, rows, key_tile, sms)
+        peel = not blocks and not overlap and (rows, key_tile) in peeled
         res = _ptxas(tensors, _step_args(rows, key_tile, wgmma=True, blocks_per_sm=blocks, overlap=overlap,
-                                         kv_splits=splits), arch,
+                                         kv_splits=splits, peel_guarded=peel), arch,
                      name, wgmma=True)
         if isinstance(res, str):
             checked.append(f"{label}: {res}")
@@ -434,14 +451,16 @@ def _wgmma_choice(tensors: Sequence[Tensor], target: Any, name: str | None = Non
               f"descriptors), no score temporary of [{', '.join(map(str, chain.rows))}] x {chain.keys}; {rows} "
               f"query rows per block ({rows // 64} warpgroups of 64 rows{f', {blocks} blocks per SM asked' if blocks else ''}"
               f"), key tiles of {key_tile} through a {3 if overlap else 2}-stage cp.async ring"
-              f"{', the next tile scores and softmax while P·V is in flight' if overlap else ''} ({arch}a: {res.registers} registers, no spills, wgmmas not serialized{passed_over}); "
+              f"{', the next tile scores and softmax while P·V is in flight' if overlap else ''}"
+              f"{', the guarded key tiles in a loop of their own after the whole ones (fewer registers here)' if peel else ''}"
+              f" ({arch}a: {res.registers} registers, no spills, wgmmas not serialized{passed_over}); "
               "exp2 with log2(e) folded into the scale; "
               f"{describe_skipping(tensors, rows, key_tile)}"
               f"{f'; {masked_note}' if masked_note else ''}")
     if split_note:
         reason += f"; {split_note}"
     plan = Plan((Step("online_contraction_mma", _step_args(rows, key_tile, wgmma=True, blocks_per_sm=blocks,
-                                                           overlap=overlap, kv_splits=splits)),),
+                                                           overlap=overlap, kv_splits=splits, peel_guarded=peel)),),
                 "online_contraction_mma", reason)
     return OnlineContractionChoice(plan, 2 * rows, rows, reason)
 

@@ -314,7 +314,7 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
                            warp_rows: int = 16, name: str | None = None, wgmma: bool = False,
                            blocks_per_sm: int = 0, overlap: bool = False, plain_order: bool = False,
                            persistent: int = 0, kv_splits: int = 1, guard_every_tile: bool = False,
-                           stages: int = STAGES) -> Module:
+                           stages: int = STAGES, peel_guarded: bool = False) -> Module:
     """The module of ONE tensor-core kernel computing the chain `args` (module docstring):
     `rows_per_block` query rows per block, `warp_rows` (16 or 32: one or two m16 tiles, which
     share every K and V fragment a warp loads) per warp, key tiles of `key_tile`.
@@ -334,7 +334,11 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
     that isl proves whole included (the same results; for timing what the guard costs against
     the plain kernel, which guards only the partial tiles). `stages` (the Hopper form, neither
     overlapped nor persistent): the depth of the K/V cp.async ring, 2 (tile kt + 1 loads while tile
-    kt is computed) or 3 (tiles kt + 1 and kt + 2: two tiles of latency hidden instead of one)."""
+    kt is computed) or 3 (tiles kt + 1 and kt + 2: two tiles of latency hidden instead of one).
+    `peel_guarded` (not overlapped): the key loop split in two at the proven count of whole tiles,
+    the whole tiles without the guard, then the partial ones with it, instead of one loop that
+    branches per tile (the same results; ptxas allocates the two differently, and the planner
+    takes whichever fits more blocks per SM)."""
     where = "online_contraction_mma"
     chain = online_chain(args)
     tc_chain = tensor_core_chain(chain)
@@ -344,7 +348,7 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
         raise ScheduleError(f"{where}: kv_splits with overlap or persistent is not built; take one")
     if wgmma:
         return _wgmma_module(tc_chain, rows_per_block, key_tile, name, blocks_per_sm, overlap, plain_order, persistent,
-                             kv_splits, guard_every_tile, stages)
+                             kv_splits, guard_every_tile, stages, peel_guarded)
     if blocks_per_sm or overlap or persistent or stages != STAGES:
         raise ScheduleError(f"{where}: blocks_per_sm, overlap, persistent and stages are options of the wgmma form "
                             "(wgmma=True)")
@@ -362,6 +366,7 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
     kernel = _Kernel(tc_chain, rows_per_block, key_tile, warp_rows, name)
     kernel.plain_order = plain_order
     kernel.guard_every_tile = guard_every_tile
+    kernel.peel_guarded = bool(peel_guarded)
     kernel.splits = kv_splits
     return kernel.module()
 
@@ -400,6 +405,7 @@ class _Kernel:
         self.order = ""   # the launch order of the blocks, for the plan (launch_order.py)
         self.plain_order = False
         self.guard_every_tile = False   # every visited tile guarded (timing the guard): set by the module builders
+        self.peel_guarded = False       # the guarded tiles in a loop of their own after the whole ones
         self.persistent = 0   # > 0: that many blocks loop over the work items (_Kernel.persistent_body)
         self.splits = 1       # > 1: split-KV over that many key chunks (grid z) and a combine kernel
         self.partials: list[Buffer] = []
@@ -808,6 +814,7 @@ class _Kernel:
         # tiles every row of the block keeps whole (below the diagonal): no condition, no guard
         unmasked = None if has_reads or self.guard_every_tile else unmasked_tile_bound(chain, self.bx, BM, BN)
         self.skipping = skipping_description(chain, bound, unmasked)
+        whole: Stmt = seq()   # the elementwise stage of a whole tile (the peeled loop's)
         if unmasked is None:
             elementwise: Stmt = guarded
         else:
@@ -815,8 +822,8 @@ class _Kernel:
             if raw_scale is not None:  # the raw Σ is the value: nothing to do on whole tiles
                 elementwise = IfThenElse(compare(">=", self.kt, unmasked), guarded)
             else:
-                plain = element(kept_value, False)
-                elementwise = IfThenElse(compare("<", self.kt, unmasked), plain, guarded)
+                whole = element(kept_value, False)
+                elementwise = IfThenElse(compare("<", self.kt, unmasked), whole, guarded)
 
         # 5. running max over the quad, the rescale α, 6. P into the A fragments, the partial sum
         tile_max = self.local("tile_max", 2 * MT)
@@ -912,7 +919,13 @@ class _Kernel:
                     self.unrolled("o_m", MT, lambda mt: self.unrolled("o_tile", C // 8, lambda nt: rescale(mt, nt))),
                     pv,
                 ))
-            loop = key_loop(first_tile, n_tiles, elementwise)
+            if self.peel_guarded and unmasked is not None:
+                # the whole tiles, then the guarded ones: kt runs on, so the ring's stages and
+                # the prefetch of the next tile are those of the one loop
+                split = binary("max", first_tile, binary("min", unmasked, n_tiles))
+                loop = seq(key_loop(first_tile, split, whole), key_loop(split, n_tiles, guarded))
+            else:
+                loop = key_loop(first_tile, n_tiles, elementwise)
 
         # 8. epilogue
         l_sum = self.local("l_sum", 2 * MT)
@@ -1181,7 +1194,8 @@ def _check_wgmma_relayout(qk: str, pv: str) -> None:
 
 def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name: str | None,
                   blocks_per_sm: int, overlap: bool = False, plain_order: bool = False, persistent: int = 0,
-                  kv_splits: int = 1, guard_every_tile: bool = False, stages: int = STAGES) -> Module:
+                  kv_splits: int = 1, guard_every_tile: bool = False, stages: int = STAGES,
+                  peel_guarded: bool = False) -> Module:
     where = "online_contraction_mma (wgmma)"
     if rows_per_block not in (64, 128, 192, 256):
         raise ScheduleError(f"{where}: rows_per_block={rows_per_block} must be 64, 128, 192 or 256 (one warpgroup "
@@ -1205,12 +1219,16 @@ def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name
     if stages != STAGES and (overlap or persistent):
         raise ScheduleError(f"{where}: stages={stages} is an option of the plain loop; the overlapped form has its own "
                             f"{OVERLAP_STAGES}-stage ring and the persistent one a 2-stage ring: leave stages out")
+    if peel_guarded and overlap:
+        raise ScheduleError(f"{where}: peel_guarded splits the plain key loop; the overlapped loop issues the next "
+                            "tile's scores across the split: take one")
     if persistent and overlap:
         raise ScheduleError(f"{where}: persistent and overlap together are not built (the overlapped loop's prologue "
                             "issues tile 0's scores); take one")
     kernel = _Kernel(tcc, rows_per_block, key_tile, 16, name, warpgroup=True)
     kernel.plain_order = plain_order
     kernel.guard_every_tile = guard_every_tile
+    kernel.peel_guarded = bool(peel_guarded)
     kernel.persistent = persistent
     kernel.splits = kv_splits
     kernel.stages = stages
