@@ -256,7 +256,8 @@ def _plan_label(plan: Any) -> str:
         (f"+kv_splits{args['kv_splits']}" if args.get("kv_splits") else "") + \
         ("+plain_order" if args.get("plain_order") else "") + \
         (f"+persistent{args['persistent']}" if args.get("persistent") else "") + \
-        (f"+stages{args['stages']}" if args.get("stages") else "")
+        (f"+stages{args['stages']}" if args.get("stages") else "") + \
+        ("+peel_guarded" if args.get("peel_guarded") else "")
     return f"{plan.strategy}{form} {args.get('rows_per_block')}x{args.get('key_tile')}"
 
 
