@@ -220,3 +220,29 @@ def test_grouped_causal_d128_takes_the_peeled_128x64_at_two_blocks_per_sm():
     args = choice.plan.steps[0].args
     assert (args["key_tile"], args.get("peel_guarded")) == (64, True), choice.plan
     assert "2 blocks/SM" in choice.reason and "a loop of their own" in choice.reason, choice.reason
+
+
+# ---- on an sm_90 GPU ---------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,mask,groups,Sq,Sk,extra", [
+    ("float16", "causal", 1, 1024, 1024, {}), ("bfloat16", "causal", 1, 1000, 1000, {}),
+    ("float16", "bottom_right", 1, 300, 1100, {}), ("float16", "causal", 4, 1024, 1024, {"peel_guarded": True}),
+    ("bfloat16", "causal", 2, 1000, 1000, {"peel_guarded": True}), (None, "causal", 1, 1024, 1024, "auto")])
+def test_d128_128x64_limit_guard_on_the_gpu(dtype, mask, groups, Sq, Sk, extra):
+    """The d = 128 128 x 64 Hopper kernel with the limit guard (one loop and peeled; and the plan
+    build(plan="auto") takes for causal d = 128) on an sm_90 GPU against float64 NumPy: tile
+    multiples and not, grouped heads, the bottom-right mask, the log-sum-exp."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm_90 GPU")
+    ins, outs = masked_attention(2, 8, Sq, Sk, 128, dtype or "float16", groups=groups, mask=mask, lse=True)
+    chosen = "auto" if extra == "auto" else plan(128, 64, True, **extra)
+    k, (o, lse), given = run(ins, outs, make_inputs(ins, np.random.default_rng()), chosen, target="cuda",
+                             arch="sm_90")
+    if extra == "auto":
+        assert k.plan.steps[0].args.get("key_tile") == 64 and k.plan.steps[0].args.get("wgmma"), k.plan
+    want, want_lse = reference(given, groups, mask, False)
+    check(f"gpu limit guard {dtype} {mask} G={groups} {extra}", o, want, bound(dtype or "float16", Sk, given[2]), k.plan)
+    check(f"gpu limit guard lse {dtype} {mask} G={groups} {extra}", lse, want_lse, bound(dtype or "float16", Sk, given[2]),
+          k.plan)

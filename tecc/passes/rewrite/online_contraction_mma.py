@@ -52,7 +52,11 @@ off by at most that times max |v|, as in FlashAttention); the sum l is of the un
 
 Key tiles a mask makes fully -inf are not visited, and tiles every row keeps whole skip the
 per-element guard: bounds derived from the affine conditions of the `where`s and proved with isl
-(key_tiles.py).
+(key_tiles.py). On the partial tiles each affine condition c·key + a·row + rest <= 0 is one
+integer limit per m16 tile compared against the element's compile-time offsets, and the key-extent
+test is left out where isl proves the visited keys inside (_Kernel.limited_guard: the guard's
+registers decide whether the d = 128 Hopper kernel fits 2 blocks per SM; docs/attention.md "What a
+guarded tile costs"); `peel_guarded` runs the partial tiles in a loop of their own.
 
 The Hopper form (`wgmma=True`, sm_90a; docs/attention.md "The Hopper form"): one warpgroup per
 64 query rows (warp 4w + v of warpgroup w owns rows 16v.. of its 64, the mma.sync form's m16
