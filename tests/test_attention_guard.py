@@ -246,3 +246,50 @@ def test_d128_128x64_limit_guard_on_the_gpu(dtype, mask, groups, Sq, Sk, extra):
     check(f"gpu limit guard {dtype} {mask} G={groups} {extra}", o, want, bound(dtype or "float16", Sk, given[2]), k.plan)
     check(f"gpu limit guard lse {dtype} {mask} G={groups} {extra}", lse, want_lse, bound(dtype or "float16", Sk, given[2]),
           k.plan)
+
+
+# ---- the query-major launch order (query_major) -------------------------------------------------
+
+@pytest.mark.parametrize("wgmma,groups,mask", [(True, 2, "causal"), (True, 1, "bottom_right"), (False, 2, "causal"),
+                                               (True, 1, None)])
+def test_query_major_launch_is_every_block_once_longest_first_and_matches_numpy(wgmma, groups, mask):
+    """`query_major`: the grid's linear block order L = x + X·y runs query block L / heads (from
+    the last under a mask whose tile count grows) of head L % heads: a bijection onto (query
+    block, head), every head's longest block before any shorter one; against float64 NumPy."""
+    from tecc.ir.evaluate import evaluate_int
+    from tecc.ir.stmt import For
+
+    B, H, S = 2, 4, 200
+    ins, outs = masked_attention(B, H, S, S if mask != "bottom_right" else S + 70, 32, "float16", groups=groups,
+                                 mask=mask, lse=True)
+    rows = 64
+    k, got, given = run(ins, outs, make_inputs(ins, np.random.default_rng()),
+                        plan(rows, 64, wgmma, query_major=True, **({} if wgmma else {"warp_rows": 16})))
+    (kernel,) = k.module.kernels
+    assert "query blocks major over all heads" in dict(kernel.attrs)["tensorize"]
+    lets = {s.var.name: s for s in iter_stmts(kernel.body) if isinstance(s, LetStmt)}
+    grid = {s.kind: s.var for s in iter_stmts(kernel.body) if isinstance(s, For) and s.kind.startswith("blockIdx")}
+    X, heads = -(-S // rows), B * H
+    order = []
+    for y in range(heads):
+        for x in range(X):
+            env = {grid["blockIdx.x"]: x, grid["blockIdx.y"]: y}
+            qb = evaluate_int(lets["query_block"].value, env)
+            order.append((x + X * y, qb, evaluate_int(lets["head"].value, env)))
+    order.sort()
+    assert sorted((q, h) for _, q, h in order) == [(q, h) for q in range(X) for h in range(heads)]
+    blocks = [q for _, q, _ in order]
+    assert blocks == (sorted(blocks, reverse=True) if mask else sorted(blocks)), blocks
+    want, want_lse = reference(given, groups, mask, False)
+    Sk = int(ins[1].shape[2])
+    check(f"query_major {mask} G={groups}", got[0], want, bound("float16", Sk, given[2]), k.plan)
+    check(f"query_major lse {mask} G={groups}", got[1], want_lse, bound("float16", Sk, given[2]), k.plan)
+
+
+def test_query_major_with_persistent_or_plain_order_says_why():
+    from tecc.ir.errors import ScheduleError
+
+    ins, outs = masked_attention(1, 2, 64, 64, 32, "float16", mask="causal")
+    for extra in ({"persistent": 4, "wgmma": True}, {"plain_order": True}):
+        with pytest.raises(ScheduleError, match="query_major"):
+            online_contraction_mma(ins + outs, 64, 64, query_major=True, **extra)

@@ -318,7 +318,7 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
                            warp_rows: int = 16, name: str | None = None, wgmma: bool = False,
                            blocks_per_sm: int = 0, overlap: bool = False, plain_order: bool = False,
                            persistent: int = 0, kv_splits: int = 1, guard_every_tile: bool = False,
-                           stages: int = STAGES, peel_guarded: bool = False) -> Module:
+                           stages: int = STAGES, peel_guarded: bool = False, query_major: bool = False) -> Module:
     """The module of ONE tensor-core kernel computing the chain `args` (module docstring):
     `rows_per_block` query rows per block, `warp_rows` (16 or 32: one or two m16 tiles, which
     share every K and V fragment a warp loads) per warp, key tiles of `key_tile`.
@@ -342,7 +342,9 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
     `peel_guarded` (not overlapped): the key loop split in two at the proven count of whole tiles,
     the whole tiles without the guard, then the partial ones with it, instead of one loop that
     branches per tile (the same results; ptxas allocates the two differently, and the planner
-    takes whichever fits more blocks per SM)."""
+    takes whichever fits more blocks per SM). `query_major` (not persistent, which has that order):
+    launch the blocks query block major over all heads, the longest first over the whole launch
+    (launch_order.block_grid), instead of each head's query blocks in turn."""
     where = "online_contraction_mma"
     chain = online_chain(args)
     tc_chain = tensor_core_chain(chain)
@@ -350,9 +352,12 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
         raise ScheduleError(f"{where}: kv_splits={kv_splits!r} must be 1 (no split) .. 65535 key chunks")
     if kv_splits > 1 and (overlap or persistent):
         raise ScheduleError(f"{where}: kv_splits with overlap or persistent is not built; take one")
+    if query_major and (persistent or plain_order):
+        raise ScheduleError(f"{where}: query_major is a launch order of the plain grid; the persistent form's work "
+                            "items are already query block major, and plain_order is another order: take one")
     if wgmma:
         return _wgmma_module(tc_chain, rows_per_block, key_tile, name, blocks_per_sm, overlap, plain_order, persistent,
-                             kv_splits, guard_every_tile, stages, peel_guarded)
+                             kv_splits, guard_every_tile, stages, peel_guarded, query_major)
     if blocks_per_sm or overlap or persistent or stages != STAGES:
         raise ScheduleError(f"{where}: blocks_per_sm, overlap, persistent and stages are options of the wgmma form "
                             "(wgmma=True)")
@@ -371,6 +376,7 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
     kernel.plain_order = plain_order
     kernel.guard_every_tile = guard_every_tile
     kernel.peel_guarded = bool(peel_guarded)
+    kernel.query_major = bool(query_major)
     kernel.splits = kv_splits
     return kernel.module()
 
@@ -410,6 +416,7 @@ class _Kernel:
         self.plain_order = False
         self.guard_every_tile = False   # every visited tile guarded (timing the guard): set by the module builders
         self.peel_guarded = False       # the guarded tiles in a loop of their own after the whole ones
+        self.query_major = False        # blocks launched query block major over all heads (block_grid)
         self.persistent = 0   # > 0: that many blocks loop over the work items (_Kernel.persistent_body)
         self.splits = 1       # > 1: split-KV over that many key chunks (grid z) and a combine kernel
         self.partials: list[Buffer] = []
@@ -996,7 +1003,7 @@ class _Kernel:
             body = For(self.pb, zero, binary("min", Const(self.persistent, dt.int32), self.work_items()), "blockIdx.x",
                        body)
         else:
-            body = block_grid(body, self.chain, BM, self.bx, self.by, order, self.unique)
+            body = block_grid(body, self.chain, BM, self.bx, self.by, order, self.unique, self.query_major)
         if self.splits > 1:
             body = For(self.bz, zero, Const(self.splits, dt.int32), "blockIdx.z", body)
 
@@ -1007,6 +1014,8 @@ class _Kernel:
             tuple(v for v in self.sig.scalars if v in body_vars)
         kname = self.unique(f"{chain.output.name}_attention_{'wgmma' if wg else 'mma'}_kernel")
         mname = identifier(self.name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
+        if self.query_major and chain.rows[:-1]:
+            self.order = ", ".join(x for x in (self.order, "query blocks major over all heads (query_major)") if x)
         said = f"; {self.order}" if self.order else ""
         if self.splits > 1:
             said += (f"; split-KV: {self.splits} chunks of {self.chunk_tiles()} key tiles (grid z), float32 partial "
@@ -1199,7 +1208,7 @@ def _check_wgmma_relayout(qk: str, pv: str) -> None:
 def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name: str | None,
                   blocks_per_sm: int, overlap: bool = False, plain_order: bool = False, persistent: int = 0,
                   kv_splits: int = 1, guard_every_tile: bool = False, stages: int = STAGES,
-                  peel_guarded: bool = False) -> Module:
+                  peel_guarded: bool = False, query_major: bool = False) -> Module:
     where = "online_contraction_mma (wgmma)"
     if rows_per_block not in (64, 128, 192, 256):
         raise ScheduleError(f"{where}: rows_per_block={rows_per_block} must be 64, 128, 192 or 256 (one warpgroup "
@@ -1233,6 +1242,7 @@ def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name
     kernel.plain_order = plain_order
     kernel.guard_every_tile = guard_every_tile
     kernel.peel_guarded = bool(peel_guarded)
+    kernel.query_major = bool(query_major)
     kernel.persistent = persistent
     kernel.splits = kv_splits
     kernel.stages = stages
