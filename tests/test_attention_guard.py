@@ -24,8 +24,9 @@ WINDOW = 37   # the sliding window's width: keys row - 37 .. row
 
 def window_attention(Sq, Sk, D, dtype, mask):
     """Attention under 'window' (row - WINDOW <= key <= row: two affine conditions, one with a
-    negative key coefficient) or 'window_odd' (the window and key % 3 != 1: a condition that is
-    not affine, evaluated per element)."""
+    negative key coefficient), 'window_odd' (the window and key % 3 != 1: a condition that is
+    not affine, evaluated per element) or 'per_head' (key <= row + 5·head: the limit's constant
+    part reads the head)."""
     Q = tc.placeholder((1, 2, Sq, D), dtype, name="Q")
     K = tc.placeholder((1, 2, Sk, D), dtype, name="K")
     V = tc.placeholder((1, 2, Sk, D), dtype, name="V")
@@ -34,6 +35,8 @@ def window_attention(Sq, Sk, D, dtype, mask):
 
     def score(b, h, i, j):
         s = tc.sum(tc.cast(Q[b, h, i, d], "float32") * tc.cast(K[b, h, j, d], "float32"), axis=d) * scale
+        if mask == "per_head":
+            return tc.where(j <= i + 5 * h, s, -math.inf)
         keep = (j <= i) & (j >= i - WINDOW)
         if mask == "window_odd":
             keep = keep & (j % 3 != 1)
@@ -56,6 +59,8 @@ def window_reference(x, mask):
     keep = (j <= i) & (j >= i - WINDOW)
     if mask == "window_odd":
         keep &= j % 3 != 1
+    if mask == "per_head":
+        keep = np.stack([j <= i + 5 * h for h in range(s.shape[1])])[None]
     s = np.where(keep, s, -np.inf)
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     return (p @ v) / p.sum(axis=-1, keepdims=True)
@@ -93,10 +98,11 @@ def test_the_limit_guard_matches_float64_numpy(case):
 
 
 @pytest.mark.parametrize("mask,S,wgmma", [("window", 150, True), ("window_odd", 150, True), ("window", 97, False),
-                                          ("window_odd", 97, False)])
+                                          ("window_odd", 97, False), ("per_head", 150, True), ("per_head", 97, False)])
 def test_a_window_and_a_condition_that_is_not_affine(mask, S, wgmma):
     """A sliding window (a lower bound on the key: key coefficient -1) and, with it, key % 3 != 1
-    (not affine: compared per element beside the limits), every tile guarded, against NumPy."""
+    (not affine: compared per element beside the limits), and a causal offset that depends on the
+    head, every tile guarded, against NumPy."""
     ins, outs = window_attention(S, S, 32, "float16", mask)
     k, got, given = run(ins, outs, make_inputs(ins, np.random.default_rng()),
                         plan(64, 32 if not wgmma else 64, wgmma, guard_every_tile=True))
@@ -228,11 +234,13 @@ def test_grouped_causal_d128_takes_the_peeled_128x64_at_two_blocks_per_sm():
 @pytest.mark.parametrize("dtype,mask,groups,Sq,Sk,extra", [
     ("float16", "causal", 1, 1024, 1024, {}), ("bfloat16", "causal", 1, 1000, 1000, {}),
     ("float16", "bottom_right", 1, 300, 1100, {}), ("float16", "causal", 4, 1024, 1024, {"peel_guarded": True}),
-    ("bfloat16", "causal", 2, 1000, 1000, {"peel_guarded": True}), (None, "causal", 1, 1024, 1024, "auto")])
+    ("bfloat16", "causal", 2, 1000, 1000, {"peel_guarded": True}), (None, "causal", 1, 1024, 1024, "auto"),
+    ("float16", "causal", 2, 1024, 1024, {"query_major": True})])
 def test_d128_128x64_limit_guard_on_the_gpu(dtype, mask, groups, Sq, Sk, extra):
     """The d = 128 128 x 64 Hopper kernel with the limit guard (one loop and peeled; and the plan
-    build(plan="auto") takes for causal d = 128) on an sm_90 GPU against float64 NumPy: tile
-    multiples and not, grouped heads, the bottom-right mask, the log-sum-exp."""
+    build(plan="auto") takes for causal d = 128; launched query block major) on an sm_90 GPU
+    against float64 NumPy: tile multiples and not, grouped heads, the bottom-right mask, the
+    log-sum-exp."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("needs an sm_90 GPU")
