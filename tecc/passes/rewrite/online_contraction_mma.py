@@ -605,8 +605,15 @@ class _Kernel:
         zero = Const(0, dt.int32)
         minus_inf = Const(-math.inf, dt.float32)
 
-        def times(k: int, x: Expr) -> Expr:
-            return x if k == 1 else Const(k, dt.int32) * x
+        def combination(parts: Sequence[tuple[int, Any]]) -> Expr:
+            """Σ k·x, written with subtractions for negative k and without the zero terms."""
+            out: Expr | None = None
+            for k, x in parts:
+                if k == 0 or const_int(x) == 0:
+                    continue
+                term = x if abs(k) == 1 else Const(abs(k), dt.int32) * x
+                out = (term if k > 0 else zero - term) if out is None else (out + term if k > 0 else out - term)
+            return zero if out is None else out
 
         def per_tile(mt: Var) -> Stmt:
             r_lane, c_lane = c_map(self.lane, 0)
@@ -616,7 +623,7 @@ class _Kernel:
                 if form is not None:
                     a, c, rest = form
                     limit = Var(self.unique("key_limit"), dt.int32)
-                    limits.append((limit, zero - (times(c, key0) + times(a, row0) + substitute(rest, head_at))))
+                    limits.append((limit, combination([(-a, row0), (-c, key0), (-1, substitute(rest, head_at))])))
 
             def tile(nt: Var) -> Stmt:
                 def one(e: Var) -> Stmt:
@@ -632,7 +639,7 @@ class _Kernel:
                             test = substitute(cond, at)
                         else:
                             a, c, _ = form
-                            lhs = (times(c, kc) if c else zero) + (times(a, rc) if a else zero)
+                            lhs = combination([(c, kc), (a, rc)])
                             test = compare("<=", lhs, next(used)[0])
                         ok = test if ok is None else ok & test
                     v = substitute(SubexpressionReplacer({self.tcc.scores: s_frag[here]}).visit(value), at)
