@@ -197,7 +197,7 @@ def sdpa_times(q: Any, k: Any, v: Any, causal: bool, reps: int) -> dict[str, flo
 
 
 def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int = 1, plain_order: bool = False,
-              persistent: int = 0, stages: int = 2) -> dict[str, Any]:
+              persistent: int = 0, stages: int = 2, query_major: bool = False) -> dict[str, Any]:
     import torch
 
     import tecc as tc
@@ -207,11 +207,13 @@ def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int = 1, plain_o
     t0 = time.perf_counter()
     kern = tc.build(args)
     build_s = time.perf_counter() - t0
-    if (plain_order or persistent or stages != 2) and kern.plan.strategy == "online_contraction_mma":
+    if (plain_order or persistent or stages != 2 or query_major) and kern.plan.strategy == "online_contraction_mma":
         # the same plan, in the plain grid's order and/or persistent
         from tecc.compiler.plan import Plan, Step
 
         extra: dict[str, Any] = {"plain_order": True} if plain_order else {}
+        if query_major:
+            extra["query_major"] = True
         if persistent:
             if not kern.plan.steps[0].args.get("wgmma"):
                 raise RuntimeError("--persistent is an option of the wgmma form (sm_90)")
@@ -256,7 +258,8 @@ def _plan_label(plan: Any) -> str:
         (f"+kv_splits{args['kv_splits']}" if args.get("kv_splits") else "") + \
         ("+plain_order" if args.get("plain_order") else "") + \
         (f"+persistent{args['persistent']}" if args.get("persistent") else "") + \
-        (f"+stages{args['stages']}" if args.get("stages") else "")
+        (f"+stages{args['stages']}" if args.get("stages") else "") + \
+        ("+peel_guarded" if args.get("peel_guarded") else "") + ("+query_major" if args.get("query_major") else "")
     return f"{plan.strategy}{form} {args.get('rows_per_block')}x{args.get('key_tile')}"
 
 
@@ -277,6 +280,9 @@ def main() -> None:
                          "over the (query block, head) work items, longest first")
     ap.add_argument("--stages", type=int, default=2, choices=(2, 3),
                     help="3: the planned wgmma kernel with a 3-stage K/V ring (tiles kt + 1 and kt + 2 in flight)")
+    ap.add_argument("--query-major", action="store_true",
+                    help="the planned kernel with its blocks launched query block major over all heads (the longest "
+                         "of every head first) instead of each head's query blocks in turn")
     ap.add_argument("--dims", type=int, nargs="+", default=None, help="head dims (default 64 128; 64 with --quick)")
     ap.add_argument("--decode", action="store_true",
                     help="decoding: 1..16 query rows over 4k..64k keys (split-KV), against SDPA in the same process")
@@ -303,7 +309,7 @@ def main() -> None:
             for causal in (False, True):
                 try:
                     row = run_shape(s, d, opts.dtype, causal, groups, opts.plain_order, opts.persistent,
-                                    opts.stages)
+                                    opts.stages, opts.query_major)
                 except Exception as exc:  # noqa: BLE001 - report and go on
                     row = {"S": s, "d": d, "causal": causal, "error": f"{type(exc).__name__}: {exc}"[:400]}
                     print(row, flush=True)

@@ -1,7 +1,7 @@
 """Time the tilings of the tensor-core attention kernel against each other and SDPA flash.
 
     python benchmarks/attention_tilings.py [--s 1024] [--d 64] [--dtype float16] [--causal] [--wgmma] [--persistent 132]
-                                           [--guard-every-tile] [--stages 3]
+                                           [--guard-every-tile] [--stages 3] [--peel] [--query-major]
 
 Builds the program of benchmarks/attention.py (same B = 16384 / S, H = 2048 / d) once per tiling
 with an explicit plan `Step("online_contraction_mma", {rows_per_block, key_tile, warp_rows})`,
@@ -17,7 +17,11 @@ same tiling in the persistent form (132 blocks looping over the work items, long
 every visited key tile (`guard_every_tile`): the difference over the extra guarded tiles is what
 one guarded tile costs, measured rather than fitted (docs/attention.md, "What a guarded tile costs").
 `--stages 3` adds, after each plain wgmma tiling, the same tiling with a 3-stage K/V ring (two
-tiles of load latency hidden instead of one).
+tiles of load latency hidden instead of one). `--peel` adds, after each plain wgmma tiling, the
+same tiling with the guarded key tiles in a loop of their own (`peel_guarded`: what the planner
+takes where it fits more blocks per SM, e.g. grouped causal d = 128). `--query-major` adds, after
+each plain wgmma tiling, the same tiling launched query block major over all heads (`query_major`:
+the longest block of every head first, the launch's tail on short blocks of all heads).
 """
 
 from __future__ import annotations
@@ -55,6 +59,10 @@ def main() -> None:
                     help="also each tiling with the per-element guard on every visited key tile (times the guard)")
     ap.add_argument("--stages", type=int, default=2, choices=(2, 3),
                     help="with --wgmma: 3 also times each plain tiling with a 3-stage K/V ring")
+    ap.add_argument("--peel", action="store_true",
+                    help="with --wgmma: also each plain tiling with the guarded key tiles in a loop of their own")
+    ap.add_argument("--query-major", action="store_true",
+                    help="with --wgmma: also each plain tiling launched query block major over all heads")
     opts = ap.parse_args()
     s, d, causal = opts.s, opts.d, opts.causal
     b, h = max(1, 16384 // s), 2048 // d
@@ -90,6 +98,14 @@ def main() -> None:
         points = [p for point in points for p in (point, *(
             [(*point[:3], {**point[3], "stages": opts.stages})]
             if not any(k in point[3] for k in ("overlap", "persistent", "blocks_per_sm")) else []))]
+    if opts.wgmma and opts.peel:
+        points = [p for point in points for p in (point, *(
+            [(*point[:3], {**point[3], "peel_guarded": True})]
+            if not any(k in point[3] for k in ("overlap", "blocks_per_sm")) else []))]
+    if opts.wgmma and opts.query_major:
+        points = [p for point in points for p in (point, *(
+            [(*point[:3], {**point[3], "query_major": True})]
+            if not any(k in point[3] for k in ("overlap", "blocks_per_sm", "persistent")) else []))]
     if opts.guard_every_tile:
         points = [p for point in points for p in (point, (*point[:3], {**point[3], "guard_every_tile": True}))]
     for rows, key_tile, warp_rows, step in points:
@@ -108,7 +124,9 @@ def main() -> None:
         form = _form(warp_rows) + (" overlap" if step.get("overlap") else "") + \
             (f" persistent {step['persistent']}" if step.get("persistent") else "") + \
             (" every tile guarded" if step.get("guard_every_tile") else "") + \
-            (f" {step['stages']} stages" if step.get("stages") else "")
+            (f" {step['stages']} stages" if step.get("stages") else "") + \
+            (" guarded tiles peeled" if step.get("peel_guarded") else "") + \
+            (" query major" if step.get("query_major") else "")
         print(f" {mark}{rows:4d} x {key_tile:3d} {form}: {t * 1e6:9.1f} us {flops / t / 1e12:6.1f} TF/s "
               f"flash/tecc {flash / t:5.3f}  {res.registers} regs {res.spill_stores + res.spill_loads} B spills "
               f"rel err {err:.1e}")

@@ -383,7 +383,8 @@ class Schedule:
     def online_contraction_mma(self, rows_per_block: int = 64, key_tile: int = 64, warp_rows: int = 16,
                                wgmma: bool = False, blocks_per_sm: int = 0, overlap: bool = False,
                                plain_order: bool = False, persistent: int = 0, kv_splits: int = 1,
-                               guard_every_tile: bool = False, stages: int = 2) -> None:
+                               guard_every_tile: bool = False, stages: int = 2, peel_guarded: bool = False,
+                               query_major: bool = False) -> None:
         """Replace the module by ONE tensor-core kernel for the same chain as online_contraction
         when both contractions have float16/bfloat16 operands and constant head dims (see
         tecc.passes.rewrite.online_contraction_mma): `rows_per_block` query rows per block,
@@ -399,8 +400,11 @@ class Schedule:
         `kv_splits` > 1: split-KV (a grid axis over key chunks, float32 partials, a combine
         kernel), for few query rows over many keys. `guard_every_tile` puts the per-element mask
         guard on every visited key tile, not only the partial ones (same results; for timing the
-        guard). `stages` (wgmma, plain loop): the depth of the K/V cp.async ring, 2 or 3. It must be
-        the first step."""
+        guard). `stages` (wgmma, plain loop): the depth of the K/V cp.async ring, 2 or 3.
+        `peel_guarded`: the key tiles that carry the guard run in a loop of their own after the
+        whole ones (what ptxas allocates differs; the planner takes it where it fits more blocks
+        per SM). `query_major`: the blocks launched query block major over all heads, the longest
+        of every head first (not persistent). It must be the first step."""
         if self._steps:
             raise ScheduleError("online_contraction_mma rewrites the whole module: it must be the first step of a plan")
         start = time.perf_counter()
@@ -409,7 +413,8 @@ class Schedule:
                                                  blocks_per_sm=int(blocks_per_sm), overlap=bool(overlap),
                                                  plain_order=bool(plain_order), persistent=int(persistent),
                                                  kv_splits=int(kv_splits), guard_every_tile=bool(guard_every_tile),
-                                                 stages=int(stages))
+                                                 stages=int(stages), peel_guarded=bool(peel_guarded),
+                                                 query_major=bool(query_major))
         self.timing.append(("online_contraction_mma", time.perf_counter() - start))
         args: dict[str, Any] = {"rows_per_block": int(rows_per_block), "key_tile": int(key_tile)}
         if wgmma:
@@ -428,6 +433,10 @@ class Schedule:
             args["kv_splits"] = int(kv_splits)
         if guard_every_tile:
             args["guard_every_tile"] = True
+        if peel_guarded:
+            args["peel_guarded"] = True
+        if query_major:
+            args["query_major"] = True
         if stages != 2:
             args["stages"] = int(stages)
         self._record(Step("online_contraction_mma", args))

@@ -35,9 +35,9 @@ re-reads an O(S²) score matrix, which no choice of tiles for the unfused kernel
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from ...codegen import KernelResources, default_arch
+from ...codegen import KernelResources, default_arch, dynamic_shared_bytes
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError, TeccError
 from ...ir.evaluate import evaluate_int
@@ -53,6 +53,7 @@ from ...passes.rewrite.online_contraction_mma import (
     online_contraction_mma,
     tensor_core_chain,
 )
+from ..cost.occupancy import occupancy
 from ..pipeline import compile_module, schedule_module, wgmma_serialized
 from ..plan import Plan, Step
 
@@ -126,10 +127,11 @@ def mma_tilings(widest: int) -> tuple[tuple[int, int, int], ...]:
     return ((128, 64, 32), (64, 64, 16), (128, 64, 16), (64, 32, 16))
 
 
-def _ptxas(tensors: Sequence[Tensor], args: dict[str, Any], arch: str, name: str | None = None,
-           wgmma: bool = False) -> KernelResources | str:
+def _compiled(tensors: Sequence[Tensor], args: dict[str, Any], arch: str, name: str | None = None,
+              wgmma: bool = False) -> tuple[KernelResources, int] | str:
     """ptxas's report of the tensor-core kernel with this tiling (the online_contraction_mma step's
-    `args`), or why there is none (for the Hopper form also when ptxas serializes its wgmmas).
+    `args`) and the dynamic shared memory of its launch, or why there is none (for the Hopper form
+    also when ptxas serializes its wgmmas).
 
     The kernel is scheduled and compiled exactly as the build that takes the plan does
     (pipeline.schedule_module, then compile_module: the fixed tail of passes, the module's name,
@@ -150,11 +152,19 @@ def _ptxas(tensors: Sequence[Tensor], args: dict[str, Any], arch: str, name: str
     if serialized is not None:
         return f"ptxas serializes the wgmmas ({serialized[:120]})"
     # split-KV adds a combine kernel: the plan is judged by its worst kernel (spills first)
-    return max(found, key=lambda r: (r.spill_stores + r.spill_loads, r.registers))
+    worst = max(found, key=lambda r: (r.spill_stores + r.spill_loads, r.registers))
+    return worst, dynamic_shared_bytes(kernel.module.kernels[0])
+
+
+def _ptxas(tensors: Sequence[Tensor], args: dict[str, Any], arch: str, name: str | None = None,
+           wgmma: bool = False) -> KernelResources | str:
+    """`_compiled`'s ptxas report alone."""
+    found = _compiled(tensors, args, arch, name, wgmma)
+    return found if isinstance(found, str) else found[0]
 
 
 def _step_args(rows: int, key_tile: int, warp_rows: int = 16, wgmma: bool = False, blocks_per_sm: int = 0,
-               overlap: bool = False, kv_splits: int = 1) -> dict[str, Any]:
+               overlap: bool = False, kv_splits: int = 1, peel_guarded: bool = False) -> dict[str, Any]:
     """The online_contraction_mma step's arguments for a tiling (defaults left out)."""
     args: dict[str, Any] = {"rows_per_block": rows, "key_tile": key_tile}
     if warp_rows != 16:
@@ -167,6 +177,8 @@ def _step_args(rows: int, key_tile: int, warp_rows: int = 16, wgmma: bool = Fals
         args["overlap"] = True
     if kv_splits > 1:
         args["kv_splits"] = kv_splits
+    if peel_guarded:
+        args["peel_guarded"] = True
     return args
 
 
@@ -192,28 +204,39 @@ def wgmma_tilings(widest: int) -> tuple[tuple[int, int, int, bool], ...]:
 
 # ---- a cost per block for the Hopper tilings, fitted on H200 timings ------------------------------
 
-# (F, t, m) per (head-dim class, rows, key tile): microseconds of one block at one block per SM,
-# F fixed per block (Q load, ring fill, epilogue), t per key tile visited, m per key tile visited
-# with the per-element guard (the diagonal tiles of a mask). Fitted exactly on
-# benchmarks/attention_tilings.py --wgmma (H200, fp16; B = 16384 / S, H = 2048 / d, so 2048 blocks
-# of 128 rows at d = 128 and 4096 at d = 64 for S = 4k and 8k), a block's time taken as
-# time · 132 / blocks:
-#   d = 128, 128 x 64:  S = 4k 1059 us, 8k 2062.8 us (64, 128 tiles)  -> t, F; 8k causal 1394.3 us
-#                       (65 tiles, 2 guarded, on average)              -> m
-#   d = 128, 128 x 128: 4k 1165, 8k 2188.4 (32, 64 tiles); 8k causal 1202.5 (32.5 tiles, 1 guarded)
-#   d = 64,  128 x 128: 4k 1235, 8k 2314.9; 8k causal 1287.0;   128 x 64: 4k 1340, 8k 2580.5; causal 1460.8
-# The fit says what the brief measured: at d = 128 the causal 128 x 64 block costs ~20 us more than
-# its visited tiles predict (m = 10.3 us per guarded 64-key tile against 1.4 us per guarded
-# 128-key tile), so 128 x 128 wins under a mask that skips tiles, and 128 x 64 without one.
-# m is what the linear model leaves out, not the guard's instructions: a guarded 64-key tile is
-# ~80 more SASS instructions per thread than an unguarded one (~420), and with the launch's waves
-# and tail modelled 128 x 128's causal time has no excess at all (docs/attention.md, "What a
-# guarded tile costs"); the 128 x 64 excess at d = 128 is measured with guard_every_tile / stages=3.
-WGMMA_BLOCK_COST: dict[tuple[int, int, int], tuple[float, float, float]] = {
-    (128, 128, 64): (3.65, 1.010, 10.28),
-    (128, 128, 128): (9.15, 2.061, 1.37),
-    (64, 128, 128): (5.00, 1.088, 1.14),
-    (64, 128, 64): (3.24, 0.624, 1.64),
+# (F, t, m) per (head-dim class, rows, key tile, blocks per SM): SM-microseconds of one block
+# (a launch's time = Σ block costs / 132 SMs; with k blocks resident per SM a block's wall time is
+# k times its cost), F fixed per block (Q load, ring fill, epilogue), t per key tile visited, m
+# more per key tile visited with the per-element guard (the diagonal tiles of a mask). The blocks
+# per SM are the occupancy ptxas's registers and the tiling's shared memory give
+# (cost.occupancy: 256 threads at <= 128 registers are 2 blocks per SM): a tiling is costed with
+# the entry of the occupancy its compiled kernel has, and not costed when there is none.
+# Fitted on benchmarks/attention_tilings.py --wgmma / attention.py (H200, fp16; B = 16384 / S,
+# H = 2048 / d, so 2048 blocks of 128 rows at d = 128 and 4096 at d = 64 for S = 4k and 8k), a
+# block's cost taken as time · 132 / blocks:
+#   d = 128, 128 x 64, 2 blocks/SM (127-128 registers): not causal, Sk = 1k / 2k / 4k / 8k 293.6 /
+#       526.5 / 1001.8 / 1947.9 us (16 .. 128 tiles; attention_program, B = 2, H = 16 at 8k):
+#       57 us fixed + 236.5 us per 1024 keys over the 2048 blocks -> F, t; m unmeasured at this
+#       occupancy: 0.2·t, the guard's share of a tile's SASS (~80 of ~420 instructions per thread,
+#       docs/attention.md "What a guarded tile costs")
+#   d = 128, 128 x 64, 1 block/SM (133 registers, the causal kernel before the limit guard): 8k
+#       causal 1394.3 us (65 tiles, 2 guarded, on average) with F as above and m = 0.2·t -> t:
+#       1.38x the 2-blocks/SM rate (half the warps to hide the wgmma and load latency)
+#   d = 128, 128 x 128, 1 block/SM (170-182 registers): 4k 1165, 8k 2188.4 (32, 64 tiles) -> F, t;
+#       8k causal 1202.5 (32.5 tiles, 1 guarded) -> m
+#   d = 64,  128 x 128, 2 blocks/SM (128 registers): 4k 1235, 8k 2314.9; 8k causal 1287.0
+#   d = 64,  128 x 64, 2 blocks/SM (95-96 registers): 4k 1340, 8k 2580.5; 8k causal 1460.8
+# So at d = 128 under a mask that skips tiles 128 x 64 wins when its kernel fits 2 blocks per SM
+# (predicted 1024 against 1202 us at causal 8k) and 128 x 128 when it does not (a guard or grouped
+# heads' addressing taking 128 x 64 past 128 registers: 1394 against 1202); without a mask
+# 128 x 64 stays first. With the launch's waves and tail modelled, 128 x 128's causal time has no
+# excess at all (docs/attention.md, "What a guarded tile costs").
+WGMMA_BLOCK_COST: dict[tuple[int, int, int, int], tuple[float, float, float]] = {
+    (128, 128, 64, 2): (3.674, 0.9526, 0.1905),
+    (128, 128, 64, 1): (3.674, 1.3180, 0.2636),
+    (128, 128, 128, 1): (9.15, 2.061, 1.37),
+    (64, 128, 128, 2): (5.00, 1.088, 1.14),
+    (64, 128, 64, 2): (3.24, 0.624, 1.64),
 }
 NOMINAL_LENGTH = 8192   # a symbolic row or key extent is costed at this length (the fit's)
 
@@ -222,10 +245,17 @@ def _head_dim_class(widest: int) -> int:
     return 64 if widest <= 64 else 128 if widest <= 128 else widest
 
 
-def block_cost(widest: int, rows: int, key_tile: int, tiles: float, guarded: float) -> float | None:
-    """The fitted time of one block (µs at one block per SM on an H200) visiting `tiles` key
-    tiles of which `guarded` carry the per-element guard; None without a fit for the tiling."""
-    fit = WGMMA_BLOCK_COST.get((_head_dim_class(widest), rows, key_tile))
+def has_block_cost(widest: int, rows: int, key_tile: int) -> bool:
+    """Whether WGMMA_BLOCK_COST has a fit for the tiling at some occupancy."""
+    return any(k[:3] == (_head_dim_class(widest), rows, key_tile) for k in WGMMA_BLOCK_COST)
+
+
+def block_cost(widest: int, rows: int, key_tile: int, tiles: float, guarded: float, blocks_per_sm: int
+               ) -> float | None:
+    """The fitted cost of one block (SM-µs on an H200: the launch takes Σ costs / 132) of a kernel
+    resident `blocks_per_sm` to an SM, visiting `tiles` key tiles of which `guarded` carry the
+    per-element guard; None without a fit for the tiling at that occupancy."""
+    fit = WGMMA_BLOCK_COST.get((_head_dim_class(widest), rows, key_tile, blocks_per_sm))
     if fit is None:
         return None
     fixed, per_tile, per_guarded = fit
@@ -257,28 +287,37 @@ def proven_tiles(chain: OnlineChain, rows: int, key_tile: int) -> tuple[float, f
     return (sum(visited) / blocks, sum(n - p for n, p in zip(visited, plain)) / blocks, float(whole), blocks)
 
 
-def masked_tiling_order(chain: OnlineChain, widest: int, tilings: Sequence[tuple[int, int, int, bool]]
+def masked_tiling_order(chain: OnlineChain, widest: int, tilings: Sequence[tuple[int, int, int, bool]],
+                        occupancy_of: Callable[[int, int], tuple[int, int] | None]
                         ) -> tuple[tuple[tuple[int, int, int, bool], ...], str]:
     """`tilings` with those that have a fitted cost (WGMMA_BLOCK_COST; plain form, no blocks-per-SM
     request) reordered among their own places by predicted time, when the isl-proven tile counts
-    show the mask skips tiles (mean visited < all); else unchanged. With the note for the plan."""
-    costed: list[tuple[float, int]] = []
-    said: list[str] = []
-    skips = False
+    show the mask skips tiles (mean visited < all); else unchanged. `occupancy_of(rows, key_tile)`
+    is (registers, blocks per SM) of the plain tiling's compiled kernel (None: it does not compile
+    cleanly), which picks the fit's entry. With the note for the plan."""
+    candidates: list[tuple[int, tuple[float, float, float, int]]] = []
     for at, (rows, key_tile, blocks, overlap) in enumerate(tilings):
-        if blocks or overlap or block_cost(widest, rows, key_tile, 0, 0) is None:
+        if blocks or overlap or not has_block_cost(widest, rows, key_tile):
             continue
         found = proven_tiles(chain, rows, key_tile)
         if found is None:
             return tuple(tilings), ""
-        mean, guarded, whole, n_blocks = found
-        skips = skips or mean < whole
-        cost = block_cost(widest, rows, key_tile, mean, guarded)
-        assert cost is not None
+        candidates.append((at, found))
+    if len(candidates) < 2 or not any(mean < whole for _, (mean, _, whole, _) in candidates):
+        return tuple(tilings), ""
+    costed: list[tuple[float, int]] = []
+    said: list[str] = []
+    for at, (mean, guarded, whole, n_blocks) in candidates:
+        rows, key_tile = tilings[at][:2]
+        occ = occupancy_of(rows, key_tile)
+        cost = None if occ is None else block_cost(widest, rows, key_tile, mean, guarded, occ[1])
+        if occ is None or cost is None:
+            said.append(f"{rows}x{key_tile} not costed ({'no clean compile' if occ is None else f'no fit at {occ[1]} blocks/SM'})")
+            continue
         costed.append((cost * n_blocks, at))
-        said.append(f"{rows}x{key_tile} {mean:.1f} of {whole:.0f} tiles ({guarded:.1f} guarded) per block, "
-                    f"{cost * n_blocks:.0f}")
-    if not skips or len(costed) < 2:
+        said.append(f"{rows}x{key_tile} ({occ[0]} registers: {occ[1]} block{'s' if occ[1] != 1 else ''}/SM) "
+                    f"{mean:.1f} of {whole:.0f} tiles ({guarded:.1f} guarded) per block, {cost * n_blocks:.0f}")
+    if len(costed) < 2:
         return tuple(tilings), ""
     places = sorted(at for _, at in costed)
     ranked = [at for _, at in sorted(costed)]
@@ -286,7 +325,8 @@ def masked_tiling_order(chain: OnlineChain, widest: int, tilings: Sequence[tuple
     for place, at in zip(places, ranked):
         order[place] = tilings[at]
     note = ("the mask skips key tiles (isl-proven counts), so the tilings are ranked by the fitted cost per block "
-            "F + t·tiles + m·guarded tiles (WGMMA_BLOCK_COST, H200; µs summed over one head's query blocks): " + "; ".join(said))
+            "F + t·tiles + m·guarded tiles at the blocks per SM of the compiled kernel (WGMMA_BLOCK_COST, H200; "
+            "SM-µs summed over one head's query blocks): " + "; ".join(said))
     return tuple(order), note
 
 
@@ -360,13 +400,40 @@ def _wgmma_choice(tensors: Sequence[Tensor], target: Any, name: str | None = Non
     widest = max(mma.depth, const_int(chain.columns) or 0)
     arch = f"sm_{WGMMA_ARCH}"
     checked: list[str] = []
-    tilings, masked_note = masked_tiling_order(chain, widest, wgmma_tilings(widest))
+    sms = target_info(arch).sm_count
+
+    peeled: set[tuple[int, int]] = set()   # plain tilings whose guarded tiles fit more blocks/SM in a loop of their own
+
+    def occupancy_of(rows: int, key_tile: int) -> tuple[int, int] | None:
+        """(registers, blocks per SM) of the plain tiling's kernel as the build would compile it;
+        when registers keep it below the blocks its shared memory allows, the form with the
+        guarded tiles peeled into their own loop is compiled too (ptxas allocates it differently:
+        docs/attention.md) and taken when it fits more."""
+        splits = kv_split_choice(chain, rows, key_tile, sms)[0]
+        best: tuple[int, int] | None = None
+        for peel in (False, True):
+            found = _compiled(tensors, _step_args(rows, key_tile, wgmma=True, kv_splits=splits, peel_guarded=peel),
+                              arch, name, wgmma=True)
+            if isinstance(found, str) or found[0].spill_stores or found[0].spill_loads:
+                continue
+            res, smem = found
+            occ = occupancy(target_info(arch), 2 * rows, res.registers, smem + res.shared_bytes)
+            if best is None or occ.blocks_per_sm > best[1]:
+                best = (res.registers, occ.blocks_per_sm)
+                if peel:
+                    peeled.add((rows, key_tile))
+            if best is not None and best[1] >= dict(occ.by)["shared memory"]:
+                break   # registers do not limit it: peeling cannot fit more
+        return best
+
+    tilings, masked_note = masked_tiling_order(chain, widest, wgmma_tilings(widest), occupancy_of)
     tilings = decode_first(tilings, const_int(chain.rows[-1]))
     for rows, key_tile, blocks, overlap in tilings:
         label = f"{rows}x{key_tile}" + (f" ({blocks} blocks/SM)" if blocks else "") + (" overlapped" if overlap else "")
-        splits, split_note = kv_split_choice(chain, rows, key_tile, target_info(arch).sm_count)
+        splits, split_note = kv_split_choice(chain, rows, key_tile, sms)
+        peel = not blocks and not overlap and (rows, key_tile) in peeled
         res = _ptxas(tensors, _step_args(rows, key_tile, wgmma=True, blocks_per_sm=blocks, overlap=overlap,
-                                         kv_splits=splits), arch,
+                                         kv_splits=splits, peel_guarded=peel), arch,
                      name, wgmma=True)
         if isinstance(res, str):
             checked.append(f"{label}: {res}")
@@ -384,14 +451,16 @@ def _wgmma_choice(tensors: Sequence[Tensor], target: Any, name: str | None = Non
               f"descriptors), no score temporary of [{', '.join(map(str, chain.rows))}] x {chain.keys}; {rows} "
               f"query rows per block ({rows // 64} warpgroups of 64 rows{f', {blocks} blocks per SM asked' if blocks else ''}"
               f"), key tiles of {key_tile} through a {3 if overlap else 2}-stage cp.async ring"
-              f"{', the next tile scores and softmax while P·V is in flight' if overlap else ''} ({arch}a: {res.registers} registers, no spills, wgmmas not serialized{passed_over}); "
+              f"{', the next tile scores and softmax while P·V is in flight' if overlap else ''}"
+              f"{', the guarded key tiles in a loop of their own after the whole ones (fewer registers here)' if peel else ''}"
+              f" ({arch}a: {res.registers} registers, no spills, wgmmas not serialized{passed_over}); "
               "exp2 with log2(e) folded into the scale; "
               f"{describe_skipping(tensors, rows, key_tile)}"
               f"{f'; {masked_note}' if masked_note else ''}")
     if split_note:
         reason += f"; {split_note}"
     plan = Plan((Step("online_contraction_mma", _step_args(rows, key_tile, wgmma=True, blocks_per_sm=blocks,
-                                                           overlap=overlap, kv_splits=splits)),),
+                                                           overlap=overlap, kv_splits=splits, peel_guarded=peel)),),
                 "online_contraction_mma", reason)
     return OnlineContractionChoice(plan, 2 * rows, rows, reason)
 
@@ -441,5 +510,5 @@ def propose_mma(tensors: Sequence[Tensor], target: Any = None,
     return OnlineContractionChoice(plan, 32 * (rows // warp_rows), rows, reason)
 
 
-__all__ = ["MIN_CHUNK_TILES", "NOMINAL_LENGTH", "decode_first", "kv_split_choice", "OnlineContractionChoice", "WGMMA_BLOCK_COST", "block_cost", "masked_tiling_order",
+__all__ = ["MIN_CHUNK_TILES", "NOMINAL_LENGTH", "decode_first", "kv_split_choice", "OnlineContractionChoice", "WGMMA_BLOCK_COST", "block_cost", "has_block_cost", "masked_tiling_order",
            "mma_tilings", "proven_tiles", "propose", "propose_mma", "propose_wgmma", "wgmma_tilings"]

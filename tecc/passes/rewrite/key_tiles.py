@@ -64,10 +64,9 @@ def is_minus_inf(e: Expr) -> bool:
     return isinstance(e, Const) and e.dtype.is_float and float(e.value) == -math.inf
 
 
-def _upper_bound(cond: Expr, query: Var, key: Var, first: Expr, last: Expr, widest: bool = True) -> Expr | None:
-    """For an affine condition c·key + a·query + rest ≤ 0 with c > 0: the largest key it keeps
-    for SOME query in [first, last] (`widest`; for EVERY query in it otherwise), floor((-a·q -
-    rest) / c) at the q that maximizes (minimizes) it."""
+def affine_form(cond: Expr, query: Var, key: Var) -> tuple[int, int, Expr] | None:
+    """(a, c, rest) with `cond` ⇔ c·key + a·query + rest ≤ 0 (integers a, c; `rest` free of the
+    query and the key) for a comparison (or its negation) affine in them; None otherwise."""
     if isinstance(cond, Not) and isinstance(cond.a, Compare):
         flip = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}
         if cond.a.op not in flip:
@@ -87,10 +86,20 @@ def _upper_bound(cond: Expr, query: Var, key: Var, first: Expr, last: Expr, wide
     else:
         return None
     coeff = affine_coefficients(f, [query, key])
-    if coeff is None or coeff[1] <= 0:
+    if coeff is None:
         return None
     a, c = coeff
-    rest = substitute(f, {query: Const(0, dt.int32), key: Const(0, dt.int32)})
+    return a, c, substitute(f, {query: Const(0, dt.int32), key: Const(0, dt.int32)})
+
+
+def _upper_bound(cond: Expr, query: Var, key: Var, first: Expr, last: Expr, widest: bool = True) -> Expr | None:
+    """For an affine condition c·key + a·query + rest ≤ 0 with c > 0: the largest key it keeps
+    for SOME query in [first, last] (`widest`; for EVERY query in it otherwise), floor((-a·q -
+    rest) / c) at the q that maximizes (minimizes) it."""
+    form = affine_form(cond, query, key)
+    if form is None or form[1] <= 0:
+        return None
+    a, c, rest = form
     at = (last if a <= 0 else first) if widest else (first if a <= 0 else last)
     return (Const(-a, dt.int32) * at - rest) // c
 
@@ -149,6 +158,18 @@ def unmasked_tile_bound(chain: OnlineChain, first: Var, rows: int, tile: int) ->
     return full
 
 
+def tiles_inside_keys(chain: OnlineChain, first: Var, rows: int, tile: int, tiles: Expr) -> bool:
+    """Whether every key of the first `tiles` key tiles (an expression of the query block
+    `first`: the block's visited tiles) is below the key extent, proved by isl for every block;
+    then the per-element guard of those tiles needs no key-extent test (a key extent that is a
+    multiple of the tile, or a mask whose last kept key is inside the keys)."""
+    kt, j = Var("key_tile", dt.int32), Var("tile_key", dt.int32)
+    loops = [LoopDim(first, Const(0, dt.int32), (chain.rows[-1] + (rows - 1)) // rows, "blockIdx.x"),
+             LoopDim(kt, Const(0, dt.int32), tiles, "serial"),
+             LoopDim(j, Const(0, dt.int32), Const(tile, dt.int32), "serial")]
+    return is_empty(loops, [compare(">=", kt * tile + j, chain.keys)])
+
+
 def skipping_description(chain: OnlineChain, bound: tuple[Expr, str] | None, unmasked: Expr | None = None) -> str:
     """What the kernel does about fully masked and unmasked key tiles, for explain()."""
     whole = "" if unmasked is None else (f"; the first {unmasked} key tiles, which every row of the block keeps "
@@ -171,5 +192,5 @@ def tiles_grow_with_block(chain: OnlineChain, first: Var, rows: int, tiles: Expr
     return is_empty(loops, [compare("<", following, tiles)]) and not is_empty(loops, [compare("<", tiles, following)])
 
 
-__all__ = ["is_minus_inf", "kept", "kept_conditions", "key_tile_bound", "skipping_description", "tiles_grow_with_block",
-           "unmasked_tile_bound"]
+__all__ = ["affine_form", "is_minus_inf", "kept", "kept_conditions", "key_tile_bound", "skipping_description", "tiles_grow_with_block",
+           "tiles_inside_keys", "unmasked_tile_bound"]

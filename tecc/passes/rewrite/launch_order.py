@@ -78,15 +78,26 @@ def launch_order(chain: OnlineChain, reads: Sequence[TensorRead], first: Var, ro
 
 
 def block_grid(body: Stmt, chain: OnlineChain, rows: int, query_block: Var, head: Var,
-               order: tuple[int, bool, str], unique: Callable[[str], str]) -> Stmt:
+               order: tuple[int, bool, str], unique: Callable[[str], str], query_major: bool = False) -> Stmt:
     """The blockIdx loops around `body` (which reads `query_block` and `head`), launching the
     blocks in `order` (launch_order's; module docstring): the plain grid when G = 1 and not
-    backwards, else new blockIdx variables and lets that give query_block and head."""
+    backwards, else new blockIdx variables and lets that give query_block and head.
+    `query_major`: block L runs query block L / heads (from the last when backwards) of head
+    L % heads, the persistent form's order (work_item) on the plain grid: every head's longest
+    query block starts before any head's shorter one (longest first over the whole launch, not
+    per head: the last heads' long blocks no longer start at the end), the heads of one query
+    block, and so the G heads of a K/V head, side by side."""
     group, backwards, _ = order
     zero = Const(0, dt.int32)
     X = (chain.rows[-1] + (rows - 1)) // rows
     heads = chain.rows[:-1]
     n_heads = size_product(heads)
+    if query_major and heads:
+        x, y = Var(unique("block_x"), dt.int32), Var(unique("block_y"), dt.int32)
+        linear = x + X * y
+        rank = linear // n_heads
+        body = LetStmt(query_block, (X - 1) - rank if backwards else rank, LetStmt(head, linear % n_heads, body))
+        return For(y, zero, n_heads, "blockIdx.y", For(x, zero, X, "blockIdx.x", body))
     if group == 1 and not backwards:
         body = For(query_block, zero, X, "blockIdx.x", body)
         return For(head, zero, n_heads, "blockIdx.y", body) if heads else body

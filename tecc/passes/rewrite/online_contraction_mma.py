@@ -52,7 +52,11 @@ off by at most that times max |v|, as in FlashAttention); the sum l is of the un
 
 Key tiles a mask makes fully -inf are not visited, and tiles every row keeps whole skip the
 per-element guard: bounds derived from the affine conditions of the `where`s and proved with isl
-(key_tiles.py).
+(key_tiles.py). On the partial tiles each affine condition c·key + a·row + rest <= 0 is one
+integer limit per m16 tile compared against the element's compile-time offsets, and the key-extent
+test is left out where isl proves the visited keys inside (_Kernel.limited_guard: the guard's
+registers decide whether the d = 128 Hopper kernel fits 2 blocks per SM; docs/attention.md "What a
+guarded tile costs"); `peel_guarded` runs the partial tiles in a loop of their own.
 
 The Hopper form (`wgmma=True`, sm_90a; docs/attention.md "The Hopper form"): one warpgroup per
 64 query rows (warp 4w + v of warpgroup w owns rows 16v.. of its 64, the mma.sync form's m16
@@ -130,7 +134,14 @@ from ..substitute import substitute_stmt
 from ..names import identifier
 from ..schedule.tensorize import CHUNK, INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
 from ..schedule.tensorize_wgmma import wgmma_intrinsic
-from .key_tiles import kept, key_tile_bound, skipping_description, unmasked_tile_bound
+from .key_tiles import (
+    affine_form,
+    kept,
+    key_tile_bound,
+    skipping_description,
+    tiles_inside_keys,
+    unmasked_tile_bound,
+)
 from .launch_order import block_grid, launch_order, work_item
 from .online_contraction import MAX_GRID_Y, OnlineChain, _Lower, head_indices, online_chain
 
@@ -307,7 +318,7 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
                            warp_rows: int = 16, name: str | None = None, wgmma: bool = False,
                            blocks_per_sm: int = 0, overlap: bool = False, plain_order: bool = False,
                            persistent: int = 0, kv_splits: int = 1, guard_every_tile: bool = False,
-                           stages: int = STAGES) -> Module:
+                           stages: int = STAGES, peel_guarded: bool = False, query_major: bool = False) -> Module:
     """The module of ONE tensor-core kernel computing the chain `args` (module docstring):
     `rows_per_block` query rows per block, `warp_rows` (16 or 32: one or two m16 tiles, which
     share every K and V fragment a warp loads) per warp, key tiles of `key_tile`.
@@ -327,7 +338,13 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
     that isl proves whole included (the same results; for timing what the guard costs against
     the plain kernel, which guards only the partial tiles). `stages` (the Hopper form, neither
     overlapped nor persistent): the depth of the K/V cp.async ring, 2 (tile kt + 1 loads while tile
-    kt is computed) or 3 (tiles kt + 1 and kt + 2: two tiles of latency hidden instead of one)."""
+    kt is computed) or 3 (tiles kt + 1 and kt + 2: two tiles of latency hidden instead of one).
+    `peel_guarded` (not overlapped): the key loop split in two at the proven count of whole tiles,
+    the whole tiles without the guard, then the partial ones with it, instead of one loop that
+    branches per tile (the same results; ptxas allocates the two differently, and the planner
+    takes whichever fits more blocks per SM). `query_major` (not persistent, which has that order):
+    launch the blocks query block major over all heads, the longest first over the whole launch
+    (launch_order.block_grid), instead of each head's query blocks in turn."""
     where = "online_contraction_mma"
     chain = online_chain(args)
     tc_chain = tensor_core_chain(chain)
@@ -335,9 +352,12 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
         raise ScheduleError(f"{where}: kv_splits={kv_splits!r} must be 1 (no split) .. 65535 key chunks")
     if kv_splits > 1 and (overlap or persistent):
         raise ScheduleError(f"{where}: kv_splits with overlap or persistent is not built; take one")
+    if query_major and (persistent or plain_order):
+        raise ScheduleError(f"{where}: query_major is a launch order of the plain grid; the persistent form's work "
+                            "items are already query block major, and plain_order is another order: take one")
     if wgmma:
         return _wgmma_module(tc_chain, rows_per_block, key_tile, name, blocks_per_sm, overlap, plain_order, persistent,
-                             kv_splits, guard_every_tile, stages)
+                             kv_splits, guard_every_tile, stages, peel_guarded, query_major)
     if blocks_per_sm or overlap or persistent or stages != STAGES:
         raise ScheduleError(f"{where}: blocks_per_sm, overlap, persistent and stages are options of the wgmma form "
                             "(wgmma=True)")
@@ -355,6 +375,8 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
     kernel = _Kernel(tc_chain, rows_per_block, key_tile, warp_rows, name)
     kernel.plain_order = plain_order
     kernel.guard_every_tile = guard_every_tile
+    kernel.peel_guarded = bool(peel_guarded)
+    kernel.query_major = bool(query_major)
     kernel.splits = kv_splits
     return kernel.module()
 
@@ -393,6 +415,8 @@ class _Kernel:
         self.order = ""   # the launch order of the blocks, for the plan (launch_order.py)
         self.plain_order = False
         self.guard_every_tile = False   # every visited tile guarded (timing the guard): set by the module builders
+        self.peel_guarded = False       # the guarded tiles in a loop of their own after the whole ones
+        self.query_major = False        # blocks launched query block major over all heads (block_grid)
         self.persistent = 0   # > 0: that many blocks loop over the work items (_Kernel.persistent_body)
         self.splits = 1       # > 1: split-KV over that many key chunks (grid z) and a combine kernel
         self.partials: list[Buffer] = []
@@ -539,6 +563,96 @@ class _Kernel:
             IfThenElse(has_next, substitute_stmt(convert, {self.kt: nxt})),
         ))
         return loop, start
+
+    def limited_guard(self, score: Expr, fold: bool, s_frag: Buffer, SF: int, c_map: Any,
+                      warp_row0: Callable[[Expr], Expr], head_at: dict[Var, Expr],
+                      bound: tuple[Expr, str] | None) -> Stmt | None:
+        """The guarded tile's elementwise stage with each affine condition of the mask (key_tiles.
+        affine_form: c·key + a·row + rest ≤ 0) compared against ONE integer per m16 tile and
+        condition, so that its register cost is that integer, not the element's row and key.
+
+        An accumulator element sits at row R0 + rc and key K0 + kc, with R0 = the m16 tile's first
+        row + the lane's row, K0 = kt·BN + the lane's column, and (rc, kc) = (8·(e // 2), 8·n +
+        e % 2), constants once the element loops are unrolled (the C fragment is the lane's
+        position plus the element's: checked against the table). So the condition is
+
+            c·kc + a·rc ≤ limit,   limit = -(c·K0 + a·R0 + rest)    (one int per m16 tile)
+
+        The key-extent test key < Sk is one more such condition, left out when isl proves every
+        key of the visited tiles is inside (key_tiles.tiles_inside_keys: Sk a multiple of the
+        tile, or the mask's last kept key inside). Conditions that are not affine in the row and
+        key are evaluated per element as before. `fold`: log2(e) folded into the kept value (no
+        raw-Σ scale). None when the fragment is not lane + element (the per-element form then)."""
+        chain, BN, MT = self.chain, self.BN, self.MT
+        for lane in range(32):
+            for e in range(4):
+                (r, col), (r0, c0), (re, ce), (rz, cz) = c_map(lane, e), c_map(lane, 0), c_map(0, e), c_map(0, 0)
+                if (r, col) != (r0 + re - rz, c0 + ce - cz):
+                    return None
+        conds, value = kept(score)
+        flat: list[Expr] = []
+        while conds:
+            c = conds.pop()
+            if isinstance(c, Binary) and c.op == "&" and c.dtype.is_bool:
+                conds.extend((c.a, c.b))
+            else:
+                flat.append(c)
+        tiles = (chain.keys + (BN - 1)) // BN if bound is None else bound[0]
+        if not tiles_inside_keys(chain, self.bx, self.BM, BN, tiles):
+            flat.append(compare("<", chain.key, chain.keys))
+        query, key = chain.row[-1], chain.key
+        forms = [affine_form(c, query, key) for c in flat]
+        zero = Const(0, dt.int32)
+        minus_inf = Const(-math.inf, dt.float32)
+
+        def combination(parts: Sequence[tuple[int, Any]]) -> Expr:
+            """Σ k·x, written with subtractions for negative k and without the zero terms."""
+            out: Expr | None = None
+            for k, x in parts:
+                if k == 0 or const_int(x) == 0:
+                    continue
+                term = x if abs(k) == 1 else Const(abs(k), dt.int32) * x
+                out = (term if k > 0 else zero - term) if out is None else (out + term if k > 0 else out - term)
+            return zero if out is None else out
+
+        def per_tile(mt: Var) -> Stmt:
+            r_lane, c_lane = c_map(self.lane, 0)
+            row0, key0 = warp_row0(mt) + r_lane, self.kt * BN + c_lane
+            limits: list[tuple[Var, Expr]] = []
+            for form in forms:
+                if form is not None:
+                    a, c, rest = form
+                    limit = Var(self.unique("key_limit"), dt.int32)
+                    limits.append((limit, combination([(-a, row0), (-c, key0), (-1, substitute(rest, head_at))])))
+
+            def tile(nt: Var) -> Stmt:
+                def one(e: Var) -> Stmt:
+                    r, col = c_map(self.lane, e)
+                    (re, ce), (rz, cz) = c_map(0, e), c_map(0, 0)
+                    kc, rc = nt * 8 + (ce - cz), re - rz
+                    at = {**head_at, query: warp_row0(mt) + r, key: self.kt * BN + nt * 8 + col}
+                    here = SF * mt + 4 * nt + e
+                    ok: Expr | None = None
+                    used = iter(limits)
+                    for cond, form in zip(flat, forms):
+                        if form is None:
+                            test = substitute(cond, at)
+                        else:
+                            a, c, _ = form
+                            lhs = combination([(c, kc), (a, rc)])
+                            test = compare("<=", lhs, next(used)[0])
+                        ok = test if ok is None else ok & test
+                    v = substitute(SubexpressionReplacer({self.tcc.scores: s_frag[here]}).visit(value), at)
+                    stmts, val = self.lower.value(_fold_log2e(v) if fold else v)
+                    kept_value = cast(val, dt.float32)
+                    return seq(*stmts, BufferStore(s_frag, (here,), kept_value if ok is None else
+                                                   select(ok, kept_value, minus_inf)))
+                return self.unrolled("s_e", 4, one)
+            body: Stmt = self.unrolled("s_tile", BN // 8, tile)
+            for limit, at_tile in reversed(limits):
+                body = LetStmt(limit, at_tile, body)
+            return body
+        return self.unrolled("s_m", MT, per_tile)
 
     def work_items(self) -> Expr:
         return ((self.chain.rows[-1] + (self.BM - 1)) // self.BM) * size_product(self.chain.rows[:-1])
@@ -709,11 +823,16 @@ class _Kernel:
                                           BufferStore(s_frag, (here,), minus_inf))
                     return seq(*stmts, BufferStore(s_frag, (here,), select(key_ok, cast(value, dt.float32), minus_inf)))
                 return self.unrolled("s_e", 4, one)
+            if guarded and not has_reads:
+                limited = self.limited_guard(score, raw_scale is None, s_frag, SF, c_map, warp_row0, head_at, bound)
+                if limited is not None:
+                    return limited
             return self.unrolled("s_m", MT, lambda mt: self.unrolled("s_tile", BN // 8, lambda nt: tile(mt, nt)))
         guarded = element(score, True)
         # tiles every row of the block keeps whole (below the diagonal): no condition, no guard
         unmasked = None if has_reads or self.guard_every_tile else unmasked_tile_bound(chain, self.bx, BM, BN)
         self.skipping = skipping_description(chain, bound, unmasked)
+        whole: Stmt = seq()   # the elementwise stage of a whole tile (the peeled loop's)
         if unmasked is None:
             elementwise: Stmt = guarded
         else:
@@ -721,8 +840,8 @@ class _Kernel:
             if raw_scale is not None:  # the raw Σ is the value: nothing to do on whole tiles
                 elementwise = IfThenElse(compare(">=", self.kt, unmasked), guarded)
             else:
-                plain = element(kept_value, False)
-                elementwise = IfThenElse(compare("<", self.kt, unmasked), plain, guarded)
+                whole = element(kept_value, False)
+                elementwise = IfThenElse(compare("<", self.kt, unmasked), whole, guarded)
 
         # 5. running max over the quad, the rescale α, 6. P into the A fragments, the partial sum
         tile_max = self.local("tile_max", 2 * MT)
@@ -806,17 +925,25 @@ class _Kernel:
             # done with tile kt - 1's stage
             head = (AsyncWait(0), Barrier())
         if not (wg and self.overlap):
-            loop = For(self.kt, first_tile, binary("max", n_tiles - first_tile, zero), "serial", seq(
-                *head,
-                IfThenElse(compare("<", ahead, n_tiles), load_kv(ahead % (self.stages if wg else STAGES), ahead)),
-                AsyncCommit(),
-                scores,
-                elementwise,
-                self.unrolled("row_stat", 2 * MT, row_stats),
-                self.unrolled("p_m", MT, lambda mt: self.unrolled("p_tile", BN // 8, lambda nt: weights(mt, nt))),
-                self.unrolled("o_m", MT, lambda mt: self.unrolled("o_tile", C // 8, lambda nt: rescale(mt, nt))),
-                pv,
-            ))
+            def key_loop(lo: Expr, hi: Expr, elementwise: Stmt) -> Stmt:
+                return For(self.kt, lo, binary("max", hi - lo, zero), "serial", seq(
+                    *head,
+                    IfThenElse(compare("<", ahead, n_tiles), load_kv(ahead % (self.stages if wg else STAGES), ahead)),
+                    AsyncCommit(),
+                    scores,
+                    elementwise,
+                    self.unrolled("row_stat", 2 * MT, row_stats),
+                    self.unrolled("p_m", MT, lambda mt: self.unrolled("p_tile", BN // 8, lambda nt: weights(mt, nt))),
+                    self.unrolled("o_m", MT, lambda mt: self.unrolled("o_tile", C // 8, lambda nt: rescale(mt, nt))),
+                    pv,
+                ))
+            if self.peel_guarded and unmasked is not None:
+                # the whole tiles, then the guarded ones: kt runs on, so the ring's stages and
+                # the prefetch of the next tile are those of the one loop
+                split = binary("max", first_tile, binary("min", unmasked, n_tiles))
+                loop = seq(key_loop(first_tile, split, whole), key_loop(split, n_tiles, guarded))
+            else:
+                loop = key_loop(first_tile, n_tiles, elementwise)
 
         # 8. epilogue
         l_sum = self.local("l_sum", 2 * MT)
@@ -883,7 +1010,7 @@ class _Kernel:
             body = For(self.pb, zero, binary("min", Const(self.persistent, dt.int32), self.work_items()), "blockIdx.x",
                        body)
         else:
-            body = block_grid(body, self.chain, BM, self.bx, self.by, order, self.unique)
+            body = block_grid(body, self.chain, BM, self.bx, self.by, order, self.unique, self.query_major)
         if self.splits > 1:
             body = For(self.bz, zero, Const(self.splits, dt.int32), "blockIdx.z", body)
 
@@ -894,6 +1021,8 @@ class _Kernel:
             tuple(v for v in self.sig.scalars if v in body_vars)
         kname = self.unique(f"{chain.output.name}_attention_{'wgmma' if wg else 'mma'}_kernel")
         mname = identifier(self.name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
+        if self.query_major and chain.rows[:-1]:
+            self.order = ", ".join(x for x in (self.order, "query blocks major over all heads (query_major)") if x)
         said = f"; {self.order}" if self.order else ""
         if self.splits > 1:
             said += (f"; split-KV: {self.splits} chunks of {self.chunk_tiles()} key tiles (grid z), float32 partial "
@@ -1085,7 +1214,8 @@ def _check_wgmma_relayout(qk: str, pv: str) -> None:
 
 def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name: str | None,
                   blocks_per_sm: int, overlap: bool = False, plain_order: bool = False, persistent: int = 0,
-                  kv_splits: int = 1, guard_every_tile: bool = False, stages: int = STAGES) -> Module:
+                  kv_splits: int = 1, guard_every_tile: bool = False, stages: int = STAGES,
+                  peel_guarded: bool = False, query_major: bool = False) -> Module:
     where = "online_contraction_mma (wgmma)"
     if rows_per_block not in (64, 128, 192, 256):
         raise ScheduleError(f"{where}: rows_per_block={rows_per_block} must be 64, 128, 192 or 256 (one warpgroup "
@@ -1109,12 +1239,17 @@ def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name
     if stages != STAGES and (overlap or persistent):
         raise ScheduleError(f"{where}: stages={stages} is an option of the plain loop; the overlapped form has its own "
                             f"{OVERLAP_STAGES}-stage ring and the persistent one a 2-stage ring: leave stages out")
+    if peel_guarded and overlap:
+        raise ScheduleError(f"{where}: peel_guarded splits the plain key loop; the overlapped loop issues the next "
+                            "tile's scores across the split: take one")
     if persistent and overlap:
         raise ScheduleError(f"{where}: persistent and overlap together are not built (the overlapped loop's prologue "
                             "issues tile 0's scores); take one")
     kernel = _Kernel(tcc, rows_per_block, key_tile, 16, name, warpgroup=True)
     kernel.plain_order = plain_order
     kernel.guard_every_tile = guard_every_tile
+    kernel.peel_guarded = bool(peel_guarded)
+    kernel.query_major = bool(query_major)
     kernel.persistent = persistent
     kernel.splits = kv_splits
     kernel.stages = stages
