@@ -228,6 +228,22 @@ def test_grouped_causal_d128_takes_the_peeled_128x64_at_two_blocks_per_sm():
     assert "2 blocks/SM" in choice.reason and "a loop of their own" in choice.reason, choice.reason
 
 
+@pytest.mark.parametrize("mask,D", [("causal", 128), ("causal", 64), ("bottom_right", 128), (None, 128), (None, 64)])
+def test_the_planner_launches_masked_blocks_query_block_major(mask, D):
+    """The Hopper plan launches query block major over all heads exactly when the mask makes
+    the blocks' key tile counts differ (isl's proven counts), and says so."""
+    _nvrtc_or_skip()
+    from tecc.compiler.strategies.online_contraction import propose_wgmma
+
+    Sq = 1024 if mask == "bottom_right" else 4096
+    ins, outs = masked_attention(2, 2048 // D, Sq, 4096, D, "float16", mask=mask)
+    choice = propose_wgmma(ins + outs, "sm_90")
+    assert choice is not None
+    masked = mask is not None
+    assert bool(choice.plan.steps[0].args.get("query_major")) is masked, choice.plan
+    assert ("query blocks launched major over all heads" in choice.reason) is masked, choice.reason
+
+
 # ---- on an sm_90 GPU ---------------------------------------------------------------------------
 
 @pytest.mark.gpu
