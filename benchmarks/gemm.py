@@ -42,7 +42,8 @@ predicted times.
 `strides="any"` and passed as the slice `x[:, :K]` of a K + 64 wide tensor (16-byte-multiple rows:
 the cp.async loop), against torch.matmul on the same view, against the contiguous build on a
 contiguous A, and (for the record) on a transposed view of A (the element loop of the same
-kernel); `--strided-only gemm_tensor_core` restricts the planner (mma.sync on sm_90).
+kernel); `--strided-only gemm_tensor_core` restricts the planner (mma.sync on sm_90); `--only STRATEGY` does so
+for the table of shapes.
 """
 
 from __future__ import annotations
@@ -407,6 +408,8 @@ def main() -> None:
     ap.add_argument("--ladder", action="store_true",
                     help="one row per rung of the Hopper ladder at --sweep-size (float16, gemm_wgmma)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", default=None, metavar="STRATEGY",
+                    help="plan the table's shapes with this strategy only (e.g. gemm_tensor_core: the mma.sync path on sm_90)")
     ap.add_argument("--compare", action="store_true", help="also time gemm_pipelined where the planner chose another")
     ap.add_argument("--symbolic", action="store_true", help="check a symbolic-M build at M=1000 and M=4096")
     ap.add_argument("--sweep-small", action="store_true",
@@ -444,7 +447,7 @@ def main() -> None:
           f"{'kernel us':>9} {'stream us':>9} {'cuBLAS us':>9} {'r.kern':>6} {'r.strm':>6}  plan", flush=True)
     for batch, m, n, k, _ in ([] if opts.skip_shapes else shapes):
         try:
-            row = run_shape(batch, m, n, k)
+            row = run_shape(batch, m, n, k, only=[opts.only] if opts.only else None)
         except Exception as exc:  # noqa: BLE001 - report and go on
             row = {"shape": f"{batch}x{m}x{n}x{k}", "error": f"{type(exc).__name__}: {exc}"[:400]}
             print(row, flush=True)
