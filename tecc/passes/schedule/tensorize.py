@@ -595,21 +595,28 @@ class _Emitter:
         return seq(issue_a, issue_b), finish
 
     # step 3: the pipeline ring ---------------------------------------------------------------------
-    def pipeline(self) -> Stmt:
-        t = self.t
-        if t.fragment_pipeline:
-            return self.pipelined_loop()
-        zero = self.unrolled("zero", 4 * t.tm * t.tn, lambda z: BufferStore(self.frag_c, (z,), Const(0.0, dt.float32)))
+    def ring_prologue(self, tiles: int) -> list[Stmt]:
+        """The ring's fill before the k loop: tiles 0 .. `tiles` - 1 into stages of the same
+        number, one commit group per tile even when K has fewer (a tile past a known K is not
+        loaded; with a symbolic K each load is guarded), so the loop's wait counts stay uniform."""
         known = const_int(self.k_tiles)
         prologue: list[Stmt] = []
-        for s in range(t.stages - 1):
+        for s in range(tiles):
             issue, finish = self.load_stage(Const(s, dt.int32), Const(s, dt.int32))
             load = seq(issue, finish)
             if known is None:
                 prologue.append(IfThenElse(Const(s, dt.int32) < self.k_tiles, load))
             elif s < known:
                 prologue.append(load)
-            prologue.append(AsyncCommit())  # one group per stage, even when K has fewer tiles
+            prologue.append(AsyncCommit())
+        return prologue
+
+    def pipeline(self) -> Stmt:
+        t = self.t
+        if t.fragment_pipeline:
+            return self.pipelined_loop()
+        zero = self.unrolled("zero", 4 * t.tm * t.tn, lambda z: BufferStore(self.frag_c, (z,), Const(0.0, dt.float32)))
+        prologue = self.ring_prologue(t.stages - 1)
         ahead = self.kt + (t.stages - 1)
         issue, finish = self.load_stage(ahead % t.stages, ahead)
         loop = For(self.kt, _int(0), self.k_tiles, "serial", seq(
@@ -636,16 +643,7 @@ class _Emitter:
         flight once tile kt + 1 has landed."""
         t = self.t
         zero = self.unrolled("zero", 4 * t.tm * t.tn, lambda z: BufferStore(self.frag_c, (z,), Const(0.0, dt.float32)))
-        known = const_int(self.k_tiles)
-        prologue: list[Stmt] = []
-        for s in range(t.stages):
-            issue, finish = self.load_stage(Const(s, dt.int32), Const(s, dt.int32))
-            load = seq(issue, finish)
-            if known is None:
-                prologue.append(IfThenElse(Const(s, dt.int32) < self.k_tiles, load))
-            elif s < known:
-                prologue.append(load)
-            prologue.append(AsyncCommit())  # one group per stage, even when K has fewer tiles
+        prologue = self.ring_prologue(t.stages)
         steps = self.k_steps()
         first = seq(AsyncWait(t.stages - 1), Barrier(),   # tile 0 has landed, for every thread
                     self.fragment_loads(Const(0, dt.int32), Const(0, dt.int32), 0))
@@ -676,6 +674,7 @@ class _Emitter:
         # fewer than S tiles (an uninitialized read): load it only for a next tile then, and
         # always when K has S tiles or more (the last tile then reads a stale stage, unused)
         following = self.fragment_loads((self.kt + 1) % t.stages, Const(0, dt.int32), 0)
+        known = const_int(self.k_tiles)
         if known is None or known < t.stages:
             following = IfThenElse(self.kt + 1 < self.k_tiles, following)
         last = seq(

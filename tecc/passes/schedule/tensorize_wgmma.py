@@ -316,16 +316,7 @@ class _WarpgroupEmitter(_Emitter):
         ahead_tiles = self.lookahead
         elements = lookup(self.row).operand("d").elements
         zero = self.unrolled("zero", elements, lambda z: BufferStore(self.frag_c, (z,), Const(0.0, dt.float32)))
-        known = const_int(self.k_tiles)
-        prologue: list[Stmt] = []
-        for s in range(ahead_tiles):
-            issue, finish = self.load_stage(Const(s, dt.int32), Const(s, dt.int32))
-            load = seq(issue, finish)
-            if known is None:
-                prologue.append(IfThenElse(Const(s, dt.int32) < self.k_tiles, load))
-            elif s < known:
-                prologue.append(load)
-            prologue.append(AsyncCommit())  # one group per tile, even past the last
+        prologue = self.ring_prologue(ahead_tiles)
         if self.x_registers:
             # two iterations per trip, each with its own set of X registers: the group left in
             # flight reads the other set (the register operand's registers are read until the
