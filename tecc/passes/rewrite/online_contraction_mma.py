@@ -137,6 +137,7 @@ from ..schedule.tensorize_wgmma import wgmma_intrinsic
 from .key_tiles import (
     affine_form,
     kept,
+    kept_conditions,
     key_tile_bound,
     skipping_description,
     tiles_inside_keys,
@@ -589,14 +590,8 @@ class _Kernel:
                 (r, col), (r0, c0), (re, ce), (rz, cz) = c_map(lane, e), c_map(lane, 0), c_map(0, e), c_map(0, 0)
                 if (r, col) != (r0 + re - rz, c0 + ce - cz):
                     return None
-        conds, value = kept(score)
-        flat: list[Expr] = []
-        while conds:
-            c = conds.pop()
-            if isinstance(c, Binary) and c.op == "&" and c.dtype.is_bool:
-                conds.extend((c.a, c.b))
-            else:
-                flat.append(c)
+        value = kept(score)[1]
+        flat = kept_conditions(score)
         tiles = (chain.keys + (BN - 1)) // BN if bound is None else bound[0]
         if not tiles_inside_keys(chain, self.bx, self.BM, BN, tiles):
             flat.append(compare("<", chain.key, chain.keys))
