@@ -177,7 +177,10 @@ class AsyncCopy(Stmt):
     source's innermost stride is a run-time one (a kernel parameter) that the kernel has tested
     to be 1 before it reaches this copy (a uniform branch on the launch's strides, as tensorize's
     dispatch makes); the emulator checks it at each copy. Without it the innermost stride must
-    be 1 at compile time."""
+    be 1 at compile time. `along`: the source dimension the copied elements run along (-1, the
+    innermost, unless a transposed view's copies run along another dimension whose run-time
+    stride the kernel tested to be 1: tensorize's MN-major copy loop); its stride is the one
+    that must be 1 (at compile time, or tested at launch)."""
 
     dst: Buffer
     dst_indices: tuple[Expr, ...]
@@ -187,6 +190,7 @@ class AsyncCopy(Stmt):
     predicate: Expr | None = None
     cache: str = "cg"
     unit_stride_at_launch: bool = False
+    along: int = -1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dst_indices", tuple(index_expr(i) for i in self.dst_indices))
@@ -201,16 +205,24 @@ class AsyncCopy(Stmt):
         if self.cache not in ASYNC_CACHE or (self.cache == "cg" and self.bytes != 16):
             raise IntrinsicError(f"{where}: cache must be 'ca', or 'cg' for 16-byte copies; got {self.cache!r} for "
                                  f"{self.bytes} bytes")
-        for buf, idx in ((self.dst, self.dst_indices), (self.src, self.src_indices)):
+        if not -self.src.ndim <= self.along < self.src.ndim:
+            raise IntrinsicError(f"{where}: along={self.along} is not a dimension of {self.src.name} "
+                                 f"({self.src.ndim} dimensions)")
+        if self.along % self.src.ndim != self.src.ndim - 1 and not self.unit_stride_at_launch:
+            raise IntrinsicError(f"{where}: a copy along dimension {self.along} of {self.src.name} (not its innermost) "
+                                 "needs that dimension's run-time stride tested to be 1 at launch "
+                                 "(unit_stride_at_launch)")
+        for buf, idx, dim in ((self.dst, self.dst_indices, -1), (self.src, self.src_indices, self.along)):
             if len(idx) != buf.ndim:
                 raise IntrinsicError(f"{where}: {len(idx)} indices for the {buf.ndim} dimensions of {buf.name}")
-            innermost = const_int(buf.strides[-1]) if buf.strides is not None else 1
-            if innermost is None and buf is self.src and self.unit_stride_at_launch:
+            stride = const_int(buf.strides[dim]) if buf.strides is not None else (1 if dim == -1 else None)
+            if stride is None and buf is self.src and self.unit_stride_at_launch:
                 continue  # a run-time stride the kernel tested to be 1 (the docstring)
-            if innermost != 1:
+            if stride != 1:
                 assert buf.strides is not None
-                raise IntrinsicError(f"{where}: the copied elements must be contiguous; {buf.name}'s last stride "
-                                     f"is {buf.strides[-1]}" + ("" if innermost is not None else
+                what = "last stride" if dim % buf.ndim == buf.ndim - 1 else f"stride along dimension {dim}"
+                raise IntrinsicError(f"{where}: the copied elements must be contiguous; {buf.name}'s {what} "
+                                     f"is {buf.strides[dim]}" + ("" if stride is not None else
                                      " (a run-time stride: test it at launch and mark the copy unit_stride_at_launch)"))
         if self.predicate is not None and not self.predicate.dtype.is_bool:
             raise DTypeError(f"{where}: the predicate must be bool, got {self.predicate.dtype}")

@@ -206,7 +206,8 @@ def _matrix_stmt(s: Stmt) -> str:
         src = ", ".join(_expr(i) for i in s.src_indices)
         text = f"cp.async.{s.cache} {s.bytes}B {s.dst.name}[{dst}] <- {s.src.name}[{src}]"
         if s.unit_stride_at_launch:
-            text += " (unit innermost stride tested at launch)"
+            text += (" (unit innermost stride tested at launch)" if s.along % s.src.ndim == s.src.ndim - 1
+                     else f" (along dimension {s.along % s.src.ndim}, its unit stride tested at launch)")
         return text if s.predicate is None else f"{text} if {_expr(s.predicate)} else zero"
     if isinstance(s, AsyncCommit):
         return "cp.async.commit_group()"

@@ -370,7 +370,7 @@ class StmtMutator:
             p = self.visit_expr(s.predicate) if s.predicate is not None else None
             if p is s.predicate and all(x is y for x, y in zip(di + si, s.dst_indices + s.src_indices)):
                 return s
-            return AsyncCopy(s.dst, di, s.src, si, s.bytes, p, s.cache, s.unit_stride_at_launch)
+            return AsyncCopy(s.dst, di, s.src, si, s.bytes, p, s.cache, s.unit_stride_at_launch, s.along)
         raise TypeError(f"StmtMutator: no rule for {type(s).__name__}")
 
     def _hopper(self, s: Stmt) -> Stmt | None:

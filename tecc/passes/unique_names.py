@@ -80,7 +80,7 @@ def _replace_buffer(s: Stmt, old: Buffer, new: Buffer) -> Stmt:
             pred = self.visit_expr(st.predicate) if st.predicate is not None else None
             return AsyncCopy(new if st.dst is old else st.dst, tuple(self.visit_expr(i) for i in st.dst_indices),
                              new if st.src is old else st.src, tuple(self.visit_expr(i) for i in st.src_indices),
-                             st.bytes, pred, st.cache, st.unit_stride_at_launch)
+                             st.bytes, pred, st.cache, st.unit_stride_at_launch, st.along)
 
     m = _Stores()
     m.expr_mutator = _Loads()

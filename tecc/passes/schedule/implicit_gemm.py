@@ -58,7 +58,7 @@ not a GEMM), a batch axis under a `where`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 from ...ir import dtype as dt
@@ -78,7 +78,10 @@ class Operand:
     None. k_last: the operand's shared tile is [outer][k] (its memory runs along k), else
     [k][outer]. copy: elements per cp.async copy along the tile's contiguous dimension, 0 for
     guarded element loads. assumes: for an operand with run-time strides, the launch condition
-    on them under which `copy` holds (`stride_condition`); None when `copy` holds always."""
+    on them under which `copy` holds (`stride_condition`); None when `copy` holds always.
+    transposed: for an operand with run-time strides, the same read in the other orientation
+    with the copies and launch condition of a view whose unit stride is on another dimension
+    (A = w.t(): k_last flipped, copies along the rows); None when no such view gets copies."""
 
     role: str            # "A" (rows) or "B" (columns)
     buffer: Buffer
@@ -87,6 +90,10 @@ class Operand:
     guard: Expr | None
     copy: int
     assumes: Expr | None = None
+    # an operand with run-time strides: the other orientation's copy form, for views whose unit
+    # stride is on another dimension (a transposed view, `transposed_operand`), or None
+    transposed: "Operand | None" = None
+    along: int = -1      # the buffer dimension the copies run along (unit stride): -1, the innermost
 
     def at(self, values: Mapping[Var, Expr]) -> tuple[tuple[Expr, ...], Expr | None]:
         """The element's indices and its `where` predicate (None: always in range) for the loop
@@ -222,6 +229,20 @@ def run_time_stride(innermost: bool, element_bytes: int) -> Stride:
     return Stride(1, 1) if innermost else Stride(None, max(1, COPY_BYTES[0] // element_bytes))
 
 
+def unit_strides(buffer: Buffer, unit: int, element_bytes: int) -> list[Stride] | None:
+    """Each dimension's stride as a copy loop for views whose run-time unit stride is on
+    dimension `unit` may assume it (a transposed view: `unit` is not the innermost): that stride
+    1, the other run-time strides unknown multiples of 16 bytes, constant strides as they are.
+    None when `unit`'s stride is not a run-time one."""
+    if buffer.strides is None or const_int(buffer.strides[unit]) is not None:
+        return None
+    out: list[Stride] = []
+    for d, s in enumerate(buffer.strides):
+        c = const_int(s)
+        out.append(Stride(c, abs(c)) if c is not None else run_time_stride(d == unit, element_bytes))
+    return out
+
+
 def assumed_strides(buffer: Buffer, element_bytes: int) -> list[Stride] | None:
     """Each dimension's stride as a fast kernel may assume it (None for a row-major buffer): a
     constant stride exactly, a run-time one by `run_time_stride`. A constant innermost stride
@@ -241,15 +262,16 @@ def assumed_strides(buffer: Buffer, element_bytes: int) -> list[Stride] | None:
     return out
 
 
-def stride_condition(buffer: Buffer, copy: int) -> Expr | None:
+def stride_condition(buffer: Buffer, copy: int, unit: int = -1) -> Expr | None:
     """The launch condition under which copies of `copy` elements of `buffer` laid out by
-    `assumed_strides` are correct: its run-time innermost stride is 1 and each other run-time
-    stride is a multiple of `copy` (or its dimension has size 1: that stride is never used).
-    None when no stride is a run-time one."""
+    `assumed_strides` (or `unit_strides` for dimension `unit`) are correct: its run-time stride
+    of dimension `unit` (the innermost by default) is 1 and each other run-time stride is a
+    multiple of `copy` (or its dimension has size 1: that stride is never used). None when no
+    stride is a run-time one."""
     if buffer.strides is None or copy <= 0:
         return None
     terms: list[Expr] = []
-    last = len(buffer.strides) - 1
+    last = unit % len(buffer.strides)
     for d, (n, s) in enumerate(zip(buffer.shape, buffer.strides)):
         size = const_int(n)
         if const_int(s) is not None or size == 1 or (d != last and copy == 1):
@@ -453,8 +475,40 @@ def match_contraction(func: PrimFunc, stage: str, operand_dtypes: Sequence[dt.DT
         layouts["A"], layouts["B"], extents, x.buffer.dtype.bytes)
     a = Operand("A", x.buffer, a_k_last, x, gx, a_copy, stride_condition(x.buffer, a_copy))
     b = Operand("B", y.buffer, b_k_last, y, gy, b_copy, stride_condition(y.buffer, b_copy))
+    reduction_axes = [lp.var for lp in kloops]
+    for role, outer in (("A", rows_o), ("B", cols_o)):
+        op = a if role == "A" else b
+        alt = transposed_operand(op, [(n, extents[n]) for n in outer], [(n, extents[n]) for n in ks_o],
+                                 spatial, reduction_axes)
+        if alt is not None:
+            a, b = (replace(a, transposed=alt), b) if role == "A" else (a, replace(b, transposed=alt))
     return Contraction(tuple(by_name[v.name] for v in batch), tuple(by_name[n] for n in rows_o),
                        tuple(by_name[n] for n in cols_o), tuple(by_name[n] for n in ks_o), a, b, acc, store)
+
+
+def transposed_operand(op: Operand, outer: Sequence[tuple[str, int | None]], ks: Sequence[tuple[str, int | None]],
+                       spatial: Sequence[Var], reduction: Sequence[Var]) -> Operand | None:
+    """The other orientation of an operand with run-time strides, for views whose unit stride is
+    on another dimension than the one the operand's copies assume (a transposed view: A = w.t()
+    has strides (1, M), so its k-major tile becomes an M-major one, copied along the rows): the
+    first dimension other than the assumed one whose unit stride gives 16-, 8- or 4-byte copies
+    along the group (k or the operand's rows/columns) the first orientation does not copy
+    along, with their launch condition. None for a buffer without run-time strides, or when no
+    such view gets copies."""
+    buf = op.buffer
+    if buf.strides is None:
+        return None
+    for unit in range(len(buf.strides) - 1):
+        strides = unit_strides(buf, unit, buf.dtype.bytes)
+        if strides is None:
+            continue
+        lay = _layout("", op.load, op.guard, spatial, reduction, strides)
+        k_last = not op.k_last
+        copy = contiguous_copy(lay, ks if k_last else outer, buf.dtype.bytes)
+        if copy:
+            return replace(op, k_last=k_last, copy=copy, assumes=stride_condition(buf, copy, unit), transposed=None,
+                           along=unit)
+    return None
 
 
 Read = tuple[BufferLoad, Expr | None]
@@ -515,7 +569,8 @@ def _vars_of(load: BufferLoad, guard: Expr | None) -> set[Var]:
     return out
 
 
-def _layout(where: str, load: BufferLoad, guard: Expr | None, spatial: Sequence[Var], reduction: Sequence[Var]) -> Layout:
+def _layout(where: str, load: BufferLoad, guard: Expr | None, spatial: Sequence[Var], reduction: Sequence[Var],
+            strides: list[Stride] | None = None) -> Layout:
     known = set(spatial) | set(reduction)
     per_dim: list[tuple[dict[str, int], int]] = []
     for ix in load.indices:
@@ -529,8 +584,9 @@ def _layout(where: str, load: BufferLoad, guard: Expr | None, spatial: Sequence[
     if not guard_vars <= {v.name for v in known}:
         raise ScheduleError(f"{where}: the where() condition of {load.buffer.name} reads {guard}, which is not a "
                             "function of the loop axes alone")
-    return layout_of(per_dim, [const_int(d) for d in load.buffer.shape], guard_vars,
-                     assumed_strides(load.buffer, load.buffer.dtype.bytes))
+    if strides is None:
+        strides = assumed_strides(load.buffer, load.buffer.dtype.bytes)
+    return layout_of(per_dim, [const_int(d) for d in load.buffer.shape], guard_vars, strides)
 
 
 def _same_vars(indices: Sequence[Expr], vars_: Sequence[Var]) -> bool:
@@ -576,4 +632,5 @@ def _multiplicands(where: str, term: Expr, operand_dtypes: Sequence[dt.DType] = 
 
 __all__ = ["HALF_OPERANDS", "TENSOR_CORE_OPERANDS", "WGMMA_OPERANDS",
            "Axis", "Contraction", "Layout", "Operand", "Stride", "assumed_strides", "run_time_stride", "contiguous_copy", "gemm_order",
-           "layout_of", "match_contraction", "order_by_stride", "stride_condition", "unflatten"]
+           "layout_of", "match_contraction", "order_by_stride", "stride_condition", "transposed_operand", "unflatten",
+           "unit_strides"]

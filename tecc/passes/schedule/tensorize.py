@@ -101,7 +101,7 @@ this file would then keep the matching, the fragment loads, the mma and the epil
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ...ir import dtype as dt
@@ -365,6 +365,9 @@ class _Emitter:
             self.batch_index[bv.name] = rest if last else rest % ext
             rest = rest // ext
         self.shared = {op.role: self.shared_buffer(op) for op in (c.a, c.b)}
+        # the orientation each shared tile is laid out for (the operand as matched); a main loop
+        # for transposed views stores the other orientation in the same buffer (`shared_index`)
+        self.laid_out = {op.role: op for op in (c.a, c.b)}
         # operands loaded element by element in the main loop being built (`dispatch`): those
         # whose copies need a launch condition, in the main loop for when it fails
         self.element_roles: set[str] = set()
@@ -431,43 +434,99 @@ class _Emitter:
                 f"{self.dispatch_summary()}")
 
     def launch_condition(self) -> Expr | None:
-        """The condition on run-time strides under which every operand's copies are correct
-        (implicit_gemm.stride_condition), or None when they always are."""
+        """The condition on run-time strides under which every operand's copies as matched are
+        correct (implicit_gemm.stride_condition), or None when they always are."""
         conds = [op.assumes for op in (self.c.a, self.c.b) if op.copy and op.assumes is not None]
         if not conds:
             return None
         return conds[0] & conds[1] if len(conds) == 2 else conds[0]
 
+    def transposes(self) -> bool:
+        """Whether this emitter builds main loops for transposed views (`copy_forms`): 16-bit
+        tiles of [S][rows][width], read by ldmatrix with or without .trans. tf32 has no .trans
+        (its k-major fragments are 32-bit loads through a layout of its own), so a transposed
+        view of a float32 operand takes the element loop."""
+        return self.row in INTRINSICS.values()
+
+    def copy_forms(self) -> list[tuple[str, list[tuple[Operand, Expr]]]]:
+        """Per operand with run-time strides that has copies under some launch condition, its
+        copy forms: (the operand in the orientation the loop stores it, the condition), the
+        matched orientation first (a slice of a wider row-major array: unit innermost stride),
+        then the transposed one (`Operand.transposed`: unit stride on another dimension, e.g.
+        w.t())."""
+        out: list[tuple[str, list[tuple[Operand, Expr]]]] = []
+        for op in (self.c.a, self.c.b):
+            forms: list[tuple[Operand, Expr]] = []
+            if op.copy and op.assumes is not None:
+                forms.append((op, op.assumes))
+            alt = op.transposed
+            if alt is not None and alt.assumes is not None and self.transposes():
+                forms.append((alt, alt.assumes))
+            if forms:
+                out.append((op.role, forms))
+        return out
+
     def dispatch_summary(self) -> str:
         """The launch-time choice between the main loops, for the summary ('' when there is none)."""
-        cond = self.launch_condition()
-        if cond is None:
+        forms = self.copy_forms()
+        if not forms:
             return ""
-        names = ", ".join(op.buffer.name for op in (self.c.a, self.c.b) if op.copy and op.assumes is not None)
-        return (f"; run-time strides of {names}: cp.async copies when {cond}, else element loads "
+        parts = []
+        for role, choices in forms:
+            name = self.laid_out[role].buffer.name
+            said = []
+            for op, cond in choices:
+                kind = "cp.async copies" if op is self.laid_out[role] else "transposed-view cp.async copies"
+                said.append(f"{kind} when {cond}")
+            parts.append(f"{name}: {', '.join(said)}")
+        both = ", every combination a main loop" if len(forms) == 2 else ""
+        return (f"; run-time strides of {'; '.join(parts)}{both}, else element loads "
                 "(a uniform branch at launch)")
 
     def dispatch(self) -> Stmt:
         """The kernel's main loop (`pipeline`, through the epilogue). An operand with run-time
-        strides has copies only under a launch condition (implicit_gemm.stride_condition: unit
-        innermost stride, the others multiples of the copy -- a slice of a wider row-major array);
-        the kernel then holds two main loops over the same shared ring and fragments, the copy one
-        and one that loads those operands element by element (always correct, any strides), and
-        branches on the condition. The condition reads kernel parameters only, so every thread
-        takes the same side: no divergence, one test per launch. ptxas allocates registers for
-        the larger of the two loops; the element loop's loads go straight to shared memory
-        (`load_tile`), so that is the copy loop's count."""
-        cond = self.launch_condition()
-        if cond is None:
+        strides has copies only under a launch condition (implicit_gemm.stride_condition): unit
+        innermost stride, the others multiples of the copy -- a slice of a wider row-major
+        array --, or (`Operand.transposed`) unit stride on another dimension -- a transposed
+        view, whose copies run along the rows and whose tile is stored in the other orientation
+        in the same shared buffer (`shared_index`) and read with the other ldmatrix (.trans or
+        not). The kernel holds one main loop per combination of the operands' copy forms (1, 2,
+        or 4 with two strided operands), then one that loads those operands element by element
+        (always correct, any strides), and branches on the conditions, first true wins. They
+        read kernel parameters only, so every thread takes the same side: no divergence, one test
+        per launch. ptxas allocates registers for the largest of the loops; the element loop's
+        loads go straight to shared memory (`load_tile`), so that is the copy loops' count."""
+        forms = self.copy_forms()
+        if not forms:
             return self.pipeline()
-        fast = self.pipeline()
-        self.element_roles = {op.role for op in (self.c.a, self.c.b) if op.assumes is not None}
-        self.kt = Var(self.kt.name, self.kt.dtype)   # the second loop binds a variable of its own
+        combos: list[list[tuple[Operand, Expr]]] = [[]]
+        for _, choices in forms:
+            combos = [done + [choice] for done in combos for choice in choices]
+        loops: list[tuple[Expr, Stmt]] = []
+        matched = self.c
+        for n, combo in enumerate(combos):
+            c = matched
+            cond: Expr | None = None
+            for op, test in combo:
+                c = replace(c, a=op) if op.role == "A" else replace(c, b=op)
+                cond = test if cond is None else cond & test
+            assert cond is not None
+            if n:
+                self.kt = Var(self.kt.name, self.kt.dtype)   # each loop binds a variable of its own
+            self.c = c
+            try:
+                loops.append((cond, self.pipeline()))
+            finally:
+                self.c = matched
+        self.element_roles = {op.role for op in (matched.a, matched.b) if op.assumes is not None}
+        self.kt = Var(self.kt.name, self.kt.dtype)
         try:
-            slow = self.pipeline()
+            body = self.pipeline()
         finally:
             self.element_roles = set()
-        return IfThenElse(cond, fast, slow)
+        for cond, loop in reversed(loops):
+            body = IfThenElse(cond, loop, body)
+        return body
 
     # step 2: staging + layout ---------------------------------------------------------------------
     def tile_shape(self, op: Operand) -> tuple[int, int]:
@@ -496,11 +555,32 @@ class _Emitter:
 
     def shared_index(self, op: Operand, stage: Expr, r: Expr, col: Expr) -> tuple[Expr, ...]:
         """The shared-buffer indices of element (r, col) of the operand's tile (its global
-        orientation) in ring stage `stage`."""
+        orientation) in ring stage `stage`.
+
+        A tile stored in the other orientation than its buffer is laid out for (a transposed
+        view's main loop, `dispatch`): a R' x W' tile in the buffer of a W' x R' one, its 8-element
+        (16-byte) chunks column-chunk major -- flat offset (col // 8)·(R'·8) + r·8 + col % 8 --,
+        seen through the buffer's [W'][R'] rows. The 8 rows r..r+7 of one column chunk (what an
+        ldmatrix phase reads, and 8 lanes' copies write) are then one 128-byte line, and the
+        buffer's row_swizzle only permutes the chunks inside a 128-byte line (its XOR source bits
+        lie above the line's), so both are conflict-free; a chunk stays 16 contiguous bytes."""
         per = self.period_rows(op)
         if per is not None:
             return stage, r // per, r % per, col
+        if op.k_last != self.laid_out[op.role].k_last:
+            rows, _ = self.tile_shape(op)
+            width = self.tile_shape(self.laid_out[op.role])[1]
+            flat = (col // CHUNK) * (rows * CHUNK) + r * CHUNK + col % CHUNK
+            return stage, flat // width, flat % width
         return stage, r, col
+
+    def matrix_load(self, op: Operand, load: MatrixLoad) -> MatrixLoad:
+        """An ldmatrix of `op`'s tile whose row starts are given in the tile's orientation, at
+        the buffer's indices (`shared_index`)."""
+        if op.k_last == self.laid_out[op.role].k_last:
+            return load
+        stage, r, col = load.src_indices
+        return MatrixLoad(load.intrinsic, load.dst, load.src, self.shared_index(op, stage, r, col))
 
     def asynchronous(self, op: Operand) -> bool:
         """Whether the main loop being built copies the operand with cp.async (`dispatch`)."""
@@ -539,15 +619,21 @@ class _Emitter:
         if size:
             per_row = width // size
             nbytes = size * op.buffer.dtype.bytes
-
+            flipped = op.k_last != self.laid_out[op.role].k_last
+            
             def copy(u: Var) -> Stmt:
                 chunk = self.tx + t.threads * u
-                r, col = chunk // per_row, (chunk % per_row) * size
+                if flipped:
+                    # a transposed view's tile (`shared_index`): consecutive threads take
+                    # consecutive rows of one column chunk, so 8 of them write one 128-byte line
+                    r, col = chunk % rows, (chunk // rows) * size
+                else:
+                    r, col = chunk // per_row, (chunk % per_row) * size
                 indices, inside = address(r, col)
                 # an operand with run-time strides is copied only in dispatch's main loop that
-                # runs when its strides were tested (unit innermost stride among them)
+                # runs when its strides were tested (a unit stride along the copy among them)
                 return AsyncCopy(dst, self.shared_index(op, stage, r, col), op.buffer, indices, nbytes, inside,
-                                 "cg" if nbytes == 16 else "ca", op.assumes is not None)
+                                 "cg" if nbytes == 16 else "ca", op.assumes is not None, op.along)
             return self.unrolled(f"copy_{op.role.lower()}", rows * width // size // t.threads, copy), None
         count = rows * width // t.threads
         if op.role in self.element_roles:
@@ -731,12 +817,12 @@ class _Emitter:
         a0, b0 = self.fragment_offsets(buffer)
 
         def load_a(mi: Var) -> Stmt:
-            return load_a_fragment(FragmentRef(self.frag_a, _plus(8 * mi, a0)), self.shared["A"], stage,
-                                   self.warp_m * wm + mi * 16, k0, self.lane, c.a.k_last)
+            return self.matrix_load(c.a, load_a_fragment(FragmentRef(self.frag_a, _plus(8 * mi, a0)), self.shared["A"],
+                                                         stage, self.warp_m * wm + mi * 16, k0, self.lane, c.a.k_last))
 
         def load_b(nj: Var) -> Stmt:
-            return load_b_fragments(FragmentRef(self.frag_b, _plus(8 * nj, b0)), self.shared["B"], stage,
-                                    self.warp_n * wn + nj * 16, k0, self.lane, c.b.k_last)
+            return self.matrix_load(c.b, load_b_fragments(FragmentRef(self.frag_b, _plus(8 * nj, b0)), self.shared["B"],
+                                                          stage, self.warp_n * wn + nj * 16, k0, self.lane, c.b.k_last))
 
         return seq(self.unrolled("frag_m", t.tm, load_a), self.unrolled("frag_n", t.tn // 2, load_b))
 

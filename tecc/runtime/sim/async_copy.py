@@ -77,13 +77,16 @@ def compile_async_stmt(s: Stmt, scope: Scope) -> Runner:
     return lambda st: _wait(st, pending)
 
 
-def _element(idx: tuple[Any, ...], src: Any, e: int) -> tuple[Any, ...]:
+def _element(idx: tuple[Any, ...], src: Any, e: int, along: int = -1) -> tuple[Any, ...]:
     """The index of the element `e` past `idx`. cp.async reads contiguous bytes, so in a row-major
     buffer a copy may run past the end of a row into the next (an implicit GEMM's reduction index
     c·R·S + r·S + s of a KCRS filter): the index carries. A buffer with other strides does not
     carry (the copy must stay in its row; the bounds check says so otherwise)."""
     if not idx:
         return idx
+    along %= len(idx)
+    if along != len(idx) - 1:   # a transposed view's copy along a dimension of unit stride
+        return (*idx[:along], idx[along] + e, *idx[along + 1:])
     shape = tuple(src.shape)
     row_major = tuple(int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape)))
     if e == 0 or tuple(src.strides) != row_major:
@@ -106,10 +109,12 @@ def _compile_copy(s: AsyncCopy, scope: Scope) -> Runner:
 
     def run(st: LaneState) -> None:
         dst, src = st.mems[dst_slot], st.mems[src_slot]
-        if s.unit_stride_at_launch and src.strides[-1] != 1:
-            raise TeccError(f"{where} in kernel {st.kernel}: the copy assumes a unit innermost stride, tested at "
-                            f"launch, but {s.src.name}'s is {src.strides[-1]}: the kernel reached the copy without "
-                            "the test (a tensorize dispatch bug)")
+        if s.unit_stride_at_launch and src.strides[s.along] != 1:
+            which = "innermost stride" if s.along % len(src.strides) == len(src.strides) - 1 else \
+                f"stride along dimension {s.along % len(src.strides)}"
+            raise TeccError(f"{where} in kernel {st.kernel}: the copy assumes a unit {which}, tested at "
+                            f"launch, but {s.src.name}'s is {src.strides[s.along]}: the kernel reached the copy "
+                            "without the test (a tensorize dispatch bug)")
         lanes = _active(st)
         didx, sidx = fdst(st), fsrc(st)
         pred = fpred(st) if fpred is not None else True
@@ -124,7 +129,7 @@ def _compile_copy(s: AsyncCopy, scope: Scope) -> Runner:
             st.mask = read_mask
             try:
                 for e in range(n):
-                    idx = _element(sidx, src, e)
+                    idx = _element(sidx, src, e, s.along)
                     values[:, e] = np.broadcast_to(src.load(st, idx, tuple(range(len(idx)))), (st.layout.lanes,))
             finally:
                 st.mask = saved
