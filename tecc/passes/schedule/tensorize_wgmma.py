@@ -230,18 +230,32 @@ class _WarpgroupEmitter(_Emitter):
         # X: wgmma's A (64 rows per warpgroup), Y: its B (the block's other side, wgmma N);
         # Cᵀ = Bᵀ·Aᵀ swaps them (module docstring, "tf32")
         self.swap = self.tf32 and swaps_operands(c)
-        self.x, self.y = (c.b, c.a) if self.swap else (c.a, c.b)
+        x = c.b if self.swap else c.a
         # a tf32 X stored with k outermost cannot be a shared operand: wgmma takes it from
         # registers, loaded from its shared tile (two sets: one is read by the group in flight)
-        self.x_registers = self.tf32 and not self.x.k_last
+        self.x_registers = self.tf32 and not x.k_last
         self.groups = (t.bn if self.swap else t.bm) // 64   # consumer warpgroups
         # P: wgmma groups left in flight per k tile; D: tiles loaded ahead (module docstring)
         self.pending = 1 if t.stages >= 3 else 0
         self.lookahead = t.stages - 1 - self.pending if lookahead is None else lookahead
         super().__init__(func, c, intrinsic, t)
         self.warpgroup = self.tx // WARPGROUP_SIZE
-        self.descriptor = {op.role: self.operand_descriptor(op) for op in (c.a, c.b)
-                           if not (self.x_registers and op is self.x)}
+
+    @property
+    def x(self) -> Operand:
+        """wgmma's A operand in the main loop being built (`dispatch` may store an operand in
+        the other orientation: a transposed view)."""
+        return self.c.b if self.swap else self.c.a
+
+    @property
+    def y(self) -> Operand:
+        return self.c.a if self.swap else self.c.b
+
+    def transposes(self) -> bool:
+        """wgmma transposes 16-bit operands from shared memory (the descriptor's major-ness and
+        the instruction's transpose bit), so a transposed view of one gets its own copy loop; tf32
+        and fp8 read shared operands K-major only (module docstring)."""
+        return not self.tf32
 
     def extent(self, op: Operand) -> int:
         """The block's rows (A) or columns (B): the operand's tile's outer extent."""
@@ -290,9 +304,20 @@ class _WarpgroupEmitter(_Emitter):
                       "shared", tensor=f"{op.buffer.tensor}.shared", layout=SWIZZLE_128B)
 
     def shared_index(self, op: Operand, stage: Expr, r: Expr, col: Expr) -> tuple[Expr, ...]:
+        """A K-major tile is [S][outer][64], an MN-major one [S][outer / 64][BK][64] (BK = 64):
+        both rows of 128 bytes under the same 128B swizzle of the element offset, the same size.
+        A tile stored in the other orientation than its buffer's (a transposed view's main loop,
+        `dispatch`) is written at its own canonical layout's element offset, seen through the
+        buffer's shape, so `operand_start` and the descriptor of its own orientation read it."""
         if self.x_registers and op is self.x:
             per = tf32_swizzle(self.extent(op), False).period // self.extent(op)
             return stage, r // per, r % per, col
+        if op.k_last != self.laid_out[op.role].k_last:
+            assert self.t.bk == self.k_tile
+            if op.k_last:   # (outer r, k col) at r·64 + col in the [S][outer / 64][BK][64] buffer
+                return stage, r // self.t.bk, r % self.t.bk, col
+            # (k r, outer col) at (col // 64)·(BK·64) + r·64 + col % 64 in the [S][outer][64] buffer
+            return stage, (col // 64) * self.t.bk + r, col % 64
         if op.k_last:
             return stage, r, col
         return stage, col // 64, r, col % 64  # (k, mn) -> its 64-column block, row k
@@ -375,13 +400,13 @@ class _WarpgroupEmitter(_Emitter):
 
         def k_step(s: Var) -> Stmt:
             y = SharedMatrix(self.shared[self.y.role], self.operand_start(self.y, stage, _int(0), s),
-                             self.descriptor[self.y.role])
+                             self.operand_descriptor(self.y))
             x: SharedMatrix | FragmentRef
             if self.x_registers:
                 x = FragmentRef(self.frag_x, registers * self.x_elements + s * elements)
             else:
                 x = SharedMatrix(self.shared[self.x.role], self.operand_start(self.x, stage, row0, s),
-                                 self.descriptor[self.x.role])
+                                 self.operand_descriptor(self.x))
             return WarpgroupMatrixMultiply(self.row, FragmentRef(self.frag_c, _int(0)), x, y, as_expr(True))
         return self.unrolled("k_step", self.t.bk // self.k_step, k_step)
 
