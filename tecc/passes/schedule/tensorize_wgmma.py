@@ -70,6 +70,8 @@ emulator does the same).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ...ir import dtype as dt
 from ...ir.descriptor import MatrixDescriptor
 from ...ir.errors import ScheduleError
@@ -181,6 +183,8 @@ def checked_wgmma(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) ->
     dtype = c.a.buffer.dtype.name
     tf32 = dtype == "float32"
     fp8 = dtype in FP8_INPUT_TYPES
+    if fp8 or (tf32 and not c.a.k_last and not c.b.k_last):
+        c = k_major_views(c, both=fp8)
     if fp8 and not (c.a.k_last and c.b.k_last):
         raise ScheduleError(
             f"tensorize({stage}, wgmma): fp8 wgmma reads its shared operands K-major only (no transpose for "
@@ -210,6 +214,24 @@ def checked_wgmma(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) ->
         raise ScheduleError(f"tensorize({stage}): intrinsic {intrinsic!r} does not fit {dtype} operands and block "
                             f"columns {tiling.bn}; use {want!r} (or 'wgmma')")
     return c, intrinsic
+
+
+def k_major_views(c: Contraction, both: bool) -> Contraction:
+    """fp8 and tf32 wgmma read shared operands K-major only (fp8 both, tf32 one of them). An
+    operand with run-time strides matched MN-major (B[k, j] with strides="any") whose transposed
+    view is K-major (B = w.t(), w (N, K) contiguous: `Operand.transposed`) is taken in that
+    orientation: its copies are then tested for the transposed view's strides, and every other
+    view takes the element loop, which stores it K-major too. `both`: every such operand (fp8),
+    else the first one, B first (tf32, where one K-major operand suffices)."""
+    for role in ("B", "A"):
+        op = c.b if role == "B" else c.a
+        alt = op.transposed
+        if op.k_last or alt is None or not alt.k_last:
+            continue
+        c = replace(c, b=alt) if role == "B" else replace(c, a=alt)
+        if not both:
+            break
+    return c
 
 
 def tensorize_wgmma_threads(func: PrimFunc, c: Contraction, intrinsic: str, tiling: Tiling,
