@@ -63,7 +63,7 @@ from typing import Any, Iterable
 from ...ir.dtype import int32
 from ...ir.expr import Const
 from ...ir.target import Target
-from ...passes.schedule.implicit_gemm import gemm_order, layout_of, run_time_stride
+from ...passes.schedule.implicit_gemm import contiguous_copy, gemm_order, layout_of, run_time_stride
 from ..cost.analysis import Access, KernelInfo
 from ..cost.model import Workload
 from ..cost.occupancy import occupancy
@@ -282,13 +282,28 @@ class GemmView:
     # whether A's and B's copies hold only under a launch-time test of their run-time strides
     # (strides="any"): the kernel then also holds an element-load main loop for other strides
     launch_tested: tuple[bool, bool] = (False, False)
+    # elements per copy of A's and B's transposed views (unit stride on another dimension than
+    # the innermost: implicit_gemm.transposed_operand), 0 where such a view gets no copies
+    transposed_copies: tuple[int, int] = (0, 0)
 
 
-def run_time_stride_note(view: GemmView) -> str | None:
-    """What explain says of operands with run-time strides (tensorize's dispatch), or None."""
-    names = [x.buffer for x, tested in zip((view.a, view.b), view.launch_tested) if tested]
+def run_time_stride_note(view: GemmView, transposes: bool = True) -> str | None:
+    """What explain says of operands with run-time strides (tensorize's dispatch), or None.
+    `transposes`: the kernel has copy loops for transposed views (16-bit operands; tf32's
+    fragments have no ldmatrix .trans, fp8 and tf32 wgmma read K-major only)."""
+    tested = [t or bool(c) for t, c in zip(view.launch_tested, view.transposed_copies)]
+    names = [x.buffer for x, t in zip((view.a, view.b), tested) if t]
     if not names:
         return None
+    flipped = [x.buffer for x, c in zip((view.a, view.b), view.transposed_copies) if c]
+    if transposes and flipped:
+        return (f"run-time strides of {', '.join(names)}: cp.async copies (priced) when the innermost stride is 1 and "
+                "the others multiples of the copy (a slice of a wider row-major array), transposed-view cp.async "
+                f"copies of {', '.join(flipped)} when the unit stride is the other dimension's (w.t(): the tile stored "
+                "in the other orientation in the same shared memory, read with the other ldmatrix or wgmma "
+                "major-ness), tested at launch; other strides (odd row strides, a reversed innermost dimension) "
+                "take the kernel's element-load main loop (slower: each element loaded and stored to shared "
+                "memory, its latency exposed per k tile)")
     return (f"run-time strides of {', '.join(names)}: cp.async copies (priced) when the innermost stride is 1 and "
             "the others multiples of the copy (a slice of a wider row-major array), tested at launch; other strides "
             "(a transposed view, odd row strides) take the kernel's element-load main loop (slower: each element "
@@ -348,8 +363,24 @@ def gemm_view(info: KernelInfo) -> GemmView | str:
                                      dim_strides=strides))
         else:
             layouts.append(layout_of([], []))  # no copy provable
-    *_, a_k_last, b_k_last, a_copy, b_copy = gemm_order(rows, cols, [v for v, _ in info.reduction], layouts[0], layouts[1],
-                                    {v: int(e) for v, e in extents.items()}, element_bytes)
+    rows_o, cols_o, ks_o, a_k_last, b_k_last, a_copy, b_copy = gemm_order(
+        rows, cols, [v for v, _ in info.reduction], layouts[0], layouts[1], {v: int(e) for v, e in extents.items()},
+        element_bytes)
+    flipped = []
+    for x, outer, k_last in ((a, rows_o, a_k_last), (b, cols_o, b_k_last)):
+        # the transposed view's copies (implicit_gemm.transposed_operand): the unit stride on
+        # another dimension, copies along the group the first orientation does not copy along
+        copy = 0
+        if x.buffer in info.strided_inputs and x.per_dim and all(d is not None for d in x.per_dim):
+            group = [(v, int(extents[v])) for v in (outer if k_last else ks_o)]
+            for unit in range(len(x.dims) - 1):
+                strides = [run_time_stride(d == unit, element_bytes) for d in range(len(x.dims))]
+                lay = layout_of([(dict(d.coeff), d.const) for d in x.per_dim if d is not None], list(x.dims),
+                                dim_strides=strides)
+                copy = contiguous_copy(lay, group, element_bytes)
+                if copy:
+                    break
+        flipped.append(copy)
     m = n = 1
     for v in rows:
         m *= extents[v]
@@ -360,7 +391,7 @@ def gemm_view(info: KernelInfo) -> GemmView | str:
     gathered = len(info.reduction) - 1
     tested = (a.buffer in info.strided_inputs and a_copy > 0, b.buffer in info.strided_inputs and b_copy > 0)
     return GemmView(a, b, batch, m, n, info.reduce_extent, (a_copy, b_copy), gathered, (a_k_last, b_k_last),
-                    len(cols), tested)
+                    len(cols), tested, (flipped[0], flipped[1]))
 
 
 # ---- the epilogue's stores (tensorize step 6) ----------------------------------------------------
@@ -512,7 +543,7 @@ class GemmTensorCore(Strategy):
         if pipelined:
             notes.append("fragments pipelined: two fragment sets, the next k step's loads before this step's mma, "
                          "the ring's wait and barrier before the last k step (covered by its neighbours' mma)")
-        stride_note = run_time_stride_note(view)
+        stride_note = run_time_stride_note(view, transposes=p.operand_bytes == 2)
         if stride_note is not None:
             notes.append(stride_note)
         return Workload(

@@ -440,7 +440,7 @@ class GemmWgmma(Strategy):
         refusal = tma_refusal_for(info) if load == "cp.async" else None
         if refusal is not None:
             notes.append(f"the TMA rung is not offered: {refusal}")
-        stride_note = run_time_stride_note(view) if load == "cp.async" else None
+        stride_note = run_time_stride_note(view, transposes=self.element_bytes == 2) if load == "cp.async" else None
         if stride_note is not None:
             notes.append(stride_note)
         return Workload(
