@@ -2,16 +2,21 @@
 
 tensorize lays such an operand out as a slice of a wider row-major array would be (innermost
 stride 1, the others multiples of 16 bytes) and builds one kernel with two main loops over the
-same shared ring: 16-byte cp.async copies where the launch's strides pass that test, element
-loads (any strides: transposed views, odd row strides, negative strides) where they do not
-(tensorize.py `_Emitter.dispatch`, implicit_gemm.py `stride_condition`). In the emulator against
-NumPy float64 under tests/test_tensorize.py's bound (exact products, float32 sums, one rounding
-of the output); outputs start as NaN, inputs are fresh random values. Which loop ran is read
-from the shared tile's accesses: 16-byte copies, or 2-byte element stores.
+same shared ring: 16-byte cp.async copies where the launch's strides pass that test, 16-byte
+copies of a transposed view (unit stride on the other dimension: w.t()) stored in the other
+orientation in the same tile (`Operand.transposed`), element loads (any strides: odd row
+strides, negative strides) where neither holds (tensorize.py `_Emitter.dispatch`,
+implicit_gemm.py `stride_condition`). In the emulator against NumPy float64 under
+tests/test_tensorize.py's bound (exact products, float32 sums, one rounding of the output);
+outputs start as NaN, inputs are fresh random values. Which loop ran is read from the shared
+tile's accesses: 16-byte copies, or 2-byte element stores; which copy loop, from the emulator's
+check at every launch-tested copy that the stride it runs along is 1 (a copy loop reached with
+the other view's strides is a TeccError, `test_the_emulator_reports_a_copy_that_skipped_the_launch_test`).
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -80,17 +85,20 @@ def values(g: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.nda
 
 
 def views(g: np.random.Generator, shape: tuple[int, int], dtype: str) -> dict[str, tuple[np.ndarray, bool]]:
-    """Views of `shape` (rows, cols) with the strides a user may pass, and whether the copy
-    loop's launch test passes for them (unit innermost stride, the rows 16-byte multiples)."""
+    """Views of `shape` (rows, cols) with the strides a user may pass, and whether one of the
+    copy loops' launch tests passes for them: unit innermost stride and the rows 16-byte
+    multiples (a slice), or unit row stride and 16-byte-multiple columns (a transposed view)."""
     rows, cols = shape
     wide = values(g, (rows, cols + 24), dtype)        # rows of cols + 24 elements: 16-byte multiples
     odd = values(g, (rows, cols + 3), dtype)
     return {
         "slice": (wide[:, :cols], True),
         "rows reversed": (wide[::-1, :cols], True),          # a negative row stride, still 16-byte aligned
-        "transposed": (np.ascontiguousarray(values(g, (cols, rows), dtype)).T, False),
+        "transposed": (np.ascontiguousarray(values(g, (cols, rows), dtype)).T, True),
+        "transposed slice": (values(g, (cols + 8, rows), dtype)[4:4 + cols].T, True),  # columns of a wider array
         "odd row stride": (odd[:, :cols], False),
         "columns reversed": (wide[:, ::-1][:, :cols], False),  # innermost stride -1
+        "transposed, odd stride": (values(g, (cols, rows + 3), dtype)[:, :rows].T, False),
     }
 
 
@@ -104,8 +112,9 @@ def element_stored(banks: Any, buffer: str) -> bool:
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_every_view_of_a_strided_operand_matches_numpy(path: str, dtype: str) -> None:
     """One kernel serves every view: a slice of a wider array (and its rows reversed) runs the
-    cp.async loop, a transposed view, an odd row stride and a reversed innermost dimension the
-    element loop; all match NumPy."""
+    cp.async loop, a transposed view (and a transposed slice) the transposed-view cp.async loop,
+    an odd row stride and a reversed innermost dimension the element loop; all match NumPy, and
+    the copies write the tile without bank conflicts."""
     arch, plan = PATHS[path]
     f = tc.build(strided_contraction(M, N, K, dtype), target="sim", arch=arch, plan=plan())
     g = np.random.default_rng(7)
@@ -118,36 +127,73 @@ def test_every_view_of_a_strided_operand_matches_numpy(path: str, dtype: str) ->
         check({"A": a, "B": b, "C": c}, how, f"{path} {dtype} A {what} (strides {a.strides})")
         assert element_stored(banks, "A_shared") is not fast, f"{what}: expected the {'copy' if fast else 'element'} loop"
         assert not element_stored(banks, "B_shared")
+        if fast:
+            assert banks.conflicts("A_shared") == 0, f"{path} {what}: {banks.conflicts('A_shared')} bank conflicts"
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_both_operands_strided(path: str) -> None:
-    """A and B with run-time strides: the launch test is the conjunction of both operands'; a
-    slice of each takes the copies, one transposed operand sends both to element loads."""
+    """A and B with run-time strides: one main loop per combination of the operands' copy
+    forms (slice or transposed view each: four), each under the conjunction of both
+    operands' tests; an operand that passes neither sends both to element loads."""
     arch, plan = PATHS[path]
     f = tc.build(strided_contraction(M, N, K, "float16", b_any=True), target="sim", arch=arch, plan=plan())
+    assert "every combination a main loop" in f.explain()
     g = np.random.default_rng(11)
-    b_slice = values(g, (K, N + 16), "float16")[:, :N]
-    b_transposed = np.ascontiguousarray(values(g, (N, K), "float16")).T
-    a_slice = values(g, (M, K + 8), "float16")[:, :K]
-    for what, b, fast in (("B a slice", b_slice, True), ("B transposed", b_transposed, False)):
+    a_views = {"slice": values(g, (M, K + 8), "float16")[:, :K],
+               "transposed": np.ascontiguousarray(values(g, (K, M), "float16")).T,
+               "odd row stride": values(g, (M, K + 1), "float16")[:, :K]}
+    b_views = {"slice": values(g, (K, N + 16), "float16")[:, :N],
+               "transposed": np.ascontiguousarray(values(g, (N, K), "float16")).T}
+    for (a_what, a), (b_what, b) in itertools.product(a_views.items(), b_views.items()):
+        fast = a_what != "odd row stride"
         c = np.full((M, N), np.nan, np.float32)
         with count_bank_conflicts() as banks:
-            f(a_slice, b, c)
+            f(a, b, c)
         how = {"a_t": False, "b_t": False, "dtype": "float16", "out": "float32", "epilogue": False}
-        check({"A": a_slice, "B": b, "C": c}, how, f"{path} {what}")
+        what = f"{path} A {a_what}, B {b_what}"
+        check({"A": a, "B": b, "C": c}, how, what)
         assert element_stored(banks, "A_shared") is not fast and element_stored(banks, "B_shared") is not fast, what
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_linear_layer_weight_passed_transposed(path: str, dtype: str) -> None:
+    """x @ w.t() (every torch Linear): B = w.t() with w (N, K) contiguous, declared (K, N) with
+    run-time strides, so its strides are (1, K): the transposed-view copy loop (B stored
+    k-contiguous, read with plain ldmatrix / a K-major descriptor); w itself passed as a (K, N)
+    slice takes the matched copy loop. A is contiguous."""
+    arch, plan = PATHS[path]
+    f = tc.build(strided_contraction(M, N, K, dtype, a_any=False, b_any=True), target="sim", arch=arch, plan=plan())
+    assert "B_stride0 == 1 && B_stride1 % 8 == 0" in f.explain()
+    g = np.random.default_rng(13)
+    a = values(g, (M, K), dtype)
+    for what, b in (("w.t()", np.ascontiguousarray(values(g, (N, K), dtype)).T),
+                    ("w.t() of a batch of weights", values(g, (3, N, K), dtype)[1].T),
+                    ("a (K, N) slice", values(g, (K, N + 8), dtype)[:, :N])):
+        c = np.full((M, N), np.nan, np.float32)
+        with count_bank_conflicts() as banks:
+            f(a, b, c)
+        how = {"a_t": False, "b_t": False, "dtype": dtype, "out": "float32", "epilogue": False}
+        check({"A": a, "B": b, "C": c}, how, f"{path} {dtype} B {what} (strides {b.strides})")
+        assert not element_stored(banks, "B_shared"), what
+        assert banks.conflicts("B_shared") == 0, f"{what}: {banks.conflicts('B_shared')} bank conflicts"
 
 
 def test_a_batch_dimension_with_its_own_stride() -> None:
     """A batched contraction whose A is every other matrix of a wider batch, each a slice of
-    wider rows (copies), and a batch of transposed matrices (element loads)."""
+    wider rows (copies), a batch of transposed matrices (the transposed-view copies: the unit
+    stride on the row dimension, the batch stride a 16-byte multiple), and a batch whose
+    matrices are transposed views with an odd batch stride (element loads)."""
     batch = 2
     f = tc.build(strided_contraction(M, N, K, "float16", batch=batch), target="sim", arch="sm_80", plan=mma_plan())
     g = np.random.default_rng(5)
     every_other = values(g, (2 * batch, M, K + 8), "float16")[::2, :, :K]
     transposed = np.swapaxes(values(g, (batch, K, M), "float16"), 1, 2)
-    for what, a, fast in (("every other, sliced", every_other, True), ("transposed", transposed, False)):
+    odd_batch = np.lib.stride_tricks.as_strided(values(g, (batch * (K * M + 1),), "float16"), (batch, M, K),
+                                                (2 * (K * M + 1), 2, 2 * M))
+    for what, a, fast in (("every other, sliced", every_other, True), ("transposed", transposed, True),
+                          ("transposed, odd batch stride", odd_batch, False)):
         b = values(g, (batch, K, N), "float16")
         c = np.full((batch, M, N), np.nan, np.float32)
         with count_bank_conflicts() as banks:
@@ -165,38 +211,55 @@ def test_the_planner_keeps_a_strided_contraction_on_tensor_cores(arch: str, stra
     assert f.plan.steps[0].primitive == "tensorize", text
     assert f"chosen: {strategy}(" in text, text
     assert "run-time strides of A: cp.async copies (priced) when" in text, text
-    assert "A_stride0 % 8 == 0 && A_stride1 == 1, else element loads" in text, text
+    assert "transposed-view cp.async copies of A when the unit stride is the other dimension's" in text, text
+    assert ("A_stride0 % 8 == 0 && A_stride1 == 1, transposed-view cp.async copies when "
+            "A_stride0 == 1 && A_stride1 % 8 == 0, else element loads") in text, text
 
 
 def test_the_gemm_view_marks_the_operands_whose_copies_are_tested_at_launch() -> None:
     info = analyze_kernel(lower(strided_contraction(M, N, K, "float16")).kernels[0])
     view = gemm_view(info)
     assert not isinstance(view, str)
-    assert view.launch_tested == (True, False) and view.copies == (8, 8)
+    assert view.launch_tested == (True, False) and view.copies == (8, 8) and view.transposed_copies == (8, 0)
     # K = 42: copies of 2 elements along k (K % 8 != 0); the row stride must be even at launch
     f = tc.build(strided_contraction(M, N, 42, "float16"), target="sim", arch="sm_80", plan=mma_plan())
     assert "A_stride0 % 2 == 0 && A_stride1 == 1" in f.explain()
     g = np.random.default_rng(3)
-    for a in (values(g, (M, 50), "float16")[:, :42], values(g, (M, 43), "float16")[:, :42]):
+    for a in (values(g, (M, 50), "float16")[:, :42], values(g, (M, 43), "float16")[:, :42],
+              np.ascontiguousarray(values(g, (42, M), "float16")).T):
         b, c = values(g, (42, N), "float16"), np.full((M, N), np.nan, np.float32)
         f(a, b, c)
         how = {"a_t": False, "b_t": False, "dtype": "float16", "out": "float32", "epilogue": False}
         check({"A": a, "B": b, "C": c}, how, f"K = 42, A strides {a.strides}")
 
 
-def test_an_odd_k_needs_no_launch_test() -> None:
-    """K = 41: no copy is provable along k even for a slice, so the kernel is the element loop
-    alone, without a branch."""
-    f = tc.build(strided_contraction(M, N, 41, "float16"), target="sim", arch="sm_80", plan=mma_plan())
+@pytest.mark.parametrize("path", PATHS)
+def test_an_odd_k(path: str) -> None:
+    """K = 41: no copy is provable along k even for a slice (the element loop, its elements
+    held in registers across the compute as for any odd K), but a transposed view of A copies
+    along its M = 64 rows: the kernel is that copy loop under its test, else the element
+    loop. B (strided too) is passed as a (K, N) slice, its copy loop; B = w.t() with an odd K
+    would have an odd column stride and no copies along k, and send both operands to the
+    element loop (one loop per combination of copy forms, then one element loop)."""
+    arch, plan = PATHS[path]
+    k = 41
+    f = tc.build(strided_contraction(M, N, k, "float16", b_any=True), target="sim", arch=arch, plan=plan())
     body = list(iter_stmts(f.module.kernels[0].body))
-    assert not any(isinstance(s, AsyncCopy) and s.src.name == "A" for s in body)
-    assert not any(isinstance(s, AsyncCopy) and s.unit_stride_at_launch for s in body)
+    copies_a = [s for s in body if isinstance(s, AsyncCopy) and s.src.name == "A"]
+    assert copies_a and all(s.unit_stride_at_launch and s.along == 0 for s in copies_a)
+    # B's copies run along its N columns only (a (K, N) slice); no transposed view has copies along k
+    assert all(s.along == -1 for s in body if isinstance(s, AsyncCopy) and s.src.name == "B")
     g = np.random.default_rng(4)
-    a, b = values(g, (M, 64), "float16")[:, :41], values(g, (41, N), "float16")
-    c = np.full((M, N), np.nan, np.float32)
-    f(a, b, c)
-    check({"A": a, "B": b, "C": c}, {"a_t": False, "b_t": False, "dtype": "float16", "out": "float32",
-                                     "epilogue": False}, "K = 41")
+    b_t = values(g, (k, N + 8), "float16")[:, :N]
+    for what, a, fast in (("slice", values(g, (M, 64), "float16")[:, :k], False),
+                          ("transposed", np.ascontiguousarray(values(g, (k, M), "float16")).T, True)):
+        c = np.full((M, N), np.nan, np.float32)
+        with count_bank_conflicts() as banks:
+            f(a, b_t, c)
+        check({"A": a, "B": b_t, "C": c}, {"a_t": False, "b_t": False, "dtype": "float16", "out": "float32",
+                                           "epilogue": False}, f"{path} K = 41, A {what}")
+        assert element_stored(banks, "A_shared") is not fast, what
+        assert element_stored(banks, "B_shared") is not fast, what
 
 
 def test_the_loop_ir_round_trip_keeps_the_launch_tested_copies() -> None:
@@ -206,9 +269,9 @@ def test_the_loop_ir_round_trip_keeps_the_launch_tested_copies() -> None:
 
     f = tc.build(strided_contraction(M, N, K, "float16"), target="sim", arch="sm_80", plan=mma_plan())
     again = loop_json.module_from_json(loop_json.module_to_json(f.module))
-    marks = [[s.unit_stride_at_launch for s in iter_stmts(m.kernels[0].body) if isinstance(s, AsyncCopy)]
+    marks = [[(s.unit_stride_at_launch, s.along) for s in iter_stmts(m.kernels[0].body) if isinstance(s, AsyncCopy)]
              for m in (f.module, again)]
-    assert marks[0] == marks[1] and any(marks[0]) and not all(marks[0])
+    assert marks[0] == marks[1] and (True, -1) in marks[0] and (True, 0) in marks[0] and (False, -1) in marks[0]
 
 
 def test_a_copy_from_a_run_time_innermost_stride_must_say_it_was_tested() -> None:
@@ -220,6 +283,13 @@ def test_a_copy_from_a_run_time_innermost_stride_must_say_it_was_tested() -> Non
     fixed = Buffer("Y", dt.float16, (64, 64), "global", strides=(1, 64))
     with pytest.raises(IntrinsicError, match="the copied elements must be contiguous"):
         AsyncCopy(dst, (0, 0), fixed, (0, 0), 16, unit_stride_at_launch=True)
+    # a transposed view's copy runs along its first dimension, whose stride the kernel tested
+    with pytest.raises(IntrinsicError, match="needs that dimension's run-time stride tested to be 1 at launch"):
+        AsyncCopy(dst, (0, 0), src, (0, 0), 16, along=0)
+    AsyncCopy(dst, (0, 0), src, (0, 0), 16, unit_stride_at_launch=True, along=0)
+    with pytest.raises(IntrinsicError, match="stride along dimension 0 is 64"):
+        AsyncCopy(dst, (0, 0), Buffer("Z", dt.float16, (64, 64), "global", strides=(64, 1)), (0, 0), 16,
+                  unit_stride_at_launch=True, along=0)
 
 
 def _nvrtc() -> bool:
@@ -233,24 +303,33 @@ def _nvrtc() -> bool:
 
 
 @pytest.mark.skipif(not _nvrtc(), reason="NVRTC is not available")
+@pytest.mark.parametrize("strided", ["A", "B = w.t()"])
 @pytest.mark.parametrize("arch,intrinsic,block,warps,k_tile,stages", [
     ("sm_80", "auto", (128, 128), (2, 2), 32, 4),
     ("sm_80", "auto", (128, 256), (2, 4), 32, 3),
     ("sm_90", "wgmma", (128, 256), (8, 1), 64, 4),
 ])
-def test_the_two_loop_kernel_compiles_without_spills(arch: str, intrinsic: str, block: tuple[int, int],
-                                                     warps: tuple[int, int], k_tile: int, stages: int) -> None:
-    """Both main loops in one kernel: ptxas spills nothing and keeps the copy loop's register
-    count within 255; the PTX holds the 16-byte copies and the element loads."""
-    sch = tc.Schedule(strided_contraction(4096, 4096, 4096, "float16"))
+def test_the_dispatching_kernel_compiles_without_spills(arch: str, intrinsic: str, block: tuple[int, int],
+                                                        warps: tuple[int, int], k_tile: int, stages: int,
+                                                        strided: str) -> None:
+    """The three main loops in one kernel (the slice's copies, the transposed view's, element
+    loads): ptxas spills nothing and keeps the copy loop's register count within 255; the PTX
+    holds the 16-byte copies, the element loads and both ldmatrix forms (mma.sync)."""
+    b_side = strided != "A"
+    sch = tc.Schedule(strided_contraction(4096, 4096, 4096, "float16", a_any=not b_side, b_any=b_side))
     sch.tensorize("C", intrinsic=intrinsic, block=block, warps=warps, k_tile=k_tile, stages=stages)
     func = sch.mod.kernels[0]
-    assert any(isinstance(s, IfThenElse) and "A_stride1 == 1" in str(s.cond) for s in iter_stmts(func.body))
+    x = "B" if b_side else "A"
+    conds = [str(s.cond) for s in iter_stmts(func.body) if isinstance(s, IfThenElse)]
+    assert any(f"{x}_stride1 == 1" in c for c in conds) and any(f"{x}_stride0 == 1" in c for c in conds)
     compiled = compile_cuda(emit_source([func]), arch="sm_90a" if intrinsic == "wgmma" else arch, name=func.name)
     res = compiled.resources[func.name]
     assert (res.spill_stores, res.spill_loads, res.stack_bytes) == (0, 0, 0), f"{arch}: {res}"
     assert res.registers <= 255
     assert "cp.async.cg.shared.global" in compiled.ptx and "ld.global.u16" in compiled.ptx
+    if intrinsic != "wgmma":
+        assert "ldmatrix.sync.aligned.m8n8.x4.trans" in compiled.ptx and "ldmatrix.sync.aligned.m8n8.x4.shared" in \
+            compiled.ptx
 
 
 # float32 operands rounded to tf32 (cvt.rna: 2⁻¹¹ relative per operand) and fp8 (exact products)
@@ -343,3 +422,47 @@ def test_a_convolution_over_a_strided_nhwc_view(arch: str) -> None:
         err = np.where(np.isnan(y), np.inf, np.abs(y - want) - bound)
         assert (err <= 0).all(), f"{arch} {what}: worst {float(err.max())} over the bound"
         assert element_stored(banks, "X_shared") is not fast, what
+
+
+@pytest.mark.parametrize("precision", ["fp8 wgmma", "tf32 wgmma"])
+def test_a_k_major_view_is_the_fast_one_where_the_row_reads_k_major(precision: str) -> None:
+    """fp8 wgmma reads both shared operands K-major, tf32 wgmma at least one, so B[k, j] with
+    run-time strides is taken in its transposed orientation (implicit_gemm.transposed_operand):
+    B = w.t() (w (N, K) contiguous: K-major) runs the copies, every other view of B -- its
+    contiguous (K, N) form included -- the element loop, which stores it K-major too. (tf32 on
+    mma.sync keeps B as matched: it reads k-major tiles through 32-bit loads, and a transposed
+    view takes its element loop: test_tf32_and_fp8_operands_with_run_time_strides.)"""
+    import ml_dtypes
+
+    dtype, arch, intrinsic, warps, k_tile, rounding = PRECISIONS[precision]
+    k = 264
+    plan = {"strategy": "manual", "reason": "test", "steps": [
+        {"primitive": "tensorize", "args": {"stage": "C", "intrinsic": intrinsic, "block": [64, 64], "warps": warps,
+                                            "k_tile": k_tile, "stages": 3}}]}
+    if dtype == "float32":   # A stored [k, i] too: tf32 wgmma needs one K-major operand
+        A = tc.placeholder((k, M), dtype, "A")
+        B = tc.placeholder((k, N), dtype, "B", strides="any")
+        r = tc.reduce_axis(k, "r")
+        args = [A, B, tc.compute((M, N), lambda i, j: tc.sum(tc.cast(A[r, i], "float32") * tc.cast(B[r, j], "float32"),
+                                                             axis=r), name="C")]
+    else:
+        args = strided_contraction(M, N, k, dtype, a_any=False, b_any=True)
+    f = tc.build(args, target="sim", arch=arch, plan=plan)
+    assert "B_stride0 == 1 && B_stride1 %" in f.explain(), f.explain()
+    npd = np.float32 if dtype == "float32" else ml_dtypes.float8_e4m3fn
+    g = np.random.default_rng(23)
+
+    def rand(shape: tuple[int, ...]) -> np.ndarray:
+        return (g.uniform(0.5, 1.5, shape) * g.choice([-1, 1], shape)).astype(npd)
+    a = rand((k, M)) if dtype == "float32" else rand((M, k))
+    a64 = a.astype(np.float64).T if dtype == "float32" else a.astype(np.float64)
+    for what, b, fast in (("w.t()", np.ascontiguousarray(rand((N, k))).T, True),
+                          ("contiguous (K, N)", rand((k, N)), False)):
+        c = np.full((M, N), np.nan, np.float32)
+        with count_bank_conflicts() as banks:
+            f(a, b, c)
+        b64 = b.astype(np.float64)
+        want, size = a64 @ b64, np.abs(a64) @ np.abs(b64)
+        err = np.where(np.isnan(c), np.inf, np.abs(c - want) - (rounding + (k + 1) * 2.0**-24) * size)
+        assert (err <= 0).all(), f"{precision} B {what}: worst {float(err.max())} over the bound"
+        assert element_stored(banks, "B_shared") is not fast, f"{precision} B {what}"
