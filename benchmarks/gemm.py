@@ -41,9 +41,10 @@ predicted times.
 `--strided` (float16 unless `--dtype bfloat16`) times C = A·B at `--sweep-size`³ with A declared
 `strides="any"` and passed as the slice `x[:, :K]` of a K + 64 wide tensor (16-byte-multiple rows:
 the cp.async loop), against torch.matmul on the same view, against the contiguous build on a
-contiguous A, and (for the record) on a transposed view of A (the element loop of the same
-kernel); `--strided-only gemm_tensor_core` restricts the planner (mma.sync on sm_90); `--only STRATEGY` does so
-for the table of shapes.
+contiguous A, on a transposed view of A (w.t(): the transposed-view copy loop of the same
+kernel), and with B declared `strides="any"` and passed as w.t() for w (N, K) contiguous (the
+Linear layer's x @ w.t(): B's transposed-view copy loop); `--strided-only gemm_tensor_core` restricts the
+planner (mma.sync on sm_90); `--only STRATEGY` does so for the table of shapes.
 """
 
 from __future__ import annotations
@@ -251,49 +252,53 @@ def run_strided(size: int, pad: int = 64, only: list[str] | None = None) -> list
     m = n = k = size
     r = tc.reduce_axis(k, name="k")
 
-    def tensors(strided: bool) -> list[Any]:
-        A = tc.placeholder((m, k), dtype, name="A", strides="any" if strided else None)
-        B = tc.placeholder((k, n), dtype, name="B")
+    def tensors(strided: str) -> list[Any]:
+        A = tc.placeholder((m, k), dtype, name="A", strides="any" if strided == "A" else None)
+        B = tc.placeholder((k, n), dtype, name="B", strides="any" if strided == "B" else None)
         C = tc.compute((m, n), lambda i, j: tc.cast(tc.sum(tc.cast(A[i, r], "float32") * tc.cast(B[r, j], "float32"),
                                                            axis=r), dtype), name="C")
         return [A, B, C]
 
     target = resolve_target(None)
     kernels = {}
-    for strided in (True, False):
+    for strided in ("A", "B", ""):
         args = tensors(strided)
         res = plan_program(args, target, only=only)
         kernels[strided] = (tc.build(args, plan=res.plan), "; ".join(kp.chosen.label for kp in res.kernels))
     t = torch_dtype(dtype)
     wide = torch.randn(m, k + pad, device="cuda").to(t)
-    views = {"slice x[:, :K]": wide[:, :k], "contiguous": wide[:, :k].contiguous(),
-             "transposed view": torch.randn(k, m, device="cuda").to(t).t()}
     b = torch.randn(k, n, device="cuda").to(t)
+    w = torch.randn(n, k, device="cuda").to(t)   # a Linear layer's weight: x @ w.t()
+    # (label, which build, A, B): the transposed views take the transposed-view copy loop
+    cases = [("A slice x[:, :K]", "A", wide[:, :k], b),
+             ("A contiguous", "A", wide[:, :k].contiguous(), b),
+             ("A contiguous", "", wide[:, :k].contiguous(), b),
+             ("A transposed view", "A", torch.randn(k, m, device="cuda").to(t).t(), b),
+             ("B = w.t()", "B", wide[:, :k].contiguous(), w.t()),
+             ("B contiguous", "B", wide[:, :k].contiguous(), b)]
     c = torch.full((m, n), float("nan"), device="cuda", dtype=t)
     flops = 2.0 * m * n * k
     reps = max(5, min(50, int(2e12 / flops)))
     rows = []
-    for what, a in views.items():
-        for strided in (True, False):
-            if not strided and what != "contiguous":
-                continue
-            kern, label = kernels[strided]
-            kern(a, b, c)
-            torch.cuda.synchronize()
-            ref = torch.matmul(a.double(), b.double())
-            err = float((c.double() - ref).abs().max() / ref.abs().max())
-            t_kernel = time_kernels(lambda: kern(a, b, c), reps)
-            t_call = time_call(lambda: kern(a, b, c), reps)
-            t_torch = time_stream(lambda: torch.matmul(a, b), reps)
-            row = {"shape": f"{m}x{n}x{k}", "dtype": dtype, "A": what, "A_strides": list(a.stride()),
-                   "build": "strides='any'" if strided else "contiguous", "plan": label, "rel_err": err,
-                   "tecc_kernel_us": t_kernel * 1e6, "tecc_call_us": t_call * 1e6, "torch_stream_us": t_torch * 1e6,
-                   "tecc_tflops": flops / t_kernel / 1e12, "ratio_kernel": t_torch / t_kernel,
-                   "resources": str(getattr(kern, "resources", ""))}
-            rows.append(row)
-            print(f"strided {row['shape']:>14} {dtype:>8} A {what:>16} {row['build']:>14}: tecc kernel "
-                  f"{row['tecc_kernel_us']:8.1f} us ({row['tecc_tflops']:6.1f} TF/s), torch.matmul same view "
-                  f"{row['torch_stream_us']:8.1f} us, ratio {row['ratio_kernel']:5.2f}, err {err:.1e}  {label}", flush=True)
+    for what, strided, a, bb in cases:
+        kern, label = kernels[strided]
+        kern(a, bb, c)
+        torch.cuda.synchronize()
+        ref = torch.matmul(a.double(), bb.double())
+        err = float((c.double() - ref).abs().max() / ref.abs().max())
+        t_kernel = time_kernels(lambda: kern(a, bb, c), reps)
+        t_call = time_call(lambda: kern(a, bb, c), reps)
+        t_torch = time_stream(lambda: torch.matmul(a, bb), reps)
+        build = f"{strided} strides='any'" if strided else "contiguous"
+        row = {"shape": f"{m}x{n}x{k}", "dtype": dtype, "view": what, "A_strides": list(a.stride()),
+               "B_strides": list(bb.stride()), "build": build, "plan": label, "rel_err": err,
+               "tecc_kernel_us": t_kernel * 1e6, "tecc_call_us": t_call * 1e6, "torch_stream_us": t_torch * 1e6,
+               "tecc_tflops": flops / t_kernel / 1e12, "ratio_kernel": t_torch / t_kernel,
+               "resources": str(getattr(kern, "resources", ""))}
+        rows.append(row)
+        print(f"strided {row['shape']:>14} {dtype:>8} {what:>18} {build:>16}: tecc kernel "
+              f"{row['tecc_kernel_us']:8.1f} us ({row['tecc_tflops']:6.1f} TF/s), torch.matmul same views "
+              f"{row['torch_stream_us']:8.1f} us, ratio {row['ratio_kernel']:5.2f}, err {err:.1e}  {label}", flush=True)
     return rows
 
 
