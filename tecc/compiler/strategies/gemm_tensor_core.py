@@ -49,8 +49,9 @@ Workload for the cost model:
 - the pipelined mainloop: two fragment sets, and 23 + 3 per copy of addressing in place of
   24 + 4 (fitted to ptxas, tile_registers).
 - an operand with run-time strides (strides="any"): priced as its copy loop (a slice of a wider
-  tensor, what users pass), the kernel's element loop for other strides named in a note
-  (`GemmView.launch_tested`, `run_time_stride_note`; docs/tensor-cores.md).
+  tensor, what users pass), the kernel's transposed-view copy loop (w.t()) and element loop for
+  other strides named in a note (`GemmView.launch_tested`, `GemmView.transposed_copies`,
+  `run_time_stride_note`; docs/tensor-cores.md).
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ where `term` is `float32(A[..] * B[..])` (the plain half form `tc.sum(A[i, k] * 
 `float32(A[..]) * float32(B[..])`, each multiplicand optionally `where(cond, read, 0)`; A and B
 are float16 or bfloat16 (the same dtype, the one of the intrinsic) global buffers whose indices
 are affine in the loop axes, contiguous or with run-time strides (`strides="any"`: the kernel
-then tests the strides at launch and branches between a copy and an element-load main loop,
-`_Emitter.dispatch`). The spatial axes group into batch (indexing both
+then tests the strides at launch and branches between a copy main loop for slices, one for
+transposed views -- the tile in the other orientation in the same buffer, the other ldmatrix --
+and an element-load main loop, `_Emitter.dispatch`). The spatial axes group into batch (indexing both
 operands), rows (only A) and columns (only B, the operand the output's innermost axis indexes);
 M, N, K are the groups' extent products. A plain matrix product is the case of single-axis
 groups (`A[b.., i, k]`, `B[b.., k, j]`, either orientation); a convolution
@@ -148,7 +149,7 @@ COPY_BYTES = 16
 # ---- fragment loads (shared by every tensor-core kernel) ---------------------------------------
 
 def load_a_fragment(dst: FragmentRef, tile: Buffer, stage: Expr, m0: Expr, k0: Expr, lane: Expr,
-                    k_last: bool) -> Stmt:
+                    k_last: bool) -> MatrixLoad:
     """ldmatrix.x4 of the 16 x 16 A tile at rows m0.., k k0.. of ring stage `stage` of `tile` into
     the A fragment `dst`. The four 8 x 8 matrices in register order are (m 0:8, k 0:8),
     (m 8:16, k 0:8), (m 0:8, k 8:16), (m 8:16, k 8:16); lane = 8j + r supplies row r of matrix j.
@@ -160,7 +161,7 @@ def load_a_fragment(dst: FragmentRef, tile: Buffer, stage: Expr, m0: Expr, k0: E
 
 
 def load_b_fragments(dst: FragmentRef, tile: Buffer, stage: Expr, n0: Expr, k0: Expr, lane: Expr,
-                     k_last: bool) -> Stmt:
+                     k_last: bool) -> MatrixLoad:
     """ldmatrix.x4 of two 16 x 8 B tiles (columns n0..n0+16, k k0..k0+16) of ring stage `stage`
     of `tile` into 8 elements of B fragments at `dst` (the first n8 tile, then the second). The
     matrices are (k 0:8, n 0:8), (k 8:16, n 0:8), (k 0:8, n 8:16), (k 8:16, n 8:16). `k_last`:
