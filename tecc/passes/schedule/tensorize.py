@@ -300,6 +300,20 @@ def tensorize_mma(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) ->
     return _Emitter(func, c, intrinsic, tiling).kernel()
 
 
+def flipped_copy(chunk: Expr, rows: int, size: int) -> tuple[Expr, Expr]:
+    """(row, column) of copy number `chunk` of a transposed view's tile of `rows` rows copied
+    `size` elements at a time (`_Emitter.load_tile`). A phase of 8 threads (a warp's 16-byte
+    accesses go 8 at a time) takes 2 adjacent copies -- 32 contiguous bytes of memory, a whole
+    sector, where one copy per row would fetch every sector twice -- of 4 rows of one parity, the
+    next phase the other parity: both shared layouts of such a tile put those 8 in different
+    16-byte slots (`_Emitter.shared_index`: rows XORed with the chunk's parity; wgmma's 128B
+    swizzle: chunks XORed with the row). Rows are a multiple of 8, chunks per row even."""
+    pair, four, parity, group = chunk % 2, (chunk // 2) % 4, (chunk // 8) % 2, chunk // 16
+    blocks = rows // 8
+    r = (group % blocks) * 8 + four * 2 + parity
+    return r, ((group // blocks) * 2 + pair) * size
+
+
 def _int(value: int) -> Expr:
     return Const(value, dt.int32)
 
@@ -561,17 +575,23 @@ class _Emitter:
         A tile stored in the other orientation than its buffer is laid out for (a transposed
         view's main loop, `dispatch`): a R' x W' tile in the buffer of a W' x R' one, its 8-element
         (16-byte) chunks column-chunk major -- flat offset (col // 8)·(R'·8) + r·8 + col % 8 --,
-        seen through the buffer's [W'][R'] rows. The 8 rows r..r+7 of one column chunk (what an
-        ldmatrix phase reads, and 8 lanes' copies write) are then one 128-byte line, and the
-        buffer's row_swizzle only permutes the chunks inside a 128-byte line (its XOR source bits
-        lie above the line's), so both are conflict-free; a chunk stays 16 contiguous bytes."""
+        seen through the buffer's [W'][R'] rows, with row r at slot r ^ (col // 8) % 2 of its
+        line. The 8 rows r..r+7 of one column chunk (what an ldmatrix phase reads) are then one
+        128-byte line, and so are the 4 rows of one parity times 2 adjacent chunks that a phase
+        of 8 threads copies (`flipped_copy`); the buffer's row_swizzle only permutes the chunks
+        inside a 128-byte line by bits above the line's (its XOR source bits lie above them and
+        below a column chunk's), so both are conflict-free; a chunk stays 16 contiguous bytes."""
         per = self.period_rows(op)
         if per is not None:
             return stage, r // per, r % per, col
         if op.k_last != self.laid_out[op.role].k_last:
             rows, _ = self.tile_shape(op)
             width = self.tile_shape(self.laid_out[op.role])[1]
-            flat = (col // CHUNK) * (rows * CHUNK) + r * CHUNK + col % CHUNK
+            chunk = col // CHUNK
+            # row r ^ (chunk % 2): `flipped_copy`'s 8 threads of a phase (4 rows of one parity,
+            # 2 adjacent chunks) land in 8 different 16-byte slots of the line
+            row = r + (chunk % 2) * (1 - 2 * (r % 2))
+            flat = chunk * (rows * CHUNK) + row * CHUNK + col % CHUNK
             return stage, flat // width, flat % width
         return stage, r, col
 
@@ -625,9 +645,7 @@ class _Emitter:
             def copy(u: Var) -> Stmt:
                 chunk = self.tx + t.threads * u
                 if flipped:
-                    # a transposed view's tile (`shared_index`): consecutive threads take
-                    # consecutive rows of one column chunk, so 8 of them write one 128-byte line
-                    r, col = chunk % rows, (chunk // rows) * size
+                    r, col = flipped_copy(chunk, rows, size)
                 else:
                     r, col = chunk // per_row, (chunk % per_row) * size
                 indices, inside = address(r, col)
