@@ -385,6 +385,26 @@ def test_the_emulator_reports_a_copy_that_skipped_the_launch_test(monkeypatch: p
         f(a, values(g, (K, N), "float16"), np.full((M, N), np.nan, np.float32))
 
 
+def test_the_emulator_reports_a_transposed_copy_that_skipped_its_launch_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel with the transposed view's copy loop alone runs a slice of A through copies
+    along its rows: the emulator names the stride of the dimension the copies run along."""
+    from dataclasses import replace
+
+    from tecc.ir.errors import TeccError
+    from tecc.passes.schedule.tensorize import _Emitter
+
+    def transposed_only(self: Any) -> Any:
+        assert self.c.a.transposed is not None
+        self.c = replace(self.c, a=self.c.a.transposed)
+        return self.pipeline()
+    monkeypatch.setenv("TECC_NO_CACHE", "1")
+    monkeypatch.setattr(_Emitter, "dispatch", transposed_only)
+    f = tc.build(strided_contraction(M, N, K, "float16"), target="sim", arch="sm_80", plan=mma_plan())
+    g = np.random.default_rng(10)
+    with pytest.raises(TeccError, match="assumes a unit stride along dimension 0, tested at launch, but A's is"):
+        f(values(g, (M, K + 8), "float16")[:, :K], values(g, (K, N), "float16"), np.full((M, N), np.nan, np.float32))
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_a_convolution_over_a_strided_nhwc_view(arch: str) -> None:
     """The machinery is the implicit GEMM's, not a GEMM special case: a 3x3 convolution (padding
