@@ -486,3 +486,16 @@ def test_a_k_major_view_is_the_fast_one_where_the_row_reads_k_major(precision: s
         err = np.where(np.isnan(c), np.inf, np.abs(c - want) - (rounding + (k + 1) * 2.0**-24) * size)
         assert (err <= 0).all(), f"{precision} B {what}: worst {float(err.max())} over the bound"
         assert element_stored(banks, "B_shared") is not fast, f"{precision} B {what}"
+
+
+def test_the_planner_takes_fp8_with_a_strided_b_declared_k_outermost() -> None:
+    """gemm_wgmma_fp8 refuses a contiguous B[k, j] (fp8 wgmma reads K-major only), but takes one
+    declared strides="any": tensorize runs its K-major view (w.t()) through copies, and the
+    note says so."""
+    f = tc.build(strided_contraction(128, 128, 256, "float8_e4m3", a_any=False, b_any=True), target="sim", arch="sm_90")
+    text = f.explain()
+    assert "chosen: gemm_wgmma_fp8(" in text, text
+    assert "run-time strides of B (declared k-outermost): the K-major view's cp.async copies" in text, text
+    assert "B_stride0 == 1 && B_stride1 % 16 == 0, else element loads" in text, text
+    contiguous = tc.build(strided_contraction(128, 128, 256, "float8_e4m3", a_any=False), target="sim", arch="sm_90")
+    assert "gemm_wgmma_fp8" not in contiguous.explain().split("chosen:")[1].splitlines()[0]

@@ -288,10 +288,17 @@ class GemmView:
     transposed_copies: tuple[int, int] = (0, 0)
 
 
-def run_time_stride_note(view: GemmView, transposes: bool = True) -> str | None:
+def run_time_stride_note(view: GemmView, transposes: bool = True, k_major_only: bool = False) -> str | None:
     """What explain says of operands with run-time strides (tensorize's dispatch), or None.
     `transposes`: the kernel has copy loops for transposed views (16-bit operands; tf32's
-    fragments have no ldmatrix .trans, fp8 and tf32 wgmma read K-major only)."""
+    fragments have no ldmatrix .trans, fp8 and tf32 wgmma read K-major only). `k_major_only`
+    (fp8 wgmma): an operand declared k-outermost is taken in its K-major view
+    (tensorize_wgmma.k_major_views)."""
+    if k_major_only and not all(view.k_last):
+        names = [x.buffer for x, k_last in zip((view.a, view.b), view.k_last) if not k_last]
+        return (f"run-time strides of {', '.join(names)} (declared k-outermost): the K-major view's cp.async copies "
+                "(priced as the declared layout's) when the k stride is 1 and the others multiples of the copy (w.t()), "
+                "tested at launch; other strides take the kernel's element-load main loop")
     tested = [t or bool(c) for t, c in zip(view.launch_tested, view.transposed_copies)]
     names = [x.buffer for x, t in zip((view.a, view.b), tested) if t]
     if not names:

@@ -440,7 +440,8 @@ class GemmWgmma(Strategy):
         refusal = tma_refusal_for(info) if load == "cp.async" else None
         if refusal is not None:
             notes.append(f"the TMA rung is not offered: {refusal}")
-        stride_note = run_time_stride_note(view, transposes=self.element_bytes == 2) if load == "cp.async" else None
+        stride_note = (run_time_stride_note(view, transposes=self.element_bytes == 2, k_major_only=self.element_bytes == 1)
+                       if load == "cp.async" else None)
         if stride_note is not None:
             notes.append(stride_note)
         return Workload(
@@ -630,9 +631,12 @@ class GemmWgmmaFP8(GemmWgmma):
         pair = (view.a, view.b)
         if any(x.dtype not in FP8_DTYPES for x in pair):
             return "float8_e4m3 or float8_e5m2 operands only"
-        if not all(view.k_last):
+        # an operand with run-time strides stored with k outermost is taken in its K-major view
+        # (B = w.t(): tensorize_wgmma.k_major_views), its copies tested at launch
+        if not all(k_last or flipped for k_last, flipped in zip(view.k_last, view.transposed_copies)):
             return ("fp8 wgmma reads its shared operands K-major only (no transpose for .e4m3/.e5m2): store both "
-                    "operands k-contiguous (A [i, k], B [j, k]: C = A·Bᵀ)")
+                    "operands k-contiguous (A [i, k], B [j, k]: C = A·Bᵀ), or declare the other strides=\"any\" and "
+                    "pass a K-major view (w.t())")
         return None
 
     def operand_note(self, info: KernelInfo) -> tuple[str]:
