@@ -3,7 +3,7 @@
 Bound (tests/test_fp8.py): fp8 inputs and their products are exact; float32 accumulation gives
 |C - A·Bᵀ| <= (K + 1)·2⁻²³·(|A|·|B|ᵀ), plus half an ulp of a 16-bit output; the tensor core's fp8
 accumulation keeps fewer bits than float32, so the GPU bound adds `hardware_accumulation`
-(2⁻¹³ of the running sum after each k32 step). Inputs are fresh random values, the reference their float64 product, outputs start
+(2⁻¹³ of the running sum plus the step's Σ|a|·|b| after each k32 step). Inputs are fresh random values, the reference their float64 product, outputs start
 as NaN. Each case runs on NumPy arrays of ml_dtypes fp8 (host staging) and, where torch is
 importable, on torch.float8_e4m3fn / float8_e5m2 CUDA tensors (the device path).
 """
