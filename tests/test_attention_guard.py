@@ -18,6 +18,7 @@ from tecc.passes.rewrite.online_contraction_mma import online_contraction_mma
 
 from test_attention_tensor_core import bound, make_inputs, masked_attention, reference, run
 from test_online_contraction import check
+from nvrtc_checks import skip_without_nvrtc
 
 WINDOW = 37   # the sliding window's width: keys row - 37 .. row
 
@@ -149,14 +150,6 @@ def test_tiles_inside_keys_is_proved_only_for_a_multiple_of_the_tile():
 
 # ---- ptxas: the d = 128 causal 128 x 64 kernel fits 2 blocks per SM -------------------------------
 
-def _nvrtc_or_skip():
-    try:
-        from tecc.codegen.nvrtc import supported_archs
-        if "sm_90" not in supported_archs():
-            pytest.skip("NVRTC cannot compile for sm_90")
-    except Exception as exc:   # no NVRTC library on this machine
-        pytest.skip(f"NVRTC is not available: {exc}")
-
 
 @pytest.mark.parametrize("dtype,groups,Sq,Sk", [("float16", 1, 8192, 8192), ("bfloat16", 1, 8192, 8192),
                                                 ("float16", 1, 1024, 8192), ("float16", 1, 8000, 8000)])
@@ -164,7 +157,7 @@ def test_causal_d128_128x64_fits_two_blocks_per_sm(dtype, groups, Sq, Sk):
     """ptxas (NVRTC, sm_90a) for the Hopper causal / bottom-right kernel at d = 128, 128 x 64:
     at most 128 registers (256 threads: 2 blocks per SM, as the non-causal kernel) and no spills;
     the per-element guard used to take it to 133-135 (1 block per SM)."""
-    _nvrtc_or_skip()
+    skip_without_nvrtc()
     from test_attention_tensor_core import masked_attention as attention
 
     mask = "causal" if Sq == Sk else "bottom_right"
@@ -217,7 +210,7 @@ def test_grouped_causal_d128_takes_the_peeled_128x64_at_two_blocks_per_sm():
     """Grouped heads (4 per K/V head), causal, d = 128, S = 8k: the one-loop 128 x 64 kernel is
     past 128 registers (its K/V head addressing), the peeled one fits 128 (2 blocks per SM), so the
     planner takes the peeled 128 x 64 over 128 x 128 and says so."""
-    _nvrtc_or_skip()
+    skip_without_nvrtc()
     from tecc.compiler.strategies.online_contraction import propose_wgmma
 
     ins, outs = masked_attention(2, 16, 8192, 8192, 128, "float16", groups=4, mask="causal")
@@ -232,7 +225,7 @@ def test_grouped_causal_d128_takes_the_peeled_128x64_at_two_blocks_per_sm():
 def test_the_planner_launches_masked_blocks_query_block_major(mask, D):
     """The Hopper plan launches query block major over all heads exactly when the mask makes
     the blocks' key tile counts differ (isl's proven counts), and says so."""
-    _nvrtc_or_skip()
+    skip_without_nvrtc()
     from tecc.compiler.strategies.online_contraction import propose_wgmma
 
     Sq = 1024 if mask == "bottom_right" else 4096

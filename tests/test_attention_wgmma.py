@@ -32,6 +32,7 @@ from tecc.ir.intrinsics import WGMMA_N, lookup
 from tecc.ir.stmt import Allocate, For, FragmentRef, MatrixMultiply, WarpgroupMatrixMultiply, iter_stmts
 from tecc.passes.rewrite.online_contraction_mma import online_contraction_mma
 from tecc.runtime.sim import simulate_kernel
+from nvrtc_checks import skip_without_nvrtc
 
 
 def wgmma_plan(rows=64, key_tile=64, overlap=False):
@@ -524,14 +525,6 @@ def test_launch_order_with_a_symbolic_sequence_length(wgmma):
 
 # ---- the tiling under a mask that skips key tiles: the fitted cost per block -----------------------
 
-def _nvrtc_or_skip():
-    try:
-        from tecc.codegen.nvrtc import supported_archs
-        if "sm_90" not in supported_archs():
-            pytest.skip("NVRTC cannot compile for sm_90")
-    except Exception as exc:   # no NVRTC library on this machine
-        pytest.skip(f"NVRTC is not available: {exc}")
-
 
 @pytest.mark.parametrize("d,rows,key_tile,per_sm,tiles,guarded,blocks,measured", [
     (128, 128, 64, 2, 16, 0, 2048, 293.6), (128, 128, 64, 2, 32, 0, 2048, 526.5), (128, 128, 64, 2, 64, 0, 2048, 1001.8),
@@ -559,7 +552,7 @@ def test_masked_programs_rank_the_tilings_at_their_compiled_occupancy(d, mask, g
     compiles to <= 128 registers (2 blocks of 256 threads per SM) and wins over 128 x 128 (1 block
     per SM), and the plan says so; without a mask and with a mask tensor (no proven bound) the
     measured order (128 x 64 first) stands unranked; at d = 64 only 128 x 128 has a plain fit."""
-    _nvrtc_or_skip()
+    skip_without_nvrtc()
     ins, outs = masked_attention(2, 16, 8192, 8192 if mask != "bottom_right" else 8192 + 512, d, "float16",
                                  groups=groups, mask=mask)
     choice = propose_wgmma(ins + outs, "sm_90")

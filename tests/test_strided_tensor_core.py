@@ -33,6 +33,7 @@ from tecc.ir.expr import Var
 from tecc.ir.stmt import AsyncCopy, Buffer, IfThenElse, iter_stmts
 from tecc.passes.lower import lower
 from tecc.runtime.sim.banks import count_bank_conflicts
+from nvrtc_checks import needs_nvrtc
 
 # K = 136: several k tiles on both paths (5 of 32 for mma.sync, 3 of 64 for wgmma's 3-stage ring),
 # so the element loop refills stages inside the k loop, not only in the prologue
@@ -292,17 +293,8 @@ def test_a_copy_from_a_run_time_innermost_stride_must_say_it_was_tested() -> Non
                   unit_stride_at_launch=True, along=0)
 
 
-def _nvrtc() -> bool:
-    try:
-        from tecc.codegen import nvrtc_version
 
-        nvrtc_version()
-        return True
-    except Exception:  # noqa: BLE001 - no NVRTC here: the compile tests are skipped
-        return False
-
-
-@pytest.mark.skipif(not _nvrtc(), reason="NVRTC is not available")
+@needs_nvrtc
 @pytest.mark.parametrize("strided", ["A", "B = w.t()"])
 @pytest.mark.parametrize("arch,intrinsic,block,warps,k_tile,stages", [
     ("sm_80", "auto", (128, 128), (2, 2), 32, 4),

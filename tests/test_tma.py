@@ -60,6 +60,7 @@ from tecc.runtime.tensor_map import (
     TensorMapSpec,
     encode_arguments,
 )
+from nvrtc_checks import needs_nvrtc
 
 
 def tma_plan(block: tuple[int, int] = (64, 64), stages: int = 3) -> dict[str, Any]:
@@ -69,17 +70,7 @@ def tma_plan(block: tuple[int, int] = (64, 64), stages: int = 3) -> dict[str, An
                                             "producer": "tma"}}]}
 
 
-def _nvrtc() -> bool:
-    try:
-        from tecc.codegen import nvrtc_version
 
-        nvrtc_version()
-        return True
-    except Exception:  # noqa: BLE001 - no NVRTC here: the compile tests are skipped
-        return False
-
-
-needs_nvrtc = pytest.mark.skipif(not _nvrtc(), reason="NVRTC is not available")
 
 
 # ---- the IR -----------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from tecc.passes.lower import lower
 from tecc.passes.schedule.tensorize import Tiling
 from tecc.passes.schedule.tensor_core import tensorize_wgmma
 from tecc.runtime.sim import simulate_kernel
+from nvrtc_checks import needs_nvrtc, nvrtc_available
 
 
 def wgmma_plan(block: tuple[int, int] = (64, 64), stages: int = 3, intrinsic: str = "wgmma") -> dict[str, Any]:
@@ -38,17 +39,7 @@ def wgmma_count(f: Any) -> int:
     return sum(isinstance(s, WarpgroupMatrixMultiply) for s in iter_stmts(f.module.kernels[0].body))
 
 
-def _nvrtc() -> bool:
-    try:
-        from tecc.codegen import nvrtc_version
 
-        nvrtc_version()
-        return True
-    except Exception:  # noqa: BLE001 - no NVRTC here: the compile tests are skipped
-        return False
-
-
-needs_nvrtc = pytest.mark.skipif(not _nvrtc(), reason="NVRTC is not available")
 
 
 # ---- the kernel in the emulator ---------------------------------------------------------------------
@@ -233,7 +224,7 @@ def test_the_space_fits_the_opt_in_shared_memory_and_names_the_design_point() ->
 def test_auto_plan_builds_and_explains_the_wgmma_rung() -> None:
     """build(plan="auto") for sm_90 takes gemm_wgmma, compiles it for sm_90a (compile-checked)
     and explain names the intrinsic and the rung."""
-    if not _nvrtc():
+    if not nvrtc_available():
         pytest.skip("NVRTC is not available")
     tensors, _ = contraction(4096, 4096, 4096, "float16", out="float16")
     f = tc.build(tensors, target="cuda", arch="sm_90")
