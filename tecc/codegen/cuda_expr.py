@@ -223,14 +223,16 @@ class ExprEmitter:
         """`name[offset]`, the multi-dimensional index flattened with the buffer's strides."""
         return f"{self.buffer_name(buffer)}[{self.code(self.offset(buffer, indices))}]"
 
-    def offset(self, buffer: Buffer, indices: tuple[Expr, ...]) -> Expr:
+    def offset(self, buffer: Buffer, indices: tuple[Expr, ...], strides: tuple[Expr, ...] | None = None) -> Expr:
         """The flat element offset of `buffer[indices]` as an IR expression, in int64 when the
-        buffer is indexed in 64-bit arithmetic (the casts print as implicit promotions)."""
+        buffer is indexed in 64-bit arithmetic (the casts print as implicit promotions).
+        `strides`: the buffer's strides as a branch knows them (a launch-tested copy's unit
+        stride as the constant 1, matrix.async_copy), else its own."""
         index_type = dt.int64 if buffer in self.wide else None
         total: Expr | None = None
         whole: Expr | None = None  # terms that move a swizzled offset by whole periods
         layout = buffer.layout
-        for index, stride in zip(indices, buffer.effective_strides()):
+        for index, stride in zip(indices, strides if strides is not None else buffer.effective_strides()):
             if index_type is not None:
                 index, stride = cast(index, index_type), cast(stride, index_type)
             term = index * stride

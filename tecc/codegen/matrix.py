@@ -21,7 +21,7 @@ through the buffer's layout in `ExprEmitter.offset`, like every other access to 
 
 from __future__ import annotations
 
-from tecc.ir.expr import Expr
+from tecc.ir.expr import Const, Expr
 from tecc.ir.intrinsics import FragmentOperand
 from tecc.ir.stmt import AsyncCommit, AsyncCopy, AsyncWait, Buffer, FragmentRef, MatrixLoad, MatrixMultiply
 
@@ -107,9 +107,22 @@ def matrix_load(expr: ExprEmitter, s: MatrixLoad) -> list[str]:
                 clobber_memory=True)
 
 
+def launch_tested_strides(s: AsyncCopy) -> tuple[Expr, ...] | None:
+    """The source strides a copy loop taken under its launch test knows: the run-time stride
+    the copy runs along (`AsyncCopy.along`) is the constant 1 there (`unit_stride_at_launch`:
+    the kernel tested it; the emulator checks it at every such copy), so the address drops its
+    multiply by that kernel parameter. None for any other copy (its buffer's own strides)."""
+    if not s.unit_stride_at_launch or s.src.strides is None:
+        return None
+    along = s.along % s.src.ndim
+    return tuple(Const(1, st.dtype) if d == along else st for d, st in enumerate(s.src.strides))
+
+
 def async_copy(expr: ExprEmitter, s: AsyncCopy) -> list[str]:
     dst = shared_address(expr, s.dst, s.dst_indices)
-    src = f"&{expr.buffer_ref(s.src, s.src_indices)}"
+    strides = launch_tested_strides(s)
+    src = (f"&{expr.buffer_ref(s.src, s.src_indices)}" if strides is None else
+           f"&{expr.buffer_name(s.src)}[{expr.code(expr.offset(s.src, s.src_indices, strides))}]")
     inputs = [f'"r"({dst})', f'"l"({src})']
     instruction = f"cp.async.{s.cache}.shared.global [%0], [%1], {s.bytes}"
     if s.predicate is not None:
