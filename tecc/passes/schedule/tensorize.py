@@ -590,7 +590,7 @@ class _Emitter:
             chunk = col // CHUNK
             # row r ^ (chunk % 2): `flipped_copy`'s 8 threads of a phase (4 rows of one parity,
             # 2 adjacent chunks) land in 8 different 16-byte slots of the line
-            row = r + (chunk % 2) * (1 - 2 * (r % 2))
+            row = r ^ (chunk % 2)
             flat = chunk * (rows * CHUNK) + row * CHUNK + col % CHUNK
             return stage, flat // width, flat % width
         return stage, r, col
