@@ -300,20 +300,6 @@ def tensorize_mma(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) ->
     return _Emitter(func, c, intrinsic, tiling).kernel()
 
 
-def flipped_copy(chunk: Expr, rows: int, size: int) -> tuple[Expr, Expr]:
-    """(row, column) of copy number `chunk` of a transposed view's tile of `rows` rows copied
-    `size` elements at a time (`_Emitter.load_tile`). A phase of 8 threads (a warp's 16-byte
-    accesses go 8 at a time) takes 2 adjacent copies -- 32 contiguous bytes of memory, a whole
-    sector, where one copy per row would fetch every sector twice -- of 4 rows of one parity, the
-    next phase the other parity: both shared layouts of such a tile put those 8 in different
-    16-byte slots (`_Emitter.shared_index`: rows XORed with the chunk's parity; wgmma's 128B
-    swizzle: chunks XORed with the row). Rows are a multiple of 8, chunks per row even."""
-    pair, four, parity, group = chunk % 2, (chunk // 2) % 4, (chunk // 8) % 2, chunk // 16
-    blocks = rows // 8
-    r = (group % blocks) * 8 + four * 2 + parity
-    return r, ((group // blocks) * 2 + pair) * size
-
-
 def _int(value: int) -> Expr:
     return Const(value, dt.int32)
 
@@ -573,25 +559,30 @@ class _Emitter:
         orientation) in ring stage `stage`.
 
         A tile stored in the other orientation than its buffer is laid out for (a transposed
-        view's main loop, `dispatch`): a R' x W' tile in the buffer of a W' x R' one, its 8-element
-        (16-byte) chunks column-chunk major -- flat offset (col // 8)·(R'·8) + r·8 + col % 8 --,
-        seen through the buffer's [W'][R'] rows, with row r at slot r ^ (col // 8) % 2 of its
-        line. The 8 rows r..r+7 of one column chunk (what an ldmatrix phase reads) are then one
-        128-byte line, and so are the 4 rows of one parity times 2 adjacent chunks that a phase
-        of 8 threads copies (`flipped_copy`); the buffer's row_swizzle only permutes the chunks
-        inside a 128-byte line by bits above the line's (its XOR source bits lie above them and
-        below a column chunk's), so both are conflict-free; a chunk stays 16 contiguous bytes."""
+        view's main loop, `dispatch`): a R' x W' tile in the buffer of a W' x R' one, seen through
+        the buffer's [W'][R'] rows as a flat offset. Its 8-element (16-byte) chunks go column-chunk
+        major, the 8 rows r..r+7 of one column chunk c (what an ldmatrix phase reads) one 128-byte
+        line -- line c·(R' / 8) + r // 8 --, row r in slot (r % 8) ^ (c % (8 / p))·p of it, p the
+        rows a phase of 8 copies covers (the copies go row-major, 16 bytes each, as for a tile in
+        the buffer's own orientation: `load_tile`; p = 8 / min(8, chunks per row)): the 8 copies
+        of a phase (p rows by 8 / p consecutive chunks) land in 8 different slots, and so do an
+        ldmatrix phase's 8 rows. The buffer's row_swizzle XORs the slot with bits of the line
+        number; the offset is given pre-swizzled (the swizzle is an involution that keeps the
+        line), so the slot above is the physical one. A chunk stays 16 contiguous bytes."""
         per = self.period_rows(op)
         if per is not None:
             return stage, r // per, r % per, col
         if op.k_last != self.laid_out[op.role].k_last:
-            rows, _ = self.tile_shape(op)
+            rows, own_width = self.tile_shape(op)
             width = self.tile_shape(self.laid_out[op.role])[1]
+            line_elements = 8 * CHUNK
+            p = 8 // min(8, own_width // CHUNK)
             chunk = col // CHUNK
-            # row r ^ (chunk % 2): `flipped_copy`'s 8 threads of a phase (4 rows of one parity,
-            # 2 adjacent chunks) land in 8 different 16-byte slots of the line
-            row = r ^ (chunk % 2)
-            flat = chunk * (rows * CHUNK) + row * CHUNK + col % CHUNK
+            slot = (r % 8) ^ ((chunk % (8 // p)) * p)
+            flat = (chunk * (rows // 8) + r // 8) * line_elements + slot * CHUNK + col % CHUNK
+            layout = self.shared[op.role].layout
+            if layout is not None:
+                flat = layout.apply(flat)
             return stage, flat // width, flat % width
         return stage, r, col
 
@@ -640,14 +631,10 @@ class _Emitter:
         if size:
             per_row = width // size
             nbytes = size * op.buffer.dtype.bytes
-            flipped = op.k_last != self.laid_out[op.role].k_last
-            
+
             def copy(u: Var) -> Stmt:
                 chunk = self.tx + t.threads * u
-                if flipped:
-                    r, col = flipped_copy(chunk, rows, size)
-                else:
-                    r, col = chunk // per_row, (chunk % per_row) * size
+                r, col = chunk // per_row, (chunk % per_row) * size
                 indices, inside = address(r, col)
                 # an operand with run-time strides is copied only in dispatch's main loop that
                 # runs when its strides were tested (a unit stride along the copy among them)
