@@ -17,6 +17,7 @@ the other view's strides is a TeccError, `test_the_emulator_reports_a_copy_that_
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,8 @@ from tecc.compiler.cost.analysis import analyze_kernel
 from tecc.compiler.strategies.gemm_tensor_core import gemm_view
 from tecc.ir import dtype as dt
 from tecc.ir.intrinsics import IntrinsicError
-from tecc.ir.expr import Var
+from tecc.ir.evaluate import evaluate_int
+from tecc.ir.expr import Var, free_vars
 from tecc.ir.stmt import AsyncCopy, Buffer, IfThenElse, iter_stmts
 from tecc.passes.lower import lower
 from tecc.runtime.sim.banks import count_bank_conflicts
@@ -491,3 +493,102 @@ def test_the_planner_takes_fp8_with_a_strided_b_declared_k_outermost() -> None:
     assert "B_stride0 == 1 && B_stride1 % 16 == 0, else element loads" in text, text
     contiguous = tc.build(strided_contraction(128, 128, 256, "float8_e4m3", a_any=False), target="sim", arch="sm_90")
     assert "gemm_wgmma_fp8" not in contiguous.explain().split("chosen:")[1].splitlines()[0]
+
+
+# The tile configurations the planner picks at 4096³ (benchmarks/gemm.py --strided)
+LARGE_TILES = {"mma.sync": ("sm_80", dict(intrinsic="auto", block=(128, 128), warps=(2, 2), k_tile=32, stages=4)),
+               "wgmma": ("sm_90", dict(intrinsic="wgmma", block=(128, 256), warps=(8, 1), k_tile=64, stages=4))}
+
+
+def large_tile_kernel(path: str, n: int, **kw: Any) -> Any:
+    arch, args = LARGE_TILES[path]
+    sch = tc.Schedule(strided_contraction(n, n, n, "float16", **kw))
+    sch.tensorize("C", **args)
+    return sch
+
+
+@pytest.mark.parametrize("side", ["A", "B"])
+@pytest.mark.parametrize("path", LARGE_TILES)
+def test_launch_tested_copies_address_without_the_tested_stride(path: str, side: str) -> None:
+    """Inside a copy loop taken under the launch test, the unit stride it tested is the
+    constant 1: each copy's source address multiplies by the other (row) stride only -- the
+    slice's loop by X_stride0, the transposed view's by X_stride1 -- never by the tested one."""
+    sch = large_tile_kernel(path, 512, a_any=side == "A", b_any=side == "B")
+    func = sch.mod.kernels[0]
+    copies = [s for s in iter_stmts(func.body) if isinstance(s, AsyncCopy) and s.src.name == side]
+    assert copies and all(s.unit_stride_at_launch for s in copies)
+    src = emit_source([func])
+    addresses = set(re.findall(r'"l"\(&' + side + r"\[([^\]]*)\]\)", src))
+    used = {tuple(f"{side}_stride{d}" in a for d in (0, 1)) for a in addresses}
+    # one stride each: the slice loop's row stride (dim 0), the transposed view's (dim 1)
+    assert used == {(True, False), (False, True)}, sorted(addresses)
+
+
+def warp_copy_footprint(func: Any, buffer: str, along: int, strides: tuple[int, ...]) -> list[tuple[int, bool]]:
+    """Per cp.async statement of `buffer` running along `along`: (128-byte lines, whether every
+    32-byte sector is whole) that warp 0's first copy reads, with every other variable 0 and
+    the buffer's strides given in elements."""
+    out = []
+    for s in iter_stmts(func.body):
+        if not (isinstance(s, AsyncCopy) and s.src.name == buffer and s.along == along):
+            continue
+        names = {v.name: v for e in s.src_indices for v in free_vars(e)}
+        covered: dict[int, int] = {}
+        for lane in range(32):
+            env = {v: 0 for v in names.values()}
+            env.update({v: strides[int(n[-1])] for n, v in names.items() if n.startswith(f"{buffer}_stride")})
+            env[names["thread"]] = lane
+            start = sum(evaluate_int(e, env) * st for e, st in zip(s.src_indices, strides)) * 2
+            for byte in range(start, start + s.bytes):
+                covered[byte // 32] = covered.get(byte // 32, 0) + 1
+        out.append((len({sector // 4 for sector in covered}), all(c == 32 for c in covered.values())))
+    return out
+
+
+@pytest.mark.parametrize("path", LARGE_TILES)
+def test_transposed_view_copies_like_a_compile_time_transposed_operand(path: str) -> None:
+    """B = w.t() (B (K, N) with run-time strides, passed as the transpose of a contiguous
+    (N, K) w) is copied with the chunking of the kernel built for B stored (N, K) at compile
+    time: each warp instruction reads whole 32-byte sectors of the same number of 128-byte
+    lines; A = x.t() reads whole sectors of at most 4 lines (2 rows of its 256-byte tile rows)."""
+    n = 512
+    runtime = large_tile_kernel(path, n, a_any=False, b_any=True).mod.kernels[0]
+    fixed = large_tile_kernel(path, n, a_any=False, b_t=True).mod.kernels[0]
+    got = warp_copy_footprint(runtime, "B", 0, (1, n))
+    want = warp_copy_footprint(fixed, "B", -1, (n, 1))
+    assert got and want and all(whole for _, whole in got + want)
+    assert {lines for lines, _ in got} == {lines for lines, _ in want}, (got, want)
+    a_view = large_tile_kernel(path, n).mod.kernels[0]
+    a_got = warp_copy_footprint(a_view, "A", 0, (1, n))
+    assert a_got and all(whole and lines <= 4 for lines, whole in a_got), a_got
+
+
+@pytest.mark.parametrize("side", ["A", "B"])
+@pytest.mark.parametrize("path", LARGE_TILES)
+def test_transposed_views_at_the_planners_tiles_match_numpy_without_conflicts(path: str, side: str) -> None:
+    """At the 4096³ tiles (two blocks each way), a transposed view of A and B = w.t() take the
+    transposed-view copy loop (16-byte copies only), match NumPy float64, and neither the copies
+    nor the fragment reads conflict on banks; so does the slice of a wider array."""
+    arch, args = LARGE_TILES[path]
+    m = n = 256
+    k = 128
+    f = tc.build(_large_schedule(m, n, k, side, args), target="sim", arch=arch)
+    g = np.random.default_rng(11)
+    rows, cols = (m, k) if side == "A" else (k, n)
+    for what in ("transposed", "slice"):
+        x = values(g, (cols, rows), "float16").T if what == "transposed" else values(g, (rows, cols + 8), "float16")[:, :cols]
+        a, b = (x, values(g, (k, n), "float16")) if side == "A" else (values(g, (m, k), "float16"), x)
+        c = np.full((m, n), np.nan, np.float32)
+        with count_bank_conflicts() as banks:
+            f(a, b, c)
+        how = {"a_t": False, "b_t": False, "dtype": "float16", "out": "float32", "epilogue": False}
+        check({"A": a, "B": b, "C": c}, how, f"{path} {side} {what} (strides {x.strides})")
+        for buf in ("A_shared", "B_shared"):
+            assert not element_stored(banks, buf), f"{path} {side} {what}: {buf} took element loads"
+            assert banks.conflicts(buf) == 0, f"{path} {side} {what}: {banks.conflicts(buf)} conflicts on {buf}"
+
+
+def _large_schedule(m: int, n: int, k: int, side: str, args: dict[str, Any]) -> Any:
+    sch = tc.Schedule(strided_contraction(m, n, k, "float16", a_any=side == "A", b_any=side == "B"))
+    sch.tensorize("C", **args)
+    return sch
