@@ -290,6 +290,18 @@ def proven_tiles(chain: OnlineChain, rows: int, key_tile: int) -> tuple[float, f
     return (sum(visited) / blocks, sum(n - p for n, p in zip(visited, plain)) / blocks, float(whole), blocks)
 
 
+def launches_query_major(chain: OnlineChain, rows: int, key_tile: int, splits: int, overlap: bool) -> bool:
+    """Whether the Hopper plan of this tiling launches query block major over all heads
+    (`query_major`): when the blocks' isl-proven key tile counts differ (the mask skips tiles),
+    every head's longest block should start before any shorter one (measured on the H200, causal
+    d = 128, S = 8k, 128x64: 1139 -> 1068 us; docs/attention.md "Launch order"); not with a key
+    split or the overlapped form, and only with head axes to order over."""
+    if splits != 1 or overlap or not chain.rows[:-1]:
+        return False
+    tiles = proven_tiles(chain, rows, key_tile)   # (mean visited, guarded, all, blocks) or None
+    return tiles is not None and tiles[0] < tiles[2]
+
+
 def masked_tiling_order(chain: OnlineChain, widest: int, tilings: Sequence[tuple[int, int, int, bool]],
                         occupancy_of: Callable[[int, int], tuple[int, int] | None]
                         ) -> tuple[tuple[tuple[int, int, int, bool], ...], str]:
@@ -435,8 +447,9 @@ def _wgmma_choice(tensors: Sequence[Tensor], target: Any, name: str | None = Non
         label = f"{rows}x{key_tile}" + (f" ({blocks} blocks/SM)" if blocks else "") + (" overlapped" if overlap else "")
         splits, split_note = kv_split_choice(chain, rows, key_tile, sms)
         peel = not blocks and not overlap and (rows, key_tile) in peeled
+        query_major = launches_query_major(chain, rows, key_tile, splits, overlap)
         res = _ptxas(tensors, _step_args(rows, key_tile, wgmma=True, blocks_per_sm=blocks, overlap=overlap,
-                                         kv_splits=splits, peel_guarded=peel), arch,
+                                         kv_splits=splits, peel_guarded=peel, query_major=query_major), arch,
                      name, wgmma=True)
         if isinstance(res, str):
             checked.append(f"{label}: {res}")
@@ -462,12 +475,6 @@ def _wgmma_choice(tensors: Sequence[Tensor], target: Any, name: str | None = Non
               f"{f'; {masked_note}' if masked_note else ''}")
     if split_note:
         reason += f"; {split_note}"
-    # blocks whose key tile counts differ (the mask skips tiles) launch query block major over all
-    # heads: every head's longest block starts before any shorter one (measured on the H200, causal
-    # d = 128, S = 8k, 128x64: 1139 -> 1068 us; docs/attention.md "Launch order")
-    tiles = proven_tiles(chain, rows, key_tile)   # (mean visited, guarded, all, blocks) or None
-    query_major = (tiles is not None and tiles[0] < tiles[2] and splits == 1 and not overlap
-                   and bool(chain.rows[:-1]))
     if query_major:
         reason += "; query blocks launched major over all heads (query_major: longest first over the whole launch)"
     plan = Plan((Step("online_contraction_mma", _step_args(rows, key_tile, wgmma=True, blocks_per_sm=blocks,
