@@ -7,6 +7,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+# torch for the PyTorch layer (tc.torch, the torch.compile backend), which the tests run in the
+# emulator: a CPU build is enough, and this release is the one the suite is verified on
+TORCH  ?= torch==2.13.0
 
 .PHONY: setup run test fuzz clean
 
@@ -15,7 +18,7 @@ FUZZ_EXAMPLES ?= 2000
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,torch]" "$(TORCH)"
 	touch $@
 
 setup: $(VENV)/.installed

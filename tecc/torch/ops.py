@@ -1,4 +1,4 @@
-"""tecc kernels as PyTorch ops (docs/pytorch.md).
+"""tecc kernels as PyTorch ops (docs/pytorch.md); re-exported by `tecc.torch`.
 
     import tecc as tc
     f = tc.build([A, B, bias, Y])                    # or give the tensors: op() builds them
@@ -29,16 +29,16 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from .compiler import build
-from .compiler.kernel import Kernel
-from .ir.autodiff import Gradients
-from .ir.dtype import DType
-from .ir.errors import DTypeError, ShapeError, TeccError
-from .ir.evaluate import evaluate
-from .ir.expr import Var, free_vars
-from .ir.stmt import Buffer
-from .ir.tensor import Tensor
-from .runtime.outputs import OutputAllocator
+from ..compiler import build
+from ..compiler.kernel import Kernel
+from ..ir.autodiff import Gradients
+from ..ir.dtype import DType
+from ..ir.errors import DTypeError, ShapeError, TeccError
+from ..ir.evaluate import evaluate
+from ..ir.expr import Var, free_vars
+from ..ir.stmt import Buffer
+from ..ir.tensor import Tensor
+from ..runtime.outputs import OutputAllocator
 
 __all__ = ["TorchOp", "function", "op", "torch_dtype"]
 
