@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import tecc as tc
+from tecc.compiler.planner import plan_program, plan_strategy
 from tecc.compiler.strategies.column_reduction import choose_splits, propose
 from tecc.ir.errors import ScheduleError
 from tecc.passes.rewrite.split_reduce import split_reduce
@@ -33,7 +34,11 @@ NP = {"sum": lambda x, ax: x.sum(ax), "max": lambda x, ax: x.max(ax), "min": lam
 
 
 def _run(args, x):
-    k = tc.build(args, target="sim")
+    """Build with column_reduction's own plan (the rewrite under test, whatever the planner would
+    weigh it against), run in the emulator."""
+    result = plan_strategy(args, "column_reduction", "sm_90")
+    assert result is not None, "column_reduction declined"
+    k = tc.build(args, target="sim", plan=result.plan)
     y = np.zeros(tuple(int(s) for s in args[-1].shape), x.dtype)
     k(x, y)
     return k, y
@@ -55,6 +60,18 @@ def test_middle_axis_mean_matches_numpy(shape):
     k, y = _run(middle_mean(*shape), x)
     assert k.plan.strategy == "column_reduction", k.plan
     np.testing.assert_allclose(y, x.astype(np.float64).mean(1), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("args, split", [(column(300, 70), True), (column(4096, 64), True),
+                                         (middle_mean(3, 130, 5), True), (column(1, 33), False),
+                                         (middle_mean(4, 1, 3), False)])
+def test_the_planner_weighs_the_split_against_one_thread_per_output(args, split):
+    """plan="auto" takes the split reduction where a thread's serial loop over the reduced axis
+    is long (the cost model's chain term), and one thread per output where there is nothing to
+    split (a reduced extent of 1: the split's block reduction and barriers only add)."""
+    result = plan_program(args, "sm_90")
+    assert (result.plan.strategy == "column_reduction") == split, result.plan
+    assert "column_reduction" in result.plan.reason, result.plan.reason   # the weighing is said either way
 
 
 def test_zero_size_reductions_give_the_identity_or_nothing():

@@ -1,11 +1,14 @@
 """row_fused: a reduce→elementwise graph sharing the row as ONE kernel (tecc.passes.rewrite.fuse_rows).
 
-This strategy is a *graph* rewrite, not a schedule of one lowered kernel, so it is planned over
-the whole program (`propose`) rather than through the per-kernel registry API; the planner calls
-`propose(tensors, target)` before planning kernel by kernel and keeps the result when it moves
-fewer global bytes than the unfused kernels (the hook is described in docs/memory-bound.md).
+A graph-level strategy (registry.GraphStrategy, `RowFused`): it rewrites every stage of the
+program into one kernel, so the planner prices its point (`workload`: `fused_workload` for one
+row reduction, the one the cost model's honesty loop measured; `row_point_workload` for a group
+kept in registers; `chunked_workload` for a row re-read in chunks) against the per-kernel plans
+of the stages and against the other rewrites that claim the program (split_rows,
+split_row_group), and realizes the cheapest (docs/memory-bound.md, docs/cost-model.md).
 
-Cost (the issue's criterion: fewer global bytes under the register / shared-memory limits):
+Its guard and point (the guard refuses a group whose fused kernel would move no fewer global
+bytes than the stage kernels: the criterion of the issue that introduced it):
 * unfused bytes: every kernel reads its operands and writes its stage; a reduction stage that
   reads a row once per consumer re-reads it (softmax: X three times, two row temporaries);
 * fused bytes: each input once, each output once (cache="registers"), or the row once per
@@ -49,9 +52,11 @@ from ...ir.target import Target
 from ...passes.rewrite.fuse_rows import fuse_rows, row_group
 from ...passes.schedule.cross_thread import WARP
 from ..cost.analysis import KernelInfo
-from ..cost.model import Workload
+from ..cost.model import Workload, predict
 from ..cost.traffic import compulsory_bytes
 from ..plan import Plan, Step
+from ..program import Program, resolve_target
+from .registry import GraphStrategy, Point, register
 
 THREAD_CHOICES = (64, 128, 256, 512, 1024)
 TARGET_PER_THREAD = 8
@@ -72,6 +77,13 @@ class RowFusedChoice:
     reason: str
     vector: int = 1
     rows_per_block: int = 1
+    unroll: int = 1
+    reductions: int = 1
+    stages: int = 1
+    passes: int = 1           # reads of the row (1 with cache="registers")
+    arrays: int = 1           # row inputs
+    itemsize: int = 4         # their narrowest element size
+    elementwise: bool = False  # the group has row outputs of shape rows + (C,)
 
 
 def _itemsize(t: Tensor) -> int:
@@ -166,15 +178,24 @@ def _online_pairs(tensors: Sequence[Tensor], threads: int) -> int:
     return int(dict(kernel.attrs).get("online_pairs", 0))  # type: ignore[call-overload]
 
 
-def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | None:
-    """The row-fused plan for the program `tensors`, or None when it is not a row group or the
-    rewrite would not move fewer global bytes."""
+def propose(tensors: Sequence[Tensor], target: Target | str | None = None) -> RowFusedChoice | None:
+    """row_fused's point for the program `tensors` (what its space holds: one point, chosen by the
+    rules of the module docstring and, for several rows per block, by predicted time on `target`),
+    or None when it is not a row group or the rewrite would not move fewer global bytes. The
+    planner weighs it against the other strategies; split_rows and split_row_group price the
+    kernel they replace with it."""
+    found = _choice(tensors, resolve_target(target))
+    return found if isinstance(found, RowFusedChoice) else None
+
+
+def _choice(tensors: Sequence[Tensor], target: Target) -> RowFusedChoice | str:
+    """The RowFusedChoice, or why the program is not row_fused's."""
     try:
         group = row_group(tensors)
-    except ScheduleError:
-        return None
+    except ScheduleError as exc:
+        return str(exc).splitlines()[0]
     if not _walks_rows_along_their_last_axis(group):
-        return None
+        return "a reduction reads its row along another axis than the last, or contracts (the tiled strategies' business)"
     columns = const_int(group.columns)
     width = columns if columns is not None else 4096  # a symbolic row: bytes per row for the comparison
     row_inputs = [t for t in group.program.args if t.is_placeholder and len(t.shape) == len(group.rows) + 1]
@@ -205,7 +226,7 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
     stages = len(group.reductions) + len(group.elementwise)
     unfused = row_in * stages + outs + sum(4 * 2 for _ in group.reductions)
     if stages > 1 and fused >= unfused:
-        return None
+        return f"fused, the rows would move {fused:.0f} B/row, no fewer than the {unfused:.0f} B/row of the stage kernels"
     rows_per_block, priced = 1, ""
     n_rows = _const_rows(group)
     if cache == "registers" and columns is not None and n_rows is not None:
@@ -226,7 +247,8 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
                 f"{stages} stage(s) sharing rows of {group.columns} in one kernel: {fused:.0f} B/row "
                 f"instead of {unfused:.0f} B/row unfused; {layout}, row cache {cache}, vector {vector}" + priced)
     return RowFusedChoice(plan, int(step_args["threads"]), cache, fused, unfused, plan.reason, vector,
-                          rows_per_block)
+                          rows_per_block, unroll, len(group.reductions), stages, passes, max(len(row_inputs), 1),
+                          itemsize, bool(group.elementwise))
 
 
 def _const_rows(group: Any) -> int | None:
@@ -272,13 +294,11 @@ ROWS_PER_BLOCK_CHOICES = (2, 4, 8, 16)
 
 
 def choose_rows_per_block(n_rows: int, columns: int, itemsize: int, vector: int, threads: int, arrays: int,
-                          reductions: int, stages: int, bytes_per_row: float, target: Any = None) -> tuple[int, str]:
+                          reductions: int, stages: int, bytes_per_row: float,
+                          target: Target | str | None = None) -> tuple[int, str]:
     """1 (one block of `threads` per row) or W rows per block of one warp each, whichever the
     cost model predicts faster (the warp point only when the row still fits MAX_ROW_REGISTERS
     at 32 threads), with the predictions for the plan's reason."""
-    from ..cost.model import predict
-    from ..planner import resolve_target  # the planner imports the strategies: imported when called
-
     tgt = resolve_target(target)
     k_warp = -(-columns // (WARP * vector)) * vector
     if threads == WARP or k_warp * arrays > MAX_ROW_REGISTERS:
@@ -335,7 +355,7 @@ def fused_workload(info: KernelInfo, point: dict[str, Any], target: Target) -> W
     columns = info.reduce_extent
     x_size = max((a.itemsize for a in info.reads), default=4)
     k = -(-columns // (t * v))
-    in_flight_loads = k if cache == "registers" else max(1, min(k, u))
+    in_flight_loads = max(1, k if cache == "registers" else min(k, u))   # an empty row (k = 0) still launches
     warps = rows * t / 32
     instr_warp = k * (2.0 + v * (1.0 + info.flops_per_iteration)) + TREE_INSTRUCTIONS
     chain = (-(-k // in_flight_loads) * GLOBAL_LATENCY_CYCLES + k * v * FADD_LATENCY_CYCLES
@@ -354,9 +374,98 @@ def fused_workload(info: KernelInfo, point: dict[str, Any], target: Target) -> W
 
 
 def describe_point(point: dict[str, Any]) -> str:
-    return f"row_fused(threads={point['threads']}, cache={point['cache']}, vector={point.get('vector', 1)})"
+    extra = "".join(f", {k}={point[k]}" for k in ("rows_per_block", "unroll") if k in point)
+    return f"row_fused(threads={point['threads']}, cache={point['cache']}, vector={point.get('vector', 1)}{extra})"
 
 
-__all__ = ["RowFusedChoice", "choose_long_row", "choose_point", "choose_rows_per_block", "describe_point",
+def chunked_workload(n_rows: int, columns: int, choice: RowFusedChoice, point: Point, flops: float,
+                     special_ops: float, arith_instructions: float = 0.0) -> Workload:
+    """What fuse_rows(cache="none" / "online") does for `n_rows` rows of `columns`: one block of T
+    threads per row; each of the choice's `passes` reads of the row walks it in chunks of U
+    V-wide loads per thread, all issued before any is used (row_chunks.py), so U·V elements in
+    flight; a pass ends in a block reduction (two shuffle trees and a shared hand-off) before the
+    next can start, which nothing else on the SM hides when the rows are fewer than the SMs.
+    `arith_instructions`: the thread-level arithmetic of the stage kernels it replaces
+    (analysis.INSTRUCTION_COST: an exp is ~8), issued on the `n_rows` SMs that hold a row."""
+    t, v, u = int(point["threads"]), int(point.get("vector", 1)), int(point.get("unroll", 1))
+    k = -(-columns // (t * v))                     # V-wide loads per thread per pass
+    passes, reductions = choice.passes, max(choice.reductions, 1)
+    warps = n_rows * t / WARP
+    instr_warp = passes * 2.0 * k + k * v * passes + reductions * TREE_INSTRUCTIONS
+    chain = (passes * -(-k // max(u, 1)) * GLOBAL_LATENCY_CYCLES + k * v * FADD_LATENCY_CYCLES * reductions
+             + reductions * (2 * 5 * SHUFFLE_CYCLES + 2 * BARRIER_CYCLES))
+    data = n_rows * choice.fused_bytes_per_row
+    return Workload(
+        blocks=n_rows, threads=t, registers={"addressing": 16, "values": u * v, "accumulators": 3 * reductions},
+        smem_bytes=4 * 32 * reductions, flops=flops, special_ops=special_ops, dram_bytes=data, l2_bytes=data,
+        global_wavefronts=data / 128.0 + n_rows, instructions=warps * instr_warp + arith_instructions / WARP,
+        bytes_in_flight=float(u * v * choice.itemsize), ilp=float(v), chain_cycles=chain,
+        notes=[f"one block per row, {passes} read(s) of the row in chunks of {u} x {v}, cache {choice.cache}"])
+
+
+def _program_choice(program: Program) -> RowFusedChoice | str:
+    return program.memo("row_fused/choice", lambda: _choice(program.args, program.target))
+
+
+def row_kernel_info(program: Program) -> KernelInfo:
+    """The facts of the program's first reduction kernel (the row shape and the row length at the
+    program's sizes), which the one-block-per-row kernels are priced on."""
+    for kernel in program.kernels:
+        info = program.info(kernel)
+        if info.reduction:
+            return info
+    return program.info(program.kernels[0])
+
+
+class RowFused(GraphStrategy):
+    """The registry's face of this module: guard, its one point, its workload, the fuse_rows step."""
+
+    name = "row_fused"
+    description = ("a row group (reductions over the rows' last axis, elementwise outputs of the row shape) as one "
+                   "kernel: one block (or one warp) per row, the row kept in registers or re-read in chunks")
+
+    def guard(self, program: Program) -> str | None:
+        found = _program_choice(program)
+        return found if isinstance(found, str) else None
+
+    def space(self, program: Program) -> list[Point]:
+        found = _program_choice(program)
+        assert isinstance(found, RowFusedChoice)
+        return [dict(found.plan.steps[0].args)]
+
+    def workload(self, program: Program, point: Point) -> Workload:
+        choice = _program_choice(program)
+        assert isinstance(choice, RowFusedChoice)
+        info = row_kernel_info(program)
+        n_rows, columns = info.outputs, max(info.reduce_extent, 1)
+        one_reduction = choice.reductions == 1 and not choice.elementwise
+        if one_reduction and int(point.get("rows_per_block", 1)) == 1:
+            return fused_workload(info, point, program.target)   # the benchmarked row kernel
+        if point["cache"] == "registers":
+            return row_point_workload(n_rows, columns, choice.itemsize, int(point.get("vector", 1)),
+                                      int(point["threads"]), int(point.get("rows_per_block", 1)), choice.arrays,
+                                      choice.reductions, choice.stages, choice.fused_bytes_per_row)
+        infos = [program.info(k) for k in program.kernels]
+        flops = sum(i.flops for i in infos)
+        special = float(sum(i.iterations * i.special_per_iteration for i in infos))
+        arith = float(sum(i.iterations * (i.arith_instructions_per_iteration or i.flops_per_iteration) for i in infos))
+        return chunked_workload(n_rows, columns, choice, point, flops, special, arith)
+
+    def apply(self, sch: Any, program: Program, point: Point) -> None:
+        sch.fuse_rows(**point)
+
+    def reason(self, program: Program, point: Point, resources: Any = None) -> str:
+        choice = _program_choice(program)
+        assert isinstance(choice, RowFusedChoice)
+        return choice.reason
+
+    def describe(self, point: Point) -> str:
+        return describe_point(point)
+
+
+register(RowFused())
+
+
+__all__ = ["RowFused", "RowFusedChoice", "chunked_workload", "choose_long_row", "choose_point", "choose_rows_per_block", "describe_point",
            "fused_points",
-           "fused_workload", "propose", "row_point_workload"]
+           "fused_workload", "propose", "row_kernel_info", "row_point_workload"]
