@@ -128,8 +128,8 @@ def _group(result: PlanResult, runners: int) -> list[str]:
                      f"{cost.bound}-bound: {_terms(c)}")
         for note in w.notes:
             lines.append(f"  note: {note}")
-        lines.append(f"  won over the per-kernel plans of those kernels: {_us(g.per_kernel_seconds)} in all "
-                     "(below, weighed and not built)")
+        lines.append(f"  chosen over the per-kernel plans of those kernels: {_us(g.per_kernel_seconds)} in all "
+                     "(below, weighed and not built; a rewrite within 5% of them is taken: a tie at one bound)")
     elif g.best is not None:
         lines.append(f"graph-level: best {g.best.label} predicted {_us(g.best.cost.total)}, not below the per-kernel "
                      f"plans' {_us(g.per_kernel_seconds)} of [{', '.join(g.kernels)}]: those are built")
