@@ -233,7 +233,7 @@ def regret(problem: Problem) -> dict[str, Any]:
     timed = [c for c in problem.candidates if math.isfinite(c.measured_us) and not c.error]
     pick = next((c for c in problem.candidates if c.pick), None)
     row: dict[str, Any] = {"grid": problem.grid, "problem": problem.name, "plan_s": problem.plan_seconds,
-                           "candidates": [c.__dict__ | {"plan": c.plan.to_json()} for c in problem.candidates]}
+                           "candidates": [c.__dict__ | {"plan": c.plan.to_dict()} for c in problem.candidates]}
     if pick is None or pick not in timed:
         row["regret"] = math.nan
         return row
