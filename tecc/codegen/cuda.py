@@ -38,6 +38,7 @@ from tecc.ir.dtype import DType
 from tecc.ir.descriptor import DESCRIPTOR_ALIGNMENT
 from tecc.ir.errors import CompileError
 from tecc.ir.expr import Binary, Call, Expr, Var, const_int, free_vars, walk
+from tecc.ir.philox import RandomUniform
 from tecc.ir.stmt import (
     Allocate,
     AsyncCommit,
@@ -77,7 +78,7 @@ from tecc.ir.stmt import (
 )
 from tecc.ir.visitor import matrix_stmt_exprs
 
-from . import matrix, tma, warpgroup
+from . import matrix, philox, tma, warpgroup
 
 from .cuda_expr import FLOAT_OP_HELPER, ExprEmitter, c_type, device_helpers
 from .ranges import RangeEnv
@@ -98,7 +99,7 @@ _RESERVED = frozenset("""
     log2f floor floorf ceil ceilf rint rintf isnan isinf tecc_sin_poly tecc_sin_approx tecc_cos_approx tecc_exp2_approx
     tecc_max tecc_min tecc_floordiv tecc_mod fmod fmodf copysign copysignf __float2int_rz __float2ll_rz
     __double2int_rz __double2ll_rz
-""".split())
+""".split()) | frozenset(philox.HELPER_NAMES + ("uint2", "uint4", "make_uint2", "make_uint4", "__umulhi"))
 
 
 def sanitize(name: str) -> str:
@@ -558,8 +559,9 @@ def needed_headers(funcs: Sequence[PrimFunc]) -> list[str]:
 
 
 def used_intrinsics(funcs: Sequence[PrimFunc]) -> set[str]:
-    """The names of every Call in the kernels, and the helpers of float operators
-    (`FLOAT_OP_HELPER`), which decide the device helpers they need."""
+    """The names of every Call in the kernels, the helpers of float operators
+    (`FLOAT_OP_HELPER`) and philox.RAND_HELPER where tc.rand is, which decide the device
+    helpers they need."""
     names: set[str] = set()
     for f in funcs:
         for s in iter_stmts(f.body):
@@ -569,6 +571,8 @@ def used_intrinsics(funcs: Sequence[PrimFunc]) -> set[str]:
                         names.add(node.name)
                     elif isinstance(node, Binary) and node.op in FLOAT_OP_HELPER and node.dtype.is_float:
                         names.add(FLOAT_OP_HELPER[node.op])
+                    elif isinstance(node, RandomUniform):
+                        names.add(philox.RAND_HELPER)
     return names
 
 

@@ -54,8 +54,10 @@ from tecc.ir.expr import (
     cast,
     const_int,
 )
+from tecc.ir.philox import RandomUniform
 from tecc.ir.stmt import Buffer
 
+from . import philox
 from .ranges import RangeEnv
 
 # C precedence levels, higher binds tighter (C11 6.5).
@@ -401,6 +403,16 @@ class ExprEmitter:
             return f"{_FLOAT_TO_INT[(src, to)]}({self.code(e.a)})", POSTFIX
         return f"static_cast<{c_type(to)}>({self.code(e.a)})", POSTFIX
 
+    def _RandomUniform(self, e: RandomUniform) -> Text:
+        """`tecc_rand_uniform(seed, offset, n)` (codegen/philox.py); an int32 operand widened to
+        int64 is passed as it is, the parameter's `long long` widens it."""
+        def operand(x: Expr) -> str:
+            if isinstance(x, Cast) and x.a.dtype == dt.int32:
+                x = x.a
+            return self.code(x)
+
+        return philox.rand_uniform_call(operand(e.seed), operand(e.offset), operand(e.index)), POSTFIX
+
     # ---- intrinsics -----------------------------------------------------------------------
     def _Call(self, e: Call) -> Text:
         if e.name in WARP_INTRINSICS:
@@ -542,11 +554,13 @@ FLOAT_OP_HELPERS["tecc_mod"] = FLOAT_OP_HELPERS["tecc_floordiv"]
 
 def device_helpers(intrinsics: set[str]) -> list[str]:
     """The `__device__` functions a translation unit calling `intrinsics` (Call names, plus
-    the FLOAT_OP_HELPER names of float operators) needs, each once, in dependency order."""
+    the FLOAT_OP_HELPER names of float operators and philox.RAND_HELPER for tc.rand) needs, each once, in dependency order."""
     helpers: list[str] = []
     for name, text in FLOAT_OP_HELPERS.items():
         if name in intrinsics and text not in helpers:
             helpers.append(text)
+    if philox.RAND_HELPER in intrinsics:
+        helpers.append(philox.DEVICE_HELPERS)
     if "exp2_approx" in intrinsics:
         helpers.append(
             "// exp2_approx (tecc/ir/expr.py): one MUFU.EX2, subnormals flushed to zero.\n"

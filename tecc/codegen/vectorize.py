@@ -56,9 +56,12 @@ from tecc.ir.expr import (
     free_vars,
     logical_and,
     substitute,
+    walk,
 )
+from tecc.ir.philox import RandomUniform
 from tecc.ir.stmt import Buffer, BufferStore, For, IfThenElse, Stmt
 
+from . import philox
 from .cuda_expr import ExprEmitter
 from .ranges import divisible_by
 
@@ -208,6 +211,35 @@ def _guarded_loads(e: Expr, v: Var, conds: tuple[Expr, ...] = ()) -> list[tuple[
     return out
 
 
+def _shared_random_calls(emitter: StatementEmitter, value: Expr, v: Var, lanes: list[Const]) -> list[Expr]:
+    """One Philox call per group of four lanes for each RandomUniform of `value` whose index is
+    `base + v` with `base` a multiple of 4 and whose seed and offset are free of `v`
+    (codegen/philox.py): the uint4 registers are declared here, and each lane's node is mapped
+    to its word in `emitter.expr.overrides`. Returns the lane nodes (to drop the overrides)."""
+    if len(lanes) % 4:
+        return []
+    lane_nodes: list[Expr] = []
+    found = [n for n in walk(value) if isinstance(n, RandomUniform)]
+    for node in found:
+        if v in free_vars(node.seed) or v in free_vars(node.offset) or affine_coefficient(node.index, v) != 1:
+            continue
+        base = substitute(node.index, {v: Const(0, v.dtype)})
+        if not divisible_by(base, 4):
+            continue
+        code = emitter.expr.code
+        registers = []
+        for group in range(len(lanes) // 4):
+            register = emitter.names.add(object(), "rand")
+            call = philox.group_call(code(node.seed), code(node.offset), code(base), group)
+            emitter.line(f"const uint4 {register} = {call};")
+            registers.append(register)
+        for k, lane in enumerate(lanes):
+            lane_node = substitute(node, {v: lane})
+            emitter.expr.overrides[id(lane_node)] = philox.lane_value(registers[k // 4], k)
+            lane_nodes.append(lane_node)
+    return lane_nodes
+
+
 def emit_vector_loop(emitter: StatementEmitter, loop: For) -> bool:
     """Emit `loop` (kind vectorize) with vector accesses; False (nothing emitted) when it does
     not have the shape described in the module docstring.
@@ -255,6 +287,8 @@ def emit_vector_loop(emitter: StatementEmitter, loop: For) -> bool:
             lane_node = substitute(node, {v: lane})
             overrides[id(lane_node)] = access.lane(register, k)
             lane_nodes.append(lane_node)
+
+    lane_nodes += _shared_random_calls(emitter, store.value, v, lanes)
 
     if store_base is not None:
         access = _Access(store.buffer.dtype, width)

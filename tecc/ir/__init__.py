@@ -76,6 +76,7 @@ from .ops import (
                      tanh,
                      where,
 )
+from .philox import RandomUniform, rand
 from .descriptor import MatrixDescriptor
 from .intrinsics import MatrixIntrinsic
 from .layout import Swizzle

@@ -61,6 +61,7 @@ from .expr import (
     walk,
 )
 from .ops import sum as reduce_sum
+from .philox import RandomUniform
 from .tensor import ComputeOp, Tensor, compute, placeholder, reduce_axis
 from .visitor import ExprMutator
 
@@ -287,6 +288,8 @@ def _local_adjoints(node: Expr, g: Expr) -> list[tuple[Expr, Expr]]:
         return []
     if isinstance(node, Call):
         return [(node.args[0], _call_derivative(node, g))] if node.args else []
+    if isinstance(node, RandomUniform):
+        return []  # a constant of (seed, offset, index): no gradient flows to its integer operands
     return []
 
 

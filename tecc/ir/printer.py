@@ -23,6 +23,7 @@ from .expr import (
     TensorRead,
     Var,
 )
+from .philox import RandomUniform
 from .stmt import (
     Allocate,
     AsyncCommit,
@@ -118,6 +119,8 @@ def _expr(e: Expr, parent_prec: int = 0) -> str:
         return f"{e.tensor.name}[{', '.join(_expr(i) for i in e.indices)}]"
     if isinstance(e, BufferLoad):
         return f"{e.buffer.name}[{', '.join(_expr(i) for i in e.indices)}]"
+    if isinstance(e, RandomUniform):
+        return f"rand(seed={_expr(e.seed)}, offset={_expr(e.offset)}, n={_expr(e.index)})"
     raise TypeError(f"printer: no rule for {type(e).__name__}")
 
 

@@ -27,6 +27,7 @@ from .expr import (
     compare,
     select,
 )
+from .philox import RandomUniform
 from .stmt import (
     Allocate,
     AsyncCommit,
@@ -141,6 +142,9 @@ class ExprMutator:
         if isinstance(e, BufferLoad):
             idx = tuple(self.visit(i) for i in e.indices)
             return e if all(x is y for x, y in zip(idx, e.indices)) else BufferLoad(e.buffer, idx)
+        if isinstance(e, RandomUniform):
+            s, o, n = self.visit(e.seed), self.visit(e.offset), self.visit(e.index)
+            return e if (s is e.seed and o is e.offset and n is e.index) else RandomUniform(s, o, n)
         raise TypeError(f"ExprMutator: no rule for {type(e).__name__}")
 
 

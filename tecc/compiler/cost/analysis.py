@@ -40,6 +40,7 @@ from ...ir.expr import (
     free_vars,
     walk,
 )
+from ...ir.philox import RandomUniform
 from ...ir.stmt import (
     Allocate,
     Buffer,
@@ -85,6 +86,13 @@ INSTRUCTION_COST: dict[str, float] = {
     # No MUFU. (The same SASS puts sinf's fast path at ~27 per element, below the 40 above.)
     "sin_approx": 19.0, "cos_approx": 21.0,
 }
+# tc.rand (RandomUniform): one Philox4x32-10 per element as codegen/philox.py prints it: per round
+# two 32x32->64-bit multiplies (IMAD.WIDE.U32, or IMAD.HI + IMAD), two three-way XORs (LOP3) and
+# the key's two adds; plus the 64-bit counter, the word select and the float conversion. An
+# estimate of the SASS, not a measurement. A vectorize loop of width 4 or 8 shares one call among
+# four elements (codegen/philox.py), which saves RANDOM_SHARED_SAVING of it per element.
+RANDOM_COST = 80.0
+RANDOM_SHARED_SAVING = 0.75 * 72.0   # three quarters of the rounds' ~72 instructions
 CONVERSION_COST = 1.0                # one convert per element between a 16-bit float and FP32
 # Float operators that are more than one instruction (docs/semantics.md): max / min propagate
 # NaN through `(a > b || a != a) ? a : b` (two FSETP and an FSEL; FMNMX alone would drop the
@@ -147,6 +155,7 @@ class KernelInfo:
     # calls, one per FP op, CONVERSION_COST per 16-bit float conversion); loads, stores and index
     # math are the strategies' to add. None: not counted (flops_per_iteration stands in).
     arith_instructions_per_iteration: float | None = None
+    random_per_iteration: int = 0                   # RandomUniform nodes (tc.rand) per innermost iteration
 
     @property
     def outputs(self) -> int:
@@ -301,6 +310,8 @@ def _count_instructions(e: Expr) -> float:
             n_instr += INSTRUCTION_COST.get(n.name, 1.0)
         elif isinstance(n, Select) and n.dtype.is_float:
             n_instr += 1.0
+        elif isinstance(n, RandomUniform):
+            n_instr += RANDOM_COST
         elif isinstance(n, Cast) and n.dtype.is_float and n.a.dtype.is_float and min(n.dtype.bytes, n.a.dtype.bytes) == 2:
             n_instr += CONVERSION_COST
     return n_instr
@@ -387,7 +398,8 @@ def analyze_kernel(func: PrimFunc, sizes: Mapping[str, int] | None = None) -> Ke
         kernel=func.name, stage=out_store.buffer.tensor, spatial=spatial, reduction=reduction, reads=reads,
         write=write, flops_per_iteration=flops, special_per_iteration=special, epilogue_flops=epilogue,
         combiner=combiner, kind="elementwise", dtype=str(out_store.buffer.dtype), symbolic=tuple(symbolic),
-        assumed=tuple(assumed), strided_inputs=tuple(strided), arith_instructions_per_iteration=arith)
+        assumed=tuple(assumed), strided_inputs=tuple(strided), arith_instructions_per_iteration=arith,
+        random_per_iteration=sum(1 for n in walk(body_value) if isinstance(n, RandomUniform)))
     return _classify(info)
 
 
@@ -417,5 +429,5 @@ def _classify(info: KernelInfo) -> KernelInfo:
     return replace(info, kind="contraction" if contraction else "reduction")
 
 
-__all__ = ["Access", "Affine", "BINARY_COST", "CONVERSION_COST", "INSTRUCTION_COST", "KernelInfo", "analyze_kernel", "affine",
+__all__ = ["Access", "Affine", "BINARY_COST", "CONVERSION_COST", "INSTRUCTION_COST", "RANDOM_COST", "RANDOM_SHARED_SAVING", "KernelInfo", "analyze_kernel", "affine",
            "DEFAULT_SIZE"]

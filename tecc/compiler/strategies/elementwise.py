@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from ...ir.target import Target
-from ..cost.analysis import KernelInfo
+from ..cost.analysis import RANDOM_SHARED_SAVING, KernelInfo
 from ..cost.model import Workload
 from ._simple import simple_workload
 from .registry import Point, Strategy, register
@@ -37,8 +37,10 @@ def vector_provable(info: KernelInfo, vector: int) -> bool:
     if any(s for s, _ in info.assumed):
         return False
     # one element size for every access, and a width the emitter turns into one access of at
-    # most 16 bytes (codegen/vectorize.py: float2/float4 for 32-bit, 2/4/8 elements for 16-bit)
-    sizes = {info.write.itemsize} | {a.itemsize for a in info.reads if a.offset is not None}
+    # most 16 bytes (codegen/vectorize.py: float2/float4 for 32-bit, 2/4/8 elements for 16-bit).
+    # A read of one element for the whole kernel (a scalar tensor: tc.rand's int64 seed) is no
+    # vector access: it does not count.
+    sizes = {info.write.itemsize} | {a.itemsize for a in info.reads if a.offset is not None and a.offset.vars}
     if len(sizes) != 1:
         return False
     (size,) = sizes
@@ -89,11 +91,11 @@ class Elementwise(Strategy):
                             grid_stride=blocks is not None)
         if not provable and v > 1:
             w.notes.append(f"vector {v} not provably aligned: emitted as {v} scalar accesses")
-        self._price_arithmetic(info, w)
+        self._price_arithmetic(info, w, shared_random=provable and v % 4 == 0)
         return w
 
     @staticmethod
-    def _price_arithmetic(info: KernelInfo, w: Workload) -> None:
+    def _price_arithmetic(info: KernelInfo, w: Workload, shared_random: bool = False) -> None:
         """Replace simple_workload's one instruction per FP op by the IR's issued-instruction
         count (analysis.INSTRUCTION_COST: a precise sinf is ~40, not 1; a bf16<->fp32 convert
         is 1), so that where the arithmetic, not DRAM, bounds the kernel (bf16 sin: twice the
@@ -102,6 +104,8 @@ class Elementwise(Strategy):
         arith = info.arith_instructions_per_iteration
         if arith is None:
             return
+        if shared_random:  # one Philox call per four elements of a tc.rand (codegen/philox.py)
+            arith -= info.random_per_iteration * RANDOM_SHARED_SAVING
         extra = arith - info.flops_per_iteration
         if extra > 0:
             w.instructions += extra * info.outputs / 32

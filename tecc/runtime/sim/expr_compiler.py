@@ -33,6 +33,7 @@ from ...ir.expr import (
     TensorRead,
     Var,
 )
+from ...ir.philox import RandomUniform, uniform_from_index
 from ...ir.stmt import Buffer
 from . import numerics as nm
 from .memory_intrinsics import atomic_add, run_fence
@@ -167,6 +168,8 @@ def compile_expr(e: Expr, scope: Scope) -> Closure:
         return lambda st: f(fa(st))
     if isinstance(e, BufferLoad):
         return _compile_load(e, scope)
+    if isinstance(e, RandomUniform):
+        return _compile_random(e, scope)
     if isinstance(e, (Reduce, TensorRead)):
         raise TeccError(
             f"kernel {scope.kernel}: {type(e).__name__} {e} reached the emulator; the loop IR it runs must "
@@ -310,6 +313,22 @@ def _compile_memory_intrinsic(e: Call, scope: Scope) -> Closure:
 
     def run(st: LaneState) -> Any:
         return atomic_add(st, st.mems[slot], fidx(st), fval(st), dims)
+
+    return run
+
+
+def _compile_random(e: RandomUniform, scope: Scope) -> Closure:
+    """tc.rand: the NumPy Philox4x32-10 of tecc/ir/philox.py over the lanes, bit for bit what
+    the CUDA helpers compute. Operands are int64 (a uniform Python int wider than that, from
+    index math the emulator does not wrap, is taken modulo 2^64 as the GPU would)."""
+    fs, fo, fn = (compile_expr(x, scope) for x in (e.seed, e.offset, e.index))
+
+    def int64(v: Any) -> Any:
+        return v if isinstance(v, np.ndarray) else dt.wrap_int(int(v), dt.int64)
+
+    def run(st: LaneState) -> Any:
+        out = uniform_from_index(int64(fs(st)), int64(fo(st)), int64(fn(st)))
+        return out if out.ndim else np.float32(out)
 
     return run
 
