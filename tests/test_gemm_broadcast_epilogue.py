@@ -177,7 +177,8 @@ def test_the_planner_puts_a_bias_batched_fp32_gemm_on_gemm_pipelined(kind: str) 
     assert chosen.cost.total == pytest.approx(plain.cost.total, rel=0.02)
 
 
-@pytest.mark.parametrize("dtype,arch,strategy", [("float16", "sm_90", "gemm_wgmma"), ("bfloat16", "sm_90", "gemm_wgmma"),
+@pytest.mark.parametrize("dtype,arch,strategy", [("float16", "sm_90", "gemm_wgmma"),
+                                                 ("bfloat16", "sm_90", "gemm_wgmma"),
                                                  ("float16", "sm_80", "gemm_tensor_core")])
 def test_the_planner_puts_a_bias_batched_half_gemm_on_tensor_cores(dtype: str, arch: str, strategy: str) -> None:
     res = plan_program(batched(8, 512, 512, 512, dtype, "bias[j]"), arch)

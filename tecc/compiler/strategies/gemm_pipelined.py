@@ -106,7 +106,8 @@ def _one_matrix(info: KernelInfo) -> KernelInfo:
     b = info.spatial[0][0]
 
     def one(x: Access) -> Access:
-        offset = None if x.offset is None else Affine(tuple((v, c) for v, c in x.offset.coeff if v != b), x.offset.const)
+        offset = (None if x.offset is None
+                  else Affine(tuple((v, c) for v, c in x.offset.coeff if v != b), x.offset.const))
         keep = [d for d, vs in enumerate(x.index_vars) if vs != frozenset({b})]
         return replace(x, offset=offset, index_vars=tuple(x.index_vars[d] for d in keep),
                        per_dim=tuple(x.per_dim[d] for d in keep) if x.per_dim else x.per_dim,
