@@ -183,3 +183,27 @@ def test_the_planner_puts_a_bias_batched_fp32_gemm_on_gemm_pipelined(kind: str) 
 def test_the_planner_puts_a_bias_batched_half_gemm_on_tensor_cores(dtype: str, arch: str, strategy: str) -> None:
     res = plan_program(batched(8, 512, 512, 512, dtype, "bias[j]"), arch)
     assert res.kernels[0].chosen.strategy.name == strategy, res.kernels[0].chosen.strategy.name
+
+
+def test_a_16_bit_epilogue_operand_keeps_a_float32_gemm_on_the_simt_strategies() -> None:
+    """Only the GEMM operands' element size decides between the float32 and the 16-bit strategies:
+    a float16 `bias[j]` read by the store of a float32 matmul is an epilogue operand."""
+    m, n, k = 70, 130, 37
+    A = tc.placeholder((m, k), "float32", name="A")
+    W = tc.placeholder((k, n), "float32", name="W")
+    bias = tc.placeholder((n,), "float16", name="bias")
+    r = tc.reduce_axis(k, name="k")
+    C = tc.compute((m, n), lambda i, j: tc.sum(A[i, r] * W[r, j], axis=r) + tc.cast(bias[j], "float32"), name="C")
+    tensors = [A, W, bias, C]
+    info = analyze_kernel(lower(tensors).kernels[0])
+    for name in ("gemm", "gemm_pipelined"):
+        assert get(name).guard(info, make_target("sm_90")) is None, (name, get(name).guard(info, make_target("sm_90")))
+    sch = strategy_schedule(tensors, "gemm_pipelined", {"bm": 64, "bn": 64, "bk": 8})
+    g = np.random.default_rng(2)
+    a, w = g.standard_normal((m, k)).astype(np.float32), g.standard_normal((k, n)).astype(np.float32)
+    b = g.standard_normal(n).astype(np.float16)
+    c = np.full((m, n), np.nan, np.float32)
+    tc.build(sch, target="sim")(a, w, b, c)
+    want = a.astype(np.float64) @ w + b.astype(np.float64)
+    bound = (k + 2) * 2.0**-24 * (np.abs(a.astype(np.float64)) @ np.abs(w) + np.abs(b.astype(np.float64)))
+    assert (np.abs(c - want) <= bound).all(), np.unravel_index(np.argmax(np.abs(c - want) - bound), want.shape)
