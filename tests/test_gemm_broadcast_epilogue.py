@@ -207,3 +207,13 @@ def test_a_16_bit_epilogue_operand_keeps_a_float32_gemm_on_the_simt_strategies()
     want = a.astype(np.float64) @ w + b.astype(np.float64)
     bound = (k + 2) * 2.0**-24 * (np.abs(a.astype(np.float64)) @ np.abs(w) + np.abs(b.astype(np.float64)))
     assert (np.abs(c - want) <= bound).all(), np.unravel_index(np.argmax(np.abs(c - want) - bound), want.shape)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,shape", [("float32", (8, 512, 512, 512)), ("float32", (3, 1000, 130, 257)),
+                                         ("bfloat16", (8, 1024, 1024, 512))])
+def test_a_bias_batched_gemm_on_the_gpu_matches_numpy(dtype: str, shape: tuple[int, int, int, int]) -> None:
+    batch, m, n, k = shape
+    f = tc.build(batched(batch, m, n, k, dtype, "bias[j]"), target="cuda")
+    assert f.plan.strategy.startswith("gemm_"), f.plan.strategy
+    run_and_check(f, batch, m, n, k, dtype, "bias[j]", seed=5)
