@@ -174,8 +174,7 @@ class SharedMemory:
         if st.checks:
             check_bounds(st, "load", "shared", self.name, self.shape, idx, dims)
         key = self._keys(idx)
-        if self.layout is not None:
-            note_shared_access(st, self, key - self.base)
+        note_shared_access(st, self, key - self.base)
         if st.checks:
             self._track_read(st, idx, key)
         return self.data.take(key, mode="clip")
@@ -221,8 +220,7 @@ class SharedMemory:
             check_bounds(st, "store", "shared", self.name, self.shape, idx, dims)
         key = self._keys(idx)
         self.unfenced = True
-        if self.layout is not None:
-            note_shared_access(st, self, key - self.base)
+        note_shared_access(st, self, key - self.base)
         lanes = st.active_lanes()
         k = key if lanes is None else key[lanes]
         if isinstance(value, np.ndarray) and lanes is not None:
