@@ -213,3 +213,32 @@ def test_a_bad_plan_file_is_a_usage_error_naming_it(tmp_path: Path, capsys: pyte
     assert main(["explain", str(EXAMPLES), "--plan", str(plan)]) == 2
     err = " ".join(capsys.readouterr().err.split())  # the message is wrapped as one paragraph
     assert says in err and str(plan) in err
+
+
+TWO_OPS = """
+import numpy as np
+import tecc as tc
+n = tc.var("n")
+x = tc.placeholder((n,), "float32", name="x")
+y = tc.compute((n,), lambda i: x[i] * 2.0, name="y")
+z = tc.compute((n,), lambda i: x[i] + 1.0, name="z")
+OPS = [tc.OpSpec("wrong_values", [x, y], lambda x: x * 3.0, sizes={"n": 1000}),
+       tc.OpSpec("wrong_shape", [x, z], lambda x: x[:10] + 1.0, sizes={"n": 1000}),
+       tc.OpSpec("right", [x, y], lambda x: x * 2.0, sizes={"n": 1000})]
+"""
+
+
+@pytest.mark.parametrize("argv", [["check"], ["run", "--target", "sim", "--check"]])
+def test_a_reference_of_the_wrong_shape_fails_its_op_in_one_line_and_the_others_are_still_checked(
+        tmp_path: Path, capsys, argv: list[str]) -> None:
+    f = _write(tmp_path, "refs.py", TWO_OPS)
+    assert main([*argv, str(f)]) == 1  # a failed check, not an error of tecc
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert any("wrong_values [sim]" in line and "FAIL" in line for line in lines), captured.out
+    shape = [line for line in lines if "wrong_shape [sim]" in line]
+    assert len(shape) == 1 and shape[0].endswith(
+        "FAIL: the reference returned shape (10,) for output z, whose shape is (1000,); fix the reference "
+        "(or the op's sizes)"), captured.out
+    assert any("right [sim] y: rel err" in line and "FAIL" not in line for line in lines), captured.out
+    assert "internal error" not in captured.err and "bug in tecc" not in captured.err
