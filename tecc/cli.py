@@ -98,6 +98,31 @@ def _under(directory: Path, name: str) -> Path:
     return path
 
 
+def _output_directory(given: str | None) -> Path | None:
+    """`-o DIR`, created now (before any op is compiled), or a UsageError saying why it cannot be."""
+    if not given:
+        return None
+    directory = Path(given)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"-o {directory}: it is a file, not a directory; give -o a directory to write the "
+                         "artifacts into (it is created if missing)")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"-o {directory}: cannot create that directory ({exc.strerror or exc}); give -o a "
+                         "directory that can be created and written") from exc
+    return directory
+
+
+def _save(kernel: Any, stem: Path) -> Path:
+    """kernel.save(stem), with a disk error (unwritable, full) as a UsageError."""
+    try:
+        return Path(kernel.save(stem))
+    except OSError as exc:
+        raise UsageError(f"cannot write the artifact {stem}.cubin/.json ({exc.strerror or exc}); give -o a "
+                         "directory that can be written") from exc
+
+
 def _user_line(exc: BaseException, path: Path) -> str:
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         if Path(frame.filename).resolve() == path.resolve():
@@ -253,12 +278,12 @@ def _cached(kernel: Any) -> bool:
 
 
 def cmd_compile(args: argparse.Namespace, check: bool) -> int:
+    out_dir = _output_directory(args.output)
     if getattr(args, "tune", False):
         cmd_tune(args)
         print()
     ops = _all_ops(args.files)
     plans = _plans(args, ops)
-    out_dir = Path(args.output) if args.output else None
     use_gpu = _gpu() if check else False
     failures = 0
     total_start = time.perf_counter()
@@ -275,7 +300,7 @@ def cmd_compile(args: argparse.Namespace, check: bool) -> int:
             line = (f"{op.name:<16} {len(kernel.module.kernels)} kernel(s)  {kernel.arch}  "
                     f"built in {took:.2f} s{' (cached)' if cached else ''}")
             if out_dir is not None:
-                stem = kernel.save(_under(out_dir, op.name))
+                stem = _save(kernel, _under(out_dir, op.name))
                 line += f"  -> {stem}.cubin"
             print(line, flush=True)
             if check:

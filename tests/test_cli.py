@@ -242,3 +242,19 @@ def test_a_reference_of_the_wrong_shape_fails_its_op_in_one_line_and_the_others_
         "(or the op's sizes)"), captured.out
     assert any("right [sim] y: rel err" in line and "FAIL" not in line for line in lines), captured.out
     assert "internal error" not in captured.err and "bug in tecc" not in captured.err
+
+
+@pytest.mark.parametrize("where, expect", [
+    ("a_file", "it is a file, not a directory"),
+    ("a_file/sub", "cannot create that directory (Not a directory)"),
+    ("/proc/tecc_cannot_be_here", "cannot create that directory"),
+])
+def test_an_output_directory_that_cannot_be_written_is_a_one_line_error(tmp_path: Path, capsys, where: str,
+                                                                        expect: str) -> None:
+    (tmp_path / "a_file").write_text("not a directory\n")
+    target = where if where.startswith("/") else str(tmp_path / where)
+    assert main(["compile", str(EXAMPLES / "elementwise.py"), "-o", target]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tecc: error: -o {target}: ") and expect in " ".join(err.split()), err
+    assert "internal error" not in err and "Traceback" not in err and "\n\n" not in err.strip()
+    assert (tmp_path / "a_file").read_text() == "not a directory\n"
