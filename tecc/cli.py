@@ -44,6 +44,11 @@ _USER_FILES: set[Path] = set()
 
 def _load_ops(path: Path) -> list[OpSpec]:
     _USER_FILES.add(path.resolve())
+    # as `python path` does: the file's folder first on the import path, so that it can import the
+    # modules next to it (and its reference can, later, when the op is checked)
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(f"tecc_user_{path.stem}", path)
     if spec is None or spec.loader is None:
         raise UsageError(f"cannot import {path}: not a Python file")

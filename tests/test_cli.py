@@ -258,3 +258,27 @@ def test_an_output_directory_that_cannot_be_written_is_a_one_line_error(tmp_path
     assert err.startswith(f"tecc: error: -o {target}: ") and expect in " ".join(err.split()), err
     assert "internal error" not in err and "Traceback" not in err and "\n\n" not in err.strip()
     assert (tmp_path / "a_file").read_text() == "not a directory\n"
+
+
+def test_an_ops_file_imports_the_modules_next_to_it_as_under_python(tmp_path: Path, capsys,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))  # restored after the test
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "tecc_test_helper_ops.py").write_text(
+        "import tecc as tc\n\n"
+        "def doubled(n):\n"
+        "    x = tc.placeholder((n,), 'float32', name='x')\n"
+        "    return x, tc.compute((n,), lambda i: x[i] * 2.0, name='y')\n\n"
+        "def reference(x):\n"
+        "    return 2.0 * x\n")
+    ops = _write(folder, "myops.py", "import tecc as tc\nfrom tecc_test_helper_ops import doubled, reference\n"
+                                     "OPS = [tc.OpSpec('double', list(doubled(300)), reference)]\n")
+    monkeypatch.chdir(tmp_path)  # not the file's folder
+    monkeypatch.delitem(sys.modules, "tecc_test_helper_ops", raising=False)
+    try:
+        assert main(["check", str(ops)]) == 0, capsys.readouterr().err
+    finally:
+        sys.modules.pop("tecc_test_helper_ops", None)
+    out = capsys.readouterr().out
+    assert "double [" in out and "y: rel err" in out and "FAIL" not in out, out
