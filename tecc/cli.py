@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .compiler.check import OpSpec, run_and_compare
-from .ir.errors import TeccError
+from .ir.errors import ScheduleError, TeccError
 
 EXIT_FAIL = 1   # a check failed
 EXIT_ERROR = 2  # tecc could not do what was asked (bad file, compile error, no GPU, ...)
@@ -231,10 +231,10 @@ class _Progress:
 
 # ---- commands ---------------------------------------------------------------------------------
 
-def _plans(args: argparse.Namespace, ops: Sequence[tuple[Path, OpSpec]]) -> dict[str, Any]:
-    """--plan FILE.json: the plan of each op, by op name. The file holds one plan (as `f.plan`
-    writes it, or an artifact manifest `path.json`, whose "plan" is used) for a command over one
-    op, or an object mapping op names to plans."""
+def _plans(args: argparse.Namespace, ops: Sequence[tuple[Path, OpSpec]]) -> dict[str, tuple[Any, str]]:
+    """--plan FILE.json: the plan of each op, by op name, with where it came from (for errors).
+    The file holds one plan (as `f.plan` writes it, or an artifact manifest `path.json`, whose
+    "plan" is used) for a command over one op, or an object mapping op names to plans."""
     given = getattr(args, "plan", None)
     if not given:
         return {}
@@ -246,31 +246,36 @@ def _plans(args: argparse.Namespace, ops: Sequence[tuple[Path, OpSpec]]) -> dict
     except json.JSONDecodeError as exc:
         raise UsageError(f"--plan {path}: not JSON ({exc.msg} at line {exc.lineno}); write a plan as "
                          "`f.plan.to_json()` gives it, or an object mapping op names to plans") from exc
+    where = f"--plan {path}"
     if isinstance(doc, dict) and isinstance(doc.get("plan"), dict) and "host" in doc:
+        where += f" (the plan of op {doc.get('entry')}, from its artifact)"
         doc = doc["plan"]  # an artifact manifest (kernel.save's path.json)
     names = [op.name for _, op in ops]
     if isinstance(doc, dict) and "steps" in doc:
         if len(names) != 1:
             raise UsageError(f"--plan {path} holds one plan, but the files declare {len(names)} ops "
                              f"({', '.join(names)}); give one file with one op, or map op names to plans")
-        return {names[0]: doc}
+        return {names[0]: (doc, where)}
     if isinstance(doc, dict) and all(isinstance(v, dict) for v in doc.values()):
         unknown = sorted(set(doc) - set(names))
         if unknown:
             raise UsageError(f"--plan {path} names ops the files do not declare: {', '.join(unknown)} "
                              f"(they declare {', '.join(names)})")
-        return dict(doc)
+        return {name: (plan, f"{where} (its plan for {name})") for name, plan in doc.items()}
     raise UsageError(f"--plan {path}: expected a plan (an object with \"steps\") or an object mapping op "
                      "names to plans")
 
 
 def _build(op: OpSpec, target: str, args: argparse.Namespace, dump: Path | None = None,
-           plans: dict[str, Any] | None = None) -> Any:
+           plans: dict[str, tuple[Any, str]] | None = None) -> Any:
     from .compiler import build
 
-    plan = (plans or {}).get(op.name)
+    plan, where = (plans or {}).get(op.name, (None, ""))
     if plan is not None:  # replayed as given (a plan chosen elsewhere: a tuner, another machine)
-        return build(op.args, target, name=op.name, dump_ir=dump, arch=getattr(args, "arch", None), plan=plan)
+        try:
+            return build(op.args, target, name=op.name, dump_ir=dump, arch=getattr(args, "arch", None), plan=plan)
+        except ScheduleError as exc:
+            raise UsageError(f"{where} does not schedule op {op.name}: {exc}") from exc
     if getattr(args, "tune", False):  # the winner `tecc tune` just stored, for the op's sizes
         return build(op.args, target, name=op.name, dump_ir=dump, arch=getattr(args, "arch", None),
                      sizes=dict(op.sizes), tune=True)

@@ -301,3 +301,15 @@ def test_matmul_on_gpu_matches_numpy_and_emulator(m):
     f(a, b, gpu)
     f.sim(a, b, sim)
     np.testing.assert_allclose(gpu, sim, rtol=1e-5, atol=1e-5)
+
+
+def test_a_plan_made_for_another_program_is_refused_naming_the_kernels_it_addresses():
+    A, B, C = _matmul()
+    plan = tc.build([A, B, C], target="sim").plan
+    assert any("C_kernel/" in json.dumps(step.args) for step in plan.steps), plan
+    n = tc.var("n")
+    X = tc.placeholder((n,), "float32", name="X")
+    Y = tc.compute((n,), lambda i: X[i] * 2.0, name="Y")
+    with pytest.raises(tc.ScheduleError, match=r"the plan is for another program: it names kernel\(s\) C_kernel, "
+                                               r"and this program's kernels are Y_kernel \(plan step 0, "):
+        tc.build([X, Y], target="sim", plan=plan)

@@ -282,3 +282,15 @@ def test_an_ops_file_imports_the_modules_next_to_it_as_under_python(tmp_path: Pa
         sys.modules.pop("tecc_test_helper_ops", None)
     out = capsys.readouterr().out
     assert "double [" in out and "y: rel err" in out and "FAIL" not in out, out
+
+
+def test_another_ops_plan_is_an_error_that_says_whose_plan_it_is_and_what_it_names(tmp_path: Path, capsys) -> None:
+    assert main(["compile", str(EXAMPLES / "matmul.py"), "--arch", "sm_90", "-o", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    manifest = tmp_path / "out" / "matmul.json"
+    assert main(["compile", str(EXAMPLES / "elementwise.py"), "--plan", str(manifest)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith(f"tecc: error: --plan {manifest} (the plan of op matmul, from its artifact) does not "
+                          "schedule op sin_axpb: the plan is for another program: it names kernel(s) C_kernel, "
+                          "and this program's kernels are y_kernel"), err
+    assert "internal error" not in err
