@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 import textwrap
 import threading
@@ -354,12 +355,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     ops = _all_ops(args.files)
     plans = _plans(args, ops)
     with _Progress(len(ops), "explain") as bar:
-        for i, (_, op) in enumerate(ops):
+        for i, (path, op) in enumerate(ops):
             bar.working_on(op.name)
             kernel = _build(op, "cuda", args, plans=plans)
             if i:
                 print()
-            print(kernel.explain(), flush=True)
+            print(f"== op {op.name} ({path}) ==\n{kernel.explain()}", flush=True)
             bar.advance()
     return 0
 
@@ -563,6 +564,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tecc: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `tecc explain ... | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the exit's flush would fail again)
+        return 141  # 128 + SIGPIPE, as a shell reports a process the pipe ended
     except TeccError as exc:
         if args.traceback:
             traceback.print_exc()

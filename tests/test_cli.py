@@ -294,3 +294,13 @@ def test_another_ops_plan_is_an_error_that_says_whose_plan_it_is_and_what_it_nam
                           "schedule op sin_axpb: the plan is for another program: it names kernel(s) C_kernel, "
                           "and this program's kernels are y_kernel"), err
     assert "internal error" not in err
+
+
+def test_explain_of_several_ops_names_each_op_above_its_report(capsys) -> None:
+    assert main(["explain", str(EXAMPLES / "norms.py"), "--arch", "sm_90"]) == 0
+    out = capsys.readouterr().out
+    headers = [line for line in out.splitlines() if line.startswith("== op ")]
+    path = EXAMPLES / "norms.py"
+    assert headers == [f"== op {name} ({path}) ==" for name in ("layer_norm", "rms_norm", "log_softmax")], out
+    blocks = out.split("== op ")[1:]
+    assert all("grid (" in block for block in blocks), out  # each header is followed by its own report
