@@ -6,7 +6,7 @@
     tecc run     FILE.py... [--target auto|cuda|sim] [--check] [--profile]     run the ops (check, profile)
     tecc explain FILE.py... [--arch sm_90] [--plan FILE.json]                   how each op was scheduled
     tecc tune    FILE.py... [--arch sm_90] [--top-k N]                          autotune on the GPU (docs/tuning.md)
-    tecc cache   info | clear [--tuning]                                        the compile cache
+    tecc cache   info | clear [--tuning]                                        the compile and build caches
 
 A file declares its ops in a module-level list `OPS` of `tecc.OpSpec`. The CLI only calls the
 compiler (`tecc.compiler`), never the runtime directly.
@@ -284,8 +284,24 @@ def _build(op: OpSpec, target: str, args: argparse.Namespace, dump: Path | None 
                  allow_tf32=getattr(args, "allow_tf32", False))
 
 
-def _cached(kernel: Any) -> bool:
-    return any(name == "nvrtc (cache hit)" for name, _ in getattr(kernel.timing, "seconds", []))
+def _reused(kernel: Any, misses_before: int) -> tuple[bool, bool, str]:
+    """What the build of `kernel` took from earlier builds: (the plan from the build cache, the
+    cubin from the compile cache, the words for its line). A compile-cache hit on a binary that
+    this build's planning compiled (the planner's ptxas checks) is no reuse: it says so."""
+    from .compiler import cache
+
+    steps = [name for name, _ in getattr(kernel.timing, "seconds", [])]
+    plan = "build cache hit" in steps
+    cubin = "nvrtc (cache hit)" in steps
+    said = []
+    if plan:
+        said.append("plan from the build cache")
+    if cubin and cache.STATS.last_hit_compiled_after(misses_before):
+        cubin = False
+        said.append("cubin compiled once, by the planner's ptxas check")
+    elif cubin:
+        said.append("cubin from the compile cache")
+    return plan, cubin, f" ({', '.join(said)})" if said else ""
 
 
 def cmd_compile(args: argparse.Namespace, check: bool) -> int:
@@ -296,20 +312,25 @@ def cmd_compile(args: argparse.Namespace, check: bool) -> int:
     ops = _all_ops(args.files)
     plans = _plans(args, ops)
     use_gpu = _gpu() if check else False
+    from .compiler import cache
+
     failures = 0
     total_start = time.perf_counter()
-    hits = 0
+    plans_reused = cubins_reused = 0
+    width = max([16] + [len(op.name) for _, op in ops])
     with _Progress(len(ops), "check" if check else "compile") as bar:
         for _, op in ops:
             bar.working_on(op.name)
             start = time.perf_counter()
             dump = _under(Path(args.dump_ir), op.name) if args.dump_ir else None
+            misses = cache.STATS.misses
             kernel = _build(op, "cuda", args, dump, plans)
             took = time.perf_counter() - start
-            cached = _cached(kernel)
-            hits += cached
-            line = (f"{op.name:<16} {len(kernel.module.kernels)} kernel(s)  {kernel.arch}  "
-                    f"built in {took:.2f} s{' (cached)' if cached else ''}")
+            plan_reused, cubin_reused, said = _reused(kernel, misses)
+            plans_reused += plan_reused
+            cubins_reused += cubin_reused
+            line = (f"{op.name:<{width}} {len(kernel.module.kernels)} kernel(s)  {kernel.arch}  "
+                    f"built in {took:.2f} s{said}")
             if out_dir is not None:
                 stem = _save(kernel, _under(out_dir, op.name))
                 line += f"  -> {stem}.cubin"
@@ -319,7 +340,8 @@ def cmd_compile(args: argparse.Namespace, check: bool) -> int:
                 print(f"  check {result}", flush=True)
                 failures += not result.ok
             bar.advance()
-    print(f"{len(ops)} op(s) in {time.perf_counter() - total_start:.2f} s, {hits} from the compile cache"
+    print(f"{len(ops)} op(s) in {time.perf_counter() - total_start:.2f} s; from earlier builds: "
+          f"{plans_reused} plan(s) from the build cache, {cubins_reused} cubin(s) from the compile cache"
           + (f", {failures} failed the check" if failures else ""), flush=True)
     return EXIT_FAIL if failures else 0
 
@@ -428,9 +450,12 @@ def cmd_cache(args: argparse.Namespace) -> int:
             s = TuningDB(stats_path).stats()
             print(f"  measurements  {s['measurements']}\n  problems      {s['problems']}")
         return 0
+    from .compiler import build_cache
+
     removed = cache.clear(tuning=args.tuning)
-    where = cache.root()
-    print(f"removed {removed} compile-cache entr{'y' if removed == 1 else 'ies'} from {where}"
+    builds = build_cache.clear()
+    print(f"removed {removed} compile-cache entr{'y' if removed == 1 else 'ies'} from {cache.root()}, "
+          f"{builds} build-cache entr{'y' if builds == 1 else 'ies'} from {build_cache.root()}"
           + (" and the tuning database" if args.tuning else ""))
     return 0
 
@@ -532,8 +557,9 @@ def parser() -> argparse.ArgumentParser:
     arch(t)
     t.add_argument("--top-k", type=int, default=8, help="candidates to measure per op (default 8)")
 
-    k = sub.add_parser("cache", help="show or empty the compile cache",
-                       description="Show (info) or empty (clear) the compile cache in TECC_CACHE_DIR.",
+    k = sub.add_parser("cache", help="show or empty the compile and build caches",
+                       description="Show (info) or empty (clear) the compile cache (NVRTC's output) and the build "
+                                   "cache (plans and final loop IR) in TECC_CACHE_DIR.",
                        formatter_class=_Formatter)
     k.add_argument("action", choices=("info", "clear"))
     k.add_argument("--tuning", action="store_true", help="with clear: also delete the tuning database")

@@ -55,13 +55,33 @@ def test_compile_writes_artifacts_and_the_second_run_is_cached(tmp_path: Path, c
     assert main(["compile", str(EXAMPLES / "matmul.py"), "--arch", "sm_90", "-o", str(out),
                  "--dump-ir", str(tmp_path / "dumps")]) == 0
     first = capsys.readouterr().out
-    assert "matmul" in first and "(cached)" not in first and "0 from the compile cache" in first
+    assert "matmul" in first and "cache" not in first.splitlines()[0], first
+    assert "from earlier builds: 0 plan(s) from the build cache, 0 cubin(s) from the compile cache" in first
     for suffix in (".cubin", ".ptx", ".cu", ".json"):
         assert (out / f"matmul{suffix}").exists()
     assert (tmp_path / "dumps" / "matmul" / "00_lower.txt").exists()
     assert main(["compile", str(EXAMPLES / "matmul.py"), "--arch", "sm_90"]) == 0
-    second = capsys.readouterr().out
-    assert "(cached)" in second and "1 from the compile cache" in second
+    second = capsys.readouterr().out  # (the suite turns the build cache off: the op is planned again)
+    assert second.splitlines()[0].endswith(" (cubin from the compile cache)"), second
+    assert "0 plan(s) from the build cache, 1 cubin(s) from the compile cache" in second
+
+
+def test_compile_says_what_it_reused_and_never_claims_a_cache_on_an_empty_one(
+        tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TECC_BUILD_CACHE", "1")
+    argv = ["compile", str(EXAMPLES / "conv.py"), str(EXAMPLES / "elementwise.py"), "--arch", "sm_90"]
+    assert main(argv) == 0  # an empty cache: the planner's ptxas check compiles the conv kernels
+    first = capsys.readouterr().out.splitlines()
+    conv = [line for line in first if line.startswith("conv3x3")]
+    assert len(conv) == 2 and all(line.endswith(" (cubin compiled once, by the planner's ptxas check)")
+                                  for line in conv), first
+    assert [line for line in first if line.startswith("sin_axpb")][0].endswith(" s"), first
+    assert first[-1].endswith("from earlier builds: 0 plan(s) from the build cache, 0 cubin(s) from the compile "
+                              "cache"), first
+    assert main(argv) == 0
+    second = capsys.readouterr().out.splitlines()
+    assert all(line.endswith(" (plan from the build cache, cubin from the compile cache)") for line in second[:-1])
+    assert second[-1].endswith("3 plan(s) from the build cache, 3 cubin(s) from the compile cache"), second
 
 
 def test_a_directory_compiles_every_file(capsys) -> None:
@@ -106,16 +126,21 @@ def test_tune_without_a_gpu_is_a_clear_error(capsys, monkeypatch) -> None:
         assert 'plan="auto"' in err
 
 
-def test_cache_info_and_clear(tmp_path: Path, capsys) -> None:
+def test_cache_info_and_clear_cover_the_compile_and_the_build_cache(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("TECC_BUILD_CACHE", "1")
     main(["compile", str(EXAMPLES / "matmul.py"), "--arch", "sm_90"])
     capsys.readouterr()
     assert main(["cache", "info"]) == 0
     out = capsys.readouterr().out
-    assert str(tmp_path / "cache") in out and "entries       1" in out
+    assert f"compile cache   {tmp_path / 'cache' / 'cubin'}" in out and f"build cache     {tmp_path / 'cache' / 'builds'}" in out
+    assert out.count("entries       1") == 2, out
     assert main(["cache", "clear"]) == 0
-    assert "removed 1 compile-cache entry" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "removed 1 compile-cache entry from" in out and "1 build-cache entry from" in out, out
     assert main(["cache", "info"]) == 0
-    assert "entries       0" in capsys.readouterr().out
+    assert capsys.readouterr().out.count("entries       0") == 2
+    assert main(["compile", str(EXAMPLES / "matmul.py"), "--arch", "sm_90"]) == 0
+    assert "0 plan(s) from the build cache, 0 cubin(s)" in capsys.readouterr().out  # really gone
 
 
 @pytest.mark.parametrize("text, expect", [

@@ -57,6 +57,8 @@ class Kernel(RunnableKernel):
         self.options: tuple[str, ...] = ()
         self.dump_dir: Path | None = None
         self.planning: Any = None  # the planner's PlanResult when plan="auto" (read by explain)
+        # a build-cache hit has no PlanResult: the report of the build that planned it (explain)
+        self.planning_report: str | None = None
         # plan="auto" candidates that took the program but failed to build: (candidate, why)
         self.fallbacks: list[tuple[str, str]] = []
         self._sim: Any = None
