@@ -120,3 +120,22 @@ def test_an_op_with_gradients_under_a_name_taken_without_them_is_refused() -> No
     with pytest.raises(tc.TeccError, match=rf"{name}_g_backward is already registered: it is the backward op of"):
         tc.torch.op([*p.inputs, p.output], name + "_g_backward", target="sim")
     assert plain is not with_grads
+
+
+def test_the_training_examples_annotations_name_public_tecc_types() -> None:
+    import importlib.util
+    import pathlib
+    import typing
+
+    script = pathlib.Path(__file__).parent.parent / "docs" / "examples" / "pytorch_mlp.py"
+    spec = importlib.util.spec_from_file_location("pytorch_mlp_example", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for function in (module.gelu, module.mlp_block):
+        typing.get_type_hints(function)  # resolves every annotation (tc.Expr, tc.Tensor)
+    x = tc.placeholder((3,), "float32", name="x")
+    y = tc.compute((3,), lambda i: module.gelu(x[i]), name="y")
+    v = np.random.default_rng().standard_normal(3).astype(np.float32)
+    want = 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3)))
+    np.testing.assert_allclose(tc.build([x, y], target="sim")(v), want, rtol=1e-6)
