@@ -125,3 +125,19 @@ def test_a_loaded_artifact_is_called_like_the_built_kernel_outputs_left_out_or_g
     np.testing.assert_array_equal(d2, d)
     with pytest.raises(tc.TeccError, match=r"takes 4 arrays \(A, C, B, D\), got 1"):
         g.sim(a)
+
+
+@pytest.mark.gpu
+def test_a_loaded_artifact_allocates_its_outputs_on_the_gpu_like_the_built_kernel(tmp_path) -> None:
+    A, B, C, D = _matmul_then_scale()
+    f = tc.build([A, C, B, D], target="cuda")
+    g = tc.load(f.save(tmp_path / "mm"))
+    rng = np.random.default_rng()
+    a, b = rng.standard_normal((37, 5)).astype(np.float32), rng.standard_normal((5, 6)).astype(np.float32)
+    want = a.astype(np.float64) @ b
+    c, d = g(a, b)
+    np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(d, 2 * want + 1, rtol=1e-5, atol=1e-5)
+    built_c, built_d = f(a, b)
+    np.testing.assert_array_equal(c, built_c)
+    np.testing.assert_array_equal(d, built_d)
