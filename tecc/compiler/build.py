@@ -103,16 +103,18 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
         key = _build_cache_key(tensors, name, sizes, plan_arch, allow_tf32) if dumper is None else None
         found = build_cache.lookup(key) if key is not None else None
         if found is not None:  # planned and scheduled by an earlier build (build_cache.py)
-            cached, module = found
             timing.seconds.append(("build cache hit", 0.0))
-            return compile_module(module, cached, target, arch=arch, options=options, dumper=None, timing=timing)
+            kernel = compile_module(found.module, found.plan, target, arch=arch, options=options, dumper=None,
+                                    timing=timing)
+            kernel.planning_report = found.report
+            return kernel
         candidates = _auto_candidates(tensors, plan_arch, sizes, name, timing, allow_tf32)
     else:
         given = _resolve_plan(plan)
         candidates = [("given", lambda: given)]
     module, chosen, planning, fallbacks = _first_that_builds(candidates, tensors, name, dumper, timing)
     if key is not None and not fallbacks:
-        build_cache.store(key, chosen, module)
+        build_cache.store(key, chosen, module, planning)
     kernel = compile_module(module, chosen, target, arch=arch, options=options, dumper=dumper, timing=timing)
     kernel.planning = planning
     kernel.fallbacks = fallbacks

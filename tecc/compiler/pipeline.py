@@ -131,7 +131,7 @@ def compile_module(module: Module, plan: Plan, target: str, *, arch: str | None,
         kernel.attach_binary(compiled, tuple(options))
         if dumper is not None:
             dumper.write(f"{module.name}.ptx", compiled.ptx)
-    if dumper is not None:
+    if dumper is not None and dumper.matches:  # (a module the dump filter does not keep writes nothing)
         kernel.dump_dir = dumper.directory
     return kernel
 

@@ -99,8 +99,16 @@ class Schedule:
         return Plan(tuple(self._steps), "manual", "schedule written by hand")
 
     def replay(self, plan: Plan) -> None:
-        """Apply every step of `plan` in order."""
-        for step in plan.steps:
+        """Apply every step of `plan` in order. A step that names a kernel this program does not
+        have is a ScheduleError saying that the plan is for another program and what it names."""
+        for number, step in enumerate(plan.steps):
+            kernels = _kernel_names(self.mod)
+            if any(k not in kernels for k in _kernels_named(step)):
+                named = sorted({k for s in plan.steps for k in _kernels_named(s)} - kernels)
+                raise ScheduleError(
+                    f"the plan is for another program: it names kernel(s) {', '.join(named)}, and this program's "
+                    f"kernels are {', '.join(sorted(kernels))} (plan step {number}, {step.primitive}); plan this "
+                    "program with plan='auto', or give it a plan made for it")
             method = getattr(self, step.primitive, None)
             if method is None or step.primitive.startswith("_") or step.primitive in ("replay", "get_loops"):
                 raise ScheduleError(f"plan step {step.primitive!r} is not a schedule primitive")
@@ -605,6 +613,21 @@ def _stores(k: PrimFunc) -> list[Any]:
 
 def _kernel_names(m: Module) -> set[str]:
     return {k.name for k in m.kernels}
+
+
+# the step arguments that address a loop or a stage as "kernel/name" (LoopRV, StageRV)
+_ADDRESS_ARGS = ("loop", "loops", "outer", "inner", "stage", "cache")
+
+
+def _kernels_named(step: Step) -> list[str]:
+    """The kernels a plan step addresses through its "kernel/name" arguments."""
+    found = []
+    for key in _ADDRESS_ARGS:
+        value = step.args.get(key)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and "/" in item:
+                found.append(item.split("/", 1)[0])
+    return found
 
 
 def _ordered_loop_names(k: PrimFunc) -> list[str]:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from .errors import DTypeError, TeccError
 from .expr import (
@@ -77,7 +77,8 @@ class Gradients:
     `cotangent` is the new placeholder dC (the output's shape and dtype) that the backward
     program takes; `grads` the tensors dL/dX, one per requested input, each of that input's
     shape and dtype; `inputs` the placeholders of the forward program in the order they are
-    first read; `args` the kernel signature to build: `[*inputs, cotangent, *grads]`."""
+    first read; `args` the kernel signature to build: `[*inputs, cotangent, *grads]`.
+    `g[X]` is X's gradient, and iterating yields the gradients in `wrt` order (`dA, dB = g`)."""
 
     output: Tensor
     wrt: tuple[Tensor, ...]
@@ -95,6 +96,13 @@ class Gradients:
             if x is tensor:
                 return g
         raise KeyError(tensor.name)
+
+    def __iter__(self) -> Iterator[Tensor]:
+        """The gradients in `wrt` order: `dA, dB = tc.grad(C, [A, B])`."""
+        return iter(self.grads)
+
+    def __len__(self) -> int:
+        return len(self.grads)
 
 
 def grad(output: Tensor, wrt: Sequence[Tensor], *, cotangent_name: str | None = None) -> Gradients:
