@@ -152,7 +152,11 @@ class PageRun:
                 return
         else:
             got = self.printed
-        want = block.text if block.marker == "output" else f"...\n{block.text.strip()}\n..."
+        want = block.text
+        if block.marker == "excerpt":
+            # the ellipses on both sides need text to stand for, also where the excerpt starts or
+            # ends the output (whitespace normalization would drop an empty line there)
+            want, got = f"...\n{block.text.strip()}\n...", f"[start]\n{got}\n[end]"
         if not same(want, got):
             self.failures.append(differs(block, block.text, got))
 
