@@ -63,6 +63,7 @@ from .ir.ops import (
     where,
 )
 from .ir.tensor import Tensor, compute, placeholder, reduce_axis, var
+from .ir.scatter import scatter_add
 from .ir.autodiff import GradientError, Gradients, grad
 
 from .version import __version__

@@ -37,6 +37,7 @@ from .expr import (
                      Compare,
                      Const,
                      Expr,
+                     IndexCheck,
                      IterVar,
                      Not,
                      Reduce,
@@ -109,3 +110,4 @@ from .tensor import (
                      reduce_axis,
                      var,
 )
+from .scatter import ScatterOp, scatter_add

@@ -431,9 +431,9 @@ WARP_INTRINSICS = ("shfl_xor", "shfl_down", "shfl_idx")
 
 # Memory intrinsics (loop IR only), for blocks of one kernel that hand data to each other
 # (split_reduce's last block combines the partials the other blocks stored):
-#   atomic_add(buf[i], value) -- adds the int32 `value` to element buf[i] of a global int32
-#       buffer as one indivisible step and returns the element's value before it (atomicAdd,
-#       relaxed, device scope). The BufferLoad names the element (its address), it is no read
+#   atomic_add(buf[i], value) -- adds `value` to element buf[i] of a global buffer (of a dtype
+#       in ATOMIC_DTYPES, below) as one indivisible step and returns the element's value before
+#       it (atomicAdd, relaxed, device scope). The BufferLoad names the element (its address), it is no read
 #       of its own. Concurrent atomics on one element take effect in some order; the emulator's
 #       is lane order (docs/emulator.md).
 #   load_cg(buf[i])  -- the element of a global buffer read at L2 (__ldcg, ld.global.cg), never
@@ -443,6 +443,11 @@ WARP_INTRINSICS = ("shfl_xor", "shfl_down", "shfl_idx")
 #       every thread of the device before any of its memory accesses after it. Its value is an
 #       int32 0; it stands in an Evaluate statement.
 MEMORY_INTRINSICS = ("atomic_add", "load_cg", "thread_fence")
+# The element types atomic_add takes: int32 and int64 wrap (two's complement, as every integer
+# add); float32 and float64 round each addition to nearest even, in an order the hardware picks
+# (atomicAdd on float / double: `red.global.add.f32/.f64`), so a float sum of concurrent atomics
+# is not reproducible run to run (docs/semantics.md, "Atomics").
+ATOMIC_DTYPES = (dt.int32, dt.int64, dt.float32, dt.float64)
 
 
 class Call(Expr):
@@ -453,7 +458,7 @@ class Call(Expr):
     MEMORY_INTRINSICS above."""
 
     __slots__ = ("name", "args")
-    _fields = ("name", "args", "dtype")
+    _fields: tuple[str, ...] = ("name", "args", "dtype")
     name: str
     args: tuple[Expr, ...]
 
@@ -463,6 +468,43 @@ class Call(Expr):
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "args", tuple(args))
         object.__setattr__(self, "dtype", dtype)
+
+    def with_args(self, args: tuple[Expr, ...]) -> "Call":
+        """The same intrinsic applied to `args` (what a mutator rebuilds)."""
+        return Call(self.name, tuple(args), self.dtype)
+
+
+class IndexCheck(Call):
+    """`index_ok(value, extent)`: whether the data-dependent index `value` (one read from a
+    tensor, `W[idx[i], j]`) lies in [0, extent), dimension `dim` of tensor `tensor`; bool.
+
+    An index outside is an error of the program, never wrapped (a negative index is out of range:
+    torch's wrap of negative indices is the caller's to write). The emulator raises
+    OutOfBoundsError naming the tensor, the dimension and the value; generated CUDA records the
+    first such index in the module's error record (docs/runtime.md, "Data-dependent indices"),
+    which the runtime raises as OutOfBoundsError when the call's results are synchronized, and the
+    check evaluates false. Lowering guards every data-dependent access with it, so the access is
+    skipped (a read gives 0, a scatter adds nothing) and no memory outside the tensor is touched."""
+
+    __slots__ = ("value", "extent", "tensor", "dim")
+    _fields = ("value", "extent", "tensor", "dim")
+    value: Expr
+    extent: Expr
+    tensor: str
+    dim: int
+
+    def _init(self, value: Expr, extent: Expr, tensor: str, dim: int) -> None:  # type: ignore[override]
+        if not value.dtype.is_int or not extent.dtype.is_int:
+            raise DTypeError(f"index_ok needs an integer index and extent, got {value.dtype} {value} and "
+                             f"{extent.dtype} {extent}")
+        Call._init(self, "index_ok", (value, extent), dt.bool_)
+        object.__setattr__(self, "value", value)
+        object.__setattr__(self, "extent", extent)
+        object.__setattr__(self, "tensor", str(tensor))
+        object.__setattr__(self, "dim", int(dim))
+
+    def with_args(self, args: tuple[Expr, ...]) -> "Call":
+        return IndexCheck(args[0], args[1], self.tensor, self.dim)
 
 
 def _check_memory_intrinsic(name: str, args: tuple[Expr, ...], dtype: DType) -> None:
@@ -477,9 +519,10 @@ def _check_memory_intrinsic(name: str, args: tuple[Expr, ...], dtype: DType) -> 
         raise TeccError(f"{name} takes {want} argument(s), the first a global buffer element (a BufferLoad)")
     if name == "load_cg" and dtype != target.dtype:
         raise DTypeError(f"load_cg of {target} is {target.dtype}, not {dtype}")
-    if name == "atomic_add" and not (target.dtype == args[1].dtype == dtype == dt.int32):
-        raise DTypeError(f"atomic_add needs an int32 element, value and result; got {target.dtype} element "
-                         f"{target}, {args[1].dtype} value, {dtype} result")
+    if name == "atomic_add" and not (target.dtype == args[1].dtype == dtype and dtype in ATOMIC_DTYPES):
+        raise DTypeError(f"atomic_add needs an element, value and result of one dtype among "
+                         f"{', '.join(d.name for d in ATOMIC_DTYPES)}; got {target.dtype} element {target}, "
+                         f"{args[1].dtype} value, {dtype} result")
 
 
 # nanmax / nanmin skip NaN elements (a row of only NaN gives the identity, like an empty one);

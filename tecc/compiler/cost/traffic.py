@@ -69,6 +69,26 @@ def dram_from_l2(info: KernelInfo, l2_bytes: float, target: Target) -> float:
     return base + extra * miss
 
 
+def gathered_cost(a: Access, lanes: dict[str, list[int]], vector: int) -> tuple[int, int]:
+    """(sectors, lines) of one warp instruction of a gather (`W[idx[i], j]`): the lanes that
+    share the values of the gather's variables read one unknown row, at the affine offsets of the
+    other dimensions; different rows are taken to be different lines (random indices into a
+    large table). So a warp along the affine fastest axis of one row is as coalesced as a plain
+    row read, and a warp spread over rows pays a sector (or more) per row."""
+    assert a.gathered is not None
+    groups: dict[tuple[int, ...], list[int]] = {}
+    offsets = lane_offsets(a.gathered, lanes)
+    for lane in range(WARP):
+        key = tuple(lanes[v][lane] if v in lanes else 0 for v in sorted(a.gather_vars))
+        groups.setdefault(key, []).append(offsets[lane])
+    sectors = lines = 0
+    for group in groups.values():
+        s, ln = global_cost(group, a.itemsize, vector)
+        sectors += s
+        lines += ln
+    return sectors, lines
+
+
 def one_thread_per_output(info: KernelInfo, target: Target, vector: int = 1) -> Traffic:
     lanes = unravel_lanes(info, vector)
     reduce_vars = {v for v, _ in info.reduction}
@@ -76,14 +96,18 @@ def one_thread_per_output(info: KernelInfo, target: Target, vector: int = 1) -> 
     warps = info.outputs / (WARP * vector)
     t = Traffic()
     for a in info.reads:
-        if a.offset is None:
-            sectors, lines = WARP, WARP
-        else:
+        known = a.offset if a.offset is not None else a.gathered
+        if a.offset is not None:
             vec = vector if abs(a.offset.get(vec_var)) == 1 else 1
             sectors, lines = global_cost(lane_offsets(a.offset, lanes), a.itemsize, vec)
-        uses_reduce = a.offset is None or bool(set(a.offset.vars) & reduce_vars)
+        elif a.gathered is not None:
+            vec = vector if abs(a.gathered.get(vec_var)) == 1 else 1
+            sectors, lines = gathered_cost(a, lanes, vec)
+        else:
+            sectors, lines = WARP, WARP
+        uses_reduce = known is None or bool((set(known.vars) | a.gather_vars) & reduce_vars)
         per_thread = info.reduce_extent if uses_reduce else 1
-        loads_per_lane = 1 if (a.offset is not None and abs(a.offset.get(vec_var)) == 1) else vector
+        loads_per_lane = 1 if (known is not None and abs(known.get(vec_var)) == 1) else vector
         instr = warps * per_thread * loads_per_lane
         reuse = 1.0
         if uses_reduce and a.offset is not None and info.reduction:
@@ -106,4 +130,4 @@ def one_thread_per_output(info: KernelInfo, target: Target, vector: int = 1) -> 
     return t
 
 
-__all__ = ["Traffic", "compulsory_bytes", "dram_from_l2", "one_thread_per_output", "unravel_lanes", "buffer_bytes"]
+__all__ = ["Traffic", "compulsory_bytes", "gathered_cost", "dram_from_l2", "one_thread_per_output", "unravel_lanes", "buffer_bytes"]
