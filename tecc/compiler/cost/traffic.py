@@ -52,10 +52,26 @@ def buffer_bytes(a: Access) -> int:
     return n
 
 
+def footprint_bytes(info: KernelInfo, a: Access) -> int:
+    """The bytes of `a`'s buffer the kernel can touch: the whole buffer, except for a gather
+    (`W[idx[i], j]`), which touches at most one element per value of its index variables -- a
+    32-byte sector each unless the affine part walks the row with unit stride -- so an embedding
+    of 8192 tokens reads 8192 rows, not the 50257 of its table."""
+    whole = buffer_bytes(a)
+    if a.offset is not None or a.gathered is None:
+        return whole
+    extents = dict(info.spatial + info.reduction)
+    count = 1
+    for v in set(a.gathered.vars) | a.gather_vars:
+        count *= extents.get(v, 1)
+    contiguous = any(abs(c) == 1 for _, c in a.gathered.coeff)
+    return min(whole, count * (a.itemsize if contiguous else max(a.itemsize, 32)))
+
+
 def compulsory_bytes(info: KernelInfo) -> float:
     seen: dict[str, int] = {}
     for a in info.reads:
-        seen[a.buffer] = buffer_bytes(a)
+        seen[a.buffer] = max(seen.get(a.buffer, 0), footprint_bytes(info, a))
     return float(sum(seen.values()) + info.outputs * info.write.itemsize)
 
 
@@ -63,7 +79,7 @@ def dram_from_l2(info: KernelInfo, l2_bytes: float, target: Target) -> float:
     """Compulsory bytes, plus the re-read traffic that misses in L2."""
     base = compulsory_bytes(info)
     extra = max(0.0, l2_bytes - base)
-    footprint = sum(buffer_bytes(a) for a in {a.buffer: a for a in info.reads}.values())
+    footprint = sum(footprint_bytes(info, a) for a in {a.buffer: a for a in info.reads}.values())
     usable = 0.5 * target.l2_bytes
     miss = 0.0 if footprint <= usable else 1.0 - usable / footprint
     return base + extra * miss
@@ -130,4 +146,4 @@ def one_thread_per_output(info: KernelInfo, target: Target, vector: int = 1) -> 
     return t
 
 
-__all__ = ["Traffic", "compulsory_bytes", "gathered_cost", "dram_from_l2", "one_thread_per_output", "unravel_lanes", "buffer_bytes"]
+__all__ = ["Traffic", "compulsory_bytes", "footprint_bytes", "gathered_cost", "dram_from_l2", "one_thread_per_output", "unravel_lanes", "buffer_bytes"]
