@@ -442,3 +442,35 @@ def test_every_strategy_that_takes_a_gather_builds_it_correctly(case, monkeypatc
     out = poisoned(want.shape, "float32")
     f.sim(*inputs, out)
     check_close(out, want, "float32", name, f.plan)
+
+
+def test_the_runtime_raises_a_filled_error_record_once_and_clears_it(monkeypatch):
+    """The host side of the GPU's index checks, with the driver's copy and memset stood in for
+    (the device side runs in tests/test_gather_scatter_gpu.py)."""
+    import ctypes
+
+    from cuda.bindings import driver
+
+    from tecc.runtime import index_errors
+
+    f = tc.build(list(embedding(9, 4, 5003, "float32", "int64")), target="cuda", arch="sm_90")
+    device = np.array([1, -7, 5003, 4, 96], np.int64)  # site 0 failed: value -7 of extent 5003
+    ok = (driver.CUresult.CUDA_SUCCESS,)
+
+    def copy(dst, src, nbytes):
+        assert src == 4096 and nbytes == device.nbytes
+        ctypes.memmove(dst, device.ctypes.data, nbytes)
+        return ok
+
+    def clear(ptr, value, nbytes):
+        device[:] = value
+        return ok
+
+    monkeypatch.setattr(driver, "cuMemcpyDtoH", copy)
+    monkeypatch.setattr(driver, "cuMemsetD8", clear)
+    with pytest.raises(OutOfBoundsError) as info:
+        index_errors.check(4096, f.host)
+    assert ("-7 indexes dimension 0 of W (size 5003) in kernel Y_kernel, found by block 4, thread 96"
+            in str(info.value)), str(info.value)
+    assert not device.any()
+    index_errors.check(4096, f.host)  # cleared: the next synchronized call raises nothing

@@ -28,9 +28,12 @@ def find_record(object_code: Any, host: HostProgram) -> int:
     if not isinstance(library, driver.CUlibrary):
         library = driver.CUlibrary(int(library))
     err, pointer, size = driver.cuLibraryGetGlobal(library, RECORD_SYMBOL.encode())
-    if err != driver.CUresult.CUDA_SUCCESS or int(size) != 8 * RECORD_WORDS:
-        raise DeviceError(f"{host.name}: the cubin has no index-check record {RECORD_SYMBOL} of {RECORD_WORDS} "
-                          f"words ({_text(err)}, {int(size)} bytes); rebuild it with this version of tecc")
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise DeviceError(f"{host.name}: the cubin has no index-check record {RECORD_SYMBOL} ({_text(err)}); "
+                          "rebuild it with this version of tecc")
+    if int(size) != 8 * RECORD_WORDS:
+        raise DeviceError(f"{host.name}: the cubin's index-check record {RECORD_SYMBOL} has {int(size)} bytes, not "
+                          f"{8 * RECORD_WORDS}; rebuild it with this version of tecc")
     return int(pointer)
 
 
