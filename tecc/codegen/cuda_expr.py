@@ -48,7 +48,6 @@ from tecc.ir.expr import (
     Compare,
     Const,
     Expr,
-    IndexCheck,
     Not,
     Select,
     Var,
@@ -56,7 +55,7 @@ from tecc.ir.expr import (
     const_int,
     walk,
 )
-from tecc.ir.index_checks import RECORD_SYMBOL, RECORD_WORDS
+from tecc.ir.index_checks import RECORD_SYMBOL, RECORD_WORDS, IndexCheck
 from tecc.ir.stmt import Buffer
 
 from .ranges import RangeEnv

@@ -37,7 +37,6 @@ from .expr import (
                      Compare,
                      Const,
                      Expr,
-                     IndexCheck,
                      IterVar,
                      Not,
                      Reduce,
@@ -110,4 +109,5 @@ from .tensor import (
                      reduce_axis,
                      var,
 )
+from .index_checks import IndexCheck
 from .scatter import ScatterOp, scatter_add

@@ -474,39 +474,6 @@ class Call(Expr):
         return Call(self.name, tuple(args), self.dtype)
 
 
-class IndexCheck(Call):
-    """`index_ok(value, extent)`: whether the data-dependent index `value` (one read from a
-    tensor, `W[idx[i], j]`) lies in [0, extent), dimension `dim` of tensor `tensor`; bool.
-
-    An index outside is an error of the program, never wrapped (a negative index is out of range:
-    torch's wrap of negative indices is the caller's to write). The emulator raises
-    OutOfBoundsError naming the tensor, the dimension and the value; generated CUDA records the
-    first such index in the module's error record (docs/runtime.md, "Data-dependent indices"),
-    which the runtime raises as OutOfBoundsError when the call's results are synchronized, and the
-    check evaluates false. Lowering guards every data-dependent access with it, so the access is
-    skipped (a read gives 0, a scatter adds nothing) and no memory outside the tensor is touched."""
-
-    __slots__ = ("value", "extent", "tensor", "dim")
-    _fields = ("value", "extent", "tensor", "dim")
-    value: Expr
-    extent: Expr
-    tensor: str
-    dim: int
-
-    def _init(self, value: Expr, extent: Expr, tensor: str, dim: int) -> None:  # type: ignore[override]
-        if not value.dtype.is_int or not extent.dtype.is_int:
-            raise DTypeError(f"index_ok needs an integer index and extent, got {value.dtype} {value} and "
-                             f"{extent.dtype} {extent}")
-        Call._init(self, "index_ok", (value, extent), dt.bool_)
-        object.__setattr__(self, "value", value)
-        object.__setattr__(self, "extent", extent)
-        object.__setattr__(self, "tensor", str(tensor))
-        object.__setattr__(self, "dim", int(dim))
-
-    def with_args(self, args: tuple[Expr, ...]) -> "Call":
-        return IndexCheck(args[0], args[1], self.tensor, self.dim)
-
-
 def _check_memory_intrinsic(name: str, args: tuple[Expr, ...], dtype: DType) -> None:
     """The arity, operands and result dtype MEMORY_INTRINSICS documents, or TeccError."""
     if name == "thread_fence":

@@ -1,7 +1,8 @@
-"""The run-time checks of data-dependent indices in a module, and the error record they fill.
+"""The run-time checks of data-dependent indices: the `IndexCheck` node, the sites of a module's
+checks and the error record they fill.
 
 Lowering guards every access whose index reads a tensor (`W[idx[i], j]`, a scatter's
-`dW[idx[i], j]`) with an `IndexCheck` (tecc/ir/expr.py). On the GPU a failing check records the
+`dW[idx[i], j]`) with an `IndexCheck` (below). On the GPU a failing check records the
 first bad index of a launch sequence in one `__device__` array of the module, the *error record*,
 and the runtime reads it back when the call's results are synchronized (docs/runtime.md,
 "Data-dependent indices"). The code generator and the runtime must agree on two things, both
@@ -20,10 +21,45 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .expr import IndexCheck, walk
+from . import dtype as dt
+from .errors import DTypeError
+from .expr import Call, Expr, walk
 
 RECORD_SYMBOL = "tecc_index_error"
 RECORD_WORDS = 5
+
+
+class IndexCheck(Call):
+    """`index_ok(value, extent)`: whether the data-dependent index `value` (one read from a
+    tensor, `W[idx[i], j]`) lies in [0, extent), dimension `dim` of tensor `tensor`; bool.
+
+    An index outside is an error of the program, never wrapped (a negative index is out of range:
+    torch's wrap of negative indices is the caller's to write). The emulator raises
+    OutOfBoundsError naming the tensor, the dimension and the value; generated CUDA records the
+    first such index in the module's error record (docs/runtime.md, "Data-dependent indices"),
+    which the runtime raises as OutOfBoundsError when the call's results are synchronized, and the
+    check evaluates false. Lowering guards every data-dependent access with it, so the access is
+    skipped (a read gives 0, a scatter adds nothing) and no memory outside the tensor is touched."""
+
+    __slots__ = ("value", "extent", "tensor", "dim")
+    _fields = ("value", "extent", "tensor", "dim")
+    value: Expr
+    extent: Expr
+    tensor: str
+    dim: int
+
+    def _init(self, value: Expr, extent: Expr, tensor: str, dim: int) -> None:  # type: ignore[override]
+        if not value.dtype.is_int or not extent.dtype.is_int:
+            raise DTypeError(f"index_ok needs an integer index and extent, got {value.dtype} {value} and "
+                             f"{extent.dtype} {extent}")
+        Call._init(self, "index_ok", (value, extent), dt.bool_)
+        object.__setattr__(self, "value", value)
+        object.__setattr__(self, "extent", extent)
+        object.__setattr__(self, "tensor", str(tensor))
+        object.__setattr__(self, "dim", int(dim))
+
+    def with_args(self, args: tuple[Expr, ...]) -> "Call":
+        return IndexCheck(args[0], args[1], self.tensor, self.dim)
 
 
 @dataclass(frozen=True)
@@ -88,4 +124,4 @@ def site_codes(sites: Sequence[CheckSite]) -> Mapping[tuple[str, str, int], int]
     return {(s.kernel, s.tensor, s.dim): n for n, s in enumerate(sites)}
 
 
-__all__ = ["CheckSite", "RECORD_SYMBOL", "RECORD_WORDS", "describe_failure", "index_check_sites", "site_codes"]
+__all__ = ["CheckSite", "IndexCheck", "RECORD_SYMBOL", "RECORD_WORDS", "describe_failure", "index_check_sites", "site_codes"]

@@ -39,7 +39,6 @@ from .expr import (
     Const,
     Expr,
     ExprLike,
-    IndexCheck,
     IterVar,
     Reduce,
     ReduceAxis,
@@ -55,6 +54,7 @@ from .expr import (
     to_shape,
     walk,
 )
+from .index_checks import IndexCheck
 from .tensor import ComputeOp, Tensor, axis_names, check_bounds, check_name, fresh_compute_name
 
 

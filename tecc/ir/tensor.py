@@ -294,7 +294,7 @@ def check_bounds(name: str, body: Expr) -> None:
     """Prove with islpy that affine reads stay inside their tensors, under the conditions of the
     `where`s that guard them; raise ShapeError with a witness point when they provably do not.
     A data-dependent index (`W[idx[i], j]`) is not affine: nothing is proved about it here, and
-    lowering checks it at run time (expr.IndexCheck)."""
+    lowering checks it at run time (index_checks.IndexCheck)."""
 
     from . import poly  # islpy is needed to build programs, not to run saved artifacts
 

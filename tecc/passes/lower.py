@@ -29,7 +29,6 @@ from ..ir.expr import (
     BufferLoad,
     Const,
     Expr,
-    IndexCheck,
     IterVar,
     Reduce,
     TensorRead,
@@ -60,6 +59,7 @@ from ..ir.stmt import (
     iter_stmts,
     seq,
 )
+from ..ir.index_checks import IndexCheck
 from ..ir.scatter import data_dependent
 from ..ir.tensor import ComputeOp, PlaceholderOp, Tensor
 from ..ir.visitor import ExprMutator
@@ -194,7 +194,7 @@ class Inliner(ExprMutator):
 def guard_data_dependent(t: Tensor, written: Sequence[Expr], indices: Sequence[Expr], value: Expr) -> Expr:
     """`value` (the read of `t` at `indices`) guarded by an IndexCheck of every index that was
     written data-dependent (`written`: the tensor expression's indices, `W[idx[i], j]`): the read
-    gives 0 where a check fails, and the check reports the failure (expr.IndexCheck). Affine
+    gives 0 where a check fails, and the check reports the failure (index_checks.IndexCheck). Affine
     indices were proved in bounds when the compute was made and are not checked again."""
     checks = [IndexCheck(ix, extent, t.name, d)
               for d, (w, ix, extent) in enumerate(zip(written, indices, t.shape)) if data_dependent(w)]

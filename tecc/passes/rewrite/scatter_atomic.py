@@ -44,7 +44,6 @@ from ...ir.expr import (
     Compare,
     Const,
     Expr,
-    IndexCheck,
     Select,
     Var,
     atomic_add,
@@ -54,6 +53,7 @@ from ...ir.expr import (
     substitute,
     walk,
 )
+from ...ir.index_checks import IndexCheck
 from ...ir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, KernelCall, Module, PrimFunc, Seq, Stmt, seq
 from ...ir.visitor import SubexpressionReplacer
 

@@ -120,7 +120,7 @@ def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0,
         for d, i in enumerate(idx):
             if _reads_memory(i):
                 # a data-dependent index (a gather) may be any element of its dimension: the tile
-                # holds the whole axis (the index is checked where it is read, expr.IndexCheck)
+                # holds the whole axis (the index is checked where it is read, index_checks.IndexCheck)
                 extent = const_int(buf.shape[d])
                 if extent is None:
                     raise ScheduleError(f"{what}: dimension {d} of {tensor} is read at a data-dependent index "

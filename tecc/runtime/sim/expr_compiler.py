@@ -27,13 +27,13 @@ from ...ir.expr import (
     Compare,
     Const,
     Expr,
-    IndexCheck,
     Not,
     Reduce,
     Select,
     TensorRead,
     Var,
 )
+from ...ir.index_checks import IndexCheck
 from ...ir.stmt import Buffer
 from . import numerics as nm
 from .memory_intrinsics import atomic_add, run_fence
@@ -297,7 +297,7 @@ def _compile_shuffle(e: Call, scope: Scope) -> Closure:
 
 
 def _compile_index_check(e: IndexCheck, scope: Scope) -> Closure:
-    """A data-dependent index check (tecc.ir.expr.IndexCheck): true when the value of every
+    """A data-dependent index check (tecc.ir.index_checks.IndexCheck): true when the value of every
     active lane is in [0, extent); otherwise OutOfBoundsError naming the tensor, the dimension,
     the index expression and the bad value, whatever TECC_SIM_CHECKS says (an out-of-range index
     is an error of the program, not a check the emulator adds)."""
