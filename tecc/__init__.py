@@ -65,6 +65,7 @@ from .ir.ops import (
 from .ir.expr import Expr  # a scalar expression (what a compute's lambda returns): for annotations
 from .ir.tensor import Tensor, compute, placeholder, reduce_axis, var
 from .ir.philox import rand
+from .ir.scatter import scatter_add
 from .ir.autodiff import GradientError, Gradients, grad
 
 from .version import __version__

@@ -31,7 +31,7 @@ instructions on NVIDIA GPUs, so they are used only where a 32-bit offset could o
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from tecc.ir import dtype as dt
 from tecc.ir.dtype import DType
@@ -76,6 +76,7 @@ from tecc.ir.stmt import (
     iter_stmts,
     launch_dims,
 )
+from tecc.ir.index_checks import index_check_sites, site_codes
 from tecc.ir.visitor import matrix_stmt_exprs
 
 from . import matrix, philox, tma, warpgroup
@@ -241,7 +242,7 @@ class KernelEmitter:
     """Emits one PrimFunc. Holds the C names, the 64-bit decisions, the variable ranges in
     scope and the output lines; `stmt` dispatches on the statement type."""
 
-    def __init__(self, func: PrimFunc) -> None:
+    def __init__(self, func: PrimFunc, check_codes: Mapping[tuple[str, str, int], int] | None = None) -> None:
         self.func = func
         self.dims = launch_dims(func)
         self.names = NameTable()
@@ -258,6 +259,7 @@ class KernelEmitter:
         self.descriptor_buffers = warpgroup.descriptor_buffers(func) | tma.swizzled_destinations(func)
         self.element_counts = {id(s.buffer): _count(s.buffer) for s in iter_stmts(func.body) if isinstance(s, Allocate)}
         self.expr = ExprEmitter(self.var_name, self.buffer_name, self.wide, self.ranges)
+        self.expr.check_code = lambda e: (check_codes or {}).get((func.name, e.tensor, e.dim), -1)
         for p in func.params:
             self.names.add(p, p.name)
 
@@ -537,9 +539,10 @@ def loop_end(loop: For) -> Expr:
     return loop.min + extent
 
 
-def emit_kernel(func: PrimFunc) -> str:
-    """The CUDA C definition of one kernel (no headers; see `emit_source`)."""
-    return KernelEmitter(func).emit()
+def emit_kernel(func: PrimFunc, check_codes: Mapping[tuple[str, str, int], int] | None = None) -> str:
+    """The CUDA C definition of one kernel (no headers; see `emit_source`). `check_codes`: the
+    numbers of its data-dependent index checks in the module's error record (index_checks.py)."""
+    return KernelEmitter(func, check_codes).emit()
 
 
 def needed_headers(funcs: Sequence[PrimFunc]) -> list[str]:
@@ -593,7 +596,8 @@ def emit_source(funcs: Sequence[PrimFunc]) -> str:
     helpers = device_helpers(used_intrinsics(funcs))
     if helpers:
         text += "\n" + "".join(helpers)
+    codes = site_codes(index_check_sites(funcs))
     for f in funcs:
-        text += "\n" + emit_kernel(f)
+        text += "\n" + emit_kernel(f, codes)
     return text
 

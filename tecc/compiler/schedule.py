@@ -30,6 +30,7 @@ from ..passes import schedule as prim
 from ..passes.rewrite.fuse_rows import fuse_rows as fuse_rows_module
 from ..passes.rewrite.online_contraction import online_contraction as online_contraction_module
 from ..passes.rewrite.online_contraction_mma import online_contraction_mma as online_contraction_mma_module
+from ..passes.rewrite.scatter_atomic import scatter_atomic_module
 from ..passes.rewrite.split_reduce import split_reduce as split_reduce_module
 from ..passes.rewrite.split_row_group import split_row_group as split_row_group_module
 from ..passes.rewrite.split_rows import split_rows as split_rows_module
@@ -596,6 +597,20 @@ class Schedule:
         self.mod = mod.with_kernels([simplify_func(k) for k in mod.kernels])
         self.timing.append(("gather_views", time.perf_counter() - start))
         self._record(step)
+
+    def scatter_atomic(self, stage: str) -> tuple[str, ...]:
+        """Realize the scatter `stage` (a masked sum with data-dependent matches, e.g. a
+        `tc.scatter_add`) with atomic additions: its kernel becomes an init kernel, one atomic
+        addition per domain point and, when the output's dtype is not the accumulator's, a finish
+        kernel (tecc.passes.rewrite.scatter_atomic). Returns those kernels' names in launch order;
+        they are unscheduled. Float sums then depend on the order of the atomics, which is not
+        reproducible run to run."""
+        kernel = self._kernel_of_stage(stage)
+        start = time.perf_counter()
+        self.mod, names = scatter_atomic_module(self.mod, kernel.name)
+        self.timing.append(("scatter_atomic", time.perf_counter() - start))
+        self._record(Step("scatter_atomic", {"stage": str(stage)}))
+        return names
 
     def cache_write(self, stage: StageLike, scope: str = "local") -> StageRV:
         st = self._stage(stage)

@@ -110,3 +110,5 @@ from .tensor import (
                      reduce_axis,
                      var,
 )
+from .index_checks import IndexCheck
+from .scatter import ScatterOp, scatter_add

@@ -168,9 +168,10 @@ def warp_shuffle(kind: str, value: Expr, arg: ExprLike) -> Expr:
 
 
 def atomic_add(element: Expr, value: ExprLike) -> Expr:
-    """`atomicAdd(&element, value)` on a global int32 element, giving its value before the add
-    (see MEMORY_INTRINSICS; `element` is a BufferLoad, Call checks it)."""
-    return Call("atomic_add", (element, as_expr(value, dt.int32)), dt.int32)
+    """`atomicAdd(&element, value)` on a global element (int32, int64, float32 or float64: the
+    element's dtype, which `value` must have), giving its value before the add (see
+    MEMORY_INTRINSICS; `element` is a BufferLoad, Call checks it)."""
+    return Call("atomic_add", (element, as_expr(value, element.dtype)), element.dtype)
 
 
 def load_cg(element: Expr) -> Expr:

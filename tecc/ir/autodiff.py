@@ -23,12 +23,16 @@ How (docs/pytorch.md, "Gradients"):
    shape: each coordinate of X's index that is an axis plus a constant (`i`, `k`, `j + 1`, a
    constant) fixes that axis from x (with a guard when the ranges differ), and the axes that no
    coordinate fixes are summed (`tc.sum`). Matmuls, broadcasts, transposes and shifts have this
-   form; other indices (`X[i + k]`, `X[2 * i]`) raise TeccError naming the read.
+   form; other indices (`X[i + k]`, `X[2 * i]`) raise TeccError naming the read. A read whose
+   index is data-dependent (`W[idx[i], j]`: embedding, gather) is the one exception: its
+   contribution *is* a scatter, `tc.scatter_add(X.shape, over=p, at=idx(p), value=g(p))`.
+   Conversely the adjoint of a scatter (`T[at(x)] += v(x)`, tecc/ir/scatter.py) seeds its value
+   with a gather, `dT[at(x)]`, over the scatter's domain, and its `init` with dT itself.
 4. **Accumulate.** A tensor read by several stages (or several times) sums the contributions,
    each reduction in a stage of its own.
 
-Only float tensors get gradients; reads of integer and bool tensors, comparisons, `floor`,
-`ceil`, `round` and float→int casts pass no gradient.
+Only float tensors get gradients; reads of integer and bool tensors (the indices of a gather or
+a scatter among them), comparisons, `floor`, `ceil`, `round` and float→int casts pass no gradient.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from .expr import (
 )
 from .ops import sum as reduce_sum
 from .philox import RandomUniform
+from .scatter import ScatterOp, data_dependent, scatter_add
 from .tensor import ComputeOp, Tensor, compute, placeholder, reduce_axis
 from .visitor import ExprMutator
 
@@ -206,6 +211,9 @@ def _normalize(output: Tensor) -> Tensor:
     for t in _topological(output):
         if not isinstance(t.op, ComputeOp):
             continue
+        if isinstance(t.op, ScatterOp):
+            _retarget_scatter(t, replaced)
+            continue
         body = t.op.body
         embedded = [n for n in walk(body) if isinstance(n, Reduce)] if not isinstance(body, Reduce) else []
         if isinstance(body, Reduce):
@@ -225,6 +233,20 @@ def _normalize(output: Tensor) -> Tensor:
         if new_body is not body:
             replaced[id(t)] = Tensor(ComputeOp(t.name, t.op.axes, new_body), t.shape, t.dtype)
     return replaced.get(id(output), output)
+
+
+def _retarget_scatter(t: Tensor, replaced: dict[int, Tensor]) -> None:
+    """A scatter stage stays a scatter (its adjoint is a gather): rebuilt on the normalized
+    tensors it reads, if any was replaced."""
+    op = t.op
+    assert isinstance(op, ScatterOp)
+    if not any(id(r.tensor) in replaced for r in _reads(op.body)):
+        return
+    mutator = _Retarget(replaced, {})
+    init = replaced.get(id(op.init), op.init) if op.init is not None else None
+    new = ScatterOp(op.name, op.axes, mutator.visit(op.body), op.domain, tuple(mutator.visit(e) for e in op.at),
+                    mutator.visit(op.value), init)
+    replaced[id(t)] = Tensor(new, t.shape, t.dtype)
 
 
 # ---- scalar reverse mode --------------------------------------------------------------------------
@@ -497,6 +519,8 @@ class _Backward:
 
     def _stage_contributions(self, t: Tensor, dt_: Tensor) -> list[_Contribution]:
         assert isinstance(t.op, ComputeOp)
+        if isinstance(t.op, ScatterOp):
+            return self._scatter_contributions(t, t.op, dt_)
         axes = tuple(t.op.axes)
         body = t.op.body
         seed: Expr = TensorRead(dt_, axes)
@@ -518,6 +542,31 @@ class _Backward:
         return [_Contribution(t, read, value, space)
                 for read, value in _scalar_adjoints(source, seed, self.active).items()]
 
+    def _scatter_contributions(self, t: Tensor, op: ScatterOp, dt_: Tensor) -> list[_Contribution]:
+        """A scatter `T[at(x)] += v(x)` (+ init): v's reads get the gathered adjoint dT[at(x)]
+        over the domain x, init's read dT itself."""
+        seed = TensorRead(dt_, op.at)
+        out = [_Contribution(t, read, value, op.domain)
+               for read, value in _scalar_adjoints(op.value, seed, self.active).items()]
+        if op.init is not None and id(op.init) in self.active:
+            read = TensorRead(op.init, op.axes)
+            out.append(_Contribution(t, read, TensorRead(dt_, op.axes), op.axes))
+        return out
+
+    def _scattered(self, x: Tensor, c: _Contribution, name: str) -> Tensor:
+        """The contribution of a read with a data-dependent index: a scatter of its adjoint
+        onto x at the read's position, over the contribution's iteration space."""
+        space = c.space
+
+        def moved(e: Expr, xs: Sequence[Var]) -> Expr:
+            return substitute(e, {a: binary("+", v, a.lo) if not (isinstance(a.lo, Const) and a.lo.value == 0) else v
+                                  for a, v in zip(space, xs)})
+
+        return scatter_add(x.shape, tuple(a.extent for a in space),
+                           at=lambda *xs: tuple(moved(ix, xs) for ix in c.read.indices),
+                           value=lambda *xs: cast(moved(c.value, xs), x.dtype), dtype=x.dtype,
+                           name=self._name(name))
+
     def _tie_count(self, t: Tensor, body: Reduce, reached: Expr) -> Tensor:
         """`count[i]`: how many elements of t's reduction reach its max/min (at least 1)."""
         assert isinstance(t.op, ComputeOp)
@@ -538,9 +587,15 @@ class _Backward:
         if not parts:
             return compute(x.shape, lambda *_: Const(0.0, x.dtype), name=self._name(name))
         if len(parts) == 1:
+            if _gathers(parts[0]):
+                return self._scattered(x, parts[0], name)
             return compute(x.shape, _cast_to(x, _gather_body(x, parts[0])), name=self._name(name))
         terms: list[Callable[..., Expr]] = []
         for c in parts:
+            if _gathers(c):
+                part = self._scattered(x, c, f"{name}_from_{c.stage.name}")
+                terms.append(lambda *xs, part=part: TensorRead(part, tuple(xs)))
+                continue
             body = _gather_body(x, c)
             if any(isinstance(n, ReduceAxis) for n in walk(c.value)) or self._sums(x, c):
                 part = compute(x.shape, _cast_to(x, body), name=self._name(f"{name}_from_{c.stage.name}"))
@@ -561,6 +616,11 @@ class _Backward:
         """Whether the contribution sums over axes its read does not fix."""
         fixed = {form[0] for form in (_affine_axis(ix, c.space) for ix in c.read.indices) if form is not None}
         return any(axis not in fixed for axis in c.space)
+
+
+def _gathers(c: _Contribution) -> bool:
+    """Whether the contribution's read has a data-dependent index (its adjoint is a scatter)."""
+    return any(data_dependent(ix) for ix in c.read.indices)
 
 
 def _cast_to(x: Tensor, body: Callable[..., Expr]) -> Callable[..., Expr]:

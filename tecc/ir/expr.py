@@ -431,9 +431,9 @@ WARP_INTRINSICS = ("shfl_xor", "shfl_down", "shfl_idx")
 
 # Memory intrinsics (loop IR only), for blocks of one kernel that hand data to each other
 # (split_reduce's last block combines the partials the other blocks stored):
-#   atomic_add(buf[i], value) -- adds the int32 `value` to element buf[i] of a global int32
-#       buffer as one indivisible step and returns the element's value before it (atomicAdd,
-#       relaxed, device scope). The BufferLoad names the element (its address), it is no read
+#   atomic_add(buf[i], value) -- adds `value` to element buf[i] of a global buffer (of a dtype
+#       in ATOMIC_DTYPES, below) as one indivisible step and returns the element's value before
+#       it (atomicAdd, relaxed, device scope). The BufferLoad names the element (its address), it is no read
 #       of its own. Concurrent atomics on one element take effect in some order; the emulator's
 #       is lane order (docs/emulator.md).
 #   load_cg(buf[i])  -- the element of a global buffer read at L2 (__ldcg, ld.global.cg), never
@@ -443,6 +443,11 @@ WARP_INTRINSICS = ("shfl_xor", "shfl_down", "shfl_idx")
 #       every thread of the device before any of its memory accesses after it. Its value is an
 #       int32 0; it stands in an Evaluate statement.
 MEMORY_INTRINSICS = ("atomic_add", "load_cg", "thread_fence")
+# The element types atomic_add takes: int32 and int64 wrap (two's complement, as every integer
+# add); float32 and float64 round each addition to nearest even, in an order the hardware picks
+# (atomicAdd on float / double: `red.global.add.f32/.f64`), so a float sum of concurrent atomics
+# is not reproducible run to run (docs/semantics.md, "Atomics").
+ATOMIC_DTYPES = (dt.int32, dt.int64, dt.float32, dt.float64)
 
 
 class Call(Expr):
@@ -453,7 +458,7 @@ class Call(Expr):
     MEMORY_INTRINSICS above."""
 
     __slots__ = ("name", "args")
-    _fields = ("name", "args", "dtype")
+    _fields: tuple[str, ...] = ("name", "args", "dtype")
     name: str
     args: tuple[Expr, ...]
 
@@ -463,6 +468,10 @@ class Call(Expr):
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "args", tuple(args))
         object.__setattr__(self, "dtype", dtype)
+
+    def with_args(self, args: tuple[Expr, ...]) -> "Call":
+        """The same intrinsic applied to `args` (what a mutator rebuilds)."""
+        return Call(self.name, tuple(args), self.dtype)
 
 
 def _check_memory_intrinsic(name: str, args: tuple[Expr, ...], dtype: DType) -> None:
@@ -477,9 +486,10 @@ def _check_memory_intrinsic(name: str, args: tuple[Expr, ...], dtype: DType) -> 
         raise TeccError(f"{name} takes {want} argument(s), the first a global buffer element (a BufferLoad)")
     if name == "load_cg" and dtype != target.dtype:
         raise DTypeError(f"load_cg of {target} is {target.dtype}, not {dtype}")
-    if name == "atomic_add" and not (target.dtype == args[1].dtype == dtype == dt.int32):
-        raise DTypeError(f"atomic_add needs an int32 element, value and result; got {target.dtype} element "
-                         f"{target}, {args[1].dtype} value, {dtype} result")
+    if name == "atomic_add" and not (target.dtype == args[1].dtype == dtype and dtype in ATOMIC_DTYPES):
+        raise DTypeError(f"atomic_add needs an element, value and result of one dtype among "
+                         f"{', '.join(d.name for d in ATOMIC_DTYPES)}; got {target.dtype} element {target}, "
+                         f"{args[1].dtype} value, {dtype} result")
 
 
 # nanmax / nanmin skip NaN elements (a row of only NaN gives the identity, like an empty one);

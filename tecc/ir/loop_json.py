@@ -21,6 +21,7 @@ from typing import Any
 
 from . import dtype as dt
 from . import expr as expr_module
+from . import index_checks as index_checks_module
 from . import layout as layout_module
 from . import descriptor as descriptor_module
 from . import matrix_stmt as matrix_module
@@ -37,8 +38,8 @@ VERSION = 1
 
 def _ir_classes() -> dict[str, type]:
     out: dict[str, type] = {}
-    for module in (expr_module, stmt_module, matrix_module, layout_module, descriptor_module, warpgroup_module,
-                   mbarrier_module, tma_module, philox_module):
+    for module in (expr_module, index_checks_module, stmt_module, matrix_module, layout_module, descriptor_module,
+                   warpgroup_module, mbarrier_module, tma_module, philox_module):
         for name, value in vars(module).items():
             if isinstance(value, type) and value.__module__ == module.__name__:
                 if issubclass(value, expr_module.Expr) or dataclasses.is_dataclass(value):

@@ -132,7 +132,7 @@ class ExprMutator:
             return e if (c is e.cond and a is e.a and b is e.b) else select(c, a, b)
         if isinstance(e, Call):
             args = tuple(self.visit(a) for a in e.args)
-            return e if all(x is y for x, y in zip(args, e.args)) else Call(e.name, args, e.dtype)
+            return e if all(x is y for x, y in zip(args, e.args)) else e.with_args(args)
         if isinstance(e, Reduce):
             src = self.visit(e.source)
             return e if src is e.source else Reduce(e.combiner, src, e.axes)
