@@ -570,10 +570,16 @@ class GemmTensorCore(Strategy):
             chain_cycles=chain, k_extent=k_tiles * bk, notes=notes)
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
-        sch.tensorize(info.stage, intrinsic=self.precision.intrinsic, block=(int(point["bm"]), int(point["bn"])),
-                      warps=(int(point["warps_m"]), int(point["warps_n"])), k_tile=int(point["bk"]),
-                      stages=int(point["stages"]), staged_output=bool(point.get("staged_output")),
-                      fragment_pipeline=bool(point.get("fragment_pipeline")))
+        stage = info.stage
+        k_tiles = sch.tensorize(stage, self.precision.intrinsic, block=(int(point["bm"]), int(point["bn"])),
+                                warps=(int(point["warps_m"]), int(point["warps_n"])), k_tile=int(point["bk"]))
+        for operand in sch.gemm_operands(stage):
+            sch.stage_operand(stage, operand)
+        sch.pipeline(k_tiles, stages=int(point["stages"]))
+        if point.get("fragment_pipeline"):
+            sch.pipeline_fragments(k_tiles)
+        if point.get("staged_output"):
+            sch.epilogue(stage, "staged")
 
     def describe(self, point: Point) -> str:
         bm, bn, wm, wn = (int(point[x]) for x in ("bm", "bn", "warps_m", "warps_n"))

@@ -459,16 +459,20 @@ class GemmWgmma(Strategy):
         return ("A and B read by wgmma from 128B-swizzled shared tiles (no ldmatrix)",)
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
-        bm = int(point["bm"])
-        producer: dict[str, Any] = {"cp.async": {}, "tma": {"producer": "tma"}}[load_of(point)]
-        if point.get("persistent"):
-            producer["persistent"] = int(point["persistent"])
-        if load_of(point) == "tma" and epilogue_of(point) != "registers":
-            producer["epilogue"] = epilogue_of(point)
-        if point.get("staged_output"):
-            producer["staged_output"] = True
-        sch.tensorize(info.stage, intrinsic="wgmma", block=(bm, int(point["bn"])), warps=(4 * (bm // 64), 1),
-                      k_tile=self.k_tile, stages=int(point["stages"]), **producer)
+        stage, bm = info.stage, int(point["bm"])
+        k_tiles = sch.tensorize(stage, "wgmma", block=(bm, int(point["bn"])), warps=(4 * (bm // 64), 1),
+                                k_tile=self.k_tile)
+        for operand in sch.gemm_operands(stage):
+            sch.stage_operand(stage, operand)
+        sch.pipeline(k_tiles, stages=int(point["stages"]), producer=load_of(point))
+        if load_of(point) == "tma":
+            sch.warp_specialize(stage)
+            if point.get("persistent"):
+                sch.persistent(stage, int(point["persistent"]))
+            if epilogue_of(point) != "registers":
+                sch.epilogue(stage, epilogue_of(point))
+        elif point.get("staged_output"):
+            sch.epilogue(stage, "staged")
 
     def describe(self, point: Point) -> str:
         bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
@@ -574,10 +578,14 @@ class GemmWgmmaTF32(GemmWgmma):
             yield point
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
-        groups = self.warpgroups(info, point)
-        producer: dict[str, Any] = {"tma": {"producer": "tma"}}.get(load_of(point), {})
-        sch.tensorize(info.stage, intrinsic=self.intrinsic, block=(int(point["bm"]), int(point["bn"])),
-                      warps=(4 * groups, 1), k_tile=self.k_tile, stages=int(point["stages"]), **producer)
+        stage = info.stage
+        k_tiles = sch.tensorize(stage, self.intrinsic, block=(int(point["bm"]), int(point["bn"])),
+                                warps=(4 * self.warpgroups(info, point), 1), k_tile=self.k_tile)
+        for operand in sch.gemm_operands(stage):
+            sch.stage_operand(stage, operand)
+        sch.pipeline(k_tiles, stages=int(point["stages"]), producer=load_of(point))
+        if load_of(point) == "tma":
+            sch.warp_specialize(stage)
 
     def describe(self, point: Point) -> str:
         bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
