@@ -146,7 +146,7 @@ from .key_tiles import (
     unmasked_tile_bound,
 )
 from .launch_order import block_grid, launch_order, work_item
-from .online_contraction import MAX_GRID_Y, OnlineChain, _Lower, head_indices, online_chain
+from .online_contraction import MAX_GRID_Y, ExpressionLowering, OnlineChain, head_indices, online_chain
 
 LOG2E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
@@ -424,7 +424,7 @@ class _Kernel:
         self.splits = 1       # > 1: split-KV over that many key chunks (grid z) and a combine kernel
         self.partials: list[Buffer] = []
         self.lane, self.warp = self.tx % 32, self.tx // 32
-        self.lower = _Lower(self.buffers, u)
+        self.lower = ExpressionLowering(self.buffers, u)
         if warpgroup:
             self.warpgroup = self.tx // WARPGROUP_SIZE
             self.qk_wgmma = wgmma_intrinsic(tcc.q.dtype.name, key_tile)
@@ -1106,7 +1106,7 @@ class _Kernel:
         chain = self.chain
         acc, mx, sm = self.partial_buffers()
         u = self.unique
-        lower = _Lower(self.buffers, u)
+        lower = ExpressionLowering(self.buffers, u)
         zero = Const(0, dt.int32)
         C = Const(self.C, dt.int32)   # type: ignore[arg-type]
         heads, queries = chain.rows[:-1], chain.rows[-1]
