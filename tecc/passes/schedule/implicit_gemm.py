@@ -48,7 +48,7 @@ gets 16-byte copies; C = 3 and NCHW activations (whose contiguous axis q·stride
 row and a reduction axis) get guarded element loads (zero where out of range). An operand with
 run-time strides (strides="any") is laid out as a slice of a wider row-major array would be
 (`assumed_strides`), and its copies carry the launch condition that makes them correct
-(`stride_condition`), which the kernel tests (tensorize.py, `_Emitter.dispatch`); its
+(`stride_condition`), which the kernel tests (tile_staging.py, `TileStaging.dispatch`); its
 `transposed` form is the same read laid out as a view with the unit stride on another
 dimension (w.t()), in the other orientation, with that view's copies and condition
 (`transposed_operand`).
