@@ -62,6 +62,7 @@ from ...ir.stmt import (
     seq,
 )
 from .epilogue import KernelEpilogue
+from .implicit_gemm import Operand
 from .tile_kernel import TileSchedule, int32, int32_shape
 
 PRODUCER_REGISTERS = 40
@@ -115,6 +116,26 @@ class Pipeline(KernelEpilogue):
     def register_sets(self) -> int:
         """Register sets the compute alternates between k tiles (2: two k tiles per trip)."""
         return 1
+
+    def k_steps(self) -> int:
+        """mma.sync (pipelined fragments): intrinsic k steps per k tile."""
+        raise NotImplementedError
+
+    def fragment_loads(self, stage: Expr, kk: Expr, buffer: Expr | int) -> Stmt:
+        """mma.sync (pipelined fragments): k step `kk`'s fragments of ring stage `stage` into set `buffer`."""
+        raise NotImplementedError
+
+    def mmas(self, buffer: Expr | int) -> Stmt:
+        """mma.sync (pipelined fragments): one k step's mma from fragment set `buffer`."""
+        raise NotImplementedError
+
+    def ring_bytes(self) -> int:
+        """TMA rings: the bytes of one stage (both operands' boxes)."""
+        raise NotImplementedError
+
+    def tile_copies(self, op: Operand, stage: Expr, k_tile: Expr, bar: BarrierRef) -> list[Stmt]:
+        """TMA rings: the box copies of the operand's tile of `k_tile` into `stage`, completing on `bar`."""
+        raise NotImplementedError
 
     def ahead(self) -> int:
         """D: k tiles the ring loads ahead of the one computed."""

@@ -43,7 +43,7 @@ from ...ir.stmt import Module, PrimFunc
 from .implicit_gemm import Operand
 from .tensorize import MmaKernel, checked_mma
 from .tensorize_wgmma import WgmmaKernel, checked_wgmma
-from .tile_kernel import EPILOGUES, GROUP_M, LAYOUTS, PRODUCERS, TileSchedule
+from .tile_kernel import EPILOGUES, GROUP_M, LAYOUTS, PRODUCERS, BlockTile, TileSchedule
 from .tma import MAX_PERSISTENT, tma_refusal
 
 RECORD = "tensor_core"
@@ -157,12 +157,12 @@ def tensorize(func: PrimFunc, stage: str, intrinsic: str = "auto", block: Sequen
     a wgmma row."""
     bm, bn = (int(x) for x in block)
     wm, wn = (int(x) for x in warps)
-    draft = TileSchedule(func, stage, intrinsic, None, bm, bn, wm, wn, int(k_tile))
+    tile = BlockTile(bm, bn, wm, wn, int(k_tile))
     if intrinsic.startswith("wgmma"):
-        c, row = checked_wgmma(func, stage, intrinsic, draft)
+        c, row = checked_wgmma(func, stage, intrinsic, tile)
     else:
-        c, row = checked_mma(func, stage, intrinsic, draft)
-    return emit(check(replace(draft, row=row, contraction=c), f"tensorize({stage})"))
+        c, row = checked_mma(func, stage, intrinsic, tile)
+    return emit(check(TileSchedule(func, stage, row, c, bm, bn, wm, wn, int(k_tile)), f"tensorize({stage})"))
 
 
 def operands_of(record: TileSchedule, tensor: str, where: str) -> list[Operand]:

@@ -83,7 +83,7 @@ from ...ir.stmt import (
 )
 from .implicit_gemm import TENSOR_CORE_OPERANDS, Contraction, Operand, match_contraction
 from .ring import Pipeline
-from .tile_kernel import TileSchedule, int32_shape, plus
+from .tile_kernel import BlockTile, int32_shape, plus
 from .tile_staging import check_staged_tiles
 
 INTRINSICS = {"float16": "mma.m16n8k16.f32.f16", "bfloat16": "mma.m16n8k16.f32.bf16"}
@@ -123,7 +123,7 @@ def load_b_fragments(dst: FragmentRef, tile: Buffer, stage: Expr, n0: Expr, k0: 
 
 # ---- the mapping: which row, and whether the tile fits it ----------------------------------------
 
-def check_mma_tiling(where: str, t: TileSchedule, element_bytes: int = 2) -> None:
+def check_mma_tiling(where: str, t: BlockTile, element_bytes: int = 2) -> None:
     """Refuse a block tile the mma.sync kernel cannot be built for, with operands of `element_bytes`."""
     if t.bk % 16 or t.bk < 16:
         raise ScheduleError(f"{where}: k_tile must be a multiple of 16 (the mma's k), got {t.bk}")
@@ -135,7 +135,7 @@ def check_mma_tiling(where: str, t: TileSchedule, element_bytes: int = 2) -> Non
     check_staged_tiles(where, t, element_bytes)
 
 
-def checked_mma(func: PrimFunc, stage: str, intrinsic: str, t: TileSchedule) -> tuple[Contraction, str]:
+def checked_mma(func: PrimFunc, stage: str, intrinsic: str, t: BlockTile) -> tuple[Contraction, str]:
     """The contraction `func` computes for `stage` and the mma row it takes (`intrinsic` "auto" or
     an mma row of the table), or a ScheduleError naming what does not fit `t`'s tile."""
     where = f"tensorize({stage})"

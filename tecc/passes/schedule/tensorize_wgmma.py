@@ -100,7 +100,7 @@ from ...ir.stmt import (
 )
 from .implicit_gemm import WGMMA_OPERANDS, Contraction, Operand, match_contraction
 from .tensorize import INTRINSICS, MmaKernel
-from .tile_kernel import TileSchedule, int32, int32_shape
+from .tile_kernel import BlockTile, TileSchedule, int32, int32_shape
 from .tile_staging import tf32_swizzle
 
 K_TILE = 64            # halves in one 128-byte swizzled row
@@ -135,7 +135,7 @@ def swaps_operands(c: Contraction) -> bool:
 
 
 
-def check_warpgroup_tiling(stage: str, t: TileSchedule, tf32: bool = False, swap: bool = False,
+def check_warpgroup_tiling(stage: str, t: BlockTile, tf32: bool = False, swap: bool = False,
                            element_bytes: int = 0) -> None:
     """`tf32`: float32 operands (k tiles of 32 floats); `swap`: the warpgroups split the block's
     columns and the wgmma's N is its rows (Cᵀ = Bᵀ·Aᵀ); `element_bytes` 1: fp8 operands (k tiles
@@ -165,7 +165,7 @@ def check_warpgroup_tiling(stage: str, t: TileSchedule, tf32: bool = False, swap
 
 
 
-def checked_wgmma(func: PrimFunc, stage: str, intrinsic: str, tiling: TileSchedule) -> tuple[Contraction, str]:
+def checked_wgmma(func: PrimFunc, stage: str, intrinsic: str, tiling: BlockTile) -> tuple[Contraction, str]:
     """The contraction `func` computes for `stage` and the wgmma row it takes, or a
     ScheduleError naming what does not fit. `intrinsic`: "wgmma" (the row for the operands'
     dtype and BN) or that row's name."""

@@ -22,7 +22,7 @@ meaning its docstring states; a layer never tests which family it is in.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from ...ir import dtype as dt
 from ...ir.arith import binary
@@ -72,6 +72,23 @@ def grouped_tile(local: Expr, rows: Expr, cols: Expr, group_m: int) -> tuple[Exp
 
 
 @dataclass(frozen=True)
+class BlockTile:
+    """The block tile tensorize maps onto the intrinsic row: BM x BN outputs over a grid of
+    warps_m x warps_n warps, k tiles of BK (what the tile checks of tensorize.py and
+    tensorize_wgmma.py read; a TileSchedule has the same fields)."""
+
+    bm: int
+    bn: int
+    warps_m: int
+    warps_n: int
+    bk: int
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+
+@dataclass(frozen=True)
 class TileSchedule:
     """What the tensor-core primitives decided for one tensorized stage (tensor_core.py). The
     fields after `bk` start at the kernel `tensorize` alone makes: operands copied element by
@@ -82,7 +99,7 @@ class TileSchedule:
     source: PrimFunc = field(repr=False, compare=False)   # the kernel as lowered: every step re-emits from it
     stage: str
     row: str                          # the intrinsic-table row (mma.sync or wgmma)
-    contraction: Contraction | None = field(repr=False, compare=False)   # None only in tensorize's draft
+    contraction: Contraction = field(repr=False, compare=False)
     bm: int
     bn: int
     warps_m: int
@@ -151,9 +168,16 @@ class TileKernel:
     unique, and the order the output tiles are visited in (tile_order, persistent). The layers
     above fill the body (`dispatch`), its buffers (`buffers`) and the summary."""
 
+    # set by the family's fragment_buffers: the accumulator fragments and their layout map
+    # (lane, element) -> (row, column)
+    frag_c: Buffer
+    c_map: Callable[[Any, Any], tuple[Any, Any]]
+    # the wgmma kernels' warpgroup index, consumer warpgroups (tensorize_wgmma.py)
+    warpgroup: Expr
+    consumers: int
+
     def __init__(self, schedule: TileSchedule) -> None:
         t = self.t = schedule
-        assert schedule.contraction is not None
         self.func, self.c, self.row = schedule.source, schedule.contraction, schedule.row
         c = self.c
         # names that meet a parameter's are made distinct by unique_names before codegen
@@ -264,5 +288,5 @@ class TileKernel:
         return self.tile_iter * self.k_tiles + kt if self.t.persistent else kt
 
 
-__all__ = ["EPILOGUES", "GROUP_M", "LAYOUTS", "PRODUCERS", "TileKernel", "TileSchedule", "ceil_div",
+__all__ = ["EPILOGUES", "GROUP_M", "LAYOUTS", "PRODUCERS", "BlockTile", "TileKernel", "TileSchedule", "ceil_div",
            "grouped_tile", "int32", "int32_shape", "plus", "unrolled_loop"]

@@ -38,7 +38,7 @@ from ...ir.layout import Swizzle
 from ...ir.stmt import AsyncCopy, Buffer, BufferStore, For, IfThenElse, Stmt, seq
 from .implicit_gemm import Operand, unflatten
 from .thread_partition import tile_copy
-from .tile_kernel import TileKernel, TileSchedule, int32, int32_shape
+from .tile_kernel import BlockTile, TileKernel, TileSchedule, int32, int32_shape
 
 CHUNK = 8  # halves per 16-byte cp.async copy and per ldmatrix row
 COPY_BYTES = 16
@@ -130,7 +130,7 @@ class TileStaging(TileKernel):
             # [S][rows / P][P][width], P rows per swizzle period: the stride of the second axis is
             # a whole period, so codegen keeps a row block's offset outside the XOR (like the
             # stage's) and the fragment loads' swizzled addresses are invariant in the k loop
-            layout: Swizzle | None = tf32_swizzle(width, op.k_last)
+            layout = tf32_swizzle(width, op.k_last)
             per = layout.period // width
             shape = int32_shape(self.t.stages, rows // per, per, width)
         else:
@@ -369,7 +369,7 @@ class TileStaging(TileKernel):
         raise NotImplementedError
 
 
-def check_staged_tiles(where: str, schedule: TileSchedule, element_bytes: int) -> None:
+def check_staged_tiles(where: str, schedule: BlockTile, element_bytes: int) -> None:
     """Refuse a block tile that is not a whole number of 16-byte copies per thread in each
     orientation (the copies and element loads spread the tile evenly over the threads)."""
     t = schedule
