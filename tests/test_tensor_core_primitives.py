@@ -24,6 +24,7 @@ from tecc.ir.stmt import AsyncCopy, AsyncWait, Barrier, BarrierWait, MatrixMulti
 from tecc.passes.lower import lower
 from tecc.passes.schedule import tensor_core
 from tecc.runtime.sim.banks import count_bank_conflicts
+from nvrtc_checks import needs_nvrtc
 from tensor_core_steps import schedule_tensor_core
 
 OUTPUT_EPS = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 0.0}
@@ -338,3 +339,21 @@ def test_the_mma_counts_do_not_change_with_the_refinements() -> None:
         sch.stage_operand("C", operand)
     sch.pipeline(k_tiles, 4)
     assert count() == before == 1
+
+
+@needs_nvrtc
+def test_every_prefix_of_the_hopper_plan_compiles_for_sm_90a() -> None:
+    """NVRTC/ptxas for sm_90a at 1024³ (128 x 256, 3 stages): every kernel on the way to the
+    planner's Hopper GEMM compiles, none with wgmmas ptxas serializes (C7515); from the staged
+    operands on, none spills (the element-loaded forms before hold a whole tile in registers)."""
+    from tecc.compiler.pipeline import wgmma_serialized
+
+    gemm = Gemm(1024, 1024, 1024, out="float16")
+    steps = steps_of(gemm.tensors, intrinsic="wgmma", block=(128, 256), warps=(8, 1), k_tile=64, stages=3,
+                     producer="tma", persistent=132, epilogue="tma")
+    for n in range(1, len(steps) + 1):
+        f = tc.build(gemm.tensors, target="cuda", arch="sm_90", plan=Plan(tuple(steps[:n])))
+        (r,) = f.resources.values()
+        assert wgmma_serialized(f.compile_log) is None, (steps[n - 1].primitive, f.compile_log)
+        if n >= 3:
+            assert (r.spill_stores, r.spill_loads, r.stack_bytes) == (0, 0, 0), (steps[n - 1].primitive, r)
