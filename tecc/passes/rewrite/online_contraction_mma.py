@@ -132,8 +132,10 @@ from ...ir.visitor import SubexpressionReplacer
 from ..lower import exprs_of, global_buffers, scalar_vars, signature
 from ..substitute import substitute_stmt
 from ..names import identifier
-from ..schedule.tensorize import CHUNK, INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
+from ..schedule.tensorize import INTRINSICS, load_a_fragment, load_b_fragments
 from ..schedule.tensorize_wgmma import wgmma_intrinsic
+from ..schedule.thread_partition import tile_copy
+from ..schedule.tile_staging import CHUNK, row_swizzle
 from .key_tiles import (
     affine_form,
     kept,
@@ -144,7 +146,7 @@ from .key_tiles import (
     unmasked_tile_bound,
 )
 from .launch_order import block_grid, launch_order, work_item
-from .online_contraction import MAX_GRID_Y, OnlineChain, _Lower, head_indices, online_chain
+from .online_contraction import MAX_GRID_Y, ExpressionLowering, OnlineChain, head_indices, online_chain
 
 LOG2E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
@@ -422,7 +424,7 @@ class _Kernel:
         self.splits = 1       # > 1: split-KV over that many key chunks (grid z) and a combine kernel
         self.partials: list[Buffer] = []
         self.lane, self.warp = self.tx % 32, self.tx // 32
-        self.lower = _Lower(self.buffers, u)
+        self.lower = ExpressionLowering(self.buffers, u)
         if warpgroup:
             self.warpgroup = self.tx // WARPGROUP_SIZE
             self.qk_wgmma = wgmma_intrinsic(tcc.q.dtype.name, key_tile)
@@ -477,27 +479,18 @@ class _Kernel:
         """cp.async of rows [row0, row0 + rows) x [0, width) of the read tensor into dst[stage],
         16 bytes per copy, zero past `extent`. A 4-dimensional dst (the Hopper form) is
         [stages][width / W][rows][W]: blocks of W-element swizzled rows."""
-        per_row = width // CHUNK
-        chunks = rows * per_row
-        count = -(-chunks // self.threads)
         src = self.buffers[read.tensor]
         lead = tuple(substitute(e, at) for e in read.indices[:-2])
 
-        def copy(u: Var) -> Stmt:
-            chunk = self.tx + self.threads * u
-            r, col = chunk // per_row, (chunk % per_row) * CHUNK
+        def copy(r: Expr, col: Expr) -> Stmt:
             if len(dst.shape) == 4:
                 w = const_int(dst.shape[3])
                 assert w is not None
                 at_dst: tuple[Expr, ...] = (stage, col // w, r, col % w)
             else:
                 at_dst = (stage, r, col)
-            st: Stmt = AsyncCopy(dst, at_dst, src, lead + (row0 + r, col), 16,
-                                 compare("<", row0 + r, extent), "cg")
-            if chunks % self.threads:
-                st = IfThenElse(compare("<", chunk, chunks), st)
-            return st
-        return self.unrolled(f"copy_{read.tensor.name}", count, copy)
+            return AsyncCopy(dst, at_dst, src, lead + (row0 + r, col), 16, compare("<", row0 + r, extent), "cg")
+        return tile_copy(self.unrolled, f"copy_{read.tensor.name}", self.tx, self.threads, rows, width, CHUNK, copy)
 
     def overlapped_loop(self, prologue: Stmt, n_tiles: Expr, load_kv: Callable[[Expr, Expr], Stmt], s_frag: Buffer,
                         p_frag: Buffer, o_frag: Buffer, q_sh: Buffer, k_sh: Buffer, v_sh: Buffer, softmax: Stmt,
@@ -1113,7 +1106,7 @@ class _Kernel:
         chain = self.chain
         acc, mx, sm = self.partial_buffers()
         u = self.unique
-        lower = _Lower(self.buffers, u)
+        lower = ExpressionLowering(self.buffers, u)
         zero = Const(0, dt.int32)
         C = Const(self.C, dt.int32)   # type: ignore[arg-type]
         heads, queries = chain.rows[:-1], chain.rows[-1]

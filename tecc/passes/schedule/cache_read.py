@@ -50,6 +50,7 @@ from ...ir.stmt import (
 )
 from ..simplify import simplify_func
 from .barriers import insert_barriers
+from .thread_partition import chunk_coordinates
 from .loops import (
     all_names,
     find_loop,
@@ -271,12 +272,7 @@ def _copy(func: PrimFunc, buf: Buffer, cache: Buffer, shape: list[int], origin: 
     step_var = Var(fresh_name(taken, f"{cache.name}_c"), d)
     lane = Var(fresh_name(taken, f"{cache.name}_v"), d) if vector > 1 else None
     flat = step_var * threads + tid if steps > 1 else tid
-    idx: list[Expr] = []
-    stride = total
-    for k, e in enumerate(chunks):
-        stride //= e
-        q = flat // stride if stride > 1 else flat
-        idx.append(q % e if k > 0 else q)
+    idx = chunk_coordinates(flat, chunks)
     if lane is not None:
         idx[-1] = idx[-1] * vector + lane
     dims = outer + [poly.LoopDim(v, Const(0, d), Const(n, d), "serial") for v, n in axis_vars
