@@ -237,3 +237,111 @@ def test_the_forward_layer_norm_exposes_its_statistics_in_one_kernel():
     y, m, v = _run(k, [X, g, b, Y, mu, var], [x, gg, bb], {"R": 9})
     _check([y, m, v], [norms.np_layer_norm(x, gg, bb), x.astype(np.float64).mean(-1), x.astype(np.float64).var(-1)],
            "float32", "layer norm forward with its statistics")
+
+
+# ---- NVRTC (no GPU needed) --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_planned_backward_kernels_compile_with_nvrtc_without_spills(arch, dtype):
+    """The benchmark's shapes: layer norm and RMS norm backward at 768 and 8192 columns, softmax's
+    at 4096, cross-entropy's over 50,304 logits."""
+    programs = [rb.layer_norm_backward(8192, 768, dtype).args, rb.layer_norm_backward(8192, 8192, dtype, save=True).args,
+                rb.rms_norm_backward(8192, 8192, dtype).args, rb.softmax_backward(8192, 4096, dtype).args,
+                rb.cross_entropy_backward(8192, 50304, dtype).args]
+    for args in programs:
+        k = tc.build(args, target="cuda", arch=arch)
+        for name, res in k.resources.items():
+            assert res.spill_stores == 0 and res.spill_loads == 0, f"{name} {dtype} {arch}: {res}, plan {k.plan}"
+
+
+# ---- on the GPU, against torch autograd --------------------------------------------------------------
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def _torch_dtype(torch, dtype):
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+
+
+def _gpu_err(torch, got, want):
+    return ((got.double() - want).abs().max() / want.abs().max()).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("op,rows,cols", [("layer_norm", 8192, 4096), ("layer_norm", 1000, 1001),
+                                         ("rms_norm", 8192, 768), ("rms_norm", 333, 8192)])
+@pytest.mark.parametrize("save", [False, True])
+def test_norm_forward_and_backward_on_the_gpu_match_torch_autograd(op, rows, cols, dtype, save):
+    torch = _torch()
+    F = torch.nn.functional
+    tdt = _torch_dtype(torch, dtype)
+    g = (rb.layer_norm_backward if op == "layer_norm" else rb.rms_norm_backward)(rows, cols, dtype, save=save)
+    fwd, bwd = tc.build(list(g.forward), target="cuda"), tc.build(g.args, target="cuda")
+    assert len(bwd.module.kernels) == 2, bwd.plan
+    n_par = 2 if op == "layer_norm" else 1
+    x = torch.randn(rows, cols, device="cuda", dtype=tdt)
+    params = [torch.randn(cols, device="cuda", dtype=tdt) for _ in range(n_par)]
+    dy = torch.randn(rows, cols, device="cuda", dtype=tdt)
+    y = torch.full_like(x, float("nan"))
+    stats = [torch.full((rows,), float("nan"), device="cuda") for _ in g.saved]
+    grads = [torch.full_like(x, float("nan"))] + [torch.full_like(p, float("nan")) for p in params]
+    fwd(x, *params, y, *stats)
+    bwd(x, *params, *stats, dy, *grads)
+    ins = [x.double().requires_grad_()] + [p.double().requires_grad_() for p in params]
+    if op == "layer_norm":
+        ref = F.layer_norm(ins[0], (cols,), ins[1], ins[2], rb.EPS)
+    else:
+        ref = ins[0] * torch.rsqrt(ins[0].pow(2).mean(-1, keepdim=True) + rb.EPS) * ins[1]
+    want = torch.autograd.grad(ref, ins, dy.double())
+    for name, got, w in [("Y", y, ref.detach()), *zip(["dX", "dg", "db"], grads, want)]:
+        err = _gpu_err(torch, got, w)
+        assert err <= TOL[dtype], f"{op} {rows}x{cols} {dtype} save={save}: {name} off by {err:.2e}, plan {bwd.plan}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("rows,cols", [(8192, 4096), (517, 1027)])
+def test_softmax_backward_on_the_gpu_matches_torch_autograd(log, rows, cols, dtype):
+    torch = _torch()
+    tdt = _torch_dtype(torch, dtype)
+    g = rb.softmax_backward(rows, cols, dtype, log=log)
+    bwd = tc.build(g.args, target="cuda")
+    assert len(bwd.module.kernels) == 1, bwd.plan
+    x = torch.randn(rows, cols, device="cuda", dtype=tdt) * 3
+    dy = torch.randn(rows, cols, device="cuda", dtype=tdt)
+    dx = torch.full_like(x, float("nan"))
+    bwd(x, dy, dx)
+    xd = x.double().requires_grad_()
+    y = torch.log_softmax(xd, -1) if log else torch.softmax(xd, -1)
+    (want,) = torch.autograd.grad(y, [xd], dy.double())
+    err = _gpu_err(torch, dx, want)
+    assert err <= TOL[dtype], f"{'log_' if log else ''}softmax backward {rows}x{cols} {dtype}: {err:.2e}, {bwd.plan}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("rows,vocab", [(4096, 50304), (77, 32003)])
+def test_cross_entropy_on_the_gpu_matches_torch_autograd(rows, vocab, dtype):
+    torch = _torch()
+    F = torch.nn.functional
+    tdt = _torch_dtype(torch, dtype)
+    g = rb.cross_entropy_backward(rows, vocab, dtype)
+    fwd, bwd = tc.build(list(g.forward), target="cuda"), tc.build(g.args, target="cuda")
+    assert len(fwd.module.kernels) == 1 and len(bwd.module.kernels) == 1, (fwd.plan, bwd.plan)
+    x = torch.randn(rows, vocab, device="cuda", dtype=tdt) * 2
+    t = torch.randint(0, vocab, (rows,), device="cuda", dtype=torch.int32)
+    dl = torch.randn(rows, device="cuda")
+    loss, m, s = (torch.full((rows,), float("nan"), device="cuda") for _ in range(3))
+    dx = torch.full_like(x, float("nan"))
+    fwd(x, t, loss, m, s)
+    bwd(x, t, m, s, dl, dx)
+    xd = x.double().requires_grad_()
+    ref = F.cross_entropy(xd, t.long(), reduction="none")
+    (want,) = torch.autograd.grad(ref, [xd], dl.double())
+    assert _gpu_err(torch, loss, ref.detach()) <= 2e-5, "cross-entropy loss"
+    err = _gpu_err(torch, dx, want)
+    assert err <= TOL[dtype], f"cross-entropy dX {rows}x{vocab} {dtype}: {err:.2e}, {bwd.plan}"
