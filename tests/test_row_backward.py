@@ -200,6 +200,20 @@ def test_column_reductions_need_row_blocks_and_the_row_in_registers():
         fuse_rows(args, 32)
     with pytest.raises(ScheduleError, match="cache='registers'"):
         fuse_rows(args, 32, cache="none", row_blocks=4)
+    with pytest.raises(ScheduleError, match="prefetch"):
+        fuse_rows(rb.softmax_backward(8, 64).args, 32, prefetch=True)
+    with pytest.raises(ScheduleError, match="column_sums"):
+        fuse_rows(args, 32, row_blocks=4, column_sums="global")
+
+
+def test_wide_rows_prefetch_the_next_row_and_keep_the_column_sums_in_shared_memory():
+    """At 8192 columns the row and its column sums in registers leave one 1024-thread block per
+    SM: the plan loads each block's next row ahead instead (the loads stay in flight through
+    the row's barriers); narrower rows keep two or more blocks per SM without it."""
+    wide = tc.build(rb.layer_norm_backward(8192, 8192).args, target="sim").plan.steps[0].args
+    assert wide["prefetch"] and wide["column_sums"] == "shared" and wide["threads"] == 1024, wide
+    narrow = tc.build(rb.layer_norm_backward(8192, 4096).args, target="sim").plan.steps[0].args
+    assert "prefetch" not in narrow and "column_sums" not in narrow and narrow["row_blocks"] >= 2 * 132, narrow
 
 
 def test_a_column_statistic_read_back_by_a_row_is_not_a_row_group():
@@ -213,18 +227,22 @@ def test_a_column_statistic_read_back_by_a_row_is_not_a_row_group():
 
 
 @pytest.mark.parametrize("row_blocks", [1, 3, 40])
-def test_any_number_of_row_blocks_gives_the_same_gradients(row_blocks):
+@pytest.mark.parametrize("column_sums,prefetch", [("local", False), ("shared", False), ("shared", True),
+                                                  ("local", True)])
+def test_any_number_of_row_blocks_gives_the_same_gradients(row_blocks, column_sums, prefetch):
     """Fewer blocks than rows, rows not a multiple of the blocks, more blocks than rows (idle
-    blocks store identity partials)."""
+    blocks store identity partials); column sums in registers or shared memory (the emulator
+    checks the shared words for races), the next row loaded ahead or not."""
     rng, seed = _rng()
     g = rb.layer_norm_backward(13, 96)
-    plan = Plan((Step("fuse_rows", {"threads": 32, "cache": "registers", "vector": 4, "row_blocks": row_blocks}),),
-                "row_fused", "")
+    step = {"threads": 64, "cache": "registers", "vector": 4, "row_blocks": row_blocks, "column_sums": column_sums,
+            "prefetch": prefetch}
+    plan = Plan((Step("fuse_rows", step),), "row_fused", "")
     k = tc.build(g.args, target="sim", plan=plan)
     x, gg, bb = (rng.standard_normal(s).astype(np.float32) for s in ((13, 96), (96,), (96,)))
     dy = rng.standard_normal((13, 96)).astype(np.float32)
     _check(_run(k, g.args, [x, gg, bb, dy], {}), rb.np_layer_norm_backward(x, gg, bb, dy), "float32",
-           f"layer norm backward, {row_blocks} row blocks (seed {seed})")
+           f"layer norm backward, {step} (seed {seed})")
 
 
 def test_the_forward_layer_norm_exposes_its_statistics_in_one_kernel():

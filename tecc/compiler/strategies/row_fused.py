@@ -246,7 +246,12 @@ MAX_COLUMN_ROW_REGISTERS = 32
 
 def propose_with_columns(group: Any, target: Any = None) -> RowFusedChoice | None:
     """The row-fused plan for a row group with column reductions: the fewest threads (at least
-    MIN_THREADS) whose cached row and column accumulators fit MAX_COLUMN_ROW_REGISTERS, and
+    MIN_THREADS) whose cached row and column sums fit MAX_COLUMN_ROW_REGISTERS per thread, the
+    sums in registers. When that leaves one resident block per SM (wide rows: 8192 columns), the
+    SM would idle through each row's barriers (docs/memory-bound.md: layer norm at one
+    1024-thread block per SM ran at 61% of copy), so the block prefetches its next row into a
+    second set of registers and keeps the sums in shared memory (C words per column reduction)
+    instead; at 8192 columns both fit 1024 threads without spills (ptxas, sm_80 and sm_90).
     row_blocks = SMs x resident blocks (at most MAX_COLUMN_BLOCKS_PER_SM, at most one per row):
     one wave whose blocks each walk R / S rows. None when the row is symbolic or too long."""
     from ..planner import resolve_target  # the planner imports the strategies: imported when called
@@ -254,20 +259,26 @@ def propose_with_columns(group: Any, target: Any = None) -> RowFusedChoice | Non
     columns = const_int(group.columns)
     if columns is None:
         return None
+    tgt = resolve_target(target)
     row_inputs = [t for t in group.program.args if t.is_placeholder and len(t.shape) == len(group.rows) + 1]
     sizes = {_itemsize(t) for t in row_inputs}
     itemsize = min(sizes) if sizes else 4
     vector = choose_vector(columns, itemsize) if len(sizes) == 1 else 1
-    arrays = max(len(row_inputs), 1) + len(group.column_reductions)
+    row_arrays, sums = max(len(row_inputs), 1), len(group.column_reductions)
     target_elements = max(TARGET_PER_THREAD, TARGET_BYTES // itemsize)
-    fits = [t for t in THREAD_CHOICES if t >= MIN_THREADS
-            and -(-columns // (t * vector)) * vector * arrays <= MAX_COLUMN_ROW_REGISTERS]
-    if not fits:
+    where, prefetch, threads, elements, resident = "local", False, 0, 0, 0
+    local = _column_point(columns, vector, row_arrays + sums, target_elements)
+    if local is not None:
+        threads, elements = local
+        resident = min_blocks_per_sm(threads, elements * (row_arrays + sums), COLUMN_KERNEL_REGISTERS)
+    ahead = _column_point(columns, vector, 2 * row_arrays, target_elements)
+    if resident < 2 and ahead is not None:
+        t, e = ahead
+        if sums * -(-columns // (t * vector)) * vector * t * 4 <= tgt.smem_per_block_optin:
+            where, prefetch, threads, elements, resident = "shared", True, t, e, 1
+    if local is None and not prefetch:
         return None
-    threads = next((t for t in fits if -(-columns // (t * vector)) * vector <= target_elements), fits[-1])
-    elements = -(-columns // (threads * vector)) * vector
-    resident = min(min_blocks_per_sm(threads, elements * arrays, COLUMN_KERNEL_REGISTERS), MAX_COLUMN_BLOCKS_PER_SM)
-    tgt = resolve_target(target)
+    resident = min(resident, MAX_COLUMN_BLOCKS_PER_SM)
     row_blocks = tgt.sm_count * resident
     n_rows = _const_rows(group)
     if n_rows is not None:
@@ -277,15 +288,30 @@ def propose_with_columns(group: Any, target: Any = None) -> RowFusedChoice | Non
     if vector > 1:
         step_args["vector"] = vector
     step_args["row_blocks"] = row_blocks
+    if where == "shared":
+        step_args["column_sums"] = "shared"
+    if prefetch:
+        step_args["prefetch"] = True
     row_bytes = sum(_itemsize(t) * columns for t in row_inputs) + sum(
         _itemsize(t) * columns for t in group.elementwise)
     reason = (f"{len(group.reductions) + len(group.elementwise) + len(group.row_values)} stage(s) sharing rows of "
               f"{group.columns} in one kernel ({row_bytes} B/row) and the column reduction(s) {names} summed in "
-              f"registers by {row_blocks} blocks ({tgt.sm_count} SMs x {resident}) walking the rows, then folded by a "
-              f"combine kernel; {threads} threads, {elements} elements of {arrays} row arrays per thread, "
-              f"vector {vector}")
+              f"{'registers' if where == 'local' else 'shared memory'} by {row_blocks} blocks ({tgt.sm_count} SMs x "
+              f"{resident}) walking the rows{', each loading its next row ahead' if prefetch else ''}, then folded "
+              f"by a combine kernel; {threads} threads, {elements} elements per row array per thread, vector {vector}")
     plan = Plan((Step("fuse_rows", step_args),), "row_fused", reason)
     return RowFusedChoice(plan, threads, "registers", float(row_bytes), float(row_bytes), reason, vector)
+
+
+def _column_point(columns: int, vector: int, arrays: int, target_elements: int) -> tuple[int, int] | None:
+    """(threads, elements per array per thread): the fewest threads (at least MIN_THREADS) whose
+    `arrays` register arrays fit MAX_COLUMN_ROW_REGISTERS, preferring at most `target_elements`."""
+    fits = [t for t in THREAD_CHOICES if t >= MIN_THREADS
+            and -(-columns // (t * vector)) * vector * arrays <= MAX_COLUMN_ROW_REGISTERS]
+    if not fits:
+        return None
+    threads = next((t for t in fits if -(-columns // (t * vector)) * vector <= target_elements), fits[-1])
+    return threads, -(-columns // (threads * vector)) * vector
 
 
 def _const_rows(group: Any) -> int | None:

@@ -163,7 +163,8 @@ class _CacheRow(ExprMutator):
 
 
 def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", name: str | None = None,
-              vector: int = 1, rows_per_block: int = 1, unroll: int = 1, row_blocks: int = 0) -> Module:
+              vector: int = 1, rows_per_block: int = 1, unroll: int = 1, row_blocks: int = 0,
+              column_sums: str = "local", prefetch: bool = False) -> Module:
     """The module of ONE kernel computing the row group `args` (see the module docstring), and
     with column reductions (row_group.py) a second kernel that combines their partial sums.
 
@@ -187,7 +188,11 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     row_blocks: S > 0 launches S blocks that each walk the rows blk, blk + S, ... in a loop
     (one row at a time, a barrier between rows); a group with column reductions needs it: each
     block sums its rows' column values in registers and the combine kernel folds the S partial
-    rows (row_columns.py; cache="registers" and one row per block only).
+    rows (row_columns.py; cache="registers" and one row per block only). column_sums: where the
+    column sums live, "local" (registers) or "shared" (shared memory, fewer registers).
+    prefetch: with row_blocks, load the block's next row into a second set of registers while
+    this row is computed (the loads in flight through the reductions' barriers: what one
+    resident block per SM needs to keep DRAM busy).
     The kernel asks for `min_blocks_per_sm` resident blocks (see SM_THREADS above)."""
     group = row_group(args)
     if cache not in CACHES:
@@ -214,6 +219,8 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         raise ScheduleError(f"fuse_rows: row_blocks={row_blocks} walks rows one block at a time with the row in "
                             f"registers: it needs cache='registers' and rows_per_block=1, got cache={cache!r}, "
                             f"rows_per_block={W}")
+    if prefetch and not row_blocks:
+        raise ScheduleError("fuse_rows: prefetch loads a block's next row; it needs row_blocks")
     if group.column_reductions and not row_blocks:
         raise ScheduleError(f"fuse_rows: the column reductions {', '.join(t.name for t in group.column_reductions)} "
                             "are summed over blocks of rows: give row_blocks (blocks walking the rows), with "
@@ -286,6 +293,7 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     caches: dict[Buffer, Buffer] = {}
     stmts: list[Stmt] = []
     allocs: list[Buffer] = []
+    prefetched: list[tuple[Buffer, Expr]] = []  # (the next row's registers, the row's load)
     if cache == "registers":
         for t in prog.args:
             if t.is_placeholder and _same_shape(t.shape, group.rows + (C,)):
@@ -293,7 +301,19 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
                 reg = Buffer(unique(f"{src.name}_row"), src.dtype, (K * V,), "local", tensor=f"{t.name}.local")
                 caches[src] = reg
                 allocs.append(reg)
-                stmts.append(column_loop(BufferStore(reg, (slot,), src[row_idx + (col,)]), vectorized=True))
+                load = src[row_idx + (col,)]
+                if not prefetch:
+                    stmts.append(column_loop(BufferStore(reg, (slot,), load), vectorized=True))
+                    continue
+                # this row was loaded by the previous step (or before the loop) into `next`
+                nxt = Buffer(unique(f"{src.name}_next"), src.dtype, (K * V,), "local", tensor=f"{t.name}.next")
+                prefetched.append((nxt, load))
+                stmts.append(column_loop(BufferStore(reg, (slot,), nxt[slot])))
+    if prefetched:  # the next row's loads are in flight while this row is computed
+        assert step is not None
+        stmts.append(IfThenElse(flat_row + row_blocks < n_rows, seq(*(
+            column_loop(BufferStore(nxt, (slot,), substitute(load, {step: step + 1})), vectorized=True)
+            for nxt, load in prefetched))))
     cacher = _CacheRow(caches, row_idx, col, slot)
 
     # every reduction stage's row value lives in one register of every thread
@@ -406,7 +426,7 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     partials: ColumnPartials | None = None
     if group.column_reductions:
         # this row's values at the thread's columns, added into the column reductions' partial sums
-        partials = ColumnPartials(group, row_blocks, K * V, buffers, unique)
+        partials = ColumnPartials(group, row_blocks, K * V, buffers, unique, column_sums, threads, tx)
         update = partials.update(column_loop, row_idx, col, slot, lambda e: cacher.visit(inliner.visit(e)))
         touched.append({id(n.buffer) for e in exprs_of(update) for n in walk(e) if isinstance(n, BufferLoad)})
         stmts.append(update)
@@ -418,6 +438,12 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         body = Allocate(buf, body)
     if step is not None:
         body = row_loop(step, row_blocks, flat_row, n_rows, body, barrier=threads > WARP)
+        if prefetched:  # the block's first row
+            first = IfThenElse(b < n_rows, seq(*(column_loop(BufferStore(nxt, (slot,), substitute(load, {step: zero})),
+                                                             vectorized=True) for nxt, load in prefetched)))
+            body = seq(first, body)
+            for nxt, _ in reversed(prefetched):
+                body = Allocate(nxt, body)
         if partials is not None:
             body = partials.wrap(seq(partials.init(column_loop, slot), body,
                                      partials.store(column_loop, b, col, slot)))
@@ -445,8 +471,9 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         # elements of a register array into one register (bf16 rows of 16 spilled at 32)
         arrays = list(caches.values()) + list(shared.values())
         row_words = peak_row_words(_row_spans(touched, arrays, list(caches.values())), k_const * V)
-        if partials is not None:  # the column sums live through every row
+        if partials is not None and column_sums == "local":  # the column sums live through every row
             row_words += len(partials.accs) * k_const * V
+        row_words += len(prefetched) * k_const * V
         blocks = min_blocks_per_sm(threads * W, row_words,
                                    COLUMN_KERNEL_REGISTERS if partials is not None else ROW_KERNEL_REGISTERS)
         if blocks > 1:

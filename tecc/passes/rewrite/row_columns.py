@@ -48,6 +48,10 @@ from .row_group import RowGroup
 # partial rows, so S ≤ 1024 row blocks take at most 32 loads per thread, all in flight
 COMBINE_COLUMNS = 32
 COMBINE_ROWS = 32
+# Where a thread keeps its columns' sums: registers ("local"), or shared memory ("shared": C
+# words per column reduction per block, which frees K·V registers each, so that wide rows keep
+# two blocks per SM; each thread reads and writes only its own words, so no barrier is needed)
+COLUMN_SCOPES = ("local", "shared")
 
 
 class ColumnPartials:
@@ -55,11 +59,15 @@ class ColumnPartials:
     accumulators, their updates per row, the partial stores and the combine kernel."""
 
     def __init__(self, group: RowGroup, row_blocks: int, slots: Expr, buffers: dict[Tensor, Buffer],
-                 unique: Callable[[str], str]) -> None:
+                 unique: Callable[[str], str], scope: str = "local", threads: int = 1, lane: Expr | None = None
+                 ) -> None:
         if row_blocks < 1:
             raise ScheduleError(f"fuse_rows: the column reductions {', '.join(t.name for t in group.column_reductions)} "
                                 "need row_blocks >= 1 (the blocks whose partial sums the combine kernel folds)")
+        if scope not in COLUMN_SCOPES:
+            raise ScheduleError(f"fuse_rows: column_sums={scope!r}; one of {', '.join(COLUMN_SCOPES)}")
         self.group, self.S, self.buffers, self.unique = group, row_blocks, buffers, unique
+        self.scope, self.threads, self.lane = scope, threads, lane
         self.stages = group.column_reductions
         self.reduces: list[Reduce] = []
         self.accs: list[Buffer] = []
@@ -69,13 +77,22 @@ class ColumnPartials:
             assert isinstance(op, ComputeOp)
             r = op.reductions[0]
             self.reduces.append(r)
-            self.accs.append(Buffer(unique(f"{t.name}_cols"), r.acc_dtype, (slots,), "local", tensor=f"{t.name}.cols"))
+            # shared: slot-major, so that a warp's lanes touch consecutive words (no bank conflict)
+            size = slots * threads if scope == "shared" else slots
+            self.accs.append(Buffer(unique(f"{t.name}_cols"), r.acc_dtype, (size,), scope, tensor=f"{t.name}.cols"))
             self.partials.append(Buffer(unique(f"{t.name}_partial"), r.acc_dtype, (Const(row_blocks, dt.int32),
                                         group.columns), "global", tensor=f"{t.name}.partial"))
 
+    def _at(self, slot: Expr) -> Expr:
+        """The thread's element `slot` of an accumulator array."""
+        if self.scope == "shared":
+            assert self.lane is not None
+            return slot * self.threads + self.lane
+        return slot
+
     def init(self, column_loop: Callable[[Stmt], Stmt], slot: Expr) -> Stmt:
         """Every accumulator at the identity of its combiner."""
-        return seq(*(column_loop(BufferStore(acc, (slot,), reduce_identity(r.combiner, acc.dtype)))
+        return seq(*(column_loop(BufferStore(acc, (self._at(slot),), reduce_identity(r.combiner, acc.dtype)))
                      for r, acc in zip(self.reduces, self.accs)))
 
     def update(self, column_loop: Callable[[Stmt], Stmt], row_idx: tuple[Expr, ...], col: Expr, slot: Expr,
@@ -87,13 +104,13 @@ class ColumnPartials:
             op = t.op
             assert isinstance(op, ComputeOp)
             at = substitute(r.source, {**dict(zip(r.axes, row_idx)), op.axes[0]: col})
-            steps.append(BufferStore(acc, (slot,), binary(COMBINE[r.combiner], acc[slot],
-                                                          cast(value(at), acc.dtype))))
+            i = self._at(slot)
+            steps.append(BufferStore(acc, (i,), binary(COMBINE[r.combiner], acc[i], cast(value(at), acc.dtype))))
         return column_loop(seq(*steps))
 
     def store(self, column_loop: Callable[[Stmt, bool], Stmt], blk: Var, col: Expr, slot: Expr) -> Stmt:
         """partial_q[blk, col] = acc_q[slot] for the thread's columns."""
-        return seq(*(column_loop(BufferStore(p, (blk, col), acc[slot]), True)
+        return seq(*(column_loop(BufferStore(p, (blk, col), acc[self._at(slot)]), self.scope == "local")
                      for p, acc in zip(self.partials, self.accs)))
 
     def wrap(self, body: Stmt) -> Stmt:
@@ -159,4 +176,4 @@ def _finished(t: Tensor, total: Expr, o: Expr, inliner: Inliner) -> Expr:
     return inliner.visit(_Finish().visit(substitute(op.body, {op.axes[0]: o})))
 
 
-__all__ = ["COMBINE_COLUMNS", "COMBINE_ROWS", "ColumnPartials", "row_loop"]
+__all__ = ["COLUMN_SCOPES", "COMBINE_COLUMNS", "COMBINE_ROWS", "ColumnPartials", "row_loop"]
