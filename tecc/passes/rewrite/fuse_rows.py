@@ -195,36 +195,11 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     resident block per SM needs to keep DRAM busy).
     The kernel asks for `min_blocks_per_sm` resident blocks (see SM_THREADS above)."""
     group = row_group(args)
-    if cache not in CACHES:
-        raise ScheduleError(f"fuse_rows: cache must be one of {CACHES}, got {cache!r}")
+    _check_point(group, threads, cache, vector, unroll, rows_per_block, row_blocks, prefetch)
     C = group.columns
     c_const = const_int(C)
-    if cache == "registers" and c_const is None:
-        raise ScheduleError(f"fuse_rows: cache='registers' needs a constant row length, got {C}; use cache='none'")
     prog = group.program
-    if vector not in VECTORS:
-        raise ScheduleError(f"fuse_rows: vector must be one of {VECTORS}, got {vector}")
-    if vector > 1 and (c_const is None or c_const % vector):
-        raise ScheduleError(f"fuse_rows: vector={vector} needs a constant row length that is a multiple of it, got {C}")
-    if unroll < 1 or (unroll > 1 and cache == "registers"):
-        raise ScheduleError(f"fuse_rows: unroll={unroll} is the chunk of a re-read row (cache='none' or 'online'); "
-                            "cache='registers' unrolls its whole row")
-
     W = rows_per_block
-    if W < 1 or (W > 1 and threads != WARP) or threads * W > 1024:
-        raise ScheduleError(f"fuse_rows: rows_per_block={W} needs one warp per row (threads=32) and at most 1024 "
-                            f"threads per block, got threads={threads}")
-
-    if row_blocks < 0 or (row_blocks and (W > 1 or cache != "registers")):
-        raise ScheduleError(f"fuse_rows: row_blocks={row_blocks} walks rows one block at a time with the row in "
-                            f"registers: it needs cache='registers' and rows_per_block=1, got cache={cache!r}, "
-                            f"rows_per_block={W}")
-    if prefetch and not row_blocks:
-        raise ScheduleError("fuse_rows: prefetch loads a block's next row; it needs row_blocks")
-    if group.column_reductions and not row_blocks:
-        raise ScheduleError(f"fuse_rows: the column reductions {', '.join(t.name for t in group.column_reductions)} "
-                            "are summed over blocks of rows: give row_blocks (blocks walking the rows), with "
-                            "cache='registers'")
 
     sig = signature(prog)
     buffers, scalars, unique = sig.buffers, sig.scalars, sig.unique
@@ -238,13 +213,7 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     flat_row: Expr = b * W + ty if W > 1 else b
     if step is not None:
         flat_row = step * row_blocks + b
-    row: list[Expr] = []
-    rest: Expr = flat_row
-    for i, extent in enumerate(reversed(group.rows)):
-        last = i == len(group.rows) - 1
-        row.append(rest if last else rest % extent)
-        rest = rest // extent
-    row_idx = tuple(reversed(row))
+    row_idx = unflatten_row(flat_row, group.rows)
     n_rows = size_product(group.rows)
 
     # the column walk: col = k*T + tx, k < K (a re-read row: the chunked walk of row_chunks.py,
@@ -437,16 +406,14 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     for buf in reversed(allocs):
         body = Allocate(buf, body)
     if step is not None:
+        # the block's rows one after another; the first row's loads, the column sums around them
         body = row_loop(step, row_blocks, flat_row, n_rows, body, barrier=threads > WARP)
-        if prefetched:  # the block's first row
-            first = IfThenElse(b < n_rows, seq(*(column_loop(BufferStore(nxt, (slot,), substitute(load, {step: zero})),
-                                                             vectorized=True) for nxt, load in prefetched)))
-            body = seq(first, body)
-            for nxt, _ in reversed(prefetched):
-                body = Allocate(nxt, body)
+        first = [column_loop(BufferStore(nxt, (slot,), substitute(load, {step: zero})), True) for nxt, load in prefetched]
+        body = seq(IfThenElse(b < n_rows, seq(*first)), body) if first else body
+        for nxt, _ in reversed(prefetched):
+            body = Allocate(nxt, body)
         if partials is not None:
-            body = partials.wrap(seq(partials.init(column_loop, slot), body,
-                                     partials.store(column_loop, b, col, slot)))
+            body = partials.wrap(seq(partials.init(column_loop, slot), body, partials.store(column_loop, b, col, slot)))
         body = For(b, 0, row_blocks, "blockIdx.x", For(tx, 0, threads, "threadIdx.x", body))
     elif W > 1:
         n_const = const_int(n_rows)
@@ -487,6 +454,47 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
                                partials.attrs, prog, buffers, scalars, temps))
     module_params = tuple(buffers[a] for a in prog.args) + tuple(scalars)
     return Module(mname, module_params, tuple(kernels), tuple(KernelCall(k.name, k.params) for k in kernels), temps)
+
+
+def _check_point(group: RowGroup, threads: int, cache: str, vector: int, unroll: int, W: int, row_blocks: int,
+                 prefetch: bool) -> None:
+    """ScheduleError unless fuse_rows' parameters fit each other and the group."""
+    C = group.columns
+    c_const = const_int(C)
+    if cache not in CACHES:
+        raise ScheduleError(f"fuse_rows: cache must be one of {CACHES}, got {cache!r}")
+    if cache == "registers" and c_const is None:
+        raise ScheduleError(f"fuse_rows: cache='registers' needs a constant row length, got {C}; use cache='none'")
+    if vector not in VECTORS:
+        raise ScheduleError(f"fuse_rows: vector must be one of {VECTORS}, got {vector}")
+    if vector > 1 and (c_const is None or c_const % vector):
+        raise ScheduleError(f"fuse_rows: vector={vector} needs a constant row length that is a multiple of it, got {C}")
+    if unroll < 1 or (unroll > 1 and cache == "registers"):
+        raise ScheduleError(f"fuse_rows: unroll={unroll} is the chunk of a re-read row (cache='none' or 'online'); "
+                            "cache='registers' unrolls its whole row")
+    if W < 1 or (W > 1 and threads != WARP) or threads * W > 1024:
+        raise ScheduleError(f"fuse_rows: rows_per_block={W} needs one warp per row (threads=32) and at most 1024 "
+                            f"threads per block, got threads={threads}")
+    if row_blocks < 0 or (row_blocks and (W > 1 or cache != "registers")):
+        raise ScheduleError(f"fuse_rows: row_blocks={row_blocks} walks rows one block at a time with the row in "
+                            f"registers: it needs cache='registers' and rows_per_block=1, got cache={cache!r}, "
+                            f"rows_per_block={W}")
+    if prefetch and not row_blocks:
+        raise ScheduleError("fuse_rows: prefetch loads a block's next row; it needs row_blocks")
+    if group.column_reductions and not row_blocks:
+        raise ScheduleError(f"fuse_rows: the column reductions {', '.join(t.name for t in group.column_reductions)} "
+                            "are summed over blocks of rows: give row_blocks (blocks walking the rows), with "
+                            "cache='registers'")
+
+
+def unflatten_row(flat: Expr, rows: Sequence[Expr]) -> tuple[Expr, ...]:
+    """The row index of the flattened row number `flat` over the row shape, row-major."""
+    row: list[Expr] = []
+    rest = flat
+    for i, extent in enumerate(reversed(rows)):
+        row.append(rest if i == len(rows) - 1 else rest % extent)
+        rest = rest // extent
+    return tuple(reversed(row))
 
 
 def _kernel(body: Stmt, name: str, attrs: tuple[tuple[str, object], ...], prog: Program,
