@@ -32,7 +32,19 @@ How (docs/pytorch.md, "Gradients"):
    each reduction in a stage of its own.
 
 Only float tensors get gradients; reads of integer and bool tensors (the indices of a gather or
-a scatter among them), comparisons, `floor`, `ceil`, `round` and float→int casts pass no gradient.
+a scatter among them), comparisons, `floor`,
+`ceil`, `round` and float→int casts pass no gradient. A max/min stage that the output does not
+depend on -- a row maximum subtracted only to keep `exp` in range, as in softmax, log-softmax,
+log-sum-exp and attention -- passes none either: `autodiff_algebra.shift_invariant` proves that
+shifting it leaves the output unchanged, so the backward has no adjoint of it, no tie count and
+no scatter onto the maximum.
+
+**Saved values.** `grad(output, wrt, save=[mu, rstd])`: the backward program reads those forward
+tensors (row statistics, a log-sum-exp) as inputs instead of recomputing them. They become
+placeholders of the same shape and dtype (`Gradients.saved`), the forward to build is
+`Gradients.forward = [*inputs, output, *save]`, and the backward's signature is
+`[*inputs, *saved, cotangent, *grads]`. The gradient still flows through the saved tensors'
+definitions; only their values are read.
 """
 
 from __future__ import annotations
@@ -65,6 +77,7 @@ from .expr import (
     walk,
 )
 from .ops import sum as reduce_sum
+from .autodiff_algebra import replace_reads, shift_invariant
 from .philox import RandomUniform
 from .scatter import ScatterOp, data_dependent, scatter_add
 from .tensor import ComputeOp, Tensor, compute, placeholder, reduce_axis
@@ -82,18 +95,23 @@ class Gradients:
     `cotangent` is the new placeholder dC (the output's shape and dtype) that the backward
     program takes; `grads` the tensors dL/dX, one per requested input, each of that input's
     shape and dtype; `inputs` the placeholders of the forward program in the order they are
-    first read; `args` the kernel signature to build: `[*inputs, cotangent, *grads]`.
-    `g[X]` is X's gradient, and iterating yields the gradients in `wrt` order (`dA, dB = g`)."""
+    first read; `args` the kernel signature to build: `[*inputs, *saved, cotangent, *grads]`.
+
+    `saved` are the backward's placeholders for the forward tensors given as `save=` (empty
+    without), and `forward` the forward program's signature that computes them:
+    `[*inputs, output, *save]`. `g[X]` is X's gradient, and iterating yields the gradients in `wrt` order (`dA, dB = g`)."""
 
     output: Tensor
     wrt: tuple[Tensor, ...]
     inputs: tuple[Tensor, ...]
     cotangent: Tensor
     grads: tuple[Tensor, ...]
+    saved: tuple[Tensor, ...] = ()
+    forward: tuple[Tensor, ...] = ()
 
     @property
     def args(self) -> list[Tensor]:
-        return [*self.inputs, self.cotangent, *self.grads]
+        return [*self.inputs, *self.saved, self.cotangent, *self.grads]
 
     def __getitem__(self, tensor: Tensor) -> Tensor:
         """The gradient with respect to `tensor` (one of `wrt`)."""
@@ -110,8 +128,12 @@ class Gradients:
         return len(self.grads)
 
 
-def grad(output: Tensor, wrt: Sequence[Tensor], *, cotangent_name: str | None = None) -> Gradients:
+def grad(output: Tensor, wrt: Sequence[Tensor], *, cotangent_name: str | None = None,
+         save: Sequence[Tensor] = ()) -> Gradients:
     """The gradients of `output` with respect to the placeholders `wrt` (module docstring).
+
+    save: computes of `output`'s program (not the output itself) whose values the backward
+    program takes as inputs instead of recomputing them (module docstring, "Saved values").
 
     Raises GradientError for what cannot be differentiated (a `prod` reduction, a reduction
     nested in another, a read whose index is not an axis plus a constant), DTypeError when a
@@ -137,7 +159,10 @@ def grad(output: Tensor, wrt: Sequence[Tensor], *, cotangent_name: str | None = 
     builder.taken.add(name)
     dC = placeholder(output.shape, output.dtype, name=name)
     grads = builder.run(dC)
-    return Gradients(output, wrt, inputs, dC, grads)
+    saved = builder.saved_placeholders(tuple(save))
+    if saved:
+        grads = tuple(replace_reads(grads, {id(builder.normalized(t)): p for t, p in zip(save, saved)}))
+    return Gradients(output, wrt, inputs, dC, grads, saved, (*inputs, output, *save))
 
 
 # ---- the forward DAG ------------------------------------------------------------------------------
@@ -205,9 +230,9 @@ class _Retarget(ExprMutator):
         return TensorRead(target, idx)
 
 
-def _normalize(output: Tensor) -> Tensor:
-    """`output`'s program with every stage either one reduction or reduction-free (step 1)."""
-    replaced: dict[int, Tensor] = {}
+def _normalize(output: Tensor, replaced: dict[int, Tensor]) -> Tensor:
+    """`output`'s program with every stage either one reduction or reduction-free (step 1);
+    `replaced` receives, by id of the forward tensor, the tensors that changed."""
     for t in _topological(output):
         if not isinstance(t.op, ComputeOp):
             continue
@@ -471,19 +496,46 @@ def _gather_body(x: Tensor, c: _Contribution) -> Callable[..., Expr]:
 
 class _Backward:
     def __init__(self, output: Tensor, wrt: tuple[Tensor, ...]) -> None:
-        self.output = _normalize(output)
+        self.forward = _topological(output)
+        self.replaced: dict[int, Tensor] = {}
+        self.output = _normalize(output, self.replaced)
         self.wrt = wrt
         self.order = _topological(self.output)
+        self.constants: set[int] = set()
         self.active = self._active()
+        # a max/min stage the output is invariant to passes no gradient (autodiff_algebra.py)
+        self.constants = {id(t) for t in self.order if id(t) in self.active and _is_extremum(t)
+                          and shift_invariant(t, self.order, self.output)}
+        if self.constants:
+            self.active = self._active()
         self.names = itertools.count()
         self.taken: set[str] = {t.name for t in self.order}
 
+    def normalized(self, t: Tensor) -> Tensor:
+        """The tensor of the normalized program that computes forward tensor `t`."""
+        return self.replaced.get(id(t), t)
+
+    def saved_placeholders(self, save: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        """A placeholder per saved forward tensor, named after it (module docstring)."""
+        ids = {id(t) for t in self.forward}
+        out = []
+        for t in save:
+            if not isinstance(t, Tensor) or t.is_placeholder or id(t) not in ids or t is self.forward[-1]:
+                shown = t.name if isinstance(t, Tensor) else type(t).__name__
+                raise GradientError(f"grad(): save= names {shown}, which is not a compute of the output's program "
+                                    "(other than the output); save the statistics the forward computes, e.g. a "
+                                    "row mean or a log-sum-exp")
+            # the forward's tensor of that name is no longer read once the placeholder replaces it
+            out.append(placeholder(t.shape, t.dtype, name=t.name))
+        return tuple(out)
+
     def _active(self) -> set[int]:
-        """Ids of the float tensors on a path from a requested input to the output."""
+        """Ids of the float tensors on a path from a requested input to the output (no path
+        through `constants`)."""
         wanted = {id(x) for x in self.wrt}
         active: set[int] = set()
         for t in self.order:
-            if not t.dtype.is_float:
+            if not t.dtype.is_float or id(t) in self.constants:
                 continue
             if id(t) in wanted:
                 active.add(id(t))
@@ -621,6 +673,10 @@ class _Backward:
 def _gathers(c: _Contribution) -> bool:
     """Whether the contribution's read has a data-dependent index (its adjoint is a scatter)."""
     return any(data_dependent(ix) for ix in c.read.indices)
+
+
+def _is_extremum(t: Tensor) -> bool:
+    return isinstance(t.op, ComputeOp) and isinstance(t.op.body, Reduce) and t.op.body.combiner in ("max", "min")
 
 
 def _cast_to(x: Tensor, body: Callable[..., Expr]) -> Callable[..., Expr]:
