@@ -76,6 +76,7 @@ from .ops import (
                      tanh,
                      where,
 )
+from . import printer as printer  # fills the print rules `str(node)` uses (tecc.ir.printing)
 from .descriptor import MatrixDescriptor
 from .intrinsics import MatrixIntrinsic
 from .layout import Swizzle

@@ -21,11 +21,13 @@ from typing import Any
 
 from . import dtype as dt
 from . import expr as expr_module
+from . import expr_nodes as expr_nodes_module
 from . import layout as layout_module
 from . import descriptor as descriptor_module
 from . import matrix_stmt as matrix_module
 from . import mbarrier_stmt as mbarrier_module
 from . import stmt as stmt_module
+from . import stmt_nodes as stmt_nodes_module
 from . import tma_stmt as tma_module
 from . import warpgroup_stmt as warpgroup_module
 from .errors import TeccError
@@ -36,7 +38,7 @@ VERSION = 1
 
 def _ir_classes() -> dict[str, type]:
     out: dict[str, type] = {}
-    for module in (expr_module, stmt_module, matrix_module, layout_module, descriptor_module, warpgroup_module,
+    for module in (expr_nodes_module, stmt_nodes_module, matrix_module, layout_module, descriptor_module, warpgroup_module,
                    mbarrier_module, tma_module):
         for name, value in vars(module).items():
             if isinstance(value, type) and value.__module__ == module.__name__:

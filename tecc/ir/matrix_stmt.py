@@ -25,27 +25,10 @@ from dataclasses import dataclass
 from .errors import DTypeError
 from .expr import Expr, const_int, index_expr
 from .intrinsics import FragmentOperand, IntrinsicError, MatrixIntrinsic, lookup
-from .stmt import Buffer, Stmt
+from .stmt_nodes import Buffer, Stmt
 
 ASYNC_COPY_BYTES = (4, 8, 16)
 ASYNC_CACHE = ("ca", "cg")  # cache at all levels / in L2 only (cg needs 16 bytes)
-
-
-def check_fragment_buffer(buf: Buffer) -> None:
-    """A fragment buffer names an existing (intrinsic, operand), stores its dtype, is 1-D with a
-    constant length that is a whole number of fragments (called by Buffer's constructor)."""
-    assert buf.fragment is not None
-    name, role = buf.fragment
-    operand = lookup(name).operand(role)
-    if buf.dtype != operand.dtype:
-        raise IntrinsicError(
-            f"fragment buffer {buf.name} holds operand {role} of {name}, which is stored as {operand.dtype}, "
-            f"but the buffer is {buf.dtype}")
-    size = const_int(buf.shape[0]) if len(buf.shape) == 1 else None
-    if size is None or size % operand.elements:
-        raise IntrinsicError(
-            f"fragment buffer {buf.name}: shape [{', '.join(str(s) for s in buf.shape)}] must be one constant "
-            f"dimension holding whole fragments of {operand.elements} elements ({name} operand {role})")
 
 
 @dataclass(frozen=True, eq=False)

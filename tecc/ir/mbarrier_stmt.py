@@ -26,7 +26,7 @@ from . import dtype as dt
 from .errors import DTypeError
 from .expr import Expr, as_expr, const_int, index_expr
 from .intrinsics import IntrinsicError
-from .stmt import Buffer, Stmt
+from .stmt_nodes import Buffer, Stmt
 
 BULK_COPY_ALIGN = 16  # cp.async.bulk: size and both addresses multiples of 16 bytes
 MAX_ARRIVALS = (1 << 20) - 1

@@ -1,4 +1,5 @@
-"""Stable, deterministic text for every IR level. `str(node)` calls these.
+"""Stable, deterministic text for every IR level. `str(node)` calls these, through the table of
+print rules (tecc.ir.printing) this module fills when it is imported.
 
 Expressions print infix with C-like precedence (`&&`/`||` for bool logic, `//` and `%` floor
 division and modulo, `min/max/pow` and casts as calls); statements print as an indented loop
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import printing
 from .expr import (
     Binary,
     BufferLoad,
@@ -292,3 +294,9 @@ def module_to_str(m: Module) -> str:
     text = "\n".join(out)
     kernels = "\n\n".join(func_to_str(k) for k in m.kernels)
     return f"{text}\n\n{kernels}" if kernels else text
+
+
+printing.register(Expr, expr_to_str)
+printing.register(Stmt, stmt_to_str)
+printing.register(PrimFunc, func_to_str)
+printing.register(Module, module_to_str)

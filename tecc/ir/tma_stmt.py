@@ -44,7 +44,7 @@ from .expr import Expr, index_expr
 from .intrinsics import IntrinsicError
 from .layout import Swizzle
 from .mbarrier_stmt import MAX_TX_BYTES, BarrierRef
-from .stmt import Buffer, PrimFunc, Stmt, iter_stmts
+from .stmt_nodes import Buffer, PrimFunc, Stmt, iter_stmts
 
 MAX_BULK_GROUPS = 8   # wait_group's operand: PTX accepts 0..7 pending groups
 

@@ -32,7 +32,7 @@ from .errors import DTypeError
 from .expr import Expr, as_expr, const_int, index_expr
 from .intrinsics import PTX_STORAGE, IntrinsicError, MatrixIntrinsic, lookup
 from .matrix_stmt import FragmentRef
-from .stmt import Buffer, Stmt
+from .stmt_nodes import Buffer, Stmt
 
 
 @dataclass(frozen=True, eq=False)
