@@ -50,7 +50,7 @@ class FragmentRef:
         held = lookup(b.fragment[0]).operand(b.fragment[1])
         # ldmatrix moves untyped 16-bit registers into whatever fragment its addresses describe;
         # an mma operand must hold exactly the layout and dtype of the row's operand.
-        if row.kind in ("mma", "wgmma") and (held.layout is not operand.layout or b.dtype != operand.dtype):
+        if row.kind in ("mma", "wgmma") and (not held.same_layout(operand) or b.dtype != operand.dtype):
             raise IntrinsicError(
                 f"{row.name}: {what} {b.name} holds operand {b.fragment[1]} of {b.fragment[0]} ({b.dtype}), whose "
                 f"layout or dtype differs from what {row.name} operand {operand.role} needs ({operand.dtype}); "

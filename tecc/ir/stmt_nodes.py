@@ -18,7 +18,7 @@ from .dtype import DType
 from .errors import DTypeError, ScheduleError, TeccError
 from .expr import BufferLoad, Const, Expr, Var, as_expr, const_int, index_expr, size_product, to_shape
 from .intrinsics import IntrinsicError, lookup
-from .layout import Layout
+from .layout import Swizzle
 from .printing import to_text
 
 SCOPES = ("global", "shared", "local", "fragment")
@@ -51,7 +51,7 @@ class Buffer:
     strides: tuple[Expr, ...] | None = None
     tensor: str = ""
     zero_init: bool = False
-    layout: Layout | None = None
+    layout: Swizzle | None = None
     fragment: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:

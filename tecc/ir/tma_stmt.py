@@ -42,7 +42,7 @@ from math import prod
 from .errors import DTypeError
 from .expr import Expr, index_expr
 from .intrinsics import IntrinsicError
-from .layout import Swizzle
+from .layout import Layout, Swizzle, coordinates, row_major
 from .mbarrier_stmt import MAX_TX_BYTES, BarrierRef
 from .stmt_nodes import Buffer, PrimFunc, Stmt, iter_stmts
 
@@ -113,7 +113,20 @@ class TensorMap:
 
     @property
     def layout(self) -> Swizzle | None:
+        """The swizzle the copies write with, which the shared buffer must carry."""
         return swizzle_layout(self.swizzle, self.buffer.dtype.bytes)
+
+    @property
+    def box_coordinates(self) -> Layout:
+        """The box as a layout: element index k (row-major) -> its coordinates in the box, which
+        added to a copy's `coords` are where in the tensor element k comes from."""
+        return coordinates(self.box)
+
+    @property
+    def box_layout(self) -> Layout:
+        """Box coordinates -> element offset from the shared destination's start, before the
+        buffer's swizzle: the box lands densely, in row-major order."""
+        return row_major(self.box)
 
     def __str__(self) -> str:
         return f"{self.name}(box {'x'.join(str(n) for n in self.box)}, swizzle {self.swizzle})"

@@ -87,9 +87,9 @@ def compile_bulk_stmt(s: Stmt, scope: Scope) -> Runner:
 def _compile_tensor_store(s: TensorStore, scope: Scope) -> Runner:
     src_slot, dst_slot = scope.buffer_slot(s.src), scope.buffer_slot(s.map.buffer)
     fsrc, fcoords = compile_indices(s.src_indices, scope), compile_indices(s.coords, scope)
-    box = s.map.box
     n = s.bytes // s.src.dtype.bytes
-    steps = np.indices(box).reshape(len(box), -1)
+    # element k of the box comes from coords + box_coordinates(k) (the box's layout, row-major)
+    steps = [np.broadcast_to(c, (n,)) for c in s.map.box_coordinates(np.arange(n))]
     where = f"TMA store {s.src.name} -> {s.map.buffer.name}"
 
     def run(st: LaneState) -> None:

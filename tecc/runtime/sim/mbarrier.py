@@ -330,10 +330,9 @@ def _compile_tensor_copy(s: TensorCopy, scope: Scope) -> Runner:
     ref = _Ref(s.bar, scope)
     dst_slot, src_slot = scope.buffer_slot(s.dst), scope.buffer_slot(s.map.buffer)
     fdst, fcoords = compile_indices(s.dst_indices, scope), compile_indices(s.coords, scope)
-    box = s.map.box
     n = s.bytes // s.dst.dtype.bytes
-    # the box's element offsets along each dimension, as an open grid (row-major order)
-    steps = np.indices(box).reshape(len(box), -1)
+    # element k of the box comes from coords + box_coordinates(k) (the box's layout, row-major)
+    steps = [np.broadcast_to(c, (n,)) for c in s.map.box_coordinates(np.arange(n))]
     where = f"TMA copy {s.map.buffer.name} -> {s.dst.name}"
 
     def run(st: LaneState) -> None:

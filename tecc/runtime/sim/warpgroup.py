@@ -139,7 +139,8 @@ class _Operand:
         self.slot = scope.buffer_slot(ref.buffer)
         self.start = compile_expr(ref.start, scope)
         r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
-        self.canonical = ref.descriptor.canonical(r, c)  # (rows, cols)
+        # the descriptor's tile layout, (row, col) -> offset from the start before the swizzle
+        self.canonical = np.broadcast_to(ref.descriptor.tile(rows, cols)(r, c), (rows, cols))
 
     def read(self, st: LaneState, groups: np.ndarray, what: str,
              operands: list[tuple[SharedMemory, np.ndarray]]) -> np.ndarray:
