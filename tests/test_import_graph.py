@@ -3,9 +3,10 @@
 The graph is read from the source (every `import` and `from ... import`, at module level or inside
 a function, since a lazy import ties two modules as tightly as an eager one), one node per
 module; `from package import name` points at the submodule `package.name` when there is one, else
-at the package (`from . import __path__`, the package's own identity, is no arrow). A circle means two modules cannot be understood, tested or loaded one without the
-other, and that the layering of DESIGN.md has a hole; the ir level used to
-have one (nodes importing their printer), which printing.py's table of print rules replaced.
+at the package (`from . import __path__`, the package's own identity, is no arrow). A circle
+means two modules cannot be understood, tested or loaded one without the other, and that the
+layering of DESIGN.md has a hole; the ir level used to have one (nodes importing their printer),
+which printing.py's table of print rules replaced.
 """
 
 from __future__ import annotations

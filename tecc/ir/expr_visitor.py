@@ -32,7 +32,14 @@ from .expr_nodes import (
 
 def visit_method(obj: Any, prefix: str, node: Any) -> Callable[[Any], Any]:
     """The most specific `visit_<Class>` for `node`, following its class hierarchy
-    (so `visit_Var` also sees IterVar and ReduceAxis), else `generic_visit`."""
+    (so `visit_Var` also sees IterVar and ReduceAxis), else `generic_visit`. A node with a
+    `dispatch_name` (an instruction statement: its row's constructor, e.g. WarpgroupWait) answers
+    to `visit_<dispatch_name>` first."""
+    named = getattr(node, "dispatch_name", None)
+    if named is not None:
+        m = getattr(obj, prefix + named, None)
+        if m is not None:
+            return m  # type: ignore[no-any-return]
     for klass in type(node).__mro__:
         m = getattr(obj, prefix + klass.__name__, None)
         if m is not None:

@@ -15,7 +15,8 @@ issuing thread's copies since its last `AsyncCommit` form one group at that comm
 Only then may the *issuing* thread read the destination; other threads of the block need a
 `Barrier` after the wait as well (cp.async data is made visible to the block by the barrier).
 Reading a destination before the wait that covers it is a race; so is leaving a copy
-uncommitted or unwaited when the kernel ends.
+uncommitted or unwaited when the kernel ends. (`AsyncCommit` and `AsyncWait` are instructions,
+rows of tecc.ir.instructions.)
 """
 
 from __future__ import annotations
@@ -213,21 +214,3 @@ class AsyncCopy(Stmt):
     @property
     def elements(self) -> int:
         return self.bytes // self.dst.dtype.bytes
-
-
-@dataclass(frozen=True, eq=False)
-class AsyncCommit(Stmt):
-    """cp.async.commit_group: the thread's copies issued since its last commit become one group."""
-
-
-@dataclass(frozen=True, eq=False)
-class AsyncWait(Stmt):
-    """cp.async.wait_group n: wait until at most the `pending` most recent groups of this thread
-    are in flight (0: all its copies have landed)."""
-
-    pending: int = 0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.pending, bool) or not isinstance(self.pending, int) or not 0 <= self.pending <= 7:
-            raise IntrinsicError(f"cp.async.wait_group takes a constant 0..7, got {self.pending!r}")
-

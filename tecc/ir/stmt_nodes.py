@@ -279,33 +279,6 @@ class Barrier(Stmt):
     of the block (never inside a thread-dependent condition)."""
 
 
-NAMED_BARRIERS = 16   # bar.sync ids 0..15; id 0 is __syncthreads'
-
-
-@dataclass(frozen=True, eq=False)
-class NamedBarrier(Stmt):
-    """`bar.sync id, threads`: the calling threads wait until `threads` threads (a multiple of
-    the warp size) have arrived at barrier `id` (an int32 expression, uniform per warp, with a
-    value in 1..15; 0 is __syncthreads'), and their
-    shared-memory writes before it are visible to the others' reads after it. A subset of the
-    block synchronizes (e.g. the consumer warpgroups of a warp-specialized kernel, without the
-    producer); every warp of that subset must reach it, all its threads together."""
-
-    id: Expr
-    threads: int
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "id", index_expr(self.id))
-        value = const_int(self.id)
-        if value is not None and not 1 <= value < NAMED_BARRIERS:
-            raise ScheduleError(f"bar.sync: the barrier id must be 1..{NAMED_BARRIERS - 1} (0 is __syncthreads'), "
-                                f"got {value}")
-        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads <= 0 \
-                or self.threads % 32:
-            raise ScheduleError(f"bar.sync {self.id}: the thread count must be a positive multiple of 32, "
-                                f"got {self.threads!r}")
-
-
 @dataclass(frozen=True, eq=False)
 class Evaluate(Stmt):
     """Evaluate an expression for its effect (intrinsic calls)."""

@@ -46,8 +46,6 @@ from .layout import Layout, Swizzle, coordinates, row_major
 from .mbarrier_stmt import MAX_TX_BYTES, BarrierRef
 from .stmt_nodes import Buffer, PrimFunc, Stmt, iter_stmts
 
-MAX_BULK_GROUPS = 8   # wait_group's operand: PTX accepts 0..7 pending groups
-
 TMA_SWIZZLES = ("none", "128B")
 MAX_BOX = 256          # elements per box dimension (cuTensorMapEncodeTiled: boxDim[i] <= 256)
 MAX_RANK = 5
@@ -200,25 +198,6 @@ class TensorStore(Stmt):
     @property
     def bytes(self) -> int:
         return self.map.bytes
-
-
-@dataclass(frozen=True, eq=False)
-class BulkCommit(Stmt):
-    """cp.async.bulk.commit_group: closes the issuing thread's open group of tensor stores."""
-
-
-@dataclass(frozen=True, eq=False)
-class BulkWait(Stmt):
-    """cp.async.bulk.wait_group.read `pending`: the thread waits until at most `pending` of its
-    committed bulk groups still read shared memory (their sources may then be overwritten)."""
-
-    pending: int
-
-    def __post_init__(self) -> None:
-        if isinstance(self.pending, bool) or not isinstance(self.pending, int) or \
-                not 0 <= self.pending < MAX_BULK_GROUPS:
-            raise IntrinsicError(f"cp.async.bulk.wait_group.read: pending must be an integer in "
-                                 f"[0, {MAX_BULK_GROUPS}), got {self.pending!r}")
 
 
 def tensor_maps(func: PrimFunc) -> tuple[TensorMap, ...]:

@@ -19,47 +19,31 @@ from .expr_visitor import VarSubstituter as VarSubstituter
 from .expr_visitor import visit_method
 from .stmt import (
     Allocate,
-    AsyncCommit,
     AsyncCopy,
-    AsyncProxyFence,
-    AsyncWait,
     Barrier,
-    BarrierArrive,
-    BarrierExpectTx,
-    BarrierInit,
     BarrierRef,
-    BarrierWait,
     BulkCopy,
     BufferStore,
     Evaluate,
     For,
     FragmentRef,
     IfThenElse,
+    Instruction,
     LetStmt,
     MatrixLoad,
     MatrixMultiply,
     PrimFunc,
     Seq,
-    SetMaxRegisters,
     SharedMatrix,
     Stmt,
     TensorCopy,
     TensorStore,
-    BulkCommit,
-    BulkWait,
-    NamedBarrier,
-    WarpgroupCommit,
-    WarpgroupFence,
     WarpgroupMatrixMultiply,
-    WarpgroupWait,
 )
 
-# Statements that hold no expressions and no statements.
-_LEAVES = (Barrier, BulkCommit, BulkWait, AsyncCommit, AsyncWait, WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence,
-           SetMaxRegisters)
 # Statements whose expressions `matrix_stmt_exprs` lists.
-_MATRIX = (MatrixMultiply, MatrixLoad, AsyncCopy, WarpgroupMatrixMultiply, BarrierInit, BarrierArrive,
-           BarrierExpectTx, BarrierWait, BulkCopy, TensorCopy, TensorStore, NamedBarrier)
+_MATRIX = (MatrixMultiply, MatrixLoad, AsyncCopy, WarpgroupMatrixMultiply, BulkCopy, TensorCopy, TensorStore,
+           Instruction)
 
 
 class StmtVisitor:
@@ -95,7 +79,7 @@ class StmtVisitor:
                 self.visit(x)
         elif isinstance(s, Evaluate):
             self.visit_expr(s.value)
-        elif isinstance(s, _LEAVES):
+        elif isinstance(s, Barrier):
             pass
         elif isinstance(s, _MATRIX):
             for e in matrix_stmt_exprs(s):
@@ -113,43 +97,10 @@ class StmtVisitor:
     def visit_AsyncCopy(self, s: AsyncCopy) -> Any:
         return self.generic_visit(s)
 
-    def visit_AsyncCommit(self, s: AsyncCommit) -> Any:
-        return self.generic_visit(s)
-
-    def visit_AsyncWait(self, s: AsyncWait) -> Any:
-        return self.generic_visit(s)
-
     def visit_WarpgroupMatrixMultiply(self, s: WarpgroupMatrixMultiply) -> Any:
         return self.generic_visit(s)
 
-    def visit_WarpgroupFence(self, s: WarpgroupFence) -> Any:
-        return self.generic_visit(s)
-
-    def visit_WarpgroupCommit(self, s: WarpgroupCommit) -> Any:
-        return self.generic_visit(s)
-
-    def visit_WarpgroupWait(self, s: WarpgroupWait) -> Any:
-        return self.generic_visit(s)
-
-    def visit_AsyncProxyFence(self, s: AsyncProxyFence) -> Any:
-        return self.generic_visit(s)
-
-    def visit_BarrierInit(self, s: BarrierInit) -> Any:
-        return self.generic_visit(s)
-
-    def visit_BarrierArrive(self, s: BarrierArrive) -> Any:
-        return self.generic_visit(s)
-
-    def visit_BarrierExpectTx(self, s: BarrierExpectTx) -> Any:
-        return self.generic_visit(s)
-
-    def visit_BarrierWait(self, s: BarrierWait) -> Any:
-        return self.generic_visit(s)
-
     def visit_BulkCopy(self, s: BulkCopy) -> Any:
-        return self.generic_visit(s)
-
-    def visit_SetMaxRegisters(self, s: SetMaxRegisters) -> Any:
         return self.generic_visit(s)
 
     def visit_TensorCopy(self, s: TensorCopy) -> Any:
@@ -165,22 +116,14 @@ def matrix_stmt_exprs(s: Stmt) -> list[Expr]:
     if isinstance(s, WarpgroupMatrixMultiply):
         a = s.a.start if isinstance(s.a, SharedMatrix) else s.a.offset
         return [s.d.offset, a, s.b.start, s.scale_d]
-    if isinstance(s, BarrierInit):
-        return [s.bar.index, s.count]
-    if isinstance(s, BarrierArrive):
-        return [s.bar.index]
-    if isinstance(s, BarrierExpectTx):
-        return [s.bar.index, s.bytes]
-    if isinstance(s, BarrierWait):
-        return [s.bar.index, s.parity]
+    if isinstance(s, Instruction):
+        return s.exprs()
     if isinstance(s, BulkCopy):
         return [*s.dst_indices, *s.src_indices, s.bar.index]
     if isinstance(s, TensorCopy):
         return [*s.dst_indices, *s.coords, s.bar.index]
     if isinstance(s, TensorStore):
         return [*s.src_indices, *s.coords]
-    if isinstance(s, NamedBarrier):
-        return [s.id]
     if isinstance(s, MatrixMultiply):
         return [s.d.offset, s.a.offset, s.b.offset, s.c.offset]
     if isinstance(s, MatrixLoad):
@@ -239,8 +182,10 @@ class StmtMutator:
         if isinstance(s, Evaluate):
             v = self.visit_expr(s.value)
             return s if v is s.value else Evaluate(v)
-        if isinstance(s, _LEAVES):
+        if isinstance(s, Barrier):
             return s
+        if isinstance(s, Instruction):
+            return s.with_operands(tuple(self._operand(o.kind, v) for o, v in zip(s.row.operands, s.operands)))
         hopper = self._hopper(s)
         if hopper is not None:
             return hopper
@@ -273,15 +218,6 @@ class StmtMutator:
             if d is s.d and a is s.a and b is s.b and scale is s.scale_d:
                 return s
             return WarpgroupMatrixMultiply(s.intrinsic, d, a, b, scale)
-        if isinstance(s, (BarrierInit, BarrierExpectTx, BarrierWait)):
-            field = {BarrierInit: "count", BarrierExpectTx: "bytes", BarrierWait: "parity"}[type(s)]
-            bar, value = self._barrier(s.bar), self.visit_expr(getattr(s, field))
-            if bar is s.bar and value is getattr(s, field):
-                return s
-            return type(s)(bar, value)
-        if isinstance(s, BarrierArrive):
-            bar = self._barrier(s.bar)
-            return s if bar is s.bar else BarrierArrive(bar)
         if isinstance(s, BulkCopy):
             di = tuple(self.visit_expr(i) for i in s.dst_indices)
             si = tuple(self.visit_expr(i) for i in s.src_indices)
@@ -302,10 +238,15 @@ class StmtMutator:
             if all(x is y for x, y in zip(si + co, s.src_indices + s.coords)):
                 return s
             return TensorStore(s.src, si, s.map, co)
-        if isinstance(s, NamedBarrier):
-            bid = self.visit_expr(s.id)
-            return s if bid is s.id else NamedBarrier(bid, s.threads)
         return None
+
+    def _operand(self, kind: str, value: Any) -> Any:
+        """An instruction's operand with its expressions rewritten (the very value if unchanged)."""
+        if kind == "expr":
+            return self.visit_expr(value)
+        if kind == "barrier":
+            return self._barrier(value)
+        return value
 
     def _shared_matrix(self, ref: SharedMatrix) -> SharedMatrix:
         start = self.visit_expr(ref.start)
@@ -329,43 +270,10 @@ class StmtMutator:
     def visit_AsyncCopy(self, s: AsyncCopy) -> Stmt:
         return self.generic_visit(s)
 
-    def visit_AsyncCommit(self, s: AsyncCommit) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_AsyncWait(self, s: AsyncWait) -> Stmt:
-        return self.generic_visit(s)
-
     def visit_WarpgroupMatrixMultiply(self, s: WarpgroupMatrixMultiply) -> Stmt:
         return self.generic_visit(s)
 
-    def visit_WarpgroupFence(self, s: WarpgroupFence) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_WarpgroupCommit(self, s: WarpgroupCommit) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_WarpgroupWait(self, s: WarpgroupWait) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_AsyncProxyFence(self, s: AsyncProxyFence) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_BarrierInit(self, s: BarrierInit) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_BarrierArrive(self, s: BarrierArrive) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_BarrierExpectTx(self, s: BarrierExpectTx) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_BarrierWait(self, s: BarrierWait) -> Stmt:
-        return self.generic_visit(s)
-
     def visit_BulkCopy(self, s: BulkCopy) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_SetMaxRegisters(self, s: SetMaxRegisters) -> Stmt:
         return self.generic_visit(s)
 
     def visit_TensorCopy(self, s: TensorCopy) -> Stmt:
