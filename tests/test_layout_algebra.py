@@ -224,6 +224,18 @@ def test_partition_gives_copy_loop_indices_as_exprs() -> None:
     assert (str(row), str(col)) == ("tx // 4 + u * 32", "tx % 4 * 8")
 
 
+def test_partition_of_a_swizzled_tile_gives_its_physical_offsets() -> None:
+    swizzle = Swizzle(3, 3, 3)
+    tile = compose(swizzle, row_major((64, 64)))
+    p, coords = partition(tile, 128, 8), partition((64, 64), 128, 8)
+    assert isinstance(p, SwizzledLayout)
+    for tx, u, v in itertools.product(range(0, 128, 7), range(4), range(8)):
+        r, c = coords(tx, (u, v))
+        assert p(tx, (u, v)) == swizzle.apply(r * 64 + c)
+    tx_, u_ = Var("tx"), Var("u")
+    assert str(p(tx_, (u_, 0))) == "tx * 8 + u * 1024 ^ (tx * 8 + u * 1024) // 64 % 8 * 8"
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3), st.integers(1, 3))
 def test_swizzle_is_a_bijection_and_its_own_inverse_on_whole_periods(bits: int, base: int, extra: int,

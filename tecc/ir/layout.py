@@ -34,8 +34,8 @@ NumPy integer arrays (vectorized, for the emulator) and tecc index Exprs (for co
   `blocked_product` regroups it per dimension (a grid of tiles);
 - `divide(A, T)`: A split by the tiler T, (tile, element) -> offset; `tile_divide` splits each
   dimension by a tile size (which tile, element in the tile);
-- `partition(shape, threads, vector)`: the split of a tile among threads, round-robin over
-  `vector`-element chunks, (thread, (iteration, element)) -> (row, col, ...);
+- `partition(tile, threads, vector)`: the split of a tile among threads, round-robin over
+  `vector`-element chunks, (thread, (iteration, element)) -> (row, col, ...) or offsets;
 - `Swizzle`: an XOR function on offsets; `compose(swizzle, L)` is a `SwizzledLayout`.
 """
 
@@ -461,19 +461,36 @@ def tile_divide(a: Layout, tile: Sequence[int]) -> Layout:
     return _concat(outer, inner)
 
 
-def partition(shape: Sequence[int], threads: int, vector: int = 1) -> Layout:
-    """How `threads` threads split a row-major tile of `shape`, `vector` contiguous elements at a
-    time: chunk c of the tile (chunks in row-major order) is iteration c // threads of thread
-    c % threads. The result maps (thread, (iteration, element)) to the tile coordinate, e.g.
+def thread_values(threads: int, per_thread: int, vector: int = 1) -> Layout:
+    """The round-robin split of `threads * per_thread * vector` elements: (thread, (iteration,
+    element)) -> index, chunk c of `vector` elements being iteration c // threads of thread
+    c % threads (what a copy loop `for u: chunk = tx + threads * u` does)."""
+    return Layout((threads, (per_thread, vector)), (vector, (threads * vector, 1)))
+
+
+@overload
+def partition(tile: Sequence[int] | Layout, threads: int, vector: int = 1) -> Layout: ...
+
+
+@overload
+def partition(tile: SwizzledLayout, threads: int, vector: int = 1) -> SwizzledLayout: ...
+
+
+def partition(tile: Sequence[int] | Layout | SwizzledLayout, threads: int,
+              vector: int = 1) -> Layout | SwizzledLayout:
+    """How `threads` threads split a tile, `vector` contiguous elements at a time, round-robin
+    (`thread_values`): a layout (thread, (iteration, element)) -> what the tile gives at that
+    element. `tile` is a shape (the values are then (row, col, ...) coordinates) or the tile's
+    layout (offsets, swizzled or not), whose index order the chunks follow. E.g.
     `partition((64, 32), 128, 8)(tx, (u, 0))` is the (row, col) where thread tx's u-th 8-element
-    copy starts. Compose a shared tile's layout with it to get offsets instead."""
-    n = prod(shape)
-    if vector < 1 or shape[-1] % vector or n % (vector * threads):
-        raise LayoutError(f"partition of a {'x'.join(map(str, shape))} tile: {threads} threads of {vector}-element "
-                          "chunks must cover it evenly, chunks inside rows")
-    per_thread = n // (vector * threads)
-    values = Layout((per_thread, vector), (threads * vector, 1))
-    return compose(coordinates(shape), _concat(Layout(threads, vector), values))
+    copy starts, `partition(compose(Swizzle(3, 3, 3), row_major((64, 64))), 128, 8)` the same
+    split as swizzled offsets."""
+    layout = tile if isinstance(tile, (Layout, SwizzledLayout)) else coordinates(tuple(tile))
+    n, last = layout.size, flatten(layout.shape)[-1]
+    if vector < 1 or last % vector or n % (vector * threads):
+        raise LayoutError(f"partition of the tile {layout}: {threads} threads of {vector}-element chunks must "
+                          "cover it evenly, chunks inside rows")
+    return compose(layout, thread_values(threads, n // (vector * threads), vector))
 
 
 # ---- swizzles ------------------------------------------------------------------------------------
