@@ -33,6 +33,7 @@ The m16n8k16 fragments (g = lane // 4, t = lane % 4; aN = element N of the lane'
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from . import dtype as dt
 from .dtype import DType
 from .errors import TeccError
@@ -53,6 +54,7 @@ class IntrinsicError(TeccError):
     fragment too small, misaligned offset); the message names the row, the buffer and the fix."""
 
 
+@lru_cache(maxsize=None)
 def _pattern(layout: Layout) -> Layout:
     """A fragment layout with its outermost element extent set to 1 (evaluation never reduces the
     outermost mode, so this changes no value, only the domain)."""
@@ -85,7 +87,7 @@ class FragmentOperand:
         """Whether a fragment laid out as `other` holds what this operand needs where both have
         elements: the same layout up to the extent of the outermost element mode (the
         accumulators of wgmma rows of different n differ only there)."""
-        return _pattern(self.layout) == _pattern(other.layout)
+        return self.layout == other.layout or _pattern(self.layout) == _pattern(other.layout)
 
     @property
     def dtype(self) -> DType:

@@ -41,7 +41,7 @@ NumPy integer arrays (vectorized, for the emulator) and tecc index Exprs (for co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 from typing import Any, Sequence, Union, overload
 
@@ -84,6 +84,10 @@ class Coord:
 
 Stride = Union[int, Coord, tuple["Stride", ...]]
 Leaf = Union[int, Coord]
+# how an index splits into leaf coordinates (see _plan, _flat_plan)
+Plan = Union[None, tuple[tuple[int, int, Any, int], ...]]
+Flat = tuple[tuple[int, int, tuple[int, ...]], ...]
+MEMO_ENTRIES = 1 << 16  # int evaluations a layout remembers
 
 
 # ---- int tuples ----------------------------------------------------------------------------------
@@ -127,15 +131,48 @@ class Layout:
     shape: IntTuple
     stride: Stride
     terms: tuple[int, ...] = ()
+    # derived in __post_init__ for evaluation (not part of the value)
+    _plan: Plan = field(init=False, repr=False, compare=False)
+    _mode_plans: tuple[Plan, ...] = field(init=False, repr=False, compare=False)
+    _order: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _columns: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+    _offset: bool = field(init=False, repr=False, compare=False)
+    _flat: tuple[Flat, ...] = field(init=False, repr=False, compare=False)
+    _flat_whole: Flat = field(init=False, repr=False, compare=False)
+    _memo: dict[tuple[int, ...], Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._check(self.shape, self.stride)
         if self.terms and sorted(self.terms) != list(range(len(flatten(self.shape)))):
             raise LayoutError(f"layout {self}: terms {self.terms} must order its {len(flatten(self.shape))} leaves")
-        kinds = {type(d) for d in flatten(self.stride)}
-        ranks = {len(d.parts) for d in flatten(self.stride) if isinstance(d, Coord)}
+        strides = flatten(self.stride)
+        kinds = {type(d) for d in strides}
+        ranks = {len(d.parts) for d in strides if isinstance(d, Coord)}
         if len(kinds) > 1 or len(ranks) > 1:
             raise LayoutError(f"layout {self}: its strides must all be ints or all Coords of one rank")
+        # what evaluation needs, computed once: how an index splits into leaf coordinates (the
+        # whole shape's plan, and each top-level mode's), and the strides per dimension, in the
+        # order the terms are added
+        modes = self.shape if isinstance(self.shape, tuple) else (self.shape,)
+        order = self.terms or tuple(range(len(strides)))
+        columns = ([[d.parts[k] for d in strides] for k in range(len(strides[0].parts))]
+                   if isinstance(strides[0], Coord) else [list(strides)])
+        object.__setattr__(self, "_plan", _plan(self.shape))
+        object.__setattr__(self, "_mode_plans", tuple(_plan(m) for m in modes))
+        object.__setattr__(self, "_order", order)
+        object.__setattr__(self, "_columns", tuple(tuple(c[k] for k in order) for c in columns))
+        object.__setattr__(self, "_offset", not isinstance(strides[0], Coord))
+        # on Python ints, nested splits equal flat ones ((i % 32) // 4 == (i // 4) % 8): one
+        # (divisor, modulus, strides per dimension) per leaf, for the fast path
+        per_leaf = list(zip(*columns)) if columns else []
+        flat_modes, start = [], 0
+        for m in modes:
+            n = len(flatten(m))
+            flat_modes.append(_flat_plan(m, per_leaf[start:start + n]))
+            start += n
+        object.__setattr__(self, "_flat", tuple(flat_modes))
+        object.__setattr__(self, "_flat_whole", _flat_plan(self.shape, per_leaf))
+        object.__setattr__(self, "_memo", {})
 
     def _check(self, shape: Any, stride: Any) -> None:
         if isinstance(shape, tuple):
@@ -179,7 +216,7 @@ class Layout:
     @property
     def is_offset(self) -> bool:
         """Whether the values are offsets (int strides) rather than coordinates."""
-        return not isinstance(flatten(self.stride)[0], Coord)
+        return self._offset
 
     def offset_leaves(self, what: str) -> list[tuple[int, int]]:
         """(extent, stride) of every leaf mode of a layout of offsets; LayoutError naming `what`
@@ -202,51 +239,99 @@ class Layout:
         """The value at a coordinate: one index (row-major over the whole shape), or one index or
         nested tuple per top-level mode. Offsets for int strides, a tuple (one entry per
         dimension) for Coord strides."""
+        if all(type(c) is int for c in coord):
+            # passes check fragment layouts at every (thread, element), several times per build
+            hit = self._memo.get(coord)
+            if hit is None:
+                hit = self._ints(coord)
+                if len(self._memo) < MEMO_ENTRIES:
+                    self._memo[coord] = hit
+            return hit
+        leaves: list[Index] = []
         if len(coord) == 1 and not isinstance(coord[0], tuple):
-            leaves = _split(coord[0], self.shape)
+            _split(coord[0], self._plan, self.shape, leaves)
         else:
             if len(coord) == 1:
                 coord = coord[0]
-            if len(coord) != self.rank:
+            if len(coord) != len(self._mode_plans):
                 raise LayoutError(f"layout {self}: a coordinate of {len(coord)} entries for {self.rank} modes")
             shapes = self.shape if isinstance(self.shape, tuple) else (self.shape,)
-            leaves = [leaf for c, s in zip(coord, shapes) for leaf in _split(c, s)]
-        strides = flatten(self.stride)
-        if self.terms:
-            return _dot([leaves[k] for k in self.terms], [strides[k] for k in self.terms])
-        return _dot(leaves, strides)
+            for c, plan, s in zip(coord, self._mode_plans, shapes):
+                _split(c, plan, s, leaves)
+        ordered = [leaves[k] for k in self._order] if self.terms else leaves
+        if self._offset:
+            return _dot(ordered, self._columns[0])
+        return tuple(_dot(ordered, column) for column in self._columns)
+
+    def _ints(self, coord: tuple[int, ...]) -> Any:
+        """`self(*coord)` for Python-int indices (one, or one per top-level mode)."""
+        plans = (self._flat_whole,) if len(coord) == 1 else self._flat
+        if len(coord) != len(plans):
+            raise LayoutError(f"layout {self}: a coordinate of {len(coord)} entries for {self.rank} modes")
+        out = [0] * len(self._columns)
+        for c, plan in zip(coord, plans):
+            for div, mod, strides in plan:
+                x = c // div
+                if mod:
+                    x %= mod
+                for k, d in enumerate(strides):
+                    out[k] += x * d
+        return out[0] if self._offset else tuple(out)
 
     def __str__(self) -> str:
         return f"{_text(self.shape)}:{_text(self.stride)}"
 
 
-def _split(index: Index, shape: IntTuple) -> list[Index]:
-    """The leaf coordinates of `index` (an index or a nested tuple) in `shape`, outermost first."""
+def _plan(shape: IntTuple) -> Plan:
+    """How an index splits in `shape`: None for a leaf (the index is the coordinate), else per
+    sub-mode (inner, extent, its plan, its leaves): coordinate (index // inner) % extent, the
+    outermost without the modulo (extent 0)."""
     if not isinstance(shape, tuple):
-        return [index]
-    if isinstance(index, tuple):
-        if len(index) != len(shape):
-            raise LayoutError(f"coordinate {index} does not match shape {_text(shape)}")
-        return [leaf for i, s in zip(index, shape) for leaf in _split(i, s)]
+        return None
     sizes = [size(s) for s in shape]
     inner = prod(sizes)
-    out: list[Index] = []
+    out = []
     for k, s in enumerate(shape):
         inner //= sizes[k]
-        if k > 0 and sizes[k] == 1:
-            out += [0] * len(flatten(s))
+        out.append((inner, sizes[k] if k > 0 else 0, _plan(s), len(flatten(s))))
+    return tuple(out)
+
+
+def _flat_plan(shape: IntTuple, strides: Sequence[tuple[int, ...]]) -> Flat:
+    """(divisor, modulus or 0 for none, strides) per leaf of `shape`, leaf coordinate
+    (index // divisor) % modulus, the outermost unreduced."""
+    leaves = flatten(shape)
+    out = []
+    for k, (n, d) in enumerate(zip(leaves, strides)):
+        out.append((prod(leaves[k + 1:]), n if k > 0 else 0, d))
+    return tuple(out)
+
+
+def _split(index: Index, plan: Plan, shape: IntTuple, out: list[Index]) -> None:
+    """Append the leaf coordinates of `index` (an index, or a nested tuple) in `shape` to `out`,
+    outermost first; a size-1 mode inside gives 0 without arithmetic."""
+    if plan is None:
+        out.append(index)
+        return
+    if isinstance(index, tuple):
+        assert isinstance(shape, tuple)
+        if len(index) != len(shape):
+            raise LayoutError(f"coordinate {index} does not match shape {_text(shape)}")
+        for i, (_, _, sub, _), s in zip(index, plan, shape):
+            _split(i, sub, s, out)
+        return
+    assert isinstance(shape, tuple)
+    for (inner, extent, sub, leaves), s in zip(plan, shape):
+        if extent == 1:
+            out += [0] * leaves
             continue
         c = index if inner == 1 else index // inner
-        out += _split(c if k == 0 else c % sizes[k], s)
-    return out
+        _split(c % extent if extent else c, sub, s, out)
 
 
-def _dot(coords: Sequence[Index], strides: Sequence[Leaf]) -> Any:
+def _dot(coords: Sequence[Index], strides: Sequence[int]) -> Any:
     """sum(coordinate * stride), skipping strides of 0 and multiplies by 1 and adding the terms of
-    int coordinates as one constant at the end (per dimension for Coords)."""
-    if strides and isinstance(strides[0], Coord):
-        rank = len(strides[0].parts)
-        return tuple(_dot(coords, [d.parts[k] for d in strides]) for k in range(rank))  # type: ignore[union-attr]
+    int coordinates as one constant at the end."""
     total: Any = None
     constant = 0  # the terms of Python-int coordinates, added once, last
     for c, d in zip(coords, strides):
