@@ -112,7 +112,7 @@ def test_the_loop_has_its_wait_and_barrier_before_the_last_k_step() -> None:
     func = sch.mod.kernels[0]
     assert "fragment_pipeline" in dict(func.attrs)["tensorize"]
     (loop,) = [s for s in iter_stmts(func.body) if isinstance(s, For) and s.var.name == "k_tile"]
-    order = [type(s).__name__ for s in iter_stmts(loop.body)
+    order = [getattr(s, "dispatch_name", type(s).__name__) for s in iter_stmts(loop.body)  # AsyncWait: an instruction
              if isinstance(s, (AsyncWait, Barrier, AsyncCopy, MatrixLoad, MatrixMultiply))]
     # collapse runs: the 3 inner steps (unrolled loops appear once each) then the last step
     runs = [name for i, name in enumerate(order) if i == 0 or order[i - 1] != name]

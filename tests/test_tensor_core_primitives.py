@@ -297,7 +297,7 @@ def test_the_tma_ring_without_warp_specialization_waits_on_mbarriers() -> None:
     func = sch.mod.kernels[0]
     assert not any(isinstance(s, AsyncWait) for s in iter_stmts(func.body))
     (loop,) = [s for s in iter_stmts(func.body) if getattr(s, "var", None) is not None and s.var.name == "k_tile"]
-    order = [type(s).__name__ for s in iter_stmts(loop.body) if isinstance(s, (BarrierWait, Barrier,
+    order = [getattr(s, "dispatch_name", type(s).__name__) for s in iter_stmts(loop.body) if isinstance(s, (BarrierWait, Barrier,
                                                                                 WarpgroupMatrixMultiply))]
     assert order == ["BarrierWait", "Barrier", "WarpgroupMatrixMultiply"], order
     assert "not warp-specialized" in func.attr("tensorize")
