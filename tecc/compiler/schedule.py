@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence, Union
 
 from ..ir.errors import ScheduleError
+from ..ir.layout import LayoutError, Swizzle
 from ..ir.stmt import Module, PrimFunc
 from ..ir.tensor import Tensor
 from ..passes import schedule as prim
@@ -74,6 +75,7 @@ class _PendingRead:
     pad: int = 0
     vector: int = 1
     transpose: bool = False
+    swizzle: Swizzle | None = None
 
 
 class Schedule(TensorCorePrimitives):
@@ -270,22 +272,54 @@ class Schedule(TensorCorePrimitives):
             raise ScheduleError(f"storage_align({c}): not a cache_read stage that is still to be placed")
         if not isinstance(pad, int) or pad < 0:
             raise ScheduleError(f"storage_align({c}): pad must be a non-negative integer, got {pad!r}")
+        if pad and pending.swizzle is not None:
+            raise ScheduleError(f"storage_align({c}): the cache is swizzled ({pending.swizzle}); a swizzled tile is "
+                                "not padded: use one or the other")
         pending.pad = pad
         self._record(Step("storage_align", {"cache": str(c), "pad": pad}))
 
     def vector_copy(self, cache: StageLike, width: int) -> None:
         """Copy a pending shared cache in chunks of `width` consecutive elements of its last
-        dimension per thread (width 4 of 4-byte or 8 of 2-byte elements: 16-byte LDG.128 /
+        dimension per thread (width 4 of 4-byte, 8 of 2-byte or 16 of 1-byte elements: 16-byte LDG.128 /
         STS.128 where the offsets are provably aligned; the emitter falls back to scalar accesses
         where they are not). Call it before compute_at."""
         c = self._stage(cache)
         pending = self._pending.get(str(c))
         if pending is None or pending.scope != "shared":
             raise ScheduleError(f"vector_copy({c}): not a shared cache_read stage that is still to be placed")
-        if width not in (1, 2, 4, 8):
-            raise ScheduleError(f"vector_copy({c}): width must be 1, 2, 4 or 8 (8: 16-bit elements), got {width!r}")
+        if width not in (1, 2, 4, 8, 16):
+            raise ScheduleError(f"vector_copy({c}): width must be 1, 2, 4, 8 (8: 16-bit elements) or 16 (8-bit "
+                                f"elements), got {width!r}")
+        if pending.swizzle is not None and width > pending.swizzle.contiguous:
+            raise ScheduleError(f"vector_copy({c}): the cache's {pending.swizzle} keeps {pending.swizzle.contiguous} "
+                                f"consecutive elements together, fewer than the width {width}")
         pending.vector = width
         self._record(Step("vector_copy", {"cache": str(c), "width": width}))
+
+    def storage_swizzle(self, cache: StageLike, bits: int, base: int, shift: int) -> None:
+        """Store a pending shared cache through the XOR layout `Swizzle(bits, base, shift)`
+        (tecc.ir.layout): chunks of 2^base consecutive elements stay contiguous and in order
+        (16-byte copies into the tile stay 16-byte accesses), and the chunk index is XOR-ed with
+        the offset's bits [base + shift, base + shift + bits), so that a column walk over rows
+        whose row-group index sits there spreads over the banks without padding the rows (a
+        padded row is not 16-byte aligned). Call it before compute_at; not with storage_align."""
+        c = self._stage(cache)
+        pending = self._pending.get(str(c))
+        if pending is None or pending.scope != "shared":
+            raise ScheduleError(f"storage_swizzle({c}): not a shared cache_read stage that is still to be placed")
+        try:
+            layout = Swizzle(int(bits), int(base), int(shift))
+        except (LayoutError, TypeError, ValueError) as exc:
+            raise ScheduleError(f"storage_swizzle({c}): {exc}") from exc
+        if pending.pad:
+            raise ScheduleError(f"storage_swizzle({c}): the cache's rows are padded (storage_align {pending.pad}); "
+                                "a swizzled tile is not padded: use one or the other")
+        if pending.vector > layout.contiguous:
+            raise ScheduleError(f"storage_swizzle({c}): {layout} keeps {layout.contiguous} consecutive elements together, "
+                                f"fewer than the vector copy's width {pending.vector}; raise base")
+        pending.swizzle = layout
+        self._record(Step("storage_swizzle", {"cache": str(c), "bits": layout.bits, "base": layout.base,
+                                              "shift": layout.shift}))
 
     def storage_transpose(self, cache: StageLike) -> None:
         """Store a pending two-dimensional shared cache transposed ([column][row]): the GEMM's A
@@ -357,7 +391,7 @@ class Schedule(TensorCorePrimitives):
             raise ScheduleError(f"compute_at({st}, {lp}): the loop is in kernel {lp.kernel}, the stage in {st.kernel}")
         self._apply(lp.kernel, Step("compute_at", {"stage": str(st), "loop": str(lp)}),
                     lambda f: prim.stage_read(f, pending.tensor, pending.scope, lp.name, pending.pad,
-                                               pending.vector, pending.transpose))
+                                               pending.vector, pending.transpose, pending.swizzle))
         del self._pending[str(st)]
 
     def fuse_rows(self, threads: int, cache: str = "registers", vector: int = 1, rows_per_block: int = 1,

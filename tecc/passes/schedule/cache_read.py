@@ -14,6 +14,9 @@
    the box is flattened, and the block's threads (linear thread id, fastest along the last
    dimension so consecutive threads read consecutive addresses) each copy every T-th element.
 4. `insert_barriers` then adds the barriers before and after the copy.
+The cache's rows may be padded (`pad` elements: `storage_align`) or stored through an XOR
+`layout` (tecc.ir.layout.Swizzle: `storage_swizzle`), never both; every access to the cache,
+the copy's included, then goes through the layout (the emitter and the emulator apply it).
 
 Preconditions: `tensor` is read under `loop` and not written there; for shared memory the
 block's thread loops are bound already (the copy is spread over them); the tile's indices are
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 from ...ir import poly
 from ...ir.errors import ScheduleError
+from ...ir.layout import LayoutError, Swizzle
 from ...ir.expr import (
     BufferLoad,
     Const,
@@ -88,8 +92,10 @@ def _dims(loops: list[For]) -> list[poly.LoopDim]:
 
 
 def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0, vector: int = 1,
-               transpose: bool = False) -> PrimFunc:
+               transpose: bool = False, layout: Swizzle | None = None) -> PrimFunc:
     what = f"cache_read of {tensor} into {scope} at {loop}"
+    if layout is not None and (scope != "shared" or pad):
+        raise ScheduleError(f"{what}: a swizzled layout needs a shared cache whose rows are not padded")
     if scope not in ("shared", "local"):
         raise ScheduleError(f"{what}: scope must be 'shared' or 'local'")
     buf = find_buffer(func, tensor)
@@ -151,8 +157,11 @@ def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0,
     stored = [shape[d] for d in order]
     alloc_shape = stored[:-1] + [stored[-1] + pad]
     taken = all_names(func)
-    cache = Buffer(fresh_name(taken, f"{buf.name}_{scope}"), buf.dtype, tuple(alloc_shape), scope, None,
-                   f"{tensor}.{scope}")
+    try:
+        cache = Buffer(fresh_name(taken, f"{buf.name}_{scope}"), buf.dtype, tuple(alloc_shape), scope, None,
+                       f"{tensor}.{scope}", layout=layout)
+    except LayoutError as exc:
+        raise ScheduleError(f"{what}: the tile is {stored}: {exc}") from exc
     body = rebuffer(_drop_padding_tests(node.body, buf), buf, cache,
                     lambda idx: tuple([i - o for i, o in zip(idx, origin)][d] for d in order))
 
