@@ -272,9 +272,6 @@ class Schedule(TensorCorePrimitives):
             raise ScheduleError(f"storage_align({c}): not a cache_read stage that is still to be placed")
         if not isinstance(pad, int) or pad < 0:
             raise ScheduleError(f"storage_align({c}): pad must be a non-negative integer, got {pad!r}")
-        if pad and pending.swizzle is not None:
-            raise ScheduleError(f"storage_align({c}): the cache is swizzled ({pending.swizzle}); a swizzled tile is "
-                                "not padded: use one or the other")
         pending.pad = pad
         self._record(Step("storage_align", {"cache": str(c), "pad": pad}))
 
@@ -302,7 +299,9 @@ class Schedule(TensorCorePrimitives):
         (16-byte copies into the tile stay 16-byte accesses), and the chunk index is XOR-ed with
         the offset's bits [base + shift, base + shift + bits), so that a column walk over rows
         whose row-group index sits there spreads over the banks without padding the rows (a
-        padded row is not 16-byte aligned). Call it before compute_at; not with storage_align."""
+        padded row is not 16-byte aligned). Call it before compute_at. With storage_align too, the
+        layout applies to the offsets of the padded rows (a box 56 elements wide stored in rows of
+        64, so that the row-group bits sit where the swizzle reads them)."""
         c = self._stage(cache)
         pending = self._pending.get(str(c))
         if pending is None or pending.scope != "shared":
@@ -311,9 +310,6 @@ class Schedule(TensorCorePrimitives):
             layout = Swizzle(int(bits), int(base), int(shift))
         except (LayoutError, TypeError, ValueError) as exc:
             raise ScheduleError(f"storage_swizzle({c}): {exc}") from exc
-        if pending.pad:
-            raise ScheduleError(f"storage_swizzle({c}): the cache's rows are padded (storage_align {pending.pad}); "
-                                "a swizzled tile is not padded: use one or the other")
         if pending.vector > layout.contiguous:
             raise ScheduleError(f"storage_swizzle({c}): {layout} keeps {layout.contiguous} consecutive elements together, "
                                 f"fewer than the vector copy's width {pending.vector}; raise base")

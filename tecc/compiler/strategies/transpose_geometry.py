@@ -7,10 +7,11 @@ elements of X's contiguous dimension (along u). Two layouts:
 * **padded** rows of BU + pad elements (`best_pad`): the copy writes one element per lane
   (scalar copies), the compute reads a column (lanes on consecutive rows). A padded row of
   16-bit elements is not 16-byte aligned, so the copy cannot be wide.
-* **swizzled** rows of exactly BU elements through `Swizzle(bits, base, shift)`
+* **swizzled** rows of TU elements (BU and, where the box is narrower than the tile, a pad up
+  to TU) through `Swizzle(bits, base, shift)`
   (tecc.ir.layout): the copy moves chunks of C = 16 / itemsize elements (16 bytes, LDG.128 /
   STS.128), which the layout keeps whole (base = log2 C), and the chunk index is XOR-ed with
-  the row-group index g = row // V (shift puts g's bits there: base + shift = log2(BU · V)).
+  the row-group index g = row // V (shift puts g's bits there: base + shift = log2(TU · V)).
   The compute's lanes (tx, ty) read rows tx·V + q of one column: the TX row groups of a warp
   land on TX distinct chunk positions, i.e. distinct banks, while the 32 / TX lanes of one row
   group read consecutive columns inside one chunk (at most 16 bytes). Padding cannot do that:
@@ -52,18 +53,22 @@ class TileShape:
         return self.tx * self.ty
 
     @property
+    def row(self) -> int:
+        """Elements from one row of the tile to the next (the box's width and the pad)."""
+        return self.bu + self.pad
+
+    @property
     def swizzle(self) -> Swizzle | None:
-        """The layout of a swizzled tile (None: padded rows)."""
+        """The layout of a swizzled tile (None: padded rows, no swizzle)."""
         if self.copy == 1:
             return None
-        return Swizzle(self.bits, _log2(self.copy), _log2(self.bu * self.vector) - _log2(self.copy))
+        return Swizzle(self.bits, _log2(self.copy), _log2(self.row * self.vector) - _log2(self.copy))
 
     def physical(self, row: int, col: int) -> int:
         """The element offset of (row, col) of the box in the buffer."""
         layout = self.swizzle
-        if layout is None:
-            return row * (self.bu + self.pad) + col
-        return int(layout.apply(row * self.bu + col))
+        offset = row * self.row + col
+        return offset if layout is None else int(layout.apply(offset))
 
     def _words(self, elements: list[int]) -> list[int]:
         return [e * self.itemsize // 4 for e in elements]
@@ -90,7 +95,7 @@ class TileShape:
         return total, worst
 
     def smem_elements(self) -> int:
-        return self.bv * (self.bu + self.pad)
+        return self.bv * self.row
 
 
 def _log2(n: int) -> int:
@@ -114,18 +119,20 @@ def best_pad(bu: int, tx: int, vector: int, itemsize: int) -> int:
     return min(costs, key=lambda p: (costs[p][0] + costs[p][1], p))
 
 
-def wide_tile(bu: int, bv: int, tx: int, ty: int, vector: int, itemsize: int) -> TileShape | None:
-    """The swizzled tile with 16-byte copies whose both phases are conflict-free (the fewest
-    swizzle bits that make them so), or None when none is: rows shorter than a chunk, more row
-    groups per warp than distinct chunk positions, a row group's columns wider than a chunk."""
+def wide_tile(bu: int, bv: int, tu: int, tx: int, ty: int, vector: int, itemsize: int) -> TileShape | None:
+    """The swizzled tile with 16-byte copies, rows of TU elements (a box narrower than the tile,
+    BU < TU, is padded to it: the row-group bits must sit at a power of two), whose both phases
+    are conflict-free (the fewest swizzle bits that make them so); None when none is: rows not
+    a whole number of chunks, more row groups per warp than distinct chunk positions, a row
+    group's columns wider than a chunk."""
     copy = WIDE_BYTES // itemsize
-    if bu % copy or bu < copy or (bu * vector) % copy:
+    if bu % copy or tu % copy or bu > tu or tu & (tu - 1) or vector & (vector - 1):
         return None
     for bits in range(0, 4):
-        tile = TileShape(bu, bv, tx, ty, vector, copy, 0, bits, itemsize)
+        tile = TileShape(bu, bv, tx, ty, vector, copy, tu - bu, bits, itemsize)
         layout = tile.swizzle
         assert layout is not None
-        if layout.shift < bits or (bv * bu) % layout.period:
+        if layout.shift < bits or (bv * tile.row) % layout.period:
             break
         writes, w_degree = tile.copy_wavefronts()
         reads, r_degree = tile.read_wavefronts()

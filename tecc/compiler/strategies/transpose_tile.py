@@ -73,6 +73,9 @@ STORE_INSTRUCTIONS = 1.0     # per row of V outputs: the STG (its address is the
 # copies and stores ran at 2.0 cycles per memory instruction per SM where one wavefront each
 # predicted half the time (docs/memory-bound.md, "Transposes")
 LSU_CYCLES = 2.0
+# the fraction of the smaller of the DRAM and L1/shared times that does not overlap the other
+# (Workload.overlap_loss): 0.1-0.4 over the 8192² / 4096² fp32 and fp16 points of that log, 0.2 taken
+OVERLAP_LOSS = 0.2
 SETUP_INSTRUCTIONS = 30.0     # per thread: the block's tile origin (div/mod of blockIdx.x), barrier, exit
 # registers: the addresses and indices, the copy's loaded values (packed 4 bytes to a register: all
 # in flight before the barrier) and a stored value or two; at or within 10 of ptxas's count on the
@@ -164,21 +167,22 @@ def _wide_points(info: KernelInfo, x: Access, u: str, v: str, copy: int) -> Iter
     for tu, tv, store_bytes, ty in product(TILES, TILES, STORE_BYTES, WIDE_THREAD_ROWS):
         vector = store_bytes // out.itemsize
         if (vector < 2 or not out.dtype or vector not in vector_widths(as_dtype(out.dtype)) or tv % vector
-                or ext[v] % vector or tv > ext[v]):
+                or ext[v] % vector or tv >= 2 * ext[v]):
             continue  # whole vectors: the split guard of an edge tile decides a vector's lanes at once
         tx = tv // vector
         threads = tx * ty
         if tx not in WIDE_ROW_GROUPS or threads % WARP or not 64 <= threads <= 1024 or tu % ty:
             continue
-        if tu > ext[u] or (tu * x.itemsize < LINE_BYTES and tu < ext[u]):
-            continue  # a whole tile of whole 128-byte rows (the swizzle's period is the tile)
+        if (tu > ext[u] and tu >= 2 * ext[u]) or (tu * x.itemsize < LINE_BYTES and tu < ext[u]):
+            continue  # rows of whole 128-byte lines where the extent allows, at most half of them idle
         if tv * out.itemsize < LINE_BYTES and tv < ext[v]:
             continue
         if tu * tv * x.itemsize > 16 * 1024:
             continue
-        tile = wide_tile(tu, tv, tx, ty, vector, x.itemsize)
+        bu, bv = box(info, u, v, tu, tv)
+        tile = wide_tile(bu, bv, tu, tx, ty, vector, x.itemsize)
         if tile is not None:
-            yield {"tu": tu, "tv": tv, "ty": ty, "vector": vector, "pad": 0, "copy": copy, "bits": tile.bits}
+            yield {"tu": tu, "tv": tv, "ty": ty, "vector": vector, "pad": tile.pad, "copy": copy, "bits": tile.bits}
 
 
 def tile_of(info: KernelInfo, x: Access, u: str, v: str, point: Point) -> TileShape:
@@ -292,7 +296,7 @@ class TransposeTile(Strategy):
             smem_wavefronts=smem_wavefronts, bank_conflict=float(degree), instructions=warps * per_thread,
             # the copy's loads (unrolled) are all issued before the barrier
             bytes_in_flight=float(copies * max(copy_bytes, copy_sectors * 32 / WARP)), ilp=float(rows),
-            block_latency_cycles=550.0 + 40.0, notes=notes)
+            block_latency_cycles=550.0 + 40.0, overlap_loss=OVERLAP_LOSS, notes=notes)
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
         found = transposed_operand(info)
@@ -330,12 +334,12 @@ class TransposeTile(Strategy):
         sch.bind(thread_y, "threadIdx.y")
         sch.bind(thread_x, "threadIdx.x")
         cache = sch.cache_read(info.stage, x.tensor, "shared")
+        if tile.pad:
+            sch.storage_align(cache, tile.pad)
         layout = tile.swizzle
         if layout is not None:
             sch.vector_copy(cache, tile.copy)
             sch.storage_swizzle(cache, layout.bits, layout.base, layout.shift)
-        elif tile.pad:
-            sch.storage_align(cache, tile.pad)
         sch.compute_at(cache, block)
         if tile.bu * tile.bv // tile.copy > tile.threads:
             # the copy's steps (the loop outside its vector of C elements): every load issued before the barrier
@@ -348,8 +352,9 @@ class TransposeTile(Strategy):
         tx = f"{int(point['tv']) // int(point['vector'])}x{point['ty']}"
         vector = f", {point['vector']} outputs per store" if int(point["vector"]) > 1 else ""
         if int(point.get("copy", 1)) > 1:
+            pad = f", rows padded by {point['pad']}" if int(point["pad"]) else ""
             return (f"transpose_tile(tile {point['tv']}x{point['tu']}, threads {tx}, {point['copy']}-element copies "
-                    f"into a swizzled tile ({point['bits']} bits){vector})")
+                    f"into a swizzled tile ({point['bits']} bits{pad}){vector})")
         return f"transpose_tile(tile {point['tv']}x{point['tu']}, threads {tx}, shared rows padded by {point['pad']}{vector})"
 
 
