@@ -294,14 +294,15 @@ class Schedule(TensorCorePrimitives):
         self._record(Step("vector_copy", {"cache": str(c), "width": width}))
 
     def storage_swizzle(self, cache: StageLike, bits: int, base: int, shift: int) -> None:
-        """Store a pending shared cache through the XOR layout `Swizzle(bits, base, shift)`
-        (tecc.ir.layout): chunks of 2^base consecutive elements stay contiguous and in order
-        (16-byte copies into the tile stay 16-byte accesses), and the chunk index is XOR-ed with
-        the offset's bits [base + shift, base + shift + bits), so that a column walk over rows
-        whose row-group index sits there spreads over the banks without padding the rows (a
-        padded row is not 16-byte aligned). Call it before compute_at. With storage_align too, the
-        layout applies to the offsets of the padded rows (a box 56 elements wide stored in rows of
-        64, so that the row-group bits sit where the swizzle reads them)."""
+        """Store a pending shared cache where the XOR layout `Swizzle(bits, base, shift)`
+        (tecc.ir.layout) puts its flat offsets: chunks of 2^base consecutive elements stay
+        contiguous and in order (16-byte copies into the tile stay 16-byte accesses), and the chunk
+        index is XOR-ed with the offset's bits [base + shift, base + shift + bits), so that a
+        column walk over rows whose row-group index sits there spreads over the banks without
+        padding the rows (a padded row is not 16-byte aligned). The map is written into the
+        indices of every access to the cache (cache_read.swizzled_index). Call it before
+        compute_at. With storage_align too, it applies to the offsets of the padded rows (a box 56
+        elements wide stored in rows of 64, so that the row-group bits sit where it reads them)."""
         c = self._stage(cache)
         pending = self._pending.get(str(c))
         if pending is None or pending.scope != "shared":

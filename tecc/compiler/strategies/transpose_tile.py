@@ -1,5 +1,5 @@
 """transpose_tile: a permutation of axes whose output's fastest axis reads a slow axis of the input,
-through a padded shared-memory tile.
+through a shared-memory tile (padded, or swizzled with 16-byte copies).
 
 Found by index structure, not by name. The *transposed operand* X is a read whose every
 dimension is indexed by at most one output axis with coefficient 1 (a permutation of axes,
@@ -23,23 +23,23 @@ The schedule is made of the existing primitives (the classic tiled transpose):
             is a division by a parameter, which the legality check of bind cannot see through)
   cache_read X into shared memory at the block loop: the TV x TU box of X (rows along v, X's
             contiguous dimension along u), copied cooperatively, consecutive threads on
-            consecutive elements of X's rows (whole 128-byte lines for TU x itemsize >= 128)
-  storage_align the tile's rows by `pad` elements: the smallest pad with which the compute's
-            column reads (lanes on consecutive v, i.e. consecutive rows of the tile) and the
-            copy's row writes hit distinct banks (`best_pad`; 1 element for a 32-wide tile of
-            1-, 2- or 4-byte elements: a row of 33 elements puts lane l on bank l·33·s/4)
+            consecutive elements (or 16-byte chunks) of X's rows
+  the tile  padded rows (storage_align by `best_pad`, element copies, V = 1 or 2 16-bit outputs
+            per store), or for 1- and 2-byte elements a swizzle (vector_copy of 16 bytes,
+            storage_swizzle, rows padded to a power of two where the box is narrower than the
+            tile, V outputs of 8 or 16 bytes per store): tecc.compiler.strategies.transpose_geometry
   unroll    the rows of a thread and the copy's steps (its loads all in flight before the
-            barrier); vectorize V = 2 consecutive 16-bit outputs (one 4-byte store per lane,
-            whole 128-byte lines per warp)
+            barrier); vectorize the V outputs of a thread
 
 Each element is read from DRAM once and written once: the predicted DRAM traffic is the tensor's
 bytes twice (compulsory), where elementwise's was ~3x more. The Workload prices the copy's and
-the stores' sectors and lines per warp (tecc.compiler.cost.warp), the shared wavefronts of both
-phases (bank conflicts counted), a barrier per block, the loads a thread has in flight, and the
-issue of ~COPY_INSTRUCTIONS per copied and ~STORE_INSTRUCTIONS per stored element.
-
-Not done: 16-byte copies into the tile (the padded rows are not 16-byte aligned: a swizzled tile
-would allow them), 1-byte vector stores (the emitter vectorizes 16- and 32-bit buffers only).
+the stores' sectors and lines per warp (tecc.compiler.cost.warp), every warp memory instruction at
+least LSU_CYCLES of the L1/shared pipe, the shared wavefronts of both phases (bank conflicts
+counted), the overlap lost between that pipe and DRAM (OVERLAP_LOSS), a barrier per block, the
+loads a thread has in flight, and the issue of ~COPY_INSTRUCTIONS per copy chunk and
+~LOAD_INSTRUCTIONS per stored element. Both constants come from the H200 log of the padded tiles
+(docs/cost-model.md, "Overlap"): a 2-byte element copied and stored alone costs the pipe twice
+what a 16-byte copy does per byte, so 16- and 8-bit transposes take the swizzled tile.
 """
 
 from __future__ import annotations
