@@ -259,6 +259,8 @@ def small_gemm(reps: int, stream: Any, target: Any) -> list[dict[str, Any]]:
         for point in strategy_points(args, name, target, 1):
             kernels.append((get(name).describe(point), with_point(args, name, point)))
     rows = []
+    print("| op | B x M x N x K | dtype | plan | TFLOP/s | torch TFLOP/s | tecc / torch | max rel err |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for label, kern in kernels:
         run = launcher(kern, [a, w, bias, c], stream)
         torch.cuda.synchronize()
