@@ -45,6 +45,13 @@ placeholders of the same shape and dtype (`Gradients.saved`), the forward to bui
 `Gradients.forward = [*inputs, output, *save]`, and the backward's signature is
 `[*inputs, *saved, cotangent, *grads]`. The gradient still flows through the saved tensors'
 definitions; only their values are read.
+
+**Forward and backward as one program.** When the cotangent is known before the forward runs
+(the seed of a loss: 1, 1/N, a weight per row), `Gradients.forward_backward` is the signature
+`[*inputs, cotangent, output, *grads]` of ONE program whose gradients read the forward's own
+stages (the normalized forward, not a recomputed copy and not saved placeholders), so the
+planner shares them: a cross-entropy's row max and Σ exp feed both the loss and dX in one row
+kernel that reads the logits once. Nothing is saved between the two.
 """
 
 from __future__ import annotations
@@ -99,7 +106,12 @@ class Gradients:
 
     `saved` are the backward's placeholders for the forward tensors given as `save=` (empty
     without), and `forward` the forward program's signature that computes them:
-    `[*inputs, output, *save]`. `g[X]` is X's gradient, and iterating yields the gradients in `wrt` order (`dA, dB = g`)."""
+    `[*inputs, output, *save]`. `g[X]` is X's gradient, and iterating yields the gradients in `wrt` order (`dA, dB = g`).
+
+    `forward_backward` is the signature of the forward and the backward as one program, for a
+    cotangent known before the forward runs: `[*inputs, cotangent, output, *grads]` (module
+    docstring); its output is the normalized forward's (same values, possibly another tensor
+    object than `output`) and its gradients read the forward's stages, never `saved`."""
 
     output: Tensor
     wrt: tuple[Tensor, ...]
@@ -108,6 +120,7 @@ class Gradients:
     grads: tuple[Tensor, ...]
     saved: tuple[Tensor, ...] = ()
     forward: tuple[Tensor, ...] = ()
+    forward_backward: tuple[Tensor, ...] = ()
 
     @property
     def args(self) -> list[Tensor]:
@@ -159,10 +172,12 @@ def grad(output: Tensor, wrt: Sequence[Tensor], *, cotangent_name: str | None = 
     builder.taken.add(name)
     dC = placeholder(output.shape, output.dtype, name=name)
     grads = builder.run(dC)
+    # the gradients before the saved values replace their reads: they read the forward's stages
+    joint = (*inputs, dC, builder.output, *grads)
     saved = builder.saved_placeholders(tuple(save))
     if saved:
         grads = tuple(replace_reads(grads, {id(builder.normalized(t)): p for t, p in zip(save, saved)}))
-    return Gradients(output, wrt, inputs, dC, grads, saved, (*inputs, output, *save))
+    return Gradients(output, wrt, inputs, dC, grads, saved, (*inputs, output, *save), joint)
 
 
 # ---- the forward DAG ------------------------------------------------------------------------------

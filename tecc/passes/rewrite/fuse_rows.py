@@ -92,7 +92,7 @@ from .online_stats import (
     welford_pair,
 )
 from .row_chunks import ColumnWalk
-from .row_columns import ColumnPartials, row_loop
+from .row_columns import MAX_COLUMN_BLOCKS_PER_SM, ColumnPartials, row_loop
 from .row_group import RowGroup, row_group
 from ..schedule.cross_thread import WARP, allreduce
 
@@ -443,6 +443,8 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         row_words += len(prefetched) * k_const * V
         blocks = min_blocks_per_sm(threads * W, row_words,
                                    COLUMN_KERNEL_REGISTERS if partials is not None else ROW_KERNEL_REGISTERS)
+        if partials is not None:  # the blocks the plan keeps resident, no more (row_columns.py)
+            blocks = min(blocks, MAX_COLUMN_BLOCKS_PER_SM)
         if blocks > 1:
             attrs += (("min_blocks_per_sm", blocks),)
     if step is not None:
