@@ -173,7 +173,8 @@ def test_cross_entropy_forward_is_one_kernel_and_backward_one_elementwise_pass(d
            f"cross-entropy backward {dtype} {rows}x{vocab} (seed {seed}), plan {bwd.plan}")
 
 
-@pytest.mark.parametrize("dtype,rows,vocab", [("float32", 6, 1003), ("bfloat16", 5, 2051), ("float32", "R", 50304)])
+@pytest.mark.parametrize("dtype,rows,vocab", [("float32", 6, 1003), ("bfloat16", 5, 2051), ("float32", "R", 50304),
+                                              ("bfloat16", 2, 50304)])
 def test_cross_entropy_forward_and_backward_as_one_program_is_one_row_kernel(dtype, rows, vocab):
     """forward_backward: the gradient reads the forward's own row max and Σ exp, so the planner
     builds the loss and dX in one row kernel that reads the logits once."""
@@ -183,6 +184,8 @@ def test_cross_entropy_forward_and_backward_as_one_program_is_one_row_kernel(dty
     assert [t.name for t in args] == ["X", "T", "dloss", "loss", "dX"]
     k = tc.build(args, target="sim", sizes=sizes or None)
     assert len(k.module.kernels) == 1 and k.plan.steps[0].primitive == "fuse_rows", k.plan
+    if vocab == 50304:  # 512 threads; bf16 kept in float32 registers (row_fused.FLOAT_ROWS_ELEMENTS)
+        assert k.plan.steps[0].args["threads"] == 512 and k.plan.steps[0].args.get("float_rows", False) == (dtype == "bfloat16")
     n = sizes.get("R", rows)
     x = (rng.standard_normal((n, vocab)) * 2).astype(NP[dtype])
     t = rng.integers(0, vocab, n).astype(np.int32)
@@ -271,20 +274,22 @@ def test_a_column_statistic_read_back_by_a_row_is_not_a_row_group():
 @pytest.mark.parametrize("row_blocks", [1, 3, 40])
 @pytest.mark.parametrize("column_sums,prefetch", [("local", False), ("shared", False), ("shared", True),
                                                   ("local", True)])
-def test_any_number_of_row_blocks_gives_the_same_gradients(row_blocks, column_sums, prefetch):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_any_number_of_row_blocks_gives_the_same_gradients(row_blocks, column_sums, prefetch, dtype):
     """Fewer blocks than rows, rows not a multiple of the blocks, more blocks than rows (idle
     blocks store identity partials); column sums in registers or shared memory (the emulator
-    checks the shared words for races), the next row loaded ahead or not."""
+    checks the shared words for races), the next row loaded ahead or not; bf16 rows kept in
+    float32 registers (float_rows, converted as the prefetched row is taken)."""
     rng, seed = _rng()
-    g = rb.layer_norm_backward(13, 96)
+    g = rb.layer_norm_backward(13, 96, dtype)
     step = {"threads": 64, "cache": "registers", "vector": 4, "row_blocks": row_blocks, "column_sums": column_sums,
-            "prefetch": prefetch}
+            "prefetch": prefetch, "float_rows": dtype == "bfloat16"}
     plan = Plan((Step("fuse_rows", step),), "row_fused", "")
     k = tc.build(g.args, target="sim", plan=plan)
-    x, gg, bb = (rng.standard_normal(s).astype(np.float32) for s in ((13, 96), (96,), (96,)))
-    dy = rng.standard_normal((13, 96)).astype(np.float32)
-    _check(_run(k, g.args, [x, gg, bb, dy], {}), rb.np_layer_norm_backward(x, gg, bb, dy), "float32",
-           f"layer norm backward, {step} (seed {seed})")
+    x, gg, bb = (rng.standard_normal(s).astype(NP[dtype]) for s in ((13, 96), (96,), (96,)))
+    dy = rng.standard_normal((13, 96)).astype(NP[dtype])
+    want = rb.np_layer_norm_backward(*(a.astype(np.float64) for a in (x, gg, bb, dy)))
+    _check(_run(k, g.args, [x, gg, bb, dy], {}), want, dtype, f"layer norm backward {dtype}, {step} (seed {seed})")
 
 
 def test_the_forward_layer_norm_exposes_its_statistics_in_one_kernel():

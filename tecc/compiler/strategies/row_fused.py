@@ -46,7 +46,8 @@ from ...ir.errors import ScheduleError
 from ...ir.expr import TensorRead, const_int, free_vars, walk
 from ...ir.tensor import Tensor
 from ...ir.target import Target
-from ...passes.rewrite.fuse_rows import COLUMN_KERNEL_REGISTERS, fuse_rows, row_group
+from ...passes.rewrite.fuse_rows import (COLUMN_KERNEL_REGISTERS, ROW_KERNEL_REGISTERS, SM_REGISTERS, SM_THREADS, fuse_rows,
+                                         row_group)
 from ...passes.rewrite.row_columns import MAX_COLUMN_BLOCKS_PER_SM
 from ...passes.schedule.cross_thread import WARP
 from ..cost.analysis import KernelInfo
@@ -122,8 +123,6 @@ def fit_row_registers(columns: int, threads: int, vector: int, arrays: int, item
     resident block leaves a thread (64 K / threads, at most 255): at 1024 threads a thread has
     64, so a cross-entropy over 50,304 logits (52 per thread) spilled at 1024 threads and fits
     512 (100 of 128). A row that takes most of the thread's registers gets 8-byte vectors."""
-    from ...passes.rewrite.fuse_rows import ROW_KERNEL_REGISTERS, SM_REGISTERS
-
     def words(t: int, v: int) -> int:
         return -(-columns // (t * v)) * v * max(arrays, 1)
 
@@ -137,6 +136,15 @@ def fit_row_registers(columns: int, threads: int, vector: int, arrays: int, item
     if vector > narrow and columns % narrow == 0 and words(threads, vector) > ROW_CAP_SHARE * cap(threads):
         vector = narrow
     return threads, vector
+
+
+# A 16-bit row of more elements per thread than this keeps them converted to float32
+# (fuse_rows' float_rows): ptxas has no registers left to keep converted copies across the
+# passes' barriers, so each pass converts again (the cross-entropy over 50,304 bf16 logits, 100
+# per thread: 3432 -> 3136 instructions, sm_90). Up to 32 per thread (the forward softmax, layer
+# and RMS norm at 1024-8192 columns) the SASS is the same either way, so their kernels stay as
+# measured. Row kernels with column reductions always take it (propose_with_columns).
+FLOAT_ROWS_ELEMENTS = 32
 
 
 # A re-read row's walk (fuse_rows cache="none"/"online", tecc/passes/rewrite/row_chunks.py): each thread
@@ -254,6 +262,9 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
         step_args["vector"] = vector
     if rows_per_block > 1:
         step_args["rows_per_block"] = rows_per_block
+    if cache == "registers" and itemsize == 2 and columns is not None and \
+            -(-columns // (threads * vector)) * vector > FLOAT_ROWS_ELEMENTS:
+        step_args["float_rows"] = True
     if unroll > 1:
         step_args["unroll"] = unroll
     layout = (f"{rows_per_block} rows per block, one warp each" if rows_per_block > 1 else f"{threads} threads")
@@ -337,6 +348,8 @@ def propose_with_columns(group: Any, target: Any = None) -> RowFusedChoice | Non
         step_args["column_sums"] = "shared"
     if prefetch:
         step_args["prefetch"] = True
+    if itemsize == 2:  # 16-bit rows: each element converted once per row, not once per pass
+        step_args["float_rows"] = True
     row_bytes = sum(_itemsize(t) * columns for t in row_inputs) + sum(
         _itemsize(t) * columns for t in group.elementwise)
     reason = (f"{len(group.reductions) + len(group.elementwise) + len(group.row_values)} stage(s) sharing rows of "
@@ -353,8 +366,6 @@ def _column_resident(threads: int, words: int, where: str, shared_bytes: int, tg
     `where` "local", column sums) take `words` registers per thread beside
     COLUMN_KERNEL_REGISTERS, and with "shared" `shared_bytes` of sums per block: 0 when not one
     block fits."""
-    from ...passes.rewrite.fuse_rows import SM_REGISTERS, SM_THREADS
-
     n = 0
     while (threads * (n + 1) <= SM_THREADS
            and SM_REGISTERS // (threads * (n + 1)) >= words + COLUMN_KERNEL_REGISTERS

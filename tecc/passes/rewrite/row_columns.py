@@ -112,7 +112,7 @@ class ColumnPartials:
             assert isinstance(op, ComputeOp)
             at = substitute(r.source, {**dict(zip(r.axes, row_idx)), op.axes[0]: col})
             i = self._at(slot)
-            steps.append(BufferStore(acc, (i,), binary(COMBINE[r.combiner], acc[i], cast(value(at), acc.dtype))))
+            steps.append(BufferStore(acc, (i,), binary(COMBINE[r.combiner], acc[i], value(cast(at, acc.dtype)))))
         return column_loop(seq(*steps))
 
     def store(self, column_loop: Callable[[Stmt, bool], Stmt], blk: Var, col: Expr, slot: Expr) -> Stmt:
