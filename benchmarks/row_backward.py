@@ -235,7 +235,7 @@ def norm_points(op, R, C, dtype, n_sets, stream, reps):
     """The backward alone (saved statistics) at its planned row-kernel point and at the point
     without the next-row prefetch (module docstring, --points): (label, seconds, bytes, plan)."""
     from tecc.compiler.plan import Plan, Step
-    from tecc.compiler.strategies.row_fused import _column_resident
+    from tecc.compiler.strategies.row_fused import column_resident
     from tecc.compiler.planner import resolve_target
 
     tdt = TORCH_DTYPES[dtype]
@@ -245,7 +245,7 @@ def norm_points(op, R, C, dtype, n_sets, stream, reps):
     tgt = resolve_target(None)
     elements = -(-C // (step["threads"] * step.get("vector", 1))) * step.get("vector", 1)
     arrays, sums = 2, len(g.grads) - 1
-    resident = min(4, _column_resident(step["threads"], elements * (arrays + sums), "local", 0, tgt)) or 1
+    resident = min(4, column_resident(step["threads"], elements * (arrays + sums), "local", 0, tgt)) or 1
     before = {k: v for k, v in step.items() if k not in ("prefetch", "column_sums")}
     before["row_blocks"] = min(R, tgt.sm_count * resident)
     points = [("planned", planned), ("no prefetch", build_plan(g.args, Plan((Step("fuse_rows", before),),

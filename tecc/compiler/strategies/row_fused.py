@@ -30,6 +30,9 @@ Cost (the issue's criterion: fewer global bytes under the register / shared-memo
   softmax 86% -> 93% but layer norm 97% -> 94%; float32 softmax 98% -> 97%), so it stays there;
 * the vector width: 16 bytes (float4, or 8 bf16/fp16 as one uint4) when the row length allows,
   else the widest that divides it;
+* a row whose registers overflow what one resident block leaves a thread (64 K / threads) takes
+  half the threads (`fit_row_registers`: 50,304 logits at 512 threads, not 1024), and 8-byte
+  vectors when it fills most of them;
 * a row past the register budget (or of symbolic length) is re-read once per pass; where the
   group has a max / sum-of-exp or a sum / sum-of-squared-deviations pair (softmax, layer norm)
   the pair is one pass (cache="online": running max, Welford moments), so the row is read twice.
@@ -327,7 +330,7 @@ def propose_with_columns(group: Any, target: Any = None) -> RowFusedChoice | Non
         ("shared", True, elements * 2 * row_arrays),
         ("local", False, elements * (row_arrays + sums)),
     ]
-    fits = [(where, ahead, _column_resident(threads, words, where, sums * elements * threads * 4, tgt))
+    fits = [(where, ahead, column_resident(threads, words, where, sums * elements * threads * 4, tgt))
             for where, ahead, words in options]
     best = max(min(n, MAX_COLUMN_BLOCKS_PER_SM) for _, _, n in fits)
     if best == 0:
@@ -361,7 +364,7 @@ def propose_with_columns(group: Any, target: Any = None) -> RowFusedChoice | Non
     return RowFusedChoice(plan, threads, "registers", float(row_bytes), float(row_bytes), reason, vector)
 
 
-def _column_resident(threads: int, words: int, where: str, shared_bytes: int, tgt: Any) -> int:
+def column_resident(threads: int, words: int, where: str, shared_bytes: int, tgt: Any) -> int:
     """Resident blocks per SM of a column-reduction row kernel whose row arrays (and, with
     `where` "local", column sums) take `words` registers per thread beside
     COLUMN_KERNEL_REGISTERS, and with "shared" `shared_bytes` of sums per block: 0 when not one
@@ -514,6 +517,6 @@ def describe_point(point: dict[str, Any]) -> str:
     return f"row_fused(threads={point['threads']}, cache={point['cache']}, vector={point.get('vector', 1)})"
 
 
-__all__ = ["RowFusedChoice", "choose_long_row", "choose_point", "choose_rows_per_block", "describe_point",
-           "fit_row_registers", "fused_points",
+__all__ = ["RowFusedChoice", "choose_long_row", "choose_point", "choose_rows_per_block", "column_resident",
+           "describe_point", "fit_row_registers", "fused_points",
            "fused_workload", "propose", "row_point_workload"]
