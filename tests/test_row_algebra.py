@@ -68,3 +68,20 @@ def test_layer_norm_backward_sums_without_the_row_constants_and_matches_float64(
     for got, want in zip(outs, rb.np_layer_norm_backward(x, gg, bb, dy)):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
 
+
+
+def test_a_division_free_of_the_column_is_found_once_and_not_under_a_select():
+    from tecc.passes.rewrite.row_algebra import invariant_divisions
+
+    q = ROW[tc.const(0, "int32")] / _r()
+    e = _x() * q + q * 2.0
+    assert invariant_divisions(e, {K}) == [q]
+    assert invariant_divisions(_x() / _r(), {K}) == []                 # varies with the column
+    guarded = tc.where(_x() > 0.0, q, 0.0)
+    assert invariant_divisions(guarded, {K}) == []                     # a Select's branch: left there
+
+
+def test_cross_entropy_divides_once_per_row():
+    k = tc.build(rb.cross_entropy_forward_backward(4, 3000), target="sim")
+    body = str(k.module.kernels[0].body)
+    assert body.count(" / ") == 1, [ln for ln in body.splitlines() if " / " in ln]

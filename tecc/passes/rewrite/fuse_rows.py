@@ -92,7 +92,7 @@ from .online_stats import (
     welford_moments,
     welford_pair,
 )
-from .row_algebra import group_invariants, split_invariant
+from .row_algebra import group_invariants, invariant_divisions, split_invariant
 from .row_chunks import ColumnWalk
 from .row_columns import MAX_COLUMN_BLOCKS_PER_SM, ColumnPartials, row_loop
 from .row_group import RowGroup, row_group
@@ -264,6 +264,9 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         if needs_guard:
             body = IfThenElse(col < C, body)
         return For(k, 0, K, "unroll", body)
+        if needs_guard:
+            body = IfThenElse(guard(col < C), body)
+        return For(k, 0, K, "unroll", body)
 
     def over_columns(exprs: list[Expr], element: Callable[[Callable[[Expr], Expr], Expr], Stmt],
                      vectorized: bool = False) -> Stmt:
@@ -349,6 +352,16 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         allocs.append(buf)
         return buf
 
+    hoisted: dict[Expr, Buffer] = {}
+
+    def hoist_divisions(e: Expr) -> Expr:
+        found = invariant_divisions(e, varying)
+        for d in found:
+            if d not in hoisted:
+                hoisted[d] = new_local("row_quotient", d.dtype, 1)
+                stmts.append(BufferStore(hoisted[d], (zero,), d))
+        return SubexpressionReplacer({d: hoisted[d][zero] for d in found}).visit(e) if found else e
+
     stmts.extend(finish(None))
     touched: list[set[int]] = []  # the row arrays each pass reads or writes
     merged: set[int] = set()      # passes folded into the previous one (cache="online")
@@ -402,6 +415,8 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         touched.append({id(n.buffer) for s in keep for n in walk(s.value) if isinstance(n, BufferLoad)}
                        | {id(n.buffer) for n in walk(expr) if isinstance(n, BufferLoad)}
                        | {id(buf) for buf in mine.values()})
+        if cache == "registers":  # a division by row values: once per row (row_algebra.py)
+            expr = hoist_divisions(expr)
         if r is not None:
             acc = Buffer(unique(f"{t.name}_acc"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.acc")
             allocs.append(acc)
