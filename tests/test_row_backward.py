@@ -209,6 +209,27 @@ def test_forward_backward_shares_the_forward_stages():
     assert g.grads[0] is not joint[4]  # the backward alone reads the saved placeholders instead
 
 
+def test_forward_backward_of_a_stage_with_an_embedded_reduction():
+    """A log-sum-exp written as one stage (the sum inside `m + log(Σ exp(x - m))`): the joint
+    program's output is the normalized forward's, which computes the same values."""
+    rng, seed = _rng()
+    X = tc.placeholder((5, 333), "float32", name="X")
+    c, c2 = tc.reduce_axis(333, name="c"), tc.reduce_axis(333, name="c2")
+    m = tc.compute((5,), lambda i: tc.max(X[i, c], axis=c), name="m")
+    lse = tc.compute((5,), lambda i: m[i] + tc.log(tc.sum(tc.exp(X[i, c2] - m[i]), axis=c2)), name="lse")
+    joint = list(tc.grad(lse, [X]).forward_backward)
+    assert [t.name for t in joint] == ["X", "dlse", "lse", "dX"] and joint[2] is not lse
+    k = tc.build(joint, target="sim")
+    assert len(k.module.kernels) == 1, k.plan
+    x = rng.standard_normal((5, 333)).astype(np.float32)
+    dl = rng.standard_normal(5).astype(np.float32)
+    out, dx = _run(k, joint, [x, dl], {})
+    x64 = x.astype(np.float64)
+    want = np.log(np.exp(x64 - x64.max(-1, keepdims=True)).sum(-1)) + x64.max(-1)
+    p = np.exp(x64 - want[:, None])
+    _check([out, dx], [want, dl[:, None].astype(np.float64) * p], "float32", f"log-sum-exp joint (seed {seed})")
+
+
 def test_saved_statistics_replace_their_recomputation():
     g = rb.layer_norm_backward(8, 64, save=True)
     assert [t.name for t in g.saved] == ["mu", "var"] and all(t.is_placeholder for t in g.saved)
