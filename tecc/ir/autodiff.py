@@ -46,12 +46,9 @@ placeholders of the same shape and dtype (`Gradients.saved`), the forward to bui
 `[*inputs, *saved, cotangent, *grads]`. The gradient still flows through the saved tensors'
 definitions; only their values are read.
 
-**Forward and backward as one program.** When the cotangent is known before the forward runs
-(the seed of a loss: 1, 1/N, a weight per row), `Gradients.forward_backward` is the signature
-`[*inputs, cotangent, output, *grads]` of ONE program whose gradients read the forward's own
-stages (the normalized forward, not a recomputed copy and not saved placeholders), so the
-planner shares them: a cross-entropy's row max and Σ exp feed both the loss and dX in one row
-kernel that reads the logits once. Nothing is saved between the two.
+**Forward and backward as one program** (a cotangent known before the forward runs, as a
+loss's seed): `Gradients.forward_backward = [*inputs, cotangent, output, *grads]`, whose
+gradients read the normalized forward's own stages (a cross-entropy's loss and dX: one kernel).
 """
 
 from __future__ import annotations
@@ -108,10 +105,8 @@ class Gradients:
     without), and `forward` the forward program's signature that computes them:
     `[*inputs, output, *save]`. `g[X]` is X's gradient, and iterating yields the gradients in `wrt` order (`dA, dB = g`).
 
-    `forward_backward` is the signature of the forward and the backward as one program, for a
-    cotangent known before the forward runs: `[*inputs, cotangent, output, *grads]` (module
-    docstring); its output is the normalized forward's (same values, possibly another tensor
-    object than `output`) and its gradients read the forward's stages, never `saved`."""
+    `forward_backward`: forward and backward as one program (module docstring); its output is
+    the normalized forward's (the same values, maybe another tensor than `output`)."""
 
     output: Tensor
     wrt: tuple[Tensor, ...]
