@@ -44,11 +44,7 @@ tensors (row statistics, a log-sum-exp) as inputs instead of recomputing them. T
 placeholders of the same shape and dtype (`Gradients.saved`), the forward to build is
 `Gradients.forward = [*inputs, output, *save]`, and the backward's signature is
 `[*inputs, *saved, cotangent, *grads]`. The gradient still flows through the saved tensors'
-definitions; only their values are read.
-
-**Forward and backward as one program** (a cotangent known before the forward runs, as a
-loss's seed): `Gradients.forward_backward = [*inputs, cotangent, output, *grads]`, whose
-gradients read the normalized forward's own stages (a cross-entropy's loss and dX: one kernel).
+definitions; only their values are read. `Gradients.forward_backward`: both as ONE program.
 """
 
 from __future__ import annotations
@@ -105,8 +101,8 @@ class Gradients:
     without), and `forward` the forward program's signature that computes them:
     `[*inputs, output, *save]`. `g[X]` is X's gradient, and iterating yields the gradients in `wrt` order (`dA, dB = g`).
 
-    `forward_backward`: forward and backward as one program (module docstring); its output is
-    the normalized forward's (the same values, maybe another tensor than `output`)."""
+    `forward_backward` = `[*inputs, cotangent, output, *grads]`: one program for a cotangent known
+    before the forward runs (a loss's seed), reading the normalized forward's stages (training.md)."""
 
     output: Tensor
     wrt: tuple[Tensor, ...]
@@ -167,8 +163,7 @@ def grad(output: Tensor, wrt: Sequence[Tensor], *, cotangent_name: str | None = 
     builder.taken.add(name)
     dC = placeholder(output.shape, output.dtype, name=name)
     grads = builder.run(dC)
-    # the gradients before the saved values replace their reads: they read the forward's stages
-    joint = (*inputs, dC, builder.output, *grads)
+    joint = (*inputs, dC, builder.output, *grads)  # before `save` retargets the reads
     saved = builder.saved_placeholders(tuple(save))
     if saved:
         grads = tuple(replace_reads(grads, {id(builder.normalized(t)): p for t, p in zip(save, saved)}))
