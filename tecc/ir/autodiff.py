@@ -44,7 +44,7 @@ tensors (row statistics, a log-sum-exp) as inputs instead of recomputing them. T
 placeholders of the same shape and dtype (`Gradients.saved`), the forward to build is
 `Gradients.forward = [*inputs, output, *save]`, and the backward's signature is
 `[*inputs, *saved, cotangent, *grads]`. The gradient still flows through the saved tensors'
-definitions; only their values are read.
+definitions; only their values are read. `Gradients.forward_backward`: both as ONE program.
 """
 
 from __future__ import annotations
@@ -99,7 +99,10 @@ class Gradients:
 
     `saved` are the backward's placeholders for the forward tensors given as `save=` (empty
     without), and `forward` the forward program's signature that computes them:
-    `[*inputs, output, *save]`. `g[X]` is X's gradient, and iterating yields the gradients in `wrt` order (`dA, dB = g`)."""
+    `[*inputs, output, *save]`. `g[X]` is X's gradient, and iterating yields the gradients in `wrt` order (`dA, dB = g`).
+
+    `forward_backward` = `[*inputs, cotangent, output, *grads]`: one program for a cotangent known
+    before the forward runs (a loss's seed), reading the normalized forward's stages (training.md)."""
 
     output: Tensor
     wrt: tuple[Tensor, ...]
@@ -108,6 +111,7 @@ class Gradients:
     grads: tuple[Tensor, ...]
     saved: tuple[Tensor, ...] = ()
     forward: tuple[Tensor, ...] = ()
+    forward_backward: tuple[Tensor, ...] = ()
 
     @property
     def args(self) -> list[Tensor]:
@@ -159,10 +163,11 @@ def grad(output: Tensor, wrt: Sequence[Tensor], *, cotangent_name: str | None = 
     builder.taken.add(name)
     dC = placeholder(output.shape, output.dtype, name=name)
     grads = builder.run(dC)
+    joint = (*inputs, dC, builder.output, *grads)  # before `save` retargets the reads
     saved = builder.saved_placeholders(tuple(save))
     if saved:
         grads = tuple(replace_reads(grads, {id(builder.normalized(t)): p for t, p in zip(save, saved)}))
-    return Gradients(output, wrt, inputs, dC, grads, saved, (*inputs, output, *save))
+    return Gradients(output, wrt, inputs, dC, grads, saved, (*inputs, output, *save), joint)
 
 
 # ---- the forward DAG ------------------------------------------------------------------------------
