@@ -80,15 +80,4 @@ class LoweredReduction:
         return self.inliner.visit(_Finish().visit(substitute(op.body, dict(zip(op.axes, index)))))
 
 
-def unflatten(flat: Expr, shape: Sequence[Expr]) -> tuple[Expr, ...]:
-    """The row-major index of element `flat` of `shape` (the first index is not reduced modulo
-    its extent: `flat` is in range)."""
-    idx: list[Expr] = []
-    rest = flat
-    for n, extent in enumerate(reversed(shape)):
-        idx.append(rest if n == len(shape) - 1 else rest % extent)
-        rest = rest // extent
-    return tuple(reversed(idx))
-
-
-__all__ = ["LoweredReduction", "reduction_stage", "unflatten"]
+__all__ = ["LoweredReduction", "reduction_stage"]

@@ -79,8 +79,8 @@ from ...ir.expr import (BufferLoad, Const, Expr, Reduce, Var, binary, cast, cons
 from ...ir.stmt import Allocate, Barrier, Buffer, BufferStore, For, IfThenElse, KernelCall, Module, PrimFunc, Stmt, seq
 from ...ir.tensor import ComputeOp, Tensor
 from .last_block import COMBINE_FORMS, MAX_GRID_Y, LastBlockHandshake
-from .reduction_stage import LoweredReduction, reduction_stage, unflatten
-from ..lower import COMBINE, Inliner, buffer_for, choose_inlined, collect_program, kernel_params
+from .reduction_stage import LoweredReduction, reduction_stage
+from ..lower import COMBINE, Inliner, buffer_for, choose_inlined, collect_program, kernel_params, unflatten
 from ..names import identifier
 
 ZERO = Const(0, dt.int32)

@@ -62,7 +62,7 @@ from ...ir.stmt import Allocate, Buffer, BufferStore, For, IfThenElse, KernelCal
 from ...ir.tensor import Tensor
 from .fuse_rows import COMBINE, VECTORS, Pass, finish_reduction, RowInliner, row_group, row_passes
 from .row_group import RowGroup
-from ..lower import Inliner, kernel_params, signature
+from ..lower import Inliner, kernel_params, signature, unflatten
 from ..names import identifier
 from .online_stats import (
     allreduce_max_sum,
@@ -75,7 +75,6 @@ from .online_stats import (
 )
 from .row_chunks import ColumnWalk
 from ..schedule.cross_thread import WARP, allreduce, chan_allreduce, chan_merge
-from .reduction_stage import unflatten
 
 KINDS = ("reduction", "max_sum_exp", "welford")
 ZERO = Const(0, dt.int32)

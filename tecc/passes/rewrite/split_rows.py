@@ -92,10 +92,10 @@ from ...ir.stmt import Allocate, Buffer, BufferStore, For, IfThenElse, KernelCal
 from ...ir.tensor import ComputeOp, Tensor
 from ...ir.visitor import ExprMutator
 from .last_block import COMBINE_FORMS, MAX_GRID_Y, LastBlockHandshake
-from ..lower import COMBINE, Inliner, buffer_for, choose_inlined, collect_program, kernel_params
+from ..lower import COMBINE, Inliner, buffer_for, choose_inlined, collect_program, kernel_params, unflatten
 from ..names import identifier
 from ..schedule.cross_thread import WARP, allreduce
-from .reduction_stage import LoweredReduction, reduction_stage, unflatten
+from .reduction_stage import LoweredReduction, reduction_stage
 
 VECTORS = (1, 2, 4, 8)
 # Kernel 1 keeps its round loop rolled (`#pragma unroll 1`: U loads in flight per thread are the
