@@ -134,6 +134,19 @@ REGISTER_EPILOGUE_BYTES_PER_CYCLE = 8.0
 TMA_STORE_SYNC_CYCLES = 200.0
 PRODUCER_THREADS = 128
 TMA_LAUNCH_REGISTERS = 168   # 65536 / 384 rounded down to 8: two consumer warpgroups and the producer
+# split-K (`split_k`, tecc/passes/schedule/split_k.py): the parts S a point may divide each output
+# tile's k tiles into, offered only where the output tiles are fewer than SPLIT_TILES_PER_SM x SMs
+# (more tiles than that keep every SM busy without it) and each part keeps MIN_SPLIT_K_TILES k
+# tiles, and the parts divide the k tiles evenly (no part runs zero-filled tiles past K).
+SPLITS = (2, 3, 4, 6, 8)
+SPLIT_TILES_PER_SM = 2
+MIN_SPLIT_K_TILES = 2
+# The hand-over of a split's float32 partial tile: what one SM moves to and from L2 per cycle
+# (CostParameters.l2_bytes_per_clock_per_sm), and the fence, atomic and barriers around the
+# arrival count (a __threadfence waits for the group's stores to reach L2: about one L2 round
+# trip, and the atomic another). Assumed, not fitted.
+SPLIT_L2_BYTES_PER_CYCLE = 64.0
+SPLIT_SYNC_CYCLES = 1200.0
 
 
 def load_of(point: Point) -> str:
@@ -146,13 +159,68 @@ def epilogue_of(point: Point) -> str:
     return str(point.get("epilogue", "registers"))
 
 
+def split_of(point: Point) -> int:
+    """The point's split-K parts (1: none; plans made before split-K have no "split")."""
+    return int(point.get("split", 1))
+
+
+def split_handover_cycles(point: Point) -> tuple[float, float]:
+    """(latency a work unit of a split point exposes after storing its partial tile: the
+    arrival handshake, which nothing in the block overlaps; cycles the last split of an output
+    tile adds to its SM's chain: reading the S - 1 other partials from L2 and summing them). The
+    epilogue stays counted for every unit (tile_fixed_cycles): the other splits store their
+    partial tile instead, about as much."""
+    splits = split_of(point)
+    if splits == 1:
+        return 0.0, 0.0
+    partial = int(point["bm"]) * int(point["bn"]) * 4.0
+    return SPLIT_SYNC_CYCLES, (splits - 1) * partial / SPLIT_L2_BYTES_PER_CYCLE
+
+
+def split_registers(accumulators: int, element_loads: bool) -> int:
+    """Registers the sum of the partial tiles adds per thread (the partials' addresses and the
+    loads ptxas issues ahead). ptxas, sm_90a, 1000 x 1000 x K, 4 stages, S = 2 and 4: with
+    cp.async copies (K = 1024) 0-10 more than unsplit; with element-loaded operands (K = 1023)
+    128 x 128 took 185 -> 238 / 255, about one more register per accumulator, the others no more."""
+    return accumulators + 8 if element_loads else 12
+
+
+def split_traffic(point: Point, tiles: int, groups: int, target: Target) -> tuple[float, float, float]:
+    """(L2 bytes, DRAM bytes, warp instructions) the hand-over of a split point adds over its
+    `tiles` output tiles: every part stores its float32 partial tile (a warp store covers 128
+    bytes) and the last reads the S - 1 others (a load and an add per element). The partials
+    stay in L2 while they fit; the share of L2 they fill is assumed written back to DRAM."""
+    splits = split_of(point)
+    if splits == 1:
+        return 0.0, 0.0, 0.0
+    partial = int(point["bm"]) * int(point["bn"]) * 4.0
+    stored = tiles * splits * partial
+    l2 = stored + tiles * (splits - 1) * partial
+    dram = stored * min(1.0, stored / max(target.l2_bytes, 1))
+    elements = partial / 4.0 / (groups * WARPGROUP)   # accumulators per thread
+    instructions = tiles * groups * 4 * elements * (splits + 2.0 * (splits - 1))
+    return l2, dram, instructions
+
+
+def split_parts(k_tiles: int, output_tiles: int, target: Target) -> tuple[int, ...]:
+    """The split-K parts a point over `output_tiles` tiles with `k_tiles` k tiles is offered
+    with: 1, and each of SPLITS that divides the k tiles into parts of MIN_SPLIT_K_TILES or more,
+    where the output tiles are fewer than SPLIT_TILES_PER_SM per SM."""
+    if output_tiles >= SPLIT_TILES_PER_SM * target.sm_count:
+        return (1,)
+    return (1,) + tuple(s for s in SPLITS if k_tiles % s == 0 and k_tiles // s >= MIN_SPLIT_K_TILES)
+
+
 def shared_bytes(point: Point, out_itemsize: int = 2) -> int:
     """The ring's bytes plus the slack the kernel uses to align it to 1024 bytes (and the TMA
     ring's two mbarriers per stage, and the staging tile of the TMA epilogue)."""
     stages = int(point["stages"])
     barriers = 2 * 8 * stages if load_of(point) == "tma" else 0
     staging = int(point["bm"]) * int(point["bn"]) * out_itemsize if epilogue_of(point) == "tma" else 0
-    return stages * (int(point["bm"]) + int(point["bn"])) * K_TILE * 2 + DESCRIPTOR_ALIGNMENT + barriers + staging
+    # split-K's arrival counts: a few bytes, but their own 1024-byte-aligned slot (codegen)
+    handover = DESCRIPTOR_ALIGNMENT if split_of(point) > 1 else 0
+    return (stages * (int(point["bm"]) + int(point["bn"])) * K_TILE * 2 + DESCRIPTOR_ALIGNMENT + barriers + staging
+            + handover)
 
 
 def tma_store_refusal_for(info: KernelInfo) -> str | None:
@@ -306,10 +374,17 @@ def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_til
     base, _ = tile_fixed_cycles(target, {**point, "epilogue": "registers", "persistent": 0}, out_itemsize)
     share = min(1.0, main / base) if base > 0 else 1.0
     round_ = main + (per_tile - base) * share
+    # split-K's sum of the partials is not part of what the k-loop constants were set on: added
+    # whole, by the last split of each tile: in a persistent block 1 / S of its units on average
+    # plus one whole sum at its end (the tail), else on every round's critical path (the
+    # handshake's latency is the workload's block latency, exposed whatever the bound)
+    _, reduce = split_handover_cycles(point)
+    splits = split_of(point)
     if point.get("persistent"):
-        per_block = -(-max(tiles, 1) // max(blocks, 1))   # the busiest block's tiles
-        return per_block * round_ + once * share, resident, idle
-    return round_, resident, idle
+        per_block = -(-max(tiles, 1) // max(blocks, 1))   # the busiest block's tiles (work units)
+        tail = reduce * (1.0 - 1.0 / splits)
+        return per_block * (round_ + reduce / splits) + once * share + tail, resident, idle
+    return round_ + reduce, resident, idle
 
 
 class GemmWgmma(Strategy):
@@ -351,19 +426,23 @@ class GemmWgmma(Strategy):
                 continue  # tensorize stages the output on the cp.async ring (the TMA ring has its own epilogue)
             if (bm >= 2 * m and bm > BLOCK_M[0]) or (bn >= 2 * n and bn > BLOCK_N[0]):
                 continue  # a tile twice the matrix leaves half its warpgroups idle
-            if deeper_than_the_k_loop(stages, -(-max(view.k, 1) // self.k_tile), load):
-                continue
-            point: Point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
-            if load == "cp.async":
-                if staged:
-                    point["staged_output"] = True
-                if shared_bytes(point) + staged_output_bytes(point, itemsize) <= target.smem_per_block_optin:
-                    yield point
-                continue
-            for epilogue, persistent in product(epilogues, (target.sm_count, 0)):
-                rung = dict(point, epilogue=epilogue, persistent=persistent)
-                if shared_bytes(rung, info.write.itemsize) <= target.smem_per_block_optin:
-                    yield rung
+            k_tiles = -(-max(view.k, 1) // self.k_tile)
+            for split in split_parts(k_tiles, view.batch * -(-m // bm) * -(-n // bn), target):
+                if deeper_than_the_k_loop(stages, k_tiles // split, load):
+                    continue
+                point: Point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
+                if split > 1:
+                    point["split"] = split
+                if load == "cp.async":
+                    if staged:
+                        point["staged_output"] = True
+                    if shared_bytes(point) + staged_output_bytes(point, itemsize) <= target.smem_per_block_optin:
+                        yield point
+                    continue
+                for epilogue, persistent in product(epilogues, (target.sm_count, 0)):
+                    rung = dict(point, epilogue=epilogue, persistent=persistent)
+                    if shared_bytes(rung, info.write.itemsize) <= target.smem_per_block_optin:
+                        yield rung
 
     def workload(self, info: KernelInfo, point: Point, target: Target) -> Workload:
         bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
@@ -375,8 +454,11 @@ class GemmWgmma(Strategy):
         view = gemm_view(info)
         assert not isinstance(view, str)
         batch, m, n, k = view.batch, view.m, view.n, view.k
-        row_tiles, col_tiles, k_tiles = -(-m // bm), -(-n // bn), -(-max(k, 1) // bk)
-        blocks = batch * row_tiles * col_tiles
+        splits = split_of(point)
+        row_tiles, col_tiles = -(-m // bm), -(-n // bn)
+        k_tiles = -(-(-(-max(k, 1) // bk)) // splits)   # per block (split-K: per part)
+        tiles = batch * row_tiles * col_tiles           # output tiles
+        blocks = tiles * splits                         # work units: a block each unless persistent
         persistent = int(point.get("persistent", 0))
         grid = persistent if persistent else blocks   # blocks launched
         a_bytes, b_bytes = self.element_bytes * m * k * batch, self.element_bytes * k * n * batch
@@ -387,10 +469,10 @@ class GemmWgmma(Strategy):
         out_tile = staged_output_bytes(point, info.write.itemsize)
         l2 = a_bytes * col_tiles + b_bytes * row_tiles + out_l2
         sizes = copy_sizes(info) if load == "cp.async" else (0, 0)
-        tiles = ((bm * bk, sizes[0]), (bn * bk, sizes[1]))
-        copies = 0 if load == "tma" else sum(tile // size // threads for tile, size in tiles if size)
-        staged = 0 if load == "tma" else sum(tile // threads for tile, size in tiles if not size)
-        warps = blocks * groups * 4
+        operand_tiles = ((bm * bk, sizes[0]), (bn * bk, sizes[1]))
+        copies = 0 if load == "tma" else sum(tile // size // threads for tile, size in operand_tiles if size)
+        staged = 0 if load == "tma" else sum(tile // threads for tile, size in operand_tiles if not size)
+        warps = tiles * groups * 4   # the epilogue's: once per output tile
         wgmma = blocks * groups * k_tiles * (bk // self.k_step)
         # gathered (implicit GEMM) reduction indices: a div/mod pair per extra axis (gemm_tensor_core)
         if load == "tma":
@@ -400,9 +482,13 @@ class GemmWgmma(Strategy):
         else:
             instructions = (wgmma + blocks * k_tiles * groups * 4 * ((copies + staged) * (6 + 4 * view.gathered) + 12)
                             + warps * (wgmma_n // 2) * (4 + info.epilogue_flops))
+        split_l2, split_dram, split_instructions = split_traffic(point, tiles, groups, target)
+        instructions += split_instructions
         rate = target.tensor_flops.get(self.rate_key, 0.0) * WGMMA_FRACTION
         registers = (wgmma_registers(bm, bn, sizes, bk, groups) if load == "cp.async"
                      else tma_registers(bm, bn, point, groups))
+        if splits > 1 and "launch bound (setmaxnreg)" not in registers:
+            registers["split-K sum"] = split_registers(wgmma_n // 2, "staged elements" in registers)
 
         if "accumulators" in registers:   # the wgmma's N: the block's rows when tf32 computes Cᵀ
             registers["accumulators"] = wgmma_n // 2
@@ -433,8 +519,13 @@ class GemmWgmma(Strategy):
             notes.append(f"epilogue {how}: {per_tile:.0f} cycles per output tile ({fill})")
             if epilogue_of(point) == "registers" and tma_store_refusal_for(info) is not None:
                 notes.append(f"no TMA-store epilogue: {tma_store_refusal_for(info)}")
+        if splits > 1:
+            handover, reduce = split_handover_cycles(point)
+            notes.append(f"split-K {splits}: {tiles} output tiles x {splits} parts of {k_tiles} k tiles; each part "
+                         f"stores its float32 partial tile ({handover:.0f} cycles of handshake), the last sums the "
+                         f"others in split order ({reduce:.0f} cycles): {split_l2 / 1e6:.1f} MB through L2")
         if persistent:
-            notes.append(f"persistent grid of {persistent} blocks over {blocks} tiles "
+            notes.append(f"persistent grid of {persistent} blocks over {blocks} {'work units' if splits > 1 else 'tiles'} "
                          f"({-(-blocks // persistent)} on the busiest block)")
         if staged_out:
             notes.append("output staged in a padded shared tile, stored in 16-byte chunks (whole lines per warp)")
@@ -450,10 +541,11 @@ class GemmWgmma(Strategy):
             smem_bytes=shared_bytes(point, info.write.itemsize) + out_tile, smem_opt_in=True,
             flops=2.0 * m * n * k * batch, fma_ops=float(m * n * batch * max(info.epilogue_flops, 0)),
             tensor_flops=2.0 * blocks * bm * bn * k_tiles * bk, tensor_rate=rate,
-            dram_bytes=wave_dram_bytes(info, target, point, batch, resident, l2 - out_l2 + out_bytes), l2_bytes=l2,
-            global_wavefronts=(l2 - out_l2) / 128.0 + out_wavefronts,
+            dram_bytes=wave_dram_bytes(info, target, point, batch, resident, l2 - out_l2 + out_bytes) + split_dram,
+            l2_bytes=l2 + split_l2, global_wavefronts=(l2 - out_l2 + split_l2) / 128.0 + out_wavefronts,
             smem_wavefronts=(smem_reads + smem_writes) / SMEM_WAVEFRONT_BYTES + out_smem,
             instructions=instructions, bytes_in_flight=self.element_bytes * (bm + bn) * bk / threads * max(ahead, 1),
+            block_latency_cycles=split_handover_cycles(point)[0] * (-(-blocks // grid) if persistent else 1),
             ilp=float(wgmma_n // 8), chain_cycles=chain, k_extent=k_tiles * bk, notes=notes)
 
     def operand_note(self, info: KernelInfo) -> tuple[str]:
@@ -468,6 +560,9 @@ class GemmWgmma(Strategy):
         sch.pipeline(k_tiles, stages=int(point["stages"]), producer=load_of(point))
         if load_of(point) == "tma":
             sch.warp_specialize(stage)
+        if split_of(point) > 1:
+            sch.split_k(stage, split_of(point))
+        if load_of(point) == "tma":
             if point.get("persistent"):
                 sch.persistent(stage, int(point["persistent"]))
             if epilogue_of(point) != "registers":
@@ -477,17 +572,18 @@ class GemmWgmma(Strategy):
 
     def describe(self, point: Point) -> str:
         bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
+        split = f", split-K {split_of(point)} (the last part sums the partials)" if split_of(point) > 1 else ""
         if load_of(point) == "tma":
             persistent = (f", persistent grid of {int(point['persistent'])} blocks in grouped tile order"
                           if point.get("persistent") else "")
             if epilogue_of(point) == "tma":
                 persistent += ", epilogue through shared memory + TMA store"
             return (f"gemm_wgmma(wgmma.m64n{bn}k16 f32 accumulators, block {bm}x{bn}, {bm // 64} consumer "
-                    f"warpgroup(s) + 1 TMA producer warpgroup, k-tile {K_TILE}, {stages} TMA stages{persistent}; "
+                    f"warpgroup(s) + 1 TMA producer warpgroup, k-tile {K_TILE}, {stages} TMA stages{split}{persistent}; "
                     "rung: wgmma + TMA + mbarrier ring, warp-specialized, 128B swizzle)")
         staged = ", output staged in shared memory" if point.get("staged_output") else ""
         return (f"gemm_wgmma(wgmma.m64n{bn}k16 f32 accumulators, block {bm}x{bn}, {bm // 64} warpgroup(s), "
-                f"k-tile {K_TILE}, {stages} cp.async stages{staged}; rung: wgmma + cp.async ring, 128B swizzle)")
+                f"k-tile {K_TILE}, {stages} cp.async stages{staged}{split}; rung: wgmma + cp.async ring, 128B swizzle)")
 
 
 register(GemmWgmma())
