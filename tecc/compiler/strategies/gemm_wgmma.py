@@ -98,6 +98,7 @@ from .gemm_tensor_core import (
     wave_dram_bytes,
     worth_staging,
 )
+from .gemm_split import split_handover_cycles, split_of, split_parts, split_registers, split_traffic
 from .registry import Point, Strategy, register
 
 BLOCK_M = (64, 128)
@@ -134,19 +135,6 @@ REGISTER_EPILOGUE_BYTES_PER_CYCLE = 8.0
 TMA_STORE_SYNC_CYCLES = 200.0
 PRODUCER_THREADS = 128
 TMA_LAUNCH_REGISTERS = 168   # 65536 / 384 rounded down to 8: two consumer warpgroups and the producer
-# split-K (`split_k`, tecc/passes/schedule/split_k.py): the parts S a point may divide each output
-# tile's k tiles into, offered only where the output tiles are fewer than SPLIT_TILES_PER_SM x SMs
-# (more tiles than that keep every SM busy without it) and each part keeps MIN_SPLIT_K_TILES k
-# tiles, and the parts divide the k tiles evenly (no part runs zero-filled tiles past K).
-SPLITS = (2, 3, 4, 6, 8)
-SPLIT_TILES_PER_SM = 2
-MIN_SPLIT_K_TILES = 2
-# The hand-over of a split's float32 partial tile: what one SM moves to and from L2 per cycle
-# (CostParameters.l2_bytes_per_clock_per_sm), and the fence, atomic and barriers around the
-# arrival count (a __threadfence waits for the group's stores to reach L2: about one L2 round
-# trip, and the atomic another). Assumed, not fitted.
-SPLIT_L2_BYTES_PER_CYCLE = 64.0
-SPLIT_SYNC_CYCLES = 1200.0
 
 
 def load_of(point: Point) -> str:
@@ -157,58 +145,6 @@ def load_of(point: Point) -> str:
 def epilogue_of(point: Point) -> str:
     """The point's epilogue: "registers" (plans made before the staged epilogue have none) or "tma"."""
     return str(point.get("epilogue", "registers"))
-
-
-def split_of(point: Point) -> int:
-    """The point's split-K parts (1: none; plans made before split-K have no "split")."""
-    return int(point.get("split", 1))
-
-
-def split_handover_cycles(point: Point) -> tuple[float, float]:
-    """(latency a work unit of a split point exposes after storing its partial tile: the
-    arrival handshake, which nothing in the block overlaps; cycles the last split of an output
-    tile adds to its SM's chain: reading the S - 1 other partials from L2 and summing them). The
-    epilogue stays counted for every unit (tile_fixed_cycles): the other splits store their
-    partial tile instead, about as much."""
-    splits = split_of(point)
-    if splits == 1:
-        return 0.0, 0.0
-    partial = int(point["bm"]) * int(point["bn"]) * 4.0
-    return SPLIT_SYNC_CYCLES, (splits - 1) * partial / SPLIT_L2_BYTES_PER_CYCLE
-
-
-def split_registers(accumulators: int, element_loads: bool) -> int:
-    """Registers the sum of the partial tiles adds per thread (the partials' addresses and the
-    loads ptxas issues ahead). ptxas, sm_90a, 1000 x 1000 x K, 4 stages, S = 2 and 4: with
-    cp.async copies (K = 1024) 0-10 more than unsplit; with element-loaded operands (K = 1023)
-    128 x 128 took 185 -> 238 / 255, about one more register per accumulator, the others no more."""
-    return accumulators + 8 if element_loads else 12
-
-
-def split_traffic(point: Point, tiles: int, groups: int, target: Target) -> tuple[float, float, float]:
-    """(L2 bytes, DRAM bytes, warp instructions) the hand-over of a split point adds over its
-    `tiles` output tiles: every part stores its float32 partial tile (a warp store covers 128
-    bytes) and the last reads the S - 1 others (a load and an add per element). The partials
-    stay in L2 while they fit; the share of L2 they fill is assumed written back to DRAM."""
-    splits = split_of(point)
-    if splits == 1:
-        return 0.0, 0.0, 0.0
-    partial = int(point["bm"]) * int(point["bn"]) * 4.0
-    stored = tiles * splits * partial
-    l2 = stored + tiles * (splits - 1) * partial
-    dram = stored * min(1.0, stored / max(target.l2_bytes, 1))
-    elements = partial / 4.0 / (groups * WARPGROUP)   # accumulators per thread
-    instructions = tiles * groups * 4 * elements * (splits + 2.0 * (splits - 1))
-    return l2, dram, instructions
-
-
-def split_parts(k_tiles: int, output_tiles: int, target: Target) -> tuple[int, ...]:
-    """The split-K parts a point over `output_tiles` tiles with `k_tiles` k tiles is offered
-    with: 1, and each of SPLITS that divides the k tiles into parts of MIN_SPLIT_K_TILES or more,
-    where the output tiles are fewer than SPLIT_TILES_PER_SM per SM."""
-    if output_tiles >= SPLIT_TILES_PER_SM * target.sm_count:
-        return (1,)
-    return (1,) + tuple(s for s in SPLITS if k_tiles % s == 0 and k_tiles // s >= MIN_SPLIT_K_TILES)
 
 
 def shared_bytes(point: Point, out_itemsize: int = 2) -> int:
@@ -482,7 +418,7 @@ class GemmWgmma(Strategy):
         else:
             instructions = (wgmma + blocks * k_tiles * groups * 4 * ((copies + staged) * (6 + 4 * view.gathered) + 12)
                             + warps * (wgmma_n // 2) * (4 + info.epilogue_flops))
-        split_l2, split_dram, split_instructions = split_traffic(point, tiles, groups, target)
+        split_l2, split_dram, split_instructions = split_traffic(point, tiles, groups * WARPGROUP, target)
         instructions += split_instructions
         rate = target.tensor_flops.get(self.rate_key, 0.0) * WGMMA_FRACTION
         registers = (wgmma_registers(bm, bn, sizes, bk, groups) if load == "cp.async"
