@@ -49,11 +49,20 @@ def split_handover_cycles(point: Point) -> tuple[float, float]:
 
 
 def split_registers(accumulators: int, element_loads: bool) -> int:
-    """Registers the sum of the partial tiles adds per thread (the partials' addresses and the
-    loads ptxas issues ahead). ptxas, sm_90a, 1000 x 1000 x K, 4 stages, S = 2 and 4: with
-    cp.async copies (K = 1024) 0-10 more than unsplit; with element-loaded operands (K = 1023)
-    128 x 128 took 185 -> 238 / 255, about one more register per accumulator, the others no more."""
+    """Registers the sum of the partial tiles adds per thread of a wgmma kernel (the partials'
+    addresses and the loads ptxas issues ahead). ptxas, sm_90a, 1000 x 1000 x K, 4 stages,
+    S = 2 and 4: with cp.async copies (K = 1024) 0-10 more than unsplit; with element-loaded
+    operands (K = 1023) 128 x 128 took 185 -> 238 / 255, about one more register per
+    accumulator, the other tiles no more."""
     return accumulators + 8 if element_loads else 12
+
+
+def mma_split_registers(accumulators: int, splits: int) -> int:
+    """The same for an mma.sync kernel: ptxas issues the S - 1 partials' loads ahead up to about
+    40 registers. sm_80, 1000 x 1000 x 1024 / 1023, 4 stages (unsplit -> S = 2 -> S = 4):
+    32 accumulators 87 -> 92 -> 128, 64: 124 -> 128 -> 165 and 160 -> 162 -> 193, 128 (64 x 64
+    warp tiles): 214 -> 255 -> 255 with 264 bytes spilled."""
+    return min(40, (splits - 1) * accumulators // 2) + 4
 
 
 def split_traffic(point: Point, tiles: int, threads: int, target: Target) -> tuple[float, float, float]:
@@ -83,5 +92,5 @@ def split_parts(k_tiles: int, output_tiles: int, target: Target) -> tuple[int, .
     return (1,) + tuple(s for s in SPLITS if k_tiles % s == 0 and k_tiles // s >= MIN_SPLIT_K_TILES)
 
 
-__all__ = ["MIN_SPLIT_K_TILES", "SPLITS", "SPLIT_TILES_PER_SM", "split_handover_cycles", "split_of", "split_parts",
-           "split_registers", "split_traffic"]
+__all__ = ["MIN_SPLIT_K_TILES", "SPLITS", "SPLIT_TILES_PER_SM", "mma_split_registers", "split_handover_cycles",
+           "split_of", "split_parts", "split_registers", "split_traffic"]

@@ -72,6 +72,7 @@ from ..cost.analysis import Access, KernelInfo
 from ..cost.model import Workload
 from ..cost.occupancy import occupancy
 from ..cost.traffic import compulsory_bytes
+from .gemm_split import mma_split_registers, split_handover_cycles, split_of, split_parts, split_traffic
 from .registry import Point, Strategy, register
 
 BLOCKS = (64, 128, 256)
@@ -497,8 +498,11 @@ class GemmTensorCore(Strategy):
                 continue
             worth = stageable and worth_staging(bm, bn, view.k, self.precision.operand_bytes, itemsize)
             pipelines = (False, True) if self.offer_pipelined and (bk // self.precision.k_step) % 2 == 0 else (False,)
-            for staged, pipelined in product((False, True) if worth else (False,), pipelines):
+            splits = split_parts(_ceil(max(view.k, 1), bk), view.batch * _ceil(m, bm) * _ceil(n, bn), target)
+            for split, staged, pipelined in product(splits, (False, True) if worth else (False,), pipelines):
                 point = {"bm": bm, "bn": bn, "warps_m": wm, "warps_n": wn, "bk": bk, "stages": stages}
+                if split > 1:
+                    point["split"] = split
                 if staged:
                     point["staged_output"] = True
                 if pipelined:
@@ -516,8 +520,11 @@ class GemmTensorCore(Strategy):
         batch, m, n, k = view.batch, view.m, view.n, view.k
         threads = 32 * wm * wn
         tm, tn = bm // wm // 16, bn // wn // 8
-        row_tiles, col_tiles, k_tiles = _ceil(m, bm), _ceil(n, bn), _ceil(max(k, 1), bk)
-        blocks = batch * row_tiles * col_tiles
+        splits = split_of(point)
+        row_tiles, col_tiles = _ceil(m, bm), _ceil(n, bn)
+        k_tiles = _ceil(_ceil(max(k, 1), bk), splits)    # per block (split-K: per part)
+        tiles = batch * row_tiles * col_tiles            # output tiles
+        blocks = tiles * splits
         warps = blocks * wm * wn
         p = self.precision
         k16 = k_tiles * bk // p.k_step    # mma k steps (k16, or k8 for tf32)
@@ -535,22 +542,31 @@ class GemmTensorCore(Strategy):
         # divisors) per extra reduction axis per copy or element load
         # tf32: one cvt.rna per fragment register loaded (ptxas keeps one per register, not per mma)
         converts = 0.0 if p.ldmatrix else ldmatrix
+        split_l2, split_dram, split_instructions = split_traffic(point, tiles, threads, target)
         instructions = (mma + ldmatrix + converts + blocks * k_tiles * (wm * wn) * ((copies + staged) * (6 + 4 * view.gathered) + 8)
-                        + warps * tm * tn * 4 * (4 + info.epilogue_flops))
+                        + tiles * wm * wn * tm * tn * 4 * (4 + info.epilogue_flops) + split_instructions)
         # float16 and bfloat16 have the same dense peak on every target in the table
         rate = target.tensor_flops.get(p.rate_key, 0.0) * MMA_SYNC_FRACTION.get(target.sm, 0.6)
         # operands with run-time strides: the element-load loop the kernel also holds stores
         # each element to shared memory at once, so the copy loop's registers are the kernel's
         pipelined = bool(point.get("fragment_pipeline"))
         registers = tile_registers(bm, bn, wm, wn, bk, sizes, tf32=not p.ldmatrix, pipelined=pipelined)
+        if splits > 1:
+            registers["split-K sum"] = mma_split_registers(tm * tn * 4, splits)
         chain, resident, idle = sm_chain(target, rate, point, blocks, k_tiles, sum(registers.values()), p,
                                          staged_output_bytes(point, info.write.itemsize))
+        handover, reduce = split_handover_cycles(point)
+        chain += reduce   # the last part's sum of the partials, on every round's critical path
         notes = [f"{self.mma_name} {tm}x{tn} tiles per warp, {stages}-stage cp.async ring of {bk}-wide k tiles",
                  self.fragment_note,
                  f"{resident} block(s) per SM share the tensor pipe: idle {idle:.0%} of each k tile "
                  "(all resident blocks at their barrier or waiting for a stage at once)"]
         if staged_out:
             notes.append("output staged in a padded shared tile, stored in 16-byte chunks (whole lines per warp)")
+        if splits > 1:
+            notes.append(f"split-K {splits}: {tiles} output tiles x {splits} parts of {k_tiles} k tiles; each part "
+                         f"stores its float32 partial tile ({handover:.0f} cycles of handshake), the last sums the "
+                         f"others in split order ({reduce:.0f} cycles): {split_l2 / 1e6:.1f} MB through L2")
         if pipelined:
             notes.append("fragments pipelined: two fragment sets, the next k step's loads before this step's mma, "
                          "the ring's wait and barrier before the last k step (covered by its neighbours' mma)")
@@ -563,12 +579,12 @@ class GemmTensorCore(Strategy):
             smem_opt_in=True,
             flops=2.0 * m * n * k * batch, fma_ops=float(m * n * batch * max(info.epilogue_flops, 0)),
             tensor_flops=2.0 * blocks * bm * bn * k16 * p.k_step, tensor_rate=rate,
-            dram_bytes=wave_dram_bytes(info, target, point, batch, resident, l2 - out_l2 + out_bytes), l2_bytes=l2,
-            global_wavefronts=(l2 - out_l2) / 128.0 + out_wavefronts,
+            dram_bytes=wave_dram_bytes(info, target, point, batch, resident, l2 - out_l2 + out_bytes) + split_dram,
+            l2_bytes=l2 + split_l2, global_wavefronts=(l2 - out_l2 + split_l2) / 128.0 + out_wavefronts,
             smem_wavefronts=(warps * k16 * p.fragment_wavefronts(tm, tn)
                              + blocks * k_tiles * (bm + bn) * bk * p.operand_bytes / 128.0 + out_smem),
             instructions=instructions, bytes_in_flight=p.operand_bytes * (bm + bn) * bk / threads * (stages - 1),
-            ilp=float(tm * tn),
+            ilp=float(tm * tn), block_latency_cycles=handover,
             chain_cycles=chain, k_extent=k_tiles * bk, notes=notes)
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
@@ -580,6 +596,8 @@ class GemmTensorCore(Strategy):
         sch.pipeline(k_tiles, stages=int(point["stages"]))
         if point.get("fragment_pipeline"):
             sch.pipeline_fragments(k_tiles)
+        if split_of(point) > 1:
+            sch.split_k(stage, split_of(point))
         if point.get("staged_output"):
             sch.epilogue(stage, "staged")
 
@@ -588,7 +606,8 @@ class GemmTensorCore(Strategy):
         return (f"{self.name}({self.mma_name} f32 accumulators, block {bm}x{bn}, "
                 f"{wm}x{wn} warps of {bm // wm}x{bn // wn}, k-tile {point['bk']}, {point['stages']} cp.async stages"
                 f"{', output staged in shared memory' if point.get('staged_output') else ''}"
-                f"{', fragments pipelined' if point.get('fragment_pipeline') else ''})")
+                f"{', fragments pipelined' if point.get('fragment_pipeline') else ''}"
+                f"{f', split-K {split_of(point)} (the last part sums the partials)' if split_of(point) > 1 else ''})")
 
 
     mma_name = "mma.m16n8k16"
