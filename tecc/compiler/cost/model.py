@@ -142,6 +142,10 @@ class Workload:
     # the most contended address (a scatter's repeated index), which its L2 slice applies one
     # after another (the `serial` term)
     serial_cycles: float = 0.0
+    # the chain (chain_cycles) already holds the block's global load latency (a ring's fill and
+    # the stages it does not cover: the tensor-core GEMMs), so the latency term adds only the
+    # block's own block_latency_cycles, not another global load per round
+    latency_in_chain: bool = False
 
     @property
     def register_count(self) -> int:
@@ -286,7 +290,8 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
         tensor_eff = min(1.0, active_warps / (2.0 * target.schedulers_per_sm))
         t_tensor = w.tensor_flops * share / (w.tensor_rate / sms) / max(tensor_eff, 1e-3)
     t_special = w.special_ops * share / (params.sfu_lanes_per_sm * clock)
-    t_latency = rounds * (w.block_latency_cycles + params.global_latency_cycles) / clock / resident
+    loads = 0.0 if w.latency_in_chain else params.global_latency_cycles
+    t_latency = rounds * (w.block_latency_cycles + loads) / clock / resident
     t_blocks = per_sm_blocks * params.block_cycles / clock
     t_chain = rounds * w.chain_cycles / clock
     terms = {"dram": t_dram, "l2": t_l2, "l1/shared": t_lsu, "tensor": t_tensor, "fma": t_fma, "issue": t_issue,

@@ -48,6 +48,12 @@ def split_handover_cycles(point: Point) -> tuple[float, float]:
     return SPLIT_SYNC_CYCLES, (splits - 1) * partial / SPLIT_L2_BYTES_PER_CYCLE
 
 
+def split_publish_cycles(point: Point) -> float:
+    """Cycles a part spends storing its float32 partial tile: coalesced (each warp store writes
+    128 contiguous bytes), at SPLIT_L2_BYTES_PER_CYCLE."""
+    return int(point["bm"]) * int(point["bn"]) * 4.0 / SPLIT_L2_BYTES_PER_CYCLE
+
+
 def split_registers(accumulators: int, element_loads: bool) -> int:
     """Registers the sum of the partial tiles adds per thread of a wgmma kernel (the partials'
     addresses and the loads ptxas issues ahead). ptxas, sm_90a, 1000 x 1000 x K, 4 stages,
@@ -93,4 +99,4 @@ def split_parts(k_tiles: int, output_tiles: int, target: Target) -> tuple[int, .
 
 
 __all__ = ["MIN_SPLIT_K_TILES", "SPLITS", "SPLIT_TILES_PER_SM", "mma_split_registers", "split_handover_cycles",
-           "split_of", "split_parts", "split_registers", "split_traffic"]
+           "split_of", "split_parts", "split_publish_cycles", "split_registers", "split_traffic"]

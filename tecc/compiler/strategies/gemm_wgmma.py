@@ -98,7 +98,14 @@ from .gemm_tensor_core import (
     wave_dram_bytes,
     worth_staging,
 )
-from .gemm_split import split_handover_cycles, split_of, split_parts, split_registers, split_traffic
+from .gemm_split import (
+    split_handover_cycles,
+    split_of,
+    split_parts,
+    split_publish_cycles,
+    split_registers,
+    split_traffic,
+)
 from .registry import Point, Strategy, register
 
 BLOCK_M = (64, 128)
@@ -309,18 +316,28 @@ def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_til
     per_tile, once = tile_fixed_cycles(target, point, out_itemsize)
     base, _ = tile_fixed_cycles(target, {**point, "epilogue": "registers", "persistent": 0}, out_itemsize)
     share = min(1.0, main / base) if base > 0 else 1.0
-    round_ = main + (per_tile - base) * share
-    # split-K's sum of the partials is not part of what the k-loop constants were set on: added
-    # whole, by the last split of each tile: in a persistent block 1 / S of its units on average
-    # plus one whole sum at its end (the tail), else on every round's critical path (the
-    # handshake's latency is the workload's block latency, exposed whatever the bound)
-    _, reduce = split_handover_cycles(point)
+    persistent = bool(point.get("persistent"))
+    per_block = -(-max(tiles, 1) // max(blocks, 1))   # the busiest persistent block's tiles (work units)
     splits = split_of(point)
-    if point.get("persistent"):
-        per_block = -(-max(tiles, 1) // max(blocks, 1))   # the busiest block's tiles (work units)
-        tail = reduce * (1.0 - 1.0 / splits)
-        return per_block * (round_ + reduce / splits) + once * share + tail, resident, idle
-    return round_ + reduce, resident, idle
+    if splits == 1:
+        round_ = main + (per_tile - base) * share
+        if persistent:
+            return per_block * round_ + once * share, resident, idle
+        return round_, resident, idle
+    # split-K: each part stores its float32 partial tile (coalesced) where the epilogue was;
+    # the last part of a tile then sums the S partials and runs the epilogue, which the k-loop
+    # constants were not set on: added whole, in a persistent block for 1 / S of its units on
+    # average plus one whole at its end (the tail), else on every round's critical path (the
+    # handshake's latency is the workload's block latency, exposed whatever the bound)
+    # The baseline the k-loop constants hold is one per output tile: 1 / S of it per part (and
+    # `share` as the whole tile's k loop would have it)
+    fill = 0.0 if persistent else LOADED_LATENCY_CYCLES
+    share = min(1.0, main * splits / base) if base > 0 else 1.0
+    round_ = main + (fill + split_publish_cycles(point) - base / splits) * share
+    last = per_tile - fill + split_handover_cycles(point)[1]
+    if persistent:
+        return per_block * (round_ + last / splits) + once * share + last * (1.0 - 1.0 / splits), resident, idle
+    return round_ + last, resident, idle
 
 
 class GemmWgmma(Strategy):
@@ -482,7 +499,7 @@ class GemmWgmma(Strategy):
             smem_wavefronts=(smem_reads + smem_writes) / SMEM_WAVEFRONT_BYTES + out_smem,
             instructions=instructions, bytes_in_flight=self.element_bytes * (bm + bn) * bk / threads * max(ahead, 1),
             block_latency_cycles=split_handover_cycles(point)[0] * (-(-blocks // grid) if persistent else 1),
-            ilp=float(wgmma_n // 8), chain_cycles=chain, k_extent=k_tiles * bk, notes=notes)
+            ilp=float(wgmma_n // 8), chain_cycles=chain, latency_in_chain=True, k_extent=k_tiles * bk, notes=notes)
 
     def operand_note(self, info: KernelInfo) -> tuple[str]:
         return ("A and B read by wgmma from 128B-swizzled shared tiles (no ldmatrix)",)
@@ -599,16 +616,20 @@ class GemmWgmmaTF32(GemmWgmma):
         assert not isinstance(view, str)
         swap = self.swapped(info)
         loads = LOADS if tma_refusal_for(info) is None else LOADS[:1]
-        for load, split, across, stages in product(loads, TF32_SPLIT, TF32_ACROSS, STAGES):
-            bm, bn = (across, split) if swap else (split, across)
+        k_tiles = -(-max(view.k, 1) // self.k_tile)
+        for load, side, across, stages in product(loads, TF32_SPLIT, TF32_ACROSS, STAGES):
+            bm, bn = (across, side) if swap else (side, across)
             if (bm >= 2 * view.m and bm > 64) or (bn >= 2 * view.n and bn > 64):
                 continue  # a tile twice the matrix leaves half its warpgroups idle
-            if load == "tma" and split == 64 and self.register_operand(info):
+            if load == "tma" and side == 64 and self.register_operand(info):
                 continue  # ptxas serializes its wgmmas (C7520: a compiler-inserted arrive on a divergent path)
-            point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
-            if shared_bytes(point) > target.smem_per_block_optin:
-                continue
-            yield point
+            for split in split_parts(k_tiles, view.batch * -(-view.m // bm) * -(-view.n // bn), target):
+                point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
+                if split > 1:
+                    point["split"] = split
+                if shared_bytes(point) > target.smem_per_block_optin:
+                    continue
+                yield point
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
         stage = info.stage
@@ -619,13 +640,16 @@ class GemmWgmmaTF32(GemmWgmma):
         sch.pipeline(k_tiles, stages=int(point["stages"]), producer=load_of(point))
         if load_of(point) == "tma":
             sch.warp_specialize(stage)
+        if split_of(point) > 1:
+            sch.split_k(stage, split_of(point))
 
     def describe(self, point: Point) -> str:
         bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
         rung = ("TMA stages; rung: wgmma + TMA + mbarrier ring, warp-specialized, 128B swizzle)" if load_of(point) == "tma"
                 else "cp.async stages; rung: wgmma + cp.async ring, 128B swizzle)")
+        split = f", split-K {split_of(point)} (the last part sums the partials)" if split_of(point) > 1 else ""
         return (f"gemm_wgmma_tf32(wgmma.m64nNk8 tf32 f32 accumulators, block {bm}x{bn}, k-tile {self.k_tile} floats, "
-                f"{stages} {rung}; operands rounded to tf32 because the build allows TF32")
+                f"{stages} {rung}{split}; operands rounded to tf32 because the build allows TF32")
 
 
 register(GemmWgmmaTF32())
