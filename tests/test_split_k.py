@@ -107,6 +107,18 @@ def test_batched_split_k_with_a_fused_bias_and_relu(steps: dict[str, Any], split
     check(arrays, how, f"batched split-K {splits}", epilogue=lambda x, bias: np.maximum(x + bias, 0.0))
 
 
+@pytest.mark.parametrize("steps", [WGMMA_COPY, dict(WGMMA_TMA, persistent=5)])
+def test_split_k_with_a_symbolic_row_count(steps: dict[str, Any]) -> None:
+    """The partials and counters are sized by M at launch; a call with more rows grows them (the
+    counters zeroed again), one with fewer keeps their zero prefix."""
+    M = tc.var("M")
+    tensors, how = contraction(M, 72, 500, "float16")
+    sch = schedule_tensor_core(Schedule(tensors), splits=2, **steps)
+    for m in (50, 200, 70):
+        _, arrays = run(tensors, how, m, 72, 500, seed=m, plan=sch.plan, sizes={"M": 256})
+        check(arrays, how, f"split-K 2, M = {m}")
+
+
 def test_split_k_is_bit_identical_run_to_run_and_across_rings() -> None:
     """The parts' sums go in split order 0, 1, ... whoever arrives last: the same plan twice, the
     cp.async and TMA rings, one block per part or a persistent grid all give the same bits (each
