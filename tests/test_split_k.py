@@ -61,6 +61,9 @@ def split_run(tensors: list[tc.Tensor], how: dict[str, Any], m: int, n: int, k: 
     # 11 k tiles of 32 in 3 parts of 4
     ("mma.sync ring", MMA, 3, 70, 72, 333, "float16"),
     ("mma.sync ring, staged output", dict(MMA, staged_output=True), 2, 64, 64, 256, "bfloat16"),
+    ("mma.sync ring, pipelined fragments, grouped tile order", dict(MMA, fragment_pipeline=True, group_m=2), 2,
+     150, 136, 320, "float16"),
+    ("wgmma cp.async ring, staged output", dict(WGMMA_COPY, staged_output=True), 3, 130, 128, 640, "float16"),
 ])
 def test_split_k_matches_numpy(what: str, steps: dict[str, Any], splits: int, m: int, n: int, k: int,
                                dtype: str) -> None:

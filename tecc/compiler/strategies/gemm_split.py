@@ -98,5 +98,41 @@ def split_parts(k_tiles: int, output_tiles: int, target: Target) -> tuple[int, .
     return (1,) + tuple(s for s in SPLITS if k_tiles % s == 0 and k_tiles // s >= MIN_SPLIT_K_TILES)
 
 
-__all__ = ["MIN_SPLIT_K_TILES", "SPLITS", "SPLIT_TILES_PER_SM", "mma_split_registers", "split_handover_cycles",
-           "split_of", "split_parts", "split_publish_cycles", "split_registers", "split_traffic"]
+def split_label(point: Point) -> str:
+    """What `describe` says of a split point ('' unsplit)."""
+    return f", split-K {split_of(point)} (the last part sums the partials)" if split_of(point) > 1 else ""
+
+
+def split_note(point: Point, tiles: int, k_tiles: int, l2: float) -> str:
+    """explain's line for a split point: the parts, the hand-over and the partials' traffic."""
+    splits = split_of(point)
+    handover, reduce = split_handover_cycles(point)
+    return (f"split-K {splits}: {tiles} output tiles x {splits} parts of {k_tiles} k tiles; each part stores its "
+            f"float32 partial tile ({handover:.0f} cycles of handshake), the last sums the others in split order "
+            f"({reduce:.0f} cycles): {l2 / 1e6:.1f} MB through L2")
+
+
+def split_chain(point: Point, main: float, per_tile: float, once: float, base: float, fill: float,
+                units: int) -> float:
+    """A wgmma SM chain (gemm_wgmma.wgmma_sm_chain) of a split point: `main` the k loop of one
+    part, `per_tile` / `once` / `base` the per-tile fixed cycles of the point, once per block
+    and of the baseline, `fill` the ring's fill in `per_tile`, `units` the busiest persistent
+    block's work units (0: one block per unit). Each part stores its float32 partial tile
+    (coalesced) where the epilogue was; the last part of a tile then sums the S partials and runs
+    the epilogue, which the k-loop constants were not set on: added whole, in a persistent block
+    for 1 / S of its units on average plus one whole at its end (the tail), else on every round's
+    critical path (the handshake's latency is the workload's block latency, exposed whatever the
+    bound). The baseline the k-loop constants hold is one per output tile: 1 / S of it per part
+    (and its `share` as the whole tile's k loop would have it)."""
+    splits = split_of(point)
+    share = min(1.0, main * splits / base) if base > 0 else 1.0
+    round_ = main + (fill + split_publish_cycles(point) - base / splits) * share
+    last = per_tile - fill + split_handover_cycles(point)[1]
+    if units:
+        return units * (round_ + last / splits) + once * share + last * (1.0 - 1.0 / splits)
+    return round_ + last
+
+
+__all__ = ["MIN_SPLIT_K_TILES", "SPLITS", "SPLIT_TILES_PER_SM", "mma_split_registers", "split_chain",
+           "split_handover_cycles", "split_label", "split_note", "split_of", "split_parts", "split_publish_cycles",
+           "split_registers", "split_traffic"]

@@ -72,7 +72,15 @@ from ..cost.analysis import Access, KernelInfo
 from ..cost.model import Workload
 from ..cost.occupancy import occupancy
 from ..cost.traffic import compulsory_bytes
-from .gemm_split import mma_split_registers, split_handover_cycles, split_of, split_parts, split_traffic
+from .gemm_split import (
+    mma_split_registers,
+    split_handover_cycles,
+    split_label,
+    split_note,
+    split_of,
+    split_parts,
+    split_traffic,
+)
 from .registry import Point, Strategy, register
 
 BLOCKS = (64, 128, 256)
@@ -573,9 +581,7 @@ class GemmTensorCore(Strategy):
         if staged_out:
             notes.append("output staged in a padded shared tile, stored in 16-byte chunks (whole lines per warp)")
         if splits > 1:
-            notes.append(f"split-K {splits}: {tiles} output tiles x {splits} parts of {k_tiles} k tiles; each part "
-                         f"stores its float32 partial tile ({handover:.0f} cycles of handshake), the last sums the "
-                         f"others in split order ({reduce:.0f} cycles): {split_l2 / 1e6:.1f} MB through L2")
+            notes.append(split_note(point, tiles, k_tiles, split_l2))
         if pipelined:
             notes.append("fragments pipelined: two fragment sets, the next k step's loads before this step's mma, "
                          "the ring's wait and barrier before the last k step (covered by its neighbours' mma)")
@@ -616,7 +622,7 @@ class GemmTensorCore(Strategy):
                 f"{wm}x{wn} warps of {bm // wm}x{bn // wn}, k-tile {point['bk']}, {point['stages']} cp.async stages"
                 f"{', output staged in shared memory' if point.get('staged_output') else ''}"
                 f"{', fragments pipelined' if point.get('fragment_pipeline') else ''}"
-                f"{f', split-K {split_of(point)} (the last part sums the partials)' if split_of(point) > 1 else ''})")
+                f"{split_label(point)})")
 
 
     mma_name = "mma.m16n8k16"

@@ -99,10 +99,12 @@ from .gemm_tensor_core import (
     worth_staging,
 )
 from .gemm_split import (
+    split_chain,
     split_handover_cycles,
+    split_label,
+    split_note,
     split_of,
     split_parts,
-    split_publish_cycles,
     split_registers,
     split_traffic,
 )
@@ -160,10 +162,9 @@ def shared_bytes(point: Point, out_itemsize: int = 2) -> int:
     stages = int(point["stages"])
     barriers = 2 * 8 * stages if load_of(point) == "tma" else 0
     staging = int(point["bm"]) * int(point["bn"]) * out_itemsize if epilogue_of(point) == "tma" else 0
-    # split-K's arrival counts: a few bytes, but their own 1024-byte-aligned slot (codegen)
-    handover = DESCRIPTOR_ALIGNMENT if split_of(point) > 1 else 0
-    return (stages * (int(point["bm"]) + int(point["bn"])) * K_TILE * 2 + DESCRIPTOR_ALIGNMENT + barriers + staging
-            + handover)
+    handover = DESCRIPTOR_ALIGNMENT if split_of(point) > 1 else 0   # split-K's counts: their own aligned slot
+    ring = stages * (int(point["bm"]) + int(point["bn"])) * K_TILE * 2
+    return ring + DESCRIPTOR_ALIGNMENT + barriers + staging + handover
 
 
 def tma_store_refusal_for(info: KernelInfo) -> str | None:
@@ -317,27 +318,12 @@ def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_til
     base, _ = tile_fixed_cycles(target, {**point, "epilogue": "registers", "persistent": 0}, out_itemsize)
     share = min(1.0, main / base) if base > 0 else 1.0
     persistent = bool(point.get("persistent"))
-    per_block = -(-max(tiles, 1) // max(blocks, 1))   # the busiest persistent block's tiles (work units)
-    splits = split_of(point)
-    if splits == 1:
-        round_ = main + (per_tile - base) * share
-        if persistent:
-            return per_block * round_ + once * share, resident, idle
-        return round_, resident, idle
-    # split-K: each part stores its float32 partial tile (coalesced) where the epilogue was;
-    # the last part of a tile then sums the S partials and runs the epilogue, which the k-loop
-    # constants were not set on: added whole, in a persistent block for 1 / S of its units on
-    # average plus one whole at its end (the tail), else on every round's critical path (the
-    # handshake's latency is the workload's block latency, exposed whatever the bound)
-    # The baseline the k-loop constants hold is one per output tile: 1 / S of it per part (and
-    # `share` as the whole tile's k loop would have it)
-    fill = 0.0 if persistent else LOADED_LATENCY_CYCLES
-    share = min(1.0, main * splits / base) if base > 0 else 1.0
-    round_ = main + (fill + split_publish_cycles(point) - base / splits) * share
-    last = per_tile - fill + split_handover_cycles(point)[1]
-    if persistent:
-        return per_block * (round_ + last / splits) + once * share + last * (1.0 - 1.0 / splits), resident, idle
-    return round_ + last, resident, idle
+    per_block = -(-max(tiles, 1) // max(blocks, 1)) if persistent else 0   # the busiest block's tiles (work units)
+    if split_of(point) > 1:
+        fill = 0.0 if persistent else LOADED_LATENCY_CYCLES
+        return split_chain(point, main, per_tile, once, base, fill, per_block), resident, idle
+    round_ = main + (per_tile - base) * share
+    return (per_block * round_ + once * share if persistent else round_), resident, idle
 
 
 class GemmWgmma(Strategy):
@@ -473,12 +459,10 @@ class GemmWgmma(Strategy):
             if epilogue_of(point) == "registers" and tma_store_refusal_for(info) is not None:
                 notes.append(f"no TMA-store epilogue: {tma_store_refusal_for(info)}")
         if splits > 1:
-            handover, reduce = split_handover_cycles(point)
-            notes.append(f"split-K {splits}: {tiles} output tiles x {splits} parts of {k_tiles} k tiles; each part "
-                         f"stores its float32 partial tile ({handover:.0f} cycles of handshake), the last sums the "
-                         f"others in split order ({reduce:.0f} cycles): {split_l2 / 1e6:.1f} MB through L2")
+            notes.append(split_note(point, tiles, k_tiles, split_l2))
         if persistent:
-            notes.append(f"persistent grid of {persistent} blocks over {blocks} {'work units' if splits > 1 else 'tiles'} "
+            units = "work units" if splits > 1 else "tiles"
+            notes.append(f"persistent grid of {persistent} blocks over {blocks} {units} "
                          f"({-(-blocks // persistent)} on the busiest block)")
         if staged_out:
             notes.append("output staged in a padded shared tile, stored in 16-byte chunks (whole lines per warp)")
@@ -525,15 +509,15 @@ class GemmWgmma(Strategy):
 
     def describe(self, point: Point) -> str:
         bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
-        split = f", split-K {split_of(point)} (the last part sums the partials)" if split_of(point) > 1 else ""
+        split = split_label(point)
         if load_of(point) == "tma":
             persistent = (f", persistent grid of {int(point['persistent'])} blocks in grouped tile order"
                           if point.get("persistent") else "")
             if epilogue_of(point) == "tma":
                 persistent += ", epilogue through shared memory + TMA store"
             return (f"gemm_wgmma(wgmma.m64n{bn}k16 f32 accumulators, block {bm}x{bn}, {bm // 64} consumer "
-                    f"warpgroup(s) + 1 TMA producer warpgroup, k-tile {K_TILE}, {stages} TMA stages{split}{persistent}; "
-                    "rung: wgmma + TMA + mbarrier ring, warp-specialized, 128B swizzle)")
+                    f"warpgroup(s) + 1 TMA producer warpgroup, k-tile {K_TILE}, {stages} TMA stages{split}"
+                    f"{persistent}; rung: wgmma + TMA + mbarrier ring, warp-specialized, 128B swizzle)")
         staged = ", output staged in shared memory" if point.get("staged_output") else ""
         return (f"gemm_wgmma(wgmma.m64n{bn}k16 f32 accumulators, block {bm}x{bn}, {bm // 64} warpgroup(s), "
                 f"k-tile {K_TILE}, {stages} cp.async stages{staged}{split}; rung: wgmma + cp.async ring, 128B swizzle)")
@@ -647,7 +631,7 @@ class GemmWgmmaTF32(GemmWgmma):
         bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
         rung = ("TMA stages; rung: wgmma + TMA + mbarrier ring, warp-specialized, 128B swizzle)" if load_of(point) == "tma"
                 else "cp.async stages; rung: wgmma + cp.async ring, 128B swizzle)")
-        split = f", split-K {split_of(point)} (the last part sums the partials)" if split_of(point) > 1 else ""
+        split = split_label(point)
         return (f"gemm_wgmma_tf32(wgmma.m64nNk8 tf32 f32 accumulators, block {bm}x{bn}, k-tile {self.k_tile} floats, "
                 f"{stages} {rung}{split}; operands rounded to tf32 because the build allows TF32")
 
