@@ -22,8 +22,9 @@ tiles), `pipeline(k_tile, stages)` (the cp.async ring), and `pipeline_fragments`
 Point: block tile BM × BN ∈ {64, 128, 256}², a warp grid of 4 or 8 warps whose warp tile is
 32..64 × 32..64, k-tile BK ∈ {32, 64}, stages ∈ {2, 3, 4}, the mainloop plain (its
 fragments pipelined across k steps and k tiles, `pipeline_fragments`, only with `offer_pipelined`:
-measured slower at the points taken), with stages · (BM + BN) · BK · 2
-bytes of shared ring within the target's opt-in limit: over 48 KiB the emitter declares the
+measured slower at the points taken), "split" S (split-K, offered and priced by gemm_split.py where
+the output has few tiles), with stages · (BM + BN) · BK · 2 bytes of shared ring within the
+target's opt-in limit: over 48 KiB the emitter declares the
 ring as dynamic shared memory (codegen `dynamic_shared_bytes`) and the runtime opts the kernel
 in at load (runtime/cuda.py), so the Workload says `smem_opt_in`.
 

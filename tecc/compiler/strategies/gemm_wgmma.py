@@ -15,7 +15,8 @@ shows the best of each.
 
 Point: BM ∈ {64, 128} (1 or 2 consumer warpgroups), BN ∈ {64, 128, 256}, stages ∈ 2..5, with
 stages · (BM + BN) · 64 · 2 bytes of ring (+ 1024 bytes of alignment slack) within the opt-in
-shared-memory limit; and load ∈ {"cp.async", "tma"}, the rung:
+shared-memory limit, "split" S (split-K, offered and priced by gemm_split.py where the output has
+few tiles); and load ∈ {"cp.async", "tma"}, the rung:
 - "cp.async" (the first rung): every thread issues 16-byte cp.async copies into the ring, one
   __syncthreads and proxy fence per k tile (tensorize_wgmma.py);
 - "tma" (the second rung): warp specialization -- one producer warpgroup issues a TMA tile copy
