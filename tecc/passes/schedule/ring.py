@@ -61,8 +61,8 @@ from ...ir.stmt import (
     Stmt,
     seq,
 )
-from .split_k import SplitReduction
 from .implicit_gemm import Operand
+from .split_k import SplitReduction
 from .tile_kernel import TileSchedule, int32, int32_shape
 
 PRODUCER_REGISTERS = 40

@@ -2,7 +2,7 @@
 code that emits the kernel from it.
 
 Every tensor-core primitive (tensor_core.py: tensorize, stage_operand, pipeline,
-pipeline_fragments, warp_specialize, tile_order, persistent, epilogue) is a pass over one
+pipeline_fragments, warp_specialize, split_k, tile_order, persistent, epilogue) is a pass over one
 kernel that records its decision in the kernel's `TileSchedule` (attr "tensor_core") and emits
 the kernel again from the whole record, so each step's dump shows the kernel it leaves. The
 emitter is a stack of layers, one module and one concern each:
@@ -10,6 +10,7 @@ emitter is a stack of layers, one module and one concern each:
   TileKernel      tile_kernel.py      the block tile: grid, threads, names, batch indices, tile order
   TileStaging     tile_staging.py     operand tiles in shared memory: layouts, copies, element loads
   KernelEpilogue  epilogue.py         the fused tail: from registers, staged, or TMA stores
+  SplitReduction  split_k.py          split-K: the partial tiles handed over, summed by the last part
   Pipeline        ring.py             the k-tile loop: unpipelined, cp.async ring, TMA ring, warp-specialized
   MmaKernel       tensorize.py        mma.sync: fragments, ldmatrix, mma (the intrinsic-table row)
   WgmmaKernel     tensorize_wgmma.py  wgmma: shared operands through descriptors, a register X (tf32)
@@ -260,10 +261,14 @@ class TileKernel:
         if t.persistent:
             return For(self.block_id, int32(0), int32(t.persistent), "blockIdx.x",
                        For(self.tx, int32(0), threads, "threadIdx.x", body))
-        # split-K: blockIdx.z runs over (batch, split), the split fastest
-        z = Var("block_z") if c.batch and t.splits > 1 else self.split if t.splits > 1 else self.bz
-        if z is not self.bz and c.batch:
+        # blockIdx.z: the batch; with split-K the split, or (batch, split) with the split fastest
+        z: Var = self.bz
+        if t.splits > 1 and c.batch:
+            z = Var("block_z")
             body = LetStmt(self.bz, z // t.splits, LetStmt(self.split, z % t.splits, body))
+        elif t.splits > 1:
+            assert isinstance(self.split, Var)
+            z = self.split
         if t.group_m:
             rows, cols = ceil_div(c.m, t.bm), ceil_div(c.n, t.bn)
             tile = Var("block_tile")
