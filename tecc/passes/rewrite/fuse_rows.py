@@ -48,7 +48,6 @@ from ...ir.expr import (
     Const,
     Expr,
     Reduce,
-    TensorRead,
     Var,
     binary,
     cast,
@@ -73,7 +72,7 @@ from ...ir.stmt import (
 )
 from ...ir.tensor import ComputeOp, Tensor
 from ...ir.visitor import ExprMutator, SubexpressionReplacer
-from ..lower import COMBINE, Inliner, exprs_of, kernel_params, signature, unflatten
+from ..lower import COMBINE, Inliner, exprs_of, kernel_params, same_shape, signature, unflatten
 from ..names import identifier
 from .online_stats import (
     centered_sum,
@@ -86,6 +85,7 @@ from .row_algebra import group_invariants, invariant_divisions, split_invariant
 from .row_chunks import ColumnWalk
 from .row_columns import MAX_COLUMN_BLOCKS_PER_SM, ColumnPartials, row_loop
 from .row_group import RowGroup, row_group
+from .row_passes import Pass, RowInliner, finish_reduction, row_passes
 from ..schedule.cross_thread import WARP, allreduce
 
 CACHES = ("registers", "online", "none")
@@ -117,30 +117,6 @@ def min_blocks_per_sm(threads: int, row_words: int, kernel_registers: int = ROW_
     return best
 
 
-def _same_shape(a: Sequence[Expr], b: Sequence[Expr]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-
-
-class RowInliner(Inliner):
-    """Inlines elementwise producers; a read of a reduction stage of the group at the row being
-    computed becomes the thread's register holding that row's value."""
-
-    def __init__(self, base: Inliner, values: dict[Tensor, Buffer], row: tuple[Expr, ...]) -> None:
-        super().__init__(base.inlined, base.buffers)
-        self.values = values
-        self.row = row
-
-    def visit_TensorRead(self, e: TensorRead) -> Expr:
-        if e.tensor in self.values:
-            idx = tuple(self.visit(i) for i in e.indices)
-            if not _same_shape(idx, self.row):
-                raise ScheduleError(
-                    f"fuse_rows: {e.tensor.name} is read at [{', '.join(str(i) for i in idx)}], not at the row "
-                    "being computed; such a graph does not keep its row on chip")
-            return self.values[e.tensor][Const(0, dt.int32)]
-        return super().visit_TensorRead(e)
-
-
 class _CacheRow(ExprMutator):
     """Loads `X[row.., col]` of a cached input become the register `x_row[k]`. A 16-bit input
     cached in float32 (fuse_rows' `float_rows`) is read as `x_row[k]` wherever it is converted
@@ -154,7 +130,7 @@ class _CacheRow(ExprMutator):
 
     def visit_BufferLoad(self, e: BufferLoad) -> Expr:
         cache = self.caches.get(e.buffer)
-        if cache is not None and _same_shape(e.indices, self.key):
+        if cache is not None and same_shape(e.indices, self.key):
             return cast(cache[self.k], e.buffer.dtype)
         return self.generic_visit(e)
 
@@ -344,7 +320,7 @@ class _RowKernel:
         Sets `cacher`, which turns the passes' loads of the row into its registers."""
         group, unique, slot = self.group, self.unique, self.slot
         row_shape = group.rows + (group.columns,)
-        cached = [t for t in self.prog.args if t.is_placeholder and _same_shape(t.shape, row_shape)]
+        cached = [t for t in self.prog.args if t.is_placeholder and same_shape(t.shape, row_shape)]
         for t in cached if self.cache == "registers" else []:
             src = self.buffers[t]
             widen = float_rows and src.dtype in (dt.float16, dt.bfloat16)
@@ -615,32 +591,6 @@ def _module(rows: _RowKernel, body: Stmt, name: str | None) -> Module:
                   tuple(KernelCall(k.name, k.params) for k in kernels), temps)
 
 
-Pass = tuple[Tensor, Expr, "Reduce | None"]
-
-
-def row_passes(group: RowGroup, inliner: ExprMutator, row_idx: tuple[Expr, ...], col: Expr) -> list[Pass]:
-    """The per-column expression of every pass over the row `row_idx`, in program order: one per
-    Reduce of a reduction stage (its source at column `col`, with that Reduce), one per
-    elementwise output (its value at `col`, None). `inliner` (a RowInliner) turns reads of the
-    group's reduction stages into the registers that hold their row values. Row values and
-    column reductions have no pass of their own (fuse_rows computes them)."""
-    passes: list[Pass] = []
-    for t in group.stages:
-        op = t.op
-        assert isinstance(op, ComputeOp)
-        if t in group.reductions:
-            body = substitute(op.body, dict(zip(op.axes, row_idx)))
-            seen: set[int] = set()
-            for r in [n for n in walk(body) if isinstance(n, Reduce)]:
-                if id(r) not in seen:
-                    seen.add(id(r))
-                    passes.append((t, inliner.visit(substitute(r.source, {r.axes[0]: col})), r))
-        elif t in group.elementwise:
-            body = substitute(op.body, dict(zip(op.axes, row_idx + (col,))))
-            passes.append((t, inliner.visit(body), None))
-    return passes
-
-
 # Intrinsics worth a register to compute once: each is a libdevice call of tens of instructions
 # (expf: ~10 with the range reduction, sinf/logf more), against one register per column.
 EXPENSIVE = ("exp", "log", "sin", "cos", "tanh", "erf", "sigmoid", "exp2", "log2")
@@ -707,24 +657,5 @@ def _reads_only(t: Tensor, values: dict[Tensor, Buffer], known: set[Tensor], inl
     return all(u in known for u, buf in values.items() if id(buf) in loaded)
 
 
-def finish_reduction(t: Tensor, row_idx: tuple[Expr, ...], accs: dict[int, Expr], inliner: ExprMutator,
-                      val: Buffer, buffers: dict[Tensor, Buffer], tx: Var, writer: Expr | None = None) -> list[Stmt]:
-    """The row value of reduction stage `t` from its all-reduced accumulators, and its store
-    (by thread 0, or where `writer` holds) when the stage is an output."""
-    op = t.op
-    assert isinstance(op, ComputeOp)
-    body = substitute(op.body, dict(zip(op.axes, row_idx)))
-
-    class _Finish(ExprMutator):
-        def visit_Reduce(self, r: Reduce) -> Expr:  # noqa: N805
-            return accs[id(r)]
-
-    zero = Const(0, dt.int32)
-    out: list[Stmt] = [BufferStore(val, (zero,), inliner.visit(_Finish().visit(body)))]
-    if t in buffers:  # an output: thread 0 of the block writes the row's value
-        out.append(IfThenElse(tx == 0 if writer is None else writer, BufferStore(buffers[t], row_idx, val[zero])))
-    return out
-
-
-__all__ = ["CACHES", "COLUMN_KERNEL_REGISTERS", "VECTORS", "Pass", "RowGroup", "fuse_rows", "min_blocks_per_sm", "peak_row_words", "row_group",
-           "row_passes"]
+__all__ = ["CACHES", "COLUMN_KERNEL_REGISTERS", "VECTORS", "RowGroup", "fuse_rows", "min_blocks_per_sm", "peak_row_words",
+           "row_group"]
