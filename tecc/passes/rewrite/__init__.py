@@ -40,6 +40,8 @@ Their shared parts:
                       sum; Welford / Chan moments): the algebra split_row_group and fuse_rows' long rows use
   row_chunks.py       the column walk of a row too long for registers (vector loads in flight, a tail)
   row_group.py        what a row group is (fuse_rows and split_row_group match with it)
+  row_passes.py       a row group's passes over the row, its row values in registers and their
+                      finish (fuse_rows and split_row_group build their kernels from them)
   row_columns.py      a row group's column reductions: sums over blocks of rows, the combine kernel
   last_block.py       the one-kernel combine of split partials (fence/atomic handshake), with the
                       combine forms both split rewrites offer

@@ -48,7 +48,6 @@ from ...ir.expr import (
     Const,
     Expr,
     Reduce,
-    TensorRead,
     Var,
     binary,
     cast,
@@ -73,17 +72,7 @@ from ...ir.stmt import (
 )
 from ...ir.tensor import ComputeOp, Tensor
 from ...ir.visitor import ExprMutator, SubexpressionReplacer
-from ..lower import (
-    COMBINE,
-    Program,
-    exprs_of,
-    global_buffers,
-    Inliner,
-    scalar_vars,
-    choose_inlined,
-    collect_program,
-    signature,
-)
+from ..lower import COMBINE, Inliner, exprs_of, kernel_params, same_shape, signature, unflatten
 from ..names import identifier
 from .online_stats import (
     centered_sum,
@@ -96,6 +85,7 @@ from .row_algebra import group_invariants, invariant_divisions, split_invariant
 from .row_chunks import ColumnWalk
 from .row_columns import MAX_COLUMN_BLOCKS_PER_SM, ColumnPartials, row_loop
 from .row_group import RowGroup, row_group
+from .row_passes import Pass, RowInliner, finish_reduction, row_passes
 from ..schedule.cross_thread import WARP, allreduce
 
 CACHES = ("registers", "online", "none")
@@ -114,6 +104,7 @@ ROW_KERNEL_REGISTERS = 24
 # addresses live beside its arrays: with 24, ptxas spilled layer norm's backward over bf16 rows
 # of 768 and 1024 at 128 threads (56 registers, 24 bytes); 32 leaves it at 64 without spills.
 COLUMN_KERNEL_REGISTERS = 32
+ZERO = Const(0, dt.int32)
 
 
 def min_blocks_per_sm(threads: int, row_words: int, kernel_registers: int = ROW_KERNEL_REGISTERS) -> int:
@@ -124,30 +115,6 @@ def min_blocks_per_sm(threads: int, row_words: int, kernel_registers: int = ROW_
         if SM_REGISTERS // (threads * n) >= row_words + kernel_registers:
             best = n
     return best
-
-
-def _same_shape(a: Sequence[Expr], b: Sequence[Expr]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-
-
-class RowInliner(Inliner):
-    """Inlines elementwise producers; a read of a reduction stage of the group at the row being
-    computed becomes the thread's register holding that row's value."""
-
-    def __init__(self, base: Inliner, values: dict[Tensor, Buffer], row: tuple[Expr, ...]) -> None:
-        super().__init__(base.inlined, base.buffers)
-        self.values = values
-        self.row = row
-
-    def visit_TensorRead(self, e: TensorRead) -> Expr:
-        if e.tensor in self.values:
-            idx = tuple(self.visit(i) for i in e.indices)
-            if not _same_shape(idx, self.row):
-                raise ScheduleError(
-                    f"fuse_rows: {e.tensor.name} is read at [{', '.join(str(i) for i in idx)}], not at the row "
-                    "being computed; such a graph does not keep its row on chip")
-            return self.values[e.tensor][Const(0, dt.int32)]
-        return super().visit_TensorRead(e)
 
 
 class _CacheRow(ExprMutator):
@@ -163,7 +130,7 @@ class _CacheRow(ExprMutator):
 
     def visit_BufferLoad(self, e: BufferLoad) -> Expr:
         cache = self.caches.get(e.buffer)
-        if cache is not None and _same_shape(e.indices, self.key):
+        if cache is not None and same_shape(e.indices, self.key):
             return cast(cache[self.k], e.buffer.dtype)
         return self.generic_visit(e)
 
@@ -216,292 +183,13 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     The kernel asks for `min_blocks_per_sm` resident blocks (see SM_THREADS above)."""
     group = row_group(args)
     _check_point(group, threads, cache, vector, unroll, rows_per_block, row_blocks, prefetch)
-    C = group.columns
-    c_const = const_int(C)
-    prog = group.program
-    W = rows_per_block
-
-    sig = signature(prog)
-    buffers, scalars, unique = sig.buffers, sig.scalars, sig.unique
-
-    # the block's row: blockIdx.x over the flattened rows (W rows per block: row b·W + ty), unflattened row-major;
-    # with row_blocks S, block b walks the rows step·S + b
-    b = Var(unique("row"), dt.int32)
-    tx = Var(unique("tx"), dt.int32)
-    ty = Var(unique("ty"), dt.int32)
-    step = Var(unique("row_step"), dt.int32) if row_blocks else None
-    flat_row: Expr = b * W + ty if W > 1 else b
-    if step is not None:
-        flat_row = step * row_blocks + b
-    row_idx = unflatten_row(flat_row, group.rows)
-    n_rows = size_product(group.rows)
-
-    # the column walk: col = k*T + tx, k < K (a re-read row: the chunked walk of row_chunks.py,
-    # whose passes are written in the column variable `col`)
-    k = Var(unique("k"), dt.int32)
-    v = Var(unique("v"), dt.int32)
-    V = vector
-    chunks: ColumnWalk | None = None
-    if cache == "registers":
-        col: Expr = (k * threads + tx) * V + v if V > 1 else k * threads + tx
-    else:
-        col = Var(unique("col"), dt.int32)
-        chunks = ColumnWalk(C, threads, V, unroll, tx, col, lambda label: Var(unique(label), dt.int32),
-                            lambda load, n: Buffer(unique(f"{load.buffer.name}_chunk"), load.buffer.dtype, (n,),
-                                                   "local", tensor=f"{load.buffer.tensor}.chunk"))
-    slot = k * V + v if V > 1 else k
-    K: Expr = Const(-(-(c_const or 0) // (threads * V)), dt.int32)
-    needs_guard = c_const is not None and c_const % (threads * V) != 0
-
-    def column_loop(body: Stmt, vectorized: bool = False) -> Stmt:
-        """The registers form's walk: k < K, every step unrolled (the row's registers are indexed by k)."""
-        if V > 1:
-            # C is a multiple of V: a vector is wholly inside the row or wholly past it
-            body = For(v, 0, V, "vectorize" if vectorized else "unroll", body)
-            if needs_guard:
-                body = IfThenElse((k * threads + tx) * V < C, body)
-            return For(k, 0, K, "unroll", body)
-        if needs_guard:
-            body = IfThenElse(col < C, body)
-        return For(k, 0, K, "unroll", body)
-        if needs_guard:
-            body = IfThenElse(guard(col < C), body)
-        return For(k, 0, K, "unroll", body)
-
-    def over_columns(exprs: list[Expr], element: Callable[[Callable[[Expr], Expr], Expr], Stmt],
-                     vectorized: bool = False) -> Stmt:
-        """The walk over the thread's columns running `element(value, column)` at each: `value`
-        maps a pass expression to its value at the column (chunk registers for a re-read row)."""
-        if chunks is None:
-            return column_loop(element(lambda e: e, col), vectorized)
-        return chunks.loop(exprs, row_idx, lambda ch: ch.each(element(ch.value, ch.column), vectorized))
-
-    zero = Const(0, dt.int32)
-    base_inliner = Inliner(prog.inlined, buffers)
-    values: dict[Tensor, Buffer] = {}
-    inliner = RowInliner(base_inliner, values, row_idx)
-
-    # inputs read at [row.., col]: cached in registers once
-    caches: dict[Buffer, Buffer] = {}
-    stmts: list[Stmt] = []
-    allocs: list[Buffer] = []
-    prefetched: list[tuple[Buffer, Expr]] = []  # (the next row's registers, the row's load)
-    if cache == "registers":
-        for t in prog.args:
-            if t.is_placeholder and _same_shape(t.shape, group.rows + (C,)):
-                src = buffers[t]
-                widen = float_rows and src.dtype in (dt.float16, dt.bfloat16)
-                reg = Buffer(unique(f"{src.name}_row"), dt.float32 if widen else src.dtype, (K * V,), "local",
-                             tensor=f"{t.name}.local")
-                caches[src] = reg
-                allocs.append(reg)
-                load = src[row_idx + (col,)]
-                if not prefetch:
-                    stmts.append(column_loop(BufferStore(reg, (slot,), cast(load, reg.dtype)), vectorized=True))
-                    continue
-                # this row was loaded by the previous step (or before the loop) into `next`
-                nxt = Buffer(unique(f"{src.name}_next"), src.dtype, (K * V,), "local", tensor=f"{t.name}.next")
-                prefetched.append((nxt, load))
-                stmts.append(column_loop(BufferStore(reg, (slot,), cast(nxt[slot], reg.dtype))))
-    if prefetched:  # the next row's loads are in flight while this row is computed
-        assert step is not None
-        stmts.append(IfThenElse(flat_row + row_blocks < n_rows, seq(*(
-            column_loop(BufferStore(nxt, (slot,), substitute(load, {step: step + 1})), vectorized=True)
-            for nxt, load in prefetched))))
-    cacher = _CacheRow(caches, row_idx, col, slot)
-
-    # every reduction stage's row value lives in one register of every thread
-    for t in group.reductions:
-        val = Buffer(unique(f"{t.name}_val"), t.dtype, (1,), "local", tensor=f"{t.name}.local")
-        allocs.append(val)
-        values[t] = val
-    for t in group.row_values:  # elementwise outputs of the row shape: one value per row
-        values[t] = Buffer(unique(f"{t.name}_val"), t.dtype, (1,), "local", tensor=f"{t.name}.local")
-        allocs.append(values[t])
-    done: set[Tensor] = set()
-    accs: dict[int, Expr] = {}
-
-    def finish(t: Tensor | None) -> list[Stmt]:
-        """Reduction stage t's row value (and its store), then every row value whose statistics
-        are now all known (t None: those that read none)."""
-        out = [] if t is None else finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx)
-        if t is not None:
-            done.add(t)
-        for u in group.row_values:
-            if u not in done and _reads_only(u, values, done, inliner, row_idx):
-                done.add(u)
-                out.extend(finish_reduction(u, row_idx, accs, inliner, values[u], buffers, tx))
-        return out
-
-    # the per-column expression of every pass, in program order: one per Reduce of a reduction
-    # stage (its source at column `col`), one per elementwise output (its value at `col`)
-    passes = [(t, cacher.visit(expr), r) for t, expr, r in row_passes(group, inliner, row_idx, col)]
-    # products' row-invariant factors grouped, once per row (row_algebra.py); a row in registers only
-    varying = {k, v, tx}
-    if cache == "registers":
-        passes = [(t, group_invariants(expr, varying), r) for t, expr, r in passes]
-
-    shared: dict[Expr, Buffer] = {}
-    if cache == "registers":
-        shared = _shared_column_values(passes, k, lambda e: Buffer(
-            unique("t_row"), e.dtype, (K * V,), "local", tensor="row.shared"))
-        allocs.extend(shared.values())
-
-    def new_local(label: str, dtype: dt.DType, n: int) -> Buffer:
-        buf = Buffer(unique(label), dtype, (n,), "local", tensor=label)
-        allocs.append(buf)
-        return buf
-
-    hoisted: dict[Expr, Buffer] = {}
-
-    def hoist_divisions(e: Expr) -> Expr:
-        found = invariant_divisions(e, varying)
-        for d in found:
-            if d not in hoisted:
-                hoisted[d] = new_local("row_quotient", d.dtype, 1)
-                stmts.append(BufferStore(hoisted[d], (zero,), d))
-        return SubexpressionReplacer({d: hoisted[d][zero] for d in found}).visit(e) if found else e
-
-    stmts.extend(finish(None))
-    touched: list[set[int]] = []  # the row arrays each pass reads or writes
-    merged: set[int] = set()      # passes folded into the previous one (cache="online")
-    welford = 0                   # of which sum / sum-of-squared-deviation pairs
-    for i, (t, expr, r) in enumerate(passes):
-        if i in merged:
-            touched.append(set())
-            continue
-        pair = None
-        if cache == "online":
-            assert chunks is not None and isinstance(col, Var)
-            pair = max_sum_exp_pair(passes, i, values) or welford_pair(passes, i, col)
-        if pair is not None:
-            # two reductions in one pass over the row (online_stats.py)
-            t2, r2, other = pair
-            assert r is not None and chunks is not None
-            acc = Buffer(unique(f"{t.name}_acc"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.acc")
-            acc2 = Buffer(unique(f"{t2.name}_acc"), r2.acc_dtype, (1,), "local", tensor=f"{t2.name}.acc")
-            allocs.extend([acc, acc2])
-            if r.combiner == "max":
-                stmts.extend(online_max_sum(cast(expr, r.acc_dtype), other, chunks, row_idx, acc, acc2, new_local,
-                                            tx, threads, t.name, (unique(f"{t.name}_block"),
-                                                                  unique(f"{t2.name}_block"))))
-                accs[id(r)] = cast(acc[zero], r.dtype)
-                accs[id(r2)] = cast(acc2[zero], r2.dtype)
-                stmts.extend(finish(t))
-            else:
-                moments = (new_local(f"{t.name}_count", r.acc_dtype, 1), new_local(f"{t.name}_mean", r.acc_dtype, 1),
-                           new_local(f"{t.name}_m2", r.acc_dtype, 1))
-                stmts.extend(welford_moments(expr, chunks, row_idx, moments, new_local, tx, threads, t.name,
-                                             unique(f"{t.name}_block")))
-                stmts.append(BufferStore(acc, (zero,), moments[0][zero] * moments[1][zero]))  # S = n·mean
-                accs[id(r)] = cast(acc[zero], r.dtype)
-                stmts.extend(finish(t))
-                # μ (pass i+1's) may read t's row value, set just above
-                stmts.append(BufferStore(acc2, (zero,), centered_sum(moments, other)))
-                accs[id(r2)] = cast(acc2[zero], r2.dtype)
-                welford += 1
-            merged.add(i + 1)
-            touched.append(set())
-            if i + 2 == len(passes) or passes[i + 2][0] is not t2:
-                stmts.extend(finish(t2))
-            continue
-        op = t.op
-        assert isinstance(op, ComputeOp)
-        # a value computed here for a later pass is stored in its register as it is computed
-        mine = {e: buf for e, buf in shared.items() if _first_pass(passes, e) == i}
-        used = SubexpressionReplacer({e: buf[slot] for e, buf in shared.items() if e not in mine})
-        keep = [BufferStore(buf, (slot,), used.visit(e)) for e, buf in mine.items()]
-        expr = SubexpressionReplacer({e: buf[slot] for e, buf in shared.items()}).visit(expr) if mine else used.visit(expr)
-        touched.append({id(n.buffer) for s in keep for n in walk(s.value) if isinstance(n, BufferLoad)}
-                       | {id(n.buffer) for n in walk(expr) if isinstance(n, BufferLoad)}
-                       | {id(buf) for buf in mine.values()})
-        if cache == "registers":  # a division by row values: once per row (row_algebra.py)
-            expr = hoist_divisions(expr)
-        if r is not None:
-            acc = Buffer(unique(f"{t.name}_acc"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.acc")
-            allocs.append(acc)
-            stmts.append(BufferStore(acc, (zero,), reduce_identity(r.combiner, r.acc_dtype)))
-            combine = COMBINE[r.combiner]
-            factor = None  # Σ V·I = I·Σ V for a row-invariant I (row_algebra.py)
-            if cache == "registers" and r.combiner == "sum" and expr.dtype == acc.dtype:
-                expr, factor = split_invariant(expr, varying)
-            stmts.append(over_columns([expr], lambda value, _column: seq(
-                *keep, BufferStore(acc, (zero,), binary(combine, acc[zero], cast(value(expr), acc.dtype))))))
-            stmts.append(allreduce(acc, COMBINE[r.combiner], tx, threads, unique(f"{t.name}_block"),
-                                   shuffle_stage=row_blocks > 0))
-            accs[id(r)] = cast(acc[zero] if factor is None else acc[zero] * factor, r.dtype)
-            last_of_stage = i + 1 == len(passes) or passes[i + 1][0] is not t
-            if last_of_stage:
-                stmts.extend(finish(t))
-        else:
-            out = buffers[t]
-            stmts.append(over_columns([expr], lambda value, column: BufferStore(out, row_idx + (column,), value(expr)),
-                                      vectorized=True))
-    partials: ColumnPartials | None = None
+    rows = _RowKernel(group, threads, cache, vector, rows_per_block, unroll, row_blocks)
+    rows.cache_row(prefetch, float_rows)
+    rows.row_registers()
+    rows.row_passes(rows.passes())
     if group.column_reductions:
-        # this row's values at the thread's columns, added into the column reductions' partial sums
-        partials = ColumnPartials(group, row_blocks, K * V, buffers, unique, column_sums, threads, tx)
-        update = partials.update(column_loop, row_idx, col, slot,
-                                 lambda e: group_invariants(cacher.visit(inliner.visit(e)), varying))
-        touched.append({id(n.buffer) for e in exprs_of(update) for n in walk(e) if isinstance(n, BufferLoad)})
-        stmts.append(update)
-    if chunks is not None:
-        allocs.extend(chunks.buffers)
-
-    body: Stmt = seq(*stmts)
-    for buf in reversed(allocs):
-        body = Allocate(buf, body)
-    if step is not None:
-        # the block's rows one after another; the first row's loads, the column sums around them
-        body = row_loop(step, row_blocks, flat_row, n_rows, body, barrier=threads > WARP)
-        first = [column_loop(BufferStore(nxt, (slot,), substitute(load, {step: zero})), True) for nxt, load in prefetched]
-        body = seq(IfThenElse(b < n_rows, seq(*first)), body) if first else body
-        for nxt, _ in reversed(prefetched):
-            body = Allocate(nxt, body)
-        if partials is not None:
-            body = partials.wrap(seq(partials.init(column_loop, slot), body, partials.store(column_loop, b, col, slot)))
-        body = For(b, 0, row_blocks, "blockIdx.x", For(tx, 0, threads, "threadIdx.x", body))
-    elif W > 1:
-        n_const = const_int(n_rows)
-        if n_const is None or n_const % W:
-            body = IfThenElse(flat_row < n_rows, body)  # whole warps: a warp is one row
-        body = For(b, 0, (n_rows + (W - 1)) // W, "blockIdx.x",
-                   For(ty, 0, W, "threadIdx.y", For(tx, 0, threads, "threadIdx.x", body)))
-    else:
-        body = For(b, 0, n_rows, "blockIdx.x", For(tx, 0, threads, "threadIdx.x", body))
-
-    kname = unique(f"{prog.stages[-1].name}_rows_kernel")
-    mname = identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
-    attrs: tuple[tuple[str, object], ...] = (("fused_rows", tuple(t.name for t in prog.stages)),)
-    if merged:  # reductions computed together with the one before them (cache="online")
-        attrs += (("online_pairs", len(merged)),)
-    if welford:  # of which mean/variance pairs (Welford / Chan moments)
-        attrs += (("welford_pairs", welford),)
-    if cache == "registers":
-        k_const = const_int(K)
-        assert k_const is not None
-        # one register per cached element, whatever its width: ptxas does not pack two 16-bit
-        # elements of a register array into one register (bf16 rows of 16 spilled at 32)
-        arrays = list(caches.values()) + list(shared.values())
-        row_words = peak_row_words(_row_spans(touched, arrays, list(caches.values())), k_const * V)
-        if partials is not None and column_sums == "local":  # the column sums live through every row
-            row_words += len(partials.accs) * k_const * V
-        row_words += len(prefetched) * k_const * V
-        blocks = min_blocks_per_sm(threads * W, row_words,
-                                   COLUMN_KERNEL_REGISTERS if partials is not None else ROW_KERNEL_REGISTERS)
-        if partials is not None:  # the blocks the plan keeps resident, no more (row_columns.py)
-            blocks = min(blocks, MAX_COLUMN_BLOCKS_PER_SM)
-        if blocks > 1:
-            attrs += (("min_blocks_per_sm", blocks),)
-    if step is not None:
-        attrs += (("row_blocks", row_blocks),)
-    temps = tuple(partials.partials) if partials is not None else ()
-    kernels = [_kernel(body, kname, attrs, prog, buffers, scalars, temps)]
-    if partials is not None:  # the column reductions' partial rows, folded
-        kernels.append(_kernel(partials.combine_kernel(base_inliner), unique(f"{prog.stages[-1].name}_columns_kernel"),
-                               partials.attrs, prog, buffers, scalars, temps))
-    module_params = tuple(buffers[a] for a in prog.args) + tuple(scalars)
-    return Module(mname, module_params, tuple(kernels), tuple(KernelCall(k.name, k.params) for k in kernels), temps)
+        rows.column_sums(column_sums)
+    return _module(rows, rows.kernel(), name)
 
 
 def _check_point(group: RowGroup, threads: int, cache: str, vector: int, unroll: int, W: int, row_blocks: int,
@@ -535,51 +223,372 @@ def _check_point(group: RowGroup, threads: int, cache: str, vector: int, unroll:
                             "cache='registers'")
 
 
-def unflatten_row(flat: Expr, rows: Sequence[Expr]) -> tuple[Expr, ...]:
-    """The row index of the flattened row number `flat` over the row shape, row-major."""
-    row: list[Expr] = []
-    rest = flat
-    for i, extent in enumerate(reversed(rows)):
-        row.append(rest if i == len(rows) - 1 else rest % extent)
-        rest = rest // extent
-    return tuple(reversed(row))
+class _RowKernel:
+    """The row kernel of a group (module docstring) in the parts a reader sees: the block's row
+    and the thread's columns (here), the row's registers, the passes over the row in program
+    order, the column sums, and the grid around them (`kernel`). The parts append to `stmts`
+    (the row's statements) and `allocs` (its local buffers), and record what the module's
+    attributes need: `touched` (the row arrays each pass reads or writes), `merged` (passes
+    folded into the one before, cache="online"), `welford` (of which mean/variance pairs)."""
+
+    def __init__(self, group: RowGroup, threads: int, cache: str, vector: int, rows_per_block: int, unroll: int,
+                 row_blocks: int) -> None:
+        self.group, self.cache, self.row_blocks = group, cache, row_blocks
+        self.T, self.V, self.W = T, V, W = threads, vector, rows_per_block
+        C = group.columns
+        c_const = const_int(C)
+        self.prog = prog = group.program
+        self.sig = sig = signature(prog)
+        self.buffers, self.unique = buffers, unique = sig.buffers, sig.unique
+
+        # the block's row: blockIdx.x over the flattened rows (W rows per block: row b·W + ty), unflattened
+        # row-major; with row_blocks S, block b walks the rows step·S + b
+        self.b, self.tx, self.ty = b, tx, ty = [Var(unique(n), dt.int32) for n in ("row", "tx", "ty")]
+        self.step = step = Var(unique("row_step"), dt.int32) if row_blocks else None
+        flat_row: Expr = b * W + ty if W > 1 else b
+        if step is not None:
+            flat_row = step * row_blocks + b
+        self.flat_row = flat_row
+        self.row_idx = unflatten(flat_row, group.rows)
+        self.n_rows = size_product(group.rows)
+
+        # the column walk: col = k*T + tx, k < K (a re-read row: the chunked walk of row_chunks.py,
+        # whose passes are written in the column variable `col`)
+        self.k, self.v = k, v = Var(unique("k"), dt.int32), Var(unique("v"), dt.int32)
+        self.chunks: ColumnWalk | None = None
+        if cache == "registers":
+            self.col: Expr = (k * T + tx) * V + v if V > 1 else k * T + tx
+        else:
+            self.col = Var(unique("col"), dt.int32)
+            self.chunks = ColumnWalk(C, T, V, unroll, tx, self.col, lambda label: Var(unique(label), dt.int32),
+                                     lambda load, n: Buffer(unique(f"{load.buffer.name}_chunk"), load.buffer.dtype,
+                                                            (n,), "local", tensor=f"{load.buffer.tensor}.chunk"))
+        self.slot = k * V + v if V > 1 else k
+        self.K: Expr = Const(-(-(c_const or 0) // (T * V)), dt.int32)
+        self.needs_guard = c_const is not None and c_const % (T * V) != 0
+        self.varying = {k, v, tx}  # what a row-invariant value is free of (row_algebra.py)
+
+        self.base_inliner = Inliner(prog.inlined, buffers)
+        self.values: dict[Tensor, Buffer] = {}   # every row value's register (row_registers)
+        self.inliner = RowInliner(self.base_inliner, self.values, self.row_idx)
+        self.caches: dict[Buffer, Buffer] = {}   # a cached input's row registers (cache_row)
+        self.prefetched: list[tuple[Buffer, Expr]] = []  # (the next row's registers, the row's load)
+        self.shared: dict[Expr, Buffer] = {}     # values a later pass reads again (passes)
+        self.hoisted: dict[Expr, Buffer] = {}    # divisions by row values, once per row
+        self.accs: dict[int, Expr] = {}          # every Reduce's all-reduced accumulator
+        self.done: set[Tensor] = set()           # the row values computed so far
+        self.partials: ColumnPartials | None = None
+        self.stmts: list[Stmt] = []
+        self.allocs: list[Buffer] = []
+        self.touched: list[set[int]] = []
+        self.merged: set[int] = set()
+        self.welford = 0
+
+    # ---- the thread's columns
+    def column_loop(self, body: Stmt, vectorized: bool = False) -> Stmt:
+        """The registers form's walk: k < K, every step unrolled (the row's registers are indexed by k)."""
+        k, V = self.k, self.V
+        C = self.group.columns
+        if V > 1:
+            # C is a multiple of V: a vector is wholly inside the row or wholly past it
+            body = For(self.v, 0, V, "vectorize" if vectorized else "unroll", body)
+            if self.needs_guard:
+                body = IfThenElse((k * self.T + self.tx) * V < C, body)
+            return For(k, 0, self.K, "unroll", body)
+        if self.needs_guard:
+            body = IfThenElse(self.col < C, body)
+        return For(k, 0, self.K, "unroll", body)
+
+    def over_columns(self, exprs: list[Expr], element: Callable[[Callable[[Expr], Expr], Expr], Stmt],
+                     vectorized: bool = False) -> Stmt:
+        """The walk over the thread's columns running `element(value, column)` at each: `value`
+        maps a pass expression to its value at the column (chunk registers for a re-read row)."""
+        if self.chunks is None:
+            return self.column_loop(element(lambda e: e, self.col), vectorized)
+        return self.chunks.loop(exprs, self.row_idx, lambda ch: ch.each(element(ch.value, ch.column), vectorized))
+
+    def new_local(self, label: str, dtype: dt.DType, n: int) -> Buffer:
+        buf = Buffer(self.unique(label), dtype, (n,), "local", tensor=label)
+        self.allocs.append(buf)
+        return buf
+
+    # ---- the row's registers
+    def cache_row(self, prefetch: bool, float_rows: bool) -> None:
+        """cache="registers": every input read at [row.., col] loaded once into K·V registers
+        (16-bit ones widened to float32 with `float_rows`); with `prefetch`, taken from the
+        registers the previous step loaded, and the next row's loads issued (prefetch_next_row).
+        Sets `cacher`, which turns the passes' loads of the row into its registers."""
+        group, unique, slot = self.group, self.unique, self.slot
+        row_shape = group.rows + (group.columns,)
+        cached = [t for t in self.prog.args if t.is_placeholder and same_shape(t.shape, row_shape)]
+        for t in cached if self.cache == "registers" else []:
+            src = self.buffers[t]
+            widen = float_rows and src.dtype in (dt.float16, dt.bfloat16)
+            reg = Buffer(unique(f"{src.name}_row"), dt.float32 if widen else src.dtype, (self.K * self.V,), "local",
+                         tensor=f"{t.name}.local")
+            self.caches[src] = reg
+            self.allocs.append(reg)
+            load = src[self.row_idx + (self.col,)]
+            if not prefetch:
+                self.stmts.append(self.column_loop(BufferStore(reg, (slot,), cast(load, reg.dtype)), vectorized=True))
+                continue
+            # this row was loaded by the previous step (or before the loop) into `next`
+            nxt = Buffer(unique(f"{src.name}_next"), src.dtype, (self.K * self.V,), "local", tensor=f"{t.name}.next")
+            self.prefetched.append((nxt, load))
+            self.stmts.append(self.column_loop(BufferStore(reg, (slot,), cast(nxt[slot], reg.dtype))))
+        if self.prefetched:
+            self.prefetch_next_row()
+        self.cacher = _CacheRow(self.caches, self.row_idx, self.col, self.slot)
+
+    def prefetch_next_row(self) -> None:
+        """The next row's loads, in flight while this row is computed."""
+        step = self.step
+        assert step is not None
+        self.stmts.append(IfThenElse(self.flat_row + self.row_blocks < self.n_rows, seq(*(
+            self.column_loop(BufferStore(nxt, (self.slot,), substitute(load, {step: step + 1})), vectorized=True)
+            for nxt, load in self.prefetched))))
+
+    def row_registers(self) -> None:
+        """One register of every thread for the row value of every reduction stage, then of every
+        row value (an elementwise output of the row shape)."""
+        for t in self.group.reductions + self.group.row_values:
+            self.values[t] = Buffer(self.unique(f"{t.name}_val"), t.dtype, (1,), "local", tensor=f"{t.name}.local")
+            self.allocs.append(self.values[t])
+
+    def finish(self, t: Tensor | None) -> list[Stmt]:
+        """Reduction stage t's row value (and its store), then every row value whose statistics
+        are now all known (t None: those that read none)."""
+        row_idx, inliner, values = self.row_idx, self.inliner, self.values
+        out = [] if t is None else finish_reduction(t, row_idx, self.accs, inliner, values[t], self.buffers, self.tx)
+        if t is not None:
+            self.done.add(t)
+        for u in self.group.row_values:
+            if u not in self.done and _reads_only(u, values, self.done, inliner, row_idx):
+                self.done.add(u)
+                out.extend(finish_reduction(u, row_idx, self.accs, inliner, values[u], self.buffers, self.tx))
+        return out
+
+    # ---- the passes over the row
+    def passes(self) -> list[Pass]:
+        """The per-column expression of every pass, in program order: one per Reduce of a
+        reduction stage (its source at column `col`), one per elementwise output (its value at
+        `col`), reading the cached row; with the row in registers, products' row-invariant
+        factors grouped, once per row (row_algebra.py), and the values a later pass computes
+        again given registers (`shared`)."""
+        passes = [(t, self.cacher.visit(expr), r) for t, expr, r in row_passes(self.group, self.inliner, self.row_idx,
+                                                                               self.col)]
+        if self.cache != "registers":
+            return passes
+        passes = [(t, group_invariants(expr, self.varying), r) for t, expr, r in passes]
+        self.shared = _shared_column_values(passes, self.k, lambda e: Buffer(
+            self.unique("t_row"), e.dtype, (self.K * self.V,), "local", tensor="row.shared"))
+        self.allocs.extend(self.shared.values())
+        return passes
+
+    def row_passes(self, passes: list[Pass]) -> None:
+        """The row values that read no statistic, then every pass in program order: two
+        reductions computed in one pass where online_stats.py recognises them (cache="online"),
+        else each reduction's accumulation and all-reduce, and each output's stores."""
+        self.stmts.extend(self.finish(None))
+        for i, (t, expr, r) in enumerate(passes):
+            if i in self.merged:
+                self.touched.append(set())
+                continue
+            pair = None
+            if self.cache == "online":
+                assert self.chunks is not None and isinstance(self.col, Var)
+                pair = max_sum_exp_pair(passes, i, self.values) or welford_pair(passes, i, self.col)
+            if pair is not None:
+                self.online_pair(passes, i, pair)
+                continue
+            keep, expr = self.kept_values(passes, i)
+            if r is not None:
+                self.reduction(t, expr, r, keep, last_of_stage=i + 1 == len(passes) or passes[i + 1][0] is not t)
+            else:
+                out = self.buffers[t]
+                self.stmts.append(self.over_columns([expr], lambda value, column: BufferStore(
+                    out, self.row_idx + (column,), value(expr)), vectorized=True))
+
+    def kept_values(self, passes: list[Pass], i: int) -> tuple[list[Stmt], Expr]:
+        """Pass i's expression reading the registers of the values an earlier pass kept, and the
+        stores keeping those it computes first for a later pass; with the row in registers, a
+        division by row values computed once per row (row_algebra.py)."""
+        shared, slot = self.shared, self.slot
+        mine = {e: buf for e, buf in shared.items() if _first_pass(passes, e) == i}
+        used = SubexpressionReplacer({e: buf[slot] for e, buf in shared.items() if e not in mine})
+        kept = [(buf, used.visit(e)) for e, buf in mine.items()]
+        expr = passes[i][1]
+        expr = SubexpressionReplacer({e: buf[slot] for e, buf in shared.items()}).visit(expr) if mine else used.visit(expr)
+        self.touched.append({id(n.buffer) for _, value in kept for n in walk(value) if isinstance(n, BufferLoad)}
+                            | {id(n.buffer) for n in walk(expr) if isinstance(n, BufferLoad)}
+                            | {id(buf) for buf in mine.values()})
+        if self.cache == "registers":
+            expr = self.hoist_divisions(expr)
+        return [BufferStore(buf, (slot,), value) for buf, value in kept], expr
+
+    def hoist_divisions(self, e: Expr) -> Expr:
+        """`e` with its divisions free of the column read from registers set once per row."""
+        found = invariant_divisions(e, self.varying)
+        for d in found:
+            if d not in self.hoisted:
+                self.hoisted[d] = self.new_local("row_quotient", d.dtype, 1)
+                self.stmts.append(BufferStore(self.hoisted[d], (ZERO,), d))
+        return SubexpressionReplacer({d: self.hoisted[d][ZERO] for d in found}).visit(e) if found else e
+
+    # ---- reductions
+    def reduction(self, t: Tensor, expr: Expr, r: Reduce, keep: list[Stmt], last_of_stage: bool) -> None:
+        """Reduce `r` of stage `t`: the thread's columns accumulated (storing the `keep` values as
+        they are computed), all-reduced over the block; the stage's row value after its last."""
+        cache, stmts = self.cache, self.stmts
+        acc = Buffer(self.unique(f"{t.name}_acc"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.acc")
+        self.allocs.append(acc)
+        stmts.append(BufferStore(acc, (ZERO,), reduce_identity(r.combiner, r.acc_dtype)))
+        combine = COMBINE[r.combiner]
+        factor = None  # Σ V·I = I·Σ V for a row-invariant I (row_algebra.py)
+        if cache == "registers" and r.combiner == "sum" and expr.dtype == acc.dtype:
+            expr, factor = split_invariant(expr, self.varying)
+        stmts.append(self.over_columns([expr], lambda value, _column: seq(
+            *keep, BufferStore(acc, (ZERO,), binary(combine, acc[ZERO], cast(value(expr), acc.dtype))))))
+        stmts.append(allreduce(acc, COMBINE[r.combiner], self.tx, self.T, self.unique(f"{t.name}_block"),
+                               shuffle_stage=self.row_blocks > 0))
+        self.accs[id(r)] = cast(acc[ZERO] if factor is None else acc[ZERO] * factor, r.dtype)
+        if last_of_stage:
+            stmts.extend(self.finish(t))
+
+    def online_pair(self, passes: list[Pass], i: int, pair: tuple[Tensor, Reduce, Expr]) -> None:
+        """Pass i's reduction and the next one in ONE pass over the row (online_stats.py): a
+        running max with its rescaled sum of exp, or Welford / Chan moments."""
+        t, expr, r = passes[i]
+        t2, r2, other = pair
+        chunks, unique, stmts, accs = self.chunks, self.unique, self.stmts, self.accs
+        assert r is not None and chunks is not None
+        acc = Buffer(unique(f"{t.name}_acc"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.acc")
+        acc2 = Buffer(unique(f"{t2.name}_acc"), r2.acc_dtype, (1,), "local", tensor=f"{t2.name}.acc")
+        self.allocs.extend([acc, acc2])
+        if r.combiner == "max":
+            stmts.extend(online_max_sum(cast(expr, r.acc_dtype), other, chunks, self.row_idx, acc, acc2,
+                                        self.new_local, self.tx, self.T, t.name,
+                                        (unique(f"{t.name}_block"), unique(f"{t2.name}_block"))))
+            accs[id(r)] = cast(acc[ZERO], r.dtype)
+            accs[id(r2)] = cast(acc2[ZERO], r2.dtype)
+            stmts.extend(self.finish(t))
+        else:
+            moments = (self.new_local(f"{t.name}_count", r.acc_dtype, 1),
+                       self.new_local(f"{t.name}_mean", r.acc_dtype, 1),
+                       self.new_local(f"{t.name}_m2", r.acc_dtype, 1))
+            stmts.extend(welford_moments(expr, chunks, self.row_idx, moments, self.new_local, self.tx, self.T, t.name,
+                                         unique(f"{t.name}_block")))
+            stmts.append(BufferStore(acc, (ZERO,), moments[0][ZERO] * moments[1][ZERO]))  # S = n·mean
+            accs[id(r)] = cast(acc[ZERO], r.dtype)
+            stmts.extend(self.finish(t))
+            # μ (pass i+1's) may read t's row value, set just above
+            stmts.append(BufferStore(acc2, (ZERO,), centered_sum(moments, other)))
+            accs[id(r2)] = cast(acc2[ZERO], r2.dtype)
+            self.welford += 1
+        self.merged.add(i + 1)
+        self.touched.append(set())
+        if i + 2 == len(passes) or passes[i + 2][0] is not t2:
+            stmts.extend(self.finish(t2))
+
+    # ---- column sums (row_columns.py)
+    def column_sums(self, scope: str) -> None:
+        """This row's values at the thread's columns, added into the column reductions' partial
+        sums (kept in `scope`)."""
+        self.partials = partials = ColumnPartials(self.group, self.row_blocks, self.K * self.V, self.buffers,
+                                                  self.unique, scope, self.T, self.tx)
+        update = partials.update(self.column_loop, self.row_idx, self.col, self.slot,
+                                 lambda e: group_invariants(self.cacher.visit(self.inliner.visit(e)), self.varying))
+        self.touched.append({id(n.buffer) for e in exprs_of(update) for n in walk(e) if isinstance(n, BufferLoad)})
+        self.stmts.append(update)
+
+    # ---- the grid
+    def kernel(self) -> Stmt:
+        """The row's statements with their local buffers, under the grid: one row per block, W
+        rows per block (one warp each, the last block's missing rows guarded), or S blocks
+        walking the rows (walk_rows)."""
+        b, tx, T, W = self.b, self.tx, self.T, self.W
+        body: Stmt = seq(*self.stmts)
+        for buf in reversed(self.allocs + (self.chunks.buffers if self.chunks is not None else [])):
+            body = Allocate(buf, body)
+        if self.step is not None:
+            return self.walk_rows(body)
+        if W > 1:
+            n_const = const_int(self.n_rows)
+            if n_const is None or n_const % W:
+                body = IfThenElse(self.flat_row < self.n_rows, body)  # whole warps: a warp is one row
+            return For(b, 0, (self.n_rows + (W - 1)) // W, "blockIdx.x",
+                       For(self.ty, 0, W, "threadIdx.y", For(tx, 0, T, "threadIdx.x", body)))
+        return For(b, 0, self.n_rows, "blockIdx.x", For(tx, 0, T, "threadIdx.x", body))
+
+    def walk_rows(self, body: Stmt) -> Stmt:
+        """row_blocks: the block's rows one after another; the first row's loads (prefetch) before
+        them, the column sums' accumulators around them and their partial stores after."""
+        step, b, n_rows, slot, partials = self.step, self.b, self.n_rows, self.slot, self.partials
+        assert step is not None
+        body = row_loop(step, self.row_blocks, self.flat_row, n_rows, body, barrier=self.T > WARP)
+        first = [self.column_loop(BufferStore(nxt, (slot,), substitute(load, {step: ZERO})), True)
+                 for nxt, load in self.prefetched]
+        body = seq(IfThenElse(b < n_rows, seq(*first)), body) if first else body
+        for nxt, _ in reversed(self.prefetched):
+            body = Allocate(nxt, body)
+        if partials is not None:
+            body = partials.wrap(seq(partials.init(self.column_loop, slot), body,
+                                     partials.store(self.column_loop, b, self.col, slot)))
+        return For(b, 0, self.row_blocks, "blockIdx.x", For(self.tx, 0, self.T, "threadIdx.x", body))
+
+    # ---- what the module records
+    def attrs(self) -> tuple[tuple[str, object], ...]:
+        """The row kernel's attributes: the stages it fuses, the one-pass pairs, the resident
+        blocks it asks for (row in registers), the row blocks."""
+        attrs: tuple[tuple[str, object], ...] = (("fused_rows", tuple(t.name for t in self.prog.stages)),)
+        if self.merged:  # reductions computed together with the one before them (cache="online")
+            attrs += (("online_pairs", len(self.merged)),)
+        if self.welford:  # of which mean/variance pairs (Welford / Chan moments)
+            attrs += (("welford_pairs", self.welford),)
+        if self.cache == "registers":
+            blocks = self.resident_blocks()
+            if blocks > 1:
+                attrs += (("min_blocks_per_sm", blocks),)
+        if self.step is not None:
+            attrs += (("row_blocks", self.row_blocks),)
+        return attrs
+
+    def resident_blocks(self) -> int:
+        """The blocks per SM whose register cap holds the row arrays at their peak beside the
+        kernel's own registers (min_blocks_per_sm)."""
+        k_const = const_int(self.K)
+        assert k_const is not None
+        words, partials = k_const * self.V, self.partials
+        # one register per cached element, whatever its width: ptxas does not pack two 16-bit
+        # elements of a register array into one register (bf16 rows of 16 spilled at 32)
+        arrays = list(self.caches.values()) + list(self.shared.values())
+        row_words = peak_row_words(_row_spans(self.touched, arrays, list(self.caches.values())), words)
+        if partials is not None and partials.scope == "local":  # the column sums live through every row
+            row_words += len(partials.accs) * words
+        row_words += len(self.prefetched) * words
+        blocks = min_blocks_per_sm(self.T * self.W, row_words,
+                                   COLUMN_KERNEL_REGISTERS if partials is not None else ROW_KERNEL_REGISTERS)
+        if partials is not None:  # the blocks the plan keeps resident, no more (row_columns.py)
+            blocks = min(blocks, MAX_COLUMN_BLOCKS_PER_SM)
+        return blocks
 
 
-def _kernel(body: Stmt, name: str, attrs: tuple[tuple[str, object], ...], prog: Program,
-            buffers: dict[Tensor, Buffer], scalars: Sequence[Var], temps: tuple[Buffer, ...]) -> PrimFunc:
-    """A kernel of the module: its parameters are the program's buffers, then the temporaries
-    it uses, then the size variables."""
-    used = global_buffers(body)
-    body_vars = scalar_vars(exprs_of(body) + [s for u in used for s in u.shape + (u.strides or ())])
-    params = (tuple(buffers[a] for a in prog.args if buffers[a] in used) + tuple(t for t in temps if t in used)
-              + tuple(v for v in scalars if v in body_vars))
-    return PrimFunc(name, params, body, attrs)
-
-
-Pass = tuple[Tensor, Expr, "Reduce | None"]
-
-
-def row_passes(group: RowGroup, inliner: ExprMutator, row_idx: tuple[Expr, ...], col: Expr) -> list[Pass]:
-    """The per-column expression of every pass over the row `row_idx`, in program order: one per
-    Reduce of a reduction stage (its source at column `col`, with that Reduce), one per
-    elementwise output (its value at `col`, None). `inliner` (a RowInliner) turns reads of the
-    group's reduction stages into the registers that hold their row values. Row values and
-    column reductions have no pass of their own (fuse_rows computes them)."""
-    passes: list[Pass] = []
-    for t in group.stages:
-        op = t.op
-        assert isinstance(op, ComputeOp)
-        if t in group.reductions:
-            body = substitute(op.body, dict(zip(op.axes, row_idx)))
-            seen: set[int] = set()
-            for r in [n for n in walk(body) if isinstance(n, Reduce)]:
-                if id(r) not in seen:
-                    seen.add(id(r))
-                    passes.append((t, inliner.visit(substitute(r.source, {r.axes[0]: col})), r))
-        elif t in group.elementwise:
-            body = substitute(op.body, dict(zip(op.axes, row_idx + (col,))))
-            passes.append((t, inliner.visit(body), None))
-    return passes
+def _module(rows: _RowKernel, body: Stmt, name: str | None) -> Module:
+    """The module launching the row kernel `body` and, with column reductions, the kernel that
+    combines their partial sums: each kernel's parameters and attributes, the module's signature."""
+    prog, sig, partials = rows.prog, rows.sig, rows.partials
+    last = prog.stages[-1].name
+    kname = sig.unique(f"{last}_rows_kernel")
+    arrays = [sig.buffers[a] for a in prog.args]
+    temps = tuple(partials.partials) if partials is not None else ()
+    kernels = [PrimFunc(kname, kernel_params(body, arrays, temps, sig.scalars), body, rows.attrs())]
+    if partials is not None:  # the column reductions' partial rows, folded
+        combine = partials.combine_kernel(rows.base_inliner)
+        kernels.append(PrimFunc(sig.unique(f"{last}_columns_kernel"), kernel_params(combine, arrays, temps, sig.scalars),
+                                combine, partials.attrs))
+    mname = identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
+    return Module(mname, tuple(arrays) + tuple(sig.scalars), tuple(kernels),
+                  tuple(KernelCall(k.name, k.params) for k in kernels), temps)
 
 
 # Intrinsics worth a register to compute once: each is a libdevice call of tens of instructions
@@ -648,24 +657,5 @@ def _reads_only(t: Tensor, values: dict[Tensor, Buffer], known: set[Tensor], inl
     return all(u in known for u, buf in values.items() if id(buf) in loaded)
 
 
-def finish_reduction(t: Tensor, row_idx: tuple[Expr, ...], accs: dict[int, Expr], inliner: ExprMutator,
-                      val: Buffer, buffers: dict[Tensor, Buffer], tx: Var, writer: Expr | None = None) -> list[Stmt]:
-    """The row value of reduction stage `t` from its all-reduced accumulators, and its store
-    (by thread 0, or where `writer` holds) when the stage is an output."""
-    op = t.op
-    assert isinstance(op, ComputeOp)
-    body = substitute(op.body, dict(zip(op.axes, row_idx)))
-
-    class _Finish(ExprMutator):
-        def visit_Reduce(self, r: Reduce) -> Expr:  # noqa: N805
-            return accs[id(r)]
-
-    zero = Const(0, dt.int32)
-    out: list[Stmt] = [BufferStore(val, (zero,), inliner.visit(_Finish().visit(body)))]
-    if t in buffers:  # an output: thread 0 of the block writes the row's value
-        out.append(IfThenElse(tx == 0 if writer is None else writer, BufferStore(buffers[t], row_idx, val[zero])))
-    return out
-
-
-__all__ = ["CACHES", "COLUMN_KERNEL_REGISTERS", "VECTORS", "Pass", "RowGroup", "fuse_rows", "min_blocks_per_sm", "peak_row_words", "row_group",
-           "row_passes"]
+__all__ = ["CACHES", "COLUMN_KERNEL_REGISTERS", "VECTORS", "RowGroup", "fuse_rows", "min_blocks_per_sm", "peak_row_words",
+           "row_group"]

@@ -29,7 +29,7 @@ from typing import Sequence
 from ...ir.errors import ScheduleError
 from ...ir.expr import Expr, Reduce, TensorRead, const_int, walk
 from ...ir.tensor import ComputeOp, Tensor
-from ..lower import Program, choose_inlined, collect_program
+from ..lower import Program, choose_inlined, collect_program, same_shape
 
 
 @dataclass
@@ -149,12 +149,8 @@ def _check_reads_at_the_row(prog: Program, per_row: Sequence[Tensor], columnwise
                     f"the row being computed [{_fmt(row)[1:-1]}]")
 
 
-def same_shape(a: Sequence[Expr], b: Sequence[Expr]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-
-
 def _fmt(shape: Sequence[Expr]) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
-__all__ = ["RowGroup", "row_group", "same_shape"]
+__all__ = ["RowGroup", "row_group"]

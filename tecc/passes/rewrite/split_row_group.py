@@ -60,9 +60,10 @@ from ...ir.errors import ScheduleError
 from ...ir.expr import Const, Expr, Var, binary, cast, const_int, reduce_identity, size_product
 from ...ir.stmt import Allocate, Buffer, BufferStore, For, IfThenElse, KernelCall, LetStmt, Module, PrimFunc, Stmt, seq
 from ...ir.tensor import Tensor
-from .fuse_rows import COMBINE, VECTORS, Pass, finish_reduction, RowInliner, row_group, row_passes
-from .row_group import RowGroup
-from ..lower import Inliner, kernel_params, signature, unflatten
+from .fuse_rows import VECTORS
+from .row_group import RowGroup, row_group
+from .row_passes import Pass, RowInliner, finish_reduction, row_passes
+from ..lower import COMBINE, Inliner, kernel_params, signature, unflatten
 from ..names import identifier
 from .online_stats import (
     allreduce_max_sum,
