@@ -50,14 +50,19 @@ def check_gradients(inputs: list[tc.Tensor], output: tc.Tensor, wrt: list[tc.Ten
     g = tc.grad(output, wrt)
     assert [t.name for t in g.inputs] == [t.name for t in inputs]
     assert [tuple(map(str, d.shape)) for d in g.grads] == [tuple(map(str, x.shape)) for x in wrt]
-    forward = tc.build([*inputs, output], target="sim")
+    # the forward as the gradient asks for it: the output, and what the backward reads of it (an
+    # online-softmax chain saves its output and log-sum-exp: g.saved)
+    assert list(g.forward[:len(inputs) + 1]) == [*inputs, output]
+    forward = tc.build(list(g.forward), target="sim")
     backward = tc.build(g.args, target="sim")
-    (y,) = _run(forward, arrays, [_concrete(output, inputs, arrays)])
+    shapes = [_concrete(t, inputs, arrays) for t in g.forward[len(inputs):]]
+    y, *extra = _run(forward, arrays, shapes)
+    saved = [y, *extra] if g.saved else []
     cotangent = rng.standard_normal(y.shape)
-    grads = _run(backward, [*arrays, cotangent], [arrays[inputs.index(x)].shape for x in wrt])
+    grads = _run(backward, [*arrays, *saved, cotangent], [arrays[inputs.index(x)].shape for x in wrt])
 
     def run_forward(xs: list[np.ndarray]) -> np.ndarray:
-        return _run(forward, xs, [y.shape])[0]
+        return _run(forward, xs, shapes)[0]
 
     expected_hand = hand(*arrays, cotangent) if hand is not None else None
     for n, (x, got) in enumerate(zip(wrt, grads)):

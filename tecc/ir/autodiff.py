@@ -55,12 +55,14 @@ from .expr import (
     call,
     cast,
     compare,
+    const_int,
     logical_and,
     select,
     substitute,
     walk,
 )
 from .ops import sum as reduce_sum
+from .autodiff_online import online_gradient
 from .philox import RandomUniform
 from .tensor import ComputeOp, Tensor, compute, placeholder, reduce_axis
 from .visitor import ExprMutator
@@ -77,17 +79,27 @@ class Gradients:
     `cotangent` is the new placeholder dC (the output's shape and dtype) that the backward
     program takes; `grads` the tensors dL/dX, one per requested input, each of that input's
     shape and dtype; `inputs` the placeholders of the forward program in the order they are
-    first read; `args` the kernel signature to build: `[*inputs, cotangent, *grads]`."""
+    first read; `args` the kernel signature to build: `[*inputs, *saved, cotangent, *grads]`.
+
+    `forward` is the forward program's signature to build, `[*inputs, output, ...]`: for an
+    online-softmax chain (attention) it also computes the log-sum-exp, and `saved` are the
+    backward's placeholders for what the forward outputs (the output itself and its
+    log-sum-exp), so that the backward reads them instead of recomputing (tecc.ir.autodiff_online,
+    docs/training.md); otherwise `forward` is `[*inputs, output]` and `saved` is empty. `form`
+    says how the gradient was derived (and, for a chain refused by the online form, why)."""
 
     output: Tensor
     wrt: tuple[Tensor, ...]
     inputs: tuple[Tensor, ...]
     cotangent: Tensor
     grads: tuple[Tensor, ...]
+    saved: tuple[Tensor, ...] = ()
+    forward: tuple[Tensor, ...] = ()
+    form: str = "reverse mode"
 
     @property
     def args(self) -> list[Tensor]:
-        return [*self.inputs, self.cotangent, *self.grads]
+        return [*self.inputs, *self.saved, self.cotangent, *self.grads]
 
     def __getitem__(self, tensor: Tensor) -> Tensor:
         """The gradient with respect to `tensor` (one of `wrt`)."""
@@ -97,8 +109,14 @@ class Gradients:
         raise KeyError(tensor.name)
 
 
-def grad(output: Tensor, wrt: Sequence[Tensor], *, cotangent_name: str | None = None) -> Gradients:
+def grad(output: Tensor, wrt: Sequence[Tensor], *, cotangent_name: str | None = None,
+         online: bool = True) -> Gradients:
     """The gradients of `output` with respect to the placeholders `wrt` (module docstring).
+
+    `online`: when `output` is the contraction of an online-softmax chain (attention), derive
+    the FlashAttention-2 form, which reads the forward's saved output and log-sum-exp
+    (`Gradients.saved`, `Gradients.forward`); False takes the generic reverse mode, which
+    recomputes the forward inside the backward program.
 
     Raises GradientError for what cannot be differentiated (a `prod` reduction, a reduction
     nested in another, a read whose index is not an axis plus a constant), DTypeError when a
@@ -120,11 +138,20 @@ def grad(output: Tensor, wrt: Sequence[Tensor], *, cotangent_name: str | None = 
 
     inputs = _placeholders(output)
     builder = _Backward(output, wrt)
+    form = "reverse mode"
+    if online:
+        found = online_gradient(output, wrt, _topological(output), builder._name, cotangent_name, builder.reverse)
+        if not isinstance(found, str):
+            grads = tuple(found.grads[id(x)] if id(x) in found.grads else builder.zeros(x) for x in wrt)
+            return Gradients(output, wrt, inputs, found.cotangent, grads, found.saved,
+                             (*inputs, *found.forward_outputs), found.form)
+        if not found.startswith("no stage is a max"):
+            form = f"reverse mode (not the online form: {found})"
     name = cotangent_name or builder._name(f"d{output.name}")
     builder.taken.add(name)
     dC = placeholder(output.shape, output.dtype, name=name)
     grads = builder.run(dC)
-    return Gradients(output, wrt, inputs, dC, grads)
+    return Gradients(output, wrt, inputs, dC, grads, (), (*inputs, output), form)
 
 
 # ---- the forward DAG ------------------------------------------------------------------------------
@@ -153,8 +180,9 @@ def _placeholders(output: Tensor) -> tuple[Tensor, ...]:
     return tuple(found)
 
 
-def _topological(output: Tensor) -> list[Tensor]:
-    """Every tensor of `output`'s program, producers before consumers."""
+def _topological(output: Tensor, leaves: frozenset[int] = frozenset()) -> list[Tensor]:
+    """Every tensor of `output`'s program, producers before consumers; the tensors with ids in
+    `leaves` are taken as given (their producers are not visited)."""
     order: list[Tensor] = []
     seen: set[int] = set()
 
@@ -162,7 +190,7 @@ def _topological(output: Tensor) -> list[Tensor]:
         if id(t) in seen:
             return
         seen.add(id(t))
-        if isinstance(t.op, ComputeOp):
+        if isinstance(t.op, ComputeOp) and id(t) not in leaves:
             for r in _reads(t.op.body):
                 visit(r.tensor)
         order.append(t)
@@ -192,11 +220,12 @@ class _Retarget(ExprMutator):
         return TensorRead(target, idx)
 
 
-def _normalize(output: Tensor) -> Tensor:
-    """`output`'s program with every stage either one reduction or reduction-free (step 1)."""
+def _normalize(output: Tensor, leaves: frozenset[int] = frozenset()) -> Tensor:
+    """`output`'s program with every stage either one reduction or reduction-free (step 1);
+    the tensors with ids in `leaves` are kept as they are."""
     replaced: dict[int, Tensor] = {}
-    for t in _topological(output):
-        if not isinstance(t.op, ComputeOp):
+    for t in _topological(output, leaves):
+        if not isinstance(t.op, ComputeOp) or id(t) in leaves:
             continue
         body = t.op.body
         embedded = [n for n in walk(body) if isinstance(n, Reduce)] if not isinstance(body, Reduce) else []
@@ -284,7 +313,9 @@ def _local_adjoints(node: Expr, g: Expr) -> list[tuple[Expr, Expr]]:
         return [(node.a, select(node.cond, g, 0)), (node.b, select(node.cond, 0, g))]
     if isinstance(node, Cast):
         if node.a.dtype.is_float and node.dtype.is_float:
-            return [(node.a, cast(g, node.a.dtype))]
+            # a widening cast (float16 -> float32) keeps its adjoint in the wider type: the
+            # gradient is rounded once, where it is gathered onto the input (_cast_to), not per term
+            return [(node.a, g if node.a.dtype.bits < node.dtype.bits else cast(g, node.a.dtype))]
         return []
     if isinstance(node, Call):
         return [(node.args[0], _call_derivative(node, g))] if node.args else []
@@ -391,24 +422,51 @@ def _affine_axis(ix: Expr, space: Sequence[IterVar]) -> tuple[IterVar | None, Ex
     return None
 
 
+def _grouped_axis(ix: Expr, space: Sequence[IterVar]) -> tuple[IterVar, int] | None:
+    """(axis, G) when `ix` is `axis // G` for an axis of `space` from 0 and a constant G > 0
+    (grouped heads: K[b, h // G, j, d] is read by the G heads h = G·x .. G·x + G - 1)."""
+    if not (isinstance(ix, Binary) and ix.op == "//" and isinstance(ix.a, IterVar) and ix.a in set(space)):
+        return None
+    group = const_int(ix.b)
+    if group is None or group < 1 or const_int(ix.a.lo) != 0:
+        return None
+    return ix.a, group
+
+
 def _gather_body(x: Tensor, c: _Contribution) -> Callable[..., Expr]:
-    """The compute function of one contribution over x's axes (step 3)."""
-    forms = []
+    """The compute function of one contribution over x's axes (step 3). An index `axis // G`
+    (grouped heads) fixes `axis` to G·x + g and sums over g in [0, G)."""
+    forms: list[tuple[IterVar | None, Expr] | tuple[IterVar, int]] = []
     for pos, ix in enumerate(c.read.indices):
-        form = _affine_axis(ix, c.space)
+        form = _affine_axis(ix, c.space) or _grouped_axis(ix, c.space)
         if form is None:
             raise GradientError(
                 f"grad(): cannot differentiate {c.stage.name}'s read {c.read} with respect to {x.name}: index {pos} "
-                f"({ix}) is not one axis plus a constant; tc.grad handles reads like X[i, k], X[j], X[i + 1] "
-                "(matmuls, broadcasts, transposes, shifts), not convolution-like X[i + k] or strided X[2 * i]"
+                f"({ix}) is not one axis plus a constant or an axis divided by a constant; tc.grad handles reads like "
+                "X[i, k], X[j], X[i + 1], X[h // 4] (matmuls, broadcasts, transposes, shifts, grouped heads), not "
+                "convolution-like X[i + k] or strided X[2 * i]"
             )
         forms.append(form)
 
     def body(*xs: Var) -> Expr:
         mapping: dict[Var, Expr] = {}
         conds: list[Expr] = []
-        for pos, (axis, offset) in enumerate(forms):
+        summed = []
+        for pos, form in enumerate(forms):
             coordinate = xs[pos]
+            axis, offset = form
+            if isinstance(offset, int):   # axis // G: axis = G·coordinate + g, g summed
+                assert axis is not None
+                if axis in mapping:
+                    conds.append(compare("==", binary("//", mapping[axis], offset), coordinate))
+                    continue
+                group = reduce_axis(offset, name=f"{axis.name}_group")
+                mapping[axis] = coordinate * offset + group
+                summed.append(group)
+                extent = const_int(axis.extent)
+                if extent is None or extent % offset:
+                    conds.append(compare("<", mapping[axis], axis.extent))
+                continue
             if axis is None:
                 conds.append(compare("==", coordinate, offset))
                 continue
@@ -421,7 +479,6 @@ def _gather_body(x: Tensor, c: _Contribution) -> Callable[..., Expr]:
                     and axis.lo.value == 0 and axis.extent is x.shape[pos]):
                 conds.append(compare(">=", value, axis.lo))
                 conds.append(compare("<", value, binary("+", axis.lo, axis.extent)))
-        summed = []
         for axis in c.space:
             if axis not in mapping:
                 fresh = reduce_axis((axis.lo, binary("+", axis.lo, axis.extent)), name=f"{axis.name}_")
@@ -440,10 +497,14 @@ def _gather_body(x: Tensor, c: _Contribution) -> Callable[..., Expr]:
 # ---- the backward program ---------------------------------------------------------------------
 
 class _Backward:
-    def __init__(self, output: Tensor, wrt: tuple[Tensor, ...]) -> None:
-        self.output = _normalize(output)
+    """Reverse mode over the program of `output`; `constants` are tensors through which no
+    gradient flows (tensors the caller treats as given values)."""
+
+    def __init__(self, output: Tensor, wrt: tuple[Tensor, ...], constants: Sequence[Tensor] = ()) -> None:
+        self.constants = frozenset(id(t) for t in constants)
+        self.output = _normalize(output, self.constants)
         self.wrt = wrt
-        self.order = _topological(self.output)
+        self.order = _topological(self.output, self.constants)
         self.active = self._active()
         self.names = itertools.count()
         self.taken: set[str] = {t.name for t in self.order}
@@ -453,7 +514,7 @@ class _Backward:
         wanted = {id(x) for x in self.wrt}
         active: set[int] = set()
         for t in self.order:
-            if not t.dtype.is_float:
+            if not t.dtype.is_float or id(t) in self.constants:
                 continue
             if id(t) in wanted:
                 active.add(id(t))
@@ -483,9 +544,24 @@ class _Backward:
         for x in self.wrt:
             found = adjoints.get(id(x))
             if found is None:  # the output does not depend on x
-                found = compute(x.shape, lambda *_: Const(0.0, x.dtype), name=self._name(f"d{x.name}"))
+                found = self.zeros(x)
             grads.append(found)
         return tuple(grads)
+
+    def zeros(self, x: Tensor) -> Tensor:
+        """dx = 0 (the output does not depend on x)."""
+        return compute(x.shape, lambda *_: Const(0.0, x.dtype), name=self._name(f"d{x.name}"))
+
+    def reverse(self, stage: Tensor, wrt: Sequence[Tensor], cotangent: Tensor,
+                constants: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        """The gradients of `stage` (a compute built beside this program) with respect to `wrt`
+        for the adjoint `cotangent` (a tensor of stage's shape), no gradient flowing through
+        `constants`; its tensors take names not taken in this program."""
+        sub = _Backward(stage, tuple(wrt), constants)
+        sub.taken |= self.taken
+        found = sub.run(cotangent)
+        self.taken |= sub.taken
+        return found
 
     def _stage_contributions(self, t: Tensor, dt_: Tensor) -> list[_Contribution]:
         assert isinstance(t.op, ComputeOp)

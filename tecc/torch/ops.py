@@ -152,11 +152,22 @@ class _Backward:
             raise TeccError(f"{what}: the backward kernel's signature is ({', '.join(got)}); build it from "
                             f"grads.args ({', '.join(expected)})")
         self.take = tuple(names.index(t.name) for t in grads.inputs)  # forward input -> backward argument
+        self.saved = bool(grads.saved)
         wrt = [x.name for x in grads.wrt]
         self.gives = tuple(wrt.index(n) if n in wrt else None for n in names)  # forward input -> its gradient
 
-    def arguments(self, saved: Sequence[Any], cotangent: Any) -> list[Any]:
-        return [saved[i] for i in self.take] + [cotangent]
+    def arguments(self, saved: Sequence[Any], cotangent: Any, values: Callable[..., Any] | None = None) -> list[Any]:
+        """The backward kernel's arguments from the forward's inputs `saved` and the cotangent.
+        When the gradient reads forward values (`grads.saved`: attention's output and
+        log-sum-exp), `values` (the forward built from `grads.forward`) recomputes them from the
+        inputs first: the op saves only its inputs."""
+        inputs = [saved[i] for i in self.take]
+        if not self.saved:
+            return inputs + [cotangent]
+        if values is None:
+            raise TeccError("the gradient reads forward values (grads.saved); pass the forward built from grads.forward")
+        found = values(*inputs)
+        return inputs + list(found if isinstance(found, tuple) else (found,)) + [cotangent]
 
     def per_input(self, grads: Any) -> tuple[Any, ...]:
         found = grads if isinstance(grads, tuple) else (grads,)
@@ -229,12 +240,15 @@ def op(program: Kernel | Sequence[Tensor], name: str, *, grads: Gradients | None
     back_kernel = _as_kernel(backward if backward is not None else grads.args, target, build_options)
     back = _Backward(forward, grads, back_kernel, f"op {name}")
     back_custom = _register(name + "_backward", back.signature)
+    # the forward values the gradient reads (attention's output and log-sum-exp), as an op of its own
+    values = _register(name + "_saved", _Signature(_as_kernel(list(grads.forward), target, build_options),
+                                                   f"op {name} (saved values)")) if grads.saved else None
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.save_for_backward(*inputs)
 
     def backward_formula(ctx: Any, grad_output: Any) -> tuple[Any, ...]:
-        return back.per_input(back_custom(*back.arguments(ctx.saved_tensors, grad_output)))
+        return back.per_input(back_custom(*back.arguments(ctx.saved_tensors, grad_output, values)))
 
     custom.register_autograd(backward_formula, setup_context=setup_context)
     return TorchOp(name, custom, kernel, back_custom, back_kernel)
@@ -248,6 +262,12 @@ def function(program: Kernel | Sequence[Tensor], grads: Gradients, *, backward: 
     forward = _Signature(kernel, f"function {kernel.name}")
     back_kernel = _as_kernel(backward if backward is not None else grads.args, target, build_options)
     back = _Backward(forward, grads, back_kernel, f"function {kernel.name}")
+    values = None
+    if grads.saved:
+        saver = _Signature(_as_kernel(list(grads.forward), target, build_options), f"function {kernel.name} (saved values)")
+
+        def values(*tensors: Any) -> Any:
+            return saver.run(tensors)
 
     class TeccFunction(torch.autograd.Function):
         @staticmethod
@@ -258,7 +278,7 @@ def function(program: Kernel | Sequence[Tensor], grads: Gradients, *, backward: 
 
         @staticmethod
         def backward(ctx: Any, grad_output: Any) -> Any:
-            return back.per_input(back.signature.run(back.arguments(ctx.saved_tensors, grad_output)))
+            return back.per_input(back.signature.run(back.arguments(ctx.saved_tensors, grad_output, values)))
 
     TeccFunction.__name__ = TeccFunction.__qualname__ = f"TeccFunction_{kernel.name}"
     return TeccFunction.apply  # type: ignore[no-any-return]
