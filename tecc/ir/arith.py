@@ -168,9 +168,10 @@ def warp_shuffle(kind: str, value: Expr, arg: ExprLike) -> Expr:
 
 
 def atomic_add(element: Expr, value: ExprLike) -> Expr:
-    """`atomicAdd(&element, value)` on a global int32 element, giving its value before the add
-    (see MEMORY_INTRINSICS; `element` is a BufferLoad, Call checks it)."""
-    return Call("atomic_add", (element, as_expr(value, dt.int32)), dt.int32)
+    """`atomicAdd(&element, value)` on a global int32 or float32 element, giving its value before
+    the add (see MEMORY_INTRINSICS; `element` is a BufferLoad, Call checks it)."""
+    kind = dt.float32 if element.dtype == dt.float32 else dt.int32
+    return Call("atomic_add", (element, as_expr(value, kind)), kind)
 
 
 def load_cg(element: Expr) -> Expr:

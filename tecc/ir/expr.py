@@ -435,7 +435,10 @@ WARP_INTRINSICS = ("shfl_xor", "shfl_down", "shfl_idx")
 #       buffer as one indivisible step and returns the element's value before it (atomicAdd,
 #       relaxed, device scope). The BufferLoad names the element (its address), it is no read
 #       of its own. Concurrent atomics on one element take effect in some order; the emulator's
-#       is lane order (docs/emulator.md).
+#       is lane order (docs/emulator.md). On a float32 buffer with a float32 value it
+#       accumulates (the attention backward's dQ: a sum in some order, rounded per addition);
+#       such an atomic announces nothing, so the emulator's publication check (a store fenced
+#       before an atomic) applies to int32 atomics only.
 #   load_cg(buf[i])  -- the element of a global buffer read at L2 (__ldcg, ld.global.cg), never
 #       through L1 or the non-coherent read-only path: it sees what another block of the same
 #       kernel stored and published (a store, thread_fence, then an atomic this block observed).
@@ -477,9 +480,9 @@ def _check_memory_intrinsic(name: str, args: tuple[Expr, ...], dtype: DType) -> 
         raise TeccError(f"{name} takes {want} argument(s), the first a global buffer element (a BufferLoad)")
     if name == "load_cg" and dtype != target.dtype:
         raise DTypeError(f"load_cg of {target} is {target.dtype}, not {dtype}")
-    if name == "atomic_add" and not (target.dtype == args[1].dtype == dtype == dt.int32):
-        raise DTypeError(f"atomic_add needs an int32 element, value and result; got {target.dtype} element "
-                         f"{target}, {args[1].dtype} value, {dtype} result")
+    if name == "atomic_add" and not (target.dtype == args[1].dtype == dtype and dtype in (dt.int32, dt.float32)):
+        raise DTypeError(f"atomic_add needs an int32 or float32 element, value and result of one dtype; got "
+                         f"{target.dtype} element {target}, {args[1].dtype} value, {dtype} result")
 
 
 # nanmax / nanmin skip NaN elements (a row of only NaN gives the identity, like an empty one);

@@ -84,7 +84,6 @@ from ...ir.expr import (
     Const,
     Expr,
     Reduce,
-    Select,
     TensorRead,
     Var,
     binary,
@@ -105,7 +104,6 @@ from ...ir.target import target
 from ...ir.stmt import (
     Allocate,
     AsyncCommit,
-    AsyncCopy,
     AsyncProxyFence,
     AsyncWait,
     Barrier,
@@ -116,7 +114,6 @@ from ...ir.stmt import (
     IfThenElse,
     KernelCall,
     LetStmt,
-    MatrixMultiply,
     Module,
     PrimFunc,
     SharedMatrix,
@@ -132,7 +129,7 @@ from ...ir.visitor import SubexpressionReplacer
 from ..lower import exprs_of, global_buffers, scalar_vars, signature
 from ..substitute import substitute_stmt
 from ..names import identifier
-from ..schedule.tensorize import CHUNK, INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
+from ..schedule.tensorize import INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
 from ..schedule.tensorize_wgmma import wgmma_intrinsic
 from .key_tiles import (
     affine_form,
@@ -144,9 +141,11 @@ from .key_tiles import (
     unmasked_tile_bound,
 )
 from .launch_order import block_grid, launch_order, work_item
+from .mma_tiles import LOG2E, TileStaging, two_n8_tiles
+from .mma_tiles import check_relayout as _check_relayout
+from .mma_tiles import fold_log2e as _fold_log2e
 from .online_contraction import MAX_GRID_Y, OnlineChain, _Lower, head_indices, online_chain
 
-LOG2E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
 MAX_HEAD_DIM = 128   # mma.sync: the partial output, 4·C/8 floats per lane, and Q's fragments, D/2 registers
 HOPPER_HEAD_DIMS = (16, 32, 64, 96, 128, 256)   # the wgmma form: Q stays in shared memory, 64-row tiles per warpgroup
@@ -290,18 +289,6 @@ def _reads_inputs(tcc: TensorCoreChain) -> bool:
 
 # ---- the kernel ------------------------------------------------------------------------------------
 
-def _check_relayout(qk: str, pv: str) -> None:
-    """The C fragment of n8 tiles 2k, 2k + 1 is the A fragment of k16 step k (module docstring)."""
-    c_map = lookup(qk).operand("c").layout
-    a_map = lookup(pv).operand("a").layout
-    for lane in range(32):
-        for e in range(8):
-            r, col = c_map(lane, e % 4)
-            if a_map(lane, e) != (r, col + 8 * (e // 4)):
-                raise ScheduleError(f"online_contraction_mma: the C fragment of {qk} is not the A fragment of {pv} "
-                                    f"(lane {lane}, element {e}); P would need a shuffle")
-
-
 def _check_pairs(qk: str) -> None:
     """The epilogue stores elements 2h and 2h + 1 of the C fragment of `qk` as one 2-element
     vector: they must be one row's columns c and c + 1, c even (the m16n8 C layout)."""
@@ -382,15 +369,7 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
     return kernel.module()
 
 
-def two_n8_tiles(intrinsic: str, acc: Buffer, offset: Any, a: FragmentRef, b: Buffer) -> Stmt:
-    """acc[offset..] += a · b for the two n8 tiles one ldmatrix.x4 of B loaded (b[0:4], b[4:8]):
-    the accumulators of the second tile follow the first's 4 elements."""
-    return seq(
-        MatrixMultiply(intrinsic, FragmentRef(acc, offset), a, FragmentRef(b, 0), FragmentRef(acc, offset)),
-        MatrixMultiply(intrinsic, FragmentRef(acc, offset + 4), a, FragmentRef(b, 4), FragmentRef(acc, offset + 4)))
-
-
-class _Kernel:
+class _Kernel(TileStaging):
     def __init__(self, tcc: TensorCoreChain, rows: int, key_tile: int, warp_rows: int, name: str | None,
                  warpgroup: bool = False) -> None:
         self.wg = warpgroup
@@ -448,56 +427,6 @@ class _Kernel:
             return SharedMatrix(buf, base + step * (16 * w), _descriptor(w, "MN", rows))
         k = step * 16
         return SharedMatrix(buf, base + (k // w) * (rows * w) + row0 * w + k % w, _descriptor(w, "K"))
-
-    def frag(self, label: str, intrinsic: str, role: str, size: int) -> Buffer:
-        op = lookup(intrinsic).operand(role)
-        return Buffer(self.unique(label), op.dtype, (Const(size, dt.int32),), "fragment", fragment=(intrinsic, role))
-
-    def local(self, label: str, size: int) -> Buffer:
-        return Buffer(self.unique(label), dt.float32, (Const(size, dt.int32),), "local")
-
-    def shared(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
-        """The mma.sync form's tile [stages][rows][width], XOR-swizzled (row_swizzle) when the width is
-        a power of two; otherwise (d = 96) rows padded by 16 bytes: a row of 96 halves is 48 words,
-        which puts every other row of an ldmatrix on the same banks, and 52 words apart the 8 rows
-        one ldmatrix reads start at banks 20·r mod 32, eight different 4-bank groups."""
-        if width & (width - 1) == 0:
-            shape = tuple(Const(n, dt.int32) for n in (stages, rows, width))
-            return Buffer(self.unique(label), read.dtype, shape, "shared", tensor=f"{read.tensor.name}.shared",
-                          layout=row_swizzle(width))
-        shape = tuple(Const(n, dt.int32) for n in (stages, rows, width + CHUNK))
-        return Buffer(self.unique(label), read.dtype, shape, "shared", tensor=f"{read.tensor.name}.shared")
-
-    def unrolled(self, label: str, extent: int, body: Callable[[Var], Stmt]) -> Stmt:
-        v = Var(self.unique(label), dt.int32)
-        return For(v, Const(0, dt.int32), Const(extent, dt.int32), "unroll", body(v))
-
-    def copy_tile(self, dst: Buffer, stage: Expr, read: TensorRead, at: dict[Var, Expr], row0: Expr, extent: Expr,
-                  rows: int, width: int) -> Stmt:
-        """cp.async of rows [row0, row0 + rows) x [0, width) of the read tensor into dst[stage],
-        16 bytes per copy, zero past `extent`. A 4-dimensional dst (the Hopper form) is
-        [stages][width / W][rows][W]: blocks of W-element swizzled rows."""
-        per_row = width // CHUNK
-        chunks = rows * per_row
-        count = -(-chunks // self.threads)
-        src = self.buffers[read.tensor]
-        lead = tuple(substitute(e, at) for e in read.indices[:-2])
-
-        def copy(u: Var) -> Stmt:
-            chunk = self.tx + self.threads * u
-            r, col = chunk // per_row, (chunk % per_row) * CHUNK
-            if len(dst.shape) == 4:
-                w = const_int(dst.shape[3])
-                assert w is not None
-                at_dst: tuple[Expr, ...] = (stage, col // w, r, col % w)
-            else:
-                at_dst = (stage, r, col)
-            st: Stmt = AsyncCopy(dst, at_dst, src, lead + (row0 + r, col), 16,
-                                 compare("<", row0 + r, extent), "cg")
-            if chunks % self.threads:
-                st = IfThenElse(compare("<", chunk, chunks), st)
-            return st
-        return self.unrolled(f"copy_{read.tensor.name}", count, copy)
 
     def overlapped_loop(self, prologue: Stmt, n_tiles: Expr, load_kv: Callable[[Expr, Expr], Stmt], s_frag: Buffer,
                         p_frag: Buffer, o_frag: Buffer, q_sh: Buffer, k_sh: Buffer, v_sh: Buffer, softmax: Stmt,
@@ -1282,28 +1211,6 @@ def _positive_scale(value: Expr, scores: Reduce) -> float | None:
 
 def _inside(node: Expr, container: Expr) -> bool:
     return any(n is node for n in walk(container))
-
-
-def _fold_log2e(e: Expr) -> Expr:
-    """log2(e) · e in float32, with the factor folded into a constant scale (through `where`s,
-    sums and differences) so that the common `Σ·scale` costs one multiplication."""
-    return cast(_fold(e), dt.float32)
-
-
-def _fold(e: Expr) -> Expr:
-    if isinstance(e, Select):
-        return select(e.cond, _fold_log2e(e.a), _fold_log2e(e.b))
-    if isinstance(e, Const) and e.dtype.is_float:
-        return Const(float(e.value) * LOG2E, dt.float32)
-    if isinstance(e, Cast) and e.dtype == dt.float32 and e.a.dtype.is_float:
-        return _fold_log2e(e.a) if e.a.dtype == dt.float32 else binary("*", e, Const(LOG2E, dt.float32))
-    if isinstance(e, Binary) and e.op == "*" and e.dtype == dt.float32:
-        for x, y in ((e.a, e.b), (e.b, e.a)):
-            if isinstance(y, Const):
-                return binary("*", x, Const(float(y.value) * LOG2E, dt.float32))
-    if isinstance(e, Binary) and e.op in ("+", "-") and e.dtype == dt.float32:
-        return binary(e.op, _fold_log2e(e.a), _fold_log2e(e.b))
-    return binary("*", cast(e, dt.float32), Const(LOG2E, dt.float32))
 
 
 __all__ = ["TensorCoreChain", "block_width", "describe_skipping", "mma_sync_head_dims", "online_contraction_mma",

@@ -73,11 +73,15 @@ def uses_atomics(body: Stmt) -> bool:
 
 
 def atomic_add(st: LaneState, mem: GlobalMemory, idx: tuple[Any, ...], value: Any, dims: Any) -> np.ndarray:
+    floating = mem.flat.dtype == np.float32
     if st.checks:
         check_bounds(st, "atomic add", "global", mem.name, mem.shape, idx, dims)
-        _check_published(st)
+        if not floating:   # a float32 accumulation announces nothing (MEMORY_INTRINSICS)
+            _check_published(st)
     lanes = st.layout.lanes
     where = np.broadcast_to(np.asarray(flat_index(idx, mem.strides, mem.wide) + mem.origin), (lanes,))
+    if floating:
+        return _float_add(st, mem, where, np.broadcast_to(np.asarray(value, dtype=np.float32), (lanes,)))
     add = np.broadcast_to(np.asarray(value, dtype=np.int64), (lanes,))
     active = np.arange(lanes) if st.mask is None else np.flatnonzero(st.mask)
     order = active[np.argsort(where[active], kind="stable")]  # by element, lane order within
@@ -92,6 +96,26 @@ def atomic_add(st: LaneState, mem: GlobalMemory, idx: tuple[Any, ...], value: An
     old[order] = mem.flat[f].astype(np.int64) + earlier
     np.add.at(mem.flat, f, v.astype(mem.flat.dtype))  # int32 wraps, as on the GPU
     return old.astype(np.int32)
+
+
+def _float_add(st: LaneState, mem: GlobalMemory, where: np.ndarray, add: np.ndarray) -> np.ndarray:
+    """The float32 atomic_add of the active lanes, one lane at a time in lane order (each sum
+    rounded to float32, as the GPU's atom.add.f32 in one of its orders); each lane gets the
+    element's value before its own addition."""
+    lanes = st.layout.lanes
+    active = np.arange(lanes) if st.mask is None else np.flatnonzero(st.mask)
+    old = np.zeros(lanes, dtype=np.float32)
+    flat = np.clip(where[active], 0, mem.last)
+    # rounds of distinct elements: the k-th addition to each element in round k, in lane order
+    order = np.argsort(flat, kind="stable")
+    f, lane = flat[order], active[order]
+    first = np.r_[True, f[1:] != f[:-1]] if f.size else np.zeros(0, bool)
+    rank = np.arange(f.size) - np.maximum.accumulate(np.where(first, np.arange(f.size), 0))
+    for k in range(int(rank.max()) + 1 if f.size else 0):
+        at = rank == k
+        old[lane[at]] = mem.flat[f[at]]
+        mem.flat[f[at]] = (mem.flat[f[at]].astype(np.float32) + add[lane[at]]).astype(mem.flat.dtype)
+    return old
 
 
 def run_fence(st: LaneState) -> int:

@@ -1,0 +1,633 @@
+"""The backward of the online contraction on tensor cores (mma.sync, sm_80+): the program that
+online_backward.backward_chain recognises, as at most three kernels (FlashAttention-2's backward,
+Dao 2023, Algorithm 2, with dQ by float32 atomics):
+
+1. the pre-pass (`prepass_kernel`): one warp per forward row computes each row statistic the
+   weights read (Δ = Σ_c dO·O: lanes over c, a shuffle sum) and zeroes the float32 accumulator
+   of every row-side output (dQ);
+2. the key-block-major kernel (`main_kernel`): one block per (BN keys, K/V head), warp w owning
+   keys 16w .. 16w + 15 of the block. The key operands (K, V) are staged once; then for every
+   query head of the block's group and every query block of BM rows (the mask's fully masked
+   query blocks skipped, from a bound isl proves):
+
+       wait; barrier; the next query block's row operands (Q, dO) and row statistics (lse, Δ)
+         -> the other stage of a 2-stage cp.async ring
+       Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ          each row-key contraction, mma into C fragments (16 keys x BM)
+       P = exp2(s·log2 e - lse·log2 e) per element (0 past the keys or the queries), in place
+       each output's w per element:     key side (dV: P, dK: dS·scale) -> the A fragment of the
+                                        next mma (the C-to-A identity: no shuffle), row side
+                                        (dQ: dS·scale) -> a shared [BN][BM] tile, tile outputs
+                                        (dBias) -> global
+       dV += Pᵀ·dO, dK += dSᵀ·Q         A from registers, B = the row tile (ldmatrix.trans)
+       barrier; dQ[BM x C] += dS·K      A = the shared tile (ldmatrix.trans), B = the K tile;
+                                        float32 atomics into dQ's accumulator, the tile split
+                                        over the warps in units of 16 rows x `dq_columns`
+
+   then dK, dV (the key-side accumulators) through their epilogue (the cast) to global memory;
+3. the conversion (`convert_kernel`): each row-side output from its float32 accumulator.
+
+Memory: O(rows·C): no (rows x keys) buffer exists; P and dS live in registers and one BN x BM
+tile of dS in shared memory. Precision: contractions in float32 from 16-bit operands; P and dS
+are rounded to the operands' dtype before the mma that uses them (as FlashAttention), dQ is a
+float32 sum in the order the atomics land.
+"""
+
+from __future__ import annotations
+
+from ...ir import dtype as dt
+from ...ir.errors import ScheduleError
+from ...ir.expr import (
+    Binary,
+    BufferLoad,
+    Call,
+    Cast,
+    Const,
+    Expr,
+    Reduce,
+    Select,
+    TensorRead,
+    Var,
+    atomic_add,
+    binary,
+    call,
+    cast,
+    compare,
+    const_int,
+    select,
+    size_product,
+    substitute,
+    walk,
+    warp_shuffle,
+)
+from ...ir.intrinsics import lookup
+from ...ir.stmt import (
+    Allocate,
+    AsyncCommit,
+    AsyncCopy,
+    AsyncWait,
+    Barrier,
+    Buffer,
+    BufferStore,
+    Evaluate,
+    For,
+    FragmentRef,
+    IfThenElse,
+    KernelCall,
+    LetStmt,
+    Module,
+    PrimFunc,
+    Stmt,
+    seq,
+)
+from ...ir.tensor import ComputeOp, Tensor
+from ...ir.visitor import SubexpressionReplacer
+from ..lower import exprs_of, global_buffers, scalar_vars, signature
+from ..names import identifier
+from ..schedule.tensorize import INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
+from .key_tiles import kept_conditions, query_block_start
+from .mma_tiles import LOG2E, TileStaging, check_relayout, fold_log2e, two_n8_tiles
+from .online_backward import BackwardChain, GradOutput, backward_chain
+from .online_contraction import MAX_GRID_Y, _Lower, head_indices
+
+WHERE = "online_backward_mma"
+STAGES = 2
+
+
+def _tile_key(read: TensorRead) -> tuple[int, tuple[int, ...]]:
+    """Two reads share a staged tile when they read the same tensor at the same leading indices."""
+    return id(read.tensor), tuple(id(i) for i in read.indices[:-2])
+
+
+def _unflatten(flat: Expr, extents: tuple[Expr, ...]) -> tuple[Expr, ...]:
+    """Row-major indices of `flat` over `extents` (the first index takes what is left)."""
+    return head_indices(flat, extents) if extents else ()
+
+
+class _Kernels(TileStaging):
+    def __init__(self, chain: BackwardChain, key_tile: int, rows: int, dq_columns: int, name: str | None) -> None:
+        self.chain = chain
+        self.BN, self.BM, self.NQ = key_tile, rows, dq_columns
+        self.rolled = "serial"   # the k loops whose variable indexes no fragment (TileStaging.unrolled)
+        self.warps = key_tile // 16
+        self.threads = 32 * self.warps
+        self.name = name
+        sig = signature(chain.program)
+        self.sig, self.unique = sig, sig.unique
+        self.buffers = dict(sig.buffers)
+        u = self.unique
+        self.tx = Var(u("thread"), dt.int32)
+        self.kb, self.by = Var(u("key_block"), dt.int32), Var(u("head"), dt.int32)
+        self.it = Var(u("step"), dt.int32)
+        self.lane, self.warp = self.tx % 32, self.tx // 32
+        dtype = chain.contractions[0].row_operand.dtype
+        self.dtype = dtype
+        self.intrinsic = INTRINSICS[dtype.name]
+        self.c_map = lookup(self.intrinsic).operand("c").layout
+        self.temps: list[Buffer] = []
+        for t in chain.statistics:   # the row statistics: float32 temporaries, written by the pre-pass
+            self.buffers[t] = self._temp(t.name, t.dtype, t.shape)
+        self.accumulators = {id(o.tensor): self._temp(f"{o.tensor.name}_accumulator", dt.float32, o.tensor.shape)
+                             for o in chain.of_kind("row")}
+        self.lower = _Lower(self.buffers, u)
+
+    def _temp(self, label: str, dtype: dt.DType, shape: tuple[Expr, ...]) -> Buffer:
+        buf = Buffer(self.unique(label), dtype, tuple(shape), "global", tensor=label)
+        self.temps.append(buf)
+        return buf
+
+    # ---- the pre-pass: row statistics, accumulators zeroed ----------------------------------------
+
+    def prepass_kernel(self) -> PrimFunc | None:
+        chain = self.chain
+        if not chain.statistics and not self.accumulators:
+            return None
+        u = self.unique
+        zero = Const(0, dt.int32)
+        rows = chain.rows
+        per_block = 4
+        bx, t = Var(u("row_block"), dt.int32), Var(u("thread"), dt.int32)
+        lane, flat = t % 32, bx * per_block + t // 32
+        total = size_product(rows)
+        at = _unflatten(flat, tuple(rows))
+        lower = _Lower(self.buffers, u)
+        partial = Buffer(u("partial"), dt.float32, (Const(1, dt.int32),), "local")
+        body: list[Stmt] = []
+        for stat in chain.statistics:
+            op = stat.op
+            assert isinstance(op, ComputeOp)
+            red = next(n for n in walk(op.body) if isinstance(n, Reduce))
+            axis = red.axes[0]
+            extent = const_int(axis.extent)
+            if extent is None:
+                raise ScheduleError(f"{WHERE}: the row statistic {stat.name} sums over a symbolic extent")
+            k = Var(u("k"), dt.int32)
+            col = lane + 32 * k
+            src = substitute(red.source, {**dict(zip(op.axes, at)), axis: col})
+            st, val = lower.value(src)
+            add = seq(*st, BufferStore(partial, (zero,), partial[zero] + cast(val, dt.float32)))
+            if extent % 32:
+                add = IfThenElse(compare("<", col, extent), add)
+            shuffles = [BufferStore(partial, (zero,), partial[zero] + warp_shuffle("shfl_xor", partial[zero], m))
+                        for m in (16, 8, 4, 2, 1)]
+            value = SubexpressionReplacer({red: cast(partial[zero], red.dtype)}).visit(
+                substitute(op.body, dict(zip(op.axes, at))))
+            st2, val2 = lower.value(value)
+            body.append(seq(BufferStore(partial, (zero,), Const(0.0, dt.float32)),
+                            For(k, zero, Const(-(-extent // 32), dt.int32), "unroll", add), *shuffles,
+                            IfThenElse(compare("==", lane, zero),
+                                       seq(*st2, BufferStore(self.buffers[stat], at, cast(val2, stat.dtype))))))
+        for o in chain.of_kind("row"):
+            acc = self.accumulators[id(o.tensor)]
+            k = Var(u("k"), dt.int32)
+            col = lane + 32 * k
+            zero_it: Stmt = BufferStore(acc, at + (col,), Const(0.0, dt.float32))
+            if o.columns % 32:
+                zero_it = IfThenElse(compare("<", col, o.columns), zero_it)
+            body.append(For(k, zero, Const(-(-o.columns // 32), dt.int32), "unroll", zero_it))
+        stmt: Stmt = IfThenElse(compare("<", flat, total), seq(*body))
+        for buf in reversed([partial, *lower.allocs]):
+            stmt = Allocate(buf, stmt)
+        stmt = For(bx, zero, (total + (per_block - 1)) // per_block, "blockIdx.x",
+                   For(t, zero, Const(32 * per_block, dt.int32), "threadIdx.x", stmt))
+        return self._func(u(f"{self._label()}_backward_prepass_kernel"), stmt,
+                          "the row statistics (one warp per row) and the row-side accumulators zeroed")
+
+    # ---- the conversion of the row-side accumulators -------------------------------------------------
+
+    def convert_kernel(self) -> PrimFunc | None:
+        outs = self.chain.of_kind("row")
+        if not outs:
+            return None
+        u = self.unique
+        zero = Const(0, dt.int32)
+        threads = 256
+        bx, t = Var(u("convert_block"), dt.int32), Var(u("thread"), dt.int32)
+        flat = bx * threads + t
+        lower = _Lower(self.buffers, u)
+        body: list[Stmt] = []
+        widest = outs[0].tensor.shape
+        for o in outs:
+            at = _unflatten(flat, tuple(o.tensor.shape))
+            acc = self.accumulators[id(o.tensor)]
+            value = substitute(o.epilogue, {**dict(zip(o.axes, at)), o.acc: acc[at]})
+            st, val = lower.value(value)
+            body.append(IfThenElse(compare("<", flat, size_product(o.tensor.shape)),
+                                   seq(*st, BufferStore(self.buffers[o.tensor], at, cast(val, o.tensor.dtype)))))
+        total = size_product(widest)
+        for o in outs[1:]:
+            total = binary("max", total, size_product(o.tensor.shape))
+        stmt: Stmt = seq(*body)
+        for buf in reversed(lower.allocs):
+            stmt = Allocate(buf, stmt)
+        stmt = For(bx, zero, (total + (threads - 1)) // threads, "blockIdx.x",
+                   For(t, zero, Const(threads, dt.int32), "threadIdx.x", stmt))
+        return self._func(u(f"{self._label()}_backward_convert_kernel"), stmt,
+                          "the row-side outputs from their float32 accumulators")
+
+    # ---- the main kernel --------------------------------------------------------------------------
+
+    def main_kernel(self) -> PrimFunc:
+        chain, BN, BM = self.chain, self.BN, self.BM
+        zero = Const(0, dt.int32)
+        n_heads = size_product(chain.lead_extents)
+        if (const_int(n_heads) or 0) > MAX_GRID_Y:
+            raise ScheduleError(f"{WHERE}: {const_int(n_heads)} heads exceed the grid's y extent {MAX_GRID_Y}")
+        self._stage_buffers()
+        count, first = self._query_blocks()
+        groups = 1
+        for g in chain.group_extents:
+            groups *= g
+        n_steps = Const(groups, dt.int32) * count
+
+        def at_step(step: Expr) -> tuple[dict[Var, Expr], Expr]:
+            """The group variables and the first query row of iteration `step`."""
+            g_flat, qb = step // count, first + step % count
+            ext = tuple(Const(n, dt.int32) for n in chain.group_extents)
+            return dict(zip(chain.groups, _unflatten(g_flat, ext))), qb * BM
+
+        here, q0 = at_step(self.it)
+        nxt, q0_next = at_step(self.it + 1)
+        stage = self.it % STAGES
+        self.q0 = Var(self.unique("query0"), dt.int32)
+        step_body = seq(
+            AsyncWait(0),
+            Barrier(),
+            IfThenElse(compare("<", self.it + 1, n_steps),
+                       self._copy_rows((self.it + 1) % STAGES, nxt, q0_next)),
+            AsyncCommit(),
+            self._contractions(stage),
+            self._elementwise(stage),
+            self._key_side(stage),
+            self._row_side(),
+        )
+        for g, value in reversed(list(here.items())):
+            step_body = LetStmt(g, value, step_body)
+        step_body = LetStmt(self.q0, q0, step_body)
+        start, _ = at_step(zero)
+        body = seq(
+            self._init(),
+            self._copy_keys(),
+            IfThenElse(compare("<", zero, n_steps), self._copy_rows(zero, start, first * BM)),
+            AsyncCommit(),
+            For(self.it, zero, n_steps, "serial", step_body),
+            AsyncWait(0),
+            self._epilogue(),
+        )
+        for v, value in reversed(list(zip(chain.lead, _unflatten(self.by, chain.lead_extents)))):
+            body = LetStmt(v, value, body)
+        for buf in reversed(self._allocations()):
+            body = Allocate(buf, body)
+        body = For(self.tx, zero, Const(self.threads, dt.int32), "threadIdx.x", body)
+        body = For(self.kb, zero, (chain.keys + (BN - 1)) // BN, "blockIdx.x", body)
+        if chain.lead:
+            body = For(self.by, zero, n_heads, "blockIdx.y", body)
+        return self._func(self.unique(f"{self._label()}_backward_mma_kernel"), body, self.describe())
+
+    def _label(self) -> str:
+        return self.chain.outputs[0].tensor.name
+
+    def describe(self) -> str:
+        chain = self.chain
+        outs = ", ".join(f"{o.tensor.name} ({o.kind} side)" if o.kind != "tile" else f"{o.tensor.name} (tile)"
+                         for o in chain.outputs)
+        return (f"{self.intrinsic}: blocks of {self.BN} keys ({self.warps} warps of 16), query blocks of {self.BM} "
+                f"through a {STAGES}-stage cp.async ring; {outs}; {self.skipping}")
+
+    def _query_blocks(self) -> tuple[Expr, Expr]:
+        """(query blocks this key block visits, the first), from the mask (isl, key_tiles)."""
+        chain = self.chain
+        blocks = (chain.rows[-1] + (self.BM - 1)) // self.BM
+        self.skipping = "every query block visited"
+        if chain.of_kind("tile") or not all(_vanishes(o.weight, chain.probs) for o in chain.outputs):
+            return blocks, Const(0, dt.int32)
+        found = query_block_start(kept_conditions(chain.score), chain.query, chain.key, self.kb, self.BN, self.BM,
+                                  chain.rows[-1], chain.keys)
+        if found is None:
+            return blocks, Const(0, dt.int32)
+        first = binary("min", found[0], blocks)
+        self.skipping = found[1]
+        return blocks - first, first
+
+    def _stage_buffers(self) -> None:
+        """Shared tiles: the key operands once, the row operands and row statistics per query block
+        (a ring), the row-side weights' [BN][BM] tile; fragments and accumulators."""
+        chain, BN, BM = self.chain, self.BN, self.BM
+        self.key_tiles: dict[tuple[int, tuple[int, ...]], tuple[Buffer, TensorRead]] = {}
+        self.row_tiles: dict[tuple[int, tuple[int, ...]], tuple[Buffer, TensorRead]] = {}
+
+        def whole(read: TensorRead, width: int, what: str) -> int:
+            n = const_int(read.tensor.shape[-1])
+            if n != width or width % 16 or width > 128:
+                raise ScheduleError(f"{WHERE}: {what} reads {read.tensor.name} over {width} of its {read.tensor.shape[-1]} "
+                                    "columns; the tiles are whole rows of 16..128 columns")
+            if read.dtype != self.dtype:
+                raise ScheduleError(f"{WHERE}: {read.tensor.name} is {read.dtype}, the other operands {self.dtype}")
+            return n
+
+        def tile(table: dict, read: TensorRead, stages: int, rows: int, width: int, label: str) -> None:
+            if _tile_key(read) not in table:
+                table[_tile_key(read)] = (self.shared(label, read, stages, rows, width), read)
+        for c in chain.contractions:
+            tile(self.key_tiles, c.key_operand, 1, BN, whole(c.key_operand, c.depth, str(c.node)), "key_tile")
+            tile(self.row_tiles, c.row_operand, STAGES, BM, whole(c.row_operand, c.depth, str(c.node)), "row_tile")
+        for o in chain.outputs:
+            if o.operand is None:
+                continue
+            width = whole(o.operand, o.columns, o.tensor.name)
+            if o.kind == "key":
+                tile(self.row_tiles, o.operand, STAGES, BM, width, "row_tile")
+            else:
+                tile(self.key_tiles, o.operand, 1, BN, width, "key_tile")
+        self.stat_tiles: dict[int, tuple[Buffer, TensorRead]] = {}
+        for value in [chain.probs] + [o.weight for o in chain.outputs]:
+            for n in walk(value):
+                if isinstance(n, TensorRead) and len(n.indices) == len(chain.row_at) and all(
+                        a is b for a, b in zip(n.indices, chain.row_at)) and id(n) not in self.stat_tiles:
+                    buf = Buffer(self.unique(f"{n.tensor.name}_rows"), n.dtype,
+                                 (Const(STAGES, dt.int32), Const(BM, dt.int32)), "shared", tensor=f"{n.tensor.name}.shared")
+                    self.stat_tiles[id(n)] = (buf, n)
+        self.weights_tile = None
+        if chain.of_kind("row"):
+            row_dtype = {o.operand.dtype for o in chain.of_kind("row") if o.operand is not None}
+            self.weights_tile = Buffer(self.unique("weights_tile"), self.dtype,
+                                       (Const(1, dt.int32), Const(BN, dt.int32), Const(BM, dt.int32)), "shared",
+                                       tensor="dS.shared", layout=row_swizzle(BM))
+            assert row_dtype <= {self.dtype}
+        intr = self.intrinsic
+        self.a_frag, self.b_frag = self.frag("a_frag", intr, "a", 8), self.frag("b_frag", intr, "b", 8)
+        self.c_frags = {id(c.node): self.frag("tile_frag", intr, "c", BM // 2) for c in chain.contractions}
+        self.w_frags = {id(o.tensor): self.frag("weight_frag", intr, "a", BM // 2) for o in chain.of_kind("key")}
+        self.accs = {id(o.tensor): self.frag("acc_frag", intr, "c", o.columns // 2) for o in chain.of_kind("key")}
+        self.dq_frag = self.frag("row_frag", intr, "c", self.NQ // 2) if chain.of_kind("row") else None
+        check_relayout(intr, intr, WHERE)
+
+    def _allocations(self) -> list[Buffer]:
+        out = [b for b, _ in self.key_tiles.values()] + [b for b, _ in self.row_tiles.values()]
+        out += [b for b, _ in self.stat_tiles.values()]
+        out += [self.weights_tile] if self.weights_tile is not None else []
+        out += [self.a_frag, self.b_frag, *self.c_frags.values(), *self.w_frags.values(), *self.accs.values()]
+        out += [self.dq_frag] if self.dq_frag is not None else []
+        return out + list(self.lower.allocs)
+
+    def _init(self) -> Stmt:
+        return seq(*(self.unrolled("acc_zero", int(const_int(acc.shape[0]) or 0),
+                                   lambda e, acc=acc: BufferStore(acc, (e,), Const(0.0, dt.float32)))
+                     for acc in self.accs.values()))
+
+    def _copy_keys(self) -> Stmt:
+        chain = self.chain
+        zero_groups = {g: Const(0, dt.int32) for g in chain.groups}
+        return seq(*(self.copy_tile(buf, Const(0, dt.int32), read, zero_groups, self.kb * self.BN, chain.keys, self.BN,
+                                    int(const_int(buf.shape[-1]) or 0))
+                     for buf, read in self.key_tiles.values()))
+
+    def _copy_rows(self, stage: Expr, groups: dict[Var, Expr], q0: Expr) -> Stmt:
+        """The row operands and row statistics of the query block at `q0` for `groups` -> `stage`."""
+        chain = self.chain
+        copies = [self.copy_tile(buf, stage, read, groups, q0, chain.rows[-1], self.BM, int(const_int(buf.shape[-1]) or 0))
+                  for buf, read in self.row_tiles.values()]
+        for buf, read in self.stat_tiles.values():
+            copies.append(self.unrolled("stat_copy", -(-self.BM // self.threads), lambda u, buf=buf, read=read:
+                                        self._stat_copy(buf, read, stage, groups, q0, u)))
+        return seq(*copies)
+
+    def _stat_copy(self, buf: Buffer, read: TensorRead, stage: Expr, groups: dict[Var, Expr], q0: Expr, u: Var) -> Stmt:
+        """Element r of the row statistic's BM rows (4-byte cp.async, zero past the queries)."""
+        r = self.tx + self.threads * u
+        q = q0 + r
+        idx = tuple(substitute(e, {**groups, self.chain.query: q}) for e in read.indices)
+        copy: Stmt = AsyncCopy(buf, (stage, r), self.buffers[read.tensor], idx, 4, compare("<", q, self.chain.rows[-1]),
+                               "ca")
+        return copy if self.BM % self.threads == 0 else IfThenElse(compare("<", r, Const(self.BM, dt.int32)), copy)
+
+    # ---- the tile's contractions, elementwise stage and mma ------------------------------------------
+
+    def _contractions(self, stage: Expr) -> Stmt:
+        """Each row-key contraction Σ_x B[key, x]·A[query, x] into C fragments: 16 keys (the warp's)
+        x BM queries; A = the key tile's rows (plain ldmatrix), B = the row tile ([n][k])."""
+        out: list[Stmt] = []
+        for c in self.chain.contractions:
+            frag = self.c_frags[id(c.node)]
+            key_tile = self.key_tiles[_tile_key(c.key_operand)][0]
+            row_tile = self.row_tiles[_tile_key(c.row_operand)][0]
+
+            def step(kd: Var, frag: Buffer = frag, key_tile: Buffer = key_tile, row_tile: Buffer = row_tile) -> Stmt:
+                def pair(nq: Var) -> Stmt:
+                    return seq(load_b_fragments(FragmentRef(self.b_frag, 0), row_tile, stage, nq * 16, kd * 16, self.lane,
+                                                True),
+                               two_n8_tiles(self.intrinsic, frag, 8 * nq, FragmentRef(self.a_frag, 0), self.b_frag))
+                return seq(load_a_fragment(FragmentRef(self.a_frag, 0), key_tile, Const(0, dt.int32), self.warp * 16,
+                                           kd * 16, self.lane, True),
+                           self.unrolled("query_pair", self.BM // 16, pair))
+            out.append(seq(self.unrolled("tile_zero", self.BM // 2,
+                                         lambda e, frag=frag: BufferStore(frag, (e,), Const(0.0, dt.float32))),
+                           self.unrolled("depth_step", c.depth // 16, step, self.rolled)))
+        return seq(*out)
+
+    def _element(self, nt: Var, e: Var, stage: Expr) -> tuple[dict[Expr, Expr], Expr, Expr, Expr, Expr]:
+        """(replacements, query, key, in range, fragment index) of accumulator element e of n8 tile nt."""
+        chain = self.chain
+        rr, cc = self.c_map(self.lane, e)
+        here = 4 * nt + e
+        query = self.q0 + nt * 8 + cc
+        key = self.kb * self.BN + self.warp * 16 + rr
+        ok = compare("<", key, chain.keys) & compare("<", query, chain.rows[-1])
+        repl: dict[Expr, Expr] = {c.node: self.c_frags[id(c.node)][here] for c in chain.contractions}
+        for buf, read in self.stat_tiles.values():
+            repl[read] = buf[stage, nt * 8 + cc]
+        return repl, query, key, ok, here
+
+    def _elementwise(self, stage: Expr) -> Stmt:
+        """Per accumulator element: P = exp(s - lse) in place of the score's fragment, then every
+        output's weight: key side into its A fragment, row side into the shared tile, tile outputs
+        to global memory; 0 past the keys or the queries."""
+        chain = self.chain
+        probs = chain.probs
+        assert isinstance(probs, Call) and isinstance(probs.args[0], Binary)
+        score_nodes = [c.node for c in chain.contractions if any(n is c.node for n in walk(probs))]
+        if len(score_nodes) != 1:
+            raise ScheduleError(f"{WHERE}: P reads {len(score_nodes)} contractions; one (the scores) is needed")
+        score_frag = self.c_frags[id(score_nodes[0])]
+        for o in chain.outputs:
+            rest = SubexpressionReplacer({probs: Const(0.0, probs.dtype)}).visit(o.weight)
+            if any(n is score_nodes[0] for n in walk(rest)):
+                raise ScheduleError(f"{WHERE}: {o.tensor.name}'s weight reads the scores outside P")
+
+        def one(nt: Var, e: Var) -> Stmt:
+            repl, query, key, ok, here = self._element(nt, e, stage)
+            at = {chain.query: query, chain.key: key}
+            s, lse = probs.args[0].a, probs.args[0].b   # type: ignore[union-attr]
+            s_val = substitute(SubexpressionReplacer(repl).visit(s), at)
+            l_val = substitute(SubexpressionReplacer(repl).visit(lse), at)
+            p = call("exp2_approx", fold_log2e(s_val) - cast(l_val, dt.float32) * Const(LOG2E, dt.float32))
+            stmts: list[Stmt] = [self._guarded(score_frag, (here,), p, ok)]
+            repl_p = {**repl, probs: score_frag[here]}
+            for o in chain.outputs:
+                w = substitute(SubexpressionReplacer(repl_p).visit(o.weight), at)
+                if o.kind == "key":
+                    stmts.append(self._guarded(self.w_frags[id(o.tensor)], (here,), w, ok))
+                elif o.kind == "row":
+                    rr, cc = self.c_map(self.lane, e)
+                    assert self.weights_tile is not None
+                    stmts.append(self._guarded(self.weights_tile, (Const(0, dt.int32), self.warp * 16 + rr, nt * 8 + cc),
+                                               w, ok))
+                else:
+                    idx = tuple(substitute(i, at) for i in o.index)
+                    value = substitute(o.epilogue, {**dict(zip(o.axes, idx)), o.acc: w})
+                    st, val = self.lower.value(value)
+                    stmts.append(IfThenElse(ok, seq(*st, BufferStore(self.buffers[o.tensor], idx, cast(val, o.tensor.dtype)))))
+            return seq(*stmts)
+        return self.unrolled("tile_n", self.BM // 8, lambda nt: self.unrolled("tile_e", 4, lambda e: one(nt, e)))
+
+    def _guarded(self, buf: Buffer, idx: tuple[Expr, ...], value: Expr, ok: Expr) -> Stmt:
+        """buf[idx] = value where `ok`, else 0; a value that reads global memory (a bias, a mask)
+        is evaluated only where `ok` (its reads are in bounds there)."""
+        st, val = self.lower.value(value)
+        val = cast(val, buf.dtype)
+        if st or any(isinstance(n, BufferLoad) and n.buffer.scope == "global" for n in walk(val)):
+            return IfThenElse(ok, seq(*st, BufferStore(buf, idx, val)), BufferStore(buf, idx, Const(0.0, buf.dtype)))
+        return BufferStore(buf, idx, select(ok, val, Const(0.0, buf.dtype)))
+
+    def _key_side(self, stage: Expr) -> Stmt:
+        """acc[16 keys x C] += wᵀ·X for each key-side output: A = w from registers (k16 step kk of
+        the queries), B = X's row tile [query][column] (ldmatrix.trans)."""
+        out: list[Stmt] = []
+        for o in self.chain.of_kind("key"):
+            assert o.operand is not None
+            tile = self.row_tiles[_tile_key(o.operand)][0]
+            acc, w = self.accs[id(o.tensor)], self.w_frags[id(o.tensor)]
+
+            def step(kk: Var, tile: Buffer = tile, acc: Buffer = acc, w: Buffer = w, columns: int = o.columns) -> Stmt:
+                def pair(dn: Var) -> Stmt:
+                    return seq(load_b_fragments(FragmentRef(self.b_frag, 0), tile, stage, dn * 16, kk * 16, self.lane,
+                                                False),
+                               two_n8_tiles(self.intrinsic, acc, 8 * dn, FragmentRef(w, 8 * kk), self.b_frag))
+                return self.unrolled("column_pair", columns // 16, pair)
+            out.append(self.unrolled("query_step", self.BM // 16, step))
+        return seq(*out)
+
+    def _row_side(self) -> Stmt:
+        """out[BM x C] += w·Y for each row-side output, w from the shared [key][query] tile
+        (ldmatrix.trans gives its A fragments), Y = the key tile [key][column]; units of 16 rows x
+        NQ columns over the warps; float32 atomics into the output's accumulator."""
+        outs = self.chain.of_kind("row")
+        if not outs:
+            return seq()
+        assert self.weights_tile is not None and self.dq_frag is not None
+        chain, BM, NQ, W = self.chain, self.BM, self.NQ, self.warps
+        zero = Const(0, dt.int32)
+        out: list[Stmt] = [Barrier()]
+        for o in outs:
+            assert o.operand is not None
+            if o.columns % NQ:
+                raise ScheduleError(f"{WHERE}: {o.tensor.name} has {o.columns} columns, not a multiple of dq_columns={NQ}")
+            tile = self.key_tiles[_tile_key(o.operand)][0]
+            acc = self.accumulators[id(o.tensor)]
+            units = (BM // 16) * (o.columns // NQ)
+
+            def unit_body(u: Var, tile: Buffer = tile, acc: Buffer = acc, units: int = units) -> Stmt:
+                unit = self.warp + W * u
+                mt, nc = unit % (BM // 16), unit // (BM // 16)
+                dq = self.dq_frag
+                assert dq is not None and self.weights_tile is not None
+                ws = self.weights_tile
+
+                def step(kk: Var) -> Stmt:
+                    def pair(dn: Var) -> Stmt:
+                        return seq(load_b_fragments(FragmentRef(self.b_frag, 0), tile, zero, nc * NQ + dn * 16, kk * 16,
+                                                    self.lane, False),
+                                   two_n8_tiles(self.intrinsic, dq, 8 * dn, FragmentRef(self.a_frag, 0), self.b_frag))
+                    return seq(load_a_fragment(FragmentRef(self.a_frag, 0), ws, zero, mt * 16, kk * 16, self.lane, False),
+                               self.unrolled("dq_pair", NQ // 16, pair))
+
+                def add(nt: Var) -> Stmt:
+                    def one(e: Var) -> Stmt:
+                        rr, cc = self.c_map(self.lane, e)
+                        query = self.q0 + mt * 16 + rr
+                        at = tuple(substitute(x, {chain.query: query}) for x in chain.row_at)
+                        return IfThenElse(compare("<", query, chain.rows[-1]), Evaluate(
+                            atomic_add(acc[at + (nc * NQ + nt * 8 + cc,)], dq[4 * nt + e])))
+                    return self.unrolled("dq_e", 4, one)
+                body = seq(self.unrolled("dq_zero", NQ // 2, lambda e: BufferStore(dq, (e,), Const(0.0, dt.float32))),
+                           self.unrolled("key_step", self.BN // 16, step, self.rolled),
+                           self.unrolled("dq_n", NQ // 8, add))
+                return body if units % W == 0 else IfThenElse(compare("<", unit, units), body)
+            out.append(self.unrolled("dq_unit", -(-units // W), unit_body))
+        return seq(*out)
+
+    def _epilogue(self) -> Stmt:
+        """The key-side outputs: element (key, column) of each accumulator through the output's
+        epilogue (its cast), keys past the end not stored."""
+        chain = self.chain
+        out: list[Stmt] = []
+        for o in chain.of_kind("key"):
+            acc = self.accs[id(o.tensor)]
+
+            def one(nt: Var, e: Var, o: GradOutput = o, acc: Buffer = acc) -> Stmt:
+                rr, cc = self.c_map(self.lane, e)
+                key = self.kb * self.BN + self.warp * 16 + rr
+                column = nt * 8 + cc
+                idx = tuple(substitute(i, {chain.key: key, chain.column: column}) for i in o.index)
+                value = substitute(o.epilogue, {**dict(zip(o.axes, idx)), o.acc: acc[4 * nt + e]})
+                st, val = self.lower.value(value)
+                return IfThenElse(compare("<", key, chain.keys),
+                                  seq(*st, BufferStore(self.buffers[o.tensor], idx, cast(val, o.tensor.dtype))))
+            out.append(self.unrolled("out_n", o.columns // 8, lambda nt, one=one: self.unrolled(
+                "out_e", 4, lambda e: one(nt, e))))
+        return seq(*out)
+
+    def _func(self, name: str, body: Stmt, what: str) -> PrimFunc:
+        chain = self.chain
+        prog = chain.program
+        used = global_buffers(body)
+        body_vars = scalar_vars(exprs_of(body) + [s for b in used for s in b.shape + (b.strides or ())])
+        params = tuple(self.buffers[a] for a in prog.args if self.buffers[a] in used) + \
+            tuple(t for t in self.temps if t in used) + tuple(v for v in self.sig.scalars if v in body_vars)
+        attrs: tuple[tuple[str, object], ...] = (("online_backward", tuple(o.tensor.name for o in chain.outputs)),
+                                                 ("tensorize", what))
+        return PrimFunc(name, params, body, attrs)
+
+    def module(self) -> Module:
+        kernels = [k for k in (self.prepass_kernel(), self.main_kernel(), self.convert_kernel()) if k is not None]
+        prog = self.chain.program
+        mname = identifier(self.name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
+        module_params = tuple(self.sig.buffers[a] for a in prog.args) + tuple(self.sig.scalars)
+        calls = tuple(KernelCall(k.name, k.params) for k in kernels)
+        return Module(mname, module_params, tuple(kernels), calls, tuple(self.temps))
+
+
+def _vanishes(w: Expr, p: Expr) -> bool:
+    """Whether `w` is 0 wherever `p` is (a product with p, a `where` whose branches vanish or are
+    0, a cast of one): then a tile where every P is 0 adds nothing and is skipped."""
+    if w is p:
+        return True
+    if isinstance(w, Const):
+        return w.dtype.is_float and float(w.value) == 0.0
+    if isinstance(w, Binary) and w.op == "*":
+        return _vanishes(w.a, p) or _vanishes(w.b, p)
+    if isinstance(w, Binary) and w.op == "/":
+        return _vanishes(w.a, p)
+    if isinstance(w, (Call, TensorRead)):
+        return False
+    if isinstance(w, Cast):
+        return _vanishes(w.a, p)
+    if isinstance(w, Select):
+        return _vanishes(w.a, p) and _vanishes(w.b, p)
+    return False
+
+
+def online_backward_mma(args: list[Tensor], key_tile: int = 64, rows: int = 64, dq_columns: int = 64,
+                        name: str | None = None) -> Module:
+    """The kernels of the backward program `args` (module docstring): blocks of `key_tile` keys
+    (16 per warp), query blocks of `rows`, dQ's tile in units of 16 rows x `dq_columns`."""
+    chain = backward_chain(args)
+    if key_tile not in (16, 32, 64, 128):
+        raise ScheduleError(f"{WHERE}: key_tile={key_tile} must be 16, 32, 64 or 128 (16 keys per warp)")
+    if rows not in (16, 32, 64, 128):
+        raise ScheduleError(f"{WHERE}: rows={rows} must be 16, 32, 64 or 128 (m16 k16 steps of the queries)")
+    if dq_columns not in (16, 32, 64, 128):
+        raise ScheduleError(f"{WHERE}: dq_columns={dq_columns} must be 16, 32, 64 or 128")
+    return _Kernels(chain, key_tile, rows, dq_columns, name).module()
+
+
+__all__ = ["online_backward_mma"]
