@@ -1,0 +1,209 @@
+"""online_backward: the backward of an online contraction (attention's gradient as tc.grad writes
+it, docs/training.md) as the tensor-core kernels of tecc.passes.rewrite.online_backward_mma.
+
+Like online_contraction this rewrites the whole program, so it is a build candidate proposed over
+the program (`propose`), asked after the forward rewrites. Its three parts:
+
+* guard: `backward_chain` (the structure: P = exp(s - L) recomputed, every output a key-side,
+  row-side or tile contraction of the tile's weights; never a name), 16-bit operands with head
+  dims of 16..128, an sm_80 or newer target;
+* space: `backward_tilings` (blocks of BN keys, query blocks of BM rows, dQ's units of 16 rows x
+  NQ columns), the block's shared memory within the target's opt-in limit;
+* workload: `backward_workload`, what a tiling makes the GPU do (tensor FLOPs of the contractions
+  and the mma per visited tile, the tiles the mask leaves, the float32 atomics of dQ, the bytes
+  staged, the exp2 per element, the registers its fragments take), priced by the cost model
+  (`predict`); the points are taken in that order and the first that ptxas compiles for the
+  target without spills is the plan (NVRTC, no GPU; the compile cache serves the build).
+
+Unfused, the same program is 6 or 7 kernels that write three (rows x keys) float32 stages (P,
+dP, dS) and read them back: O(S²) bytes that no tile choice for them recovers, so the candidate
+is not ranked against them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ...codegen import default_arch
+from ...ir import dtype as dt
+from ...ir.errors import ScheduleError, TeccError
+from ...ir.evaluate import evaluate_int
+from ...ir.expr import Var, const_int, walk
+from ...ir.target import Target
+from ...ir.target import target as target_info
+from ...ir.tensor import Tensor
+from ...passes.manager import PassTiming
+from ...passes.rewrite.key_tiles import kept_conditions, query_block_start
+from ...passes.rewrite.online_backward import BackwardChain, backward_chain
+from ..cost.model import Cost, Workload, predict
+from ..pipeline import compile_module, schedule_module
+from ..plan import Plan, Step
+
+MMA_MIN_ARCH = 80          # mma.sync.m16n8k16, ldmatrix, cp.async
+NOMINAL_LENGTH = 8192      # a symbolic extent is costed at this length
+ELEMENT_OPS = 24           # instructions per tile element: exp2, the weights, the guards, the casts
+
+
+@dataclass
+class BackwardChoice:
+    plan: Plan
+    reason: str
+    cost: Cost
+
+
+def _arch_number(arch: str) -> int:
+    digits = "".join(ch for ch in arch[3:] if ch.isdigit()) if arch.startswith("sm_") else ""
+    return int(digits) if digits else 0
+
+
+def backward_tilings(widest: int) -> tuple[tuple[int, int, int], ...]:
+    """(key_tile, rows, dq_columns) points for head dims up to `widest`: blocks of 64 or 128 keys
+    (4 or 8 warps of 16 keys), query blocks of 16..64 rows; with d = 128 the key-side accumulators
+    take 2·d/2 floats per lane, so the query blocks are small."""
+    if widest > 64:
+        return ((128, 32, 32), (64, 32, 32), (64, 16, 32), (128, 16, 32))
+    return ((128, 64, 32), (128, 32, 32), (64, 64, 32), (64, 32, 32))
+
+
+def _sizes(chain: BackwardChain) -> dict[Var, int]:
+    sizes = [*chain.rows, chain.keys, *chain.lead_extents]
+    return {v: NOMINAL_LENGTH for e in sizes for v in walk(e) if isinstance(v, Var) and v.kind == "size"}
+
+
+def visited_fraction(chain: BackwardChain, key_tile: int, rows: int) -> float:
+    """The mean share of query blocks a key block visits (the isl-proven first query block of
+    each key block, query_block_start; 1 without a bound)."""
+    kb = Var("key_block", dt.int32)
+    found = query_block_start(kept_conditions(chain.score), chain.query, chain.key, kb, key_tile, rows,
+                              chain.rows[-1], chain.keys)
+    if found is None:
+        return 1.0
+    env = _sizes(chain)
+    try:
+        queries = evaluate_int(chain.rows[-1], env)
+        keys = evaluate_int(chain.keys, env)
+        blocks = -(-queries // rows)
+        starts = [min(evaluate_int(found[0], {**env, kb: b}), blocks) for b in range(-(-keys // key_tile))]
+    except TeccError:
+        return 1.0
+    return sum(blocks - s for s in starts) / max(len(starts) * blocks, 1)
+
+
+def backward_workload(chain: BackwardChain, point: dict[str, int], target: Target,
+                      registers: int | None = None) -> Workload:
+    """What the main kernel of `point` makes the GPU do (module docstring); `registers` per
+    thread from ptxas when known, else the fragments' count plus addressing."""
+    BN, BM, NQ = point["key_tile"], point["rows"], point["dq_columns"]
+    env = _sizes(chain)
+    queries, keys = evaluate_int(chain.rows[-1], env), evaluate_int(chain.keys, env)
+    heads = 1
+    for e in chain.lead_extents:
+        heads *= evaluate_int(e, env)
+    groups = 1
+    for g in chain.group_extents:
+        groups *= g
+    blocks = heads * -(-keys // BN)
+    tiles = blocks * groups * -(-queries // BM) * visited_fraction(chain, BN, BM)
+    depth = sum(c.depth for c in chain.contractions)
+    key_cols = sum(o.columns for o in chain.of_kind("key"))
+    row_cols = sum(o.columns for o in chain.of_kind("row"))
+    flops_per_tile = 2.0 * BN * BM * (depth + key_cols + row_cols)
+    row_bytes = sum(2 * BM * (const_int(b.shape[-1]) or 0) for b in _row_widths(chain))
+    threads = 2 * BN
+    regs = registers if registers is not None else (
+        BM // 2 * len(chain.contractions) + BM // 4 * len(chain.of_kind("key")) + key_cols // 2
+        + (NQ // 2 if row_cols else 0) + 48)
+    # the key tiles once, the row tiles in a 2-stage ring, dS's [BN][BM] tile, lse and Δ per stage
+    smem = 2 * BN * depth + 2 * row_bytes + (2 * BN * BM if row_cols else 0) + 16 * BM
+    atomics = tiles * BM * row_cols
+    rate = target.tensor_flops.get(chain.contractions[0].row_operand.dtype.name, 0.0) * (0.9 if target.sm < 90 else 0.6)
+    elements = tiles * BN * BM
+    return Workload(
+        blocks=blocks, threads=threads, registers={"ptxas" if registers is not None else "fragments": regs},
+        smem_bytes=smem, smem_opt_in=True,
+        flops=flops_per_tile * tiles, tensor_flops=flops_per_tile * tiles, tensor_rate=rate,
+        special_ops=elements, fma_ops=elements * 6,
+        l2_bytes=tiles * (row_bytes + 8 * BM) + blocks * 2 * BN * depth + 8 * atomics,
+        dram_bytes=float(heads * groups * queries * 2 * (depth + key_cols) + heads * keys * 4 * depth + 8 * atomics / max(
+            -(-keys // BN), 1)),
+        instructions=elements / 32 * ELEMENT_OPS + atomics / 32 * 4 + tiles * (BN // 16) * (
+            depth + key_cols + row_cols) * BM / 256,
+        bytes_in_flight=16.0, ilp=4.0,
+        notes=[f"{tiles:.0f} tiles of {BN} keys x {BM} queries visited, {atomics:.3g} float32 atomics for the row-side "
+               f"outputs"])
+
+
+def _row_widths(chain: BackwardChain) -> list[Any]:
+    """The distinct row operands' reads (one staged tile each per query block)."""
+    seen: dict[int, Any] = {}
+    for c in chain.contractions:
+        seen.setdefault(id(c.row_operand.tensor), c.row_operand.tensor)
+    for o in chain.of_kind("key"):
+        if o.operand is not None:
+            seen.setdefault(id(o.operand.tensor), o.operand.tensor)
+    return list(seen.values())
+
+
+def _compiled_registers(tensors: Sequence[Tensor], args: dict[str, int], arch: str, name: str | None
+                        ) -> tuple[int, int] | str:
+    """(registers, spilled bytes) of the main kernel as the build compiles it, or why not."""
+    plan = Plan((Step("online_backward_mma", args),), "online_backward_mma", "")
+    timing = PassTiming()
+    try:
+        module = schedule_module(list(tensors), plan, name=name, dumper=None, timing=timing)
+        kernel = compile_module(module, plan, "cuda", arch=arch, options=(), dumper=None, timing=timing)
+    except TeccError as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    main = [r for n, r in kernel.resources.items() if n.endswith("_backward_mma_kernel")]
+    if not main:
+        return f"ptxas reported no main kernel (log: {kernel.compile_log.strip()[:200]!r})"
+    return main[0].registers, main[0].spill_stores + main[0].spill_loads
+
+
+def propose(tensors: Sequence[Tensor], target: Any = None, name: str | None = None) -> BackwardChoice | None:
+    """The tensor-core plan of the backward program `tensors`, or None when it is not one (or no
+    tiling compiles without spills)."""
+    try:
+        chain = backward_chain(tensors)
+    except ScheduleError:
+        return None
+    arch = target if isinstance(target, str) and target.startswith("sm_") else default_arch()
+    if _arch_number(arch) < MMA_MIN_ARCH:
+        return None
+    info = target_info(arch)
+    widest = max([c.depth for c in chain.contractions] + [o.columns for o in chain.outputs])
+    points = [{"key_tile": bn, "rows": bm, "dq_columns": nq} for bn, bm, nq in backward_tilings(widest)]
+    ranked = sorted(points, key=lambda p: predict(backward_workload(chain, p, info), info).total)
+    passed: list[str] = []
+    for point in ranked:
+        found = _compiled_registers(tensors, point, arch, name)
+        label = f"{point['key_tile']}x{point['rows']}"
+        if isinstance(found, str):
+            passed.append(f"{label}: {found}")
+            continue
+        registers, spilled = found
+        if spilled:
+            passed.append(f"{label}: {registers} registers, spills")
+            continue
+        cost = predict(backward_workload(chain, point, info, registers), info)
+        return BackwardChoice(_plan(chain, point, arch, registers, cost, passed), "", cost)
+    return None
+
+
+def _plan(chain: BackwardChain, point: dict[str, int], arch: str, registers: int, cost: Cost,
+          passed: list[str]) -> Plan:
+    outs = ", ".join(f"{o.tensor.name} ({o.kind} side)" for o in chain.outputs)
+    skipped = visited_fraction(chain, point["key_tile"], point["rows"])
+    reason = (f"the backward of an online contraction ({outs}) on tensor cores: a pre-pass for the row statistics "
+              f"({', '.join(t.name for t in chain.statistics) or 'none'}), blocks of {point['key_tile']} keys walking "
+              f"query blocks of {point['rows']} rows with the key-side outputs in registers and the row-side ones by "
+              f"float32 atomics ({point['dq_columns']} columns per unit), then their conversion; no (rows x keys) "
+              f"buffer; {skipped:.0%} of the query blocks visited ({arch}: {registers} registers, no spills; predicted "
+              f"{cost.total * 1e6:.0f} us, {cost.bound}-bound)")
+    if passed:
+        reason += f" (passed over: {'; '.join(passed)})"
+    return Plan((Step("online_backward_mma", dict(point)),), "online_backward_mma", reason)
+
+
+__all__ = ["BackwardChoice", "backward_tilings", "backward_workload", "propose", "visited_fraction"]
