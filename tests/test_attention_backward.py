@@ -68,9 +68,14 @@ def gradients(x, do, o_saved, groups, mask, bias, eps):
         return a.reshape(B, H // groups, groups, *a.shape[2:]).sum(2)
 
     dq, dk, dv = ds @ kk * scale, per_kv(dst @ q) * scale, per_kv(pt @ do)
-    out = [(dq, eps * (scale * mag @ np.abs(kk) + np.abs(dq))),
-           (dk, eps * (scale * per_kv(magt @ np.abs(q)) + np.abs(dk))),
-           (dv, eps * (per_kv(pt @ np.abs(do)) + np.abs(dv)))]
+    # float16's subnormals (below 2^-14) are 2^-24 apart: P, dS and the outputs rounded there are
+    # off by that much in absolute terms, not relative ones
+    sub = 2.0 ** -24 if eps == EPSILON["float16"] else 0.0
+    kept = (p > 0).astype(np.float64)
+    out = [(dq, eps * (scale * mag @ np.abs(kk) + np.abs(dq)) + sub * (1 + scale * kept @ np.abs(kk))),
+           (dk, eps * (scale * per_kv(magt @ np.abs(q)) + np.abs(dk)) + sub * (1 + scale * per_kv(kept.swapaxes(-1, -2)
+                                                                                                 @ np.abs(q)))),
+           (dv, eps * (per_kv(pt @ np.abs(do)) + np.abs(dv)) + sub * (1 + per_kv(kept.swapaxes(-1, -2) @ np.abs(do))))]
     if bias:
         out.append((ds, eps * p * (np.abs(do) * np.abs(o_saved.astype(np.float64))).sum(-1, keepdims=True) + 1e-6))
     return out

@@ -208,6 +208,35 @@ def query_block_start(conditions: list[Expr], query: Var, key: Var, block: Var, 
     return start, why
 
 
+def whole_tile(conditions: list[Expr], query: Var, key: Var, q0: Expr, k0: Expr, rows: int, key_tile: int,
+               queries: Expr, keys: Expr, first: Var, block: Var) -> Expr | None:
+    """A condition on the tile of queries [q0, q0 + rows) x keys [k0, k0 + key_tile) under which
+    every element is inside the extents and keeps every condition (each c·key + a·query + rest ≤ 0
+    at the tile's corner that maximizes it), so the backward's elementwise stage needs no guard
+    there; proved by isl over the query blocks `first` (q0 = first·rows) and key blocks `block`
+    (k0 = block·key_tile): no element of a tile where it holds is outside or dropped. None when a
+    condition is not affine (a mask tensor) or the proof fails."""
+    out: Expr = compare("<=", k0 + key_tile, keys) & compare("<=", q0 + rows, queries)
+    for cond in conditions:
+        form = affine_form(cond, query, key)
+        if form is None:
+            return None
+        a, c, rest = form
+        kx = k0 + (key_tile - 1) if c > 0 else k0
+        qx = q0 + (rows - 1) if a > 0 else q0
+        out = out & compare("<=", Const(c, dt.int32) * kx + Const(a, dt.int32) * qx + rest, Const(0, dt.int32))
+    at = {q0: first * rows, k0: block * key_tile} if isinstance(q0, Var) and isinstance(k0, Var) else {}
+    holds = substitute(out, at) if at else out
+    loops = [LoopDim(block, Const(0, dt.int32), (keys + (key_tile - 1)) // key_tile, "blockIdx.x"),
+             LoopDim(first, Const(0, dt.int32), (queries + (rows - 1)) // rows, "serial"),
+             LoopDim(key, block * key_tile, Const(key_tile, dt.int32), "serial"),
+             LoopDim(query, first * rows, Const(rows, dt.int32), "serial")]
+    for violated in [compare(">=", key, keys), compare(">=", query, queries), *(Not(c) for c in conditions)]:
+        if not is_empty(loops, [holds, violated]):
+            return None
+    return out
+
+
 def skipping_description(chain: OnlineChain, bound: tuple[Expr, str] | None, unmasked: Expr | None = None) -> str:
     """What the kernel does about fully masked and unmasked key tiles, for explain()."""
     whole = "" if unmasked is None else (f"; the first {unmasked} key tiles, which every row of the block keeps "
@@ -231,5 +260,5 @@ def tiles_grow_with_block(chain: OnlineChain, first: Var, rows: int, tiles: Expr
 
 
 __all__ = ["affine_form", "is_minus_inf", "kept", "kept_conditions", "key_tile_bound", "query_block_start",
-           "skipping_description", "tiles_grow_with_block",
+           "skipping_description", "tiles_grow_with_block", "whole_tile",
            "tiles_inside_keys", "unmasked_tile_bound"]

@@ -84,7 +84,7 @@ from ...ir.visitor import SubexpressionReplacer
 from ..lower import exprs_of, global_buffers, scalar_vars, signature
 from ..names import identifier
 from ..schedule.tensorize import INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
-from .key_tiles import kept_conditions, query_block_start
+from .key_tiles import kept_conditions, query_block_start, whole_tile
 from .mma_tiles import LOG2E, TileStaging, check_relayout, fold_log2e, two_n8_tiles
 from .online_backward import BackwardChain, GradOutput, backward_chain
 from .online_contraction import MAX_GRID_Y, _Lower, head_indices
@@ -291,7 +291,7 @@ class _Kernels(TileStaging):
         outs = ", ".join(f"{o.tensor.name} ({o.kind} side)" if o.kind != "tile" else f"{o.tensor.name} (tile)"
                          for o in chain.outputs)
         return (f"{self.intrinsic}: blocks of {self.BN} keys ({self.warps} warps of 16), query blocks of {self.BM} "
-                f"through a {STAGES}-stage cp.async ring; {outs}; {self.skipping}")
+                f"through a {STAGES}-stage cp.async ring; {outs}; {self.skipping}; {self.whole}")
 
     def _query_blocks(self) -> tuple[Expr, Expr]:
         """(query blocks this key block visits, the first), from the mask (isl, key_tiles)."""
@@ -453,8 +453,13 @@ class _Kernels(TileStaging):
             if any(n is score_nodes[0] for n in walk(rest)):
                 raise ScheduleError(f"{WHERE}: {o.tensor.name}'s weight reads the scores outside P")
 
-        def one(nt: Var, e: Var) -> Stmt:
+        whole = self._whole_tiles()
+        kept = {c: Const(True, dt.bool_) for c in kept_conditions(chain.score)}
+
+        def one(nt: Var, e: Var, guarded: bool) -> Stmt:
             repl, query, key, ok, here = self._element(nt, e, stage)
+            if not guarded:   # a whole tile (isl): inside the extents, every mask condition true
+                repl, ok = {**repl, **kept}, Const(True, dt.bool_)
             at = {chain.query: query, chain.key: key}
             s, lse = probs.args[0].a, probs.args[0].b   # type: ignore[union-attr]
             s_val = substitute(SubexpressionReplacer(repl).visit(s), at)
@@ -477,7 +482,29 @@ class _Kernels(TileStaging):
                     st, val = self.lower.value(value)
                     stmts.append(IfThenElse(ok, seq(*st, BufferStore(self.buffers[o.tensor], idx, cast(val, o.tensor.dtype)))))
             return seq(*stmts)
-        return self.unrolled("tile_n", self.BM // 8, lambda nt: self.unrolled("tile_e", 4, lambda e: one(nt, e)))
+        def tile(guarded: bool) -> Stmt:
+            return self.unrolled("tile_n", self.BM // 8, lambda nt: self.unrolled("tile_e", 4, lambda e: one(nt, e, guarded)))
+        if whole is None:
+            return tile(True)
+        return IfThenElse(whole, tile(False), tile(True))
+
+    def _whole_tiles(self) -> Expr | None:
+        """When the tile at (key block, query0) needs no guard (key_tiles.whole_tile, proved by
+        isl), or None (a bias or mask tensor read per element keeps the guard everywhere)."""
+        chain = self.chain
+        staged = {id(read) for _, read in self.stat_tiles.values()}
+        for value in [chain.probs, *(o.weight for o in chain.outputs)]:
+            if any(isinstance(n, TensorRead) and id(n) not in staged for n in walk(value)):
+                self.whole = "every tile guarded (the weights read a tensor per element)"
+                return None
+        k0, first, block = (Var(self.unique(n), dt.int32) for n in ("key0", "query_block", "key_block"))
+        found = whole_tile(kept_conditions(chain.score), chain.query, chain.key, self.q0, k0, self.BM, self.BN,
+                           chain.rows[-1], chain.keys, first, block)
+        if found is None:
+            self.whole = "every tile guarded (isl proves no tile whole)"
+            return None
+        self.whole = "tiles inside the extents and the mask (isl) without the per-element guard"
+        return substitute(found, {k0: self.kb * self.BN})
 
     def _guarded(self, buf: Buffer, idx: tuple[Expr, ...], value: Expr, ok: Expr) -> Stmt:
         """buf[idx] = value where `ok`, else 0; a value that reads global memory (a bias, a mask)
