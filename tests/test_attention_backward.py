@@ -178,6 +178,42 @@ def test_planned_for_sm_80_with_its_reason():
     assert "query blocks visited" in reason, reason
 
 
+def test_symbolic_batch_and_length():
+    """One backward for every B and S (tc.var): the bounds and the skipped blocks are
+    expressions of the sizes; run at two lengths that are not tile multiples."""
+    d, h, G = 32, 4, 2
+    B, S = tc.var("B"), tc.var("S")
+    Q = tc.placeholder((B, h, S, d), "float16", name="Q")
+    K = tc.placeholder((B, h // G, S, d), "float16", name="K")
+    V = tc.placeholder((B, h // G, S, d), "float16", name="V")
+    r = tc.reduce_axis(d, name="d")
+    j1, j2, j3 = (tc.reduce_axis(S, name=n) for n in ("j1", "j2", "j3"))
+
+    def score(b, hh, i, j):
+        x = tc.sum(tc.cast(Q[b, hh, i, r], "float32") * tc.cast(K[b, hh // G, j, r], "float32"), axis=r)
+        return tc.where(j <= i, x * (1 / math.sqrt(d)), -math.inf)
+
+    Sc = tc.compute((B, h, S, S), score, name="S")
+    m = tc.compute((B, h, S), lambda b, hh, i: tc.max(Sc[b, hh, i, j1], axis=j1), name="m")
+    e = tc.compute((B, h, S, S), lambda b, hh, i, j: tc.exp(Sc[b, hh, i, j] - m[b, hh, i]), name="e")
+    l = tc.compute((B, h, S), lambda b, hh, i: tc.sum(e[b, hh, i, j2], axis=j2), name="l")
+    O = tc.compute((B, h, S, d), lambda b, hh, i, c: tc.cast(tc.sum(
+        e[b, hh, i, j3] * tc.cast(V[b, hh // G, j3, c], "float32"), axis=j3) / l[b, hh, i], "float16"), name="O")
+    g = tc.grad(O, [Q, K, V])
+    k = tc.build(g.args, target="sim", plan=plan(32, 32, 16))
+    rng = np.random.default_rng()
+    for s in (70, 33):
+        x = [rng.standard_normal((2, h if n == 0 else h // G, s, d)).astype(np.float16) for n in range(3)]
+        _, o64, lse64 = forward_reference(x, G, "causal", False)
+        o, lse = o64.astype(np.float16), lse64.astype(np.float32)
+        do = rng.standard_normal(o.shape).astype(np.float16)
+        grads = [np.full(a.shape, np.nan, np.float16) for a in x]
+        k(*x, o, lse, do, *grads)
+        for name, got, (want, bound) in zip("QKV", grads, gradients(x, do, o, G, "causal", False,
+                                                                    EPSILON["float16"])):
+            check(f"d{name} of symbolic attention at S = {s}", got, want, bound)
+
+
 def test_fully_masked_query_blocks_are_skipped():
     """Causal: key block kb visits the query blocks from kb·BN // BM on (isl-proven), so the
     main kernel's loop count falls with the key block; the description says why."""

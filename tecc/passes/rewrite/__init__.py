@@ -28,6 +28,11 @@ Whether one is worth applying is the planner's decision (tecc/compiler/strategie
                                        from C to A fragments in registers; key tiles a mask leaves -inf
                                        skipped by an isl-proved bound); wgmma=True: the Hopper form
                                        (wgmma for both contractions, P as the register A operand)
+  online_backward  online_backward.py  the backward of that chain (tc.grad's FlashAttention-2 form): a stage
+                   online_backward_mma.py  P = exp(s - L) recomputed from a saved row statistic and outputs
+                                       that contract the tile's weights over the queries (dK, dV), the keys
+                                       (dQ) or neither (dBias), rows and keys found by unifying the score's
+                                       contraction; three mma.sync kernels, no (rows x keys) buffer
 
 Their shared parts:
   reduction_stage.py  the one reduction stage a split rewrite takes (one stage, one Reduce)
@@ -38,4 +43,6 @@ Their shared parts:
   row_chunks.py       the column walk of a row too long for registers (vector loads in flight, a tail)
   last_block.py       the one-kernel combine of split partials (fence/atomic handshake), with the
                       combine forms both split rewrites offer
+  mma_tiles.py        the tensor-core kernels' staging (cp.async tiles), fragments, the C-to-A identity
+                      and exp2 with log2(e) folded in, shared by the forward and backward kernels
 """
