@@ -2,7 +2,8 @@
 cuDNN backends) in the same process (docs/training.md, "The backward of attention").
 
     python benchmarks/attention_backward.py [--quick] [--dtype float16|bfloat16] [--gqa-only]
-                                            [--seqs 1024 8192] [--dims 64] [--tiling KEYS ROWS DQ] [--out DIR]
+                                            [--seqs 1024 8192] [--dims 64] [--tiling KEYS ROWS DQ] [--dq-kernel]
+                                            [--out DIR]
 
 Each row builds the forward tc.grad asks for (`g.forward`: O and its log-sum-exp, one kernel) and
 the backward (`g.args`: the pre-pass, the key-block-major kernel with dQ by float32 atomics, dQ's
@@ -14,7 +15,8 @@ K/V heads with enable_gqa where the backend takes it, else expanded, which the r
 counts 2.5x the forward's FLOPs (4·B·H·S²·d, halved when causal), as FlashAttention's benchmarks;
 `ratio` is the fastest SDPA backend's time over tecc's (> 1: tecc faster). B = 16384 / S and
 H = 2048 / d (d = 128, GQA: 32 query heads over 8 K/V heads). About 3-4 minutes on an H200
-(`--quick`: S in {1k, 4k}, d = 64, no GQA).
+(`--quick`: S in {1k, 4k}, d = 64, no GQA). `--dq-kernel`: the planned tiling with dQ by the
+query-major kernel instead of float32 atomics (the plan's other form).
 """
 
 from __future__ import annotations
@@ -118,7 +120,8 @@ def reference_error(q: Any, k: Any, v: Any, do: Any, grads: list[Any], causal: b
     return max(float(((g.double() - w.grad).abs() / (1 + w.grad.abs())).max()) for g, w in zip(got, (qq, kk, vv)))
 
 
-def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int, tiling: tuple[int, ...] | None) -> dict[str, Any]:
+def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int, tiling: tuple[int, ...] | None,
+              dq_kernel: bool = False) -> dict[str, Any]:
     import torch
 
     import tecc as tc
@@ -126,8 +129,12 @@ def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int, tiling: tup
 
     b, h = max(1, 16384 // s), (2048 // d if groups == 1 else 32)
     g, fwd, bwd, build_s = attention_grad(h, d, dtype, causal, groups)
-    if tiling:
-        args = {"key_tile": tiling[0], "rows": tiling[1], "dq_columns": tiling[2]}
+    if (tiling or dq_kernel) and bwd.plan.strategy == "online_backward_mma":
+        args = dict(bwd.plan.steps[0].args)
+        if tiling:
+            args.update(key_tile=tiling[0], rows=tiling[1], dq_columns=tiling[2])
+        if dq_kernel:
+            args = {"key_tile": args["key_tile"], "rows": args["rows"], "dq": "kernel", "dq_rows": 64, "dq_key_tile": 64}
         bwd = tc.build(g.args, plan=Plan((Step("online_backward_mma", args),), "given", ""))
     tdt = getattr(torch, dtype)
     q = torch.randn(b, h, s, d, device="cuda", dtype=tdt)
@@ -164,6 +171,8 @@ def main() -> None:
     ap.add_argument("--gqa-only", action="store_true", help="only the grouped-heads rows (32 over 8 heads, d = 128)")
     ap.add_argument("--tiling", type=int, nargs=3, default=None, metavar=("KEYS", "ROWS", "DQ"),
                     help="time this online_backward_mma tiling instead of the planned one")
+    ap.add_argument("--dq-kernel", action="store_true",
+                    help="dQ by the query-major kernel (64 rows over key blocks of 64) instead of float32 atomics")
     ap.add_argument("--out", default=None)
     opts = ap.parse_args()
     seqs = tuple(opts.seqs) if opts.seqs else ((1024, 4096) if opts.quick else (1024, 2048, 4096, 8192))
@@ -178,7 +187,8 @@ def main() -> None:
     for d, s, groups in configs:
         for causal in (False, True):
             try:
-                row = run_shape(s, d, opts.dtype, causal, groups, tuple(opts.tiling) if opts.tiling else None)
+                row = run_shape(s, d, opts.dtype, causal, groups, tuple(opts.tiling) if opts.tiling else None,
+                                opts.dq_kernel)
             except Exception as exc:  # noqa: BLE001 - report and go on
                 row = {"S": s, "d": d, "causal": causal, "groups": groups, "error": f"{type(exc).__name__}: {exc}"[:400]}
                 print(row, flush=True)

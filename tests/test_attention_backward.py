@@ -158,6 +158,20 @@ def test_attention_backward_matches_float64_numpy(case):
     run_backward(1, H, the_plan=plan(), **kw)
 
 
+@pytest.mark.parametrize("case", ["causal_odd", "grouped_4_bf16", "decode_like", "bottom_right", "bias_causal"])
+def test_dq_by_the_query_major_kernel(case):
+    """dQ by the query-major kernel (online_backward_dq) instead of atomics: no float32
+    accumulator, no conversion, the same bounds."""
+    kw = dict(CASES[case])
+    the_plan = Plan((Step("online_backward_mma", {"key_tile": 32, "rows": 32, "dq": "kernel", "dq_rows": 32,
+                                                  "dq_key_tile": 32}),), "test", "")
+    k = run_backward(1, 2 * kw.get("groups", 1), the_plan=the_plan, **kw)
+    names = [f.name for f in k.module.kernels]
+    assert any(n.endswith("_backward_rows_kernel") for n in names), names
+    assert not any(n.endswith("_convert_kernel") for n in names), names
+    assert [t.name for t in k.module.temps] == ["O_delta"], k.module.temps
+
+
 @pytest.mark.parametrize("D,dtype,tiling", [(64, "float16", (64, 64, 32)), (128, "bfloat16", (64, 16, 32)),
                                             (128, "float16", (128, 32, 32))])
 def test_head_dims_64_and_128(D, dtype, tiling):

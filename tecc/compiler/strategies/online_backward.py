@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ...codegen import default_arch
+from ...codegen import default_arch, dynamic_shared_bytes
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError, TeccError
 from ...ir.evaluate import evaluate_int
@@ -57,13 +57,21 @@ def _arch_number(arch: str) -> int:
     return int(digits) if digits else 0
 
 
-def backward_tilings(widest: int) -> tuple[tuple[int, int, int], ...]:
-    """(key_tile, rows, dq_columns) points for head dims up to `widest`: blocks of 64 or 128 keys
-    (4 or 8 warps of 16 keys), query blocks of 16..64 rows; with d = 128 the key-side accumulators
-    take 2·d/2 floats per lane, so the query blocks are small."""
+def backward_tilings(widest: int) -> tuple[dict[str, Any], ...]:
+    """The points for head dims up to `widest`: the key-block-major kernel's blocks of 64 or 128
+    keys (4 or 8 warps of 16 keys) and query blocks of 16..64 rows (at d = 128 the key-side
+    accumulators take d floats per lane, so the query blocks are small), each with dQ by float32
+    atomics in units of 16 rows x 32 columns, or by the query-major kernel (64 rows over key
+    blocks of 64)."""
     if widest > 64:
-        return ((128, 32, 32), (64, 32, 32), (64, 16, 32), (128, 16, 32))
-    return ((128, 64, 32), (128, 32, 32), (64, 64, 32), (64, 32, 32))
+        tiles = ((128, 32), (64, 32), (64, 16), (128, 16))
+    else:
+        tiles = ((128, 64), (128, 32), (64, 64), (64, 32))
+    points: list[dict[str, Any]] = []
+    for bn, bm in tiles:
+        points.append({"key_tile": bn, "rows": bm, "dq_columns": 32})
+        points.append({"key_tile": bn, "rows": bm, "dq": "kernel", "dq_rows": 64, "dq_key_tile": 64})
+    return tuple(points)
 
 
 def _sizes(chain: BackwardChain) -> dict[Var, int]:
@@ -90,48 +98,79 @@ def visited_fraction(chain: BackwardChain, key_tile: int, rows: int) -> float:
     return sum(blocks - s for s in starts) / max(len(starts) * blocks, 1)
 
 
-def backward_workload(chain: BackwardChain, point: dict[str, int], target: Target,
-                      registers: int | None = None) -> Workload:
-    """What the main kernel of `point` makes the GPU do (module docstring); `registers` per
-    thread from ptxas when known, else the fragments' count plus addressing."""
-    BN, BM, NQ = point["key_tile"], point["rows"], point["dq_columns"]
+def _extents(chain: BackwardChain) -> tuple[int, int, int, int]:
+    """(queries, keys, K/V heads, query heads per K/V head) at the program's sizes (NOMINAL_LENGTH
+    for a symbolic one)."""
     env = _sizes(chain)
-    queries, keys = evaluate_int(chain.rows[-1], env), evaluate_int(chain.keys, env)
     heads = 1
     for e in chain.lead_extents:
         heads *= evaluate_int(e, env)
     groups = 1
     for g in chain.group_extents:
         groups *= g
-    blocks = heads * -(-keys // BN)
-    tiles = blocks * groups * -(-queries // BM) * visited_fraction(chain, BN, BM)
+    return evaluate_int(chain.rows[-1], env), evaluate_int(chain.keys, env), heads, groups
+
+
+def backward_workload(chain: BackwardChain, point: dict[str, Any], target: Target,
+                      registers: dict[str, int] | None = None) -> Workload:
+    """What the point's kernels make the GPU do (module docstring): the key-block-major kernel,
+    then (dq "kernel") the query-major one as the Workload's `then`; `registers` per thread of
+    each ("main", "rows") from ptxas when known, else the fragments' count plus addressing."""
+    BN, BM = point["key_tile"], point["rows"]
+    atomic = point.get("dq", "atomic") == "atomic"
+    queries, keys, heads, groups = _extents(chain)
     depth = sum(c.depth for c in chain.contractions)
     key_cols = sum(o.columns for o in chain.of_kind("key"))
     row_cols = sum(o.columns for o in chain.of_kind("row"))
-    flops_per_tile = 2.0 * BN * BM * (depth + key_cols + row_cols)
-    row_bytes = sum(2 * BM * (const_int(b.shape[-1]) or 0) for b in _row_widths(chain))
-    threads = 2 * BN
-    regs = registers if registers is not None else (
-        BM // 2 * len(chain.contractions) + BM // 4 * len(chain.of_kind("key")) + key_cols // 2
-        + (NQ // 2 if row_cols else 0) + 48)
-    # the key tiles once, the row tiles in a 2-stage ring, dS's [BN][BM] tile, lse and Δ per stage
-    smem = 2 * BN * depth + 2 * row_bytes + (2 * BN * BM if row_cols else 0) + 16 * BM
-    atomics = tiles * BM * row_cols
     rate = target.tensor_flops.get(chain.contractions[0].row_operand.dtype.name, 0.0) * (0.9 if target.sm < 90 else 0.6)
+    blocks = heads * -(-keys // BN)
+    tiles = blocks * groups * -(-queries // BM) * visited_fraction(chain, BN, BM)
+    side = row_cols if atomic else 0
+    flops = 2.0 * BN * BM * (depth + key_cols + side) * tiles
+    row_bytes = sum(2 * BM * (const_int(b.shape[-1]) or 0) for b in _row_widths(chain))
+    NQ = int(point.get("dq_columns", 32))
+    regs = (registers or {}).get("main") or (BM // 2 * len(chain.contractions) + BM // 4 * len(chain.of_kind("key"))
+                                             + key_cols // 2 + (NQ // 2 if side else 0) + 48)
+    atomics = tiles * BM * side
     elements = tiles * BN * BM
+    then = None if atomic or not row_cols else _rows_workload(chain, point, target, rate, registers)
     return Workload(
-        blocks=blocks, threads=threads, registers={"ptxas" if registers is not None else "fragments": regs},
-        smem_bytes=smem, smem_opt_in=True,
-        flops=flops_per_tile * tiles, tensor_flops=flops_per_tile * tiles, tensor_rate=rate,
-        special_ops=elements, fma_ops=elements * 6,
-        l2_bytes=tiles * (row_bytes + 8 * BM) + blocks * 2 * BN * depth + 8 * atomics,
-        dram_bytes=float(heads * groups * queries * 2 * (depth + key_cols) + heads * keys * 4 * depth + 8 * atomics / max(
-            -(-keys // BN), 1)),
-        instructions=elements / 32 * ELEMENT_OPS + atomics / 32 * 4 + tiles * (BN // 16) * (
-            depth + key_cols + row_cols) * BM / 256,
-        bytes_in_flight=16.0, ilp=4.0,
-        notes=[f"{tiles:.0f} tiles of {BN} keys x {BM} queries visited, {atomics:.3g} float32 atomics for the row-side "
-               f"outputs"])
+        blocks=blocks, threads=2 * BN, registers={"ptxas" if registers else "fragments": regs},
+        # the key tiles once, the row tiles in a 2-stage ring, dS's [BN][BM] tile, lse and Δ per stage
+        smem_bytes=2 * BN * depth + 2 * row_bytes + (2 * BN * BM if side else 0) + 16 * BM, smem_opt_in=True,
+        flops=flops, tensor_flops=flops, tensor_rate=rate, special_ops=elements, fma_ops=elements * 6,
+        # an atomic (red.global.add.f32: no reply) moves its 4 bytes to the L2 slice that adds it
+        l2_bytes=tiles * (row_bytes + 8 * BM) + blocks * 2 * BN * depth + 4 * atomics,
+        dram_bytes=float(heads * groups * queries * 2 * (depth + key_cols) + heads * keys * 4 * depth
+                         + 8 * atomics / max(-(-keys // BN), 1)),
+        instructions=elements / 32 * ELEMENT_OPS + atomics / 32 * 4 + flops / 4096 / 32,
+        bytes_in_flight=16.0, ilp=4.0, then=then,
+        notes=[f"{tiles:.0f} tiles of {BN} keys x {BM} queries visited, "
+               + (f"{atomics:.3g} float32 atomics for the row-side outputs" if side else
+                  "the row-side outputs by the query-major kernel")])
+
+
+def _rows_workload(chain: BackwardChain, point: dict[str, Any], target: Target, rate: float,
+                   registers: dict[str, int] | None) -> Workload:
+    """The query-major kernel of the row-side outputs: the row-key contractions again and the
+    row-side contraction per visited tile, in registers, stored once."""
+    BM, BN = int(point["dq_rows"]), int(point["dq_key_tile"])
+    queries, keys, heads, groups = _extents(chain)
+    depth = sum(c.depth for c in chain.contractions)
+    row_cols = sum(o.columns for o in chain.of_kind("row"))
+    blocks = heads * groups * -(-queries // BM)
+    tiles = blocks * -(-keys // BN) * visited_fraction(chain, BN, BM)
+    flops = 2.0 * BM * BN * (depth + row_cols) * tiles
+    elements = tiles * BN * BM
+    regs = (registers or {}).get("rows") or (BN // 2 * len(chain.contractions) + BN // 4 + row_cols // 2 + 48)
+    return Workload(
+        blocks=blocks, threads=2 * BM, registers={"ptxas" if registers else "fragments": regs},
+        smem_bytes=2 * BM * depth + 2 * 2 * BN * depth + 8 * BM, smem_opt_in=True,
+        flops=flops, tensor_flops=flops, tensor_rate=rate, special_ops=elements, fma_ops=elements * 6,
+        l2_bytes=tiles * 2 * BN * depth + blocks * 2 * BM * (depth + row_cols),
+        dram_bytes=float(heads * keys * 2 * depth + heads * groups * queries * 2 * (depth + row_cols)),
+        instructions=elements / 32 * ELEMENT_OPS + flops / 4096 / 32, bytes_in_flight=16.0, ilp=4.0,
+        notes=[f"the query-major kernel: {tiles:.0f} tiles of {BM} queries x {BN} keys"])
 
 
 def _row_widths(chain: BackwardChain) -> list[Any]:
@@ -145,9 +184,10 @@ def _row_widths(chain: BackwardChain) -> list[Any]:
     return list(seen.values())
 
 
-def _compiled_registers(tensors: Sequence[Tensor], args: dict[str, int], arch: str, name: str | None
-                        ) -> tuple[int, int] | str:
-    """(registers, spilled bytes) of the main kernel as the build compiles it, or why not."""
+def _compiled_registers(tensors: Sequence[Tensor], args: dict[str, Any], arch: str, name: str | None
+                        ) -> tuple[dict[str, int], int] | str:
+    """(registers of the main and query-major kernels, spilled bytes of any kernel) as the build
+    compiles them, or why not."""
     plan = Plan((Step("online_backward_mma", args),), "online_backward_mma", "")
     timing = PassTiming()
     try:
@@ -155,15 +195,26 @@ def _compiled_registers(tensors: Sequence[Tensor], args: dict[str, int], arch: s
         kernel = compile_module(module, plan, "cuda", arch=arch, options=(), dumper=None, timing=timing)
     except TeccError as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    main = [r for n, r in kernel.resources.items() if n.endswith("_backward_mma_kernel")]
-    if not main:
-        return f"ptxas reported no main kernel (log: {kernel.compile_log.strip()[:200]!r})"
-    return main[0].registers, main[0].spill_stores + main[0].spill_loads
+    if len(kernel.resources) != len(kernel.module.kernels):
+        return f"ptxas reported {len(kernel.resources)} kernels (log: {kernel.compile_log.strip()[:200]!r})"
+    limit = target_info(arch).smem_per_block_optin
+    widest = max(dynamic_shared_bytes(k) + kernel.resources[k.name].shared_bytes for k in kernel.module.kernels)
+    if widest > limit:
+        return f"{widest // 1024} KiB of shared memory per block, {arch} allows {limit // 1024} KiB"
+    regs = {("main" if n.endswith("_backward_mma_kernel") else "rows"): r.registers
+            for n, r in kernel.resources.items() if n.endswith(("_backward_mma_kernel", "_backward_rows_kernel"))}
+    return regs, sum(r.spill_stores + r.spill_loads for r in kernel.resources.values())
+
+
+def _label(point: dict[str, Any]) -> str:
+    dq = (f"dQ by a query-major kernel {point['dq_rows']}x{point['dq_key_tile']}" if point.get("dq") == "kernel"
+          else f"dQ by atomics ({point['dq_columns']} columns per unit)")
+    return f"{point['key_tile']}x{point['rows']}, {dq}"
 
 
 def propose(tensors: Sequence[Tensor], target: Any = None, name: str | None = None) -> BackwardChoice | None:
     """The tensor-core plan of the backward program `tensors`, or None when it is not one (or no
-    tiling compiles without spills)."""
+    point compiles without spills)."""
     try:
         chain = backward_chain(tensors)
     except ScheduleError:
@@ -173,34 +224,42 @@ def propose(tensors: Sequence[Tensor], target: Any = None, name: str | None = No
         return None
     info = target_info(arch)
     widest = max([c.depth for c in chain.contractions] + [o.columns for o in chain.outputs])
-    points = [{"key_tile": bn, "rows": bm, "dq_columns": nq} for bn, bm, nq in backward_tilings(widest)]
+    points = list(backward_tilings(widest))
+    if not chain.of_kind("row"):
+        points = [p for p in points if p.get("dq", "atomic") == "atomic"]
     ranked = sorted(points, key=lambda p: predict(backward_workload(chain, p, info), info).total)
     passed: list[str] = []
     for point in ranked:
         found = _compiled_registers(tensors, point, arch, name)
-        label = f"{point['key_tile']}x{point['rows']}"
         if isinstance(found, str):
-            passed.append(f"{label}: {found}")
+            passed.append(f"{_label(point)}: {found}")
             continue
         registers, spilled = found
         if spilled:
-            passed.append(f"{label}: {registers} registers, spills")
+            passed.append(f"{_label(point)}: {registers} registers, spills")
             continue
         cost = predict(backward_workload(chain, point, info, registers), info)
-        return BackwardChoice(_plan(chain, point, arch, registers, cost, passed), "", cost)
+        other = [predict(backward_workload(chain, p, info), info).total for p in points
+                 if p.get("dq", "atomic") != point.get("dq", "atomic") and p["key_tile"] == point["key_tile"]
+                 and p["rows"] == point["rows"]]
+        return BackwardChoice(_plan(chain, point, arch, registers, cost, passed, other), "", cost)
     return None
 
 
-def _plan(chain: BackwardChain, point: dict[str, int], arch: str, registers: int, cost: Cost,
-          passed: list[str]) -> Plan:
+def _plan(chain: BackwardChain, point: dict[str, Any], arch: str, registers: dict[str, int], cost: Cost,
+          passed: list[str], other: list[float]) -> Plan:
     outs = ", ".join(f"{o.tensor.name} ({o.kind} side)" for o in chain.outputs)
     skipped = visited_fraction(chain, point["key_tile"], point["rows"])
+    atomic = point.get("dq", "atomic") == "atomic"
+    dq = ("the row-side ones by float32 atomics, then their conversion" if atomic else
+          f"the row-side ones by a query-major kernel of {point['dq_rows']} rows over key blocks of {point['dq_key_tile']}")
+    vs = (f"; the other dQ form predicted {min(other) * 1e6:.0f} us" if other else "")
+    regs = ", ".join(f"{k} {v}" for k, v in sorted(registers.items()))
     reason = (f"the backward of an online contraction ({outs}) on tensor cores: a pre-pass for the row statistics "
               f"({', '.join(t.name for t in chain.statistics) or 'none'}), blocks of {point['key_tile']} keys walking "
-              f"query blocks of {point['rows']} rows with the key-side outputs in registers and the row-side ones by "
-              f"float32 atomics ({point['dq_columns']} columns per unit), then their conversion; no (rows x keys) "
-              f"buffer; {skipped:.0%} of the query blocks visited ({arch}: {registers} registers, no spills; predicted "
-              f"{cost.total * 1e6:.0f} us, {cost.bound}-bound)")
+              f"query blocks of {point['rows']} rows with the key-side outputs in registers, {dq}; no (rows x keys) "
+              f"buffer; {skipped:.0%} of the query blocks visited ({arch}: registers {regs}, no spills; predicted "
+              f"{cost.total * 1e6:.0f} us, {cost.bound}-bound{vs})")
     if passed:
         reason += f" (passed over: {'; '.join(passed)})"
     return Plan((Step("online_backward_mma", dict(point)),), "online_backward_mma", reason)

@@ -37,33 +37,21 @@ from __future__ import annotations
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
 from ...ir.expr import (
-    Binary,
-    BufferLoad,
-    Call,
-    Cast,
     Const,
     Expr,
-    Reduce,
-    Select,
     TensorRead,
     Var,
     atomic_add,
     binary,
-    call,
     cast,
     compare,
     const_int,
-    select,
     size_product,
     substitute,
-    walk,
-    warp_shuffle,
 )
-from ...ir.intrinsics import lookup
 from ...ir.stmt import (
     Allocate,
     AsyncCommit,
-    AsyncCopy,
     AsyncWait,
     Barrier,
     Buffer,
@@ -79,150 +67,29 @@ from ...ir.stmt import (
     Stmt,
     seq,
 )
-from ...ir.tensor import ComputeOp, Tensor
-from ...ir.visitor import SubexpressionReplacer
-from ..lower import exprs_of, global_buffers, scalar_vars, signature
+from ...ir.tensor import Tensor
 from ..names import identifier
-from ..schedule.tensorize import INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
-from .key_tiles import kept_conditions, query_block_start, whole_tile
-from .mma_tiles import LOG2E, TileStaging, check_relayout, fold_log2e, two_n8_tiles
+from ..schedule.tensorize import load_a_fragment, load_b_fragments, row_swizzle
+from .key_tiles import kept_conditions, query_block_start
+from .mma_tiles import check_relayout, two_n8_tiles
 from .online_backward import BackwardChain, GradOutput, backward_chain
-from .online_contraction import MAX_GRID_Y, _Lower, head_indices
-
-WHERE = "online_backward_mma"
-STAGES = 2
-
-
-def _tile_key(read: TensorRead) -> tuple[int, tuple[int, ...]]:
-    """Two reads share a staged tile when they read the same tensor at the same leading indices."""
-    return id(read.tensor), tuple(id(i) for i in read.indices[:-2])
+from .online_backward_dq import QueryMajor
+from .online_backward_kernels import STAGES, WHERE, BackwardKernels, tile_key, unflatten, vanishes
+from .online_contraction import MAX_GRID_Y
 
 
-def _unflatten(flat: Expr, extents: tuple[Expr, ...]) -> tuple[Expr, ...]:
-    """Row-major indices of `flat` over `extents` (the first index takes what is left)."""
-    return head_indices(flat, extents) if extents else ()
 
+class _KeyMajor(BackwardKernels):
+    """The key-block-major kernel (module docstring, 2.): the key-side outputs in registers, the
+    tile outputs to global memory, the row-side ones by float32 atomics when `atomics`."""
 
-class _Kernels(TileStaging):
-    def __init__(self, chain: BackwardChain, key_tile: int, rows: int, dq_columns: int, name: str | None) -> None:
-        self.chain = chain
+    def __init__(self, chain: BackwardChain, key_tile: int, rows: int, dq_columns: int, atomics: bool,
+                 name: str | None) -> None:
+        super().__init__(chain, 2 * key_tile, atomics, name)
         self.BN, self.BM, self.NQ = key_tile, rows, dq_columns
-        self.rolled = "serial"   # the k loops whose variable indexes no fragment (TileStaging.unrolled)
-        self.warps = key_tile // 16
-        self.threads = 32 * self.warps
-        self.name = name
-        sig = signature(chain.program)
-        self.sig, self.unique = sig, sig.unique
-        self.buffers = dict(sig.buffers)
         u = self.unique
-        self.tx = Var(u("thread"), dt.int32)
         self.kb, self.by = Var(u("key_block"), dt.int32), Var(u("head"), dt.int32)
         self.it = Var(u("step"), dt.int32)
-        self.lane, self.warp = self.tx % 32, self.tx // 32
-        dtype = chain.contractions[0].row_operand.dtype
-        self.dtype = dtype
-        self.intrinsic = INTRINSICS[dtype.name]
-        self.c_map = lookup(self.intrinsic).operand("c").layout
-        self.temps: list[Buffer] = []
-        for t in chain.statistics:   # the row statistics: float32 temporaries, written by the pre-pass
-            self.buffers[t] = self._temp(t.name, t.dtype, t.shape)
-        self.accumulators = {id(o.tensor): self._temp(f"{o.tensor.name}_accumulator", dt.float32, o.tensor.shape)
-                             for o in chain.of_kind("row")}
-        self.lower = _Lower(self.buffers, u)
-
-    def _temp(self, label: str, dtype: dt.DType, shape: tuple[Expr, ...]) -> Buffer:
-        buf = Buffer(self.unique(label), dtype, tuple(shape), "global", tensor=label)
-        self.temps.append(buf)
-        return buf
-
-    # ---- the pre-pass: row statistics, accumulators zeroed ----------------------------------------
-
-    def prepass_kernel(self) -> PrimFunc | None:
-        chain = self.chain
-        if not chain.statistics and not self.accumulators:
-            return None
-        u = self.unique
-        zero = Const(0, dt.int32)
-        rows = chain.rows
-        per_block = 4
-        bx, t = Var(u("row_block"), dt.int32), Var(u("thread"), dt.int32)
-        lane, flat = t % 32, bx * per_block + t // 32
-        total = size_product(rows)
-        at = _unflatten(flat, tuple(rows))
-        lower = _Lower(self.buffers, u)
-        partial = Buffer(u("partial"), dt.float32, (Const(1, dt.int32),), "local")
-        body: list[Stmt] = []
-        for stat in chain.statistics:
-            op = stat.op
-            assert isinstance(op, ComputeOp)
-            red = next(n for n in walk(op.body) if isinstance(n, Reduce))
-            axis = red.axes[0]
-            extent = const_int(axis.extent)
-            if extent is None:
-                raise ScheduleError(f"{WHERE}: the row statistic {stat.name} sums over a symbolic extent")
-            k = Var(u("k"), dt.int32)
-            col = lane + 32 * k
-            src = substitute(red.source, {**dict(zip(op.axes, at)), axis: col})
-            st, val = lower.value(src)
-            add = seq(*st, BufferStore(partial, (zero,), partial[zero] + cast(val, dt.float32)))
-            if extent % 32:
-                add = IfThenElse(compare("<", col, extent), add)
-            shuffles = [BufferStore(partial, (zero,), partial[zero] + warp_shuffle("shfl_xor", partial[zero], m))
-                        for m in (16, 8, 4, 2, 1)]
-            value = SubexpressionReplacer({red: cast(partial[zero], red.dtype)}).visit(
-                substitute(op.body, dict(zip(op.axes, at))))
-            st2, val2 = lower.value(value)
-            body.append(seq(BufferStore(partial, (zero,), Const(0.0, dt.float32)),
-                            For(k, zero, Const(-(-extent // 32), dt.int32), "unroll", add), *shuffles,
-                            IfThenElse(compare("==", lane, zero),
-                                       seq(*st2, BufferStore(self.buffers[stat], at, cast(val2, stat.dtype))))))
-        for o in chain.of_kind("row"):
-            acc = self.accumulators[id(o.tensor)]
-            k = Var(u("k"), dt.int32)
-            col = lane + 32 * k
-            zero_it: Stmt = BufferStore(acc, at + (col,), Const(0.0, dt.float32))
-            if o.columns % 32:
-                zero_it = IfThenElse(compare("<", col, o.columns), zero_it)
-            body.append(For(k, zero, Const(-(-o.columns // 32), dt.int32), "unroll", zero_it))
-        stmt: Stmt = IfThenElse(compare("<", flat, total), seq(*body))
-        for buf in reversed([partial, *lower.allocs]):
-            stmt = Allocate(buf, stmt)
-        stmt = For(bx, zero, (total + (per_block - 1)) // per_block, "blockIdx.x",
-                   For(t, zero, Const(32 * per_block, dt.int32), "threadIdx.x", stmt))
-        return self._func(u(f"{self._label()}_backward_prepass_kernel"), stmt,
-                          "the row statistics (one warp per row) and the row-side accumulators zeroed")
-
-    # ---- the conversion of the row-side accumulators -------------------------------------------------
-
-    def convert_kernel(self) -> PrimFunc | None:
-        outs = self.chain.of_kind("row")
-        if not outs:
-            return None
-        u = self.unique
-        zero = Const(0, dt.int32)
-        threads = 256
-        bx, t = Var(u("convert_block"), dt.int32), Var(u("thread"), dt.int32)
-        flat = bx * threads + t
-        lower = _Lower(self.buffers, u)
-        body: list[Stmt] = []
-        widest = outs[0].tensor.shape
-        for o in outs:
-            at = _unflatten(flat, tuple(o.tensor.shape))
-            acc = self.accumulators[id(o.tensor)]
-            value = substitute(o.epilogue, {**dict(zip(o.axes, at)), o.acc: acc[at]})
-            st, val = lower.value(value)
-            body.append(IfThenElse(compare("<", flat, size_product(o.tensor.shape)),
-                                   seq(*st, BufferStore(self.buffers[o.tensor], at, cast(val, o.tensor.dtype)))))
-        total = size_product(widest)
-        for o in outs[1:]:
-            total = binary("max", total, size_product(o.tensor.shape))
-        stmt: Stmt = seq(*body)
-        for buf in reversed(lower.allocs):
-            stmt = Allocate(buf, stmt)
-        stmt = For(bx, zero, (total + (threads - 1)) // threads, "blockIdx.x",
-                   For(t, zero, Const(threads, dt.int32), "threadIdx.x", stmt))
-        return self._func(u(f"{self._label()}_backward_convert_kernel"), stmt,
-                          "the row-side outputs from their float32 accumulators")
 
     # ---- the main kernel --------------------------------------------------------------------------
 
@@ -243,7 +110,7 @@ class _Kernels(TileStaging):
             """The group variables and the first query row of iteration `step`."""
             g_flat, qb = step // count, first + step % count
             ext = tuple(Const(n, dt.int32) for n in chain.group_extents)
-            return dict(zip(chain.groups, _unflatten(g_flat, ext))), qb * BM
+            return dict(zip(chain.groups, unflatten(g_flat, ext))), qb * BM
 
         here, q0 = at_step(self.it)
         nxt, q0_next = at_step(self.it + 1)
@@ -273,7 +140,7 @@ class _Kernels(TileStaging):
             AsyncWait(0),
             self._epilogue(),
         )
-        for v, value in reversed(list(zip(chain.lead, _unflatten(self.by, chain.lead_extents)))):
+        for v, value in reversed(list(zip(chain.lead, unflatten(self.by, chain.lead_extents)))):
             body = LetStmt(v, value, body)
         for buf in reversed(self._allocations()):
             body = Allocate(buf, body)
@@ -282,9 +149,6 @@ class _Kernels(TileStaging):
         if chain.lead:
             body = For(self.by, zero, n_heads, "blockIdx.y", body)
         return self._func(self.unique(f"{self._label()}_backward_mma_kernel"), body, self.describe())
-
-    def _label(self) -> str:
-        return self.chain.outputs[0].tensor.name
 
     def describe(self) -> str:
         chain = self.chain
@@ -298,7 +162,7 @@ class _Kernels(TileStaging):
         chain = self.chain
         blocks = (chain.rows[-1] + (self.BM - 1)) // self.BM
         self.skipping = "every query block visited"
-        if chain.of_kind("tile") or not all(_vanishes(o.weight, chain.probs) for o in chain.outputs):
+        if chain.of_kind("tile") or not all(vanishes(o.weight, chain.probs) for o in chain.outputs):
             return blocks, Const(0, dt.int32)
         found = query_block_start(kept_conditions(chain.score), chain.query, chain.key, self.kb, self.BN, self.BM,
                                   chain.rows[-1], chain.keys)
@@ -325,8 +189,8 @@ class _Kernels(TileStaging):
             return n
 
         def tile(table: dict, read: TensorRead, stages: int, rows: int, width: int, label: str) -> None:
-            if _tile_key(read) not in table:
-                table[_tile_key(read)] = (self.shared(label, read, stages, rows, width), read)
+            if tile_key(read) not in table:
+                table[tile_key(read)] = (self.shared(label, read, stages, rows, width), read)
         for c in chain.contractions:
             tile(self.key_tiles, c.key_operand, 1, BN, whole(c.key_operand, c.depth, str(c.node)), "key_tile")
             tile(self.row_tiles, c.row_operand, STAGES, BM, whole(c.row_operand, c.depth, str(c.node)), "row_tile")
@@ -338,17 +202,10 @@ class _Kernels(TileStaging):
                 tile(self.row_tiles, o.operand, STAGES, BM, width, "row_tile")
             else:
                 tile(self.key_tiles, o.operand, 1, BN, width, "key_tile")
-        self.stat_tiles: dict[int, tuple[Buffer, TensorRead]] = {}
-        for value in [chain.probs] + [o.weight for o in chain.outputs]:
-            for n in walk(value):
-                if isinstance(n, TensorRead) and len(n.indices) == len(chain.row_at) and all(
-                        a is b for a, b in zip(n.indices, chain.row_at)) and id(n) not in self.stat_tiles:
-                    buf = Buffer(self.unique(f"{n.tensor.name}_rows"), n.dtype,
-                                 (Const(STAGES, dt.int32), Const(BM, dt.int32)), "shared", tensor=f"{n.tensor.name}.shared")
-                    self.stat_tiles[id(n)] = (buf, n)
+        self.staged_reads(STAGES, BM)
         self.weights_tile = None
-        if chain.of_kind("row"):
-            row_dtype = {o.operand.dtype for o in chain.of_kind("row") if o.operand is not None}
+        if self.row_side:
+            row_dtype = {o.operand.dtype for o in self.row_side if o.operand is not None}
             self.weights_tile = Buffer(self.unique("weights_tile"), self.dtype,
                                        (Const(1, dt.int32), Const(BN, dt.int32), Const(BM, dt.int32)), "shared",
                                        tensor="dS.shared", layout=row_swizzle(BM))
@@ -358,7 +215,7 @@ class _Kernels(TileStaging):
         self.c_frags = {id(c.node): self.frag("tile_frag", intr, "c", BM // 2) for c in chain.contractions}
         self.w_frags = {id(o.tensor): self.frag("weight_frag", intr, "a", BM // 2) for o in chain.of_kind("key")}
         self.accs = {id(o.tensor): self.frag("acc_frag", intr, "c", o.columns // 2) for o in chain.of_kind("key")}
-        self.dq_frag = self.frag("row_frag", intr, "c", self.NQ // 2) if chain.of_kind("row") else None
+        self.dq_frag = self.frag("row_frag", intr, "c", self.NQ // 2) if self.row_side else None
         check_relayout(intr, intr, WHERE)
 
     def _allocations(self) -> list[Buffer]:
@@ -388,17 +245,8 @@ class _Kernels(TileStaging):
                   for buf, read in self.row_tiles.values()]
         for buf, read in self.stat_tiles.values():
             copies.append(self.unrolled("stat_copy", -(-self.BM // self.threads), lambda u, buf=buf, read=read:
-                                        self._stat_copy(buf, read, stage, groups, q0, u)))
+                                        self.stat_copy(buf, read, stage, groups, q0, u)))
         return seq(*copies)
-
-    def _stat_copy(self, buf: Buffer, read: TensorRead, stage: Expr, groups: dict[Var, Expr], q0: Expr, u: Var) -> Stmt:
-        """Element r of the row statistic's BM rows (4-byte cp.async, zero past the queries)."""
-        r = self.tx + self.threads * u
-        q = q0 + r
-        idx = tuple(substitute(e, {**groups, self.chain.query: q}) for e in read.indices)
-        copy: Stmt = AsyncCopy(buf, (stage, r), self.buffers[read.tensor], idx, 4, compare("<", q, self.chain.rows[-1]),
-                               "ca")
-        return copy if self.BM % self.threads == 0 else IfThenElse(compare("<", r, Const(self.BM, dt.int32)), copy)
 
     # ---- the tile's contractions, elementwise stage and mma ------------------------------------------
 
@@ -408,8 +256,8 @@ class _Kernels(TileStaging):
         out: list[Stmt] = []
         for c in self.chain.contractions:
             frag = self.c_frags[id(c.node)]
-            key_tile = self.key_tiles[_tile_key(c.key_operand)][0]
-            row_tile = self.row_tiles[_tile_key(c.row_operand)][0]
+            key_tile = self.key_tiles[tile_key(c.key_operand)][0]
+            row_tile = self.row_tiles[tile_key(c.row_operand)][0]
 
             def step(kd: Var, frag: Buffer = frag, key_tile: Buffer = key_tile, row_tile: Buffer = row_tile) -> Stmt:
                 def pair(nq: Var) -> Stmt:
@@ -442,18 +290,8 @@ class _Kernels(TileStaging):
         output's weight: key side into its A fragment, row side into the shared tile, tile outputs
         to global memory; 0 past the keys or the queries."""
         chain = self.chain
-        probs = chain.probs
-        assert isinstance(probs, Call) and isinstance(probs.args[0], Binary)
-        score_nodes = [c.node for c in chain.contractions if any(n is c.node for n in walk(probs))]
-        if len(score_nodes) != 1:
-            raise ScheduleError(f"{WHERE}: P reads {len(score_nodes)} contractions; one (the scores) is needed")
-        score_frag = self.c_frags[id(score_nodes[0])]
-        for o in chain.outputs:
-            rest = SubexpressionReplacer({probs: Const(0.0, probs.dtype)}).visit(o.weight)
-            if any(n is score_nodes[0] for n in walk(rest)):
-                raise ScheduleError(f"{WHERE}: {o.tensor.name}'s weight reads the scores outside P")
-
-        whole = self._whole_tiles()
+        score_frag = self.c_frags[id(self.score_node())]
+        whole = self.whole_tiles(self.q0, self.kb * self.BN, self.BM, self.BN)
         kept = {c: Const(True, dt.bool_) for c in kept_conditions(chain.score)}
 
         def one(nt: Var, e: Var, guarded: bool) -> Stmt:
@@ -461,14 +299,11 @@ class _Kernels(TileStaging):
             if not guarded:   # a whole tile (isl): inside the extents, every mask condition true
                 repl, ok = {**repl, **kept}, Const(True, dt.bool_)
             at = {chain.query: query, chain.key: key}
-            s, lse = probs.args[0].a, probs.args[0].b   # type: ignore[union-attr]
-            s_val = substitute(SubexpressionReplacer(repl).visit(s), at)
-            l_val = substitute(SubexpressionReplacer(repl).visit(lse), at)
-            p = call("exp2_approx", fold_log2e(s_val) - cast(l_val, dt.float32) * Const(LOG2E, dt.float32))
-            stmts: list[Stmt] = [self._guarded(score_frag, (here,), p, ok)]
-            repl_p = {**repl, probs: score_frag[here]}
+            stmts: list[Stmt] = [self._guarded(score_frag, (here,), self.probability(repl, at), ok)]
             for o in chain.outputs:
-                w = substitute(SubexpressionReplacer(repl_p).visit(o.weight), at)
+                if o.kind == "row" and not self.row_side:
+                    continue
+                w = self.weight(o, repl, score_frag[here], at)
                 if o.kind == "key":
                     stmts.append(self._guarded(self.w_frags[id(o.tensor)], (here,), w, ok))
                 elif o.kind == "row":
@@ -482,38 +317,12 @@ class _Kernels(TileStaging):
                     st, val = self.lower.value(value)
                     stmts.append(IfThenElse(ok, seq(*st, BufferStore(self.buffers[o.tensor], idx, cast(val, o.tensor.dtype)))))
             return seq(*stmts)
+
         def tile(guarded: bool) -> Stmt:
             return self.unrolled("tile_n", self.BM // 8, lambda nt: self.unrolled("tile_e", 4, lambda e: one(nt, e, guarded)))
         if whole is None:
             return tile(True)
         return IfThenElse(whole, tile(False), tile(True))
-
-    def _whole_tiles(self) -> Expr | None:
-        """When the tile at (key block, query0) needs no guard (key_tiles.whole_tile, proved by
-        isl), or None (a bias or mask tensor read per element keeps the guard everywhere)."""
-        chain = self.chain
-        staged = {id(read) for _, read in self.stat_tiles.values()}
-        for value in [chain.probs, *(o.weight for o in chain.outputs)]:
-            if any(isinstance(n, TensorRead) and id(n) not in staged for n in walk(value)):
-                self.whole = "every tile guarded (the weights read a tensor per element)"
-                return None
-        k0, first, block = (Var(self.unique(n), dt.int32) for n in ("key0", "query_block", "key_block"))
-        found = whole_tile(kept_conditions(chain.score), chain.query, chain.key, self.q0, k0, self.BM, self.BN,
-                           chain.rows[-1], chain.keys, first, block)
-        if found is None:
-            self.whole = "every tile guarded (isl proves no tile whole)"
-            return None
-        self.whole = "tiles inside the extents and the mask (isl) without the per-element guard"
-        return substitute(found, {k0: self.kb * self.BN})
-
-    def _guarded(self, buf: Buffer, idx: tuple[Expr, ...], value: Expr, ok: Expr) -> Stmt:
-        """buf[idx] = value where `ok`, else 0; a value that reads global memory (a bias, a mask)
-        is evaluated only where `ok` (its reads are in bounds there)."""
-        st, val = self.lower.value(value)
-        val = cast(val, buf.dtype)
-        if st or any(isinstance(n, BufferLoad) and n.buffer.scope == "global" for n in walk(val)):
-            return IfThenElse(ok, seq(*st, BufferStore(buf, idx, val)), BufferStore(buf, idx, Const(0.0, buf.dtype)))
-        return BufferStore(buf, idx, select(ok, val, Const(0.0, buf.dtype)))
 
     def _key_side(self, stage: Expr) -> Stmt:
         """acc[16 keys x C] += wᵀ·X for each key-side output: A = w from registers (k16 step kk of
@@ -521,7 +330,7 @@ class _Kernels(TileStaging):
         out: list[Stmt] = []
         for o in self.chain.of_kind("key"):
             assert o.operand is not None
-            tile = self.row_tiles[_tile_key(o.operand)][0]
+            tile = self.row_tiles[tile_key(o.operand)][0]
             acc, w = self.accs[id(o.tensor)], self.w_frags[id(o.tensor)]
 
             def step(kk: Var, tile: Buffer = tile, acc: Buffer = acc, w: Buffer = w, columns: int = o.columns) -> Stmt:
@@ -537,7 +346,7 @@ class _Kernels(TileStaging):
         """out[BM x C] += w·Y for each row-side output, w from the shared [key][query] tile
         (ldmatrix.trans gives its A fragments), Y = the key tile [key][column]; units of 16 rows x
         NQ columns over the warps; float32 atomics into the output's accumulator."""
-        outs = self.chain.of_kind("row")
+        outs = self.row_side
         if not outs:
             return seq()
         assert self.weights_tile is not None and self.dq_frag is not None
@@ -548,7 +357,7 @@ class _Kernels(TileStaging):
             assert o.operand is not None
             if o.columns % NQ:
                 raise ScheduleError(f"{WHERE}: {o.tensor.name} has {o.columns} columns, not a multiple of dq_columns={NQ}")
-            tile = self.key_tiles[_tile_key(o.operand)][0]
+            tile = self.key_tiles[tile_key(o.operand)][0]
             acc = self.accumulators[id(o.tensor)]
             units = (BM // 16) * (o.columns // NQ)
 
@@ -603,58 +412,35 @@ class _Kernels(TileStaging):
                 "out_e", 4, lambda e: one(nt, e))))
         return seq(*out)
 
-    def _func(self, name: str, body: Stmt, what: str) -> PrimFunc:
-        chain = self.chain
-        prog = chain.program
-        used = global_buffers(body)
-        body_vars = scalar_vars(exprs_of(body) + [s for b in used for s in b.shape + (b.strides or ())])
-        params = tuple(self.buffers[a] for a in prog.args if self.buffers[a] in used) + \
-            tuple(t for t in self.temps if t in used) + tuple(v for v in self.sig.scalars if v in body_vars)
-        attrs: tuple[tuple[str, object], ...] = (("online_backward", tuple(o.tensor.name for o in chain.outputs)),
-                                                 ("tensorize", what))
-        return PrimFunc(name, params, body, attrs)
-
-    def module(self) -> Module:
-        kernels = [k for k in (self.prepass_kernel(), self.main_kernel(), self.convert_kernel()) if k is not None]
-        prog = self.chain.program
-        mname = identifier(self.name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
-        module_params = tuple(self.sig.buffers[a] for a in prog.args) + tuple(self.sig.scalars)
-        calls = tuple(KernelCall(k.name, k.params) for k in kernels)
-        return Module(mname, module_params, tuple(kernels), calls, tuple(self.temps))
+DQ_FORMS = ("atomic", "kernel")
 
 
-def _vanishes(w: Expr, p: Expr) -> bool:
-    """Whether `w` is 0 wherever `p` is (a product with p, a `where` whose branches vanish or are
-    0, a cast of one): then a tile where every P is 0 adds nothing and is skipped."""
-    if w is p:
-        return True
-    if isinstance(w, Const):
-        return w.dtype.is_float and float(w.value) == 0.0
-    if isinstance(w, Binary) and w.op == "*":
-        return _vanishes(w.a, p) or _vanishes(w.b, p)
-    if isinstance(w, Binary) and w.op == "/":
-        return _vanishes(w.a, p)
-    if isinstance(w, (Call, TensorRead)):
-        return False
-    if isinstance(w, Cast):
-        return _vanishes(w.a, p)
-    if isinstance(w, Select):
-        return _vanishes(w.a, p) and _vanishes(w.b, p)
-    return False
-
-
-def online_backward_mma(args: list[Tensor], key_tile: int = 64, rows: int = 64, dq_columns: int = 64,
-                        name: str | None = None) -> Module:
+def online_backward_mma(args: list[Tensor], key_tile: int = 64, rows: int = 64, dq_columns: int = 32,
+                        name: str | None = None, dq: str = "atomic", dq_rows: int = 64, dq_key_tile: int = 64) -> Module:
     """The kernels of the backward program `args` (module docstring): blocks of `key_tile` keys
-    (16 per warp), query blocks of `rows`, dQ's tile in units of 16 rows x `dq_columns`."""
+    (16 per warp), query blocks of `rows`. `dq` "atomic": the row-side outputs (dQ) by float32
+    atomics in units of 16 rows x `dq_columns`, then converted; "kernel": by the query-major kernel
+    (online_backward_dq) of `dq_rows` query rows per block over key blocks of `dq_key_tile`."""
     chain = backward_chain(args)
-    if key_tile not in (16, 32, 64, 128):
-        raise ScheduleError(f"{WHERE}: key_tile={key_tile} must be 16, 32, 64 or 128 (16 keys per warp)")
-    if rows not in (16, 32, 64, 128):
-        raise ScheduleError(f"{WHERE}: rows={rows} must be 16, 32, 64 or 128 (m16 k16 steps of the queries)")
-    if dq_columns not in (16, 32, 64, 128):
-        raise ScheduleError(f"{WHERE}: dq_columns={dq_columns} must be 16, 32, 64 or 128")
-    return _Kernels(chain, key_tile, rows, dq_columns, name).module()
+    for what, n in (("key_tile", key_tile), ("rows", rows), ("dq_columns", dq_columns), ("dq_rows", dq_rows),
+                    ("dq_key_tile", dq_key_tile)):
+        if n not in (16, 32, 64, 128):
+            raise ScheduleError(f"{WHERE}: {what}={n} must be 16, 32, 64 or 128 (m16, n8 and k16 steps of 16 rows)")
+    if dq not in DQ_FORMS:
+        raise ScheduleError(f"{WHERE}: dq={dq!r} must be one of {DQ_FORMS}")
+    main = _KeyMajor(chain, key_tile, rows, dq_columns, dq == "atomic", name)
+    kernels = [main.prepass_kernel()]
+    if chain.of_kind("key") or chain.of_kind("tile") or main.row_side:
+        kernels.append(main.main_kernel())
+    kernels.append(main.convert_kernel())
+    if dq == "kernel" and chain.of_kind("row"):
+        kernels.append(QueryMajor(chain, dq_rows, dq_key_tile, name, like=main).kernel())
+    found = [k for k in kernels if k is not None]
+    prog = chain.program
+    mname = identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
+    module_params = tuple(main.sig.buffers[a] for a in prog.args) + tuple(main.sig.scalars)
+    calls = tuple(KernelCall(k.name, k.params) for k in found)
+    return Module(mname, module_params, tuple(found), calls, tuple(main.temps))
 
 
 __all__ = ["online_backward_mma"]
