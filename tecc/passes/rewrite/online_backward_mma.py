@@ -24,7 +24,14 @@ Dao 2023, Algorithm 2, with dQ by float32 atomics):
                                         over the warps in units of 16 rows x `dq_columns`
 
    then dK, dV (the key-side accumulators) through their epilogue (the cast) to global memory;
-3. the conversion (`convert_kernel`): each row-side output from its float32 accumulator.
+3. the conversion (`convert_kernel`): each row-side output from its float32 accumulator; or,
+   with `dq="kernel"`, no atomics in 2. and the query-major kernel of online_backward_dq instead.
+
+The kernel is written as separate pieces: staging (`_copy_keys`, `_copy_rows`: TileStaging's
+cp.async tiles), the contractions (`_contractions`, `_key_side`, `_row_side`), the recomputed
+probabilities and weights (`_elementwise`) and the epilogue (`_epilogue`); what the backward's
+kernels share (the pre-pass, the conversion, P and the weights of one element, the guard) is
+online_backward_kernels'.
 
 Memory: O(rows·C): no (rows x keys) buffer exists; P and dS live in registers and one BN x BM
 tile of dS in shared memory. Precision: contractions in float32 from 16-bit operands; P and dS
