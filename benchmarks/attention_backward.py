@@ -3,7 +3,7 @@ cuDNN backends) in the same process (docs/training.md, "The backward of attentio
 
     python benchmarks/attention_backward.py [--quick] [--dtype float16|bfloat16] [--gqa-only]
                                             [--seqs 1024 8192] [--dims 64] [--tiling KEYS ROWS DQ] [--dq-kernel]
-                                            [--out DIR]
+                                            [--step '{"key_tile": 128, "rows": 64, "wgmma": true}'] [--out DIR]
 
 Each row builds the forward tc.grad asks for (`g.forward`: O and its log-sum-exp, one kernel) and
 the backward (`g.args`: the pre-pass, the key-block-major kernel with dQ by float32 atomics, dQ's
@@ -16,7 +16,9 @@ counts 2.5x the forward's FLOPs (4·B·H·S²·d, halved when causal), as FlashA
 `ratio` is the fastest SDPA backend's time over tecc's (> 1: tecc faster). B = 16384 / S and
 H = 2048 / d (d = 128, GQA: 32 query heads over 8 K/V heads). About 3-4 minutes on an H200
 (`--quick`: S in {1k, 4k}, d = 64, no GQA). `--dq-kernel`: the planned tiling with dQ by the
-query-major kernel instead of float32 atomics (the plan's other form).
+query-major kernel instead of float32 atomics (the plan's other form). `--step JSON`: time
+exactly this online_backward_mma step (any form: `"wgmma": true` for the Hopper kernels, `"dq":
+"kernel"` with `"dq_rows"`, `"dq_key_tile"`), e.g. the d = 128 Hopper form the planner passes over.
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ def reference_error(q: Any, k: Any, v: Any, do: Any, grads: list[Any], causal: b
 
 
 def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int, tiling: tuple[int, ...] | None,
-              dq_kernel: bool = False) -> dict[str, Any]:
+              dq_kernel: bool = False, step: dict[str, Any] | None = None) -> dict[str, Any]:
     import torch
 
     import tecc as tc
@@ -136,6 +138,8 @@ def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int, tiling: tup
         if dq_kernel:
             args = {"key_tile": args["key_tile"], "rows": args["rows"], "dq": "kernel", "dq_rows": 64, "dq_key_tile": 64}
         bwd = tc.build(g.args, plan=Plan((Step("online_backward_mma", args),), "given", ""))
+    if step:
+        bwd = tc.build(g.args, plan=Plan((Step("online_backward_mma", step),), "given", ""))
     tdt = getattr(torch, dtype)
     q = torch.randn(b, h, s, d, device="cuda", dtype=tdt)
     k, v = (torch.randn(b, h // groups, s, d, device="cuda", dtype=tdt) for _ in range(2))
@@ -173,6 +177,8 @@ def main() -> None:
                     help="time this online_backward_mma tiling instead of the planned one")
     ap.add_argument("--dq-kernel", action="store_true",
                     help="dQ by the query-major kernel (64 rows over key blocks of 64) instead of float32 atomics")
+    ap.add_argument("--step", type=json.loads, default=None, metavar="JSON",
+                    help="the online_backward_mma step's arguments to time instead of the plan")
     ap.add_argument("--out", default=None)
     opts = ap.parse_args()
     seqs = tuple(opts.seqs) if opts.seqs else ((1024, 4096) if opts.quick else (1024, 2048, 4096, 8192))
@@ -188,7 +194,7 @@ def main() -> None:
         for causal in (False, True):
             try:
                 row = run_shape(s, d, opts.dtype, causal, groups, tuple(opts.tiling) if opts.tiling else None,
-                                opts.dq_kernel)
+                                opts.dq_kernel, opts.step)
             except Exception as exc:  # noqa: BLE001 - report and go on
                 row = {"S": s, "d": d, "causal": causal, "groups": groups, "error": f"{type(exc).__name__}: {exc}"[:400]}
                 print(row, flush=True)

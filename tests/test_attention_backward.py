@@ -15,7 +15,7 @@ import tecc as tc
 from tecc.compiler.plan import Plan, Step
 from tecc.compiler.strategies.online_backward import propose
 from tecc.ir.errors import ScheduleError
-from tecc.ir.stmt import Allocate, MatrixMultiply, iter_stmts
+from tecc.ir.stmt import Allocate, MatrixMultiply, WarpgroupMatrixMultiply, iter_stmts
 from tecc.passes.rewrite.online_backward import backward_chain
 
 from nvrtc_checks import skip_without_nvrtc
@@ -126,7 +126,8 @@ def run_backward(B, H, Sq, Sk, D, dtype, groups=1, mask=None, bias=False, the_pl
     assert k.plan.steps[0].primitive == "online_backward_mma", k.plan
     assert len(k.module.kernels) <= 3, [f.name for f in k.module.kernels]
     main = [f for f in k.module.kernels if f.name.endswith("_backward_mma_kernel")]
-    assert len(main) == 1 and any(isinstance(s, MatrixMultiply) for s in iter_stmts(main[0].body))
+    assert len(main) == 1 and any(isinstance(s, (MatrixMultiply, WarpgroupMatrixMultiply))
+                                  for s in iter_stmts(main[0].body))
     no_score_buffer(k, B, H, Sq, Sk, D)
     grads = [poisoned(t) for t in g.grads]
     k(*given, o, lse, do, *grads)
@@ -170,6 +171,32 @@ def test_dq_by_the_query_major_kernel(case):
     assert any(n.endswith("_backward_rows_kernel") for n in names), names
     assert not any(n.endswith("_convert_kernel") for n in names), names
     assert [t.name for t in k.module.temps] == ["O_delta"], k.module.temps
+
+
+WGMMA_PLANS = {
+    "atomic_2wg": {"key_tile": 128, "rows": 64, "dq_columns": 32, "wgmma": True},
+    "atomic_1wg": {"key_tile": 64, "rows": 64, "dq_columns": 32, "wgmma": True},
+    "kernel": {"key_tile": 128, "rows": 32, "dq": "kernel", "dq_rows": 128, "dq_key_tile": 64, "wgmma": True},
+}
+
+
+@pytest.mark.parametrize("case,form", [("causal_odd", "atomic_2wg"), ("grouped_4_bf16", "atomic_1wg"),
+                                       ("bias_causal", "kernel"), ("decode_like", "kernel"),
+                                       ("bottom_right", "atomic_2wg"), ("mask_tensor", "kernel")])
+def test_hopper_form_matches_float64_numpy(case, form):
+    """The wgmma kernels (online_backward_wgmma): a warpgroup per 64 keys (and per 64 query rows
+    in the query-major dQ kernel), the same elementwise stage, in the emulator."""
+    kw = dict(CASES[case])
+    the_plan = Plan((Step("online_backward_mma", WGMMA_PLANS[form]),), "test", "")
+    k = run_backward(1, 2 * kw.get("groups", 1), the_plan=the_plan, arch="sm_90", **kw)
+    main = next(f for f in k.module.kernels if f.name.endswith("_backward_mma_kernel"))
+    assert any(isinstance(s, WarpgroupMatrixMultiply) for s in iter_stmts(main.body))
+    assert dict(main.attrs)["tensorize"].startswith("wgmma"), dict(main.attrs)["tensorize"]
+
+
+def test_hopper_form_with_head_dim_128():
+    the_plan = Plan((Step("online_backward_mma", WGMMA_PLANS["kernel"]),), "test", "")
+    run_backward(1, 2, 70, 70, 128, "float16", mask="causal", the_plan=the_plan, arch="sm_90")
 
 
 @pytest.mark.parametrize("D,dtype,tiling", [(64, "float16", (64, 64, 32)), (128, "bfloat16", (64, 16, 32)),
@@ -322,6 +349,8 @@ def test_grouped_heads_gradient_in_float64_by_the_generic_kernels():
 @pytest.mark.parametrize("D,causal,groups,arch", [(64, True, 1, "sm_80"), (128, False, 1, "sm_80"),
                                                   (64, False, 4, "sm_90"), (128, True, 1, "sm_90")])
 def test_benchmark_shapes_compile_without_spills(D, causal, groups, arch):
+    """The planned kernels (the Hopper form at d = 64 on sm_90) compile without spills or
+    serialized wgmmas."""
     skip_without_nvrtc(arch)
     import sys
     from pathlib import Path
@@ -332,9 +361,36 @@ def test_benchmark_shapes_compile_without_spills(D, causal, groups, arch):
     g = tc.grad(args[-1], args[:3])
     k = tc.build(g.args, target="cuda", arch=arch)
     assert k.plan.strategy == "online_backward_mma" and len(k.module.kernels) == 3, k.plan
+    assert sorted(k.resources) == sorted(f.name for f in k.module.kernels), k.resources
     for name, res in k.resources.items():
         assert res.spill_stores == 0 and res.spill_loads == 0, (name, res)
         assert res.registers <= 255, (name, res)
+    from tecc.compiler.pipeline import wgmma_serialized
+    assert wgmma_serialized(k.compile_log) is None
+    assert bool(k.plan.steps[0].args.get("wgmma")) == (arch == "sm_90" and D == 64), k.plan
+
+
+@pytest.mark.parametrize("form", sorted(WGMMA_PLANS))
+@pytest.mark.parametrize("D,causal", [(64, True), (128, False)])
+def test_hopper_forms_compile_for_sm_90a(form, D, causal):
+    """Each Hopper form at S = 4k (B = 4, H = 2048 / d): ptxas without spills or serialized
+    wgmmas, except the atomic dQ form at d = 128, whose m64 dQ tile beside the accumulators is
+    past 255 registers (the planner passes it over)."""
+    skip_without_nvrtc("sm_90")
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks.attention import attention_program
+    from tecc.compiler.pipeline import wgmma_serialized
+    args = attention_program(4, 2048 // D, 4096, 4096, D, "float16", 1, 0 if causal else None)
+    g = tc.grad(args[-1], args[:3])
+    k = tc.build(g.args, target="cuda", arch="sm_90", plan=Plan((Step("online_backward_mma", WGMMA_PLANS[form]),),
+                                                                "test", ""))
+    assert wgmma_serialized(k.compile_log) is None
+    if D == 128 and form.startswith("atomic"):
+        return
+    for name, res in k.resources.items():
+        assert res.spill_stores == 0 and res.spill_loads == 0, (name, res)
 
 
 # ---- on a GPU ----------------------------------------------------------------------------------------
@@ -344,8 +400,10 @@ GPU_CASES = [(64, "float16", False, 1, 1024), (64, "float16", True, 1, 1024), (1
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D,dtype,causal,groups,S", GPU_CASES)
-def test_attention_backward_on_the_gpu_matches_sdpa(D, dtype, causal, groups, S):
+@pytest.mark.parametrize("D,dtype,causal,groups,S,form", [(c + (None,)) for c in GPU_CASES] +
+                         [(128, "float16", True, 2, 1024, "kernel"), (64, "bfloat16", False, 1, 333, "atomic_2wg"),
+                          (128, "bfloat16", False, 4, 2048, "kernel")])
+def test_attention_backward_on_the_gpu_matches_sdpa(D, dtype, causal, groups, S, form):
     """The planned kernels on the GPU against torch's SDPA backward (float32 math from the same
     16-bit inputs as the reference, the bound of the emulator tests)."""
     import torch
@@ -355,8 +413,13 @@ def test_attention_backward_on_the_gpu_matches_sdpa(D, dtype, causal, groups, S)
     ins, outs = masked_attention(B, H, S, S, D, dtype, groups=groups, mask="causal" if causal else None)
     g = tc.grad(outs[0], ins)
     fwd = tc.build(list(g.forward), target="cuda")
-    bwd = tc.build(g.args, target="cuda")
-    assert bwd.plan.strategy == "online_backward_mma" and len(bwd.module.kernels) <= 3, bwd.plan
+    if form is None:
+        bwd = tc.build(g.args, target="cuda")
+    else:
+        if torch.cuda.get_device_capability() != (9, 0):
+            pytest.skip("the Hopper form needs sm_90")
+        bwd = tc.build(g.args, target="cuda", plan=Plan((Step("online_backward_mma", WGMMA_PLANS[form]),), "test", ""))
+    assert bwd.plan.steps[0].primitive == "online_backward_mma" and len(bwd.module.kernels) <= 3, bwd.plan
     tdt = getattr(torch, dtype)
     gen = torch.Generator(device="cuda").manual_seed(np.random.SeedSequence().entropy % 2**63)
     q, k, v = (torch.randn(tuple(int(s) for s in t.shape), device="cuda", dtype=torch.float32, generator=gen).to(tdt)

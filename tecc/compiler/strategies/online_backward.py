@@ -22,6 +22,7 @@ is not ranked against them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -37,10 +38,11 @@ from ...passes.manager import PassTiming
 from ...passes.rewrite.key_tiles import kept_conditions, query_block_start
 from ...passes.rewrite.online_backward import BackwardChain, backward_chain
 from ..cost.model import Cost, Workload, predict
-from ..pipeline import compile_module, schedule_module
+from ..pipeline import compile_module, schedule_module, wgmma_serialized
 from ..plan import Plan, Step
 
 MMA_MIN_ARCH = 80          # mma.sync.m16n8k16, ldmatrix, cp.async
+WGMMA_ARCH = 90            # wgmma: sm_90a only
 NOMINAL_LENGTH = 8192      # a symbolic extent is costed at this length
 ELEMENT_OPS = 24           # instructions per tile element: exp2, the weights, the guards, the casts
 
@@ -57,20 +59,29 @@ def _arch_number(arch: str) -> int:
     return int(digits) if digits else 0
 
 
-def backward_tilings(widest: int) -> tuple[dict[str, Any], ...]:
+def backward_tilings(widest: int, wgmma: bool = False) -> tuple[dict[str, Any], ...]:
     """The points for head dims up to `widest`: the key-block-major kernel's blocks of 64 or 128
     keys (4 or 8 warps of 16 keys) and query blocks of 16..64 rows (at d = 128 the key-side
     accumulators take d floats per lane, so the query blocks are small), each with dQ by float32
     atomics in units of 16 rows x 32 columns, or by the query-major kernel (64 rows over key
-    blocks of 64)."""
+    blocks of 64). `wgmma` (sm_90) adds the Hopper forms (online_backward_wgmma: a warpgroup per
+    64 keys, and per 64 query rows in the query-major kernel): 128 x 64 with either dQ form, and
+    128 x 32 with the query-major dQ (128 rows over 64-key blocks; at d = 128 the atomics' m64 dQ
+    tile does not fit beside the accumulators)."""
     if widest > 64:
         tiles = ((128, 32), (64, 32), (64, 16), (128, 16))
     else:
         tiles = ((128, 64), (128, 32), (64, 64), (64, 32))
     points: list[dict[str, Any]] = []
+    kernel_dq = {"dq": "kernel", "dq_rows": 64, "dq_key_tile": 64}
+    if wgmma:   # the query-major kernel on wgmma: two warpgroups of 64 rows over 64-key blocks
+        wide = {"dq": "kernel", "dq_rows": 128, "dq_key_tile": 64}
+        points.append({"key_tile": 128, "rows": 64, "dq_columns": 32, "wgmma": True})
+        points.append({"key_tile": 128, "rows": 64, **wide, "wgmma": True})
+        points.append({"key_tile": 128, "rows": 32, **wide, "wgmma": True})
     for bn, bm in tiles:
         points.append({"key_tile": bn, "rows": bm, "dq_columns": 32})
-        points.append({"key_tile": bn, "rows": bm, "dq": "kernel", "dq_rows": 64, "dq_key_tile": 64})
+        points.append({"key_tile": bn, "rows": bm, **kernel_dq})
     return tuple(points)
 
 
@@ -122,7 +133,11 @@ def backward_workload(chain: BackwardChain, point: dict[str, Any], target: Targe
     depth = sum(c.depth for c in chain.contractions)
     key_cols = sum(o.columns for o in chain.of_kind("key"))
     row_cols = sum(o.columns for o in chain.of_kind("row"))
-    rate = target.tensor_flops.get(chain.contractions[0].row_operand.dtype.name, 0.0) * (0.9 if target.sm < 90 else 0.6)
+    peak = target.tensor_flops.get(chain.contractions[0].row_operand.dtype.name, 0.0)
+    # mma.sync reaches ~0.9 of the dense peak before sm_90 and ~0.6 on it; wgmma ~0.8 (the GEMM
+    # strategies' MMA_SYNC_FRACTION and WGMMA_FRACTION)
+    rate = peak * (0.8 if point.get("wgmma") else 0.9 if target.sm < 90 else 0.6)
+    sync_rate = peak * (0.9 if target.sm < 90 else 0.6)
     blocks = heads * -(-keys // BN)
     tiles = blocks * groups * -(-queries // BM) * visited_fraction(chain, BN, BM)
     side = row_cols if atomic else 0
@@ -133,7 +148,8 @@ def backward_workload(chain: BackwardChain, point: dict[str, Any], target: Targe
                                              + key_cols // 2 + (NQ // 2 if side else 0) + 48)
     atomics = tiles * BM * side
     elements = tiles * BN * BM
-    then = None if atomic or not row_cols else _rows_workload(chain, point, target, rate, registers)
+    then = None if atomic or not row_cols else _rows_workload(chain, point, target, rate if point.get("wgmma") else sync_rate,
+                                                              registers)
     return Workload(
         blocks=blocks, threads=2 * BN, registers={"ptxas" if registers else "fragments": regs},
         # the key tiles once, the row tiles in a 2-stage ring, dS's [BN][BM] tile, lse and Δ per stage
@@ -197,6 +213,9 @@ def _compiled_registers(tensors: Sequence[Tensor], args: dict[str, Any], arch: s
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     if len(kernel.resources) != len(kernel.module.kernels):
         return f"ptxas reported {len(kernel.resources)} kernels (log: {kernel.compile_log.strip()[:200]!r})"
+    serialized = wgmma_serialized(kernel.compile_log)
+    if serialized is not None:
+        return f"ptxas serializes the wgmmas ({serialized[:120]})"
     limit = target_info(arch).smem_per_block_optin
     widest = max(dynamic_shared_bytes(k) + kernel.resources[k.name].shared_bytes for k in kernel.module.kernels)
     if widest > limit:
@@ -209,7 +228,28 @@ def _compiled_registers(tensors: Sequence[Tensor], args: dict[str, Any], arch: s
 def _label(point: dict[str, Any]) -> str:
     dq = (f"dQ by a query-major kernel {point['dq_rows']}x{point['dq_key_tile']}" if point.get("dq") == "kernel"
           else f"dQ by atomics ({point['dq_columns']} columns per unit)")
-    return f"{point['key_tile']}x{point['rows']}, {dq}"
+    return f"{'wgmma ' if point.get('wgmma') else ''}{point['key_tile']}x{point['rows']}, {dq}"
+
+
+NEAR = 1.05   # points predicted within 5% of the best are ordered by their tensor term
+
+
+def _ranked(points: list[dict[str, Any]], workloads: list[Workload], target: Target) -> list[dict[str, Any]]:
+    """The points by predicted time, except that those within NEAR of the best come first in the
+    order of their tensor time (the tensor term plus the second kernel's): the time of every
+    point here is bound by the same L2 stream of row tiles (re-read by every key block, the same
+    bytes for every tile shape), which the model prices but no measurement has calibrated for
+    this kernel yet, while the tensor term is where the instruction forms (mma.sync, wgmma) and
+    the dQ forms really differ."""
+    costs = [predict(w, target) for w in workloads]
+    best = min((c.total for c in costs), default=math.inf)
+
+    def tensor(i: int) -> float:
+        then = workloads[i].then
+        return costs[i].terms.get("tensor", 0.0) + (predict(then, target).terms.get("tensor", 0.0) if then else 0.0)
+    near = sorted((i for i, c in enumerate(costs) if c.total <= NEAR * best), key=tensor)
+    rest = sorted((i for i, c in enumerate(costs) if c.total > NEAR * best), key=lambda i: costs[i].total)
+    return [points[i] for i in near + rest]
 
 
 def propose(tensors: Sequence[Tensor], target: Any = None, name: str | None = None) -> BackwardChoice | None:
@@ -224,10 +264,10 @@ def propose(tensors: Sequence[Tensor], target: Any = None, name: str | None = No
         return None
     info = target_info(arch)
     widest = max([c.depth for c in chain.contractions] + [o.columns for o in chain.outputs])
-    points = list(backward_tilings(widest))
+    points = list(backward_tilings(widest, wgmma=_arch_number(arch) == WGMMA_ARCH))
     if not chain.of_kind("row"):
         points = [p for p in points if p.get("dq", "atomic") == "atomic"]
-    ranked = sorted(points, key=lambda p: predict(backward_workload(chain, p, info), info).total)
+    ranked = _ranked(points, [backward_workload(chain, p, info) for p in points], info)
     passed: list[str] = []
     for point in ranked:
         found = _compiled_registers(tensors, point, arch, name)
@@ -241,7 +281,7 @@ def propose(tensors: Sequence[Tensor], target: Any = None, name: str | None = No
         cost = predict(backward_workload(chain, point, info, registers), info)
         other = [predict(backward_workload(chain, p, info), info).total for p in points
                  if p.get("dq", "atomic") != point.get("dq", "atomic") and p["key_tile"] == point["key_tile"]
-                 and p["rows"] == point["rows"]]
+                 and p["rows"] == point["rows"] and p.get("wgmma") == point.get("wgmma")]
         return BackwardChoice(_plan(chain, point, arch, registers, cost, passed, other), "", cost)
     return None
 
@@ -255,7 +295,8 @@ def _plan(chain: BackwardChain, point: dict[str, Any], arch: str, registers: dic
           f"the row-side ones by a query-major kernel of {point['dq_rows']} rows over key blocks of {point['dq_key_tile']}")
     vs = (f"; the other dQ form predicted {min(other) * 1e6:.0f} us" if other else "")
     regs = ", ".join(f"{k} {v}" for k, v in sorted(registers.items()))
-    reason = (f"the backward of an online contraction ({outs}) on tensor cores: a pre-pass for the row statistics "
+    form = "wgmma (a warpgroup per 64 keys)" if point.get("wgmma") else "mma.sync"
+    reason = (f"the backward of an online contraction ({outs}) on tensor cores ({form}): a pre-pass for the row statistics "
               f"({', '.join(t.name for t in chain.statistics) or 'none'}), blocks of {point['key_tile']} keys walking "
               f"query blocks of {point['rows']} rows with the key-side outputs in registers, {dq}; no (rows x keys) "
               f"buffer; {skipped:.0%} of the query blocks visited ({arch}: registers {regs}, no spills; predicted "

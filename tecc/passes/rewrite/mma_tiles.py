@@ -16,10 +16,11 @@ from typing import Any, Callable
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
 from ...ir.expr import Binary, Cast, Const, Expr, Select, TensorRead, Var, binary, cast, compare, const_int, select, substitute
-from ...ir.intrinsics import lookup
-from ...ir.stmt import AsyncCopy, Buffer, For, FragmentRef, IfThenElse, MatrixMultiply, Stmt, seq
+from ...ir.descriptor import MatrixDescriptor
+from ...ir.intrinsics import WARPGROUP_SIZE, lookup
+from ...ir.stmt import AsyncCopy, Buffer, For, FragmentRef, IfThenElse, MatrixMultiply, SharedMatrix, Stmt, seq
 from ...ir.tensor import Tensor
-from ..schedule.tensorize import CHUNK, row_swizzle
+from ..schedule.tensorize import CHUNK, INTRINSICS, row_swizzle
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -60,6 +61,33 @@ class TileStaging:
         v = Var(self.unique(label), dt.int32)
         rolled = (("pragma_unroll", 1),) if kind == "serial" else ()
         return For(v, Const(0, dt.int32), Const(extent, dt.int32), kind, body(v), rolled)
+
+    def blocked(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
+        """The Hopper form's shared tile [stages][width / W][rows][W] of `read`: W = block_width(width)
+        halves a row (2·W bytes, the swizzle's row), the descriptors' swizzle as the buffer's layout."""
+        w = block_width(width)
+        shape = tuple(Const(n, dt.int32) for n in (stages, width // w, rows, w))
+        return Buffer(self.unique(label), read.dtype, shape, "shared", tensor=f"{read.tensor.name}.shared",
+                      layout=descriptor(w, "K").layout)
+
+    def operand(self, buf: Buffer, stage: Expr, row0: Expr, step: Expr, mn_major: bool = False) -> SharedMatrix:
+        """The wgmma operand of the blocked tile `buf` (blocked()) at k16 step `step`: K-major
+        (Q, K: rows are the tile's rows, k along its width) from row `row0`; for V (the P·V B
+        operand, k = the tile's rows = keys, n = its width) MN-major."""
+        _, blocks, rows, w = (const_int(x) for x in buf.shape)
+        assert blocks is not None and rows is not None and w is not None
+        base = stage * (blocks * rows * w)
+        if mn_major:
+            return SharedMatrix(buf, base + step * (16 * w), descriptor(w, "MN", rows))
+        k = step * 16
+        return SharedMatrix(buf, base + (k // w) * (rows * w) + row0 * w + k % w, descriptor(w, "K"))
+
+    @staticmethod
+    def tile_width(buf: Buffer) -> int:
+        """The columns of a staged tile: [stages][rows][width], or the Hopper form's blocked
+        [stages][width / W][rows][W]."""
+        dims = [const_int(x) or 0 for x in buf.shape]
+        return dims[1] * dims[3] if len(dims) == 4 else dims[-1]
 
     def copy_tile(self, dst: Buffer, stage: Expr, read: TensorRead, at: dict[Var, Expr], row0: Expr, extent: Expr,
                   rows: int, width: int) -> Stmt:
@@ -110,6 +138,41 @@ def check_relayout(qk: str, pv: str, where: str = "online_contraction_mma") -> N
                                     f"(lane {lane}, element {e}); P would need a shuffle")
 
 
+def block_width(width: int) -> int:
+    """The halves per swizzled row of the Hopper form's blocked tiles: 64 (the 128B swizzle) when
+    they divide the width, else 32 (64B: d = 96 is three blocks of 32) or 16 (32B)."""
+    return next(w for w in (64, 32, 16) if width % w == 0)
+
+
+def descriptor(w: int, major: str, rows: int = 0) -> MatrixDescriptor:
+    """The descriptor of a blocked tile (_Kernel.blocked) with rows of w halves (16, 32 or 64:
+    the 32B, 64B or 128B swizzle): K-major, 8-row groups 8·2w bytes apart (SBO; LBO unused);
+    MN-major (V, `rows` keys per column block), k groups of 8 rows SBO = 8·2w bytes apart and
+    column blocks LBO = rows·2w bytes apart."""
+    mode = {16: "32B", 32: "64B", 64: "128B"}[w]
+    if major == "K":
+        return MatrixDescriptor("K", mode, leading_bytes=16, stride_bytes=16 * w)
+    return MatrixDescriptor("MN", mode, leading_bytes=rows * 2 * w, stride_bytes=16 * w)
+
+
+def check_wgmma_relayout(qk: str, pv: str, where: str = "online_contraction_mma") -> None:
+    """The wgmma accumulator is the m16n8 C pattern per warp and n8 block (so the mma kernel's
+    element code serves it), and its elements 8k .. 8k + 7 are the register A of k16 step k."""
+    d_map = lookup(qk).operand("d").layout
+    c_map = lookup(INTRINSICS["float16"]).operand("c").layout
+    a_map = lookup(pv).operand("a").layout
+    for thread in range(WARPGROUP_SIZE):
+        for e in range(16):
+            r, col = c_map(thread % 32, e % 4)
+            if d_map(thread, e) != (16 * (thread // 32) + r, 8 * (e // 4) + col):
+                raise ScheduleError(f"{where}: the accumulator of {qk} is not the m16n8 C pattern per "
+                                    f"warp (thread {thread}, element {e})")
+        for e in range(8):
+            if a_map(thread, e) != d_map(thread, e):
+                raise ScheduleError(f"{where}: the accumulator of {qk} is not the register A of {pv} "
+                                    f"(thread {thread}, element {e}); P would need a shuffle")
+
+
 def fold_log2e(e: Expr) -> Expr:
     """log2(e) · e in float32, with the factor folded into a constant scale (through `where`s,
     sums and differences) so that the common `Σ·scale` costs one multiplication."""
@@ -132,4 +195,5 @@ def _fold(e: Expr) -> Expr:
     return binary("*", cast(e, dt.float32), Const(LOG2E, dt.float32))
 
 
-__all__ = ["LOG2E", "TileStaging", "check_relayout", "fold_log2e", "two_n8_tiles"]
+__all__ = ["LOG2E", "TileStaging", "block_width", "check_relayout", "check_wgmma_relayout", "descriptor", "fold_log2e",
+           "two_n8_tiles"]

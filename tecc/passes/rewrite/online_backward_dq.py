@@ -71,8 +71,7 @@ class QueryMajor(BackwardKernels):
         n_keys = self._key_blocks()
         stage = self.kt % STAGES
         step = seq(
-            AsyncWait(0),
-            Barrier(),
+            *self._head(),
             IfThenElse(compare("<", self.kt + 1, n_keys), self._copy_keys((self.kt + 1) % STAGES, self.kt + 1)),
             AsyncCommit(),
             self._contractions(stage),
@@ -99,10 +98,13 @@ class QueryMajor(BackwardKernels):
         body = For(self.qb, zero, (chain.rows[-1] + (BM - 1)) // BM, "blockIdx.x", body)
         if names:
             body = For(self.by, zero, n_heads, "blockIdx.y", body)
-        what = (f"{self.intrinsic}: blocks of {BM} query rows ({self.warps} warps of 16), key blocks of {BN} through a "
+        what = (f"{self.form()}: blocks of {BM} query rows, key blocks of {BN} through a "
                 f"{STAGES}-stage cp.async ring; {', '.join(o.tensor.name for o in self.outputs)} in registers; "
                 f"{self.skipping}; {self.whole}")
         return self._func(self.unique(f"{self._label()}_backward_rows_kernel"), body, what)
+
+    def form(self) -> str:
+        return f"{self.intrinsic} ({self.warps} warps of 16 rows)"
 
     def _key_blocks(self) -> Expr:
         """The key blocks this query block visits: all, or the forward's isl-proven bound when
@@ -129,12 +131,21 @@ class QueryMajor(BackwardKernels):
             assert o.operand is not None
             self._tile(self.key_tiles, o.operand, STAGES, BN, "key_tile")
         self.staged_reads(1, BM)
-        intr = self.intrinsic
+        self._fragments()
+
+    def _fragments(self) -> None:
+        BN, intr = self.BN, self.intrinsic
         self.a_frag, self.b_frag = self.frag("a_frag", intr, "a", 8), self.frag("b_frag", intr, "b", 8)
-        self.c_frags = {id(c.node): self.frag("tile_frag", intr, "c", BN // 2) for c in chain.contractions}
+        self.c_frags = {id(c.node): self.frag("tile_frag", intr, "c", BN // 2) for c in self.chain.contractions}
         self.w_frags = {id(o.tensor): self.frag("weight_frag", intr, "a", BN // 2) for o in self.outputs}
         self.accs = {id(o.tensor): self.frag("acc_frag", intr, "c", o.columns // 2) for o in self.outputs}
         check_relayout(intr, intr, WHERE)
+
+    def _tile_buffer(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
+        return self.shared(label, read, stages, rows, width)
+
+    def _head(self) -> tuple[Stmt, ...]:
+        return AsyncWait(0), Barrier()
 
     def _tile(self, table: dict[tuple[int, tuple[int, ...]], tuple[Buffer, TensorRead]], read: TensorRead,
               stages: int, rows: int, label: str) -> None:
@@ -142,7 +153,7 @@ class QueryMajor(BackwardKernels):
         if width is None or width % 16 or width > 128 or read.dtype != self.dtype:
             raise ScheduleError(f"{WHERE}: {read.tensor.name} is not a {self.dtype} tile of 16..128 whole columns")
         if tile_key(read) not in table:
-            table[tile_key(read)] = (self.shared(label, read, stages, rows, width), read)
+            table[tile_key(read)] = (self._tile_buffer(label, read, stages, rows, width), read)
 
     def _allocations(self) -> list[Buffer]:
         out = [b for b, _ in self.row_tiles.values()] + [b for b, _ in self.key_tiles.values()]
@@ -152,7 +163,7 @@ class QueryMajor(BackwardKernels):
 
     def _copy_rows(self) -> Stmt:
         chain, zero = self.chain, Const(0, dt.int32)
-        copies = [self.copy_tile(buf, zero, read, {}, self.q0, chain.rows[-1], self.BM, int(const_int(buf.shape[-1]) or 0))
+        copies = [self.copy_tile(buf, zero, read, {}, self.q0, chain.rows[-1], self.BM, self.tile_width(buf))
                   for buf, read in self.row_tiles.values()]
         for buf, read in self.stat_tiles.values():
             copies.append(self.unrolled("stat_copy", -(-self.BM // self.threads), lambda u, buf=buf, read=read:
@@ -161,8 +172,7 @@ class QueryMajor(BackwardKernels):
 
     def _copy_keys(self, stage: Expr, block: Expr) -> Stmt:
         chain = self.chain
-        return seq(*(self.copy_tile(buf, stage, read, {}, block * self.BN, chain.keys, self.BN,
-                                    int(const_int(buf.shape[-1]) or 0))
+        return seq(*(self.copy_tile(buf, stage, read, {}, block * self.BN, chain.keys, self.BN, self.tile_width(buf))
                      for buf, read in self.key_tiles.values()))
 
     def _contractions(self, stage: Expr) -> Stmt:

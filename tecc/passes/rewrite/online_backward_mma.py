@@ -124,8 +124,7 @@ class _KeyMajor(BackwardKernels):
         stage = self.it % STAGES
         self.q0 = Var(self.unique("query0"), dt.int32)
         step_body = seq(
-            AsyncWait(0),
-            Barrier(),
+            *self._head(),
             IfThenElse(compare("<", self.it + 1, n_steps),
                        self._copy_rows((self.it + 1) % STAGES, nxt, q0_next)),
             AsyncCommit(),
@@ -197,7 +196,7 @@ class _KeyMajor(BackwardKernels):
 
         def tile(table: dict, read: TensorRead, stages: int, rows: int, width: int, label: str) -> None:
             if tile_key(read) not in table:
-                table[tile_key(read)] = (self.shared(label, read, stages, rows, width), read)
+                table[tile_key(read)] = (self._tile_buffer(label, read, stages, rows, width), read)
         for c in chain.contractions:
             tile(self.key_tiles, c.key_operand, 1, BN, whole(c.key_operand, c.depth, str(c.node)), "key_tile")
             tile(self.row_tiles, c.row_operand, STAGES, BM, whole(c.row_operand, c.depth, str(c.node)), "row_tile")
@@ -210,20 +209,36 @@ class _KeyMajor(BackwardKernels):
             else:
                 tile(self.key_tiles, o.operand, 1, BN, width, "key_tile")
         self.staged_reads(STAGES, BM)
-        self.weights_tile = None
-        if self.row_side:
-            row_dtype = {o.operand.dtype for o in self.row_side if o.operand is not None}
-            self.weights_tile = Buffer(self.unique("weights_tile"), self.dtype,
-                                       (Const(1, dt.int32), Const(BN, dt.int32), Const(BM, dt.int32)), "shared",
-                                       tensor="dS.shared", layout=row_swizzle(BM))
-            assert row_dtype <= {self.dtype}
-        intr = self.intrinsic
+        self.weights_tile = self._weights_buffer() if self.row_side else None
+        self._fragments()
+
+    def _tile_buffer(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
+        """A staged operand tile [stages][rows][width] (XOR-swizzled for ldmatrix)."""
+        return self.shared(label, read, stages, rows, width)
+
+    def _weights_buffer(self) -> Buffer:
+        """The row-side weights' tile [1][BN keys][BM queries], read by ldmatrix.trans as A."""
+        return Buffer(self.unique("weights_tile"), self.dtype,
+                      (Const(1, dt.int32), Const(self.BN, dt.int32), Const(self.BM, dt.int32)), "shared",
+                      tensor="dS.shared", layout=row_swizzle(self.BM))
+
+    def _weights_index(self, rr: Expr, cc: Expr, nt: Expr) -> tuple[Expr, ...]:
+        """Where the element at the warp's key row rr, query column cc of n8 tile nt goes in it."""
+        return Const(0, dt.int32), self.warp * 16 + rr, nt * 8 + cc
+
+    def _fragments(self) -> None:
+        chain, BM, intr = self.chain, self.BM, self.intrinsic
         self.a_frag, self.b_frag = self.frag("a_frag", intr, "a", 8), self.frag("b_frag", intr, "b", 8)
         self.c_frags = {id(c.node): self.frag("tile_frag", intr, "c", BM // 2) for c in chain.contractions}
         self.w_frags = {id(o.tensor): self.frag("weight_frag", intr, "a", BM // 2) for o in chain.of_kind("key")}
         self.accs = {id(o.tensor): self.frag("acc_frag", intr, "c", o.columns // 2) for o in chain.of_kind("key")}
         self.dq_frag = self.frag("row_frag", intr, "c", self.NQ // 2) if self.row_side else None
         check_relayout(intr, intr, WHERE)
+
+    def _head(self) -> tuple[Stmt, ...]:
+        """The loop head: the query block's tiles landed for every thread, every warp done with
+        the last iteration's (its stage is refilled next)."""
+        return AsyncWait(0), Barrier()
 
     def _allocations(self) -> list[Buffer]:
         out = [b for b, _ in self.key_tiles.values()] + [b for b, _ in self.row_tiles.values()]
@@ -242,13 +257,13 @@ class _KeyMajor(BackwardKernels):
         chain = self.chain
         zero_groups = {g: Const(0, dt.int32) for g in chain.groups}
         return seq(*(self.copy_tile(buf, Const(0, dt.int32), read, zero_groups, self.kb * self.BN, chain.keys, self.BN,
-                                    int(const_int(buf.shape[-1]) or 0))
+                                    self.tile_width(buf))
                      for buf, read in self.key_tiles.values()))
 
     def _copy_rows(self, stage: Expr, groups: dict[Var, Expr], q0: Expr) -> Stmt:
         """The row operands and row statistics of the query block at `q0` for `groups` -> `stage`."""
         chain = self.chain
-        copies = [self.copy_tile(buf, stage, read, groups, q0, chain.rows[-1], self.BM, int(const_int(buf.shape[-1]) or 0))
+        copies = [self.copy_tile(buf, stage, read, groups, q0, chain.rows[-1], self.BM, self.tile_width(buf))
                   for buf, read in self.row_tiles.values()]
         for buf, read in self.stat_tiles.values():
             copies.append(self.unrolled("stat_copy", -(-self.BM // self.threads), lambda u, buf=buf, read=read:
@@ -316,8 +331,7 @@ class _KeyMajor(BackwardKernels):
                 elif o.kind == "row":
                     rr, cc = self.c_map(self.lane, e)
                     assert self.weights_tile is not None
-                    stmts.append(self._guarded(self.weights_tile, (Const(0, dt.int32), self.warp * 16 + rr, nt * 8 + cc),
-                                               w, ok))
+                    stmts.append(self._guarded(self.weights_tile, self._weights_index(rr, cc, nt), w, ok))
                 else:
                     idx = tuple(substitute(i, at) for i in o.index)
                     value = substitute(o.epilogue, {**dict(zip(o.axes, idx)), o.acc: w})
@@ -423,11 +437,13 @@ DQ_FORMS = ("atomic", "kernel")
 
 
 def online_backward_mma(args: list[Tensor], key_tile: int = 64, rows: int = 64, dq_columns: int = 32,
-                        name: str | None = None, dq: str = "atomic", dq_rows: int = 64, dq_key_tile: int = 64) -> Module:
+                        name: str | None = None, dq: str = "atomic", dq_rows: int = 64, dq_key_tile: int = 64,
+                        wgmma: bool = False) -> Module:
     """The kernels of the backward program `args` (module docstring): blocks of `key_tile` keys
     (16 per warp), query blocks of `rows`. `dq` "atomic": the row-side outputs (dQ) by float32
     atomics in units of 16 rows x `dq_columns`, then converted; "kernel": by the query-major kernel
-    (online_backward_dq) of `dq_rows` query rows per block over key blocks of `dq_key_tile`."""
+    (online_backward_dq) of `dq_rows` query rows per block over key blocks of `dq_key_tile`.
+    `wgmma`: the key-block-major kernel in its Hopper form (online_backward_wgmma, sm_90a)."""
     chain = backward_chain(args)
     for what, n in (("key_tile", key_tile), ("rows", rows), ("dq_columns", dq_columns), ("dq_rows", dq_rows),
                     ("dq_key_tile", dq_key_tile)):
@@ -435,13 +451,21 @@ def online_backward_mma(args: list[Tensor], key_tile: int = 64, rows: int = 64, 
             raise ScheduleError(f"{WHERE}: {what}={n} must be 16, 32, 64 or 128 (m16, n8 and k16 steps of 16 rows)")
     if dq not in DQ_FORMS:
         raise ScheduleError(f"{WHERE}: dq={dq!r} must be one of {DQ_FORMS}")
-    main = _KeyMajor(chain, key_tile, rows, dq_columns, dq == "atomic", name)
+    if wgmma:
+        from .online_backward_wgmma import KeyMajorWgmma   # a subclass of _KeyMajor: imported here, not above
+        main: _KeyMajor = KeyMajorWgmma(chain, key_tile, rows, dq == "atomic", name)
+    else:
+        main = _KeyMajor(chain, key_tile, rows, dq_columns, dq == "atomic", name)
     kernels = [main.prepass_kernel()]
     if chain.of_kind("key") or chain.of_kind("tile") or main.row_side:
         kernels.append(main.main_kernel())
     kernels.append(main.convert_kernel())
     if dq == "kernel" and chain.of_kind("row"):
-        kernels.append(QueryMajor(chain, dq_rows, dq_key_tile, name, like=main).kernel())
+        if wgmma:
+            from .online_backward_wgmma import QueryMajorWgmma
+            kernels.append(QueryMajorWgmma(chain, dq_rows, dq_key_tile, name, like=main).kernel())
+        else:
+            kernels.append(QueryMajor(chain, dq_rows, dq_key_tile, name, like=main).kernel())
     found = [k for k in kernels if k is not None]
     prog = chain.program
     mname = identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))

@@ -98,7 +98,6 @@ from ...ir.expr import (
     walk,
     warp_shuffle,
 )
-from ...ir.descriptor import MatrixDescriptor
 from ...ir.intrinsics import WARPGROUP_SIZE, WGMMA_N, lookup
 from ...ir.target import target
 from ...ir.stmt import (
@@ -116,7 +115,6 @@ from ...ir.stmt import (
     LetStmt,
     Module,
     PrimFunc,
-    SharedMatrix,
     Stmt,
     WarpgroupCommit,
     WarpgroupFence,
@@ -141,7 +139,8 @@ from .key_tiles import (
     unmasked_tile_bound,
 )
 from .launch_order import block_grid, launch_order, work_item
-from .mma_tiles import LOG2E, TileStaging, two_n8_tiles
+from .mma_tiles import LOG2E, TileStaging, block_width, two_n8_tiles
+from .mma_tiles import check_wgmma_relayout as _check_wgmma_relayout
 from .mma_tiles import check_relayout as _check_relayout
 from .mma_tiles import fold_log2e as _fold_log2e
 from .online_contraction import MAX_GRID_Y, OnlineChain, _Lower, head_indices, online_chain
@@ -407,26 +406,6 @@ class _Kernel(TileStaging):
             self.qk_wgmma = wgmma_intrinsic(tcc.q.dtype.name, key_tile)
             assert self.C is not None
             self.pv_wgmma = wgmma_intrinsic(tcc.v.dtype.name, self.C)
-
-    def blocked(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
-        """The Hopper form's shared tile [stages][width / W][rows][W] of `read`: W = block_width(width)
-        halves a row (2·W bytes, the swizzle's row), the descriptors' swizzle as the buffer's layout."""
-        w = block_width(width)
-        shape = tuple(Const(n, dt.int32) for n in (stages, width // w, rows, w))
-        return Buffer(self.unique(label), read.dtype, shape, "shared", tensor=f"{read.tensor.name}.shared",
-                      layout=_descriptor(w, "K").layout)
-
-    def operand(self, buf: Buffer, stage: Expr, row0: Expr, step: Expr, mn_major: bool = False) -> SharedMatrix:
-        """The wgmma operand of the blocked tile `buf` (blocked()) at k16 step `step`: K-major
-        (Q, K: rows are the tile's rows, k along its width) from row `row0`; for V (the P·V B
-        operand, k = the tile's rows = keys, n = its width) MN-major."""
-        _, blocks, rows, w = (const_int(x) for x in buf.shape)
-        assert blocks is not None and rows is not None and w is not None
-        base = stage * (blocks * rows * w)
-        if mn_major:
-            return SharedMatrix(buf, base + step * (16 * w), _descriptor(w, "MN", rows))
-        k = step * 16
-        return SharedMatrix(buf, base + (k // w) * (rows * w) + row0 * w + k % w, _descriptor(w, "K"))
 
     def overlapped_loop(self, prologue: Stmt, n_tiles: Expr, load_kv: Callable[[Expr, Expr], Stmt], s_frag: Buffer,
                         p_frag: Buffer, o_frag: Buffer, q_sh: Buffer, k_sh: Buffer, v_sh: Buffer, softmax: Stmt,
@@ -1099,41 +1078,6 @@ class _Kernel(TileStaging):
             ("online_contraction", (chain.m.name, chain.l.name, chain.output.name)),
             ("split_kv", f"{self.splits} chunks: rescale the partials by 2^(m_s - max), then the program's epilogue"))
         return PrimFunc(name, params, body, attrs)
-
-
-def block_width(width: int) -> int:
-    """The halves per swizzled row of the Hopper form's blocked tiles: 64 (the 128B swizzle) when
-    they divide the width, else 32 (64B: d = 96 is three blocks of 32) or 16 (32B)."""
-    return next(w for w in (64, 32, 16) if width % w == 0)
-
-
-def _descriptor(w: int, major: str, rows: int = 0) -> MatrixDescriptor:
-    """The descriptor of a blocked tile (_Kernel.blocked) with rows of w halves (16, 32 or 64:
-    the 32B, 64B or 128B swizzle): K-major, 8-row groups 8·2w bytes apart (SBO; LBO unused);
-    MN-major (V, `rows` keys per column block), k groups of 8 rows SBO = 8·2w bytes apart and
-    column blocks LBO = rows·2w bytes apart."""
-    mode = {16: "32B", 32: "64B", 64: "128B"}[w]
-    if major == "K":
-        return MatrixDescriptor("K", mode, leading_bytes=16, stride_bytes=16 * w)
-    return MatrixDescriptor("MN", mode, leading_bytes=rows * 2 * w, stride_bytes=16 * w)
-
-
-def _check_wgmma_relayout(qk: str, pv: str) -> None:
-    """The wgmma accumulator is the m16n8 C pattern per warp and n8 block (so the mma kernel's
-    element code serves it), and its elements 8k .. 8k + 7 are the register A of k16 step k."""
-    d_map = lookup(qk).operand("d").layout
-    c_map = lookup(INTRINSICS["float16"]).operand("c").layout
-    a_map = lookup(pv).operand("a").layout
-    for thread in range(WARPGROUP_SIZE):
-        for e in range(16):
-            r, col = c_map(thread % 32, e % 4)
-            if d_map(thread, e) != (16 * (thread // 32) + r, 8 * (e // 4) + col):
-                raise ScheduleError(f"online_contraction_mma: the accumulator of {qk} is not the m16n8 C pattern per "
-                                    f"warp (thread {thread}, element {e})")
-        for e in range(8):
-            if a_map(thread, e) != d_map(thread, e):
-                raise ScheduleError(f"online_contraction_mma: the accumulator of {qk} is not the register A of {pv} "
-                                    f"(thread {thread}, element {e}); P would need a shuffle")
 
 
 def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name: str | None,
