@@ -62,8 +62,10 @@ from .ir.ops import (
     tanh,
     where,
 )
+from .ir.expr import Expr  # a scalar expression (what a compute's lambda returns): for annotations
 from .ir.tensor import Tensor, compute, placeholder, reduce_axis, var
 from .ir.philox import rand
+from .ir.scatter import scatter_add
 from .ir.autodiff import GradientError, Gradients, grad
 
 from .version import __version__
@@ -82,7 +84,7 @@ def __getattr__(name: str) -> Any:
             import torch  # noqa: F401
         except ImportError as exc:
             raise ImportError(f"tc.torch needs PyTorch, which cannot be imported ({exc}); "
-                              "install it with `pip install tecc[torch]`") from exc
+                              "install it (from a tecc checkout: `pip install -e '.[torch]'`; or `pip install torch`)") from exc
         import importlib
 
         return importlib.import_module(".torch", __name__)  # not `from . import`: that asks this hook again

@@ -370,3 +370,21 @@ def test_a_non_float_output_cannot_be_differentiated() -> None:
     Y = tc.compute((4,), lambda i: tc.cast(X[i] > 0, "int32"), name="Y")
     with pytest.raises(tc.DTypeError, match="output Y is int32"):
         tc.grad(Y, [X])
+
+
+def test_iterating_the_gradients_yields_them_in_wrt_order() -> None:
+    M, K, N = 3, 4, 5
+    A = tc.placeholder((M, K), "float64", name="A")
+    B = tc.placeholder((K, N), "float64", name="B")
+    k = tc.reduce_axis(K, name="k")
+    C = tc.compute((M, N), lambda i, j: tc.sum(A[i, k] * B[k, j], axis=k), name="C")
+    g = tc.grad(C, [B, A])  # not the order the program reads them in
+    assert len(g) == 2 and list(g) == [g[B], g[A]]
+    dB, dA = g
+    assert dB.shape == B.shape and dA.shape == A.shape
+    f = tc.build(g.args, target="sim")  # [A, B, dC, dB, dA]
+    rng, seed = _fresh_rng()
+    a, b, dc = rng.standard_normal((M, K)), rng.standard_normal((K, N)), rng.standard_normal((M, N))
+    got_db, got_da = f(a, b, dc)
+    np.testing.assert_allclose(got_db, a.T @ dc, rtol=1e-12, atol=1e-12, err_msg=f"seed {seed}")
+    np.testing.assert_allclose(got_da, dc @ b.T, rtol=1e-12, atol=1e-12, err_msg=f"seed {seed}")

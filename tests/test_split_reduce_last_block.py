@@ -21,7 +21,7 @@ from tecc.compiler.plan import Step
 from tecc.compiler.strategies.column_reduction import choose_point, propose
 from tecc.ir import dtype as dt
 from tecc.ir.errors import DTypeError, RaceError, TeccError
-from tecc.ir.expr import BufferLoad, Const, Var, atomic_add, load_cg, thread_fence
+from tecc.ir.expr import BufferLoad, Call, Const, Var, atomic_add, load_cg, thread_fence
 from tecc.ir.stmt import Barrier, Buffer, BufferStore, Evaluate, For, IfThenElse, PrimFunc, seq
 from tecc.passes.rewrite.split_reduce import split_reduce
 from tecc.runtime.artifact import ArtifactError, load
@@ -335,16 +335,18 @@ def test_float32_atomic_add_accumulates_in_lane_order_without_the_publication_ch
 
 
 def test_memory_intrinsics_are_checked_when_built():
-    f64 = Buffer("f", dt.float64, (4,))   # int32 (handshakes) and float32 (accumulation) only
+    f32 = Buffer("f", dt.float32, (4,))
     shared = Buffer("s", dt.int32, (4,), "shared")
     counts = Buffer("c", dt.int32, (4,))
-    with pytest.raises(DTypeError, match="int32"):
-        atomic_add(f64[0], 1)
+    with pytest.raises(DTypeError, match="int32, int64, float32, float64"):
+        atomic_add(Buffer("h", dt.float16, (4,))[0], 1)  # no 16-bit atomics: scatters accumulate in float32
+    with pytest.raises(DTypeError, match="float32 element"):
+        Call("atomic_add", (f32[0], Const(1, dt.int32)), dt.int32)
+    assert atomic_add(f32[0], 1.5).dtype == dt.float32
     with pytest.raises(TeccError, match="global buffer element"):
         atomic_add(shared[0], 1)
     with pytest.raises(TeccError, match="global buffer element"):
         load_cg(Const(1, dt.int32))
-    f32 = Buffer("g", dt.float32, (4,))
     assert isinstance(load_cg(f32[1]).args[0], BufferLoad) and load_cg(f32[1]).dtype == dt.float32
     assert str(atomic_add(counts[2], 1)) == "atomic_add(c[2], 1)" and str(thread_fence()) == "thread_fence()"
     with pytest.raises(TeccError, match="zero-initialised"):

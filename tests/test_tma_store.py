@@ -40,10 +40,9 @@ from tecc.ir.stmt import (
 )
 from tecc.ir.tma_stmt import swizzle_layout
 from tecc.passes.lower import lower
-from tecc.passes.schedule.tensor_core import tensorize_wgmma
-from tecc.passes.schedule.tensorize import Tiling
 from tecc.runtime.host import HostProgram
 from tecc.runtime.sim import simulate_kernel
+from tensor_core_steps import tensorized
 
 H200 = tc.target("sm_90").replace(name="H200", dram_bandwidth=4.8e12)
 
@@ -149,10 +148,10 @@ def test_an_output_whose_rows_tma_cannot_stride_keeps_the_register_epilogue() ->
 def test_an_unknown_epilogue_or_one_without_the_tma_ring_is_refused() -> None:
     tensors, _ = contraction(64, 64, 64, "float16", out="float16")
     kernel = lower(tensors).kernels[0]
-    with pytest.raises(ScheduleError, match="epilogue 'smem' is not one of"):
-        tensorize_wgmma(kernel, "C", "wgmma", Tiling(64, 64, 4, 1, 64, 2), producer="tma", epilogue="smem")
-    with pytest.raises(ScheduleError, match="needs producer='tma'"):
-        tensorize_wgmma(kernel, "C", "wgmma", Tiling(64, 64, 4, 1, 64, 2), epilogue="tma")
+    with pytest.raises(ScheduleError, match=r"epilogue\(C, 'smem'\): the epilogue is one of"):
+        tensorized(kernel, "C", "wgmma", (64, 64), (4, 1), 64, 2, producer="tma", epilogue="smem")
+    with pytest.raises(ScheduleError, match="built for the warp-specialized TMA ring"):
+        tensorized(kernel, "C", "wgmma", (64, 64), (4, 1), 64, 2, epilogue="tma")
 
 
 # ---- the races the emulator must report ---------------------------------------------------------------
@@ -161,7 +160,7 @@ def _persistent_kernel() -> tuple[PrimFunc, dict[str, np.ndarray]]:
     """6 tiles of 64 x 64 over 2 blocks: each block stages three tiles in turn."""
     m, n, k = 192, 128, 64
     tensors, _ = contraction(m, n, k, "float16", out="float16")
-    func = tensorize_wgmma(lower(tensors).kernels[0], "C", "wgmma", Tiling(64, 64, 4, 1, 64, 2), producer="tma",
+    func = tensorized(lower(tensors).kernels[0], "C", "wgmma", (64, 64), (4, 1), 64, 2, producer="tma",
                            persistent=2, epilogue="tma")
     g = np.random.default_rng(0)
     args = {"A": g.uniform(-1, 1, (m, k)).astype(np.float16), "B": g.uniform(-1, 1, (k, n)).astype(np.float16),

@@ -53,8 +53,10 @@ from tecc.ir.expr import (
     Var,
     cast,
     const_int,
+    walk,
 )
 from tecc.ir.philox import RandomUniform
+from tecc.ir.index_checks import RECORD_SYMBOL, RECORD_WORDS, IndexCheck
 from tecc.ir.stmt import Buffer
 
 from . import philox
@@ -172,6 +174,9 @@ class ExprEmitter:
         self.wide = wide
         self.ranges = ranges
         self.overrides: dict[int, str] = {}
+        # the site number of a data-dependent index check in the module's error record
+        # (tecc/ir/index_checks.py); the kernel emitter sets it
+        self.check_code: Callable[[IndexCheck], int] = lambda e: -1
 
     # ---- entry points ---------------------------------------------------------------------
     def code(self, e: Expr) -> str:
@@ -235,8 +240,10 @@ class ExprEmitter:
         whole: Expr | None = None  # terms that move a swizzled offset by whole periods
         layout = buffer.layout
         for index, stride in zip(indices, strides if strides is not None else buffer.effective_strides()):
-            if index_type is not None:
-                index, stride = cast(index, index_type), cast(stride, index_type)
+            if index_type is not None or (index.dtype != dt.int64 and _reads_memory(index)):
+                # a data-dependent index is multiplied in 64 bits: its value is only known to be in
+                # range where its IndexCheck held (docs/codegen.md, "Data-dependent indices")
+                index, stride = cast(index, dt.int64), cast(stride, dt.int64)
             term = index * stride
             step = const_int(stride)
             if layout is not None and step is not None and layout.moves_whole_periods(step):
@@ -414,6 +421,14 @@ class ExprEmitter:
         return philox.rand_uniform_call(operand(e.seed), operand(e.offset), operand(e.index)), POSTFIX
 
     # ---- intrinsics -----------------------------------------------------------------------
+    def _IndexCheck(self, e: IndexCheck) -> Text:
+        """`tecc_index_ok(value, extent, site)`: one unsigned compare inline, the error record
+        written by a call that is not inlined (device_helpers: INDEX_CHECK_HELPERS)."""
+        code = self.check_code(e)
+        if code < 0:
+            raise CompileError(f"the index check {e} of {e.tensor} has no site in the module's error record")
+        return f"tecc_index_ok({self.code(e.value)}, {self.code(e.extent)}, {code})", POSTFIX
+
     def _Call(self, e: Call) -> Text:
         if e.name in WARP_INTRINSICS:
             return self._shuffle(e)
@@ -465,6 +480,10 @@ class ExprEmitter:
         assert isinstance(element, BufferLoad)  # Call checked it
         address = f"&{self.buffer_ref(element.buffer, element.indices)}"
         if e.name == "atomic_add":
+            if element.dtype == dt.int64:  # CUDA's 64-bit integer atomicAdd is unsigned: the same bits
+                added = (f"atomicAdd(reinterpret_cast<unsigned long long*>({address}), "
+                         f"static_cast<unsigned long long>({self.code(e.args[1])}))")
+                return f"static_cast<long long>({added})", POSTFIX
             return f"atomicAdd({address}, {self.code(e.args[1])})", POSTFIX
         return f"__ldcg({address})", POSTFIX
 
@@ -552,10 +571,42 @@ FLOAT_OP_HELPERS = {
 FLOAT_OP_HELPERS["tecc_mod"] = FLOAT_OP_HELPERS["tecc_floordiv"]
 
 
+# The error record of data-dependent index checks and the check itself (tecc/ir/index_checks.py
+# fixes the record's layout; docs/runtime.md, "Data-dependent indices"). The check is inline and
+# costs one unsigned 64-bit compare and a predicated branch; what a failure does is a call that is
+# not inlined, so the fast path stays short: the first failure of a launch sequence wins the
+# atomicCAS on word 0 and fills the rest (the host reads the record only after the launches).
+INDEX_CHECK_HELPERS = (
+    "// Data-dependent index checks: the first index found outside its tensor (docs/runtime.md).\n"
+    f"__device__ long long {RECORD_SYMBOL}[{RECORD_WORDS}];  // site + 1 (0: none), value, extent, block, thread\n"
+    "__device__ __noinline__ void tecc_index_failed(long long value, long long extent, int site) {\n"
+    f"  unsigned long long* record = reinterpret_cast<unsigned long long*>({RECORD_SYMBOL});\n"
+    "  if (atomicCAS(record, 0ull, static_cast<unsigned long long>(site) + 1ull) == 0ull) {\n"
+    f"    {RECORD_SYMBOL}[1] = value;\n"
+    f"    {RECORD_SYMBOL}[2] = extent;\n"
+    f"    {RECORD_SYMBOL}[3] = (static_cast<long long>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;\n"
+    f"    {RECORD_SYMBOL}[4] = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;\n"
+    "  }\n"
+    "}\n"
+    "__device__ __forceinline__ bool tecc_index_ok(long long value, long long extent, int site) {\n"
+    "  // unsigned: a negative value is out of range too (no wrap)\n"
+    "  if (static_cast<unsigned long long>(value) < static_cast<unsigned long long>(extent)) return true;\n"
+    "  tecc_index_failed(value, extent, site);\n"
+    "  return false;\n"
+    "}\n")
+
+
+def _reads_memory(e: Expr) -> bool:
+    """Whether an index reads a buffer (a data-dependent index)."""
+    return any(isinstance(n, BufferLoad) for n in walk(e))
+
+
 def device_helpers(intrinsics: set[str]) -> list[str]:
     """The `__device__` functions a translation unit calling `intrinsics` (Call names, plus
     the FLOAT_OP_HELPER names of float operators and philox.RAND_HELPER for tc.rand) needs, each once, in dependency order."""
     helpers: list[str] = []
+    if "index_ok" in intrinsics:
+        helpers.append(INDEX_CHECK_HELPERS)
     for name, text in FLOAT_OP_HELPERS.items():
         if name in intrinsics and text not in helpers:
             helpers.append(text)

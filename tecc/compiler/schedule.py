@@ -31,6 +31,7 @@ from ..passes.rewrite.fuse_rows import fuse_rows as fuse_rows_module
 from ..passes.rewrite.online_backward_mma import online_backward_mma as online_backward_mma_module
 from ..passes.rewrite.online_contraction import online_contraction as online_contraction_module
 from ..passes.rewrite.online_contraction_mma import online_contraction_mma as online_contraction_mma_module
+from ..passes.rewrite.scatter_atomic import scatter_atomic_module
 from ..passes.rewrite.split_reduce import split_reduce as split_reduce_module
 from ..passes.rewrite.split_row_group import split_row_group as split_row_group_module
 from ..passes.rewrite.split_rows import split_rows as split_rows_module
@@ -38,6 +39,7 @@ from ..passes.lower import lower
 from ..passes.manager import DumpIR
 from ..passes.simplify import simplify_func
 from .plan import Plan, Step
+from .schedule_tensor_core import TENSOR_CORE_PRIMITIVES, TensorCorePrimitives, is_legacy_tensorize
 
 
 @dataclass(frozen=True)
@@ -75,8 +77,9 @@ class _PendingRead:
     transpose: bool = False
 
 
-class Schedule:
-    """Schedule primitives over the naive lowered module of `tensors` (see the module docstring)."""
+class Schedule(TensorCorePrimitives):
+    """Schedule primitives over the naive lowered module of `tensors` (see the module docstring);
+    the tensor-core primitives are in schedule_tensor_core.py."""
 
     def __init__(self, tensors: Sequence[Tensor], plan: Plan | str | dict[str, Any] | None = None, *,
                  name: str | None = None, dump_ir: str | os.PathLike[str] | DumpIR | None = None) -> None:
@@ -100,10 +103,21 @@ class Schedule:
         return Plan(tuple(self._steps), "manual", "schedule written by hand")
 
     def replay(self, plan: Plan) -> None:
-        """Apply every step of `plan` in order."""
-        for step in plan.steps:
+        """Apply every step of `plan` in order. A step that names a kernel this program does not
+        have is a ScheduleError saying that the plan is for another program and what it names."""
+        for number, step in enumerate(plan.steps):
+            kernels = _kernel_names(self.mod)
+            if any(k not in kernels for k in _kernels_named(step)):
+                named = sorted({k for s in plan.steps for k in _kernels_named(s)} - kernels)
+                raise ScheduleError(
+                    f"the plan is for another program: it names kernel(s) {', '.join(named)}, and this program's "
+                    f"kernels are {', '.join(sorted(kernels))} (plan step {number}, {step.primitive}); plan this "
+                    "program with plan='auto', or give it a plan made for it")
+            if is_legacy_tensorize(step):   # a plan recorded before the tensor-core primitives were separate
+                step = Step("replay_legacy_tensorize", step.args)
             method = getattr(self, step.primitive, None)
-            if method is None or step.primitive.startswith("_") or step.primitive in ("replay", "get_loops"):
+            if method is None or step.primitive.startswith("_") or step.primitive in ("replay", "get_loops",
+                                                                                       "gemm_operands"):
                 raise ScheduleError(f"plan step {step.primitive!r} is not a schedule primitive")
             try:
                 if step.primitive == "reorder":
@@ -170,6 +184,8 @@ class Schedule:
             raise ScheduleError(f"{step.primitive}: no kernel {kernel!r}") from None
         start = time.perf_counter()
         new = simplify_func(fn(func))
+        if step.primitive not in TENSOR_CORE_PRIMITIVES:
+            new = prim.forget_record(new)   # the tensor-core record describes the kernel no longer
         self.timing.append((step.primitive, time.perf_counter() - start))
         self.mod = self.mod.with_kernels([new if k.name == kernel else k for k in self.mod.kernels])
         self._record(step)
@@ -346,18 +362,23 @@ class Schedule:
         del self._pending[str(st)]
 
     def fuse_rows(self, threads: int, cache: str = "registers", vector: int = 1, rows_per_block: int = 1,
-                  unroll: int = 1) -> None:
+                  unroll: int = 1, row_blocks: int = 0, column_sums: str = "local", prefetch: bool = False) -> None:
         """Replace the module by ONE kernel computing every stage that shares the row (a
         reduce→elementwise graph: softmax, layer norm, a row sum; see tecc.passes.rewrite.fuse_rows):
         one block of `threads` threads per row, cross-thread reductions, the row kept in
         registers (`cache="registers"`) or re-read (`cache="none"`, `"online"`: in chunks of
         `unroll` vectors); `rows_per_block` > 1 puts that many rows in a block, one 32-thread
-        warp each. It must be the first step."""
+        warp each; `row_blocks` > 0 launches that many blocks, each walking rows in a loop and
+        summing the group's column reductions (a normalization's dγ, dβ) in registers
+        (`column_sums="local"`) or shared memory (`"shared"`), which a second kernel combines;
+        `prefetch` loads each block's next row while the current one is computed. It must be
+        the first step."""
         if self._steps:
             raise ScheduleError("fuse_rows rewrites the whole module: it must be the first step of a plan")
         start = time.perf_counter()
         self.mod = fuse_rows_module(self._tensors, int(threads), cache, name=self._name, vector=int(vector),
-                                    rows_per_block=int(rows_per_block), unroll=int(unroll))
+                                    rows_per_block=int(rows_per_block), unroll=int(unroll),
+                                    row_blocks=int(row_blocks), column_sums=column_sums, prefetch=bool(prefetch))
         self.timing.append(("fuse_rows", time.perf_counter() - start))
         args: dict[str, Any] = {"threads": int(threads), "cache": cache}
         if vector != 1:
@@ -366,6 +387,12 @@ class Schedule:
             args["rows_per_block"] = int(rows_per_block)
         if unroll != 1:
             args["unroll"] = int(unroll)
+        if row_blocks:
+            args["row_blocks"] = int(row_blocks)
+        if column_sums != "local":
+            args["column_sums"] = column_sums
+        if prefetch:
+            args["prefetch"] = True
         self._record(Step("fuse_rows", args))
 
     def online_contraction(self, threads: int = 32, rows_per_block: int = 4) -> None:
@@ -531,66 +558,6 @@ class Schedule:
             args["output_splits"] = outputs
         self._record(Step("split_row_group", args))
 
-    def tensorize(self, stage: StageLike, intrinsic: str = "auto", block: Sequence[int] = (64, 64),
-                  warps: Sequence[int] = (2, 2), k_tile: int = 32, stages: int = 2,
-                  producer: str = "threads", persistent: int = 0, epilogue: str = "registers",
-                  staged_output: bool = False, fragment_pipeline: bool = False, group_m: int = 0) -> None:
-        """Rebuild the kernel of the contraction `stage` (C[b.., i, j] = epilogue(Σ_k A·B) over
-        float16/bfloat16 operands) as a tensor-core kernel: `block` = (BM, BN) outputs per block,
-        `warps` = (rows, columns) of warps, each a (BM/rows) × (BN/columns) tile of
-        mma.m16n8k16 tiles, k tiles of `k_tile` staged through a ring of `stages` cp.async
-        stages in swizzled shared memory, read with ldmatrix; the epilogue is the stage's own.
-        `intrinsic` is the mma row ("auto": the one for the operands' dtype; float32 operands
-        take only "mma.m16n8k8.f32.tf32", named: their inputs are rounded to tf32), or "wgmma" (or a
-        wgmma row) for the Hopper kernel: BM/64 warpgroups, `warps` = (4·BM/64, 1), k_tile 64,
-        A and B read by wgmma from 128B-swizzled shared tiles (tensorize_wgmma.py; sm_90a). It
-        must be the first primitive applied to the stage's kernel (tecc/passes/schedule/tensorize.py).
-        `producer` (wgmma only): "threads" (every thread issues cp.async into the ring) or "tma"
-        (a producer warpgroup issues TMA tile copies into an mbarrier ring drained by the
-        consumer warpgroups: tensorize_wgmma_tma.py); `persistent` > 0 (with "tma"): that many
-        blocks loop over the output tiles in a grouped (L2-friendly) order; `epilogue` (with
-        "tma"): "registers" (each thread stores its accumulator elements) or "tma" (through a
-        swizzled shared staging tile, written out by TMA stores that overlap the next tile). `staged_output`: the
-        epilogue writes the block's outputs to a padded shared tile and copies it out in 16-byte
-        chunks, whole lines per warp (needs one column axis whose constant extent is a multiple
-        of 16 bytes; not with "tma"). `fragment_pipeline` (mma.sync only): two fragment sets, the next k step's
-        ldmatrix issued before this step's mma and across the k-tile boundary, the ring's wait and barrier
-        before the last k step of each tile (tensorize.py, "the pipelined mainloop"; an even number of k
-        steps per tile). `group_m` > 0 (mma.sync only): one blockIdx.x over the output tiles in a grouped order,
-        `group_m` row tiles side by side sweeping the column tiles together (L2 reuse; tensorize.grouped_tile)."""
-        st = self._stage(stage)
-        bm, bn = (int(x) for x in block)
-        wm, wn = (int(x) for x in warps)
-        tiling = prim.Tiling(bm, bn, wm, wn, int(k_tile), int(stages), bool(staged_output), bool(fragment_pipeline),
-                             int(group_m))
-        step = Step("tensorize", {"stage": str(st), "intrinsic": intrinsic, "block": [bm, bn], "warps": [wm, wn],
-                                  "k_tile": int(k_tile), "stages": int(stages)})
-        if staged_output:  # recorded only when asked for, so earlier plans replay unchanged
-            step.args["staged_output"] = True
-        if fragment_pipeline:  # likewise
-            if intrinsic.startswith("wgmma"):
-                raise ScheduleError(f"tensorize({st.name}): fragment_pipeline is a form of the mma.sync mainloop "
-                                    "(wgmma reads its operands from shared memory): leave it off with intrinsic='wgmma'")
-            step.args["fragment_pipeline"] = True
-        if group_m:  # likewise
-            if intrinsic.startswith("wgmma"):
-                raise ScheduleError(f"tensorize({st.name}): group_m orders the blocks of the mma.sync kernel; the "
-                                    "wgmma TMA ring's persistent grid has its own grouped order (persistent=P)")
-            step.args["group_m"] = int(group_m)
-        if producer != "threads":  # recorded only when not the default, so earlier plans replay unchanged
-            if not intrinsic.startswith("wgmma"):
-                raise ScheduleError(f"tensorize({st.name}): producer {producer!r} needs intrinsic='wgmma'")
-            step.args["producer"] = producer
-            if persistent:
-                step.args["persistent"] = int(persistent)
-            if epilogue != "registers":
-                step.args["epilogue"] = epilogue
-            self._apply(st.kernel, step, lambda f: prim.tensorize_wgmma(f, st.name, intrinsic, tiling,
-                                                                        producer=producer, persistent=int(persistent),
-                                                                        epilogue=epilogue))
-            return
-        self._apply(st.kernel, step, lambda f: prim.tensorize(f, st.name, intrinsic, tiling))
-
     def flatten_contraction(self, stage: StageLike) -> None:
         """Rewrite the float32 contraction `stage` (a convolution, any grouping of axes) over its
         GEMM view: loops (b,) m, n, k reading view buffers `A_view[(b,) m, k]`, `B_view[(b,) k, n]`
@@ -615,6 +582,20 @@ class Schedule:
         self.timing.append(("gather_views", time.perf_counter() - start))
         self._record(step)
 
+    def scatter_atomic(self, stage: str) -> tuple[str, ...]:
+        """Realize the scatter `stage` (a masked sum with data-dependent matches, e.g. a
+        `tc.scatter_add`) with atomic additions: its kernel becomes an init kernel, one atomic
+        addition per domain point and, when the output's dtype is not the accumulator's, a finish
+        kernel (tecc.passes.rewrite.scatter_atomic). Returns those kernels' names in launch order;
+        they are unscheduled. Float sums then depend on the order of the atomics, which is not
+        reproducible run to run."""
+        kernel = self._kernel_of_stage(stage)
+        start = time.perf_counter()
+        self.mod, names = scatter_atomic_module(self.mod, kernel.name)
+        self.timing.append(("scatter_atomic", time.perf_counter() - start))
+        self._record(Step("scatter_atomic", {"stage": str(stage)}))
+        return names
+
     def cache_write(self, stage: StageLike, scope: str = "local") -> StageRV:
         st = self._stage(stage)
         self._apply(st.kernel, Step("cache_write", {"stage": str(st), "scope": scope}),
@@ -631,6 +612,21 @@ def _stores(k: PrimFunc) -> list[Any]:
 
 def _kernel_names(m: Module) -> set[str]:
     return {k.name for k in m.kernels}
+
+
+# the step arguments that address a loop or a stage as "kernel/name" (LoopRV, StageRV)
+_ADDRESS_ARGS = ("loop", "loops", "outer", "inner", "stage", "cache")
+
+
+def _kernels_named(step: Step) -> list[str]:
+    """The kernels a plan step addresses through its "kernel/name" arguments."""
+    found = []
+    for key in _ADDRESS_ARGS:
+        value = step.args.get(key)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and "/" in item:
+                found.append(item.split("/", 1)[0])
+    return found
 
 
 def _ordered_loop_names(k: PrimFunc) -> list[str]:

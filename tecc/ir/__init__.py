@@ -77,9 +77,10 @@ from .ops import (
                      where,
 )
 from .philox import RandomUniform, rand
+from . import printer as printer  # fills the print rules `str(node)` uses (tecc.ir.printing)
 from .descriptor import MatrixDescriptor
 from .intrinsics import MatrixIntrinsic
-from .layout import Swizzle
+from .layout import Coord, Layout, Swizzle
 from .stmt import (
                      Allocate,
                      AsyncCommit,
@@ -110,3 +111,5 @@ from .tensor import (
                      reduce_axis,
                      var,
 )
+from .index_checks import IndexCheck
+from .scatter import ScatterOp, scatter_add

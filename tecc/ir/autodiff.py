@@ -23,12 +23,33 @@ How (docs/pytorch.md, "Gradients"):
    shape: each coordinate of X's index that is an axis plus a constant (`i`, `k`, `j + 1`, a
    constant) fixes that axis from x (with a guard when the ranges differ), and the axes that no
    coordinate fixes are summed (`tc.sum`). Matmuls, broadcasts, transposes and shifts have this
-   form; other indices (`X[i + k]`, `X[2 * i]`) raise TeccError naming the read.
+   form; other indices (`X[i + k]`, `X[2 * i]`) raise TeccError naming the read. A read whose
+   index is data-dependent (`W[idx[i], j]`: embedding, gather) is the one exception: its
+   contribution *is* a scatter, `tc.scatter_add(X.shape, over=p, at=idx(p), value=g(p))`.
+   Conversely the adjoint of a scatter (`T[at(x)] += v(x)`, tecc/ir/scatter.py) seeds its value
+   with a gather, `dT[at(x)]`, over the scatter's domain, and its `init` with dT itself.
 4. **Accumulate.** A tensor read by several stages (or several times) sums the contributions,
    each reduction in a stage of its own.
 
-Only float tensors get gradients; reads of integer and bool tensors, comparisons, `floor`,
-`ceil`, `round` and float→int casts pass no gradient.
+Only float tensors get gradients; reads of integer and bool tensors (the indices of a gather or
+a scatter among them), comparisons, `floor`,
+`ceil`, `round` and float→int casts pass no gradient. A max/min stage that the output does not
+depend on -- a row maximum subtracted only to keep `exp` in range, as in softmax, log-softmax,
+log-sum-exp and attention -- passes none either: `autodiff_algebra.shift_invariant` proves that
+shifting it leaves the output unchanged, so the backward has no adjoint of it, no tie count and
+no scatter onto the maximum.
+
+**Saved values.** `grad(output, wrt, save=[mu, rstd])`: the backward program reads those forward
+tensors (row statistics, a log-sum-exp) as inputs instead of recomputing them. They become
+placeholders of the same shape and dtype (`Gradients.saved`), the forward to build is
+`Gradients.forward = [*inputs, output, *save]`, and the backward's signature is
+`[*inputs, *saved, cotangent, *grads]`. The gradient still flows through the saved tensors'
+definitions; only their values are read.
+
+**Attention.** An output that is the contraction of an online-softmax chain is differentiated in
+the FlashAttention-2 form instead (tecc/ir/autodiff_online.py, unless `online=False` or `save=`
+is given): its forward also saves the log-sum-exp, and `Gradients.saved` holds the output and
+the log-sum-exp.
 """
 
 from __future__ import annotations
@@ -36,7 +57,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from .errors import DTypeError, TeccError
 from .expr import (
@@ -62,8 +83,10 @@ from .expr import (
     walk,
 )
 from .ops import sum as reduce_sum
-from .autodiff_online import online_gradient
+from .autodiff_algebra import replace_reads, shift_invariant
+from .autodiff_online import online_chain, online_gradient
 from .philox import RandomUniform
+from .scatter import ScatterOp, data_dependent, scatter_add
 from .tensor import ComputeOp, Tensor, compute, placeholder, reduce_axis
 from .visitor import ExprMutator
 
@@ -81,12 +104,15 @@ class Gradients:
     shape and dtype; `inputs` the placeholders of the forward program in the order they are
     first read; `args` the kernel signature to build: `[*inputs, *saved, cotangent, *grads]`.
 
-    `forward` is the forward program's signature to build, `[*inputs, output, ...]`: for an
-    online-softmax chain (attention) it also computes the log-sum-exp, and `saved` are the
-    backward's placeholders for what the forward outputs (the output itself and its
-    log-sum-exp), so that the backward reads them instead of recomputing (tecc.ir.autodiff_online,
-    docs/training.md); otherwise `forward` is `[*inputs, output]` and `saved` is empty. `form`
-    says how the gradient was derived (and, for a chain refused by the online form, why)."""
+    `forward` is the forward program's signature to build, `[*inputs, output, *save]`, and
+    `saved` the backward's placeholders for the last len(saved) tensors of `forward` (named like
+    them), whose values the backward reads instead of recomputing. With `save=` they are the
+    placeholders of the `save` tensors; for an online-softmax chain (attention,
+    tecc.ir.autodiff_online, docs/training.md) the forward also computes the log-sum-exp (its one
+    `save` tensor) and `saved` holds the output and the log-sum-exp; otherwise `forward` is
+    `[*inputs, output]` and `saved` is empty. `form` says how the gradient was derived (and, for
+    a chain refused by the online form, why). `g[X]` is X's gradient, and iterating yields the
+    gradients in `wrt` order (`dA, dB = g`)."""
 
     output: Tensor
     wrt: tuple[Tensor, ...]
@@ -108,15 +134,26 @@ class Gradients:
                 return g
         raise KeyError(tensor.name)
 
+    def __iter__(self) -> Iterator[Tensor]:
+        """The gradients in `wrt` order: `dA, dB = tc.grad(C, [A, B])`."""
+        return iter(self.grads)
+
+    def __len__(self) -> int:
+        return len(self.grads)
+
 
 def grad(output: Tensor, wrt: Sequence[Tensor], *, cotangent_name: str | None = None,
-         online: bool = True) -> Gradients:
+         save: Sequence[Tensor] = (), online: bool = True) -> Gradients:
     """The gradients of `output` with respect to the placeholders `wrt` (module docstring).
 
-    `online`: when `output` is the contraction of an online-softmax chain (attention), derive
-    the FlashAttention-2 form, which reads the forward's saved output and log-sum-exp
-    (`Gradients.saved`, `Gradients.forward`); False takes the generic reverse mode, which
-    recomputes the forward inside the backward program.
+    save: computes of `output`'s program (not the output itself) whose values the backward
+    program takes as inputs instead of recomputing them (module docstring, "Saved values").
+
+    online: when `output` is the contraction of an online-softmax chain (attention) and `save`
+    is empty, derive the FlashAttention-2 form, which reads the forward's saved output and
+    log-sum-exp (`Gradients.saved`, `Gradients.forward`); False takes the generic reverse mode,
+    which recomputes the forward inside the backward program. With `save` given the caller has
+    chosen what the backward reads, so the generic reverse mode is taken (`Gradients.form` says so).
 
     Raises GradientError for what cannot be differentiated (a `prod` reduction, a reduction
     nested in another, a read whose index is not an axis plus a constant), DTypeError when a
@@ -139,7 +176,11 @@ def grad(output: Tensor, wrt: Sequence[Tensor], *, cotangent_name: str | None = 
     inputs = _placeholders(output)
     builder = _Backward(output, wrt)
     form = "reverse mode"
-    if online:
+    if online and save:
+        if not isinstance(online_chain(output, _topological(output)), str):
+            form = ("reverse mode (not the online form: save= given; the online form saves the output and its "
+                    "log-sum-exp)")
+    elif online:
         found = online_gradient(output, wrt, _topological(output), builder._name, cotangent_name, builder.reverse)
         if not isinstance(found, str):
             grads = tuple(found.grads[id(x)] if id(x) in found.grads else builder.zeros(x) for x in wrt)
@@ -151,7 +192,10 @@ def grad(output: Tensor, wrt: Sequence[Tensor], *, cotangent_name: str | None = 
     builder.taken.add(name)
     dC = placeholder(output.shape, output.dtype, name=name)
     grads = builder.run(dC)
-    return Gradients(output, wrt, inputs, dC, grads, (), (*inputs, output), form)
+    saved = builder.saved_placeholders(tuple(save))
+    if saved:
+        grads = tuple(replace_reads(grads, {id(builder.normalized(t)): p for t, p in zip(save, saved)}))
+    return Gradients(output, wrt, inputs, dC, grads, saved, (*inputs, output, *save), form)
 
 
 # ---- the forward DAG ------------------------------------------------------------------------------
@@ -220,12 +264,15 @@ class _Retarget(ExprMutator):
         return TensorRead(target, idx)
 
 
-def _normalize(output: Tensor, leaves: frozenset[int] = frozenset()) -> Tensor:
+def _normalize(output: Tensor, replaced: dict[int, Tensor], leaves: frozenset[int] = frozenset()) -> Tensor:
     """`output`'s program with every stage either one reduction or reduction-free (step 1);
-    the tensors with ids in `leaves` are kept as they are."""
-    replaced: dict[int, Tensor] = {}
+    `replaced` receives, by id of the forward tensor, the tensors that changed. The tensors with
+    ids in `leaves` are kept as they are."""
     for t in _topological(output, leaves):
         if not isinstance(t.op, ComputeOp) or id(t) in leaves:
+            continue
+        if isinstance(t.op, ScatterOp):
+            _retarget_scatter(t, replaced)
             continue
         body = t.op.body
         embedded = [n for n in walk(body) if isinstance(n, Reduce)] if not isinstance(body, Reduce) else []
@@ -246,6 +293,20 @@ def _normalize(output: Tensor, leaves: frozenset[int] = frozenset()) -> Tensor:
         if new_body is not body:
             replaced[id(t)] = Tensor(ComputeOp(t.name, t.op.axes, new_body), t.shape, t.dtype)
     return replaced.get(id(output), output)
+
+
+def _retarget_scatter(t: Tensor, replaced: dict[int, Tensor]) -> None:
+    """A scatter stage stays a scatter (its adjoint is a gather): rebuilt on the normalized
+    tensors it reads, if any was replaced."""
+    op = t.op
+    assert isinstance(op, ScatterOp)
+    if not any(id(r.tensor) in replaced for r in _reads(op.body)):
+        return
+    mutator = _Retarget(replaced, {})
+    init = replaced.get(id(op.init), op.init) if op.init is not None else None
+    new = ScatterOp(op.name, op.axes, mutator.visit(op.body), op.domain, tuple(mutator.visit(e) for e in op.at),
+                    mutator.visit(op.value), init)
+    replaced[id(t)] = Tensor(new, t.shape, t.dtype)
 
 
 # ---- scalar reverse mode --------------------------------------------------------------------------
@@ -497,20 +558,50 @@ def _gather_body(x: Tensor, c: _Contribution) -> Callable[..., Expr]:
 # ---- the backward program ---------------------------------------------------------------------
 
 class _Backward:
-    """Reverse mode over the program of `output`; `constants` are tensors through which no
-    gradient flows (tensors the caller treats as given values)."""
+    """Reverse mode over the program of `output`. `constants` holds the ids of the tensors
+    through which no gradient flows: those given to the constructor (values the caller treats as
+    given, e.g. the probabilities of the online form's dV: neither normalized nor looked into)
+    and the max/min stages the output is shift-invariant to (found after `_active`)."""
 
     def __init__(self, output: Tensor, wrt: tuple[Tensor, ...], constants: Sequence[Tensor] = ()) -> None:
-        self.constants = frozenset(id(t) for t in constants)
-        self.output = _normalize(output, self.constants)
+        given = frozenset(id(t) for t in constants)
+        self.forward = _topological(output, given)
+        self.replaced: dict[int, Tensor] = {}
+        self.output = _normalize(output, self.replaced, given)
         self.wrt = wrt
-        self.order = _topological(self.output, self.constants)
+        self.order = _topological(self.output, given)
+        self.constants: set[int] = set(given)
         self.active = self._active()
+        # a max/min stage the output is invariant to passes no gradient (autodiff_algebra.py)
+        invariant = {id(t) for t in self.order if id(t) in self.active and _is_extremum(t)
+                     and shift_invariant(t, self.order, self.output)}
+        if invariant:
+            self.constants |= invariant
+            self.active = self._active()
         self.names = itertools.count()
         self.taken: set[str] = {t.name for t in self.order}
 
+    def normalized(self, t: Tensor) -> Tensor:
+        """The tensor of the normalized program that computes forward tensor `t`."""
+        return self.replaced.get(id(t), t)
+
+    def saved_placeholders(self, save: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        """A placeholder per saved forward tensor, named after it (module docstring)."""
+        ids = {id(t) for t in self.forward}
+        out = []
+        for t in save:
+            if not isinstance(t, Tensor) or t.is_placeholder or id(t) not in ids or t is self.forward[-1]:
+                shown = t.name if isinstance(t, Tensor) else type(t).__name__
+                raise GradientError(f"grad(): save= names {shown}, which is not a compute of the output's program "
+                                    "(other than the output); save the statistics the forward computes, e.g. a "
+                                    "row mean or a log-sum-exp")
+            # the forward's tensor of that name is no longer read once the placeholder replaces it
+            out.append(placeholder(t.shape, t.dtype, name=t.name))
+        return tuple(out)
+
     def _active(self) -> set[int]:
-        """Ids of the float tensors on a path from a requested input to the output."""
+        """Ids of the float tensors on a path from a requested input to the output (no path
+        through `constants`)."""
         wanted = {id(x) for x in self.wrt}
         active: set[int] = set()
         for t in self.order:
@@ -565,6 +656,8 @@ class _Backward:
 
     def _stage_contributions(self, t: Tensor, dt_: Tensor) -> list[_Contribution]:
         assert isinstance(t.op, ComputeOp)
+        if isinstance(t.op, ScatterOp):
+            return self._scatter_contributions(t, t.op, dt_)
         axes = tuple(t.op.axes)
         body = t.op.body
         seed: Expr = TensorRead(dt_, axes)
@@ -586,6 +679,31 @@ class _Backward:
         return [_Contribution(t, read, value, space)
                 for read, value in _scalar_adjoints(source, seed, self.active).items()]
 
+    def _scatter_contributions(self, t: Tensor, op: ScatterOp, dt_: Tensor) -> list[_Contribution]:
+        """A scatter `T[at(x)] += v(x)` (+ init): v's reads get the gathered adjoint dT[at(x)]
+        over the domain x, init's read dT itself."""
+        seed = TensorRead(dt_, op.at)
+        out = [_Contribution(t, read, value, op.domain)
+               for read, value in _scalar_adjoints(op.value, seed, self.active).items()]
+        if op.init is not None and id(op.init) in self.active:
+            read = TensorRead(op.init, op.axes)
+            out.append(_Contribution(t, read, TensorRead(dt_, op.axes), op.axes))
+        return out
+
+    def _scattered(self, x: Tensor, c: _Contribution, name: str) -> Tensor:
+        """The contribution of a read with a data-dependent index: a scatter of its adjoint
+        onto x at the read's position, over the contribution's iteration space."""
+        space = c.space
+
+        def moved(e: Expr, xs: Sequence[Var]) -> Expr:
+            return substitute(e, {a: binary("+", v, a.lo) if not (isinstance(a.lo, Const) and a.lo.value == 0) else v
+                                  for a, v in zip(space, xs)})
+
+        return scatter_add(x.shape, tuple(a.extent for a in space),
+                           at=lambda *xs: tuple(moved(ix, xs) for ix in c.read.indices),
+                           value=lambda *xs: cast(moved(c.value, xs), x.dtype), dtype=x.dtype,
+                           name=self._name(name))
+
     def _tie_count(self, t: Tensor, body: Reduce, reached: Expr) -> Tensor:
         """`count[i]`: how many elements of t's reduction reach its max/min (at least 1)."""
         assert isinstance(t.op, ComputeOp)
@@ -606,9 +724,15 @@ class _Backward:
         if not parts:
             return compute(x.shape, lambda *_: Const(0.0, x.dtype), name=self._name(name))
         if len(parts) == 1:
+            if _gathers(parts[0]):
+                return self._scattered(x, parts[0], name)
             return compute(x.shape, _cast_to(x, _gather_body(x, parts[0])), name=self._name(name))
         terms: list[Callable[..., Expr]] = []
         for c in parts:
+            if _gathers(c):
+                part = self._scattered(x, c, f"{name}_from_{c.stage.name}")
+                terms.append(lambda *xs, part=part: TensorRead(part, tuple(xs)))
+                continue
             body = _gather_body(x, c)
             if any(isinstance(n, ReduceAxis) for n in walk(c.value)) or self._sums(x, c):
                 part = compute(x.shape, _cast_to(x, body), name=self._name(f"{name}_from_{c.stage.name}"))
@@ -629,6 +753,15 @@ class _Backward:
         """Whether the contribution sums over axes its read does not fix."""
         fixed = {form[0] for form in (_affine_axis(ix, c.space) for ix in c.read.indices) if form is not None}
         return any(axis not in fixed for axis in c.space)
+
+
+def _gathers(c: _Contribution) -> bool:
+    """Whether the contribution's read has a data-dependent index (its adjoint is a scatter)."""
+    return any(data_dependent(ix) for ix in c.read.indices)
+
+
+def _is_extremum(t: Tensor) -> bool:
+    return isinstance(t.op, ComputeOp) and isinstance(t.op.body, Reduce) and t.op.body.combiner in ("max", "min")
 
 
 def _cast_to(x: Tensor, body: Callable[..., Expr]) -> Callable[..., Expr]:

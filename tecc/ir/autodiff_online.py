@@ -74,13 +74,10 @@ def _nested(e: Expr) -> bool:
     return any(isinstance(n, Reduce) and any(isinstance(k, Reduce) for k in walk(n.source)) for n in walk(e))
 
 
-def online_gradient(output: Tensor, wrt: Sequence[Tensor], order: Sequence[Tensor], name: Callable[[str], str],
-                    cotangent_name: str | None,
-                    backward: Callable[[Tensor, Sequence[Tensor], Tensor, Sequence[Tensor]], tuple[Tensor, ...]]
-                    ) -> OnlineGradient | str:
-    """The FlashAttention-2 form of d`output`/d`wrt`, or why not (module docstring). `order`:
-    the forward's tensors, producers first; `name(want)`: a tensor name not taken yet;
-    `backward(stage, wrt, cotangent, constants)`: tecc.ir.autodiff's reverse mode."""
+def online_chain(output: Tensor, order: Sequence[Tensor]) -> ChainParts | str:
+    """The online-softmax chain whose contraction output is `output`, in the form whose gradient
+    online_gradient writes, or why not (module docstring). `order`: the forward's tensors,
+    producers first."""
     try:
         parts = find_chain([t for t in order if not t.is_placeholder], {id(output)})
     except ScheduleError as exc:
@@ -92,6 +89,19 @@ def online_gradient(output: Tensor, wrt: Sequence[Tensor], order: Sequence[Tenso
         return why
     if _nested(parts.score) or any(isinstance(n, Reduce) for n in walk(parts.value)):
         return "the score or the value holds a reduction inside another"
+    return parts
+
+
+def online_gradient(output: Tensor, wrt: Sequence[Tensor], order: Sequence[Tensor], name: Callable[[str], str],
+                    cotangent_name: str | None,
+                    backward: Callable[[Tensor, Sequence[Tensor], Tensor, Sequence[Tensor]], tuple[Tensor, ...]]
+                    ) -> OnlineGradient | str:
+    """The FlashAttention-2 form of d`output`/d`wrt`, or why not (module docstring). `order`:
+    the forward's tensors, producers first; `name(want)`: a tensor name not taken yet;
+    `backward(stage, wrt, cotangent, constants)`: tecc.ir.autodiff's reverse mode."""
+    parts = online_chain(output, order)
+    if isinstance(parts, str):
+        return parts
     acc = parts.score.dtype if parts.score.dtype == dt.float64 else dt.float32
     rows, keys, columns = parts.rows, parts.keys, parts.columns
     m, l = parts.m, parts.l
@@ -162,4 +172,4 @@ def _added(a: Tensor, b: Tensor, name: Callable[[str], str]) -> Tensor:
     return compute(a.shape, total, name=name(a.name))
 
 
-__all__ = ["OnlineGradient", "online_gradient"]
+__all__ = ["OnlineGradient", "online_chain", "online_gradient"]

@@ -114,6 +114,11 @@ class RandomUniform(Expr):
         object.__setattr__(self, "index", index)
         object.__setattr__(self, "dtype", dt.float32)
 
+    def with_children(self, children: tuple[Expr, ...]) -> "RandomUniform":
+        """The node over new operands (seed, offset, index), what a mutator rebuilds."""
+        seed, offset, index = children
+        return RandomUniform(seed, offset, index)
+
 
 def random_uniform(seed: ExprLike, offset: ExprLike, index: ExprLike) -> RandomUniform:
     """A RandomUniform node of integer operands, each widened to int64 (Python ints are taken

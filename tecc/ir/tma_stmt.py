@@ -42,11 +42,9 @@ from math import prod
 from .errors import DTypeError
 from .expr import Expr, index_expr
 from .intrinsics import IntrinsicError
-from .layout import Swizzle
+from .layout import Layout, Swizzle, coordinates, row_major
 from .mbarrier_stmt import MAX_TX_BYTES, BarrierRef
-from .stmt import Buffer, PrimFunc, Stmt, iter_stmts
-
-MAX_BULK_GROUPS = 8   # wait_group's operand: PTX accepts 0..7 pending groups
+from .stmt_nodes import Buffer, PrimFunc, Stmt, iter_stmts
 
 TMA_SWIZZLES = ("none", "128B")
 MAX_BOX = 256          # elements per box dimension (cuTensorMapEncodeTiled: boxDim[i] <= 256)
@@ -113,7 +111,20 @@ class TensorMap:
 
     @property
     def layout(self) -> Swizzle | None:
+        """The swizzle the copies write with, which the shared buffer must carry."""
         return swizzle_layout(self.swizzle, self.buffer.dtype.bytes)
+
+    @property
+    def box_coordinates(self) -> Layout:
+        """The box as a layout: element index k (row-major) -> its coordinates in the box, which
+        added to a copy's `coords` are where in the tensor element k comes from."""
+        return coordinates(self.box)
+
+    @property
+    def box_layout(self) -> Layout:
+        """Box coordinates -> element offset from the shared destination's start, before the
+        buffer's swizzle: the box lands densely, in row-major order."""
+        return row_major(self.box)
 
     def __str__(self) -> str:
         return f"{self.name}(box {'x'.join(str(n) for n in self.box)}, swizzle {self.swizzle})"
@@ -187,25 +198,6 @@ class TensorStore(Stmt):
     @property
     def bytes(self) -> int:
         return self.map.bytes
-
-
-@dataclass(frozen=True, eq=False)
-class BulkCommit(Stmt):
-    """cp.async.bulk.commit_group: closes the issuing thread's open group of tensor stores."""
-
-
-@dataclass(frozen=True, eq=False)
-class BulkWait(Stmt):
-    """cp.async.bulk.wait_group.read `pending`: the thread waits until at most `pending` of its
-    committed bulk groups still read shared memory (their sources may then be overwritten)."""
-
-    pending: int
-
-    def __post_init__(self) -> None:
-        if isinstance(self.pending, bool) or not isinstance(self.pending, int) or \
-                not 0 <= self.pending < MAX_BULK_GROUPS:
-            raise IntrinsicError(f"cp.async.bulk.wait_group.read: pending must be an integer in "
-                                 f"[0, {MAX_BULK_GROUPS}), got {self.pending!r}")
 
 
 def tensor_maps(func: PrimFunc) -> tuple[TensorMap, ...]:

@@ -36,7 +36,9 @@ from ..ir.expr import (
     binary,
     cast,
     free_vars,
+    logical_and,
     reduce_identity,
+    select,
     substitute,
     walk,
 )
@@ -57,6 +59,8 @@ from ..ir.stmt import (
     iter_stmts,
     seq,
 )
+from ..ir.index_checks import IndexCheck
+from ..ir.scatter import data_dependent
 from ..ir.tensor import ComputeOp, PlaceholderOp, Tensor
 from ..ir.visitor import ExprMutator
 from .names import fresh_name, identifier
@@ -181,8 +185,22 @@ class Inliner(ExprMutator):
             op = t.op
             assert isinstance(op, ComputeOp)
             body = substitute(op.body, dict(zip(op.axes, idx)))
-            return self.visit(body)
-        return BufferLoad(self.buffers[t], idx)
+            value = self.visit(body)
+        else:
+            value = BufferLoad(self.buffers[t], idx)
+        return guard_data_dependent(t, e.indices, idx, value)
+
+
+def guard_data_dependent(t: Tensor, written: Sequence[Expr], indices: Sequence[Expr], value: Expr) -> Expr:
+    """`value` (the read of `t` at `indices`) guarded by an IndexCheck of every index that was
+    written data-dependent (`written`: the tensor expression's indices, `W[idx[i], j]`): the read
+    gives 0 where a check fails, and the check reports the failure (index_checks.IndexCheck). Affine
+    indices were proved in bounds when the compute was made and are not checked again."""
+    checks = [IndexCheck(ix, extent, t.name, d)
+              for d, (w, ix, extent) in enumerate(zip(written, indices, t.shape)) if data_dependent(w)]
+    if not checks:
+        return value
+    return select(logical_and(*checks), value, Const(0, value.dtype))
 
 
 # A Reduce's combiner as the binary operator that folds two partials (every rewrite that splits a

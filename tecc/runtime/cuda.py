@@ -38,7 +38,7 @@ import numpy as np
 
 from ..ir.errors import DeviceError, LaunchError, ResourceError, TeccError
 from ..ir.expr import Var
-from . import arrays
+from . import arrays, index_errors
 from .arrays import Argument
 from .host import HostProgram, KernelInfo, bind_arguments, resolve_launch, temp_shape
 from .marshal import (DEFAULT_ALIGNMENT, ParamSlot, PlannedLaunch, alias_pairs, byte_span, check_aliasing,  # noqa: F401
@@ -253,6 +253,7 @@ class CudaExecutor:
             self._max_threads[info.name] = int(_kernel_attribute(kernel, "max_threads_per_block"))
             if info.dynamic_smem > 0:
                 self._allow_dynamic_smem(info, kernel)
+        self._error_record = index_errors.find_record(self.object_code, host) if host.index_checks else 0
 
     def _init_launch_cache(self) -> None:
         """The launch cache (docs/runtime.md, "Repeated calls"): argument keys -> CachedCall."""
@@ -628,8 +629,16 @@ class CudaExecutor:
         return int(ordinal)
 
     def synchronize(self) -> None:
-        """Wait for this executor's stream; an asynchronous kernel fault raises LaunchError."""
+        """Wait for this executor's stream; an asynchronous kernel fault raises LaunchError, a
+        data-dependent index out of range in an earlier call OutOfBoundsError."""
         self._synchronize(f"{self.host.name}: the device reported an error while synchronizing")
+        self._check_index_errors()
+
+    def _check_index_errors(self) -> None:
+        """After the stream is synchronized: OutOfBoundsError if a kernel of an earlier call found
+        a data-dependent index out of range (index_errors.py)."""
+        if self._error_record:
+            index_errors.check(self._error_record, self.host)
 
     def _stage(self, prepared: list[Argument]) -> list[Any]:
         """Device buffers holding the host arguments (None for device arguments), uploaded."""
@@ -782,6 +791,7 @@ class CudaExecutor:
             f"{self.host.name}: the device reported an error after launching {launched} "
             "(pass debug_sync=True to synchronize after each launch and name the failing kernel)"
         )
+        self._check_index_errors()
         for arg, param in zip(prepared, self.host.buffer_params):
             if arg.writeback is not None and arg.staged is not None and param.name in outputs:
                 arg.writeback[...] = arg.staged

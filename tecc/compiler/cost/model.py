@@ -25,11 +25,13 @@ parallelism a thread exposes (bytes of independent loads in flight, independent 
     chain      a block's serial critical path (Workload.chain_cycles: latencies that nothing
                inside the block overlaps), paid once per round of resident blocks on the
                busiest SM: however many warps other blocks add, a block cannot finish sooner
+    serial     device-wide serialized work (Workload.serial_cycles: atomics to one address)
     latency    exposed latency: rounds · per-block critical path / resident blocks
     launch     the fixed launch overhead
     then       a second kernel of the same point (split-K's combine), predicted on its own
 
-    predicted = launch + max(dram, l2, l1/shared, tensor, fma, issue, special, blocks, chain) + latency (+ then)
+    predicted = launch + max(dram, l2, l1/shared, tensor, fma, issue, special, blocks, chain, serial)
+                + latency (+ then)
 
 Hard constraints (threads per block, registers per thread and per block, shared memory without
 opt-in, a block that does not fit on an SM) reject a point with the reason.
@@ -136,6 +138,10 @@ class Workload:
     # the kernel's shared buffers may exceed 48 KiB: the emitter then declares them as dynamic
     # shared memory and the runtime opts in (up to Target.smem_per_block_optin)
     smem_opt_in: bool = False
+    # device-wide serialized work in clocks, whatever the parallelism: the atomic additions to
+    # the most contended address (a scatter's repeated index), which its L2 slice applies one
+    # after another (the `serial` term)
+    serial_cycles: float = 0.0
 
     @property
     def register_count(self) -> int:
@@ -284,7 +290,7 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
     t_blocks = per_sm_blocks * params.block_cycles / clock
     t_chain = rounds * w.chain_cycles / clock
     terms = {"dram": t_dram, "l2": t_l2, "l1/shared": t_lsu, "tensor": t_tensor, "fma": t_fma, "issue": t_issue,
-             "special": t_special, "blocks": t_blocks, "chain": t_chain}
+             "special": t_special, "blocks": t_blocks, "chain": t_chain, "serial": w.serial_cycles / clock}
     bound = max(terms, key=lambda k: terms[k])
     total = params.launch_s + terms[bound] + t_latency
     terms = dict(terms, latency=t_latency, launch=params.launch_s)

@@ -116,6 +116,10 @@ class Elementwise(Strategy):
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
         loops = sch.get_loops(info.stage)[:len(info.spatial)]
         v = int(point["vector"])
+        t = int(point["threads"])
+        if point["mode"] != "grid_stride":
+            schedule_blocked(sch, loops, t, v, int(point["items"]))
+            return
         inner_vec = None
         if v > 1:
             outer, inner_vec = sch.split(loops[-1], v)
@@ -123,25 +127,11 @@ class Elementwise(Strategy):
         fused = loops[0]
         for lp in loops[1:]:
             fused = sch.fuse(fused, lp)
-        t = int(point["threads"])
-        if point["mode"] == "grid_stride":
-            grid = int(point["grid"])
-            rounds, g, th = sch.split(fused, factors=[None, grid, t])
-            sch.reorder(g, th, rounds)
-            sch.bind(g, "blockIdx.x")
-            sch.bind(th, "threadIdx.x")
-        else:
-            items = int(point["items"])
-            if items > 1:
-                b, u, th = sch.split(fused, factors=[None, items, t])
-                sch.reorder(b, th, u)
-                sch.bind(b, "blockIdx.x")
-                sch.bind(th, "threadIdx.x")
-                sch.unroll(u)
-            else:
-                b, th = sch.split(fused, factors=[None, t])
-                sch.bind(b, "blockIdx.x")
-                sch.bind(th, "threadIdx.x")
+        grid = int(point["grid"])
+        rounds, g, th = sch.split(fused, factors=[None, grid, t])
+        sch.reorder(g, th, rounds)
+        sch.bind(g, "blockIdx.x")
+        sch.bind(th, "threadIdx.x")
         if inner_vec is not None:
             sch.vectorize(inner_vec)
 
@@ -150,6 +140,31 @@ class Elementwise(Strategy):
             return (f"elementwise(grid-stride, grid={point.get('grid', '?')}, threads={point['threads']}, "
                     f"vector={point['vector']})")
         return f"elementwise(threads={point['threads']}, vector={point['vector']}, items/thread={point['items']})"
+
+
+def schedule_blocked(sch: Any, loops: list[Any], threads: int, vector: int = 1, items: int = 1) -> None:
+    """The blocked mapping of a loop nest (the module docstring): the innermost loop split by
+    `vector` and vectorized, the rest fused, `items` vector groups per thread of `threads`.
+    Also what other strategies use for a kernel of their own that is elementwise."""
+    inner_vec = None
+    if vector > 1:
+        outer, inner_vec = sch.split(loops[-1], vector)
+        loops = loops[:-1] + [outer]
+    fused = loops[0]
+    for lp in loops[1:]:
+        fused = sch.fuse(fused, lp)
+    if items > 1:
+        b, u, th = sch.split(fused, factors=[None, items, threads])
+        sch.reorder(b, th, u)
+        sch.bind(b, "blockIdx.x")
+        sch.bind(th, "threadIdx.x")
+        sch.unroll(u)
+    else:
+        b, th = sch.split(fused, factors=[None, threads])
+        sch.bind(b, "blockIdx.x")
+        sch.bind(th, "threadIdx.x")
+    if inner_vec is not None:
+        sch.vectorize(inner_vec)
 
 
 register(Elementwise())

@@ -1,4 +1,4 @@
-"""gemm_tensor_core: float16/bfloat16 contractions on tensor cores through the `tensorize` primitive;
+"""gemm_tensor_core: float16/bfloat16 contractions on tensor cores through the tensor-core primitives;
 gemm_tensor_core_tf32: float32 ones rounded to tf32, only when the build allows TF32.
 
 The TF32 variant (`GemmTensorCoreTF32`, end of the file) is this strategy with the `Precision`
@@ -13,13 +13,15 @@ output axes that index only the first operand, the columns those that index only
 all reduction axes (`gemm_view`, mirroring tecc/passes/schedule/implicit_gemm.py, which makes the
 final decision when the step is applied: a point it refuses is passed over). A stage where no
 output axis indexes only one operand (a depthwise convolution) is declined: a memory-bound
-stencil, left to the SIMT strategies. One Plan step, one Plan step, `tensorize(stage, block, warps, k_tile, stages)`
-(tecc/passes/schedule/tensorize.py builds the kernel: mma.m16n8k16 with float32 accumulators,
-a ring of cp.async stages in swizzled shared memory, ldmatrix, the stage's epilogue).
+stencil, left to the SIMT strategies. `apply` is the list of primitives (docs/schedule.md,
+"The tensor-core primitives"): `tensorize(stage, block, warps, k_tile)` (mma.m16n8k16 with
+float32 accumulators, ldmatrix), `stage_operand` of each operand (cp.async into swizzled shared
+tiles), `pipeline(k_tile, stages)` (the cp.async ring), and `pipeline_fragments` / `epilogue(stage,
+"staged")` for the points that ask for them.
 
 Point: block tile BM × BN ∈ {64, 128, 256}², a warp grid of 4 or 8 warps whose warp tile is
 32..64 × 32..64, k-tile BK ∈ {32, 64}, stages ∈ {2, 3, 4}, the mainloop plain (its
-fragments pipelined across k steps and k tiles, `fragment_pipeline`, only with `offer_pipelined`:
+fragments pipelined across k steps and k tiles, `pipeline_fragments`, only with `offer_pipelined`:
 measured slower at the points taken), with stages · (BM + BN) · BK · 2
 bytes of shared ring within the target's opt-in limit: over 48 KiB the emitter declares the
 ring as dynamic shared memory (codegen `dynamic_shared_bytes`) and the runtime opts the kernel
@@ -78,7 +80,7 @@ WARP_TILE = (32, 64)                                    # min, max of a warp's r
 BKS = (32, 64)
 STAGES = (2, 3, 4)
 ADDRESSING = 24
-PIPELINED_ADDRESSING = 23   # tile_registers with two fragment sets (Tiling.fragment_pipeline)
+PIPELINED_ADDRESSING = 23   # tile_registers with two fragment sets (pipeline_fragments)
 # mma.sync's share of the dense tensor-core peak of the target's table: on sm_90 the peak is
 # wgmma's; mma.sync issued from 4 schedulers reaches about 0.6 of it (CUTLASS's sm_80-style
 # kernels on H100). On sm_8x mma.sync is the peak instruction. Assumed, not fitted here.
@@ -89,7 +91,7 @@ MMA_SYNC_FRACTION = {80: 0.9, 86: 0.9, 89: 0.9, 90: 0.6}
 # correlation over all points 0.80 and 0.45 with ptxas's registers, 0.48 and 0.18 with
 # tile_registers' estimate (what the planner has); predicted / measured 1.01 at 4096^3, 0.76 at 2048^3.
 SYNC_CYCLES = 400.0             # a block's stall per k tile: its barrier and the ldmatrix pipeline refill
-# The pipelined mainloop (Tiling.fragment_pipeline) issues the next tile's first ldmatrix right
+# The pipelined mainloop (pipeline_fragments) issues the next tile's first ldmatrix right
 # after the barrier and the last k step's mma (on fragments loaded before it) next, so the refill
 # part of SYNC_CYCLES -- a warp's first mma of a tile waiting on its ldmatrix -- is covered by up to
 # one k step of the block's mma per scheduler; the barrier's own wait for the slowest warp stays.
@@ -229,7 +231,7 @@ def tile_registers(bm: int, bn: int, wm: int, wn: int, bk: int, sizes: tuple[int
                    tf32: bool = False, pipelined: bool = False) -> dict[str, int]:
     """Registers per thread; `sizes`: elements per cp.async copy of A and B (0: the operand's
     elements are loaded through registers, two registers each); `tf32`: float32 tiles read by
-    32-bit fragment loads (k steps of 8); `pipelined`: two fragment sets (Tiling.fragment_pipeline)."""
+    32-bit fragment loads (k steps of 8); `pipelined`: two fragment sets (pipeline_fragments)."""
     tm, tn = bm // wm // 16, bn // wn // 8
     threads = 32 * wm * wn
     copies = staged = 0
@@ -413,7 +415,7 @@ STAGED_OUTPUT_PAD_BYTES = 16
 
 
 def output_stageable(info: KernelInfo, view: GemmView) -> bool:
-    """Whether tensorize can stage this contraction's output (Tiling.staged_output): one column
+    """Whether the staged epilogue can take this contraction's output (epilogue "staged"): one column
     axis, the output's innermost, whose extent is a whole number of 16-byte chunks."""
     chunk = 16 // max(info.write.itemsize, 1)
     last = info.write.per_dim[-1] if info.write.per_dim else None
@@ -570,10 +572,16 @@ class GemmTensorCore(Strategy):
             chain_cycles=chain, k_extent=k_tiles * bk, notes=notes)
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
-        sch.tensorize(info.stage, intrinsic=self.precision.intrinsic, block=(int(point["bm"]), int(point["bn"])),
-                      warps=(int(point["warps_m"]), int(point["warps_n"])), k_tile=int(point["bk"]),
-                      stages=int(point["stages"]), staged_output=bool(point.get("staged_output")),
-                      fragment_pipeline=bool(point.get("fragment_pipeline")))
+        stage = info.stage
+        k_tiles = sch.tensorize(stage, self.precision.intrinsic, block=(int(point["bm"]), int(point["bn"])),
+                                warps=(int(point["warps_m"]), int(point["warps_n"])), k_tile=int(point["bk"]))
+        for operand in sch.gemm_operands(stage):
+            sch.stage_operand(stage, operand)
+        sch.pipeline(k_tiles, stages=int(point["stages"]))
+        if point.get("fragment_pipeline"):
+            sch.pipeline_fragments(k_tiles)
+        if point.get("staged_output"):
+            sch.epilogue(stage, "staged")
 
     def describe(self, point: Point) -> str:
         bm, bn, wm, wn = (int(point[x]) for x in ("bm", "bn", "warps_m", "warps_n"))

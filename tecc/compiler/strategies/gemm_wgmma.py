@@ -4,9 +4,10 @@ gemm_wgmma_tf32 (end of the file): float32 ones as tf32 (wgmma.m64nNk8), only wi
 The first rung of the Hopper ladder: "wgmma + cp.async ring, 128B swizzle". It serves what
 gemm_tensor_core serves (the same guard: C[b.., i, j] = epilogue(Σ_k A · B), A and B both
 float16 or both bfloat16, every index one axis) on sm_90 only -- wgmma exists on sm_90a alone
-(sm_8x has no wgmma, sm_100 replaced it) -- with one Plan step,
-`tensorize(stage, intrinsic="wgmma", block, warps=(4·BM/64, 1), k_tile=64, stages)`
-(tecc/passes/schedule/tensorize_wgmma.py builds the kernel). A separate strategy rather than a
+(sm_8x has no wgmma, sm_100 replaced it) -- with the primitives (`apply`):
+`tensorize(stage, intrinsic="wgmma", block, warps=(4·BM/64, 1), k_tile=64)`, `stage_operand` of
+each operand, `pipeline(k_tile, stages, producer)`, and for the TMA rung `warp_specialize`,
+`persistent` and `epilogue` (tecc/passes/schedule/tensorize_wgmma.py, ring.py, tma.py). A separate strategy rather than a
 `path` dimension of gemm_tensor_core because its space, register and shared-memory accounting
 and cost are different (no warp grid, no ldmatrix, BK fixed by the swizzle, a ring whose depth
 loses one stage to the wgmma in flight); the planner ranks both by predicted time, and explain
@@ -20,7 +21,7 @@ shared-memory limit; and load ∈ {"cp.async", "tma"}, the rung:
 - "tma" (the second rung): warp specialization -- one producer warpgroup issues a TMA tile copy
   per operand and k tile into an mbarrier ring (expect-tx on full barriers), the consumer
   warpgroups wait on them and release stages through empty barriers, setmaxnreg moves registers
-  to the consumers (tensorize_wgmma_tma.py). Offered only when both operands suit TMA
+  to the consumers (ring.py, tma.py). Offered only when both operands suit TMA
   (`tma_refusal_for`: every index a plain loop variable -- no implicit-GEMM gather, no
   padding --, strides fixed at compile time, rows a multiple of 16 bytes); otherwise the
   point is not in the space and explain says why.
@@ -52,7 +53,7 @@ wgmma constants are assumed until this path is timed):
   can turn each off and show what it buys):
   "epilogue": "registers" (each thread stores its accumulator elements to global memory) or
   "tma" (through a 128B-swizzled shared staging tile of BM x BN output elements, written out by
-  TMA stores; tensorize_wgmma_tma.py step 4), offered where the output can take a tensor map
+  TMA stores; epilogue.py), offered where the output can take a tensor map
   (`tma_store_refusal_for`), its staging tile counted in the shared-memory budget;
   "persistent": 0 (one block per output tile) or the SM count (rung 4: blocks loop over the
   tiles in a grouped order, step 5).
@@ -156,7 +157,7 @@ def shared_bytes(point: Point, out_itemsize: int = 2) -> int:
 
 def tma_store_refusal_for(info: KernelInfo) -> str | None:
     """Why the output cannot be written by TMA stores from a staging tile, or None; the
-    analysis-level mirror of tensorize_wgmma_tma.tma_store_refusal (which falls back to the
+    analysis-level mirror of epilogue.tma_store_refusal (which falls back to the
     register epilogue when it disagrees)."""
     w = info.write
     if w.itemsize not in (2, 4):
@@ -211,7 +212,7 @@ def deeper_than_the_k_loop(stages: int, k_tiles: int, load: str = "cp.async") ->
 
 def tma_refusal_for(info: KernelInfo) -> str | None:
     """Why the TMA rung cannot load this contraction's operands, or None (module docstring); the
-    analysis-level mirror of tensorize_wgmma_tma.tma_refusal, which tensorize checks again."""
+    analysis-level mirror of tma.tma_refusal, which the pipeline primitive checks again."""
     view = gemm_view(info)
     if isinstance(view, str):
         return view
@@ -459,16 +460,20 @@ class GemmWgmma(Strategy):
         return ("A and B read by wgmma from 128B-swizzled shared tiles (no ldmatrix)",)
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
-        bm = int(point["bm"])
-        producer: dict[str, Any] = {"cp.async": {}, "tma": {"producer": "tma"}}[load_of(point)]
-        if point.get("persistent"):
-            producer["persistent"] = int(point["persistent"])
-        if load_of(point) == "tma" and epilogue_of(point) != "registers":
-            producer["epilogue"] = epilogue_of(point)
-        if point.get("staged_output"):
-            producer["staged_output"] = True
-        sch.tensorize(info.stage, intrinsic="wgmma", block=(bm, int(point["bn"])), warps=(4 * (bm // 64), 1),
-                      k_tile=self.k_tile, stages=int(point["stages"]), **producer)
+        stage, bm = info.stage, int(point["bm"])
+        k_tiles = sch.tensorize(stage, "wgmma", block=(bm, int(point["bn"])), warps=(4 * (bm // 64), 1),
+                                k_tile=self.k_tile)
+        for operand in sch.gemm_operands(stage):
+            sch.stage_operand(stage, operand)
+        sch.pipeline(k_tiles, stages=int(point["stages"]), producer=load_of(point))
+        if load_of(point) == "tma":
+            sch.warp_specialize(stage)
+            if point.get("persistent"):
+                sch.persistent(stage, int(point["persistent"]))
+            if epilogue_of(point) != "registers":
+                sch.epilogue(stage, epilogue_of(point))
+        elif point.get("staged_output"):
+            sch.epilogue(stage, "staged")
 
     def describe(self, point: Point) -> str:
         bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
@@ -574,10 +579,14 @@ class GemmWgmmaTF32(GemmWgmma):
             yield point
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
-        groups = self.warpgroups(info, point)
-        producer: dict[str, Any] = {"tma": {"producer": "tma"}}.get(load_of(point), {})
-        sch.tensorize(info.stage, intrinsic=self.intrinsic, block=(int(point["bm"]), int(point["bn"])),
-                      warps=(4 * groups, 1), k_tile=self.k_tile, stages=int(point["stages"]), **producer)
+        stage = info.stage
+        k_tiles = sch.tensorize(stage, self.intrinsic, block=(int(point["bm"]), int(point["bn"])),
+                                warps=(4 * self.warpgroups(info, point), 1), k_tile=self.k_tile)
+        for operand in sch.gemm_operands(stage):
+            sch.stage_operand(stage, operand)
+        sch.pipeline(k_tiles, stages=int(point["stages"]), producer=load_of(point))
+        if load_of(point) == "tma":
+            sch.warp_specialize(stage)
 
     def describe(self, point: Point) -> str:
         bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))

@@ -46,7 +46,7 @@ from ...ir.errors import ScheduleError
 from ...ir.expr import TensorRead, const_int, free_vars, walk
 from ...ir.tensor import Tensor
 from ...ir.target import Target
-from ...passes.rewrite.fuse_rows import fuse_rows, row_group
+from ...passes.rewrite.fuse_rows import COLUMN_KERNEL_REGISTERS, fuse_rows, min_blocks_per_sm, row_group
 from ...passes.schedule.cross_thread import WARP
 from ..cost.analysis import KernelInfo
 from ..cost.model import Workload
@@ -175,6 +175,8 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
         return None
     if not _walks_rows_along_their_last_axis(group):
         return None
+    if group.column_reductions:
+        return propose_with_columns(group, target)
     columns = const_int(group.columns)
     width = columns if columns is not None else 4096  # a symbolic row: bytes per row for the comparison
     row_inputs = [t for t in group.program.args if t.is_placeholder and len(t.shape) == len(group.rows) + 1]
@@ -227,6 +229,89 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
                 f"instead of {unfused:.0f} B/row unfused; {layout}, row cache {cache}, vector {vector}" + priced)
     return RowFusedChoice(plan, int(step_args["threads"]), cache, fused, unfused, plan.reason, vector,
                           rows_per_block)
+
+
+# A group with column reductions (a normalization's backward with dγ, dβ: row_columns.py) keeps
+# its row AND one accumulator per column reduction in registers through the rows its block walks.
+# Resident blocks per SM beyond this gain little (each holds a row in flight) and every block adds
+# a partial row per column reduction: S·C float32 values written and read again by the combine
+# kernel, against R·C row elements read and written by the row kernel.
+MAX_COLUMN_BLOCKS_PER_SM = 4
+# Registers per thread for the row arrays and column accumulators of such a group: half of
+# MAX_ROW_REGISTERS, since the backward's expressions keep more values live (ptxas, sm_90: layer
+# norm's backward at 64 threads x 16 bf16 elements spilled at 96 registers; at 8 elements per
+# thread every width from 768 to 8192, fp32 and bf16, compiled in 48-64 registers without spills).
+MAX_COLUMN_ROW_REGISTERS = 32
+
+
+def propose_with_columns(group: Any, target: Any = None) -> RowFusedChoice | None:
+    """The row-fused plan for a row group with column reductions: the fewest threads (at least
+    MIN_THREADS) whose cached row and column sums fit MAX_COLUMN_ROW_REGISTERS per thread, the
+    sums in registers. When that leaves one resident block per SM (wide rows: 8192 columns), the
+    SM would idle through each row's barriers (docs/memory-bound.md: layer norm at one
+    1024-thread block per SM ran at 61% of copy), so the block prefetches its next row into a
+    second set of registers and keeps the sums in shared memory (C words per column reduction)
+    instead; at 8192 columns both fit 1024 threads without spills (ptxas, sm_80 and sm_90).
+    row_blocks = SMs x resident blocks (at most MAX_COLUMN_BLOCKS_PER_SM, at most one per row):
+    one wave whose blocks each walk R / S rows. None when the row is symbolic or too long."""
+    from ..planner import resolve_target  # the planner imports the strategies: imported when called
+
+    columns = const_int(group.columns)
+    if columns is None:
+        return None
+    tgt = resolve_target(target)
+    row_inputs = [t for t in group.program.args if t.is_placeholder and len(t.shape) == len(group.rows) + 1]
+    sizes = {_itemsize(t) for t in row_inputs}
+    itemsize = min(sizes) if sizes else 4
+    vector = choose_vector(columns, itemsize) if len(sizes) == 1 else 1
+    row_arrays, sums = max(len(row_inputs), 1), len(group.column_reductions)
+    target_elements = max(TARGET_PER_THREAD, TARGET_BYTES // itemsize)
+    where, prefetch, threads, elements, resident = "local", False, 0, 0, 0
+    local = _column_point(columns, vector, row_arrays + sums, target_elements)
+    if local is not None:
+        threads, elements = local
+        resident = min_blocks_per_sm(threads, elements * (row_arrays + sums), COLUMN_KERNEL_REGISTERS)
+    ahead = _column_point(columns, vector, 2 * row_arrays, target_elements)
+    if resident < 2 and ahead is not None:
+        t, e = ahead
+        if sums * -(-columns // (t * vector)) * vector * t * 4 <= tgt.smem_per_block_optin:
+            where, prefetch, threads, elements, resident = "shared", True, t, e, 1
+    if local is None and not prefetch:
+        return None
+    resident = min(resident, MAX_COLUMN_BLOCKS_PER_SM)
+    row_blocks = tgt.sm_count * resident
+    n_rows = _const_rows(group)
+    if n_rows is not None:
+        row_blocks = max(1, min(row_blocks, n_rows))
+    names = ", ".join(t.name for t in group.column_reductions)
+    step_args: dict[str, Any] = {"threads": threads, "cache": "registers"}
+    if vector > 1:
+        step_args["vector"] = vector
+    step_args["row_blocks"] = row_blocks
+    if where == "shared":
+        step_args["column_sums"] = "shared"
+    if prefetch:
+        step_args["prefetch"] = True
+    row_bytes = sum(_itemsize(t) * columns for t in row_inputs) + sum(
+        _itemsize(t) * columns for t in group.elementwise)
+    reason = (f"{len(group.reductions) + len(group.elementwise) + len(group.row_values)} stage(s) sharing rows of "
+              f"{group.columns} in one kernel ({row_bytes} B/row) and the column reduction(s) {names} summed in "
+              f"{'registers' if where == 'local' else 'shared memory'} by {row_blocks} blocks ({tgt.sm_count} SMs x "
+              f"{resident}) walking the rows{', each loading its next row ahead' if prefetch else ''}, then folded "
+              f"by a combine kernel; {threads} threads, {elements} elements per row array per thread, vector {vector}")
+    plan = Plan((Step("fuse_rows", step_args),), "row_fused", reason)
+    return RowFusedChoice(plan, threads, "registers", float(row_bytes), float(row_bytes), reason, vector)
+
+
+def _column_point(columns: int, vector: int, arrays: int, target_elements: int) -> tuple[int, int] | None:
+    """(threads, elements per array per thread): the fewest threads (at least MIN_THREADS) whose
+    `arrays` register arrays fit MAX_COLUMN_ROW_REGISTERS, preferring at most `target_elements`."""
+    fits = [t for t in THREAD_CHOICES if t >= MIN_THREADS
+            and -(-columns // (t * vector)) * vector * arrays <= MAX_COLUMN_ROW_REGISTERS]
+    if not fits:
+        return None
+    threads = next((t for t in fits if -(-columns // (t * vector)) * vector <= target_elements), fits[-1])
+    return threads, -(-columns // (threads * vector)) * vector
 
 
 def _const_rows(group: Any) -> int | None:

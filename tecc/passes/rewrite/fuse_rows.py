@@ -37,7 +37,6 @@ are the same rewrite. Whether to apply it is the planner's decision (strategies/
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ...ir import dtype as dt
@@ -93,6 +92,8 @@ from .online_stats import (
     welford_pair,
 )
 from .row_chunks import ColumnWalk
+from .row_columns import ColumnPartials, row_loop
+from .row_group import RowGroup, row_group
 from ..schedule.cross_thread import WARP, allreduce
 
 CACHES = ("registers", "online", "none")
@@ -107,87 +108,24 @@ VECTORS = (1, 2, 4, 8)
 SM_THREADS = 2048
 SM_REGISTERS = 65536
 ROW_KERNEL_REGISTERS = 24
+# A group with column reductions (a normalization's backward) keeps more row values and
+# addresses live beside its arrays: with 24, ptxas spilled layer norm's backward over bf16 rows
+# of 768 and 1024 at 128 threads (56 registers, 24 bytes); 32 leaves it at 64 without spills.
+COLUMN_KERNEL_REGISTERS = 32
 
 
-def min_blocks_per_sm(threads: int, row_words: int) -> int:
+def min_blocks_per_sm(threads: int, row_words: int, kernel_registers: int = ROW_KERNEL_REGISTERS) -> int:
     """The most resident blocks of `threads` threads per SM whose register cap still holds a
     cached row of `row_words` 32-bit registers per thread plus the kernel's own registers."""
     best = 1
     for n in range(1, SM_THREADS // threads + 1):
-        if SM_REGISTERS // (threads * n) >= row_words + ROW_KERNEL_REGISTERS:
+        if SM_REGISTERS // (threads * n) >= row_words + kernel_registers:
             best = n
     return best
 
 
-@dataclass
-class RowGroup:
-    """A program all of whose stages share the row: the reductions, the elementwise outputs,
-    the row shape and the reduced extent."""
-
-    program: Program
-    rows: tuple[Expr, ...]
-    columns: Expr
-    reductions: tuple[Tensor, ...]
-    elementwise: tuple[Tensor, ...]
-
-    @property
-    def stages(self) -> tuple[Tensor, ...]:
-        return self.program.stages
-
-
-def row_group(args: Sequence[Tensor]) -> RowGroup:
-    """The row group of the program `args`, or ScheduleError saying why it is not one."""
-    prog = choose_inlined(collect_program(args))
-    stages = prog.stages
-    reductions = tuple(t for t in stages if isinstance(t.op, ComputeOp) and t.op.reductions)
-    if not reductions:
-        raise ScheduleError("fuse_rows: the program has no reduction stage")
-    rows = reductions[0].shape
-    columns: Expr | None = None
-    for t in reductions:
-        op = t.op
-        assert isinstance(op, ComputeOp)
-        if not _same_shape(t.shape, rows):
-            raise ScheduleError(f"fuse_rows: reduction {t.name} has shape {_fmt(t.shape)}, not the row shape {_fmt(rows)}")
-        for r in op.reductions:
-            if len(r.axes) != 1 or const_int(r.axes[0].lo) != 0:
-                raise ScheduleError(f"fuse_rows: {t.name} reduces over {len(r.axes)} axes; one axis from 0 is needed")
-            for inner in walk(r.source):
-                if isinstance(inner, Reduce):
-                    raise ScheduleError(f"fuse_rows: {t.name} has a reduction inside a reduction")
-            ext = r.axes[0].extent
-            if columns is None:
-                columns = ext
-            elif ext is not columns:
-                raise ScheduleError(f"fuse_rows: {t.name} reduces over {ext} columns, another stage over {columns}")
-    assert columns is not None
-    elementwise = tuple(t for t in stages if t not in reductions)
-    for t in elementwise:
-        if not _same_shape(t.shape, rows + (columns,)):
-            raise ScheduleError(
-                f"fuse_rows: elementwise stage {t.name} has shape {_fmt(t.shape)}, not rows + columns "
-                f"{_fmt(rows + (columns,))}")
-    # Shapes alone do not make a row group: a reduction stage must be read at the reader's own
-    # row. With as many rows as columns, `B[i, j] = A[i, j] / colsum[j]` has the right shapes but
-    # reads a column statistic along the row (the guard once took it and fuse_rows then failed).
-    for reader in prog.order:
-        if not isinstance(reader.op, ComputeOp):
-            continue
-        row = tuple(reader.op.axes[:len(rows)])
-        for read in walk(reader.op.body):
-            if isinstance(read, TensorRead) and read.tensor in reductions and not _same_shape(read.indices, row):
-                raise ScheduleError(
-                    f"fuse_rows: {reader.name} reads {read.tensor.name} at [{_fmt(read.indices)[1:-1]}], not at "
-                    f"the row being computed [{_fmt(row)[1:-1]}]")
-    return RowGroup(prog, tuple(rows), columns, reductions, elementwise)
-
-
 def _same_shape(a: Sequence[Expr], b: Sequence[Expr]) -> bool:
     return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-
-
-def _fmt(shape: Sequence[Expr]) -> str:
-    return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
 class RowInliner(Inliner):
@@ -225,8 +163,10 @@ class _CacheRow(ExprMutator):
 
 
 def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", name: str | None = None,
-              vector: int = 1, rows_per_block: int = 1, unroll: int = 1) -> Module:
-    """The module of ONE kernel computing the row group `args` (see the module docstring).
+              vector: int = 1, rows_per_block: int = 1, unroll: int = 1, row_blocks: int = 0,
+              column_sums: str = "local", prefetch: bool = False) -> Module:
+    """The module of ONE kernel computing the row group `args` (see the module docstring), and
+    with column reductions (row_group.py) a second kernel that combines their partial sums.
 
     threads: block size T (a multiple of 32, at most 1024); cache: "registers" keeps the row's
     cached inputs in K = ceil(C/T) registers per thread (C must be a constant), "none" re-reads
@@ -245,43 +185,35 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     costs more in block launch and retire than its 2 KiB take to read: the cost model's `blocks`
     term, CostParameters.block_cycles). A warp is one row, so the guard on the last block's
     missing rows is uniform over every warp that shuffles.
+    row_blocks: S > 0 launches S blocks that each walk the rows blk, blk + S, ... in a loop
+    (one row at a time, a barrier between rows); a group with column reductions needs it: each
+    block sums its rows' column values in registers and the combine kernel folds the S partial
+    rows (row_columns.py; cache="registers" and one row per block only). column_sums: where the
+    column sums live, "local" (registers) or "shared" (shared memory, fewer registers).
+    prefetch: with row_blocks, load the block's next row into a second set of registers while
+    this row is computed (the loads in flight through the reductions' barriers: what one
+    resident block per SM needs to keep DRAM busy).
     The kernel asks for `min_blocks_per_sm` resident blocks (see SM_THREADS above)."""
     group = row_group(args)
-    if cache not in CACHES:
-        raise ScheduleError(f"fuse_rows: cache must be one of {CACHES}, got {cache!r}")
+    _check_point(group, threads, cache, vector, unroll, rows_per_block, row_blocks, prefetch)
     C = group.columns
     c_const = const_int(C)
-    if cache == "registers" and c_const is None:
-        raise ScheduleError(f"fuse_rows: cache='registers' needs a constant row length, got {C}; use cache='none'")
     prog = group.program
-    if vector not in VECTORS:
-        raise ScheduleError(f"fuse_rows: vector must be one of {VECTORS}, got {vector}")
-    if vector > 1 and (c_const is None or c_const % vector):
-        raise ScheduleError(f"fuse_rows: vector={vector} needs a constant row length that is a multiple of it, got {C}")
-    if unroll < 1 or (unroll > 1 and cache == "registers"):
-        raise ScheduleError(f"fuse_rows: unroll={unroll} is the chunk of a re-read row (cache='none' or 'online'); "
-                            "cache='registers' unrolls its whole row")
-
     W = rows_per_block
-    if W < 1 or (W > 1 and threads != WARP) or threads * W > 1024:
-        raise ScheduleError(f"fuse_rows: rows_per_block={W} needs one warp per row (threads=32) and at most 1024 "
-                            f"threads per block, got threads={threads}")
 
     sig = signature(prog)
     buffers, scalars, unique = sig.buffers, sig.scalars, sig.unique
 
-    # the block's row: blockIdx.x over the flattened rows (W rows per block: row b·W + ty), unflattened row-major
+    # the block's row: blockIdx.x over the flattened rows (W rows per block: row b·W + ty), unflattened row-major;
+    # with row_blocks S, block b walks the rows step·S + b
     b = Var(unique("row"), dt.int32)
     tx = Var(unique("tx"), dt.int32)
     ty = Var(unique("ty"), dt.int32)
+    step = Var(unique("row_step"), dt.int32) if row_blocks else None
     flat_row: Expr = b * W + ty if W > 1 else b
-    row: list[Expr] = []
-    rest: Expr = flat_row
-    for i, extent in enumerate(reversed(group.rows)):
-        last = i == len(group.rows) - 1
-        row.append(rest if last else rest % extent)
-        rest = rest // extent
-    row_idx = tuple(reversed(row))
+    if step is not None:
+        flat_row = step * row_blocks + b
+    row_idx = unflatten_row(flat_row, group.rows)
     n_rows = size_product(group.rows)
 
     # the column walk: col = k*T + tx, k < K (a re-read row: the chunked walk of row_chunks.py,
@@ -330,6 +262,7 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     caches: dict[Buffer, Buffer] = {}
     stmts: list[Stmt] = []
     allocs: list[Buffer] = []
+    prefetched: list[tuple[Buffer, Expr]] = []  # (the next row's registers, the row's load)
     if cache == "registers":
         for t in prog.args:
             if t.is_placeholder and _same_shape(t.shape, group.rows + (C,)):
@@ -337,7 +270,19 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
                 reg = Buffer(unique(f"{src.name}_row"), src.dtype, (K * V,), "local", tensor=f"{t.name}.local")
                 caches[src] = reg
                 allocs.append(reg)
-                stmts.append(column_loop(BufferStore(reg, (slot,), src[row_idx + (col,)]), vectorized=True))
+                load = src[row_idx + (col,)]
+                if not prefetch:
+                    stmts.append(column_loop(BufferStore(reg, (slot,), load), vectorized=True))
+                    continue
+                # this row was loaded by the previous step (or before the loop) into `next`
+                nxt = Buffer(unique(f"{src.name}_next"), src.dtype, (K * V,), "local", tensor=f"{t.name}.next")
+                prefetched.append((nxt, load))
+                stmts.append(column_loop(BufferStore(reg, (slot,), nxt[slot])))
+    if prefetched:  # the next row's loads are in flight while this row is computed
+        assert step is not None
+        stmts.append(IfThenElse(flat_row + row_blocks < n_rows, seq(*(
+            column_loop(BufferStore(nxt, (slot,), substitute(load, {step: step + 1})), vectorized=True)
+            for nxt, load in prefetched))))
     cacher = _CacheRow(caches, row_idx, col, slot)
 
     # every reduction stage's row value lives in one register of every thread
@@ -345,6 +290,23 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         val = Buffer(unique(f"{t.name}_val"), t.dtype, (1,), "local", tensor=f"{t.name}.local")
         allocs.append(val)
         values[t] = val
+    for t in group.row_values:  # elementwise outputs of the row shape: one value per row
+        values[t] = Buffer(unique(f"{t.name}_val"), t.dtype, (1,), "local", tensor=f"{t.name}.local")
+        allocs.append(values[t])
+    done: set[Tensor] = set()
+    accs: dict[int, Expr] = {}
+
+    def finish(t: Tensor | None) -> list[Stmt]:
+        """Reduction stage t's row value (and its store), then every row value whose statistics
+        are now all known (t None: those that read none)."""
+        out = [] if t is None else finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx)
+        if t is not None:
+            done.add(t)
+        for u in group.row_values:
+            if u not in done and _reads_only(u, values, done, inliner, row_idx):
+                done.add(u)
+                out.extend(finish_reduction(u, row_idx, accs, inliner, values[u], buffers, tx))
+        return out
 
     # the per-column expression of every pass, in program order: one per Reduce of a reduction
     # stage (its source at column `col`), one per elementwise output (its value at `col`)
@@ -361,7 +323,7 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         allocs.append(buf)
         return buf
 
-    accs: dict[int, Expr] = {}
+    stmts.extend(finish(None))
     touched: list[set[int]] = []  # the row arrays each pass reads or writes
     merged: set[int] = set()      # passes folded into the previous one (cache="online")
     welford = 0                   # of which sum / sum-of-squared-deviation pairs
@@ -386,7 +348,7 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
                                                                   unique(f"{t2.name}_block"))))
                 accs[id(r)] = cast(acc[zero], r.dtype)
                 accs[id(r2)] = cast(acc2[zero], r2.dtype)
-                stmts.extend(finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx))
+                stmts.extend(finish(t))
             else:
                 moments = (new_local(f"{t.name}_count", r.acc_dtype, 1), new_local(f"{t.name}_mean", r.acc_dtype, 1),
                            new_local(f"{t.name}_m2", r.acc_dtype, 1))
@@ -394,7 +356,7 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
                                              unique(f"{t.name}_block")))
                 stmts.append(BufferStore(acc, (zero,), moments[0][zero] * moments[1][zero]))  # S = n·mean
                 accs[id(r)] = cast(acc[zero], r.dtype)
-                stmts.extend(finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx))
+                stmts.extend(finish(t))
                 # μ (pass i+1's) may read t's row value, set just above
                 stmts.append(BufferStore(acc2, (zero,), centered_sum(moments, other)))
                 accs[id(r2)] = cast(acc2[zero], r2.dtype)
@@ -402,7 +364,7 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
             merged.add(i + 1)
             touched.append(set())
             if i + 2 == len(passes) or passes[i + 2][0] is not t2:
-                stmts.extend(finish_reduction(t2, row_idx, accs, inliner, values[t2], buffers, tx))
+                stmts.extend(finish(t2))
             continue
         op = t.op
         assert isinstance(op, ComputeOp)
@@ -425,18 +387,35 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
             accs[id(r)] = cast(acc[zero], r.dtype)
             last_of_stage = i + 1 == len(passes) or passes[i + 1][0] is not t
             if last_of_stage:
-                stmts.extend(finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx))
+                stmts.extend(finish(t))
         else:
             out = buffers[t]
             stmts.append(over_columns([expr], lambda value, column: BufferStore(out, row_idx + (column,), value(expr)),
                                       vectorized=True))
+    partials: ColumnPartials | None = None
+    if group.column_reductions:
+        # this row's values at the thread's columns, added into the column reductions' partial sums
+        partials = ColumnPartials(group, row_blocks, K * V, buffers, unique, column_sums, threads, tx)
+        update = partials.update(column_loop, row_idx, col, slot, lambda e: cacher.visit(inliner.visit(e)))
+        touched.append({id(n.buffer) for e in exprs_of(update) for n in walk(e) if isinstance(n, BufferLoad)})
+        stmts.append(update)
     if chunks is not None:
         allocs.extend(chunks.buffers)
 
     body: Stmt = seq(*stmts)
     for buf in reversed(allocs):
         body = Allocate(buf, body)
-    if W > 1:
+    if step is not None:
+        # the block's rows one after another; the first row's loads, the column sums around them
+        body = row_loop(step, row_blocks, flat_row, n_rows, body, barrier=threads > WARP)
+        first = [column_loop(BufferStore(nxt, (slot,), substitute(load, {step: zero})), True) for nxt, load in prefetched]
+        body = seq(IfThenElse(b < n_rows, seq(*first)), body) if first else body
+        for nxt, _ in reversed(prefetched):
+            body = Allocate(nxt, body)
+        if partials is not None:
+            body = partials.wrap(seq(partials.init(column_loop, slot), body, partials.store(column_loop, b, col, slot)))
+        body = For(b, 0, row_blocks, "blockIdx.x", For(tx, 0, threads, "threadIdx.x", body))
+    elif W > 1:
         n_const = const_int(n_rows)
         if n_const is None or n_const % W:
             body = IfThenElse(flat_row < n_rows, body)  # whole warps: a warp is one row
@@ -445,9 +424,6 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     else:
         body = For(b, 0, n_rows, "blockIdx.x", For(tx, 0, threads, "threadIdx.x", body))
 
-    used = global_buffers(body)
-    body_vars = scalar_vars(exprs_of(body) + [s for u in used for s in u.shape + (u.strides or ())])
-    params = tuple(buffers[a] for a in prog.args if buffers[a] in used) + tuple(v for v in scalars if v in body_vars)
     kname = unique(f"{prog.stages[-1].name}_rows_kernel")
     mname = identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
     attrs: tuple[tuple[str, object], ...] = (("fused_rows", tuple(t.name for t in prog.stages)),)
@@ -462,12 +438,74 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         # elements of a register array into one register (bf16 rows of 16 spilled at 32)
         arrays = list(caches.values()) + list(shared.values())
         row_words = peak_row_words(_row_spans(touched, arrays, list(caches.values())), k_const * V)
-        blocks = min_blocks_per_sm(threads * W, row_words)
+        if partials is not None and column_sums == "local":  # the column sums live through every row
+            row_words += len(partials.accs) * k_const * V
+        row_words += len(prefetched) * k_const * V
+        blocks = min_blocks_per_sm(threads * W, row_words,
+                                   COLUMN_KERNEL_REGISTERS if partials is not None else ROW_KERNEL_REGISTERS)
         if blocks > 1:
             attrs += (("min_blocks_per_sm", blocks),)
-    kernel = PrimFunc(kname, params, body, attrs)
+    if step is not None:
+        attrs += (("row_blocks", row_blocks),)
+    temps = tuple(partials.partials) if partials is not None else ()
+    kernels = [_kernel(body, kname, attrs, prog, buffers, scalars, temps)]
+    if partials is not None:  # the column reductions' partial rows, folded
+        kernels.append(_kernel(partials.combine_kernel(base_inliner), unique(f"{prog.stages[-1].name}_columns_kernel"),
+                               partials.attrs, prog, buffers, scalars, temps))
     module_params = tuple(buffers[a] for a in prog.args) + tuple(scalars)
-    return Module(mname, module_params, (kernel,), (KernelCall(kname, params),), ())
+    return Module(mname, module_params, tuple(kernels), tuple(KernelCall(k.name, k.params) for k in kernels), temps)
+
+
+def _check_point(group: RowGroup, threads: int, cache: str, vector: int, unroll: int, W: int, row_blocks: int,
+                 prefetch: bool) -> None:
+    """ScheduleError unless fuse_rows' parameters fit each other and the group."""
+    C = group.columns
+    c_const = const_int(C)
+    if cache not in CACHES:
+        raise ScheduleError(f"fuse_rows: cache must be one of {CACHES}, got {cache!r}")
+    if cache == "registers" and c_const is None:
+        raise ScheduleError(f"fuse_rows: cache='registers' needs a constant row length, got {C}; use cache='none'")
+    if vector not in VECTORS:
+        raise ScheduleError(f"fuse_rows: vector must be one of {VECTORS}, got {vector}")
+    if vector > 1 and (c_const is None or c_const % vector):
+        raise ScheduleError(f"fuse_rows: vector={vector} needs a constant row length that is a multiple of it, got {C}")
+    if unroll < 1 or (unroll > 1 and cache == "registers"):
+        raise ScheduleError(f"fuse_rows: unroll={unroll} is the chunk of a re-read row (cache='none' or 'online'); "
+                            "cache='registers' unrolls its whole row")
+    if W < 1 or (W > 1 and threads != WARP) or threads * W > 1024:
+        raise ScheduleError(f"fuse_rows: rows_per_block={W} needs one warp per row (threads=32) and at most 1024 "
+                            f"threads per block, got threads={threads}")
+    if row_blocks < 0 or (row_blocks and (W > 1 or cache != "registers")):
+        raise ScheduleError(f"fuse_rows: row_blocks={row_blocks} walks rows one block at a time with the row in "
+                            f"registers: it needs cache='registers' and rows_per_block=1, got cache={cache!r}, "
+                            f"rows_per_block={W}")
+    if prefetch and not row_blocks:
+        raise ScheduleError("fuse_rows: prefetch loads a block's next row; it needs row_blocks")
+    if group.column_reductions and not row_blocks:
+        raise ScheduleError(f"fuse_rows: the column reductions {', '.join(t.name for t in group.column_reductions)} "
+                            "are summed over blocks of rows: give row_blocks (blocks walking the rows), with "
+                            "cache='registers'")
+
+
+def unflatten_row(flat: Expr, rows: Sequence[Expr]) -> tuple[Expr, ...]:
+    """The row index of the flattened row number `flat` over the row shape, row-major."""
+    row: list[Expr] = []
+    rest = flat
+    for i, extent in enumerate(reversed(rows)):
+        row.append(rest if i == len(rows) - 1 else rest % extent)
+        rest = rest // extent
+    return tuple(reversed(row))
+
+
+def _kernel(body: Stmt, name: str, attrs: tuple[tuple[str, object], ...], prog: Program,
+            buffers: dict[Tensor, Buffer], scalars: Sequence[Var], temps: tuple[Buffer, ...]) -> PrimFunc:
+    """A kernel of the module: its parameters are the program's buffers, then the temporaries
+    it uses, then the size variables."""
+    used = global_buffers(body)
+    body_vars = scalar_vars(exprs_of(body) + [s for u in used for s in u.shape + (u.strides or ())])
+    params = (tuple(buffers[a] for a in prog.args if buffers[a] in used) + tuple(t for t in temps if t in used)
+              + tuple(v for v in scalars if v in body_vars))
+    return PrimFunc(name, params, body, attrs)
 
 
 Pass = tuple[Tensor, Expr, "Reduce | None"]
@@ -477,7 +515,8 @@ def row_passes(group: RowGroup, inliner: ExprMutator, row_idx: tuple[Expr, ...],
     """The per-column expression of every pass over the row `row_idx`, in program order: one per
     Reduce of a reduction stage (its source at column `col`, with that Reduce), one per
     elementwise output (its value at `col`, None). `inliner` (a RowInliner) turns reads of the
-    group's reduction stages into the registers that hold their row values."""
+    group's reduction stages into the registers that hold their row values. Row values and
+    column reductions have no pass of their own (fuse_rows computes them)."""
     passes: list[Pass] = []
     for t in group.stages:
         op = t.op
@@ -489,7 +528,7 @@ def row_passes(group: RowGroup, inliner: ExprMutator, row_idx: tuple[Expr, ...],
                 if id(r) not in seen:
                     seen.add(id(r))
                     passes.append((t, inliner.visit(substitute(r.source, {r.axes[0]: col})), r))
-        else:
+        elif t in group.elementwise:
             body = substitute(op.body, dict(zip(op.axes, row_idx + (col,))))
             passes.append((t, inliner.visit(body), None))
     return passes
@@ -551,6 +590,16 @@ def peak_row_words(spans: Sequence[tuple[float, float]], words: int) -> int:
     return max((words * sum(1 for lo, hi in spans if lo <= p <= hi) for p in points), default=0)
 
 
+def _reads_only(t: Tensor, values: dict[Tensor, Buffer], known: set[Tensor], inliner: ExprMutator,
+                row_idx: tuple[Expr, ...]) -> bool:
+    """Whether row value `t` reads, of the group's row values and statistics, only `known` ones."""
+    op = t.op
+    assert isinstance(op, ComputeOp)
+    loaded = {id(n.buffer) for n in walk(inliner.visit(substitute(op.body, dict(zip(op.axes, row_idx)))))
+              if isinstance(n, BufferLoad)}
+    return all(u in known for u, buf in values.items() if id(buf) in loaded)
+
+
 def finish_reduction(t: Tensor, row_idx: tuple[Expr, ...], accs: dict[int, Expr], inliner: ExprMutator,
                       val: Buffer, buffers: dict[Tensor, Buffer], tx: Var, writer: Expr | None = None) -> list[Stmt]:
     """The row value of reduction stage `t` from its all-reduced accumulators, and its store
@@ -570,5 +619,5 @@ def finish_reduction(t: Tensor, row_idx: tuple[Expr, ...], accs: dict[int, Expr]
     return out
 
 
-__all__ = ["CACHES", "VECTORS", "Pass", "RowGroup", "fuse_rows", "min_blocks_per_sm", "peak_row_words", "row_group",
+__all__ = ["CACHES", "COLUMN_KERNEL_REGISTERS", "VECTORS", "Pass", "RowGroup", "fuse_rows", "min_blocks_per_sm", "peak_row_words", "row_group",
            "row_passes"]

@@ -20,7 +20,9 @@ from ...ir.descriptor import MatrixDescriptor
 from ...ir.intrinsics import WARPGROUP_SIZE, lookup
 from ...ir.stmt import AsyncCopy, Buffer, For, FragmentRef, IfThenElse, MatrixMultiply, SharedMatrix, Stmt, seq
 from ...ir.tensor import Tensor
-from ..schedule.tensorize import CHUNK, INTRINSICS, row_swizzle
+from ..schedule.tensorize import INTRINSICS
+from ..schedule.thread_partition import tile_copy
+from ..schedule.tile_staging import CHUNK, row_swizzle
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -94,27 +96,18 @@ class TileStaging:
         """cp.async of rows [row0, row0 + rows) x [0, width) of the read tensor into dst[stage],
         16 bytes per copy, zero past `extent`. A 4-dimensional dst (the Hopper form) is
         [stages][width / W][rows][W]: blocks of W-element swizzled rows."""
-        per_row = width // CHUNK
-        chunks = rows * per_row
-        count = -(-chunks // self.threads)
         src = self.buffers[read.tensor]
         lead = tuple(substitute(e, at) for e in read.indices[:-2])
 
-        def copy(u: Var) -> Stmt:
-            chunk = self.tx + self.threads * u
-            r, col = chunk // per_row, (chunk % per_row) * CHUNK
+        def copy(r: Expr, col: Expr) -> Stmt:
             if len(dst.shape) == 4:
                 w = const_int(dst.shape[3])
                 assert w is not None
                 at_dst: tuple[Expr, ...] = (stage, col // w, r, col % w)
             else:
                 at_dst = (stage, r, col)
-            st: Stmt = AsyncCopy(dst, at_dst, src, lead + (row0 + r, col), 16,
-                                 compare("<", row0 + r, extent), "cg")
-            if chunks % self.threads:
-                st = IfThenElse(compare("<", chunk, chunks), st)
-            return st
-        return self.unrolled(f"copy_{read.tensor.name}", count, copy)
+            return AsyncCopy(dst, at_dst, src, lead + (row0 + r, col), 16, compare("<", row0 + r, extent), "cg")
+        return tile_copy(self.unrolled, f"copy_{read.tensor.name}", self.tx, self.threads, rows, width, CHUNK, copy)
 
 
 def two_n8_tiles(intrinsic: str, acc: Buffer, offset: Any, a: FragmentRef, b: Buffer) -> Stmt:

@@ -40,7 +40,7 @@ from ..schedule.tensorize import INTRINSICS
 from .key_tiles import kept_conditions, whole_tile
 from .mma_tiles import LOG2E, TileStaging, fold_log2e
 from .online_backward import BackwardChain, GradOutput
-from .online_contraction import _Lower, head_indices
+from .online_contraction import ExpressionLowering, head_indices
 
 WHERE = "online_backward_mma"
 STAGES = 2
@@ -88,7 +88,7 @@ class BackwardKernels(TileStaging):
         self.row_side = chain.of_kind("row") if atomics else []
         self.accumulators = {id(o.tensor): self._temp(f"{o.tensor.name}_accumulator", dt.float32, o.tensor.shape)
                              for o in self.row_side}
-        self.lower = _Lower(self.buffers, u)
+        self.lower = ExpressionLowering(self.buffers, u)
 
     def _temp(self, label: str, dtype: dt.DType, shape: tuple[Expr, ...]) -> Buffer:
         buf = Buffer(self.unique(label), dtype, tuple(shape), "global", tensor=label)
@@ -109,7 +109,7 @@ class BackwardKernels(TileStaging):
         lane, flat = t % 32, bx * per_block + t // 32
         total = size_product(rows)
         at = unflatten(flat, tuple(rows))
-        lower = _Lower(self.buffers, u)
+        lower = ExpressionLowering(self.buffers, u)
         partial = Buffer(u("partial"), dt.float32, (Const(1, dt.int32),), "local")
         body: list[Stmt] = []
         for stat in chain.statistics:
@@ -163,7 +163,7 @@ class BackwardKernels(TileStaging):
         threads = 256
         bx, t = Var(u("convert_block"), dt.int32), Var(u("thread"), dt.int32)
         flat = bx * threads + t
-        lower = _Lower(self.buffers, u)
+        lower = ExpressionLowering(self.buffers, u)
         body: list[Stmt] = []
         widest = outs[0].tensor.shape
         for o in outs:

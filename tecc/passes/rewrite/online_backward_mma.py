@@ -76,7 +76,8 @@ from ...ir.stmt import (
 )
 from ...ir.tensor import Tensor
 from ..names import identifier
-from ..schedule.tensorize import load_a_fragment, load_b_fragments, row_swizzle
+from ..schedule.tensorize import load_a_fragment, load_b_fragments
+from ..schedule.tile_staging import row_swizzle
 from .key_tiles import kept_conditions, query_block_start
 from .mma_tiles import check_relayout, two_n8_tiles
 from .online_backward import BackwardChain, GradOutput, backward_chain

@@ -126,7 +126,7 @@ def online_chain(args: Sequence[Tensor]) -> OnlineChain:
 MAX_GRID_Y = 65535
 
 
-class _Lower:
+class ExpressionLowering:
     """Expressions with TensorReads and Reduce nodes -> loads and serial reduction loops."""
 
     def __init__(self, buffers: dict[Tensor, Buffer], unique: Callable[[str], str]) -> None:
@@ -224,7 +224,7 @@ def online_contraction(args: Sequence[Tensor], threads: int = 32, rows_per_block
     m_new = Buffer(unique("m_new"), ft_m, (1,), "local", tensor=f"{chain.m.name}.new")
     l_run = Buffer(unique("l_run"), ft_l, (1,), "local", tensor=f"{chain.l.name}.running")
     acc = Buffer(unique("o_acc"), ft_o, (K,), "local", tensor=f"{chain.output.name}.acc")
-    lower = _Lower(buffers, unique)
+    lower = ExpressionLowering(buffers, unique)
 
     # the tile's scores: lane tx computes key tile·T + tx (-inf past the keys or the rows)
     j_lane = tile * T + tx
@@ -319,4 +319,4 @@ def _contraction_term(chain: OnlineChain, p: Var, v: Expr) -> Expr:
     return binary("*", v, cast(p, b.dtype))
 
 
-__all__ = ["MAX_GRID_Y", "OnlineChain", "head_indices", "online_chain", "online_contraction"]
+__all__ = ["MAX_GRID_Y", "ExpressionLowering", "OnlineChain", "head_indices", "online_chain", "online_contraction"]

@@ -21,7 +21,7 @@ one or two m16 tiles that share every K and V fragment the warp loads. Per block
 1. Q tile [BM][D] -> shared (16-byte cp.async, zero past the rows), then ldmatrix.x4 into A
    fragments that stay in registers for the whole key loop.
 2. K and V tiles [BN][D], [BN][C] of consecutive keys stream through a ring of 2 stages in
-   swizzled shared memory (tensorize's `row_swizzle`, 16-byte cp.async zero-filling keys past the
+   swizzled shared memory (tile_staging's `row_swizzle`, 16-byte cp.async zero-filling keys past the
    end); tile kt + 1 is in flight while tile kt is computed.
 3. S = Q Kᵀ: mma.m16n8k16 into float32 C fragments (K is [n][k] in shared: plain ldmatrix
    gives the B fragments).
@@ -127,7 +127,7 @@ from ...ir.visitor import SubexpressionReplacer
 from ..lower import exprs_of, global_buffers, scalar_vars, signature
 from ..substitute import substitute_stmt
 from ..names import identifier
-from ..schedule.tensorize import INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
+from ..schedule.tensorize import INTRINSICS, load_a_fragment, load_b_fragments
 from ..schedule.tensorize_wgmma import wgmma_intrinsic
 from .key_tiles import (
     affine_form,
@@ -143,7 +143,7 @@ from .mma_tiles import LOG2E, TileStaging, block_width, two_n8_tiles
 from .mma_tiles import check_wgmma_relayout as _check_wgmma_relayout
 from .mma_tiles import check_relayout as _check_relayout
 from .mma_tiles import fold_log2e as _fold_log2e
-from .online_contraction import MAX_GRID_Y, OnlineChain, _Lower, head_indices, online_chain
+from .online_contraction import MAX_GRID_Y, ExpressionLowering, OnlineChain, head_indices, online_chain
 
 LN2 = math.log(2.0)
 MAX_HEAD_DIM = 128   # mma.sync: the partial output, 4·C/8 floats per lane, and Q's fragments, D/2 registers
@@ -400,7 +400,7 @@ class _Kernel(TileStaging):
         self.splits = 1       # > 1: split-KV over that many key chunks (grid z) and a combine kernel
         self.partials: list[Buffer] = []
         self.lane, self.warp = self.tx % 32, self.tx // 32
-        self.lower = _Lower(self.buffers, u)
+        self.lower = ExpressionLowering(self.buffers, u)
         if warpgroup:
             self.warpgroup = self.tx // WARPGROUP_SIZE
             self.qk_wgmma = wgmma_intrinsic(tcc.q.dtype.name, key_tile)
@@ -1021,7 +1021,7 @@ class _Kernel(TileStaging):
         chain = self.chain
         acc, mx, sm = self.partial_buffers()
         u = self.unique
-        lower = _Lower(self.buffers, u)
+        lower = ExpressionLowering(self.buffers, u)
         zero = Const(0, dt.int32)
         C = Const(self.C, dt.int32)   # type: ignore[arg-type]
         heads, queries = chain.rows[:-1], chain.rows[-1]

@@ -73,6 +73,7 @@ from ...ir.stmt import (
 )
 from ...ir.tensor import Tensor
 from .fuse_rows import COMBINE, VECTORS, Pass, finish_reduction, RowInliner, row_group, row_passes
+from .row_group import RowGroup
 from ..lower import exprs_of, global_buffers, Inliner, scalar_vars, signature
 from ..names import identifier
 from .online_stats import (
@@ -134,12 +135,21 @@ def row_statistics(args: Sequence[Tensor]) -> Statistics:
     """The one-pass partial statistics of the row group `args`, or ScheduleError saying why it
     is not a row group or has none (what the strategy asks before proposing the split)."""
     group = row_group(args)
+    _plain_group(group)
     sig = signature(group.program)
     row_idx = unflatten(Var("row", dt.int32), group.rows)
     col = Var("col", dt.int32)
     values = {t: Buffer(f"{t.name}_val", t.dtype, (1,), "local") for t in group.reductions}
     inliner = RowInliner(Inliner(group.program.inlined, sig.buffers), values, row_idx)
     return one_pass_statistics(row_passes(group, inliner, row_idx, col), values, col)
+
+
+def _plain_group(group: RowGroup) -> None:
+    """Row values and column reductions (row_group.py) have no place in the split kernels."""
+    extra = group.row_values + group.column_reductions
+    if extra:
+        raise ScheduleError(f"split_row_group: {', '.join(t.name for t in extra)} are per-row values or column "
+                            "reductions, which the split kernels do not compute; fuse_rows does")
 
 
 def chunk_columns(columns: Expr, splits: int, tile: int) -> tuple[Expr, bool]:
@@ -167,6 +177,7 @@ def split_row_group(args: Sequence[Tensor], threads: int = 256, splits: int = 1,
     if vector not in VECTORS:
         raise ScheduleError(f"split_row_group: vector must be one of {VECTORS}, got {vector}")
     group = row_group(args)
+    _plain_group(group)
     C = group.columns
     c_const = const_int(C)
     if vector > 1 and (c_const is None or c_const % vector):

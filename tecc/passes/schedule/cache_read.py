@@ -50,6 +50,7 @@ from ...ir.stmt import (
 )
 from ..simplify import simplify_func
 from .barriers import insert_barriers
+from .thread_partition import chunk_coordinates
 from .loops import (
     all_names,
     find_loop,
@@ -59,6 +60,11 @@ from .loops import (
     rebuffer,
     replace_stmt,
 )
+
+
+def _reads_memory(e: Expr) -> bool:
+    """Whether an index reads a buffer (data-dependent: not affine, any element of its axis)."""
+    return any(isinstance(n, BufferLoad) for n in walk(e))
 
 
 def find_buffer(func: PrimFunc, tensor: str) -> Buffer:
@@ -113,6 +119,16 @@ def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0,
         if origin is None:
             origin = here
         for d, i in enumerate(idx):
+            if _reads_memory(i):
+                # a data-dependent index (a gather) may be any element of its dimension: the tile
+                # holds the whole axis (the index is checked where it is read, index_checks.IndexCheck)
+                extent = const_int(buf.shape[d])
+                if extent is None:
+                    raise ScheduleError(f"{what}: dimension {d} of {tensor} is read at a data-dependent index "
+                                        f"({i}) and has no constant extent; the tile would be the whole axis")
+                origin[d] = Const(0, i.dtype)
+                lo[d], hi[d] = 0, extent - 1
+                continue
             a, b = poly.expr_bounds(i - origin[d], s.loops, s.conditions)
             if a is None or b is None:
                 raise ScheduleError(
@@ -123,6 +139,7 @@ def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0,
             hi[d] = b if hi[d] is None else max(hi[d], b)  # type: ignore[type-var]
     assert origin is not None
     origin = [o + lo[d] if lo[d] else o for d, o in enumerate(origin)]  # type: ignore[operator]
+    # (a gathered dimension's origin is 0 and its lo 0: the whole axis)
     shape = [int(h) - int(l) + 1 for h, l in zip(hi, lo)]  # type: ignore[arg-type]
     if transpose and (len(shape) < 2 or any(e != 1 for e in shape[:-2])):
         raise ScheduleError(f"{what}: only a two-dimensional tile (leading dimensions of extent 1, such as "
@@ -255,12 +272,7 @@ def _copy(func: PrimFunc, buf: Buffer, cache: Buffer, shape: list[int], origin: 
     step_var = Var(fresh_name(taken, f"{cache.name}_c"), d)
     lane = Var(fresh_name(taken, f"{cache.name}_v"), d) if vector > 1 else None
     flat = step_var * threads + tid if steps > 1 else tid
-    idx: list[Expr] = []
-    stride = total
-    for k, e in enumerate(chunks):
-        stride //= e
-        q = flat // stride if stride > 1 else flat
-        idx.append(q % e if k > 0 else q)
+    idx = chunk_coordinates(flat, chunks)
     if lane is not None:
         idx[-1] = idx[-1] * vector + lane
     dims = outer + [poly.LoopDim(v, Const(0, d), Const(n, d), "serial") for v, n in axis_vars

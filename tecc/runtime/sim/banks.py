@@ -6,8 +6,10 @@ is split into phases of at most 128 bytes (all 32 lanes for accesses up to 4 byt
 takes as many wavefronts as the largest number of *distinct* words any one bank must deliver
 (lanes reading the same word share it); every wavefront beyond the first is a conflict.
 
-Counted: ldmatrix reads (always), and plain loads and stores of shared buffers that have a
-layout (tecc.ir.layout), so a test can show what a swizzle buys.
+Counted: ldmatrix reads, cp.async copies, and plain loads and stores of every shared buffer
+(through its layout, tecc.ir.layout, where it has one), so a test can show what a swizzle or a
+padded row buys. A plain access is counted per element: a `vectorize` loop's elements count as
+one access each, not as the one wide access the emitter makes of them.
 """
 
 from __future__ import annotations
@@ -94,6 +96,6 @@ def record_access(st: LaneState, buffer: str, byte_address: Any, width: int, lan
 
 
 def note_shared_access(st: LaneState, mem: Any, physical: Any) -> None:
-    """A plain load or store of a shared buffer with a layout (`physical`: element offsets)."""
+    """A plain load or store of a shared buffer (`physical`: element offsets through its layout)."""
     if _ACTIVE:
         record_access(st, mem.name, np.asarray(physical) * mem.dtype.bytes, mem.dtype.bytes)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ...ir import dtype as dt
-from ...ir.errors import DivergenceError, TeccError
+from ...ir.errors import DivergenceError, OutOfBoundsError, TeccError
 from ...ir.expr import (
     MEMORY_INTRINSICS,
     WARP_INTRINSICS,
@@ -34,6 +34,7 @@ from ...ir.expr import (
     Var,
 )
 from ...ir.philox import RandomUniform, uniform_from_index
+from ...ir.index_checks import IndexCheck
 from ...ir.stmt import Buffer
 from . import numerics as nm
 from .memory_intrinsics import atomic_add, run_fence
@@ -158,6 +159,8 @@ def compile_expr(e: Expr, scope: Scope) -> Closure:
         return lambda st: nm.to_dtype(fa(st), d)
     if isinstance(e, Select):
         return _compile_select(e, scope)
+    if isinstance(e, IndexCheck):
+        return _compile_index_check(e, scope)
     if isinstance(e, Call):
         if e.name in WARP_INTRINSICS:
             return _compile_shuffle(e, scope)
@@ -294,6 +297,46 @@ def _compile_shuffle(e: Call, scope: Scope) -> Closure:
         return v[src]
 
     return run
+
+
+def _compile_index_check(e: IndexCheck, scope: Scope) -> Closure:
+    """A data-dependent index check (tecc.ir.index_checks.IndexCheck): true when the value of every
+    active lane is in [0, extent); otherwise OutOfBoundsError naming the tensor, the dimension,
+    the index expression and the bad value, whatever TECC_SIM_CHECKS says (an out-of-range index
+    is an error of the program, not a check the emulator adds)."""
+    fv, fe = compile_expr(e.value, scope), compile_expr(e.extent, scope)
+
+    def run(st: LaneState) -> Any:
+        v, n = fv(st), int(fe(st))
+        if not isinstance(v, np.ndarray):
+            if 0 <= int(v) < n:
+                return True
+            raise _index_out_of_range(e, st, int(v), n, None)
+        bad = (v < 0) | (v >= n)
+        if st.mask is not None:
+            bad &= st.mask
+        if bad.any():
+            lane = int(np.argmax(bad))
+            raise _index_out_of_range(e, st, int(v[lane]), n, lane)
+        return True
+
+    return run
+
+
+def _index_out_of_range(e: IndexCheck, st: LaneState, value: int, extent: int, lane: int | None) -> OutOfBoundsError:
+    lay = st.layout
+    where = lay.where(lane) if lane is not None else "in every thread"
+    err = OutOfBoundsError(
+        f"out-of-range data-dependent index into {e.tensor} in kernel {st.kernel}: index {e.dim} of {e.tensor} is "
+        f"{e.value} = {value}, outside [0, {extent}) (dimension {e.dim} of {e.tensor} has size {extent}), at "
+        f"{where}; tecc does not wrap negative indices: fix the indices (or wrap them first, as torch does)")
+    err.tensor = e.tensor  # type: ignore[attr-defined]
+    err.dimension = e.dim  # type: ignore[attr-defined]
+    err.value = value  # type: ignore[attr-defined]
+    if lane is not None:
+        err.block = lay.block_of(lane)  # type: ignore[attr-defined]
+        err.thread = lay.thread_of(lane)  # type: ignore[attr-defined]
+    return err
 
 
 def _compile_memory_intrinsic(e: Call, scope: Scope) -> Closure:
