@@ -35,9 +35,10 @@ Whether one is worth applying is the planner's decision (tecc/compiler/strategie
                                        that contract the tile's weights over the queries (dK, dV), the keys
                                        (dQ) or neither (dBias), rows and keys found by unifying the score's
                                        contraction; three tensor-core kernels, no (rows x keys) buffer: a
-                                       pre-pass, the key-block-major kernel, dQ's conversion or its query-
-                                       major kernel (online_backward_dq.py); their Hopper form on wgmma
-                                       (online_backward_wgmma.py); shared parts in online_backward_kernels.py
+                                       pre-pass, the key-block-major kernel (online_backward_key_major.py),
+                                       dQ's conversion or its query-major kernel (online_backward_dq.py);
+                                       their Hopper form on wgmma (online_backward_wgmma.py); shared parts
+                                       in online_backward_kernels.py
 
 Their shared parts:
   reduction_stage.py  the one reduction stage a split rewrite takes (one stage, one Reduce)

@@ -18,7 +18,7 @@ from ...ir.errors import ScheduleError
 from ...ir.expr import Binary, Cast, Const, Expr, Select, TensorRead, Var, binary, cast, compare, const_int, select, substitute
 from ...ir.descriptor import MatrixDescriptor
 from ...ir.intrinsics import WARPGROUP_SIZE, lookup
-from ...ir.stmt import AsyncCopy, Buffer, For, FragmentRef, IfThenElse, MatrixMultiply, SharedMatrix, Stmt, seq
+from ...ir.stmt import AsyncCopy, Buffer, For, FragmentRef, MatrixMultiply, SharedMatrix, Stmt, seq
 from ...ir.tensor import Tensor
 from ..schedule.tensorize import INTRINSICS
 from ..schedule.thread_partition import tile_copy

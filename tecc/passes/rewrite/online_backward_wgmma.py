@@ -50,10 +50,10 @@ from .mma_tiles import block_width, check_wgmma_relayout, descriptor
 from .online_backward import BackwardChain
 from .online_backward_dq import QueryMajor
 from .online_backward_kernels import WHERE, BackwardKernels, tile_key
-from .online_backward_mma import _KeyMajor
+from .online_backward_key_major import KeyMajor
 
 
-class KeyMajorWgmma(_KeyMajor):
+class KeyMajorWgmma(KeyMajor):
     """The key-block-major kernel on wgmma (module docstring)."""
 
     def __init__(self, chain: BackwardChain, key_tile: int, rows: int, atomics: bool, name: str | None) -> None:
