@@ -21,6 +21,7 @@ from .ir.errors import (
     DeviceError,
     DivergenceError,
     DTypeError,
+    GradientError,
     InvalidNameError,
     LaunchError,
     OutOfBoundsError,
@@ -66,7 +67,7 @@ from .ir.expr import Expr  # a scalar expression (what a compute's lambda return
 from .ir.tensor import Tensor, compute, placeholder, reduce_axis, var
 from .ir.philox import rand
 from .ir.scatter import scatter_add
-from .ir.autodiff import GradientError, Gradients, grad
+from .ir.autodiff import Gradients, grad
 
 from .version import __version__
 
