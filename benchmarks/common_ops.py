@@ -1,13 +1,14 @@
 """Common ops that were planned slowly: transposes / permutes, and the bias-batched GEMM.
 
     python benchmarks/common_ops.py [--reps 20] [--json benchmarks/results/common_ops_h200.json]
-                                    [--only transpose|baddbmm] [--quick]
+                                    [--only transpose|baddbmm|small_gemm] [--quick]
 
 Transposes and permutes (`Y = X.permute(perm)` written as a tensor expression): tecc as
 `tc.build(args)` plans it (plan="auto": transpose_tile), the same op under the elementwise
 strategy's best point (the plan before transpose_tile), a few other tilings of transpose_tile
 (the model's next picks and the classic 32x32 tile of 32x8 threads: which tiling the GPU
-prefers), torch's `x.t().contiguous()` / `x.permute(...).contiguous()`, and a device-to-device
+prefers; also the best point with padded rows and scalar copies, and the best swizzled one of
+256 threads), torch's `x.t().contiguous()` / `x.permute(...).contiguous()`, and a device-to-device
 copy of the same bytes (`dst.copy_(x)`). GB/s = 2 x tensor bytes / time (every byte read once
 and written once); "% copy" = GB/s / the copy's GB/s (the target: >= 85% for tecc). Every tecc
 output is compared with torch's bit for bit.
@@ -17,7 +18,9 @@ fp16 and bf16 (16-bit outputs, float32 accumulation), tecc plan="auto" against
 `torch.baddbmm(bias, A, W)`, and tecc's plain batched GEMM against `torch.bmm`, so the table shows
 what the bias costs each. TFLOP/s = 2·B·M·N·K / time; "tecc / torch" = torch time / tecc time
 (above 1: tecc faster). fp32 runs without TF32 on both sides (torch's default). Checked against
-float64 torch (max error relative to the row's magnitude).
+float64 torch (max error relative to the row's magnitude). Then the small batch 3x1000x130x257
+(fp32, bias[j]): the planner's pick on the live device beside gemm_pipelined's and the generic
+reduction's best points (the model prices them within a few percent of each other there).
 
 All in this process on one stream, timed with CUDA events (median of --reps rounds of 10
 launches after warm-up; tecc's launches replayed through cuda.core without its per-call argument
@@ -67,6 +70,10 @@ QUICK_TRANSPOSES = [TRANSPOSES[0], TRANSPOSES[1], TRANSPOSES[7], TRANSPOSES[11]]
 # (batch, M, N, K)
 GEMMS = [(8, 1024, 1024, 1024), (32, 512, 512, 512), (64, 256, 256, 256), (16, 1024, 4096, 1024)]
 QUICK_GEMMS = GEMMS[:2]
+# a batch of small GEMMs with few 8x8-thread tiles per SM: the planner's pick on the live device
+# is timed beside the best point of each strategy that can take it (fp32 only)
+SMALL_GEMM = (3, 1000, 130, 257)
+SMALL_GEMM_STRATEGIES = ("gemm_pipelined", "reduction")
 CLASSIC = {"tu": 32, "tv": 32, "ty": 8}
 
 
@@ -97,8 +104,9 @@ def bias_bmm(batch: int, m: int, n: int, k: int, dtype: str, bias: bool = True) 
 
 
 def strategy_points(args: list[tc.Tensor], name: str, target: Any, count: int,
-                    extra: list[dict[str, int]] = ()) -> list[dict[str, Any]]:
-    """The `count` best points of strategy `name` by the cost model, plus those of `extra` in its space."""
+                    extra: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """The `count` best points of strategy `name` by the cost model, plus for each of `extra`
+    the best point of its space that has those values (a callable value: a test of the value)."""
     info = analyze_kernel(lower(args).kernels[0])
     strategy = get(name)
     if strategy.guard(info, target) is not None:
@@ -106,11 +114,20 @@ def strategy_points(args: list[tc.Tensor], name: str, target: Any, count: int,
     def predicted(point: dict[str, Any]) -> float:
         return predict(strategy.workload(info, point, target), target).total
 
+    def has(point: dict[str, Any], want: dict[str, Any]) -> bool:
+        return all(v(point.get(k)) if callable(v) else point.get(k) == v for k, v in want.items())
+
     points = sorted(strategy.space(info, target), key=predicted)
     out = points[:count]
     for want in extra:
-        out += [p for p in points if all(p.get(k) == v for k, v in want.items()) and p not in out][:1]
+        out += [p for p in points if has(p, want) and p not in out][:1]
     return out
+
+
+# beside the model's picks: the best point with padded rows and scalar copies (the plan before
+# 16-byte copies), the best swizzled one of 256 threads, and the classic 32x32 tile of 32x8 threads
+TILE_EXTRAS = [{"copy": lambda c: c in (None, 1)}, {"copy": lambda c: c is not None and c > 1,
+                                                    "ty": lambda ty: ty is not None and ty >= 32}, CLASSIC]
 
 
 def with_point(args: list[tc.Tensor], name: str, point: dict[str, Any]) -> Any:
@@ -157,7 +174,7 @@ def transposes(cases: list[tuple[Any, ...]], reps: int, stream: Any, target: Any
         want = raw(xs[0]).permute(*perm).contiguous()
         args = permute(shape, perm, dtype)
         kernels = [("auto", tc.build(args, target="cuda"))]
-        for point in strategy_points(args, "transpose_tile", target, 3, [CLASSIC]):
+        for point in strategy_points(args, "transpose_tile", target, 3, TILE_EXTRAS):
             kernels.append((get("transpose_tile").describe(point), with_point(args, "transpose_tile", point)))
         for point in strategy_points(args, "elementwise", target, 1):
             kernels.append((get("elementwise").describe(point) + " (before)", with_point(args, "elementwise", point)))
@@ -224,10 +241,45 @@ def gemms(cases: list[tuple[int, int, int, int]], reps: int, stream: Any) -> lis
     return rows
 
 
+def small_gemm(reps: int, stream: Any, target: Any) -> list[dict[str, Any]]:
+    """SMALL_GEMM in fp32 with bias[j]: the planner's pick and the best point of each strategy
+    in SMALL_GEMM_STRATEGIES, timed alike (which one the GPU prefers for a batch of small GEMMs)."""
+    batch, m, n, k = SMALL_GEMM
+    args = bias_bmm(batch, m, n, k, "float32")
+    g = torch.Generator(device="cuda").manual_seed(7)
+    a = torch.randn(batch, m, k, device="cuda", generator=g)
+    w = torch.randn(batch, k, n, device="cuda", generator=g)
+    bias = torch.randn(n, device="cuda", generator=g)
+    c = torch.empty(batch, m, n, device="cuda")
+    ref = a.double() @ w.double() + bias.double()
+    flops = 2.0 * batch * m * n * k
+    t_torch = time_it(lambda: torch.baddbmm(bias, a, w), stream, reps)
+    kernels = [("auto", tc.build(args, target="cuda"))]
+    for name in SMALL_GEMM_STRATEGIES:
+        for point in strategy_points(args, name, target, 1):
+            kernels.append((get(name).describe(point), with_point(args, name, point)))
+    rows = []
+    print("| op | B x M x N x K | dtype | plan | TFLOP/s | torch TFLOP/s | tecc / torch | max rel err |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for label, kern in kernels:
+        run = launcher(kern, [a, w, bias, c], stream)
+        torch.cuda.synchronize()
+        err = ((c.double() - ref).abs().max() / ref.abs().max()).item()
+        t = time_it(run, stream, reps)
+        plan = plan_label(kern) if label == "auto" else label
+        predicted = kern.planning.kernels[0].chosen.cost.total if kern.planning is not None else None
+        rows.append({"op": "baddbmm", "shape": list(SMALL_GEMM), "dtype": "float32", "variant": label, "plan": plan,
+                     "tecc_s": t, "torch_s": t_torch, "predicted_s": predicted, "tecc_tflops": flops / t / 1e12,
+                     "torch_over_tecc": t_torch / t, "max_rel_err": err})
+        print(f"| baddbmm | {'x'.join(map(str, SMALL_GEMM))} | float32 | {plan} | {flops / t / 1e12:.2f} | "
+              f"{flops / t_torch / 1e12:.2f} | {t_torch / t:.2f}x | {err:.1e} |  ({t * 1e6:.1f} us)", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--only", choices=["transpose", "baddbmm"], default=None)
+    ap.add_argument("--only", choices=["transpose", "baddbmm", "small_gemm"], default=None)
     ap.add_argument("--quick", action="store_true", help="four transposes and two GEMM shapes")
     ap.add_argument("--json", default=str(HERE / "results" / "common_ops.json"))
     a = ap.parse_args()
@@ -244,6 +296,8 @@ def main() -> None:
         result["transposes"] = transposes(QUICK_TRANSPOSES if a.quick else TRANSPOSES, a.reps, stream, target, 3 * l2)
     if a.only in (None, "baddbmm"):
         result["gemms"] = gemms(QUICK_GEMMS if a.quick else GEMMS, a.reps, stream)
+    if a.only in (None, "baddbmm", "small_gemm"):
+        result["small_gemm"] = small_gemm(a.reps, stream, target)
     result["seconds"] = time.time() - start
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(result, indent=1))

@@ -230,15 +230,17 @@ class ExprEmitter:
         """`name[offset]`, the multi-dimensional index flattened with the buffer's strides."""
         return f"{self.buffer_name(buffer)}[{self.code(self.offset(buffer, indices))}]"
 
-    def offset(self, buffer: Buffer, indices: tuple[Expr, ...], strides: tuple[Expr, ...] | None = None) -> Expr:
+    def offset(self, buffer: Buffer, indices: tuple[Expr, ...], strides: tuple[Expr, ...] | None = None,
+               through_layout: bool = True) -> Expr:
         """The flat element offset of `buffer[indices]` as an IR expression, in int64 when the
         buffer is indexed in 64-bit arithmetic (the casts print as implicit promotions).
         `strides`: the buffer's strides as a branch knows them (a launch-tested copy's unit
-        stride as the constant 1, matrix.async_copy), else its own."""
+        stride as the constant 1, matrix.async_copy), else its own. `through_layout=False`:
+        the logical offset of a swizzled buffer, before its layout."""
         index_type = dt.int64 if buffer in self.wide else None
         total: Expr | None = None
         whole: Expr | None = None  # terms that move a swizzled offset by whole periods
-        layout = buffer.layout
+        layout = buffer.layout if through_layout else None
         for index, stride in zip(indices, strides if strides is not None else buffer.effective_strides()):
             if index_type is not None or (index.dtype != dt.int64 and _reads_memory(index)):
                 # a data-dependent index is multiplied in 64 bits: its value is only known to be in

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence, Union
 
 from ..ir.errors import ScheduleError
+from ..ir.layout import LayoutError, Swizzle
 from ..ir.stmt import Module, PrimFunc
 from ..ir.tensor import Tensor
 from ..passes import schedule as prim
@@ -75,6 +76,7 @@ class _PendingRead:
     pad: int = 0
     vector: int = 1
     transpose: bool = False
+    swizzle: Swizzle | None = None
 
 
 class Schedule(TensorCorePrimitives):
@@ -276,17 +278,46 @@ class Schedule(TensorCorePrimitives):
 
     def vector_copy(self, cache: StageLike, width: int) -> None:
         """Copy a pending shared cache in chunks of `width` consecutive elements of its last
-        dimension per thread (width 4 of 4-byte or 8 of 2-byte elements: 16-byte LDG.128 /
+        dimension per thread (width 4 of 4-byte, 8 of 2-byte or 16 of 1-byte elements: 16-byte LDG.128 /
         STS.128 where the offsets are provably aligned; the emitter falls back to scalar accesses
         where they are not). Call it before compute_at."""
         c = self._stage(cache)
         pending = self._pending.get(str(c))
         if pending is None or pending.scope != "shared":
             raise ScheduleError(f"vector_copy({c}): not a shared cache_read stage that is still to be placed")
-        if width not in (1, 2, 4, 8):
-            raise ScheduleError(f"vector_copy({c}): width must be 1, 2, 4 or 8 (8: 16-bit elements), got {width!r}")
+        if width not in (1, 2, 4, 8, 16):
+            raise ScheduleError(f"vector_copy({c}): width must be 1, 2, 4, 8 (8: 16-bit elements) or 16 (8-bit "
+                                f"elements), got {width!r}")
+        if pending.swizzle is not None and width > pending.swizzle.contiguous:
+            raise ScheduleError(f"vector_copy({c}): the cache's {pending.swizzle} keeps {pending.swizzle.contiguous} "
+                                f"consecutive elements together, fewer than the width {width}")
         pending.vector = width
         self._record(Step("vector_copy", {"cache": str(c), "width": width}))
+
+    def storage_swizzle(self, cache: StageLike, bits: int, base: int, shift: int) -> None:
+        """Store a pending shared cache where the XOR layout `Swizzle(bits, base, shift)`
+        (tecc.ir.layout) puts its flat offsets: chunks of 2^base consecutive elements stay
+        contiguous and in order (16-byte copies into the tile stay 16-byte accesses), and the chunk
+        index is XOR-ed with the offset's bits [base + shift, base + shift + bits), so that a
+        column walk over rows whose row-group index sits there spreads over the banks without
+        padding the rows (a padded row is not 16-byte aligned). The map is written into the
+        indices of every access to the cache (cache_read.swizzled_index). Call it before
+        compute_at. With storage_align too, it applies to the offsets of the padded rows (a box 56
+        elements wide stored in rows of 64, so that the row-group bits sit where it reads them)."""
+        c = self._stage(cache)
+        pending = self._pending.get(str(c))
+        if pending is None or pending.scope != "shared":
+            raise ScheduleError(f"storage_swizzle({c}): not a shared cache_read stage that is still to be placed")
+        try:
+            layout = Swizzle(int(bits), int(base), int(shift))
+        except (LayoutError, TypeError, ValueError) as exc:
+            raise ScheduleError(f"storage_swizzle({c}): {exc}") from exc
+        if pending.vector > layout.contiguous:
+            raise ScheduleError(f"storage_swizzle({c}): {layout} keeps {layout.contiguous} consecutive elements together, "
+                                f"fewer than the vector copy's width {pending.vector}; raise base")
+        pending.swizzle = layout
+        self._record(Step("storage_swizzle", {"cache": str(c), "bits": layout.bits, "base": layout.base,
+                                              "shift": layout.shift}))
 
     def storage_transpose(self, cache: StageLike) -> None:
         """Store a pending two-dimensional shared cache transposed ([column][row]): the GEMM's A
@@ -358,7 +389,7 @@ class Schedule(TensorCorePrimitives):
             raise ScheduleError(f"compute_at({st}, {lp}): the loop is in kernel {lp.kernel}, the stage in {st.kernel}")
         self._apply(lp.kernel, Step("compute_at", {"stage": str(st), "loop": str(lp)}),
                     lambda f: prim.stage_read(f, pending.tensor, pending.scope, lp.name, pending.pad,
-                                               pending.vector, pending.transpose))
+                                               pending.vector, pending.transpose, pending.swizzle))
         del self._pending[str(st)]
 
     def fuse_rows(self, threads: int, cache: str = "registers", vector: int = 1, rows_per_block: int = 1,

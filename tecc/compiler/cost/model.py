@@ -27,11 +27,13 @@ parallelism a thread exposes (bytes of independent loads in flight, independent 
                busiest SM: however many warps other blocks add, a block cannot finish sooner
     serial     device-wide serialized work (Workload.serial_cycles: atomics to one address)
     latency    exposed latency: rounds · per-block critical path / resident blocks
+    overlap    Workload.overlap_loss · min(dram, l1/shared): what a kernel whose bytes each take
+               several memory instructions loses of the two pipes' overlap (0 unless it says)
     launch     the fixed launch overhead
     then       a second kernel of the same point (split-K's combine), predicted on its own
 
     predicted = launch + max(dram, l2, l1/shared, tensor, fma, issue, special, blocks, chain, serial)
-                + latency (+ then)
+                + latency + overlap (+ then)
 
 Hard constraints (threads per block, registers per thread and per block, shared memory without
 opt-in, a block that does not fit on an SM) reject a point with the reason.
@@ -142,6 +144,12 @@ class Workload:
     # the most contended address (a scatter's repeated index), which its L2 slice applies one
     # after another (the `serial` term)
     serial_cycles: float = 0.0
+    # the part of the L1/shared pipe's time that does not overlap the DRAM transfers: this fraction
+    # of the smaller of the dram and l1/shared terms is added to the prediction (the `overlap`
+    # term; 0: the two overlap perfectly, the max() alone). A memory-bound kernel whose every byte
+    # takes several warp memory instructions (a tiled transpose: global load, shared store, shared
+    # load, global store) measured 0.1-0.4 of it on the H200 (docs/cost-model.md, "Overlap")
+    overlap_loss: float = 0.0
 
     @property
     def register_count(self) -> int:
@@ -292,8 +300,11 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
     terms = {"dram": t_dram, "l2": t_l2, "l1/shared": t_lsu, "tensor": t_tensor, "fma": t_fma, "issue": t_issue,
              "special": t_special, "blocks": t_blocks, "chain": t_chain, "serial": w.serial_cycles / clock}
     bound = max(terms, key=lambda k: terms[k])
-    total = params.launch_s + terms[bound] + t_latency
+    t_overlap = w.overlap_loss * min(t_dram, t_lsu)
+    total = params.launch_s + terms[bound] + t_latency + t_overlap
     terms = dict(terms, latency=t_latency, launch=params.launch_s)
+    if t_overlap:
+        terms["overlap"] = t_overlap
     if w.then is not None:
         # the next kernel waits for this one (same stream): its whole predicted time is added
         after = predict(w.then, target, params)

@@ -14,6 +14,9 @@
    the box is flattened, and the block's threads (linear thread id, fastest along the last
    dimension so consecutive threads read consecutive addresses) each copy every T-th element.
 4. `insert_barriers` then adds the barriers before and after the copy.
+The cache's rows may be padded (`pad` elements: `storage_align`) and stored through an XOR
+`layout` (tecc.ir.layout.Swizzle: `storage_swizzle`) of the padded offsets, written into the
+indices of every access to the cache, the copy's included (`swizzled_index`).
 
 Preconditions: `tensor` is read under `loop` and not written there; for shared memory the
 block's thread loops are bound already (the copy is spread over them); the tile's indices are
@@ -22,8 +25,11 @@ affine in the loop variables.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from ...ir import poly
 from ...ir.errors import ScheduleError
+from ...ir.layout import Swizzle
 from ...ir.expr import (
     BufferLoad,
     Const,
@@ -88,8 +94,10 @@ def _dims(loops: list[For]) -> list[poly.LoopDim]:
 
 
 def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0, vector: int = 1,
-               transpose: bool = False) -> PrimFunc:
+               transpose: bool = False, layout: Swizzle | None = None) -> PrimFunc:
     what = f"cache_read of {tensor} into {scope} at {loop}"
+    if layout is not None and scope != "shared":
+        raise ScheduleError(f"{what}: a swizzled layout is for a shared cache, not a {scope} one")
     if scope not in ("shared", "local"):
         raise ScheduleError(f"{what}: scope must be 'shared' or 'local'")
     buf = find_buffer(func, tensor)
@@ -160,6 +168,9 @@ def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0,
         raise ScheduleError(f"{what}: a vector copy of width {vector} needs a shared cache whose last "
                             f"dimension ({shape[-1]}) is a multiple of the width")
     copy = _copy(func, buf, cache, shape, origin, outer_loops, scope, taken, max(vector, 1), order)
+    if layout is not None:
+        swizzle = swizzled_index(layout, alloc_shape, what)
+        body, copy = rebuffer(body, cache, cache, swizzle), rebuffer(copy, cache, cache, swizzle)
     if scope == "local":
         new_loop = For(node.var, node.min, node.extent, node.kind, Allocate(cache, seq(copy, body)), node.annotations)
         out = func.with_body(replace_stmt(func.body, node, new_loop))
@@ -176,6 +187,36 @@ def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0,
                                                                 Allocate(cache, nl.body), nl.annotations)))
         out = insert_barriers(out)
     return simplify_func(out)
+
+
+def swizzled_index(layout: Swizzle, shape: list[int], what: str) -> Callable[[tuple[Expr, ...]], tuple[Expr, ...]]:
+    """The index map that stores a cache of `shape` (rows of L = shape[-1] elements, a power of
+    two) through `layout`, written into the indices: column c of row r goes to
+    `((c // 2^base) ^ ((r // G) % 2^bits)) · 2^base + c % 2^base` with G = 2^(base + shift) / L,
+    the element the Swizzle puts at flat offset r·L + c (r: the leading indices flattened; the
+    chunk bits lie in c, the source bits in r). As index arithmetic the simplifier folds it where the loops' ranges decide it (the
+    copy's lane stays a unit-stride term: 16-byte copies; a row group's term becomes the thread's
+    own), where a layout applied to the flat offset would be re-derived per access."""
+    row = shape[-1] if shape else 0
+    if len(shape) < 2 or row & (row - 1) or (1 << (layout.base + layout.bits)) > row \
+            or (1 << (layout.base + layout.shift)) < row:
+        raise ScheduleError(f"{what}: {layout} needs a tile of rows whose length is a power of two holding its "
+                            f"chunk bits, with the source bits in the row index; the tile is {shape}")
+    chunk = 1 << layout.base
+    group = (1 << (layout.base + layout.shift)) // row
+    groups = 1 << layout.bits
+
+    def index(idx: tuple[Expr, ...]) -> tuple[Expr, ...]:
+        r = idx[-2]  # the row: the leading indices flattened (a box [1, 64, 1, 64] has 64 rows)
+        stride = 1
+        for d in range(len(idx) - 3, -1, -1):
+            stride *= shape[d + 1]
+            if shape[d] > 1:
+                r = r + idx[d] * stride
+        c = idx[-1]
+        return idx[:-1] + (((c // chunk) ^ ((r // group) % groups)) * chunk + c % chunk,)
+
+    return index
 
 
 def _drop_padding_tests(s: Stmt, buf: Buffer) -> Stmt:

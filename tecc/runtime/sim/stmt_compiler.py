@@ -48,6 +48,7 @@ from ...ir.stmt import (
     WarpgroupMatrixMultiply,
 )
 from .async_copy import compile_async_copy
+from .banks import vector_group
 from .instructions import compile_instruction
 from .mbarrier import barrier_events, compile_copy
 from .roles import has_waits, run_roles
@@ -160,6 +161,8 @@ def _compile_serial_loop(s: For, scope: Scope) -> Runner:
     rng = (lo_c, lo_c + ext_c - 1) if lo_c is not None and ext_c is not None and ext_c > 0 else None
     slot, body = _with_range(scope, s, rng)
     fmin, fext = compile_expr(s.min, scope), compile_expr(s.extent, scope)
+    if s.kind == "vectorize" and rng is not None:
+        return _vector_loop(slot, body, int(lo_c), int(ext_c))  # type: ignore[arg-type]
 
     def run(st: LaneState) -> None:
         lo, n = fmin(st), fext(st)
@@ -172,6 +175,26 @@ def _compile_serial_loop(s: For, scope: Scope) -> Runner:
                     body(st)
             else:
                 _run_divergent_loop(st, slot, body, lo, n)
+        finally:
+            st.vals[slot] = saved
+
+    return run
+
+
+def _vector_loop(slot: int, body: Runner, lo: int, n: int) -> Runner:
+    """A `vectorize` loop with constant bounds: its iterations in order, and, while bank
+    conflicts are counted, its shared accesses grouped into the wide accesses the emitter
+    makes of them (banks.vector_group)."""
+
+    def run(st: LaneState) -> None:
+        saved = st.vals[slot]
+        try:
+            with vector_group(n) as group:
+                for i in range(lo, lo + n):
+                    if group is not None:
+                        group.next_iteration()
+                    st.vals[slot] = i
+                    body(st)
         finally:
             st.vals[slot] = saved
 
