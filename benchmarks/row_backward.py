@@ -16,18 +16,29 @@ next of N input sets that together cover 3 x L2 (inputs from DRAM, memory_bound.
   _softmax_backward_data(dY, Y) and torch.compile of y * (dy - Σ dy·y), which read Y and dY:
   the same bytes.
 - ce: cross-entropy over a vocabulary (rows x --vocab logits, int32 targets, per-row losses and
-  an upstream gradient per row), forward + backward. tecc: the forward that keeps (max, Σ exp)
-  per row, then the one elementwise backward pass; torch: F.cross_entropy(reduction="none"),
-  then torch.autograd.grad.
+  an upstream gradient per row), forward + backward. tecc: the loss and dX as ONE program
+  (`tc.grad(loss, [X]).forward_backward`: the upstream gradient of a loss is known before its
+  forward runs), one row kernel reading the logits once; "alt": the forward that keeps (max,
+  Σ exp) per row, then the elementwise backward pass (two kernels, the logits read twice);
+  torch: F.cross_entropy(reduction="none"), then torch.autograd.grad; "compile joint":
+  torch.compile of the same one-program step written out in torch (loss and dX from the
+  logits, the targets and the upstream gradient), the fair reference for tecc's one program.
 
 torch's fwd+bwd steps are captured in a CUDA graph per input set and replayed (the step's GPU
 time, without autograd's host overhead), falling back to plain calls when capture fails (said
 in the table). tecc's launches are replayed through cuda.core without per-call checks
 (memory_bound.direct_launcher). GB/s = the minimal bytes (fwd: inputs read, outputs written;
-bwd: X and dY read, dX written; small vectors not counted) / time. "vs compile" = torch.compile
-time / tecc time (the issue's target: >= 1.2 for ln and ce), "vs best" = fastest torch / tecc.
-Every tecc result is checked against torch in float64 first (max relative error printed).
-torch.compile is skipped (shown "-") once --budget-s seconds have passed.
+bwd: X and dY read, dX written; ce: the logits read once, dX written; small vectors not
+counted) / time; "tecc MB" = what tecc's kernels move (the minimal bytes, the logits' second
+read of "alt" not counted, plus the column sums' partial rows written and read again).
+"vs compile" = torch.compile time / tecc time (the issue's target: >= 1.2 for ln and ce),
+"vs best" = fastest torch / tecc. Every tecc result is checked against torch in float64 first
+(max relative error printed). torch.compile is skipped (shown "-") once --budget-s seconds
+have passed.
+
+--points: for ln / rms, also the backward alone at other plans of its row kernel (the planned
+point, and the same without the next-row prefetch, column sums in registers, at the blocks per
+SM that leaves: the plan before the prefetch), one line each.
 """
 
 from __future__ import annotations
@@ -106,6 +117,19 @@ def torch_softmax_bwd_eager(y, dy):
 
 def torch_ce(x, t):
     return F.cross_entropy(x, t, reduction="none")
+
+
+def torch_ce_joint(x, t, dl):
+    """The loss and dX of cross-entropy for the upstream gradient dl, written as one function
+    (what tecc's forward_backward program computes), in float32 like tecc's arithmetic."""
+    xf = x.float()
+    m = xf.amax(-1, keepdim=True)
+    e = torch.exp(xf - m)
+    s = e.sum(-1, keepdim=True)
+    onehot = torch.arange(x.shape[-1], device=x.device)[None, :] == t[:, None]
+    loss = (m + s.log()).squeeze(-1) - torch.where(onehot, xf, 0.0).sum(-1)
+    dx = (dl[:, None] * (e / s - onehot.float())).to(x.dtype)
+    return loss, dx
 
 
 def fwd_bwd(fn, n_grad):
@@ -204,7 +228,46 @@ def norm_case(op, R, C, dtype, n_sets, stream):
     nbytes = x.element_size() * R * C * 5  # fwd: X, Y; bwd: X, dY, dX
     return Case(chained(Rotation(f_runs), Rotation(b_runs)), chained(Rotation(f0_runs), Rotation(b0_runs)),
                 fwd_bwd(ref_fn, 1 + n_par), fwd_bwd(torch.compile(ref_fn, dynamic=False), 1 + n_par), torch_sets,
-                nbytes, err, f"{_plan(fwd)} + {_plan(bwd)}")
+                nbytes, err, f"{_plan(fwd)} + {_plan(bwd)}", nbytes + partial_bytes(bwd))
+
+
+def norm_points(op, R, C, dtype, n_sets, stream, reps):
+    """The backward alone (saved statistics) at its planned row-kernel point and at the point
+    without the next-row prefetch (module docstring, --points): (label, seconds, bytes, plan)."""
+    from tecc.compiler.plan import Plan, Step
+    from tecc.compiler.strategies.row_fused import column_resident
+    from tecc.compiler.planner import resolve_target
+
+    tdt = TORCH_DTYPES[dtype]
+    g = rb.layer_norm_backward(R, C, dtype, save=True) if op == "ln" else rb.rms_norm_backward(R, C, dtype, save=True)
+    planned = build(g.args)
+    step = dict(planned.plan.steps[0].args)
+    tgt = resolve_target(None)
+    elements = -(-C // (step["threads"] * step.get("vector", 1))) * step.get("vector", 1)
+    arrays, sums = 2, len(g.grads) - 1
+    resident = min(4, column_resident(step["threads"], elements * (arrays + sums), "local", 0, tgt)) or 1
+    before = {k: v for k, v in step.items() if k not in ("prefetch", "column_sums")}
+    before["row_blocks"] = min(R, tgt.sm_count * resident)
+    points = [("planned", planned), ("no prefetch", build_plan(g.args, Plan((Step("fuse_rows", before),),
+                                                                               "row_fused", "no prefetch")))]
+    sets = []
+    for _ in range(n_sets):
+        x = torch.randn(R, C, device=DEVICE, dtype=tdt)
+        params = [torch.randn(C, device=DEVICE, dtype=tdt) for _ in g.grads[1:]]
+        stats = [torch.rand(R, device=DEVICE, dtype=torch.float32) + 0.5 for _ in g.saved]
+        dy = torch.randn(R, C, device=DEVICE, dtype=tdt)
+        sets.append([x, *params, *stats, dy, torch.empty_like(x), *[torch.empty_like(q) for q in params]])
+    out = []
+    for label, k in points:
+        runs = Rotation(tecc_runs(k, sets, stream))
+        t = time_it(runs, stream, reps) if TARGET != "sim" else (runs(), float("nan"))[1]
+        out.append((label, t, 3 * x.element_size() * R * C + partial_bytes(k), _plan(k)))
+    return out
+
+
+def build_plan(args, plan):
+    kernel = tc.build(args, target=TARGET, plan=plan)
+    return kernel if TARGET != "sim" else _SimKernel(kernel)
 
 
 def softmax_case(R, C, dtype, n_sets, stream):
@@ -224,13 +287,14 @@ def softmax_case(R, C, dtype, n_sets, stream):
     err = rel_err(dx, yd * (dy.double() - (dy.double() * yd).sum(-1, keepdim=True)))
     nbytes = x.element_size() * R * C * 3
     return Case(Rotation(runs), None, torch_softmax_bwd_eager, torch.compile(torch_softmax_bwd, dynamic=False),
-                [(y, dy) for x, y, dy, dx in sets], nbytes, err, _plan(bwd))
+                [(y, dy) for x, y, dy, dx in sets], nbytes, err, _plan(bwd), nbytes)
 
 
 def ce_case(R, V, dtype, n_sets, stream):
     tdt = TORCH_DTYPES[dtype]
     g = rb.cross_entropy_backward(R, V, dtype)
-    fwd, bwd = build(list(g.forward)), build(g.args)
+    joint_args = rb.cross_entropy_forward_backward(R, V, dtype)
+    joint, fwd, bwd = build(joint_args), build(list(g.forward)), build(g.args)
     sets = []
     for _ in range(n_sets):
         x = torch.randn(R, V, device=DEVICE, dtype=tdt) * 2
@@ -238,40 +302,62 @@ def ce_case(R, V, dtype, n_sets, stream):
         dl = torch.randn(R, device=DEVICE, dtype=torch.float32)  # tecc's per-row loss is float32
         outs = [torch.empty(R, device=DEVICE, dtype=torch.float32) for _ in range(3)]
         sets.append((x, t, dl, outs, torch.empty_like(x)))
+    j_runs = tecc_runs(joint, [[x, t, dl, o[0], dx] for x, t, dl, o, dx in sets], stream)
     f_runs = tecc_runs(fwd, [[x, t, *o] for x, t, dl, o, dx in sets], stream)
     b_runs = tecc_runs(bwd, [[x, t, o[1], o[2], dl, dx] for x, t, dl, o, dx in sets], stream)
     x, t, dl, o, dx = sets[0]
-    fwd(x, t, *o)
-    bwd(x, t, o[1], o[2], dl, dx)
-    sync()
     xd = x.double().requires_grad_()
     loss = F.cross_entropy(xd, t.long(), reduction="none")
     (want,) = torch.autograd.grad(loss, [xd], dl.double())
-    err = max(rel_err(o[0], loss.detach()), rel_err(dx, want))
+    err = 0.0
+    for run in (lambda: joint(x, t, dl, o[0], dx), lambda: (fwd(x, t, *o), bwd(x, t, o[1], o[2], dl, dx))):
+        o[0].fill_(float("nan"))
+        dx.fill_(float("nan"))
+        run()
+        sync()
+        err = max(err, rel_err(o[0], loss.detach()), rel_err(dx, want))
     # torch's loss is in the logits' dtype (its upstream gradient too); targets as int64
     torch_sets = [(x.requires_grad_(), t.long(), dl.to(tdt)) for x, t, dl, o, dx in sets]
-    nbytes = x.element_size() * R * V * 3  # fwd: X; bwd: X, dX
-    return Case(chained(Rotation(f_runs), Rotation(b_runs)), None, fwd_bwd(torch_ce, 1),
+    joint_sets = [(x.detach(), t.long(), dl) for x, t, dl, o, dx in sets]
+    nbytes = x.element_size() * R * V * 2  # the logits read, dX written
+    return Case(Rotation(j_runs), chained(Rotation(f_runs), Rotation(b_runs)), fwd_bwd(torch_ce, 1),
                 fwd_bwd(torch.compile(torch_ce, dynamic=False), 1), torch_sets, nbytes, err,
-                f"{_plan(fwd)} + {_plan(bwd)}")
+                f"{_plan(joint)}; alt {_plan(fwd)} + {_plan(bwd)}", nbytes,
+                torch.compile(torch_ce_joint, dynamic=False), joint_sets)
 
 
 @dataclass
 class Case:
     tecc: Rotation                 # tecc's fwd(+bwd) launches, one set per call
-    recompute: Rotation | None     # the same without saved statistics (norms)
+    recompute: Rotation | None     # the alternative: without saved statistics (norms), two kernels (ce)
     eager: Any                     # torch's step on one torch set
     compiled: Any                  # the torch.compile'd step
     torch_sets: list
     nbytes: int
     err: float
     plan: str
+    tecc_bytes: int = 0            # what tecc's kernels move (module docstring)
+    compiled_joint: Any = None     # torch.compile of the one-program step (ce)
+    joint_sets: list | None = None
 
 
 def _plan(k):
     steps = [s for s in k.plan.steps if s.primitive == "fuse_rows"]
     how = ", ".join(f"{k_}={v}" for k_, v in steps[0].args.items()) if steps else k.plan.strategy
     return f"{len(k.module.kernels)} kernel(s) ({how})"
+
+
+def partial_bytes(k) -> int:
+    """The column sums' partial rows of a built backward: written by the row kernel, read by the
+    combine kernel (float32, row_blocks x columns per column reduction)."""
+    return sum(8 * size for t in k.module.temps for size in [_numel(t.shape)])
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
 
 # ---- main ---------------------------------------------------------------------------------------
@@ -286,6 +372,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--budget-s", type=float, default=200.0)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--points", action="store_true", help="ln / rms: the backward alone at other row-kernel plans")
     ap.add_argument("--sim", action="store_true", help="check only, in the emulator on CPU tensors (no GPU)")
     a = ap.parse_args()
     if a.sim:
@@ -295,9 +382,10 @@ def main() -> None:
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; rows {a.rows}; CUDA-event medians "
           f"of {a.reps}, inputs from DRAM (sets covering 3 x L2)")
-    print("| op | shape | dtype | tecc us | tecc GB/s | recompute us | torch us | torch.compile us | vs compile | "
-          "vs best | max rel err | torch timing | tecc plan |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| op | shape | dtype | tecc us | tecc GB/s | tecc MB | alt us | torch us | torch.compile us | "
+          "compile joint us | vs compile | vs best | max rel err | torch timing | tecc plan |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    point_lines = []
     for op in a.ops:
         for dtype in a.dtypes:
             for C in ([a.vocab] if op == "ce" else a.widths):
@@ -320,14 +408,28 @@ def main() -> None:
                         t_comp = time_it(comp_run, stream, a.reps)
                     except Exception as exc:  # noqa: BLE001 - report and go on
                         print(f"# torch.compile failed for {op} {dtype} {C}: {type(exc).__name__}: {exc}"[:300])
-                best = min(t for t in (t_eager, t_comp) if t)
+                t_joint = None
+                if case.compiled_joint is not None and not a.no_compile and time.time() - t0 < a.budget_s:
+                    try:
+                        t_joint = time_it(Rotation([lambda s=s: case.compiled_joint(*s) for s in case.joint_sets]),
+                                          stream, a.reps)
+                    except Exception as exc:  # noqa: BLE001 - report and go on
+                        print(f"# torch.compile of the joint step failed for {op} {dtype}: {exc}"[:300])
+                best = min(t for t in (t_eager, t_comp, t_joint) if t)
                 us = lambda t: f"{t * 1e6:.1f}" if t else "-"  # noqa: E731
                 vs_c = f"{t_comp / t_tecc:.2f}x" if t_comp else "-"
-                print(f"| {op} | {a.rows}x{C} | {dtype} | {us(t_tecc)} | {case.nbytes / t_tecc / 1e9:.0f} | {us(t_re)} | "
-                      f"{us(t_eager)} | {us(t_comp)} | {vs_c} | {best / t_tecc:.2f}x | {case.err:.1e} | {how} | "
-                      f"{case.plan} |", flush=True)
+                print(f"| {op} | {a.rows}x{C} | {dtype} | {us(t_tecc)} | {case.nbytes / t_tecc / 1e9:.0f} | "
+                      f"{case.tecc_bytes / 1e6:.0f} | {us(t_re)} | {us(t_eager)} | {us(t_comp)} | {us(t_joint)} | {vs_c} | "
+                      f"{best / t_tecc:.2f}x | {case.err:.1e} | {how} | {case.plan} |", flush=True)
                 del case
+                if a.points and op in ("ln", "rms"):
+                    for label, t, nb, plan in norm_points(op, a.rows, C, dtype, n_sets, stream, a.reps):
+                        point_lines.append(f"| {op} bwd | {a.rows}x{C} | {dtype} | {label} | {t * 1e6:.1f} | "
+                                           f"{nb / 1e6:.0f} | {nb / t / 1e9:.0f} | {plan} |")
                 torch.cuda.empty_cache()
+    if point_lines:
+        print("\n| op | shape | dtype | point | us | MB | GB/s | plan |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("\n".join(point_lines))
     print(f"# {time.time() - t0:.0f} s")
 
 
@@ -346,8 +448,19 @@ def check_in_emulator(a) -> None:
                     case.recompute()
                 case.eager(*case.torch_sets[0])
                 bound = 2e-5 if dtype == "float32" else 3e-2
+                if case.joint_sets is not None:  # the torch one-program reference computes the same
+                    x, t, dl = case.joint_sets[0]
+                    loss, dx = torch_ce_joint(x, t, dl)
+                    xd = x.double().requires_grad_()
+                    ref = F.cross_entropy(xd, t, reduction="none")
+                    (want,) = torch.autograd.grad(ref, [xd], dl.double())
+                    joint_err = max(rel_err(loss, ref.detach()), rel_err(dx, want))
+                    assert joint_err < bound, f"torch_ce_joint {dtype}: max rel err {joint_err:.1e}"
                 assert case.err < bound, f"{op} {dtype} {C}: max rel err {case.err:.1e}"
                 print(f"{op} {a.rows}x{C} {dtype}: max rel err {case.err:.1e}; {case.plan}", flush=True)
+                if a.points and op in ("ln", "rms"):
+                    for label, _t, nb, plan in norm_points(op, a.rows, C, dtype, 2, None, 1):
+                        print(f"  {label}: {nb / 1e6:.2f} MB; {plan}")
 
 
 if __name__ == "__main__":

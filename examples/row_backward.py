@@ -10,7 +10,10 @@ user's forward, and the planner builds it as few kernels as the algebra allows
   output invariant to it);
 - cross-entropy over a vocabulary: the forward keeps each row's maximum and Σ exp (its
   log-sum-exp, `save=[m, s]`), so the backward is ONE elementwise pass over the logits,
-  dX = dloss · (exp(x - m) / s - onehot).
+  dX = dloss · (exp(x - m) / s - onehot);
+- cross-entropy's forward and backward as ONE program (`Gradients.forward_backward`, for a loss
+  whose upstream gradient is known before the forward runs): one row kernel reads the logits
+  once and writes the loss and dX.
 
 The target pick is a one-hot compare, `Σ_j where(j == target[i], x[i, j], 0)`: target is an int
 tensor read at [i], an affine read.
@@ -66,6 +69,13 @@ def cross_entropy(R, V, dtype="float32"):
 def cross_entropy_backward(R, V, dtype="float32"):
     X, T, m, s, loss = cross_entropy(R, V, dtype)
     return tc.grad(loss, [X], save=[m, s])
+
+
+def cross_entropy_forward_backward(R, V, dtype="float32"):
+    """[X, T, dloss, loss, dX]: the loss and its gradient for the upstream gradient dloss, in one
+    program (one row kernel: the row max and Σ exp serve both)."""
+    X, T, m, s, loss = cross_entropy(R, V, dtype)
+    return list(tc.grad(loss, [X]).forward_backward)
 
 
 def _stages(t):

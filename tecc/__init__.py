@@ -16,53 +16,11 @@ from typing import Any
 from .ir import DType, bfloat16, bool_, float8_e4m3, float8_e5m2, float16, float32, float64, int32, int64
 from .ir.target import Target
 from .ir.target import target_api as target
-from .ir.errors import (
-    CompileError,
-    DeviceError,
-    DivergenceError,
-    DTypeError,
-    GradientError,
-    InvalidNameError,
-    LaunchError,
-    OutOfBoundsError,
-    RaceError,
-    ResourceError,
-    ScheduleError,
-    ShapeError,
-    TeccError,
-    UninitializedReadError,
-)
-from .ir.ops import (
-    abs,
-    cast,
-    ceil,
-    const,
-    cos,
-    erf,
-    exp,
-    exp2,
-    floor,
-    fmax,
-    fmin,
-    isnan,
-    log,
-    log2,
-    max,
-    maximum,
-    min,
-    minimum,
-    nanmax,
-    nanmin,
-    pow,
-    prod,
-    rsqrt,
-    sigmoid,
-    sin,
-    sqrt,
-    sum,
-    tanh,
-    where,
-)
+from .ir.errors import (CompileError, DeviceError, DivergenceError, DTypeError, GradientError, InvalidNameError,
+                        LaunchError, OutOfBoundsError, RaceError, ResourceError, ScheduleError, ShapeError, TeccError,
+                        UninitializedReadError)
+from .ir.ops import (abs, cast, ceil, const, cos, erf, exp, exp2, floor, fmax, fmin, isnan, log, log2, max, maximum,
+                     min, minimum, nanmax, nanmin, pow, prod, rsqrt, sigmoid, sin, sqrt, sum, tanh, where)
 from .ir.expr import Expr  # a scalar expression (what a compute's lambda returns): for annotations
 from .ir.tensor import Tensor, compute, placeholder, reduce_axis, var
 from .ir.philox import rand

@@ -173,6 +173,63 @@ def test_cross_entropy_forward_is_one_kernel_and_backward_one_elementwise_pass(d
            f"cross-entropy backward {dtype} {rows}x{vocab} (seed {seed}), plan {bwd.plan}")
 
 
+@pytest.mark.parametrize("dtype,rows,vocab", [("float32", 6, 1003), ("bfloat16", 5, 2051), ("float32", "R", 50304),
+                                              ("bfloat16", 2, 50304)])
+def test_cross_entropy_forward_and_backward_as_one_program_is_one_row_kernel(dtype, rows, vocab):
+    """forward_backward: the gradient reads the forward's own row max and Σ exp, so the planner
+    builds the loss and dX in one row kernel that reads the logits once."""
+    rng, seed = _rng()
+    sizes = {"R": 3} if rows == "R" else {}
+    args = rb.cross_entropy_forward_backward(tc.var("R") if rows == "R" else rows, vocab, dtype)
+    assert [t.name for t in args] == ["X", "T", "dloss", "loss", "dX"]
+    k = tc.build(args, target="sim", sizes=sizes or None)
+    assert len(k.module.kernels) == 1 and k.plan.steps[0].primitive == "fuse_rows", k.plan
+    if vocab == 50304:  # 512 threads; bf16 kept in float32 registers (row_fused.FLOAT_ROWS_ELEMENTS)
+        assert k.plan.steps[0].args["threads"] == 512 and k.plan.steps[0].args.get("float_rows", False) == (dtype == "bfloat16")
+    n = sizes.get("R", rows)
+    x = (rng.standard_normal((n, vocab)) * 2).astype(NP[dtype])
+    t = rng.integers(0, vocab, n).astype(np.int32)
+    dloss = rng.standard_normal(n).astype(np.float32)
+    loss, dx = _run(k, args, [x, t, dloss], sizes)
+    x64 = x.astype(np.float64)
+    _check([loss], [rb.np_cross_entropy(x64, t)[0]], "float32", f"cross-entropy loss {dtype} (seed {seed})")
+    _check([dx], rb.np_cross_entropy_backward(x64, t, dloss.astype(np.float64)), dtype,
+           f"cross-entropy dX {dtype} {rows}x{vocab} (seed {seed}), plan {k.plan}")
+
+
+def test_forward_backward_shares_the_forward_stages():
+    """The joint program's gradient reads the forward's row statistics (no recomputed copy, no
+    saved placeholder), and its output is the forward's."""
+    X, T, m, s, loss = rb.cross_entropy(4, 64)
+    g = tc.grad(loss, [X], save=[m, s])
+    joint = g.forward_backward
+    assert joint[:3] == (X, T, g.cotangent) and joint[3] is loss
+    stages = rb._stages(joint[4])
+    assert stages["m"] is m and stages["s"] is s and not any(t.is_placeholder for t in (stages["m"], stages["s"]))
+    assert g.grads[0] is not joint[4]  # the backward alone reads the saved placeholders instead
+
+
+def test_forward_backward_of_a_stage_with_an_embedded_reduction():
+    """A log-sum-exp written as one stage (the sum inside `m + log(Σ exp(x - m))`): the joint
+    program's output is the normalized forward's, which computes the same values."""
+    rng, seed = _rng()
+    X = tc.placeholder((5, 333), "float32", name="X")
+    c, c2 = tc.reduce_axis(333, name="c"), tc.reduce_axis(333, name="c2")
+    m = tc.compute((5,), lambda i: tc.max(X[i, c], axis=c), name="m")
+    lse = tc.compute((5,), lambda i: m[i] + tc.log(tc.sum(tc.exp(X[i, c2] - m[i]), axis=c2)), name="lse")
+    joint = list(tc.grad(lse, [X]).forward_backward)
+    assert [t.name for t in joint] == ["X", "dlse", "lse", "dX"] and joint[2] is not lse
+    k = tc.build(joint, target="sim")
+    assert len(k.module.kernels) == 1, k.plan
+    x = rng.standard_normal((5, 333)).astype(np.float32)
+    dl = rng.standard_normal(5).astype(np.float32)
+    out, dx = _run(k, joint, [x, dl], {})
+    x64 = x.astype(np.float64)
+    want = np.log(np.exp(x64 - x64.max(-1, keepdims=True)).sum(-1)) + x64.max(-1)
+    p = np.exp(x64 - want[:, None])
+    _check([out, dx], [want, dl[:, None].astype(np.float64) * p], "float32", f"log-sum-exp joint (seed {seed})")
+
+
 def test_saved_statistics_replace_their_recomputation():
     g = rb.layer_norm_backward(8, 64, save=True)
     assert [t.name for t in g.saved] == ["mu", "var"] and all(t.is_placeholder for t in g.saved)
@@ -206,14 +263,23 @@ def test_column_reductions_need_row_blocks_and_the_row_in_registers():
         fuse_rows(args, 32, row_blocks=4, column_sums="global")
 
 
-def test_wide_rows_prefetch_the_next_row_and_keep_the_column_sums_in_shared_memory():
-    """At 8192 columns the row and its column sums in registers leave one 1024-thread block per
-    SM: the plan loads each block's next row ahead instead (the loads stay in flight through
-    the row's barriers); narrower rows keep two or more blocks per SM without it."""
-    wide = tc.build(rb.layer_norm_backward(8192, 8192).args, target="sim").plan.steps[0].args
-    assert wide["prefetch"] and wide["column_sums"] == "shared" and wide["threads"] == 1024, wide
-    narrow = tc.build(rb.layer_norm_backward(8192, 4096).args, target="sim").plan.steps[0].args
-    assert "prefetch" not in narrow and "column_sums" not in narrow and narrow["row_blocks"] >= 2 * 132, narrow
+def test_every_block_loads_its_next_row_ahead_without_losing_resident_blocks():
+    """Without the prefetch a block has loads in flight only from a row's start to its first
+    reduction. The plan loads each block's next row ahead at the residency it has without it:
+    the column sums stay in registers where the second row set fits beside them (768 columns:
+    128 threads, 4 blocks per SM), else they move to shared memory (4096: 512 threads, 2 blocks;
+    8192: 1024 threads, 1 block). The blocks split the rows evenly (S = the fewest blocks with
+    the same rows per block) and every planned kernel compiles for sm_90 without spills."""
+    want = {768: (128, "local", 4), 4096: (512, "shared", 2), 8192: (1024, "shared", 1)}
+    for columns, (threads, sums, per_sm) in want.items():
+        k = tc.build(rb.layer_norm_backward(8192, columns).args, target="cuda", arch="sm_90")
+        step = k.plan.steps[0].args
+        assert step["prefetch"] and step["threads"] == threads, (columns, step)
+        assert step.get("column_sums", "local") == sums, (columns, step)
+        rows_per_block = -(-8192 // (132 * per_sm))
+        assert step["row_blocks"] == -(-8192 // rows_per_block), (columns, step)
+        for name, res in k.resources.items():
+            assert res.spill_stores == 0 and res.spill_loads == 0, (columns, name, res)
 
 
 def test_a_column_statistic_read_back_by_a_row_is_not_a_row_group():
@@ -229,20 +295,22 @@ def test_a_column_statistic_read_back_by_a_row_is_not_a_row_group():
 @pytest.mark.parametrize("row_blocks", [1, 3, 40])
 @pytest.mark.parametrize("column_sums,prefetch", [("local", False), ("shared", False), ("shared", True),
                                                   ("local", True)])
-def test_any_number_of_row_blocks_gives_the_same_gradients(row_blocks, column_sums, prefetch):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_any_number_of_row_blocks_gives_the_same_gradients(row_blocks, column_sums, prefetch, dtype):
     """Fewer blocks than rows, rows not a multiple of the blocks, more blocks than rows (idle
     blocks store identity partials); column sums in registers or shared memory (the emulator
-    checks the shared words for races), the next row loaded ahead or not."""
+    checks the shared words for races), the next row loaded ahead or not; bf16 rows kept in
+    float32 registers (float_rows, converted as the prefetched row is taken)."""
     rng, seed = _rng()
-    g = rb.layer_norm_backward(13, 96)
+    g = rb.layer_norm_backward(13, 96, dtype)
     step = {"threads": 64, "cache": "registers", "vector": 4, "row_blocks": row_blocks, "column_sums": column_sums,
-            "prefetch": prefetch}
+            "prefetch": prefetch, "float_rows": dtype == "bfloat16"}
     plan = Plan((Step("fuse_rows", step),), "row_fused", "")
     k = tc.build(g.args, target="sim", plan=plan)
-    x, gg, bb = (rng.standard_normal(s).astype(np.float32) for s in ((13, 96), (96,), (96,)))
-    dy = rng.standard_normal((13, 96)).astype(np.float32)
-    _check(_run(k, g.args, [x, gg, bb, dy], {}), rb.np_layer_norm_backward(x, gg, bb, dy), "float32",
-           f"layer norm backward, {step} (seed {seed})")
+    x, gg, bb = (rng.standard_normal(s).astype(NP[dtype]) for s in ((13, 96), (96,), (96,)))
+    dy = rng.standard_normal((13, 96)).astype(NP[dtype])
+    want = rb.np_layer_norm_backward(*(a.astype(np.float64) for a in (x, gg, bb, dy)))
+    _check(_run(k, g.args, [x, gg, bb, dy], {}), want, dtype, f"layer norm backward {dtype}, {step} (seed {seed})")
 
 
 def test_the_forward_layer_norm_exposes_its_statistics_in_one_kernel():
@@ -262,11 +330,14 @@ def test_the_forward_layer_norm_exposes_its_statistics_in_one_kernel():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_planned_backward_kernels_compile_with_nvrtc_without_spills(arch, dtype):
-    """The benchmark's shapes: layer norm and RMS norm backward at 768 and 8192 columns, softmax's
-    at 4096, cross-entropy's over 50,304 logits."""
+    """The benchmark's shapes: layer norm and RMS norm backward at 768, 4096 and 8192 columns,
+    softmax's at 4096, cross-entropy's forward, backward, and both in one kernel over 50,304
+    logits (512 threads: at 1024 the row's 52 registers spilled)."""
+    ce = rb.cross_entropy_backward(8192, 50304, dtype)
     programs = [rb.layer_norm_backward(8192, 768, dtype).args, rb.layer_norm_backward(8192, 8192, dtype, save=True).args,
-                rb.rms_norm_backward(8192, 8192, dtype).args, rb.softmax_backward(8192, 4096, dtype).args,
-                rb.cross_entropy_backward(8192, 50304, dtype).args]
+                rb.layer_norm_backward(8192, 4096, dtype, save=True).args, rb.rms_norm_backward(8192, 8192, dtype).args,
+                rb.softmax_backward(8192, 4096, dtype).args, list(ce.forward), ce.args,
+                rb.cross_entropy_forward_backward(8192, 50304, dtype)]
     for args in programs:
         k = tc.build(args, target="cuda", arch=arch)
         for name, res in k.resources.items():
@@ -363,3 +434,12 @@ def test_cross_entropy_on_the_gpu_matches_torch_autograd(rows, vocab, dtype):
     assert _gpu_err(torch, loss, ref.detach()) <= 2e-5, "cross-entropy loss"
     err = _gpu_err(torch, dx, want)
     assert err <= TOL[dtype], f"cross-entropy dX {rows}x{vocab} {dtype}: {err:.2e}, {bwd.plan}"
+    # forward and backward as one program: one row kernel writes both
+    joint = tc.build(rb.cross_entropy_forward_backward(rows, vocab, dtype), target="cuda")
+    assert len(joint.module.kernels) == 1, joint.plan
+    loss.fill_(float("nan"))
+    dx.fill_(float("nan"))
+    joint(x, t, dl, loss, dx)
+    assert _gpu_err(torch, loss, ref.detach()) <= 2e-5, f"cross-entropy loss, one kernel: {joint.plan}"
+    err = _gpu_err(torch, dx, want)
+    assert err <= TOL[dtype], f"cross-entropy dX {rows}x{vocab} {dtype}, one kernel: {err:.2e}, {joint.plan}"

@@ -27,6 +27,7 @@ from tecc.ir.errors import DivergenceError, RaceError, ScheduleError
 from tecc.ir.intrinsics import IntrinsicError
 from tecc.ir.stmt import (
     AsyncProxyFence,
+    BarrierRef,
     Buffer,
     BufferStore,
     BulkWait,
@@ -34,6 +35,7 @@ from tecc.ir.stmt import (
     NamedBarrier,
     PrimFunc,
     Stmt,
+    TensorCopy,
     TensorMap,
     TensorStore,
     iter_stmts,
@@ -65,6 +67,35 @@ def global_output_stores(f: Any) -> list[Stmt]:
 
 
 # ---- the IR -----------------------------------------------------------------------------------------
+
+def test_a_tma_copy_and_a_tma_store_say_which_end_of_the_box_transfer_is_wrong() -> None:
+    """TensorCopy and TensorStore check their shared end alike (TensorMap.check_transfer); each
+    message names the direction: the copy's shared end is its destination, the store's its source."""
+    cmap = TensorMap(Buffer("C", dt.float16, (100, 200)), (64, 64), "128B")
+    bar = BarrierRef(Buffer("bar", dt.int64, (1,), "shared"), 0)
+    tile = Buffer("C_s", dt.float16, (64, 64), "shared", layout=swizzle_layout("128B", 2))
+    wide = Buffer("W_s", dt.float32, (64, 32), "shared", layout=swizzle_layout("128B", 4))
+    local = Buffer("r", dt.float16, (64, 64), "local")
+    plain = Buffer("P_s", dt.float16, (64, 64), "shared")
+    transfers: list[tuple[Callable[..., Any], str, str]] = [
+        (lambda b, i, c: TensorCopy(b, i, cmap, c, bar), "TMA copy C -> {}", "copies into"),
+        (lambda b, i, c: TensorStore(b, i, cmap, c), "TMA store {} -> C", "stores from")]
+    for make, where, verb in transfers:
+        copy = verb == "copies into"
+        cases: list[tuple[Buffer, tuple[int, ...], tuple[int, ...], type[Exception], str]] = [
+            (local, (0, 0), (0, 0), IntrinsicError, f"{verb} shared memory, not local"),
+            (wide, (0, 0), (0, 0), tc.DTypeError,
+             "source is float16, destination float32" if copy else "source is float32, destination float16"),
+            (tile, (0,), (0, 0), IntrinsicError, "1 indices for the 2 dimensions of C_s"),
+            (tile, (0, 0), (0,), IntrinsicError, "1 coordinates for the 2-dimensional tensor"),
+            (plain, (0, 0), (0, 0), IntrinsicError,
+             f"the {'destination' if copy else 'source'}'s layout .* is not the 128B swizzle's"),
+        ]
+        for buf, indices, coords, error, message in cases:
+            with pytest.raises(error, match=f"^{where.format(buf.name)}: {message}"):
+                make(buf, indices, coords)
+        make(tile, (0, 0), (0, 64))  # the well-formed transfer is accepted
+
 
 def test_tma_stores_bulk_waits_and_named_barriers_check_their_operands() -> None:
     out = Buffer("C", dt.float16, (100, 200))

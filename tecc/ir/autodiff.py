@@ -44,7 +44,7 @@ tensors (row statistics, a log-sum-exp) as inputs instead of recomputing them. T
 placeholders of the same shape and dtype (`Gradients.saved`), the forward to build is
 `Gradients.forward = [*inputs, output, *save]`, and the backward's signature is
 `[*inputs, *saved, cotangent, *grads]`. The gradient still flows through the saved tensors'
-definitions; only their values are read.
+definitions; only their values are read. `Gradients.forward_backward`: both as ONE program.
 
 **Attention.** An output that is the contraction of an online-softmax chain is differentiated in
 the FlashAttention-2 form instead (tecc/ir/autodiff_online.py, unless `online=False` or `save=`
@@ -103,7 +103,12 @@ class Gradients:
     `save` tensor) and `saved` holds the output and the log-sum-exp; otherwise `forward` is
     `[*inputs, output]` and `saved` is empty. `form` says how the gradient was derived (and, for
     a chain refused by the online form, why). `g[X]` is X's gradient, and iterating yields the
-    gradients in `wrt` order (`dA, dB = g`)."""
+    gradients in `wrt` order (`dA, dB = g`).
+
+    `forward_backward` = `[*inputs, cotangent, output, *grads]`: one program for a cotangent known
+    before the forward runs (a loss's seed), reading the normalized forward's stages (training.md);
+    in the online form the gradients read the forward's output and log-sum-exp stages instead of
+    the saved placeholders."""
 
     output: Tensor
     wrt: tuple[Tensor, ...]
@@ -112,6 +117,7 @@ class Gradients:
     grads: tuple[Tensor, ...]
     saved: tuple[Tensor, ...] = ()
     forward: tuple[Tensor, ...] = ()
+    forward_backward: tuple[Tensor, ...] = ()
     form: str = "reverse mode"
 
     @property
@@ -175,18 +181,22 @@ def grad(output: Tensor, wrt: Sequence[Tensor], *, cotangent_name: str | None = 
         found = online_gradient(output, wrt, _topological(output), builder._name, cotangent_name, builder.reverse)
         if not isinstance(found, str):
             grads = tuple(found.grads[id(x)] if id(x) in found.grads else builder.zeros(x) for x in wrt)
-            return Gradients(output, wrt, inputs, found.cotangent, grads, found.saved,
-                             (*inputs, *found.forward_outputs), found.form)
+            computed = replace_reads(grads, {id(p): t for p, t in zip(found.saved, found.forward_outputs)})
+            return Gradients(output, wrt, inputs, found.cotangent, grads, saved=found.saved,
+                             forward=(*inputs, *found.forward_outputs),
+                             forward_backward=(*inputs, found.cotangent, output, *computed), form=found.form)
         if not found.startswith("no stage is a max"):
             form = f"reverse mode (not the online form: {found})"
     name = cotangent_name or builder._name(f"d{output.name}")
     builder.taken.add(name)
     dC = placeholder(output.shape, output.dtype, name=name)
     grads = builder.run(dC)
+    joint = (*inputs, dC, builder.output, *grads)  # before `save` retargets the reads
     saved = builder.saved_placeholders(tuple(save))
     if saved:
         grads = tuple(replace_reads(grads, {id(builder.normalized(t)): p for t, p in zip(save, saved)}))
-    return Gradients(output, wrt, inputs, dC, grads, saved, (*inputs, output, *save), form)
+    return Gradients(output, wrt, inputs, dC, grads, saved=saved, forward=(*inputs, output, *save),
+                     forward_backward=joint, form=form)
 
 
 # ---- the forward DAG ------------------------------------------------------------------------------

@@ -14,20 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from .arith import binary, compare, select
-from .expr_nodes import (
-    Binary,
-    BufferLoad,
-    Call,
-    Cast,
-    Compare,
-    Const,
-    Expr,
-    Not,
-    Reduce,
-    Select,
-    TensorRead,
-    Var,
-)
+from .expr_nodes import Binary, BufferLoad, Call, Cast, Compare, Const, Expr, Not, Reduce, Select, TensorRead, Var
 
 
 def visit_method(obj: Any, prefix: str, node: Any) -> Callable[[Any], Any]:

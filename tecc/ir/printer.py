@@ -11,45 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from . import printing
-from .expr import (
-    Binary,
-    BufferLoad,
-    Call,
-    Cast,
-    Compare,
-    Const,
-    Expr,
-    Not,
-    Reduce,
-    Select,
-    TensorRead,
-    Var,
-)
+from .expr import Binary, BufferLoad, Call, Cast, Compare, Const, Expr, Not, Reduce, Select, TensorRead, Var
 from .philox import RandomUniform
-from .stmt import (
-    Allocate,
-    AsyncCopy,
-    Barrier,
-    BarrierRef,
-    BulkCopy,
-    Buffer,
-    BufferStore,
-    Evaluate,
-    For,
-    IfThenElse,
-    Instruction,
-    LetStmt,
-    MatrixLoad,
-    MatrixMultiply,
-    Module,
-    PrimFunc,
-    Seq,
-    SharedMatrix,
-    Stmt,
-    TensorCopy,
-    TensorStore,
-    WarpgroupMatrixMultiply,
-)
+from .stmt import (Allocate, AsyncCopy, Barrier, BarrierRef, BulkCopy, Buffer, BufferStore, Evaluate, For, IfThenElse,
+                   Instruction, LetStmt, MatrixLoad, MatrixMultiply, Module, PrimFunc, Seq, SharedMatrix, Stmt,
+                   TensorCopy, TensorStore, WarpgroupMatrixMultiply)
 
 _HOPPER = (WarpgroupMatrixMultiply, BulkCopy, TensorCopy, TensorStore)
 

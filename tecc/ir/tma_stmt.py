@@ -129,6 +129,28 @@ class TensorMap:
     def __str__(self) -> str:
         return f"{self.name}(box {'x'.join(str(n) for n in self.box)}, swizzle {self.swizzle})"
 
+    def check_transfer(self, where: str, shared: Buffer, indices: tuple[Expr, ...], coords: tuple[Expr, ...],
+                       into_shared: bool) -> None:
+        """IntrinsicError / DTypeError unless a box of this map can move between the tensor's
+        coordinates `coords` and `shared[indices]..` (into shared memory: TensorCopy; out of
+        it: TensorStore): the shared end in shared memory, of the tensor's dtype, indexed in
+        each of its dimensions, laid out as this map's swizzle writes; a coordinate per
+        dimension of the tensor."""
+        if shared.scope != "shared":
+            verb = "copies into" if into_shared else "stores from"
+            raise IntrinsicError(f"{where}: {verb} shared memory, not {shared.scope}")
+        if shared.dtype != self.buffer.dtype:
+            src, dst = (self.buffer, shared) if into_shared else (shared, self.buffer)
+            raise DTypeError(f"{where}: source is {src.dtype}, destination {dst.dtype}")
+        if len(indices) != shared.ndim:
+            raise IntrinsicError(f"{where}: {len(indices)} indices for the {shared.ndim} dimensions of {shared.name}")
+        if len(coords) != self.buffer.ndim:
+            raise IntrinsicError(f"{where}: {len(coords)} coordinates for the {self.buffer.ndim}-dimensional tensor")
+        if shared.layout != self.layout:
+            role = "destination" if into_shared else "source"
+            raise IntrinsicError(f"{where}: the {role}'s layout {shared.layout} is not the {self.swizzle} "
+                                 f"swizzle's {self.layout}; give the shared buffer that layout")
+
 
 @dataclass(frozen=True, eq=False)
 class TensorCopy(Stmt):
@@ -146,18 +168,7 @@ class TensorCopy(Stmt):
         object.__setattr__(self, "coords", tuple(index_expr(i) for i in self.coords))
         m = self.map
         where = f"TMA copy {m.buffer.name} -> {self.dst.name}"
-        if self.dst.scope != "shared":
-            raise IntrinsicError(f"{where}: copies into shared memory, not {self.dst.scope}")
-        if self.dst.dtype != m.buffer.dtype:
-            raise DTypeError(f"{where}: source is {m.buffer.dtype}, destination {self.dst.dtype}")
-        if len(self.dst_indices) != self.dst.ndim:
-            raise IntrinsicError(f"{where}: {len(self.dst_indices)} indices for the {self.dst.ndim} dimensions of "
-                                 f"{self.dst.name}")
-        if len(self.coords) != m.buffer.ndim:
-            raise IntrinsicError(f"{where}: {len(self.coords)} coordinates for the {m.buffer.ndim}-dimensional tensor")
-        if self.dst.layout != m.layout:
-            raise IntrinsicError(f"{where}: the destination's layout {self.dst.layout} is not the {m.swizzle} "
-                                 f"swizzle's {m.layout}; give the shared buffer that layout")
+        m.check_transfer(where, self.dst, self.dst_indices, self.coords, into_shared=True)
         if m.bytes > MAX_TX_BYTES:
             raise IntrinsicError(f"{where}: a box of {m.bytes} bytes exceeds the mbarrier's transaction count")
 
@@ -182,18 +193,7 @@ class TensorStore(Stmt):
         object.__setattr__(self, "coords", tuple(index_expr(i) for i in self.coords))
         m = self.map
         where = f"TMA store {self.src.name} -> {m.buffer.name}"
-        if self.src.scope != "shared":
-            raise IntrinsicError(f"{where}: stores from shared memory, not {self.src.scope}")
-        if self.src.dtype != m.buffer.dtype:
-            raise DTypeError(f"{where}: source is {self.src.dtype}, destination {m.buffer.dtype}")
-        if len(self.src_indices) != self.src.ndim:
-            raise IntrinsicError(f"{where}: {len(self.src_indices)} indices for the {self.src.ndim} dimensions of "
-                                 f"{self.src.name}")
-        if len(self.coords) != m.buffer.ndim:
-            raise IntrinsicError(f"{where}: {len(self.coords)} coordinates for the {m.buffer.ndim}-dimensional tensor")
-        if self.src.layout != m.layout:
-            raise IntrinsicError(f"{where}: the source's layout {self.src.layout} is not the {m.swizzle} "
-                                 f"swizzle's {m.layout}; give the shared buffer that layout")
+        m.check_transfer(where, self.src, self.src_indices, self.coords, into_shared=False)
 
     @property
     def bytes(self) -> int:

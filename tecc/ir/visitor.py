@@ -17,29 +17,9 @@ from .expr_visitor import ExprVisitor as ExprVisitor
 from .expr_visitor import SubexpressionReplacer as SubexpressionReplacer
 from .expr_visitor import VarSubstituter as VarSubstituter
 from .expr_visitor import visit_method
-from .stmt import (
-    Allocate,
-    AsyncCopy,
-    Barrier,
-    BarrierRef,
-    BulkCopy,
-    BufferStore,
-    Evaluate,
-    For,
-    FragmentRef,
-    IfThenElse,
-    Instruction,
-    LetStmt,
-    MatrixLoad,
-    MatrixMultiply,
-    PrimFunc,
-    Seq,
-    SharedMatrix,
-    Stmt,
-    TensorCopy,
-    TensorStore,
-    WarpgroupMatrixMultiply,
-)
+from .stmt import (Allocate, AsyncCopy, Barrier, BarrierRef, BulkCopy, BufferStore, Evaluate, For, FragmentRef,
+                   IfThenElse, Instruction, LetStmt, MatrixLoad, MatrixMultiply, PrimFunc, Seq, SharedMatrix, Stmt,
+                   TensorCopy, TensorStore, WarpgroupMatrixMultiply)
 
 # Statements whose expressions `matrix_stmt_exprs` lists.
 _MATRIX = (MatrixMultiply, MatrixLoad, AsyncCopy, WarpgroupMatrixMultiply, BulkCopy, TensorCopy, TensorStore,

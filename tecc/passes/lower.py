@@ -376,6 +376,28 @@ def global_buffers(body: Stmt) -> list[Buffer]:
     return out
 
 
+def unflatten(flat: Expr, shape: Sequence[Expr]) -> tuple[Expr, ...]:
+    """The row-major index of element `flat` of `shape` (the first index is not reduced modulo
+    its extent: `flat` is in range)."""
+    idx: list[Expr] = []
+    rest = flat
+    for n, extent in enumerate(reversed(shape)):
+        idx.append(rest if n == len(shape) - 1 else rest % extent)
+        rest = rest // extent
+    return tuple(reversed(idx))
+
+
+def kernel_params(body: Stmt, arrays: Sequence[Buffer], temps: Sequence[Buffer],
+                  scalars: Sequence[Var]) -> tuple[Buffer | Var, ...]:
+    """The parameters of a kernel whose body is `body`, in the kernel ABI's order: the arrays it
+    uses (in the order of `arrays`, the program's arguments), then the temporaries it uses, then
+    the size/stride variables its statements and those buffers' shapes and strides need."""
+    used = global_buffers(body)
+    needed = scalar_vars(exprs_of(body) + [e for b in used for e in b.shape + (b.strides or ())])
+    return (tuple(b for b in arrays if b in used) + tuple(t for t in temps if t in used)
+            + tuple(v for v in scalars if v in needed))
+
+
 def exprs_of(body: Stmt) -> list[Expr]:
     """Every expression held directly by a statement under `body`."""
     out: list[Expr] = []
@@ -400,4 +422,4 @@ def exprs_of(body: Stmt) -> list[Expr]:
 
 
 __all__ = ["COMBINE", "Inliner", "Program", "buffer_for", "choose_inlined", "collect_program", "epilogue_consumer",
-           "exprs_of", "global_buffers", "lower", "scalar_vars"]
+           "exprs_of", "global_buffers", "kernel_params", "lower", "scalar_vars", "unflatten"]

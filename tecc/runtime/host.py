@@ -281,6 +281,15 @@ def temp_shape(buf: Buffer, env: Mapping[Var, int]) -> tuple[int, ...]:
     return tuple(evaluate_int(s, env) for s in buf.shape)
 
 
+def temp_bytes(buf: Buffer, env: Mapping[Var, int]) -> int:
+    """The bytes a temporary takes for the bound sizes `env`: at least 1, so that even an empty
+    one is a valid allocation to pass as a pointer parameter."""
+    count = 1
+    for n in temp_shape(buf, env):
+        count *= max(n, 0)
+    return max(count * buf.dtype.bytes, 1)
+
+
 def needed_vars(exprs: Sequence[Expr]) -> set[Var]:
     out: set[Var] = set()
     for e in exprs:

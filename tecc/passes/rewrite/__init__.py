@@ -41,7 +41,8 @@ Whether one is worth applying is the planner's decision (tecc/compiler/strategie
                                        in online_backward_kernels.py
 
 Their shared parts:
-  reduction_stage.py  the one reduction stage a split rewrite takes (one stage, one Reduce)
+  reduction_stage.py  the one reduction stage a split rewrite takes (one stage, one Reduce), lowered
+                      (`LoweredReduction`: signature, inliner, `finish` around the combined total)
   key_tiles.py        which key tiles an attention mask keeps: loop bounds proved with isl (the tensor-
                       core online contraction skips fully masked tiles and unguards whole ones)
   online_stats.py     the two pairs of reductions that fold into one pass (running max and rescaled

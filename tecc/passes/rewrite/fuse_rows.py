@@ -44,6 +44,7 @@ from ...ir.errors import ScheduleError
 from ...ir.expr import (
     BufferLoad,
     Call,
+    Cast,
     Const,
     Expr,
     Reduce,
@@ -91,8 +92,9 @@ from .online_stats import (
     welford_moments,
     welford_pair,
 )
+from .row_algebra import group_invariants, invariant_divisions, split_invariant
 from .row_chunks import ColumnWalk
-from .row_columns import ColumnPartials, row_loop
+from .row_columns import MAX_COLUMN_BLOCKS_PER_SM, ColumnPartials, row_loop
 from .row_group import RowGroup, row_group
 from ..schedule.cross_thread import WARP, allreduce
 
@@ -149,22 +151,36 @@ class RowInliner(Inliner):
 
 
 class _CacheRow(ExprMutator):
-    """Loads `X[row.., col]` of a cached input become the register `x_row[k]`."""
+    """Loads `X[row.., col]` of a cached input become the register `x_row[k]`. A 16-bit input
+    cached in float32 (fuse_rows' `float_rows`) is read as `x_row[k]` wherever it is converted
+    to float32, and rounded back (exactly) where its own type is read; a float32 value rounded
+    to the type it was loaded from and widened again is itself (the round trip is exact)."""
 
     def __init__(self, caches: dict[Buffer, Buffer], row: tuple[Expr, ...], col: Expr, k: Expr) -> None:
         super().__init__()
         self.caches, self.key, self.k = caches, row + (col,), k
+        self.widened = {id(reg): src.dtype for src, reg in caches.items() if reg.dtype != src.dtype}
 
     def visit_BufferLoad(self, e: BufferLoad) -> Expr:
         cache = self.caches.get(e.buffer)
         if cache is not None and _same_shape(e.indices, self.key):
-            return cache[self.k]
+            return cast(cache[self.k], e.buffer.dtype)
         return self.generic_visit(e)
+
+    def visit_Cast(self, e: Cast) -> Expr:
+        a = self.visit(e.a)
+        if a is e.a:
+            return e
+        if e.dtype == dt.float32:
+            inner = a.a if isinstance(a, Cast) else None
+            if isinstance(inner, BufferLoad) and self.widened.get(id(inner.buffer)) == a.dtype:
+                return inner  # widen(round(x)) of a value loaded from that type: x
+        return a if a.dtype == e.dtype else cast(a, e.dtype)
 
 
 def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", name: str | None = None,
               vector: int = 1, rows_per_block: int = 1, unroll: int = 1, row_blocks: int = 0,
-              column_sums: str = "local", prefetch: bool = False) -> Module:
+              column_sums: str = "local", prefetch: bool = False, float_rows: bool = False) -> Module:
     """The module of ONE kernel computing the row group `args` (see the module docstring), and
     with column reductions (row_group.py) a second kernel that combines their partial sums.
 
@@ -193,6 +209,10 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     prefetch: with row_blocks, load the block's next row into a second set of registers while
     this row is computed (the loads in flight through the reductions' barriers: what one
     resident block per SM needs to keep DRAM busy).
+    float_rows: with cache="registers", a 16-bit input's row registers hold it converted to
+    float32 once (at the load, or as the prefetched row is taken), not at each pass that reads
+    it: one register per element either way (ptxas keeps one cached 16-bit element per 32-bit
+    register), one conversion instead of one per pass.
     The kernel asks for `min_blocks_per_sm` resident blocks (see SM_THREADS above)."""
     group = row_group(args)
     _check_point(group, threads, cache, vector, unroll, rows_per_block, row_blocks, prefetch)
@@ -244,6 +264,9 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         if needs_guard:
             body = IfThenElse(col < C, body)
         return For(k, 0, K, "unroll", body)
+        if needs_guard:
+            body = IfThenElse(guard(col < C), body)
+        return For(k, 0, K, "unroll", body)
 
     def over_columns(exprs: list[Expr], element: Callable[[Callable[[Expr], Expr], Expr], Stmt],
                      vectorized: bool = False) -> Stmt:
@@ -267,17 +290,19 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         for t in prog.args:
             if t.is_placeholder and _same_shape(t.shape, group.rows + (C,)):
                 src = buffers[t]
-                reg = Buffer(unique(f"{src.name}_row"), src.dtype, (K * V,), "local", tensor=f"{t.name}.local")
+                widen = float_rows and src.dtype in (dt.float16, dt.bfloat16)
+                reg = Buffer(unique(f"{src.name}_row"), dt.float32 if widen else src.dtype, (K * V,), "local",
+                             tensor=f"{t.name}.local")
                 caches[src] = reg
                 allocs.append(reg)
                 load = src[row_idx + (col,)]
                 if not prefetch:
-                    stmts.append(column_loop(BufferStore(reg, (slot,), load), vectorized=True))
+                    stmts.append(column_loop(BufferStore(reg, (slot,), cast(load, reg.dtype)), vectorized=True))
                     continue
                 # this row was loaded by the previous step (or before the loop) into `next`
                 nxt = Buffer(unique(f"{src.name}_next"), src.dtype, (K * V,), "local", tensor=f"{t.name}.next")
                 prefetched.append((nxt, load))
-                stmts.append(column_loop(BufferStore(reg, (slot,), nxt[slot])))
+                stmts.append(column_loop(BufferStore(reg, (slot,), cast(nxt[slot], reg.dtype))))
     if prefetched:  # the next row's loads are in flight while this row is computed
         assert step is not None
         stmts.append(IfThenElse(flat_row + row_blocks < n_rows, seq(*(
@@ -311,6 +336,10 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     # the per-column expression of every pass, in program order: one per Reduce of a reduction
     # stage (its source at column `col`), one per elementwise output (its value at `col`)
     passes = [(t, cacher.visit(expr), r) for t, expr, r in row_passes(group, inliner, row_idx, col)]
+    # products' row-invariant factors grouped, once per row (row_algebra.py); a row in registers only
+    varying = {k, v, tx}
+    if cache == "registers":
+        passes = [(t, group_invariants(expr, varying), r) for t, expr, r in passes]
 
     shared: dict[Expr, Buffer] = {}
     if cache == "registers":
@@ -322,6 +351,16 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         buf = Buffer(unique(label), dtype, (n,), "local", tensor=label)
         allocs.append(buf)
         return buf
+
+    hoisted: dict[Expr, Buffer] = {}
+
+    def hoist_divisions(e: Expr) -> Expr:
+        found = invariant_divisions(e, varying)
+        for d in found:
+            if d not in hoisted:
+                hoisted[d] = new_local("row_quotient", d.dtype, 1)
+                stmts.append(BufferStore(hoisted[d], (zero,), d))
+        return SubexpressionReplacer({d: hoisted[d][zero] for d in found}).visit(e) if found else e
 
     stmts.extend(finish(None))
     touched: list[set[int]] = []  # the row arrays each pass reads or writes
@@ -376,15 +415,21 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         touched.append({id(n.buffer) for s in keep for n in walk(s.value) if isinstance(n, BufferLoad)}
                        | {id(n.buffer) for n in walk(expr) if isinstance(n, BufferLoad)}
                        | {id(buf) for buf in mine.values()})
+        if cache == "registers":  # a division by row values: once per row (row_algebra.py)
+            expr = hoist_divisions(expr)
         if r is not None:
             acc = Buffer(unique(f"{t.name}_acc"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.acc")
             allocs.append(acc)
             stmts.append(BufferStore(acc, (zero,), reduce_identity(r.combiner, r.acc_dtype)))
             combine = COMBINE[r.combiner]
+            factor = None  # Σ V·I = I·Σ V for a row-invariant I (row_algebra.py)
+            if cache == "registers" and r.combiner == "sum" and expr.dtype == acc.dtype:
+                expr, factor = split_invariant(expr, varying)
             stmts.append(over_columns([expr], lambda value, _column: seq(
                 *keep, BufferStore(acc, (zero,), binary(combine, acc[zero], cast(value(expr), acc.dtype))))))
-            stmts.append(allreduce(acc, COMBINE[r.combiner], tx, threads, unique(f"{t.name}_block")))
-            accs[id(r)] = cast(acc[zero], r.dtype)
+            stmts.append(allreduce(acc, COMBINE[r.combiner], tx, threads, unique(f"{t.name}_block"),
+                                   shuffle_stage=row_blocks > 0))
+            accs[id(r)] = cast(acc[zero] if factor is None else acc[zero] * factor, r.dtype)
             last_of_stage = i + 1 == len(passes) or passes[i + 1][0] is not t
             if last_of_stage:
                 stmts.extend(finish(t))
@@ -396,7 +441,8 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     if group.column_reductions:
         # this row's values at the thread's columns, added into the column reductions' partial sums
         partials = ColumnPartials(group, row_blocks, K * V, buffers, unique, column_sums, threads, tx)
-        update = partials.update(column_loop, row_idx, col, slot, lambda e: cacher.visit(inliner.visit(e)))
+        update = partials.update(column_loop, row_idx, col, slot,
+                                 lambda e: group_invariants(cacher.visit(inliner.visit(e)), varying))
         touched.append({id(n.buffer) for e in exprs_of(update) for n in walk(e) if isinstance(n, BufferLoad)})
         stmts.append(update)
     if chunks is not None:
@@ -443,6 +489,8 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
         row_words += len(prefetched) * k_const * V
         blocks = min_blocks_per_sm(threads * W, row_words,
                                    COLUMN_KERNEL_REGISTERS if partials is not None else ROW_KERNEL_REGISTERS)
+        if partials is not None:  # the blocks the plan keeps resident, no more (row_columns.py)
+            blocks = min(blocks, MAX_COLUMN_BLOCKS_PER_SM)
         if blocks > 1:
             attrs += (("min_blocks_per_sm", blocks),)
     if step is not None:

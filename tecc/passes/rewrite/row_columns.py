@@ -52,6 +52,13 @@ COMBINE_ROWS = 32
 # words per column reduction per block, which frees K·V registers each, so that wide rows keep
 # two blocks per SM; each thread reads and writes only its own words, so no barrier is needed)
 COLUMN_SCOPES = ("local", "shared")
+# Resident blocks per SM a row kernel with column reductions is planned for (and asks ptxas for,
+# `__launch_bounds__(T, n)`): more gain little (each holds a row in flight) and every block adds
+# a partial row per column reduction, S·C float32 values written and read again by the combine
+# kernel, against R·C row elements read and written by the row kernel. Asking for more than the
+# plan launches would only squeeze registers: layer norm's backward with its statistics
+# recomputed spilled 28 bytes at (128, 6) and none at (128, 4).
+MAX_COLUMN_BLOCKS_PER_SM = 4
 
 
 class ColumnPartials:
@@ -105,7 +112,7 @@ class ColumnPartials:
             assert isinstance(op, ComputeOp)
             at = substitute(r.source, {**dict(zip(r.axes, row_idx)), op.axes[0]: col})
             i = self._at(slot)
-            steps.append(BufferStore(acc, (i,), binary(COMBINE[r.combiner], acc[i], cast(value(at), acc.dtype))))
+            steps.append(BufferStore(acc, (i,), binary(COMBINE[r.combiner], acc[i], value(cast(at, acc.dtype)))))
         return column_loop(seq(*steps))
 
     def store(self, column_loop: Callable[[Stmt, bool], Stmt], blk: Var, col: Expr, slot: Expr) -> Stmt:
@@ -176,4 +183,4 @@ def _finished(t: Tensor, total: Expr, o: Expr, inliner: Inliner) -> Expr:
     return inliner.visit(_Finish().visit(substitute(op.body, {op.axes[0]: o})))
 
 
-__all__ = ["COLUMN_SCOPES", "COMBINE_COLUMNS", "COMBINE_ROWS", "ColumnPartials", "row_loop"]
+__all__ = ["COLUMN_SCOPES", "COMBINE_COLUMNS", "COMBINE_ROWS", "ColumnPartials", "MAX_COLUMN_BLOCKS_PER_SM", "row_loop"]

@@ -17,22 +17,8 @@ import numpy as np
 
 from ...ir import dtype as dt
 from ...ir.errors import DivergenceError, OutOfBoundsError, TeccError
-from ...ir.expr import (
-    MEMORY_INTRINSICS,
-    WARP_INTRINSICS,
-    Binary,
-    BufferLoad,
-    Call,
-    Cast,
-    Compare,
-    Const,
-    Expr,
-    Not,
-    Reduce,
-    Select,
-    TensorRead,
-    Var,
-)
+from ...ir.expr import (MEMORY_INTRINSICS, WARP_INTRINSICS, Binary, BufferLoad, Call, Cast, Compare, Const, Expr, Not,
+                        Reduce, Select, TensorRead, Var)
 from ...ir.philox import RandomUniform, uniform_from_index
 from ...ir.index_checks import IndexCheck
 from ...ir.stmt import Buffer
