@@ -14,9 +14,10 @@ from tecc.passes.schedule import tensor_core
 def schedule_tensor_core(sch: Any, stage: str = "C", intrinsic: str = "auto", block: Sequence[int] = (64, 64),
                          warps: Sequence[int] = (2, 2), k_tile: int = 32, stages: int = 2, *,
                          producer: str = "cp.async", persistent: int = 0, epilogue: str = "registers",
-                         staged_output: bool = False, fragment_pipeline: bool = False, group_m: int = 0) -> Any:
+                         staged_output: bool = False, fragment_pipeline: bool = False, group_m: int = 0,
+                         splits: int = 1) -> Any:
     """tensorize, both operands staged, a ring of `stages` by `producer` (warp-specialized for
-    "tma"), then the optional steps; returns the Schedule."""
+    "tma"), then the optional steps (split_k when `splits` > 1); returns the Schedule."""
     k_tiles = sch.tensorize(stage, intrinsic, block=block, warps=warps, k_tile=k_tile)
     for operand in sch.gemm_operands(stage):
         sch.stage_operand(stage, operand)
@@ -25,6 +26,8 @@ def schedule_tensor_core(sch: Any, stage: str = "C", intrinsic: str = "auto", bl
         sch.pipeline_fragments(k_tiles)
     if producer == "tma":
         sch.warp_specialize(stage)
+    if splits > 1:
+        sch.split_k(stage, splits)
     if group_m:
         sch.tile_order(stage, group_m)
     if persistent:

@@ -5,6 +5,7 @@
         sch.stage_operand("C", operand)                  # cp.async copies, swizzled tiles
     sch.pipeline(k_tiles, stages=4, producer="tma")      # an mbarrier ring of TMA loads
     sch.warp_specialize("C")                             # a producer warpgroup, consumer warpgroups
+    sch.split_k("C", splits=4)                           # (small grids) 4 blocks share each tile's k tiles
     sch.persistent("C", blocks=132)                      # blocks loop over the output tiles
     sch.epilogue("C", "tma")                             # the outputs staged, written by TMA stores
 
@@ -17,14 +18,17 @@ the same kernels.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 from ..ir.errors import ScheduleError
+from ..ir.stmt import KernelCall, Module
 from ..passes import schedule as prim
+from ..passes.simplify import simplify_func
 from .plan import Step
 
 TENSOR_CORE_PRIMITIVES = ("tensorize", "stage_operand", "pipeline", "pipeline_fragments", "warp_specialize",
-                          "tile_order", "persistent", "epilogue")
+                          "split_k", "tile_order", "persistent", "epilogue")
 # the arguments only a plan recorded before the primitives above gives `tensorize`
 LEGACY_TENSORIZE_ARGS = ("stages", "producer", "persistent", "epilogue", "staged_output", "fragment_pipeline",
                          "group_m")
@@ -36,6 +40,9 @@ class TensorCorePrimitives:
     _stage: Any
     _loop: Any
     _apply: Any
+    _record: Any
+    mod: Any
+    timing: Any
 
     def tensorize(self, stage: Any, intrinsic: str = "auto", block: Sequence[int] = (64, 64),
                   warps: Sequence[int] = (2, 2), k_tile: int = 32) -> Any:
@@ -97,6 +104,28 @@ class TensorCorePrimitives:
         st = self._stage(stage)
         self._apply(st.kernel, Step("warp_specialize", {"stage": str(st)}),
                     lambda f: prim.warp_specialize(f, st.name))
+
+    def split_k(self, stage: Any, splits: int) -> None:
+        """Divide the k tiles of each output tile of the tensorized stage among `splits` blocks
+        (blockIdx.z, or consecutive work units of the persistent grid); each stores its float32
+        partial tile, and the last of them to finish sums the partials in split order 0, 1, ...
+        and runs the epilogue, in the same kernel (tecc/passes/schedule/split_k.py: bit-identical
+        run to run). The module gains the partials and the arrival counters as temporaries."""
+        st = self._stage(stage)
+        mod = self.mod
+        try:
+            func = mod.kernel(st.kernel)
+        except KeyError:
+            raise ScheduleError(f"split_k: no kernel {st.kernel!r}") from None
+        taken = {b.name for b in mod.temps} | {p.name for p in mod.params}
+        start = time.perf_counter()
+        new = simplify_func(prim.split_k(func, st.name, int(splits), taken))
+        self.timing.append(("split_k", time.perf_counter() - start))
+        record = new.attr(prim.tensor_core.RECORD)
+        calls = tuple(KernelCall(c.kernel, new.params) if c.kernel == st.kernel else c for c in mod.calls)
+        kernels = tuple(new if k.name == st.kernel else k for k in mod.kernels)
+        self.mod = Module(mod.name, mod.params, kernels, calls, mod.temps + record.split_buffers)
+        self._record(Step("split_k", {"stage": str(st), "splits": int(splits)}))
 
     def tile_order(self, stage: Any, group_m: int) -> None:
         """mma.sync: one blockIdx.x over the output tiles in the grouped order, `group_m` row tiles

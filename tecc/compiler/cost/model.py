@@ -150,6 +150,10 @@ class Workload:
     # takes several warp memory instructions (a tiled transpose: global load, shared store, shared
     # load, global store) measured 0.1-0.4 of it on the H200 (docs/cost-model.md, "Overlap")
     overlap_loss: float = 0.0
+    # the chain (chain_cycles) already holds the block's global load latency (a ring's fill and
+    # the stages it does not cover: the tensor-core GEMMs), so the latency term adds only the
+    # block's own block_latency_cycles, not another global load per round
+    latency_in_chain: bool = False
 
     @property
     def register_count(self) -> int:
@@ -294,7 +298,8 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
         tensor_eff = min(1.0, active_warps / (2.0 * target.schedulers_per_sm))
         t_tensor = w.tensor_flops * share / (w.tensor_rate / sms) / max(tensor_eff, 1e-3)
     t_special = w.special_ops * share / (params.sfu_lanes_per_sm * clock)
-    t_latency = rounds * (w.block_latency_cycles + params.global_latency_cycles) / clock / resident
+    loads = 0.0 if w.latency_in_chain else params.global_latency_cycles
+    t_latency = rounds * (w.block_latency_cycles + loads) / clock / resident
     t_blocks = per_sm_blocks * params.block_cycles / clock
     t_chain = rounds * w.chain_cycles / clock
     terms = {"dram": t_dram, "l2": t_l2, "l1/shared": t_lsu, "tensor": t_tensor, "fma": t_fma, "issue": t_issue,

@@ -18,11 +18,11 @@ interface that records every application in a Plan.
   rfactor      rfactor.py      a reduction loop made a parallel axis, partials combined by a second kernel (split-K)
   flatten_contraction / gather_views  gemm_view.py  a float32 contraction (a convolution) over view buffers
                A_view[m, k], B_view[k, n] for the SIMT GEMM schedule, and the views replaced by gathered reads after it
-  tensorize, stage_operand, pipeline, pipeline_fragments, warp_specialize, tile_order, persistent, epilogue
+  tensorize, stage_operand, pipeline, pipeline_fragments, warp_specialize, split_k, tile_order, persistent, epilogue
                tensor_core.py  the tensor-core primitives: a contraction's block tile mapped onto an intrinsic row
                (tensorize.py: mma.sync, tensorize_wgmma.py: wgmma), its operand tiles staged in shared memory
                (tile_staging.py), its k-tile loop a cp.async or TMA ring, warp-specialized (ring.py, tma.py), its
-               tile order (tile_kernel.py) and its fused tail (epilogue.py)
+               k tiles split among blocks (split_k.py), its tile order (tile_kernel.py) and its fused tail (epilogue.py)
   legality     legality.py     dependence checks with islpy (tecc.ir.poly)
 """
 
@@ -47,6 +47,7 @@ from .tensor_core import (
     persistent,
     pipeline,
     pipeline_fragments,
+    split_k,
     stage_operand,
     tensorize,
     tile_order,
@@ -56,5 +57,5 @@ from .tensor_core import (
 __all__ = ["bind", "cache_write", "distribute", "double_buffer", "drop_records", "epilogue", "flatten_contraction",
            "forget_record", "fuse", "gather_views", "gemm_operands", "guard_writeback_only", "insert_barriers",
            "persistent", "pipeline", "pipeline_fragments", "reorder", "rfactor", "split", "stage_leaves",
-           "stage_loops", "stage_operand", "stage_read", "tensorize", "tile_order", "unguard_reduction_tail", "unroll",
+           "split_k", "stage_loops", "stage_operand", "stage_read", "tensorize", "tile_order", "unguard_reduction_tail", "unroll",
            "vectorize", "warp_specialize"]

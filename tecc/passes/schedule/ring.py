@@ -61,15 +61,15 @@ from ...ir.stmt import (
     Stmt,
     seq,
 )
-from .epilogue import KernelEpilogue
 from .implicit_gemm import Operand
+from .split_k import SplitReduction
 from .tile_kernel import TileSchedule, int32, int32_shape
 
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = {2: 232}   # consumer warpgroups -> setmaxnreg.inc target (tma.py, "roles")
 
 
-class Pipeline(KernelEpilogue):
+class Pipeline(SplitReduction):
     """The k-tile loop (module docstring)."""
 
     def __init__(self, schedule: TileSchedule) -> None:
@@ -96,6 +96,7 @@ class Pipeline(KernelEpilogue):
             out.append(self.full)
         if t.warp_specialized:
             out.append(self.empty)
+        out.extend(self.split_shared())
         out.extend(self.fragments)
         return out
 
@@ -254,7 +255,7 @@ class Pipeline(KernelEpilogue):
         fetches: list[Stmt] = []
         stores: list[Stmt] = []
         for op in (self.c.a, self.c.b):
-            first_part, store = self.load_tile(op, stage, ahead * t.bk)
+            first_part, store = self.load_tile(op, stage, self.k_index(ahead) * t.bk)
             if store is None:
                 copies.append(first_part)
             else:

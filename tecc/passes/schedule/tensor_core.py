@@ -17,6 +17,8 @@ lowered (the GEMM strategies' `apply` is such a list):
         step's mma, across the k-tile boundary (ring.py)
   warp_specialize(stage)                 the TMA ring split into a producer warpgroup and consumer
         warpgroups, with register reallocation (ring.py, tma.py)
+  split_k(stage, splits)                 the k tiles of each output tile divided among `splits`
+        blocks, their float32 partials summed in split order by the last to finish (split_k.py)
   tile_order(stage, group_m)             mma.sync: one blockIdx.x over the output tiles in the
         grouped (L2-friendly) order (tile_kernel.py)
   persistent(stage, blocks, group_m)     warp-specialized: `blocks` blocks loop over the output
@@ -35,7 +37,7 @@ dropped before codegen (`drop_records`).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from ...ir.errors import ScheduleError
 from ...ir.intrinsics import lookup
@@ -43,6 +45,7 @@ from ...ir.stmt import Module, PrimFunc
 from .implicit_gemm import Operand
 from .tensorize import MmaKernel, checked_mma
 from .tensorize_wgmma import WgmmaKernel, checked_wgmma
+from .split_k import check_splits, split_buffers
 from .tile_kernel import EPILOGUES, GROUP_M, LAYOUTS, PRODUCERS, BlockTile, TileSchedule
 from .tma import MAX_PERSISTENT, tma_refusal
 
@@ -240,6 +243,19 @@ def warp_specialize(func: PrimFunc, stage: str, release: bool = True) -> PrimFun
     return emit(check(replace(record, warp_specialized=True, release=release), where))
 
 
+def split_k(func: PrimFunc, stage: str, splits: int, taken: Iterable[str] = ()) -> PrimFunc:
+    """The k tiles of each output tile divided among `splits` blocks, whose float32 partial
+    tiles the last of them to finish sums in split order before the epilogue (split_k.py). The
+    kernel gains two global temporaries (the partial tiles, the arrival counters; named apart
+    from the kernel's parameters and `taken`), which the module must list (Schedule.split_k)."""
+    where = f"split_k({stage}, {splits})"
+    record = record_of(func, where)
+    check_splits(record, splits, where)
+    names = {p.name for p in func.params} | set(taken)
+    buffers = split_buffers(record, splits, lambda name: name in names)
+    return emit(check(replace(record, splits=splits, split_buffers=buffers), where))
+
+
 def tile_order(func: PrimFunc, stage: str, group_m: int) -> PrimFunc:
     """mma.sync: one blockIdx.x over the output tiles, `group_m` row tiles side by side sweeping
     the column tiles together (L2 reuse; tile_kernel.grouped_tile)."""
@@ -273,5 +289,5 @@ def epilogue(func: PrimFunc, stage: str, kind: str) -> PrimFunc:
 
 
 __all__ = ["K_TILE_LOOP", "RECORD", "drop_records", "epilogue", "forget_record", "gemm_operands", "persistent",
-           "pipeline", "pipeline_fragments", "record_of", "stage_operand", "tensorize", "tile_order",
+           "pipeline", "pipeline_fragments", "record_of", "split_k", "stage_operand", "tensorize", "tile_order",
            "warp_specialize"]

@@ -193,7 +193,7 @@ class MmaKernel(Pipeline):
         form += f" group_m {t.group_m}" if t.group_m else ""
         ring = f"stages {t.stages}" if t.stages > 1 else "unpipelined"
         return (f"{self.row} block {t.bm}x{t.bn} warps {t.warps_m}x{t.warps_n} k_tile {t.bk} {ring}{form}"
-                f"{self.staging_summary()}{self.dispatch_summary()}")
+                f"{self.staging_summary()}{self.dispatch_summary()}{self.split_summary()}")
 
     def transposes(self) -> bool:
         """Whether this kernel builds main loops for transposed views (`copy_forms`): 16-bit

@@ -306,13 +306,14 @@ class WgmmaKernel(MmaKernel):
                 epilogue = ""
             return (f"{self.row} block {t.bm}x{t.bn} consumer warpgroups {self.consumers} + TMA producer warpgroup "
                     f"k_tile {t.bk} stages {t.stages}{self.form()} (mbarrier ring, wgmma groups in flight 1{grid}"
-                    f"{epilogue})")
+                    f"{epilogue}){self.split_summary()}")
         head = f"{self.row} block {t.bm}x{t.bn} warpgroups {self.groups} k_tile {t.bk}"
         if t.stages == 1:
-            return f"{head} unpipelined{self.form()}{self.staging_summary()}{self.dispatch_summary()}"
+            return (f"{head} unpipelined{self.form()}{self.staging_summary()}{self.dispatch_summary()}"
+                    f"{self.split_summary()}")
         ring = "TMA + mbarrier ring, not warp-specialized, " if self.tma else ""
         return (f"{head} stages {t.stages}{self.form()} ({ring}wgmma groups in flight {self.pending}, tiles ahead "
-                f"{self.lookahead}){self.staging_summary()}{self.dispatch_summary()}")
+                f"{self.lookahead}){self.staging_summary()}{self.dispatch_summary()}{self.split_summary()}")
 
     # step 2: staging in the descriptors' 128-byte swizzle ---------------------------------------
 
@@ -405,7 +406,7 @@ class WgmmaKernel(MmaKernel):
             coords = []
             for ix in op.load.indices:
                 if ix is c.k:
-                    coords.append(k_tile * self.k_tile)
+                    coords.append(self.k_index(k_tile) * self.k_tile)
                 elif ix in (c.i, c.j):
                     coords.append(outer0 + self.mn_box * block)
                 else:

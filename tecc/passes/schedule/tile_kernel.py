@@ -2,7 +2,7 @@
 code that emits the kernel from it.
 
 Every tensor-core primitive (tensor_core.py: tensorize, stage_operand, pipeline,
-pipeline_fragments, warp_specialize, tile_order, persistent, epilogue) is a pass over one
+pipeline_fragments, warp_specialize, split_k, tile_order, persistent, epilogue) is a pass over one
 kernel that records its decision in the kernel's `TileSchedule` (attr "tensor_core") and emits
 the kernel again from the whole record, so each step's dump shows the kernel it leaves. The
 emitter is a stack of layers, one module and one concern each:
@@ -10,6 +10,7 @@ emitter is a stack of layers, one module and one concern each:
   TileKernel      tile_kernel.py      the block tile: grid, threads, names, batch indices, tile order
   TileStaging     tile_staging.py     operand tiles in shared memory: layouts, copies, element loads
   KernelEpilogue  epilogue.py         the fused tail: from registers, staged, or TMA stores
+  SplitReduction  split_k.py          split-K: the partial tiles handed over, summed by the last part
   Pipeline        ring.py             the k-tile loop: unpipelined, cp.async ring, TMA ring, warp-specialized
   MmaKernel       tensorize.py        mma.sync: fragments, ldmatrix, mma (the intrinsic-table row)
   WgmmaKernel     tensorize_wgmma.py  wgmma: shared operands through descriptors, a register X (tf32)
@@ -115,6 +116,10 @@ class TileSchedule:
     persistent: int = 0               # > 0: that many blocks loop over the tiles
     lookahead: int | None = None
     release: bool = True
+    splits: int = 1                   # > 1: the k tiles split among that many blocks (split_k.py)
+    # split_k's global temporaries (the float32 partial tiles, the per-tile arrival counters),
+    # made once by the primitive so that every later step's kernel names the same buffers
+    split_buffers: tuple[Buffer, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def threads(self) -> int:
@@ -147,6 +152,8 @@ class TileSchedule:
                          + (" fragments pipelined" if self.fragment_pipeline else ""))
         if self.warp_specialized:
             parts.append("warp-specialized")
+        if self.splits > 1:
+            parts.append(f"split-K {self.splits}")
         if self.persistent:
             parts.append(f"persistent {self.persistent} blocks (group_m {self.group_m})")
         elif self.group_m:
@@ -186,6 +193,14 @@ class TileKernel:
         self.lane, warp = self.tx % 32, self.tx // 32
         self.warp_m, self.warp_n = warp // t.warps_n, warp % t.warps_n
         self.k_tiles = ceil_div(c.kext, t.bk)
+        # split-K (split_k.py): block_split takes k tiles k_base .. k_base + k_tiles - 1 of each
+        # output tile, every split as many (those past K are zero-filled and add nothing)
+        self.split: Expr = Const(0, dt.int32)
+        self.k_base: Expr = Const(0, dt.int32)
+        if t.splits > 1:
+            self.k_tiles = ceil_div(self.k_tiles, t.splits)
+            self.split = Var("block_split")
+            self.k_base = self.split * self.k_tiles
         self.block_id, self.tile_iter = Var("block_id"), Var("tile_iter")
         self.fragments = self.fragment_buffers()
         # batch indices of this block (several batch axes share blockIdx.z, unflattened)
@@ -211,12 +226,16 @@ class TileKernel:
 
     def kernel(self) -> PrimFunc:
         """The kernel: the main loops (`dispatch`) under their buffers' allocations, the thread
-        loop and the grid; the attr "tensorize" says what was built."""
+        loop and the grid; the attr "tensorize" says what was built. split_k's temporaries
+        join the parameters after the lowered kernel's buffers."""
         body = self.dispatch()
         for buf in self.buffers():
             body = Allocate(buf, body)
-        return PrimFunc(self.func.name, self.func.params, self.grid(body),
-                        self.func.attrs + (("tensorize", self.summary()),))
+        params = self.func.params
+        if self.t.split_buffers:
+            buffers = tuple(p for p in params if isinstance(p, Buffer))
+            params = buffers + self.t.split_buffers + tuple(p for p in params if not isinstance(p, Buffer))
+        return PrimFunc(self.func.name, params, self.grid(body), self.func.attrs + (("tensorize", self.summary()),))
 
     def dispatch(self) -> Stmt:
         raise NotImplementedError
@@ -242,6 +261,14 @@ class TileKernel:
         if t.persistent:
             return For(self.block_id, int32(0), int32(t.persistent), "blockIdx.x",
                        For(self.tx, int32(0), threads, "threadIdx.x", body))
+        # blockIdx.z: the batch; with split-K the split, or (batch, split) with the split fastest
+        z: Var = self.bz
+        if t.splits > 1 and c.batch:
+            z = Var("block_z")
+            body = LetStmt(self.bz, z // t.splits, LetStmt(self.split, z % t.splits, body))
+        elif t.splits > 1:
+            assert isinstance(self.split, Var)
+            z = self.split
         if t.group_m:
             rows, cols = ceil_div(c.m, t.bm), ceil_div(c.n, t.bn)
             tile = Var("block_tile")
@@ -253,8 +280,9 @@ class TileKernel:
             out = For(self.tx, int32(0), threads, "threadIdx.x", body)
             out = For(self.bx, int32(0), ceil_div(c.n, t.bn), "blockIdx.x", out)
             out = For(self.by, int32(0), ceil_div(c.m, t.bm), "blockIdx.y", out)
-        if c.batch:
-            out = For(self.bz, int32(0), size_product([ext for _, ext in c.batch]), "blockIdx.z", out)
+        if c.batch or t.splits > 1:
+            batches = size_product([ext for _, ext in c.batch]) if c.batch else int32(1)
+            out = For(z, int32(0), batches * t.splits if t.splits > 1 else batches, "blockIdx.z", out)
         return out
 
     def tiles(self) -> Expr:
@@ -262,6 +290,24 @@ class TileKernel:
         c, t = self.c, self.t
         total = ceil_div(c.m, t.bm) * ceil_div(c.n, t.bn)
         return total * size_product([ext for _, ext in c.batch]) if c.batch else total
+
+    def work_units(self) -> Expr:
+        """What the persistent grid's blocks loop over: the output tiles, times the splits."""
+        return self.tiles() * self.t.splits if self.t.splits > 1 else self.tiles()
+
+    def output_tile_number(self) -> Expr:
+        """The number of this block's output tile, batch-major then row tile then column tile
+        (split_k's counters and partials are per output tile)."""
+        c, t = self.c, self.t
+        tile = self.by * ceil_div(c.n, t.bn) + self.bx
+        if c.batch:
+            tile = self.bz * (ceil_div(c.m, t.bm) * ceil_div(c.n, t.bn)) + tile
+        return tile
+
+    def k_index(self, kt: Expr) -> Expr:
+        """The k tile of the operands that this block's k iteration `kt` loads (split-K: its
+        split's first k tile onwards)."""
+        return kt if self.t.splits == 1 else self.k_base + kt
 
     def for_each_tile(self, body: Stmt) -> Stmt:
         """`body` once per output tile of this block (the persistent grid: tiles block_id,
@@ -273,14 +319,18 @@ class TileKernel:
             return body
         c = self.c
         rows, cols = ceil_div(c.m, t.bm), ceil_div(c.n, t.bn)
-        tile = self.block_id + self.tile_iter * t.persistent
+        unit = self.block_id + self.tile_iter * t.persistent
+        # split-K: the splits of one output tile are consecutive units (they run at one time)
+        tile = unit // t.splits if t.splits > 1 else unit
         per_batch = rows * cols
         local = tile % per_batch if c.batch else tile
         row, col = grouped_tile(local, rows, cols, t.group_m)
         bound = LetStmt(self.by, row, LetStmt(self.bx, col, body))
         if c.batch:
             bound = LetStmt(self.bz, tile // per_batch, bound)
-        count = (self.tiles() - self.block_id + (t.persistent - 1)) // t.persistent
+        if t.splits > 1:
+            bound = LetStmt(self.split, unit % t.splits, bound)
+        count = (self.work_units() - self.block_id + (t.persistent - 1)) // t.persistent
         return For(self.tile_iter, int32(0), count, "serial", bound)
 
     def ring_index(self, kt: Expr) -> Expr:

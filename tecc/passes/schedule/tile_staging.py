@@ -265,7 +265,7 @@ class TileStaging(TileKernel):
 
     def load_stage(self, stage: Expr, k_tile: Expr) -> tuple[Stmt, Stmt | None]:
         """Both operands' tiles of k tile `k_tile` into ring stage `stage`: (issue, finish)."""
-        k0 = k_tile * self.t.bk
+        k0 = self.k_index(k_tile) * self.t.bk
         (issue_a, finish_a), (issue_b, finish_b) = (self.load_tile(self.c.a, stage, k0),
                                                     self.load_tile(self.c.b, stage, k0))
         finish = seq(finish_a, finish_b) if finish_a is not None or finish_b is not None else None
