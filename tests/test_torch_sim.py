@@ -36,6 +36,28 @@ def test_gradcheck_in_the_emulator(make) -> None:
     assert torch.autograd.gradcheck(op, tuple(xs), eps=1e-6, atol=1e-6, rtol=1e-5)
 
 
+def test_gradcheck_with_saved_statistics_in_the_emulator() -> None:
+    """tc.grad(..., save=[mu, var]): the backward reads the statistics as inputs; the op's backward
+    runs the forward built from g.forward on the saved inputs and passes its last len(g.saved)
+    outputs (mu, var) to the backward kernel, as for attention's output and log-sum-exp."""
+    p = layer_norm()
+    stages, stack = {}, [p.output]
+    while stack:
+        t = stack.pop()
+        if t.name not in stages and not t.is_placeholder:
+            stages[t.name] = t
+            stack.extend(t.op.input_tensors)
+    g = tc.grad(p.output, p.inputs, save=[stages["mu"], stages["var"]])
+    assert [t.name for t in g.saved] == ["mu", "var"] and [t.name for t in g.forward[-2:]] == ["mu", "var"]
+    op = tc.torch.op([*p.inputs, p.output], _name("saved_stats"), grads=g, target="sim")
+    xs = _inputs(p)
+    np.testing.assert_allclose(op(*xs).detach().numpy(), p.numpy(*[x.detach().numpy() for x in xs]),
+                               rtol=1e-10, atol=1e-12)
+    assert torch.autograd.gradcheck(op, tuple(xs), eps=1e-6, atol=1e-6, rtol=1e-5)
+    apply = tc.torch.function([*p.inputs, p.output], g, target="sim")
+    assert torch.autograd.gradcheck(apply, tuple(xs), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
 def test_autograd_function_without_registration_in_the_emulator() -> None:
     p = softmax()
     apply = tc.torch.function([*p.inputs, p.output], tc.grad(p.output, p.inputs), target="sim")

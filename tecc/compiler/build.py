@@ -37,7 +37,7 @@ from .plan import Plan
 from . import planner as per_kernel_planner
 from .planner import PlanResult
 from .schedule import Schedule
-from .strategies import column_reduction, online_contraction, row_fused, split_row_group, split_rows
+from .strategies import column_reduction, online_backward, online_contraction, row_fused, split_row_group, split_rows
 from .tuning import tuned_plan
 
 # A candidate is a label and a thunk returning its Plan (or the planner's PlanResult), or None when
@@ -180,7 +180,8 @@ def _auto_candidates(tensors: list[Tensor], plan_arch: str | None, sizes: dict[s
 
     Graph-level rewrites the per-kernel planner cannot express, first: a contraction over the axis
     of a (max, sum of exp) row statistic -- attention, softmax then a contraction -- as one kernel
-    with a running max (docs/attention.md); a reduction over rows too
+    with a running max (docs/attention.md); its backward (tc.grad's FlashAttention-2 form) as
+    three tensor-core kernels (docs/training.md); a reduction over rows too
     few to fill the GPU (or a full reduction) as a grid reduction split over blocks; softmax /
     norms over such rows as partial statistics, then the outputs; a graph of stages sharing a row
     as one kernel when that moves fewer global bytes; a column / middle-axis reduction as a split
@@ -210,6 +211,7 @@ def _auto_candidates(tensors: list[Tensor], plan_arch: str | None, sizes: dict[s
         ("online_contraction_wgmma", proposal(lambda: online_contraction.propose_wgmma(tensors, plan_arch, name))),
         ("online_contraction_mma", proposal(lambda: online_contraction.propose_mma(tensors, plan_arch, name))),
         ("online_contraction", proposal(lambda: online_contraction.propose(tensors, plan_arch))),
+        ("online_backward_mma", proposal(lambda: online_backward.propose(tensors, plan_arch, name))),
         ("split_rows", proposal(lambda: split_rows.propose(tensors, plan_arch, sizes=sizes))),
         ("split_row_group", proposal(lambda: split_row_group.propose(tensors, plan_arch, sizes=sizes))),
         ("row_fused", proposal(lambda: row_fused.propose(tensors))),

@@ -463,7 +463,9 @@ WARP_INTRINSICS = ("shfl_xor", "shfl_down", "shfl_idx")
 #       in ATOMIC_DTYPES, below) as one indivisible step and returns the element's value before
 #       it (atomicAdd, relaxed, device scope). The BufferLoad names the element (its address), it is no read
 #       of its own. Concurrent atomics on one element take effect in some order; the emulator's
-#       is lane order (docs/emulator.md).
+#       is lane order (docs/emulator.md). A float atomic accumulates (a scatter's sum, the
+#       attention backward's dQ) and announces nothing, so the emulator's publication check (a
+#       store fenced before an atomic) applies to integer atomics only.
 #   load_cg(buf[i])  -- the element of a global buffer read at L2 (__ldcg, ld.global.cg), never
 #       through L1 or the non-coherent read-only path: it sees what another block of the same
 #       kernel stored and published (a store, thread_fence, then an atomic this block observed).

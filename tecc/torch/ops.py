@@ -153,11 +153,24 @@ class _Backward:
             raise TeccError(f"{what}: the backward kernel's signature is ({', '.join(got)}); build it from "
                             f"grads.args ({', '.join(expected)})")
         self.take = tuple(names.index(t.name) for t in grads.inputs)  # forward input -> backward argument
+        self.saved = len(grads.saved)   # the last len(saved) tensors of grads.forward
         wrt = [x.name for x in grads.wrt]
         self.gives = tuple(wrt.index(n) if n in wrt else None for n in names)  # forward input -> its gradient
 
-    def arguments(self, saved: Sequence[Any], cotangent: Any) -> list[Any]:
-        return [saved[i] for i in self.take] + [cotangent]
+    def arguments(self, saved: Sequence[Any], cotangent: Any, values: Callable[..., Any] | None = None) -> list[Any]:
+        """The backward kernel's arguments from the forward's inputs `saved` and the cotangent.
+        When the gradient reads forward values (`grads.saved`: statistics given as `save=`,
+        attention's output and log-sum-exp), `values` (the forward built from `grads.forward`)
+        recomputes them from the inputs first, and its last len(grads.saved) outputs are passed:
+        the op saves only its inputs."""
+        inputs = [saved[i] for i in self.take]
+        if not self.saved:
+            return inputs + [cotangent]
+        if values is None:
+            raise TeccError("the gradient reads forward values (grads.saved); pass the forward built from grads.forward")
+        found = values(*inputs)
+        outputs = list(found if isinstance(found, tuple) else (found,))
+        return inputs + outputs[len(outputs) - self.saved:] + [cotangent]
 
     def per_input(self, grads: Any) -> tuple[Any, ...]:
         found = grads if isinstance(grads, tuple) else (grads,)
@@ -194,7 +207,8 @@ def _overload(name: str) -> Any:
 
 
 # The ops this process registered, by name, with the identity of their programs (forward,
-# backward); and the backward ops they registered, by name, with their forward op's name.
+# backward); and the backward (and saved-values) ops they registered, by name, with what they are
+# ("the backward op of NAME").
 # torch.library lets a second registration under a name replace the first silently, so that the
 # first op's callers would run the second program.
 _REGISTERED: dict[str, tuple[tuple[Any, ...], "TorchOp"]] = {}
@@ -224,7 +238,7 @@ def _already_registered(name: str, forward: Kernel, backward: Kernel | None) -> 
     """The op this process registered as `name` when it runs the same programs (forward and
     backward), else None; TeccError naming both programs when other programs hold the name."""
     if name in _BACKWARDS:
-        raise TeccError(f"op {name} is already registered: it is the backward op of {_BACKWARDS[name]}; "
+        raise TeccError(f"op {name} is already registered: it is {_BACKWARDS[name]}; "
                         "give this op another name")
     if backward is not None and name + "_backward" in _REGISTERED:
         raise TeccError(f"op {name} would register its backward as {name}_backward, which is already an op "
@@ -291,23 +305,30 @@ def op(program: Kernel | Sequence[Tensor], name: str, *, grads: Gradients | None
     if back_kernel is None or grads is None:
         made = TorchOp(name, _register(name, forward), kernel)
     else:
-        made = _register_with_gradients(name, forward, grads, back_kernel)
-        _BACKWARDS[name + "_backward"] = name
+        made = _register_with_gradients(name, forward, grads, back_kernel, target, build_options)
+        _BACKWARDS[name + "_backward"] = f"the backward op of {name}"
+        if grads.saved:
+            _BACKWARDS[name + "_saved"] = f"the op of {name}'s saved values"
     _REGISTERED[name] = ((_identity(kernel), _identity(back_kernel)), made)
     return made
 
 
-def _register_with_gradients(name: str, forward: _Signature, grads: Gradients, back_kernel: Kernel) -> TorchOp:
-    """The op `name` and its backward op `<name>_backward`, wired with register_autograd."""
+def _register_with_gradients(name: str, forward: _Signature, grads: Gradients, back_kernel: Kernel, target: str,
+                             build_options: dict[str, Any]) -> TorchOp:
+    """The op `name` and its backward op `<name>_backward`, wired with register_autograd; with
+    `grads.saved`, also `<name>_saved`, the forward built from `grads.forward`."""
     back = _Backward(forward, grads, back_kernel, f"op {name}")
     custom = _register(name, forward)
     back_custom = _register(name + "_backward", back.signature)
+    # the forward values the gradient reads (saved statistics; attention's output and log-sum-exp), an op of its own
+    values = _register(name + "_saved", _Signature(_as_kernel(list(grads.forward), target, build_options),
+                                                   f"op {name} (saved values)")) if grads.saved else None
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.save_for_backward(*inputs)
 
     def backward_formula(ctx: Any, grad_output: Any) -> tuple[Any, ...]:
-        return back.per_input(back_custom(*back.arguments(ctx.saved_tensors, grad_output)))
+        return back.per_input(back_custom(*back.arguments(ctx.saved_tensors, grad_output, values)))
 
     custom.register_autograd(backward_formula, setup_context=setup_context)
     return TorchOp(name, custom, forward.kernel, back_custom, back_kernel)
@@ -321,6 +342,12 @@ def function(program: Kernel | Sequence[Tensor], grads: Gradients, *, backward: 
     forward = _Signature(kernel, f"function {kernel.name}")
     back_kernel = _as_kernel(backward if backward is not None else grads.args, target, build_options)
     back = _Backward(forward, grads, back_kernel, f"function {kernel.name}")
+    values = None
+    if grads.saved:
+        saver = _Signature(_as_kernel(list(grads.forward), target, build_options), f"function {kernel.name} (saved values)")
+
+        def values(*tensors: Any) -> Any:
+            return saver.run(tensors)
 
     class TeccFunction(torch.autograd.Function):
         @staticmethod
@@ -331,7 +358,7 @@ def function(program: Kernel | Sequence[Tensor], grads: Gradients, *, backward: 
 
         @staticmethod
         def backward(ctx: Any, grad_output: Any) -> Any:
-            return back.per_input(back.signature.run(back.arguments(ctx.saved_tensors, grad_output)))
+            return back.per_input(back.signature.run(back.arguments(ctx.saved_tensors, grad_output, values)))
 
     TeccFunction.__name__ = TeccFunction.__qualname__ = f"TeccFunction_{kernel.name}"
     return TeccFunction.apply  # type: ignore[no-any-return]

@@ -30,6 +30,15 @@ Whether one is worth applying is the planner's decision (tecc/compiler/strategie
                                        from C to A fragments in registers; key tiles a mask leaves -inf
                                        skipped by an isl-proved bound); wgmma=True: the Hopper form
                                        (wgmma for both contractions, P as the register A operand)
+  online_backward  online_backward.py  the backward of that chain (tc.grad's FlashAttention-2 form): a stage
+                   online_backward_mma.py  P = exp(s - L) recomputed from a saved row statistic and outputs
+                                       that contract the tile's weights over the queries (dK, dV), the keys
+                                       (dQ) or neither (dBias), rows and keys found by unifying the score's
+                                       contraction; three tensor-core kernels, no (rows x keys) buffer: a
+                                       pre-pass, the key-block-major kernel (online_backward_key_major.py),
+                                       dQ's conversion or its query-major kernel (online_backward_dq.py);
+                                       their Hopper form on wgmma (online_backward_wgmma.py); shared parts
+                                       in online_backward_kernels.py
 
 Their shared parts:
   reduction_stage.py  the one reduction stage a split rewrite takes (one stage, one Reduce), lowered
@@ -45,4 +54,6 @@ Their shared parts:
   row_columns.py      a row group's column reductions: sums over blocks of rows, the combine kernel
   last_block.py       the one-kernel combine of split partials (fence/atomic handshake), with the
                       combine forms both split rewrites offer
+  mma_tiles.py        the tensor-core kernels' staging (cp.async tiles), fragments, the C-to-A identity
+                      and exp2 with log2(e) folded in, shared by the forward and backward kernels
 """

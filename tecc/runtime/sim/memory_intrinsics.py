@@ -16,8 +16,9 @@ other block of its group got a smaller value, so its atomic came earlier: in an 
 lower lane (and its partial stores are statements before that one, so they finished in every
 lane of the chunk). Either way its partials are in memory when the last block reads them.
 
-**The check** (checks=True, kernels that hold an atomic_add) follows the PTX memory model's
-release pattern: a store is published before an atomic by a fence after it, either of its own
+**The check** (checks=True, kernels that hold an atomic_add; only an integer atomic is checked:
+a float atomic_add accumulates and announces nothing, so a store before it needs no fence)
+follows the PTX memory model's release pattern: a store is published before an atomic by a fence after it, either of its own
 thread or, through a barrier, of any thread of its block (fences are cumulative). Per lane:
 CLEAN, STORED (a global store that nothing orders yet), SYNCED (stored, then a barrier of its
 block: ordered before what the block does next, not yet released) or FENCED (stored, then its
@@ -75,7 +76,8 @@ def uses_atomics(body: Stmt) -> bool:
 def atomic_add(st: LaneState, mem: GlobalMemory, idx: tuple[Any, ...], value: Any, dims: Any) -> np.ndarray:
     if st.checks:
         check_bounds(st, "atomic add", "global", mem.name, mem.shape, idx, dims)
-        _check_published(st)
+        if mem.flat.dtype.kind not in "f":   # a float accumulation announces nothing (MEMORY_INTRINSICS)
+            _check_published(st)
     lanes = st.layout.lanes
     where = np.broadcast_to(np.asarray(flat_index(idx, mem.strides, mem.wide) + mem.origin), (lanes,))
     kind = mem.flat.dtype
