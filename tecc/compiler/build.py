@@ -1,6 +1,6 @@
 """`build`: choose a program's Plan, then compile it (pipeline.py).
 
-    build(args) ──lower once──▶ Program (tensors, naive module, the one Target: arch + allow_tf32)
+    build(args) ──lower once──▶ Program (tensors, naive module, the one Target: arch + policies)
                 ──plan="auto"──▶ the planner (planner.py): every registered strategy, per kernel and
                                  graph-level (the rewrites), priced by the cost model, the cheapest
                                  realized; the generic schedule if the planner's plan fails to build
@@ -48,7 +48,7 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
           dump_ir: str | os.PathLike[str] | None = None, dump_filter: str | None = None,
           arch: str | None = None, plan: Plan | str | dict[str, Any] = "auto",
           options: Sequence[str] = (), sizes: dict[str, int] | None = None, tune: bool = False,
-          allow_tf32: bool = False) -> Kernel:
+          allow_tf32: bool = False, deterministic: bool = False) -> Kernel:
     """Compile the program whose kernel signature is `args` (inputs and outputs, in order), or
     the scheduled program of a `Schedule`.
 
@@ -66,7 +66,11 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
       rounded to tf32 (10 mantissa bits, ~1e-3 relative per product; docs/tensor-cores.md). Off by
       default: a float32 contraction is never silently less accurate. The planner then ranks the
       tf32 tensor-core plan against the float32 SIMT ones by predicted time; `explain()` says
-      whether TF32 was on. A given Plan names its intrinsic itself (`mma.m16n8k8.f32.tf32`)."""
+      whether TF32 was on. A given Plan names its intrinsic itself (`mma.m16n8k8.f32.tf32`).
+    deterministic: let plan="auto" choose only plans whose results are the same bits run to run:
+      no float atomics, so a scatter (`tc.scatter_add`) sums each output element's matches in a
+      fixed order instead of adding them with atomics (docs/semantics.md, "Atomics"). Off by
+      default: the planner then picks the faster of the two by predicted time."""
     if target not in TARGETS:
         raise TeccError(f"build(): unknown target {target!r}; use one of {TARGETS}")
     timing = PassTiming()
@@ -81,9 +85,13 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
     if allow_tf32 and tune:
         raise TeccError("build(): tune=True does not take allow_tf32=True yet (the tuning database has no "
                         "precision in its key); plan with allow_tf32=True, or tune without it")
+    if deterministic and tune:
+        raise TeccError("build(): tune=True does not take deterministic=True yet (the tuning database has no "
+                        "such policy in its key); plan with deterministic=True, or tune without it")
     plan_arch = arch or knobs.default_arch_override()
     start = time.perf_counter()
-    program = Program.of(tensors, name=name, sizes=sizes, target=resolve_target(plan_arch, allow_tf32=allow_tf32),
+    program = Program.of(tensors, name=name, sizes=sizes,
+                         target=resolve_target(plan_arch, allow_tf32=allow_tf32, deterministic=deterministic),
                          compile_arch=plan_arch or default_arch())
     timing.seconds.append(("lower", time.perf_counter() - start))
     candidates: list[Candidate]
@@ -97,9 +105,11 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
         key = _build_cache_key(program) if dumper is None else None
         found = build_cache.lookup(key) if key is not None else None
         if found is not None:  # planned and scheduled by an earlier build (build_cache.py)
-            cached, module = found
             timing.seconds.append(("build cache hit", 0.0))
-            return compile_module(module, cached, target, arch=arch, options=options, dumper=None, timing=timing)
+            kernel = compile_module(found.module, found.plan, target, arch=arch, options=options, dumper=None,
+                                    timing=timing)
+            kernel.planning_report = found.report
+            return kernel
 
         def plan_it() -> PlanResult:
             result = planner.plan_program(program, compile_check=refuse_spills)
@@ -112,7 +122,7 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
         candidates = [("given", lambda: given)]
     module, chosen, planning, fallbacks = _first_that_builds(candidates, program, dumper, timing)
     if key is not None and not fallbacks:
-        build_cache.store(key, chosen, module)
+        build_cache.store(key, chosen, module, planning)
     kernel = compile_module(module, chosen, target, arch=arch, options=options, dumper=dumper, timing=timing)
     kernel.planning = planning
     kernel.fallbacks = fallbacks
@@ -121,7 +131,8 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
 
 def _build_cache_key(program: Program) -> str | None:
     """The build cache's key of an auto-planned program (None with the caches off): its naive IR
-    and the whole Target, not only its arch (an H100 and an H200 are both sm_90 and plan apart)."""
+    and the whole Target, not only its arch (an H100 and an H200 are both sm_90 and plan apart);
+    its repr carries the build's policies, allow_tf32 and deterministic."""
     if not knobs.build_cache_enabled():
         return None
     return build_cache.build_key(str(program.module), name=program.module.name, sizes=program.sizes,

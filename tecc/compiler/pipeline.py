@@ -27,6 +27,7 @@ from ..passes.default_schedule import DEFAULT_THREADS, default_schedule
 from ..passes.lower import lower
 from ..passes.manager import DumpIR, Pass, PassManager, PassTiming, VerifyIR
 from ..passes.names import identifier
+from ..passes.schedule import drop_records
 from ..passes.simplify import simplify
 from ..passes.unique_names import unique_names
 from ..passes.verify import verify_module
@@ -91,6 +92,8 @@ def schedule_module(program: Sequence[Tensor] | Schedule, plan: Plan, *, name: s
             module = lowered if lowered is not None else lower(tensors, name)
             if dumper is not None:
                 dumper.write("lower.txt", f"# after pass lower\n{dumper.text(module)}")
+    # the tensor-core primitives' records (tecc/passes/schedule/tensor_core.py) end with the schedule
+    module = drop_records(module)
     timing.seconds.append(("lower+schedule", time.perf_counter() - start))
 
     instruments: list[Any] = [timing]
@@ -132,7 +135,7 @@ def compile_module(module: Module, plan: Plan, target: str, *, arch: str | None,
         kernel.attach_binary(compiled, tuple(options))
         if dumper is not None:
             dumper.write(f"{module.name}.ptx", compiled.ptx)
-    if dumper is not None:
+    if dumper is not None and dumper.matches:  # (a module the dump filter does not keep writes nothing)
         kernel.dump_dir = dumper.directory
     return kernel
 

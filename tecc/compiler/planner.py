@@ -17,7 +17,9 @@ One planning path (docs/cost-model.md, "The planner"):
 3. graph level: every registered graph strategy (a rewrite of several stages: row fusion, split
    reductions, the online contraction) is asked the same over the whole program; one that takes
    it claims the kernels it replaces (`stages`) and its points are priced the same way, ranked
-   at predicted time / the strategy's `margin`;
+   at predicted time / the strategy's `margin` (a strategy may order its own points that the
+   model does not separate: `GraphStrategy.order`); a program with a scatter asks none unless
+   the build is deterministic (SCATTER_PER_KERNEL);
 4. the two alternatives are weighed: a graph point is tried before the per-kernel plans of the
    kernels it claims when it is predicted cheaper than the sum of their best points, or within
    GRAPH_TIE of it (a tie at one bound: the rewrite measured on such programs stays);
@@ -58,6 +60,14 @@ from .strategies.registry import AnyStrategy, GraphStrategy, Point, Strategy, gr
 # on the programs its guard admits when it was added (row_fused 94-107% of copy, the split
 # reductions 78-106%; RESULTS.md): at a tie the measured plan stays.
 GRAPH_TIE = 0.05
+
+# Why no graph-level strategy is asked of a program with a scatter unless the build is
+# deterministic: its stages are planned per kernel, where the atomic form (scatter_atomic) is
+# ranked against the masked sum the scatter lowers to. No rewrite was written or measured for a
+# scatter's data-dependent matches; a deterministic build (no atomic form) asks them as for any
+# program.
+SCATTER_PER_KERNEL = ("the program scatters (tc.scatter_add) and the build is not deterministic: its stages are "
+                      "planned per kernel (atomics, scatter_atomic, against the masked sum)")
 
 # (scheduled program, kernel name or None for every kernel, arch) -> ptxas's report per kernel
 # (or None), or ScheduleError to pass over the point
@@ -179,7 +189,7 @@ def graph_candidates_for(program: Program, params: CostParameters = DEFAULT_PARA
     for s in graph_strategies():
         if only is not None and s.name not in only:
             continue
-        why = s.guard(program)
+        why = SCATTER_PER_KERNEL if program.scatters and not program.target.deterministic else s.guard(program)
         if why is not None:
             declined.append((s.name, why))
             continue
@@ -261,9 +271,21 @@ def _plan_group(program: Program, kernel_plans: list[KernelPlan], params: CostPa
     if not cands and not declined:
         return None
     per_kernel = sum(kp.chosen.cost.total for kp in kernel_plans if kp.kernel in claimed)
-    valid = sorted((c for c in cands if c.cost.ok), key=_graph_rank_key)
+    valid = _strategies_order(program, sorted((c for c in cands if c.cost.ok), key=_graph_rank_key))
     rejected = [c for c in cands if not c.cost.ok]
     return GroupPlan(claimed, valid, rejected, declined, per_kernel, None, len(cands))
+
+
+def _strategies_order(program: Program, ranked: list[Candidate]) -> list[Candidate]:
+    """The ranking with each graph strategy's candidates in its own order (GraphStrategy.order),
+    in the places its candidates held."""
+    out = list(ranked)
+    for strategy in {id(c.strategy): c.strategy for c in ranked}.values():
+        assert isinstance(strategy, GraphStrategy)
+        places = [i for i, c in enumerate(out) if c.strategy is strategy]
+        for i, c in zip(places, strategy.order(program, [out[i] for i in places])):
+            out[i] = c
+    return out
 
 
 def _realize_group(program: Program, group: GroupPlan, compile_check: CompileCheck | None,
@@ -275,7 +297,7 @@ def _realize_group(program: Program, group: GroupPlan, compile_check: CompileChe
 
     for cand in group.ranked:
         if weigh and cand.ranked_seconds > group.per_kernel_seconds * (1.0 + GRAPH_TIE):
-            break
+            continue   # (a strategy's own order may put a cheaper point after it)
         sch = Schedule(program.args, name=program.name, lowered=program.module)
         try:
             cand.strategy.apply(sch, program, cand.point)  # type: ignore[arg-type]
@@ -415,5 +437,5 @@ def _graph_lost(group: GroupPlan) -> str:
     return "; ".join(words)
 
 
-__all__ = ["GRAPH_TIE", "Candidate", "GroupPlan", "KernelPlan", "PlanResult", "candidates_for", "graph_candidates_for",
+__all__ = ["GRAPH_TIE", "SCATTER_PER_KERNEL", "Candidate", "GroupPlan", "KernelPlan", "PlanResult", "candidates_for", "graph_candidates_for",
            "plan_program", "plan_strategy", "resolve_target"]

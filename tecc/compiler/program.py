@@ -3,7 +3,8 @@
     program = Program.of([A, B, C], target=resolve_target("sm_90", allow_tf32=True), sizes={"M": 4096})
     program.module          the naive lowered module (one kernel per stage), lowered here, once
     program.info(kernel)    what the cost model reads off one of its kernels (cost.analysis)
-    program.target          the Target: the arch's limits and rates, and the build's policy (allow_tf32)
+    program.target          the Target: the arch's limits and rates, and the build's policies
+                            (allow_tf32, deterministic)
     program.compile_arch    the arch string the build hands NVRTC (compile checks use it, so the
                             compile cache serves the build the very binary a check compiled)
 
@@ -18,11 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from ..ir.errors import DeviceError
+from ..ir.scatter import ScatterOp
 from ..ir.stmt import Module
 from ..ir.target import Target, from_device
 from ..ir.target import target as target_of
 from ..ir.tensor import Tensor
-from ..passes.lower import lower
+from ..passes.lower import collect_program, lower
 from .cost.analysis import KernelInfo, analyze_kernel
 
 T = TypeVar("T")
@@ -32,12 +34,14 @@ T = TypeVar("T")
 FALLBACK_ARCH = "sm_90"
 
 
-def resolve_target(target: Target | str | None = None, *, allow_tf32: bool | None = None) -> Target:
+def resolve_target(target: Target | str | None = None, *, allow_tf32: bool | None = None,
+                   deterministic: bool | None = None) -> Target:
     """The Target to plan for: a Target as given; an arch name's reference part ("sm_80"); None:
     the live device (`target.from_device`), else sm_90. An arch tecc has no table for keeps its
     own number (so guards that ask for sm_80 or sm_90 answer for it) with sm_90's limits and
     rates; a string that is no arch at all plans for sm_90 and leaves NVRTC to judge it.
-    `allow_tf32` (None: as the Target has it) sets the build's precision policy on the Target.
+    `allow_tf32` and `deterministic` (None: as the Target has them) set the build's precision and
+    reproducibility policies on the Target.
 
     This is the one place tecc turns an arch string into a Target."""
     if isinstance(target, Target):
@@ -51,6 +55,8 @@ def resolve_target(target: Target | str | None = None, *, allow_tf32: bool | Non
             resolved = target_of(FALLBACK_ARCH)
     if allow_tf32 is not None and resolved.allow_tf32 != allow_tf32:
         resolved = resolved.replace(allow_tf32=allow_tf32)
+    if deterministic is not None and resolved.deterministic != deterministic:
+        resolved = resolved.replace(deterministic=deterministic)
     return resolved
 
 
@@ -96,6 +102,12 @@ class Program:
     @property
     def kernels(self) -> list[str]:
         return [k.name for k in self.module.kernels]
+
+    @property
+    def scatters(self) -> bool:
+        """Whether a stage of the program is a scatter (tc.scatter_add: a ScatterOp)."""
+        return self.memo("program/scatters", lambda: any(isinstance(t.op, ScatterOp)
+                                                           for t in collect_program(self.args).order))
 
     def info(self, kernel: str) -> KernelInfo:
         """analyze_kernel of the lowered kernel `kernel` at the program's sizes (computed once)."""

@@ -17,6 +17,7 @@ kernel's facts, plus the kernels it replaces (`stages`) and the plan's reason:
   stages(program)                the kernels of the lowered module it replaces
   space(program)                 its points
   workload(program, point)       what the point makes the GPU do (a second kernel as `then`)
+  order(program, ranked)         its points' order where the model does not separate them
   apply(sch, program, point)     the rewrite's plan step on a Schedule
   reason(program, point, ...)    what the rewrite does at this point, for the plan
 
@@ -119,6 +120,13 @@ class GraphStrategy:
 
     def workload(self, program: "Program", point: Point) -> Workload:
         raise NotImplementedError
+
+    def order(self, program: "Program", ranked: list[Any]) -> list[Any]:
+        """This strategy's valid candidates (the planner's: `.point`, `.workload`, `.cost`) in
+        the order to try them; they arrive ranked by predicted time, and keep the places in the
+        planner's ranking that they held. A strategy that knows better than the model where its
+        points are too close to order overrides it (online_backward_mma)."""
+        return ranked
 
     def apply(self, sch: Any, program: "Program", point: Point) -> None:
         raise NotImplementedError

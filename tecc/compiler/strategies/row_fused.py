@@ -3,7 +3,9 @@
 A graph-level strategy (registry.GraphStrategy, `RowFused`): it rewrites every stage of the
 program into one kernel, so the planner prices its point (`workload`: `fused_workload` for one
 row reduction, the one the cost model's honesty loop measured; `row_point_workload` for a group
-kept in registers; `chunked_workload` for a row re-read in chunks) against the per-kernel plans
+kept in registers; `chunked_workload` for a row re-read in chunks; `column_workload` for a group
+with column reductions, whose blocks walk the rows and a combine kernel folds their column
+sums: `_column_choice`) against the per-kernel plans
 of the stages and against the other rewrites that claim the program (split_rows,
 split_row_group), and realizes the cheapest (docs/memory-bound.md, docs/cost-model.md).
 
@@ -33,6 +35,9 @@ bytes than the stage kernels: the criterion of the issue that introduced it):
   softmax 86% -> 93% but layer norm 97% -> 94%; float32 softmax 98% -> 97%), so it stays there;
 * the vector width: 16 bytes (float4, or 8 bf16/fp16 as one uint4) when the row length allows,
   else the widest that divides it;
+* a row whose registers overflow what one resident block leaves a thread (64 K / threads) takes
+  half the threads (`fit_row_registers`: 50,304 logits at 512 threads, not 1024), and 8-byte
+  vectors when it fills most of them;
 * a row past the register budget (or of symbolic length) is re-read once per pass; where the
   group has a max / sum-of-exp or a sum / sum-of-squared-deviations pair (softmax, layer norm)
   the pair is one pass (cache="online": running max, Welford moments), so the row is read twice.
@@ -42,21 +47,35 @@ bytes than the stage kernels: the criterion of the issue that introduced it):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ...ir.errors import ScheduleError
-from ...ir.expr import TensorRead, const_int, free_vars, walk
+from ...ir.evaluate import evaluate_int
+from ...ir.expr import Expr, TensorRead, Var, const_int, free_vars, walk
 from ...ir.tensor import Tensor
 from ...ir.target import Target
-from ...passes.rewrite.fuse_rows import fuse_rows, row_group
+from ...passes.rewrite.fuse_rows import (COLUMN_KERNEL_REGISTERS, ROW_KERNEL_REGISTERS, SM_REGISTERS, SM_THREADS, fuse_rows,
+                                         row_group)
+from ...passes.rewrite.row_columns import MAX_COLUMN_BLOCKS_PER_SM
 from ...passes.schedule.cross_thread import WARP
-from ..cost.analysis import KernelInfo
+from ..cost.analysis import DEFAULT_SIZE, KernelInfo
 from ..cost.model import Workload, predict
-from ..cost.traffic import compulsory_bytes
 from ..plan import Plan, Step
 from ..program import Program, resolve_target
 from .registry import GraphStrategy, Point, register
+from .row_fused_cost import (
+    BARRIER_CYCLES,
+    FADD_LATENCY_CYCLES,
+    GLOBAL_LATENCY_CYCLES,
+    SHUFFLE_CYCLES,
+    TREE_INSTRUCTIONS,
+    ColumnWalk,
+    RowFusedChoice,
+    chunked_workload,
+    column_workload,
+    fused_workload,
+    row_point_workload,
+)
 
 THREAD_CHOICES = (64, 128, 256, 512, 1024)
 TARGET_PER_THREAD = 8
@@ -65,25 +84,6 @@ MIN_THREADS = 64
 MAX_ROW_REGISTERS = 64
 LONG_ROW_COLUMNS = 8192
 VECTOR_BYTES = 16
-
-
-@dataclass
-class RowFusedChoice:
-    plan: Plan
-    threads: int
-    cache: str
-    fused_bytes_per_row: float
-    unfused_bytes_per_row: float
-    reason: str
-    vector: int = 1
-    rows_per_block: int = 1
-    unroll: int = 1
-    reductions: int = 1
-    stages: int = 1
-    passes: int = 1           # reads of the row (1 with cache="registers")
-    arrays: int = 1           # row inputs
-    itemsize: int = 4         # their narrowest element size
-    elementwise: bool = False  # the group has row outputs of shape rows + (C,)
 
 
 def _itemsize(t: Tensor) -> int:
@@ -116,6 +116,45 @@ def choose_vector(columns: int | None, itemsize: int) -> int:
     while v > 1 and columns % v:
         v //= 2
     return min(v, 8)
+
+
+# Registers one thread may hold (the ISA's limit) and the row kernel's own beside its row arrays
+# (fuse_rows.ROW_KERNEL_REGISTERS); a row array taking more than ROW_CAP_SHARE of the thread's
+# registers takes 8-byte vectors: ptxas (sm_90) spilled the cross-entropy forward + backward at
+# 512 threads x 100 registers of row with 16-byte vectors (8 B fp32 float4, 4 B bf16 uint4; each
+# 16-byte access needs four aligned consecutive registers) and not with 8-byte ones.
+THREAD_REGISTERS = 255
+ROW_CAP_SHARE = 0.75
+
+
+def fit_row_registers(columns: int, threads: int, vector: int, arrays: int, itemsize: int) -> tuple[int, int]:
+    """(threads, vector) for a row kept in registers: `threads` halved while the row arrays (one
+    register per element, `arrays` of them) and the kernel's own registers exceed what one
+    resident block leaves a thread (64 K / threads, at most 255): at 1024 threads a thread has
+    64, so a cross-entropy over 50,304 logits (52 per thread) spilled at 1024 threads and fits
+    512 (100 of 128). A row that takes most of the thread's registers gets 8-byte vectors."""
+    def words(t: int, v: int) -> int:
+        return -(-columns // (t * v)) * v * max(arrays, 1)
+
+    def cap(t: int) -> int:
+        return min(THREAD_REGISTERS, SM_REGISTERS // t)
+
+    while (threads // 2 >= MIN_THREADS and words(threads, vector) + ROW_KERNEL_REGISTERS > cap(threads)
+           and words(threads // 2, vector) + ROW_KERNEL_REGISTERS <= cap(threads // 2)):
+        threads //= 2
+    narrow = max(1, 8 // itemsize)
+    if vector > narrow and columns % narrow == 0 and words(threads, vector) > ROW_CAP_SHARE * cap(threads):
+        vector = narrow
+    return threads, vector
+
+
+# A 16-bit row of more elements per thread than this keeps them converted to float32
+# (fuse_rows' float_rows): ptxas has no registers left to keep converted copies across the
+# passes' barriers, so each pass converts again (the cross-entropy over 50,304 bf16 logits, 100
+# per thread: 3432 -> 3136 instructions, sm_90). Up to 32 per thread (the forward softmax, layer
+# and RMS norm at 1024-8192 columns) the SASS is the same either way, so their kernels stay as
+# measured. Row kernels with column reductions always take it (_column_choice).
+FLOAT_ROWS_ELEMENTS = 32
 
 
 # A re-read row's walk (fuse_rows cache="none"/"online", tecc/passes/rewrite/row_chunks.py): each thread
@@ -196,6 +235,8 @@ def _choice(tensors: Sequence[Tensor], target: Target) -> RowFusedChoice | str:
         return str(exc).splitlines()[0]
     if not _walks_rows_along_their_last_axis(group):
         return "a reduction reads its row along another axis than the last, or contracts (the tiled strategies' business)"
+    if group.column_reductions:
+        return _column_choice(group, target)
     columns = const_int(group.columns)
     width = columns if columns is not None else 4096  # a symbolic row: bytes per row for the comparison
     row_inputs = [t for t in group.program.args if t.is_placeholder and len(t.shape) == len(group.rows) + 1]
@@ -205,6 +246,8 @@ def _choice(tensors: Sequence[Tensor], target: Target) -> RowFusedChoice | str:
     # 16-byte accesses (codegen/vectorize.py: float4, or 8 half-precision elements as a uint4)
     # when every row input has one element size
     vector = choose_vector(columns, itemsize) if cache == "registers" and len(sizes) == 1 else 1
+    if cache == "registers" and columns is not None:
+        threads, vector = fit_row_registers(columns, threads, vector, len(row_inputs), itemsize)
     unroll = 1
     if cache != "registers":
         long_vector, unroll = choose_long_row(columns, itemsize)
@@ -238,6 +281,9 @@ def _choice(tensors: Sequence[Tensor], target: Target) -> RowFusedChoice | str:
         step_args["vector"] = vector
     if rows_per_block > 1:
         step_args["rows_per_block"] = rows_per_block
+    if cache == "registers" and itemsize == 2 and columns is not None and \
+            -(-columns // (threads * vector)) * vector > FLOAT_ROWS_ELEMENTS:
+        step_args["float_rows"] = True
     if unroll > 1:
         step_args["unroll"] = unroll
     layout = (f"{rows_per_block} rows per block, one warp each" if rows_per_block > 1 else f"{threads} threads")
@@ -251,6 +297,118 @@ def _choice(tensors: Sequence[Tensor], target: Target) -> RowFusedChoice | str:
                           itemsize, bool(group.elementwise))
 
 
+# A group with column reductions (a normalization's backward with dγ, dβ: row_columns.py) keeps
+# its row AND one accumulator per column reduction in registers through the rows its block walks,
+# at most MAX_COLUMN_BLOCKS_PER_SM resident blocks per SM (row_columns.py says why).
+# Registers per thread for the row arrays and column accumulators of such a group: half of
+# MAX_ROW_REGISTERS, since the backward's expressions keep more values live (ptxas, sm_90: layer
+# norm's backward at 64 threads x 16 bf16 elements spilled at 96 registers; at 8 elements per
+# thread every width from 768 to 8192, fp32 and bf16, compiled in 48-64 registers without spills).
+MAX_COLUMN_ROW_REGISTERS = 32
+
+
+def _column_choice(group: Any, tgt: Target) -> RowFusedChoice | str:
+    """The row-fused plan for a row group with column reductions: the fewest threads (at least
+    MIN_THREADS) whose cached row and column sums fit MAX_COLUMN_ROW_REGISTERS per thread, and
+    row_blocks = SMs x resident blocks (at most MAX_COLUMN_BLOCKS_PER_SM, at most one per row):
+    one wave whose blocks each walk the rows, as evenly as the row count allows (S is the fewest
+    blocks with the same rows per block: fewer partial rows to fold).
+
+    Each block loads its next row ahead (prefetch: a second set of row registers, loaded while
+    this row's reductions and barriers run) whenever that keeps the resident blocks: a block
+    without it has loads in flight only between a row's start and its first reduction, so
+    narrow rows (a few KiB per row and block) kept too little in flight to reach DRAM bandwidth
+    (layer norm's backward at 8192 x 768 ran at 2.2 TB/s, bf16 at 8192 x 4096 at 2.4 TB/s).
+    The column sums stay in registers when the second row set fits beside them at the same
+    residency (768-1024 columns: 128 threads, 80 registers, 4 blocks), else they move to shared
+    memory (4096 columns: 512 threads, 64 registers, 2 blocks; 8192: 1024 threads, 1 block).
+    Without a residency-preserving form the plan has no prefetch. Why not, when the row is
+    symbolic or too long."""
+    columns = const_int(group.columns)
+    if columns is None:
+        return "the row has column reductions and a symbolic length (their sums need a fixed set of columns per thread)"
+    row_inputs = [t for t in group.program.args if t.is_placeholder and len(t.shape) == len(group.rows) + 1]
+    sizes = {_itemsize(t) for t in row_inputs}
+    itemsize = min(sizes) if sizes else 4
+    vector = choose_vector(columns, itemsize) if len(sizes) == 1 else 1
+    row_arrays, sums = max(len(row_inputs), 1), len(group.column_reductions)
+    target_elements = max(TARGET_PER_THREAD, TARGET_BYTES // itemsize)
+    point = _column_point(columns, vector, row_arrays + sums, target_elements)
+    if point is None:
+        point = _column_point(columns, vector, 2 * row_arrays, target_elements)
+        if point is None:
+            return (f"the row of {columns} columns and its column sums do not fit {MAX_COLUMN_ROW_REGISTERS} registers "
+                    "per thread at any thread count")
+    threads, elements = point
+    options = [  # (where the sums live, prefetch, the row words per thread), preferred first
+        ("local", True, elements * (2 * row_arrays + sums)),
+        ("shared", True, elements * 2 * row_arrays),
+        ("local", False, elements * (row_arrays + sums)),
+    ]
+    fits = [(where, ahead, column_resident(threads, words, where, sums * elements * threads * 4, tgt))
+            for where, ahead, words in options]
+    best = max(min(n, MAX_COLUMN_BLOCKS_PER_SM) for _, _, n in fits)
+    if best == 0:
+        return f"no block of {threads} threads keeping the row and its column sums fits an SM of {tgt.arch}"
+    where, prefetch, resident = next((w, a, min(n, MAX_COLUMN_BLOCKS_PER_SM)) for w, a, n in fits
+                                     if min(n, MAX_COLUMN_BLOCKS_PER_SM) == best)
+    row_blocks = tgt.sm_count * resident
+    n_rows = _const_rows(group)
+    if n_rows is not None:
+        row_blocks = max(1, min(row_blocks, n_rows))
+        row_blocks = -(-n_rows // -(-n_rows // row_blocks))  # as many rows per block, fewer blocks
+    names = ", ".join(t.name for t in group.column_reductions)
+    step_args: dict[str, Any] = {"threads": threads, "cache": "registers"}
+    if vector > 1:
+        step_args["vector"] = vector
+    step_args["row_blocks"] = row_blocks
+    if where == "shared":
+        step_args["column_sums"] = "shared"
+    if prefetch:
+        step_args["prefetch"] = True
+    if itemsize == 2:  # 16-bit rows: each element converted once per row, not once per pass
+        step_args["float_rows"] = True
+    row_bytes = sum(_itemsize(t) * columns for t in row_inputs) + sum(
+        _itemsize(t) * columns for t in group.elementwise)
+    reason = (f"{len(group.reductions) + len(group.elementwise) + len(group.row_values)} stage(s) sharing rows of "
+              f"{group.columns} in one kernel ({row_bytes} B/row) and the column reduction(s) {names} summed in "
+              f"{'registers' if where == 'local' else 'shared memory'} by {row_blocks} blocks ({tgt.sm_count} SMs x "
+              f"{resident}) walking the rows{', each loading its next row ahead' if prefetch else ''}, then folded "
+              f"by a combine kernel; {threads} threads, {elements} elements per row array per thread, vector {vector}")
+    plan = Plan((Step("fuse_rows", step_args),), "row_fused", reason)
+    stages = len(group.reductions) + len(group.elementwise)
+    return RowFusedChoice(plan, threads, "registers", float(row_bytes), float(row_bytes), reason, vector,
+                          reductions=len(group.reductions), stages=stages, arrays=row_arrays, itemsize=itemsize,
+                          elementwise=bool(group.elementwise),
+                          walk=ColumnWalk(row_blocks, sums, elements, resident, prefetch, where, tuple(group.rows),
+                                          columns))
+
+
+def column_resident(threads: int, words: int, where: str, shared_bytes: int, tgt: Any) -> int:
+    """Resident blocks per SM of a column-reduction row kernel whose row arrays (and, with
+    `where` "local", column sums) take `words` registers per thread beside
+    COLUMN_KERNEL_REGISTERS, and with "shared" `shared_bytes` of sums per block: 0 when not one
+    block fits."""
+    n = 0
+    while (threads * (n + 1) <= SM_THREADS
+           and SM_REGISTERS // (threads * (n + 1)) >= words + COLUMN_KERNEL_REGISTERS
+           and (where == "local" or (shared_bytes <= tgt.smem_per_block_optin
+                                     and (n + 1) * shared_bytes <= tgt.smem_per_sm))):
+        n += 1
+    return n
+
+
+def _column_point(columns: int, vector: int, arrays: int, target_elements: int) -> tuple[int, int] | None:
+    """(threads, elements per array per thread): the fewest threads (at least MIN_THREADS) whose
+    `arrays` register arrays fit MAX_COLUMN_ROW_REGISTERS, preferring at most `target_elements`."""
+    fits = [t for t in THREAD_CHOICES if t >= MIN_THREADS
+            and -(-columns // (t * vector)) * vector * arrays <= MAX_COLUMN_ROW_REGISTERS]
+    if not fits:
+        return None
+    threads = next((t for t in fits if -(-columns // (t * vector)) * vector <= target_elements), fits[-1])
+    return threads, -(-columns // (threads * vector)) * vector
+
+
 def _const_rows(group: Any) -> int | None:
     n = 1
     for e in group.rows:
@@ -259,31 +417,6 @@ def _const_rows(group: Any) -> int | None:
             return None
         n *= c
     return n
-
-
-def row_point_workload(n_rows: int, columns: int, itemsize: int, vector: int, threads: int, rows_per_block: int,
-                       arrays: int, reductions: int, stages: int, bytes_per_row: float) -> Workload:
-    """What fuse_rows(cache="registers") does for `n_rows` rows of `columns` at a point: T
-    `threads` per row (one block per row), or one warp per row and `rows_per_block` rows per
-    block. Each thread loads K = ceil(C / (T·V)) V-wide pieces (all in flight), each reduction
-    is a shuffle tree plus, above one warp, a shared hand-off and a barrier. The terms that
-    separate the points are the block count (launch and retire: CostParameters.block_cycles)
-    and the registers the cached row takes (occupancy)."""
-    t, w = threads, rows_per_block
-    k = -(-columns // (t * vector))
-    elements = k * vector
-    warps = n_rows * t / WARP
-    tree = TREE_INSTRUCTIONS / 2 + (TREE_INSTRUCTIONS / 2 if t > WARP else 0.0)
-    instr_warp = 2.0 * k + elements * (1.0 + stages) + reductions * tree
-    chain = (GLOBAL_LATENCY_CYCLES + elements * FADD_LATENCY_CYCLES * reductions
-             + reductions * (5 * SHUFFLE_CYCLES + (BARRIER_CYCLES + 5 * SHUFFLE_CYCLES if t > WARP else 0.0)))
-    return Workload(
-        blocks=-(-n_rows // w), threads=t * w,
-        registers={"addressing": 12, "row cache": elements * arrays, "accumulators": 2 * max(reductions, 1)},
-        smem_bytes=4 * 32 if t > WARP else 0, dram_bytes=n_rows * bytes_per_row, l2_bytes=n_rows * bytes_per_row,
-        global_wavefronts=n_rows * bytes_per_row / 128.0, instructions=warps * instr_warp,
-        bytes_in_flight=float(elements * itemsize), ilp=float(vector), chain_cycles=chain,
-        notes=[f"{k} load(s) of {vector} per thread, {t} threads per row, {w} row(s) per block"])
 
 
 # a warp per row is taken over the one-block-per-row point only when predicted this much faster:
@@ -319,14 +452,6 @@ def choose_rows_per_block(n_rows: int, columns: int, itemsize: int, vector: int,
                   f"{base.total * 1e6:.1f} us ({base.bound}-bound) for one block of {threads} per row")
 
 
-# Latencies of the one-row kernel's serial path (cycles; sm_80/sm_90 microbenchmarks, approximate)
-GLOBAL_LATENCY_CYCLES = 550.0      # CostParameters.global_latency_cycles
-SHUFFLE_CYCLES = 30.0              # one __shfl_xor_sync round trip
-BARRIER_CYCLES = 40.0              # CostParameters.barrier_cycles
-FADD_LATENCY_CYCLES = 4.0
-TREE_INSTRUCTIONS = 40.0           # per warp: two 5-step shuffle trees, the shared hand-off, the store
-
-
 def fused_points(columns: int) -> list[dict[str, Any]]:
     """The (threads, cache, vector) points of a one-reduction row kernel of `columns` columns
     that fuse_rows accepts: what the honesty loop measures (propose picks one of them)."""
@@ -340,71 +465,23 @@ def fused_points(columns: int) -> list[dict[str, Any]]:
     return out
 
 
-def fused_workload(info: KernelInfo, point: dict[str, Any], target: Target) -> Workload:
-    """What fuse_rows' kernel for ONE row reduction (`info`: the unfused kernel, one output per
-    row) does at `point` (threads T, cache, vector V, unroll U): one block per row, each thread
-    loads K = ceil(C / (T·V)) V-wide pieces of the row (all independent and unrolled with
-    cache="registers"; with "none" / "online" the chunked walk of row_chunks.py, U pieces issued
-    before any is used, so U in flight), sums them, then a warp shuffle tree, a shared-memory
-    hand-off between warps and a second tree. Multi-pass groups (softmax) are not priced here:
-    the benchmark measures a row sum."""
-    t, v = int(point["threads"]), int(point.get("vector", 1))
-    u = int(point.get("unroll", 1))
-    cache = str(point.get("cache", "registers"))
-    rows = info.outputs
-    columns = info.reduce_extent
-    x_size = max((a.itemsize for a in info.reads), default=4)
-    k = -(-columns // (t * v))
-    in_flight_loads = max(1, k if cache == "registers" else min(k, u))   # an empty row (k = 0) still launches
-    warps = rows * t / 32
-    instr_warp = k * (2.0 + v * (1.0 + info.flops_per_iteration)) + TREE_INSTRUCTIONS
-    chain = (-(-k // in_flight_loads) * GLOBAL_LATENCY_CYCLES + k * v * FADD_LATENCY_CYCLES
-             + 2 * 5 * SHUFFLE_CYCLES + 2 * BARRIER_CYCLES)
-    row_bytes = rows * columns * x_size
-    regs = {"addressing": 12, "row cache" if cache == "registers" else "values": in_flight_loads * v,
-            "accumulators": 2}
-    return Workload(
-        blocks=rows, threads=t, registers=regs, smem_bytes=4 * 32, flops=info.flops,
-        fma_ops=float(info.iterations * info.flops_per_iteration),
-        special_ops=float(info.iterations * info.special_per_iteration),
-        dram_bytes=compulsory_bytes(info), l2_bytes=row_bytes + rows * info.write.itemsize,
-        global_wavefronts=row_bytes / 128.0 + rows, instructions=warps * instr_warp,
-        bytes_in_flight=float(in_flight_loads * v * x_size), ilp=float(v), chain_cycles=chain,
-        notes=[f"one block per row, {k} load(s) of {v} per thread, cache {cache}"])
-
-
 def describe_point(point: dict[str, Any]) -> str:
-    extra = "".join(f", {k}={point[k]}" for k in ("rows_per_block", "unroll") if k in point)
+    extra = "".join(f", {k}={point[k]}" for k in ("rows_per_block", "unroll", "row_blocks", "column_sums", "prefetch")
+                    if k in point)
     return f"row_fused(threads={point['threads']}, cache={point['cache']}, vector={point.get('vector', 1)}{extra})"
-
-
-def chunked_workload(n_rows: int, columns: int, choice: RowFusedChoice, point: Point, flops: float,
-                     special_ops: float, arith_instructions: float = 0.0) -> Workload:
-    """What fuse_rows(cache="none" / "online") does for `n_rows` rows of `columns`: one block of T
-    threads per row; each of the choice's `passes` reads of the row walks it in chunks of U
-    V-wide loads per thread, all issued before any is used (row_chunks.py), so U·V elements in
-    flight; a pass ends in a block reduction (two shuffle trees and a shared hand-off) before the
-    next can start, which nothing else on the SM hides when the rows are fewer than the SMs.
-    `arith_instructions`: the thread-level arithmetic of the stage kernels it replaces
-    (analysis.INSTRUCTION_COST: an exp is ~8), issued on the `n_rows` SMs that hold a row."""
-    t, v, u = int(point["threads"]), int(point.get("vector", 1)), int(point.get("unroll", 1))
-    k = -(-columns // (t * v))                     # V-wide loads per thread per pass
-    passes, reductions = choice.passes, max(choice.reductions, 1)
-    warps = n_rows * t / WARP
-    instr_warp = passes * 2.0 * k + k * v * passes + reductions * TREE_INSTRUCTIONS
-    chain = (passes * -(-k // max(u, 1)) * GLOBAL_LATENCY_CYCLES + k * v * FADD_LATENCY_CYCLES * reductions
-             + reductions * (2 * 5 * SHUFFLE_CYCLES + 2 * BARRIER_CYCLES))
-    data = n_rows * choice.fused_bytes_per_row
-    return Workload(
-        blocks=n_rows, threads=t, registers={"addressing": 16, "values": u * v, "accumulators": 3 * reductions},
-        smem_bytes=4 * 32 * reductions, flops=flops, special_ops=special_ops, dram_bytes=data, l2_bytes=data,
-        global_wavefronts=data / 128.0 + n_rows, instructions=warps * instr_warp + arith_instructions / WARP,
-        bytes_in_flight=float(u * v * choice.itemsize), ilp=float(v), chain_cycles=chain,
-        notes=[f"one block per row, {passes} read(s) of the row in chunks of {u} x {v}, cache {choice.cache}"])
 
 
 def _program_choice(program: Program) -> RowFusedChoice | str:
     return program.memo("row_fused/choice", lambda: _choice(program.args, program.target))
+
+
+def _rows_at(rows: Sequence[Expr], sizes: dict[str, int]) -> int:
+    """The row count at the program's sizes (a symbolic one without a size at DEFAULT_SIZE)."""
+    n = 1
+    for e in rows:
+        env = {v: int(sizes.get(v.name, DEFAULT_SIZE)) for v in walk(e) if isinstance(v, Var)}
+        n *= evaluate_int(e, env)
+    return max(n, 1)
 
 
 def row_kernel_info(program: Program) -> KernelInfo:
@@ -436,6 +513,8 @@ class RowFused(GraphStrategy):
     def workload(self, program: Program, point: Point) -> Workload:
         choice = _program_choice(program)
         assert isinstance(choice, RowFusedChoice)
+        if choice.walk is not None:
+            return column_workload(choice, choice.walk.columns, _rows_at(choice.walk.rows, program.sizes))
         info = row_kernel_info(program)
         n_rows, columns = info.outputs, max(info.reduce_extent, 1)
         one_reduction = choice.reductions == 1 and not choice.elementwise
@@ -466,6 +545,6 @@ class RowFused(GraphStrategy):
 register(RowFused())
 
 
-__all__ = ["RowFused", "RowFusedChoice", "chunked_workload", "choose_long_row", "choose_point", "choose_rows_per_block", "describe_point",
-           "fused_points",
-           "fused_workload", "propose", "row_kernel_info", "row_point_workload"]
+__all__ = ["RowFused", "RowFusedChoice", "chunked_workload", "choose_long_row", "choose_point", "choose_rows_per_block",
+           "column_resident", "column_workload", "describe_point", "fit_row_registers", "fused_points", "fused_workload",
+           "propose", "row_kernel_info", "row_point_workload"]

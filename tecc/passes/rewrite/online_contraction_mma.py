@@ -21,7 +21,7 @@ one or two m16 tiles that share every K and V fragment the warp loads. Per block
 1. Q tile [BM][D] -> shared (16-byte cp.async, zero past the rows), then ldmatrix.x4 into A
    fragments that stay in registers for the whole key loop.
 2. K and V tiles [BN][D], [BN][C] of consecutive keys stream through a ring of 2 stages in
-   swizzled shared memory (tensorize's `row_swizzle`, 16-byte cp.async zero-filling keys past the
+   swizzled shared memory (tile_staging's `row_swizzle`, 16-byte cp.async zero-filling keys past the
    end); tile kt + 1 is in flight while tile kt is computed.
 3. S = Q Kᵀ: mma.m16n8k16 into float32 C fragments (K is [n][k] in shared: plain ldmatrix
    gives the B fragments).
@@ -84,7 +84,6 @@ from ...ir.expr import (
     Const,
     Expr,
     Reduce,
-    Select,
     TensorRead,
     Var,
     binary,
@@ -99,13 +98,11 @@ from ...ir.expr import (
     walk,
     warp_shuffle,
 )
-from ...ir.descriptor import MatrixDescriptor
 from ...ir.intrinsics import WARPGROUP_SIZE, WGMMA_N, lookup
 from ...ir.target import target
 from ...ir.stmt import (
     Allocate,
     AsyncCommit,
-    AsyncCopy,
     AsyncProxyFence,
     AsyncWait,
     Barrier,
@@ -116,10 +113,8 @@ from ...ir.stmt import (
     IfThenElse,
     KernelCall,
     LetStmt,
-    MatrixMultiply,
     Module,
     PrimFunc,
-    SharedMatrix,
     Stmt,
     WarpgroupCommit,
     WarpgroupFence,
@@ -132,7 +127,7 @@ from ...ir.visitor import SubexpressionReplacer
 from ..lower import exprs_of, global_buffers, scalar_vars, signature
 from ..substitute import substitute_stmt
 from ..names import identifier
-from ..schedule.tensorize import CHUNK, INTRINSICS, load_a_fragment, load_b_fragments, row_swizzle
+from ..schedule.tensorize import INTRINSICS, load_a_fragment, load_b_fragments
 from ..schedule.tensorize_wgmma import wgmma_intrinsic
 from .key_tiles import (
     affine_form,
@@ -144,9 +139,12 @@ from .key_tiles import (
     unmasked_tile_bound,
 )
 from .launch_order import block_grid, launch_order, work_item
-from .online_contraction import MAX_GRID_Y, OnlineChain, _Lower, head_indices, online_chain
+from .mma_tiles import LOG2E, TileStaging, block_width, two_n8_tiles
+from .mma_tiles import check_wgmma_relayout as _check_wgmma_relayout
+from .mma_tiles import check_relayout as _check_relayout
+from .mma_tiles import fold_log2e as _fold_log2e
+from .online_contraction import MAX_GRID_Y, ExpressionLowering, OnlineChain, head_indices, online_chain
 
-LOG2E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
 MAX_HEAD_DIM = 128   # mma.sync: the partial output, 4·C/8 floats per lane, and Q's fragments, D/2 registers
 HOPPER_HEAD_DIMS = (16, 32, 64, 96, 128, 256)   # the wgmma form: Q stays in shared memory, 64-row tiles per warpgroup
@@ -290,18 +288,6 @@ def _reads_inputs(tcc: TensorCoreChain) -> bool:
 
 # ---- the kernel ------------------------------------------------------------------------------------
 
-def _check_relayout(qk: str, pv: str) -> None:
-    """The C fragment of n8 tiles 2k, 2k + 1 is the A fragment of k16 step k (module docstring)."""
-    c_map = lookup(qk).operand("c").layout
-    a_map = lookup(pv).operand("a").layout
-    for lane in range(32):
-        for e in range(8):
-            r, col = c_map(lane, e % 4)
-            if a_map(lane, e) != (r, col + 8 * (e // 4)):
-                raise ScheduleError(f"online_contraction_mma: the C fragment of {qk} is not the A fragment of {pv} "
-                                    f"(lane {lane}, element {e}); P would need a shuffle")
-
-
 def _check_pairs(qk: str) -> None:
     """The epilogue stores elements 2h and 2h + 1 of the C fragment of `qk` as one 2-element
     vector: they must be one row's columns c and c + 1, c even (the m16n8 C layout)."""
@@ -382,15 +368,7 @@ def online_contraction_mma(args: Sequence[Tensor], rows_per_block: int = 64, key
     return kernel.module()
 
 
-def two_n8_tiles(intrinsic: str, acc: Buffer, offset: Any, a: FragmentRef, b: Buffer) -> Stmt:
-    """acc[offset..] += a · b for the two n8 tiles one ldmatrix.x4 of B loaded (b[0:4], b[4:8]):
-    the accumulators of the second tile follow the first's 4 elements."""
-    return seq(
-        MatrixMultiply(intrinsic, FragmentRef(acc, offset), a, FragmentRef(b, 0), FragmentRef(acc, offset)),
-        MatrixMultiply(intrinsic, FragmentRef(acc, offset + 4), a, FragmentRef(b, 4), FragmentRef(acc, offset + 4)))
-
-
-class _Kernel:
+class _Kernel(TileStaging):
     def __init__(self, tcc: TensorCoreChain, rows: int, key_tile: int, warp_rows: int, name: str | None,
                  warpgroup: bool = False) -> None:
         self.wg = warpgroup
@@ -422,82 +400,12 @@ class _Kernel:
         self.splits = 1       # > 1: split-KV over that many key chunks (grid z) and a combine kernel
         self.partials: list[Buffer] = []
         self.lane, self.warp = self.tx % 32, self.tx // 32
-        self.lower = _Lower(self.buffers, u)
+        self.lower = ExpressionLowering(self.buffers, u)
         if warpgroup:
             self.warpgroup = self.tx // WARPGROUP_SIZE
             self.qk_wgmma = wgmma_intrinsic(tcc.q.dtype.name, key_tile)
             assert self.C is not None
             self.pv_wgmma = wgmma_intrinsic(tcc.v.dtype.name, self.C)
-
-    def blocked(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
-        """The Hopper form's shared tile [stages][width / W][rows][W] of `read`: W = block_width(width)
-        halves a row (2·W bytes, the swizzle's row), the descriptors' swizzle as the buffer's layout."""
-        w = block_width(width)
-        shape = tuple(Const(n, dt.int32) for n in (stages, width // w, rows, w))
-        return Buffer(self.unique(label), read.dtype, shape, "shared", tensor=f"{read.tensor.name}.shared",
-                      layout=_descriptor(w, "K").layout)
-
-    def operand(self, buf: Buffer, stage: Expr, row0: Expr, step: Expr, mn_major: bool = False) -> SharedMatrix:
-        """The wgmma operand of the blocked tile `buf` (blocked()) at k16 step `step`: K-major
-        (Q, K: rows are the tile's rows, k along its width) from row `row0`; for V (the P·V B
-        operand, k = the tile's rows = keys, n = its width) MN-major."""
-        _, blocks, rows, w = (const_int(x) for x in buf.shape)
-        assert blocks is not None and rows is not None and w is not None
-        base = stage * (blocks * rows * w)
-        if mn_major:
-            return SharedMatrix(buf, base + step * (16 * w), _descriptor(w, "MN", rows))
-        k = step * 16
-        return SharedMatrix(buf, base + (k // w) * (rows * w) + row0 * w + k % w, _descriptor(w, "K"))
-
-    def frag(self, label: str, intrinsic: str, role: str, size: int) -> Buffer:
-        op = lookup(intrinsic).operand(role)
-        return Buffer(self.unique(label), op.dtype, (Const(size, dt.int32),), "fragment", fragment=(intrinsic, role))
-
-    def local(self, label: str, size: int) -> Buffer:
-        return Buffer(self.unique(label), dt.float32, (Const(size, dt.int32),), "local")
-
-    def shared(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
-        """The mma.sync form's tile [stages][rows][width], XOR-swizzled (row_swizzle) when the width is
-        a power of two; otherwise (d = 96) rows padded by 16 bytes: a row of 96 halves is 48 words,
-        which puts every other row of an ldmatrix on the same banks, and 52 words apart the 8 rows
-        one ldmatrix reads start at banks 20·r mod 32, eight different 4-bank groups."""
-        if width & (width - 1) == 0:
-            shape = tuple(Const(n, dt.int32) for n in (stages, rows, width))
-            return Buffer(self.unique(label), read.dtype, shape, "shared", tensor=f"{read.tensor.name}.shared",
-                          layout=row_swizzle(width))
-        shape = tuple(Const(n, dt.int32) for n in (stages, rows, width + CHUNK))
-        return Buffer(self.unique(label), read.dtype, shape, "shared", tensor=f"{read.tensor.name}.shared")
-
-    def unrolled(self, label: str, extent: int, body: Callable[[Var], Stmt]) -> Stmt:
-        v = Var(self.unique(label), dt.int32)
-        return For(v, Const(0, dt.int32), Const(extent, dt.int32), "unroll", body(v))
-
-    def copy_tile(self, dst: Buffer, stage: Expr, read: TensorRead, at: dict[Var, Expr], row0: Expr, extent: Expr,
-                  rows: int, width: int) -> Stmt:
-        """cp.async of rows [row0, row0 + rows) x [0, width) of the read tensor into dst[stage],
-        16 bytes per copy, zero past `extent`. A 4-dimensional dst (the Hopper form) is
-        [stages][width / W][rows][W]: blocks of W-element swizzled rows."""
-        per_row = width // CHUNK
-        chunks = rows * per_row
-        count = -(-chunks // self.threads)
-        src = self.buffers[read.tensor]
-        lead = tuple(substitute(e, at) for e in read.indices[:-2])
-
-        def copy(u: Var) -> Stmt:
-            chunk = self.tx + self.threads * u
-            r, col = chunk // per_row, (chunk % per_row) * CHUNK
-            if len(dst.shape) == 4:
-                w = const_int(dst.shape[3])
-                assert w is not None
-                at_dst: tuple[Expr, ...] = (stage, col // w, r, col % w)
-            else:
-                at_dst = (stage, r, col)
-            st: Stmt = AsyncCopy(dst, at_dst, src, lead + (row0 + r, col), 16,
-                                 compare("<", row0 + r, extent), "cg")
-            if chunks % self.threads:
-                st = IfThenElse(compare("<", chunk, chunks), st)
-            return st
-        return self.unrolled(f"copy_{read.tensor.name}", count, copy)
 
     def overlapped_loop(self, prologue: Stmt, n_tiles: Expr, load_kv: Callable[[Expr, Expr], Stmt], s_frag: Buffer,
                         p_frag: Buffer, o_frag: Buffer, q_sh: Buffer, k_sh: Buffer, v_sh: Buffer, softmax: Stmt,
@@ -1113,7 +1021,7 @@ class _Kernel:
         chain = self.chain
         acc, mx, sm = self.partial_buffers()
         u = self.unique
-        lower = _Lower(self.buffers, u)
+        lower = ExpressionLowering(self.buffers, u)
         zero = Const(0, dt.int32)
         C = Const(self.C, dt.int32)   # type: ignore[arg-type]
         heads, queries = chain.rows[:-1], chain.rows[-1]
@@ -1170,41 +1078,6 @@ class _Kernel:
             ("online_contraction", (chain.m.name, chain.l.name, chain.output.name)),
             ("split_kv", f"{self.splits} chunks: rescale the partials by 2^(m_s - max), then the program's epilogue"))
         return PrimFunc(name, params, body, attrs)
-
-
-def block_width(width: int) -> int:
-    """The halves per swizzled row of the Hopper form's blocked tiles: 64 (the 128B swizzle) when
-    they divide the width, else 32 (64B: d = 96 is three blocks of 32) or 16 (32B)."""
-    return next(w for w in (64, 32, 16) if width % w == 0)
-
-
-def _descriptor(w: int, major: str, rows: int = 0) -> MatrixDescriptor:
-    """The descriptor of a blocked tile (_Kernel.blocked) with rows of w halves (16, 32 or 64:
-    the 32B, 64B or 128B swizzle): K-major, 8-row groups 8·2w bytes apart (SBO; LBO unused);
-    MN-major (V, `rows` keys per column block), k groups of 8 rows SBO = 8·2w bytes apart and
-    column blocks LBO = rows·2w bytes apart."""
-    mode = {16: "32B", 32: "64B", 64: "128B"}[w]
-    if major == "K":
-        return MatrixDescriptor("K", mode, leading_bytes=16, stride_bytes=16 * w)
-    return MatrixDescriptor("MN", mode, leading_bytes=rows * 2 * w, stride_bytes=16 * w)
-
-
-def _check_wgmma_relayout(qk: str, pv: str) -> None:
-    """The wgmma accumulator is the m16n8 C pattern per warp and n8 block (so the mma kernel's
-    element code serves it), and its elements 8k .. 8k + 7 are the register A of k16 step k."""
-    d_map = lookup(qk).operand("d").layout
-    c_map = lookup(INTRINSICS["float16"]).operand("c").layout
-    a_map = lookup(pv).operand("a").layout
-    for thread in range(WARPGROUP_SIZE):
-        for e in range(16):
-            r, col = c_map(thread % 32, e % 4)
-            if d_map(thread, e) != (16 * (thread // 32) + r, 8 * (e // 4) + col):
-                raise ScheduleError(f"online_contraction_mma: the accumulator of {qk} is not the m16n8 C pattern per "
-                                    f"warp (thread {thread}, element {e})")
-        for e in range(8):
-            if a_map(thread, e) != d_map(thread, e):
-                raise ScheduleError(f"online_contraction_mma: the accumulator of {qk} is not the register A of {pv} "
-                                    f"(thread {thread}, element {e}); P would need a shuffle")
 
 
 def _wgmma_module(tcc: TensorCoreChain, rows_per_block: int, key_tile: int, name: str | None,
@@ -1282,28 +1155,6 @@ def _positive_scale(value: Expr, scores: Reduce) -> float | None:
 
 def _inside(node: Expr, container: Expr) -> bool:
     return any(n is node for n in walk(container))
-
-
-def _fold_log2e(e: Expr) -> Expr:
-    """log2(e) · e in float32, with the factor folded into a constant scale (through `where`s,
-    sums and differences) so that the common `Σ·scale` costs one multiplication."""
-    return cast(_fold(e), dt.float32)
-
-
-def _fold(e: Expr) -> Expr:
-    if isinstance(e, Select):
-        return select(e.cond, _fold_log2e(e.a), _fold_log2e(e.b))
-    if isinstance(e, Const) and e.dtype.is_float:
-        return Const(float(e.value) * LOG2E, dt.float32)
-    if isinstance(e, Cast) and e.dtype == dt.float32 and e.a.dtype.is_float:
-        return _fold_log2e(e.a) if e.a.dtype == dt.float32 else binary("*", e, Const(LOG2E, dt.float32))
-    if isinstance(e, Binary) and e.op == "*" and e.dtype == dt.float32:
-        for x, y in ((e.a, e.b), (e.b, e.a)):
-            if isinstance(y, Const):
-                return binary("*", x, Const(float(y.value) * LOG2E, dt.float32))
-    if isinstance(e, Binary) and e.op in ("+", "-") and e.dtype == dt.float32:
-        return binary(e.op, _fold_log2e(e.a), _fold_log2e(e.b))
-    return binary("*", cast(e, dt.float32), Const(LOG2E, dt.float32))
 
 
 __all__ = ["TensorCoreChain", "block_width", "describe_skipping", "mma_sync_head_dims", "online_contraction_mma",
