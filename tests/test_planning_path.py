@@ -24,6 +24,8 @@ norms = runpy.run_path(str(ROOT / "examples" / "norms.py"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from test_attention_tensor_core import masked_attention  # noqa: E402
+from test_gather_scatter import embedding_backward  # noqa: E402
+from test_online_contraction import attention  # noqa: E402
 
 
 def _matmul(n: int) -> list[tc.Tensor]:
@@ -110,7 +112,8 @@ def test_build_has_no_proposals_and_catches_tecc_errors_only():
     # the fallback; and the check of a size given to build (operator.index of a non-integer)
     assert caught == {"_first_that_builds": {"TeccError"}, "_check_arguments": {"TypeError"}}, caught
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
-    assert not imported & {"online_contraction", "row_fused", "split_rows", "split_row_group", "column_reduction"}
+    assert not imported & {"online_contraction", "online_backward", "row_fused", "split_rows", "split_row_group",
+                           "column_reduction"}
 
 
 def test_the_rewrite_wins_over_the_per_kernel_plans_and_the_plan_says_by_how_much():
@@ -171,3 +174,84 @@ def test_a_graph_strategy_covers_the_stages_it_replaces_and_the_planner_keeps_bo
     assert ("online_contraction", "a tensor-core form takes the chain (the SIMT form is its fallback where none "
             "does)") in group.declined
     assert result.predicted_seconds == group.chosen.cost.total < group.per_kernel_seconds
+
+
+def test_deterministic_is_a_policy_of_the_one_target_and_a_scatter_asks_no_rewrite_without_it():
+    """build(deterministic=True) plans for the Target carrying the policy (so the build cache's key
+    tells the two builds apart); without it a scatter's stages are planned per kernel (the atomic
+    form against the masked sum) and no graph-level strategy is asked; with it the rewrites are
+    asked as for any program and the atomic form declines."""
+    from tecc.compiler.planner import SCATTER_PER_KERNEL
+
+    args = embedding_backward(512, 64, 40)               # dY[512, 64] scattered into dW[40, 64]
+    free = plan_program(args, "sm_90")
+    assert free.group is not None and not free.group.ranked
+    assert {why for _, why in free.group.declined} == {SCATTER_PER_KERNEL}
+    assert free.plan.strategy.startswith("scatter_atomic"), free.plan
+    strict = plan_program(args, resolve_target("sm_90", deterministic=True))
+    assert strict.target.deterministic and strict.group is not None
+    assert SCATTER_PER_KERNEL not in {why for _, why in strict.group.declined}
+    assert any(name == "scatter_atomic" and "deterministic" in why for kp in strict.kernels for name, why in kp.declined)
+    k = tc.build(args, target="sim", arch="sm_90", deterministic=True)
+    assert k.planning.target.deterministic and k.planning.program.target.deterministic
+    assert "atomic_add" not in str(k.module)
+    assert repr(resolve_target("sm_90", deterministic=True)) != repr(resolve_target("sm_90"))
+    rng = np.random.default_rng(3)
+    dy = rng.standard_normal((512, 64)).astype(np.float32)
+    ix = rng.integers(0, 40, 512).astype(np.int32)
+    out = np.full((40, 64), np.nan, np.float32)
+    k(dy, ix, out)
+    want = np.zeros((40, 64))
+    np.add.at(want, ix, dy.astype(np.float64))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def _attention_backward(d: int = 64) -> list[tc.Tensor]:
+    B, S = tc.var("B"), tc.var("S")
+    ins, outs = attention(B, 2, S, d, dtype="float16", causal=True)
+    return tc.grad(outs[0], ins).args
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_backward_of_attention_is_a_graph_strategy_weighed_against_the_unfused_kernels(arch):
+    """online_backward_mma claims every kernel of tc.grad's FlashAttention-2 program and is priced
+    at the program's sizes against their per-kernel plans (the score-sized stages the rewrite
+    never writes); its tilings are tried in the order they rank at the nominal length, whatever
+    the sizes (their weighing follows the sizes, their order does not)."""
+    from tecc.compiler.pipeline import refuse_spills
+
+    args = _attention_backward()
+    chosen = {}
+    for sizes in ({}, {"B": 1, "S": 128}, {"B": 4, "S": 4096}):
+        result = plan_program(args, arch, sizes=sizes, compile_check=refuse_spills)
+        group = result.group
+        assert group is not None and group.chosen is not None, result.plan.reason
+        assert group.chosen.strategy.name == "online_backward_mma"
+        assert set(group.kernels) == {kp.kernel for kp in result.kernels} and len(group.kernels) >= 6
+        assert group.chosen.cost.total < group.per_kernel_seconds
+        assert "the backward of an online contraction" in result.plan.reason
+        assert "for the per-kernel plans of" in result.plan.reason
+        chosen[str(sizes)] = dict(result.plan.steps[0].args)
+    assert len({str(sorted(c.items())) for c in chosen.values()}) == 1, chosen
+
+
+def test_a_row_group_with_column_reductions_is_row_fuseds_point_priced_with_its_combine_kernel():
+    """Layer norm's backward (dX, dγ, dβ): row_fused's one point walks the rows with one wave of
+    blocks of the build's Target (its SMs x 4 resident blocks: 432 on sm_80, 528 on sm_90, then as
+    few as give each block the same rows), priced with the combine kernel as its second launch,
+    against the per-kernel plans."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import row_backward  # examples/row_backward.py
+
+    args = row_backward.layer_norm_backward(8192, 768).args
+    for arch, sms in (("sm_80", 108), ("sm_90", 132)):
+        result = plan_program(args, arch)
+        group = result.group
+        assert group is not None and group.chosen is not None and group.chosen.strategy.name == "row_fused"
+        step = result.plan.steps[0].args
+        wave = 4 * sms
+        blocks = -(-8192 // -(-8192 // wave))      # 16 rows per block at 512 blocks, 19 at 432
+        assert step["row_blocks"] == blocks and step["prefetch"] is True, step
+        assert group.chosen.workload.then is not None and group.chosen.workload.blocks == blocks
+        assert group.chosen.cost.total < group.per_kernel_seconds
+        assert "walking the rows" in result.plan.reason
