@@ -64,11 +64,6 @@ from ..plan import Plan, Step
 from ..program import Program, resolve_target
 from .registry import GraphStrategy, Point, register
 from .row_fused_cost import (
-    BARRIER_CYCLES,
-    FADD_LATENCY_CYCLES,
-    GLOBAL_LATENCY_CYCLES,
-    SHUFFLE_CYCLES,
-    TREE_INSTRUCTIONS,
     ColumnWalk,
     RowFusedChoice,
     chunked_workload,

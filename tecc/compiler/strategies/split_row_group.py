@@ -57,15 +57,9 @@ from ..cost.model import Workload, predict
 from ..plan import Plan, Step
 from ..program import Program, resolve_target
 from .registry import GraphStrategy, Point, register
-from .row_fused import (
-    BARRIER_CYCLES,
-    GLOBAL_LATENCY_CYCLES,
-    SHUFFLE_CYCLES,
-    TREE_INSTRUCTIONS,
-    fused_workload,
-    row_kernel_info,
-)
 from .row_fused import propose as propose_row_fused
+from .row_fused import row_kernel_info
+from .row_fused_cost import BARRIER_CYCLES, GLOBAL_LATENCY_CYCLES, SHUFFLE_CYCLES, TREE_INSTRUCTIONS, fused_workload
 from .split_rows import THREADS, WAVES, size_value, choose_splits, chunk_elements
 
 # the measured bias of the model against the split in the regime the guard admits (module docstring)

@@ -103,18 +103,17 @@ from ..cost.traffic import compulsory_bytes
 from ..plan import Plan, Step
 from ..program import Program, resolve_target
 from .column_reduction import ONE_PASS_MIN_SPLITS
-from .row_fused import (
+from .registry import GraphStrategy, Point, register
+from .row_fused import choose_point, choose_vector
+from .row_fused import propose as propose_row_fused
+from .row_fused_cost import (
     BARRIER_CYCLES,
     FADD_LATENCY_CYCLES,
     GLOBAL_LATENCY_CYCLES,
     SHUFFLE_CYCLES,
     TREE_INSTRUCTIONS,
-    choose_point,
-    choose_vector,
     fused_workload,
 )
-from .row_fused import propose as propose_row_fused
-from .registry import GraphStrategy, Point, register
 
 THREADS = 256
 WAVES = 2
