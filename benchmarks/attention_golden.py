@@ -12,7 +12,8 @@ or online_backward_mma step: no planner, no NVRTC), whose CUDA C is the same as 
 heads; odd and symbolic lengths; no head axes with m and l as outputs; the mma.sync tilings
 (warp_rows 16 and 32), the wgmma form and its options (blocks_per_sm, overlap, persistent,
 stages, peel_guarded, query_major, plain_order, guard_every_tile, kv_splits). The backward: the
-plans of tests/test_attention_backward.py over masks, a bias and grouped heads. OUT/<name>.cu
+plans of tests/test_attention_backward.py over masks, a bias and grouped heads. The SIMT kernel
+(online_contraction) over a few of the programs. OUT/<name>.cu
 gets the CUDA C, OUT/<name>.error the first line of an error.
 """
 
@@ -132,6 +133,14 @@ def cases() -> list[Case]:
         add(f"wgmma_symbolic_d{D}", symbolic(D, "float16", mask="causal"), "sm_90", wgmma=True)
     add("mma_no_heads", no_heads, "sm_80")
     add("wgmma_no_heads", no_heads, "sm_90", wgmma=True)
+
+    simt = "online_contraction"
+    for label, program in (("f32_causal_bias", forward(2, 4, 45, 70, 32, "float32", mask="causal", bias=True)),
+                           ("f16_tensor_lse", forward(1, 2, 33, 65, 64, "float16", mask="tensor", lse=True)),
+                           ("bf16_symbolic", symbolic(16, "bfloat16", mask="bottom_right")), ("no_heads", no_heads)):
+        for threads, rows in ((32, 4), (64, 2)):
+            out.append((f"simt_{label}_{threads}x{rows}", program, "sm_80",
+                        {simt: {"threads": threads, "rows_per_block": rows}}))
 
     bwd = "online_backward_mma"
     plans: list[tuple[str, str, dict[str, Any]]] = [

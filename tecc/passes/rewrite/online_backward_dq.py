@@ -24,9 +24,7 @@ from ...ir.errors import ScheduleError
 from ...ir.expr import Const, Expr, TensorRead, Var, binary, cast, compare, const_int, size_product, substitute
 from ...ir.stmt import (
     Allocate,
-    AsyncCommit,
     AsyncWait,
-    Barrier,
     Buffer,
     BufferStore,
     For,
@@ -37,11 +35,12 @@ from ...ir.stmt import (
     Stmt,
     seq,
 )
+from ..schedule.ring import ring_fill, ring_step
 from ..schedule.tensorize import load_a_fragment, load_b_fragments
 from .key_tiles import kept_conditions, key_tile_bound
 from .mma_tiles import check_relayout, two_n8_tiles
 from .online_backward import BackwardChain, GradOutput
-from .online_backward_kernels import STAGES, WHERE, BackwardKernels, tile_key, unflatten, vanishes
+from .online_backward_kernels import STAGES, WHERE, BackwardKernels, Tiles, tile_key, unflatten, vanishes
 from .online_contraction import MAX_GRID_Y
 
 
@@ -71,9 +70,8 @@ class QueryMajor(BackwardKernels):
         n_keys = self._key_blocks()
         stage = self.kt % STAGES
         step = seq(
-            *self._head(),
-            IfThenElse(compare("<", self.kt + 1, n_keys), self._copy_keys((self.kt + 1) % STAGES, self.kt + 1)),
-            AsyncCommit(),
+            *ring_step(STAGES - 1, self._publish(), self.kt + 1, n_keys, self._copy_keys((self.kt + 1) % STAGES,
+                                                                                         self.kt + 1)),
             self._contractions(stage),
             self._elementwise(stage),
             self._row_side(stage),
@@ -82,8 +80,7 @@ class QueryMajor(BackwardKernels):
             *(self.unrolled("acc_zero", o.columns // 2, lambda e, acc=self.accs[id(o.tensor)]:
                             BufferStore(acc, (e,), Const(0.0, dt.float32))) for o in self.outputs),
             self._copy_rows(),
-            IfThenElse(compare("<", zero, n_keys), self._copy_keys(zero, zero)),
-            AsyncCommit(),
+            *ring_fill(STAGES - 1, lambda _: IfThenElse(compare("<", zero, n_keys), self._copy_keys(zero, zero))),
             For(self.kt, zero, n_keys, "serial", step),
             AsyncWait(0),
             self._epilogue(),
@@ -122,8 +119,8 @@ class QueryMajor(BackwardKernels):
 
     def _buffers(self) -> None:
         chain, BM, BN = self.chain, self.BM, self.BN
-        self.row_tiles: dict[tuple[int, tuple[int, ...]], tuple[Buffer, TensorRead]] = {}
-        self.key_tiles: dict[tuple[int, tuple[int, ...]], tuple[Buffer, TensorRead]] = {}
+        self.row_tiles: Tiles = {}
+        self.key_tiles: Tiles = {}
         for c in chain.contractions:
             self._tile(self.row_tiles, c.row_operand, 1, BM, "row_tile")
             self._tile(self.key_tiles, c.key_operand, STAGES, BN, "key_tile")
@@ -144,10 +141,11 @@ class QueryMajor(BackwardKernels):
     def _tile_buffer(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
         return self.shared(label, read, stages, rows, width)
 
-    def _head(self) -> tuple[Stmt, ...]:
-        return AsyncWait(0), Barrier()
+    def _publish(self) -> list[Stmt]:
+        """What makes the ring's copies readable by the contractions before the barrier."""
+        return []
 
-    def _tile(self, table: dict[tuple[int, tuple[int, ...]], tuple[Buffer, TensorRead]], read: TensorRead,
+    def _tile(self, table: Tiles, read: TensorRead,
               stages: int, rows: int, label: str) -> None:
         width = const_int(read.tensor.shape[-1])
         if width is None or width % 16 or width > 128 or read.dtype != self.dtype:

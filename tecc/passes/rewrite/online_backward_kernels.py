@@ -35,7 +35,7 @@ from ...ir.intrinsics import lookup
 from ...ir.stmt import Allocate, AsyncCopy, Buffer, BufferStore, For, IfThenElse, PrimFunc, Stmt, seq
 from ...ir.tensor import ComputeOp
 from ...ir.visitor import SubexpressionReplacer
-from ..lower import exprs_of, global_buffers, scalar_vars, signature
+from ..lower import kernel_params, signature
 from ..schedule.tensorize import INTRINSICS
 from .key_tiles import kept_conditions, whole_tile
 from .mma_tiles import LOG2E, TileStaging, fold_log2e
@@ -49,6 +49,10 @@ STAGES = 2
 def tile_key(read: TensorRead) -> tuple[int, tuple[int, ...]]:
     """Two reads share a staged tile when they read the same tensor at the same leading indices."""
     return id(read.tensor), tuple(id(i) for i in read.indices[:-2])
+
+
+# the staged tiles of a kernel: tile_key -> (the shared buffer, the read it stages)
+Tiles = dict[tuple[int, tuple[int, ...]], tuple[Buffer, TensorRead]]
 
 
 def unflatten(flat: Expr, extents: tuple[Expr, ...]) -> tuple[Expr, ...]:
@@ -270,11 +274,7 @@ class BackwardKernels(TileStaging):
 
     def _func(self, name: str, body: Stmt, what: str) -> PrimFunc:
         chain = self.chain
-        prog = chain.program
-        used = global_buffers(body)
-        body_vars = scalar_vars(exprs_of(body) + [s for b in used for s in b.shape + (b.strides or ())])
-        params = tuple(self.buffers[a] for a in prog.args if self.buffers[a] in used) + \
-            tuple(t for t in self.temps if t in used) + tuple(v for v in self.sig.scalars if v in body_vars)
+        params = kernel_params(body, [self.buffers[a] for a in chain.program.args], self.temps, self.sig.scalars)
         attrs: tuple[tuple[str, object], ...] = (("online_backward", tuple(o.tensor.name for o in chain.outputs)),
                                                  ("tensorize", what))
         return PrimFunc(name, params, body, attrs)
@@ -301,4 +301,4 @@ def vanishes(w: Expr, p: Expr) -> bool:
 
 
 
-__all__ = ["BackwardKernels", "STAGES", "WHERE", "tile_key", "unflatten", "vanishes"]
+__all__ = ["BackwardKernels", "STAGES", "Tiles", "WHERE", "tile_key", "unflatten", "vanishes"]

@@ -168,21 +168,15 @@ class Operands(TileStaging):
     def scores(self, stage: Expr) -> Stmt:
         """S = Q·K(stage)ᵀ into s_frag: the wgmmas waited for, or the mma.sync tiles (one K
         fragment load serves the warp's MT m16 tiles)."""
-        tcc, MT, SF, QF = self.tcc, self.MT, self.SF, self.QF
         if self.wg:
             return self.wgmma_group([self.wgmma_scores(stage)], (self.s_frag,))
 
         def qk_step(kd: Var) -> Stmt:
-            def pair(kn: Var) -> Stmt:
-                def mma(mt: Var) -> Stmt:
-                    return two_n8_tiles(tcc.qk_intrinsic, self.s_frag, SF * mt + 8 * kn,
-                                        FragmentRef(self.q_frag, QF * mt + 8 * kd), self.k_frag)
-                return seq(
-                    load_b_fragments(FragmentRef(self.k_frag, Const(0, dt.int32)), self.k_sh, stage, kn * 16, kd * 16,
-                                     self.lane, True),
-                    self.unrolled("qk_tile", MT, mma))
-            return self.unrolled("key_pair", self.BN // 16, pair)
-        return seq(self.unrolled("s_zero", SF * MT, lambda e: BufferStore(self.s_frag, (e,), Const(0.0, dt.float32))),
+            return self.unrolled("key_pair", self.BN // 16, lambda kn: self.b_pair(
+                "qk_tile", self.tcc.qk_intrinsic, (self.s_frag, self.SF), (self.q_frag, self.QF), kd,
+                (self.k_frag, self.k_sh, True), stage, kn))
+        return seq(self.unrolled("s_zero", self.SF * self.MT, lambda e: BufferStore(self.s_frag, (e,),
+                                                                                   Const(0.0, dt.float32))),
                    self.unrolled("qk_step", self.D // 16, qk_step))
 
     def wgmma_scores(self, stage: Expr) -> Stmt:
@@ -198,19 +192,26 @@ class Operands(TileStaging):
     def values(self, stage: Expr) -> Stmt:
         """O += P·V(stage) on mma.sync: one V fragment load (ldmatrix.trans) serves the warp's MT
         m16 tiles."""
-        tcc, MT, PF, OF = self.tcc, self.MT, self.PF, self.OF
-
         def pv_step(kk: Var) -> Stmt:
-            def pair(dn: Var) -> Stmt:
-                def mma(mt: Var) -> Stmt:
-                    return two_n8_tiles(tcc.pv_intrinsic, self.o_frag, OF * mt + 8 * dn,
-                                        FragmentRef(self.p_frag, PF * mt + 8 * kk), self.v_frag)
-                return seq(
-                    load_b_fragments(FragmentRef(self.v_frag, Const(0, dt.int32)), self.v_sh, stage, dn * 16, kk * 16,
-                                     self.lane, False),
-                    self.unrolled("pv_tile", MT, mma))
-            return self.unrolled("column_pair", self.C // 16, pair)
+            return self.unrolled("column_pair", self.C // 16, lambda dn: self.b_pair(
+                "pv_tile", self.tcc.pv_intrinsic, (self.o_frag, self.OF), (self.p_frag, self.PF), kk,
+                (self.v_frag, self.v_sh, False), stage, dn))
         return self.unrolled("pv_step", self.BN // 16, pv_step)
+
+    def b_pair(self, label: str, intrinsic: str, acc: tuple[Buffer, int], a: tuple[Buffer, int], step: Expr,
+               b: tuple[Buffer, Buffer, bool], stage: Expr, pair: Expr) -> Stmt:
+        """One ldmatrix.x4 of B -- n16 pair `pair` at k16 step `step` of the staged tile b = (the
+        fragment, the tile, whether it is [n][k]: plain ldmatrix, else .trans) -- feeding the two n8
+        mmas of each of the warp's MT m16 tiles: acc[size·mt + 8·pair ..] += a[size·mt + 8·step ..]·B
+        for acc = (buffer, its size per m16 tile) and a likewise."""
+        (acc_buf, acc_size), (a_buf, a_size), (b_frag, tile, k_major) = acc, a, b
+
+        def mma(mt: Var) -> Stmt:
+            return two_n8_tiles(intrinsic, acc_buf, acc_size * mt + 8 * pair, FragmentRef(a_buf, a_size * mt + 8 * step),
+                                b_frag)
+        return seq(load_b_fragments(FragmentRef(b_frag, Const(0, dt.int32)), tile, stage, pair * 16, step * 16, self.lane,
+                                    k_major),
+                   self.unrolled(label, self.MT, mma))
 
 
 __all__ = ["OVERLAP_STAGES", "STAGES", "Operands", "OnlineTiling"]
