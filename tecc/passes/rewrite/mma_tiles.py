@@ -178,7 +178,7 @@ def block_width(width: int) -> int:
 
 
 def descriptor(w: int, major: str, rows: int = 0) -> MatrixDescriptor:
-    """The descriptor of a blocked tile (_Kernel.blocked) with rows of w halves (16, 32 or 64:
+    """The descriptor of a blocked tile (TileStaging.blocked) with rows of w halves (16, 32 or 64:
     the 32B, 64B or 128B swizzle): K-major, 8-row groups 8·2w bytes apart (SBO; LBO unused);
     MN-major (V, `rows` keys per column block), k groups of 8 rows SBO = 8·2w bytes apart and
     column blocks LBO = rows·2w bytes apart."""

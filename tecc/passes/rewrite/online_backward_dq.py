@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
-from ...ir.expr import Const, Expr, TensorRead, Var, binary, cast, compare, const_int, size_product, substitute
+from ...ir.expr import Const, Expr, TensorRead, Var, binary, compare, const_int, size_product
 from ...ir.stmt import (
     Allocate,
     AsyncWait,
@@ -39,7 +39,7 @@ from ..schedule.ring import ring_fill, ring_step
 from ..schedule.tensorize import load_a_fragment, load_b_fragments
 from .key_tiles import kept_conditions, key_tile_bound
 from .mma_tiles import check_relayout, two_n8_tiles
-from .online_backward import BackwardChain, GradOutput
+from .online_backward import BackwardChain
 from .online_backward_kernels import STAGES, WHERE, BackwardKernels, Tiles, tile_key, unflatten, vanishes
 from .online_contraction import MAX_GRID_Y
 
@@ -247,21 +247,7 @@ class QueryMajor(BackwardKernels):
     def _epilogue(self) -> Stmt:
         """Each row-side output's element (query, column) through its epilogue, rows past the end
         not stored."""
-        chain = self.chain
-        out: list[Stmt] = []
-        for o in self.outputs:
-            acc = self.accs[id(o.tensor)]
-
-            def one(nt: Var, e: Var, o: GradOutput = o, acc: Buffer = acc) -> Stmt:
-                rr, cc = self.c_map(self.lane, e)
-                query = self.q0 + self.warp * 16 + rr
-                idx = tuple(substitute(i, {chain.query: query, chain.column: nt * 8 + cc}) for i in o.index)
-                st, val = self.lower.value(substitute(o.epilogue, {**dict(zip(o.axes, idx)), o.acc: acc[4 * nt + e]}))
-                return IfThenElse(compare("<", query, chain.rows[-1]),
-                                  seq(*st, BufferStore(self.buffers[o.tensor], idx, cast(val, o.tensor.dtype))))
-            out.append(self.unrolled("out_n", o.columns // 8, lambda nt, one=one: self.unrolled(
-                "out_e", 4, lambda e: one(nt, e))))
-        return seq(*out)
+        return self.fragment_outputs(self.outputs, self.chain.query, self.q0, self.chain.rows[-1])
 
 
 __all__ = ["QueryMajor"]

@@ -65,6 +65,8 @@ class BackwardKernels(TileStaging):
     accumulators, added to by the key-block-major kernel and converted at the end; without it a
     query-major kernel computes them."""
 
+    accs: dict[int, Buffer]   # the kernel's output accumulators by id(output tensor): set by the kernel's _fragments
+
     def __init__(self, chain: BackwardChain, threads: int, atomics: bool, name: str | None,
                  like: "BackwardKernels | None" = None) -> None:
         """`like`: another kernel of the same module, whose names, buffers and temporaries (the
@@ -262,6 +264,27 @@ class BackwardKernels(TileStaging):
             return None
         self.whole = "tiles inside the extents and the mask (isl) without the per-element guard"
         return substitute(found, {qv: q0, kv: k0})
+
+    def fragment_outputs(self, outs: list[GradOutput], axis: Var, first: Expr, extent: Expr) -> Stmt:
+        """Each output's accumulator (`self.accs`: C fragments of 16 rows per warp) through the
+        output's epilogue (its cast) to global memory: element e of n8 tile nt at row first + the
+        warp's 16 + the fragment's row of `axis` (the keys or the queries), column nt·8 + the
+        fragment's column; rows at or past `extent` not stored."""
+        chain = self.chain
+        out: list[Stmt] = []
+        for o in outs:
+            acc = self.accs[id(o.tensor)]
+
+            def one(nt: Var, e: Var, o: GradOutput = o, acc: Buffer = acc) -> Stmt:
+                rr, cc = self.c_map(self.lane, e)
+                row = first + self.warp * 16 + rr
+                idx = tuple(substitute(i, {axis: row, chain.column: nt * 8 + cc}) for i in o.index)
+                st, val = self.lower.value(substitute(o.epilogue, {**dict(zip(o.axes, idx)), o.acc: acc[4 * nt + e]}))
+                return IfThenElse(compare("<", row, extent),
+                                  seq(*st, BufferStore(self.buffers[o.tensor], idx, cast(val, o.tensor.dtype))))
+            out.append(self.unrolled("out_n", o.columns // 8, lambda nt, one=one: self.unrolled(
+                "out_e", 4, lambda e: one(nt, e))))
+        return seq(*out)
 
     def _guarded(self, buf: Buffer, idx: tuple[Expr, ...], value: Expr, ok: Expr) -> Stmt:
         """buf[idx] = value where `ok`, else 0; a value that reads global memory (a bias, a mask)

@@ -43,7 +43,7 @@ from ..schedule.tensorize import load_a_fragment, load_b_fragments
 from ..schedule.tile_staging import row_swizzle
 from .key_tiles import kept_conditions, query_block_start
 from .mma_tiles import check_relayout, two_n8_tiles
-from .online_backward import BackwardChain, GradOutput
+from .online_backward import BackwardChain
 from .online_backward_kernels import STAGES, WHERE, BackwardKernels, Tiles, tile_key, unflatten, vanishes
 from .online_contraction import MAX_GRID_Y
 
@@ -377,22 +377,7 @@ class KeyMajor(BackwardKernels):
         """The key-side outputs: element (key, column) of each accumulator through the output's
         epilogue (its cast), keys past the end not stored."""
         chain = self.chain
-        out: list[Stmt] = []
-        for o in chain.of_kind("key"):
-            acc = self.accs[id(o.tensor)]
-
-            def one(nt: Var, e: Var, o: GradOutput = o, acc: Buffer = acc) -> Stmt:
-                rr, cc = self.c_map(self.lane, e)
-                key = self.kb * self.BN + self.warp * 16 + rr
-                column = nt * 8 + cc
-                idx = tuple(substitute(i, {chain.key: key, chain.column: column}) for i in o.index)
-                value = substitute(o.epilogue, {**dict(zip(o.axes, idx)), o.acc: acc[4 * nt + e]})
-                st, val = self.lower.value(value)
-                return IfThenElse(compare("<", key, chain.keys),
-                                  seq(*st, BufferStore(self.buffers[o.tensor], idx, cast(val, o.tensor.dtype))))
-            out.append(self.unrolled("out_n", o.columns // 8, lambda nt, one=one: self.unrolled(
-                "out_e", 4, lambda e: one(nt, e))))
-        return seq(*out)
+        return self.fragment_outputs(chain.of_kind("key"), chain.key, self.kb * self.BN, chain.keys)
 
 
 __all__ = ["KeyMajor"]

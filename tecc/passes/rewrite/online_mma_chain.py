@@ -70,7 +70,8 @@ def _shape_dim(where: str, name: str, extent: Expr) -> int:
 def mma_sync_head_dims(tcc: "TensorCoreChain") -> str | None:
     """Why the mma.sync form cannot take the chain's head dims, or None: it keeps Q's fragments
     (D/2 registers) and the partial output (C/2 floats) per lane, which spill past 128; its
-    tiles are swizzled by a power-of-two row width (row_swizzle), or padded (96: _Kernel.shared)."""
+    tiles are swizzled by a power-of-two row width (row_swizzle), or padded (96:
+    mma_tiles.TileStaging.shared)."""
     columns = const_int(tcc.chain.columns)
     for what, n in (("scores", tcc.depth), ("output", columns)):
         if n is None or n > MAX_HEAD_DIM or (n & (n - 1) and n != 96):
