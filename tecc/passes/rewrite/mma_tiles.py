@@ -114,8 +114,8 @@ class TileStaging:
         `b` of stage `b_stage` MN-major (its rows are the k)."""
         zero = Const(0, dt.int32)
         return self.unrolled(label, steps, lambda kk: WarpgroupMatrixMultiply(
-            intrinsic, FragmentRef(acc, zero), FragmentRef(a, 8 * kk), self.operand(b, b_stage, zero, kk, mn_major=True),
-            Const(True, dt.bool_)))
+            intrinsic, FragmentRef(acc, zero), FragmentRef(a, 8 * kk),
+            self.operand(b, b_stage, zero, kk, mn_major=True), Const(True, dt.bool_)))
 
     @staticmethod
     def wgmma_group(steps: list[Stmt], results: tuple[Buffer, ...]) -> Stmt:

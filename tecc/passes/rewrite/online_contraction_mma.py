@@ -242,12 +242,13 @@ class _Kernel(KeyLoop):
         return seq(prologue, loop, AsyncWait(0), *finish)
 
     def allocations(self) -> list[Buffer]:
-        """The kernel's buffers, the outermost first (the Hopper form's unused mma.sync fragments
-        left out)."""
-        every = [self.q_sh, self.k_sh, self.v_sh, self.q_frag, self.k_frag, self.s_frag, self.p_frag, self.v_frag,
-                 self.o_frag, self.m_run, self.l_run, self.m_use, self.alpha, self.tile_max, self.l_sum,
-                 *self.lower.allocs]
-        return [buf for buf in every if not any(buf is u for u in self.unused)]
+        """The kernel's buffers, the outermost first."""
+        if self.wg:
+            fragments = [self.s_frag, self.p_frag, self.o_frag]
+        else:
+            fragments = [self.q_frag, self.k_frag, self.s_frag, self.p_frag, self.v_frag, self.o_frag]
+        return [self.q_sh, self.k_sh, self.v_sh, *fragments, self.m_run, self.l_run, self.m_use, self.alpha,
+                self.tile_max, self.l_sum, *self.lower.allocs]
 
     def grid(self, body: Stmt) -> Stmt:
         """The block loops: the persistent grid's P blocks, or launch_order's grid of (query block,

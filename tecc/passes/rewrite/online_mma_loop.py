@@ -16,7 +16,8 @@ The forms:
 - peeled (`peel_guarded`): the whole tiles, then the guarded ones, in two loops over the same kt,
   so the ring's stages and prefetches are those of the one loop;
 - overlapped (the Hopper form's `overlap`, `overlapped_loop`): S(kt + 1) and its softmax while
-  P(kt)·V is in flight, over a 3-stage ring (FlashAttention-3's intra-warpgroup pipelining);
+  P(kt)·V is in flight, over a 3-stage ring (FlashAttention-3's intra-warpgroup pipelining); its
+  head is the same ring_step, one tile ahead of the scores it computes, the refill unguarded;
 - persistent (`persistent` = P, `persistent_body`): P blocks loop over the (query block, head)
   work items (tile_kernel.persistent_trips, as the GEMM's persistent grid), the next item's Q
   and first tile loaded under this item's epilogue.
@@ -152,11 +153,8 @@ class KeyLoop(SplitKV):
             IfThenElse(compare("<", zero, n_tiles), first))
         ahead = self.kt + 2
         loop = For(self.kt, zero, n_tiles, "serial", seq(
-            AsyncWait(0),
-            AsyncProxyFence(),
-            Barrier(),
-            self.load_kv(ahead % S, ahead),
-            AsyncCommit(),
+            # the ring one tile ahead of the tile whose scores this iteration computes (kt + 1)
+            *ring_step(1, [AsyncProxyFence()], ahead, n_tiles, self.load_kv(ahead % S, ahead), guarded=False),
             WarpgroupFence(),
             scores(nxt % S),
             pv,

@@ -111,15 +111,13 @@ class Operands(TileStaging):
 
     def operand_buffers(self) -> None:
         """The running statistics' registers, the fragments and the shared tiles: S and O are the
-        scores' and P·V's accumulators, P the A operand of P·V; the Hopper form keeps Q in shared
-        memory (its mma.sync fragment buffers are declared, not allocated: `unused`)."""
+        scores' and P·V's accumulators, P the A operand of P·V; the mma.sync form also holds Q's
+        A fragments and one K and one V B fragment (an ldmatrix.x4 each), the Hopper form reads
+        those three from shared memory."""
         tcc, BM, BN, D, C, MT = self.tcc, self.BM, self.BN, self.D, self.C, self.MT
         self.m_run, self.l_run = self.local("m_run", 2 * MT), self.local("l_run", 2 * MT)
         self.m_use, self.alpha = self.local("m_use", 2 * MT), self.local("alpha", 2 * MT)
         self.tile_max, self.l_sum = self.local("tile_max", 2 * MT), self.local("l_sum", 2 * MT)
-        self.q_frag = self.frag("q_frag", tcc.qk_intrinsic, "a", self.QF * MT)
-        self.k_frag = self.frag("k_frag", tcc.qk_intrinsic, "b", 8)
-        self.v_frag = self.frag("v_frag", tcc.pv_intrinsic, "b", 8)
         if self.wg:
             self.s_frag = self.frag("s_frag", self.qk_wgmma, "d", self.SF)
             self.p_frag = self.frag("p_frag", self.pv_wgmma, "a", self.PF)
@@ -127,15 +125,16 @@ class Operands(TileStaging):
             self.q_sh = self.blocked("q_shared", tcc.q, 1, BM, D)
             self.k_sh = self.blocked("k_shared", tcc.k, self.stages, BN, D)
             self.v_sh = self.blocked("v_shared", tcc.v, self.stages, BN, C)
-            self.unused: tuple[Buffer, ...] = (self.q_frag, self.k_frag, self.v_frag)
         else:
+            self.q_frag = self.frag("q_frag", tcc.qk_intrinsic, "a", self.QF * MT)
+            self.k_frag = self.frag("k_frag", tcc.qk_intrinsic, "b", 8)
+            self.v_frag = self.frag("v_frag", tcc.pv_intrinsic, "b", 8)
             self.s_frag = self.frag("s_frag", tcc.qk_intrinsic, "c", self.SF * MT)
             self.p_frag = self.frag("p_frag", tcc.pv_intrinsic, "a", self.PF * MT)
             self.o_frag = self.frag("o_frag", tcc.pv_intrinsic, "c", self.OF * MT)
             self.q_sh = self.shared("q_shared", tcc.q, 1, BM, D)
             self.k_sh = self.shared("k_shared", tcc.k, STAGES, BN, D)
             self.v_sh = self.shared("v_shared", tcc.v, STAGES, BN, C)
-            self.unused = ()
 
     # ---- staging -----------------------------------------------------------------------------------
 
@@ -207,10 +206,10 @@ class Operands(TileStaging):
         (acc_buf, acc_size), (a_buf, a_size), (b_frag, tile, k_major) = acc, a, b
 
         def mma(mt: Var) -> Stmt:
-            return two_n8_tiles(intrinsic, acc_buf, acc_size * mt + 8 * pair, FragmentRef(a_buf, a_size * mt + 8 * step),
-                                b_frag)
-        return seq(load_b_fragments(FragmentRef(b_frag, Const(0, dt.int32)), tile, stage, pair * 16, step * 16, self.lane,
-                                    k_major),
+            return two_n8_tiles(intrinsic, acc_buf, acc_size * mt + 8 * pair,
+                                FragmentRef(a_buf, a_size * mt + 8 * step), b_frag)
+        return seq(load_b_fragments(FragmentRef(b_frag, Const(0, dt.int32)), tile, stage, pair * 16, step * 16,
+                                    self.lane, k_major),
                    self.unrolled(label, self.MT, mma))
 
 

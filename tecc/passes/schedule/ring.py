@@ -84,16 +84,19 @@ def ring_fill(tiles: int, load: Callable[[int], Stmt | None]) -> list[Stmt]:
     return out
 
 
-def ring_step(lookahead: int, publish: Sequence[Stmt], ahead: Expr, tiles: Expr, refill: Stmt) -> list[Stmt]:
+def ring_step(lookahead: int, publish: Sequence[Stmt], ahead: Expr, tiles: Expr, refill: Stmt,
+              guarded: bool = True) -> list[Stmt]:
     """The head of iteration kt of a cp.async ring that keeps `lookahead` tiles ahead of the one
     computed, one commit group per tile: wait until tile kt has landed (at most lookahead - 1
     later groups in flight), `publish` (what must precede the barrier: wgmma reads through the
     async proxy, so a proxy fence), the barrier (every thread's copies of tile kt are visible;
     every warp is done with the stage tile `ahead` refills, computed lookahead iterations ago),
-    the refill when `ahead` < `tiles`, and its commit (a group even when empty). The compute of
-    tile kt follows. The GEMM's ring (`Pipeline.copy_ring`) and the attention kernel's K/V ring
-    (passes/rewrite/online_mma_loop.py) are this loop."""
-    return [AsyncWait(max(lookahead - 1, 0)), *publish, Barrier(), IfThenElse(ahead < tiles, refill), AsyncCommit()]
+    the refill when `ahead` < `tiles` (always, not `guarded`: copies that zero-fill past the end),
+    and its commit (a group even when empty). The compute of tile kt follows. The GEMM's ring
+    (`Pipeline.copy_ring`) and the attention kernels' rings (passes/rewrite/online_mma_loop.py,
+    the backward's) are this loop."""
+    return [AsyncWait(max(lookahead - 1, 0)), *publish, Barrier(),
+            IfThenElse(ahead < tiles, refill) if guarded else refill, AsyncCommit()]
 
 
 class Pipeline(SplitReduction):
