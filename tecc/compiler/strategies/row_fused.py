@@ -31,7 +31,7 @@ Cost (the issue's criterion: fewer global bytes under the register / shared-memo
 * the vector width: 16 bytes (float4, or 8 bf16/fp16 as one uint4) when the row length allows,
   else the widest that divides it;
 * a row whose registers overflow what one resident block leaves a thread (64 K / threads) takes
-  half the threads (`fit_row_registers`: 50,304 logits at 512 threads, not 1024), and 8-byte
+  half the threads (`fit_row_registers`: 50,304 logits at 512 threads, not 1024), and 4-byte
   vectors when it fills most of them;
 * a row past the register budget (or of symbolic length) is re-read once per pass; where the
   group has a max / sum-of-exp or a sum / sum-of-squared-deviations pair (softmax, layer norm)
@@ -77,6 +77,10 @@ class RowFusedChoice:
     reason: str
     vector: int = 1
     rows_per_block: int = 1
+    # plans to take, in order, where ptxas spills the planned kernel (the build's compile check,
+    # compiler/build.py): the same point testing the row's end at every step (whole_steps=False),
+    # and the point before 4-byte vectors
+    fallbacks: tuple[Plan, ...] = ()
 
 
 def _itemsize(t: Tensor) -> int:
@@ -112,12 +116,33 @@ def choose_vector(columns: int | None, itemsize: int) -> int:
 
 
 # Registers one thread may hold (the ISA's limit) and the row kernel's own beside its row arrays
-# (fuse_rows.ROW_KERNEL_REGISTERS); a row array taking more than ROW_CAP_SHARE of the thread's
-# registers takes 8-byte vectors: ptxas (sm_90) spilled the cross-entropy forward + backward at
-# 512 threads x 100 registers of row with 16-byte vectors (8 B fp32 float4, 4 B bf16 uint4; each
-# 16-byte access needs four aligned consecutive registers) and not with 8-byte ones.
+# (fuse_rows.ROW_KERNEL_REGISTERS). A row array taking more than ROW_CAP_SHARE of the thread's
+# registers walks its row with only the last step testing the row's end (fuse_rows'
+# whole_steps) and takes 4-byte vectors, one register per access. With a test at every step
+# ptxas issued the cross-entropy's 25 loads of its row of 50,304 bf16 logits (512 threads x 100
+# registers, 8-byte vectors) one after another, each converted before the next was issued
+# (1183 us on an H200, slower than the forward and backward as two kernels); the straight-line
+# walk issues them together. 16-byte accesses need four aligned consecutive registers each,
+# 8-byte ones two: with the straight-line walk ptxas (sm_90) spilled 56 B (fp32 float2) and
+# 32 B (bf16 4 x bf16); float and bf16x2 accesses compile without spills, every load of the row
+# in flight (2432 / 2736 instructions per row).
 THREAD_REGISTERS = 255
 ROW_CAP_SHARE = 0.75
+NARROW_BYTES = 4
+
+
+def _row_words(columns: int, threads: int, vector: int, arrays: int) -> int:
+    return -(-columns // (threads * vector)) * vector * max(arrays, 1)
+
+
+def _thread_cap(threads: int) -> int:
+    return min(THREAD_REGISTERS, SM_REGISTERS // threads)
+
+
+def fills_registers(columns: int, threads: int, vector: int, arrays: int) -> bool:
+    """Whether the row arrays take more than ROW_CAP_SHARE of what one resident block leaves a
+    thread (the rows whose walk is straight-line code, with 4-byte vectors)."""
+    return _row_words(columns, threads, vector, arrays) > ROW_CAP_SHARE * _thread_cap(threads)
 
 
 def fit_row_registers(columns: int, threads: int, vector: int, arrays: int, itemsize: int) -> tuple[int, int]:
@@ -125,18 +150,13 @@ def fit_row_registers(columns: int, threads: int, vector: int, arrays: int, item
     register per element, `arrays` of them) and the kernel's own registers exceed what one
     resident block leaves a thread (64 K / threads, at most 255): at 1024 threads a thread has
     64, so a cross-entropy over 50,304 logits (52 per thread) spilled at 1024 threads and fits
-    512 (100 of 128). A row that takes most of the thread's registers gets 8-byte vectors."""
-    def words(t: int, v: int) -> int:
-        return -(-columns // (t * v)) * v * max(arrays, 1)
-
-    def cap(t: int) -> int:
-        return min(THREAD_REGISTERS, SM_REGISTERS // t)
-
-    while (threads // 2 >= MIN_THREADS and words(threads, vector) + ROW_KERNEL_REGISTERS > cap(threads)
-           and words(threads // 2, vector) + ROW_KERNEL_REGISTERS <= cap(threads // 2)):
+    512 (100 of 128). A row that fills the registers (fills_registers) gets 4-byte vectors."""
+    while (threads // 2 >= MIN_THREADS
+           and _row_words(columns, threads, vector, arrays) + ROW_KERNEL_REGISTERS > _thread_cap(threads)
+           and _row_words(columns, threads // 2, vector, arrays) + ROW_KERNEL_REGISTERS <= _thread_cap(threads // 2)):
         threads //= 2
-    narrow = max(1, 8 // itemsize)
-    if vector > narrow and columns % narrow == 0 and words(threads, vector) > ROW_CAP_SHARE * cap(threads):
+    narrow = max(1, NARROW_BYTES // itemsize)
+    if vector > narrow and columns % narrow == 0 and fills_registers(columns, threads, vector, arrays):
         vector = narrow
     return threads, vector
 
@@ -230,6 +250,7 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
     # 16-byte accesses (codegen/vectorize.py: float4, or 8 half-precision elements as a uint4)
     # when every row input has one element size
     vector = choose_vector(columns, itemsize) if cache == "registers" and len(sizes) == 1 else 1
+    wide = vector
     if cache == "registers" and columns is not None:
         threads, vector = fit_row_registers(columns, threads, vector, len(row_inputs), itemsize)
     unroll = 1
@@ -276,8 +297,38 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
     plan = Plan((Step("fuse_rows", step_args),), "row_fused",
                 f"{stages} stage(s) sharing rows of {group.columns} in one kernel: {fused:.0f} B/row "
                 f"instead of {unfused:.0f} B/row unfused; {layout}, row cache {cache}, vector {vector}" + priced)
+    fallbacks: tuple[Plan, ...] = ()
+    if (cache == "registers" and columns is not None and rows_per_block == 1
+            and fills_registers(columns, threads, vector, len(row_inputs))
+            and columns % (threads * vector)):
+        plan, fallbacks = straight_walk(plan, wide_vector(columns, itemsize, vector, wide))
     return RowFusedChoice(plan, int(step_args["threads"]), cache, fused, unfused, plan.reason, vector,
-                          rows_per_block)
+                          rows_per_block, fallbacks)
+
+
+def wide_vector(columns: int, itemsize: int, vector: int, wide: int) -> int:
+    """The 8-byte vector a row filling the registers took before its walk was straight-line
+    code (`vector` where it was not narrowed from `wide`)."""
+    eight = max(1, 8 // itemsize)
+    return eight if vector < wide and eight <= wide and columns % eight == 0 else vector
+
+
+def straight_walk(plan: Plan, vector: int) -> tuple[Plan, tuple[Plan, ...]]:
+    """`plan` (one fuse_rows step) with the straight-line walk (whole_steps), and the plan the
+    build falls back to where ptxas spills it (`pipeline.first_without_spills`): every step
+    tested, at `vector` (the straight-line walk hoists every load of the row, which a row
+    filling the register cap may not afford: the forward RMS norm over 50,304 bf16 columns
+    spilled 12 bytes at 512 threads x 100 registers where the cross-entropy's row of the same
+    size did not)."""
+    (step,) = plan.steps
+    args = {k: v for k, v in step.args.items() if k != "whole_steps"}
+    straight = Plan((Step("fuse_rows", {**args, "whole_steps": True}),), plan.strategy,
+                    plan.reason + "; only the last step of each thread's walk tests the row's end")
+    every = {**args, "vector": vector} if vector > 1 else {k: v for k, v in args.items() if k != "vector"}
+    fallback = Plan((Step("fuse_rows", every),), plan.strategy,
+                    plan.reason.replace(f"vector {args.get('vector', 1)}", f"vector {vector}")
+                    + "; every step tests the row's end (the straight-line walk spilled)")
+    return straight, (fallback,)
 
 
 # A group with column reductions (a normalization's backward with dγ, dβ: row_columns.py) keeps
@@ -361,7 +412,11 @@ def propose_with_columns(group: Any, target: Any = None) -> RowFusedChoice | Non
               f"{resident}) walking the rows{', each loading its next row ahead' if prefetch else ''}, then folded "
               f"by a combine kernel; {threads} threads, {elements} elements per row array per thread, vector {vector}")
     plan = Plan((Step("fuse_rows", step_args),), "row_fused", reason)
-    return RowFusedChoice(plan, threads, "registers", float(row_bytes), float(row_bytes), reason, vector)
+    fallbacks: tuple[Plan, ...] = ()
+    if columns % (threads * vector):  # the rows' walk is straight-line code (fuse_rows' whole_steps)
+        plan, fallbacks = straight_walk(plan, vector)
+    return RowFusedChoice(plan, threads, "registers", float(row_bytes), float(row_bytes), plan.reason, vector,
+                          fallbacks=fallbacks)
 
 
 def column_resident(threads: int, words: int, where: str, shared_bytes: int, tgt: Any) -> int:
@@ -519,4 +574,4 @@ def describe_point(point: dict[str, Any]) -> str:
 
 __all__ = ["RowFusedChoice", "choose_long_row", "choose_point", "choose_rows_per_block", "column_resident",
            "describe_point", "fit_row_registers", "fused_points",
-           "fused_workload", "propose", "row_point_workload"]
+           "fills_registers", "fused_workload", "propose", "row_point_workload", "straight_walk"]
