@@ -4,9 +4,9 @@ ptxas spills it (pipeline.first_without_spills).
 With whole_steps only the last step of a thread's unrolled walk tests the row's end
 (`k < K_full || col < C`): the steps below are straight-line code, so ptxas issues the row's
 loads together. The planner takes it for rows that fill the registers (row_fused.fills_registers:
-the cross-entropy over 50,304 logits) and for the row-walking kernels of a normalization's
-backward whose rows are no multiple of T·V; where the straight-line code spills, the build takes
-the plan that tests every step. Checked in the emulator against float64 NumPy (outputs
+the cross-entropy over 50,304 logits), and the build falls back to the plan that tests every step
+where the straight-line code spills (and, for the row-walking kernels of a normalization's
+backward, the other way round). Checked in the emulator against float64 NumPy (outputs
 poisoned), on the CUDA C, and with NVRTC (no GPU needed)."""
 
 from __future__ import annotations

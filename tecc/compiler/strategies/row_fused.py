@@ -52,6 +52,7 @@ from ...ir.target import Target
 from ...passes.rewrite.fuse_rows import (COLUMN_KERNEL_REGISTERS, ROW_KERNEL_REGISTERS, SM_REGISTERS, SM_THREADS, fuse_rows,
                                          row_group)
 from ...passes.rewrite.row_columns import MAX_COLUMN_BLOCKS_PER_SM
+from ...passes.rewrite.row_prefetch import ASYNC_BYTES, stage_bytes
 from ...passes.schedule.cross_thread import WARP
 from ..cost.analysis import KernelInfo
 from ..cost.model import Workload
@@ -78,8 +79,7 @@ class RowFusedChoice:
     vector: int = 1
     rows_per_block: int = 1
     # plans to take, in order, where ptxas spills the planned kernel (the build's compile check,
-    # compiler/build.py): the same point testing the row's end at every step (whole_steps=False),
-    # and the point before 4-byte vectors
+    # compiler/build.py): the straight-line walk's counterpart (every step tested, or straight)
     fallbacks: tuple[Plan, ...] = ()
 
 
@@ -314,10 +314,10 @@ def wide_vector(columns: int, itemsize: int, vector: int, wide: int) -> int:
 
 
 def straight_walk(plan: Plan, vector: int) -> tuple[Plan, tuple[Plan, ...]]:
-    """`plan` (one fuse_rows step) with the straight-line walk (whole_steps), and the plan the
-    build falls back to where ptxas spills it (`pipeline.first_without_spills`): every step
-    tested, at `vector` (the straight-line walk hoists every load of the row, which a row
-    filling the register cap may not afford: the forward RMS norm over 50,304 bf16 columns
+    """`plan` (one fuse_rows step) with the straight-line walk (whole_steps), and the plan with
+    every step tested at `vector`: the build falls back to it where ptxas spills the first
+    (`pipeline.first_without_spills`; the straight-line walk hoists every load of the row, which
+    a row filling the register cap may not afford: the forward RMS norm over 50,304 bf16 columns
     spilled 12 bytes at 512 threads x 100 registers where the cross-entropy's row of the same
     size did not)."""
     (step,) = plan.steps
@@ -348,16 +348,16 @@ def propose_with_columns(group: Any, target: Any = None) -> RowFusedChoice | Non
     one wave whose blocks each walk the rows, as evenly as the row count allows (S is the fewest
     blocks with the same rows per block: fewer partial rows to fold).
 
-    Each block loads its next row ahead (prefetch: a second set of row registers, loaded while
-    this row's reductions and barriers run) whenever that keeps the resident blocks: a block
-    without it has loads in flight only between a row's start and its first reduction, so
-    narrow rows (a few KiB per row and block) kept too little in flight to reach DRAM bandwidth
-    (layer norm's backward at 8192 x 768 ran at 2.2 TB/s, bf16 at 8192 x 4096 at 2.4 TB/s).
-    The column sums stay in registers when the second row set fits beside them at the same
-    residency (768-1024 columns: 128 threads, 80 registers, 4 blocks), else they move to shared
-    memory (4096 columns: 512 threads, 64 registers, 2 blocks; 8192: 1024 threads, 1 block).
-    Without a residency-preserving form the plan has no prefetch. None when the row is
-    symbolic or too long."""
+    Each block loads its next row ahead (prefetch, loaded while this row's reductions and
+    barriers run) whenever that keeps the resident blocks: a block without it has loads in
+    flight only between a row's start and its first reduction, so narrow rows (a few KiB per row
+    and block) kept too little in flight to reach DRAM bandwidth (layer norm's backward at
+    8192 x 768 ran at 2.2 TB/s, bf16 at 8192 x 4096 at 2.4 TB/s). The form is the first of
+    `column_options` that reaches the most resident blocks: the next row in a second set of
+    registers beside the sums (768-1024 columns: 128 threads, 80 registers, 4 blocks), else
+    staged in shared memory by cp.async with the sums in registers (4096 columns: 512 threads,
+    64 registers and 64 KiB (fp32) per block, 2 blocks; 8192: 1024 threads, 1 block), else with
+    the sums in shared memory too. None when the row is symbolic or too long."""
     from ..planner import resolve_target  # the planner imports the strategies: imported when called
 
     columns = const_int(group.columns)
@@ -376,18 +376,13 @@ def propose_with_columns(group: Any, target: Any = None) -> RowFusedChoice | Non
         if point is None:
             return None
     threads, elements = point
-    options = [  # (where the sums live, prefetch, the row words per thread), preferred first
-        ("local", True, elements * (2 * row_arrays + sums)),
-        ("shared", True, elements * 2 * row_arrays),
-        ("local", False, elements * (row_arrays + sums)),
-    ]
-    fits = [(where, ahead, column_resident(threads, words, where, sums * elements * threads * 4, tgt))
-            for where, ahead, words in options]
-    best = max(min(n, MAX_COLUMN_BLOCKS_PER_SM) for _, _, n in fits)
+    fits = [(where, into, min(column_resident(threads, words, where, smem, tgt), MAX_COLUMN_BLOCKS_PER_SM))
+            for where, into, words, smem in column_options(elements, threads, vector, row_inputs, sums)]
+    best = max(n for _, _, n in fits)
     if best == 0:
         return None
-    where, prefetch, resident = next((w, a, min(n, MAX_COLUMN_BLOCKS_PER_SM)) for w, a, n in fits
-                                     if min(n, MAX_COLUMN_BLOCKS_PER_SM) == best)
+    where, into, resident = next((w, i, n) for w, i, n in fits if n == best)
+    prefetch = into is not None
     row_blocks = tgt.sm_count * resident
     n_rows = _const_rows(group)
     if n_rows is not None:
@@ -402,6 +397,8 @@ def propose_with_columns(group: Any, target: Any = None) -> RowFusedChoice | Non
         step_args["column_sums"] = "shared"
     if prefetch:
         step_args["prefetch"] = True
+    if into == "shared":
+        step_args["prefetch_into"] = "shared"
     if itemsize == 2:  # 16-bit rows: each element converted once per row, not once per pass
         step_args["float_rows"] = True
     row_bytes = sum(_itemsize(t) * columns for t in row_inputs) + sum(
@@ -409,12 +406,16 @@ def propose_with_columns(group: Any, target: Any = None) -> RowFusedChoice | Non
     reason = (f"{len(group.reductions) + len(group.elementwise) + len(group.row_values)} stage(s) sharing rows of "
               f"{group.columns} in one kernel ({row_bytes} B/row) and the column reduction(s) {names} summed in "
               f"{'registers' if where == 'local' else 'shared memory'} by {row_blocks} blocks ({tgt.sm_count} SMs x "
-              f"{resident}) walking the rows{', each loading its next row ahead' if prefetch else ''}, then folded "
+              f"{resident}) walking the rows{AHEAD[into]}, then folded "
               f"by a combine kernel; {threads} threads, {elements} elements per row array per thread, vector {vector}")
     plan = Plan((Step("fuse_rows", step_args),), "row_fused", reason)
     fallbacks: tuple[Plan, ...] = ()
-    if columns % (threads * vector):  # the rows' walk is straight-line code (fuse_rows' whole_steps)
-        plan, fallbacks = straight_walk(plan, vector)
+    if columns % (threads * vector):
+        # the walk testing every step, falling back to the straight-line walk where that spills
+        # (fp32 rows of 2051, 5000 and 8191 spilled 8, 4 and 172 bytes on sm_90 with every step
+        # tested, none straight; at 768 the straight walk took 321 instructions per row, not 293)
+        straight, _ = straight_walk(plan, vector)
+        fallbacks = (straight,)
     return RowFusedChoice(plan, threads, "registers", float(row_bytes), float(row_bytes), plan.reason, vector,
                           fallbacks=fallbacks)
 
@@ -422,15 +423,41 @@ def propose_with_columns(group: Any, target: Any = None) -> RowFusedChoice | Non
 def column_resident(threads: int, words: int, where: str, shared_bytes: int, tgt: Any) -> int:
     """Resident blocks per SM of a column-reduction row kernel whose row arrays (and, with
     `where` "local", column sums) take `words` registers per thread beside
-    COLUMN_KERNEL_REGISTERS, and with "shared" `shared_bytes` of sums per block: 0 when not one
-    block fits."""
+    COLUMN_KERNEL_REGISTERS, and whose block takes `shared_bytes` of shared memory (the sums
+    with `where` "shared", the next row's stages): 0 when not one block fits."""
     n = 0
     while (threads * (n + 1) <= SM_THREADS
            and SM_REGISTERS // (threads * (n + 1)) >= words + COLUMN_KERNEL_REGISTERS
-           and (where == "local" or (shared_bytes <= tgt.smem_per_block_optin
-                                     and (n + 1) * shared_bytes <= tgt.smem_per_sm))):
+           and (shared_bytes == 0 or (shared_bytes <= tgt.smem_per_block_optin
+                                      and (n + 1) * shared_bytes <= tgt.smem_per_sm))):
         n += 1
     return n
+
+
+AHEAD = {None: "", "registers": ", each loading its next row ahead into registers",
+         "shared": ", each staging its next row in shared memory by cp.async"}
+
+
+def column_options(elements: int, threads: int, vector: int, row_inputs: Sequence[Tensor],
+                   sums: int) -> list[tuple[str, str | None, int, int]]:
+    """The forms of a column-reduction row kernel, preferred first: (where the column sums
+    live, where the next row is loaded ahead (None: not), registers per thread for the row
+    arrays and the sums kept in registers, shared bytes per block). The next row in registers
+    where it keeps the most resident blocks beside the sums (768-1024 columns: ptxas issued those
+    loads before the row's reductions); else staged in shared memory by cp.async (4096 columns:
+    in registers ptxas issued the loads past both reductions' barriers, and the backward ran no
+    faster than without them), which a thread's vectors of 2 bytes cannot take (cp.async moves 4,
+    8 or 16 bytes); else the sums too in shared memory; else nothing ahead."""
+    arrays = max(len(row_inputs), 1)
+    stage = stage_bytes(threads, vector, -(-elements // vector), [_itemsize(t) for t in row_inputs])
+    sums_smem = sums * elements * threads * 4
+    staged = all(vector * _itemsize(t) in ASYNC_BYTES for t in row_inputs)
+    options: list[tuple[str, str | None, int, int]] = [("local", "registers", elements * (2 * arrays + sums), 0)]
+    if staged:
+        options += [("local", "shared", elements * (arrays + sums), stage),
+                    ("shared", "shared", elements * arrays, stage + sums_smem)]
+    options += [("shared", "registers", elements * 2 * arrays, sums_smem), ("local", None, elements * (arrays + sums), 0)]
+    return options
 
 
 def _column_point(columns: int, vector: int, arrays: int, target_elements: int) -> tuple[int, int] | None:
@@ -572,6 +599,6 @@ def describe_point(point: dict[str, Any]) -> str:
     return f"row_fused(threads={point['threads']}, cache={point['cache']}, vector={point.get('vector', 1)})"
 
 
-__all__ = ["RowFusedChoice", "choose_long_row", "choose_point", "choose_rows_per_block", "column_resident",
+__all__ = ["RowFusedChoice", "choose_long_row", "choose_point", "choose_rows_per_block", "column_options", "column_resident",
            "describe_point", "fit_row_registers", "fused_points",
            "fills_registers", "fused_workload", "propose", "row_point_workload", "straight_walk"]
