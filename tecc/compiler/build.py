@@ -32,7 +32,8 @@ from ..passes.lower import collect_program, lower
 from . import build_cache
 from . import options as knobs
 from .kernel import Kernel
-from .pipeline import TARGETS, compile_module, default_plan, open_dumps, refuse_spills, schedule_module
+from .pipeline import (TARGETS, compile_module, default_plan, first_without_spills, open_dumps, refuse_spills,
+                       schedule_module)
 from .plan import Plan
 from . import planner as per_kernel_planner
 from .planner import PlanResult
@@ -214,11 +215,20 @@ def _auto_candidates(tensors: list[Tensor], plan_arch: str | None, sizes: dict[s
         ("online_backward_mma", proposal(lambda: online_backward.propose(tensors, plan_arch, name))),
         ("split_rows", proposal(lambda: split_rows.propose(tensors, plan_arch, sizes=sizes))),
         ("split_row_group", proposal(lambda: split_row_group.propose(tensors, plan_arch, sizes=sizes))),
-        ("row_fused", proposal(lambda: row_fused.propose(tensors))),
+        ("row_fused", lambda: _row_fused(tensors, plan_arch, name)),
         ("column_reduction", proposal(lambda: column_reduction.propose(tensors))),
         ("planner", planner),
         ("generic", default_plan),
     ]
+
+
+def _row_fused(tensors: list[Tensor], arch: str | None, name: str | None) -> Plan | None:
+    """row_fused's plan for the program, or where ptxas spills its kernel for `arch` the first of
+    its fallbacks that does not (RowFusedChoice.fallbacks; no compile without fallbacks)."""
+    found = row_fused.propose(tensors)
+    if found is None:
+        return None
+    return first_without_spills(tensors, (found.plan, *found.fallbacks), arch, name)
 
 
 def _first_that_builds(candidates: list[Candidate], tensors: list[Tensor], name: str | None,
