@@ -164,6 +164,28 @@ def refuse_spills(schedule: Schedule, kernel: str | None, arch: str) -> dict[str
     return dict(compiled.resources)
 
 
+def first_without_spills(tensors: Sequence[Tensor], plans: Sequence[Plan], arch: str | None,
+                         name: str | None, lowered: Module | None = None) -> Plan:
+    """The first of `plans` whose kernels ptxas compiles without spilling for `arch`, else the
+    first: the compile check of a graph-level rewrite that offers fallbacks (row_fused's where
+    the straight-line walk of a row filling the register cap spills). One plan: no compile. The
+    check compiles without the build's options, as refuse_spills does; the compile cache keeps
+    the binary for the build. `lowered`: the program's naive module (schedule_module)."""
+    if len(plans) < 2:
+        return plans[0]
+    the_arch = arch or knobs.default_arch_override() or default_arch()
+    for plan in plans:
+        timing = PassTiming()
+        module = schedule_module(tensors, plan, name=name, dumper=None, timing=timing, lowered=lowered)
+        try:
+            compiled, _ = compile_cached(emit_source(module.kernels), arch=the_arch, name=module.name, options=())
+        except TeccError:  # no NVRTC here (an emulator build): no check
+            return plans[0]
+        if not any(r.spill_stores or r.spill_loads for r in compiled.resources.values()):
+            return plan
+    return plans[0]
+
+
 def wgmma_serialized(log: str) -> str | None:
     """ptxas's warning that it serialized the wgmmas of a kernel (C7515 "Potential Performance
     Loss: wgmma.mma_async instructions are serialized due to ..."), or None: such a kernel waits

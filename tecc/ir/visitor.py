@@ -27,7 +27,10 @@ _MATRIX = (MatrixMultiply, MatrixLoad, AsyncCopy, WarpgroupMatrixMultiply, BulkC
 
 
 class StmtVisitor:
-    """Walks statements (and, through `visit_expr`, the expressions in them)."""
+    """Walks statements (and, through `visit_expr`, the expressions in them). Dispatch is by node
+    class (`visit_method`): a subclass overrides `visit_<Node>` for the nodes it handles (the
+    matrix-level ones included: `visit_MatrixMultiply`, `visit_TensorCopy`, ...) and every other
+    node reaches `generic_visit`."""
 
     def visit(self, s: Stmt) -> Any:
         return visit_method(self, "visit_", s)(s)
@@ -66,28 +69,6 @@ class StmtVisitor:
                 self.visit_expr(e)
         else:
             raise TypeError(f"StmtVisitor: no rule for {type(s).__name__}")
-
-    # One method per matrix-level node, so a visitor can override exactly one of them.
-    def visit_MatrixMultiply(self, s: MatrixMultiply) -> Any:
-        return self.generic_visit(s)
-
-    def visit_MatrixLoad(self, s: MatrixLoad) -> Any:
-        return self.generic_visit(s)
-
-    def visit_AsyncCopy(self, s: AsyncCopy) -> Any:
-        return self.generic_visit(s)
-
-    def visit_WarpgroupMatrixMultiply(self, s: WarpgroupMatrixMultiply) -> Any:
-        return self.generic_visit(s)
-
-    def visit_BulkCopy(self, s: BulkCopy) -> Any:
-        return self.generic_visit(s)
-
-    def visit_TensorCopy(self, s: TensorCopy) -> Any:
-        return self.generic_visit(s)
-
-    def visit_TensorStore(self, s: TensorStore) -> Any:
-        return self.generic_visit(s)
 
 
 def matrix_stmt_exprs(s: Stmt) -> list[Expr]:
@@ -240,24 +221,3 @@ class StmtMutator:
         offset = self.visit_expr(ref.offset)
         return ref if offset is ref.offset else FragmentRef(ref.buffer, offset)
 
-    # One method per matrix-level node, so a mutator can override exactly one of them.
-    def visit_MatrixMultiply(self, s: MatrixMultiply) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_MatrixLoad(self, s: MatrixLoad) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_AsyncCopy(self, s: AsyncCopy) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_WarpgroupMatrixMultiply(self, s: WarpgroupMatrixMultiply) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_BulkCopy(self, s: BulkCopy) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_TensorCopy(self, s: TensorCopy) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_TensorStore(self, s: TensorStore) -> Stmt:
-        return self.generic_visit(s)

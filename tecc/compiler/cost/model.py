@@ -9,7 +9,8 @@ parallelism a thread exposes (bytes of independent loads in flight, independent 
 
     occupancy  blocks/SM from threads, registers, shared memory (cuda_occupancy.h's formula)
     waves      ceil(blocks / (blocks/SM · SMs)); the busiest SM runs ceil(blocks / SMs) blocks
-    dram       DRAM bytes / min(efficiency · peak, Little's law: bytes in flight / latency)
+    dram       DRAM bytes / min(efficiency · peak, Little's law: bytes in flight / latency); the
+               efficiency is CostParameters.dram_efficiency x Workload.dram_efficiency
     l2         bytes requested from L2 (32-byte sectors) / L2 bandwidth
     l1/shared  wavefronts through the SM's L1/shared-memory datapath (one 128-byte wavefront per
                clock per SM; a bank-conflicted access costs one wavefront per conflicting word)
@@ -154,6 +155,10 @@ class Workload:
     # the stages it does not cover: the tensor-core GEMMs), so the latency term adds only the
     # block's own block_latency_cycles, not another global load per round
     latency_in_chain: bool = False
+    # the fraction of the achievable DRAM rate (CostParameters.dram_efficiency x peak) that this
+    # point's access pattern reaches, where a strategy has measured it to depend on the point
+    # (a tiled transpose's block shape: strategies/transpose_tile.py); 1: the rate alone
+    dram_efficiency: float = 1.0
 
     @property
     def register_count(self) -> int:
@@ -234,7 +239,7 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
     in_flight = sms_used * active_warps * target.warp_size * w.bytes_in_flight
     # (a kernel that loads nothing, a constant fill, only stores: no latency bound then)
     latency_rate = in_flight / params.dram_latency_s if in_flight > 0 else math.inf
-    dram_rate = min(params.dram_efficiency * target.dram_bandwidth, latency_rate)
+    dram_rate = min(params.dram_efficiency * w.dram_efficiency * target.dram_bandwidth, latency_rate)
     t_dram = w.dram_bytes / dram_rate if w.dram_bytes else 0.0
     l2_rate = min(params.l2_bandwidth_factor * target.dram_bandwidth,
                   sms_used * params.l2_bytes_per_clock_per_sm * clock,

@@ -36,7 +36,7 @@ bytes than the stage kernels: the criterion of the issue that introduced it):
 * the vector width: 16 bytes (float4, or 8 bf16/fp16 as one uint4) when the row length allows,
   else the widest that divides it;
 * a row whose registers overflow what one resident block leaves a thread (64 K / threads) takes
-  half the threads (`fit_row_registers`: 50,304 logits at 512 threads, not 1024), and 8-byte
+  half the threads (`fit_row_registers`: 50,304 logits at 512 threads, not 1024), and 4-byte
   vectors when it fills most of them;
 * a row past the register budget (or of symbolic length) is re-read once per pass; where the
   group has a max / sum-of-exp or a sum / sum-of-squared-deviations pair (softmax, layer norm)
@@ -57,9 +57,11 @@ from ...ir.target import Target
 from ...passes.rewrite.fuse_rows import (COLUMN_KERNEL_REGISTERS, ROW_KERNEL_REGISTERS, SM_REGISTERS, SM_THREADS, fuse_rows,
                                          row_group)
 from ...passes.rewrite.row_columns import MAX_COLUMN_BLOCKS_PER_SM
+from ...passes.rewrite.row_prefetch import ASYNC_BYTES, stage_bytes
 from ...passes.schedule.cross_thread import WARP
 from ..cost.analysis import DEFAULT_SIZE, KernelInfo
 from ..cost.model import Workload, predict
+from ..pipeline import first_without_spills
 from ..plan import Plan, Step
 from ..program import Program, resolve_target
 from .registry import GraphStrategy, Point, register
@@ -114,12 +116,33 @@ def choose_vector(columns: int | None, itemsize: int) -> int:
 
 
 # Registers one thread may hold (the ISA's limit) and the row kernel's own beside its row arrays
-# (fuse_rows.ROW_KERNEL_REGISTERS); a row array taking more than ROW_CAP_SHARE of the thread's
-# registers takes 8-byte vectors: ptxas (sm_90) spilled the cross-entropy forward + backward at
-# 512 threads x 100 registers of row with 16-byte vectors (8 B fp32 float4, 4 B bf16 uint4; each
-# 16-byte access needs four aligned consecutive registers) and not with 8-byte ones.
+# (fuse_rows.ROW_KERNEL_REGISTERS). A row array taking more than ROW_CAP_SHARE of the thread's
+# registers walks its row with only the last step testing the row's end (fuse_rows'
+# whole_steps) and takes 4-byte vectors, one register per access. With a test at every step
+# ptxas issued the cross-entropy's 25 loads of its row of 50,304 bf16 logits (512 threads x 100
+# registers, 8-byte vectors) one after another, each converted before the next was issued
+# (1183 us on an H200, slower than the forward and backward as two kernels); the straight-line
+# walk issues them together. 16-byte accesses need four aligned consecutive registers each,
+# 8-byte ones two: with the straight-line walk ptxas (sm_90) spilled 56 B (fp32 float2) and
+# 32 B (bf16 4 x bf16); float and bf16x2 accesses compile without spills, every load of the row
+# in flight (2432 / 2736 instructions per row).
 THREAD_REGISTERS = 255
 ROW_CAP_SHARE = 0.75
+NARROW_BYTES = 4
+
+
+def _row_words(columns: int, threads: int, vector: int, arrays: int) -> int:
+    return -(-columns // (threads * vector)) * vector * max(arrays, 1)
+
+
+def _thread_cap(threads: int) -> int:
+    return min(THREAD_REGISTERS, SM_REGISTERS // threads)
+
+
+def fills_registers(columns: int, threads: int, vector: int, arrays: int) -> bool:
+    """Whether the row arrays take more than ROW_CAP_SHARE of what one resident block leaves a
+    thread (the rows whose walk is straight-line code, with 4-byte vectors)."""
+    return _row_words(columns, threads, vector, arrays) > ROW_CAP_SHARE * _thread_cap(threads)
 
 
 def fit_row_registers(columns: int, threads: int, vector: int, arrays: int, itemsize: int) -> tuple[int, int]:
@@ -127,18 +150,13 @@ def fit_row_registers(columns: int, threads: int, vector: int, arrays: int, item
     register per element, `arrays` of them) and the kernel's own registers exceed what one
     resident block leaves a thread (64 K / threads, at most 255): at 1024 threads a thread has
     64, so a cross-entropy over 50,304 logits (52 per thread) spilled at 1024 threads and fits
-    512 (100 of 128). A row that takes most of the thread's registers gets 8-byte vectors."""
-    def words(t: int, v: int) -> int:
-        return -(-columns // (t * v)) * v * max(arrays, 1)
-
-    def cap(t: int) -> int:
-        return min(THREAD_REGISTERS, SM_REGISTERS // t)
-
-    while (threads // 2 >= MIN_THREADS and words(threads, vector) + ROW_KERNEL_REGISTERS > cap(threads)
-           and words(threads // 2, vector) + ROW_KERNEL_REGISTERS <= cap(threads // 2)):
+    512 (100 of 128). A row that fills the registers (fills_registers) gets 4-byte vectors."""
+    while (threads // 2 >= MIN_THREADS
+           and _row_words(columns, threads, vector, arrays) + ROW_KERNEL_REGISTERS > _thread_cap(threads)
+           and _row_words(columns, threads // 2, vector, arrays) + ROW_KERNEL_REGISTERS <= _thread_cap(threads // 2)):
         threads //= 2
-    narrow = max(1, 8 // itemsize)
-    if vector > narrow and columns % narrow == 0 and words(threads, vector) > ROW_CAP_SHARE * cap(threads):
+    narrow = max(1, NARROW_BYTES // itemsize)
+    if vector > narrow and columns % narrow == 0 and fills_registers(columns, threads, vector, arrays):
         vector = narrow
     return threads, vector
 
@@ -241,6 +259,7 @@ def _choice(tensors: Sequence[Tensor], target: Target) -> RowFusedChoice | str:
     # 16-byte accesses (codegen/vectorize.py: float4, or 8 half-precision elements as a uint4)
     # when every row input has one element size
     vector = choose_vector(columns, itemsize) if cache == "registers" and len(sizes) == 1 else 1
+    wide = vector
     if cache == "registers" and columns is not None:
         threads, vector = fit_row_registers(columns, threads, vector, len(row_inputs), itemsize)
     unroll = 1
@@ -287,9 +306,39 @@ def _choice(tensors: Sequence[Tensor], target: Target) -> RowFusedChoice | str:
     plan = Plan((Step("fuse_rows", step_args),), "row_fused",
                 f"{stages} stage(s) sharing rows of {group.columns} in one kernel: {fused:.0f} B/row "
                 f"instead of {unfused:.0f} B/row unfused; {layout}, row cache {cache}, vector {vector}" + priced)
+    fallbacks: tuple[Plan, ...] = ()
+    if (cache == "registers" and columns is not None and rows_per_block == 1
+            and fills_registers(columns, threads, vector, len(row_inputs))
+            and columns % (threads * vector)):
+        plan, fallbacks = straight_walk(plan, wide_vector(columns, itemsize, vector, wide))
     return RowFusedChoice(plan, int(step_args["threads"]), cache, fused, unfused, plan.reason, vector,
                           rows_per_block, unroll, len(group.reductions), stages, passes, max(len(row_inputs), 1),
-                          itemsize, bool(group.elementwise))
+                          itemsize, bool(group.elementwise), fallbacks=fallbacks)
+
+
+def wide_vector(columns: int, itemsize: int, vector: int, wide: int) -> int:
+    """The 8-byte vector a row filling the registers took before its walk was straight-line
+    code (`vector` where it was not narrowed from `wide`)."""
+    eight = max(1, 8 // itemsize)
+    return eight if vector < wide and eight <= wide and columns % eight == 0 else vector
+
+
+def straight_walk(plan: Plan, vector: int) -> tuple[Plan, tuple[Plan, ...]]:
+    """`plan` (one fuse_rows step) with the straight-line walk (whole_steps), and the plan with
+    every step tested at `vector`: the build falls back to it where ptxas spills the first
+    (`pipeline.first_without_spills`; the straight-line walk hoists every load of the row, which
+    a row filling the register cap may not afford: the forward RMS norm over 50,304 bf16 columns
+    spilled 12 bytes at 512 threads x 100 registers where the cross-entropy's row of the same
+    size did not)."""
+    (step,) = plan.steps
+    args = {k: v for k, v in step.args.items() if k != "whole_steps"}
+    straight = Plan((Step("fuse_rows", {**args, "whole_steps": True}),), plan.strategy,
+                    plan.reason + "; only the last step of each thread's walk tests the row's end")
+    every = {**args, "vector": vector} if vector > 1 else {k: v for k, v in args.items() if k != "vector"}
+    fallback = Plan((Step("fuse_rows", every),), plan.strategy,
+                    plan.reason.replace(f"vector {args.get('vector', 1)}", f"vector {vector}")
+                    + "; every step tests the row's end (the straight-line walk spilled)")
+    return straight, (fallback,)
 
 
 # A group with column reductions (a normalization's backward with dγ, dβ: row_columns.py) keeps
@@ -309,16 +358,16 @@ def _column_choice(group: Any, tgt: Target) -> RowFusedChoice | str:
     one wave whose blocks each walk the rows, as evenly as the row count allows (S is the fewest
     blocks with the same rows per block: fewer partial rows to fold).
 
-    Each block loads its next row ahead (prefetch: a second set of row registers, loaded while
-    this row's reductions and barriers run) whenever that keeps the resident blocks: a block
-    without it has loads in flight only between a row's start and its first reduction, so
-    narrow rows (a few KiB per row and block) kept too little in flight to reach DRAM bandwidth
-    (layer norm's backward at 8192 x 768 ran at 2.2 TB/s, bf16 at 8192 x 4096 at 2.4 TB/s).
-    The column sums stay in registers when the second row set fits beside them at the same
-    residency (768-1024 columns: 128 threads, 80 registers, 4 blocks), else they move to shared
-    memory (4096 columns: 512 threads, 64 registers, 2 blocks; 8192: 1024 threads, 1 block).
-    Without a residency-preserving form the plan has no prefetch. Why not, when the row is
-    symbolic or too long."""
+    Each block loads its next row ahead (prefetch, loaded while this row's reductions and
+    barriers run) whenever that keeps the resident blocks: a block without it has loads in
+    flight only between a row's start and its first reduction, so narrow rows (a few KiB per row
+    and block) kept too little in flight to reach DRAM bandwidth (layer norm's backward at
+    8192 x 768 ran at 2.2 TB/s, bf16 at 8192 x 4096 at 2.4 TB/s). The form is the first of
+    `column_options` that reaches the most resident blocks: the next row in a second set of
+    registers beside the sums (768-1024 columns: 128 threads, 80 registers, 4 blocks), else
+    staged in shared memory by cp.async with the sums in registers (4096 columns: 512 threads,
+    64 registers and 64 KiB (fp32) per block, 2 blocks; 8192: 1024 threads, 1 block), else with
+    the sums in shared memory too. Why not, when the row is symbolic or too long."""
     columns = const_int(group.columns)
     if columns is None:
         return "the row has column reductions and a symbolic length (their sums need a fixed set of columns per thread)"
@@ -335,18 +384,13 @@ def _column_choice(group: Any, tgt: Target) -> RowFusedChoice | str:
             return (f"the row of {columns} columns and its column sums do not fit {MAX_COLUMN_ROW_REGISTERS} registers "
                     "per thread at any thread count")
     threads, elements = point
-    options = [  # (where the sums live, prefetch, the row words per thread), preferred first
-        ("local", True, elements * (2 * row_arrays + sums)),
-        ("shared", True, elements * 2 * row_arrays),
-        ("local", False, elements * (row_arrays + sums)),
-    ]
-    fits = [(where, ahead, column_resident(threads, words, where, sums * elements * threads * 4, tgt))
-            for where, ahead, words in options]
-    best = max(min(n, MAX_COLUMN_BLOCKS_PER_SM) for _, _, n in fits)
+    fits = [(where, into, min(column_resident(threads, words, where, smem, tgt), MAX_COLUMN_BLOCKS_PER_SM), words, smem)
+            for where, into, words, smem in column_options(elements, threads, vector, row_inputs, sums)]
+    best = max(f[2] for f in fits)
     if best == 0:
         return f"no block of {threads} threads keeping the row and its column sums fits an SM of {tgt.arch}"
-    where, prefetch, resident = next((w, a, min(n, MAX_COLUMN_BLOCKS_PER_SM)) for w, a, n in fits
-                                     if min(n, MAX_COLUMN_BLOCKS_PER_SM) == best)
+    where, into, resident, words, smem = next(f for f in fits if f[2] == best)
+    prefetch = into is not None
     row_blocks = tgt.sm_count * resident
     n_rows = _const_rows(group)
     if n_rows is not None:
@@ -361,6 +405,8 @@ def _column_choice(group: Any, tgt: Target) -> RowFusedChoice | str:
         step_args["column_sums"] = "shared"
     if prefetch:
         step_args["prefetch"] = True
+    if into == "shared":
+        step_args["prefetch_into"] = "shared"
     if itemsize == 2:  # 16-bit rows: each element converted once per row, not once per pass
         step_args["float_rows"] = True
     row_bytes = sum(_itemsize(t) * columns for t in row_inputs) + sum(
@@ -368,29 +414,62 @@ def _column_choice(group: Any, tgt: Target) -> RowFusedChoice | str:
     reason = (f"{len(group.reductions) + len(group.elementwise) + len(group.row_values)} stage(s) sharing rows of "
               f"{group.columns} in one kernel ({row_bytes} B/row) and the column reduction(s) {names} summed in "
               f"{'registers' if where == 'local' else 'shared memory'} by {row_blocks} blocks ({tgt.sm_count} SMs x "
-              f"{resident}) walking the rows{', each loading its next row ahead' if prefetch else ''}, then folded "
+              f"{resident}) walking the rows{AHEAD[into]}, then folded "
               f"by a combine kernel; {threads} threads, {elements} elements per row array per thread, vector {vector}")
     plan = Plan((Step("fuse_rows", step_args),), "row_fused", reason)
+    fallbacks: tuple[Plan, ...] = ()
+    if columns % (threads * vector):
+        # the walk testing every step, falling back to the straight-line walk where that spills
+        # (fp32 rows of 2051, 5000 and 8191 spilled 8, 4 and 172 bytes on sm_90 with every step
+        # tested, none straight; at 768 the straight walk took 321 instructions per row, not 293)
+        straight, _ = straight_walk(plan, vector)
+        fallbacks = (straight,)
     stages = len(group.reductions) + len(group.elementwise)
-    return RowFusedChoice(plan, threads, "registers", float(row_bytes), float(row_bytes), reason, vector,
+    return RowFusedChoice(plan, threads, "registers", float(row_bytes), float(row_bytes), plan.reason, vector,
                           reductions=len(group.reductions), stages=stages, arrays=row_arrays, itemsize=itemsize,
-                          elementwise=bool(group.elementwise),
-                          walk=ColumnWalk(row_blocks, sums, elements, resident, prefetch, where, tuple(group.rows),
-                                          columns))
+                          elementwise=bool(group.elementwise), fallbacks=fallbacks,
+                          walk=ColumnWalk(row_blocks, sums, elements, resident, into, where, words, smem,
+                                          tuple(group.rows), columns))
 
 
 def column_resident(threads: int, words: int, where: str, shared_bytes: int, tgt: Any) -> int:
     """Resident blocks per SM of a column-reduction row kernel whose row arrays (and, with
     `where` "local", column sums) take `words` registers per thread beside
-    COLUMN_KERNEL_REGISTERS, and with "shared" `shared_bytes` of sums per block: 0 when not one
-    block fits."""
+    COLUMN_KERNEL_REGISTERS, and whose block takes `shared_bytes` of shared memory (the sums
+    with `where` "shared", the next row's stages): 0 when not one block fits."""
     n = 0
     while (threads * (n + 1) <= SM_THREADS
            and SM_REGISTERS // (threads * (n + 1)) >= words + COLUMN_KERNEL_REGISTERS
-           and (where == "local" or (shared_bytes <= tgt.smem_per_block_optin
-                                     and (n + 1) * shared_bytes <= tgt.smem_per_sm))):
+           and (shared_bytes == 0 or (shared_bytes <= tgt.smem_per_block_optin
+                                      and (n + 1) * shared_bytes <= tgt.smem_per_sm))):
         n += 1
     return n
+
+
+AHEAD = {None: "", "registers": ", each loading its next row ahead into registers",
+         "shared": ", each staging its next row in shared memory by cp.async"}
+
+
+def column_options(elements: int, threads: int, vector: int, row_inputs: Sequence[Tensor],
+                   sums: int) -> list[tuple[str, str | None, int, int]]:
+    """The forms of a column-reduction row kernel, preferred first: (where the column sums
+    live, where the next row is loaded ahead (None: not), registers per thread for the row
+    arrays and the sums kept in registers, shared bytes per block). The next row in registers
+    where it keeps the most resident blocks beside the sums (768-1024 columns: ptxas issued those
+    loads before the row's reductions); else staged in shared memory by cp.async (4096 columns:
+    in registers ptxas issued the loads past both reductions' barriers, and the backward ran no
+    faster than without them), which a thread's vectors of 2 bytes cannot take (cp.async moves 4,
+    8 or 16 bytes); else the sums too in shared memory; else nothing ahead."""
+    arrays = max(len(row_inputs), 1)
+    stage = stage_bytes(threads, vector, -(-elements // vector), [_itemsize(t) for t in row_inputs])
+    sums_smem = sums * elements * threads * 4
+    staged = all(vector * _itemsize(t) in ASYNC_BYTES for t in row_inputs)
+    options: list[tuple[str, str | None, int, int]] = [("local", "registers", elements * (2 * arrays + sums), 0)]
+    if staged:
+        options += [("local", "shared", elements * (arrays + sums), stage),
+                    ("shared", "shared", elements * arrays, stage + sums_smem)]
+    options += [("shared", "registers", elements * 2 * arrays, sums_smem), ("local", None, elements * (arrays + sums), 0)]
+    return options
 
 
 def _column_point(columns: int, vector: int, arrays: int, target_elements: int) -> tuple[int, int] | None:
@@ -461,13 +540,25 @@ def fused_points(columns: int) -> list[dict[str, Any]]:
 
 
 def describe_point(point: dict[str, Any]) -> str:
-    extra = "".join(f", {k}={point[k]}" for k in ("rows_per_block", "unroll", "row_blocks", "column_sums", "prefetch")
+    extra = "".join(f", {k}={point[k]}" for k in ("rows_per_block", "unroll", "row_blocks", "column_sums", "prefetch",
+                                                 "prefetch_into", "whole_steps")
                     if k in point)
     return f"row_fused(threads={point['threads']}, cache={point['cache']}, vector={point.get('vector', 1)}{extra})"
 
 
 def _program_choice(program: Program) -> RowFusedChoice | str:
     return program.memo("row_fused/choice", lambda: _choice(program.args, program.target))
+
+
+def _program_plan(program: Program) -> Plan:
+    """The choice's plan, or where ptxas spills its kernel for the build's arch the first of its
+    fallbacks that does not (RowFusedChoice.fallbacks: the straight-line walk's counterpart;
+    `pipeline.first_without_spills`: no compile without fallbacks, nor without NVRTC, and the
+    plan itself where every one spills); memoized per program."""
+    choice = _program_choice(program)
+    assert isinstance(choice, RowFusedChoice)
+    return program.memo("row_fused/plan", lambda: first_without_spills(
+        program.args, (choice.plan, *choice.fallbacks), program.compile_arch, program.name, lowered=program.module))
 
 
 def _rows_at(rows: Sequence[Expr], sizes: dict[str, int]) -> int:
@@ -501,9 +592,7 @@ class RowFused(GraphStrategy):
         return found if isinstance(found, str) else None
 
     def space(self, program: Program) -> list[Point]:
-        found = _program_choice(program)
-        assert isinstance(found, RowFusedChoice)
-        return [dict(found.plan.steps[0].args)]
+        return [dict(_program_plan(program).steps[0].args)]
 
     def workload(self, program: Program, point: Point) -> Workload:
         choice = _program_choice(program)
@@ -529,9 +618,7 @@ class RowFused(GraphStrategy):
         sch.fuse_rows(**point)
 
     def reason(self, program: Program, point: Point, resources: Any = None) -> str:
-        choice = _program_choice(program)
-        assert isinstance(choice, RowFusedChoice)
-        return choice.reason
+        return _program_plan(program).reason
 
     def describe(self, point: Point) -> str:
         return describe_point(point)
@@ -541,5 +628,6 @@ register(RowFused())
 
 
 __all__ = ["RowFused", "RowFusedChoice", "chunked_workload", "choose_long_row", "choose_point", "choose_rows_per_block",
-           "column_resident", "column_workload", "describe_point", "fit_row_registers", "fused_points", "fused_workload",
-           "propose", "row_kernel_info", "row_point_workload"]
+           "column_options", "column_resident", "column_workload", "describe_point", "fills_registers",
+           "fit_row_registers", "fused_points", "fused_workload", "propose", "row_kernel_info", "row_point_workload",
+           "straight_walk"]

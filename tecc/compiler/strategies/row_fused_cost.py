@@ -41,22 +41,29 @@ class RowFusedChoice:
     itemsize: int = 4         # their narrowest element size
     elementwise: bool = False  # the group has row outputs of shape rows + (C,)
     walk: ColumnWalk | None = None  # a group with column reductions: its blocks walking the rows
+    # plans to take, in order, where ptxas spills the planned kernel (row_fused's compile check,
+    # `RowFused.space`): the straight-line walk's counterpart (every step tested, or straight)
+    fallbacks: tuple[Plan, ...] = ()
 
 
 @dataclass
 class ColumnWalk:
     """The row blocks of a group with column reductions (`_column_choice`): `blocks` blocks, each
     walking the rows with `sums` column accumulators of `elements` values per thread (in
-    registers, "local", or shared memory), `resident` per SM, the next row loaded ahead or not;
-    `rows` the row extents (symbolic ones are priced at the program's sizes), `columns` the row
-    length."""
+    registers, "local", or shared memory: `where`), `resident` per SM, the next row loaded ahead
+    into registers or shared memory (`into`; None: not), `words` registers per thread for the
+    row arrays and the sums kept in registers, `smem` shared bytes per block (row_fused's
+    `column_options`); `rows` the row extents (symbolic ones are priced at the program's sizes),
+    `columns` the row length."""
 
     blocks: int
     sums: int
     elements: int
     resident: int
-    prefetch: bool
+    into: str | None
     where: str
+    words: int
+    smem: int
     rows: tuple[Expr, ...]
     columns: int
 
@@ -155,20 +162,20 @@ def chunked_workload(n_rows: int, columns: int, choice: RowFusedChoice, point: P
 def column_workload(choice: RowFusedChoice, columns: int, rows: int) -> Workload:
     """What fuse_rows does for a group with column reductions (`choice.walk`) over `rows` rows of
     `columns`: S = walk.blocks blocks of T threads (one wave: `walk.resident` per SM), each
-    walking ceil(rows / S) rows with the row in registers (and, with prefetch, the next row's
-    loads in flight during this row's reductions and barriers), adding each row's values into
-    its columns' sums; then S partial rows per column reduction written, and a combine kernel
-    (`then`: blocks of 32 columns x 32 partial rows) folding them. The row's bytes move once;
-    the block's serial path is its rows' reduction trees and barriers, plus a load latency per
-    row without the prefetch."""
+    walking ceil(rows / S) rows with the row in registers (and, with the next row loaded ahead,
+    its loads in flight during this row's reductions and barriers), adding each row's values
+    into its columns' sums; then S partial rows per column reduction written, and a combine
+    kernel (`then`: blocks of 32 columns x 32 partial rows) folding them. The row's bytes move
+    once; the block's serial path is its rows' reduction trees and barriers, plus a load latency
+    per row without the next row ahead."""
     walk = choice.walk
     assert walk is not None
     t, v, s = choice.threads, choice.vector, walk.blocks
+    ahead = walk.into is not None
     per_block = -(-rows // s)
     k = -(-columns // (t * v))
     elements = walk.elements
     reductions = max(choice.reductions, 1)
-    words = elements * ((2 if walk.prefetch else 1) * choice.arrays + (walk.sums if walk.where == "local" else 0))
     partials = float(s * columns * 4 * walk.sums)
     data = rows * choice.fused_bytes_per_row + partials
     tree = TREE_INSTRUCTIONS / 2 + (TREE_INSTRUCTIONS / 2 if t > WARP else 0.0)
@@ -176,28 +183,26 @@ def column_workload(choice: RowFusedChoice, columns: int, rows: int) -> Workload
                               + reductions * tree)
     per_row = (elements * FADD_LATENCY_CYCLES * reductions + BARRIER_CYCLES
                + reductions * (5 * SHUFFLE_CYCLES + (BARRIER_CYCLES + 5 * SHUFFLE_CYCLES if t > WARP else 0.0)))
-    chain = GLOBAL_LATENCY_CYCLES + per_block * (per_row + (0.0 if walk.prefetch else GLOBAL_LATENCY_CYCLES))
-    shared = 4 * 32 + (walk.sums * elements * t * 4 if walk.where == "shared" else 0)
+    chain = GLOBAL_LATENCY_CYCLES + per_block * (per_row + (0.0 if ahead else GLOBAL_LATENCY_CYCLES))
     combine_blocks = -(-columns // COMBINE_COLUMNS)
     combine_loads = -(-s // COMBINE_ROWS)
+    folded = partials + columns * 4 * walk.sums
     combine = Workload(
         blocks=combine_blocks, threads=COMBINE_COLUMNS * COMBINE_ROWS,
         registers={"addressing": 16, "partials": combine_loads * walk.sums}, smem_bytes=4 * COMBINE_COLUMNS * COMBINE_ROWS,
-        dram_bytes=partials + columns * 4 * walk.sums, l2_bytes=partials + columns * 4 * walk.sums,
-        global_wavefronts=(partials + columns * 4 * walk.sums) / 128.0,
+        dram_bytes=folded, l2_bytes=folded, global_wavefronts=folded / 128.0,
         instructions=combine_blocks * COMBINE_ROWS * (2.0 * combine_loads + 8) * walk.sums,
         bytes_in_flight=float(4 * combine_loads * walk.sums), chain_cycles=GLOBAL_LATENCY_CYCLES + BARRIER_CYCLES,
         notes=[f"the combine kernel: {s} partial rows of {walk.sums} column sum(s) folded in a fixed order"])
     return Workload(
-        blocks=s, threads=t,
-        registers={"kernel": COLUMN_KERNEL_REGISTERS, "row cache" + (" and column sums" if walk.where == "local" else ""): words},
-        smem_bytes=shared, smem_opt_in=walk.where == "shared", dram_bytes=data, l2_bytes=data,
+        blocks=s, threads=t, registers={"kernel": COLUMN_KERNEL_REGISTERS, "row arrays and column sums": walk.words},
+        smem_bytes=4 * 32 + walk.smem, smem_opt_in=walk.smem > 0, dram_bytes=data, l2_bytes=data,
         global_wavefronts=data / 128.0, instructions=s * t / WARP * instr_warp,
-        bytes_in_flight=float(elements * choice.itemsize * choice.arrays * (2 if walk.prefetch else 1)),
+        bytes_in_flight=float(elements * choice.itemsize * choice.arrays * (2 if ahead else 1)),
         ilp=float(v), chain_cycles=chain, then=combine,
         notes=[f"{s} blocks of {t} threads walking {per_block} rows each, {k} load(s) of {v} per thread and row, "
                f"column sums in {'registers' if walk.where == 'local' else 'shared memory'}"
-               + (", the next row loaded ahead" if walk.prefetch else "")])
+               + (f", the next row loaded ahead into {walk.into}" if ahead else "")])
 
 
 __all__ = ["BARRIER_CYCLES", "FADD_LATENCY_CYCLES", "GLOBAL_LATENCY_CYCLES", "SHUFFLE_CYCLES", "TREE_INSTRUCTIONS",

@@ -29,7 +29,12 @@ Whether one is worth applying is the planner's decision (tecc/compiler/strategie
                                        ONE tensor-core kernel (mma.sync, ldmatrix, a cp.async ring; P moved
                                        from C to A fragments in registers; key tiles a mask leaves -inf
                                        skipped by an isl-proved bound); wgmma=True: the Hopper form
-                                       (wgmma for both contractions, P as the register A operand)
+                                       (wgmma for both contractions, P as the register A operand). Built in
+                                       layers: online_mma_chain.py (when the chain fits), online_mma_operands.py
+                                       (tiling, buffers, staging, the contractions), online_mma_scores.py (the
+                                       masks and the guard), online_mma_softmax.py (running statistics,
+                                       rescale, P's relayout), online_mma_epilogue.py, online_mma_split_kv.py,
+                                       online_mma_loop.py (the K/V ring, peeled, overlapped, persistent loops)
   online_backward  online_backward.py  the backward of that chain (tc.grad's FlashAttention-2 form): a stage
                    online_backward_mma.py  P = exp(s - L) recomputed from a saved row statistic and outputs
                                        that contract the tile's weights over the queries (dK, dV), the keys

@@ -18,7 +18,20 @@ from ...ir.errors import ScheduleError
 from ...ir.expr import Binary, Cast, Const, Expr, Select, TensorRead, Var, binary, cast, compare, const_int, select, substitute
 from ...ir.descriptor import MatrixDescriptor
 from ...ir.intrinsics import WARPGROUP_SIZE, lookup
-from ...ir.stmt import AsyncCopy, Buffer, For, FragmentRef, MatrixMultiply, SharedMatrix, Stmt, seq
+from ...ir.stmt import (
+    AsyncCopy,
+    Buffer,
+    For,
+    FragmentRef,
+    MatrixMultiply,
+    SharedMatrix,
+    Stmt,
+    WarpgroupCommit,
+    WarpgroupFence,
+    WarpgroupMatrixMultiply,
+    WarpgroupWait,
+    seq,
+)
 from ...ir.tensor import Tensor
 from ..schedule.tensorize import INTRINSICS
 from ..schedule.thread_partition import tile_copy
@@ -84,6 +97,33 @@ class TileStaging:
         k = step * 16
         return SharedMatrix(buf, base + (k // w) * (rows * w) + row0 * w + k % w, descriptor(w, "K"))
 
+    def wgmma_k_major(self, label: str, intrinsic: str, acc: Buffer, a: Buffer, a_row0: Expr, b: Buffer,
+                      b_stage: Expr, steps: int) -> Stmt:
+        """acc = A·Bᵀ over `steps` k16 steps of wgmma (scale-d false on the first: acc is
+        overwritten): A the blocked tile `a` (stage 0) from row `a_row0`, B the blocked tile `b` of
+        stage `b_stage`, both K-major (the rows of `b` are the n)."""
+        zero = Const(0, dt.int32)
+        return self.unrolled(label, steps, lambda kd: WarpgroupMatrixMultiply(
+            intrinsic, FragmentRef(acc, zero), self.operand(a, zero, a_row0, kd), self.operand(b, b_stage, zero, kd),
+            compare("!=", kd, zero)))
+
+    def wgmma_register_a(self, label: str, intrinsic: str, acc: Buffer, a: Buffer, b: Buffer, b_stage: Expr,
+                         steps: int) -> Stmt:
+        """acc += A·B over `steps` k16 steps of wgmma: A from registers (elements 8·k .. 8·k + 7 of
+        the fragment `a` at step k: the C-to-A identity, check_wgmma_relayout), B the blocked tile
+        `b` of stage `b_stage` MN-major (its rows are the k)."""
+        zero = Const(0, dt.int32)
+        return self.unrolled(label, steps, lambda kk: WarpgroupMatrixMultiply(
+            intrinsic, FragmentRef(acc, zero), FragmentRef(a, 8 * kk),
+            self.operand(b, b_stage, zero, kk, mn_major=True), Const(True, dt.bool_)))
+
+    @staticmethod
+    def wgmma_group(steps: list[Stmt], results: tuple[Buffer, ...]) -> Stmt:
+        """One wgmma group waited for at once: the fence (the accumulators' and register
+        operands' writes before the wgmmas read them), the steps, the commit, the wait that pins
+        `results`."""
+        return seq(WarpgroupFence(), *steps, WarpgroupCommit(), WarpgroupWait(0, results))
+
     @staticmethod
     def tile_width(buf: Buffer) -> int:
         """The columns of a staged tile: [stages][rows][width], or the Hopper form's blocked
@@ -138,7 +178,7 @@ def block_width(width: int) -> int:
 
 
 def descriptor(w: int, major: str, rows: int = 0) -> MatrixDescriptor:
-    """The descriptor of a blocked tile (_Kernel.blocked) with rows of w halves (16, 32 or 64:
+    """The descriptor of a blocked tile (TileStaging.blocked) with rows of w halves (16, 32 or 64:
     the 32B, 64B or 128B swizzle): K-major, 8-row groups 8·2w bytes apart (SBO; LBO unused);
     MN-major (V, `rows` keys per column block), k groups of 8 rows SBO = 8·2w bytes apart and
     column blocks LBO = rows·2w bytes apart."""

@@ -21,12 +21,10 @@ from types import SimpleNamespace
 
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
-from ...ir.expr import Const, Expr, TensorRead, Var, binary, cast, compare, const_int, size_product, substitute
+from ...ir.expr import Const, Expr, TensorRead, Var, binary, compare, const_int, size_product
 from ...ir.stmt import (
     Allocate,
-    AsyncCommit,
     AsyncWait,
-    Barrier,
     Buffer,
     BufferStore,
     For,
@@ -37,11 +35,12 @@ from ...ir.stmt import (
     Stmt,
     seq,
 )
+from ..schedule.ring import ring_fill, ring_step
 from ..schedule.tensorize import load_a_fragment, load_b_fragments
 from .key_tiles import kept_conditions, key_tile_bound
 from .mma_tiles import check_relayout, two_n8_tiles
-from .online_backward import BackwardChain, GradOutput
-from .online_backward_kernels import STAGES, WHERE, BackwardKernels, tile_key, unflatten, vanishes
+from .online_backward import BackwardChain
+from .online_backward_kernels import STAGES, WHERE, BackwardKernels, Tiles, tile_key, unflatten, vanishes
 from .online_contraction import MAX_GRID_Y
 
 
@@ -71,9 +70,8 @@ class QueryMajor(BackwardKernels):
         n_keys = self._key_blocks()
         stage = self.kt % STAGES
         step = seq(
-            *self._head(),
-            IfThenElse(compare("<", self.kt + 1, n_keys), self._copy_keys((self.kt + 1) % STAGES, self.kt + 1)),
-            AsyncCommit(),
+            *ring_step(STAGES - 1, self._publish(), self.kt + 1, n_keys, self._copy_keys((self.kt + 1) % STAGES,
+                                                                                         self.kt + 1)),
             self._contractions(stage),
             self._elementwise(stage),
             self._row_side(stage),
@@ -82,8 +80,7 @@ class QueryMajor(BackwardKernels):
             *(self.unrolled("acc_zero", o.columns // 2, lambda e, acc=self.accs[id(o.tensor)]:
                             BufferStore(acc, (e,), Const(0.0, dt.float32))) for o in self.outputs),
             self._copy_rows(),
-            IfThenElse(compare("<", zero, n_keys), self._copy_keys(zero, zero)),
-            AsyncCommit(),
+            *ring_fill(STAGES - 1, lambda _: IfThenElse(compare("<", zero, n_keys), self._copy_keys(zero, zero))),
             For(self.kt, zero, n_keys, "serial", step),
             AsyncWait(0),
             self._epilogue(),
@@ -122,8 +119,8 @@ class QueryMajor(BackwardKernels):
 
     def _buffers(self) -> None:
         chain, BM, BN = self.chain, self.BM, self.BN
-        self.row_tiles: dict[tuple[int, tuple[int, ...]], tuple[Buffer, TensorRead]] = {}
-        self.key_tiles: dict[tuple[int, tuple[int, ...]], tuple[Buffer, TensorRead]] = {}
+        self.row_tiles: Tiles = {}
+        self.key_tiles: Tiles = {}
         for c in chain.contractions:
             self._tile(self.row_tiles, c.row_operand, 1, BM, "row_tile")
             self._tile(self.key_tiles, c.key_operand, STAGES, BN, "key_tile")
@@ -144,10 +141,11 @@ class QueryMajor(BackwardKernels):
     def _tile_buffer(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
         return self.shared(label, read, stages, rows, width)
 
-    def _head(self) -> tuple[Stmt, ...]:
-        return AsyncWait(0), Barrier()
+    def _publish(self) -> list[Stmt]:
+        """What makes the ring's copies readable by the contractions before the barrier."""
+        return []
 
-    def _tile(self, table: dict[tuple[int, tuple[int, ...]], tuple[Buffer, TensorRead]], read: TensorRead,
+    def _tile(self, table: Tiles, read: TensorRead,
               stages: int, rows: int, label: str) -> None:
         width = const_int(read.tensor.shape[-1])
         if width is None or width % 16 or width > 128 or read.dtype != self.dtype:
@@ -249,21 +247,7 @@ class QueryMajor(BackwardKernels):
     def _epilogue(self) -> Stmt:
         """Each row-side output's element (query, column) through its epilogue, rows past the end
         not stored."""
-        chain = self.chain
-        out: list[Stmt] = []
-        for o in self.outputs:
-            acc = self.accs[id(o.tensor)]
-
-            def one(nt: Var, e: Var, o: GradOutput = o, acc: Buffer = acc) -> Stmt:
-                rr, cc = self.c_map(self.lane, e)
-                query = self.q0 + self.warp * 16 + rr
-                idx = tuple(substitute(i, {chain.query: query, chain.column: nt * 8 + cc}) for i in o.index)
-                st, val = self.lower.value(substitute(o.epilogue, {**dict(zip(o.axes, idx)), o.acc: acc[4 * nt + e]}))
-                return IfThenElse(compare("<", query, chain.rows[-1]),
-                                  seq(*st, BufferStore(self.buffers[o.tensor], idx, cast(val, o.tensor.dtype))))
-            out.append(self.unrolled("out_n", o.columns // 8, lambda nt, one=one: self.unrolled(
-                "out_e", 4, lambda e: one(nt, e))))
-        return seq(*out)
+        return self.fragment_outputs(self.outputs, self.chain.query, self.q0, self.chain.rows[-1])
 
 
 __all__ = ["QueryMajor"]

@@ -35,7 +35,7 @@ from ...ir.intrinsics import lookup
 from ...ir.stmt import Allocate, AsyncCopy, Buffer, BufferStore, For, IfThenElse, PrimFunc, Stmt, seq
 from ...ir.tensor import ComputeOp
 from ...ir.visitor import SubexpressionReplacer
-from ..lower import exprs_of, global_buffers, scalar_vars, signature
+from ..lower import kernel_params, signature
 from ..schedule.tensorize import INTRINSICS
 from .key_tiles import kept_conditions, whole_tile
 from .mma_tiles import LOG2E, TileStaging, fold_log2e
@@ -51,6 +51,10 @@ def tile_key(read: TensorRead) -> tuple[int, tuple[int, ...]]:
     return id(read.tensor), tuple(id(i) for i in read.indices[:-2])
 
 
+# the staged tiles of a kernel: tile_key -> (the shared buffer, the read it stages)
+Tiles = dict[tuple[int, tuple[int, ...]], tuple[Buffer, TensorRead]]
+
+
 def unflatten(flat: Expr, extents: tuple[Expr, ...]) -> tuple[Expr, ...]:
     """Row-major indices of `flat` over `extents` (the first index takes what is left)."""
     return head_indices(flat, extents) if extents else ()
@@ -60,6 +64,8 @@ class BackwardKernels(TileStaging):
     """A builder of the backward's kernels: `atomics` gives the row-side outputs (dQ) float32
     accumulators, added to by the key-block-major kernel and converted at the end; without it a
     query-major kernel computes them."""
+
+    accs: dict[int, Buffer]   # the kernel's output accumulators by id(output tensor): set by the kernel's _fragments
 
     def __init__(self, chain: BackwardChain, threads: int, atomics: bool, name: str | None,
                  like: "BackwardKernels | None" = None) -> None:
@@ -259,6 +265,27 @@ class BackwardKernels(TileStaging):
         self.whole = "tiles inside the extents and the mask (isl) without the per-element guard"
         return substitute(found, {qv: q0, kv: k0})
 
+    def fragment_outputs(self, outs: list[GradOutput], axis: Var, first: Expr, extent: Expr) -> Stmt:
+        """Each output's accumulator (`self.accs`: C fragments of 16 rows per warp) through the
+        output's epilogue (its cast) to global memory: element e of n8 tile nt at row first + the
+        warp's 16 + the fragment's row of `axis` (the keys or the queries), column nt·8 + the
+        fragment's column; rows at or past `extent` not stored."""
+        chain = self.chain
+        out: list[Stmt] = []
+        for o in outs:
+            acc = self.accs[id(o.tensor)]
+
+            def one(nt: Var, e: Var, o: GradOutput = o, acc: Buffer = acc) -> Stmt:
+                rr, cc = self.c_map(self.lane, e)
+                row = first + self.warp * 16 + rr
+                idx = tuple(substitute(i, {axis: row, chain.column: nt * 8 + cc}) for i in o.index)
+                st, val = self.lower.value(substitute(o.epilogue, {**dict(zip(o.axes, idx)), o.acc: acc[4 * nt + e]}))
+                return IfThenElse(compare("<", row, extent),
+                                  seq(*st, BufferStore(self.buffers[o.tensor], idx, cast(val, o.tensor.dtype))))
+            out.append(self.unrolled("out_n", o.columns // 8, lambda nt, one=one: self.unrolled(
+                "out_e", 4, lambda e: one(nt, e))))
+        return seq(*out)
+
     def _guarded(self, buf: Buffer, idx: tuple[Expr, ...], value: Expr, ok: Expr) -> Stmt:
         """buf[idx] = value where `ok`, else 0; a value that reads global memory (a bias, a mask)
         is evaluated only where `ok` (its reads are in bounds there)."""
@@ -270,11 +297,7 @@ class BackwardKernels(TileStaging):
 
     def _func(self, name: str, body: Stmt, what: str) -> PrimFunc:
         chain = self.chain
-        prog = chain.program
-        used = global_buffers(body)
-        body_vars = scalar_vars(exprs_of(body) + [s for b in used for s in b.shape + (b.strides or ())])
-        params = tuple(self.buffers[a] for a in prog.args if self.buffers[a] in used) + \
-            tuple(t for t in self.temps if t in used) + tuple(v for v in self.sig.scalars if v in body_vars)
+        params = kernel_params(body, [self.buffers[a] for a in chain.program.args], self.temps, self.sig.scalars)
         attrs: tuple[tuple[str, object], ...] = (("online_backward", tuple(o.tensor.name for o in chain.outputs)),
                                                  ("tensorize", what))
         return PrimFunc(name, params, body, attrs)
@@ -301,4 +324,4 @@ def vanishes(w: Expr, p: Expr) -> bool:
 
 
 
-__all__ = ["BackwardKernels", "STAGES", "WHERE", "tile_key", "unflatten", "vanishes"]
+__all__ = ["BackwardKernels", "STAGES", "Tiles", "WHERE", "tile_key", "unflatten", "vanishes"]

@@ -25,7 +25,6 @@ from ...ir.expr import (
 )
 from ...ir.stmt import (
     Allocate,
-    AsyncCommit,
     AsyncWait,
     Barrier,
     Buffer,
@@ -39,12 +38,13 @@ from ...ir.stmt import (
     Stmt,
     seq,
 )
+from ..schedule.ring import ring_fill, ring_step
 from ..schedule.tensorize import load_a_fragment, load_b_fragments
 from ..schedule.tile_staging import row_swizzle
 from .key_tiles import kept_conditions, query_block_start
 from .mma_tiles import check_relayout, two_n8_tiles
-from .online_backward import BackwardChain, GradOutput
-from .online_backward_kernels import STAGES, WHERE, BackwardKernels, tile_key, unflatten, vanishes
+from .online_backward import BackwardChain
+from .online_backward_kernels import STAGES, WHERE, BackwardKernels, Tiles, tile_key, unflatten, vanishes
 from .online_contraction import MAX_GRID_Y
 
 
@@ -86,10 +86,8 @@ class KeyMajor(BackwardKernels):
         stage = self.it % STAGES
         self.q0 = Var(self.unique("query0"), dt.int32)
         step_body = seq(
-            *self._head(),
-            IfThenElse(compare("<", self.it + 1, n_steps),
+            *ring_step(STAGES - 1, self._publish(), self.it + 1, n_steps,
                        self._copy_rows((self.it + 1) % STAGES, nxt, q0_next)),
-            AsyncCommit(),
             self._contractions(stage),
             self._elementwise(stage),
             self._key_side(stage),
@@ -102,8 +100,8 @@ class KeyMajor(BackwardKernels):
         body = seq(
             self._init(),
             self._copy_keys(),
-            IfThenElse(compare("<", zero, n_steps), self._copy_rows(zero, start, first * BM)),
-            AsyncCommit(),
+            *ring_fill(STAGES - 1, lambda _: IfThenElse(compare("<", zero, n_steps),
+                                                        self._copy_rows(zero, start, first * BM))),
             For(self.it, zero, n_steps, "serial", step_body),
             AsyncWait(0),
             self._epilogue(),
@@ -144,8 +142,8 @@ class KeyMajor(BackwardKernels):
         """Shared tiles: the key operands once, the row operands and row statistics per query block
         (a ring), the row-side weights' [BN][BM] tile; fragments and accumulators."""
         chain, BN, BM = self.chain, self.BN, self.BM
-        self.key_tiles: dict[tuple[int, tuple[int, ...]], tuple[Buffer, TensorRead]] = {}
-        self.row_tiles: dict[tuple[int, tuple[int, ...]], tuple[Buffer, TensorRead]] = {}
+        self.key_tiles: Tiles = {}
+        self.row_tiles: Tiles = {}
 
         def whole(read: TensorRead, width: int, what: str) -> int:
             n = const_int(read.tensor.shape[-1])
@@ -197,10 +195,11 @@ class KeyMajor(BackwardKernels):
         self.dq_frag = self.frag("row_frag", intr, "c", self.NQ // 2) if self.row_side else None
         check_relayout(intr, intr, WHERE)
 
-    def _head(self) -> tuple[Stmt, ...]:
-        """The loop head: the query block's tiles landed for every thread, every warp done with
-        the last iteration's (its stage is refilled next)."""
-        return AsyncWait(0), Barrier()
+    def _publish(self) -> list[Stmt]:
+        """What makes the ring's copies readable by the contractions before the barrier of the
+        loop head (ring.ring_step: the query block's tiles landed for every thread, every warp
+        done with the last iteration's, whose stage is refilled next)."""
+        return []
 
     def _allocations(self) -> list[Buffer]:
         out = [b for b, _ in self.key_tiles.values()] + [b for b, _ in self.row_tiles.values()]
@@ -378,22 +377,7 @@ class KeyMajor(BackwardKernels):
         """The key-side outputs: element (key, column) of each accumulator through the output's
         epilogue (its cast), keys past the end not stored."""
         chain = self.chain
-        out: list[Stmt] = []
-        for o in chain.of_kind("key"):
-            acc = self.accs[id(o.tensor)]
-
-            def one(nt: Var, e: Var, o: GradOutput = o, acc: Buffer = acc) -> Stmt:
-                rr, cc = self.c_map(self.lane, e)
-                key = self.kb * self.BN + self.warp * 16 + rr
-                column = nt * 8 + cc
-                idx = tuple(substitute(i, {chain.key: key, chain.column: column}) for i in o.index)
-                value = substitute(o.epilogue, {**dict(zip(o.axes, idx)), o.acc: acc[4 * nt + e]})
-                st, val = self.lower.value(value)
-                return IfThenElse(compare("<", key, chain.keys),
-                                  seq(*st, BufferStore(self.buffers[o.tensor], idx, cast(val, o.tensor.dtype))))
-            out.append(self.unrolled("out_n", o.columns // 8, lambda nt, one=one: self.unrolled(
-                "out_e", 4, lambda e: one(nt, e))))
-        return seq(*out)
+        return self.fragment_outputs(chain.of_kind("key"), chain.key, self.kb * self.BN, chain.keys)
 
 
 __all__ = ["KeyMajor"]

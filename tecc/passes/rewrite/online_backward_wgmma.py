@@ -31,7 +31,6 @@ from ...ir.expr import Const, Expr, TensorRead, Var, atomic_add, compare, substi
 from ...ir.intrinsics import WARPGROUP_SIZE, WGMMA_N
 from ...ir.stmt import (
     AsyncProxyFence,
-    AsyncWait,
     Barrier,
     Buffer,
     Evaluate,
@@ -47,9 +46,9 @@ from ...ir.stmt import (
 )
 from ..schedule.tensorize_wgmma import wgmma_intrinsic
 from .mma_tiles import block_width, check_wgmma_relayout, descriptor
-from .online_backward import BackwardChain
+from .online_backward import BackwardChain, GradOutput
 from .online_backward_dq import QueryMajor
-from .online_backward_kernels import WHERE, BackwardKernels, tile_key
+from .online_backward_kernels import WHERE, BackwardKernels, Tiles, tile_key
 from .online_backward_key_major import KeyMajor
 
 
@@ -112,25 +111,14 @@ class KeyMajorWgmma(KeyMajor):
         out += [*self.c_frags.values(), *self.w_frags.values(), *self.accs.values(), *self.dq_frags.values()]
         return out + list(self.lower.allocs)
 
-    def _head(self) -> tuple[Stmt, ...]:
+    def _publish(self) -> list[Stmt]:
         """cp.async writes through the generic proxy: the fence makes them visible to wgmma."""
-        return AsyncWait(0), AsyncProxyFence(), Barrier()
+        return [AsyncProxyFence()]
 
     def _contractions(self, stage: Expr) -> Stmt:
         """Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ: the warpgroup's 64 key rows (K-major A) by the row tile (K-major
         B), scale-d false on the first k16 step; then waited for."""
-        zero = Const(0, dt.int32)
-        out: list[Stmt] = [WarpgroupFence()]
-        for c in self.chain.contractions:
-            frag = self.c_frags[id(c.node)]
-            key_tile = self.key_tiles[tile_key(c.key_operand)][0]
-            row_tile = self.row_tiles[tile_key(c.row_operand)][0]
-            out.append(self.unrolled("depth_step", c.depth // 16, lambda kd, frag=frag, kt=key_tile, rt=row_tile:
-                                     WarpgroupMatrixMultiply(self.qk, FragmentRef(frag, zero),
-                                                             self.operand(kt, zero, self.warpgroup * 64, kd),
-                                                             self.operand(rt, stage, zero, kd), compare("!=", kd, zero))))
-        out += [WarpgroupCommit(), WarpgroupWait(0, tuple(self.c_frags.values()))]
-        return seq(*out)
+        return row_key_contractions(self, stage, keys_first=True)
 
     def _key_side(self, stage: Expr) -> Stmt:
         """acc[64 keys x C] += wᵀ·X: A = the weights from registers (k16 step kk of the queries),
@@ -138,18 +126,7 @@ class KeyMajorWgmma(KeyMajor):
         outs = self.chain.of_kind("key")
         if not outs:
             return seq()
-        zero = Const(0, dt.int32)
-        out: list[Stmt] = [WarpgroupFence()]
-        for o in outs:
-            assert o.operand is not None
-            tile = self.row_tiles[tile_key(o.operand)][0]
-            acc, w, row = self.accs[id(o.tensor)], self.w_frags[id(o.tensor)], self.pv[id(o.tensor)]
-            out.append(self.unrolled("query_step", self.BM // 16, lambda kk, tile=tile, acc=acc, w=w, row=row:
-                                     WarpgroupMatrixMultiply(row, FragmentRef(acc, zero), FragmentRef(w, 8 * kk),
-                                                             self.operand(tile, stage, zero, kk, mn_major=True),
-                                                             Const(True, dt.bool_))))
-        out += [WarpgroupCommit(), WarpgroupWait(0, tuple(self.accs.values()))]
-        return seq(*out)
+        return register_a_outputs(self, stage, outs, self.row_tiles, "query_step", self.BM)
 
     def _row_side(self) -> Stmt:
         """dQ_part[64 queries x d] = dS·K over the warpgroup's 64 keys per 64 queries: A = dS's tile
@@ -222,8 +199,8 @@ class QueryMajorWgmma(QueryMajor):
     def _tile_buffer(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
         return self.blocked(label, read, stages, rows, width)
 
-    def _head(self) -> tuple[Stmt, ...]:
-        return AsyncWait(0), AsyncProxyFence(), Barrier()
+    def _publish(self) -> list[Stmt]:
+        return [AsyncProxyFence()]
 
     def _fragments(self) -> None:
         BN = self.BN
@@ -244,32 +221,43 @@ class QueryMajorWgmma(QueryMajor):
         return out + list(self.lower.allocs)
 
     def _contractions(self, stage: Expr) -> Stmt:
-        zero = Const(0, dt.int32)
-        out: list[Stmt] = [WarpgroupFence()]
-        for c in self.chain.contractions:
-            frag = self.c_frags[id(c.node)]
-            row_tile = self.row_tiles[tile_key(c.row_operand)][0]
-            key_tile = self.key_tiles[tile_key(c.key_operand)][0]
-            out.append(self.unrolled("depth_step", c.depth // 16, lambda kd, frag=frag, rt=row_tile, kt=key_tile:
-                                     WarpgroupMatrixMultiply(self.qk, FragmentRef(frag, zero),
-                                                             self.operand(rt, zero, self.warpgroup * 64, kd),
-                                                             self.operand(kt, stage, zero, kd), compare("!=", kd, zero))))
-        out += [WarpgroupCommit(), WarpgroupWait(0, tuple(self.c_frags.values()))]
-        return seq(*out)
+        """S = Q·Kᵀ, dP = dO·Vᵀ: the warpgroup's 64 rows of the row tile (K-major A) by the key
+        tile (K-major B); then waited for."""
+        return row_key_contractions(self, stage, keys_first=False)
 
     def _row_side(self, stage: Expr) -> Stmt:
-        zero = Const(0, dt.int32)
-        out: list[Stmt] = [WarpgroupFence()]
-        for o in self.outputs:
-            assert o.operand is not None
-            tile = self.key_tiles[tile_key(o.operand)][0]
-            acc, w, row = self.accs[id(o.tensor)], self.w_frags[id(o.tensor)], self.pv[id(o.tensor)]
-            out.append(self.unrolled("key_step", self.BN // 16, lambda kk, tile=tile, acc=acc, w=w, row=row:
-                                     WarpgroupMatrixMultiply(row, FragmentRef(acc, zero), FragmentRef(w, 8 * kk),
-                                                             self.operand(tile, stage, zero, kk, mn_major=True),
-                                                             Const(True, dt.bool_))))
-        out += [WarpgroupCommit(), WarpgroupWait(0, tuple(self.accs.values()))]
-        return seq(*out)
+        """acc[64 queries x C] += w·Y: A = the weights from registers (k16 step kk of the keys),
+        B = Y's key tile MN-major (k = the keys)."""
+        return register_a_outputs(self, stage, self.outputs, self.key_tiles, "key_step", self.BN)
+
+
+def row_key_contractions(kernel: KeyMajorWgmma | QueryMajorWgmma, stage: Expr, keys_first: bool) -> Stmt:
+    """Each row-key contraction of the chain into its accumulator as one wgmma group, waited for:
+    A = the staged tile (stage 0, K-major) of its key operand (`keys_first`: the key-block-major
+    kernel's Sᵀ) or its row operand at the warpgroup's 64 rows, B = the other operand's tile of
+    ring stage `stage` (K-major); scale-d false on the first k16 step."""
+    steps = []
+    for c in kernel.chain.contractions:
+        key_tile = kernel.key_tiles[tile_key(c.key_operand)][0]
+        row_tile = kernel.row_tiles[tile_key(c.row_operand)][0]
+        a, b = (key_tile, row_tile) if keys_first else (row_tile, key_tile)
+        steps.append(kernel.wgmma_k_major("depth_step", kernel.qk, kernel.c_frags[id(c.node)], a, kernel.warpgroup * 64,
+                                          b, stage, c.depth // 16))
+    return kernel.wgmma_group(steps, tuple(kernel.c_frags.values()))
+
+
+def register_a_outputs(kernel: KeyMajorWgmma | QueryMajorWgmma, stage: Expr, outs: list[GradOutput], tiles: Tiles,
+                       label: str, k: int) -> Stmt:
+    """acc += w·X for each output of `outs` as one wgmma group, waited for: A = its weights from
+    registers, B = its operand's tile in `tiles` of ring stage `stage` MN-major, over `k` (the
+    queries or the keys) in k16 steps."""
+    steps = []
+    for o in outs:
+        assert o.operand is not None
+        key = id(o.tensor)
+        steps.append(kernel.wgmma_register_a(label, kernel.pv[key], kernel.accs[key], kernel.w_frags[key],
+                                             tiles[tile_key(o.operand)][0], stage, k // 16))
+    return kernel.wgmma_group(steps, tuple(kernel.accs.values()))
 
 
 __all__ = ["KeyMajorWgmma", "QueryMajorWgmma"]

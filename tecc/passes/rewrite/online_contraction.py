@@ -83,34 +83,17 @@ from ...ir.stmt import (
 )
 from ...ir.tensor import Tensor
 from ...ir.visitor import ExprMutator, SubexpressionReplacer
-from ..lower import COMBINE, Program, collect_program, exprs_of, global_buffers, scalar_vars, signature
+from ..lower import COMBINE, Program, Signature, collect_program, kernel_params, signature
 from ..names import identifier
 from .online_stats import rescale
 
 
 @dataclass
-class OnlineChain:
-    """A recognised chain, in canonical variables: `row` (m's axes), `key` (j) and `column` (c).
-    `m_value` / `l_value` stand for the statistics' row values inside the expressions."""
+class OnlineChain(ChainParts):
+    """A recognised chain (tecc.ir.online_chain.ChainParts: its parts in canonical variables) and
+    the program it was found in, whose buffers and names the kernels take."""
 
     program: Program
-    rows: tuple[Expr, ...]
-    keys: Expr
-    row: tuple[Var, ...]
-    key: Var
-    column: Var
-    m: Tensor
-    l: Tensor
-    m_value: Var
-    l_value: Var
-    score: Expr                 # s(row, key), reads of inputs as TensorRead
-    weight: Expr                # exp(s - m_value): the summand of l
-    contraction: Reduce         # the output's Σ_j weight·v (its axis, acc type)
-    value: Expr                 # v(row, key, column)
-    output: Tensor              # the output of shape rows + (C,)
-    output_body: Expr           # g, with the contraction as a Reduce node and column free
-    columns: Expr
-    row_outputs: tuple[tuple[Tensor, Expr], ...]  # outputs of shape rows (m, l, log-sum-exp ..)
 
 
 def online_chain(args: Sequence[Tensor]) -> OnlineChain:
@@ -119,7 +102,7 @@ def online_chain(args: Sequence[Tensor]) -> OnlineChain:
     prog = collect_program(args)
     outputs = {id(a) for a in args if not a.is_placeholder}
     parts = find_chain(prog.order, outputs)
-    return OnlineChain(prog, **{f.name: getattr(parts, f.name) for f in fields(ChainParts)})
+    return OnlineChain(program=prog, **{f.name: getattr(parts, f.name) for f in fields(ChainParts)})
 
 
 # gridDim.y is at most 65535 (CUDA C++ Programming Guide, "Technical Specifications")
@@ -180,16 +163,9 @@ def online_contraction(args: Sequence[Tensor], threads: int = 32, rows_per_block
     """The module of ONE kernel computing the chain `args` (module docstring): `rows_per_block`
     rows per block, `threads` lanes per row (a tile of `threads` keys per step)."""
     chain = online_chain(args)
-    if threads % 32 or threads <= 0 or rows_per_block < 1 or threads * rows_per_block > 1024:
-        raise ScheduleError(f"online_contraction: threads={threads} must be a multiple of 32 and threads·"
-                            f"rows_per_block={threads * rows_per_block} at most 1024")
-    c_const = const_int(chain.columns)
-    if c_const is None:
-        raise ScheduleError(f"online_contraction: the output's column extent {chain.columns} must be a constant "
-                            "(each lane keeps its columns' partial sums in registers)")
-    prog = chain.program
-    sig = signature(prog)
-    buffers, scalars, unique = sig.buffers, sig.scalars, sig.unique
+    c_const = _checked_columns(chain, threads, rows_per_block)
+    sig = signature(chain.program)
+    buffers, unique = sig.buffers, sig.unique
     T, BR = threads, rows_per_block
     K = -(-c_const // T)
     zero = Const(0, dt.int32)
@@ -296,15 +272,32 @@ def online_contraction(args: Sequence[Tensor], threads: int = 32, rows_per_block
     if heads:
         body = For(by, 0, n_heads, "blockIdx.y", body)
 
-    used = global_buffers(body)
-    body_vars = scalar_vars(exprs_of(body) + [s for u in used for s in u.shape + (u.strides or ())])
-    params = tuple(buffers[a] for a in prog.args if buffers[a] in used) + tuple(v for v in scalars if v in body_vars)
-    kname = unique(f"{chain.output.name}_online_kernel")
+    return _one_kernel_module(chain, sig, body, name)
+
+
+def _checked_columns(chain: OnlineChain, threads: int, rows_per_block: int) -> int:
+    """The output's constant column extent, or ScheduleError when the block shape or the columns
+    do not fit the SIMT kernel."""
+    if threads % 32 or threads <= 0 or rows_per_block < 1 or threads * rows_per_block > 1024:
+        raise ScheduleError(f"online_contraction: threads={threads} must be a multiple of 32 and threads·"
+                            f"rows_per_block={threads * rows_per_block} at most 1024")
+    c_const = const_int(chain.columns)
+    if c_const is None:
+        raise ScheduleError(f"online_contraction: the output's column extent {chain.columns} must be a constant "
+                            "(each lane keeps its columns' partial sums in registers)")
+    return c_const
+
+
+def _one_kernel_module(chain: OnlineChain, sig: Signature, body: Stmt, name: str | None) -> Module:
+    """The module of the one kernel whose body is `body`, its parameters those it uses."""
+    prog = chain.program
+    params = kernel_params(body, [sig.buffers[a] for a in prog.args], (), sig.scalars)
+    kname = sig.unique(f"{chain.output.name}_online_kernel")
     mname = identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
     attrs: tuple[tuple[str, object], ...] = (
         ("online_contraction", (chain.m.name, chain.l.name, chain.output.name)),)
     kernel = PrimFunc(kname, params, body, attrs)
-    module_params = tuple(buffers[a] for a in prog.args) + tuple(scalars)
+    module_params = tuple(sig.buffers[a] for a in prog.args) + tuple(sig.scalars)
     return Module(mname, module_params, (kernel,), (KernelCall(kname, params),), ())
 
 

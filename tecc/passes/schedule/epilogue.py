@@ -25,6 +25,8 @@ activations, residuals, scales and the cast to the output dtype fuse as written.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from ...ir.errors import ScheduleError
 from ...ir.expr import BufferLoad, Const, Expr, Var, const_int, substitute
 from ...ir.intrinsics import WARPGROUP_SIZE
@@ -62,6 +64,18 @@ class AccumulatorReplacer(ExprMutator):
         if e.buffer is self.acc:
             return self.value
         return self.generic_visit(e)
+
+
+def paired_columns(c_map: Callable[[Any, Any], tuple[Any, Any]], lanes: int, elements: int) -> bool:
+    """Whether an accumulator layout map keeps elements 2j, 2j + 1 of every lane at (row, col),
+    (row, col + 1) with col even (mma.sync's C and wgmma's D fragments do: PTX ISA, "Matrix
+    fragments"), so one 2-element store writes both (a 4-byte store of 16-bit outputs)."""
+    for lane in range(lanes):
+        for j in range(elements // 2):
+            (r0, c0), (r1, c1) = c_map(lane, 2 * j), c_map(lane, 2 * j + 1)
+            if r0 != r1 or c1 != c0 + 1 or c0 % 2:
+                return False
+    return True
 
 
 def tma_store_refusal(c: Contraction) -> str | None:
@@ -174,12 +188,7 @@ class KernelEpilogue(TileStaging):
         inner = const_int(self.c.cols[-1][1])
         if inner is None or inner % 2:
             return False
-        for lane in range(lanes):
-            for j in range(elements // 2):
-                (r0, c0), (r1, c1) = self.c_map(lane, 2 * j), self.c_map(lane, 2 * j + 1)
-                if r0 != r1 or c1 != c0 + 1 or c0 % 2:
-                    return False
-        return True
+        return paired_columns(self.c_map, lanes, elements)
 
     def output_values(self, row: Expr, column: Expr) -> dict[Var, Expr]:
         """The loop axes' values at output (row, column) of the block: the batch axes of the block,
@@ -337,4 +346,4 @@ class KernelEpilogue(TileStaging):
             IfThenElse(thread == 0, copies()))
 
 
-__all__ = ["AccumulatorReplacer", "KernelEpilogue", "tma_store_refusal"]
+__all__ = ["AccumulatorReplacer", "KernelEpilogue", "paired_columns", "tma_store_refusal"]

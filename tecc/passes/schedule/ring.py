@@ -37,7 +37,7 @@ completes (wgmma's register X) alternates two register sets: two k tiles per tri
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from ...ir import dtype as dt
 from ...ir.expr import Const, Expr, Var, const_int
@@ -67,6 +67,36 @@ from .tile_kernel import TileSchedule, int32, int32_shape
 
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = {2: 232}   # consumer warpgroups -> setmaxnreg.inc target (tma.py, "roles")
+
+
+def ring_fill(tiles: int, load: Callable[[int], Stmt | None]) -> list[Stmt]:
+    """The fill of a cp.async ring before its loop: tile s's copies (`load(s)`, which guards a
+    tile that may be past the end, or is None for one known to be) and a commit, for s <
+    `tiles`: one commit group per tile even when it is empty, so that the loop's wait counts stay
+    uniform. The GEMM's rings (`Pipeline.ring_prologue`) and the attention kernel's K/V ring
+    (passes/rewrite/online_mma_loop.py) fill this way."""
+    out: list[Stmt] = []
+    for s in range(tiles):
+        load_s = load(s)
+        if load_s is not None:
+            out.append(load_s)
+        out.append(AsyncCommit())
+    return out
+
+
+def ring_step(lookahead: int, publish: Sequence[Stmt], ahead: Expr, tiles: Expr, refill: Stmt,
+              guarded: bool = True) -> list[Stmt]:
+    """The head of iteration kt of a cp.async ring that keeps `lookahead` tiles ahead of the one
+    computed, one commit group per tile: wait until tile kt has landed (at most lookahead - 1
+    later groups in flight), `publish` (what must precede the barrier: wgmma reads through the
+    async proxy, so a proxy fence), the barrier (every thread's copies of tile kt are visible;
+    every warp is done with the stage tile `ahead` refills, computed lookahead iterations ago),
+    the refill when `ahead` < `tiles` (always, not `guarded`: copies that zero-fill past the end),
+    and its commit (a group even when empty). The compute of tile kt follows. The GEMM's ring
+    (`Pipeline.copy_ring`) and the attention kernels' rings (passes/rewrite/online_mma_loop.py,
+    the backward's) are this loop."""
+    return [AsyncWait(max(lookahead - 1, 0)), *publish, Barrier(),
+            IfThenElse(ahead < tiles, refill) if guarded else refill, AsyncCommit()]
 
 
 class Pipeline(SplitReduction):
@@ -201,16 +231,14 @@ class Pipeline(SplitReduction):
         number, one commit group per tile even when K has fewer (a tile past a known K is not
         loaded; with a symbolic K each load is guarded), so the loop's wait counts stay uniform."""
         known = const_int(self.k_tiles)
-        prologue: list[Stmt] = []
-        for s in range(tiles):
+
+        def load(s: int) -> Stmt | None:
+            # built even when not kept: the copy loops' names count every load built
             issue, finish = self.load_stage(Const(s, dt.int32), Const(s, dt.int32))
-            load = seq(issue, finish)
             if known is None:
-                prologue.append(IfThenElse(Const(s, dt.int32) < self.k_tiles, load))
-            elif s < known:
-                prologue.append(load)
-            prologue.append(AsyncCommit())
-        return prologue
+                return IfThenElse(Const(s, dt.int32) < self.k_tiles, seq(issue, finish))
+            return seq(issue, finish) if s < known else None
+        return ring_fill(tiles, load)
 
     def copy_ring(self) -> Stmt:
         """The cp.async ring (module docstring)."""
@@ -224,11 +252,7 @@ class Pipeline(SplitReduction):
             issue, finish = self.load_stage(ahead % t.stages, ahead)
             stage = kt % t.stages
             return seq(
-                AsyncWait(max(lookahead - 1, 0)),   # tile kt has landed (one group per tile)
-                *self.publish(),
-                Barrier(),          # every thread's tile kt is visible; every warp is done with the refilled stage
-                IfThenElse(ahead < self.k_tiles, issue),
-                AsyncCommit(),      # possibly empty, so the group count per iteration is fixed
+                *ring_step(lookahead, self.publish(), ahead, self.k_tiles, issue),
                 self.compute_tile(stage, registers, self.in_flight()),
                 # element loads land in the refilled stage (free since the barrier) after the compute
                 IfThenElse(ahead < self.k_tiles, finish) if finish is not None else None,
@@ -377,4 +401,4 @@ class Pipeline(SplitReduction):
         return seq(init, Barrier(), IfThenElse(producer, producer_role, consumer_role))
 
 
-__all__ = ["CONSUMER_REGISTERS", "PRODUCER_REGISTERS", "Pipeline"]
+__all__ = ["CONSUMER_REGISTERS", "PRODUCER_REGISTERS", "Pipeline", "ring_fill", "ring_step"]

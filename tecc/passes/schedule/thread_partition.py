@@ -1,6 +1,6 @@
 """How a tile is divided among a block's threads for a cooperative copy: written once, for the
-cp.async rings of tensorized kernels (tile_staging.py), the attention kernel's K/V tiles
-(passes/rewrite/online_contraction_mma.py) and cache_read's shared staging (cache_read.py).
+cp.async rings of tensorized kernels (tile_staging.py), the attention kernels' Q, K and V tiles
+(passes/rewrite/mma_tiles.py's TileStaging.copy_tile) and cache_read's shared staging (cache_read.py).
 
 A tile of (e0, e1, ..) chunks -- a chunk is what one instruction moves: 16 bytes for cp.async,
 a float4, one element -- is numbered in row-major chunk order. Chunk q sits at coordinates

@@ -52,6 +52,13 @@ def ceil_div(a: Expr, b: int) -> Expr:
     return (a + (b - 1)) // b
 
 
+def persistent_trips(units: Expr, block: Expr, blocks: int) -> Expr:
+    """The work units block `block` of a persistent grid of `blocks` blocks takes when block p
+    runs units p, p + P, p + 2P, ..: ⌈(units - p) / P⌉ (the GEMM's output tiles, `for_each_tile`;
+    the attention kernel's (query block, head) items, passes/rewrite/online_mma_loop.py)."""
+    return ceil_div(units - block, blocks)
+
+
 def plus(index: Expr, offset: Expr | int) -> Expr:
     """index + offset, left as it is for the constant offset 0 (the first fragment set)."""
     if isinstance(offset, int) and offset == 0:
@@ -330,8 +337,8 @@ class TileKernel:
             bound = LetStmt(self.bz, tile // per_batch, bound)
         if t.splits > 1:
             bound = LetStmt(self.split, unit % t.splits, bound)
-        count = (self.work_units() - self.block_id + (t.persistent - 1)) // t.persistent
-        return For(self.tile_iter, int32(0), count, "serial", bound)
+        return For(self.tile_iter, int32(0), persistent_trips(self.work_units(), self.block_id, t.persistent), "serial",
+                   bound)
 
     def ring_index(self, kt: Expr) -> Expr:
         """The ring's running k-tile count: k tiles of earlier tiles of this block, then kt."""
@@ -339,4 +346,4 @@ class TileKernel:
 
 
 __all__ = ["EPILOGUES", "GROUP_M", "LAYOUTS", "PRODUCERS", "BlockTile", "TileKernel", "TileSchedule", "ceil_div",
-           "grouped_tile", "int32", "int32_shape", "plus", "unrolled_loop"]
+           "grouped_tile", "int32", "int32_shape", "persistent_trips", "plus", "unrolled_loop"]
