@@ -78,11 +78,12 @@ def test_split_k_matches_numpy(what: str, steps: dict[str, Any], splits: int, m:
 def test_split_k_of_tf32_wgmma_in_its_transposed_form(producer: str) -> None:
     """float32 C = A·B with B n-contiguous: the tf32 wgmma kernel computes Cᵀ = Bᵀ·Aᵀ with B's
     tile from registers (tensorize_wgmma.py, "tf32"); the partials are its accumulators, Cᵀ's,
-    and the epilogue stores them transposed after the sum. 23 k tiles of 32 floats in 3 parts."""
+    and the epilogue stores them transposed after the sum. 23 k tiles of 32 floats in 3 parts
+    (A's rows of 732 floats: a multiple of 16 bytes, as a tensor map's stride must be)."""
     from test_tf32 import contraction as tf32_contraction
     from test_tf32 import tf32_bound
 
-    m, n, k = 100, 136, 730
+    m, n, k = 100, 136, 732
     tensors = tf32_contraction(m, n, k)
     sch = schedule_tensor_core(Schedule(tensors), splits=3, intrinsic="wgmma.tf32", block=(64, 64), warps=(4, 1),
                                k_tile=32, stages=3, producer=producer)
@@ -101,7 +102,7 @@ def test_split_k_of_tf32_wgmma_in_its_transposed_form(producer: str) -> None:
 def test_batched_split_k_with_a_fused_bias_and_relu(steps: dict[str, Any], splits: int) -> None:
     """Three batches, each output tile's parts on blockIdx.z (or consecutive persistent work
     units); the epilogue (bias, relu, the cast) runs once, in the last part, on the summed tile."""
-    b, m, n, k = 3, 80, 72, 450
+    b, m, n, k = 3, 80, 72, 456   # A's rows of 912 bytes: TMA strides are multiples of 16 bytes
 
     def bias_relu(x: Any, bias: Any) -> Any:
         return tc.maximum(x + bias, tc.const(0, "float16"))
@@ -115,10 +116,10 @@ def test_split_k_with_a_symbolic_row_count(steps: dict[str, Any]) -> None:
     """The partials and counters are sized by M at launch; a call with more rows grows them (the
     counters zeroed again), one with fewer keeps their zero prefix."""
     M = tc.var("M")
-    tensors, how = contraction(M, 72, 500, "float16")
+    tensors, how = contraction(M, 72, 504, "float16")   # rows of 1008 bytes: TMA strides are multiples of 16
     sch = schedule_tensor_core(Schedule(tensors), splits=2, **steps)
     for m in (50, 200, 70):
-        _, arrays = run(tensors, how, m, 72, 500, seed=m, plan=sch.plan, sizes={"M": 256})
+        _, arrays = run(tensors, how, m, 72, 504, seed=m, plan=sch.plan, sizes={"M": 256})
         check(arrays, how, f"split-K 2, M = {m}")
 
 
