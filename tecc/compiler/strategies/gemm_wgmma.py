@@ -107,7 +107,9 @@ from .gemm_split import (
     split_of,
     split_parts,
     split_registers,
+    split_sum_cycles,
     split_traffic,
+    wgmma_sum_in_flight,
 )
 from .registry import Point, Strategy, register
 
@@ -145,6 +147,7 @@ REGISTER_EPILOGUE_BYTES_PER_CYCLE = 8.0
 TMA_STORE_SYNC_CYCLES = 200.0
 PRODUCER_THREADS = 128
 TMA_LAUNCH_REGISTERS = 168   # 65536 / 384 rounded down to 8: two consumer warpgroups and the producer
+TMA_CONSUMER_REGISTERS = 232  # what setmaxnreg.inc gives each consumer thread of that block
 
 
 def load_of(point: Point) -> str:
@@ -283,6 +286,21 @@ def tma_registers(bm: int, bn: int, point: Point | None = None, groups: int = 0)
     return parts
 
 
+def split_sum(target: Target, point: Point, groups: int = 0) -> float:
+    """Cycles the last part of a split point's output tile spends summing the partials
+    (gemm_split.split_sum_cycles): a consumer thread's accumulators, and the loads in flight the
+    registers leave -- setmaxnreg's TMA_CONSUMER_REGISTERS with two consumer warpgroups, else
+    the target's per-thread limit, less the TMA-store epilogue's staging addresses (BN / 4,
+    hoisted by ptxas: tma_registers)."""
+    bm, bn = int(point["bm"]), int(point["bn"])
+    groups = groups or bm // 64
+    accumulators = bm * bn // (64 * groups) // 2
+    budget = (TMA_CONSUMER_REGISTERS if load_of(point) == "tma" and groups == 2
+              else target.max_registers_per_thread)
+    staging = bn // 4 if epilogue_of(point) == "tma" else 0
+    return split_sum_cycles(point, accumulators, wgmma_sum_in_flight(point, accumulators, budget, staging))
+
+
 def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: int,
                    registers: int, out_itemsize: int = 2, tiles: int = 0, k_tile: int = K_TILE,
                    groups: int = 0, extra_smem: int = 0) -> tuple[float, int, float]:
@@ -322,7 +340,8 @@ def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_til
     per_block = -(-max(tiles, 1) // max(blocks, 1)) if persistent else 0   # the busiest block's tiles (work units)
     if split_of(point) > 1:
         fill = 0.0 if persistent else LOADED_LATENCY_CYCLES
-        return split_chain(point, main, per_tile, once, base, fill, per_block), resident, idle
+        reduce = split_sum(target, point, groups)
+        return split_chain(point, main, per_tile, once, base, fill, per_block, reduce), resident, idle
     round_ = main + (per_tile - base) * share
     return (per_block * round_ + once * share if persistent else round_), resident, idle
 
@@ -460,7 +479,7 @@ class GemmWgmma(Strategy):
             if epilogue_of(point) == "registers" and tma_store_refusal_for(info) is not None:
                 notes.append(f"no TMA-store epilogue: {tma_store_refusal_for(info)}")
         if splits > 1:
-            notes.append(split_note(point, tiles, k_tiles, split_l2))
+            notes.append(split_note(point, tiles, k_tiles, split_l2, split_sum(target, point, groups)))
         if persistent:
             units = "work units" if splits > 1 else "tiles"
             notes.append(f"persistent grid of {persistent} blocks over {blocks} {units} "
