@@ -11,13 +11,16 @@ exposed whatever the bound) and the last part's sum on its SM's chain (`split_su
 
 The sum is latency-bound, not bandwidth-bound, wherever the accumulators leave few registers:
 each thread reads (S - 1) x E floats at L2 (E accumulators), and ptxas keeps only as many loads
-in flight as registers are free beside the accumulators and the epilogue's state (the 128 x 256
-split-4 kernel of 1024 x 1024 x 8192, sm_90a SASS: 128 accumulators and 64 hoisted staging
-addresses under setmaxnreg's 232 leave ~18 registers, ~14 loads in flight, 28 rounds of an L2
-round trip for 384 loads). H200, device time (benchmarks/gemm_small.py, 2026-11-26): that
-kernel took 42.7 us where the model said 33.2 (its 64-byte-per-cycle sum: 3.1 us), the unsplit
-64 x 128 pick 39.4; 1024 x 1024 x 4096's 128 x 128 split 2 (64 accumulators, ~110 registers
-free: all its 64 loads in two rounds) 20.1 where the model said 19.8.
+in flight as registers are free beside them. H200, device time (benchmarks/gemm_small.py,
+2026-11-26): the 128 x 256 split-4 kernel of 1024 x 1024 x 8192 (persistent, TMA-store
+epilogue) took 42.7 us where the model said 33.2 (its 64-byte-per-cycle sum: 3.1 us), the
+unsplit 64 x 128 pick 39.4. Its sm_90a SASS: 128 accumulators and the epilogue's 64 staging
+addresses (hoisted by ptxas to the kernel's start) under setmaxnreg's 232 left ~18 registers,
+~16 loads in flight, 28 rounds of an L2 round trip for its 384 loads per thread. The epilogue
+of a split kernel now reads its thread index again (split_k.py, `opaque`), so nothing of it is
+live during the sum: ~107 loads in flight in the same kernel, 4 rounds. 1024 x 1024 x 4096's
+128 x 128 split 2 (64 accumulators: its 64 loads in two rounds) took 20.1 us; the model says
+20.1.
 """
 
 from __future__ import annotations
@@ -42,11 +45,11 @@ MIN_SPLIT_K_TILES = 2
 SPLIT_L2_BYTES_PER_CYCLE = 64.0
 SPLIT_SYNC_CYCLES = 1200.0
 # The last part's sum: one L2 round trip per round of loads a thread keeps in flight (loaded
-# latency plus the adds; fitted to the 128 x 256 split-4 kernel, 12.5 us of hand-over where the
-# k loop, fill, epilogue and launch are priced as in the unsplit kernels: 28 rounds), and the
-# registers a consumer thread holds besides its accumulators and the epilogue's staging
-# addresses while it sums (addressing, the tile loop, the counter; read off that kernel's SASS:
-# 232 - 128 - 64 - 22 = 18 registers for loads in flight).
+# latency plus the adds; fitted to the 128 x 256 split-4 kernel as it was timed, 12.5 us of
+# hand-over where the k loop, fill, epilogue and launch are priced as in the unsplit kernels:
+# 28 rounds), and the registers a consumer thread holds besides its accumulators while it sums
+# (addressing, the tile loop, the counter; read off that kernel's SASS, where the epilogue's 64
+# hoisted staging addresses held the rest: 232 - 128 - 64 - 22 = 18 registers for loads).
 SPLIT_ROUND_CYCLES = 790.0
 SPLIT_LIVE_REGISTERS = 22
 
@@ -69,13 +72,13 @@ def split_sum_cycles(point: Point, accumulators: int, in_flight: float) -> float
     return max((splits - 1) * partial / SPLIT_L2_BYTES_PER_CYCLE, rounds * SPLIT_ROUND_CYCLES)
 
 
-def wgmma_sum_in_flight(point: Point, accumulators: int, register_budget: int, staging: int) -> float:
+def wgmma_sum_in_flight(point: Point, accumulators: int, register_budget: int) -> float:
     """Loads a wgmma consumer thread keeps in flight while it sums: the registers of
     `register_budget` (setmaxnreg's 232 for two consumer warpgroups, else ptxas's 255) that its
-    accumulators, the epilogue's `staging` addresses and SPLIT_LIVE_REGISTERS leave; an element
-    in flight holds S registers, S - 1 of them loads (its own term is a copy of its accumulator)."""
+    accumulators and SPLIT_LIVE_REGISTERS leave; an element in flight holds S registers, S - 1
+    of them loads (its own term is a copy of its accumulator)."""
     splits = split_of(point)
-    free = max(splits, register_budget - accumulators - staging - SPLIT_LIVE_REGISTERS)
+    free = max(splits, register_budget - accumulators - SPLIT_LIVE_REGISTERS)
     return free * (splits - 1) / splits
 
 

@@ -290,15 +290,15 @@ def split_sum(target: Target, point: Point, groups: int = 0) -> float:
     """Cycles the last part of a split point's output tile spends summing the partials
     (gemm_split.split_sum_cycles): a consumer thread's accumulators, and the loads in flight the
     registers leave -- setmaxnreg's TMA_CONSUMER_REGISTERS with two consumer warpgroups, else
-    the target's per-thread limit, less the TMA-store epilogue's staging addresses (BN / 4,
-    hoisted by ptxas: tma_registers)."""
+    the target's per-thread limit. (The TMA-store epilogue's BN / 4 staging addresses, which
+    ptxas hoists in an unsplit kernel (tma_registers), are derived from a thread index read again
+    in a split kernel's epilogue: split_k.py, `opaque`; they hold no register during the sum.)"""
     bm, bn = int(point["bm"]), int(point["bn"])
     groups = groups or bm // 64
     accumulators = bm * bn // (64 * groups) // 2
     budget = (TMA_CONSUMER_REGISTERS if load_of(point) == "tma" and groups == 2
               else target.max_registers_per_thread)
-    staging = bn // 4 if epilogue_of(point) == "tma" else 0
-    return split_sum_cycles(point, accumulators, wgmma_sum_in_flight(point, accumulators, budget, staging))
+    return split_sum_cycles(point, accumulators, wgmma_sum_in_flight(point, accumulators, budget))
 
 
 def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: int,
