@@ -21,8 +21,8 @@ from tecc.compiler.pipeline import refuse_spills
 from tecc.compiler.plan import Plan
 from tecc.compiler.planner import candidates_for, plan_program
 from tecc.compiler.schedule import Schedule
-from tecc.compiler.strategies.gemm_split import SPLIT_ROUND_CYCLES, split_sum_cycles, wgmma_sum_in_flight
-from tecc.compiler.strategies.gemm_wgmma import split_sum
+from tecc.compiler.strategies.gemm_split import (SPLIT_ROUND_CYCLES, split_sum_cycles, wgmma_split_sum,
+                                                 wgmma_sum_in_flight)
 from tecc.ir import dtype as dt
 from tecc.ir.errors import RaceError, ScheduleError, TeccError
 from tecc.ir.expr import Call, Var, opaque
@@ -279,14 +279,14 @@ def test_the_split_sum_is_priced_by_the_loads_its_registers_keep_in_flight() -> 
     bytes a cycle); the ~18 registers the timed kernel left took 28 rounds (42.7 us measured,
     33.2 predicted at the bandwidth alone). A 128 x 128 split 2 sums in one round."""
     s4 = {"bm": 128, "bn": 256, "stages": 3, "load": "tma", "split": 4, "epilogue": "tma", "persistent": 132}
-    assert split_sum(H200, s4) == pytest.approx(3 * 128 * 256 * 4 / 64)
+    assert wgmma_split_sum(H200, s4) == pytest.approx(3 * 128 * 256 * 4 / 64)
     assert split_sum_cycles(s4, 128, 18 * 3 / 4) == pytest.approx(29 * SPLIT_ROUND_CYCLES)
     assert wgmma_sum_in_flight(s4, 128, 232) == pytest.approx((232 - 128 - 22) * 3 / 4)
     s2 = dict(s4, bn=128, split=2, stages=5)
-    assert split_sum(H200, s2) == pytest.approx(128 * 128 * 4 / 64)
+    assert wgmma_split_sum(H200, s2) == pytest.approx(128 * 128 * 4 / 64)
     # one consumer warpgroup of 64 x 256 (no setmaxnreg): ptxas's 255 registers for 128 accumulators
     one = dict(s4, bm=64, split=8)
-    assert split_sum(H200, one) == pytest.approx(10 * SPLIT_ROUND_CYCLES)   # 896 loads, 105 x 7 / 8 at a time
+    assert wgmma_split_sum(H200, one) == pytest.approx(10 * SPLIT_ROUND_CYCLES)   # 896 loads, 105 x 7 / 8 at a time
 
 
 @needs_nvrtc

@@ -52,6 +52,9 @@ SPLIT_SYNC_CYCLES = 1200.0
 # hoisted staging addresses held the rest: 232 - 128 - 64 - 22 = 18 registers for loads).
 SPLIT_ROUND_CYCLES = 790.0
 SPLIT_LIVE_REGISTERS = 22
+# What setmaxnreg.inc gives each consumer thread of a wgmma block with two consumer warpgroups
+# and a TMA producer (gemm_wgmma.tma_registers: 168 at launch, 232 for the consumers).
+TMA_CONSUMER_REGISTERS = 232
 
 
 def split_of(point: Point) -> int:
@@ -80,6 +83,20 @@ def wgmma_sum_in_flight(point: Point, accumulators: int, register_budget: int) -
     splits = split_of(point)
     free = max(splits, register_budget - accumulators - SPLIT_LIVE_REGISTERS)
     return free * (splits - 1) / splits
+
+
+def wgmma_split_sum(target: Target, point: Point, groups: int = 0) -> float:
+    """Cycles the last part of a gemm_wgmma split point's output tile spends summing the
+    partials: a consumer thread's accumulators, and the loads in flight the registers leave --
+    TMA_CONSUMER_REGISTERS with two consumer warpgroups on the TMA ring, else the target's
+    per-thread limit. (The TMA-store epilogue's BN / 4 staging addresses, which ptxas hoists in
+    an unsplit kernel, are derived from a thread index read again in a split kernel's epilogue:
+    split_k.py, `opaque`; they hold no register during the sum.)"""
+    bm, bn = int(point["bm"]), int(point["bn"])
+    groups = groups or bm // 64
+    accumulators = bm * bn // (64 * groups) // 2
+    budget = TMA_CONSUMER_REGISTERS if point.get("load") == "tma" and groups == 2 else target.max_registers_per_thread
+    return split_sum_cycles(point, accumulators, wgmma_sum_in_flight(point, accumulators, budget))
 
 
 def split_handover_cycles(point: Point, accumulators: int = 0, in_flight: float = 1.0) -> tuple[float, float]:
@@ -179,6 +196,7 @@ def split_chain(point: Point, main: float, per_tile: float, once: float, base: f
     return round_ + last
 
 
-__all__ = ["MIN_SPLIT_K_TILES", "SPLITS", "SPLIT_TILES_PER_SM", "mma_split_registers", "split_chain",
-           "split_handover_cycles", "split_label", "split_note", "split_of", "split_parts", "split_publish_cycles",
-           "split_registers", "split_sum_cycles", "split_traffic", "wgmma_sum_in_flight"]
+__all__ = ["MIN_SPLIT_K_TILES", "SPLITS", "SPLIT_TILES_PER_SM", "TMA_CONSUMER_REGISTERS", "mma_split_registers",
+           "split_chain", "split_handover_cycles", "split_label", "split_note", "split_of", "split_parts",
+           "split_publish_cycles", "split_registers", "split_sum_cycles", "split_traffic", "wgmma_split_sum",
+           "wgmma_sum_in_flight"]

@@ -99,18 +99,8 @@ from .gemm_tensor_core import (
     wave_dram_bytes,
     worth_staging,
 )
-from .gemm_split import (
-    split_chain,
-    split_handover_cycles,
-    split_label,
-    split_note,
-    split_of,
-    split_parts,
-    split_registers,
-    split_sum_cycles,
-    split_traffic,
-    wgmma_sum_in_flight,
-)
+from .gemm_split import (split_chain, split_handover_cycles, split_label, split_note, split_of, split_parts,
+                         split_registers, split_traffic, wgmma_split_sum)
 from .registry import Point, Strategy, register
 
 BLOCK_M = (64, 128)
@@ -147,7 +137,6 @@ REGISTER_EPILOGUE_BYTES_PER_CYCLE = 8.0
 TMA_STORE_SYNC_CYCLES = 200.0
 PRODUCER_THREADS = 128
 TMA_LAUNCH_REGISTERS = 168   # 65536 / 384 rounded down to 8: two consumer warpgroups and the producer
-TMA_CONSUMER_REGISTERS = 232  # what setmaxnreg.inc gives each consumer thread of that block
 
 
 def load_of(point: Point) -> str:
@@ -286,21 +275,6 @@ def tma_registers(bm: int, bn: int, point: Point | None = None, groups: int = 0)
     return parts
 
 
-def split_sum(target: Target, point: Point, groups: int = 0) -> float:
-    """Cycles the last part of a split point's output tile spends summing the partials
-    (gemm_split.split_sum_cycles): a consumer thread's accumulators, and the loads in flight the
-    registers leave -- setmaxnreg's TMA_CONSUMER_REGISTERS with two consumer warpgroups, else
-    the target's per-thread limit. (The TMA-store epilogue's BN / 4 staging addresses, which
-    ptxas hoists in an unsplit kernel (tma_registers), are derived from a thread index read again
-    in a split kernel's epilogue: split_k.py, `opaque`; they hold no register during the sum.)"""
-    bm, bn = int(point["bm"]), int(point["bn"])
-    groups = groups or bm // 64
-    accumulators = bm * bn // (64 * groups) // 2
-    budget = (TMA_CONSUMER_REGISTERS if load_of(point) == "tma" and groups == 2
-              else target.max_registers_per_thread)
-    return split_sum_cycles(point, accumulators, wgmma_sum_in_flight(point, accumulators, budget))
-
-
 def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: int,
                    registers: int, out_itemsize: int = 2, tiles: int = 0, k_tile: int = K_TILE,
                    groups: int = 0, extra_smem: int = 0) -> tuple[float, int, float]:
@@ -340,8 +314,8 @@ def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_til
     per_block = -(-max(tiles, 1) // max(blocks, 1)) if persistent else 0   # the busiest block's tiles (work units)
     if split_of(point) > 1:
         fill = 0.0 if persistent else LOADED_LATENCY_CYCLES
-        reduce = split_sum(target, point, groups)
-        return split_chain(point, main, per_tile, once, base, fill, per_block, reduce), resident, idle
+        return split_chain(point, main, per_tile, once, base, fill, per_block,
+                           wgmma_split_sum(target, point, groups)), resident, idle
     round_ = main + (per_tile - base) * share
     return (per_block * round_ + once * share if persistent else round_), resident, idle
 
@@ -479,7 +453,7 @@ class GemmWgmma(Strategy):
             if epilogue_of(point) == "registers" and tma_store_refusal_for(info) is not None:
                 notes.append(f"no TMA-store epilogue: {tma_store_refusal_for(info)}")
         if splits > 1:
-            notes.append(split_note(point, tiles, k_tiles, split_l2, split_sum(target, point, groups)))
+            notes.append(split_note(point, tiles, k_tiles, split_l2, wgmma_split_sum(target, point, groups)))
         if persistent:
             units = "work units" if splits > 1 else "tiles"
             notes.append(f"persistent grid of {persistent} blocks over {blocks} {units} "
