@@ -83,6 +83,18 @@ class CostParameters:
       (docs/cost-model.md, "Short k loops"). It replaces the third pass's warps / 22 line, which
       was fitted on per-call times that held ~45 us of host time. Strategies opt in with
       Workload.tile_loop and Workload.k_extent.
+    tile_loop_alone: with fewer warps than schedulers (w < 4) the first factor is at least
+      w / schedulers x this, though never above the exponential's value at one warp per
+      scheduler: a warp that has a scheduler to itself issues about this share of its cycles
+      (its own LDS latency and barrier hidden by its 8 x 8 tile's independent FMAs, no other
+      warp contending for the shared-memory pipe), where the exponential -- fitted at 8-16 warps
+      on the contention of warps that share schedulers -- extrapolates 2 warps to 0.21. Fitted
+      on the one such point timed: the fp32 batch 3 x 1000 x 130 x 257 with a column bias,
+      gemm_pipelined 128 x 32 (120 blocks of 2 warps, one per SM), 22.2 us on the H200
+      (benchmarks/common_ops.py, 2026-11-26) where the model said 46.7 (issue-bound at 0.11):
+      at 0.6 its FMA term is about the measured kernel time (its issue term stays 1.5x above:
+      the instruction count of 64-thread blocks). The cap keeps every point of 4 warps or more
+      at its fitted price (one warp per scheduler was not timed alone).
     tile_loop_line_warps: the third pass's rule, efficiency = warps / 22, kept for tile loops
       that give no k extent: the `gemm` strategy's single-buffered kernel, of which no point was
       timed by kernel time since, so nothing to re-fit it on."""
@@ -100,6 +112,7 @@ class CostParameters:
     tile_loop_warps: float = 8.6
     tile_loop_fill_k: float = 208.0
     tile_loop_line_warps: float = 22.0
+    tile_loop_alone: float = 0.6
 
 
 DEFAULT_PARAMETERS = CostParameters()
@@ -259,14 +272,14 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
     def fma_efficiency(warps: int) -> float:
         eff = min(1.0, warps * w.ilp / (target.schedulers_per_sm * params.fma_latency_cycles))
         if w.tile_loop:
-            eff = min(eff, tile_loop_efficiency(warps, w.k_extent * rounds, params))
+            eff = min(eff, tile_loop_efficiency(warps, w.k_extent * rounds, params, target.schedulers_per_sm))
         return eff
 
     def issue_efficiency(warps: int) -> float:
         eff = min(1.0, warps / (2.0 * target.schedulers_per_sm))
         if w.tile_loop:
             # the stalls that idle the FP32 pipe (LDS latency, barriers) idle the issue slots too
-            eff = min(eff, tile_loop_efficiency(warps, w.k_extent * rounds, params))
+            eff = min(eff, tile_loop_efficiency(warps, w.k_extent * rounds, params, target.schedulers_per_sm))
         return eff
 
     if w.tile_loop:
@@ -327,13 +340,17 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
     return Cost(total, terms, bound, occ, waves, tail, regs, w.smem_bytes, None, details)
 
 
-def tile_loop_efficiency(warps: int, k_extent: int, params: CostParameters = DEFAULT_PARAMETERS) -> float:
+def tile_loop_efficiency(warps: int, k_extent: int, params: CostParameters = DEFAULT_PARAMETERS,
+                         schedulers: int = 4) -> float:
     """Fraction of the FP32 / issue peak an SGEMM tile loop reaches with `warps` warps on the SM
-    when a block slot runs `k_extent` steps of k (0: not given, the third pass's warps / 22
-    line); CostParameters says why."""
+    (of `schedulers` warp schedulers) when a block slot runs `k_extent` steps of k (0: not given,
+    the third pass's warps / 22 line); CostParameters says why."""
     if k_extent <= 0:
         return warps / params.tile_loop_line_warps
     eff = 1.0 - math.exp(-warps / params.tile_loop_warps)
+    if warps < schedulers:   # a scheduler to each warp (CostParameters.tile_loop_alone)
+        one_each = 1.0 - math.exp(-schedulers / params.tile_loop_warps)
+        eff = max(eff, min(one_each, warps / schedulers * params.tile_loop_alone))
     return eff * k_extent / (k_extent + params.tile_loop_fill_k)
 
 
