@@ -84,11 +84,14 @@ class Schedule(TensorCorePrimitives):
     the tensor-core primitives are in schedule_tensor_core.py."""
 
     def __init__(self, tensors: Sequence[Tensor], plan: Plan | str | dict[str, Any] | None = None, *,
-                 name: str | None = None, dump_ir: str | os.PathLike[str] | DumpIR | None = None) -> None:
+                 name: str | None = None, dump_ir: str | os.PathLike[str] | DumpIR | None = None,
+                 lowered: Module | None = None) -> None:
+        """`lowered`: the naive lowered module of `tensors` under `name`, when the caller lowered
+        it already (the build lowers a program once: tecc.compiler.program)."""
         start = time.perf_counter()
         self._tensors = list(tensors)
         self._name = name
-        self.mod: Module = lower(self._tensors, name)
+        self.mod: Module = lowered if lowered is not None else lower(self._tensors, name)
         self.timing: list[tuple[str, float]] = [("lower", time.perf_counter() - start)]
         self._steps: list[Step] = []
         self._pending: dict[str, _PendingRead] = {}
