@@ -24,7 +24,7 @@ from tecc.compiler.schedule import Schedule
 from tecc.compiler.strategies.gemm_split import (SPLIT_ROUND_CYCLES, split_sum_cycles, wgmma_split_sum,
                                                  wgmma_sum_in_flight)
 from tecc.ir import dtype as dt
-from tecc.ir.errors import RaceError, ScheduleError, TeccError
+from tecc.ir.errors import RaceError, ResourceError, ScheduleError, TeccError
 from tecc.ir.expr import Call, Var, opaque
 from tecc.ir.stmt import Evaluate, Seq, Stmt, launch_dims
 from tecc.ir.target import target
@@ -163,6 +163,44 @@ def test_split_k_refuses_what_it_cannot_split() -> None:
         sch.split_k("C", 2)
     with pytest.raises(ScheduleError, match="tensorize"):
         Schedule(tensors).split_k("C", 2)
+
+
+def test_a_launch_over_the_blocks_shared_memory_is_refused_in_the_emulator() -> None:
+    """128 x 256 tiles, 3 TMA stages (144 KiB) and a float32 TMA-store staging tile (128 KiB):
+    276 KiB of shared memory, over the 227 KiB a block may have on sm_90. The GPU refuses the
+    launch (what an H200 run of tests/test_split_k_gpu.py met); the emulator refuses it too, by
+    the build's Target, naming the kernel, the bytes and the limit. The planner never offers
+    the point: its count of the kernel's shared memory (gemm_wgmma.shared_bytes) is the
+    kernel's, byte for byte (tests/test_wgmma.py)."""
+    M = tc.var("M")
+    tensors, _ = contraction(M, 512, 2048, "float16")
+    steps = dict(intrinsic="wgmma", block=(128, 256), warps=(8, 1), k_tile=64, stages=3, producer="tma",
+                 persistent=132, epilogue="tma")
+    sch = schedule_tensor_core(Schedule(tensors), splits=2, **steps)
+    g = np.random.default_rng(3)
+    a, b = g.standard_normal((77, 2048)).astype(np.float16), g.standard_normal((2048, 512)).astype(np.float16)
+    c = np.full((77, 512), np.nan, np.float32)
+    for arch, limit in (("sm_90", 227 * 1024), ("sm_80", 163 * 1024)):
+        f = tc.build(sch, target="sim", arch=arch)
+        assert f.host.kernels[0].dynamic_smem == 282624
+        with pytest.raises(ResourceError, match=rf"kernel C_kernel asks for 282624 bytes .* over the {limit} bytes"):
+            f.sim(a, b, c)
+        assert np.isnan(c).all()   # refused before anything ran
+
+
+def test_every_plan_of_the_gpu_split_tests_fits_an_h200() -> None:
+    """The hand-written plans of tests/test_split_k_gpu.py within the H200's 232448 bytes of
+    shared memory per block (the float32 symbolic-rows case of the TMA-store epilogue did not)."""
+    from test_split_k_gpu import BATCHED_STEPS, WGMMA_CASES, batched_plans, case_out, split_plan
+    from test_tensorize_gpu import _contraction
+
+    plans = [(shape, plan) for steps in BATCHED_STEPS for shape, plan in batched_plans(steps)]
+    for _, steps, splits, m, n, k in WGMMA_CASES:
+        shape = dict(m=m, n=n, k=k, dtype="float16", out=case_out(steps, "float16"))
+        plans.append((shape, split_plan(m, n, k, "float16", splits, steps, out=shape["out"])))
+    for shape, plan in plans:
+        f = tc.build(_contraction(**shape), target="sim", plan=plan, arch="sm_90")
+        assert all(k.dynamic_smem <= 232448 for k in f.host.kernels), (shape, plan, f.host.kernels)
 
 
 class _DropFences(StmtMutator):
