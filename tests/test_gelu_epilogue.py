@@ -267,6 +267,9 @@ def test_the_benchmark_shapes_plan_the_tma_kernel_and_compile_without_spills(m: 
     text = f.explain()
     assert f"computed by gelu_{form}_approx" in text
     assert "fused epilogue:" in text and "cycles per 128x256 tile" in text
+    # the planner's reason to fuse, in the plan's words: the epilogue on the consumers against the
+    # output's DRAM round trip of a separate kernel
+    assert "(fusion pays)" in text, text
 
 
 @needs_nvrtc

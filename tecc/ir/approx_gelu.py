@@ -83,7 +83,7 @@ ERF_NEGATIVE_END = -ERF_RANGE * math.sqrt(2.0)        # -6.0104: below it the ar
 
 def tanh_relative(t: float) -> float:
     """gelu_tanh_approx's relative error bound at exponent t = x (TANH_A + TANH_B x^2)."""
-    return 2.0 ** -21 + 2.0 ** -22.6 * abs(t)
+    return float(2.0 ** -21 + 2.0 ** -22.6 * abs(t))
 
 
 __all__ = ["ERF_ABSOLUTE_PER_X", "ERF_NEGATIVE_END", "ERF_POLY", "ERF_RANGE", "ERF_RELATIVE", "ERF_SCALE", "LOG2E",

@@ -22,10 +22,14 @@ PyTorch before the cheap GELU) are what it is meant to explain.
 
 from __future__ import annotations
 
+from ...ir.target import Target
 from ..cost.analysis import KernelInfo
+from ..cost.model import DEFAULT_PARAMETERS
 
 ISSUE_LANES_PER_CYCLE = 128.0   # 4 schedulers x 32 lanes per SM
 MUFU_LANES_PER_CYCLE = 16.0     # sm_80 / sm_90
+# a second kernel's launch: the cost model's launch term
+UNFUSED_LAUNCH_SECONDS = DEFAULT_PARAMETERS.launch_s
 
 
 def epilogue_math_cycles(info: KernelInfo, bm: int, bn: int) -> float:
@@ -34,13 +38,22 @@ def epilogue_math_cycles(info: KernelInfo, bm: int, bn: int) -> float:
                          info.epilogue_mufu / MUFU_LANES_PER_CYCLE)
 
 
-def epilogue_math_note(info: KernelInfo, bm: int, bn: int) -> str | None:
-    """The explain() line of `epilogue_math_cycles` (None for a plain GEMM)."""
+def epilogue_math_note(info: KernelInfo, bm: int, bn: int, target: Target, rounds: int) -> str | None:
+    """The explain() line of `epilogue_math_cycles` (None for a plain GEMM): the cycles per tile,
+    what they add over the busiest SM's `rounds` tiles, and what the same epilogue would cost as
+    a kernel of its own instead -- the output written and read once more through DRAM and a
+    launch (UNFUSED_LAUNCH_SECONDS) --, so the reader sees why fusion pays or does not."""
     cycles = epilogue_math_cycles(info, bm, bn)
     if cycles <= 0:
         return None
+    fused = rounds * cycles / target.clock_hz
+    out_bytes = float(info.outputs * info.write.itemsize)
+    unfused = 2.0 * out_bytes / max(target.dram_bandwidth, 1.0) + UNFUSED_LAUNCH_SECONDS
+    verdict = "fusion pays" if fused < unfused else "a separate elementwise kernel would be cheaper (not planned)"
     return (f"fused epilogue: {info.epilogue_instructions:.0f} instructions + {info.epilogue_mufu:.0f} MUFU per "
-            f"element, {cycles:.0f} cycles per {bm}x{bn} tile on the consumers between two tiles' k loops")
+            f"element, {cycles:.0f} cycles per {bm}x{bn} tile on the consumers between two tiles' k loops: "
+            f"{fused * 1e6:.1f} us over {rounds} tiles per SM, against {unfused * 1e6:.1f} us for the output's "
+            f"DRAM round trip and launch of an unfused epilogue ({verdict})")
 
 
 __all__ = ["epilogue_math_cycles", "epilogue_math_note"]

@@ -455,7 +455,7 @@ class GemmWgmma(Strategy):
             notes.append(f"epilogue {how}: {per_tile:.0f} cycles per output tile ({fill})")
             if epilogue_of(point) == "registers" and tma_store_refusal_for(info) is not None:
                 notes.append(f"no TMA-store epilogue: {tma_store_refusal_for(info)}")
-        math_note = epilogue_math_note(info, bm, bn)
+        math_note = epilogue_math_note(info, bm, bn, target, -(-blocks // target.sm_count))
         if math_note is not None:
             notes.append(math_note)
         if splits > 1:
