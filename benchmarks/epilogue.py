@@ -12,8 +12,13 @@ approximate="tanh"). The rows, per shape M x N x K, dtype and form:
   the GEMM's epilogue (the planner's pick for the live GPU);
 - `tecc unfused`: two tecc kernels, Z = X·Wᵀ + b (the bias in the GEMM's epilogue, as cuBLAS's
   bias epilogue) and then Y = gelu(Z) (the elementwise strategy), Z through DRAM;
+- `tecc fused, precise math`: the fused kernel built with TECC_PRECISE_MATH=1 (erff / tanhf in the
+  epilogue instead of the cheap gelu_erf_approx / gelu_tanh_approx): what the cheap GELU buys;
+- `tecc gemm+bias alone`: the first kernel of the unfused pair by itself (tecc's GEMM speed);
 - `eager`: torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b), approximate=...): cuBLAS
   with its bias epilogue, then torch's GELU kernel;
+- `eager linear alone`: torch.nn.functional.linear(x, w, b) (cuBLAS's GEMM + bias by itself; not
+  counted as a torch row for the ratio);
 - `compile`: torch.compile of the same function (default mode, dynamic=False; skipped with
   --no-compile or once --budget-s has passed).
 `ratio` = the fastest torch row / the tecc row (above 1: tecc faster); the issue's target (28) is
@@ -37,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -139,6 +145,11 @@ def one_config(m: int, n: int, k: int, dtype: str, form: str, reps: int, stream:
     rows: list[dict[str, Any]] = []
     times: dict[str, float] = {}
     fused = tc.build(linear(m, n, k, dtype, form), target="cuda")
+    os.environ["TECC_PRECISE_MATH"] = "1"   # read at build time (and part of the build cache's key)
+    try:
+        precise = tc.build(linear(m, n, k, dtype, form), target="cuda")
+    finally:
+        del os.environ["TECC_PRECISE_MATH"]
     gemm = tc.build(linear(m, n, k, dtype, None), target="cuda")
     act = tc.build(gelu_alone(m, n, dtype, form), target="cuda")
     fused_runs = [launch_of(fused, [x, w, b, y], stream) for x, w, b, y in zip(xs, ws, bs, ys)]
@@ -151,12 +162,21 @@ def one_config(m: int, n: int, k: int, dtype: str, form: str, reps: int, stream:
     torch.cuda.synchronize()
     errors["tecc unfused"] = max_error(ys[0], ref)
     times["tecc fused"] = time_it(Rotation(fused_runs), stream, reps)
+    for y in ys:
+        y.fill_(float("nan"))
+    precise_runs = [launch_of(precise, [x, w, b, y], stream) for x, w, b, y in zip(xs, ws, bs, ys)]
+    torch.cuda.synchronize()
+    errors["tecc fused, precise math"] = max_error(ys[0], ref)
+    times["tecc fused, precise math"] = time_it(Rotation(precise_runs), stream, reps)
     unfused_runs = [lambda g_=g_, a_=a_: (g_(), a_()) for g_, a_ in zip(gemm_runs, act_runs)]
     times["tecc unfused"] = time_it(Rotation(unfused_runs), stream, reps)
     times["tecc gemm+bias alone"] = time_it(Rotation(gemm_runs), stream, reps)
     errors["eager"] = max_error(eager(xs[0], ws[0], bs[0]), ref)
     times["eager"] = time_it(Rotation([lambda x=x, w=w, b=b: eager(x, w, b) for x, w, b in zip(xs, ws, bs)]),
                              stream, reps)
+    times["eager linear alone"] = time_it(
+        Rotation([lambda x=x, w=w, b=b: torch.nn.functional.linear(x, w, b) for x, w, b in zip(xs, ws, bs)]),
+        stream, reps)
     if compile_ok:
         try:
             comp = torch.compile(eager, dynamic=False)
@@ -167,9 +187,9 @@ def one_config(m: int, n: int, k: int, dtype: str, form: str, reps: int, stream:
             print(f"# torch.compile failed: {type(exc).__name__}: {exc}"[:300])
     fastest_torch = min(t for name, t in times.items() if name in ("eager", "compile"))
     plans = {"tecc fused": plan_label(fused), "tecc unfused": f"{plan_label(gemm)}; {plan_label(act)}",
-             "tecc gemm+bias alone": plan_label(gemm)}
+             "tecc gemm+bias alone": plan_label(gemm), "tecc fused, precise math": plan_label(precise)}
     regs = {"tecc fused": registers(fused), "tecc unfused": f"{registers(gemm)}; {registers(act)}",
-            "tecc gemm+bias alone": registers(gemm)}
+            "tecc gemm+bias alone": registers(gemm), "tecc fused, precise math": registers(precise)}
     for name, t in times.items():
         err = errors.get(name)
         ok = err is None or err <= BOUND[dtype]
@@ -180,7 +200,7 @@ def one_config(m: int, n: int, k: int, dtype: str, form: str, reps: int, stream:
         err_text = "" if err is None else f"{err:.1e}{'' if ok else ' FAIL'}"
         print(f"| {label} | {dtype} | {form} | {name} | {t * 1e6:.1f} | {flops / t / 1e12:.0f} | "
               f"{fastest_torch / t:.2f}x | {err_text} | {row['registers']} | {row['plan']} |", flush=True)
-    del xs, ws, bs, ys, zs, fused_runs, gemm_runs, act_runs, unfused_runs
+    del xs, ws, bs, ys, zs, fused_runs, precise_runs, gemm_runs, act_runs, unfused_runs
     torch.cuda.empty_cache()
     return rows
 
