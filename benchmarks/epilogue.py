@@ -1,7 +1,7 @@
 """A GEMM with a GELU epilogue, Y = gelu(X·Wᵀ + b) (the MLP's first Linear), fused and unfused,
 against eager PyTorch and torch.compile, by device time in one process.
 
-    python benchmarks/epilogue.py [--quick] [--reps 20] [--no-compile] [--budget-s 90]
+    python benchmarks/epilogue.py [--quick] [--reps 20] [--no-compile] [--budget-s 90] [--points N]
                                   [--json benchmarks/results/epilogue_h200.json]
 
 X is M x K, W is N x K (torch.nn.Linear's weight), b has N elements; X, W, b and Y are fp16 or
@@ -21,6 +21,9 @@ approximate="tanh"). The rows, per shape M x N x K, dtype and form:
   counted as a torch row for the ratio);
 - `compile`: torch.compile of the same function (default mode, dynamic=False; skipped with
   --no-compile or once --budget-s has passed).
+- `tecc fused, point i` (`--points N`): the fused form at the N best-predicted gemm_wgmma points
+  other than the pick (tile, stages, persistent grid, epilogue), each with its predicted time,
+  so the run shows whether the planner's pick is the GPU's best for the fused kernel too.
 `ratio` = the fastest torch row / the tecc row (above 1: tecc faster); the issue's target (28) is
 tecc fused ≥ 1.05 on 8192 x 3072 x 768 fp16 and 4096 x 11008 x 4096 bf16.
 
@@ -120,8 +123,30 @@ def max_error(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y.double() - ref).abs().max() / ref.abs().max())
 
 
+def other_points(args: list[tc.Tensor], picked: Any, count: int) -> list[tuple[str, float, Any]]:
+    """(label, predicted seconds, kernel) of the `count` best-predicted gemm_wgmma points for
+    `args` on the live GPU other than the planner's pick, built for it."""
+    from tecc.compiler.cost.analysis import analyze_kernel
+    from tecc.compiler.planner import candidates_for
+    from tecc.compiler.schedule import Schedule
+    from tecc.ir.target import from_device
+    from tecc.passes.lower import lower
+
+    if count <= 0:
+        return []
+    info = analyze_kernel(lower(args).kernels[0])
+    cands, _ = candidates_for(info, from_device(), only=["gemm_wgmma"])
+    ranked = sorted((c for c in cands if c.cost.ok and c.point != picked), key=lambda c: c.cost.total)
+    out = []
+    for c in ranked[:count]:
+        sch = Schedule(args)
+        c.strategy.apply(sch, info, c.point)
+        out.append((c.label, c.cost.total, tc.build(sch, target="cuda")))
+    return out
+
+
 def one_config(m: int, n: int, k: int, dtype: str, form: str, reps: int, stream: Any, rotate: int,
-               compile_ok: bool) -> list[dict[str, Any]]:
+               compile_ok: bool, points: int = 0) -> list[dict[str, Any]]:
     tdt = TORCH[dtype]
     approximate = "none" if form == "erf" else "tanh"
     set_bytes = (m * k + n * k + n + 2 * m * n) * 2
@@ -137,7 +162,7 @@ def one_config(m: int, n: int, k: int, dtype: str, form: str, reps: int, stream:
     z_ref = xs[0].double() @ ws[0].double().t() + bs[0].double()
     ref = torch.nn.functional.gelu(z_ref, approximate=approximate)
     flops = 2.0 * m * n * k
-    label = f"{m}x{n}x{k}"
+    shape = f"{m}x{n}x{k}"
 
     def eager(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b), approximate=approximate)
@@ -170,6 +195,18 @@ def one_config(m: int, n: int, k: int, dtype: str, form: str, reps: int, stream:
     times["tecc fused, precise math"] = time_it(Rotation(precise_runs), stream, reps)
     unfused_runs = [lambda g_=g_, a_=a_: (g_(), a_()) for g_, a_ in zip(gemm_runs, act_runs)]
     times["tecc unfused"] = time_it(Rotation(unfused_runs), stream, reps)
+    plans: dict[str, str] = {}
+    regs: dict[str, str] = {}
+    picked = fused.planning.kernels[0].chosen.point if fused.planning is not None else None
+    for i, (point_label, predicted, kern) in enumerate(other_points(linear(m, n, k, dtype, form), picked, points)):
+        name = f"tecc fused, point {i + 1}"
+        for y in ys:
+            y.fill_(float("nan"))
+        runs = [launch_of(kern, [x, w, b, y], stream) for x, w, b, y in zip(xs, ws, bs, ys)]
+        torch.cuda.synchronize()
+        errors[name] = max_error(ys[0], ref)
+        times[name] = time_it(Rotation(runs), stream, reps)
+        plans[name], regs[name] = f"{point_label}, predicted {predicted * 1e6:.1f} us", registers(kern)
     times["tecc gemm+bias alone"] = time_it(Rotation(gemm_runs), stream, reps)
     errors["eager"] = max_error(eager(xs[0], ws[0], bs[0]), ref)
     times["eager"] = time_it(Rotation([lambda x=x, w=w, b=b: eager(x, w, b) for x, w, b in zip(xs, ws, bs)]),
@@ -186,10 +223,13 @@ def one_config(m: int, n: int, k: int, dtype: str, form: str, reps: int, stream:
         except Exception as exc:  # a missing Triton or compiler: the row is left out, said once
             print(f"# torch.compile failed: {type(exc).__name__}: {exc}"[:300])
     fastest_torch = min(t for name, t in times.items() if name in ("eager", "compile"))
-    plans = {"tecc fused": plan_label(fused), "tecc unfused": f"{plan_label(gemm)}; {plan_label(act)}",
-             "tecc gemm+bias alone": plan_label(gemm), "tecc fused, precise math": plan_label(precise)}
-    regs = {"tecc fused": registers(fused), "tecc unfused": f"{registers(gemm)}; {registers(act)}",
-            "tecc gemm+bias alone": registers(gemm), "tecc fused, precise math": registers(precise)}
+    predicted = (f", predicted {fused.planning.kernels[0].chosen.cost.total * 1e6:.1f} us"
+                 if fused.planning is not None else "")
+    plans.update({"tecc fused": plan_label(fused) + predicted,
+                  "tecc unfused": f"{plan_label(gemm)}; {plan_label(act)}",
+                  "tecc gemm+bias alone": plan_label(gemm), "tecc fused, precise math": plan_label(precise)})
+    regs.update({"tecc fused": registers(fused), "tecc unfused": f"{registers(gemm)}; {registers(act)}",
+                 "tecc gemm+bias alone": registers(gemm), "tecc fused, precise math": registers(precise)})
     for name, t in times.items():
         err = errors.get(name)
         ok = err is None or err <= BOUND[dtype]
@@ -198,7 +238,7 @@ def one_config(m: int, n: int, k: int, dtype: str, form: str, reps: int, stream:
                "plan": plans.get(name, ""), "registers": regs.get(name, "")}
         rows.append(row)
         err_text = "" if err is None else f"{err:.1e}{'' if ok else ' FAIL'}"
-        print(f"| {label} | {dtype} | {form} | {name} | {t * 1e6:.1f} | {flops / t / 1e12:.0f} | "
+        print(f"| {shape} | {dtype} | {form} | {name} | {t * 1e6:.1f} | {flops / t / 1e12:.0f} | "
               f"{fastest_torch / t:.2f}x | {err_text} | {row['registers']} | {row['plan']} |", flush=True)
     del xs, ws, bs, ys, zs, fused_runs, precise_runs, gemm_runs, act_runs, unfused_runs
     torch.cuda.empty_cache()
@@ -211,6 +251,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--budget-s", type=float, default=90.0, help="skip torch.compile once this much time has passed")
+    ap.add_argument("--points", type=int, default=0,
+                    help="also time the fused form at the N best-predicted gemm_wgmma points besides the pick")
     ap.add_argument("--json", default=str(HERE / "results" / "epilogue.json"))
     a = ap.parse_args()
     stream = torch.cuda.current_stream()
@@ -225,7 +267,7 @@ def main() -> None:
     for m, n, k, dtype in (QUICK if a.quick else FULL):
         for form in FORMS:
             compile_ok = not a.no_compile and time.time() - start < a.budget_s
-            rows.extend(one_config(m, n, k, dtype, form, a.reps, stream, rotate, compile_ok))
+            rows.extend(one_config(m, n, k, dtype, form, a.reps, stream, rotate, compile_ok, a.points))
     failed = [r for r in rows if not r["ok"]]
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "reps": a.reps, "rows": rows,
               "seconds": time.time() - start}
