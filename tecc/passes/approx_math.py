@@ -30,10 +30,10 @@ this pass) use, so the planner prices the calls the way they will be emitted.
 
 from __future__ import annotations
 
-from ..ir import dtype as dt
-from ..ir.dtype import DType
 import math
 
+from ..ir import dtype as dt
+from ..ir.dtype import DType
 from ..ir.expr import Binary, Call, Cast, Const, Expr, call
 from ..ir.stmt import Module
 from ..ir.visitor import ExprMutator, StmtMutator
