@@ -99,6 +99,7 @@ from .gemm_tensor_core import (
     wave_dram_bytes,
     worth_staging,
 )
+from .gemm_epilogue_cost import epilogue_math_cycles, epilogue_math_note
 from .gemm_split import (split_chain, split_handover_cycles, split_label, split_note, split_of, split_parts,
                          split_registers, split_traffic, wgmma_split_sum)
 from .registry import Point, Strategy, register
@@ -285,11 +286,12 @@ def tma_registers(bm: int, bn: int, point: Point | None = None, groups: int = 0)
 
 def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: int,
                    registers: int, out_itemsize: int = 2, tiles: int = 0, k_tile: int = K_TILE,
-                   groups: int = 0, extra_smem: int = 0) -> tuple[float, int, float]:
+                   groups: int = 0, extra_smem: int = 0, epilogue_math: float = 0.0) -> tuple[float, int, float]:
     """Cycles one SM spends on one round of its resident blocks, the resident blocks, and the
     fraction of a k tile the tensor pipe idles (gemm_tensor_core.sm_chain's model, module
     docstring: the wgmma ring's stall is what its in-flight group does not cover). `k_tile`:
-    elements per 128-byte row (32 for tf32); `groups`: the warpgroups (0: BM / 64)."""
+    elements per 128-byte row (32 for tf32); `groups`: the warpgroups (0: BM / 64);
+    `epilogue_math`: a fused epilogue's cycles per tile (gemm_epilogue_cost), exposed once per round."""
     bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
     groups = groups or bm // 64
     load = load_of(point)
@@ -324,7 +326,7 @@ def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_til
         fill = 0.0 if persistent else LOADED_LATENCY_CYCLES
         return split_chain(point, main, per_tile, once, base, fill, per_block,
                            wgmma_split_sum(target, point, groups)), resident, idle
-    round_ = main + (per_tile - base) * share
+    round_ = main + (per_tile - base) * share + epilogue_math
     return (per_block * round_ + once * share if persistent else round_), resident, idle
 
 
@@ -442,7 +444,8 @@ class GemmWgmma(Strategy):
             if "launch bound (setmaxnreg)" not in registers:   # else within the consumers' setmaxnreg share
                 registers["register A (two sets)"] = 2 * per_thread
         chain, resident, idle = wgmma_sm_chain(target, rate, point, grid, k_tiles, sum(registers.values()),
-                                               info.write.itemsize, blocks, bk, groups, out_tile)
+                                               info.write.itemsize, blocks, bk, groups, out_tile,
+                                               epilogue_math_cycles(info, bm, bn))
         pending, ahead = in_flight(stages, load)
         # wgmma reads every warpgroup's A tile and the whole B tile once per k tile per warpgroup
         smem_reads = blocks * k_tiles * groups * (64 + wgmma_n) * bk * self.element_bytes
@@ -460,6 +463,9 @@ class GemmWgmma(Strategy):
             notes.append(f"epilogue {how}: {per_tile:.0f} cycles per output tile ({fill})")
             if epilogue_of(point) == "registers" and tma_store_refusal_for(info) is not None:
                 notes.append(f"no TMA-store epilogue: {tma_store_refusal_for(info)}")
+        math_note = epilogue_math_note(info, bm, bn, target, -(-blocks // target.sm_count))
+        if math_note is not None:
+            notes.append(math_note)
         if splits > 1:
             notes.append(split_note(point, tiles, k_tiles, split_l2, wgmma_split_sum(target, point, groups)))
         if persistent:
