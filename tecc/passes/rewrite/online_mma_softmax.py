@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 
 from ...ir import dtype as dt
-from ...ir.expr import Const, Expr, Var, binary, call, cast, compare, select, warp_shuffle
+from ...ir.expr import Const, Expr, Var, binary, call, cast, compare, select, substitute, warp_shuffle
 from ...ir.intrinsics import lookup
 from ...ir.stmt import BufferStore, Stmt, seq
 from .online_mma_scores import MINUS_INF, ScoreStage
@@ -89,9 +89,23 @@ class RunningSoftmax(ScoreStage):
                        BufferStore(self.l_run, (r,), self.l_run[r] + s_frag[here]),
                        # C tile nt element e is A element 4·nt + e of k16 step nt // 2 (the relayout);
                        # the overlapped form converts after the P·V in flight has read the old P
-                       None if self.overlap else
-                       BufferStore(self.p_frag, (self.PF * mt + 4 * nt + e,), cast(s_frag[here], self.p_dtype())))
+                       None if self.overlap else self.store_p(mt, nt, e))
         return self.unrolled("p_e", 4, one)
+
+    def store_p(self, mt: Expr, nt: Expr, e: Expr) -> Stmt:
+        """A element 4·nt + e of m16 tile mt: the weight in s_frag rounded to P's dtype, zero where
+        the chain's dropout drops the element (its keep condition at the element's row and key,
+        regenerated from tc.rand's seed, offset and linear index; the sum l has the weight)."""
+        value: Expr = self.s_frag[self.SF * mt + 4 * nt + e]
+        stmts: list[Stmt] = []
+        dropout = self.chain.dropout
+        if dropout is not None:
+            r, col = self.c_map(self.lane, e)
+            at = {**self.head_at, self.chain.row[-1]: self.warp_row0(mt) + r,
+                  self.chain.key: self.kt * self.BN + nt * 8 + col}
+            stmts, keep = self.lower.value(substitute(dropout.keep, at))
+            value = select(keep, value, Const(0.0, dt.float32))
+        return seq(*stmts, BufferStore(self.p_frag, (self.PF * mt + 4 * nt + e,), cast(value, self.p_dtype())))
 
     def rescale(self, mt: Var, nt: Var) -> Stmt:
         """O·α on n8 tile nt of m16 tile mt of the output."""
@@ -112,6 +126,9 @@ class RunningSoftmax(ScoreStage):
 
     def convert(self) -> Stmt:
         """The overlapped form's P (left in s_frag by `weights`) rounded into its A fragment, then O·α."""
+        if self.chain.dropout is not None:
+            return seq(self.unrolled("p_cast", self.PF, lambda e: self.store_p(Const(0, dt.int32), e // 4, e % 4)),
+                       self.rescale_output())
         p_dtype = self.p_dtype()
         return seq(self.unrolled("p_cast", self.PF, lambda e: BufferStore(self.p_frag, (e,),
                                                                           cast(self.s_frag[e], p_dtype))),

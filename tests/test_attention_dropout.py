@@ -1,0 +1,198 @@
+"""Dropout inside attention: O = Σ_j dropout(P[r, j])·V[j, c] with P = exp(S - m)/l and the mask
+drawn from tc.rand, written as ordinary tensor expressions, is recognised by the online
+contraction (tecc.ir.online_dropout) and runs as ONE kernel that regenerates the mask from
+(seed, offset, the element's linear index) -- the SIMT kernel, mma.sync and wgmma -- matching a
+float64 NumPy reference whose mask comes from the independent Philox of tests/test_random.py."""
+
+import math
+
+import numpy as np
+import pytest
+
+import tecc as tc
+from tecc.compiler.plan import Plan, Step
+from tecc.ir.errors import ScheduleError
+from tecc.passes.rewrite.online_contraction import online_chain
+from tecc.passes.rewrite.online_contraction_mma import online_contraction_mma
+
+from test_attention_tensor_core import EPSILON, make_inputs, poisoned, wide
+from test_online_contraction import check
+from test_random import reference_rand
+
+SEED, OFFSET = 0x1234_5678_9ABC, 5
+
+
+def dropout_attention(B, H, Sq, Sk, D, dtype, p, causal=False, form="normalized", seed_tensor=True):
+    """Attention with dropout on the probabilities, as users write it. `form`: 'normalized'
+    (P = e / l, then where(R < p, 0, P / (1 - p))), 'weights' (the dropout on e, the division by
+    l after the contraction) or 'keep_mask' (P times a keep mask where(R < p, 0, 1 / (1 - p)))."""
+    Q = tc.placeholder((B, H, Sq, D), dtype, name="Q")
+    K = tc.placeholder((B, H, Sk, D), dtype, name="K")
+    V = tc.placeholder((B, H, Sk, D), dtype, name="V")
+    ins = [Q, K, V]
+    seed = SEED
+    if seed_tensor:
+        seed = tc.placeholder((), "int64", name="seed")
+        ins.append(seed)
+    d = tc.reduce_axis(D, name="d")
+    scale = 1.0 / math.sqrt(D)
+
+    def score(b, h, i, j):
+        s = tc.sum(tc.cast(Q[b, h, i, d], "float32") * tc.cast(K[b, h, j, d], "float32"), axis=d) * scale
+        return tc.where(j <= i, s, -math.inf) if causal else s
+
+    S = tc.compute((B, H, Sq, Sk), score, name="S")
+    j1, j2, j3 = (tc.reduce_axis(Sk, name=n) for n in ("j1", "j2", "j3"))
+    m = tc.compute((B, H, Sq), lambda b, h, i: tc.max(S[b, h, i, j1], axis=j1), name="m")
+    e = tc.compute((B, H, Sq, Sk), lambda b, h, i, j: tc.exp(S[b, h, i, j] - m[b, h, i]), name="e")
+    l = tc.compute((B, H, Sq), lambda b, h, i: tc.sum(e[b, h, i, j2], axis=j2), name="l")
+    R = tc.rand((B, H, Sq, Sk), seed, OFFSET, name="R")
+    if form == "normalized":
+        P = tc.compute((B, H, Sq, Sk), lambda b, h, i, j: e[b, h, i, j] / l[b, h, i], name="P")
+        Pd = tc.compute((B, H, Sq, Sk), lambda b, h, i, j: tc.where(R[b, h, i, j] < p, 0, P[b, h, i, j] / (1 - p)),
+                        name="Pd")
+        O = tc.compute((B, H, Sq, D), lambda b, h, i, c: tc.cast(
+            tc.sum(Pd[b, h, i, j3] * tc.cast(V[b, h, j3, c], "float32"), axis=j3), dtype), name="O")
+    elif form == "keep_mask":
+        P = tc.compute((B, H, Sq, Sk), lambda b, h, i, j: e[b, h, i, j] / l[b, h, i], name="P")
+        mask = tc.compute((B, H, Sq, Sk), lambda b, h, i, j: tc.where(R[b, h, i, j] < p, 0.0, 1 / (1 - p)),
+                          name="mask")
+        O = tc.compute((B, H, Sq, D), lambda b, h, i, c: tc.cast(
+            tc.sum(P[b, h, i, j3] * mask[b, h, i, j3] * tc.cast(V[b, h, j3, c], "float32"), axis=j3), dtype),
+            name="O")
+    else:
+        ed = tc.compute((B, H, Sq, Sk), lambda b, h, i, j: tc.where(R[b, h, i, j] < p, 0, e[b, h, i, j] / (1 - p)),
+                        name="ed")
+        O = tc.compute((B, H, Sq, D), lambda b, h, i, c: tc.cast(
+            tc.sum(ed[b, h, i, j3] * tc.cast(V[b, h, j3, c], "float32"), axis=j3) / l[b, h, i], dtype), name="O")
+    return ins, [O]
+
+
+def reference(given, p, causal, shape):
+    """float64 dropout attention of the (rounded) inputs; the mask from the independent Philox."""
+    q, k, v = given[:3]
+    s = (q @ np.swapaxes(k, -1, -2)) / math.sqrt(q.shape[-1])
+    if causal:
+        i, j = np.indices(s.shape[-2:])
+        s = np.where(j <= i, s, -np.inf)
+    prob = np.exp(s - s.max(axis=-1, keepdims=True))
+    prob /= prob.sum(axis=-1, keepdims=True)
+    keep = ~(reference_rand(shape, SEED, OFFSET).astype(np.float32) < np.float32(p))
+    return (np.where(keep, prob / (1 - p), 0.0) @ v), keep
+
+
+def bound(dtype, keys, v, p):
+    """As the dropout-free bound (tests/test_attention_tensor_core.bound), with the kept weights
+    scaled by 1/(1 - p)."""
+    eps = EPSILON[dtype]
+    return (2 * keys * float(np.finfo(np.float32).eps) + eps + eps / 2 * float(np.abs(v).max())) / (1 - p)
+
+
+def run(ins, outs, plan, arch, rng, v=None):
+    k = tc.build(ins + outs, target="sim", plan=plan, arch=arch)
+    x = make_inputs([t for t in ins if t.name != "seed"], rng)
+    if v is not None:
+        x[2] = v
+    args = x + ([np.array(SEED, np.int64)] if any(t.name == "seed" for t in ins) else [])
+    got = [poisoned(t) for t in outs]
+    k(*args, *got)
+    return k, wide(got[0]), [wide(a) for a in x]
+
+
+PLANS = {
+    "simt": (Plan((Step("online_contraction", {"threads": 32, "rows_per_block": 4}),), "test", ""), "sm_80"),
+    "mma": (Plan((Step("online_contraction_mma", {"rows_per_block": 64, "key_tile": 32}),), "test", ""), "sm_80"),
+    "wgmma": (Plan((Step("online_contraction_mma", {"rows_per_block": 64, "key_tile": 64, "wgmma": True}),),
+                   "test", ""), "sm_90"),
+    "wgmma_overlap": (Plan((Step("online_contraction_mma", {"rows_per_block": 64, "key_tile": 64, "wgmma": True,
+                                                             "overlap": True}),), "test", ""), "sm_90"),
+}
+
+
+@pytest.mark.parametrize("kernel", sorted(PLANS))
+@pytest.mark.parametrize("dtype,p,causal,S", [("float16", 0.1, False, 45), ("bfloat16", 0.5, True, 37),
+                                              ("float16", 0.5, True, 70), ("bfloat16", 0.1, False, 33)])
+def test_dropout_attention_matches_float64(kernel, dtype, p, causal, S):
+    ins, outs = dropout_attention(1, 2, S, S, 32, dtype, p, causal)
+    plan, arch = PLANS[kernel]
+    k, got, given = run(ins, outs, plan, arch, np.random.default_rng())
+    assert len(k.module.kernels) == 1 and not k.module.temps, k.module
+    want, _ = reference(given, p, causal, (1, 2, S, S))
+    check(f"{kernel} dropout attention {dtype} p={p} causal={causal} S={S}", got, want, bound(dtype, S, given[2], p),
+          k.plan)
+
+
+@pytest.mark.parametrize("form", ["weights", "keep_mask"])
+def test_other_written_forms(form):
+    """The dropout on exp(s - m) with l divided after, and P times a keep mask: the same chain."""
+    ins, outs = dropout_attention(1, 2, 41, 41, 32, "float16", 0.1, causal=True, form=form)
+    plan, arch = PLANS["mma"]
+    k, got, given = run(ins, outs, plan, arch, np.random.default_rng())
+    want, _ = reference(given, 0.1, True, (1, 2, 41, 41))
+    check(f"dropout attention written as {form}", got, want, bound("float16", 41, given[2], 0.1), k.plan)
+
+
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "simt"])
+def test_mask_is_tc_rand_bit_for_bit(kernel):
+    """V = the identity (32 keys, 32 columns): O[r, c] is the dropped probability of key c, zero
+    exactly where the kernel dropped it; the zeros are where tc.rand's own draws (built and run
+    as a tensor) and the independent Philox say, element for element."""
+    S, p = 32, 0.5
+    ins, outs = dropout_attention(1, 2, S, S, 32, "float16", p)
+    v = np.broadcast_to(np.eye(S, dtype=np.float16), (1, 2, S, S)).copy()
+    plan, arch = PLANS[kernel]
+    _, got, _ = run(ins, outs, plan, arch, np.random.default_rng(), v=v)
+    seed = tc.placeholder((), "int64", name="seed")
+    R = tc.rand((1, 2, S, S), seed, OFFSET, name="R")
+    draws = np.full((1, 2, S, S), np.nan, np.float32)
+    tc.build([seed, R], target="sim")(np.array(SEED, np.int64), draws)
+    tc_keep = ~(draws < np.float32(p))
+    assert np.array_equal(tc_keep, ~(reference_rand((1, 2, S, S), SEED, OFFSET).astype(np.float32) < p))
+    assert np.all(np.isfinite(got))
+    assert np.array_equal(got != 0, tc_keep), f"{kernel}: {np.sum((got != 0) != tc_keep)} elements differ"
+
+
+def test_symbolic_length_and_a_constant_seed():
+    N = tc.var("N")
+    ins, outs = dropout_attention(1, 2, N, N, 32, "float16", 0.1, causal=True, seed_tensor=False)
+    plan, arch = PLANS["mma"]
+    k = tc.build(ins + outs, target="sim", plan=plan, arch=arch)
+    assert len(k.module.kernels) == 1
+    for n in (29, 66):
+        rng = np.random.default_rng()
+        x = [rng.standard_normal((1, 2, n, 32)).astype(np.float16) for _ in range(3)]
+        got = np.full((1, 2, n, 32), np.nan, np.float16)
+        k(*x, got)
+        want, _ = reference([a.astype(np.float64) for a in x], 0.1, True, (1, 2, n, n))
+        check(f"symbolic N={n}", got.astype(np.float64), want, bound("float16", n, x[2], 0.1), k.plan)
+
+
+def test_chain_records_the_dropout():
+    ins, outs = dropout_attention(1, 2, 40, 40, 32, "float16", 0.25)
+    chain = online_chain(ins + outs)
+    assert chain.dropout is not None and chain.dropout.scale == pytest.approx(1 / 0.75)
+    plain = dropout_attention(1, 2, 40, 40, 32, "float16", 0.25)
+    assert online_chain(plain[0] + plain[1]).dropout is not None
+    mod = online_contraction_mma(ins + outs, 64, 32)
+    assert len(mod.kernels) == 1 and "rand(" in str(mod.kernels[0])
+
+
+def test_mask_not_from_rand_is_refused_saying_why():
+    """A where on the probabilities whose condition reads a tensor (not tc.rand) is no dropout
+    the kernels can regenerate; the recognizer says so."""
+    B, H, S, D = 1, 2, 16, 32
+    Q, K, V = (tc.placeholder((B, H, S, D), "float16", name=n) for n in "QKV")
+    keep = tc.placeholder((B, H, S, S), "bool", name="keep")
+    d = tc.reduce_axis(D, name="d")
+    Sc = tc.compute((B, H, S, S), lambda b, h, i, j: tc.sum(
+        tc.cast(Q[b, h, i, d], "float32") * tc.cast(K[b, h, j, d], "float32"), axis=d), name="S")
+    j1, j2, j3 = (tc.reduce_axis(S, name=n) for n in ("j1", "j2", "j3"))
+    m = tc.compute((B, H, S), lambda b, h, i: tc.max(Sc[b, h, i, j1], axis=j1), name="m")
+    e = tc.compute((B, H, S, S), lambda b, h, i, j: tc.exp(Sc[b, h, i, j] - m[b, h, i]), name="e")
+    l = tc.compute((B, H, S), lambda b, h, i: tc.sum(e[b, h, i, j2], axis=j2), name="l")
+    Pd = tc.compute((B, H, S, S), lambda b, h, i, j: tc.where(keep[b, h, i, j], e[b, h, i, j] / l[b, h, i], 0),
+                    name="Pd")
+    O = tc.compute((B, H, S, D), lambda b, h, i, c: tc.sum(Pd[b, h, i, j3] * tc.cast(V[b, h, j3, c], "float32"),
+                                                         axis=j3), name="O")
+    with pytest.raises(ScheduleError, match="draws no tc.rand"):
+        online_chain([Q, K, V, keep, O])
