@@ -196,3 +196,100 @@ def test_mask_not_from_rand_is_refused_saying_why():
                                                          axis=j3), name="O")
     with pytest.raises(ScheduleError, match="draws no tc.rand"):
         online_chain([Q, K, V, keep, O])
+
+
+# ---- the backward -------------------------------------------------------------------------------
+
+def backward_reference(given, do, o_saved, p, causal, eps):
+    """float64 dQ, dK, dV of dropout attention and a bound per element (as
+    tests/test_attention_backward.gradients: P, dS rounded to 16 bits before their mma, each
+    output rounded once), the mask from the independent Philox:
+    dV = Σ_r drop(P)·dO, dP = keep·(dO·Vᵀ)/(1 - p), Δ = Σ_c dO·O, dS = P·(dP - Δ)."""
+    q, k, v = given[:3]
+    B, H, S, D = q.shape
+    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(D)
+    if causal:
+        i, j = np.indices((S, S))
+        s = np.where(j <= i, s, -np.inf)
+    prob = np.exp(s - s.max(-1, keepdims=True))
+    prob /= prob.sum(-1, keepdims=True)
+    keep = ~(reference_rand((B, H, S, S), SEED, OFFSET).astype(np.float32) < np.float32(p))
+    scale, sm = 1.0 / (1 - p), 1.0 / math.sqrt(D)
+    dropped = np.where(keep, prob * scale, 0.0)
+    o_saved = o_saved.astype(np.float64)
+    dp = np.where(keep, do @ np.swapaxes(v, -1, -2) * scale, 0.0)
+    delta = (do * o_saved).sum(-1, keepdims=True)
+    ds = prob * (dp - delta)
+    mag = prob * (scale * (np.abs(do) @ np.swapaxes(np.abs(v), -1, -2)) + (np.abs(do) * np.abs(o_saved)).sum(
+        -1, keepdims=True))
+    dq, dk, dv = ds @ k * sm, np.swapaxes(ds, -1, -2) @ q * sm, np.swapaxes(dropped, -1, -2) @ do
+    sub = 2.0 ** -24 if eps == EPSILON["float16"] else 0.0
+    nz = (prob > 0).astype(np.float64)
+    return [(dq, eps * (sm * mag @ np.abs(k) + np.abs(dq)) + sub * (1 + sm * nz @ np.abs(k))),
+            (dk, eps * (sm * np.swapaxes(mag, -1, -2) @ np.abs(q) + np.abs(dk))
+             + sub * (1 + sm * np.swapaxes(nz, -1, -2) @ np.abs(q))),
+            (dv, eps * (np.swapaxes(dropped, -1, -2) @ np.abs(do) + np.abs(dv))
+             + sub * (1 + scale * np.swapaxes(nz, -1, -2) @ np.abs(do)))]
+
+
+def check_bound(what, got, want, bound):
+    got = got.astype(np.float64)
+    err = np.where(np.isnan(got), np.inf, np.abs(got - want) - bound)
+    if (err > 0).any():
+        i = np.unravel_index(np.argmax(err), err.shape)
+        raise AssertionError(f"{what}: {(err > 0).sum()} of {err.size} elements off; worst at {i}: got {got[i]}, "
+                             f"want {want[i]} (bound {bound[i]:.3g})")
+
+
+BACKWARD_PLANS = {
+    "mma_atomic": ({"key_tile": 32, "rows": 32, "dq_columns": 16}, "sm_80"),
+    "mma_dq_kernel": ({"key_tile": 32, "rows": 32, "dq": "kernel", "dq_rows": 32, "dq_key_tile": 32}, "sm_80"),
+    "wgmma_atomic": ({"key_tile": 128, "rows": 64, "dq_columns": 32, "wgmma": True}, "sm_90"),
+    "wgmma_dq_kernel": ({"key_tile": 128, "rows": 32, "dq": "kernel", "dq_rows": 128, "dq_key_tile": 64,
+                         "wgmma": True}, "sm_90"),
+}
+
+
+def run_backward(S, dtype, p, causal, form, forward="tecc"):
+    """tc.grad of dropout attention, built by the online backward rewrite (the plan `form`), run
+    on fresh inputs with O and the log-sum-exp saved by tecc's forward kernel (or the float64
+    forward) and every gradient NaN-poisoned; checked against backward_reference."""
+    ins, outs = dropout_attention(1, 2, S, S, 32, dtype, p, causal)
+    wrt = [t for t in ins if t.dtype.is_float]
+    g = tc.grad(outs[0], wrt)
+    assert g.saved and "FlashAttention-2" in g.form, g.form
+    args, arch = BACKWARD_PLANS[form]
+    rng = np.random.default_rng()
+    x = make_inputs(wrt, rng)
+    by_name = {**dict(zip((t.name for t in wrt), x)), "seed": np.array(SEED, np.int64)}
+    given = [by_name[t.name] for t in g.inputs]
+    fk = tc.build(list(g.forward), target="sim", arch=arch)
+    o, lse = poisoned(g.forward[-2]), poisoned(g.forward[-1])
+    fk(*given, o, lse)
+    do = rng.standard_normal(o.shape).astype(np.float32).astype(x[0].dtype)
+    k = tc.build(g.args, target="sim", arch=arch, plan=Plan((Step("online_backward_mma", args),), "test", ""))
+    assert len(k.module.kernels) <= 3, [f.name for f in k.module.kernels]
+    for t in k.module.temps:   # no (rows x keys) buffer: Δ and dQ's float32 accumulator
+        assert math.prod(int(s) for s in t.shape) <= 2 * S * 32, (t.name, t.shape)
+    grads = [poisoned(t) for t in g.grads]
+    k(*given, o, lse, do, *grads)
+    want = backward_reference([wide(a) for a in x], do.astype(np.float64), o, p, causal, EPSILON[dtype])
+    for t, got, (w, b) in zip(g.grads, grads, want):
+        check_bound(f"{t.name} of dropout attention S={S} {dtype} p={p} causal={causal} {form}", got, w, b)
+    return k
+
+
+@pytest.mark.parametrize("form", sorted(BACKWARD_PLANS))
+@pytest.mark.parametrize("dtype,p,causal,S", [("float16", 0.1, True, 45), ("bfloat16", 0.5, False, 37)])
+def test_dropout_attention_backward_matches_float64(form, dtype, p, causal, S):
+    run_backward(S, dtype, p, causal, form)
+
+
+@pytest.mark.parametrize("p,causal", [(0.5, True), (0.1, False)])
+def test_dropout_backward_kernel_count_planned(p, causal):
+    """plan="auto" takes the online backward (at most three kernels) for dropout attention too."""
+    ins, outs = dropout_attention(1, 2, 64, 64, 32, "float16", p, causal)
+    g = tc.grad(outs[0], [t for t in ins if t.dtype.is_float])
+    k = tc.build(g.args, target="sim", arch="sm_80")
+    assert k.plan.steps[0].primitive == "online_backward_mma", k.plan
+    assert len(k.module.kernels) <= 3
