@@ -21,6 +21,9 @@ Why it is exact: with P = exp(s - m)/l, O = Σ_j P·v. For the weights e = exp(s
 ∂O[r, c]/∂e[r, j] = (v(r, j, c) - O[r, c]) / l, so the adjoint of e is (dP - Δ)/l and that of s
 is e·(dP - Δ)/l = P·(dP - Δ) = dS; m cancels (O does not change when every s of a row shifts by
 the same amount, so the gradient through the max is zero) and exp(s - m)/l = exp(s - lse).
+With dropout on the weights (the chain's `dropout`: O = Σ_j D·P·v, D = keep·scale), dV's
+contraction weight is D·P and dP = D·Σ_c dO·v (`keep` regenerated from tc.rand's seed, offset and
+index, never stored); Δ is unchanged (Σ_c dO·O = Σ_j P·dP).
 Memory: the program holds [rows, keys] stages (P, dP, dS), but build() turns it into kernels
 that keep them in registers (tecc.passes.rewrite.online_backward): O(rows·C) memory.
 

@@ -8,6 +8,10 @@ For every row r (any number of row axes) and a "key" axis j of extent N:
 
 s is any expression of (r, j) (a contraction Σ_d Q·K times a scale, a plain read, a mask
 `where(cond, s, -inf)`, a bias; grouped heads are index expressions), v is free of m and l.
+O's contraction may also weigh v by P = exp(s - m) / l, and either weight may be dropped by a
+mask drawn from tc.rand (`where(rand < p, 0, P / (1 - p))`, tecc.ir.online_dropout): the parts
+then hold the canonical contraction Σ_j exp(s - m)·v, the output reads it times the dropout's
+scale (and divided by l), and `dropout` holds the keep condition the kernels apply to the terms.
 `find_chain` returns the chain's parts in canonical variables with every compute stage except the
 two statistics inlined, or raises ScheduleError naming the condition that fails. Two users:
 the forward rewrite (tecc.passes.rewrite.online_contraction: one kernel with a running max,
@@ -151,7 +155,7 @@ def _chain_of(order: Sequence[Tensor], m: Tensor, outputs: set[int]) -> ChainPar
     l_value = Var(f"{l.name}_value", l.dtype, "value")
     stats = {m: m_value, l: l_value}
 
-    main: tuple[Tensor, Expr, Reduce, Expr, Expr] | None = None
+    main: tuple[Tensor, Expr, Reduce, Expr, Expr, Dropout | None] | None = None
     row_outputs: list[tuple[Tensor, Expr]] = []
     for t in order:
         if id(t) not in outputs:

@@ -10,6 +10,9 @@ is another) is, for every row r (any number of row axes) and a "key" axis j of e
 where s is ANY expression of (r, j): a contraction Σ_d Q[.., d]·K[.., j, d] times a scale, a
 plain read X[r, j], a `where(mask, s, -inf)` (a -inf contributes exp(-inf) = 0), an additive
 bias; grouped heads are only index expressions (K[b, h // G, j, d]). v is free of m and l.
+The weights of the contraction may be dropped by a mask drawn from tc.rand (the chain's
+`dropout`, tecc.ir.online_dropout): each kernel evaluates the keep condition at the term's row
+and key and contracts `keep ? p : 0`; l sums every p, the scale 1/(1 - p) is in the output.
 Outputs of shape r may be any expression of m and l (the log-sum-exp m + log l), and m and l
 may be outputs themselves.
 
