@@ -7,7 +7,7 @@ the probabilities vs tecc's dropout-free kernels and SDPA with dropout_p = 0.1, 
 
 The program is docs/attention.md's with P = exp(S - m) / l dropped by
 `where(rand[b, h, i, j] < p, 0, P / (1 - p))` (rand = tc.rand((B, H, S, S), seed, offset), the seed
-an int64 tensor); B and S symbolic, so each (d, causal) builds once: the dropout forward (one
+an int64 tensor); B and S symbolic, so each (d, causal) builds once (planned for B = 4, S = 4096): the dropout forward (one
 kernel), the dropout-free forward, and for each tc.grad's forward (O and the log-sum-exp) and
 backward (at most three kernels). Checked on the GPU against float64 torch for batch 0, head 0:
 the mask is tecc's own tc.rand of the same (seed, offset, shape) built as a separate kernel
@@ -35,10 +35,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.attention_backward import attention_grad  # noqa: E402
 from benchmarks.gemm import time_call  # noqa: E402
 
 SEED, OFFSET = 20261129, 3
+# the sizes the plans are made for (B and S are symbolic): 16k tokens, as the timed rows
+PLANNED_SIZES = {"B": 4, "S": 4096}
 _BUILT: dict[tuple[Any, ...], Any] = {}
 
 
@@ -81,8 +82,8 @@ def dropout_attention(h: int, d: int, dtype: str, causal: bool, p: float | None)
 
 def built(h: int, d: int, dtype: str, causal: bool, p: float) -> dict[str, Any]:
     """The kernels of one configuration (built once): forward with and without dropout, tc.grad's
-    forward and backward with dropout, the dropout-free ones (benchmarks/attention_backward.py),
-    and the head-0 mask (tc.rand of the same shape, read at [0, 0, i, j])."""
+    forward and backward with dropout, the dropout-free ones, and the head-0 mask (the first S·S
+    draws of the same stream)."""
     import tecc as tc
 
     key = (h, d, dtype, causal, p)
@@ -92,15 +93,18 @@ def built(h: int, d: int, dtype: str, causal: bool, p: float) -> dict[str, Any]:
     ins, O = dropout_attention(h, d, dtype, causal, p)
     free_ins, free_O = dropout_attention(h, d, dtype, causal, None)
     g = tc.grad(O, ins[:3])
-    g_free, fwd_free_grad, bwd_free, _ = attention_grad(h, d, dtype, causal, 1)
-    B, S = tc.var("B"), tc.var("S")
+    g_free = tc.grad(free_O, free_ins)
+    # head 0 of batch 0 of rand((B, H, S, S)): linear indices i·S + j, those of rand((S, S))
     seed = tc.placeholder((), "int64", name="seed")
-    R = tc.rand((B, h, S, S), seed, OFFSET, name="R")
-    head0 = tc.compute((S, S), lambda i, j: R[0, 0, i, j], name="R_head0")
-    b_ph = tc.placeholder((B,), "float32", name="batch")   # only to bind B
-    out = {"fwd": tc.build(ins + [O]), "fwd_free": tc.build(free_ins + [free_O]), "grad": g,
-           "grad_fwd": tc.build(list(g.forward)), "bwd": tc.build(g.args), "bwd_free": bwd_free,
-           "grad_fwd_free": fwd_free_grad, "mask": tc.build([b_ph, seed, head0]),
+    n = tc.var("N")
+    head0 = tc.rand((n, n), seed, OFFSET, name="R_head0")
+    sizes = PLANNED_SIZES
+
+    def build(args: list[Any]) -> Any:
+        return tc.build(args, sizes=sizes)
+    out = {"fwd": build(ins + [O]), "fwd_free": build(free_ins + [free_O]), "grad": g,
+           "grad_fwd": build(list(g.forward)), "bwd": build(g.args), "bwd_free": build(g_free.args),
+           "grad_fwd_free": build(list(g_free.forward)), "mask": tc.build([seed, head0], sizes={"N": sizes["S"]}),
            "build_s": time.perf_counter() - t0}
     _BUILT[key] = out
     return out
@@ -166,18 +170,18 @@ def run_shape(s: int, d: int, dtype: str, causal: bool, p: float) -> dict[str, A
     k_["fwd"](q, k, v, seed, o)
     k_["fwd_free"](q, k, v, o_free)
     o_g = torch.full_like(o, float("nan"))
-    k_["grad_fwd"](q, k, v, seed, o_g, lse)
+    g = k_["grad"]   # its inputs: Q, K, V and the seed, in the order tc.grad found them
+    by_name = {"Q": q, "K": k, "V": v, "seed": seed}
+    k_["grad_fwd"](*[by_name[t.name] for t in g.inputs], o_g, lse)
     k_["grad_fwd_free"](q, k, v, o_free, lse_free)
     do = torch.randn(b, h, s, d, device="cuda", dtype=tdt)
     grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
     grads_free = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-    g = k_["grad"]   # the backward's signature: its inputs (Q, K, V, seed in the order tc.grad found them), O, lse, dO, grads
-    by_name = {"Q": q, "K": k, "V": v, "seed": seed}
     bwd_args = [by_name[t.name] for t in g.inputs] + [o_g, lse, do, *grads]
     k_["bwd"](*bwd_args)
     k_["bwd_free"](q, k, v, o_free, lse_free, do, *grads_free)
     mask = torch.full((s, s), float("nan"), device="cuda", dtype=torch.float32)
-    k_["mask"](torch.zeros(b, device="cuda"), seed, mask)
+    k_["mask"](seed, mask)
     torch.cuda.synchronize()
     keep = ~(mask < p)
     err_o, err_g = reference_errors(q, k, v, do, o_g, grads, keep, causal, p)

@@ -12,6 +12,7 @@ import pytest
 import tecc as tc
 from tecc.compiler.plan import Plan, Step
 from tecc.ir.errors import ScheduleError
+from tecc.ir.philox import uniform_from_index
 from tecc.passes.rewrite.online_contraction import online_chain
 from tecc.passes.rewrite.online_contraction_mma import online_contraction_mma
 
@@ -68,7 +69,19 @@ def dropout_attention(B, H, Sq, Sk, D, dtype, p, causal=False, form="normalized"
     return ins, [O]
 
 
-def reference(given, p, causal, shape):
+def draws(shape, fast=False):
+    """tc.rand's draws of (SEED, OFFSET): the independent pure-Python Philox, or (`fast`, for the
+    GPU tests' sizes) the NumPy one the emulator runs, which tests/test_random.py holds to it."""
+    if not fast:
+        return reference_rand(shape, SEED, OFFSET).astype(np.float32)
+    return uniform_from_index(SEED, OFFSET, np.arange(math.prod(shape), dtype=np.int64)).reshape(shape)
+
+
+def test_fast_draws_are_the_reference_draws():
+    assert np.array_equal(draws((2, 3, 17, 19), fast=True), draws((2, 3, 17, 19)))
+
+
+def reference(given, p, causal, shape, fast=False):
     """float64 dropout attention of the (rounded) inputs; the mask from the independent Philox."""
     q, k, v = given[:3]
     s = (q @ np.swapaxes(k, -1, -2)) / math.sqrt(q.shape[-1])
@@ -77,7 +90,7 @@ def reference(given, p, causal, shape):
         s = np.where(j <= i, s, -np.inf)
     prob = np.exp(s - s.max(axis=-1, keepdims=True))
     prob /= prob.sum(axis=-1, keepdims=True)
-    keep = ~(reference_rand(shape, SEED, OFFSET).astype(np.float32) < np.float32(p))
+    keep = ~(draws(shape, fast) < np.float32(p))
     return (np.where(keep, prob / (1 - p), 0.0) @ v), keep
 
 
@@ -200,7 +213,7 @@ def test_mask_not_from_rand_is_refused_saying_why():
 
 # ---- the backward -------------------------------------------------------------------------------
 
-def backward_reference(given, do, o_saved, p, causal, eps):
+def backward_reference(given, do, o_saved, p, causal, eps, fast=False):
     """float64 dQ, dK, dV of dropout attention and a bound per element (as
     tests/test_attention_backward.gradients: P, dS rounded to 16 bits before their mma, each
     output rounded once), the mask from the independent Philox:
@@ -213,7 +226,7 @@ def backward_reference(given, do, o_saved, p, causal, eps):
         s = np.where(j <= i, s, -np.inf)
     prob = np.exp(s - s.max(-1, keepdims=True))
     prob /= prob.sum(-1, keepdims=True)
-    keep = ~(reference_rand((B, H, S, S), SEED, OFFSET).astype(np.float32) < np.float32(p))
+    keep = ~(draws((B, H, S, S), fast) < np.float32(p))
     scale, sm = 1.0 / (1 - p), 1.0 / math.sqrt(D)
     dropped = np.where(keep, prob * scale, 0.0)
     o_saved = o_saved.astype(np.float64)
@@ -293,3 +306,84 @@ def test_dropout_backward_kernel_count_planned(p, causal):
     k = tc.build(g.args, target="sim", arch="sm_80")
     assert k.plan.steps[0].primitive == "online_backward_mma", k.plan
     assert len(k.module.kernels) <= 3
+
+
+# ---- NVRTC: the benchmark's programs compile without spills -----------------------------------------
+
+def benchmark_program(d, causal):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks.attention_dropout import dropout_attention as program
+    return program(2048 // d, d, "float16", causal, 0.1)
+
+
+@pytest.mark.parametrize("d,causal,arch", [(64, False, "sm_80"), (128, True, "sm_80"), (64, True, "sm_90"),
+                                           (128, False, "sm_90")])
+def test_benchmark_programs_compile_without_spills(d, causal, arch):
+    """benchmarks/attention_dropout.py's forward (one online kernel) and backward (at most three
+    kernels) as planned for the GPU, B and S symbolic: ptxas without spills, the mask's Philox in
+    the kernels (no rand tensor among the temporaries)."""
+    from nvrtc_checks import skip_without_nvrtc
+    skip_without_nvrtc(arch)
+    from benchmarks.attention_dropout import PLANNED_SIZES
+    ins, O = benchmark_program(d, causal)
+    fwd = tc.build(ins + [O], target="cuda", arch=arch, sizes=PLANNED_SIZES)
+    assert fwd.plan.strategy == "online_contraction_mma" and len(fwd.module.kernels) == 1, fwd.plan
+    g = tc.grad(O, ins[:3])
+    bwd = tc.build(g.args, target="cuda", arch=arch, sizes=PLANNED_SIZES)
+    assert bwd.plan.strategy == "online_backward_mma" and len(bwd.module.kernels) <= 3, bwd.plan
+    for k in (fwd, bwd):
+        assert "tecc_philox4x32_10" in k.source
+        for name, res in k.resources.items():
+            assert res.spill_stores == 0 and res.spill_loads == 0 and res.registers <= 255, (name, res)
+
+
+# ---- on a GPU ----------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,H,S,D,dtype,causal,p", [(2, 4, 333, 64, "float16", True, 0.1),
+                                                    (1, 8, 1024, 128, "bfloat16", False, 0.1),
+                                                    (2, 2, 512, 64, "float16", False, 0.5)])
+def test_dropout_attention_on_the_gpu(B, H, S, D, dtype, causal, p):
+    """The planned forward (one kernel) and backward (at most three) on the GPU against float64
+    NumPy with the mask of tc.rand's definition; the forward's zeros with V = the identity are the
+    dropped keys exactly (the GPU's Philox is the emulator's, bit for bit)."""
+    import torch
+
+    from gpu_checks import check_on_gpu
+    ins, outs = dropout_attention(B, H, S, S, D, dtype, p, causal)
+    fwd = tc.build(ins + outs, target="cuda")
+    assert fwd.plan.strategy == "online_contraction_mma" and len(fwd.module.kernels) == 1, fwd.plan
+    g = tc.grad(outs[0], ins[:3])
+    gf, bwd = tc.build(list(g.forward), target="cuda"), tc.build(g.args, target="cuda")
+    assert bwd.plan.steps[0].primitive == "online_backward_mma" and len(bwd.module.kernels) <= 3, bwd.plan
+    tdt = getattr(torch, dtype)
+    gen = torch.Generator(device="cuda").manual_seed(np.random.SeedSequence().entropy % 2**63)
+    q, k, v = (torch.randn((B, H, S, D), device="cuda", generator=gen).to(tdt) for _ in range(3))
+    seed = torch.tensor(SEED, dtype=torch.int64, device="cuda")
+    o = torch.full((B, H, S, D), float("nan"), device="cuda", dtype=tdt)
+    fwd(q, k, v, seed, o)
+    x = [t.double().cpu().numpy() for t in (q, k, v)]
+    want, _ = reference(x, p, causal, (B, H, S, S), fast=True)
+    check_on_gpu(o, torch.from_numpy(want).cuda(), torch.from_numpy(bound(dtype, S, x[2], p) * (1 + np.abs(want))).cuda(),
+                 f"forward B{B} H{H} S{S} d{D} {dtype} causal={causal} p={p}")
+    o2, lse = torch.full_like(o, float("nan")), torch.full((B, H, S), float("nan"), device="cuda")
+    by_name = {"Q": q, "K": k, "V": v, "seed": seed}
+    gf(*[by_name[t.name] for t in g.inputs], o2, lse)
+    do = torch.randn((B, H, S, D), device="cuda", generator=gen).to(tdt)
+    grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    bwd(*[by_name[t.name] for t in g.inputs], o2, lse, do, *grads)
+    refs = backward_reference(x, do.double().cpu().numpy(), o2.float().cpu().numpy(), p, causal, EPSILON[dtype],
+                              fast=True)
+    for name, got, (w, b) in zip("QKV", grads, refs):
+        check_on_gpu(got, torch.from_numpy(w).cuda(), torch.from_numpy(b).cuda(),
+                     f"d{name} B{B} H{H} S{S} d{D} {dtype} causal={causal} p={p}")
+    if S >= D:   # the mask exactly: V = the identity on the first D keys, the rest zero
+        eye = torch.zeros((B, H, S, D), device="cuda", dtype=tdt)
+        eye[:, :, :D, :] = torch.eye(D, device="cuda", dtype=tdt)
+        fwd(q, k, eye, seed, o)
+        keep = ~(draws((B, H, S, S), fast=True) < np.float32(p))[..., :D]
+        reachable = np.ones_like(keep) if not causal else (np.arange(D)[None, :] <= np.arange(S)[:, None])
+        got = o.float().cpu().numpy() != 0
+        assert np.array_equal(got, keep & reachable), f"{np.sum(got != (keep & reachable))} mask elements differ"
