@@ -124,7 +124,8 @@ PLANS = {
 
 @pytest.mark.parametrize("kernel", sorted(PLANS))
 @pytest.mark.parametrize("dtype,p,causal,S", [("float16", 0.1, False, 45), ("bfloat16", 0.5, True, 37),
-                                              ("float16", 0.5, True, 70), ("bfloat16", 0.1, False, 33)])
+                                              ("float16", 0.5, True, 70), ("bfloat16", 0.1, False, 33),
+                                              ("float16", 0.1, True, 64)])
 def test_dropout_attention_matches_float64(kernel, dtype, p, causal, S):
     ins, outs = dropout_attention(1, 2, S, S, 32, dtype, p, causal)
     plan, arch = PLANS[kernel]
@@ -174,7 +175,7 @@ def test_symbolic_length_and_a_constant_seed():
     plan, arch = PLANS["mma"]
     k = tc.build(ins + outs, target="sim", plan=plan, arch=arch)
     assert len(k.module.kernels) == 1
-    for n in (29, 66):
+    for n in (29, 64, 66):   # odd (per element on odd rows), a multiple of 4 (four per call), even (pairs)
         rng = np.random.default_rng()
         x = [rng.standard_normal((1, 2, n, 32)).astype(np.float16) for _ in range(3)]
         got = np.full((1, 2, n, 32), np.nan, np.float16)
@@ -394,10 +395,11 @@ def test_dropout_attention_on_the_gpu(B, H, S, D, dtype, causal, p):
 
 @pytest.mark.parametrize("arch,args", [("sm_80", {"rows_per_block": 64, "key_tile": 64}),
                                        ("sm_90", {"rows_per_block": 64, "key_tile": 64, "wgmma": True})])
-def test_one_philox_call_per_pair_of_keys(arch, args, monkeypatch):
+def test_philox_calls_per_two_and_four_keys(arch, args, monkeypatch):
     """Elements 2h, 2h + 1 of the C fragment (keys c, c + 1 of a row, c even) share one Philox
-    call: the second index is written n0 | 1, and NVVM computes the two inlined calls once. The
-    PTX of the kernel at an even length has half the mul.hi of the per-element form."""
+    call: the second index is written n0 | 1, and NVVM computes the two inlined calls once; with
+    the length a multiple of 4, a lane pair shares a group through a shuffle. The PTX mul.hi
+    count against the per-element form: a half with pairs, a quarter with groups of four."""
     import re
 
     from nvrtc_checks import skip_without_nvrtc
@@ -409,7 +411,10 @@ def test_one_philox_call_per_pair_of_keys(arch, args, monkeypatch):
     def mul_hi() -> int:
         mod = online_contraction_mma(ins + outs, **args)
         return len(re.findall(r"mul\.hi\.u32", compile_cuda(emit_source(mod.kernels), arch=arch, name="drop").ptx))
+    four = mul_hi()
+    monkeypatch.setattr(DroppedWeights, "quad_extent", lambda self: None)
     paired = mul_hi()
     monkeypatch.setattr(DroppedWeights, "pair_form", lambda self: None)
     alone = mul_hi()
-    assert 20 <= paired and 1.8 * paired <= alone, (paired, alone)   # (305, 577 at 64 x 64 on sm_80)
+    # 153, 305, 577 at 64 x 64 on sm_80 (20 mul.hi per call)
+    assert 20 <= four and 1.8 * four <= paired and 1.8 * paired <= alone, (four, paired, alone)

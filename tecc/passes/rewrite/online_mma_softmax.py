@@ -89,7 +89,7 @@ class RunningSoftmax(DroppedWeights):
                        # with dropout the four are stored after the loop, a Philox call per pair
                        None if self.overlap or self.chain.dropout is not None else self.store_p(mt, nt, e))
         if self.chain.dropout is not None and not self.overlap:
-            return seq(self.unrolled("p_e", 4, one), self.dropped_tile(mt, nt))
+            return seq(self.unrolled("p_e", 4, one), self.dropped_stores(mt, nt))
         return self.unrolled("p_e", 4, one)
 
     def rescale(self, mt: Var, nt: Var) -> Stmt:
@@ -112,7 +112,7 @@ class RunningSoftmax(DroppedWeights):
     def convert(self) -> Stmt:
         """The overlapped form's P (left in s_frag by `weights`) rounded into its A fragment, then O·α."""
         if self.chain.dropout is not None:
-            return seq(self.unrolled("p_cast", self.BN // 8, lambda nt: self.dropped_tile(Const(0, dt.int32), nt)),
+            return seq(self.unrolled("p_cast", self.BN // 8, lambda nt: self.dropped_stores(Const(0, dt.int32), nt)),
                        self.rescale_output())
         p_dtype = self.p_dtype()
         return seq(self.unrolled("p_cast", self.PF, lambda e: BufferStore(self.p_frag, (e,),
