@@ -421,3 +421,34 @@ def test_philox_calls_per_two_and_four_keys(arch, args, monkeypatch):
     alone = mul_hi()
     # 153, 305, 577 at 64 x 64 on sm_80 (20 mul.hi per call)
     assert 20 <= four and 1.8 * four <= paired and 1.8 * paired <= alone, (four, paired, alone)
+
+
+def _weights_program(weight_of):
+    """Attention whose contraction weight is weight_of(e, l, R, b, h, i, j) (for the refusals)."""
+    B, H, S, D = 1, 2, 16, 32
+    Q, K, V = (tc.placeholder((B, H, S, D), "float16", name=n) for n in "QKV")
+    d = tc.reduce_axis(D, name="d")
+    Sc = tc.compute((B, H, S, S), lambda b, h, i, j: tc.sum(
+        tc.cast(Q[b, h, i, d], "float32") * tc.cast(K[b, h, j, d], "float32"), axis=d), name="S")
+    j1, j2, j3 = (tc.reduce_axis(S, name=n) for n in ("j1", "j2", "j3"))
+    m = tc.compute((B, H, S), lambda b, h, i: tc.max(Sc[b, h, i, j1], axis=j1), name="m")
+    e = tc.compute((B, H, S, S), lambda b, h, i, j: tc.exp(Sc[b, h, i, j] - m[b, h, i]), name="e")
+    l = tc.compute((B, H, S), lambda b, h, i: tc.sum(e[b, h, i, j2], axis=j2), name="l")
+    R = tc.rand((B, H, S, S), 7, 0, name="R")
+    W = tc.compute((B, H, S, S), lambda b, h, i, j: weight_of(e, l, R, b, h, i, j), name="W")
+    O = tc.compute((B, H, S, D), lambda b, h, i, c: tc.sum(W[b, h, i, j3] * tc.cast(V[b, h, j3, c], "float32"),
+                                                         axis=j3), name="O")
+    return [Q, K, V, O]
+
+
+@pytest.mark.parametrize("weight_of,why", [
+    (lambda e, l, R, b, h, i, j: tc.where(R[b, h, i, j] < 0.01 * l[b, h, i], 0, e[b, h, i, j] / l[b, h, i]),
+     "reads a row statistic"),
+    (lambda e, l, R, b, h, i, j: e[b, h, i, j] / l[b, h, i] * 2.0, "does not contract"),
+    (lambda e, l, R, b, h, i, j: tc.where(R[b, h, i, j] < 0.1, 0, e[b, h, i, j] / l[b, h, i] / l[b, h, i]),
+     "does not contract"),
+])
+def test_refusals_name_the_failing_condition(weight_of, why):
+    """A mask drawn with a row statistic, a constant factor without a mask, P divided by l twice."""
+    with pytest.raises(ScheduleError, match=why):
+        online_chain(_weights_program(weight_of))
