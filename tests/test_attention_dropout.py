@@ -115,8 +115,12 @@ def run(ins, outs, plan, arch, rng, v=None):
 PLANS = {
     "simt": (Plan((Step("online_contraction", {"threads": 32, "rows_per_block": 4}),), "test", ""), "sm_80"),
     "mma": (Plan((Step("online_contraction_mma", {"rows_per_block": 64, "key_tile": 32}),), "test", ""), "sm_80"),
+    "mma_split_kv": (Plan((Step("online_contraction_mma", {"rows_per_block": 64, "key_tile": 32, "kv_splits": 2}),),
+                          "test", ""), "sm_80"),
     "wgmma": (Plan((Step("online_contraction_mma", {"rows_per_block": 64, "key_tile": 64, "wgmma": True}),),
                    "test", ""), "sm_90"),
+    "wgmma_persistent": (Plan((Step("online_contraction_mma", {"rows_per_block": 64, "key_tile": 64, "wgmma": True,
+                                                                "persistent": 3}),), "test", ""), "sm_90"),
     "wgmma_overlap": (Plan((Step("online_contraction_mma", {"rows_per_block": 64, "key_tile": 64, "wgmma": True,
                                                              "overlap": True}),), "test", ""), "sm_90"),
 }
@@ -130,7 +134,10 @@ def test_dropout_attention_matches_float64(kernel, dtype, p, causal, S):
     ins, outs = dropout_attention(1, 2, S, S, 32, dtype, p, causal)
     plan, arch = PLANS[kernel]
     k, got, given = run(ins, outs, plan, arch, np.random.default_rng())
-    assert len(k.module.kernels) == 1 and not k.module.temps, k.module
+    if kernel == "mma_split_kv":   # the key chunks' partials and their combine kernel
+        assert len(k.module.kernels) == 2, k.module
+    else:
+        assert len(k.module.kernels) == 1 and not k.module.temps, k.module
     want, _ = reference(given, p, causal, (1, 2, S, S))
     check(f"{kernel} dropout attention {dtype} p={p} causal={causal} S={S}", got, want, bound(dtype, S, given[2], p),
           k.plan)
@@ -146,7 +153,8 @@ def test_other_written_forms(form):
     check(f"dropout attention written as {form}", got, want, bound("float16", 41, given[2], 0.1), k.plan)
 
 
-@pytest.mark.parametrize("kernel,S", [("mma", 32), ("mma", 33), ("wgmma", 32), ("wgmma_overlap", 35), ("simt", 33)])
+@pytest.mark.parametrize("kernel,S", [("mma", 32), ("mma", 33), ("wgmma", 32), ("wgmma_overlap", 35), ("simt", 33),
+                                      ("mma_split_kv", 36), ("wgmma_persistent", 70)])
 def test_mask_is_tc_rand_bit_for_bit(kernel, S):
     """V = the identity on the first 32 keys (the rest zero): O[r, c] is the dropped probability
     of key c, zero exactly where the kernel dropped it; the zeros are where tc.rand's own draws

@@ -107,6 +107,17 @@ class DroppedWeights(ScoreStage):
                               seq(self.store_p(mt, nt, 2 * h), self.store_p(mt, nt, 2 * h + 1, keep1)))
         return self.unrolled("p_pair", 2, pair)
 
+    def dropout_summary(self) -> str:
+        """What the plan says of the mask: how many elements share a Philox call."""
+        if self.pair_form() is None:
+            return "dropout: the keep mask regenerated from tc.rand per element (one Philox call each)"
+        quad = self.quad_extent()
+        if quad is None:
+            return ("dropout: the keep mask regenerated from tc.rand, one Philox call per two keys of a row (per "
+                    "element on rows whose index base is odd)")
+        return (f"dropout: the keep mask regenerated from tc.rand, one Philox call per four keys (a lane pair, one "
+                f"shuffle) when {quad} % 4 == 0, else per two keys of a row")
+
     def dropped_stores(self, mt: Expr, nt: Expr) -> Stmt:
         """dropped_tile, with one Philox call per four elements where the last extent of the
         rand tensor is a multiple of 4 (tested at run time when it is symbolic)."""
@@ -161,8 +172,8 @@ class DroppedWeights(ScoreStage):
         second_row = select(odd, own, other)    # row g + 8's: the odd lane's
         masks = (select(odd, Const(4, dt.int32), Const(1, dt.int32)), select(odd, Const(8, dt.int32), Const(2, dt.int32)))
         zero = Const(0, dt.int32)
-        stores = [self.store_p(mt, nt, e, compare("!=", binary("&", first_row if e < 2 else second_row, masks[e % 2]),
-                                                  zero)) for e in range(4)]
+        stores = [self.store_p(mt, nt, Const(e, dt.int32), compare(
+            "!=", binary("&", first_row if e < 2 else second_row, masks[e % 2]), zero)) for e in range(4)]
         lowered, bits = self.lower.value(bits)
         return seq(*lowered, LetStmt(own, bits, LetStmt(other, warp_shuffle("shfl_xor", own, 1), seq(*stores))))
 
