@@ -23,13 +23,14 @@ from test_random import reference_rand
 SEED, OFFSET = 0x1234_5678_9ABC, 5
 
 
-def dropout_attention(B, H, Sq, Sk, D, dtype, p, causal=False, form="normalized", seed_tensor=True):
+def dropout_attention(B, H, Sq, Sk, D, dtype, p, causal=False, form="normalized", seed_tensor=True, groups=1):
     """Attention with dropout on the probabilities, as users write it. `form`: 'normalized'
     (P = e / l, then where(R < p, 0, P / (1 - p))), 'weights' (the dropout on e, the division by
-    l after the contraction) or 'keep_mask' (P times a keep mask where(R < p, 0, 1 / (1 - p)))."""
+    l after the contraction) or 'keep_mask' (P times a keep mask where(R < p, 0, 1 / (1 - p)));
+    `groups` query heads share a K/V head (K[b, h // groups, j, d])."""
     Q = tc.placeholder((B, H, Sq, D), dtype, name="Q")
-    K = tc.placeholder((B, H, Sk, D), dtype, name="K")
-    V = tc.placeholder((B, H, Sk, D), dtype, name="V")
+    K = tc.placeholder((B, H // groups, Sk, D), dtype, name="K")
+    V = tc.placeholder((B, H // groups, Sk, D), dtype, name="V")
     ins = [Q, K, V]
     seed = SEED
     if seed_tensor:
@@ -39,7 +40,7 @@ def dropout_attention(B, H, Sq, Sk, D, dtype, p, causal=False, form="normalized"
     scale = 1.0 / math.sqrt(D)
 
     def score(b, h, i, j):
-        s = tc.sum(tc.cast(Q[b, h, i, d], "float32") * tc.cast(K[b, h, j, d], "float32"), axis=d) * scale
+        s = tc.sum(tc.cast(Q[b, h, i, d], "float32") * tc.cast(K[b, h // groups, j, d], "float32"), axis=d) * scale
         return tc.where(j <= i, s, -math.inf) if causal else s
 
     S = tc.compute((B, H, Sq, Sk), score, name="S")
@@ -53,19 +54,20 @@ def dropout_attention(B, H, Sq, Sk, D, dtype, p, causal=False, form="normalized"
         Pd = tc.compute((B, H, Sq, Sk), lambda b, h, i, j: tc.where(R[b, h, i, j] < p, 0, P[b, h, i, j] / (1 - p)),
                         name="Pd")
         O = tc.compute((B, H, Sq, D), lambda b, h, i, c: tc.cast(
-            tc.sum(Pd[b, h, i, j3] * tc.cast(V[b, h, j3, c], "float32"), axis=j3), dtype), name="O")
+            tc.sum(Pd[b, h, i, j3] * tc.cast(V[b, h // groups, j3, c], "float32"), axis=j3), dtype), name="O")
     elif form == "keep_mask":
         P = tc.compute((B, H, Sq, Sk), lambda b, h, i, j: e[b, h, i, j] / l[b, h, i], name="P")
         mask = tc.compute((B, H, Sq, Sk), lambda b, h, i, j: tc.where(R[b, h, i, j] < p, 0.0, 1 / (1 - p)),
                           name="mask")
         O = tc.compute((B, H, Sq, D), lambda b, h, i, c: tc.cast(
-            tc.sum(P[b, h, i, j3] * mask[b, h, i, j3] * tc.cast(V[b, h, j3, c], "float32"), axis=j3), dtype),
+            tc.sum(P[b, h, i, j3] * mask[b, h, i, j3] * tc.cast(V[b, h // groups, j3, c], "float32"), axis=j3), dtype),
             name="O")
     else:
         ed = tc.compute((B, H, Sq, Sk), lambda b, h, i, j: tc.where(R[b, h, i, j] < p, 0, e[b, h, i, j] / (1 - p)),
                         name="ed")
         O = tc.compute((B, H, Sq, D), lambda b, h, i, c: tc.cast(
-            tc.sum(ed[b, h, i, j3] * tc.cast(V[b, h, j3, c], "float32"), axis=j3) / l[b, h, i], dtype), name="O")
+            tc.sum(ed[b, h, i, j3] * tc.cast(V[b, h // groups, j3, c], "float32"), axis=j3) / l[b, h, i], dtype),
+            name="O")
     return ins, [O]
 
 
@@ -84,6 +86,8 @@ def test_fast_draws_are_the_reference_draws():
 def reference(given, p, causal, shape, fast=False):
     """float64 dropout attention of the (rounded) inputs; the mask from the independent Philox."""
     q, k, v = given[:3]
+    groups = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, groups, axis=1), np.repeat(v, groups, axis=1)
     s = (q @ np.swapaxes(k, -1, -2)) / math.sqrt(q.shape[-1])
     if causal:
         i, j = np.indices(s.shape[-2:])
@@ -232,6 +236,11 @@ def backward_reference(given, do, o_saved, p, causal, eps, fast=False):
     dV = Σ_r drop(P)·dO, dP = keep·(dO·Vᵀ)/(1 - p), Δ = Σ_c dO·O, dS = P·(dP - Δ)."""
     q, k, v = given[:3]
     B, H, S, D = q.shape
+    groups = H // k.shape[1]
+    k, v = np.repeat(k, groups, axis=1), np.repeat(v, groups, axis=1)
+
+    def per_kv(a):   # dK, dV: summed over the query heads of a K/V head
+        return a.reshape(B, H // groups, groups, *a.shape[2:]).sum(2)
     s = q @ np.swapaxes(k, -1, -2) / math.sqrt(D)
     if causal:
         i, j = np.indices((S, S))
@@ -247,14 +256,14 @@ def backward_reference(given, do, o_saved, p, causal, eps, fast=False):
     ds = prob * (dp - delta)
     mag = prob * (scale * (np.abs(do) @ np.swapaxes(np.abs(v), -1, -2)) + (np.abs(do) * np.abs(o_saved)).sum(
         -1, keepdims=True))
-    dq, dk, dv = ds @ k * sm, np.swapaxes(ds, -1, -2) @ q * sm, np.swapaxes(dropped, -1, -2) @ do
+    dq, dk, dv = ds @ k * sm, per_kv(np.swapaxes(ds, -1, -2) @ q) * sm, per_kv(np.swapaxes(dropped, -1, -2) @ do)
     sub = 2.0 ** -24 if eps == EPSILON["float16"] else 0.0
     nz = (prob > 0).astype(np.float64)
     return [(dq, eps * (sm * mag @ np.abs(k) + np.abs(dq)) + sub * (1 + sm * nz @ np.abs(k))),
-            (dk, eps * (sm * np.swapaxes(mag, -1, -2) @ np.abs(q) + np.abs(dk))
-             + sub * (1 + sm * np.swapaxes(nz, -1, -2) @ np.abs(q))),
-            (dv, eps * (np.swapaxes(dropped, -1, -2) @ np.abs(do) + np.abs(dv))
-             + sub * (1 + scale * np.swapaxes(nz, -1, -2) @ np.abs(do)))]
+            (dk, eps * (sm * per_kv(np.swapaxes(mag, -1, -2) @ np.abs(q)) + np.abs(dk))
+             + sub * (1 + sm * per_kv(np.swapaxes(nz, -1, -2) @ np.abs(q)))),
+            (dv, eps * (per_kv(np.swapaxes(dropped, -1, -2) @ np.abs(do)) + np.abs(dv))
+             + sub * (1 + scale * per_kv(np.swapaxes(nz, -1, -2) @ np.abs(do))))]
 
 
 def check_bound(what, got, want, bound):
@@ -275,11 +284,11 @@ BACKWARD_PLANS = {
 }
 
 
-def run_backward(S, dtype, p, causal, form, forward="tecc"):
+def run_backward(S, dtype, p, causal, form, groups=1):
     """tc.grad of dropout attention, built by the online backward rewrite (the plan `form`), run
-    on fresh inputs with O and the log-sum-exp saved by tecc's forward kernel (or the float64
-    forward) and every gradient NaN-poisoned; checked against backward_reference."""
-    ins, outs = dropout_attention(1, 2, S, S, 32, dtype, p, causal)
+    on fresh inputs with O and the log-sum-exp saved by tecc's forward kernel and every gradient
+    NaN-poisoned; checked against backward_reference."""
+    ins, outs = dropout_attention(1, 2 * groups, S, S, 32, dtype, p, causal, groups=groups)
     wrt = [t for t in ins if t.dtype.is_float]
     g = tc.grad(outs[0], wrt)
     assert g.saved and "FlashAttention-2" in g.form, g.form
@@ -295,7 +304,7 @@ def run_backward(S, dtype, p, causal, form, forward="tecc"):
     k = tc.build(g.args, target="sim", arch=arch, plan=Plan((Step("online_backward_mma", args),), "test", ""))
     assert len(k.module.kernels) <= 3, [f.name for f in k.module.kernels]
     for t in k.module.temps:   # no (rows x keys) buffer: Δ and dQ's float32 accumulator
-        assert math.prod(int(s) for s in t.shape) <= 2 * S * 32, (t.name, t.shape)
+        assert math.prod(int(s) for s in t.shape) <= 2 * groups * S * 32, (t.name, t.shape)
     grads = [poisoned(t) for t in g.grads]
     k(*given, o, lse, do, *grads)
     want = backward_reference([wide(a) for a in x], do.astype(np.float64), o, p, causal, EPSILON[dtype])
@@ -460,3 +469,16 @@ def test_refusals_name_the_failing_condition(weight_of, why):
     """A mask drawn with a row statistic, a constant factor without a mask, P divided by l twice."""
     with pytest.raises(ScheduleError, match=why):
         online_chain(_weights_program(weight_of))
+
+
+@pytest.mark.parametrize("form", ["mma_atomic", "wgmma_dq_kernel"])
+@pytest.mark.parametrize("S", [40, 41])
+def test_grouped_heads(form, S):
+    """Two query heads per K/V head (K[b, h // 2, j, d]), the rand tensor of the query heads:
+    the forward and the backward (dK, dV summed over the group)."""
+    ins, outs = dropout_attention(1, 4, S, S, 32, "bfloat16", 0.1, True, groups=2)
+    plan, arch = PLANS["mma"]
+    k, got, given = run(ins, outs, plan, arch, np.random.default_rng())
+    want, _ = reference(given, 0.1, True, (1, 4, S, S))
+    check(f"grouped dropout attention S={S}", got, want, bound("bfloat16", S, given[2], 0.1), k.plan)
+    run_backward(S, "bfloat16", 0.1, True, form, groups=2)
