@@ -291,6 +291,11 @@ def test_a_short_fastest_axis_without_whole_chunks_takes_the_padded_tile() -> No
     elementwise = min((c for c in kp.ranked if c.strategy.name == "elementwise"), key=lambda c: c.cost.total)
     assert elementwise.cost.bound == "l1/shared", elementwise.cost.terms
     assert elementwise.cost.total > 1.05 * kp.chosen.cost.total, (elementwise.label, kp.chosen.label)
+    # the chosen point on one image, in the emulator: bit for bit, no bank conflict
+    one = (1, 64, 56, 56)
+    sch, _ = tile_schedule(permute(one, (0, 2, 3, 1), "bfloat16"), dict(kp.chosen.point))
+    banks = run_transpose(tc.build(sch, target="sim"), one, (0, 2, 3, 1), "bfloat16", seed=11)
+    assert banks.conflicts("X_shared") == 0, (kp.chosen.point, dict(banks.wavefronts))
 
 
 def test_a_scattered_read_of_a_map_costs_two_l1_cycles_per_line() -> None:
