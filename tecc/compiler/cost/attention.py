@@ -24,9 +24,8 @@ measurements it cites; a tiling or occupancy the table lacks takes the formula
 fitted on the same measurements (docs/attention.md, "The cost model of the tilings"): the
 wgmma efficiency, per-tile cost and exposed softmax instructions from the three two-point fits
 at two blocks per SM, the mma.sync ones from its four timed tilings, the penalty of fewer
-resident warpgroups from the 128 x 64 kernel at one block per SM. The formula reproduced the
-event-timed entries within 26%; the table, since re-fitted on CUPTI kernel times where a tiling was
-timed at four problems or more (BLOCK_COST's comment), is what ranks the measured tilings.
+resident warpgroups from the 128 x 64 kernel at one block per SM. The formula reproduces the
+table's entries within 26%; the table is what ranks the measured tilings.
 """
 
 from __future__ import annotations
@@ -70,33 +69,18 @@ SM90_FIT_SMS = 132          # the H200 the fits were measured on (a launch: Σ b
 #     d = 128, 64 x 64, 16 rows per warp, 2 blocks/SM (243 registers): 1839 us, 4096 blocks of 64 tiles
 #     d = 128, 64 x 32, 16 rows per warp, 2 blocks/SM: 2013 us, 4096 blocks of 128 tiles
 BlockKey = tuple[str, int, int, int, int, int, bool]
-# Re-fitted (issue 26) on CUPTI kernel durations, benchmarks/results/planner_regret_h200_s25.json:
-# every tiling the planner ranks in its top six at ten problems (S = 1k .. 16k, causal and not) or
-# more, (F, t, m) by non-negative least squares over those points (the launch's rounds and the
-# guarded tiles as `attention_workload` counts them); fits of fewer than four points keep the
-# event-timed values above, and d = 128 64 x 64 (wgmma, 2 blocks/SM) stays on the formula: timed at
-# S >= 4k only, its six points do not separate F from m (F = 0 .. 2.7 fit them alike), and a
-# short-S prediction would rest on that. Events around a launch had counted the host's launch work of the TMA
-# kernels: the CUPTI fits have smaller F (the fixed part of a block), and m (the guarded key tiles)
-# holds the causal launch's tail: 2.8 at d = 128 128 x 64 where the SASS share of the guard is 0.19.
-# Every refitted tiling's ten times are reproduced within 5%, except d = 128 128 x 64 causal at
-# S = 2k / 4k (-9%, -11%: the query-major launch there is slower than its tile count says) and
-# the overlapped 128 x 64 at d = 64, S = 1k (-7%, +10%). Leave-one-problem-out (each problem's
-# points out of every fit, its ranking replayed): mean regret over the 20 attention problems
-# 1.2% against 3.5% with the event-timed table (docs/cost-model.md, "Planner regret").
 BLOCK_COST: dict[BlockKey, tuple[float, float, float]] = {
-    ("wgmma", 128, 128, 64, 0, 2, False): (1.434, 0.9569, 2.776),       # CUPTI, 10 points
+    ("wgmma", 128, 128, 64, 0, 2, False): (4.20, 0.9332, 0.1866),
     ("wgmma", 128, 128, 64, 0, 1, False): (3.563, 1.278, 0.2556),
-    ("wgmma", 128, 128, 128, 0, 1, False): (3.910, 2.076, 1.110),       # CUPTI, 10 points
-    ("wgmma", 64, 128, 128, 0, 2, False): (0.585, 1.109, 1.867),        # CUPTI, 10 points
-    ("wgmma", 64, 128, 64, 0, 2, False): (0.940, 0.6170, 0.9469),       # CUPTI, 10 points
-    ("wgmma", 64, 64, 64, 0, 4, False): (0.326, 0.3108, 2.435),         # CUPTI, 10 points
-    ("wgmma", 64, 128, 64, 0, 2, True): (0.161, 0.6621, 1.197),         # CUPTI, 10 points
-    ("wgmma", 128, 128, 128, 0, 1, True): (1.803, 2.242, 2.404),        # CUPTI, 10 points
-    ("wgmma", 128, 128, 64, 0, 1, True): (4.811, 1.128, 0.0043),        # CUPTI, 10 points (was the formula)
-    ("mma.sync", 64, 128, 64, 32, 2, False): (0.940, 0.8133, 0.8646),   # CUPTI, 10 points
-    ("mma.sync", 64, 64, 64, 16, 3, False): (0.192, 0.4659, 0.6114),    # CUPTI, 9 points
-    ("mma.sync", 128, 64, 64, 16, 2, False): (1.773, 0.8504, 0.0),      # CUPTI, 9 points
+    ("wgmma", 128, 128, 128, 0, 1, False): (8.873, 1.9986, 1.3285),
+    ("wgmma", 64, 128, 128, 0, 2, False): (3.24, 1.0676, 1.26),
+    ("wgmma", 64, 128, 64, 0, 2, False): (3.142, 0.6051, 1.590),
+    ("wgmma", 64, 64, 64, 0, 4, False): (1.62, 0.2967, 0.356),
+    ("wgmma", 64, 128, 64, 0, 2, True): (2.919, 0.6452, 0.1291),
+    ("wgmma", 128, 128, 128, 0, 1, True): (9.939, 2.1993, 0.4399),
+    ("mma.sync", 64, 128, 64, 32, 2, False): (3.685, 0.8147, 0.1629),
+    ("mma.sync", 64, 64, 64, 16, 3, False): (2.049, 0.4537, 0.0907),
+    ("mma.sync", 128, 64, 64, 16, 2, False): (3.792, 0.8389, 0.1678),
     ("mma.sync", 128, 64, 32, 16, 2, False): (2.143, 0.4740, 0.0948),
 }
 
