@@ -1,0 +1,305 @@
+"""An ATen FX graph as tensor-expression programs: which nodes tecc computes, which run as ATen,
+and the programs (segments) the computed nodes form.
+
+1. **Classify.** Every node is lowered once in graph order (lowering/): a node whose lowering
+   raises `Unsupported`, or whose op has none, runs as ATen (a *fallback*, with the reason);
+   nodes that compute symbolic sizes are evaluated on the host.
+2. **Levels.** A computed node's level is the number of fallbacks it must wait for: the highest
+   level among its computed inputs, and one past every fallback it reads. A fallback runs after
+   the program of the highest level among its inputs. So the graph becomes programs and ATen
+   calls in order, and an ATen op splits the graph only for what depends on it: with no
+   fallback, the whole graph is ONE program.
+3. **Segments.** The nodes of one level are lowered again as one program of their own: values
+   that come from elsewhere (graph inputs, ATen results, other programs' outputs) become
+   placeholders, and a view of such a value is re-lowered here as an index expression on it.
+   A node is an output of its program when something outside reads it (the graph's outputs, an
+   ATen op, another program), directly or through views.
+
+`tc.build` then plans each program (runtime.py); its planner, not this module, decides where the
+program's kernels begin and end.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.fx import GraphModule, Node
+
+from ..ir.errors import TeccError
+from ..ir.tensor import Tensor, compute, placeholder
+from .lowering import LOWERINGS, LoweringContext, Sizes, Unsupported, is_view, tecc_dtype, why_not
+from .lowering.context import Namer
+
+INPUT, TECC, ATEN, SCALAR = "input", "tecc", "aten", "scalar"
+
+
+@dataclass
+class Segment:
+    """One tensor-expression program: the computed nodes of one level."""
+
+    index: int
+    name: str
+    nodes: list[Node]                                   # computed here, in graph order (views too)
+    inputs: list[Node] = field(default_factory=list)    # placeholders, in signature order
+    outputs: list[Node] = field(default_factory=list)   # what leaves the program, in signature order
+    args: list[Tensor] = field(default_factory=list)    # the signature: placeholders, then outputs
+    values: dict[Node, Any] = field(default_factory=dict)  # every node's value in this program
+
+
+@dataclass
+class GraphPlan:
+    """What runs where: each node's kind, level and (for fallbacks) reason, and the segments."""
+
+    gm: GraphModule
+    name: str
+    sizes: Sizes
+    kinds: dict[Node, str]
+    reasons: dict[Node, str]
+    level: dict[Node, int]
+    segments: list[Segment]
+
+    @property
+    def fallbacks(self) -> list[Node]:
+        return [n for n, k in self.kinds.items() if k == ATEN and n.target is not operator.getitem]
+
+    def fallback_summary(self) -> dict[str, list[str]]:
+        """ATen op -> the FX nodes of it that run as ATen."""
+        out: dict[str, list[str]] = {}
+        for n in self.fallbacks:
+            out.setdefault(op_name(n.target), []).append(n.name)
+        return out
+
+
+def op_name(target: Any) -> str:
+    return str(target) if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", str(target))
+
+
+def is_view_node(node: Node, kinds: dict[Node, str]) -> bool:
+    """A computed node whose value views its first argument (a getitem of a split too)."""
+    if kinds.get(node) != TECC:
+        return False
+    if node.target is operator.getitem:
+        parent = node.args[0]
+        return isinstance(parent, Node) and is_view_node(parent, kinds)
+    return is_view(node.target)
+
+
+def view_base(node: Node, kinds: dict[Node, str]) -> Node:
+    """The node a chain of views starts from (a materialized value, or a graph input / ATen result)."""
+    while is_view_node(node, kinds):
+        parent = node.args[0]
+        assert isinstance(parent, Node)
+        node = parent
+    return node
+
+
+def _scalar_value(node: Node) -> Any:
+    val = node.meta.get("val")
+    return val if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)) else None
+
+
+class _Lowerer:
+    """Lowers nodes into one program; values from outside become placeholders."""
+
+    def __init__(self, sizes: Sizes, kinds: dict[Node, str], inside: Callable[[Node], bool]) -> None:
+        self.ctx = LoweringContext(sizes, Namer())
+        self.sizes = sizes
+        self.kinds = kinds
+        self.inside = inside
+        self.values: dict[Node, Any] = {}
+        self.placeholders: dict[Node, Tensor] = {}
+
+    def value(self, node: Node) -> Any:
+        if node in self.values:
+            return self.values[node]
+        kind = self.kinds.get(node)
+        if kind == SCALAR:
+            value = self.sizes.expr(_scalar_value(node))
+        elif kind == TECC and (self.inside(node) or is_view_node(node, self.kinds)):
+            value = self.lower(node)
+        else:
+            value = self.placeholder(node)
+        self.values[node] = value
+        return value
+
+    def placeholder(self, node: Node) -> Tensor:
+        found = self.placeholders.get(node)
+        if found is not None:
+            return found
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            raise Unsupported(f"{node.name} is not a tensor")
+        shape = self.sizes.shape(val.shape)
+        strides = None if _contiguous(val) else "any"
+        name = self.ctx.namer(node.name)
+        made = self.placeholders[node] = placeholder(shape, tecc_dtype(val.dtype), name=name, strides=strides)
+        return made
+
+    def argument(self, a: Any) -> Any:
+        if isinstance(a, Node):
+            return self.value(a)
+        if isinstance(a, (list, tuple)):
+            return type(a)(self.argument(x) for x in a)
+        if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return self.sizes.expr(a)
+        return a
+
+    def lower(self, node: Node) -> Any:
+        if node.target is operator.getitem:
+            parent = self.value(node.args[0])  # type: ignore[arg-type]
+            return parent[node.args[1]]
+        lowering = LOWERINGS.get(node.target)
+        if lowering is None:
+            raise Unsupported(why_not(node.target))
+        args = [self.argument(a) for a in node.args]
+        kwargs = {k: self.argument(v) for k, v in node.kwargs.items()}
+        self.ctx.node = node
+        try:
+            value = lowering(self.ctx, *args, **kwargs)
+        finally:
+            self.ctx.node = None
+        self.values[node] = value
+        return value
+
+
+def _contiguous(val: torch.Tensor) -> bool:
+    try:
+        return bool(val.is_contiguous())
+    except Exception:  # noqa: BLE001 - a symbolic stride torch cannot decide: accept any
+        return False
+
+
+def classify(gm: GraphModule, sizes: Sizes, bound: set[Any]) -> tuple[dict[Node, str], dict[Node, str]]:
+    """Each node's kind (input / tecc / aten / scalar), and why each fallback is one."""
+    kinds: dict[Node, str] = {}
+    reasons: dict[Node, str] = {}
+    lowerer = _Lowerer(sizes, kinds, lambda n: True)
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            kinds[node] = INPUT
+            continue
+        if node.op == "output":
+            continue
+        scalar = _scalar_value(node)
+        if scalar is not None and _backed(scalar, bound):
+            kinds[node] = SCALAR
+            continue
+        if node.op != "call_function":
+            kinds[node], reasons[node] = ATEN, f"{node.op} nodes run in Python"
+            continue
+        if node.target is operator.getitem:
+            parent = node.args[0]
+            kinds[node] = TECC if isinstance(parent, Node) and kinds.get(parent) == TECC else ATEN
+            continue
+        kinds[node] = TECC
+        try:
+            lowerer.lower(node)
+        except Unsupported as exc:
+            kinds[node], reasons[node] = ATEN, str(exc)
+        except TeccError as exc:  # a case the lowering did not foresee: run it as ATen, and say so
+            kinds[node], reasons[node] = ATEN, f"lowering failed ({type(exc).__name__}: {exc})"
+    return kinds, reasons
+
+
+def _backed(value: Any, bound: set[Any]) -> bool:
+    """Whether a scalar's value follows from the graph's inputs (no data-dependent symbol)."""
+    if isinstance(value, (int, float, bool)):
+        return True
+    expr = value.node.expr
+    return all(s in bound for s in expr.free_symbols)
+
+
+def levels(gm: GraphModule, kinds: dict[Node, str]) -> dict[Node, int]:
+    """The level of every computed and fallback node (module docstring, step 2)."""
+    level: dict[Node, int] = {}
+    for node in gm.graph.nodes:
+        kind = kinds.get(node)
+        if kind not in (TECC, ATEN):
+            continue
+        best = 0
+        for a in node.all_input_nodes:
+            k = kinds.get(a)
+            if k == TECC:
+                best = max(best, level[a])
+            elif k == ATEN:
+                best = max(best, level[a] + 1 if kind == TECC else level[a])
+        level[node] = best
+    return level
+
+
+def _users_outside(node: Node, kinds: dict[Node, str], level: dict[Node, int], home: int) -> bool:
+    """Whether anything outside program `home` reads `node`, directly or through views."""
+    for user in node.users:
+        kind = kinds.get(user)
+        if user.op == "output" or kind == ATEN:
+            return True
+        if kind == TECC and is_view_node(user, kinds):
+            if _users_outside(user, kinds, level, home):
+                return True
+        elif kind == TECC and level[user] != home:
+            return True
+    return False
+
+
+def segments(gm: GraphModule, name: str, sizes: Sizes, kinds: dict[Node, str],
+             level: dict[Node, int]) -> list[Segment]:
+    """The programs, one per level, lowered with their placeholders and outputs."""
+    by_level: dict[int, list[Node]] = {}
+    for node in gm.graph.nodes:
+        if kinds.get(node) == TECC:
+            by_level.setdefault(level[node], []).append(node)
+    out: list[Segment] = []
+    for index, lvl in enumerate(sorted(by_level)):
+        members = by_level[lvl]
+        seg = Segment(index, f"{name}_p{index}", members)
+        home = set(members)
+        lowerer = _Lowerer(sizes, kinds, lambda n, home=home: n in home)  # type: ignore[misc]
+        for node in members:
+            lowerer.value(node)
+        outputs = [n for n in members if not is_view_node(n, kinds) and isinstance(lowerer.values.get(n), Tensor)
+                   and _users_outside(n, kinds, level, lvl)]
+        seg.values = lowerer.values
+        seg.inputs = list(lowerer.placeholders)
+        seg.outputs = outputs
+        seg.args = list(lowerer.placeholders.values()) + _distinct_outputs(seg, lowerer)
+        if outputs:
+            out.append(seg)
+    for index, seg in enumerate(out):
+        seg.index = index
+    return out
+
+
+def _distinct_outputs(seg: Segment, lowerer: _Lowerer) -> list[Tensor]:
+    """The output tensors, each a compute of its own: an output that is a placeholder or another
+    output's tensor is written by an identity compute (build takes each tensor once)."""
+    seen: set[int] = {id(t) for t in lowerer.placeholders.values()}
+    tensors = []
+    for node in seg.outputs:
+        t = lowerer.values[node]
+        if id(t) in seen:
+            source = t
+            t = compute(source.shape, lambda *idx, s=source: s[idx], name=lowerer.ctx.namer(node.name + "_copy"))
+            seg.values[node] = t
+        seen.add(id(t))
+        tensors.append(t)
+    return tensors
+
+
+def plan_graph(gm: GraphModule, name: str, sizes: Sizes, bound: set[Any]) -> GraphPlan:
+    kinds, reasons = classify(gm, sizes, bound)
+    level = levels(gm, kinds)
+    return GraphPlan(gm, name, sizes, kinds, reasons, level, segments(gm, name, sizes, kinds, level))
+
+
+def walk_args(a: Any) -> Iterator[Node]:
+    if isinstance(a, Node):
+        yield a
+    elif isinstance(a, (list, tuple)):
+        for x in a:
+            yield from walk_args(x)
+    elif isinstance(a, dict):
+        for x in a.values():
+            yield from walk_args(x)

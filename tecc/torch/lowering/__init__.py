@@ -1,0 +1,150 @@
+"""The ATen → tensor-expression lowering table: one entry per ATen overload.
+
+`LOWERINGS[op](ctx, *args, **kwargs)` returns the node's value (a tecc Tensor, or a tuple of
+them); it raises `Unsupported` when tecc cannot compute this node, which then runs as ATen
+inside the compiled graph (graph.py). `VIEW_OPS` are the ops whose result is a view of their
+first argument: inside a program they are index expressions, and a view that leaves a program
+(a graph output, an ATen op's argument) is made by torch on the materialized base.
+`PENDING` names the ops that wait for an IR capability and why; each becomes one entry of
+LOWERINGS when it lands.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+import torch
+
+from . import creation, matmul, reductions, views
+from .context import LoweringContext, Sizes, Unsupported, aten, prims, tecc_dtype
+from .pointwise import POINTWISE, lower_cast, lower_pointwise
+
+Lowering = Callable[..., Any]
+
+
+def _pointwise(op: Any) -> Lowering:
+    def lower(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
+        return lower_pointwise(ctx, op, args, kwargs)
+
+    return lower
+
+
+def _to_copy(ctx: LoweringContext, x: Any, **kwargs: Any) -> Any:
+    device = kwargs.get("device")
+    if device is not None and ctx.node is not None:
+        source = ctx.node.args[0].meta.get("val") if isinstance(ctx.node.args[0], torch.fx.Node) else None
+        if source is not None and torch.device(device) != source.device:
+            raise Unsupported(f"a copy to another device ({device})")
+    return lower_cast(ctx, x)
+
+
+def _convert(ctx: LoweringContext, x: Any, dtype: Any) -> Any:
+    return lower_cast(ctx, x)
+
+
+def _table() -> dict[Any, Lowering]:
+    table: dict[Any, Lowering] = {op: _pointwise(op) for op in POINTWISE}
+    table.update({
+        prims.convert_element_type.default: _convert,
+        aten._to_copy.default: _to_copy,
+        aten.clone.default: views.lower_clone,
+        aten.alias.default: views.lower_alias,
+        aten.lift_fresh_copy.default: views.lower_clone,
+        aten.view.default: views.lower_view,
+        aten._unsafe_view.default: views.lower_view,
+        aten.reshape.default: views.lower_view,
+        aten.squeeze.dims: views.lower_reshape_like,
+        aten.squeeze.dim: views.lower_reshape_like,
+        aten.squeeze.default: views.lower_reshape_like,
+        aten.unsqueeze.default: views.lower_reshape_like,
+        aten.permute.default: views.lower_permute,
+        aten.t.default: views.lower_transpose,
+        aten.transpose.int: views.lower_transpose,
+        aten.expand.default: views.lower_expand,
+        aten.slice.Tensor: views.lower_slice,
+        aten.select.int: views.lower_select,
+        aten.split_with_sizes.default: views.lower_split_with_sizes,
+        aten.split.Tensor: views.lower_split,
+        aten.cat.default: views.lower_cat,
+        aten.constant_pad_nd.default: views.lower_constant_pad_nd,
+        aten.full.default: creation.lower_full,
+        aten.full_like.default: creation.lower_full_like,
+        aten.scalar_tensor.default: creation.lower_scalar_tensor,
+        aten.zeros.default: creation.lower_zeros,
+        aten.zeros_like.default: creation.lower_zeros,
+        aten.ones.default: creation.lower_ones,
+        aten.ones_like.default: creation.lower_ones,
+        aten.empty.memory_format: creation.lower_zeros,
+        aten.empty_like.default: creation.lower_zeros,
+        aten.new_zeros.default: creation.lower_zeros,
+        aten.new_ones.default: creation.lower_ones,
+        aten.arange.default: creation.lower_arange,
+        aten.arange.start: creation.lower_arange_start,
+        aten.arange.start_step: creation.lower_arange_start,
+        prims.iota.default: creation.lower_iota,
+        aten.sum.dim_IntList: reductions.lower_sum,
+        aten.sum.default: reductions.lower_sum_all,
+        aten.mean.dim: reductions.lower_mean,
+        aten.mean.default: reductions.lower_mean_all,
+        aten.amax.default: reductions.lower_amax,
+        aten.amin.default: reductions.lower_amin,
+        aten.prod.dim_int: reductions.lower_prod,
+        aten.any.dim: reductions.lower_any,
+        aten.any.dims: reductions.lower_any,
+        aten.any.default: reductions.lower_any,
+        aten.all.dim: reductions.lower_all,
+        aten.all.dims: reductions.lower_all,
+        aten.all.default: reductions.lower_all,
+        aten.var_mean.correction: reductions.lower_var_mean,
+        aten.var.correction: reductions.lower_var,
+        aten.mm.default: matmul.lower_mm,
+        aten.bmm.default: matmul.lower_bmm,
+        aten.addmm.default: matmul.lower_addmm,
+        aten.baddbmm.default: matmul.lower_baddbmm,
+        aten.mv.default: matmul.lower_mv,
+        aten.dot.default: matmul.lower_dot,
+    })
+    return table
+
+
+LOWERINGS: dict[Any, Lowering] = _table()
+
+# ops whose result views their first argument (the values of split are views too)
+VIEW_OPS: frozenset[Any] = frozenset({
+    aten.alias.default, aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+    aten.squeeze.dims, aten.squeeze.dim, aten.squeeze.default, aten.unsqueeze.default,
+    aten.permute.default, aten.t.default, aten.transpose.int, aten.expand.default, aten.slice.Tensor,
+    aten.select.int, aten.split_with_sizes.default, aten.split.Tensor,
+})
+
+_GATHER = "needs data-dependent indices (a tensor's values as indices), which tecc's IR does not have yet"
+_RAND = "needs tc.rand (a counter-based random generator), which tecc's IR does not have yet"
+
+# ops that wait for an IR capability: each becomes one LOWERINGS entry when it lands
+PENDING: dict[Any, str] = {
+    aten.embedding.default: _GATHER, aten.embedding_dense_backward.default: _GATHER,
+    aten.gather.default: _GATHER, aten.index.Tensor: _GATHER, aten.index_select.default: _GATHER,
+    aten.scatter.value: _GATHER, aten.scatter.src: _GATHER, aten.scatter_add.default: _GATHER,
+    aten.index_put.default: _GATHER, aten._unsafe_index_put.default: _GATHER,
+    aten.rand.default: _RAND, aten.rand_like.default: _RAND, aten.bernoulli.default: _RAND,
+    aten.bernoulli.p: _RAND, aten.native_dropout.default: _RAND, aten.randn.default: _RAND,
+    aten.randint.low: _RAND,
+}
+
+
+def why_not(op: Any) -> str:
+    """Why `op` has no lowering (for the fallback report)."""
+    if op in PENDING:
+        return PENDING[op]
+    if isinstance(op, torch._ops.OpOverload) and op._schema.is_mutable:
+        return "mutates its arguments (an in-place op runs as ATen)"
+    return "has no tecc lowering yet"
+
+
+def is_view(target: Any) -> bool:
+    return target in VIEW_OPS
+
+
+__all__ = ["LOWERINGS", "PENDING", "VIEW_OPS", "LoweringContext", "Sizes", "Unsupported", "is_view", "operator",
+           "tecc_dtype", "why_not"]
