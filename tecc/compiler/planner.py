@@ -39,6 +39,12 @@ from .cost.model import DEFAULT_PARAMETERS, Cost, CostParameters, Workload, pred
 from .plan import Plan, Step
 from .strategies.registry import Point, Strategy, strategies
 
+# A strategy whose primitives refused this many of its points for one kernel is not tried
+# further there: the refusals that recur are the program's, not the point's (a loop whose
+# dependences isl cannot rule out, e.g. over symbolic extents, refuses every parallel binding),
+# and each try schedules the kernel again.
+FAILURES_PER_STRATEGY = 6
+
 # (scheduled program, kernel name, arch) -> None, or ScheduleError to pass over the point
 CompileCheck = Callable[[Any, str, str], None]
 
@@ -198,11 +204,15 @@ def _realize(args: Sequence[Tensor], name: str | None, kernel_plans: list[Kernel
 
     sch = Schedule(list(args), name=name)
     for kp in kernel_plans:
+        failures: dict[str, int] = {}
         for cand in kp.ranked:
             if cand.strategy.uses_default_schedule:
                 kp.chosen = cand
                 break
-            before = list(sch.plan.steps)
+            if failures.get(cand.strategy.name, 0) >= FAILURES_PER_STRATEGY:
+                cand.failed = f"not tried: {FAILURES_PER_STRATEGY} better points of {cand.strategy.name} failed"
+                continue
+            before = sch.checkpoint()
             try:
                 cand.strategy.apply(sch, kp.info, cand.point)
                 if cand.strategy.compile_checked and compile_check is not None:
@@ -211,7 +221,8 @@ def _realize(args: Sequence[Tensor], name: str | None, kernel_plans: list[Kernel
                 break
             except ScheduleError as exc:
                 cand.failed = str(exc).splitlines()[0]
-                sch = Schedule(list(args), plan=Plan(tuple(before)), name=name)
+                failures[cand.strategy.name] = failures.get(cand.strategy.name, 0) + 1
+                sch.rollback(before)  # as if the candidate had never been tried
     return sch
 
 

@@ -29,7 +29,8 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ..ir.errors import TeccError
-from ..ir.tensor import Tensor, compute, placeholder
+from ..ir.expr import Var, free_vars
+from ..ir.tensor import ComputeOp, Tensor, compute, placeholder
 from .lowering import LOWERINGS, LoweringContext, Sizes, Unsupported, is_view, tecc_dtype, why_not
 from .lowering.context import Namer
 
@@ -47,6 +48,14 @@ class Segment:
     outputs: list[Node] = field(default_factory=list)   # what leaves the program, in signature order
     args: list[Tensor] = field(default_factory=list)    # the signature: placeholders, then outputs
     values: dict[Node, Any] = field(default_factory=dict)  # every node's value in this program
+    # sizes no argument's dimension gives alone (only in products like 2·s0): each is passed
+    # as a placeholder of that length and stride 0 after the inputs ("carriers"), so the
+    # kernel binds it as it binds any dimension
+    carriers: list[Var] = field(default_factory=list)
+
+    @property
+    def outputs_start(self) -> int:
+        return len(self.inputs) + len(self.carriers)
 
 
 @dataclass
@@ -179,7 +188,7 @@ def classify(gm: GraphModule, sizes: Sizes, bound: set[Any]) -> tuple[dict[Node,
     lowerer = _Lowerer(sizes, kinds, lambda n: True)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
-            kinds[node] = INPUT
+            kinds[node] = SCALAR if _scalar_value(node) is not None else INPUT
             continue
         if node.op == "output":
             continue
@@ -264,7 +273,11 @@ def segments(gm: GraphModule, name: str, sizes: Sizes, kinds: dict[Node, str],
         seg.values = lowerer.values
         seg.inputs = list(lowerer.placeholders)
         seg.outputs = outputs
-        seg.args = list(lowerer.placeholders.values()) + _distinct_outputs(seg, lowerer)
+        outs = _distinct_outputs(seg, lowerer)
+        seg.carriers = _unbound_sizes(list(lowerer.placeholders.values()) + outs)
+        carriers = [placeholder((v,), "int32", name=lowerer.ctx.namer(f"{v.name}_carrier"), strides="any")
+                    for v in seg.carriers]
+        seg.args = list(lowerer.placeholders.values()) + carriers + outs
         if outputs:
             out.append(seg)
     for index, seg in enumerate(out):
@@ -286,6 +299,26 @@ def _distinct_outputs(seg: Segment, lowerer: _Lowerer) -> list[Tensor]:
         seen.add(id(t))
         tensors.append(t)
     return tensors
+
+
+def _unbound_sizes(args: list[Tensor]) -> list[Var]:
+    """The size variables a program uses that no argument has as a whole dimension."""
+    used: dict[Var, None] = {}
+    seen: set[int] = set()
+    stack = list(args)
+    while stack:
+        t = stack.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        exprs = list(t.shape) + ([t.op.body] if isinstance(t.op, ComputeOp) else [])
+        for e in exprs:
+            for v in sorted(free_vars(e), key=lambda v: v.name):
+                if v.kind == "size":
+                    used[v] = None
+        stack.extend(t.op.input_tensors)
+    whole = {d for t in args for d in t.shape if isinstance(d, Var)}
+    return [v for v in used if v not in whole]
 
 
 def plan_graph(gm: GraphModule, name: str, sizes: Sizes, bound: set[Any]) -> GraphPlan:

@@ -96,9 +96,10 @@ class _Assembler:
         inputs = tuple(self.reference(n, reads).index for n in seg.inputs)
         contiguous = tuple(t.op.strides is None for t in seg.args[: len(seg.inputs)])  # type: ignore[union-attr]
         outputs = []
-        for node, t in zip(seg.outputs, seg.args[len(seg.inputs):]):
+        for node, t in zip(seg.outputs, seg.args[seg.outputs_start:]):
             outputs.append((self.new_slot(node), tuple(_size(s) for s in t.shape), torch_dtype_of(t.dtype)))
-        self.add(RunProgram(self.kernels[index], inputs, contiguous, tuple(outputs), self.emulate, seg.name), reads)
+        self.add(RunProgram(self.kernels[index], inputs, contiguous, tuple(outputs), self.emulate, seg.name,
+                            tuple(seg.carriers)), reads)
 
     def aten(self, node: Node) -> None:
         reads: set[int] = set()

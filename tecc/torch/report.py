@@ -115,7 +115,7 @@ def placement(plan: GraphPlan, kernels: Sequence[Kernel]) -> dict[str, str]:
     where: dict[Node, str] = {}
     for seg, kernel in zip(plan.segments, kernels):
         names = [k.name for k in kernel.module.kernels]
-        outputs = seg.args[len(seg.inputs):]
+        outputs = seg.args[seg.outputs_start:]
         readers = _consumers(outputs)
         memo: dict[int, set[str]] = {}
         for node in seg.nodes:
@@ -167,7 +167,7 @@ def write_dumps(directory: str, plan: GraphPlan, kernels: Sequence[Kernel], repo
         folder = os.path.join(root, seg.name)
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "program.txt"), "w") as f:
-            f.write(program_text(seg.args, len(seg.inputs)))
+            f.write(program_text(seg.args, seg.outputs_start))
         with open(os.path.join(folder, "explain.txt"), "w") as f:
             f.write(kernel.explain())
 

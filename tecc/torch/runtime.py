@@ -93,6 +93,12 @@ class RunProgram:
     outputs: tuple[tuple[int, tuple[Any, ...], torch.dtype], ...]   # (slot, shape, dtype)
     emulate: bool                                     # CPU tensors: the SIMT emulator
     name: str = ""
+    carriers: tuple[Var, ...] = ()                    # sizes passed as stride-0 placeholders
+
+    def _carriers(self, env: Env, device: Any) -> list[Any]:
+        if self.emulate:
+            return [np.broadcast_to(np.zeros(1, np.int32), (env[v],)) for v in self.carriers]
+        return [torch.zeros(1, dtype=torch.int32, device=device).expand(env[v]) for v in self.carriers]
 
     def run(self, slots: list[Any], env: Env) -> None:
         args = []
@@ -108,10 +114,11 @@ class RunProgram:
             out = torch.empty(shape_of(shape, env), dtype=dtype, device=device or "cpu")
             slots[slot] = out
             outs.append(out)
+        carriers = self._carriers(env, device) if self.carriers else []
         if self.emulate:
-            self.kernel.sim(*[_as_numpy(t) for t in args], *[_as_numpy(t) for t in outs])
+            self.kernel.sim(*[_as_numpy(t) for t in args], *carriers, *[_as_numpy(t) for t in outs])
         else:
-            self.kernel(*[t.detach() for t in args], *outs)
+            self.kernel(*[t.detach() for t in args], *carriers, *outs)
 
 
 @dataclass

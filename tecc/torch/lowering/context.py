@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 
 import sympy
 import torch
+import torch._prims  # noqa: F401 - registers torch.ops.prims (convert_element_type, iota, fma)
 
 from ...ir import dtype as dt
 from ...ir.dtype import DType

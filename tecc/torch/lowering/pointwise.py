@@ -220,8 +220,9 @@ def _table() -> dict[Any, Pointwise]:
         aten.bitwise_not.default: Pointwise(_bitwise_not, operands=one),
         aten.logical_not.default: Pointwise(lambda a: ~_truthy(a), Kind.ALWAYS_BOOL, one),
         aten.where.self: Pointwise(lambda a, b: a, Kind.NO_OPMATH, (1, 2)),  # the condition is handled apart
-        prims.fma.default: Pointwise(lambda a, b, c: a * b + c, operands=(0, 1, 2)),
     }
+    if hasattr(prims, "fma"):  # torch 2.11's decompositions wrote prims.fma; 2.13 has none
+        rows[prims.fma.default] = Pointwise(lambda a, b, c: a * b + c, operands=(0, 1, 2))
     for name, fn in _UNARY_FLOAT.items():
         rows[getattr(aten, name).default] = Pointwise(_float_only(name, fn), Kind.INT_TO_FLOAT, one)
     for name, op in (("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="), ("eq", "=="), ("ne", "!=")):
