@@ -34,7 +34,10 @@ from ..ir.tensor import ComputeOp, Tensor, compute, placeholder
 from .lowering import LOWERINGS, LoweringContext, Sizes, Unsupported, is_view, tecc_dtype, why_not
 from .lowering.context import Namer
 
-INPUT, TECC, ATEN, SCALAR = "input", "tecc", "aten", "scalar"
+# node kinds: a graph input; computed by a tecc program; run as ATen; a size evaluated on the
+# host; an output of a lowered op that tecc does not compute (attention's random-generator state
+# with dropout off, ...), made by torch as zeros of its shape and dtype, or None
+INPUT, TECC, ATEN, SCALAR, FILLER = "input", "tecc", "aten", "scalar", "filler"
 
 
 @dataclass
@@ -127,6 +130,8 @@ class _Lowerer:
         kind = self.kinds.get(node)
         if kind == SCALAR:
             value = self.sizes.expr(_scalar_value(node))
+        elif kind == FILLER:
+            value = None
         elif kind == TECC and (self.inside(node) or is_view_node(node, self.kinds)):
             value = self.lower(node)
         else:
@@ -201,7 +206,11 @@ def classify(gm: GraphModule, sizes: Sizes, bound: set[Any]) -> tuple[dict[Node,
             continue
         if node.target is operator.getitem:
             parent = node.args[0]
-            kinds[node] = TECC if isinstance(parent, Node) and kinds.get(parent) == TECC else ATEN
+            if isinstance(parent, Node) and kinds.get(parent) == TECC:
+                element = lowerer.value(parent)[node.args[1]]  # type: ignore[index]
+                kinds[node] = TECC if isinstance(element, Tensor) else FILLER
+            else:
+                kinds[node] = ATEN
             continue
         kinds[node] = TECC
         try:

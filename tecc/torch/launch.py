@@ -16,7 +16,7 @@ from torch.fx import Node
 from ..compiler.kernel import Kernel
 from ..ir.expr import Var
 from ..ir.tensor import Tensor
-from .graph import ATEN, SCALAR, TECC, GraphPlan, is_view_node, view_base
+from .graph import ATEN, FILLER, SCALAR, TECC, GraphPlan, is_view_node, view_base
 from .lowering.context import static_int, torch_dtype_of
 from .runtime import CompiledGraph, MakeView, RunAten, RunProgram, Size, Slot, Step
 
@@ -66,6 +66,13 @@ class _Assembler:
         kind = self.plan.kinds.get(node)
         if kind == SCALAR:
             return self.size(node.meta["val"])
+        if kind == FILLER and node not in self.slot:
+            val = node.meta.get("val")
+            if not isinstance(val, torch.Tensor):
+                return None
+            shape = tuple(self.size(s) for s in val.shape)
+            self.add(RunAten(torch.zeros, (shape,), {"dtype": val.dtype, "device": val.device}, self.new_slot(node),
+                             node.name), set())
         if node not in self.slot and kind == TECC and is_view_node(node, self.plan.kinds):
             self.make_view(node)
         if node not in self.slot:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import creation, matmul, reductions, views
+from . import attention, creation, matmul, pooling, reductions, views
 from .context import LoweringContext, Sizes, Unsupported, aten, prims, tecc_dtype
 from .pointwise import POINTWISE, lower_cast, lower_pointwise
 
@@ -104,6 +104,18 @@ def _table() -> dict[Any, Lowering]:
         aten.baddbmm.default: matmul.lower_baddbmm,
         aten.mv.default: matmul.lower_mv,
         aten.dot.default: matmul.lower_dot,
+        aten.max_pool2d_with_indices.default: pooling.lower_max_pool2d_with_indices,
+        aten.max_pool2d_with_indices_backward.default: pooling.lower_max_pool2d_with_indices_backward,
+        aten.avg_pool2d.default: pooling.lower_avg_pool2d,
+        aten._adaptive_avg_pool2d.default: pooling.lower_adaptive_avg_pool2d,
+        aten._scaled_dot_product_flash_attention_for_cpu.default: attention.lower_flash_cpu,
+        aten._scaled_dot_product_flash_attention.default: attention.lower_flash,
+        aten._scaled_dot_product_efficient_attention.default: attention.lower_efficient,
+        aten._scaled_dot_product_cudnn_attention.default: attention.lower_cudnn,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward.default: attention.lower_flash_cpu_backward,
+        aten._scaled_dot_product_flash_attention_backward.default: attention.lower_flash_backward,
+        aten._scaled_dot_product_efficient_attention_backward.default: attention.lower_efficient_backward,
+        aten._scaled_dot_product_cudnn_attention_backward.default: attention.lower_cudnn_backward,
     })
     return table
 
@@ -146,5 +158,7 @@ def is_view(target: Any) -> bool:
     return target in VIEW_OPS
 
 
-__all__ = ["LOWERINGS", "PENDING", "VIEW_OPS", "LoweringContext", "Sizes", "Unsupported", "is_view", "operator",
+Filler = attention.Filler
+
+__all__ = ["Filler", "LOWERINGS", "PENDING", "VIEW_OPS", "LoweringContext", "Sizes", "Unsupported", "is_view", "operator",
            "tecc_dtype", "why_not"]
