@@ -10,6 +10,7 @@ attention form the online-contraction rewrite recognises.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -32,7 +33,9 @@ KEEP = (
 )
 
 
+@functools.cache
 def decomposition_table() -> dict[Any, Any]:
+    """The table (made once per process: building it takes ~0.1 s). AOTAutograd only reads it."""
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(list(EXTRA)))
     for op in KEEP:

@@ -108,6 +108,49 @@ def _pow_scalar(a: Expr, exponent: Any) -> Expr:
     return te.pow(a, as_value(exponent, a.dtype))
 
 
+def _round_decimals(x: Expr, decimals: int = 0) -> Expr:
+    """ATen's round(x, decimals): rint(x·10^d) / 10^d, or rint(x / 10^-d) · 10^-d for d < 0."""
+    if not x.dtype.is_float:
+        return x
+    if decimals >= 0:
+        scale = constant(10.0 ** decimals, x.dtype)
+        return call("round", x * scale) / scale
+    scale = constant(10.0 ** -decimals, x.dtype)
+    return call("round", x / scale) * scale
+
+
+def _remainder(a: Expr, b: Expr) -> Expr:
+    """Python's modulo (the divisor's sign): tecc's `%` (NumPy's remainder for floats)."""
+    return a % b
+
+
+def _fmod(a: Expr, b: Expr) -> Expr:
+    """C's fmod (the dividend's sign), from the exact floor modulo: r, or r - b where r is
+    non-zero and its sign differs from a's."""
+    r = a % b
+    zero = constant(0, a.dtype)
+    return te.where((r != zero) & ((r < zero) != (a < zero)), r - b, r)
+
+
+def _log1p(x: Expr) -> Expr:
+    """log(1 + x) to full precision for small x (Goldberg's form: u = 1 + x rounded, then
+    log(u) · x / (u - 1), which cancels the rounding of u; x itself where u == 1)."""
+    one = constant(1, x.dtype)
+    u = one + x
+    inf = constant(math.inf, x.dtype)
+    return te.where(u == one, x, te.where(u == inf, u, te.log(u) * (x / (u - one))))
+
+
+def _expm1(x: Expr) -> Expr:
+    """exp(x) - 1 to full precision for small x (Kahan's form: u = exp(x), (u - 1) · x / log u;
+    x where u == 1, -1 where u - 1 == -1, u - 1 where u is infinite)."""
+    one = constant(1, x.dtype)
+    u = te.exp(x)
+    um1 = u - one
+    exact = te.where(um1 == -one, -one, um1 * (x / te.log(u)))
+    return te.where(u == one, x, te.where(call("isinf", u), um1, exact))
+
+
 def _clamp(x: Expr, lo: Any = None, hi: Any = None) -> Expr:
     if x.dtype.is_bool:
         raise Unsupported("clamp of bool")
@@ -204,12 +247,17 @@ def _table() -> dict[Any, Pointwise]:
         aten.ceil.default: Pointwise(lambda a: te.ceil(a) if a.dtype.is_float else a, operands=one),
         aten.round.default: Pointwise(lambda a: call("round", a) if a.dtype.is_float else a, operands=one),
         aten.trunc.default: Pointwise(_trunc, operands=one),
+        aten.remainder.Tensor: Pointwise(_remainder), aten.remainder.Scalar: Pointwise(_remainder),
+        aten.fmod.Tensor: Pointwise(_fmod), aten.fmod.Scalar: Pointwise(_fmod),
+        aten.log1p.default: Pointwise(_float_only("log1p", _log1p), Kind.INT_TO_FLOAT, one),
+        aten.expm1.default: Pointwise(_float_only("expm1", _expm1), Kind.INT_TO_FLOAT, one),
+        aten.round.decimals: Pointwise(_round_decimals, operands=one, params={"decimals": ("decimals", 0)}),
         aten.isnan.default: Pointwise(lambda a: te.isnan(a) if a.dtype.is_float else constant(False, dt.bool_),
                                       Kind.ALWAYS_BOOL, one),
         aten.maximum.default: Pointwise(_maximum), aten.minimum.default: Pointwise(_minimum),
         aten.fmax.default: Pointwise(te.fmax), aten.fmin.default: Pointwise(te.fmin),
-        aten.clamp.default: Pointwise(_clamp, operands=(0, "min", "max")),
-        aten.clamp.Tensor: Pointwise(_clamp, operands=(0, "min", "max")),
+        aten.clamp.default: Pointwise(_clamp, operands=(0, 1, 2)),
+        aten.clamp.Tensor: Pointwise(_clamp, operands=(0, 1, 2)),
         aten.clamp_min.default: Pointwise(lambda x, lo: _clamp(x, lo), operands=(0, 1)),
         aten.clamp_max.default: Pointwise(lambda x, hi: _clamp(x, None, hi), operands=(0, 1)),
         aten.pow.Tensor_Tensor: Pointwise(_pow, Kind.BOOL_TO_LONG),

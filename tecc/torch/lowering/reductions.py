@@ -102,6 +102,10 @@ def lower_prod(ctx: LoweringContext, x: Any, dim: Any = None, keepdim: bool = Fa
     return _simple(ctx, x, dim, keepdim, "prod")
 
 
+def lower_prod_all(ctx: LoweringContext, x: Any, *, dtype: Any = None) -> Tensor:
+    return _simple(ctx, x, None, False, "prod")
+
+
 def lower_amax(ctx: LoweringContext, x: Any, dims: Any = (), keepdim: bool = False) -> Tensor:
     return _extreme(ctx, x, dims, keepdim, "max")
 
@@ -227,3 +231,45 @@ def lower_var(ctx: LoweringContext, x: Any, dims: Any = None, *, correction: Any
               keepdim: bool = False) -> Tensor:
     var, _, _ = _moments(ctx, x, dims, correction, keepdim, None)
     return var
+
+
+def lower_max_all(ctx: LoweringContext, x: Any) -> Tensor:
+    return _extreme(ctx, x, None, False, "max")
+
+
+def lower_min_all(ctx: LoweringContext, x: Any) -> Tensor:
+    return _extreme(ctx, x, None, False, "min")
+
+
+def lower_argmax(ctx: LoweringContext, x: Any, dim: Any = None, keepdim: bool = False) -> Tensor:
+    return _arg_extreme(ctx, x, dim, keepdim, "max")
+
+
+def lower_argmin(ctx: LoweringContext, x: Any, dim: Any = None, keepdim: bool = False) -> Tensor:
+    return _arg_extreme(ctx, x, dim, keepdim, "min")
+
+
+def _arg_extreme(ctx: LoweringContext, x: Any, dim: Any, keepdim: bool, combiner: str) -> Tensor:
+    """The first index of the maximum (minimum) along `dim` (of the flattened tensor for None);
+    a NaN counts as the extremum, as in torch.argmax: the first NaN's index."""
+    if not isinstance(x, Tensor) or x.dtype.is_bool:
+        raise Unsupported("argmax / argmin of a non-tensor or bool")
+    dims = reduced_dims(x, dim)
+    flat = dim is None
+    extreme = reduce_compute(ctx, x, dims, True, lambda read, axes, idx: _combine(combiner, read(), axes) if axes
+                             else read(), [1 if i in dims else x.shape[i] for i in range(x.ndim)], "_value")
+    never = constant(2**62, dt.int64)
+
+    def index(read: Callable[[], Expr], axes: Sequence[ReduceAxis], idx: Sequence[Expr]) -> Expr:
+        if not axes:
+            return constant(0, dt.int64)
+        m = extreme[tuple(_kept_index(dims, keepdim and not flat, idx, x.ndim))]
+        v = read()
+        position: Any = 0
+        for d, a in zip(dims, axes):
+            position = position * x.shape[d] + te.cast(a, dt.int64) if not isinstance(position, int) \
+                else te.cast(a, dt.int64)
+        hit = (v == m) | (te.isnan(v) & te.isnan(m)) if x.dtype.is_float else v == m
+        return te.min(te.where(hit, position, never), list(axes))
+
+    return reduce_compute(ctx, x, dims, keepdim and not flat, index, ctx.out_shape())

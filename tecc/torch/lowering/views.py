@@ -289,7 +289,9 @@ def lower_constant_pad_nd(ctx: LoweringContext, x: Any, pad: Sequence[Any], valu
         inside: list[Expr] = []
         for d in range(x.ndim):
             b = before[d]
-            if isinstance(b, int) and b == 0:
+            same = shape[d] is x.shape[d] or (static_int(shape[d]) is not None
+                                                and static_int(shape[d]) == static_int(x.shape[d]))
+            if isinstance(b, int) and b == 0 and same:
                 src.append(idx[d])
                 continue
             at = idx[d] - b
@@ -303,6 +305,89 @@ def lower_constant_pad_nd(ctx: LoweringContext, x: Any, pad: Sequence[Any], valu
         return te.where(cond, x[tuple(src)], fill)
 
     return ctx.compute(shape, body)
+
+
+def lower_copy(ctx: LoweringContext, x: Any, src: Any, non_blocking: bool = False) -> Tensor:
+    """The functional copy: src broadcast to x's shape, in x's dtype."""
+    shape, d = ctx.out_shape(), ctx.out_dtype()
+    if not isinstance(src, Tensor):
+        return ctx.compute(shape, lambda *idx: constant(src, d))
+    return ctx.compute(shape, lambda *idx: te.cast(broadcast_read(src, idx, shape), d))
+
+
+def lower_slice_scatter(ctx: LoweringContext, x: Any, src: Any, dim: int = 0, start: Any = None, end: Any = None,
+                        step: int = 1) -> Tensor:
+    """x with src written over x[.., start:end:step, ..]."""
+    x, src = _tensor(x, "a slice_scatter"), _tensor(src, "a slice_scatter")
+    dim %= x.ndim
+    begin = _normalized(start, x.shape[dim], 0)
+    if not isinstance(step, int) or step <= 0:
+        raise Unsupported(f"slice_scatter step {step!r}")
+    count = src.shape[dim]
+
+    def body(*idx: Expr) -> Expr:
+        offset = idx[dim] - begin
+        inside = (offset >= 0) & (offset < count * step)
+        if step != 1:
+            inside = inside & (offset % step == 0)
+        at = list(idx)
+        at[dim] = offset // step if step != 1 else offset
+        return te.where(inside, te.cast(src[tuple(at)], x.dtype), x[idx])
+
+    return ctx.compute(x.shape, body)
+
+
+def lower_select_scatter(ctx: LoweringContext, x: Any, src: Any, dim: int, index: Any) -> Tensor:
+    x, src = _tensor(x, "a select_scatter"), _tensor(src, "a select_scatter")
+    dim %= x.ndim
+    at = _normalized(index, x.shape[dim], 0)
+
+    def body(*idx: Expr) -> Expr:
+        rest = tuple(idx[:dim]) + tuple(idx[dim + 1:])
+        return te.where(idx[dim] == at, te.cast(src[rest], x.dtype), x[idx])
+
+    return ctx.compute(x.shape, body)
+
+
+def lower_flip(ctx: LoweringContext, x: Any, dims: Sequence[int]) -> Tensor:
+    x = _tensor(x, "a flip")
+    flipped = {d % x.ndim for d in dims}
+
+    def body(*idx: Expr) -> Expr:
+        return x[tuple(x.shape[d] - 1 - i if d in flipped else i for d, i in enumerate(idx))]
+
+    return ctx.compute(ctx.out_shape(), body)
+
+
+def lower_repeat(ctx: LoweringContext, x: Any, repeats: Sequence[Any]) -> Tensor:
+    """out[.., i, ..] = x[.., i % size, ..] (leading new dimensions dropped)."""
+    x = _tensor(x, "a repeat")
+    shape = ctx.out_shape()
+    lead = len(shape) - x.ndim
+
+    def body(*idx: Expr) -> Expr:
+        return x[tuple(i if static_int(r) == 1 else i % x.shape[d]
+                       for d, (i, r) in enumerate(zip(idx[lead:], list(repeats)[lead:])))]
+
+    return ctx.compute(shape, body)
+
+
+def lower_diagonal(ctx: LoweringContext, x: Any, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    """The diagonal of dimensions dim1, dim2 as the last dimension."""
+    x = _tensor(x, "a diagonal")
+    d1, d2 = dim1 % x.ndim, dim2 % x.ndim
+    rest = [d for d in range(x.ndim) if d not in (d1, d2)]
+
+    def body(*idx: Expr) -> Expr:
+        src: list[ExprLike] = [0] * x.ndim
+        for d, i in zip(rest, idx[:-1]):
+            src[d] = i
+        k = idx[-1]
+        src[d1] = k - offset if offset < 0 else k
+        src[d2] = k + offset if offset > 0 else k
+        return x[tuple(src)]
+
+    return ctx.compute(ctx.out_shape(), body)
 
 
 def is_static_zero(value: Any) -> bool:
