@@ -91,7 +91,11 @@ def schedule_module(program: Sequence[Tensor] | Schedule, plan: Plan, *, name: s
             if dumper is not None:
                 dumper.write("lower.txt", f"# after pass lower\n{dumper.text(module)}")
     timing.seconds.append(("lower+schedule", time.perf_counter() - start))
+    return finish_module(module, plan, dumper=dumper, timing=timing)
 
+
+def finish_module(module: Module, plan: Plan, *, dumper: DumpIR | None, timing: PassTiming) -> Module:
+    """Step 2 alone: the fixed tail of the pipeline on a scheduled module."""
     instruments: list[Any] = [timing]
     if dumper is not None:
         instruments.append(dumper)
@@ -141,7 +145,10 @@ def refuse_spills(schedule: Schedule, kernel: str, arch: str) -> None:
     `arch` (ptxas's report through NVRTC; the compile cache keeps the binary for the build).
     The planner's compile check for strategies whose register use ptxas decides."""
     timing = PassTiming()
-    module = schedule_module(schedule, schedule.plan, name=None, dumper=None, timing=timing)
+    # the kernel alone: ptxas allocates each kernel on its own, so its report is the same as in
+    # the whole module, and the check costs one kernel's compile however large the program is
+    alone = only_kernel(schedule.mod, kernel)
+    module = finish_module(alone, schedule.plan, dumper=None, timing=timing)
     compiled = compile_module(module, schedule.plan, "cuda", arch=arch, options=(), dumper=None, timing=timing)
     res = compiled.resources.get(kernel)
     if res is not None and (res.spill_stores or res.spill_loads):
@@ -150,6 +157,15 @@ def refuse_spills(schedule: Schedule, kernel: str, arch: str) -> None:
     serialized = wgmma_serialized(compiled.compile_log)
     if serialized is not None:
         raise ScheduleError(f"{kernel} on {compiled.arch}: ptxas serializes its wgmmas ({serialized})")
+
+
+def only_kernel(module: Module, kernel: str) -> Module:
+    """`module` cut down to the kernel named `kernel` and its launches."""
+    kept = tuple(k for k in module.kernels if k.name == kernel)
+    if not kept:
+        raise ScheduleError(f"no kernel {kernel!r} in module {module.name}")
+    calls = tuple(c for c in module.calls if c.kernel == kernel)
+    return Module(module.name, module.params, kept, calls, module.temps)
 
 
 def wgmma_serialized(log: str) -> str | None:
