@@ -29,7 +29,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ..ir.errors import TeccError
-from ..ir.expr import Var, free_vars
+from ..ir.expr import Const, Var, free_vars
 from ..ir.tensor import ComputeOp, Tensor, compute, placeholder
 from .lowering import LOWERINGS, LoweringContext, Sizes, Unsupported, is_view, tecc_dtype, why_not
 from .lowering.context import Namer
@@ -172,11 +172,22 @@ class _Lowerer:
         kwargs = {k: self.argument(v) for k, v in node.kwargs.items()}
         self.ctx.node = node
         try:
-            value = lowering(self.ctx, *args, **kwargs)
+            empty = _empty_result(self.ctx)
+            value = empty if empty is not None else lowering(self.ctx, *args, **kwargs)
         finally:
             self.ctx.node = None
         self.values[node] = value
         return value
+
+
+def _empty_result(ctx: LoweringContext) -> Tensor | None:
+    """A result with no elements (a dimension of size 0): a compute of its shape and dtype,
+    whatever the op, since there is nothing to compute."""
+    val = ctx.meta
+    if not isinstance(val, torch.Tensor) or not any(isinstance(s, int) and s == 0 for s in val.shape):
+        return None
+    d = tecc_dtype(val.dtype)
+    return ctx.compute(ctx.out_shape(), lambda *idx: Const(False if d.is_bool else 0, d))
 
 
 def _contiguous(val: torch.Tensor) -> bool:
