@@ -26,12 +26,13 @@ from ..ir.expr import free_vars
 from ..ir.stmt import Module
 from ..ir.target import Target
 from ..ir.tensor import Tensor
+from ..passes.default_schedule import DEFAULT_THREADS
 from ..passes.manager import DumpIR, PassTiming
 from ..passes.lower import lower
-from . import build_cache
+from . import build_cache, region_search
 from . import options as knobs
 from .kernel import Kernel
-from .pipeline import TARGETS, compile_module, default_plan, open_dumps, refuse_spills, schedule_module
+from .pipeline import TARGETS, compile_module, default_plan, finish_module, open_dumps, refuse_spills, schedule_module
 from .plan import Plan
 from . import planner as per_kernel_planner
 from .planner import PlanResult
@@ -41,7 +42,7 @@ from .tuning import tuned_plan
 
 # A candidate is a label and a thunk returning its Plan (or the planner's PlanResult), or None when
 # the candidate's guard declines the program.
-Candidate = tuple[str, Callable[[], "Plan | PlanResult | None"]]
+Candidate = tuple[str, Callable[[], "Plan | PlanResult | region_search.Composed | None"]]
 
 # What a strategy that accepted a program may fail with while it is realized: tecc's own errors
 # (a primitive refusing the request) and the internal failures of a strategy's arithmetic or
@@ -175,17 +176,34 @@ def _auto_candidates(tensors: list[Tensor], plan_arch: str | None, sizes: dict[s
     the generic schedule (always valid). Only the per-kernel planner reads `allow_tf32` (its
     tensor-core strategy); the graph-level rewrites keep float32 arithmetic."""
 
-    def proposal(propose: Callable[[], Any]) -> Callable[[], Plan | None]:
-        def ask() -> Plan | None:
-            found = propose()
-            return None if found is None else found.plan
-        return ask
-
     def planner() -> PlanResult:
         result = per_kernel_planner.plan_program(tensors, _planner_target(plan_arch, allow_tf32), sizes=sizes,
                                                  name=name, compile_check=refuse_spills)
         timing.seconds.append(("plan", result.search_seconds))
         return result
+
+    def in_regions() -> region_search.Composed | None:
+        return region_search.propose(tensors, lambda part: _graph_level(part, plan_arch, sizes, name),
+                                     lambda part, number: _per_kernel(part, number, plan_arch, sizes, name, allow_tf32),
+                                     name or "", DEFAULT_THREADS)
+
+    return _graph_level_candidates(tensors, plan_arch, sizes, name) + [
+        ("regions", in_regions),
+        ("planner", planner),
+        ("generic", default_plan),
+    ]
+
+
+def _graph_level_candidates(tensors: list[Tensor], plan_arch: str | None, sizes: dict[str, int] | None,
+                            name: str | None) -> list[Candidate]:
+    """The rewrites that take a whole program (attention, row groups, split and column
+    reductions), in the order build asks them."""
+
+    def proposal(propose: Callable[[], Any]) -> Callable[[], Plan | None]:
+        def ask() -> Plan | None:
+            found = propose()
+            return None if found is None else found.plan
+        return ask
 
     return [
         ("online_contraction_wgmma", proposal(lambda: online_contraction.propose_wgmma(tensors, plan_arch, name))),
@@ -195,9 +213,32 @@ def _auto_candidates(tensors: list[Tensor], plan_arch: str | None, sizes: dict[s
         ("split_row_group", proposal(lambda: split_row_group.propose(tensors, plan_arch, sizes=sizes))),
         ("row_fused", proposal(lambda: row_fused.propose(tensors))),
         ("column_reduction", proposal(lambda: column_reduction.propose(tensors))),
-        ("planner", planner),
-        ("generic", default_plan),
     ]
+
+
+def _graph_level(part: list[Tensor], plan_arch: str | None, sizes: dict[str, int] | None,
+                 name: str | None) -> tuple[Plan, Module] | None:
+    """The first graph-level rewrite that takes the part and schedules it: its plan and module."""
+    for _, ask in _graph_level_candidates(part, plan_arch, sizes, name):
+        try:
+            plan = ask()
+            if plan is None:
+                continue
+            steps = Plan(tuple(s for s in plan.steps if s.primitive != "default_schedule"))
+            return plan, Schedule(part, steps, name=name).mod
+        except STRATEGY_FAILURES:
+            if knobs.strict_plans():
+                raise
+            continue
+    return None
+
+
+def _per_kernel(part: list[Tensor], number: int, plan_arch: str | None, sizes: dict[str, int] | None,
+                name: str | None, allow_tf32: bool) -> tuple[Plan, Module]:
+    """The per-kernel planner's plan of a part and its scheduled module."""
+    result = per_kernel_planner.plan_program(part, _planner_target(plan_arch, allow_tf32), sizes=sizes,
+                                             name=f"{name or 'program'}_part{number}", compile_check=refuse_spills)
+    return result.plan, result.schedule.mod
 
 
 def _first_that_builds(candidates: list[Candidate], tensors: list[Tensor], name: str | None,
@@ -218,13 +259,18 @@ def _first_that_builds(candidates: list[Candidate], tensors: list[Tensor], name:
             if found is None:
                 continue
             planning = found if isinstance(found, PlanResult) else None
-            chosen = found.plan if isinstance(found, PlanResult) else found
-            # the planner already scheduled the program (to check that the primitives take the
-            # plan): compile that IR; with dumps on, the replay writes one file per primitive
-            program: Sequence[Tensor] | Schedule = tensors
-            if planning is not None and dumper is None and planning.schedule is not None:
-                program = planning.schedule
-            module = schedule_module(program, chosen, name=name, dumper=dumper, timing=timing)
+            chosen = found.plan if isinstance(found, (PlanResult, region_search.Composed)) else found
+            if isinstance(found, region_search.Composed):  # planned and scheduled in parts
+                if dumper is not None:
+                    dumper.write("compose.txt", f"# the parts, composed\n{dumper.text(found.module)}")
+                module = finish_module(found.module, chosen, dumper=dumper, timing=timing)
+            else:
+                # the planner already scheduled the program (to check that the primitives take the
+                # plan): compile that IR; with dumps on, the replay writes one file per primitive
+                program: Sequence[Tensor] | Schedule = tensors
+                if planning is not None and dumper is None and planning.schedule is not None:
+                    program = planning.schedule
+                module = schedule_module(program, chosen, name=name, dumper=dumper, timing=timing)
         except STRATEGY_FAILURES as exc:
             if last or knobs.strict_plans():
                 raise

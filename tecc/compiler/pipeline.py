@@ -32,6 +32,7 @@ from ..passes.unique_names import unique_names
 from ..passes.verify import verify_module
 from ..runtime.host import HostProgram
 from . import options as knobs
+from . import regions
 from .cache import compile_cached
 from .kernel import Kernel
 from .plan import Plan, Step
@@ -81,6 +82,10 @@ def schedule_module(program: Sequence[Tensor] | Schedule, plan: Plan, *, name: s
         module = program.mod
         if dumper is not None:
             dumper.write("schedule.txt", f"# the Schedule as given\n{dumper.text(module)}")
+    elif regions.is_composed(plan):  # parts scheduled with their own plans, one module (regions.py)
+        module = regions.replay(list(program), plan, module_name(list(program), name))
+        if dumper is not None:
+            dumper.write("compose.txt", f"# the parts, composed\n{dumper.text(module)}")
     else:
         tensors = list(program)
         primitives = Plan(tuple(s for s in plan.steps if s.primitive != "default_schedule"))
