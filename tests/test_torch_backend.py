@@ -91,6 +91,10 @@ def test_gpt_trains_four_steps_like_eager(attention):
     assert fallen_back() == GATHER_OPS
     for r in reports():
         assert len(r.programs) <= 3, r.summary()
+    if attention == "sdpa":  # the attention program inside the forward's program: one kernel per layer
+        forward = reports()[0]
+        online = [k for _, kernels in forward.programs for k in kernels if k.endswith("online_kernel")]
+        assert len(online) == 2, forward.programs
 
 
 def test_fallback_error_names_the_op_and_its_node():
@@ -211,3 +215,15 @@ def test_backend_tecc_works_without_importing_tecc():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "True"
+
+
+def test_the_training_example_runs_and_matches_eager(capsys):
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parent.parent / "docs" / "examples" / "train_gpt.py"
+    spec = importlib.util.spec_from_file_location("train_gpt", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--steps", "2", "--layers", "1"]) == 0
+    assert "tecc trains like eager" in capsys.readouterr().out

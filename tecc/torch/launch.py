@@ -105,8 +105,10 @@ class _Assembler:
         outputs = []
         for node, t in zip(seg.outputs, seg.args[seg.outputs_start:]):
             outputs.append((self.new_slot(node), tuple(_size(s) for s in t.shape), torch_dtype_of(t.dtype)))
+        val = seg.outputs[0].meta.get("val")
+        device = val.device if isinstance(val, torch.Tensor) else "cpu"
         self.add(RunProgram(self.kernels[index], inputs, contiguous, tuple(outputs), self.emulate, seg.name,
-                            tuple(seg.carriers)), reads)
+                            tuple(seg.carriers), device), reads)
 
     def aten(self, node: Node) -> None:
         reads: set[int] = set()

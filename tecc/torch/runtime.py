@@ -94,6 +94,7 @@ class RunProgram:
     emulate: bool                                     # CPU tensors: the SIMT emulator
     name: str = ""
     carriers: tuple[Var, ...] = ()                    # sizes passed as stride-0 placeholders
+    device: Any = "cpu"                               # where the outputs live (the graph's device)
 
     def _carriers(self, env: Env, device: Any) -> list[Any]:
         if self.emulate:
@@ -102,16 +103,15 @@ class RunProgram:
 
     def run(self, slots: list[Any], env: Env) -> None:
         args = []
-        device = None
         for slot, contiguous in zip(self.inputs, self.contiguous):
             t = slots[slot]
             if contiguous and not t.is_contiguous():
                 t = t.contiguous()
-            device = t.device if device is None else device
             args.append(t)
+        device = args[0].device if args else self.device
         outs = []
         for slot, shape, dtype in self.outputs:
-            out = torch.empty(shape_of(shape, env), dtype=dtype, device=device or "cpu")
+            out = torch.empty(shape_of(shape, env), dtype=dtype, device=device)
             slots[slot] = out
             outs.append(out)
         carriers = self._carriers(env, device) if self.carriers else []
