@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch.fx import GraphModule, Node
@@ -128,6 +128,7 @@ class _Lowerer:
         if node in self.values:
             return self.values[node]
         kind = self.kinds.get(node)
+        value: Any
         if kind == SCALAR:
             value = self.sizes.expr(_scalar_value(node))
         elif kind == FILLER:
@@ -218,7 +219,7 @@ def classify(gm: GraphModule, sizes: Sizes, bound: set[Any]) -> tuple[dict[Node,
         if node.target is operator.getitem:
             parent = node.args[0]
             if isinstance(parent, Node) and kinds.get(parent) == TECC:
-                element = lowerer.value(parent)[node.args[1]]  # type: ignore[index]
+                element = lowerer.value(parent)[node.args[1]]
                 kinds[node] = TECC if isinstance(element, Tensor) else FILLER
             else:
                 kinds[node] = ATEN
@@ -345,14 +346,3 @@ def plan_graph(gm: GraphModule, name: str, sizes: Sizes, bound: set[Any]) -> Gra
     kinds, reasons = classify(gm, sizes, bound)
     level = levels(gm, kinds)
     return GraphPlan(gm, name, sizes, kinds, reasons, level, segments(gm, name, sizes, kinds, level))
-
-
-def walk_args(a: Any) -> Iterator[Node]:
-    if isinstance(a, Node):
-        yield a
-    elif isinstance(a, (list, tuple)):
-        for x in a:
-            yield from walk_args(x)
-    elif isinstance(a, dict):
-        for x in a.values():
-            yield from walk_args(x)

@@ -15,7 +15,6 @@ from torch.fx import Node
 
 from ..compiler.kernel import Kernel
 from ..ir.expr import Var
-from ..ir.tensor import Tensor
 from .graph import ATEN, FILLER, SCALAR, TECC, GraphPlan, is_view_node, view_base
 from .lowering.context import static_int, torch_dtype_of
 from .runtime import CompiledGraph, MakeView, RunAten, RunProgram, Size, Slot, Step
@@ -189,7 +188,3 @@ def _view_fn(node: Node) -> Any:
 
 def assemble(plan: GraphPlan, kernels: Sequence[Kernel], emulate: bool) -> CompiledGraph:
     return _Assembler(plan, kernels, emulate).assemble()
-
-
-def signature(tensors: Sequence[Tensor]) -> list[str]:
-    return [f"{t.name}: {t.dtype.name}[{', '.join(map(str, t.shape))}]" for t in tensors]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 from torch.fx import Node
 
@@ -195,7 +195,3 @@ def program_text(args: Sequence[Tensor], inputs: int) -> str:
         mark = "*" if id(t) in outputs else " "
         lines.append(f"{mark} {t.dtype.name}[{', '.join(map(str, t.shape))}] {t}")
     return "\n".join(lines) + "\n"
-
-
-def describe(value: Any) -> str:
-    return repr(value)

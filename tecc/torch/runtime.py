@@ -59,16 +59,6 @@ def resolve(template: Any, slots: list[Any], env: Env) -> Any:
     return template
 
 
-def _has_reference(template: Any) -> bool:
-    if isinstance(template, (Slot, Size)):
-        return True
-    if isinstance(template, (list, tuple)):
-        return any(_has_reference(t) for t in template)
-    if isinstance(template, dict):
-        return any(_has_reference(t) for t in template.values())
-    return False
-
-
 def shape_of(shape: Sequence[Any], env: Env) -> tuple[int, ...]:
     return tuple(int(evaluate(s, env)) if isinstance(s, Expr) else int(s) for s in shape)
 

@@ -209,7 +209,7 @@ def attention_backward(ctx: LoweringContext, grad: Tensor, q: Tensor, k: Tensor,
 def _tensors(*xs: Any) -> Sequence[Tensor]:
     if not all(isinstance(x, Tensor) for x in xs):
         raise Unsupported("an attention backward with a non-tensor operand")
-    return xs  # type: ignore[return-value]
+    return xs
 
 
 def lower_flash_cpu_backward(ctx: LoweringContext, grad: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,

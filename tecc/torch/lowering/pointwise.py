@@ -386,7 +386,3 @@ def lower_cast(ctx: LoweringContext, x: Any) -> Tensor:
         raise Unsupported("a cast of a non-tensor")
     shape, d = ctx.out_shape(), ctx.out_dtype()
     return ctx.compute(shape, lambda *idx: te.cast(broadcast_read(x, idx, shape), d))
-
-
-def is_finite_scalar(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from ...ir import dtype as dt
 from ...ir import ops as te
-from ...ir.expr import Expr, ExprLike
+from ...ir.expr import Expr
 from ...ir.tensor import Tensor, reduce_axis
 from .context import LoweringContext, Unsupported, constant, static_int
 
@@ -187,7 +187,3 @@ def _start(i: int, size: int, n: int) -> int:
 
 def _end(i: int, size: int, n: int) -> int:
     return -((-(i + 1) * size) // n)
-
-
-def _unused(*values: ExprLike) -> None:
-    del values

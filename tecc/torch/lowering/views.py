@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Any, Sequence
 
 from ...ir import ops as te
-from ...ir.expr import Expr, ExprLike, Var, const_int
+from ...ir.expr import Expr, ExprLike, Var
 from ...ir.tensor import Tensor
 from .context import LoweringContext, Unsupported, broadcast_read, constant, static_int
 
@@ -388,7 +388,3 @@ def lower_diagonal(ctx: LoweringContext, x: Any, offset: int = 0, dim1: int = 0,
         return x[tuple(src)]
 
     return ctx.compute(ctx.out_shape(), body)
-
-
-def is_static_zero(value: Any) -> bool:
-    return const_int(value) == 0 if isinstance(value, Expr) else value == 0
