@@ -24,8 +24,9 @@ ranking for `explain`.
 from __future__ import annotations
 
 import math
+import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from ..ir.errors import ScheduleError
@@ -163,16 +164,28 @@ def plan_program(args: Sequence[Tensor], target: Target | str | None = None, *,
     module = lower(list(args), name)
     only_list = None if only is None else list(only) + ["naive"]
     kernel_plans: list[KernelPlan] = []
+    twins: dict[str, int] = {}           # a kernel's structure -> the first kernel planned with it
+    twin_of: list[int | None] = []
     for k in module.kernels:
         info = analyze_kernel(k, sizes)
-        cands, declined = candidates_for(info, tgt, params, only_list)
-        valid = sorted((c for c in cands if c.cost.ok), key=_rank_key)
-        rejected = [c for c in cands if not c.cost.ok]
-        kernel_plans.append(KernelPlan(k.name, info, valid[0], valid, rejected, declined, len(cands)))
+        key = structure(k)
+        first = twins.setdefault(key, len(kernel_plans))
+        if first != len(kernel_plans):   # the same loops and accesses: the same ranking
+            seen = kernel_plans[first]
+            valid = [replace(c, failed=None) for c in seen.ranked]
+            rejected, declined, evaluated = seen.rejected, seen.declined, seen.evaluated
+            twin_of.append(first)
+        else:
+            cands, declined = candidates_for(info, tgt, params, only_list)
+            valid = sorted((c for c in cands if c.cost.ok), key=_rank_key)
+            rejected = [c for c in cands if not c.cost.ok]
+            evaluated = len(cands)
+            twin_of.append(None)
+        kernel_plans.append(KernelPlan(k.name, info, valid[0], valid, rejected, declined, evaluated))
     search = time.perf_counter() - start
 
     start = time.perf_counter()
-    schedule = _realize(args, name, kernel_plans, tgt.arch, compile_check)
+    schedule = _realize(args, name, kernel_plans, tgt.arch, compile_check, twin_of)
     steps = list(schedule.plan.steps)
     realize = time.perf_counter() - start
     for kp in kernel_plans:
@@ -197,15 +210,33 @@ def _keep(kp: KernelPlan, keep: int) -> list[Candidate]:
     return out + [c for c in kp.ranked if c.failed is not None]
 
 
+def structure(kernel: Any) -> str:
+    """A kernel's loop nest with every name replaced by its order of first appearance: kernels
+    that differ only in names (a model's layers) have the same structure, and so the same
+    candidates, costs and realizable points."""
+    names: dict[str, str] = {}
+    return _IDENTIFIER.sub(lambda m: names.setdefault(m.group(0), f"n{len(names)}"), str(kernel))
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def _realize(args: Sequence[Tensor], name: str | None, kernel_plans: list[KernelPlan], arch: str,
-             compile_check: CompileCheck | None) -> Any:
-    """Apply each kernel's best realizable candidate on one Schedule, and return it."""
+             compile_check: CompileCheck | None, twin_of: Sequence[int | None] | None = None) -> Any:
+    """Apply each kernel's best realizable candidate on one Schedule, and return it. A kernel
+    with an earlier twin (`structure`) tries the twin's chosen point first: the points ranked
+    before it were refused for the twin, and would be for the kernel."""
     from .schedule import Schedule
 
     sch = Schedule(list(args), name=name)
-    for kp in kernel_plans:
+    for number, kp in enumerate(kernel_plans):
         failures: dict[str, int] = {}
-        for cand in kp.ranked:
+        twin = twin_of[number] if twin_of is not None else None
+        order = list(kp.ranked)
+        if twin is not None:
+            position = kernel_plans[twin].ranked.index(kernel_plans[twin].chosen)
+            order = order[position:] + order[:position]
+        for cand in order:
             if cand.strategy.uses_default_schedule:
                 kp.chosen = cand
                 break
