@@ -179,6 +179,11 @@ def plan_program(args: Sequence[Tensor], target: Target | str | None = None, *,
             cands, declined = candidates_for(info, tgt, params, only_list)
             valid = sorted((c for c in cands if c.cost.ok), key=_rank_key)
             rejected = [c for c in cands if not c.cost.ok]
+            if not valid:
+                # every point breaks a hard constraint (a body so large that even one thread per
+                # output is estimated past 255 registers): the naive schedule still builds, and
+                # ptxas spills what does not fit
+                valid = sorted((c for c in rejected if c.strategy.uses_default_schedule), key=_rank_key)[:1]
             evaluated = len(cands)
             twin_of.append(None)
         kernel_plans.append(KernelPlan(k.name, info, valid[0], valid, rejected, declined, evaluated))
