@@ -147,6 +147,8 @@ def compile_graph(gm: GraphModule, example_inputs: Sequence[Any], opts: Options,
     record(report)
     if plan.fallbacks:
         log.warning("%s", report.fallback_message())
+    if report.plan_fallbacks:
+        log.warning("%s", report.plan_fallback_message())
     log.info("%s", report.summary())
     if opts.dump_ir:
         write_dumps(opts.dump_ir, plan, kernels, report)

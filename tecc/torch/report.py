@@ -36,6 +36,8 @@ class GraphReport:
     fallbacks: dict[str, list[tuple[str, str]]]      # ATen op -> [(FX node, reason)]
     placement: dict[str, str] = field(default_factory=dict)  # FX node -> where it runs
     seconds: float = 0.0
+    # plan="auto" candidates that took a program and failed to build it: (program, candidate, why)
+    plan_fallbacks: list[tuple[str, str, str]] = field(default_factory=list)
 
     @staticmethod
     def of(plan: GraphPlan, kernels: Sequence[Kernel], seconds: float) -> "GraphReport":
@@ -43,7 +45,8 @@ class GraphReport:
         fallbacks: dict[str, list[tuple[str, str]]] = {}
         for node in plan.fallbacks:
             fallbacks.setdefault(op_name(node.target), []).append((node.name, plan.reasons.get(node, "")))
-        return GraphReport(plan.name, programs, fallbacks, placement(plan, kernels), seconds)
+        failed = [(seg.name, who, why) for seg, kernel in zip(plan.segments, kernels) for who, why in kernel.fallbacks]
+        return GraphReport(plan.name, programs, fallbacks, placement(plan, kernels), seconds, failed)
 
     @property
     def fallback_ops(self) -> list[str]:
@@ -55,6 +58,11 @@ class GraphReport:
             names = ", ".join(n for n, _ in nodes[:8]) + (", ..." if len(nodes) > 8 else "")
             lines.append(f"  {op} ({len(nodes)}: {names}): {nodes[0][1]}")
         return "\n".join(lines)
+
+    def plan_fallback_message(self) -> str:
+        """The programs whose chosen strategy failed to build (a strategy bug the build survived)."""
+        return "\n".join(f"tecc: graph {self.name}, program {program}: {who} failed ({why}); built with the "
+                         "next candidate" for program, who, why in self.plan_fallbacks)
 
     def summary(self) -> str:
         kernels = sum(len(k) for _, k in self.programs)
