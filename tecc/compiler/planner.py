@@ -230,7 +230,8 @@ def _realize(args: Sequence[Tensor], name: str | None, kernel_plans: list[Kernel
              compile_check: CompileCheck | None, twin_of: Sequence[int | None] | None = None) -> Any:
     """Apply each kernel's best realizable candidate on one Schedule, and return it. A kernel
     with an earlier twin (`structure`) tries the twin's chosen point first: the points ranked
-    before it were refused for the twin, and would be for the kernel."""
+    before it were refused for the twin, and would be for the kernel; and the point is not
+    compiled again to check for spills (the same code up to names, so the same registers)."""
     from .schedule import Schedule
 
     sch = Schedule(list(args), name=name)
@@ -238,9 +239,11 @@ def _realize(args: Sequence[Tensor], name: str | None, kernel_plans: list[Kernel
         failures: dict[str, int] = {}
         twin = twin_of[number] if twin_of is not None else None
         order = list(kp.ranked)
+        checked = None  # the twin's point, which ptxas already compiled without spilling
         if twin is not None:
             position = kernel_plans[twin].ranked.index(kernel_plans[twin].chosen)
             order = order[position:] + order[:position]
+            checked = order[0]
         for cand in order:
             if cand.strategy.uses_default_schedule:
                 kp.chosen = cand
@@ -251,7 +254,7 @@ def _realize(args: Sequence[Tensor], name: str | None, kernel_plans: list[Kernel
             before = sch.checkpoint()
             try:
                 cand.strategy.apply(sch, kp.info, cand.point)
-                if cand.strategy.compile_checked and compile_check is not None:
+                if cand.strategy.compile_checked and compile_check is not None and cand is not checked:
                     compile_check(sch, kp.kernel, arch)
                 kp.chosen = cand
                 break
