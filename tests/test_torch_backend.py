@@ -231,3 +231,28 @@ def test_the_training_example_runs_and_matches_eager(capsys):
     spec.loader.exec_module(module)
     assert module.main(["--steps", "2", "--layers", "1"]) == 0
     assert "tecc trains like eager" in capsys.readouterr().out
+
+
+def test_a_compiled_graph_is_cached_on_disk_and_loaded_by_the_next_compile(tmp_path, monkeypatch):
+    import tecc.torch.backend as backend
+
+    monkeypatch.setenv("TECC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TECC_BUILD_CACHE", "1")
+    # programs with cubins (built for CUDA: NVRTC needs no GPU), run in the emulator on CPU tensors
+    monkeypatch.setattr(backend, "_target", lambda emulate: "cuda")
+    torch.manual_seed(0)
+    model = MLP()
+    x = torch.randn(6, 16)
+    first = compiled(model)(x)
+    entries = list((tmp_path / "graphs").rglob("graph.json"))
+    assert len(entries) == 1 and list(entries[0].parent.glob("p0.cubin"))
+    torch._dynamo.reset()
+
+    def no_planning(*args, **kwargs):
+        raise AssertionError("the second compile planned the graph instead of loading it")
+
+    monkeypatch.setattr(backend, "plan_graph", no_planning)
+    second = compiled(model)(x)
+    torch.testing.assert_close(second, first, rtol=0, atol=0)
+    torch.testing.assert_close(second, model(x), rtol=1e-5, atol=1e-5)
+    assert reports()[-1].programs == reports()[0].programs

@@ -32,6 +32,7 @@ from torch.fx import GraphModule
 
 from ..compiler import build
 from ..ir.errors import TeccError
+from . import cache
 from .decompositions import decomposition_table
 from .graph import GraphPlan, plan_graph
 from .launch import assemble
@@ -131,12 +132,24 @@ def _refuse_fallbacks(plan: GraphPlan) -> None:
 def compile_graph(gm: GraphModule, example_inputs: Sequence[Any], opts: Options, name: str) -> Any:
     """One ATen graph compiled: its programs built with tc.build, its launch list assembled."""
     start = time.perf_counter()
+    emulate = _emulated(gm)
+    target = _target(emulate)
+    key = None
+    if cache.enabled() and not opts.dump_ir:  # a hit writes no dumps: compile when they are asked for
+        key = cache.graph_key(gm, {"fallback": opts.fallback, "arch": opts.arch}, target)
+        hit = cache.load_graph(key)
+        if hit is not None:
+            compiled, report = hit
+            report.name = compiled.name = name
+            record(report)
+            if report.fallbacks:
+                log.warning("%s", report.fallback_message())
+            log.info("tecc: graph %s from the cache (%.2f s)", name, time.perf_counter() - start)
+            return _finished(compiled, opts, emulate, bool(compiled.sizes))
     sizes = Sizes()
     plan = plan_graph(gm, name, sizes, _bound_symbols(gm))
     if opts.fallback == "error":
         _refuse_fallbacks(plan)
-    emulate = _emulated(gm)
-    target = "sim" if emulate else "cuda"
     kernels = []
     for seg in plan.segments:
         dump = f"{opts.dump_ir}/{name}/{seg.name}" if opts.dump_ir else None
@@ -152,6 +165,17 @@ def compile_graph(gm: GraphModule, example_inputs: Sequence[Any], opts: Options,
     log.info("%s", report.summary())
     if opts.dump_ir:
         write_dumps(opts.dump_ir, plan, kernels, report)
-    if opts.cudagraphs and not emulate and not sizes.vars:
+    if key is not None:
+        cache.store(key, compiled, kernels, report)
+    return _finished(compiled, opts, emulate, bool(sizes.vars))
+
+
+def _target(emulate: bool) -> str:
+    """What the programs are built for: the emulator for CPU tensors, CUDA otherwise."""
+    return "sim" if emulate else "cuda"
+
+
+def _finished(compiled: CompiledGraph, opts: Options, emulate: bool, dynamic: bool) -> Any:
+    if opts.cudagraphs and not emulate and not dynamic:
         return with_cuda_graph(compiled)
     return compiled
