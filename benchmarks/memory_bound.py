@@ -133,10 +133,12 @@ def time_it(fn, stream, reps: int) -> float:
 
 
 def direct_launcher(kern, args, first: int | None = None):
-    """The launches of one checked call of `kern`, replayed through cuda.core without the
-    per-call argument checks (tecc's Python-side checks cost ~100 us, more than the kernel);
+    """The launches of one checked call of `kern`, replayed without the per-call argument checks
+    (tecc's Python-side checks cost ~100 us, more than the kernel) through the executor's own
+    hand-off to the driver (`_submit`: cuda.core's launch, or the packed parameter block of a
+    kernel that takes TMA tensor maps by value, which cuda.core's launch cannot pass);
     `first`: only the first that many launches."""
-    from cuda.core import LaunchConfig, launch
+    from cuda.core import LaunchConfig
 
     ex = kern._executor
     recorded = []
@@ -157,7 +159,7 @@ def direct_launcher(kern, args, first: int | None = None):
 
     def run():
         for k, config, params in recorded:
-            launch(ex.stream, config, k, *params)
+            ex._submit(k, config, params)
 
     return run
 

@@ -93,8 +93,14 @@ def pipeline_forms(shapes: list[int], dtype: str, group_m: int) -> None:
                 pred = (f"{cand.cost.total * 1e6:8.1f}" if cand is not None and cand.cost.ok
                         else f"{'rejected' if cand is not None else '-':>8}")
                 sch = Schedule(args)
-                sch.tensorize("C", block=(bm, bn), warps=(wm, wn), k_tile=bk, stages=stages,
-                              fragment_pipeline=pipelined, group_m=group)
+                k_tiles = sch.tensorize("C", block=(bm, bn), warps=(wm, wn), k_tile=bk)
+                for operand in sch.gemm_operands("C"):
+                    sch.stage_operand("C", operand)
+                sch.pipeline(k_tiles, stages=stages)
+                if pipelined:
+                    sch.pipeline_fragments(k_tiles)
+                if group:
+                    sch.tile_order("C", group)
                 try:
                     f = tc.build(args, plan=sch.plan)
                 except Exception as exc:  # noqa: BLE001 - reported, not fatal

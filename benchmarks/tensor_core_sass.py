@@ -45,8 +45,15 @@ def main() -> None:
     if a.point:
         bm, bn, wm, wn, bk, stages = a.point
         sch = tc.Schedule(tensors)
-        sch.tensorize("C", intrinsic="mma.m16n8k8.f32.tf32" if a.tf32 else "auto", block=(bm, bn), warps=(wm, wn),
-                      k_tile=bk, stages=stages, fragment_pipeline=a.fragment_pipeline, group_m=a.group)
+        k_tiles = sch.tensorize("C", "mma.m16n8k8.f32.tf32" if a.tf32 else "auto", block=(bm, bn), warps=(wm, wn),
+                                k_tile=bk)
+        for operand in sch.gemm_operands("C"):
+            sch.stage_operand("C", operand)
+        sch.pipeline(k_tiles, stages=stages)
+        if a.fragment_pipeline:
+            sch.pipeline_fragments(k_tiles)
+        if a.group:
+            sch.tile_order("C", a.group)
         plan = sch.plan
     kern = tc.build(tensors, allow_tf32=a.tf32, plan=plan)
     kern.save(str(out / "tc_gemm"))

@@ -16,54 +16,16 @@ from typing import Any
 from .ir import DType, bfloat16, bool_, float8_e4m3, float8_e5m2, float16, float32, float64, int32, int64
 from .ir.target import Target
 from .ir.target import target_api as target
-from .ir.errors import (
-    CompileError,
-    DeviceError,
-    DivergenceError,
-    DTypeError,
-    InvalidNameError,
-    LaunchError,
-    OutOfBoundsError,
-    RaceError,
-    ResourceError,
-    ScheduleError,
-    ShapeError,
-    TeccError,
-    UninitializedReadError,
-)
-from .ir.ops import (
-    abs,
-    cast,
-    ceil,
-    const,
-    cos,
-    erf,
-    exp,
-    exp2,
-    floor,
-    fmax,
-    fmin,
-    isnan,
-    log,
-    log2,
-    max,
-    maximum,
-    min,
-    minimum,
-    nanmax,
-    nanmin,
-    pow,
-    prod,
-    rsqrt,
-    sigmoid,
-    sin,
-    sqrt,
-    sum,
-    tanh,
-    where,
-)
+from .ir.errors import (CompileError, DeviceError, DivergenceError, DTypeError, GradientError, InvalidNameError,
+                        LaunchError, OutOfBoundsError, RaceError, ResourceError, ScheduleError, ShapeError, TeccError,
+                        UninitializedReadError)
+from .ir.ops import (abs, cast, ceil, const, cos, erf, exp, exp2, floor, fmax, fmin, isnan, log, log2, max, maximum,
+                     min, minimum, nanmax, nanmin, pow, prod, rsqrt, sigmoid, sin, sqrt, sum, tanh, where)
+from .ir.expr import Expr  # a scalar expression (what a compute's lambda returns): for annotations
 from .ir.tensor import Tensor, compute, placeholder, reduce_axis, var
-from .ir.autodiff import GradientError, Gradients, grad
+from .ir.philox import rand
+from .ir.scatter import scatter_add
+from .ir.autodiff import Gradients, grad
 
 from .version import __version__
 
@@ -81,7 +43,7 @@ def __getattr__(name: str) -> Any:
             import torch  # noqa: F401
         except ImportError as exc:
             raise ImportError(f"tc.torch needs PyTorch, which cannot be imported ({exc}); "
-                              "install it with `pip install tecc[torch]`") from exc
+                              "install it (from a tecc checkout: `pip install -e '.[torch]'`; or `pip install torch`)") from exc
         import importlib
 
         return importlib.import_module(".torch", __name__)  # not `from . import`: that asks this hook again

@@ -6,7 +6,7 @@
     tecc run     FILE.py... [--target auto|cuda|sim] [--check] [--profile]     run the ops (check, profile)
     tecc explain FILE.py... [--arch sm_90] [--plan FILE.json]                   how each op was scheduled
     tecc tune    FILE.py... [--arch sm_90] [--top-k N]                          autotune on the GPU (docs/tuning.md)
-    tecc cache   info | clear [--tuning]                                        the compile cache
+    tecc cache   info | clear [--tuning]                                        the compile and build caches
 
 A file declares its ops in a module-level list `OPS` of `tecc.OpSpec`. The CLI only calls the
 compiler (`tecc.compiler`), never the runtime directly.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 import textwrap
 import threading
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .compiler.check import OpSpec, run_and_compare
-from .ir.errors import TeccError
+from .ir.errors import ScheduleError, TeccError
 
 EXIT_FAIL = 1   # a check failed
 EXIT_ERROR = 2  # tecc could not do what was asked (bad file, compile error, no GPU, ...)
@@ -44,6 +45,11 @@ _USER_FILES: set[Path] = set()
 
 def _load_ops(path: Path) -> list[OpSpec]:
     _USER_FILES.add(path.resolve())
+    # as `python path` does: the file's folder first on the import path, so that it can import the
+    # modules next to it (and its reference can, later, when the op is checked)
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(f"tecc_user_{path.stem}", path)
     if spec is None or spec.loader is None:
         raise UsageError(f"cannot import {path}: not a Python file")
@@ -96,6 +102,31 @@ def _under(directory: Path, name: str) -> Path:
     if path.resolve().parent != directory.resolve():
         raise UsageError(f"op name {name!r} would write outside {directory}; name ops with letters, digits and _")
     return path
+
+
+def _output_directory(given: str | None) -> Path | None:
+    """`-o DIR`, created now (before any op is compiled), or a UsageError saying why it cannot be."""
+    if not given:
+        return None
+    directory = Path(given)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"-o {directory}: it is a file, not a directory; give -o a directory to write the "
+                         "artifacts into (it is created if missing)")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"-o {directory}: cannot create that directory ({exc.strerror or exc}); give -o a "
+                         "directory that can be created and written") from exc
+    return directory
+
+
+def _save(kernel: Any, stem: Path) -> Path:
+    """kernel.save(stem), with a disk error (unwritable, full) as a UsageError."""
+    try:
+        return Path(kernel.save(stem))
+    except OSError as exc:
+        raise UsageError(f"cannot write the artifact {stem}.cubin/.json ({exc.strerror or exc}); give -o a "
+                         "directory that can be written") from exc
 
 
 def _user_line(exc: BaseException, path: Path) -> str:
@@ -201,10 +232,10 @@ class _Progress:
 
 # ---- commands ---------------------------------------------------------------------------------
 
-def _plans(args: argparse.Namespace, ops: Sequence[tuple[Path, OpSpec]]) -> dict[str, Any]:
-    """--plan FILE.json: the plan of each op, by op name. The file holds one plan (as `f.plan`
-    writes it, or an artifact manifest `path.json`, whose "plan" is used) for a command over one
-    op, or an object mapping op names to plans."""
+def _plans(args: argparse.Namespace, ops: Sequence[tuple[Path, OpSpec]]) -> dict[str, tuple[Any, str]]:
+    """--plan FILE.json: the plan of each op, by op name, with where it came from (for errors).
+    The file holds one plan (as `f.plan` writes it, or an artifact manifest `path.json`, whose
+    "plan" is used) for a command over one op, or an object mapping op names to plans."""
     given = getattr(args, "plan", None)
     if not given:
         return {}
@@ -216,31 +247,36 @@ def _plans(args: argparse.Namespace, ops: Sequence[tuple[Path, OpSpec]]) -> dict
     except json.JSONDecodeError as exc:
         raise UsageError(f"--plan {path}: not JSON ({exc.msg} at line {exc.lineno}); write a plan as "
                          "`f.plan.to_json()` gives it, or an object mapping op names to plans") from exc
+    where = f"--plan {path}"
     if isinstance(doc, dict) and isinstance(doc.get("plan"), dict) and "host" in doc:
+        where += f" (the plan of op {doc.get('entry')}, from its artifact)"
         doc = doc["plan"]  # an artifact manifest (kernel.save's path.json)
     names = [op.name for _, op in ops]
     if isinstance(doc, dict) and "steps" in doc:
         if len(names) != 1:
             raise UsageError(f"--plan {path} holds one plan, but the files declare {len(names)} ops "
                              f"({', '.join(names)}); give one file with one op, or map op names to plans")
-        return {names[0]: doc}
+        return {names[0]: (doc, where)}
     if isinstance(doc, dict) and all(isinstance(v, dict) for v in doc.values()):
         unknown = sorted(set(doc) - set(names))
         if unknown:
             raise UsageError(f"--plan {path} names ops the files do not declare: {', '.join(unknown)} "
                              f"(they declare {', '.join(names)})")
-        return dict(doc)
+        return {name: (plan, f"{where} (its plan for {name})") for name, plan in doc.items()}
     raise UsageError(f"--plan {path}: expected a plan (an object with \"steps\") or an object mapping op "
                      "names to plans")
 
 
 def _build(op: OpSpec, target: str, args: argparse.Namespace, dump: Path | None = None,
-           plans: dict[str, Any] | None = None) -> Any:
+           plans: dict[str, tuple[Any, str]] | None = None) -> Any:
     from .compiler import build
 
-    plan = (plans or {}).get(op.name)
+    plan, where = (plans or {}).get(op.name, (None, ""))
     if plan is not None:  # replayed as given (a plan chosen elsewhere: a tuner, another machine)
-        return build(op.args, target, name=op.name, dump_ir=dump, arch=getattr(args, "arch", None), plan=plan)
+        try:
+            return build(op.args, target, name=op.name, dump_ir=dump, arch=getattr(args, "arch", None), plan=plan)
+        except ScheduleError as exc:
+            raise UsageError(f"{where} does not schedule op {op.name}: {exc}") from exc
     if getattr(args, "tune", False):  # the winner `tecc tune` just stored, for the op's sizes
         return build(op.args, target, name=op.name, dump_ir=dump, arch=getattr(args, "arch", None),
                      sizes=dict(op.sizes), tune=True)
@@ -248,34 +284,55 @@ def _build(op: OpSpec, target: str, args: argparse.Namespace, dump: Path | None 
                  allow_tf32=getattr(args, "allow_tf32", False))
 
 
-def _cached(kernel: Any) -> bool:
-    return any(name == "nvrtc (cache hit)" for name, _ in getattr(kernel.timing, "seconds", []))
+def _reused(kernel: Any, misses_before: int) -> tuple[bool, bool, str]:
+    """What the build of `kernel` took from earlier builds: (the plan from the build cache, the
+    cubin from the compile cache, the words for its line). A compile-cache hit on a binary that
+    this build's planning compiled (the planner's ptxas checks) is no reuse: it says so."""
+    from .compiler import cache
+
+    steps = [name for name, _ in getattr(kernel.timing, "seconds", [])]
+    plan = "build cache hit" in steps
+    cubin = "nvrtc (cache hit)" in steps
+    said = []
+    if plan:
+        said.append("plan from the build cache")
+    if cubin and cache.STATS.last_hit_compiled_after(misses_before):
+        cubin = False
+        said.append("cubin compiled once, by the planner's ptxas check")
+    elif cubin:
+        said.append("cubin from the compile cache")
+    return plan, cubin, f" ({', '.join(said)})" if said else ""
 
 
 def cmd_compile(args: argparse.Namespace, check: bool) -> int:
+    out_dir = _output_directory(args.output)
     if getattr(args, "tune", False):
         cmd_tune(args)
         print()
     ops = _all_ops(args.files)
     plans = _plans(args, ops)
-    out_dir = Path(args.output) if args.output else None
     use_gpu = _gpu() if check else False
+    from .compiler import cache
+
     failures = 0
     total_start = time.perf_counter()
-    hits = 0
+    plans_reused = cubins_reused = 0
+    width = max([16] + [len(op.name) for _, op in ops])
     with _Progress(len(ops), "check" if check else "compile") as bar:
         for _, op in ops:
             bar.working_on(op.name)
             start = time.perf_counter()
             dump = _under(Path(args.dump_ir), op.name) if args.dump_ir else None
+            misses = cache.STATS.misses
             kernel = _build(op, "cuda", args, dump, plans)
             took = time.perf_counter() - start
-            cached = _cached(kernel)
-            hits += cached
-            line = (f"{op.name:<16} {len(kernel.module.kernels)} kernel(s)  {kernel.arch}  "
-                    f"built in {took:.2f} s{' (cached)' if cached else ''}")
+            plan_reused, cubin_reused, said = _reused(kernel, misses)
+            plans_reused += plan_reused
+            cubins_reused += cubin_reused
+            line = (f"{op.name:<{width}} {len(kernel.module.kernels)} kernel(s)  {kernel.arch}  "
+                    f"built in {took:.2f} s{said}")
             if out_dir is not None:
-                stem = kernel.save(_under(out_dir, op.name))
+                stem = _save(kernel, _under(out_dir, op.name))
                 line += f"  -> {stem}.cubin"
             print(line, flush=True)
             if check:
@@ -283,7 +340,8 @@ def cmd_compile(args: argparse.Namespace, check: bool) -> int:
                 print(f"  check {result}", flush=True)
                 failures += not result.ok
             bar.advance()
-    print(f"{len(ops)} op(s) in {time.perf_counter() - total_start:.2f} s, {hits} from the compile cache"
+    print(f"{len(ops)} op(s) in {time.perf_counter() - total_start:.2f} s; from earlier builds: "
+          f"{plans_reused} plan(s) from the build cache, {cubins_reused} cubin(s) from the compile cache"
           + (f", {failures} failed the check" if failures else ""), flush=True)
     return EXIT_FAIL if failures else 0
 
@@ -319,12 +377,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     ops = _all_ops(args.files)
     plans = _plans(args, ops)
     with _Progress(len(ops), "explain") as bar:
-        for i, (_, op) in enumerate(ops):
+        for i, (path, op) in enumerate(ops):
             bar.working_on(op.name)
             kernel = _build(op, "cuda", args, plans=plans)
             if i:
                 print()
-            print(kernel.explain(), flush=True)
+            print(f"== op {op.name} ({path}) ==\n{kernel.explain()}", flush=True)
             bar.advance()
     return 0
 
@@ -392,9 +450,12 @@ def cmd_cache(args: argparse.Namespace) -> int:
             s = TuningDB(stats_path).stats()
             print(f"  measurements  {s['measurements']}\n  problems      {s['problems']}")
         return 0
+    from .compiler import build_cache
+
     removed = cache.clear(tuning=args.tuning)
-    where = cache.root()
-    print(f"removed {removed} compile-cache entr{'y' if removed == 1 else 'ies'} from {where}"
+    builds = build_cache.clear()
+    print(f"removed {removed} compile-cache entr{'y' if removed == 1 else 'ies'} from {cache.root()}, "
+          f"{builds} build-cache entr{'y' if builds == 1 else 'ies'} from {build_cache.root()}"
           + (" and the tuning database" if args.tuning else ""))
     return 0
 
@@ -496,8 +557,9 @@ def parser() -> argparse.ArgumentParser:
     arch(t)
     t.add_argument("--top-k", type=int, default=8, help="candidates to measure per op (default 8)")
 
-    k = sub.add_parser("cache", help="show or empty the compile cache",
-                       description="Show (info) or empty (clear) the compile cache in TECC_CACHE_DIR.",
+    k = sub.add_parser("cache", help="show or empty the compile and build caches",
+                       description="Show (info) or empty (clear) the compile cache (NVRTC's output) and the build "
+                                   "cache (plans and final loop IR) in TECC_CACHE_DIR.",
                        formatter_class=_Formatter)
     k.add_argument("action", choices=("info", "clear"))
     k.add_argument("--tuning", action="store_true", help="with clear: also delete the tuning database")
@@ -528,6 +590,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tecc: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `tecc explain ... | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the exit's flush would fail again)
+        return 141  # 128 + SIGPIPE, as a shell reports a process the pipe ended
     except TeccError as exc:
         if args.traceback:
             traceback.print_exc()

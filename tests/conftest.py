@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
 # The build cache would answer a build whose strategies or cost model a test has changed on purpose
 # with what an earlier build chose; its own tests (tests/test_build_cache.py) turn it on.
 os.environ.setdefault("TECC_BUILD_CACHE", "0")
+
+# The suite never writes the user's caches: one temporary cache directory for the whole session
+# (processes the tests start inherit it), removed at the end; the tuning database goes with it.
+SESSION_CACHE = tempfile.mkdtemp(prefix="tecc-test-cache-")
+os.environ["TECC_CACHE_DIR"] = SESSION_CACHE
+os.environ.pop("TECC_TUNING_DB", None)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 
 def _gpu_present() -> bool:

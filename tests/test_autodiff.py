@@ -50,14 +50,19 @@ def check_gradients(inputs: list[tc.Tensor], output: tc.Tensor, wrt: list[tc.Ten
     g = tc.grad(output, wrt)
     assert [t.name for t in g.inputs] == [t.name for t in inputs]
     assert [tuple(map(str, d.shape)) for d in g.grads] == [tuple(map(str, x.shape)) for x in wrt]
-    forward = tc.build([*inputs, output], target="sim")
+    # the forward as the gradient asks for it: the output, and what the backward reads of it (an
+    # online-softmax chain saves its output and log-sum-exp: g.saved)
+    assert list(g.forward[:len(inputs) + 1]) == [*inputs, output]
+    forward = tc.build(list(g.forward), target="sim")
     backward = tc.build(g.args, target="sim")
-    (y,) = _run(forward, arrays, [_concrete(output, inputs, arrays)])
+    shapes = [_concrete(t, inputs, arrays) for t in g.forward[len(inputs):]]
+    y, *extra = _run(forward, arrays, shapes)
+    saved = [y, *extra] if g.saved else []
     cotangent = rng.standard_normal(y.shape)
-    grads = _run(backward, [*arrays, cotangent], [arrays[inputs.index(x)].shape for x in wrt])
+    grads = _run(backward, [*arrays, *saved, cotangent], [arrays[inputs.index(x)].shape for x in wrt])
 
     def run_forward(xs: list[np.ndarray]) -> np.ndarray:
-        return _run(forward, xs, [y.shape])[0]
+        return _run(forward, xs, shapes)[0]
 
     expected_hand = hand(*arrays, cotangent) if hand is not None else None
     for n, (x, got) in enumerate(zip(wrt, grads)):
@@ -144,6 +149,43 @@ def test_attention_gradients_match_finite_differences_and_hand_derivation() -> N
         return [ds @ k, ds.T @ q, p.T @ do]
 
     check_program(attention(), hand)
+
+
+def test_attention_forward_backward_reads_the_forward_output_and_log_sum_exp() -> None:
+    """The online form's forward_backward: one program [Q, K, V, dO, O, dQ, dK, dV] whose
+    gradients read the forward's O and log-sum-exp stages (no saved placeholder), and which
+    computes the same output and gradients as the forward and the backward built apart."""
+    rng, seed = _fresh_rng()
+    p = attention()
+    g = tc.grad(p.output, p.inputs)
+    assert g.saved and "FlashAttention-2" in g.form, g.form
+    joint = list(g.forward_backward)
+    assert joint[:5] == [*p.inputs, g.cotangent, p.output]
+    assert not {id(t) for t in g.saved} & {id(r.tensor) for d in joint[5:] for r in _reads_below(d)}
+    arrays = random_inputs(p, rng)
+    do = rng.standard_normal(arrays[0].shape)
+    shapes = [arrays[0].shape] + [a.shape for a in arrays]
+    got = _run(tc.build(joint, target="sim"), [*arrays, do], shapes)
+    y, lse = _run(tc.build(list(g.forward), target="sim"), arrays, [arrays[0].shape, arrays[0].shape[:1]])
+    want = [y, *_run(tc.build(g.args, target="sim"), [*arrays, y, lse, do], [a.shape for a in arrays])]
+    for name, a, b in zip(["O", "dQ", "dK", "dV"], got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=f"{name} of the joint program (seed {seed})")
+
+
+def _reads_below(t: tc.Tensor) -> list:
+    """Every read in the programs of t, through computes."""
+    from tecc.ir.expr import TensorRead, walk
+
+    out, seen, stack = [], set(), [t]
+    while stack:
+        u = stack.pop()
+        if id(u) in seen or u.is_placeholder:
+            continue
+        seen.add(id(u))
+        reads = [n for n in walk(u.op.body) if isinstance(n, TensorRead)]
+        out.extend(reads)
+        stack.extend(r.tensor for r in reads)
+    return out
 
 
 def test_mlp_block_gradients_through_two_contractions_and_a_residual() -> None:
@@ -365,3 +407,21 @@ def test_a_non_float_output_cannot_be_differentiated() -> None:
     Y = tc.compute((4,), lambda i: tc.cast(X[i] > 0, "int32"), name="Y")
     with pytest.raises(tc.DTypeError, match="output Y is int32"):
         tc.grad(Y, [X])
+
+
+def test_iterating_the_gradients_yields_them_in_wrt_order() -> None:
+    M, K, N = 3, 4, 5
+    A = tc.placeholder((M, K), "float64", name="A")
+    B = tc.placeholder((K, N), "float64", name="B")
+    k = tc.reduce_axis(K, name="k")
+    C = tc.compute((M, N), lambda i, j: tc.sum(A[i, k] * B[k, j], axis=k), name="C")
+    g = tc.grad(C, [B, A])  # not the order the program reads them in
+    assert len(g) == 2 and list(g) == [g[B], g[A]]
+    dB, dA = g
+    assert dB.shape == B.shape and dA.shape == A.shape
+    f = tc.build(g.args, target="sim")  # [A, B, dC, dB, dA]
+    rng, seed = _fresh_rng()
+    a, b, dc = rng.standard_normal((M, K)), rng.standard_normal((K, N)), rng.standard_normal((M, N))
+    got_db, got_da = f(a, b, dc)
+    np.testing.assert_allclose(got_db, a.T @ dc, rtol=1e-12, atol=1e-12, err_msg=f"seed {seed}")
+    np.testing.assert_allclose(got_da, dc @ b.T, rtol=1e-12, atol=1e-12, err_msg=f"seed {seed}")

@@ -191,6 +191,26 @@ def test_tecc_dump_ir_environment_variable_filters_by_kernel(tmp_path: Path, mon
     assert "kernel Y_kernel" in text and "kernel m_kernel" not in text
 
 
+def test_tecc_dump_ir_with_a_filter_writes_nothing_for_a_module_none_of_whose_kernels_match(
+        tmp_path: Path, monkeypatch):
+    n = tc.var("n")
+    X = tc.placeholder((n,), "float32", name="X")
+    Y = tc.compute((n,), lambda i: X[i] * 2.0, name="Y")
+    Z = tc.compute((n,), lambda i: X[i] + 1.0, name="Z")
+    monkeypatch.setenv("TECC_DUMP_IR", f"{tmp_path / 'dumps'}:Z_kernel")
+    skipped = tc.build([X, Y], target="cuda", arch="sm_90")  # NVRTC too: no .cu or .ptx may appear
+    assert not (tmp_path / "dumps").exists(), sorted(str(p) for p in (tmp_path / "dumps").rglob("*"))
+    assert skipped.dump_dir is None
+    kept = tc.build([X, Z], target="cuda", arch="sm_90")
+    names = sorted(p.name for p in (tmp_path / "dumps" / "Z").iterdir())
+    assert kept.dump_dir == tmp_path / "dumps" / "Z" and names[0] == "00_lower.txt"
+    assert names[-2].endswith("_cuda.cu") and names[-1].endswith("_Z.ptx")
+    assert all("Z_kernel" in (tmp_path / "dumps" / "Z" / name).read_text() for name in names)
+    x = np.random.default_rng().standard_normal(50).astype(np.float32)
+    np.testing.assert_allclose(skipped.sim(x), 2.0 * x, rtol=1e-6)
+    np.testing.assert_allclose(kept.sim(x), x + 1.0, rtol=1e-6)
+
+
 def test_save_writes_cubin_ptx_cu_and_manifest(tmp_path: Path):
     A, B, C = _matmul()
     f = tc.build([A, B, C], target="cuda", plan=tc.default_plan())
@@ -281,3 +301,15 @@ def test_matmul_on_gpu_matches_numpy_and_emulator(m):
     f(a, b, gpu)
     f.sim(a, b, sim)
     np.testing.assert_allclose(gpu, sim, rtol=1e-5, atol=1e-5)
+
+
+def test_a_plan_made_for_another_program_is_refused_naming_the_kernels_it_addresses():
+    A, B, C = _matmul()
+    plan = tc.build([A, B, C], target="sim").plan
+    assert any("C_kernel/" in json.dumps(step.args) for step in plan.steps), plan
+    n = tc.var("n")
+    X = tc.placeholder((n,), "float32", name="X")
+    Y = tc.compute((n,), lambda i: X[i] * 2.0, name="Y")
+    with pytest.raises(tc.ScheduleError, match=r"the plan is for another program: it names kernel\(s\) C_kernel, "
+                                               r"and this program's kernels are Y_kernel \(plan step 0, "):
+        tc.build([X, Y], target="sim", plan=plan)

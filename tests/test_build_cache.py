@@ -52,6 +52,18 @@ def test_a_second_build_comes_from_the_cache_and_is_the_same_kernel(cache_dir: P
     np.testing.assert_allclose(c, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-4)
 
 
+def test_explain_of_a_cached_build_keeps_the_planners_ranking_and_cost_breakdown(cache_dir: Path) -> None:
+    cold = tc.build(matmul(), target="cuda", arch="sm_90")
+    warm = tc.build(matmul(), target="cuda", arch="sm_90")
+    assert hit(warm) and cold.planning is not None and warm.planning is None
+    said = warm.explain()
+    for part in ("chosen:", "predicted", "runners-up:", "dram", "C_kernel: grid", "ptxas:"):
+        assert part in said, said
+    note = [line for line in said.splitlines() if line.startswith("  (planned by an earlier build")]
+    assert len(note) == 1 and "taken from the build cache" in note[0]
+    assert [line for line in said.splitlines() if line not in note] == cold.explain().splitlines()
+
+
 def test_a_saved_tensor_core_kernel_round_trips_through_the_cache(cache_dir: Path) -> None:
     cold = tc.build(matmul(64, 48, 32, "float16"), target="sim", arch="sm_90")
     warm = tc.build(matmul(64, 48, 32, "float16"), target="sim", arch="sm_90")

@@ -140,4 +140,19 @@ def test_concurrent_tecc_compile_processes_share_one_fresh_cache(tmp_path: Path)
     # A fifth run is served entirely from the cache.
     out = subprocess.run([sys.executable, "-m", "tecc", "compile", *files, "--arch", "sm_90"], env=env,
                          capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and "5 from the compile cache" in out.stdout
+    assert out.returncode == 0 and "5 cubin(s) from the compile cache" in out.stdout
+
+
+def test_the_suite_writes_its_builds_into_a_temporary_cache_not_the_users(tmp_path: Path) -> None:
+    import tempfile
+
+    from tecc.compiler import options as knobs
+
+    where = knobs.cache_dir().resolve()
+    assert where.is_relative_to(Path(tempfile.gettempdir()).resolve()), where
+    users = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tecc"
+    assert not where.is_relative_to(users.resolve())
+    assert knobs.tuning_db_path().resolve().is_relative_to(where)
+    f = tc.build(_op(3.0), target="cuda", arch="sm_90")  # NVRTC's output lands in the session's cache
+    assert f.cubin[:4] == b"\x7fELF" and any(cache.entries())
+    assert all(e.resolve().is_relative_to(where) for e in cache.entries())

@@ -55,13 +55,33 @@ def test_compile_writes_artifacts_and_the_second_run_is_cached(tmp_path: Path, c
     assert main(["compile", str(EXAMPLES / "matmul.py"), "--arch", "sm_90", "-o", str(out),
                  "--dump-ir", str(tmp_path / "dumps")]) == 0
     first = capsys.readouterr().out
-    assert "matmul" in first and "(cached)" not in first and "0 from the compile cache" in first
+    assert "matmul" in first and "cache" not in first.splitlines()[0], first
+    assert "from earlier builds: 0 plan(s) from the build cache, 0 cubin(s) from the compile cache" in first
     for suffix in (".cubin", ".ptx", ".cu", ".json"):
         assert (out / f"matmul{suffix}").exists()
     assert (tmp_path / "dumps" / "matmul" / "00_lower.txt").exists()
     assert main(["compile", str(EXAMPLES / "matmul.py"), "--arch", "sm_90"]) == 0
-    second = capsys.readouterr().out
-    assert "(cached)" in second and "1 from the compile cache" in second
+    second = capsys.readouterr().out  # (the suite turns the build cache off: the op is planned again)
+    assert second.splitlines()[0].endswith(" (cubin from the compile cache)"), second
+    assert "0 plan(s) from the build cache, 1 cubin(s) from the compile cache" in second
+
+
+def test_compile_says_what_it_reused_and_never_claims_a_cache_on_an_empty_one(
+        tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TECC_BUILD_CACHE", "1")
+    argv = ["compile", str(EXAMPLES / "conv.py"), str(EXAMPLES / "elementwise.py"), "--arch", "sm_90"]
+    assert main(argv) == 0  # an empty cache: the planner's ptxas check compiles the conv kernels
+    first = capsys.readouterr().out.splitlines()
+    conv = [line for line in first if line.startswith("conv3x3")]
+    assert len(conv) == 2 and all(line.endswith(" (cubin compiled once, by the planner's ptxas check)")
+                                  for line in conv), first
+    assert [line for line in first if line.startswith("sin_axpb")][0].endswith(" s"), first
+    assert first[-1].endswith("from earlier builds: 0 plan(s) from the build cache, 0 cubin(s) from the compile "
+                              "cache"), first
+    assert main(argv) == 0
+    second = capsys.readouterr().out.splitlines()
+    assert all(line.endswith(" (plan from the build cache, cubin from the compile cache)") for line in second[:-1])
+    assert second[-1].endswith("3 plan(s) from the build cache, 3 cubin(s) from the compile cache"), second
 
 
 def test_a_directory_compiles_every_file(capsys) -> None:
@@ -106,16 +126,21 @@ def test_tune_without_a_gpu_is_a_clear_error(capsys, monkeypatch) -> None:
         assert 'plan="auto"' in err
 
 
-def test_cache_info_and_clear(tmp_path: Path, capsys) -> None:
+def test_cache_info_and_clear_cover_the_compile_and_the_build_cache(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("TECC_BUILD_CACHE", "1")
     main(["compile", str(EXAMPLES / "matmul.py"), "--arch", "sm_90"])
     capsys.readouterr()
     assert main(["cache", "info"]) == 0
     out = capsys.readouterr().out
-    assert str(tmp_path / "cache") in out and "entries       1" in out
+    assert f"compile cache   {tmp_path / 'cache' / 'cubin'}" in out and f"build cache     {tmp_path / 'cache' / 'builds'}" in out
+    assert out.count("entries       1") == 2, out
     assert main(["cache", "clear"]) == 0
-    assert "removed 1 compile-cache entry" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "removed 1 compile-cache entry from" in out and "1 build-cache entry from" in out, out
     assert main(["cache", "info"]) == 0
-    assert "entries       0" in capsys.readouterr().out
+    assert capsys.readouterr().out.count("entries       0") == 2
+    assert main(["compile", str(EXAMPLES / "matmul.py"), "--arch", "sm_90"]) == 0
+    assert "0 plan(s) from the build cache, 0 cubin(s)" in capsys.readouterr().out  # really gone
 
 
 @pytest.mark.parametrize("text, expect", [
@@ -213,3 +238,94 @@ def test_a_bad_plan_file_is_a_usage_error_naming_it(tmp_path: Path, capsys: pyte
     assert main(["explain", str(EXAMPLES), "--plan", str(plan)]) == 2
     err = " ".join(capsys.readouterr().err.split())  # the message is wrapped as one paragraph
     assert says in err and str(plan) in err
+
+
+TWO_OPS = """
+import numpy as np
+import tecc as tc
+n = tc.var("n")
+x = tc.placeholder((n,), "float32", name="x")
+y = tc.compute((n,), lambda i: x[i] * 2.0, name="y")
+z = tc.compute((n,), lambda i: x[i] + 1.0, name="z")
+OPS = [tc.OpSpec("wrong_values", [x, y], lambda x: x * 3.0, sizes={"n": 1000}),
+       tc.OpSpec("wrong_shape", [x, z], lambda x: x[:10] + 1.0, sizes={"n": 1000}),
+       tc.OpSpec("right", [x, y], lambda x: x * 2.0, sizes={"n": 1000})]
+"""
+
+
+@pytest.mark.parametrize("argv", [["check"], ["run", "--target", "sim", "--check"]])
+def test_a_reference_of_the_wrong_shape_fails_its_op_in_one_line_and_the_others_are_still_checked(
+        tmp_path: Path, capsys, argv: list[str]) -> None:
+    f = _write(tmp_path, "refs.py", TWO_OPS)
+    assert main([*argv, str(f)]) == 1  # a failed check, not an error of tecc
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert any("wrong_values [sim]" in line and "FAIL" in line for line in lines), captured.out
+    shape = [line for line in lines if "wrong_shape [sim]" in line]
+    assert len(shape) == 1 and shape[0].endswith(
+        "FAIL: the reference returned shape (10,) for output z, whose shape is (1000,); fix the reference "
+        "(or the op's sizes)"), captured.out
+    assert any("right [sim] y: rel err" in line and "FAIL" not in line for line in lines), captured.out
+    assert "internal error" not in captured.err and "bug in tecc" not in captured.err
+
+
+@pytest.mark.parametrize("where, expect", [
+    ("a_file", "it is a file, not a directory"),
+    ("a_file/sub", "cannot create that directory (Not a directory)"),
+    ("/proc/tecc_cannot_be_here", "cannot create that directory"),
+])
+def test_an_output_directory_that_cannot_be_written_is_a_one_line_error(tmp_path: Path, capsys, where: str,
+                                                                        expect: str) -> None:
+    (tmp_path / "a_file").write_text("not a directory\n")
+    target = where if where.startswith("/") else str(tmp_path / where)
+    assert main(["compile", str(EXAMPLES / "elementwise.py"), "-o", target]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tecc: error: -o {target}: ") and expect in " ".join(err.split()), err
+    assert "internal error" not in err and "Traceback" not in err and "\n\n" not in err.strip()
+    assert (tmp_path / "a_file").read_text() == "not a directory\n"
+
+
+def test_an_ops_file_imports_the_modules_next_to_it_as_under_python(tmp_path: Path, capsys,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))  # restored after the test
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "tecc_test_helper_ops.py").write_text(
+        "import tecc as tc\n\n"
+        "def doubled(n):\n"
+        "    x = tc.placeholder((n,), 'float32', name='x')\n"
+        "    return x, tc.compute((n,), lambda i: x[i] * 2.0, name='y')\n\n"
+        "def reference(x):\n"
+        "    return 2.0 * x\n")
+    ops = _write(folder, "myops.py", "import tecc as tc\nfrom tecc_test_helper_ops import doubled, reference\n"
+                                     "OPS = [tc.OpSpec('double', list(doubled(300)), reference)]\n")
+    monkeypatch.chdir(tmp_path)  # not the file's folder
+    monkeypatch.delitem(sys.modules, "tecc_test_helper_ops", raising=False)
+    try:
+        assert main(["check", str(ops)]) == 0, capsys.readouterr().err
+    finally:
+        sys.modules.pop("tecc_test_helper_ops", None)
+    out = capsys.readouterr().out
+    assert "double [" in out and "y: rel err" in out and "FAIL" not in out, out
+
+
+def test_another_ops_plan_is_an_error_that_says_whose_plan_it_is_and_what_it_names(tmp_path: Path, capsys) -> None:
+    assert main(["compile", str(EXAMPLES / "matmul.py"), "--arch", "sm_90", "-o", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    manifest = tmp_path / "out" / "matmul.json"
+    assert main(["compile", str(EXAMPLES / "elementwise.py"), "--plan", str(manifest)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith(f"tecc: error: --plan {manifest} (the plan of op matmul, from its artifact) does not "
+                          "schedule op sin_axpb: the plan is for another program: it names kernel(s) C_kernel, "
+                          "and this program's kernels are y_kernel"), err
+    assert "internal error" not in err
+
+
+def test_explain_of_several_ops_names_each_op_above_its_report(capsys) -> None:
+    assert main(["explain", str(EXAMPLES / "norms.py"), "--arch", "sm_90"]) == 0
+    out = capsys.readouterr().out
+    headers = [line for line in out.splitlines() if line.startswith("== op ")]
+    path = EXAMPLES / "norms.py"
+    assert headers == [f"== op {name} ({path}) ==" for name in ("layer_norm", "rms_norm", "log_softmax")], out
+    blocks = out.split("== op ")[1:]
+    assert all("grid (" in block for block in blocks), out  # each header is followed by its own report

@@ -312,6 +312,44 @@ def test_unaligned_vector_loop_falls_back_to_unrolling() -> None:
     assert "  #pragma unroll\n  for (int v = 0; v < 4; ++v) {\n    A[tx * 4 + v + 1] = 0.0f;" in text
 
 
+def test_byte_vectors_move_as_16_byte_containers() -> None:
+    """16 fp8 elements (or bools) per thread: one uint4 load and one uint4 store."""
+    for dtype in ("float8_e4m3", "bool"):
+        a, b = Buffer("A", dtype, (1024,)), Buffer("B", dtype, (1024,))
+        tx, v = Var("tx"), Var("v")
+        body = For(tx, 0, 64, "threadIdx.x", For(v, 0, 16, "vectorize", BufferStore(b, (tx * 16 + v,), a[tx * 16 + v])))
+        text = emit_kernel(PrimFunc("copy_bytes", (a, b), body))
+        assert "*reinterpret_cast<uint4*>(A_vec) = *reinterpret_cast<const uint4*>(&A[tx * 16]);" in text, text
+        assert "*reinterpret_cast<uint4*>(&B[tx * 16]) = *reinterpret_cast<const uint4*>(B_vec);" in text, text
+
+
+def test_a_split_guard_that_decides_whole_vectors_keeps_them_vectors() -> None:
+    """`if (t * 8 + v < 40)`: 40 and the vector's start are multiples of 8, so the lanes of one
+    vector are all in or all out: one test of its start, one uint4 store; `< 41` is not."""
+    for n, vectorized in ((40, True), (41, False)):
+        a = Buffer("A", "float16", (48,))
+        tx, v = Var("tx"), Var("v")
+        body = For(tx, 0, 6, "threadIdx.x", For(v, 0, 8, "vectorize",
+                                                IfThenElse(tx * 8 + v < n, BufferStore(a, (tx * 8 + v,), 1.0))))
+        text = emit_kernel(PrimFunc("edge", (a,), body))
+        assert ("if (tx * 8 < 40) {" in text and "reinterpret_cast<uint4*>(&A[tx * 8])" in text) == vectorized, text
+
+
+def test_a_swizzled_shared_tile_is_vectorized_by_its_logical_offsets() -> None:
+    """Swizzle(3, 3, 6) keeps 8 halves together: a row chunk of the logical tile is one 16-byte
+    store at the XOR-ed address of its first element."""
+    from tecc.ir.layout import Swizzle
+
+    out = Buffer("Out", "float16", (4096,))
+    tile = Buffer("T", "float16", (64, 64), "shared", layout=Swizzle(3, 3, 6))
+    tx, v = Var("tx"), Var("v")
+    copy = For(tx, 0, 512, "threadIdx.x", For(v, 0, 8, "vectorize",
+                                              BufferStore(tile, (tx // 8, tx % 8 * 8 + v), 0.5)))
+    body = Allocate(tile, seq(copy, Barrier(), For(tx, 0, 512, "threadIdx.x", BufferStore(out, (tx,), tile[tx // 64, tx % 64]))))
+    text = emit_kernel(PrimFunc("swizzled", (out,), body))
+    assert "*reinterpret_cast<uint4*>(&T[tx / 8 * 64 + tx % 8 * 8 ^ (tx / 8 * 64 + tx % 8 * 8) / 512 % 8 * 8]) =" in text, text
+
+
 def test_constants_round_trip_exactly() -> None:
     out = Buffer("Out", float32, (6,))
     dbl = Buffer("D", "float64", (2,))

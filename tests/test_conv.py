@@ -20,6 +20,7 @@ import pytest
 import tecc as tc
 from tecc.codegen import compile_cuda, emit_source
 from tecc.ir.stmt import AsyncCopy, MatrixMultiply, iter_stmts
+from tensor_core_steps import schedule_tensor_core
 
 # the strategies that put a contraction on tensor cores (mma.sync; wgmma where a branch adds it)
 TENSOR_CORE = ("gemm_tensor_core", "gemm_wgmma")
@@ -309,16 +310,16 @@ def test_a_staged_output_matches_numpy(case: str, intrinsic: str) -> None:
 def test_a_staged_output_is_refused_where_chunks_do_not_fit() -> None:
     """F = 12 is no whole number of 16-byte chunks; NCHW's columns are (n, p, q); the TMA ring's
     producer takes no part in the epilogue's barrier."""
-    with pytest.raises(tc.ScheduleError, match="staged_output"):
+    with pytest.raises(tc.ScheduleError, match=r"epilogue\(.*'staged'\): the output is copied out in 16-byte chunks"):
         Conv(2, (7, 7), 16, 12, (3, 3), pad=1).run(plan=staged(tensorize_plan()))
-    with pytest.raises(tc.ScheduleError, match="staged_output"):
+    with pytest.raises(tc.ScheduleError, match=r"epilogue\(.*'staged'\): the output is copied out in 16-byte chunks"):
         Conv(2, (8, 8), 16, 16, (3, 3), pad=1, layout="NCHW").run(plan=staged(tensorize_plan()))
     A = tc.placeholder((128, 64), "float16", "A")
     B = tc.placeholder((64, 128), "float16", "B")
     k = tc.reduce_axis(64, "k")
     C = tc.compute((128, 128), lambda i, j: tc.sum(A[i, k] * B[k, j], axis=[k]), name="C")
-    with pytest.raises(tc.ScheduleError, match="staged_output"):
-        tc.Schedule([A, B, C]).tensorize("C", intrinsic="wgmma", block=(128, 128), warps=(8, 1), k_tile=64,
+    with pytest.raises(tc.ScheduleError, match="the staged epilogue is built for the cp.async ring only"):
+        schedule_tensor_core(tc.Schedule([A, B, C]), "C", intrinsic="wgmma", block=(128, 128), warps=(8, 1), k_tile=64,
                                          stages=3, producer="tma", staged_output=True)
 
 
@@ -477,7 +478,7 @@ def test_resnet_layer_kernels_compile_without_spills(layout: str, arch: str) -> 
     sch = tc.Schedule(conv.program())
     # NCHW's activations go through registers (element loads): a smaller block keeps them there
     block = (128, 128) if layout == "NHWC" else (128, 64)
-    sch.tensorize("Y", block=block, warps=(2, 2), k_tile=32, stages=3)
+    schedule_tensor_core(sch, "Y", block=block, warps=(2, 2), k_tile=32, stages=3)
     func = sch.mod.kernels[0]
     compiled = compile_cuda(emit_source([func]), arch=arch, name=func.name)
     res = compiled.resources[func.name]
@@ -492,7 +493,7 @@ def test_resnet_layer_wgmma_kernels_compile_for_sm_90a_without_spills(layout: st
     """The same layer on the Hopper path: wgmma reads the gathered tiles through descriptors."""
     conv = Conv(32, (56, 56), 64, 64, (3, 3), pad=1, layout=layout)
     sch = tc.Schedule(conv.program())
-    sch.tensorize("Y", intrinsic="wgmma", block=(128, 64), warps=(8, 1), k_tile=64, stages=4)
+    schedule_tensor_core(sch, "Y", intrinsic="wgmma", block=(128, 64), warps=(8, 1), k_tile=64, stages=4)
     f = tc.build(sch, target="cuda", arch="sm_90")
     (r,) = f.resources.values()
     assert f.arch == "sm_90a"

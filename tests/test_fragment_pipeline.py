@@ -1,4 +1,4 @@
-"""The pipelined mma.sync mainloop (Tiling.fragment_pipeline): two fragment sets, the next k step's
+"""The pipelined mma.sync mainloop (pipeline_fragments): two fragment sets, the next k step's
 ldmatrix before this step's mma, the ring's wait and barrier before the last k step of a tile.
 
 Every kernel runs in the emulator, which executes cp.async, ldmatrix and mma per the PTX ISA and
@@ -20,6 +20,7 @@ from tecc.ir.stmt import AsyncCopy, AsyncWait, Barrier, For, MatrixLoad, MatrixM
 from test_tensorize import check, contraction, run
 
 import test_tf32
+from tensor_core_steps import schedule_tensor_core
 
 
 def pipelined_plan(block: tuple[int, int] = (64, 64), warps: tuple[int, int] = (2, 2), k_tile: int = 32,
@@ -106,20 +107,20 @@ def test_the_loop_has_its_wait_and_barrier_before_the_last_k_step() -> None:
     fragments, the last step's mma; plan, dump summary and explain() name the form."""
     tensors, _ = contraction(256, 256, 256, "float16")
     sch = tc.Schedule(tensors)
-    sch.tensorize("C", block=(128, 128), warps=(2, 2), k_tile=64, stages=3, fragment_pipeline=True)
-    assert sch.plan.steps[0].args["fragment_pipeline"] is True
+    schedule_tensor_core(sch, "C", block=(128, 128), warps=(2, 2), k_tile=64, stages=3, fragment_pipeline=True)
+    assert [s.primitive for s in sch.plan.steps][-2:] == ["pipeline", "pipeline_fragments"]
     func = sch.mod.kernels[0]
     assert "fragment_pipeline" in dict(func.attrs)["tensorize"]
     (loop,) = [s for s in iter_stmts(func.body) if isinstance(s, For) and s.var.name == "k_tile"]
-    order = [type(s).__name__ for s in iter_stmts(loop.body)
+    order = [getattr(s, "dispatch_name", type(s).__name__) for s in iter_stmts(loop.body)  # AsyncWait: an instruction
              if isinstance(s, (AsyncWait, Barrier, AsyncCopy, MatrixLoad, MatrixMultiply))]
     # collapse runs: the 3 inner steps (unrolled loops appear once each) then the last step
     runs = [name for i, name in enumerate(order) if i == 0 or order[i - 1] != name]
     assert runs == ["MatrixLoad", "MatrixMultiply", "AsyncWait", "Barrier", "AsyncCopy", "MatrixLoad",
                     "MatrixMultiply"], runs
     plain = tc.Schedule(tensors)
-    plain.tensorize("C", block=(128, 128), warps=(2, 2), k_tile=64, stages=3)
-    assert "fragment_pipeline" not in plain.plan.steps[0].args   # earlier plans replay unchanged
+    schedule_tensor_core(plain, "C", block=(128, 128), warps=(2, 2), k_tile=64, stages=3)
+    assert "pipeline_fragments" not in [s.primitive for s in plain.plan.steps]
 
 
 @pytest.mark.parametrize("pipelined", [False, True])
@@ -144,15 +145,15 @@ def test_the_grouped_block_order_covers_every_tile_once(pipelined: bool, m: int,
 def test_refusals_name_the_condition() -> None:
     tensors, _ = contraction(64, 64, 64, "float16")
     with pytest.raises(tc.ScheduleError, match="even number"):
-        tc.Schedule(tensors).tensorize("C", k_tile=48, fragment_pipeline=True)
-    with pytest.raises(tc.ScheduleError, match="fragment_pipeline"):
-        tc.Schedule(tensors).tensorize("C", intrinsic="wgmma", block=(128, 128), warps=(8, 1), k_tile=64, stages=3,
+        schedule_tensor_core(tc.Schedule(tensors), "C", k_tile=16, fragment_pipeline=True)
+    with pytest.raises(tc.ScheduleError, match="pipeline_fragments is a form of the mma.sync mainloop"):
+        schedule_tensor_core(tc.Schedule(tensors), "C", intrinsic="wgmma", block=(128, 128), warps=(8, 1), k_tile=64, stages=3,
                                        fragment_pipeline=True)
-    with pytest.raises(tc.ScheduleError, match="group_m"):
-        tc.Schedule(tensors).tensorize("C", intrinsic="wgmma", block=(128, 128), warps=(8, 1), k_tile=64, stages=3,
+    with pytest.raises(tc.ScheduleError, match="tile_order orders the blocks of the mma.sync kernel"):
+        schedule_tensor_core(tc.Schedule(tensors), "C", intrinsic="wgmma", block=(128, 128), warps=(8, 1), k_tile=64, stages=3,
                                        group_m=8)
     with pytest.raises(tc.ScheduleError, match="group_m"):
-        tc.Schedule(tensors).tensorize("C", group_m=-1)
+        schedule_tensor_core(tc.Schedule(tensors), "C", group_m=-1)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -163,7 +164,7 @@ def test_the_4096_cubed_best_point_compiles_without_spills(arch: str) -> None:
 
     tensors, _ = contraction(4096, 4096, 4096, "float16", out="float16")
     sch = tc.Schedule(tensors)
-    sch.tensorize("C", block=(128, 128), warps=(2, 2), k_tile=32, stages=4, fragment_pipeline=True)
+    schedule_tensor_core(sch, "C", block=(128, 128), warps=(2, 2), k_tile=32, stages=4, fragment_pipeline=True)
     func = sch.mod.kernels[0]
     compiled = compile_cuda(emit_source([func]), arch=arch, name=func.name)
     res = compiled.resources[func.name]

@@ -279,7 +279,7 @@ def test_mutator_keeps_unchanged_nodes_and_visitor_sees_every_statement() -> Non
 
     class Collect(StmtVisitor):
         def generic_visit(self, s):  # type: ignore[no-untyped-def]
-            name = type(s).__name__
+            name = getattr(s, "dispatch_name", type(s).__name__)  # an instruction: its row's constructor
             if name.startswith(("Warpgroup", "Barrier", "Bulk", "AsyncProxy")) and name != "Barrier":
                 seen.append(name)
             return super().generic_visit(s)

@@ -104,3 +104,40 @@ def test_torch_like_inputs_get_outputs_from_their_new_empty_with_their_packages_
     full, outputs = OutputAllocator(f.host).complete([Tensor((3, 5)), Tensor((5, 6))])
     assert Tensor.made == [((3, 6), "fakearrays.float32"), ((3, 6), "fakearrays.float32")]
     assert full[2:] == outputs and all(isinstance(o, Tensor) for o in outputs)
+
+
+def test_a_loaded_artifact_is_called_like_the_built_kernel_outputs_left_out_or_given(tmp_path) -> None:
+    A, B, C, D = _matmul_then_scale()
+    f = tc.build([A, C, B, D], target="cuda", arch="sm_90")  # NVRTC only: no GPU needed
+    g = tc.load(f.save(tmp_path / "mm"))
+    rng = np.random.default_rng()
+    a, b = rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal((3, 6)).astype(np.float32)
+    want = a.astype(np.float64) @ b
+    c, d = g.sim(a, b)  # the outputs left out: allocated and returned, as f.sim(a, b) does
+    np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(d, 2 * want + 1, rtol=1e-5, atol=1e-5)
+    built_c, built_d = f.sim(a, b)
+    np.testing.assert_array_equal(c, built_c)
+    np.testing.assert_array_equal(d, built_d)
+    c2, d2 = np.full((5, 6), np.nan, np.float32), np.full((5, 6), np.nan, np.float32)
+    assert g.sim(a, c2, b, d2) is None  # the in-place form, in signature order
+    np.testing.assert_array_equal(c2, c)
+    np.testing.assert_array_equal(d2, d)
+    with pytest.raises(tc.TeccError, match=r"takes 4 arrays \(A, C, B, D\), got 1"):
+        g.sim(a)
+
+
+@pytest.mark.gpu
+def test_a_loaded_artifact_allocates_its_outputs_on_the_gpu_like_the_built_kernel(tmp_path) -> None:
+    A, B, C, D = _matmul_then_scale()
+    f = tc.build([A, C, B, D], target="cuda")
+    g = tc.load(f.save(tmp_path / "mm"))
+    rng = np.random.default_rng()
+    a, b = rng.standard_normal((37, 5)).astype(np.float32), rng.standard_normal((5, 6)).astype(np.float32)
+    want = a.astype(np.float64) @ b
+    c, d = g(a, b)
+    np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(d, 2 * want + 1, rtol=1e-5, atol=1e-5)
+    built_c, built_d = f(a, b)
+    np.testing.assert_array_equal(c, built_c)
+    np.testing.assert_array_equal(d, built_d)

@@ -48,3 +48,31 @@ def test_allreduce_refuses_what_it_cannot_do():
     with pytest.raises(ScheduleError, match="combiner"):
         allreduce(acc, "-", lane, 64, "red")
     assert "shfl_xor" in str(allreduce(acc, "max", lane, 32, "red"))
+
+
+@pytest.mark.parametrize("combiner", ["sum", "max"])
+@pytest.mark.parametrize("threads", [64, 96, 512, 1024])
+def test_the_shuffle_block_stage_of_row_walking_kernels_matches_numpy(combiner, threads):
+    """fuse_rows' row_blocks kernels combine the warps' values with a second butterfly (each
+    lane reads red[lane % W]); 3 warps (96 threads) are no power of two and keep the serial
+    combine. Every thread must hold the same total: the row sum is stored by thread 0 and the
+    rows are walked by 3 blocks, so a wrong lane shows up in some row."""
+    R, C = 7, 1000
+    args = norms.row_reduce(R, C, "float32", combiner)
+    step = {"threads": threads, "cache": "registers", "row_blocks": 3}
+    k = tc.build(args, target="sim", plan=Plan((Step("fuse_rows", step),)))
+    x = np.random.default_rng(threads).standard_normal((R, C)).astype(np.float32)
+    y = np.full(R, np.nan, np.float32)
+    k(x, y)
+    want = x.astype(np.float64).sum(-1) if combiner == "sum" else x.max(-1)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5, err_msg=f"{combiner} threads={threads}")
+    body = str(k.module.kernels[0].body)
+    assert ("_block_w" in body) == (threads == 96), body[:2000]
+
+
+def test_allreduce_shuffle_stage_reads_one_word_per_lane():
+    acc = Buffer("acc", dt.float32, (1,), "local")
+    lane = tc.var("tx")
+    serial, shuffled = (str(allreduce(acc, "+", lane, 512, "red", shuffle_stage=s)) for s in (False, True))
+    assert "red_w" in serial and "red_w" not in shuffled
+    assert shuffled.count("shfl_xor") == 5 + 4  # the warp's butterfly, then 16 warps' values

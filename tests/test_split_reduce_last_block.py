@@ -21,7 +21,7 @@ from tecc.compiler.plan import Step
 from tecc.compiler.strategies.column_reduction import choose_point, propose
 from tecc.ir import dtype as dt
 from tecc.ir.errors import DTypeError, RaceError, TeccError
-from tecc.ir.expr import BufferLoad, Const, Var, atomic_add, load_cg, thread_fence
+from tecc.ir.expr import BufferLoad, Call, Const, Var, atomic_add, load_cg, thread_fence
 from tecc.ir.stmt import Barrier, Buffer, BufferStore, Evaluate, For, IfThenElse, PrimFunc, seq
 from tecc.passes.rewrite.split_reduce import split_reduce
 from tecc.runtime.artifact import ArtifactError, load
@@ -318,12 +318,31 @@ def test_atomic_add_takes_effect_in_lane_order():
     np.testing.assert_array_equal(c, running)
 
 
+def test_float32_atomic_add_accumulates_in_lane_order_without_the_publication_check():
+    """A float32 atomic_add (the attention backward's dQ) adds lane after lane, each sum rounded
+    to float32, and announces nothing: a store before it needs no fence."""
+    acc = Buffer("acc", dt.float32, (3,))
+    old = Buffer("old", dt.float32, (64,))
+    tx = Var("tx", dt.int32)
+    body = For(tx, 0, 64, "threadIdx.x", seq(BufferStore(old, (tx,), Const(0.0, dt.float32)),
+                                             BufferStore(old, (tx,), atomic_add(acc[tx % 3], Const(0.5, dt.float32)))))
+    a = np.array([1.0, 2.0 ** 24, -3.0], np.float32)   # 2^24 + 0.5 rounds back to 2^24 in float32
+    o = np.full(64, np.nan, np.float32)
+    simulate_kernel(PrimFunc("accumulate", (acc, old), body), {"acc": a, "old": o}, (1, 1, 1), (64, 1, 1))
+    counts = [len(range(r, 64, 3)) for r in range(3)]
+    np.testing.assert_array_equal(a, np.array([1.0 + 0.5 * counts[0], 2.0 ** 24, -3.0 + 0.5 * counts[2]], np.float32))
+    np.testing.assert_array_equal(o[0::3], 1.0 + 0.5 * np.arange(counts[0], dtype=np.float32))
+
+
 def test_memory_intrinsics_are_checked_when_built():
     f32 = Buffer("f", dt.float32, (4,))
     shared = Buffer("s", dt.int32, (4,), "shared")
     counts = Buffer("c", dt.int32, (4,))
-    with pytest.raises(DTypeError, match="int32"):
-        atomic_add(f32[0], 1)
+    with pytest.raises(DTypeError, match="int32, int64, float32, float64"):
+        atomic_add(Buffer("h", dt.float16, (4,))[0], 1)  # no 16-bit atomics: scatters accumulate in float32
+    with pytest.raises(DTypeError, match="float32 element"):
+        Call("atomic_add", (f32[0], Const(1, dt.int32)), dt.int32)
+    assert atomic_add(f32[0], 1.5).dtype == dt.float32
     with pytest.raises(TeccError, match="global buffer element"):
         atomic_add(shared[0], 1)
     with pytest.raises(TeccError, match="global buffer element"):

@@ -5,7 +5,7 @@ stride 1, the others multiples of 16 bytes) and builds one kernel with two main 
 same shared ring: 16-byte cp.async copies where the launch's strides pass that test, 16-byte
 copies of a transposed view (unit stride on the other dimension: w.t()) stored in the other
 orientation in the same tile (`Operand.transposed`), element loads (any strides: odd row
-strides, negative strides) where neither holds (tensorize.py `_Emitter.dispatch`,
+strides, negative strides) where neither holds (tile_staging.py `TileStaging.dispatch`,
 implicit_gemm.py `stride_condition`). In the emulator against NumPy float64 under
 tests/test_tensorize.py's bound (exact products, float32 sums, one rounding of the output);
 outputs start as NaN, inputs are fresh random values. Which loop ran is read from the shared
@@ -36,6 +36,7 @@ from tecc.ir.stmt import AsyncCopy, Buffer, IfThenElse, iter_stmts
 from tecc.passes.lower import lower
 from tecc.runtime.sim.banks import count_bank_conflicts
 from nvrtc_checks import needs_nvrtc
+from tensor_core_steps import schedule_tensor_core
 
 # K = 136: several k tiles on both paths (5 of 32 for mma.sync, 3 of 64 for wgmma's 3-stage ring),
 # so the element loop refills stages inside the k loop, not only in the prologue
@@ -311,7 +312,7 @@ def test_the_dispatching_kernel_compiles_without_spills(arch: str, intrinsic: st
     holds the 16-byte copies, the element loads and both ldmatrix forms (mma.sync)."""
     b_side = strided != "A"
     sch = tc.Schedule(strided_contraction(4096, 4096, 4096, "float16", a_any=not b_side, b_any=b_side))
-    sch.tensorize("C", intrinsic=intrinsic, block=block, warps=warps, k_tile=k_tile, stages=stages)
+    schedule_tensor_core(sch, "C", intrinsic=intrinsic, block=block, warps=warps, k_tile=k_tile, stages=stages)
     func = sch.mod.kernels[0]
     x = "B" if b_side else "A"
     conds = [str(s.cond) for s in iter_stmts(func.body) if isinstance(s, IfThenElse)]
@@ -368,10 +369,10 @@ def test_the_emulator_reports_a_copy_that_skipped_the_launch_test(monkeypatch: p
     """A kernel with the copy loop alone (the test dropped) runs a transposed A through 16-byte
     copies: the emulator names the untested stride instead of computing garbage."""
     from tecc.ir.errors import TeccError
-    from tecc.passes.schedule.tensorize import _Emitter
+    from tecc.passes.schedule.tile_staging import TileStaging
 
     monkeypatch.setenv("TECC_NO_CACHE", "1")
-    monkeypatch.setattr(_Emitter, "dispatch", lambda self: self.pipeline())
+    monkeypatch.setattr(TileStaging, "dispatch", lambda self: self.pipeline())
     f = tc.build(strided_contraction(M, N, K, "float16"), target="sim", arch="sm_80", plan=mma_plan())
     g = np.random.default_rng(9)
     a = np.ascontiguousarray(values(g, (K, M), "float16")).T
@@ -385,14 +386,14 @@ def test_the_emulator_reports_a_transposed_copy_that_skipped_its_launch_test(mon
     from dataclasses import replace
 
     from tecc.ir.errors import TeccError
-    from tecc.passes.schedule.tensorize import _Emitter
+    from tecc.passes.schedule.tile_staging import TileStaging
 
     def transposed_only(self: Any) -> Any:
         assert self.c.a.transposed is not None
         self.c = replace(self.c, a=self.c.a.transposed)
         return self.pipeline()
     monkeypatch.setenv("TECC_NO_CACHE", "1")
-    monkeypatch.setattr(_Emitter, "dispatch", transposed_only)
+    monkeypatch.setattr(TileStaging, "dispatch", transposed_only)
     f = tc.build(strided_contraction(M, N, K, "float16"), target="sim", arch="sm_80", plan=mma_plan())
     g = np.random.default_rng(10)
     with pytest.raises(TeccError, match="assumes a unit stride along dimension 0, tested at launch, but A's is"):
@@ -503,8 +504,7 @@ LARGE_TILES = {"mma.sync": ("sm_80", dict(intrinsic="auto", block=(128, 128), wa
 def large_tile_kernel(path: str, n: int, **kw: Any) -> Any:
     arch, args = LARGE_TILES[path]
     sch = tc.Schedule(strided_contraction(n, n, n, "float16", **kw))
-    sch.tensorize("C", **args)
-    return sch
+    return schedule_tensor_core(sch, "C", **args)
 
 
 @pytest.mark.parametrize("side", ["A", "B"])
@@ -590,5 +590,4 @@ def test_transposed_views_at_the_planners_tiles_match_numpy_without_conflicts(pa
 
 def _large_schedule(m: int, n: int, k: int, side: str, args: dict[str, Any]) -> Any:
     sch = tc.Schedule(strided_contraction(m, n, k, "float16", a_any=side == "A", b_any=side == "B"))
-    sch.tensorize("C", **args)
-    return sch
+    return schedule_tensor_core(sch, "C", **args)

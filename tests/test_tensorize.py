@@ -21,6 +21,7 @@ from tecc.compiler.cost.analysis import analyze_kernel
 from tecc.ir.stmt import AsyncCopy, MatrixLoad, MatrixMultiply, iter_stmts
 from tecc.passes.lower import lower
 from tecc.runtime.sim.banks import count_bank_conflicts
+from tensor_core_steps import schedule_tensor_core
 
 EPS = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 0.0}
 
@@ -294,7 +295,7 @@ def test_odd_k_falls_back_to_element_loads_for_the_k_contiguous_operand() -> Non
 def test_the_plan_step_replays_to_the_same_ir() -> None:
     tensors, _ = contraction(100, 60, 50, "float16", a_t=True)
     sch = tc.Schedule(tensors)
-    sch.tensorize("C", block=(64, 128), warps=(2, 2), k_tile=32, stages=3)
+    schedule_tensor_core(sch, "C", block=(64, 128), warps=(2, 2), k_tile=32, stages=3)
     text = sch.plan.to_json()
     again = tc.Schedule(tensors, plan=json.loads(text))
     assert str(again.mod) == str(sch.mod)
@@ -346,7 +347,7 @@ def test_configurations_compile_without_spills(arch: str, block: tuple[int, int]
     tensors, _ = contraction(1000, 1000, 1000, "bfloat16" if stages == 3 else "float16", out="float16",
                              b_t=block == (128, 256))
     sch = tc.Schedule(tensors)
-    sch.tensorize("C", block=block, warps=warps, k_tile=k_tile, stages=stages)
+    schedule_tensor_core(sch, "C", block=block, warps=warps, k_tile=k_tile, stages=stages)
     func = sch.mod.kernels[0]
     compiled = compile_cuda(emit_source([func]), arch=arch, name=func.name)
     res = compiled.resources[func.name]
@@ -546,7 +547,7 @@ def test_golden_cuda_of_a_tensorized_gemm_with_a_fused_epilogue() -> None:
     tensors, _ = contraction(tc.var("M"), 96, 64, "float16", out="float16",
                              epilogue=lambda acc, bias: tc.maximum(acc + bias, tc.const(0.0, "float16")))
     sch = tc.Schedule(tensors)
-    sch.tensorize("C", block=(64, 64), warps=(2, 2), k_tile=32, stages=2)
+    schedule_tensor_core(sch, "C", block=(64, 64), warps=(2, 2), k_tile=32, stages=2)
     text = tc.build(sch, target="sim").source
     path = pathlib.Path(__file__).parent / "golden" / "tensorize_gemm_bias_relu.cu"
     if os.environ.get("TECC_UPDATE_GOLDEN") == "1":

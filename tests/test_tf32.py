@@ -28,6 +28,7 @@ from tecc.ir.stmt import MatrixLoad, MatrixMultiply, iter_stmts
 from tecc.passes.lower import lower
 from tecc.runtime.sim.banks import count_bank_conflicts
 from tecc.runtime.sim.matrix import round_to_tf32
+from tensor_core_steps import schedule_tensor_core
 
 TF32 = "mma.m16n8k8.f32.tf32"
 U = 2.0**-11
@@ -255,7 +256,7 @@ def test_tf32_is_only_taken_by_name_and_only_for_float32() -> None:
     with pytest.raises(tc.ScheduleError, match="mma.m16n8k16.f32.f16"):
         tc.Schedule([A, B, C]).tensorize("C", intrinsic=TF32)
     with pytest.raises(tc.ScheduleError, match="at least 32"):  # a k-major float32 tile of 16 rows
-        tc.Schedule(contraction(64, 64, 64, a_t=True)).tensorize("C", intrinsic=TF32, block=(16, 64), warps=(1, 2),
+        schedule_tensor_core(tc.Schedule(contraction(64, 64, 64, a_t=True)), "C", intrinsic=TF32, block=(16, 64), warps=(1, 2),
                                                                  k_tile=16, stages=2)
 
 

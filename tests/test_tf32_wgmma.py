@@ -38,10 +38,9 @@ from tecc.ir.intrinsics import lookup
 from tecc.ir.layout import Swizzle
 from tecc.ir.stmt import FragmentRef, SharedMatrix, WarpgroupMatrixMultiply, iter_stmts
 from tecc.passes.lower import lower
-from tecc.passes.schedule.tensor_core import tensorize_wgmma
-from tecc.passes.schedule.tensorize import Tiling
 from tecc.runtime.sim.banks import count_bank_conflicts
 from tecc.runtime.sim.matrix import round_to_tf32, truncate_to_tf32
+from tensor_core_steps import tensorized
 
 U = 2.0**-10
 
@@ -136,18 +135,18 @@ def test_every_servable_orientation_matches_numpy(a_t: bool, b_t: bool) -> None:
 def test_both_operands_k_outermost_are_refused_by_name() -> None:
     kernel = lower(contraction(128, 128, 128, a_t=True)).kernels[0]
     with pytest.raises(ScheduleError, match="K-major only.*mma.m16n8k8.f32.tf32"):
-        tensorize_wgmma(kernel, "C", "wgmma.tf32", Tiling(64, 64, 4, 1, 32, 3))
+        tensorized(kernel, "C", "wgmma.tf32", (64, 64), (4, 1), 32, 3)
 
 
 def test_float32_needs_the_tf32_intrinsic_named_and_the_cp_async_ring() -> None:
     kernel = lower(contraction(128, 128, 128)).kernels[0]
     with pytest.raises(ScheduleError, match="wgmma.tf32"):
-        tensorize_wgmma(kernel, "C", "wgmma", Tiling(64, 64, 4, 1, 32, 3))
+        tensorized(kernel, "C", "wgmma", (64, 64), (4, 1), 32, 3)
     with pytest.raises(ScheduleError, match="k_tile must be 32"):
-        tensorize_wgmma(kernel, "C", "wgmma.tf32", Tiling(64, 64, 4, 1, 64, 3))
+        tensorized(kernel, "C", "wgmma.tf32", (64, 64), (4, 1), 64, 3)
     # swapped: the warpgroups split the columns, so 128 columns need warps (8, 1)
     with pytest.raises(ScheduleError, match=r"warps must be \(8, 1\) for block columns 128"):
-        tensorize_wgmma(kernel, "C", "wgmma.tf32", Tiling(64, 128, 4, 1, 32, 3))
+        tensorized(kernel, "C", "wgmma.tf32", (64, 128), (4, 1), 32, 3)
 
 
 @pytest.mark.parametrize("m,n,k,block,groups,a_t,b_t", [

@@ -1,4 +1,4 @@
-"""TMA tile copies and the warp-specialized wgmma ring (tensorize_wgmma(..., producer="tma")),
+"""TMA tile copies and the warp-specialized wgmma ring (pipeline(..., producer="tma"), warp_specialize),
 without a GPU: the IR's checks, the emulator's copy (zero fill, the 128B swizzle, transaction
 bytes) against NumPy, whole GEMMs in the emulator against NumPy float64 under
 tests/test_tensorize.py's bound, the deadlocks the emulator must report, the CUDA and ptxas
@@ -48,8 +48,6 @@ from tecc.ir.stmt import (
 )
 from tecc.ir.tma_stmt import swizzle_layout
 from tecc.passes.lower import lower
-from tecc.passes.schedule.tensorize import Tiling
-from tecc.passes.schedule.tensor_core import tensorize_wgmma
 from tecc.runtime.host import HostProgram
 from tecc.runtime.marshal import plan_launches, tensor_map_geometry
 from tecc.runtime.sim import simulate_kernel
@@ -61,6 +59,7 @@ from tecc.runtime.tensor_map import (
     encode_arguments,
 )
 from nvrtc_checks import needs_nvrtc
+from tensor_core_steps import schedule_tensor_core, tensorized
 
 
 def tma_plan(block: tuple[int, int] = (64, 64), stages: int = 3) -> dict[str, Any]:
@@ -199,7 +198,7 @@ def test_tma_gemm_with_a_symbolic_m() -> None:
 def test_a_ring_without_the_consumers_release_is_a_deadlock() -> None:
     tensors, _ = contraction(64, 64, 320, "float16")
     kernel = lower(tensors).kernels[0]
-    func = tensorize_wgmma(kernel, "C", "wgmma", Tiling(64, 64, 4, 1, 64, 2), producer="tma", release=False)
+    func = tensorized(kernel, "C", "wgmma", (64, 64), (4, 1), 64, 2, producer="tma", release=False)
     args = {"A": np.ones((64, 320), np.float16), "B": np.ones((320, 64), np.float16),
             "C": np.zeros((64, 64), np.float32)}
     with pytest.raises(DeadlockError, match=r"empty_bar.*phase 0"):
@@ -244,8 +243,8 @@ def test_tma_is_refused_for_gathered_operands_with_a_reason() -> None:
     y = tc.compute((1, 16, 16, 64), lambda n, p, q, f: tc.sum(
         tc.cast(x[n, p + r, q + s, c], "float32") * tc.cast(w[r, s, c, f], "float32"), axis=(r, s, c)), name="C")
     kernel = lower([x, w, y]).kernels[0]
-    with pytest.raises(ScheduleError, match="producer='tma'.*cp.async"):
-        tensorize_wgmma(kernel, "C", "wgmma", Tiling(64, 64, 4, 1, 64, 3), producer="tma")
+    with pytest.raises(ScheduleError, match="TMA cannot load the operands.*implicit GEMM.*producer='cp.async'"):
+        tensorized(kernel, "C", "wgmma", (64, 64), (4, 1), 64, 3, producer="tma")
     info = analyze_kernel(kernel)
     assert "implicit GEMM" in (tma_refusal_for(info) or "")
     points = list(GemmWgmma().space(info, tc.target("sm_90")))
@@ -330,7 +329,7 @@ def test_packed_parameters_pass_pointers_scalars_and_maps_by_value() -> None:
 def _tma_module(symbolic: bool = True) -> Any:
     tensors, _ = contraction(tc.var("M") if symbolic else 256, 256, 256, "float16", out="float16")
     sch = tc.Schedule(tensors)
-    sch.tensorize("C", intrinsic="wgmma", block=(128, 128), warps=(8, 1), k_tile=64, stages=4, producer="tma")
+    schedule_tensor_core(sch, "C", intrinsic="wgmma", block=(128, 128), warps=(8, 1), k_tile=64, stages=4, producer="tma")
     return sch
 
 
@@ -444,7 +443,7 @@ def test_the_grouped_order_visits_every_tile_once() -> None:
     from tecc.ir.stmt import LetStmt
 
     tensors, _ = contraction(13 * 64, 5 * 64, 64, "float16")
-    kernel = tensorize_wgmma(lower(tensors).kernels[0], "C", "wgmma", Tiling(64, 64, 4, 1, 64, 2),
+    kernel = tensorized(lower(tensors).kernels[0], "C", "wgmma", (64, 64), (4, 1), 64, 2,
                              producer="tma", persistent=6)
     lets = {}
     for s in iter_stmts(kernel.body):

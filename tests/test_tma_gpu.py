@@ -131,6 +131,7 @@ def test_the_planner_takes_the_staged_persistent_rung_at_4096_on_gpu() -> None:
     persistent grid first on sm_90), built, run and checked."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     f = _run(4096, 4096, 4096, "float16", out="float16")
-    (step,) = [s for s in f.plan.steps if s.primitive == "tensorize"]
+    steps = {s.primitive: s.args for s in f.plan.steps}
     assert f.plan.strategy == "gemm_wgmma", f.plan.reason
-    assert (step.args.get("producer"), step.args.get("epilogue"), step.args.get("persistent")) == ("tma", "tma", sms)
+    assert "warp_specialize" in steps, f.plan
+    assert (steps["pipeline"]["producer"], steps["epilogue"]["kind"], steps["persistent"]["blocks"]) == ("tma", "tma", sms)

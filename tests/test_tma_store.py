@@ -27,6 +27,7 @@ from tecc.ir.errors import DivergenceError, RaceError, ScheduleError
 from tecc.ir.intrinsics import IntrinsicError
 from tecc.ir.stmt import (
     AsyncProxyFence,
+    BarrierRef,
     Buffer,
     BufferStore,
     BulkWait,
@@ -34,16 +35,16 @@ from tecc.ir.stmt import (
     NamedBarrier,
     PrimFunc,
     Stmt,
+    TensorCopy,
     TensorMap,
     TensorStore,
     iter_stmts,
 )
 from tecc.ir.tma_stmt import swizzle_layout
 from tecc.passes.lower import lower
-from tecc.passes.schedule.tensor_core import tensorize_wgmma
-from tecc.passes.schedule.tensorize import Tiling
 from tecc.runtime.host import HostProgram
 from tecc.runtime.sim import simulate_kernel
+from tensor_core_steps import tensorized
 
 H200 = tc.target("sm_90").replace(name="H200", dram_bandwidth=4.8e12)
 
@@ -66,6 +67,35 @@ def global_output_stores(f: Any) -> list[Stmt]:
 
 
 # ---- the IR -----------------------------------------------------------------------------------------
+
+def test_a_tma_copy_and_a_tma_store_say_which_end_of_the_box_transfer_is_wrong() -> None:
+    """TensorCopy and TensorStore check their shared end alike (TensorMap.check_transfer); each
+    message names the direction: the copy's shared end is its destination, the store's its source."""
+    cmap = TensorMap(Buffer("C", dt.float16, (100, 200)), (64, 64), "128B")
+    bar = BarrierRef(Buffer("bar", dt.int64, (1,), "shared"), 0)
+    tile = Buffer("C_s", dt.float16, (64, 64), "shared", layout=swizzle_layout("128B", 2))
+    wide = Buffer("W_s", dt.float32, (64, 32), "shared", layout=swizzle_layout("128B", 4))
+    local = Buffer("r", dt.float16, (64, 64), "local")
+    plain = Buffer("P_s", dt.float16, (64, 64), "shared")
+    transfers: list[tuple[Callable[..., Any], str, str]] = [
+        (lambda b, i, c: TensorCopy(b, i, cmap, c, bar), "TMA copy C -> {}", "copies into"),
+        (lambda b, i, c: TensorStore(b, i, cmap, c), "TMA store {} -> C", "stores from")]
+    for make, where, verb in transfers:
+        copy = verb == "copies into"
+        cases: list[tuple[Buffer, tuple[int, ...], tuple[int, ...], type[Exception], str]] = [
+            (local, (0, 0), (0, 0), IntrinsicError, f"{verb} shared memory, not local"),
+            (wide, (0, 0), (0, 0), tc.DTypeError,
+             "source is float16, destination float32" if copy else "source is float32, destination float16"),
+            (tile, (0,), (0, 0), IntrinsicError, "1 indices for the 2 dimensions of C_s"),
+            (tile, (0, 0), (0,), IntrinsicError, "1 coordinates for the 2-dimensional tensor"),
+            (plain, (0, 0), (0, 0), IntrinsicError,
+             f"the {'destination' if copy else 'source'}'s layout .* is not the 128B swizzle's"),
+        ]
+        for buf, indices, coords, error, message in cases:
+            with pytest.raises(error, match=f"^{where.format(buf.name)}: {message}"):
+                make(buf, indices, coords)
+        make(tile, (0, 0), (0, 64))  # the well-formed transfer is accepted
+
 
 def test_tma_stores_bulk_waits_and_named_barriers_check_their_operands() -> None:
     out = Buffer("C", dt.float16, (100, 200))
@@ -149,10 +179,10 @@ def test_an_output_whose_rows_tma_cannot_stride_keeps_the_register_epilogue() ->
 def test_an_unknown_epilogue_or_one_without_the_tma_ring_is_refused() -> None:
     tensors, _ = contraction(64, 64, 64, "float16", out="float16")
     kernel = lower(tensors).kernels[0]
-    with pytest.raises(ScheduleError, match="epilogue 'smem' is not one of"):
-        tensorize_wgmma(kernel, "C", "wgmma", Tiling(64, 64, 4, 1, 64, 2), producer="tma", epilogue="smem")
-    with pytest.raises(ScheduleError, match="needs producer='tma'"):
-        tensorize_wgmma(kernel, "C", "wgmma", Tiling(64, 64, 4, 1, 64, 2), epilogue="tma")
+    with pytest.raises(ScheduleError, match=r"epilogue\(C, 'smem'\): the epilogue is one of"):
+        tensorized(kernel, "C", "wgmma", (64, 64), (4, 1), 64, 2, producer="tma", epilogue="smem")
+    with pytest.raises(ScheduleError, match="built for the warp-specialized TMA ring"):
+        tensorized(kernel, "C", "wgmma", (64, 64), (4, 1), 64, 2, epilogue="tma")
 
 
 # ---- the races the emulator must report ---------------------------------------------------------------
@@ -161,7 +191,7 @@ def _persistent_kernel() -> tuple[PrimFunc, dict[str, np.ndarray]]:
     """6 tiles of 64 x 64 over 2 blocks: each block stages three tiles in turn."""
     m, n, k = 192, 128, 64
     tensors, _ = contraction(m, n, k, "float16", out="float16")
-    func = tensorize_wgmma(lower(tensors).kernels[0], "C", "wgmma", Tiling(64, 64, 4, 1, 64, 2), producer="tma",
+    func = tensorized(lower(tensors).kernels[0], "C", "wgmma", (64, 64), (4, 1), 64, 2, producer="tma",
                            persistent=2, epilogue="tma")
     g = np.random.default_rng(0)
     args = {"A": g.uniform(-1, 1, (m, k)).astype(np.float16), "B": g.uniform(-1, 1, (k, n)).astype(np.float16),

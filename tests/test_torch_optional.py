@@ -28,7 +28,7 @@ def test_tc_torch_without_torch_says_how_to_install_it() -> None:
         "try:\n"
         "    tc.torch\n"
         "except ImportError as exc:\n"
-        "    assert 'pip install tecc[torch]' in str(exc), exc\n"
+        "    assert \"pip install -e '.[torch]'\" in str(exc), exc\n"
         "else:\n"
         "    raise AssertionError('tc.torch imported without torch')\n"
     )

@@ -36,6 +36,28 @@ def test_gradcheck_in_the_emulator(make) -> None:
     assert torch.autograd.gradcheck(op, tuple(xs), eps=1e-6, atol=1e-6, rtol=1e-5)
 
 
+def test_gradcheck_with_saved_statistics_in_the_emulator() -> None:
+    """tc.grad(..., save=[mu, var]): the backward reads the statistics as inputs; the op's backward
+    runs the forward built from g.forward on the saved inputs and passes its last len(g.saved)
+    outputs (mu, var) to the backward kernel, as for attention's output and log-sum-exp."""
+    p = layer_norm()
+    stages, stack = {}, [p.output]
+    while stack:
+        t = stack.pop()
+        if t.name not in stages and not t.is_placeholder:
+            stages[t.name] = t
+            stack.extend(t.op.input_tensors)
+    g = tc.grad(p.output, p.inputs, save=[stages["mu"], stages["var"]])
+    assert [t.name for t in g.saved] == ["mu", "var"] and [t.name for t in g.forward[-2:]] == ["mu", "var"]
+    op = tc.torch.op([*p.inputs, p.output], _name("saved_stats"), grads=g, target="sim")
+    xs = _inputs(p)
+    np.testing.assert_allclose(op(*xs).detach().numpy(), p.numpy(*[x.detach().numpy() for x in xs]),
+                               rtol=1e-10, atol=1e-12)
+    assert torch.autograd.gradcheck(op, tuple(xs), eps=1e-6, atol=1e-6, rtol=1e-5)
+    apply = tc.torch.function([*p.inputs, p.output], g, target="sim")
+    assert torch.autograd.gradcheck(apply, tuple(xs), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
 def test_autograd_function_without_registration_in_the_emulator() -> None:
     p = softmax()
     apply = tc.torch.function([*p.inputs, p.output], tc.grad(p.output, p.inputs), target="sim")
@@ -87,3 +109,55 @@ def test_an_op_name_must_be_namespace_colons_name() -> None:
     p = softmax()
     with pytest.raises(tc.TeccError, match="must read 'namespace::name'"):
         tc.torch.op([*p.inputs, p.output], "softmax_without_namespace", target="sim")
+
+
+def _scaled(name: str, how: str) -> tuple[tc.Tensor, tc.Tensor]:
+    n = tc.var("n")
+    X = tc.placeholder((n,), "float32", name="X")
+    Y = tc.compute((n,), lambda i: X[i] * 2.0 if how == "twice" else X[i] + 1.0, name=name)
+    return X, Y
+
+
+def test_another_program_under_a_taken_op_name_is_refused_naming_both() -> None:
+    name = _name("taken")
+    first = tc.torch.op(list(_scaled("Y", "twice")), name, target="sim")
+    x = torch.randn(7, generator=torch.Generator().manual_seed(secrets.randbits(32)))
+    with pytest.raises(tc.TeccError, match=rf"op {name} is already registered with another program \(it runs "
+                                           r"kernel Y\(X: float32\[n\]\) -> Y: float32\[n\]; this one is "
+                                           r"kernel Z\(X: float32\[n\]\) -> Z: float32\[n\]\)"):
+        tc.torch.op(list(_scaled("Z", "plus_one")), name, target="sim")
+    with pytest.raises(tc.TeccError, match=r"the same signature, another computation"):
+        tc.torch.op(list(_scaled("Y", "plus_one")), name, target="sim")
+    np.testing.assert_allclose(first(x).numpy(), 2.0 * x.numpy(), rtol=1e-6)  # still the first program
+    assert tc.torch.op(list(_scaled("Y", "twice")), name, target="sim") is first  # the same program again
+
+
+def test_an_op_with_gradients_under_a_name_taken_without_them_is_refused() -> None:
+    p = softmax()
+    name = _name("grads")
+    plain = tc.torch.op([*p.inputs, p.output], name, target="sim")
+    with pytest.raises(tc.TeccError, match=r"both run kernel .*, it with no gradients, this one with the gradients"):
+        tc.torch.op([*p.inputs, p.output], name, grads=tc.grad(p.output, p.inputs), target="sim")
+    with_grads = tc.torch.op([*p.inputs, p.output], name + "_g", grads=tc.grad(p.output, p.inputs), target="sim")
+    with pytest.raises(tc.TeccError, match=rf"{name}_g_backward is already registered: it is the backward op of"):
+        tc.torch.op([*p.inputs, p.output], name + "_g_backward", target="sim")
+    assert plain is not with_grads
+
+
+def test_the_training_examples_annotations_name_public_tecc_types() -> None:
+    import importlib.util
+    import pathlib
+    import typing
+
+    script = pathlib.Path(__file__).parent.parent / "docs" / "examples" / "pytorch_mlp.py"
+    spec = importlib.util.spec_from_file_location("pytorch_mlp_example", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for function in (module.gelu, module.mlp_block):
+        typing.get_type_hints(function)  # resolves every annotation (tc.Expr, tc.Tensor)
+    x = tc.placeholder((3,), "float32", name="x")
+    y = tc.compute((3,), lambda i: module.gelu(x[i]), name="y")
+    v = np.random.default_rng().standard_normal(3).astype(np.float32)
+    want = 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3)))
+    np.testing.assert_allclose(tc.build([x, y], target="sim")(v), want, rtol=1e-6)

@@ -23,10 +23,9 @@ from tecc.compiler.planner import candidates_for
 from tecc.ir.errors import RaceError, ScheduleError
 from tecc.ir.stmt import AsyncCopy, MatrixLoad, MatrixMultiply, WarpgroupMatrixMultiply, iter_stmts
 from tecc.passes.lower import lower
-from tecc.passes.schedule.tensorize import Tiling
-from tecc.passes.schedule.tensor_core import tensorize_wgmma
 from tecc.runtime.sim import simulate_kernel
 from nvrtc_checks import needs_nvrtc, nvrtc_available
+from tensor_core_steps import schedule_tensor_core, tensorized
 
 
 def wgmma_plan(block: tuple[int, int] = (64, 64), stages: int = 3, intrinsic: str = "wgmma") -> dict[str, Any]:
@@ -92,10 +91,10 @@ def test_a_ring_that_refills_a_stage_an_inflight_wgmma_reads_is_reported() -> No
     a = g.standard_normal((m, k)).astype(np.float16)
     b = g.standard_normal((k, n)).astype(np.float16)
     c = np.full((m, n), np.nan, np.float32)
-    unsafe = tensorize_wgmma(kernel, "C", "wgmma", Tiling(64, 64, 4, 1, 64, 3), lookahead=2)
+    unsafe = tensorized(kernel, "C", "wgmma", (64, 64), (4, 1), 64, 3, lookahead=2)
     with pytest.raises(RaceError, match="wgmma operand race"):
         simulate_kernel(unsafe, {"A": a, "B": b, "C": c}, (1, 1, 1), (128, 1, 1))
-    safe = tensorize_wgmma(kernel, "C", "wgmma", Tiling(64, 64, 4, 1, 64, 3))
+    safe = tensorized(kernel, "C", "wgmma", (64, 64), (4, 1), 64, 3)
     simulate_kernel(safe, {"A": a, "B": b, "C": c}, (1, 1, 1), (128, 1, 1))
     bound = (k + 1) * 2.0**-24 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))
     assert (np.abs(c - a.astype(np.float64) @ b.astype(np.float64)) <= bound).all()
@@ -114,7 +113,7 @@ def test_element_loaded_stages_without_the_proxy_fence_are_reported() -> None:
 
     m, n, k = 64, 64, 135
     tensors, _ = contraction(m, n, k, "float16")
-    func = tensorize_wgmma(lower(tensors).kernels[0], "C", "wgmma", Tiling(64, 64, 4, 1, 64, 3))
+    func = tensorized(lower(tensors).kernels[0], "C", "wgmma", (64, 64), (4, 1), 64, 3)
     g = np.random.default_rng(1)
     args = {"A": g.standard_normal((m, k)).astype(np.float16), "B": g.standard_normal((k, n)).astype(np.float16),
             "C": np.full((m, n), np.nan, np.float32)}
@@ -159,19 +158,19 @@ def test_refusals_name_the_condition() -> None:
     tensors, _ = contraction(128, 128, 128, "float16")
     kernel = lower(tensors).kernels[0]
     bad = [
-        (Tiling(64, 64, 4, 1, 32, 3), "k_tile must be 64"),
-        (Tiling(96, 64, 4, 1, 64, 3), "block rows"),
-        (Tiling(128, 64, 4, 1, 64, 3), r"warps must be \(8, 1\)"),
-        (Tiling(64, 96, 4, 1, 64, 3), "block columns"),
-        (Tiling(64, 64, 4, 1, 64, 9), "stages must be 2..8"),
+        (((64, 64), (4, 1), 32, 3), "k_tile must be 64"),
+        (((96, 64), (4, 1), 64, 3), "block rows"),
+        (((128, 64), (4, 1), 64, 3), r"warps must be \(8, 1\)"),
+        (((64, 96), (4, 1), 64, 3), "block columns"),
+        (((64, 64), (4, 1), 64, 9), "stages must be 2..8"),
     ]
-    for tiling, message in bad:
+    for (block, warps, k_tile, stages), message in bad:
         with pytest.raises(ScheduleError, match=message):
-            tensorize_wgmma(kernel, "C", "wgmma", tiling)
+            tensorized(kernel, "C", "wgmma", block, warps, k_tile, stages)
     with pytest.raises(ScheduleError, match="wgmma.m64n64k16.f32.f16"):
-        tensorize_wgmma(kernel, "C", "wgmma.m64n128k16.f32.f16", Tiling(64, 64, 4, 1, 64, 3))
+        tensorized(kernel, "C", "wgmma.m64n128k16.f32.f16", (64, 64), (4, 1), 64, 3)
     with pytest.raises(ScheduleError, match="wgmma.m64n64k16.f32.f16"):
-        tensorize_wgmma(kernel, "C", "wgmma.m64n64k16.f32.bf16", Tiling(64, 64, 4, 1, 64, 3))
+        tensorized(kernel, "C", "wgmma.m64n64k16.f32.bf16", (64, 64), (4, 1), 64, 3)
 
 
 # ---- the strategy -----------------------------------------------------------------------------------
@@ -249,7 +248,7 @@ def test_generated_cuda_has_the_ring_fences_and_descriptors() -> None:
     one barrier per k tile, wgmma.wait_group 1 in the loop and 0 before the epilogue."""
     tensors, _ = contraction(4096, 4096, 4096, "float16", out="float16")
     sch = tc.Schedule(tensors)
-    sch.tensorize("C", intrinsic="wgmma", block=(128, 256), warps=(8, 1), k_tile=64, stages=4)
+    schedule_tensor_core(sch, "C", intrinsic="wgmma", block=(128, 256), warps=(8, 1), k_tile=64, stages=4)
     func = sch.mod.kernels[0]
     source = tc.build(sch, target="sim").source
     assert dynamic_shared_bytes(func) == 4 * (128 + 256) * 64 * 2 + 1024
@@ -275,7 +274,7 @@ def test_configurations_compile_for_sm_90a_without_spills(dtype: str, a_t: bool,
 
     tensors, _ = contraction(4096, 4096, 4096, dtype, out=dtype, a_t=a_t, b_t=b_t)
     sch = tc.Schedule(tensors)
-    sch.tensorize("C", intrinsic="wgmma", block=block, warps=(4 * block[0] // 64, 1), k_tile=64, stages=stages)
+    schedule_tensor_core(sch, "C", intrinsic="wgmma", block=block, warps=(4 * block[0] // 64, 1), k_tile=64, stages=stages)
     f = tc.build(sch, target="cuda", arch="sm_90")
     (r,) = f.resources.values()
     assert f.arch == "sm_90a"
@@ -291,7 +290,7 @@ def test_a_wgmma_kernel_built_for_ampere_is_a_clear_compile_error() -> None:
 
     tensors, _ = contraction(128, 128, 128, "float16")
     sch = tc.Schedule(tensors)
-    sch.tensorize("C", intrinsic="wgmma", block=(64, 64), warps=(4, 1), k_tile=64, stages=3)
+    schedule_tensor_core(sch, "C", intrinsic="wgmma", block=(64, 64), warps=(4, 1), k_tile=64, stages=3)
     with pytest.raises(CompileError, match="only sm_90a has"):
         tc.build(sch, target="cuda", arch="sm_80")
 

@@ -18,9 +18,11 @@ The mapping, statement by statement (docs/codegen.md has the full table):
   Barrier             __syncthreads();
   BufferStore         name[offset] = value;
   Allocate fragment   __align__(16) T name[N];                    (per-lane registers)
-  MatrixMultiply, MatrixLoad, AsyncCopy/Commit/Wait: inline PTX from the intrinsic table (matrix.py)
-  WarpgroupMatrixMultiply/Fence/Commit/Wait, AsyncProxyFence, Barrier{Init,Arrive,ExpectTx,Wait},
-  BulkCopy: inline PTX for sm_90a (warpgroup.py); descriptor-addressed buffers __align__(1024)
+  MatrixMultiply, MatrixLoad, AsyncCopy: inline PTX from the intrinsic table (matrix.py)
+  Instruction (fences, commit / wait groups, mbarriers, bar.sync, setmaxnreg): inline PTX from its
+                      row of the instruction table (instructions.py)
+  WarpgroupMatrixMultiply, BulkCopy: inline PTX for sm_90a (warpgroup.py); descriptor-addressed
+                      buffers __align__(1024); TensorCopy / TensorStore: tma.py
 
 Expressions are rendered by `cuda_expr.ExprEmitter` (precedence, half math, floor division).
 Offsets are computed in `long long` for global buffers that may hold 2^31 elements or more
@@ -31,53 +33,42 @@ instructions on NVIDIA GPUs, so they are used only where a 32-bit offset could o
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from tecc.ir import dtype as dt
 from tecc.ir.dtype import DType
 from tecc.ir.descriptor import DESCRIPTOR_ALIGNMENT
 from tecc.ir.errors import CompileError
 from tecc.ir.expr import Binary, Call, Expr, Var, const_int, free_vars, walk
+from tecc.ir.philox import RandomUniform
 from tecc.ir.stmt import (
     Allocate,
-    AsyncCommit,
     AsyncCopy,
-    AsyncProxyFence,
-    AsyncWait,
     Barrier,
-    BarrierArrive,
-    BarrierExpectTx,
-    BarrierInit,
-    BarrierWait,
     Buffer,
     BufferStore,
     BulkCopy,
     Evaluate,
     For,
     IfThenElse,
+    Instruction,
     LetStmt,
     MatrixLoad,
     MatrixMultiply,
     PrimFunc,
     Seq,
-    SetMaxRegisters,
+    Stmt,
     TensorCopy,
     TensorStore,
-    BulkCommit,
-    BulkWait,
-    NamedBarrier,
-    tensor_maps,
-    Stmt,
-    WarpgroupCommit,
-    WarpgroupFence,
     WarpgroupMatrixMultiply,
-    WarpgroupWait,
     iter_stmts,
     launch_dims,
+    tensor_maps,
 )
+from tecc.ir.index_checks import index_check_sites, site_codes
 from tecc.ir.visitor import matrix_stmt_exprs
 
-from . import matrix, tma, warpgroup
+from . import instructions, matrix, philox, tma, warpgroup
 
 from .cuda_expr import FLOAT_OP_HELPER, ExprEmitter, c_type, device_helpers
 from .ranges import RangeEnv
@@ -98,7 +89,7 @@ _RESERVED = frozenset("""
     log2f floor floorf ceil ceilf rint rintf isnan isinf tecc_sin_poly tecc_sin_approx tecc_cos_approx tecc_exp2_approx
     tecc_max tecc_min tecc_floordiv tecc_mod fmod fmodf copysign copysignf __float2int_rz __float2ll_rz
     __double2int_rz __double2ll_rz
-""".split())
+""".split()) | frozenset(philox.HELPER_NAMES + ("uint2", "uint4", "make_uint2", "make_uint4", "__umulhi"))
 
 
 def sanitize(name: str) -> str:
@@ -240,7 +231,7 @@ class KernelEmitter:
     """Emits one PrimFunc. Holds the C names, the 64-bit decisions, the variable ranges in
     scope and the output lines; `stmt` dispatches on the statement type."""
 
-    def __init__(self, func: PrimFunc) -> None:
+    def __init__(self, func: PrimFunc, check_codes: Mapping[tuple[str, str, int], int] | None = None) -> None:
         self.func = func
         self.dims = launch_dims(func)
         self.names = NameTable()
@@ -257,6 +248,7 @@ class KernelEmitter:
         self.descriptor_buffers = warpgroup.descriptor_buffers(func) | tma.swizzled_destinations(func)
         self.element_counts = {id(s.buffer): _count(s.buffer) for s in iter_stmts(func.body) if isinstance(s, Allocate)}
         self.expr = ExprEmitter(self.var_name, self.buffer_name, self.wide, self.ranges)
+        self.expr.check_code = lambda e: (check_codes or {}).get((func.name, e.tensor, e.dim), -1)
         for p in func.params:
             self.names.add(p, p.name)
 
@@ -356,39 +348,14 @@ class KernelEmitter:
     def _AsyncCopy(self, s: AsyncCopy) -> None:
         self.lines_of(matrix.async_copy(self.expr, s))
 
-    def _AsyncCommit(self, s: AsyncCommit) -> None:
-        self.lines_of(matrix.async_commit(self.expr, s))
-
-    def _AsyncWait(self, s: AsyncWait) -> None:
-        self.lines_of(matrix.async_wait(self.expr, s))
+    # Fences, commit and wait groups, mbarrier operations, named barriers, setmaxnreg: inline PTX
+    # printed from their row of the instruction table (instructions.py).
+    def _Instruction(self, s: Instruction) -> None:
+        self.lines_of(instructions.instruction(self.expr, s, self.element_counts))
 
     # Hopper statements: wgmma, mbarriers, bulk copies (warpgroup.py).
     def _WarpgroupMatrixMultiply(self, s: WarpgroupMatrixMultiply) -> None:
         self.lines_of(warpgroup.warpgroup_multiply(self.expr, s))
-
-    def _WarpgroupFence(self, s: WarpgroupFence) -> None:
-        self.lines_of(warpgroup.warpgroup_fence(self.expr, s))
-
-    def _WarpgroupCommit(self, s: WarpgroupCommit) -> None:
-        self.lines_of(warpgroup.warpgroup_commit(self.expr, s))
-
-    def _WarpgroupWait(self, s: WarpgroupWait) -> None:
-        self.lines_of(warpgroup.warpgroup_wait(self.expr, s, self.element_counts))
-
-    def _AsyncProxyFence(self, s: AsyncProxyFence) -> None:
-        self.lines_of(warpgroup.async_proxy_fence(self.expr, s))
-
-    def _BarrierInit(self, s: BarrierInit) -> None:
-        self.lines_of(warpgroup.barrier_init(self.expr, s))
-
-    def _BarrierArrive(self, s: BarrierArrive) -> None:
-        self.lines_of(warpgroup.barrier_arrive(self.expr, s))
-
-    def _BarrierExpectTx(self, s: BarrierExpectTx) -> None:
-        self.lines_of(warpgroup.barrier_expect_tx(self.expr, s))
-
-    def _BarrierWait(self, s: BarrierWait) -> None:
-        self.lines_of(warpgroup.barrier_wait(self.expr, s))
 
     def _BulkCopy(self, s: BulkCopy) -> None:
         self.lines_of(warpgroup.bulk_copy(self.expr, s))
@@ -398,18 +365,6 @@ class KernelEmitter:
 
     def _TensorStore(self, s: TensorStore) -> None:
         self.lines_of(tma.tensor_store(self.expr, s))
-
-    def _BulkCommit(self, s: BulkCommit) -> None:
-        self.lines_of(tma.bulk_commit(self.expr, s))
-
-    def _BulkWait(self, s: BulkWait) -> None:
-        self.lines_of(tma.bulk_wait(self.expr, s))
-
-    def _NamedBarrier(self, s: NamedBarrier) -> None:
-        self.lines_of(tma.named_barrier(self.expr, s))
-
-    def _SetMaxRegisters(self, s: SetMaxRegisters) -> None:
-        self.lines_of(warpgroup.set_max_registers(self.expr, s))
 
     def lines_of(self, texts: list[str]) -> None:
         for text in texts:
@@ -536,9 +491,10 @@ def loop_end(loop: For) -> Expr:
     return loop.min + extent
 
 
-def emit_kernel(func: PrimFunc) -> str:
-    """The CUDA C definition of one kernel (no headers; see `emit_source`)."""
-    return KernelEmitter(func).emit()
+def emit_kernel(func: PrimFunc, check_codes: Mapping[tuple[str, str, int], int] | None = None) -> str:
+    """The CUDA C definition of one kernel (no headers; see `emit_source`). `check_codes`: the
+    numbers of its data-dependent index checks in the module's error record (index_checks.py)."""
+    return KernelEmitter(func, check_codes).emit()
 
 
 def needed_headers(funcs: Sequence[PrimFunc]) -> list[str]:
@@ -558,8 +514,9 @@ def needed_headers(funcs: Sequence[PrimFunc]) -> list[str]:
 
 
 def used_intrinsics(funcs: Sequence[PrimFunc]) -> set[str]:
-    """The names of every Call in the kernels, and the helpers of float operators
-    (`FLOAT_OP_HELPER`), which decide the device helpers they need."""
+    """The names of every Call in the kernels, the helpers of float operators
+    (`FLOAT_OP_HELPER`) and philox.RAND_HELPER where tc.rand is, which decide the device
+    helpers they need."""
     names: set[str] = set()
     for f in funcs:
         for s in iter_stmts(f.body):
@@ -569,6 +526,8 @@ def used_intrinsics(funcs: Sequence[PrimFunc]) -> set[str]:
                         names.add(node.name)
                     elif isinstance(node, Binary) and node.op in FLOAT_OP_HELPER and node.dtype.is_float:
                         names.add(FLOAT_OP_HELPER[node.op])
+                    elif isinstance(node, RandomUniform):
+                        names.add(philox.RAND_HELPER)
     return names
 
 
@@ -589,7 +548,8 @@ def emit_source(funcs: Sequence[PrimFunc]) -> str:
     helpers = device_helpers(used_intrinsics(funcs))
     if helpers:
         text += "\n" + "".join(helpers)
+    codes = site_codes(index_check_sites(funcs))
     for f in funcs:
-        text += "\n" + emit_kernel(f)
+        text += "\n" + emit_kernel(f, codes)
     return text
 

@@ -53,9 +53,13 @@ from tecc.ir.expr import (
     Var,
     cast,
     const_int,
+    walk,
 )
+from tecc.ir.philox import RandomUniform
+from tecc.ir.index_checks import RECORD_SYMBOL, RECORD_WORDS, IndexCheck
 from tecc.ir.stmt import Buffer
 
+from . import philox
 from .ranges import RangeEnv
 
 # C precedence levels, higher binds tighter (C11 6.5).
@@ -170,6 +174,9 @@ class ExprEmitter:
         self.wide = wide
         self.ranges = ranges
         self.overrides: dict[int, str] = {}
+        # the site number of a data-dependent index check in the module's error record
+        # (tecc/ir/index_checks.py); the kernel emitter sets it
+        self.check_code: Callable[[IndexCheck], int] = lambda e: -1
 
     # ---- entry points ---------------------------------------------------------------------
     def code(self, e: Expr) -> str:
@@ -223,18 +230,22 @@ class ExprEmitter:
         """`name[offset]`, the multi-dimensional index flattened with the buffer's strides."""
         return f"{self.buffer_name(buffer)}[{self.code(self.offset(buffer, indices))}]"
 
-    def offset(self, buffer: Buffer, indices: tuple[Expr, ...], strides: tuple[Expr, ...] | None = None) -> Expr:
+    def offset(self, buffer: Buffer, indices: tuple[Expr, ...], strides: tuple[Expr, ...] | None = None,
+               through_layout: bool = True) -> Expr:
         """The flat element offset of `buffer[indices]` as an IR expression, in int64 when the
         buffer is indexed in 64-bit arithmetic (the casts print as implicit promotions).
         `strides`: the buffer's strides as a branch knows them (a launch-tested copy's unit
-        stride as the constant 1, matrix.async_copy), else its own."""
+        stride as the constant 1, matrix.async_copy), else its own. `through_layout=False`:
+        the logical offset of a swizzled buffer, before its layout."""
         index_type = dt.int64 if buffer in self.wide else None
         total: Expr | None = None
         whole: Expr | None = None  # terms that move a swizzled offset by whole periods
-        layout = buffer.layout
+        layout = buffer.layout if through_layout else None
         for index, stride in zip(indices, strides if strides is not None else buffer.effective_strides()):
-            if index_type is not None:
-                index, stride = cast(index, index_type), cast(stride, index_type)
+            if index_type is not None or (index.dtype != dt.int64 and _reads_memory(index)):
+                # a data-dependent index is multiplied in 64 bits: its value is only known to be in
+                # range where its IndexCheck held (docs/codegen.md, "Data-dependent indices")
+                index, stride = cast(index, dt.int64), cast(stride, dt.int64)
             term = index * stride
             step = const_int(stride)
             if layout is not None and step is not None and layout.moves_whole_periods(step):
@@ -401,7 +412,25 @@ class ExprEmitter:
             return f"{_FLOAT_TO_INT[(src, to)]}({self.code(e.a)})", POSTFIX
         return f"static_cast<{c_type(to)}>({self.code(e.a)})", POSTFIX
 
+    def _RandomUniform(self, e: RandomUniform) -> Text:
+        """`tecc_rand_uniform(seed, offset, n)` (codegen/philox.py); an int32 operand widened to
+        int64 is passed as it is, the parameter's `long long` widens it."""
+        def operand(x: Expr) -> str:
+            if isinstance(x, Cast) and x.a.dtype == dt.int32:
+                x = x.a
+            return self.code(x)
+
+        return philox.rand_uniform_call(operand(e.seed), operand(e.offset), operand(e.index)), POSTFIX
+
     # ---- intrinsics -----------------------------------------------------------------------
+    def _IndexCheck(self, e: IndexCheck) -> Text:
+        """`tecc_index_ok(value, extent, site)`: one unsigned compare inline, the error record
+        written by a call that is not inlined (device_helpers: INDEX_CHECK_HELPERS)."""
+        code = self.check_code(e)
+        if code < 0:
+            raise CompileError(f"the index check {e} of {e.tensor} has no site in the module's error record")
+        return f"tecc_index_ok({self.code(e.value)}, {self.code(e.extent)}, {code})", POSTFIX
+
     def _Call(self, e: Call) -> Text:
         if e.name in WARP_INTRINSICS:
             return self._shuffle(e)
@@ -453,6 +482,10 @@ class ExprEmitter:
         assert isinstance(element, BufferLoad)  # Call checked it
         address = f"&{self.buffer_ref(element.buffer, element.indices)}"
         if e.name == "atomic_add":
+            if element.dtype == dt.int64:  # CUDA's 64-bit integer atomicAdd is unsigned: the same bits
+                added = (f"atomicAdd(reinterpret_cast<unsigned long long*>({address}), "
+                         f"static_cast<unsigned long long>({self.code(e.args[1])}))")
+                return f"static_cast<long long>({added})", POSTFIX
             return f"atomicAdd({address}, {self.code(e.args[1])})", POSTFIX
         return f"__ldcg({address})", POSTFIX
 
@@ -540,13 +573,47 @@ FLOAT_OP_HELPERS = {
 FLOAT_OP_HELPERS["tecc_mod"] = FLOAT_OP_HELPERS["tecc_floordiv"]
 
 
+# The error record of data-dependent index checks and the check itself (tecc/ir/index_checks.py
+# fixes the record's layout; docs/runtime.md, "Data-dependent indices"). The check is inline and
+# costs one unsigned 64-bit compare and a predicated branch; what a failure does is a call that is
+# not inlined, so the fast path stays short: the first failure of a launch sequence wins the
+# atomicCAS on word 0 and fills the rest (the host reads the record only after the launches).
+INDEX_CHECK_HELPERS = (
+    "// Data-dependent index checks: the first index found outside its tensor (docs/runtime.md).\n"
+    f"__device__ long long {RECORD_SYMBOL}[{RECORD_WORDS}];  // site + 1 (0: none), value, extent, block, thread\n"
+    "__device__ __noinline__ void tecc_index_failed(long long value, long long extent, int site) {\n"
+    f"  unsigned long long* record = reinterpret_cast<unsigned long long*>({RECORD_SYMBOL});\n"
+    "  if (atomicCAS(record, 0ull, static_cast<unsigned long long>(site) + 1ull) == 0ull) {\n"
+    f"    {RECORD_SYMBOL}[1] = value;\n"
+    f"    {RECORD_SYMBOL}[2] = extent;\n"
+    f"    {RECORD_SYMBOL}[3] = (static_cast<long long>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;\n"
+    f"    {RECORD_SYMBOL}[4] = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;\n"
+    "  }\n"
+    "}\n"
+    "__device__ __forceinline__ bool tecc_index_ok(long long value, long long extent, int site) {\n"
+    "  // unsigned: a negative value is out of range too (no wrap)\n"
+    "  if (static_cast<unsigned long long>(value) < static_cast<unsigned long long>(extent)) return true;\n"
+    "  tecc_index_failed(value, extent, site);\n"
+    "  return false;\n"
+    "}\n")
+
+
+def _reads_memory(e: Expr) -> bool:
+    """Whether an index reads a buffer (a data-dependent index)."""
+    return any(isinstance(n, BufferLoad) for n in walk(e))
+
+
 def device_helpers(intrinsics: set[str]) -> list[str]:
     """The `__device__` functions a translation unit calling `intrinsics` (Call names, plus
-    the FLOAT_OP_HELPER names of float operators) needs, each once, in dependency order."""
+    the FLOAT_OP_HELPER names of float operators and philox.RAND_HELPER for tc.rand) needs, each once, in dependency order."""
     helpers: list[str] = []
+    if "index_ok" in intrinsics:
+        helpers.append(INDEX_CHECK_HELPERS)
     for name, text in FLOAT_OP_HELPERS.items():
         if name in intrinsics and text not in helpers:
             helpers.append(text)
+    if philox.RAND_HELPER in intrinsics:
+        helpers.append(philox.DEVICE_HELPERS)
     if "exp2_approx" in intrinsics:
         helpers.append(
             "// exp2_approx (tecc/ir/expr.py): one MUFU.EX2, subnormals flushed to zero.\n"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from tecc.ir.expr import Const, Expr
 from tecc.ir.intrinsics import FragmentOperand
-from tecc.ir.stmt import AsyncCommit, AsyncCopy, AsyncWait, Buffer, FragmentRef, MatrixLoad, MatrixMultiply
+from tecc.ir.stmt import AsyncCopy, Buffer, FragmentRef, MatrixLoad, MatrixMultiply
 
 from .cuda_expr import ExprEmitter, c_type
 
@@ -129,11 +129,3 @@ def async_copy(expr: ExprEmitter, s: AsyncCopy) -> list[str]:
         inputs.append(f'"r"({expr.code(s.predicate)} ? {s.bytes} : 0)')
         instruction += ", %2"
     return _asm([instruction + ";"], [], inputs, clobber_memory=True)
-
-
-def async_commit(expr: ExprEmitter, s: AsyncCommit) -> list[str]:
-    return ['asm volatile("cp.async.commit_group;\\n" ::: "memory");']
-
-
-def async_wait(expr: ExprEmitter, s: AsyncWait) -> list[str]:
-    return [f'asm volatile("cp.async.wait_group {s.pending};\\n" ::: "memory");']

@@ -7,8 +7,8 @@
   encoded bytes, the kernel only takes the parameter's address. `__grid_constant__` keeps the
   parameter in the parameter space, so its generic address is what the TMA unit reads.
 - A store (TensorStore) is cp.async.bulk.tensor.Nd.global.shared::cta.bulk_group with the same
-  coordinate order and the source's 32-bit shared address; BulkCommit / BulkWait are
-  cp.async.bulk.commit_group / cp.async.bulk.wait_group.read; a NamedBarrier is bar.sync id, n.
+  coordinate order and the source's 32-bit shared address (BulkCommit / BulkWait, and bar.sync,
+  are rows of the instruction table: instructions.py).
 - A copy is one inline-PTX cp.async.bulk.tensor.Nd with the coordinates innermost first (the
   PTX order; tecc's indices are outermost first), the destination's and the mbarrier's 32-bit
   shared addresses.
@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 from tecc.ir.expr import index_expr
-from tecc.ir.stmt import BulkCommit, BulkWait, NamedBarrier, PrimFunc, TensorCopy, TensorStore, iter_stmts, tensor_maps
+from tecc.ir.stmt import PrimFunc, TensorCopy, TensorStore, iter_stmts, tensor_maps
 from tecc.ir.tma_stmt import TENSOR_MAP_BYTES
 
 from .cuda_expr import ExprEmitter
@@ -75,16 +75,3 @@ def tensor_store(expr: ExprEmitter, s: TensorStore) -> list[str]:
     inputs = [f'"l"(reinterpret_cast<unsigned long long>(&{s.map.name}))', f'"r"({src})']
     inputs += [f'"r"(static_cast<int>({expr.code(c)}))' for c in reversed(s.coords)]
     return _asm([instruction], [], inputs, clobber_memory=True)
-
-
-def bulk_commit(expr: ExprEmitter, s: BulkCommit) -> list[str]:
-    return _asm(["cp.async.bulk.commit_group;"], [], [], clobber_memory=True)
-
-
-def bulk_wait(expr: ExprEmitter, s: BulkWait) -> list[str]:
-    return _asm([f"cp.async.bulk.wait_group.read {s.pending};"], [], [], clobber_memory=True)
-
-
-def named_barrier(expr: ExprEmitter, s: NamedBarrier) -> list[str]:
-    return _asm([f"bar.sync %0, {s.threads};"], [], [f'"r"(static_cast<unsigned>({expr.code(s.id)}))'],
-                clobber_memory=True)

@@ -1,5 +1,5 @@
 """Vector memory accesses for `vectorize` loops (float4 / float2 / int4 / int2, and 4/8/16-byte
-accesses of 16-bit types).
+accesses of 16- and 8-bit types).
 
 A loop `for v in range(W): B[base + v] = f(A[base' + v], ...)` with W in {2, 4} over 32-bit
 buffers becomes
@@ -23,17 +23,23 @@ register array of the element type:
 
 Every index into the arrays is a constant, so nvcc keeps them in registers (no local memory;
 checked in tests/test_codegen.py on the PTX). A 2-byte scalar access moves 64 bytes per warp
-instruction, a 16-byte one 512: without it a bf16 row cannot reach DRAM bandwidth.
+instruction, a 16-byte one 512: without it a bf16 row cannot reach DRAM bandwidth. 8-bit
+buffers (float8_e4m3, float8_e5m2, bool) move W in {4, 8, 16} elements the same way (a 1-byte
+scalar access moves 32 bytes per warp instruction).
 When the loop does not have that shape the
 emitter falls back to a fully unrolled scalar loop (`#pragma unroll`), which is always correct.
 
 The shape that is vectorized (anything else falls back):
-- the loop starts at 0 and has the constant extent 2 or 4 (32-bit types) or 2, 4 or 8 (16-bit);
-- its body is one BufferStore to a float32, int32, float16 or bfloat16 buffer, contiguous in `v` (the flat offset is
-  `base + 1*v` with `base` free of `v`);
+- the loop starts at 0 and has the constant extent 2 or 4 (32-bit types), 2, 4 or 8 (16-bit) or
+  4, 8 or 16 (8-bit);
+- its body is one BufferStore to a float32, int32, 16-bit or 8-bit buffer, contiguous in `v` (the
+  flat offset is `base + 1*v` with `base` free of `v`);
 - every offset involved is provably a multiple of W (`ranges.divisible_by`). Shared buffers are
   declared `__align__(16)`; global buffers are assumed 16-byte aligned at their base (cudaMalloc
   gives 256), which the runtime must check for arguments that are views into larger tensors.
+  A swizzled shared buffer (tecc.ir.layout) is judged by its logical offset: W elements at a
+  multiple of W inside one chunk the layout keeps together (W <= its `contiguous`) stay
+  consecutive, and the access starts at the layout's image of lane 0's offset.
 Loads in the value that are contiguous in `v` and aligned become vector loads; other loads (a
 broadcast free of `v`, a strided one) stay scalar, one per lane.
 """
@@ -47,6 +53,7 @@ from tecc.ir.expr import (
     Binary,
     BufferLoad,
     Cast,
+    Compare,
     Const,
     Expr,
     Not,
@@ -56,9 +63,12 @@ from tecc.ir.expr import (
     free_vars,
     logical_and,
     substitute,
+    walk,
 )
+from tecc.ir.philox import RandomUniform
 from tecc.ir.stmt import Buffer, BufferStore, For, IfThenElse, Stmt
 
+from . import philox
 from .cuda_expr import ExprEmitter
 from .ranges import divisible_by
 
@@ -89,16 +99,20 @@ class StatementEmitter(Protocol):
 
 _VECTOR_TYPES = {(dt.float32, 2): "float2", (dt.float32, 4): "float4", (dt.int32, 2): "int2", (dt.int32, 4): "int4"}
 _LANES = "xyzw"
-# 16-bit element types: W elements move as one unsigned integer container of 2·W bytes
+# 16- and 8-bit element types: W elements move as one unsigned integer container of
+# itemsize·W bytes (4, 8 or 16)
 _HALF_TYPES = (dt.float16, dt.bfloat16)
-_CONTAINERS = {2: "unsigned int", 4: "uint2", 8: "uint4"}
-_CONTAINER_ZERO = {2: "0u", 4: "make_uint2(0u, 0u)", 8: "make_uint4(0u, 0u, 0u, 0u)"}
+_BYTE_TYPES = (dt.float8_e4m3, dt.float8_e5m2, dt.bool_)
+_CONTAINERS = {4: "unsigned int", 8: "uint2", 16: "uint4"}
+_CONTAINER_ZERO = {4: "0u", 8: "make_uint2(0u, 0u)", 16: "make_uint4(0u, 0u, 0u, 0u)"}
 
 
 def vector_widths(dtype: dt.DType) -> tuple[int, ...]:
     """The `vectorize` extents that become one vector access for buffers of `dtype`."""
     if dtype in _HALF_TYPES:
         return (2, 4, 8)
+    if dtype in _BYTE_TYPES:
+        return (4, 8, 16)
     if (dtype, 4) in _VECTOR_TYPES:
         return (2, 4)
     return ()
@@ -116,7 +130,8 @@ class _Access:
         self.native = _VECTOR_TYPES.get((dtype, width))
         self.element = dtype.c_name
         self.width = width
-        self.container = self.native or _CONTAINERS[width]
+        self.bytes = width * dtype.bytes
+        self.container = self.native or _CONTAINERS[self.bytes]
 
     def lane(self, register: str, k: int) -> str:
         return f"{register}.{_LANES[k]}" if self.native else f"{register}[{k}]"
@@ -124,7 +139,7 @@ class _Access:
     def zero(self) -> str:
         if self.native:
             return f"make_{self.native}({', '.join(['0'] * self.width)})"
-        return _CONTAINER_ZERO[self.width]
+        return _CONTAINER_ZERO[self.bytes]
 
     def load(self, emitter: StatementEmitter, register: str, address: str, cond: str | None) -> None:
         value = f"*reinterpret_cast<const {self.container}*>({address})"
@@ -177,11 +192,41 @@ def _contiguous_base(emitter: StatementEmitter, buffer: Buffer, indices: tuple[E
     # register array could make ptxas keep it in local memory
     if not _vectorizable(buffer.dtype, width) or buffer.scope in ("local", "fragment"):
         return None
+    if buffer.layout is not None:
+        # a swizzled shared tile: contiguous and aligned in its logical offsets, the W elements
+        # lie in one chunk the layout keeps whole and in order (width <= layout.contiguous, the
+        # base a multiple of the width), so the physical address of lane 0 starts them
+        if width > buffer.layout.contiguous:
+            return None
+        logical = emitter.expr.offset(buffer, indices, through_layout=False)
+        if affine_coefficient(logical, v) != 1 or not divisible_by(substitute(logical, {v: Const(0, v.dtype)}), width):
+            return None
+        return emitter.expr.offset(buffer, tuple(substitute(i, {v: Const(0, v.dtype)}) for i in indices))
     offset = emitter.expr.offset(buffer, indices)
     if affine_coefficient(offset, v) != 1:
         return None
     base = substitute(offset, {v: Const(0, v.dtype)})
     return base if divisible_by(base, width) else None
+
+
+def lane_uniform_guard(cond: Expr, v: Var, width: int) -> Expr | None:
+    """`cond` as a test free of the lane `v` (0 <= v < width) that holds exactly when `cond`
+    holds for every lane, or None. A conjunct free of `v` stays; a split guard `base + v < n`
+    with `base` and the constant `n` multiples of the width becomes `base < n`: the lanes of one
+    vector are then all inside the extent or all past it (an edge tile of 112 columns in tiles
+    of 64 stores its 8-wide vectors whole)."""
+    if v not in free_vars(cond):
+        return cond
+    if isinstance(cond, Binary) and cond.op == "&" and cond.dtype == dt.bool_:
+        a, b = lane_uniform_guard(cond.a, v, width), lane_uniform_guard(cond.b, v, width)
+        return None if a is None or b is None else logical_and(a, b)
+    if isinstance(cond, Compare) and cond.op == "<" and v not in free_vars(cond.b) and width > 1:
+        n = const_int(cond.b)
+        if n is None or n % width or affine_coefficient(cond.a, v) != 1:
+            return None
+        base = substitute(cond.a, {v: Const(0, v.dtype)})
+        return base < cond.b if divisible_by(base, width) else None
+    return None
 
 
 def _guarded_loads(e: Expr, v: Var, conds: tuple[Expr, ...] = ()) -> list[tuple[BufferLoad, tuple[Expr, ...]]]:
@@ -208,21 +253,52 @@ def _guarded_loads(e: Expr, v: Var, conds: tuple[Expr, ...] = ()) -> list[tuple[
     return out
 
 
+def _shared_random_calls(emitter: StatementEmitter, value: Expr, v: Var, lanes: list[Const]) -> list[Expr]:
+    """One Philox call per group of four lanes for each RandomUniform of `value` whose index is
+    `base + v` with `base` a multiple of 4 and whose seed and offset are free of `v`
+    (codegen/philox.py): the uint4 registers are declared here, and each lane's node is mapped
+    to its word in `emitter.expr.overrides`. Returns the lane nodes (to drop the overrides)."""
+    if len(lanes) % 4:
+        return []
+    lane_nodes: list[Expr] = []
+    found = [n for n in walk(value) if isinstance(n, RandomUniform)]
+    for node in found:
+        if v in free_vars(node.seed) or v in free_vars(node.offset) or affine_coefficient(node.index, v) != 1:
+            continue
+        base = substitute(node.index, {v: Const(0, v.dtype)})
+        if not divisible_by(base, 4):
+            continue
+        code = emitter.expr.code
+        registers = []
+        for group in range(len(lanes) // 4):
+            register = emitter.names.add(object(), "rand")
+            call = philox.group_call(code(node.seed), code(node.offset), code(base), group)
+            emitter.line(f"const uint4 {register} = {call};")
+            registers.append(register)
+        for k, lane in enumerate(lanes):
+            lane_node = substitute(node, {v: lane})
+            emitter.expr.overrides[id(lane_node)] = philox.lane_value(registers[k // 4], k)
+            lane_nodes.append(lane_node)
+    return lane_nodes
+
+
 def emit_vector_loop(emitter: StatementEmitter, loop: For) -> bool:
     """Emit `loop` (kind vectorize) with vector accesses; False (nothing emitted) when it does
     not have the shape described in the module docstring.
 
     Beyond a plain store, the body may be `if (c) store` with `c` free of the lane (a split guard
-    on a row), and the store may be per lane (a local register tile, a transposed shared tile)
+    on a row) or deciding all lanes at once (`lane_uniform_guard`), and the store may be per lane (a local register tile, a transposed shared tile)
     when at least one load is a vector load. A load chosen by a Select whose condition is free
     of the lane (the zero padding of a partial tile) becomes `c ? vector load : 0`, so a tile
     row outside the tensor is never read."""
     width = const_int(loop.extent)
     store = loop.body
     guard: Expr | None = None
-    if isinstance(store, IfThenElse) and store.else_case is None and loop.var not in free_vars(store.cond):
-        guard, store = store.cond, store.then_case
-    if width not in (2, 4, 8) or const_int(loop.min) != 0 or not isinstance(store, BufferStore):
+    if isinstance(store, IfThenElse) and store.else_case is None:
+        guard = lane_uniform_guard(store.cond, loop.var, width or 0)
+        if guard is not None:
+            store = store.then_case
+    if width not in (2, 4, 8, 16) or const_int(loop.min) != 0 or not isinstance(store, BufferStore):
         return False
     v = loop.var
     store_base = _contiguous_base(emitter, store.buffer, store.indices, v, width)
@@ -255,6 +331,8 @@ def emit_vector_loop(emitter: StatementEmitter, loop: For) -> bool:
             lane_node = substitute(node, {v: lane})
             overrides[id(lane_node)] = access.lane(register, k)
             lane_nodes.append(lane_node)
+
+    lane_nodes += _shared_random_calls(emitter, store.value, v, lanes)
 
     if store_base is not None:
         access = _Access(store.buffer.dtype, width)

@@ -1,5 +1,6 @@
-"""CUDA C for the Hopper statements: wgmma with shared-memory descriptors, its fences, mbarriers
-and bulk copies, as inline PTX (sm_90a: wgmma needs the architecture-specific target).
+"""CUDA C for the Hopper statements: wgmma with shared-memory descriptors and the bulk copy, as
+inline PTX (sm_90a: wgmma needs the architecture-specific target). Their fences, wait groups and
+the mbarrier operations are rows of the instruction table (instructions.py).
 
 - wgmma: each descriptor is built as 64-bit integer arithmetic from the statement's
   `MatrixDescriptor`: its constant fields (`constant_bits()`, printed as a literal) plus the
@@ -8,10 +9,7 @@ and bulk copies, as inline PTX (sm_90a: wgmma needs the architecture-specific ta
   scale-d becomes a predicate, imm-scale-a/b are 1 and the transpose bits say MN-major operands.
 - Buffers that descriptors address are declared `__align__(1024)` (the emitter asks
   `descriptor_buffers`), so the hardware's address swizzle is the buffer's layout.
-- wgmma.wait_group is followed by an empty asm per register of its `accumulators`, with the
-  register as a "+f" operand: the C compiler may not move a read of the accumulator above the wait.
-- mbarriers are addressed by their 32-bit shared-window address; the wait is a try_wait.parity
-  loop inside its own `{ }` scope (PTX labels are local to it, so every wait may use the same).
+- the bulk copy's mbarrier is addressed by its 32-bit shared-window address.
 """
 
 from __future__ import annotations
@@ -20,21 +18,12 @@ from tecc.ir.descriptor import MatrixDescriptor
 from tecc.ir.errors import CompileError
 from tecc.ir.expr import index_expr
 from tecc.ir.stmt import (
-    AsyncProxyFence,
-    BarrierArrive,
-    BarrierExpectTx,
-    BarrierInit,
-    BarrierRef,
-    BarrierWait,
     BulkCopy,
     FragmentRef,
+    Instruction,
     PrimFunc,
-    SetMaxRegisters,
     SharedMatrix,
-    WarpgroupCommit,
-    WarpgroupFence,
     WarpgroupMatrixMultiply,
-    WarpgroupWait,
     iter_stmts,
 )
 
@@ -47,12 +36,13 @@ from .matrix import _asm, _register, shared_address
 # compiles it for `sm_XYa` when asked for `sm_XY`, so every path to NVRTC (build, the planner's
 # compile check, the tuner's workers, which see only the source) picks the same arch.
 ARCH_SPECIFIC_MARK = "// tecc: needs the architecture-specific target (sm_90a: wgmma / setmaxnreg)"
-_ARCH_SPECIFIC = (WarpgroupMatrixMultiply, WarpgroupFence, WarpgroupCommit, WarpgroupWait, SetMaxRegisters)
 
 
 def needs_arch_specific(func: PrimFunc) -> bool:
-    """Whether `func` uses an instruction that only the sm_90a target has."""
-    return any(isinstance(s, _ARCH_SPECIFIC) for s in iter_stmts(func.body))
+    """Whether `func` uses an instruction that only the sm_90a target has (wgmma, and the
+    instruction rows marked arch_specific: wgmma's fences and groups, setmaxnreg)."""
+    return any(isinstance(s, WarpgroupMatrixMultiply) or (isinstance(s, Instruction) and s.row.arch_specific)
+               for s in iter_stmts(func.body))
 
 
 def arch_for_source(source: str, arch: str) -> str:
@@ -121,61 +111,10 @@ def warpgroup_multiply(expr: ExprEmitter, s: WarpgroupMatrixMultiply) -> list[st
     return _asm(body, outputs, inputs, clobber_memory=True)
 
 
-def warpgroup_fence(expr: ExprEmitter, s: WarpgroupFence) -> list[str]:
-    return ['asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");']
-
-
-def warpgroup_commit(expr: ExprEmitter, s: WarpgroupCommit) -> list[str]:
-    return ['asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");']
-
-
-def warpgroup_wait(expr: ExprEmitter, s: WarpgroupWait, counts: dict[int, int]) -> list[str]:
-    """`counts` gives each accumulator buffer's element count (by buffer id)."""
-    out = [f'asm volatile("wgmma.wait_group.sync.aligned {s.pending};\\n" ::: "memory");']
-    for b in s.accumulators:
-        for i in range(counts[id(b)]):
-            out.append(f'asm volatile("" : "+f"({expr.buffer_ref(b, (index_expr(i),))}) :: "memory");')
-    return out
-
-
-def async_proxy_fence(expr: ExprEmitter, s: AsyncProxyFence) -> list[str]:
-    return ['asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");']
-
-
-def _barrier_address(expr: ExprEmitter, ref: BarrierRef) -> str:
-    return f'"r"({shared_address(expr, ref.buffer, (ref.index,))})'
-
-
-def barrier_init(expr: ExprEmitter, s: BarrierInit) -> list[str]:
-    return _asm(["mbarrier.init.shared::cta.b64 [%0], %1;"], [],
-                [_barrier_address(expr, s.bar), f'"r"(static_cast<unsigned>({expr.code(s.count)}))'], clobber_memory=True)
-
-
-def barrier_arrive(expr: ExprEmitter, s: BarrierArrive) -> list[str]:
-    return _asm(["mbarrier.arrive.shared::cta.b64 _, [%0];"], [], [_barrier_address(expr, s.bar)], clobber_memory=True)
-
-
-def barrier_expect_tx(expr: ExprEmitter, s: BarrierExpectTx) -> list[str]:
-    return _asm(["mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"], [],
-                [_barrier_address(expr, s.bar), f'"r"(static_cast<unsigned>({expr.code(s.bytes)}))'], clobber_memory=True)
-
-
-def barrier_wait(expr: ExprEmitter, s: BarrierWait) -> list[str]:
-    body = ["{", ".reg .pred done;", "TECC_WAIT:", "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;",
-            "@!done bra TECC_WAIT;", "}"]
-    return _asm(body, [], [_barrier_address(expr, s.bar), f'"r"(static_cast<unsigned>({expr.code(s.parity)}))'],
-                clobber_memory=True)
-
-
 def bulk_copy(expr: ExprEmitter, s: BulkCopy) -> list[str]:
     dst = shared_address(expr, s.dst, s.dst_indices)
     src = f"&{expr.buffer_ref(s.src, s.src_indices)}"
+    bar = shared_address(expr, s.bar.buffer, (s.bar.index,))
     instruction = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-    return _asm([instruction], [], [f'"r"({dst})', f'"l"({src})', f'"n"({s.bytes})', _barrier_address(expr, s.bar)],
+    return _asm([instruction], [], [f'"r"({dst})', f'"l"({src})', f'"n"({s.bytes})', f'"r"({bar})'],
                 clobber_memory=True)
-
-
-def set_max_registers(expr: ExprEmitter, s: SetMaxRegisters) -> list[str]:
-    direction = "inc" if s.increase else "dec"
-    return [f'asm volatile("setmaxnreg.{direction}.sync.aligned.u32 {s.count};\\n" ::: "memory");']
-

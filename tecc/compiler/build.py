@@ -28,7 +28,8 @@ from ..ir.target import Target
 from ..ir.tensor import Tensor
 from ..passes.default_schedule import DEFAULT_THREADS
 from ..passes.manager import DumpIR, PassTiming
-from ..passes.lower import lower
+from ..ir.scatter import ScatterOp
+from ..passes.lower import collect_program, lower
 from . import build_cache, region_search
 from . import options as knobs
 from .kernel import Kernel
@@ -37,7 +38,7 @@ from .plan import Plan
 from . import planner as per_kernel_planner
 from .planner import PlanResult
 from .schedule import Schedule
-from .strategies import column_reduction, online_contraction, row_fused, split_row_group, split_rows
+from .strategies import column_reduction, online_backward, online_contraction, row_fused, split_row_group, split_rows
 from .tuning import tuned_plan
 
 # A candidate is a label and a thunk returning its Plan (or the planner's PlanResult), or None when
@@ -59,7 +60,7 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
           dump_ir: str | os.PathLike[str] | None = None, dump_filter: str | None = None,
           arch: str | None = None, plan: Plan | str | dict[str, Any] = "auto",
           options: Sequence[str] = (), sizes: dict[str, int] | None = None, tune: bool = False,
-          allow_tf32: bool = False) -> Kernel:
+          allow_tf32: bool = False, deterministic: bool = False) -> Kernel:
     """Compile the program whose kernel signature is `args` (inputs and outputs, in order), or
     the scheduled program of a `Schedule`.
 
@@ -77,7 +78,11 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
       rounded to tf32 (10 mantissa bits, ~1e-3 relative per product; docs/tensor-cores.md). Off by
       default: a float32 contraction is never silently less accurate. The planner then ranks the
       tf32 tensor-core plan against the float32 SIMT ones by predicted time; `explain()` says
-      whether TF32 was on. A given Plan names its intrinsic itself (`mma.m16n8k8.f32.tf32`)."""
+      whether TF32 was on. A given Plan names its intrinsic itself (`mma.m16n8k8.f32.tf32`).
+    deterministic: let plan="auto" choose only plans whose results are the same bits run to run:
+      no float atomics, so a scatter (`tc.scatter_add`) sums each output element's matches in a
+      fixed order instead of adding them with atomics (docs/semantics.md, "Atomics"). Off by
+      default: the planner then picks the faster of the two by predicted time."""
     if target not in TARGETS:
         raise TeccError(f"build(): unknown target {target!r}; use one of {TARGETS}")
     timing = PassTiming()
@@ -95,47 +100,54 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
     if allow_tf32 and tune:
         raise TeccError("build(): tune=True does not take allow_tf32=True yet (the tuning database has no "
                         "precision in its key); plan with allow_tf32=True, or tune without it")
+    if deterministic and tune:
+        raise TeccError("build(): tune=True does not take deterministic=True yet (the tuning database has no "
+                        "such policy in its key); plan with deterministic=True, or tune without it")
     if tune:
         start = time.perf_counter()
         tuned = tuned_plan(tensors, arch=plan_arch, sizes=sizes, name=name, options=options)
         timing.seconds.append(("tune", time.perf_counter() - start))
         candidates = [("tuned", lambda: tuned)]
     elif plan == "auto" or plan is None:
-        key = _build_cache_key(tensors, name, sizes, plan_arch, allow_tf32) if dumper is None else None
+        key = _build_cache_key(tensors, name, sizes, plan_arch, allow_tf32, deterministic) if dumper is None else None
         found = build_cache.lookup(key) if key is not None else None
         if found is not None:  # planned and scheduled by an earlier build (build_cache.py)
-            cached, module = found
             timing.seconds.append(("build cache hit", 0.0))
-            return compile_module(module, cached, target, arch=arch, options=options, dumper=None, timing=timing)
-        candidates = _auto_candidates(tensors, plan_arch, sizes, name, timing, allow_tf32)
+            kernel = compile_module(found.module, found.plan, target, arch=arch, options=options, dumper=None,
+                                    timing=timing)
+            kernel.planning_report = found.report
+            return kernel
+        candidates = _auto_candidates(tensors, plan_arch, sizes, name, timing, allow_tf32, deterministic)
     else:
         given = _resolve_plan(plan)
         candidates = [("given", lambda: given)]
     module, chosen, planning, fallbacks = _first_that_builds(candidates, tensors, name, dumper, timing)
     if key is not None and not fallbacks:
-        build_cache.store(key, chosen, module)
+        build_cache.store(key, chosen, module, planning)
     kernel = compile_module(module, chosen, target, arch=arch, options=options, dumper=dumper, timing=timing)
     kernel.planning = planning
     kernel.fallbacks = fallbacks
     return kernel
 
 
-def _planner_target(plan_arch: str | None, allow_tf32: bool) -> str | None | Target:
+def _planner_target(plan_arch: str | None, allow_tf32: bool, deterministic: bool = False) -> str | None | Target:
     """What the per-kernel planner plans for: the arch (resolved by the planner), or with TF32
-    allowed the resolved Target carrying that policy (Target.allow_tf32)."""
-    if not allow_tf32:
+    allowed or determinism asked the resolved Target carrying that policy (Target.allow_tf32,
+    Target.deterministic)."""
+    if not allow_tf32 and not deterministic:
         return plan_arch
-    return per_kernel_planner.resolve_target(plan_arch).replace(allow_tf32=True)
+    return per_kernel_planner.resolve_target(plan_arch).replace(allow_tf32=allow_tf32, deterministic=deterministic)
 
 
 def _build_cache_key(tensors: list[Tensor], name: str | None, sizes: dict[str, int] | None,
-                     plan_arch: str | None, allow_tf32: bool = False) -> str | None:
+                     plan_arch: str | None, allow_tf32: bool = False, deterministic: bool = False) -> str | None:
     """The build cache's key of an auto-planned program (None with the caches off)."""
     if not knobs.build_cache_enabled():
         return None
     naive = lower(tensors, name)
     # the whole Target, not only its arch: an H100 and an H200 are both sm_90 and plan apart
-    target = per_kernel_planner.resolve_target(plan_arch).replace(allow_tf32=allow_tf32)
+    # (its repr carries the policies, deterministic included)
+    target = per_kernel_planner.resolve_target(plan_arch).replace(allow_tf32=allow_tf32, deterministic=deterministic)
     return build_cache.build_key(str(naive), name=naive.name, sizes=sizes, target=repr(target),
                                  allow_tf32=allow_tf32)
 
@@ -163,41 +175,48 @@ def _check_arguments(tensors: list[Tensor], sizes: dict[str, int] | None) -> Non
 
 
 def _auto_candidates(tensors: list[Tensor], plan_arch: str | None, sizes: dict[str, int] | None,
-                     name: str | None, timing: PassTiming, allow_tf32: bool = False) -> list[Candidate]:
+                     name: str | None, timing: PassTiming, allow_tf32: bool = False,
+                     deterministic: bool = False) -> list[Candidate]:
     """plan="auto": the candidates in the order they are tried.
 
     Graph-level rewrites the per-kernel planner cannot express, first: a contraction over the axis
     of a (max, sum of exp) row statistic -- attention, softmax then a contraction -- as one kernel
-    with a running max (docs/attention.md); a reduction over rows too
+    with a running max (docs/attention.md); its backward (tc.grad's FlashAttention-2 form) as
+    three tensor-core kernels (docs/training.md); a reduction over rows too
     few to fill the GPU (or a full reduction) as a grid reduction split over blocks; softmax /
     norms over such rows as partial statistics, then the outputs; a graph of stages sharing a row
     as one kernel when that moves fewer global bytes; a column / middle-axis reduction as a split
-    reduction (docs/memory-bound.md says when each applies). Then the per-kernel planner, then
-    the generic schedule (always valid). Only the per-kernel planner reads `allow_tf32` (its
-    tensor-core strategy); the graph-level rewrites keep float32 arithmetic."""
+    reduction (docs/memory-bound.md says when each applies). Then the same rewrites on the parts
+    of the program they recognise, the rest planned per kernel (regions, region_search.py), then
+    the per-kernel planner, then the generic schedule (always valid). Only the per-kernel planner
+    reads `allow_tf32` (its tensor-core strategy); the graph-level rewrites keep float32
+    arithmetic. A program with a scatter (tc.scatter_add) skips the whole-program rewrites unless
+    the build is deterministic, and its regions never hold the scatter: the per-kernel planner
+    ranks the atomic form (strategies/scatter_atomic.py) against the reduction the scatter lowers
+    to, which a graph-level rewrite would take without that comparison."""
 
     def planner() -> PlanResult:
-        result = per_kernel_planner.plan_program(tensors, _planner_target(plan_arch, allow_tf32), sizes=sizes,
-                                                 name=name, compile_check=refuse_spills)
+        result = per_kernel_planner.plan_program(tensors, _planner_target(plan_arch, allow_tf32, deterministic),
+                                                 sizes=sizes, name=name, compile_check=refuse_spills)
         timing.seconds.append(("plan", result.search_seconds))
         return result
 
     def in_regions() -> region_search.Composed | None:
-        return region_search.propose(tensors, lambda part: _graph_level(part, plan_arch, sizes, name),
-                                     lambda part, number: _per_kernel(part, number, plan_arch, sizes, name, allow_tf32),
-                                     name or "", DEFAULT_THREADS)
+        return region_search.propose(
+            tensors, lambda part: _graph_level(part, plan_arch, sizes, name),
+            lambda part, number: _per_kernel(part, number, plan_arch, sizes, name, allow_tf32, deterministic),
+            name or "", DEFAULT_THREADS)
 
-    return _graph_level_candidates(tensors, plan_arch, sizes, name) + [
-        ("regions", in_regions),
-        ("planner", planner),
-        ("generic", default_plan),
-    ]
+    tail: list[Candidate] = [("regions", in_regions), ("planner", planner), ("generic", default_plan)]
+    if not deterministic and any(isinstance(t.op, ScatterOp) for t in collect_program(tensors).order):
+        return tail  # regions never hold a scatter (region_search.py): the planner ranks its forms
+    return _graph_level_candidates(tensors, plan_arch, sizes, name) + tail
 
 
 def _graph_level_candidates(tensors: list[Tensor], plan_arch: str | None, sizes: dict[str, int] | None,
                             name: str | None) -> list[Candidate]:
-    """The rewrites that take a whole program (attention, row groups, split and column
-    reductions), in the order build asks them."""
+    """The rewrites that take a whole program (attention and its backward, row groups, split and
+    column reductions), in the order build asks them."""
 
     def proposal(propose: Callable[[], Any]) -> Callable[[], Plan | None]:
         def ask() -> Plan | None:
@@ -209,6 +228,7 @@ def _graph_level_candidates(tensors: list[Tensor], plan_arch: str | None, sizes:
         ("online_contraction_wgmma", proposal(lambda: online_contraction.propose_wgmma(tensors, plan_arch, name))),
         ("online_contraction_mma", proposal(lambda: online_contraction.propose_mma(tensors, plan_arch, name))),
         ("online_contraction", proposal(lambda: online_contraction.propose(tensors, plan_arch))),
+        ("online_backward_mma", proposal(lambda: online_backward.propose(tensors, plan_arch, name))),
         ("split_rows", proposal(lambda: split_rows.propose(tensors, plan_arch, sizes=sizes))),
         ("split_row_group", proposal(lambda: split_row_group.propose(tensors, plan_arch, sizes=sizes))),
         ("row_fused", proposal(lambda: row_fused.propose(tensors))),
@@ -234,9 +254,9 @@ def _graph_level(part: list[Tensor], plan_arch: str | None, sizes: dict[str, int
 
 
 def _per_kernel(part: list[Tensor], number: int, plan_arch: str | None, sizes: dict[str, int] | None,
-                name: str | None, allow_tf32: bool) -> tuple[Plan, Module]:
+                name: str | None, allow_tf32: bool, deterministic: bool) -> tuple[Plan, Module]:
     """The per-kernel planner's plan of a part and its scheduled module."""
-    result = per_kernel_planner.plan_program(part, _planner_target(plan_arch, allow_tf32), sizes=sizes,
+    result = per_kernel_planner.plan_program(part, _planner_target(plan_arch, allow_tf32, deterministic), sizes=sizes,
                                              name=f"{name or 'program'}_part{number}", compile_check=refuse_spills)
     return result.plan, result.schedule.mod
 

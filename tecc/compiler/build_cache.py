@@ -18,10 +18,14 @@ so a change to the program, its sizes, the target, or to the compiler itself (an
 turns it off with the compile cache, `TECC_BUILD_CACHE=0` alone (the test suite does: its tests
 change strategies and the cost model on purpose, which the fingerprint of the files cannot see).
 
-Layout: `TECC_CACHE_DIR/builds/v1/<key[:2]>/<key>.json`: `{"key", "plan", "module"}`, the module
-as the artifacts' loop-IR JSON (tecc.ir.loop_json), written to a temporary file and renamed, as
-the compile cache does. An entry that cannot be read or decoded is a miss and is rewritten;
-nothing here fails a build.
+Layout: `TECC_CACHE_DIR/builds/v2/<key[:2]>/<key>.json`: `{"key", "plan", "module", "report"}`,
+the module as the artifacts' loop-IR JSON (tecc.ir.loop_json), the report the planner's
+explanation (`explain.explain` of its PlanResult: the ranking, the cost breakdown, the runners-up;
+null when the plan came from a graph-level rewrite, whose plan says why itself), so that
+`f.explain()` of a cached build says what the build that planned it said. Written to a temporary
+file and renamed, as the compile cache does. An entry that cannot be read or decoded is a miss
+and is rewritten; nothing here fails a build. `entries()` lists them, `clear()` removes them
+(`tecc cache info` / `tecc cache clear`, through tecc.compiler.cache).
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping, NamedTuple
 
 from ..ir.errors import TeccError
 from ..ir.loop_json import module_from_json, module_to_json
@@ -40,7 +45,7 @@ from ..ir.stmt import Module
 from . import options as knobs
 from .plan import Plan
 
-FORMAT = 1
+FORMAT = 2  # 2: the entry keeps the planner's report
 SUBDIR = f"builds/v{FORMAT}"
 
 _FINGERPRINT: str | None = None
@@ -76,12 +81,25 @@ def build_key(naive_ir: str, *, name: str, sizes: Mapping[str, int] | None, targ
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
+def root(directory: str | os.PathLike[str] | None = None) -> Path:
+    """Where entries live: DIR/builds/v2 (DIR = `directory`, else TECC_CACHE_DIR's)."""
+    return (Path(directory) if directory is not None else knobs.cache_dir()) / SUBDIR
+
+
 def entry_path(key: str) -> Path:
-    return knobs.cache_dir() / SUBDIR / key[:2] / f"{key}.json"
+    return root() / key[:2] / f"{key}.json"
 
 
-def lookup(key: str) -> tuple[Plan, Module] | None:
-    """The stored plan and final module for `key`, or None (no entry, or one that cannot be read)."""
+class CachedBuild(NamedTuple):
+    """An entry: the plan, the final loop IR, and the planner's report (None: no planner ran)."""
+
+    plan: Plan
+    module: Module
+    report: str | None
+
+
+def lookup(key: str) -> CachedBuild | None:
+    """The stored build for `key`, or None (no entry, or one that cannot be read)."""
     path = entry_path(key)
     try:
         if not stat.S_ISREG(path.stat().st_mode):
@@ -89,18 +107,26 @@ def lookup(key: str) -> tuple[Plan, Module] | None:
         doc = json.loads(path.read_text())
         if doc.get("key") != key:
             return None
-        return Plan.from_json(doc["plan"]), module_from_json(doc["module"], f"build cache entry {path}")
+        report = doc.get("report")
+        return CachedBuild(Plan.from_json(doc["plan"]), module_from_json(doc["module"], f"build cache entry {path}"),
+                           report if isinstance(report, str) else None)
     except (OSError, ValueError, KeyError, TypeError, TeccError):
         return None
 
 
-def store(key: str, plan: Plan, module: Module) -> Path | None:
-    """Write the entry atomically; None when it cannot be written (never raises for the disk,
-    nor for a module the loop-IR JSON does not know)."""
+def store(key: str, plan: Plan, module: Module, planning: Any = None) -> Path | None:
+    """Write the entry atomically, with the report of `planning` (the planner's PlanResult, when
+    it chose the plan); None when it cannot be written (never raises for the disk, nor for a
+    module the loop-IR JSON does not know)."""
     path = entry_path(key)
     tmp_name = None
     try:
-        text = json.dumps({"key": key, "plan": plan.to_json(), "module": module_to_json(module)})
+        report = None
+        if planning is not None:
+            from .explain import explain
+
+            report = explain(planning)
+        text = json.dumps({"key": key, "plan": plan.to_json(), "module": module_to_json(module), "report": report})
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "w") as f:
@@ -116,4 +142,19 @@ def store(key: str, plan: Plan, module: Module) -> Path | None:
         return None
 
 
-__all__ = ["build_key", "entry_path", "lookup", "source_fingerprint", "store"]
+def entries(directory: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Every entry file (of this format) under the cache directory."""
+    base = root(directory)
+    return sorted(base.glob("*/*.json")) if base.is_dir() else []
+
+
+def clear(directory: str | os.PathLike[str] | None = None) -> int:
+    """Remove every entry, of every format version; returns how many of this format there were.
+    Safe while other processes build: they plan again on a miss."""
+    removed = len(entries(directory))
+    shutil.rmtree(root(directory).parent, ignore_errors=True)
+    return removed
+
+
+__all__ = ["CachedBuild", "build_key", "clear", "entries", "entry_path", "lookup", "root", "source_fingerprint",
+           "store"]

@@ -23,7 +23,8 @@ treats it as a miss: the kernel is recompiled and the entry overwritten. Nothing
 on a broken or unwritable cache; only NVRTC's own errors reach the caller.
 
 `TECC_NO_CACHE=1` bypasses the cache; `TECC_CACHE_DIR` moves it (default `~/.cache/tecc`).
-`tecc cache info` / `tecc cache clear` (or `info()` / `clear()`) inspect and empty it.
+`tecc cache info` / `tecc cache clear` (or `info()` / `clear()`) inspect and empty it, and the
+build cache beside it (`info()` counts its entries; `build_cache.clear()` empties it).
 """
 
 from __future__ import annotations
@@ -36,12 +37,13 @@ import shutil
 import stat
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from ..codegen import CompiledCode, KernelResources, compile_cuda
 from ..codegen.nvrtc import nvrtc_version
+from . import build_cache
 from . import options as knobs
 
 CACHE_FORMAT = 2  # 2: resources always from a ptxas report (format 1 could keep none: nvrtc.compile_cuda)
@@ -136,12 +138,22 @@ def decode(data: bytes, key: str) -> CompiledCode:
 
 @dataclass
 class CacheStats:
-    """What this process did with the cache (hits, misses, corrupt entries rebuilt, write failures)."""
+    """What this process did with the cache (hits, misses, corrupt entries rebuilt, write failures),
+    and where the latest hit came from: `compiled` maps each key this process compiled to the
+    count of misses then, so a hit can be told apart from a reuse of an earlier build's binary
+    when this very build compiled it a moment before (the planner's ptxas checks do)."""
 
     hits: int = 0
     misses: int = 0
     corrupt: int = 0
     write_errors: int = 0
+    last_hit: str = ""
+    compiled: dict[str, int] = field(default_factory=dict)
+
+    def last_hit_compiled_after(self, misses: int) -> bool:
+        """Whether the latest hit was on an entry this process compiled after `misses` misses
+        (read `STATS.misses` before a build, ask this after it)."""
+        return self.compiled.get(self.last_hit, 0) > misses
 
 
 STATS = CacheStats()
@@ -199,10 +211,12 @@ def compile_cached(source: str, *, arch: str, name: str, options: Sequence[str] 
     hit = lookup(key)
     if hit is not None:
         STATS.hits += 1
+        STATS.last_hit = key
         return hit, True
     STATS.misses += 1
     code = compile_cuda(source, arch=arch, name=name, options=options)
     store(key, code)
+    STATS.compiled[key] = STATS.misses
     return code, False
 
 
@@ -210,18 +224,30 @@ def compile_cached(source: str, *, arch: str, name: str, options: Sequence[str] 
 
 @dataclass(frozen=True)
 class CacheInfo:
+    """What `tecc cache info` shows: the compile cache, the build cache (build_cache.py: plans
+    and final loop IR) and the tuning database."""
+
     directory: Path
     entries: int
     bytes: int
     tuning_db: Path
     tuning_db_bytes: int
     enabled: bool
+    build_directory: Path = Path()
+    build_entries: int = 0
+    build_bytes: int = 0
+    build_enabled: bool = True
 
     def __str__(self) -> str:
         state = "" if self.enabled else " (disabled by TECC_NO_CACHE)"
+        build_state = ("" if self.build_enabled else
+                       " (disabled by TECC_NO_CACHE)" if not self.enabled else " (disabled by TECC_BUILD_CACHE=0)")
         return (f"compile cache   {self.directory}{state}\n"
                 f"  entries       {self.entries}\n"
                 f"  size          {_human(self.bytes)}\n"
+                f"build cache     {self.build_directory}{build_state}\n"
+                f"  entries       {self.build_entries}\n"
+                f"  size          {_human(self.build_bytes)}\n"
                 f"tuning database {self.tuning_db}"
                 f"{'' if self.tuning_db_bytes else ' (none yet)'}\n"
                 f"  size          {_human(self.tuning_db_bytes)}")
@@ -240,22 +266,28 @@ def entries(directory: str | os.PathLike[str] | None = None) -> list[Path]:
     return sorted(base.glob("*/*.entry")) if base.is_dir() else []
 
 
-def info(directory: str | os.PathLike[str] | None = None) -> CacheInfo:
-    files = entries(directory)
+def _size(files: list[Path]) -> int:
     size = 0
     for f in files:
         try:
             size += f.stat().st_size
         except OSError:
             pass
+    return size
+
+
+def info(directory: str | os.PathLike[str] | None = None) -> CacheInfo:
+    files, builds = entries(directory), build_cache.entries(directory)
     db = knobs.tuning_db_path() if directory is None else Path(directory) / "tuning.sqlite"
     db_bytes = db.stat().st_size if db.exists() else 0
-    return CacheInfo(root(directory), len(files), size, db, db_bytes, knobs.cache_enabled())
+    return CacheInfo(root(directory), len(files), _size(files), db, db_bytes, knobs.cache_enabled(),
+                     build_cache.root(directory), len(builds), _size(builds), knobs.build_cache_enabled())
 
 
 def clear(directory: str | os.PathLike[str] | None = None, *, tuning: bool = False) -> int:
     """Remove every compile-cache entry (and the tuning database with `tuning=True`); returns how
-    many entries were removed. Safe while other processes build: they recompile on a miss."""
+    many entries were removed. Safe while other processes build: they recompile on a miss. (The
+    build cache is `build_cache.clear()`; `tecc cache clear` empties both.)"""
     removed = len(entries(directory))
     base = Path(directory) if directory is not None else knobs.cache_dir()
     shutil.rmtree(base / "cubin", ignore_errors=True)

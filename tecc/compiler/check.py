@@ -85,17 +85,24 @@ def poison(shape: tuple[int, ...], dtype: dt.DType) -> np.ndarray:
 
 @dataclass
 class CheckResult:
+    """Per output: the error, its bound and where it is worst. `refused` says why the outputs could
+    not be compared at all (the reference returned the wrong number of arrays or a shape that is
+    not the output's): the check then fails with that one line."""
+
     op: str
     target: str
     errors: dict[str, float]
     tolerances: dict[str, float]
     worst: dict[str, str]
+    refused: str = ""
 
     @property
     def ok(self) -> bool:
-        return all(self.errors[k] <= self.tolerances[k] for k in self.errors)
+        return not self.refused and all(self.errors[k] <= self.tolerances[k] for k in self.errors)
 
     def __str__(self) -> str:
+        if self.refused:
+            return f"{self.op} [{self.target}] FAIL: {self.refused}"
         parts = [f"{k}: rel err {self.errors[k]:.2e} (bound {self.tolerances[k]:.0e}){'' if self.errors[k] <= self.tolerances[k] else ' FAIL ' + self.worst[k]}"
                  for k in self.errors]
         return f"{self.op} [{self.target}] " + "; ".join(parts)
@@ -116,7 +123,7 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> tuple[float, str]:
     denom = np.linalg.norm(np.where(np.isfinite(r), r, 0.0))
     err = float(np.linalg.norm(diff) / (denom if denom > 0 else 1.0))
     worst = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.ndim else ()
-    return err, f"worst at {tuple(int(x) for x in worst)}: got {o[worst]!r}, want {r[worst]!r}"
+    return err, f"worst at {tuple(int(x) for x in worst)}: got {float(o[worst])!r}, want {float(r[worst])!r}"
 
 
 def run_and_compare(spec: OpSpec, kernel: Any, *, sizes: Mapping[str, int] | None = None, seed: int | None = None,
@@ -133,10 +140,14 @@ def run_and_compare(spec: OpSpec, kernel: Any, *, sizes: Mapping[str, int] | Non
         arrays.append(next(it) if t.is_placeholder else poison(s, t.dtype))
     refs = spec.reference(*[a.astype(np.float64) if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else a
                             for a in inputs])
-    if isinstance(refs, np.ndarray) or np.isscalar(refs):
+    if not isinstance(refs, (list, tuple)):  # one array (or scalar) for the one output
         refs = [refs]
+    target = "sim" if use_sim or getattr(kernel, "target", "") == "sim" else "cuda"
     (kernel.sim if use_sim else kernel)(*arrays)
     outs = [a for t, a in zip(spec.args, arrays) if not t.is_placeholder]
+    refused = _reference_mismatch(spec, outs, refs)
+    if refused:
+        return CheckResult(spec.name, target, {}, {}, {}, refused)
     errors, tols, worst = {}, {}, {}
     for t, out, ref in zip(spec.outputs, outs, refs):
         ref_arr = np.broadcast_to(np.asarray(ref, dtype=np.float64), out.shape)
@@ -150,5 +161,23 @@ def run_and_compare(spec: OpSpec, kernel: Any, *, sizes: Mapping[str, int] | Non
             w = f"first mismatch at {idx}: got {out[idx]!r}, want {ref_arr[idx]!r}" if err else ""
             tol = 0.0
         errors[t.name], tols[t.name], worst[t.name] = err, tol, w
-    return CheckResult(spec.name, "sim" if use_sim or getattr(kernel, "target", "") == "sim" else "cuda",
-                       errors, tols, worst)
+    return CheckResult(spec.name, target, errors, tols, worst)
+
+
+def _reference_mismatch(spec: OpSpec, outs: list[np.ndarray], refs: Sequence[Any]) -> str:
+    """Why the reference's results cannot be compared with the outputs ("" when they can): the
+    reference is the user's code, so a wrong count or shape fails the check with both named."""
+    names = [t.name for t in spec.outputs]
+    if len(refs) != len(outs):
+        return (f"the reference returned {len(refs)} array(s) for {len(outs)} output(s) "
+                f"({', '.join(names)}); return one array per output, in signature order")
+    for name, out, ref in zip(names, outs, refs):
+        shape = np.shape(ref)
+        try:  # a reference may return a scalar or an array that broadcasts to the output
+            fits = np.broadcast_shapes(shape, out.shape) == out.shape
+        except ValueError:
+            fits = False
+        if not fits:
+            return (f"the reference returned shape {shape} for output {name}, whose shape is "
+                    f"{out.shape}; fix the reference (or the op's sizes)")
+    return ""

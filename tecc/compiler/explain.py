@@ -125,13 +125,16 @@ def explain_kernel(kernel: Any) -> str:
     launch and the ptxas report of every kernel."""
     parts = []
     report = getattr(kernel, "planning", None)
+    cached = any(step == "build cache hit" for step, _ in getattr(getattr(kernel, "timing", None), "seconds", []))
     if report is not None:
         parts.append(explain(report))
+    elif getattr(kernel, "planning_report", None):  # a build-cache hit of a plan the planner chose
+        parts.append(kernel.planning_report)
     else:
         parts.append(str(kernel.plan))
-        if any(step == "build cache hit" for step, _ in getattr(getattr(kernel, "timing", None), "seconds", [])):
-            parts.append("  (planned by an earlier build: taken from the build cache, whose entry keeps the plan "
-                         "and the final loop IR but not the planner's runners-up; TECC_NO_CACHE=1 plans again)")
+    if cached:
+        parts.append("  (planned by an earlier build and taken from the build cache, whose entry keeps that "
+                     "build's plan, final loop IR and planning report; TECC_NO_CACHE=1 plans again)")
     for who, why in getattr(kernel, "fallbacks", []):
         parts.append(f"  fell back: candidate {who} took the program but failed: {why}")
     # what the tensorize primitive built (its form; a launch-time test of run-time strides); the

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..ir.errors import TeccError
 from ..ir.stmt import Module
 from ..runtime.artifact import MANIFEST_FORMAT, manifest_version, source_sha256, write_artifact
 from ..runtime.host import HostProgram
-from ..runtime.outputs import returned
 from ..runtime.runnable import RunnableKernel
 from .plan import Plan
 
@@ -58,6 +57,8 @@ class Kernel(RunnableKernel):
         self.options: tuple[str, ...] = ()
         self.dump_dir: Path | None = None
         self.planning: Any = None  # the planner's PlanResult when plan="auto" (read by explain)
+        # a build-cache hit has no PlanResult: the report of the build that planned it (explain)
+        self.planning_report: str | None = None
         # plan="auto" candidates that took the program but failed to build: (candidate, why)
         self.fallbacks: list[tuple[str, str]] = []
         self._sim: Any = None
@@ -86,21 +87,15 @@ class Kernel(RunnableKernel):
     def _runs_in_emulator(self) -> bool:
         return self.target == "sim"
 
-    def sim(self, *args: Any) -> Any:
-        """Run the kernel IR in the CPU SIMT emulator (NumPy arrays, written in place). With the
-        outputs left out, they are allocated as NumPy arrays and returned (one bare, several as
-        a tuple)."""
-        if len(args) != self._arity and self.allocator.accepts(len(args)):
-            full, outputs = self.allocator.complete(args, numpy_only=True)
-            self.sim(*full)
-            return returned(outputs)
+    def _simulate(self, args: Sequence[Any]) -> None:
+        """`f.sim(...)` (RunnableKernel: the outputs may be left out): the kernel IR in the CPU
+        SIMT emulator, NumPy arrays written in place."""
         if self._sim is None:
             from ..runtime.sim import SimExecutor
             from . import options as knobs
 
             self._sim = SimExecutor(self.host, {k.name: k for k in self.module.kernels}, checks=knobs.sim_checks())
         self._sim(*args)
-        return None
 
     # ---- inspection -------------------------------------------------------------------------
     def explain(self) -> str:

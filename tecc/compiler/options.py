@@ -4,10 +4,11 @@ Nothing else reads the environment; values are read when a build starts, never a
 
 | variable            | default                         | meaning |
 |---------------------|---------------------------------|---------|
-| TECC_DUMP_IR        | unset                           | `DIR` or `DIR:KERNEL`: dump the IR after every pass of every build into DIR/<module>/ (only kernels whose name contains KERNEL) |
+| TECC_DUMP_IR        | unset                           | `DIR` or `DIR:KERNEL`: dump the IR after every pass of every build into DIR/<module>/ (only kernels whose name contains KERNEL; nothing for a module with none) |
 | TECC_ARCH           | the live device, else sm_90     | the default `arch` of builds for target "cuda" |
-| TECC_CACHE_DIR      | ~/.cache/tecc                   | the compile cache (DIR/cubin/) and tuning database (DIR/tuning.sqlite) |
+| TECC_CACHE_DIR      | ~/.cache/tecc                   | the compile cache (DIR/cubin/), build cache (DIR/builds/) and tuning database (DIR/tuning.sqlite) |
 | TECC_NO_CACHE       | unset                           | 1 bypasses the compile cache (neither read nor written) |
+| TECC_BUILD_CACHE    | 1                               | 0 turns off the build cache alone (plans and final loop IR; build_cache.py) |
 | TECC_TUNING_DB      | TECC_CACHE_DIR/tuning.sqlite    | the SQLite tuning database |
 | TECC_PROGRESS       | auto                            | 0 hides the CLI's progress bars, 1 forces them (auto: only on a terminal) |
 | TECC_SIM_CHECKS     | 1                               | 0 turns off the emulator's out-of-bounds / race / uninitialized-read checks (faster) |

@@ -27,6 +27,7 @@ from ..passes.default_schedule import DEFAULT_THREADS, default_schedule
 from ..passes.lower import lower
 from ..passes.manager import DumpIR, Pass, PassManager, PassTiming, VerifyIR
 from ..passes.names import identifier
+from ..passes.schedule import drop_records
 from ..passes.simplify import simplify
 from ..passes.unique_names import unique_names
 from ..passes.verify import verify_module
@@ -95,6 +96,8 @@ def schedule_module(program: Sequence[Tensor] | Schedule, plan: Plan, *, name: s
             module = lower(tensors, name)
             if dumper is not None:
                 dumper.write("lower.txt", f"# after pass lower\n{dumper.text(module)}")
+    # the tensor-core primitives' records (tecc/passes/schedule/tensor_core.py) end with the schedule
+    module = drop_records(module)
     timing.seconds.append(("lower+schedule", time.perf_counter() - start))
     return finish_module(module, plan, dumper=dumper, timing=timing)
 
@@ -140,7 +143,7 @@ def compile_module(module: Module, plan: Plan, target: str, *, arch: str | None,
         kernel.attach_binary(compiled, tuple(options))
         if dumper is not None:
             dumper.write(f"{module.name}.ptx", compiled.ptx)
-    if dumper is not None:
+    if dumper is not None and dumper.matches:  # (a module the dump filter does not keep writes nothing)
         kernel.dump_dir = dumper.directory
     return kernel
 

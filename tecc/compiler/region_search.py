@@ -3,7 +3,9 @@
 The graph-level rewrites (the online contraction, row fusion, split rows, ...) each take a whole
 program. In a program of many stages (a model's graph) this module finds the parts they take:
 
-1. **Seeds**: every stage that reduces over one axis (a row statistic: a max, a sum).
+1. **Seeds**: every stage that reduces over one axis (a row statistic: a max, a sum). A scatter
+   (tc.scatter_add) is neither a seed nor a member of a region: the per-kernel planner ranks
+   its atomic form against its reduction form, which a graph-level rewrite would not.
 2. **A seed's region**, grown by structure, not by names: forward, every stage that reads a
    member and iterates the member's rows (shape = rows, or rows plus one axis: the row outputs,
    a normalized row, and a contraction that reads a row statistic itself); backward, every stage that only
@@ -29,6 +31,7 @@ from typing import Callable, Sequence
 import networkx as nx
 
 from ..ir.expr import Reduce, TensorRead, walk
+from ..ir.scatter import ScatterOp
 from ..ir.stmt import Module
 from ..ir.tensor import ComputeOp, Tensor
 from ..passes.lower import Program, choose_inlined, collect_program, same_shape
@@ -153,7 +156,7 @@ def _boundaries(st: _Stages, members: set[int]) -> list[Tensor]:
 
 def _find_regions(st: _Stages, graph_level: GraphLevel) -> list[tuple[set[int], Plan, Module]]:
     found: list[tuple[set[int], Plan, Module]] = []
-    claimed: set[int] = set()
+    claimed: set[int] = {id(t) for t in st.order if isinstance(t.op, ScatterOp)}
     for seed in st.order:
         if id(seed) in claimed or _row_axes(seed) is None:
             continue

@@ -24,12 +24,15 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence, Union
 
 from ..ir.errors import ScheduleError
+from ..ir.layout import LayoutError, Swizzle
 from ..ir.stmt import Module, PrimFunc
 from ..ir.tensor import Tensor
 from ..passes import schedule as prim
 from ..passes.rewrite.fuse_rows import fuse_rows as fuse_rows_module
+from ..passes.rewrite.online_backward_mma import online_backward_mma as online_backward_mma_module
 from ..passes.rewrite.online_contraction import online_contraction as online_contraction_module
 from ..passes.rewrite.online_contraction_mma import online_contraction_mma as online_contraction_mma_module
+from ..passes.rewrite.scatter_atomic import scatter_atomic_module
 from ..passes.rewrite.split_reduce import split_reduce as split_reduce_module
 from ..passes.rewrite.split_row_group import split_row_group as split_row_group_module
 from ..passes.rewrite.split_rows import split_rows as split_rows_module
@@ -37,6 +40,7 @@ from ..passes.lower import lower
 from ..passes.manager import DumpIR
 from ..passes.simplify import simplify_func
 from .plan import Plan, Step
+from .schedule_tensor_core import TENSOR_CORE_PRIMITIVES, TensorCorePrimitives, is_legacy_tensorize
 
 
 @dataclass(frozen=True)
@@ -72,10 +76,12 @@ class _PendingRead:
     pad: int = 0
     vector: int = 1
     transpose: bool = False
+    swizzle: Swizzle | None = None
 
 
-class Schedule:
-    """Schedule primitives over the naive lowered module of `tensors` (see the module docstring)."""
+class Schedule(TensorCorePrimitives):
+    """Schedule primitives over the naive lowered module of `tensors` (see the module docstring);
+    the tensor-core primitives are in schedule_tensor_core.py."""
 
     def __init__(self, tensors: Sequence[Tensor], plan: Plan | str | dict[str, Any] | None = None, *,
                  name: str | None = None, dump_ir: str | os.PathLike[str] | DumpIR | None = None) -> None:
@@ -114,10 +120,21 @@ class Schedule:
         del self.timing[timing:]
 
     def replay(self, plan: Plan) -> None:
-        """Apply every step of `plan` in order."""
-        for step in plan.steps:
+        """Apply every step of `plan` in order. A step that names a kernel this program does not
+        have is a ScheduleError saying that the plan is for another program and what it names."""
+        for number, step in enumerate(plan.steps):
+            kernels = _kernel_names(self.mod)
+            if any(k not in kernels for k in _kernels_named(step)):
+                named = sorted({k for s in plan.steps for k in _kernels_named(s)} - kernels)
+                raise ScheduleError(
+                    f"the plan is for another program: it names kernel(s) {', '.join(named)}, and this program's "
+                    f"kernels are {', '.join(sorted(kernels))} (plan step {number}, {step.primitive}); plan this "
+                    "program with plan='auto', or give it a plan made for it")
+            if is_legacy_tensorize(step):   # a plan recorded before the tensor-core primitives were separate
+                step = Step("replay_legacy_tensorize", step.args)
             method = getattr(self, step.primitive, None)
-            if method is None or step.primitive.startswith("_") or step.primitive in ("replay", "get_loops"):
+            if method is None or step.primitive.startswith("_") or step.primitive in ("replay", "get_loops",
+                                                                                       "gemm_operands"):
                 raise ScheduleError(f"plan step {step.primitive!r} is not a schedule primitive")
             try:
                 if step.primitive == "reorder":
@@ -184,6 +201,8 @@ class Schedule:
             raise ScheduleError(f"{step.primitive}: no kernel {kernel!r}") from None
         start = time.perf_counter()
         new = simplify_func(fn(func))
+        if step.primitive not in TENSOR_CORE_PRIMITIVES:
+            new = prim.forget_record(new)   # the tensor-core record describes the kernel no longer
         self.timing.append((step.primitive, time.perf_counter() - start))
         self.mod = self.mod.with_kernels([new if k.name == kernel else k for k in self.mod.kernels])
         self._record(step)
@@ -274,17 +293,46 @@ class Schedule:
 
     def vector_copy(self, cache: StageLike, width: int) -> None:
         """Copy a pending shared cache in chunks of `width` consecutive elements of its last
-        dimension per thread (width 4 of 4-byte or 8 of 2-byte elements: 16-byte LDG.128 /
+        dimension per thread (width 4 of 4-byte, 8 of 2-byte or 16 of 1-byte elements: 16-byte LDG.128 /
         STS.128 where the offsets are provably aligned; the emitter falls back to scalar accesses
         where they are not). Call it before compute_at."""
         c = self._stage(cache)
         pending = self._pending.get(str(c))
         if pending is None or pending.scope != "shared":
             raise ScheduleError(f"vector_copy({c}): not a shared cache_read stage that is still to be placed")
-        if width not in (1, 2, 4, 8):
-            raise ScheduleError(f"vector_copy({c}): width must be 1, 2, 4 or 8 (8: 16-bit elements), got {width!r}")
+        if width not in (1, 2, 4, 8, 16):
+            raise ScheduleError(f"vector_copy({c}): width must be 1, 2, 4, 8 (8: 16-bit elements) or 16 (8-bit "
+                                f"elements), got {width!r}")
+        if pending.swizzle is not None and width > pending.swizzle.contiguous:
+            raise ScheduleError(f"vector_copy({c}): the cache's {pending.swizzle} keeps {pending.swizzle.contiguous} "
+                                f"consecutive elements together, fewer than the width {width}")
         pending.vector = width
         self._record(Step("vector_copy", {"cache": str(c), "width": width}))
+
+    def storage_swizzle(self, cache: StageLike, bits: int, base: int, shift: int) -> None:
+        """Store a pending shared cache where the XOR layout `Swizzle(bits, base, shift)`
+        (tecc.ir.layout) puts its flat offsets: chunks of 2^base consecutive elements stay
+        contiguous and in order (16-byte copies into the tile stay 16-byte accesses), and the chunk
+        index is XOR-ed with the offset's bits [base + shift, base + shift + bits), so that a
+        column walk over rows whose row-group index sits there spreads over the banks without
+        padding the rows (a padded row is not 16-byte aligned). The map is written into the
+        indices of every access to the cache (cache_read.swizzled_index). Call it before
+        compute_at. With storage_align too, it applies to the offsets of the padded rows (a box 56
+        elements wide stored in rows of 64, so that the row-group bits sit where it reads them)."""
+        c = self._stage(cache)
+        pending = self._pending.get(str(c))
+        if pending is None or pending.scope != "shared":
+            raise ScheduleError(f"storage_swizzle({c}): not a shared cache_read stage that is still to be placed")
+        try:
+            layout = Swizzle(int(bits), int(base), int(shift))
+        except (LayoutError, TypeError, ValueError) as exc:
+            raise ScheduleError(f"storage_swizzle({c}): {exc}") from exc
+        if pending.vector > layout.contiguous:
+            raise ScheduleError(f"storage_swizzle({c}): {layout} keeps {layout.contiguous} consecutive elements together, "
+                                f"fewer than the vector copy's width {pending.vector}; raise base")
+        pending.swizzle = layout
+        self._record(Step("storage_swizzle", {"cache": str(c), "bits": layout.bits, "base": layout.base,
+                                              "shift": layout.shift}))
 
     def storage_transpose(self, cache: StageLike) -> None:
         """Store a pending two-dimensional shared cache transposed ([column][row]): the GEMM's A
@@ -356,22 +404,30 @@ class Schedule:
             raise ScheduleError(f"compute_at({st}, {lp}): the loop is in kernel {lp.kernel}, the stage in {st.kernel}")
         self._apply(lp.kernel, Step("compute_at", {"stage": str(st), "loop": str(lp)}),
                     lambda f: prim.stage_read(f, pending.tensor, pending.scope, lp.name, pending.pad,
-                                               pending.vector, pending.transpose))
+                                               pending.vector, pending.transpose, pending.swizzle))
         del self._pending[str(st)]
 
     def fuse_rows(self, threads: int, cache: str = "registers", vector: int = 1, rows_per_block: int = 1,
-                  unroll: int = 1) -> None:
+                  unroll: int = 1, row_blocks: int = 0, column_sums: str = "local", prefetch: bool = False,
+                  float_rows: bool = False) -> None:
         """Replace the module by ONE kernel computing every stage that shares the row (a
         reduce→elementwise graph: softmax, layer norm, a row sum; see tecc.passes.rewrite.fuse_rows):
         one block of `threads` threads per row, cross-thread reductions, the row kept in
         registers (`cache="registers"`) or re-read (`cache="none"`, `"online"`: in chunks of
         `unroll` vectors); `rows_per_block` > 1 puts that many rows in a block, one 32-thread
-        warp each. It must be the first step."""
+        warp each; `row_blocks` > 0 launches that many blocks, each walking rows in a loop and
+        summing the group's column reductions (a normalization's dγ, dβ) in registers
+        (`column_sums="local"`) or shared memory (`"shared"`), which a second kernel combines;
+        `prefetch` loads each block's next row while the current one is computed; `float_rows`
+        keeps 16-bit row registers converted to float32 (one conversion per element, not one per
+        pass). It must be the first step."""
         if self._steps:
             raise ScheduleError("fuse_rows rewrites the whole module: it must be the first step of a plan")
         start = time.perf_counter()
         self.mod = fuse_rows_module(self._tensors, int(threads), cache, name=self._name, vector=int(vector),
-                                    rows_per_block=int(rows_per_block), unroll=int(unroll))
+                                    rows_per_block=int(rows_per_block), unroll=int(unroll),
+                                    row_blocks=int(row_blocks), column_sums=column_sums, prefetch=bool(prefetch),
+                                    float_rows=bool(float_rows))
         self.timing.append(("fuse_rows", time.perf_counter() - start))
         args: dict[str, Any] = {"threads": int(threads), "cache": cache}
         if vector != 1:
@@ -380,6 +436,14 @@ class Schedule:
             args["rows_per_block"] = int(rows_per_block)
         if unroll != 1:
             args["unroll"] = int(unroll)
+        if row_blocks:
+            args["row_blocks"] = int(row_blocks)
+        if column_sums != "local":
+            args["column_sums"] = column_sums
+        if prefetch:
+            args["prefetch"] = True
+        if float_rows:
+            args["float_rows"] = True
         self._record(Step("fuse_rows", args))
 
     def online_contraction(self, threads: int = 32, rows_per_block: int = 4) -> None:
@@ -456,6 +520,31 @@ class Schedule:
             args["stages"] = int(stages)
         self._record(Step("online_contraction_mma", args))
 
+    def online_backward_mma(self, key_tile: int = 64, rows: int = 64, dq_columns: int = 32, dq: str = "atomic",
+                            dq_rows: int = 64, dq_key_tile: int = 64, wgmma: bool = False) -> None:
+        """Replace the module by the tensor-core kernels of the backward of an online contraction
+        (the program tc.grad writes for attention; tecc.passes.rewrite.online_backward_mma): a
+        pre-pass for the row statistics and one kernel over blocks of `key_tile` keys walking
+        query blocks of `rows` (dK, dV in registers); dQ by float32 atomics in units of 16 rows x
+        `dq_columns` and a conversion (`dq` "atomic"), or by a query-major kernel of `dq_rows`
+        rows over key blocks of `dq_key_tile` ("kernel"). `wgmma`: the key-block-major kernel on
+        warpgroup MMA (sm_90a). It must be the first step."""
+        if self._steps:
+            raise ScheduleError("online_backward_mma rewrites the whole module: it must be the first step of a plan")
+        start = time.perf_counter()
+        self.mod = online_backward_mma_module(self._tensors, int(key_tile), int(rows), int(dq_columns), name=self._name,
+                                              dq=str(dq), dq_rows=int(dq_rows), dq_key_tile=int(dq_key_tile),
+                                              wgmma=bool(wgmma))
+        self.timing.append(("online_backward_mma", time.perf_counter() - start))
+        args: dict[str, Any] = {"key_tile": int(key_tile), "rows": int(rows)}
+        if dq == "atomic":
+            args["dq_columns"] = int(dq_columns)
+        else:
+            args.update(dq=str(dq), dq_rows=int(dq_rows), dq_key_tile=int(dq_key_tile))
+        if wgmma:
+            args["wgmma"] = True
+        self._record(Step("online_backward_mma", args))
+
     def split_reduce(self, threads_x: int = 32, threads_y: int = 8, splits: int = 1, unroll: int = 4,
                      outputs_per_thread: int = 1, combine: str = "kernel") -> None:
         """Replace the module by the split reduction of its one reduction stage (a column or
@@ -520,66 +609,6 @@ class Schedule:
             args["output_splits"] = outputs
         self._record(Step("split_row_group", args))
 
-    def tensorize(self, stage: StageLike, intrinsic: str = "auto", block: Sequence[int] = (64, 64),
-                  warps: Sequence[int] = (2, 2), k_tile: int = 32, stages: int = 2,
-                  producer: str = "threads", persistent: int = 0, epilogue: str = "registers",
-                  staged_output: bool = False, fragment_pipeline: bool = False, group_m: int = 0) -> None:
-        """Rebuild the kernel of the contraction `stage` (C[b.., i, j] = epilogue(Σ_k A·B) over
-        float16/bfloat16 operands) as a tensor-core kernel: `block` = (BM, BN) outputs per block,
-        `warps` = (rows, columns) of warps, each a (BM/rows) × (BN/columns) tile of
-        mma.m16n8k16 tiles, k tiles of `k_tile` staged through a ring of `stages` cp.async
-        stages in swizzled shared memory, read with ldmatrix; the epilogue is the stage's own.
-        `intrinsic` is the mma row ("auto": the one for the operands' dtype; float32 operands
-        take only "mma.m16n8k8.f32.tf32", named: their inputs are rounded to tf32), or "wgmma" (or a
-        wgmma row) for the Hopper kernel: BM/64 warpgroups, `warps` = (4·BM/64, 1), k_tile 64,
-        A and B read by wgmma from 128B-swizzled shared tiles (tensorize_wgmma.py; sm_90a). It
-        must be the first primitive applied to the stage's kernel (tecc/passes/schedule/tensorize.py).
-        `producer` (wgmma only): "threads" (every thread issues cp.async into the ring) or "tma"
-        (a producer warpgroup issues TMA tile copies into an mbarrier ring drained by the
-        consumer warpgroups: tensorize_wgmma_tma.py); `persistent` > 0 (with "tma"): that many
-        blocks loop over the output tiles in a grouped (L2-friendly) order; `epilogue` (with
-        "tma"): "registers" (each thread stores its accumulator elements) or "tma" (through a
-        swizzled shared staging tile, written out by TMA stores that overlap the next tile). `staged_output`: the
-        epilogue writes the block's outputs to a padded shared tile and copies it out in 16-byte
-        chunks, whole lines per warp (needs one column axis whose constant extent is a multiple
-        of 16 bytes; not with "tma"). `fragment_pipeline` (mma.sync only): two fragment sets, the next k step's
-        ldmatrix issued before this step's mma and across the k-tile boundary, the ring's wait and barrier
-        before the last k step of each tile (tensorize.py, "the pipelined mainloop"; an even number of k
-        steps per tile). `group_m` > 0 (mma.sync only): one blockIdx.x over the output tiles in a grouped order,
-        `group_m` row tiles side by side sweeping the column tiles together (L2 reuse; tensorize.grouped_tile)."""
-        st = self._stage(stage)
-        bm, bn = (int(x) for x in block)
-        wm, wn = (int(x) for x in warps)
-        tiling = prim.Tiling(bm, bn, wm, wn, int(k_tile), int(stages), bool(staged_output), bool(fragment_pipeline),
-                             int(group_m))
-        step = Step("tensorize", {"stage": str(st), "intrinsic": intrinsic, "block": [bm, bn], "warps": [wm, wn],
-                                  "k_tile": int(k_tile), "stages": int(stages)})
-        if staged_output:  # recorded only when asked for, so earlier plans replay unchanged
-            step.args["staged_output"] = True
-        if fragment_pipeline:  # likewise
-            if intrinsic.startswith("wgmma"):
-                raise ScheduleError(f"tensorize({st.name}): fragment_pipeline is a form of the mma.sync mainloop "
-                                    "(wgmma reads its operands from shared memory): leave it off with intrinsic='wgmma'")
-            step.args["fragment_pipeline"] = True
-        if group_m:  # likewise
-            if intrinsic.startswith("wgmma"):
-                raise ScheduleError(f"tensorize({st.name}): group_m orders the blocks of the mma.sync kernel; the "
-                                    "wgmma TMA ring's persistent grid has its own grouped order (persistent=P)")
-            step.args["group_m"] = int(group_m)
-        if producer != "threads":  # recorded only when not the default, so earlier plans replay unchanged
-            if not intrinsic.startswith("wgmma"):
-                raise ScheduleError(f"tensorize({st.name}): producer {producer!r} needs intrinsic='wgmma'")
-            step.args["producer"] = producer
-            if persistent:
-                step.args["persistent"] = int(persistent)
-            if epilogue != "registers":
-                step.args["epilogue"] = epilogue
-            self._apply(st.kernel, step, lambda f: prim.tensorize_wgmma(f, st.name, intrinsic, tiling,
-                                                                        producer=producer, persistent=int(persistent),
-                                                                        epilogue=epilogue))
-            return
-        self._apply(st.kernel, step, lambda f: prim.tensorize(f, st.name, intrinsic, tiling))
-
     def flatten_contraction(self, stage: StageLike) -> None:
         """Rewrite the float32 contraction `stage` (a convolution, any grouping of axes) over its
         GEMM view: loops (b,) m, n, k reading view buffers `A_view[(b,) m, k]`, `B_view[(b,) k, n]`
@@ -604,6 +633,20 @@ class Schedule:
         self.timing.append(("gather_views", time.perf_counter() - start))
         self._record(step)
 
+    def scatter_atomic(self, stage: str) -> tuple[str, ...]:
+        """Realize the scatter `stage` (a masked sum with data-dependent matches, e.g. a
+        `tc.scatter_add`) with atomic additions: its kernel becomes an init kernel, one atomic
+        addition per domain point and, when the output's dtype is not the accumulator's, a finish
+        kernel (tecc.passes.rewrite.scatter_atomic). Returns those kernels' names in launch order;
+        they are unscheduled. Float sums then depend on the order of the atomics, which is not
+        reproducible run to run."""
+        kernel = self._kernel_of_stage(stage)
+        start = time.perf_counter()
+        self.mod, names = scatter_atomic_module(self.mod, kernel.name)
+        self.timing.append(("scatter_atomic", time.perf_counter() - start))
+        self._record(Step("scatter_atomic", {"stage": str(stage)}))
+        return names
+
     def cache_write(self, stage: StageLike, scope: str = "local") -> StageRV:
         st = self._stage(stage)
         self._apply(st.kernel, Step("cache_write", {"stage": str(st), "scope": scope}),
@@ -620,6 +663,21 @@ def _stores(k: PrimFunc) -> list[Any]:
 
 def _kernel_names(m: Module) -> set[str]:
     return {k.name for k in m.kernels}
+
+
+# the step arguments that address a loop or a stage as "kernel/name" (LoopRV, StageRV)
+_ADDRESS_ARGS = ("loop", "loops", "outer", "inner", "stage", "cache")
+
+
+def _kernels_named(step: Step) -> list[str]:
+    """The kernels a plan step addresses through its "kernel/name" arguments."""
+    found = []
+    for key in _ADDRESS_ARGS:
+        value = step.args.get(key)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and "/" in item:
+                found.append(item.split("/", 1)[0])
+    return found
 
 
 def _ordered_loop_names(k: PrimFunc) -> list[str]:

@@ -1,6 +1,6 @@
 """Building scalar expressions: dtype promotion, weak Python scalars, and light constant folding.
 
-The node classes are in expr.py; these functions are how every operator and pass makes new
+The node classes are in expr_nodes.py; these functions are how every operator and pass makes new
 nodes, so promotion (docs/dtypes.md) and the few folds that keep generated code readable
 (integer constants, x+0, x*1, x*0 for integers, bool and/or with a constant) happen in one place.
 Float expressions are never folded algebraically (x*0 is not 0 for NaN or inf).
@@ -13,8 +13,8 @@ from typing import Any, Callable
 from . import dtype as dt
 from .dtype import DType
 from .errors import DTypeError, TeccError
-from .expr import (APPROX_INTRINSICS, FLOAT_INTRINSICS, INTRINSICS, WARP_INTRINSICS, Binary, Call, Cast, Compare,
-                   Const, Expr, ExprLike, Select, index_expr)
+from .expr_nodes import (APPROX_INTRINSICS, FLOAT_INTRINSICS, INTRINSICS, WARP_INTRINSICS, Binary, Builders, Call,
+                         Cast, Compare, Const, Expr, ExprLike, Select, index_expr, install_builders)
 
 
 def as_expr(value: ExprLike, like: DType | None = None) -> Expr:
@@ -168,9 +168,10 @@ def warp_shuffle(kind: str, value: Expr, arg: ExprLike) -> Expr:
 
 
 def atomic_add(element: Expr, value: ExprLike) -> Expr:
-    """`atomicAdd(&element, value)` on a global int32 element, giving its value before the add
-    (see MEMORY_INTRINSICS; `element` is a BufferLoad, Call checks it)."""
-    return Call("atomic_add", (element, as_expr(value, dt.int32)), dt.int32)
+    """`atomicAdd(&element, value)` on a global element (int32, int64, float32 or float64: the
+    element's dtype, which `value` must have), giving its value before the add (see
+    MEMORY_INTRINSICS; `element` is a BufferLoad, Call checks it)."""
+    return Call("atomic_add", (element, as_expr(value, element.dtype)), element.dtype)
 
 
 def load_cg(element: Expr) -> Expr:
@@ -200,3 +201,7 @@ def logical_and(*conds: Expr) -> Expr:
     for c in conds:
         out = binary("&", out, c)
     return out
+
+
+# The operators of Expr (a + b, a < b, abs(a)) build through these functions.
+install_builders(Builders(binary=binary, compare=compare, call=call))

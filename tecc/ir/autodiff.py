@@ -16,57 +16,74 @@ How (docs/pytorch.md, "Gradients"):
 2. **Adjoints, last stage first.** With the adjoint dT of a stage known, each read `X[idx(p)]`
    of its body gets the scalar adjoint `g(p) = dT[i] · ∂body/∂X[idx(p)]` over the stage's
    iteration space p = (axes i, reduction axes k), by reverse mode on the scalar expression
-   (the rules in `_local_adjoints`). For a max/min reduction the seed is the mask of the
+   (the rules in `autodiff_scalar.py`). For a max/min reduction the seed is the mask of the
    elements that reached the extremum, `where(h == T[i], dT[i] / count[i], 0)`: ties share the
    gradient equally (as torch.amax), `count[i]` being how many elements tie.
 3. **Gather, not scatter.** `dX[x] = Σ_{p : idx(p) = x} g(p)` is written as a compute over X's
    shape: each coordinate of X's index that is an axis plus a constant (`i`, `k`, `j + 1`, a
    constant) fixes that axis from x (with a guard when the ranges differ), and the axes that no
    coordinate fixes are summed (`tc.sum`). Matmuls, broadcasts, transposes and shifts have this
-   form; other indices (`X[i + k]`, `X[2 * i]`) raise TeccError naming the read.
+   form; other indices (`X[i + k]`, `X[2 * i]`) raise TeccError naming the read. A read whose
+   index is data-dependent (`W[idx[i], j]`: embedding, gather) is the one exception: its
+   contribution *is* a scatter, `tc.scatter_add(X.shape, over=p, at=idx(p), value=g(p))`.
+   Conversely the adjoint of a scatter (`T[at(x)] += v(x)`, tecc/ir/scatter.py) seeds its value
+   with a gather, `dT[at(x)]`, over the scatter's domain, and its `init` with dT itself.
 4. **Accumulate.** A tensor read by several stages (or several times) sums the contributions,
    each reduction in a stage of its own.
 
-Only float tensors get gradients; reads of integer and bool tensors, comparisons, `floor`,
-`ceil`, `round` and float→int casts pass no gradient.
+Only float tensors get gradients; reads of integer and bool tensors (the indices of a gather or
+a scatter among them), comparisons, `floor`,
+`ceil`, `round` and float→int casts pass no gradient. A max/min stage that the output does not
+depend on -- a row maximum subtracted only to keep `exp` in range, as in softmax, log-softmax,
+log-sum-exp and attention -- passes none either: `autodiff_algebra.shift_invariant` proves that
+shifting it leaves the output unchanged, so the backward has no adjoint of it, no tie count and
+no scatter onto the maximum.
+
+**Saved values.** `grad(output, wrt, save=[mu, rstd])`: the backward program reads those forward
+tensors (row statistics, a log-sum-exp) as inputs instead of recomputing them. They become
+placeholders of the same shape and dtype (`Gradients.saved`), the forward to build is
+`Gradients.forward = [*inputs, output, *save]`, and the backward's signature is
+`[*inputs, *saved, cotangent, *grads]`. The gradient still flows through the saved tensors'
+definitions; only their values are read. `Gradients.forward_backward`: both as ONE program.
+
+**Attention.** An output that is the contraction of an online-softmax chain is differentiated in
+the FlashAttention-2 form instead (tecc/ir/autodiff_online.py, unless `online=False` or `save=`
+is given): its forward also saves the log-sum-exp, and `Gradients.saved` holds the output and
+the log-sum-exp.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
-from .errors import DTypeError, TeccError
+from .errors import DTypeError, GradientError
 from .expr import (
     Binary,
-    Call,
-    Cast,
     Const,
     Expr,
     IterVar,
     Reduce,
     ReduceAxis,
-    Select,
     TensorRead,
     Var,
     binary,
-    call,
     cast,
     compare,
+    const_int,
     logical_and,
     select,
     substitute,
     walk,
 )
 from .ops import sum as reduce_sum
+from .autodiff_algebra import replace_reads, shift_invariant
+from .autodiff_online import online_chain, online_gradient
+from .autodiff_scalar import scalar_adjoints
+from .scatter import ScatterOp, data_dependent, scatter_add
 from .tensor import ComputeOp, Tensor, compute, placeholder, reduce_axis
 from .visitor import ExprMutator
-
-
-class GradientError(TeccError):
-    """A program tecc cannot differentiate (the message names the tensor and the read)."""
 
 
 @dataclass(frozen=True)
@@ -76,17 +93,36 @@ class Gradients:
     `cotangent` is the new placeholder dC (the output's shape and dtype) that the backward
     program takes; `grads` the tensors dL/dX, one per requested input, each of that input's
     shape and dtype; `inputs` the placeholders of the forward program in the order they are
-    first read; `args` the kernel signature to build: `[*inputs, cotangent, *grads]`."""
+    first read; `args` the kernel signature to build: `[*inputs, *saved, cotangent, *grads]`.
+
+    `forward` is the forward program's signature to build, `[*inputs, output, *save]`, and
+    `saved` the backward's placeholders for the last len(saved) tensors of `forward` (named like
+    them), whose values the backward reads instead of recomputing. With `save=` they are the
+    placeholders of the `save` tensors; for an online-softmax chain (attention,
+    tecc.ir.autodiff_online, docs/training.md) the forward also computes the log-sum-exp (its one
+    `save` tensor) and `saved` holds the output and the log-sum-exp; otherwise `forward` is
+    `[*inputs, output]` and `saved` is empty. `form` says how the gradient was derived (and, for
+    a chain refused by the online form, why). `g[X]` is X's gradient, and iterating yields the
+    gradients in `wrt` order (`dA, dB = g`).
+
+    `forward_backward` = `[*inputs, cotangent, output, *grads]`: one program for a cotangent known
+    before the forward runs (a loss's seed), reading the normalized forward's stages (training.md);
+    in the online form the gradients read the forward's output and log-sum-exp stages instead of
+    the saved placeholders."""
 
     output: Tensor
     wrt: tuple[Tensor, ...]
     inputs: tuple[Tensor, ...]
     cotangent: Tensor
     grads: tuple[Tensor, ...]
+    saved: tuple[Tensor, ...] = ()
+    forward: tuple[Tensor, ...] = ()
+    forward_backward: tuple[Tensor, ...] = ()
+    form: str = "reverse mode"
 
     @property
     def args(self) -> list[Tensor]:
-        return [*self.inputs, self.cotangent, *self.grads]
+        return [*self.inputs, *self.saved, self.cotangent, *self.grads]
 
     def __getitem__(self, tensor: Tensor) -> Tensor:
         """The gradient with respect to `tensor` (one of `wrt`)."""
@@ -95,9 +131,26 @@ class Gradients:
                 return g
         raise KeyError(tensor.name)
 
+    def __iter__(self) -> Iterator[Tensor]:
+        """The gradients in `wrt` order: `dA, dB = tc.grad(C, [A, B])`."""
+        return iter(self.grads)
 
-def grad(output: Tensor, wrt: Sequence[Tensor], *, cotangent_name: str | None = None) -> Gradients:
+    def __len__(self) -> int:
+        return len(self.grads)
+
+
+def grad(output: Tensor, wrt: Sequence[Tensor], *, cotangent_name: str | None = None,
+         save: Sequence[Tensor] = (), online: bool = True) -> Gradients:
     """The gradients of `output` with respect to the placeholders `wrt` (module docstring).
+
+    save: computes of `output`'s program (not the output itself) whose values the backward
+    program takes as inputs instead of recomputing them (module docstring, "Saved values").
+
+    online: when `output` is the contraction of an online-softmax chain (attention) and `save`
+    is empty, derive the FlashAttention-2 form, which reads the forward's saved output and
+    log-sum-exp (`Gradients.saved`, `Gradients.forward`); False takes the generic reverse mode,
+    which recomputes the forward inside the backward program. With `save` given the caller has
+    chosen what the backward reads, so the generic reverse mode is taken (`Gradients.form` says so).
 
     Raises GradientError for what cannot be differentiated (a `prod` reduction, a reduction
     nested in another, a read whose index is not an axis plus a constant), DTypeError when a
@@ -119,11 +172,31 @@ def grad(output: Tensor, wrt: Sequence[Tensor], *, cotangent_name: str | None = 
 
     inputs = _placeholders(output)
     builder = _Backward(output, wrt)
+    form = "reverse mode"
+    if online and save:
+        if not isinstance(online_chain(output, _topological(output)), str):
+            form = ("reverse mode (not the online form: save= given; the online form saves the output and its "
+                    "log-sum-exp)")
+    elif online:
+        found = online_gradient(output, wrt, _topological(output), builder._name, cotangent_name, builder.reverse)
+        if not isinstance(found, str):
+            grads = tuple(found.grads[id(x)] if id(x) in found.grads else builder.zeros(x) for x in wrt)
+            computed = replace_reads(grads, {id(p): t for p, t in zip(found.saved, found.forward_outputs)})
+            return Gradients(output, wrt, inputs, found.cotangent, grads, saved=found.saved,
+                             forward=(*inputs, *found.forward_outputs),
+                             forward_backward=(*inputs, found.cotangent, output, *computed), form=found.form)
+        if not found.startswith("no stage is a max"):
+            form = f"reverse mode (not the online form: {found})"
     name = cotangent_name or builder._name(f"d{output.name}")
     builder.taken.add(name)
     dC = placeholder(output.shape, output.dtype, name=name)
     grads = builder.run(dC)
-    return Gradients(output, wrt, inputs, dC, grads)
+    joint = (*inputs, dC, builder.output, *grads)  # before `save` retargets the reads
+    saved = builder.saved_placeholders(tuple(save))
+    if saved:
+        grads = tuple(replace_reads(grads, {id(builder.normalized(t)): p for t, p in zip(save, saved)}))
+    return Gradients(output, wrt, inputs, dC, grads, saved=saved, forward=(*inputs, output, *save),
+                     forward_backward=joint, form=form)
 
 
 # ---- the forward DAG ------------------------------------------------------------------------------
@@ -152,8 +225,9 @@ def _placeholders(output: Tensor) -> tuple[Tensor, ...]:
     return tuple(found)
 
 
-def _topological(output: Tensor) -> list[Tensor]:
-    """Every tensor of `output`'s program, producers before consumers."""
+def _topological(output: Tensor, leaves: frozenset[int] = frozenset()) -> list[Tensor]:
+    """Every tensor of `output`'s program, producers before consumers; the tensors with ids in
+    `leaves` are taken as given (their producers are not visited)."""
     order: list[Tensor] = []
     seen: set[int] = set()
 
@@ -161,7 +235,7 @@ def _topological(output: Tensor) -> list[Tensor]:
         if id(t) in seen:
             return
         seen.add(id(t))
-        if isinstance(t.op, ComputeOp):
+        if isinstance(t.op, ComputeOp) and id(t) not in leaves:
             for r in _reads(t.op.body):
                 visit(r.tensor)
         order.append(t)
@@ -191,11 +265,15 @@ class _Retarget(ExprMutator):
         return TensorRead(target, idx)
 
 
-def _normalize(output: Tensor) -> Tensor:
-    """`output`'s program with every stage either one reduction or reduction-free (step 1)."""
-    replaced: dict[int, Tensor] = {}
-    for t in _topological(output):
-        if not isinstance(t.op, ComputeOp):
+def _normalize(output: Tensor, replaced: dict[int, Tensor], leaves: frozenset[int] = frozenset()) -> Tensor:
+    """`output`'s program with every stage either one reduction or reduction-free (step 1);
+    `replaced` receives, by id of the forward tensor, the tensors that changed. The tensors with
+    ids in `leaves` are kept as they are."""
+    for t in _topological(output, leaves):
+        if not isinstance(t.op, ComputeOp) or id(t) in leaves:
+            continue
+        if isinstance(t.op, ScatterOp):
+            _retarget_scatter(t, replaced)
             continue
         body = t.op.body
         embedded = [n for n in walk(body) if isinstance(n, Reduce)] if not isinstance(body, Reduce) else []
@@ -218,142 +296,18 @@ def _normalize(output: Tensor) -> Tensor:
     return replaced.get(id(output), output)
 
 
-# ---- scalar reverse mode --------------------------------------------------------------------------
-
-def _differentiable_read(e: Expr, active: set[int]) -> bool:
-    return isinstance(e, TensorRead) and e.dtype.is_float and id(e.tensor) in active
-
-
-def _needs_gradient(body: Expr, active: set[int]) -> set[int]:
-    """Ids of the float nodes of `body` below which a read of an active tensor lies."""
-    needs: set[int] = set()
-    for node in _postorder(body):
-        if not node.dtype.is_float:
-            continue
-        if _differentiable_read(node, active):
-            needs.add(id(node))
-        elif not isinstance(node, TensorRead) and any(id(c) in needs for c in node.children):
-            needs.add(id(node))
-    return needs
-
-
-def _postorder(body: Expr) -> list[Expr]:
-    """The nodes of `body`, children before parents, each once; reads are leaves."""
-    order: list[Expr] = []
-    seen: set[int] = set()
-    stack: list[tuple[Expr, bool]] = [(body, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        if not isinstance(node, TensorRead):
-            stack.extend((c, False) for c in reversed(node.children))
-    return order
-
-
-LN2 = math.log(2.0)
-TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
-
-
-def _local_adjoints(node: Expr, g: Expr) -> list[tuple[Expr, Expr]]:
-    """(child, adjoint contribution) of `node` with adjoint `g`: the derivative rules."""
-    if isinstance(node, Binary):
-        a, b, op = node.a, node.b, node.op
-        if op == "+":
-            return [(a, g), (b, g)]
-        if op == "-":
-            return [(a, g), (b, -g)]
-        if op == "*":
-            return [(a, g * b), (b, g * a)]
-        if op == "/":
-            return [(a, g / b), (b, -(g * node) / b)]
-        if op in ("max", "min"):
-            # the subgradient goes to the operand that was taken; a tie to the first (a)
-            first = compare(">=" if op == "max" else "<=", a, b)
-            return [(a, select(first, g, 0)), (b, select(first, 0, g))]
-        if op == "pow":
-            return [(a, g * _pow_derivative(a, b)), (b, g * node * call("log", a))]
-        return []  # integer // % & | ^: no gradient
-    if isinstance(node, Select):
-        return [(node.a, select(node.cond, g, 0)), (node.b, select(node.cond, 0, g))]
-    if isinstance(node, Cast):
-        if node.a.dtype.is_float and node.dtype.is_float:
-            return [(node.a, cast(g, node.a.dtype))]
-        return []
-    if isinstance(node, Call):
-        return [(node.args[0], _call_derivative(node, g))] if node.args else []
-    return []
-
-
-def _pow_derivative(a: Expr, b: Expr) -> Expr:
-    """d(a**b)/da = b·a**(b-1), with the common constant exponents written out."""
-    if isinstance(b, Const):
-        if b.value == 1.0:
-            return Const(1.0, a.dtype)
-        if b.value == 2.0:
-            return a * 2.0
-        if b.value == 0.5:
-            return 0.5 / call("sqrt", a)
-    return b * binary("pow", a, b - 1.0)
-
-
-def _call_derivative(node: Call, g: Expr) -> Expr:
-    x = node.args[0]
-    name = node.name
-    if name == "exp":
-        return g * node
-    if name == "exp2":
-        return g * node * LN2
-    if name == "log":
-        return g / x
-    if name == "log2":
-        return g / (x * LN2)
-    if name == "sqrt":
-        return g * 0.5 / node
-    if name == "rsqrt":
-        return g * -0.5 * node * node * node
-    if name == "sin":
-        return g * call("cos", x)
-    if name == "cos":
-        return -(g * call("sin", x))
-    if name == "tanh":
-        return g * (1.0 - node * node)
-    if name == "sigmoid":
-        return g * node * (1.0 - node)
-    if name == "erf":
-        return g * TWO_OVER_SQRT_PI * call("exp", -(x * x))
-    if name == "abs":
-        return select(compare(">", x, 0), g, select(compare("<", x, 0), -g, 0))
-    if name in ("floor", "ceil", "round"):
-        return Const(0.0, x.dtype)  # piecewise constant
-    raise GradientError(f"grad(): no derivative rule for {name}({x})")
-
-
-def _scalar_adjoints(body: Expr, seed: Expr, active: set[int]) -> dict[TensorRead, Expr]:
-    """The adjoint of every differentiable read of `body` when `body`'s adjoint is `seed`."""
-    needs = _needs_gradient(body, active)
-    if id(body) not in needs:
-        return {}
-    adjoint: dict[int, Expr] = {id(body): seed}
-    out: dict[TensorRead, Expr] = {}
-    for node in reversed(_postorder(body)):
-        g = adjoint.pop(id(node), None)
-        if g is None:
-            continue
-        if isinstance(node, TensorRead):
-            out[node] = g
-            continue
-        for child, contribution in _local_adjoints(node, g):
-            if id(child) not in needs:
-                continue
-            prev = adjoint.get(id(child))
-            adjoint[id(child)] = contribution if prev is None else prev + contribution
-    return out
+def _retarget_scatter(t: Tensor, replaced: dict[int, Tensor]) -> None:
+    """A scatter stage stays a scatter (its adjoint is a gather): rebuilt on the normalized
+    tensors it reads, if any was replaced."""
+    op = t.op
+    assert isinstance(op, ScatterOp)
+    if not any(id(r.tensor) in replaced for r in _reads(op.body)):
+        return
+    mutator = _Retarget(replaced, {})
+    init = replaced.get(id(op.init), op.init) if op.init is not None else None
+    new = ScatterOp(op.name, op.axes, mutator.visit(op.body), op.domain, tuple(mutator.visit(e) for e in op.at),
+                    mutator.visit(op.value), init)
+    replaced[id(t)] = Tensor(new, t.shape, t.dtype)
 
 
 # ---- gathering adjoints onto an input's shape --------------------------------------------------
@@ -388,24 +342,51 @@ def _affine_axis(ix: Expr, space: Sequence[IterVar]) -> tuple[IterVar | None, Ex
     return None
 
 
+def _grouped_axis(ix: Expr, space: Sequence[IterVar]) -> tuple[IterVar, int] | None:
+    """(axis, G) when `ix` is `axis // G` for an axis of `space` from 0 and a constant G > 0
+    (grouped heads: K[b, h // G, j, d] is read by the G heads h = G·x .. G·x + G - 1)."""
+    if not (isinstance(ix, Binary) and ix.op == "//" and isinstance(ix.a, IterVar) and ix.a in set(space)):
+        return None
+    group = const_int(ix.b)
+    if group is None or group < 1 or const_int(ix.a.lo) != 0:
+        return None
+    return ix.a, group
+
+
 def _gather_body(x: Tensor, c: _Contribution) -> Callable[..., Expr]:
-    """The compute function of one contribution over x's axes (step 3)."""
-    forms = []
+    """The compute function of one contribution over x's axes (step 3). An index `axis // G`
+    (grouped heads) fixes `axis` to G·x + g and sums over g in [0, G)."""
+    forms: list[tuple[IterVar | None, Expr] | tuple[IterVar, int]] = []
     for pos, ix in enumerate(c.read.indices):
-        form = _affine_axis(ix, c.space)
+        form = _affine_axis(ix, c.space) or _grouped_axis(ix, c.space)
         if form is None:
             raise GradientError(
                 f"grad(): cannot differentiate {c.stage.name}'s read {c.read} with respect to {x.name}: index {pos} "
-                f"({ix}) is not one axis plus a constant; tc.grad handles reads like X[i, k], X[j], X[i + 1] "
-                "(matmuls, broadcasts, transposes, shifts), not convolution-like X[i + k] or strided X[2 * i]"
+                f"({ix}) is not one axis plus a constant or an axis divided by a constant; tc.grad handles reads like "
+                "X[i, k], X[j], X[i + 1], X[h // 4] (matmuls, broadcasts, transposes, shifts, grouped heads), not "
+                "convolution-like X[i + k] or strided X[2 * i]"
             )
         forms.append(form)
 
     def body(*xs: Var) -> Expr:
         mapping: dict[Var, Expr] = {}
         conds: list[Expr] = []
-        for pos, (axis, offset) in enumerate(forms):
+        summed = []
+        for pos, form in enumerate(forms):
             coordinate = xs[pos]
+            axis, offset = form
+            if isinstance(offset, int):   # axis // G: axis = G·coordinate + g, g summed
+                assert axis is not None
+                if axis in mapping:
+                    conds.append(compare("==", binary("//", mapping[axis], offset), coordinate))
+                    continue
+                group = reduce_axis(offset, name=f"{axis.name}_group")
+                mapping[axis] = coordinate * offset + group
+                summed.append(group)
+                extent = const_int(axis.extent)
+                if extent is None or extent % offset:
+                    conds.append(compare("<", mapping[axis], axis.extent))
+                continue
             if axis is None:
                 conds.append(compare("==", coordinate, offset))
                 continue
@@ -418,7 +399,6 @@ def _gather_body(x: Tensor, c: _Contribution) -> Callable[..., Expr]:
                     and axis.lo.value == 0 and axis.extent is x.shape[pos]):
                 conds.append(compare(">=", value, axis.lo))
                 conds.append(compare("<", value, binary("+", axis.lo, axis.extent)))
-        summed = []
         for axis in c.space:
             if axis not in mapping:
                 fresh = reduce_axis((axis.lo, binary("+", axis.lo, axis.extent)), name=f"{axis.name}_")
@@ -437,20 +417,54 @@ def _gather_body(x: Tensor, c: _Contribution) -> Callable[..., Expr]:
 # ---- the backward program ---------------------------------------------------------------------
 
 class _Backward:
-    def __init__(self, output: Tensor, wrt: tuple[Tensor, ...]) -> None:
-        self.output = _normalize(output)
+    """Reverse mode over the program of `output`. `constants` holds the ids of the tensors
+    through which no gradient flows: those given to the constructor (values the caller treats as
+    given, e.g. the probabilities of the online form's dV: neither normalized nor looked into)
+    and the max/min stages the output is shift-invariant to (found after `_active`)."""
+
+    def __init__(self, output: Tensor, wrt: tuple[Tensor, ...], constants: Sequence[Tensor] = ()) -> None:
+        given = frozenset(id(t) for t in constants)
+        self.forward = _topological(output, given)
+        self.replaced: dict[int, Tensor] = {}
+        self.output = _normalize(output, self.replaced, given)
         self.wrt = wrt
-        self.order = _topological(self.output)
+        self.order = _topological(self.output, given)
+        self.constants: set[int] = set(given)
         self.active = self._active()
+        # a max/min stage the output is invariant to passes no gradient (autodiff_algebra.py)
+        invariant = {id(t) for t in self.order if id(t) in self.active and _is_extremum(t)
+                     and shift_invariant(t, self.order, self.output)}
+        if invariant:
+            self.constants |= invariant
+            self.active = self._active()
         self.names = itertools.count()
         self.taken: set[str] = {t.name for t in self.order}
 
+    def normalized(self, t: Tensor) -> Tensor:
+        """The tensor of the normalized program that computes forward tensor `t`."""
+        return self.replaced.get(id(t), t)
+
+    def saved_placeholders(self, save: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        """A placeholder per saved forward tensor, named after it (module docstring)."""
+        ids = {id(t) for t in self.forward}
+        out = []
+        for t in save:
+            if not isinstance(t, Tensor) or t.is_placeholder or id(t) not in ids or t is self.forward[-1]:
+                shown = t.name if isinstance(t, Tensor) else type(t).__name__
+                raise GradientError(f"grad(): save= names {shown}, which is not a compute of the output's program "
+                                    "(other than the output); save the statistics the forward computes, e.g. a "
+                                    "row mean or a log-sum-exp")
+            # the forward's tensor of that name is no longer read once the placeholder replaces it
+            out.append(placeholder(t.shape, t.dtype, name=t.name))
+        return tuple(out)
+
     def _active(self) -> set[int]:
-        """Ids of the float tensors on a path from a requested input to the output."""
+        """Ids of the float tensors on a path from a requested input to the output (no path
+        through `constants`)."""
         wanted = {id(x) for x in self.wrt}
         active: set[int] = set()
         for t in self.order:
-            if not t.dtype.is_float:
+            if not t.dtype.is_float or id(t) in self.constants:
                 continue
             if id(t) in wanted:
                 active.add(id(t))
@@ -480,12 +494,29 @@ class _Backward:
         for x in self.wrt:
             found = adjoints.get(id(x))
             if found is None:  # the output does not depend on x
-                found = compute(x.shape, lambda *_: Const(0.0, x.dtype), name=self._name(f"d{x.name}"))
+                found = self.zeros(x)
             grads.append(found)
         return tuple(grads)
 
+    def zeros(self, x: Tensor) -> Tensor:
+        """dx = 0 (the output does not depend on x)."""
+        return compute(x.shape, lambda *_: Const(0.0, x.dtype), name=self._name(f"d{x.name}"))
+
+    def reverse(self, stage: Tensor, wrt: Sequence[Tensor], cotangent: Tensor,
+                constants: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        """The gradients of `stage` (a compute built beside this program) with respect to `wrt`
+        for the adjoint `cotangent` (a tensor of stage's shape), no gradient flowing through
+        `constants`; its tensors take names not taken in this program."""
+        sub = _Backward(stage, tuple(wrt), constants)
+        sub.taken |= self.taken
+        found = sub.run(cotangent)
+        self.taken |= sub.taken
+        return found
+
     def _stage_contributions(self, t: Tensor, dt_: Tensor) -> list[_Contribution]:
         assert isinstance(t.op, ComputeOp)
+        if isinstance(t.op, ScatterOp):
+            return self._scatter_contributions(t, t.op, dt_)
         axes = tuple(t.op.axes)
         body = t.op.body
         seed: Expr = TensorRead(dt_, axes)
@@ -505,7 +536,32 @@ class _Backward:
                 count = self._tie_count(t, body, reached)
                 seed = select(reached, seed / TensorRead(count, axes), 0)
         return [_Contribution(t, read, value, space)
-                for read, value in _scalar_adjoints(source, seed, self.active).items()]
+                for read, value in scalar_adjoints(source, seed, self.active).items()]
+
+    def _scatter_contributions(self, t: Tensor, op: ScatterOp, dt_: Tensor) -> list[_Contribution]:
+        """A scatter `T[at(x)] += v(x)` (+ init): v's reads get the gathered adjoint dT[at(x)]
+        over the domain x, init's read dT itself."""
+        seed = TensorRead(dt_, op.at)
+        out = [_Contribution(t, read, value, op.domain)
+               for read, value in scalar_adjoints(op.value, seed, self.active).items()]
+        if op.init is not None and id(op.init) in self.active:
+            read = TensorRead(op.init, op.axes)
+            out.append(_Contribution(t, read, TensorRead(dt_, op.axes), op.axes))
+        return out
+
+    def _scattered(self, x: Tensor, c: _Contribution, name: str) -> Tensor:
+        """The contribution of a read with a data-dependent index: a scatter of its adjoint
+        onto x at the read's position, over the contribution's iteration space."""
+        space = c.space
+
+        def moved(e: Expr, xs: Sequence[Var]) -> Expr:
+            return substitute(e, {a: binary("+", v, a.lo) if not (isinstance(a.lo, Const) and a.lo.value == 0) else v
+                                  for a, v in zip(space, xs)})
+
+        return scatter_add(x.shape, tuple(a.extent for a in space),
+                           at=lambda *xs: tuple(moved(ix, xs) for ix in c.read.indices),
+                           value=lambda *xs: cast(moved(c.value, xs), x.dtype), dtype=x.dtype,
+                           name=self._name(name))
 
     def _tie_count(self, t: Tensor, body: Reduce, reached: Expr) -> Tensor:
         """`count[i]`: how many elements of t's reduction reach its max/min (at least 1)."""
@@ -527,9 +583,15 @@ class _Backward:
         if not parts:
             return compute(x.shape, lambda *_: Const(0.0, x.dtype), name=self._name(name))
         if len(parts) == 1:
+            if _gathers(parts[0]):
+                return self._scattered(x, parts[0], name)
             return compute(x.shape, _cast_to(x, _gather_body(x, parts[0])), name=self._name(name))
         terms: list[Callable[..., Expr]] = []
         for c in parts:
+            if _gathers(c):
+                part = self._scattered(x, c, f"{name}_from_{c.stage.name}")
+                terms.append(lambda *xs, part=part: TensorRead(part, tuple(xs)))
+                continue
             body = _gather_body(x, c)
             if any(isinstance(n, ReduceAxis) for n in walk(c.value)) or self._sums(x, c):
                 part = compute(x.shape, _cast_to(x, body), name=self._name(f"{name}_from_{c.stage.name}"))
@@ -552,6 +614,15 @@ class _Backward:
         return any(axis not in fixed for axis in c.space)
 
 
+def _gathers(c: _Contribution) -> bool:
+    """Whether the contribution's read has a data-dependent index (its adjoint is a scatter)."""
+    return any(data_dependent(ix) for ix in c.read.indices)
+
+
+def _is_extremum(t: Tensor) -> bool:
+    return isinstance(t.op, ComputeOp) and isinstance(t.op.body, Reduce) and t.op.body.combiner in ("max", "min")
+
+
 def _cast_to(x: Tensor, body: Callable[..., Expr]) -> Callable[..., Expr]:
     def cast_body(*xs: Var) -> Expr:
         return cast(body(*xs), x.dtype)
@@ -566,3 +637,6 @@ def _renamed_axes(axes: Sequence[IterVar], body: Expr) -> Callable[..., Expr]:
         return substitute(body, dict(zip(axes, xs)))
 
     return fcompute
+
+
+__all__ = ["GradientError", "Gradients", "grad"]

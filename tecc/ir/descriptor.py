@@ -22,7 +22,8 @@ transpose bits). The swizzle XORs bits [4, 4 + b) of the shared *byte address* w
 multiple of 1024 bytes (codegen aligns such buffers), so the swizzle of the absolute address is
 the swizzle of the offset within the buffer, and the descriptor's base-offset field is 0.
 
-`MatrixDescriptor.offset(start, row, col)` is the one definition of where element (row, col)
+`MatrixDescriptor.tile(rows, cols)` is the canonical layout as a tecc Layout (tecc.ir.layout), and
+`MatrixDescriptor.offset(start, row, col)` the one definition of where element (row, col)
 physically lives (an element offset into the buffer's storage, after the swizzle): the emulator
 reads wgmma operands through it and the tests pin it against the canonical layouts; `encode`
 builds the 64-bit descriptor codegen passes to the instruction. Both use only `+ * // % ^`, so
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import TeccError
-from .layout import Swizzle
+from .layout import Layout, Swizzle
 
 # swizzle mode -> (bytes of one swizzled row, the 2-bit code in descriptor bits 62-63)
 SWIZZLE_MODES: dict[str, tuple[int, int]] = {"none": (16, 0), "128B": (128, 1), "64B": (64, 2), "32B": (32, 3)}
@@ -94,17 +95,30 @@ class MatrixDescriptor:
         # byte-address bits [4, 4 + b) XOR [7, 7 + b): in elements, base log2(T), shift 3
         return None if bits == 0 else Swizzle(bits, ELEMENT_BYTES[self.element_bytes], 3)
 
-    def canonical(self, row: Any, col: Any) -> Any:
-        """The unswizzled element offset of tile element (row, col) from the start (module docstring)."""
+    def tile(self, rows: int, cols: int) -> Layout:
+        """The canonical layout of a rows x cols tile (module docstring), (row, col) -> the
+        unswizzled element offset from the start: rows split into 8-row core matrices (MN-major:
+        into T- or W-element runs) and columns likewise, each part with its stride (LBO, SBO, T or
+        W). The outermost part of each dimension is never reduced, so a coordinate past the tile
+        continues along it."""
         t, w = self.core_elements, self.row_elements
         lbo, sbo = self.leading_bytes // self.element_bytes, self.stride_bytes // self.element_bytes
+
+        def split(extent: int, inner: int) -> int:
+            return max(1, -(-extent // inner))
+        # terms: each dimension's inner part first, as the canonical formulas read
         if self.major == "K":
             if self.swizzle == "none":
-                return (row % 8) * t + (row // 8) * sbo + col % t + (col // t) * lbo
-            return (row % 8) * w + (row // 8) * sbo + col
+                return Layout(((split(rows, 8), 8), (split(cols, t), t)), ((sbo, t), (lbo, 1)), terms=(1, 0, 3, 2))
+            return Layout(((split(rows, 8), 8), cols), ((sbo, w), 1), terms=(1, 0, 2))
         if self.swizzle == "none":
-            return row % t + (row // t) * sbo + (col % 8) * t + (col // 8) * lbo
-        return row % w + (row // w) * lbo + (col % 8) * w + (col // 8) * sbo
+            return Layout(((split(rows, t), t), (split(cols, 8), 8)), ((sbo, 1), (lbo, t)), terms=(1, 0, 3, 2))
+        return Layout(((split(rows, w), w), (split(cols, 8), 8)), ((lbo, 1), (sbo, w)), terms=(1, 0, 3, 2))
+
+    def canonical(self, row: Any, col: Any) -> Any:
+        """The unswizzled element offset of tile element (row, col) from the start: `tile`
+        evaluated (its extents do not bound the evaluation)."""
+        return self.tile(8, self.core_elements)(row, col)
 
     def offset(self, start: Any, row: Any, col: Any) -> Any:
         """The physical element offset (within a 1024-byte-aligned buffer) of tile element

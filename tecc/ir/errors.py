@@ -29,6 +29,10 @@ class ScheduleError(TeccError):
     """A schedule primitive or pass was asked for something illegal; the message says which precondition failed."""
 
 
+class GradientError(TeccError):
+    """A program tecc cannot differentiate (tc.grad; the message names the tensor and the read)."""
+
+
 class ResourceError(TeccError):
     """A kernel needs more of a hardware resource (shared memory, registers, threads) than the target has."""
 

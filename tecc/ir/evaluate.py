@@ -8,8 +8,10 @@ from typing import Any, Callable, Mapping, Union
 
 Scalar = Union[int, float, bool]
 
+from .dtype import int64, wrap_int
 from .errors import TeccError
 from .expr import Binary, Call, Cast, Compare, Const, Expr, Not, Select, Var
+from .philox import RandomUniform, uniform_from_index
 
 _BIN: dict[str, Callable[[Any, Any], Any]] = {
     "+": lambda a, b: a + b,
@@ -61,6 +63,9 @@ def evaluate(e: Expr, env: Mapping[Var, int | float | bool]) -> int | float | bo
         # The cheap sin/cos are evaluated precisely here: they are within their bound of it.
         fn: Callable[..., Scalar] = getattr(math, _HOST_MATH.get(e.name, e.name))
         return fn(*(evaluate(a, env) for a in e.args))
+    if isinstance(e, RandomUniform):
+        seed, offset, index = (wrap_int(evaluate_int(x, env), int64) for x in (e.seed, e.offset, e.index))
+        return float(uniform_from_index(seed, offset, index))
     raise TeccError(f"cannot evaluate {type(e).__name__} {e} on the host")
 
 

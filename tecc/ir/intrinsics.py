@@ -5,11 +5,11 @@ warp. Codegen prints the inline PTX from a row (operand counts, register packing
 letters), the emulator executes the row by gathering and scattering through the very same
 layout maps, and the tests pin the maps against the PTX ISA. A new instruction is a new row.
 
-**Layout maps.** `FragmentOperand.layout(lane, element) -> (row, col)` says which element of the
-operand's tile a lane holds at position `element` of its fragment (the PTX ISA, "Matrix
-fragments for mma.m16n8k16" / "... m16n8k8" and "ldmatrix"). The maps use only `+`, `*`, `//`
-and `%` on non-negative values, so one definition works on Python ints, NumPy integer arrays
-and tecc index `Expr`s.
+**Fragment layouts.** `FragmentOperand.layout` is a Layout (tecc.ir.layout) from (lane, element)
+to (row, col): which element of the operand's tile a lane holds at position `element` of its
+fragment (the PTX ISA, "Matrix fragments for mma.m16n8k16" / "... m16n8k8" and "ldmatrix").
+`layout(lane, e)` evaluates it on Python ints, NumPy integer arrays (the emulator) and tecc
+index `Expr`s (the passes that build the copies to and from fragments) alike.
 
 **Registers.** A lane's fragment elements pack into 32-bit registers in element order:
 `elements_per_register` consecutive elements share one register (two f16/bf16 values, low half
@@ -33,16 +33,11 @@ The m16n8k16 fragments (g = lane // 4, t = lane % 4; aN = element N of the lane'
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
-
+from functools import lru_cache
 from . import dtype as dt
 from .dtype import DType
 from .errors import TeccError
-
-# A lane or element index: a Python int, a NumPy integer array or an integer Expr.
-Index = Any
-LayoutMap = Callable[[Index, Index], tuple[Index, Index]]
-AddressMap = Callable[[Index], Index]
+from .layout import Coord, Layout
 
 WARP_SIZE = 32
 # The PTX operand types of the table and the dtype a fragment buffer stores them in.
@@ -59,6 +54,15 @@ class IntrinsicError(TeccError):
     fragment too small, misaligned offset); the message names the row, the buffer and the fix."""
 
 
+@lru_cache(maxsize=None)
+def _pattern(layout: Layout) -> Layout:
+    """A fragment layout with its outermost element extent set to 1 (evaluation never reduces the
+    outermost mode, so this changes no value, only the domain)."""
+    thread, value = layout[0], layout[1]
+    shape = (1,) + value.shape[1:] if isinstance(value.shape, tuple) else 1
+    return Layout((thread.shape, shape), (thread.stride, value.stride))
+
+
 @dataclass(frozen=True)
 class FragmentOperand:
     """One operand of a matrix instruction: the tile it covers and how the warp holds it.
@@ -72,7 +76,18 @@ class FragmentOperand:
     rows: int
     cols: int
     elements: int
-    layout: LayoutMap
+    layout: Layout
+
+    def __post_init__(self) -> None:
+        if self.layout.rank != 2 or self.layout[1].size != self.elements or self.layout.is_offset:
+            raise IntrinsicError(f"operand {self.role}: its layout {self.layout} must map (lane, element) with "
+                                 f"{self.elements} elements to (row, col) Coords")
+
+    def same_layout(self, other: FragmentOperand) -> bool:
+        """Whether a fragment laid out as `other` holds what this operand needs where both have
+        elements: the same layout up to the extent of the outermost element mode (the
+        accumulators of wgmma rows of different n differ only there)."""
+        return self.layout == other.layout or _pattern(self.layout) == _pattern(other.layout)
 
     @property
     def dtype(self) -> DType:
@@ -118,7 +133,7 @@ class MatrixIntrinsic:
     min_arch: int = 80
     matrices: int = 0
     transpose: bool = False
-    address: AddressMap | None = None
+    address: Layout | None = None
     threads: int = WARP_SIZE
     input_type: str = ""
     b_type: str = ""  # wgmma: B's PTX type when it differs from A's (fp8 e4m3 x e5m2)
@@ -145,80 +160,64 @@ class MatrixIntrinsic:
         return 8 * self.matrices
 
 
-# ---- layout maps, typed from the PTX ISA's fragment figures ------------------------------------
-# g = lane // 4 is the ISA's groupID, t = lane % 4 its threadID_in_group.
+# ---- fragment layouts, typed from the PTX ISA's fragment figures --------------------------------
+# Each is a Layout (tecc.ir.layout) from (lane, element) to the tile's (row, col): the lane as the
+# ISA's (groupID, threadID_in_group) = (lane // 4, lane % 4), a warpgroup's thread as (warp, lane),
+# the element as the digits its figure uses; strides say how far each moves the row (_r) or the
+# column (_c).
 
-def _m16n8k16_a(lane: Index, e: Index) -> tuple[Index, Index]:
-    # a0,a1: (g, 2t+i); a2,a3: (g+8, 2t+i); a4,a5: (g, 2t+8+i); a6,a7: (g+8, 2t+8+i)
-    return lane // 4 + 8 * ((e // 2) % 2), (lane % 4) * 2 + e % 2 + 8 * (e // 4)
-
-
-def _m16n8k16_b(lane: Index, e: Index) -> tuple[Index, Index]:
-    # b0,b1: (k = 2t+i, n = g); b2,b3: (k = 2t+8+i, n = g)
-    return (lane % 4) * 2 + e % 2 + 8 * (e // 2), lane // 4
+def _r(k: int) -> Coord:
+    return Coord(k, 0)
 
 
-def _m16n8_c(lane: Index, e: Index) -> tuple[Index, Index]:
-    # c0,c1: (g, 2t+i); c2,c3: (g+8, 2t+i) -- m16n8k16 and m16n8k8 alike
-    return lane // 4 + 8 * (e // 2), (lane % 4) * 2 + e % 2
+def _c(k: int) -> Coord:
+    return Coord(0, k)
 
 
-def _m16n8k8_tf32_a(lane: Index, e: Index) -> tuple[Index, Index]:
-    # a0: (g, t); a1: (g+8, t); a2: (g, t+4); a3: (g+8, t+4)
-    return lane // 4 + 8 * (e % 2), lane % 4 + 4 * (e // 2)
+QUAD = (8, 4)            # a warp's lanes as (g, t)
+WARPGROUP = (4, QUAD)    # a warpgroup's threads as (warp, (g, t)); warp w owns rows 16w .. 16w + 15
+
+# m16n8k16 A: a0,a1: (g, 2t+i); a2,a3: (g+8, 2t+i); a4,a5: (g, 2t+8+i); a6,a7: (g+8, 2t+8+i)
+M16N8K16_A = Layout((QUAD, (2, 2, 2)), ((_r(1), _c(2)), (_c(8), _r(8), _c(1))))
+# m16n8k16 B: b0,b1: (k = 2t+i, n = g); b2,b3: (k = 2t+8+i, n = g)
+M16N8K16_B = Layout((QUAD, (2, 2)), ((_c(1), _r(2)), (_r(8), _r(1))))
+# m16n8 C / D: c0,c1: (g, 2t+i); c2,c3: (g+8, 2t+i) -- m16n8k16 and m16n8k8 alike
+M16N8_C = Layout((QUAD, (2, 2)), ((_r(1), _c(2)), (_r(8), _c(1))))
+# m16n8k8 tf32 A: a0: (g, t); a1: (g+8, t); a2: (g, t+4); a3: (g+8, t+4)
+M16N8K8_TF32_A = Layout((QUAD, (2, 2)), ((_r(1), _c(1)), (_c(4), _r(8))))
+# m16n8k8 tf32 B: b0: (k = t, n = g); b1: (k = t+4, n = g)
+M16N8K8_TF32_B = Layout((QUAD, 2), ((_c(1), _r(1)), _r(4)))
 
 
-def _m16n8k8_tf32_b(lane: Index, e: Index) -> tuple[Index, Index]:
-    # b0: (k = t, n = g); b1: (k = t+4, n = g)
-    return lane % 4 + 4 * e, lane // 4
+def _ldmatrix_layout(matrices: int, transpose: bool) -> Layout:
+    """Element e of a lane is in matrix e // 2; the lane gets row g, columns 2t and 2t+1 of it
+    (.trans: column g, rows 2t and 2t+1 of the matrix as stored)."""
+    if transpose:
+        return Layout((QUAD, (matrices, 2)), ((_c(1), _r(2)), (_r(8), _r(1))))
+    return Layout((QUAD, (matrices, 2)), ((_r(1), _c(2)), (_r(8), _c(1))))
 
 
-def _ldmatrix_rows(lane: Index, e: Index) -> tuple[Index, Index]:
-    # matrix e // 2; the lane gets row g, columns 2t and 2t+1 of it
-    return 8 * (e // 2) + lane // 4, (lane % 4) * 2 + e % 2
+# lanes 8j .. 8j+7 give the addresses of rows 0..7 of matrix j (stacked row = lane)
+LDMATRIX_ADDRESS = Layout(WARP_SIZE, 1)
 
 
-def _ldmatrix_transposed(lane: Index, e: Index) -> tuple[Index, Index]:
-    # .trans: the lane gets column g, rows 2t and 2t+1 of matrix e // 2 as stored
-    return 8 * (e // 2) + (lane % 4) * 2 + e % 2, lane // 4
+def _wgmma_accumulator(n: int) -> Layout:
+    """D of wgmma .m64nNk*: warp w owns rows 16w .. 16w+15; inside the warp the m16n8 C pattern
+    repeats over the n8 column blocks: d(4j), d(4j+1) at (g, 8j + 2t + i), d(4j+2), d(4j+3) at
+    (g+8, ...) (PTX ISA, "Register fragment layout for accumulator matrix D")."""
+    # the column adds the n8 block before the lane's column, as the kernels were written
+    return Layout((WARPGROUP, (n // 8, 2, 2)), ((_r(16), (_r(1), _c(2))), (_c(8), _r(8), _c(1))),
+                  terms=(0, 1, 3, 2, 4, 5))
 
 
-def _ldmatrix_address(lane: Index) -> Index:
-    # lanes 8j .. 8j+7 give the addresses of rows 0..7 of matrix j
-    return lane
-
-
-def _wgmma_accumulator(thread: Index, e: Index) -> tuple[Index, Index]:
-    # warp w = thread // 32 owns rows 16w .. 16w+15; inside the warp the m16n8 C pattern repeats
-    # over the n8 column blocks: d(4j), d(4j+1) at (g, 8j + 2t + i), d(4j+2), d(4j+3) at (g+8, ...)
-    # (PTX ISA, "Register fragment layout for accumulator matrix D" of wgmma .m64nNk16)
-    lane = thread % 32
-    return 16 * (thread // 32) + lane // 4 + 8 * ((e // 2) % 2), 8 * (e // 4) + (lane % 4) * 2 + e % 2
-
-
-def _wgmma_a(thread: Index, e: Index) -> tuple[Index, Index]:
-    # A from registers: warp w = thread // 32 holds rows 16w .. 16w+15 of the m64 x k16 tile in
-    # the m16n8k16 A pattern: a0,a1: (g, 2t+i); a2,a3: (g+8, 2t+i); a4,a5: (g, 2t+8+i);
-    # a6,a7: (g+8, 2t+8+i) (PTX ISA, "Register fragment layout for matrix A" of wgmma .m64nNk16)
-    lane = thread % 32
-    return 16 * (thread // 32) + lane // 4 + 8 * ((e // 2) % 2), (lane % 4) * 2 + e % 2 + 8 * (e // 4)
-
-
-def _wgmma_tf32_a(thread: Index, e: Index) -> tuple[Index, Index]:
-    # A from registers, tf32 (m64nNk8): warp w holds rows 16w .. 16w+15 of the m64 x k8 tile in
-    # the m16n8k8 tf32 A pattern: a0: (g, t); a1: (g+8, t); a2: (g, t+4); a3: (g+8, t+4)
-    # (PTX ISA, "Register fragment layout for matrix A" of wgmma .m64nNk8)
-    lane = thread % 32
-    return 16 * (thread // 32) + lane // 4 + 8 * (e % 2), lane % 4 + 4 * (e // 2)
-
-
-def _wgmma_fp8_a(thread: Index, e: Index) -> tuple[Index, Index]:
-    # A from registers, 8-bit (m64nNk32): warp w holds rows 16w .. 16w+15 of the m64 x k32 tile,
-    # four elements per .b32 register (lowest byte first), the m16n8k32 8-bit A pattern:
-    # a0..a3: (g, 4t+i); a4..a7: (g+8, 4t+i); a8..a11: (g, 4t+16+i); a12..a15: (g+8, 4t+16+i)
-    # (PTX ISA, "Register fragment layout for matrix A" of wgmma .m64nNk32)
-    lane = thread % 32
-    return 16 * (thread // 32) + lane // 4 + 8 * ((e // 4) % 2), (lane % 4) * 4 + e % 4 + 16 * (e // 8)
+# A from registers, 16-bit (m64nNk16): warp w holds rows 16w .. 16w+15 of the m64 x k16 tile in the
+# m16n8k16 A pattern (PTX ISA, "Register fragment layout for matrix A" of wgmma .m64nNk16)
+WGMMA_A = Layout((WARPGROUP, (2, 2, 2)), ((_r(16), (_r(1), _c(2))), (_c(8), _r(8), _c(1))))
+# A from registers, tf32 (m64nNk8): the m16n8k8 tf32 A pattern per warp
+WGMMA_TF32_A = Layout((WARPGROUP, (2, 2)), ((_r(16), (_r(1), _c(1))), (_c(4), _r(8))))
+# A from registers, 8-bit (m64nNk32), four elements per .b32 register (lowest byte first):
+# a0..a3: (g, 4t+i); a4..a7: (g+8, 4t+i); a8..a11: (g, 4t+16+i); a12..a15: (g+8, 4t+16+i)
+WGMMA_FP8_A = Layout((WARPGROUP, (2, 2, 4)), ((_r(16), (_r(1), _c(4))), (_c(16), _r(8), _c(1))))
 
 
 WARPGROUP_SIZE = 128
@@ -230,9 +229,9 @@ def _wgmma(n: int, ab: str) -> MatrixIntrinsic:
     return MatrixIntrinsic(
         name=f"wgmma.m64n{n}k16.f32.{ab}", ptx=f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab}",
         kind="wgmma", shape=(64, n, 16), min_arch=90, threads=WARPGROUP_SIZE, input_type=ab,
-        operands=(FragmentOperand("a", ab, 64, 16, 8, _wgmma_a),
-                  FragmentOperand("c", "f32", 64, n, elements, _wgmma_accumulator),
-                  FragmentOperand("d", "f32", 64, n, elements, _wgmma_accumulator)),
+        operands=(FragmentOperand("a", ab, 64, 16, 8, WGMMA_A),
+                  FragmentOperand("c", "f32", 64, n, elements, _wgmma_accumulator(n)),
+                  FragmentOperand("d", "f32", 64, n, elements, _wgmma_accumulator(n))),
     )
 
 
@@ -245,9 +244,9 @@ def _wgmma_tf32(n: int) -> MatrixIntrinsic:
     return MatrixIntrinsic(
         name=f"wgmma.m64n{n}k8.f32.tf32", ptx=f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32",
         kind="wgmma", shape=(64, n, 8), min_arch=90, threads=WARPGROUP_SIZE, input_type="tf32",
-        operands=(FragmentOperand("a", "tf32", 64, 8, 4, _wgmma_tf32_a),
-                  FragmentOperand("c", "f32", 64, n, elements, _wgmma_accumulator),
-                  FragmentOperand("d", "f32", 64, n, elements, _wgmma_accumulator)),
+        operands=(FragmentOperand("a", "tf32", 64, 8, 4, WGMMA_TF32_A),
+                  FragmentOperand("c", "f32", 64, n, elements, _wgmma_accumulator(n)),
+                  FragmentOperand("d", "f32", 64, n, elements, _wgmma_accumulator(n))),
     )
 
 
@@ -265,14 +264,14 @@ def _wgmma_fp8(n: int, a: str, b: str) -> MatrixIntrinsic:
         name=f"wgmma.m64n{n}k32.f32.{types}", ptx=f"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.{a}.{b}",
         kind="wgmma", shape=(64, n, 32), min_arch=90, threads=WARPGROUP_SIZE, input_type=a,
         b_type="" if a == b else b,
-        operands=(FragmentOperand("a", a, 64, 32, 16, _wgmma_fp8_a),
-                  FragmentOperand("c", "f32", 64, n, elements, _wgmma_accumulator),
-                  FragmentOperand("d", "f32", 64, n, elements, _wgmma_accumulator)),
+        operands=(FragmentOperand("a", a, 64, 32, 16, WGMMA_FP8_A),
+                  FragmentOperand("c", "f32", 64, n, elements, _wgmma_accumulator(n)),
+                  FragmentOperand("d", "f32", 64, n, elements, _wgmma_accumulator(n))),
     )
 
 
 def _mma(name: str, ptx: str, m: int, n: int, k: int, ab: str, cd: str,
-         a: LayoutMap, b: LayoutMap, c: LayoutMap) -> MatrixIntrinsic:
+         a: Layout, b: Layout, c: Layout) -> MatrixIntrinsic:
     per_lane = WARP_SIZE
     return MatrixIntrinsic(
         name=name, ptx=ptx, kind="mma", shape=(m, n, k),
@@ -288,23 +287,23 @@ def _mma(name: str, ptx: str, m: int, n: int, k: int, ab: str, cd: str,
 def _ldmatrix(matrices: int, transpose: bool) -> MatrixIntrinsic:
     suffix = f".x{matrices}" + (".trans" if transpose else "")
     rows = 8 * matrices
-    layout = _ldmatrix_transposed if transpose else _ldmatrix_rows
+    layout = _ldmatrix_layout(matrices, transpose)
     return MatrixIntrinsic(
         name=f"ldmatrix{suffix}", ptx=f"ldmatrix.sync.aligned.m8n8{suffix}.shared.b16", kind="ldmatrix",
         shape=(rows, 8, 0), operands=(FragmentOperand("d", "b16", rows, 8, 2 * matrices, layout),),
-        matrices=matrices, transpose=transpose, address=_ldmatrix_address,
+        matrices=matrices, transpose=transpose, address=LDMATRIX_ADDRESS,
     )
 
 
 _ROWS = (
     _mma("mma.m16n8k16.f32.f16", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", 16, 8, 16,
-         "f16", "f32", _m16n8k16_a, _m16n8k16_b, _m16n8_c),
+         "f16", "f32", M16N8K16_A, M16N8K16_B, M16N8_C),
     _mma("mma.m16n8k16.f32.bf16", "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", 16, 8, 16,
-         "bf16", "f32", _m16n8k16_a, _m16n8k16_b, _m16n8_c),
+         "bf16", "f32", M16N8K16_A, M16N8K16_B, M16N8_C),
     _mma("mma.m16n8k16.f16.f16", "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16", 16, 8, 16,
-         "f16", "f16", _m16n8k16_a, _m16n8k16_b, _m16n8_c),
+         "f16", "f16", M16N8K16_A, M16N8K16_B, M16N8_C),
     _mma("mma.m16n8k8.f32.tf32", "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 16, 8, 8,
-         "tf32", "f32", _m16n8k8_tf32_a, _m16n8k8_tf32_b, _m16n8_c),
+         "tf32", "f32", M16N8K8_TF32_A, M16N8K8_TF32_B, M16N8_C),
 ) + tuple(_ldmatrix(x, t) for x in (1, 2, 4) for t in (False, True)) \
   + tuple(_wgmma(n, ab) for ab in ("f16", "bf16") for n in WGMMA_N) \
   + tuple(_wgmma_tf32(n) for n in WGMMA_N) \

@@ -21,11 +21,16 @@ from typing import Any
 
 from . import dtype as dt
 from . import expr as expr_module
+from . import index_checks as index_checks_module
+from . import expr_nodes as expr_nodes_module
+from . import instructions as instructions_module
 from . import layout as layout_module
 from . import descriptor as descriptor_module
 from . import matrix_stmt as matrix_module
 from . import mbarrier_stmt as mbarrier_module
+from . import philox as philox_module
 from . import stmt as stmt_module
+from . import stmt_nodes as stmt_nodes_module
 from . import tma_stmt as tma_module
 from . import warpgroup_stmt as warpgroup_module
 from .errors import TeccError
@@ -36,13 +41,19 @@ VERSION = 1
 
 def _ir_classes() -> dict[str, type]:
     out: dict[str, type] = {}
-    for module in (expr_module, stmt_module, matrix_module, layout_module, descriptor_module, warpgroup_module,
-                   mbarrier_module, tma_module):
+    for module in (expr_nodes_module, index_checks_module, stmt_nodes_module, matrix_module, layout_module,
+                   descriptor_module, warpgroup_module, mbarrier_module, tma_module, philox_module):
         for name, value in vars(module).items():
             if isinstance(value, type) and value.__module__ == module.__name__:
                 if issubclass(value, expr_module.Expr) or dataclasses.is_dataclass(value):
                     out[name] = value
+    out["Instruction"] = instructions_module.Instruction
     return out
+
+
+# Documents written before the instructions became rows of one table name them by their old
+# classes, with the operands as keyword arguments: their constructors read them.
+_LEGACY: dict[str, Any] = dict(instructions_module.CONSTRUCTORS)
 
 
 _CLASSES = _ir_classes()
@@ -126,7 +137,7 @@ def module_from_json(text: str, where: str = "loop IR") -> stmt_module.Module:
             if i in built:
                 return built[i]
             entry = objects[i]
-            cls = _CLASSES.get(entry["class"])
+            cls = _CLASSES.get(entry["class"]) or _LEGACY.get(entry["class"])
             if cls is None:
                 raise TeccError(f"{where}: unknown node class {entry['class']!r}")
             args = entry["args"]

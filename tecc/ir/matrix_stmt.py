@@ -15,7 +15,8 @@ issuing thread's copies since its last `AsyncCommit` form one group at that comm
 Only then may the *issuing* thread read the destination; other threads of the block need a
 `Barrier` after the wait as well (cp.async data is made visible to the block by the barrier).
 Reading a destination before the wait that covers it is a race; so is leaving a copy
-uncommitted or unwaited when the kernel ends.
+uncommitted or unwaited when the kernel ends. (`AsyncCommit` and `AsyncWait` are instructions,
+rows of tecc.ir.instructions.)
 """
 
 from __future__ import annotations
@@ -25,27 +26,10 @@ from dataclasses import dataclass
 from .errors import DTypeError
 from .expr import Expr, const_int, index_expr
 from .intrinsics import FragmentOperand, IntrinsicError, MatrixIntrinsic, lookup
-from .stmt import Buffer, Stmt
+from .stmt_nodes import Buffer, Stmt
 
 ASYNC_COPY_BYTES = (4, 8, 16)
 ASYNC_CACHE = ("ca", "cg")  # cache at all levels / in L2 only (cg needs 16 bytes)
-
-
-def check_fragment_buffer(buf: Buffer) -> None:
-    """A fragment buffer names an existing (intrinsic, operand), stores its dtype, is 1-D with a
-    constant length that is a whole number of fragments (called by Buffer's constructor)."""
-    assert buf.fragment is not None
-    name, role = buf.fragment
-    operand = lookup(name).operand(role)
-    if buf.dtype != operand.dtype:
-        raise IntrinsicError(
-            f"fragment buffer {buf.name} holds operand {role} of {name}, which is stored as {operand.dtype}, "
-            f"but the buffer is {buf.dtype}")
-    size = const_int(buf.shape[0]) if len(buf.shape) == 1 else None
-    if size is None or size % operand.elements:
-        raise IntrinsicError(
-            f"fragment buffer {buf.name}: shape [{', '.join(str(s) for s in buf.shape)}] must be one constant "
-            f"dimension holding whole fragments of {operand.elements} elements ({name} operand {role})")
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,7 +51,7 @@ class FragmentRef:
         held = lookup(b.fragment[0]).operand(b.fragment[1])
         # ldmatrix moves untyped 16-bit registers into whatever fragment its addresses describe;
         # an mma operand must hold exactly the layout and dtype of the row's operand.
-        if row.kind in ("mma", "wgmma") and (held.layout is not operand.layout or b.dtype != operand.dtype):
+        if row.kind in ("mma", "wgmma") and (not held.same_layout(operand) or b.dtype != operand.dtype):
             raise IntrinsicError(
                 f"{row.name}: {what} {b.name} holds operand {b.fragment[1]} of {b.fragment[0]} ({b.dtype}), whose "
                 f"layout or dtype differs from what {row.name} operand {operand.role} needs ({operand.dtype}); "
@@ -230,21 +214,3 @@ class AsyncCopy(Stmt):
     @property
     def elements(self) -> int:
         return self.bytes // self.dst.dtype.bytes
-
-
-@dataclass(frozen=True, eq=False)
-class AsyncCommit(Stmt):
-    """cp.async.commit_group: the thread's copies issued since its last commit become one group."""
-
-
-@dataclass(frozen=True, eq=False)
-class AsyncWait(Stmt):
-    """cp.async.wait_group n: wait until at most the `pending` most recent groups of this thread
-    are in flight (0: all its copies have landed)."""
-
-    pending: int = 0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.pending, bool) or not isinstance(self.pending, int) or not 0 <= self.pending <= 7:
-            raise IntrinsicError(f"cp.async.wait_group takes a constant 0..7, got {self.pending!r}")
-

@@ -1,7 +1,9 @@
-"""mbarrier statements of the loop-nest IR (sm_90): shared-memory barriers with phases, and the
-bulk asynchronous copy that completes on one.
+"""mbarriers in the loop-nest IR (sm_90): shared-memory barriers with phases, and the bulk
+asynchronous copy that completes on one.
 
 Part of tecc.ir.stmt (which re-exports every name here); this module is their reference manual.
+`BarrierRef` names a barrier; `BarrierInit`, `BarrierArrive`, `BarrierExpectTx` and `BarrierWait`
+are instructions, rows of tecc.ir.instructions (each one PTX instruction on a barrier).
 
 **An mbarrier** is a 64-bit object in shared memory (`BarrierRef`: element `index` of a 1-D
 int64 shared buffer). It counts down a *phase*: `BarrierInit(bar, count)` sets the expected
@@ -24,9 +26,9 @@ from dataclasses import dataclass
 
 from . import dtype as dt
 from .errors import DTypeError
-from .expr import Expr, as_expr, const_int, index_expr
+from .expr import Expr, const_int, index_expr
 from .intrinsics import IntrinsicError
-from .stmt import Buffer, Stmt
+from .stmt_nodes import Buffer, Stmt
 
 BULK_COPY_ALIGN = 16  # cp.async.bulk: size and both addresses multiples of 16 bytes
 MAX_ARRIVALS = (1 << 20) - 1
@@ -52,63 +54,6 @@ class BarrierRef:
 
     def __str__(self) -> str:
         return f"{self.buffer.name}[{self.index}]"
-
-
-def _count(value: Expr | int, limit: int, what: str) -> Expr:
-    e = as_expr(value)
-    if not e.dtype.is_int:
-        raise DTypeError(f"{what} must be an integer, got {e.dtype}")
-    c = const_int(e)
-    if c is not None and not 0 < c <= limit:
-        raise IntrinsicError(f"{what} must lie in [1, {limit}], got {c}")
-    return e
-
-
-@dataclass(frozen=True, eq=False)
-class BarrierInit(Stmt):
-    """mbarrier.init: phase 0, `count` arrivals expected per phase, no transactions pending."""
-
-    bar: BarrierRef
-    count: Expr
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "count", _count(self.count, MAX_ARRIVALS, f"mbarrier.init {self.bar} count"))
-
-
-@dataclass(frozen=True, eq=False)
-class BarrierArrive(Stmt):
-    """mbarrier.arrive: one arrival of this thread on the barrier's current phase."""
-
-    bar: BarrierRef
-
-
-@dataclass(frozen=True, eq=False)
-class BarrierExpectTx(Stmt):
-    """mbarrier.arrive.expect_tx: the current phase also waits for `bytes` more bytes of
-    asynchronous copies, then this thread arrives."""
-
-    bar: BarrierRef
-    bytes: Expr
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "bytes", _count(self.bytes, MAX_TX_BYTES, f"mbarrier.expect_tx {self.bar} bytes"))
-
-
-@dataclass(frozen=True, eq=False)
-class BarrierWait(Stmt):
-    """Wait (mbarrier.try_wait.parity in a loop) until the phase of parity `parity` has completed."""
-
-    bar: BarrierRef
-    parity: Expr
-
-    def __post_init__(self) -> None:
-        p = as_expr(self.parity)
-        if not p.dtype.is_int:
-            raise DTypeError(f"mbarrier wait on {self.bar}: the parity must be an integer 0 or 1, got {p.dtype}")
-        c = const_int(p)
-        if c is not None and c not in (0, 1):
-            raise IntrinsicError(f"mbarrier wait on {self.bar}: the parity must be 0 or 1, got {c}")
-        object.__setattr__(self, "parity", p)
 
 
 @dataclass(frozen=True, eq=False)

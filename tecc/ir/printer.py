@@ -1,4 +1,5 @@
-"""Stable, deterministic text for every IR level. `str(node)` calls these.
+"""Stable, deterministic text for every IR level. `str(node)` calls these, through the table of
+print rules (tecc.ir.printing) this module fills when it is imported.
 
 Expressions print infix with C-like precedence (`&&`/`||` for bool logic, `//` and `%` floor
 division and modulo, `min/max/pow` and casts as calls); statements print as an indented loop
@@ -9,60 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .expr import (
-    Binary,
-    BufferLoad,
-    Call,
-    Cast,
-    Compare,
-    Const,
-    Expr,
-    Not,
-    Reduce,
-    Select,
-    TensorRead,
-    Var,
-)
-from .stmt import (
-    Allocate,
-    AsyncCommit,
-    AsyncCopy,
-    AsyncProxyFence,
-    AsyncWait,
-    Barrier,
-    BarrierArrive,
-    BarrierExpectTx,
-    BarrierInit,
-    BarrierWait,
-    BulkCopy,
-    Buffer,
-    BufferStore,
-    Evaluate,
-    For,
-    IfThenElse,
-    LetStmt,
-    MatrixLoad,
-    MatrixMultiply,
-    Module,
-    PrimFunc,
-    Seq,
-    SetMaxRegisters,
-    SharedMatrix,
-    Stmt,
-    TensorCopy,
-    TensorStore,
-    BulkCommit,
-    BulkWait,
-    NamedBarrier,
-    WarpgroupCommit,
-    WarpgroupFence,
-    WarpgroupMatrixMultiply,
-    WarpgroupWait,
-)
+from . import printing
+from .expr import Binary, BufferLoad, Call, Cast, Compare, Const, Expr, Not, Reduce, Select, TensorRead, Var
+from .philox import RandomUniform
+from .stmt import (Allocate, AsyncCopy, Barrier, BarrierRef, BulkCopy, Buffer, BufferStore, Evaluate, For, IfThenElse,
+                   Instruction, LetStmt, MatrixLoad, MatrixMultiply, Module, PrimFunc, Seq, SharedMatrix, Stmt,
+                   TensorCopy, TensorStore, WarpgroupMatrixMultiply)
 
-_HOPPER = (WarpgroupMatrixMultiply, WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence, BarrierInit,
-           BarrierArrive, BarrierExpectTx, BarrierWait, BulkCopy, SetMaxRegisters, TensorCopy, TensorStore, BulkCommit,
-           BulkWait, NamedBarrier)
+_HOPPER = (WarpgroupMatrixMultiply, BulkCopy, TensorCopy, TensorStore)
 
 # Higher binds tighter.
 _PREC = {"||": 1, "&&": 2, "|": 3, "^": 4, "&": 5, "==": 6, "!=": 6, "<": 7, "<=": 7, ">": 7, ">=": 7,
@@ -118,6 +73,8 @@ def _expr(e: Expr, parent_prec: int = 0) -> str:
         return f"{e.tensor.name}[{', '.join(_expr(i) for i in e.indices)}]"
     if isinstance(e, BufferLoad):
         return f"{e.buffer.name}[{', '.join(_expr(i) for i in e.indices)}]"
+    if isinstance(e, RandomUniform):
+        return f"rand(seed={_expr(e.seed)}, offset={_expr(e.offset)}, n={_expr(e.index)})"
     raise TypeError(f"printer: no rule for {type(e).__name__}")
 
 
@@ -178,7 +135,9 @@ def _stmt(s: Stmt, ind: int, out: list[str]) -> None:
         out.append(f"{pad}barrier()")
     elif isinstance(s, Evaluate):
         out.append(f"{pad}{_expr(s.value)}")
-    elif isinstance(s, (MatrixMultiply, MatrixLoad, AsyncCopy, AsyncCommit, AsyncWait)):
+    elif isinstance(s, Instruction):
+        out.append(pad + instruction_text(s))
+    elif isinstance(s, (MatrixMultiply, MatrixLoad, AsyncCopy)):
         out.append(pad + _matrix_stmt(s))
     elif isinstance(s, _HOPPER):
         out.append(pad + _hopper_stmt(s))
@@ -209,10 +168,26 @@ def _matrix_stmt(s: Stmt) -> str:
             text += (" (unit innermost stride tested at launch)" if s.along % s.src.ndim == s.src.ndim - 1
                      else f" (along dimension {s.along % s.src.ndim}, its unit stride tested at launch)")
         return text if s.predicate is None else f"{text} if {_expr(s.predicate)} else zero"
-    if isinstance(s, AsyncCommit):
-        return "cp.async.commit_group()"
-    assert isinstance(s, AsyncWait)
-    return f"cp.async.wait_group({s.pending})"
+    raise TypeError(f"printer: no rule for {type(s).__name__}")
+
+
+def _operand_text(kind: str, value: Any, spellings: tuple[str, str]) -> str:
+    if kind == "expr":
+        return _expr(value)
+    if kind == "barrier":
+        assert isinstance(value, BarrierRef)
+        return f"{value.buffer.name}[{_expr(value.index)}]"
+    if kind == "flag":
+        return spellings[bool(value)]
+    if kind == "pinned":
+        return "".join(f", {b.name}" for b in value)
+    return str(value)
+
+
+def instruction_text(s: Instruction) -> str:
+    """`mbarrier.wait(bar[0], parity=0)`: the row's text with the operands printed into it."""
+    row = s.row
+    return row.text.format(**{o.name: _operand_text(o.kind, v, o.spellings) for o, v in zip(row.operands, s.operands)})
 
 
 def _shared_matrix(ref: SharedMatrix) -> str:
@@ -220,7 +195,7 @@ def _shared_matrix(ref: SharedMatrix) -> str:
 
 
 def _hopper_stmt(s: Stmt) -> str:
-    """`wgmma.m64n64k16.f32.f16 acc[0:32] += As[desc(..) @ 0] · Bs[desc(..) @ 0]`, `mbarrier.wait(bar[0], 0)`, ..."""
+    """`wgmma.m64n64k16.f32.f16 acc[0:32] += As[desc(..) @ 0] · Bs[desc(..) @ 0]`, `tma.load ...`, ..."""
     if isinstance(s, WarpgroupMatrixMultiply):
         d = _fragment(s.d, s.row.operand("d").elements)
         a = _shared_matrix(s.a) if isinstance(s.a, SharedMatrix) else _fragment(s.a, s.row.operand("a").elements)
@@ -229,19 +204,6 @@ def _hopper_stmt(s: Stmt) -> str:
         if isinstance(scale, Const):
             return f"{s.intrinsic} {d} {'+=' if scale.value else '='} {product}"
         return f"{s.intrinsic} {d} = {product} + ({d} if {_expr(scale)} else 0)"
-    if isinstance(s, WarpgroupWait):
-        accs = "".join(f", {b.name}" for b in s.accumulators)
-        return f"wgmma.wait_group({s.pending}{accs})"
-    if isinstance(s, BarrierInit):
-        return f"mbarrier.init({s.bar}, count={_expr(s.count)})"
-    if isinstance(s, BarrierArrive):
-        return f"mbarrier.arrive({s.bar})"
-    if isinstance(s, BarrierExpectTx):
-        return f"mbarrier.arrive_expect_tx({s.bar}, bytes={_expr(s.bytes)})"
-    if isinstance(s, BarrierWait):
-        return f"mbarrier.wait({s.bar}, parity={_expr(s.parity)})"
-    if isinstance(s, SetMaxRegisters):
-        return f"setmaxnreg.{'inc' if s.increase else 'dec'}({s.count})"
     if isinstance(s, BulkCopy):
         dst = ", ".join(_expr(i) for i in s.dst_indices)
         src = ", ".join(_expr(i) for i in s.src_indices)
@@ -254,13 +216,7 @@ def _hopper_stmt(s: Stmt) -> str:
         src = ", ".join(_expr(i) for i in s.src_indices)
         coords = ", ".join(_expr(i) for i in s.coords)
         return f"tma.store {s.bytes}B {s.map}[{coords}] <- {s.src.name}[{src}]"
-    if isinstance(s, BulkWait):
-        return f"cp.async.bulk.wait_group.read({s.pending})"
-    if isinstance(s, NamedBarrier):
-        return f"bar.sync({_expr(s.id)}, threads={s.threads})"
-    names = {WarpgroupFence: "wgmma.fence()", WarpgroupCommit: "wgmma.commit_group()",
-             AsyncProxyFence: "fence.proxy.async()", BulkCommit: "cp.async.bulk.commit_group()"}
-    return names[type(s)]
+    raise TypeError(f"printer: no rule for {type(s).__name__}")
 
 
 def stmt_to_str(s: Stmt) -> str:
@@ -292,3 +248,9 @@ def module_to_str(m: Module) -> str:
     text = "\n".join(out)
     kernels = "\n\n".join(func_to_str(k) for k in m.kernels)
     return f"{text}\n\n{kernels}" if kernels else text
+
+
+printing.register(Expr, expr_to_str)
+printing.register(Stmt, stmt_to_str)
+printing.register(PrimFunc, func_to_str)
+printing.register(Module, module_to_str)

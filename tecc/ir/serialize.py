@@ -24,6 +24,7 @@ from .expr import (
     compare,
     select,
 )
+from .philox import RandomUniform
 from .stmt import Buffer
 
 
@@ -58,6 +59,8 @@ def expr_to_json(e: Expr) -> Any:
         return {"select": [expr_to_json(e.cond), expr_to_json(e.a), expr_to_json(e.b)]}
     if isinstance(e, Call):
         return {"call": e.name, "dtype": e.dtype.name, "args": [expr_to_json(a) for a in e.args]}
+    if isinstance(e, RandomUniform):
+        return {"rand": [expr_to_json(e.seed), expr_to_json(e.offset), expr_to_json(e.index)]}
     raise TeccError(f"cannot serialize {type(e).__name__} {e}: only scalar expressions over variables travel")
 
 
@@ -83,6 +86,9 @@ def expr_from_json(j: Any, table: VarTable) -> Expr:
         return select(c, a, b)
     if "call" in j:
         return Call(j["call"], tuple(expr_from_json(x, table) for x in j["args"]), dt.as_dtype(j["dtype"]))
+    if "rand" in j:
+        seed, offset, index = (expr_from_json(x, table) for x in j["rand"])
+        return RandomUniform(seed, offset, index)
     raise TeccError(f"malformed expression in manifest: {j!r}")
 
 

@@ -51,7 +51,10 @@ class Target:
     it: whether float32 contractions may run on tensor cores with their operands rounded to
     tf32 (10 mantissa bits). False unless the build asks (`build(..., allow_tf32=True)`), so
     a float32 result is never silently less accurate; it is part of the Target so that the
-    build cache's key and explain() carry it with the figures the plan was ranked for."""
+    build cache's key and explain() carry it with the figures the plan was ranked for.
+    `deterministic` is the other one: no plan whose results may change from run to run, i.e. no
+    float atomics (a scatter is then summed per output element in a fixed order, never by
+    atomic additions: `build(..., deterministic=True)`, docs/semantics.md "Atomics")."""
 
     arch: str
     name: str
@@ -84,6 +87,7 @@ class Target:
     source: str = ""
     # ---- precision policy of the build (not hardware) ----
     allow_tf32: bool = False
+    deterministic: bool = False
 
     # ---- derived rates ----
     @property
@@ -112,7 +116,8 @@ class Target:
                 f"smem/block {self.smem_per_block // KiB} KiB ({self.smem_per_block_optin // KiB} KiB opt-in), "
                 f"smem/SM {self.smem_per_sm // KiB} KiB, regs/SM {self.registers_per_sm}, "
                 f"threads/SM {self.max_threads_per_sm}, blocks/SM {self.max_blocks_per_sm}"
-                + ("; TF32 allowed for float32 contractions (build(..., allow_tf32=True))" if self.allow_tf32 else ""))
+                + ("; TF32 allowed for float32 contractions (build(..., allow_tf32=True))" if self.allow_tf32 else "")
+                + ("; deterministic: no float atomics (build(..., deterministic=True))" if self.deterministic else ""))
 
     def __str__(self) -> str:
         return f"Target({self.arch}, {self.name})"

@@ -76,6 +76,10 @@ class ComputeOp:
     def reductions(self) -> tuple[Reduce, ...]:
         return tuple(n for n in walk(self.body) if isinstance(n, Reduce))
 
+    def describe(self) -> str:
+        """The compute as it reads: `C[i, j] = body` (a ScatterOp says `W[idx[i], j] += ...`)."""
+        return f"{self.name}[{', '.join(a.name for a in self.axes)}] = {self.body}"
+
 
 Operation = Union[PlaceholderOp, ComputeOp]
 
@@ -120,6 +124,10 @@ class Tensor:
                 )
             if isinstance(ix, Expr):
                 if not ix.dtype.is_int:
+                    if any(isinstance(n, TensorRead) for n in walk(ix)):
+                        raise DTypeError(
+                            f"index {pos} of {shown} reads a tensor and is {ix.dtype} ({ix}); a data-dependent "
+                            "index must be the value of an integer tensor (int32 or int64)")
                     raise DTypeError(
                         f"index {pos} of {shown} is a {ix.dtype} expression ({ix}); indices must be integers "
                         "(use tc.cast(x, 'int32') if that is what you mean)"
@@ -143,8 +151,7 @@ class Tensor:
 
     def __str__(self) -> str:
         if isinstance(self.op, ComputeOp):
-            axes = ", ".join(a.name for a in self.op.axes)
-            return f"{self.name}[{axes}] = {self.op.body}"
+            return self.op.describe()
         return repr(self)
 
     # Tensors are identities: the Expr operators do not apply to whole tensors.
@@ -216,7 +223,12 @@ def reduce_axis(dom: ExprLike | tuple[ExprLike, ExprLike], name: str = "k") -> R
     return ReduceAxis(name, lo, extent, d)
 
 
-def _axis_names(fcompute: Callable[..., Any], ndim: int, name: str) -> list[str]:
+def fresh_compute_name(base: str) -> str:
+    """A name for an unnamed compute: `base_<n>`, n counting every one made."""
+    return f"{base}_{next(_counter)}"
+
+
+def axis_names(fcompute: Callable[..., Any], ndim: int, name: str) -> list[str]:
     try:
         params = list(inspect.signature(fcompute).parameters.values())
     except (TypeError, ValueError):
@@ -234,10 +246,10 @@ def _axis_names(fcompute: Callable[..., Any], ndim: int, name: str) -> list[str]
 def compute(shape: Sequence[ExprLike] | ExprLike, fcompute: Callable[..., ExprLike], name: str | None = None) -> Tensor:
     """A tensor whose element at each point of `shape` is `fcompute(*axes)`."""
     shp = to_shape(shape)
-    nm = check_name("compute", name) if name is not None else f"compute_{next(_counter)}"
+    nm = check_name("compute", name) if name is not None else fresh_compute_name("compute")
     axes = tuple(
         IterVar(n, index_expr(0), s, dt.int64 if s.dtype == dt.int64 else dt.int32)
-        for n, s in zip(_axis_names(fcompute, len(shp), nm), shp)
+        for n, s in zip(axis_names(fcompute, len(shp), nm), shp)
     )
     body = fcompute(*axes)
     if isinstance(body, Tensor):
@@ -246,7 +258,7 @@ def compute(shape: Sequence[ExprLike] | ExprLike, fcompute: Callable[..., ExprLi
         raise DTypeError(f"compute {nm}: the function returned {type(body).__name__}, not an expression")
     body_e = as_expr(body)
     _check_reduce_scoping(nm, body_e)
-    _check_bounds(nm, body_e)
+    check_bounds(nm, body_e)
     return Tensor(ComputeOp(nm, axes, body_e), shp, body_e.dtype)
 
 
@@ -278,9 +290,11 @@ def _check_reduce_scoping(name: str, body: Expr) -> None:
     visit(body, frozenset())
 
 
-def _check_bounds(name: str, body: Expr) -> None:
+def check_bounds(name: str, body: Expr) -> None:
     """Prove with islpy that affine reads stay inside their tensors, under the conditions of the
-    `where`s that guard them; raise ShapeError with a witness point when they provably do not."""
+    `where`s that guard them; raise ShapeError with a witness point when they provably do not.
+    A data-dependent index (`W[idx[i], j]`) is not affine: nothing is proved about it here, and
+    lowering checks it at run time (index_checks.IndexCheck)."""
 
     from . import poly  # islpy is needed to build programs, not to run saved artifacts
 

@@ -42,11 +42,9 @@ from math import prod
 from .errors import DTypeError
 from .expr import Expr, index_expr
 from .intrinsics import IntrinsicError
-from .layout import Swizzle
+from .layout import Layout, Swizzle, coordinates, row_major
 from .mbarrier_stmt import MAX_TX_BYTES, BarrierRef
-from .stmt import Buffer, PrimFunc, Stmt, iter_stmts
-
-MAX_BULK_GROUPS = 8   # wait_group's operand: PTX accepts 0..7 pending groups
+from .stmt_nodes import Buffer, PrimFunc, Stmt, iter_stmts
 
 TMA_SWIZZLES = ("none", "128B")
 MAX_BOX = 256          # elements per box dimension (cuTensorMapEncodeTiled: boxDim[i] <= 256)
@@ -113,10 +111,45 @@ class TensorMap:
 
     @property
     def layout(self) -> Swizzle | None:
+        """The swizzle the copies write with, which the shared buffer must carry."""
         return swizzle_layout(self.swizzle, self.buffer.dtype.bytes)
+
+    @property
+    def box_coordinates(self) -> Layout:
+        """The box as a layout: element index k (row-major) -> its coordinates in the box, which
+        added to a copy's `coords` are where in the tensor element k comes from."""
+        return coordinates(self.box)
+
+    @property
+    def box_layout(self) -> Layout:
+        """Box coordinates -> element offset from the shared destination's start, before the
+        buffer's swizzle: the box lands densely, in row-major order."""
+        return row_major(self.box)
 
     def __str__(self) -> str:
         return f"{self.name}(box {'x'.join(str(n) for n in self.box)}, swizzle {self.swizzle})"
+
+    def check_transfer(self, where: str, shared: Buffer, indices: tuple[Expr, ...], coords: tuple[Expr, ...],
+                       into_shared: bool) -> None:
+        """IntrinsicError / DTypeError unless a box of this map can move between the tensor's
+        coordinates `coords` and `shared[indices]..` (into shared memory: TensorCopy; out of
+        it: TensorStore): the shared end in shared memory, of the tensor's dtype, indexed in
+        each of its dimensions, laid out as this map's swizzle writes; a coordinate per
+        dimension of the tensor."""
+        if shared.scope != "shared":
+            verb = "copies into" if into_shared else "stores from"
+            raise IntrinsicError(f"{where}: {verb} shared memory, not {shared.scope}")
+        if shared.dtype != self.buffer.dtype:
+            src, dst = (self.buffer, shared) if into_shared else (shared, self.buffer)
+            raise DTypeError(f"{where}: source is {src.dtype}, destination {dst.dtype}")
+        if len(indices) != shared.ndim:
+            raise IntrinsicError(f"{where}: {len(indices)} indices for the {shared.ndim} dimensions of {shared.name}")
+        if len(coords) != self.buffer.ndim:
+            raise IntrinsicError(f"{where}: {len(coords)} coordinates for the {self.buffer.ndim}-dimensional tensor")
+        if shared.layout != self.layout:
+            role = "destination" if into_shared else "source"
+            raise IntrinsicError(f"{where}: the {role}'s layout {shared.layout} is not the {self.swizzle} "
+                                 f"swizzle's {self.layout}; give the shared buffer that layout")
 
 
 @dataclass(frozen=True, eq=False)
@@ -135,18 +168,7 @@ class TensorCopy(Stmt):
         object.__setattr__(self, "coords", tuple(index_expr(i) for i in self.coords))
         m = self.map
         where = f"TMA copy {m.buffer.name} -> {self.dst.name}"
-        if self.dst.scope != "shared":
-            raise IntrinsicError(f"{where}: copies into shared memory, not {self.dst.scope}")
-        if self.dst.dtype != m.buffer.dtype:
-            raise DTypeError(f"{where}: source is {m.buffer.dtype}, destination {self.dst.dtype}")
-        if len(self.dst_indices) != self.dst.ndim:
-            raise IntrinsicError(f"{where}: {len(self.dst_indices)} indices for the {self.dst.ndim} dimensions of "
-                                 f"{self.dst.name}")
-        if len(self.coords) != m.buffer.ndim:
-            raise IntrinsicError(f"{where}: {len(self.coords)} coordinates for the {m.buffer.ndim}-dimensional tensor")
-        if self.dst.layout != m.layout:
-            raise IntrinsicError(f"{where}: the destination's layout {self.dst.layout} is not the {m.swizzle} "
-                                 f"swizzle's {m.layout}; give the shared buffer that layout")
+        m.check_transfer(where, self.dst, self.dst_indices, self.coords, into_shared=True)
         if m.bytes > MAX_TX_BYTES:
             raise IntrinsicError(f"{where}: a box of {m.bytes} bytes exceeds the mbarrier's transaction count")
 
@@ -171,41 +193,11 @@ class TensorStore(Stmt):
         object.__setattr__(self, "coords", tuple(index_expr(i) for i in self.coords))
         m = self.map
         where = f"TMA store {self.src.name} -> {m.buffer.name}"
-        if self.src.scope != "shared":
-            raise IntrinsicError(f"{where}: stores from shared memory, not {self.src.scope}")
-        if self.src.dtype != m.buffer.dtype:
-            raise DTypeError(f"{where}: source is {self.src.dtype}, destination {m.buffer.dtype}")
-        if len(self.src_indices) != self.src.ndim:
-            raise IntrinsicError(f"{where}: {len(self.src_indices)} indices for the {self.src.ndim} dimensions of "
-                                 f"{self.src.name}")
-        if len(self.coords) != m.buffer.ndim:
-            raise IntrinsicError(f"{where}: {len(self.coords)} coordinates for the {m.buffer.ndim}-dimensional tensor")
-        if self.src.layout != m.layout:
-            raise IntrinsicError(f"{where}: the source's layout {self.src.layout} is not the {m.swizzle} "
-                                 f"swizzle's {m.layout}; give the shared buffer that layout")
+        m.check_transfer(where, self.src, self.src_indices, self.coords, into_shared=False)
 
     @property
     def bytes(self) -> int:
         return self.map.bytes
-
-
-@dataclass(frozen=True, eq=False)
-class BulkCommit(Stmt):
-    """cp.async.bulk.commit_group: closes the issuing thread's open group of tensor stores."""
-
-
-@dataclass(frozen=True, eq=False)
-class BulkWait(Stmt):
-    """cp.async.bulk.wait_group.read `pending`: the thread waits until at most `pending` of its
-    committed bulk groups still read shared memory (their sources may then be overwritten)."""
-
-    pending: int
-
-    def __post_init__(self) -> None:
-        if isinstance(self.pending, bool) or not isinstance(self.pending, int) or \
-                not 0 <= self.pending < MAX_BULK_GROUPS:
-            raise IntrinsicError(f"cp.async.bulk.wait_group.read: pending must be an integer in "
-                                 f"[0, {MAX_BULK_GROUPS}), got {self.pending!r}")
 
 
 def tensor_maps(func: PrimFunc) -> tuple[TensorMap, ...]:

@@ -1,4 +1,5 @@
-"""One visitor and one mutator for expressions and statements.
+"""One visitor and one mutator for expressions and statements (the expression ones are in
+expr_visitor.py and re-exported here).
 
 Dispatch is by node class name: `visit_Binary`, `visit_For`, ... A mutator that changes nothing
 returns the very same node, so unchanged subtrees stay shared and passes stay cheap. Expression
@@ -8,174 +9,31 @@ is rewritten once).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any
 
-from .expr import (
-    Binary,
-    BufferLoad,
-    Call,
-    Cast,
-    Compare,
-    Const,
-    Expr,
-    Not,
-    Reduce,
-    Select,
-    TensorRead,
-    Var,
-    binary,
-    compare,
-    select,
-)
-from .stmt import (
-    Allocate,
-    AsyncCommit,
-    AsyncCopy,
-    AsyncProxyFence,
-    AsyncWait,
-    Barrier,
-    BarrierArrive,
-    BarrierExpectTx,
-    BarrierInit,
-    BarrierRef,
-    BarrierWait,
-    BulkCopy,
-    BufferStore,
-    Evaluate,
-    For,
-    FragmentRef,
-    IfThenElse,
-    LetStmt,
-    MatrixLoad,
-    MatrixMultiply,
-    PrimFunc,
-    Seq,
-    SetMaxRegisters,
-    SharedMatrix,
-    Stmt,
-    TensorCopy,
-    TensorStore,
-    BulkCommit,
-    BulkWait,
-    NamedBarrier,
-    WarpgroupCommit,
-    WarpgroupFence,
-    WarpgroupMatrixMultiply,
-    WarpgroupWait,
-)
+from .expr import Expr
+from .expr_visitor import ExprMutator as ExprMutator
+from .expr_visitor import ExprVisitor as ExprVisitor
+from .expr_visitor import SubexpressionReplacer as SubexpressionReplacer
+from .expr_visitor import VarSubstituter as VarSubstituter
+from .expr_visitor import visit_method
+from .stmt import (Allocate, AsyncCopy, Barrier, BarrierRef, BulkCopy, BufferStore, Evaluate, For, FragmentRef,
+                   IfThenElse, Instruction, LetStmt, MatrixLoad, MatrixMultiply, PrimFunc, Seq, SharedMatrix, Stmt,
+                   TensorCopy, TensorStore, WarpgroupMatrixMultiply)
 
-# Statements that hold no expressions and no statements.
-_LEAVES = (Barrier, BulkCommit, BulkWait, AsyncCommit, AsyncWait, WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence,
-           SetMaxRegisters)
 # Statements whose expressions `matrix_stmt_exprs` lists.
-_MATRIX = (MatrixMultiply, MatrixLoad, AsyncCopy, WarpgroupMatrixMultiply, BarrierInit, BarrierArrive,
-           BarrierExpectTx, BarrierWait, BulkCopy, TensorCopy, TensorStore, NamedBarrier)
-
-
-def _method(obj: Any, prefix: str, node: Any) -> Callable[[Any], Any]:
-    """The most specific `visit_<Class>` for `node`, following its class hierarchy
-    (so `visit_Var` also sees IterVar and ReduceAxis), else `generic_visit`."""
-    for klass in type(node).__mro__:
-        m = getattr(obj, prefix + klass.__name__, None)
-        if m is not None:
-            return m  # type: ignore[no-any-return]
-    return obj.generic_visit  # type: ignore[no-any-return]
-
-
-class ExprVisitor:
-    """Walks an expression tree; override `visit_<Node>` and call `self.generic_visit(e)` to recurse."""
-
-    def visit(self, e: Expr) -> Any:
-        return _method(self, "visit_", e)(e)
-
-    def generic_visit(self, e: Expr) -> None:
-        if isinstance(e, TensorRead):
-            for i in e.indices:
-                self.visit(i)
-            return
-        for c in e.children:
-            self.visit(c)
-
-
-class ExprMutator:
-    """Rebuilds an expression bottom-up; nodes whose children did not change are returned as they are."""
-
-    def __init__(self) -> None:
-        self._memo: dict[int, tuple[Expr, Expr]] = {}
-
-    def visit(self, e: Expr) -> Expr:
-        hit = self._memo.get(id(e))
-        if hit is not None and hit[0] is e:
-            return hit[1]
-        out: Expr = _method(self, "visit_", e)(e)
-        self._memo[id(e)] = (e, out)
-        return out
-
-    def generic_visit(self, e: Expr) -> Expr:
-        if isinstance(e, (Const, Var)):
-            return e
-        if isinstance(e, Binary):
-            a, b = self.visit(e.a), self.visit(e.b)
-            return e if (a is e.a and b is e.b) else binary(e.op, a, b)
-        if isinstance(e, Compare):
-            a, b = self.visit(e.a), self.visit(e.b)
-            return e if (a is e.a and b is e.b) else compare(e.op, a, b)
-        if isinstance(e, Not):
-            a = self.visit(e.a)
-            return e if a is e.a else Not(a)
-        if isinstance(e, Cast):
-            a = self.visit(e.a)
-            return e if a is e.a else (Cast(e.dtype, a) if a.dtype != e.dtype else a)
-        if isinstance(e, Select):
-            c, a, b = self.visit(e.cond), self.visit(e.a), self.visit(e.b)
-            return e if (c is e.cond and a is e.a and b is e.b) else select(c, a, b)
-        if isinstance(e, Call):
-            args = tuple(self.visit(a) for a in e.args)
-            return e if all(x is y for x, y in zip(args, e.args)) else Call(e.name, args, e.dtype)
-        if isinstance(e, Reduce):
-            src = self.visit(e.source)
-            return e if src is e.source else Reduce(e.combiner, src, e.axes)
-        if isinstance(e, TensorRead):
-            idx = tuple(self.visit(i) for i in e.indices)
-            return e if all(x is y for x, y in zip(idx, e.indices)) else TensorRead(e.tensor, idx)
-        if isinstance(e, BufferLoad):
-            idx = tuple(self.visit(i) for i in e.indices)
-            return e if all(x is y for x, y in zip(idx, e.indices)) else BufferLoad(e.buffer, idx)
-        raise TypeError(f"ExprMutator: no rule for {type(e).__name__}")
-
-
-class VarSubstituter(ExprMutator):
-    """Replaces each variable in `mapping` by its expression (the one substitution mutator:
-    `expr.substitute` for an expression, `passes.substitute.substitute_stmt` for a statement)."""
-
-    def __init__(self, mapping: Mapping[Var, Expr]) -> None:
-        super().__init__()
-        self.mapping = mapping
-
-    def visit_Var(self, v: Var) -> Expr:
-        return self.mapping.get(v, v)
-
-
-class SubexpressionReplacer(ExprMutator):
-    """Replaces whole subexpressions, found by identity (expressions are hash-consed, so "the same
-    expression" is one node), with the given expressions; what is replaced is not visited again."""
-
-    def __init__(self, mapping: Mapping[Expr, Expr]) -> None:
-        super().__init__()
-        self._by_id = {id(e): (e, v) for e, v in mapping.items()}
-
-    def visit(self, e: Expr) -> Expr:
-        hit = self._by_id.get(id(e))
-        if hit is not None and hit[0] is e:
-            return hit[1]
-        return super().visit(e)
+_MATRIX = (MatrixMultiply, MatrixLoad, AsyncCopy, WarpgroupMatrixMultiply, BulkCopy, TensorCopy, TensorStore,
+           Instruction)
 
 
 class StmtVisitor:
-    """Walks statements (and, through `visit_expr`, the expressions in them)."""
+    """Walks statements (and, through `visit_expr`, the expressions in them). Dispatch is by node
+    class (`visit_method`): a subclass overrides `visit_<Node>` for the nodes it handles (the
+    matrix-level ones included: `visit_MatrixMultiply`, `visit_TensorCopy`, ...) and every other
+    node reaches `generic_visit`."""
 
     def visit(self, s: Stmt) -> Any:
-        return _method(self, "visit_", s)(s)
+        return visit_method(self, "visit_", s)(s)
 
     def visit_expr(self, e: Expr) -> None:
         """Called on every expression a statement holds; override to inspect them."""
@@ -204,68 +62,13 @@ class StmtVisitor:
                 self.visit(x)
         elif isinstance(s, Evaluate):
             self.visit_expr(s.value)
-        elif isinstance(s, _LEAVES):
+        elif isinstance(s, Barrier):
             pass
         elif isinstance(s, _MATRIX):
             for e in matrix_stmt_exprs(s):
                 self.visit_expr(e)
         else:
             raise TypeError(f"StmtVisitor: no rule for {type(s).__name__}")
-
-    # One method per matrix-level node, so a visitor can override exactly one of them.
-    def visit_MatrixMultiply(self, s: MatrixMultiply) -> Any:
-        return self.generic_visit(s)
-
-    def visit_MatrixLoad(self, s: MatrixLoad) -> Any:
-        return self.generic_visit(s)
-
-    def visit_AsyncCopy(self, s: AsyncCopy) -> Any:
-        return self.generic_visit(s)
-
-    def visit_AsyncCommit(self, s: AsyncCommit) -> Any:
-        return self.generic_visit(s)
-
-    def visit_AsyncWait(self, s: AsyncWait) -> Any:
-        return self.generic_visit(s)
-
-    def visit_WarpgroupMatrixMultiply(self, s: WarpgroupMatrixMultiply) -> Any:
-        return self.generic_visit(s)
-
-    def visit_WarpgroupFence(self, s: WarpgroupFence) -> Any:
-        return self.generic_visit(s)
-
-    def visit_WarpgroupCommit(self, s: WarpgroupCommit) -> Any:
-        return self.generic_visit(s)
-
-    def visit_WarpgroupWait(self, s: WarpgroupWait) -> Any:
-        return self.generic_visit(s)
-
-    def visit_AsyncProxyFence(self, s: AsyncProxyFence) -> Any:
-        return self.generic_visit(s)
-
-    def visit_BarrierInit(self, s: BarrierInit) -> Any:
-        return self.generic_visit(s)
-
-    def visit_BarrierArrive(self, s: BarrierArrive) -> Any:
-        return self.generic_visit(s)
-
-    def visit_BarrierExpectTx(self, s: BarrierExpectTx) -> Any:
-        return self.generic_visit(s)
-
-    def visit_BarrierWait(self, s: BarrierWait) -> Any:
-        return self.generic_visit(s)
-
-    def visit_BulkCopy(self, s: BulkCopy) -> Any:
-        return self.generic_visit(s)
-
-    def visit_SetMaxRegisters(self, s: SetMaxRegisters) -> Any:
-        return self.generic_visit(s)
-
-    def visit_TensorCopy(self, s: TensorCopy) -> Any:
-        return self.generic_visit(s)
-
-    def visit_TensorStore(self, s: TensorStore) -> Any:
-        return self.generic_visit(s)
 
 
 def matrix_stmt_exprs(s: Stmt) -> list[Expr]:
@@ -274,22 +77,14 @@ def matrix_stmt_exprs(s: Stmt) -> list[Expr]:
     if isinstance(s, WarpgroupMatrixMultiply):
         a = s.a.start if isinstance(s.a, SharedMatrix) else s.a.offset
         return [s.d.offset, a, s.b.start, s.scale_d]
-    if isinstance(s, BarrierInit):
-        return [s.bar.index, s.count]
-    if isinstance(s, BarrierArrive):
-        return [s.bar.index]
-    if isinstance(s, BarrierExpectTx):
-        return [s.bar.index, s.bytes]
-    if isinstance(s, BarrierWait):
-        return [s.bar.index, s.parity]
+    if isinstance(s, Instruction):
+        return s.exprs()
     if isinstance(s, BulkCopy):
         return [*s.dst_indices, *s.src_indices, s.bar.index]
     if isinstance(s, TensorCopy):
         return [*s.dst_indices, *s.coords, s.bar.index]
     if isinstance(s, TensorStore):
         return [*s.src_indices, *s.coords]
-    if isinstance(s, NamedBarrier):
-        return [s.id]
     if isinstance(s, MatrixMultiply):
         return [s.d.offset, s.a.offset, s.b.offset, s.c.offset]
     if isinstance(s, MatrixLoad):
@@ -308,7 +103,7 @@ class StmtMutator:
     expr_mutator: ExprMutator | None = None
 
     def visit(self, s: Stmt) -> Stmt:
-        out: Stmt = _method(self, "visit_", s)(s)
+        out: Stmt = visit_method(self, "visit_", s)(s)
         return out
 
     def visit_expr(self, e: Expr) -> Expr:
@@ -348,8 +143,10 @@ class StmtMutator:
         if isinstance(s, Evaluate):
             v = self.visit_expr(s.value)
             return s if v is s.value else Evaluate(v)
-        if isinstance(s, _LEAVES):
+        if isinstance(s, Barrier):
             return s
+        if isinstance(s, Instruction):
+            return s.with_operands(tuple(self._operand(o.kind, v) for o, v in zip(s.row.operands, s.operands)))
         hopper = self._hopper(s)
         if hopper is not None:
             return hopper
@@ -382,15 +179,6 @@ class StmtMutator:
             if d is s.d and a is s.a and b is s.b and scale is s.scale_d:
                 return s
             return WarpgroupMatrixMultiply(s.intrinsic, d, a, b, scale)
-        if isinstance(s, (BarrierInit, BarrierExpectTx, BarrierWait)):
-            field = {BarrierInit: "count", BarrierExpectTx: "bytes", BarrierWait: "parity"}[type(s)]
-            bar, value = self._barrier(s.bar), self.visit_expr(getattr(s, field))
-            if bar is s.bar and value is getattr(s, field):
-                return s
-            return type(s)(bar, value)
-        if isinstance(s, BarrierArrive):
-            bar = self._barrier(s.bar)
-            return s if bar is s.bar else BarrierArrive(bar)
         if isinstance(s, BulkCopy):
             di = tuple(self.visit_expr(i) for i in s.dst_indices)
             si = tuple(self.visit_expr(i) for i in s.src_indices)
@@ -411,10 +199,15 @@ class StmtMutator:
             if all(x is y for x, y in zip(si + co, s.src_indices + s.coords)):
                 return s
             return TensorStore(s.src, si, s.map, co)
-        if isinstance(s, NamedBarrier):
-            bid = self.visit_expr(s.id)
-            return s if bid is s.id else NamedBarrier(bid, s.threads)
         return None
+
+    def _operand(self, kind: str, value: Any) -> Any:
+        """An instruction's operand with its expressions rewritten (the very value if unchanged)."""
+        if kind == "expr":
+            return self.visit_expr(value)
+        if kind == "barrier":
+            return self._barrier(value)
+        return value
 
     def _shared_matrix(self, ref: SharedMatrix) -> SharedMatrix:
         start = self.visit_expr(ref.start)
@@ -428,57 +221,3 @@ class StmtMutator:
         offset = self.visit_expr(ref.offset)
         return ref if offset is ref.offset else FragmentRef(ref.buffer, offset)
 
-    # One method per matrix-level node, so a mutator can override exactly one of them.
-    def visit_MatrixMultiply(self, s: MatrixMultiply) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_MatrixLoad(self, s: MatrixLoad) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_AsyncCopy(self, s: AsyncCopy) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_AsyncCommit(self, s: AsyncCommit) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_AsyncWait(self, s: AsyncWait) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_WarpgroupMatrixMultiply(self, s: WarpgroupMatrixMultiply) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_WarpgroupFence(self, s: WarpgroupFence) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_WarpgroupCommit(self, s: WarpgroupCommit) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_WarpgroupWait(self, s: WarpgroupWait) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_AsyncProxyFence(self, s: AsyncProxyFence) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_BarrierInit(self, s: BarrierInit) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_BarrierArrive(self, s: BarrierArrive) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_BarrierExpectTx(self, s: BarrierExpectTx) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_BarrierWait(self, s: BarrierWait) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_BulkCopy(self, s: BulkCopy) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_SetMaxRegisters(self, s: SetMaxRegisters) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_TensorCopy(self, s: TensorCopy) -> Stmt:
-        return self.generic_visit(s)
-
-    def visit_TensorStore(self, s: TensorStore) -> Stmt:
-        return self.generic_visit(s)

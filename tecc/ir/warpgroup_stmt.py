@@ -1,6 +1,8 @@
 """The warpgroup statements of the loop-nest IR (Hopper, sm_90a): wgmma and its fences.
 
 Part of tecc.ir.stmt (which re-exports every name here); this module is their reference manual.
+`WarpgroupMatrixMultiply` and its shared operands (`SharedMatrix`) are defined here; the fences,
+commit and wait groups and setmaxnreg are instructions, rows of tecc.ir.instructions.
 
 **Warpgroup-collective.** A warpgroup is 4 consecutive warps whose first warp's index is a
 multiple of 4 (threads 128w .. 128w + 127 of the block). `WarpgroupMatrixMultiply`,
@@ -32,7 +34,7 @@ from .errors import DTypeError
 from .expr import Expr, as_expr, const_int, index_expr
 from .intrinsics import PTX_STORAGE, IntrinsicError, MatrixIntrinsic, lookup
 from .matrix_stmt import FragmentRef
-from .stmt import Buffer, Stmt
+from .stmt_nodes import Buffer, Stmt
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,59 +122,3 @@ class WarpgroupMatrixMultiply(Stmt):
     @property
     def a_in_registers(self) -> bool:
         return isinstance(self.a, FragmentRef)
-
-
-@dataclass(frozen=True, eq=False)
-class WarpgroupFence(Stmt):
-    """wgmma.fence: orders the warpgroup's earlier register and shared-memory accesses before
-    the wgmmas that follow (needed before the first wgmma and after other writes of an accumulator)."""
-
-
-@dataclass(frozen=True, eq=False)
-class WarpgroupCommit(Stmt):
-    """wgmma.commit_group: the wgmmas this thread issued since its last commit become one group."""
-
-
-@dataclass(frozen=True, eq=False)
-class WarpgroupWait(Stmt):
-    """wgmma.wait_group n: wait until at most the `pending` most recent groups of wgmmas are in
-    flight; the accumulators of the groups that completed may then be read. `accumulators` are
-    the fragment buffers whose registers codegen pins after the wait (an empty register fence per
-    element), so that the C compiler does not move their reads above it."""
-
-    pending: int = 0
-    accumulators: tuple[Buffer, ...] = ()
-
-    def __post_init__(self) -> None:
-        if isinstance(self.pending, bool) or not isinstance(self.pending, int) or not 0 <= self.pending <= 7:
-            raise IntrinsicError(f"wgmma.wait_group takes a constant 0..7, got {self.pending!r}")
-        object.__setattr__(self, "accumulators", tuple(self.accumulators))
-        for b in self.accumulators:
-            if b.scope != "fragment":
-                raise IntrinsicError(f"wgmma.wait_group: accumulator {b.name} must be a fragment buffer, is {b.scope}")
-
-
-@dataclass(frozen=True, eq=False)
-class AsyncProxyFence(Stmt):
-    """fence.proxy.async.shared::cta: the thread's earlier ordinary shared-memory accesses are
-    ordered with later accesses by the async proxy (wgmma operand reads, bulk copies). Ordinary
-    stores that a wgmma reads need a barrier and this fence between them."""
-
-
-@dataclass(frozen=True, eq=False)
-class SetMaxRegisters(Stmt):
-    """setmaxnreg.{inc,dec}.sync.aligned.u32 count: the warpgroup's threads ask for (`increase`)
-    or release registers until each has at most / at least `count` (a multiple of 8 in
-    [24, 256]); the block's register budget moves between warpgroups, as a producer warpgroup
-    that only issues copies gives registers to the consumers that hold accumulators. The kernel
-    must be compiled with a register limit (`min_blocks_per_sm` / launch bounds) for it to mean
-    anything. Warpgroup-collective."""
-
-    count: int
-    increase: bool
-
-    def __post_init__(self) -> None:
-        c = self.count
-        if isinstance(c, bool) or not isinstance(c, int) or c % 8 or not 24 <= c <= 256:
-            raise IntrinsicError(f"setmaxnreg takes a multiple of 8 in [24, 256], got {c!r}")
-

@@ -36,7 +36,9 @@ from ..ir.expr import (
     binary,
     cast,
     free_vars,
+    logical_and,
     reduce_identity,
+    select,
     substitute,
     walk,
 )
@@ -57,6 +59,8 @@ from ..ir.stmt import (
     iter_stmts,
     seq,
 )
+from ..ir.index_checks import IndexCheck
+from ..ir.scatter import data_dependent
 from ..ir.tensor import ComputeOp, PlaceholderOp, Tensor
 from ..ir.visitor import ExprMutator
 from .names import fresh_name, identifier
@@ -181,8 +185,22 @@ class Inliner(ExprMutator):
             op = t.op
             assert isinstance(op, ComputeOp)
             body = substitute(op.body, dict(zip(op.axes, idx)))
-            return self.visit(body)
-        return BufferLoad(self.buffers[t], idx)
+            value = self.visit(body)
+        else:
+            value = BufferLoad(self.buffers[t], idx)
+        return guard_data_dependent(t, e.indices, idx, value)
+
+
+def guard_data_dependent(t: Tensor, written: Sequence[Expr], indices: Sequence[Expr], value: Expr) -> Expr:
+    """`value` (the read of `t` at `indices`) guarded by an IndexCheck of every index that was
+    written data-dependent (`written`: the tensor expression's indices, `W[idx[i], j]`): the read
+    gives 0 where a check fails, and the check reports the failure (index_checks.IndexCheck). Affine
+    indices were proved in bounds when the compute was made and are not checked again."""
+    checks = [IndexCheck(ix, extent, t.name, d)
+              for d, (w, ix, extent) in enumerate(zip(written, indices, t.shape)) if data_dependent(w)]
+    if not checks:
+        return value
+    return select(logical_and(*checks), value, Const(0, value.dtype))
 
 
 # A Reduce's combiner as the binary operator that folds two partials (every rewrite that splits a
@@ -358,6 +376,28 @@ def global_buffers(body: Stmt) -> list[Buffer]:
     return out
 
 
+def unflatten(flat: Expr, shape: Sequence[Expr]) -> tuple[Expr, ...]:
+    """The row-major index of element `flat` of `shape` (the first index is not reduced modulo
+    its extent: `flat` is in range)."""
+    idx: list[Expr] = []
+    rest = flat
+    for n, extent in enumerate(reversed(shape)):
+        idx.append(rest if n == len(shape) - 1 else rest % extent)
+        rest = rest // extent
+    return tuple(reversed(idx))
+
+
+def kernel_params(body: Stmt, arrays: Sequence[Buffer], temps: Sequence[Buffer],
+                  scalars: Sequence[Var]) -> tuple[Buffer | Var, ...]:
+    """The parameters of a kernel whose body is `body`, in the kernel ABI's order: the arrays it
+    uses (in the order of `arrays`, the program's arguments), then the temporaries it uses, then
+    the size/stride variables its statements and those buffers' shapes and strides need."""
+    used = global_buffers(body)
+    needed = scalar_vars(exprs_of(body) + [e for b in used for e in b.shape + (b.strides or ())])
+    return (tuple(b for b in arrays if b in used) + tuple(t for t in temps if t in used)
+            + tuple(v for v in scalars if v in needed))
+
+
 def exprs_of(body: Stmt) -> list[Expr]:
     """Every expression held directly by a statement under `body`."""
     out: list[Expr] = []
@@ -382,4 +422,4 @@ def exprs_of(body: Stmt) -> list[Expr]:
 
 
 __all__ = ["COMBINE", "Inliner", "Program", "buffer_for", "choose_inlined", "collect_program", "epilogue_consumer",
-           "exprs_of", "global_buffers", "lower", "scalar_vars"]
+           "exprs_of", "global_buffers", "kernel_params", "lower", "scalar_vars", "unflatten"]

@@ -2,7 +2,7 @@
 
 Instruments see the module after every pass:
 - `DumpIR(dir, kernel_filter)` writes `NN_<pass>.txt` (the whole module, or only the kernels whose
-  name contains the filter);
+  name contains the filter; nothing for a module with no such kernel);
 - `PassTiming` records the seconds each pass took;
 - `VerifyIR` checks the IR's invariants after each pass, so a pass that breaks one is named.
 """
@@ -36,30 +36,46 @@ class Instrument(Protocol):
 
 
 class DumpIR:
-    """Writes the IR after every pass into `directory` as numbered text files."""
+    """Writes the IR after every pass into `directory` as numbered text files.
+
+    With a `kernel_filter`, a file holds only the kernels whose name contains it, and a module
+    none of whose kernels match writes nothing at all (no directory, no `.cu`, no `.ptx`): `text`
+    decides, for the module it was last given, whether the next `write` happens. The numbering
+    counts every step either way, so a file's number is its step's."""
 
     def __init__(self, directory: str | os.PathLike[str], kernel_filter: str | None = None) -> None:
         self.directory = Path(directory)
         self.kernel_filter = kernel_filter
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if not kernel_filter:  # made now, so an unusable directory is an error before the build
+            self.directory.mkdir(parents=True, exist_ok=True)
         self.count = 0
+        self.matches = True  # whether the module last given to `text` has a kernel the filter keeps
 
     def text(self, module: Module) -> str:
         if not self.kernel_filter:
             return str(module)
         kept = [k for k in module.kernels if self.kernel_filter in k.name]
+        self.matches = bool(kept)
         return "\n\n".join(str(k) for k in kept)
 
-    def write(self, stem: str, text: str) -> Path:
+    def write(self, stem: str, text: str) -> Path | None:
+        """Write `NN_<stem>` (None, and nothing written, for a module the filter does not keep)."""
         path = self.directory / f"{self.count:02d}_{stem}"
-        path.write_text(text if text.endswith("\n") else text + "\n")
         self.count += 1
+        if not self.matches:
+            return None
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TeccError(f"cannot write the IR dumps to {self.directory} ({exc.strerror or exc}); give "
+                            "dump_ir (or TECC_DUMP_IR) a directory that can be created and written") from exc
+        path.write_text(text if text.endswith("\n") else text + "\n")
         return path
 
     def rewind(self, first: int) -> None:
         """Remove the dumps numbered `first` and later (a plan that failed half-way through, which
         the build then replaces), so that the next files are numbered from `first` again."""
-        for path in self.directory.iterdir():
+        for path in (self.directory.iterdir() if self.directory.is_dir() else ()):
             number = path.name.split("_", 1)[0]
             if number.isdigit() and int(number) >= first and path.is_file():
                 path.unlink()

@@ -18,10 +18,6 @@ from ..ir.stmt import (
     Allocate,
     AsyncCopy,
     Barrier,
-    BarrierArrive,
-    BarrierExpectTx,
-    BarrierInit,
-    BarrierWait,
     Buffer,
     BufferStore,
     BulkCopy,
@@ -29,13 +25,13 @@ from ..ir.stmt import (
     TensorStore,
     For,
     IfThenElse,
+    Instruction,
     LetStmt,
     MatrixLoad,
     MatrixMultiply,
     Module,
     PrimFunc,
     WarpgroupMatrixMultiply,
-    WarpgroupWait,
 )
 from ..ir.visitor import StmtVisitor
 
@@ -124,8 +120,10 @@ class _Verifier(StmtVisitor):
         self._in_scope((s.d.buffer, s.a.buffer, s.b.buffer), s.intrinsic)  # a SharedMatrix or a FragmentRef
         self.generic_visit(s)
 
-    def visit_WarpgroupWait(self, s: WarpgroupWait) -> None:
-        self._in_scope(s.accumulators, "wgmma.wait_group")
+    def visit_Instruction(self, s: Instruction) -> None:
+        # barriers, wgmma.wait_group's accumulators
+        self._in_scope(s.buffers(), "mbarrier" if s.name.startswith("mbarrier") else s.name)
+        self.generic_visit(s)
 
     def visit_BulkCopy(self, s: BulkCopy) -> None:
         self._in_scope((s.dst, s.src, s.bar.buffer), "cp.async.bulk")
@@ -138,12 +136,6 @@ class _Verifier(StmtVisitor):
     def visit_TensorStore(self, s: TensorStore) -> None:
         self._in_scope((s.src, s.map.buffer), "cp.async.bulk.tensor (store)")
         self.generic_visit(s)
-
-    def _barrier_stmt(self, s: BarrierInit | BarrierArrive | BarrierExpectTx | BarrierWait) -> None:
-        self._in_scope((s.bar.buffer,), "mbarrier")
-        self.generic_visit(s)
-
-    visit_BarrierInit = visit_BarrierArrive = visit_BarrierExpectTx = visit_BarrierWait = _barrier_stmt
 
     def visit_Barrier(self, s: Barrier) -> None:
         if self.thread_dependent_depth:

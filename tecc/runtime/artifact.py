@@ -33,7 +33,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..ir.errors import DeviceError, TeccError
 from . import cuda
@@ -241,9 +241,9 @@ class LoadedKernel(RunnableKernel):
         return (f"{self.name}: no CUDA device is available to run the artifact {self.path} ({reason}); "
                 "run it on a machine with an NVIDIA GPU, or call .sim(...) to run its loop IR in the CPU emulator")
 
-    def sim(self, *args: Any) -> None:
-        """Run the artifact's final loop IR (`path.ir`) in the CPU SIMT emulator (NumPy
-        arrays, written in place), as `Kernel.sim` runs a built kernel."""
+    def _simulate(self, args: Sequence[Any]) -> None:
+        """`sim(...)` (RunnableKernel): the artifact's final loop IR (`path.ir`) in the CPU SIMT
+        emulator, as `Kernel.sim` runs a built kernel's."""
         if self._sim is None:
             from ..ir.loop_json import module_from_json
             from .sim import SimExecutor

@@ -17,6 +17,7 @@ A call with device arrays only is remembered under its arguments' layout key (th
 docs/runtime.md "Repeated calls"): a later call with the same key skips steps 1-2 and relaunches
 the cached launches for the new data pointers, after re-checking their alignment and overlap and
 ordering the stream after the producers' (torch's current stream, for tensors read by attribute).
+What is remembered and re-checked is launch_cache.py's; which stream a call runs on, streams.py's.
 
 Kernel ABI (docs/runtime.md, "Kernel ABI"): a kernel's parameters are `KernelInfo.params` in
 order. A Buffer parameter is passed as a device pointer (8 bytes): the data pointer of the
@@ -31,18 +32,19 @@ so this module imports (and `cuda_available()` answers False) on a machine witho
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-import numpy as np
-
-from ..ir.errors import DeviceError, LaunchError, ResourceError, TeccError
+from ..ir.errors import DeviceError, LaunchError, ResourceError
 from ..ir.expr import Var
-from . import arrays
+from . import arrays, index_errors
 from .arrays import Argument
-from .host import HostProgram, KernelInfo, bind_arguments, resolve_launch, temp_shape
+from .host import HostProgram, KernelInfo, resolve_launch, temp_bytes
+from .launch_cache import (CALL_CACHE_SIZE, AllocatingCall, CachedCall, CachedLaunch, LaunchRecord,  # noqa: F401
+                           cached_call, read_keys, with_pointers)
 from .marshal import (DEFAULT_ALIGNMENT, ParamSlot, PlannedLaunch, alias_pairs, byte_span, check_aliasing,  # noqa: F401
                       check_device_arrays, plan_launches, prepare_arguments, scalar_argument, tensor_map_geometry)
+from .streams import (CU_STREAM_LEGACY, FOLLOWED_STREAMS, LEGACY_DEFAULT_STREAMS, as_stream,  # noqa: F401
+                      followed_producer, same_stream)
 from .tensor_map import EncodedTensorMap, TensorMapSpec, encode_arguments, encode_tensor_map, prepare_packed
 
 # Encoded tensor maps an executor keeps (a map per array pointer and shape; cleared when full).
@@ -122,83 +124,9 @@ def _error_text(err: Any) -> str:
 
 # ---- launching --------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class LaunchRecord:
-    """One launch of the last call, for profiling: kernel, grid, block, dynamic shared bytes."""
-
-    kernel: str
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    dynamic_smem: int = 0
-
-
 def describe_launch(module: str, kernel: str, grid: Sequence[int], block: Sequence[int], dynamic_smem: int) -> str:
     return (f"{module}: kernel {kernel} (grid {tuple(grid)}, block {tuple(block)}, "
             f"dynamic shared memory {dynamic_smem} bytes)")
-
-
-# ---- the launch cache -------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class CachedLaunch:
-    """One launch of a cached call: the kernel, its resolved grid and block, the prepared
-    LaunchConfig, and its parameters with the temporaries' pointers and the scalars filled in;
-    `array_slots` says which parameter positions take which argument's data pointer."""
-
-    info: KernelInfo
-    kernel: Any
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    config: Any
-    params: tuple[Any, ...]
-    array_slots: tuple[tuple[int, int], ...]
-    # tensor-map parameters: (position, argument index, spec, shape, strides); encoded for each
-    # hit's pointer (tensor_map.py), from the executor's cache of encoded maps
-    map_slots: tuple[tuple[int, int, TensorMapSpec, tuple[int, ...], tuple[int, ...]], ...] = ()
-
-
-@dataclass(frozen=True)
-class CachedCall:
-    """What a call with one key of argument layouts launches, once checked by the full path.
-
-    `needs` is each argument's required pointer alignment and `spans` its byte span from its
-    pointer: the two checks that depend on the pointers themselves, redone on every hit.
-    `producer_streams` are the current-stream readers of the producers whose arrays were read by
-    attribute (torch): on every hit the executor's stream waits on each one's current stream --
-    or, when `follow` (an executor made without a stream, every device argument torch's), the
-    launches go on the first one's current stream, with nothing to wait for.
-    `temps` are the (name, bytes, zero_init) of temporaries taken from the allocator of argument
-    `temps_like` (a followed torch stream: torch's caching allocator; kept per stream outside
-    CUDA-graph capture, per call under it: arrays.stream_temporary); their pointers fill the
-    parameter slots numbered from the arity on. `records` is what
-    `last_launches` says after a hit."""
-
-    launches: tuple[CachedLaunch, ...]
-    needs: tuple[int, ...]
-    spans: tuple[tuple[int, int], ...]
-    alias_pairs: tuple[tuple[int, int], ...]
-    producer_streams: tuple[Callable[[int], int], ...] = ()
-    records: tuple[LaunchRecord, ...] = ()
-    follow: bool = False
-    temps: tuple[tuple[str, int, bool], ...] = ()
-    temps_like: int = -1
-
-
-# Distinct argument layouts remembered per executor; the oldest is forgotten past this.
-CALL_CACHE_SIZE = 64
-
-# The two handles of the legacy default stream: NULL (0, what torch's default stream reports)
-# and CU_STREAM_LEGACY (1, cuda.core's `default_stream`, and DLPack's number for it).
-LEGACY_DEFAULT_STREAMS = (0, 1)
-CU_STREAM_LEGACY = 1
-
-# Followed producer streams remembered per executor (cuda.core Stream views of their handles).
-FOLLOWED_STREAMS = 64
-
-
-def same_stream(a: int, b: int) -> bool:
-    """Whether CUstream handles `a` and `b` name one stream (so work on it is already ordered)."""
-    return a == b or (a in LEGACY_DEFAULT_STREAMS and b in LEGACY_DEFAULT_STREAMS)
 
 
 class CudaExecutor:
@@ -231,7 +159,7 @@ class CudaExecutor:
         self.device = current_device(device)
         self.arch = device_arch(self.device)
         self._stream_owner = stream  # keeps a foreign stream object alive while we use its handle
-        self.stream = _as_stream(stream, self.device)
+        self.stream = as_stream(stream, self.device)
         self.follows_producer = stream is None
         self.debug_sync = debug_sync
         self.alignment = alignment
@@ -253,13 +181,13 @@ class CudaExecutor:
             self._max_threads[info.name] = int(_kernel_attribute(kernel, "max_threads_per_block"))
             if info.dynamic_smem > 0:
                 self._allow_dynamic_smem(info, kernel)
+        self._error_record = index_errors.find_record(self.object_code, host) if host.index_checks else 0
 
     def _init_launch_cache(self) -> None:
         """The launch cache (docs/runtime.md, "Repeated calls"): argument keys -> CachedCall."""
         self._calls: dict[tuple[Any, ...], CachedCall] = {}
-        # calls that leave their outputs out: the inputs' keys -> (the cached call of the whole
-        # argument list, what each output is: (shape, producer dtype), their positions)
-        self._allocating: dict[tuple[Any, ...], tuple[CachedCall, tuple[tuple[Any, Any], ...], tuple[bool, ...]]] = {}
+        # calls that leave their outputs out, under the inputs' keys
+        self._allocating: dict[tuple[Any, ...], AllocatingCall] = {}
         self._arity = len(self.host.buffer_params)
         self._alias_pairs = alias_pairs(self.host)
         self._stream_ptr = int(self.stream.handle)
@@ -271,7 +199,6 @@ class CudaExecutor:
         # encoded tensor maps by (spec, pointer, shape, strides) (tensor_map.py)
         self._tensor_maps: dict[tuple[Any, ...], EncodedTensorMap] = {}
         self._packed_launches: dict[tuple[Any, ...], tuple[Any, Callable[[], None]]] = {}
-        self._has_tensor_maps = any(k.tensor_maps for k in self.host.kernels)
 
     def __repr__(self) -> str:
         return f"<CudaExecutor {self.host.name} on {self.arch} kernels={list(self.kernels)}>"
@@ -346,23 +273,9 @@ class CudaExecutor:
         hit = self._allocating.get(keys)
         if hit is None:
             return None
-        cached, recipe, positions = hit
-        first = inputs[0]
-        outputs = [first.new_empty(shape, dtype=dtype) for shape, dtype in recipe]
-        full: list[Any] = []
-        all_ptrs: list[int] = []
-        given, made = 0, 0
-        for is_output in positions:
-            if is_output:
-                out = outputs[made]
-                full.append(out)
-                all_ptrs.append(out.data_ptr())
-                made += 1
-            else:
-                full.append(inputs[given])
-                all_ptrs.append(ptrs[given])
-                given += 1
-        if not self._replay(cached, all_ptrs, tuple(full)):
+        outputs = [inputs[0].new_empty(shape, dtype=dtype) for shape, dtype in hit.recipe]
+        full, all_ptrs = hit.arguments(inputs, ptrs, outputs)
+        if not self._replay(hit.cached, all_ptrs, full):
             return None
         return outputs
 
@@ -384,7 +297,7 @@ class CudaExecutor:
             return
         input_keys = tuple(key for key, is_output in zip(found[0], positions) if not is_output)
         recipe = tuple((tuple(o.shape), o.dtype) for o in outputs)
-        self._allocating[input_keys] = (cached, recipe, positions)
+        self._allocating[input_keys] = AllocatingCall(cached, recipe, positions)
 
     def _use_stream(self, handle: int) -> None:
         """Launch the rest of this call on the producer's current stream `handle` (a followed
@@ -415,17 +328,7 @@ class CudaExecutor:
         """The position of the argument whose current stream this call follows: the first torch
         CUDA tensor, when the executor follows its producers and every device argument is one;
         None otherwise (the call runs on the executor's own stream)."""
-        if not self.follows_producer:
-            return None
-        found = None
-        for pos, arg in enumerate(args):
-            if type(arg) is np.ndarray:
-                continue
-            if arrays.current_stream_reader(arg) is not None:
-                found = pos if found is None else found
-            elif not arrays.is_host_array(arg):
-                return None  # another producer's device array: its own ordering, on our stream
-        return found
+        return followed_producer(args) if self.follows_producer else None
 
     def _argument_keys(self, args: tuple[Any, ...]) -> tuple[tuple[tuple[Any, ...], ...], list[int]] | None:
         """The call's key (each argument's key from `arrays.device_key`, in order) and the
@@ -436,30 +339,15 @@ class CudaExecutor:
         return self._read_keys(args)
 
     def _read_keys(self, args: Sequence[Any]) -> tuple[tuple[tuple[Any, ...], ...], list[int]] | None:
-        """Each argument's key and data pointer (`arrays.device_key`), or None when one must
-        take the full path."""
-        read = arrays.device_key
-        stream_ptr, pointer_device = self._stream_ptr, self._pointer_device
-        keys = []
-        ptrs = []
-        for arg in args:
-            found = read(arg, stream_ptr, pointer_device)
-            if found is None:
-                return None
-            keys.append(found[0])
-            ptrs.append(found[1])
-        return tuple(keys), ptrs
+        """Each argument's key and data pointer (launch_cache.read_keys), or None when one
+        must take the full path."""
+        return read_keys(args, self._stream_ptr, self._pointer_device)
 
     def _replay(self, cached: CachedCall, ptrs: list[int], args: tuple[Any, ...] = ()) -> bool:
         """Launch a cached call for new data pointers. False (nothing launched) when a pointer
         is misaligned or two arrays overlap: the full path then raises the error that names them."""
-        for ptr, need in zip(ptrs, cached.needs):
-            if ptr % need:
-                return False
-        spans = cached.spans
-        for i, j in cached.alias_pairs:
-            if ptrs[i] + spans[i][0] < ptrs[j] + spans[j][1] and ptrs[j] + spans[j][0] < ptrs[i] + spans[i][1]:
-                return False
+        if not cached.accepts(ptrs):
+            return False
         self.device.set_current()
         producers = cached.producer_streams
         if cached.follow:
@@ -496,7 +384,7 @@ class CudaExecutor:
 
     def _with_maps(self, launch: CachedLaunch, ptrs: list[int]) -> list[Any]:
         """`_with_pointers`, and the launch's tensor maps for this call's pointers."""
-        params = _with_pointers(launch, ptrs)
+        params = with_pointers(launch, ptrs)
         for pos, index, spec, shape, strides in launch.map_slots:
             params[pos] = self._tensor_map(spec, ptrs[index], shape, strides)
         return params
@@ -572,47 +460,11 @@ class CudaExecutor:
         only when every key says what the full path read (`arrays.key_agrees`), so that a later
         call with the same keys passes the same checks."""
         keys, ptrs = found
-        if self._has_tensor_maps and any(slot.kind == "tensor_map" and slot.index < 0
-                                         for planned, *_ in launched for slot in planned.slots):
-            return  # a tensor map of a temporary: its pointer is the allocator's, not a key's
-        if not all(arrays.key_agrees(key, ptr, arg) for key, ptr, arg in zip(keys, ptrs, prepared)):
+        cached = cached_call(self.host, self.kernels, keys, ptrs, prepared, launched, per_call_temps,
+                             alignment=self.alignment, alias_pairs=self._alias_pairs,
+                             follows_producer=self.follows_producer)
+        if cached is None:
             return
-        producer_streams: list[Callable[[int], int]] = []
-        for key in keys:
-            current_stream = arrays.producer_stream(key)
-            if current_stream is not None and current_stream not in producer_streams:
-                producer_streams.append(current_stream)
-        from cuda.core import LaunchConfig
-
-        env = bind_arguments(self.host, [arg.info for arg in prepared]) if self._has_tensor_maps else {}
-        temp_slot = {}  # followed-stream temporaries: name -> its pointer's index after the arguments'
-        if per_call_temps is not None:
-            temp_slot = {name: self._arity + t for t, (name, _, _) in enumerate(per_call_temps[1])}
-        launches = []
-        for planned, grid, block, params in launched:
-            slots = tuple((pos, slot.index) for pos, slot in enumerate(planned.slots) if slot.kind == "array")
-            slots += tuple((pos, temp_slot[slot.name]) for pos, slot in enumerate(planned.slots)
-                           if slot.kind == "temp" and slot.name in temp_slot)
-            maps = tuple((pos, slot.index, slot.map, *tensor_map_geometry(self.host, slot.name, env))
-                         for pos, slot in enumerate(planned.slots) if slot.kind == "tensor_map")
-            template = list(params)
-            for pos, *_ in slots + maps:
-                template[pos] = None
-            config = LaunchConfig(grid=grid, block=block, shmem_size=planned.kernel.dynamic_smem)
-            launches.append(CachedLaunch(planned.kernel, self.kernels[planned.kernel.name], grid, block, config,
-                                         tuple(template), slots, maps))
-        cached = CachedCall(
-            tuple(launches),
-            needs=tuple(max(self.alignment, arg.info.dtype.bytes) for arg in prepared),
-            spans=tuple(byte_span(arg.info) for arg in prepared),
-            alias_pairs=self._alias_pairs,
-            producer_streams=tuple(producer_streams),
-            records=tuple(LaunchRecord(launch.info.name, launch.grid, launch.block, launch.info.dynamic_smem)
-                          for launch in launches),
-            follow=self.follows_producer and bool(producer_streams) and all(isinstance(k[0], type) for k in keys),
-            temps=() if per_call_temps is None else tuple(per_call_temps[1]),
-            temps_like=-1 if per_call_temps is None else per_call_temps[0],
-        )
         if len(self._calls) >= CALL_CACHE_SIZE:
             del self._calls[next(iter(self._calls))]
         self._calls[keys] = cached
@@ -628,8 +480,16 @@ class CudaExecutor:
         return int(ordinal)
 
     def synchronize(self) -> None:
-        """Wait for this executor's stream; an asynchronous kernel fault raises LaunchError."""
+        """Wait for this executor's stream; an asynchronous kernel fault raises LaunchError, a
+        data-dependent index out of range in an earlier call OutOfBoundsError."""
         self._synchronize(f"{self.host.name}: the device reported an error while synchronizing")
+        self._check_index_errors()
+
+    def _check_index_errors(self) -> None:
+        """After the stream is synchronized: OutOfBoundsError if a kernel of an earlier call found
+        a data-dependent index out of range (index_errors.py)."""
+        if self._error_record:
+            index_errors.check(self._error_record, self.host)
 
     def _stage(self, prepared: list[Argument]) -> list[Any]:
         """Device buffers holding the host arguments (None for device arguments), uploaded."""
@@ -664,10 +524,7 @@ class CudaExecutor:
         zero again (a self-resetting counter), so a reused one needs no new fill."""
         pointers: dict[str, int] = {}
         for temp in self.host.temps:
-            count = 1
-            for n in temp_shape(temp, env):
-                count *= max(n, 0)
-            nbytes = max(count * temp.dtype.bytes, 1)
+            nbytes = temp_bytes(temp, env)
             buf = self._temps.get(temp.name)
             if buf is None or buf.size < nbytes:
                 buf = arrays.allocate(self.device, nbytes, self.stream)
@@ -688,10 +545,7 @@ class CudaExecutor:
         owners: list[Any] = []
         sizes = []
         for temp in self.host.temps:
-            count = 1
-            for n in temp_shape(temp, env):
-                count *= max(n, 0)
-            nbytes = max(count * temp.dtype.bytes, 1)
+            nbytes = temp_bytes(temp, env)
             ptr, owner = arrays.stream_temporary(like, nbytes, temp.zero_init, self._stream_temps,
                                                  (self._stream_ptr, temp.name))
             pointers[temp.name] = ptr
@@ -782,6 +636,7 @@ class CudaExecutor:
             f"{self.host.name}: the device reported an error after launching {launched} "
             "(pass debug_sync=True to synchronize after each launch and name the failing kernel)"
         )
+        self._check_index_errors()
         for arg, param in zip(prepared, self.host.buffer_params):
             if arg.writeback is not None and arg.staged is not None and param.name in outputs:
                 arg.writeback[...] = arg.staged
@@ -800,15 +655,6 @@ _PLAIN_LAUNCH = CudaExecutor._launch
 _cuda_core_launch: Any = None
 
 
-def _with_pointers(launch: CachedLaunch, ptrs: list[int]) -> list[Any]:
-    """A cached launch's parameters with this call's argument pointers in their slots: a fresh
-    list per call, so that two threads replaying one entry never see each other's pointers."""
-    params = list(launch.params)
-    for pos, index in launch.array_slots:
-        params[pos] = ptrs[index]
-    return params
-
-
 def _dims(value: Any) -> tuple[int, int, int]:
     """A LaunchConfig's grid or block as three ints."""
     dims = tuple(int(v) for v in (value if isinstance(value, (tuple, list)) else (value,)))
@@ -820,21 +666,3 @@ def _kernel_attribute(kernel: Any, name: str) -> Any:
     a method taking the device in some releases)."""
     value = getattr(kernel.attributes, name)
     return value() if callable(value) else value
-
-
-def _as_stream(stream: Any, device: Any) -> Any:
-    from cuda.core import Stream
-
-    if stream is None:
-        return device.default_stream
-    if isinstance(stream, Stream):
-        return stream
-    if hasattr(stream, "__cuda_stream__"):
-        return device.create_stream(stream)
-    handle = getattr(stream, "cuda_stream", stream)  # torch.cuda.Stream exposes its handle as .cuda_stream
-    if isinstance(handle, int):
-        return Stream.from_handle(handle)
-    raise TeccError(
-        f"cannot use a {type(stream).__name__} as a CUDA stream: pass a cuda.core Stream, an object with "
-        "__cuda_stream__, a torch.cuda.Stream or a CUstream handle (int)"
-    )

@@ -20,6 +20,7 @@ from ..ir.dtype import DType
 from ..ir.errors import DTypeError, ShapeError, TeccError
 from ..ir.evaluate import evaluate_int
 from ..ir.expr import Expr, Var, const_int, free_vars
+from ..ir.index_checks import CheckSite, index_check_sites
 from ..ir.serialize import (
     VarTable,
     expr_from_json,
@@ -63,6 +64,9 @@ class HostProgram:
     kernels: tuple[KernelInfo, ...]
     calls: tuple[Call, ...]
     outputs: tuple[str, ...]
+    # the data-dependent index checks of the kernels, numbered as the device's error record
+    # names them (tecc/ir/index_checks.py; docs/runtime.md, "Data-dependent indices")
+    index_checks: tuple[CheckSite, ...] = ()
 
     @property
     def buffer_params(self) -> tuple[Buffer, ...]:
@@ -100,7 +104,8 @@ class HostProgram:
                     written.add(arg.name if arg is not None else target.name)
         calls = tuple(Call(c.kernel, tuple(a.name for a in c.args)) for c in module.calls)
         outputs = tuple(p.name for p in module.params if isinstance(p, Buffer) and p.name in written)
-        return HostProgram(module.name, module.params, module.temps, tuple(kernels), calls, outputs)
+        return HostProgram(module.name, module.params, module.temps, tuple(kernels), calls, outputs,
+                           index_check_sites(module.kernels))
 
     # ---- manifest JSON ------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -121,6 +126,7 @@ class HostProgram:
             ],
             "calls": [{"kernel": c.kernel, "args": list(c.args)} for c in self.calls],
             "outputs": list(self.outputs),
+            **({"index_checks": [c.to_json() for c in self.index_checks]} if self.index_checks else {}),
         }
 
     @staticmethod
@@ -140,7 +146,8 @@ class HostProgram:
             for k in j["kernels"]
         )
         calls = tuple(Call(c["kernel"], tuple(c["args"])) for c in j["calls"])
-        return HostProgram(j["name"], params, temps, kernels, calls, tuple(j["outputs"]))  # type: ignore[arg-type]
+        checks = tuple(CheckSite.from_json(c) for c in j.get("index_checks", ()))
+        return HostProgram(j["name"], params, temps, kernels, calls, tuple(j["outputs"]), checks)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -272,6 +279,15 @@ def resolve_launch(info: KernelInfo, env: Mapping[Var, int], module: str = "") -
 
 def temp_shape(buf: Buffer, env: Mapping[Var, int]) -> tuple[int, ...]:
     return tuple(evaluate_int(s, env) for s in buf.shape)
+
+
+def temp_bytes(buf: Buffer, env: Mapping[Var, int]) -> int:
+    """The bytes a temporary takes for the bound sizes `env`: at least 1, so that even an empty
+    one is a valid allocation to pass as a pointer parameter."""
+    count = 1
+    for n in temp_shape(buf, env):
+        count *= max(n, 0)
+    return max(count * buf.dtype.bytes, 1)
 
 
 def needed_vars(exprs: Sequence[Expr]) -> set[Var]:

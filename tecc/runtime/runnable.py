@@ -11,14 +11,15 @@ What they share lives here:
 - the CUDA executor (`tecc.runtime.cuda.CudaExecutor`), made on first use and then kept, so its
   loaded kernels, its temporaries and its launch cache (docs/runtime.md, "Repeated calls")
   serve every later call;
-- the call path: once the executor exists, `f(*arrays)` is one frame on top of it.
+- the call path: once the executor exists, `f(*arrays)` is one frame on top of it;
+- `sim(*arrays)`, the same call in the CPU emulator (the outputs left out or given, as `f`).
 
 Nothing here imports the compiler: a deployment runs a saved artifact with the runtime alone.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..ir.errors import DeviceError
 from . import cuda
@@ -30,7 +31,8 @@ class RunnableKernel:
     """A host program with its device code. `f(*arrays)` runs it on the current CUDA device:
     arrays in `host.buffer_params` order, NumPy arrays copied in and the results copied back,
     device arrays used in place. `f(*inputs)` (the outputs left out) allocates the outputs like
-    the inputs and returns them, one bare, several as a tuple (tecc.runtime.outputs). `executor` is the CudaExecutor, made on first call (DeviceError
+    the inputs and returns them, one bare, several as a tuple (tecc.runtime.outputs); `f.sim(...)`
+    is called the same way and runs the loop IR in the CPU emulator. `executor` is the CudaExecutor, made on first call (DeviceError
     when no GPU can run it); `synchronize()` waits for the launches of earlier calls.
 
     `stream` and `debug_sync` are passed on to the executor (docs/runtime.md, "Streams,
@@ -82,6 +84,22 @@ class RunnableKernel:
         if allocator is None:
             allocator = self._allocator = OutputAllocator(self.host)
         return allocator
+
+    def sim(self, *args: Any) -> Any:
+        """Run the kernel's loop IR in the CPU SIMT emulator: NumPy arrays, in `host.buffer_params`
+        order, written in place. With the outputs left out, they are allocated as NumPy arrays
+        and returned (one bare, several as a tuple), as `f(*inputs)` does on the GPU."""
+        if len(args) != self._arity and self.allocator.accepts(len(args)):
+            full, outputs = self.allocator.complete(args, numpy_only=True)
+            self._simulate(full)
+            return returned(outputs)
+        self._simulate(args)
+        return None
+
+    def _simulate(self, args: Sequence[Any]) -> None:
+        """Run the loop IR in the emulator on the full argument list (the subclass knows where its
+        loop IR is: Kernel holds it, LoadedKernel reads the artifact's `path.ir`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no loop IR to emulate")
 
     def _runs_in_emulator(self) -> bool:
         """Whether calls run in the CPU emulator, which takes NumPy arrays only (Kernel: "sim")."""

@@ -24,6 +24,7 @@ The top layer, like cli.py: torch is imported here and only here, on first use o
 
 from __future__ import annotations
 
+import json
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -152,11 +153,24 @@ class _Backward:
             raise TeccError(f"{what}: the backward kernel's signature is ({', '.join(got)}); build it from "
                             f"grads.args ({', '.join(expected)})")
         self.take = tuple(names.index(t.name) for t in grads.inputs)  # forward input -> backward argument
+        self.saved = len(grads.saved)   # the last len(saved) tensors of grads.forward
         wrt = [x.name for x in grads.wrt]
         self.gives = tuple(wrt.index(n) if n in wrt else None for n in names)  # forward input -> its gradient
 
-    def arguments(self, saved: Sequence[Any], cotangent: Any) -> list[Any]:
-        return [saved[i] for i in self.take] + [cotangent]
+    def arguments(self, saved: Sequence[Any], cotangent: Any, values: Callable[..., Any] | None = None) -> list[Any]:
+        """The backward kernel's arguments from the forward's inputs `saved` and the cotangent.
+        When the gradient reads forward values (`grads.saved`: statistics given as `save=`,
+        attention's output and log-sum-exp), `values` (the forward built from `grads.forward`)
+        recomputes them from the inputs first, and its last len(grads.saved) outputs are passed:
+        the op saves only its inputs."""
+        inputs = [saved[i] for i in self.take]
+        if not self.saved:
+            return inputs + [cotangent]
+        if values is None:
+            raise TeccError("the gradient reads forward values (grads.saved); pass the forward built from grads.forward")
+        found = values(*inputs)
+        outputs = list(found if isinstance(found, tuple) else (found,))
+        return inputs + outputs[len(outputs) - self.saved:] + [cotangent]
 
     def per_input(self, grads: Any) -> tuple[Any, ...]:
         found = grads if isinstance(grads, tuple) else (grads,)
@@ -192,6 +206,63 @@ def _overload(name: str) -> Any:
     return getattr(getattr(torch.ops, namespace), opname).default
 
 
+# The ops this process registered, by name, with the identity of their programs (forward,
+# backward); and the backward (and saved-values) ops they registered, by name, with what they are
+# ("the backward op of NAME").
+# torch.library lets a second registration under a name replace the first silently, so that the
+# first op's callers would run the second program.
+_REGISTERED: dict[str, tuple[tuple[Any, ...], "TorchOp"]] = {}
+_BACKWARDS: dict[str, str] = {}
+
+
+def _identity(kernel: Kernel | None) -> tuple[str, ...]:
+    """What makes two kernels the same program for an op: the host program (signature, kernels,
+    launches), the CUDA C emitted from the final loop IR, the target and the arch."""
+    if kernel is None:
+        return ()
+    return (json.dumps(kernel.host.to_json(), sort_keys=True), kernel.source, kernel.target, kernel.arch)
+
+
+def _describe(kernel: Kernel) -> str:
+    """A kernel's program in one phrase: `kernel C(A: float32[M, K], B: float32[K, 6]) -> C: float32[M, 6]`."""
+    allocator = OutputAllocator(kernel.host)
+
+    def buffer(b: Buffer) -> str:
+        return f"{b.name}: {b.dtype.name}[{', '.join(str(d) for d in b.shape)}]"
+
+    return (f"kernel {kernel.name}({', '.join(buffer(b) for b in allocator.inputs)}) -> "
+            f"{', '.join(buffer(b) for b in allocator.outputs)}")
+
+
+def _already_registered(name: str, forward: Kernel, backward: Kernel | None) -> TorchOp | None:
+    """The op this process registered as `name` when it runs the same programs (forward and
+    backward), else None; TeccError naming both programs when other programs hold the name."""
+    if name in _BACKWARDS:
+        raise TeccError(f"op {name} is already registered: it is {_BACKWARDS[name]}; "
+                        "give this op another name")
+    if backward is not None and name + "_backward" in _REGISTERED:
+        raise TeccError(f"op {name} would register its backward as {name}_backward, which is already an op "
+                        f"(it runs {_describe(_REGISTERED[name + '_backward'][1].kernel)}); give this op another name")
+    taken = _REGISTERED.get(name)
+    if taken is None:
+        return None
+    (held_forward, held_backward), existing = taken
+    if (held_forward, held_backward) == (_identity(forward), _identity(backward)):
+        return existing
+    theirs, mine = _describe(existing.kernel), _describe(forward)
+    if held_forward != _identity(forward):
+        differs = f"it runs {theirs}; this one is {mine}"
+        if theirs == mine:
+            differs += " (the same signature, another computation, target or arch)"
+    else:
+        def grads(kernel: Kernel | None) -> str:
+            return "no gradients" if kernel is None else f"the gradients of {_describe(kernel)}"
+
+        differs = f"both run {mine}, it with {grads(existing.backward_kernel)}, this one with {grads(backward)}"
+    raise TeccError(f"op {name} is already registered with another program ({differs}); give this one another "
+                    "name, or use the op registered first (torch cannot unregister an op within a process)")
+
+
 def _register(name: str, signature: _Signature) -> Any:
     what = f"op {name}"
 
@@ -217,27 +288,50 @@ def op(program: Kernel | Sequence[Tensor], name: str, *, grads: Gradients | None
     and returns its outputs (one bare, several as a tuple), allocated by torch.
     grads: `tc.grad(output, wrt)` of the kernel's one output; the backward kernel (`backward`, or
     built from `grads.args`) is registered as `<name>_backward` and supplies the gradients of the
-    `wrt` inputs (None for the others). A name can be registered once per process."""
+    `wrt` inputs (None for the others). A name holds one program per process: registering the
+    same programs again returns the op registered first; other programs under a taken name are
+    a TeccError that names both."""
     if name.count("::") != 1 or not all(part.isidentifier() for part in name.split("::")):
         raise TeccError(f"op name {name!r} must read 'namespace::name', both parts Python identifiers "
                         "(e.g. 'mylib::gemm_bias')")
     kernel = _as_kernel(program, target, build_options)
     forward = _Signature(kernel, f"op {name}")
-    custom = _register(name, forward)
-    if grads is None:
-        return TorchOp(name, custom, kernel)
-    back_kernel = _as_kernel(backward if backward is not None else grads.args, target, build_options)
+    back_kernel = None
+    if grads is not None:
+        back_kernel = _as_kernel(backward if backward is not None else grads.args, target, build_options)
+    existing = _already_registered(name, kernel, back_kernel)
+    if existing is not None:  # the same programs again: torch keeps one op per name
+        return existing
+    if back_kernel is None or grads is None:
+        made = TorchOp(name, _register(name, forward), kernel)
+    else:
+        made = _register_with_gradients(name, forward, grads, back_kernel, target, build_options)
+        _BACKWARDS[name + "_backward"] = f"the backward op of {name}"
+        if grads.saved:
+            _BACKWARDS[name + "_saved"] = f"the op of {name}'s saved values"
+    _REGISTERED[name] = ((_identity(kernel), _identity(back_kernel)), made)
+    return made
+
+
+def _register_with_gradients(name: str, forward: _Signature, grads: Gradients, back_kernel: Kernel, target: str,
+                             build_options: dict[str, Any]) -> TorchOp:
+    """The op `name` and its backward op `<name>_backward`, wired with register_autograd; with
+    `grads.saved`, also `<name>_saved`, the forward built from `grads.forward`."""
     back = _Backward(forward, grads, back_kernel, f"op {name}")
+    custom = _register(name, forward)
     back_custom = _register(name + "_backward", back.signature)
+    # the forward values the gradient reads (saved statistics; attention's output and log-sum-exp), an op of its own
+    values = _register(name + "_saved", _Signature(_as_kernel(list(grads.forward), target, build_options),
+                                                   f"op {name} (saved values)")) if grads.saved else None
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.save_for_backward(*inputs)
 
     def backward_formula(ctx: Any, grad_output: Any) -> tuple[Any, ...]:
-        return back.per_input(back_custom(*back.arguments(ctx.saved_tensors, grad_output)))
+        return back.per_input(back_custom(*back.arguments(ctx.saved_tensors, grad_output, values)))
 
     custom.register_autograd(backward_formula, setup_context=setup_context)
-    return TorchOp(name, custom, kernel, back_custom, back_kernel)
+    return TorchOp(name, custom, forward.kernel, back_custom, back_kernel)
 
 
 def function(program: Kernel | Sequence[Tensor], grads: Gradients, *, backward: Kernel | Sequence[Tensor] | None = None,
@@ -248,6 +342,12 @@ def function(program: Kernel | Sequence[Tensor], grads: Gradients, *, backward: 
     forward = _Signature(kernel, f"function {kernel.name}")
     back_kernel = _as_kernel(backward if backward is not None else grads.args, target, build_options)
     back = _Backward(forward, grads, back_kernel, f"function {kernel.name}")
+    values = None
+    if grads.saved:
+        saver = _Signature(_as_kernel(list(grads.forward), target, build_options), f"function {kernel.name} (saved values)")
+
+        def values(*tensors: Any) -> Any:
+            return saver.run(tensors)
 
     class TeccFunction(torch.autograd.Function):
         @staticmethod
@@ -258,7 +358,7 @@ def function(program: Kernel | Sequence[Tensor], grads: Gradients, *, backward: 
 
         @staticmethod
         def backward(ctx: Any, grad_output: Any) -> Any:
-            return back.per_input(back.signature.run(back.arguments(ctx.saved_tensors, grad_output)))
+            return back.per_input(back.signature.run(back.arguments(ctx.saved_tensors, grad_output, values)))
 
     TeccFunction.__name__ = TeccFunction.__qualname__ = f"TeccFunction_{kernel.name}"
     return TeccFunction.apply  # type: ignore[no-any-return]

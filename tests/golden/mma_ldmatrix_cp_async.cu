@@ -33,7 +33,7 @@ extern "C" __global__ void __launch_bounds__(32) mma_ldmatrix_mk_nk_cp_async_swi
     : "memory");
   #pragma unroll
   for (int ce = 0; ce < 4; ++ce) {
-    acc[ce] = C[(lane / 4 + 8 * (ce / 2)) * 8 + lane % 4 * 2 + ce % 2];
+    acc[ce] = C[(lane / 4 + ce / 2 * 8) * 8 + lane % 4 * 2 + ce % 2];
   }
   asm volatile(
     "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
@@ -41,6 +41,6 @@ extern "C" __global__ void __launch_bounds__(32) mma_ldmatrix_mk_nk_cp_async_swi
     : "r"(*reinterpret_cast<unsigned*>(&a_frag[0])), "r"(*reinterpret_cast<unsigned*>(&a_frag[2])), "r"(*reinterpret_cast<unsigned*>(&a_frag[4])), "r"(*reinterpret_cast<unsigned*>(&a_frag[6])), "r"(*reinterpret_cast<unsigned*>(&b_frag[0])), "r"(*reinterpret_cast<unsigned*>(&b_frag[2])), "f"(acc[0]), "f"(acc[1]), "f"(acc[2]), "f"(acc[3]));
   #pragma unroll
   for (int de = 0; de < 4; ++de) {
-    D[(lane / 4 + 8 * (de / 2)) * 8 + lane % 4 * 2 + de % 2] = acc[de];
+    D[(lane / 4 + de / 2 * 8) * 8 + lane % 4 * 2 + de % 2] = acc[de];
   }
 }

@@ -102,6 +102,6 @@ extern "C" __global__ void __launch_bounds__(128) wgmma_m64n64k32_f16_128B_MN128
   asm volatile("" : "+f"(acc[31]) :: "memory");
   #pragma unroll
   for (int e = 0; e < 32; ++e) {
-    D[(16 * (tid / 32) + tid % 32 / 4 + 8 * (e / 2 % 2)) * 64 + 8 * (e / 4) + tid % 32 % 4 * 2 + e % 2] = acc[e];
+    D[(tid / 32 * 16 + tid % 32 / 4 + e / 2 % 2 * 8) * 64 + e / 4 * 8 + tid % 32 % 4 * 2 + e % 2] = acc[e];
   }
 }

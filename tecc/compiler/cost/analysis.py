@@ -40,6 +40,7 @@ from ...ir.expr import (
     free_vars,
     walk,
 )
+from ...ir.philox import RandomUniform
 from ...ir.stmt import (
     Allocate,
     Buffer,
@@ -85,6 +86,13 @@ INSTRUCTION_COST: dict[str, float] = {
     # No MUFU. (The same SASS puts sinf's fast path at ~27 per element, below the 40 above.)
     "sin_approx": 19.0, "cos_approx": 21.0,
 }
+# tc.rand (RandomUniform): one Philox4x32-10 per element as codegen/philox.py prints it: per round
+# two 32x32->64-bit multiplies (IMAD.WIDE.U32, or IMAD.HI + IMAD), two three-way XORs (LOP3) and
+# the key's two adds; plus the 64-bit counter, the word select and the float conversion. An
+# estimate of the SASS, not a measurement. A vectorize loop of width 4 or 8 shares one call among
+# four elements (codegen/philox.py), which saves RANDOM_SHARED_SAVING of it per element.
+RANDOM_COST = 80.0
+RANDOM_SHARED_SAVING = 0.75 * 72.0   # three quarters of the rounds' ~72 instructions
 CONVERSION_COST = 1.0                # one convert per element between a 16-bit float and FP32
 # Float operators that are more than one instruction (docs/semantics.md): max / min propagate
 # NaN through `(a > b || a != a) ? a : b` (two FSETP and an FSEL; FMNMX alone would drop the
@@ -121,6 +129,31 @@ class Access:
     per_dim: tuple[Affine | None, ...] = ()   # per buffer dimension: its affine index
     dims: tuple[int, ...] = ()                # the buffer's extents (sizes substituted)
     dtype: str = ""                           # the buffer's dtype name ("float16", ...)
+    # a gather (`W[idx[i], j]`): the flat offset of its affine dimensions, the data-dependent ones
+    # left out (each adds a base that is one unknown row per value of `gather_vars`, the loop
+    # variables of those indices); None unless every dimension that is not affine reads memory
+    gathered: Affine | None = None
+    gather_vars: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class ScatterFacts:
+    """A kernel that is a scatter (tecc.passes.rewrite.scatter_atomic.match_scatter): what its
+    atomic form would do, for the `scatter_atomic` strategy."""
+
+    domain: tuple[tuple[str, int], ...]   # the atomic kernel's loops (summed, then the free output axes)
+    matched: int                          # output positions the matched dimensions span (product of extents)
+    summed: int                           # domain points per output element's scan (product of the summed extents)
+    acc_itemsize: int                     # bytes of one accumulator element
+    finish: bool                          # the output's dtype is not the accumulator's: a finish kernel
+    coalesced: bool                       # the innermost domain loop is the output's unit-stride axis
+
+    @property
+    def points(self) -> int:
+        n = 1
+        for _, e in self.domain:
+            n *= e
+        return n
 
 
 @dataclass(frozen=True)
@@ -147,6 +180,8 @@ class KernelInfo:
     # calls, one per FP op, CONVERSION_COST per 16-bit float conversion); loads, stores and index
     # math are the strategies' to add. None: not counted (flops_per_iteration stands in).
     arith_instructions_per_iteration: float | None = None
+    random_per_iteration: int = 0                   # RandomUniform nodes (tc.rand) per innermost iteration
+    scatter: ScatterFacts | None = None             # the kernel is a scatter (masked sum with data-dependent matches)
 
     @property
     def outputs(self) -> int:
@@ -237,6 +272,21 @@ def _access(buf: Buffer, indices: tuple[Expr, ...], env: Mapping[Var, int]) -> A
         except Exception:  # noqa: BLE001
             dims.append(DEFAULT_SIZE)
     index_vars = tuple(frozenset(v.name for v in free_vars(i) if v.kind == "index") for i in indices)
+    offset = _flat_offset(buf, per_dim, dims, env)
+    gathered: Affine | None = None
+    gather_vars: frozenset[str] = frozenset()
+    loaded = [any(isinstance(n, BufferLoad) for n in walk(i)) for i in indices]
+    if offset is None and any(loaded) and all(a is not None or ld for a, ld in zip(per_dim, loaded)):
+        zero = Affine(())
+        gathered = _flat_offset(buf, tuple(zero if ld else a for a, ld in zip(per_dim, loaded)), dims, env)
+        gather_vars = frozenset().union(*(vs for vs, ld in zip(index_vars, loaded) if ld))
+    return Access(buf.name, buf.tensor, buf.dtype.bytes, offset, index_vars, per_dim, tuple(dims), buf.dtype.name,
+                  gathered, gather_vars)
+
+
+def _flat_offset(buf: Buffer, per_dim: tuple[Affine | None, ...], dims: list[int],
+                 env: Mapping[Var, int]) -> Affine | None:
+    """The flat element offset of an access whose per-dimension indices are `per_dim`."""
     offset: Affine | None = None
     if all(a is not None for a in per_dim):
         strides: list[int] | None = []
@@ -269,7 +319,7 @@ def _access(buf: Buffer, indices: tuple[Expr, ...], env: Mapping[Var, int]) -> A
             for v, c in a.coeff:
                 coeff[v] = coeff.get(v, 0) + c * st
         offset = Affine(tuple(sorted((v, c) for v, c in coeff.items() if c)), const)
-    return Access(buf.name, buf.tensor, buf.dtype.bytes, offset, index_vars, per_dim, tuple(dims), buf.dtype.name)
+    return offset
 
 
 def _count_ops(e: Expr) -> tuple[int, int]:
@@ -301,6 +351,8 @@ def _count_instructions(e: Expr) -> float:
             n_instr += INSTRUCTION_COST.get(n.name, 1.0)
         elif isinstance(n, Select) and n.dtype.is_float:
             n_instr += 1.0
+        elif isinstance(n, RandomUniform):
+            n_instr += RANDOM_COST
         elif isinstance(n, Cast) and n.dtype.is_float and n.a.dtype.is_float and min(n.dtype.bytes, n.a.dtype.bytes) == 2:
             n_instr += CONVERSION_COST
     return n_instr
@@ -387,8 +439,30 @@ def analyze_kernel(func: PrimFunc, sizes: Mapping[str, int] | None = None) -> Ke
         kernel=func.name, stage=out_store.buffer.tensor, spatial=spatial, reduction=reduction, reads=reads,
         write=write, flops_per_iteration=flops, special_per_iteration=special, epilogue_flops=epilogue,
         combiner=combiner, kind="elementwise", dtype=str(out_store.buffer.dtype), symbolic=tuple(symbolic),
-        assumed=tuple(assumed), strided_inputs=tuple(strided), arith_instructions_per_iteration=arith)
+        assumed=tuple(assumed), strided_inputs=tuple(strided), arith_instructions_per_iteration=arith,
+        random_per_iteration=sum(1 for n in walk(body_value) if isinstance(n, RandomUniform)),
+        scatter=_scatter_facts(func, env) if updates else None)
     return _classify(info)
+
+
+def _scatter_facts(func: PrimFunc, env: Mapping[Var, int]) -> ScatterFacts | None:
+    from ...passes.rewrite.scatter_atomic import match_scatter
+
+    m = match_scatter(func)
+    if m is None:
+        return None
+    domain = tuple((lp.var.name, evaluate_int(lp.extent, env)) for lp in m.summed + m.free)
+    matched = 1
+    for d in m.matched:
+        matched *= evaluate_int(m.spatial[d].extent, env)
+    inner = (m.summed + m.free)[-1].var
+    last = m.spatial[-1].var
+    coalesced = inner is last and len(m.spatial) - 1 not in m.matched and m.out.strides is None
+    summed = 1
+    for lp in m.summed:
+        summed *= evaluate_int(lp.extent, env)
+    return ScatterFacts(domain, matched, summed, m.acc_dtype.bytes, m.finish is not m.total or m.acc_dtype != m.out.dtype,
+                        coalesced)
 
 
 def _combiner(upd: BufferStore) -> str:
@@ -417,5 +491,5 @@ def _classify(info: KernelInfo) -> KernelInfo:
     return replace(info, kind="contraction" if contraction else "reduction")
 
 
-__all__ = ["Access", "Affine", "BINARY_COST", "CONVERSION_COST", "INSTRUCTION_COST", "KernelInfo", "analyze_kernel", "affine",
+__all__ = ["Access", "Affine", "ScatterFacts", "BINARY_COST", "CONVERSION_COST", "INSTRUCTION_COST", "RANDOM_COST", "RANDOM_SHARED_SAVING", "KernelInfo", "analyze_kernel", "affine",
            "DEFAULT_SIZE"]

@@ -25,11 +25,15 @@ parallelism a thread exposes (bytes of independent loads in flight, independent 
     chain      a block's serial critical path (Workload.chain_cycles: latencies that nothing
                inside the block overlaps), paid once per round of resident blocks on the
                busiest SM: however many warps other blocks add, a block cannot finish sooner
+    serial     device-wide serialized work (Workload.serial_cycles: atomics to one address)
     latency    exposed latency: rounds · per-block critical path / resident blocks
+    overlap    Workload.overlap_loss · min(dram, l1/shared): what a kernel whose bytes each take
+               several memory instructions loses of the two pipes' overlap (0 unless it says)
     launch     the fixed launch overhead
     then       a second kernel of the same point (split-K's combine), predicted on its own
 
-    predicted = launch + max(dram, l2, l1/shared, tensor, fma, issue, special, blocks, chain) + latency (+ then)
+    predicted = launch + max(dram, l2, l1/shared, tensor, fma, issue, special, blocks, chain, serial)
+                + latency + overlap (+ then)
 
 Hard constraints (threads per block, registers per thread and per block, shared memory without
 opt-in, a block that does not fit on an SM) reject a point with the reason.
@@ -136,6 +140,20 @@ class Workload:
     # the kernel's shared buffers may exceed 48 KiB: the emitter then declares them as dynamic
     # shared memory and the runtime opts in (up to Target.smem_per_block_optin)
     smem_opt_in: bool = False
+    # device-wide serialized work in clocks, whatever the parallelism: the atomic additions to
+    # the most contended address (a scatter's repeated index), which its L2 slice applies one
+    # after another (the `serial` term)
+    serial_cycles: float = 0.0
+    # the part of the L1/shared pipe's time that does not overlap the DRAM transfers: this fraction
+    # of the smaller of the dram and l1/shared terms is added to the prediction (the `overlap`
+    # term; 0: the two overlap perfectly, the max() alone). A memory-bound kernel whose every byte
+    # takes several warp memory instructions (a tiled transpose: global load, shared store, shared
+    # load, global store) measured 0.1-0.4 of it on the H200 (docs/cost-model.md, "Overlap")
+    overlap_loss: float = 0.0
+    # the chain (chain_cycles) already holds the block's global load latency (a ring's fill and
+    # the stages it does not cover: the tensor-core GEMMs), so the latency term adds only the
+    # block's own block_latency_cycles, not another global load per round
+    latency_in_chain: bool = False
 
     @property
     def register_count(self) -> int:
@@ -280,14 +298,18 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
         tensor_eff = min(1.0, active_warps / (2.0 * target.schedulers_per_sm))
         t_tensor = w.tensor_flops * share / (w.tensor_rate / sms) / max(tensor_eff, 1e-3)
     t_special = w.special_ops * share / (params.sfu_lanes_per_sm * clock)
-    t_latency = rounds * (w.block_latency_cycles + params.global_latency_cycles) / clock / resident
+    loads = 0.0 if w.latency_in_chain else params.global_latency_cycles
+    t_latency = rounds * (w.block_latency_cycles + loads) / clock / resident
     t_blocks = per_sm_blocks * params.block_cycles / clock
     t_chain = rounds * w.chain_cycles / clock
     terms = {"dram": t_dram, "l2": t_l2, "l1/shared": t_lsu, "tensor": t_tensor, "fma": t_fma, "issue": t_issue,
-             "special": t_special, "blocks": t_blocks, "chain": t_chain}
+             "special": t_special, "blocks": t_blocks, "chain": t_chain, "serial": w.serial_cycles / clock}
     bound = max(terms, key=lambda k: terms[k])
-    total = params.launch_s + terms[bound] + t_latency
+    t_overlap = w.overlap_loss * min(t_dram, t_lsu)
+    total = params.launch_s + terms[bound] + t_latency + t_overlap
     terms = dict(terms, latency=t_latency, launch=params.launch_s)
+    if t_overlap:
+        terms["overlap"] = t_overlap
     if w.then is not None:
         # the next kernel waits for this one (same stream): its whole predicted time is added
         after = predict(w.then, target, params)

@@ -52,10 +52,26 @@ def buffer_bytes(a: Access) -> int:
     return n
 
 
+def footprint_bytes(info: KernelInfo, a: Access) -> int:
+    """The bytes of `a`'s buffer the kernel can touch: the whole buffer, except for a gather
+    (`W[idx[i], j]`), which touches at most one element per value of its index variables -- a
+    32-byte sector each unless the affine part walks the row with unit stride -- so an embedding
+    of 8192 tokens reads 8192 rows, not the 50257 of its table."""
+    whole = buffer_bytes(a)
+    if a.offset is not None or a.gathered is None:
+        return whole
+    extents = dict(info.spatial + info.reduction)
+    count = 1
+    for v in set(a.gathered.vars) | a.gather_vars:
+        count *= extents.get(v, 1)
+    contiguous = any(abs(c) == 1 for _, c in a.gathered.coeff)
+    return min(whole, count * (a.itemsize if contiguous else max(a.itemsize, 32)))
+
+
 def compulsory_bytes(info: KernelInfo) -> float:
     seen: dict[str, int] = {}
     for a in info.reads:
-        seen[a.buffer] = buffer_bytes(a)
+        seen[a.buffer] = max(seen.get(a.buffer, 0), footprint_bytes(info, a))
     return float(sum(seen.values()) + info.outputs * info.write.itemsize)
 
 
@@ -63,10 +79,30 @@ def dram_from_l2(info: KernelInfo, l2_bytes: float, target: Target) -> float:
     """Compulsory bytes, plus the re-read traffic that misses in L2."""
     base = compulsory_bytes(info)
     extra = max(0.0, l2_bytes - base)
-    footprint = sum(buffer_bytes(a) for a in {a.buffer: a for a in info.reads}.values())
+    footprint = sum(footprint_bytes(info, a) for a in {a.buffer: a for a in info.reads}.values())
     usable = 0.5 * target.l2_bytes
     miss = 0.0 if footprint <= usable else 1.0 - usable / footprint
     return base + extra * miss
+
+
+def gathered_cost(a: Access, lanes: dict[str, list[int]], vector: int) -> tuple[int, int]:
+    """(sectors, lines) of one warp instruction of a gather (`W[idx[i], j]`): the lanes that
+    share the values of the gather's variables read one unknown row, at the affine offsets of the
+    other dimensions; different rows are taken to be different lines (random indices into a
+    large table). So a warp along the affine fastest axis of one row is as coalesced as a plain
+    row read, and a warp spread over rows pays a sector (or more) per row."""
+    assert a.gathered is not None
+    groups: dict[tuple[int, ...], list[int]] = {}
+    offsets = lane_offsets(a.gathered, lanes)
+    for lane in range(WARP):
+        key = tuple(lanes[v][lane] if v in lanes else 0 for v in sorted(a.gather_vars))
+        groups.setdefault(key, []).append(offsets[lane])
+    sectors = lines = 0
+    for group in groups.values():
+        s, ln = global_cost(group, a.itemsize, vector)
+        sectors += s
+        lines += ln
+    return sectors, lines
 
 
 def one_thread_per_output(info: KernelInfo, target: Target, vector: int = 1) -> Traffic:
@@ -76,14 +112,18 @@ def one_thread_per_output(info: KernelInfo, target: Target, vector: int = 1) -> 
     warps = info.outputs / (WARP * vector)
     t = Traffic()
     for a in info.reads:
-        if a.offset is None:
-            sectors, lines = WARP, WARP
-        else:
+        known = a.offset if a.offset is not None else a.gathered
+        if a.offset is not None:
             vec = vector if abs(a.offset.get(vec_var)) == 1 else 1
             sectors, lines = global_cost(lane_offsets(a.offset, lanes), a.itemsize, vec)
-        uses_reduce = a.offset is None or bool(set(a.offset.vars) & reduce_vars)
+        elif a.gathered is not None:
+            vec = vector if abs(a.gathered.get(vec_var)) == 1 else 1
+            sectors, lines = gathered_cost(a, lanes, vec)
+        else:
+            sectors, lines = WARP, WARP
+        uses_reduce = known is None or bool((set(known.vars) | a.gather_vars) & reduce_vars)
         per_thread = info.reduce_extent if uses_reduce else 1
-        loads_per_lane = 1 if (a.offset is not None and abs(a.offset.get(vec_var)) == 1) else vector
+        loads_per_lane = 1 if (known is not None and abs(known.get(vec_var)) == 1) else vector
         instr = warps * per_thread * loads_per_lane
         reuse = 1.0
         if uses_reduce and a.offset is not None and info.reduction:
@@ -106,4 +146,4 @@ def one_thread_per_output(info: KernelInfo, target: Target, vector: int = 1) -> 
     return t
 
 
-__all__ = ["Traffic", "compulsory_bytes", "dram_from_l2", "one_thread_per_output", "unravel_lanes", "buffer_bytes"]
+__all__ = ["Traffic", "compulsory_bytes", "footprint_bytes", "gathered_cost", "dram_from_l2", "one_thread_per_output", "unravel_lanes", "buffer_bytes"]

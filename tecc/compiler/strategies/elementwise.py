@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from ...ir.target import Target
-from ..cost.analysis import KernelInfo
+from ..cost.analysis import RANDOM_SHARED_SAVING, KernelInfo
 from ..cost.model import Workload
 from ._simple import simple_workload
 from .registry import Point, Strategy, register
@@ -37,8 +37,10 @@ def vector_provable(info: KernelInfo, vector: int) -> bool:
     if any(s for s, _ in info.assumed):
         return False
     # one element size for every access, and a width the emitter turns into one access of at
-    # most 16 bytes (codegen/vectorize.py: float2/float4 for 32-bit, 2/4/8 elements for 16-bit)
-    sizes = {info.write.itemsize} | {a.itemsize for a in info.reads if a.offset is not None}
+    # most 16 bytes (codegen/vectorize.py: float2/float4 for 32-bit, 2/4/8 elements for 16-bit).
+    # A read of one element for the whole kernel (a scalar tensor: tc.rand's int64 seed) is no
+    # vector access: it does not count.
+    sizes = {info.write.itemsize} | {a.itemsize for a in info.reads if a.offset is not None and a.offset.vars}
     if len(sizes) != 1:
         return False
     (size,) = sizes
@@ -89,11 +91,11 @@ class Elementwise(Strategy):
                             grid_stride=blocks is not None)
         if not provable and v > 1:
             w.notes.append(f"vector {v} not provably aligned: emitted as {v} scalar accesses")
-        self._price_arithmetic(info, w)
+        self._price_arithmetic(info, w, shared_random=provable and v % 4 == 0)
         return w
 
     @staticmethod
-    def _price_arithmetic(info: KernelInfo, w: Workload) -> None:
+    def _price_arithmetic(info: KernelInfo, w: Workload, shared_random: bool = False) -> None:
         """Replace simple_workload's one instruction per FP op by the IR's issued-instruction
         count (analysis.INSTRUCTION_COST: a precise sinf is ~40, not 1; a bf16<->fp32 convert
         is 1), so that where the arithmetic, not DRAM, bounds the kernel (bf16 sin: twice the
@@ -102,6 +104,8 @@ class Elementwise(Strategy):
         arith = info.arith_instructions_per_iteration
         if arith is None:
             return
+        if shared_random:  # one Philox call per four elements of a tc.rand (codegen/philox.py)
+            arith -= info.random_per_iteration * RANDOM_SHARED_SAVING
         extra = arith - info.flops_per_iteration
         if extra > 0:
             w.instructions += extra * info.outputs / 32
@@ -112,6 +116,10 @@ class Elementwise(Strategy):
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
         loops = sch.get_loops(info.stage)[:len(info.spatial)]
         v = int(point["vector"])
+        t = int(point["threads"])
+        if point["mode"] != "grid_stride":
+            schedule_blocked(sch, loops, t, v, int(point["items"]))
+            return
         inner_vec = None
         if v > 1:
             outer, inner_vec = sch.split(loops[-1], v)
@@ -119,25 +127,11 @@ class Elementwise(Strategy):
         fused = loops[0]
         for lp in loops[1:]:
             fused = sch.fuse(fused, lp)
-        t = int(point["threads"])
-        if point["mode"] == "grid_stride":
-            grid = int(point["grid"])
-            rounds, g, th = sch.split(fused, factors=[None, grid, t])
-            sch.reorder(g, th, rounds)
-            sch.bind(g, "blockIdx.x")
-            sch.bind(th, "threadIdx.x")
-        else:
-            items = int(point["items"])
-            if items > 1:
-                b, u, th = sch.split(fused, factors=[None, items, t])
-                sch.reorder(b, th, u)
-                sch.bind(b, "blockIdx.x")
-                sch.bind(th, "threadIdx.x")
-                sch.unroll(u)
-            else:
-                b, th = sch.split(fused, factors=[None, t])
-                sch.bind(b, "blockIdx.x")
-                sch.bind(th, "threadIdx.x")
+        grid = int(point["grid"])
+        rounds, g, th = sch.split(fused, factors=[None, grid, t])
+        sch.reorder(g, th, rounds)
+        sch.bind(g, "blockIdx.x")
+        sch.bind(th, "threadIdx.x")
         if inner_vec is not None:
             sch.vectorize(inner_vec)
 
@@ -146,6 +140,31 @@ class Elementwise(Strategy):
             return (f"elementwise(grid-stride, grid={point.get('grid', '?')}, threads={point['threads']}, "
                     f"vector={point['vector']})")
         return f"elementwise(threads={point['threads']}, vector={point['vector']}, items/thread={point['items']})"
+
+
+def schedule_blocked(sch: Any, loops: list[Any], threads: int, vector: int = 1, items: int = 1) -> None:
+    """The blocked mapping of a loop nest (the module docstring): the innermost loop split by
+    `vector` and vectorized, the rest fused, `items` vector groups per thread of `threads`.
+    Also what other strategies use for a kernel of their own that is elementwise."""
+    inner_vec = None
+    if vector > 1:
+        outer, inner_vec = sch.split(loops[-1], vector)
+        loops = loops[:-1] + [outer]
+    fused = loops[0]
+    for lp in loops[1:]:
+        fused = sch.fuse(fused, lp)
+    if items > 1:
+        b, u, th = sch.split(fused, factors=[None, items, threads])
+        sch.reorder(b, th, u)
+        sch.bind(b, "blockIdx.x")
+        sch.bind(th, "threadIdx.x")
+        sch.unroll(u)
+    else:
+        b, th = sch.split(fused, factors=[None, threads])
+        sch.bind(b, "blockIdx.x")
+        sch.bind(th, "threadIdx.x")
+    if inner_vec is not None:
+        sch.vectorize(inner_vec)
 
 
 register(Elementwise())

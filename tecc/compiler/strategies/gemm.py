@@ -83,7 +83,7 @@ class Gemm(Strategy):
             return "needs exactly two spatial axes and one reduction axis"
         if operands(info) is None:
             return "needs one read indexed by (i, k) and one by (k, j)"
-        if any(x.itemsize != 4 for x in info.reads):
+        if any(x.itemsize != 4 for x in operands(info) or ()):
             return "float32 operands only (16-bit operands: gemm_tensor_core)"
         return None
 

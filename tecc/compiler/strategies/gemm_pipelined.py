@@ -34,6 +34,7 @@ from ...ir.errors import ScheduleError
 from ...ir.target import Target
 from ..cost.analysis import KernelInfo
 from ..cost.model import Workload
+from ..cost.traffic import buffer_bytes
 from ..cost.warp import shared_wavefronts
 from ..cost.analysis import Access, Affine
 from .gemm import Gemm, operands
@@ -83,9 +84,15 @@ def split_chunk(k: int, bk: int, split: int) -> int:
 
 def _batch_leads(info: KernelInfo) -> bool:
     """True when the batch axis (the first spatial one) indexes dimension 0 of A, B and C and
-    nothing else, so that one batch element is one ordinary GEMM."""
+    nothing else, so that one batch element is one ordinary GEMM. The epilogue's reads (a
+    `bias[j]`, a `scale[b]`: read once per output by the store, not under the reduction) may
+    index the batch axis anywhere or not at all: they broadcast, and the store reads them at
+    the output's own indices."""
     b = info.spatial[0][0]
-    for x in info.reads + (info.write,):
+    pair = operands(info)
+    if pair is None:
+        return False
+    for x in pair + (info.write,):
         if len(x.index_vars) != 3 or x.index_vars[0] != frozenset({b}):
             return False
         if any(b in v for v in x.index_vars[1:]):
@@ -94,14 +101,27 @@ def _batch_leads(info: KernelInfo) -> bool:
 
 
 def _one_matrix(info: KernelInfo) -> KernelInfo:
-    """`info` of a batched GEMM seen as one of its matrices (batch axis and dimension dropped)."""
+    """`info` of a batched GEMM seen as one of its matrices: the batch axis dropped, and with it
+    every dimension it alone indexes (dimension 0 of A, B and C; an epilogue read's `b`)."""
     b = info.spatial[0][0]
 
     def one(x: Access) -> Access:
-        offset = None if x.offset is None else Affine(tuple((v, c) for v, c in x.offset.coeff if v != b), x.offset.const)
-        return replace(x, offset=offset, index_vars=x.index_vars[1:], per_dim=x.per_dim[1:], dims=x.dims[1:])
+        offset = (None if x.offset is None
+                  else Affine(tuple((v, c) for v, c in x.offset.coeff if v != b), x.offset.const))
+        keep = [d for d, vs in enumerate(x.index_vars) if vs != frozenset({b})]
+        return replace(x, offset=offset, index_vars=tuple(x.index_vars[d] for d in keep),
+                       per_dim=tuple(x.per_dim[d] for d in keep) if x.per_dim else x.per_dim,
+                       dims=tuple(x.dims[d] for d in keep) if x.dims else x.dims)
 
     return replace(info, spatial=info.spatial[1:], reads=tuple(one(x) for x in info.reads), write=one(info.write))
+
+
+def _broadcast_bytes(info: KernelInfo) -> float:
+    """Bytes of the reads the batch axis does not index (an epilogue's `bias[j]`): one batch
+    element's workload counts them once, and the batch shares them (DRAM reads them once)."""
+    b = info.spatial[0][0]
+    seen = {x.buffer: buffer_bytes(x) for x in info.reads if not any(b in vs for vs in x.index_vars)}
+    return float(sum(seen.values()))
 
 
 def _k_contiguous(info: KernelInfo, which: int) -> bool:
@@ -125,10 +145,10 @@ class GemmPipelined(Strategy):
             return "needs two spatial axes (three with a leading batch axis) and one reduction axis"
         if operands(info) is None:
             return "needs one read indexed by (i, k) and one by (k, j)"
-        if any(x.itemsize != 4 for x in info.reads):
+        if any(x.itemsize != 4 for x in operands(info) or ()):
             return "float32 operands only (16-bit operands: gemm_tensor_core)"
         if len(info.spatial) == 3 and not _batch_leads(info):
-            return "a batch axis must index only the leading dimension of every operand"
+            return "a batch axis must index only the leading dimension of A, B and the output"
         (_, m), (_, n) = info.spatial[-2:]
         if m < 32 or n < 32:
             return "needs M and N of at least 32 (one 32-wide block tile)"
@@ -160,11 +180,13 @@ class GemmPipelined(Strategy):
             return self._split_workload(info, point, target, split)
         if len(info.spatial) == 3:
             # a batch of independent GEMMs side by side on blockIdx.z: one matrix's workload,
-            # every total times the batch (per-block and per-thread figures unchanged)
+            # every total times the batch (per-block and per-thread figures unchanged); the
+            # epilogue's broadcast reads come from DRAM once for the whole batch
             batch = info.spatial[0][1]
             one = self.workload(_one_matrix(info), point, target)
+            dram = one.dram_bytes * batch - (batch - 1) * _broadcast_bytes(info)
             return replace(one, blocks=one.blocks * batch, flops=one.flops * batch, fma_ops=one.fma_ops * batch,
-                           dram_bytes=one.dram_bytes * batch, l2_bytes=one.l2_bytes * batch,
+                           dram_bytes=dram, l2_bytes=one.l2_bytes * batch,
                            global_wavefronts=one.global_wavefronts * batch,
                            smem_wavefronts=one.smem_wavefronts * batch, instructions=one.instructions * batch)
         bm, bn, bk = int(point["bm"]), int(point["bn"]), int(point["bk"])

@@ -1,4 +1,4 @@
-"""gemm_tensor_core: float16/bfloat16 contractions on tensor cores through the `tensorize` primitive;
+"""gemm_tensor_core: float16/bfloat16 contractions on tensor cores through the tensor-core primitives;
 gemm_tensor_core_tf32: float32 ones rounded to tf32, only when the build allows TF32.
 
 The TF32 variant (`GemmTensorCoreTF32`, end of the file) is this strategy with the `Precision`
@@ -13,15 +13,18 @@ output axes that index only the first operand, the columns those that index only
 all reduction axes (`gemm_view`, mirroring tecc/passes/schedule/implicit_gemm.py, which makes the
 final decision when the step is applied: a point it refuses is passed over). A stage where no
 output axis indexes only one operand (a depthwise convolution) is declined: a memory-bound
-stencil, left to the SIMT strategies. One Plan step, one Plan step, `tensorize(stage, block, warps, k_tile, stages)`
-(tecc/passes/schedule/tensorize.py builds the kernel: mma.m16n8k16 with float32 accumulators,
-a ring of cp.async stages in swizzled shared memory, ldmatrix, the stage's epilogue).
+stencil, left to the SIMT strategies. `apply` is the list of primitives (docs/schedule.md,
+"The tensor-core primitives"): `tensorize(stage, block, warps, k_tile)` (mma.m16n8k16 with
+float32 accumulators, ldmatrix), `stage_operand` of each operand (cp.async into swizzled shared
+tiles), `pipeline(k_tile, stages)` (the cp.async ring), and `pipeline_fragments` / `epilogue(stage,
+"staged")` for the points that ask for them.
 
 Point: block tile BM × BN ∈ {64, 128, 256}², a warp grid of 4 or 8 warps whose warp tile is
 32..64 × 32..64, k-tile BK ∈ {32, 64}, stages ∈ {2, 3, 4}, the mainloop plain (its
-fragments pipelined across k steps and k tiles, `fragment_pipeline`, only with `offer_pipelined`:
-measured slower at the points taken), with stages · (BM + BN) · BK · 2
-bytes of shared ring within the target's opt-in limit: over 48 KiB the emitter declares the
+fragments pipelined across k steps and k tiles, `pipeline_fragments`, only with `offer_pipelined`:
+measured slower at the points taken), "split" S (split-K, offered and priced by gemm_split.py where
+the output has few tiles), with stages · (BM + BN) · BK · 2 bytes of shared ring within the
+target's opt-in limit: over 48 KiB the emitter declares the
 ring as dynamic shared memory (codegen `dynamic_shared_bytes`) and the runtime opts the kernel
 in at load (runtime/cuda.py), so the Workload says `smem_opt_in`.
 
@@ -70,6 +73,15 @@ from ..cost.analysis import Access, KernelInfo
 from ..cost.model import Workload
 from ..cost.occupancy import occupancy
 from ..cost.traffic import compulsory_bytes
+from .gemm_split import (
+    mma_split_registers,
+    split_handover_cycles,
+    split_label,
+    split_note,
+    split_of,
+    split_parts,
+    split_traffic,
+)
 from .registry import Point, Strategy, register
 
 BLOCKS = (64, 128, 256)
@@ -78,7 +90,7 @@ WARP_TILE = (32, 64)                                    # min, max of a warp's r
 BKS = (32, 64)
 STAGES = (2, 3, 4)
 ADDRESSING = 24
-PIPELINED_ADDRESSING = 23   # tile_registers with two fragment sets (Tiling.fragment_pipeline)
+PIPELINED_ADDRESSING = 23   # tile_registers with two fragment sets (pipeline_fragments)
 # mma.sync's share of the dense tensor-core peak of the target's table: on sm_90 the peak is
 # wgmma's; mma.sync issued from 4 schedulers reaches about 0.6 of it (CUTLASS's sm_80-style
 # kernels on H100). On sm_8x mma.sync is the peak instruction. Assumed, not fitted here.
@@ -89,7 +101,7 @@ MMA_SYNC_FRACTION = {80: 0.9, 86: 0.9, 89: 0.9, 90: 0.6}
 # correlation over all points 0.80 and 0.45 with ptxas's registers, 0.48 and 0.18 with
 # tile_registers' estimate (what the planner has); predicted / measured 1.01 at 4096^3, 0.76 at 2048^3.
 SYNC_CYCLES = 400.0             # a block's stall per k tile: its barrier and the ldmatrix pipeline refill
-# The pipelined mainloop (Tiling.fragment_pipeline) issues the next tile's first ldmatrix right
+# The pipelined mainloop (pipeline_fragments) issues the next tile's first ldmatrix right
 # after the barrier and the last k step's mma (on fragments loaded before it) next, so the refill
 # part of SYNC_CYCLES -- a warp's first mma of a tile waiting on its ldmatrix -- is covered by up to
 # one k step of the block's mma per scheduler; the barrier's own wait for the slowest warp stays.
@@ -160,7 +172,13 @@ def wave_dram_bytes(info: KernelInfo, target: Target, point: Point, batch: int, 
     its neighbours' pixels, from L2). So a panel costs DRAM its operand's real bytes per view
     byte (`gather_ratio`: 1/9 for a 3x3 stride-1 convolution's activations, 1 for a GEMM or a
     1x1 convolution); counting the view's bytes made every 3x3 layer DRAM-bound at about 9x
-    its input and tied the points of both tensor-core strategies there."""
+    its input and tied the points of both tensor-core strategies there.
+
+    An operand that fits in the usable half of L2 (traffic.dram_from_l2's share) stays there
+    from one wave to the next: DRAM reads it once. Counted per wave, a 1x1 convolution's 32 KB
+    of filters made the DRAM term of a tiling with one more wave 32 KB larger, and that 0.05%
+    decided the plan between two points at the same DRAM bound, which the rank's tie-break (the
+    shorter chain) should decide."""
     bm, bn = int(point["bm"]), int(point["bn"])
     view = gemm_view(info)
     assert not isinstance(view, str)
@@ -171,10 +189,13 @@ def wave_dram_bytes(info: KernelInfo, target: Target, point: Point, batch: int, 
     waves = _ceil(blocks, wave)
     rows = min(row_tiles * batch, _ceil(min(wave, blocks), col_tiles))
     cols = min(col_tiles, wave)
-    per_wave = 2.0 * k * (rows * bm * gather_ratio(view.a, m * k * batch)
-                          + cols * bn * gather_ratio(view.b, k * n * batch))
+    streamed = 0.0
+    for operand, panels, elements in ((view.a, rows * bm, m * k * batch), (view.b, cols * bn, k * n * batch)):
+        per_operand = waves * 2.0 * k * panels * gather_ratio(operand, elements)
+        whole = float(operand.itemsize * math.prod(operand.dims)) if operand.dims else per_operand
+        streamed += min(per_operand, whole) if whole <= 0.5 * target.l2_bytes else per_operand
     out = float(m * n * batch * info.write.itemsize)
-    return min(l2, max(compulsory_bytes(info), waves * per_wave + out))
+    return min(l2, max(compulsory_bytes(info), streamed + out))
 
 
 def gather_ratio(operand: Access, view_elements: int) -> float:
@@ -229,7 +250,7 @@ def tile_registers(bm: int, bn: int, wm: int, wn: int, bk: int, sizes: tuple[int
                    tf32: bool = False, pipelined: bool = False) -> dict[str, int]:
     """Registers per thread; `sizes`: elements per cp.async copy of A and B (0: the operand's
     elements are loaded through registers, two registers each); `tf32`: float32 tiles read by
-    32-bit fragment loads (k steps of 8); `pipelined`: two fragment sets (Tiling.fragment_pipeline)."""
+    32-bit fragment loads (k steps of 8); `pipelined`: two fragment sets (pipeline_fragments)."""
     tm, tn = bm // wm // 16, bn // wn // 8
     threads = 32 * wm * wn
     copies = staged = 0
@@ -413,7 +434,7 @@ STAGED_OUTPUT_PAD_BYTES = 16
 
 
 def output_stageable(info: KernelInfo, view: GemmView) -> bool:
-    """Whether tensorize can stage this contraction's output (Tiling.staged_output): one column
+    """Whether the staged epilogue can take this contraction's output (epilogue "staged"): one column
     axis, the output's innermost, whose extent is a whole number of 16-byte chunks."""
     chunk = 16 // max(info.write.itemsize, 1)
     last = info.write.per_dim[-1] if info.write.per_dim else None
@@ -495,8 +516,11 @@ class GemmTensorCore(Strategy):
                 continue
             worth = stageable and worth_staging(bm, bn, view.k, self.precision.operand_bytes, itemsize)
             pipelines = (False, True) if self.offer_pipelined and (bk // self.precision.k_step) % 2 == 0 else (False,)
-            for staged, pipelined in product((False, True) if worth else (False,), pipelines):
+            splits = split_parts(_ceil(max(view.k, 1), bk), view.batch * _ceil(m, bm) * _ceil(n, bn), target)
+            for split, staged, pipelined in product(splits, (False, True) if worth else (False,), pipelines):
                 point = {"bm": bm, "bn": bn, "warps_m": wm, "warps_n": wn, "bk": bk, "stages": stages}
+                if split > 1:
+                    point["split"] = split
                 if staged:
                     point["staged_output"] = True
                 if pipelined:
@@ -514,8 +538,11 @@ class GemmTensorCore(Strategy):
         batch, m, n, k = view.batch, view.m, view.n, view.k
         threads = 32 * wm * wn
         tm, tn = bm // wm // 16, bn // wn // 8
-        row_tiles, col_tiles, k_tiles = _ceil(m, bm), _ceil(n, bn), _ceil(max(k, 1), bk)
-        blocks = batch * row_tiles * col_tiles
+        splits = split_of(point)
+        row_tiles, col_tiles = _ceil(m, bm), _ceil(n, bn)
+        k_tiles = _ceil(_ceil(max(k, 1), bk), splits)    # per block (split-K: per part)
+        tiles = batch * row_tiles * col_tiles            # output tiles
+        blocks = tiles * splits
         warps = blocks * wm * wn
         p = self.precision
         k16 = k_tiles * bk // p.k_step    # mma k steps (k16, or k8 for tf32)
@@ -533,22 +560,29 @@ class GemmTensorCore(Strategy):
         # divisors) per extra reduction axis per copy or element load
         # tf32: one cvt.rna per fragment register loaded (ptxas keeps one per register, not per mma)
         converts = 0.0 if p.ldmatrix else ldmatrix
+        split_l2, split_dram, split_instructions = split_traffic(point, tiles, threads, target)
         instructions = (mma + ldmatrix + converts + blocks * k_tiles * (wm * wn) * ((copies + staged) * (6 + 4 * view.gathered) + 8)
-                        + warps * tm * tn * 4 * (4 + info.epilogue_flops))
+                        + tiles * wm * wn * tm * tn * 4 * (4 + info.epilogue_flops) + split_instructions)
         # float16 and bfloat16 have the same dense peak on every target in the table
         rate = target.tensor_flops.get(p.rate_key, 0.0) * MMA_SYNC_FRACTION.get(target.sm, 0.6)
         # operands with run-time strides: the element-load loop the kernel also holds stores
         # each element to shared memory at once, so the copy loop's registers are the kernel's
         pipelined = bool(point.get("fragment_pipeline"))
         registers = tile_registers(bm, bn, wm, wn, bk, sizes, tf32=not p.ldmatrix, pipelined=pipelined)
+        if splits > 1:
+            registers["split-K sum"] = mma_split_registers(tm * tn * 4, splits)
         chain, resident, idle = sm_chain(target, rate, point, blocks, k_tiles, sum(registers.values()), p,
                                          staged_output_bytes(point, info.write.itemsize))
+        handover, reduce = split_handover_cycles(point)
+        chain += reduce   # the last part's sum of the partials, on every round's critical path
         notes = [f"{self.mma_name} {tm}x{tn} tiles per warp, {stages}-stage cp.async ring of {bk}-wide k tiles",
                  self.fragment_note,
                  f"{resident} block(s) per SM share the tensor pipe: idle {idle:.0%} of each k tile "
                  "(all resident blocks at their barrier or waiting for a stage at once)"]
         if staged_out:
             notes.append("output staged in a padded shared tile, stored in 16-byte chunks (whole lines per warp)")
+        if splits > 1:
+            notes.append(split_note(point, tiles, k_tiles, split_l2))
         if pipelined:
             notes.append("fragments pipelined: two fragment sets, the next k step's loads before this step's mma, "
                          "the ring's wait and barrier before the last k step (covered by its neighbours' mma)")
@@ -561,26 +595,35 @@ class GemmTensorCore(Strategy):
             smem_opt_in=True,
             flops=2.0 * m * n * k * batch, fma_ops=float(m * n * batch * max(info.epilogue_flops, 0)),
             tensor_flops=2.0 * blocks * bm * bn * k16 * p.k_step, tensor_rate=rate,
-            dram_bytes=wave_dram_bytes(info, target, point, batch, resident, l2 - out_l2 + out_bytes), l2_bytes=l2,
-            global_wavefronts=(l2 - out_l2) / 128.0 + out_wavefronts,
+            dram_bytes=wave_dram_bytes(info, target, point, batch, resident, l2 - out_l2 + out_bytes) + split_dram,
+            l2_bytes=l2 + split_l2, global_wavefronts=(l2 - out_l2 + split_l2) / 128.0 + out_wavefronts,
             smem_wavefronts=(warps * k16 * p.fragment_wavefronts(tm, tn)
                              + blocks * k_tiles * (bm + bn) * bk * p.operand_bytes / 128.0 + out_smem),
             instructions=instructions, bytes_in_flight=p.operand_bytes * (bm + bn) * bk / threads * (stages - 1),
-            ilp=float(tm * tn),
-            chain_cycles=chain, k_extent=k_tiles * bk, notes=notes)
+            ilp=float(tm * tn), block_latency_cycles=handover,
+            chain_cycles=chain, latency_in_chain=True, k_extent=k_tiles * bk, notes=notes)
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
-        sch.tensorize(info.stage, intrinsic=self.precision.intrinsic, block=(int(point["bm"]), int(point["bn"])),
-                      warps=(int(point["warps_m"]), int(point["warps_n"])), k_tile=int(point["bk"]),
-                      stages=int(point["stages"]), staged_output=bool(point.get("staged_output")),
-                      fragment_pipeline=bool(point.get("fragment_pipeline")))
+        stage = info.stage
+        k_tiles = sch.tensorize(stage, self.precision.intrinsic, block=(int(point["bm"]), int(point["bn"])),
+                                warps=(int(point["warps_m"]), int(point["warps_n"])), k_tile=int(point["bk"]))
+        for operand in sch.gemm_operands(stage):
+            sch.stage_operand(stage, operand)
+        sch.pipeline(k_tiles, stages=int(point["stages"]))
+        if point.get("fragment_pipeline"):
+            sch.pipeline_fragments(k_tiles)
+        if split_of(point) > 1:
+            sch.split_k(stage, split_of(point))
+        if point.get("staged_output"):
+            sch.epilogue(stage, "staged")
 
     def describe(self, point: Point) -> str:
         bm, bn, wm, wn = (int(point[x]) for x in ("bm", "bn", "warps_m", "warps_n"))
         return (f"{self.name}({self.mma_name} f32 accumulators, block {bm}x{bn}, "
                 f"{wm}x{wn} warps of {bm // wm}x{bn // wn}, k-tile {point['bk']}, {point['stages']} cp.async stages"
                 f"{', output staged in shared memory' if point.get('staged_output') else ''}"
-                f"{', fragments pipelined' if point.get('fragment_pipeline') else ''})")
+                f"{', fragments pipelined' if point.get('fragment_pipeline') else ''}"
+                f"{split_label(point)})")
 
 
     mma_name = "mma.m16n8k16"

@@ -4,9 +4,10 @@ gemm_wgmma_tf32 (end of the file): float32 ones as tf32 (wgmma.m64nNk8), only wi
 The first rung of the Hopper ladder: "wgmma + cp.async ring, 128B swizzle". It serves what
 gemm_tensor_core serves (the same guard: C[b.., i, j] = epilogue(Σ_k A · B), A and B both
 float16 or both bfloat16, every index one axis) on sm_90 only -- wgmma exists on sm_90a alone
-(sm_8x has no wgmma, sm_100 replaced it) -- with one Plan step,
-`tensorize(stage, intrinsic="wgmma", block, warps=(4·BM/64, 1), k_tile=64, stages)`
-(tecc/passes/schedule/tensorize_wgmma.py builds the kernel). A separate strategy rather than a
+(sm_8x has no wgmma, sm_100 replaced it) -- with the primitives (`apply`):
+`tensorize(stage, intrinsic="wgmma", block, warps=(4·BM/64, 1), k_tile=64)`, `stage_operand` of
+each operand, `pipeline(k_tile, stages, producer)`, and for the TMA rung `warp_specialize`,
+`persistent` and `epilogue` (tecc/passes/schedule/tensorize_wgmma.py, ring.py, tma.py). A separate strategy rather than a
 `path` dimension of gemm_tensor_core because its space, register and shared-memory accounting
 and cost are different (no warp grid, no ldmatrix, BK fixed by the swizzle, a ring whose depth
 loses one stage to the wgmma in flight); the planner ranks both by predicted time, and explain
@@ -14,13 +15,14 @@ shows the best of each.
 
 Point: BM ∈ {64, 128} (1 or 2 consumer warpgroups), BN ∈ {64, 128, 256}, stages ∈ 2..5, with
 stages · (BM + BN) · 64 · 2 bytes of ring (+ 1024 bytes of alignment slack) within the opt-in
-shared-memory limit; and load ∈ {"cp.async", "tma"}, the rung:
+shared-memory limit, "split" S (split-K, offered and priced by gemm_split.py where the output has
+few tiles); and load ∈ {"cp.async", "tma"}, the rung:
 - "cp.async" (the first rung): every thread issues 16-byte cp.async copies into the ring, one
   __syncthreads and proxy fence per k tile (tensorize_wgmma.py);
 - "tma" (the second rung): warp specialization -- one producer warpgroup issues a TMA tile copy
   per operand and k tile into an mbarrier ring (expect-tx on full barriers), the consumer
   warpgroups wait on them and release stages through empty barriers, setmaxnreg moves registers
-  to the consumers (tensorize_wgmma_tma.py). Offered only when both operands suit TMA
+  to the consumers (ring.py, tma.py). Offered only when both operands suit TMA
   (`tma_refusal_for`: every index a plain loop variable -- no implicit-GEMM gather, no
   padding --, strides fixed at compile time, rows a multiple of 16 bytes); otherwise the
   point is not in the space and explain says why.
@@ -52,7 +54,7 @@ wgmma constants are assumed until this path is timed):
   can turn each off and show what it buys):
   "epilogue": "registers" (each thread stores its accumulator elements to global memory) or
   "tma" (through a 128B-swizzled shared staging tile of BM x BN output elements, written out by
-  TMA stores; tensorize_wgmma_tma.py step 4), offered where the output can take a tensor map
+  TMA stores; epilogue.py), offered where the output can take a tensor map
   (`tma_store_refusal_for`), its staging tile counted in the shared-memory budget;
   "persistent": 0 (one block per output tile) or the SM count (rung 4: blocks loop over the
   tiles in a grouped order, step 5).
@@ -96,6 +98,16 @@ from .gemm_tensor_core import (
     staged_output_bytes,
     wave_dram_bytes,
     worth_staging,
+)
+from .gemm_split import (
+    split_chain,
+    split_handover_cycles,
+    split_label,
+    split_note,
+    split_of,
+    split_parts,
+    split_registers,
+    split_traffic,
 )
 from .registry import Point, Strategy, register
 
@@ -151,12 +163,14 @@ def shared_bytes(point: Point, out_itemsize: int = 2) -> int:
     stages = int(point["stages"])
     barriers = 2 * 8 * stages if load_of(point) == "tma" else 0
     staging = int(point["bm"]) * int(point["bn"]) * out_itemsize if epilogue_of(point) == "tma" else 0
-    return stages * (int(point["bm"]) + int(point["bn"])) * K_TILE * 2 + DESCRIPTOR_ALIGNMENT + barriers + staging
+    handover = DESCRIPTOR_ALIGNMENT if split_of(point) > 1 else 0   # split-K's counts: their own aligned slot
+    ring = stages * (int(point["bm"]) + int(point["bn"])) * K_TILE * 2
+    return ring + DESCRIPTOR_ALIGNMENT + barriers + staging + handover
 
 
 def tma_store_refusal_for(info: KernelInfo) -> str | None:
     """Why the output cannot be written by TMA stores from a staging tile, or None; the
-    analysis-level mirror of tensorize_wgmma_tma.tma_store_refusal (which falls back to the
+    analysis-level mirror of epilogue.tma_store_refusal (which falls back to the
     register epilogue when it disagrees)."""
     w = info.write
     if w.itemsize not in (2, 4):
@@ -211,7 +225,7 @@ def deeper_than_the_k_loop(stages: int, k_tiles: int, load: str = "cp.async") ->
 
 def tma_refusal_for(info: KernelInfo) -> str | None:
     """Why the TMA rung cannot load this contraction's operands, or None (module docstring); the
-    analysis-level mirror of tensorize_wgmma_tma.tma_refusal, which tensorize checks again."""
+    analysis-level mirror of tma.tma_refusal, which the pipeline primitive checks again."""
     view = gemm_view(info)
     if isinstance(view, str):
         return view
@@ -304,11 +318,13 @@ def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_til
     per_tile, once = tile_fixed_cycles(target, point, out_itemsize)
     base, _ = tile_fixed_cycles(target, {**point, "epilogue": "registers", "persistent": 0}, out_itemsize)
     share = min(1.0, main / base) if base > 0 else 1.0
+    persistent = bool(point.get("persistent"))
+    per_block = -(-max(tiles, 1) // max(blocks, 1)) if persistent else 0   # the busiest block's tiles (work units)
+    if split_of(point) > 1:
+        fill = 0.0 if persistent else LOADED_LATENCY_CYCLES
+        return split_chain(point, main, per_tile, once, base, fill, per_block), resident, idle
     round_ = main + (per_tile - base) * share
-    if point.get("persistent"):
-        per_block = -(-max(tiles, 1) // max(blocks, 1))   # the busiest block's tiles
-        return per_block * round_ + once * share, resident, idle
-    return round_, resident, idle
+    return (per_block * round_ + once * share if persistent else round_), resident, idle
 
 
 class GemmWgmma(Strategy):
@@ -350,19 +366,23 @@ class GemmWgmma(Strategy):
                 continue  # tensorize stages the output on the cp.async ring (the TMA ring has its own epilogue)
             if (bm >= 2 * m and bm > BLOCK_M[0]) or (bn >= 2 * n and bn > BLOCK_N[0]):
                 continue  # a tile twice the matrix leaves half its warpgroups idle
-            if deeper_than_the_k_loop(stages, -(-max(view.k, 1) // self.k_tile), load):
-                continue
-            point: Point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
-            if load == "cp.async":
-                if staged:
-                    point["staged_output"] = True
-                if shared_bytes(point) + staged_output_bytes(point, itemsize) <= target.smem_per_block_optin:
-                    yield point
-                continue
-            for epilogue, persistent in product(epilogues, (target.sm_count, 0)):
-                rung = dict(point, epilogue=epilogue, persistent=persistent)
-                if shared_bytes(rung, info.write.itemsize) <= target.smem_per_block_optin:
-                    yield rung
+            k_tiles = -(-max(view.k, 1) // self.k_tile)
+            for split in split_parts(k_tiles, view.batch * -(-m // bm) * -(-n // bn), target):
+                if deeper_than_the_k_loop(stages, k_tiles // split, load):
+                    continue
+                point: Point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
+                if split > 1:
+                    point["split"] = split
+                if load == "cp.async":
+                    if staged:
+                        point["staged_output"] = True
+                    if shared_bytes(point) + staged_output_bytes(point, itemsize) <= target.smem_per_block_optin:
+                        yield point
+                    continue
+                for epilogue, persistent in product(epilogues, (target.sm_count, 0)):
+                    rung = dict(point, epilogue=epilogue, persistent=persistent)
+                    if shared_bytes(rung, info.write.itemsize) <= target.smem_per_block_optin:
+                        yield rung
 
     def workload(self, info: KernelInfo, point: Point, target: Target) -> Workload:
         bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
@@ -374,8 +394,11 @@ class GemmWgmma(Strategy):
         view = gemm_view(info)
         assert not isinstance(view, str)
         batch, m, n, k = view.batch, view.m, view.n, view.k
-        row_tiles, col_tiles, k_tiles = -(-m // bm), -(-n // bn), -(-max(k, 1) // bk)
-        blocks = batch * row_tiles * col_tiles
+        splits = split_of(point)
+        row_tiles, col_tiles = -(-m // bm), -(-n // bn)
+        k_tiles = -(-(-(-max(k, 1) // bk)) // splits)   # per block (split-K: per part)
+        tiles = batch * row_tiles * col_tiles           # output tiles
+        blocks = tiles * splits                         # work units: a block each unless persistent
         persistent = int(point.get("persistent", 0))
         grid = persistent if persistent else blocks   # blocks launched
         a_bytes, b_bytes = self.element_bytes * m * k * batch, self.element_bytes * k * n * batch
@@ -386,10 +409,10 @@ class GemmWgmma(Strategy):
         out_tile = staged_output_bytes(point, info.write.itemsize)
         l2 = a_bytes * col_tiles + b_bytes * row_tiles + out_l2
         sizes = copy_sizes(info) if load == "cp.async" else (0, 0)
-        tiles = ((bm * bk, sizes[0]), (bn * bk, sizes[1]))
-        copies = 0 if load == "tma" else sum(tile // size // threads for tile, size in tiles if size)
-        staged = 0 if load == "tma" else sum(tile // threads for tile, size in tiles if not size)
-        warps = blocks * groups * 4
+        operand_tiles = ((bm * bk, sizes[0]), (bn * bk, sizes[1]))
+        copies = 0 if load == "tma" else sum(tile // size // threads for tile, size in operand_tiles if size)
+        staged = 0 if load == "tma" else sum(tile // threads for tile, size in operand_tiles if not size)
+        warps = tiles * groups * 4   # the epilogue's: once per output tile
         wgmma = blocks * groups * k_tiles * (bk // self.k_step)
         # gathered (implicit GEMM) reduction indices: a div/mod pair per extra axis (gemm_tensor_core)
         if load == "tma":
@@ -399,9 +422,13 @@ class GemmWgmma(Strategy):
         else:
             instructions = (wgmma + blocks * k_tiles * groups * 4 * ((copies + staged) * (6 + 4 * view.gathered) + 12)
                             + warps * (wgmma_n // 2) * (4 + info.epilogue_flops))
+        split_l2, split_dram, split_instructions = split_traffic(point, tiles, groups * WARPGROUP, target)
+        instructions += split_instructions
         rate = target.tensor_flops.get(self.rate_key, 0.0) * WGMMA_FRACTION
         registers = (wgmma_registers(bm, bn, sizes, bk, groups) if load == "cp.async"
                      else tma_registers(bm, bn, point, groups))
+        if splits > 1 and "launch bound (setmaxnreg)" not in registers:
+            registers["split-K sum"] = split_registers(wgmma_n // 2, "staged elements" in registers)
 
         if "accumulators" in registers:   # the wgmma's N: the block's rows when tf32 computes Cᵀ
             registers["accumulators"] = wgmma_n // 2
@@ -432,8 +459,11 @@ class GemmWgmma(Strategy):
             notes.append(f"epilogue {how}: {per_tile:.0f} cycles per output tile ({fill})")
             if epilogue_of(point) == "registers" and tma_store_refusal_for(info) is not None:
                 notes.append(f"no TMA-store epilogue: {tma_store_refusal_for(info)}")
+        if splits > 1:
+            notes.append(split_note(point, tiles, k_tiles, split_l2))
         if persistent:
-            notes.append(f"persistent grid of {persistent} blocks over {blocks} tiles "
+            units = "work units" if splits > 1 else "tiles"
+            notes.append(f"persistent grid of {persistent} blocks over {blocks} {units} "
                          f"({-(-blocks // persistent)} on the busiest block)")
         if staged_out:
             notes.append("output staged in a padded shared tile, stored in 16-byte chunks (whole lines per warp)")
@@ -449,40 +479,49 @@ class GemmWgmma(Strategy):
             smem_bytes=shared_bytes(point, info.write.itemsize) + out_tile, smem_opt_in=True,
             flops=2.0 * m * n * k * batch, fma_ops=float(m * n * batch * max(info.epilogue_flops, 0)),
             tensor_flops=2.0 * blocks * bm * bn * k_tiles * bk, tensor_rate=rate,
-            dram_bytes=wave_dram_bytes(info, target, point, batch, resident, l2 - out_l2 + out_bytes), l2_bytes=l2,
-            global_wavefronts=(l2 - out_l2) / 128.0 + out_wavefronts,
+            dram_bytes=wave_dram_bytes(info, target, point, batch, resident, l2 - out_l2 + out_bytes) + split_dram,
+            l2_bytes=l2 + split_l2, global_wavefronts=(l2 - out_l2 + split_l2) / 128.0 + out_wavefronts,
             smem_wavefronts=(smem_reads + smem_writes) / SMEM_WAVEFRONT_BYTES + out_smem,
             instructions=instructions, bytes_in_flight=self.element_bytes * (bm + bn) * bk / threads * max(ahead, 1),
-            ilp=float(wgmma_n // 8), chain_cycles=chain, k_extent=k_tiles * bk, notes=notes)
+            block_latency_cycles=split_handover_cycles(point)[0] * (-(-blocks // grid) if persistent else 1),
+            ilp=float(wgmma_n // 8), chain_cycles=chain, latency_in_chain=True, k_extent=k_tiles * bk, notes=notes)
 
     def operand_note(self, info: KernelInfo) -> tuple[str]:
         return ("A and B read by wgmma from 128B-swizzled shared tiles (no ldmatrix)",)
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
-        bm = int(point["bm"])
-        producer: dict[str, Any] = {"cp.async": {}, "tma": {"producer": "tma"}}[load_of(point)]
-        if point.get("persistent"):
-            producer["persistent"] = int(point["persistent"])
-        if load_of(point) == "tma" and epilogue_of(point) != "registers":
-            producer["epilogue"] = epilogue_of(point)
-        if point.get("staged_output"):
-            producer["staged_output"] = True
-        sch.tensorize(info.stage, intrinsic="wgmma", block=(bm, int(point["bn"])), warps=(4 * (bm // 64), 1),
-                      k_tile=self.k_tile, stages=int(point["stages"]), **producer)
+        stage, bm = info.stage, int(point["bm"])
+        k_tiles = sch.tensorize(stage, "wgmma", block=(bm, int(point["bn"])), warps=(4 * (bm // 64), 1),
+                                k_tile=self.k_tile)
+        for operand in sch.gemm_operands(stage):
+            sch.stage_operand(stage, operand)
+        sch.pipeline(k_tiles, stages=int(point["stages"]), producer=load_of(point))
+        if load_of(point) == "tma":
+            sch.warp_specialize(stage)
+        if split_of(point) > 1:
+            sch.split_k(stage, split_of(point))
+        if load_of(point) == "tma":
+            if point.get("persistent"):
+                sch.persistent(stage, int(point["persistent"]))
+            if epilogue_of(point) != "registers":
+                sch.epilogue(stage, epilogue_of(point))
+        elif point.get("staged_output"):
+            sch.epilogue(stage, "staged")
 
     def describe(self, point: Point) -> str:
         bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
+        split = split_label(point)
         if load_of(point) == "tma":
             persistent = (f", persistent grid of {int(point['persistent'])} blocks in grouped tile order"
                           if point.get("persistent") else "")
             if epilogue_of(point) == "tma":
                 persistent += ", epilogue through shared memory + TMA store"
             return (f"gemm_wgmma(wgmma.m64n{bn}k16 f32 accumulators, block {bm}x{bn}, {bm // 64} consumer "
-                    f"warpgroup(s) + 1 TMA producer warpgroup, k-tile {K_TILE}, {stages} TMA stages{persistent}; "
-                    "rung: wgmma + TMA + mbarrier ring, warp-specialized, 128B swizzle)")
+                    f"warpgroup(s) + 1 TMA producer warpgroup, k-tile {K_TILE}, {stages} TMA stages{split}"
+                    f"{persistent}; rung: wgmma + TMA + mbarrier ring, warp-specialized, 128B swizzle)")
         staged = ", output staged in shared memory" if point.get("staged_output") else ""
         return (f"gemm_wgmma(wgmma.m64n{bn}k16 f32 accumulators, block {bm}x{bn}, {bm // 64} warpgroup(s), "
-                f"k-tile {K_TILE}, {stages} cp.async stages{staged}; rung: wgmma + cp.async ring, 128B swizzle)")
+                f"k-tile {K_TILE}, {stages} cp.async stages{staged}{split}; rung: wgmma + cp.async ring, 128B swizzle)")
 
 
 register(GemmWgmma())
@@ -562,29 +601,40 @@ class GemmWgmmaTF32(GemmWgmma):
         assert not isinstance(view, str)
         swap = self.swapped(info)
         loads = LOADS if tma_refusal_for(info) is None else LOADS[:1]
-        for load, split, across, stages in product(loads, TF32_SPLIT, TF32_ACROSS, STAGES):
-            bm, bn = (across, split) if swap else (split, across)
+        k_tiles = -(-max(view.k, 1) // self.k_tile)
+        for load, side, across, stages in product(loads, TF32_SPLIT, TF32_ACROSS, STAGES):
+            bm, bn = (across, side) if swap else (side, across)
             if (bm >= 2 * view.m and bm > 64) or (bn >= 2 * view.n and bn > 64):
                 continue  # a tile twice the matrix leaves half its warpgroups idle
-            if load == "tma" and split == 64 and self.register_operand(info):
+            if load == "tma" and side == 64 and self.register_operand(info):
                 continue  # ptxas serializes its wgmmas (C7520: a compiler-inserted arrive on a divergent path)
-            point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
-            if shared_bytes(point) > target.smem_per_block_optin:
-                continue
-            yield point
+            for split in split_parts(k_tiles, view.batch * -(-view.m // bm) * -(-view.n // bn), target):
+                point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
+                if split > 1:
+                    point["split"] = split
+                if shared_bytes(point) > target.smem_per_block_optin:
+                    continue
+                yield point
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
-        groups = self.warpgroups(info, point)
-        producer: dict[str, Any] = {"tma": {"producer": "tma"}}.get(load_of(point), {})
-        sch.tensorize(info.stage, intrinsic=self.intrinsic, block=(int(point["bm"]), int(point["bn"])),
-                      warps=(4 * groups, 1), k_tile=self.k_tile, stages=int(point["stages"]), **producer)
+        stage = info.stage
+        k_tiles = sch.tensorize(stage, self.intrinsic, block=(int(point["bm"]), int(point["bn"])),
+                                warps=(4 * self.warpgroups(info, point), 1), k_tile=self.k_tile)
+        for operand in sch.gemm_operands(stage):
+            sch.stage_operand(stage, operand)
+        sch.pipeline(k_tiles, stages=int(point["stages"]), producer=load_of(point))
+        if load_of(point) == "tma":
+            sch.warp_specialize(stage)
+        if split_of(point) > 1:
+            sch.split_k(stage, split_of(point))
 
     def describe(self, point: Point) -> str:
         bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
         rung = ("TMA stages; rung: wgmma + TMA + mbarrier ring, warp-specialized, 128B swizzle)" if load_of(point) == "tma"
                 else "cp.async stages; rung: wgmma + cp.async ring, 128B swizzle)")
+        split = split_label(point)
         return (f"gemm_wgmma_tf32(wgmma.m64nNk8 tf32 f32 accumulators, block {bm}x{bn}, k-tile {self.k_tile} floats, "
-                f"{stages} {rung}; operands rounded to tf32 because the build allows TF32")
+                f"{stages} {rung}{split}; operands rounded to tf32 because the build allows TF32")
 
 
 register(GemmWgmmaTF32())

@@ -30,6 +30,9 @@ Cost (the issue's criterion: fewer global bytes under the register / shared-memo
   softmax 86% -> 93% but layer norm 97% -> 94%; float32 softmax 98% -> 97%), so it stays there;
 * the vector width: 16 bytes (float4, or 8 bf16/fp16 as one uint4) when the row length allows,
   else the widest that divides it;
+* a row whose registers overflow what one resident block leaves a thread (64 K / threads) takes
+  half the threads (`fit_row_registers`: 50,304 logits at 512 threads, not 1024), and 8-byte
+  vectors when it fills most of them;
 * a row past the register budget (or of symbolic length) is re-read once per pass; where the
   group has a max / sum-of-exp or a sum / sum-of-squared-deviations pair (softmax, layer norm)
   the pair is one pass (cache="online": running max, Welford moments), so the row is read twice.
@@ -46,7 +49,9 @@ from ...ir.errors import ScheduleError
 from ...ir.expr import TensorRead, const_int, free_vars, walk
 from ...ir.tensor import Tensor
 from ...ir.target import Target
-from ...passes.rewrite.fuse_rows import fuse_rows, row_group
+from ...passes.rewrite.fuse_rows import (COLUMN_KERNEL_REGISTERS, ROW_KERNEL_REGISTERS, SM_REGISTERS, SM_THREADS, fuse_rows,
+                                         row_group)
+from ...passes.rewrite.row_columns import MAX_COLUMN_BLOCKS_PER_SM
 from ...passes.schedule.cross_thread import WARP
 from ..cost.analysis import KernelInfo
 from ..cost.model import Workload
@@ -104,6 +109,45 @@ def choose_vector(columns: int | None, itemsize: int) -> int:
     while v > 1 and columns % v:
         v //= 2
     return min(v, 8)
+
+
+# Registers one thread may hold (the ISA's limit) and the row kernel's own beside its row arrays
+# (fuse_rows.ROW_KERNEL_REGISTERS); a row array taking more than ROW_CAP_SHARE of the thread's
+# registers takes 8-byte vectors: ptxas (sm_90) spilled the cross-entropy forward + backward at
+# 512 threads x 100 registers of row with 16-byte vectors (8 B fp32 float4, 4 B bf16 uint4; each
+# 16-byte access needs four aligned consecutive registers) and not with 8-byte ones.
+THREAD_REGISTERS = 255
+ROW_CAP_SHARE = 0.75
+
+
+def fit_row_registers(columns: int, threads: int, vector: int, arrays: int, itemsize: int) -> tuple[int, int]:
+    """(threads, vector) for a row kept in registers: `threads` halved while the row arrays (one
+    register per element, `arrays` of them) and the kernel's own registers exceed what one
+    resident block leaves a thread (64 K / threads, at most 255): at 1024 threads a thread has
+    64, so a cross-entropy over 50,304 logits (52 per thread) spilled at 1024 threads and fits
+    512 (100 of 128). A row that takes most of the thread's registers gets 8-byte vectors."""
+    def words(t: int, v: int) -> int:
+        return -(-columns // (t * v)) * v * max(arrays, 1)
+
+    def cap(t: int) -> int:
+        return min(THREAD_REGISTERS, SM_REGISTERS // t)
+
+    while (threads // 2 >= MIN_THREADS and words(threads, vector) + ROW_KERNEL_REGISTERS > cap(threads)
+           and words(threads // 2, vector) + ROW_KERNEL_REGISTERS <= cap(threads // 2)):
+        threads //= 2
+    narrow = max(1, 8 // itemsize)
+    if vector > narrow and columns % narrow == 0 and words(threads, vector) > ROW_CAP_SHARE * cap(threads):
+        vector = narrow
+    return threads, vector
+
+
+# A 16-bit row of more elements per thread than this keeps them converted to float32
+# (fuse_rows' float_rows): ptxas has no registers left to keep converted copies across the
+# passes' barriers, so each pass converts again (the cross-entropy over 50,304 bf16 logits, 100
+# per thread: 3432 -> 3136 instructions, sm_90). Up to 32 per thread (the forward softmax, layer
+# and RMS norm at 1024-8192 columns) the SASS is the same either way, so their kernels stay as
+# measured. Row kernels with column reductions always take it (propose_with_columns).
+FLOAT_ROWS_ELEMENTS = 32
 
 
 # A re-read row's walk (fuse_rows cache="none"/"online", tecc/passes/rewrite/row_chunks.py): each thread
@@ -175,6 +219,8 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
         return None
     if not _walks_rows_along_their_last_axis(group):
         return None
+    if group.column_reductions:
+        return propose_with_columns(group, target)
     columns = const_int(group.columns)
     width = columns if columns is not None else 4096  # a symbolic row: bytes per row for the comparison
     row_inputs = [t for t in group.program.args if t.is_placeholder and len(t.shape) == len(group.rows) + 1]
@@ -184,6 +230,8 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
     # 16-byte accesses (codegen/vectorize.py: float4, or 8 half-precision elements as a uint4)
     # when every row input has one element size
     vector = choose_vector(columns, itemsize) if cache == "registers" and len(sizes) == 1 else 1
+    if cache == "registers" and columns is not None:
+        threads, vector = fit_row_registers(columns, threads, vector, len(row_inputs), itemsize)
     unroll = 1
     if cache != "registers":
         long_vector, unroll = choose_long_row(columns, itemsize)
@@ -217,6 +265,9 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
         step_args["vector"] = vector
     if rows_per_block > 1:
         step_args["rows_per_block"] = rows_per_block
+    if cache == "registers" and itemsize == 2 and columns is not None and \
+            -(-columns // (threads * vector)) * vector > FLOAT_ROWS_ELEMENTS:
+        step_args["float_rows"] = True
     if unroll > 1:
         step_args["unroll"] = unroll
     layout = (f"{rows_per_block} rows per block, one warp each" if rows_per_block > 1 else f"{threads} threads")
@@ -227,6 +278,115 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
                 f"instead of {unfused:.0f} B/row unfused; {layout}, row cache {cache}, vector {vector}" + priced)
     return RowFusedChoice(plan, int(step_args["threads"]), cache, fused, unfused, plan.reason, vector,
                           rows_per_block)
+
+
+# A group with column reductions (a normalization's backward with dγ, dβ: row_columns.py) keeps
+# its row AND one accumulator per column reduction in registers through the rows its block walks,
+# at most MAX_COLUMN_BLOCKS_PER_SM resident blocks per SM (row_columns.py says why).
+# Registers per thread for the row arrays and column accumulators of such a group: half of
+# MAX_ROW_REGISTERS, since the backward's expressions keep more values live (ptxas, sm_90: layer
+# norm's backward at 64 threads x 16 bf16 elements spilled at 96 registers; at 8 elements per
+# thread every width from 768 to 8192, fp32 and bf16, compiled in 48-64 registers without spills).
+MAX_COLUMN_ROW_REGISTERS = 32
+
+
+def propose_with_columns(group: Any, target: Any = None) -> RowFusedChoice | None:
+    """The row-fused plan for a row group with column reductions: the fewest threads (at least
+    MIN_THREADS) whose cached row and column sums fit MAX_COLUMN_ROW_REGISTERS per thread, and
+    row_blocks = SMs x resident blocks (at most MAX_COLUMN_BLOCKS_PER_SM, at most one per row):
+    one wave whose blocks each walk the rows, as evenly as the row count allows (S is the fewest
+    blocks with the same rows per block: fewer partial rows to fold).
+
+    Each block loads its next row ahead (prefetch: a second set of row registers, loaded while
+    this row's reductions and barriers run) whenever that keeps the resident blocks: a block
+    without it has loads in flight only between a row's start and its first reduction, so
+    narrow rows (a few KiB per row and block) kept too little in flight to reach DRAM bandwidth
+    (layer norm's backward at 8192 x 768 ran at 2.2 TB/s, bf16 at 8192 x 4096 at 2.4 TB/s).
+    The column sums stay in registers when the second row set fits beside them at the same
+    residency (768-1024 columns: 128 threads, 80 registers, 4 blocks), else they move to shared
+    memory (4096 columns: 512 threads, 64 registers, 2 blocks; 8192: 1024 threads, 1 block).
+    Without a residency-preserving form the plan has no prefetch. None when the row is
+    symbolic or too long."""
+    from ..planner import resolve_target  # the planner imports the strategies: imported when called
+
+    columns = const_int(group.columns)
+    if columns is None:
+        return None
+    tgt = resolve_target(target)
+    row_inputs = [t for t in group.program.args if t.is_placeholder and len(t.shape) == len(group.rows) + 1]
+    sizes = {_itemsize(t) for t in row_inputs}
+    itemsize = min(sizes) if sizes else 4
+    vector = choose_vector(columns, itemsize) if len(sizes) == 1 else 1
+    row_arrays, sums = max(len(row_inputs), 1), len(group.column_reductions)
+    target_elements = max(TARGET_PER_THREAD, TARGET_BYTES // itemsize)
+    point = _column_point(columns, vector, row_arrays + sums, target_elements)
+    if point is None:
+        point = _column_point(columns, vector, 2 * row_arrays, target_elements)
+        if point is None:
+            return None
+    threads, elements = point
+    options = [  # (where the sums live, prefetch, the row words per thread), preferred first
+        ("local", True, elements * (2 * row_arrays + sums)),
+        ("shared", True, elements * 2 * row_arrays),
+        ("local", False, elements * (row_arrays + sums)),
+    ]
+    fits = [(where, ahead, column_resident(threads, words, where, sums * elements * threads * 4, tgt))
+            for where, ahead, words in options]
+    best = max(min(n, MAX_COLUMN_BLOCKS_PER_SM) for _, _, n in fits)
+    if best == 0:
+        return None
+    where, prefetch, resident = next((w, a, min(n, MAX_COLUMN_BLOCKS_PER_SM)) for w, a, n in fits
+                                     if min(n, MAX_COLUMN_BLOCKS_PER_SM) == best)
+    row_blocks = tgt.sm_count * resident
+    n_rows = _const_rows(group)
+    if n_rows is not None:
+        row_blocks = max(1, min(row_blocks, n_rows))
+        row_blocks = -(-n_rows // -(-n_rows // row_blocks))  # as many rows per block, fewer blocks
+    names = ", ".join(t.name for t in group.column_reductions)
+    step_args: dict[str, Any] = {"threads": threads, "cache": "registers"}
+    if vector > 1:
+        step_args["vector"] = vector
+    step_args["row_blocks"] = row_blocks
+    if where == "shared":
+        step_args["column_sums"] = "shared"
+    if prefetch:
+        step_args["prefetch"] = True
+    if itemsize == 2:  # 16-bit rows: each element converted once per row, not once per pass
+        step_args["float_rows"] = True
+    row_bytes = sum(_itemsize(t) * columns for t in row_inputs) + sum(
+        _itemsize(t) * columns for t in group.elementwise)
+    reason = (f"{len(group.reductions) + len(group.elementwise) + len(group.row_values)} stage(s) sharing rows of "
+              f"{group.columns} in one kernel ({row_bytes} B/row) and the column reduction(s) {names} summed in "
+              f"{'registers' if where == 'local' else 'shared memory'} by {row_blocks} blocks ({tgt.sm_count} SMs x "
+              f"{resident}) walking the rows{', each loading its next row ahead' if prefetch else ''}, then folded "
+              f"by a combine kernel; {threads} threads, {elements} elements per row array per thread, vector {vector}")
+    plan = Plan((Step("fuse_rows", step_args),), "row_fused", reason)
+    return RowFusedChoice(plan, threads, "registers", float(row_bytes), float(row_bytes), reason, vector)
+
+
+def column_resident(threads: int, words: int, where: str, shared_bytes: int, tgt: Any) -> int:
+    """Resident blocks per SM of a column-reduction row kernel whose row arrays (and, with
+    `where` "local", column sums) take `words` registers per thread beside
+    COLUMN_KERNEL_REGISTERS, and with "shared" `shared_bytes` of sums per block: 0 when not one
+    block fits."""
+    n = 0
+    while (threads * (n + 1) <= SM_THREADS
+           and SM_REGISTERS // (threads * (n + 1)) >= words + COLUMN_KERNEL_REGISTERS
+           and (where == "local" or (shared_bytes <= tgt.smem_per_block_optin
+                                     and (n + 1) * shared_bytes <= tgt.smem_per_sm))):
+        n += 1
+    return n
+
+
+def _column_point(columns: int, vector: int, arrays: int, target_elements: int) -> tuple[int, int] | None:
+    """(threads, elements per array per thread): the fewest threads (at least MIN_THREADS) whose
+    `arrays` register arrays fit MAX_COLUMN_ROW_REGISTERS, preferring at most `target_elements`."""
+    fits = [t for t in THREAD_CHOICES if t >= MIN_THREADS
+            and -(-columns // (t * vector)) * vector * arrays <= MAX_COLUMN_ROW_REGISTERS]
+    if not fits:
+        return None
+    threads = next((t for t in fits if -(-columns // (t * vector)) * vector <= target_elements), fits[-1])
+    return threads, -(-columns // (threads * vector)) * vector
 
 
 def _const_rows(group: Any) -> int | None:
@@ -357,6 +517,6 @@ def describe_point(point: dict[str, Any]) -> str:
     return f"row_fused(threads={point['threads']}, cache={point['cache']}, vector={point.get('vector', 1)})"
 
 
-__all__ = ["RowFusedChoice", "choose_long_row", "choose_point", "choose_rows_per_block", "describe_point",
-           "fused_points",
+__all__ = ["RowFusedChoice", "choose_long_row", "choose_point", "choose_rows_per_block", "column_resident",
+           "describe_point", "fit_row_registers", "fused_points",
            "fused_workload", "propose", "row_point_workload"]

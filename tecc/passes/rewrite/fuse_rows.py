@@ -37,7 +37,6 @@ are the same rewrite. Whether to apply it is the planner's decision (strategies/
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ...ir import dtype as dt
@@ -45,10 +44,10 @@ from ...ir.errors import ScheduleError
 from ...ir.expr import (
     BufferLoad,
     Call,
+    Cast,
     Const,
     Expr,
     Reduce,
-    TensorRead,
     Var,
     binary,
     cast,
@@ -73,17 +72,7 @@ from ...ir.stmt import (
 )
 from ...ir.tensor import ComputeOp, Tensor
 from ...ir.visitor import ExprMutator, SubexpressionReplacer
-from ..lower import (
-    COMBINE,
-    Program,
-    exprs_of,
-    global_buffers,
-    Inliner,
-    scalar_vars,
-    choose_inlined,
-    collect_program,
-    signature,
-)
+from ..lower import COMBINE, Inliner, exprs_of, kernel_params, same_shape, signature, unflatten
 from ..names import identifier
 from .online_stats import (
     centered_sum,
@@ -92,7 +81,11 @@ from .online_stats import (
     welford_moments,
     welford_pair,
 )
+from .row_algebra import group_invariants, invariant_divisions, split_invariant
 from .row_chunks import ColumnWalk
+from .row_columns import MAX_COLUMN_BLOCKS_PER_SM, ColumnPartials, row_loop
+from .row_group import RowGroup, row_group
+from .row_passes import Pass, RowInliner, finish_reduction, row_passes
 from ..schedule.cross_thread import WARP, allreduce
 
 CACHES = ("registers", "online", "none")
@@ -107,126 +100,56 @@ VECTORS = (1, 2, 4, 8)
 SM_THREADS = 2048
 SM_REGISTERS = 65536
 ROW_KERNEL_REGISTERS = 24
+# A group with column reductions (a normalization's backward) keeps more row values and
+# addresses live beside its arrays: with 24, ptxas spilled layer norm's backward over bf16 rows
+# of 768 and 1024 at 128 threads (56 registers, 24 bytes); 32 leaves it at 64 without spills.
+COLUMN_KERNEL_REGISTERS = 32
+ZERO = Const(0, dt.int32)
 
 
-def min_blocks_per_sm(threads: int, row_words: int) -> int:
+def min_blocks_per_sm(threads: int, row_words: int, kernel_registers: int = ROW_KERNEL_REGISTERS) -> int:
     """The most resident blocks of `threads` threads per SM whose register cap still holds a
     cached row of `row_words` 32-bit registers per thread plus the kernel's own registers."""
     best = 1
     for n in range(1, SM_THREADS // threads + 1):
-        if SM_REGISTERS // (threads * n) >= row_words + ROW_KERNEL_REGISTERS:
+        if SM_REGISTERS // (threads * n) >= row_words + kernel_registers:
             best = n
     return best
 
 
-@dataclass
-class RowGroup:
-    """A program all of whose stages share the row: the reductions, the elementwise outputs,
-    the row shape and the reduced extent."""
-
-    program: Program
-    rows: tuple[Expr, ...]
-    columns: Expr
-    reductions: tuple[Tensor, ...]
-    elementwise: tuple[Tensor, ...]
-
-    @property
-    def stages(self) -> tuple[Tensor, ...]:
-        return self.program.stages
-
-
-def row_group(args: Sequence[Tensor]) -> RowGroup:
-    """The row group of the program `args`, or ScheduleError saying why it is not one."""
-    prog = choose_inlined(collect_program(args))
-    stages = prog.stages
-    reductions = tuple(t for t in stages if isinstance(t.op, ComputeOp) and t.op.reductions)
-    if not reductions:
-        raise ScheduleError("fuse_rows: the program has no reduction stage")
-    rows = reductions[0].shape
-    columns: Expr | None = None
-    for t in reductions:
-        op = t.op
-        assert isinstance(op, ComputeOp)
-        if not _same_shape(t.shape, rows):
-            raise ScheduleError(f"fuse_rows: reduction {t.name} has shape {_fmt(t.shape)}, not the row shape {_fmt(rows)}")
-        for r in op.reductions:
-            if len(r.axes) != 1 or const_int(r.axes[0].lo) != 0:
-                raise ScheduleError(f"fuse_rows: {t.name} reduces over {len(r.axes)} axes; one axis from 0 is needed")
-            for inner in walk(r.source):
-                if isinstance(inner, Reduce):
-                    raise ScheduleError(f"fuse_rows: {t.name} has a reduction inside a reduction")
-            ext = r.axes[0].extent
-            if columns is None:
-                columns = ext
-            elif ext is not columns:
-                raise ScheduleError(f"fuse_rows: {t.name} reduces over {ext} columns, another stage over {columns}")
-    assert columns is not None
-    elementwise = tuple(t for t in stages if t not in reductions)
-    for t in elementwise:
-        if not _same_shape(t.shape, rows + (columns,)):
-            raise ScheduleError(
-                f"fuse_rows: elementwise stage {t.name} has shape {_fmt(t.shape)}, not rows + columns "
-                f"{_fmt(rows + (columns,))}")
-    # Shapes alone do not make a row group: a reduction stage must be read at the reader's own
-    # row. With as many rows as columns, `B[i, j] = A[i, j] / colsum[j]` has the right shapes but
-    # reads a column statistic along the row (the guard once took it and fuse_rows then failed).
-    for reader in prog.order:
-        if not isinstance(reader.op, ComputeOp):
-            continue
-        row = tuple(reader.op.axes[:len(rows)])
-        for read in walk(reader.op.body):
-            if isinstance(read, TensorRead) and read.tensor in reductions and not _same_shape(read.indices, row):
-                raise ScheduleError(
-                    f"fuse_rows: {reader.name} reads {read.tensor.name} at [{_fmt(read.indices)[1:-1]}], not at "
-                    f"the row being computed [{_fmt(row)[1:-1]}]")
-    return RowGroup(prog, tuple(rows), columns, reductions, elementwise)
-
-
-def _same_shape(a: Sequence[Expr], b: Sequence[Expr]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-
-
-def _fmt(shape: Sequence[Expr]) -> str:
-    return "[" + ", ".join(str(s) for s in shape) + "]"
-
-
-class RowInliner(Inliner):
-    """Inlines elementwise producers; a read of a reduction stage of the group at the row being
-    computed becomes the thread's register holding that row's value."""
-
-    def __init__(self, base: Inliner, values: dict[Tensor, Buffer], row: tuple[Expr, ...]) -> None:
-        super().__init__(base.inlined, base.buffers)
-        self.values = values
-        self.row = row
-
-    def visit_TensorRead(self, e: TensorRead) -> Expr:
-        if e.tensor in self.values:
-            idx = tuple(self.visit(i) for i in e.indices)
-            if not _same_shape(idx, self.row):
-                raise ScheduleError(
-                    f"fuse_rows: {e.tensor.name} is read at [{', '.join(str(i) for i in idx)}], not at the row "
-                    "being computed; such a graph does not keep its row on chip")
-            return self.values[e.tensor][Const(0, dt.int32)]
-        return super().visit_TensorRead(e)
-
-
 class _CacheRow(ExprMutator):
-    """Loads `X[row.., col]` of a cached input become the register `x_row[k]`."""
+    """Loads `X[row.., col]` of a cached input become the register `x_row[k]`. A 16-bit input
+    cached in float32 (fuse_rows' `float_rows`) is read as `x_row[k]` wherever it is converted
+    to float32, and rounded back (exactly) where its own type is read; a float32 value rounded
+    to the type it was loaded from and widened again is itself (the round trip is exact)."""
 
     def __init__(self, caches: dict[Buffer, Buffer], row: tuple[Expr, ...], col: Expr, k: Expr) -> None:
         super().__init__()
         self.caches, self.key, self.k = caches, row + (col,), k
+        self.widened = {id(reg): src.dtype for src, reg in caches.items() if reg.dtype != src.dtype}
 
     def visit_BufferLoad(self, e: BufferLoad) -> Expr:
         cache = self.caches.get(e.buffer)
-        if cache is not None and _same_shape(e.indices, self.key):
-            return cache[self.k]
+        if cache is not None and same_shape(e.indices, self.key):
+            return cast(cache[self.k], e.buffer.dtype)
         return self.generic_visit(e)
+
+    def visit_Cast(self, e: Cast) -> Expr:
+        a = self.visit(e.a)
+        if a is e.a:
+            return e
+        if e.dtype == dt.float32:
+            inner = a.a if isinstance(a, Cast) else None
+            if isinstance(inner, BufferLoad) and self.widened.get(id(inner.buffer)) == a.dtype:
+                return inner  # widen(round(x)) of a value loaded from that type: x
+        return a if a.dtype == e.dtype else cast(a, e.dtype)
 
 
 def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", name: str | None = None,
-              vector: int = 1, rows_per_block: int = 1, unroll: int = 1) -> Module:
-    """The module of ONE kernel computing the row group `args` (see the module docstring).
+              vector: int = 1, rows_per_block: int = 1, unroll: int = 1, row_blocks: int = 0,
+              column_sums: str = "local", prefetch: bool = False, float_rows: bool = False) -> Module:
+    """The module of ONE kernel computing the row group `args` (see the module docstring), and
+    with column reductions (row_group.py) a second kernel that combines their partial sums.
 
     threads: block size T (a multiple of 32, at most 1024); cache: "registers" keeps the row's
     cached inputs in K = ceil(C/T) registers per thread (C must be a constant), "none" re-reads
@@ -245,15 +168,39 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     costs more in block launch and retire than its 2 KiB take to read: the cost model's `blocks`
     term, CostParameters.block_cycles). A warp is one row, so the guard on the last block's
     missing rows is uniform over every warp that shuffles.
+    row_blocks: S > 0 launches S blocks that each walk the rows blk, blk + S, ... in a loop
+    (one row at a time, a barrier between rows); a group with column reductions needs it: each
+    block sums its rows' column values in registers and the combine kernel folds the S partial
+    rows (row_columns.py; cache="registers" and one row per block only). column_sums: where the
+    column sums live, "local" (registers) or "shared" (shared memory, fewer registers).
+    prefetch: with row_blocks, load the block's next row into a second set of registers while
+    this row is computed (the loads in flight through the reductions' barriers: what one
+    resident block per SM needs to keep DRAM busy).
+    float_rows: with cache="registers", a 16-bit input's row registers hold it converted to
+    float32 once (at the load, or as the prefetched row is taken), not at each pass that reads
+    it: one register per element either way (ptxas keeps one cached 16-bit element per 32-bit
+    register), one conversion instead of one per pass.
     The kernel asks for `min_blocks_per_sm` resident blocks (see SM_THREADS above)."""
     group = row_group(args)
-    if cache not in CACHES:
-        raise ScheduleError(f"fuse_rows: cache must be one of {CACHES}, got {cache!r}")
+    _check_point(group, threads, cache, vector, unroll, rows_per_block, row_blocks, prefetch)
+    rows = _RowKernel(group, threads, cache, vector, rows_per_block, unroll, row_blocks)
+    rows.cache_row(prefetch, float_rows)
+    rows.row_registers()
+    rows.row_passes(rows.passes())
+    if group.column_reductions:
+        rows.column_sums(column_sums)
+    return _module(rows, rows.kernel(), name)
+
+
+def _check_point(group: RowGroup, threads: int, cache: str, vector: int, unroll: int, W: int, row_blocks: int,
+                 prefetch: bool) -> None:
+    """ScheduleError unless fuse_rows' parameters fit each other and the group."""
     C = group.columns
     c_const = const_int(C)
+    if cache not in CACHES:
+        raise ScheduleError(f"fuse_rows: cache must be one of {CACHES}, got {cache!r}")
     if cache == "registers" and c_const is None:
         raise ScheduleError(f"fuse_rows: cache='registers' needs a constant row length, got {C}; use cache='none'")
-    prog = group.program
     if vector not in VECTORS:
         raise ScheduleError(f"fuse_rows: vector must be one of {VECTORS}, got {vector}")
     if vector > 1 and (c_const is None or c_const % vector):
@@ -261,238 +208,387 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     if unroll < 1 or (unroll > 1 and cache == "registers"):
         raise ScheduleError(f"fuse_rows: unroll={unroll} is the chunk of a re-read row (cache='none' or 'online'); "
                             "cache='registers' unrolls its whole row")
-
-    W = rows_per_block
     if W < 1 or (W > 1 and threads != WARP) or threads * W > 1024:
         raise ScheduleError(f"fuse_rows: rows_per_block={W} needs one warp per row (threads=32) and at most 1024 "
                             f"threads per block, got threads={threads}")
+    if row_blocks < 0 or (row_blocks and (W > 1 or cache != "registers")):
+        raise ScheduleError(f"fuse_rows: row_blocks={row_blocks} walks rows one block at a time with the row in "
+                            f"registers: it needs cache='registers' and rows_per_block=1, got cache={cache!r}, "
+                            f"rows_per_block={W}")
+    if prefetch and not row_blocks:
+        raise ScheduleError("fuse_rows: prefetch loads a block's next row; it needs row_blocks")
+    if group.column_reductions and not row_blocks:
+        raise ScheduleError(f"fuse_rows: the column reductions {', '.join(t.name for t in group.column_reductions)} "
+                            "are summed over blocks of rows: give row_blocks (blocks walking the rows), with "
+                            "cache='registers'")
 
-    sig = signature(prog)
-    buffers, scalars, unique = sig.buffers, sig.scalars, sig.unique
 
-    # the block's row: blockIdx.x over the flattened rows (W rows per block: row b·W + ty), unflattened row-major
-    b = Var(unique("row"), dt.int32)
-    tx = Var(unique("tx"), dt.int32)
-    ty = Var(unique("ty"), dt.int32)
-    flat_row: Expr = b * W + ty if W > 1 else b
-    row: list[Expr] = []
-    rest: Expr = flat_row
-    for i, extent in enumerate(reversed(group.rows)):
-        last = i == len(group.rows) - 1
-        row.append(rest if last else rest % extent)
-        rest = rest // extent
-    row_idx = tuple(reversed(row))
-    n_rows = size_product(group.rows)
+class _RowKernel:
+    """The row kernel of a group (module docstring) in the parts a reader sees: the block's row
+    and the thread's columns (here), the row's registers, the passes over the row in program
+    order, the column sums, and the grid around them (`kernel`). The parts append to `stmts`
+    (the row's statements) and `allocs` (its local buffers), and record what the module's
+    attributes need: `touched` (the row arrays each pass reads or writes), `merged` (passes
+    folded into the one before, cache="online"), `welford` (of which mean/variance pairs)."""
 
-    # the column walk: col = k*T + tx, k < K (a re-read row: the chunked walk of row_chunks.py,
-    # whose passes are written in the column variable `col`)
-    k = Var(unique("k"), dt.int32)
-    v = Var(unique("v"), dt.int32)
-    V = vector
-    chunks: ColumnWalk | None = None
-    if cache == "registers":
-        col: Expr = (k * threads + tx) * V + v if V > 1 else k * threads + tx
-    else:
-        col = Var(unique("col"), dt.int32)
-        chunks = ColumnWalk(C, threads, V, unroll, tx, col, lambda label: Var(unique(label), dt.int32),
-                            lambda load, n: Buffer(unique(f"{load.buffer.name}_chunk"), load.buffer.dtype, (n,),
-                                                   "local", tensor=f"{load.buffer.tensor}.chunk"))
-    slot = k * V + v if V > 1 else k
-    K: Expr = Const(-(-(c_const or 0) // (threads * V)), dt.int32)
-    needs_guard = c_const is not None and c_const % (threads * V) != 0
+    def __init__(self, group: RowGroup, threads: int, cache: str, vector: int, rows_per_block: int, unroll: int,
+                 row_blocks: int) -> None:
+        self.group, self.cache, self.row_blocks = group, cache, row_blocks
+        self.T, self.V, self.W = T, V, W = threads, vector, rows_per_block
+        C = group.columns
+        c_const = const_int(C)
+        self.prog = prog = group.program
+        self.sig = sig = signature(prog)
+        self.buffers, self.unique = buffers, unique = sig.buffers, sig.unique
 
-    def column_loop(body: Stmt, vectorized: bool = False) -> Stmt:
+        # the block's row: blockIdx.x over the flattened rows (W rows per block: row b·W + ty), unflattened
+        # row-major; with row_blocks S, block b walks the rows step·S + b
+        self.b, self.tx, self.ty = b, tx, ty = [Var(unique(n), dt.int32) for n in ("row", "tx", "ty")]
+        self.step = step = Var(unique("row_step"), dt.int32) if row_blocks else None
+        flat_row: Expr = b * W + ty if W > 1 else b
+        if step is not None:
+            flat_row = step * row_blocks + b
+        self.flat_row = flat_row
+        self.row_idx = unflatten(flat_row, group.rows)
+        self.n_rows = size_product(group.rows)
+
+        # the column walk: col = k*T + tx, k < K (a re-read row: the chunked walk of row_chunks.py,
+        # whose passes are written in the column variable `col`)
+        self.k, self.v = k, v = Var(unique("k"), dt.int32), Var(unique("v"), dt.int32)
+        self.chunks: ColumnWalk | None = None
+        if cache == "registers":
+            self.col: Expr = (k * T + tx) * V + v if V > 1 else k * T + tx
+        else:
+            self.col = Var(unique("col"), dt.int32)
+            self.chunks = ColumnWalk(C, T, V, unroll, tx, self.col, lambda label: Var(unique(label), dt.int32),
+                                     lambda load, n: Buffer(unique(f"{load.buffer.name}_chunk"), load.buffer.dtype,
+                                                            (n,), "local", tensor=f"{load.buffer.tensor}.chunk"))
+        self.slot = k * V + v if V > 1 else k
+        self.K: Expr = Const(-(-(c_const or 0) // (T * V)), dt.int32)
+        self.needs_guard = c_const is not None and c_const % (T * V) != 0
+        self.varying = {k, v, tx}  # what a row-invariant value is free of (row_algebra.py)
+
+        self.base_inliner = Inliner(prog.inlined, buffers)
+        self.values: dict[Tensor, Buffer] = {}   # every row value's register (row_registers)
+        self.inliner = RowInliner(self.base_inliner, self.values, self.row_idx)
+        self.caches: dict[Buffer, Buffer] = {}   # a cached input's row registers (cache_row)
+        self.prefetched: list[tuple[Buffer, Expr]] = []  # (the next row's registers, the row's load)
+        self.shared: dict[Expr, Buffer] = {}     # values a later pass reads again (passes)
+        self.hoisted: dict[Expr, Buffer] = {}    # divisions by row values, once per row
+        self.accs: dict[int, Expr] = {}          # every Reduce's all-reduced accumulator
+        self.done: set[Tensor] = set()           # the row values computed so far
+        self.partials: ColumnPartials | None = None
+        self.stmts: list[Stmt] = []
+        self.allocs: list[Buffer] = []
+        self.touched: list[set[int]] = []
+        self.merged: set[int] = set()
+        self.welford = 0
+
+    # ---- the thread's columns
+    def column_loop(self, body: Stmt, vectorized: bool = False) -> Stmt:
         """The registers form's walk: k < K, every step unrolled (the row's registers are indexed by k)."""
+        k, V = self.k, self.V
+        C = self.group.columns
         if V > 1:
             # C is a multiple of V: a vector is wholly inside the row or wholly past it
-            body = For(v, 0, V, "vectorize" if vectorized else "unroll", body)
-            if needs_guard:
-                body = IfThenElse((k * threads + tx) * V < C, body)
-            return For(k, 0, K, "unroll", body)
-        if needs_guard:
-            body = IfThenElse(col < C, body)
-        return For(k, 0, K, "unroll", body)
+            body = For(self.v, 0, V, "vectorize" if vectorized else "unroll", body)
+            if self.needs_guard:
+                body = IfThenElse((k * self.T + self.tx) * V < C, body)
+            return For(k, 0, self.K, "unroll", body)
+        if self.needs_guard:
+            body = IfThenElse(self.col < C, body)
+        return For(k, 0, self.K, "unroll", body)
 
-    def over_columns(exprs: list[Expr], element: Callable[[Callable[[Expr], Expr], Expr], Stmt],
+    def over_columns(self, exprs: list[Expr], element: Callable[[Callable[[Expr], Expr], Expr], Stmt],
                      vectorized: bool = False) -> Stmt:
         """The walk over the thread's columns running `element(value, column)` at each: `value`
         maps a pass expression to its value at the column (chunk registers for a re-read row)."""
-        if chunks is None:
-            return column_loop(element(lambda e: e, col), vectorized)
-        return chunks.loop(exprs, row_idx, lambda ch: ch.each(element(ch.value, ch.column), vectorized))
+        if self.chunks is None:
+            return self.column_loop(element(lambda e: e, self.col), vectorized)
+        return self.chunks.loop(exprs, self.row_idx, lambda ch: ch.each(element(ch.value, ch.column), vectorized))
 
-    zero = Const(0, dt.int32)
-    base_inliner = Inliner(prog.inlined, buffers)
-    values: dict[Tensor, Buffer] = {}
-    inliner = RowInliner(base_inliner, values, row_idx)
-
-    # inputs read at [row.., col]: cached in registers once
-    caches: dict[Buffer, Buffer] = {}
-    stmts: list[Stmt] = []
-    allocs: list[Buffer] = []
-    if cache == "registers":
-        for t in prog.args:
-            if t.is_placeholder and _same_shape(t.shape, group.rows + (C,)):
-                src = buffers[t]
-                reg = Buffer(unique(f"{src.name}_row"), src.dtype, (K * V,), "local", tensor=f"{t.name}.local")
-                caches[src] = reg
-                allocs.append(reg)
-                stmts.append(column_loop(BufferStore(reg, (slot,), src[row_idx + (col,)]), vectorized=True))
-    cacher = _CacheRow(caches, row_idx, col, slot)
-
-    # every reduction stage's row value lives in one register of every thread
-    for t in group.reductions:
-        val = Buffer(unique(f"{t.name}_val"), t.dtype, (1,), "local", tensor=f"{t.name}.local")
-        allocs.append(val)
-        values[t] = val
-
-    # the per-column expression of every pass, in program order: one per Reduce of a reduction
-    # stage (its source at column `col`), one per elementwise output (its value at `col`)
-    passes = [(t, cacher.visit(expr), r) for t, expr, r in row_passes(group, inliner, row_idx, col)]
-
-    shared: dict[Expr, Buffer] = {}
-    if cache == "registers":
-        shared = _shared_column_values(passes, k, lambda e: Buffer(
-            unique("t_row"), e.dtype, (K * V,), "local", tensor="row.shared"))
-        allocs.extend(shared.values())
-
-    def new_local(label: str, dtype: dt.DType, n: int) -> Buffer:
-        buf = Buffer(unique(label), dtype, (n,), "local", tensor=label)
-        allocs.append(buf)
+    def new_local(self, label: str, dtype: dt.DType, n: int) -> Buffer:
+        buf = Buffer(self.unique(label), dtype, (n,), "local", tensor=label)
+        self.allocs.append(buf)
         return buf
 
-    accs: dict[int, Expr] = {}
-    touched: list[set[int]] = []  # the row arrays each pass reads or writes
-    merged: set[int] = set()      # passes folded into the previous one (cache="online")
-    welford = 0                   # of which sum / sum-of-squared-deviation pairs
-    for i, (t, expr, r) in enumerate(passes):
-        if i in merged:
-            touched.append(set())
-            continue
-        pair = None
-        if cache == "online":
-            assert chunks is not None and isinstance(col, Var)
-            pair = max_sum_exp_pair(passes, i, values) or welford_pair(passes, i, col)
-        if pair is not None:
-            # two reductions in one pass over the row (online_stats.py)
-            t2, r2, other = pair
-            assert r is not None and chunks is not None
-            acc = Buffer(unique(f"{t.name}_acc"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.acc")
-            acc2 = Buffer(unique(f"{t2.name}_acc"), r2.acc_dtype, (1,), "local", tensor=f"{t2.name}.acc")
-            allocs.extend([acc, acc2])
-            if r.combiner == "max":
-                stmts.extend(online_max_sum(cast(expr, r.acc_dtype), other, chunks, row_idx, acc, acc2, new_local,
-                                            tx, threads, t.name, (unique(f"{t.name}_block"),
-                                                                  unique(f"{t2.name}_block"))))
-                accs[id(r)] = cast(acc[zero], r.dtype)
-                accs[id(r2)] = cast(acc2[zero], r2.dtype)
-                stmts.extend(finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx))
+    # ---- the row's registers
+    def cache_row(self, prefetch: bool, float_rows: bool) -> None:
+        """cache="registers": every input read at [row.., col] loaded once into K·V registers
+        (16-bit ones widened to float32 with `float_rows`); with `prefetch`, taken from the
+        registers the previous step loaded, and the next row's loads issued (prefetch_next_row).
+        Sets `cacher`, which turns the passes' loads of the row into its registers."""
+        group, unique, slot = self.group, self.unique, self.slot
+        row_shape = group.rows + (group.columns,)
+        cached = [t for t in self.prog.args if t.is_placeholder and same_shape(t.shape, row_shape)]
+        for t in cached if self.cache == "registers" else []:
+            src = self.buffers[t]
+            widen = float_rows and src.dtype in (dt.float16, dt.bfloat16)
+            reg = Buffer(unique(f"{src.name}_row"), dt.float32 if widen else src.dtype, (self.K * self.V,), "local",
+                         tensor=f"{t.name}.local")
+            self.caches[src] = reg
+            self.allocs.append(reg)
+            load = src[self.row_idx + (self.col,)]
+            if not prefetch:
+                self.stmts.append(self.column_loop(BufferStore(reg, (slot,), cast(load, reg.dtype)), vectorized=True))
+                continue
+            # this row was loaded by the previous step (or before the loop) into `next`
+            nxt = Buffer(unique(f"{src.name}_next"), src.dtype, (self.K * self.V,), "local", tensor=f"{t.name}.next")
+            self.prefetched.append((nxt, load))
+            self.stmts.append(self.column_loop(BufferStore(reg, (slot,), cast(nxt[slot], reg.dtype))))
+        if self.prefetched:
+            self.prefetch_next_row()
+        self.cacher = _CacheRow(self.caches, self.row_idx, self.col, self.slot)
+
+    def prefetch_next_row(self) -> None:
+        """The next row's loads, in flight while this row is computed."""
+        step = self.step
+        assert step is not None
+        self.stmts.append(IfThenElse(self.flat_row + self.row_blocks < self.n_rows, seq(*(
+            self.column_loop(BufferStore(nxt, (self.slot,), substitute(load, {step: step + 1})), vectorized=True)
+            for nxt, load in self.prefetched))))
+
+    def row_registers(self) -> None:
+        """One register of every thread for the row value of every reduction stage, then of every
+        row value (an elementwise output of the row shape)."""
+        for t in self.group.reductions + self.group.row_values:
+            self.values[t] = Buffer(self.unique(f"{t.name}_val"), t.dtype, (1,), "local", tensor=f"{t.name}.local")
+            self.allocs.append(self.values[t])
+
+    def finish(self, t: Tensor | None) -> list[Stmt]:
+        """Reduction stage t's row value (and its store), then every row value whose statistics
+        are now all known (t None: those that read none)."""
+        row_idx, inliner, values = self.row_idx, self.inliner, self.values
+        out = [] if t is None else finish_reduction(t, row_idx, self.accs, inliner, values[t], self.buffers, self.tx)
+        if t is not None:
+            self.done.add(t)
+        for u in self.group.row_values:
+            if u not in self.done and _reads_only(u, values, self.done, inliner, row_idx):
+                self.done.add(u)
+                out.extend(finish_reduction(u, row_idx, self.accs, inliner, values[u], self.buffers, self.tx))
+        return out
+
+    # ---- the passes over the row
+    def passes(self) -> list[Pass]:
+        """The per-column expression of every pass, in program order: one per Reduce of a
+        reduction stage (its source at column `col`), one per elementwise output (its value at
+        `col`), reading the cached row; with the row in registers, products' row-invariant
+        factors grouped, once per row (row_algebra.py), and the values a later pass computes
+        again given registers (`shared`)."""
+        passes = [(t, self.cacher.visit(expr), r) for t, expr, r in row_passes(self.group, self.inliner, self.row_idx,
+                                                                               self.col)]
+        if self.cache != "registers":
+            return passes
+        passes = [(t, group_invariants(expr, self.varying), r) for t, expr, r in passes]
+        self.shared = _shared_column_values(passes, self.k, lambda e: Buffer(
+            self.unique("t_row"), e.dtype, (self.K * self.V,), "local", tensor="row.shared"))
+        self.allocs.extend(self.shared.values())
+        return passes
+
+    def row_passes(self, passes: list[Pass]) -> None:
+        """The row values that read no statistic, then every pass in program order: two
+        reductions computed in one pass where online_stats.py recognises them (cache="online"),
+        else each reduction's accumulation and all-reduce, and each output's stores."""
+        self.stmts.extend(self.finish(None))
+        for i, (t, expr, r) in enumerate(passes):
+            if i in self.merged:
+                self.touched.append(set())
+                continue
+            pair = None
+            if self.cache == "online":
+                assert self.chunks is not None and isinstance(self.col, Var)
+                pair = max_sum_exp_pair(passes, i, self.values) or welford_pair(passes, i, self.col)
+            if pair is not None:
+                self.online_pair(passes, i, pair)
+                continue
+            keep, expr = self.kept_values(passes, i)
+            if r is not None:
+                self.reduction(t, expr, r, keep, last_of_stage=i + 1 == len(passes) or passes[i + 1][0] is not t)
             else:
-                moments = (new_local(f"{t.name}_count", r.acc_dtype, 1), new_local(f"{t.name}_mean", r.acc_dtype, 1),
-                           new_local(f"{t.name}_m2", r.acc_dtype, 1))
-                stmts.extend(welford_moments(expr, chunks, row_idx, moments, new_local, tx, threads, t.name,
-                                             unique(f"{t.name}_block")))
-                stmts.append(BufferStore(acc, (zero,), moments[0][zero] * moments[1][zero]))  # S = n·mean
-                accs[id(r)] = cast(acc[zero], r.dtype)
-                stmts.extend(finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx))
-                # μ (pass i+1's) may read t's row value, set just above
-                stmts.append(BufferStore(acc2, (zero,), centered_sum(moments, other)))
-                accs[id(r2)] = cast(acc2[zero], r2.dtype)
-                welford += 1
-            merged.add(i + 1)
-            touched.append(set())
-            if i + 2 == len(passes) or passes[i + 2][0] is not t2:
-                stmts.extend(finish_reduction(t2, row_idx, accs, inliner, values[t2], buffers, tx))
-            continue
-        op = t.op
-        assert isinstance(op, ComputeOp)
-        # a value computed here for a later pass is stored in its register as it is computed
+                out = self.buffers[t]
+                self.stmts.append(self.over_columns([expr], lambda value, column: BufferStore(
+                    out, self.row_idx + (column,), value(expr)), vectorized=True))
+
+    def kept_values(self, passes: list[Pass], i: int) -> tuple[list[Stmt], Expr]:
+        """Pass i's expression reading the registers of the values an earlier pass kept, and the
+        stores keeping those it computes first for a later pass; with the row in registers, a
+        division by row values computed once per row (row_algebra.py)."""
+        shared, slot = self.shared, self.slot
         mine = {e: buf for e, buf in shared.items() if _first_pass(passes, e) == i}
         used = SubexpressionReplacer({e: buf[slot] for e, buf in shared.items() if e not in mine})
-        keep = [BufferStore(buf, (slot,), used.visit(e)) for e, buf in mine.items()]
+        kept = [(buf, used.visit(e)) for e, buf in mine.items()]
+        expr = passes[i][1]
         expr = SubexpressionReplacer({e: buf[slot] for e, buf in shared.items()}).visit(expr) if mine else used.visit(expr)
-        touched.append({id(n.buffer) for s in keep for n in walk(s.value) if isinstance(n, BufferLoad)}
-                       | {id(n.buffer) for n in walk(expr) if isinstance(n, BufferLoad)}
-                       | {id(buf) for buf in mine.values()})
-        if r is not None:
-            acc = Buffer(unique(f"{t.name}_acc"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.acc")
-            allocs.append(acc)
-            stmts.append(BufferStore(acc, (zero,), reduce_identity(r.combiner, r.acc_dtype)))
-            combine = COMBINE[r.combiner]
-            stmts.append(over_columns([expr], lambda value, _column: seq(
-                *keep, BufferStore(acc, (zero,), binary(combine, acc[zero], cast(value(expr), acc.dtype))))))
-            stmts.append(allreduce(acc, COMBINE[r.combiner], tx, threads, unique(f"{t.name}_block")))
-            accs[id(r)] = cast(acc[zero], r.dtype)
-            last_of_stage = i + 1 == len(passes) or passes[i + 1][0] is not t
-            if last_of_stage:
-                stmts.extend(finish_reduction(t, row_idx, accs, inliner, values[t], buffers, tx))
+        self.touched.append({id(n.buffer) for _, value in kept for n in walk(value) if isinstance(n, BufferLoad)}
+                            | {id(n.buffer) for n in walk(expr) if isinstance(n, BufferLoad)}
+                            | {id(buf) for buf in mine.values()})
+        if self.cache == "registers":
+            expr = self.hoist_divisions(expr)
+        return [BufferStore(buf, (slot,), value) for buf, value in kept], expr
+
+    def hoist_divisions(self, e: Expr) -> Expr:
+        """`e` with its divisions free of the column read from registers set once per row."""
+        found = invariant_divisions(e, self.varying)
+        for d in found:
+            if d not in self.hoisted:
+                self.hoisted[d] = self.new_local("row_quotient", d.dtype, 1)
+                self.stmts.append(BufferStore(self.hoisted[d], (ZERO,), d))
+        return SubexpressionReplacer({d: self.hoisted[d][ZERO] for d in found}).visit(e) if found else e
+
+    # ---- reductions
+    def reduction(self, t: Tensor, expr: Expr, r: Reduce, keep: list[Stmt], last_of_stage: bool) -> None:
+        """Reduce `r` of stage `t`: the thread's columns accumulated (storing the `keep` values as
+        they are computed), all-reduced over the block; the stage's row value after its last."""
+        cache, stmts = self.cache, self.stmts
+        acc = Buffer(self.unique(f"{t.name}_acc"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.acc")
+        self.allocs.append(acc)
+        stmts.append(BufferStore(acc, (ZERO,), reduce_identity(r.combiner, r.acc_dtype)))
+        combine = COMBINE[r.combiner]
+        factor = None  # Σ V·I = I·Σ V for a row-invariant I (row_algebra.py)
+        if cache == "registers" and r.combiner == "sum" and expr.dtype == acc.dtype:
+            expr, factor = split_invariant(expr, self.varying)
+        stmts.append(self.over_columns([expr], lambda value, _column: seq(
+            *keep, BufferStore(acc, (ZERO,), binary(combine, acc[ZERO], cast(value(expr), acc.dtype))))))
+        stmts.append(allreduce(acc, COMBINE[r.combiner], self.tx, self.T, self.unique(f"{t.name}_block"),
+                               shuffle_stage=self.row_blocks > 0))
+        self.accs[id(r)] = cast(acc[ZERO] if factor is None else acc[ZERO] * factor, r.dtype)
+        if last_of_stage:
+            stmts.extend(self.finish(t))
+
+    def online_pair(self, passes: list[Pass], i: int, pair: tuple[Tensor, Reduce, Expr]) -> None:
+        """Pass i's reduction and the next one in ONE pass over the row (online_stats.py): a
+        running max with its rescaled sum of exp, or Welford / Chan moments."""
+        t, expr, r = passes[i]
+        t2, r2, other = pair
+        chunks, unique, stmts, accs = self.chunks, self.unique, self.stmts, self.accs
+        assert r is not None and chunks is not None
+        acc = Buffer(unique(f"{t.name}_acc"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.acc")
+        acc2 = Buffer(unique(f"{t2.name}_acc"), r2.acc_dtype, (1,), "local", tensor=f"{t2.name}.acc")
+        self.allocs.extend([acc, acc2])
+        if r.combiner == "max":
+            stmts.extend(online_max_sum(cast(expr, r.acc_dtype), other, chunks, self.row_idx, acc, acc2,
+                                        self.new_local, self.tx, self.T, t.name,
+                                        (unique(f"{t.name}_block"), unique(f"{t2.name}_block"))))
+            accs[id(r)] = cast(acc[ZERO], r.dtype)
+            accs[id(r2)] = cast(acc2[ZERO], r2.dtype)
+            stmts.extend(self.finish(t))
         else:
-            out = buffers[t]
-            stmts.append(over_columns([expr], lambda value, column: BufferStore(out, row_idx + (column,), value(expr)),
-                                      vectorized=True))
-    if chunks is not None:
-        allocs.extend(chunks.buffers)
+            moments = (self.new_local(f"{t.name}_count", r.acc_dtype, 1),
+                       self.new_local(f"{t.name}_mean", r.acc_dtype, 1),
+                       self.new_local(f"{t.name}_m2", r.acc_dtype, 1))
+            stmts.extend(welford_moments(expr, chunks, self.row_idx, moments, self.new_local, self.tx, self.T, t.name,
+                                         unique(f"{t.name}_block")))
+            stmts.append(BufferStore(acc, (ZERO,), moments[0][ZERO] * moments[1][ZERO]))  # S = n·mean
+            accs[id(r)] = cast(acc[ZERO], r.dtype)
+            stmts.extend(self.finish(t))
+            # μ (pass i+1's) may read t's row value, set just above
+            stmts.append(BufferStore(acc2, (ZERO,), centered_sum(moments, other)))
+            accs[id(r2)] = cast(acc2[ZERO], r2.dtype)
+            self.welford += 1
+        self.merged.add(i + 1)
+        self.touched.append(set())
+        if i + 2 == len(passes) or passes[i + 2][0] is not t2:
+            stmts.extend(self.finish(t2))
 
-    body: Stmt = seq(*stmts)
-    for buf in reversed(allocs):
-        body = Allocate(buf, body)
-    if W > 1:
-        n_const = const_int(n_rows)
-        if n_const is None or n_const % W:
-            body = IfThenElse(flat_row < n_rows, body)  # whole warps: a warp is one row
-        body = For(b, 0, (n_rows + (W - 1)) // W, "blockIdx.x",
-                   For(ty, 0, W, "threadIdx.y", For(tx, 0, threads, "threadIdx.x", body)))
-    else:
-        body = For(b, 0, n_rows, "blockIdx.x", For(tx, 0, threads, "threadIdx.x", body))
+    # ---- column sums (row_columns.py)
+    def column_sums(self, scope: str) -> None:
+        """This row's values at the thread's columns, added into the column reductions' partial
+        sums (kept in `scope`)."""
+        self.partials = partials = ColumnPartials(self.group, self.row_blocks, self.K * self.V, self.buffers,
+                                                  self.unique, scope, self.T, self.tx)
+        update = partials.update(self.column_loop, self.row_idx, self.col, self.slot,
+                                 lambda e: group_invariants(self.cacher.visit(self.inliner.visit(e)), self.varying))
+        self.touched.append({id(n.buffer) for e in exprs_of(update) for n in walk(e) if isinstance(n, BufferLoad)})
+        self.stmts.append(update)
 
-    used = global_buffers(body)
-    body_vars = scalar_vars(exprs_of(body) + [s for u in used for s in u.shape + (u.strides or ())])
-    params = tuple(buffers[a] for a in prog.args if buffers[a] in used) + tuple(v for v in scalars if v in body_vars)
-    kname = unique(f"{prog.stages[-1].name}_rows_kernel")
-    mname = identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
-    attrs: tuple[tuple[str, object], ...] = (("fused_rows", tuple(t.name for t in prog.stages)),)
-    if merged:  # reductions computed together with the one before them (cache="online")
-        attrs += (("online_pairs", len(merged)),)
-    if welford:  # of which mean/variance pairs (Welford / Chan moments)
-        attrs += (("welford_pairs", welford),)
-    if cache == "registers":
-        k_const = const_int(K)
+    # ---- the grid
+    def kernel(self) -> Stmt:
+        """The row's statements with their local buffers, under the grid: one row per block, W
+        rows per block (one warp each, the last block's missing rows guarded), or S blocks
+        walking the rows (walk_rows)."""
+        b, tx, T, W = self.b, self.tx, self.T, self.W
+        body: Stmt = seq(*self.stmts)
+        for buf in reversed(self.allocs + (self.chunks.buffers if self.chunks is not None else [])):
+            body = Allocate(buf, body)
+        if self.step is not None:
+            return self.walk_rows(body)
+        if W > 1:
+            n_const = const_int(self.n_rows)
+            if n_const is None or n_const % W:
+                body = IfThenElse(self.flat_row < self.n_rows, body)  # whole warps: a warp is one row
+            return For(b, 0, (self.n_rows + (W - 1)) // W, "blockIdx.x",
+                       For(self.ty, 0, W, "threadIdx.y", For(tx, 0, T, "threadIdx.x", body)))
+        return For(b, 0, self.n_rows, "blockIdx.x", For(tx, 0, T, "threadIdx.x", body))
+
+    def walk_rows(self, body: Stmt) -> Stmt:
+        """row_blocks: the block's rows one after another; the first row's loads (prefetch) before
+        them, the column sums' accumulators around them and their partial stores after."""
+        step, b, n_rows, slot, partials = self.step, self.b, self.n_rows, self.slot, self.partials
+        assert step is not None
+        body = row_loop(step, self.row_blocks, self.flat_row, n_rows, body, barrier=self.T > WARP)
+        first = [self.column_loop(BufferStore(nxt, (slot,), substitute(load, {step: ZERO})), True)
+                 for nxt, load in self.prefetched]
+        body = seq(IfThenElse(b < n_rows, seq(*first)), body) if first else body
+        for nxt, _ in reversed(self.prefetched):
+            body = Allocate(nxt, body)
+        if partials is not None:
+            body = partials.wrap(seq(partials.init(self.column_loop, slot), body,
+                                     partials.store(self.column_loop, b, self.col, slot)))
+        return For(b, 0, self.row_blocks, "blockIdx.x", For(self.tx, 0, self.T, "threadIdx.x", body))
+
+    # ---- what the module records
+    def attrs(self) -> tuple[tuple[str, object], ...]:
+        """The row kernel's attributes: the stages it fuses, the one-pass pairs, the resident
+        blocks it asks for (row in registers), the row blocks."""
+        attrs: tuple[tuple[str, object], ...] = (("fused_rows", tuple(t.name for t in self.prog.stages)),)
+        if self.merged:  # reductions computed together with the one before them (cache="online")
+            attrs += (("online_pairs", len(self.merged)),)
+        if self.welford:  # of which mean/variance pairs (Welford / Chan moments)
+            attrs += (("welford_pairs", self.welford),)
+        if self.cache == "registers":
+            blocks = self.resident_blocks()
+            if blocks > 1:
+                attrs += (("min_blocks_per_sm", blocks),)
+        if self.step is not None:
+            attrs += (("row_blocks", self.row_blocks),)
+        return attrs
+
+    def resident_blocks(self) -> int:
+        """The blocks per SM whose register cap holds the row arrays at their peak beside the
+        kernel's own registers (min_blocks_per_sm)."""
+        k_const = const_int(self.K)
         assert k_const is not None
+        words, partials = k_const * self.V, self.partials
         # one register per cached element, whatever its width: ptxas does not pack two 16-bit
         # elements of a register array into one register (bf16 rows of 16 spilled at 32)
-        arrays = list(caches.values()) + list(shared.values())
-        row_words = peak_row_words(_row_spans(touched, arrays, list(caches.values())), k_const * V)
-        blocks = min_blocks_per_sm(threads * W, row_words)
-        if blocks > 1:
-            attrs += (("min_blocks_per_sm", blocks),)
-    kernel = PrimFunc(kname, params, body, attrs)
-    module_params = tuple(buffers[a] for a in prog.args) + tuple(scalars)
-    return Module(mname, module_params, (kernel,), (KernelCall(kname, params),), ())
+        arrays = list(self.caches.values()) + list(self.shared.values())
+        row_words = peak_row_words(_row_spans(self.touched, arrays, list(self.caches.values())), words)
+        if partials is not None and partials.scope == "local":  # the column sums live through every row
+            row_words += len(partials.accs) * words
+        row_words += len(self.prefetched) * words
+        blocks = min_blocks_per_sm(self.T * self.W, row_words,
+                                   COLUMN_KERNEL_REGISTERS if partials is not None else ROW_KERNEL_REGISTERS)
+        if partials is not None:  # the blocks the plan keeps resident, no more (row_columns.py)
+            blocks = min(blocks, MAX_COLUMN_BLOCKS_PER_SM)
+        return blocks
 
 
-Pass = tuple[Tensor, Expr, "Reduce | None"]
-
-
-def row_passes(group: RowGroup, inliner: ExprMutator, row_idx: tuple[Expr, ...], col: Expr) -> list[Pass]:
-    """The per-column expression of every pass over the row `row_idx`, in program order: one per
-    Reduce of a reduction stage (its source at column `col`, with that Reduce), one per
-    elementwise output (its value at `col`, None). `inliner` (a RowInliner) turns reads of the
-    group's reduction stages into the registers that hold their row values."""
-    passes: list[Pass] = []
-    for t in group.stages:
-        op = t.op
-        assert isinstance(op, ComputeOp)
-        if t in group.reductions:
-            body = substitute(op.body, dict(zip(op.axes, row_idx)))
-            seen: set[int] = set()
-            for r in [n for n in walk(body) if isinstance(n, Reduce)]:
-                if id(r) not in seen:
-                    seen.add(id(r))
-                    passes.append((t, inliner.visit(substitute(r.source, {r.axes[0]: col})), r))
-        else:
-            body = substitute(op.body, dict(zip(op.axes, row_idx + (col,))))
-            passes.append((t, inliner.visit(body), None))
-    return passes
+def _module(rows: _RowKernel, body: Stmt, name: str | None) -> Module:
+    """The module launching the row kernel `body` and, with column reductions, the kernel that
+    combines their partial sums: each kernel's parameters and attributes, the module's signature."""
+    prog, sig, partials = rows.prog, rows.sig, rows.partials
+    last = prog.stages[-1].name
+    kname = sig.unique(f"{last}_rows_kernel")
+    arrays = [sig.buffers[a] for a in prog.args]
+    temps = tuple(partials.partials) if partials is not None else ()
+    kernels = [PrimFunc(kname, kernel_params(body, arrays, temps, sig.scalars), body, rows.attrs())]
+    if partials is not None:  # the column reductions' partial rows, folded
+        combine = partials.combine_kernel(rows.base_inliner)
+        kernels.append(PrimFunc(sig.unique(f"{last}_columns_kernel"), kernel_params(combine, arrays, temps, sig.scalars),
+                                combine, partials.attrs))
+    mname = identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
+    return Module(mname, tuple(arrays) + tuple(sig.scalars), tuple(kernels),
+                  tuple(KernelCall(k.name, k.params) for k in kernels), temps)
 
 
 # Intrinsics worth a register to compute once: each is a libdevice call of tens of instructions
@@ -551,24 +647,15 @@ def peak_row_words(spans: Sequence[tuple[float, float]], words: int) -> int:
     return max((words * sum(1 for lo, hi in spans if lo <= p <= hi) for p in points), default=0)
 
 
-def finish_reduction(t: Tensor, row_idx: tuple[Expr, ...], accs: dict[int, Expr], inliner: ExprMutator,
-                      val: Buffer, buffers: dict[Tensor, Buffer], tx: Var, writer: Expr | None = None) -> list[Stmt]:
-    """The row value of reduction stage `t` from its all-reduced accumulators, and its store
-    (by thread 0, or where `writer` holds) when the stage is an output."""
+def _reads_only(t: Tensor, values: dict[Tensor, Buffer], known: set[Tensor], inliner: ExprMutator,
+                row_idx: tuple[Expr, ...]) -> bool:
+    """Whether row value `t` reads, of the group's row values and statistics, only `known` ones."""
     op = t.op
     assert isinstance(op, ComputeOp)
-    body = substitute(op.body, dict(zip(op.axes, row_idx)))
-
-    class _Finish(ExprMutator):
-        def visit_Reduce(self, r: Reduce) -> Expr:  # noqa: N805
-            return accs[id(r)]
-
-    zero = Const(0, dt.int32)
-    out: list[Stmt] = [BufferStore(val, (zero,), inliner.visit(_Finish().visit(body)))]
-    if t in buffers:  # an output: thread 0 of the block writes the row's value
-        out.append(IfThenElse(tx == 0 if writer is None else writer, BufferStore(buffers[t], row_idx, val[zero])))
-    return out
+    loaded = {id(n.buffer) for n in walk(inliner.visit(substitute(op.body, dict(zip(op.axes, row_idx)))))
+              if isinstance(n, BufferLoad)}
+    return all(u in known for u, buf in values.items() if id(buf) in loaded)
 
 
-__all__ = ["CACHES", "VECTORS", "Pass", "RowGroup", "fuse_rows", "min_blocks_per_sm", "peak_row_words", "row_group",
-           "row_passes"]
+__all__ = ["CACHES", "COLUMN_KERNEL_REGISTERS", "VECTORS", "RowGroup", "fuse_rows", "min_blocks_per_sm", "peak_row_words",
+           "row_group"]

@@ -170,6 +170,73 @@ def tiles_inside_keys(chain: OnlineChain, first: Var, rows: int, tile: int, tile
     return is_empty(loops, [compare(">=", kt * tile + j, chain.keys)])
 
 
+def query_block_start(conditions: list[Expr], query: Var, key: Var, block: Var, key_tile: int, rows: int,
+                      queries: Expr, keys: Expr) -> tuple[Expr, str] | None:
+    """(first, why): the first block of `rows` query rows that keeps any key of the key block
+    [block·key_tile, block·key_tile + key_tile) under the affine `conditions` (the backward's
+    transpose of key_tile_bound: its key-block-major kernel skips the query blocks before it),
+    proved by isl: no (block, query, key) with the key in the block, every condition true and the
+    query before first·rows. Each condition c·key + a·query + rest ≤ 0 with a < 0 keeps queries
+    from ceil((c·key + rest) / -a), least at the block's first key when c ≥ 0, at its last
+    otherwise. None when no condition bounds the query from below."""
+    k0 = block * key_tile
+    k1 = binary("min", k0 + key_tile, keys) - 1
+    bounds: list[Expr] = []
+    affine: list[Expr] = []
+    for cond in conditions:
+        form = affine_form(cond, query, key)
+        if form is None or form[0] >= 0:
+            continue
+        a, c, rest = form
+        at = k0 if c >= 0 else k1
+        bounds.append((Const(c, dt.int32) * at + rest + (-a - 1)) // (-a))
+        affine.append(cond)
+    if not bounds:
+        return None
+    first: Expr = bounds[0]
+    for b in bounds[1:]:
+        first = binary("max", first, b)
+    start = binary("max", first, Const(0, dt.int32)) // rows
+    loops = [LoopDim(block, Const(0, dt.int32), (keys + (key_tile - 1)) // key_tile, "blockIdx.x"),
+             LoopDim(key, k0, Const(key_tile, dt.int32), "serial"),
+             LoopDim(query, Const(0, dt.int32), queries, "serial")]
+    proof = [compare("<", key, keys), *affine, compare("<", query, start * rows)]
+    if not is_empty(loops, proof):
+        return None
+    why = (f"query blocks per key block from {start}, the first query that keeps a key of the block from "
+           f"{' and '.join(map(str, affine))} (isl: no kept key before it)")
+    return start, why
+
+
+def whole_tile(conditions: list[Expr], query: Var, key: Var, q0: Expr, k0: Expr, rows: int, key_tile: int,
+               queries: Expr, keys: Expr, first: Var, block: Var) -> Expr | None:
+    """A condition on the tile of queries [q0, q0 + rows) x keys [k0, k0 + key_tile) under which
+    every element is inside the extents and keeps every condition (each c·key + a·query + rest ≤ 0
+    at the tile's corner that maximizes it), so the backward's elementwise stage needs no guard
+    there; proved by isl over the query blocks `first` (q0 = first·rows) and key blocks `block`
+    (k0 = block·key_tile): no element of a tile where it holds is outside or dropped. None when a
+    condition is not affine (a mask tensor) or the proof fails."""
+    out: Expr = compare("<=", k0 + key_tile, keys) & compare("<=", q0 + rows, queries)
+    for cond in conditions:
+        form = affine_form(cond, query, key)
+        if form is None:
+            return None
+        a, c, rest = form
+        kx = k0 + (key_tile - 1) if c > 0 else k0
+        qx = q0 + (rows - 1) if a > 0 else q0
+        out = out & compare("<=", Const(c, dt.int32) * kx + Const(a, dt.int32) * qx + rest, Const(0, dt.int32))
+    at = {q0: first * rows, k0: block * key_tile} if isinstance(q0, Var) and isinstance(k0, Var) else {}
+    holds = substitute(out, at) if at else out
+    loops = [LoopDim(block, Const(0, dt.int32), (keys + (key_tile - 1)) // key_tile, "blockIdx.x"),
+             LoopDim(first, Const(0, dt.int32), (queries + (rows - 1)) // rows, "serial"),
+             LoopDim(key, block * key_tile, Const(key_tile, dt.int32), "serial"),
+             LoopDim(query, first * rows, Const(rows, dt.int32), "serial")]
+    for violated in [compare(">=", key, keys), compare(">=", query, queries), *(Not(c) for c in conditions)]:
+        if not is_empty(loops, [holds, violated]):
+            return None
+    return out
+
+
 def skipping_description(chain: OnlineChain, bound: tuple[Expr, str] | None, unmasked: Expr | None = None) -> str:
     """What the kernel does about fully masked and unmasked key tiles, for explain()."""
     whole = "" if unmasked is None else (f"; the first {unmasked} key tiles, which every row of the block keeps "
@@ -192,5 +259,6 @@ def tiles_grow_with_block(chain: OnlineChain, first: Var, rows: int, tiles: Expr
     return is_empty(loops, [compare("<", following, tiles)]) and not is_empty(loops, [compare("<", tiles, following)])
 
 
-__all__ = ["affine_form", "is_minus_inf", "kept", "kept_conditions", "key_tile_bound", "skipping_description", "tiles_grow_with_block",
+__all__ = ["affine_form", "is_minus_inf", "kept", "kept_conditions", "key_tile_bound", "query_block_start",
+           "skipping_description", "tiles_grow_with_block", "whole_tile",
            "tiles_inside_keys", "unmasked_tile_bound"]

@@ -43,15 +43,15 @@ shared between rows of a head (docs/attention.md lists what is left).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable, Sequence
 
 from ...ir import dtype as dt
 from ...ir.arith import logical_and
 from ...ir.errors import ScheduleError
+from ...ir.online_chain import ChainParts, find_chain
 from ...ir.expr import (
     Binary,
-    Call,
     Cast,
     Const,
     Expr,
@@ -66,7 +66,6 @@ from ...ir.expr import (
     select,
     size_product,
     substitute,
-    walk,
 )
 from ...ir.stmt import (
     Allocate,
@@ -82,203 +81,35 @@ from ...ir.stmt import (
     Stmt,
     seq,
 )
-from ...ir.tensor import ComputeOp, Tensor
+from ...ir.tensor import Tensor
 from ...ir.visitor import ExprMutator, SubexpressionReplacer
-from ..lower import COMBINE, Program, collect_program, exprs_of, global_buffers, scalar_vars, signature
+from ..lower import COMBINE, Program, Signature, collect_program, kernel_params, signature
 from ..names import identifier
 from .online_stats import rescale
 
 
 @dataclass
-class OnlineChain:
-    """A recognised chain, in canonical variables: `row` (m's axes), `key` (j) and `column` (c).
-    `m_value` / `l_value` stand for the statistics' row values inside the expressions."""
+class OnlineChain(ChainParts):
+    """A recognised chain (tecc.ir.online_chain.ChainParts: its parts in canonical variables) and
+    the program it was found in, whose buffers and names the kernels take."""
 
     program: Program
-    rows: tuple[Expr, ...]
-    keys: Expr
-    row: tuple[Var, ...]
-    key: Var
-    column: Var
-    m: Tensor
-    l: Tensor
-    m_value: Var
-    l_value: Var
-    score: Expr                 # s(row, key), reads of inputs as TensorRead
-    weight: Expr                # exp(s - m_value): the summand of l
-    contraction: Reduce         # the output's Σ_j weight·v (its axis, acc type)
-    value: Expr                 # v(row, key, column)
-    output: Tensor              # the output of shape rows + (C,)
-    output_body: Expr           # g, with the contraction as a Reduce node and column free
-    columns: Expr
-    row_outputs: tuple[tuple[Tensor, Expr], ...]  # outputs of shape rows (m, l, log-sum-exp ..)
-
-
-class _Expand(ExprMutator):
-    """Inlines every compute stage except the statistics, whose reads at the row become their
-    value variables; reads of placeholders stay TensorReads."""
-
-    def __init__(self, stats: dict[Tensor, Var], row: tuple[Var, ...], outputs: set[int]) -> None:
-        super().__init__()
-        self.stats, self.row, self.outputs = stats, row, outputs
-
-    def visit_TensorRead(self, e: TensorRead) -> Expr:
-        idx = tuple(self.visit(i) for i in e.indices)
-        t = e.tensor
-        if t in self.stats:
-            if len(idx) != len(self.row) or any(a is not b for a, b in zip(idx, self.row)):
-                raise ScheduleError(
-                    f"online_contraction: {t.name} is read at [{', '.join(map(str, idx))}], not at the row "
-                    f"[{', '.join(map(str, self.row))}]; a row statistic must be read at its own row")
-            return self.stats[t]
-        if t.is_placeholder:
-            return e if _same(idx, e.indices) else t[idx]
-        if id(t) in self.outputs:
-            raise ScheduleError(
-                f"online_contraction: {t.name} is an output and is read by another stage; the one-pass "
-                "kernel does not materialize intermediate stages (the scores included)")
-        op = t.op
-        assert isinstance(op, ComputeOp)
-        return self.visit(substitute(op.body, dict(zip(op.axes, idx))))
-
-
-def _one_axis_reduce(t: Tensor, combiner: str) -> Reduce | None:
-    op = t.op
-    if not isinstance(op, ComputeOp) or not isinstance(op.body, Reduce):
-        return None
-    r = op.body
-    if r.combiner != combiner or len(r.axes) != 1 or const_int(r.axes[0].lo) != 0:
-        return None
-    return r
-
-
-def _same(a: Sequence[Expr], b: Sequence[Expr]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 def online_chain(args: Sequence[Tensor]) -> OnlineChain:
-    """The chain of the program `args` (module docstring), or ScheduleError naming the failing
-    condition."""
+    """The chain of the program `args` (module docstring; the search is tecc.ir.online_chain's),
+    or ScheduleError naming the failing condition."""
     prog = collect_program(args)
     outputs = {id(a) for a in args if not a.is_placeholder}
-    maxima = [t for t in prog.order if _one_axis_reduce(t, "max") is not None]
-    if not maxima:
-        raise ScheduleError("online_contraction: no stage is a max over one axis (m = max_j s); "
-                            "without the running max a sum of exp cannot be rescaled")
-    why: list[str] = []
-    for m in maxima:
-        try:
-            return _chain_of(prog, m, outputs)
-        except ScheduleError as exc:
-            why.append(str(exc))
-    raise ScheduleError(why[0] if len(why) == 1 else "; ".join(why))
-
-
-def _chain_of(prog: Program, m: Tensor, outputs: set[int]) -> OnlineChain:
-    m_red = _one_axis_reduce(m, "max")
-    assert m_red is not None and isinstance(m.op, ComputeOp)
-    if not m_red.acc_dtype.is_float:
-        raise ScheduleError(f"online_contraction: {m.name} is a max of {m_red.acc_dtype}; exp needs a float")
-    keys = m_red.axes[0].extent
-    row = tuple(Var(f"r{i}", dt.int32) for i in range(len(m.shape)))
-    key = Var("j", dt.int32)
-    column = Var("c", dt.int32)
-    m_value = Var(f"{m.name}_value", m.dtype, "value")
-    l_value: Var | None = None
-    rows = m.shape
-
-    def expand(t: Tensor, stats: dict[Tensor, Var], body: Expr, idx: tuple[Expr, ...]) -> Expr:
-        op = t.op
-        assert isinstance(op, ComputeOp)
-        return _Expand(stats, row, outputs).visit(substitute(body, dict(zip(op.axes, idx))))
-
-    score = expand(m, {m: m_value}, substitute(m_red.source, {m_red.axes[0]: key}), row)
-    if any(n is m_value for n in walk(score)):
-        raise ScheduleError(f"online_contraction: the maximized value of {m.name} reads {m.name} itself")
-    weight_target = None
-    l: Tensor | None = None
-    for t in prog.order:
-        r = _one_axis_reduce(t, "sum")
-        if r is None or t is m or not _same(t.shape, rows) or r.axes[0].extent is not keys:
-            continue
-        summand = expand(t, {m: m_value}, substitute(r.source, {r.axes[0]: key}), row)
-        if (isinstance(summand, Call) and summand.name == "exp" and isinstance(summand.args[0], Binary)
-                and summand.args[0].op == "-" and summand.args[0].a is score and summand.args[0].b is m_value):
-            l, weight_target = t, summand
-            break
-    if l is None or weight_target is None:
-        raise ScheduleError(
-            f"online_contraction: no stage of shape [{', '.join(map(str, rows))}] sums exp(s - {m.name}) over the "
-            f"axis of {m.name} with the s that {m.name} maximizes (a sum of exp without the max, or of exp(s - c) "
-            "for another c, has no rescaling)")
-    l_value = Var(f"{l.name}_value", l.dtype, "value")
-    stats = {m: m_value, l: l_value}
-    weight = weight_target
-
-    main: tuple[Tensor, Expr, Reduce, Expr, Expr] | None = None
-    row_outputs: list[tuple[Tensor, Expr]] = []
-    for t in prog.order:
-        if id(t) not in outputs:
-            continue
-        op = t.op
-        assert isinstance(op, ComputeOp)
-        if t is m or t is l:
-            row_outputs.append((t, m_value if t is m else l_value))
-            continue
-        if _same(t.shape, rows):
-            body = expand(t, stats, op.body, row)
-            if any(isinstance(n, Reduce) for n in walk(body)):
-                raise ScheduleError(f"online_contraction: row output {t.name} has a reduction of its own")
-            row_outputs.append((t, body))
-            continue
-        if len(t.shape) != len(rows) + 1 or not _same(t.shape[:-1], rows):
-            raise ScheduleError(
-                f"online_contraction: output {t.name} has shape [{', '.join(map(str, t.shape))}], neither the row "
-                f"shape of {m.name} nor that plus one column axis")
-        if main is not None:
-            raise ScheduleError(f"online_contraction: two contraction outputs ({main[0].name}, {t.name}); one is "
-                                "supported")
-        body = expand(t, stats, op.body, row + (column,))
-        reduces = [n for n in walk(body) if isinstance(n, Reduce) and n.combiner == "sum" and len(n.axes) == 1
-                   and n.axes[0].extent is keys and const_int(n.axes[0].lo) == 0]
-        found = None
-        for r in reduces:
-            src = substitute(r.source, {r.axes[0]: key})
-            if isinstance(src, Binary) and src.op == "*":
-                for p, v in ((src.a, src.b), (src.b, src.a)):
-                    if p is weight or (isinstance(p, Cast) and p.a is weight):
-                        found = (r, v, p)
-                        break
-            if found:
-                break
-        if found is None:
-            raise ScheduleError(
-                f"online_contraction: output {t.name} does not contract exp(s - {m.name}) against a value over the "
-                f"axis of {m.name} (Σ_j exp(s - {m.name})·v[.., j, c]); a contraction over another axis or of another "
-                "summand is not rescaled by the running max")
-        r, v, _p = found
-        if any(n is m_value or n is l_value for n in walk(v)) or any(isinstance(n, Reduce) for n in walk(v)):
-            raise ScheduleError(f"online_contraction: the contracted value of {t.name} reads a statistic or holds a "
-                                "reduction; only plain values rescale")
-        if not r.acc_dtype.is_float:
-            raise ScheduleError(f"online_contraction: {t.name} accumulates in {r.acc_dtype}; a float is needed")
-        others = [n for n in walk(body) if isinstance(n, Reduce) and n is not r
-                  and not any(n is q for q in walk(r))]
-        if others:
-            raise ScheduleError(f"online_contraction: output {t.name} has another reduction besides its contraction")
-        main = (t, body, r, v, t.shape[-1])
-    if main is None:
-        raise ScheduleError(f"online_contraction: no output contracts exp(s - {m.name}) over the axis of {m.name}")
-    t, body, r, v, columns = main
-    return OnlineChain(prog, tuple(rows), keys, row, key, column, m, l, m_value, l_value, score, weight, r,
-                       v, t, body, columns, tuple(row_outputs))
+    parts = find_chain(prog.order, outputs)
+    return OnlineChain(program=prog, **{f.name: getattr(parts, f.name) for f in fields(ChainParts)})
 
 
 # gridDim.y is at most 65535 (CUDA C++ Programming Guide, "Technical Specifications")
 MAX_GRID_Y = 65535
 
 
-class _Lower:
+class ExpressionLowering:
     """Expressions with TensorReads and Reduce nodes -> loads and serial reduction loops."""
 
     def __init__(self, buffers: dict[Tensor, Buffer], unique: Callable[[str], str]) -> None:
@@ -332,16 +163,9 @@ def online_contraction(args: Sequence[Tensor], threads: int = 32, rows_per_block
     """The module of ONE kernel computing the chain `args` (module docstring): `rows_per_block`
     rows per block, `threads` lanes per row (a tile of `threads` keys per step)."""
     chain = online_chain(args)
-    if threads % 32 or threads <= 0 or rows_per_block < 1 or threads * rows_per_block > 1024:
-        raise ScheduleError(f"online_contraction: threads={threads} must be a multiple of 32 and threads·"
-                            f"rows_per_block={threads * rows_per_block} at most 1024")
-    c_const = const_int(chain.columns)
-    if c_const is None:
-        raise ScheduleError(f"online_contraction: the output's column extent {chain.columns} must be a constant "
-                            "(each lane keeps its columns' partial sums in registers)")
-    prog = chain.program
-    sig = signature(prog)
-    buffers, scalars, unique = sig.buffers, sig.scalars, sig.unique
+    c_const = _checked_columns(chain, threads, rows_per_block)
+    sig = signature(chain.program)
+    buffers, unique = sig.buffers, sig.unique
     T, BR = threads, rows_per_block
     K = -(-c_const // T)
     zero = Const(0, dt.int32)
@@ -376,7 +200,7 @@ def online_contraction(args: Sequence[Tensor], threads: int = 32, rows_per_block
     m_new = Buffer(unique("m_new"), ft_m, (1,), "local", tensor=f"{chain.m.name}.new")
     l_run = Buffer(unique("l_run"), ft_l, (1,), "local", tensor=f"{chain.l.name}.running")
     acc = Buffer(unique("o_acc"), ft_o, (K,), "local", tensor=f"{chain.output.name}.acc")
-    lower = _Lower(buffers, unique)
+    lower = ExpressionLowering(buffers, unique)
 
     # the tile's scores: lane tx computes key tile·T + tx (-inf past the keys or the rows)
     j_lane = tile * T + tx
@@ -448,15 +272,32 @@ def online_contraction(args: Sequence[Tensor], threads: int = 32, rows_per_block
     if heads:
         body = For(by, 0, n_heads, "blockIdx.y", body)
 
-    used = global_buffers(body)
-    body_vars = scalar_vars(exprs_of(body) + [s for u in used for s in u.shape + (u.strides or ())])
-    params = tuple(buffers[a] for a in prog.args if buffers[a] in used) + tuple(v for v in scalars if v in body_vars)
-    kname = unique(f"{chain.output.name}_online_kernel")
+    return _one_kernel_module(chain, sig, body, name)
+
+
+def _checked_columns(chain: OnlineChain, threads: int, rows_per_block: int) -> int:
+    """The output's constant column extent, or ScheduleError when the block shape or the columns
+    do not fit the SIMT kernel."""
+    if threads % 32 or threads <= 0 or rows_per_block < 1 or threads * rows_per_block > 1024:
+        raise ScheduleError(f"online_contraction: threads={threads} must be a multiple of 32 and threads·"
+                            f"rows_per_block={threads * rows_per_block} at most 1024")
+    c_const = const_int(chain.columns)
+    if c_const is None:
+        raise ScheduleError(f"online_contraction: the output's column extent {chain.columns} must be a constant "
+                            "(each lane keeps its columns' partial sums in registers)")
+    return c_const
+
+
+def _one_kernel_module(chain: OnlineChain, sig: Signature, body: Stmt, name: str | None) -> Module:
+    """The module of the one kernel whose body is `body`, its parameters those it uses."""
+    prog = chain.program
+    params = kernel_params(body, [sig.buffers[a] for a in prog.args], (), sig.scalars)
+    kname = sig.unique(f"{chain.output.name}_online_kernel")
     mname = identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
     attrs: tuple[tuple[str, object], ...] = (
         ("online_contraction", (chain.m.name, chain.l.name, chain.output.name)),)
     kernel = PrimFunc(kname, params, body, attrs)
-    module_params = tuple(buffers[a] for a in prog.args) + tuple(scalars)
+    module_params = tuple(sig.buffers[a] for a in prog.args) + tuple(sig.scalars)
     return Module(mname, module_params, (kernel,), (KernelCall(kname, params),), ())
 
 
@@ -471,4 +312,4 @@ def _contraction_term(chain: OnlineChain, p: Var, v: Expr) -> Expr:
     return binary("*", v, cast(p, b.dtype))
 
 
-__all__ = ["MAX_GRID_Y", "OnlineChain", "head_indices", "online_chain", "online_contraction"]
+__all__ = ["MAX_GRID_Y", "ExpressionLowering", "OnlineChain", "head_indices", "online_chain", "online_contraction"]

@@ -74,51 +74,16 @@ from typing import Sequence
 
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
-from ...ir.expr import (
-    BufferLoad,
-    Const,
-    Expr,
-    Reduce,
-    Var,
-    binary,
-    cast,
-    const_int,
-    free_vars,
-    load_cg,
-    reduce_identity,
-    substitute,
-    walk,
-    size_product,
-)
-from ...ir.stmt import (
-    Allocate,
-    Barrier,
-    Buffer,
-    BufferStore,
-    For,
-    IfThenElse,
-    KernelCall,
-    Module,
-    PrimFunc,
-    Stmt,
-    seq,
-)
+from ...ir.expr import (BufferLoad, Const, Expr, Reduce, Var, binary, cast, const_int, free_vars, load_cg,
+                       reduce_identity, size_product, substitute, walk)
+from ...ir.stmt import Allocate, Barrier, Buffer, BufferStore, For, IfThenElse, KernelCall, Module, PrimFunc, Stmt, seq
 from ...ir.tensor import ComputeOp, Tensor
-from ...ir.visitor import ExprMutator
 from .last_block import COMBINE_FORMS, MAX_GRID_Y, LastBlockHandshake
-from .reduction_stage import reduction_stage
-from ..lower import (
-    COMBINE,
-    buffer_for,
-    exprs_of,
-    global_buffers,
-    Inliner,
-    scalar_vars,
-    choose_inlined,
-    collect_program,
-    signature,
-)
+from .reduction_stage import LoweredReduction, reduction_stage
+from ..lower import COMBINE, Inliner, buffer_for, choose_inlined, collect_program, kernel_params, unflatten
 from ..names import identifier
+
+ZERO = Const(0, dt.int32)
 
 
 def reduction_over_one_axis(args: Sequence[Tensor]) -> tuple[Tensor, Reduce]:
@@ -147,6 +112,24 @@ def split_reduce(args: Sequence[Tensor], threads_x: int = 32, threads_y: int = 8
     bytes for V = 8 bf16 / 4 float32); a warp then reads 32·V consecutive elements per
     instruction instead of 32 (64 bytes for bf16). V must divide the output's last extent (a
     constant), so the V outputs of a thread never cross into the next output row."""
+    _check_point(threads_x, threads_y, splits, unroll, combine)
+    stage, red = reduction_over_one_axis(args)
+    V = outputs_per_thread
+    last = const_int(stage.shape[-1])
+    if V not in (1, 2, 4, 8) or (V > 1 and (last is None or last % V)):
+        raise ScheduleError(f"split_reduce: outputs_per_thread={V} must be 1, 2, 4 or 8 and divide the output's "
+                            f"last extent {stage.shape[-1]}")
+    low = LoweredReduction.of(args, stage, red)
+    one_pass = splits > 1 and combine == "last_block"
+    slices = _SliceKernel(low, threads_x, threads_y, splits, unroll, V, one_pass)
+    kernels = [slices.kernel()]
+    if slices.partial is not None and not one_pass:
+        kernels.append(_combine_kernel(low, slices.partial, splits))
+    return _module(low, kernels, slices.temps, one_pass, name)
+
+
+def _check_point(threads_x: int, threads_y: int, splits: int, unroll: int, combine: str) -> None:
+    """ScheduleError unless split_reduce's parameters are in range."""
     if threads_x % 32 or threads_x <= 0 or threads_y <= 0 or threads_x * threads_y > 1024:
         raise ScheduleError(f"split_reduce: threads {threads_x}x{threads_y}: x a multiple of 32, at most 1024 in all")
     if splits < 1 or unroll < 1:
@@ -155,176 +138,168 @@ def split_reduce(args: Sequence[Tensor], threads_x: int = 32, threads_y: int = 8
         raise ScheduleError(f"split_reduce: splits ({splits}) over CUDA's gridDim.y limit of {MAX_GRID_Y}")
     if combine not in COMBINE_FORMS:
         raise ScheduleError(f"split_reduce: combine={combine!r}; one of {', '.join(COMBINE_FORMS)}")
-    stage, red = reduction_over_one_axis(args)
-    V = outputs_per_thread
-    last = const_int(stage.shape[-1])
-    if V not in (1, 2, 4, 8) or (V > 1 and (last is None or last % V)):
-        raise ScheduleError(f"split_reduce: outputs_per_thread={V} must be 1, 2, 4 or 8 and divide the output's "
-                            f"last extent {stage.shape[-1]}")
-    prog = choose_inlined(collect_program(args))
-    op = stage.op
-    assert isinstance(op, ComputeOp)
 
-    sig = signature(prog)
-    buffers, scalars, unique = sig.buffers, sig.scalars, sig.unique
-    inliner = Inliner(prog.inlined, buffers)
-    out = buffers[stage]
 
-    n_out = size_product(stage.shape)
+class _SliceKernel:
+    """Kernel 1 (module docstring): per block, TX·V consecutive outputs and one of S slices of
+    the reduced axis, read by TY rows of threads and combined over ty in shared memory; then
+    the outputs written (S == 1) or the block's partials stored, which the last block of the
+    column block combines in the one-pass form. `partial` and `temps` are the partials'
+    temporary (None when S == 1) and every temporary the kernel uses."""
 
-    def unflatten(o: Expr) -> tuple[Expr, ...]:
-        idx: list[Expr] = []
-        rest = o
-        for i, extent in enumerate(reversed(stage.shape)):
-            idx.append(rest if i == len(stage.shape) - 1 else rest % extent)
-            rest = rest // extent
-        return tuple(reversed(idx))
+    def __init__(self, low: LoweredReduction, TX: int, TY: int, S: int, unroll: int, V: int,
+                 one_pass: bool) -> None:
+        self.low, self.TX, self.TY, self.S, self.V, self.one_pass = low, TX, TY, S, V, one_pass
+        unique, stage, red = low.sig.unique, low.stage, low.red
+        self.unique = unique
+        self.combiner = COMBINE[red.combiner]
+        self.acc_dtype = acc_dtype = red.acc_dtype
+        self.n_out = size_product(stage.shape)
+        self.partial: Buffer | None = None
+        self.temps: tuple[Buffer, ...] = ()
 
-    def finish(acc: Expr, o_idx: tuple[Expr, ...]) -> Expr:
-        """The stage's body with its Reduce replaced by the combined accumulator."""
+        self.bo, self.s, self.ty, self.tx, self.v = (Var(unique(n), dt.int32) for n in ("bo", "s", "ty", "tx", "v"))
+        self.i = Var(unique("i"), dt.int32)
+        g = self.bo * TX + self.tx                            # the thread's group of V outputs
+        self.o0 = g * V if V > 1 else g                       # its first output
+        self.o = self.o0 + self.v if V > 1 else self.o0
+        self.o_idx = self.lanes(g)
+        self.lane = self.v if V > 1 else ZERO
+        self.acc = Buffer(unique(f"{stage.name}_acc"), acc_dtype, (V,), "local", tensor=f"{stage.name}.acc")
+        self.block = Buffer(unique(f"{stage.name}_block"), acc_dtype, (TY, V, TX), "shared",
+                            tensor=f"{stage.name}.block")
+        self.row_loop = self.rows_of_slice(unroll)
+        self.w = Var(unique("w"), dt.int32)
+        self.identity = self.per_output(BufferStore(self.acc, (self.lane,), reduce_identity(red.combiner, acc_dtype)))
+        self.blocks_x = (self.n_out + (TX * V - 1)) // (TX * V)
 
-        class _Finish(ExprMutator):
-            def visit_Reduce(self, r: Reduce) -> Expr:  # noqa: N805
-                return cast(acc, r.dtype)
+    def kernel(self) -> Stmt:
+        """The kernel's loop nest: the slice's rows, the block stage, and the outputs written,
+        the partials stored, or (one-pass) the partials stored and combined by the last block."""
+        low, acc, lane, o0, n_out = self.low, self.acc, self.lane, self.o0, self.n_out
+        write_y = IfThenElse(o0 < n_out, self.per_output(
+            BufferStore(low.out, self.o_idx, low.finish(acc[lane], self.o_idx)), vectorized=True))
+        if self.S == 1:
+            body = seq(self.identity, self.row_loop, self.block_stage(write_y))
+        else:
+            stage = low.stage
+            self.partial = partial = Buffer(self.unique(f"{stage.name}_partial"), self.acc_dtype,
+                                            (Const(self.S, dt.int32), n_out), "global", tensor=f"{stage.name}.partial")
+            self.temps = (partial,)
+            store_partial = IfThenElse(o0 < n_out, self.per_output(BufferStore(partial, (self.s, self.o), acc[lane]),
+                                                                   vectorized=True))
+            if not self.one_pass:
+                body = seq(self.identity, self.row_loop, self.block_stage(store_partial))
+            else:
+                body = self.last_block_combines(partial, store_partial, write_y)
+        body = Allocate(acc, Allocate(self.block, body))
+        return For(self.bo, 0, self.blocks_x, "blockIdx.x", For(self.s, 0, self.S, "blockIdx.y",
+                   For(self.ty, 0, self.TY, "threadIdx.y", For(self.tx, 0, self.TX, "threadIdx.x", body))))
 
-        return inliner.visit(_Finish().visit(substitute(op.body, dict(zip(op.axes, o_idx)))))
-
-    TX, TY, S = threads_x, threads_y, splits
-    N = red.axes[0].extent
-    combiner = COMBINE[red.combiner]
-    acc_dtype = red.acc_dtype
-    zero = Const(0, dt.int32)
-    one_pass = S > 1 and combine == "last_block"
-
-    # ---- kernel 1: per-block partials over TY·S interleaved rows, combined over ty in shared
-    bo, s, ty, tx, v = (Var(unique(n), dt.int32) for n in ("bo", "s", "ty", "tx", "v"))
-    i = Var(unique("i"), dt.int32)
-    g = bo * TX + tx                                      # the thread's group of V outputs
-    o0 = g * V if V > 1 else g                            # its first output
-    o = o0 + v if V > 1 else o0
-
-    def lanes(group: Expr) -> tuple[Expr, ...]:
+    def lanes(self, group: Expr) -> tuple[Expr, ...]:
         """The index of output group·V + v. V divides the last extent, so the group is unflattened
         over the shape with the last extent divided by V, and only the last index moves with v:
         written `(..)·V + v`, the offset of lane 0 is visibly a multiple of V (vectorize)."""
+        shape, V = self.low.stage.shape, self.V
         if V == 1:
-            return unflatten(group)
-        idx: list[Expr] = []
-        rest = group
-        shape = tuple(stage.shape[:-1]) + (Const(last // V, dt.int32),)
-        for n, extent in enumerate(reversed(shape)):
-            idx.append(rest if n == len(shape) - 1 else rest % extent)
-            rest = rest // extent
-        idx.reverse()
-        return tuple(idx[:-1]) + (idx[-1] * V + v,)
+            return unflatten(group, shape)
+        idx = unflatten(group, tuple(shape[:-1]) + (Const(const_int(shape[-1]) // V, dt.int32),))  # type: ignore[operator]
+        return idx[:-1] + (idx[-1] * V + self.v,)
 
-    def per_output(body: Stmt, vectorized: bool = False) -> Stmt:
-        return For(v, 0, V, "vectorize" if vectorized else "unroll", body) if V > 1 else body
+    def per_output(self, body: Stmt, vectorized: bool = False) -> Stmt:
+        """`body` for each of the thread's V outputs (lane v)."""
+        return For(self.v, 0, self.V, "vectorize" if vectorized else "unroll", body) if self.V > 1 else body
 
-    o_idx = lanes(g)
-    r = (i * S + s) * TY + ty
-    lane = v if V > 1 else zero
-    acc = Buffer(unique(f"{stage.name}_acc"), acc_dtype, (V,), "local", tensor=f"{stage.name}.acc")
-    block = Buffer(unique(f"{stage.name}_block"), acc_dtype, (TY, V, TX), "shared", tensor=f"{stage.name}.block")
-    source = inliner.visit(substitute(red.source, {**dict(zip(op.axes, o_idx)), red.axes[0]: r}))
-    update = per_output(BufferStore(acc, (lane,), binary(combiner, acc[lane], cast(source, acc_dtype))),
-                        vectorized=True)
-    rounds: Expr = (N + (S * TY - 1)) // (S * TY)
-    k_rounds = const_int(rounds)
-    # the row guard is dropped when S·TY divides a constant N (every row of every round exists),
-    # and the output guard is hoisted out of the loop: the unrolled loads are then unconditional
-    # and independent, which is what keeps `unroll` of them in flight
-    n_const = const_int(N)
-    exact = n_const is not None and n_const % (S * TY) == 0
-    step = update if exact else IfThenElse(r < N, update)
-    notes = (("pragma_unroll", unroll),) if unroll > 1 and (k_rounds is None or k_rounds > 1) else ()
-    # V divides the last extent, hence the output count: the first output in range means all V are
-    row_loop: Stmt = IfThenElse(o0 < n_out, For(i, 0, rounds, "serial", step, annotations=notes))
-    w = Var(unique("w"), dt.int32)
-    identity = per_output(BufferStore(acc, (lane,), reduce_identity(red.combiner, acc_dtype)))
-    blocks_x = (n_out + (TX * V - 1)) // (TX * V)
+    def rows_of_slice(self, unroll: int) -> Stmt:
+        """acc ⊕= f(X[.., r, ..]) over the rows r = (i·S + s)·TY + ty of the block's slice."""
+        low, S, TY, lane, acc = self.low, self.S, self.TY, self.lane, self.acc
+        red = low.red
+        N = red.axes[0].extent
+        r = (self.i * S + self.s) * TY + self.ty
+        source = low.inliner.visit(substitute(red.source, {**dict(zip(low.op.axes, self.o_idx)), red.axes[0]: r}))
+        update = self.per_output(BufferStore(acc, (lane,), binary(self.combiner, acc[lane], cast(source, self.acc_dtype))),
+                                 vectorized=True)
+        rounds: Expr = (N + (S * TY - 1)) // (S * TY)
+        k_rounds = const_int(rounds)
+        # the row guard is dropped when S·TY divides a constant N (every row of every round exists),
+        # and the output guard is hoisted out of the loop: the unrolled loads are then unconditional
+        # and independent, which is what keeps `unroll` of them in flight
+        n_const = const_int(N)
+        exact = n_const is not None and n_const % (S * TY) == 0
+        step = update if exact else IfThenElse(r < N, update)
+        notes = (("pragma_unroll", unroll),) if unroll > 1 and (k_rounds is None or k_rounds > 1) else ()
+        # V divides the last extent, hence the output count: the first output in range means all V are
+        return IfThenElse(self.o0 < self.n_out, For(self.i, 0, rounds, "serial", step, annotations=notes))
 
-    def block_stage(then: Stmt) -> Stmt:
+    def block_stage(self, then: Stmt) -> Stmt:
         """acc over the TY threads of an output, through shared memory, then `then` in ty == 0.
         The block stage is laid out [ty, v, tx]: consecutive lanes on consecutive words."""
+        acc, block, lane, tx, ty = self.acc, self.block, self.lane, self.tx, self.ty
         return seq(
-            per_output(BufferStore(block, (ty, lane, tx), acc[lane])),
+            self.per_output(BufferStore(block, (ty, lane, tx), acc[lane])),
             Barrier(),
             IfThenElse(ty == 0, seq(
-                For(w, 0, TY - 1, "unroll",
-                    per_output(BufferStore(acc, (lane,), binary(combiner, acc[lane], block[w + 1, lane, tx])))),
+                For(self.w, 0, self.TY - 1, "unroll",
+                    self.per_output(BufferStore(acc, (lane,), binary(self.combiner, acc[lane],
+                                                                     block[self.w + 1, lane, tx])))),
                 then,
             )),
         )
 
-    def last_block_combines(partial: Buffer, store_partial: Stmt) -> tuple[Stmt, Buffer]:
+    def last_block_combines(self, partial: Buffer, store_partial: Stmt, write_y: Stmt) -> Stmt:
         """Kernel 1's body in the one-pass form (module docstring, combine="last_block"; the
-        handshake is last_block.py's, shared with split_rows) and its arrivals counter: per
-        block of TX·V outputs, how many of its S blocks have stored their partials."""
-        handshake = LastBlockHandshake(unique, stage.name, blocks_x)
-        leader = (tx == 0) & (ty == 0)
-        j = Var(unique("j"), dt.int32)
-        sj = j * TY + ty                                  # thread ty combines s = ty, ty + TY, ...
-        gather: Stmt = per_output(BufferStore(acc, (lane,), binary(combiner, acc[lane], load_cg(partial[sj, o]))))
+        handshake is last_block.py's, shared with split_rows); adds its arrivals counter to
+        `temps`: per block of TX·V outputs, how many of its S blocks have stored their partials."""
+        acc, lane, S, TY = self.acc, self.lane, self.S, self.TY
+        handshake = LastBlockHandshake(self.unique, self.low.stage.name, self.blocks_x)
+        self.temps = (partial, handshake.arrivals)
+        leader = (self.tx == 0) & (self.ty == 0)
+        j = Var(self.unique("j"), dt.int32)
+        sj = j * TY + self.ty                             # thread ty combines s = ty, ty + TY, ...
+        gather: Stmt = self.per_output(BufferStore(acc, (lane,), binary(self.combiner, acc[lane],
+                                                                        load_cg(partial[sj, self.o]))))
         if S % TY:
             gather = IfThenElse(sj < S, gather)
-        gather = IfThenElse(o0 < n_out, For(j, 0, -(-S // TY), "unroll", gather))
-        body = handshake.body(seq(identity, row_loop, block_stage(store_partial)),
-                              seq(identity, gather, block_stage(write_y)),
-                              leader=leader, group=bo, splits=S)
-        return body, handshake.arrivals
+        gather = IfThenElse(self.o0 < self.n_out, For(j, 0, -(-S // TY), "unroll", gather))
+        return handshake.body(seq(self.identity, self.row_loop, self.block_stage(store_partial)),
+                              seq(self.identity, gather, self.block_stage(write_y)),
+                              leader=leader, group=self.bo, splits=S)
 
-    write_y = IfThenElse(o0 < n_out, per_output(BufferStore(out, o_idx, finish(acc[lane], o_idx)), vectorized=True))
-    temps: tuple[Buffer, ...] = ()
-    partial = None
-    if S == 1:
-        body1 = seq(identity, row_loop, block_stage(write_y))
-    else:
-        partial = Buffer(unique(f"{stage.name}_partial"), acc_dtype, (Const(S, dt.int32), n_out), "global",
-                         tensor=f"{stage.name}.partial")
-        temps = (partial,)
-        store_partial = IfThenElse(o0 < n_out, per_output(BufferStore(partial, (s, o), acc[lane]), vectorized=True))
-        if not one_pass:
-            body1 = seq(identity, row_loop, block_stage(store_partial))
-        else:
-            body1, arrivals = last_block_combines(partial, store_partial)
-            temps = (partial, arrivals)
-    body1 = Allocate(acc, Allocate(block, body1))
-    body1 = For(bo, 0, blocks_x, "blockIdx.x", For(s, 0, S, "blockIdx.y",
-                For(ty, 0, TY, "threadIdx.y", For(tx, 0, TX, "threadIdx.x", body1))))
 
-    kernels = [body1]
-    # ---- kernel 2 (S > 1, combine="kernel"): one thread per output combines the S partials
-    if partial is not None and not one_pass:
-        b2, t2, j = (Var(unique(n), dt.int32) for n in ("b2", "t2", "j"))
-        threads2 = 256
-        o2 = b2 * threads2 + t2
-        acc2 = Buffer(unique(f"{stage.name}_total"), acc_dtype, (1,), "local", tensor=f"{stage.name}.total")
-        body2: Stmt = IfThenElse(o2 < n_out, seq(
-            BufferStore(acc2, (zero,), partial[zero, o2]),
-            For(j, 0, S - 1, "serial", BufferStore(acc2, (zero,), binary(combiner, acc2[zero], partial[j + 1, o2]))),
-            BufferStore(out, unflatten(o2), finish(acc2[zero], unflatten(o2))),
-        ))
-        body2 = For(b2, 0, (n_out + (threads2 - 1)) // threads2, "blockIdx.x",
-                    For(t2, 0, threads2, "threadIdx.x", Allocate(acc2, body2)))
-        kernels.append(body2)
+def _combine_kernel(low: LoweredReduction, partial: Buffer, S: int) -> Stmt:
+    """Kernel 2 (S > 1, combine="kernel"): one thread per output folds its S partials."""
+    unique, stage, red = low.sig.unique, low.stage, low.red
+    n_out = size_product(stage.shape)
+    b2, t2, j = (Var(unique(n), dt.int32) for n in ("b2", "t2", "j"))
+    threads2 = 256
+    o2 = b2 * threads2 + t2
+    acc2 = Buffer(unique(f"{stage.name}_total"), red.acc_dtype, (1,), "local", tensor=f"{stage.name}.total")
+    combined = binary(COMBINE[red.combiner], acc2[ZERO], partial[j + 1, o2])
+    o_idx = unflatten(o2, stage.shape)
+    body: Stmt = IfThenElse(o2 < n_out, seq(
+        BufferStore(acc2, (ZERO,), partial[ZERO, o2]),
+        For(j, 0, S - 1, "serial", BufferStore(acc2, (ZERO,), combined)),
+        BufferStore(low.out, o_idx, low.finish(acc2[ZERO], o_idx)),
+    ))
+    return For(b2, 0, (n_out + (threads2 - 1)) // threads2, "blockIdx.x",
+               For(t2, 0, threads2, "threadIdx.x", Allocate(acc2, body)))
 
+
+def _module(low: LoweredReduction, kernels: list[Stmt], temps: tuple[Buffer, ...], one_pass: bool,
+            name: str | None) -> Module:
+    """The module launching `kernels` (the split kernel, then the combine kernel if any)."""
+    unique, buffers, stage = low.sig.unique, low.sig.buffers, low.stage
+    arrays = [buffers[a] for a in low.program.args]
     funcs: list[PrimFunc] = []
-    calls: list[KernelCall] = []
     for n, body in enumerate(kernels):
-        used = global_buffers(body)
-        body_vars = scalar_vars(exprs_of(body) + [e for u in used for e in u.shape + (u.strides or ())])
-        params = (tuple(buffers[a] for a in prog.args if buffers[a] in used) + tuple(t for t in temps if t in used)
-                  + tuple(v for v in scalars if v in body_vars))
-        kname = unique(f"{stage.name}_{'split' if n == 0 else 'combine'}_kernel")
         attrs: tuple[tuple[str, object], ...] = (("split_reduce", stage.name),)
         if n == 0 and one_pass:
             attrs += (("combine", "last_block"),)
-        funcs.append(PrimFunc(kname, params, body, attrs))
-        calls.append(KernelCall(kname, params))
-    mname = identifier(name or stage.name)
-    module_params = tuple(buffers[a] for a in prog.args) + tuple(scalars)
-    return Module(mname, module_params, tuple(funcs), tuple(calls), temps)
+        params = kernel_params(body, arrays, temps, low.sig.scalars)
+        funcs.append(PrimFunc(unique(f"{stage.name}_{'split' if n == 0 else 'combine'}_kernel"), params, body, attrs))
+    module_params = tuple(arrays) + tuple(low.sig.scalars)
+    calls = tuple(KernelCall(f.name, f.params) for f in funcs)
+    return Module(identifier(name or stage.name), module_params, tuple(funcs), calls, temps)
 
 
 def uncoalesced_read(args: Sequence[Tensor]) -> str | None:

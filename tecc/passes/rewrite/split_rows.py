@@ -86,53 +86,16 @@ from typing import Sequence
 
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
-from ...ir.expr import (
-    BufferLoad,
-    Const,
-    Expr,
-    Reduce,
-    Var,
-    binary,
-    cast,
-    const_int,
-    free_vars,
-    load_cg,
-    reduce_identity,
-    select,
-    substitute,
-    walk,
-    size_product,
-)
-from ...ir.stmt import (
-    Allocate,
-    Buffer,
-    BufferStore,
-    For,
-    IfThenElse,
-    KernelCall,
-    LetStmt,
-    Module,
-    PrimFunc,
-    Stmt,
-    seq,
-)
+from ...ir.expr import (BufferLoad, Const, Expr, Reduce, Var, binary, cast, const_int, free_vars, load_cg,
+                       reduce_identity, select, size_product, substitute, walk)
+from ...ir.stmt import Allocate, Buffer, BufferStore, For, IfThenElse, KernelCall, LetStmt, Module, PrimFunc, Stmt, seq
 from ...ir.tensor import ComputeOp, Tensor
 from ...ir.visitor import ExprMutator
 from .last_block import COMBINE_FORMS, MAX_GRID_Y, LastBlockHandshake
-from ..lower import (
-    COMBINE,
-    buffer_for,
-    exprs_of,
-    global_buffers,
-    Inliner,
-    scalar_vars,
-    choose_inlined,
-    collect_program,
-    signature,
-)
+from ..lower import COMBINE, Inliner, buffer_for, choose_inlined, collect_program, kernel_params, unflatten
 from ..names import identifier
 from ..schedule.cross_thread import WARP, allreduce
-from .reduction_stage import reduction_stage
+from .reduction_stage import LoweredReduction, reduction_stage
 
 VECTORS = (1, 2, 4, 8)
 # Kernel 1 keeps its round loop rolled (`#pragma unroll 1`: U loads in flight per thread are the
@@ -145,6 +108,7 @@ SM_THREADS = 2048
 SM_BLOCKS = 32
 ONE_ROUND = (("pragma_unroll", 1),)
 COMBINE_THREADS = 256        # kernel 2: at most this many threads per row (S ≤ 2112: ≤ 9 loads each)
+ZERO = Const(0, dt.int32)
 
 
 def row_reduction(args: Sequence[Tensor]) -> tuple[Tensor, Reduce]:
@@ -157,17 +121,6 @@ def row_reduction(args: Sequence[Tensor]) -> tuple[Tensor, Reduce]:
     if any(free_vars(ax.extent) & set(op.axes) for ax in r.axes):
         raise ScheduleError(f"split_rows: {t.name}'s reduction extent depends on the output's axes")
     return t, r
-
-
-def unflatten(flat: Expr, shape: Sequence[Expr]) -> tuple[Expr, ...]:
-    """The row-major index of element `flat` of `shape` (the first index is not reduced modulo
-    its extent: `flat` is in range)."""
-    idx: list[Expr] = []
-    rest = flat
-    for n, extent in enumerate(reversed(shape)):
-        idx.append(rest if n == len(shape) - 1 else rest % extent)
-        rest = rest // extent
-    return tuple(reversed(idx))
 
 
 def vector_allowed(rows: Expr, extents: Sequence[Expr], vector: int, flat: bool) -> bool:
@@ -230,6 +183,24 @@ def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vect
     the row's blocks to finish (`combine="last_block"`, with a zero_init counter per row); see
     the module docstring. The default is the two-kernel form, so plans recorded before the
     one-kernel form existed replay unchanged."""
+    _check_point(threads, splits, vector, unroll, combine)
+    low = LoweredReduction.of(args, *row_reduction(args))
+    views = flat_views(args, low.sig.buffers)
+    extents = [ax.extent for ax in low.red.axes]
+    if not vector_allowed(size_product(low.stage.shape), extents, vector, bool(views)):
+        raise ScheduleError(f"split_rows: vector={vector} needs the innermost reduced extent ({extents[-1]}) to be a "
+                            "constant multiple of it, a single row reduced over one axis, or rows read through a "
+                            "flat view (contiguous inputs indexed [rows.., reduced axes..])")
+    one_pass = splits > 1 and combine == "last_block"
+    chunks = _ChunkKernel(low, views, threads, splits, vector, unroll, one_pass)
+    kernels = [("rows" if splits == 1 else ("split" if one_pass else "partial"), chunks.kernel())]
+    if chunks.partial is not None and not one_pass:
+        kernels.append(("combine", _combine_kernel(low, chunks.partial, splits)))
+    return _module(low, views, kernels, chunks.temps, threads, name)
+
+
+def _check_point(threads: int, splits: int, vector: int, unroll: int, combine: str) -> None:
+    """ScheduleError unless split_rows' parameters are in range and fit each other."""
     if threads % WARP or not 0 < threads <= 1024:
         raise ScheduleError(f"split_rows: threads={threads}: a multiple of 32 up to 1024")
     if splits < 1 or unroll < 1:
@@ -241,239 +212,263 @@ def split_rows(args: Sequence[Tensor], threads: int = 256, splits: int = 1, vect
     if combine == "last_block" and splits > MAX_GRID_Y:
         raise ScheduleError(f"split_rows: splits ({splits}) over CUDA's gridDim.y limit of {MAX_GRID_Y} "
                             "(the one-pass form lays a row's blocks along y); use combine=\"kernel\"")
-    stage, red = row_reduction(args)
-    prog = choose_inlined(collect_program(args))
-    op = stage.op
-    assert isinstance(op, ComputeOp)
-    sig = signature(prog)
-    buffers, scalars, unique = sig.buffers, sig.scalars, sig.unique
-    inliner = Inliner(prog.inlined, buffers)
-    out = buffers[stage]
-    views = flat_views(args, buffers)
-    flat = bool(views)
-    extents = [ax.extent for ax in red.axes]
-    n_rows = size_product(stage.shape)
-    if not vector_allowed(n_rows, extents, vector, flat):
-        raise ScheduleError(f"split_rows: vector={vector} needs the innermost reduced extent ({extents[-1]}) to be a "
-                            "constant multiple of it, a single row reduced over one axis, or rows read through a "
-                            "flat view (contiguous inputs indexed [rows.., reduced axes..])")
 
-    def finish(acc: Expr, row_idx: tuple[Expr, ...]) -> Expr:
-        """The stage's body at the row with its Reduce replaced by the combined accumulator."""
 
-        class _Finish(ExprMutator):
-            def visit_Reduce(self, r: Reduce) -> Expr:  # noqa: N805
-                return cast(acc, r.dtype)
+class _ChunkKernel:
+    """Kernel 1 (module docstring): S blocks of T threads per row, each reducing its chunk of L =
+    rounds·T·V·U elements of the row into V accumulators per thread, combined over the block;
+    then the block's total stored as the row's output (S == 1) or as its partial, which the
+    last of the row's blocks combines in the one-pass form. `partial` and `temps` are the
+    partials' temporary (None when S == 1) and every temporary the kernel uses."""
 
-        return inliner.visit(_Finish().visit(substitute(op.body, dict(zip(op.axes, row_idx)))))
+    def __init__(self, low: LoweredReduction, views: dict[Buffer, Buffer], threads: int, splits: int, vector: int,
+                 unroll: int, one_pass: bool) -> None:
+        self.low, self.views, self.one_pass = low, views, one_pass
+        self.T, self.S, self.V, self.U = T, S, V, U = threads, splits, vector, unroll
+        unique, red = low.sig.unique, low.red
+        self.unique = unique
+        self.flat = bool(views)
+        self.extents = extents = [ax.extent for ax in red.axes]
+        self.tile = tile = T * V * U
+        self.N = N = size_product(extents)
+        self.n_const = n_const = const_int(N)
+        self.last = last = const_int(extents[-1]) if extents else None
+        self.combiner = COMBINE[red.combiner]
+        self.acc_dtype = red.acc_dtype
+        self.n_rows = size_product(low.stage.shape)
+        self.partial: Buffer | None = None
+        self.temps: tuple[Buffer, ...] = ()
 
-    T, S, V, U = threads, splits, vector, unroll
-    one_pass = S > 1 and combine == "last_block"
-    tile = T * V * U
-    N = size_product(extents)
-    n_const = const_int(N)
-    last = const_int(extents[-1]) if extents else None
-    combiner = COMBINE[red.combiner]
-    acc_dtype = red.acc_dtype
-    zero = Const(0, dt.int32)
+        # the chunk: L = rounds·T·V·U elements, rounds = ceil(N / (S·T·V·U)), so S chunks cover a row
+        self.rounds: Expr = (Const(-(-n_const // (S * tile)), dt.int32) if n_const is not None
+                             else (N + (S * tile - 1)) // (S * tile))
+        # every row starts on a vector boundary (V divides N): chunks start and end on one too
+        self.aligned = (V == 1 or (n_const is not None and n_const % V == 0)
+                        or (last is not None and last % V == 0))
+        # every chunk is whole: S·L = N
+        self.exact = (self.aligned and n_const is not None
+                      and n_const == S * const_int(self.rounds) * tile)  # type: ignore[operator]
 
-    # the chunk: L = rounds·T·V·U elements, rounds = ceil(N / (S·T·V·U)), so S chunks cover a row
-    rounds: Expr = (Const(-(-n_const // (S * tile)), dt.int32) if n_const is not None
-                    else (N + (S * tile - 1)) // (S * tile))
-    chunk_vectors = rounds * (T * U)
-    # every row starts on a vector boundary (V divides N): chunks start and end on one too
-    aligned = V == 1 or (n_const is not None and n_const % V == 0) or (last is not None and last % V == 0)
-    # every chunk is whole: S·L = N
-    exact = aligned and n_const is not None and n_const == S * const_int(rounds) * tile  # type: ignore[operator]
+        self.b, self.tx = Var(unique("row" if one_pass else "b"), dt.int32), Var(unique("tx"), dt.int32)
+        if one_pass:
+            # rows along blockIdx.x, the S blocks of a row along blockIdx.y: the row and s are block
+            # indices, which ptxas re-reads where it needs them (S2R) instead of keeping b // S live
+            # through the rounds for the handshake and the combine (at the 32-register cap of 8
+            # blocks per SM, the 1-D grid spilled one register in some plans)
+            self.s_var = Var(unique("s"), dt.int32)
+            self.row_flat: Expr = self.b
+            self.s: Expr = self.s_var
+        else:
+            self.row_flat = self.b // S if S > 1 else self.b
+            self.s = self.b % S if S > 1 else ZERO
+        self.row_idx = unflatten(self.row_flat, low.stage.shape)
+        # positions: the flat element of a viewed input (rows one after another), else the column
+        self.base: Expr = self.row_flat * N if self.flat else ZERO
+        self.position = Var(unique("p"), dt.int32)   # stands for the position in `template`
+        self.template = _ToView(views, self.position).visit(low.inliner.visit(red.source))
+        self.acc = Buffer(unique(f"{low.stage.name}_acc"), self.acc_dtype, (V,), "local",
+                          tensor=f"{low.stage.name}.acc")
+        self.identity = reduce_identity(red.combiner, self.acc_dtype)
+        self.lets: list[tuple[Var, Expr]] = []
 
-    # ---- kernel 1: S blocks per row, each reducing its chunk, combined over the block
-    b, tx = Var(unique("row" if one_pass else "b"), dt.int32), Var(unique("tx"), dt.int32)
-    if one_pass:
-        # rows along blockIdx.x, the S blocks of a row along blockIdx.y: the row and s are block
-        # indices, which ptxas re-reads where it needs them (S2R) instead of keeping b // S live
-        # through the rounds for the handshake and the combine (at the 32-register cap of 8
-        # blocks per SM, the 1-D grid spilled one register in some plans)
-        s_var = Var(unique("s"), dt.int32)
-        row_flat: Expr = b
-        s: Expr = s_var
-    else:
-        row_flat = b // S if S > 1 else b
-        s = b % S if S > 1 else zero
-    row_idx = unflatten(row_flat, stage.shape)
-    # positions: the flat element of a viewed input (rows one after another), else the column
-    base: Expr = row_flat * N if flat else zero
-    position = Var(unique("p"), dt.int32)   # stands for the position in `template`
+    def kernel(self) -> Stmt:
+        """The kernel's loop nest: the chunk's rounds, the block's total, its store (and, in the
+        one-pass form, the handshake and the last block's combine) under the grid."""
+        body = seq(*self.rounds_of_chunk(), *self.block_total())
+        if self.partial is not None and self.one_pass:
+            body = self.last_block_combines(body, self.partial)
+        for var, value in reversed(self.lets):
+            body = LetStmt(var, value, body)
+        body = For(self.tx, 0, self.T, "threadIdx.x", Allocate(self.acc, body))
+        if self.one_pass:
+            return For(self.b, 0, self.n_rows, "blockIdx.x", For(self.s_var, 0, self.S, "blockIdx.y", body))
+        return For(self.b, 0, self.n_rows * self.S, "blockIdx.x", body)
 
-    class _ToView(ExprMutator):
-        def visit_BufferLoad(self, e: BufferLoad) -> Expr:  # noqa: N805
-            view = views.get(e.buffer)
-            return view[position] if view is not None else self.generic_visit(e)
-
-    template = _ToView().visit(inliner.visit(red.source))
-
-    def source_at(pos: Expr, vector_lane: tuple[Expr, Var] | None = None) -> Expr:
+    # ---- the chunk's walk
+    def source_at(self, pos: Expr, vector_lane: tuple[Expr, Var] | None = None) -> Expr:
         """The reduction's source at position `pos` of the block's row; `vector_lane` = (q, v)
         when pos = q·V + v, so the reduced axes are unflattened with the lane visible."""
-        if vector_lane is not None and not flat and V > 1 and len(extents) > 1:
+        low, extents, V = self.low, self.extents, self.V
+        if vector_lane is not None and not self.flat and V > 1 and len(extents) > 1:
             q, v = vector_lane
-            per_row = Const(last // V, dt.int32)  # type: ignore[operator]
+            per_row = Const(self.last // V, dt.int32)  # type: ignore[operator]
             col_idx = unflatten(q // per_row, extents[:-1]) + ((q % per_row) * V + v,)
         else:
-            col_idx = unflatten(pos - base if flat else pos, extents)
-        mapping = {**dict(zip(op.axes, row_idx)), **dict(zip(red.axes, col_idx)), position: pos}
-        return cast(substitute(template, mapping), acc_dtype)
+            col_idx = unflatten(pos - self.base if self.flat else pos, extents)
+        mapping = {**dict(zip(low.op.axes, self.row_idx)), **dict(zip(low.red.axes, col_idx)), self.position: pos}
+        return cast(substitute(self.template, mapping), self.acc_dtype)
 
-    acc = Buffer(unique(f"{stage.name}_acc"), acc_dtype, (V,), "local", tensor=f"{stage.name}.acc")
-
-    identity = reduce_identity(red.combiner, acc_dtype)
-
-    def guarded(value: Expr, guard: Expr | None) -> Expr:
+    def guarded(self, value: Expr, guard: Expr | None) -> Expr:
         # a select, not a branch: the load is predicated, so the U loads of a guarded round are
         # issued together like those of an unguarded one (C's `?:`: never read where excluded)
-        return value if guard is None else select(guard, value, identity)
+        return value if guard is None else select(guard, value, self.identity)
 
-    def vector_update(first: Expr, guard: Expr | None = None) -> Stmt:
+    def vector_update(self, first: Expr, guard: Expr | None = None) -> Stmt:
         """acc[v] ⊕= the V elements from vector number `first` (position first·V), where `guard`."""
-        v = Var(unique("v"), dt.int32)
-        if V == 1:
-            return BufferStore(acc, (zero,), binary(combiner, acc[zero], guarded(source_at(first), guard)))
-        value = guarded(source_at(first * V + v, (first, v)), guard)
-        return For(v, 0, V, "vectorize", BufferStore(acc, (v,), binary(combiner, acc[v], value)))
+        acc, combiner = self.acc, self.combiner
+        v = Var(self.unique("v"), dt.int32)
+        if self.V == 1:
+            return BufferStore(acc, (ZERO,), binary(combiner, acc[ZERO], self.guarded(self.source_at(first), guard)))
+        value = self.guarded(self.source_at(first * self.V + v, (first, v)), guard)
+        return For(v, 0, self.V, "vectorize", BufferStore(acc, (v,), binary(combiner, acc[v], value)))
 
-    def element_update(pos: Expr, guard: Expr) -> Stmt:
-        return BufferStore(acc, (zero,), binary(combiner, acc[zero], guarded(source_at(pos), guard)))
+    def element_update(self, pos: Expr, guard: Expr) -> Stmt:
+        acc = self.acc
+        return BufferStore(acc, (ZERO,), binary(self.combiner, acc[ZERO], self.guarded(self.source_at(pos), guard)))
 
-    k, u, w = (Var(unique(n), dt.int32) for n in ("k", "u", "u"))
-    init = _lanes(Var(unique("v"), dt.int32), V, acc, reduce_identity(red.combiner, acc_dtype))
-    lets: list[tuple[Var, Expr]] = []
-
-    def let(label: str, value: Expr) -> Expr:
-        var = Var(unique(label), dt.int32)
-        lets.append((var, value))
+    def let(self, label: str, value: Expr) -> Expr:
+        var = Var(self.unique(label), dt.int32)
+        self.lets.append((var, value))
         return var
 
-    chunk = rounds * tile
-    if exact:
-        # every chunk whole and aligned: rounds · U unconditional vector loads per thread, the
-        # chunk's first vector written so that nothing divides at run time
-        first_vector = (row_flat * (n_const // V) if flat else zero) + s * chunk_vectors  # type: ignore[operator]
-        loop: list[Stmt] = [For(k, 0, rounds, "serial", For(u, 0, U, "unroll",
-                                                            vector_update(first_vector + (k * U + u) * T + tx)),
-                                annotations=ONE_ROUND)]
-    else:
+    def rounds_of_chunk(self) -> list[Stmt]:
+        """The accumulators set to the identity, then the chunk's rounds of U vector loads per
+        thread (and its unaligned ends, element by element)."""
+        T, U, V, S, N = self.T, self.U, self.V, self.S, self.N
+        unique, tx, s, rounds = self.unique, self.tx, self.s, self.rounds
+        k, u, w = (Var(unique(n), dt.int32) for n in ("k", "u", "u"))
+        init = _lanes(Var(unique("v"), dt.int32), V, self.acc, reduce_identity(self.low.red.combiner, self.acc_dtype))
+        chunk = rounds * self.tile
+        chunk_vectors = rounds * (T * U)
+        if self.exact:
+            # every chunk whole and aligned: rounds · U unconditional vector loads per thread, the
+            # chunk's first vector written so that nothing divides at run time
+            first_vector = ((self.row_flat * (self.n_const // V) if self.flat else ZERO)  # type: ignore[operator]
+                            + s * chunk_vectors)
+            return [init, For(k, 0, rounds, "serial",
+                              For(u, 0, U, "unroll", self.vector_update(first_vector + (k * U + u) * T + tx)),
+                              annotations=ONE_ROUND)]
         # the chunk [lo, lo + n) of the row (n = 0 past its end); `head` elements before the first
         # vector boundary (0 when rows start on one), then whole vectors, then fewer than V
-        lo = let("lo", base + s * chunk)
-        n = let("n", binary("max", binary("min", chunk, N - s * chunk), zero))
-        head = let("head", binary("min", (V - lo % V) % V, n)) if not aligned else zero
-        vectors = let("vectors", binary("max", n - head, zero) // V if not aligned else n // V)
+        let, aligned = self.let, self.aligned
+        lo = let("lo", self.base + s * chunk)
+        n = let("n", binary("max", binary("min", chunk, N - s * chunk), ZERO))
+        head = let("head", binary("min", (V - lo % V) % V, n)) if not aligned else ZERO
+        vectors = let("vectors", binary("max", n - head, ZERO) // V if not aligned else n // V)
         whole = let("whole", vectors // (T * U))
         first_vector = let("first", (lo + head) // V)
         # the chunk's ends outside whole vectors (fewer than V elements each) first, so that
         # their loads overlap the rounds'; whole rounds of T·U vectors unguarded, then one
         # guarded round for the rest
-        loop = []
+        loop: list[Stmt] = [init]
         if not aligned:
             # the tail starts `after` the head and the whole vectors; not at (first + vectors)·V,
             # which is wrong when the chunk ends before its first vector boundary (head capped at
             # n, no vectors: (lo + n) // V rounds down into the head or the chunk before)
             after = head + vectors * V
-            loop += [element_update(lo + tx, tx < head), element_update(lo + after + tx, tx < n - after)]
+            loop += [self.element_update(lo + tx, tx < head), self.element_update(lo + after + tx, tx < n - after)]
         rest = (whole * U + w) * T + tx
-        loop += [For(k, 0, whole, "serial", For(u, 0, U, "unroll", vector_update(first_vector + (k * U + u) * T + tx)),
+        loop += [For(k, 0, whole, "serial",
+                     For(u, 0, U, "unroll", self.vector_update(first_vector + (k * U + u) * T + tx)),
                      annotations=ONE_ROUND),
-                 For(w, 0, U, "unroll", vector_update(first_vector + rest, rest < vectors))]
-    stmts: list[Stmt] = [init, *loop]
-    if V > 1:
-        j = Var(unique("j"), dt.int32)
-        stmts.append(For(j, 0, V - 1, "unroll", BufferStore(acc, (zero,), binary(combiner, acc[zero], acc[j + 1]))))
-    stmts.append(allreduce(acc, combiner, tx, T, unique(f"{stage.name}_block")))
-    temps: tuple[Buffer, ...] = ()
-    partial: Buffer | None = None
-    if S == 1:
-        stmts.append(IfThenElse(tx == 0, BufferStore(out, row_idx, finish(acc[zero], row_idx))))
-    else:
-        partial = Buffer(unique(f"{stage.name}_partial"), acc_dtype, (n_rows, Const(S, dt.int32)), "global",
-                         tensor=f"{stage.name}.partial")
-        temps = (partial,)
-        stmts.append(IfThenElse(tx == 0, BufferStore(partial, (row_flat, s), acc[zero])))
-    body1: Stmt = seq(*stmts)
-    if partial is not None and one_pass:
-        # the last of the row's S blocks to store its partial combines the row (last_block.py)
-        handshake = LastBlockHandshake(unique, stage.name, n_rows)
-        temps = (partial, handshake.arrivals)
-        i = Var(unique("i"), dt.int32)
+                 For(w, 0, U, "unroll", self.vector_update(first_vector + rest, rest < vectors))]
+        return loop
+
+    # ---- the block's total and where it goes
+    def block_total(self) -> list[Stmt]:
+        """The V lanes folded, the block's allreduce, and thread 0's store: the row's output
+        (S == 1) or the block's partial (then `partial` is set)."""
+        low, acc, combiner, tx = self.low, self.acc, self.combiner, self.tx
+        stmts: list[Stmt] = []
+        if self.V > 1:
+            j = Var(self.unique("j"), dt.int32)
+            stmts.append(For(j, 0, self.V - 1, "unroll", BufferStore(acc, (ZERO,), binary(combiner, acc[ZERO], acc[j + 1]))))
+        stmts.append(allreduce(acc, combiner, tx, self.T, self.unique(f"{low.stage.name}_block")))
+        if self.S == 1:
+            stmts.append(IfThenElse(tx == 0, BufferStore(low.out, self.row_idx, low.finish(acc[ZERO], self.row_idx))))
+            return stmts
+        self.partial = Buffer(self.unique(f"{low.stage.name}_partial"), self.acc_dtype,
+                              (self.n_rows, Const(self.S, dt.int32)), "global", tensor=f"{low.stage.name}.partial")
+        self.temps = (self.partial,)
+        stmts.append(IfThenElse(tx == 0, BufferStore(self.partial, (self.row_flat, self.s), acc[ZERO])))
+        return stmts
+
+    def last_block_combines(self, publish: Stmt, partial: Buffer) -> Stmt:
+        """`publish` (the block's partial stored), then the last of the row's S blocks to store
+        its partial combines the row (last_block.py); adds the row counters to `temps`."""
+        low, acc, combiner, tx, T, S = self.low, self.acc, self.combiner, self.tx, self.T, self.S
+        handshake = LastBlockHandshake(self.unique, low.stage.name, self.n_rows)
+        self.temps = (partial, handshake.arrivals)
+        i = Var(self.unique("i"), dt.int32)
         p = i * T + tx                                 # thread tx folds partials tx, tx + T, ...
         # a select, not a branch, as in the rounds: the ceil(S / T) loads of this tail (the
         # kernel's last critical path) are issued together; read at L2 (load_cg), not through
         # the non-coherent path: other blocks of this kernel wrote them
-        gathered = guarded(load_cg(partial[row_flat, p]), p < S if S % T else None)
-        gather = BufferStore(acc, (zero,), binary(combiner, acc[zero], gathered))
+        gathered = self.guarded(load_cg(partial[self.row_flat, p]), p < S if S % T else None)
+        gather = BufferStore(acc, (ZERO,), binary(combiner, acc[ZERO], gathered))
         combine_row = seq(
-            BufferStore(acc, (zero,), identity),
+            BufferStore(acc, (ZERO,), self.identity),
             For(i, 0, -(-S // T), "unroll", gather),
-            allreduce(acc, combiner, tx, T, unique(f"{stage.name}_combine_block")),
-            IfThenElse(tx == 0, BufferStore(out, row_idx, finish(acc[zero], row_idx))),
+            allreduce(acc, combiner, tx, T, self.unique(f"{low.stage.name}_combine_block")),
+            IfThenElse(tx == 0, BufferStore(low.out, self.row_idx, low.finish(acc[ZERO], self.row_idx))),
         )
         # thread 0 stored the block's one partial itself, so no barrier is needed before its
         # fence (program order; last_block.py)
-        body1 = handshake.body(body1, combine_row, leader=tx == 0, group=row_flat, splits=S, publish_barrier=False)
-    for var, value in reversed(lets):
-        body1 = LetStmt(var, value, body1)
-    body1 = For(tx, 0, T, "threadIdx.x", Allocate(acc, body1))
-    if one_pass:
-        body1 = For(b, 0, n_rows, "blockIdx.x", For(s_var, 0, S, "blockIdx.y", body1))
-    else:
-        body1 = For(b, 0, n_rows * S, "blockIdx.x", body1)
-    role1 = "rows" if S == 1 else ("split" if one_pass else "partial")
-    kernels: list[tuple[str, Stmt]] = [(role1, body1)]
+        return handshake.body(publish, combine_row, leader=tx == 0, group=self.row_flat, splits=S,
+                              publish_barrier=False)
 
-    # ---- kernel 2 (S > 1, combine="kernel"): one block per row combines its S partials
-    if partial is not None and not one_pass:
-        T2 = min(COMBINE_THREADS, -(-S // WARP) * WARP)
-        steps = -(-S // T2)
-        row2, tx2, i = (Var(unique(n), dt.int32) for n in ("row", "tx", "i"))
-        acc2 = Buffer(unique(f"{stage.name}_total"), acc_dtype, (1,), "local", tensor=f"{stage.name}.total")
-        p = i * T2 + tx2
-        step: Stmt = BufferStore(acc2, (zero,), binary(combiner, acc2[zero], partial[row2, p]))
-        if S % T2:
-            step = IfThenElse(p < S, step)
-        out_idx = unflatten(row2, stage.shape)
-        body2: Stmt = seq(
-            BufferStore(acc2, (zero,), reduce_identity(red.combiner, acc_dtype)),
-            For(i, 0, steps, "unroll", step),
-            allreduce(acc2, combiner, tx2, T2, unique(f"{stage.name}_combine_block")),
-            IfThenElse(tx2 == 0, BufferStore(out, out_idx, finish(acc2[zero], out_idx))),
-        )
-        body2 = For(row2, 0, n_rows, "blockIdx.x", For(tx2, 0, T2, "threadIdx.x", Allocate(acc2, body2)))
-        kernels.append(("combine", body2))
 
+class _ToView(ExprMutator):
+    """Loads of a viewed input become loads of its flat view at `position`."""
+
+    def __init__(self, views: dict[Buffer, Buffer], position: Var) -> None:
+        super().__init__()
+        self.views, self.position = views, position
+
+    def visit_BufferLoad(self, e: BufferLoad) -> Expr:  # noqa: N802
+        view = self.views.get(e.buffer)
+        return view[self.position] if view is not None else self.generic_visit(e)
+
+
+def _combine_kernel(low: LoweredReduction, partial: Buffer, S: int) -> Stmt:
+    """Kernel 2 (S > 1, combine="kernel"): one block of T2 = min(256, S rounded up to a warp)
+    threads per row folds the row's S partials and writes its output."""
+    unique, stage, red = low.sig.unique, low.stage, low.red
+    combiner = COMBINE[red.combiner]
+    T2 = min(COMBINE_THREADS, -(-S // WARP) * WARP)
+    steps = -(-S // T2)
+    row2, tx2, i = (Var(unique(n), dt.int32) for n in ("row", "tx", "i"))
+    acc2 = Buffer(unique(f"{stage.name}_total"), red.acc_dtype, (1,), "local", tensor=f"{stage.name}.total")
+    p = i * T2 + tx2
+    step: Stmt = BufferStore(acc2, (ZERO,), binary(combiner, acc2[ZERO], partial[row2, p]))
+    if S % T2:
+        step = IfThenElse(p < S, step)
+    out_idx = unflatten(row2, stage.shape)
+    body: Stmt = seq(
+        BufferStore(acc2, (ZERO,), reduce_identity(red.combiner, red.acc_dtype)),
+        For(i, 0, steps, "unroll", step),
+        allreduce(acc2, combiner, tx2, T2, unique(f"{stage.name}_combine_block")),
+        IfThenElse(tx2 == 0, BufferStore(low.out, out_idx, low.finish(acc2[ZERO], out_idx))),
+    )
+    return For(row2, 0, size_product(stage.shape), "blockIdx.x",
+               For(tx2, 0, T2, "threadIdx.x", Allocate(acc2, body)))
+
+
+def _module(low: LoweredReduction, views: dict[Buffer, Buffer], kernels: list[tuple[str, Stmt]],
+            temps: tuple[Buffer, ...], threads: int, name: str | None) -> Module:
+    """The module launching `kernels` ((role, body) in order): each kernel's parameters, its
+    attributes (occupancy asked of the kernels that stream the rows), the module's signature."""
+    unique, buffers, stage = low.sig.unique, low.sig.buffers, low.stage
+    # a viewed input is passed under its own name: the host hands kernel 1 the same pointer
+    arrays = [views.get(buffers[a], buffers[a]) for a in low.program.args]
     funcs: list[PrimFunc] = []
-    calls: list[KernelCall] = []
     for role, body in kernels:
-        used = global_buffers(body)
-        body_vars = scalar_vars(exprs_of(body) + [e for x in used for e in x.shape + (x.strides or ())])
-        # a viewed input is passed under its own name: the host hands kernel 1 the same pointer
-        arrays = [views.get(buffers[a], buffers[a]) for a in prog.args]
-        params = (tuple(x for x in arrays if x in used) + tuple(t for t in temps if t in used)
-                  + tuple(x for x in scalars if x in body_vars))
-        kname = unique(f"{stage.name}_{role}_kernel")
         attrs: tuple[tuple[str, object], ...] = (("split_rows", stage.name),)
-        if role != "combine" and SM_THREADS // T > 1:
-            attrs += (("min_blocks_per_sm", min(SM_THREADS // T, SM_BLOCKS)),)
+        if role != "combine" and SM_THREADS // threads > 1:
+            attrs += (("min_blocks_per_sm", min(SM_THREADS // threads, SM_BLOCKS)),)
         if role == "split":
             attrs += (("combine", "last_block"),)
-        funcs.append(PrimFunc(kname, params, body, attrs))
-        calls.append(KernelCall(kname, params))
-    mname = identifier(name or stage.name)
-    module_params = tuple(buffers[a] for a in prog.args) + tuple(scalars)
-    return Module(mname, module_params, tuple(funcs), tuple(calls), temps)
+        params = kernel_params(body, arrays, temps, low.sig.scalars)
+        funcs.append(PrimFunc(unique(f"{stage.name}_{role}_kernel"), params, body, attrs))
+    module_params = tuple(buffers[a] for a in low.program.args) + tuple(low.sig.scalars)
+    calls = tuple(KernelCall(f.name, f.params) for f in funcs)
+    return Module(identifier(name or stage.name), module_params, tuple(funcs), calls, temps)
 
 
 def _lanes(v: Var, V: int, acc: Buffer, value: Expr) -> Stmt:
     """acc[v] = value for every lane (acc[0] when V == 1)."""
     if V == 1:
-        return BufferStore(acc, (Const(0, dt.int32),), value)
+        return BufferStore(acc, (ZERO,), value)
     return For(v, 0, V, "unroll", BufferStore(acc, (v,), value))
 
 

@@ -18,9 +18,11 @@ interface that records every application in a Plan.
   rfactor      rfactor.py      a reduction loop made a parallel axis, partials combined by a second kernel (split-K)
   flatten_contraction / gather_views  gemm_view.py  a float32 contraction (a convolution) over view buffers
                A_view[m, k], B_view[k, n] for the SIMT GEMM schedule, and the views replaced by gathered reads after it
-  tensorize    tensorize.py    a contraction of half operands as a tiled mma.sync kernel (cp.async ring, ldmatrix);
-               tensorize_wgmma.py   ... or, intrinsic "wgmma", as a Hopper warpgroup kernel (wgmma from swizzled shared tiles)
-               tensorize_wgmma_tma.py  ... with producer "tma": a TMA producer warpgroup and an mbarrier ring
+  tensorize, stage_operand, pipeline, pipeline_fragments, warp_specialize, split_k, tile_order, persistent, epilogue
+               tensor_core.py  the tensor-core primitives: a contraction's block tile mapped onto an intrinsic row
+               (tensorize.py: mma.sync, tensorize_wgmma.py: wgmma), its operand tiles staged in shared memory
+               (tile_staging.py), its k-tile loop a cp.async or TMA ring, warp-specialized (ring.py, tma.py), its
+               k tiles split among blocks (split_k.py), its tile order (tile_kernel.py) and its fused tail (epilogue.py)
   legality     legality.py     dependence checks with islpy (tecc.ir.poly)
 """
 
@@ -37,9 +39,23 @@ from .reduction_tail import unguard_reduction_tail
 from .reorder import distribute, reorder
 from .rfactor import rfactor
 from .split import split
-from .tensor_core import tensorize, tensorize_wgmma
-from .tensorize import Tiling
+from .tensor_core import (
+    drop_records,
+    epilogue,
+    forget_record,
+    gemm_operands,
+    persistent,
+    pipeline,
+    pipeline_fragments,
+    split_k,
+    stage_operand,
+    tensorize,
+    tile_order,
+    warp_specialize,
+)
 
-__all__ = ["bind", "cache_write", "distribute", "double_buffer", "flatten_contraction", "fuse", "gather_views",
-           "guard_writeback_only", "insert_barriers", "reorder", "rfactor", "split", "stage_leaves", "stage_loops",
-           "stage_read", "Tiling", "tensorize", "tensorize_wgmma", "unguard_reduction_tail", "unroll", "vectorize"]
+__all__ = ["bind", "cache_write", "distribute", "double_buffer", "drop_records", "epilogue", "flatten_contraction",
+           "forget_record", "fuse", "gather_views", "gemm_operands", "guard_writeback_only", "insert_barriers",
+           "persistent", "pipeline", "pipeline_fragments", "reorder", "rfactor", "split", "stage_leaves",
+           "split_k", "stage_loops", "stage_operand", "stage_read", "tensorize", "tile_order", "unguard_reduction_tail", "unroll",
+           "vectorize", "warp_specialize"]

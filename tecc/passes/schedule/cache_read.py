@@ -14,6 +14,9 @@
    the box is flattened, and the block's threads (linear thread id, fastest along the last
    dimension so consecutive threads read consecutive addresses) each copy every T-th element.
 4. `insert_barriers` then adds the barriers before and after the copy.
+The cache's rows may be padded (`pad` elements: `storage_align`) and stored through an XOR
+`layout` (tecc.ir.layout.Swizzle: `storage_swizzle`) of the padded offsets, written into the
+indices of every access to the cache, the copy's included (`swizzled_index`).
 
 Preconditions: `tensor` is read under `loop` and not written there; for shared memory the
 block's thread loops are bound already (the copy is spread over them); the tile's indices are
@@ -22,8 +25,11 @@ affine in the loop variables.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from ...ir import poly
 from ...ir.errors import ScheduleError
+from ...ir.layout import Swizzle
 from ...ir.expr import (
     BufferLoad,
     Const,
@@ -50,6 +56,7 @@ from ...ir.stmt import (
 )
 from ..simplify import simplify_func
 from .barriers import insert_barriers
+from .thread_partition import chunk_coordinates
 from .loops import (
     all_names,
     find_loop,
@@ -59,6 +66,11 @@ from .loops import (
     rebuffer,
     replace_stmt,
 )
+
+
+def _reads_memory(e: Expr) -> bool:
+    """Whether an index reads a buffer (data-dependent: not affine, any element of its axis)."""
+    return any(isinstance(n, BufferLoad) for n in walk(e))
 
 
 def find_buffer(func: PrimFunc, tensor: str) -> Buffer:
@@ -82,8 +94,10 @@ def _dims(loops: list[For]) -> list[poly.LoopDim]:
 
 
 def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0, vector: int = 1,
-               transpose: bool = False) -> PrimFunc:
+               transpose: bool = False, layout: Swizzle | None = None) -> PrimFunc:
     what = f"cache_read of {tensor} into {scope} at {loop}"
+    if layout is not None and scope != "shared":
+        raise ScheduleError(f"{what}: a swizzled layout is for a shared cache, not a {scope} one")
     if scope not in ("shared", "local"):
         raise ScheduleError(f"{what}: scope must be 'shared' or 'local'")
     buf = find_buffer(func, tensor)
@@ -113,6 +127,16 @@ def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0,
         if origin is None:
             origin = here
         for d, i in enumerate(idx):
+            if _reads_memory(i):
+                # a data-dependent index (a gather) may be any element of its dimension: the tile
+                # holds the whole axis (the index is checked where it is read, index_checks.IndexCheck)
+                extent = const_int(buf.shape[d])
+                if extent is None:
+                    raise ScheduleError(f"{what}: dimension {d} of {tensor} is read at a data-dependent index "
+                                        f"({i}) and has no constant extent; the tile would be the whole axis")
+                origin[d] = Const(0, i.dtype)
+                lo[d], hi[d] = 0, extent - 1
+                continue
             a, b = poly.expr_bounds(i - origin[d], s.loops, s.conditions)
             if a is None or b is None:
                 raise ScheduleError(
@@ -123,6 +147,7 @@ def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0,
             hi[d] = b if hi[d] is None else max(hi[d], b)  # type: ignore[type-var]
     assert origin is not None
     origin = [o + lo[d] if lo[d] else o for d, o in enumerate(origin)]  # type: ignore[operator]
+    # (a gathered dimension's origin is 0 and its lo 0: the whole axis)
     shape = [int(h) - int(l) + 1 for h, l in zip(hi, lo)]  # type: ignore[arg-type]
     if transpose and (len(shape) < 2 or any(e != 1 for e in shape[:-2])):
         raise ScheduleError(f"{what}: only a two-dimensional tile (leading dimensions of extent 1, such as "
@@ -143,6 +168,9 @@ def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0,
         raise ScheduleError(f"{what}: a vector copy of width {vector} needs a shared cache whose last "
                             f"dimension ({shape[-1]}) is a multiple of the width")
     copy = _copy(func, buf, cache, shape, origin, outer_loops, scope, taken, max(vector, 1), order)
+    if layout is not None:
+        swizzle = swizzled_index(layout, alloc_shape, what)
+        body, copy = rebuffer(body, cache, cache, swizzle), rebuffer(copy, cache, cache, swizzle)
     if scope == "local":
         new_loop = For(node.var, node.min, node.extent, node.kind, Allocate(cache, seq(copy, body)), node.annotations)
         out = func.with_body(replace_stmt(func.body, node, new_loop))
@@ -159,6 +187,36 @@ def stage_read(func: PrimFunc, tensor: str, scope: str, loop: str, pad: int = 0,
                                                                 Allocate(cache, nl.body), nl.annotations)))
         out = insert_barriers(out)
     return simplify_func(out)
+
+
+def swizzled_index(layout: Swizzle, shape: list[int], what: str) -> Callable[[tuple[Expr, ...]], tuple[Expr, ...]]:
+    """The index map that stores a cache of `shape` (rows of L = shape[-1] elements, a power of
+    two) through `layout`, written into the indices: column c of row r goes to
+    `((c // 2^base) ^ ((r // G) % 2^bits)) · 2^base + c % 2^base` with G = 2^(base + shift) / L,
+    the element the Swizzle puts at flat offset r·L + c (r: the leading indices flattened; the
+    chunk bits lie in c, the source bits in r). As index arithmetic the simplifier folds it where the loops' ranges decide it (the
+    copy's lane stays a unit-stride term: 16-byte copies; a row group's term becomes the thread's
+    own), where a layout applied to the flat offset would be re-derived per access."""
+    row = shape[-1] if shape else 0
+    if len(shape) < 2 or row & (row - 1) or (1 << (layout.base + layout.bits)) > row \
+            or (1 << (layout.base + layout.shift)) < row:
+        raise ScheduleError(f"{what}: {layout} needs a tile of rows whose length is a power of two holding its "
+                            f"chunk bits, with the source bits in the row index; the tile is {shape}")
+    chunk = 1 << layout.base
+    group = (1 << (layout.base + layout.shift)) // row
+    groups = 1 << layout.bits
+
+    def index(idx: tuple[Expr, ...]) -> tuple[Expr, ...]:
+        r = idx[-2]  # the row: the leading indices flattened (a box [1, 64, 1, 64] has 64 rows)
+        stride = 1
+        for d in range(len(idx) - 3, -1, -1):
+            stride *= shape[d + 1]
+            if shape[d] > 1:
+                r = r + idx[d] * stride
+        c = idx[-1]
+        return idx[:-1] + (((c // chunk) ^ ((r // group) % groups)) * chunk + c % chunk,)
+
+    return index
 
 
 def _drop_padding_tests(s: Stmt, buf: Buffer) -> Stmt:
@@ -255,12 +313,7 @@ def _copy(func: PrimFunc, buf: Buffer, cache: Buffer, shape: list[int], origin: 
     step_var = Var(fresh_name(taken, f"{cache.name}_c"), d)
     lane = Var(fresh_name(taken, f"{cache.name}_v"), d) if vector > 1 else None
     flat = step_var * threads + tid if steps > 1 else tid
-    idx: list[Expr] = []
-    stride = total
-    for k, e in enumerate(chunks):
-        stride //= e
-        q = flat // stride if stride > 1 else flat
-        idx.append(q % e if k > 0 else q)
+    idx = chunk_coordinates(flat, chunks)
     if lane is not None:
         idx[-1] = idx[-1] * vector + lane
     dims = outer + [poly.LoopDim(v, Const(0, d), Const(n, d), "serial") for v, n in axis_vars

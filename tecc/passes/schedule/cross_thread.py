@@ -58,9 +58,16 @@ def warp_allreduce(acc: Buffer, op: str) -> Stmt:
     return seq(*steps)
 
 
-def allreduce(acc: Buffer, op: str, lane: Expr, threads: int, name: str) -> Stmt:
+def allreduce(acc: Buffer, op: str, lane: Expr, threads: int, name: str, shuffle_stage: bool = False) -> Stmt:
     """Statements making `acc[0]` of each of the `threads` threads (`lane` = threadIdx.x) the
-    combination by `op` over all of them. `name` names the shared array of the block stage."""
+    combination by `op` over all of them. `name` names the shared array of the block stage.
+
+    shuffle_stage: the block stage's combine of the W warp values (W a power of two) is a
+    butterfly too: each lane reads `red[lane % W]` and log2(W) shuffle steps combine them (one
+    shared read and 2·log2(W) instructions per thread instead of W reads and W - 1 combines;
+    every lane of every warp combines the same values in the same pairs, so all get the same
+    bits). The row kernels that walk rows (fuse_rows' row_blocks) take it; the one-row-per-block
+    kernels keep the serial combine they were measured with."""
     if op not in COMBINERS:
         raise ScheduleError(f"cross-thread reduction of {acc.name}: combiner {op!r} is not one of {COMBINERS}")
     if threads % WARP or not 0 < threads <= 1024:
@@ -73,6 +80,17 @@ def allreduce(acc: Buffer, op: str, lane: Expr, threads: int, name: str) -> Stmt
         return warp_stage
     zero = Const(0, dt.int32)
     red = Buffer(name, acc.dtype, (warps,), "shared", tensor=f"{acc.tensor}.block")
+    if shuffle_stage and warps & (warps - 1) == 0:
+        steps: list[Stmt] = []
+        mask = warps // 2
+        while mask >= 1:
+            steps.append(BufferStore(acc, (zero,), binary(op, acc[zero], warp_shuffle("shfl_xor", acc[zero], mask))))
+            mask //= 2
+        return seq(warp_stage, Allocate(red, seq(
+            IfThenElse(lane % WARP == 0, BufferStore(red, (lane // WARP,), acc[zero])),
+            Barrier(),
+            BufferStore(acc, (zero,), red[lane % warps]),
+            *steps)))
     w = Var(f"{name}_w", dt.int32)
     block_stage = seq(
         IfThenElse(lane % WARP == 0, BufferStore(red, (lane // WARP,), acc[zero])),

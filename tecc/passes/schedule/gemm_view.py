@@ -44,7 +44,7 @@ from ...ir.expr import BufferLoad, Const, Expr, Var, as_expr, const_int, free_va
 from ...ir.stmt import Allocate, Buffer, BufferStore, For, KernelCall, KernelParam, Module, PrimFunc, Stmt, seq
 from ...ir.visitor import ExprMutator, StmtMutator
 from ..simplify import linear_form
-from .implicit_gemm import Axis, Contraction, Operand, _layout, contiguous_copy, match_contraction, unflatten
+from .implicit_gemm import Axis, Contraction, Operand, contiguous_copy, match_contraction, operand_layout, unflatten
 from .loops import all_names, fresh_name
 from .rfactor import kernel_params
 
@@ -183,7 +183,7 @@ def _chunk(where: str, op: Operand, group: tuple[Axis, ...]) -> tuple[int, int] 
     inner, ext = group[-1]
     extent = const_int(ext)
     spatial = _free_vars_of(op)
-    lay = _layout(where, op.load, op.guard, spatial, [])
+    lay = operand_layout(where, op.load, op.guard, spatial, [])
     if extent is None:
         return None
     run = contiguous_copy(lay, [(inner.name, extent)])

@@ -48,7 +48,7 @@ gets 16-byte copies; C = 3 and NCHW activations (whose contiguous axis q·stride
 row and a reduction axis) get guarded element loads (zero where out of range). An operand with
 run-time strides (strides="any") is laid out as a slice of a wider row-major array would be
 (`assumed_strides`), and its copies carry the launch condition that makes them correct
-(`stride_condition`), which the kernel tests (tensorize.py, `_Emitter.dispatch`); its
+(`stride_condition`), which the kernel tests (tile_staging.py, `TileStaging.dispatch`); its
 `transposed` form is the same read laid out as a view with the unit stride on another
 dimension (w.t()), in the other orientation, with that view's copies and condition
 (`transposed_operand`).
@@ -444,7 +444,7 @@ def match_contraction(func: PrimFunc, stage: str, operand_dtypes: Sequence[dt.DT
     if inner_axis in reads_x and inner_axis not in reads_y:
         (x, gx), (y, gy), reads_x, reads_y = (y, gy), (x, gx), reads_y, reads_x
     loads = {"A": (x, gx), "B": (y, gy)}
-    layouts = {role: _layout(where, load, guard, spatial, [lp.var for lp in kloops])
+    layouts = {role: operand_layout(where, load, guard, spatial, [lp.var for lp in kloops])
                for role, (load, guard) in loads.items()}
     batch: list[Var] = []
     rows: list[Var] = []
@@ -505,7 +505,7 @@ def transposed_operand(op: Operand, outer: Sequence[tuple[str, int | None]], ks:
         strides = unit_strides(buf, unit, buf.dtype.bytes)
         if strides is None:
             continue
-        lay = _layout("", op.load, op.guard, spatial, reduction, strides)
+        lay = operand_layout("", op.load, op.guard, spatial, reduction, strides)
         k_last = not op.k_last
         copy = contiguous_copy(lay, ks if k_last else outer, buf.dtype.bytes)
         if copy:
@@ -572,8 +572,11 @@ def _vars_of(load: BufferLoad, guard: Expr | None) -> set[Var]:
     return out
 
 
-def _layout(where: str, load: BufferLoad, guard: Expr | None, spatial: Sequence[Var], reduction: Sequence[Var],
-            strides: list[Stride] | None = None) -> Layout:
+def operand_layout(where: str, load: BufferLoad, guard: Expr | None, spatial: Sequence[Var],
+                   reduction: Sequence[Var], strides: list[Stride] | None = None) -> Layout:
+    """The flat-address Layout of an operand read (its where() condition's variables noted), or a
+    ScheduleError from `where` when an index is not affine in the loop axes; `strides`: each
+    dimension's stride instead of the buffer's (`assumed_strides` by default)."""
     known = set(spatial) | set(reduction)
     per_dim: list[tuple[dict[str, int], int]] = []
     for ix in load.indices:
@@ -635,5 +638,5 @@ def _multiplicands(where: str, term: Expr, operand_dtypes: Sequence[dt.DType] = 
 
 __all__ = ["HALF_OPERANDS", "TENSOR_CORE_OPERANDS", "WGMMA_OPERANDS",
            "Axis", "Contraction", "Layout", "Operand", "Stride", "assumed_strides", "run_time_stride", "contiguous_copy", "gemm_order",
-           "layout_of", "match_contraction", "order_by_stride", "stride_condition", "transposed_operand", "unflatten",
+           "layout_of", "match_contraction", "operand_layout", "order_by_stride", "stride_condition", "transposed_operand", "unflatten",
            "unit_strides"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 from ...ir.errors import ScheduleError
-from ...ir.expr import BufferLoad, Const, Expr, walk
+from ...ir.expr import BufferLoad, Call, Const, Expr, walk
 from ...ir.stmt import (
     Allocate,
     Buffer,
@@ -64,12 +64,24 @@ def stage_of(buffer: Buffer) -> str:
 
 
 def stage_leaves(func: PrimFunc, stage: str) -> list[tuple[Stmt, tuple[Stmt, ...]]]:
-    """The stores of `func` that compute `stage`: into its buffer, its accumulator or its write cache."""
+    """The stores of `func` that compute `stage`: into its buffer, its accumulator or its write
+    cache, and the atomic additions into them (a scatter's, tecc/passes/rewrite/scatter_atomic.py)."""
     out = []
+    names = (stage, f"{stage}.acc", f"{stage}.local")
     for s, path in iter_with_path(func.body):
-        if isinstance(s, BufferStore) and s.buffer.tensor in (stage, f"{stage}.acc", f"{stage}.local"):
+        if isinstance(s, BufferStore) and s.buffer.tensor in names:
+            out.append((s, path))
+        elif isinstance(s, Evaluate) and _atomic_target(s) in names:
             out.append((s, path))
     return out
+
+
+def _atomic_target(s: Evaluate) -> str | None:
+    """The stage an `atomic_add` statement adds into, or None."""
+    v = s.value
+    if isinstance(v, Call) and v.name == "atomic_add" and isinstance(v.args[0], BufferLoad):
+        return v.args[0].buffer.tensor  # type: ignore[no-any-return]
+    return None
 
 
 def stage_loops(func: PrimFunc, stage: str) -> list[For]:

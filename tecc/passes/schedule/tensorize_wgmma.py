@@ -1,9 +1,11 @@
 """tensorize on Hopper: a contraction stage rebuilt as a warpgroup (wgmma.mma_async) kernel.
 
-The same matching, block tiling, cp.async ring and fused epilogue as tensorize.py (this module's
-emitter is a subclass of its emitter); the fragment loads and mma.sync of steps 4-5 are
-replaced by wgmmas that read A and B straight from shared memory through matrix descriptors
-(tecc/ir/descriptor.py), and the ring is reordered around the asynchronous wgmma.
+The same matching, block tiling, staging and fused epilogue as tensorize.py (this module's
+kernel is a subclass of its kernel); the fragment loads and mma.sync of steps 4-5 are replaced
+by wgmmas that read A and B straight from shared memory through matrix descriptors
+(tecc/ir/descriptor.py), and the rings (ring.py) keep stages behind the asynchronous wgmma.
+With `pipeline(..., producer="tma")` the tiles come by TMA into an mbarrier ring, and with
+`warp_specialize` from a producer warpgroup (tma.py).
 
 1. tiling      as tensorize.py, with `warps` = (4 · BM/64, 1): BM/64 warpgroups of 128 threads
                (1 or 2 in the strategy's space), warpgroup g computes rows 64g .. 64g + 63 of the
@@ -68,6 +70,7 @@ operand is read as stored: the tensor core ignores the 13 low mantissa bits (tru
 emulator does the same).
 """
 
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -75,40 +78,30 @@ from dataclasses import replace
 from ...ir import dtype as dt
 from ...ir.descriptor import MatrixDescriptor
 from ...ir.errors import ScheduleError
-from ...ir.expr import Const, Expr, Var, as_expr, const_int
+from ...ir.expr import Const, Expr, Var, as_expr
 from ...ir.intrinsics import WARPGROUP_SIZE, lookup
 from ...ir.layout import Swizzle
 from ...ir.stmt import (
-    AsyncCommit,
     AsyncProxyFence,
-    AsyncWait,
-    Barrier,
+    BarrierRef,
     Buffer,
     BufferStore,
-    For,
     FragmentRef,
-    IfThenElse,
     PrimFunc,
     SharedMatrix,
     Stmt,
+    TensorCopy,
+    TensorMap,
     WarpgroupCommit,
     WarpgroupFence,
     WarpgroupMatrixMultiply,
     WarpgroupWait,
     seq,
 )
-from .implicit_gemm import WGMMA_OPERANDS
-from .tensorize import (
-    INTRINSICS,
-    Contraction,
-    Operand,
-    Tiling,
-    _Emitter,
-    _int,
-    _shape,
-    match_contraction,
-    tf32_swizzle,
-)
+from .implicit_gemm import WGMMA_OPERANDS, Contraction, Operand, match_contraction
+from .tensorize import INTRINSICS, MmaKernel
+from .tile_kernel import BlockTile, TileSchedule, int32, int32_shape
+from .tile_staging import tf32_swizzle
 
 K_TILE = 64            # halves in one 128-byte swizzled row
 TF32_K_TILE = 32       # floats in one
@@ -141,7 +134,8 @@ def swaps_operands(c: Contraction) -> bool:
     return c.a.k_last and not c.b.k_last
 
 
-def check_warpgroup_tiling(stage: str, t: Tiling, tf32: bool = False, swap: bool = False,
+
+def check_warpgroup_tiling(stage: str, t: BlockTile, tf32: bool = False, swap: bool = False,
                            element_bytes: int = 0) -> None:
     """`tf32`: float32 operands (k tiles of 32 floats); `swap`: the warpgroups split the block's
     columns and the wgmma's N is its rows (Cᵀ = Bᵀ·Aᵀ); `element_bytes` 1: fp8 operands (k tiles
@@ -164,22 +158,18 @@ def check_warpgroup_tiling(stage: str, t: Tiling, tf32: bool = False, swap: bool
     if across not in BLOCK_N:
         raise ScheduleError(f"{where}: block {across_name} must be one of {BLOCK_N} (the N of an m64nNk wgmma, whole "
                             f"64-wide swizzle blocks), got {across}")
-    if t.stages < 2 or t.stages > 8:
-        raise ScheduleError(f"{where}: stages must be 2..8 (cp.async.wait_group takes 0..7), got {t.stages}")
     for rows in (t.bm, t.bn):
         if (rows * t.bk * size) % (16 * t.threads):
             raise ScheduleError(f"{where}: a {rows}x{t.bk} tile is not a whole number of 16-byte copies per thread "
                                 f"for {t.threads} threads")
 
 
-PRODUCERS = ("threads", "tma")
 
-
-def checked_wgmma(func: PrimFunc, stage: str, intrinsic: str, tiling: Tiling) -> tuple[Contraction, str]:
+def checked_wgmma(func: PrimFunc, stage: str, intrinsic: str, tiling: BlockTile) -> tuple[Contraction, str]:
     """The contraction `func` computes for `stage` and the wgmma row it takes, or a
     ScheduleError naming what does not fit. `intrinsic`: "wgmma" (the row for the operands'
     dtype and BN) or that row's name."""
-    c = match_contraction(func, stage, WGMMA_OPERANDS, run_time_strides=True)  # run-time strides: _Emitter.dispatch
+    c = match_contraction(func, stage, WGMMA_OPERANDS, run_time_strides=True)  # run-time strides: TileStaging.dispatch
     dtype = c.a.buffer.dtype.name
     tf32 = dtype == "float32"
     fp8 = dtype in FP8_INPUT_TYPES
@@ -234,18 +224,13 @@ def k_major_views(c: Contraction, both: bool) -> Contraction:
     return c
 
 
-def tensorize_wgmma_threads(func: PrimFunc, c: Contraction, intrinsic: str, tiling: Tiling,
-                            lookahead: int | None = None) -> PrimFunc:
-    """The warpgroup kernel whose every thread issues cp.async into the ring (module
-    docstring), for the contraction and row `checked_wgmma` gave. `lookahead` overrides the
-    tiles loaded ahead (S - 1 - P); only tests pass one, to show that a ring refilling a stage an
-    in-flight wgmma reads is reported by the emulator."""
-    return _WarpgroupEmitter(func, c, intrinsic, tiling, lookahead).kernel()
 
+class WgmmaKernel(MmaKernel):
+    """The warpgroup kernel of a TileSchedule (module docstring; the layers: tile_kernel.py)."""
 
-class _WarpgroupEmitter(_Emitter):
-    def __init__(self, func: PrimFunc, c: Contraction, intrinsic: str, t: Tiling, lookahead: int | None) -> None:
-        row = lookup(intrinsic)
+    def __init__(self, schedule: TileSchedule) -> None:
+        c, t = schedule.contraction, schedule
+        row = lookup(schedule.row)
         self.tf32 = row.k_major_only                    # tf32 or fp8: K-major shared operands only
         self.k_step = row.shape[2]                      # 16 halves, 8 floats, 32 fp8: 32 bytes each
         self.k_tile = ROW_BYTES // c.a.buffer.dtype.bytes
@@ -257,11 +242,16 @@ class _WarpgroupEmitter(_Emitter):
         # registers, loaded from its shared tile (two sets: one is read by the group in flight)
         self.x_registers = self.tf32 and not x.k_last
         self.groups = (t.bn if self.swap else t.bm) // 64   # consumer warpgroups
+        self.consumers = self.groups
         # P: wgmma groups left in flight per k tile; D: tiles loaded ahead (module docstring)
         self.pending = 1 if t.stages >= 3 else 0
-        self.lookahead = t.stages - 1 - self.pending if lookahead is None else lookahead
-        super().__init__(func, c, intrinsic, t)
+        self.lookahead = t.stages - 1 - self.pending if t.lookahead is None else t.lookahead
+        self.tma = t.producer == "tma"
+        self.mn_box = ROW_BYTES // c.a.buffer.dtype.bytes   # columns of an MN-major box: one 128-byte row
+        super().__init__(schedule)
         self.warpgroup = self.tx // WARPGROUP_SIZE
+        if self.tma:
+            self.maps = {op.role: self.tensor_map(op) for op in (c.a, c.b)}
 
     @property
     def x(self) -> Operand:
@@ -286,13 +276,13 @@ class _WarpgroupEmitter(_Emitter):
     def fragment_buffers(self) -> tuple[Buffer, ...]:
         row = lookup(self.row)
         d = row.operand("d")
-        self.frag_c = Buffer("acc", d.dtype, _shape(d.elements), "fragment", fragment=(self.row, "d"))
+        self.frag_c = Buffer("acc", d.dtype, int32_shape(d.elements), "fragment", fragment=(self.row, "d"))
         self.c_map = d.layout
         if not self.x_registers:
             return (self.frag_c,)
         a = row.operand("a")
         self.x_elements = a.elements * (self.t.bk // self.k_step)   # one k tile's A fragments
-        self.frag_x = Buffer("x_frag", a.dtype, _shape(2 * self.x_elements), "fragment", fragment=(self.row, "a"))
+        self.frag_x = Buffer("x_frag", a.dtype, int32_shape(2 * self.x_elements), "fragment", fragment=(self.row, "a"))
         return self.frag_c, self.frag_x
 
     def form(self) -> str:
@@ -305,24 +295,52 @@ class _WarpgroupEmitter(_Emitter):
 
     def summary(self) -> str:
         t = self.t
-        return (f"{self.row} block {t.bm}x{t.bn} warpgroups {self.groups} k_tile {t.bk} stages {t.stages}{self.form()} "
-                f"(wgmma groups in flight {self.pending}, tiles ahead {self.lookahead}){self.dispatch_summary()}")
+        if t.warp_specialized:
+            grid = (f", persistent over {t.persistent} blocks in groups of {t.group_m} row tiles"
+                    if t.persistent else "")
+            if self.store_staged:
+                epilogue = ", epilogue through shared memory + TMA store"
+            elif self.store_refusal is not None:
+                epilogue = f", epilogue from registers (no TMA store: {self.store_refusal})"
+            else:
+                epilogue = ""
+            return (f"{self.row} block {t.bm}x{t.bn} consumer warpgroups {self.consumers} + TMA producer warpgroup "
+                    f"k_tile {t.bk} stages {t.stages}{self.form()} (mbarrier ring, wgmma groups in flight 1{grid}"
+                    f"{epilogue}){self.split_summary()}")
+        head = f"{self.row} block {t.bm}x{t.bn} warpgroups {self.groups} k_tile {t.bk}"
+        if t.stages == 1:
+            return (f"{head} unpipelined{self.form()}{self.staging_summary()}{self.dispatch_summary()}"
+                    f"{self.split_summary()}")
+        ring = "TMA + mbarrier ring, not warp-specialized, " if self.tma else ""
+        return (f"{head} stages {t.stages}{self.form()} ({ring}wgmma groups in flight {self.pending}, tiles ahead "
+                f"{self.lookahead}){self.staging_summary()}{self.dispatch_summary()}{self.split_summary()}")
 
     # step 2: staging in the descriptors' 128-byte swizzle ---------------------------------------
+
     def shared_buffer(self, op: Operand) -> Buffer:
         outer = self.extent(op)
+        if self.x_registers and op is self.x and self.tma:
+            # a tf32 X from registers, k outermost: [S][outer / 32][BK][32], the boxes the tensor map
+            # writes in its 128B swizzle (4-byte elements: Swizzle(3, 2, 3)); the fragment loads read
+            # it through the same layout
+            width = ROW_BYTES // op.buffer.dtype.bytes
+            layout = self.operand_descriptor(op).layout if op.k_last else \
+                MatrixDescriptor("K", "128B", 16, 1024, op.buffer.dtype.bytes).layout
+            return Buffer(f"{op.buffer.name}_shared", op.buffer.dtype,
+                          int32_shape(self.t.stages, self.extent(op) // width, self.t.bk, width), "shared",
+                          tensor=f"{op.buffer.tensor}.shared", layout=layout)
         if self.x_registers and op is self.x:
             # [S][BK / P][P][outer], P k rows per swizzle period: the register loads read 4 k rows
             # at 8 consecutive floats, conflict-free (tensorize.tf32_swizzle, k-major)
             layout = tf32_swizzle(outer, False)
             per = layout.period // outer
-            return Buffer(f"{op.buffer.name}_shared", op.buffer.dtype, _shape(self.t.stages, self.t.bk // per, per, outer),
+            return Buffer(f"{op.buffer.name}_shared", op.buffer.dtype, int32_shape(self.t.stages, self.t.bk // per, per, outer),
                           "shared", tensor=f"{op.buffer.tensor}.shared", layout=layout)
         if op.k_last:
             descriptor = self.operand_descriptor(op)
-            return Buffer(f"{op.buffer.name}_shared", op.buffer.dtype, _shape(self.t.stages, outer, self.k_tile),
+            return Buffer(f"{op.buffer.name}_shared", op.buffer.dtype, int32_shape(self.t.stages, outer, self.k_tile),
                           "shared", tensor=f"{op.buffer.tensor}.shared", layout=descriptor.layout)
-        return Buffer(f"{op.buffer.name}_shared", op.buffer.dtype, _shape(self.t.stages, outer // 64, self.t.bk, 64),
+        return Buffer(f"{op.buffer.name}_shared", op.buffer.dtype, int32_shape(self.t.stages, outer // 64, self.t.bk, 64),
                       "shared", tensor=f"{op.buffer.tensor}.shared", layout=SWIZZLE_128B)
 
     def shared_index(self, op: Operand, stage: Expr, r: Expr, col: Expr) -> tuple[Expr, ...]:
@@ -331,6 +349,9 @@ class _WarpgroupEmitter(_Emitter):
         A tile stored in the other orientation than its buffer's (a transposed view's main loop,
         `dispatch`) is written at its own canonical layout's element offset, seen through the
         buffer's shape, so `operand_start` and the descriptor of its own orientation read it."""
+        if self.x_registers and op is self.x and self.tma:
+            width = ROW_BYTES // op.buffer.dtype.bytes
+            return stage, col // width, r, col % width
         if self.x_registers and op is self.x:
             per = tf32_swizzle(self.extent(op), False).period // self.extent(op)
             return stage, r // per, r % per, col
@@ -357,47 +378,77 @@ class _WarpgroupEmitter(_Emitter):
             return stage * (outer * self.k_tile) + row0 * self.k_tile + k_step * self.k_step
         return stage * (outer * self.t.bk) + (row0 // 64) * (self.t.bk * 64) + k_step * (16 * 64)
 
-    # step 3: the ring around asynchronous wgmmas ------------------------------------------------
-    def pipeline(self) -> Stmt:
-        t = self.t
-        ahead_tiles = self.lookahead
-        elements = lookup(self.row).operand("d").elements
-        zero = self.unrolled("zero", elements, lambda z: BufferStore(self.frag_c, (z,), Const(0.0, dt.float32)))
-        prologue = self.ring_prologue(ahead_tiles)
-        if self.x_registers:
-            # two iterations per trip, each with its own set of X registers: the group left in
-            # flight reads the other set (the register operand's registers are read until the
-            # wgmma completes: PTX ISA, wgmma.mma_async)
-            pair = Var("k_pair")
-            second = 2 * pair + 1
-            loop = For(pair, _int(0), (self.k_tiles + 1) // 2, "serial", seq(
-                self.iteration(2 * pair, 0),
-                IfThenElse(second < self.k_tiles, self.iteration(second, 1))))
-        else:
-            loop = For(self.kt, _int(0), self.k_tiles, "serial", self.iteration(self.kt, 0))
-        return seq(zero, *prologue, loop, WarpgroupWait(0, (self.frag_c,)), AsyncWait(0), self.epilogue())
 
-    def iteration(self, kt: Expr, registers: int) -> Stmt:
-        """k tile kt of the ring (module docstring, step 3); `registers`: the X register set."""
+    # step 2 with TMA: tensor maps and box copies (tma.py) ---------------------------------------
+    def tensor_map(self, op: Operand) -> TensorMap:
+        outer = self.t.bm if op.role == "A" else self.t.bn
+        box = []
+        for ix in op.load.indices:
+            if ix is self.c.k:
+                box.append(self.k_tile)
+            elif ix in (self.c.i, self.c.j):
+                box.append(outer if op.k_last else self.mn_box)
+            else:
+                box.append(1)
+        return TensorMap(op.buffer, tuple(box), "128B")
+
+    def tile_copies(self, op: Operand, stage: Expr, k_tile: Expr, bar: BarrierRef) -> list[Stmt]:
+        """The TMA box copies of the operand's tile of k tile `k_tile` into ring stage `stage`,
+        completing on `bar`: one (rows, 64) box of a K-major tile, rows/64 boxes of (64, 64) of an
+        MN-major one (one per 64-column block)."""
+        c, t = self.c, self.t
+        outer0 = self.by * t.bm if op.role == "A" else self.bx * t.bn
+        outer = t.bm if op.role == "A" else t.bn
+        dst = self.shared[op.role]
+        zero = int32(0)
+        copies: list[Stmt] = []
+        for block in range(1 if op.k_last else outer // self.mn_box):
+            coords = []
+            for ix in op.load.indices:
+                if ix is c.k:
+                    coords.append(self.k_index(k_tile) * self.k_tile)
+                elif ix in (c.i, c.j):
+                    coords.append(outer0 + self.mn_box * block)
+                else:
+                    assert isinstance(ix, Var)  # tma_refusal: every index is a plain loop variable
+                    coords.append(self.batch_index[ix.name])
+            indices = (stage, zero, zero) if op.k_last else (stage, int32(block), zero, zero)
+            copies.append(TensorCopy(dst, indices, self.maps[op.role], tuple(coords), bar))
+        return copies
+
+    def ring_bytes(self) -> int:
+        """Bytes of one ring stage: the boxes of both operands' tiles."""
         t = self.t
-        ahead = kt + self.lookahead
-        issue, finish = self.load_stage(ahead % t.stages, ahead)
-        stage = kt % t.stages
+        return (self.maps["A"].bytes * (1 if self.c.a.k_last else t.bm // self.mn_box)
+                + self.maps["B"].bytes * (1 if self.c.b.k_last else t.bn // self.mn_box))
+
+    # step 3: what the rings need of the wgmma (ring.py) ---------------------------------------------
+    def ahead(self) -> int:
+        return self.lookahead
+
+    def in_flight(self) -> int:
+        return self.pending
+
+    def register_sets(self) -> int:
+        return 2 if self.x_registers else 1
+
+    def publish(self) -> list[Stmt]:
+        # cp.async and element stores are generic-proxy writes; wgmma reads via the async proxy
+        return [AsyncProxyFence()]
+
+    def drain(self) -> Stmt | None:
+        return WarpgroupWait(0, (self.frag_c,))
+
+    def compute_tile(self, stage: Expr, registers: int, pending: int) -> Stmt:
         return seq(
-            AsyncWait(max(self.lookahead - 1, 0)),  # tile kt has landed
-            AsyncProxyFence(),   # cp.async and element stores are generic-proxy writes; wgmma reads via the async proxy
-            Barrier(),           # every thread's tile kt is visible; every warpgroup waited for tile kt - 1 - P
-            IfThenElse(ahead < self.k_tiles, issue),
-            AsyncCommit(),
             self.load_x(stage, registers) if self.x_registers else None,
             WarpgroupFence(),    # orders the accumulator (and X) registers before the wgmmas
             self.compute_set(stage, registers),
             WarpgroupCommit(),
-            WarpgroupWait(self.pending),
-            IfThenElse(ahead < self.k_tiles, finish) if finish is not None else None,
-        )
+            WarpgroupWait(pending))
 
     # steps 4-5: wgmma straight from shared memory -----------------------------------------------
+
     def load_x(self, stage: Expr, registers: int) -> Stmt:
         """The k tile's X fragments (tf32, k outermost in shared) into register set `registers`:
         element e of k step s at the row's operand-'a' map, rows 64 · warpgroup + ..."""
@@ -421,7 +472,7 @@ class _WarpgroupEmitter(_Emitter):
         elements = lookup(self.row).operand("a").elements
 
         def k_step(s: Var) -> Stmt:
-            y = SharedMatrix(self.shared[self.y.role], self.operand_start(self.y, stage, _int(0), s),
+            y = SharedMatrix(self.shared[self.y.role], self.operand_start(self.y, stage, int32(0), s),
                              self.operand_descriptor(self.y))
             x: SharedMatrix | FragmentRef
             if self.x_registers:
@@ -429,28 +480,30 @@ class _WarpgroupEmitter(_Emitter):
             else:
                 x = SharedMatrix(self.shared[self.x.role], self.operand_start(self.x, stage, row0, s),
                                  self.operand_descriptor(self.x))
-            return WarpgroupMatrixMultiply(self.row, FragmentRef(self.frag_c, _int(0)), x, y, as_expr(True))
+            return WarpgroupMatrixMultiply(self.row, FragmentRef(self.frag_c, int32(0)), x, y, as_expr(True))
         return self.unrolled("k_step", self.t.bk // self.k_step, k_step)
 
     # step 6: the epilogue from the D fragment map -----------------------------------------------
-    def epilogue(self) -> Stmt:
-        thread = self.tx % WARPGROUP_SIZE
-        elements = int(lookup(self.row).operand("d").elements)
-        # Cᵀ's adjacent accumulator columns are adjacent rows of C: no pairs in the swapped form
-        paired = not self.swap and self.pairs_columns(WARPGROUP_SIZE, elements)
 
-        def element(e: Expr) -> Stmt:
-            r, col = self.c_map(thread, e)     # (row, column) in the block: warpgroup g has rows 64g..
-            row = self.warpgroup * 64 + r
-            if self.swap:  # the accumulator holds Cᵀ: its rows are C's columns
-                return self.output(col, row, self.frag_c[e])
-            if paired:
-                return self.output_pair(row, col, e)
-            return self.output(row, col, self.frag_c[e])
-        if paired:
-            return self.finish_output(self.unrolled("out_e", elements // 2, lambda p: element(p * 2)))
-        return self.finish_output(self.unrolled("out_e", elements, element))
+    # step 6: the accumulators by the D fragment map: warpgroup g has rows 64g.. (epilogue.py) -----
+    def accumulator_lane(self) -> Expr:
+        return self.tx % WARPGROUP_SIZE
+
+    def accumulator_lanes(self) -> int:
+        return WARPGROUP_SIZE
+
+    def accumulator_tiles(self) -> int | None:
+        return None
+
+    def tile_elements(self) -> int:
+        return int(lookup(self.row).operand("d").elements)
+
+    def accumulator_position(self, tile: Expr | None, r: Expr, col: Expr) -> tuple[Expr, Expr]:
+        return self.warpgroup * 64 + r, col
+
+    def transposed_output(self) -> bool:
+        return self.swap
 
 
-__all__ = ["BLOCK_N", "K_TILE", "TF32_K_TILE", "TF32_WGMMA", "swaps_operands", "PRODUCERS", "check_warpgroup_tiling", "checked_wgmma", "tensorize_wgmma_threads",
-           "wgmma_intrinsic"]
+__all__ = ["BLOCK_N", "K_TILE", "TF32_K_TILE", "TF32_WGMMA", "WgmmaKernel", "check_warpgroup_tiling", "checked_wgmma",
+           "k_major_views", "swaps_operands", "wgmma_intrinsic"]

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...ir.errors import RaceError, TeccError
-from ...ir.stmt import AsyncCommit, AsyncCopy, AsyncWait, Stmt
+from ...ir.stmt import AsyncCopy, Instruction
 from .banks import counting, record_access
 from .expr_compiler import Scope, compile_expr, compile_indices
 from .memory import SharedMemory, check_bounds, flat_index
@@ -67,12 +67,17 @@ def _active(st: LaneState) -> np.ndarray:
     return np.arange(st.layout.lanes) if st.mask is None else np.flatnonzero(st.mask)
 
 
-def compile_async_stmt(s: Stmt, scope: Scope) -> Runner:
-    if isinstance(s, AsyncCopy):
-        return _compile_copy(s, scope)
-    if isinstance(s, AsyncCommit):
-        return _commit
-    assert isinstance(s, AsyncWait)
+def compile_async_copy(s: AsyncCopy, scope: Scope) -> Runner:
+    return _compile_copy(s, scope)
+
+
+def compile_commit(s: Instruction, scope: Scope) -> Runner:
+    """cp.async.commit_group (a row of tecc.ir.instructions)."""
+    return _commit
+
+
+def compile_wait(s: Instruction, scope: Scope) -> Runner:
+    """cp.async.wait_group n (a row of tecc.ir.instructions)."""
     pending = s.pending
     return lambda st: _wait(st, pending)
 

@@ -6,8 +6,15 @@ is split into phases of at most 128 bytes (all 32 lanes for accesses up to 4 byt
 takes as many wavefronts as the largest number of *distinct* words any one bank must deliver
 (lanes reading the same word share it); every wavefront beyond the first is a conflict.
 
-Counted: ldmatrix reads (always), and plain loads and stores of shared buffers that have a
-layout (tecc.ir.layout), so a test can show what a swizzle buys.
+Counted: ldmatrix reads, cp.async copies, and plain loads and stores of every shared buffer
+(through its layout, tecc.ir.layout, where it has one), so a test can show what a swizzle or a
+padded row buys. A plain access is counted per element, except inside a `vectorize` loop of
+W iterations (`vector_group`): there the k-th access of every iteration is taken together, and
+when in every active lane iteration i's address is iteration 0's plus i elements, iteration 0's
+is a multiple of the W elements' bytes and those are 4, 8 or 16 bytes of elements of at most
+4 bytes, they count as the one wide access the CUDA emitter makes of them (codegen/vectorize.py:
+a 16-byte copy into a tile is an STS.128, served in quarter-warp phases). The emitter proves
+that alignment from the offsets; the emulator sees it in the addresses of the run.
 """
 
 from __future__ import annotations
@@ -71,6 +78,80 @@ class BankConflicts:
 
 
 _ACTIVE: list[BankConflicts] = []
+_GROUPS: list["_VectorGroup"] = []
+VECTOR_BYTES = (4, 8, 16)  # the wide accesses the emitter makes of a vectorize loop
+
+
+class _Lanes:
+    """What `BankConflicts.record` reads of a LaneState, kept as it was at one access."""
+
+    __slots__ = ("layout", "mask")
+
+    def __init__(self, st: LaneState) -> None:
+        self.layout = st.layout
+        self.mask = None if st.mask is None else st.mask.copy()
+
+
+class _VectorGroup:
+    """The plain shared accesses of one run of a `vectorize` loop, by iteration."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.iterations: list[list[tuple[_Lanes, str, np.ndarray, int]]] = []
+
+    def next_iteration(self) -> None:
+        self.iterations.append([])
+
+    def add(self, st: LaneState, buffer: str, byte_address: Any, width: int) -> None:
+        self.iterations[-1].append((_Lanes(st), buffer, np.broadcast_to(np.asarray(byte_address, dtype=np.int64),
+                                                                      (st.layout.lanes,)), width))
+
+    def flush(self) -> None:
+        """Record the group: each access site as one wide access where it is one, else per element."""
+        complete = len(self.iterations) == self.width and len({len(it) for it in self.iterations}) == 1
+        for site in range(len(self.iterations[0]) if complete else 0):
+            accesses = [it[site] for it in self.iterations]
+            wide = self._wide(accesses)
+            if wide is not None:
+                record_access(accesses[0][0], accesses[0][1], accesses[0][2], wide)  # type: ignore[arg-type]
+            else:
+                for lanes, buffer, address, width in accesses:
+                    record_access(lanes, buffer, address, width)  # type: ignore[arg-type]
+        if not complete:
+            for it in self.iterations:
+                for lanes, buffer, address, width in it:
+                    record_access(lanes, buffer, address, width)  # type: ignore[arg-type]
+
+    def _wide(self, accesses: list[tuple[_Lanes, str, np.ndarray, int]]) -> int | None:
+        lanes0, buffer, base, element = accesses[0]
+        wide = element * len(accesses)
+        if element > 4 or wide not in VECTOR_BYTES:
+            return None
+        active = np.ones(base.shape, dtype=bool) if lanes0.mask is None else lanes0.mask
+        for k, (lanes, name, address, size) in enumerate(accesses):
+            same_lanes = (lanes.mask is None and lanes0.mask is None) or (
+                lanes.mask is not None and lanes0.mask is not None and np.array_equal(lanes.mask, lanes0.mask))
+            if name != buffer or size != element or not same_lanes:
+                return None
+            if not np.array_equal(address[active], base[active] + k * element):
+                return None
+        return wide if not (base[active] % wide).any() else None
+
+
+@contextmanager
+def vector_group(width: int) -> Iterator[_VectorGroup | None]:
+    """Around the run of a `vectorize` loop of `width` iterations (None when nothing counts):
+    call `next_iteration()` before each iteration's body; the accesses are recorded at the end."""
+    if not _ACTIVE:
+        yield None
+        return
+    group = _VectorGroup(width)
+    _GROUPS.append(group)
+    try:
+        yield group
+    finally:
+        _GROUPS.remove(group)
+    group.flush()
 
 
 @contextmanager
@@ -94,6 +175,9 @@ def record_access(st: LaneState, buffer: str, byte_address: Any, width: int, lan
 
 
 def note_shared_access(st: LaneState, mem: Any, physical: Any) -> None:
-    """A plain load or store of a shared buffer with a layout (`physical`: element offsets)."""
+    """A plain load or store of a shared buffer (`physical`: element offsets through its layout)."""
     if _ACTIVE:
-        record_access(st, mem.name, np.asarray(physical) * mem.dtype.bytes, mem.dtype.bytes)
+        if _GROUPS and _GROUPS[-1].iterations:
+            _GROUPS[-1].add(st, mem.name, np.asarray(physical) * mem.dtype.bytes, mem.dtype.bytes)
+        else:
+            record_access(st, mem.name, np.asarray(physical) * mem.dtype.bytes, mem.dtype.bytes)

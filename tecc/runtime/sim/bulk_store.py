@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 from ...ir.errors import DivergenceError, RaceError, TeccError, UninitializedReadError
-from ...ir.stmt import NAMED_BARRIERS, BulkCommit, BulkWait, NamedBarrier, Stmt, TensorStore
+from ...ir.stmt import NAMED_BARRIERS, Instruction, TensorStore
 from .expr_compiler import Scope, compile_expr, compile_indices
 from .memory import NEVER_WRITTEN, SAME_VALUE_WRITERS, SharedMemory, check_bounds, flat_index
 from .memory_intrinsics import note_barrier
@@ -72,24 +72,33 @@ def _lanes(st: LaneState) -> np.ndarray:
     return np.arange(st.layout.lanes) if st.mask is None else np.flatnonzero(st.mask)
 
 
-def compile_bulk_stmt(s: Stmt, scope: Scope) -> Runner:
-    if isinstance(s, TensorStore):
-        return _compile_tensor_store(s, scope)
-    if isinstance(s, BulkCommit):
-        return _commit
-    if isinstance(s, BulkWait):
-        pending = s.pending
-        return lambda st: _wait(st, pending)
-    assert isinstance(s, NamedBarrier)
+def compile_tensor_store(s: TensorStore, scope: Scope) -> Runner:
+    return _compile_tensor_store(s, scope)
+
+
+# The rows of tecc.ir.instructions that run here.
+def compile_commit(s: Instruction, scope: Scope) -> Runner:
+    """cp.async.bulk.commit_group."""
+    return _commit
+
+
+def compile_wait(s: Instruction, scope: Scope) -> Runner:
+    """cp.async.bulk.wait_group.read n."""
+    pending = s.pending
+    return lambda st: _wait(st, pending)
+
+
+def compile_named_barrier(s: Instruction, scope: Scope) -> Runner:
+    """bar.sync id, threads."""
     return _named_barrier(s, scope)
 
 
 def _compile_tensor_store(s: TensorStore, scope: Scope) -> Runner:
     src_slot, dst_slot = scope.buffer_slot(s.src), scope.buffer_slot(s.map.buffer)
     fsrc, fcoords = compile_indices(s.src_indices, scope), compile_indices(s.coords, scope)
-    box = s.map.box
     n = s.bytes // s.src.dtype.bytes
-    steps = np.indices(box).reshape(len(box), -1)
+    # element k of the box comes from coords + box_coordinates(k) (the box's layout, row-major)
+    steps = [np.broadcast_to(c, (n,)) for c in s.map.box_coordinates(np.arange(n))]
     where = f"TMA store {s.src.name} -> {s.map.buffer.name}"
 
     def run(st: LaneState) -> None:
@@ -159,7 +168,7 @@ def _wait(st: LaneState, pending: int) -> None:
                 np.add.at(r.mem.bulk_reading, r.keys, -1)
 
 
-def _named_barrier(s: NamedBarrier, scope: Scope) -> Runner:
+def _named_barrier(s: Instruction, scope: Scope) -> Runner:
     fid = compile_expr(s.id, scope)
 
     def run(st: LaneState) -> None:

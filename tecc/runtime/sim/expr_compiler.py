@@ -16,23 +16,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ...ir import dtype as dt
-from ...ir.errors import DivergenceError, TeccError
-from ...ir.expr import (
-    MEMORY_INTRINSICS,
-    WARP_INTRINSICS,
-    Binary,
-    BufferLoad,
-    Call,
-    Cast,
-    Compare,
-    Const,
-    Expr,
-    Not,
-    Reduce,
-    Select,
-    TensorRead,
-    Var,
-)
+from ...ir.errors import DivergenceError, OutOfBoundsError, TeccError
+from ...ir.expr import (MEMORY_INTRINSICS, WARP_INTRINSICS, Binary, BufferLoad, Call, Cast, Compare, Const, Expr, Not,
+                        Reduce, Select, TensorRead, Var)
+from ...ir.philox import RandomUniform, uniform_from_index
+from ...ir.index_checks import IndexCheck
 from ...ir.stmt import Buffer
 from . import numerics as nm
 from .memory_intrinsics import atomic_add, run_fence
@@ -157,6 +145,8 @@ def compile_expr(e: Expr, scope: Scope) -> Closure:
         return lambda st: nm.to_dtype(fa(st), d)
     if isinstance(e, Select):
         return _compile_select(e, scope)
+    if isinstance(e, IndexCheck):
+        return _compile_index_check(e, scope)
     if isinstance(e, Call):
         if e.name in WARP_INTRINSICS:
             return _compile_shuffle(e, scope)
@@ -167,6 +157,8 @@ def compile_expr(e: Expr, scope: Scope) -> Closure:
         return lambda st: f(fa(st))
     if isinstance(e, BufferLoad):
         return _compile_load(e, scope)
+    if isinstance(e, RandomUniform):
+        return _compile_random(e, scope)
     if isinstance(e, (Reduce, TensorRead)):
         raise TeccError(
             f"kernel {scope.kernel}: {type(e).__name__} {e} reached the emulator; the loop IR it runs must "
@@ -293,6 +285,46 @@ def _compile_shuffle(e: Call, scope: Scope) -> Closure:
     return run
 
 
+def _compile_index_check(e: IndexCheck, scope: Scope) -> Closure:
+    """A data-dependent index check (tecc.ir.index_checks.IndexCheck): true when the value of every
+    active lane is in [0, extent); otherwise OutOfBoundsError naming the tensor, the dimension,
+    the index expression and the bad value, whatever TECC_SIM_CHECKS says (an out-of-range index
+    is an error of the program, not a check the emulator adds)."""
+    fv, fe = compile_expr(e.value, scope), compile_expr(e.extent, scope)
+
+    def run(st: LaneState) -> Any:
+        v, n = fv(st), int(fe(st))
+        if not isinstance(v, np.ndarray):
+            if 0 <= int(v) < n:
+                return True
+            raise _index_out_of_range(e, st, int(v), n, None)
+        bad = (v < 0) | (v >= n)
+        if st.mask is not None:
+            bad &= st.mask
+        if bad.any():
+            lane = int(np.argmax(bad))
+            raise _index_out_of_range(e, st, int(v[lane]), n, lane)
+        return True
+
+    return run
+
+
+def _index_out_of_range(e: IndexCheck, st: LaneState, value: int, extent: int, lane: int | None) -> OutOfBoundsError:
+    lay = st.layout
+    where = lay.where(lane) if lane is not None else "in every thread"
+    err = OutOfBoundsError(
+        f"out-of-range data-dependent index into {e.tensor} in kernel {st.kernel}: index {e.dim} of {e.tensor} is "
+        f"{e.value} = {value}, outside [0, {extent}) (dimension {e.dim} of {e.tensor} has size {extent}), at "
+        f"{where}; tecc does not wrap negative indices: fix the indices (or wrap them first, as torch does)")
+    err.tensor = e.tensor  # type: ignore[attr-defined]
+    err.dimension = e.dim  # type: ignore[attr-defined]
+    err.value = value  # type: ignore[attr-defined]
+    if lane is not None:
+        err.block = lay.block_of(lane)  # type: ignore[attr-defined]
+        err.thread = lay.thread_of(lane)  # type: ignore[attr-defined]
+    return err
+
+
 def _compile_memory_intrinsic(e: Call, scope: Scope) -> Closure:
     """The closure of atomic_add, load_cg or thread_fence (their semantics: memory_intrinsics.py)."""
     if e.name == "thread_fence":
@@ -310,6 +342,22 @@ def _compile_memory_intrinsic(e: Call, scope: Scope) -> Closure:
 
     def run(st: LaneState) -> Any:
         return atomic_add(st, st.mems[slot], fidx(st), fval(st), dims)
+
+    return run
+
+
+def _compile_random(e: RandomUniform, scope: Scope) -> Closure:
+    """tc.rand: the NumPy Philox4x32-10 of tecc/ir/philox.py over the lanes, bit for bit what
+    the CUDA helpers compute. Operands are int64 (a uniform Python int wider than that, from
+    index math the emulator does not wrap, is taken modulo 2^64 as the GPU would)."""
+    fs, fo, fn = (compile_expr(x, scope) for x in (e.seed, e.offset, e.index))
+
+    def int64(v: Any) -> Any:
+        return v if isinstance(v, np.ndarray) else dt.wrap_int(int(v), dt.int64)
+
+    def run(st: LaneState) -> Any:
+        out = uniform_from_index(int64(fs(st)), int64(fo(st)), int64(fn(st)))
+        return out if out.ndim else np.float32(out)
 
     return run
 

@@ -37,17 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...ir.errors import DeadlockError, OutOfBoundsError, RaceError, TeccError
-from ...ir.stmt import (
-    BarrierArrive,
-    BarrierExpectTx,
-    BarrierInit,
-    BarrierRef,
-    BarrierWait,
-    BulkCopy,
-    Stmt,
-    TensorCopy,
-    iter_stmts,
-)
+from ...ir.stmt import BarrierArrive, BarrierExpectTx, BarrierRef, BulkCopy, Instruction, Stmt, TensorCopy, iter_stmts
 from .expr_compiler import Scope, compile_expr, compile_indices
 from .memory import NOT_THIS_EPOCH, SharedMemory, check_bounds, flat_index
 from .state import LaneState
@@ -137,46 +127,59 @@ def _maybe_complete(bar: _Barrier) -> None:
         bar.missing = bar.count
 
 
-def compile_mbarrier_stmt(s: Stmt, scope: Scope) -> Runner:
+def compile_copy(s: BulkCopy | TensorCopy, scope: Scope) -> Runner:
+    """A bulk copy or a TMA tile copy, landing at the wait on its barrier."""
     if isinstance(s, BulkCopy):
         return _compile_bulk_copy(s, scope)
-    if isinstance(s, TensorCopy):
-        return _compile_tensor_copy(s, scope)
-    assert isinstance(s, (BarrierInit, BarrierArrive, BarrierExpectTx, BarrierWait))
+    return _compile_tensor_copy(s, scope)
+
+
+# The mbarrier rows of tecc.ir.instructions.
+def compile_init(s: Instruction, scope: Scope) -> Runner:
+    """mbarrier.init: per active lane; lanes initializing one barrier must agree on the count."""
     ref = _Ref(s.bar, scope)
-    if isinstance(s, BarrierInit):
-        fcount = compile_expr(s.count, scope)
+    fcount = compile_expr(s.count, scope)
 
-        def init(st: LaneState) -> None:
-            lanes = _lanes(st)
-            mem, keys = ref.keys(st, lanes)
-            counts = np.broadcast_to(np.asarray(fcount(st)), (st.layout.lanes,))[lanes]
-            for key in np.unique(keys):
-                values = np.unique(counts[keys == key])
-                if values.size > 1:
-                    raise TeccError(f"mbarrier.init in kernel {st.kernel}: threads initialize barrier {s.bar} with "
-                                    f"different counts {values.tolist()}")
-                _state(st).barriers[(id(mem), int(key))] = _Barrier(int(values[0]), int(values[0]))
+    def init(st: LaneState) -> None:
+        lanes = _lanes(st)
+        mem, keys = ref.keys(st, lanes)
+        counts = np.broadcast_to(np.asarray(fcount(st)), (st.layout.lanes,))[lanes]
+        for key in np.unique(keys):
+            values = np.unique(counts[keys == key])
+            if values.size > 1:
+                raise TeccError(f"mbarrier.init in kernel {st.kernel}: threads initialize barrier {s.bar} with "
+                                f"different counts {values.tolist()}")
+            _state(st).barriers[(id(mem), int(key))] = _Barrier(int(values[0]), int(values[0]))
 
-        return init
-    if isinstance(s, (BarrierArrive, BarrierExpectTx)):
-        fbytes = compile_expr(s.bytes, scope) if isinstance(s, BarrierExpectTx) else None
-        what = "mbarrier.arrive" + (".expect_tx" if fbytes is not None else "") + f" on {s.bar}"
+    return init
 
-        def arrive(st: LaneState) -> None:
-            lanes = _lanes(st)
-            mem, keys = ref.keys(st, lanes)
-            nbytes = np.zeros(lanes.size, dtype=np.int64) if fbytes is None else \
-                np.broadcast_to(np.asarray(fbytes(st)), (st.layout.lanes,))[lanes]
-            uniq, counts = np.unique(keys, return_counts=True)
-            _state(st).events += 1
-            for key, arrivals in zip(uniq, counts):
-                bar = ref.get(st, mem, int(key), what)
-                if _arrive(bar, int(arrivals), int(nbytes[keys == key].sum())):
-                    raise TeccError(f"{what} in kernel {st.kernel}: more arrivals than mbarrier.init's count "
-                                    f"({bar.count}) while the phase still waits for {bar.tx} transaction bytes")
 
-        return arrive
+def compile_arrive(s: Instruction, scope: Scope) -> Runner:
+    """mbarrier.arrive and mbarrier.arrive.expect_tx: one arrival per active lane, after adding
+    the bytes the phase now also waits for."""
+    ref = _Ref(s.bar, scope)
+    fbytes = compile_expr(s.bytes, scope) if s.name == "mbarrier.arrive.expect_tx" else None
+    what = "mbarrier.arrive" + (".expect_tx" if fbytes is not None else "") + f" on {s.bar}"
+
+    def arrive(st: LaneState) -> None:
+        lanes = _lanes(st)
+        mem, keys = ref.keys(st, lanes)
+        nbytes = np.zeros(lanes.size, dtype=np.int64) if fbytes is None else \
+            np.broadcast_to(np.asarray(fbytes(st)), (st.layout.lanes,))[lanes]
+        uniq, counts = np.unique(keys, return_counts=True)
+        _state(st).events += 1
+        for key, arrivals in zip(uniq, counts):
+            bar = ref.get(st, mem, int(key), what)
+            if _arrive(bar, int(arrivals), int(nbytes[keys == key].sum())):
+                raise TeccError(f"{what} in kernel {st.kernel}: more arrivals than mbarrier.init's count "
+                                f"({bar.count}) while the phase still waits for {bar.tx} transaction bytes")
+
+    return arrive
+
+
+def compile_wait(s: Instruction, scope: Scope) -> Runner:
+    """mbarrier.try_wait.parity: lands the bulk copies of the barrier, then needs the phase."""
+    ref = _Ref(s.bar, scope)
     fparity = compile_expr(s.parity, scope)
     bar_text = str(s.bar)
     never_arrived = id(s.bar.buffer) not in scope.arrived_barriers
@@ -330,10 +333,9 @@ def _compile_tensor_copy(s: TensorCopy, scope: Scope) -> Runner:
     ref = _Ref(s.bar, scope)
     dst_slot, src_slot = scope.buffer_slot(s.dst), scope.buffer_slot(s.map.buffer)
     fdst, fcoords = compile_indices(s.dst_indices, scope), compile_indices(s.coords, scope)
-    box = s.map.box
     n = s.bytes // s.dst.dtype.bytes
-    # the box's element offsets along each dimension, as an open grid (row-major order)
-    steps = np.indices(box).reshape(len(box), -1)
+    # element k of the box comes from coords + box_coordinates(k) (the box's layout, row-major)
+    steps = [np.broadcast_to(c, (n,)) for c in s.map.box_coordinates(np.arange(n))]
     where = f"TMA copy {s.map.buffer.name} -> {s.dst.name}"
 
     def run(st: LaneState) -> None:

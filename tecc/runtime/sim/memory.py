@@ -26,7 +26,7 @@ import numpy as np
 
 from ...ir.dtype import DType
 from ...ir.errors import RaceError
-from ...ir.layout import Layout
+from ...ir.layout import Swizzle
 from .banks import note_shared_access
 from .numerics import poison
 from .state import LaneState, async_race, bulk_store_race, out_of_bounds, race, uninitialized, wgmma_operand_race
@@ -138,7 +138,7 @@ class SharedMemory:
     LOG_LIMIT = 1 << 22  # pending read entries before the log is folded anyway (bounds memory)
 
     def __init__(self, st: LaneState, name: str, dtype: DType, shape: tuple[int, ...],
-                 strides: tuple[int, ...], layout: Layout | None = None) -> None:
+                 strides: tuple[int, ...], layout: Swizzle | None = None) -> None:
         self.name, self.dtype, self.shape, self.strides = name, dtype, shape, strides
         self.layout = layout  # logical -> physical element offset (tecc.ir.layout); None: identity
         # per element: cp.async copies in flight to it (async_copy.py); None until one is issued
@@ -174,8 +174,7 @@ class SharedMemory:
         if st.checks:
             check_bounds(st, "load", "shared", self.name, self.shape, idx, dims)
         key = self._keys(idx)
-        if self.layout is not None:
-            note_shared_access(st, self, key - self.base)
+        note_shared_access(st, self, key - self.base)
         if st.checks:
             self._track_read(st, idx, key)
         return self.data.take(key, mode="clip")
@@ -221,8 +220,7 @@ class SharedMemory:
             check_bounds(st, "store", "shared", self.name, self.shape, idx, dims)
         key = self._keys(idx)
         self.unfenced = True
-        if self.layout is not None:
-            note_shared_access(st, self, key - self.base)
+        note_shared_access(st, self, key - self.base)
         lanes = st.active_lanes()
         k = key if lanes is None else key[lanes]
         if isinstance(value, np.ndarray) and lanes is not None:

@@ -16,8 +16,9 @@ other block of its group got a smaller value, so its atomic came earlier: in an 
 lower lane (and its partial stores are statements before that one, so they finished in every
 lane of the chunk). Either way its partials are in memory when the last block reads them.
 
-**The check** (checks=True, kernels that hold an atomic_add) follows the PTX memory model's
-release pattern: a store is published before an atomic by a fence after it, either of its own
+**The check** (checks=True, kernels that hold an atomic_add; only an integer atomic is checked:
+a float atomic_add accumulates and announces nothing, so a store before it needs no fence)
+follows the PTX memory model's release pattern: a store is published before an atomic by a fence after it, either of its own
 thread or, through a barrier, of any thread of its block (fences are cumulative). Per lane:
 CLEAN, STORED (a global store that nothing orders yet), SYNCED (stored, then a barrier of its
 block: ordered before what the block does next, not yet released) or FENCED (stored, then its
@@ -75,23 +76,33 @@ def uses_atomics(body: Stmt) -> bool:
 def atomic_add(st: LaneState, mem: GlobalMemory, idx: tuple[Any, ...], value: Any, dims: Any) -> np.ndarray:
     if st.checks:
         check_bounds(st, "atomic add", "global", mem.name, mem.shape, idx, dims)
-        _check_published(st)
+        if mem.flat.dtype.kind not in "f":   # a float accumulation announces nothing (MEMORY_INTRINSICS)
+            _check_published(st)
     lanes = st.layout.lanes
     where = np.broadcast_to(np.asarray(flat_index(idx, mem.strides, mem.wide) + mem.origin), (lanes,))
-    add = np.broadcast_to(np.asarray(value, dtype=np.int64), (lanes,))
+    kind = mem.flat.dtype
+    wide = np.int64 if kind.kind in "iu" else np.float64
+    add = np.broadcast_to(np.asarray(value).astype(kind, copy=False), (lanes,))
     active = np.arange(lanes) if st.mask is None else np.flatnonzero(st.mask)
     order = active[np.argsort(where[active], kind="stable")]  # by element, lane order within
     f = np.clip(where[order], 0, mem.last)
     v = add[order]
-    earlier = np.cumsum(v) - v  # the additions of the lanes before, over all elements
+    # the value each lane gets back: the element plus the additions of the lanes before it on the
+    # same element (exact for integers, which wrap below; computed in float64 for floats, where
+    # the value returned is then within the rounding of the additions before it)
+    earlier = np.cumsum(v.astype(wide)) - v.astype(wide)  # the additions of the lanes before, over all elements
     if f.size:
         first = np.flatnonzero(np.r_[True, f[1:] != f[:-1]])  # where each element's run starts
         runs = np.diff(np.r_[first, f.size])
         earlier = earlier - np.repeat(earlier[first], runs)  # ... on the same element only
-    old = np.zeros(lanes, dtype=np.int64)
-    old[order] = mem.flat[f].astype(np.int64) + earlier
-    np.add.at(mem.flat, f, v.astype(mem.flat.dtype))  # int32 wraps, as on the GPU
-    return old.astype(np.int32)
+    old = np.zeros(lanes, dtype=wide)
+    old[order] = mem.flat[f].astype(wide) + earlier
+    # one addition at a time, in lane order, each rounded to the element's dtype (ufunc.at is
+    # unbuffered): float atomics round every addition as the GPU does, in one of its legal orders;
+    # integers wrap, as on the GPU
+    np.add.at(mem.flat, f, v)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return old.astype(kind)
 
 
 def run_fence(st: LaneState) -> int:

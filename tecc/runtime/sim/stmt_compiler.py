@@ -9,7 +9,9 @@ The meaning of each statement under the emulator (see docs/emulator.md):
   lane-dependent bounds iterate from the smallest start to the largest end under a mask.
 - `IfThenElse` with a lane-dependent condition narrows the mask for each branch.
 - `MatrixMultiply` / `MatrixLoad` run warp by warp through their intrinsic-table row (matrix.py);
-  `AsyncCopy` / `AsyncCommit` / `AsyncWait` land copies at the wait (async_copy.py).
+  `AsyncCopy` copies land at the cp.async wait that covers them (async_copy.py).
+- An `Instruction` (fences, commit / wait groups, mbarrier operations, bar.sync, setmaxnreg)
+  runs the semantics its row has in instructions.py.
 - The warpgroup statements (wgmma, its fences) run per warpgroup, their results landing at the
   wgmma.wait_group (warpgroup.py); mbarriers count phases and land bulk copies at the wait on
   their barrier (mbarrier.py).
@@ -28,41 +30,30 @@ from ...ir.expr import const_int
 from ...ir.stmt import (
     THREAD_KINDS,
     Allocate,
-    AsyncCommit,
     AsyncCopy,
-    AsyncWait,
     Barrier,
     BufferStore,
+    BulkCopy,
     Evaluate,
     For,
     IfThenElse,
+    Instruction,
     LetStmt,
     MatrixLoad,
     MatrixMultiply,
     Seq,
     Stmt,
-    AsyncProxyFence,
-    BarrierArrive,
-    BarrierExpectTx,
-    BarrierInit,
-    BarrierWait,
-    BulkCopy,
-    WarpgroupCommit,
-    WarpgroupFence,
-    WarpgroupMatrixMultiply,
-    WarpgroupWait,
-    SetMaxRegisters,
     TensorCopy,
     TensorStore,
-    BulkCommit,
-    BulkWait,
-    NamedBarrier,
+    WarpgroupMatrixMultiply,
 )
-from .async_copy import compile_async_stmt
-from .mbarrier import barrier_events, compile_mbarrier_stmt
+from .async_copy import compile_async_copy
+from .banks import vector_group
+from .instructions import compile_instruction
+from .mbarrier import barrier_events, compile_copy
 from .roles import has_waits, run_roles
-from .warpgroup import compile_warpgroup_stmt
-from .bulk_store import compile_bulk_stmt
+from .warpgroup import compile_wgmma
+from .bulk_store import compile_tensor_store
 from .expr_compiler import Scope, compile_expr, compile_indices
 from .memory import LocalMemory, SharedMemory, row_major
 from .memory_intrinsics import note_barrier, note_global_store
@@ -96,15 +87,16 @@ def compile_stmt(s: Stmt, scope: Scope) -> Runner:
         return compile_matrix_multiply(s, scope)
     if isinstance(s, MatrixLoad):
         return compile_matrix_load(s, scope)
-    if isinstance(s, (AsyncCopy, AsyncCommit, AsyncWait)):
-        return compile_async_stmt(s, scope)
-    if isinstance(s, (WarpgroupMatrixMultiply, WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence,
-                      SetMaxRegisters)):
-        return compile_warpgroup_stmt(s, scope)
-    if isinstance(s, (BarrierInit, BarrierArrive, BarrierExpectTx, BarrierWait, BulkCopy, TensorCopy)):
-        return compile_mbarrier_stmt(s, scope)
-    if isinstance(s, (TensorStore, BulkCommit, BulkWait, NamedBarrier)):
-        return compile_bulk_stmt(s, scope)
+    if isinstance(s, Instruction):
+        return compile_instruction(s, scope)
+    if isinstance(s, AsyncCopy):
+        return compile_async_copy(s, scope)
+    if isinstance(s, WarpgroupMatrixMultiply):
+        return compile_wgmma(s, scope)
+    if isinstance(s, (BulkCopy, TensorCopy)):
+        return compile_copy(s, scope)
+    if isinstance(s, TensorStore):
+        return compile_tensor_store(s, scope)
     raise TeccError(f"kernel {scope.kernel}: the emulator has no rule for the statement {type(s).__name__}")
 
 
@@ -169,6 +161,8 @@ def _compile_serial_loop(s: For, scope: Scope) -> Runner:
     rng = (lo_c, lo_c + ext_c - 1) if lo_c is not None and ext_c is not None and ext_c > 0 else None
     slot, body = _with_range(scope, s, rng)
     fmin, fext = compile_expr(s.min, scope), compile_expr(s.extent, scope)
+    if s.kind == "vectorize" and rng is not None:
+        return _vector_loop(slot, body, int(lo_c), int(ext_c))  # type: ignore[arg-type]
 
     def run(st: LaneState) -> None:
         lo, n = fmin(st), fext(st)
@@ -181,6 +175,26 @@ def _compile_serial_loop(s: For, scope: Scope) -> Runner:
                     body(st)
             else:
                 _run_divergent_loop(st, slot, body, lo, n)
+        finally:
+            st.vals[slot] = saved
+
+    return run
+
+
+def _vector_loop(slot: int, body: Runner, lo: int, n: int) -> Runner:
+    """A `vectorize` loop with constant bounds: its iterations in order, and, while bank
+    conflicts are counted, its shared accesses grouped into the wide accesses the emitter
+    makes of them (banks.vector_group)."""
+
+    def run(st: LaneState) -> None:
+        saved = st.vals[slot]
+        try:
+            with vector_group(n) as group:
+                for i in range(lo, lo + n):
+                    if group is not None:
+                        group.next_iteration()
+                    st.vals[slot] = i
+                    body(st)
         finally:
             st.vals[slot] = saved
 

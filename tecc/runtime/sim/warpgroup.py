@@ -43,17 +43,7 @@ import numpy as np
 
 from ...ir.errors import DivergenceError, OutOfBoundsError, RaceError, TeccError, UninitializedReadError
 from ...ir.intrinsics import WARPGROUP_SIZE, FragmentOperand
-from ...ir.stmt import (
-    AsyncProxyFence,
-    FragmentRef,
-    SetMaxRegisters,
-    SharedMatrix,
-    Stmt,
-    WarpgroupCommit,
-    WarpgroupFence,
-    WarpgroupMatrixMultiply,
-    WarpgroupWait,
-)
+from ...ir.stmt import FragmentRef, Instruction, SharedMatrix, WarpgroupMatrixMultiply
 from .expr_compiler import Scope, compile_expr
 from .matrix import round_to_tf32, truncate_to_tf32
 from .memory import NEVER_WRITTEN, SAME_VALUE_WRITERS, LocalMemory, SharedMemory
@@ -139,7 +129,8 @@ class _Operand:
         self.slot = scope.buffer_slot(ref.buffer)
         self.start = compile_expr(ref.start, scope)
         r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
-        self.canonical = ref.descriptor.canonical(r, c)  # (rows, cols)
+        # the descriptor's tile layout, (row, col) -> offset from the start before the swizzle
+        self.canonical = np.broadcast_to(ref.descriptor.tile(rows, cols)(r, c), (rows, cols))
 
     def read(self, st: LaneState, groups: np.ndarray, what: str,
              operands: list[tuple[SharedMemory, np.ndarray]]) -> np.ndarray:
@@ -209,24 +200,39 @@ class _RegisterOperand:
         return tile
 
 
-def compile_warpgroup_stmt(s: Stmt, scope: Scope) -> Runner:
-    if isinstance(s, WarpgroupMatrixMultiply):
-        return _compile_wgmma(s, scope)
-    if isinstance(s, WarpgroupFence):
-        return _fence
-    if isinstance(s, WarpgroupCommit):
-        return _commit
-    if isinstance(s, WarpgroupWait):
-        pending = s.pending
-        return lambda st: _wait(st, pending)
-    if isinstance(s, SetMaxRegisters):
-        what = f"setmaxnreg.{'inc' if s.increase else 'dec'} {s.count}"
+def compile_wgmma(s: WarpgroupMatrixMultiply, scope: Scope) -> Runner:
+    return _compile_wgmma(s, scope)
 
-        def set_max_registers(st: LaneState) -> None:
-            check_whole_warpgroups(st, what)  # values do not change; the warpgroup acts together
 
-        return set_max_registers
-    assert isinstance(s, AsyncProxyFence)
+# The rows of tecc.ir.instructions that run here.
+def compile_fence(s: Instruction, scope: Scope) -> Runner:
+    """wgmma.fence."""
+    return _fence
+
+
+def compile_commit(s: Instruction, scope: Scope) -> Runner:
+    """wgmma.commit_group."""
+    return _commit
+
+
+def compile_wait(s: Instruction, scope: Scope) -> Runner:
+    """wgmma.wait_group n."""
+    pending = s.pending
+    return lambda st: _wait(st, pending)
+
+
+def compile_set_max_registers(s: Instruction, scope: Scope) -> Runner:
+    """setmaxnreg: no value changes; the warpgroup acts together."""
+    what = f"setmaxnreg.{'inc' if s.increase else 'dec'} {s.count}"
+
+    def set_max_registers(st: LaneState) -> None:
+        check_whole_warpgroups(st, what)
+
+    return set_max_registers
+
+
+def compile_proxy_fence(s: Instruction, scope: Scope) -> Runner:
+    """fence.proxy.async."""
     return _proxy_fence
 
 

@@ -1,0 +1,225 @@
+"""The backward of attention: tc.grad of the program users write vs SDPA's backward (flash and
+cuDNN backends) in the same process (docs/training.md, "The backward of attention").
+
+    python benchmarks/attention_backward.py [--quick] [--dtype float16|bfloat16] [--gqa-only]
+                                            [--seqs 1024 8192] [--dims 64] [--tiling KEYS ROWS DQ] [--dq-kernel]
+                                            [--step '{"key_tile": 128, "rows": 64, "wgmma": true}'] [--out DIR]
+
+Each row builds the forward tc.grad asks for (`g.forward`: O and its log-sum-exp, one kernel) and
+the backward (`g.args`: the pre-pass, the key-block-major kernel with dQ by float32 atomics, dQ's
+conversion), with B and S symbolic so that each (d, causal, groups) compiles once; runs them on
+fresh random inputs, checks dQ, dK, dV against a float64 SDPA backward on the first query heads
+(|err| / (1 + |want|)), and times the backward with CUDA events (median) against SDPA's flash and
+cuDNN backward (`out.backward(dO, retain_graph=True)` after a forward under that backend; grouped
+K/V heads with enable_gqa where the backend takes it, else expanded, which the row says). TFLOP/s
+counts 2.5x the forward's FLOPs (4·B·H·S²·d, halved when causal), as FlashAttention's benchmarks;
+`ratio` is the fastest SDPA backend's time over tecc's (> 1: tecc faster). B = 16384 / S and
+H = 2048 / d (d = 128, GQA: 32 query heads over 8 K/V heads). About 3-4 minutes on an H200
+(`--quick`: S in {1k, 4k}, d = 64, no GQA). `--dq-kernel`: the planned tiling with dQ by the
+query-major kernel instead of float32 atomics (the plan's other form). `--step JSON`: time
+exactly this online_backward_mma step (any form: `"wgmma": true` for the Hopper kernels, `"dq":
+"kernel"` with `"dq_rows"`, `"dq_key_tile"`), e.g. the d = 128 Hopper form the planner passes over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.gemm import time_call  # noqa: E402
+
+_PROGRAMS: dict[tuple[Any, ...], Any] = {}
+
+
+def attention_grad(h: int, d: int, dtype: str, causal: bool, groups: int) -> Any:
+    """tc.grad of attention (B and S symbolic) over Q, K, V: (gradients, forward kernel, backward
+    kernel), built once per configuration."""
+    import tecc as tc
+
+    key = (h, d, dtype, causal, groups)
+    if key in _PROGRAMS:
+        return _PROGRAMS[key]
+    B, S = tc.var("B"), tc.var("S")
+    Q = tc.placeholder((B, h, S, d), dtype, name="Q")
+    K = tc.placeholder((B, h // groups, S, d), dtype, name="K")
+    V = tc.placeholder((B, h // groups, S, d), dtype, name="V")
+    r = tc.reduce_axis(d, name="d")
+    j1, j2, j3 = (tc.reduce_axis(S, name=n) for n in ("j1", "j2", "j3"))
+    scale = 1.0 / math.sqrt(d)
+
+    def score(b: Any, hh: Any, i: Any, j: Any) -> Any:
+        x = tc.sum(tc.cast(Q[b, hh, i, r], "float32") * tc.cast(K[b, hh // groups, j, r], "float32"), axis=r) * scale
+        return tc.where(j <= i, x, -math.inf) if causal else x
+
+    Sc = tc.compute((B, h, S, S), score, name="S")
+    m = tc.compute((B, h, S), lambda b, hh, i: tc.max(Sc[b, hh, i, j1], axis=j1), name="m")
+    e = tc.compute((B, h, S, S), lambda b, hh, i, j: tc.exp(Sc[b, hh, i, j] - m[b, hh, i]), name="e")
+    l = tc.compute((B, h, S), lambda b, hh, i: tc.sum(e[b, hh, i, j2], axis=j2), name="l")
+    O = tc.compute((B, h, S, d), lambda b, hh, i, c: tc.cast(
+        tc.sum(e[b, hh, i, j3] * tc.cast(V[b, hh // groups, j3, c], "float32"), axis=j3) / l[b, hh, i], dtype),
+        name="O")
+    g = tc.grad(O, [Q, K, V])
+    t0 = time.perf_counter()
+    fwd = tc.build(list(g.forward))
+    bwd = tc.build(g.args)
+    _PROGRAMS[key] = (g, fwd, bwd, time.perf_counter() - t0)
+    return _PROGRAMS[key]
+
+
+def sdpa_backward_times(q: Any, k: Any, v: Any, do: Any, causal: bool, reps: int) -> dict[str, float]:
+    """Each SDPA backend's backward time: a forward under the backend with grad, then
+    `out.backward(do, retain_graph=True)` timed (grouped K/V with enable_gqa where taken, else
+    expanded to the query heads: then autograd also sums dK, dV over the groups)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    out = {}
+    groups = q.shape[1] // k.shape[1]
+    qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        tries = [{"enable_gqa": True}, {}] if groups > 1 else [{}]
+        for kw in tries:
+            try:
+                with sdpa_kernel([backend]):
+                    if kw or groups == 1:
+                        o = sdpa(qq, kk, vv, is_causal=causal, **kw)
+                    else:
+                        o = sdpa(qq, kk.repeat_interleave(groups, 1), vv.repeat_interleave(groups, 1), is_causal=causal)
+                    o.backward(do, retain_graph=True)
+                    torch.cuda.synchronize()
+                    out[name] = time_call(lambda: o.backward(do, retain_graph=True), reps)
+                if groups > 1 and not kw:
+                    print(f"  SDPA {name}: K/V expanded to {q.shape[1]} heads (no enable_gqa)", flush=True)
+                break
+            except Exception as exc:  # noqa: BLE001 - a backend torch does not offer for this shape
+                print(f"  SDPA {name} backward unavailable{' with enable_gqa' if kw else ''}: {type(exc).__name__}: "
+                      f"{str(exc)[:120]}", flush=True)
+        for t in (qq, kk, vv):
+            t.grad = None
+    return out
+
+
+def reference_error(q: Any, k: Any, v: Any, do: Any, grads: list[Any], causal: bool, groups: int) -> float:
+    """max |tecc - float64| / (1 + |float64|) of dQ, dK, dV over batch 0, query heads 0 .. groups - 1
+    (K/V head 0 and every query head that reads it)."""
+    import torch
+
+    qq = q[:1, :groups].double().requires_grad_()
+    kk, vv = (t[:1, :1].double().requires_grad_() for t in (k, v))
+    o = torch.nn.functional.scaled_dot_product_attention(qq, kk.repeat_interleave(groups, 1),
+                                                         vv.repeat_interleave(groups, 1), is_causal=causal)
+    o.backward(do[:1, :groups].double())
+    got = (grads[0][:1, :groups], grads[1][:1, :1], grads[2][:1, :1])
+    return max(float(((g.double() - w.grad).abs() / (1 + w.grad.abs())).max()) for g, w in zip(got, (qq, kk, vv)))
+
+
+def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int, tiling: tuple[int, ...] | None,
+              dq_kernel: bool = False, step: dict[str, Any] | None = None) -> dict[str, Any]:
+    import torch
+
+    import tecc as tc
+    from tecc.compiler.plan import Plan, Step
+
+    b, h = max(1, 16384 // s), (2048 // d if groups == 1 else 32)
+    g, fwd, bwd, build_s = attention_grad(h, d, dtype, causal, groups)
+    if (tiling or dq_kernel) and bwd.plan.strategy == "online_backward_mma":
+        args = dict(bwd.plan.steps[0].args)
+        if tiling:
+            args.update(key_tile=tiling[0], rows=tiling[1], dq_columns=tiling[2])
+        if dq_kernel:
+            args = {"key_tile": args["key_tile"], "rows": args["rows"], "dq": "kernel", "dq_rows": 64, "dq_key_tile": 64}
+        bwd = tc.build(g.args, plan=Plan((Step("online_backward_mma", args),), "given", ""))
+    if step:
+        bwd = tc.build(g.args, plan=Plan((Step("online_backward_mma", step),), "given", ""))
+    tdt = getattr(torch, dtype)
+    q = torch.randn(b, h, s, d, device="cuda", dtype=tdt)
+    k, v = (torch.randn(b, h // groups, s, d, device="cuda", dtype=tdt) for _ in range(2))
+    o = torch.full((b, h, s, d), float("nan"), device="cuda", dtype=tdt)
+    lse = torch.full((b, h, s), float("nan"), device="cuda", dtype=torch.float32)
+    fwd(q, k, v, o, lse)
+    do = torch.randn(b, h, s, d, device="cuda", dtype=tdt)
+    grads = [torch.full(t.shape, float("nan"), device="cuda", dtype=tdt) for t in (q, k, v)]
+    bwd(q, k, v, o, lse, do, *grads)
+    torch.cuda.synchronize()
+    err = reference_error(q, k, v, do, grads, causal, groups)
+    flops = 2.5 * 4.0 * b * h * s * s * d / (2 if causal else 1)
+    reps = max(5, min(30, int(1e13 / flops)))
+    t_tecc = time_call(lambda: bwd(q, k, v, o, lse, do, *grads), reps)
+    t_fwd = time_call(lambda: fwd(q, k, v, o, lse), reps)
+    refs = sdpa_backward_times(q, k, v, do, causal, reps)
+    best = min(refs.values()) if refs else float("nan")
+    plan = bwd.plan.steps[0].args if bwd.plan.steps else {}
+    return {"S": s, "d": d, "B": b, "H": h, "H_kv": h // groups, "dtype": dtype, "causal": causal, "rel_err": err,
+            "tecc_us": t_tecc * 1e6, "tecc_tflops": flops / t_tecc / 1e12, "tecc_forward_us": t_fwd * 1e6,
+            **{f"sdpa_{n}_us": t * 1e6 for n, t in refs.items()}, "ratio": best / t_tecc,
+            "kernels": len(bwd.module.kernels), "plan": f"{bwd.plan.strategy} {dict(plan)}", "build_s": build_s}
+
+
+def main() -> None:
+    import torch
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="S in {1k, 4k}, d = 64, no grouped heads")
+    ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    ap.add_argument("--seqs", type=int, nargs="+", default=None, help="sequence lengths (default 1k 2k 4k 8k)")
+    ap.add_argument("--dims", type=int, nargs="+", default=None, help="head dims (default 64 128)")
+    ap.add_argument("--gqa-only", action="store_true", help="only the grouped-heads rows (32 over 8 heads, d = 128)")
+    ap.add_argument("--tiling", type=int, nargs=3, default=None, metavar=("KEYS", "ROWS", "DQ"),
+                    help="time this online_backward_mma tiling instead of the planned one")
+    ap.add_argument("--dq-kernel", action="store_true",
+                    help="dQ by the query-major kernel (64 rows over key blocks of 64) instead of float32 atomics")
+    ap.add_argument("--step", type=json.loads, default=None, metavar="JSON",
+                    help="the online_backward_mma step's arguments to time instead of the plan")
+    ap.add_argument("--out", default=None)
+    opts = ap.parse_args()
+    seqs = tuple(opts.seqs) if opts.seqs else ((1024, 4096) if opts.quick else (1024, 2048, 4096, 8192))
+    dims = tuple(opts.dims) if opts.dims else ((64,) if opts.quick else (64, 128))
+    configs = [] if opts.gqa_only else [(d, s, 1) for d in dims for s in seqs]
+    if not opts.quick:
+        configs += [(128, s, 4) for s in (1024, 4096, 8192)]
+    print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  dtype {opts.dtype}", flush=True)
+    print(f"{'S':>6} {'d':>4} {'B':>3} {'H':>6} {'causal':>6} {'tecc us':>10} {'TF/s':>6} {'flash us':>9} "
+          f"{'cudnn us':>9} {'ratio':>6} {'bwd/fwd':>7} {'rel err':>8}  plan", flush=True)
+    rows: list[dict[str, Any]] = []
+    for d, s, groups in configs:
+        for causal in (False, True):
+            try:
+                row = run_shape(s, d, opts.dtype, causal, groups, tuple(opts.tiling) if opts.tiling else None,
+                                opts.dq_kernel, opts.step)
+            except Exception as exc:  # noqa: BLE001 - report and go on
+                row = {"S": s, "d": d, "causal": causal, "groups": groups, "error": f"{type(exc).__name__}: {exc}"[:400]}
+                print(row, flush=True)
+                rows.append(row)
+                continue
+            rows.append(row)
+            heads = f"{row['H']}/{row['H_kv']}" if groups > 1 else str(row["H"])
+            print(f"{s:6d} {d:4d} {row['B']:3d} {heads:>6} {str(causal):>6} {row['tecc_us']:10.1f} "
+                  f"{row['tecc_tflops']:6.1f} {row.get('sdpa_flash_us', float('nan')):9.1f} "
+                  f"{row.get('sdpa_cudnn_us', float('nan')):9.1f} {row['ratio']:6.3f} "
+                  f"{row['tecc_us'] / row['tecc_forward_us']:7.2f} {row['rel_err']:8.1e}  {row['plan']} "
+                  f"({row['kernels']} kernels)", flush=True)
+            prev = rows[-2] if len(rows) >= 2 else {}
+            if causal and "tecc_us" in prev and prev["S"] == s and prev["d"] == d and prev.get("H_kv") == row["H_kv"]:
+                row["causal_over_noncausal"] = row["tecc_us"] / prev["tecc_us"]
+                print(f"{'':>6} causal / non-causal time: {row['causal_over_noncausal']:.3f} (target <= 0.55 at S = 8k)",
+                      flush=True)
+    ratios = [r["ratio"] for r in rows if "ratio" in r and r["ratio"] == r["ratio"]]
+    if ratios:
+        print(f"geometric mean ratio vs the fastest SDPA backward: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.4f} "
+              f"over {len(ratios)} shapes; lowest {min(ratios):.3f}", flush=True)
+    if opts.out:
+        Path(opts.out).mkdir(parents=True, exist_ok=True)
+        (Path(opts.out) / f"attention_backward_{opts.dtype}.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Split-K on the tensor-core GEMM strategies: which parts a point is offered with and what the
+hand-over of the partial tiles costs (the `split_k` primitive, tecc/passes/schedule/split_k.py:
+each of S blocks runs C = K tiles / S of an output tile, stores its float32 partial tile, and the
+last of them to arrive sums the S partials in split order and runs the epilogue).
+
+A point's "split" is S (absent: 1). Its workload is that of tiles x S blocks of C k tiles each,
+plus (`split_traffic`) the partials through L2 -- S stores of BM x BN floats per tile, S - 1
+loads by the last part -- and to DRAM the share of L2 they fill, the hand-over's latency
+(`split_handover_cycles`: a fence, the atomic, the barriers; the workload's block latency,
+exposed whatever the bound) and the last part's sum on its SM's chain.
+"""
+
+from __future__ import annotations
+
+from ...ir.target import Target
+from .registry import Point
+
+# The parts S a point may divide each output tile's k tiles into, offered only where the output
+# tiles are fewer than SPLIT_TILES_PER_SM x SMs (more tiles than that keep every SM busy without
+# it), each part keeps MIN_SPLIT_K_TILES k tiles and the parts divide the k tiles evenly (no part
+# runs zero-filled tiles past K).
+SPLITS = (2, 3, 4, 6, 8)
+SPLIT_TILES_PER_SM = 2
+MIN_SPLIT_K_TILES = 2
+# The hand-over of a split's float32 partial tile: what one SM moves to and from L2 per cycle
+# (CostParameters.l2_bytes_per_clock_per_sm), and the fence, atomic and barriers around the
+# arrival count (a __threadfence waits for the group's stores to reach L2: about one L2 round
+# trip, and the atomic another). Assumed, not fitted.
+SPLIT_L2_BYTES_PER_CYCLE = 64.0
+SPLIT_SYNC_CYCLES = 1200.0
+
+
+def split_of(point: Point) -> int:
+    """The point's split-K parts (1: none; plans made before split-K have no "split")."""
+    return int(point.get("split", 1))
+
+
+def split_handover_cycles(point: Point) -> tuple[float, float]:
+    """(latency a work unit of a split point exposes after storing its partial tile: the
+    arrival handshake, which nothing in the block overlaps; cycles the last split of an output
+    tile adds to its SM's chain: reading the S - 1 other partials from L2 and summing them). The
+    epilogue stays counted for every unit (tile_fixed_cycles): the other splits store their
+    partial tile instead, about as much."""
+    splits = split_of(point)
+    if splits == 1:
+        return 0.0, 0.0
+    partial = int(point["bm"]) * int(point["bn"]) * 4.0
+    return SPLIT_SYNC_CYCLES, (splits - 1) * partial / SPLIT_L2_BYTES_PER_CYCLE
+
+
+def split_publish_cycles(point: Point) -> float:
+    """Cycles a part spends storing its float32 partial tile: coalesced (each warp store writes
+    128 contiguous bytes), at SPLIT_L2_BYTES_PER_CYCLE."""
+    return int(point["bm"]) * int(point["bn"]) * 4.0 / SPLIT_L2_BYTES_PER_CYCLE
+
+
+def split_registers(accumulators: int, element_loads: bool) -> int:
+    """Registers the sum of the partial tiles adds per thread of a wgmma kernel (the partials'
+    addresses and the loads ptxas issues ahead). ptxas, sm_90a, 1000 x 1000 x K, 4 stages,
+    S = 2 and 4: with cp.async copies (K = 1024) 0-10 more than unsplit; with element-loaded
+    operands (K = 1023) 128 x 128 took 185 -> 238 / 255, about one more register per
+    accumulator, the other tiles no more."""
+    return accumulators + 8 if element_loads else 12
+
+
+def mma_split_registers(accumulators: int, splits: int) -> int:
+    """The same for an mma.sync kernel: ptxas issues the S - 1 partials' loads ahead up to about
+    40 registers. sm_80, 1000 x 1000 x 1024 / 1023, 4 stages (unsplit -> S = 2 -> S = 4):
+    32 accumulators 87 -> 92 -> 128, 64: 124 -> 128 -> 165 and 160 -> 162 -> 193, 128 (64 x 64
+    warp tiles): 214 -> 255 -> 255 with 264 bytes spilled."""
+    return min(40, (splits - 1) * accumulators // 2) + 4
+
+
+def split_traffic(point: Point, tiles: int, threads: int, target: Target) -> tuple[float, float, float]:
+    """(L2 bytes, DRAM bytes, warp instructions) the hand-over of a split point adds over its
+    `tiles` output tiles of `threads` threads: every part stores its float32 partial tile (a
+    warp store covers 128 bytes) and the last reads the S - 1 others (a load and an add per
+    element). The partials stay in L2 while they fit; the share of L2 they fill is assumed
+    written back to DRAM."""
+    splits = split_of(point)
+    if splits == 1:
+        return 0.0, 0.0, 0.0
+    partial = int(point["bm"]) * int(point["bn"]) * 4.0
+    stored = tiles * splits * partial
+    l2 = stored + tiles * (splits - 1) * partial
+    dram = stored * min(1.0, stored / max(target.l2_bytes, 1))
+    elements = partial / 4.0 / threads   # accumulators per thread
+    instructions = tiles * threads / 32.0 * elements * (splits + 2.0 * (splits - 1))
+    return l2, dram, instructions
+
+
+def split_parts(k_tiles: int, output_tiles: int, target: Target) -> tuple[int, ...]:
+    """The split-K parts a point over `output_tiles` tiles with `k_tiles` k tiles is offered
+    with: 1, and each of SPLITS that divides the k tiles into parts of MIN_SPLIT_K_TILES or more,
+    where the output tiles are fewer than SPLIT_TILES_PER_SM per SM."""
+    if output_tiles >= SPLIT_TILES_PER_SM * target.sm_count:
+        return (1,)
+    return (1,) + tuple(s for s in SPLITS if k_tiles % s == 0 and k_tiles // s >= MIN_SPLIT_K_TILES)
+
+
+def split_label(point: Point) -> str:
+    """What `describe` says of a split point ('' unsplit)."""
+    return f", split-K {split_of(point)} (the last part sums the partials)" if split_of(point) > 1 else ""
+
+
+def split_note(point: Point, tiles: int, k_tiles: int, l2: float) -> str:
+    """explain's line for a split point: the parts, the hand-over and the partials' traffic."""
+    splits = split_of(point)
+    handover, reduce = split_handover_cycles(point)
+    return (f"split-K {splits}: {tiles} output tiles x {splits} parts of {k_tiles} k tiles; each part stores its "
+            f"float32 partial tile ({handover:.0f} cycles of handshake), the last sums the others in split order "
+            f"({reduce:.0f} cycles): {l2 / 1e6:.1f} MB through L2")
+
+
+def split_chain(point: Point, main: float, per_tile: float, once: float, base: float, fill: float,
+                units: int) -> float:
+    """A wgmma SM chain (gemm_wgmma.wgmma_sm_chain) of a split point: `main` the k loop of one
+    part, `per_tile` / `once` / `base` the per-tile fixed cycles of the point, once per block
+    and of the baseline, `fill` the ring's fill in `per_tile`, `units` the busiest persistent
+    block's work units (0: one block per unit). Each part stores its float32 partial tile
+    (coalesced) where the epilogue was; the last part of a tile then sums the S partials and runs
+    the epilogue, which the k-loop constants were not set on: added whole, in a persistent block
+    for 1 / S of its units on average plus one whole at its end (the tail), else on every round's
+    critical path (the handshake's latency is the workload's block latency, exposed whatever the
+    bound). The baseline the k-loop constants hold is one per output tile: 1 / S of it per part
+    (and its `share` as the whole tile's k loop would have it)."""
+    splits = split_of(point)
+    share = min(1.0, main * splits / base) if base > 0 else 1.0
+    round_ = main + (fill + split_publish_cycles(point) - base / splits) * share
+    last = per_tile - fill + split_handover_cycles(point)[1]
+    if units:
+        return units * (round_ + last / splits) + once * share + last * (1.0 - 1.0 / splits)
+    return round_ + last
+
+
+__all__ = ["MIN_SPLIT_K_TILES", "SPLITS", "SPLIT_TILES_PER_SM", "mma_split_registers", "split_chain",
+           "split_handover_cycles", "split_label", "split_note", "split_of", "split_parts", "split_publish_cycles",
+           "split_registers", "split_traffic"]

@@ -1,0 +1,327 @@
+"""What the backward's tensor-core kernels share (online_backward_mma: the key-block-major kernel,
+online_backward_dq: the query-major dQ kernel): the program's buffers and the float32
+temporaries, the pre-pass that computes the row statistics (Δ) and zeroes the row-side
+accumulators, the conversion of those accumulators, the probabilities and weights of one tile
+element, the row statistics staged per block of query rows, and the guard on partial tiles.
+"""
+
+from __future__ import annotations
+
+from ...ir import dtype as dt
+from ...ir.errors import ScheduleError
+from ...ir.expr import (
+    Binary,
+    BufferLoad,
+    Call,
+    Cast,
+    Const,
+    Expr,
+    Reduce,
+    Select,
+    TensorRead,
+    Var,
+    binary,
+    call,
+    cast,
+    compare,
+    const_int,
+    select,
+    size_product,
+    substitute,
+    walk,
+    warp_shuffle,
+)
+from ...ir.intrinsics import lookup
+from ...ir.stmt import Allocate, AsyncCopy, Buffer, BufferStore, For, IfThenElse, PrimFunc, Stmt, seq
+from ...ir.tensor import ComputeOp
+from ...ir.visitor import SubexpressionReplacer
+from ..lower import kernel_params, signature
+from ..schedule.tensorize import INTRINSICS
+from .key_tiles import kept_conditions, whole_tile
+from .mma_tiles import LOG2E, TileStaging, fold_log2e
+from .online_backward import BackwardChain, GradOutput
+from .online_contraction import ExpressionLowering, head_indices
+
+WHERE = "online_backward_mma"
+STAGES = 2
+
+
+def tile_key(read: TensorRead) -> tuple[int, tuple[int, ...]]:
+    """Two reads share a staged tile when they read the same tensor at the same leading indices."""
+    return id(read.tensor), tuple(id(i) for i in read.indices[:-2])
+
+
+# the staged tiles of a kernel: tile_key -> (the shared buffer, the read it stages)
+Tiles = dict[tuple[int, tuple[int, ...]], tuple[Buffer, TensorRead]]
+
+
+def unflatten(flat: Expr, extents: tuple[Expr, ...]) -> tuple[Expr, ...]:
+    """Row-major indices of `flat` over `extents` (the first index takes what is left)."""
+    return head_indices(flat, extents) if extents else ()
+
+
+class BackwardKernels(TileStaging):
+    """A builder of the backward's kernels: `atomics` gives the row-side outputs (dQ) float32
+    accumulators, added to by the key-block-major kernel and converted at the end; without it a
+    query-major kernel computes them."""
+
+    accs: dict[int, Buffer]   # the kernel's output accumulators by id(output tensor): set by the kernel's _fragments
+
+    def __init__(self, chain: BackwardChain, threads: int, atomics: bool, name: str | None,
+                 like: "BackwardKernels | None" = None) -> None:
+        """`like`: another kernel of the same module, whose names, buffers and temporaries (the
+        row statistics) this one shares."""
+        self.chain = chain
+        self.threads, self.warps = threads, threads // 32
+        self.rolled = "serial"   # the k loops whose variable indexes no fragment (TileStaging.unrolled)
+        self.name = name
+        self.temps: list[Buffer] = []
+        sig = signature(chain.program) if like is None else like.sig
+        self.sig, self.unique = sig, sig.unique
+        self.buffers = dict(sig.buffers) if like is None else like.buffers
+        u = self.unique
+        self.tx = Var(u("thread"), dt.int32)
+        self.lane, self.warp = self.tx % 32, self.tx // 32
+        dtype = chain.contractions[0].row_operand.dtype
+        self.dtype = dtype
+        self.intrinsic = INTRINSICS[dtype.name]
+        self.c_map = lookup(self.intrinsic).operand("c").layout
+        if like is None:
+            for t in chain.statistics:   # the row statistics: float32 temporaries, written by the pre-pass
+                self.buffers[t] = self._temp(t.name, t.dtype, t.shape)
+        else:
+            self.temps = like.temps
+        self.row_side = chain.of_kind("row") if atomics else []
+        self.accumulators = {id(o.tensor): self._temp(f"{o.tensor.name}_accumulator", dt.float32, o.tensor.shape)
+                             for o in self.row_side}
+        self.lower = ExpressionLowering(self.buffers, u)
+
+    def _temp(self, label: str, dtype: dt.DType, shape: tuple[Expr, ...]) -> Buffer:
+        buf = Buffer(self.unique(label), dtype, tuple(shape), "global", tensor=label)
+        self.temps.append(buf)
+        return buf
+
+    # ---- the pre-pass: row statistics, accumulators zeroed ----------------------------------------
+
+    def prepass_kernel(self) -> PrimFunc | None:
+        chain = self.chain
+        if not chain.statistics and not self.accumulators:
+            return None
+        u = self.unique
+        zero = Const(0, dt.int32)
+        rows = chain.rows
+        per_block = 4
+        bx, t = Var(u("row_block"), dt.int32), Var(u("thread"), dt.int32)
+        lane, flat = t % 32, bx * per_block + t // 32
+        total = size_product(rows)
+        at = unflatten(flat, tuple(rows))
+        lower = ExpressionLowering(self.buffers, u)
+        partial = Buffer(u("partial"), dt.float32, (Const(1, dt.int32),), "local")
+        body: list[Stmt] = []
+        for stat in chain.statistics:
+            op = stat.op
+            assert isinstance(op, ComputeOp)
+            red = next(n for n in walk(op.body) if isinstance(n, Reduce))
+            axis = red.axes[0]
+            extent = const_int(axis.extent)
+            if extent is None:
+                raise ScheduleError(f"{WHERE}: the row statistic {stat.name} sums over a symbolic extent")
+            k = Var(u("k"), dt.int32)
+            col = lane + 32 * k
+            src = substitute(red.source, {**dict(zip(op.axes, at)), axis: col})
+            st, val = lower.value(src)
+            add = seq(*st, BufferStore(partial, (zero,), partial[zero] + cast(val, dt.float32)))
+            if extent % 32:
+                add = IfThenElse(compare("<", col, extent), add)
+            shuffles = [BufferStore(partial, (zero,), partial[zero] + warp_shuffle("shfl_xor", partial[zero], m))
+                        for m in (16, 8, 4, 2, 1)]
+            value = SubexpressionReplacer({red: cast(partial[zero], red.dtype)}).visit(
+                substitute(op.body, dict(zip(op.axes, at))))
+            st2, val2 = lower.value(value)
+            body.append(seq(BufferStore(partial, (zero,), Const(0.0, dt.float32)),
+                            For(k, zero, Const(-(-extent // 32), dt.int32), "unroll", add), *shuffles,
+                            IfThenElse(compare("==", lane, zero),
+                                       seq(*st2, BufferStore(self.buffers[stat], at, cast(val2, stat.dtype))))))
+        for o in self.row_side:
+            acc = self.accumulators[id(o.tensor)]
+            k = Var(u("k"), dt.int32)
+            col = lane + 32 * k
+            zero_it: Stmt = BufferStore(acc, at + (col,), Const(0.0, dt.float32))
+            if o.columns % 32:
+                zero_it = IfThenElse(compare("<", col, o.columns), zero_it)
+            body.append(For(k, zero, Const(-(-o.columns // 32), dt.int32), "unroll", zero_it))
+        stmt: Stmt = IfThenElse(compare("<", flat, total), seq(*body))
+        for buf in reversed([partial, *lower.allocs]):
+            stmt = Allocate(buf, stmt)
+        stmt = For(bx, zero, (total + (per_block - 1)) // per_block, "blockIdx.x",
+                   For(t, zero, Const(32 * per_block, dt.int32), "threadIdx.x", stmt))
+        return self._func(u(f"{self._label()}_backward_prepass_kernel"), stmt,
+                          "the row statistics (one warp per row) and the row-side accumulators zeroed")
+
+    # ---- the conversion of the row-side accumulators -------------------------------------------------
+
+    def convert_kernel(self) -> PrimFunc | None:
+        outs = self.row_side
+        if not outs:
+            return None
+        u = self.unique
+        zero = Const(0, dt.int32)
+        threads = 256
+        bx, t = Var(u("convert_block"), dt.int32), Var(u("thread"), dt.int32)
+        flat = bx * threads + t
+        lower = ExpressionLowering(self.buffers, u)
+        body: list[Stmt] = []
+        widest = outs[0].tensor.shape
+        for o in outs:
+            at = unflatten(flat, tuple(o.tensor.shape))
+            acc = self.accumulators[id(o.tensor)]
+            value = substitute(o.epilogue, {**dict(zip(o.axes, at)), o.acc: acc[at]})
+            st, val = lower.value(value)
+            body.append(IfThenElse(compare("<", flat, size_product(o.tensor.shape)),
+                                   seq(*st, BufferStore(self.buffers[o.tensor], at, cast(val, o.tensor.dtype)))))
+        total = size_product(widest)
+        for o in outs[1:]:
+            total = binary("max", total, size_product(o.tensor.shape))
+        stmt: Stmt = seq(*body)
+        for buf in reversed(lower.allocs):
+            stmt = Allocate(buf, stmt)
+        stmt = For(bx, zero, (total + (threads - 1)) // threads, "blockIdx.x",
+                   For(t, zero, Const(threads, dt.int32), "threadIdx.x", stmt))
+        return self._func(u(f"{self._label()}_backward_convert_kernel"), stmt,
+                          "the row-side outputs from their float32 accumulators")
+
+    def _label(self) -> str:
+        return self.chain.outputs[0].tensor.name
+
+    # ---- one tile element: the probabilities and the weights --------------------------------------
+
+    def staged_reads(self, stages: int, rows: int) -> None:
+        """The row statistics the weights read at the row (lse, Δ): shared [stages][rows] buffers,
+        filled per block of query rows (`stat_copy`)."""
+        chain = self.chain
+        self.stat_tiles: dict[int, tuple[Buffer, TensorRead]] = {}
+        for value in [chain.probs] + [o.weight for o in chain.outputs]:
+            for n in walk(value):
+                if isinstance(n, TensorRead) and len(n.indices) == len(chain.row_at) and all(
+                        a is b for a, b in zip(n.indices, chain.row_at)) and id(n) not in self.stat_tiles:
+                    buf = Buffer(self.unique(f"{n.tensor.name}_rows"), n.dtype,
+                                 (Const(stages, dt.int32), Const(rows, dt.int32)), "shared", tensor=f"{n.tensor.name}.shared")
+                    self.stat_tiles[id(n)] = (buf, n)
+
+    def stat_copy(self, buf: Buffer, read: TensorRead, stage: Expr, groups: dict[Var, Expr], q0: Expr, u: Var) -> Stmt:
+        """Element r of the row statistic's BM rows (4-byte cp.async, zero past the queries)."""
+        r = self.tx + self.threads * u
+        q = q0 + r
+        idx = tuple(substitute(e, {**groups, self.chain.query: q}) for e in read.indices)
+        copy: Stmt = AsyncCopy(buf, (stage, r), self.buffers[read.tensor], idx, 4, compare("<", q, self.chain.rows[-1]),
+                               "ca")
+        return copy if self.BM % self.threads == 0 else IfThenElse(compare("<", r, Const(self.BM, dt.int32)), copy)
+
+    def score_node(self) -> Reduce:
+        """The contraction P reads (the scores), which no weight may read outside P (P replaces
+        it in place in its fragment)."""
+        chain = self.chain
+        probs = chain.probs
+        assert isinstance(probs, Call) and isinstance(probs.args[0], Binary)
+        nodes = [c.node for c in chain.contractions if any(n is c.node for n in walk(probs))]
+        if len(nodes) != 1:
+            raise ScheduleError(f"{WHERE}: P reads {len(nodes)} contractions; one (the scores) is needed")
+        for o in chain.outputs:
+            rest = SubexpressionReplacer({probs: Const(0.0, probs.dtype)}).visit(o.weight)
+            if any(n is nodes[0] for n in walk(rest)):
+                raise ScheduleError(f"{WHERE}: {o.tensor.name}'s weight reads the scores outside P")
+        return nodes[0]
+
+    def probability(self, repl: dict[Expr, Expr], at: dict[Var, Expr]) -> Expr:
+        """P = exp(s - lse) at the element as exp2(s·log2 e - lse·log2 e) (ex2.approx.ftz), the
+        contractions and staged statistics replaced by `repl`."""
+        probs = self.chain.probs
+        assert isinstance(probs, Call) and isinstance(probs.args[0], Binary)
+        s, lse = probs.args[0].a, probs.args[0].b
+        s_val = substitute(SubexpressionReplacer(repl).visit(s), at)
+        l_val = substitute(SubexpressionReplacer(repl).visit(lse), at)
+        return call("exp2_approx", fold_log2e(s_val) - cast(l_val, dt.float32) * Const(LOG2E, dt.float32))
+
+    def weight(self, o: GradOutput, repl: dict[Expr, Expr], p_value: Expr, at: dict[Var, Expr]) -> Expr:
+        """Output o's weight at the element, P (already computed) as `p_value`."""
+        return substitute(SubexpressionReplacer({**repl, self.chain.probs: p_value}).visit(o.weight), at)
+
+    def whole_tiles(self, q0: Expr, k0: Expr, rows: int, keys: int) -> Expr | None:
+        """When the tile of queries [q0, q0 + rows) x keys [k0, k0 + keys) needs no guard
+        (key_tiles.whole_tile, proved by isl), or None (a bias or mask tensor read per element
+        keeps the guard everywhere); `self.whole` says which."""
+        chain = self.chain
+        staged = {id(read) for _, read in self.stat_tiles.values()}
+        for value in [chain.probs, *(o.weight for o in chain.outputs)]:
+            if any(isinstance(n, TensorRead) and id(n) not in staged for n in walk(value)):
+                self.whole = "every tile guarded (the weights read a tensor per element)"
+                return None
+        qv, kv, first, block = (Var(self.unique(n), dt.int32) for n in ("query0", "key0", "query_block", "key_block"))
+        found = whole_tile(kept_conditions(chain.score), chain.query, chain.key, qv, kv, rows, keys,
+                           chain.rows[-1], chain.keys, first, block)
+        if found is None:
+            self.whole = "every tile guarded (isl proves no tile whole)"
+            return None
+        self.whole = "tiles inside the extents and the mask (isl) without the per-element guard"
+        return substitute(found, {qv: q0, kv: k0})
+
+    def fragment_outputs(self, outs: list[GradOutput], axis: Var, first: Expr, extent: Expr) -> Stmt:
+        """Each output's accumulator (`self.accs`: C fragments of 16 rows per warp) through the
+        output's epilogue (its cast) to global memory: element e of n8 tile nt at row first + the
+        warp's 16 + the fragment's row of `axis` (the keys or the queries), column nt·8 + the
+        fragment's column; rows at or past `extent` not stored."""
+        chain = self.chain
+        out: list[Stmt] = []
+        for o in outs:
+            acc = self.accs[id(o.tensor)]
+
+            def one(nt: Var, e: Var, o: GradOutput = o, acc: Buffer = acc) -> Stmt:
+                rr, cc = self.c_map(self.lane, e)
+                row = first + self.warp * 16 + rr
+                idx = tuple(substitute(i, {axis: row, chain.column: nt * 8 + cc}) for i in o.index)
+                st, val = self.lower.value(substitute(o.epilogue, {**dict(zip(o.axes, idx)), o.acc: acc[4 * nt + e]}))
+                return IfThenElse(compare("<", row, extent),
+                                  seq(*st, BufferStore(self.buffers[o.tensor], idx, cast(val, o.tensor.dtype))))
+            out.append(self.unrolled("out_n", o.columns // 8, lambda nt, one=one: self.unrolled(
+                "out_e", 4, lambda e: one(nt, e))))
+        return seq(*out)
+
+    def _guarded(self, buf: Buffer, idx: tuple[Expr, ...], value: Expr, ok: Expr) -> Stmt:
+        """buf[idx] = value where `ok`, else 0; a value that reads global memory (a bias, a mask)
+        is evaluated only where `ok` (its reads are in bounds there)."""
+        st, val = self.lower.value(value)
+        val = cast(val, buf.dtype)
+        if st or any(isinstance(n, BufferLoad) and n.buffer.scope == "global" for n in walk(val)):
+            return IfThenElse(ok, seq(*st, BufferStore(buf, idx, val)), BufferStore(buf, idx, Const(0.0, buf.dtype)))
+        return BufferStore(buf, idx, select(ok, val, Const(0.0, buf.dtype)))
+
+    def _func(self, name: str, body: Stmt, what: str) -> PrimFunc:
+        chain = self.chain
+        params = kernel_params(body, [self.buffers[a] for a in chain.program.args], self.temps, self.sig.scalars)
+        attrs: tuple[tuple[str, object], ...] = (("online_backward", tuple(o.tensor.name for o in chain.outputs)),
+                                                 ("tensorize", what))
+        return PrimFunc(name, params, body, attrs)
+
+
+def vanishes(w: Expr, p: Expr) -> bool:
+    """Whether `w` is 0 wherever `p` is (a product with p, a `where` whose branches vanish or are
+    0, a cast of one): then a tile where every P is 0 adds nothing and is skipped."""
+    if w is p:
+        return True
+    if isinstance(w, Const):
+        return w.dtype.is_float and float(w.value) == 0.0
+    if isinstance(w, Binary) and w.op == "*":
+        return vanishes(w.a, p) or vanishes(w.b, p)
+    if isinstance(w, Binary) and w.op == "/":
+        return vanishes(w.a, p)
+    if isinstance(w, (Call, TensorRead)):
+        return False
+    if isinstance(w, Cast):
+        return vanishes(w.a, p)
+    if isinstance(w, Select):
+        return vanishes(w.a, p) and vanishes(w.b, p)
+    return False
+
+
+
+__all__ = ["BackwardKernels", "STAGES", "Tiles", "WHERE", "tile_key", "unflatten", "vanishes"]

@@ -1,0 +1,383 @@
+"""The backward's key-block-major kernel on mma.sync (online_backward_mma's docstring, 2.), written
+as separate pieces: staging (`_copy_keys`, `_copy_rows`: TileStaging's cp.async tiles), the
+contractions (`_contractions`, `_key_side`, `_row_side`), the recomputed probabilities and
+weights (`_elementwise`) and the epilogue (`_epilogue`); what the backward's kernels share (the
+pre-pass, the conversion, P and the weights of one element, the guard) is
+online_backward_kernels'. Its Hopper form (online_backward_wgmma) is a subclass.
+"""
+
+from __future__ import annotations
+
+from ...ir import dtype as dt
+from ...ir.errors import ScheduleError
+from ...ir.expr import (
+    Const,
+    Expr,
+    TensorRead,
+    Var,
+    atomic_add,
+    binary,
+    cast,
+    compare,
+    const_int,
+    size_product,
+    substitute,
+)
+from ...ir.stmt import (
+    Allocate,
+    AsyncWait,
+    Barrier,
+    Buffer,
+    BufferStore,
+    Evaluate,
+    For,
+    FragmentRef,
+    IfThenElse,
+    LetStmt,
+    PrimFunc,
+    Stmt,
+    seq,
+)
+from ..schedule.ring import ring_fill, ring_step
+from ..schedule.tensorize import load_a_fragment, load_b_fragments
+from ..schedule.tile_staging import row_swizzle
+from .key_tiles import kept_conditions, query_block_start
+from .mma_tiles import check_relayout, two_n8_tiles
+from .online_backward import BackwardChain
+from .online_backward_kernels import STAGES, WHERE, BackwardKernels, Tiles, tile_key, unflatten, vanishes
+from .online_contraction import MAX_GRID_Y
+
+
+class KeyMajor(BackwardKernels):
+    """The key-block-major kernel (online_backward_mma's docstring, 2.): the key-side outputs in registers, the
+    tile outputs to global memory, the row-side ones by float32 atomics when `atomics`."""
+
+    def __init__(self, chain: BackwardChain, key_tile: int, rows: int, dq_columns: int, atomics: bool,
+                 name: str | None) -> None:
+        super().__init__(chain, 2 * key_tile, atomics, name)
+        self.BN, self.BM, self.NQ = key_tile, rows, dq_columns
+        u = self.unique
+        self.kb, self.by = Var(u("key_block"), dt.int32), Var(u("head"), dt.int32)
+        self.it = Var(u("step"), dt.int32)
+
+    # ---- the main kernel --------------------------------------------------------------------------
+
+    def main_kernel(self) -> PrimFunc:
+        chain, BN, BM = self.chain, self.BN, self.BM
+        zero = Const(0, dt.int32)
+        n_heads = size_product(chain.lead_extents)
+        if (const_int(n_heads) or 0) > MAX_GRID_Y:
+            raise ScheduleError(f"{WHERE}: {const_int(n_heads)} heads exceed the grid's y extent {MAX_GRID_Y}")
+        self._stage_buffers()
+        count, first = self._query_blocks()
+        groups = 1
+        for g in chain.group_extents:
+            groups *= g
+        n_steps = Const(groups, dt.int32) * count
+
+        def at_step(step: Expr) -> tuple[dict[Var, Expr], Expr]:
+            """The group variables and the first query row of iteration `step`."""
+            g_flat, qb = step // count, first + step % count
+            ext = tuple(Const(n, dt.int32) for n in chain.group_extents)
+            return dict(zip(chain.groups, unflatten(g_flat, ext))), qb * BM
+
+        here, q0 = at_step(self.it)
+        nxt, q0_next = at_step(self.it + 1)
+        stage = self.it % STAGES
+        self.q0 = Var(self.unique("query0"), dt.int32)
+        step_body = seq(
+            *ring_step(STAGES - 1, self._publish(), self.it + 1, n_steps,
+                       self._copy_rows((self.it + 1) % STAGES, nxt, q0_next)),
+            self._contractions(stage),
+            self._elementwise(stage),
+            self._key_side(stage),
+            self._row_side(),
+        )
+        for g, value in reversed(list(here.items())):
+            step_body = LetStmt(g, value, step_body)
+        step_body = LetStmt(self.q0, q0, step_body)
+        start, _ = at_step(zero)
+        body = seq(
+            self._init(),
+            self._copy_keys(),
+            *ring_fill(STAGES - 1, lambda _: IfThenElse(compare("<", zero, n_steps),
+                                                        self._copy_rows(zero, start, first * BM))),
+            For(self.it, zero, n_steps, "serial", step_body),
+            AsyncWait(0),
+            self._epilogue(),
+        )
+        for v, value in reversed(list(zip(chain.lead, unflatten(self.by, chain.lead_extents)))):
+            body = LetStmt(v, value, body)
+        for buf in reversed(self._allocations()):
+            body = Allocate(buf, body)
+        body = For(self.tx, zero, Const(self.threads, dt.int32), "threadIdx.x", body)
+        body = For(self.kb, zero, (chain.keys + (BN - 1)) // BN, "blockIdx.x", body)
+        if chain.lead:
+            body = For(self.by, zero, n_heads, "blockIdx.y", body)
+        return self._func(self.unique(f"{self._label()}_backward_mma_kernel"), body, self.describe())
+
+    def describe(self) -> str:
+        chain = self.chain
+        outs = ", ".join(f"{o.tensor.name} ({o.kind} side)" if o.kind != "tile" else f"{o.tensor.name} (tile)"
+                         for o in chain.outputs)
+        return (f"{self.intrinsic}: blocks of {self.BN} keys ({self.warps} warps of 16), query blocks of {self.BM} "
+                f"through a {STAGES}-stage cp.async ring; {outs}; {self.skipping}; {self.whole}")
+
+    def _query_blocks(self) -> tuple[Expr, Expr]:
+        """(query blocks this key block visits, the first), from the mask (isl, key_tiles)."""
+        chain = self.chain
+        blocks = (chain.rows[-1] + (self.BM - 1)) // self.BM
+        self.skipping = "every query block visited"
+        if chain.of_kind("tile") or not all(vanishes(o.weight, chain.probs) for o in chain.outputs):
+            return blocks, Const(0, dt.int32)
+        found = query_block_start(kept_conditions(chain.score), chain.query, chain.key, self.kb, self.BN, self.BM,
+                                  chain.rows[-1], chain.keys)
+        if found is None:
+            return blocks, Const(0, dt.int32)
+        first = binary("min", found[0], blocks)
+        self.skipping = found[1]
+        return blocks - first, first
+
+    def _stage_buffers(self) -> None:
+        """Shared tiles: the key operands once, the row operands and row statistics per query block
+        (a ring), the row-side weights' [BN][BM] tile; fragments and accumulators."""
+        chain, BN, BM = self.chain, self.BN, self.BM
+        self.key_tiles: Tiles = {}
+        self.row_tiles: Tiles = {}
+
+        def whole(read: TensorRead, width: int, what: str) -> int:
+            n = const_int(read.tensor.shape[-1])
+            if n != width or width % 16 or width > 128:
+                raise ScheduleError(f"{WHERE}: {what} reads {read.tensor.name} over {width} of its {read.tensor.shape[-1]} "
+                                    "columns; the tiles are whole rows of 16..128 columns")
+            if read.dtype != self.dtype:
+                raise ScheduleError(f"{WHERE}: {read.tensor.name} is {read.dtype}, the other operands {self.dtype}")
+            return n
+
+        def tile(table: dict, read: TensorRead, stages: int, rows: int, width: int, label: str) -> None:
+            if tile_key(read) not in table:
+                table[tile_key(read)] = (self._tile_buffer(label, read, stages, rows, width), read)
+        for c in chain.contractions:
+            tile(self.key_tiles, c.key_operand, 1, BN, whole(c.key_operand, c.depth, str(c.node)), "key_tile")
+            tile(self.row_tiles, c.row_operand, STAGES, BM, whole(c.row_operand, c.depth, str(c.node)), "row_tile")
+        for o in chain.outputs:
+            if o.operand is None:
+                continue
+            width = whole(o.operand, o.columns, o.tensor.name)
+            if o.kind == "key":
+                tile(self.row_tiles, o.operand, STAGES, BM, width, "row_tile")
+            else:
+                tile(self.key_tiles, o.operand, 1, BN, width, "key_tile")
+        self.staged_reads(STAGES, BM)
+        self.weights_tile = self._weights_buffer() if self.row_side else None
+        self._fragments()
+
+    def _tile_buffer(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
+        """A staged operand tile [stages][rows][width] (XOR-swizzled for ldmatrix)."""
+        return self.shared(label, read, stages, rows, width)
+
+    def _weights_buffer(self) -> Buffer:
+        """The row-side weights' tile [1][BN keys][BM queries], read by ldmatrix.trans as A."""
+        return Buffer(self.unique("weights_tile"), self.dtype,
+                      (Const(1, dt.int32), Const(self.BN, dt.int32), Const(self.BM, dt.int32)), "shared",
+                      tensor="dS.shared", layout=row_swizzle(self.BM))
+
+    def _weights_index(self, rr: Expr, cc: Expr, nt: Expr) -> tuple[Expr, ...]:
+        """Where the element at the warp's key row rr, query column cc of n8 tile nt goes in it."""
+        return Const(0, dt.int32), self.warp * 16 + rr, nt * 8 + cc
+
+    def _fragments(self) -> None:
+        chain, BM, intr = self.chain, self.BM, self.intrinsic
+        self.a_frag, self.b_frag = self.frag("a_frag", intr, "a", 8), self.frag("b_frag", intr, "b", 8)
+        self.c_frags = {id(c.node): self.frag("tile_frag", intr, "c", BM // 2) for c in chain.contractions}
+        self.w_frags = {id(o.tensor): self.frag("weight_frag", intr, "a", BM // 2) for o in chain.of_kind("key")}
+        self.accs = {id(o.tensor): self.frag("acc_frag", intr, "c", o.columns // 2) for o in chain.of_kind("key")}
+        self.dq_frag = self.frag("row_frag", intr, "c", self.NQ // 2) if self.row_side else None
+        check_relayout(intr, intr, WHERE)
+
+    def _publish(self) -> list[Stmt]:
+        """What makes the ring's copies readable by the contractions before the barrier of the
+        loop head (ring.ring_step: the query block's tiles landed for every thread, every warp
+        done with the last iteration's, whose stage is refilled next)."""
+        return []
+
+    def _allocations(self) -> list[Buffer]:
+        out = [b for b, _ in self.key_tiles.values()] + [b for b, _ in self.row_tiles.values()]
+        out += [b for b, _ in self.stat_tiles.values()]
+        out += [self.weights_tile] if self.weights_tile is not None else []
+        out += [self.a_frag, self.b_frag, *self.c_frags.values(), *self.w_frags.values(), *self.accs.values()]
+        out += [self.dq_frag] if self.dq_frag is not None else []
+        return out + list(self.lower.allocs)
+
+    def _init(self) -> Stmt:
+        return seq(*(self.unrolled("acc_zero", int(const_int(acc.shape[0]) or 0),
+                                   lambda e, acc=acc: BufferStore(acc, (e,), Const(0.0, dt.float32)))
+                     for acc in self.accs.values()))
+
+    def _copy_keys(self) -> Stmt:
+        chain = self.chain
+        zero_groups = {g: Const(0, dt.int32) for g in chain.groups}
+        return seq(*(self.copy_tile(buf, Const(0, dt.int32), read, zero_groups, self.kb * self.BN, chain.keys, self.BN,
+                                    self.tile_width(buf))
+                     for buf, read in self.key_tiles.values()))
+
+    def _copy_rows(self, stage: Expr, groups: dict[Var, Expr], q0: Expr) -> Stmt:
+        """The row operands and row statistics of the query block at `q0` for `groups` -> `stage`."""
+        chain = self.chain
+        copies = [self.copy_tile(buf, stage, read, groups, q0, chain.rows[-1], self.BM, self.tile_width(buf))
+                  for buf, read in self.row_tiles.values()]
+        for buf, read in self.stat_tiles.values():
+            copies.append(self.unrolled("stat_copy", -(-self.BM // self.threads), lambda u, buf=buf, read=read:
+                                        self.stat_copy(buf, read, stage, groups, q0, u)))
+        return seq(*copies)
+
+    # ---- the tile's contractions, elementwise stage and mma ------------------------------------------
+
+    def _contractions(self, stage: Expr) -> Stmt:
+        """Each row-key contraction Σ_x B[key, x]·A[query, x] into C fragments: 16 keys (the warp's)
+        x BM queries; A = the key tile's rows (plain ldmatrix), B = the row tile ([n][k])."""
+        out: list[Stmt] = []
+        for c in self.chain.contractions:
+            frag = self.c_frags[id(c.node)]
+            key_tile = self.key_tiles[tile_key(c.key_operand)][0]
+            row_tile = self.row_tiles[tile_key(c.row_operand)][0]
+
+            def step(kd: Var, frag: Buffer = frag, key_tile: Buffer = key_tile, row_tile: Buffer = row_tile) -> Stmt:
+                def pair(nq: Var) -> Stmt:
+                    return seq(load_b_fragments(FragmentRef(self.b_frag, 0), row_tile, stage, nq * 16, kd * 16, self.lane,
+                                                True),
+                               two_n8_tiles(self.intrinsic, frag, 8 * nq, FragmentRef(self.a_frag, 0), self.b_frag))
+                return seq(load_a_fragment(FragmentRef(self.a_frag, 0), key_tile, Const(0, dt.int32), self.warp * 16,
+                                           kd * 16, self.lane, True),
+                           self.unrolled("query_pair", self.BM // 16, pair))
+            out.append(seq(self.unrolled("tile_zero", self.BM // 2,
+                                         lambda e, frag=frag: BufferStore(frag, (e,), Const(0.0, dt.float32))),
+                           self.unrolled("depth_step", c.depth // 16, step, self.rolled)))
+        return seq(*out)
+
+    def _element(self, nt: Var, e: Var, stage: Expr) -> tuple[dict[Expr, Expr], Expr, Expr, Expr, Expr]:
+        """(replacements, query, key, in range, fragment index) of accumulator element e of n8 tile nt."""
+        chain = self.chain
+        rr, cc = self.c_map(self.lane, e)
+        here = 4 * nt + e
+        query = self.q0 + nt * 8 + cc
+        key = self.kb * self.BN + self.warp * 16 + rr
+        ok = compare("<", key, chain.keys) & compare("<", query, chain.rows[-1])
+        repl: dict[Expr, Expr] = {c.node: self.c_frags[id(c.node)][here] for c in chain.contractions}
+        for buf, read in self.stat_tiles.values():
+            repl[read] = buf[stage, nt * 8 + cc]
+        return repl, query, key, ok, here
+
+    def _elementwise(self, stage: Expr) -> Stmt:
+        """Per accumulator element: P = exp(s - lse) in place of the score's fragment, then every
+        output's weight: key side into its A fragment, row side into the shared tile, tile outputs
+        to global memory; 0 past the keys or the queries."""
+        chain = self.chain
+        score_frag = self.c_frags[id(self.score_node())]
+        whole = self.whole_tiles(self.q0, self.kb * self.BN, self.BM, self.BN)
+        kept = {c: Const(True, dt.bool_) for c in kept_conditions(chain.score)}
+
+        def one(nt: Var, e: Var, guarded: bool) -> Stmt:
+            repl, query, key, ok, here = self._element(nt, e, stage)
+            if not guarded:   # a whole tile (isl): inside the extents, every mask condition true
+                repl, ok = {**repl, **kept}, Const(True, dt.bool_)
+            at = {chain.query: query, chain.key: key}
+            stmts: list[Stmt] = [self._guarded(score_frag, (here,), self.probability(repl, at), ok)]
+            for o in chain.outputs:
+                if o.kind == "row" and not self.row_side:
+                    continue
+                w = self.weight(o, repl, score_frag[here], at)
+                if o.kind == "key":
+                    stmts.append(self._guarded(self.w_frags[id(o.tensor)], (here,), w, ok))
+                elif o.kind == "row":
+                    rr, cc = self.c_map(self.lane, e)
+                    assert self.weights_tile is not None
+                    stmts.append(self._guarded(self.weights_tile, self._weights_index(rr, cc, nt), w, ok))
+                else:
+                    idx = tuple(substitute(i, at) for i in o.index)
+                    value = substitute(o.epilogue, {**dict(zip(o.axes, idx)), o.acc: w})
+                    st, val = self.lower.value(value)
+                    stmts.append(IfThenElse(ok, seq(*st, BufferStore(self.buffers[o.tensor], idx, cast(val, o.tensor.dtype)))))
+            return seq(*stmts)
+
+        def tile(guarded: bool) -> Stmt:
+            return self.unrolled("tile_n", self.BM // 8, lambda nt: self.unrolled("tile_e", 4, lambda e: one(nt, e, guarded)))
+        if whole is None:
+            return tile(True)
+        return IfThenElse(whole, tile(False), tile(True))
+
+    def _key_side(self, stage: Expr) -> Stmt:
+        """acc[16 keys x C] += wᵀ·X for each key-side output: A = w from registers (k16 step kk of
+        the queries), B = X's row tile [query][column] (ldmatrix.trans)."""
+        out: list[Stmt] = []
+        for o in self.chain.of_kind("key"):
+            assert o.operand is not None
+            tile = self.row_tiles[tile_key(o.operand)][0]
+            acc, w = self.accs[id(o.tensor)], self.w_frags[id(o.tensor)]
+
+            def step(kk: Var, tile: Buffer = tile, acc: Buffer = acc, w: Buffer = w, columns: int = o.columns) -> Stmt:
+                def pair(dn: Var) -> Stmt:
+                    return seq(load_b_fragments(FragmentRef(self.b_frag, 0), tile, stage, dn * 16, kk * 16, self.lane,
+                                                False),
+                               two_n8_tiles(self.intrinsic, acc, 8 * dn, FragmentRef(w, 8 * kk), self.b_frag))
+                return self.unrolled("column_pair", columns // 16, pair)
+            out.append(self.unrolled("query_step", self.BM // 16, step))
+        return seq(*out)
+
+    def _row_side(self) -> Stmt:
+        """out[BM x C] += w·Y for each row-side output, w from the shared [key][query] tile
+        (ldmatrix.trans gives its A fragments), Y = the key tile [key][column]; units of 16 rows x
+        NQ columns over the warps; float32 atomics into the output's accumulator."""
+        outs = self.row_side
+        if not outs:
+            return seq()
+        assert self.weights_tile is not None and self.dq_frag is not None
+        chain, BM, NQ, W = self.chain, self.BM, self.NQ, self.warps
+        zero = Const(0, dt.int32)
+        out: list[Stmt] = [Barrier()]
+        for o in outs:
+            assert o.operand is not None
+            if o.columns % NQ:
+                raise ScheduleError(f"{WHERE}: {o.tensor.name} has {o.columns} columns, not a multiple of dq_columns={NQ}")
+            tile = self.key_tiles[tile_key(o.operand)][0]
+            acc = self.accumulators[id(o.tensor)]
+            units = (BM // 16) * (o.columns // NQ)
+
+            def unit_body(u: Var, tile: Buffer = tile, acc: Buffer = acc, units: int = units) -> Stmt:
+                unit = self.warp + W * u
+                mt, nc = unit % (BM // 16), unit // (BM // 16)
+                dq = self.dq_frag
+                assert dq is not None and self.weights_tile is not None
+                ws = self.weights_tile
+
+                def step(kk: Var) -> Stmt:
+                    def pair(dn: Var) -> Stmt:
+                        return seq(load_b_fragments(FragmentRef(self.b_frag, 0), tile, zero, nc * NQ + dn * 16, kk * 16,
+                                                    self.lane, False),
+                                   two_n8_tiles(self.intrinsic, dq, 8 * dn, FragmentRef(self.a_frag, 0), self.b_frag))
+                    return seq(load_a_fragment(FragmentRef(self.a_frag, 0), ws, zero, mt * 16, kk * 16, self.lane, False),
+                               self.unrolled("dq_pair", NQ // 16, pair))
+
+                def add(nt: Var) -> Stmt:
+                    def one(e: Var) -> Stmt:
+                        rr, cc = self.c_map(self.lane, e)
+                        query = self.q0 + mt * 16 + rr
+                        at = tuple(substitute(x, {chain.query: query}) for x in chain.row_at)
+                        return IfThenElse(compare("<", query, chain.rows[-1]), Evaluate(
+                            atomic_add(acc[at + (nc * NQ + nt * 8 + cc,)], dq[4 * nt + e])))
+                    return self.unrolled("dq_e", 4, one)
+                body = seq(self.unrolled("dq_zero", NQ // 2, lambda e: BufferStore(dq, (e,), Const(0.0, dt.float32))),
+                           self.unrolled("key_step", self.BN // 16, step, self.rolled),
+                           self.unrolled("dq_n", NQ // 8, add))
+                return body if units % W == 0 else IfThenElse(compare("<", unit, units), body)
+            out.append(self.unrolled("dq_unit", -(-units // W), unit_body))
+        return seq(*out)
+
+    def _epilogue(self) -> Stmt:
+        """The key-side outputs: element (key, column) of each accumulator through the output's
+        epilogue (its cast), keys past the end not stored."""
+        chain = self.chain
+        return self.fragment_outputs(chain.of_kind("key"), chain.key, self.kb * self.BN, chain.keys)
+
+
+__all__ = ["KeyMajor"]

@@ -1,0 +1,263 @@
+"""The Hopper form (sm_90a) of the backward's key-block-major kernel: online_backward_mma's kernel
+with every contraction a warpgroup MMA (FlashAttention-3's backward without its warp
+specialization). One warpgroup per 64 keys of the block (BN = 64 or 128), warp w of the block
+still owning keys 16w .. 16w + 15: the wgmma accumulator is the m16n8 C pattern per warp and n8
+block (mma_tiles.check_wgmma_relayout), so the elementwise stage (P, the weights, the guards)
+is the mma.sync kernel's, unchanged. Per query block of BM rows:
+
+    wait; fence.proxy.async; barrier      the row tiles (Q, dO) landed and are visible to wgmma
+    the next query block's tiles -> the other stage
+    wgmma.fence; Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ   m64n{BM}k16, A = the warpgroup's 64 key rows, B = the row
+                                          tile, both K-major; commit; wait
+    P, dV's and dK's weights -> register A fragments (the accumulator's elements 8k .. 8k + 7 are
+                                          the register A of k16 step k), dQ's -> a blocked tile
+    wgmma.fence; dV += Pᵀ·dO, dK += dSᵀ·Q  m64n{d}k16, A from registers, B = the row tile MN-major
+    fence.proxy.async; barrier            dS's tile written by the threads, visible to wgmma
+    wgmma.fence; dQ_part = dS·K           m64n{d}k16 per 64 queries over the warpgroup's own 64
+                                          keys: A = dS's tile MN-major ([queries / 64][keys][64]),
+                                          B = the K tile MN-major; commit; wait; float32 atomics
+
+Each warpgroup adds the dQ of its own keys (with two warpgroups, two atomics per element and
+tile instead of one, and no exchange of dS between warpgroups). The tiles are the forward's
+blocked swizzled ones ([stages][width / W][rows][W], TileStaging.blocked), read through
+descriptors (TileStaging.operand).
+"""
+
+from __future__ import annotations
+
+from ...ir import dtype as dt
+from ...ir.errors import ScheduleError
+from ...ir.expr import Const, Expr, TensorRead, Var, atomic_add, compare, substitute
+from ...ir.intrinsics import WARPGROUP_SIZE, WGMMA_N
+from ...ir.stmt import (
+    AsyncProxyFence,
+    Barrier,
+    Buffer,
+    Evaluate,
+    FragmentRef,
+    IfThenElse,
+    SharedMatrix,
+    Stmt,
+    WarpgroupCommit,
+    WarpgroupFence,
+    WarpgroupMatrixMultiply,
+    WarpgroupWait,
+    seq,
+)
+from ..schedule.tensorize_wgmma import wgmma_intrinsic
+from .mma_tiles import block_width, check_wgmma_relayout, descriptor
+from .online_backward import BackwardChain, GradOutput
+from .online_backward_dq import QueryMajor
+from .online_backward_kernels import WHERE, BackwardKernels, Tiles, tile_key
+from .online_backward_key_major import KeyMajor
+
+
+class KeyMajorWgmma(KeyMajor):
+    """The key-block-major kernel on wgmma (module docstring)."""
+
+    def __init__(self, chain: BackwardChain, key_tile: int, rows: int, atomics: bool, name: str | None) -> None:
+        if key_tile not in (64, 128):
+            raise ScheduleError(f"{WHERE} (wgmma): key_tile={key_tile} must be 64 or 128 (a warpgroup per 64 keys)")
+        if rows not in (32, 64, 128) or (atomics and chain.of_kind("row") and rows % 64):
+            raise ScheduleError(f"{WHERE} (wgmma): rows={rows} must be 64 or 128 (the scores' n; dQ's m64 tiles), or 32 "
+                                "when dQ is the query-major kernel's")
+        super().__init__(chain, key_tile, rows, 32, atomics, name)
+        self.warpgroup = self.tx // WARPGROUP_SIZE
+        self.qk = wgmma_intrinsic(self.dtype.name, rows)
+
+    def describe(self) -> str:
+        return "wgmma " + super().describe().replace(f"({self.warps} warps of 16)",
+                                                     f"({self.BN // 64} warpgroups of 64)")
+
+    def _tile_buffer(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
+        return self.blocked(label, read, stages, rows, width)
+
+    def _weights_buffer(self) -> Buffer:
+        """dS's tile as wgmma's MN-major A of dS·K: [BM / W][BN keys][W queries], W = 64."""
+        w = block_width(self.BM)
+        shape = tuple(Const(n, dt.int32) for n in (1, self.BM // w, self.BN, w))
+        return Buffer(self.unique("weights_tile"), self.dtype, shape, "shared", tensor="dS.shared",
+                      layout=descriptor(w, "K").layout)
+
+    def _weights_index(self, rr: Expr, cc: Expr, nt: Expr) -> tuple[Expr, ...]:
+        w = block_width(self.BM)
+        query = nt * 8 + cc
+        return Const(0, dt.int32), query // w, self.warp * 16 + rr, query % w
+
+    def _fragments(self) -> None:
+        chain, BM = self.chain, self.BM
+        self.c_frags = {id(c.node): self.frag("tile_frag", self.qk, "d", BM // 2) for c in chain.contractions}
+        self.pv = {id(o.tensor): wgmma_intrinsic(self.dtype.name, o.columns) for o in chain.outputs if o.operand is not None}
+        for o in chain.outputs:
+            if o.operand is not None and o.columns not in WGMMA_N:
+                raise ScheduleError(f"{WHERE} (wgmma): {o.tensor.name} has {o.columns} columns, not a wgmma n")
+        self.w_frags = {id(o.tensor): self.frag("weight_frag", self.pv[id(o.tensor)], "a", BM // 2)
+                        for o in chain.of_kind("key")}
+        self.accs = {id(o.tensor): self.frag("acc_frag", self.pv[id(o.tensor)], "d", o.columns // 2)
+                     for o in chain.of_kind("key")}
+        # dQ in chunks of 64 columns (one column block of the K tile each: half the accumulator of
+        # d = 128 at once, which keeps the kernel within 255 registers), the whole d below that
+        self.dq_chunk = {id(o.tensor): 64 if o.columns % 64 == 0 else o.columns for o in self.row_side}
+        self.dq_row = {k: wgmma_intrinsic(self.dtype.name, n) for k, n in self.dq_chunk.items()}
+        self.dq_frags = {id(o.tensor): self.frag("row_frag", self.dq_row[id(o.tensor)], "d", self.dq_chunk[id(o.tensor)] // 2)
+                         for o in self.row_side}
+        for o in chain.of_kind("key"):
+            check_wgmma_relayout(self.qk, self.pv[id(o.tensor)], WHERE)
+
+    def _allocations(self) -> list[Buffer]:
+        out = [b for b, _ in self.key_tiles.values()] + [b for b, _ in self.row_tiles.values()]
+        out += [b for b, _ in self.stat_tiles.values()]
+        out += [self.weights_tile] if self.weights_tile is not None else []
+        out += [*self.c_frags.values(), *self.w_frags.values(), *self.accs.values(), *self.dq_frags.values()]
+        return out + list(self.lower.allocs)
+
+    def _publish(self) -> list[Stmt]:
+        """cp.async writes through the generic proxy: the fence makes them visible to wgmma."""
+        return [AsyncProxyFence()]
+
+    def _contractions(self, stage: Expr) -> Stmt:
+        """Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ: the warpgroup's 64 key rows (K-major A) by the row tile (K-major
+        B), scale-d false on the first k16 step; then waited for."""
+        return row_key_contractions(self, stage, keys_first=True)
+
+    def _key_side(self, stage: Expr) -> Stmt:
+        """acc[64 keys x C] += wᵀ·X: A = the weights from registers (k16 step kk of the queries),
+        B = X's row tile MN-major (k = the queries)."""
+        outs = self.chain.of_kind("key")
+        if not outs:
+            return seq()
+        return register_a_outputs(self, stage, outs, self.row_tiles, "query_step", self.BM)
+
+    def _row_side(self) -> Stmt:
+        """dQ_part[64 queries x d] = dS·K over the warpgroup's 64 keys per 64 queries: A = dS's tile
+        MN-major, B = the K tile MN-major; float32 atomics from the accumulator."""
+        if not self.row_side:
+            return seq()
+        assert self.weights_tile is not None
+        chain, zero = self.chain, Const(0, dt.int32)
+        ws = self.weights_tile
+        w = block_width(self.BM)
+        out: list[Stmt] = [AsyncProxyFence(), Barrier()]
+        for o in self.row_side:
+            assert o.operand is not None
+            tile = self.key_tiles[tile_key(o.operand)][0]
+            dq, row, chunk = self.dq_frags[id(o.tensor)], self.dq_row[id(o.tensor)], self.dq_chunk[id(o.tensor)]
+            acc = self.accumulators[id(o.tensor)]
+            tile_w = block_width(self.tile_width(tile))
+            for mq in range(self.BM // 64):
+                for c0 in range(0, o.columns, chunk):
+                    out += [WarpgroupFence(), self.unrolled("key_step", 4, lambda kk, tile=tile, dq=dq, row=row, mq=mq,
+                                                            c0=c0, tw=tile_w: self._dq_step(kk, tile, dq, row, mq, c0, tw)),
+                            WarpgroupCommit(), WarpgroupWait(0, (dq,)),
+                            self.unrolled("dq_n", chunk // 8, lambda nt, mq=mq, c0=c0, dq=dq, acc=acc:
+                                          self._dq_add(nt, mq, c0, dq, acc))]
+        return seq(*out)
+
+    def _dq_step(self, kk: Var, tile: Buffer, dq: Buffer, row: str, mq: int, c0: int, tile_w: int) -> Stmt:
+        """k16 step kk of the warpgroup's 64 keys: A = dS's tile MN-major at queries 64·mq.., B =
+        the K tile MN-major at columns c0.. (a whole column block of it)."""
+        zero = Const(0, dt.int32)
+        assert self.weights_tile is not None
+        w = block_width(self.BM)
+        k = self.warpgroup * 4 + kk
+        a = SharedMatrix(self.weights_tile, mq * (self.BN * w) + k * (16 * w), descriptor(w, "MN", self.BN))
+        b = self.operand(tile, zero, zero, k, mn_major=True)
+        b = SharedMatrix(b.buffer, b.start + (c0 // tile_w) * (self.BN * tile_w), b.descriptor)
+        return WarpgroupMatrixMultiply(row, FragmentRef(dq, zero), a, b, compare("!=", kk, zero))
+
+    def _dq_add(self, nt: Var, mq: int, c0: int, dq: Buffer, acc: Buffer) -> Stmt:
+        """The accumulator's n8 tile nt added to dQ's float32 accumulator (rows past the end not)."""
+        chain = self.chain
+
+        def one(e: Var) -> Stmt:
+            rr, cc = self.c_map(self.lane, e)
+            query = self.q0 + mq * 64 + (self.warp % 4) * 16 + rr
+            at = tuple(substitute(x, {chain.query: query}) for x in chain.row_at)
+            return IfThenElse(compare("<", query, chain.rows[-1]), Evaluate(
+                atomic_add(acc[at + (c0 + nt * 8 + cc,)], dq[4 * nt + e])))
+        return self.unrolled("dq_e", 4, one)
+
+
+class QueryMajorWgmma(QueryMajor):
+    """The query-major dQ kernel (online_backward_dq) on wgmma: one warpgroup per 64 query rows
+    (warp w of the block owning rows 16w.., the accumulator's row pattern), S = Q·Kᵀ and
+    dP = dO·Vᵀ as m64n{BN}k16 (A = the warpgroup's 64 rows of the row tile, B = the key tile, both
+    K-major), dQ += dS·K as m64n{d}k16 with dS the register A and the key tile MN-major."""
+
+    def __init__(self, chain: BackwardChain, rows: int, key_tile: int, name: str | None,
+                 like: BackwardKernels | None = None) -> None:
+        if rows not in (64, 128) or key_tile not in (64, 128):
+            raise ScheduleError(f"{WHERE} (wgmma): the query-major kernel takes 64 or 128 rows (a warpgroup per 64) "
+                                f"and key blocks of 64 or 128, got {rows} x {key_tile}")
+        super().__init__(chain, rows, key_tile, name, like)
+        self.warpgroup = self.tx // WARPGROUP_SIZE
+        self.qk = wgmma_intrinsic(self.dtype.name, key_tile)
+
+    def form(self) -> str:
+        return f"wgmma ({self.BM // 64} warpgroups of 64 rows)"
+
+    def _tile_buffer(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
+        return self.blocked(label, read, stages, rows, width)
+
+    def _publish(self) -> list[Stmt]:
+        return [AsyncProxyFence()]
+
+    def _fragments(self) -> None:
+        BN = self.BN
+        self.c_frags = {id(c.node): self.frag("tile_frag", self.qk, "d", BN // 2) for c in self.chain.contractions}
+        self.pv = {id(o.tensor): wgmma_intrinsic(self.dtype.name, o.columns) for o in self.outputs}
+        self.w_frags = {id(o.tensor): self.frag("weight_frag", self.pv[id(o.tensor)], "a", BN // 2) for o in self.outputs}
+        self.accs = {id(o.tensor): self.frag("acc_frag", self.pv[id(o.tensor)], "d", o.columns // 2)
+                     for o in self.outputs}
+        for o in self.outputs:
+            if o.columns not in WGMMA_N:
+                raise ScheduleError(f"{WHERE} (wgmma): {o.tensor.name} has {o.columns} columns, not a wgmma n")
+            check_wgmma_relayout(self.qk, self.pv[id(o.tensor)], WHERE)
+
+    def _allocations(self) -> list[Buffer]:
+        out = [b for b, _ in self.row_tiles.values()] + [b for b, _ in self.key_tiles.values()]
+        out += [b for b, _ in self.stat_tiles.values()]
+        out += [*self.c_frags.values(), *self.w_frags.values(), *self.accs.values()]
+        return out + list(self.lower.allocs)
+
+    def _contractions(self, stage: Expr) -> Stmt:
+        """S = Q·Kᵀ, dP = dO·Vᵀ: the warpgroup's 64 rows of the row tile (K-major A) by the key
+        tile (K-major B); then waited for."""
+        return row_key_contractions(self, stage, keys_first=False)
+
+    def _row_side(self, stage: Expr) -> Stmt:
+        """acc[64 queries x C] += w·Y: A = the weights from registers (k16 step kk of the keys),
+        B = Y's key tile MN-major (k = the keys)."""
+        return register_a_outputs(self, stage, self.outputs, self.key_tiles, "key_step", self.BN)
+
+
+def row_key_contractions(kernel: KeyMajorWgmma | QueryMajorWgmma, stage: Expr, keys_first: bool) -> Stmt:
+    """Each row-key contraction of the chain into its accumulator as one wgmma group, waited for:
+    A = the staged tile (stage 0, K-major) of its key operand (`keys_first`: the key-block-major
+    kernel's Sᵀ) or its row operand at the warpgroup's 64 rows, B = the other operand's tile of
+    ring stage `stage` (K-major); scale-d false on the first k16 step."""
+    steps = []
+    for c in kernel.chain.contractions:
+        key_tile = kernel.key_tiles[tile_key(c.key_operand)][0]
+        row_tile = kernel.row_tiles[tile_key(c.row_operand)][0]
+        a, b = (key_tile, row_tile) if keys_first else (row_tile, key_tile)
+        steps.append(kernel.wgmma_k_major("depth_step", kernel.qk, kernel.c_frags[id(c.node)], a, kernel.warpgroup * 64,
+                                          b, stage, c.depth // 16))
+    return kernel.wgmma_group(steps, tuple(kernel.c_frags.values()))
+
+
+def register_a_outputs(kernel: KeyMajorWgmma | QueryMajorWgmma, stage: Expr, outs: list[GradOutput], tiles: Tiles,
+                       label: str, k: int) -> Stmt:
+    """acc += w·X for each output of `outs` as one wgmma group, waited for: A = its weights from
+    registers, B = its operand's tile in `tiles` of ring stage `stage` MN-major, over `k` (the
+    queries or the keys) in k16 steps."""
+    steps = []
+    for o in outs:
+        assert o.operand is not None
+        key = id(o.tensor)
+        steps.append(kernel.wgmma_register_a(label, kernel.pv[key], kernel.accs[key], kernel.w_frags[key],
+                                             tiles[tile_key(o.operand)][0], stage, k // 16))
+    return kernel.wgmma_group(steps, tuple(kernel.accs.values()))
+
+
+__all__ = ["KeyMajorWgmma", "QueryMajorWgmma"]

@@ -1,0 +1,349 @@
+"""The fused tail of a tensorized kernel: the stage's own store, applied to each accumulator
+element (the layer the `epilogue` primitive chooses).
+
+Each lane's accumulator elements sit at (row, col) of the block tile by the accumulator
+fragment's layout map (the intrinsic-table row's; the family says where a fragment tile starts:
+`accumulator_position`). Each is stored as the stage's own store with acc[0] replaced by the
+element, guarded by row < M and col < N, the row and column unflattened into their axes: bias,
+activations, residuals, scales and the cast to the output dtype fuse as written. Three ways out:
+
+- "registers": every thread stores its elements to global memory. Elements 2j, 2j + 1 (adjacent
+  columns) are stored together by a vectorize loop where the innermost column extent is even
+  (`output_pair`: one 4- or 8-byte store).
+- "staged": the values go to a padded shared tile of the block's BM x BN outputs, which the block
+  then copies to the output in 16-byte chunks, whole lines per warp (`finish_output`).
+- "tma" (the warp-specialized wgmma kernel): each consumer warpgroup writes its 64 rows into a
+  128B-swizzled staging tile C_stage[BN/W][BM/8][8][W] (W = 128 bytes of output elements; the
+  row's multiple of 8 its own dimension keeps it outside the swizzle's XOR in codegen), fences
+  (fence.proxy.async), meets at a named barrier of its 128 threads (bar.sync 1 + warpgroup), and
+  its thread 0 issues BN/W TMA stores of (64, W) boxes through the output's tensor map (the TMA
+  unit clips them at M and N) as one bulk group. In a persistent block the next tile's writes
+  wait (wait_group.read 0, then the barrier) until the store has read the tile, so it drains
+  under the next k loop. `tma_store_refusal` says when the output cannot take a tensor map (the
+  register epilogue is kept then, and the summary says why).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ...ir.errors import ScheduleError
+from ...ir.expr import BufferLoad, Const, Expr, Var, const_int, substitute
+from ...ir.intrinsics import WARPGROUP_SIZE
+from ...ir.stmt import (
+    AsyncProxyFence,
+    Barrier,
+    Buffer,
+    BufferStore,
+    BulkCommit,
+    BulkWait,
+    For,
+    IfThenElse,
+    NamedBarrier,
+    Stmt,
+    TensorMap,
+    TensorStore,
+    seq,
+)
+from ...ir.tma_stmt import SWIZZLE_BYTES, TMA_ALIGN, swizzle_layout
+from ...ir.visitor import ExprMutator
+from .implicit_gemm import Contraction, unflatten
+from .tile_kernel import TileSchedule, int32, int32_shape
+from .tile_staging import TileStaging
+
+
+class AccumulatorReplacer(ExprMutator):
+    """Every read of the accumulator `acc` in an expression replaced by `value` (the stage's
+    store expression applied to one accumulator element)."""
+
+    def __init__(self, acc: Buffer, value: Expr) -> None:
+        super().__init__()
+        self.acc, self.value = acc, value
+
+    def visit_BufferLoad(self, e: BufferLoad) -> Expr:
+        if e.buffer is self.acc:
+            return self.value
+        return self.generic_visit(e)
+
+
+def paired_columns(c_map: Callable[[Any, Any], tuple[Any, Any]], lanes: int, elements: int) -> bool:
+    """Whether an accumulator layout map keeps elements 2j, 2j + 1 of every lane at (row, col),
+    (row, col + 1) with col even (mma.sync's C and wgmma's D fragments do: PTX ISA, "Matrix
+    fragments"), so one 2-element store writes both (a 4-byte store of 16-bit outputs)."""
+    for lane in range(lanes):
+        for j in range(elements // 2):
+            (r0, c0), (r1, c1) = c_map(lane, 2 * j), c_map(lane, 2 * j + 1)
+            if r0 != r1 or c1 != c0 + 1 or c0 % 2:
+                return False
+    return True
+
+
+def tma_store_refusal(c: Contraction) -> str | None:
+    """Why the stage's output cannot be written by TMA stores from a staging tile, or None: the
+    output a global buffer indexed by plain loop variables -- batch axes, then the row axis, then
+    the column axis innermost --, contiguous rows of a multiple of 16 bytes known at compile
+    time, elements of 2 or 4 bytes."""
+    out = c.store.buffer
+    if out.scope != "global":
+        return f"the output {out.name} is a {out.scope} buffer"
+    if out.dtype.bytes not in (2, 4):
+        return f"the output's {out.dtype} elements are not 2 or 4 bytes"
+    if len(c.rows) != 1 or len(c.cols) != 1:
+        return "its rows or columns are several axes"
+    batch = [v for v, _ in c.batch]
+    indices = c.store.indices
+    if tuple(indices) != (*batch, c.i, c.j) or not all(isinstance(ix, Var) for ix in indices):
+        return "it is not indexed [batch.., row, column] by plain loop variables"
+    if out.strides is not None:
+        if str(out.strides[-1]) != "1":
+            return f"its innermost stride is {out.strides[-1]} (TMA needs contiguous rows)"
+        for s in out.strides[:-1]:
+            if not isinstance(s, Const) or (int(s.value) * out.dtype.bytes) % TMA_ALIGN:
+                return f"its stride {s} is not a compile-time multiple of {TMA_ALIGN} bytes"
+    elif len(out.shape) > 1:
+        row = out.shape[-1]
+        if not isinstance(row, Const) or (int(row.value) * out.dtype.bytes) % TMA_ALIGN:
+            return (f"its rows of {row} elements are not a compile-time multiple of {TMA_ALIGN} bytes "
+                    "(TMA's stride alignment)")
+    return None
+
+
+class KernelEpilogue(TileStaging):
+    """The fused tail (module docstring)."""
+
+    def __init__(self, schedule: TileSchedule) -> None:
+        super().__init__(schedule)
+        c, t = self.c, self.t
+        self.out_tile = self.output_tile() if t.staged_output else None
+        self.store_refusal = tma_store_refusal(c) if t.epilogue == "tma" else None
+        if self.store_refusal is None and t.epilogue == "tma" and self.transposed_output():
+            self.store_refusal = "the accumulators hold Cᵀ (tf32's swapped form)"
+        self.store_staged = t.epilogue == "tma" and self.store_refusal is None
+        if self.store_staged:
+            out = c.store.buffer
+            width = SWIZZLE_BYTES["128B"] // out.dtype.bytes   # output elements per 128-byte staging row
+            self.stage_width = width
+            # [column chunk][row / 8][row % 8][column]: the 8-row period of the swizzle its own
+            # dimension, so that codegen keeps the row's multiple of 8 outside the XOR
+            self.staging = Buffer(f"{out.name}_stage", out.dtype, int32_shape(t.bn // width, t.bm // 8, 8, width),
+                                  "shared", tensor=f"{out.tensor}.stage", layout=swizzle_layout("128B", out.dtype.bytes))
+            box = tuple(64 if ix is c.i else width if ix is c.j else 1 for ix in c.store.indices)
+            self.out_map = TensorMap(out, box, "128B")
+
+    # ---- where the family's accumulators are ------------------------------------------------------
+    def accumulator_lane(self) -> Expr:
+        """The lane index the accumulator fragment's map is evaluated at (per warp or warpgroup)."""
+        raise NotImplementedError
+
+    def accumulator_lanes(self) -> int:
+        raise NotImplementedError
+
+    def accumulator_tiles(self) -> int | None:
+        """Fragment tiles per lane (an unrolled loop over them), or None for one."""
+        raise NotImplementedError
+
+    def tile_elements(self) -> int:
+        """Accumulator elements per lane of one fragment tile."""
+        raise NotImplementedError
+
+    def accumulator_position(self, tile: Expr | None, r: Expr, col: Expr) -> tuple[Expr, Expr]:
+        """(row, column) in the block tile of fragment tile `tile`'s element at (r, col) of its map."""
+        raise NotImplementedError
+
+    def transposed_output(self) -> bool:
+        """Whether the accumulators hold Cᵀ (tf32's swapped wgmma form: its rows are C's columns)."""
+        return False
+
+    # ---- the registers epilogue -------------------------------------------------------------------
+    def epilogue(self) -> Stmt:
+        """Each lane's accumulator elements stored through the stage's own store (module docstring);
+        column pairs in one store where `pairs_columns`; staged when asked (`finish_output`)."""
+        per_tile = self.tile_elements()
+        transposed = self.transposed_output()
+        # Cᵀ's adjacent accumulator columns are adjacent rows of C: no pairs in the swapped form
+        paired = not transposed and self.pairs_columns(self.accumulator_lanes(), per_tile)
+
+        def tile(q: Var | None) -> Stmt:
+            def element(e: Expr) -> Stmt:
+                first = e if q is None else q * per_tile + e
+                r, col = self.c_map(self.accumulator_lane(), e)
+                row, column = self.accumulator_position(q, r, col)
+                if transposed:
+                    return self.output(column, row, self.frag_c[first])
+                if paired:
+                    return self.output_pair(row, column, first)
+                return self.output(row, column, self.frag_c[first])
+            if paired:
+                return self.unrolled("out_e", per_tile // 2, lambda p: element(p * 2))
+            return self.unrolled("out_e", per_tile, element)
+        tiles = self.accumulator_tiles()
+        return self.finish_output(tile(None) if tiles is None else self.unrolled("out_tile", tiles, tile))
+
+    def pairs_columns(self, lanes: int, elements: int) -> bool:
+        """Whether the epilogue stores two adjacent columns per statement (`output_pair`): the
+        accumulator layout keeps elements 2j, 2j + 1 of every lane at (row, col), (row, col + 1)
+        with col even (mma.sync's C and wgmma's D fragments do: PTX ISA, "Matrix fragments"),
+        and the innermost column axis has a constant even extent, so an even column and the
+        next one unflatten to the same outer axes and are both in range or both out."""
+        inner = const_int(self.c.cols[-1][1])
+        if inner is None or inner % 2:
+            return False
+        return paired_columns(self.c_map, lanes, elements)
+
+    def output_values(self, row: Expr, column: Expr) -> dict[Var, Expr]:
+        """The loop axes' values at output (row, column) of the block: the batch axes of the block,
+        the row and the column unflattened into their axes."""
+        c = self.c
+        values: dict[Var, Expr] = {v: self.batch_index[v.name] for v, _ in c.batch}
+        values.update(unflatten(c.rows, row))
+        values.update(unflatten(c.cols, column))
+        return values
+
+    def fused_value(self, element: Expr, values: dict[Var, Expr]) -> Expr:
+        """The stage's store expression with the accumulator replaced by `element`, at `values`."""
+        c = self.c
+        return substitute(AccumulatorReplacer(c.acc, element).visit(c.store.value), values)
+
+    def output(self, row_in_block: Expr, column_in_block: Expr, element: Expr) -> Stmt:
+        """The stage's own store of output (row, column) -- the block's row_in_block,
+        column_in_block --, guarded by row < M and column < N, with the accumulator replaced by
+        `element`: the epilogue fuses as written. With a staged output the value goes to the
+        block's output tile in shared memory instead (`finish_output` stores it)."""
+        c = self.c
+        store = c.store
+        row, column = self.by * self.t.bm + row_in_block, self.bx * self.t.bn + column_in_block
+        values = self.output_values(row, column)
+        value = self.fused_value(element, values)
+        if self.out_tile is not None:
+            target = BufferStore(self.out_tile, (row_in_block, column_in_block), value)
+        else:
+            target = BufferStore(store.buffer, tuple(substitute(ix, values) for ix in store.indices), value)
+        return IfThenElse((row < c.m) & (column < c.n), target)
+
+    def output_pair(self, row_in_block: Expr, column_in_block: Expr, first: Expr) -> Stmt:
+        """Outputs (row, column) and (row, column + 1) from accumulator elements `first` and
+        `first` + 1, column even (`pairs_columns`): a `vectorize` loop of 2 over the innermost
+        column axis, so where the output is contiguous along it codegen stores both with one
+        4-byte (half2) or 8-byte (float2) store instead of two scalar ones -- a warp's store then
+        covers whole 32-byte sectors of 8 rows (16 bytes per row from each of two stores) rather
+        than every other 2-byte element -- and reads a residual operand the same way. The guard
+        is the even column's: column + 1 < N whenever column < N (N even)."""
+        c = self.c
+        store = c.store
+        row, column = self.by * self.t.bm + row_in_block, self.bx * self.t.bn + column_in_block
+        n = self.names.get("out_v", 0)
+        self.names["out_v"] = n + 1
+        lane = Var("out_v" if n == 0 else f"out_v{n}")
+        values = self.output_values(row, column)
+        inner = c.cols[-1][0]
+        values[inner] = values[inner] + lane    # (column + v) % e = column % e + v: e and column even
+        value = self.fused_value(self.frag_c[first + lane], values)
+        if self.out_tile is not None:
+            target = BufferStore(self.out_tile, (row_in_block, column_in_block + lane), value)
+        else:
+            target = BufferStore(store.buffer, tuple(substitute(ix, values) for ix in store.indices), value)
+        body = IfThenElse((row < c.m) & (column < c.n), target)
+        return For(lane, int32(0), int32(2), "vectorize", body)
+
+    # ---- the staged epilogue: the block's outputs through shared memory ------------------------------
+    def output_tile(self) -> Buffer:
+        """The block's BM x BN outputs in shared memory, rows padded by 16 bytes (consecutive
+        rows start 4 banks apart, so a warp's paired stores of 8 rows x 4 lanes hit 32 banks),
+        or a ScheduleError when the output cannot be copied out in 16-byte chunks."""
+        c, t = self.c, self.t
+        where = f"epilogue({c.store.buffer.tensor or c.store.buffer.name}, 'staged')"
+        out = c.store.buffer
+        chunk = 16 // out.dtype.bytes
+        (j, extent), = c.cols if len(c.cols) == 1 else ((None, None),)
+        n = const_int(extent) if extent is not None else None
+        if j is None or n is None or n % chunk:
+            raise ScheduleError(f"{where}: the output is copied out in 16-byte chunks along one column axis of a "
+                                f"constant extent that is a multiple of {chunk}; the columns here are "
+                                f"{', '.join(f'{v.name} ({e})' for v, e in c.cols)}: keep the registers epilogue")
+        if out.strides is not None or not (isinstance(c.store.indices[-1], Var) and c.store.indices[-1] is j):
+            raise ScheduleError(f"{where}: the output {out.name} must be contiguous along its column axis {j.name} "
+                                "(its innermost index): keep the registers epilogue")
+        if (t.bm * t.bn // chunk) % t.threads:
+            raise ScheduleError(f"{where}: a {t.bm}x{t.bn} output tile is not a whole number of 16-byte chunks per "
+                                f"thread for {t.threads} threads")
+        return Buffer(f"{out.name}_out", out.dtype, int32_shape(t.bm, t.bn + chunk), "shared",
+                      tensor=f"{out.tensor}.out")
+
+    def finish_output(self, stores: Stmt) -> Stmt:
+        """The epilogue's statements, then, with a staged output, a barrier and the copy of the
+        block's tile to the output: thread tx copies 16-byte chunks tx, tx + threads, ... in row
+        order (a warp stores whole 128-byte lines of consecutive rows), each guarded by its row
+        and its column (N is a multiple of the chunk) and addressed through the output's own
+        indices with the row unflattened and the column axis at column .. column + chunk - 1
+        (a `vectorize` loop: one 16-byte store, one 16-byte shared load)."""
+        if self.out_tile is None:
+            return stores
+        c, t = self.c, self.t
+        store, tile = c.store, self.out_tile
+        chunk = 16 // tile.dtype.bytes
+        per_row = t.bn // chunk
+        j = c.cols[0][0]
+
+        def piece(i: Var) -> Stmt:
+            index = self.tx + i * t.threads
+            r, col = index // per_row, index % per_row * chunk
+            row, column = self.by * t.bm + r, self.bx * t.bn + col
+            lane = Var("out_copy_v" if i.name == "out_copy" else f"{i.name}_v")
+            values: dict[Var, Expr] = {v: self.batch_index[v.name] for v, _ in c.batch}
+            values.update(unflatten(c.rows, row))
+            values[j] = column + lane
+            indices = tuple(substitute(ix, values) for ix in store.indices)
+            body = IfThenElse((row < c.m) & (column < c.n),
+                              BufferStore(store.buffer, indices, BufferLoad(tile, (r, col + lane))))
+            return For(lane, int32(0), int32(chunk), "vectorize", body)
+        copy = self.unrolled("out_copy", t.bm * t.bn // chunk // t.threads, piece)
+        return seq(stores, Barrier(), copy)
+
+    # ---- the TMA-store epilogue (the warp-specialized wgmma kernel) -----------------------------------
+    def staged_epilogue(self) -> Stmt:
+        """A consumer warpgroup's tile through the swizzled staging tile and TMA stores (module
+        docstring, "tma")."""
+        c, t = self.c, self.t
+        thread = self.tx % WARPGROUP_SIZE
+        width = self.stage_width
+        row0 = self.warpgroup * 64
+
+        def element(e: Var) -> Stmt:
+            r, col = self.c_map(thread, e)
+            row = self.by * t.bm + row0 + r
+            column = self.bx * t.bn + col
+            value = self.fused_value(self.frag_c[e], self.output_values(row, column))
+            local = row0 + r
+            store = BufferStore(self.staging, (col // width, local // 8, local % 8, col % width), value)
+            # the guard keeps the epilogue's own reads (a bias at the column...) in bounds; the
+            # TMA store clips the staged tile's out-of-range rows and columns itself
+            return IfThenElse((row < c.m) & (column < c.n), store)
+        writes = self.unrolled("stage_e", self.tile_elements(), element)
+
+        def copies() -> Stmt:
+            out: list[Stmt] = []
+            for chunk in range(t.bn // width):
+                coords = []
+                for ix in c.store.indices:
+                    if ix is c.i:
+                        coords.append(self.by * t.bm + row0)
+                    elif ix is c.j:
+                        coords.append(self.bx * t.bn + chunk * width)
+                    else:
+                        assert isinstance(ix, Var)
+                        coords.append(self.batch_index[ix.name])
+                out.append(TensorStore(self.staging, (int32(chunk), row0 // 8, int32(0), int32(0)), self.out_map,
+                                       tuple(coords)))
+            return seq(*out, BulkCommit())
+        # one named barrier per consumer warpgroup, id 1 + warpgroup (0 is __syncthreads')
+        sync = NamedBarrier(self.warpgroup + 1, WARPGROUP_SIZE)
+        return seq(
+            IfThenElse(thread == 0, BulkWait(0)) if t.persistent else None,   # the previous tile's store read it
+            sync if t.persistent else None,
+            writes,
+            AsyncProxyFence(),    # the staged values, visible to the TMA unit (async proxy)
+            sync,
+            IfThenElse(thread == 0, copies()))
+
+
+__all__ = ["AccumulatorReplacer", "KernelEpilogue", "paired_columns", "tma_store_refusal"]

@@ -1,0 +1,280 @@
+"""split_k: the k tiles of each output tile divided among S blocks, the float32 partial tiles summed
+in split order by the last block to arrive (tecc/passes/schedule/split_k.py), on every ring of
+both tensor-core families, in the emulator against NumPy float64 under tests/test_tensorize.py's
+bound (exact products, float32 sums: (K + 1)·2⁻²⁴·Σ|a·b|, plus one rounding per 16-bit output or
+epilogue operation). Inputs are fresh random values, outputs start as NaN; the emulator also
+checks the hand-over (stores published by a barrier and a fence before the arrival count).
+The planner's choice (split at the small shapes, not at 4096³) and NVRTC builds (sm_90a, sm_80:
+no spills) close the file."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from test_tensorize import check, contraction, run
+
+import tecc as tc
+from tecc.compiler.cost.analysis import analyze_kernel
+from tecc.compiler.pipeline import refuse_spills
+from tecc.compiler.plan import Plan
+from tecc.compiler.planner import candidates_for, plan_program
+from tecc.compiler.schedule import Schedule
+from tecc.ir.errors import RaceError, ScheduleError
+from tecc.ir.expr import Call
+from tecc.ir.stmt import Evaluate, Seq, Stmt, launch_dims
+from tecc.ir.target import target
+from tecc.ir.visitor import StmtMutator
+from tecc.passes.lower import lower
+from tecc.passes.schedule import tensor_core
+from tecc.runtime.sim import simulate_kernel
+from nvrtc_checks import needs_nvrtc
+from tensor_core_steps import schedule_tensor_core
+
+H200 = target("sm_90").replace(dram_bandwidth=4.92e12, l2_bytes=60 * 2**20, name="H200")
+
+# (what, the tensor-core steps): wgmma's cp.async ring, its warp-specialized TMA ring (one and two
+# consumer warpgroups), persistent with the TMA-store epilogue, and mma.sync's ring
+WGMMA_COPY = dict(intrinsic="wgmma", block=(64, 128), warps=(4, 1), k_tile=64, stages=3)
+WGMMA_TMA = dict(intrinsic="wgmma", block=(64, 64), warps=(4, 1), k_tile=64, stages=3, producer="tma")
+WGMMA_TMA_2WG = dict(intrinsic="wgmma", block=(128, 128), warps=(8, 1), k_tile=64, stages=4, producer="tma",
+                     persistent=5, epilogue="tma")
+MMA = dict(intrinsic="auto", block=(64, 64), warps=(2, 2), k_tile=32, stages=3)
+
+
+def split_run(tensors: list[tc.Tensor], how: dict[str, Any], m: int, n: int, k: int, splits: int,
+              steps: dict[str, Any], batch: int = 0, seed: int = 0) -> tuple[Any, dict[str, np.ndarray]]:
+    """The program built with `steps` and split_k(splits), run in the emulator on fresh inputs."""
+    sch = schedule_tensor_core(Schedule(tensors), splits=splits, **steps)
+    return run(tensors, how, m, n, k, batch=batch, seed=seed, plan=sch.plan)
+
+
+@pytest.mark.parametrize("what,steps,splits,m,n,k,dtype", [
+    # 11 k tiles in 3 parts of 4: the last part runs one zero-filled tile past K
+    ("wgmma cp.async ring", WGMMA_COPY, 3, 72, 136, 700, "float16"),
+    # odd K: A's tiles element-loaded through registers
+    ("wgmma cp.async ring, odd K", WGMMA_COPY, 2, 65, 130, 301, "bfloat16"),
+    # 9 k tiles in 2 parts of 5: one TMA box wholly past K (zero-filled by the tensor map)
+    ("wgmma TMA ring", WGMMA_TMA, 2, 100, 72, 520, "bfloat16"),
+    ("wgmma TMA ring, 2 warpgroups, persistent, TMA-store epilogue", WGMMA_TMA_2WG, 4, 200, 136, 1000, "float16"),
+    # 11 k tiles of 32 in 3 parts of 4
+    ("mma.sync ring", MMA, 3, 70, 72, 333, "float16"),
+    ("mma.sync ring, staged output", dict(MMA, staged_output=True), 2, 64, 64, 256, "bfloat16"),
+    ("mma.sync ring, pipelined fragments, grouped tile order", dict(MMA, fragment_pipeline=True, group_m=2), 2,
+     150, 136, 320, "float16"),
+    ("wgmma cp.async ring, staged output", dict(WGMMA_COPY, staged_output=True), 3, 130, 128, 640, "float16"),
+])
+def test_split_k_matches_numpy(what: str, steps: dict[str, Any], splits: int, m: int, n: int, k: int,
+                               dtype: str) -> None:
+    tensors, how = contraction(m, n, k, dtype, out=dtype if "staged" in what or "TMA-store" in what else "float32")
+    f, arrays = split_run(tensors, how, m, n, k, splits, steps, seed=splits + k)
+    check(arrays, how, f"split-K {splits}, {what}, {dtype} {m}x{n}x{k}")
+    assert f"split-K {splits}" in f.module.kernels[0].attr("tensorize")
+    assert {t.name for t in f.module.temps} == {"C_partials", "C_arrivals"}
+
+
+@pytest.mark.parametrize("producer", ["cp.async", "tma"])
+def test_split_k_of_tf32_wgmma_in_its_transposed_form(producer: str) -> None:
+    """float32 C = A·B with B n-contiguous: the tf32 wgmma kernel computes Cᵀ = Bᵀ·Aᵀ with B's
+    tile from registers (tensorize_wgmma.py, "tf32"); the partials are its accumulators, Cᵀ's,
+    and the epilogue stores them transposed after the sum. 23 k tiles of 32 floats in 3 parts."""
+    from test_tf32 import contraction as tf32_contraction
+    from test_tf32 import tf32_bound
+
+    m, n, k = 100, 136, 730
+    tensors = tf32_contraction(m, n, k)
+    sch = schedule_tensor_core(Schedule(tensors), splits=3, intrinsic="wgmma.tf32", block=(64, 64), warps=(4, 1),
+                               k_tile=32, stages=3, producer=producer)
+    f = tc.build(tensors, target="sim", plan=sch.plan)
+    g = np.random.default_rng(7)
+    a, b = g.standard_normal((m, k)).astype(np.float32), g.standard_normal((k, n)).astype(np.float32)
+    out = np.full((m, n), np.nan, np.float32)
+    f(a, b, out)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    assert (np.abs(out - a64 @ b64) <= tf32_bound(a64, b64)).all()
+    assert "C^T = B^T.A^T" in f.module.kernels[0].attr("tensorize")
+
+
+@pytest.mark.parametrize("steps,splits", [(WGMMA_COPY, 3), (dict(WGMMA_TMA, persistent=7, epilogue="tma"), 2),
+                                          (MMA, 2)])
+def test_batched_split_k_with_a_fused_bias_and_relu(steps: dict[str, Any], splits: int) -> None:
+    """Three batches, each output tile's parts on blockIdx.z (or consecutive persistent work
+    units); the epilogue (bias, relu, the cast) runs once, in the last part, on the summed tile."""
+    b, m, n, k = 3, 80, 72, 450
+
+    def bias_relu(x: Any, bias: Any) -> Any:
+        return tc.maximum(x + bias, tc.const(0, "float16"))
+    tensors, how = contraction(m, n, k, "float16", batch=b, out="float16", epilogue=bias_relu)
+    f, arrays = split_run(tensors, how, m, n, k, splits, steps, batch=b, seed=b * k)
+    check(arrays, how, f"batched split-K {splits}", epilogue=lambda x, bias: np.maximum(x + bias, 0.0))
+
+
+@pytest.mark.parametrize("steps", [WGMMA_COPY, dict(WGMMA_TMA, persistent=5)])
+def test_split_k_with_a_symbolic_row_count(steps: dict[str, Any]) -> None:
+    """The partials and counters are sized by M at launch; a call with more rows grows them (the
+    counters zeroed again), one with fewer keeps their zero prefix."""
+    M = tc.var("M")
+    tensors, how = contraction(M, 72, 500, "float16")
+    sch = schedule_tensor_core(Schedule(tensors), splits=2, **steps)
+    for m in (50, 200, 70):
+        _, arrays = run(tensors, how, m, 72, 500, seed=m, plan=sch.plan, sizes={"M": 256})
+        check(arrays, how, f"split-K 2, M = {m}")
+
+
+def test_split_k_is_bit_identical_run_to_run_and_across_rings() -> None:
+    """The parts' sums go in split order 0, 1, ... whoever arrives last: the same plan twice, the
+    cp.async and TMA rings, one block per part or a persistent grid all give the same bits (each
+    part's k loop is the same wgmma sequence)."""
+    m, n, k = 130, 64, 640
+    tensors, how = contraction(m, n, k, "float16")
+    results = []
+    for steps in (WGMMA_TMA, WGMMA_TMA, dict(WGMMA_TMA, persistent=3), dict(WGMMA_COPY, block=(64, 64))):
+        _, arrays = split_run(tensors, how, m, n, k, 5, steps, seed=11)
+        check(arrays, how, "split-K 5")
+        results.append(arrays["C"])
+    for other in results[1:]:
+        assert np.array_equal(results[0].view(np.uint32), other.view(np.uint32))
+    _, unsplit = run(tensors, how, m, n, k, seed=11, plan=schedule_tensor_core(Schedule(tensors), **WGMMA_TMA).plan)
+    assert not np.array_equal(unsplit["C"], results[0])   # another summation order: not the same bits
+
+
+def test_the_plan_replays_to_the_same_module() -> None:
+    tensors, _ = contraction(72, 136, 700, "float16")
+    sch = schedule_tensor_core(Schedule(tensors), splits=3, **WGMMA_COPY)
+    again = Schedule(tensors, plan=Plan.from_json(sch.plan.to_json()))
+    assert str(again.mod) == str(sch.mod)
+    assert [s.primitive for s in sch.plan.steps].count("split_k") == 1
+
+
+def test_split_k_refuses_what_it_cannot_split() -> None:
+    tensors, _ = contraction(64, 64, 256, "float16")   # 4 k tiles of 64
+    sch = schedule_tensor_core(Schedule(tensors), **WGMMA_COPY)
+    with pytest.raises(ScheduleError, match="at least 2"):
+        sch.split_k("C", 1)
+    with pytest.raises(ScheduleError, match="4 k tile"):
+        sch.split_k("C", 5)
+    sch.split_k("C", 2)
+    with pytest.raises(ScheduleError, match="split already"):
+        sch.split_k("C", 2)
+    with pytest.raises(ScheduleError, match="tensorize"):
+        Schedule(tensors).split_k("C", 2)
+
+
+class _DropFences(StmtMutator):
+    """The kernel without its thread fences (the hand-over's release and acquire)."""
+
+    def visit_Seq(self, s: Seq) -> Stmt:
+        kept = [self.visit(x) for x in s.stmts
+                if not (isinstance(x, Evaluate) and isinstance(x.value, Call) and x.value.name == "thread_fence")]
+        return Seq(tuple(kept))
+
+
+def test_a_hand_over_without_its_fence_is_reported() -> None:
+    """A part's partial stores must be released (a barrier, then the leader's fence) before its
+    arrival count, or the last part may read stale partials: the emulator's publish check."""
+    m, n, k = 64, 64, 512
+    tensors, _ = contraction(m, n, k, "float16")
+    func = lower(tensors).kernels[0]
+    func = tensor_core.tensorize(func, "C", "wgmma", (64, 64), (4, 1), 64)
+    for operand in tensor_core.gemm_operands(func, "C"):
+        func = tensor_core.stage_operand(func, "C", operand)
+    func = tensor_core.pipeline(func, tensor_core.K_TILE_LOOP, 3)
+    func = tensor_core.split_k(func, "C", 2)
+    g = np.random.default_rng(2)
+    args = {"A": g.standard_normal((m, k)).astype(np.float16), "B": g.standard_normal((k, n)).astype(np.float16),
+            "C": np.full((m, n), np.nan, np.float32), "C_partials": np.zeros((1, 2, 32, 128), np.float32),
+            "C_arrivals": np.zeros(1, np.int32)}
+    dims = launch_dims(func)
+    grid = tuple(int(x.value) for x in dims.grid)  # type: ignore[attr-defined]
+    simulate_kernel(func, args, grid, dims.block)
+    exact = args["A"].astype(np.float64) @ args["B"].astype(np.float64)
+    assert np.allclose(args["C"], exact, rtol=1e-3, atol=1e-3) and args["C_arrivals"][0] == 0
+    with pytest.raises(RaceError, match="unpublished global stores"):
+        simulate_kernel(_DropFences().visit_func(func), args, grid, dims.block)
+
+
+# ---- the planner ----------------------------------------------------------------------------------
+
+def gemm(batch: int, m: int, n: int, k: int) -> list[tc.Tensor]:
+    tensors, _ = contraction(m, n, k, "float16", batch=batch, out="float16")
+    return tensors
+
+
+def chosen(tensors: list[tc.Tensor], tgt: Any = H200) -> Any:
+    return plan_program(tensors, tgt).kernels[0].chosen
+
+
+@pytest.mark.parametrize("shape,splits", [((1, 1024, 1024, 8192), 4), ((1, 1024, 1024, 4096), 2),
+                                          ((1, 8192, 64, 8192), 2)])
+def test_the_planner_splits_k_where_output_tiles_are_few(shape: tuple[int, int, int, int], splits: int) -> None:
+    """H200 (132 SMs): 1024 x 1024 x 8192 is 32 tiles of 128 x 256 with 128 k tiles each, 8192 x
+    64 x 8192 128 tiles of 64 x 64. Splitting K fills the SMs without shrinking the tiles, and
+    the model prices the partials' traffic, the hand-over and the last part's sum against that."""
+    c = chosen(gemm(*shape))
+    assert c.strategy.name == "gemm_wgmma" and int(c.point.get("split", 1)) == splits, c.label
+    ranked = plan_program(gemm(*shape), H200, keep=10**6).kernels[0].ranked
+    best_unsplit = min((x for x in ranked if x.strategy.name == "gemm_wgmma" and "split" not in x.point),
+                       key=lambda x: x.cost.total)
+    assert c.cost.total < best_unsplit.cost.total
+    assert any("split-K" in note for note in c.workload.notes)
+
+
+def test_at_1000_cubed_split_points_are_offered_and_priced_above_the_unsplit_pick() -> None:
+    """1000³ (16 k tiles): 64 x 128 tiles already give 128 blocks, bound by L2 in the model; a
+    split of 128 x 128 tiles reads fewer panels but adds the hand-over (~0.6 µs) and its
+    partials: predicted 3% slower, so the planner keeps K whole (benchmarks/gemm_small.py
+    times both)."""
+    info = analyze_kernel(lower(gemm(1, 1000, 1000, 1000)).kernels[0])
+    cands, _ = candidates_for(info, H200, only=["gemm_wgmma"])
+    split = min((c for c in cands if c.cost.ok and "split" in c.point), key=lambda c: c.cost.total)
+    pick = chosen(gemm(1, 1000, 1000, 1000))
+    assert "split" not in pick.point and pick.cost.total <= split.cost.total <= 1.10 * pick.cost.total
+
+
+@pytest.mark.parametrize("shape", [(1, 4096, 4096, 4096), (1, 2048, 2048, 2048), (32, 512, 512, 512)])
+def test_the_planner_keeps_k_whole_where_tiles_fill_the_gpu(shape: tuple[int, int, int, int]) -> None:
+    c = chosen(gemm(*shape))
+    assert "split" not in c.point, c.label
+
+
+def test_a_one_k_tile_batch_offers_no_split() -> None:
+    """The 64-batch 512 x 512 x 64 bmm (attention's Q·Kᵀ) has one 64-wide k tile per output tile:
+    nothing to split, and 512 output tiles fill the SMs anyway."""
+    info = analyze_kernel(lower(gemm(64, 512, 512, 64)).kernels[0])
+    cands, _ = candidates_for(info, H200, only=["gemm_wgmma"])
+    assert cands and all("split" not in c.point for c in cands)
+
+
+# ---- NVRTC ------------------------------------------------------------------------------------------
+
+@needs_nvrtc
+@pytest.mark.parametrize("shape", [(1, 1024, 1024, 4096), (1, 1024, 1024, 8192), (4, 256, 256, 4096)])
+def test_the_planned_split_kernels_compile_without_spills_for_sm_90a(shape: tuple[int, int, int, int]) -> None:
+    tensors = gemm(*shape)
+    planned = plan_program(tensors, H200, compile_check=refuse_spills)   # what build plans on an H200
+    f = tc.build(tensors, target="cuda", plan=planned.plan, arch="sm_90a")
+    res = f.resources["C_kernel"]
+    assert res.spill_stores == 0 and res.spill_loads == 0, (planned.plan.reason, res)
+    assert "split_k" in [s.primitive for s in planned.plan.steps], planned.plan.reason
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("steps", [WGMMA_COPY, dict(WGMMA_TMA_2WG, persistent=132)])
+def test_split_wgmma_kernels_compile_without_spills(steps: dict[str, Any]) -> None:
+    tensors, _ = contraction(1000, 1000, 1000, "float16", out="float16")
+    sch = schedule_tensor_core(Schedule(tensors), splits=4, **steps)
+    res = tc.build(tensors, target="cuda", plan=sch.plan, arch="sm_90a").resources["C_kernel"]
+    assert res.spill_stores == 0 and res.spill_loads == 0, res
+
+
+@needs_nvrtc
+def test_a_split_mma_sync_kernel_compiles_without_spills_for_sm_80() -> None:
+    """128 x 128 over 4 x 2 warps of 32 x 64 (165 registers with split-K 4). With 2 x 2 warps of
+    64 x 64 (214 unsplit) the sum of the partials takes ptxas to 255 and spills at S = 4: the
+    planner's compile check passes over such points."""
+    tensors, _ = contraction(1000, 1000, 1000, "bfloat16", out="bfloat16")
+    sch = schedule_tensor_core(Schedule(tensors), splits=4, intrinsic="auto", block=(128, 128), warps=(4, 2),
+                               k_tile=32, stages=4)
+    res = tc.build(tensors, target="cuda", plan=sch.plan, arch="sm_80").resources["C_kernel"]
+    assert res.spill_stores == 0 and res.spill_loads == 0, res
