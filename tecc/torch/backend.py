@@ -135,8 +135,11 @@ def compile_graph(gm: GraphModule, example_inputs: Sequence[Any], opts: Options,
     emulate = _emulated(gm)
     target = _target(emulate)
     key = None
+    # torch.use_deterministic_algorithms(True): scatters sum in a fixed order, never by atomics
+    deterministic = torch.are_deterministic_algorithms_enabled()
     if cache.enabled() and not opts.dump_ir:  # a hit writes no dumps: compile when they are asked for
-        key = cache.graph_key(gm, {"fallback": opts.fallback, "arch": opts.arch}, target)
+        key = cache.graph_key(gm, {"fallback": opts.fallback, "arch": opts.arch, "deterministic": deterministic},
+                              target)
         hit = cache.load_graph(key)
         if hit is not None:
             compiled, report = hit
@@ -153,7 +156,8 @@ def compile_graph(gm: GraphModule, example_inputs: Sequence[Any], opts: Options,
     kernels = []
     for seg in plan.segments:
         dump = f"{opts.dump_ir}/{name}/{seg.name}" if opts.dump_ir else None
-        kernels.append(build(seg.args, target=target, name=seg.name, arch=opts.arch, dump_ir=dump))
+        kernels.append(build(seg.args, target=target, name=seg.name, arch=opts.arch, dump_ir=dump,
+                             deterministic=deterministic))
     compiled: CompiledGraph = assemble(plan, kernels, emulate)
     report = GraphReport.of(plan, kernels, time.perf_counter() - start)
     compiled.report = report

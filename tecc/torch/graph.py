@@ -3,7 +3,9 @@ and the programs (segments) the computed nodes form.
 
 1. **Classify.** Every node is lowered once in graph order (lowering/): a node whose lowering
    raises `Unsupported`, or whose op has none, runs as ATen (a *fallback*, with the reason);
-   nodes that compute symbolic sizes are evaluated on the host.
+   nodes that compute symbolic sizes are evaluated on the host. A graph with random ops gets a
+   *seed node* first (`aten.randint` of one int64, run as ATen at each call before the first
+   program that reads it): the random ops read it as an input (lowering/random.py).
 2. **Levels.** A computed node's level is the number of fallbacks it must wait for: the highest
    level among its computed inputs, and one past every fallback it reads. A fallback runs after
    the program of the highest level among its inputs. So the graph becomes programs and ATen
@@ -30,13 +32,15 @@ from torch.fx import GraphModule, Node
 
 from ..ir.expr import Const, Var, free_vars
 from ..ir.tensor import ComputeOp, Tensor, compute, placeholder
-from .lowering import LOWERINGS, LoweringContext, Sizes, Unsupported, is_view, tecc_dtype, why_not
+from .lowering import (LOWERINGS, RANDOM_OPS, LoweringContext, RandomDraws, Sizes, Unsupported, is_view, tecc_dtype,
+                       why_not)
 from .lowering.context import Namer
 
 # node kinds: a graph input; computed by a tecc program; run as ATen; a size evaluated on the
 # host; an output of a lowered op that tecc does not compute (attention's random-generator state
-# with dropout off, ...), made by torch as zeros of its shape and dtype, or None
-INPUT, TECC, ATEN, SCALAR, FILLER = "input", "tecc", "aten", "scalar", "filler"
+# with dropout off, ...), made by torch as zeros of its shape and dtype, or None; the seed of the
+# graph's random ops, drawn by ATen at each call (an input of the programs: it splits none)
+INPUT, TECC, ATEN, SCALAR, FILLER, SEED = "input", "tecc", "aten", "scalar", "filler", "seed"
 
 
 @dataclass
@@ -71,6 +75,7 @@ class GraphPlan:
     reasons: dict[Node, str]
     level: dict[Node, int]
     segments: list[Segment]
+    seed: Node | None = None
 
     @property
     def fallbacks(self) -> list[Node]:
@@ -115,8 +120,10 @@ def _scalar_value(node: Node) -> Any:
 class _Lowerer:
     """Lowers nodes into one program; values from outside become placeholders."""
 
-    def __init__(self, sizes: Sizes, kinds: dict[Node, str], inside: Callable[[Node], bool]) -> None:
-        self.ctx = LoweringContext(sizes, Namer())
+    def __init__(self, sizes: Sizes, kinds: dict[Node, str], inside: Callable[[Node], bool],
+                 random: RandomDraws | None = None, seed: Node | None = None) -> None:
+        read_seed = None if seed is None else (lambda: self.placeholder(seed))
+        self.ctx = LoweringContext(sizes, Namer(), random, read_seed)
         self.sizes = sizes
         self.kinds = kinds
         self.inside = inside
@@ -168,12 +175,14 @@ class _Lowerer:
         lowering = LOWERINGS.get(node.target)
         if lowering is None:
             raise Unsupported(why_not(node.target))
-        args = [self.argument(a) for a in node.args]
-        kwargs = {k: self.argument(v) for k, v in node.kwargs.items()}
         self.ctx.node = node
         try:
-            empty = _empty_result(self.ctx)
-            value = empty if empty is not None else lowering(self.ctx, *args, **kwargs)
+            value = _empty_result(self.ctx)  # needs no argument (one may have a dtype tecc lacks)
+            if value is None:
+                args = [self.argument(a) for a in node.args]
+                kwargs = {k: self.argument(v) for k, v in node.kwargs.items()}
+                self.ctx.node = node  # lowering the arguments may have lowered other nodes
+                value = lowering(self.ctx, *args, **kwargs)
         finally:
             self.ctx.node = None
         self.values[node] = value
@@ -197,12 +206,32 @@ def _contiguous(val: torch.Tensor) -> bool:
         return False
 
 
-def classify(gm: GraphModule, sizes: Sizes, bound: set[Any]) -> tuple[dict[Node, str], dict[Node, str]]:
-    """Each node's kind (input / tecc / aten / scalar), and why each fallback is one."""
+def seed_node(gm: GraphModule) -> Node | None:
+    """The graph's seed node, added after its inputs when a node draws random numbers: one int64
+    from torch's default generator of the device of the first such node (module docstring)."""
+    drawing = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in RANDOM_OPS]
+    if not drawing:
+        return None
+    val = drawing[0].meta.get("val")
+    device = val.device if isinstance(val, torch.Tensor) else torch.device("cpu")
+    first = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    with gm.graph.inserting_before(first):
+        node = gm.graph.create_node("call_function", torch.ops.aten.randint.low, (0, 2**63 - 1, [1]),
+                                    {"dtype": torch.int64, "device": device}, name="tecc_seed")
+    node.meta["val"] = torch.empty((1,), dtype=torch.int64, device="meta")
+    return node
+
+
+def classify(gm: GraphModule, sizes: Sizes, bound: set[Any], random: RandomDraws | None = None,
+             seed: Node | None = None) -> tuple[dict[Node, str], dict[Node, str]]:
+    """Each node's kind (input / tecc / aten / scalar / seed), and why each fallback is one."""
     kinds: dict[Node, str] = {}
     reasons: dict[Node, str] = {}
-    lowerer = _Lowerer(sizes, kinds, lambda n: True)
+    lowerer = _Lowerer(sizes, kinds, lambda n: True, random, seed)
     for node in gm.graph.nodes:
+        if node is seed:
+            kinds[node] = SEED
+            continue
         if node.op == "placeholder":
             kinds[node] = SCALAR if _scalar_value(node) is not None else INPUT
             continue
@@ -275,7 +304,7 @@ def _users_outside(node: Node, kinds: dict[Node, str], level: dict[Node, int], h
 
 
 def segments(gm: GraphModule, name: str, sizes: Sizes, kinds: dict[Node, str],
-             level: dict[Node, int]) -> list[Segment]:
+             level: dict[Node, int], random: RandomDraws | None = None, seed: Node | None = None) -> list[Segment]:
     """The programs, one per level, lowered with their placeholders and outputs."""
     by_level: dict[int, list[Node]] = {}
     for node in gm.graph.nodes:
@@ -286,7 +315,7 @@ def segments(gm: GraphModule, name: str, sizes: Sizes, kinds: dict[Node, str],
         members = by_level[lvl]
         seg = Segment(index, f"{name}_p{index}", members)
         home = set(members)
-        lowerer = _Lowerer(sizes, kinds, lambda n, home=home: n in home)  # type: ignore[misc]
+        lowerer = _Lowerer(sizes, kinds, lambda n, home=home: n in home, random, seed)  # type: ignore[misc]
         for node in members:
             lowerer.value(node)
         outputs = [n for n in members if not is_view_node(n, kinds) and isinstance(lowerer.values.get(n), Tensor)
@@ -343,6 +372,9 @@ def _unbound_sizes(args: list[Tensor]) -> list[Var]:
 
 
 def plan_graph(gm: GraphModule, name: str, sizes: Sizes, bound: set[Any]) -> GraphPlan:
-    kinds, reasons = classify(gm, sizes, bound)
+    seed = seed_node(gm)
+    random = RandomDraws()
+    kinds, reasons = classify(gm, sizes, bound, random, seed)
     level = levels(gm, kinds)
-    return GraphPlan(gm, name, sizes, kinds, reasons, level, segments(gm, name, sizes, kinds, level))
+    return GraphPlan(gm, name, sizes, kinds, reasons, level, segments(gm, name, sizes, kinds, level, random, seed),
+                     seed)

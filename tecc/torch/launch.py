@@ -2,7 +2,8 @@
 
 Order: the program of level 0, the ATen ops of level 0 (in graph order), the program of level
 1, ... (graph.py defines the levels). A view that leaves a program is made right before its first
-reader. Every slot is freed after the last step that reads it.
+reader, the seed of the random ops (graph.py) right before the first program that reads it.
+Every slot is freed after the last step that reads it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torch.fx import Node
 
 from ..compiler.kernel import Kernel
 from ..ir.expr import Var
-from .graph import ATEN, FILLER, SCALAR, TECC, GraphPlan, is_view_node, view_base
+from .graph import ATEN, FILLER, SCALAR, SEED, TECC, GraphPlan, is_view_node, view_base
 from .lowering.context import static_int, torch_dtype_of
 from .runtime import CompiledGraph, MakeView, RunAten, RunProgram, Size, Slot, Step
 
@@ -72,6 +73,8 @@ class _Assembler:
             shape = tuple(self.size(s) for s in val.shape)
             self.add(RunAten(torch.zeros, (shape,), {"dtype": val.dtype, "device": val.device}, self.new_slot(node),
                              node.name), set())
+        if kind == SEED and node not in self.slot:  # drawn right before the first program reading it
+            self.aten(node)
         if node not in self.slot and kind == TECC and is_view_node(node, self.plan.kinds):
             self.make_view(node)
         if node not in self.slot:

@@ -22,7 +22,7 @@ from torch.fx import Node
 
 from ..compiler.kernel import Kernel
 from ..ir.tensor import ComputeOp, Tensor
-from .graph import ATEN, INPUT, SCALAR, TECC, GraphPlan, is_view_node, op_name
+from .graph import ATEN, INPUT, SCALAR, SEED, TECC, GraphPlan, is_view_node, op_name
 
 _RECENT: deque["GraphReport"] = deque(maxlen=64)
 
@@ -142,6 +142,8 @@ def placement(plan: GraphPlan, kernels: Sequence[Kernel]) -> dict[str, str]:
             out[node.name] = "input"
         elif kind == SCALAR:
             out[node.name] = "size, evaluated on the host"
+        elif kind == SEED:
+            out[node.name] = "the random ops' seed, drawn by torch's generator at each call"
         elif kind == ATEN:
             reason = plan.reasons.get(node, "")
             out[node.name] = f"ATen{': ' + reason if reason else ''}"

@@ -5,8 +5,7 @@ them); it raises `Unsupported` when tecc cannot compute this node, which then ru
 inside the compiled graph (graph.py). `VIEW_OPS` are the ops whose result is a view of their
 first argument: inside a program they are index expressions, and a view that leaves a program
 (a graph output, an ATen op's argument) is made by torch on the materialized base.
-`PENDING` names the ops that wait for an IR capability and why; each becomes one entry of
-LOWERINGS when it lands.
+`RANDOM_OPS` draw random numbers: a graph holding one gets a seed drawn per call (random.py).
 """
 
 from __future__ import annotations
@@ -16,8 +15,8 @@ from typing import Any, Callable
 
 import torch
 
-from . import attention, creation, matmul, pooling, reductions, views
-from .context import LoweringContext, Sizes, Unsupported, aten, prims, tecc_dtype
+from . import attention, creation, indexing, matmul, pooling, random, reductions, views
+from .context import LoweringContext, RandomDraws, Sizes, Unsupported, aten, prims, tecc_dtype
 from .pointwise import POINTWISE, lower_cast, lower_pointwise
 
 Lowering = Callable[..., Any]
@@ -128,6 +127,25 @@ def _table() -> dict[Any, Lowering]:
         aten._scaled_dot_product_flash_attention_backward.default: attention.lower_flash_backward,
         aten._scaled_dot_product_efficient_attention_backward.default: attention.lower_efficient_backward,
         aten._scaled_dot_product_cudnn_attention_backward.default: attention.lower_cudnn_backward,
+        aten.embedding.default: indexing.lower_embedding,
+        aten.embedding_dense_backward.default: indexing.lower_embedding_dense_backward,
+        aten.gather.default: indexing.lower_gather,
+        aten.scatter.value: indexing.lower_scatter,
+        aten.scatter.src: indexing.lower_scatter,
+        aten.scatter.reduce: indexing.lower_scatter_reduce,
+        aten.scatter.value_reduce: indexing.lower_scatter_reduce,
+        aten.scatter_add.default: indexing.lower_scatter_add,
+        aten.index.Tensor: indexing.lower_index,
+        aten._unsafe_index.Tensor: indexing.lower_index,
+        aten.index_select.default: indexing.lower_index_select,
+        aten.index_put.default: indexing.lower_index_put,
+        aten._unsafe_index_put.default: indexing.lower_index_put,
+        aten.rand.default: random.lower_rand,
+        aten.rand_like.default: random.lower_rand_like,
+        aten.randn.default: random.lower_randn,
+        aten.randn_like.default: random.lower_randn_like,
+        aten.bernoulli.p: random.lower_bernoulli_p,
+        aten.bernoulli.default: random.lower_bernoulli,
     })
     return table
 
@@ -142,25 +160,15 @@ VIEW_OPS: frozenset[Any] = frozenset({
     aten.select.int, aten.split_with_sizes.default, aten.split.Tensor, aten.diagonal.default,
 })
 
-_GATHER = "needs data-dependent indices (a tensor's values as indices), which tecc's IR does not have yet"
-_RAND = "needs tc.rand (a counter-based random generator), which tecc's IR does not have yet"
-
-# ops that wait for an IR capability: each becomes one LOWERINGS entry when it lands
-PENDING: dict[Any, str] = {
-    aten.embedding.default: _GATHER, aten.embedding_dense_backward.default: _GATHER,
-    aten.gather.default: _GATHER, aten.index.Tensor: _GATHER, aten.index_select.default: _GATHER,
-    aten.scatter.value: _GATHER, aten.scatter.src: _GATHER, aten.scatter_add.default: _GATHER,
-    aten.index_put.default: _GATHER, aten._unsafe_index_put.default: _GATHER,
-    aten.rand.default: _RAND, aten.rand_like.default: _RAND, aten.bernoulli.default: _RAND,
-    aten.bernoulli.p: _RAND, aten.native_dropout.default: _RAND, aten.randn.default: _RAND,
-    aten.randint.low: _RAND,
-}
+# ops that draw random numbers: a graph holding one gets a seed node (graph.py)
+RANDOM_OPS: frozenset[Any] = frozenset({
+    aten.rand.default, aten.rand_like.default, aten.randn.default, aten.randn_like.default, aten.bernoulli.p,
+    aten.bernoulli.default,
+})
 
 
 def why_not(op: Any) -> str:
     """Why `op` has no lowering (for the fallback report)."""
-    if op in PENDING:
-        return PENDING[op]
     if isinstance(op, torch._ops.OpOverload) and op._schema.is_mutable:
         return "mutates its arguments (an in-place op runs as ATen)"
     return "has no tecc lowering yet"
@@ -172,5 +180,5 @@ def is_view(target: Any) -> bool:
 
 Filler = attention.Filler
 
-__all__ = ["Filler", "LOWERINGS", "PENDING", "VIEW_OPS", "LoweringContext", "Sizes", "Unsupported", "is_view", "operator",
-           "tecc_dtype", "why_not"]
+__all__ = ["Filler", "LOWERINGS", "RANDOM_OPS", "VIEW_OPS", "LoweringContext", "RandomDraws", "Sizes", "Unsupported",
+           "is_view", "operator", "tecc_dtype", "why_not"]

@@ -21,6 +21,7 @@ from ...ir import dtype as dt
 from ...ir.dtype import DType
 from ...ir.expr import Const, Expr, ExprLike, const_int
 from ...ir.ops import cast
+from ...ir.philox import rand
 from ...ir.tensor import Tensor, compute, var
 
 aten = torch.ops.aten
@@ -195,14 +196,37 @@ class Namer:
         return cand
 
 
+class RandomDraws:
+    """The random numbers of one graph (lowering/random.py): each call of the compiled graph
+    draws one 64-bit seed from torch's generator (the graph's seed node, graph.py), and every
+    random node of the graph reads `tc.rand(shape, seed, offset)` at its own counter offset: the
+    offsets of the nodes before it plus ceil(elements / 4) each, so that no two nodes of a call
+    share a Philox counter. A node keeps its offset when it is lowered again (in its program)."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[torch.fx.Node, ExprLike] = {}
+        self.next: ExprLike = 0
+
+    def offset(self, node: torch.fx.Node, elements: ExprLike) -> ExprLike:
+        found = self.offsets.get(node)
+        if found is None:
+            found = self.offsets[node] = self.next
+            self.next = self.next + (elements + 3) // 4
+        return found
+
+
 class LoweringContext:
     """The state of lowering one program: its sizes, its names, and the FX node being lowered
-    (whose result metadata, `node.meta["val"]`, gives shapes and dtypes)."""
+    (whose result metadata, `node.meta["val"]`, gives shapes and dtypes); for random ops, the
+    graph's draws and a callable giving the program's seed placeholder."""
 
-    def __init__(self, sizes: Sizes, namer: Namer | None = None) -> None:
+    def __init__(self, sizes: Sizes, namer: Namer | None = None, random: RandomDraws | None = None,
+                 seed: Callable[[], Tensor] | None = None) -> None:
         self.sizes = sizes
         self.namer = namer or Namer()
         self.node: torch.fx.Node | None = None
+        self.random = random
+        self.seed = seed
 
     # ---- the node being lowered ----------------------------------------------------------------
     @property
@@ -231,3 +255,14 @@ class LoweringContext:
     def compute(self, shape: Sequence[ExprLike], fcompute: Callable[..., ExprLike], suffix: str = "") -> Tensor:
         """A compute of the current node's name (with `suffix` for its helper stages)."""
         return compute(tuple(shape), fcompute, name=self.name(suffix))
+
+    def uniform(self, shape: Sequence[ExprLike], suffix: str = "_uniform") -> Tensor:
+        """float32 uniforms in [0, 1) of `shape` for the current node, new every call of the
+        graph (RandomDraws)."""
+        if self.random is None or self.seed is None or self.node is None:
+            raise Unsupported("random numbers outside a graph with a seed")
+        elements: ExprLike = 1
+        for s in shape:
+            elements = elements * s
+        offset = self.random.offset(self.node, elements)
+        return rand(tuple(shape), self.seed(), offset, name=self.name(suffix))
