@@ -171,10 +171,9 @@ def test_conv_net_in_eval_matches_eager():
     x = torch.randn(2, 3, 12, 12)
     with torch.no_grad():
         ref = model(x)
-        y = compiled(model)(x)
+        y = compiled(model, fallback="error")(x)
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
-    # convolution runs as ATen until its lowering lands (docs/models.md)
-    assert fallen_back() <= {"aten.convolution.default"}
+    assert fallen_back() == set()
 
 
 def test_one_dynamic_compile_serves_three_sequence_lengths():

@@ -46,6 +46,7 @@ LOWERED = [
     "nn.functional.max_pool2d", "nn.functional.avg_pool2d", "nn.functional.adaptive_avg_pool2d",
     "nn.functional.embedding", "gather", "take_along_dim", "scatter", "scatter_add", "index_select", "index_add",
     "index_put", "nn.functional.cross_entropy", "nn.functional.nll_loss",
+    "nn.functional.conv1d", "nn.functional.conv2d", "nn.functional.conv3d", "as_strided",
 ]
 # samples using a feature tecc leaves to ATen on purpose (docs/models.md): skipped, with the reason
 LEFT_TO_ATEN = {

@@ -6,7 +6,7 @@ target and GPU (architecture and device name), and the versions (tecc's sources,
 an entry holds each program as a saved artifact (`kernel.save`: cubin, manifest, loop IR, run
 with the runtime alone; docs/runtime.md) and the launch list as JSON (`graph.json`):
 
-    TECC_CACHE_DIR/graphs/v1/<key[:2]>/<key>/graph.json, p0.cubin, p0.json, p0.ir, ...
+    TECC_CACHE_DIR/graphs/v2/<key[:2]>/<key>/graph.json, p0.cubin, p0.json, p0.ir, ...
 
 The ATen calls of fallbacks are stored by their op's name and resolved in the loading process;
 an argument this format cannot write (an object that is not a tensor slot, a size, a number,
@@ -40,7 +40,7 @@ from ..ir.serialize import VarTable, expr_from_json, expr_to_json
 from .report import GraphReport
 from .runtime import CompiledGraph, MakeView, RunAten, RunProgram, Size, Slot
 
-FORMAT = 1
+FORMAT = 2
 SUBDIR = f"graphs/v{FORMAT}"
 
 
@@ -151,7 +151,9 @@ def _steps_json(compiled: CompiledGraph, vars_: VarTable) -> list[dict[str, Any]
                           "outputs": [[slot, _encode([Size(x) if isinstance(x, Expr) else x for x in shape], vars_),
                                        str(dtype).replace("torch.", "")]
                                       for slot, shape, dtype in step.outputs],
-                          "carriers": [expr_to_json(v) for v in step.carriers], "device": str(step.device)})
+                          "carriers": [expr_to_json(v) for v in step.carriers], "device": str(step.device),
+                          "input_orders": [None if o is None else list(o) for o in step.input_orders],
+                          "output_orders": [None if o is None else list(o) for o in step.output_orders]})
             programs += 1
         elif isinstance(step, RunAten):
             steps.append({"kind": "aten", "fn": _fn_name(step.fn), "args": _encode(step.args, vars_),
@@ -173,8 +175,9 @@ def _steps_from(doc: list[dict[str, Any]], kernels: dict[str, Any], vars_: VarTa
             outputs = tuple((int(slot), tuple(_shape_value(x) for x in _decode(shape, vars_)), getattr(torch, dtype))
                             for slot, shape, dtype in s["outputs"])
             carriers = tuple(expr_from_json(c, vars_) for c in s["carriers"])
+            orders = [tuple(None if o is None else tuple(o) for o in s[k]) for k in ("input_orders", "output_orders")]
             steps.append(RunProgram(kernels[s["artifact"]], tuple(s["inputs"]), tuple(s["contiguous"]), outputs,
-                                    bool(s["emulate"]), s["name"], carriers, torch.device(s["device"])))
+                                    bool(s["emulate"]), s["name"], carriers, torch.device(s["device"]), *orders))
         elif s["kind"] == "aten":
             steps.append(RunAten(_fn(s["fn"]), _decode(s["args"], vars_), _decode(s["kwargs"], vars_), s["output"],
                                  s["name"]))

@@ -34,7 +34,7 @@ from ..ir.expr import Const, Var, free_vars
 from ..ir.tensor import ComputeOp, Tensor, compute, placeholder
 from .lowering import (LOWERINGS, RANDOM_OPS, LoweringContext, RandomDraws, Sizes, Unsupported, is_view, tecc_dtype,
                        why_not)
-from .lowering.context import Namer
+from .lowering.context import Namer, in_order, memory_order
 
 # node kinds: a graph input; computed by a tecc program; run as ATen; a size evaluated on the
 # host; an output of a lowered op that tecc does not compute (attention's random-generator state
@@ -58,6 +58,10 @@ class Segment:
     # as a placeholder of that length and stride 0 after the inputs ("carriers"), so the
     # kernel binds it as it binds any dimension
     carriers: list[Var] = field(default_factory=list)
+    # per input and per output: None, or the memory order of a channels_last tensor, which the
+    # program takes and writes in that order (the runtime permutes: no copy)
+    input_orders: list[tuple[int, ...] | None] = field(default_factory=list)
+    output_orders: list[tuple[int, ...] | None] = field(default_factory=list)
 
     @property
     def outputs_start(self) -> int:
@@ -129,6 +133,8 @@ class _Lowerer:
         self.inside = inside
         self.values: dict[Node, Any] = {}
         self.placeholders: dict[Node, Tensor] = {}
+        self.orders: dict[Node, tuple[int, ...] | None] = {}   # per placeholder (Segment.input_orders)
+        self.logical: dict[Node, Tensor] = {}                   # a placeholder in memory order, as read
 
     def value(self, node: Node) -> Any:
         if node in self.values:
@@ -147,15 +153,23 @@ class _Lowerer:
         return value
 
     def placeholder(self, node: Node) -> Tensor:
-        found = self.placeholders.get(node)
+        """A value from outside as this program reads it: a placeholder, or the logical view of a
+        placeholder in the value's memory order (channels_last)."""
+        found = self.logical.get(node, self.placeholders.get(node))
         if found is not None:
             return found
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor):
             raise Unsupported(f"{node.name} is not a tensor")
         shape = self.sizes.shape(val.shape)
-        strides = None if _contiguous(val) else "any"
         name = self.ctx.namer(node.name)
+        order = self.orders[node] = memory_order(val)
+        if order is not None:
+            stored = self.placeholders[node] = placeholder(tuple(shape[d] for d in order), tecc_dtype(val.dtype),
+                                                           name=name)
+            made = self.logical[node] = in_order(stored, order, self.ctx.namer(node.name + "_logical"))
+            return made
+        strides = None if _contiguous(val) else "any"
         made = self.placeholders[node] = placeholder(shape, tecc_dtype(val.dtype), name=name, strides=strides)
         return made
 
@@ -322,6 +336,7 @@ def segments(gm: GraphModule, name: str, sizes: Sizes, kinds: dict[Node, str],
                    and _users_outside(n, kinds, level, lvl)]
         seg.values = lowerer.values
         seg.inputs = list(lowerer.placeholders)
+        seg.input_orders = [lowerer.orders.get(n) for n in seg.inputs]
         seg.outputs = outputs
         outs = _distinct_outputs(seg, lowerer)
         seg.carriers = _unbound_sizes(list(lowerer.placeholders.values()) + outs)
@@ -337,17 +352,25 @@ def segments(gm: GraphModule, name: str, sizes: Sizes, kinds: dict[Node, str],
 
 def _distinct_outputs(seg: Segment, lowerer: _Lowerer) -> list[Tensor]:
     """The output tensors, each a compute of its own: an output that is a placeholder or another
-    output's tensor is written by an identity compute (build takes each tensor once)."""
+    output's tensor is written by an identity compute (build takes each tensor once). A value
+    computed in its memory order (LoweringContext.compute) is written in that order."""
     seen: set[int] = {id(t) for t in lowerer.placeholders.values()}
     tensors = []
+    seg.output_orders = []
     for node in seg.outputs:
         t = lowerer.values[node]
-        if id(t) in seen:
-            source = t
-            t = compute(source.shape, lambda *idx, s=source: s[idx], name=lowerer.ctx.namer(node.name + "_copy"))
-            seg.values[node] = t
+        stored, order = lowerer.ctx.stored.get(id(t), (t, None))
+        if id(stored) not in seen:
+            t = stored
+        else:
+            order = None
+            if id(t) in seen:
+                source = t
+                t = compute(source.shape, lambda *idx, s=source: s[idx], name=lowerer.ctx.namer(node.name + "_copy"))
+                seg.values[node] = t
         seen.add(id(t))
         tensors.append(t)
+        seg.output_orders.append(order)
     return tensors
 
 

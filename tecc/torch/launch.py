@@ -110,7 +110,7 @@ class _Assembler:
         val = seg.outputs[0].meta.get("val")
         device = val.device if isinstance(val, torch.Tensor) else "cpu"
         self.add(RunProgram(self.kernels[index], inputs, contiguous, tuple(outputs), self.emulate, seg.name,
-                            tuple(seg.carriers), device), reads)
+                            tuple(seg.carriers), device, tuple(seg.input_orders), tuple(seg.output_orders)), reads)
 
     def aten(self, node: Node) -> None:
         reads: set[int] = set()

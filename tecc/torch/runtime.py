@@ -85,6 +85,10 @@ class RunProgram:
     name: str = ""
     carriers: tuple[Var, ...] = ()                    # sizes passed as stride-0 placeholders
     device: Any = "cpu"                               # where the outputs live (the graph's device)
+    # per input / output: None, or the memory order (channels_last) the program takes it in:
+    # an input is passed permuted to that order, an output allocated in it and permuted back
+    input_orders: tuple[tuple[int, ...] | None, ...] = ()
+    output_orders: tuple[tuple[int, ...] | None, ...] = ()
 
     def _carriers(self, env: Env, device: Any) -> list[Any]:
         if self.emulate:
@@ -93,16 +97,20 @@ class RunProgram:
 
     def run(self, slots: list[Any], env: Env) -> None:
         args = []
-        for slot, contiguous in zip(self.inputs, self.contiguous):
+        for position, (slot, contiguous) in enumerate(zip(self.inputs, self.contiguous)):
             t = slots[slot]
+            order = self.input_orders[position] if self.input_orders else None
+            if order is not None:
+                t = t.permute(order)
             if contiguous and not t.is_contiguous():
                 t = t.contiguous()
             args.append(t)
         device = args[0].device if args else self.device
         outs = []
-        for slot, shape, dtype in self.outputs:
+        for position, (slot, shape, dtype) in enumerate(self.outputs):
             out = torch.empty(shape_of(shape, env), dtype=dtype, device=device)
-            slots[slot] = out
+            order = self.output_orders[position] if self.output_orders else None
+            slots[slot] = out if order is None else out.permute([order.index(d) for d in range(len(order))])
             outs.append(out)
         carriers = self._carriers(env, device) if self.carriers else []
         if self.emulate:

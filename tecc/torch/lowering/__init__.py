@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import attention, creation, indexing, matmul, pooling, random, reductions, views
+from . import attention, convolution, creation, indexing, matmul, pooling, random, reductions, strided, views
 from .context import LoweringContext, RandomDraws, Sizes, Unsupported, aten, prims, tecc_dtype
 from .pointwise import POINTWISE, lower_cast, lower_pointwise
 
@@ -127,6 +127,10 @@ def _table() -> dict[Any, Lowering]:
         aten._scaled_dot_product_flash_attention_backward.default: attention.lower_flash_backward,
         aten._scaled_dot_product_efficient_attention_backward.default: attention.lower_efficient_backward,
         aten._scaled_dot_product_cudnn_attention_backward.default: attention.lower_cudnn_backward,
+        aten.as_strided.default: strided.lower_as_strided,
+        aten.as_strided_scatter.default: strided.lower_as_strided_scatter,
+        aten.convolution.default: convolution.lower_convolution,
+        aten.convolution_backward.default: convolution.lower_convolution_backward,
         aten.embedding.default: indexing.lower_embedding,
         aten.embedding_dense_backward.default: indexing.lower_embedding_dense_backward,
         aten.gather.default: indexing.lower_gather,

@@ -196,6 +196,29 @@ class Namer:
         return cand
 
 
+def memory_order(val: Any) -> tuple[int, ...] | None:
+    """The dimensions of a channels_last tensor (4-d: N, H, W, C; 5-d: N, D, H, W, C) in the order
+    of its memory, outermost first, or None for any other layout. tecc computes and stores such a
+    tensor in that order (LoweringContext.compute), so that a channels_last model's stages are
+    NHWC as eager's are."""
+    if not isinstance(val, torch.Tensor) or val.ndim not in (4, 5):
+        return None
+    fmt = torch.channels_last if val.ndim == 4 else torch.channels_last_3d
+    try:
+        if val.is_contiguous() or not val.is_contiguous(memory_format=fmt):
+            return None
+    except Exception:  # noqa: BLE001 - a symbolic stride torch cannot decide: keep the logical order
+        return None
+    return (0, *range(2, val.ndim), 1)
+
+
+def in_order(t: Tensor, order: Sequence[int], name: str) -> Tensor:
+    """The logical tensor whose memory-ordered form is `t` (a view: an index expression)."""
+    inverse = [order.index(d) for d in range(len(order))]
+    shape = tuple(t.shape[inverse[d]] for d in range(len(order)))
+    return compute(shape, lambda *i: t[tuple(i[order[k]] for k in range(len(order)))], name=name)
+
+
 class RandomDraws:
     """The random numbers of one graph (lowering/random.py): each call of the compiled graph
     draws one 64-bit seed from torch's generator (the graph's seed node, graph.py), and every
@@ -227,6 +250,8 @@ class LoweringContext:
         self.node: torch.fx.Node | None = None
         self.random = random
         self.seed = seed
+        # a logical tensor computed in its memory order -> (the stored tensor, the order)
+        self.stored: dict[int, tuple[Tensor, tuple[int, ...]]] = {}
 
     # ---- the node being lowered ----------------------------------------------------------------
     @property
@@ -253,8 +278,32 @@ class LoweringContext:
         return self.namer(self.node.name + suffix)
 
     def compute(self, shape: Sequence[ExprLike], fcompute: Callable[..., ExprLike], suffix: str = "") -> Tensor:
-        """A compute of the current node's name (with `suffix` for its helper stages)."""
-        return compute(tuple(shape), fcompute, name=self.name(suffix))
+        """A compute of the current node's name (with `suffix` for its helper stages). A result
+        of the node's shape that eager lays out channels_last is computed in that memory order
+        and returned as a view in the logical order (`memory_order`, `stored`)."""
+        order = self._memory_order(shape)
+        if order is None:
+            return compute(tuple(shape), fcompute, name=self.name(suffix))
+        inverse = [order.index(d) for d in range(len(order))]
+        stored = compute(tuple(shape[d] for d in order),
+                         lambda *j: fcompute(*(j[inverse[d]] for d in range(len(order)))),
+                         name=self.name(suffix))
+        logical = in_order(stored, order, self.name(suffix + "_logical"))
+        self.stored[id(logical)] = (stored, order)
+        return logical
+
+    def _memory_order(self, shape: Sequence[ExprLike]) -> tuple[int, ...] | None:
+        target = self.node.target if self.node is not None else None
+        if self.node is None or getattr(target, "is_view", False):  # a view stays an index expression
+            return None
+        val = self.node.meta.get("val")
+        for v in (val if isinstance(val, (tuple, list)) else (val,)):
+            order = memory_order(v)
+            if order is not None and len(v.shape) == len(shape) and all(
+                    static_int(a) == static_int(b) and static_int(a) is not None
+                    for a, b in zip(self.sizes.shape(v.shape), shape)):
+                return order
+        return None
 
     def uniform(self, shape: Sequence[ExprLike], suffix: str = "_uniform") -> Tensor:
         """float32 uniforms in [0, 1) of `shape` for the current node, new every call of the
