@@ -6,12 +6,15 @@ recognises it by structure: scores `S = Σ_d q·k · scale`, a mask as `where(ke
 additive bias), the row max `m`, `e = exp(S - m)`, the row sum `l`, the output `Σ_j e·v / l` and
 the log-sum-exp `m + log l` as a row output. Grouped heads read `k[b, h // G, j, d]`.
 
-The backward recomputes the probabilities from the saved log-sum-exp, `P = exp(S - lse)`, and is
-the usual five contractions: `D = rowsum(dO·O)`, `dV = Pᵀ·dO`, `dP = dO·Vᵀ`,
-`dS = P·(dP - D)`, `dQ = scale·dS·K`, `dK = scale·dSᵀ·Q` (the heads of a group summed for dK and
-dV). Everything accumulates in float32 and rounds once to the inputs' dtype, as torch's kernels.
+The backward recomputes the probabilities from the saved log-sum-exp, `P = exp(S - lse)` (the
+scores' contraction and mask written inside P's expression), and is the usual five contractions:
+`D = rowsum(dO·O)`, `dV = Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P·(dP - D)`, `dQ = Σ_j (scale·dS)·K`,
+`dK = Σ_i (scale·dS)ᵀ·Q` (the heads of a group summed for dK and dV): the FlashAttention-2 form
+tc.grad writes (tecc.ir.autodiff_online), which the online_backward strategy takes as its
+tensor-core kernels for 16-bit operands on sm_80+ (no (rows x keys) buffer). Everything
+accumulates in float32 and rounds once to the inputs' dtype, as torch's kernels.
 
-Dropout (dropout_p > 0) needs tc.rand and falls back to ATen until it lands.
+Attention dropout (dropout_p > 0 inside the op) is not lowered: such a node runs as ATen.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def _check(q: Any, k: Any, v: Any, dropout_p: Any) -> tuple[Tensor, Tensor, Tens
     if not all(isinstance(t, Tensor) and t.ndim == 4 for t in (q, k, v)):
         raise Unsupported("attention of other than 4-dimensional query, key and value tensors")
     if dropout_p not in (0, 0.0):
-        raise Unsupported("attention dropout needs tc.rand, which tecc's IR does not have yet")
+        raise Unsupported("attention with dropout inside the op (dropout_p > 0) is not lowered")
     if not q.dtype.is_float:
         raise Unsupported(f"attention of {q.dtype}")
     return q, k, v
@@ -73,19 +76,18 @@ def _f32(x: Expr) -> Expr:
     return te.cast(x, dt.float32)
 
 
-def _scores(ctx: LoweringContext, q: Tensor, k: Tensor, heads: _Heads, causal: bool, mask: Any) -> Tensor:
-    """The (masked) scores S[b, h, i, j] in float32."""
+def _score_fn(q: Tensor, k: Tensor, heads: _Heads, causal: bool, mask: Any) -> Callable[..., Expr]:
+    """(b, h, i, j) -> the masked score S[b, h, i, j] in float32, as one expression (the sum over
+    the head dim inside it)."""
     shape = (heads.batch, heads.heads, heads.rows, heads.keys)
     d = reduce_axis(heads.depth, "d")
     scale = constant(heads.scale, dt.float32) if not isinstance(heads.scale, Expr) else _f32(heads.scale)
-    scores = ctx.compute(shape, lambda b, h, i, j: te.sum(_f32(q[b, h, i, d]) * _f32(k[b, heads.kv(h), j, d]), d)
-                         * scale, "_scores")
-    if not causal and mask is None:
-        return scores
     ninf = constant(-math.inf, dt.float32)
 
-    def masked(b: Expr, h: Expr, i: Expr, j: Expr) -> Expr:
-        s = scores[b, h, i, j]
+    def raw(b: Expr, h: Expr, i: Expr, j: Expr) -> Expr:
+        return te.sum(_f32(q[b, h, i, d]) * _f32(k[b, heads.kv(h), j, d]), d) * scale
+
+    def masked(s: Expr, b: Expr, h: Expr, i: Expr, j: Expr) -> Expr:
         if causal:
             s = te.where(j <= i, s, ninf)
         if isinstance(mask, Tensor):
@@ -93,7 +95,19 @@ def _scores(ctx: LoweringContext, q: Tensor, k: Tensor, heads: _Heads, causal: b
             s = te.where(m, s, ninf) if mask.dtype.is_bool else s + _f32(m)
         return s
 
-    return ctx.compute(shape, masked, "_masked")
+    score = lambda b, h, i, j: masked(raw(b, h, i, j), b, h, i, j)  # noqa: E731
+    score.raw, score.masked, score.shape = raw, masked, shape  # type: ignore[attr-defined]
+    return score
+
+
+def _scores(ctx: LoweringContext, q: Tensor, k: Tensor, heads: _Heads, causal: bool, mask: Any) -> Tensor:
+    """The (masked) scores S[b, h, i, j] in float32: the contraction a stage, the mask another."""
+    fn = _score_fn(q, k, heads, causal, mask)
+    scores = ctx.compute(fn.shape, fn.raw, "_scores")  # type: ignore[attr-defined]
+    if not causal and mask is None:
+        return scores
+    return ctx.compute(fn.shape, lambda b, h, i, j: fn.masked(scores[b, h, i, j], b, h, i, j),  # type: ignore[attr-defined]
+                       "_masked")
 
 
 def attention_forward(ctx: LoweringContext, q: Tensor, k: Tensor, v: Tensor, causal: bool, mask: Any,
@@ -169,25 +183,29 @@ def attention_backward(ctx: LoweringContext, grad: Tensor, q: Tensor, k: Tensor,
                        lse: Tensor, causal: bool, mask: Any, scale: Any) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of attention_forward (module docstring)."""
     heads = _Heads(q, k, v, scale)
-    s = _scores(ctx, q, k, heads, causal, mask)
+    # P = exp(S - lse) with S written inside it (the contraction and the mask one expression):
+    # the form tc.grad gives an online contraction's backward (tecc.ir.autodiff_online), which
+    # the online_backward strategy recognises, so no (rows x keys) stage is stored on the GPU
+    score = _score_fn(q, k, heads, causal, mask)
+    shape = (heads.batch, heads.heads, heads.rows, heads.keys)
     G = heads.group
 
     def lse_at(b: Expr, h: Expr, i: Expr) -> Expr:
         return _f32(lse[b, h, i, 0] if lse.ndim == 4 else lse[b, h, i])
 
-    p = ctx.compute(s.shape, lambda b, h, i, j: te.exp(s[b, h, i, j] - lse_at(b, h, i)), "_probs")
+    p = ctx.compute(shape, lambda b, h, i, j: te.exp(score(b, h, i, j) - lse_at(b, h, i)), "_probs")
     c1 = reduce_axis(heads.vdepth, "c1")
     rows = (heads.batch, heads.heads, heads.rows)
     delta = ctx.compute(rows, lambda b, h, i: te.sum(_f32(grad[b, h, i, c1]) * _f32(out[b, h, i, c1]), c1), "_delta")
     c2 = reduce_axis(heads.vdepth, "c2")
-    dp = ctx.compute(s.shape, lambda b, h, i, j: te.sum(_f32(grad[b, h, i, c2]) * _f32(v[b, heads.kv(h), j, c2]), c2),
+    dp = ctx.compute(shape, lambda b, h, i, j: te.sum(_f32(grad[b, h, i, c2]) * _f32(v[b, heads.kv(h), j, c2]), c2),
                      "_dprobs")
-    ds = ctx.compute(s.shape, lambda b, h, i, j: p[b, h, i, j] * (dp[b, h, i, j] - delta[b, h, i]), "_dscores")
+    ds = ctx.compute(shape, lambda b, h, i, j: p[b, h, i, j] * (dp[b, h, i, j] - delta[b, h, i]), "_dscores")
     scale_f = constant(heads.scale, dt.float32) if not isinstance(heads.scale, Expr) else _f32(heads.scale)
 
     j = reduce_axis(heads.keys, "j")
     dq = ctx.compute(q.shape, lambda b, h, i, d: te.cast(
-        te.sum(ds[b, h, i, j] * _f32(k[b, heads.kv(h), j, d]), j) * scale_f, ctx.out_dtype(0)), "_dq")
+        te.sum(ds[b, h, i, j] * scale_f * _f32(k[b, heads.kv(h), j, d]), j), ctx.out_dtype(0)), "_dq")
 
     def over_group(body: Callable[[Expr, Expr], Expr]) -> Expr:
         i = reduce_axis(heads.rows, "i")
@@ -200,7 +218,7 @@ def attention_backward(ctx: LoweringContext, grad: Tensor, q: Tensor, k: Tensor,
         return hk if g is None else hk * G + g
 
     dk = ctx.compute(k.shape, lambda b, hk, jj, d: te.cast(over_group(
-        lambda g, i: ds[b, head(hk, g), i, jj] * _f32(q[b, head(hk, g), i, d])) * scale_f, ctx.out_dtype(1)), "_dk")
+        lambda g, i: ds[b, head(hk, g), i, jj] * scale_f * _f32(q[b, head(hk, g), i, d])), ctx.out_dtype(1)), "_dk")
     dv = ctx.compute(v.shape, lambda b, hk, jj, c: te.cast(over_group(
         lambda g, i: p[b, head(hk, g), i, jj] * _f32(grad[b, head(hk, g), i, c])), ctx.out_dtype(2)), "_dv")
     return dq, dk, dv
