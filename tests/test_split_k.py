@@ -21,8 +21,11 @@ from tecc.compiler.pipeline import refuse_spills
 from tecc.compiler.plan import Plan
 from tecc.compiler.planner import candidates_for, plan_program
 from tecc.compiler.schedule import Schedule
-from tecc.ir.errors import RaceError, ScheduleError
-from tecc.ir.expr import Call
+from tecc.compiler.strategies.gemm_split import (SPLIT_ROUND_CYCLES, split_sum_cycles, wgmma_split_sum,
+                                                 wgmma_sum_in_flight)
+from tecc.ir import dtype as dt
+from tecc.ir.errors import RaceError, ScheduleError, TeccError
+from tecc.ir.expr import Call, Var, opaque
 from tecc.ir.stmt import Evaluate, Seq, Stmt, launch_dims
 from tecc.ir.target import target
 from tecc.ir.visitor import StmtMutator
@@ -78,11 +81,12 @@ def test_split_k_matches_numpy(what: str, steps: dict[str, Any], splits: int, m:
 def test_split_k_of_tf32_wgmma_in_its_transposed_form(producer: str) -> None:
     """float32 C = A·B with B n-contiguous: the tf32 wgmma kernel computes Cᵀ = Bᵀ·Aᵀ with B's
     tile from registers (tensorize_wgmma.py, "tf32"); the partials are its accumulators, Cᵀ's,
-    and the epilogue stores them transposed after the sum. 23 k tiles of 32 floats in 3 parts."""
+    and the epilogue stores them transposed after the sum. 23 k tiles of 32 floats in 3 parts
+    (A's rows of 732 floats: a multiple of 16 bytes, as a tensor map's stride must be)."""
     from test_tf32 import contraction as tf32_contraction
     from test_tf32 import tf32_bound
 
-    m, n, k = 100, 136, 730
+    m, n, k = 100, 136, 732
     tensors = tf32_contraction(m, n, k)
     sch = schedule_tensor_core(Schedule(tensors), splits=3, intrinsic="wgmma.tf32", block=(64, 64), warps=(4, 1),
                                k_tile=32, stages=3, producer=producer)
@@ -101,7 +105,7 @@ def test_split_k_of_tf32_wgmma_in_its_transposed_form(producer: str) -> None:
 def test_batched_split_k_with_a_fused_bias_and_relu(steps: dict[str, Any], splits: int) -> None:
     """Three batches, each output tile's parts on blockIdx.z (or consecutive persistent work
     units); the epilogue (bias, relu, the cast) runs once, in the last part, on the summed tile."""
-    b, m, n, k = 3, 80, 72, 450
+    b, m, n, k = 3, 80, 72, 456   # A's rows of 912 bytes: TMA strides are multiples of 16 bytes
 
     def bias_relu(x: Any, bias: Any) -> Any:
         return tc.maximum(x + bias, tc.const(0, "float16"))
@@ -115,10 +119,10 @@ def test_split_k_with_a_symbolic_row_count(steps: dict[str, Any]) -> None:
     """The partials and counters are sized by M at launch; a call with more rows grows them (the
     counters zeroed again), one with fewer keeps their zero prefix."""
     M = tc.var("M")
-    tensors, how = contraction(M, 72, 500, "float16")
+    tensors, how = contraction(M, 72, 504, "float16")   # rows of 1008 bytes: TMA strides are multiples of 16
     sch = schedule_tensor_core(Schedule(tensors), splits=2, **steps)
     for m in (50, 200, 70):
-        _, arrays = run(tensors, how, m, 72, 500, seed=m, plan=sch.plan, sizes={"M": 256})
+        _, arrays = run(tensors, how, m, 72, 504, seed=m, plan=sch.plan, sizes={"M": 256})
         check(arrays, how, f"split-K 2, M = {m}")
 
 
@@ -266,6 +270,49 @@ def test_split_wgmma_kernels_compile_without_spills(steps: dict[str, Any]) -> No
     sch = schedule_tensor_core(Schedule(tensors), splits=4, **steps)
     res = tc.build(tensors, target="cuda", plan=sch.plan, arch="sm_90a").resources["C_kernel"]
     assert res.spill_stores == 0 and res.spill_loads == 0, res
+
+
+def test_the_split_sum_is_priced_by_the_loads_its_registers_keep_in_flight() -> None:
+    """1024 x 1024 x 8192, 128 x 256: the last of 4 parts reads 3 x 128 floats per thread. With
+    all 232 - 128 - 22 registers free (the epilogue's thread index read again: no hoisted
+    staging addresses) its loads go in 7 rounds, under the SM's L2 bandwidth (3 x 128 KB at 64
+    bytes a cycle); the ~18 registers the timed kernel left took 28 rounds (42.7 us measured,
+    33.2 predicted at the bandwidth alone). A 128 x 128 split 2 sums in one round."""
+    s4 = {"bm": 128, "bn": 256, "stages": 3, "load": "tma", "split": 4, "epilogue": "tma", "persistent": 132}
+    assert wgmma_split_sum(H200, s4) == pytest.approx(3 * 128 * 256 * 4 / 64)
+    assert split_sum_cycles(s4, 128, 18 * 3 / 4) == pytest.approx(29 * SPLIT_ROUND_CYCLES)
+    assert wgmma_sum_in_flight(s4, 128, 232) == pytest.approx((232 - 128 - 22) * 3 / 4)
+    s2 = dict(s4, bn=128, split=2, stages=5)
+    assert wgmma_split_sum(H200, s2) == pytest.approx(128 * 128 * 4 / 64)
+    # one consumer warpgroup of 64 x 256 (no setmaxnreg): ptxas's 255 registers for 128 accumulators
+    one = dict(s4, bm=64, split=8)
+    assert wgmma_split_sum(H200, one) == pytest.approx(10 * SPLIT_ROUND_CYCLES)   # 896 loads, 105 x 7 / 8 at a time
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("splits", [1, 4])
+def test_a_split_kernels_tma_store_epilogue_reads_its_thread_index_again(splits: int) -> None:
+    """ptxas hoists the TMA-store epilogue's staging addresses to the kernel's start; in a split
+    kernel they would hold registers through the sum of the partials, so its epilogue derives
+    them from `opaque(thread)` (an asm volatile mov). The unsplit kernel keeps them hoisted
+    (its CUDA is unchanged)."""
+    m, n, k = 1024, 1024, 8192
+    tensors, _ = contraction(m, n, k, "float16", out="float16")
+    steps = dict(intrinsic="wgmma", block=(128, 256), warps=(8, 1), k_tile=64, stages=3, producer="tma",
+                 persistent=132, epilogue="tma")
+    sch = schedule_tensor_core(Schedule(tensors), **(dict(splits=splits) if splits > 1 else {}), **steps)
+    f = tc.build(tensors, target="cuda", plan=sch.plan, arch="sm_90a")
+    assert ("const int epilogue_thread = tecc_opaque(thread);" in f.source) == (splits > 1)
+    assert ("tecc_opaque" in f.source) == (splits > 1)
+    res = f.resources["C_kernel"]
+    assert (res.registers, res.spill_stores, res.spill_loads) == (168, 0, 0), res
+
+
+def test_opaque_is_an_int32_barrier_that_the_emulator_reads_as_its_value() -> None:
+    t = Var("t", dt.int32)
+    assert opaque(t).dtype == dt.int32 and str(opaque(t)) == "opaque(t)"
+    with pytest.raises(TeccError, match=r"opaque\(x\) takes one int32 value"):
+        Call("opaque", (Var("x", dt.int64),), dt.int32)
 
 
 @needs_nvrtc

@@ -40,6 +40,7 @@ from tecc.ir.errors import CompileError
 from tecc.ir.expr import (
     APPROX_INTRINSICS,
     MEMORY_INTRINSICS,
+    OPAQUE_INTRINSICS,
     WARP_INTRINSICS,
     Binary,
     BufferLoad,
@@ -436,6 +437,8 @@ class ExprEmitter:
             return self._shuffle(e)
         if e.name in MEMORY_INTRINSICS:
             return self._memory(e)
+        if e.name in OPAQUE_INTRINSICS:
+            return f"tecc_opaque({self.code(e.args[0])})", POSTFIX
         x = e.args[0]
         if x.dtype.is_int:
             if e.name != "abs":
@@ -614,6 +617,14 @@ def device_helpers(intrinsics: set[str]) -> list[str]:
             helpers.append(text)
     if philox.RAND_HELPER in intrinsics:
         helpers.append(philox.DEVICE_HELPERS)
+    if "opaque" in intrinsics:
+        helpers.append(
+            "// opaque (tecc/ir/expr.py): x computed again here; nothing derived from it is hoisted above.\n"
+            "__device__ __forceinline__ int tecc_opaque(int x) {\n"
+            "  int y;\n"
+            "  asm volatile(\"mov.b32 %0, %1;\" : \"=r\"(y) : \"r\"(x));\n"
+            "  return y;\n"
+            "}\n")
     if "exp2_approx" in intrinsics:
         helpers.append(
             "// exp2_approx (tecc/ir/expr.py): one MUFU.EX2, subnormals flushed to zero.\n"

@@ -99,16 +99,8 @@ from .gemm_tensor_core import (
     wave_dram_bytes,
     worth_staging,
 )
-from .gemm_split import (
-    split_chain,
-    split_handover_cycles,
-    split_label,
-    split_note,
-    split_of,
-    split_parts,
-    split_registers,
-    split_traffic,
-)
+from .gemm_split import (split_chain, split_handover_cycles, split_label, split_note, split_of, split_parts,
+                         split_registers, split_traffic, wgmma_split_sum)
 from .registry import Point, Strategy, register
 
 BLOCK_M = (64, 128)
@@ -322,7 +314,8 @@ def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_til
     per_block = -(-max(tiles, 1) // max(blocks, 1)) if persistent else 0   # the busiest block's tiles (work units)
     if split_of(point) > 1:
         fill = 0.0 if persistent else LOADED_LATENCY_CYCLES
-        return split_chain(point, main, per_tile, once, base, fill, per_block), resident, idle
+        return split_chain(point, main, per_tile, once, base, fill, per_block,
+                           wgmma_split_sum(target, point, groups)), resident, idle
     round_ = main + (per_tile - base) * share
     return (per_block * round_ + once * share if persistent else round_), resident, idle
 
@@ -460,7 +453,7 @@ class GemmWgmma(Strategy):
             if epilogue_of(point) == "registers" and tma_store_refusal_for(info) is not None:
                 notes.append(f"no TMA-store epilogue: {tma_store_refusal_for(info)}")
         if splits > 1:
-            notes.append(split_note(point, tiles, k_tiles, split_l2))
+            notes.append(split_note(point, tiles, k_tiles, split_l2, wgmma_split_sum(target, point, groups)))
         if persistent:
             units = "work units" if splits > 1 else "tiles"
             notes.append(f"persistent grid of {persistent} blocks over {blocks} {units} "

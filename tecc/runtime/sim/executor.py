@@ -10,7 +10,9 @@ from ...ir.dtype import as_dtype
 from ...ir.errors import TeccError
 from ...ir.expr import Var
 from ...ir.stmt import Buffer, PrimFunc
-from ..host import ArrayInfo, HostProgram, bind_arguments, resolve_launch, temp_shape
+from ..host import ArrayInfo, HostProgram, KernelInfo, bind_arguments, resolve_launch, temp_shape
+from ..marshal import tensor_map_geometry
+from ..tensor_map import encode_arguments
 from .kernel import compile_kernel, simulate_kernel
 from .numerics import poison
 
@@ -74,6 +76,7 @@ class SimExecutor:
             grid, block = resolve_launch(info, kernel_env, host.name)
             if 0 in grid:
                 continue
+            self._check_tensor_maps(info, call.args, values, env)
             args: dict[str, np.ndarray | int] = {}
             for param, name in zip(func.params, call.args):
                 value = values[name]
@@ -81,6 +84,20 @@ class SimExecutor:
                     raise TeccError(f"{host.name}: {call.kernel} parameter {param.name} got the scalar {name}")
                 args[param.name] = value
             simulate_kernel(func, args, grid, block, checks=self.checks)
+
+    def _check_tensor_maps(self, info: KernelInfo, names: tuple[str, ...], values: Mapping[str, np.ndarray | int],
+                           env: dict[Var, int]) -> None:
+        """What the CUDA executor checks when it encodes the launch's tensor maps (the base
+        address, the shape and strides TMA can address: tensor_map.encode_arguments), so a kernel
+        the GPU would refuse to launch fails here too, with the same ShapeError."""
+        by_param = {p.name: a for p, a in zip(info.params, names) if isinstance(p, Buffer)}
+        for spec in info.tensor_maps:
+            name = by_param[spec.param]
+            array = values[name]
+            assert isinstance(array, np.ndarray)
+            shape, strides = tensor_map_geometry(self.host, name, env)
+            encode_arguments(spec, array.__array_interface__["data"][0], shape, strides,
+                             f"{self.host.name}: tensor map of {spec.param}")
 
     def _zeroed(self, temp: Buffer, shape: tuple[int, ...]) -> np.ndarray:
         """A zero-initialised temporary (Buffer.zero_init) as the CUDA executor keeps it: zeroed
