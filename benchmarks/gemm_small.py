@@ -14,9 +14,11 @@ For each GEMM (fp16 unless the row says otherwise; `SHAPES`) the rows are:
 - `best split` / `best unsplit`: gemm_wgmma's best-predicted point with split-K and without, so
   the split is measured whichever way the planner went (skipped where the pick is that point);
 - `cuBLAS`: torch.matmul / torch.bmm on the same tensors;
-- `EXTRA` points of a shape (1024 x 1024 x 8192: the 128 x 256 split 4 with the registers
-  epilogue, one block per part, beside the pick -- the persistent TMA-store one, which measured
-  42.7 µs before its epilogue re-read the thread index (split_k.py, `opaque`));
+- `EXTRA` points of a shape: at 1024 x 1024 x 8192 the 128 x 256 split 4 with the TMA-store
+  epilogue (persistent, 3 stages: the former pick, 42.7 µs with its staging addresses hoisted,
+  45.6 when its epilogue re-read the thread index) and with the register epilogue one block per
+  part (37.1; the pick is the persistent one); at 1024 x 1024 x 4096 the 128 x 128 split 2 with
+  the register epilogue beside the TMA-store pick (gemm_split.py's docstring has the timings);
 - `fixed cost` (`--fixed`): the pick's point (unsplit) on the same M x N with K = 64, one k tile:
   what the kernel costs besides its k loop (launch, prologue, the ring's fill, the epilogue).
 Each tecc row gives the predicted time, the device time and cuBLAS / tecc (`ratio`, > 1: tecc
@@ -50,8 +52,13 @@ SHAPES = [(1, 1000, 1000, 1000), (1, 1024, 1024, 8192), (64, 512, 512, 64), (1, 
           (1, 8192, 64, 8192), (1, 127, 4096, 1023), (1, 4096, 4096, 4096)]
 CONV = (32, 56, 56, 256, 64, 1, 1)   # benchmarks/conv.py LAYERS[5]
 # points timed beside the plan: shape -> [(row name, gemm_wgmma point)]
-EXTRA = {(1, 1024, 1024, 8192): [("S4 registers epilogue", {"bm": 128, "bn": 256, "stages": 4, "load": "tma", "split": 4,
-                                                            "epilogue": "registers", "persistent": 0})]}
+EXTRA = {(1, 1024, 1024, 8192): [("S4 TMA-store epilogue", {"bm": 128, "bn": 256, "stages": 3, "load": "tma", "split": 4,
+                                                            "epilogue": "tma", "persistent": 132}),
+                                  ("S4 registers, a block per part", {"bm": 128, "bn": 256, "stages": 4, "load": "tma",
+                                                                      "split": 4, "epilogue": "registers",
+                                                                      "persistent": 0})],
+         (1, 1024, 1024, 4096): [("S2 registers epilogue", {"bm": 128, "bn": 128, "stages": 5, "load": "tma", "split": 2,
+                                                            "epilogue": "registers", "persistent": 132})]}
 
 
 def device_us(fn: Callable[[], Any], reps: int) -> float:

@@ -11,7 +11,7 @@ build's compile check) and ranks its candidates; the pick and the next `--top` -
 the ranking (the graph-level points of a rewrite that won, or the per-kernel points of the
 program's one kernel), each realized as a plan, are built (NVRTC in a pool of processes first, so
 the builds hit the compile cache), checked against torch in float64, and timed by kernel time
-(`tc.profile`: the GPU time of the call's launches, median of the timed calls). Regret =
+(CUPTI's durations of the call's kernels through torch.profiler, mean over the timed calls). Regret =
 pick / best measured - 1 per problem; the table prints it with the pick, the best measured
 candidate, both predictions and the rank the model gave the best; the JSON (`--out`) keeps every
 candidate's prediction and time. `--quick` takes a subset (3 GEMM shapes, 6 attention shapes, 3
@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from functools import partial  # noqa: E402
 
 from gemm import SHAPES, matmul_tensors, time_kernels  # noqa: E402  (benchmarks/gemm.py)
+from gemm_small import device_us  # noqa: E402  (benchmarks/gemm_small.py: CUPTI kernel durations)
 
 
 @dataclass
@@ -224,7 +225,9 @@ def measure(problem: Problem) -> None:
                 c.rel_err = float((out.double() - ref).abs().max() / ref.abs().max())
             first = time_kernels(lambda: kern(*tensors), 3)
             reps = max(5, min(50, int(0.05 / max(first, 1e-6))))
-            c.measured_us = time_kernels(lambda: kern(*tensors), reps) * 1e6
+            # the kernels' own durations as CUPTI records them: events around a launch also count
+            # the host's launch work when the GPU waits for it (a TMA kernel's tensor maps)
+            c.measured_us = device_us(lambda: kern(*tensors), reps)
         except Exception as exc:  # noqa: BLE001 - a candidate that fails to build or run is reported, the rest go on
             c.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 

@@ -136,6 +136,7 @@ def compile_module(module: Module, plan: Plan, target: str, *, arch: str | None,
     dynamic = {k.name: dynamic_shared_bytes(k) for k in module.kernels}
     host = HostProgram.from_module(module, {k: v for k, v in dynamic.items() if v > 0})
     kernel = Kernel(module=module, host=host, source=source, plan=plan, target=target, timing=timing)
+    kernel.build_arch = arch
     if target == "cuda":
         the_arch = arch or knobs.default_arch_override() or default_arch()
         start = time.perf_counter()

@@ -11,16 +11,26 @@ exposed whatever the bound) and the last part's sum on its SM's chain (`split_su
 
 The sum is latency-bound, not bandwidth-bound, wherever the accumulators leave few registers:
 each thread reads (S - 1) x E floats at L2 (E accumulators), and ptxas keeps only as many loads
-in flight as registers are free beside them. H200, device time (benchmarks/gemm_small.py,
-2026-11-26): the 128 x 256 split-4 kernel of 1024 x 1024 x 8192 (persistent, TMA-store
-epilogue) took 42.7 us where the model said 33.2 (its 64-byte-per-cycle sum: 3.1 us), the
-unsplit 64 x 128 pick 39.4. Its sm_90a SASS: 128 accumulators and the epilogue's 64 staging
-addresses (hoisted by ptxas to the kernel's start) under setmaxnreg's 232 left ~18 registers,
-~16 loads in flight, 28 rounds of an L2 round trip for its 384 loads per thread. The epilogue
-of a split kernel now reads its thread index again (split_k.py, `opaque`), so nothing of it is
-live during the sum: ~107 loads in flight in the same kernel, 4 rounds. 1024 x 1024 x 4096's
-128 x 128 split 2 (64 accumulators: its 64 loads in two rounds) took 20.1 us; the model says
-20.1.
+in flight as registers are free beside them and the TMA-store epilogue's staging addresses
+(BN / 4, which ptxas computes at the kernel's start and keeps live). H200, device time
+(benchmarks/gemm_small.py), 1024 x 1024 x 8192 fp16:
+
+  128 x 256 split 4, persistent, TMA-store epilogue (3 stages)   42.7 us  (predicted 41.6)
+  the same, its epilogue's thread index read again (`opaque`)    45.6 us  (predicted 33.2)
+  128 x 256 split 4, one block per part, register epilogue       37.1 us  (predicted 35.9)
+  64 x 128 unsplit, persistent (the best unsplit point)          39.6 us  (predicted 47.7)
+  cuBLAS                                                          25.6 us
+
+Its sm_90a SASS: 128 accumulators and the 64 hoisted staging addresses under setmaxnreg's 232
+left ~18 registers, ~16 loads in flight, 28 rounds of an L2 round trip for its 384 loads per
+thread (SPLIT_ROUND_CYCLES is fitted there). Reading the thread index again after the sum freed
+those registers but cost ~25 integer instructions per staged element on the critical path
+(3732 epilogue instructions per thread against 519), and the kernel ran slower: split_k.py keeps
+the addresses hoisted, and this model their registers. The register epilogue needs no staging
+tile, so its ring keeps 4 stages (the TMA-store point's 64 KB staging tile leaves room for 3)
+and its sum all the free registers: the planner picks it. 1024 x 1024 x 4096's 128 x 128 split 2
+(64 accumulators and 32 staging addresses: its 64 loads in two rounds) took 20.1 us hoisted
+(predicted 20.1) and 23.05 re-read, the 64 x 128 unsplit point 20.5-20.6.
 """
 
 from __future__ import annotations
@@ -45,11 +55,11 @@ MIN_SPLIT_K_TILES = 2
 SPLIT_L2_BYTES_PER_CYCLE = 64.0
 SPLIT_SYNC_CYCLES = 1200.0
 # The last part's sum: one L2 round trip per round of loads a thread keeps in flight (loaded
-# latency plus the adds; fitted to the 128 x 256 split-4 kernel as it was timed, 12.5 us of
-# hand-over where the k loop, fill, epilogue and launch are priced as in the unsplit kernels:
-# 28 rounds), and the registers a consumer thread holds besides its accumulators while it sums
-# (addressing, the tile loop, the counter; read off that kernel's SASS, where the epilogue's 64
-# hoisted staging addresses held the rest: 232 - 128 - 64 - 22 = 18 registers for loads).
+# latency plus the adds; fitted to the 128 x 256 split-4 TMA-store kernel, 12.5 us of hand-over
+# where the k loop, fill, epilogue and launch are priced as in the unsplit kernels: 28 rounds),
+# and the registers a consumer thread holds besides its accumulators and the epilogue's staging
+# addresses while it sums (addressing, the tile loop, the counter; read off that kernel's SASS:
+# 232 - 128 - 64 - 22 = 18 registers for loads).
 SPLIT_ROUND_CYCLES = 790.0
 SPLIT_LIVE_REGISTERS = 22
 # What setmaxnreg.inc gives each consumer thread of a wgmma block with two consumer warpgroups
@@ -75,13 +85,14 @@ def split_sum_cycles(point: Point, accumulators: int, in_flight: float) -> float
     return max((splits - 1) * partial / SPLIT_L2_BYTES_PER_CYCLE, rounds * SPLIT_ROUND_CYCLES)
 
 
-def wgmma_sum_in_flight(point: Point, accumulators: int, register_budget: int) -> float:
+def wgmma_sum_in_flight(point: Point, accumulators: int, register_budget: int, staging: int = 0) -> float:
     """Loads a wgmma consumer thread keeps in flight while it sums: the registers of
     `register_budget` (setmaxnreg's 232 for two consumer warpgroups, else ptxas's 255) that its
-    accumulators and SPLIT_LIVE_REGISTERS leave; an element in flight holds S registers, S - 1
-    of them loads (its own term is a copy of its accumulator)."""
+    accumulators, the TMA-store epilogue's `staging` addresses and SPLIT_LIVE_REGISTERS leave;
+    an element in flight holds S registers, S - 1 of them loads (its own term is a copy of its
+    accumulator)."""
     splits = split_of(point)
-    free = max(splits, register_budget - accumulators - SPLIT_LIVE_REGISTERS)
+    free = max(splits, register_budget - accumulators - staging - SPLIT_LIVE_REGISTERS)
     return free * (splits - 1) / splits
 
 
@@ -89,14 +100,14 @@ def wgmma_split_sum(target: Target, point: Point, groups: int = 0) -> float:
     """Cycles the last part of a gemm_wgmma split point's output tile spends summing the
     partials: a consumer thread's accumulators, and the loads in flight the registers leave --
     TMA_CONSUMER_REGISTERS with two consumer warpgroups on the TMA ring, else the target's
-    per-thread limit. (The TMA-store epilogue's BN / 4 staging addresses, which ptxas hoists in
-    an unsplit kernel, are derived from a thread index read again in a split kernel's epilogue:
-    split_k.py, `opaque`; they hold no register during the sum.)"""
+    per-thread limit --, less the TMA-store epilogue's BN / 4 staging addresses, which ptxas
+    computes at the kernel's start and keeps live through the sum (module docstring)."""
     bm, bn = int(point["bm"]), int(point["bn"])
     groups = groups or bm // 64
     accumulators = bm * bn // (64 * groups) // 2
     budget = TMA_CONSUMER_REGISTERS if point.get("load") == "tma" and groups == 2 else target.max_registers_per_thread
-    return split_sum_cycles(point, accumulators, wgmma_sum_in_flight(point, accumulators, budget))
+    staging = bn // 4 if point.get("epilogue") == "tma" else 0
+    return split_sum_cycles(point, accumulators, wgmma_sum_in_flight(point, accumulators, budget, staging))
 
 
 def split_handover_cycles(point: Point, accumulators: int = 0, in_flight: float = 1.0) -> tuple[float, float]:

@@ -149,15 +149,23 @@ def epilogue_of(point: Point) -> str:
     return str(point.get("epilogue", "registers"))
 
 
+def aligned_slot(nbytes: int) -> int:
+    """What a shared buffer takes in a kernel with wgmma descriptors: every buffer starts on a
+    DESCRIPTOR_ALIGNMENT boundary (codegen's shared layout), so each takes whole 1024-byte slots."""
+    return -(-nbytes // DESCRIPTOR_ALIGNMENT) * DESCRIPTOR_ALIGNMENT
+
+
 def shared_bytes(point: Point, out_itemsize: int = 2) -> int:
-    """The ring's bytes plus the slack the kernel uses to align it to 1024 bytes (and the TMA
-    ring's two mbarriers per stage, and the staging tile of the TMA epilogue)."""
+    """The dynamic shared memory of the point's kernel, as codegen lays it out: the ring, the TMA
+    ring's full and empty mbarrier arrays (one aligned slot each), the staging tile of the TMA
+    epilogue, split-K's arrival counts (a slot), plus the slack the kernel uses to align the
+    allocation's start to 1024 bytes."""
     stages = int(point["stages"])
-    barriers = 2 * 8 * stages if load_of(point) == "tma" else 0
+    barriers = 2 * aligned_slot(8 * stages) if load_of(point) == "tma" else 0
     staging = int(point["bm"]) * int(point["bn"]) * out_itemsize if epilogue_of(point) == "tma" else 0
     handover = DESCRIPTOR_ALIGNMENT if split_of(point) > 1 else 0   # split-K's counts: their own aligned slot
     ring = stages * (int(point["bm"]) + int(point["bn"])) * K_TILE * 2
-    return ring + DESCRIPTOR_ALIGNMENT + barriers + staging + handover
+    return ring + DESCRIPTOR_ALIGNMENT + barriers + aligned_slot(staging) + handover
 
 
 def tma_store_refusal_for(info: KernelInfo) -> str | None:
