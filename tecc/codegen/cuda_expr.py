@@ -61,6 +61,7 @@ from tecc.ir.index_checks import RECORD_SYMBOL, RECORD_WORDS, IndexCheck
 from tecc.ir.stmt import Buffer
 
 from . import philox
+from .gelu_helpers import gelu_helpers
 from .ranges import RangeEnv
 
 # C precedence levels, higher binds tighter (C11 6.5).
@@ -99,6 +100,7 @@ _INTRINSIC_C = {
     # float32 only (no float64 form); device helpers that `device_helpers` defines
     "sin_approx": ("tecc_sin_approx", ""), "cos_approx": ("tecc_cos_approx", ""),
     "exp2_approx": ("tecc_exp2_approx", ""),
+    "gelu_erf_approx": ("tecc_gelu_erf_approx", ""), "gelu_tanh_approx": ("tecc_gelu_tanh_approx", ""),
 }
 # float -> int conversions: PTX cvt.rzi (truncate, saturate to the integer range; NaN gives 0 from
 # float32 to int32, the range's minimum otherwise, measured on an H200 -- docs/semantics.md).
@@ -633,6 +635,7 @@ def device_helpers(intrinsics: set[str]) -> list[str]:
             "  asm(\"ex2.approx.ftz.f32 %0, %1;\" : \"=f\"(y) : \"f\"(x));\n"
             "  return y;\n"
             "}\n")
+    helpers += gelu_helpers(intrinsics, _f)
     if not intrinsics & {"sin_approx", "cos_approx"}:
         return helpers
     s1, s2, s3, s4 = (_f(c) for c in approx.SIN_POLY)

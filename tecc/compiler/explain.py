@@ -42,6 +42,8 @@ def _kernel(kp: KernelPlan, result: PlanResult, runners: int) -> list[str]:
              f"{' (' + info.reduce_kind + ')' if info.reduce_kind and info.kind == 'reduction' else ''}, "
              f"spatial [{loops}]{', reduce [' + red + ']' if red else ''}, {info.dtype}",
              f"  work: {info.flops / 1e9:.3g} GFLOP, compulsory DRAM traffic {compulsory_bytes(info) / 1e6:.3g} MB"]
+    for note in info.notes:
+        lines.append(f"  math: {note}")
     if info.assumed:
         lines.append("  assumed sizes (pass sizes= to plan for yours): "
                      + ", ".join(f"{n}={v}" for n, v in info.assumed))

@@ -14,7 +14,7 @@ Nothing else reads the environment; values are read when a build starts, never a
 | TECC_SIM_CHECKS     | 1                               | 0 turns off the emulator's out-of-bounds / race / uninitialized-read checks (faster) |
 | TECC_VERIFY_IR      | 1                               | 0 skips the IR verifier between passes |
 | TECC_STRICT_PLANS   | unset                           | 1: the planner's plan that fails to build with a TeccError raises instead of falling back to the generic schedule (the fuzzer and tests use it to find strategy bugs; other exceptions are raised always) |
-| TECC_PRECISE_MATH   | unset                           | 1 keeps the precise sinf/cosf where a result rounded to float16/bfloat16 would get the cheap sin_approx/cos_approx (tecc/passes/approx_math.py) |
+| TECC_PRECISE_MATH   | unset                           | 1 keeps the precise sinf/cosf (and a GELU's erff/tanhf) where a result rounded to float16/bfloat16 would get the cheap sin_approx/cos_approx (gelu_erf_approx/gelu_tanh_approx) (tecc/passes/approx_math.py) |
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def verify_ir() -> bool:
 
 
 def precise_math() -> bool:
-    """True when TECC_PRECISE_MATH is set to anything but '' or '0': no cheap sin/cos, even where
+    """True when TECC_PRECISE_MATH is set to anything but '' or '0': no cheap sin/cos/GELU, even where
     the result is rounded to a 16-bit float (the approx_math pass and the cost model both ask)."""
     return os.environ.get("TECC_PRECISE_MATH", "") not in ("", "0")
 
