@@ -225,11 +225,7 @@ def online_contraction(args: Sequence[Tensor], threads: int = 32, rows_per_block
     j_key = tile * T + jj
     col = kk * T + tx
     v_stmts, v_val = lower.value(substitute(chain.value, {**at_row, chain.key: j_key, chain.column: col}))
-    kept: Expr = p
-    keep_stmts: list[Stmt] = []
-    if chain.dropout is not None:  # Σ_j keep·p·v; l sums every p (the dropout's scale is in the output)
-        keep_stmts, keep = lower.value(substitute(chain.dropout.keep, {**at_row, chain.key: j_key}))
-        kept = select(keep, p, Const(0, p.dtype))
+    keep_stmts, kept = _kept_weight(chain, lower, p, {**at_row, chain.key: j_key})
     p_v = _contraction_term(chain, kept, v_val)
     accumulate = LetStmt(p, weight, seq(
         BufferStore(l_run, (zero,), l_run[zero] + cast(p, ft_l)),
@@ -282,6 +278,16 @@ def online_contraction(args: Sequence[Tensor], threads: int = 32, rows_per_block
         body = For(by, 0, n_heads, "blockIdx.y", body)
 
     return _one_kernel_module(chain, sig, body, name)
+
+
+def _kept_weight(chain: OnlineChain, lower: ExpressionLowering, p: Var,
+                 at_key: dict[Var, Expr]) -> tuple[list[Stmt], Expr]:
+    """The weight p as the contraction takes it: p, or 0 where the dropout drops the key at
+    `at_key` (Σ_j keep·p·v; l sums every p, the dropout's scale is in the output)."""
+    if chain.dropout is None:
+        return [], p
+    stmts, keep = lower.value(substitute(chain.dropout.keep, at_key))
+    return stmts, select(keep, p, Const(0, p.dtype))
 
 
 def _checked_columns(chain: OnlineChain, threads: int, rows_per_block: int) -> int:
