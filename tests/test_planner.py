@@ -5,6 +5,7 @@ import runpy
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tecc as tc
@@ -158,3 +159,29 @@ def test_every_strategy_module_loads():
 
     registry.load_all()
     assert registry.LOAD_ERRORS == {}, registry.LOAD_ERRORS
+
+
+def test_a_kernel_past_every_register_bound_is_still_planned_naive():
+    # a reduction whose body reads 100 tensors (what inlining makes of a model's gradient sums):
+    # one thread per output is estimated past 255 registers; when no other strategy takes the
+    # kernel the planner must still give the naive schedule (ptxas spills) rather than fail
+    xs = [tc.placeholder((16, 8), "float32", name=f"x{n}") for n in range(100)]
+    j = tc.reduce_axis(8, name="j")
+
+    def body(i):
+        total = xs[0][i, j]
+        for x in xs[1:]:
+            total = total + x[i, j]
+        return tc.sum(total, axis=j)
+
+    s = tc.compute((16,), body, name="s")
+    result = plan_program([*xs, s], "sm_90", only=())  # naive alone: its estimate is 310 registers
+    (kp,) = result.kernels
+    assert kp.chosen.strategy.uses_default_schedule, kp.chosen.label
+    assert not kp.chosen.cost.ok  # chosen although it breaks the register bound
+    f = tc.build([*xs, s], target="sim")
+    arrays = [np.random.default_rng(n).standard_normal((16, 8)).astype(np.float32) for n in range(100)]
+    out = np.full(16, np.nan, np.float32)
+    f.sim(*arrays, out)
+    want = sum(a.astype(np.float64) for a in arrays).sum(1)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)

@@ -33,7 +33,7 @@ from . import build_cache
 from . import options as knobs
 from . import planner
 from .kernel import Kernel
-from .pipeline import TARGETS, compile_module, default_plan, open_dumps, refuse_spills, schedule_module
+from .pipeline import TARGETS, compile_module, default_plan, finish_module, open_dumps, refuse_spills, schedule_module
 from .plan import Plan
 from .planner import PlanResult
 from .program import Program, resolve_target
@@ -179,13 +179,18 @@ def _first_that_builds(candidates: list[Candidate], program: Program, dumper: Du
             found = ask()
             planning = found if isinstance(found, PlanResult) else None
             chosen = found.plan if isinstance(found, PlanResult) else found
-            # the planner already scheduled the program (to check that the primitives take the
-            # plan): compile that IR; with dumps on, the replay writes one file per primitive
-            source: Sequence[Tensor] | Schedule = program.args
-            if planning is not None and dumper is None and planning.schedule is not None:
-                source = planning.schedule
-            module = schedule_module(source, chosen, name=program.name, dumper=dumper, timing=timing,
-                                     lowered=program.module)
+            if planning is not None and planning.composed is not None and dumper is None:
+                # planned in regions: the parts' modules, scheduled and composed by the planner
+                module = finish_module(planning.composed, chosen, dumper=dumper, timing=timing)
+            else:
+                # the planner already scheduled the program (to check that the primitives take the
+                # plan): compile that IR; with dumps on, the replay writes one file per primitive
+                # (a plan in regions: compose.txt, regions.replay)
+                source: Sequence[Tensor] | Schedule = program.args
+                if planning is not None and dumper is None and planning.schedule is not None:
+                    source = planning.schedule
+                module = schedule_module(source, chosen, name=program.name, dumper=dumper, timing=timing,
+                                         lowered=program.module)
         except TeccError as exc:
             if last or knobs.strict_plans():
                 raise

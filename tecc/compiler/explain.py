@@ -153,6 +153,13 @@ def explain(result: PlanResult, runners: int = 4) -> str:
              f"plan: {result.plan.strategy}; predicted total {_us(result.predicted_seconds)}; "
              f"planning took {1e3 * result.search_seconds:.0f} ms (search) + {1e3 * result.realize_seconds:.0f} ms "
              "(schedule primitives)"]
+    if result.composed is not None:  # planned in regions: each part by the planner (the plan's reason)
+        lines.append(f"planned in regions: {result.plan.reason}")
+        lines.append("whole-program per-kernel plans (weighed before the regions, not built):")
+        for kp in result.kernels:
+            lines.append(f"  {kp.kernel}: {kp.chosen.label}, predicted {_us(kp.chosen.cost.total)}")
+        lines.append(str(result.plan))
+        return "\n".join(lines)
     if result.group is not None:
         lines += _group(result, runners)
     if result.group is not None and result.group.chosen is not None:

@@ -33,6 +33,7 @@ from ..passes.unique_names import unique_names
 from ..passes.verify import verify_module
 from ..runtime.host import HostProgram
 from . import options as knobs
+from . import regions
 from .cache import compile_cached
 from .kernel import Kernel
 from .plan import Plan, Step
@@ -83,6 +84,10 @@ def schedule_module(program: Sequence[Tensor] | Schedule, plan: Plan, *, name: s
         module = program.mod
         if dumper is not None:
             dumper.write("schedule.txt", f"# the Schedule as given\n{dumper.text(module)}")
+    elif regions.is_composed(plan):  # parts scheduled with their own plans, one module (regions.py)
+        module = regions.replay(list(program), plan, module_name(list(program), name))
+        if dumper is not None:
+            dumper.write("compose.txt", f"# the parts, composed\n{dumper.text(module)}")
     else:
         tensors = list(program)
         primitives = Plan(tuple(s for s in plan.steps if s.primitive != "default_schedule"))
@@ -95,7 +100,11 @@ def schedule_module(program: Sequence[Tensor] | Schedule, plan: Plan, *, name: s
     # the tensor-core primitives' records (tecc/passes/schedule/tensor_core.py) end with the schedule
     module = drop_records(module)
     timing.seconds.append(("lower+schedule", time.perf_counter() - start))
+    return finish_module(module, plan, dumper=dumper, timing=timing)
 
+
+def finish_module(module: Module, plan: Plan, *, dumper: DumpIR | None, timing: PassTiming) -> Module:
+    """Step 2 alone: the fixed tail of the pipeline on a scheduled module."""
     instruments: list[Any] = [timing]
     if dumper is not None:
         instruments.append(dumper)
@@ -147,7 +156,11 @@ def refuse_spills(schedule: Schedule, kernel: str | None, arch: str) -> dict[str
     compile cache keeps the binary for the build); else ptxas's report of every kernel. The
     planner's compile check for strategies whose register use ptxas decides."""
     timing = PassTiming()
-    module = schedule_module(schedule, schedule.plan, name=None, dumper=None, timing=timing)
+    # the kernel alone: ptxas allocates each kernel on its own, so its report is the same as in
+    # the whole module, and the check costs one kernel's compile however large the program is
+    # (a graph rewrite's check, kernel None, compiles every kernel of the rewritten module)
+    alone = only_kernel(schedule.mod, kernel) if kernel is not None else schedule.mod
+    module = finish_module(alone, schedule.plan, dumper=None, timing=timing)
     compiled = compile_module(module, schedule.plan, "cuda", arch=arch, options=(), dumper=None, timing=timing)
     names = [kernel] if kernel is not None else [k.name for k in module.kernels]
     missing = [name for name in names if name not in compiled.resources]
@@ -185,6 +198,15 @@ def first_without_spills(tensors: Sequence[Tensor], plans: Sequence[Plan], arch:
         if not any(r.spill_stores or r.spill_loads for r in compiled.resources.values()):
             return plan
     return plans[0]
+
+
+def only_kernel(module: Module, kernel: str) -> Module:
+    """`module` cut down to the kernel named `kernel` and its launches."""
+    kept = tuple(k for k in module.kernels if k.name == kernel)
+    if not kept:
+        raise ScheduleError(f"no kernel {kernel!r} in module {module.name}")
+    calls = tuple(c for c in module.calls if c.kernel == kernel)
+    return Module(module.name, module.params, kept, calls, module.temps)
 
 
 def wgmma_serialized(log: str) -> str | None:

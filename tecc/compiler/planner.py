@@ -27,6 +27,13 @@ One planning path (docs/cost-model.md, "The planner"):
    per-kernel plans by each kernel's best point its primitives take; a point the primitives
    refuse (ScheduleError), or whose compile check finds spills, is recorded and the next is
    tried. The naive strategy (the default schedule) always succeeds, so every kernel gets a plan.
+   Kernels that differ only in names (a model's layers: `structure`) share one ranking, and a
+   strategy refused FAILURES_PER_STRATEGY times for a kernel is not tried further there;
+6. regions: when no graph point takes the whole program, the parts that the graph strategies
+   recognise (region_search.py: attention inside a model's graph, a row group) are cut out and
+   each planned by this same procedure, its graph points weighed against its own per-kernel
+   plans; the stages between them form parts planned the same way, and the parts' modules are
+   composed into one (regions.py). The plan is then a list of `region` steps.
 
 The Plan holds the rewrite's step, or the primitives of every kernel then one `default_schedule`
 step that binds the kernels planned as naive; its `reason` says what was chosen and why, and
@@ -37,8 +44,9 @@ the rankings for `explain`.
 from __future__ import annotations
 
 import math
+import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from ..ir.errors import ScheduleError
@@ -50,6 +58,12 @@ from .cost.model import DEFAULT_PARAMETERS, Cost, CostParameters, Workload, pred
 from .plan import Plan, Step
 from .program import Program, resolve_target
 from .strategies.registry import AnyStrategy, GraphStrategy, Point, Strategy, graph_strategies, strategies
+
+# A strategy whose primitives refused this many of its points for one kernel is not tried
+# further there: the refusals that recur are the program's, not the point's (a loop whose
+# dependences isl cannot rule out, e.g. over symbolic extents, refuses every parallel binding),
+# and each try schedules the kernel again.
+FAILURES_PER_STRATEGY = 6
 
 # A rewrite predicted within this fraction of the per-kernel plans it replaces is realized first.
 # Both are then at one bound (DRAM, for the memory-bound rewrites), where the model's terms do not
@@ -152,9 +166,15 @@ class PlanResult:
     schedule: Any = None
     group: GroupPlan | None = None                   # the graph-level alternative (None: no rewrite applies)
     program: Program | None = None
+    # a plan in regions (`plan` of `region` steps): the parts' scheduled modules composed, which
+    # build compiles as it is (schedule is None then)
+    composed: Any = None
+    composed_seconds: float = 0.0                    # the predicted time of the parts' plans
 
     @property
     def predicted_seconds(self) -> float:
+        if self.composed is not None:
+            return self.composed_seconds
         if self.group is not None and self.group.chosen is not None:
             return self.group.chosen.cost.total
         return sum(k.chosen.cost.total for k in self.kernels)
@@ -217,7 +237,8 @@ def _graph_rank_key(c: Candidate) -> tuple[float, int, float, int]:
 def plan_program(args: Sequence[Tensor] | Program, target: Target | str | None = None, *,
                  sizes: Mapping[str, int] | None = None, name: str | None = None,
                  params: CostParameters = DEFAULT_PARAMETERS, only: Sequence[str] | None = None,
-                 keep: int = 8, compile_check: CompileCheck | None = None, weigh: bool = True) -> PlanResult:
+                 keep: int = 8, compile_check: CompileCheck | None = None, weigh: bool = True,
+                 regions: bool = True) -> PlanResult:
     """Plan the program `args` (tensors, or a Program lowered already) for `target` (see the
     module docstring).
 
@@ -230,21 +251,48 @@ def plan_program(args: Sequence[Tensor] | Program, target: Target | str | None =
     only: restrict to these strategies, per-kernel or graph-level (naive is always added as the
     per-kernel fallback).
     weigh: False realizes the best graph-level point that the primitives take whatever the
-    per-kernel plans are predicted at (what `plan_strategy` asks)."""
+    per-kernel plans are predicted at (what `plan_strategy` asks).
+    regions: when no graph point takes the whole program, plan the parts the graph strategies
+    recognise as regions (step 6 of the module docstring; region_search.py)."""
     if isinstance(args, Program):
         program = args if target is None else args.with_target(resolve_target(target))
     else:
         program = Program.of(args, name=name, target=target, sizes=sizes)
+    result = _plan(program, params, only, keep, compile_check, weigh, regions, graph_only=False)
+    assert result is not None
+    return result
+
+
+def _plan(program: Program, params: CostParameters, only: Sequence[str] | None, keep: int,
+          compile_check: CompileCheck | None, weigh: bool, regions: bool, graph_only: bool) -> PlanResult | None:
+    """plan_program of a Program; with `graph_only`, None unless a graph point takes it."""
     tgt = program.target
     start = time.perf_counter()
     only_list = None if only is None else list(only) + ["naive"]
     kernel_plans: list[KernelPlan] = []
+    twins: dict[str, int] = {}           # a kernel's structure -> the first kernel planned with it
+    twin_of: list[int | None] = []
     for kernel in program.kernels:
         info = program.info(kernel)
-        cands, declined = candidates_for(info, tgt, params, only_list)
-        valid = sorted((c for c in cands if c.cost.ok), key=_rank_key)
-        rejected = [c for c in cands if not c.cost.ok]
-        kernel_plans.append(KernelPlan(kernel, info, valid[0], valid, rejected, declined, len(cands)))
+        key = structure(program.module.kernel(kernel))
+        first = twins.setdefault(key, len(kernel_plans))
+        if first != len(kernel_plans):   # the same loops and accesses: the same ranking
+            seen = kernel_plans[first]
+            valid = [replace(c, failed=None) for c in seen.ranked]
+            rejected, declined, evaluated = seen.rejected, seen.declined, seen.evaluated
+            twin_of.append(first)
+        else:
+            cands, declined = candidates_for(info, tgt, params, only_list)
+            valid = sorted((c for c in cands if c.cost.ok), key=_rank_key)
+            rejected = [c for c in cands if not c.cost.ok]
+            if not valid:
+                # every point breaks a hard constraint (a body so large that even one thread per
+                # output is estimated past 255 registers): the naive schedule still builds, and
+                # ptxas spills what does not fit
+                valid = sorted((c for c in rejected if c.strategy.uses_default_schedule), key=_rank_key)[:1]
+            evaluated = len(cands)
+            twin_of.append(None)
+        kernel_plans.append(KernelPlan(kernel, info, valid[0], valid, rejected, declined, evaluated))
     group = _plan_group(program, kernel_plans, params, only_list)
     search = time.perf_counter() - start
 
@@ -252,8 +300,16 @@ def plan_program(args: Sequence[Tensor] | Program, target: Target | str | None =
     schedule = None
     if group is not None:
         schedule = _realize_group(program, group, compile_check, weigh)
+    if schedule is None and graph_only:
+        return None
+    if schedule is None and regions and only is None:
+        found = _in_regions(program, params, compile_check)
+        if found is not None:
+            composed, seconds = found
+            return PlanResult(composed.plan, tgt, kernel_plans, search, time.perf_counter() - start,
+                              dict(program.sizes), None, group, program, composed.module, seconds)
     if schedule is None:
-        schedule = _realize(program, kernel_plans, compile_check)
+        schedule = _realize(program, kernel_plans, compile_check, twin_of)
     realize = time.perf_counter() - start
     for kp in kernel_plans:
         kp.ranked = _keep(kp.ranked, keep)
@@ -261,6 +317,40 @@ def plan_program(args: Sequence[Tensor] | Program, target: Target | str | None =
         group.ranked = _keep(group.ranked, keep)
     plan = _plan_of(program, schedule, kernel_plans, group)
     return PlanResult(plan, tgt, kernel_plans, search, realize, dict(program.sizes), schedule, group, program)
+
+
+def _in_regions(program: Program, params: CostParameters, compile_check: CompileCheck | None
+                ) -> tuple[Any, float] | None:
+    """The program planned in regions (region_search.py) and the predicted time of its parts, or
+    None: each part that a graph strategy may take is planned by `_plan` itself (its graph points
+    weighed against its own per-kernel plans, as for a whole program), and the rest in parts
+    between them, each planned by `_plan` too. No part plans in regions again."""
+    from . import region_search
+
+    taken: dict[int, float] = {}          # id(module) -> predicted seconds of the part's plan
+
+    def part_program(part: list[Tensor], name: str | None) -> Program:
+        return Program.of(part, name=name, target=program.target, sizes=program.sizes,
+                          compile_arch=program.compile_arch)
+
+    def graph_level(part: list[Tensor]) -> tuple[Plan, Any] | None:
+        found = _plan(part_program(part, program.name), params, None, 8, compile_check, True, False, graph_only=True)
+        if found is None:
+            return None
+        taken[id(found.schedule.mod)] = found.predicted_seconds
+        return found.plan, found.schedule.mod
+
+    def per_kernel(part: list[Tensor], number: int) -> tuple[Plan, Any]:
+        name = f"{program.name or 'program'}_part{number}"
+        found = _plan(part_program(part, name), params, None, 8, compile_check, True, False, graph_only=False)
+        assert found is not None
+        taken[id(found.schedule.mod)] = found.predicted_seconds
+        return found.plan, found.schedule.mod
+
+    composed = region_search.propose(program.args, graph_level, per_kernel, program.module.name, DEFAULT_THREADS)
+    if composed is None:
+        return None
+    return composed, sum(taken.get(id(m), 0.0) for m in composed.parts)
 
 
 def _plan_group(program: Program, kernel_plans: list[KernelPlan], params: CostParameters,
@@ -335,30 +425,53 @@ def _keep(ranked: list[Candidate], keep: int) -> list[Candidate]:
     return out + [c for c in ranked if c.failed is not None]
 
 
-def _realize(program: Program, kernel_plans: list[KernelPlan], compile_check: CompileCheck | None) -> Any:
-    """Apply each kernel's best realizable candidate on one Schedule, and return it."""
+def structure(kernel: Any) -> str:
+    """A kernel's loop nest with every name replaced by its order of first appearance: kernels
+    that differ only in names (a model's layers) have the same structure, and so the same
+    candidates, costs and realizable points."""
+    names: dict[str, str] = {}
+    return _IDENTIFIER.sub(lambda m: names.setdefault(m.group(0), f"n{len(names)}"), str(kernel))
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _realize(program: Program, kernel_plans: list[KernelPlan], compile_check: CompileCheck | None,
+             twin_of: Sequence[int | None] | None = None) -> Any:
+    """Apply each kernel's best realizable candidate on one Schedule, and return it. A kernel
+    with an earlier twin (`structure`) tries the twin's chosen point first: the points ranked
+    before it were refused for the twin, and would be for the kernel; and the point is not
+    compiled again to check for spills (the same code up to names, so the same registers)."""
     from .schedule import Schedule
 
-    def fresh(steps: Sequence[Step] = ()) -> Any:
-        return Schedule(program.args, plan=Plan(tuple(steps)) if steps else None, name=program.name,
-                        lowered=program.module)
-
-    sch = fresh()
-    for kp in kernel_plans:
-        for cand in kp.ranked:
+    sch = Schedule(program.args, name=program.name, lowered=program.module)
+    for number, kp in enumerate(kernel_plans):
+        failures: dict[str, int] = {}
+        twin = twin_of[number] if twin_of is not None else None
+        order = list(kp.ranked)
+        checked = None  # the twin's point, which ptxas already compiled without spilling
+        if twin is not None:
+            position = kernel_plans[twin].ranked.index(kernel_plans[twin].chosen)
+            order = order[position:] + order[:position]
+            checked = order[0]
+        for cand in order:
             if cand.strategy.uses_default_schedule:
                 kp.chosen = cand
                 break
-            before = list(sch.plan.steps)
+            if failures.get(cand.strategy.name, 0) >= FAILURES_PER_STRATEGY:
+                cand.failed = f"not tried: {FAILURES_PER_STRATEGY} better points of {cand.strategy.name} failed"
+                continue
+            before = sch.checkpoint()
             try:
                 cand.strategy.apply(sch, kp.info, cand.point)  # type: ignore[arg-type]
-                if cand.strategy.compile_checked and compile_check is not None:
+                if cand.strategy.compile_checked and compile_check is not None and cand is not checked:
                     compile_check(sch, kp.kernel, program.compile_arch)
                 kp.chosen = cand
                 break
             except ScheduleError as exc:
                 cand.failed = str(exc).splitlines()[0]
-                sch = fresh(before)
+                failures[cand.strategy.name] = failures.get(cand.strategy.name, 0) + 1
+                sch.rollback(before)  # as if the candidate had never been tried
     return sch
 
 

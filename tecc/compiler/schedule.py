@@ -20,7 +20,7 @@ import inspect
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence, Union
 
 from ..ir.errors import ScheduleError
@@ -106,6 +106,21 @@ class Schedule(TensorCorePrimitives):
     @property
     def plan(self) -> Plan:
         return Plan(tuple(self._steps), "manual", "schedule written by hand")
+
+    def checkpoint(self) -> tuple[Any, ...]:
+        """The schedule's state now (its IR, steps and pending caches), for `rollback`: the
+        planner tries a strategy's primitives and, when one refuses, returns to this state
+        instead of lowering and replaying the whole program again."""
+        pending = {k: replace(v) for k, v in self._pending.items()}
+        return (self.mod, len(self._steps), pending, len(self.timing))
+
+    def rollback(self, state: tuple[Any, ...]) -> None:
+        """Return to a `checkpoint` (the steps after it are forgotten)."""
+        mod, steps, pending, timing = state
+        self.mod = mod
+        del self._steps[steps:]
+        self._pending = {k: replace(v) for k, v in pending.items()}
+        del self.timing[timing:]
 
     def replay(self, plan: Plan) -> None:
         """Apply every step of `plan` in order. A step that names a kernel this program does not

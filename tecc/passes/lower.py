@@ -4,7 +4,8 @@ Steps, in order:
 1. Collect the program DAG (networkx) from the tensors given to `build`, check that every input
    it reads is among them, and topologically order the compute stages.
 2. Inline elementwise producers (computes without a reduction that are not outputs) into their
-   consumers, so chains of elementwise ops never round-trip through memory; a reduction whose
+   consumers, so chains of elementwise ops never round-trip through memory (except a 16-bit copy
+   of a wider float that a contraction reads: `narrowed_operands`); a reduction whose
    only consumer is an elementwise output reading it at its own index (an epilogue such as
    `relu(C[i, j] + bias[j])`) is inlined too, so the store of the reduction applies it.
 3. Give every remaining stage a buffer: outputs and inputs are the module's parameters, other
@@ -26,7 +27,9 @@ import networkx as nx
 from ..ir import dtype as dt
 from ..ir.errors import ShapeError, TeccError
 from ..ir.expr import (
+    Binary,
     BufferLoad,
+    Cast,
     Const,
     Expr,
     IterVar,
@@ -127,40 +130,114 @@ def choose_inlined(prog: Program, epilogues: bool = False) -> Program:
         t for t in prog.order
         if id(t) not in outputs and isinstance(t.op, ComputeOp) and not t.op.reductions
     }
+    inlined -= narrowed_operands(prog, inlined)
     if epilogues:
         inlined |= {t for t in prog.order if epilogue_consumer(prog, t, frozenset(inlined)) is not None}
     return Program(prog.args, prog.graph, prog.order, frozenset(inlined))
+
+
+def narrowed_operands(prog: Program, elementwise: set[Tensor]) -> set[Tensor]:
+    """The computes that narrow a float32/float64 tensor to 16 bits (`bfloat16(X[...])`: the
+    casts of mixed precision, autocast's) and reach a contraction (a stage summing products)
+    through elementwise computes only. They stay stages of their own, written once in 16 bits:
+    the contraction then reads 16-bit operands, the form the tensor-core strategies take (an
+    operand converted while it is staged is not one they have), instead of being planned as a
+    generic reduction reading and converting the wide values at every use."""
+    kept: set[Tensor] = set()
+    for t in prog.order:
+        if t not in elementwise or not _narrowing_copy(t):
+            continue
+        seen: set[int] = set()
+        frontier = list(prog.graph.successors(t))
+        while frontier:
+            s = frontier.pop()
+            if id(s) in seen:
+                continue
+            seen.add(id(s))
+            if s in elementwise:
+                frontier.extend(prog.graph.successors(s))
+            elif _sums_products(s):
+                kept.add(t)
+                break
+    return kept
+
+
+def _narrowing_copy(t: Tensor) -> bool:
+    op = t.op
+    if not isinstance(op, ComputeOp) or t.dtype not in (dt.float16, dt.bfloat16):
+        return False
+    body = op.body
+    return (isinstance(body, Cast) and isinstance(body.a, TensorRead)
+            and body.a.dtype in (dt.float32, dt.float64))
+
+
+def _sums_products(t: Tensor) -> bool:
+    op = t.op
+    return isinstance(op, ComputeOp) and any(
+        r.combiner == "sum" and any(isinstance(n, Binary) and n.op == "*" for n in walk(r.source))
+        for r in op.reductions)
 
 
 def epilogue_consumer(prog: Program, t: Tensor, inlined: frozenset[Tensor]) -> Tensor | None:
     """The consumer D of reduction stage `t` into which `t` is inlined, or None.
 
     Inlining saves bytes exactly when it moves no work: D is an output stage of the same shape
-    without a reduction of its own, the only consumer of `t`, and reads `t` once, at its own
-    index (D[i, j] = f(C[i, j], ...)). The reduction is then computed once per output as
-    before, and C's write and read back (2·|C|·itemsize bytes) and a kernel launch disappear.
-    A consumer that reads C at another index or more than once would recompute the reduction;
-    one that is itself inlined further would move it into a kernel of another shape: neither
-    is done."""
+    without a reduction of its own, the only stage `t` reaches (directly, or through elementwise
+    computes inlined into D: a view, a batch norm and a relu after a convolution), and D reads
+    `t` once, at its own index, once those computes are expanded (D[i, j] = f(C[i, j], ...)).
+    The reduction is then computed once per output as before, and C's write and read back
+    (2·|C|·itemsize bytes) and a kernel launch disappear. A consumer that reads C at another
+    index or more than once would recompute the reduction; one that is itself inlined further
+    would move it into a kernel of another shape: neither is done."""
     outputs = {id(a) for a in prog.args}
     op = t.op
     if id(t) in outputs or not isinstance(op, ComputeOp) or not op.reductions or t in inlined:
         return None
-    consumers = list(prog.graph.successors(t))
-    if len(consumers) != 1:
+    reached = _stages_reached(prog, t, inlined)
+    if len(reached) != 1:
         return None
-    d = consumers[0]
+    d = reached[0]
     dop = d.op
     if id(d) not in outputs or not isinstance(dop, ComputeOp) or dop.reductions or not same_shape(d.shape, t.shape):
         return None
-    reads = [n for n in walk(dop.body) if isinstance(n, TensorRead) and n.tensor is t]
-    if len(reads) != 1 or reads[0].indices != tuple(dop.axes):
-        return None
-    # an inlined elementwise stage between them would hide further reads of t
-    if any(s in inlined and any(n.tensor is t for n in walk(s.op.body) if isinstance(n, TensorRead))
-           for s in prog.order if isinstance(s.op, ComputeOp)):
+    reads = _reads_through(dop.body, t, inlined, [])
+    if len(reads) != 1 or len(reads[0]) != len(dop.axes) or not all(a is b for a, b in zip(reads[0], dop.axes)):
         return None
     return d
+
+
+def _stages_reached(prog: Program, t: Tensor, inlined: frozenset[Tensor]) -> list[Tensor]:
+    """The stages that read `t`, directly or through inlined computes."""
+    found: list[Tensor] = []
+    seen: set[int] = set()
+    frontier = list(prog.graph.successors(t))
+    while frontier:
+        s = frontier.pop()
+        if id(s) in seen:
+            continue
+        seen.add(id(s))
+        if s in inlined:
+            frontier.extend(prog.graph.successors(s))
+        else:
+            found.append(s)
+    return found
+
+
+def _reads_through(e: Expr, t: Tensor, inlined: frozenset[Tensor], found: list[tuple[Expr, ...]]
+                   ) -> list[tuple[Expr, ...]]:
+    """The indices at which `e` reads `t` once the inlined computes it reads are expanded (the
+    search stops at a second read: `epilogue_consumer` wants exactly one)."""
+    for n in walk(e):
+        if len(found) > 1:
+            break
+        if not isinstance(n, TensorRead):
+            continue
+        if n.tensor is t:
+            found.append(n.indices)
+        elif n.tensor in inlined and isinstance(n.tensor.op, ComputeOp):
+            src = n.tensor.op
+            _reads_through(substitute(src.body, dict(zip(src.axes, n.indices))), t, inlined, found)
+    return found
 
 
 def same_shape(a: Sequence[Expr], b: Sequence[Expr]) -> bool:
@@ -422,4 +499,4 @@ def exprs_of(body: Stmt) -> list[Expr]:
 
 
 __all__ = ["COMBINE", "Inliner", "Program", "buffer_for", "choose_inlined", "collect_program", "epilogue_consumer",
-           "exprs_of", "global_buffers", "kernel_params", "lower", "scalar_vars", "unflatten"]
+           "exprs_of", "global_buffers", "kernel_params", "lower", "narrowed_operands", "scalar_vars", "unflatten"]

@@ -229,6 +229,18 @@ def _registers(resources: Mapping[str, KernelResources] | None) -> dict[str, int
             for n, r in (resources or {}).items() if n.endswith(("_backward_mma_kernel", "_backward_rows_kernel"))}
 
 
+def _strided_rows(program: Program) -> str | None:
+    """Why not, when an input's rows are not contiguous: the kernels stage every operand and
+    row statistic by cp.async row copies, which need a last stride of 1 known when compiling."""
+    for t in program.args:
+        op = t.op
+        strides = getattr(op, "strides", None) if t.is_placeholder else None
+        if strides and const_int(strides[-1]) != 1:
+            return (f"online_backward_mma: the rows of input {t.name} are not contiguous (last stride {strides[-1]}); "
+                    "its cp.async row copies need a last stride of 1")
+    return None
+
+
 class OnlineBackwardMma(GraphStrategy):
     """The registry's face of this module (see the module docstring)."""
 
@@ -244,7 +256,7 @@ class OnlineBackwardMma(GraphStrategy):
             return chain
         if program.target.sm < MMA_MIN_ARCH:
             return f"online_backward_mma: {program.target.arch} has no mma.m16n8k16 / cp.async (sm_80 or newer)"
-        return None
+        return _strided_rows(program)
 
     def space(self, program: Program) -> list[Point]:
         chain = _chain(program)

@@ -1,0 +1,185 @@
+"""`torch.compile(model, backend="tecc")`: the dynamo backend, its options, and the compile of
+one ATen graph.
+
+tecc registers itself in the `torch_dynamo_backends` entry-point group (pyproject.toml), so
+`backend="tecc"` works after `pip install tecc` with no `import tecc`. Dynamo hands the backend
+an FX graph of torch ops; AOTAutograd (`aot_module_simplified`, its default partitioner deciding
+what the forward saves for the backward) traces it into a forward and a backward ATen graph,
+decomposed to core ATen with torch's own tables (decompositions.py). Each ATen graph is then
+compiled by `compile_graph`: planned (graph.py), its programs built with `tc.build`, and its
+launch list assembled (launch.py).
+
+Options (`torch.compile(..., options={...})`):
+
+| option | default | meaning |
+| --- | --- | --- |
+| `fallback` | `"aten"` | `"aten"`: an op tecc cannot lower runs as ATen inside the compiled graph (logged); `"error"`: raise a TeccError naming the op and its FX node |
+| `cudagraphs` | `False` | replay each graph's launches as one CUDA graph (CUDA tensors, static shapes) |
+| `dump_ir` | `None` | a folder: each graph's FX code, the node -> kernel map and every program's IR dumps |
+| `arch` | `None` | the GPU architecture to compile for (`"sm_90"`); default: the device's |
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.fx import GraphModule
+
+from ..compiler import build
+from ..ir.errors import TeccError
+from . import cache
+from .decompositions import decomposition_table
+from .graph import GraphPlan, plan_graph
+from .launch import assemble
+from .lowering import Sizes
+from .report import GraphReport, record, write_dumps
+from .runtime import CompiledGraph, with_cuda_graph
+
+log = logging.getLogger("tecc.torch")
+
+FALLBACKS = ("aten", "error")
+
+
+@dataclass(frozen=True)
+class Options:
+    """The backend's options (module docstring)."""
+
+    fallback: str = "aten"
+    cudagraphs: bool = False
+    dump_ir: str | None = None
+    arch: str | None = None
+
+    @staticmethod
+    def parse(options: dict[str, Any] | None) -> "Options":
+        given = dict(options or {})
+        known = {"fallback", "cudagraphs", "dump_ir", "arch"}
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise TeccError(f"torch.compile(backend='tecc'): unknown option(s) {', '.join(unknown)}; the options are "
+                            f"{', '.join(sorted(known))} (docs/models.md)")
+        fallback = given.get("fallback", "aten")
+        if fallback not in FALLBACKS:
+            raise TeccError(f"torch.compile(backend='tecc'): fallback={fallback!r}; use 'aten' (run ops tecc cannot "
+                            "lower as ATen) or 'error' (raise instead)")
+        dump = given.get("dump_ir")
+        return Options(fallback, bool(given.get("cudagraphs", False)), str(dump) if dump else None,
+                       given.get("arch"))
+
+
+_graphs = itertools.count()
+
+
+def tecc_backend(gm: GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None,
+                 mode: str | None = None) -> Callable[..., Any]:
+    """The dynamo backend: forward and backward through AOTAutograd, each compiled by tecc."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    opts = Options.parse(options)
+    number = next(_graphs)
+
+    def compiler(kind: str) -> Callable[[GraphModule, Sequence[Any]], Any]:
+        def compile_fn(graph: GraphModule, inputs: Sequence[Any]) -> Any:
+            return compile_graph(graph, inputs, opts, f"g{number}_{kind}")
+
+        return compile_fn
+
+    return aot_module_simplified(gm, example_inputs, fw_compiler=compiler("forward"),
+                                 bw_compiler=compiler("backward"), inference_compiler=compiler("inference"),
+                                 decompositions=decomposition_table())
+
+
+def _bound_symbols(gm: GraphModule) -> set[Any]:
+    """The sympy symbols whose values the graph's inputs give (an int input, or a dimension)."""
+    import sympy
+
+    bound: set[Any] = set()
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("val")
+        sizes = [val] if isinstance(val, torch.SymInt) else list(val.shape) if isinstance(val, torch.Tensor) else []
+        for s in sizes:
+            if isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol):
+                bound.add(s.node.expr)
+    return bound
+
+
+def _emulated(gm: GraphModule) -> bool:
+    """Whether the graph runs on CPU tensors (then in the emulator) rather than CUDA ones."""
+    for node in gm.graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" else None
+        if isinstance(val, torch.Tensor) and val.device.type == "cuda":
+            return False
+    return True
+
+
+def _refuse_fallbacks(plan: GraphPlan) -> None:
+    nodes = plan.fallbacks
+    if not nodes:
+        return
+    first = nodes[0]
+    others = f" (and {len(nodes) - 1} more: {', '.join(n.name for n in nodes[1:6])}{', ...' if len(nodes) > 6 else ''})"
+    raise TeccError(f"tecc cannot lower {first.target} (FX node {first.name} of graph {plan.name}): "
+                    f"{plan.reasons.get(first, 'no lowering')}{others if len(nodes) > 1 else ''}; "
+                    "compile with options={'fallback': 'aten'} to run such ops as ATen inside the compiled graph")
+
+
+def compile_graph(gm: GraphModule, example_inputs: Sequence[Any], opts: Options, name: str) -> Any:
+    """One ATen graph compiled: its programs built with tc.build, its launch list assembled."""
+    start = time.perf_counter()
+    emulate = _emulated(gm)
+    target = _target(emulate)
+    key = None
+    # torch.use_deterministic_algorithms(True): scatters sum in a fixed order, never by atomics
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    if cache.enabled() and not opts.dump_ir:  # a hit writes no dumps: compile when they are asked for
+        key = cache.graph_key(gm, {"fallback": opts.fallback, "arch": opts.arch, "deterministic": deterministic},
+                              target)
+        hit = cache.load_graph(key)
+        if hit is not None:
+            compiled, report = hit
+            report.name = compiled.name = name
+            record(report)
+            if report.fallbacks:
+                log.warning("%s", report.fallback_message())
+            log.info("tecc: graph %s from the cache (%.2f s)", name, time.perf_counter() - start)
+            return _finished(compiled, opts, emulate, bool(compiled.sizes))
+    sizes = Sizes()
+    plan = plan_graph(gm, name, sizes, _bound_symbols(gm))
+    if opts.fallback == "error":
+        _refuse_fallbacks(plan)
+    kernels = []
+    for seg in plan.segments:
+        dump = f"{opts.dump_ir}/{name}/{seg.name}" if opts.dump_ir else None
+        kernels.append(build(seg.args, target=target, name=seg.name, arch=opts.arch, dump_ir=dump,
+                             deterministic=deterministic))
+    compiled: CompiledGraph = assemble(plan, kernels, emulate)
+    report = GraphReport.of(plan, kernels, time.perf_counter() - start)
+    compiled.report = report
+    record(report)
+    if plan.fallbacks:
+        log.warning("%s", report.fallback_message())
+    if report.plan_fallbacks:
+        log.warning("%s", report.plan_fallback_message())
+    log.info("%s", report.summary())
+    if opts.dump_ir:
+        write_dumps(opts.dump_ir, plan, kernels, report)
+    if key is not None:
+        cache.store(key, compiled, kernels, report)
+    return _finished(compiled, opts, emulate, bool(sizes.vars))
+
+
+def _target(emulate: bool) -> str:
+    """What the programs are built for: the emulator for CPU tensors, CUDA otherwise."""
+    return "sim" if emulate else "cuda"
+
+
+def _finished(compiled: CompiledGraph, opts: Options, emulate: bool, dynamic: bool) -> Any:
+    if opts.cudagraphs and not emulate and not dynamic:
+        return with_cuda_graph(compiled)
+    return compiled

@@ -1,0 +1,275 @@
+"""Reductions (sum, mean, amax, amin, prod, any, all, var_mean, var) as tensor expressions.
+
+A reduction over `dims` is one compute of the node's shape with a `tc.sum / max / min / prod`
+over one reduction axis per reduced dimension. Accumulation follows eager: float16/bfloat16
+sources sum in float32 and round once at the end (tecc's Reduce accumulates 16-bit sources in
+float32, docs/semantics.md); integer and bool sums are int64, as torch's. NaN propagates
+through max/min (torch.amax), as tecc's `max` does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from ...ir import dtype as dt
+from ...ir import ops as te
+from ...ir.dtype import DType
+from ...ir.expr import Expr, ExprLike, ReduceAxis
+from ...ir.tensor import Tensor, reduce_axis
+from .context import LoweringContext, Unsupported, constant
+
+Combine = Callable[[Expr, Sequence[ReduceAxis]], Expr]
+
+
+def reduced_dims(x: Tensor, dims: Any) -> list[int]:
+    """`dims` (None, an int or a list; [] means all for the ops that take it) normalized."""
+    if dims is None:
+        return list(range(x.ndim))
+    if isinstance(dims, int):
+        dims = [dims]
+    dims = list(dims)
+    if not dims:
+        return list(range(x.ndim))
+    if x.ndim == 0:
+        return []
+    return sorted({d % x.ndim for d in dims})
+
+
+def element_count(x: Tensor, dims: Sequence[int]) -> ExprLike:
+    """How many elements a reduction over `dims` combines (a size expression)."""
+    count: ExprLike = 1
+    for d in dims:
+        count = count * x.shape[d]
+    return count
+
+
+def reduce_compute(ctx: LoweringContext, x: Tensor, dims: Sequence[int], keepdim: bool,
+                   fn: Callable[[Callable[[], Expr], Sequence[ReduceAxis], Sequence[Expr]], Expr],
+                   shape: Sequence[ExprLike], suffix: str = "") -> Tensor:
+    """A compute of `shape` whose element is `fn(read, axes, idx)`: `read()` is x at the output
+    index with the reduced dimensions replaced by reduction axes (`axes`)."""
+    axes = [reduce_axis(x.shape[d], f"r{d}") for d in dims]
+
+    def body(*idx: Expr) -> Expr:
+        full: list[Expr] = []
+        position = 0
+        by_dim = dict(zip(dims, axes))
+        for d in range(x.ndim):
+            if d in by_dim:
+                full.append(by_dim[d])
+                if keepdim:
+                    position += 1
+            else:
+                full.append(idx[position])
+                position += 1
+        return fn(lambda: x[tuple(full)], axes, idx)
+
+    return ctx.compute(shape, body, suffix)
+
+
+def _simple(ctx: LoweringContext, x: Any, dims: Any, keepdim: bool, combiner: str,
+            source_dtype: DType | None = None) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise Unsupported("a reduction of a non-tensor")
+    out = ctx.out_dtype()
+    d = reduced_dims(x, dims)
+    src = source_dtype or out
+
+    def fn(read: Callable[[], Expr], axes: Sequence[ReduceAxis], idx: Sequence[Expr]) -> Expr:
+        value = te.cast(read(), src)
+        if not axes:
+            return te.cast(value, out)
+        if src.is_bool:
+            value = te.cast(value, "int32")
+        return te.cast(_combine(combiner, value, axes), out)
+
+    return reduce_compute(ctx, x, d, keepdim, fn, ctx.out_shape())
+
+
+def _combine(combiner: str, value: Expr, axes: Sequence[ReduceAxis]) -> Expr:
+    return {"sum": te.sum, "max": te.max, "min": te.min, "prod": te.prod}[combiner](value, list(axes))
+
+
+def lower_sum(ctx: LoweringContext, x: Any, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+    return _simple(ctx, x, dims, keepdim, "sum")
+
+
+def lower_sum_all(ctx: LoweringContext, x: Any, *, dtype: Any = None) -> Tensor:
+    return _simple(ctx, x, None, False, "sum")
+
+
+def lower_prod(ctx: LoweringContext, x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+    return _simple(ctx, x, dim, keepdim, "prod")
+
+
+def lower_prod_all(ctx: LoweringContext, x: Any, *, dtype: Any = None) -> Tensor:
+    return _simple(ctx, x, None, False, "prod")
+
+
+def lower_amax(ctx: LoweringContext, x: Any, dims: Any = (), keepdim: bool = False) -> Tensor:
+    return _extreme(ctx, x, dims, keepdim, "max")
+
+
+def lower_amin(ctx: LoweringContext, x: Any, dims: Any = (), keepdim: bool = False) -> Tensor:
+    return _extreme(ctx, x, dims, keepdim, "min")
+
+
+def _extreme(ctx: LoweringContext, x: Any, dims: Any, keepdim: bool, combiner: str) -> Tensor:
+    if isinstance(x, Tensor) and x.dtype.is_bool:
+        return _simple(ctx, x, dims, keepdim, combiner, dt.int32)
+    return _simple(ctx, x, dims, keepdim, combiner, x.dtype if isinstance(x, Tensor) else None)
+
+
+def lower_any(ctx: LoweringContext, x: Any, dims: Any = None, keepdim: bool = False) -> Tensor:
+    return _truth(ctx, x, dims, keepdim, "max")
+
+
+def lower_all(ctx: LoweringContext, x: Any, dims: Any = None, keepdim: bool = False) -> Tensor:
+    return _truth(ctx, x, dims, keepdim, "min")
+
+
+def _truth(ctx: LoweringContext, x: Any, dims: Any, keepdim: bool, combiner: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise Unsupported("a reduction of a non-tensor")
+
+    def fn(read: Callable[[], Expr], axes: Sequence[ReduceAxis], idx: Sequence[Expr]) -> Expr:
+        flag = te.cast(te.cast(read(), "bool"), "int32")
+        if not axes:
+            return te.cast(flag, "bool")
+        return te.cast(_combine(combiner, flag, axes), "bool")
+
+    return reduce_compute(ctx, x, reduced_dims(x, dims), keepdim, fn, ctx.out_shape())
+
+
+def _opmath(d: DType) -> DType:
+    return dt.float32 if d in (dt.float16, dt.bfloat16) else d
+
+
+def lower_mean(ctx: LoweringContext, x: Any, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise Unsupported("a mean of a non-tensor")
+    out = ctx.out_dtype()
+    if not out.is_float:
+        raise Unsupported(f"mean to {out}")
+    d = reduced_dims(x, dims)
+    acc = _opmath(out)
+    count = element_count(x, d)
+
+    def fn(read: Callable[[], Expr], axes: Sequence[ReduceAxis], idx: Sequence[Expr]) -> Expr:
+        value = te.cast(read(), acc)
+        total = te.sum(value, list(axes)) if axes else value
+        return te.cast(total / te.cast(count, acc) if axes else total, out)
+
+    return reduce_compute(ctx, x, d, keepdim, fn, ctx.out_shape())
+
+
+def lower_mean_all(ctx: LoweringContext, x: Any, *, dtype: Any = None) -> Tensor:
+    return lower_mean(ctx, x, None, False)
+
+
+def _moments(ctx: LoweringContext, x: Any, dims: Any, correction: Any, keepdim: bool,
+             position: int | None) -> tuple[Tensor, Tensor, Tensor]:
+    """(variance, mean, the float32 mean the variance reads) of x over dims, two passes: the
+    mean, then the mean of squared deviations from it, divided by max(n - correction, 0)."""
+    if not isinstance(x, Tensor):
+        raise Unsupported("a variance of a non-tensor")
+    out = ctx.out_dtype(position)
+    if not out.is_float:
+        raise Unsupported(f"variance of {out}")
+    d = reduced_dims(x, dims)
+    acc = _opmath(out)
+    count = element_count(x, d)
+    correction = 1 if correction is None else correction
+    shape = ctx.out_shape(position)
+    kept = reduce_compute(ctx, x, d, True, lambda read, axes, idx: (
+        te.sum(te.cast(read(), acc), list(axes)) / te.cast(count, acc) if axes else te.cast(read(), acc)),
+        [1 if i in d else x.shape[i] for i in range(x.ndim)], "_mean")
+
+    def variance(read: Callable[[], Expr], axes: Sequence[ReduceAxis], idx: Sequence[Expr]) -> Expr:
+        full = list(_kept_index(d, keepdim, idx, x.ndim))
+        dev = te.cast(read(), acc) - kept[tuple(full)]
+        if not axes:
+            total = dev * dev
+        else:
+            total = te.sum(dev * dev, list(axes))
+        denominator = te.maximum(te.cast(count, acc) - as_float(correction, acc), constant(0, acc))
+        return te.cast(total / denominator, out)
+
+    var = reduce_compute(ctx, x, d, keepdim, variance, shape)
+    mean = ctx.compute(shape, lambda *idx: te.cast(kept[tuple(_kept_index(d, keepdim, idx, x.ndim))], out), "_out")
+    return var, mean, kept
+
+
+def _kept_index(dims: Sequence[int], keepdim: bool, idx: Sequence[Expr], ndim: int) -> list[ExprLike]:
+    """The index into a keepdim-shaped statistic from an output index (keepdim or not)."""
+    full: list[ExprLike] = []
+    position = 0
+    for i in range(ndim):
+        if i in dims:
+            full.append(0)
+            if keepdim:
+                position += 1
+        else:
+            full.append(idx[position])
+            position += 1
+    return full
+
+
+def as_float(value: Any, d: DType) -> Expr:
+    if isinstance(value, Expr):
+        return te.cast(value, d)
+    return constant(value, d)
+
+
+def lower_var_mean(ctx: LoweringContext, x: Any, dims: Any = None, *, correction: Any = None,
+                   keepdim: bool = False) -> tuple[Tensor, Tensor]:
+    var, mean, _ = _moments(ctx, x, dims, correction, keepdim, 0)
+    return var, mean
+
+
+def lower_var(ctx: LoweringContext, x: Any, dims: Any = None, *, correction: Any = None,
+              keepdim: bool = False) -> Tensor:
+    var, _, _ = _moments(ctx, x, dims, correction, keepdim, None)
+    return var
+
+
+def lower_max_all(ctx: LoweringContext, x: Any) -> Tensor:
+    return _extreme(ctx, x, None, False, "max")
+
+
+def lower_min_all(ctx: LoweringContext, x: Any) -> Tensor:
+    return _extreme(ctx, x, None, False, "min")
+
+
+def lower_argmax(ctx: LoweringContext, x: Any, dim: Any = None, keepdim: bool = False) -> Tensor:
+    return _arg_extreme(ctx, x, dim, keepdim, "max")
+
+
+def lower_argmin(ctx: LoweringContext, x: Any, dim: Any = None, keepdim: bool = False) -> Tensor:
+    return _arg_extreme(ctx, x, dim, keepdim, "min")
+
+
+def _arg_extreme(ctx: LoweringContext, x: Any, dim: Any, keepdim: bool, combiner: str) -> Tensor:
+    """The first index of the maximum (minimum) along `dim` (of the flattened tensor for None);
+    a NaN counts as the extremum, as in torch.argmax: the first NaN's index."""
+    if not isinstance(x, Tensor) or x.dtype.is_bool:
+        raise Unsupported("argmax / argmin of a non-tensor or bool")
+    dims = reduced_dims(x, dim)
+    flat = dim is None
+    extreme = reduce_compute(ctx, x, dims, True, lambda read, axes, idx: _combine(combiner, read(), axes) if axes
+                             else read(), [1 if i in dims else x.shape[i] for i in range(x.ndim)], "_value")
+    never = constant(2**62, dt.int64)
+
+    def index(read: Callable[[], Expr], axes: Sequence[ReduceAxis], idx: Sequence[Expr]) -> Expr:
+        if not axes:
+            return constant(0, dt.int64)
+        m = extreme[tuple(_kept_index(dims, keepdim and not flat, idx, x.ndim))]
+        v = read()
+        position: Any = 0
+        for d, a in zip(dims, axes):
+            position = position * x.shape[d] + te.cast(a, dt.int64) if not isinstance(position, int) \
+                else te.cast(a, dt.int64)
+        hit = (v == m) | (te.isnan(v) & te.isnan(m)) if x.dtype.is_float else v == m
+        return te.min(te.where(hit, position, never), list(axes))
+
+    return reduce_compute(ctx, x, dims, keepdim and not flat, index, ctx.out_shape())

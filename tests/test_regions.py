@@ -1,0 +1,118 @@
+"""Graph-level rewrites inside larger programs (tecc/compiler/region_search.py, regions.py): the
+part a rewrite takes is cut out, planned by it, and composed with the rest into one module."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import tecc as tc
+
+
+def attention_layer(name: str, B: int = 1, H: int = 2, N: int = 24, D: int = 16, causal: bool = True,
+                    inputs: tuple | None = None):
+    """Scores, a causal mask, softmax statistics, the output, its log-sum-exp, then a projection."""
+    if inputs is None:
+        Q, K, V = (tc.placeholder((B, H, N, D), "float32", name=f"{name}{x}") for x in "QKV")
+    else:
+        Q, K, V = inputs
+    W = tc.placeholder((D, D), "float32", name=f"{name}W")
+    d, j1, j2, j3, k = (tc.reduce_axis(n_, x) for n_, x in ((D, "d"), (N, "j1"), (N, "j2"), (N, "j3"), (D, "k")))
+    S = tc.compute((B, H, N, N), lambda b, h, i, j: tc.sum(Q[b, h, i, d] * K[b, h, j, d], axis=d) / math.sqrt(D),
+                   name=f"{name}S")
+    Sm = tc.compute(S.shape, lambda b, h, i, j: tc.where(j <= i, S[b, h, i, j], -math.inf) if causal else S[b, h, i, j],
+                    name=f"{name}Sm")
+    m = tc.compute((B, H, N), lambda b, h, i: tc.max(Sm[b, h, i, j1], axis=j1), name=f"{name}m")
+    e = tc.compute(S.shape, lambda b, h, i, j: tc.exp(Sm[b, h, i, j] - m[b, h, i]), name=f"{name}e")
+    l = tc.compute((B, H, N), lambda b, h, i: tc.sum(e[b, h, i, j2], axis=j2), name=f"{name}l")
+    O = tc.compute((B, H, N, D), lambda b, h, i, c: tc.sum(e[b, h, i, j3] * V[b, h, j3, c], axis=j3) / l[b, h, i],
+                   name=f"{name}O")
+    lse = tc.compute((B, H, N), lambda b, h, i: m[b, h, i] + tc.log(l[b, h, i]), name=f"{name}lse")
+    P = tc.compute((B, H, N, D), lambda b, h, i, c: tc.sum(O[b, h, i, k] * W[k, c], axis=k), name=f"{name}P")
+    return (Q, K, V, W), P, lse
+
+
+def reference(q, k, v, w, causal=True):
+    q, k, v, w = (x.astype(np.float64) for x in (q, k, v, w))
+    s = np.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(q.shape[-1])
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:])) > 0, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    e = np.exp(s - m)
+    l = e.sum(-1, keepdims=True)
+    return (e @ v) / l @ w, (m + np.log(l))[..., 0]
+
+
+def run(f, *inputs):
+    outs = [np.full(b.shape and tuple(int(s) for s in b.shape), np.nan, np.float32)
+            for b in f.host.buffer_params[len(inputs):]]
+    f.sim(*inputs, *outs)
+    return outs
+
+
+def rand(*shape):
+    return np.random.default_rng().standard_normal(shape).astype(np.float32)
+
+
+def test_attention_inside_a_larger_program_is_one_online_kernel_composed_with_the_rest():
+    (Q, K, V, W), P, lse = attention_layer("a")
+    f = tc.build([Q, K, V, W, P, lse], target="sim")
+    assert f.plan.strategy == "regions", f.plan.reason
+    names = [k.name for k in f.module.kernels]
+    assert any("online" in n for n in names) and len(names) == 2, names
+    q, k, v = rand(1, 2, 24, 16), rand(1, 2, 24, 16), rand(1, 2, 24, 16)
+    w = rand(16, 16)
+    p, ls = run(f, q, k, v, w)
+    ref_p, ref_lse = reference(q, k, v, w)
+    np.testing.assert_allclose(p, ref_p, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ls, ref_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_a_composed_plan_replays_to_the_same_kernels():
+    (Q, K, V, W), P, lse = attention_layer("r")
+    f = tc.build([Q, K, V, W, P, lse], target="sim")
+    g = tc.build([Q, K, V, W, P, lse], target="sim", plan=f.plan.to_json())
+    assert [k.name for k in g.module.kernels] == [k.name for k in f.module.kernels]
+    assert str(g.module) == str(f.module)
+    q, k, v, w = rand(1, 2, 24, 16), rand(1, 2, 24, 16), rand(1, 2, 24, 16), rand(16, 16)
+    for got, want in zip(run(g, q, k, v, w), reference(q, k, v, w)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_two_attention_layers_in_a_chain_are_two_regions_with_a_part_between():
+    (Q, K, V, W1), P1, lse1 = attention_layer("x", causal=False)
+    (_, _, _, W2), P2, lse2 = attention_layer("y", causal=False, inputs=(P1, K, V))
+    f = tc.build([Q, K, V, W1, W2, P2, lse1, lse2], target="sim")
+    assert f.plan.strategy == "regions", f.plan.reason
+    assert sum("online" in k.name for k in f.module.kernels) == 2, [k.name for k in f.module.kernels]
+    q, k, v, w1, w2 = rand(1, 2, 24, 16), rand(1, 2, 24, 16), rand(1, 2, 24, 16), rand(16, 16), rand(16, 16)
+    p2, l1, l2 = run(f, q, k, v, w1, w2)
+    ref_p1, ref_l1 = reference(q, k, v, w1, causal=False)
+    ref_p2, ref_l2 = reference(ref_p1.astype(np.float32), k, v, w2, causal=False)
+    np.testing.assert_allclose(l1, ref_l1, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(l2, ref_l2, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(p2, ref_p2, rtol=1e-4, atol=1e-4)
+
+
+def test_a_program_with_no_graph_level_part_is_planned_kernel_by_kernel():
+    A = tc.placeholder((8, 12), "float32", name="A")
+    B = tc.placeholder((12, 5), "float32", name="B")
+    k = tc.reduce_axis(12, "k")
+    C = tc.compute((8, 5), lambda i, j: tc.sum(A[i, k] * B[k, j], axis=k), name="C")
+    r = tc.reduce_axis(5, "r")
+    D = tc.compute((8,), lambda i: tc.sum(C[i, r] * C[i, r], axis=r), name="D")
+    f = tc.build([A, B, D], target="sim")
+    assert f.plan.strategy != "regions", f.plan.reason
+    a, b = rand(8, 12), rand(12, 5)
+    (d,) = run(f, a, b)
+    np.testing.assert_allclose(d, ((a.astype(np.float64) @ b) ** 2).sum(1), rtol=1e-4)
+
+
+@pytest.mark.parametrize("dims", [(1, 2, 24, 16)])
+def test_the_composed_module_keeps_the_program_signature(dims):
+    (Q, K, V, W), P, lse = attention_layer("s")
+    f = tc.build([Q, K, V, W, P, lse], target="sim")
+    assert [b.name for b in f.host.buffer_params] == ["sQ", "sK", "sV", "sW", "sP", "slse"]
+    assert "sO" in [t.name for t in f.host.temps]   # the attention output: between the two parts
