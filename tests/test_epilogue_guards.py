@@ -127,12 +127,16 @@ def test_split_k_with_the_registers_epilogue_guards_only_partial_tiles(m: int, n
 @needs_nvrtc
 def test_the_1000_cubed_tma_store_kernel_stages_pairs_without_branches() -> None:
     """The planner's 1000³ fp16 kernel on the H200 (64 x 128, persistent, TMA-store epilogue):
-    the staging writes are 32 four-byte shared stores of two halves, with no bounds check."""
+    the staging writes are 32 four-byte shared stores of two halves, with no bounds check; its
+    tensor maps are prefetched at the kernel's start."""
     tensors, _ = contraction(1000, 1000, 1000, "float16", out="float16")
     plan = store_plan((64, 128), 5, 132)
     f = tc.build(tensors, target="cuda", arch="sm_90", plan=plan)
     src = f.source
     assert src.count("*reinterpret_cast<unsigned int*>(&C_stage[") == 1, src
     assert "< 1000" not in src
+    # thread 0 prefetches the three tensor maps before it arms the ring's barriers
+    assert src.count("prefetch.tensormap [%0]") == 3
+    assert src.index("prefetch.tensormap") < src.index("mbarrier.init")
     (r,) = f.resources.values()
     assert (r.spill_stores, r.spill_loads) == (0, 0), r
