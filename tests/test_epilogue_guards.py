@@ -101,6 +101,23 @@ def test_the_registers_epilogue_is_guarded_only_where_the_tiles_do_not_divide(
         assert bool(guarded_stores(f, "global", "C")) == (not divide)
 
 
+@pytest.mark.parametrize("m,n", [(192, 128), (200, 128)])
+def test_a_persistent_registers_epilogue_over_dividing_tiles_writes_each_tile_once(m: int, n: int) -> None:
+    """6 or 8 tiles of 64 x 64 over 4 persistent blocks (some run one tile more than others):
+    unguarded where the tiles divide, and no block stores a tile past the last one."""
+    k = 128
+    tensors, how = contraction(m, n, k, "bfloat16", out="bfloat16", epilogue=bias_relu_bf16)
+    sch = schedule_tensor_core(Schedule(tensors), intrinsic="wgmma", block=(64, 64), warps=(4, 1), k_tile=64,
+                               stages=2, producer="tma", persistent=4)
+    f, arrays = run(tensors, how, m, n, k, seed=m + 1, plan=sch.plan)
+    check(arrays, how, f"persistent registers {m}x{n}", epilogue=np_bias_relu)
+    assert bool(guarded_stores(f, "global", "C")) == (m % 64 != 0)
+
+
+def bias_relu_bf16(acc: Any, bias: Any) -> Any:
+    return tc.maximum(acc + bias, tc.const(0.0, "bfloat16"))
+
+
 @pytest.mark.parametrize("m,n", [(128, 128), (130, 128)])
 def test_the_staged_output_copy_is_guarded_only_where_the_tiles_do_not_divide(m: int, n: int) -> None:
     k = 96
