@@ -273,14 +273,15 @@ def test_the_benchmark_shapes_plan_the_tma_kernel_and_compile_without_spills(m: 
 
 
 @needs_nvrtc
-def test_a_plain_gemm_keeps_its_guard_and_prices_no_epilogue() -> None:
+def test_a_plain_gemm_stages_unguarded_and_prices_no_epilogue() -> None:
+    """Nothing to read besides the accumulator: the TMA store clips the tile, no guard."""
     r = tc.reduce_axis(768, name="r")
     A = tc.placeholder((8192, 768), "float16", name="A")
     B = tc.placeholder((3072, 768), "float16", name="B")
     C = tc.compute((8192, 3072), lambda i, j: tc.cast(tc.sum(tc.cast(A[i, r], "float32") * tc.cast(B[j, r], "float32"),
                                                              axis=r), "float16"), name="C")
     f = tc.build([A, B, C], target="cuda", arch="sm_90")
-    assert staging_guards(f) == 1
+    assert staging_guards(f) == 0
     assert "fused epilogue:" not in f.explain() and "math:" not in f.explain()
     assert f.planning.kernels[0].info.epilogue_instructions == 0 and f.planning.kernels[0].info.epilogue_mufu == 0
 

@@ -38,6 +38,8 @@ from tecc.ir.stmt import (
     NamedBarrier,
     PrimFunc,
     SetMaxRegisters,
+    TensorMap,
+    TensorMapPrefetch,
     WarpgroupCommit,
     WarpgroupFence,
     WarpgroupWait,
@@ -49,6 +51,7 @@ from tecc.runtime.sim.instructions import SEMANTICS
 
 BARS = Buffer("bar", dt.int64, (2,), "shared")
 ACC = Buffer("acc", dt.float32, (4,), "fragment", fragment=("wgmma.m64n8k16.f32.f16", "d"))
+A_MAP = TensorMap(Buffer("A", dt.float16, (256, 256)), (64, 64), "128B")
 P = Var("p")
 
 
@@ -93,6 +96,10 @@ CASES: list[tuple[Instruction, str, list[str]]] = [
      ['asm volatile(', '  "cp.async.bulk.wait_group.read 2;\\n"', '  :', '  :', '  : "memory");']),
     (NamedBarrier(1, 256), "bar.sync(1, threads=256)",
      ['asm volatile(', '  "bar.sync %0, 256;\\n"', '  :', '  : "r"(static_cast<unsigned>(1))', '  : "memory");']),
+    # a row added after the classes: the TMA descriptor prefetch, the map's parameter by address
+    (TensorMapPrefetch(A_MAP), "prefetch.tensormap(A_tmap)",
+     ['asm volatile(', '  "prefetch.tensormap [%0];\\n"', '  :',
+      '  : "l"(reinterpret_cast<unsigned long long>(&A_tmap))', '  : "memory");']),
 ]
 
 
@@ -139,6 +146,7 @@ def test_constructors_build_recognise_and_default_like_the_classes() -> None:
     (lambda: BarrierInit(BARS, 1), IntrinsicError, "must be a BarrierRef"),
     (lambda: NamedBarrier(0, 256), ScheduleError, "barrier id must be 1..15"),
     (lambda: NamedBarrier(1, 100), ScheduleError, "positive multiple of 32"),
+    (lambda: TensorMapPrefetch(BARS), IntrinsicError, "prefetch.tensormap: the operand must be a TensorMap"),
 ])
 def test_rows_check_their_operands(build: Any, error: type, match: str) -> None:
     with pytest.raises(error, match=match):

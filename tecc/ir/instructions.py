@@ -20,7 +20,9 @@ Operand kinds:
   'imm'      a Python int, printed into the instruction text;
   'flag'     a bool, printed as one of two spellings (setmaxnreg's dec / inc);
   'pinned'   fragment buffers whose registers codegen pins after the instruction (an empty asm
-             with each register as a "+f" operand), so the C compiler keeps their reads after it.
+             with each register as a "+f" operand), so the C compiler keeps their reads after it;
+  'tensormap' a TMA tensor map (TensorMap), passed as the 64-bit generic address of its kernel
+             parameter ("l").
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ from .expr import Expr, as_expr, const_int, index_expr
 from .intrinsics import IntrinsicError
 from .mbarrier_stmt import MAX_ARRIVALS, MAX_TX_BYTES, BarrierRef
 from .stmt_nodes import Buffer, Stmt
+from .tma_stmt import TensorMap
 
-OPERAND_KINDS = ("expr", "barrier", "imm", "flag", "pinned")
+OPERAND_KINDS = ("expr", "barrier", "imm", "flag", "pinned", "tensormap")
 MAX_GROUPS = 8         # the wait_group operands: PTX accepts 0..7 pending groups
 NAMED_BARRIERS = 16    # bar.sync ids 0..15; id 0 is __syncthreads'
 _REQUIRED = object()
@@ -261,6 +264,12 @@ def _mbarrier_wait(ops: dict[str, Any]) -> dict[str, Any]:
     return ops
 
 
+def _tensor_map(ops: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(ops["map"], TensorMap):
+        raise IntrinsicError(f"prefetch.tensormap: the operand must be a TensorMap, got {type(ops['map']).__name__}")
+    return ops
+
+
 def _named_barrier(ops: dict[str, Any]) -> dict[str, Any]:
     bid = index_expr(ops["id"])
     value = const_int(bid)
@@ -350,6 +359,11 @@ ROWS: tuple[InstructionRow, ...] = (
     # all its threads together.
     InstructionRow("bar.sync", "NamedBarrier", (_OP("id", "expr"), _OP("threads", "imm")),
                    "bar.sync({id}, threads={threads})", ("bar.sync %0, {threads};",), check=_named_barrier),
+    # prefetch.tensormap (sm_90, per thread): brings a TMA tensor map (its kernel parameter, by
+    # generic address) into the cache the TMA unit reads descriptors from, so the kernel's first
+    # copy or store through it does not wait for the fetch. A hint: no effect on any value.
+    InstructionRow("prefetch.tensormap", "TensorMapPrefetch", (_OP("map", "tensormap"),),
+                   "prefetch.tensormap({map})", ("prefetch.tensormap [%0];",), check=_tensor_map),
 )
 
 TABLE: dict[str, InstructionRow] = {row.name: row for row in ROWS}
@@ -381,7 +395,8 @@ BarrierWait = _kind("mbarrier.try_wait.parity")
 BulkCommit = _kind("cp.async.bulk.commit_group")
 BulkWait = _kind("cp.async.bulk.wait_group.read")
 NamedBarrier = _kind("bar.sync")
+TensorMapPrefetch = _kind("prefetch.tensormap")
 
 CONSTRUCTORS: dict[str, InstructionKind] = {k.row.constructor: k for k in (
     AsyncCommit, AsyncWait, WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence, SetMaxRegisters,
-    BarrierInit, BarrierArrive, BarrierExpectTx, BarrierWait, BulkCommit, BulkWait, NamedBarrier)}
+    BarrierInit, BarrierArrive, BarrierExpectTx, BarrierWait, BulkCommit, BulkWait, NamedBarrier, TensorMapPrefetch)}

@@ -181,6 +181,8 @@ def _operand_text(kind: str, value: Any, spellings: tuple[str, str]) -> str:
         return spellings[bool(value)]
     if kind == "pinned":
         return "".join(f", {b.name}" for b in value)
+    if kind == "tensormap":
+        return str(value.name)
     return str(value)
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from .instructions import (
     NAMED_BARRIERS, AsyncCommit, AsyncProxyFence, AsyncWait, BarrierArrive, BarrierExpectTx, BarrierInit, BarrierWait,
-    BulkCommit, BulkWait, Instruction, NamedBarrier, SetMaxRegisters, WarpgroupCommit, WarpgroupFence, WarpgroupWait,
+    BulkCommit, BulkWait, Instruction, NamedBarrier, SetMaxRegisters, TensorMapPrefetch, WarpgroupCommit, WarpgroupFence,
+    WarpgroupWait,
 )
 from .matrix_stmt import AsyncCopy, FragmentRef, MatrixLoad, MatrixMultiply
 from .mbarrier_stmt import BarrierRef, BulkCopy
@@ -35,6 +36,6 @@ __all__ = [
     "BulkWait", "Evaluate", "For", "FragmentRef", "IfThenElse", "Instruction", "KernelCall", "KernelParam",
     "LOOP_KINDS", "LaunchDims", "LetStmt", "MatrixLoad", "MatrixMultiply", "Module", "NAMED_BARRIERS", "NamedBarrier",
     "PrimFunc", "SCOPES", "Seq", "SetMaxRegisters", "SharedMatrix", "Stmt", "THREAD_KINDS", "TensorCopy", "TensorMap",
-    "TensorStore", "WarpgroupCommit", "WarpgroupFence", "WarpgroupMatrixMultiply", "WarpgroupWait",
+    "TensorMapPrefetch", "TensorStore", "WarpgroupCommit", "WarpgroupFence", "WarpgroupMatrixMultiply", "WarpgroupWait",
     "check_fragment_buffer", "iter_stmts", "launch_dims", "seq", "tensor_maps",
 ]

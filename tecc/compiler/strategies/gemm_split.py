@@ -106,6 +106,8 @@ def wgmma_split_sum(target: Target, point: Point, groups: int = 0) -> float:
     groups = groups or bm // 64
     accumulators = bm * bn // (64 * groups) // 2
     budget = TMA_CONSUMER_REGISTERS if point.get("load") == "tma" and groups == 2 else target.max_registers_per_thread
+    # BN / 4 as fitted (SPLIT_ROUND_CYCLES); the epilogue stages column pairs now and ptxas keeps
+    # BN / 8 addresses live: to be re-fitted on the GPU before the sum is priced with them
     staging = bn // 4 if point.get("epilogue") == "tma" else 0
     return split_sum_cycles(point, accumulators, wgmma_sum_in_flight(point, accumulators, budget, staging))
 

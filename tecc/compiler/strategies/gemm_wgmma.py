@@ -65,7 +65,7 @@ wgmma constants are assumed until this path is timed):
   loaded latency before the first wgmma) and the epilogue. From registers the consumers store
   the tile at REGISTER_EPILOGUE_BYTES_PER_CYCLE (4-byte pieces, half-used sectors; fitted to the
   ~4.5 us per 128x256 tile the H200 timings of 4096^3 and 8192^3 imply); through staging they
-  write shared memory at a wavefront per store instruction, meet at a named barrier, and the
+  write shared memory two columns per store (a wavefront per 128 bytes), meet at a named barrier, and the
   TMA unit reads the tile at SMEM_WAVEFRONT_BYTES per cycle before the block may exit (its
   global writes drain behind). In the persistent grid the producer fills the next tile's stages
   during the epilogue (the fill is paid once per block) and, with the TMA epilogue, the staging
@@ -193,8 +193,9 @@ def tile_fixed_cycles(target: Target, point: Point, out_itemsize: int) -> tuple[
     out_bytes = bm * bn * out_itemsize
     persistent = bool(point.get("persistent"))
     if epilogue_of(point) == "tma":
-        # stores of 2 or 4 bytes per lane: one wavefront per warp instruction of 32 elements
-        writes = out_bytes / (32.0 * out_itemsize) + TMA_STORE_SYNC_CYCLES
+        # two adjacent columns per store (epilogue.py, staged_epilogue): 4 or 8 bytes per lane,
+        # conflict-free under the swizzle, so a wavefront per 128 bytes the warp writes
+        writes = out_bytes / SMEM_WAVEFRONT_BYTES + TMA_STORE_SYNC_CYCLES
         read_out = 0.0 if persistent else out_bytes / SMEM_WAVEFRONT_BYTES
         epilogue = writes + read_out
     else:
@@ -274,12 +275,12 @@ def tma_registers(bm: int, bn: int, point: Point | None = None, groups: int = 0)
     tile loop of the persistent grid; with two consumer warpgroups __launch_bounds__(384) and
     setmaxnreg make ptxas allocate the launch-bound cap (TMA_LAUNCH_REGISTERS) for all.
     (ptxas, 64 x BN, one consumer warpgroup: 117 at BN 128 and 214 at 256 with both; 154 at
-    256 non-persistent.)"""
+    256 non-persistent; staging column pairs, 64 x 128 persistent: 103.)"""
     if (groups or bm // 64) == 2:   # the consumer warpgroups (tf32's Cᵀ form splits the columns)
         return {"launch bound (setmaxnreg)": TMA_LAUNCH_REGISTERS}
     parts = {"accumulators": bn // 2, "addressing": ADDRESSING, "descriptors": 4}
     if point is not None and epilogue_of(point) == "tma":
-        parts["staging addresses"] = bn // 4
+        parts["staging addresses"] = bn // 8    # one per staged column pair
     if point is not None and point.get("persistent"):
         parts["tile loop"] = 8
     return parts

@@ -218,7 +218,7 @@ class KernelEpilogue(TileStaging):
             target = BufferStore(self.out_tile, (row_in_block, column_in_block), value)
         else:
             target = BufferStore(store.buffer, tuple(substitute(ix, values) for ix in store.indices), value)
-        return IfThenElse((row < c.m) & (column < c.n), target)
+        return self.guarded(row, column, target)
 
     def output_pair(self, row_in_block: Expr, column_in_block: Expr, first: Expr) -> Stmt:
         """Outputs (row, column) and (row, column + 1) from accumulator elements `first` and
@@ -242,8 +242,19 @@ class KernelEpilogue(TileStaging):
             target = BufferStore(self.out_tile, (row_in_block, column_in_block + lane), value)
         else:
             target = BufferStore(store.buffer, tuple(substitute(ix, values) for ix in store.indices), value)
-        body = IfThenElse((row < c.m) & (column < c.n), target)
-        return For(lane, int32(0), int32(2), "vectorize", body)
+        return For(lane, int32(0), int32(2), "vectorize", self.guarded(row, column, target))
+
+    def tiles_divide(self) -> bool:
+        """Whether the block tile divides M and N (both known at compile time): every block's
+        rows and columns are then in range, and no output needs a bounds check."""
+        m, n = const_int(self.c.m), const_int(self.c.n)
+        return m is not None and n is not None and m % self.t.bm == 0 and n % self.t.bn == 0
+
+    def guarded(self, row: Expr, column: Expr, store: Stmt) -> Stmt:
+        """`store` of output (row, column) under row < M and column < N, or as it is where the
+        tiles divide M and N (`tiles_divide`): a branch per element less, and the element's
+        fused reads (a bias, a residual) no longer wait behind one each."""
+        return store if self.tiles_divide() else IfThenElse((row < self.c.m) & (column < self.c.n), store)
 
     # ---- the staged epilogue: the block's outputs through shared memory ------------------------------
     def output_tile(self) -> Buffer:
@@ -293,44 +304,59 @@ class KernelEpilogue(TileStaging):
             values.update(unflatten(c.rows, row))
             values[j] = column + lane
             indices = tuple(substitute(ix, values) for ix in store.indices)
-            body = IfThenElse((row < c.m) & (column < c.n),
-                              BufferStore(store.buffer, indices, BufferLoad(tile, (r, col + lane))))
+            body = self.guarded(row, column, BufferStore(store.buffer, indices, BufferLoad(tile, (r, col + lane))))
             return For(lane, int32(0), int32(chunk), "vectorize", body)
         copy = self.unrolled("out_copy", t.bm * t.bn // chunk // t.threads, piece)
         return seq(stores, Barrier(), copy)
 
     # ---- the TMA-store epilogue (the warp-specialized wgmma kernel) -----------------------------------
-    def tiles_divide_reads(self, value: Expr) -> bool:
-        """Whether the staged epilogue's guard can go: the value reads global memory besides the
-        accumulator (a bias, a residual: what the guard keeps in bounds) and the block tile
-        divides M and N, so every element's row and column are in range. Without a guard the
-        element's reads no longer wait behind a branch each, and ptxas issues them together:
-        behind per-element branches each load's latency was paid in turn, ~128 times per tile.
-        A plain GEMM (no reads) keeps its guard: its code stays as measured."""
-        m, n = const_int(self.c.m), const_int(self.c.n)
-        if m is None or n is None or m % self.t.bm or n % self.t.bn:
-            return False
-        return any(isinstance(x, BufferLoad) and x.buffer.scope == "global" for x in walk(value))
+    def staging_guard(self, value: Expr) -> bool:
+        """Whether a staged element keeps its guard row < M and column < N: only where the value
+        reads global memory besides the accumulator (a bias, a residual) and the tiles do not
+        divide M and N. The TMA store clips the staged tile's rows and columns past M and N
+        itself, so a value that reads nothing else (a plain GEMM, an activation, a cast) is staged
+        unguarded at every shape -- a branch per element less --, and where the tiles divide
+        every element's reads are in range: without the branches ptxas issues a fused
+        epilogue's loads together instead of paying each one's latency in turn."""
+        reads = any(isinstance(x, BufferLoad) and x.buffer.scope == "global" for x in walk(value))
+        return reads and not self.tiles_divide()
 
     def staged_epilogue(self) -> Stmt:
         """A consumer warpgroup's tile through the swizzled staging tile and TMA stores (module
-        docstring, "tma")."""
+        docstring, "tma"). Where the accumulator layout pairs adjacent columns (`pairs_columns`)
+        elements 2j, 2j + 1 are staged by one 4- or 8-byte shared store (a `vectorize` loop of 2:
+        the pair stays adjacent under the 128-byte swizzle, whose XOR moves 16-byte chunks)."""
         c, t = self.c, self.t
         thread = self.tx % WARPGROUP_SIZE
         width = self.stage_width
         row0 = self.warpgroup * 64
+        paired = self.pairs_columns(self.accumulator_lanes(), self.tile_elements())
 
-        def element(e: Var) -> Stmt:
+        def element(e: Expr, lane: Var | None) -> Stmt:
             r, col = self.c_map(thread, e)
             row = self.by * t.bm + row0 + r
             column = self.bx * t.bn + col
-            value = self.fused_value(self.frag_c[e], self.output_values(row, column))
+            values = self.output_values(row, column)
+            if lane is not None:
+                inner = c.cols[-1][0]
+                values[inner] = values[inner] + lane   # col even, the extent even: same outer axes
+            value = self.fused_value(self.frag_c[e if lane is None else e + lane], values)
             local = row0 + r
-            store = BufferStore(self.staging, (col // width, local // 8, local % 8, col % width), value)
+            within = col % width if lane is None else col % width + lane
+            store = BufferStore(self.staging, (col // width, local // 8, local % 8, within), value)
             # the guard keeps the epilogue's own reads (a bias at the column...) in bounds; the
             # TMA store clips the staged tile's out-of-range rows and columns itself
-            return store if self.tiles_divide_reads(value) else IfThenElse((row < c.m) & (column < c.n), store)
-        writes = self.unrolled("stage_e", self.tile_elements(), element)
+            return IfThenElse((row < c.m) & (column < c.n), store) if self.staging_guard(value) else store
+
+        def pair(p: Var) -> Stmt:
+            n = self.names.get("stage_v", 0)
+            self.names["stage_v"] = n + 1
+            lane = Var("stage_v" if n == 0 else f"stage_v{n}")
+            return For(lane, int32(0), int32(2), "vectorize", element(p * 2, lane))
+        if paired:
+            writes = self.unrolled("stage_e", self.tile_elements() // 2, pair)
+        else:
+            writes = self.unrolled("stage_e", self.tile_elements(), lambda e: element(e, None))
 
         def copies() -> Stmt:
             out: list[Stmt] = []

@@ -59,6 +59,8 @@ from ...ir.stmt import (
     IfThenElse,
     SetMaxRegisters,
     Stmt,
+    TensorMap,
+    TensorMapPrefetch,
     seq,
 )
 from .implicit_gemm import Operand
@@ -167,6 +169,10 @@ class Pipeline(SplitReduction):
     def tile_copies(self, op: Operand, stage: Expr, k_tile: Expr, bar: BarrierRef) -> list[Stmt]:
         """TMA rings: the box copies of the operand's tile of `k_tile` into `stage`, completing on `bar`."""
         raise NotImplementedError
+
+    def tma_maps(self) -> list[TensorMap]:
+        """TMA rings: the tensor maps the kernel copies and stores through."""
+        return []
 
     def ahead(self) -> int:
         """D: k tiles the ring loads ahead of the one computed."""
@@ -314,11 +320,14 @@ class Pipeline(SplitReduction):
 
     # ---- the mbarrier rings ---------------------------------------------------------------------------
     def barrier_init(self, warps: int | None) -> Stmt:
-        """Thread 0 arms full[s] (count 1: the issuing thread's expect-tx) and, for a
+        """Thread 0 prefetches the kernel's tensor maps (prefetch.tensormap: the TMA unit's first
+        copy then finds its descriptor cached instead of fetching it from the parameter space
+        after the barrier), arms full[s] (count 1: the issuing thread's expect-tx) and, for a
         warp-specialized ring, empty[s] (count `warps`: one arrival per consumer warp), then
         makes them visible to the TMA unit (async proxy)."""
         S = self.t.stages
         return IfThenElse(self.tx == 0, seq(
+            *[TensorMapPrefetch(m) for m in self.tma_maps()],
             *[BarrierInit(BarrierRef(self.full, Const(s, dt.int32)), int32(1)) for s in range(S)],
             *([BarrierInit(BarrierRef(self.empty, Const(s, dt.int32)), int32(warps)) for s in range(S)]
               if warps is not None else []),

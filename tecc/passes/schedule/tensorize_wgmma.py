@@ -392,6 +392,12 @@ class WgmmaKernel(MmaKernel):
                 box.append(1)
         return TensorMap(op.buffer, tuple(box), "128B")
 
+    def tma_maps(self) -> list[TensorMap]:
+        """The operands' tensor maps and, with the TMA-store epilogue, the output's."""
+        if not self.tma:
+            return []
+        return [self.maps["A"], self.maps["B"], *([self.out_map] if self.store_staged else [])]
+
     def tile_copies(self, op: Operand, stage: Expr, k_tile: Expr, bar: BarrierRef) -> list[Stmt]:
         """The TMA box copies of the operand's tile of k tile `k_tile` into ring stage `stage`,
         completing on `bar`: one (rows, 64) box of a K-major tile, rows/64 boxes of (64, 64) of an

@@ -20,6 +20,8 @@
   is coarse in one way: the epoch closes for the whole block, so a thread outside the barrier's
   set whose stores race with it would not be reported (the producer warpgroup of the TMA ring
   stores nothing with ordinary stores).
+- `TensorMapPrefetch` (prefetch.tensormap) is a hint to the TMA unit's descriptor cache: it
+  changes nothing here.
 - At the end of the kernel a store group that still reads shared memory (no wait_group.read 0
   after it) is a RaceError: the block's shared memory may be gone before the TMA unit read it.
 """
@@ -86,6 +88,11 @@ def compile_wait(s: Instruction, scope: Scope) -> Runner:
     """cp.async.bulk.wait_group.read n."""
     pending = s.pending
     return lambda st: _wait(st, pending)
+
+
+def compile_prefetch_tensor_map(s: Instruction, scope: Scope) -> Runner:
+    """prefetch.tensormap: no effect on any value (module docstring)."""
+    return lambda st: None
 
 
 def compile_named_barrier(s: Instruction, scope: Scope) -> Runner:

@@ -32,6 +32,7 @@ SEMANTICS: dict[str, Callable[[Instruction, Scope], Runner]] = {
     "cp.async.bulk.commit_group": bulk_store.compile_commit,
     "cp.async.bulk.wait_group.read": bulk_store.compile_wait,
     "bar.sync": bulk_store.compile_named_barrier,
+    "prefetch.tensormap": bulk_store.compile_prefetch_tensor_map,
 }
 
 
