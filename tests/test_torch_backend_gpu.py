@@ -107,7 +107,9 @@ def test_one_dynamic_compile_serves_three_lengths_on_gpu():
     for length in (16, 24, 40):
         idx, targets = (t.cuda() for t in batches(1, context=length, seed=length)[0])
         assert abs(model(idx, targets).item() - run(idx, targets).item()) <= 1e-4, length
-    assert [r.name.split("_", 1)[1] for r in reports()] == ["forward"]
+    # one forward graph for the three lengths (its backward is compiled with it: the weights ask grads)
+    names = [r.name.split("_", 1)[1] for r in reports()]
+    assert names.count("forward") == 1, names
 
 
 def test_padded_fp16_nhwc_convolution_and_its_backward_on_tensor_cores():
@@ -136,8 +138,9 @@ def test_transformers_gpt2_trains_like_eager(implementation):
                                                               "needs it (pip install transformers)")
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4, n_positions=128, vocab_size=512,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    model = transformers.GPT2LMHeadModel(config, attn_implementation=implementation).cuda()
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                     attn_implementation=implementation)
+    model = transformers.GPT2LMHeadModel(config).cuda()
     twin = copy.deepcopy(model)
 
     def loss_of(m):
