@@ -3,7 +3,7 @@
     python benchmarks/attention_order.py [--sms 132] [--overhead 2] [--gqa] [--dims 64 128]
 
 For each shape of benchmarks/attention.py (causal and not), builds the planned kernel for sm_90
-(`propose_wgmma`), reads from its IR the key tiles of every block (the key loop's bound, evaluated
+(`plan_strategy(args, "online_contraction_wgmma")`), reads from its IR the key tiles of every block (the key loop's bound, evaluated
 at the block's query block) and the order the blocks launch in (the lets of `_Kernel.grid`), and
 schedules them greedily, in launch order, on `--sms` SMs with one block each (the planned
 tilings hold one block per SM: 128-256 registers x 256 threads), each block costing its tiles
@@ -34,14 +34,15 @@ def makespan(costs: list[float], sms: int) -> float:
 def block_costs(s: int, d: int, causal: bool, groups: int, overhead: float) -> tuple[list[float], list[float], str]:
     """(costs in the kernel's launch order, costs in the plain grid's order, tiling)."""
     from benchmarks.attention import attention_tensors
-    from tecc.compiler.strategies.online_contraction import propose_wgmma
+    from tecc.compiler.pipeline import refuse_spills
+    from tecc.compiler.planner import plan_strategy
     from tecc.ir.evaluate import evaluate_int
     from tecc.ir.stmt import For, LetStmt, iter_stmts, launch_dims
     from tecc.passes.rewrite.online_contraction_mma import online_contraction_mma
 
     b, h = max(1, 16384 // s), (2048 // d if groups == 1 else 32)
     args = attention_tensors(b, h, s, d, "float16", causal, groups)
-    choice = propose_wgmma(args, "sm_90")
+    choice = plan_strategy(args, "online_contraction_wgmma", "sm_90", compile_check=refuse_spills)
     assert choice is not None, "no wgmma plan"
     step = choice.plan.steps[0].args
     (kernel,) = online_contraction_mma(args, **step).kernels

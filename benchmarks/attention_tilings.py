@@ -7,10 +7,11 @@ Builds the program of benchmarks/attention.py (same B = 16384 / S, H = 2048 / d)
 with an explicit plan `Step("online_contraction_mma", {rows_per_block, key_tile, warp_rows})`,
 checks each against SDPA in float64 on a slice, and prints its time, TFLOP/s, ptxas registers
 and the ratio to SDPA flash. The tiling build(plan="auto") picks is marked with *, so a faster
-one says which order `mma_tilings` (tecc/compiler/strategies/online_contraction.py) should try.
+one says where the cost model of the tilings (tecc/compiler/cost/attention.py) is off.
 With --wgmma (an sm_90 GPU) the tilings are those of the Hopper form instead,
 `{rows_per_block, key_tile, "wgmma": True, blocks_per_sm, overlap}` (WGMMA_TILINGS: 64 or 128 rows, one or two
-warpgroups, 64- or 128-key tiles, with or without a blocks-per-SM request, overlapped or not), and the marked one orders `wgmma_tilings`.
+warpgroups, 64- or 128-key tiles, with or without a blocks-per-SM request, overlapped or not); their
+times are what cost/attention.py's table of block costs is fitted on.
 `--persistent 132` adds, after each plain (not overlapped, no blocks-per-SM request) wgmma tiling, the
 same tiling in the persistent form (132 blocks looping over the work items, longest first).
 `--guard-every-tile` adds, after each tiling, the same tiling with the per-element mask guard on

@@ -1,7 +1,7 @@
 """Common ops that were planned slowly: transposes / permutes, and the bias-batched GEMM.
 
     python benchmarks/common_ops.py [--reps 20] [--json benchmarks/results/common_ops_h200.json]
-                                    [--only transpose|baddbmm|small_gemm] [--quick]
+                                    [--only transpose|baddbmm|small_gemm] [--quick] [--shapes 8x64x56x56 ..]
 
 Transposes and permutes (`Y = X.permute(perm)` written as a tensor expression): tecc as
 `tc.build(args)` plans it (plan="auto": transpose_tile), the same op under the elementwise
@@ -65,6 +65,9 @@ TRANSPOSES = [
     ((256, 128, 512), (2, 0, 1), "float32"), ((256, 128, 512), (1, 2, 0), "float16"),
     ((32, 64, 112, 112), (0, 2, 3, 1), "float16"), ((32, 112, 112, 64), (0, 3, 1, 2), "float16"),
     ((32, 64, 112, 112), (0, 2, 3, 1), "float32"),
+    # small NCHW -> NHWC permutes (6.4 / 12.8 MB) the model ranks transpose_tile and elementwise
+    # within a few percent on an H200 (tests/test_transpose_tile.py, NEAR_TIES): which is faster
+    ((8, 64, 56, 56), (0, 2, 3, 1), "float32"), ((8, 64, 112, 112), (0, 2, 3, 1), "float16"),
 ]
 QUICK_TRANSPOSES = [TRANSPOSES[0], TRANSPOSES[1], TRANSPOSES[7], TRANSPOSES[11]]
 # (batch, M, N, K)
@@ -282,6 +285,8 @@ def main() -> None:
     ap.add_argument("--only", choices=["transpose", "baddbmm", "small_gemm"], default=None)
     ap.add_argument("--quick", action="store_true", help="four transposes and two GEMM shapes")
     ap.add_argument("--json", default=str(HERE / "results" / "common_ops.json"))
+    ap.add_argument("--shapes", nargs="+", default=None,
+                    help="only the transposes of these shapes, written BxCxHxW (e.g. 8x64x56x56)")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 GEMMs in fp32 on both sides
     stream = torch.cuda.current_stream()
@@ -293,7 +298,10 @@ def main() -> None:
     start = time.time()
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "reps": a.reps}
     if a.only in (None, "transpose"):
-        result["transposes"] = transposes(QUICK_TRANSPOSES if a.quick else TRANSPOSES, a.reps, stream, target, 3 * l2)
+        cases = QUICK_TRANSPOSES if a.quick else TRANSPOSES
+        if a.shapes:
+            cases = [c for c in TRANSPOSES if "x".join(map(str, c[0])) in a.shapes]
+        result["transposes"] = transposes(cases, a.reps, stream, target, 3 * l2)
     if a.only in (None, "baddbmm"):
         result["gemms"] = gemms(QUICK_GEMMS if a.quick else GEMMS, a.reps, stream)
     if a.only in (None, "baddbmm", "small_gemm"):

@@ -13,7 +13,14 @@ For each GEMM (fp16 unless the row says otherwise; `SHAPES`) the rows are:
 - `plan`: what the planner picks for the live GPU (`plan_program`, with build's spill check);
 - `best split` / `best unsplit`: gemm_wgmma's best-predicted point with split-K and without, so
   the split is measured whichever way the planner went (skipped where the pick is that point);
-- `cuBLAS`: torch.matmul / torch.bmm on the same tensors.
+- `cuBLAS`: torch.matmul / torch.bmm on the same tensors;
+- `EXTRA` points of a shape: at 1024 x 1024 x 8192 the 128 x 256 split 4 with the TMA-store
+  epilogue (persistent, 3 stages: the former pick, 42.7 µs with its staging addresses hoisted,
+  45.6 when its epilogue re-read the thread index) and with the register epilogue one block per
+  part (37.1; the pick is the persistent one); at 1024 x 1024 x 4096 the 128 x 128 split 2 with
+  the register epilogue beside the TMA-store pick (gemm_split.py's docstring has the timings);
+- `fixed cost` (`--fixed`): the pick's point (unsplit) on the same M x N with K = 64, one k tile:
+  what the kernel costs besides its k loop (launch, prologue, the ring's fill, the epilogue).
 Each tecc row gives the predicted time, the device time and cuBLAS / tecc (`ratio`, > 1: tecc
 faster), and is checked against torch in float64 (the relative error of the worst element).
 Targets (issue 28): 1000³ and 1024 x 1024 x 8192 at ≥ 0.85, the 64-batch 512 x 512 x 64 at ≥ 0.90.
@@ -44,6 +51,14 @@ from gemm import matmul_tensors  # noqa: E402  (benchmarks/gemm.py)
 SHAPES = [(1, 1000, 1000, 1000), (1, 1024, 1024, 8192), (64, 512, 512, 64), (1, 1024, 1024, 4096),
           (1, 8192, 64, 8192), (1, 127, 4096, 1023), (1, 4096, 4096, 4096)]
 CONV = (32, 56, 56, 256, 64, 1, 1)   # benchmarks/conv.py LAYERS[5]
+# points timed beside the plan: shape -> [(row name, gemm_wgmma point)]
+EXTRA = {(1, 1024, 1024, 8192): [("S4 TMA-store epilogue", {"bm": 128, "bn": 256, "stages": 3, "load": "tma", "split": 4,
+                                                            "epilogue": "tma", "persistent": 132}),
+                                  ("S4 registers, a block per part", {"bm": 128, "bn": 256, "stages": 4, "load": "tma",
+                                                                      "split": 4, "epilogue": "registers",
+                                                                      "persistent": 0})],
+         (1, 1024, 1024, 4096): [("S2 registers epilogue", {"bm": 128, "bn": 128, "stages": 5, "load": "tma", "split": 2,
+                                                            "epilogue": "registers", "persistent": 132})]}
 
 
 def device_us(fn: Callable[[], Any], reps: int) -> float:
@@ -81,17 +96,35 @@ def candidates(args: list[Any], target: Any) -> tuple[Any, list[Any]]:
     return res, sorted((c for c in cands if c.cost.ok), key=lambda c: (c.cost.total, c.cost.terms.get("chain", 0.0)))
 
 
-def plan_of(args: list[Any], cand: Any) -> Any:
+def plan_of(args: list[Any], strategy: Any, point: dict[str, Any]) -> Any:
+    """The plan of `strategy`'s `point` for the program `args`."""
     from tecc.compiler.cost.analysis import analyze_kernel
     from tecc.compiler.schedule import Schedule
     from tecc.passes.lower import lower
 
     sch = Schedule(args)
-    cand.strategy.apply(sch, analyze_kernel(lower(args).kernels[0]), cand.point)
+    strategy.apply(sch, analyze_kernel(lower(args).kernels[0]), point)
     return sch.plan
 
 
-def gemm_rows(batch: int, m: int, n: int, k: int, reps: int, target: Any) -> list[dict[str, Any]]:
+def fixed_cost_row(batch: int, m: int, n: int, cand: Any, reps: int, shape: str) -> dict[str, Any]:
+    """The device time of `cand`'s point (split dropped) on M x N x 64: one k tile."""
+    import torch
+
+    import tecc as tc
+
+    args = matmul_tensors(batch, m, n, 64, "float16")
+    point = {x: v for x, v in cand.point.items() if x != "split"}
+    lead = (batch,) if batch > 1 else ()
+    a = torch.randn(lead + (m, 64), device="cuda").half()
+    b = torch.randn(lead + (64, n), device="cuda").half()
+    c = torch.empty(lead + (m, n), device="cuda", dtype=torch.float16)
+    kern = tc.build(args, plan=plan_of(args, cand.strategy, point))
+    return {"shape": shape, "what": "fixed cost (K = 64)", "plan": cand.strategy.describe(point), "point": point,
+            "device_us": device_us(lambda: kern(a, b, c), reps)}
+
+
+def gemm_rows(batch: int, m: int, n: int, k: int, reps: int, target: Any, fixed: bool = False) -> list[dict[str, Any]]:
     import torch
 
     import tecc as tc
@@ -113,10 +146,14 @@ def gemm_rows(batch: int, m: int, n: int, k: int, reps: int, target: Any) -> lis
         best = next((x for x in wgmma if ("split" in x.point) == want), None)
         if best is not None and (best.strategy is not pick.strategy or best.point != pick.point):
             runs.append((what, None, best))
+    for what, point in EXTRA.get((batch, m, n, k), []):
+        extra = next((x for x in wgmma if dict(x.point) == point), None)
+        if extra is not None and extra.point != pick.point:
+            runs.append((what, None, extra))
     rows = [{"shape": shape, "what": "cuBLAS", "device_us": t_cublas}]
     for what, plan, cand in runs:
         try:
-            kern = tc.build(args, plan=plan if plan is not None else plan_of(args, cand))
+            kern = tc.build(args, plan=plan if plan is not None else plan_of(args, cand.strategy, cand.point))
             c.fill_(float("nan"))
             kern(a, b, c)
             torch.cuda.synchronize()
@@ -128,6 +165,8 @@ def gemm_rows(batch: int, m: int, n: int, k: int, reps: int, target: Any) -> lis
         rows.append({"shape": shape, "what": what, "plan": cand.label, "point": dict(cand.point),
                      "predicted_us": cand.cost.total * 1e6, "device_us": t, "ratio": t_cublas / t, "rel_err": err,
                      "resources": str(getattr(kern, "resources", ""))})
+    if fixed and pick.strategy.name.startswith("gemm_wgmma"):
+        rows.append(fixed_cost_row(batch, m, n, pick, reps, shape))
     return rows
 
 
@@ -159,7 +198,7 @@ def conv_rows(reps: int, target: Any) -> list[dict[str, Any]]:
     rows = [{"shape": layer, "what": "cuDNN", "device_us": t_cudnn}]
     for what, plan, cand in runs:
         try:
-            kern = tc.build(args, plan=plan if plan is not None else plan_of(args, cand))
+            kern = tc.build(args, plan=plan if plan is not None else plan_of(args, cand.strategy, cand.point))
             y.fill_(float("nan"))
             kern(x, w_tecc, y)
             torch.cuda.synchronize()
@@ -184,6 +223,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=50, help="calls per timed row (CUPTI device time)")
     ap.add_argument("--shapes", default=None, help="comma-separated indices into SHAPES")
     ap.add_argument("--no-conv", action="store_true", help="no rows of the 1x1 256->64 convolution")
+    ap.add_argument("--fixed", action="store_true", help="also time each pick's point with K = 64 (one k tile)")
     opts = ap.parse_args()
     target = from_device()
     shapes = SHAPES if opts.shapes is None else [SHAPES[int(i)] for i in opts.shapes.split(",")]
@@ -192,7 +232,7 @@ def main() -> None:
     print(f"{'shape':>22} {'row':>22} {'pred us':>8} {'device us':>10} {'ratio':>6} {'rel err':>8}  plan", flush=True)
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    groups = [lambda s=s: gemm_rows(*s, opts.reps, target) for s in shapes]
+    groups = [lambda s=s: gemm_rows(*s, opts.reps, target, opts.fixed) for s in shapes]
     if not opts.no_conv:
         groups.append(lambda: conv_rows(opts.reps, target))
     for group in groups:

@@ -37,8 +37,11 @@ read of "alt" not counted, plus the column sums' partial rows written and read a
 have passed.
 
 --points: for ln / rms, also the backward alone at other plans of its row kernel (the planned
-point, and the same without the next-row prefetch, column sums in registers, at the blocks per
-SM that leaves: the plan before the prefetch), one line each.
+point; the same without the next-row prefetch, column sums in registers, at the blocks per SM
+that leaves: the plan before the prefetch; and where the plan stages the next row in shared
+memory, the next row in registers instead: the plan before the staging), one line each; for ce,
+the one program at the plan before its straight-line walk (8-byte vectors, every step testing
+the row's end: the 1183 us bf16 point).
 """
 
 from __future__ import annotations
@@ -232,8 +235,9 @@ def norm_case(op, R, C, dtype, n_sets, stream):
 
 
 def norm_points(op, R, C, dtype, n_sets, stream, reps):
-    """The backward alone (saved statistics) at its planned row-kernel point and at the point
-    without the next-row prefetch (module docstring, --points): (label, seconds, bytes, plan)."""
+    """The backward alone (saved statistics) at its planned row-kernel point, at the point
+    without the next-row prefetch, and where the plan stages the next row in shared memory, with
+    it in registers instead (module docstring, --points): (label, seconds, bytes, plan)."""
     from tecc.compiler.plan import Plan, Step
     from tecc.compiler.strategies.row_fused import column_resident
     from tecc.compiler.planner import resolve_target
@@ -246,10 +250,15 @@ def norm_points(op, R, C, dtype, n_sets, stream, reps):
     elements = -(-C // (step["threads"] * step.get("vector", 1))) * step.get("vector", 1)
     arrays, sums = 2, len(g.grads) - 1
     resident = min(4, column_resident(step["threads"], elements * (arrays + sums), "local", 0, tgt)) or 1
-    before = {k: v for k, v in step.items() if k not in ("prefetch", "column_sums")}
+    before = {k: v for k, v in step.items() if k not in ("prefetch", "column_sums", "prefetch_into")}
     before["row_blocks"] = min(R, tgt.sm_count * resident)
     points = [("planned", planned), ("no prefetch", build_plan(g.args, Plan((Step("fuse_rows", before),),
                                                                                "row_fused", "no prefetch")))]
+    if step.get("prefetch_into") == "shared":  # the plan before the staged row: the next row in registers
+        ahead = {k: v for k, v in step.items() if k != "prefetch_into"}
+        if column_resident(step["threads"], elements * (2 * arrays + sums), "local", 0, tgt) < resident:
+            ahead["column_sums"] = "shared"
+        points.append(("ahead in registers", build_plan(g.args, Plan((Step("fuse_rows", ahead),), "row_fused", ""))))
     sets = []
     for _ in range(n_sets):
         x = torch.randn(R, C, device=DEVICE, dtype=tdt)
@@ -262,6 +271,30 @@ def norm_points(op, R, C, dtype, n_sets, stream, reps):
         runs = Rotation(tecc_runs(k, sets, stream))
         t = time_it(runs, stream, reps) if TARGET != "sim" else (runs(), float("nan"))[1]
         out.append((label, t, 3 * x.element_size() * R * C + partial_bytes(k), _plan(k)))
+    return out
+
+
+def ce_points(R, V, dtype, n_sets, stream, reps):
+    """Cross-entropy's one program at its planned point and at the plan before the straight-line
+    walk (its build fallback: 8-byte vectors, every step testing the row's end), --points:
+    (label, seconds, bytes, plan)."""
+    from tecc.compiler.strategies.row_fused import propose
+
+    tdt = TORCH_DTYPES[dtype]
+    args = rb.cross_entropy_forward_backward(R, V, dtype)
+    choice = propose(args)
+    points = [("planned", build(args))] + [("every step tested", build_plan(args, p)) for p in choice.fallbacks]
+    sets = []
+    for _ in range(n_sets):
+        x = torch.randn(R, V, device=DEVICE, dtype=tdt) * 2
+        t = torch.randint(0, V, (R,), device=DEVICE, dtype=torch.int32)
+        sets.append([x, t, torch.randn(R, device=DEVICE, dtype=torch.float32),
+                     torch.empty(R, device=DEVICE, dtype=torch.float32), torch.empty_like(x)])
+    out = []
+    for label, k in points:
+        runs = Rotation(tecc_runs(k, sets, stream))
+        t = time_it(runs, stream, reps) if TARGET != "sim" else (runs(), float("nan"))[1]
+        out.append((label, t, 2 * sets[0][0].element_size() * R * V, _plan(k)))
     return out
 
 
@@ -422,8 +455,9 @@ def main() -> None:
                       f"{case.tecc_bytes / 1e6:.0f} | {us(t_re)} | {us(t_eager)} | {us(t_comp)} | {us(t_joint)} | {vs_c} | "
                       f"{best / t_tecc:.2f}x | {case.err:.1e} | {how} | {case.plan} |", flush=True)
                 del case
-                if a.points and op in ("ln", "rms"):
-                    for label, t, nb, plan in norm_points(op, a.rows, C, dtype, n_sets, stream, a.reps):
+                if a.points and op in ("ln", "rms", "ce"):
+                    points = norm_points if op != "ce" else lambda _op, *rest: ce_points(*rest)
+                    for label, t, nb, plan in points(op, a.rows, C, dtype, n_sets, stream, a.reps):
                         point_lines.append(f"| {op} bwd | {a.rows}x{C} | {dtype} | {label} | {t * 1e6:.1f} | "
                                            f"{nb / 1e6:.0f} | {nb / t / 1e9:.0f} | {plan} |")
                 torch.cuda.empty_cache()
@@ -458,8 +492,9 @@ def check_in_emulator(a) -> None:
                     assert joint_err < bound, f"torch_ce_joint {dtype}: max rel err {joint_err:.1e}"
                 assert case.err < bound, f"{op} {dtype} {C}: max rel err {case.err:.1e}"
                 print(f"{op} {a.rows}x{C} {dtype}: max rel err {case.err:.1e}; {case.plan}", flush=True)
-                if a.points and op in ("ln", "rms"):
-                    for label, _t, nb, plan in norm_points(op, a.rows, C, dtype, 2, None, 1):
+                if a.points and op in ("ln", "rms", "ce"):
+                    points = norm_points if op != "ce" else lambda _op, *rest: ce_points(*rest)
+                    for label, _t, nb, plan in points(op, a.rows, C, dtype, 2, None, 1):
                         print(f"  {label}: {nb / 1e6:.2f} MB; {plan}")
 
 

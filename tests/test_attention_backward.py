@@ -13,12 +13,12 @@ import pytest
 
 import tecc as tc
 from tecc.compiler.plan import Plan, Step
-from tecc.compiler.strategies.online_backward import propose
 from tecc.ir.errors import ScheduleError
 from tecc.ir.stmt import Allocate, MatrixMultiply, WarpgroupMatrixMultiply, iter_stmts
 from tecc.passes.rewrite.online_backward import backward_chain
 
 from nvrtc_checks import skip_without_nvrtc
+from planning import choose
 from test_attention_tensor_core import keep_mask, make_inputs, masked_attention, poisoned
 
 EPSILON = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}   # the ulp at 1 (twice the rounding error)
@@ -279,7 +279,7 @@ def test_refuses_float32_operands_and_the_build_falls_back():
     with pytest.raises(ScheduleError, match="float16/bfloat16 input read"):
         from tecc.passes.rewrite.online_backward_mma import online_backward_mma
         online_backward_mma(g32.args)
-    assert propose(g32.args, "sm_80") is None
+    assert choose(g32.args, "online_backward_mma", "sm_80") is None
     k = tc.build(g32.args, target="sim", arch="sm_80")
     assert k.plan.strategy != "online_backward_mma"
 

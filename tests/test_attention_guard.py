@@ -211,7 +211,7 @@ def test_grouped_causal_d128_takes_the_peeled_128x64_at_two_blocks_per_sm():
     past 128 registers (its K/V head addressing), the peeled one fits 128 (2 blocks per SM), so the
     planner takes the peeled 128 x 64 over 128 x 128 and says so."""
     skip_without_nvrtc()
-    from tecc.compiler.strategies.online_contraction import propose_wgmma
+    from planning import propose_wgmma
 
     ins, outs = masked_attention(2, 16, 8192, 8192, 128, "float16", groups=4, mask="causal")
     choice = propose_wgmma(ins + outs, "sm_90")
@@ -226,7 +226,7 @@ def test_the_planner_launches_masked_blocks_query_block_major(mask, D):
     """The Hopper plan launches query block major over all heads exactly when the mask makes
     the blocks' key tile counts differ (isl's proven counts), and says so."""
     skip_without_nvrtc()
-    from tecc.compiler.strategies.online_contraction import propose_wgmma
+    from planning import propose_wgmma
 
     Sq = 1024 if mask == "bottom_right" else 4096
     ins, outs = masked_attention(2, 2048 // D, Sq, 4096, D, "float16", mask=mask)

@@ -11,7 +11,8 @@ from test_attention_tensor_core import bound, make_inputs, masked_attention, ref
 from test_online_contraction import check
 
 from tecc.compiler.plan import Plan, Step
-from tecc.compiler.strategies.online_contraction import MIN_CHUNK_TILES, propose_mma, propose_wgmma
+from planning import propose_mma, propose_wgmma
+from tecc.compiler.strategies.online_contraction import MIN_CHUNK_TILES
 from tecc.ir.errors import ScheduleError
 from tecc.ir.evaluate import evaluate_int
 from tecc.ir.stmt import launch_dims

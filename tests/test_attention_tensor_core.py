@@ -12,7 +12,8 @@ import pytest
 
 import tecc as tc
 from tecc.compiler.plan import Plan, Step
-from tecc.compiler.strategies.online_contraction import propose, propose_mma
+from planning import propose_mma
+from planning import propose_simt as propose
 from tecc.ir.evaluate import evaluate_int
 from tecc.ir.intrinsics import lookup
 from tecc.ir.expr import Compare
@@ -475,7 +476,7 @@ def test_tensor_core_attention_on_the_gpu(D, dtype, mask, groups, S):
     # the mma.sync kernel with the tiling sm_80 would plan (on sm_90 plan="auto" takes the wgmma
     # form, tested in test_attention_wgmma.py), compiled for the GPU at hand (an sm_80 cubin does
     # not run on sm_90)
-    from tecc.compiler.strategies.online_contraction import propose_mma
+    from planning import propose_mma
 
     plan = propose_mma(ins + outs, "sm_80").plan
     k, (o, lse), given = run(ins, outs, make_inputs(ins, rng), plan, target="cuda")

@@ -1,7 +1,8 @@
-"""plan="auto" falls back: a candidate whose guard took the program but which then fails to build
-gives way to the next (graph-level proposals in order, then the per-kernel planner, then the
-generic schedule), and the plan's reason and `explain()` say why. Also the programs of the
-hardening issue that once failed to build, each as a named regression test."""
+"""plan="auto" falls back only for tecc's own errors: a graph-level point or a per-kernel point that
+the primitives refuse (ScheduleError) gives way to the next alternative of the planner's ranking,
+and a plan that fails to build (a TeccError) gives way to the generic schedule, with the plan's
+reason and `explain()` saying why; a Python error inside a strategy is a bug and is raised. Also
+the programs of the hardening issue that once failed to build, each as a named regression test."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import tecc as tc
 from tecc.compiler.plan import Plan, Step
 from tecc.compiler.strategies import row_fused
+from tecc.ir.errors import ScheduleError
 
 
 def softmax_program(rows: int = 6, cols: int = 40) -> tuple[list[tc.Tensor], object]:
@@ -30,40 +32,60 @@ def softmax_program(rows: int = 6, cols: int = 40) -> tuple[list[tc.Tensor], obj
 
 def run_softmax(f: tc.Kernel, rows: int = 6, cols: int = 40) -> None:
     x = np.random.default_rng(0).standard_normal((rows, cols)).astype("float32")
-    y = np.zeros_like(x)
+    y = np.full_like(x, np.nan)
     f(x, y)
     z = np.exp(x - x.max(axis=1, keepdims=True))
     np.testing.assert_allclose(y, z / z.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
 
 
-def test_a_proposal_that_raises_falls_back_to_the_next_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_python_error_inside_a_strategy_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in a strategy (here its workload divides by zero) is raised, not turned into a
+    slower plan."""
     args, _ = softmax_program()
     assert tc.build(args, target="sim").plan.strategy.startswith("row_fused")
 
-    def broken(tensors: object, target: object = None) -> None:
+    def broken(self: object, program: object, point: object) -> None:
         raise ZeroDivisionError("float division by zero")
-    monkeypatch.setattr(row_fused, "propose", broken)
-    f = tc.build(args, target="sim")
-    assert f.fallbacks == [("row_fused", "ZeroDivisionError: float division by zero")]
-    assert "fell back: row_fused failed (ZeroDivisionError" in f.plan.reason
-    assert "candidate row_fused took the program but failed" in f.explain()
-    run_softmax(f)
+    monkeypatch.setattr(row_fused.RowFused, "workload", broken)
+    with pytest.raises(ZeroDivisionError):
+        tc.build(args, target="sim")
 
 
-def test_a_proposed_plan_that_fails_to_realize_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_graph_point_the_primitives_refuse_gives_way_to_the_per_kernel_plans(monkeypatch: pytest.MonkeyPatch) -> None:
     args, _ = softmax_program()
 
-    class Bogus:
-        plan = Plan((Step("split", {"loop": "no_such_kernel/i", "factors": [None, 4]}),), "row_fused", "bogus")
-
-    monkeypatch.setattr(row_fused, "propose", lambda tensors, target=None: Bogus())
+    def refused(self: object, sch: object, program: object, point: object) -> None:
+        raise ScheduleError("fuse_rows: refused for the test")
+    monkeypatch.setattr(row_fused.RowFused, "apply", refused)
     f = tc.build(args, target="sim")
-    assert [who for who, _ in f.fallbacks] == ["row_fused"]
-    assert f.plan.strategy != "row_fused"
+    assert f.plan.strategy != "row_fused" and not f.fallbacks, f.plan
+    assert "graph-level points refused: row_fused(" in f.plan.reason and "refused for the test" in f.plan.reason
+    assert "refused for the test" in f.explain()
     run_softmax(f)
 
 
-def test_a_failing_planner_falls_back_to_the_generic_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_planner_error_of_tecc_falls_back_to_the_generic_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tecc.compiler.planner as planner
+
+    monkeypatch.delenv("TECC_STRICT_PLANS", raising=False)
+    X = tc.placeholder((5, 7), "float32", name="X")
+    Y = tc.compute((5, 7), lambda i, j: X[i, j] * 2.0, name="Y")
+
+    def broken(*a: object, **k: object) -> None:
+        raise ScheduleError("split: refused for the test")
+    monkeypatch.setattr(planner, "plan_program", broken)
+    f = tc.build([X, Y], target="sim")
+    assert f.plan.strategy == "naive"
+    assert f.fallbacks == [("planner", "ScheduleError: split: refused for the test")]
+    assert "fell back: planner failed (ScheduleError" in f.plan.reason
+    assert "candidate planner took the program but failed" in f.explain()
+    x = np.arange(35, dtype="float32").reshape(5, 7)
+    y = np.zeros_like(x)
+    f(x, y)
+    np.testing.assert_array_equal(y, x * 2)
+
+
+def test_a_planner_error_of_python_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
     import tecc.compiler.planner as planner
 
     X = tc.placeholder((5, 7), "float32", name="X")
@@ -72,23 +94,31 @@ def test_a_failing_planner_falls_back_to_the_generic_schedule(monkeypatch: pytes
     def broken(*a: object, **k: object) -> None:
         raise KeyError("..")
     monkeypatch.setattr(planner, "plan_program", broken)
-    f = tc.build([X, Y], target="sim")
-    assert f.plan.strategy == "naive"
-    assert f.fallbacks == [("planner", "KeyError: '..'")]
-    x = np.arange(35, dtype="float32").reshape(5, 7)
-    y = np.zeros_like(x)
-    f(x, y)
-    np.testing.assert_array_equal(y, x * 2)
+    with pytest.raises(KeyError):
+        tc.build([X, Y], target="sim")
+
+
+def _bogus_planner(monkeypatch: pytest.MonkeyPatch, steps: tuple[Step, ...]) -> None:
+    """The planner returns a plan whose steps the primitives refuse when the build replays them."""
+    import tecc.compiler.planner as planner
+
+    real = planner.plan_program
+
+    def bogus(*a: object, **k: object) -> object:
+        result = real(*a, **k)
+        result.plan = Plan(steps, "row_fused", "bogus")
+        result.schedule = None
+        return result
+    monkeypatch.setattr(planner, "plan_program", bogus)
 
 
 def test_strict_plans_raise_instead_of_falling_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TECC_STRICT_PLANS", raising=False)
     args, _ = softmax_program()
-
-    def broken(tensors: object, target: object = None) -> None:
-        raise ZeroDivisionError("float division by zero")
-    monkeypatch.setattr(row_fused, "propose", broken)
+    _bogus_planner(monkeypatch, (Step("split", {"loop": "no_such_kernel/i", "factors": [None, 4]}),))
+    assert tc.build(args, target="sim").fallbacks      # without TECC_STRICT_PLANS: the generic schedule
     monkeypatch.setenv("TECC_STRICT_PLANS", "1")
-    with pytest.raises(ZeroDivisionError):
+    with pytest.raises(tc.TeccError):
         tc.build(args, target="sim")
 
 
@@ -100,18 +130,16 @@ def test_a_given_plan_that_fails_is_not_replaced() -> None:
 
 
 def test_failed_candidates_leave_no_dumps(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("TECC_STRICT_PLANS", raising=False)
     args, _ = softmax_program()
-
-    class Bogus:
-        plan = Plan((Step("split", {"loop": "Y_kernel/i", "factors": [None, 2]}),
-                     Step("split", {"loop": "no_such_kernel/i", "factors": [None, 4]})), "row_fused", "bogus")
-
-    monkeypatch.setattr(row_fused, "propose", lambda tensors, target=None: Bogus())
+    _bogus_planner(monkeypatch, (Step("split", {"loop": "Y_kernel/i", "factors": [None, 2]}),
+                                 Step("split", {"loop": "no_such_kernel/i", "factors": [None, 4]})))
     f = tc.build(args, target="sim", dump_ir=tmp_path)
     names = sorted(p.name for p in tmp_path.iterdir())
     numbers = [int(n.split("_", 1)[0]) for n in names]
     assert numbers == list(range(len(names))), names   # one run's numbering, no leftovers
     assert f.fallbacks
+    run_softmax(f)
 
 
 # ---- the programs of the hardening issue (point 1), built with plan="auto" --------------------

@@ -273,3 +273,23 @@ def test_a_row_vector_broadcast_into_a_row_reduction_still_fuses():
     k = tc.reduce_axis(256, name="k")
     m = tc.compute((64,), lambda r: tc.max(X[r, k] + bias[k], axis=k), name="m")
     assert propose([X, bias, m]) is not None
+
+
+def test_the_row_kernel_of_an_empty_row_is_priced():
+    """fused_workload over rows of no columns (reduce_axis(0)): a launch that loads nothing is
+    priced, finite (the planner prices every graph-level point; it once divided by the row's zero
+    loads in flight)."""
+    from tecc.compiler.cost.analysis import analyze_kernel
+    from tecc.compiler.cost.model import predict
+    from tecc.compiler.strategies.row_fused import fused_workload
+    from tecc.ir.target import target
+    from tecc.passes.lower import lower
+
+    A = tc.placeholder((4, 0), "float32", name="A")
+    k = tc.reduce_axis(0, name="k")
+    B = tc.compute((4,), lambda i: tc.sum(A[i, k], axis=k), name="B")
+    info = analyze_kernel(lower([A, B]).kernels[0])
+    for cache in ("registers", "none"):
+        cost = predict(fused_workload(info, {"threads": 64, "cache": cache, "vector": 1, "unroll": 4}, target("sm_90")),
+                       target("sm_90"))
+        assert cost.ok and 0 < cost.total < 1e-4, (cache, cost.total)

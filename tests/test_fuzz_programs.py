@@ -17,9 +17,11 @@ tests/conftest.py, so CI replays the same programs; ~27 s on 2 cores); `make fuz
 profile (FUZZ_EXAMPLES=2000, fresh random draws). A failure it finds becomes a named regression
 test in tests/test_fuzz_regressions.py.
 
-What it found so far: the programs of the hardening issue (tests/test_build_fallback.py) and a
+What it found so far: the programs of the hardening issue (tests/test_build_fallback.py), a
 column statistic broadcast along the rows of a square matrix that row fusion took for a row
-statistic (tests/test_fuzz_regressions.py).
+statistic (tests/test_fuzz_regressions.py), and row fusion's cost dividing by the zero loads of an
+empty row once every graph-level point was priced (tests/test_fusion_rows.py). The last test
+prices and realizes a random point of every graph-level strategy that takes the program.
 """
 
 from __future__ import annotations
@@ -179,3 +181,35 @@ def test_random_programs_match_numpy_with_random_planner_points(prog: pg.Program
     note(str(sch.plan))
     f = tc.build(sch, target="sim")
     run_and_compare(prog, f, "random planner points")
+
+
+@FUZZ_CHEAP
+@given(prog=pg.programs(huge=True), data=st.data())
+def test_random_programs_match_numpy_at_every_graph_level_strategys_random_point(prog: pg.Program,
+                                                                               data: st.DataObject) -> None:
+    """Every graph-level strategy whose guard takes the program, at a random point of its space:
+    priced (its workload through the cost model, its reason: a Python error there is a strategy
+    bug the planner would raise) and realized as the planner realizes it; what the rewrite's step
+    accepts must compute the right answer."""
+    from tecc.compiler.program import Program
+    from tecc.compiler.strategies.registry import graph_strategies
+
+    note(prog.describe())
+    args, _ = pg.to_tecc(prog)
+    program = Program.of(args, target=resolve_target("sm_90"), sizes=concrete_sizes(prog))
+    for strategy in graph_strategies():
+        if strategy.guard(program) is not None:
+            continue
+        points = list(strategy.space(program))
+        point = points[data.draw(st.integers(0, len(points) - 1), label=f"{strategy.name} point")]
+        cost = predict(strategy.workload(program, point), program.target)
+        assert cost.total > 0 and (cost.ok or cost.rejected), cost
+        assert strategy.reason(program, point)
+        sch = Schedule(args, lowered=program.module)
+        try:
+            strategy.apply(sch, program, point)
+        except ScheduleError as exc:
+            note(f"{strategy.describe(point)} refused: {exc}")
+            continue
+        note(str(sch.plan))
+        run_and_compare(prog, tc.build(sch, target="sim"), f"graph-level {strategy.describe(point)}")

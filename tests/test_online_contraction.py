@@ -11,7 +11,7 @@ import tecc as tc
 from tecc.compiler.plan import Plan, Step
 from tecc.ir.errors import ScheduleError
 from tecc.ir.stmt import Allocate, iter_stmts
-from tecc.compiler.strategies.online_contraction import propose as propose_online
+from planning import propose_simt as propose_online
 from tecc.passes.rewrite.online_contraction import online_chain, online_contraction
 
 PLAN = Plan((Step("online_contraction", {"threads": 32, "rows_per_block": 4}),), "test", "")

@@ -11,7 +11,7 @@ import program_gen as pg
 
 import tecc as tc
 from tecc.codegen import nvrtc
-from tecc.compiler.strategies.online_contraction import propose_mma, propose_wgmma
+from planning import propose_mma, propose_wgmma
 
 from test_attention_tensor_core import masked_attention
 

@@ -261,25 +261,36 @@ def test_column_reductions_need_row_blocks_and_the_row_in_registers():
         fuse_rows(rb.softmax_backward(8, 64).args, 32, prefetch=True)
     with pytest.raises(ScheduleError, match="column_sums"):
         fuse_rows(args, 32, row_blocks=4, column_sums="global")
+    with pytest.raises(ScheduleError, match="prefetch_into"):
+        fuse_rows(args, 32, row_blocks=4, prefetch_into="shared")        # staging is a form of the prefetch
+    with pytest.raises(ScheduleError, match="prefetch_into"):
+        fuse_rows(args, 32, row_blocks=4, prefetch=True, prefetch_into="global")
+    # one cp.async per thread's vector: 2 bytes (one bf16) is no size it copies
+    with pytest.raises(ScheduleError, match="4, 8 or 16 bytes"):
+        fuse_rows(rb.layer_norm_backward(8, 66, "bfloat16").args, 32, row_blocks=4, prefetch=True,
+                  prefetch_into="shared")
 
 
 def test_every_block_loads_its_next_row_ahead_without_losing_resident_blocks():
     """Without the prefetch a block has loads in flight only from a row's start to its first
     reduction. The plan loads each block's next row ahead at the residency it has without it:
-    the column sums stay in registers where the second row set fits beside them (768 columns:
-    128 threads, 4 blocks per SM), else they move to shared memory (4096: 512 threads, 2 blocks;
-    8192: 1024 threads, 1 block). The blocks split the rows evenly (S = the fewest blocks with
-    the same rows per block) and every planned kernel compiles for sm_90 without spills."""
-    want = {768: (128, "local", 4), 4096: (512, "shared", 2), 8192: (1024, "shared", 1)}
-    for columns, (threads, sums, per_sm) in want.items():
+    into a second set of registers beside the column sums where that fits (768 columns: 128
+    threads, 4 blocks per SM), else staged in shared memory by cp.async with the sums in
+    registers (4096: 512 threads, 2 blocks; 8192: 1024 threads, 1 block). The blocks split the
+    rows evenly (S = the fewest blocks with the same rows per block) and every planned kernel
+    compiles for sm_90 without spills."""
+    want = {768: (128, "registers", 4), 4096: (512, "shared", 2), 8192: (1024, "shared", 1)}
+    for columns, (threads, into, per_sm) in want.items():
         k = tc.build(rb.layer_norm_backward(8192, columns).args, target="cuda", arch="sm_90")
         step = k.plan.steps[0].args
         assert step["prefetch"] and step["threads"] == threads, (columns, step)
-        assert step.get("column_sums", "local") == sums, (columns, step)
+        assert step.get("prefetch_into", "registers") == into and step.get("column_sums", "local") == "local", (
+            columns, step)
         rows_per_block = -(-8192 // (132 * per_sm))
         assert step["row_blocks"] == -(-8192 // rows_per_block), (columns, step)
         for name, res in k.resources.items():
             assert res.spill_stores == 0 and res.spill_loads == 0, (columns, name, res)
+        assert ("cp.async" in k.source) == (into == "shared"), columns
 
 
 def test_a_column_statistic_read_back_by_a_row_is_not_a_row_group():
@@ -294,17 +305,21 @@ def test_a_column_statistic_read_back_by_a_row_is_not_a_row_group():
 
 @pytest.mark.parametrize("row_blocks", [1, 3, 40])
 @pytest.mark.parametrize("column_sums,prefetch", [("local", False), ("shared", False), ("shared", True),
-                                                  ("local", True)])
+                                                  ("local", True), ("local", "shared"), ("shared", "shared")])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_any_number_of_row_blocks_gives_the_same_gradients(row_blocks, column_sums, prefetch, dtype):
     """Fewer blocks than rows, rows not a multiple of the blocks, more blocks than rows (idle
     blocks store identity partials); column sums in registers or shared memory (the emulator
-    checks the shared words for races), the next row loaded ahead or not; bf16 rows kept in
-    float32 registers (float_rows, converted as the prefetched row is taken)."""
+    checks the shared words for races), the next row loaded ahead or not, into registers or
+    staged in shared memory by cp.async (the emulator checks that no copy is read before the
+    wait that covers it, and none is left in flight); bf16 rows kept in float32 registers
+    (float_rows, converted as the prefetched row is taken)."""
     rng, seed = _rng()
     g = rb.layer_norm_backward(13, 96, dtype)
     step = {"threads": 64, "cache": "registers", "vector": 4, "row_blocks": row_blocks, "column_sums": column_sums,
-            "prefetch": prefetch, "float_rows": dtype == "bfloat16"}
+            "prefetch": bool(prefetch), "float_rows": dtype == "bfloat16"}
+    if prefetch == "shared":
+        step["prefetch_into"] = "shared"
     plan = Plan((Step("fuse_rows", step),), "row_fused", "")
     k = tc.build(g.args, target="sim", plan=plan)
     x, gg, bb = (rng.standard_normal(s).astype(NP[dtype]) for s in ((13, 96), (96,), (96,)))

@@ -179,7 +179,7 @@ def test_tma_gemm_matches_numpy_in_every_orientation(dtype: str, a_t: bool, b_t:
 
 @pytest.mark.parametrize("block,stages", [((64, 64), 2), ((64, 256), 4), ((128, 128), 5)])
 def test_tma_gemm_points_batched_and_with_an_epilogue(block: tuple[int, int], stages: int) -> None:
-    m, n, k = 70, 130, 200
+    m, n, k = 70, 136, 200   # B's rows of 136 halves: a multiple of 16 bytes, as a tensor map's stride must be
     tensors, how = contraction(m, n, k, "float16", batch=2, out="float16",
                                epilogue=lambda acc, bias: tc.maximum(acc + bias, tc.const(0.0, "float16")))
     f, arrays = run(tensors, how, m, n, k, batch=2, seed=7, plan=tma_plan(block, stages))
@@ -251,6 +251,27 @@ def test_tma_is_refused_for_gathered_operands_with_a_reason() -> None:
     assert points and all(p["load"] == "cp.async" for p in points)
 
 
+@pytest.mark.parametrize("m,n,k,a_t,b_t,operand", [
+    (520, 700, 520, False, False, "operand B .B.: its rows of 700 elements .1400 bytes."),   # B [k][n]
+    (96, 64, 300, False, True, "operand A .A.: its rows of 300 elements .600 bytes."),      # A [m][k]
+])
+def test_tma_is_refused_for_rows_that_miss_the_16_byte_stride_alignment(m: int, n: int, k: int, a_t: bool,
+                                                                        b_t: bool, operand: str) -> None:
+    """A row length known at compile time that is not a multiple of 16 bytes cannot be a tensor
+    map's stride (cuTensorMapEncodeTiled): the primitive refuses it when the schedule is made,
+    as the strategy leaves it out of its space, rather than the launch failing to encode the map."""
+    tensors, _ = contraction(m, n, k, "float16", a_t=a_t, b_t=b_t)
+    kernel = lower(tensors).kernels[0]
+    with pytest.raises(ScheduleError, match=f"TMA cannot load the operands: {operand}.*16 bytes.*cp.async"):
+        tensorized(kernel, "C", "wgmma", (64, 128), (4, 1), 64, 3, producer="tma")
+    info = analyze_kernel(kernel)
+    assert "multiple of 16 bytes" in (tma_refusal_for(info) or "")
+    assert all(p["load"] == "cp.async" for p in GemmWgmma().space(info, tc.target("sm_90")))
+    # the same shapes padded to 16-byte rows take the TMA ring
+    tensors, _ = contraction(m, n + (-n % 8), k + (-k % 8), "float16", a_t=a_t, b_t=b_t)
+    tensorized(lower(tensors).kernels[0], "C", "wgmma", (64, 128), (4, 1), 64, 3, producer="tma")
+
+
 def test_the_strategy_offers_and_explains_the_tma_rung() -> None:
     tensors, _ = contraction(4096, 4096, 4096, "bfloat16", out="bfloat16")
     info = analyze_kernel(lower(tensors).kernels[0])
@@ -296,6 +317,18 @@ def test_the_4096_tma_kernels_compile_for_sm_90a_without_spills_or_serialization
 
 
 # ---- the runtime around the encoding -----------------------------------------------------------------
+
+def test_the_emulator_refuses_a_launch_whose_tensor_map_the_gpu_could_not_encode() -> None:
+    """B's row length N is known at launch only: N = 72 (144-byte rows) runs, N = 70 (140 bytes)
+    is refused with the ShapeError the CUDA executor raises when it encodes the map."""
+    m, k = 64, 128
+    tensors, how = contraction(m, tc.var("N"), k, "float16")
+    f, arrays = run(tensors, how, m, 72, k, seed=3, plan=tma_plan((64, 64), 2), sizes={"N": 72})
+    check(arrays, how, "tma symbolic N")
+    b = np.ones((k, 70), np.float16)
+    with pytest.raises(ShapeError, match=r"tensor map of B: stride 70 elements \(140 bytes\).*multiples of 16 bytes"):
+        f(np.ones((m, k), np.float16), b, np.zeros((m, 70), np.float32))
+
 
 def test_encode_arguments_are_the_driver_order_and_checked() -> None:
     spec = TensorMapSpec("A", dt.float16, (128, 64), "128B")
@@ -423,11 +456,11 @@ def persistent_plan(block: tuple[int, int], stages: int, blocks: int) -> dict[st
     return plan
 
 
-@pytest.mark.parametrize("m,n,k,batch,block,stages,blocks", [
-    (200, 300, 200, 0, (64, 64), 3, 5),       # 20 tiles over 5 blocks, the ring running on across tiles
-    (130, 140, 130, 3, (128, 64), 2, 4),      # batched: 18 tiles over 4 blocks
-    (70, 70, 64, 0, (64, 64), 4, 7),          # fewer tiles (4) than blocks: three blocks idle
-    (530, 72, 100, 0, (64, 64), 2, 3)])       # 9 row tiles: a full group of 8 and a group of 1
+@pytest.mark.parametrize("m,n,k,batch,block,stages,blocks", [   # rows of a multiple of 16 bytes (TMA strides)
+    (200, 296, 200, 0, (64, 64), 3, 5),       # 20 tiles over 5 blocks, the ring running on across tiles
+    (136, 136, 130, 3, (128, 64), 2, 4),      # batched: 18 tiles over 4 blocks
+    (70, 72, 64, 0, (64, 64), 4, 7),          # fewer tiles (4) than blocks: three blocks idle
+    (530, 72, 104, 0, (64, 64), 2, 3)])       # 9 row tiles: a full group of 8 and a group of 1
 def test_a_persistent_grid_matches_numpy(m: int, n: int, k: int, batch: int, block: tuple[int, int], stages: int,
                                          blocks: int) -> None:
     tensors, how = contraction(m, n, k, "bfloat16", batch=batch, a_t=batch > 0)

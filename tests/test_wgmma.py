@@ -220,6 +220,30 @@ def test_the_space_fits_the_opt_in_shared_memory_and_names_the_design_point() ->
     assert all(shared_bytes(p, 4) <= sm90.smem_per_block_optin for p in points)
 
 
+@pytest.mark.parametrize("out", ["float32", "float16"])
+def test_the_planners_shared_memory_count_is_the_kernels(out: str) -> None:
+    """gemm_wgmma.shared_bytes (what the space holds to the opt-in limit and occupancy reads) is
+    the dynamic shared memory of the point's kernel, byte for byte: with descriptors every
+    shared buffer starts on 1024 bytes, so the TMA ring's two mbarrier arrays take a slot each
+    (counted as 2 x 8 x stages bytes, 2 KiB short, before)."""
+    from tecc.compiler.strategies.gemm_tensor_core import staged_output_bytes
+    from tecc.compiler.strategies.gemm_wgmma import GemmWgmma, shared_bytes
+
+    tensors, _ = contraction(1024, 512, 2048, "float16", out=out)
+    info = analyze_kernel(lower(tensors).kernels[0])
+    points = [dict(bm=128, bn=256, stages=3, load="tma", split=2, epilogue="tma", persistent=132),
+              dict(bm=128, bn=128, stages=4, load="tma", epilogue="tma", persistent=0),
+              dict(bm=64, bn=128, stages=5, load="tma", epilogue="registers", persistent=132, split=4),
+              dict(bm=128, bn=128, stages=3, load="cp.async", split=2),
+              dict(bm=128, bn=64, stages=4, load="cp.async", staged_output=True)]
+    for point in points:
+        sch = tc.Schedule(tensors)
+        GemmWgmma().apply(sch, info, point)
+        itemsize = info.write.itemsize
+        assert shared_bytes(point, itemsize) + staged_output_bytes(point, itemsize) == \
+            dynamic_shared_bytes(sch.mod.kernels[0]), point
+
+
 def test_auto_plan_builds_and_explains_the_wgmma_rung() -> None:
     """build(plan="auto") for sm_90 takes gemm_wgmma, compiles it for sm_90a (compile-checked)
     and explain names the intrinsic and the rung."""

@@ -87,6 +87,7 @@ _RESERVED = frozenset("""
     threadIdx blockIdx blockDim gridDim warpSize min max abs llabs fabs fabsf fmin fminf fmax fmaxf pow
     powf exp expf log logf sqrt sqrtf rsqrt rsqrtf sin sinf cos cosf tanh tanhf erf erff exp2 exp2f log2
     log2f floor floorf ceil ceilf rint rintf isnan isinf tecc_sin_poly tecc_sin_approx tecc_cos_approx tecc_exp2_approx
+    tecc_gelu_ex2 tecc_gelu_rcp tecc_gelu_erf_approx tecc_gelu_tanh_approx
     tecc_max tecc_min tecc_floordiv tecc_mod fmod fmodf copysign copysignf __float2int_rz __float2ll_rz
     __double2int_rz __double2ll_rz
 """.split()) | frozenset(philox.HELPER_NAMES + ("uint2", "uint4", "make_uint2", "make_uint4", "__umulhi"))

@@ -40,6 +40,7 @@ from tecc.ir.errors import CompileError
 from tecc.ir.expr import (
     APPROX_INTRINSICS,
     MEMORY_INTRINSICS,
+    OPAQUE_INTRINSICS,
     WARP_INTRINSICS,
     Binary,
     BufferLoad,
@@ -60,6 +61,7 @@ from tecc.ir.index_checks import RECORD_SYMBOL, RECORD_WORDS, IndexCheck
 from tecc.ir.stmt import Buffer
 
 from . import philox
+from .gelu_helpers import gelu_helpers
 from .ranges import RangeEnv
 
 # C precedence levels, higher binds tighter (C11 6.5).
@@ -98,6 +100,7 @@ _INTRINSIC_C = {
     # float32 only (no float64 form); device helpers that `device_helpers` defines
     "sin_approx": ("tecc_sin_approx", ""), "cos_approx": ("tecc_cos_approx", ""),
     "exp2_approx": ("tecc_exp2_approx", ""),
+    "gelu_erf_approx": ("tecc_gelu_erf_approx", ""), "gelu_tanh_approx": ("tecc_gelu_tanh_approx", ""),
 }
 # float -> int conversions: PTX cvt.rzi (truncate, saturate to the integer range; NaN gives 0 from
 # float32 to int32, the range's minimum otherwise, measured on an H200 -- docs/semantics.md).
@@ -436,6 +439,8 @@ class ExprEmitter:
             return self._shuffle(e)
         if e.name in MEMORY_INTRINSICS:
             return self._memory(e)
+        if e.name in OPAQUE_INTRINSICS:
+            return f"tecc_opaque({self.code(e.args[0])})", POSTFIX
         x = e.args[0]
         if x.dtype.is_int:
             if e.name != "abs":
@@ -614,6 +619,14 @@ def device_helpers(intrinsics: set[str]) -> list[str]:
             helpers.append(text)
     if philox.RAND_HELPER in intrinsics:
         helpers.append(philox.DEVICE_HELPERS)
+    if "opaque" in intrinsics:
+        helpers.append(
+            "// opaque (tecc/ir/expr.py): x computed again here; nothing derived from it is hoisted above.\n"
+            "__device__ __forceinline__ int tecc_opaque(int x) {\n"
+            "  int y;\n"
+            "  asm volatile(\"mov.b32 %0, %1;\" : \"=r\"(y) : \"r\"(x));\n"
+            "  return y;\n"
+            "}\n")
     if "exp2_approx" in intrinsics:
         helpers.append(
             "// exp2_approx (tecc/ir/expr.py): one MUFU.EX2, subnormals flushed to zero.\n"
@@ -622,6 +635,7 @@ def device_helpers(intrinsics: set[str]) -> list[str]:
             "  asm(\"ex2.approx.ftz.f32 %0, %1;\" : \"=f\"(y) : \"f\"(x));\n"
             "  return y;\n"
             "}\n")
+    helpers += gelu_helpers(intrinsics, _f)
     if not intrinsics & {"sin_approx", "cos_approx"}:
         return helpers
     s1, s2, s3, s4 = (_f(c) for c in approx.SIN_POLY)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from tecc.ir.expr import Binary, BufferLoad, Cast, Const, Expr, Select, Var
+from tecc.ir.expr import OPAQUE_INTRINSICS, Binary, BufferLoad, Call, Cast, Const, Expr, Select, Var
 
 Bound = Optional[int]
 Interval = tuple[Bound, Bound]
@@ -87,6 +87,8 @@ class RangeEnv:
             return self._binary(e)
         if isinstance(e, BufferLoad):
             return UNKNOWN
+        if isinstance(e, Call) and e.name in OPAQUE_INTRINSICS:   # x's value, computed again
+            return self.interval(e.args[0])
         return UNKNOWN
 
     def _binary(self, e: Binary) -> Interval:

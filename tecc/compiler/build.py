@@ -1,16 +1,18 @@
 """`build`: choose a program's Plan, then compile it (pipeline.py).
 
-    build(args) ──plan="auto"──▶ the candidates in order: graph-level rewrites, the planner, the
-                                 generic schedule; the first that takes the program and builds wins
+    build(args) ──lower once──▶ Program (tensors, naive module, the one Target: arch + policies)
+                ──plan="auto"──▶ the planner (planner.py): every registered strategy, per kernel and
+                                 graph-level (the rewrites), priced by the cost model, the cheapest
+                                 realized; the generic schedule if the planner's plan fails to build
                 ──tune=True───▶ the tuning database's winner, or the tuner measures now (tuning/)
                 ──plan=Plan───▶ that plan, as given
-            ──▶ pipeline.schedule_module(args, plan) ──▶ pipeline.compile_module ──▶ Kernel
+            ──▶ pipeline.schedule_module(program, plan) ──▶ pipeline.compile_module ──▶ Kernel
 
-The planner (plan="auto") picks each kernel's strategy and parameters by the cost model; its plan
-is a list of schedule primitives, replayed on the lowered IR by `Schedule`. `f.explain()` says why.
-A candidate whose guard took the program but whose schedule then fails gives way to the next one
-(`_first_that_builds`); the plan's reason, `Kernel.fallbacks` and `explain()` say which failed and
-why (TECC_STRICT_PLANS=1 raises instead, to debug a strategy).
+The plan is a list of schedule primitives (or a rewrite's step), replayed on the lowered IR by
+`Schedule`; `f.explain()` says why it was chosen. The planner's plan gives way to the generic
+schedule only for a `TeccError` (a primitive or the fixed tail refusing it): the plan's reason,
+`Kernel.fallbacks` and `explain()` say which failed and why, and TECC_STRICT_PLANS=1 raises
+instead. Any other exception is a bug in a strategy and is raised as it is.
 """
 
 from __future__ import annotations
@@ -21,39 +23,25 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
+from ..codegen import default_arch
 from ..ir.errors import ShapeError, TeccError
 from ..ir.expr import free_vars
 from ..ir.stmt import Module
-from ..ir.target import Target
 from ..ir.tensor import Tensor
-from ..passes.default_schedule import DEFAULT_THREADS
 from ..passes.manager import DumpIR, PassTiming
-from ..ir.scatter import ScatterOp
-from ..passes.lower import collect_program, lower
-from . import build_cache, region_search
+from . import build_cache
 from . import options as knobs
+from . import planner
 from .kernel import Kernel
 from .pipeline import TARGETS, compile_module, default_plan, finish_module, open_dumps, refuse_spills, schedule_module
 from .plan import Plan
-from . import planner as per_kernel_planner
 from .planner import PlanResult
+from .program import Program, resolve_target
 from .schedule import Schedule
-from .strategies import column_reduction, online_backward, online_contraction, row_fused, split_row_group, split_rows
 from .tuning import tuned_plan
 
-# A candidate is a label and a thunk returning its Plan (or the planner's PlanResult), or None when
-# the candidate's guard declines the program.
-Candidate = tuple[str, Callable[[], "Plan | PlanResult | region_search.Composed | None"]]
-
-# What a strategy that accepted a program may fail with while it is realized: tecc's own errors
-# (a primitive refusing the request) and the internal failures of a strategy's arithmetic or
-# bookkeeping. The build then falls back to the next candidate and records why; the last
-# candidate (the generic schedule, for plan="auto") is not caught, so a program that cannot be
-# built at all says why.
-STRATEGY_FAILURES: tuple[type[BaseException], ...] = (
-    TeccError, ArithmeticError, LookupError, AssertionError, ValueError, TypeError, AttributeError,
-    RecursionError,
-)
+# A candidate is a label and a thunk returning its Plan (or the planner's PlanResult).
+Candidate = tuple[str, Callable[[], "Plan | PlanResult"]]
 
 
 def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str | None = None,
@@ -94,22 +82,27 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
     tensors = [args] if isinstance(args, Tensor) else list(args)
     _check_arguments(tensors, sizes)
     dumper = open_dumps(tensors, name, dump_ir, dump_filter)
-    plan_arch = arch or knobs.default_arch_override()
-    candidates: list[Candidate]
-    key: str | None = None
     if allow_tf32 and tune:
         raise TeccError("build(): tune=True does not take allow_tf32=True yet (the tuning database has no "
                         "precision in its key); plan with allow_tf32=True, or tune without it")
     if deterministic and tune:
         raise TeccError("build(): tune=True does not take deterministic=True yet (the tuning database has no "
                         "such policy in its key); plan with deterministic=True, or tune without it")
+    plan_arch = arch or knobs.default_arch_override()
+    start = time.perf_counter()
+    program = Program.of(tensors, name=name, sizes=sizes,
+                         target=resolve_target(plan_arch, allow_tf32=allow_tf32, deterministic=deterministic),
+                         compile_arch=plan_arch or default_arch())
+    timing.seconds.append(("lower", time.perf_counter() - start))
+    candidates: list[Candidate]
+    key: str | None = None
     if tune:
         start = time.perf_counter()
         tuned = tuned_plan(tensors, arch=plan_arch, sizes=sizes, name=name, options=options)
         timing.seconds.append(("tune", time.perf_counter() - start))
         candidates = [("tuned", lambda: tuned)]
     elif plan == "auto" or plan is None:
-        key = _build_cache_key(tensors, name, sizes, plan_arch, allow_tf32, deterministic) if dumper is None else None
+        key = _build_cache_key(program) if dumper is None else None
         found = build_cache.lookup(key) if key is not None else None
         if found is not None:  # planned and scheduled by an earlier build (build_cache.py)
             timing.seconds.append(("build cache hit", 0.0))
@@ -117,11 +110,17 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
                                     timing=timing)
             kernel.planning_report = found.report
             return kernel
-        candidates = _auto_candidates(tensors, plan_arch, sizes, name, timing, allow_tf32, deterministic)
+
+        def plan_it() -> PlanResult:
+            result = planner.plan_program(program, compile_check=refuse_spills)
+            timing.seconds.append(("plan", result.search_seconds))
+            return result
+
+        candidates = [("planner", plan_it), ("generic", default_plan)]
     else:
         given = _resolve_plan(plan)
         candidates = [("given", lambda: given)]
-    module, chosen, planning, fallbacks = _first_that_builds(candidates, tensors, name, dumper, timing)
+    module, chosen, planning, fallbacks = _first_that_builds(candidates, program, dumper, timing)
     if key is not None and not fallbacks:
         build_cache.store(key, chosen, module, planning)
     kernel = compile_module(module, chosen, target, arch=arch, options=options, dumper=dumper, timing=timing)
@@ -130,26 +129,14 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
     return kernel
 
 
-def _planner_target(plan_arch: str | None, allow_tf32: bool, deterministic: bool = False) -> str | None | Target:
-    """What the per-kernel planner plans for: the arch (resolved by the planner), or with TF32
-    allowed or determinism asked the resolved Target carrying that policy (Target.allow_tf32,
-    Target.deterministic)."""
-    if not allow_tf32 and not deterministic:
-        return plan_arch
-    return per_kernel_planner.resolve_target(plan_arch).replace(allow_tf32=allow_tf32, deterministic=deterministic)
-
-
-def _build_cache_key(tensors: list[Tensor], name: str | None, sizes: dict[str, int] | None,
-                     plan_arch: str | None, allow_tf32: bool = False, deterministic: bool = False) -> str | None:
-    """The build cache's key of an auto-planned program (None with the caches off)."""
+def _build_cache_key(program: Program) -> str | None:
+    """The build cache's key of an auto-planned program (None with the caches off): its naive IR
+    and the whole Target, not only its arch (an H100 and an H200 are both sm_90 and plan apart);
+    its repr carries the build's policies, allow_tf32 and deterministic."""
     if not knobs.build_cache_enabled():
         return None
-    naive = lower(tensors, name)
-    # the whole Target, not only its arch: an H100 and an H200 are both sm_90 and plan apart
-    # (its repr carries the policies, deterministic included)
-    target = per_kernel_planner.resolve_target(plan_arch).replace(allow_tf32=allow_tf32, deterministic=deterministic)
-    return build_cache.build_key(str(naive), name=naive.name, sizes=sizes, target=repr(target),
-                                 allow_tf32=allow_tf32)
+    return build_cache.build_key(str(program.module), name=program.module.name, sizes=program.sizes,
+                                 target=repr(program.target), allow_tf32=program.target.allow_tf32)
 
 
 def _check_arguments(tensors: list[Tensor], sizes: dict[str, int] | None) -> None:
@@ -174,124 +161,37 @@ def _check_arguments(tensors: list[Tensor], sizes: dict[str, int] | None) -> Non
             raise ShapeError(f"build(): sizes[{key!r}] is {value!r}; give a non-negative int")
 
 
-def _auto_candidates(tensors: list[Tensor], plan_arch: str | None, sizes: dict[str, int] | None,
-                     name: str | None, timing: PassTiming, allow_tf32: bool = False,
-                     deterministic: bool = False) -> list[Candidate]:
-    """plan="auto": the candidates in the order they are tried.
-
-    Graph-level rewrites the per-kernel planner cannot express, first: a contraction over the axis
-    of a (max, sum of exp) row statistic -- attention, softmax then a contraction -- as one kernel
-    with a running max (docs/attention.md); its backward (tc.grad's FlashAttention-2 form) as
-    three tensor-core kernels (docs/training.md); a reduction over rows too
-    few to fill the GPU (or a full reduction) as a grid reduction split over blocks; softmax /
-    norms over such rows as partial statistics, then the outputs; a graph of stages sharing a row
-    as one kernel when that moves fewer global bytes; a column / middle-axis reduction as a split
-    reduction (docs/memory-bound.md says when each applies). Then the same rewrites on the parts
-    of the program they recognise, the rest planned per kernel (regions, region_search.py), then
-    the per-kernel planner, then the generic schedule (always valid). Only the per-kernel planner
-    reads `allow_tf32` (its tensor-core strategy); the graph-level rewrites keep float32
-    arithmetic. A program with a scatter (tc.scatter_add) skips the whole-program rewrites unless
-    the build is deterministic, and its regions never hold the scatter: the per-kernel planner
-    ranks the atomic form (strategies/scatter_atomic.py) against the reduction the scatter lowers
-    to, which a graph-level rewrite would take without that comparison."""
-
-    def planner() -> PlanResult:
-        result = per_kernel_planner.plan_program(tensors, _planner_target(plan_arch, allow_tf32, deterministic),
-                                                 sizes=sizes, name=name, compile_check=refuse_spills)
-        timing.seconds.append(("plan", result.search_seconds))
-        return result
-
-    def in_regions() -> region_search.Composed | None:
-        return region_search.propose(
-            tensors, lambda part: _graph_level(part, plan_arch, sizes, name),
-            lambda part, number: _per_kernel(part, number, plan_arch, sizes, name, allow_tf32, deterministic),
-            name or "", DEFAULT_THREADS)
-
-    tail: list[Candidate] = [("regions", in_regions), ("planner", planner), ("generic", default_plan)]
-    if not deterministic and any(isinstance(t.op, ScatterOp) for t in collect_program(tensors).order):
-        return tail  # regions never hold a scatter (region_search.py): the planner ranks its forms
-    return _graph_level_candidates(tensors, plan_arch, sizes, name) + tail
-
-
-def _graph_level_candidates(tensors: list[Tensor], plan_arch: str | None, sizes: dict[str, int] | None,
-                            name: str | None) -> list[Candidate]:
-    """The rewrites that take a whole program (attention and its backward, row groups, split and
-    column reductions), in the order build asks them."""
-
-    def proposal(propose: Callable[[], Any]) -> Callable[[], Plan | None]:
-        def ask() -> Plan | None:
-            found = propose()
-            return None if found is None else found.plan
-        return ask
-
-    return [
-        ("online_contraction_wgmma", proposal(lambda: online_contraction.propose_wgmma(tensors, plan_arch, name))),
-        ("online_contraction_mma", proposal(lambda: online_contraction.propose_mma(tensors, plan_arch, name))),
-        ("online_contraction", proposal(lambda: online_contraction.propose(tensors, plan_arch))),
-        ("online_backward_mma", proposal(lambda: online_backward.propose(tensors, plan_arch, name))),
-        ("split_rows", proposal(lambda: split_rows.propose(tensors, plan_arch, sizes=sizes))),
-        ("split_row_group", proposal(lambda: split_row_group.propose(tensors, plan_arch, sizes=sizes))),
-        ("row_fused", proposal(lambda: row_fused.propose(tensors))),
-        ("column_reduction", proposal(lambda: column_reduction.propose(tensors))),
-    ]
-
-
-def _graph_level(part: list[Tensor], plan_arch: str | None, sizes: dict[str, int] | None,
-                 name: str | None) -> tuple[Plan, Module] | None:
-    """The first graph-level rewrite that takes the part and schedules it: its plan and module."""
-    for _, ask in _graph_level_candidates(part, plan_arch, sizes, name):
-        try:
-            plan = ask()
-            if plan is None:
-                continue
-            steps = Plan(tuple(s for s in plan.steps if s.primitive != "default_schedule"))
-            return plan, Schedule(part, steps, name=name).mod
-        except STRATEGY_FAILURES:
-            if knobs.strict_plans():
-                raise
-            continue
-    return None
-
-
-def _per_kernel(part: list[Tensor], number: int, plan_arch: str | None, sizes: dict[str, int] | None,
-                name: str | None, allow_tf32: bool, deterministic: bool) -> tuple[Plan, Module]:
-    """The per-kernel planner's plan of a part and its scheduled module."""
-    result = per_kernel_planner.plan_program(part, _planner_target(plan_arch, allow_tf32, deterministic), sizes=sizes,
-                                             name=f"{name or 'program'}_part{number}", compile_check=refuse_spills)
-    return result.plan, result.schedule.mod
-
-
-def _first_that_builds(candidates: list[Candidate], tensors: list[Tensor], name: str | None,
-                       dumper: DumpIR | None, timing: PassTiming,
+def _first_that_builds(candidates: list[Candidate], program: Program, dumper: DumpIR | None, timing: PassTiming,
                        ) -> tuple[Module, Plan, PlanResult | None, list[tuple[str, str]]]:
-    """Lower and schedule with the first candidate that takes the program and builds.
+    """Schedule the program with the first candidate that builds.
 
-    A candidate that fails (STRATEGY_FAILURES) is recorded as (label, why) and the next one is
-    tried; its dumps are removed. The last candidate's failure is raised. Returns the final module,
-    the plan (its reason says which candidates failed), the planner's result when it was chosen,
-    and the failures."""
+    A candidate that fails with a TeccError (a primitive refusing the plan, the fixed tail of
+    passes) is recorded as (label, why) and the next one is tried; its dumps are removed. The
+    last candidate's failure is raised, and so is any other exception: a Python error inside a
+    strategy is a bug, not a reason to build something slower. Returns the final module, the plan
+    (its reason says which candidates failed), the planner's result when it was chosen, and the
+    failures."""
     fallbacks: list[tuple[str, str]] = []
     for position, (label, ask) in enumerate(candidates):
         last = position == len(candidates) - 1
         first_dump = dumper.count if dumper is not None else 0
         try:
             found = ask()
-            if found is None:
-                continue
             planning = found if isinstance(found, PlanResult) else None
-            chosen = found.plan if isinstance(found, (PlanResult, region_search.Composed)) else found
-            if isinstance(found, region_search.Composed):  # planned and scheduled in parts
-                if dumper is not None:
-                    dumper.write("compose.txt", f"# the parts, composed\n{dumper.text(found.module)}")
-                module = finish_module(found.module, chosen, dumper=dumper, timing=timing)
+            chosen = found.plan if isinstance(found, PlanResult) else found
+            if planning is not None and planning.composed is not None and dumper is None:
+                # planned in regions: the parts' modules, scheduled and composed by the planner
+                module = finish_module(planning.composed, chosen, dumper=dumper, timing=timing)
             else:
                 # the planner already scheduled the program (to check that the primitives take the
                 # plan): compile that IR; with dumps on, the replay writes one file per primitive
-                program: Sequence[Tensor] | Schedule = tensors
+                # (a plan in regions: compose.txt, regions.replay)
+                source: Sequence[Tensor] | Schedule = program.args
                 if planning is not None and dumper is None and planning.schedule is not None:
-                    program = planning.schedule
-                module = schedule_module(program, chosen, name=name, dumper=dumper, timing=timing)
-        except STRATEGY_FAILURES as exc:
+                    source = planning.schedule
+                module = schedule_module(source, chosen, name=program.name, dumper=dumper, timing=timing,
+                                         lowered=program.module)
+        except TeccError as exc:
             if last or knobs.strict_plans():
                 raise
             fallbacks.append((label, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))

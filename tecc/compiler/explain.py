@@ -1,6 +1,9 @@
 """explain(): the planner's choice in words someone who knows CUDA can check.
 
-For each kernel: what it computes (kind, loops, FLOPs, compulsory bytes), the chosen strategy and
+First the graph level: the rewrite chosen over the per-kernel plans of the kernels it replaces
+(its launch, occupancy and cost breakdown) or the best rewrite and why the per-kernel plans won,
+the other rewrites' points and the rewrites that do not apply. Then for each kernel (briefly when
+a rewrite replaced them): what it computes (kind, loops, FLOPs, compulsory bytes), the chosen strategy and
 parameters, the launch shape, occupancy and what limits it, waves, registers and shared memory,
 the predicted time with every term of the cost model, and the runners-up: the best point of
 every other strategy and the next points of the same strategy with how much slower they are
@@ -39,6 +42,8 @@ def _kernel(kp: KernelPlan, result: PlanResult, runners: int) -> list[str]:
              f"{' (' + info.reduce_kind + ')' if info.reduce_kind and info.kind == 'reduction' else ''}, "
              f"spatial [{loops}]{', reduce [' + red + ']' if red else ''}, {info.dtype}",
              f"  work: {info.flops / 1e9:.3g} GFLOP, compulsory DRAM traffic {compulsory_bytes(info) / 1e6:.3g} MB"]
+    for note in info.notes:
+        lines.append(f"  math: {note}")
     if info.assumed:
         lines.append("  assumed sizes (pass sizes= to plan for yours): "
                      + ", ".join(f"{n}={v}" for n, v in info.assumed))
@@ -108,14 +113,63 @@ def _why_slower(best: Candidate, other: Candidate) -> str:
     return f"{key} +{_us(diffs[key])}" + ("; " + ", ".join(extra) if extra else "")
 
 
+def _group(result: PlanResult, runners: int) -> list[str]:
+    """The graph-level planning: which rewrite won over which per-kernel plans (or lost to them),
+    its cost breakdown, the other rewrites' points, and the rewrites that do not apply."""
+    g = result.group
+    assert g is not None
+    lines: list[str] = []
+    c = g.chosen
+    if c is not None:
+        w, cost = c.workload, c.cost
+        margin = getattr(c.strategy, "margin", 1.0)
+        lines.append(f"graph-level: {c.label} replaces the kernels [{', '.join(g.kernels)}]")
+        lines.append(f"  launch {w.blocks} blocks x {w.threads} threads; {cost.occupancy.describe(result.target)}; "
+                     f"{cost.waves} wave(s), last wave {100 * cost.tail:.0f}% full")
+        lines.append(f"  predicted {_us(cost.total)}{f' (ranked at {_us(c.ranked_seconds)}: margin {margin:g})' if margin != 1.0 else ''}; "
+                     f"{cost.bound}-bound: {_terms(c)}")
+        for note in w.notes:
+            lines.append(f"  note: {note}")
+        lines.append(f"  chosen over the per-kernel plans of those kernels: {_us(g.per_kernel_seconds)} in all "
+                     "(below, weighed and not built; a rewrite within 5% of them is taken: a tie at one bound)")
+    elif g.best is not None:
+        lines.append(f"graph-level: best {g.best.label} predicted {_us(g.best.cost.total)}, not below the per-kernel "
+                     f"plans' {_us(g.per_kernel_seconds)} of [{', '.join(g.kernels)}]: those are built")
+    others = [r for r in g.ranked if r is not c and r.failed is None]
+    if others:
+        lines.append("  other graph-level points:")
+        for r in others[:runners]:
+            lines.append(f"    {r.label}: {_us(r.cost.total)} ({r.cost.bound}-bound)")
+    for r in [r for r in g.ranked if r.failed is not None][:runners]:
+        lines.append(f"    {r.label}: refused: {r.failed}")
+    for name, why in g.declined:
+        lines.append(f"  graph strategy {name} does not apply: {why}")
+    return lines
+
+
 def explain(result: PlanResult, runners: int = 4) -> str:
     """The planner's decision for every kernel (see the module docstring)."""
     lines = [f"target {result.target.summary()}",
              f"plan: {result.plan.strategy}; predicted total {_us(result.predicted_seconds)}; "
              f"planning took {1e3 * result.search_seconds:.0f} ms (search) + {1e3 * result.realize_seconds:.0f} ms "
              "(schedule primitives)"]
-    for kp in result.kernels:
-        lines += _kernel(kp, result, runners)
+    if result.composed is not None:  # planned in regions: each part by the planner (the plan's reason)
+        lines.append(f"planned in regions: {result.plan.reason}")
+        lines.append("whole-program per-kernel plans (weighed before the regions, not built):")
+        for kp in result.kernels:
+            lines.append(f"  {kp.kernel}: {kp.chosen.label}, predicted {_us(kp.chosen.cost.total)}")
+        lines.append(str(result.plan))
+        return "\n".join(lines)
+    if result.group is not None:
+        lines += _group(result, runners)
+    if result.group is not None and result.group.chosen is not None:
+        lines.append("per-kernel plans (weighed against it, not built):")
+        for kp in result.kernels:
+            lines.append(f"  {kp.kernel}: {kp.chosen.label}, predicted {_us(kp.chosen.cost.total)} "
+                         f"({kp.chosen.cost.bound}-bound)")
+    else:
+        for kp in result.kernels:
+            lines += _kernel(kp, result, runners)
     lines.append(str(result.plan))
     return "\n".join(lines)
 

@@ -62,6 +62,9 @@ class Kernel(RunnableKernel):
         # plan="auto" candidates that took the program but failed to build: (candidate, why)
         self.fallbacks: list[tuple[str, str]] = []
         self._sim: Any = None
+        # the arch the build was asked for (None: TECC_ARCH, else the live device, else sm_90):
+        # the emulator holds a launch to that GPU's shared-memory limit (`_simulate`)
+        self.build_arch: str | None = None
 
     def attach_binary(self, compiled: Any, options: tuple[str, ...]) -> None:
         self.ptx = compiled.ptx
@@ -93,8 +96,13 @@ class Kernel(RunnableKernel):
         if self._sim is None:
             from ..runtime.sim import SimExecutor
             from . import options as knobs
+            from .program import resolve_target
 
-            self._sim = SimExecutor(self.host, {k.name: k for k in self.module.kernels}, checks=knobs.sim_checks())
+            # the GPU the build planned for (program.resolve_target, as build resolves it), whose
+            # per-block shared-memory limit the emulator holds each launch to
+            device = resolve_target(self.build_arch or self.arch or knobs.default_arch_override())
+            self._sim = SimExecutor(self.host, {k.name: k for k in self.module.kernels}, checks=knobs.sim_checks(),
+                                    target=device)
         self._sim(*args)
 
     # ---- inspection -------------------------------------------------------------------------

@@ -13,8 +13,8 @@ Nothing else reads the environment; values are read when a build starts, never a
 | TECC_PROGRESS       | auto                            | 0 hides the CLI's progress bars, 1 forces them (auto: only on a terminal) |
 | TECC_SIM_CHECKS     | 1                               | 0 turns off the emulator's out-of-bounds / race / uninitialized-read checks (faster) |
 | TECC_VERIFY_IR      | 1                               | 0 skips the IR verifier between passes |
-| TECC_STRICT_PLANS   | unset                           | 1: a plan="auto" candidate that fails while it is built raises instead of falling back to the next (the fuzzer and tests use it to find strategy bugs) |
-| TECC_PRECISE_MATH   | unset                           | 1 keeps the precise sinf/cosf where a result rounded to float16/bfloat16 would get the cheap sin_approx/cos_approx (tecc/passes/approx_math.py) |
+| TECC_STRICT_PLANS   | unset                           | 1: the planner's plan that fails to build with a TeccError raises instead of falling back to the generic schedule (the fuzzer and tests use it to find strategy bugs; other exceptions are raised always) |
+| TECC_PRECISE_MATH   | unset                           | 1 keeps the precise sinf/cosf (and a GELU's erff/tanhf) where a result rounded to float16/bfloat16 would get the cheap sin_approx/cos_approx (gelu_erf_approx/gelu_tanh_approx) (tecc/passes/approx_math.py) |
 """
 
 from __future__ import annotations
@@ -86,12 +86,13 @@ def verify_ir() -> bool:
 
 
 def precise_math() -> bool:
-    """True when TECC_PRECISE_MATH is set to anything but '' or '0': no cheap sin/cos, even where
+    """True when TECC_PRECISE_MATH is set to anything but '' or '0': no cheap sin/cos/GELU, even where
     the result is rounded to a 16-bit float (the approx_math pass and the cost model both ask)."""
     return os.environ.get("TECC_PRECISE_MATH", "") not in ("", "0")
 
 
 def strict_plans() -> bool:
-    """True when TECC_STRICT_PLANS is set to anything but '' or '0': a failing plan="auto"
-    candidate raises instead of falling back to the next (tecc/compiler/build.py)."""
+    """True when TECC_STRICT_PLANS is set to anything but '' or '0': the planner's plan that
+    fails to build with a TeccError raises instead of falling back to the generic schedule
+    (tecc/compiler/build.py)."""
     return os.environ.get("TECC_STRICT_PLANS", "") not in ("", "0")

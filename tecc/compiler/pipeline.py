@@ -18,7 +18,7 @@ import os
 import time
 from typing import Any, Sequence
 
-from ..codegen import default_arch, dynamic_shared_bytes, emit_source
+from ..codegen import KernelResources, default_arch, dynamic_shared_bytes, emit_source
 from ..ir.errors import ScheduleError, TeccError
 from ..ir.stmt import Module
 from ..ir.tensor import Tensor
@@ -74,9 +74,10 @@ def open_dumps(program: Sequence[Tensor] | Schedule, name: str | None,
 
 
 def schedule_module(program: Sequence[Tensor] | Schedule, plan: Plan, *, name: str | None,
-                    dumper: DumpIR | None, timing: PassTiming) -> Module:
+                    dumper: DumpIR | None, timing: PassTiming, lowered: Module | None = None) -> Module:
     """Steps 1 and 2: lowering and the plan's schedule primitives (or the Schedule's IR as it is),
-    then the fixed tail. Everything a plan can fail in happens here."""
+    then the fixed tail. Everything a plan can fail in happens here. `lowered`: the program's
+    naive lowered module when the caller has it (a build lowers once: tecc.compiler.program)."""
     # 1. lowering and the schedule primitives of the plan (the Schedule's own, when one is given)
     start = time.perf_counter()
     if isinstance(program, Schedule):
@@ -91,9 +92,9 @@ def schedule_module(program: Sequence[Tensor] | Schedule, plan: Plan, *, name: s
         tensors = list(program)
         primitives = Plan(tuple(s for s in plan.steps if s.primitive != "default_schedule"))
         if primitives.steps:  # 00_lower.txt, then one file per primitive
-            module = Schedule(tensors, primitives, name=name, dump_ir=dumper).mod
+            module = Schedule(tensors, primitives, name=name, dump_ir=dumper, lowered=lowered).mod
         else:
-            module = lower(tensors, name)
+            module = lowered if lowered is not None else lower(tensors, name)
             if dumper is not None:
                 dumper.write("lower.txt", f"# after pass lower\n{dumper.text(module)}")
     # the tensor-core primitives' records (tecc/passes/schedule/tensor_core.py) end with the schedule
@@ -135,6 +136,7 @@ def compile_module(module: Module, plan: Plan, target: str, *, arch: str | None,
     dynamic = {k.name: dynamic_shared_bytes(k) for k in module.kernels}
     host = HostProgram.from_module(module, {k: v for k, v in dynamic.items() if v > 0})
     kernel = Kernel(module=module, host=host, source=source, plan=plan, target=target, timing=timing)
+    kernel.build_arch = arch
     if target == "cuda":
         the_arch = arch or knobs.default_arch_override() or default_arch()
         start = time.perf_counter()
@@ -148,23 +150,54 @@ def compile_module(module: Module, plan: Plan, target: str, *, arch: str | None,
     return kernel
 
 
-def refuse_spills(schedule: Schedule, kernel: str, arch: str) -> None:
-    """ScheduleError when kernel `kernel` of the scheduled program spills once compiled for
-    `arch` (ptxas's report through NVRTC; the compile cache keeps the binary for the build).
-    The planner's compile check for strategies whose register use ptxas decides."""
+def refuse_spills(schedule: Schedule, kernel: str | None, arch: str) -> dict[str, KernelResources]:
+    """ScheduleError when kernel `kernel` (None: any kernel) of the scheduled program spills once
+    compiled for `arch`, or when ptxas serializes its wgmmas (ptxas's report through NVRTC; the
+    compile cache keeps the binary for the build); else ptxas's report of every kernel. The
+    planner's compile check for strategies whose register use ptxas decides."""
     timing = PassTiming()
     # the kernel alone: ptxas allocates each kernel on its own, so its report is the same as in
     # the whole module, and the check costs one kernel's compile however large the program is
-    alone = only_kernel(schedule.mod, kernel)
+    # (a graph rewrite's check, kernel None, compiles every kernel of the rewritten module)
+    alone = only_kernel(schedule.mod, kernel) if kernel is not None else schedule.mod
     module = finish_module(alone, schedule.plan, dumper=None, timing=timing)
     compiled = compile_module(module, schedule.plan, "cuda", arch=arch, options=(), dumper=None, timing=timing)
-    res = compiled.resources.get(kernel)
-    if res is not None and (res.spill_stores or res.spill_loads):
-        raise ScheduleError(f"{kernel} spills on {arch}: ptxas keeps {res.registers} registers and spills "
-                            f"{res.spill_stores} stores / {res.spill_loads} loads ({res.stack_bytes} bytes of stack)")
+    names = [kernel] if kernel is not None else [k.name for k in module.kernels]
+    missing = [name for name in names if name not in compiled.resources]
+    if kernel is None and missing:
+        raise ScheduleError(f"ptxas reported no resources for {', '.join(missing)} on {arch} "
+                            f"(log: {compiled.compile_log.strip()[:200]!r})")
+    for name in names:
+        res = compiled.resources.get(name)
+        if res is not None and (res.spill_stores or res.spill_loads):
+            raise ScheduleError(f"{name} spills on {arch}: ptxas keeps {res.registers} registers and spills "
+                                f"{res.spill_stores} stores / {res.spill_loads} loads ({res.stack_bytes} bytes of stack)")
     serialized = wgmma_serialized(compiled.compile_log)
     if serialized is not None:
-        raise ScheduleError(f"{kernel} on {compiled.arch}: ptxas serializes its wgmmas ({serialized})")
+        raise ScheduleError(f"{kernel or module.name} on {compiled.arch}: ptxas serializes its wgmmas ({serialized})")
+    return dict(compiled.resources)
+
+
+def first_without_spills(tensors: Sequence[Tensor], plans: Sequence[Plan], arch: str | None,
+                         name: str | None, lowered: Module | None = None) -> Plan:
+    """The first of `plans` whose kernels ptxas compiles without spilling for `arch`, else the
+    first: the compile check of a graph-level rewrite that offers fallbacks (row_fused's where
+    the straight-line walk of a row filling the register cap spills). One plan: no compile. The
+    check compiles without the build's options, as refuse_spills does; the compile cache keeps
+    the binary for the build. `lowered`: the program's naive module (schedule_module)."""
+    if len(plans) < 2:
+        return plans[0]
+    the_arch = arch or knobs.default_arch_override() or default_arch()
+    for plan in plans:
+        timing = PassTiming()
+        module = schedule_module(tensors, plan, name=name, dumper=None, timing=timing, lowered=lowered)
+        try:
+            compiled, _ = compile_cached(emit_source(module.kernels), arch=the_arch, name=module.name, options=())
+        except TeccError:  # no NVRTC here (an emulator build): no check
+            return plans[0]
+        if not any(r.spill_stores or r.spill_loads for r in compiled.resources.values()):
+            return plan
+    return plans[0]
 
 
 def only_kernel(module: Module, kernel: str) -> Module:

@@ -1,24 +1,44 @@
-"""The planner: for each kernel, the strategy and point with the least predicted time.
+"""The planner: every candidate of a program priced by the cost model, the cheapest realized.
 
     result = plan_program([A, B, C], target=tc.target("sm_90"), sizes={"M": 4096})
     result.plan          # the Plan: schedule steps, strategy, and the reason for the choice
     print(explain(result))
 
-For every kernel of the lowered module (one per stage):
-1. analyze it (tecc.compiler.cost.analysis): loops, extents, affine accesses, kind;
-2. ask every registered strategy's guard; a strategy that declines says why;
-3. enumerate each remaining strategy's space (they are small: at most a few thousand points,
-   searched exhaustively; GEMM's space is pruned by construction: tiles no larger than twice the
-   problem, 32..1024 threads in whole warps), turn each point into a Workload and a Cost;
-   points that break a hard constraint are kept with their reason;
-4. rank the valid points by predicted time (ties: higher strategy priority, fewer threads);
-5. realize the best point with the schedule primitives on a `Schedule`; if a primitive refuses
-   it (ScheduleError), record why and take the next one. The naive strategy (the default
-   schedule) always succeeds, so every kernel gets a plan.
+One planning path (docs/cost-model.md, "The planner"):
+1. the program is lowered once (`Program`, tecc.compiler.program) and each kernel of the
+   lowered module (one per stage) analyzed (tecc.compiler.cost.analysis): loops, extents,
+   affine accesses, kind;
+2. per kernel: every registered strategy's guard is asked (one that declines says why); the
+   remaining strategies' spaces are enumerated (small: at most a few thousand points, searched
+   exhaustively; GEMM's space is pruned by construction: tiles no larger than twice the problem,
+   32..1024 threads in whole warps), each point turned into a Workload and a Cost; points that
+   break a hard constraint are kept with their reason; the valid ones ranked by predicted time
+   (ties: higher strategy priority, fewer threads);
+3. graph level: every registered graph strategy (a rewrite of several stages: row fusion, split
+   reductions, the online contraction) is asked the same over the whole program; one that takes
+   it claims the kernels it replaces (`stages`) and its points are priced the same way, ranked
+   at predicted time / the strategy's `margin` (a strategy may order its own points that the
+   model does not separate: `GraphStrategy.order`); a program with a scatter asks none unless
+   the build is deterministic (SCATTER_PER_KERNEL);
+4. the two alternatives are weighed: a graph point is tried before the per-kernel plans of the
+   kernels it claims when it is predicted cheaper than the sum of their best points, or within
+   GRAPH_TIE of it (a tie at one bound: the rewrite measured on such programs stays);
+5. realization, cheapest first: a graph point by its rewrite step on a `Schedule`, the
+   per-kernel plans by each kernel's best point its primitives take; a point the primitives
+   refuse (ScheduleError), or whose compile check finds spills, is recorded and the next is
+   tried. The naive strategy (the default schedule) always succeeds, so every kernel gets a plan.
+   Kernels that differ only in names (a model's layers: `structure`) share one ranking, and a
+   strategy refused FAILURES_PER_STRATEGY times for a kernel is not tried further there;
+6. regions: when no graph point takes the whole program, the parts that the graph strategies
+   recognise (region_search.py: attention inside a model's graph, a row group) are cut out and
+   each planned by this same procedure, its graph points weighed against its own per-kernel
+   plans; the stages between them form parts planned the same way, and the parts' modules are
+   composed into one (regions.py). The plan is then a list of `region` steps.
 
-The Plan holds the primitives of every kernel, then one `default_schedule` step that binds the
-kernels planned as naive; its `reason` says what was chosen and why. `PlanResult` keeps the
-ranking for `explain`.
+The Plan holds the rewrite's step, or the primitives of every kernel then one `default_schedule`
+step that binds the kernels planned as naive; its `reason` says what was chosen and why, and
+which graph-level strategy won over which per-kernel plans (or lost to them). `PlanResult` keeps
+the rankings for `explain`.
 """
 
 from __future__ import annotations
@@ -30,15 +50,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from ..ir.errors import ScheduleError
-from ..ir.target import Target, from_device
-from ..ir.target import target as target_of
+from ..ir.target import Target
 from ..ir.tensor import Tensor
 from ..passes.default_schedule import DEFAULT_THREADS
-from ..passes.lower import lower
-from .cost.analysis import KernelInfo, analyze_kernel
+from .cost.analysis import KernelInfo
 from .cost.model import DEFAULT_PARAMETERS, Cost, CostParameters, Workload, predict
 from .plan import Plan, Step
-from .strategies.registry import Point, Strategy, strategies
+from .program import Program, resolve_target
+from .strategies.registry import AnyStrategy, GraphStrategy, Point, Strategy, graph_strategies, strategies
 
 # A strategy whose primitives refused this many of its points for one kernel is not tried
 # further there: the refusals that recur are the program's, not the point's (a loop whose
@@ -46,19 +65,40 @@ from .strategies.registry import Point, Strategy, strategies
 # and each try schedules the kernel again.
 FAILURES_PER_STRATEGY = 6
 
-# (scheduled program, kernel name, arch) -> None, or ScheduleError to pass over the point
-CompileCheck = Callable[[Any, str, str], None]
+# A rewrite predicted within this fraction of the per-kernel plans it replaces is realized first.
+# Both are then at one bound (DRAM, for the memory-bound rewrites), where the model's terms do not
+# order two kernels: its elementwise points predicted within 210-230 us measured 136-170 us, the
+# staged row reduction spread 174-400 us measured where the model spread it less
+# (docs/cost-model.md, "Honesty loop"), and the best per-kernel row sum measured 16% slower than the
+# best one-kernel row point that the model ranked beside it (third pass). Each rewrite was measured
+# on the programs its guard admits when it was added (row_fused 94-107% of copy, the split
+# reductions 78-106%; RESULTS.md): at a tie the measured plan stays.
+GRAPH_TIE = 0.05
+
+# Why no graph-level strategy is asked of a program with a scatter unless the build is
+# deterministic: its stages are planned per kernel, where the atomic form (scatter_atomic) is
+# ranked against the masked sum the scatter lowers to. No rewrite was written or measured for a
+# scatter's data-dependent matches; a deterministic build (no atomic form) asks them as for any
+# program.
+SCATTER_PER_KERNEL = ("the program scatters (tc.scatter_add) and the build is not deterministic: its stages are "
+                      "planned per kernel (atomics, scatter_atomic, against the masked sum)")
+
+# (scheduled program, kernel name or None for every kernel, arch) -> ptxas's report per kernel
+# (or None), or ScheduleError to pass over the point
+CompileCheck = Callable[[Any, "str | None", str], "Mapping[str, Any] | None"]
 
 
 @dataclass
 class Candidate:
-    """One (strategy, point) for a kernel with its workload and predicted cost."""
+    """One (strategy, point) with its workload and predicted cost: of one kernel for a per-kernel
+    strategy, of the kernels it replaces for a graph strategy."""
 
-    strategy: Strategy
+    strategy: AnyStrategy
     point: Point
     workload: Workload
     cost: Cost
-    failed: str | None = None          # why the schedule primitives refused it
+    failed: str | None = None          # why the schedule primitives (or the compile check) refused it
+    resources: Mapping[str, Any] | None = None   # ptxas's report of a compile-checked graph point
 
     @property
     def label(self) -> str:
@@ -67,6 +107,12 @@ class Candidate:
     @property
     def ok(self) -> bool:
         return self.cost.ok and self.failed is None
+
+    @property
+    def ranked_seconds(self) -> float:
+        """The time the point is ranked at: predicted, over a graph strategy's margin."""
+        margin = self.strategy.margin if isinstance(self.strategy, GraphStrategy) else 1.0
+        return self.cost.total / margin
 
 
 @dataclass
@@ -89,6 +135,24 @@ class KernelPlan:
 
 
 @dataclass
+class GroupPlan:
+    """The graph-level planning of a program: the rewrites that claimed its kernels, their
+    points, and the per-kernel plans of the same kernels they were weighed against."""
+
+    kernels: tuple[str, ...]                         # the kernels the rewrites replace
+    ranked: list[Candidate]                          # valid graph points, best (ranked_seconds) first
+    rejected: list[Candidate]
+    declined: list[tuple[str, str]]                  # (graph strategy, guard's reason)
+    per_kernel_seconds: float                        # Σ of the best per-kernel points of `kernels`
+    chosen: Candidate | None = None                  # the rewrite realized; None: the per-kernel plans were
+    evaluated: int = 0
+
+    @property
+    def best(self) -> Candidate | None:
+        return next((c for c in self.ranked if c.cost.ok), None)
+
+
+@dataclass
 class PlanResult:
     plan: Plan
     target: Target
@@ -100,27 +164,20 @@ class PlanResult:
     # is what replaying `plan` gives (replay is deterministic), so build compiles it as it is
     # instead of scheduling the program a second time
     schedule: Any = None
+    group: GroupPlan | None = None                   # the graph-level alternative (None: no rewrite applies)
+    program: Program | None = None
+    # a plan in regions (`plan` of `region` steps): the parts' scheduled modules composed, which
+    # build compiles as it is (schedule is None then)
+    composed: Any = None
+    composed_seconds: float = 0.0                    # the predicted time of the parts' plans
 
     @property
     def predicted_seconds(self) -> float:
+        if self.composed is not None:
+            return self.composed_seconds
+        if self.group is not None and self.group.chosen is not None:
+            return self.group.chosen.cost.total
         return sum(k.chosen.cost.total for k in self.kernels)
-
-
-def resolve_target(target: Target | str | None) -> Target:
-    """A Target from a Target, an arch name, or None (the live device, else sm_90)."""
-    if isinstance(target, Target):
-        return target
-    if target:
-        try:
-            return target_of(target)
-        except ValueError:
-            # an arch without a table (or not an arch at all): rank for sm_90 and let NVRTC
-            # judge the arch when it compiles
-            return target_of("sm_90")
-    try:
-        return from_device()
-    except Exception:  # noqa: BLE001 - no device here: plan for the default architecture
-        return target_of("sm_90")
 
 
 def candidates_for(info: KernelInfo, target: Target, params: CostParameters = DEFAULT_PARAMETERS,
@@ -141,34 +198,83 @@ def candidates_for(info: KernelInfo, target: Target, params: CostParameters = DE
     return out, declined
 
 
+def graph_candidates_for(program: Program, params: CostParameters = DEFAULT_PARAMETERS,
+                         only: Sequence[str] | None = None
+                         ) -> tuple[list[Candidate], list[tuple[str, str]], tuple[str, ...]]:
+    """Every (graph strategy, point) for the program with its cost, the strategies that declined,
+    and the kernels the takers claim."""
+    out: list[Candidate] = []
+    declined: list[tuple[str, str]] = []
+    claimed: set[str] = set()
+    for s in graph_strategies():
+        if only is not None and s.name not in only:
+            continue
+        why = SCATTER_PER_KERNEL if program.scatters and not program.target.deterministic else s.guard(program)
+        if why is not None:
+            declined.append((s.name, why))
+            continue
+        claimed.update(s.stages(program))
+        for point in s.space(program):
+            w = s.workload(program, point)
+            out.append(Candidate(s, dict(point), w, predict(w, program.target, params)))
+    order = [k for k in program.kernels if k in claimed]
+    return out, declined, tuple(order)
+
+
 def _rank_key(c: Candidate) -> tuple[float, float, int, int]:
     # equal totals (one shared bound, e.g. L2, binds both): the shorter SM-level chain (the
     # pipeline's own stall, which the bound hides in the model but not on the GPU) goes first
-    return (c.cost.total, c.cost.terms.get("chain", 0.0), -c.strategy.priority, c.workload.threads)
+    return (c.ranked_seconds, c.cost.terms.get("chain", 0.0), -c.strategy.priority, c.workload.threads)
 
 
-def plan_program(args: Sequence[Tensor], target: Target | str | None = None, *,
+def _graph_rank_key(c: Candidate) -> tuple[float, int, float, int]:
+    # equal totals of two rewrite points (decoding: every form of the online contraction reads
+    # the same K/V bytes, DRAM-bound alike): the strategy measured faster where the forms do
+    # differ goes first (its priority: wgmma over mma.sync over the SIMT lanes), then the chain
+    return (c.ranked_seconds, -c.strategy.priority, c.cost.terms.get("chain", 0.0), c.workload.threads)
+
+
+def plan_program(args: Sequence[Tensor] | Program, target: Target | str | None = None, *,
                  sizes: Mapping[str, int] | None = None, name: str | None = None,
                  params: CostParameters = DEFAULT_PARAMETERS, only: Sequence[str] | None = None,
-                 keep: int = 8, compile_check: CompileCheck | None = None) -> PlanResult:
-    """Plan every kernel of the program `args` for `target` (see the module docstring).
+                 keep: int = 8, compile_check: CompileCheck | None = None, weigh: bool = True,
+                 regions: bool = True) -> PlanResult:
+    """Plan the program `args` (tensors, or a Program lowered already) for `target` (see the
+    module docstring).
 
     compile_check: called as `compile_check(schedule, kernel, arch)` on a point of a strategy
-    that is `compile_checked` before the planner takes it; a ScheduleError passes over the point
-    (build gives pipeline.refuse_spills: compiled with NVRTC, a point that spills is refused).
+    that is `compile_checked` before the planner takes it (kernel None for a graph rewrite: all
+    its kernels); a ScheduleError passes over the point (build gives pipeline.refuse_spills:
+    compiled with NVRTC, a point that spills is refused).
 
     sizes: values of symbolic dimensions to plan for (others are assumed, see analysis.DEFAULT_SIZE).
-    only: restrict to these strategies (naive is always added as the fallback)."""
-    tgt = resolve_target(target)
+    only: restrict to these strategies, per-kernel or graph-level (naive is always added as the
+    per-kernel fallback).
+    weigh: False realizes the best graph-level point that the primitives take whatever the
+    per-kernel plans are predicted at (what `plan_strategy` asks).
+    regions: when no graph point takes the whole program, plan the parts the graph strategies
+    recognise as regions (step 6 of the module docstring; region_search.py)."""
+    if isinstance(args, Program):
+        program = args if target is None else args.with_target(resolve_target(target))
+    else:
+        program = Program.of(args, name=name, target=target, sizes=sizes)
+    result = _plan(program, params, only, keep, compile_check, weigh, regions, graph_only=False)
+    assert result is not None
+    return result
+
+
+def _plan(program: Program, params: CostParameters, only: Sequence[str] | None, keep: int,
+          compile_check: CompileCheck | None, weigh: bool, regions: bool, graph_only: bool) -> PlanResult | None:
+    """plan_program of a Program; with `graph_only`, None unless a graph point takes it."""
+    tgt = program.target
     start = time.perf_counter()
-    module = lower(list(args), name)
     only_list = None if only is None else list(only) + ["naive"]
     kernel_plans: list[KernelPlan] = []
     twins: dict[str, int] = {}           # a kernel's structure -> the first kernel planned with it
     twin_of: list[int | None] = []
-    for k in module.kernels:
-        info = analyze_kernel(k, sizes)
-        key = structure(k)
+    for kernel in program.kernels:
+        info = program.info(kernel)
+        key = structure(program.module.kernel(kernel))
         first = twins.setdefault(key, len(kernel_plans))
         if first != len(kernel_plans):   # the same loops and accesses: the same ranking
             seen = kernel_plans[first]
@@ -186,33 +292,137 @@ def plan_program(args: Sequence[Tensor], target: Target | str | None = None, *,
                 valid = sorted((c for c in rejected if c.strategy.uses_default_schedule), key=_rank_key)[:1]
             evaluated = len(cands)
             twin_of.append(None)
-        kernel_plans.append(KernelPlan(k.name, info, valid[0], valid, rejected, declined, evaluated))
+        kernel_plans.append(KernelPlan(kernel, info, valid[0], valid, rejected, declined, evaluated))
+    group = _plan_group(program, kernel_plans, params, only_list)
     search = time.perf_counter() - start
 
     start = time.perf_counter()
-    schedule = _realize(args, name, kernel_plans, tgt.arch, compile_check, twin_of)
-    steps = list(schedule.plan.steps)
+    schedule = None
+    if group is not None:
+        schedule = _realize_group(program, group, compile_check, weigh)
+    if schedule is None and graph_only:
+        return None
+    if schedule is None and regions and only is None:
+        found = _in_regions(program, params, compile_check)
+        if found is not None:
+            composed, seconds = found
+            return PlanResult(composed.plan, tgt, kernel_plans, search, time.perf_counter() - start,
+                              dict(program.sizes), None, group, program, composed.module, seconds)
+    if schedule is None:
+        schedule = _realize(program, kernel_plans, compile_check, twin_of)
     realize = time.perf_counter() - start
     for kp in kernel_plans:
-        kp.ranked = _keep(kp, keep)
-    naive = [kp for kp in kernel_plans if kp.chosen.strategy.uses_default_schedule]
-    if naive:
-        threads = int(naive[0].chosen.point.get("threads", DEFAULT_THREADS))
-        steps.append(Step("default_schedule", {"threads": threads}))
-    names = sorted({kp.chosen.strategy.name for kp in kernel_plans})
-    plan = Plan(tuple(steps), "+".join(names), _reason(kernel_plans, tgt))
-    return PlanResult(plan, tgt, kernel_plans, search, realize, dict(sizes or {}), schedule)
+        kp.ranked = _keep(kp.ranked, keep)
+    if group is not None:
+        group.ranked = _keep(group.ranked, keep)
+    plan = _plan_of(program, schedule, kernel_plans, group)
+    return PlanResult(plan, tgt, kernel_plans, search, realize, dict(program.sizes), schedule, group, program)
 
 
-def _keep(kp: KernelPlan, keep: int) -> list[Candidate]:
+def _in_regions(program: Program, params: CostParameters, compile_check: CompileCheck | None
+                ) -> tuple[Any, float] | None:
+    """The program planned in regions (region_search.py) and the predicted time of its parts, or
+    None: each part that a graph strategy may take is planned by `_plan` itself (its graph points
+    weighed against its own per-kernel plans, as for a whole program), and the rest in parts
+    between them, each planned by `_plan` too. No part plans in regions again."""
+    from . import region_search
+
+    taken: dict[int, float] = {}          # id(module) -> predicted seconds of the part's plan
+
+    def part_program(part: list[Tensor], name: str | None) -> Program:
+        return Program.of(part, name=name, target=program.target, sizes=program.sizes,
+                          compile_arch=program.compile_arch)
+
+    def graph_level(part: list[Tensor]) -> tuple[Plan, Any] | None:
+        found = _plan(part_program(part, program.name), params, None, 8, compile_check, True, False, graph_only=True)
+        if found is None:
+            return None
+        taken[id(found.schedule.mod)] = found.predicted_seconds
+        return found.plan, found.schedule.mod
+
+    def per_kernel(part: list[Tensor], number: int) -> tuple[Plan, Any]:
+        name = f"{program.name or 'program'}_part{number}"
+        found = _plan(part_program(part, name), params, None, 8, compile_check, True, False, graph_only=False)
+        assert found is not None
+        taken[id(found.schedule.mod)] = found.predicted_seconds
+        return found.plan, found.schedule.mod
+
+    composed = region_search.propose(program.args, graph_level, per_kernel, program.module.name, DEFAULT_THREADS)
+    if composed is None:
+        return None
+    return composed, sum(taken.get(id(m), 0.0) for m in composed.parts)
+
+
+def _plan_group(program: Program, kernel_plans: list[KernelPlan], params: CostParameters,
+                only: Sequence[str] | None) -> GroupPlan | None:
+    """The graph-level alternative: the graph strategies' points, ranked, against the per-kernel
+    plans of the kernels they claim (None when no graph strategy was asked)."""
+    cands, declined, claimed = graph_candidates_for(program, params, only)
+    if not cands and not declined:
+        return None
+    per_kernel = sum(kp.chosen.cost.total for kp in kernel_plans if kp.kernel in claimed)
+    valid = _strategies_order(program, sorted((c for c in cands if c.cost.ok), key=_graph_rank_key))
+    rejected = [c for c in cands if not c.cost.ok]
+    return GroupPlan(claimed, valid, rejected, declined, per_kernel, None, len(cands))
+
+
+def _strategies_order(program: Program, ranked: list[Candidate]) -> list[Candidate]:
+    """The ranking with each graph strategy's candidates in its own order (GraphStrategy.order),
+    in the places its candidates held."""
+    out = list(ranked)
+    for strategy in {id(c.strategy): c.strategy for c in ranked}.values():
+        assert isinstance(strategy, GraphStrategy)
+        places = [i for i, c in enumerate(out) if c.strategy is strategy]
+        for i, c in zip(places, strategy.order(program, [out[i] for i in places])):
+            out[i] = c
+    return out
+
+
+def _realize_group(program: Program, group: GroupPlan, compile_check: CompileCheck | None,
+                   weigh: bool = True) -> Any:
+    """Realize the best graph point predicted cheaper than the per-kernel plans it replaces (any
+    graph point without `weigh`), and return its Schedule; None when there is none (or every
+    such point was refused)."""
+    from .schedule import Schedule
+
+    for cand in group.ranked:
+        if weigh and cand.ranked_seconds > group.per_kernel_seconds * (1.0 + GRAPH_TIE):
+            continue   # (a strategy's own order may put a cheaper point after it)
+        sch = Schedule(program.args, name=program.name, lowered=program.module)
+        try:
+            cand.strategy.apply(sch, program, cand.point)  # type: ignore[arg-type]
+            if cand.strategy.compile_checked and compile_check is not None:
+                cand.resources = compile_check(sch, None, program.compile_arch)
+        except ScheduleError as exc:
+            cand.failed = str(exc).splitlines()[0]
+            continue
+        group.chosen = cand
+        return sch
+    return None
+
+
+def plan_strategy(args: Sequence[Tensor] | Program, strategy: str, target: Target | str | None = None, *,
+                  sizes: Mapping[str, int] | None = None, name: str | None = None,
+                  compile_check: CompileCheck | None = None) -> PlanResult | None:
+    """The plan of the graph-level strategy `strategy` alone: its points ranked by the cost model,
+    the best that the primitives (and `compile_check`) take, whatever the other plans of the
+    program are predicted at; None when its guard declines or every point is refused. What tests
+    and benchmarks ask of one rewrite (`build(plan=result.plan)` builds it)."""
+    result = plan_program(args, target, sizes=sizes, name=name, only=[strategy], compile_check=compile_check,
+                          weigh=False)
+    chosen = result.group.chosen if result.group is not None else None
+    return result if chosen is not None and chosen.strategy.name == strategy else None
+
+
+def _keep(ranked: list[Candidate], keep: int) -> list[Candidate]:
     """The candidates explain shows: the chosen, the next `keep`, the best of every strategy,
     and those the primitives refused."""
-    ok = [c for c in kp.ranked if c.failed is None]
+    ok = [c for c in ranked if c.failed is None]
     out = ok[:keep]
     for c in ok[keep:]:
         if all(o.strategy.name != c.strategy.name for o in out):
             out.append(c)
-    return out + [c for c in kp.ranked if c.failed is not None]
+    return out + [c for c in ranked if c.failed is not None]
 
 
 def structure(kernel: Any) -> str:
@@ -226,15 +436,15 @@ def structure(kernel: Any) -> str:
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _realize(args: Sequence[Tensor], name: str | None, kernel_plans: list[KernelPlan], arch: str,
-             compile_check: CompileCheck | None, twin_of: Sequence[int | None] | None = None) -> Any:
+def _realize(program: Program, kernel_plans: list[KernelPlan], compile_check: CompileCheck | None,
+             twin_of: Sequence[int | None] | None = None) -> Any:
     """Apply each kernel's best realizable candidate on one Schedule, and return it. A kernel
     with an earlier twin (`structure`) tries the twin's chosen point first: the points ranked
     before it were refused for the twin, and would be for the kernel; and the point is not
     compiled again to check for spills (the same code up to names, so the same registers)."""
     from .schedule import Schedule
 
-    sch = Schedule(list(args), name=name)
+    sch = Schedule(program.args, name=program.name, lowered=program.module)
     for number, kp in enumerate(kernel_plans):
         failures: dict[str, int] = {}
         twin = twin_of[number] if twin_of is not None else None
@@ -253,9 +463,9 @@ def _realize(args: Sequence[Tensor], name: str | None, kernel_plans: list[Kernel
                 continue
             before = sch.checkpoint()
             try:
-                cand.strategy.apply(sch, kp.info, cand.point)
+                cand.strategy.apply(sch, kp.info, cand.point)  # type: ignore[arg-type]
                 if cand.strategy.compile_checked and compile_check is not None and cand is not checked:
-                    compile_check(sch, kp.kernel, arch)
+                    compile_check(sch, kp.kernel, program.compile_arch)
                 kp.chosen = cand
                 break
             except ScheduleError as exc:
@@ -263,6 +473,24 @@ def _realize(args: Sequence[Tensor], name: str | None, kernel_plans: list[Kernel
                 failures[cand.strategy.name] = failures.get(cand.strategy.name, 0) + 1
                 sch.rollback(before)  # as if the candidate had never been tried
     return sch
+
+
+def _plan_of(program: Program, schedule: Any, kernel_plans: list[KernelPlan], group: GroupPlan | None) -> Plan:
+    """The Plan of the realized schedule, with its strategy name and the reason for the choice."""
+    steps = list(schedule.plan.steps)
+    if group is not None and group.chosen is not None:
+        chosen = group.chosen
+        assert isinstance(chosen.strategy, GraphStrategy)
+        return Plan(tuple(steps), chosen.strategy.plan_name, _group_reason(program, group, kernel_plans))
+    naive = [kp for kp in kernel_plans if kp.chosen.strategy.uses_default_schedule]
+    if naive:
+        threads = int(naive[0].chosen.point.get("threads", DEFAULT_THREADS))
+        steps.append(Step("default_schedule", {"threads": threads}))
+    names = sorted({kp.chosen.strategy.name for kp in kernel_plans})
+    reason = _reason(kernel_plans, program.target)
+    if group is not None:
+        reason += "; " + _graph_lost(group)
+    return Plan(tuple(steps), "+".join(names), reason)
 
 
 def _reason(kernel_plans: list[KernelPlan], tgt: Target) -> str:
@@ -278,4 +506,49 @@ def _reason(kernel_plans: list[KernelPlan], tgt: Target) -> str:
     return "; ".join(parts)
 
 
-__all__ = ["Candidate", "KernelPlan", "PlanResult", "candidates_for", "plan_program", "resolve_target"]
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} us"
+
+
+def _per_kernel_words(group: GroupPlan, kernel_plans: list[KernelPlan]) -> str:
+    picks = ", ".join(f"{kp.kernel} {kp.chosen.strategy.name} {_us(kp.chosen.cost.total)}"
+                      for kp in kernel_plans if kp.kernel in group.kernels)
+    return f"{_us(group.per_kernel_seconds)} for the per-kernel plans of {len(group.kernels)} kernel(s) ({picks})"
+
+
+def _group_reason(program: Program, group: GroupPlan, kernel_plans: list[KernelPlan]) -> str:
+    """The reason of a graph-level choice: the rewrite's own words, then how it was chosen."""
+    chosen = group.chosen
+    assert chosen is not None and isinstance(chosen.strategy, GraphStrategy)
+    strategy = chosen.strategy
+    words = strategy.reason(program, chosen.point, chosen.resources)
+    margin = f" (ranked at {_us(chosen.ranked_seconds)}: margin {strategy.margin:g})" if strategy.margin != 1.0 else ""
+    words += (f"; graph-level {chosen.label}: predicted {_us(chosen.cost.total)} ({chosen.cost.bound}-bound){margin}, "
+              f"best of {sum(1 for c in group.ranked if c.failed is None)} valid / {group.evaluated} evaluated on "
+              f"{program.target.arch}, against {_per_kernel_words(group, kernel_plans)}")
+    others = [c for c in group.ranked if c.strategy.name != strategy.name and c.failed is None]
+    if others:
+        words += f"; best {others[0].strategy.name}: {_us(others[0].cost.total)}"
+    refused = [c for c in group.ranked if c.failed is not None]
+    if refused:
+        words += "; passed over: " + "; ".join(f"{c.label}: {c.failed}" for c in refused)
+    return words
+
+
+def _graph_lost(group: GroupPlan) -> str:
+    """Why no graph-level rewrite was taken, for the reason of a per-kernel plan."""
+    best = group.best
+    refused = [c for c in group.ranked if c.failed is not None]
+    if best is None and not refused:
+        return "no graph-level strategy applies" if not group.ranked else "every graph-level point breaks a constraint"
+    words = []
+    if best is not None and best.ranked_seconds > group.per_kernel_seconds * (1.0 + GRAPH_TIE):
+        words.append(f"graph-level {best.label} predicted {_us(best.cost.total)}, not below the per-kernel "
+                     f"plans' {_us(group.per_kernel_seconds)} (nor within {100 * GRAPH_TIE:.0f}%)")
+    if refused:
+        words.append("graph-level points refused: " + "; ".join(f"{c.label}: {c.failed}" for c in refused))
+    return "; ".join(words)
+
+
+__all__ = ["GRAPH_TIE", "SCATTER_PER_KERNEL", "Candidate", "GroupPlan", "KernelPlan", "PlanResult", "candidates_for", "graph_candidates_for",
+           "plan_program", "plan_strategy", "resolve_target"]

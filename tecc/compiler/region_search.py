@@ -1,24 +1,34 @@
-"""Where a graph-level rewrite applies inside a larger program: the regions of plan="auto".
+"""Where a graph-level strategy applies inside a larger program: the regions of the planner
+(step 6 of tecc/compiler/planner.py).
 
-The graph-level rewrites (the online contraction, row fusion, split rows, ...) each take a whole
-program. In a program of many stages (a model's graph) this module finds the parts they take:
+The graph strategies (the online contraction and its backward, row fusion, split rows, ...) each
+take a whole program. In a program of many stages (a model's graph) this module finds the parts
+they take:
 
-1. **Seeds**: every stage that reduces over one axis (a row statistic: a max, a sum). A scatter
+1. **Seeds**: every stage that reduces over one axis (a row statistic: a max, a sum), and every
+   compute P = exp(s - L) with s a reduction over the key and L a row statistic (an attention
+   backward's probabilities, recomputed from the saved log-sum-exp). A scatter
    (tc.scatter_add) is neither a seed nor a member of a region: the per-kernel planner ranks
-   its atomic form against its reduction form, which a graph-level rewrite would not.
+   its atomic form against its reduction form, which a graph strategy would not.
 2. **A seed's region**, grown by structure, not by names: forward, every stage that reads a
    member and iterates the member's rows (shape = rows, or rows plus one axis: the row outputs,
-   a normalized row, and a contraction that reads a row statistic itself); backward, every stage that only
-   members read and that spans the rows and the reduced axis (the scores of attention). If the
-   graph-level candidates refuse that region, its row group alone (the reductions over the rows
-   and the elementwise row outputs, no contraction) is asked instead.
-3. The region is cut out of the program (regions.py) and offered to the graph-level candidates,
-   in build's order; the first whose plan schedules takes it. Regions do not overlap, and one
-   that would make the part order cyclic (a stage outside it between two of its members) is
-   dropped.
-4. The rest of the program is planned by the per-kernel planner, in parts between the regions:
-   a stage joins the part after the last region it depends on (as graph-level programs do in the
-   torch backend), so the parts run in order and each reads only earlier parts' outputs.
+   a normalized row, and a contraction that reads a row statistic itself); backward, every stage
+   that only members read and that spans the rows and the reduced axis (the scores of
+   attention). For recomputed probabilities: every stage that reads them (dQ, dK, dV, through
+   dS = P·(dP - Δ)), then upstream the stages only members read that span the rows or the rows
+   and one axis (Δ, dP); the views such a region reads as operands (a gradient arriving as a
+   reshape of a GEMM's output) are stored as stages of their own (`_operand_views`), so that
+   the region reads arrays. If the graph strategies refuse a row-statistic region, its row group
+   alone (the reductions over the rows and the elementwise row outputs, no contraction) is asked
+   instead.
+3. The region is cut out of the program (regions.py) and offered to the planner's graph path
+   (`graph_level`: its graph points weighed against its own per-kernel plans); it is kept when
+   a graph point wins and realizes. Regions do not overlap, and one that would make the part
+   order cyclic (a stage outside it between two of its members) is dropped.
+4. The rest of the program is planned in parts between the regions (`per_kernel`, the planner
+   again): a stage joins the part after the last region it depends on (as graph-level programs
+   do in the torch backend), so the parts run in order and each reads only earlier parts'
+   outputs.
 
 The plan is a list of `region` steps (regions.py) and the composed module is built here once.
 """
@@ -30,7 +40,7 @@ from typing import Callable, Sequence
 
 import networkx as nx
 
-from ..ir.expr import Reduce, TensorRead, walk
+from ..ir.expr import Binary, Call, Reduce, TensorRead, free_vars, walk
 from ..ir.scatter import ScatterOp
 from ..ir.stmt import Module
 from ..ir.tensor import ComputeOp, Tensor
@@ -38,9 +48,9 @@ from ..passes.lower import Program, choose_inlined, collect_program, same_shape
 from . import regions
 from .plan import Plan, Step
 
-# a part's signature -> the plan of a graph-level rewrite that takes it and schedules, or None
+# a part's signature -> the plan of a graph strategy that takes it (weighed and realized), or None
 GraphLevel = Callable[[list[Tensor]], "tuple[Plan, Module] | None"]
-# a part's signature and its number -> the per-kernel planner's plan and scheduled module
+# a part's signature and its number -> the planner's plan of it and its scheduled module
 PerKernel = Callable[[list[Tensor], int], "tuple[Plan, Module]"]
 
 
@@ -51,14 +61,17 @@ class Composed:
 
     plan: Plan
     module: Module
+    parts: list[Module]          # the parts' scheduled modules, in launch order
 
 
 class _Stages:
     """The program's stages (computes that lowering does not inline) and which stages each reads,
     through the computes inlined into it."""
 
-    def __init__(self, args: Sequence[Tensor]) -> None:
-        self.prog: Program = choose_inlined(collect_program(args), epilogues=True)
+    def __init__(self, args: Sequence[Tensor], stored: frozenset[Tensor] = frozenset()) -> None:
+        prog = choose_inlined(collect_program(args), epilogues=True)
+        # `stored`: views that a region reads as its operands, made stages (_operand_views)
+        self.prog: Program = Program(prog.args, prog.graph, prog.order, prog.inlined - stored)
         self.outputs = {id(a) for a in args}
         self.order = list(self.prog.stages)
         self.index = {id(t): n for n, t in enumerate(self.order)}
@@ -154,9 +167,102 @@ def _boundaries(st: _Stages, members: set[int]) -> list[Tensor]:
     return [st.tensor(r) for m in members for r in st.reads[m] if r not in members]
 
 
+def _recomputed_probabilities(st: _Stages) -> list[Tensor]:
+    """The computes P[r.., j] = exp(s - L[r..]) with s holding a reduction that reads the key j
+    and L free of it (an attention backward's probabilities, recomputed from the saved
+    log-sum-exp), inlined or not."""
+    found = []
+    for t in st.prog.order:
+        op = t.op
+        if not isinstance(op, ComputeOp) or len(t.shape) < 2:
+            continue
+        body = op.body
+        if not (isinstance(body, Call) and body.name == "exp" and isinstance(body.args[0], Binary)
+                and body.args[0].op == "-"):
+            continue
+        s, lse = body.args[0].a, body.args[0].b
+        key = op.axes[-1]
+        if (any(v is key for v in free_vars(s)) and not any(v is key for v in free_vars(lse))
+                and any(isinstance(n, Reduce) for n in walk(s))):
+            found.append(t)
+    return found
+
+
+def _sees(st: _Stages, t: Tensor, target: Tensor, memo: dict[int, bool]) -> bool:
+    """Whether stage or inlined compute `t` reads `target`, directly or through inlined computes."""
+    hit = memo.get(id(t))
+    if hit is not None:
+        return hit
+    memo[id(t)] = False
+    op = t.op
+    assert isinstance(op, ComputeOp)
+    for n in walk(op.body):
+        if isinstance(n, TensorRead) and not n.tensor.is_placeholder and (
+                n.tensor is target or (n.tensor in st.prog.inlined and _sees(st, n.tensor, target, memo))):
+            memo[id(t)] = True
+            break
+    return memo[id(t)]
+
+
+def _grow_backward(st: _Stages, probs: Tensor, claimed: set[int]) -> set[int]:
+    """The region of an attention backward (module docstring, step 2): the stages that read the
+    recomputed probabilities `probs` (dQ, dK, dV through dS = P·(dP - Δ)), then, upstream, the
+    stages only members read that span the rows or the rows and one axis (Δ, dP)."""
+    rows = probs.shape[:-1]
+    memo: dict[int, bool] = {}
+    members = {id(t) for t in st.order if id(t) not in claimed and (t is probs or _sees(st, t, probs, memo))}
+    changed = bool(members)
+    while changed:
+        changed = False
+        for t in st.order:
+            k = id(t)
+            if k in members or k in claimed or k in st.outputs or not st.readers[k] or not st.readers[k] <= members:
+                continue
+            if isinstance(t.op, ComputeOp) and isinstance(t.op.body, TensorRead):
+                continue  # a view stored as an operand (_operand_views): read, not computed, here
+            if _spans(t, rows, 0) or _spans(t, rows, 1):
+                members.add(k)
+                changed = True
+    return members
+
+
+def _operand_views(st: _Stages) -> frozenset[Tensor]:
+    """The views (inlined computes that only read another tensor at other indices) that the
+    attention backward regions read: stored as stages of their own, so that the region reads its
+    operands as arrays indexed [.., row or key, column] (the layout its tensor-core kernels stage),
+    not through a reshape of another stage (a gradient dO arriving as a view of a GEMM's output)."""
+    found: set[Tensor] = set()
+    for probs in _recomputed_probabilities(st):
+        for key in _grow_backward(st, probs, set()):
+            stack = [st.tensor(key)]
+            seen: set[int] = set()
+            while stack:
+                t = stack.pop()
+                op = t.op
+                assert isinstance(op, ComputeOp)
+                for n in walk(op.body):
+                    if not isinstance(n, TensorRead) or n.tensor not in st.prog.inlined or id(n.tensor) in seen:
+                        continue
+                    seen.add(id(n.tensor))
+                    inner = n.tensor.op
+                    if isinstance(inner, ComputeOp) and isinstance(inner.body, TensorRead):
+                        found.add(n.tensor)
+                    else:
+                        stack.append(n.tensor)
+    return frozenset(found)
+
+
 def _find_regions(st: _Stages, graph_level: GraphLevel) -> list[tuple[set[int], Plan, Module]]:
     found: list[tuple[set[int], Plan, Module]] = []
     claimed: set[int] = {id(t) for t in st.order if isinstance(t.op, ScatterOp)}
+    for probs in _recomputed_probabilities(st):
+        members = _grow_backward(st, probs, claimed)
+        if len(members) < 2 or members & claimed or not _acyclic(st, members):
+            continue
+        taken = graph_level(regions.cut(_outputs(st, members), _boundaries(st, members)))
+        if taken is not None:
+            found.append((members, taken[0], taken[1]))
+            claimed |= members
     for seed in st.order:
         if id(seed) in claimed or _row_axes(seed) is None:
             continue
@@ -207,9 +313,13 @@ def _parts(st: _Stages, found: list[tuple[set[int], Plan, Module]],
 
 def propose(args: Sequence[Tensor], graph_level: GraphLevel, per_kernel: PerKernel, name: str,
             threads: int) -> Composed | None:
-    """The program planned in parts (module docstring), or None when no graph-level rewrite
-    takes a part of it, or one takes all of it (build asks those for the whole program first)."""
+    """The program planned in parts (module docstring), or None when no graph strategy takes a
+    part of it, or one takes all of it. `name`: the composed module's (the program's lowered
+    module's name)."""
     st = _Stages(args)
+    views = _operand_views(st)
+    if views:
+        st = _Stages(args, views)
     if len(st.order) < 2:
         return None
     found = _find_regions(st, graph_level)
@@ -241,10 +351,4 @@ def propose(args: Sequence[Tensor], graph_level: GraphLevel, per_kernel: PerKern
     strategies = sorted({s.args["plan"]["strategy"] for s in steps if s.primitive == regions.REGION})
     plan = Plan(tuple(steps), "regions", f"{len(found)} region(s) of graph-level rewrites ({', '.join(strategies)}); "
                 + "; ".join(reasons))
-    return Composed(plan, regions.compose(args, modules, _module_name(args, name)))
-
-
-def _module_name(args: Sequence[Tensor], name: str) -> str:
-    from .pipeline import module_name
-
-    return module_name(list(args), name or None)
+    return Composed(plan, regions.compose(args, modules, name), modules)

@@ -84,11 +84,14 @@ class Schedule(TensorCorePrimitives):
     the tensor-core primitives are in schedule_tensor_core.py."""
 
     def __init__(self, tensors: Sequence[Tensor], plan: Plan | str | dict[str, Any] | None = None, *,
-                 name: str | None = None, dump_ir: str | os.PathLike[str] | DumpIR | None = None) -> None:
+                 name: str | None = None, dump_ir: str | os.PathLike[str] | DumpIR | None = None,
+                 lowered: Module | None = None) -> None:
+        """`lowered`: the naive lowered module of `tensors` under `name`, when the caller lowered
+        it already (the build lowers a program once: tecc.compiler.program)."""
         start = time.perf_counter()
         self._tensors = list(tensors)
         self._name = name
-        self.mod: Module = lower(self._tensors, name)
+        self.mod: Module = lowered if lowered is not None else lower(self._tensors, name)
         self.timing: list[tuple[str, float]] = [("lower", time.perf_counter() - start)]
         self._steps: list[Step] = []
         self._pending: dict[str, _PendingRead] = {}
@@ -409,7 +412,7 @@ class Schedule(TensorCorePrimitives):
 
     def fuse_rows(self, threads: int, cache: str = "registers", vector: int = 1, rows_per_block: int = 1,
                   unroll: int = 1, row_blocks: int = 0, column_sums: str = "local", prefetch: bool = False,
-                  float_rows: bool = False) -> None:
+                  float_rows: bool = False, whole_steps: bool = False, prefetch_into: str = "registers") -> None:
         """Replace the module by ONE kernel computing every stage that shares the row (a
         reduce→elementwise graph: softmax, layer norm, a row sum; see tecc.passes.rewrite.fuse_rows):
         one block of `threads` threads per row, cross-thread reductions, the row kept in
@@ -420,14 +423,17 @@ class Schedule(TensorCorePrimitives):
         (`column_sums="local"`) or shared memory (`"shared"`), which a second kernel combines;
         `prefetch` loads each block's next row while the current one is computed; `float_rows`
         keeps 16-bit row registers converted to float32 (one conversion per element, not one per
-        pass). It must be the first step."""
+        pass); `whole_steps` tests the row's end at the last step of a thread's walk only (the
+        steps below are straight-line code); `prefetch_into="shared"` stages the prefetched row in
+        shared memory by cp.async instead of registers. It must be the first step."""
         if self._steps:
             raise ScheduleError("fuse_rows rewrites the whole module: it must be the first step of a plan")
         start = time.perf_counter()
         self.mod = fuse_rows_module(self._tensors, int(threads), cache, name=self._name, vector=int(vector),
                                     rows_per_block=int(rows_per_block), unroll=int(unroll),
                                     row_blocks=int(row_blocks), column_sums=column_sums, prefetch=bool(prefetch),
-                                    float_rows=bool(float_rows))
+                                    float_rows=bool(float_rows), whole_steps=bool(whole_steps),
+                                    prefetch_into=prefetch_into)
         self.timing.append(("fuse_rows", time.perf_counter() - start))
         args: dict[str, Any] = {"threads": int(threads), "cache": cache}
         if vector != 1:
@@ -444,6 +450,10 @@ class Schedule(TensorCorePrimitives):
             args["prefetch"] = True
         if float_rows:
             args["float_rows"] = True
+        if whole_steps:
+            args["whole_steps"] = True
+        if prefetch_into != "registers":
+            args["prefetch_into"] = prefetch_into
         self._record(Step("fuse_rows", args))
 
     def online_contraction(self, threads: int = 32, rows_per_block: int = 4) -> None:

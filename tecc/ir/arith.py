@@ -179,6 +179,12 @@ def load_cg(element: Expr) -> Expr:
     return Call("load_cg", (element,), element.dtype)
 
 
+def opaque(x: Expr) -> Expr:
+    """`x` computed again where it stands (see OPAQUE_INTRINSICS): an int32 the CUDA compiler
+    may not hoist what is derived from it above."""
+    return Call("opaque", (x,), dt.int32)
+
+
 def thread_fence() -> Expr:
     """`__threadfence()` (see MEMORY_INTRINSICS), for an Evaluate statement."""
     return Call("thread_fence", (), dt.int32)

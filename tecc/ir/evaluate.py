@@ -31,6 +31,11 @@ _CMP: dict[str, Callable[[Any, Any], bool]] = {"<": lambda a, b: a < b, "<=": la
         ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
 
 _HOST_MATH = {"sin_approx": "sin", "cos_approx": "cos", "exp2_approx": "exp2"}  # the intrinsic -> its `math` function
+# the cheap GELUs (approx_gelu.py) -> the functions they approximate
+_HOST_GELU: dict[str, Callable[[float], float]] = {
+    "gelu_erf_approx": lambda x: 0.5 * x * math.erfc(-x / math.sqrt(2.0)),
+    "gelu_tanh_approx": lambda x: 0.5 * x * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3))),
+}
 
 
 def evaluate(e: Expr, env: Mapping[Var, int | float | bool]) -> int | float | bool:
@@ -59,6 +64,9 @@ def evaluate(e: Expr, env: Mapping[Var, int | float | bool]) -> int | float | bo
         return int(v) if e.dtype.is_int else float(v)
     if isinstance(e, Select):
         return evaluate(e.a, env) if evaluate(e.cond, env) else evaluate(e.b, env)
+    if isinstance(e, Call) and e.name in _HOST_GELU:
+        # The cheap GELUs are evaluated precisely here, as the sin/cos below.
+        return _HOST_GELU[e.name](float(evaluate(e.args[0], env)))
     if isinstance(e, Call) and hasattr(math, _HOST_MATH.get(e.name, e.name)):
         # The cheap sin/cos are evaluated precisely here: they are within their bound of it.
         fn: Callable[..., Scalar] = getattr(math, _HOST_MATH.get(e.name, e.name))

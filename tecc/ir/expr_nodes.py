@@ -447,7 +447,12 @@ INTRINSICS = FLOAT_INTRINSICS + ("abs",)
 #       in effect (16-bit arguments are computed in float32). exp2f instead spends three more
 #       instructions per call on the subnormal range. Written by rewrites that sum or round
 #       the result (the softmax weights of the tensor-core attention kernel).
-APPROX_INTRINSICS = ("sin_approx", "cos_approx", "exp2_approx")
+#   gelu_erf_approx(x), gelu_tanh_approx(x) -- the whole GELU, x Phi(x) and torch's tanh form,
+#       with relative error <= 2^-17 (plus 2^-29 |x| below x = -6.01) and <= 2^-21 + 2^-22.6 |t|
+#       (t = the exponent, |t| <= 24 for |x| <= 5); 12 and 5 FP32 instructions plus 1 and 2 MUFU
+#       instead of ~40 through erff / tanhf (approx_gelu.py). Written by the approx_math pass where
+#       the GELU's float32 value is rounded to a 16-bit float at once; float32 arguments only.
+APPROX_INTRINSICS = ("sin_approx", "cos_approx", "exp2_approx", "gelu_erf_approx", "gelu_tanh_approx")
 
 # Warp intrinsics (loop IR only), with CUDA's semantics over the 32 lanes of a warp, all lanes
 # active (mask 0xffffffff) and width 32:
@@ -473,6 +478,15 @@ WARP_INTRINSICS = ("shfl_xor", "shfl_down", "shfl_idx")
 #       every thread of the device before any of its memory accesses after it. Its value is an
 #       int32 0; it stands in an Evaluate statement.
 MEMORY_INTRINSICS = ("atomic_add", "load_cg", "thread_fence")
+# An optimization barrier (loop IR only):
+#   opaque(x)        -- the int32 value x, computed again where it stands: the CUDA compiler
+#       (nvcc and ptxas) may not hoist what is derived from it above this point, nor keep it in
+#       a register from an earlier computation (an inline asm volatile `mov`). Meant for a
+#       thread index that a late phase of a kernel derives many addresses from, which ptxas
+#       would otherwise compute once at the kernel's start and keep live through every phase
+#       (split_k.py: the TMA-store epilogue's staging addresses beside the split-K sum). The
+#       emulator takes it as x.
+OPAQUE_INTRINSICS = ("opaque",)
 # The element types atomic_add takes: int32 and int64 wrap (two's complement, as every integer
 # add); float32 and float64 round each addition to nearest even, in an order the hardware picks
 # (atomicAdd on float / double: `red.global.add.f32/.f64`), so a float sum of concurrent atomics
@@ -495,6 +509,8 @@ class Call(Expr):
     def _init(self, name: str, args: tuple[Expr, ...], dtype: DType) -> None:
         if name in MEMORY_INTRINSICS:
             _check_memory_intrinsic(name, tuple(args), dtype)
+        if name in OPAQUE_INTRINSICS and (len(args) != 1 or args[0].dtype != dt.int32 or dtype != dt.int32):
+            raise TeccError(f"{name}(x) takes one int32 value and is int32, got {len(args)} argument(s), {dtype}")
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "args", tuple(args))
         object.__setattr__(self, "dtype", dtype)

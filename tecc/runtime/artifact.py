@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..ir.errors import DeviceError, TeccError
+from ..ir.target import Target
+from ..ir.target import target as target_table
 from . import cuda
 from .host import HostProgram
 from .runnable import RunnableKernel
@@ -255,7 +257,7 @@ class LoadedKernel(RunnableKernel):
                 raise ArtifactError(f"{self.path} has no loop IR for the emulator ({file} does not exist: the "
                                     "artifact was saved by an older tecc); save the kernel again") from None
             module = module_from_json(text, str(file))
-            self._sim = SimExecutor(self.host, {k.name: k for k in module.kernels})
+            self._sim = SimExecutor(self.host, {k.name: k for k in module.kernels}, target=_target_of(self.arch))
         self._sim(*args)
 
     def _check_device(self) -> None:
@@ -275,6 +277,15 @@ def check_arch(arch: str, device: Any, path: Any = "") -> None:
             f"{where} was compiled for {arch}, but CUDA device {device.device_id} ({device.name}) is "
             f"sm_{major}{minor} and cannot run it; rebuild it with arch='sm_{major}{minor}' and save it again"
         )
+
+
+def _target_of(arch: str) -> Target | None:
+    """The reference Target of the artifact's arch, whose shared-memory limit the emulator holds
+    launches to; None for an arch tecc has no table for (no such check)."""
+    try:
+        return target_table(arch)
+    except ValueError:
+        return None
 
 
 def load(path: str | os.PathLike[str], *, stream: Any = None, debug_sync: bool = False) -> LoadedKernel:

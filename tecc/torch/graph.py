@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.fx import GraphModule, Node
 
+from ..ir import dtype as dt
 from ..ir.expr import Const, Var, free_vars
 from ..ir.tensor import ComputeOp, Tensor, compute, placeholder
 from .lowering import (LOWERINGS, RANDOM_OPS, LoweringContext, RandomDraws, Sizes, Unsupported, is_view, tecc_dtype,
@@ -169,8 +170,8 @@ class _Lowerer:
                                                            name=name)
             made = self.logical[node] = in_order(stored, order, self.ctx.namer(node.name + "_logical"))
             return made
-        strides = None if _contiguous(val) else "any"
-        made = self.placeholders[node] = placeholder(shape, tecc_dtype(val.dtype), name=name, strides=strides)
+        made = self.placeholders[node] = placeholder(shape, tecc_dtype(val.dtype), name=name,
+                                                     strides=_strides(val, name, shape))
         return made
 
     def argument(self, a: Any) -> Any:
@@ -211,6 +212,27 @@ def _empty_result(ctx: LoweringContext) -> Tensor | None:
         return None
     d = tecc_dtype(val.dtype)
     return ctx.compute(ctx.out_shape(), lambda *idx: Const(False if d.is_bool else 0, d))
+
+
+def _strides(val: torch.Tensor, name: str, shape: Sequence[Any]) -> Any:
+    """A placeholder's strides: None (row-major) for a contiguous value, and for one whose last
+    dimension is not of stride 1 (the runtime passes such a value made contiguous: every
+    program's rows are then contiguous, as the staged copies of the tensor-core strategies need,
+    an attention's log-sum-exp laid out (B, S, H) included); else a stride parameter per
+    dimension and 1 for the last (a permuted or sliced tensor whose rows are contiguous: read in
+    place)."""
+    if _contiguous(val):
+        return None
+    try:
+        unit = val.ndim > 0 and int(val.stride()[-1]) == 1
+    except Exception:  # noqa: BLE001 - a symbolic stride torch cannot decide: any strides
+        return "any"
+    if not unit:
+        return None
+    wide = any(getattr(s, "dtype", None) == dt.int64 for s in shape)
+    made: list[Any] = [Var(f"{name}_stride{i}", dt.int64 if wide else dt.int32, "stride") for i in range(val.ndim)]
+    made[-1] = 1
+    return tuple(made)
 
 
 def _contiguous(val: torch.Tensor) -> bool:

@@ -85,6 +85,19 @@ INSTRUCTION_COST: dict[str, float] = {
     # to 25.25 issued instructions per element (6 without any sin), so ~19; cos adds 2 FADDs.
     # No MUFU. (The same SASS puts sinf's fast path at ~27 per element, below the 40 above.)
     "sin_approx": 19.0, "cos_approx": 21.0,
+    # The cheap GELUs (tecc/ir/approx_gelu.py), FP32 instructions plus the MUFU ones' issue slots:
+    # erf form FFMA + FMNMX, 7 FFMA, MUFU.EX2, FADD, FSETP + FSEL, FMUL; tanh form FMUL, FFMA,
+    # FMUL, MUFU.EX2, FADD, MUFU.RCP, FMUL (counted in the PTX of the fused GEMM, NVRTC 13).
+    "gelu_erf_approx": 13.0, "gelu_tanh_approx": 7.0,
+}
+# MUFU (special function unit) instructions per call: 16 lanes per clock per SM on sm_80/90
+# (CUDA C++ Programming Guide, "Arithmetic Instructions"), an eighth of the FP32 rate, so a
+# call's MUFU share can bound a kernel part that the issue count does not (a GEMM's epilogue).
+# Read off the same PTX: erff's large-argument range takes an ex2 (both ranges are evaluated),
+# tanhf an ex2 and a reciprocal.
+MUFU_COST: dict[str, float] = {
+    "exp": 1.0, "exp2": 1.0, "log": 1.0, "log2": 1.0, "sqrt": 1.0, "rsqrt": 1.0, "sin": 0.0, "cos": 0.0,
+    "tanh": 2.0, "erf": 1.0, "sigmoid": 2.0, "exp2_approx": 1.0, "gelu_erf_approx": 1.0, "gelu_tanh_approx": 2.0,
 }
 # tc.rand (RandomUniform): one Philox4x32-10 per element as codegen/philox.py prints it: per round
 # two 32x32->64-bit multiplies (IMAD.WIDE.U32, or IMAD.HI + IMAD), two three-way XORs (LOP3) and
@@ -181,6 +194,11 @@ class KernelInfo:
     # math are the strategies' to add. None: not counted (flops_per_iteration stands in).
     arith_instructions_per_iteration: float | None = None
     random_per_iteration: int = 0                   # RandomUniform nodes (tc.rand) per innermost iteration
+    # a contraction's epilogue per output element, as it will be emitted (the approx_math
+    # rewrite applied): issued instructions of its arithmetic beyond the accumulator's own
+    # conversion to the output dtype, and its MUFU instructions (0 and 0 for a plain GEMM)
+    epilogue_instructions: float = 0.0
+    epilogue_mufu: float = 0.0
     scatter: ScatterFacts | None = None             # the kernel is a scatter (masked sum with data-dependent matches)
 
     @property
@@ -358,6 +376,44 @@ def _count_instructions(e: Expr) -> float:
     return n_instr
 
 
+def _count_mufu(e: Expr) -> float:
+    """MUFU instructions per evaluation of `e` as it will be emitted (MUFU_COST)."""
+    if not knobs.precise_math():
+        e = approximate_expr(e)
+    return sum(MUFU_COST.get(n.name, 0.0) for n in walk(e) if isinstance(n, Call))
+
+
+def _epilogue_arithmetic(value: Expr) -> Expr:
+    """A contraction's store value without its outermost conversion (the plain GEMM's own cast),
+    the approx_math rewrite applied first so that a GELU rounded to 16 bits is priced as emitted."""
+    if not knobs.precise_math():
+        value = approximate_expr(value)
+    return value.a if isinstance(value, Cast) else value
+
+
+def approximation_notes(e: Expr) -> tuple[str, ...]:
+    """What the approx_math pass will make cheap in `e`, for explain() (nothing under
+    TECC_PRECISE_MATH=1)."""
+    if knobs.precise_math():
+        return ()
+    names = {n.name for n in walk(approximate_expr(e)) if isinstance(n, Call)}
+    return tuple(APPROXIMATION_NOTES[name] for name in sorted(names) if name in APPROXIMATION_NOTES)
+
+
+APPROXIMATION_NOTES = {
+    "gelu_erf_approx": "GELU (erf form) rounded to a 16-bit float: computed by gelu_erf_approx (x·2^q, q of degree 7, "
+                       "polynomial, one MUFU.EX2; relative error <= 2^-17, plus 2^-29·|x| below x = -6.01: "
+                       "tecc/ir/approx_gelu.py); TECC_PRECISE_MATH=1 keeps erff",
+    "gelu_tanh_approx": "GELU (tanh form) rounded to a 16-bit float: computed by gelu_tanh_approx (x / (1 + 2^t), "
+                        "exact form, ex2 + rcp; relative error <= 2^-21 + 2^-22.6·|t|, |t| <= 24.4 for |x| <= 5: "
+                        "tecc/ir/approx_gelu.py); TECC_PRECISE_MATH=1 keeps tanhf",
+    "sin_approx": "sin rounded to a 16-bit float: computed by sin_approx (relative error <= 2^-21.9 plus 1.5e-10; "
+                  "tecc/ir/approx.py); TECC_PRECISE_MATH=1 keeps sinf",
+    "cos_approx": "cos rounded to a 16-bit float: computed by cos_approx (relative error <= 2^-21.9 plus 1.5e-10; "
+                  "tecc/ir/approx.py); TECC_PRECISE_MATH=1 keeps cosf",
+}
+
+
 def _leaves(s: Stmt, loops: tuple[For, ...], out: list[tuple[BufferStore, tuple[For, ...]]]) -> None:
     if isinstance(s, Seq):
         for x in s.stmts:
@@ -435,13 +491,17 @@ def analyze_kernel(func: PrimFunc, sizes: Mapping[str, int] | None = None) -> Ke
                 reads_seen.setdefault(f"{n.buffer.name}{[str(i) for i in n.indices]}", a)
     write = _access(out_store.buffer, out_store.indices, env)
     reads = tuple(reads_seen.values())
+    epilogue_arith = _epilogue_arithmetic(out_store.value) if updates else None
     info = KernelInfo(
         kernel=func.name, stage=out_store.buffer.tensor, spatial=spatial, reduction=reduction, reads=reads,
         write=write, flops_per_iteration=flops, special_per_iteration=special, epilogue_flops=epilogue,
         combiner=combiner, kind="elementwise", dtype=str(out_store.buffer.dtype), symbolic=tuple(symbolic),
         assumed=tuple(assumed), strided_inputs=tuple(strided), arith_instructions_per_iteration=arith,
         random_per_iteration=sum(1 for n in walk(body_value) if isinstance(n, RandomUniform)),
-        scatter=_scatter_facts(func, env) if updates else None)
+        scatter=_scatter_facts(func, env) if updates else None,
+        epilogue_instructions=_count_instructions(epilogue_arith) if epilogue_arith is not None else 0.0,
+        epilogue_mufu=_count_mufu(epilogue_arith) if epilogue_arith is not None else 0.0,
+        notes=approximation_notes(out_store.value if updates else body_value))
     return _classify(info)
 
 

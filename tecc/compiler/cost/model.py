@@ -9,7 +9,8 @@ parallelism a thread exposes (bytes of independent loads in flight, independent 
 
     occupancy  blocks/SM from threads, registers, shared memory (cuda_occupancy.h's formula)
     waves      ceil(blocks / (blocks/SM · SMs)); the busiest SM runs ceil(blocks / SMs) blocks
-    dram       DRAM bytes / min(efficiency · peak, Little's law: bytes in flight / latency)
+    dram       DRAM bytes / min(efficiency · peak, Little's law: bytes in flight / latency); the
+               efficiency is CostParameters.dram_efficiency x Workload.dram_efficiency
     l2         bytes requested from L2 (32-byte sectors) / L2 bandwidth
     l1/shared  wavefronts through the SM's L1/shared-memory datapath (one 128-byte wavefront per
                clock per SM; a bank-conflicted access costs one wavefront per conflicting word)
@@ -82,6 +83,18 @@ class CostParameters:
       (docs/cost-model.md, "Short k loops"). It replaces the third pass's warps / 22 line, which
       was fitted on per-call times that held ~45 us of host time. Strategies opt in with
       Workload.tile_loop and Workload.k_extent.
+    tile_loop_alone: with fewer warps than schedulers (w < 4) the first factor is at least
+      w / schedulers x this, though never above the exponential's value at one warp per
+      scheduler: a warp that has a scheduler to itself issues about this share of its cycles
+      (its own LDS latency and barrier hidden by its 8 x 8 tile's independent FMAs, no other
+      warp contending for the shared-memory pipe), where the exponential -- fitted at 8-16 warps
+      on the contention of warps that share schedulers -- extrapolates 2 warps to 0.21. Fitted
+      on the one such point timed: the fp32 batch 3 x 1000 x 130 x 257 with a column bias,
+      gemm_pipelined 128 x 32 (120 blocks of 2 warps, one per SM), 22.2 us on the H200
+      (benchmarks/common_ops.py, 2026-11-26) where the model said 46.7 (issue-bound at 0.11):
+      at 0.6 its FMA term is about the measured kernel time (its issue term stays 1.5x above:
+      the instruction count of 64-thread blocks). The cap keeps every point of 4 warps or more
+      at its fitted price (one warp per scheduler was not timed alone).
     tile_loop_line_warps: the third pass's rule, efficiency = warps / 22, kept for tile loops
       that give no k extent: the `gemm` strategy's single-buffered kernel, of which no point was
       timed by kernel time since, so nothing to re-fit it on."""
@@ -99,6 +112,7 @@ class CostParameters:
     tile_loop_warps: float = 8.6
     tile_loop_fill_k: float = 208.0
     tile_loop_line_warps: float = 22.0
+    tile_loop_alone: float = 0.6
 
 
 DEFAULT_PARAMETERS = CostParameters()
@@ -154,6 +168,10 @@ class Workload:
     # the stages it does not cover: the tensor-core GEMMs), so the latency term adds only the
     # block's own block_latency_cycles, not another global load per round
     latency_in_chain: bool = False
+    # the fraction of the achievable DRAM rate (CostParameters.dram_efficiency x peak) that this
+    # point's access pattern reaches, where a strategy has measured it to depend on the point
+    # (a tiled transpose's block shape: strategies/transpose_tile.py); 1: the rate alone
+    dram_efficiency: float = 1.0
 
     @property
     def register_count(self) -> int:
@@ -234,7 +252,7 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
     in_flight = sms_used * active_warps * target.warp_size * w.bytes_in_flight
     # (a kernel that loads nothing, a constant fill, only stores: no latency bound then)
     latency_rate = in_flight / params.dram_latency_s if in_flight > 0 else math.inf
-    dram_rate = min(params.dram_efficiency * target.dram_bandwidth, latency_rate)
+    dram_rate = min(params.dram_efficiency * w.dram_efficiency * target.dram_bandwidth, latency_rate)
     t_dram = w.dram_bytes / dram_rate if w.dram_bytes else 0.0
     l2_rate = min(params.l2_bandwidth_factor * target.dram_bandwidth,
                   sms_used * params.l2_bytes_per_clock_per_sm * clock,
@@ -254,14 +272,14 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
     def fma_efficiency(warps: int) -> float:
         eff = min(1.0, warps * w.ilp / (target.schedulers_per_sm * params.fma_latency_cycles))
         if w.tile_loop:
-            eff = min(eff, tile_loop_efficiency(warps, w.k_extent * rounds, params))
+            eff = min(eff, tile_loop_efficiency(warps, w.k_extent * rounds, params, target.schedulers_per_sm))
         return eff
 
     def issue_efficiency(warps: int) -> float:
         eff = min(1.0, warps / (2.0 * target.schedulers_per_sm))
         if w.tile_loop:
             # the stalls that idle the FP32 pipe (LDS latency, barriers) idle the issue slots too
-            eff = min(eff, tile_loop_efficiency(warps, w.k_extent * rounds, params))
+            eff = min(eff, tile_loop_efficiency(warps, w.k_extent * rounds, params, target.schedulers_per_sm))
         return eff
 
     if w.tile_loop:
@@ -322,13 +340,17 @@ def predict(w: Workload, target: Target, params: CostParameters = DEFAULT_PARAME
     return Cost(total, terms, bound, occ, waves, tail, regs, w.smem_bytes, None, details)
 
 
-def tile_loop_efficiency(warps: int, k_extent: int, params: CostParameters = DEFAULT_PARAMETERS) -> float:
+def tile_loop_efficiency(warps: int, k_extent: int, params: CostParameters = DEFAULT_PARAMETERS,
+                         schedulers: int = 4) -> float:
     """Fraction of the FP32 / issue peak an SGEMM tile loop reaches with `warps` warps on the SM
-    when a block slot runs `k_extent` steps of k (0: not given, the third pass's warps / 22
-    line); CostParameters says why."""
+    (of `schedulers` warp schedulers) when a block slot runs `k_extent` steps of k (0: not given,
+    the third pass's warps / 22 line); CostParameters says why."""
     if k_extent <= 0:
         return warps / params.tile_loop_line_warps
     eff = 1.0 - math.exp(-warps / params.tile_loop_warps)
+    if warps < schedulers:   # a scheduler to each warp (CostParameters.tile_loop_alone)
+        one_each = 1.0 - math.exp(-schedulers / params.tile_loop_warps)
+        eff = max(eff, min(one_each, warps / schedulers * params.tile_loop_alone))
     return eff * k_extent / (k_extent + params.tile_loop_fill_k)
 
 

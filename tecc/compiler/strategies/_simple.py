@@ -15,6 +15,13 @@ STORE_OVERHEAD = 4.0
 INDEX_COST_SYMBOLIC = 10.0
 INDEX_COST_CONSTANT = 3.0
 LOOP_OVERHEAD = 2.0        # compare + branch + induction per loop iteration not unrolled
+# A thread's serial reduction loop (one thread per output): its loads, LOADS_IN_FLIGHT at a time
+# (nvcc's own unrolling of the loop, as the bytes in flight below assume), each round a global
+# latency (CostParameters.global_latency_cycles), and one dependent combine per element (FFMA
+# latency). What bounds a reduction over few outputs, where no other thread hides it.
+LOADS_IN_FLIGHT = 4
+GLOBAL_LATENCY_CYCLES = 550.0
+COMBINE_LATENCY_CYCLES = 4.0
 
 
 def simple_workload(info: KernelInfo, target: Target, *, threads: int, vector: int = 1, unroll: int = 1,
@@ -58,11 +65,15 @@ def simple_workload(info: KernelInfo, target: Target, *, threads: int, vector: i
     notes = []
     if traffic.worst_lines > 4:
         notes.append(f"uncoalesced: a warp load touches {traffic.worst_lines} lines of 128 B")
+    chain = 0.0
+    if info.reduction:
+        extent = info.reduce_extent * items
+        chain = -(-extent // LOADS_IN_FLIGHT) * GLOBAL_LATENCY_CYCLES + extent * COMBINE_LATENCY_CYCLES
     return Workload(
         blocks=blocks, threads=threads, registers=regs, smem_bytes=0, flops=info.flops, fma_ops=fma_ops,
         special_ops=special, dram_bytes=traffic.dram_bytes, l2_bytes=traffic.l2_bytes,
         global_wavefronts=traffic.wavefronts, instructions=instructions, bytes_in_flight=in_flight,
-        ilp=ilp, notes=notes)
+        ilp=ilp, chain_cycles=chain, notes=notes)
 
 
 __all__ = ["simple_workload"]

@@ -3,9 +3,11 @@
 axis spread over the threads of a block and over blocks, combined in shared memory and, when
 split over blocks, by the last block of each column block to finish (one kernel).
 
-Like row_fused this rewrites the whole program (it may add temporaries), so it is proposed
-over the program (`propose`) rather than through the per-kernel registry API; build
-(plan="auto") asks it after row_fused and before the per-kernel planner.
+A graph-level strategy (registry.GraphStrategy, `ColumnReduction`): the rewrite replaces the
+program's kernel (and may add a temporary and a second kernel), so the planner prices its point
+(`split_workload`: the blocks, the coalesced row reads, the partials and their combine) against
+the per-kernel plans of the program (the `reduction` strategy's one thread per output) and
+realizes the cheaper.
 
 Choice of the point (constants with the fact they rest on). Two families:
 
@@ -70,9 +72,15 @@ from typing import Any, Sequence
 
 from ...ir.errors import ScheduleError
 from ...ir.expr import const_int
+from ...ir.target import Target
 from ...ir.tensor import Tensor
 from ...passes.rewrite.split_reduce import reduction_over_one_axis, uncoalesced_read
+from ..cost.analysis import KernelInfo
+from ..cost.model import Workload
+from ..cost.traffic import compulsory_bytes
 from ..plan import Plan, Step
+from ..program import Program
+from .registry import GraphStrategy, Point, register
 
 THREADS_X = 32
 THREADS_Y = 8
@@ -193,22 +201,29 @@ def choose_combine(point: ColumnPoint) -> str:
     return "kernel"
 
 
-def propose(tensors: Sequence[Tensor], target: Any = None) -> ColumnChoice | None:
-    """The split-reduction plan for a one-reduction program whose reduced axis is not the
-    unit-stride one (a column or middle-axis reduction), or None."""
+def propose(tensors: Sequence[Tensor], target: Target | None = None) -> ColumnChoice | None:
+    """column_reduction's point for a one-reduction program whose reduced axis is not the
+    unit-stride one (a column or middle-axis reduction), or None (what its space holds: the
+    planner weighs it against the other plans of the program)."""
+    found = _choice(tensors, target)
+    return found if isinstance(found, ColumnChoice) else None
+
+
+def _choice(tensors: Sequence[Tensor], target: Target | None) -> ColumnChoice | str:
+    """The ColumnChoice, or why the program is not column_reduction's."""
     try:
         stage, red = reduction_over_one_axis(tensors)
         why = uncoalesced_read(tensors)
-    except ScheduleError:
-        return None
+    except ScheduleError as exc:
+        return str(exc).splitlines()[0]
     if why is not None:
-        return None
-    outputs = 1
+        return why
+    outputs: int | None = 1
     for e in stage.shape:
         c = const_int(e)
-        outputs = outputs * c if (c is not None and outputs is not None) else None  # type: ignore[operator]
+        outputs = outputs * c if (c is not None and outputs is not None) else None
     reduced = const_int(red.axes[0].extent)
-    sms = getattr(target, "sm_count", None) or DEFAULT_SMS
+    sms = target.sm_count if target is not None else DEFAULT_SMS
     itemsize = max(1, min(t.dtype.bits // 8 for t in tensors if t.is_placeholder)) if any(
         t.is_placeholder for t in tensors) else 4
     point = choose_point(outputs, const_int(stage.shape[-1]), reduced, itemsize, sms)
@@ -229,5 +244,93 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> ColumnChoice | Non
     return ColumnChoice(plan, THREADS_X, point.threads_y, point.splits, reason, point.outputs_per_thread, combine)
 
 
-__all__ = ["ColumnChoice", "ColumnPoint", "choose_combine", "choose_outputs_per_thread", "choose_point",
+# the serial path of a block: a block reduction through shared memory (a barrier, TY partials per
+# output), and with combine="last_block" the leader's fence, atomic round trip and fence, then the
+# last block's coherent reads of the partials (latencies as in row_fused / split_rows)
+GLOBAL_LATENCY_CYCLES = 550.0
+BARRIER_CYCLES = 40.0
+
+
+def split_workload(info: KernelInfo, point: Point, itemsize: int) -> Workload:
+    """What split_reduce does at `point` for the one-reduction kernel `info` (its outputs O, the
+    reduced extent N): ceil(O / (TX·V)) × S blocks of TX × TY threads; each thread reads
+    ceil(N / (S·TY)) rows of V adjacent outputs (one V-wide load each, U in flight), a warp one
+    contiguous run of TX·V elements per row; the TY partials of an output meet in shared memory;
+    with S > 1 the S partials per output (float32) go through global memory and are combined by
+    a second kernel (`then`) or by the last block of each column block (a tail in every block)."""
+    tx, ty, s = int(point["threads_x"]), int(point["threads_y"]), int(point["splits"])
+    u, v = int(point.get("unroll", 4)), int(point.get("outputs_per_thread", 1))
+    combine = str(point.get("combine", "kernel"))
+    outputs, reduced = max(info.outputs, 1), max(info.reduce_extent, 1)
+    blocks_x = -(-outputs // (tx * v))
+    blocks = blocks_x * s
+    threads = tx * ty
+    rows = -(-reduced // (s * ty))                    # rows a thread reads
+    warps = blocks * threads / 32
+    partials = 4.0 * s * outputs if s > 1 else 0.0
+    data = compulsory_bytes(info)
+    warp_row_bytes = tx * v * itemsize
+    loads = info.outputs * info.reduce_extent / (tx * v)   # warp loads of the input
+    instr_warp = rows * (2.0 + v * (1.0 + info.flops_per_iteration)) + 2.0 * rows / max(u, 1) + 20.0
+    last = combine == "last_block" and s > 1
+    chain = (-(-rows // max(u, 1)) * GLOBAL_LATENCY_CYCLES + rows * v * 4.0 + 2 * BARRIER_CYCLES
+             + (3 * GLOBAL_LATENCY_CYCLES + BARRIER_CYCLES if last else 0.0))
+    second = None
+    if s > 1 and not last:
+        combine_threads = 256
+        second = Workload(
+            blocks=-(-outputs // combine_threads), threads=combine_threads, registers={"addressing": 12, "values": 4},
+            dram_bytes=partials + outputs * info.write.itemsize, l2_bytes=partials + outputs * info.write.itemsize,
+            global_wavefronts=(partials + outputs * info.write.itemsize) / 128.0,
+            instructions=outputs / 32 * (3.0 * s + 8.0), bytes_in_flight=4.0 * min(s, 4),
+            chain_cycles=-(-s // 4) * GLOBAL_LATENCY_CYCLES, notes=[f"one thread per output folds {s} partials"])
+    return Workload(
+        blocks=blocks, threads=threads, registers={"addressing": 16, "values": u * v, "accumulators": v},
+        smem_bytes=4 * threads * v, flops=info.flops, fma_ops=float(info.iterations * max(info.flops_per_iteration, 1)),
+        special_ops=float(info.iterations * info.special_per_iteration),
+        dram_bytes=data + (2 * partials if s > 1 else 0.0), l2_bytes=data + (2 * partials if s > 1 else 0.0),
+        global_wavefronts=loads * max(1.0, warp_row_bytes / 128.0) + blocks, instructions=warps * instr_warp,
+        bytes_in_flight=float(u * v * itemsize), ilp=float(v), chain_cycles=chain, then=second,
+        notes=[f"{blocks_x} x {s} blocks of {tx} x {ty}, {rows} rows of {v} output(s) per thread, {u} in flight"
+               + (", the last block combines" if last else ", a combine kernel" if s > 1 else "")])
+
+
+def _program_choice(program: Program) -> ColumnChoice | str:
+    return program.memo("column_reduction/choice", lambda: _choice(program.args, program.target))
+
+
+class ColumnReduction(GraphStrategy):
+    """The registry's face of this module: guard, its one point, `split_workload`, the split_reduce step."""
+
+    name = "column_reduction"
+    description = ("a reduction over a column or middle axis as a split reduction: consecutive threads on "
+                   "consecutive outputs, the reduced axis over the threads of a block and over blocks")
+
+    def guard(self, program: Program) -> str | None:
+        found = _program_choice(program)
+        return found if isinstance(found, str) else None
+
+    def space(self, program: Program) -> list[Point]:
+        found = _program_choice(program)
+        assert isinstance(found, ColumnChoice)
+        return [dict(found.plan.steps[0].args)]
+
+    def workload(self, program: Program, point: Point) -> Workload:
+        info = next(program.info(k) for k in program.kernels if program.info(k).reduction)
+        itemsize = min((t.dtype.bits // 8 for t in program.tensors if t.is_placeholder), default=4)
+        return split_workload(info, point, max(itemsize, 1))
+
+    def apply(self, sch: Any, program: Program, point: Point) -> None:
+        sch.split_reduce(**point)
+
+    def reason(self, program: Program, point: Point, resources: Any = None) -> str:
+        found = _program_choice(program)
+        assert isinstance(found, ColumnChoice)
+        return found.reason
+
+
+register(ColumnReduction())
+
+
+__all__ = ["ColumnChoice", "ColumnPoint", "ColumnReduction", "split_workload", "choose_combine", "choose_outputs_per_thread", "choose_point",
            "choose_splits", "one_wave_point", "propose"]

@@ -7,10 +7,35 @@ A point's "split" is S (absent: 1). Its workload is that of tiles x S blocks of 
 plus (`split_traffic`) the partials through L2 -- S stores of BM x BN floats per tile, S - 1
 loads by the last part -- and to DRAM the share of L2 they fill, the hand-over's latency
 (`split_handover_cycles`: a fence, the atomic, the barriers; the workload's block latency,
-exposed whatever the bound) and the last part's sum on its SM's chain.
+exposed whatever the bound) and the last part's sum on its SM's chain (`split_sum_cycles`).
+
+The sum is latency-bound, not bandwidth-bound, wherever the accumulators leave few registers:
+each thread reads (S - 1) x E floats at L2 (E accumulators), and ptxas keeps only as many loads
+in flight as registers are free beside them and the TMA-store epilogue's staging addresses
+(BN / 4, which ptxas computes at the kernel's start and keeps live). H200, device time
+(benchmarks/gemm_small.py), 1024 x 1024 x 8192 fp16:
+
+  128 x 256 split 4, persistent, TMA-store epilogue (3 stages)   42.7 us  (predicted 41.6)
+  the same, its epilogue's thread index read again (`opaque`)    45.6 us  (predicted 33.2)
+  128 x 256 split 4, one block per part, register epilogue       37.1 us  (predicted 35.9)
+  64 x 128 unsplit, persistent (the best unsplit point)          39.6 us  (predicted 47.7)
+  cuBLAS                                                          25.6 us
+
+Its sm_90a SASS: 128 accumulators and the 64 hoisted staging addresses under setmaxnreg's 232
+left ~18 registers, ~16 loads in flight, 28 rounds of an L2 round trip for its 384 loads per
+thread (SPLIT_ROUND_CYCLES is fitted there). Reading the thread index again after the sum freed
+those registers but cost ~25 integer instructions per staged element on the critical path
+(3732 epilogue instructions per thread against 519), and the kernel ran slower: split_k.py keeps
+the addresses hoisted, and this model their registers. The register epilogue needs no staging
+tile, so its ring keeps 4 stages (the TMA-store point's 64 KB staging tile leaves room for 3)
+and its sum all the free registers: the planner picks it. 1024 x 1024 x 4096's 128 x 128 split 2
+(64 accumulators and 32 staging addresses: its 64 loads in two rounds) took 20.1 us hoisted
+(predicted 20.1) and 23.05 re-read, the 64 x 128 unsplit point 20.5-20.6.
 """
 
 from __future__ import annotations
+
+import math
 
 from ...ir.target import Target
 from .registry import Point
@@ -23,11 +48,23 @@ SPLITS = (2, 3, 4, 6, 8)
 SPLIT_TILES_PER_SM = 2
 MIN_SPLIT_K_TILES = 2
 # The hand-over of a split's float32 partial tile: what one SM moves to and from L2 per cycle
-# (CostParameters.l2_bytes_per_clock_per_sm), and the fence, atomic and barriers around the
-# arrival count (a __threadfence waits for the group's stores to reach L2: about one L2 round
-# trip, and the atomic another). Assumed, not fitted.
+# at most (CostParameters.l2_bytes_per_clock_per_sm: the stores, and the sum's floor), and the
+# fence, atomic and barriers around the arrival count (a __threadfence waits for the group's
+# stores to reach L2: about one L2 round trip, and the atomic another). Assumed, not fitted: the
+# two measured split points cannot separate them from the sum's rounds.
 SPLIT_L2_BYTES_PER_CYCLE = 64.0
 SPLIT_SYNC_CYCLES = 1200.0
+# The last part's sum: one L2 round trip per round of loads a thread keeps in flight (loaded
+# latency plus the adds; fitted to the 128 x 256 split-4 TMA-store kernel, 12.5 us of hand-over
+# where the k loop, fill, epilogue and launch are priced as in the unsplit kernels: 28 rounds),
+# and the registers a consumer thread holds besides its accumulators and the epilogue's staging
+# addresses while it sums (addressing, the tile loop, the counter; read off that kernel's SASS:
+# 232 - 128 - 64 - 22 = 18 registers for loads).
+SPLIT_ROUND_CYCLES = 790.0
+SPLIT_LIVE_REGISTERS = 22
+# What setmaxnreg.inc gives each consumer thread of a wgmma block with two consumer warpgroups
+# and a TMA producer (gemm_wgmma.tma_registers: 168 at launch, 232 for the consumers).
+TMA_CONSUMER_REGISTERS = 232
 
 
 def split_of(point: Point) -> int:
@@ -35,17 +72,53 @@ def split_of(point: Point) -> int:
     return int(point.get("split", 1))
 
 
-def split_handover_cycles(point: Point) -> tuple[float, float]:
-    """(latency a work unit of a split point exposes after storing its partial tile: the
-    arrival handshake, which nothing in the block overlaps; cycles the last split of an output
-    tile adds to its SM's chain: reading the S - 1 other partials from L2 and summing them). The
-    epilogue stays counted for every unit (tile_fixed_cycles): the other splits store their
-    partial tile instead, about as much."""
+def split_sum_cycles(point: Point, accumulators: int, in_flight: float) -> float:
+    """Cycles the last part of an output tile spends reading the S - 1 other partials at L2
+    and summing them (module docstring): each thread's (S - 1) x `accumulators` loads in rounds
+    of `in_flight` loads, one SPLIT_ROUND_CYCLES each, and never faster than the SM's L2
+    bandwidth."""
     splits = split_of(point)
     if splits == 1:
-        return 0.0, 0.0
+        return 0.0
     partial = int(point["bm"]) * int(point["bn"]) * 4.0
-    return SPLIT_SYNC_CYCLES, (splits - 1) * partial / SPLIT_L2_BYTES_PER_CYCLE
+    rounds = math.ceil((splits - 1) * accumulators / max(in_flight, 1.0))
+    return max((splits - 1) * partial / SPLIT_L2_BYTES_PER_CYCLE, rounds * SPLIT_ROUND_CYCLES)
+
+
+def wgmma_sum_in_flight(point: Point, accumulators: int, register_budget: int, staging: int = 0) -> float:
+    """Loads a wgmma consumer thread keeps in flight while it sums: the registers of
+    `register_budget` (setmaxnreg's 232 for two consumer warpgroups, else ptxas's 255) that its
+    accumulators, the TMA-store epilogue's `staging` addresses and SPLIT_LIVE_REGISTERS leave;
+    an element in flight holds S registers, S - 1 of them loads (its own term is a copy of its
+    accumulator)."""
+    splits = split_of(point)
+    free = max(splits, register_budget - accumulators - staging - SPLIT_LIVE_REGISTERS)
+    return free * (splits - 1) / splits
+
+
+def wgmma_split_sum(target: Target, point: Point, groups: int = 0) -> float:
+    """Cycles the last part of a gemm_wgmma split point's output tile spends summing the
+    partials: a consumer thread's accumulators, and the loads in flight the registers leave --
+    TMA_CONSUMER_REGISTERS with two consumer warpgroups on the TMA ring, else the target's
+    per-thread limit --, less the TMA-store epilogue's BN / 4 staging addresses, which ptxas
+    computes at the kernel's start and keeps live through the sum (module docstring)."""
+    bm, bn = int(point["bm"]), int(point["bn"])
+    groups = groups or bm // 64
+    accumulators = bm * bn // (64 * groups) // 2
+    budget = TMA_CONSUMER_REGISTERS if point.get("load") == "tma" and groups == 2 else target.max_registers_per_thread
+    staging = bn // 4 if point.get("epilogue") == "tma" else 0
+    return split_sum_cycles(point, accumulators, wgmma_sum_in_flight(point, accumulators, budget, staging))
+
+
+def split_handover_cycles(point: Point, accumulators: int = 0, in_flight: float = 1.0) -> tuple[float, float]:
+    """(latency a work unit of a split point exposes after storing its partial tile: the
+    arrival handshake, which nothing in the block overlaps; cycles the last split of an output
+    tile adds to its SM's chain: `split_sum_cycles` for threads of `accumulators` float32
+    accumulators keeping `in_flight` loads in flight). The epilogue stays counted for every unit
+    (tile_fixed_cycles): the other splits store their partial tile instead, about as much."""
+    if split_of(point) == 1:
+        return 0.0, 0.0
+    return SPLIT_SYNC_CYCLES, split_sum_cycles(point, accumulators, in_flight)
 
 
 def split_publish_cycles(point: Point) -> float:
@@ -103,21 +176,22 @@ def split_label(point: Point) -> str:
     return f", split-K {split_of(point)} (the last part sums the partials)" if split_of(point) > 1 else ""
 
 
-def split_note(point: Point, tiles: int, k_tiles: int, l2: float) -> str:
-    """explain's line for a split point: the parts, the hand-over and the partials' traffic."""
+def split_note(point: Point, tiles: int, k_tiles: int, l2: float, reduce: float) -> str:
+    """explain's line for a split point: the parts, the hand-over (`reduce`: the last part's sum,
+    split_sum_cycles) and the partials' traffic."""
     splits = split_of(point)
-    handover, reduce = split_handover_cycles(point)
     return (f"split-K {splits}: {tiles} output tiles x {splits} parts of {k_tiles} k tiles; each part stores its "
-            f"float32 partial tile ({handover:.0f} cycles of handshake), the last sums the others in split order "
-            f"({reduce:.0f} cycles): {l2 / 1e6:.1f} MB through L2")
+            f"float32 partial tile ({SPLIT_SYNC_CYCLES:.0f} cycles of handshake), the last sums the others in split "
+            f"order ({reduce:.0f} cycles: its loads in flight are what the accumulators leave of the registers): "
+            f"{l2 / 1e6:.1f} MB through L2")
 
 
 def split_chain(point: Point, main: float, per_tile: float, once: float, base: float, fill: float,
-                units: int) -> float:
+                units: int, reduce: float) -> float:
     """A wgmma SM chain (gemm_wgmma.wgmma_sm_chain) of a split point: `main` the k loop of one
     part, `per_tile` / `once` / `base` the per-tile fixed cycles of the point, once per block
     and of the baseline, `fill` the ring's fill in `per_tile`, `units` the busiest persistent
-    block's work units (0: one block per unit). Each part stores its float32 partial tile
+    block's work units (0: one block per unit), `reduce` the last part's sum (split_sum_cycles). Each part stores its float32 partial tile
     (coalesced) where the epilogue was; the last part of a tile then sums the S partials and runs
     the epilogue, which the k-loop constants were not set on: added whole, in a persistent block
     for 1 / S of its units on average plus one whole at its end (the tail), else on every round's
@@ -127,12 +201,13 @@ def split_chain(point: Point, main: float, per_tile: float, once: float, base: f
     splits = split_of(point)
     share = min(1.0, main * splits / base) if base > 0 else 1.0
     round_ = main + (fill + split_publish_cycles(point) - base / splits) * share
-    last = per_tile - fill + split_handover_cycles(point)[1]
+    last = per_tile - fill + reduce
     if units:
         return units * (round_ + last / splits) + once * share + last * (1.0 - 1.0 / splits)
     return round_ + last
 
 
-__all__ = ["MIN_SPLIT_K_TILES", "SPLITS", "SPLIT_TILES_PER_SM", "mma_split_registers", "split_chain",
-           "split_handover_cycles", "split_label", "split_note", "split_of", "split_parts", "split_publish_cycles",
-           "split_registers", "split_traffic"]
+__all__ = ["MIN_SPLIT_K_TILES", "SPLITS", "SPLIT_TILES_PER_SM", "TMA_CONSUMER_REGISTERS", "mma_split_registers",
+           "split_chain", "split_handover_cycles", "split_label", "split_note", "split_of", "split_parts",
+           "split_publish_cycles", "split_registers", "split_sum_cycles", "split_traffic", "wgmma_split_sum",
+           "wgmma_sum_in_flight"]

@@ -573,7 +573,10 @@ class GemmTensorCore(Strategy):
             registers["split-K sum"] = mma_split_registers(tm * tn * 4, splits)
         chain, resident, idle = sm_chain(target, rate, point, blocks, k_tiles, sum(registers.values()), p,
                                          staged_output_bytes(point, info.write.itemsize))
-        handover, reduce = split_handover_cycles(point)
+        # the sum's loads in flight: what ptxas issues ahead (mma_split_registers, less its 4 others)
+        sum_accumulators = tm * tn * 4
+        handover, reduce = split_handover_cycles(point, sum_accumulators,
+                                                 mma_split_registers(sum_accumulators, splits) - 4)
         chain += reduce   # the last part's sum of the partials, on every round's critical path
         notes = [f"{self.mma_name} {tm}x{tn} tiles per warp, {stages}-stage cp.async ring of {bk}-wide k tiles",
                  self.fragment_note,
@@ -582,7 +585,7 @@ class GemmTensorCore(Strategy):
         if staged_out:
             notes.append("output staged in a padded shared tile, stored in 16-byte chunks (whole lines per warp)")
         if splits > 1:
-            notes.append(split_note(point, tiles, k_tiles, split_l2))
+            notes.append(split_note(point, tiles, k_tiles, split_l2, reduce))
         if pipelined:
             notes.append("fragments pipelined: two fragment sets, the next k step's loads before this step's mma, "
                          "the ring's wait and barrier before the last k step (covered by its neighbours' mma)")

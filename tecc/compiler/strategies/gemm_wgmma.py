@@ -1,5 +1,6 @@
 """gemm_wgmma: float16/bfloat16 contractions on Hopper's warpgroup tensor cores (wgmma.mma_async);
-gemm_wgmma_tf32 (end of the file): float32 ones as tf32 (wgmma.m64nNk8), only with allow_tf32.
+gemm_wgmma_tf32 (end of the file): float32 ones as tf32 (wgmma.m64nNk8), only with allow_tf32;
+gemm_wgmma_fp8 (gemm_wgmma_fp8.py): fp8 ones.
 
 The first rung of the Hopper ladder: "wgmma + cp.async ring, 128B swizzle". It serves what
 gemm_tensor_core serves (the same guard: C[b.., i, j] = epilogue(Σ_k A · B), A and B both
@@ -99,16 +100,9 @@ from .gemm_tensor_core import (
     wave_dram_bytes,
     worth_staging,
 )
-from .gemm_split import (
-    split_chain,
-    split_handover_cycles,
-    split_label,
-    split_note,
-    split_of,
-    split_parts,
-    split_registers,
-    split_traffic,
-)
+from .gemm_epilogue_cost import epilogue_math_cycles, epilogue_math_note
+from .gemm_split import (split_chain, split_handover_cycles, split_label, split_note, split_of, split_parts,
+                         split_registers, split_traffic, wgmma_split_sum)
 from .registry import Point, Strategy, register
 
 BLOCK_M = (64, 128)
@@ -157,15 +151,23 @@ def epilogue_of(point: Point) -> str:
     return str(point.get("epilogue", "registers"))
 
 
+def aligned_slot(nbytes: int) -> int:
+    """What a shared buffer takes in a kernel with wgmma descriptors: every buffer starts on a
+    DESCRIPTOR_ALIGNMENT boundary (codegen's shared layout), so each takes whole 1024-byte slots."""
+    return -(-nbytes // DESCRIPTOR_ALIGNMENT) * DESCRIPTOR_ALIGNMENT
+
+
 def shared_bytes(point: Point, out_itemsize: int = 2) -> int:
-    """The ring's bytes plus the slack the kernel uses to align it to 1024 bytes (and the TMA
-    ring's two mbarriers per stage, and the staging tile of the TMA epilogue)."""
+    """The dynamic shared memory of the point's kernel, as codegen lays it out: the ring, the TMA
+    ring's full and empty mbarrier arrays (one aligned slot each), the staging tile of the TMA
+    epilogue, split-K's arrival counts (a slot), plus the slack the kernel uses to align the
+    allocation's start to 1024 bytes."""
     stages = int(point["stages"])
-    barriers = 2 * 8 * stages if load_of(point) == "tma" else 0
+    barriers = 2 * aligned_slot(8 * stages) if load_of(point) == "tma" else 0
     staging = int(point["bm"]) * int(point["bn"]) * out_itemsize if epilogue_of(point) == "tma" else 0
     handover = DESCRIPTOR_ALIGNMENT if split_of(point) > 1 else 0   # split-K's counts: their own aligned slot
     ring = stages * (int(point["bm"]) + int(point["bn"])) * K_TILE * 2
-    return ring + DESCRIPTOR_ALIGNMENT + barriers + staging + handover
+    return ring + DESCRIPTOR_ALIGNMENT + barriers + aligned_slot(staging) + handover
 
 
 def tma_store_refusal_for(info: KernelInfo) -> str | None:
@@ -285,11 +287,12 @@ def tma_registers(bm: int, bn: int, point: Point | None = None, groups: int = 0)
 
 def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: int,
                    registers: int, out_itemsize: int = 2, tiles: int = 0, k_tile: int = K_TILE,
-                   groups: int = 0, extra_smem: int = 0) -> tuple[float, int, float]:
+                   groups: int = 0, extra_smem: int = 0, epilogue_math: float = 0.0) -> tuple[float, int, float]:
     """Cycles one SM spends on one round of its resident blocks, the resident blocks, and the
     fraction of a k tile the tensor pipe idles (gemm_tensor_core.sm_chain's model, module
     docstring: the wgmma ring's stall is what its in-flight group does not cover). `k_tile`:
-    elements per 128-byte row (32 for tf32); `groups`: the warpgroups (0: BM / 64)."""
+    elements per 128-byte row (32 for tf32); `groups`: the warpgroups (0: BM / 64);
+    `epilogue_math`: a fused epilogue's cycles per tile (gemm_epilogue_cost), exposed once per round."""
     bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
     groups = groups or bm // 64
     load = load_of(point)
@@ -322,8 +325,9 @@ def wgmma_sm_chain(target: Target, rate: float, point: Point, blocks: int, k_til
     per_block = -(-max(tiles, 1) // max(blocks, 1)) if persistent else 0   # the busiest block's tiles (work units)
     if split_of(point) > 1:
         fill = 0.0 if persistent else LOADED_LATENCY_CYCLES
-        return split_chain(point, main, per_tile, once, base, fill, per_block), resident, idle
-    round_ = main + (per_tile - base) * share
+        return split_chain(point, main, per_tile, once, base, fill, per_block,
+                           wgmma_split_sum(target, point, groups)), resident, idle
+    round_ = main + (per_tile - base) * share + epilogue_math
     return (per_block * round_ + once * share if persistent else round_), resident, idle
 
 
@@ -441,7 +445,8 @@ class GemmWgmma(Strategy):
             if "launch bound (setmaxnreg)" not in registers:   # else within the consumers' setmaxnreg share
                 registers["register A (two sets)"] = 2 * per_thread
         chain, resident, idle = wgmma_sm_chain(target, rate, point, grid, k_tiles, sum(registers.values()),
-                                               info.write.itemsize, blocks, bk, groups, out_tile)
+                                               info.write.itemsize, blocks, bk, groups, out_tile,
+                                               epilogue_math_cycles(info, bm, bn))
         pending, ahead = in_flight(stages, load)
         # wgmma reads every warpgroup's A tile and the whole B tile once per k tile per warpgroup
         smem_reads = blocks * k_tiles * groups * (64 + wgmma_n) * bk * self.element_bytes
@@ -459,8 +464,11 @@ class GemmWgmma(Strategy):
             notes.append(f"epilogue {how}: {per_tile:.0f} cycles per output tile ({fill})")
             if epilogue_of(point) == "registers" and tma_store_refusal_for(info) is not None:
                 notes.append(f"no TMA-store epilogue: {tma_store_refusal_for(info)}")
+        math_note = epilogue_math_note(info, bm, bn, target, -(-blocks // target.sm_count))
+        if math_note is not None:
+            notes.append(math_note)
         if splits > 1:
-            notes.append(split_note(point, tiles, k_tiles, split_l2))
+            notes.append(split_note(point, tiles, k_tiles, split_l2, wgmma_split_sum(target, point, groups)))
         if persistent:
             units = "work units" if splits > 1 else "tiles"
             notes.append(f"persistent grid of {persistent} blocks over {blocks} {units} "
@@ -638,63 +646,3 @@ class GemmWgmmaTF32(GemmWgmma):
 
 
 register(GemmWgmmaTF32())
-
-
-# ---- fp8 ---------------------------------------------------------------------------------------
-
-FP8_K_TILE = 128           # fp8 elements in a 128-byte swizzled row
-FP8_DTYPES = ("float8_e4m3", "float8_e5m2")
-
-
-class GemmWgmmaFP8(GemmWgmma):
-    """fp8 (float8_e4m3 / float8_e5m2) contractions on Hopper's wgmma: wgmma.m64nNk32 .e4m3 /
-    .e5m2 with f32 accumulators at the target's dense fp8 peak, k tiles of 128 elements (the
-    same 128-byte rows, ring bytes and swizzle as gemm_wgmma's 64 halves), the output float32,
-    float16 or bfloat16 (the epilogue rounds once, after any fused scale). The user writes
-    `tc.sum(tc.cast(A[i, k], "float32") * tc.cast(B[j, k], "float32"), axis=k)`.
-
-    Like tf32 the ISA takes fp8 shared operands K-major only (no transpose immediates), and this
-    strategy serves the main form only: both operands k-contiguous (C = A·Bᵀ, A [m][k] and
-    B [n][k], as torch._scaled_mm takes B column-major), both read through descriptors. The
-    other orientations are refused by the guard (transpose an operand first). The two operands
-    may be of different fp8 types (e4m3 x e5m2: the mixed rows). gemm_wgmma's rungs: the
-    cp.async ring and the warp-specialized TMA ring (TMA copies fp8 as bytes), persistent or
-    not, with the register or TMA-store epilogue.
-    Priced with gemm_wgmma's model and constants (not fitted on fp8 points; timed on an H200 at
-    1.00x / 0.98x torch._scaled_mm at 4096³ / 8192³: benchmarks/RESULTS.md)."""
-
-    name = "gemm_wgmma_fp8"
-    description = ("fp8 (e4m3 / e5m2) contraction on Hopper: wgmma.m64nNk32 with f32 accumulators, both operands "
-                   "K-major (C = A·Bᵀ), cp.async or TMA ring, 128B swizzle")
-    element_bytes = 1
-    k_tile = FP8_K_TILE
-    k_step = 32
-    rate_key = "float8"
-    intrinsic = "wgmma"
-
-    def guard(self, info: KernelInfo, target: Target) -> str | None:
-        if target.sm != WGMMA_ARCH:
-            return f"{target.arch} has no wgmma (sm_90 only); fp8 contractions run on Hopper's wgmma only"
-        view = mma_view(info, target, "wgmma.m64nNk32 fp8")
-        if isinstance(view, str):
-            return view
-        pair = (view.a, view.b)
-        if any(x.dtype not in FP8_DTYPES for x in pair):
-            return "float8_e4m3 or float8_e5m2 operands only"
-        # an operand with run-time strides stored with k outermost is taken in its K-major view
-        # (B = w.t(): tensorize_wgmma.k_major_views), its copies tested at launch
-        if not all(k_last or flipped for k_last, flipped in zip(view.k_last, view.transposed_copies)):
-            return ("fp8 wgmma reads its shared operands K-major only (no transpose for .e4m3/.e5m2): store both "
-                    "operands k-contiguous (A [i, k], B [j, k]: C = A·Bᵀ), or declare the other strides=\"any\" and "
-                    "pass a K-major view (w.t())")
-        return None
-
-    def operand_note(self, info: KernelInfo) -> tuple[str]:
-        return ("A and B (fp8, K-major) read by wgmma from 128B-swizzled shared tiles",)
-
-    def describe(self, point: Point) -> str:
-        return super().describe(point).replace("gemm_wgmma(", "gemm_wgmma_fp8(").replace(
-            "k16 f32", "k32 fp8 f32").replace(f"k-tile {K_TILE}", f"k-tile {self.k_tile}")
-
-
-register(GemmWgmmaFP8())

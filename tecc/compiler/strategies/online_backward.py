@@ -1,62 +1,52 @@
 """online_backward: the backward of an online contraction (attention's gradient as tc.grad writes
 it, docs/training.md) as the tensor-core kernels of tecc.passes.rewrite.online_backward_mma.
 
-Like online_contraction this rewrites the whole program, so it is a build candidate proposed over
-the program (`propose`), asked after the forward rewrites. Its three parts:
+Like online_contraction it rewrites the whole program: a graph-level strategy
+(registry.GraphStrategy, `OnlineBackwardMma`) that the planner prices against the per-kernel plans
+of the kernels it replaces and realizes when cheaper. Its declarations:
 
 * guard: `backward_chain` (the structure: P = exp(s - L) recomputed, every output a key-side,
   row-side or tile contraction of the tile's weights; never a name), 16-bit operands with head
   dims of 16..128, an sm_80 or newer target;
 * space: `backward_tilings` (blocks of BN keys, query blocks of BM rows, dQ's units of 16 rows x
-  NQ columns), the block's shared memory within the target's opt-in limit;
+  NQ columns, or the query-major dQ kernel; the wgmma forms on sm_90);
 * workload: `backward_workload`, what a tiling makes the GPU do (tensor FLOPs of the contractions
   and the mma per visited tile, the tiles the mask leaves, the float32 atomics of dQ, the bytes
-  staged, the exp2 per element, the registers its fragments take), priced by the cost model
-  (`predict`); the points are taken in that order and the first that ptxas compiles for the
-  target without spills is the plan (NVRTC, no GPU; the compile cache serves the build).
+  staged, the exp2 per element, the registers its fragments take), priced by the cost model at
+  the program's sizes (a symbolic extent without one at the per-kernel analysis' DEFAULT_SIZE, so
+  that the rewrite and the per-kernel plans it replaces are weighed at the same extents);
+* order: the tilings are tried as they were ranked before they were weighed (priced at
+  NOMINAL_LENGTH for every symbolic extent, those within NEAR of the best by their tensor time);
+* apply: the online_backward_mma step, refused when a kernel's shared memory exceeds the
+  target's opt-in limit; the planner's compile check (NVRTC, no GPU; the compile cache serves
+  the build) passes over a point that spills or whose wgmmas ptxas serializes, and the plan's
+  reason gives ptxas's registers.
 
 Unfused, the same program is 6 or 7 kernels that write three (rows x keys) float32 stages (P,
-dP, dS) and read them back: O(S²) bytes that no tile choice for them recovers, so the candidate
-is not ranked against them.
+dP, dS) and read them back: O(S²) bytes that no tile choice for them recovers.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping
 
-from ...codegen import default_arch, dynamic_shared_bytes
+from ...codegen import KernelResources, dynamic_shared_bytes
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError, TeccError
 from ...ir.evaluate import evaluate_int
 from ...ir.expr import Var, const_int, walk
 from ...ir.target import Target
-from ...ir.target import target as target_info
-from ...ir.tensor import Tensor
-from ...passes.manager import PassTiming
 from ...passes.rewrite.key_tiles import kept_conditions, query_block_start
 from ...passes.rewrite.online_backward import BackwardChain, backward_chain
+from ..cost.analysis import DEFAULT_SIZE
 from ..cost.model import Cost, Workload, predict
-from ..pipeline import compile_module, schedule_module, wgmma_serialized
-from ..plan import Plan, Step
+from ..program import Program
+from .registry import GraphStrategy, Point, register
 
 MMA_MIN_ARCH = 80          # mma.sync.m16n8k16, ldmatrix, cp.async
 WGMMA_ARCH = 90            # wgmma: sm_90a only
-NOMINAL_LENGTH = 8192      # a symbolic extent is costed at this length
+NOMINAL_LENGTH = 8192      # a symbolic extent is ranked at this length (`order`)
 ELEMENT_OPS = 24           # instructions per tile element: exp2, the weights, the guards, the casts
-
-
-@dataclass
-class BackwardChoice:
-    plan: Plan
-    reason: str
-    cost: Cost
-
-
-def _arch_number(arch: str) -> int:
-    digits = "".join(ch for ch in arch[3:] if ch.isdigit()) if arch.startswith("sm_") else ""
-    return int(digits) if digits else 0
 
 
 def backward_tilings(widest: int, wgmma: bool = False) -> tuple[dict[str, Any], ...]:
@@ -85,20 +75,26 @@ def backward_tilings(widest: int, wgmma: bool = False) -> tuple[dict[str, Any], 
     return tuple(points)
 
 
-def _sizes(chain: BackwardChain) -> dict[Var, int]:
-    sizes = [*chain.rows, chain.keys, *chain.lead_extents]
-    return {v: NOMINAL_LENGTH for e in sizes for v in walk(e) if isinstance(v, Var) and v.kind == "size"}
+def _size_vars(chain: BackwardChain) -> list[Var]:
+    extents = [*chain.rows, chain.keys, *chain.lead_extents]
+    return [v for e in extents for v in walk(e) if isinstance(v, Var) and v.kind == "size"]
 
 
-def visited_fraction(chain: BackwardChain, key_tile: int, rows: int) -> float:
+def _sizes(chain: BackwardChain, sizes: Mapping[str, int] | None = None) -> dict[Var, int]:
+    """The chain's symbolic sizes at `sizes` (by name), NOMINAL_LENGTH for those it lacks."""
+    given = sizes or {}
+    return {v: int(given.get(v.name, NOMINAL_LENGTH)) for v in _size_vars(chain)}
+
+
+def visited_fraction(chain: BackwardChain, key_tile: int, rows: int, sizes: Mapping[str, int] | None = None) -> float:
     """The mean share of query blocks a key block visits (the isl-proven first query block of
-    each key block, query_block_start; 1 without a bound)."""
+    each key block, query_block_start; 1 without a bound), at `sizes` (`_sizes`)."""
     kb = Var("key_block", dt.int32)
     found = query_block_start(kept_conditions(chain.score), chain.query, chain.key, kb, key_tile, rows,
                               chain.rows[-1], chain.keys)
     if found is None:
         return 1.0
-    env = _sizes(chain)
+    env = _sizes(chain, sizes)
     try:
         queries = evaluate_int(chain.rows[-1], env)
         keys = evaluate_int(chain.keys, env)
@@ -109,10 +105,10 @@ def visited_fraction(chain: BackwardChain, key_tile: int, rows: int) -> float:
     return sum(blocks - s for s in starts) / max(len(starts) * blocks, 1)
 
 
-def _extents(chain: BackwardChain) -> tuple[int, int, int, int]:
-    """(queries, keys, K/V heads, query heads per K/V head) at the program's sizes (NOMINAL_LENGTH
-    for a symbolic one)."""
-    env = _sizes(chain)
+def _extents(chain: BackwardChain, sizes: Mapping[str, int] | None = None) -> tuple[int, int, int, int]:
+    """(queries, keys, K/V heads, query heads per K/V head) at `sizes` (`_sizes`: NOMINAL_LENGTH
+    for a symbolic one without a size)."""
+    env = _sizes(chain, sizes)
     heads = 1
     for e in chain.lead_extents:
         heads *= evaluate_int(e, env)
@@ -123,13 +119,14 @@ def _extents(chain: BackwardChain) -> tuple[int, int, int, int]:
 
 
 def backward_workload(chain: BackwardChain, point: dict[str, Any], target: Target,
-                      registers: dict[str, int] | None = None) -> Workload:
+                      registers: dict[str, int] | None = None, sizes: Mapping[str, int] | None = None) -> Workload:
     """What the point's kernels make the GPU do (module docstring): the key-block-major kernel,
     then (dq "kernel") the query-major one as the Workload's `then`; `registers` per thread of
-    each ("main", "rows") from ptxas when known, else the fragments' count plus addressing."""
+    each ("main", "rows") from ptxas when known, else the fragments' count plus addressing;
+    symbolic extents at `sizes` (`_sizes`)."""
     BN, BM = point["key_tile"], point["rows"]
     atomic = point.get("dq", "atomic") == "atomic"
-    queries, keys, heads, groups = _extents(chain)
+    queries, keys, heads, groups = _extents(chain, sizes)
     depth = sum(c.depth for c in chain.contractions)
     key_cols = sum(o.columns for o in chain.of_kind("key"))
     row_cols = sum(o.columns for o in chain.of_kind("row"))
@@ -139,7 +136,7 @@ def backward_workload(chain: BackwardChain, point: dict[str, Any], target: Targe
     rate = peak * (0.8 if point.get("wgmma") else 0.9 if target.sm < 90 else 0.6)
     sync_rate = peak * (0.9 if target.sm < 90 else 0.6)
     blocks = heads * -(-keys // BN)
-    tiles = blocks * groups * -(-queries // BM) * visited_fraction(chain, BN, BM)
+    tiles = blocks * groups * -(-queries // BM) * visited_fraction(chain, BN, BM, sizes)
     side = row_cols if atomic else 0
     flops = 2.0 * BN * BM * (depth + key_cols + side) * tiles
     row_bytes = sum(2 * BM * (const_int(b.shape[-1]) or 0) for b in _row_widths(chain))
@@ -149,7 +146,7 @@ def backward_workload(chain: BackwardChain, point: dict[str, Any], target: Targe
     atomics = tiles * BM * side
     elements = tiles * BN * BM
     then = None if atomic or not row_cols else _rows_workload(chain, point, target, rate if point.get("wgmma") else sync_rate,
-                                                              registers)
+                                                              registers, sizes)
     return Workload(
         blocks=blocks, threads=2 * BN, registers={"ptxas" if registers else "fragments": regs},
         # the key tiles once, the row tiles in a 2-stage ring, dS's [BN][BM] tile, lse and Δ per stage
@@ -167,15 +164,15 @@ def backward_workload(chain: BackwardChain, point: dict[str, Any], target: Targe
 
 
 def _rows_workload(chain: BackwardChain, point: dict[str, Any], target: Target, rate: float,
-                   registers: dict[str, int] | None) -> Workload:
+                   registers: dict[str, int] | None, sizes: Mapping[str, int] | None) -> Workload:
     """The query-major kernel of the row-side outputs: the row-key contractions again and the
     row-side contraction per visited tile, in registers, stored once."""
     BM, BN = int(point["dq_rows"]), int(point["dq_key_tile"])
-    queries, keys, heads, groups = _extents(chain)
+    queries, keys, heads, groups = _extents(chain, sizes)
     depth = sum(c.depth for c in chain.contractions)
     row_cols = sum(o.columns for o in chain.of_kind("row"))
     blocks = heads * groups * -(-queries // BM)
-    tiles = blocks * -(-keys // BN) * visited_fraction(chain, BN, BM)
+    tiles = blocks * -(-keys // BN) * visited_fraction(chain, BN, BM, sizes)
     flops = 2.0 * BM * BN * (depth + row_cols) * tiles
     elements = tiles * BN * BM
     regs = (registers or {}).get("rows") or (BN // 2 * len(chain.contractions) + BN // 4 + row_cols // 2 + 48)
@@ -200,31 +197,6 @@ def _row_widths(chain: BackwardChain) -> list[Any]:
     return list(seen.values())
 
 
-def _compiled_registers(tensors: Sequence[Tensor], args: dict[str, Any], arch: str, name: str | None
-                        ) -> tuple[dict[str, int], int] | str:
-    """(registers of the main and query-major kernels, spilled bytes of any kernel) as the build
-    compiles them, or why not."""
-    plan = Plan((Step("online_backward_mma", args),), "online_backward_mma", "")
-    timing = PassTiming()
-    try:
-        module = schedule_module(list(tensors), plan, name=name, dumper=None, timing=timing)
-        kernel = compile_module(module, plan, "cuda", arch=arch, options=(), dumper=None, timing=timing)
-    except TeccError as exc:
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    if len(kernel.resources) != len(kernel.module.kernels):
-        return f"ptxas reported {len(kernel.resources)} kernels (log: {kernel.compile_log.strip()[:200]!r})"
-    serialized = wgmma_serialized(kernel.compile_log)
-    if serialized is not None:
-        return f"ptxas serializes the wgmmas ({serialized[:120]})"
-    limit = target_info(arch).smem_per_block_optin
-    widest = max(dynamic_shared_bytes(k) + kernel.resources[k.name].shared_bytes for k in kernel.module.kernels)
-    if widest > limit:
-        return f"{widest // 1024} KiB of shared memory per block, {arch} allows {limit // 1024} KiB"
-    regs = {("main" if n.endswith("_backward_mma_kernel") else "rows"): r.registers
-            for n, r in kernel.resources.items() if n.endswith(("_backward_mma_kernel", "_backward_rows_kernel"))}
-    return regs, sum(r.spill_stores + r.spill_loads for r in kernel.resources.values())
-
-
 def _label(point: dict[str, Any]) -> str:
     dq = (f"dQ by a query-major kernel {point['dq_rows']}x{point['dq_key_tile']}" if point.get("dq") == "kernel"
           else f"dQ by atomics ({point['dq_columns']} columns per unit)")
@@ -234,76 +206,143 @@ def _label(point: dict[str, Any]) -> str:
 NEAR = 1.05   # points predicted within 5% of the best are ordered by their tensor term
 
 
-def _ranked(points: list[dict[str, Any]], workloads: list[Workload], target: Target) -> list[dict[str, Any]]:
-    """The points by predicted time, except that those within NEAR of the best come first in the
-    order of their tensor time (the tensor term plus the second kernel's): the time of every
-    point here is bound by the same L2 stream of row tiles (re-read by every key block, the same
-    bytes for every tile shape), which the model prices but no measurement has calibrated for
-    this kernel yet, while the tensor term is where the instruction forms (mma.sync, wgmma) and
-    the dQ forms really differ."""
-    costs = [predict(w, target) for w in workloads]
-    best = min((c.total for c in costs), default=math.inf)
-
-    def tensor(i: int) -> float:
-        then = workloads[i].then
-        return costs[i].terms.get("tensor", 0.0) + (predict(then, target).terms.get("tensor", 0.0) if then else 0.0)
-    near = sorted((i for i, c in enumerate(costs) if c.total <= NEAR * best), key=tensor)
-    rest = sorted((i for i, c in enumerate(costs) if c.total > NEAR * best), key=lambda i: costs[i].total)
-    return [points[i] for i in near + rest]
+def _chain(program: Program) -> BackwardChain | str:
+    """The program's backward chain, or why it is none (memoized per program)."""
+    def recognize() -> BackwardChain | str:
+        try:
+            return backward_chain(program.args)
+        except ScheduleError as exc:
+            return str(exc).splitlines()[0]
+    return program.memo("online_backward/chain", recognize)
 
 
-def propose(tensors: Sequence[Tensor], target: Any = None, name: str | None = None) -> BackwardChoice | None:
-    """The tensor-core plan of the backward program `tensors`, or None when it is not one (or no
-    point compiles without spills)."""
-    try:
-        chain = backward_chain(tensors)
-    except ScheduleError:
-        return None
-    arch = target if isinstance(target, str) and target.startswith("sm_") else default_arch()
-    if _arch_number(arch) < MMA_MIN_ARCH:
-        return None
-    info = target_info(arch)
-    widest = max([c.depth for c in chain.contractions] + [o.columns for o in chain.outputs])
-    points = list(backward_tilings(widest, wgmma=_arch_number(arch) == WGMMA_ARCH))
-    if not chain.of_kind("row"):
-        points = [p for p in points if p.get("dq", "atomic") == "atomic"]
-    ranked = _ranked(points, [backward_workload(chain, p, info) for p in points], info)
-    passed: list[str] = []
-    for point in ranked:
-        found = _compiled_registers(tensors, point, arch, name)
-        if isinstance(found, str):
-            passed.append(f"{_label(point)}: {found}")
-            continue
-        registers, spilled = found
-        if spilled:
-            passed.append(f"{_label(point)}: {registers} registers, spills")
-            continue
-        cost = predict(backward_workload(chain, point, info, registers), info)
-        other = [predict(backward_workload(chain, p, info), info).total for p in points
-                 if p.get("dq", "atomic") != point.get("dq", "atomic") and p["key_tile"] == point["key_tile"]
-                 and p["rows"] == point["rows"] and p.get("wgmma") == point.get("wgmma")]
-        return BackwardChoice(_plan(chain, point, arch, registers, cost, passed, other), "", cost)
+def _priced_sizes(program: Program, chain: BackwardChain) -> dict[str, int]:
+    """The sizes the points are priced at: the program's, and for a symbolic extent it does not
+    size the per-kernel analysis' DEFAULT_SIZE, so that the rewrite and the per-kernel plans of
+    the kernels it replaces are weighed at the same extents."""
+    return {v.name: int(program.sizes.get(v.name, DEFAULT_SIZE)) for v in _size_vars(chain)}
+
+
+def _registers(resources: Mapping[str, KernelResources] | None) -> dict[str, int]:
+    """ptxas's registers of the key-block-major ("main") and query-major ("rows") kernels."""
+    return {("main" if n.endswith("_backward_mma_kernel") else "rows"): r.registers
+            for n, r in (resources or {}).items() if n.endswith(("_backward_mma_kernel", "_backward_rows_kernel"))}
+
+
+def _strided_rows(program: Program) -> str | None:
+    """Why not, when an input's rows are not contiguous: the kernels stage every operand and
+    row statistic by cp.async row copies, which need a last stride of 1 known when compiling."""
+    for t in program.args:
+        op = t.op
+        strides = getattr(op, "strides", None) if t.is_placeholder else None
+        if strides and const_int(strides[-1]) != 1:
+            return (f"online_backward_mma: the rows of input {t.name} are not contiguous (last stride {strides[-1]}); "
+                    "its cp.async row copies need a last stride of 1")
     return None
 
 
-def _plan(chain: BackwardChain, point: dict[str, Any], arch: str, registers: dict[str, int], cost: Cost,
-          passed: list[str], other: list[float]) -> Plan:
+class OnlineBackwardMma(GraphStrategy):
+    """The registry's face of this module (see the module docstring)."""
+
+    name = "online_backward_mma"
+    description = ("the backward of an online contraction (attention's gradient) as three tensor-core kernels: the row "
+                   "statistics, blocks of keys walking the query blocks with dK/dV in registers, dQ by float32 atomics "
+                   "or a query-major kernel; no (rows x keys) buffer")
+    compile_checked = True
+
+    def guard(self, program: Program) -> str | None:
+        chain = _chain(program)
+        if isinstance(chain, str):
+            return chain
+        if program.target.sm < MMA_MIN_ARCH:
+            return f"online_backward_mma: {program.target.arch} has no mma.m16n8k16 / cp.async (sm_80 or newer)"
+        return _strided_rows(program)
+
+    def space(self, program: Program) -> list[Point]:
+        chain = _chain(program)
+        assert not isinstance(chain, str)
+        widest = max([c.depth for c in chain.contractions] + [o.columns for o in chain.outputs])
+        points = list(backward_tilings(widest, wgmma=program.target.sm == WGMMA_ARCH))
+        if not chain.of_kind("row"):
+            points = [p for p in points if p.get("dq", "atomic") == "atomic"]
+        return points
+
+    def workload(self, program: Program, point: Point) -> Workload:
+        chain = _chain(program)
+        assert not isinstance(chain, str)
+        return backward_workload(chain, point, program.target, sizes=_priced_sizes(program, chain))
+
+    def order(self, program: Program, ranked: list[Any]) -> list[Any]:
+        """The tilings in the order they are tried, priced at NOMINAL_LENGTH for every symbolic
+        extent (the lengths they were compared at: a tiling's rank does not follow the program's
+        sizes, which only weigh the rewrite against the per-kernel plans): those predicted within
+        NEAR of the best first, by their tensor time (the tensor term plus the second kernel's),
+        then the rest by predicted time; ties in the order of the space. Every point here is
+        bound by the same L2 stream of row tiles (re-read by every key block, the same bytes for
+        every tile shape), which the model prices but no measurement has calibrated for this
+        kernel yet, while the tensor term is where the instruction forms (mma.sync, wgmma) and the
+        dQ forms really differ."""
+        if not ranked:
+            return ranked
+        chain = _chain(program)
+        assert not isinstance(chain, str)
+        target = program.target
+        space = [dict(p) for p in self.space(program)]
+
+        def nominal(c: Any) -> tuple[float, float, int]:
+            w = backward_workload(chain, c.point, target)
+            cost = predict(w, target)
+            after = predict(w.then, target).terms.get("tensor", 0.0) if w.then is not None else 0.0
+            position = space.index(c.point) if c.point in space else len(space)
+            return cost.total, cost.terms.get("tensor", 0.0) + after, position
+        keys = {id(c): nominal(c) for c in ranked}
+        best = min(k[0] for k in keys.values())
+        near = sorted((c for c in ranked if keys[id(c)][0] <= NEAR * best), key=lambda c: keys[id(c)][1:])
+        rest = sorted((c for c in ranked if keys[id(c)][0] > NEAR * best), key=lambda c: (keys[id(c)][0], keys[id(c)][2]))
+        return near + rest
+
+    def apply(self, sch: Any, program: Program, point: Point) -> None:
+        sch.online_backward_mma(**point)
+        limit = program.target.smem_per_block_optin
+        widest = max((dynamic_shared_bytes(k) for k in sch.mod.kernels), default=0)
+        if widest > limit:
+            raise ScheduleError(f"online_backward_mma: {widest // 1024} KiB of shared memory per block, "
+                                f"{program.target.arch} allows {limit // 1024} KiB")
+
+    def reason(self, program: Program, point: Point, resources: Mapping[str, KernelResources] | None = None) -> str:
+        chain = _chain(program)
+        assert not isinstance(chain, str)
+        target = program.target
+        registers = _registers(resources)
+        sizes = _priced_sizes(program, chain)
+        cost = predict(backward_workload(chain, point, target, registers or None, sizes), target)
+        other = [predict(backward_workload(chain, p, target, sizes=sizes), target).total for p in self.space(program)
+                 if p.get("dq", "atomic") != point.get("dq", "atomic") and p["key_tile"] == point["key_tile"]
+                 and p["rows"] == point["rows"] and p.get("wgmma") == point.get("wgmma")]
+        return _reason(chain, point, program.compile_arch, registers, cost, other, sizes)
+
+    def describe(self, point: Point) -> str:
+        return f"{self.name}({_label(point)})"
+
+
+def _reason(chain: BackwardChain, point: dict[str, Any], arch: str, registers: dict[str, int], cost: Cost,
+            other: list[float], sizes: Mapping[str, int]) -> str:
     outs = ", ".join(f"{o.tensor.name} ({o.kind} side)" for o in chain.outputs)
-    skipped = visited_fraction(chain, point["key_tile"], point["rows"])
+    skipped = visited_fraction(chain, point["key_tile"], point["rows"], sizes)
     atomic = point.get("dq", "atomic") == "atomic"
     dq = ("the row-side ones by float32 atomics, then their conversion" if atomic else
           f"the row-side ones by a query-major kernel of {point['dq_rows']} rows over key blocks of {point['dq_key_tile']}")
     vs = (f"; the other dQ form predicted {min(other) * 1e6:.0f} us" if other else "")
-    regs = ", ".join(f"{k} {v}" for k, v in sorted(registers.items()))
+    regs = ", ".join(f"{k} {v}" for k, v in sorted(registers.items())) or "not compiled"
     form = "wgmma (a warpgroup per 64 keys)" if point.get("wgmma") else "mma.sync"
-    reason = (f"the backward of an online contraction ({outs}) on tensor cores ({form}): a pre-pass for the row statistics "
-              f"({', '.join(t.name for t in chain.statistics) or 'none'}), blocks of {point['key_tile']} keys walking "
-              f"query blocks of {point['rows']} rows with the key-side outputs in registers, {dq}; no (rows x keys) "
-              f"buffer; {skipped:.0%} of the query blocks visited ({arch}: registers {regs}, no spills; predicted "
-              f"{cost.total * 1e6:.0f} us, {cost.bound}-bound{vs})")
-    if passed:
-        reason += f" (passed over: {'; '.join(passed)})"
-    return Plan((Step("online_backward_mma", dict(point)),), "online_backward_mma", reason)
+    return (f"the backward of an online contraction ({outs}) on tensor cores ({form}): a pre-pass for the row statistics "
+            f"({', '.join(t.name for t in chain.statistics) or 'none'}), blocks of {point['key_tile']} keys walking "
+            f"query blocks of {point['rows']} rows with the key-side outputs in registers, {dq}; no (rows x keys) "
+            f"buffer; {skipped:.0%} of the query blocks visited ({arch}: registers {regs}"
+            f"{', no spills' if registers else ''}; predicted {cost.total * 1e6:.0f} us, {cost.bound}-bound{vs})")
 
 
-__all__ = ["BackwardChoice", "backward_tilings", "backward_workload", "propose", "visited_fraction"]
+register(OnlineBackwardMma())
+
+
+__all__ = ["NEAR", "OnlineBackwardMma", "backward_tilings", "backward_workload", "visited_fraction"]

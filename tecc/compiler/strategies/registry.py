@@ -8,21 +8,40 @@ A **strategy** is a schedule template for one kernel (one stage of the lowered m
   apply(sch, info, point)        the schedule primitives that realize the point on a Schedule
                                  (recorded there as Plan steps)
 
+A **graph strategy** is a rewrite of a group of stages of the lowered module into kernels of its
+own (row fusion, split reductions, the online contraction): the same four declarations over the
+whole `Program` (tecc.compiler.program: the tensors, lowered once, and the Target) instead of one
+kernel's facts, plus the kernels it replaces (`stages`) and the plan's reason:
+
+  guard(program)                 None when the rewrite applies to the program, else why not
+  stages(program)                the kernels of the lowered module it replaces
+  space(program)                 its points
+  workload(program, point)       what the point makes the GPU do (a second kernel as `then`)
+  order(program, ranked)         its points' order where the model does not separate them
+  apply(sch, program, point)     the rewrite's plan step on a Schedule
+  reason(program, point, ...)    what the rewrite does at this point, for the plan
+
 The registry only lists strategies and their declarations; choosing among them is the
-planner's job (tecc.compiler.planner), by predicted time (tecc.compiler.cost). Adding a
-strategy is one file in this package that calls `register(...)` at import: `load_all()`
-imports every module of the package.
+planner's job (tecc.compiler.planner), by predicted time (tecc.compiler.cost): a graph strategy's
+points are priced against the per-kernel plans of the stages it claims, and the cheaper is
+realized. Strategies import nothing above them: what they plan for arrives as arguments (the
+Target, the Program). Adding a strategy is one file in this package that calls `register(...)` at
+import: `load_all()` imports every module of the package.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Union
 
 from ...ir.target import Target
 from ..cost.analysis import KernelInfo
 from ..cost.model import Workload
+
+if TYPE_CHECKING:
+    from ...codegen import KernelResources
+    from ..program import Program
 
 Point = dict[str, Any]
 
@@ -63,11 +82,76 @@ class Strategy:
         return f"<Strategy {self.name}>"
 
 
-_REGISTRY: dict[str, Strategy] = {}
+class GraphStrategy:
+    """Base of graph-level strategies (see the module docstring); subclasses set `name`,
+    `description` and override guard, space, workload, apply and reason.
+
+    Every graph rewrite of tecc today replaces the whole module (its plan step must come
+    first), so `stages` defaults to every kernel of the lowered program and the planner weighs
+    the rewrite against the per-kernel plans of all of them.
+
+    `margin`: the planner ranks a point of this strategy at its predicted time divided by the
+    margin (1: as predicted). A margin above 1 records a measured bias of the model against the
+    rewrite in the regime its guard admits (split_rows: the Little's-law rate of the row kernel it
+    replaces is optimistic near the edge); each one cites its measurement where it is set.
+    `compile_checked`: the planner compiles the realized point (NVRTC, all kernels of the
+    rewritten module) and passes over a point that spills (or serializes its wgmmas), as for the
+    per-kernel strategies. `plan_name`: the Plan's strategy name (default: `name`)."""
+
+    name: str = ""
+    description: str = ""
+    priority: int = 0
+    margin: float = 1.0
+    compile_checked: bool = False
+    uses_default_schedule: bool = False
+
+    @property
+    def plan_name(self) -> str:
+        return self.name
+
+    def guard(self, program: "Program") -> str | None:
+        return None
+
+    def stages(self, program: "Program") -> tuple[str, ...]:
+        return tuple(program.kernels)
+
+    def space(self, program: "Program") -> Iterable[Point]:
+        return [{}]
+
+    def workload(self, program: "Program", point: Point) -> Workload:
+        raise NotImplementedError
+
+    def order(self, program: "Program", ranked: list[Any]) -> list[Any]:
+        """This strategy's valid candidates (the planner's: `.point`, `.workload`, `.cost`) in
+        the order to try them; they arrive ranked by predicted time, and keep the places in the
+        planner's ranking that they held. A strategy that knows better than the model where its
+        points are too close to order overrides it (online_backward_mma)."""
+        return ranked
+
+    def apply(self, sch: Any, program: "Program", point: Point) -> None:
+        raise NotImplementedError
+
+    def reason(self, program: "Program", point: Point,
+               resources: "Mapping[str, KernelResources] | None" = None) -> str:
+        """What the rewrite does at `point`, for the plan (`resources`: ptxas's report of the
+        compile check, when there was one)."""
+        return self.describe(point)
+
+    def describe(self, point: Point) -> str:
+        inner = ", ".join(f"{k}={v}" for k, v in point.items())
+        return f"{self.name}({inner})"
+
+    def __repr__(self) -> str:
+        return f"<GraphStrategy {self.name}>"
 
 
-def register(strategy: Strategy) -> Strategy:
-    """Add `strategy` to the registry (its name must be new)."""
+AnyStrategy = Union[Strategy, GraphStrategy]
+
+_REGISTRY: dict[str, AnyStrategy] = {}
+
+
+def register(strategy: AnyStrategy) -> AnyStrategy:
+    """Add `strategy` (per-kernel or graph-level) to the registry (its name must be new)."""
     if not strategy.name:
         raise ValueError(f"{strategy!r} has no name")
     if strategy.name in _REGISTRY and type(_REGISTRY[strategy.name]) is not type(strategy):
@@ -99,12 +183,18 @@ def load_all() -> None:
 
 
 def strategies() -> list[Strategy]:
-    """Every registered strategy, by name."""
+    """Every registered per-kernel strategy, by name."""
     load_all()
-    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+    return [s for k in sorted(_REGISTRY) if isinstance(s := _REGISTRY[k], Strategy)]
 
 
-def get(name: str) -> Strategy:
+def graph_strategies() -> list[GraphStrategy]:
+    """Every registered graph-level strategy, by name."""
+    load_all()
+    return [s for k in sorted(_REGISTRY) if isinstance(s := _REGISTRY[k], GraphStrategy)]
+
+
+def get(name: str) -> AnyStrategy:
     load_all()
     try:
         return _REGISTRY[name]
@@ -112,4 +202,5 @@ def get(name: str) -> Strategy:
         raise KeyError(f"no strategy {name!r}; registered: {', '.join(sorted(_REGISTRY))}") from None
 
 
-__all__ = ["LOAD_ERRORS", "Point", "Strategy", "get", "load_all", "register", "strategies", "unregister"]
+__all__ = ["LOAD_ERRORS", "AnyStrategy", "GraphStrategy", "Point", "Strategy", "get", "graph_strategies", "load_all",
+           "register", "strategies", "unregister"]

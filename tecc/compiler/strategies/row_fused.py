@@ -1,11 +1,16 @@
 """row_fused: a reduce→elementwise graph sharing the row as ONE kernel (tecc.passes.rewrite.fuse_rows).
 
-This strategy is a *graph* rewrite, not a schedule of one lowered kernel, so it is planned over
-the whole program (`propose`) rather than through the per-kernel registry API; the planner calls
-`propose(tensors, target)` before planning kernel by kernel and keeps the result when it moves
-fewer global bytes than the unfused kernels (the hook is described in docs/memory-bound.md).
+A graph-level strategy (registry.GraphStrategy, `RowFused`): it rewrites every stage of the
+program into one kernel, so the planner prices its point (`workload`: `fused_workload` for one
+row reduction, the one the cost model's honesty loop measured; `row_point_workload` for a group
+kept in registers; `chunked_workload` for a row re-read in chunks; `column_workload` for a group
+with column reductions, whose blocks walk the rows and a combine kernel folds their column
+sums: `_column_choice`) against the per-kernel plans
+of the stages and against the other rewrites that claim the program (split_rows,
+split_row_group), and realizes the cheapest (docs/memory-bound.md, docs/cost-model.md).
 
-Cost (the issue's criterion: fewer global bytes under the register / shared-memory limits):
+Its guard and point (the guard refuses a group whose fused kernel would move no fewer global
+bytes than the stage kernels: the criterion of the issue that introduced it):
 * unfused bytes: every kernel reads its operands and writes its stage; a reduction stage that
   reads a row once per consumer re-reads it (softmax: X three times, two row temporaries);
 * fused bytes: each input once, each output once (cache="registers"), or the row once per
@@ -31,7 +36,7 @@ Cost (the issue's criterion: fewer global bytes under the register / shared-memo
 * the vector width: 16 bytes (float4, or 8 bf16/fp16 as one uint4) when the row length allows,
   else the widest that divides it;
 * a row whose registers overflow what one resident block leaves a thread (64 K / threads) takes
-  half the threads (`fit_row_registers`: 50,304 logits at 512 threads, not 1024), and 8-byte
+  half the threads (`fit_row_registers`: 50,304 logits at 512 threads, not 1024), and 4-byte
   vectors when it fills most of them;
 * a row past the register budget (or of symbolic length) is re-read once per pass; where the
   group has a max / sum-of-exp or a sum / sum-of-squared-deviations pair (softmax, layer norm)
@@ -42,21 +47,32 @@ Cost (the issue's criterion: fewer global bytes under the register / shared-memo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ...ir.errors import ScheduleError
-from ...ir.expr import TensorRead, const_int, free_vars, walk
+from ...ir.evaluate import evaluate_int
+from ...ir.expr import Expr, TensorRead, Var, const_int, free_vars, walk
 from ...ir.tensor import Tensor
 from ...ir.target import Target
 from ...passes.rewrite.fuse_rows import (COLUMN_KERNEL_REGISTERS, ROW_KERNEL_REGISTERS, SM_REGISTERS, SM_THREADS, fuse_rows,
                                          row_group)
 from ...passes.rewrite.row_columns import MAX_COLUMN_BLOCKS_PER_SM
+from ...passes.rewrite.row_prefetch import ASYNC_BYTES, stage_bytes
 from ...passes.schedule.cross_thread import WARP
-from ..cost.analysis import KernelInfo
-from ..cost.model import Workload
-from ..cost.traffic import compulsory_bytes
+from ..cost.analysis import DEFAULT_SIZE, KernelInfo
+from ..cost.model import Workload, predict
+from ..pipeline import first_without_spills
 from ..plan import Plan, Step
+from ..program import Program, resolve_target
+from .registry import GraphStrategy, Point, register
+from .row_fused_cost import (
+    ColumnWalk,
+    RowFusedChoice,
+    chunked_workload,
+    column_workload,
+    fused_workload,
+    row_point_workload,
+)
 
 THREAD_CHOICES = (64, 128, 256, 512, 1024)
 TARGET_PER_THREAD = 8
@@ -65,18 +81,6 @@ MIN_THREADS = 64
 MAX_ROW_REGISTERS = 64
 LONG_ROW_COLUMNS = 8192
 VECTOR_BYTES = 16
-
-
-@dataclass
-class RowFusedChoice:
-    plan: Plan
-    threads: int
-    cache: str
-    fused_bytes_per_row: float
-    unfused_bytes_per_row: float
-    reason: str
-    vector: int = 1
-    rows_per_block: int = 1
 
 
 def _itemsize(t: Tensor) -> int:
@@ -112,12 +116,33 @@ def choose_vector(columns: int | None, itemsize: int) -> int:
 
 
 # Registers one thread may hold (the ISA's limit) and the row kernel's own beside its row arrays
-# (fuse_rows.ROW_KERNEL_REGISTERS); a row array taking more than ROW_CAP_SHARE of the thread's
-# registers takes 8-byte vectors: ptxas (sm_90) spilled the cross-entropy forward + backward at
-# 512 threads x 100 registers of row with 16-byte vectors (8 B fp32 float4, 4 B bf16 uint4; each
-# 16-byte access needs four aligned consecutive registers) and not with 8-byte ones.
+# (fuse_rows.ROW_KERNEL_REGISTERS). A row array taking more than ROW_CAP_SHARE of the thread's
+# registers walks its row with only the last step testing the row's end (fuse_rows'
+# whole_steps) and takes 4-byte vectors, one register per access. With a test at every step
+# ptxas issued the cross-entropy's 25 loads of its row of 50,304 bf16 logits (512 threads x 100
+# registers, 8-byte vectors) one after another, each converted before the next was issued
+# (1183 us on an H200, slower than the forward and backward as two kernels); the straight-line
+# walk issues them together. 16-byte accesses need four aligned consecutive registers each,
+# 8-byte ones two: with the straight-line walk ptxas (sm_90) spilled 56 B (fp32 float2) and
+# 32 B (bf16 4 x bf16); float and bf16x2 accesses compile without spills, every load of the row
+# in flight (2432 / 2736 instructions per row).
 THREAD_REGISTERS = 255
 ROW_CAP_SHARE = 0.75
+NARROW_BYTES = 4
+
+
+def _row_words(columns: int, threads: int, vector: int, arrays: int) -> int:
+    return -(-columns // (threads * vector)) * vector * max(arrays, 1)
+
+
+def _thread_cap(threads: int) -> int:
+    return min(THREAD_REGISTERS, SM_REGISTERS // threads)
+
+
+def fills_registers(columns: int, threads: int, vector: int, arrays: int) -> bool:
+    """Whether the row arrays take more than ROW_CAP_SHARE of what one resident block leaves a
+    thread (the rows whose walk is straight-line code, with 4-byte vectors)."""
+    return _row_words(columns, threads, vector, arrays) > ROW_CAP_SHARE * _thread_cap(threads)
 
 
 def fit_row_registers(columns: int, threads: int, vector: int, arrays: int, itemsize: int) -> tuple[int, int]:
@@ -125,18 +150,13 @@ def fit_row_registers(columns: int, threads: int, vector: int, arrays: int, item
     register per element, `arrays` of them) and the kernel's own registers exceed what one
     resident block leaves a thread (64 K / threads, at most 255): at 1024 threads a thread has
     64, so a cross-entropy over 50,304 logits (52 per thread) spilled at 1024 threads and fits
-    512 (100 of 128). A row that takes most of the thread's registers gets 8-byte vectors."""
-    def words(t: int, v: int) -> int:
-        return -(-columns // (t * v)) * v * max(arrays, 1)
-
-    def cap(t: int) -> int:
-        return min(THREAD_REGISTERS, SM_REGISTERS // t)
-
-    while (threads // 2 >= MIN_THREADS and words(threads, vector) + ROW_KERNEL_REGISTERS > cap(threads)
-           and words(threads // 2, vector) + ROW_KERNEL_REGISTERS <= cap(threads // 2)):
+    512 (100 of 128). A row that fills the registers (fills_registers) gets 4-byte vectors."""
+    while (threads // 2 >= MIN_THREADS
+           and _row_words(columns, threads, vector, arrays) + ROW_KERNEL_REGISTERS > _thread_cap(threads)
+           and _row_words(columns, threads // 2, vector, arrays) + ROW_KERNEL_REGISTERS <= _thread_cap(threads // 2)):
         threads //= 2
-    narrow = max(1, 8 // itemsize)
-    if vector > narrow and columns % narrow == 0 and words(threads, vector) > ROW_CAP_SHARE * cap(threads):
+    narrow = max(1, NARROW_BYTES // itemsize)
+    if vector > narrow and columns % narrow == 0 and fills_registers(columns, threads, vector, arrays):
         vector = narrow
     return threads, vector
 
@@ -146,7 +166,7 @@ def fit_row_registers(columns: int, threads: int, vector: int, arrays: int, item
 # passes' barriers, so each pass converts again (the cross-entropy over 50,304 bf16 logits, 100
 # per thread: 3432 -> 3136 instructions, sm_90). Up to 32 per thread (the forward softmax, layer
 # and RMS norm at 1024-8192 columns) the SASS is the same either way, so their kernels stay as
-# measured. Row kernels with column reductions always take it (propose_with_columns).
+# measured. Row kernels with column reductions always take it (_column_choice).
 FLOAT_ROWS_ELEMENTS = 32
 
 
@@ -210,17 +230,26 @@ def _online_pairs(tensors: Sequence[Tensor], threads: int) -> int:
     return int(dict(kernel.attrs).get("online_pairs", 0))  # type: ignore[call-overload]
 
 
-def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | None:
-    """The row-fused plan for the program `tensors`, or None when it is not a row group or the
-    rewrite would not move fewer global bytes."""
+def propose(tensors: Sequence[Tensor], target: Target | str | None = None) -> RowFusedChoice | None:
+    """row_fused's point for the program `tensors` (what its space holds: one point, chosen by the
+    rules of the module docstring and, for several rows per block, by predicted time on `target`),
+    or None when it is not a row group or the rewrite would not move fewer global bytes. The
+    planner weighs it against the other strategies; split_rows and split_row_group price the
+    kernel they replace with it."""
+    found = _choice(tensors, resolve_target(target))
+    return found if isinstance(found, RowFusedChoice) else None
+
+
+def _choice(tensors: Sequence[Tensor], target: Target) -> RowFusedChoice | str:
+    """The RowFusedChoice, or why the program is not row_fused's."""
     try:
         group = row_group(tensors)
-    except ScheduleError:
-        return None
+    except ScheduleError as exc:
+        return str(exc).splitlines()[0]
     if not _walks_rows_along_their_last_axis(group):
-        return None
+        return "a reduction reads its row along another axis than the last, or contracts (the tiled strategies' business)"
     if group.column_reductions:
-        return propose_with_columns(group, target)
+        return _column_choice(group, target)
     columns = const_int(group.columns)
     width = columns if columns is not None else 4096  # a symbolic row: bytes per row for the comparison
     row_inputs = [t for t in group.program.args if t.is_placeholder and len(t.shape) == len(group.rows) + 1]
@@ -230,6 +259,7 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
     # 16-byte accesses (codegen/vectorize.py: float4, or 8 half-precision elements as a uint4)
     # when every row input has one element size
     vector = choose_vector(columns, itemsize) if cache == "registers" and len(sizes) == 1 else 1
+    wide = vector
     if cache == "registers" and columns is not None:
         threads, vector = fit_row_registers(columns, threads, vector, len(row_inputs), itemsize)
     unroll = 1
@@ -253,7 +283,7 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
     stages = len(group.reductions) + len(group.elementwise)
     unfused = row_in * stages + outs + sum(4 * 2 for _ in group.reductions)
     if stages > 1 and fused >= unfused:
-        return None
+        return f"fused, the rows would move {fused:.0f} B/row, no fewer than the {unfused:.0f} B/row of the stage kernels"
     rows_per_block, priced = 1, ""
     n_rows = _const_rows(group)
     if cache == "registers" and columns is not None and n_rows is not None:
@@ -276,8 +306,39 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
     plan = Plan((Step("fuse_rows", step_args),), "row_fused",
                 f"{stages} stage(s) sharing rows of {group.columns} in one kernel: {fused:.0f} B/row "
                 f"instead of {unfused:.0f} B/row unfused; {layout}, row cache {cache}, vector {vector}" + priced)
+    fallbacks: tuple[Plan, ...] = ()
+    if (cache == "registers" and columns is not None and rows_per_block == 1
+            and fills_registers(columns, threads, vector, len(row_inputs))
+            and columns % (threads * vector)):
+        plan, fallbacks = straight_walk(plan, wide_vector(columns, itemsize, vector, wide))
     return RowFusedChoice(plan, int(step_args["threads"]), cache, fused, unfused, plan.reason, vector,
-                          rows_per_block)
+                          rows_per_block, unroll, len(group.reductions), stages, passes, max(len(row_inputs), 1),
+                          itemsize, bool(group.elementwise), fallbacks=fallbacks)
+
+
+def wide_vector(columns: int, itemsize: int, vector: int, wide: int) -> int:
+    """The 8-byte vector a row filling the registers took before its walk was straight-line
+    code (`vector` where it was not narrowed from `wide`)."""
+    eight = max(1, 8 // itemsize)
+    return eight if vector < wide and eight <= wide and columns % eight == 0 else vector
+
+
+def straight_walk(plan: Plan, vector: int) -> tuple[Plan, tuple[Plan, ...]]:
+    """`plan` (one fuse_rows step) with the straight-line walk (whole_steps), and the plan with
+    every step tested at `vector`: the build falls back to it where ptxas spills the first
+    (`pipeline.first_without_spills`; the straight-line walk hoists every load of the row, which
+    a row filling the register cap may not afford: the forward RMS norm over 50,304 bf16 columns
+    spilled 12 bytes at 512 threads x 100 registers where the cross-entropy's row of the same
+    size did not)."""
+    (step,) = plan.steps
+    args = {k: v for k, v in step.args.items() if k != "whole_steps"}
+    straight = Plan((Step("fuse_rows", {**args, "whole_steps": True}),), plan.strategy,
+                    plan.reason + "; only the last step of each thread's walk tests the row's end")
+    every = {**args, "vector": vector} if vector > 1 else {k: v for k, v in args.items() if k != "vector"}
+    fallback = Plan((Step("fuse_rows", every),), plan.strategy,
+                    plan.reason.replace(f"vector {args.get('vector', 1)}", f"vector {vector}")
+                    + "; every step tests the row's end (the straight-line walk spilled)")
+    return straight, (fallback,)
 
 
 # A group with column reductions (a normalization's backward with dγ, dβ: row_columns.py) keeps
@@ -290,29 +351,26 @@ def propose(tensors: Sequence[Tensor], target: Any = None) -> RowFusedChoice | N
 MAX_COLUMN_ROW_REGISTERS = 32
 
 
-def propose_with_columns(group: Any, target: Any = None) -> RowFusedChoice | None:
+def _column_choice(group: Any, tgt: Target) -> RowFusedChoice | str:
     """The row-fused plan for a row group with column reductions: the fewest threads (at least
     MIN_THREADS) whose cached row and column sums fit MAX_COLUMN_ROW_REGISTERS per thread, and
     row_blocks = SMs x resident blocks (at most MAX_COLUMN_BLOCKS_PER_SM, at most one per row):
     one wave whose blocks each walk the rows, as evenly as the row count allows (S is the fewest
     blocks with the same rows per block: fewer partial rows to fold).
 
-    Each block loads its next row ahead (prefetch: a second set of row registers, loaded while
-    this row's reductions and barriers run) whenever that keeps the resident blocks: a block
-    without it has loads in flight only between a row's start and its first reduction, so
-    narrow rows (a few KiB per row and block) kept too little in flight to reach DRAM bandwidth
-    (layer norm's backward at 8192 x 768 ran at 2.2 TB/s, bf16 at 8192 x 4096 at 2.4 TB/s).
-    The column sums stay in registers when the second row set fits beside them at the same
-    residency (768-1024 columns: 128 threads, 80 registers, 4 blocks), else they move to shared
-    memory (4096 columns: 512 threads, 64 registers, 2 blocks; 8192: 1024 threads, 1 block).
-    Without a residency-preserving form the plan has no prefetch. None when the row is
-    symbolic or too long."""
-    from ..planner import resolve_target  # the planner imports the strategies: imported when called
-
+    Each block loads its next row ahead (prefetch, loaded while this row's reductions and
+    barriers run) whenever that keeps the resident blocks: a block without it has loads in
+    flight only between a row's start and its first reduction, so narrow rows (a few KiB per row
+    and block) kept too little in flight to reach DRAM bandwidth (layer norm's backward at
+    8192 x 768 ran at 2.2 TB/s, bf16 at 8192 x 4096 at 2.4 TB/s). The form is the first of
+    `column_options` that reaches the most resident blocks: the next row in a second set of
+    registers beside the sums (768-1024 columns: 128 threads, 80 registers, 4 blocks), else
+    staged in shared memory by cp.async with the sums in registers (4096 columns: 512 threads,
+    64 registers and 64 KiB (fp32) per block, 2 blocks; 8192: 1024 threads, 1 block), else with
+    the sums in shared memory too. Why not, when the row is symbolic or too long."""
     columns = const_int(group.columns)
     if columns is None:
-        return None
-    tgt = resolve_target(target)
+        return "the row has column reductions and a symbolic length (their sums need a fixed set of columns per thread)"
     row_inputs = [t for t in group.program.args if t.is_placeholder and len(t.shape) == len(group.rows) + 1]
     sizes = {_itemsize(t) for t in row_inputs}
     itemsize = min(sizes) if sizes else 4
@@ -323,20 +381,16 @@ def propose_with_columns(group: Any, target: Any = None) -> RowFusedChoice | Non
     if point is None:
         point = _column_point(columns, vector, 2 * row_arrays, target_elements)
         if point is None:
-            return None
+            return (f"the row of {columns} columns and its column sums do not fit {MAX_COLUMN_ROW_REGISTERS} registers "
+                    "per thread at any thread count")
     threads, elements = point
-    options = [  # (where the sums live, prefetch, the row words per thread), preferred first
-        ("local", True, elements * (2 * row_arrays + sums)),
-        ("shared", True, elements * 2 * row_arrays),
-        ("local", False, elements * (row_arrays + sums)),
-    ]
-    fits = [(where, ahead, column_resident(threads, words, where, sums * elements * threads * 4, tgt))
-            for where, ahead, words in options]
-    best = max(min(n, MAX_COLUMN_BLOCKS_PER_SM) for _, _, n in fits)
+    fits = [(where, into, min(column_resident(threads, words, where, smem, tgt), MAX_COLUMN_BLOCKS_PER_SM), words, smem)
+            for where, into, words, smem in column_options(elements, threads, vector, row_inputs, sums)]
+    best = max(f[2] for f in fits)
     if best == 0:
-        return None
-    where, prefetch, resident = next((w, a, min(n, MAX_COLUMN_BLOCKS_PER_SM)) for w, a, n in fits
-                                     if min(n, MAX_COLUMN_BLOCKS_PER_SM) == best)
+        return f"no block of {threads} threads keeping the row and its column sums fits an SM of {tgt.arch}"
+    where, into, resident, words, smem = next(f for f in fits if f[2] == best)
+    prefetch = into is not None
     row_blocks = tgt.sm_count * resident
     n_rows = _const_rows(group)
     if n_rows is not None:
@@ -351,6 +405,8 @@ def propose_with_columns(group: Any, target: Any = None) -> RowFusedChoice | Non
         step_args["column_sums"] = "shared"
     if prefetch:
         step_args["prefetch"] = True
+    if into == "shared":
+        step_args["prefetch_into"] = "shared"
     if itemsize == 2:  # 16-bit rows: each element converted once per row, not once per pass
         step_args["float_rows"] = True
     row_bytes = sum(_itemsize(t) * columns for t in row_inputs) + sum(
@@ -358,24 +414,62 @@ def propose_with_columns(group: Any, target: Any = None) -> RowFusedChoice | Non
     reason = (f"{len(group.reductions) + len(group.elementwise) + len(group.row_values)} stage(s) sharing rows of "
               f"{group.columns} in one kernel ({row_bytes} B/row) and the column reduction(s) {names} summed in "
               f"{'registers' if where == 'local' else 'shared memory'} by {row_blocks} blocks ({tgt.sm_count} SMs x "
-              f"{resident}) walking the rows{', each loading its next row ahead' if prefetch else ''}, then folded "
+              f"{resident}) walking the rows{AHEAD[into]}, then folded "
               f"by a combine kernel; {threads} threads, {elements} elements per row array per thread, vector {vector}")
     plan = Plan((Step("fuse_rows", step_args),), "row_fused", reason)
-    return RowFusedChoice(plan, threads, "registers", float(row_bytes), float(row_bytes), reason, vector)
+    fallbacks: tuple[Plan, ...] = ()
+    if columns % (threads * vector):
+        # the walk testing every step, falling back to the straight-line walk where that spills
+        # (fp32 rows of 2051, 5000 and 8191 spilled 8, 4 and 172 bytes on sm_90 with every step
+        # tested, none straight; at 768 the straight walk took 321 instructions per row, not 293)
+        straight, _ = straight_walk(plan, vector)
+        fallbacks = (straight,)
+    stages = len(group.reductions) + len(group.elementwise)
+    return RowFusedChoice(plan, threads, "registers", float(row_bytes), float(row_bytes), plan.reason, vector,
+                          reductions=len(group.reductions), stages=stages, arrays=row_arrays, itemsize=itemsize,
+                          elementwise=bool(group.elementwise), fallbacks=fallbacks,
+                          walk=ColumnWalk(row_blocks, sums, elements, resident, into, where, words, smem,
+                                          tuple(group.rows), columns))
 
 
 def column_resident(threads: int, words: int, where: str, shared_bytes: int, tgt: Any) -> int:
     """Resident blocks per SM of a column-reduction row kernel whose row arrays (and, with
     `where` "local", column sums) take `words` registers per thread beside
-    COLUMN_KERNEL_REGISTERS, and with "shared" `shared_bytes` of sums per block: 0 when not one
-    block fits."""
+    COLUMN_KERNEL_REGISTERS, and whose block takes `shared_bytes` of shared memory (the sums
+    with `where` "shared", the next row's stages): 0 when not one block fits."""
     n = 0
     while (threads * (n + 1) <= SM_THREADS
            and SM_REGISTERS // (threads * (n + 1)) >= words + COLUMN_KERNEL_REGISTERS
-           and (where == "local" or (shared_bytes <= tgt.smem_per_block_optin
-                                     and (n + 1) * shared_bytes <= tgt.smem_per_sm))):
+           and (shared_bytes == 0 or (shared_bytes <= tgt.smem_per_block_optin
+                                      and (n + 1) * shared_bytes <= tgt.smem_per_sm))):
         n += 1
     return n
+
+
+AHEAD = {None: "", "registers": ", each loading its next row ahead into registers",
+         "shared": ", each staging its next row in shared memory by cp.async"}
+
+
+def column_options(elements: int, threads: int, vector: int, row_inputs: Sequence[Tensor],
+                   sums: int) -> list[tuple[str, str | None, int, int]]:
+    """The forms of a column-reduction row kernel, preferred first: (where the column sums
+    live, where the next row is loaded ahead (None: not), registers per thread for the row
+    arrays and the sums kept in registers, shared bytes per block). The next row in registers
+    where it keeps the most resident blocks beside the sums (768-1024 columns: ptxas issued those
+    loads before the row's reductions); else staged in shared memory by cp.async (4096 columns:
+    in registers ptxas issued the loads past both reductions' barriers, and the backward ran no
+    faster than without them), which a thread's vectors of 2 bytes cannot take (cp.async moves 4,
+    8 or 16 bytes); else the sums too in shared memory; else nothing ahead."""
+    arrays = max(len(row_inputs), 1)
+    stage = stage_bytes(threads, vector, -(-elements // vector), [_itemsize(t) for t in row_inputs])
+    sums_smem = sums * elements * threads * 4
+    staged = all(vector * _itemsize(t) in ASYNC_BYTES for t in row_inputs)
+    options: list[tuple[str, str | None, int, int]] = [("local", "registers", elements * (2 * arrays + sums), 0)]
+    if staged:
+        options += [("local", "shared", elements * (arrays + sums), stage),
+                    ("shared", "shared", elements * arrays, stage + sums_smem)]
+    options += [("shared", "registers", elements * 2 * arrays, sums_smem), ("local", None, elements * (arrays + sums), 0)]
+    return options
 
 
 def _column_point(columns: int, vector: int, arrays: int, target_elements: int) -> tuple[int, int] | None:
@@ -399,31 +493,6 @@ def _const_rows(group: Any) -> int | None:
     return n
 
 
-def row_point_workload(n_rows: int, columns: int, itemsize: int, vector: int, threads: int, rows_per_block: int,
-                       arrays: int, reductions: int, stages: int, bytes_per_row: float) -> Workload:
-    """What fuse_rows(cache="registers") does for `n_rows` rows of `columns` at a point: T
-    `threads` per row (one block per row), or one warp per row and `rows_per_block` rows per
-    block. Each thread loads K = ceil(C / (T·V)) V-wide pieces (all in flight), each reduction
-    is a shuffle tree plus, above one warp, a shared hand-off and a barrier. The terms that
-    separate the points are the block count (launch and retire: CostParameters.block_cycles)
-    and the registers the cached row takes (occupancy)."""
-    t, w = threads, rows_per_block
-    k = -(-columns // (t * vector))
-    elements = k * vector
-    warps = n_rows * t / WARP
-    tree = TREE_INSTRUCTIONS / 2 + (TREE_INSTRUCTIONS / 2 if t > WARP else 0.0)
-    instr_warp = 2.0 * k + elements * (1.0 + stages) + reductions * tree
-    chain = (GLOBAL_LATENCY_CYCLES + elements * FADD_LATENCY_CYCLES * reductions
-             + reductions * (5 * SHUFFLE_CYCLES + (BARRIER_CYCLES + 5 * SHUFFLE_CYCLES if t > WARP else 0.0)))
-    return Workload(
-        blocks=-(-n_rows // w), threads=t * w,
-        registers={"addressing": 12, "row cache": elements * arrays, "accumulators": 2 * max(reductions, 1)},
-        smem_bytes=4 * 32 if t > WARP else 0, dram_bytes=n_rows * bytes_per_row, l2_bytes=n_rows * bytes_per_row,
-        global_wavefronts=n_rows * bytes_per_row / 128.0, instructions=warps * instr_warp,
-        bytes_in_flight=float(elements * itemsize), ilp=float(vector), chain_cycles=chain,
-        notes=[f"{k} load(s) of {vector} per thread, {t} threads per row, {w} row(s) per block"])
-
-
 # a warp per row is taken over the one-block-per-row point only when predicted this much faster:
 # at a tie (both DRAM-bound) the measured point stays
 ROWS_PER_BLOCK_MARGIN = 0.9
@@ -432,13 +501,11 @@ ROWS_PER_BLOCK_CHOICES = (2, 4, 8, 16)
 
 
 def choose_rows_per_block(n_rows: int, columns: int, itemsize: int, vector: int, threads: int, arrays: int,
-                          reductions: int, stages: int, bytes_per_row: float, target: Any = None) -> tuple[int, str]:
+                          reductions: int, stages: int, bytes_per_row: float,
+                          target: Target | str | None = None) -> tuple[int, str]:
     """1 (one block of `threads` per row) or W rows per block of one warp each, whichever the
     cost model predicts faster (the warp point only when the row still fits MAX_ROW_REGISTERS
     at 32 threads), with the predictions for the plan's reason."""
-    from ..cost.model import predict
-    from ..planner import resolve_target  # the planner imports the strategies: imported when called
-
     tgt = resolve_target(target)
     k_warp = -(-columns // (WARP * vector)) * vector
     if threads == WARP or k_warp * arrays > MAX_ROW_REGISTERS:
@@ -459,14 +526,6 @@ def choose_rows_per_block(n_rows: int, columns: int, itemsize: int, vector: int,
                   f"{base.total * 1e6:.1f} us ({base.bound}-bound) for one block of {threads} per row")
 
 
-# Latencies of the one-row kernel's serial path (cycles; sm_80/sm_90 microbenchmarks, approximate)
-GLOBAL_LATENCY_CYCLES = 550.0      # CostParameters.global_latency_cycles
-SHUFFLE_CYCLES = 30.0              # one __shfl_xor_sync round trip
-BARRIER_CYCLES = 40.0              # CostParameters.barrier_cycles
-FADD_LATENCY_CYCLES = 4.0
-TREE_INSTRUCTIONS = 40.0           # per warp: two 5-step shuffle trees, the shared hand-off, the store
-
-
 def fused_points(columns: int) -> list[dict[str, Any]]:
     """The (threads, cache, vector) points of a one-reduction row kernel of `columns` columns
     that fuse_rows accepts: what the honesty loop measures (propose picks one of them)."""
@@ -480,43 +539,95 @@ def fused_points(columns: int) -> list[dict[str, Any]]:
     return out
 
 
-def fused_workload(info: KernelInfo, point: dict[str, Any], target: Target) -> Workload:
-    """What fuse_rows' kernel for ONE row reduction (`info`: the unfused kernel, one output per
-    row) does at `point` (threads T, cache, vector V, unroll U): one block per row, each thread
-    loads K = ceil(C / (T·V)) V-wide pieces of the row (all independent and unrolled with
-    cache="registers"; with "none" / "online" the chunked walk of row_chunks.py, U pieces issued
-    before any is used, so U in flight), sums them, then a warp shuffle tree, a shared-memory
-    hand-off between warps and a second tree. Multi-pass groups (softmax) are not priced here:
-    the benchmark measures a row sum."""
-    t, v = int(point["threads"]), int(point.get("vector", 1))
-    u = int(point.get("unroll", 1))
-    cache = str(point.get("cache", "registers"))
-    rows = info.outputs
-    columns = info.reduce_extent
-    x_size = max((a.itemsize for a in info.reads), default=4)
-    k = -(-columns // (t * v))
-    in_flight_loads = k if cache == "registers" else max(1, min(k, u))
-    warps = rows * t / 32
-    instr_warp = k * (2.0 + v * (1.0 + info.flops_per_iteration)) + TREE_INSTRUCTIONS
-    chain = (-(-k // in_flight_loads) * GLOBAL_LATENCY_CYCLES + k * v * FADD_LATENCY_CYCLES
-             + 2 * 5 * SHUFFLE_CYCLES + 2 * BARRIER_CYCLES)
-    row_bytes = rows * columns * x_size
-    regs = {"addressing": 12, "row cache" if cache == "registers" else "values": in_flight_loads * v,
-            "accumulators": 2}
-    return Workload(
-        blocks=rows, threads=t, registers=regs, smem_bytes=4 * 32, flops=info.flops,
-        fma_ops=float(info.iterations * info.flops_per_iteration),
-        special_ops=float(info.iterations * info.special_per_iteration),
-        dram_bytes=compulsory_bytes(info), l2_bytes=row_bytes + rows * info.write.itemsize,
-        global_wavefronts=row_bytes / 128.0 + rows, instructions=warps * instr_warp,
-        bytes_in_flight=float(in_flight_loads * v * x_size), ilp=float(v), chain_cycles=chain,
-        notes=[f"one block per row, {k} load(s) of {v} per thread, cache {cache}"])
-
-
 def describe_point(point: dict[str, Any]) -> str:
-    return f"row_fused(threads={point['threads']}, cache={point['cache']}, vector={point.get('vector', 1)})"
+    extra = "".join(f", {k}={point[k]}" for k in ("rows_per_block", "unroll", "row_blocks", "column_sums", "prefetch",
+                                                 "prefetch_into", "whole_steps")
+                    if k in point)
+    return f"row_fused(threads={point['threads']}, cache={point['cache']}, vector={point.get('vector', 1)}{extra})"
 
 
-__all__ = ["RowFusedChoice", "choose_long_row", "choose_point", "choose_rows_per_block", "column_resident",
-           "describe_point", "fit_row_registers", "fused_points",
-           "fused_workload", "propose", "row_point_workload"]
+def _program_choice(program: Program) -> RowFusedChoice | str:
+    return program.memo("row_fused/choice", lambda: _choice(program.args, program.target))
+
+
+def _program_plan(program: Program) -> Plan:
+    """The choice's plan, or where ptxas spills its kernel for the build's arch the first of its
+    fallbacks that does not (RowFusedChoice.fallbacks: the straight-line walk's counterpart;
+    `pipeline.first_without_spills`: no compile without fallbacks, nor without NVRTC, and the
+    plan itself where every one spills); memoized per program."""
+    choice = _program_choice(program)
+    assert isinstance(choice, RowFusedChoice)
+    return program.memo("row_fused/plan", lambda: first_without_spills(
+        program.args, (choice.plan, *choice.fallbacks), program.compile_arch, program.name, lowered=program.module))
+
+
+def _rows_at(rows: Sequence[Expr], sizes: dict[str, int]) -> int:
+    """The row count at the program's sizes (a symbolic one without a size at DEFAULT_SIZE)."""
+    n = 1
+    for e in rows:
+        env = {v: int(sizes.get(v.name, DEFAULT_SIZE)) for v in walk(e) if isinstance(v, Var)}
+        n *= evaluate_int(e, env)
+    return max(n, 1)
+
+
+def row_kernel_info(program: Program) -> KernelInfo:
+    """The facts of the program's first reduction kernel (the row shape and the row length at the
+    program's sizes), which the one-block-per-row kernels are priced on."""
+    for kernel in program.kernels:
+        info = program.info(kernel)
+        if info.reduction:
+            return info
+    return program.info(program.kernels[0])
+
+
+class RowFused(GraphStrategy):
+    """The registry's face of this module: guard, its one point, its workload, the fuse_rows step."""
+
+    name = "row_fused"
+    description = ("a row group (reductions over the rows' last axis, elementwise outputs of the row shape) as one "
+                   "kernel: one block (or one warp) per row, the row kept in registers or re-read in chunks")
+
+    def guard(self, program: Program) -> str | None:
+        found = _program_choice(program)
+        return found if isinstance(found, str) else None
+
+    def space(self, program: Program) -> list[Point]:
+        return [dict(_program_plan(program).steps[0].args)]
+
+    def workload(self, program: Program, point: Point) -> Workload:
+        choice = _program_choice(program)
+        assert isinstance(choice, RowFusedChoice)
+        if choice.walk is not None:
+            return column_workload(choice, choice.walk.columns, _rows_at(choice.walk.rows, program.sizes))
+        info = row_kernel_info(program)
+        n_rows, columns = info.outputs, max(info.reduce_extent, 1)
+        one_reduction = choice.reductions == 1 and not choice.elementwise
+        if one_reduction and int(point.get("rows_per_block", 1)) == 1:
+            return fused_workload(info, point, program.target)   # the benchmarked row kernel
+        if point["cache"] == "registers":
+            return row_point_workload(n_rows, columns, choice.itemsize, int(point.get("vector", 1)),
+                                      int(point["threads"]), int(point.get("rows_per_block", 1)), choice.arrays,
+                                      choice.reductions, choice.stages, choice.fused_bytes_per_row)
+        infos = [program.info(k) for k in program.kernels]
+        flops = sum(i.flops for i in infos)
+        special = float(sum(i.iterations * i.special_per_iteration for i in infos))
+        arith = float(sum(i.iterations * (i.arith_instructions_per_iteration or i.flops_per_iteration) for i in infos))
+        return chunked_workload(n_rows, columns, choice, point, flops, special, arith)
+
+    def apply(self, sch: Any, program: Program, point: Point) -> None:
+        sch.fuse_rows(**point)
+
+    def reason(self, program: Program, point: Point, resources: Any = None) -> str:
+        return _program_plan(program).reason
+
+    def describe(self, point: Point) -> str:
+        return describe_point(point)
+
+
+register(RowFused())
+
+
+__all__ = ["RowFused", "RowFusedChoice", "chunked_workload", "choose_long_row", "choose_point", "choose_rows_per_block",
+           "column_options", "column_resident", "column_workload", "describe_point", "fills_registers",
+           "fit_row_registers", "fused_points", "fused_workload", "propose", "row_kernel_info", "row_point_workload",
+           "straight_walk"]

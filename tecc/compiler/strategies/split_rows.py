@@ -2,12 +2,12 @@
 (tecc.passes.rewrite.split_rows): S blocks per row over contiguous chunks, the partials combined by a
 second small kernel, or, for small inputs, by the last of a row's blocks to finish (one kernel).
 
-Like row_fused and column_reduction this rewrites the whole program (one or two kernels and
-temporaries), so it is proposed over the program (`propose`) rather than through the per-kernel
-registry API; build(plan="auto") asks it first, before row_fused, and keeps today's plans for
-everything it declines.
+A graph-level strategy (registry.GraphStrategy, `SplitRows`): the rewrite replaces the program's
+kernel by one or two kernels and temporaries, so the planner prices its point (`split_workload`)
+against row_fused's one block per row and the per-kernel plans, and realizes the cheapest.
 
-When (all three must hold; `propose` puts the numbers in the plan's reason):
+When (the first two are its guard, the third the planner's ranking; the plan's reason gives the
+numbers):
 * rows alone cannot fill the GPU: fewer rows than WAVES waves of the one-block-per-row kernel
   row_fused would make (SMs × its resident blocks per SM, from the cost model's occupancy);
   many rows keep their register-cached, measured row kernels whatever the model says;
@@ -16,11 +16,13 @@ When (all three must hold; `propose` puts the numbers in the plan's reason):
   Little's law (bytes in flight / latency) below the achievable bandwidth. R blocks of one row
   each run on R SMs: 8 rows x 1024 threads x 64 B = 512 KiB in flight, ~0.95 TB/s; 64 rows
   already keep 4 MiB in flight and run at copy speed (H200: 4.26 TB/s, the split 4.20);
-* the split pays: the two kernels (`split_workload`, the combine as its `then`) are predicted
-  at most SPLIT_TOLERANCE times the row kernel (why not a strict win: see the constant).
-For a full reduction or one over several axes today's plan is one thread per output (the
-per-kernel planner's reduction strategy declines a 0-d output); it is still priced as one block
-per row, the best one-pass form, so the split is taken only where it beats that too.
+* the split pays: the planner ranks its point at its predicted time (`split_workload`, the
+  combine as its `then`) over the strategy's margin, SPLIT_TOLERANCE: taken where it is predicted
+  at most that much slower than the row kernel (why not a strict win: see the constant).
+For a full reduction or one over several axes no row kernel competes (row_fused declines them;
+the per-kernel planner's reduction strategy declines a 0-d output, leaving one thread per
+output): the guard still asks Little's law of one block per row, the best one-pass form, and the
+planner weighs the split against the per-kernel plans.
 
 The point (constants with the fact they rest on):
 * THREADS = 256 per block: 8 resident blocks per SM on sm_80/sm_90 (2048 threads), a 3-step
@@ -88,7 +90,6 @@ from ...ir.evaluate import evaluate_int
 from ...ir.expr import Expr, free_vars, size_product
 from ...ir.target import Target
 from ...ir.tensor import Tensor
-from ...passes.lower import lower
 from ...passes.rewrite.split_rows import (
     COMBINE_THREADS,
     flat_views,
@@ -96,22 +97,23 @@ from ...passes.rewrite.split_rows import (
     row_reduction,
     vector_allowed,
 )
-from ..cost.analysis import KernelInfo, analyze_kernel
+from ..cost.analysis import KernelInfo
 from ..cost.model import DEFAULT_PARAMETERS, Cost, CostParameters, Workload, predict
 from ..cost.traffic import compulsory_bytes
 from ..plan import Plan, Step
+from ..program import Program, resolve_target
 from .column_reduction import ONE_PASS_MIN_SPLITS
-from .row_fused import (
+from .registry import GraphStrategy, Point, register
+from .row_fused import choose_point, choose_vector
+from .row_fused import propose as propose_row_fused
+from .row_fused_cost import (
     BARRIER_CYCLES,
     FADD_LATENCY_CYCLES,
     GLOBAL_LATENCY_CYCLES,
     SHUFFLE_CYCLES,
     TREE_INSTRUCTIONS,
-    choose_point,
-    choose_vector,
     fused_workload,
 )
-from .row_fused import propose as propose_row_fused
 
 THREADS = 256
 WAVES = 2
@@ -236,33 +238,45 @@ def split_workload(info: KernelInfo, rows: int, columns: int, itemsize: int, thr
         then=None if one_pass else second, notes=notes)
 
 
-def propose(tensors: Sequence[Tensor], target: Any = None,
+def propose(tensors: Sequence[Tensor], target: Target | str | None = None,
             sizes: Mapping[str, int] | None = None) -> SplitRowsChoice | None:
-    """The two-stage plan for a one-reduction program whose rows cannot fill the GPU, or None
-    (see the module docstring for when)."""
+    """split_rows' point for a one-reduction program whose rows cannot fill the GPU, or None when
+    its guard declines (module docstring; whether it is taken is the planner's ranking)."""
+    program = Program.of(tensors, target=resolve_target(target), sizes=sizes)
+    found = _program_choice(program)
+    return found if isinstance(found, SplitRowsChoice) else None
+
+
+def _program_choice(program: Program) -> SplitRowsChoice | str:
+    return program.memo("split_rows/choice", lambda: _choice(program))
+
+
+def _choice(program: Program) -> SplitRowsChoice | str:
+    """The SplitRowsChoice, or why split_rows does not take the program."""
+    tensors = program.args
     try:
         stage, red = row_reduction(tensors)
-        if noncontiguous_read(tensors) is not None:
-            return None
-    except ScheduleError:
-        return None
-    sizes = dict(sizes or {})
+        read = noncontiguous_read(tensors)
+    except ScheduleError as exc:
+        return str(exc).splitlines()[0]
+    if read is not None:
+        return read
+    sizes = program.sizes
     rows_expr = size_product(stage.shape)
     extents = [ax.extent for ax in red.axes]
     rows, columns = size_value(rows_expr, sizes), size_value(size_product(extents), sizes)
-    if rows is None or columns is None or rows == 0 or columns == 0:
-        return None  # symbolic without sizes, or nothing to split: today's plan
-    # the planner imports the strategies: imported when called
-    from ..planner import resolve_target
-
-    tgt = resolve_target(target)
+    if rows is None or columns is None:
+        return "the row count or length is symbolic and no size is given for it"
+    if rows == 0 or columns == 0:
+        return "nothing to split: an empty row or no rows"
+    tgt = program.target
     inputs = [t for t in tensors if t.is_placeholder]
     widest = max((t.dtype.bits // 8 for t in inputs), default=4)
     narrowest = min((t.dtype.bits // 8 for t in inputs), default=4)
-    info = analyze_kernel(lower(list(tensors)).kernels[0], sizes)
+    info = program.info(program.kernels[0])
 
-    # today's plan, one block per row: row_fused's own point where it takes the program, else
-    # (several reduced axes, a 0-d output) the point it would choose for such a row
+    # one block per row, the kernel the split replaces: row_fused's own point where it takes the
+    # program, else (several reduced axes, a 0-d output) the point it would choose for such a row
     fused = propose_row_fused(tensors, tgt)
     if fused is not None:
         point = dict(fused.plan.steps[0].args)
@@ -274,12 +288,13 @@ def propose(tensors: Sequence[Tensor], target: Any = None,
     row_cost = predict(fused_workload(info, point, tgt), tgt)
     slots = WAVES * tgt.sm_count * max(row_cost.occupancy.blocks_per_sm, 1)
     if rows >= slots:
-        return None
+        return f"{rows} rows fill the {slots} block slots of {WAVES} waves of one block per row"
     # Little's law: the rate the rows' bytes in flight can sustain, against what DRAM gives
     achievable = DEFAULT_PARAMETERS.dram_efficiency * tgt.dram_bandwidth
     little = float(row_cost.details.get("dram_rate", achievable))
     if little >= achievable:
-        return None  # enough bytes in flight: the row kernel is DRAM-bound already
+        return (f"one block per row keeps enough bytes in flight for DRAM ({_rate(little)} by Little's law, "
+                f"{_rate(achievable)} achievable)")
 
     flat = bool(flat_views(tensors))
     vector = min(8, max(1, VECTOR_BYTES // widest))
@@ -289,16 +304,10 @@ def propose(tensors: Sequence[Tensor], target: Any = None,
     tile = THREADS * vector * unroll
     splits = choose_splits(rows, columns, tile, tgt)
     if splits == 1:
-        return None
-    # the gate prices the two-kernel form, as measured: the one pass only changes how the
-    # programs the split already takes combine (the one-pass prediction is lower still)
-    two_kernels = predict(split_workload(info, rows, columns, widest, THREADS, splits, vector, unroll), tgt)
-    if not two_kernels.ok or two_kernels.total > SPLIT_TOLERANCE * row_cost.total:
-        return None
+        return f"the rows of {columns} are too short for two chunks of {MIN_CHUNK} elements"
     input_bytes = compulsory_bytes(info)
     combine = choose_combine(input_bytes, splits, tgt)
-    split_cost = (two_kernels if combine == "kernel" else
-                  predict(split_workload(info, rows, columns, widest, THREADS, splits, vector, unroll, combine), tgt))
+    split_cost = predict(split_workload(info, rows, columns, widest, THREADS, splits, vector, unroll, combine), tgt)
     chunk = chunk_elements(columns, splits, tile)
     dram_us = input_bytes / (DEFAULT_PARAMETERS.dram_efficiency * tgt.dram_bandwidth) * 1e6
     how = ({"kernel": "by a second kernel", "last_block": "by the last of the row's blocks to finish (one kernel)"}
@@ -319,10 +328,48 @@ def propose(tensors: Sequence[Tensor], target: Any = None,
     return SplitRowsChoice(plan, THREADS, splits, vector, unroll, chunk, split_cost, row_cost, reason, combine)
 
 
+class SplitRows(GraphStrategy):
+    """The registry's face of this module: guard, its one point, `split_workload`, the split_rows step."""
+
+    name = "split_rows"
+    description = ("few long rows (or a full reduction) as a grid reduction: S blocks per row over contiguous "
+                   "chunks, the partials combined by a second kernel or by the row's last block")
+    # the row kernel's Little's-law rate is optimistic near the edge (SPLIT_TOLERANCE): the split is
+    # ranked at its predicted time / 1.1
+    margin = SPLIT_TOLERANCE
+
+    def guard(self, program: Program) -> str | None:
+        found = _program_choice(program)
+        return found if isinstance(found, str) else None
+
+    def space(self, program: Program) -> list[Point]:
+        found = _program_choice(program)
+        assert isinstance(found, SplitRowsChoice)
+        return [dict(found.plan.steps[0].args)]
+
+    def workload(self, program: Program, point: Point) -> Workload:
+        info = program.info(program.kernels[0])
+        widest = max((t.dtype.bits // 8 for t in program.tensors if t.is_placeholder), default=4)
+        return split_workload(info, max(info.outputs, 1), max(info.reduce_extent, 1), widest,
+                              int(point["threads"]), int(point["splits"]), int(point["vector"]), int(point["unroll"]),
+                              str(point.get("combine", "kernel")))
+
+    def apply(self, sch: Any, program: Program, point: Point) -> None:
+        sch.split_rows(**point)
+
+    def reason(self, program: Program, point: Point, resources: Any = None) -> str:
+        found = _program_choice(program)
+        assert isinstance(found, SplitRowsChoice)
+        return found.reason
+
+
+register(SplitRows())
+
+
 def _rate(bytes_per_s: float) -> str:
     """A bandwidth for the reason text: TB/s, or GB/s below 0.1 TB/s (a full reduction's single
     row reads 0.00x TB/s)."""
     return f"{bytes_per_s / 1e12:.2f} TB/s" if bytes_per_s >= 1e11 else f"{bytes_per_s / 1e9:.1f} GB/s"
 
 
-__all__ = ["SplitRowsChoice", "choose_combine", "choose_splits", "chunk_elements", "propose", "split_workload"]
+__all__ = ["SplitRows", "SplitRowsChoice", "choose_combine", "choose_splits", "chunk_elements", "propose", "split_workload"]

@@ -44,6 +44,7 @@ what a 16-byte copy does per byte, so 16- and 8-bit transposes take the swizzled
 
 from __future__ import annotations
 
+import math
 from itertools import product
 from typing import Any, Iterable
 
@@ -77,6 +78,21 @@ LSU_CYCLES = 2.0
 # (Workload.overlap_loss): 0.1-0.4 over the 8192² / 4096² fp32 and fp16 points of that log, 0.2 taken
 OVERLAP_LOSS = 0.2
 SETUP_INSTRUCTIONS = 30.0     # per thread: the block's tile origin (div/mod of blockIdx.x), barrier, exit
+# The DRAM rate a tiled transpose reaches by the shape of its block (Workload.dram_efficiency),
+# fitted to the H200 log of 14 transposes x 5-6 tilings each (benchmarks/RESULTS.md, common ops,
+# docs/memory-bound.md "Transposes"), where every point was predicted DRAM-bound within a few
+# percent of the others and the planner's pick ran at 75-94% of copy while the best tiling ran at
+# 94-99%: relative to the best point of 8 warps in the same transpose, blocks of 2 warps measured
+# a median 0.955 of its rate, 4 warps 0.96, 16 warps 0.92 (BLOCK_WARPS_RATE; 8 warps was the
+# best or within 2% of the best in every transpose), and at equal warps a thread's longer serial
+# walk (its copy chunks plus its stored rows, `serial`) lost about SERIAL_LOSS per doubling above
+# SERIAL_STEPS (32x32 tiles of 8 warps over 64x32 / 32x64 ones of 2 warps: 0.96-1.09 vs
+# 0.89-0.96 of copy, fp32). The physics is not modeled (DRAM page locality of many small tiles in
+# flight is the likeliest cause); the fit picks the measured best of 12 of the 14 transposes.
+BLOCK_WARPS_RATE = {2: 0.955, 4: 0.96, 8: 1.0}
+WIDE_BLOCK_RATE = 0.92        # 16 warps and more
+SERIAL_LOSS = 0.04
+SERIAL_STEPS = 8
 # registers: the addresses and indices, the copy's loaded values (packed 4 bytes to a register: all
 # in flight before the barrier) and a stored value or two; at or within 10 of ptxas's count on the
 # 4096² fp32 and fp16 points (sm_90, NVRTC 13), above it where it matters (many copies per thread)
@@ -111,6 +127,15 @@ def transposed_operand(info: KernelInfo) -> tuple[Access, str, str] | str:
     if sum(1 for a in info.reads if a.buffer == x.buffer) > 1:
         return f"{x.buffer} is read at more than one index"
     return x, u, v
+
+
+def block_rate(threads: int, serial: int) -> float:
+    """The fraction of the DRAM rate a transpose block of `threads` threads reaches when each of
+    its threads issues `serial` memory instructions one after another (copy chunks and stored
+    rows): BLOCK_WARPS_RATE, less SERIAL_LOSS per doubling of `serial` above SERIAL_STEPS."""
+    warps = threads // WARP
+    rate = BLOCK_WARPS_RATE.get(warps, WIDE_BLOCK_RATE if warps > 8 else BLOCK_WARPS_RATE[2])
+    return 1.0 / (1.0 / rate + SERIAL_LOSS * max(0.0, math.log2(serial / SERIAL_STEPS)))
 
 
 def _axis(d: Any, spatial: list[str]) -> str:
@@ -296,7 +321,8 @@ class TransposeTile(Strategy):
             smem_wavefronts=smem_wavefronts, bank_conflict=float(degree), instructions=warps * per_thread,
             # the copy's loads (unrolled) are all issued before the barrier
             bytes_in_flight=float(copies * max(copy_bytes, copy_sectors * 32 / WARP)), ilp=float(rows),
-            block_latency_cycles=550.0 + 40.0, overlap_loss=OVERLAP_LOSS, notes=notes)
+            block_latency_cycles=550.0 + 40.0, overlap_loss=OVERLAP_LOSS,
+            dram_efficiency=block_rate(threads, copies + rows), notes=notes)
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
         found = transposed_operand(info)
@@ -360,4 +386,4 @@ class TransposeTile(Strategy):
 
 register(TransposeTile())
 
-__all__ = ["TransposeTile", "best_pad", "box", "phase_wavefronts", "tile_of", "transposed_operand"]
+__all__ = ["TransposeTile", "best_pad", "block_rate", "box", "phase_wavefronts", "tile_of", "transposed_operand"]

@@ -5,6 +5,8 @@ candidate picks one point per kernel. The first candidate is the planner's own p
 kernel at its best); the others change one kernel to one of its next `top_k` points and leave
 the rest at their best. Each is realized on a `Schedule` (the primitives may refuse a point: it
 is dropped), duplicates are merged, and the `top_k` with the least predicted time are kept.
+When the planner took a graph-level rewrite (attention's online contraction, row fusion, a split
+reduction), the candidates are its plan and the rewrite's next-ranked points instead.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def candidate_plans(args: Sequence[Tensor], arch: str | None = None, *, sizes: M
     if top_k < 1:
         raise TeccError(f"top_k must be at least 1, got {top_k}")
     result = plan_program(list(args), arch, sizes=sizes, name=name, keep=top_k, compile_check=refuse_spills)
+    if result.group is not None and result.group.chosen is not None:
+        return result, _rewrite_candidates(result, top_k)
     best = [kp.chosen for kp in result.kernels]
     choices: list[list[Candidate]] = [best]
     for i, kp in enumerate(result.kernels):
@@ -61,6 +65,29 @@ def candidate_plans(args: Sequence[Tensor], arch: str | None = None, *, sizes: M
     ranked = list(found.values())
     first, rest = ranked[0], sorted(ranked[1:], key=lambda c: c.predicted_us)
     return result, [first, *rest][:top_k]
+
+
+def _rewrite_candidates(result: PlanResult, top_k: int) -> list[TuneCandidate]:
+    """The planner's plan (a graph-level rewrite) and the rewrite strategies' next points, each
+    realized on a Schedule of the lowered program (a point the primitives refuse is dropped)."""
+    from ..schedule import Schedule
+
+    group, program = result.group, result.program
+    assert group is not None and group.chosen is not None and program is not None
+    out = [TuneCandidate(result.plan, group.chosen.label, group.chosen.cost.total * 1e6)]
+    for cand in group.ranked:
+        if len(out) >= top_k:
+            break
+        if cand is group.chosen or cand.failed is not None:
+            continue
+        sch = Schedule(program.args, name=program.name, lowered=program.module)
+        try:
+            cand.strategy.apply(sch, program, cand.point)  # type: ignore[arg-type]
+        except ScheduleError:
+            continue
+        plan = Plan(tuple(sch.plan.steps), cand.strategy.plan_name, cand.label)  # type: ignore[union-attr]
+        out.append(TuneCandidate(plan, cand.label, cand.cost.total * 1e6))
+    return out
 
 
 def _realize(args: Sequence[Tensor], name: str | None, result: PlanResult, picks: Sequence[Candidate]) -> Plan | None:

@@ -43,7 +43,6 @@ from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
 from ...ir.expr import (
     BufferLoad,
-    Call,
     Cast,
     Const,
     Expr,
@@ -52,7 +51,6 @@ from ...ir.expr import (
     binary,
     cast,
     const_int,
-    free_vars,
     reduce_identity,
     substitute,
     walk,
@@ -70,7 +68,7 @@ from ...ir.stmt import (
     Stmt,
     seq,
 )
-from ...ir.tensor import ComputeOp, Tensor
+from ...ir.tensor import Tensor
 from ...ir.visitor import ExprMutator, SubexpressionReplacer
 from ..lower import COMBINE, Inliner, exprs_of, kernel_params, same_shape, signature, unflatten
 from ..names import identifier
@@ -85,7 +83,9 @@ from .row_algebra import group_invariants, invariant_divisions, split_invariant
 from .row_chunks import ColumnWalk
 from .row_columns import MAX_COLUMN_BLOCKS_PER_SM, ColumnPartials, row_loop
 from .row_group import RowGroup, row_group
-from .row_passes import Pass, RowInliner, finish_reduction, row_passes
+from .row_passes import (Pass, RowInliner, finish_reduction, first_pass, peak_row_words, reads_only, row_passes,
+                         row_spans, shared_column_values)
+from .row_prefetch import PREFETCH_INTO, StagedRows
 from ..schedule.cross_thread import WARP, allreduce
 
 CACHES = ("registers", "online", "none")
@@ -104,6 +104,9 @@ ROW_KERNEL_REGISTERS = 24
 # addresses live beside its arrays: with 24, ptxas spilled layer norm's backward over bf16 rows
 # of 768 and 1024 at 128 threads (56 registers, 24 bytes); 32 leaves it at 64 without spills.
 COLUMN_KERNEL_REGISTERS = 32
+# shared memory per SM (sm_80: 164 KiB, sm_90: 228 KiB; the CUDA C++ Programming Guide's
+# "Technical Specifications"): a kernel asks for no more resident blocks than the smaller holds
+SM_SHARED_BYTES = 164 * 1024
 ZERO = Const(0, dt.int32)
 
 
@@ -147,7 +150,8 @@ class _CacheRow(ExprMutator):
 
 def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", name: str | None = None,
               vector: int = 1, rows_per_block: int = 1, unroll: int = 1, row_blocks: int = 0,
-              column_sums: str = "local", prefetch: bool = False, float_rows: bool = False) -> Module:
+              column_sums: str = "local", prefetch: bool = False, float_rows: bool = False,
+              whole_steps: bool = False, prefetch_into: str = "registers") -> Module:
     """The module of ONE kernel computing the row group `args` (see the module docstring), and
     with column reductions (row_group.py) a second kernel that combines their partial sums.
 
@@ -173,18 +177,27 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     block sums its rows' column values in registers and the combine kernel folds the S partial
     rows (row_columns.py; cache="registers" and one row per block only). column_sums: where the
     column sums live, "local" (registers) or "shared" (shared memory, fewer registers).
-    prefetch: with row_blocks, load the block's next row into a second set of registers while
-    this row is computed (the loads in flight through the reductions' barriers: what one
-    resident block per SM needs to keep DRAM busy).
+    prefetch: with row_blocks, load the block's next row while this row is computed (the loads
+    in flight through the reductions' barriers: what one resident block per SM needs to keep
+    DRAM busy); prefetch_into: into a second set of registers ("registers"), or staged in shared
+    memory by cp.async ("shared", row_prefetch.py: no registers, and the loads issued as the row
+    is taken, where ptxas may hold register loads back until the row's last use of its own).
     float_rows: with cache="registers", a 16-bit input's row registers hold it converted to
     float32 once (at the load, or as the prefetched row is taken), not at each pass that reads
     it: one register per element either way (ptxas keeps one cached 16-bit element per 32-bit
     register), one conversion instead of one per pass.
+    whole_steps: with cache="registers" and a row that is no multiple of T·V, only the last
+    step of a thread's walk tests the row's end (`k < K_full || col < C`): the steps below fold
+    to straight-line code (the cross-entropy over 50,304 bf16 logits then issues its row's loads
+    together instead of one after another, and 2880 -> 2736 instructions per row); without it
+    every step is a branch (the compiler does not know tx < T).
     The kernel asks for `min_blocks_per_sm` resident blocks (see SM_THREADS above)."""
     group = row_group(args)
     _check_point(group, threads, cache, vector, unroll, rows_per_block, row_blocks, prefetch)
-    rows = _RowKernel(group, threads, cache, vector, rows_per_block, unroll, row_blocks)
-    rows.cache_row(prefetch, float_rows)
+    if prefetch_into not in PREFETCH_INTO or (prefetch_into == "shared" and not prefetch):
+        raise ScheduleError(f"fuse_rows: prefetch_into={prefetch_into!r} needs prefetch=True and one of {PREFETCH_INTO}")
+    rows = _RowKernel(group, threads, cache, vector, rows_per_block, unroll, row_blocks, whole_steps)
+    rows.cache_row(prefetch, float_rows, prefetch_into)
     rows.row_registers()
     rows.row_passes(rows.passes())
     if group.column_reductions:
@@ -232,7 +245,7 @@ class _RowKernel:
     folded into the one before, cache="online"), `welford` (of which mean/variance pairs)."""
 
     def __init__(self, group: RowGroup, threads: int, cache: str, vector: int, rows_per_block: int, unroll: int,
-                 row_blocks: int) -> None:
+                 row_blocks: int, whole_steps: bool = False) -> None:
         self.group, self.cache, self.row_blocks = group, cache, row_blocks
         self.T, self.V, self.W = T, V, W = threads, vector, rows_per_block
         C = group.columns
@@ -266,6 +279,7 @@ class _RowKernel:
         self.slot = k * V + v if V > 1 else k
         self.K: Expr = Const(-(-(c_const or 0) // (T * V)), dt.int32)
         self.needs_guard = c_const is not None and c_const % (T * V) != 0
+        self.whole_steps = whole_steps  # only the last step tests the row's end (guard)
         self.varying = {k, v, tx}  # what a row-invariant value is free of (row_algebra.py)
 
         self.base_inliner = Inliner(prog.inlined, buffers)
@@ -273,6 +287,7 @@ class _RowKernel:
         self.inliner = RowInliner(self.base_inliner, self.values, self.row_idx)
         self.caches: dict[Buffer, Buffer] = {}   # a cached input's row registers (cache_row)
         self.prefetched: list[tuple[Buffer, Expr]] = []  # (the next row's registers, the row's load)
+        self.staged: StagedRows | None = None      # the next row in shared memory (row_prefetch.py)
         self.shared: dict[Expr, Buffer] = {}     # values a later pass reads again (passes)
         self.hoisted: dict[Expr, Buffer] = {}    # divisions by row values, once per row
         self.accs: dict[int, Expr] = {}          # every Reduce's all-reduced accumulator
@@ -293,11 +308,24 @@ class _RowKernel:
             # C is a multiple of V: a vector is wholly inside the row or wholly past it
             body = For(self.v, 0, V, "vectorize" if vectorized else "unroll", body)
             if self.needs_guard:
-                body = IfThenElse((k * self.T + self.tx) * V < C, body)
+                body = IfThenElse(self.guard((k * self.T + self.tx) * V < C), body)
             return For(k, 0, self.K, "unroll", body)
         if self.needs_guard:
-            body = IfThenElse(self.col < C, body)
+            body = IfThenElse(self.guard(self.col < C), body)
         return For(k, 0, self.K, "unroll", body)
+
+    def guard(self, inside: Expr) -> Expr:
+        """The test of a step of the walk: `inside` (its columns are in the row), after
+        `k < K_full` (the steps whose T·V columns all lie inside the row) with whole_steps. Only
+        the last step can pass the row's end, but the compiler does not know tx < T, so the column
+        test alone keeps a branch and its predicate bookkeeping around every unrolled step; with
+        `k < K_full` first, the steps below K_full fold to straight-line code whose loads ptxas
+        issues together."""
+        if not self.whole_steps:
+            return inside
+        c_const = const_int(self.group.columns)
+        assert c_const is not None
+        return (self.k < c_const // (self.T * self.V)) | inside
 
     def over_columns(self, exprs: list[Expr], element: Callable[[Callable[[Expr], Expr], Expr], Stmt],
                      vectorized: bool = False) -> Stmt:
@@ -313,14 +341,19 @@ class _RowKernel:
         return buf
 
     # ---- the row's registers
-    def cache_row(self, prefetch: bool, float_rows: bool) -> None:
+    def cache_row(self, prefetch: bool, float_rows: bool, into: str = "registers") -> None:
         """cache="registers": every input read at [row.., col] loaded once into K·V registers
         (16-bit ones widened to float32 with `float_rows`); with `prefetch`, taken from the
-        registers the previous step loaded, and the next row's loads issued (prefetch_next_row).
-        Sets `cacher`, which turns the passes' loads of the row into its registers."""
+        registers the previous step loaded, and the next row's loads issued (prefetch_next_row),
+        or `into` "shared": taken from the shared stage the previous step copied into, and the
+        next row's copies issued (row_prefetch.py). Sets `cacher`, which turns the passes' loads
+        of the row into its registers."""
         group, unique, slot = self.group, self.unique, self.slot
         row_shape = group.rows + (group.columns,)
         cached = [t for t in self.prog.args if t.is_placeholder and same_shape(t.shape, row_shape)]
+        if prefetch and into == "shared" and self.cache == "registers" and cached:
+            self.stage_rows(cached, float_rows)
+            return
         for t in cached if self.cache == "registers" else []:
             src = self.buffers[t]
             widen = float_rows and src.dtype in (dt.float16, dt.bfloat16)
@@ -338,6 +371,31 @@ class _RowKernel:
             self.stmts.append(self.column_loop(BufferStore(reg, (slot,), cast(nxt[slot], reg.dtype))))
         if self.prefetched:
             self.prefetch_next_row()
+        self.cacher = _CacheRow(self.caches, self.row_idx, self.col, self.slot)
+
+    def stage_rows(self, cached: list[Tensor], float_rows: bool) -> None:
+        """prefetch_into="shared": this row taken from the shared stages after the wait for its
+        copies, then the next row's copies issued and committed (row_prefetch.py)."""
+        assert self.step is not None
+        C = self.group.columns
+        guard = (lambda first: self.guard(first < C)) if self.needs_guard else None
+        k_const = const_int(self.K)
+        assert k_const is not None
+        self.staged = staged = StagedRows(self.T, self.V, k_const, self.tx, self.k, self.step, self.row_idx, guard,
+                                          self.unique)
+        takes: list[Stmt] = []
+        for t in cached:
+            src = self.buffers[t]
+            widen = float_rows and src.dtype in (dt.float16, dt.bfloat16)
+            reg = Buffer(self.unique(f"{src.name}_row"), dt.float32 if widen else src.dtype, (self.K * self.V,),
+                         "local", tensor=f"{t.name}.local")
+            self.caches[src] = reg
+            self.allocs.append(reg)
+            takes.append(self.column_loop(staged.take(staged.stage(src, t.name), reg, self.slot, self.col),
+                                          vectorized=True))
+        self.stmts.extend([staged.wait(), *takes,
+                           IfThenElse(self.flat_row + self.row_blocks < self.n_rows, staged.issue(self.step + 1)),
+                           staged.commit()])
         self.cacher = _CacheRow(self.caches, self.row_idx, self.col, self.slot)
 
     def prefetch_next_row(self) -> None:
@@ -363,7 +421,7 @@ class _RowKernel:
         if t is not None:
             self.done.add(t)
         for u in self.group.row_values:
-            if u not in self.done and _reads_only(u, values, self.done, inliner, row_idx):
+            if u not in self.done and reads_only(u, values, self.done, inliner, row_idx):
                 self.done.add(u)
                 out.extend(finish_reduction(u, row_idx, self.accs, inliner, values[u], self.buffers, self.tx))
         return out
@@ -380,7 +438,7 @@ class _RowKernel:
         if self.cache != "registers":
             return passes
         passes = [(t, group_invariants(expr, self.varying), r) for t, expr, r in passes]
-        self.shared = _shared_column_values(passes, self.k, lambda e: Buffer(
+        self.shared = shared_column_values(passes, self.k, lambda e: Buffer(
             self.unique("t_row"), e.dtype, (self.K * self.V,), "local", tensor="row.shared"))
         self.allocs.extend(self.shared.values())
         return passes
@@ -414,7 +472,7 @@ class _RowKernel:
         stores keeping those it computes first for a later pass; with the row in registers, a
         division by row values computed once per row (row_algebra.py)."""
         shared, slot = self.shared, self.slot
-        mine = {e: buf for e, buf in shared.items() if _first_pass(passes, e) == i}
+        mine = {e: buf for e, buf in shared.items() if first_pass(passes, e) == i}
         used = SubexpressionReplacer({e: buf[slot] for e, buf in shared.items() if e not in mine})
         kept = [(buf, used.visit(e)) for e, buf in mine.items()]
         expr = passes[i][1]
@@ -531,6 +589,10 @@ class _RowKernel:
         body = seq(IfThenElse(b < n_rows, seq(*first)), body) if first else body
         for nxt, _ in reversed(self.prefetched):
             body = Allocate(nxt, body)
+        if self.staged is not None:  # the first row's copies, then the stages around the rows
+            body = seq(IfThenElse(b < n_rows, self.staged.issue(ZERO)), self.staged.commit(), body)
+            for stage, _ in reversed(self.staged.inputs):
+                body = Allocate(stage, body)
         if partials is not None:
             body = partials.wrap(seq(partials.init(self.column_loop, slot), body,
                                      partials.store(self.column_loop, b, self.col, slot)))
@@ -562,7 +624,7 @@ class _RowKernel:
         # one register per cached element, whatever its width: ptxas does not pack two 16-bit
         # elements of a register array into one register (bf16 rows of 16 spilled at 32)
         arrays = list(self.caches.values()) + list(self.shared.values())
-        row_words = peak_row_words(_row_spans(self.touched, arrays, list(self.caches.values())), words)
+        row_words = peak_row_words(row_spans(self.touched, arrays, list(self.caches.values())), words)
         if partials is not None and partials.scope == "local":  # the column sums live through every row
             row_words += len(partials.accs) * words
         row_words += len(self.prefetched) * words
@@ -570,6 +632,11 @@ class _RowKernel:
                                    COLUMN_KERNEL_REGISTERS if partials is not None else ROW_KERNEL_REGISTERS)
         if partials is not None:  # the blocks the plan keeps resident, no more (row_columns.py)
             blocks = min(blocks, MAX_COLUMN_BLOCKS_PER_SM)
+        smem = self.staged.smem_bytes() if self.staged is not None else 0
+        if partials is not None and partials.scope == "shared":
+            smem += len(partials.accs) * words * self.T * 4
+        if smem:  # no more blocks than the shared memory of an SM holds (the smaller of sm_80 / sm_90)
+            blocks = max(1, min(blocks, SM_SHARED_BYTES // smem))
         return blocks
 
 
@@ -589,72 +656,6 @@ def _module(rows: _RowKernel, body: Stmt, name: str | None) -> Module:
     mname = identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))
     return Module(mname, tuple(arrays) + tuple(sig.scalars), tuple(kernels),
                   tuple(KernelCall(k.name, k.params) for k in kernels), temps)
-
-
-# Intrinsics worth a register to compute once: each is a libdevice call of tens of instructions
-# (expf: ~10 with the range reduction, sinf/logf more), against one register per column.
-EXPENSIVE = ("exp", "log", "sin", "cos", "tanh", "erf", "sigmoid", "exp2", "log2")
-
-
-def _first_pass(passes: Sequence[tuple[Tensor, Expr, Reduce | None]], e: Expr) -> int:
-    return next(i for i, (_, expr, _r) in enumerate(passes) if any(n is e for n in walk(expr)))
-
-
-def _shared_column_values(passes: Sequence[tuple[Tensor, Expr, Reduce | None]], column: Var,
-                          new_buffer: "Callable[[Expr], Buffer]") -> dict[Expr, Buffer]:
-    """The expensive per-column values (EXPENSIVE intrinsics that depend on the column) that a
-    reduction pass computes and a later pass computes again -- softmax's `exp(x - max)` in the sum
-    pass and in the output pass -- each with a register array that keeps it (one per column of
-    the thread, like the cached row) so the later pass reads it instead of recomputing it.
-    Expressions are hash-consed, so "the same value" is identity of the node."""
-    out: dict[Expr, Buffer] = {}
-    for i, (_, expr, r) in enumerate(passes):
-        if r is None:
-            continue  # an output pass is the last to need its values
-        later = {id(n) for _, e, _r in passes[i + 1:] for n in walk(e)}
-        for n in walk(expr):
-            if (isinstance(n, Call) and n.name in EXPENSIVE and id(n) in later and n not in out
-                    and column in free_vars(n) and not any(n is m or _contains(m, n) for m in out)):
-                out[n] = new_buffer(n)
-    return out
-
-
-def _contains(outer: Expr, inner: Expr) -> bool:
-    return any(n is inner for n in walk(outer))
-
-
-def _row_spans(touched: Sequence[set[int]], arrays: Sequence[Buffer],
-               loaded: Sequence[Buffer]) -> list[tuple[float, float]]:
-    """The passes (first, last) over which each row array is live, from `touched[i]` (ids of the
-    arrays pass i reads or writes): a cached input (`loaded`) from the load pass (-1) on, a kept
-    value from just after the pass that computes it (that pass turns each element of its
-    operands into one element of it: `t_row[j] = exp(x_row[j] - m)`, so an operand whose last
-    use is that pass hands its registers over one by one)."""
-    spans: list[tuple[float, float]] = []
-    for buf in arrays:
-        at = [i for i, ids in enumerate(touched) if id(buf) in ids]
-        first = -1.0 if any(buf is b for b in loaded) else min(at, default=-1) + 0.5
-        spans.append((first, float(max(at, default=-1))))
-    return spans
-
-
-def peak_row_words(spans: Sequence[tuple[float, float]], words: int) -> int:
-    """Registers per thread the row arrays (`words` each) hold at once: softmax's exp(x - max)
-    array takes over the registers of the input row it is computed from, so the peak is the
-    most arrays live in one pass, not their sum."""
-    last = max((hi for _, hi in spans), default=0.0)
-    points = [q / 2 for q in range(-2, int(2 * last) + 2)]  # every pass and every gap between two
-    return max((words * sum(1 for lo, hi in spans if lo <= p <= hi) for p in points), default=0)
-
-
-def _reads_only(t: Tensor, values: dict[Tensor, Buffer], known: set[Tensor], inliner: ExprMutator,
-                row_idx: tuple[Expr, ...]) -> bool:
-    """Whether row value `t` reads, of the group's row values and statistics, only `known` ones."""
-    op = t.op
-    assert isinstance(op, ComputeOp)
-    loaded = {id(n.buffer) for n in walk(inliner.visit(substitute(op.body, dict(zip(op.axes, row_idx)))))
-              if isinstance(n, BufferLoad)}
-    return all(u in known for u, buf in values.items() if id(buf) in loaded)
 
 
 __all__ = ["CACHES", "COLUMN_KERNEL_REGISTERS", "VECTORS", "RowGroup", "fuse_rows", "min_blocks_per_sm", "peak_row_words",

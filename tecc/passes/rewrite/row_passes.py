@@ -10,9 +10,11 @@ they are known (`finish_reduction`), and stored by one thread where the stage is
 
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
-from ...ir.expr import Const, Expr, Reduce, TensorRead, Var, substitute, walk
+from ...ir.expr import BufferLoad, Call, Const, Expr, Reduce, TensorRead, Var, free_vars, substitute, walk
 from ...ir.stmt import Buffer, BufferStore, IfThenElse, Stmt
 from ...ir.tensor import ComputeOp, Tensor
 from ...ir.visitor import ExprMutator
@@ -85,4 +87,71 @@ def finish_reduction(t: Tensor, row_idx: tuple[Expr, ...], accs: dict[int, Expr]
     return out
 
 
-__all__ = ["Pass", "RowInliner", "finish_reduction", "row_passes"]
+# Intrinsics worth a register to compute once: each is a libdevice call of tens of instructions
+# (expf: ~10 with the range reduction, sinf/logf more), against one register per column.
+EXPENSIVE = ("exp", "log", "sin", "cos", "tanh", "erf", "sigmoid", "exp2", "log2")
+
+
+def first_pass(passes: Sequence[tuple[Tensor, Expr, Reduce | None]], e: Expr) -> int:
+    return next(i for i, (_, expr, _r) in enumerate(passes) if any(n is e for n in walk(expr)))
+
+
+def shared_column_values(passes: Sequence[tuple[Tensor, Expr, Reduce | None]], column: Var,
+                          new_buffer: Callable[[Expr], Buffer]) -> dict[Expr, Buffer]:
+    """The expensive per-column values (EXPENSIVE intrinsics that depend on the column) that a
+    reduction pass computes and a later pass computes again -- softmax's `exp(x - max)` in the sum
+    pass and in the output pass -- each with a register array that keeps it (one per column of
+    the thread, like the cached row) so the later pass reads it instead of recomputing it.
+    Expressions are hash-consed, so "the same value" is identity of the node."""
+    out: dict[Expr, Buffer] = {}
+    for i, (_, expr, r) in enumerate(passes):
+        if r is None:
+            continue  # an output pass is the last to need its values
+        later = {id(n) for _, e, _r in passes[i + 1:] for n in walk(e)}
+        for n in walk(expr):
+            if (isinstance(n, Call) and n.name in EXPENSIVE and id(n) in later and n not in out
+                    and column in free_vars(n) and not any(n is m or _contains(m, n) for m in out)):
+                out[n] = new_buffer(n)
+    return out
+
+
+def _contains(outer: Expr, inner: Expr) -> bool:
+    return any(n is inner for n in walk(outer))
+
+
+def row_spans(touched: Sequence[set[int]], arrays: Sequence[Buffer],
+               loaded: Sequence[Buffer]) -> list[tuple[float, float]]:
+    """The passes (first, last) over which each row array is live, from `touched[i]` (ids of the
+    arrays pass i reads or writes): a cached input (`loaded`) from the load pass (-1) on, a kept
+    value from just after the pass that computes it (that pass turns each element of its
+    operands into one element of it: `t_row[j] = exp(x_row[j] - m)`, so an operand whose last
+    use is that pass hands its registers over one by one)."""
+    spans: list[tuple[float, float]] = []
+    for buf in arrays:
+        at = [i for i, ids in enumerate(touched) if id(buf) in ids]
+        first = -1.0 if any(buf is b for b in loaded) else min(at, default=-1) + 0.5
+        spans.append((first, float(max(at, default=-1))))
+    return spans
+
+
+def peak_row_words(spans: Sequence[tuple[float, float]], words: int) -> int:
+    """Registers per thread the row arrays (`words` each) hold at once: softmax's exp(x - max)
+    array takes over the registers of the input row it is computed from, so the peak is the
+    most arrays live in one pass, not their sum."""
+    last = max((hi for _, hi in spans), default=0.0)
+    points = [q / 2 for q in range(-2, int(2 * last) + 2)]  # every pass and every gap between two
+    return max((words * sum(1 for lo, hi in spans if lo <= p <= hi) for p in points), default=0)
+
+
+def reads_only(t: Tensor, values: dict[Tensor, Buffer], known: set[Tensor], inliner: ExprMutator,
+                row_idx: tuple[Expr, ...]) -> bool:
+    """Whether row value `t` reads, of the group's row values and statistics, only `known` ones."""
+    op = t.op
+    assert isinstance(op, ComputeOp)
+    loaded = {id(n.buffer) for n in walk(inliner.visit(substitute(op.body, dict(zip(op.axes, row_idx)))))
+              if isinstance(n, BufferLoad)}
+    return all(u in known for u, buf in values.items() if id(buf) in loaded)
+
+
+__all__ = ["EXPENSIVE", "Pass", "RowInliner", "finish_reduction", "first_pass", "peak_row_words", "reads_only", "row_passes",
+           "row_spans", "shared_column_values"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ...ir.errors import ScheduleError
-from ...ir.expr import BufferLoad, Const, Expr, Var, const_int, substitute
+from ...ir.expr import BufferLoad, Const, Expr, Var, const_int, substitute, walk
 from ...ir.intrinsics import WARPGROUP_SIZE
 from ...ir.stmt import (
     AsyncProxyFence,
@@ -300,6 +300,18 @@ class KernelEpilogue(TileStaging):
         return seq(stores, Barrier(), copy)
 
     # ---- the TMA-store epilogue (the warp-specialized wgmma kernel) -----------------------------------
+    def tiles_divide_reads(self, value: Expr) -> bool:
+        """Whether the staged epilogue's guard can go: the value reads global memory besides the
+        accumulator (a bias, a residual: what the guard keeps in bounds) and the block tile
+        divides M and N, so every element's row and column are in range. Without a guard the
+        element's reads no longer wait behind a branch each, and ptxas issues them together:
+        behind per-element branches each load's latency was paid in turn, ~128 times per tile.
+        A plain GEMM (no reads) keeps its guard: its code stays as measured."""
+        m, n = const_int(self.c.m), const_int(self.c.n)
+        if m is None or n is None or m % self.t.bm or n % self.t.bn:
+            return False
+        return any(isinstance(x, BufferLoad) and x.buffer.scope == "global" for x in walk(value))
+
     def staged_epilogue(self) -> Stmt:
         """A consumer warpgroup's tile through the swizzled staging tile and TMA stores (module
         docstring, "tma")."""
@@ -317,7 +329,7 @@ class KernelEpilogue(TileStaging):
             store = BufferStore(self.staging, (col // width, local // 8, local % 8, col % width), value)
             # the guard keeps the epilogue's own reads (a bias at the column...) in bounds; the
             # TMA store clips the staged tile's out-of-range rows and columns itself
-            return IfThenElse((row < c.m) & (column < c.n), store)
+            return store if self.tiles_divide_reads(value) else IfThenElse((row < c.m) & (column < c.n), store)
         writes = self.unrolled("stage_e", self.tile_elements(), element)
 
         def copies() -> Stmt:

@@ -54,7 +54,8 @@ The emulator runs the roles as such (runtime/sim/roles.py): a forgotten release 
 
 from __future__ import annotations
 
-from ...ir.expr import Var
+from ...ir.expr import Const, Var
+from ...ir.tma_stmt import TMA_ALIGN
 from .implicit_gemm import Contraction, Operand
 
 MAX_PERSISTENT = 2**31 - 1
@@ -63,7 +64,9 @@ MAX_PERSISTENT = 2**31 - 1
 def tma_refusal(c: Contraction) -> str | None:
     """Why the contraction's operands cannot be loaded by TMA tile copies, or None when they can
     (module docstring, step 1): every index a plain loop variable, no where(), a contiguous
-    innermost dimension, and two different buffers (one tensor map each)."""
+    innermost dimension, outer strides that are not known at compile time to miss TMA's
+    16-byte alignment (run-time strides are checked when the tensor map is encoded), and two
+    different buffers (one tensor map each)."""
     if c.a.buffer is c.b.buffer:
         return f"A and B are the same buffer {c.a.buffer.name} (one tensor map per buffer)"
     for op in (c.a, c.b):
@@ -94,6 +97,24 @@ def _operand_refusal(c: Contraction, op: Operand) -> str | None:
     strides = op.buffer.strides
     if strides is not None and len(strides) and str(strides[-1]) != "1":
         return f"its innermost stride is {strides[-1]}, TMA needs a contiguous innermost dimension"
+    return _stride_refusal(op)
+
+
+def _stride_refusal(op: Operand) -> str | None:
+    """Why a stride of the operand known at compile time is not a multiple of TMA_ALIGN bytes
+    (cuTensorMapEncodeTiled's rule), or None. A contiguous buffer's outer strides are multiples
+    of its row, so its row decides."""
+    buffer, size = op.buffer, op.buffer.dtype.bytes
+    if buffer.strides is not None:
+        for s in buffer.strides[:-1]:
+            if isinstance(s, Const) and (int(s.value) * size) % TMA_ALIGN:
+                return (f"its stride of {s} elements ({int(s.value) * size} bytes) is not a multiple of "
+                        f"{TMA_ALIGN} bytes (TMA's stride alignment)")
+        return None
+    row = buffer.shape[-1] if len(buffer.shape) > 1 else None
+    if isinstance(row, Const) and (int(row.value) * size) % TMA_ALIGN:
+        return (f"its rows of {row} elements ({int(row.value) * size} bytes) are not a multiple of {TMA_ALIGN} "
+                "bytes (TMA's stride alignment; pad the rows)")
     return None
 
 

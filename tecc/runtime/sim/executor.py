@@ -7,10 +7,13 @@ from typing import Mapping
 import numpy as np
 
 from ...ir.dtype import as_dtype
-from ...ir.errors import TeccError
+from ...ir.errors import ResourceError, TeccError
 from ...ir.expr import Var
 from ...ir.stmt import Buffer, PrimFunc
-from ..host import ArrayInfo, HostProgram, bind_arguments, resolve_launch, temp_shape
+from ...ir.target import Target
+from ..host import ArrayInfo, HostProgram, KernelInfo, bind_arguments, resolve_launch, temp_shape
+from ..marshal import tensor_map_geometry
+from ..tensor_map import encode_arguments
 from .kernel import compile_kernel, simulate_kernel
 from .numerics import poison
 
@@ -26,12 +29,18 @@ class SimExecutor:
     Call it with NumPy arrays in the order of `host.buffer_params`; outputs are written in place.
     Temporaries are allocated per call and poisoned (NaN, or a sentinel for integers), so a read
     of a temporary nothing wrote shows in the result even with `checks=False`; a zero_init one
-    is zeroed once and kept across calls, as on the GPU (`_zeroed`)."""
+    is zeroed once and kept across calls, as on the GPU (`_zeroed`).
 
-    def __init__(self, host: HostProgram, kernels: Mapping[str, PrimFunc], *, checks: bool = True) -> None:
+    `target`: the GPU the kernels were built for; a launch asking for more shared memory per
+    block than it allows (Target.smem_per_block_optin) is refused with a ResourceError, as the
+    CUDA executor refuses it on the device (None: no such check)."""
+
+    def __init__(self, host: HostProgram, kernels: Mapping[str, PrimFunc], *, checks: bool = True,
+                 target: Target | None = None) -> None:
         self.host = host
         self.kernels = dict(kernels)
         self.checks = checks
+        self.target = target
         self._zero_temps: dict[str, np.ndarray] = {}  # flat storage of the zero_init temporaries
         for call in host.calls:
             if call.kernel not in self.kernels:
@@ -74,6 +83,8 @@ class SimExecutor:
             grid, block = resolve_launch(info, kernel_env, host.name)
             if 0 in grid:
                 continue
+            self._check_shared_memory(info)
+            self._check_tensor_maps(info, call.args, values, env)
             args: dict[str, np.ndarray | int] = {}
             for param, name in zip(func.params, call.args):
                 value = values[name]
@@ -81,6 +92,33 @@ class SimExecutor:
                     raise TeccError(f"{host.name}: {call.kernel} parameter {param.name} got the scalar {name}")
                 args[param.name] = value
             simulate_kernel(func, args, grid, block, checks=self.checks)
+
+    def _check_shared_memory(self, info: KernelInfo) -> None:
+        """ResourceError when the launch of `info` asks for more shared memory per block than
+        the target allows (dynamic shared memory, after opting in: Target.smem_per_block_optin;
+        codegen keeps static shared memory within 48 KiB)."""
+        target = self.target
+        if target is None or info.dynamic_smem <= target.smem_per_block_optin:
+            return
+        raise ResourceError(
+            f"{self.host.name}: kernel {info.name} asks for {info.dynamic_smem} bytes of shared memory per block, "
+            f"over the {target.smem_per_block_optin} bytes a block may have on {target.name} ({target.arch}); "
+            "the GPU would refuse the launch: choose a plan with smaller shared-memory tiles (fewer stages, a "
+            "smaller block, or a 16-bit output for a staged epilogue)")
+
+    def _check_tensor_maps(self, info: KernelInfo, names: tuple[str, ...], values: Mapping[str, np.ndarray | int],
+                           env: dict[Var, int]) -> None:
+        """What the CUDA executor checks when it encodes the launch's tensor maps (the base
+        address, the shape and strides TMA can address: tensor_map.encode_arguments), so a kernel
+        the GPU would refuse to launch fails here too, with the same ShapeError."""
+        by_param = {p.name: a for p, a in zip(info.params, names) if isinstance(p, Buffer)}
+        for spec in info.tensor_maps:
+            name = by_param[spec.param]
+            array = values[name]
+            assert isinstance(array, np.ndarray)
+            shape, strides = tensor_map_geometry(self.host, name, env)
+            encode_arguments(spec, array.__array_interface__["data"][0], shape, strides,
+                             f"{self.host.name}: tensor map of {spec.param}")
 
     def _zeroed(self, temp: Buffer, shape: tuple[int, ...]) -> np.ndarray:
         """A zero-initialised temporary (Buffer.zero_init) as the CUDA executor keeps it: zeroed

@@ -17,8 +17,8 @@ import numpy as np
 
 from ...ir import dtype as dt
 from ...ir.errors import DivergenceError, OutOfBoundsError, TeccError
-from ...ir.expr import (MEMORY_INTRINSICS, WARP_INTRINSICS, Binary, BufferLoad, Call, Cast, Compare, Const, Expr, Not,
-                        Reduce, Select, TensorRead, Var)
+from ...ir.expr import (MEMORY_INTRINSICS, OPAQUE_INTRINSICS, WARP_INTRINSICS, Binary, BufferLoad, Call, Cast, Compare,
+                        Const, Expr, Not, Reduce, Select, TensorRead, Var)
 from ...ir.philox import RandomUniform, uniform_from_index
 from ...ir.index_checks import IndexCheck
 from ...ir.stmt import Buffer
@@ -152,6 +152,8 @@ def compile_expr(e: Expr, scope: Scope) -> Closure:
             return _compile_shuffle(e, scope)
         if e.name in MEMORY_INTRINSICS:
             return _compile_memory_intrinsic(e, scope)
+        if e.name in OPAQUE_INTRINSICS:   # an optimization barrier for the CUDA compiler: x itself
+            return compile_expr(e.args[0], scope)
         f = nm.intrinsic(e.name, e.args[0].dtype)
         fa = compile_expr(e.args[0], scope)
         return lambda st: f(fa(st))

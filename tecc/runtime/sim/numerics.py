@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...ir import approx
+from ...ir import approx, approx_gelu
 from ...ir import dtype as dt
 from ...ir.dtype import DType
 from ...ir.errors import TeccError
@@ -223,6 +223,39 @@ def _exp2_ftz(x: Value) -> Value:
     return out if isinstance(x, np.ndarray) else np.float32(out)
 
 
+def _gelu_tanh_approx(x: Value) -> Value:
+    """gelu_tanh_approx (tecc/ir/approx_gelu.py) on float32, step for step as the CUDA helper:
+    x / (1 + 2^t), t = x (TANH_A + TANH_B x^2); 2^t and the reciprocal correctly rounded here
+    (ex2.approx / rcp.approx's own 2^-22 / 1 ulp are inside the stated bound), results below
+    float32's normal range flushed to zero (the .ftz forms)."""
+    x32 = np.asarray(x, np.float32)
+    tiny = np.float32(np.finfo(np.float32).tiny)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        s = (x32 * x32).astype(np.float32)
+        t = (x32 * _fma32(s, np.float32(approx_gelu.TANH_B), np.float32(approx_gelu.TANH_A))).astype(np.float32)
+        e = np.exp2(t).astype(np.float32)
+        r = (np.float32(1) / (np.float32(1) + e)).astype(np.float32)
+        r = np.where(r < tiny, np.float32(0), r).astype(np.float32)
+        out = (x32 * r).astype(np.float32)
+    return out if isinstance(x, np.ndarray) else np.float32(out)
+
+
+def _gelu_erf_approx(x: Value) -> Value:
+    """gelu_erf_approx (tecc/ir/approx_gelu.py) on float32, step for step as the CUDA helper:
+    h = 2^q(u), u = min(fma(|x|, ERF_SCALE, -1), 1); x h for x < 0, x (1 - h) otherwise."""
+    x32 = np.asarray(x, np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        u = _fma32(np.abs(x32), np.float32(approx_gelu.ERF_SCALE), -1.0)
+        u = np.where(np.isnan(u), np.float32(1), np.minimum(u, np.float32(1))).astype(np.float32)  # fminf
+        q = np.full_like(u, approx_gelu.ERF_POLY[-1])
+        for coefficient in approx_gelu.ERF_POLY[-2::-1]:
+            q = _fma32(q, u, coefficient)
+        h = np.exp2(q).astype(np.float32)
+        factor = np.where(x32 < 0, h, (np.float32(1) - h).astype(np.float32)).astype(np.float32)
+        out = (x32 * factor).astype(np.float32)
+    return out if isinstance(x, np.ndarray) else np.float32(out)
+
+
 # Intrinsic name -> NumPy function evaluated in float32 (or the argument's own float type).
 FLOAT_FUNCS: dict[str, Callable[[Value], Value]] = {
     "exp": np.exp,
@@ -243,6 +276,8 @@ FLOAT_FUNCS: dict[str, Callable[[Value], Value]] = {
     "sin_approx": lambda x: _trig_approx(x, cosine=False),
     "cos_approx": lambda x: _trig_approx(x, cosine=True),
     "exp2_approx": lambda x: _exp2_ftz(x),
+    "gelu_erf_approx": _gelu_erf_approx,
+    "gelu_tanh_approx": _gelu_tanh_approx,
 }
 
 
