@@ -107,6 +107,30 @@ def test_tensor_constants_of_the_traced_code_are_program_inputs():
     assert_no_fallback()
 
 
+def test_a_graph_with_constants_loads_from_the_disk_cache_with_them(tmp_path, monkeypatch):
+    import tecc.torch.backend as backend
+
+    monkeypatch.setenv("TECC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TECC_BUILD_CACHE", "1")
+    # programs with cubins (built for CUDA: NVRTC needs no GPU), run in the emulator on CPU tensors
+    monkeypatch.setattr(backend, "_target", lambda emulate: "cuda")
+
+    def f(x):
+        return torch.cat([torch.tensor([]), x * torch.tensor([2.0, -1.0, 0.5])], 0)
+
+    x = torch.randn(4, 3)
+    first = compiled(f)(x)
+    torch._dynamo.reset()
+
+    def no_planning(*args, **kwargs):
+        raise AssertionError("the second compile planned the graph instead of loading it")
+
+    monkeypatch.setattr(backend, "plan_graph", no_planning)
+    second = compiled(f)(x)
+    torch.testing.assert_close(first, f(x), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(second, first, rtol=0, atol=0)
+
+
 # ---- transformers' GPT-2 ---------------------------------------------------------------------------
 
 def gpt2(attention: str, dropout: float = 0.0):
