@@ -171,6 +171,28 @@ def test_gpt2_lm_head_model_trains_four_steps_like_eager(attention):
     assert all(len(r.programs) == 1 for r in reports()), [r.summary() for r in reports()]
 
 
+def test_gpt2_bf16_built_for_sm_90_is_stored_in_the_graph_cache(tmp_path, monkeypatch):
+    """Under bf16 autocast the forward program is planned in regions (the attention's online
+    kernel next to tensor-core GEMMs); the composed module is saved without the GEMMs' schedule
+    records, which the saved loop IR does not hold (built for sm_90 with NVRTC, no GPU, and run
+    in the emulator)."""
+    import tecc.torch.backend as backend
+
+    monkeypatch.setenv("TECC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TECC_BUILD_CACHE", "1")
+    monkeypatch.setattr(backend, "_target", lambda emulate: "cuda")
+    model = gpt2("sdpa")
+    ids = token_batches(1)[0]
+    run = torch.compile(model, backend="tecc", options={"fallback": "error", "arch": "sm_90"})
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = run(input_ids=ids, labels=ids).loss
+        expected = model(input_ids=ids, labels=ids).loss
+    got.backward()
+    assert abs(got.item() - expected.item()) <= 2e-2, (got.item(), expected.item())
+    assert len(list((tmp_path / "graphs").rglob("graph.json"))) == len(reports()) == 4
+    assert_no_fallback()
+
+
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 def test_gpt2_lm_head_model_with_dropout_trains_on_its_own_masks(attention):
     """tecc draws its masks from its own generator (seeded from torch's), so the losses cannot be
