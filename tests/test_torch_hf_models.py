@@ -131,6 +131,44 @@ def test_a_graph_with_constants_loads_from_the_disk_cache_with_them(tmp_path, mo
     torch.testing.assert_close(second, first, rtol=0, atol=0)
 
 
+def test_the_loss_backward_over_gpt2s_full_vocabulary_is_lowered():
+    """The cross-entropy backward of GPT-2 small (8192 tokens x 50257 classes, 411M elements)
+    writes -1 at one position per row (a scatter of one index position): elementwise, however
+    large, so it is lowered, not refused as a search (traced with fake tensors, planned only)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tecc.torch.decompositions import decomposition_table
+    from tecc.torch.graph import plan_graph
+    from tecc.torch.lowering import Sizes
+
+    def loss_grad(logits, target):
+        logits = logits.detach().requires_grad_(True)
+        return torch.autograd.grad(torch.nn.functional.cross_entropy(logits, target), logits)
+
+    logits = torch.empty(8192, 50257)
+    target = torch.empty(8192, dtype=torch.int64)
+    gm = make_fx(loss_grad, decomposition_table=decomposition_table(), tracing_mode="fake")(logits, target)
+    assert any(n.target is torch.ops.aten.scatter.value for n in gm.graph.nodes), gm.code
+    plan = plan_graph(gm, "loss_backward", Sizes(), set())
+    assert not plan.fallbacks, plan.reasons
+
+
+def test_a_one_position_scatter_matches_eager_with_nan_and_odd_sizes():
+    """The same one-position-per-row scatter run in the emulator: odd sizes, NaN and infinities
+    in the input it overwrites, the scattered value at the first and the last column."""
+    x = torch.randn(37, 53)
+    x[0, 0], x[1, 5], x[2, 52] = float("nan"), float("inf"), -float("inf")
+    index = torch.randint(0, 53, (37, 1))
+    index[0, 0], index[3, 0] = 0, 52
+
+    def f(x, index):
+        return torch.scatter(x, 1, index, -1.0), torch.scatter(x, 1, index, x[:, :1] * 2)
+
+    for got, expected in zip(compiled(f)(x, index), f(x, index)):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+    assert_no_fallback()
+
+
 # ---- transformers' GPT-2 ---------------------------------------------------------------------------
 
 def gpt2(attention: str, dropout: float = 0.0):
