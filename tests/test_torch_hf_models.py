@@ -10,8 +10,9 @@ on one 32x32 image matches eager within 1e-4. The GPU tests (@pytest.mark.gpu) t
 sizes of docs/models.md (benchmarks/models_hf.py times them).
 
 transformers and torchvision are not dependencies of tecc: each test skips when its package is
-absent (CI does not install them). With both present the CPU tests take about 4 minutes on the
-2-core machine (resnet50 about 40 s, each GPT-2 test 20-40 s).
+absent (CI does not install them; the tests of torch alone still run there, in a few seconds).
+With both present the CPU tests take about 2.5 minutes on the 2-core machine (resnet50 20-45 s,
+each GPT-2 test 15-25 s).
 """
 
 from __future__ import annotations
