@@ -55,6 +55,12 @@ LEFT_TO_ATEN = {
     "nn.functional.embedding": (lambda s: s.kwargs.get("max_norm") is not None,
                                 "max_norm renormalizes the table's rows in place (embedding_renorm_)"),
 }
+# cases where tecc's result differs from eager's today, each with why (strict: fixing it shows)
+KNOWN_DIFFERENCES = {
+    ("nn.functional.gelu", torch.bfloat16, "extremes"): pytest.mark.xfail(
+        strict=True, reason="the cheap GELU of a 16-bit result (approx_math: gelu_erf_approx, tecc/ir/approx_gelu.py) "
+                            "gives gelu(+inf) = +inf and gelu(-inf) = -inf where eager gives NaN for both"),
+}
 DTYPES = [torch.float32, torch.bfloat16]
 CI_SAMPLES = 1          # per op and dtype, plus the NaN / inf sample
 MAX_SAMPLES = 12        # the slow run's cap per op and dtype
@@ -103,7 +109,8 @@ def _cases(ci: bool):
             for k in picks:
                 cases.append(pytest.param(name, dtype, k, id=f"{name}-{str(dtype)[6:]}-{k}"))
             if ci:
-                cases.append(pytest.param(name, dtype, "extremes", id=f"{name}-{str(dtype)[6:]}-extremes"))
+                marks = KNOWN_DIFFERENCES.get((name, dtype, "extremes"), ())
+                cases.append(pytest.param(name, dtype, "extremes", id=f"{name}-{str(dtype)[6:]}-extremes", marks=marks))
     return cases
 
 

@@ -21,6 +21,9 @@ Why it is exact: with P = exp(s - m)/l, O = Σ_j P·v. For the weights e = exp(s
 ∂O[r, c]/∂e[r, j] = (v(r, j, c) - O[r, c]) / l, so the adjoint of e is (dP - Δ)/l and that of s
 is e·(dP - Δ)/l = P·(dP - Δ) = dS; m cancels (O does not change when every s of a row shifts by
 the same amount, so the gradient through the max is zero) and exp(s - m)/l = exp(s - lse).
+With dropout on the weights (the chain's `dropout`: O = Σ_j D·P·v, D = keep·scale), dV's
+contraction weight is D·P and dP = D·Σ_c dO·v (`keep` regenerated from tc.rand's seed, offset and
+index, never stored); Δ is unchanged (Σ_c dO·O = Σ_j P·dP).
 Memory: the program holds [rows, keys] stages (P, dP, dS), but build() turns it into kernels
 that keep them in registers (tecc.passes.rewrite.online_backward): O(rows·C) memory.
 
@@ -37,7 +40,7 @@ from typing import Callable, Sequence
 
 from . import dtype as dt
 from .errors import ScheduleError
-from .expr import Binary, Cast, Expr, Reduce, TensorRead, Var, call, cast, substitute, walk
+from .expr import Binary, Cast, Const, Expr, Reduce, TensorRead, Var, call, cast, select, substitute, walk
 from .online_chain import ChainParts, find_chain
 from .ops import sum as reduce_sum
 from .tensor import Tensor, compute, placeholder, reduce_axis
@@ -63,9 +66,14 @@ def _strip_casts(e: Expr) -> Expr:
 def _normalized(parts: ChainParts) -> str | None:
     """Why the output is not Σ_j exp(s - m)·v / l (a cast allowed around either), or None."""
     body = _strip_casts(parts.output_body)
-    if (isinstance(body, Binary) and body.op == "/" and _strip_casts(body.a) is parts.contraction
-            and _strip_casts(body.b) is parts.l_value):
-        return None
+    if isinstance(body, Binary) and body.op == "/" and _strip_casts(body.b) is parts.l_value:
+        total = _strip_casts(body.a)
+        if parts.dropout is not None:  # Σ_j keep·w·v · scale (tecc.ir.online_chain's canonical form)
+            if not (isinstance(total, Binary) and total.op == "*" and isinstance(total.b, Const)):
+                return f"the output {parts.output.name} is {parts.output_body}, not the dropout's Σ_j keep·P·v·scale"
+            total = _strip_casts(total.a)
+        if total is parts.contraction:
+            return None
     return (f"the output {parts.output.name} is {parts.output_body}, not Σ_j exp(s - {parts.m.name})·v / "
             f"{parts.l.name} (a cast allowed): its gradient is not the softmax's")
 
@@ -132,6 +140,12 @@ def online_gradient(output: Tensor, wrt: Sequence[Tensor], order: Sequence[Tenso
         return reduce_sum(cast(d_out[(*rj[:-1], c)], acc) * cast(at_row(parts.value, rj[:-1], rj[-1], c), acc), axis=c)
 
     dprobs = compute(tuple(rows) + (keys,), dprobs_body, name=name(f"d{output.name}_probs"))
+    drop = parts.dropout
+    if drop is not None:   # dP = keep·dP_dropped·scale: the mask regenerated from tc.rand, never stored
+        dropped = dprobs
+        dprobs = compute(tuple(rows) + (keys,), lambda *rj: select(
+            at_row(drop.keep, rj[:-1], rj[-1]), dropped[rj] * Const(drop.scale, acc), Const(0.0, acc)),
+            name=name(f"d{output.name}_kept"))
     dscores = compute(tuple(rows) + (keys,), lambda *rj: probs[rj] * (dprobs[rj] - delta[rj[:-1]]),
                       name=name(f"d{output.name}_scores"))
 
@@ -146,7 +160,10 @@ def online_gradient(output: Tensor, wrt: Sequence[Tensor], order: Sequence[Tenso
     if value_inputs:
         def contraction(*rc: Var) -> Expr:
             j = reduce_axis(keys, name="j")
-            return reduce_sum(probs[(*rc[:-1], j)] * cast(at_row(parts.value, rc[:-1], j, rc[-1]), acc), axis=j)
+            weight: Expr = probs[(*rc[:-1], j)]
+            if drop is not None:  # dV = Σ_r keep·P·scale·dO: the forward's dropped weights
+                weight = select(at_row(drop.keep, rc[:-1], j), weight * Const(drop.scale, acc), Const(0.0, acc))
+            return reduce_sum(weight * cast(at_row(parts.value, rc[:-1], j, rc[-1]), acc), axis=j)
 
         mixed = compute(tuple(rows) + (columns,), contraction, name=name(f"{output.name}_mixed"))
         for x, g in zip(value_inputs, backward(mixed, value_inputs, d_out, (probs,))):

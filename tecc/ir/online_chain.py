@@ -8,6 +8,10 @@ For every row r (any number of row axes) and a "key" axis j of extent N:
 
 s is any expression of (r, j) (a contraction Σ_d Q·K times a scale, a plain read, a mask
 `where(cond, s, -inf)`, a bias; grouped heads are index expressions), v is free of m and l.
+O's contraction may also weigh v by P = exp(s - m) / l, and either weight may be dropped by a
+mask drawn from tc.rand (`where(rand < p, 0, P / (1 - p))`, tecc.ir.online_dropout): the parts
+then hold the canonical contraction Σ_j exp(s - m)·v, the output reads it times the dropout's
+scale (and divided by l), and `dropout` holds the keep condition the kernels apply to the terms.
 `find_chain` returns the chain's parts in canonical variables with every compute stage except the
 two statistics inlined, or raises ScheduleError naming the condition that fails. Two users:
 the forward rewrite (tecc.passes.rewrite.online_contraction: one kernel with a running max,
@@ -22,9 +26,10 @@ from typing import Sequence
 
 from . import dtype as dt
 from .errors import ScheduleError
-from .expr import Binary, Call, Cast, Expr, Reduce, TensorRead, Var, const_int, substitute, walk
+from .expr import Binary, Call, Cast, Expr, Reduce, TensorRead, Var, cast, const_int, substitute, walk
+from .online_dropout import Dropout, dropped_weight, scale_const
 from .tensor import ComputeOp, Tensor
-from .visitor import ExprMutator
+from .visitor import ExprMutator, SubexpressionReplacer
 
 
 @dataclass
@@ -49,6 +54,7 @@ class ChainParts:
     output_body: Expr           # g, with the contraction as a Reduce node and column free
     columns: Expr
     row_outputs: tuple[tuple[Tensor, Expr], ...]  # outputs of shape rows (m, l, log-sum-exp ..)
+    dropout: Dropout | None     # the contraction's weights dropped: Σ_j keep·weight·v (tecc.ir.online_dropout)
 
 
 class ExpandStages(ExprMutator):
@@ -149,7 +155,7 @@ def _chain_of(order: Sequence[Tensor], m: Tensor, outputs: set[int]) -> ChainPar
     l_value = Var(f"{l.name}_value", l.dtype, "value")
     stats = {m: m_value, l: l_value}
 
-    main: tuple[Tensor, Expr, Reduce, Expr, Expr] | None = None
+    main: tuple[Tensor, Expr, Reduce, Expr, Expr, Dropout | None] | None = None
     row_outputs: list[tuple[Tensor, Expr]] = []
     for t in order:
         if id(t) not in outputs:
@@ -173,13 +179,14 @@ def _chain_of(order: Sequence[Tensor], m: Tensor, outputs: set[int]) -> ChainPar
             raise ScheduleError(f"online_contraction: two contraction outputs ({main[0].name}, {t.name}); one is "
                                 "supported")
         body = expand(t, stats, op.body, row + (column,))
-        found = _contraction_of(body, keys, key, weight)
+        found = _contraction_of(body, keys, key, weight, l_value, (m_value, l_value))
         if found is None:
             raise ScheduleError(
                 f"online_contraction: output {t.name} does not contract exp(s - {m.name}) against a value over the "
-                f"axis of {m.name} (Σ_j exp(s - {m.name})·v[.., j, c]); a contraction over another axis or of another "
-                "summand is not rescaled by the running max")
-        r, v = found
+                f"axis of {m.name} (Σ_j exp(s - {m.name})·v[.., j, c], or Σ_j P·v with P = exp(s - {m.name}) / "
+                f"{l.name}, either under a dropout mask where(rand < p, 0, ·/(1 - p))); a contraction over another "
+                "axis or of another summand is not rescaled by the running max")
+        r, v, body, dropout = found
         if any(n is m_value or n is l_value for n in walk(v)) or any(isinstance(n, Reduce) for n in walk(v)):
             raise ScheduleError(f"online_contraction: the contracted value of {t.name} reads a statistic or holds a "
                                 "reduction; only plain values rescale")
@@ -189,26 +196,45 @@ def _chain_of(order: Sequence[Tensor], m: Tensor, outputs: set[int]) -> ChainPar
                   and not any(n is q for q in walk(r))]
         if others:
             raise ScheduleError(f"online_contraction: output {t.name} has another reduction besides its contraction")
-        main = (t, body, r, v, t.shape[-1])
+        main = (t, body, r, v, t.shape[-1], dropout)
     if main is None:
         raise ScheduleError(f"online_contraction: no output contracts exp(s - {m.name}) over the axis of {m.name}")
-    t, body, r, v, columns = main
+    t, body, r, v, columns, dropout = main
     return ChainParts(tuple(rows), keys, row, key, column, m, l, m_value, l_value, score, weight, r, v, t, body,
-                      columns, tuple(row_outputs))
+                      columns, tuple(row_outputs), dropout)
 
 
-def _contraction_of(body: Expr, keys: Expr, key: Var, weight: Expr) -> tuple[Reduce, Expr] | None:
-    """(the Reduce, v) of the first Σ_j weight·v (either operand order, the weight cast or not)
-    over the key extent in `body`."""
+def _contraction_of(body: Expr, keys: Expr, key: Var, weight: Expr, l_value: Var, stats: tuple[Var, ...]
+                    ) -> tuple[Reduce, Expr, Expr, Dropout | None] | None:
+    """(the Reduce, v, the output body, the dropout) of the first Σ_j weight·v (either operand
+    order, the weight cast or not) over the key extent in `body`. A weight under a dropout mask
+    or divided by l (tecc.ir.online_dropout) is put in the canonical form: the Reduce becomes
+    Σ_j weight·v (the mask left to the kernels: `dropout.keep`) and the body reads it times the
+    dropout's scale, divided by l where the weight was."""
     for n in walk(body):
         if not (isinstance(n, Reduce) and n.combiner == "sum" and len(n.axes) == 1
                 and n.axes[0].extent is keys and const_int(n.axes[0].lo) == 0):
             continue
         src = substitute(n.source, {n.axes[0]: key})
-        if isinstance(src, Binary) and src.op == "*":
-            for p, v in ((src.a, src.b), (src.b, src.a)):
-                if p is weight or (isinstance(p, Cast) and p.a is weight):
-                    return n, v
+        if not (isinstance(src, Binary) and src.op == "*"):
+            continue
+        for p, v in ((src.a, src.b), (src.b, src.a)):
+            if p is weight or (isinstance(p, Cast) and p.a is weight):
+                return n, v, body, None
+        for first, (p, v) in enumerate(((src.a, src.b), (src.b, src.a))):
+            if any(x is weight for x in walk(v)):
+                continue
+            found = dropped_weight(p, weight, l_value, "online_contraction", stats)
+            if found is None:
+                continue
+            w = weight if found.dtype == weight.dtype else cast(weight, found.dtype)
+            canonical = Reduce("sum", substitute(w * v if first == 0 else v * w, {key: n.axes[0]}), n.axes)
+            total: Expr = canonical
+            if found.dropout is not None:
+                total = total * scale_const(found.dropout, total.dtype)
+            if found.normalized:
+                total = total / (l_value if l_value.dtype == total.dtype else cast(l_value, total.dtype))
+            return canonical, v, SubexpressionReplacer({n: total}).visit(body), found.dropout
     return None
 
 

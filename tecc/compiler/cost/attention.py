@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...ir.target import Target
+from .analysis import RANDOM_COST
 from .model import Workload
 
 SM90_FIT_SMS = 132          # the H200 the fits were measured on (a launch: Σ block costs / 132)
@@ -206,14 +207,31 @@ class AttentionLaunch:
     kv_splits: int = 1
 
 
+# Dropout on the weights (docs/training.md, "Dropout inside attention"): the mask's integer work
+# per score element, issued beside the tile's fitted cost (UNMEASURED: added, not overlapped):
+# a Philox4x32-10 call (RANDOM_COST, ~80 instructions) per four elements, and ~8 instructions per
+# element for the keep bits, their shuffle and the select into P.
+DROPOUT_INSTRUCTIONS = RANDOM_COST / 4 + 8.0
+ISSUE_PER_CLOCK = 128       # thread instructions an SM issues per clock (4 schedulers x 32 lanes)
+FIT_CLOCK_MHZ = 1980.0      # the H200 clock the SM-µs of the fits are in
+
+
+def dropout_tile_us(tiling: Tiling) -> float:
+    """The mask's extra SM-µs per key tile of a block (DROPOUT_INSTRUCTIONS per score element)."""
+    return tiling.rows * tiling.key_tile * DROPOUT_INSTRUCTIONS / ISSUE_PER_CLOCK / FIT_CLOCK_MHZ
+
+
 def attention_workload(tiling: Tiling, launch: AttentionLaunch, registers: int, smem_bytes: int,
                        blocks_per_sm: int, target: Target, dtype: str = "float16",
-                       note: str = "") -> Workload:
+                       note: str = "", dropout: bool = False) -> Workload:
     """The Workload of the tensor-core kernel at `tiling` for `launch`, its block cost on the chain
     term (module docstring); `registers` and `smem_bytes` per block (ptxas's, or the nominal ones)
     give the cost model the same occupancy as `blocks_per_sm`, the occupancy the cost is taken at."""
     (fixed, per_tile, per_guard), source = block_cost(tiling, launch.depth, launch.columns, blocks_per_sm, target,
                                                       dtype)
+    if dropout:
+        per_tile += dropout_tile_us(tiling)
+        source += f"; + {dropout_tile_us(tiling):.3f} per tile for the dropout mask (unmeasured)"
     # the fits are SM-µs of the H200's SMs at 1.98 GHz: a block's serial path in cycles of the target
     cost_us = fixed + per_tile * launch.tiles + per_guard * launch.guarded
     # k resident blocks share the SM, each taking k times its cost; a launch with fewer blocks

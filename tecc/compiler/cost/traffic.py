@@ -9,6 +9,8 @@ elements per lane); the reduction loop runs inside the thread. From the affine o
   sectors, lines     of one warp instruction (tecc.compiler.cost.warp.global_cost)
   L2 bytes           sectors · 32 per instruction, divided by the reuse of a sector over
                      consecutive reduction iterations (its stride in bytes below 32: the L1 keeps it)
+  L1 wavefronts      lines per instruction; a scattered read of a map (several lines, one sector
+                     of each: a permute's strided lanes) SCATTERED_LINE_CYCLES per line
   DRAM bytes         every buffer once (compulsory), plus the L2 traffic beyond that in
                      proportion to how much of the reused footprint does not fit in half of L2
 """
@@ -20,6 +22,16 @@ from dataclasses import dataclass
 from ...ir.target import Target
 from .analysis import Access, KernelInfo
 from .warp import WARP, global_cost, lane_offsets
+
+# L1/shared pipe cycles per line of a scattered warp read (several lines, one 32-byte sector of
+# each) in a kernel without a reduction loop, where a coalesced line takes one. Fitted to the H200
+# times of elementwise permutes (transposes_h200_s24.json, transposes_near_h200_s25.json,
+# docs/memory-bound.md "Transposes"): at one cycle per line their predictions were 0.47-0.79 of
+# the measured times wherever the L1 term bound them (each such line misses L1 and is a separate
+# request to L2), which ranked elementwise ahead of a tiled transpose that the H200 ran
+# 1.3-1.4x faster; at two, the 18 times are predicted at 0.60-1.54 (geometric mean 1.04).
+# Reduction loops keep one cycle (not measured; a thread's row reuses its sectors in L1).
+SCATTERED_LINE_CYCLES = 2.0
 
 
 @dataclass
@@ -131,7 +143,8 @@ def one_thread_per_output(info: KernelInfo, target: Target, vector: int = 1) -> 
             if 0 < stride < 32:
                 reuse = 32.0 / stride
         t.l2_bytes += instr * sectors * 32 / reuse
-        t.wavefronts += instr * lines
+        scattered = not info.reduction and a.offset is not None and 1 < lines and sectors <= lines
+        t.wavefronts += instr * lines * (SCATTERED_LINE_CYCLES if scattered else 1.0)
         t.load_instructions += instr
         if uses_reduce or not info.reduction:
             t.sector_bytes_per_lane += sectors * 32 / WARP
@@ -146,4 +159,4 @@ def one_thread_per_output(info: KernelInfo, target: Target, vector: int = 1) -> 
     return t
 
 
-__all__ = ["Traffic", "compulsory_bytes", "footprint_bytes", "gathered_cost", "dram_from_l2", "one_thread_per_output", "unravel_lanes", "buffer_bytes"]
+__all__ = ["SCATTERED_LINE_CYCLES", "Traffic", "compulsory_bytes", "footprint_bytes", "gathered_cost", "dram_from_l2", "one_thread_per_output", "unravel_lanes", "buffer_bytes"]

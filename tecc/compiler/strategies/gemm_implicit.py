@@ -46,6 +46,16 @@ from .gemm_tensor_core import GemmView, gemm_view
 from .registry import Point, Strategy, register
 
 GATHER_INSTRUCTIONS = 4.0  # per grouped axis of a gathered element: the div/mod pair by a constant
+# per thread and k-tile, whatever the k-tile's size: the gathered copy's work that the per-element
+# count above misses (the reduction index decomposed for the tile, the padding predicates of the
+# thread's rows, the barrier pair and the loop around the copy). Without it the model put k-tile 8
+# within 1% of k-tile 16 while the H200 timed k-tile 8 10-25% slower on the ResNet-50 float32
+# layers, and split-K parts of few k-tiles (split 8-16 at k-tile 8) 20-50% slower. Fitted on the
+# ten float32 layers of benchmarks/results/planner_regret_h200_s25.json by the ranking of their
+# measured candidates: any value in 80..256 ranks them alike (leave-one-layer-out: the same picks),
+# 0..72 leaves the 14x14 and 56x56 1x1 layers picking 20-50% slow points (docs/cost-model.md,
+# "Planner regret").
+KTILE_GATHER_INSTRUCTIONS = 96.0
 # Registers per thread as ptxas (NVRTC 12, sm_90) allocates them per (BM, BN, BK): the median over
 # the ten ResNet-50 float32 layers of benchmarks/conv.py (NHWC, batch 32; 1x1 and 3x3 within 1-11
 # of each other on most points). The gathered addresses keep the row part of every copy live
@@ -166,7 +176,7 @@ class GemmImplicit(Strategy):
             per_block += elements * ((6.0 - 6.0 / 4) * (width == 1) + GATHER_INSTRUCTIONS * grouped / width)
         parts = {k: v for k, v in base.registers.items() if k in ("accumulators", "fragments", "copy")}
         regs = parts | {"addressing and gathers": IMPLICIT_PTXAS_REGISTERS[(bm, bn, bk)] - sum(parts.values())}
-        extra = base.blocks * ktiles * per_block / 32
+        extra = base.blocks * ktiles * (per_block / 32 + KTILE_GATHER_INSTRUCTIONS * base.threads / 32)
         notes = base.notes + [f"implicit GEMM {view.m}x{view.n}x{view.k}: copies {widths[0]}/{widths[1]} "
                               "elements wide, gathered through the view"]
         return replace(base, instructions=base.instructions + extra, registers=regs, notes=notes)

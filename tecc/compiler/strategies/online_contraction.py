@@ -317,7 +317,7 @@ class _TensorCoreForm(GraphStrategy):
         registers, smem, how = self.occupancy_inputs(program, facts, point, tiling, found)
         blocks_per_sm = occupancy(program.target, tiling.threads, -(-registers // 8) * 8, smem).blocks_per_sm
         return attention_workload(tiling, launch, registers, smem, max(blocks_per_sm, 1), program.target, facts.dtype,
-                                  note=how)
+                                  note=how, dropout=facts.chain.dropout is not None)
 
     def occupancy_inputs(self, program: Program, facts: ChainFacts, point: Point, tiling: Tiling,
                          found: tuple[float, float, float, int] | None) -> tuple[int, int, str]:

@@ -44,6 +44,7 @@ from ..schedule.tile_staging import row_swizzle
 from .key_tiles import kept_conditions, query_block_start
 from .mma_tiles import check_relayout, two_n8_tiles
 from .online_backward import BackwardChain
+from .online_backward_dropout import keep_form, key_major_keeps, m16n8, uniform_branch
 from .online_backward_kernels import STAGES, WHERE, BackwardKernels, Tiles, tile_key, unflatten, vanishes
 from .online_contraction import MAX_GRID_Y
 
@@ -255,7 +256,7 @@ class KeyMajor(BackwardKernels):
                            self.unrolled("depth_step", c.depth // 16, step, self.rolled)))
         return seq(*out)
 
-    def _element(self, nt: Var, e: Var, stage: Expr) -> tuple[dict[Expr, Expr], Expr, Expr, Expr, Expr]:
+    def _element(self, nt: Var, e: Expr, stage: Expr) -> tuple[dict[Expr, Expr], Expr, Expr, Expr, Expr]:
         """(replacements, query, key, in range, fragment index) of accumulator element e of n8 tile nt."""
         chain = self.chain
         rr, cc = self.c_map(self.lane, e)
@@ -277,8 +278,9 @@ class KeyMajor(BackwardKernels):
         whole = self.whole_tiles(self.q0, self.kb * self.BN, self.BM, self.BN)
         kept = {c: Const(True, dt.bool_) for c in kept_conditions(chain.score)}
 
-        def one(nt: Var, e: Var, guarded: bool) -> Stmt:
+        def one(nt: Var, e: Expr, guarded: bool, keep: dict[Expr, Expr] | None = None) -> Stmt:
             repl, query, key, ok, here = self._element(nt, e, stage)
+            repl.update(keep or {})
             if not guarded:   # a whole tile (isl): inside the extents, every mask condition true
                 repl, ok = {**repl, **kept}, Const(True, dt.bool_)
             at = {chain.query: query, chain.key: key}
@@ -300,11 +302,23 @@ class KeyMajor(BackwardKernels):
                     stmts.append(IfThenElse(ok, seq(*st, BufferStore(self.buffers[o.tensor], idx, cast(val, o.tensor.dtype)))))
             return seq(*stmts)
 
-        def tile(guarded: bool) -> Stmt:
-            return self.unrolled("tile_n", self.BM // 8, lambda nt: self.unrolled("tile_e", 4, lambda e: one(nt, e, guarded)))
+        form = keep_form(chain) if m16n8(self.c_map) else None
+
+        def tile(guarded: bool, shared: bool = False) -> Stmt:
+            def n8(nt: Var) -> Stmt:
+                if not shared:
+                    return self.unrolled("tile_e", 4, lambda e: one(nt, e, guarded))
+                assert form is not None   # the dropout's keep bits: one Philox call per four elements
+                wrap, keeps = key_major_keeps(form, self.lane, self.q0 + nt * 8, self.kb * self.BN + self.warp * 16,
+                                              self.unique, self.lower.value, chain.query, chain.key)
+                return wrap(seq(*(one(nt, Const(e, dt.int32), guarded, {form.cond: keeps[e]}) for e in range(4))))
+            return self.unrolled("tile_n", self.BM // 8, n8)
+
+        def both(guarded: bool) -> Stmt:
+            return tile(guarded) if form is None else uniform_branch(form, tile(guarded, True), tile(guarded))
         if whole is None:
-            return tile(True)
-        return IfThenElse(whole, tile(False), tile(True))
+            return both(True)
+        return IfThenElse(whole, both(False), both(True))
 
     def _key_side(self, stage: Expr) -> Stmt:
         """acc[16 keys x C] += wᵀ·X for each key-side output: A = w from registers (k16 step kk of

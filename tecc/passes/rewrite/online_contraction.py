@@ -10,6 +10,9 @@ is another) is, for every row r (any number of row axes) and a "key" axis j of e
 where s is ANY expression of (r, j): a contraction Σ_d Q[.., d]·K[.., j, d] times a scale, a
 plain read X[r, j], a `where(mask, s, -inf)` (a -inf contributes exp(-inf) = 0), an additive
 bias; grouped heads are only index expressions (K[b, h // G, j, d]). v is free of m and l.
+The weights of the contraction may be dropped by a mask drawn from tc.rand (the chain's
+`dropout`, tecc.ir.online_dropout): each kernel evaluates the keep condition at the term's row
+and key and contracts `keep ? p : 0`; l sums every p, the scale 1/(1 - p) is in the output.
 Outputs of shape r may be any expression of m and l (the log-sum-exp m + log l), and m and l
 may be outputs themselves.
 
@@ -222,9 +225,11 @@ def online_contraction(args: Sequence[Tensor], threads: int = 32, rows_per_block
     j_key = tile * T + jj
     col = kk * T + tx
     v_stmts, v_val = lower.value(substitute(chain.value, {**at_row, chain.key: j_key, chain.column: col}))
-    p_v = _contraction_term(chain, p, v_val)
+    keep_stmts, kept = _kept_weight(chain, lower, p, {**at_row, chain.key: j_key})
+    p_v = _contraction_term(chain, kept, v_val)
     accumulate = LetStmt(p, weight, seq(
         BufferStore(l_run, (zero,), l_run[zero] + cast(p, ft_l)),
+        *keep_stmts,
         For(kk, 0, K, "unroll", IfThenElse(compare("<", col, chain.columns), seq(
             *v_stmts, BufferStore(acc, (kk,), acc[kk] + cast(p_v, ft_o))))),
     ))
@@ -275,6 +280,16 @@ def online_contraction(args: Sequence[Tensor], threads: int = 32, rows_per_block
     return _one_kernel_module(chain, sig, body, name)
 
 
+def _kept_weight(chain: OnlineChain, lower: ExpressionLowering, p: Var,
+                 at_key: dict[Var, Expr]) -> tuple[list[Stmt], Expr]:
+    """The weight p as the contraction takes it: p, or 0 where the dropout drops the key at
+    `at_key` (Σ_j keep·p·v; l sums every p, the dropout's scale is in the output)."""
+    if chain.dropout is None:
+        return [], p
+    stmts, keep = lower.value(substitute(chain.dropout.keep, at_key))
+    return stmts, select(keep, p, Const(0, p.dtype))
+
+
 def _checked_columns(chain: OnlineChain, threads: int, rows_per_block: int) -> int:
     """The output's constant column extent, or ScheduleError when the block shape or the columns
     do not fit the SIMT kernel."""
@@ -301,7 +316,7 @@ def _one_kernel_module(chain: OnlineChain, sig: Signature, body: Stmt, name: str
     return Module(mname, module_params, (kernel,), (KernelCall(kname, params),), ())
 
 
-def _contraction_term(chain: OnlineChain, p: Var, v: Expr) -> Expr:
+def _contraction_term(chain: OnlineChain, p: Expr, v: Expr) -> Expr:
     """The contraction's summand with the weight replaced by `p` (keeping the program's operand
     order and any cast of the weight)."""
     src = substitute(chain.contraction.source, {chain.contraction.axes[0]: chain.key})

@@ -270,6 +270,8 @@ class _Kernel(KeyLoop):
         if t.query_major and self.chain.rows[:-1]:
             order = ", ".join(x for x in (order, "query blocks major over all heads (query_major)") if x)
         said = f"; {order}" if order else ""
+        if self.chain.dropout is not None:
+            said += f"; {self.dropout_summary()}"
         if t.splits > 1:
             said += (f"; split-KV: {t.splits} chunks of {self.chunk_tiles()} key tiles (grid z), float32 partial "
                      "O, max and sum per chunk, combined by a second kernel (rescaled by 2^(m_s - max), then the "

@@ -29,14 +29,14 @@ import math
 
 from ...ir import dtype as dt
 from ...ir.expr import Const, Expr, Var, binary, call, cast, compare, select, warp_shuffle
-from ...ir.intrinsics import lookup
 from ...ir.stmt import BufferStore, Stmt, seq
-from .online_mma_scores import MINUS_INF, ScoreStage
+from .online_mma_dropout import DroppedWeights
+from .online_mma_scores import MINUS_INF
 
 LN2 = math.log(2.0)
 
 
-class RunningSoftmax(ScoreStage):
+class RunningSoftmax(DroppedWeights):
     """The running statistics, the rescale and P (module docstring)."""
 
     def statistics_init(self) -> Stmt:
@@ -73,9 +73,6 @@ class RunningSoftmax(ScoreStage):
             BufferStore(self.l_run, (r,), self.l_run[r] * self.alpha[r]),
         )
 
-    def p_dtype(self) -> dt.DType:
-        return lookup(self.tcc.pv_intrinsic).operand("a").dtype
-
     def weights(self, mt: Var, nt: Var) -> Stmt:
         """P = exp2(t - m₂) of n8 tile nt of m16 tile mt in place of t, added to the row sums, and
         (but in the overlapped form, `convert`) rounded into P's A fragment."""
@@ -88,9 +85,11 @@ class RunningSoftmax(ScoreStage):
             return seq(BufferStore(s_frag, (here,), p),
                        BufferStore(self.l_run, (r,), self.l_run[r] + s_frag[here]),
                        # C tile nt element e is A element 4·nt + e of k16 step nt // 2 (the relayout);
-                       # the overlapped form converts after the P·V in flight has read the old P
-                       None if self.overlap else
-                       BufferStore(self.p_frag, (self.PF * mt + 4 * nt + e,), cast(s_frag[here], self.p_dtype())))
+                       # the overlapped form converts after the P·V in flight has read the old P;
+                       # with dropout the four are stored after the loop, a Philox call per pair
+                       None if self.overlap or self.chain.dropout is not None else self.store_p(mt, nt, e))
+        if self.chain.dropout is not None and not self.overlap:
+            return seq(self.unrolled("p_e", 4, one), self.dropped_stores(mt, nt))
         return self.unrolled("p_e", 4, one)
 
     def rescale(self, mt: Var, nt: Var) -> Stmt:
@@ -112,6 +111,9 @@ class RunningSoftmax(ScoreStage):
 
     def convert(self) -> Stmt:
         """The overlapped form's P (left in s_frag by `weights`) rounded into its A fragment, then O·α."""
+        if self.chain.dropout is not None:
+            return seq(self.unrolled("p_cast", self.BN // 8, lambda nt: self.dropped_stores(Const(0, dt.int32), nt)),
+                       self.rescale_output())
         p_dtype = self.p_dtype()
         return seq(self.unrolled("p_cast", self.PF, lambda e: BufferStore(self.p_frag, (e,),
                                                                           cast(self.s_frag[e], p_dtype))),
