@@ -97,14 +97,16 @@ def schedule_module(program: Sequence[Tensor] | Schedule, plan: Plan, *, name: s
             module = lowered if lowered is not None else lower(tensors, name)
             if dumper is not None:
                 dumper.write("lower.txt", f"# after pass lower\n{dumper.text(module)}")
-    # the tensor-core primitives' records (tecc/passes/schedule/tensor_core.py) end with the schedule
-    module = drop_records(module)
     timing.seconds.append(("lower+schedule", time.perf_counter() - start))
     return finish_module(module, plan, dumper=dumper, timing=timing)
 
 
 def finish_module(module: Module, plan: Plan, *, dumper: DumpIR | None, timing: PassTiming) -> Module:
-    """Step 2 alone: the fixed tail of the pipeline on a scheduled module."""
+    """Step 2 alone: the fixed tail of the pipeline on a scheduled module (also a module the
+    planner composed from regions, which reaches here without step 1)."""
+    # the tensor-core primitives' records (tecc/passes/schedule/tensor_core.py) end with the
+    # schedule: they are no IR the code generator or the saved loop IR (kernel.save) knows
+    module = drop_records(module)
     instruments: list[Any] = [timing]
     if dumper is not None:
         instruments.append(dumper)

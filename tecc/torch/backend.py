@@ -148,7 +148,8 @@ def compile_graph(gm: GraphModule, example_inputs: Sequence[Any], opts: Options,
             if report.fallbacks:
                 log.warning("%s", report.fallback_message())
             log.info("tecc: graph %s from the cache (%.2f s)", name, time.perf_counter() - start)
-            return _finished(compiled, opts, emulate, bool(compiled.sizes))
+            return _with_constants(_finished(compiled, opts, emulate, bool(compiled.sizes)), lift_constants(gm))
+    constants = lift_constants(gm)
     sizes = Sizes()
     plan = plan_graph(gm, name, sizes, _bound_symbols(gm))
     if opts.fallback == "error":
@@ -171,7 +172,51 @@ def compile_graph(gm: GraphModule, example_inputs: Sequence[Any], opts: Options,
         write_dumps(opts.dump_ir, plan, kernels, report)
     if key is not None:
         cache.store(key, compiled, kernels, report)
-    return _finished(compiled, opts, emulate, bool(sizes.vars))
+    return _with_constants(_finished(compiled, opts, emulate, bool(sizes.vars)), constants)
+
+
+def lift_constants(gm: GraphModule) -> list[torch.Tensor]:
+    """The graph's tensor constants (`get_attr` nodes: a `torch.tensor([])` in the traced code, as
+    transformers' key/value cache starts with) made inputs after its own: each becomes a
+    placeholder, so the programs read it like any input and no node runs in Python. Returns the
+    tensors, in the order of the new placeholders (`_with_constants` passes them)."""
+    nodes = [n for n in gm.graph.nodes if n.op == "get_attr" and isinstance(_attribute(gm, n.target), torch.Tensor)]
+    if not nodes:
+        return []
+    last = [n for n in gm.graph.nodes if n.op == "placeholder"][-1]
+    constants = []
+    for node in nodes:
+        value = _attribute(gm, node.target)
+        with gm.graph.inserting_after(last):
+            last = gm.graph.placeholder(f"tecc_constant_{len(constants)}")
+        last.meta.update(node.meta)
+        last.meta.setdefault("val", value)
+        node.replace_all_uses_with(last)
+        gm.graph.erase_node(node)
+        constants.append(value)
+    gm.recompile()
+    return constants
+
+
+def _attribute(gm: GraphModule, target: Any) -> Any:
+    value: Any = gm
+    for part in str(target).split("."):
+        value = getattr(value, part, None)
+    return value
+
+
+def _with_constants(fn: Callable[[list[Any]], Any], constants: list[torch.Tensor]) -> Callable[[list[Any]], Any]:
+    """The compiled graph called with the lifted constants after the caller's inputs (boxed, as
+    AOTAutograd calls it)."""
+    if not constants:
+        return fn
+
+    def run(args: list[Any]) -> Any:
+        args.extend(constants)
+        return fn(args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
 
 
 def _target(emulate: bool) -> str:

@@ -252,7 +252,7 @@ def _check_search(shape: Sequence[ExprLike], positions: Sequence[ExprLike]) -> N
     outputs, searched = _product(shape), _product(positions)
     if outputs is None or searched is None:
         raise Unsupported("an overwriting scatter over symbolic sizes (its gather-wise search has no bound)")
-    if outputs * searched > PUT_LIMIT:
+    if searched > 1 and outputs * searched > PUT_LIMIT:  # one position: a comparison per element, no search
         raise Unsupported(f"an overwriting scatter searching {searched} index positions for each of {outputs} "
                           f"elements (over {PUT_LIMIT}; lowering/indexing.py)")
 

@@ -1,0 +1,219 @@
+"""Models written by others, unmodified: eager, inductor and tecc side by side (docs/models.md).
+
+    python benchmarks/models_hf.py --quick       # GPT-2 small (SDPA) training + resnet50 inference, ~4 min on an H200
+    python benchmarks/models_hf.py               # also GPT-2 with transformers' "eager" attention, more steps
+    python benchmarks/models_hf.py --tiny        # the CPU tests' small sizes (CPU: eager and tecc in the emulator)
+
+GPT-2: transformers.GPT2LMHeadModel(GPT2Config()) (12 layers, width 768, 12 heads, vocabulary
+50257, random weights), batch 8 x 1024 tokens, bf16 autocast, dropout 0, the loss from
+`labels=`, AdamW (lr 1e-4) outside the compiled model; every backend starts from the same
+weights and sees the same batches. A step is forward + backward + optimizer step; the median
+step time after the warm-up steps is reported (CUDA events, one process), with the first call's
+wall time (the compile) and the largest |loss - eager loss| over the steps (tecc's bound: 2e-2).
+
+resnet50: torchvision.models.resnet50() (random weights) in eval, bf16, channels_last, batch 32 x
+224²: median inference time and the relative error against eager in float32 (max |y - y_fp32| /
+max |y_fp32|; tecc's bound 3e-2, inductor's is about 1.1e-2).
+
+tecc compiles with fallback="error" (--fallback aten to run ops it cannot lower as ATen and list
+them). transformers and torchvision are not tecc dependencies: a missing one is said and its
+model skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import logging
+import statistics
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+
+BACKENDS = ("eager", "inductor", "tecc")
+
+
+def _package(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - a missing or broken install: say which and skip
+        print(f"{name} is not importable ({type(exc).__name__}: {exc}); its model is skipped. Install it "
+              f"(pip install --no-deps --target DIR {name} ...; PYTHONPATH=DIR) to run it.")
+        return None
+
+
+def _compiled(model: Any, backend: str, fallback: str) -> Any:
+    if backend == "eager":
+        return model
+    if backend == "inductor":
+        return torch.compile(model)
+    return torch.compile(model, backend="tecc", options={"fallback": fallback})
+
+
+class _Timer:
+    """CUDA events on a GPU, the wall clock on the CPU."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device == "cuda"
+
+    def __call__(self, fn: Callable[[], Any]) -> tuple[Any, float, float]:
+        """fn's result, its time in ms (events) and its wall time in s."""
+        wall = time.perf_counter()
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+            torch.cuda.synchronize()
+            return out, start.elapsed_time(end), time.perf_counter() - wall
+        out = fn()
+        elapsed = time.perf_counter() - wall
+        return out, elapsed * 1e3, elapsed
+
+
+def _row(model: str, backend: str, times: list[float], first: float, error: str, peak: str) -> str:
+    ms = f"{statistics.median(times):.2f}" if times else "-"
+    return f"| {model} | {backend} | {ms} | {first:.1f} | {error} | {peak} |"
+
+
+def _peak(device: str) -> str:
+    return f"{torch.cuda.max_memory_allocated() / 2**30:.2f}" if device == "cuda" else "-"
+
+
+def _reset(device: str) -> None:
+    torch._dynamo.reset()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def gpt2(args: argparse.Namespace, transformers: Any) -> list[str]:
+    rows = []
+    for attention in args.attention:
+        torch.manual_seed(0)
+        sizes = dict(n_layer=2, n_embd=64, n_head=4, n_positions=32, vocab_size=128, bos_token_id=0,
+                     eos_token_id=0) if args.tiny else {}
+        config = transformers.GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                         attn_implementation=attention, **sizes)
+        base = transformers.GPT2LMHeadModel(config).to(args.device).train()
+        batch, length = (2, 16) if args.tiny else (8, 1024)
+        g = torch.Generator().manual_seed(1)
+        data = [torch.randint(0, config.vocab_size, (batch, length), generator=g).to(args.device)
+                for _ in range(args.gpt2_steps)]
+        label = f"GPT2LMHeadModel {config.n_layer}L {attention}"
+        results: dict[str, tuple[list[float], float, list[float], str]] = {}
+        for backend in args.backends:
+            _reset(args.device)
+            model = copy.deepcopy(base)
+            try:
+                run = _compiled(model, backend, args.fallback)
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+                time_it = _Timer(args.device)
+
+                def step(ids: torch.Tensor) -> float:
+                    with torch.autocast(args.device, dtype=torch.bfloat16, enabled=not args.tiny):
+                        loss = run(input_ids=ids, labels=ids).loss
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    return loss
+
+                losses, times, first = [], [], 0.0
+                for i, ids in enumerate(data):
+                    loss, ms, wall = time_it(lambda: step(ids))
+                    first = wall if i == 0 else first
+                    if i >= args.warmup:
+                        times.append(ms)
+                    losses.append(loss.item())
+                results[backend] = (times, first, losses, _peak(args.device))
+            except Exception:  # noqa: BLE001 - report the failure, go on with the other backends
+                print(f"{label} / {backend} failed:\n{traceback.format_exc()}")
+            del model
+        eager = results.get("eager")
+        for backend, (times, first, losses, peak) in results.items():
+            diff = f"{max(abs(a - b) for a, b in zip(losses, eager[2])):.2e}" if eager else "-"
+            rows.append(_row(label, backend, times, first, f"max |Δloss| {diff}", peak))
+        print(f"\nlosses per step ({label}):")
+        print("step " + " ".join(f"{b:>10s}" for b in results))
+        for i in range(len(data)):
+            print(f"{i:4d} " + " ".join(f"{results[b][2][i]:10.4f}" for b in results))
+    return rows
+
+
+def resnet50(args: argparse.Namespace, torchvision: Any) -> list[str]:
+    torch.manual_seed(0)
+    base = torchvision.models.resnet50().to(args.device).eval()
+    shape = (1, 3, 32, 32) if args.tiny else (32, 3, 224, 224)
+    dtype = torch.float32 if args.tiny else torch.bfloat16
+    x = torch.randn(*shape, device=args.device)
+    with torch.no_grad():
+        reference = base(x).float()
+    label = f"resnet50 {str(dtype).split('.')[-1]} b{shape[0]} channels_last"
+    rows = []
+    for backend in args.backends:
+        _reset(args.device)
+        model = copy.deepcopy(base).to(dtype).to(memory_format=torch.channels_last)
+        xb = x.to(dtype).to(memory_format=torch.channels_last)
+        try:
+            run = _compiled(model, backend, args.fallback)
+            time_it = _Timer(args.device)
+            times, first, y = [], 0.0, None
+            with torch.no_grad():
+                for i in range(args.resnet_steps):
+                    y, ms, wall = time_it(lambda: run(xb))
+                    first = wall if i == 0 else first
+                    if i >= args.warmup:
+                        times.append(ms)
+            error = ((y.float() - reference).abs().max() / reference.abs().max()).item()
+            rows.append(_row(label, backend, times, first, f"rel. error vs fp32 {error:.2e}", _peak(args.device)))
+        except Exception:  # noqa: BLE001
+            print(f"{label} / {backend} failed:\n{traceback.format_exc()}")
+        del model
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="SDPA only, 20 GPT-2 steps, 10 resnet50 calls")
+    p.add_argument("--tiny", action="store_true", help="the CPU tests' sizes (runs on the CPU too)")
+    p.add_argument("--models", nargs="+", default=["gpt2", "resnet50"], choices=["gpt2", "resnet50"])
+    p.add_argument("--backends", nargs="+", default=None, choices=list(BACKENDS))
+    p.add_argument("--attention", nargs="+", default=None, choices=["eager", "sdpa"])
+    p.add_argument("--fallback", default="error", choices=["error", "aten"])
+    p.add_argument("--warmup", type=int, default=3)
+    args = p.parse_args()
+    args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cpu" and not args.tiny:
+        sys.exit("benchmarks/models_hf.py needs a CUDA GPU (or --tiny for the small sizes on the CPU)")
+    args.backends = args.backends or (list(BACKENDS) if args.device == "cuda" else ["eager", "tecc"])
+    args.attention = args.attention or (["sdpa"] if args.quick else ["eager", "sdpa"])
+    args.gpt2_steps = 20 if args.quick or args.tiny else 40
+    args.resnet_steps = 10 if args.quick or args.tiny else 30
+    if args.tiny:
+        args.gpt2_steps, args.resnet_steps, args.warmup = 4, 3, 1
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (tecc in the emulator)"
+    lines = [f"{device}, torch {torch.__version__}", "",
+             "| model | backend | ms (median) | first call s | error | peak GiB |", "| --- | --- | --- | --- | --- | --- |"]
+    # torchvision first: transformers imports it when it is installed
+    torchvision = _package("torchvision") if "resnet50" in args.models or "gpt2" in args.models else None
+    if "gpt2" in args.models:
+        transformers = _package("transformers")
+        if transformers is not None:
+            print(f"transformers {transformers.__version__}")
+            lines += gpt2(args, transformers)
+    if "resnet50" in args.models and torchvision is not None:
+        lines += resnet50(args, torchvision)
+    from tecc.torch.report import reports
+
+    fallen = sorted({op for r in reports() for op in r.fallback_ops})
+    lines += ["", f"tecc fallbacks: {', '.join(fallen) if fallen else 'none'}"]
+    print("\n" + "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
