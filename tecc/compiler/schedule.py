@@ -16,7 +16,6 @@ after every primitive (`00_lower.txt`, `01_split.txt`, ...).
 
 from __future__ import annotations
 
-import inspect
 
 import os
 import time
@@ -40,7 +39,8 @@ from ..passes.lower import lower
 from ..passes.manager import DumpIR
 from ..passes.simplify import simplify_func
 from .plan import Plan, Step
-from .schedule_tensor_core import TENSOR_CORE_PRIMITIVES, TensorCorePrimitives, is_legacy_tensorize
+from .plan_replay import checked_step
+from .schedule_tensor_core import TENSOR_CORE_PRIMITIVES, TensorCorePrimitives
 
 
 @dataclass(frozen=True)
@@ -123,34 +123,12 @@ class Schedule(TensorCorePrimitives):
         del self.timing[timing:]
 
     def replay(self, plan: Plan) -> None:
-        """Apply every step of `plan` in order. A step that names a kernel this program does not
-        have is a ScheduleError saying that the plan is for another program and what it names."""
+        """Apply every step of `plan` in order (plan_replay.checked_step says what a step may be)."""
         for number, step in enumerate(plan.steps):
-            kernels = _kernel_names(self.mod)
-            if any(k not in kernels for k in _kernels_named(step)):
-                named = sorted({k for s in plan.steps for k in _kernels_named(s)} - kernels)
-                raise ScheduleError(
-                    f"the plan is for another program: it names kernel(s) {', '.join(named)}, and this program's "
-                    f"kernels are {', '.join(sorted(kernels))} (plan step {number}, {step.primitive}); plan this "
-                    "program with plan='auto', or give it a plan made for it")
-            if is_legacy_tensorize(step):   # a plan recorded before the tensor-core primitives were separate
-                step = Step("replay_legacy_tensorize", step.args)
-            method = getattr(self, step.primitive, None)
-            if method is None or step.primitive.startswith("_") or step.primitive in ("replay", "get_loops",
-                                                                                       "gemm_operands"):
-                raise ScheduleError(f"plan step {step.primitive!r} is not a schedule primitive")
-            try:
-                if step.primitive == "reorder":
-                    loops = step.args["loops"]
-                    inspect.signature(method).bind(*loops)
-                else:
-                    inspect.signature(method).bind(**step.args)
-            except (KeyError, TypeError) as exc:
-                params = ", ".join(inspect.signature(method).parameters)
-                raise ScheduleError(f"plan step {step.primitive}({', '.join(map(str, step.args))}): {exc}; "
-                                    f"{step.primitive} takes ({params})") from exc
+            step = checked_step(self, _kernel_names(self.mod), plan, number)
+            method = getattr(self, step.primitive)
             if step.primitive == "reorder":
-                method(*loops)
+                method(*step.args["loops"])
             else:
                 method(**step.args)
 
@@ -673,21 +651,6 @@ def _stores(k: PrimFunc) -> list[Any]:
 
 def _kernel_names(m: Module) -> set[str]:
     return {k.name for k in m.kernels}
-
-
-# the step arguments that address a loop or a stage as "kernel/name" (LoopRV, StageRV)
-_ADDRESS_ARGS = ("loop", "loops", "outer", "inner", "stage", "cache")
-
-
-def _kernels_named(step: Step) -> list[str]:
-    """The kernels a plan step addresses through its "kernel/name" arguments."""
-    found = []
-    for key in _ADDRESS_ARGS:
-        value = step.args.get(key)
-        for item in value if isinstance(value, list) else [value]:
-            if isinstance(item, str) and "/" in item:
-                found.append(item.split("/", 1)[0])
-    return found
 
 
 def _ordered_loop_names(k: PrimFunc) -> list[str]:
