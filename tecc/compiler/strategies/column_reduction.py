@@ -80,7 +80,7 @@ from ..cost.model import Workload
 from ..cost.traffic import compulsory_bytes
 from ..plan import Plan, Step
 from ..program import Program
-from .registry import GraphStrategy, Point, register
+from .registry import ChosenPointStrategy, Point, register
 
 THREADS_X = 32
 THREADS_Y = 8
@@ -299,21 +299,17 @@ def _program_choice(program: Program) -> ColumnChoice | str:
     return program.memo("column_reduction/choice", lambda: _choice(program.args, program.target))
 
 
-class ColumnReduction(GraphStrategy):
+class ColumnReduction(ChosenPointStrategy):
     """The registry's face of this module: guard, its one point, `split_workload`, the split_reduce step."""
 
     name = "column_reduction"
     description = ("a reduction over a column or middle axis as a split reduction: consecutive threads on "
                    "consecutive outputs, the reduced axis over the threads of a block and over blocks")
 
-    def guard(self, program: Program) -> str | None:
-        found = _program_choice(program)
-        return found if isinstance(found, str) else None
+    choice_type = ColumnChoice
 
-    def space(self, program: Program) -> list[Point]:
-        found = _program_choice(program)
-        assert isinstance(found, ColumnChoice)
-        return [dict(found.plan.steps[0].args)]
+    def choose(self, program: Program) -> Any:
+        return _program_choice(program)
 
     def workload(self, program: Program, point: Point) -> Workload:
         info = next(program.info(k) for k in program.kernels if program.info(k).reduction)
@@ -322,11 +318,6 @@ class ColumnReduction(GraphStrategy):
 
     def apply(self, sch: Any, program: Program, point: Point) -> None:
         sch.split_reduce(**point)
-
-    def reason(self, program: Program, point: Point, resources: Any = None) -> str:
-        found = _program_choice(program)
-        assert isinstance(found, ColumnChoice)
-        return found.reason
 
 
 register(ColumnReduction())

@@ -167,6 +167,33 @@ def unregister(name: str) -> None:
 LOAD_ERRORS: dict[str, str] = {}
 
 
+
+class ChosenPointStrategy(GraphStrategy):
+    """A graph strategy whose one point its module has chosen already: `choose(program)` returns
+    a refusal (a str) or a choice of `choice_type` with `.plan` (its first step's arguments are
+    the point) and `.reason`; guard, space and reason read it."""
+
+    choice_type: type = object
+
+    def choose(self, program: "Program") -> Any:
+        raise NotImplementedError
+
+    def _chosen(self, program: "Program") -> Any:
+        found = self.choose(program)
+        assert isinstance(found, self.choice_type), found
+        return found
+
+    def guard(self, program: "Program") -> str | None:
+        found = self.choose(program)
+        return found if isinstance(found, str) else None
+
+    def space(self, program: "Program") -> list[Point]:
+        return [dict(self._chosen(program).plan.steps[0].args)]
+
+    def reason(self, program: "Program", point: Point, resources: Any = None) -> str:
+        return str(self._chosen(program).reason)
+
+
 def load_all() -> None:
     """Import every strategy module of this package (each registers itself). A module that
     fails to import is skipped and its error kept in LOAD_ERRORS: one broken strategy file
@@ -202,5 +229,5 @@ def get(name: str) -> AnyStrategy:
         raise KeyError(f"no strategy {name!r}; registered: {', '.join(sorted(_REGISTRY))}") from None
 
 
-__all__ = ["LOAD_ERRORS", "AnyStrategy", "GraphStrategy", "Point", "Strategy", "get", "graph_strategies", "load_all",
+__all__ = ["LOAD_ERRORS", "AnyStrategy", "ChosenPointStrategy", "GraphStrategy", "Point", "Strategy", "get", "graph_strategies", "load_all",
            "register", "strategies", "unregister"]

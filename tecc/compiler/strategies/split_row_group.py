@@ -56,7 +56,7 @@ from ...passes.rewrite.split_row_group import row_statistics
 from ..cost.model import Workload, predict
 from ..plan import Plan, Step
 from ..program import Program, resolve_target
-from .registry import GraphStrategy, Point, register
+from .registry import ChosenPointStrategy, Point, register
 from .row_fused import propose as propose_row_fused
 from .row_fused import row_kernel_info
 from .row_fused_cost import BARRIER_CYCLES, GLOBAL_LATENCY_CYCLES, SHUFFLE_CYCLES, TREE_INSTRUCTIONS, fused_workload
@@ -191,7 +191,7 @@ def group_split_workload(program: Program, point: Point) -> Workload:
         notes=[f"{s} blocks per row over chunks of {chunk}, {u} x {v} in flight per thread, partial statistics"])
 
 
-class SplitRowGroup(GraphStrategy):
+class SplitRowGroup(ChosenPointStrategy):
     """The registry's face of this module: guard, its one point, `group_split_workload`, the step."""
 
     name = "split_row_group"
@@ -199,25 +199,16 @@ class SplitRowGroup(GraphStrategy):
                    "partial statistics per chunk, then the outputs")
     margin = MARGIN
 
-    def guard(self, program: Program) -> str | None:
-        found = _program_choice(program)
-        return found if isinstance(found, str) else None
+    choice_type = SplitRowGroupChoice
 
-    def space(self, program: Program) -> list[Point]:
-        found = _program_choice(program)
-        assert isinstance(found, SplitRowGroupChoice)
-        return [dict(found.plan.steps[0].args)]
+    def choose(self, program: Program) -> Any:
+        return _program_choice(program)
 
     def workload(self, program: Program, point: Point) -> Workload:
         return group_split_workload(program, point)
 
     def apply(self, sch: Any, program: Program, point: Point) -> None:
         sch.split_row_group(**point)
-
-    def reason(self, program: Program, point: Point, resources: Any = None) -> str:
-        found = _program_choice(program)
-        assert isinstance(found, SplitRowGroupChoice)
-        return found.reason
 
 
 register(SplitRowGroup())

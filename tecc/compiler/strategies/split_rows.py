@@ -103,7 +103,7 @@ from ..cost.traffic import compulsory_bytes
 from ..plan import Plan, Step
 from ..program import Program, resolve_target
 from .column_reduction import ONE_PASS_MIN_SPLITS
-from .registry import GraphStrategy, Point, register
+from .registry import ChosenPointStrategy, Point, register
 from .row_fused import choose_point, choose_vector
 from .row_fused import propose as propose_row_fused
 from .row_fused_cost import (
@@ -328,7 +328,7 @@ def _choice(program: Program) -> SplitRowsChoice | str:
     return SplitRowsChoice(plan, THREADS, splits, vector, unroll, chunk, split_cost, row_cost, reason, combine)
 
 
-class SplitRows(GraphStrategy):
+class SplitRows(ChosenPointStrategy):
     """The registry's face of this module: guard, its one point, `split_workload`, the split_rows step."""
 
     name = "split_rows"
@@ -338,14 +338,10 @@ class SplitRows(GraphStrategy):
     # ranked at its predicted time / 1.1
     margin = SPLIT_TOLERANCE
 
-    def guard(self, program: Program) -> str | None:
-        found = _program_choice(program)
-        return found if isinstance(found, str) else None
+    choice_type = SplitRowsChoice
 
-    def space(self, program: Program) -> list[Point]:
-        found = _program_choice(program)
-        assert isinstance(found, SplitRowsChoice)
-        return [dict(found.plan.steps[0].args)]
+    def choose(self, program: Program) -> Any:
+        return _program_choice(program)
 
     def workload(self, program: Program, point: Point) -> Workload:
         info = program.info(program.kernels[0])
@@ -356,11 +352,6 @@ class SplitRows(GraphStrategy):
 
     def apply(self, sch: Any, program: Program, point: Point) -> None:
         sch.split_rows(**point)
-
-    def reason(self, program: Program, point: Point, resources: Any = None) -> str:
-        found = _program_choice(program)
-        assert isinstance(found, SplitRowsChoice)
-        return found.reason
 
 
 register(SplitRows())
