@@ -80,6 +80,28 @@ def _key_part(value: object) -> object:
     return ("o", id(value))  # tensors, buffers: identity objects
 
 
+# the operators of Expr (below), each a method built from the builders' binary / compare
+_Operator = Callable[["Expr", ExprLike], "Expr"]
+
+
+def _binary(op: str) -> tuple[_Operator, _Operator]:
+    """Expr's method for `op` and its reflected form (`o op self`)."""
+    def forward(self: "Expr", o: ExprLike) -> "Expr":
+        return _build().binary(op, self, o)
+
+    def reflected(self: "Expr", o: ExprLike) -> "Expr":
+        return _build().binary(op, o, self)
+
+    return forward, reflected
+
+
+def _compare(op: str) -> _Operator:
+    def compare(self: "Expr", o: ExprLike) -> "Expr":
+        return _build().compare(op, self, o)
+
+    return compare
+
+
 class Expr:
     """Base of every scalar expression. `dtype` is the scalar type it evaluates to."""
 
@@ -130,47 +152,17 @@ class Expr:
         return format(str(self), spec)
 
     # ---- Python operators -----------------------------------------------------------------
-    def __add__(self, o: ExprLike) -> "Expr":
-        return _build().binary("+", self, o)
-
-    def __radd__(self, o: ExprLike) -> "Expr":
-        return _build().binary("+", o, self)
-
-    def __sub__(self, o: ExprLike) -> "Expr":
-        return _build().binary("-", self, o)
-
-    def __rsub__(self, o: ExprLike) -> "Expr":
-        return _build().binary("-", o, self)
-
-    def __mul__(self, o: ExprLike) -> "Expr":
-        return _build().binary("*", self, o)
-
-    def __rmul__(self, o: ExprLike) -> "Expr":
-        return _build().binary("*", o, self)
-
-    def __truediv__(self, o: ExprLike) -> "Expr":
-        return _build().binary("/", self, o)
-
-    def __rtruediv__(self, o: ExprLike) -> "Expr":
-        return _build().binary("/", o, self)
-
-    def __floordiv__(self, o: ExprLike) -> "Expr":
-        return _build().binary("//", self, o)
-
-    def __rfloordiv__(self, o: ExprLike) -> "Expr":
-        return _build().binary("//", o, self)
-
-    def __mod__(self, o: ExprLike) -> "Expr":
-        return _build().binary("%", self, o)
-
-    def __rmod__(self, o: ExprLike) -> "Expr":
-        return _build().binary("%", o, self)
-
-    def __pow__(self, o: ExprLike) -> "Expr":
-        return _build().binary("pow", self, o)
-
-    def __rpow__(self, o: ExprLike) -> "Expr":
-        return _build().binary("pow", o, self)
+    __add__, __radd__ = _binary("+")
+    __sub__, __rsub__ = _binary("-")
+    __mul__, __rmul__ = _binary("*")
+    __truediv__, __rtruediv__ = _binary("/")
+    __floordiv__, __rfloordiv__ = _binary("//")
+    __mod__, __rmod__ = _binary("%")
+    __pow__, __rpow__ = _binary("pow")
+    __and__, __rand__ = _binary("&")
+    __or__, __ror__ = _binary("|")
+    __xor__, __rxor__ = _binary("^")
+    __lt__, __le__, __gt__, __ge__ = (_compare(op) for op in ("<", "<=", ">", ">="))
 
     def __neg__(self) -> "Expr":
         if self.dtype.is_bool:
@@ -187,18 +179,6 @@ class Expr:
     def __abs__(self) -> "Expr":
         return _build().call("abs", self)
 
-    def __lt__(self, o: ExprLike) -> "Expr":
-        return _build().compare("<", self, o)
-
-    def __le__(self, o: ExprLike) -> "Expr":
-        return _build().compare("<=", self, o)
-
-    def __gt__(self, o: ExprLike) -> "Expr":
-        return _build().compare(">", self, o)
-
-    def __ge__(self, o: ExprLike) -> "Expr":
-        return _build().compare(">=", self, o)
-
     def __eq__(self, o: object) -> "Expr":  # type: ignore[override]
         if not isinstance(o, (Expr, int, float, bool)):
             return NotImplemented
@@ -210,24 +190,6 @@ class Expr:
         return _build().compare("!=", self, o)
 
     __hash__ = object.__hash__
-
-    def __and__(self, o: ExprLike) -> "Expr":
-        return _build().binary("&", self, o)
-
-    def __rand__(self, o: ExprLike) -> "Expr":
-        return _build().binary("&", o, self)
-
-    def __or__(self, o: ExprLike) -> "Expr":
-        return _build().binary("|", self, o)
-
-    def __ror__(self, o: ExprLike) -> "Expr":
-        return _build().binary("|", o, self)
-
-    def __xor__(self, o: ExprLike) -> "Expr":
-        return _build().binary("^", self, o)
-
-    def __rxor__(self, o: ExprLike) -> "Expr":
-        return _build().binary("^", o, self)
 
     def __invert__(self) -> "Expr":
         if not (self.dtype.is_bool or self.dtype.is_int):
