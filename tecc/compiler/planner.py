@@ -49,7 +49,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from ..ir.errors import ScheduleError
+from ..ir.errors import ScheduleError, ShapeError
 from ..ir.target import Target
 from ..ir.tensor import Tensor
 from ..passes.default_schedule import DEFAULT_THREADS
@@ -330,11 +330,18 @@ def _in_regions(program: Program, params: CostParameters, compile_check: Compile
     taken: dict[int, float] = {}          # id(module) -> predicted seconds of the part's plan
 
     def part_program(part: list[Tensor], name: str | None) -> Program:
+        # a part whose tensors carry none of a size its computes use (a scalar summed over R)
+        # cannot be a program of its own: ShapeError, which declines the region (graph_level) or
+        # planning in regions at all (per_kernel)
         return Program.of(part, name=name, target=program.target, sizes=program.sizes,
                           compile_arch=program.compile_arch)
 
     def graph_level(part: list[Tensor]) -> tuple[Plan, Any] | None:
-        found = _plan(part_program(part, program.name), params, None, 8, compile_check, True, False, graph_only=True)
+        try:
+            part_prog = part_program(part, program.name)
+        except ShapeError:
+            return None
+        found = _plan(part_prog, params, None, 8, compile_check, True, False, graph_only=True)
         if found is None:
             return None
         taken[id(found.schedule.mod)] = found.predicted_seconds
@@ -347,7 +354,10 @@ def _in_regions(program: Program, params: CostParameters, compile_check: Compile
         taken[id(found.schedule.mod)] = found.predicted_seconds
         return found.plan, found.schedule.mod
 
-    composed = region_search.propose(program.args, graph_level, per_kernel, program.module.name, DEFAULT_THREADS)
+    try:
+        composed = region_search.propose(program.args, graph_level, per_kernel, program.module.name, DEFAULT_THREADS)
+    except ShapeError:
+        return None
     if composed is None:
         return None
     return composed, sum(taken.get(id(m), 0.0) for m in composed.parts)
