@@ -6,6 +6,7 @@ The rules that matter for generated code are those that undo split/fuse arithmet
   (a*c1) // c2    →  a*(c1/c2)                               when c2 divides c1
   (a*c1) % c2     →  0                                       when c2 divides c1
   (a*c + b) // c  →  a + b // c  and   (a*c + b) % c  →  b % c   for any b (floor semantics)
+  (x // c)*c + x % c  →  x                                   for any x (floor semantics; linear_form)
 Bounds come from loop ranges (constant extents), thread/block indices and `if` guards are not
 used: the rules only need non-negativity and an upper bound below the divisor.
 
@@ -160,7 +161,33 @@ def linear_form(e: Expr) -> tuple[dict[Expr, int], int]:
                     stack.append((x.b, k * ca))
                     continue
         terms[x] = terms.get(x, 0) + k
-    return {t: k for t, k in terms.items() if k != 0}, const
+    out = {t: k for t, k in terms.items() if k != 0}
+    merged = _merge_divmod(out)
+    if merged is None:
+        return out, const
+    inner, inner_const = linear_form(merged[1])
+    for t, k in inner.items():
+        merged[0][t] = merged[0].get(t, 0) + merged[2] * k
+    return {t: k for t, k in merged[0].items() if k != 0}, const + merged[2] * inner_const
+
+
+def _merge_divmod(terms: dict[Expr, int]) -> tuple[dict[Expr, int], Expr, int] | None:
+    """One pair of atoms k·c·(x // c) + k·(x % c) of a linear form, which is k·x for every
+    integer x (floor semantics: x == (x // c)·c + x % c), as (the other terms, x, k); None when
+    there is no such pair. A view that merges two dimensions of a view that split them composes
+    to this form."""
+    quotients = {(str(t.a), const_int(t.b)): t for t in terms
+                 if isinstance(t, Binary) and t.op == "//" and t.dtype.is_int and const_int(t.b)}
+    for t, k in terms.items():
+        if not (isinstance(t, Binary) and t.op == "%" and t.dtype.is_int):
+            continue
+        c = const_int(t.b)
+        q = quotients.get((str(t.a), c))
+        if c is None or c <= 0 or q is None or terms[q] != k * c:
+            continue
+        rest = {u: n for u, n in terms.items() if u is not t and u is not q}
+        return rest, t.a, k
+    return None
 
 
 def from_linear(terms: dict[Expr, int], const: int, like: Expr) -> Expr:
