@@ -149,6 +149,9 @@ class Access:
     # variables of those indices); None unless every dimension that is not affine reads memory
     gathered: Affine | None = None
     gather_vars: frozenset[str] = frozenset()
+    # no affine offset, but every index is affine or an affine index // or % a constant (a view
+    # transposing merged dimensions, O[i // T, k // D, i % T, k % D]): tensorize splits such axes
+    split: bool = False
 
 
 @dataclass(frozen=True)
@@ -304,8 +307,12 @@ def _access(buf: Buffer, indices: tuple[Expr, ...], env: Mapping[Var, int]) -> A
         zero = Affine(())
         gathered = _flat_offset(buf, tuple(zero if ld else a for a, ld in zip(per_dim, loaded)), dims, env)
         gather_vars = frozenset().union(*(vs for vs, ld in zip(index_vars, loaded) if ld))
+    split = offset is None and gathered is None and all(
+        a is not None or (isinstance(i, Binary) and i.op in ("//", "%") and affine(i.a, env) is not None
+                          and (const_int(i.b) or 0) > 0)
+        for a, i in zip(per_dim, indices))
     return Access(buf.name, buf.tensor, buf.dtype.bytes, offset, index_vars, per_dim, tuple(dims), buf.dtype.name,
-                  gathered, gather_vars)
+                  gathered, gather_vars, split)
 
 
 def _canonical(ix: Expr, env: Mapping[Var, int]) -> Expr:
@@ -567,6 +574,15 @@ def _combiner(upd: BufferStore) -> str:
     return "other"
 
 
+def _vars_read(a: Access) -> set[str] | None:
+    """The loop variables of a read whose address is affine (or splits into affine indices), else None."""
+    if a.offset is not None:
+        return set(a.offset.vars)
+    if a.split:
+        return set().union(*a.index_vars)
+    return None
+
+
 def _classify(info: KernelInfo) -> KernelInfo:
     from dataclasses import replace
 
@@ -574,12 +590,13 @@ def _classify(info: KernelInfo) -> KernelInfo:
         return info
     spatial = {v for v, _ in info.spatial}
     reduce_vars = {v for v, _ in info.reduction}
-    big = [a for a in info.reads if a.offset is not None and set(a.offset.vars) & reduce_vars]
+    used = [_vars_read(a) for a in info.reads]
+    big = [vs for vs in used if vs is not None and vs & reduce_vars]
     contraction = (
         info.combiner == "sum" and len(spatial) >= 2 and len(big) >= 2
-        and any(spatial - set(a.offset.vars) for a in big if a.offset is not None)
-        and all(set(a.offset.vars) & spatial for a in big if a.offset is not None)
-        and len({frozenset(set(a.offset.vars) & spatial) for a in big if a.offset is not None}) >= 2
+        and any(spatial - vs for vs in big)
+        and all(vs & spatial for vs in big)
+        and len({frozenset(vs & spatial) for vs in big}) >= 2
     )
     return replace(info, kind="contraction" if contraction else "reduction")
 
