@@ -34,6 +34,7 @@ from ..ir.expr import (
     Expr,
     IterVar,
     Reduce,
+    Select,
     TensorRead,
     Var,
     binary,
@@ -130,7 +131,7 @@ def choose_inlined(prog: Program, epilogues: bool = False) -> Program:
         t for t in prog.order
         if id(t) not in outputs and isinstance(t.op, ComputeOp) and not t.op.reductions
     }
-    inlined -= narrowed_operands(prog, inlined)
+    inlined -= narrowed_operands(prog, inlined) | concatenated_operands(prog, inlined)
     if epilogues:
         inlined |= {t for t in prog.order if epilogue_consumer(prog, t, frozenset(inlined)) is not None}
     return Program(prog.args, prog.graph, prog.order, frozenset(inlined))
@@ -143,23 +144,46 @@ def narrowed_operands(prog: Program, elementwise: set[Tensor]) -> set[Tensor]:
     the contraction then reads 16-bit operands, the form the tensor-core strategies take (an
     operand converted while it is staged is not one they have), instead of being planned as a
     generic reduction reading and converting the wide values at every use."""
-    kept: set[Tensor] = set()
-    for t in prog.order:
-        if t not in elementwise or not _narrowing_copy(t):
+    return {t for t in prog.order if t in elementwise and _narrowing_copy(t) and _reaches_contraction(prog, t, elementwise)}
+
+
+def concatenated_operands(prog: Program, elementwise: set[Tensor]) -> set[Tensor]:
+    """The computes that choose among two or more tensors by a where() on an index (a
+    concatenation: the QKV projection's gradient cat([dq, dk, dv])) and reach a contraction
+    through elementwise computes only. They stay stages of their own: inlined, the contraction's
+    operand would be a select of several reads, which no tensor-core strategy takes, and the
+    contraction (two of them for a linear layer's gradients) would be planned as a generic
+    reduction; written once, it is a plain operand."""
+    return {t for t in prog.order if t in elementwise and _selects_tensors(t)
+            and _reaches_contraction(prog, t, elementwise)}
+
+
+def _selects_tensors(t: Tensor) -> bool:
+    op = t.op
+    if not isinstance(op, ComputeOp):
+        return False
+    for n in walk(op.body):
+        if isinstance(n, Select):
+            sides = [{id(r.tensor) for r in walk(x) if isinstance(r, TensorRead)} for x in (n.a, n.b)]
+            if sides[0] and sides[1] and sides[0] != sides[1]:
+                return True
+    return False
+
+
+def _reaches_contraction(prog: Program, t: Tensor, elementwise: set[Tensor]) -> bool:
+    """Whether `t` reaches a stage summing products through elementwise computes only."""
+    seen: set[int] = set()
+    frontier = list(prog.graph.successors(t))
+    while frontier:
+        s = frontier.pop()
+        if id(s) in seen:
             continue
-        seen: set[int] = set()
-        frontier = list(prog.graph.successors(t))
-        while frontier:
-            s = frontier.pop()
-            if id(s) in seen:
-                continue
-            seen.add(id(s))
-            if s in elementwise:
-                frontier.extend(prog.graph.successors(s))
-            elif _sums_products(s):
-                kept.add(t)
-                break
-    return kept
+        seen.add(id(s))
+        if s in elementwise:
+            frontier.extend(prog.graph.successors(s))
+        elif _sums_products(s):
+            return True
+    return False
 
 
 def _narrowing_copy(t: Tensor) -> bool:
