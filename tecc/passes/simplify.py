@@ -165,15 +165,22 @@ def linear_form(e: Expr) -> tuple[dict[Expr, int], int]:
     merged = _merge_divmod(out)
     if merged is None:
         return out, const
-    inner, inner_const = linear_form(merged[1])
-    for t, k in inner.items():
-        merged[0][t] = merged[0].get(t, 0) + merged[2] * k
-    return {t: k for t, k in merged[0].items() if k != 0}, const + merged[2] * inner_const
+    pair, x, scale = merged
+    inner, inner_const = linear_form(x)
+    folded: dict[Expr, int] = {}
+    for t, k in out.items():  # x's terms where the pair's first one was: first appearance kept
+        if any(t is p for p in pair):
+            for u, n in inner.items():
+                folded[u] = folded.get(u, 0) + scale * n
+            inner = {}
+        else:
+            folded[t] = folded.get(t, 0) + k
+    return {t: k for t, k in folded.items() if k != 0}, const + scale * inner_const
 
 
-def _merge_divmod(terms: dict[Expr, int]) -> tuple[dict[Expr, int], Expr, int] | None:
+def _merge_divmod(terms: dict[Expr, int]) -> tuple[tuple[Expr, Expr], Expr, int] | None:
     """One pair of atoms k·c·(x // c) + k·(x % c) of a linear form, which is k·x for every
-    integer x (floor semantics: x == (x // c)·c + x % c), as (the other terms, x, k); None when
+    integer x (floor semantics: x == (x // c)·c + x % c), as ((the two atoms), x, k); None when
     there is no such pair. A view that merges two dimensions of a view that split them composes
     to this form."""
     quotients = {(str(t.a), const_int(t.b)): t for t in terms
@@ -185,8 +192,7 @@ def _merge_divmod(terms: dict[Expr, int]) -> tuple[dict[Expr, int], Expr, int] |
         q = quotients.get((str(t.a), c))
         if c is None or c <= 0 or q is None or terms[q] != k * c:
             continue
-        rest = {u: n for u, n in terms.items() if u is not t and u is not q}
-        return rest, t.a, k
+        return (t, q), t.a, k
     return None
 
 
