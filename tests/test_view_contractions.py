@@ -150,7 +150,8 @@ def test_every_gpt2_linear_layer_and_its_gradients_plan_on_tensor_cores_for_sm_9
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import model_kernels
 
-    rows, fallbacks = model_kernels.plan_model(model_kernels.gpt2(1), "sm_90", log=lambda _: None)
+    graphs = model_kernels.gpt2(1)
+    rows, fallbacks = model_kernels.plan_model(graphs, "sm_90", log=lambda _: None)
     linear = [r for r in rows if any(re.fullmatch(r"(add)?mm(_\d+)?", n) for n in r.nodes)]
     nodes = {n for r in linear for n in r.nodes if re.fullmatch(r"(add)?mm(_\d+)?", n)}
     # forward: qkv, proj, fc, out and the lm head (5 nodes); backward: the input and the weight
@@ -159,3 +160,11 @@ def test_every_gpt2_linear_layer_and_its_gradients_plan_on_tensor_cores_for_sm_9
     slow = [(r.kernels, r.label) for r in linear if r.strategy not in TENSOR_CORES]
     assert not slow, slow
     assert all("scatter" in f for f in fallbacks), fallbacks
+    # the bias and layer-norm weight gradients (sums over batch and tokens) split over blocks
+    import torch
+
+    column_sums = {n.name for g in graphs.values() for n in g.graph.nodes
+                   if n.target is torch.ops.aten.sum.dim_IntList and list(n.args[1]) == [0, 1]}
+    assert len(column_sums) >= 6, column_sums
+    planned = {n: r.strategy for r in rows for n in r.nodes if n in column_sums and r.nodes[-1] == n}
+    assert planned and set(planned.values()) == {"column_reduction"}, planned
