@@ -168,3 +168,23 @@ def test_every_gpt2_linear_layer_and_its_gradients_plan_on_tensor_cores_for_sm_9
     assert len(column_sums) >= 6, column_sums
     planned = {n: r.strategy for r in rows for n in r.nodes if n in column_sums and r.nodes[-1] == n}
     assert planned and set(planned.values()) == {"column_reduction"}, planned
+
+
+def test_the_conv_nets_convolutions_plan_on_tensor_cores_for_sm_90() -> None:
+    """benchmarks/models.py's conv net (bf16 channels_last, batch 32, inference) planned for sm_90:
+    the relu between two convolutions is stored once (tecc.passes.lower.computed_operands), so
+    every convolution is an implicit GEMM on tensor cores, not a generic reduction reading the
+    relu's input at each tap (18 ms predicted each)."""
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import model_kernels
+
+    rows, fallbacks = model_kernels.plan_model(model_kernels.convnet(3), "sm_90", log=lambda _: None)
+    convs = [r for r in rows if any(k.startswith("convolution") for k in r.kernels)]
+    assert len(convs) == 4, [r.kernels for r in rows]
+    assert all(r.strategy in TENSOR_CORES for r in convs), [(r.kernels, r.label) for r in convs]
+    assert not fallbacks
+    assert sum(r.seconds for r in rows) < 2e-3, model_kernels.table(rows, 0)

@@ -296,8 +296,16 @@ def _column_statistic(t: Tensor) -> bool:
     op = t.op
     if not isinstance(op, ComputeOp) or len(op.reductions) != 1 or len(op.reductions[0].axes) != 1:
         return False
-    wide = [d for d in t.shape if str(d) != "1"]
-    return len(wide) == 1
+    wide = [ax for ax, d in zip(op.axes, t.shape) if str(d) != "1"]
+    if len(wide) != 1:
+        return False
+    reduced = op.reductions[0].axes[0]
+    for read in walk(op.body):
+        if isinstance(read, TensorRead) and read.indices:
+            last = free_vars(read.indices[-1])
+            if wide[0] in last and reduced not in last:
+                return True
+    return False
 
 
 def _parts(st: _Stages, found: list[tuple[set[int], Plan, Module]],

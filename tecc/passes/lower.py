@@ -39,6 +39,7 @@ from ..ir.expr import (
     Var,
     binary,
     cast,
+    const_int,
     free_vars,
     logical_and,
     reduce_identity,
@@ -131,7 +132,8 @@ def choose_inlined(prog: Program, epilogues: bool = False) -> Program:
         t for t in prog.order
         if id(t) not in outputs and isinstance(t.op, ComputeOp) and not t.op.reductions
     }
-    inlined -= narrowed_operands(prog, inlined) | concatenated_operands(prog, inlined)
+    inlined -= concatenated_operands(prog, inlined) | computed_operands(prog, inlined)
+    inlined -= narrowed_operands(prog, inlined)
     if epilogues:
         inlined |= {t for t in prog.order if epilogue_consumer(prog, t, frozenset(inlined)) is not None}
     return Program(prog.args, prog.graph, prog.order, frozenset(inlined))
@@ -158,6 +160,58 @@ def concatenated_operands(prog: Program, elementwise: set[Tensor]) -> set[Tensor
             and _reaches_contraction(prog, t, elementwise)}
 
 
+def computed_operands(prog: Program, elementwise: set[Tensor]) -> set[Tensor]:
+    """The elementwise computes that a contraction reads (directly or through views) and whose value
+    is computed (not a read or a conversion of one: a relu between two convolutions), from stages of their own
+    size. They stay stages of their own, the activation applied once where it is stored: inlined,
+    the contraction's operand would be an expression of its reads, which no tensor-core strategy
+    takes, and the contraction would be planned as a generic reduction. A compute that reads a
+    smaller reduction (a row statistic: softmax's probabilities, a layer norm) stays inlined: the
+    graph-level rewrites (the online contraction, row fusion) take those chains whole."""
+    kept: set[Tensor] = set()
+    for t in prog.order:
+        if t not in elementwise or _plain(t) or not _reaches_contraction(prog, t, elementwise, views_only=True):
+            continue
+        if not _reads_statistics(prog, t, elementwise):
+            kept.add(t)
+    return kept
+
+
+def _plain(t: Tensor) -> bool:
+    op = t.op
+    if not isinstance(op, ComputeOp):
+        return True
+    body = op.body.a if isinstance(op.body, Cast) else op.body
+    return isinstance(body, TensorRead)
+
+
+def _reads_statistics(prog: Program, t: Tensor, elementwise: set[Tensor]) -> bool:
+    """Whether t reads, directly or through elementwise computes, a reduction of fewer elements."""
+    size = _elements(t)
+    seen: set[int] = set()
+    frontier = list(prog.graph.predecessors(t))
+    while frontier:
+        s = frontier.pop()
+        if id(s) in seen:
+            continue
+        seen.add(id(s))
+        if s in elementwise:
+            frontier.extend(prog.graph.predecessors(s))
+        elif isinstance(s.op, ComputeOp) and s.op.reductions and (size is None or _elements(s) != size):
+            return True
+    return False
+
+
+def _elements(t: Tensor) -> int | None:
+    n = 1
+    for d in t.shape:
+        k = const_int(d)
+        if k is None:
+            return None
+        n *= k
+    return n
+
+
 def _selects_tensors(t: Tensor) -> bool:
     op = t.op
     if not isinstance(op, ComputeOp):
@@ -170,8 +224,10 @@ def _selects_tensors(t: Tensor) -> bool:
     return False
 
 
-def _reaches_contraction(prog: Program, t: Tensor, elementwise: set[Tensor]) -> bool:
-    """Whether `t` reaches a stage summing products through elementwise computes only."""
+def _reaches_contraction(prog: Program, t: Tensor, elementwise: set[Tensor], views_only: bool = False) -> bool:
+    """Whether `t` reaches a stage summing products through elementwise computes only (with
+    `views_only`: through views and widening conversions; a narrowing copy on the way is the
+    stage narrowed_operands keeps, where the value is stored)."""
     seen: set[int] = set()
     frontier = list(prog.graph.successors(t))
     while frontier:
@@ -179,7 +235,7 @@ def _reaches_contraction(prog: Program, t: Tensor, elementwise: set[Tensor]) -> 
         if id(s) in seen:
             continue
         seen.add(id(s))
-        if s in elementwise:
+        if s in elementwise and (not views_only or (_plain(s) and not _narrowing_copy(s))):
             frontier.extend(prog.graph.successors(s))
         elif _sums_products(s):
             return True
