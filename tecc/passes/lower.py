@@ -126,13 +126,16 @@ def choose_inlined(prog: Program, epilogues: bool = False) -> Program:
     With `epilogues` (what `lower` asks for; fuse_rows and split_reduce, which reuse this, do not)
     a reduction stage is also inlined into its consumer when that is an *epilogue*
     (`epilogue_consumer`): the consumer's kernel then computes the reduction and stores
-    `D[i, j] = relu(acc + bias[j])` at the reduction's own store, and the temporary C is gone."""
+    `D[i, j] = relu(acc + bias[j])` at the reduction's own store, and the temporary C is gone;
+    and the computed and concatenated operands of contractions stay stages (`computed_operands`,
+    `concatenated_operands`). Narrowing copies stay stages either way (`narrowed_operands`)."""
     outputs = {id(a) for a in prog.args}
     inlined = {
         t for t in prog.order
         if id(t) not in outputs and isinstance(t.op, ComputeOp) and not t.op.reductions
     }
-    inlined -= concatenated_operands(prog, inlined) | computed_operands(prog, inlined)
+    if epilogues:  # the kernels of the program as built (the row rewrites choose their own)
+        inlined -= concatenated_operands(prog, inlined) | computed_operands(prog, inlined)
     inlined -= narrowed_operands(prog, inlined)
     if epilogues:
         inlined |= {t for t in prog.order if epilogue_consumer(prog, t, frozenset(inlined)) is not None}
@@ -237,8 +240,22 @@ def _reaches_contraction(prog: Program, t: Tensor, elementwise: set[Tensor], vie
         seen.add(id(s))
         if s in elementwise and (not views_only or (_plain(s) and not _narrowing_copy(s))):
             frontier.extend(prog.graph.successors(s))
-        elif _sums_products(s):
+        elif _sums_products(s) and (not views_only or _multiplies_two_tensors(s)):
             return True
+    return False
+
+
+def _multiplies_two_tensors(t: Tensor) -> bool:
+    """Whether a sum of t multiplies reads of two different tensors (a matrix product, a
+    convolution; not a sum of squares)."""
+    op = t.op
+    assert isinstance(op, ComputeOp)
+    for r in op.reductions:
+        for n in walk(r.source):
+            if isinstance(n, Binary) and n.op == "*":
+                sides = [{id(x.tensor) for x in walk(e) if isinstance(x, TensorRead)} for e in (n.a, n.b)]
+                if sides[0] and sides[1] and sides[0] != sides[1]:
+                    return True
     return False
 
 
