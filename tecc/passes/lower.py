@@ -138,6 +138,8 @@ def choose_inlined(prog: Program, epilogues: bool = False) -> Program:
         inlined -= concatenated_operands(prog, inlined) | computed_operands(prog, inlined)
     inlined -= narrowed_operands(prog, inlined)
     if epilogues:
+        inlined -= shared_long_chains(prog, inlined)
+    if epilogues:
         inlined |= {t for t in prog.order if epilogue_consumer(prog, t, frozenset(inlined)) is not None}
     return Program(prog.args, prog.graph, prog.order, frozenset(inlined))
 
@@ -161,6 +163,33 @@ def concatenated_operands(prog: Program, elementwise: set[Tensor]) -> set[Tensor
     reduction; written once, it is a plain operand."""
     return {t for t in prog.order if t in elementwise and _selects_tensors(t)
             and _reaches_contraction(prog, t, elementwise)}
+
+
+# An elementwise compute read by two or more stages stays a stage of its own when, inlined, it
+# would read more than this many values: a model's backward carries the residual stream's
+# gradient through every layer (dx_l = dx_(l+1) + the layer's terms), and inlined, each layer's
+# kernels recompute every later layer's chain (GPT-2's 12 layers: bodies of 200+ reads, beyond
+# any register budget, and work quadratic in the depth).
+CHAIN_READS = 48
+
+
+def shared_long_chains(prog: Program, inlined: set[Tensor]) -> set[Tensor]:
+    """The inlined computes that CHAIN_READS says to store, producers first."""
+    kept: set[Tensor] = set()
+    reads: dict[int, int] = {}
+    for t in prog.order:
+        op = t.op
+        if not isinstance(op, ComputeOp):
+            continue
+        n = 0
+        for r in walk(op.body):
+            if isinstance(r, TensorRead):
+                src = r.tensor
+                n += reads.get(id(src), 1) if src in inlined and src not in kept else 1
+        reads[id(t)] = n
+        if t in inlined and n > CHAIN_READS and len(set(prog.graph.successors(t))) >= 2:
+            kept.add(t)
+    return kept
 
 
 def computed_operands(prog: Program, elementwise: set[Tensor]) -> set[Tensor]:
