@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 
 import tecc as tc
-from tecc.ir.expr import BufferLoad, walk
 from tecc.ir.stmt import BufferStore, iter_stmts
 from tecc.passes.lower import CHAIN_READS, lower
 
@@ -41,9 +40,12 @@ def reference(x: np.ndarray) -> np.ndarray:
 def test_a_shared_chain_is_stored_before_it_outgrows_the_bound() -> None:
     module = lower(residual_stream())
     for k in module.kernels:
-        loads = sum(1 for st in iter_stmts(k.body) if isinstance(st, BufferStore)
-                    for n in walk(st.value) if isinstance(n, BufferLoad) and n.buffer.scope == "global")
-        assert loads <= 2 * CHAIN_READS + 2, (k.name, loads)
+        for st in iter_stmts(k.body):
+            if isinstance(st, BufferStore):
+                # the reads as emitted (a subexpression used twice is emitted twice): 8191 for the
+                # last layer without the bound, 2^(layers+1) - 1
+                loads = str(st.value).count("[")
+                assert loads <= 2 * CHAIN_READS + 2, (k.name, loads)
     assert len(module.kernels) > LAYERS  # some layers' values are stored
 
 

@@ -20,7 +20,7 @@ bind it to threads and blocks afterwards.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import networkx as nx
 
@@ -181,15 +181,24 @@ def shared_long_chains(prog: Program, inlined: set[Tensor]) -> set[Tensor]:
         op = t.op
         if not isinstance(op, ComputeOp):
             continue
-        n = 0
-        for r in walk(op.body):
-            if isinstance(r, TensorRead):
-                src = r.tensor
-                n += reads.get(id(src), 1) if src in inlined and src not in kept else 1
+        n = _tree_reads(op.body, lambda src: reads.get(id(src), 1) if src in inlined and src not in kept else 1, {})
         reads[id(t)] = n
         if t in inlined and n > CHAIN_READS and len(set(prog.graph.successors(t))) >= 2:
             kept.add(t)
     return kept
+
+
+def _tree_reads(e: Expr, weight: Callable[[Tensor], int], memo: dict[int, int]) -> int:
+    """The reads of `e` as a tree (a shared subexpression counts at each use, as inlining copies
+    it), each read of an inlined compute weighing the reads of its own body."""
+    if id(e) in memo:
+        return memo[id(e)]
+    if isinstance(e, TensorRead):
+        n = weight(e.tensor) + sum(_tree_reads(i, weight, memo) for i in e.indices)
+    else:
+        n = sum(_tree_reads(c, weight, memo) for c in e.children)
+    memo[id(e)] = n
+    return n
 
 
 def computed_operands(prog: Program, elementwise: set[Tensor]) -> set[Tensor]:
