@@ -170,6 +170,7 @@ class PlanResult:
     # build compiles as it is (schedule is None then)
     composed: Any = None
     composed_seconds: float = 0.0                    # the predicted time of the parts' plans
+    parts: list["PlanResult"] = field(default_factory=list)  # a plan in regions: each part's planning, in order
 
     @property
     def predicted_seconds(self) -> float:
@@ -305,9 +306,10 @@ def _plan(program: Program, params: CostParameters, only: Sequence[str] | None, 
     if schedule is None and regions and only is None:
         found = _in_regions(program, params, compile_check)
         if found is not None:
-            composed, seconds = found
+            composed, parts = found
+            seconds = sum(p.predicted_seconds for p in parts)
             return PlanResult(composed.plan, tgt, kernel_plans, search, time.perf_counter() - start,
-                              dict(program.sizes), None, group, program, composed.module, seconds)
+                              dict(program.sizes), None, group, program, composed.module, seconds, parts)
     if schedule is None:
         schedule = _realize(program, kernel_plans, compile_check, twin_of)
     realize = time.perf_counter() - start
@@ -320,14 +322,14 @@ def _plan(program: Program, params: CostParameters, only: Sequence[str] | None, 
 
 
 def _in_regions(program: Program, params: CostParameters, compile_check: CompileCheck | None
-                ) -> tuple[Any, float] | None:
-    """The program planned in regions (region_search.py) and the predicted time of its parts, or
+                ) -> tuple[Any, list[PlanResult]] | None:
+    """The program planned in regions (region_search.py) and the planning of its parts, or
     None: each part that a graph strategy may take is planned by `_plan` itself (its graph points
     weighed against its own per-kernel plans, as for a whole program), and the rest in parts
     between them, each planned by `_plan` too. No part plans in regions again."""
     from . import region_search
 
-    taken: dict[int, float] = {}          # id(module) -> predicted seconds of the part's plan
+    taken: dict[int, PlanResult] = {}     # id(module) -> the part's planning
 
     def part_program(part: list[Tensor], name: str | None) -> Program:
         # a part whose tensors carry none of a size its computes use (a scalar summed over R)
@@ -344,14 +346,14 @@ def _in_regions(program: Program, params: CostParameters, compile_check: Compile
         found = _plan(part_prog, params, None, 8, compile_check, True, False, graph_only=True)
         if found is None:
             return None
-        taken[id(found.schedule.mod)] = found.predicted_seconds
+        taken[id(found.schedule.mod)] = found
         return found.plan, found.schedule.mod
 
     def per_kernel(part: list[Tensor], number: int) -> tuple[Plan, Any]:
         name = f"{program.name or 'program'}_part{number}"
         found = _plan(part_program(part, name), params, None, 8, compile_check, True, False, graph_only=False)
         assert found is not None
-        taken[id(found.schedule.mod)] = found.predicted_seconds
+        taken[id(found.schedule.mod)] = found
         return found.plan, found.schedule.mod
 
     try:
@@ -360,7 +362,7 @@ def _in_regions(program: Program, params: CostParameters, compile_check: Compile
         return None
     if composed is None:
         return None
-    return composed, sum(taken.get(id(m), 0.0) for m in composed.parts)
+    return composed, [taken[id(m)] for m in composed.parts if id(m) in taken]
 
 
 def _plan_group(program: Program, kernel_plans: list[KernelPlan], params: CostParameters,

@@ -278,7 +278,34 @@ def _find_regions(st: _Stages, graph_level: GraphLevel) -> list[tuple[set[int], 
                 found.append((members, taken[0], taken[1]))
                 claimed |= members
                 break
+    for seed in st.order:
+        if id(seed) in claimed or not _column_statistic(seed) or not _acyclic(st, {id(seed)}):
+            continue
+        taken = graph_level(regions.cut(_outputs(st, {id(seed)}), _boundaries(st, {id(seed)})))
+        if taken is not None:
+            found.append(({id(seed)}, taken[0], taken[1]))
+            claimed.add(id(seed))
     return found
+
+
+def _column_statistic(t: Tensor) -> bool:
+    """A stage reducing over one axis that its output does not iterate at its innermost (a
+    bias's gradient, a column sum: sum_r x[r, c]), alone a region of its own (step 2b): the
+    column reduction's split spreads the reduced axis over blocks, where one thread per output
+    of a few hundred outputs leaves the GPU idle."""
+    op = t.op
+    if not isinstance(op, ComputeOp) or len(op.reductions) != 1 or len(op.reductions[0].axes) != 1:
+        return False
+    wide = [ax for ax, d in zip(op.axes, t.shape) if str(d) != "1"]
+    if len(wide) != 1:
+        return False
+    reduced = op.reductions[0].axes[0]
+    for read in walk(op.body):
+        if isinstance(read, TensorRead) and read.indices:
+            last = free_vars(read.indices[-1])
+            if wide[0] in last and reduced not in last:
+                return True
+    return False
 
 
 def _parts(st: _Stages, found: list[tuple[set[int], Plan, Module]],

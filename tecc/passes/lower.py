@@ -20,7 +20,7 @@ bind it to threads and blocks afterwards.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import networkx as nx
 
@@ -34,10 +34,12 @@ from ..ir.expr import (
     Expr,
     IterVar,
     Reduce,
+    Select,
     TensorRead,
     Var,
     binary,
     cast,
+    const_int,
     free_vars,
     logical_and,
     reduce_identity,
@@ -124,13 +126,19 @@ def choose_inlined(prog: Program, epilogues: bool = False) -> Program:
     With `epilogues` (what `lower` asks for; fuse_rows and split_reduce, which reuse this, do not)
     a reduction stage is also inlined into its consumer when that is an *epilogue*
     (`epilogue_consumer`): the consumer's kernel then computes the reduction and stores
-    `D[i, j] = relu(acc + bias[j])` at the reduction's own store, and the temporary C is gone."""
+    `D[i, j] = relu(acc + bias[j])` at the reduction's own store, and the temporary C is gone;
+    and the computed and concatenated operands of contractions stay stages (`computed_operands`,
+    `concatenated_operands`). Narrowing copies stay stages either way (`narrowed_operands`)."""
     outputs = {id(a) for a in prog.args}
     inlined = {
         t for t in prog.order
         if id(t) not in outputs and isinstance(t.op, ComputeOp) and not t.op.reductions
     }
+    if epilogues:  # the kernels of the program as built (the row rewrites choose their own)
+        inlined -= concatenated_operands(prog, inlined) | computed_operands(prog, inlined)
     inlined -= narrowed_operands(prog, inlined)
+    if epilogues:
+        inlined -= shared_long_chains(prog, inlined)
     if epilogues:
         inlined |= {t for t in prog.order if epilogue_consumer(prog, t, frozenset(inlined)) is not None}
     return Program(prog.args, prog.graph, prog.order, frozenset(inlined))
@@ -143,23 +151,150 @@ def narrowed_operands(prog: Program, elementwise: set[Tensor]) -> set[Tensor]:
     the contraction then reads 16-bit operands, the form the tensor-core strategies take (an
     operand converted while it is staged is not one they have), instead of being planned as a
     generic reduction reading and converting the wide values at every use."""
+    return {t for t in prog.order if t in elementwise and _narrowing_copy(t) and _reaches_contraction(prog, t, elementwise)}
+
+
+def concatenated_operands(prog: Program, elementwise: set[Tensor]) -> set[Tensor]:
+    """The computes that choose among two or more tensors by a where() on an index (a
+    concatenation: the QKV projection's gradient cat([dq, dk, dv])) and reach a contraction
+    through elementwise computes only. They stay stages of their own: inlined, the contraction's
+    operand would be a select of several reads, which no tensor-core strategy takes, and the
+    contraction (two of them for a linear layer's gradients) would be planned as a generic
+    reduction; written once, it is a plain operand."""
+    return {t for t in prog.order if t in elementwise and _selects_tensors(t)
+            and _reaches_contraction(prog, t, elementwise)}
+
+
+# An elementwise compute read by two or more stages stays a stage of its own when, inlined, it
+# would read more than this many values: a model's backward carries the residual stream's
+# gradient through every layer (dx_l = dx_(l+1) + the layer's terms), and inlined, each layer's
+# kernels recompute every later layer's chain (GPT-2's 12 layers: bodies of 200+ reads, beyond
+# any register budget, and work quadratic in the depth).
+CHAIN_READS = 48
+
+
+def shared_long_chains(prog: Program, inlined: set[Tensor]) -> set[Tensor]:
+    """The inlined computes that CHAIN_READS says to store, producers first."""
+    kept: set[Tensor] = set()
+    reads: dict[int, int] = {}
+    for t in prog.order:
+        op = t.op
+        if not isinstance(op, ComputeOp):
+            continue
+        n = _tree_reads(op.body, lambda src: reads.get(id(src), 1) if src in inlined and src not in kept else 1, {})
+        reads[id(t)] = n
+        if t in inlined and n > CHAIN_READS and len(set(prog.graph.successors(t))) >= 2:
+            kept.add(t)
+    return kept
+
+
+def _tree_reads(e: Expr, weight: Callable[[Tensor], int], memo: dict[int, int]) -> int:
+    """The reads of `e` as a tree (a shared subexpression counts at each use, as inlining copies
+    it), each read of an inlined compute weighing the reads of its own body."""
+    if id(e) in memo:
+        return memo[id(e)]
+    if isinstance(e, TensorRead):
+        n = weight(e.tensor) + sum(_tree_reads(i, weight, memo) for i in e.indices)
+    else:
+        n = sum(_tree_reads(c, weight, memo) for c in e.children)
+    memo[id(e)] = n
+    return n
+
+
+def computed_operands(prog: Program, elementwise: set[Tensor]) -> set[Tensor]:
+    """The elementwise computes that a contraction reads (directly or through views) and whose value
+    is computed (not a read or a conversion of one: a relu between two convolutions), from stages of their own
+    size. They stay stages of their own, the activation applied once where it is stored: inlined,
+    the contraction's operand would be an expression of its reads, which no tensor-core strategy
+    takes, and the contraction would be planned as a generic reduction. A compute that reads a
+    smaller reduction (a row statistic: softmax's probabilities, a layer norm) stays inlined: the
+    graph-level rewrites (the online contraction, row fusion) take those chains whole."""
     kept: set[Tensor] = set()
     for t in prog.order:
-        if t not in elementwise or not _narrowing_copy(t):
+        if t not in elementwise or _plain(t) or not _reaches_contraction(prog, t, elementwise, views_only=True):
             continue
-        seen: set[int] = set()
-        frontier = list(prog.graph.successors(t))
-        while frontier:
-            s = frontier.pop()
-            if id(s) in seen:
-                continue
-            seen.add(id(s))
-            if s in elementwise:
-                frontier.extend(prog.graph.successors(s))
-            elif _sums_products(s):
-                kept.add(t)
-                break
+        if not _reads_statistics(prog, t, elementwise):
+            kept.add(t)
     return kept
+
+
+def _plain(t: Tensor) -> bool:
+    op = t.op
+    if not isinstance(op, ComputeOp):
+        return True
+    body = op.body.a if isinstance(op.body, Cast) else op.body
+    return isinstance(body, TensorRead)
+
+
+def _reads_statistics(prog: Program, t: Tensor, elementwise: set[Tensor]) -> bool:
+    """Whether t reads, directly or through elementwise computes, a reduction of fewer elements."""
+    size = _elements(t)
+    seen: set[int] = set()
+    frontier = list(prog.graph.predecessors(t))
+    while frontier:
+        s = frontier.pop()
+        if id(s) in seen:
+            continue
+        seen.add(id(s))
+        if s in elementwise:
+            frontier.extend(prog.graph.predecessors(s))
+        elif isinstance(s.op, ComputeOp) and s.op.reductions and (size is None or _elements(s) != size):
+            return True
+    return False
+
+
+def _elements(t: Tensor) -> int | None:
+    n = 1
+    for d in t.shape:
+        k = const_int(d)
+        if k is None:
+            return None
+        n *= k
+    return n
+
+
+def _selects_tensors(t: Tensor) -> bool:
+    op = t.op
+    if not isinstance(op, ComputeOp):
+        return False
+    for n in walk(op.body):
+        if isinstance(n, Select):
+            sides = [{id(r.tensor) for r in walk(x) if isinstance(r, TensorRead)} for x in (n.a, n.b)]
+            if sides[0] and sides[1] and sides[0] != sides[1]:
+                return True
+    return False
+
+
+def _reaches_contraction(prog: Program, t: Tensor, elementwise: set[Tensor], views_only: bool = False) -> bool:
+    """Whether `t` reaches a stage summing products through elementwise computes only (with
+    `views_only`: through views and widening conversions; a narrowing copy on the way is the
+    stage narrowed_operands keeps, where the value is stored)."""
+    seen: set[int] = set()
+    frontier = list(prog.graph.successors(t))
+    while frontier:
+        s = frontier.pop()
+        if id(s) in seen:
+            continue
+        seen.add(id(s))
+        if s in elementwise and (not views_only or (_plain(s) and not _narrowing_copy(s))):
+            frontier.extend(prog.graph.successors(s))
+        elif _sums_products(s) and (not views_only or _multiplies_two_tensors(s)):
+            return True
+    return False
+
+
+def _multiplies_two_tensors(t: Tensor) -> bool:
+    """Whether a sum of t multiplies reads of two different tensors (a matrix product, a
+    convolution; not a sum of squares)."""
+    op = t.op
+    assert isinstance(op, ComputeOp)
+    for r in op.reductions:
+        for n in walk(r.source):
+            if isinstance(n, Binary) and n.op == "*":
+                sides = [{id(x.tensor) for x in walk(e) if isinstance(x, TensorRead)} for e in (n.a, n.b)]
+                if sides[0] and sides[1] and sides[0] != sides[1]:
+                    return True
+    return False
 
 
 def _narrowing_copy(t: Tensor) -> bool:

@@ -6,6 +6,7 @@ The rules that matter for generated code are those that undo split/fuse arithmet
   (a*c1) // c2    →  a*(c1/c2)                               when c2 divides c1
   (a*c1) % c2     →  0                                       when c2 divides c1
   (a*c + b) // c  →  a + b // c  and   (a*c + b) % c  →  b % c   for any b (floor semantics)
+  (x // c)*c + x % c  →  x                                   for any x (floor semantics; linear_form)
 Bounds come from loop ranges (constant extents), thread/block indices and `if` guards are not
 used: the rules only need non-negativity and an upper bound below the divisor.
 
@@ -160,7 +161,39 @@ def linear_form(e: Expr) -> tuple[dict[Expr, int], int]:
                     stack.append((x.b, k * ca))
                     continue
         terms[x] = terms.get(x, 0) + k
-    return {t: k for t, k in terms.items() if k != 0}, const
+    out = {t: k for t, k in terms.items() if k != 0}
+    merged = _merge_divmod(out)
+    if merged is None:
+        return out, const
+    pair, x, scale = merged
+    inner, inner_const = linear_form(x)
+    folded: dict[Expr, int] = {}
+    for t, k in out.items():  # x's terms where the pair's first one was: first appearance kept
+        if any(t is p for p in pair):
+            for u, n in inner.items():
+                folded[u] = folded.get(u, 0) + scale * n
+            inner = {}
+        else:
+            folded[t] = folded.get(t, 0) + k
+    return {t: k for t, k in folded.items() if k != 0}, const + scale * inner_const
+
+
+def _merge_divmod(terms: dict[Expr, int]) -> tuple[tuple[Expr, Expr], Expr, int] | None:
+    """One pair of atoms k·c·(x // c) + k·(x % c) of a linear form, which is k·x for every
+    integer x (floor semantics: x == (x // c)·c + x % c), as ((the two atoms), x, k); None when
+    there is no such pair. A view that merges two dimensions of a view that split them composes
+    to this form."""
+    quotients = {(str(t.a), const_int(t.b)): t for t in terms
+                 if isinstance(t, Binary) and t.op == "//" and t.dtype.is_int and const_int(t.b)}
+    for t, k in terms.items():
+        if not (isinstance(t, Binary) and t.op == "%" and t.dtype.is_int):
+            continue
+        c = const_int(t.b)
+        q = quotients.get((str(t.a), c))
+        if c is None or c <= 0 or q is None or terms[q] != k * c:
+            continue
+        return (t, q), t.a, k
+    return None
 
 
 def from_linear(terms: dict[Expr, int], const: int, like: Expr) -> Expr:

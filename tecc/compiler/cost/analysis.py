@@ -37,6 +37,7 @@ from ...ir.expr import (
     Expr,
     Select,
     Var,
+    const_int,
     free_vars,
     walk,
 )
@@ -53,6 +54,7 @@ from ...ir.stmt import (
     Stmt,
 )
 from ...passes.approx_math import approximate_expr
+from ...passes.simplify import from_linear, linear_form
 from .. import options as knobs
 
 # The size assumed for a symbolic dimension the caller gives no value for. Plans stay valid for
@@ -147,6 +149,9 @@ class Access:
     # variables of those indices); None unless every dimension that is not affine reads memory
     gathered: Affine | None = None
     gather_vars: frozenset[str] = frozenset()
+    # no affine offset, but every index is affine or an affine index // or % a constant (a view
+    # transposing merged dimensions, O[i // T, k // D, i % T, k % D]): tensorize splits such axes
+    split: bool = False
 
 
 @dataclass(frozen=True)
@@ -282,6 +287,7 @@ def affine(e: Expr, env: Mapping[Var, int]) -> Affine | None:
 
 
 def _access(buf: Buffer, indices: tuple[Expr, ...], env: Mapping[Var, int]) -> Access:
+    indices = tuple(_canonical(i, env) for i in indices)
     per_dim = tuple(affine(i, env) for i in indices)
     dims: list[int] = []
     for s in buf.shape:
@@ -289,6 +295,9 @@ def _access(buf: Buffer, indices: tuple[Expr, ...], env: Mapping[Var, int]) -> A
             dims.append(evaluate_int(s, env))
         except Exception:  # noqa: BLE001
             dims.append(DEFAULT_SIZE)
+    if buf.strides is None and any(a is None for a in per_dim):
+        indices, dims = _merged_dims(indices, dims)
+        per_dim = tuple(affine(i, env) for i in indices)
     index_vars = tuple(frozenset(v.name for v in free_vars(i) if v.kind == "index") for i in indices)
     offset = _flat_offset(buf, per_dim, dims, env)
     gathered: Affine | None = None
@@ -298,8 +307,39 @@ def _access(buf: Buffer, indices: tuple[Expr, ...], env: Mapping[Var, int]) -> A
         zero = Affine(())
         gathered = _flat_offset(buf, tuple(zero if ld else a for a, ld in zip(per_dim, loaded)), dims, env)
         gather_vars = frozenset().union(*(vs for vs, ld in zip(index_vars, loaded) if ld))
+    split = offset is None and gathered is None and all(
+        a is not None or (isinstance(i, Binary) and i.op in ("//", "%") and affine(i.a, env) is not None
+                          and (const_int(i.b) or 0) > 0)
+        for a, i in zip(per_dim, indices))
     return Access(buf.name, buf.tensor, buf.dtype.bytes, offset, index_vars, per_dim, tuple(dims), buf.dtype.name,
-                  gathered, gather_vars)
+                  gathered, gather_vars, split)
+
+
+def _canonical(ix: Expr, env: Mapping[Var, int]) -> Expr:
+    """An index that is not affine as written in its linear form, where (x // c)·c + x % c is x
+    (a view merging the dimensions that another view split: tecc.passes.simplify.linear_form)."""
+    if not ix.dtype.is_int or affine(ix, env) is not None:
+        return ix
+    terms, const = linear_form(ix)
+    return from_linear(terms, const, ix)
+
+
+def _merged_dims(indices: tuple[Expr, ...], dims: list[int]) -> tuple[tuple[Expr, ...], list[int]]:
+    """A row-major buffer read as B[.., x // n, x % n, ..] with n its next dimension's extent (a
+    view merging two dimensions of a tensor computed in the program) as the same read of the
+    buffer with those two dimensions merged, B'[.., x, ..]: the same addresses, affine in x."""
+    out, ext = list(indices), list(dims)
+    d = 0
+    while d + 1 < len(out):
+        a, b = out[d], out[d + 1]
+        if (isinstance(a, Binary) and a.op == "//" and isinstance(b, Binary) and b.op == "%"
+                and str(a.a) == str(b.a) and const_int(a.b) == const_int(b.b) == ext[d + 1]):
+            out[d:d + 2] = [b.a]
+            ext[d:d + 2] = [ext[d] * ext[d + 1]]
+            d = max(d - 1, 0)
+            continue
+        d += 1
+    return tuple(out), ext
 
 
 def _flat_offset(buf: Buffer, per_dim: tuple[Affine | None, ...], dims: list[int],
@@ -534,6 +574,15 @@ def _combiner(upd: BufferStore) -> str:
     return "other"
 
 
+def _vars_read(a: Access) -> set[str] | None:
+    """The loop variables of a read whose address is affine (or splits into affine indices), else None."""
+    if a.offset is not None:
+        return set(a.offset.vars)
+    if a.split:
+        return set().union(*a.index_vars)
+    return None
+
+
 def _classify(info: KernelInfo) -> KernelInfo:
     from dataclasses import replace
 
@@ -541,12 +590,13 @@ def _classify(info: KernelInfo) -> KernelInfo:
         return info
     spatial = {v for v, _ in info.spatial}
     reduce_vars = {v for v, _ in info.reduction}
-    big = [a for a in info.reads if a.offset is not None and set(a.offset.vars) & reduce_vars]
+    used = [_vars_read(a) for a in info.reads]
+    big = [vs for vs in used if vs is not None and vs & reduce_vars]
     contraction = (
         info.combiner == "sum" and len(spatial) >= 2 and len(big) >= 2
-        and any(spatial - set(a.offset.vars) for a in big if a.offset is not None)
-        and all(set(a.offset.vars) & spatial for a in big if a.offset is not None)
-        and len({frozenset(set(a.offset.vars) & spatial) for a in big if a.offset is not None}) >= 2
+        and any(spatial - vs for vs in big)
+        and all(vs & spatial for vs in big)
+        and len({frozenset(vs & spatial) for vs in big}) >= 2
     )
     return replace(info, kind="contraction" if contraction else "reduction")
 

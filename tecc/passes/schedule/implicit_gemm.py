@@ -435,8 +435,8 @@ def match_contraction(func: PrimFunc, stage: str, operand_dtypes: Sequence[dt.DT
             raise ScheduleError(f"{where}: operand {load.buffer.name} has run-time strides; tensorize needs a "
                                 "contiguous row-major operand (copy it first)")
     axes = [(lp.var, lp.extent) for lp in loops]
-    axes, (x, gx), (y, gy), store = _split_groups(where, axes, [(lp.var, lp.extent) for lp in kloops],
-                                                  (x, gx), (y, gy), store)
+    axes, red, (x, gx), (y, gy), store = _split_groups(where, axes, [(lp.var, lp.extent) for lp in kloops],
+                                                       (x, gx), (y, gy), store)
     spatial = [v for v, _ in axes]
     # B is indexed by the output's innermost axis
     inner_axis = spatial[-1]
@@ -444,7 +444,7 @@ def match_contraction(func: PrimFunc, stage: str, operand_dtypes: Sequence[dt.DT
     if inner_axis in reads_x and inner_axis not in reads_y:
         (x, gx), (y, gy), reads_x, reads_y = (y, gy), (x, gx), reads_y, reads_x
     loads = {"A": (x, gx), "B": (y, gy)}
-    layouts = {role: operand_layout(where, load, guard, spatial, [lp.var for lp in kloops])
+    layouts = {role: operand_layout(where, load, guard, spatial, [v for v, _ in red])
                for role, (load, guard) in loads.items()}
     batch: list[Var] = []
     rows: list[Var] = []
@@ -456,9 +456,9 @@ def match_contraction(func: PrimFunc, stage: str, operand_dtypes: Sequence[dt.DT
             raise ScheduleError(f"{where}: output axis {v.name} indexes neither operand (a broadcast, not a "
                                 "contraction); tensor cores need every output axis to index an operand")
         group.append(v)
-    for lp in kloops:
-        if lp.var not in reads_x or lp.var not in reads_y:
-            raise ScheduleError(f"{where}: reduction axis {lp.var.name} indexes only one operand; sum it first")
+    for k, _ in red:
+        if k not in reads_x or k not in reads_y:
+            raise ScheduleError(f"{where}: reduction axis {k.name} indexes only one operand; sum it first")
     if not rows or not cols:
         which = "row axis (an output axis indexing only the first operand)" if not rows else \
             "column axis (an output axis indexing only the second operand)"
@@ -470,15 +470,15 @@ def match_contraction(func: PrimFunc, stage: str, operand_dtypes: Sequence[dt.DT
         if any(v.name in lay.guard_vars for lay in layouts.values()):
             raise ScheduleError(f"{where}: batch axis {v.name} is read by a where() condition; tensorize predicates "
                                 "rows, columns and reduction indices only")
-    every = axes + [(lp.var, lp.extent) for lp in kloops]
+    every = axes + red
     extents = {v.name: const_int(e) for v, e in every}
     by_name = {v.name: (v, e) for v, e in every}
     rows_o, cols_o, ks_o, a_k_last, b_k_last, a_copy, b_copy = gemm_order(
-        [v.name for v in rows], [v.name for v in cols], [lp.var.name for lp in kloops],
+        [v.name for v in rows], [v.name for v in cols], [k.name for k, _ in red],
         layouts["A"], layouts["B"], extents, x.buffer.dtype.bytes)
     a = Operand("A", x.buffer, a_k_last, x, gx, a_copy, stride_condition(x.buffer, a_copy))
     b = Operand("B", y.buffer, b_k_last, y, gy, b_copy, stride_condition(y.buffer, b_copy))
-    reduction_axes = [lp.var for lp in kloops]
+    reduction_axes = [k for k, _ in red]
     for role, outer in (("A", rows_o), ("B", cols_o)):
         op = a if role == "A" else b
         alt = transposed_operand(op, [(n, extents[n]) for n in outer], [(n, extents[n]) for n in ks_o],
@@ -518,13 +518,17 @@ Read = tuple[BufferLoad, Expr | None]
 
 
 def _split_groups(where: str, axes: list[Axis], reduction: list[Axis], x: Read, y: Read,
-                  store: BufferStore) -> tuple[list[Axis], Read, Read, BufferStore]:
+                  store: BufferStore) -> tuple[list[Axis], list[Axis], Read, Read, BufferStore]:
     """Grouped contractions: an output axis v that one operand reads only as v // d (a grouped
     convolution's activations X[.., (f // Fg)·Cg + c] with filters W[.., c, f]) is split into
     v_group = v // d, which indexes both operands (a batch axis), and v_in = v % d, which indexes
     only the other (a column axis): v = v_group·d + v_in everywhere, the indices simplified with
-    0 <= v_in < d. The extent of v must be a constant multiple of d."""
-    for v, ext in list(axes):
+    0 <= v_in < d. The extent of v must be a constant multiple of d. A view merging two
+    dimensions of a tensor computed in the program reads it as X[v // d, v % d, ..]: the same
+    split makes it X[v_group, v_in, ..], for a row or column axis and for a reduction axis (a
+    weight gradient summed over batch x tokens), which then becomes two reduction axes."""
+    for v, ext in list(axes) + list(reduction):
+        spatial = any(v is a for a, _ in axes)
         divisors = {const_int(e.b) for load, guard in (x, y)
                     for ix in load.indices + ((guard,) if guard is not None else ())
                     for e in walk(ix) if isinstance(e, Binary) and e.op == "//" and e.a is v}
@@ -555,12 +559,17 @@ def _split_groups(where: str, axes: list[Axis], reduction: list[Axis], x: Read, 
         x, y = read(x), read(y)
         store = BufferStore(store.buffer, tuple(substitute(ix, mapping) for ix in store.indices),
                             substitute(store.value, mapping))
-        at = [a for a, _ in axes].index(v)
-        axes = axes[:at] + [(group, Const(n // d, dt.int32)), (inner, Const(d, dt.int32))] + axes[at + 1:]
+        halves = [(group, Const(n // d, dt.int32)), (inner, Const(d, dt.int32))]
+        if spatial:
+            at = [a for a, _ in axes].index(v)
+            axes = axes[:at] + halves + axes[at + 1:]
+        else:
+            at = [a for a, _ in reduction].index(v)
+            reduction = reduction[:at] + halves + reduction[at + 1:]
         if any(v in _vars_of(*r) for r in (x, y)):
             raise ScheduleError(f"{where}: axis {v.name} is read both divided by {d} and otherwise; tensorize "
                                 "splits an axis into groups only where that leaves v // d and v % d")
-    return axes, x, y, store
+    return axes, reduction, x, y, store
 
 
 def _vars_of(load: BufferLoad, guard: Expr | None) -> set[Var]:

@@ -1,7 +1,8 @@
 """Reductions (sum, mean, amax, amin, prod, any, all, var_mean, var) as tensor expressions.
 
 A reduction over `dims` is one compute of the node's shape with a `tc.sum / max / min / prod`
-over one reduction axis per reduced dimension. Accumulation follows eager: float16/bfloat16
+over one reduction axis per reduced dimension (two adjacent ones before the last: one axis over both,
+`reduce_compute`). Accumulation follows eager: float16/bfloat16
 sources sum in float32 and round once at the end (tecc's Reduce accumulates 16-bit sources in
 float32, docs/semantics.md); integer and bool sums are int64, as torch's. NaN propagates
 through max/min (torch.amax), as tecc's `max` does.
@@ -14,7 +15,7 @@ from typing import Any, Callable, Sequence
 from ...ir import dtype as dt
 from ...ir import ops as te
 from ...ir.dtype import DType
-from ...ir.expr import Expr, ExprLike, ReduceAxis
+from ...ir.expr import Expr, ExprLike, ReduceAxis, as_expr, const_int
 from ...ir.tensor import Tensor, reduce_axis
 from .context import LoweringContext, Unsupported, constant
 
@@ -47,13 +48,24 @@ def reduce_compute(ctx: LoweringContext, x: Tensor, dims: Sequence[int], keepdim
                    fn: Callable[[Callable[[], Expr], Sequence[ReduceAxis], Sequence[Expr]], Expr],
                    shape: Sequence[ExprLike], suffix: str = "") -> Tensor:
     """A compute of `shape` whose element is `fn(read, axes, idx)`: `read()` is x at the output
-    index with the reduced dimensions replaced by reduction axes (`axes`)."""
-    axes = [reduce_axis(x.shape[d], f"r{d}") for d in dims]
+    index with the reduced dimensions replaced by reduction axes (`axes`).
+
+    Two adjacent reduced dimensions of constant extents before the last one (a bias's or a layer
+    norm weight's gradient, summed over batch and tokens: dims [0, 1] of [B, T, C]) are one
+    reduction axis r of B·T read as x[r // T, r % T, c]: a reduction over one axis, which the
+    column reduction's split (compiler/strategies/column_reduction.py) takes."""
+    flat = _flat_pair(x, dims)
+    if flat is not None:
+        r = reduce_axis(flat[0] * flat[1], f"r{dims[0]}")
+        axes: list[ReduceAxis] = [r]
+        by_dim: dict[int, Expr] = {dims[0]: r // flat[1], dims[1]: r % flat[1]}
+    else:
+        axes = [reduce_axis(x.shape[d], f"r{d}") for d in dims]
+        by_dim = dict(zip(dims, axes))
 
     def body(*idx: Expr) -> Expr:
         full: list[Expr] = []
         position = 0
-        by_dim = dict(zip(dims, axes))
         for d in range(x.ndim):
             if d in by_dim:
                 full.append(by_dim[d])
@@ -65,6 +77,16 @@ def reduce_compute(ctx: LoweringContext, x: Tensor, dims: Sequence[int], keepdim
         return fn(lambda: x[tuple(full)], axes, idx)
 
     return ctx.compute(shape, body, suffix)
+
+
+def _flat_pair(x: Tensor, dims: Sequence[int]) -> tuple[int, int] | None:
+    """The two constant extents of `dims` when they are two adjacent dimensions before x's last."""
+    if len(dims) != 2 or dims[1] != dims[0] + 1 or dims[1] >= x.ndim - 1:
+        return None
+    extents = [const_int(as_expr(x.shape[d])) for d in dims]
+    if any(e is None or e <= 0 for e in extents):
+        return None
+    return extents[0], extents[1]  # type: ignore[return-value]
 
 
 def _simple(ctx: LoweringContext, x: Any, dims: Any, keepdim: bool, combiner: str,

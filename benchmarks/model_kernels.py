@@ -1,0 +1,253 @@
+"""Where a model's time goes, without a GPU: every kernel tecc would launch for a model's ATen
+graphs, with the strategy the planner chose and its predicted time on an architecture, sorted.
+
+    python benchmarks/model_kernels.py                        # GPT-2 small (1 layer), sm_90, top 30
+    python benchmarks/model_kernels.py --model gpt2 --layers 12 --top 0      # every kernel
+    python benchmarks/model_kernels.py --model convnet --arch sm_80
+    python benchmarks/model_kernels.py --model gpt2 --graph backward --explain lm_head_dir/
+
+The model's forward and backward graphs are traced as `torch.compile(backend="tecc")` gets them
+(AOTAutograd with tecc's decompositions) on CPU tensors at the benchmark's full size
+(benchmarks/models.py): the compiled functions only return empty tensors of the traced shapes,
+so nothing is computed and nothing large is written. Each graph is then planned as the backend
+plans it (tecc.torch.graph.plan_graph, then the planner on each program for `--arch`), without
+code generation or NVRTC. A row is one kernel (or one graph-level rewrite that replaces several
+kernels: its kernels are listed): the program, its predicted time, the cost model's bound, the
+strategy and point, and the FX nodes it computes. The predicted total is the planner's sum, not
+a measurement; benchmarks/models.py measures the model on the GPU.
+
+GPT-2 runs under bf16 autocast on the CPU (the GPU benchmark autocasts on CUDA: the same casts;
+SDPA traces as its CPU flash-attention op, which tecc lowers as the CUDA ones). --layers 1 plans
+one block (each block's kernels are the same; multiply its rows by 12 for GPT-2 small).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "docs" / "examples"))
+
+from tecc.compiler.planner import PlanResult, plan_program  # noqa: E402
+from tecc.ir.tensor import ComputeOp, Tensor  # noqa: E402
+from tecc.torch.graph import GraphPlan, plan_graph  # noqa: E402
+from tecc.torch.lowering import Sizes  # noqa: E402
+
+
+@dataclass
+class Row:
+    graph: str
+    program: str
+    kernels: tuple[str, ...]
+    strategy: str
+    label: str
+    seconds: float
+    bound: str
+    nodes: list[str]
+
+
+# ---- tracing: the ATen graphs the backend would get ------------------------------------------------
+def _empty_outputs(gm: torch.fx.GraphModule) -> Callable[..., list[Any]]:
+    """A stand-in for a compiled graph: empty tensors of the traced outputs' shapes and strides."""
+    (out,) = [n for n in gm.graph.nodes if n.op == "output"]
+
+    def run(*_: Any) -> list[Any]:
+        vals = [o.meta.get("val") if isinstance(o, torch.fx.Node) else None for o in out.args[0]]
+        return [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype) if isinstance(v, torch.Tensor) else None
+                for v in vals]
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return lambda args: run(*args)
+
+
+def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], train: bool,
+          autocast: torch.dtype | None) -> dict[str, torch.fx.GraphModule]:
+    """The forward and backward (or inference) ATen graphs of `model(*inputs)`."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    from tecc.torch.decompositions import decomposition_table
+
+    graphs: dict[str, torch.fx.GraphModule] = {}
+
+    def backend(gm: torch.fx.GraphModule, example: Sequence[Any]) -> Any:
+        def keep(kind: str) -> Callable[..., Any]:
+            def compiler(g: torch.fx.GraphModule, _: Any) -> Any:
+                graphs[kind] = g
+                fn = _empty_outputs(g)
+                fn._boxed_call = True  # type: ignore[attr-defined]
+                return fn
+            return compiler
+        return aot_module_simplified(gm, example, fw_compiler=keep("forward"), bw_compiler=keep("backward"),
+                                     inference_compiler=keep("inference"), decompositions=decomposition_table())
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None), torch.set_grad_enabled(train):
+        out = compiled(*inputs)
+    if train:
+        out.backward()
+    torch._dynamo.reset()
+    return graphs
+
+
+def gpt2(layers: int) -> dict[str, torch.fx.GraphModule]:
+    """GPT-2 small's training step (benchmarks/models.py): batch 8 x 1024, bf16 autocast, SDPA."""
+    from train_gpt import GPT
+
+    torch.manual_seed(0)
+    model = GPT(50304, 768, 12, layers, 1024, "sdpa")
+    idx = torch.randint(0, 50304, (8, 1024))
+    return trace(model, (idx, idx), train=True, autocast=torch.bfloat16)
+
+
+def convnet(layers: int) -> dict[str, torch.fx.GraphModule]:
+    """benchmarks/models.py's conv net: bf16 channels_last inference, batch 32 at 224 x 224."""
+    from torch import nn
+
+    def block(cin: int, cout: int, **kw: Any) -> list[nn.Module]:
+        return [nn.Conv2d(cin, cout, bias=False, **kw), nn.BatchNorm2d(cout), nn.ReLU()]
+
+    torch.manual_seed(0)
+    body: list[nn.Module] = block(3, 64, kernel_size=7, stride=2, padding=3) + [nn.MaxPool2d(3, 2, 1)]
+    for _ in range(layers):
+        body += block(64, 64, kernel_size=3, padding=1)
+    body += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 1000)]
+    cl = torch.channels_last
+    model = nn.Sequential(*body).eval().to(torch.bfloat16).to(memory_format=cl)
+    x = torch.randn(32, 3, 224, 224, dtype=torch.bfloat16).to(memory_format=cl)
+    return trace(model, (x,), train=False, autocast=None)
+
+
+MODELS = {"gpt2": gpt2, "convnet": convnet}
+
+
+# ---- planning ---------------------------------------------------------------------------------------
+def _nodes_by_kernel(plan: GraphPlan, seg_index: int, kernels: Sequence[str]) -> dict[str, list[str]]:
+    """kernel -> the FX nodes of the segment whose value it computes (inlined values go to the
+    kernels of their readers: tecc.torch.report's rule)."""
+    from tecc.torch.report import _consumers, _kernels_of
+
+    seg = plan.segments[seg_index]
+    readers = _consumers(seg.args[seg.outputs_start:])
+    memo: dict[int, set[str]] = {}
+    found: dict[str, list[str]] = {}
+    for node in seg.nodes:
+        value = seg.values.get(node)
+        for t in value if isinstance(value, tuple) else (value,):
+            if isinstance(t, Tensor) and isinstance(t.op, ComputeOp):
+                for k in _kernels_of(t, kernels, readers, memo):
+                    if node.name not in found.setdefault(k, []):
+                        found[k].append(node.name)
+    return found
+
+
+def _rows_of(result: PlanResult, graph: str, program: str) -> list[Row]:
+    """One row per kernel planned per kernel, one per graph-level rewrite; a plan in regions by
+    its parts."""
+    if result.parts:
+        return [row for part in result.parts for row in _rows_of(part, graph, program)]
+    group = result.group
+    rows = []
+    claimed: set[str] = set()
+    if group is not None and group.chosen is not None:
+        c = group.chosen
+        claimed = set(group.kernels)
+        rows.append(Row(graph, program, tuple(group.kernels), c.strategy.name, c.label, c.cost.total, c.cost.bound,
+                        []))
+    for kp in result.kernels:
+        if kp.kernel in claimed:
+            continue
+        c = kp.chosen
+        rows.append(Row(graph, program, (kp.kernel,), c.strategy.name, c.label, c.cost.total, c.cost.bound, []))
+    return rows
+
+
+def plan_model(graphs: dict[str, torch.fx.GraphModule], arch: str, only: str | None = None,
+               explain_dir: str | None = None, log: Callable[[str], None] = print) -> tuple[list[Row], list[str]]:
+    """Every kernel of the graphs' programs planned for `arch` (module docstring), and the ops
+    that would run as ATen."""
+    from tecc.compiler.explain import explain
+
+    rows: list[Row] = []
+    fallbacks: list[str] = []
+    for kind, gm in graphs.items():
+        if only and kind != only:
+            continue
+        start = time.perf_counter()
+        plan = plan_graph(gm, kind, Sizes(), set())
+        for node in plan.fallbacks:
+            fallbacks.append(f"{kind}: {node.name} ({node.target}): {plan.reasons.get(node, '')}")
+        for i, seg in enumerate(plan.segments):
+            result = plan_program(seg.args, arch, name=seg.name)
+            found = _rows_of(result, kind, seg.name)
+            names = [k for r in found for k in r.kernels]
+            by_kernel = _nodes_by_kernel(plan, i, names)
+            for r in found:
+                r.nodes = [n for k in r.kernels for n in by_kernel.get(k, [])]
+            rows += found
+            if explain_dir:
+                os.makedirs(explain_dir, exist_ok=True)
+                Path(explain_dir, f"{kind}_{seg.name}.txt").write_text(_explain_all(result, explain))
+        log(f"# {kind}: {len(plan.segments)} program(s) planned for {arch} in {time.perf_counter() - start:.1f} s")
+    return rows, fallbacks
+
+
+def _explain_all(result: PlanResult, explain: Callable[[PlanResult], str]) -> str:
+    if result.parts:
+        return "\n\n".join(_explain_all(p, explain) for p in result.parts)
+    return explain(result)
+
+
+def table(rows: list[Row], top: int, scale: float = 1.0) -> str:
+    ordered = sorted(rows, key=lambda r: -r.seconds)
+    total = sum(r.seconds for r in rows)
+    lines = [f"predicted total {total * scale * 1e3:.2f} ms over {len(rows)} kernel(s)"
+             + (f" (x{scale:g})" if scale != 1.0 else ""),
+             "| # | graph | us | % | bound | strategy (point) | kernel(s) | FX nodes |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for n, r in enumerate(ordered[:top] if top else ordered, 1):
+        nodes = ", ".join(r.nodes[:6]) + (f", ... ({len(r.nodes)})" if len(r.nodes) > 6 else "")
+        kernels = ", ".join(r.kernels[:3]) + (f", ... ({len(r.kernels)})" if len(r.kernels) > 3 else "")
+        lines.append(f"| {n} | {r.graph} | {r.seconds * 1e6:.1f} | {100 * r.seconds / total:.1f} | {r.bound} | "
+                     f"{r.label} | {kernels} | {nodes} |")
+    by_strategy: dict[str, list[float]] = {}
+    for r in rows:
+        by_strategy.setdefault(r.strategy, []).append(r.seconds)
+    lines.append("")
+    lines.append("by strategy: " + "; ".join(
+        f"{s} {len(v)} kernel(s) {sum(v) * 1e3:.2f} ms"
+        for s, v in sorted(by_strategy.items(), key=lambda kv: -sum(kv[1]))))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=sorted(MODELS), default="gpt2")
+    p.add_argument("--layers", type=int, default=None, help="GPT-2 blocks (default 1) / conv layers (default 3)")
+    p.add_argument("--arch", default="sm_90")
+    p.add_argument("--graph", default=None, help="only this graph: forward, backward or inference")
+    p.add_argument("--top", type=int, default=30, help="rows shown (0: all)")
+    p.add_argument("--explain", default=None, help="a folder: each program's explain() text")
+    args = p.parse_args()
+    layers = args.layers if args.layers is not None else (1 if args.model == "gpt2" else 3)
+    start = time.perf_counter()
+    graphs = MODELS[args.model](layers)
+    print(f"# {args.model} ({layers} layer(s)) traced in {time.perf_counter() - start:.1f} s: "
+          + ", ".join(f"{k} {len(g.graph.nodes)} nodes" for k, g in graphs.items()))
+    rows, fallbacks = plan_model(graphs, args.arch, args.graph, args.explain)
+    print(table(rows, args.top))
+    for line in fallbacks:
+        print(f"ATen fallback: {line}")
+
+
+if __name__ == "__main__":
+    main()
