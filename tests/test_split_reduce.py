@@ -77,3 +77,26 @@ def test_the_planner_weighs_the_split_against_one_thread_per_output(args):
     group = result.group
     assert group is not None and group.chosen is not None
     assert group.chosen.cost.total <= group.per_kernel_seconds * (1 + GRAPH_TIE)
+
+
+@pytest.mark.parametrize("rows,cols", [(4096, 768), (1000, 67)])
+def test_a_column_sum_reading_a_per_row_value_is_a_column_reduction(rows: int, cols: int) -> None:
+    """A layer norm's weight gradient, Σ_r dy[r, c]·(x[r, c] - mean[r])·rstd[r]: mean and rstd
+    are read along the reduced axis only (one address for a warp's consecutive outputs), which
+    the coalescing check refused ("mean's last index is 0"), leaving one thread per output. Now
+    planned as column_reduction on sm_90 and computed in the emulator against float64."""
+    dy = tc.placeholder((rows, cols), "float32", name="dy")
+    x = tc.placeholder((rows, cols), "float32", name="x")
+    mean = tc.placeholder((rows, 1), "float32", name="mean")
+    rstd = tc.placeholder((rows,), "float32", name="rstd")
+    r = tc.reduce_axis(rows, name="r")
+    dw = tc.compute((cols,), lambda c: tc.sum(dy[r, c] * (x[r, c] - mean[r, 0]) * rstd[r], axis=r), name="dw")
+    f = tc.build([dy, x, mean, rstd, dw], target="sim", arch="sm_90")
+    assert f.plan.strategy == "column_reduction", f.plan.reason
+    rng = np.random.default_rng(rows + cols)
+    a, b = rng.standard_normal((rows, cols)).astype("float32"), rng.standard_normal((rows, cols)).astype("float32")
+    m, s = rng.standard_normal((rows, 1)).astype("float32"), rng.uniform(0.5, 2, rows).astype("float32")
+    out = np.full(cols, np.nan, "float32")
+    f(a, b, m, s, out)
+    want = (a.astype(np.float64) * (b - m).astype(np.float64) * s[:, None]).sum(axis=0)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-3 * np.sqrt(rows))

@@ -305,7 +305,8 @@ def _module(low: LoweredReduction, kernels: list[Stmt], temps: tuple[Buffer, ...
 def uncoalesced_read(args: Sequence[Tensor]) -> str | None:
     """Why the reads of the one reduction of `args` would not be coalesced by split_reduce, or
     None when every read that walks the reduced axis keeps it out of its last index and has the
-    output's last axis, alone, as its last index (consecutive outputs: consecutive addresses)."""
+    output's last axis, alone, as its last index (consecutive outputs: consecutive addresses), or
+    reads along no output axis at all (the same address for a warp's outputs)."""
     stage, red = reduction_over_one_axis(args)
     prog = choose_inlined(collect_program(args))
     op = stage.op
@@ -318,6 +319,8 @@ def uncoalesced_read(args: Sequence[Tensor]) -> str | None:
             continue
         if node.buffer.strides is not None:
             return f"{node.buffer.name} is strided"
+        if not free_vars(node) & set(op.axes):
+            continue   # one value per reduced index for all outputs (a row's mean): one address per warp
         if any(axis in free_vars(i) for i in node.indices[-1:]):
             return f"{node.buffer.name} walks the reduced axis along its last (unit-stride) index: a row reduction"
         if node.indices[-1] is not last:
