@@ -20,7 +20,7 @@ bind it to threads and blocks afterwards.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import networkx as nx
 
@@ -229,18 +229,25 @@ def _plain(t: Tensor) -> bool:
 def _reads_statistics(prog: Program, t: Tensor, elementwise: set[Tensor]) -> bool:
     """Whether t reads, directly or through elementwise computes, a reduction of fewer elements."""
     size = _elements(t)
+    return any(isinstance(s.op, ComputeOp) and s.op.reductions and (size is None or _elements(s) != size)
+               for s in _beyond(prog.graph.predecessors, t, elementwise))
+
+
+def _beyond(neighbours: Callable[[Tensor], Iterable[Tensor]], t: Tensor,
+            through: set[Tensor] | frozenset[Tensor]) -> Iterator[Tensor]:
+    """The tensors reached from t along `neighbours` (the program graph's predecessors or
+    successors), passing through the tensors of `through` to the first one not in it, each once."""
     seen: set[int] = set()
-    frontier = list(prog.graph.predecessors(t))
+    frontier = list(neighbours(t))
     while frontier:
         s = frontier.pop()
         if id(s) in seen:
             continue
         seen.add(id(s))
-        if s in elementwise:
-            frontier.extend(prog.graph.predecessors(s))
-        elif isinstance(s.op, ComputeOp) and s.op.reductions and (size is None or _elements(s) != size):
-            return True
-    return False
+        if s in through:
+            frontier.extend(neighbours(s))
+        else:
+            yield s
 
 
 def _elements(t: Tensor) -> int | None:
@@ -343,19 +350,7 @@ def epilogue_consumer(prog: Program, t: Tensor, inlined: frozenset[Tensor]) -> T
 
 def _stages_reached(prog: Program, t: Tensor, inlined: frozenset[Tensor]) -> list[Tensor]:
     """The stages that read `t`, directly or through inlined computes."""
-    found: list[Tensor] = []
-    seen: set[int] = set()
-    frontier = list(prog.graph.successors(t))
-    while frontier:
-        s = frontier.pop()
-        if id(s) in seen:
-            continue
-        seen.add(id(s))
-        if s in inlined:
-            frontier.extend(prog.graph.successors(s))
-        else:
-            found.append(s)
-    return found
+    return list(_beyond(prog.graph.successors, t, inlined))
 
 
 def _reads_through(e: Expr, t: Tensor, inlined: frozenset[Tensor], found: list[tuple[Expr, ...]]
