@@ -39,7 +39,7 @@ from ..schedule.ring import ring_fill, ring_step
 from ..schedule.tensorize import load_a_fragment, load_b_fragments
 from .key_tiles import kept_conditions, key_tile_bound
 from .mma_tiles import check_relayout, two_n8_tiles
-from .online_backward_dropout import keep_form, m16n8, query_major_keeps, uniform_branch
+from .online_backward_dropout import query_major_keeps
 from .online_backward import BackwardChain
 from .online_backward_kernels import STAGES, WHERE, BackwardKernels, Tiles, tile_key, unflatten, vanishes
 from .online_contraction import MAX_GRID_Y
@@ -224,21 +224,9 @@ class QueryMajor(BackwardKernels):
                 stmts.append(self._guarded(self.w_frags[id(o.tensor)], (here,), w, ok))
             return seq(*stmts)
 
-        form = keep_form(chain) if m16n8(self.c_map) else None
-
-        def tile(guarded: bool, shared: bool = False) -> Stmt:
-            def n8(nt: Var) -> Stmt:
-                if not shared:
-                    return self.unrolled("tile_e", 4, lambda e: one(nt, e, guarded))
-                assert form is not None   # the dropout's keep bits: one Philox call per four elements
-                wrap, keeps = query_major_keeps(form, self.lane, self.q0 + self.warp * 16, self.kt * self.BN + nt * 8,
-                                                self.unique, self.lower.value, chain.query, chain.key)
-                return wrap(seq(*(one(nt, Const(e, dt.int32), guarded, {form.cond: keeps[e]}) for e in range(4))))
-            return self.unrolled("tile_n", self.BN // 8, n8)
-
-        def both(guarded: bool) -> Stmt:
-            return tile(guarded) if form is None else uniform_branch(form, tile(guarded, True), tile(guarded))
-        return both(True) if whole is None else IfThenElse(whole, both(False), both(True))
+        return self.elementwise_tiles(one, self.BN // 8, whole, lambda form, nt: query_major_keeps(
+            form, self.lane, self.q0 + self.warp * 16, self.kt * self.BN + nt * 8, self.unique, self.lower.value,
+            chain.query, chain.key))
 
     def _row_side(self, stage: Expr) -> Stmt:
         """acc[16 queries x C] += w·Y: A = w from registers (k16 step kk of the keys), B = Y's key

@@ -7,6 +7,8 @@ element, the row statistics staged per block of query rows, and the guard on par
 
 from __future__ import annotations
 
+from typing import Callable
+
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
 from ...ir.expr import (
@@ -40,6 +42,7 @@ from ..schedule.tensorize import INTRINSICS
 from .key_tiles import kept_conditions, whole_tile
 from .mma_tiles import LOG2E, TileStaging, fold_log2e
 from .online_backward import BackwardChain, GradOutput
+from .online_backward_dropout import KeepForm, keep_form, m16n8, uniform_branch
 from .online_contraction import ExpressionLowering, head_indices
 
 WHERE = "online_backward_mma"
@@ -285,6 +288,28 @@ class BackwardKernels(TileStaging):
             out.append(self.unrolled("out_n", o.columns // 8, lambda nt, one=one: self.unrolled(
                 "out_e", 4, lambda e: one(nt, e))))
         return seq(*out)
+
+    def elementwise_tiles(self, one: Callable[..., Stmt], n8_tiles: int, whole: Expr | None,
+                          keeps_at: Callable[[KeepForm, Var], tuple[Callable[[Stmt], Stmt], list[Expr]]]) -> Stmt:
+        """The elementwise stage over a warp's `n8_tiles` n8 tiles of 4 fragment elements each,
+        `one(nt, e, guarded, keep=None)` per element: guarded unless `whole` (the tile's test)
+        holds. With the chain's dropout on m16n8 fragments, the keep bits of an n8 tile come from
+        one Philox call per four elements (`keeps_at(form, nt)`: its wrap and the four bits)
+        behind a uniform branch, the per-element draws in the other."""
+        form = keep_form(self.chain) if m16n8(self.c_map) else None
+
+        def tile(guarded: bool, shared: bool = False) -> Stmt:
+            def n8(nt: Var) -> Stmt:
+                if not shared:
+                    return self.unrolled("tile_e", 4, lambda e: one(nt, e, guarded))
+                assert form is not None
+                wrap, keeps = keeps_at(form, nt)
+                return wrap(seq(*(one(nt, Const(e, dt.int32), guarded, {form.cond: keeps[e]}) for e in range(4))))
+            return self.unrolled("tile_n", n8_tiles, n8)
+
+        def both(guarded: bool) -> Stmt:
+            return tile(guarded) if form is None else uniform_branch(form, tile(guarded, True), tile(guarded))
+        return both(True) if whole is None else IfThenElse(whole, both(False), both(True))
 
     def _guarded(self, buf: Buffer, idx: tuple[Expr, ...], value: Expr, ok: Expr) -> Stmt:
         """buf[idx] = value where `ok`, else 0; a value that reads global memory (a bias, a mask)

@@ -44,7 +44,7 @@ from ..schedule.tile_staging import row_swizzle
 from .key_tiles import kept_conditions, query_block_start
 from .mma_tiles import check_relayout, two_n8_tiles
 from .online_backward import BackwardChain
-from .online_backward_dropout import keep_form, key_major_keeps, m16n8, uniform_branch
+from .online_backward_dropout import key_major_keeps
 from .online_backward_kernels import STAGES, WHERE, BackwardKernels, Tiles, tile_key, unflatten, vanishes
 from .online_contraction import MAX_GRID_Y
 
@@ -302,23 +302,9 @@ class KeyMajor(BackwardKernels):
                     stmts.append(IfThenElse(ok, seq(*st, BufferStore(self.buffers[o.tensor], idx, cast(val, o.tensor.dtype)))))
             return seq(*stmts)
 
-        form = keep_form(chain) if m16n8(self.c_map) else None
-
-        def tile(guarded: bool, shared: bool = False) -> Stmt:
-            def n8(nt: Var) -> Stmt:
-                if not shared:
-                    return self.unrolled("tile_e", 4, lambda e: one(nt, e, guarded))
-                assert form is not None   # the dropout's keep bits: one Philox call per four elements
-                wrap, keeps = key_major_keeps(form, self.lane, self.q0 + nt * 8, self.kb * self.BN + self.warp * 16,
-                                              self.unique, self.lower.value, chain.query, chain.key)
-                return wrap(seq(*(one(nt, Const(e, dt.int32), guarded, {form.cond: keeps[e]}) for e in range(4))))
-            return self.unrolled("tile_n", self.BM // 8, n8)
-
-        def both(guarded: bool) -> Stmt:
-            return tile(guarded) if form is None else uniform_branch(form, tile(guarded, True), tile(guarded))
-        if whole is None:
-            return both(True)
-        return IfThenElse(whole, both(False), both(True))
+        return self.elementwise_tiles(one, self.BM // 8, whole, lambda form, nt: key_major_keeps(
+            form, self.lane, self.q0 + nt * 8, self.kb * self.BN + self.warp * 16, self.unique, self.lower.value,
+            chain.query, chain.key))
 
     def _key_side(self, stage: Expr) -> Stmt:
         """acc[16 keys x C] += wᵀ·X for each key-side output: A = w from registers (k16 step kk of
