@@ -56,6 +56,7 @@ from ...ir.expr import (
 from ...ir.index_checks import IndexCheck
 from ...ir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, KernelCall, Module, PrimFunc, Seq, Stmt, seq
 from ...ir.visitor import SubexpressionReplacer
+from ..names import fresh_name
 
 
 @dataclass(frozen=True)
@@ -237,14 +238,14 @@ def scatter_atomic_module(module: Module, kernel: str) -> tuple[Module, tuple[st
     if m.finish is m.total and m.acc_dtype == m.out.dtype:
         target = m.out
     else:
-        target = Buffer(_fresh(f"{m.out.name}_acc", taken), m.acc_dtype, m.out.shape, "global", None,
+        target = Buffer(fresh_name(f"{m.out.name}_acc", taken, "_"), m.acc_dtype, m.out.shape, "global", None,
                         f"{m.stage}.acc")
         temps.append(target)
     kernels: list[PrimFunc] = []
     # 1. what the output starts from
     loops = [lp.var for lp in m.spatial]
     start = m.base if m.base is not None else Const(0, m.acc_dtype)
-    kernels.append(_over(_fresh(f"{m.stage}_init", taken), m.spatial, BufferStore(target, tuple(loops), start)))
+    kernels.append(_over(fresh_name(f"{m.stage}_init", taken, "_"), m.spatial, BufferStore(target, tuple(loops), start)))
     # 2. one atomic addition per domain point: the summed loops outside, the free output loops inside
     add: Stmt = Evaluate(atomic_add(BufferLoad(target, m.targets), m.value))
     if m.guards:
@@ -256,7 +257,7 @@ def scatter_atomic_module(module: Module, kernel: str) -> tuple[Module, tuple[st
     # 3. the finish (a cast to the output's dtype, ...), reading the temporary
     if target is not m.out:
         value = substitute(m.finish, {m.total: BufferLoad(target, tuple(loops))})
-        kernels.append(_over(_fresh(f"{m.stage}_finish", taken), m.spatial, BufferStore(m.out, tuple(loops), value)))
+        kernels.append(_over(fresh_name(f"{m.stage}_finish", taken, "_"), m.spatial, BufferStore(m.out, tuple(loops), value)))
     kernels = [_kernel(k.name, k.body, module, tuple(temps)) for k in kernels]
     new_kernels: list[PrimFunc] = []
     calls: list[KernelCall] = []
@@ -272,15 +273,6 @@ def scatter_atomic_module(module: Module, kernel: str) -> tuple[Module, tuple[st
         calls += [KernelCall(k.name, k.params) for k in kernels]
     names = tuple(k.name for k in kernels)
     return Module(module.name, module.params, tuple(new_kernels), tuple(calls), tuple(temps)), names
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    name, n = base, 0
-    while name in taken:
-        n += 1
-        name = f"{base}_{n}"
-    taken.add(name)
-    return name
 
 
 def _over(name: str, spatial: tuple[For, ...], body: Stmt) -> PrimFunc:
