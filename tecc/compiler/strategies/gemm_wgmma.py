@@ -498,10 +498,12 @@ class GemmWgmma(Strategy):
     def operand_note(self, info: KernelInfo) -> tuple[str]:
         return ("A and B read by wgmma from 128B-swizzled shared tiles (no ldmatrix)",)
 
-    def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
-        stage, bm = info.stage, int(point["bm"])
-        k_tiles = sch.tensorize(stage, "wgmma", block=(bm, int(point["bn"])), warps=(4 * (bm // 64), 1),
-                                k_tile=self.k_tile)
+    def main_loop(self, sch: Any, info: KernelInfo, point: Point) -> None:
+        """The primitives every wgmma point applies: tensorize, each operand staged, the ring
+        (with its producer warpgroup for TMA) and the split of k."""
+        stage = info.stage
+        k_tiles = sch.tensorize(stage, self.intrinsic, block=(int(point["bm"]), int(point["bn"])),
+                                warps=(4 * self.warpgroups(info, point), 1), k_tile=self.k_tile)
         for operand in sch.gemm_operands(stage):
             sch.stage_operand(stage, operand)
         sch.pipeline(k_tiles, stages=int(point["stages"]), producer=load_of(point))
@@ -509,6 +511,10 @@ class GemmWgmma(Strategy):
             sch.warp_specialize(stage)
         if split_of(point) > 1:
             sch.split_k(stage, split_of(point))
+
+    def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
+        stage = info.stage
+        self.main_loop(sch, info, point)
         if load_of(point) == "tma":
             if point.get("persistent"):
                 sch.persistent(stage, int(point["persistent"]))
@@ -626,16 +632,7 @@ class GemmWgmmaTF32(GemmWgmma):
                 yield point
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
-        stage = info.stage
-        k_tiles = sch.tensorize(stage, self.intrinsic, block=(int(point["bm"]), int(point["bn"])),
-                                warps=(4 * self.warpgroups(info, point), 1), k_tile=self.k_tile)
-        for operand in sch.gemm_operands(stage):
-            sch.stage_operand(stage, operand)
-        sch.pipeline(k_tiles, stages=int(point["stages"]), producer=load_of(point))
-        if load_of(point) == "tma":
-            sch.warp_specialize(stage)
-        if split_of(point) > 1:
-            sch.split_k(stage, split_of(point))
+        self.main_loop(sch, info, point)   # tf32 points have no persistent or epilogue knob
 
     def describe(self, point: Point) -> str:
         bm, bn, stages = (int(point[x]) for x in ("bm", "bn", "stages"))
