@@ -1,0 +1,111 @@
+"""Where a model step's GPU time goes, measured: every kernel of a GPT-2 training step under each
+backend, by CUPTI (torch.profiler), side by side (the measured counterpart of model_kernels.py).
+
+    python benchmarks/model_profile.py                         # GPT-2 small, 2 layers, eager/inductor/tecc
+    python benchmarks/model_profile.py --layers 12 --top 40 --backends inductor tecc
+    python benchmarks/model_profile.py --cudagraphs            # tecc also with options={"cudagraphs": True}
+
+The model and step are benchmarks/models.py's (bf16 autocast, AdamW outside the compiled model,
+batch 8 x 1024 tokens). After --warmup steps, --steps steps run under the profiler. Per backend:
+the step time (CUDA events, median), the sum of the step's kernel durations (the GPU busy time;
+the difference is launch gaps, i.e. host time the GPU waited for), the kernel count, and the top
+kernels by time per step with their launch counts. tecc's kernel names are its programs' names,
+which name the FX nodes they compute (dump_ir maps them back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "docs" / "examples"))
+
+from models import _batches  # noqa: E402  (benchmarks/models.py)
+from train_gpt import GPT  # noqa: E402
+
+
+def _step(run, opt, idx, targets) -> None:
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = run(idx, targets)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def profile(label: str, run, model, data, warmup: int, top: int) -> None:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for idx, targets in data[:warmup]:
+        _step(run, opt, idx, targets)
+    torch.cuda.synchronize()
+    times = []
+    timed = data[warmup:]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for idx, targets in timed:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            _step(run, opt, idx, targets)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+    kernels: dict[str, list[float]] = collections.defaultdict(list)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
+            kernels[e.name].append(e.device_time)
+    steps = len(timed)
+    busy = sum(sum(v) for v in kernels.values()) / steps / 1e3
+    count = sum(len(v) for v in kernels.values()) / steps
+    print(f"\n## {label}: step {statistics.median(times):.2f} ms (events, median of {steps}), "
+          f"kernels {busy:.2f} ms busy, {count:.0f} kernels per step")
+    print("| ms per step | launches per step | mean us | kernel |\n| --- | --- | --- | --- |")
+    rows = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))
+    for name, durations in rows[: top or None]:
+        total = sum(durations) / steps / 1e3
+        print(f"| {total:.3f} | {len(durations) / steps:.0f} | {statistics.mean(durations):.1f} | {name[:110]} |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--attention", default="sdpa", choices=["sdpa", "masked"])
+    p.add_argument("--backends", nargs="+", default=["eager", "inductor", "tecc"])
+    p.add_argument("--cudagraphs", action="store_true", help="also tecc with options={'cudagraphs': True}")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--top", type=int, default=30)
+    args = p.parse_args()
+    vocab, width, heads, context, batch = 50304, 768, 12, 1024, 8
+    torch.manual_seed(0)
+    base = GPT(vocab, width, heads, args.layers, context, args.attention).cuda()
+    data = _batches(args.warmup + args.steps, batch, context, vocab)
+    variants = [(b, {}) for b in args.backends]
+    if args.cudagraphs:
+        variants.append(("tecc", {"cudagraphs": True}))
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}; GPT-2 {args.layers}L {args.attention}")
+    for backend, options in variants:
+        torch._dynamo.reset()
+        model = GPT(vocab, width, heads, args.layers, context, args.attention).cuda()
+        model.load_state_dict(base.state_dict())
+        if backend == "eager":
+            run = model
+        elif backend == "inductor":
+            run = torch.compile(model)
+        else:
+            run = torch.compile(model, backend="tecc", options={"fallback": "aten", **options})
+        label = backend + (f" {options}" if options else "")
+        try:
+            profile(label, run, model, data, args.warmup, args.top)
+        except Exception as exc:  # noqa: BLE001 - one failing backend is reported, the others still run
+            print(f"\n## {label}: failed: {type(exc).__name__}: {str(exc)[:300]}")
+        del model, run
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
