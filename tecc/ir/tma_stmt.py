@@ -18,6 +18,15 @@ the innermost dimension is contiguous (unit stride), every other stride a multip
 dimension, the box's innermost extent a multiple of 16 bytes; with the 128-byte swizzle the
 innermost extent is at most 128 bytes.
 
+**Merged dimensions** (`merge`): a map may see runs of consecutive dimensions of the buffer as
+one dimension each (`merge` gives how many buffer dimensions each map dimension spans, outermost
+first): the run's extents multiplied, its innermost stride. That is the same addressing exactly
+when the run's strides chain, stride[d] == extent[d + 1] · stride[d + 1] (a row-major buffer's
+always do; constant strides are checked here, run-time ones when the map is encoded), and it is
+how a GEMM reads an operand viewed from a tensor of higher rank (x.view(B·T, C) of a contiguous
+[B, T, C]: the map is [B·T, C], so a box of rows crosses the T boundary as one box). The copy's
+coordinates are the map's (one per map dimension: a merged dimension's is the flat index).
+
 **A tensor copy** (`TensorCopy`, cp.async.bulk.tensor.Nd.shared::cluster.global.mbarrier::
 complete_tx::bytes) copies the box whose first element sits at global coordinates `coords` (one
 per dimension, outermost first as everywhere in tecc; they may be negative or run past the end)
@@ -38,9 +47,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import prod
+from typing import Sequence
 
 from .errors import DTypeError
-from .expr import Expr, index_expr
+from .expr import Const, Expr, index_expr
 from .intrinsics import IntrinsicError
 from .layout import Layout, Swizzle, coordinates, row_major
 from .mbarrier_stmt import MAX_TX_BYTES, BarrierRef
@@ -70,15 +80,20 @@ class TensorMap:
     buffer: Buffer
     box: tuple[int, ...]
     swizzle: str = "none"
+    merge: tuple[int, ...] = ()   # buffer dimensions per map dimension (module docstring); (): one each
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "box", tuple(self.box))
+        object.__setattr__(self, "merge", tuple(self.merge))
         b = self.buffer
         where = f"tensor map of {b.name}"
         if b.scope != "global":
             raise IntrinsicError(f"{where}: TMA copies from a global buffer, not a {b.scope} one")
-        if not 1 <= b.ndim <= MAX_RANK or len(self.box) != b.ndim:
-            raise IntrinsicError(f"{where}: a box of {len(self.box)} sizes for a {b.ndim}-dimensional buffer; TMA takes "
+        if self.merge and (sum(self.merge) != b.ndim or min(self.merge) < 1):
+            raise IntrinsicError(f"{where}: merge {self.merge} does not cover the {b.ndim} dimensions of the buffer "
+                                 "with runs of at least one")
+        if not 1 <= self.rank <= MAX_RANK or len(self.box) != self.rank:
+            raise IntrinsicError(f"{where}: a box of {len(self.box)} sizes for a {self.rank}-dimensional map; TMA takes "
                                  f"rank 1..{MAX_RANK} with one box size per dimension")
         if self.swizzle not in TMA_SWIZZLES:
             raise IntrinsicError(f"{where}: swizzle {self.swizzle!r} is not one of {TMA_SWIZZLES}")
@@ -98,6 +113,21 @@ class TensorMap:
         if b.strides is not None and len(b.strides) and str(b.strides[-1]) != "1":
             raise IntrinsicError(f"{where}: TMA needs a contiguous innermost dimension, the buffer's stride is "
                                  f"{b.strides[-1]}")
+        if b.strides is not None and all(isinstance(x, Const) for x in b.shape + b.strides):
+            d = unchained(self.spans, [int(x.value) for x in b.shape], [int(x.value) for x in b.strides])
+            if d is not None:
+                raise IntrinsicError(f"{where}: merges dimensions {d} and {d + 1}, whose strides {b.strides[d]} and "
+                                     f"{b.strides[d + 1]} do not chain (stride[d] == extent[d + 1] * stride[d + 1])")
+
+    @property
+    def spans(self) -> tuple[int, ...]:
+        """Buffer dimensions per map dimension, outermost first (1 each without a merge)."""
+        return self.merge or (1,) * self.buffer.ndim
+
+    @property
+    def rank(self) -> int:
+        """The map's dimensions (the coordinates of a copy)."""
+        return len(self.spans)
 
     @property
     def name(self) -> str:
@@ -127,7 +157,8 @@ class TensorMap:
         return row_major(self.box)
 
     def __str__(self) -> str:
-        return f"{self.name}(box {'x'.join(str(n) for n in self.box)}, swizzle {self.swizzle})"
+        merged = f", merge {'+'.join(str(n) for n in self.merge)}" if any(n > 1 for n in self.merge) else ""
+        return f"{self.name}(box {'x'.join(str(n) for n in self.box)}, swizzle {self.swizzle}{merged})"
 
     def check_transfer(self, where: str, shared: Buffer, indices: tuple[Expr, ...], coords: tuple[Expr, ...],
                        into_shared: bool) -> None:
@@ -144,8 +175,8 @@ class TensorMap:
             raise DTypeError(f"{where}: source is {src.dtype}, destination {dst.dtype}")
         if len(indices) != shared.ndim:
             raise IntrinsicError(f"{where}: {len(indices)} indices for the {shared.ndim} dimensions of {shared.name}")
-        if len(coords) != self.buffer.ndim:
-            raise IntrinsicError(f"{where}: {len(coords)} coordinates for the {self.buffer.ndim}-dimensional tensor")
+        if len(coords) != self.rank:
+            raise IntrinsicError(f"{where}: {len(coords)} coordinates for the {self.rank}-dimensional tensor map")
         if shared.layout != self.layout:
             role = "destination" if into_shared else "source"
             raise IntrinsicError(f"{where}: the {role}'s layout {shared.layout} is not the {self.swizzle} "
@@ -214,3 +245,29 @@ def tensor_maps(func: PrimFunc) -> tuple[TensorMap, ...]:
     if len(set(names)) != len(names):
         raise IntrinsicError(f"kernel {func.name}: two tensor maps of one buffer ({names}); use one map per buffer")
     return tuple(seen.values())
+
+
+def unchained(spans: Sequence[int], shape: Sequence[int], strides: Sequence[int]) -> int | None:
+    """The first dimension d that `spans` merges with d + 1 (TensorMap.merge) although stride[d]
+    is not shape[d + 1] · stride[d + 1], or None when every merged run chains."""
+    d = 0
+    for n in spans:
+        for e in range(d, d + n - 1):
+            if strides[e] != shape[e + 1] * strides[e + 1]:
+                return e
+        d += n
+    return None
+
+
+def merged_geometry(spans: Sequence[int], shape: Sequence[int], strides: Sequence[int]
+                    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The map's dimensions and strides (elements, outermost first) of an array of `shape` and
+    `strides` whose runs of `spans` dimensions are merged (their strides chain: `unchained`)."""
+    dims: list[int] = []
+    out: list[int] = []
+    d = 0
+    for n in spans:
+        dims.append(prod(shape[d:d + n]))
+        out.append(strides[d + n - 1])
+        d += n
+    return tuple(dims), tuple(out)

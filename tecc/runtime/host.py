@@ -88,7 +88,7 @@ class HostProgram:
         written: set[str] = set()
         for k in module.kernels:
             dims = launch_dims(k)
-            maps = tuple(TensorMapSpec(m.buffer.name, m.buffer.dtype, m.box, m.swizzle) for m in tensor_maps(k))
+            maps = tuple(TensorMapSpec(m.buffer.name, m.buffer.dtype, m.box, m.swizzle, m.merge) for m in tensor_maps(k))
             kernels.append(KernelInfo(k.name, k.params, dims.grid, dims.block, (dynamic_smem or {}).get(k.name, 0),
                                       maps))
         for call in module.calls:

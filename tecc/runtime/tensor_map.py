@@ -9,11 +9,12 @@ dimension and stride -- comes from the array bound to the buffer at each launch,
 with a symbolic M is encoded anew for each M, by the runtime alone (a loaded artifact needs no
 compiler).
 
-- `TensorMapSpec`: kernel parameter name, dtype, box (outermost first, as tecc's indices), swizzle.
+- `TensorMapSpec`: kernel parameter name, dtype, box (outermost first, as tecc's indices), swizzle,
+  and the runs of the array's dimensions the map merges (`merge`, tecc/ir/tma_stmt.py).
 - `encode_arguments(spec, ptr, shape, strides)`: the arguments of cuTensorMapEncodeTiled, in the
-  driver's order (innermost dimension first), checked: 16-byte aligned base and strides, a
-  contiguous innermost dimension, dimensions below 2^32, strides below 2^40. Pure; the CPU tests
-  check it.
+  driver's order (innermost dimension first), checked: merged dimensions whose strides chain,
+  16-byte aligned base and strides, a contiguous innermost dimension, dimensions below 2^32,
+  strides below 2^40. Pure; the CPU tests check it.
 - `encode_tensor_map(args)`: the driver call (needs a GPU); returns the 128 map bytes.
 - `pack_parameters(params)`: the `void*[]` kernelParams array of a launch whose parameters are
   pointers (int), NumPy scalars and encoded maps (`EncodedTensorMap`); cuda.core's `launch`
@@ -33,6 +34,7 @@ import numpy as np
 from ..ir import dtype as dt
 from ..ir.dtype import DType
 from ..ir.errors import LaunchError, ShapeError
+from ..ir.tma_stmt import merged_geometry, unchained
 
 TENSOR_MAP_BYTES = 128
 TENSOR_MAP_ALIGN = 64
@@ -61,18 +63,21 @@ class TensorMapSpec:
     dtype: DType
     box: tuple[int, ...]
     swizzle: str
+    merge: tuple[int, ...] = ()   # array dimensions per map dimension; (): one each
 
     @property
     def name(self) -> str:
         return f"{self.param}_tmap"
 
     def to_json(self) -> dict[str, Any]:
-        return {"param": self.param, "dtype": self.dtype.name, "box": list(self.box), "swizzle": self.swizzle}
+        merge = {"merge": list(self.merge)} if self.merge else {}
+        return {"param": self.param, "dtype": self.dtype.name, "box": list(self.box), "swizzle": self.swizzle,
+                **merge}
 
     @staticmethod
     def from_json(j: Mapping[str, Any]) -> "TensorMapSpec":
         return TensorMapSpec(str(j["param"]), dt.as_dtype(j["dtype"]), tuple(int(b) for b in j["box"]),
-                             str(j["swizzle"]))
+                             str(j["swizzle"]), tuple(int(n) for n in j.get("merge", ())))
 
 
 @dataclass(frozen=True)
@@ -97,8 +102,17 @@ def encode_arguments(spec: TensorMapSpec, ptr: int, shape: Sequence[int], stride
     """The encode call's arguments for array (`ptr`, `shape`, `strides` in elements, outermost
     first) bound to `spec.param`; ShapeError naming `where` when TMA cannot address it."""
     where = where or f"tensor map of {spec.param}"
-    if len(shape) != len(spec.box) or len(strides) != len(shape):
-        raise ShapeError(f"{where}: a {len(shape)}-dimensional array for a {len(spec.box)}-dimensional tensor map")
+    spans = spec.merge or (1,) * len(shape)
+    if sum(spans) != len(shape) or len(spans) != len(spec.box) or len(strides) != len(shape):
+        raise ShapeError(f"{where}: a {len(shape)}-dimensional array for a {len(spec.box)}-dimensional tensor map "
+                         f"(merging runs of {list(spans)} dimensions)")
+    if spec.merge:
+        d = unchained(spans, shape, strides)
+        if d is not None:
+            raise ShapeError(f"{where}: the map merges dimensions {d} and {d + 1} (sizes {shape[d]}, {shape[d + 1]}), "
+                             f"whose strides {strides[d]}, {strides[d + 1]} elements do not chain (stride[d] == "
+                             "size[d + 1] * stride[d + 1]); pass a contiguous array")
+        shape, strides = merged_geometry(spans, shape, strides)
     esize = spec.dtype.bytes
     if ptr % GLOBAL_ALIGN:
         raise ShapeError(f"{where}: TMA needs a {GLOBAL_ALIGN}-byte aligned base address, got {ptr:#x}; "

@@ -25,8 +25,10 @@ few tiles); and load ∈ {"cp.async", "tma"}, the rung:
   warpgroups wait on them and release stages through empty barriers, setmaxnreg moves registers
   to the consumers (ring.py, tma.py). Offered only when both operands suit TMA
   (`tma_refusal_for`: every index a plain loop variable -- no implicit-GEMM gather, no
-  padding --, strides fixed at compile time, rows a multiple of 16 bytes); otherwise the
-  point is not in the space and explain says why.
+  padding; a view merging consecutive dimensions of a contiguous buffer, X[i // T, i % T, k]
+  of x.view(B·T, C), counts as its merged dimension, which the tensor map merges too (tma.py)
+  --, strides fixed at compile time, rows a multiple of 16 bytes); otherwise the point is
+  not in the space and explain says why.
 
 Workload for the cost model (the structure of gemm_tensor_core's, fitted there on an H200; the
 wgmma constants are assumed until this path is timed):
@@ -239,6 +241,10 @@ def tma_refusal_for(info: KernelInfo) -> str | None:
             return f"operand {role} ({x.buffer}) has strides that are kernel parameters (a tensor map needs them at launch)"
         if x.buffer == (view.b if role == "A" else view.a).buffer:
             return f"A and B are the same buffer {x.buffer} (one tensor map per buffer)"
+        if x.split:
+            return (f"operand {role} ({x.buffer}) is read through a view whose merged dimensions are not consecutive "
+                    "dimensions of a row-major buffer in order (a strided or transposed merge: a TMA box needs its rows "
+                    "to be one flat axis in memory)")
         if not x.per_dim or any(d is None or len(d.coeff) != 1 or d.coeff[0][1] != 1 or d.const for d in x.per_dim):
             return f"operand {role} ({x.buffer}) is not indexed by plain loop variables (TMA copies boxes)"
         if len({d.coeff[0][0] for d in x.per_dim if d is not None}) != len(x.per_dim):

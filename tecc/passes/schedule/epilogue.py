@@ -19,8 +19,10 @@ activations, residuals, scales and the cast to the output dtype fuse as written.
   its thread 0 issues BN/W TMA stores of (64, W) boxes through the output's tensor map (the TMA
   unit clips them at M and N) as one bulk group. In a persistent block the next tile's writes
   wait (wait_group.read 0, then the barrier) until the store has read the tile, so it drains
-  under the next k loop. `tma_store_refusal` says when the output cannot take a tensor map (the
-  register epilogue is kept then, and the summary says why).
+  under the next k loop. The output's map is built as the operands' are (tma.tma_dims: rows
+  or columns that are several axes are one flat dimension where the output's dimensions chain).
+  `tma_store_refusal` says when the output cannot take a tensor map (the register epilogue is
+  kept then, and the summary says why).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from ...ir.visitor import ExprMutator
 from .implicit_gemm import Contraction, unflatten
 from .tile_kernel import TileSchedule, int32, int32_shape
 from .tile_staging import TileStaging
+from .tma import MapDim, tma_dims
 
 
 class AccumulatorReplacer(ExprMutator):
@@ -78,22 +81,28 @@ def paired_columns(c_map: Callable[[Any, Any], tuple[Any, Any]], lanes: int, ele
     return True
 
 
+def output_dims(c: Contraction) -> tuple[MapDim, ...] | str:
+    """The output's tensor-map dimensions (tma.tma_dims): its batch axes, "row" and "column"
+    (each the flat index of its group, over the dimensions it merges)."""
+    return tma_dims(c.store.buffer, c.store.indices, {"row": c.rows, "column": c.cols}, [v for v, _ in c.batch])
+
+
 def tma_store_refusal(c: Contraction) -> str | None:
     """Why the stage's output cannot be written by TMA stores from a staging tile, or None: the
-    output a global buffer indexed by plain loop variables -- batch axes, then the row axis, then
-    the column axis innermost --, contiguous rows of a multiple of 16 bytes known at compile
-    time, elements of 2 or 4 bytes."""
+    output a global buffer indexed by batch axes, then the rows, then the columns innermost, each
+    a plain loop variable or the flat index of its group's axes over consecutive dimensions whose
+    strides chain (tma.tma_dims: y.view(B, T, N) of the GEMM's [B·T, N] rows), contiguous rows
+    of a multiple of 16 bytes known at compile time, elements of 2 or 4 bytes."""
     out = c.store.buffer
     if out.scope != "global":
         return f"the output {out.name} is a {out.scope} buffer"
     if out.dtype.bytes not in (2, 4):
         return f"the output's {out.dtype} elements are not 2 or 4 bytes"
-    if len(c.rows) != 1 or len(c.cols) != 1:
-        return "its rows or columns are several axes"
-    batch = [v for v, _ in c.batch]
-    indices = c.store.indices
-    if tuple(indices) != (*batch, c.i, c.j) or not all(isinstance(ix, Var) for ix in indices):
-        return "it is not indexed [batch.., row, column] by plain loop variables"
+    dims = output_dims(c)
+    if isinstance(dims, str):
+        return f"the output {out.name}: {dims}"
+    if tuple(d.axis for d in dims) != (*(v for v, _ in c.batch), "row", "column"):
+        return "it is not indexed [batch.., row, column] by plain loop variables (or flat indices of their axes)"
     if out.strides is not None:
         if str(out.strides[-1]) != "1":
             return f"its innermost stride is {out.strides[-1]} (TMA needs contiguous rows)"
@@ -127,8 +136,11 @@ class KernelEpilogue(TileStaging):
             # dimension, so that codegen keeps the row's multiple of 8 outside the XOR
             self.staging = Buffer(f"{out.name}_stage", out.dtype, int32_shape(t.bn // width, t.bm // 8, 8, width),
                                   "shared", tensor=f"{out.tensor}.stage", layout=swizzle_layout("128B", out.dtype.bytes))
-            box = tuple(64 if ix is c.i else width if ix is c.j else 1 for ix in c.store.indices)
-            self.out_map = TensorMap(out, box, "128B")
+            self.out_dims = output_dims(c)
+            assert not isinstance(self.out_dims, str)
+            box = tuple(64 if d.axis == "row" else width if d.axis == "column" else 1 for d in self.out_dims)
+            merge = tuple(d.span for d in self.out_dims) if any(d.span > 1 for d in self.out_dims) else ()
+            self.out_map = TensorMap(out, box, "128B", merge)
 
     # ---- where the family's accumulators are ------------------------------------------------------
     def accumulator_lane(self) -> Expr:
@@ -362,14 +374,14 @@ class KernelEpilogue(TileStaging):
             out: list[Stmt] = []
             for chunk in range(t.bn // width):
                 coords = []
-                for ix in c.store.indices:
-                    if ix is c.i:
+                for d in self.out_dims:   # a merged dimension's coordinate is its flat index
+                    if d.axis == "row":
                         coords.append(self.by * t.bm + row0)
-                    elif ix is c.j:
+                    elif d.axis == "column":
                         coords.append(self.bx * t.bn + chunk * width)
                     else:
-                        assert isinstance(ix, Var)
-                        coords.append(self.batch_index[ix.name])
+                        assert isinstance(d.axis, Var)
+                        coords.append(self.batch_index[d.axis.name])
                 out.append(TensorStore(self.staging, (int32(chunk), row0 // 8, int32(0), int32(0)), self.out_map,
                                        tuple(coords)))
             return seq(*out, BulkCommit())

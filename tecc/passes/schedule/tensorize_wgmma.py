@@ -102,6 +102,7 @@ from .implicit_gemm import WGMMA_OPERANDS, Contraction, Operand, match_contracti
 from .tensorize import INTRINSICS, MmaKernel
 from .tile_kernel import BlockTile, TileSchedule, int32, int32_shape
 from .tile_staging import tf32_swizzle
+from .tma import operand_dims
 
 K_TILE = 64            # halves in one 128-byte swizzled row
 TF32_K_TILE = 32       # floats in one
@@ -251,6 +252,9 @@ class WgmmaKernel(MmaKernel):
         super().__init__(schedule)
         self.warpgroup = self.tx // WARPGROUP_SIZE
         if self.tma:
+            dims = {op.role: operand_dims(c, op) for op in (c.a, c.b)}
+            self.map_dims = {role: d for role, d in dims.items() if not isinstance(d, str)}
+            assert len(self.map_dims) == 2, dims   # tma_refusal (tensor_core.check) allowed them
             self.maps = {op.role: self.tensor_map(op) for op in (c.a, c.b)}
 
     @property
@@ -381,16 +385,14 @@ class WgmmaKernel(MmaKernel):
 
     # step 2 with TMA: tensor maps and box copies (tma.py) ---------------------------------------
     def tensor_map(self, op: Operand) -> TensorMap:
+        """One dimension per batch axis (a box of 1), the rows or columns (the tile's, or an
+        MN-major block's 64) and k (the k tile), each over the buffer dimensions it merges."""
         outer = self.t.bm if op.role == "A" else self.t.bn
-        box = []
-        for ix in op.load.indices:
-            if ix is self.c.k:
-                box.append(self.k_tile)
-            elif ix in (self.c.i, self.c.j):
-                box.append(outer if op.k_last else self.mn_box)
-            else:
-                box.append(1)
-        return TensorMap(op.buffer, tuple(box), "128B")
+        dims = self.map_dims[op.role]
+        box = tuple(self.k_tile if d.axis == "k" else (outer if op.k_last else self.mn_box) if d.axis == "outer"
+                    else 1 for d in dims)
+        merge = tuple(d.span for d in dims) if any(d.span > 1 for d in dims) else ()
+        return TensorMap(op.buffer, box, "128B", merge)
 
     def tma_maps(self) -> list[TensorMap]:
         """The operands' tensor maps and, with the TMA-store epilogue, the output's."""
@@ -410,14 +412,14 @@ class WgmmaKernel(MmaKernel):
         copies: list[Stmt] = []
         for block in range(1 if op.k_last else outer // self.mn_box):
             coords = []
-            for ix in op.load.indices:
-                if ix is c.k:
+            for d in self.map_dims[op.role]:   # a merged dimension's coordinate is its flat index
+                if d.axis == "k":
                     coords.append(self.k_index(k_tile) * self.k_tile)
-                elif ix in (c.i, c.j):
+                elif d.axis == "outer":
                     coords.append(outer0 + self.mn_box * block)
                 else:
-                    assert isinstance(ix, Var)  # tma_refusal: every index is a plain loop variable
-                    coords.append(self.batch_index[ix.name])
+                    assert isinstance(d.axis, Var)
+                    coords.append(self.batch_index[d.axis.name])
             indices = (stage, zero, zero) if op.k_last else (stage, int32(block), zero, zero)
             copies.append(TensorCopy(dst, indices, self.maps[op.role], tuple(coords), bar))
         return copies

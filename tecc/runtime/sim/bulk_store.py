@@ -35,6 +35,7 @@ import numpy as np
 
 from ...ir.errors import DivergenceError, RaceError, TeccError, UninitializedReadError
 from ...ir.stmt import NAMED_BARRIERS, Instruction, TensorStore
+from ...ir.tma_stmt import merged_geometry
 from .expr_compiler import Scope, compile_expr, compile_indices
 from .memory import NEVER_WRITTEN, SAME_VALUE_WRITERS, SharedMemory, check_bounds, flat_index
 from .memory_intrinsics import note_barrier
@@ -119,13 +120,16 @@ def _compile_tensor_store(s: TensorStore, scope: Scope) -> Runner:
         if st.checks and ((start + n > src.size) | (start < 0)).any():
             raise TeccError(f"{where} in kernel {st.kernel}: the {s.bytes}-byte box leaves {src.name}")
         state = _state(st)
+        # the map's dimensions: runs of the array's merged (TensorMap.merge; the launch checked
+        # that their strides chain)
+        shape, strides = merged_geometry(s.map.spans, dst.shape, dst.strides)
         for i, lane in enumerate(lanes):
             at = [int(c[i]) + steps[d] for d, c in enumerate(coords)]
             inside = np.ones(n, dtype=bool)
             offset = np.zeros(n, dtype=np.int64)
             for d, a in enumerate(at):
-                inside &= (a >= 0) & (a < dst.shape[d])
-                offset += np.where(inside, a, 0) * dst.strides[d]
+                inside &= (a >= 0) & (a < shape[d])
+                offset += np.where(inside, a, 0) * strides[d]
             logical = start[i] + np.arange(n)[inside]
             physical = logical if src.layout is None else src.layout.apply(logical)
             keys = src.base[lane] + physical

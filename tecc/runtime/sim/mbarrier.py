@@ -38,6 +38,7 @@ import numpy as np
 
 from ...ir.errors import DeadlockError, OutOfBoundsError, RaceError, TeccError
 from ...ir.stmt import BarrierArrive, BarrierExpectTx, BarrierRef, BulkCopy, Instruction, Stmt, TensorCopy, iter_stmts
+from ...ir.tma_stmt import merged_geometry
 from .expr_compiler import Scope, compile_expr, compile_indices
 from .memory import NOT_THIS_EPOCH, SharedMemory, check_bounds, flat_index
 from .state import LaneState
@@ -350,6 +351,9 @@ def _compile_tensor_copy(s: TensorCopy, scope: Scope) -> Runner:
         if st.checks and ((start + n > dst.size) | (start < 0)).any():
             raise OutOfBoundsError(f"{where} in kernel {st.kernel}: the {s.bytes}-byte box leaves {dst.name}")
         state = _state(st)
+        # the map's dimensions: runs of the array's merged (TensorMap.merge; the launch checked
+        # that their strides chain)
+        shape, strides = merged_geometry(s.map.spans, src.shape, src.strides)
         for i, lane in enumerate(lanes):
             logical = start[i] + np.arange(n)
             physical = logical if dst.layout is None else dst.layout.apply(logical)
@@ -360,8 +364,8 @@ def _compile_tensor_copy(s: TensorCopy, scope: Scope) -> Runner:
             inside = np.ones(n, dtype=bool)
             offset = np.zeros(n, dtype=np.int64)
             for d, a in enumerate(at):
-                inside &= (a >= 0) & (a < src.shape[d])
-                offset += np.where(inside, a, 0) * src.strides[d]
+                inside &= (a >= 0) & (a < shape[d])
+                offset += np.where(inside, a, 0) * strides[d]
             values = np.zeros(n, dtype=dst.data.dtype)
             values[inside] = src.flat[offset[inside] + src.origin]
             if dst.pending is None:
