@@ -1,7 +1,7 @@
 """GPT-2 small's own GEMMs, in the layouts its training step has them, by device time against
 cuBLAS in the same process.
 
-    python benchmarks/gemm_model.py [--out DIR] [--reps 20] [--only qkv,lm_head]
+    python benchmarks/gemm_model.py [--out DIR] [--reps 20] [--only qkv,lm_head] [--views]
 
 A GPT-2 small step (batch 8 x 1024 tokens, width 768, vocabulary 50304, bf16) runs each Linear
 three times: the forward `x @ W^T` (W stored [N, K]: "nt"), the input gradient `dY @ W` ("nn")
@@ -10,6 +10,11 @@ for the live GPU, the best-predicted gemm_wgmma and gemm_tensor_core (mma.sync) 
 are not the pick, and cuBLAS (torch.mm on the same strided views). Each tecc row gives the
 predicted time, the device time (CUPTI, benchmarks/gemm_small.device_us), cuBLAS / tecc
 (`ratio`, > 1: tecc faster) and the relative error against float64.
+
+`--views`: the operands whose dimension is the 8 x 1024 tokens as the model's programs read them,
+[8, 1024, C] tensors through x.view(8192, C) (X[i // 1024, i % 1024, k]; the weight gradient's
+both operands over its reduction), which the TMA ring loads through tensor maps that merge the
+two dimensions (tecc/passes/schedule/tma.py): the same picks and times as the 2-D rows.
 """
 
 from __future__ import annotations
@@ -38,33 +43,45 @@ GEMMS = {
 }
 
 
-def program(m: int, n: int, k: int, layout: str) -> list[Any]:
+BATCH = 8   # --views: the tokens T as [BATCH, T // BATCH]
+
+
+def viewed(shape: tuple[int, int], views: bool) -> tuple[int, ...]:
+    """An operand's shape: with `views`, its tokens dimension (the first, of extent T) as two."""
+    return (BATCH, T // BATCH, shape[1]) if views and shape[0] == T else shape
+
+
+def program(m: int, n: int, k: int, layout: str, views: bool = False) -> list[Any]:
     import tecc as tc
 
     r = tc.reduce_axis(k, name="k")
-    a_shape = (k, m) if layout == "tn" else (m, k)
-    b_shape = (n, k) if layout == "nt" else (k, n)
+    a_shape = viewed((k, m) if layout == "tn" else (m, k), views)
+    b_shape = viewed((n, k) if layout == "nt" else (k, n), views)
     A = tc.placeholder(a_shape, "bfloat16", name="A")
     B = tc.placeholder(b_shape, "bfloat16", name="B")
 
+    def at(X: Any, row: Any, col: Any) -> Any:
+        # a [BATCH, T / BATCH, C] operand read through its view as [T, C]
+        return X[row // (T // BATCH), row % (T // BATCH), col] if len(X.shape) == 3 else X[row, col]
+
     def a(i: Any) -> Any:
-        return A[r, i] if layout == "tn" else A[i, r]
+        return at(A, r, i) if layout == "tn" else at(A, i, r)
 
     def b(j: Any) -> Any:
-        return B[j, r] if layout == "nt" else B[r, j]
+        return at(B, j, r) if layout == "nt" else at(B, r, j)
 
     out = tc.compute((m, n), lambda i, j: tc.cast(tc.sum(tc.cast(a(i), "float32") * tc.cast(b(j), "float32"),
                                                          axis=r), "bfloat16"), name="C")
     return [A, B, out]
 
 
-def rows_for(name: str, reps: int, target: Any) -> list[dict[str, Any]]:
+def rows_for(name: str, reps: int, target: Any, views: bool = False) -> list[dict[str, Any]]:
     import torch
 
     import tecc as tc
 
     m, n, k, layout = GEMMS[name]
-    args = program(m, n, k, layout)
+    args = program(m, n, k, layout, views)
     res, ranked = candidates(args, target)
     g = torch.Generator(device="cuda").manual_seed(m + n + k)
     a = torch.randn((k, m) if layout == "tn" else (m, k), device="cuda", generator=g).bfloat16()
@@ -74,22 +91,24 @@ def rows_for(name: str, reps: int, target: Any) -> list[dict[str, Any]]:
     b_op = b.t() if layout == "nt" else b
     ref = a_op.double() @ b_op.double()
     t_cublas = device_us(lambda: torch.mm(a_op, b_op), reps)
+    # tecc's arguments: the same storage, [BATCH, T / BATCH, C] where the program reads a view
+    a_arg, b_arg = (x.view(viewed(tuple(x.shape), True)) if views else x for x in (a, b))
     pick = res.kernels[0].chosen
     runs: list[tuple[str, Any, Any]] = [("plan", res.plan, pick)]
     for strategy in ("gemm_wgmma", "gemm_tensor_core"):
         best = next((x for x in ranked if x.strategy.name == strategy), None)
         if best is not None and (best.strategy is not pick.strategy or best.point != pick.point):
             runs.append((f"best {strategy}", None, best))
-    shape = f"{name} {m}x{n}x{k} {layout}"
+    shape = f"{name} {m}x{n}x{k} {layout}" + (" views" if views else "")
     rows: list[dict[str, Any]] = [{"shape": shape, "what": "cuBLAS", "device_us": t_cublas}]
     for what, plan, cand in runs:
         try:
             kern = tc.build(args, plan=plan if plan is not None else plan_of(args, cand.strategy, cand.point))
             out.fill_(float("nan"))
-            kern(a, b, out)
+            kern(a_arg, b_arg, out)
             torch.cuda.synchronize()
             err = float((out.double() - ref).abs().max() / ref.abs().max())
-            t = device_us(lambda: kern(a, b, out), reps)
+            t = device_us(lambda: kern(a_arg, b_arg, out), reps)
         except Exception as exc:  # noqa: BLE001 - report and go on
             rows.append({"shape": shape, "what": what, "error": f"{type(exc).__name__}: {exc}"[:300]})
             continue
@@ -107,6 +126,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write DIR/gemm_model.json")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--only", default=None, help="comma-separated GEMM names (default: all)")
+    ap.add_argument("--views", action="store_true",
+                    help="the tokens operands as [8, 1024, C] tensors read through views (the model's programs)")
     opts = ap.parse_args()
     target = from_device()
     names = list(GEMMS) if opts.only is None else opts.only.split(",")
@@ -114,7 +135,7 @@ def main() -> None:
     print(f"{'gemm':>34} {'row':>22} {'pred us':>8} {'device us':>10} {'ratio':>6} {'rel err':>8}  plan", flush=True)
     rows: list[dict[str, Any]] = []
     for name in names:
-        for row in rows_for(name, opts.reps, target):
+        for row in rows_for(name, opts.reps, target, opts.views):
             rows.append(row)
             if "error" in row:
                 print(f"{row['shape']:>34} {row['what']:>22}  error: {row['error']}", flush=True)

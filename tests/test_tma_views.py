@@ -224,8 +224,8 @@ def test_a_transposed_merge_is_refused_as_not_consecutive() -> None:
 
 # ---- the plan for sm_90 --------------------------------------------------------------------------------
 
-def _chosen(tensors: list[tc.Tensor]) -> Any:
-    result = plan_program(tensors, "sm_90")
+def _chosen(tensors: list[tc.Tensor], only: list[str] | None = None) -> Any:
+    result = plan_program(tensors, "sm_90", only=only)
     (kp,) = [kp for kp in result.kernels if kp.kernel.startswith("C")]
     return kp.chosen
 
@@ -239,28 +239,49 @@ def test_gpt2_sized_merged_views_plan_on_the_tma_ring(make: Callable[[], Case]) 
     assert chosen.strategy.name == "gemm_wgmma" and chosen.point["load"] == "tma", chosen.label
 
 
-def test_a_gpt2_sized_strided_view_keeps_cp_async_and_says_why() -> None:
-    chosen = _chosen(linear(8, 1024, 768, 2304, "bfloat16", "bfloat16", strides=(2 * 1024 * 768, 768, 1))[0])
+@pytest.mark.parametrize("case", ["merged rows", "view of a view", "weight gradient"])
+def test_the_view_contractions_of_a_computed_tensor_plan_on_the_tma_ring(case: str) -> None:
+    """tests/test_view_contractions.py's programs (the viewed tensor computed in the program, as
+    in a traced model) at GPT-2's sizes; its transposed merge (attention's output) keeps cp.async."""
+    from test_view_contractions import CASES
+
+    chosen = _chosen(CASES[case](True)[0])
+    assert chosen.strategy.name == "gemm_wgmma" and chosen.point["load"] == "tma", chosen.label
+    chosen = _chosen(CASES["transposed merge"](True)[0])
     assert chosen.point.get("load") != "tma", chosen.label
-    if chosen.strategy.name == "gemm_wgmma":
-        assert any("TMA rung is not offered" in n and "strided or transposed merge" in n
-                   for n in chosen.workload.notes), chosen.workload.notes
+
+
+def test_a_gpt2_sized_strided_view_keeps_cp_async_and_says_why() -> None:
+    chosen = _chosen(linear(8, 1024, 768, 2304, "bfloat16", "bfloat16", strides=(2 * 1024 * 768, 768, 1))[0],
+                     ["gemm_wgmma"])
+    assert chosen.strategy.name == "gemm_wgmma" and chosen.point["load"] == "cp.async", chosen.label
+    assert any("TMA rung is not offered" in n and "strided or transposed merge" in n
+               for n in chosen.workload.notes), chosen.workload.notes
 
 
 # ---- CUDA (NVRTC, no GPU) ------------------------------------------------------------------------------
 
 @needs_nvrtc
-def test_the_gpt2_qkv_tma_kernel_over_a_merged_view_compiles_for_sm_90a() -> None:
-    tensors, _ = linear(8, 1024, 768, 2304, "bfloat16", "bfloat16")
-    f = tc.build(tensors, target="cuda", arch="sm_90", plan=tma_plan((128, 256), 3, "tma", 132))
+@pytest.mark.parametrize("make,plan,merges", [
+    # the qkv GEMM: X [8, 1024, 768] as a [8192, 768] map, the TMA-store epilogue
+    (lambda: linear(8, 1024, 768, 2304, "bfloat16", "bfloat16"), tma_plan((128, 256), 3, "tma", 132),
+     {"X": (2, 1), "W": (), "C": ()}),
+    # the fc layer's weight gradient: both operands' reduction [8, 1024] merged, MN-major boxes
+    (lambda: weight_gradient(8, 1024, 768, 3072, "bfloat16", F32), tma_plan((128, 256), 4, "registers", 132),
+     {"X": (2, 1), "DY": (2, 1)}),
+])
+def test_gpt2_sized_tma_kernels_over_merged_views_compile_for_sm_90a(make: Callable[[], Case], plan: Any,
+                                                                      merges: dict[str, tuple[int, ...]]) -> None:
+    tensors, _ = make()
+    f = tc.build(tensors, target="cuda", arch="sm_90", plan=plan)
     (r,) = f.resources.values()
     assert f.arch == "sm_90a" and (r.spill_stores, r.spill_loads, r.stack_bytes) == (0, 0, 0), r
     src = f.source
     assert "const __grid_constant__ TeccTensorMap X_tmap" in src
-    # the [8, 1024, 768] operand is a 2-D map [8192, 768]
+    # the [8, 1024, C] operands are 2-D maps
     assert "cp.async.bulk.tensor.3d" not in src and src.count("cp.async.bulk.tensor.2d.shared::cluster") >= 2
     (kernel,) = f.host.kernels
-    assert {m.param: m.merge for m in kernel.tensor_maps} == {"X": (2, 1), "W": (), "C": ()}
+    assert {m.param: m.merge for m in kernel.tensor_maps} == merges
 
 
 # ---- the tensor map ------------------------------------------------------------------------------------

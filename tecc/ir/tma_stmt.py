@@ -50,7 +50,7 @@ from math import prod
 from typing import Sequence
 
 from .errors import DTypeError
-from .expr import Const, Expr, index_expr
+from .expr import Expr, const_int, index_expr
 from .intrinsics import IntrinsicError
 from .layout import Layout, Swizzle, coordinates, row_major
 from .mbarrier_stmt import MAX_TX_BYTES, BarrierRef
@@ -113,9 +113,10 @@ class TensorMap:
         if b.strides is not None and len(b.strides) and str(b.strides[-1]) != "1":
             raise IntrinsicError(f"{where}: TMA needs a contiguous innermost dimension, the buffer's stride is "
                                  f"{b.strides[-1]}")
-        if b.strides is not None and all(isinstance(x, Const) for x in b.shape + b.strides):
-            d = unchained(self.spans, [int(x.value) for x in b.shape], [int(x.value) for x in b.strides])
-            if d is not None:
+        if b.strides is not None and self.merge:   # constant strides are checked here, others at encoding
+            shape, strides = [const_int(x) for x in b.shape], [const_int(x) for x in b.strides]
+            d = unchained(self.spans, shape, strides)
+            if d is not None and None not in (shape[d + 1], strides[d], strides[d + 1]):
                 raise IntrinsicError(f"{where}: merges dimensions {d} and {d + 1}, whose strides {b.strides[d]} and "
                                      f"{b.strides[d + 1]} do not chain (stride[d] == extent[d + 1] * stride[d + 1])")
 
@@ -247,13 +248,15 @@ def tensor_maps(func: PrimFunc) -> tuple[TensorMap, ...]:
     return tuple(seen.values())
 
 
-def unchained(spans: Sequence[int], shape: Sequence[int], strides: Sequence[int]) -> int | None:
+def unchained(spans: Sequence[int], shape: Sequence[int | None], strides: Sequence[int | None]) -> int | None:
     """The first dimension d that `spans` merges with d + 1 (TensorMap.merge) although stride[d]
-    is not shape[d + 1] · stride[d + 1], or None when every merged run chains."""
+    is not shape[d + 1] · stride[d + 1] (or one of them is unknown: None), or None when every
+    merged run chains."""
     d = 0
     for n in spans:
         for e in range(d, d + n - 1):
-            if strides[e] != shape[e + 1] * strides[e + 1]:
+            outer, size, inner = strides[e], shape[e + 1], strides[e + 1]
+            if outer is None or size is None or inner is None or outer != size * inner:
                 return e
         d += n
     return None

@@ -136,8 +136,9 @@ class KernelEpilogue(TileStaging):
             # dimension, so that codegen keeps the row's multiple of 8 outside the XOR
             self.staging = Buffer(f"{out.name}_stage", out.dtype, int32_shape(t.bn // width, t.bm // 8, 8, width),
                                   "shared", tensor=f"{out.tensor}.stage", layout=swizzle_layout("128B", out.dtype.bytes))
-            self.out_dims = output_dims(c)
-            assert not isinstance(self.out_dims, str)
+            dims = output_dims(c)
+            assert not isinstance(dims, str)   # tma_store_refusal found none
+            self.out_dims: tuple[MapDim, ...] = dims
             box = tuple(64 if d.axis == "row" else width if d.axis == "column" else 1 for d in self.out_dims)
             merge = tuple(d.span for d in self.out_dims) if any(d.span > 1 for d in self.out_dims) else ()
             self.out_map = TensorMap(out, box, "128B", merge)

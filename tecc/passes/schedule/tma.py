@@ -187,9 +187,9 @@ def operand_dims(c: Contraction, op: Operand) -> tuple[MapDim, ...] | str:
 def tma_refusal(c: Contraction) -> str | None:
     """Why the contraction's operands cannot be loaded by TMA tile copies, or None when they can
     (module docstring, step 1): every index a batch axis or the flat index of a group's axes
-    (`tma_dims`), no where(), a contiguous innermost dimension, outer strides that are not known at compile time to miss TMA's
-    16-byte alignment (run-time strides are checked when the tensor map is encoded), and two
-    different buffers (one tensor map each)."""
+    (`tma_dims`), no where(), a contiguous innermost dimension, outer strides that are not known
+    at compile time to miss TMA's 16-byte alignment (run-time strides are checked when the
+    tensor map is encoded), and two different buffers (one tensor map each)."""
     if c.a.buffer is c.b.buffer:
         return f"A and B are the same buffer {c.a.buffer.name} (one tensor map per buffer)"
     for op in (c.a, c.b):
