@@ -211,6 +211,21 @@ def test_the_strided_view_computes_on_the_cp_async_ring() -> None:
     assert (np.where(np.isnan(got), np.inf, np.abs(got - exact)) <= bound).all()
 
 
+def test_an_operand_wider_than_the_reduction_keeps_cp_async() -> None:
+    """C = A[:, :72] @ B[:72]: the last k tile's boxes would read A's and B's elements past k = 72
+    (no zero fill there), so TMA is refused; the plan for sm_90 computes the sum over 72."""
+    a, b = tc.placeholder((64, 96), "float16", "A"), tc.placeholder((96, 64), "float16", "B")
+    r = tc.reduce_axis(72, "r")
+    c = tc.compute((64, 64), lambda i, j: _sum(a[i, r], b[r, j], r, F32), name="C")
+    kernel = lower([a, b, c]).kernels[0]
+    with pytest.raises(ScheduleError, match="operand A .A.: its k dimension has 96 elements, the reduction 72"):
+        tensorized(kernel, "C", "wgmma", (64, 64), (4, 1), 64, 3, producer="tma")
+    info = analyze_kernel(kernel)
+    assert "k dimension has 96 elements" in (tma_refusal_for(info) or "")
+    plan = plan_program([a, b, c], "sm_90", only=["gemm_wgmma"]).plan
+    run_and_check(([a, b, c], lambda a, b: a[:, :72] @ b[:72]), plan, 29, "A[:, :72] @ B[:72]")
+
+
 def test_a_transposed_merge_is_refused_as_not_consecutive() -> None:
     """O[i // T, k // D, i % T, k % D] (attention's output through transpose + view): the rows'
     dimensions 0 and 2 are not consecutive."""

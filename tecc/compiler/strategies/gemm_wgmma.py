@@ -249,6 +249,10 @@ def tma_refusal_for(info: KernelInfo) -> str | None:
             return f"operand {role} ({x.buffer}) is not indexed by plain loop variables (TMA copies boxes)"
         if len({d.coeff[0][0] for d in x.per_dim if d is not None}) != len(x.per_dim):
             return f"operand {role} ({x.buffer}) uses one loop variable in two dimensions"
+        k_dims = [n for n, d in zip(x.dims, x.per_dim) if d is not None and d.coeff[0][0] == info.reduction[0][0]]
+        if k_dims and k_dims[0] != info.reduce_extent:
+            return (f"operand {role} ({x.buffer}): its k dimension has {k_dims[0]} elements, the reduction "
+                    f"{info.reduce_extent} (the last k tile's box would read past it)")
         if len(x.dims) >= 2 and (x.dims[-1] * x.itemsize) % 16:
             return (f"operand {role} ({x.buffer}): rows of {x.dims[-1]} elements are not a multiple of 16 bytes "
                     "(TMA's stride alignment)")

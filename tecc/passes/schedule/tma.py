@@ -67,7 +67,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ...ir.expr import Const, Expr, Var, const_int
+from ...ir.expr import Const, Expr, Var, const_int, size_product
 from ...ir.stmt import Buffer
 from ...ir.tma_stmt import MAX_RANK, TMA_ALIGN
 from ..simplify import linear_form
@@ -207,10 +207,31 @@ def _operand_refusal(c: Contraction, op: Operand) -> str | None:
         return dims
     if isinstance(dims[-1].axis, Var):
         return "its innermost dimension is a batch axis"
+    reason = _k_extent_refusal(c, op, dims)
+    if reason is not None:
+        return reason
     strides = op.buffer.strides
     if strides is not None and len(strides) and str(strides[-1]) != "1":
         return f"its innermost stride is {strides[-1]}, TMA needs a contiguous innermost dimension"
     return _stride_refusal(op)
+
+
+def _k_extent_refusal(c: Contraction, op: Operand, dims: Sequence[MapDim]) -> str | None:
+    """Why the operand's k dimension may run past the reduction (a buffer wider than the sum
+    takes, x[:, :K]), or None: the boxes of the last k tile would read its elements past K,
+    which TMA's zero fill, the k edge's only handling, does not cover."""
+    d, sizes = 0, op.buffer.shape[:0]
+    for dim in dims:
+        if dim.axis == "k":
+            sizes = op.buffer.shape[d:d + dim.span]
+            break
+        d += dim.span
+    have, want = size_product(list(sizes)), c.kext
+    known, k = const_int(have), const_int(want)
+    if (known is not None and known == k) or str(have) == str(want):
+        return None
+    return (f"its k dimension has {have} elements, the reduction {want}: the last k tile's box would read past the "
+            "reduction (TMA's zero fill is the k edge's only handling)")
 
 
 def _stride_refusal(op: Operand) -> str | None:
