@@ -111,8 +111,8 @@ def run_and_check(case: Case, plan: Any, seed: int, what: str) -> Any:
     return f
 
 
-def maps_of(f: Any) -> dict[str, TensorMap]:
-    (kernel,) = [k for k in f.module.kernels if k.name.startswith("C")]
+def maps_of(module: Any) -> dict[str, TensorMap]:
+    (kernel,) = [k for k in module.kernels if k.name.startswith("C")]
     return {s.map.buffer.name: s.map for s in iter_stmts(kernel.body) if isinstance(s, (TensorCopy, TensorStore))}
 
 
@@ -128,7 +128,7 @@ def test_a_merged_view_operand_on_the_tma_ring_matches_numpy(dtype: str, B: int,
     # K = 72: two k tiles, the second partial (zero fill); N = 40: one partial column tile
     f = run_and_check(linear(B, T, 72, 40, dtype, dtype), tma_plan(block, 3, epilogue, persistent), B * T,
                       f"x.view({B * T}, 72) @ w.t() on the TMA ring")
-    maps = maps_of(f)
+    maps = maps_of(f.module)
     assert maps["X"].merge == (2, 1) and maps["X"].box == (block[0], 64), maps["X"]
     assert maps["W"].merge == ()
     # the GEMM's output is [B·T, N], written at the flat row i_group·T + i_in: one dimension
@@ -139,7 +139,7 @@ def test_a_merged_view_operand_on_the_tma_ring_matches_numpy(dtype: str, B: int,
 def test_two_row_axes_of_a_three_dimensional_operand_and_output_merge(dtype: str) -> None:
     f = run_and_check(linear_3d(3, 20, 72, 40, dtype, dtype), tma_plan((64, 64), 2, "tma"), 11,
                       "C[b, t, j] = X[b, t, :] · W[j, :] on the TMA ring")
-    maps = maps_of(f)
+    maps = maps_of(f.module)
     assert maps["X"].merge == (2, 1) and maps["C"].merge == (2, 1) and maps["C"].box == (64, 64)
 
 
@@ -148,7 +148,7 @@ def test_a_weight_gradient_merges_the_reduction_of_both_operands(dtype: str) -> 
     # K = B·T = 60: one partial k tile over the T boundary; both operands MN-major (k outermost)
     f = run_and_check(weight_gradient(3, 20, 72, 40, dtype, F32), tma_plan((64, 64), 2), 13,
                       "x.view(60, 72).t() @ dy.view(60, 40) on the TMA ring")
-    maps = maps_of(f)
+    maps = maps_of(f.module)
     assert maps["X"].merge == (2, 1) and maps["DY"].merge == (2, 1)
     assert maps["X"].box == (64, 64) and maps["DY"].box == (64, 64)
 
@@ -156,7 +156,7 @@ def test_a_weight_gradient_merges_the_reduction_of_both_operands(dtype: str) -> 
 def test_a_batch_axis_beside_merged_rows() -> None:
     f = run_and_check(batched_view(2, 3, 20, 64, 40, "bfloat16", "bfloat16"), tma_plan((64, 64), 2), 17,
                       "batched q[h].view(60, 64) @ w[h].t() on the TMA ring")
-    maps = maps_of(f)
+    maps = maps_of(f.module)
     assert maps["Q"].merge == (1, 2, 1) and maps["Q"].box == (1, 64, 64) and maps["W"].merge == ()
 
 
@@ -167,7 +167,7 @@ def test_a_1x1_convolutions_rows_are_one_merged_axis() -> None:
     r = tc.reduce_axis(64, "r")
     y = tc.compute((2, 5, 7, 40), lambda n, p, q, f: _sum(x[n, p, q, r], w[r, f], r, "float16"), name="C")
     f = run_and_check(([x, w, y], lambda x, w: x @ w), tma_plan((64, 64), 2, "tma"), 23, "1x1 convolution")
-    maps = maps_of(f)
+    maps = maps_of(f.module)
     assert maps["X"].merge == (3, 1) and maps["C"].merge == (3, 1) and maps["W"].merge == ()
 
 
@@ -337,3 +337,8 @@ def test_a_saved_artifact_with_a_merged_map_is_format_version_4(tmp_path: Any) -
     assert manifest_version(host) == 4
     (kernel,) = HostProgram.from_json(json.loads(json.dumps(host.to_json()))).kernels
     assert [m.merge for m in kernel.tensor_maps] == [(2, 1), ()]
+    # the saved loop IR (what a loaded artifact's emulator runs) keeps the merge too
+    from tecc.ir.loop_json import module_from_json, module_to_json
+
+    module = module_from_json(module_to_json(f.module))
+    assert [m.merge for m in maps_of(module).values()] == [(2, 1), ()]
