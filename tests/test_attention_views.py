@@ -18,47 +18,12 @@ import numpy as np
 import pytest
 
 import tecc as tc
+from benchmarks.attention_views import qkv_attention
 from tecc.compiler.plan import Plan, Step
 from tecc.compiler.planner import plan_program
 from nvrtc_checks import skip_without_nvrtc
 from test_attention_tensor_core import bound, poisoned
 from test_online_contraction import check
-
-
-def qkv_attention(B, H, S, D, dtype, causal, lse="rows", offset=0, pad=0, transposed=False):
-    """The attention program of the torch lowering over views of one [B·S, 3·C + pad] tensor;
-    `lse` "rows" ([B, H, S]), "unit" ([B, H, S, 1], cudnn's) or None; `offset` shifts every
-    view by that many columns (offset <= pad); `transposed` stores the projection as
-    [3·C + pad, B·S] (the column then runs along the outer dimension)."""
-    C = H * D
-    shape = (3 * C + pad, B * S) if transposed else (B * S, 3 * C + pad)
-    X = tc.placeholder(shape, dtype, name="qkv")
-
-    def at(part, b, h, i, d):
-        row, col = b * S + i, part * C + h * D + d + offset
-        return X[col, row] if transposed else X[row, col]
-
-    d = tc.reduce_axis(D, name="d")
-    scale = 1.0 / math.sqrt(D)
-
-    def score(b, h, i, j):
-        s = tc.sum(tc.cast(at(0, b, h, i, d), "float32") * tc.cast(at(1, b, h, j, d), "float32"), axis=d) * scale
-        return tc.where(j <= i, s, -math.inf) if causal else s
-
-    Sc = tc.compute((B, H, S, S), score, name="S")
-    j1, j2, j3 = (tc.reduce_axis(S, name=n) for n in ("j1", "j2", "j3"))
-    m = tc.compute((B, H, S), lambda b, h, i: tc.max(Sc[b, h, i, j1], axis=j1), name="m")
-    e = tc.compute((B, H, S, S), lambda b, h, i, j: tc.exp(Sc[b, h, i, j] - m[b, h, i]), name="e")
-    total = tc.compute((B, H, S), lambda b, h, i: tc.sum(e[b, h, i, j2], axis=j2), name="l")
-    O = tc.compute((B, H, S, D), lambda b, h, i, c: tc.cast(
-        tc.sum(e[b, h, i, j3] * tc.cast(at(2, b, h, j3, c), "float32"), axis=j3) / total[b, h, i], dtype), name="O")
-    outs = [O]
-    if lse is not None:
-        lse_t = tc.compute((B, H, S), lambda b, h, i: m[b, h, i] + tc.log(total[b, h, i]), name="lse")
-        if lse == "unit":
-            lse_t = tc.compute((B, H, S, 1), lambda b, h, i, one: lse_t[b, h, i], name="lse_out")
-        outs.append(lse_t)
-    return [X], outs
 
 
 def split_views(x, B, H, S, D, offset=0, transposed=False):

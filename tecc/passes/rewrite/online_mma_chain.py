@@ -124,7 +124,7 @@ def _strided_rows(where: str, read: TensorRead, chain: OnlineChain, tail: tuple[
             raise ScheduleError(f"{where}: {name} has an index {e} that depends on more than the block's heads, the "
                                 f"row {row} and the column {col}; the tensor-core form copies tiles of rows")
     chunk = CHUNK_BYTES // (read.dtype.bits // 8)
-    strides = _strides(t)
+    strides = element_strides(t)
     if const_int(strides[-1]) != 1:
         raise ScheduleError(f"{where}: {t.name}'s innermost stride is {strides[-1]}, not 1; the tiles are copied as "
                             "16-byte pieces of contiguous rows (pass a tensor whose last dimension is contiguous)")
@@ -155,7 +155,8 @@ def _innermost(where: str, name: str, last: Expr, col: Var, chunk: int) -> None:
                             f"{chunk} elements (16 bytes): its rows would not start 16-byte aligned for cp.async")
 
 
-def _strides(t: Tensor) -> tuple[Expr, ...]:
+def element_strides(t: Tensor) -> tuple[Expr, ...]:
+    """An input's strides in elements: its given ones, else row-major from its shape."""
     op = t.op
     if isinstance(op, PlaceholderOp) and op.strides is not None:
         return tuple(s if isinstance(s, Expr) else Const(int(s), dt.int32) for s in op.strides)
@@ -257,5 +258,6 @@ def _inside(node: Expr, container: Expr) -> bool:
     return any(n is node for n in walk(container))
 
 
-__all__ = ["HOPPER_HEAD_DIMS", "MAX_HEAD_DIM", "TensorCoreChain", "describe_skipping", "mma_sync_head_dims",
+__all__ = ["HOPPER_HEAD_DIMS", "MAX_HEAD_DIM", "TensorCoreChain", "describe_skipping", "element_strides",
+           "mma_sync_head_dims",
            "positive_scale", "reads_inputs", "tensor_core_chain"]
