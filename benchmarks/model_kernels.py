@@ -17,7 +17,8 @@ strategy and point, and the FX nodes it computes. The predicted total is the pla
 a measurement; benchmarks/models.py measures the model on the GPU.
 
 GPT-2 runs under bf16 autocast on the CPU (the GPU benchmark autocasts on CUDA: the same casts;
-SDPA traces as its CPU flash-attention op, which tecc lowers as the CUDA ones). --layers 1 plans
+SDPA traces as its CPU flash-attention op, which tecc lowers as the CUDA ones; only the shape of
+the log-sum-exp differs: [B, H, S] here, [B, H, S, 1] from cuDNN's op on an H200). --layers 1 plans
 one block (each block's kernels are the same; multiply its rows by 12 for GPT-2 small).
 """
 

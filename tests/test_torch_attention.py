@@ -127,3 +127,40 @@ def test_the_bf16_gpt_trains_through_the_flash_attention_2_backward_in_the_emula
         assert (p.grad.float() - r.grad).abs().max().item() <= 3e-2 * scale
     kernels = [k for rep in reports() if rep.name.endswith("backward") for _, names in rep.programs for k in names]
     assert sum("backward_mma" in k for k in kernels) == 2, kernels
+
+
+def _qkv_forward_program(op: str, B: int, H: int, S: int, D: int):
+    """The SDPA forward over GPT-2's views of one fused projection (split(C), view, permute), as
+    the op the GPU runs (cuDNN's, log-sum-exp [B, H, S, 1]) or the CPU one ([B, H, S]), traced on
+    the meta device (no data)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    C = H * D
+
+    def fn(x):
+        q, k, v = (t.view(B, S, H, D).permute(0, 2, 1, 3) for t in x.view(B, S, 3 * C).split(C, dim=2))
+        if op == "cudnn":
+            return aten._scaled_dot_product_cudnn_attention.default(q, k, v, None, True, 0.0, True, False,
+                                                                    scale=D ** -0.5)[:2]
+        return aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v, 0.0, True, scale=D ** -0.5)
+
+    gm = make_fx(fn, tracing_mode="fake")(torch.empty(B * S, 3 * C, dtype=torch.bfloat16, device="meta"))
+    plan = plan_graph(gm, f"qkv_{op}", Sizes(), set())
+    assert not plan.fallbacks
+    (seg,) = plan.segments
+    return seg.args
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("op", ["cudnn", "cpu"])
+def test_gpt2_sdpa_forward_over_qkv_views_plans_on_tensor_cores(op, arch):
+    """GPT-2 small's attention (B 8, H 12, S 1024, d 64, bf16, causal) reads q, k, v as views of
+    the QKV GEMM's output: one tensor-core kernel for the target (wgmma on sm_90), the views read
+    in place (no copy kernel), for cuDNN's op (its log-sum-exp [B, H, S, 1] a row output) and
+    the CPU one."""
+    from tecc.compiler.planner import plan_program
+
+    result = plan_program(_qkv_forward_program(op, 8, 12, 1024, 64), arch)
+    assert result.plan.strategy == "online_contraction_mma", result.plan
+    (step,) = result.plan.steps
+    assert step.primitive == "online_contraction_mma" and bool(step.args.get("wgmma")) == (arch == "sm_90"), step

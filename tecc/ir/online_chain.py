@@ -26,7 +26,7 @@ from typing import Sequence
 
 from . import dtype as dt
 from .errors import ScheduleError
-from .expr import Binary, Call, Cast, Expr, Reduce, TensorRead, Var, cast, const_int, substitute, walk
+from .expr import Binary, Call, Cast, Const, Expr, Reduce, TensorRead, Var, cast, const_int, substitute, walk
 from .online_dropout import Dropout, dropped_weight, scale_const
 from .tensor import ComputeOp, Tensor
 from .visitor import ExprMutator, SubexpressionReplacer
@@ -53,7 +53,7 @@ class ChainParts:
     output: Tensor              # the output of shape rows + (C,)
     output_body: Expr           # g, with the contraction as a Reduce node and column free
     columns: Expr
-    row_outputs: tuple[tuple[Tensor, Expr], ...]  # outputs of shape rows (m, l, log-sum-exp ..)
+    row_outputs: tuple[tuple[Tensor, Expr], ...]  # outputs of shape rows (m, l, log-sum-exp ..; row_index)
     dropout: Dropout | None     # the contraction's weights dropped: Σ_j keep·weight·v (tecc.ir.online_dropout)
 
 
@@ -98,6 +98,18 @@ def one_axis_reduce(t: Tensor, combiner: str) -> Reduce | None:
 
 def same_indices(a: Sequence[Expr], b: Sequence[Expr]) -> bool:
     return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def unit_tail(shape: Sequence[Expr], rows: Sequence[Expr]) -> bool:
+    """Whether `shape` is `rows` followed by axes of extent 1 (a row output kept with a trailing
+    unit axis, as cudnn's log-sum-exp [B, H, L, 1])."""
+    n = len(rows)
+    return len(shape) > n and same_indices(shape[:n], rows) and all(const_int(e) == 1 for e in shape[n:])
+
+
+def row_index(t: Tensor, at: tuple[Expr, ...]) -> tuple[Expr, ...]:
+    """The index of row output `t` at the row `at`: `at`, then 0 for each trailing unit axis."""
+    return at + tuple(Const(0, dt.int32) for _ in t.shape[len(at):])
 
 
 def find_chain(order: Sequence[Tensor], outputs: set[int]) -> ChainParts:
@@ -165,12 +177,14 @@ def _chain_of(order: Sequence[Tensor], m: Tensor, outputs: set[int]) -> ChainPar
         if t is m or t is l:
             row_outputs.append((t, m_value if t is m else l_value))
             continue
-        if same_indices(t.shape, rows):
-            body = expand(t, stats, op.body, row)
-            if any(isinstance(n, Reduce) for n in walk(body)):
+        if same_indices(t.shape, rows) or unit_tail(t.shape, rows):
+            body = expand(t, stats, op.body, row_index(t, row))
+            reduces = any(isinstance(n, Reduce) for n in walk(body))
+            if reduces and same_indices(t.shape, rows):
                 raise ScheduleError(f"online_contraction: row output {t.name} has a reduction of its own")
-            row_outputs.append((t, body))
-            continue
+            if not reduces:   # a row output ([B, H, L, 1] too: cudnn's log-sum-exp)
+                row_outputs.append((t, body))
+                continue
         if len(t.shape) != len(rows) + 1 or not same_indices(t.shape[:-1], rows):
             raise ScheduleError(
                 f"online_contraction: output {t.name} has shape [{', '.join(map(str, t.shape))}], neither the row "

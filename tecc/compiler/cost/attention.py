@@ -280,15 +280,25 @@ SIMT_BARRIER_CYCLES = 40.0
 
 
 def simt_workload(queries: int, keys: int, heads: int, depth: int, columns: int, itemsize: int, threads: int,
-                  rows_per_block: int) -> Workload:
+                  rows_per_block: int, score_wavefronts: float) -> Workload:
     """What the SIMT online contraction does (tecc.passes.rewrite.online_contraction): blocks of
     `rows_per_block` query rows × `threads` lanes; per key tile of `threads` keys a lane computes
     one score (D FMAs), then every lane walks the tile's keys: an exp each and the K columns it
-    owns (K = ceil(C / threads) FMAs per key); K and V tiles come through L1/L2 for every row."""
+    owns (K = ceil(C / threads) FMAs per key); K and V tiles come through L1/L2 for every row.
+
+    The L1 term counts each warp's requests: `score_wavefronts` per warp and key tile for its
+    scores (strategies/online_contraction.score_wavefronts: lane tx reads key tile·T + tx, so a
+    contraction Σ_d Q·K[.., j, d] reads 32 different K rows per step of d, one wavefront each),
+    and one per key and column chunk of V (a coalesced row piece). Counted as the L2 bytes over
+    128 instead (every read coalesced), the GPT-2 shape (B 8, H 12, S 1024, d 64, bf16, causal) was
+    predicted at 0.97 ms, l2-bound; its score reads alone are 64 x 32 wavefronts per warp and tile,
+    ~26 ms over 132 SMs, the order of the form's measured 0.0017x of cuDNN (RESULTS.md, "Attention
+    on tensor cores": ~590x cuDNN's time; cuDNN's forward at that shape: 46 us)."""
     blocks = -(-queries // rows_per_block) * heads
     tiles = -(-keys // threads)
     columns_per_lane = -(-columns // threads)
     lanes = blocks * rows_per_block * threads
+    warps = lanes // 32
     fma_per_tile = depth + threads * (columns_per_lane + 2)
     fma_ops = float(lanes * tiles * fma_per_tile)
     special = float(lanes * tiles * threads)
@@ -296,14 +306,16 @@ def simt_workload(queries: int, keys: int, heads: int, depth: int, columns: int,
                      + threads * (SIMT_EXP_CYCLES + columns_per_lane * SIMT_FMA_CYCLES))
     l2 = float(blocks * keys * (depth + columns) * itemsize)   # a block's rows share its K / V reads (L1)
     compulsory = float(heads * (queries * (depth + columns) + keys * (depth + columns)) * itemsize)
+    wavefronts = float(warps * tiles) * (score_wavefronts + threads * columns_per_lane)
     return Workload(
         blocks=blocks, threads=threads * rows_per_block,
         registers={"addressing": 24, "partial output": columns_per_lane, "statistics": 4, "score": 8},
         smem_bytes=4 * threads * rows_per_block, flops=2.0 * heads * queries * keys * (depth + columns),
         fma_ops=fma_ops, special_ops=special, dram_bytes=compulsory, l2_bytes=l2 + compulsory,
-        global_wavefronts=l2 / 128.0, instructions=fma_ops * 1.5 / 32, bytes_in_flight=float(depth * itemsize),
+        global_wavefronts=wavefronts, instructions=fma_ops * 1.5 / 32, bytes_in_flight=float(depth * itemsize),
         ilp=1.0, chain_cycles=chain,
-        notes=[f"{tiles} key tiles of {threads} per block, {columns_per_lane} output column(s) per lane"])
+        notes=[f"{tiles} key tiles of {threads} per block, {columns_per_lane} output column(s) per lane, "
+               f"{score_wavefronts:.0f} L1 wavefronts per warp for a tile's scores"])
 
 
 __all__ = ["AttentionLaunch", "BLOCK_COST", "EFFICIENCY", "FIXED_TILES", "GUARD_SHARE", "SOFTMAX_INSTRUCTIONS",

@@ -37,7 +37,8 @@ from ...codegen import KernelResources, dynamic_shared_bytes
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError, TeccError
 from ...ir.evaluate import evaluate_int
-from ...ir.expr import Expr, Var, const_int, walk
+from ...ir.expr import Expr, Reduce, TensorRead, Var, const_int, walk
+from ...ir.poly import affine_coefficients
 from ...passes.manager import PassTiming
 from ...passes.rewrite.key_tiles import key_tile_bound, unmasked_tile_bound
 from ...passes.rewrite.online_contraction import OnlineChain, online_chain
@@ -47,6 +48,7 @@ from ...passes.rewrite.online_contraction_mma import (
     mma_sync_head_dims,
     tensor_core_chain,
 )
+from ...passes.rewrite.online_mma_chain import element_strides
 from ..cost.attention import AttentionLaunch, Tiling, attention_workload, head_dim_class, simt_workload
 from ..cost.model import Workload
 from ..cost.occupancy import occupancy
@@ -532,7 +534,7 @@ class OnlineContractionSimt(GraphStrategy):
         facts = chain_facts(program)
         assert isinstance(facts, ChainFacts)
         return simt_workload(facts.queries, facts.keys, facts.heads, facts.depth, facts.columns, facts.itemsize,
-                             int(point["threads"]), int(point["rows_per_block"]))
+                             int(point["threads"]), int(point["rows_per_block"]), score_wavefronts(facts.chain))
 
     def apply(self, sch: Any, program: Program, point: Point) -> None:
         sch.online_contraction(**point)
@@ -554,6 +556,39 @@ class OnlineContractionSimt(GraphStrategy):
         return reason
 
 
+def score_wavefronts(chain: OnlineChain, lanes: int = THREADS) -> float:
+    """The L1 wavefronts of one warp's scores of one SIMT key tile: lane tx evaluates s(r, j) at
+    key j = tile·T + tx, so each read in s is one request whose lanes are `stride` bytes apart
+    (the read's flattened coefficient of j times its element size): one wavefront while the
+    lanes share 128-byte lines (a broadcast, a row read along j), up to one per lane when each
+    key's row is a line of its own (K[.., j, d] at d·itemsize >= 128); a read under a reduction
+    (the contraction over d) is issued once per step of it (a symbolic extent at NOMINAL_LENGTH)."""
+    reduces = [n for n in walk(chain.score) if isinstance(n, Reduce)]
+    total = 0.0
+    for read in (n for n in walk(chain.score) if isinstance(n, TensorRead)):
+        steps = 1
+        for r in reduces:
+            if any(n is read for n in walk(r.source)):
+                for axis in r.axes:
+                    steps *= const_int(axis.extent) or NOMINAL_LENGTH
+        total += steps * _lines(read, chain.key, lanes)
+    return total
+
+
+def _lines(read: TensorRead, key: Var, lanes: int) -> int:
+    """The 128-byte lines one warp request of `read` touches when its lanes take consecutive keys."""
+    strides = element_strides(read.tensor)
+    step = 0
+    for index, stride in zip(read.indices, strides):
+        found = affine_coefficients(index, [key]) if any(v is key for v in walk(index)) else (0,)
+        s = const_int(stride)
+        if found is None or (found[0] and s is None):
+            return lanes
+        step += found[0] * (s or 0)
+    span = abs(step) * (read.dtype.bits // 8)
+    return 1 if span == 0 else min(lanes, -(-lanes * span // 128))
+
+
 register(OnlineContractionWgmma())
 register(OnlineContractionMma())
 register(OnlineContractionSimt())
@@ -561,5 +596,6 @@ register(OnlineContractionSimt())
 
 __all__ = ["MIN_CHUNK_TILES", "NOMINAL_LENGTH", "NOMINAL_REGISTERS", "ChainFacts", "OnlineContractionMma",
            "OnlineContractionSimt", "OnlineContractionWgmma", "chain_facts", "compiled", "kv_split_choice",
-           "launches_query_major", "mma_tilings", "nominal_registers", "proven_tiles", "shared_bytes", "step_args",
+           "launches_query_major", "mma_tilings", "nominal_registers", "proven_tiles", "score_wavefronts", "shared_bytes",
+           "step_args",
            "wgmma_tilings"]

@@ -132,12 +132,25 @@ class TileStaging:
         return dims[1] * dims[3] if len(dims) == 4 else dims[-1]
 
     def copy_tile(self, dst: Buffer, stage: Expr, read: TensorRead, at: dict[Var, Expr], row0: Expr, extent: Expr,
-                  rows: int, width: int) -> Stmt:
+                  rows: int, width: int, axes: tuple[Var, Var] | None = None) -> Stmt:
         """cp.async of rows [row0, row0 + rows) x [0, width) of the read tensor into dst[stage],
         16 bytes per copy, zero past `extent`. A 4-dimensional dst (the Hopper form) is
-        [stages][width / W][rows][W]: blocks of W-element swizzled rows."""
+        [stages][width / W][rows][W]: blocks of W-element swizzled rows. The read is [.., row,
+        col] with leading indices in `at`'s variables, or, given its (row, col) variables `axes`,
+        any view whose row and column they are (online_mma_chain._strided_rows: a slice of a
+        fused projection), read at `at`, row0 + r and the column."""
         src = self.buffers[read.tensor]
-        lead = tuple(substitute(e, at) for e in read.indices[:-2])
+        idx = read.indices
+        if axes is None or (idx[-2] is axes[0] and idx[-1] is axes[1]):
+            lead = tuple(substitute(e, at) for e in idx[:-2])
+
+            def source(r: Expr, col: Expr) -> tuple[Expr, ...]:
+                return lead + (row0 + r, col)
+        else:
+            row, column = axes
+
+            def source(r: Expr, col: Expr) -> tuple[Expr, ...]:
+                return tuple(substitute(e, {**at, row: row0 + r, column: col}) for e in idx)
 
         def copy(r: Expr, col: Expr) -> Stmt:
             if len(dst.shape) == 4:
@@ -146,7 +159,7 @@ class TileStaging:
                 at_dst: tuple[Expr, ...] = (stage, col // w, r, col % w)
             else:
                 at_dst = (stage, r, col)
-            return AsyncCopy(dst, at_dst, src, lead + (row0 + r, col), 16, compare("<", row0 + r, extent), "cg")
+            return AsyncCopy(dst, at_dst, src, source(r, col), 16, compare("<", row0 + r, extent), "cg")
         return tile_copy(self.unrolled, f"copy_{read.tensor.name}", self.tx, self.threads, rows, width, CHUNK, copy)
 
 

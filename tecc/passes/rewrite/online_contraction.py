@@ -52,7 +52,7 @@ from typing import Callable, Sequence
 from ...ir import dtype as dt
 from ...ir.arith import logical_and
 from ...ir.errors import ScheduleError
-from ...ir.online_chain import ChainParts, find_chain
+from ...ir.online_chain import ChainParts, find_chain, row_index
 from ...ir.expr import (
     Binary,
     Cast,
@@ -254,7 +254,7 @@ def online_contraction(args: Sequence[Tensor], threads: int = 32, rows_per_block
     finish: list[Stmt] = []
     for t, row_value in chain.row_outputs:
         st, val = lower.value(SubexpressionReplacer(final).visit(substitute(row_value, at_row)))
-        finish.append(IfThenElse(compare("==", tx, zero), seq(*st, BufferStore(buffers[t], row_idx,
+        finish.append(IfThenElse(compare("==", tx, zero), seq(*st, BufferStore(buffers[t], row_index(t, row_idx),
                                                                               cast(val, t.dtype)))))
     out_body = SubexpressionReplacer({**final, chain.contraction: cast(acc[kk], chain.contraction.dtype)}).visit(chain.output_body)
     st, val = lower.value(substitute(out_body, {**at_row, chain.column: col}))

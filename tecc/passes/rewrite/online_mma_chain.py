@@ -16,12 +16,16 @@ online_contraction serves the chain then); the kernel is online_contraction_mma'
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
-from ...ir.expr import Binary, Cast, Const, Expr, Reduce, TensorRead, Var, const_int, free_vars, walk
+from ...ir.evaluate import evaluate_int
+from ...ir.expr import (Binary, Cast, Const, Expr, Reduce, TensorRead, Var, const_int, free_vars, size_product,
+                        substitute, walk)
+from ...ir.poly import affine_coefficients
 from ...ir.tensor import PlaceholderOp, Tensor
 from ..schedule.tensorize import INTRINSICS
 from .key_tiles import key_tile_bound, skipping_description, unmasked_tile_bound
@@ -80,17 +84,98 @@ def mma_sync_head_dims(tcc: "TensorCoreChain") -> str | None:
     return None
 
 
-def _leading(where: str, read: TensorRead, chain: OnlineChain, tail: tuple[Expr, Expr]) -> None:
-    """`read` must be indexed by expressions of the leading row axes, then exactly `tail`."""
-    idx = read.indices
-    if len(idx) < 2 or idx[-2] is not tail[0] or idx[-1] is not tail[1]:
-        raise ScheduleError(f"{where}: {read.tensor.name} is read at [{', '.join(map(str, idx))}]; the tensor-core "
-                            f"form needs [.., {tail[0]}, {tail[1]}] (a tile of whole rows)")
-    allowed = set(chain.row[:-1])
-    for e in idx[:-2]:
-        if any(isinstance(v, Var) and v.kind != "size" and v not in allowed for v in free_vars(e)):
-            raise ScheduleError(f"{where}: a leading index {e} of {read.tensor.name} depends on more than the "
-                                "leading row axes (the block's heads)")
+CHUNK_BYTES = 16   # one cp.async: the tiles are copied as 16-byte pieces of rows
+
+
+def _leading(where: str, read: TensorRead, chain: OnlineChain, tail: tuple[Var, Var], width: int) -> None:
+    """`read` must give tiles of whole rows, `tail` = (row, col) its row and column variables:
+    the plain [.., row, col] of a contiguous tensor whose last extent is `width`, with leading
+    indices of the leading row axes, or a view that 16-byte copies can read (_strided_rows)."""
+    idx, t = read.indices, read.tensor
+    if len(idx) >= 2 and idx[-2] is tail[0] and idx[-1] is tail[1] and not _strides_given(t):
+        allowed = set(chain.row[:-1])
+        for e in idx[:-2]:
+            if any(isinstance(v, Var) and v.kind != "size" and v not in allowed for v in free_vars(e)):
+                raise ScheduleError(f"{where}: a leading index {e} of {t.name} depends on more than the "
+                                    "leading row axes (the block's heads)")
+        if const_int(t.shape[-1]) == width:
+            return
+    _strided_rows(where, read, chain, tail)
+
+
+def _strides_given(t: Tensor) -> bool:
+    return isinstance(t.op, PlaceholderOp) and t.op.strides is not None
+
+
+def _strided_rows(where: str, read: TensorRead, chain: OnlineChain, tail: tuple[Var, Var]) -> None:
+    """A view read as tiles of rows (Q, K and V as slices of one fused projection,
+    `qkv[b·S + i, h·D + d + 2·C]`, rows 3·C apart): every index free of all but the leading row
+    axes, `row`, `col` and sizes; `col` only in the innermost index, with coefficient 1, whose
+    stride is 1 (the 8 columns one 16-byte copy reads are consecutive in memory); every other
+    dimension's stride a multiple of 16 bytes, and the innermost index's other terms (its
+    coefficients of `row` and of the leading axes, its constant) multiples of 16 bytes too, so
+    every row starts 16-byte aligned (the buffers' bases are: runtime/marshal.py)."""
+    row, col = tail
+    t, idx = read.tensor, read.indices
+    name = f"{t.name}[{', '.join(map(str, idx))}]"
+    allowed = set(chain.row[:-1]) | {row, col}
+    for e in idx:
+        if any(v.kind != "size" and v not in allowed for v in free_vars(e)):
+            raise ScheduleError(f"{where}: {name} has an index {e} that depends on more than the block's heads, the "
+                                f"row {row} and the column {col}; the tensor-core form copies tiles of rows")
+    chunk = CHUNK_BYTES // (read.dtype.bits // 8)
+    strides = element_strides(t)
+    if const_int(strides[-1]) != 1:
+        raise ScheduleError(f"{where}: {t.name}'s innermost stride is {strides[-1]}, not 1; the tiles are copied as "
+                            "16-byte pieces of contiguous rows (pass a tensor whose last dimension is contiguous)")
+    for e, s in zip(idx[:-1], strides[:-1]):
+        if any(v is col for v in free_vars(e)):
+            raise ScheduleError(f"{where}: {name} reads the column {col} in an outer dimension; the tensor-core form "
+                                "needs it in the innermost index (a row's columns consecutive in memory)")
+        if not _multiple(s, chunk):
+            raise ScheduleError(f"{where}: {t.name} has a stride {s} that is not a multiple of {chunk} elements (16 "
+                                "bytes): its rows would not start 16-byte aligned for cp.async")
+    _innermost(where, name, idx[-1], col, chunk)
+
+
+def _innermost(where: str, name: str, last: Expr, col: Var, chunk: int) -> None:
+    """The innermost index must be col + (multiples of `chunk` elements)."""
+    terms = [col] + sorted((v for v in free_vars(last) if v is not col), key=lambda v: v.name)
+    coefficients = affine_coefficients(last, terms)
+    if coefficients is None:
+        raise ScheduleError(f"{where}: {name}'s innermost index {last} is not affine in {col} and the block's axes; "
+                            "the tensor-core form copies tiles of rows")
+    rest = evaluate_int(last, {v: 0 for v in terms})
+    if coefficients[0] != 1:
+        raise ScheduleError(f"{where}: {name} reads the column {col} with step {coefficients[0]}; the tensor-core "
+                            "form needs consecutive columns (step 1)")
+    off = [f"{c}·{v}" for v, c in zip(terms[1:], coefficients[1:]) if c % chunk] + ([str(rest)] if rest % chunk else [])
+    if off:
+        raise ScheduleError(f"{where}: {name}'s innermost index {last} moves by {', '.join(off)}, not a multiple of "
+                            f"{chunk} elements (16 bytes): its rows would not start 16-byte aligned for cp.async")
+
+
+def element_strides(t: Tensor) -> tuple[Expr, ...]:
+    """An input's strides in elements: its given ones, else row-major from its shape."""
+    op = t.op
+    if isinstance(op, PlaceholderOp) and op.strides is not None:
+        return tuple(s if isinstance(s, Expr) else Const(int(s), dt.int32) for s in op.strides)
+    return tuple(size_product(t.shape[k + 1:]) for k in range(len(t.shape)))
+
+
+def _multiple(e: Expr, n: int) -> bool:
+    """Whether `e` (a stride: a product of constants and sizes) is a multiple of n for every size."""
+    c = const_int(e)
+    if c is not None:
+        return c % n == 0
+    if isinstance(e, Cast):
+        return _multiple(e.a, n)
+    if isinstance(e, Binary) and e.op == "*":
+        for x, y in ((e.a, e.b), (e.b, e.a)):
+            k = const_int(x)
+            if _multiple(x, n) or (k is not None and _multiple(y, n // math.gcd(k, n))):
+                return True
+    return n == 1
 
 
 def tensor_core_chain(chain: OnlineChain) -> TensorCoreChain:
@@ -119,22 +204,17 @@ def tensor_core_chain(chain: OnlineChain) -> TensorCoreChain:
     a, b = reads
     assert a is not None and b is not None
     query = chain.row[-1]
-    q, k = (a, b) if any(x is query for x in a.indices) else (b, a)
-    _leading(where, q, chain, (query, axis))
-    _leading(where, k, chain, (chain.key, axis))
+    q, k = (a, b) if any(v is query for x in a.indices for v in free_vars(x)) else (b, a)
+    depth = _shape_dim(where, "the scores", axis.extent)
+    _leading(where, q, chain, (query, axis), depth)
+    _leading(where, k, chain, (chain.key, axis), depth)
     if q.dtype != k.dtype:
         raise ScheduleError(f"{where}: Q is {q.dtype} and K is {k.dtype}; mma needs one dtype")
-    depth = _shape_dim(where, "the scores", axis.extent)
-    for t in (q.tensor, k.tensor):
-        if const_int(t.shape[-1]) != depth:
-            raise ScheduleError(f"{where}: {t.name}'s last extent {t.shape[-1]} is not the contracted {depth}")
     v = _half_read(chain.value)
     if v is None:
         raise ScheduleError(f"{where}: the contracted value {chain.value} is not a float16/bfloat16 input read")
-    _leading(where, v, chain, (chain.key, chain.column))
     columns = _shape_dim(where, "the output", chain.columns)
-    if const_int(v.tensor.shape[-1]) != columns:
-        raise ScheduleError(f"{where}: {v.tensor.name}'s last extent is not the output's {columns} columns")
+    _leading(where, v, chain, (chain.key, chain.column), columns)
     for stat, what in ((chain.m, "max"), (chain.l, "sum")):
         acc = stat.op.body.acc_dtype  # type: ignore[union-attr]
         if acc != dt.float32:
@@ -142,10 +222,6 @@ def tensor_core_chain(chain: OnlineChain) -> TensorCoreChain:
     if chain.contraction.acc_dtype != dt.float32:
         raise ScheduleError(f"{where}: {chain.output.name} accumulates in {chain.contraction.acc_dtype}; mma "
                             "accumulates in float32")
-    for t in (q.tensor, k.tensor, v.tensor):
-        if isinstance(t.op, PlaceholderOp) and t.op.strides is not None:
-            raise ScheduleError(f"{where}: {t.name} has strides; the tiles are copied as 16-byte pieces of contiguous "
-                                "rows (pass a contiguous tensor)")
     return TensorCoreChain(chain, red, depth, q, k, v, INTRINSICS[q.dtype.name], INTRINSICS[v.dtype.name])
 
 
@@ -182,5 +258,6 @@ def _inside(node: Expr, container: Expr) -> bool:
     return any(n is node for n in walk(container))
 
 
-__all__ = ["HOPPER_HEAD_DIMS", "MAX_HEAD_DIM", "TensorCoreChain", "describe_skipping", "mma_sync_head_dims",
+__all__ = ["HOPPER_HEAD_DIMS", "MAX_HEAD_DIM", "TensorCoreChain", "describe_skipping", "element_strides",
+           "mma_sync_head_dims",
            "positive_scale", "reads_inputs", "tensor_core_chain"]

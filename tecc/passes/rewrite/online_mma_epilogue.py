@@ -13,6 +13,7 @@ from __future__ import annotations
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
 from ...ir.expr import Const, Var, cast, compare, substitute
+from ...ir.online_chain import row_index
 from ...ir.intrinsics import lookup
 from ...ir.stmt import BufferStore, For, IfThenElse, Stmt, seq
 from ...ir.visitor import SubexpressionReplacer
@@ -61,7 +62,7 @@ class OnlineEpilogue(RunningSoftmax):
         stmts: list[Stmt] = []
         for t, value in chain.row_outputs:
             st, val = self.lower.value(substitute(SubexpressionReplacer(self.final_statistics(r)).visit(value), at))
-            idx = tuple(head_at[v] for v in chain.row[:-1]) + (row,)
+            idx = row_index(t, tuple(head_at[v] for v in chain.row[:-1]) + (row,))
             stmts.append(seq(*st, BufferStore(self.buffers[t], idx, cast(val, t.dtype))))
         return IfThenElse(compare("==", self.lane % 4, Const(0, dt.int32)) & compare("<", row, chain.rows[-1]),
                           seq(*stmts))

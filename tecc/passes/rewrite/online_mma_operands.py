@@ -140,16 +140,18 @@ class Operands(TileStaging):
 
     def copy_q(self) -> Stmt:
         """Q's [BM][D] tile of the block (rows past the queries zero-filled)."""
-        chain = self.chain
-        return self.copy_tile(self.q_sh, Const(0, dt.int32), self.tcc.q, self.head_at, self.bx * self.BM,
-                              chain.rows[-1], self.BM, self.D)
+        chain, tcc = self.chain, self.tcc
+        return self.copy_tile(self.q_sh, Const(0, dt.int32), tcc.q, self.head_at, self.bx * self.BM,
+                              chain.rows[-1], self.BM, self.D, (chain.row[-1], tcc.scores.axes[0]))
 
     def load_kv(self, stage: Expr, tile: Expr) -> Stmt:
         """Key tile `tile`'s K and V rows into ring stage `stage` (keys past the end zero-filled)."""
-        chain, BN = self.chain, self.BN
+        chain, tcc, BN = self.chain, self.tcc, self.BN
         j0 = tile * BN
-        return seq(self.copy_tile(self.k_sh, stage, self.tcc.k, self.head_at, j0, chain.keys, BN, self.D),
-                   self.copy_tile(self.v_sh, stage, self.tcc.v, self.head_at, j0, chain.keys, BN, self.C))
+        return seq(self.copy_tile(self.k_sh, stage, tcc.k, self.head_at, j0, chain.keys, BN, self.D,
+                                  (chain.key, tcc.scores.axes[0])),
+                   self.copy_tile(self.v_sh, stage, tcc.v, self.head_at, j0, chain.keys, BN, self.C,
+                                  (chain.key, chain.column)))
 
     def q_fragments(self) -> Stmt:
         """mma.sync: Q's tile (and the ring's first tile) landed for every thread, then its A

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ...ir import dtype as dt
 from ...ir.expr import Const, Expr, Var, binary, call, cast, compare, select, size_product, substitute
+from ...ir.online_chain import row_index
 from ...ir.stmt import Allocate, Buffer, BufferStore, For, IfThenElse, PrimFunc, Stmt, seq
 from ...ir.visitor import SubexpressionReplacer
 from ..lower import kernel_params
@@ -121,7 +122,8 @@ class SplitKV(OnlineEpilogue):
         for tensor, value in chain.row_outputs:
             st2, val2 = lower.value(substitute(SubexpressionReplacer(stats).visit(value),
                                                {**head_at, chain.row[-1]: row}))
-            row_stmts.append(seq(*st2, BufferStore(self.buffers[tensor], row_at, cast(val2, tensor.dtype))))
+            row_stmts.append(seq(*st2, BufferStore(self.buffers[tensor], row_index(tensor, row_at),
+                                                 cast(val2, tensor.dtype))))
         if row_stmts:
             stmts.append(IfThenElse(compare("==", column, zero), seq(*row_stmts)))
         body: Stmt = IfThenElse(compare("<", flat, total), seq(*stmts))
