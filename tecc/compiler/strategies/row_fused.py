@@ -252,7 +252,7 @@ def _choice(tensors: Sequence[Tensor], target: Target) -> RowFusedChoice | str:
         return _column_choice(group, target)
     columns = const_int(group.columns)
     width = columns if columns is not None else 4096  # a symbolic row: bytes per row for the comparison
-    row_inputs = [t for t in group.program.args if t.is_placeholder and len(t.shape) == len(group.rows) + 1]
+    row_inputs = list(group.row_inputs)
     sizes = {_itemsize(t) for t in row_inputs}
     itemsize = min(sizes) if sizes else 4
     threads, cache = choose_point(columns, len(row_inputs), itemsize)
@@ -371,7 +371,7 @@ def _column_choice(group: Any, tgt: Target) -> RowFusedChoice | str:
     columns = const_int(group.columns)
     if columns is None:
         return "the row has column reductions and a symbolic length (their sums need a fixed set of columns per thread)"
-    row_inputs = [t for t in group.program.args if t.is_placeholder and len(t.shape) == len(group.rows) + 1]
+    row_inputs = list(group.row_inputs)
     sizes = {_itemsize(t) for t in row_inputs}
     itemsize = min(sizes) if sizes else 4
     vector = choose_vector(columns, itemsize) if len(sizes) == 1 else 1

@@ -50,6 +50,14 @@ class RowGroup:
     def stages(self) -> tuple[Tensor, ...]:
         return self.program.stages
 
+    @property
+    def row_inputs(self) -> tuple[Tensor, ...]:
+        """The inputs that hold a row: shape rows + (columns,), read along the row (the ones
+        fuse_rows caches). An input of shape rows + (1,), read at [row.., 0] (a per-row target
+        or scale kept with its size-1 axis), is a per-row value, not a row."""
+        return tuple(t for t in self.program.args
+                     if t.is_placeholder and same_shape(t.shape, self.rows + (self.columns,)))
+
 
 def row_group(args: Sequence[Tensor]) -> RowGroup:
     """The row group of the program `args`, or ScheduleError saying why it is not one."""
