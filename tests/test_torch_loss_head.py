@@ -169,3 +169,61 @@ def test_cross_entropy_head_plans_one_row_kernel_per_pass_over_the_logits_for_sm
     # the count of kept targets and the NLL's mean: 8192 values each, microseconds
     scalar = [r for r in found if r.graph == "forward" and "div" in r.nodes]
     assert len(scalar) == 1 and scalar[0].seconds < 20e-6, [(r.kernels, r.label, r.seconds) for r in scalar]
+
+
+def test_the_head_compiles_for_sm_90_without_spills_in_its_row_kernels():
+    """NVRTC + ptxas (no GPU): the forward's and backward's programs at GPT-2's size, their row
+    kernels (the log-softmax group, the NLL's mean with its int64 targets cached in registers,
+    the backward's row sum and dX) compile without spills."""
+    from nvrtc_checks import skip_without_nvrtc
+
+    import tecc as tc
+    from tecc.torch.graph import plan_graph
+    from tecc.torch.lowering import Sizes
+
+    skip_without_nvrtc("sm_90")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import model_kernels as mk
+
+    torch.manual_seed(0)
+    model = Head(50304, 768)
+    x = torch.randn(8192, 768, requires_grad=True)
+    t = torch.randint(0, 50304, (8192,))
+    graphs = mk.trace(model, (x, t), train=True, autocast=torch.bfloat16)
+    rows = []
+    for kind, gm in graphs.items():
+        for seg in plan_graph(gm, kind, Sizes(), set()).segments:
+            f = tc.build(seg.args, target="cuda", arch="sm_90")
+            rows += [(k, r) for k, r in f.resources.items() if k.endswith("_rows_kernel")]
+    assert len(rows) == 3, [k for k, _ in rows]
+    for name, res in rows:
+        assert res.spill_stores == 0 and res.spill_loads == 0, (name, res)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch has no CUDA")
+@pytest.mark.parametrize("vocab", [50304, 1031])
+def test_the_head_on_the_gpu_matches_float64(vocab):
+    """The compiled head under bf16 autocast on CUDA against float64 from the bf16 operands."""
+    torch._dynamo.reset()
+    torch.manual_seed(vocab)
+    rows, width = 4096, 768
+    model = Head(vocab, width).cuda()
+    with torch.no_grad():
+        model.w.mul_(0.1)
+    x = torch.randn(rows, width, device="cuda", requires_grad=True)
+    t = torch.randint(0, vocab, (rows,), device="cuda")
+    t[::7] = IGNORE
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = torch.compile(model, backend="tecc", options={"fallback": "error"})(x, t)
+    loss.backward()
+    xb = x.detach().bfloat16().double()
+    wb = model.w.detach().bfloat16().double().requires_grad_(True)
+    xr = xb.clone().requires_grad_(True)
+    ref = F.cross_entropy(xr @ wb.t(), t, ignore_index=IGNORE)
+    ref.backward()
+    assert abs(loss.item() - ref.item()) <= 1e-2 * abs(ref.item()), (loss.item(), ref.item())
+    for got, want in ((x.grad, xr.grad), (model.w.grad, wb.grad)):
+        assert got is not None and want is not None
+        assert float((got.double() - want).norm() / want.norm()) <= 1.6e-2
+    torch._dynamo.reset()
