@@ -190,13 +190,18 @@ def choose_long_row(columns: int | None, itemsize: int) -> tuple[int, int]:
 def _walks_rows_along_their_last_axis(group: Any) -> bool:
     """Every read inside a reduction uses the reduction axis only in its last index: the row is
     then contiguous in memory, which the one-block-per-row kernel needs to read it coalesced. A
-    contraction (B[k, j] in a matmul) or a reduction over a middle axis is left to the planner."""
+    contraction (B[k, j] in a matmul) or a reduction over a middle axis is left to the planner.
+    A gather, a read whose last index is read from memory (the target's log-probability
+    Y[r, t[r]] of a loss summed over the rows r), reads one element per step whatever the
+    mapping: it walks no row."""
     for t in group.reductions:
         for r in t.op.reductions:
             axis = r.axes[0]
             for node in walk(r.source):
                 if not isinstance(node, TensorRead):
                     continue
+                if node.indices and any(isinstance(n, TensorRead) for n in walk(node.indices[-1])):
+                    continue  # a gather (docstring)
                 uses = [axis in free_vars(i) for i in node.indices]
                 if any(uses[:-1]):
                     return False
