@@ -81,8 +81,11 @@ def poisoned_outputs(monkeypatch):
     monkeypatch.setattr(rt.torch, "empty", empty)
 
 
+@pytest.mark.parametrize("partitioner", ["default", "min_cut"])
 @pytest.mark.parametrize("vocab", [1000, 1031])
-def test_cross_entropy_head_matches_float64_in_the_emulator(vocab, poisoned_outputs):
+def test_cross_entropy_head_matches_float64_in_the_emulator(vocab, partitioner, poisoned_outputs):
+    """Either partitioner: min_cut saves the logits and the row statistics, and the backward
+    recomputes the probabilities from them."""
     torch._dynamo.reset()
     rng = np.random.default_rng(vocab)
     rows, width = 5, 8
@@ -91,7 +94,8 @@ def test_cross_entropy_head_matches_float64_in_the_emulator(vocab, poisoned_outp
     x = torch.randn(rows, width, requires_grad=True)
     t = torch.from_numpy(rng.integers(0, vocab, rows)).long()
     t[2] = IGNORE
-    loss = torch.compile(model, backend="tecc", options={"fallback": "error"})(x, t)
+    options = {"fallback": "error", "partitioner": partitioner}
+    loss = torch.compile(model, backend="tecc", options=options)(x, t)
     loss.backward()
     want, dx, dw = _reference(x.detach().double().numpy(), model.w.detach().double().numpy(), t.numpy())
     assert abs(loss.item() - want) <= 1e-5 * abs(want), (loss.item(), want)
@@ -227,3 +231,12 @@ def test_the_head_on_the_gpu_matches_float64(vocab):
         assert got is not None and want is not None
         assert float((got.double() - want).norm() / want.norm()) <= 1.6e-2
     torch._dynamo.reset()
+
+
+def test_an_unknown_partitioner_is_refused_naming_the_choices():
+    from tecc.ir.errors import TeccError
+    from tecc.torch.backend import Options
+
+    assert Options.parse({"partitioner": "min_cut"}).partitioner == "min_cut"
+    with pytest.raises(TeccError, match="partitioner='greedy'.*'default'.*'min_cut'"):
+        Options.parse({"partitioner": "greedy"})
