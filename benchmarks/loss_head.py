@@ -2,7 +2,10 @@
 
     python benchmarks/loss_head.py                          # cross-entropy alone on bf16 logits, 8192 x 50304
     python benchmarks/loss_head.py --mode head              # logits = x @ W^T under bf16 autocast, then the loss
-    python benchmarks/loss_head.py --rows 8192 --vocab 50304 --backends eager inductor tecc --reps 20
+    python benchmarks/loss_head.py --rows 8192 --vocab 50304 --backends eager inductor tecc tecc:min_cut
+
+A backend "tecc:min_cut" is tecc with options={"partitioner": "min_cut"} (the forward saves the
+bf16 logits and the row statistics instead of float32 log-probabilities: tecc/torch/backend.py).
 
 --mode ce: F.cross_entropy(logits.float(), targets, ignore_index=-1) on bf16 logits that require
 grad (GPT-2's loss after its lm_head, as the ATen graphs tecc gets from benchmarks/model_kernels.py
@@ -87,7 +90,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=8192)
     p.add_argument("--vocab", type=int, default=50304)
     p.add_argument("--width", type=int, default=768)
-    p.add_argument("--backends", nargs="+", default=["eager", "inductor", "tecc"])
+    p.add_argument("--backends", nargs="+", default=["eager", "inductor", "tecc", "tecc:min_cut"])
     p.add_argument("--reps", type=int, default=20)
     args = p.parse_args()
     model, leaves, t = make(args.mode, args.rows, args.vocab, args.width)
@@ -95,7 +98,12 @@ def main() -> None:
     times: dict[str, float] = {}
     for backend in args.backends:
         torch._dynamo.reset()
-        fn = model if backend == "eager" else torch.compile(model, backend=backend)
+        if backend == "eager":
+            fn = model
+        elif backend.startswith("tecc:"):
+            fn = torch.compile(model, backend="tecc", options={"partitioner": backend.split(":", 1)[1]})
+        else:
+            fn = torch.compile(model, backend=backend)
         loss = step(fn, leaves, t)
         err = abs(loss.item() - want.item()) / abs(want.item())
         gerr = max(float((p.grad.double() - g).norm() / g.norm()) for p, g in zip(leaves, grads))

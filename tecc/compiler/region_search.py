@@ -21,7 +21,8 @@ they take:
    reshape of a GEMM's output) are stored as stages of their own (`_operand_views`), so that
    the region reads arrays. If the graph strategies refuse a row-statistic region, its row group
    alone (the reductions over the rows and the elementwise row outputs, no contraction) is asked
-   instead. A seed that nothing joins is a region of its own: a lone row reduction (a layer
+   instead. A seed that nothing joins is a region of its own unless it contracts (a lone
+   matrix product no graph strategy takes): a lone row reduction (a layer
    norm backward's row sum, a row of 50,304 logits reduced) is offered to row fusion's one
    block per row and split_rows, which the per-kernel reduction strategy cannot express, and
    the planner keeps whichever its cost model ranks first.
@@ -294,7 +295,7 @@ def _find_regions(st: _Stages, graph_level: GraphLevel) -> list[tuple[set[int], 
         tried: list[set[int]] = []
         for row_group in (False, True):
             members = _grow(st, seed, row_group, claimed)
-            if members in tried or not _acyclic(st, members):
+            if members in tried or not _acyclic(st, members) or (len(members) == 1 and _contraction(st, seed)):
                 continue
             tried.append(members)
             part = regions.cut(_outputs(st, members), _boundaries(st, members))
@@ -311,6 +312,18 @@ def _find_regions(st: _Stages, graph_level: GraphLevel) -> list[tuple[set[int], 
             found.append(({id(seed)}, taken[0], taken[1]))
             claimed.add(id(seed))
     return found
+
+
+def _contraction(st: _Stages, t: Tensor) -> bool:
+    """Whether a reduction of stage `t` reads two or more tensors along its reduced axis (a
+    matrix product): alone, no graph strategy takes it, so a lone seed of it is not offered."""
+    for r in st.reductions(t):
+        axis = r.axes[0]
+        reads = {id(n.tensor) for n in walk(r.source)
+                 if isinstance(n, TensorRead) and any(axis in free_vars(i) for i in n.indices)}
+        if len(reads) >= 2:
+            return True
+    return False
 
 
 def _column_statistic(st: _Stages, t: Tensor) -> bool:
