@@ -5,6 +5,7 @@ graphs, with the strategy the planner chose and its predicted time on an archite
     python benchmarks/model_kernels.py --model gpt2 --layers 12 --top 0      # every kernel
     python benchmarks/model_kernels.py --model convnet --arch sm_80
     python benchmarks/model_kernels.py --model gpt2 --graph backward --explain lm_head_dir/
+    python benchmarks/model_kernels.py --partitioner min_cut   # the forward saves what min-cut saves
 
 The model's forward and backward graphs are traced as `torch.compile(backend="tecc")` gets them
 (AOTAutograd with tecc's decompositions) on CPU tensors at the benchmark's full size
@@ -71,10 +72,12 @@ def _empty_outputs(gm: torch.fx.GraphModule) -> Callable[..., list[Any]]:
 
 
 def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], train: bool,
-          autocast: torch.dtype | None) -> dict[str, torch.fx.GraphModule]:
-    """The forward and backward (or inference) ATen graphs of `model(*inputs)`."""
+          autocast: torch.dtype | None, partitioner: str = "default") -> dict[str, torch.fx.GraphModule]:
+    """The forward and backward (or inference) ATen graphs of `model(*inputs)`, split by the
+    backend's `partitioner` option (tecc/torch/backend.py)."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
+    from tecc.torch.backend import partition
     from tecc.torch.decompositions import decomposition_table
 
     graphs: dict[str, torch.fx.GraphModule] = {}
@@ -88,7 +91,8 @@ def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], train: bool,
                 return fn
             return compiler
         return aot_module_simplified(gm, example, fw_compiler=keep("forward"), bw_compiler=keep("backward"),
-                                     inference_compiler=keep("inference"), decompositions=decomposition_table())
+                                     inference_compiler=keep("inference"), decompositions=decomposition_table(),
+                                     **partition(partitioner))
 
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend)
@@ -100,17 +104,17 @@ def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], train: bool,
     return graphs
 
 
-def gpt2(layers: int) -> dict[str, torch.fx.GraphModule]:
+def gpt2(layers: int, partitioner: str = "default") -> dict[str, torch.fx.GraphModule]:
     """GPT-2 small's training step (benchmarks/models.py): batch 8 x 1024, bf16 autocast, SDPA."""
     from train_gpt import GPT
 
     torch.manual_seed(0)
     model = GPT(50304, 768, 12, layers, 1024, "sdpa")
     idx = torch.randint(0, 50304, (8, 1024))
-    return trace(model, (idx, idx), train=True, autocast=torch.bfloat16)
+    return trace(model, (idx, idx), train=True, autocast=torch.bfloat16, partitioner=partitioner)
 
 
-def convnet(layers: int) -> dict[str, torch.fx.GraphModule]:
+def convnet(layers: int, partitioner: str = "default") -> dict[str, torch.fx.GraphModule]:
     """benchmarks/models.py's conv net: bf16 channels_last inference, batch 32 at 224 x 224."""
     from torch import nn
 
@@ -238,10 +242,12 @@ def main() -> None:
     p.add_argument("--graph", default=None, help="only this graph: forward, backward or inference")
     p.add_argument("--top", type=int, default=30, help="rows shown (0: all)")
     p.add_argument("--explain", default=None, help="a folder: each program's explain() text")
+    p.add_argument("--partitioner", choices=["default", "min_cut"], default="default",
+                   help="what the forward saves for the backward (the backend's option of that name)")
     args = p.parse_args()
     layers = args.layers if args.layers is not None else (1 if args.model == "gpt2" else 3)
     start = time.perf_counter()
-    graphs = MODELS[args.model](layers)
+    graphs = MODELS[args.model](layers, args.partitioner)
     print(f"# {args.model} ({layers} layer(s)) traced in {time.perf_counter() - start:.1f} s: "
           + ", ".join(f"{k} {len(g.graph.nodes)} nodes" for k, g in graphs.items()))
     rows, fallbacks = plan_model(graphs, args.arch, args.graph, args.explain)

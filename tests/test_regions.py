@@ -101,13 +101,34 @@ def test_a_program_with_no_graph_level_part_is_planned_kernel_by_kernel():
     B = tc.placeholder((12, 5), "float32", name="B")
     k = tc.reduce_axis(12, "k")
     C = tc.compute((8, 5), lambda i, j: tc.sum(A[i, k] * B[k, j], axis=k), name="C")
-    r = tc.reduce_axis(5, "r")
-    D = tc.compute((8,), lambda i: tc.sum(C[i, r] * C[i, r], axis=r), name="D")
-    f = tc.build([A, B, D], target="sim")
+    D = tc.compute((8, 5), lambda i, j: C[i, j] * C[i, j] + A[i, j], name="D")
+    f = tc.build([A, B, C, D], target="sim")
     assert f.plan.strategy != "regions", f.plan.reason
     a, b = rand(8, 12), rand(12, 5)
+    c, d = run(f, a, b)
+    ref = a.astype(np.float64) @ b
+    np.testing.assert_allclose(c, ref, rtol=1e-5)
+    np.testing.assert_allclose(d, ref ** 2 + a[:, :5], rtol=1e-4)
+
+
+@pytest.mark.parametrize("columns", [1000, 1031])
+def test_a_row_reduction_that_nothing_joins_is_a_region_of_its_own(columns):
+    """D sums the rows of the GEMM C (over 1000 or 1031 columns): no other stage shares its
+    rows, so the seed alone is offered to the graph strategies, and row fusion's one block per
+    row (a block-wide reduction) wins over the per-kernel reduction's thread per row."""
+    A = tc.placeholder((6, 12), "float32", name="A")
+    B = tc.placeholder((12, columns), "float32", name="B")
+    k = tc.reduce_axis(12, "k")
+    C = tc.compute((6, columns), lambda i, j: tc.sum(A[i, k] * B[k, j], axis=k), name="C")
+    r = tc.reduce_axis(columns, "r")
+    D = tc.compute((6,), lambda i: tc.sum(C[i, r] * C[i, r], axis=r), name="D")
+    f = tc.build([A, B, D], target="sim")
+    assert f.plan.strategy == "regions", f.plan.reason
+    assert [s.args["plan"]["strategy"] for s in f.plan.steps if s.primitive == "region"][-1] == "row_fused", \
+        f.plan.reason
+    a, b = rand(6, 12), rand(12, columns)
     (d,) = run(f, a, b)
-    np.testing.assert_allclose(d, ((a.astype(np.float64) @ b) ** 2).sum(1), rtol=1e-4)
+    np.testing.assert_allclose(d, ((a.astype(np.float64) @ b) ** 2).sum(1), rtol=1e-5)
 
 
 @pytest.mark.parametrize("dims", [(1, 2, 24, 16)])

@@ -5,8 +5,9 @@ The graph strategies (the online contraction and its backward, row fusion, split
 take a whole program. In a program of many stages (a model's graph) this module finds the parts
 they take:
 
-1. **Seeds**: every stage that reduces over one axis (a row statistic: a max, a sum), and every
-   compute P = exp(s - L) with s a reduction over the key and L a row statistic (an attention
+1. **Seeds**: every stage that reduces over one axis (a row statistic: a max, a sum), itself or
+   in a compute inlined into it (a count summed as int64 and cast to float: the stage is the
+   cast), and every compute P = exp(s - L) with s a reduction over the key and L a row statistic (an attention
    backward's probabilities, recomputed from the saved log-sum-exp). A scatter
    (tc.scatter_add) is neither a seed nor a member of a region: the per-kernel planner ranks
    its atomic form against its reduction form, which a graph strategy would not.
@@ -20,7 +21,14 @@ they take:
    reshape of a GEMM's output) are stored as stages of their own (`_operand_views`), so that
    the region reads arrays. If the graph strategies refuse a row-statistic region, its row group
    alone (the reductions over the rows and the elementwise row outputs, no contraction) is asked
-   instead.
+   instead. A seed that nothing joins is a region of its own unless it contracts (a lone
+   matrix product no graph strategy takes): a lone row reduction (a layer
+   norm backward's row sum, a row of 50,304 logits reduced) is offered to row fusion's one
+   block per row and split_rows, which the per-kernel reduction strategy cannot express, and
+   the planner keeps whichever its cost model ranks first.
+   (A region matches statistics of the row's shape: the torch lowering computes a keepdim row
+   statistic, amax(x, -1, keepdim=True), at the rows and reads it through a view that restores
+   the size-1 axis, tecc/torch/lowering/reductions.py, so its readers read it at their row.)
 3. The region is cut out of the program (regions.py) and offered to the planner's graph path
    (`graph_level`: its graph points weighed against its own per-kernel plans); it is kept when
    a graph point wins and realizes. Regions do not overlap, and one that would make the part
@@ -104,15 +112,33 @@ class _Stages:
             hit = self._through[id(t)] = self._reads_of(t)
         return hit
 
+    def reducing(self, t: Tensor) -> list[Tensor]:
+        """The computes of stage `t` that reduce: itself, and those inlined into it (a
+        contraction or a sum inlined into its cast: `float(mm)[i, j]`)."""
+        op = t.op
+        assert isinstance(op, ComputeOp)
+        found = [t] if op.reductions else []
+        for n in walk(op.body):
+            if isinstance(n, TensorRead) and n.tensor in self.prog.inlined and isinstance(n.tensor.op, ComputeOp):
+                found += [u for u in self.reducing(n.tensor) if u not in found]
+        return found
+
+    def reductions(self, t: Tensor) -> tuple[Reduce, ...]:
+        """The reductions stage `t` computes, its own and those inlined into it (`reducing`)."""
+        return tuple(r for u in self.reducing(t) for r in u.op.reductions)  # type: ignore[union-attr]
+
+    def reduces(self, t: Tensor) -> bool:
+        """Whether stage `t` reduces, itself or in a compute inlined into it."""
+        return bool(self.reductions(t))
+
     def tensor(self, key: int) -> Tensor:
         return self.order[self.index[key]]
 
 
-def _row_axes(t: Tensor) -> tuple[Reduce, ...] | None:
-    """The reductions of a stage when each is over one axis, else None."""
-    op = t.op
-    assert isinstance(op, ComputeOp)
-    reds = op.reductions
+def _row_axes(st: _Stages, t: Tensor) -> tuple[Reduce, ...] | None:
+    """The reductions of a stage, its own or those of the computes inlined into it (a sum read
+    through its cast), when each is over one axis, else None."""
+    reds = st.reductions(t)
     return reds if reds and all(len(r.axes) == 1 for r in reds) else None
 
 
@@ -123,7 +149,7 @@ def _spans(t: Tensor, rows: Sequence[object], extra: int) -> bool:
 def _grow(st: _Stages, seed: Tensor, row_group: bool, claimed: set[int]) -> set[int]:
     """The region of `seed` (module docstring, step 2)."""
     rows = seed.shape
-    red = _row_axes(seed)
+    red = _row_axes(st, seed)
     assert red is not None
     keys = red[0].axes[0].extent
     members = {id(seed)}
@@ -134,10 +160,10 @@ def _grow(st: _Stages, seed: Tensor, row_group: bool, claimed: set[int]) -> set[
             k = id(t)
             if k in members or k in claimed:
                 continue
-            reds = t.op.reductions  # type: ignore[union-attr]
+            reds = st.reduces(t)
             reads_rows = any(_spans(st.tensor(r), rows, 0) for r in st.reads[k] & members)
             forward = bool(st.reads[k] & members) and (
-                (_spans(t, rows, 0) and (not reds or _row_axes(t) is not None))
+                (_spans(t, rows, 0) and (not reds or _row_axes(st, t) is not None))
                 or (_spans(t, rows, 1) and (not reds or (not row_group and reads_rows))))
             backward = (not row_group and k not in st.outputs and st.readers[k] and st.readers[k] <= members
                         and _spans(t, rows, 1) and t.shape[-1] is keys)
@@ -264,12 +290,12 @@ def _find_regions(st: _Stages, graph_level: GraphLevel) -> list[tuple[set[int], 
             found.append((members, taken[0], taken[1]))
             claimed |= members
     for seed in st.order:
-        if id(seed) in claimed or _row_axes(seed) is None:
+        if id(seed) in claimed or _row_axes(st, seed) is None:
             continue
         tried: list[set[int]] = []
         for row_group in (False, True):
             members = _grow(st, seed, row_group, claimed)
-            if members in tried or len(members) < 2 or not _acyclic(st, members):
+            if members in tried or not _acyclic(st, members) or (len(members) == 1 and _contraction(st, seed)):
                 continue
             tried.append(members)
             part = regions.cut(_outputs(st, members), _boundaries(st, members))
@@ -279,7 +305,7 @@ def _find_regions(st: _Stages, graph_level: GraphLevel) -> list[tuple[set[int], 
                 claimed |= members
                 break
     for seed in st.order:
-        if id(seed) in claimed or not _column_statistic(seed) or not _acyclic(st, {id(seed)}):
+        if id(seed) in claimed or not _column_statistic(st, seed) or not _acyclic(st, {id(seed)}):
             continue
         taken = graph_level(regions.cut(_outputs(st, {id(seed)}), _boundaries(st, {id(seed)})))
         if taken is not None:
@@ -288,13 +314,31 @@ def _find_regions(st: _Stages, graph_level: GraphLevel) -> list[tuple[set[int], 
     return found
 
 
-def _column_statistic(t: Tensor) -> bool:
+def _contraction(st: _Stages, t: Tensor) -> bool:
+    """Whether a reduction of stage `t` reads two or more tensors along its reduced axis (a
+    matrix product): alone, no graph strategy takes it, so a lone seed of it is not offered."""
+    for r in st.reductions(t):
+        axis = r.axes[0]
+        reads = {id(n.tensor) for n in walk(r.source)
+                 if isinstance(n, TensorRead) and any(axis in free_vars(i) for i in n.indices)}
+        if len(reads) >= 2:
+            return True
+    return False
+
+
+def _column_statistic(st: _Stages, t: Tensor) -> bool:
     """A stage reducing over one axis that its output does not iterate at its innermost (a
     bias's gradient, a column sum: sum_r x[r, c]), alone a region of its own (step 2b): the
     column reduction's split spreads the reduced axis over blocks, where one thread per output
-    of a few hundred outputs leaves the GPU idle."""
+    of a few hundred outputs leaves the GPU idle. The reduction may be inlined into the stage
+    (a cast of the column sum)."""
+    owners = st.reducing(t)
+    if len(owners) != 1:
+        return False
+    t = owners[0]
     op = t.op
-    if not isinstance(op, ComputeOp) or len(op.reductions) != 1 or len(op.reductions[0].axes) != 1:
+    assert isinstance(op, ComputeOp)
+    if len(op.reductions) != 1 or len(op.reductions[0].axes) != 1:
         return False
     wide = [ax for ax, d in zip(op.axes, t.shape) if str(d) != "1"]
     if len(wide) != 1:

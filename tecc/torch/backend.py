@@ -17,6 +17,7 @@ Options (`torch.compile(..., options={...})`):
 | `cudagraphs` | `False` | replay each graph's launches as one CUDA graph (CUDA tensors, static shapes) |
 | `dump_ir` | `None` | a folder: each graph's FX code, the node -> kernel map and every program's IR dumps |
 | `arch` | `None` | the GPU architecture to compile for (`"sm_90"`); default: the device's |
+| `partitioner` | `"default"` | what the forward saves for the backward: `"default"`, AOTAutograd's default partitioner (saves what the backward reads); `"min_cut"`, its min-cut rematerialization partitioner (inductor's: saves the fewest bytes and recomputes cheap elementwise values in the backward; a loss head then saves its bf16 logits and two row statistics, not float32 log-probabilities) |
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from .runtime import CompiledGraph, with_cuda_graph
 log = logging.getLogger("tecc.torch")
 
 FALLBACKS = ("aten", "error")
+PARTITIONERS = ("default", "min_cut")
 
 
 @dataclass(frozen=True)
@@ -53,11 +55,12 @@ class Options:
     cudagraphs: bool = False
     dump_ir: str | None = None
     arch: str | None = None
+    partitioner: str = "default"
 
     @staticmethod
     def parse(options: dict[str, Any] | None) -> "Options":
         given = dict(options or {})
-        known = {"fallback", "cudagraphs", "dump_ir", "arch"}
+        known = {"fallback", "cudagraphs", "dump_ir", "arch", "partitioner"}
         unknown = sorted(set(given) - known)
         if unknown:
             raise TeccError(f"torch.compile(backend='tecc'): unknown option(s) {', '.join(unknown)}; the options are "
@@ -66,9 +69,13 @@ class Options:
         if fallback not in FALLBACKS:
             raise TeccError(f"torch.compile(backend='tecc'): fallback={fallback!r}; use 'aten' (run ops tecc cannot "
                             "lower as ATen) or 'error' (raise instead)")
+        partitioner = given.get("partitioner", "default")
+        if partitioner not in PARTITIONERS:
+            raise TeccError(f"torch.compile(backend='tecc'): partitioner={partitioner!r}; use 'default' "
+                            "(AOTAutograd's default) or 'min_cut' (its min-cut rematerialization partitioner)")
         dump = given.get("dump_ir")
         return Options(fallback, bool(given.get("cudagraphs", False)), str(dump) if dump else None,
-                       given.get("arch"))
+                       given.get("arch"), partitioner)
 
 
 _graphs = itertools.count()
@@ -90,7 +97,16 @@ def tecc_backend(gm: GraphModule, example_inputs: Sequence[Any], options: dict[s
 
     return aot_module_simplified(gm, example_inputs, fw_compiler=compiler("forward"),
                                  bw_compiler=compiler("backward"), inference_compiler=compiler("inference"),
-                                 decompositions=decomposition_table())
+                                 decompositions=decomposition_table(), **partition(opts.partitioner))
+
+
+def partition(partitioner: str) -> dict[str, Any]:
+    """aot_module_simplified's partition_fn for the option (none: its default)."""
+    if partitioner == "min_cut":
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        return {"partition_fn": min_cut_rematerialization_partition}
+    return {}
 
 
 def _bound_symbols(gm: GraphModule) -> set[Any]:

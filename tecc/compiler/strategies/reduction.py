@@ -14,7 +14,11 @@ Two mappings, one point space:
 
 Not expressible yet with the schedule primitives: a warp- or block-cooperative reduction of one
 row (warp shuffles / a shared-memory tree, i.e. rfactor + cross-thread reduction); the row
-mapping above is the best one-thread-per-row form.
+mapping above is the best one-thread-per-row form. The block-per-row forms are graph-level
+rewrites (row_fused: one block per row; split_rows: a grid over few long rows or a full
+reduction), which the planner's region search (compiler/region_search.py) offers for a row
+reduction inside a larger program, its row group or the reduction alone, and weighs against
+this strategy's points.
 """
 
 from __future__ import annotations

@@ -190,13 +190,18 @@ def choose_long_row(columns: int | None, itemsize: int) -> tuple[int, int]:
 def _walks_rows_along_their_last_axis(group: Any) -> bool:
     """Every read inside a reduction uses the reduction axis only in its last index: the row is
     then contiguous in memory, which the one-block-per-row kernel needs to read it coalesced. A
-    contraction (B[k, j] in a matmul) or a reduction over a middle axis is left to the planner."""
+    contraction (B[k, j] in a matmul) or a reduction over a middle axis is left to the planner.
+    A gather, a read whose last index is read from memory (the target's log-probability
+    Y[r, t[r]] of a loss summed over the rows r), reads one element per step whatever the
+    mapping: it walks no row."""
     for t in group.reductions:
         for r in t.op.reductions:
             axis = r.axes[0]
             for node in walk(r.source):
                 if not isinstance(node, TensorRead):
                     continue
+                if node.indices and any(isinstance(n, TensorRead) for n in walk(node.indices[-1])):
+                    continue  # a gather (docstring)
                 uses = [axis in free_vars(i) for i in node.indices]
                 if any(uses[:-1]):
                     return False
@@ -252,7 +257,7 @@ def _choice(tensors: Sequence[Tensor], target: Target) -> RowFusedChoice | str:
         return _column_choice(group, target)
     columns = const_int(group.columns)
     width = columns if columns is not None else 4096  # a symbolic row: bytes per row for the comparison
-    row_inputs = [t for t in group.program.args if t.is_placeholder and len(t.shape) == len(group.rows) + 1]
+    row_inputs = list(group.row_inputs)
     sizes = {_itemsize(t) for t in row_inputs}
     itemsize = min(sizes) if sizes else 4
     threads, cache = choose_point(columns, len(row_inputs), itemsize)
@@ -371,7 +376,7 @@ def _column_choice(group: Any, tgt: Target) -> RowFusedChoice | str:
     columns = const_int(group.columns)
     if columns is None:
         return "the row has column reductions and a symbolic length (their sums need a fixed set of columns per thread)"
-    row_inputs = [t for t in group.program.args if t.is_placeholder and len(t.shape) == len(group.rows) + 1]
+    row_inputs = list(group.row_inputs)
     sizes = {_itemsize(t) for t in row_inputs}
     itemsize = min(sizes) if sizes else 4
     vector = choose_vector(columns, itemsize) if len(sizes) == 1 else 1

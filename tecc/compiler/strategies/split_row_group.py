@@ -135,8 +135,7 @@ def _choice(program: Program) -> SplitRowGroupChoice | str:
         return f"the rows of {columns} are too short for two chunks"
     chunk = chunk_elements(columns, splits, tile)
     # the row inputs' element size (the vector's bytes), as row_fused takes it
-    itemsize = min((t.dtype.bits // 8 for t in group.program.args
-                    if t.is_placeholder and len(t.shape) == len(group.rows) + 1), default=4)
+    itemsize = min((t.dtype.bits // 8 for t in group.row_inputs), default=4)
     reason = (f"{rows} row(s) of {columns} fill {rows} of the {slots} block slots of {WAVES} waves ({tgt.sm_count} "
               f"SMs x {per_sm} blocks of {row_threads}) of the one-block-per-row kernel, which leaves "
               f"{tgt.sm_count - rows} of {tgt.sm_count} SMs idle and re-reads its row (cache {fused.cache}): {splits} blocks of {THREADS} "

@@ -621,9 +621,11 @@ class _RowKernel:
         k_const = const_int(self.K)
         assert k_const is not None
         words, partials = k_const * self.V, self.partials
-        # one register per cached element, whatever its width: ptxas does not pack two 16-bit
-        # elements of a register array into one register (bf16 rows of 16 spilled at 32)
+        # one register per cached element of up to 32 bits: ptxas does not pack two 16-bit
+        # elements of a register array into one register (bf16 rows of 16 spilled at 32); a
+        # 64-bit element takes two (int64 targets of a loss summed over 8192 rows spilled at 42)
         arrays = list(self.caches.values()) + list(self.shared.values())
+        words *= max([1] + [b.dtype.bits // 32 for b in self.caches.values()])
         row_words = peak_row_words(row_spans(self.touched, arrays, list(self.caches.values())), words)
         if partials is not None and partials.scope == "local":  # the column sums live through every row
             row_words += len(partials.accs) * words

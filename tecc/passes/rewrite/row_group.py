@@ -5,8 +5,9 @@ its stages all iterate over the same rows R (one or more dimensions) and the sam
 
 * **row reductions**: shape R, every Reduce over one axis of extent C (the row's columns);
 * **elementwise outputs** of shape R + (C,);
-* **row values**: elementwise outputs of shape R (a per-row loss `m + log(s) - pick`, a saved
-  `rsqrt(var + eps)`), computed once per row from the row's statistics;
+* **row values**: elementwise outputs of shape R, or R and trailing axes of extent 1 (a per-row
+  loss `m + log(s) - pick`, a saved `rsqrt(var + eps)` of shape R + (1,)), computed once per row
+  from the row's statistics and read at [row.., 0..];
 * **column reductions**: shape (C,), one Reduce over the row axes (extents R), whose source is a
   value of the row at column j: `dγ[j] = Σ_r dY[r, j]·x̂[r, j]`, `dβ[j] = Σ_r dY[r, j]`, the
   parameter gradients of a normalization's backward. Nothing may read them (a column statistic
@@ -50,6 +51,14 @@ class RowGroup:
     def stages(self) -> tuple[Tensor, ...]:
         return self.program.stages
 
+    @property
+    def row_inputs(self) -> tuple[Tensor, ...]:
+        """The inputs that hold a row: shape rows + (columns,), read along the row (the ones
+        fuse_rows caches). An input of shape rows + (1,), read at [row.., 0] (a per-row target
+        or scale kept with its size-1 axis), is a per-row value, not a row."""
+        return tuple(t for t in self.program.args
+                     if t.is_placeholder and same_shape(t.shape, self.rows + (self.columns,)))
+
 
 def row_group(args: Sequence[Tensor]) -> RowGroup:
     """The row group of the program `args`, or ScheduleError saying why it is not one."""
@@ -63,7 +72,7 @@ def row_group(args: Sequence[Tensor]) -> RowGroup:
                             "fuse_rows: the program reduces over rows only (column reductions): no row to share")
     rows = reductions[0].shape
     columns = _row_columns(reductions, rows)
-    row_values = tuple(t for t in stages if t not in reducing and same_shape(t.shape, rows))
+    row_values = tuple(t for t in stages if t not in reducing and row_shaped(t.shape, rows))
     elementwise = tuple(t for t in stages if t not in reducing and t not in row_values)
     for t in elementwise:
         if not same_shape(t.shape, rows + (columns,)):
@@ -143,14 +152,29 @@ def _check_reads_at_the_row(prog: Program, per_row: Sequence[Tensor], columnwise
             if read.tensor in columnwise:
                 raise ScheduleError(f"fuse_rows: {reader.name} reads the column reduction {read.tensor.name}; a "
                                     "column statistic is known only after every row")
-            if read.tensor in per_row and not same_shape(read.indices, row):
+            if read.tensor in per_row and not at_the_row(read.indices, row):
                 raise ScheduleError(
                     f"fuse_rows: {reader.name} reads {read.tensor.name} at [{_fmt(read.indices)[1:-1]}], not at "
                     f"the row being computed [{_fmt(row)[1:-1]}]")
+
+
+def row_shaped(shape: Sequence[Expr], rows: Sequence[Expr]) -> bool:
+    """Whether a stage of `shape` holds one value per row: the rows, or the rows and trailing
+    axes of extent 1 (a per-row statistic kept with its size-1 axis, torch's keepdim=True)."""
+    n = len(rows)
+    return (len(shape) >= n and same_shape(shape[:n], rows)
+            and all(const_int(d) == 1 for d in shape[n:]))
+
+
+def at_the_row(indices: Sequence[Expr], row: Sequence[Expr]) -> bool:
+    """Whether a per-row value is read at `row`: the row's indices, then 0 on its size-1 axes."""
+    n = len(row)
+    return (len(indices) >= n and same_shape(indices[:n], row)
+            and all(const_int(i) == 0 for i in indices[n:]))
 
 
 def _fmt(shape: Sequence[Expr]) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
-__all__ = ["RowGroup", "row_group"]
+__all__ = ["RowGroup", "at_the_row", "row_group", "row_shaped"]

@@ -18,8 +18,8 @@ from ...ir.expr import BufferLoad, Call, Const, Expr, Reduce, TensorRead, Var, f
 from ...ir.stmt import Buffer, BufferStore, IfThenElse, Stmt
 from ...ir.tensor import ComputeOp, Tensor
 from ...ir.visitor import ExprMutator
-from ..lower import Inliner, same_shape
-from .row_group import RowGroup
+from ..lower import Inliner
+from .row_group import RowGroup, at_the_row
 
 
 class RowInliner(Inliner):
@@ -34,7 +34,7 @@ class RowInliner(Inliner):
     def visit_TensorRead(self, e: TensorRead) -> Expr:
         if e.tensor in self.values:
             idx = tuple(self.visit(i) for i in e.indices)
-            if not same_shape(idx, self.row):
+            if not at_the_row(idx, self.row):
                 raise ScheduleError(
                     f"fuse_rows: {e.tensor.name} is read at [{', '.join(str(i) for i in idx)}], not at the row "
                     "being computed; such a graph does not keep its row on chip")
@@ -74,16 +74,18 @@ def finish_reduction(t: Tensor, row_idx: tuple[Expr, ...], accs: dict[int, Expr]
     (by thread 0, or where `writer` holds) when the stage is an output."""
     op = t.op
     assert isinstance(op, ComputeOp)
-    body = substitute(op.body, dict(zip(op.axes, row_idx)))
+    zero = Const(0, dt.int32)
+    # a row value kept with trailing size-1 axes (row_group.row_shaped) is at [row.., 0..]
+    at = row_idx + (zero,) * (len(op.axes) - len(row_idx))
+    body = substitute(op.body, dict(zip(op.axes, at)))
 
     class _Finish(ExprMutator):
         def visit_Reduce(self, r: Reduce) -> Expr:  # noqa: N805
             return accs[id(r)]
 
-    zero = Const(0, dt.int32)
     out: list[Stmt] = [BufferStore(val, (zero,), inliner.visit(_Finish().visit(body)))]
     if t in buffers:  # an output: thread 0 of the block writes the row's value
-        out.append(IfThenElse(tx == 0 if writer is None else writer, BufferStore(buffers[t], row_idx, val[zero])))
+        out.append(IfThenElse(tx == 0 if writer is None else writer, BufferStore(buffers[t], at, val[zero])))
     return out
 
 
@@ -148,7 +150,8 @@ def reads_only(t: Tensor, values: dict[Tensor, Buffer], known: set[Tensor], inli
     """Whether row value `t` reads, of the group's row values and statistics, only `known` ones."""
     op = t.op
     assert isinstance(op, ComputeOp)
-    loaded = {id(n.buffer) for n in walk(inliner.visit(substitute(op.body, dict(zip(op.axes, row_idx)))))
+    at = row_idx + (Const(0, dt.int32),) * (len(op.axes) - len(row_idx))
+    loaded = {id(n.buffer) for n in walk(inliner.visit(substitute(op.body, dict(zip(op.axes, at)))))
               if isinstance(n, BufferLoad)}
     return all(u in known for u, buf in values.items() if id(buf) in loaded)
 

@@ -292,6 +292,10 @@ class LoweringContext:
         self.stored[id(logical)] = (stored, order)
         return logical
 
+    def laid_out(self, shape: Sequence[ExprLike]) -> bool:
+        """Whether `compute` of `shape` stores it in another memory order than the logical one."""
+        return self._memory_order(shape) is not None
+
     def _memory_order(self, shape: Sequence[ExprLike]) -> tuple[int, ...] | None:
         target = self.node.target if self.node is not None else None
         if self.node is None or getattr(target, "is_view", False):  # a view stays an index expression

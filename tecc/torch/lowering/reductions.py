@@ -63,20 +63,38 @@ def reduce_compute(ctx: LoweringContext, x: Tensor, dims: Sequence[int], keepdim
         axes = [reduce_axis(x.shape[d], f"r{d}") for d in dims]
         by_dim = dict(zip(dims, axes))
 
+    trailing = list(dims) == list(range(x.ndim - len(dims), x.ndim))
+    as_view = bool(keepdim and dims and trailing) and not ctx.laid_out(shape)
+
     def body(*idx: Expr) -> Expr:
+        # idx: the output index; with keepdim it holds the size-1 dimensions, except in the
+        # reduction that `as_view` reads through a view (no size-1 dimensions)
         full: list[Expr] = []
+        kept: list[Expr] = []
         position = 0
         for d in range(x.ndim):
             if d in by_dim:
                 full.append(by_dim[d])
                 if keepdim:
-                    position += 1
+                    kept.append(as_expr(0))
+                    if not as_view:
+                        position += 1
             else:
                 full.append(idx[position])
+                kept.append(idx[position])
                 position += 1
-        return fn(lambda: x[tuple(full)], axes, idx)
+        return fn(lambda: x[tuple(full)], axes, kept if as_view else idx)
 
-    return ctx.compute(shape, body, suffix)
+    if not as_view:
+        return ctx.compute(shape, body, suffix)
+    # keepdim over the trailing dimensions (a row statistic): the reduction over the remaining
+    # dimensions, read through a view that puts back the size-1 dimensions (inlined into its
+    # readers), so that a reader of the statistic reads it at its own row (r), not at (r, 0):
+    # the form row fusion and the region search match. A column statistic (leading dimensions
+    # reduced) keeps its shape: its own stage, which the column reduction's split takes.
+    reduced = ctx.compute([s for d, s in enumerate(shape) if d not in by_dim], body, suffix)
+    return ctx.compute(shape, lambda *idx: reduced[tuple(i for d, i in enumerate(idx) if d not in by_dim)],
+                       suffix + "_keepdim")
 
 
 def _flat_pair(x: Tensor, dims: Sequence[int]) -> tuple[int, int] | None:

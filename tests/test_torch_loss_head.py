@@ -1,0 +1,242 @@
+"""A language model's loss head through torch.compile(backend="tecc"): logits = x @ W^T, then
+F.cross_entropy with an ignore_index, forward and backward.
+
+The row statistics of the log-softmax (amax and sum of exp, keepdim=True in the ATen graph) are
+lowered at the rows and read through a view (tecc/torch/lowering/reductions.py), so the region
+search (tecc/compiler/region_search.py) finds the row group and row fusion takes it; the NLL's
+mean (a gather of the target's log-probability summed over the rows, divided by the count of
+targets kept, itself a sum inlined into its cast) is a region of its own, one block reducing the
+rows, not one thread.
+
+* In the emulator: the compiled loss and its gradients against float64 NumPy, rows of 1000 and
+  1031 columns (not a multiple of any vector width), one target ignored, every output the
+  runtime allocates poisoned (NaN) before the kernels write it.
+* Planned for sm_90 at GPT-2's size (8192 x 50304 logits), without a GPU: the forward's and the
+  backward's passes over the logits are one row kernel each, predicted near the DRAM time of
+  the bytes they must move, and no kernel of the head is the naive one-thread fallback.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from tecc.compiler.program import resolve_target  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+IGNORE = -1
+
+
+class Head(torch.nn.Module):
+    def __init__(self, vocab: int, width: int) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(vocab, width) * 0.5)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        logits = x @ self.w.t()
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), t.view(-1), ignore_index=IGNORE)
+
+
+def _reference(x: np.ndarray, w: np.ndarray, t: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    """Loss, dL/dx, dL/dw in float64."""
+    z = x @ w.T
+    m = z.max(axis=1, keepdims=True)
+    lse = m[:, 0] + np.log(np.exp(z - m).sum(axis=1))
+    keep = t != IGNORE
+    rows = np.nonzero(keep)[0]
+    n = keep.sum()
+    loss = (lse[rows] - z[rows, t[rows]]).sum() / n
+    dz = np.exp(z - lse[:, None])
+    dz[rows, t[rows]] -= 1.0
+    dz *= keep[:, None] / n
+    return float(loss), dz @ w, dz.T @ x
+
+
+def _rel(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """The runtime allocates each program output with torch.empty: fill them with NaN, so an
+    element no kernel writes shows."""
+    import tecc.torch.runtime as rt
+
+    real = torch.empty
+
+    def empty(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if out.dtype.is_floating_point:
+            out.fill_(float("nan"))
+        elif out.dtype != torch.bool:
+            out.fill_(-12345)
+        return out
+
+    monkeypatch.setattr(rt.torch, "empty", empty)
+
+
+@pytest.mark.parametrize("partitioner", ["default", "min_cut"])
+@pytest.mark.parametrize("vocab", [1000, 1031])
+def test_cross_entropy_head_matches_float64_in_the_emulator(vocab, partitioner, poisoned_outputs):
+    """Either partitioner: min_cut saves the logits and the row statistics, and the backward
+    recomputes the probabilities from them."""
+    torch._dynamo.reset()
+    rng = np.random.default_rng(vocab)
+    rows, width = 5, 8
+    torch.manual_seed(int(rng.integers(1 << 30)))
+    model = Head(vocab, width)
+    x = torch.randn(rows, width, requires_grad=True)
+    t = torch.from_numpy(rng.integers(0, vocab, rows)).long()
+    t[2] = IGNORE
+    options = {"fallback": "error", "partitioner": partitioner}
+    loss = torch.compile(model, backend="tecc", options=options)(x, t)
+    loss.backward()
+    want, dx, dw = _reference(x.detach().double().numpy(), model.w.detach().double().numpy(), t.numpy())
+    assert abs(loss.item() - want) <= 1e-5 * abs(want), (loss.item(), want)
+    assert x.grad is not None and model.w.grad is not None
+    assert _rel(x.grad.double().numpy(), dx) <= 1e-5
+    assert _rel(model.w.grad.double().numpy(), dw) <= 1e-5
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("vocab", [1000, 1031])
+def test_bfloat16_head_runs_each_pass_over_the_logits_as_one_row_kernel_in_the_emulator(vocab, poisoned_outputs):
+    """Under bf16 autocast (the GPT-2 benchmark's): the forward's log-softmax row group and the
+    NLL's mean are row kernels, the backward's row sum and its bf16 dX one row kernel; the
+    results within bf16's bound (check.REL_TOL) of float64."""
+    from tecc.torch.report import clear_reports, reports
+
+    torch._dynamo.reset()
+    clear_reports()
+    rng = np.random.default_rng(vocab + 1)
+    rows, width = 6, 8
+    torch.manual_seed(int(rng.integers(1 << 30)))
+    model = Head(vocab, width)
+    x = torch.randn(rows, width, requires_grad=True)
+    t = torch.from_numpy(rng.integers(0, vocab, rows)).long()
+    t[4] = IGNORE
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = torch.compile(model, backend="tecc", options={"fallback": "error"})(x, t)
+    loss.backward()
+    # the reference from the operands autocast rounds to bf16
+    xb = x.detach().bfloat16().double().numpy()
+    wb = model.w.detach().bfloat16().double().numpy()
+    want, dx, dw = _reference(xb, wb, t.numpy())
+    assert abs(loss.item() - want) <= 1e-2 * abs(want), (loss.item(), want)
+    assert x.grad is not None and model.w.grad is not None
+    assert _rel(x.grad.double().numpy(), dx) <= 1.6e-2
+    assert _rel(model.w.grad.double().numpy(), dw) <= 1.6e-2
+    (fwd, bwd) = [kernels for r in reports() for _, kernels in r.programs]
+    assert len([k for k in fwd if k.endswith("_rows_kernel")]) == 2, fwd
+    assert len([k for k in bwd if k.endswith("_rows_kernel")]) == 1, bwd
+    assert not [k for k in bwd if k.startswith("sum_") and not k.endswith("_rows_kernel")], bwd
+    torch._dynamo.reset()
+
+
+def _plan_head(rows: int, vocab: int):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import model_kernels as mk
+
+    torch.manual_seed(0)
+    model = Head(vocab, 768)
+    x = torch.randn(rows, 768, requires_grad=True)
+    t = torch.randint(0, vocab, (rows,))
+    graphs = mk.trace(model, (x, t), train=True, autocast=torch.bfloat16)
+    found, fallbacks = mk.plan_model(graphs, "sm_90", log=lambda _: None)
+    assert not fallbacks, fallbacks
+    return found
+
+
+def test_cross_entropy_head_plans_one_row_kernel_per_pass_over_the_logits_for_sm_90():
+    rows, vocab = 8192, 50304
+    found = _plan_head(rows, vocab)
+    assert not [r for r in found if r.strategy == "naive"], [(r.kernels, r.label) for r in found]
+    # the forward: amax, the sum of exp and the log-softmax output (float32) in one row kernel
+    fwd = [r for r in found if r.graph == "forward" and "amax" in r.nodes]
+    assert len(fwd) == 1 and fwd[0].strategy == "row_fused", [(r.kernels, r.label) for r in fwd]
+    assert {"amax", "sum_1", "log"} <= set(fwd[0].nodes), fwd[0].nodes
+    # the backward: the row sum of the one-hot gradient and dX (bfloat16) in one row kernel
+    bwd = [r for r in found if r.graph == "backward" and "sum_4" in r.nodes]
+    assert len(bwd) == 1 and bwd[0].strategy == "row_fused" and len(bwd[0].kernels) == 2, \
+        [(r.kernels, r.label) for r in bwd]
+    # each reads the logits once and writes its output once: near the DRAM time of those bytes
+    bandwidth = resolve_target("sm_90").dram_bandwidth
+    moved = rows * vocab * (2 + 4)    # bf16 logits and float32 log-probabilities, or the reverse
+    for r in fwd + bwd:
+        assert r.seconds <= 1.25 * moved / bandwidth, (r.kernels, r.seconds, moved / bandwidth)
+    # the count of kept targets and the NLL's mean: 8192 values each, microseconds
+    scalar = [r for r in found if r.graph == "forward" and "div" in r.nodes]
+    assert len(scalar) == 1 and scalar[0].seconds < 20e-6, [(r.kernels, r.label, r.seconds) for r in scalar]
+
+
+def test_the_head_compiles_for_sm_90_without_spills_in_its_row_kernels():
+    """NVRTC + ptxas (no GPU): the forward's and backward's programs at GPT-2's size, their row
+    kernels (the log-softmax group, the NLL's mean with its int64 targets cached in registers,
+    the backward's row sum and dX) compile without spills."""
+    from nvrtc_checks import skip_without_nvrtc
+
+    import tecc as tc
+    from tecc.torch.graph import plan_graph
+    from tecc.torch.lowering import Sizes
+
+    skip_without_nvrtc("sm_90")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import model_kernels as mk
+
+    torch.manual_seed(0)
+    model = Head(50304, 768)
+    x = torch.randn(8192, 768, requires_grad=True)
+    t = torch.randint(0, 50304, (8192,))
+    graphs = mk.trace(model, (x, t), train=True, autocast=torch.bfloat16)
+    rows = []
+    for kind, gm in graphs.items():
+        for seg in plan_graph(gm, kind, Sizes(), set()).segments:
+            f = tc.build(seg.args, target="cuda", arch="sm_90")
+            rows += [(k, r) for k, r in f.resources.items() if k.endswith("_rows_kernel")]
+    assert len(rows) == 3, [k for k, _ in rows]
+    for name, res in rows:
+        assert res.spill_stores == 0 and res.spill_loads == 0, (name, res)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch has no CUDA")
+@pytest.mark.parametrize("vocab", [50304, 1031])
+def test_the_head_on_the_gpu_matches_float64(vocab):
+    """The compiled head under bf16 autocast on CUDA against float64 from the bf16 operands."""
+    torch._dynamo.reset()
+    torch.manual_seed(vocab)
+    rows, width = 4096, 768
+    model = Head(vocab, width).cuda()
+    with torch.no_grad():
+        model.w.mul_(0.1)
+    x = torch.randn(rows, width, device="cuda", requires_grad=True)
+    t = torch.randint(0, vocab, (rows,), device="cuda")
+    t[::7] = IGNORE
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = torch.compile(model, backend="tecc", options={"fallback": "error"})(x, t)
+    loss.backward()
+    xb = x.detach().bfloat16().double()
+    wb = model.w.detach().bfloat16().double().requires_grad_(True)
+    xr = xb.clone().requires_grad_(True)
+    ref = F.cross_entropy(xr @ wb.t(), t, ignore_index=IGNORE)
+    ref.backward()
+    assert abs(loss.item() - ref.item()) <= 1e-2 * abs(ref.item()), (loss.item(), ref.item())
+    for got, want in ((x.grad, xr.grad), (model.w.grad, wb.grad)):
+        assert got is not None and want is not None
+        assert float((got.double() - want).norm() / want.norm()) <= 1.6e-2
+    torch._dynamo.reset()
+
+
+def test_an_unknown_partitioner_is_refused_naming_the_choices():
+    from tecc.ir.errors import TeccError
+    from tecc.torch.backend import Options
+
+    assert Options.parse({"partitioner": "min_cut"}).partitioner == "min_cut"
+    with pytest.raises(TeccError, match="partitioner='greedy'.*'default'.*'min_cut'"):
+        Options.parse({"partitioner": "greedy"})
