@@ -46,13 +46,16 @@ from __future__ import annotations
 import math
 import re
 import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ..ir.errors import ScheduleError, ShapeError
 from ..ir.target import Target
 from ..ir.tensor import Tensor
 from ..passes.default_schedule import DEFAULT_THREADS
+from . import options as knobs
 from .cost.analysis import KernelInfo
 from .cost.model import DEFAULT_PARAMETERS, Cost, CostParameters, Workload, predict
 from .plan import Plan, Step
@@ -259,7 +262,12 @@ def plan_program(args: Sequence[Tensor] | Program, target: Target | str | None =
         program = args if target is None else args.with_target(resolve_target(target))
     else:
         program = Program.of(args, name=name, target=target, sizes=sizes)
-    result = _plan(program, params, only, keep, compile_check, weigh, regions, graph_only=False)
+    token = _ACTIVE.set(Rankings()) if _ACTIVE.get() is None else None  # this planning's own, else the caller's
+    try:
+        result = _plan(program, params, only, keep, compile_check, weigh, regions, graph_only=False)
+    finally:
+        if token is not None:
+            _ACTIVE.reset(token)
     assert result is not None
     return result
 
@@ -270,18 +278,26 @@ def _plan(program: Program, params: CostParameters, only: Sequence[str] | None, 
     tgt = program.target
     start = time.perf_counter()
     only_list = None if only is None else list(only) + ["naive"]
+    memo = _ACTIVE.get()
+    group_key = _group_key(program, params, only_list, compile_check, weigh) if memo is not None else None
+    known = memo.groups.get(group_key) if memo is not None and group_key is not None else None
+    if graph_only and known is not None and known.chosen is None:
+        return None   # a twin of a program no graph point took
     kernel_plans: list[KernelPlan] = []
-    twins: dict[str, int] = {}           # a kernel's structure -> the first kernel planned with it
-    twin_of: list[int | None] = []
+    rankings: list[Ranking] = []
+    contexts: list[tuple[Any, ...]] = []   # per kernel: where its realized point holds (_context_key)
+    here: set[int] = set()                  # the rankings of this program's kernels so far
     for kernel in program.kernels:
         info = program.info(kernel)
-        key = structure(program.module.kernel(kernel))
-        first = twins.setdefault(key, len(kernel_plans))
-        if first != len(kernel_plans):   # the same loops and accesses: the same ranking
-            seen = kernel_plans[first]
-            valid = [replace(c, failed=None) for c in seen.ranked]
-            rejected, declined, evaluated = seen.rejected, seen.declined, seen.evaluated
-            twin_of.append(first)
+        key = _ranking_key(program, kernel, params, only_list)
+        ranking = memo.get(key) if memo is not None else None
+        context = _context_key(program, kernel, compile_check)
+        if ranking is not None:   # the same loops and accesses: the same ranking
+            # the first of its structure in this program has the points before the one realized
+            # for its twin as that twin's realization left them (refused, not tried), as its own
+            # would; a later one in this program clears them (it tries its twin's point first)
+            _, failed = ranking.chosen.get(context, (0, ())) if id(ranking) not in here else (0, ())
+            valid = [replace(c, failed=failed[n] if n < len(failed) else None) for n, c in enumerate(ranking.ranked)]
         else:
             cands, declined = candidates_for(info, tgt, params, only_list)
             valid = sorted((c for c in cands if c.cost.ok), key=_rank_key)
@@ -291,16 +307,31 @@ def _plan(program: Program, params: CostParameters, only: Sequence[str] | None, 
                 # output is estimated past 255 registers): the naive schedule still builds, and
                 # ptxas spills what does not fit
                 valid = sorted((c for c in rejected if c.strategy.uses_default_schedule), key=_rank_key)[:1]
-            evaluated = len(cands)
-            twin_of.append(None)
-        kernel_plans.append(KernelPlan(kernel, info, valid[0], valid, rejected, declined, evaluated))
-    group = _plan_group(program, kernel_plans, params, only_list)
+            ranking = Ranking(valid, rejected, declined, len(cands))
+            if memo is not None:
+                memo.put(key, ranking)
+        here.add(id(ranking))
+        rankings.append(ranking)
+        contexts.append(context)
+        kernel_plans.append(KernelPlan(kernel, info, valid[0], valid, ranking.rejected, ranking.declined,
+                                       ranking.evaluated))
+    group = _plan_group(program, kernel_plans, params, only_list, known)
     search = time.perf_counter() - start
 
     start = time.perf_counter()
     schedule = None
-    if group is not None:
-        schedule = _realize_group(program, group, compile_check, weigh)
+    if group is not None and (known is None or known.chosen is not None):  # (a twin of a refusal is refused)
+        schedule = _realize_group(program, group, compile_check, weigh, known.chosen if known is not None else None)
+    if memo is not None and group_key is not None and known is None:
+        memo.groups[group_key] = GroupRanking(group.ranked if group is not None else [],
+                                              group.rejected if group is not None else [],
+                                              group.declined if group is not None else [],
+                                              tuple(program.kernels.index(k) for k in group.kernels)
+                                              if group is not None else (),
+                                              group.evaluated if group is not None else 0,
+                                              group is None,
+                                              None if group is None or group.chosen is None else
+                                              group.ranked.index(group.chosen))
     if schedule is None and graph_only:
         return None
     if schedule is None and regions and only is None:
@@ -311,7 +342,7 @@ def _plan(program: Program, params: CostParameters, only: Sequence[str] | None, 
             return PlanResult(composed.plan, tgt, kernel_plans, search, time.perf_counter() - start,
                               dict(program.sizes), None, group, program, composed.module, seconds, parts)
     if schedule is None:
-        schedule = _realize(program, kernel_plans, compile_check, twin_of)
+        schedule = _realize(program, kernel_plans, compile_check, list(zip(rankings, contexts)))
     realize = time.perf_counter() - start
     for kp in kernel_plans:
         kp.ranked = _keep(kp.ranked, keep)
@@ -366,9 +397,20 @@ def _in_regions(program: Program, params: CostParameters, compile_check: Compile
 
 
 def _plan_group(program: Program, kernel_plans: list[KernelPlan], params: CostParameters,
-                only: Sequence[str] | None) -> GroupPlan | None:
+                only: Sequence[str] | None, known: "GroupRanking | None" = None) -> GroupPlan | None:
     """The graph-level alternative: the graph strategies' points, ranked, against the per-kernel
-    plans of the kernels they claim (None when no graph strategy was asked)."""
+    plans of the kernels they claim (None when no graph strategy was asked). `known`: the
+    ranking of a program of the same structure (Rankings.groups)."""
+    if known is not None:
+        if known.absent:
+            return None
+        claimed = tuple(program.kernels[n] for n in known.claimed)   # this program's names of those kernels
+        per_kernel = sum(kp.chosen.cost.total for kp in kernel_plans if kp.kernel in claimed)
+        # the points before the one realized (all of them when none was) as the first left them:
+        # refused, or passed over for their predicted time
+        last = len(known.ranked) if known.chosen is None else known.chosen
+        ranked = [replace(c, failed=c.failed if n < last else None) for n, c in enumerate(known.ranked)]
+        return GroupPlan(claimed, ranked, known.rejected, known.declined, per_kernel, None, known.evaluated)
     cands, declined, claimed = graph_candidates_for(program, params, only)
     if not cands and not declined:
         return None
@@ -391,19 +433,22 @@ def _strategies_order(program: Program, ranked: list[Candidate]) -> list[Candida
 
 
 def _realize_group(program: Program, group: GroupPlan, compile_check: CompileCheck | None,
-                   weigh: bool = True) -> Any:
+                   weigh: bool = True, twin: int | None = None) -> Any:
     """Realize the best graph point predicted cheaper than the per-kernel plans it replaces (any
     graph point without `weigh`), and return its Schedule; None when there is none (or every
-    such point was refused)."""
+    such point was refused). `twin`: the position of the point realized for a program of the
+    same structure, tried first and not compiled again (as `_realize` does for a kernel)."""
     from .schedule import Schedule
 
-    for cand in group.ranked:
+    order = group.ranked if twin is None else group.ranked[twin:] + group.ranked[:twin]
+    checked = order[0] if twin is not None else None
+    for cand in order:
         if weigh and cand.ranked_seconds > group.per_kernel_seconds * (1.0 + GRAPH_TIE):
             continue   # (a strategy's own order may put a cheaper point after it)
         sch = Schedule(program.args, name=program.name, lowered=program.module)
         try:
             cand.strategy.apply(sch, program, cand.point)  # type: ignore[arg-type]
-            if cand.strategy.compile_checked and compile_check is not None:
+            if cand.strategy.compile_checked and compile_check is not None and cand is not checked:
                 cand.resources = compile_check(sch, None, program.compile_arch)
         except ScheduleError as exc:
             cand.failed = str(exc).splitlines()[0]
@@ -437,33 +482,184 @@ def _keep(ranked: list[Candidate], keep: int) -> list[Candidate]:
     return out + [c for c in ranked if c.failed is not None]
 
 
-def structure(kernel: Any) -> str:
-    """A kernel's loop nest with every name replaced by its order of first appearance: kernels
-    that differ only in names (a model's layers) have the same structure, and so the same
-    candidates, costs and realizable points."""
+@dataclass
+class Ranking:
+    """The ranking of a kernel's candidates (candidates_for), shared by the kernels of one
+    structure (its twins), and the position of the point realized for the first of them, per
+    context (`_context_key`: whether the point holds may depend on more than the kernel)."""
+
+    ranked: list[Candidate]                          # valid candidates, best first
+    rejected: list[Candidate]
+    declined: list[tuple[str, str]]
+    evaluated: int
+    # context -> the position in `ranked` of the point realized, and why each point before it
+    # was not (Candidate.failed, as that realization left them)
+    chosen: dict[tuple[Any, ...], tuple[int, tuple[str | None, ...]]] = field(default_factory=dict)
+
+
+@dataclass
+class GroupRanking:
+    """The graph-level planning of a program (`_plan_group`), shared by the programs of one
+    structure: the ranked graph points and the position of the point realized, or None when
+    none was (every point refused, or none predicted cheaper than the per-kernel plans)."""
+
+    ranked: list[Candidate]
+    rejected: list[Candidate]
+    declined: list[tuple[str, str]]
+    claimed: tuple[int, ...]                         # the kernels the rewrites replace, by position
+    evaluated: int
+    absent: bool                                     # no graph strategy was asked (_plan_group gave None)
+    chosen: int | None
+
+
+class Rankings:
+    """The rankings of the kernels planned so far, by what they depend on (`_ranking_key`): the
+    kernel's structure, the Target, the sizes, the cost parameters, the strategies (registered
+    and asked) and precise math. A model's layers are kernels of one structure in many programs (the
+    parts of a plan in regions; the forward and the backward graph of the torch backend): the
+    first is ranked and realized as any kernel, the others take its ranking and try its realized
+    point first (`_realize`). One planning (`plan_program`) has its own, unless the caller shares
+    one over several (`shared_rankings`). The oldest of more than `limit` rankings are forgotten."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._found: dict[tuple[Any, ...], Ranking] = {}
+        self.groups: dict[tuple[Any, ...], GroupRanking] = {}   # by _group_key
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: tuple[Any, ...]) -> Ranking | None:
+        found = self._found.get(key)
+        if found is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return found
+
+    def put(self, key: tuple[Any, ...], ranking: Ranking) -> Ranking:
+        self._found[key] = ranking
+        while len(self._found) > self.limit:
+            del self._found[next(iter(self._found))]
+        while len(self.groups) > self.limit:
+            del self.groups[next(iter(self.groups))]
+        return ranking
+
+    def clear(self) -> None:
+        self._found.clear()
+        self.groups.clear()
+        self.hits = self.misses = 0
+
+
+_ACTIVE: ContextVar[Rankings | None] = ContextVar("tecc_planner_rankings", default=None)
+
+
+@contextmanager
+def shared_rankings(rankings: Rankings) -> Iterator[Rankings]:
+    """Plan every program inside the block with `rankings` (what the torch backend does over the
+    programs of a model, so that a layer's kernels are ranked once)."""
+    token = _ACTIVE.set(rankings)
+    try:
+        yield rankings
+    finally:
+        _ACTIVE.reset(token)
+
+
+def _ranking_key(program: Program, kernel: str, params: CostParameters, only: Sequence[str] | None) -> tuple[Any, ...]:
+    """What a kernel's ranking depends on (candidates_for of its KernelInfo)."""
+    registered = tuple(id(s) for s in strategies())
+    return (structure(program.module.kernel(kernel)), repr(program.target), tuple(sorted(program.sizes.items())),
+            repr(params), None if only is None else tuple(only), registered, knobs.precise_math())
+
+
+def _group_key(program: Program, params: CostParameters, only: Sequence[str] | None,
+               compile_check: CompileCheck | None, weigh: bool) -> tuple[Any, ...]:
+    """What a program's graph-level planning depends on: its lowered module and its arguments
+    (shapes, dtypes, strides) up to names, the Target, the sizes, the cost parameters, the
+    strategies, precise math, the compile check and its arch, and `weigh`."""
+    args = "; ".join(f"{t.shape} {t.dtype} {getattr(t.op, 'strides', None)}" for t in program.args)
+    registered = tuple(id(s) for s in graph_strategies()) + tuple(id(s) for s in strategies())
+    check = None if compile_check is None else getattr(compile_check, "__qualname__", repr(compile_check))
+    return (structure(program.module, f"{args}\n"), repr(program.target), tuple(sorted(program.sizes.items())),
+            repr(params), None if only is None else tuple(only), registered, knobs.precise_math(), check,
+            program.compile_arch, weigh, program.scatters)
+
+
+def _context_key(program: Program, kernel: str, compile_check: CompileCheck | None) -> tuple[Any, ...]:
+    """What else whether a point is realized may depend on: the roles of the kernel's parameters
+    (the program's own buffers, or temporaries), the compile check and the arch it compiles for."""
+    own = {getattr(p, "name", None) for p in program.module.params}
+    roles = tuple(getattr(p, "name", None) in own for p in program.module.kernel(kernel).params)
+    check = None if compile_check is None else getattr(compile_check, "__qualname__", repr(compile_check))
+    return (roles, check, program.compile_arch)
+
+
+def structure(kernel: Any, prefix: str = "") -> str:
+    """A kernel's loop nest (or a module's text, after `prefix`) with every name of its
+    variables, buffers and kernels replaced by its order of first appearance: kernels that
+    differ only in names (a model's layers) have the same structure, and so the same candidates,
+    costs and realizable points. Every other word (a dtype, an intrinsic such as exp or log, a
+    keyword) stays as it is, so kernels that differ in one are never the same structure."""
+    own = _names(kernel)
     names: dict[str, str] = {}
-    return _IDENTIFIER.sub(lambda m: names.setdefault(m.group(0), f"n{len(names)}"), str(kernel))
+
+    def rename(m: re.Match[str]) -> str:
+        word = m.group(0)
+        return names.setdefault(word, f"n{len(names)}") if word in own else word
+
+    return _IDENTIFIER.sub(rename, f"{prefix}{kernel}")
+
+
+def _names(root: Any) -> set[str]:
+    """The names of every variable, buffer, kernel and module reachable from an IR object."""
+    from ..ir.expr import Expr, Var, walk
+    from ..ir.stmt import Buffer, Module, PrimFunc
+
+    found: set[str] = set()
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or obj is None or isinstance(obj, (str, int, float, bool)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, Expr):
+            for n in walk(obj):
+                if isinstance(n, Var):
+                    found.add(n.name)
+                buffer = getattr(n, "buffer", None)
+                if buffer is not None:
+                    stack.append(buffer)
+            continue
+        if isinstance(obj, (tuple, list)):
+            stack.extend(obj)
+            continue
+        if isinstance(obj, (Buffer, PrimFunc, Module)):
+            found.add(obj.name)
+        if hasattr(obj, "__dataclass_fields__"):
+            stack.extend(getattr(obj, f) for f in obj.__dataclass_fields__)
+    return found
 
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _realize(program: Program, kernel_plans: list[KernelPlan], compile_check: CompileCheck | None,
-             twin_of: Sequence[int | None] | None = None) -> Any:
+             rankings: Sequence[tuple[Ranking, tuple[Any, ...]]] | None = None) -> Any:
     """Apply each kernel's best realizable candidate on one Schedule, and return it. A kernel
-    with an earlier twin (`structure`) tries the twin's chosen point first: the points ranked
-    before it were refused for the twin, and would be for the kernel; and the point is not
-    compiled again to check for spills (the same code up to names, so the same registers)."""
+    with an earlier twin (`structure`: in this program, or in an earlier one planned with the
+    same `Rankings`) tries the twin's chosen point first: the points ranked before it were refused
+    for the twin, and would be for the kernel; and the point is not compiled again to check
+    for spills (the same code up to names, so the same registers)."""
     from .schedule import Schedule
 
     sch = Schedule(program.args, name=program.name, lowered=program.module)
     for number, kp in enumerate(kernel_plans):
         failures: dict[str, int] = {}
-        twin = twin_of[number] if twin_of is not None else None
+        ranking, context = rankings[number] if rankings is not None else (None, ())
         order = list(kp.ranked)
         checked = None  # the twin's point, which ptxas already compiled without spilling
-        if twin is not None:
-            position = kernel_plans[twin].ranked.index(kernel_plans[twin].chosen)
+        position = ranking.chosen[context][0] if ranking is not None and context in ranking.chosen else None
+        if position is not None:
             order = order[position:] + order[:position]
             checked = order[0]
         for cand in order:
@@ -484,6 +680,9 @@ def _realize(program: Program, kernel_plans: list[KernelPlan], compile_check: Co
                 cand.failed = str(exc).splitlines()[0]
                 failures[cand.strategy.name] = failures.get(cand.strategy.name, 0) + 1
                 sch.rollback(before)  # as if the candidate had never been tried
+        if ranking is not None and position is None:
+            at = kp.ranked.index(kp.chosen)
+            ranking.chosen[context] = (at, tuple(c.failed for c in kp.ranked[:at]))
     return sch
 
 
@@ -562,5 +761,6 @@ def _graph_lost(group: GroupPlan) -> str:
     return "; ".join(words)
 
 
-__all__ = ["GRAPH_TIE", "SCATTER_PER_KERNEL", "Candidate", "GroupPlan", "KernelPlan", "PlanResult", "candidates_for", "graph_candidates_for",
+__all__ = ["GRAPH_TIE", "SCATTER_PER_KERNEL", "Candidate", "GroupPlan", "KernelPlan", "PlanResult", "Ranking", "Rankings",
+           "candidates_for", "graph_candidates_for", "shared_rankings",
            "plan_program", "plan_strategy", "resolve_target"]
