@@ -142,15 +142,31 @@ def _half(acc):
 
 
 class _Counts:
+    """Kernels ranked (planner.candidates_for; `in_parts`: of the programs a plan in regions
+    is made of) and compile checks (refuse_spills), counted."""
+
     def __init__(self, monkeypatch):
         self.ranked = 0
+        self.in_parts = 0
         self.checked = 0
+        self.program = ""
+        self.key: object = None
+        self.keys: list[object] = []       # the ranking key of every kernel ranked
         inner_rank = planner.candidates_for
+        inner_key = planner._ranking_key
+
+        def key(program, *args, **kwargs):
+            self.program = program.name or ""
+            self.key = inner_key(program, *args, **kwargs)
+            return self.key
 
         def ranked(*args, **kwargs):
             self.ranked += 1
+            self.in_parts += "_part" in self.program
+            self.keys.append(self.key)
             return inner_rank(*args, **kwargs)
 
+        monkeypatch.setattr(planner, "_ranking_key", key)
         monkeypatch.setattr(planner, "candidates_for", ranked)
         import importlib
 
@@ -185,3 +201,57 @@ def test_programs_sharing_rankings_rank_and_check_a_kernel_structure_once(monkey
     # without sharing, each build ranks its own kernels (as a build always has)
     tc.build(_gemm_layers(2, "c"), target="cuda", arch="sm_90")
     assert counts.ranked > ranked
+
+
+def _tiny_gpt_compile(layers: int, monkeypatch) -> tuple["_Counts", list]:
+    """Compile (and run once, forward and backward) the tiny GPT of tests/torch_models.py with
+    `layers` layers through the torch backend, its programs built for CUDA (NVRTC needs no GPU;
+    they run in the emulator on CPU tensors): (what was ranked and checked, the built programs)."""
+    torch = pytest.importorskip("torch")
+    import tecc.torch.backend as backend
+    from torch_models import GPT, batches
+
+    torch._dynamo.reset()
+    backend.RANKINGS.clear()
+    counts = _Counts(monkeypatch)
+    built: list = []
+    inner = backend.build_programs
+
+    def keep(*args, **kwargs):
+        kernels = inner(*args, **kwargs)
+        built.extend(kernels)
+        return kernels
+
+    monkeypatch.setattr(backend, "build_programs", keep)
+    monkeypatch.setattr(backend, "_target", lambda emulate: "cuda")
+    monkeypatch.setenv("TECC_BUILD_CACHE", "0")
+    torch.manual_seed(0)
+    model = GPT(attention="sdpa", layers=layers)
+    idx, targets = batches(1)[0]
+    # under bfloat16 autocast, as GPT-2 trains: the float32 residual stream's gradient is then a
+    # tensor of its own between layers (in float32 throughout, each layer's kernels would inline
+    # it through all the layers after it, and no two layers' kernels would be alike)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager = model(idx, targets)
+        loss = torch.compile(model, backend="tecc", options={"fallback": "error"})(idx, targets)
+    loss.backward()
+    torch.testing.assert_close(loss, eager, rtol=2e-2, atol=2e-2)
+    torch._dynamo.reset()
+    monkeypatch.undo()
+    return counts, built
+
+
+def test_a_models_layers_are_ranked_and_compiled_once(tmp_path, monkeypatch):
+    """Every kernel structure of the model (its forward and backward graphs, the parts they are
+    planned in) is ranked once, and every kernel NVRTC compiles is no other's twin."""
+    monkeypatch.setenv("TECC_CACHE_DIR", str(tmp_path))
+    counts, built = _tiny_gpt_compile(3, monkeypatch)
+    launched = sum(len(k.host.kernels) for k in built)
+    assert counts.in_parts > 0 and len(counts.keys) == len(set(counts.keys)), "a kernel structure was ranked twice"
+    twins = sum(1 for k in built for info in k.host.kernels if info.entry)
+    assert twins > 0 and launched > twins
+    for k in built:
+        prelude, texts = emit_parts(k.module.kernels)
+        own = [n for n, info in enumerate(k.host.kernels) if not info.entry]
+        assert [k.host.kernels[n].name for n in own] == [k.module.kernels[n].name for n in own]
+        assert twin_entries([k.module.kernels[n] for n in own], [texts[n] for n in own], prelude) == {}
