@@ -153,7 +153,7 @@ class _Counts:
         self.key: object = None
         self.keys: list[object] = []       # the ranking key of every kernel ranked
         inner_rank = planner.candidates_for
-        inner_key = planner._ranking_key
+        inner_key = planner.ranking_key
 
         def key(program, *args, **kwargs):
             self.program = program.name or ""
@@ -166,7 +166,7 @@ class _Counts:
             self.keys.append(self.key)
             return inner_rank(*args, **kwargs)
 
-        monkeypatch.setattr(planner, "_ranking_key", key)
+        monkeypatch.setattr(planner, "ranking_key", key)
         monkeypatch.setattr(planner, "candidates_for", ranked)
         import importlib
 

@@ -27,7 +27,7 @@ One planning path (docs/cost-model.md, "The planner"):
    per-kernel plans by each kernel's best point its primitives take; a point the primitives
    refuse (ScheduleError), or whose compile check finds spills, is recorded and the next is
    tried. The naive strategy (the default schedule) always succeeds, so every kernel gets a plan.
-   Kernels that differ only in names (a model's layers: `structure`) share one ranking, and a
+   Kernels that differ only in names (a model's layers: rankings.py) share one ranking, and a
    strategy refused FAILURES_PER_STRATEGY times for a kernel is not tried further there;
 6. regions: when no graph point takes the whole program, the parts that the graph strategies
    recognise (region_search.py: attention inside a model's graph, a row group) are cut out and
@@ -44,22 +44,19 @@ the rankings for `explain`.
 from __future__ import annotations
 
 import math
-import re
 import time
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..ir.errors import ScheduleError, ShapeError
 from ..ir.target import Target
 from ..ir.tensor import Tensor
 from ..passes.default_schedule import DEFAULT_THREADS
-from . import options as knobs
 from .cost.analysis import KernelInfo
 from .cost.model import DEFAULT_PARAMETERS, Cost, CostParameters, Workload, predict
 from .plan import Plan, Step
 from .program import Program, resolve_target
+from .rankings import ACTIVE, GroupRanking, Ranking, Rankings, context_key, group_key, ranking_key, shared_rankings
 from .strategies.registry import AnyStrategy, GraphStrategy, Point, Strategy, graph_strategies, strategies
 
 # A strategy whose primitives refused this many of its points for one kernel is not tried
@@ -262,12 +259,12 @@ def plan_program(args: Sequence[Tensor] | Program, target: Target | str | None =
         program = args if target is None else args.with_target(resolve_target(target))
     else:
         program = Program.of(args, name=name, target=target, sizes=sizes)
-    token = _ACTIVE.set(Rankings()) if _ACTIVE.get() is None else None  # this planning's own, else the caller's
+    token = ACTIVE.set(Rankings()) if ACTIVE.get() is None else None  # this planning's own, else the caller's
     try:
         result = _plan(program, params, only, keep, compile_check, weigh, regions, graph_only=False)
     finally:
         if token is not None:
-            _ACTIVE.reset(token)
+            ACTIVE.reset(token)
     assert result is not None
     return result
 
@@ -278,20 +275,20 @@ def _plan(program: Program, params: CostParameters, only: Sequence[str] | None, 
     tgt = program.target
     start = time.perf_counter()
     only_list = None if only is None else list(only) + ["naive"]
-    memo = _ACTIVE.get()
-    group_key = _group_key(program, params, only_list, compile_check, weigh) if memo is not None else None
-    known = memo.groups.get(group_key) if memo is not None and group_key is not None else None
+    memo = ACTIVE.get()
+    program_key = group_key(program, params, only_list, compile_check, weigh) if memo is not None else None
+    known = memo.groups.get(program_key) if memo is not None and program_key is not None else None
     if graph_only and known is not None and known.chosen is None:
         return None   # a twin of a program no graph point took
     kernel_plans: list[KernelPlan] = []
     rankings: list[Ranking] = []
-    contexts: list[tuple[Any, ...]] = []   # per kernel: where its realized point holds (_context_key)
+    contexts: list[tuple[Any, ...]] = []   # per kernel: where its realized point holds (context_key)
     here: set[int] = set()                  # the rankings of this program's kernels so far
     for kernel in program.kernels:
         info = program.info(kernel)
-        key = _ranking_key(program, kernel, params, only_list)
+        key = ranking_key(program, kernel, params, only_list)
         ranking = memo.get(key) if memo is not None else None
-        context = _context_key(program, kernel, compile_check)
+        context = context_key(program, kernel, compile_check)
         if ranking is not None:   # the same loops and accesses: the same ranking
             # the first of its structure in this program has the points before the one realized
             # for its twin as that twin's realization left them (refused, not tried), as its own
@@ -322,8 +319,8 @@ def _plan(program: Program, params: CostParameters, only: Sequence[str] | None, 
     schedule = None
     if group is not None and (known is None or known.chosen is not None):  # (a twin of a refusal is refused)
         schedule = _realize_group(program, group, compile_check, weigh, known.chosen if known is not None else None)
-    if memo is not None and group_key is not None and known is None:
-        memo.groups[group_key] = GroupRanking(group.ranked if group is not None else [],
+    if memo is not None and program_key is not None and known is None:
+        memo.groups[program_key] = GroupRanking(group.ranked if group is not None else [],
                                               group.rejected if group is not None else [],
                                               group.declined if group is not None else [],
                                               tuple(program.kernels.index(k) for k in group.kernels)
@@ -482,166 +479,6 @@ def _keep(ranked: list[Candidate], keep: int) -> list[Candidate]:
     return out + [c for c in ranked if c.failed is not None]
 
 
-@dataclass
-class Ranking:
-    """The ranking of a kernel's candidates (candidates_for), shared by the kernels of one
-    structure (its twins), and the position of the point realized for the first of them, per
-    context (`_context_key`: whether the point holds may depend on more than the kernel)."""
-
-    ranked: list[Candidate]                          # valid candidates, best first
-    rejected: list[Candidate]
-    declined: list[tuple[str, str]]
-    evaluated: int
-    # context -> the position in `ranked` of the point realized, and why each point before it
-    # was not (Candidate.failed, as that realization left them)
-    chosen: dict[tuple[Any, ...], tuple[int, tuple[str | None, ...]]] = field(default_factory=dict)
-
-
-@dataclass
-class GroupRanking:
-    """The graph-level planning of a program (`_plan_group`), shared by the programs of one
-    structure: the ranked graph points and the position of the point realized, or None when
-    none was (every point refused, or none predicted cheaper than the per-kernel plans)."""
-
-    ranked: list[Candidate]
-    rejected: list[Candidate]
-    declined: list[tuple[str, str]]
-    claimed: tuple[int, ...]                         # the kernels the rewrites replace, by position
-    evaluated: int
-    absent: bool                                     # no graph strategy was asked (_plan_group gave None)
-    chosen: int | None
-
-
-class Rankings:
-    """The rankings of the kernels planned so far, by what they depend on (`_ranking_key`): the
-    kernel's structure, the Target, the sizes, the cost parameters, the strategies (registered
-    and asked) and precise math. A model's layers are kernels of one structure in many programs (the
-    parts of a plan in regions; the forward and the backward graph of the torch backend): the
-    first is ranked and realized as any kernel, the others take its ranking and try its realized
-    point first (`_realize`). One planning (`plan_program`) has its own, unless the caller shares
-    one over several (`shared_rankings`). The oldest of more than `limit` rankings are forgotten."""
-
-    def __init__(self, limit: int = 4096) -> None:
-        self.limit = limit
-        self._found: dict[tuple[Any, ...], Ranking] = {}
-        self.groups: dict[tuple[Any, ...], GroupRanking] = {}   # by _group_key
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, key: tuple[Any, ...]) -> Ranking | None:
-        found = self._found.get(key)
-        if found is None:
-            self.misses += 1
-        else:
-            self.hits += 1
-        return found
-
-    def put(self, key: tuple[Any, ...], ranking: Ranking) -> Ranking:
-        self._found[key] = ranking
-        while len(self._found) > self.limit:
-            del self._found[next(iter(self._found))]
-        while len(self.groups) > self.limit:
-            del self.groups[next(iter(self.groups))]
-        return ranking
-
-    def clear(self) -> None:
-        self._found.clear()
-        self.groups.clear()
-        self.hits = self.misses = 0
-
-
-_ACTIVE: ContextVar[Rankings | None] = ContextVar("tecc_planner_rankings", default=None)
-
-
-@contextmanager
-def shared_rankings(rankings: Rankings) -> Iterator[Rankings]:
-    """Plan every program inside the block with `rankings` (what the torch backend does over the
-    programs of a model, so that a layer's kernels are ranked once)."""
-    token = _ACTIVE.set(rankings)
-    try:
-        yield rankings
-    finally:
-        _ACTIVE.reset(token)
-
-
-def _ranking_key(program: Program, kernel: str, params: CostParameters, only: Sequence[str] | None) -> tuple[Any, ...]:
-    """What a kernel's ranking depends on (candidates_for of its KernelInfo)."""
-    registered = tuple(id(s) for s in strategies())
-    return (structure(program.module.kernel(kernel)), repr(program.target), tuple(sorted(program.sizes.items())),
-            repr(params), None if only is None else tuple(only), registered, knobs.precise_math())
-
-
-def _group_key(program: Program, params: CostParameters, only: Sequence[str] | None,
-               compile_check: CompileCheck | None, weigh: bool) -> tuple[Any, ...]:
-    """What a program's graph-level planning depends on: its lowered module and its arguments
-    (shapes, dtypes, strides) up to names, the Target, the sizes, the cost parameters, the
-    strategies, precise math, the compile check and its arch, and `weigh`."""
-    args = "; ".join(f"{t.shape} {t.dtype} {getattr(t.op, 'strides', None)}" for t in program.args)
-    registered = tuple(id(s) for s in graph_strategies()) + tuple(id(s) for s in strategies())
-    check = None if compile_check is None else getattr(compile_check, "__qualname__", repr(compile_check))
-    return (structure(program.module, f"{args}\n"), repr(program.target), tuple(sorted(program.sizes.items())),
-            repr(params), None if only is None else tuple(only), registered, knobs.precise_math(), check,
-            program.compile_arch, weigh, program.scatters)
-
-
-def _context_key(program: Program, kernel: str, compile_check: CompileCheck | None) -> tuple[Any, ...]:
-    """What else whether a point is realized may depend on: the roles of the kernel's parameters
-    (the program's own buffers, or temporaries), the compile check and the arch it compiles for."""
-    own = {getattr(p, "name", None) for p in program.module.params}
-    roles = tuple(getattr(p, "name", None) in own for p in program.module.kernel(kernel).params)
-    check = None if compile_check is None else getattr(compile_check, "__qualname__", repr(compile_check))
-    return (roles, check, program.compile_arch)
-
-
-def structure(kernel: Any, prefix: str = "") -> str:
-    """A kernel's loop nest (or a module's text, after `prefix`) with every name of its
-    variables, buffers and kernels replaced by its order of first appearance: kernels that
-    differ only in names (a model's layers) have the same structure, and so the same candidates,
-    costs and realizable points. Every other word (a dtype, an intrinsic such as exp or log, a
-    keyword) stays as it is, so kernels that differ in one are never the same structure."""
-    own = _names(kernel)
-    names: dict[str, str] = {}
-
-    def rename(m: re.Match[str]) -> str:
-        word = m.group(0)
-        return names.setdefault(word, f"n{len(names)}") if word in own else word
-
-    return _IDENTIFIER.sub(rename, f"{prefix}{kernel}")
-
-
-def _names(root: Any) -> set[str]:
-    """The names of every variable, buffer, kernel and module reachable from an IR object."""
-    from ..ir.expr import Expr, Var, walk
-    from ..ir.stmt import Buffer, Module, PrimFunc
-
-    found: set[str] = set()
-    seen: set[int] = set()
-    stack = [root]
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen or obj is None or isinstance(obj, (str, int, float, bool)):
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, Expr):
-            for n in walk(obj):
-                if isinstance(n, Var):
-                    found.add(n.name)
-                buffer = getattr(n, "buffer", None)
-                if buffer is not None:
-                    stack.append(buffer)
-            continue
-        if isinstance(obj, (tuple, list)):
-            stack.extend(obj)
-            continue
-        if isinstance(obj, (Buffer, PrimFunc, Module)):
-            found.add(obj.name)
-        if hasattr(obj, "__dataclass_fields__"):
-            stack.extend(getattr(obj, f) for f in obj.__dataclass_fields__)
-    return found
-
-
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
 
 def _realize(program: Program, kernel_plans: list[KernelPlan], compile_check: CompileCheck | None,
              rankings: Sequence[tuple[Ranking, tuple[Any, ...]]] | None = None) -> Any:
@@ -761,6 +598,6 @@ def _graph_lost(group: GroupPlan) -> str:
     return "; ".join(words)
 
 
-__all__ = ["GRAPH_TIE", "SCATTER_PER_KERNEL", "Candidate", "GroupPlan", "KernelPlan", "PlanResult", "Ranking", "Rankings",
+__all__ = ["GRAPH_TIE", "SCATTER_PER_KERNEL", "Candidate", "GroupPlan", "KernelPlan", "PlanResult", "Rankings",
            "candidates_for", "graph_candidates_for", "shared_rankings",
            "plan_program", "plan_strategy", "resolve_target"]
