@@ -255,3 +255,32 @@ def test_a_models_layers_are_ranked_and_compiled_once(tmp_path, monkeypatch):
         own = [n for n, info in enumerate(k.host.kernels) if not info.entry]
         assert [k.host.kernels[n].name for n in own] == [k.module.kernels[n].name for n in own]
         assert twin_entries([k.module.kernels[n] for n in own], [texts[n] for n in own], prelude) == {}
+
+
+@pytest.mark.gpu
+def test_twin_kernels_run_on_the_gpu_through_their_first_kernels_function():
+    from tecc.runtime.cuda import cuda_available
+
+    if not cuda_available():
+        pytest.skip("needs a CUDA GPU")
+    count = 3
+    args = _layers(count)
+    k = tc.build(args, target="cuda")
+    assert sum(1 for info in k.host.kernels if info.entry) == count - 1
+    arrays = _fresh(args, np.random.default_rng(1))
+    k(*arrays)   # NumPy arrays: copied in, run, copied back
+    for n, (x, y) in enumerate(zip(arrays[: count + 1], arrays[count + 1:])):
+        x64 = x.astype(np.float64)
+        expected = (np.log(x64) if n == count else np.exp(x64)) * 0.5 + x64
+        np.testing.assert_allclose(y, expected, rtol=2e-6, atol=1e-6)
+    # and saved, then loaded by the runtime alone
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        loaded = load(k.save(f"{folder}/twins"))
+        again = _fresh(args, np.random.default_rng(2))
+        loaded(*again)
+        for n, (x, y) in enumerate(zip(again[: count + 1], again[count + 1:])):
+            x64 = x.astype(np.float64)
+            expected = (np.log(x64) if n == count else np.exp(x64)) * 0.5 + x64
+            np.testing.assert_allclose(y, expected, rtol=2e-6, atol=1e-6)
