@@ -1,6 +1,6 @@
 """Where `torch.compile(model, backend="tecc")` spends its compile time, on the CPU (no GPU).
 
-    python benchmarks/compile_profile.py                     # GPT-2 small, 2 layers, SDPA, sm_90
+    python benchmarks/compile_profile.py                     # GPT-2 small, 2 layers, SDPA
     python benchmarks/compile_profile.py --layers 12 --top 40
     python benchmarks/compile_profile.py --layers 2 --profile /tmp/gpt2.prof --graphs forward
     python benchmarks/compile_profile.py --layers 12 --second-process   # then the disk-cache hit
@@ -12,7 +12,9 @@ is allocated or run at the real sizes, on CPU tensors (a CPU-only torch cannot t
 tensors through autograd): the graphs differ from the GPU's only in the attention op (the CPU's
 `_scaled_dot_product_flash_attention_for_cpu`, which lowers to the same attention program) and
 in autocast's CPU op lists. Each graph is then compiled as the backend compiles it
-(tecc/torch/backend.py `compile_graph`), for target "cuda" (NVRTC runs here) and --arch:
+(tecc/torch/backend.py `compile_graph`), for target "cuda" (NVRTC runs here) and --arch (default:
+as the backend, the live GPU's, else sm_90's reference part; on a GPU machine the planning is
+then the real compile's):
 `plan_graph` (lowering), `tc.build` of each program, `assemble`, and the store into the disk
 cache. Printed per graph: seconds per phase, with `tc.build`'s split (lowering, planning,
 scheduling, the fixed passes, emitting CUDA C, NVRTC), and the top cProfile entries over the
@@ -118,7 +120,7 @@ class Phases:
             self.add(name, time.perf_counter() - start)
 
 
-def compile_for_cuda(gm: Any, name: str, arch: str, phases: Phases) -> Any:
+def compile_for_cuda(gm: Any, name: str, arch: str | None, phases: Phases) -> Any:
     """compile_graph's steps (backend.py) with the programs built for target "cuda"."""
     from tecc.torch import backend, cache
     from tecc.torch.graph import plan_graph
@@ -145,7 +147,7 @@ def compile_for_cuda(gm: Any, name: str, arch: str, phases: Phases) -> Any:
     return report
 
 
-def _key_options(arch: str) -> dict[str, Any]:
+def _key_options(arch: str | None) -> dict[str, Any]:
     return {"fallback": "aten", "arch": arch, "deterministic": False}
 
 
@@ -249,7 +251,7 @@ def first_compile(args: argparse.Namespace) -> None:
 def second_process(args: argparse.Namespace) -> None:
     """A new process: capture again, then key, load and finish each graph as backend.py does."""
     command = [sys.executable, __file__, "--child-load", "--layers", str(args.layers), "--attention", args.attention,
-               "--arch", args.arch, "--graphs", *args.graphs]
+               *(["--arch", args.arch] if args.arch else []), "--graphs", *args.graphs]
     done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ))
     print(done.stdout, end="")
     if done.returncode != 0:
@@ -295,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--attention", choices=("sdpa", "masked"), default="sdpa")
-    p.add_argument("--arch", default="sm_90")
+    p.add_argument("--arch", default=None, help="e.g. sm_90 (default: the live GPU's, else sm_90)")
     p.add_argument("--graphs", nargs="+", choices=("forward", "backward"), default=["forward", "backward"])
     p.add_argument("--top", type=int, default=0, help="print the top N cProfile entries (cumulative and own time)")
     p.add_argument("--profile", default=None, help="write the cProfile of the compile to this file")
