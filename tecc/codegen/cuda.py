@@ -535,6 +535,13 @@ def used_intrinsics(funcs: Sequence[PrimFunc]) -> set[str]:
 def emit_source(funcs: Sequence[PrimFunc]) -> str:
     """One CUDA C translation unit holding every kernel of `funcs`: headers, then the device
     helpers the kernels call (each once; `cuda_expr.device_helpers`), then the kernels."""
+    prelude, kernels = emit_parts(funcs)
+    return prelude + "".join("\n" + k for k in kernels)
+
+
+def emit_parts(funcs: Sequence[PrimFunc]) -> tuple[str, list[str]]:
+    """`emit_source` in its parts: the prelude (headers and device helpers) and each kernel's
+    text, in the order of `funcs`."""
     names = [f.name for f in funcs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -550,7 +557,5 @@ def emit_source(funcs: Sequence[PrimFunc]) -> str:
     if helpers:
         text += "\n" + "".join(helpers)
     codes = site_codes(index_check_sites(funcs))
-    for f in funcs:
-        text += "\n" + emit_kernel(f, codes)
-    return text
+    return text, [emit_kernel(f, codes) for f in funcs]
 

@@ -14,11 +14,13 @@ and `NN+1_<module>.ptx`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any, Sequence
 
-from ..codegen import KernelResources, default_arch, dynamic_shared_bytes, emit_source
+from ..codegen import (KernelResources, default_arch, distinct_source, dynamic_shared_bytes, emit_parts, emit_source,
+                       twin_entries)
 from ..ir.errors import ScheduleError, TeccError
 from ..ir.stmt import Module
 from ..ir.tensor import Tensor
@@ -129,21 +131,30 @@ def compile_module(module: Module, plan: Plan, target: str, *, arch: str | None,
                    dumper: DumpIR | None, timing: PassTiming) -> Kernel:
     """Step 3: CUDA C from the final loop IR, then NVRTC (target "cuda"), as a Kernel."""
     start = time.perf_counter()
-    source = emit_source(module.kernels)
+    prelude, texts = emit_parts(module.kernels)
+    source = prelude + "".join("\n" + t for t in texts)
+    # kernels that are an earlier kernel's code up to names (a model's layers) are compiled once
+    # and launched under their own names (codegen/twins.py)
+    twins = twin_entries(module.kernels, texts, prelude) if target == "cuda" else {}
     timing.seconds.append(("emit_cuda", time.perf_counter() - start))
     if dumper is not None:
         dumper.write("cuda.cu", source)
 
     # a kernel with over 48 KiB of shared buffers declares them dynamic: the launch passes the size
     dynamic = {k.name: dynamic_shared_bytes(k) for k in module.kernels}
-    host = HostProgram.from_module(module, {k: v for k, v in dynamic.items() if v > 0})
+    host = HostProgram.from_module(module, {k: v for k, v in dynamic.items() if v > 0}).with_entries(twins)
     kernel = Kernel(module=module, host=host, source=source, plan=plan, target=target, timing=timing)
     kernel.build_arch = arch
     if target == "cuda":
         the_arch = arch or knobs.default_arch_override() or default_arch()
         start = time.perf_counter()
-        compiled, cached = compile_cached(source, arch=the_arch, name=module.name, options=tuple(options))
+        compiled, cached = compile_cached(distinct_source(prelude, module.kernels, texts, twins) if twins else source,
+                                          arch=the_arch, name=module.name, options=tuple(options))
         timing.seconds.append(("nvrtc (cache hit)" if cached else "nvrtc", time.perf_counter() - start))
+        if twins:  # a twin's ptxas report is its entry's
+            resources = dict(compiled.resources)
+            resources.update({k: resources[e] for k, e in twins.items() if e in resources})
+            compiled = dataclasses.replace(compiled, resources=resources)
         kernel.attach_binary(compiled, tuple(options))
         if dumper is not None:
             dumper.write(f"{module.name}.ptx", compiled.ptx)

@@ -27,7 +27,7 @@ One planning path (docs/cost-model.md, "The planner"):
    per-kernel plans by each kernel's best point its primitives take; a point the primitives
    refuse (ScheduleError), or whose compile check finds spills, is recorded and the next is
    tried. The naive strategy (the default schedule) always succeeds, so every kernel gets a plan.
-   Kernels that differ only in names (a model's layers: `structure`) share one ranking, and a
+   Kernels that differ only in names (a model's layers: rankings.py) share one ranking, and a
    strategy refused FAILURES_PER_STRATEGY times for a kernel is not tried further there;
 6. regions: when no graph point takes the whole program, the parts that the graph strategies
    recognise (region_search.py: attention inside a model's graph, a row group) are cut out and
@@ -44,7 +44,6 @@ the rankings for `explain`.
 from __future__ import annotations
 
 import math
-import re
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
@@ -57,6 +56,7 @@ from .cost.analysis import KernelInfo
 from .cost.model import DEFAULT_PARAMETERS, Cost, CostParameters, Workload, predict
 from .plan import Plan, Step
 from .program import Program, resolve_target
+from .rankings import ACTIVE, GroupRanking, Ranking, Rankings, context_key, group_key, ranking_key, shared_rankings
 from .strategies.registry import AnyStrategy, GraphStrategy, Point, Strategy, graph_strategies, strategies
 
 # A strategy whose primitives refused this many of its points for one kernel is not tried
@@ -259,7 +259,12 @@ def plan_program(args: Sequence[Tensor] | Program, target: Target | str | None =
         program = args if target is None else args.with_target(resolve_target(target))
     else:
         program = Program.of(args, name=name, target=target, sizes=sizes)
-    result = _plan(program, params, only, keep, compile_check, weigh, regions, graph_only=False)
+    token = ACTIVE.set(Rankings()) if ACTIVE.get() is None else None  # this planning's own, else the caller's
+    try:
+        result = _plan(program, params, only, keep, compile_check, weigh, regions, graph_only=False)
+    finally:
+        if token is not None:
+            ACTIVE.reset(token)
     assert result is not None
     return result
 
@@ -270,18 +275,26 @@ def _plan(program: Program, params: CostParameters, only: Sequence[str] | None, 
     tgt = program.target
     start = time.perf_counter()
     only_list = None if only is None else list(only) + ["naive"]
+    memo = ACTIVE.get()
+    program_key = group_key(program, params, only_list, compile_check, weigh) if memo is not None else None
+    known = memo.groups.get(program_key) if memo is not None and program_key is not None else None
+    if graph_only and known is not None and known.chosen is None:
+        return None   # a twin of a program no graph point took
     kernel_plans: list[KernelPlan] = []
-    twins: dict[str, int] = {}           # a kernel's structure -> the first kernel planned with it
-    twin_of: list[int | None] = []
+    rankings: list[Ranking] = []
+    contexts: list[tuple[Any, ...]] = []   # per kernel: where its realized point holds (context_key)
+    here: set[int] = set()                  # the rankings of this program's kernels so far
     for kernel in program.kernels:
         info = program.info(kernel)
-        key = structure(program.module.kernel(kernel))
-        first = twins.setdefault(key, len(kernel_plans))
-        if first != len(kernel_plans):   # the same loops and accesses: the same ranking
-            seen = kernel_plans[first]
-            valid = [replace(c, failed=None) for c in seen.ranked]
-            rejected, declined, evaluated = seen.rejected, seen.declined, seen.evaluated
-            twin_of.append(first)
+        key = ranking_key(program, kernel, params, only_list)
+        ranking = memo.get(key) if memo is not None else None
+        context = context_key(program, kernel, compile_check)
+        if ranking is not None:   # the same loops and accesses: the same ranking
+            # the first of its structure in this program has the points before the one realized
+            # for its twin as that twin's realization left them (refused, not tried), as its own
+            # would; a later one in this program clears them (it tries its twin's point first)
+            _, failed = ranking.chosen.get(context, (0, ())) if id(ranking) not in here else (0, ())
+            valid = [replace(c, failed=failed[n] if n < len(failed) else None) for n, c in enumerate(ranking.ranked)]
         else:
             cands, declined = candidates_for(info, tgt, params, only_list)
             valid = sorted((c for c in cands if c.cost.ok), key=_rank_key)
@@ -291,16 +304,31 @@ def _plan(program: Program, params: CostParameters, only: Sequence[str] | None, 
                 # output is estimated past 255 registers): the naive schedule still builds, and
                 # ptxas spills what does not fit
                 valid = sorted((c for c in rejected if c.strategy.uses_default_schedule), key=_rank_key)[:1]
-            evaluated = len(cands)
-            twin_of.append(None)
-        kernel_plans.append(KernelPlan(kernel, info, valid[0], valid, rejected, declined, evaluated))
-    group = _plan_group(program, kernel_plans, params, only_list)
+            ranking = Ranking(valid, rejected, declined, len(cands))
+            if memo is not None:
+                memo.put(key, ranking)
+        here.add(id(ranking))
+        rankings.append(ranking)
+        contexts.append(context)
+        kernel_plans.append(KernelPlan(kernel, info, valid[0], valid, ranking.rejected, ranking.declined,
+                                       ranking.evaluated))
+    group = _plan_group(program, kernel_plans, params, only_list, known)
     search = time.perf_counter() - start
 
     start = time.perf_counter()
     schedule = None
-    if group is not None:
-        schedule = _realize_group(program, group, compile_check, weigh)
+    if group is not None and (known is None or known.chosen is not None):  # (a twin of a refusal is refused)
+        schedule = _realize_group(program, group, compile_check, weigh, known.chosen if known is not None else None)
+    if memo is not None and program_key is not None and known is None:
+        memo.groups[program_key] = GroupRanking(group.ranked if group is not None else [],
+                                              group.rejected if group is not None else [],
+                                              group.declined if group is not None else [],
+                                              tuple(program.kernels.index(k) for k in group.kernels)
+                                              if group is not None else (),
+                                              group.evaluated if group is not None else 0,
+                                              group is None,
+                                              None if group is None or group.chosen is None else
+                                              group.ranked.index(group.chosen))
     if schedule is None and graph_only:
         return None
     if schedule is None and regions and only is None:
@@ -311,7 +339,7 @@ def _plan(program: Program, params: CostParameters, only: Sequence[str] | None, 
             return PlanResult(composed.plan, tgt, kernel_plans, search, time.perf_counter() - start,
                               dict(program.sizes), None, group, program, composed.module, seconds, parts)
     if schedule is None:
-        schedule = _realize(program, kernel_plans, compile_check, twin_of)
+        schedule = _realize(program, kernel_plans, compile_check, list(zip(rankings, contexts)))
     realize = time.perf_counter() - start
     for kp in kernel_plans:
         kp.ranked = _keep(kp.ranked, keep)
@@ -366,9 +394,20 @@ def _in_regions(program: Program, params: CostParameters, compile_check: Compile
 
 
 def _plan_group(program: Program, kernel_plans: list[KernelPlan], params: CostParameters,
-                only: Sequence[str] | None) -> GroupPlan | None:
+                only: Sequence[str] | None, known: "GroupRanking | None" = None) -> GroupPlan | None:
     """The graph-level alternative: the graph strategies' points, ranked, against the per-kernel
-    plans of the kernels they claim (None when no graph strategy was asked)."""
+    plans of the kernels they claim (None when no graph strategy was asked). `known`: the
+    ranking of a program of the same structure (Rankings.groups)."""
+    if known is not None:
+        if known.absent:
+            return None
+        claimed = tuple(program.kernels[n] for n in known.claimed)   # this program's names of those kernels
+        per_kernel = sum(kp.chosen.cost.total for kp in kernel_plans if kp.kernel in claimed)
+        # the points before the one realized (all of them when none was) as the first left them:
+        # refused, or passed over for their predicted time
+        last = len(known.ranked) if known.chosen is None else known.chosen
+        ranked = [replace(c, failed=c.failed if n < last else None) for n, c in enumerate(known.ranked)]
+        return GroupPlan(claimed, ranked, known.rejected, known.declined, per_kernel, None, known.evaluated)
     cands, declined, claimed = graph_candidates_for(program, params, only)
     if not cands and not declined:
         return None
@@ -391,19 +430,22 @@ def _strategies_order(program: Program, ranked: list[Candidate]) -> list[Candida
 
 
 def _realize_group(program: Program, group: GroupPlan, compile_check: CompileCheck | None,
-                   weigh: bool = True) -> Any:
+                   weigh: bool = True, twin: int | None = None) -> Any:
     """Realize the best graph point predicted cheaper than the per-kernel plans it replaces (any
     graph point without `weigh`), and return its Schedule; None when there is none (or every
-    such point was refused)."""
+    such point was refused). `twin`: the position of the point realized for a program of the
+    same structure, tried first and not compiled again (as `_realize` does for a kernel)."""
     from .schedule import Schedule
 
-    for cand in group.ranked:
+    order = group.ranked if twin is None else group.ranked[twin:] + group.ranked[:twin]
+    checked = order[0] if twin is not None else None
+    for cand in order:
         if weigh and cand.ranked_seconds > group.per_kernel_seconds * (1.0 + GRAPH_TIE):
             continue   # (a strategy's own order may put a cheaper point after it)
         sch = Schedule(program.args, name=program.name, lowered=program.module)
         try:
             cand.strategy.apply(sch, program, cand.point)  # type: ignore[arg-type]
-            if cand.strategy.compile_checked and compile_check is not None:
+            if cand.strategy.compile_checked and compile_check is not None and cand is not checked:
                 cand.resources = compile_check(sch, None, program.compile_arch)
         except ScheduleError as exc:
             cand.failed = str(exc).splitlines()[0]
@@ -437,33 +479,24 @@ def _keep(ranked: list[Candidate], keep: int) -> list[Candidate]:
     return out + [c for c in ranked if c.failed is not None]
 
 
-def structure(kernel: Any) -> str:
-    """A kernel's loop nest with every name replaced by its order of first appearance: kernels
-    that differ only in names (a model's layers) have the same structure, and so the same
-    candidates, costs and realizable points."""
-    names: dict[str, str] = {}
-    return _IDENTIFIER.sub(lambda m: names.setdefault(m.group(0), f"n{len(names)}"), str(kernel))
-
-
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
 
 def _realize(program: Program, kernel_plans: list[KernelPlan], compile_check: CompileCheck | None,
-             twin_of: Sequence[int | None] | None = None) -> Any:
+             rankings: Sequence[tuple[Ranking, tuple[Any, ...]]] | None = None) -> Any:
     """Apply each kernel's best realizable candidate on one Schedule, and return it. A kernel
-    with an earlier twin (`structure`) tries the twin's chosen point first: the points ranked
-    before it were refused for the twin, and would be for the kernel; and the point is not
-    compiled again to check for spills (the same code up to names, so the same registers)."""
+    with an earlier twin (`structure`: in this program, or in an earlier one planned with the
+    same `Rankings`) tries the twin's chosen point first: the points ranked before it were refused
+    for the twin, and would be for the kernel; and the point is not compiled again to check
+    for spills (the same code up to names, so the same registers)."""
     from .schedule import Schedule
 
     sch = Schedule(program.args, name=program.name, lowered=program.module)
     for number, kp in enumerate(kernel_plans):
         failures: dict[str, int] = {}
-        twin = twin_of[number] if twin_of is not None else None
+        ranking, context = rankings[number] if rankings is not None else (None, ())
         order = list(kp.ranked)
         checked = None  # the twin's point, which ptxas already compiled without spilling
-        if twin is not None:
-            position = kernel_plans[twin].ranked.index(kernel_plans[twin].chosen)
+        position = ranking.chosen[context][0] if ranking is not None and context in ranking.chosen else None
+        if position is not None:
             order = order[position:] + order[:position]
             checked = order[0]
         for cand in order:
@@ -484,6 +517,9 @@ def _realize(program: Program, kernel_plans: list[KernelPlan], compile_check: Co
                 cand.failed = str(exc).splitlines()[0]
                 failures[cand.strategy.name] = failures.get(cand.strategy.name, 0) + 1
                 sch.rollback(before)  # as if the candidate had never been tried
+        if ranking is not None and position is None:
+            at = kp.ranked.index(kp.chosen)
+            ranking.chosen[context] = (at, tuple(c.failed for c in kp.ranked[:at]))
     return sch
 
 
@@ -562,5 +598,6 @@ def _graph_lost(group: GroupPlan) -> str:
     return "; ".join(words)
 
 
-__all__ = ["GRAPH_TIE", "SCATTER_PER_KERNEL", "Candidate", "GroupPlan", "KernelPlan", "PlanResult", "candidates_for", "graph_candidates_for",
+__all__ = ["GRAPH_TIE", "SCATTER_PER_KERNEL", "Candidate", "GroupPlan", "KernelPlan", "PlanResult", "Rankings",
+           "candidates_for", "graph_candidates_for", "shared_rankings",
            "plan_program", "plan_strategy", "resolve_target"]

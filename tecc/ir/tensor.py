@@ -14,6 +14,7 @@ import inspect
 import itertools
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable, Sequence, Union
 
 from . import dtype as dt
@@ -62,7 +63,9 @@ class ComputeOp:
     axes: tuple[IterVar, ...]
     body: Expr
 
-    @property
+    # the body never changes: what is read off it is computed once (the region search asks
+    # every stage of a model's program many times)
+    @cached_property
     def input_tensors(self) -> tuple["Tensor", ...]:
         seen: dict[int, Tensor] = {}
         for n in walk(self.body):
@@ -72,7 +75,7 @@ class ComputeOp:
                 continue
         return tuple(seen.values())
 
-    @property
+    @cached_property
     def reductions(self) -> tuple[Reduce, ...]:
         return tuple(n for n in walk(self.body) if isinstance(n, Reduce))
 

@@ -8,8 +8,8 @@ An artifact is four files next to each other (`path` is the stem; `load("out/axp
     path.ptx    the PTX, optional (kept as text for inspection)
     path.cu     the CUDA C the cubin was compiled from, optional (kept as text)
 
-Manifest, version 1, 2, 3 or 4 (docs/runtime.md, "Artifacts", is the reference; MANIFEST_VERSION
-says what 2, 3 and 4 add):
+Manifest, version 1, 2, 3, 4 or 5 (docs/runtime.md, "Artifacts", is the reference; MANIFEST_VERSION
+says what 2, 3, 4 and 5 add):
 
     {"format": "tecc-artifact", "version": 1,
      "entry": <module name, = host["name"]>, "arch": "sm_90",
@@ -51,10 +51,13 @@ MANIFEST_FORMAT = "tecc-artifact"
 #      the runtime encodes at each launch from the arrays, tensor_map.py), which an older reader
 #      would ignore and launch the kernel without;
 #   4  a tensor map may carry "merge" (runs of the array's dimensions it sees as one), which a
-#      version-3 reader would ignore and encode a map of the wrong rank.
+#      version-3 reader would ignore and encode a map of the wrong rank;
+#   5  a kernel in host["kernels"] may carry "entry": the cubin's function that runs it, another
+#      kernel's whose code is its own up to names, compiled once (tecc/codegen/twins.py); an
+#      older reader would look for a function of the kernel's own name, which the cubin lacks.
 # A manifest is written with the lowest version that holds it (`manifest_version`), so a
 # kernel with no such temporary stays loadable by version-1 runtimes.
-MANIFEST_VERSION = 4
+MANIFEST_VERSION = 5
 REQUIRED_KEYS = ("format", "version", "entry", "arch", "host", "kernels", "plan", "versions", "options",
                  "source_sha256")
 VERSION_KEYS = ("tecc", "nvrtc", "cuda_core")
@@ -105,6 +108,8 @@ def cubin_runs_on(arch: str, compute_capability: tuple[int, int]) -> bool:
 
 def manifest_version(host: HostProgram) -> int:
     """The lowest format version that holds `host` (see MANIFEST_VERSION)."""
+    if any(k.entry for k in host.kernels):
+        return 5
     if any(m.merge for k in host.kernels for m in k.tensor_maps):
         return 4
     if any(k.tensor_maps for k in host.kernels):
@@ -165,8 +170,8 @@ def validate_manifest(manifest: Any, where: str = "manifest") -> HostProgram:
     if listed != expected:
         raise ArtifactError(f"{where}: 'kernels' lists {listed} but the host program has kernels {expected}")
     if version < manifest_version(host):
-        raise ArtifactError(f"{where}: format version {version} cannot hold a zero_init temporary "
-                            f"(version {manifest_version(host)} and up)")
+        raise ArtifactError(f"{where}: format version {version} cannot hold this host program (a zero_init "
+                            f"temporary, tensor maps or a kernel's entry need version {manifest_version(host)} and up)")
     return host
 
 

@@ -176,7 +176,7 @@ class CudaExecutor:
         self.kernels: dict[str, Any] = {}
         self._max_threads: dict[str, int] = {}
         for info in host.kernels:
-            kernel = self._load_kernel(info.name)
+            kernel = self._load_kernel(info.function)
             self.kernels[info.name] = kernel
             self._max_threads[info.name] = int(_kernel_attribute(kernel, "max_threads_per_block"))
             if info.dynamic_smem > 0:

@@ -12,6 +12,7 @@ dimension.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -46,6 +47,14 @@ class KernelInfo:
     dynamic_smem: int = 0
     # by-value tensor maps after `params`, in this order (tensor_map.py; TMA copies)
     tensor_maps: tuple[TensorMapSpec, ...] = ()
+    # the cubin's function that runs this kernel: "" for its own; another kernel's name when
+    # the code is that kernel's up to names, compiled once (tecc/codegen/twins.py)
+    entry: str = ""
+
+    @property
+    def function(self) -> str:
+        """The name of the cubin's function that runs this kernel."""
+        return self.entry or self.name
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,13 @@ class HostProgram:
         return HostProgram(module.name, module.params, module.temps, tuple(kernels), calls, outputs,
                            index_check_sites(module.kernels))
 
+    def with_entries(self, entries: Mapping[str, str]) -> "HostProgram":
+        """The program with kernel `k` run by the cubin's function `entries[k]` (KernelInfo.entry)."""
+        if not entries:
+            return self
+        kernels = tuple(dataclasses.replace(k, entry=entries.get(k.name, k.entry)) for k in self.kernels)
+        return dataclasses.replace(self, kernels=kernels)
+
     # ---- manifest JSON ------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         return {
@@ -121,6 +137,7 @@ class HostProgram:
                     "block": list(k.block),
                     "dynamic_smem": k.dynamic_smem,
                     **({"tensor_maps": [m.to_json() for m in k.tensor_maps]} if k.tensor_maps else {}),
+                    **({"entry": k.entry} if k.entry else {}),
                 }
                 for k in self.kernels
             ],
@@ -142,6 +159,7 @@ class HostProgram:
                 tuple(k["block"]),  # type: ignore[arg-type]
                 k.get("dynamic_smem", 0),
                 tuple(TensorMapSpec.from_json(m) for m in k.get("tensor_maps", ())),
+                str(k.get("entry", "")),
             )
             for k in j["kernels"]
         )

@@ -32,6 +32,7 @@ import torch
 from torch.fx import GraphModule
 
 from ..compiler import build
+from ..compiler.planner import Rankings, shared_rankings
 from ..ir.errors import TeccError
 from . import cache
 from .decompositions import decomposition_table
@@ -79,6 +80,11 @@ class Options:
 
 
 _graphs = itertools.count()
+
+# the planner's rankings of every kernel this process compiled for a graph: a model's layers
+# (and its forward and backward graphs) share kernels of one structure, ranked and realized once
+# (planner.Rankings)
+RANKINGS = Rankings()
 
 
 def tecc_backend(gm: GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None,
@@ -170,11 +176,7 @@ def compile_graph(gm: GraphModule, example_inputs: Sequence[Any], opts: Options,
     plan = plan_graph(gm, name, sizes, _bound_symbols(gm))
     if opts.fallback == "error":
         _refuse_fallbacks(plan)
-    kernels = []
-    for seg in plan.segments:
-        dump = f"{opts.dump_ir}/{name}/{seg.name}" if opts.dump_ir else None
-        kernels.append(build(seg.args, target=target, name=seg.name, arch=opts.arch, dump_ir=dump,
-                             deterministic=deterministic))
+    kernels = build_programs(plan, target, opts, deterministic)
     compiled: CompiledGraph = assemble(plan, kernels, emulate)
     report = GraphReport.of(plan, kernels, time.perf_counter() - start)
     compiled.report = report
@@ -189,6 +191,18 @@ def compile_graph(gm: GraphModule, example_inputs: Sequence[Any], opts: Options,
     if key is not None:
         cache.store(key, compiled, kernels, report)
     return _with_constants(_finished(compiled, opts, emulate, bool(sizes.vars)), constants)
+
+
+def build_programs(plan: GraphPlan, target: str, opts: Options, deterministic: bool) -> list[Any]:
+    """`tc.build` of each program of the graph, the planner's rankings shared with every graph
+    this process compiled (`RANKINGS`)."""
+    kernels = []
+    with shared_rankings(RANKINGS):
+        for seg in plan.segments:
+            dump = f"{opts.dump_ir}/{plan.name}/{seg.name}" if opts.dump_ir else None
+            kernels.append(build(seg.args, target=target, name=seg.name, arch=opts.arch, dump_ir=dump,
+                                 deterministic=deterministic))
+    return kernels
 
 
 def lift_constants(gm: GraphModule) -> list[torch.Tensor]:
