@@ -40,7 +40,23 @@ def _step(run, opt, idx, targets) -> None:
     opt.zero_grad(set_to_none=True)
 
 
-def profile(label: str, run, model, data, warmup: int, top: int) -> None:
+def host_profile(label: str, run, opt, data, top: int) -> None:
+    """The host's time per step by Python function (cProfile over the steps, each synchronized):
+    what the CPU does between launches when the GPU waits."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    for idx, targets in data:
+        prof.enable()
+        _step(run, opt, idx, targets)
+        prof.disable()
+        torch.cuda.synchronize()
+    print(f"\n### {label}: host time by function over {len(data)} step(s) (cProfile, tottime)")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
+def profile(label: str, run, model, data, warmup: int, top: int, host: int = 0) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for idx, targets in data[:warmup]:
         _step(run, opt, idx, targets)
@@ -69,6 +85,8 @@ def profile(label: str, run, model, data, warmup: int, top: int) -> None:
     for name, durations in rows[: top or None]:
         total = sum(durations) / steps / 1e3
         print(f"| {total:.3f} | {len(durations) / steps:.0f} | {statistics.mean(durations):.1f} | {name[:110]} |")
+    if host:
+        host_profile(label, run, opt, timed, host)
 
 
 def main() -> None:
@@ -81,6 +99,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--host", type=int, default=0, help="also the host's top N Python functions by time (cProfile)")
     args = p.parse_args()
     vocab, width, heads, context, batch = 50304, 768, 12, 1024, 8
     torch.manual_seed(0)
@@ -104,7 +123,7 @@ def main() -> None:
             run = torch.compile(model, backend="tecc", options={"fallback": "aten", **options})
         label = backend + (f" {options}" if options else "")
         try:
-            profile(label, run, model, data, args.warmup, args.top)
+            profile(label, run, model, data, args.warmup, args.top, args.host)
         except Exception as exc:  # noqa: BLE001 - one failing backend is reported, the others still run
             print(f"\n## {label}: failed: {type(exc).__name__}: {str(exc)[:300]}")
         del model, run

@@ -619,3 +619,45 @@ def test_an_allocating_hit_still_rechecks_alignment(full_path, faketorch):
     assert stub.call_allocating((shifted, TorchLike(np.ones(64, np.float32)))) is None
     with pytest.raises(TeccError, match="align"):
         kernel(shifted, TorchLike(np.ones(64, np.float32)))
+
+
+def test_a_tma_map_of_a_followed_stream_temporary_is_cached_and_reencoded_for_its_pointer(full_path, faketorch,
+                                                                                           monkeypatch):
+    """A program whose GEMM reads an intermediate (a temporary) by TMA, as a model graph's GEMMs
+    read the graph's intermediates: its calls are cached like any other (they were not, and every
+    call took the full path), and each hit encodes the temporary's map for the temporary's pointer
+    of that call (taken from the followed torch stream)."""
+    import tecc as tc
+
+    M, K, N = 256, 128, 256
+    X = tc.placeholder((M, K), "bfloat16", name="X")
+    W = tc.placeholder((N, K), "bfloat16", name="W")
+    r, k = tc.reduce_axis(K, name="r"), tc.reduce_axis(K, name="k")
+    s = tc.compute((M,), lambda i: tc.sum(tc.cast(X[i, r], "float32"), axis=r), name="s")
+    T = tc.compute((M, K), lambda i, c: tc.cast(tc.cast(X[i, c], "float32") / (s[i] + 1.0), "bfloat16"), name="T")
+    C = tc.compute((M, N), lambda i, j: tc.cast(tc.sum(tc.cast(T[i, k], "float32") * tc.cast(W[j, k], "float32"),
+                                                       axis=k), "bfloat16"), name="C")
+    host = tc.build([X, W, C], target="cuda", arch="sm_90").host
+    assert any(m.param == "T" for kern in host.kernels for m in kern.tensor_maps), "the GEMM reads T by TMA"
+    uint8 = FakeTorchDtype("uint8")
+    monkeypatch.setitem(TORCH_DTYPES, np.dtype(np.uint8), uint8)
+    faketorch.uint8 = uint8
+    f = StubExecutor(host)
+    f.follows_producer = True
+    f._stream_ptr = 0x5EED
+    f._home_stream = (f.stream, 0x5EED)
+    monkeypatch.setattr(StubExecutor, "_use_stream", lambda self, handle: None)
+    monkeypatch.setattr(StubExecutor, "_tensor_map", lambda self, spec, ptr, shape, strides: ("map", spec.param, ptr))
+    bf16 = ml_dtypes.bfloat16
+    args = [TorchLike(np.ones((M, K), bf16)), TorchLike(np.ones((N, K), bf16)), TorchLike(np.zeros((M, N), bf16))]
+    f(*args)
+    assert full_path["binds"] == 1 and len(f._calls) == 1, "the call with a temporary's tensor map is cached"
+    f._stream_temps.clear()  # the next call's temporaries come from the allocator afresh: new pointers
+    f(*args)
+    assert full_path["binds"] == 1, "a hit binds nothing"
+    launches = f.submitted[-len(host.kernels):]
+    t_map = next(p for _, _, _, params in launches for p in params if isinstance(p, tuple) and p[1] == "T")
+    t_ptr = f._stream_temps[(0x5EED, "T")][0]
+    assert t_map == ("map", "T", t_ptr), "the map is encoded for this call's temporary"
+    writer = next(params for kern, _, _, params in launches if kern == "<kernel T_kernel>")
+    assert t_ptr in writer, "the kernel writing T and the GEMM's map see the same temporary"

@@ -48,7 +48,7 @@ from .streams import (CU_STREAM_LEGACY, FOLLOWED_STREAMS, LEGACY_DEFAULT_STREAMS
 from .tensor_map import EncodedTensorMap, TensorMapSpec, encode_arguments, encode_tensor_map, prepare_packed
 
 # Encoded tensor maps an executor keeps (a map per array pointer and shape; cleared when full).
-TENSOR_MAP_CACHE = 256
+TENSOR_MAP_CACHE = 4096
 PACKED_LAUNCHES = 256  # packed parameter blocks of tensor-map launches kept per executor
 
 # Dynamic shared memory a kernel may use per block without opting in: 48 KiB on every

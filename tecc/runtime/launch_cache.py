@@ -160,12 +160,11 @@ def cached_call(host: HostProgram, kernels: Mapping[str, Any], keys: Keys, ptrs:
     """What the launch cache keeps of a call the full path has just checked and launched
     (`launched`: (planned launch, grid, block, parameters) each; `per_call_temps`: None, or the
     followed argument's position and each temporary's (name, bytes, zero_init)), or None when
-    it must not be cached: a key that does not say what the full path read, or a tensor map of
-    a temporary (its pointer is the allocator's, not a key's)."""
+    it must not be cached: a key that does not say what the full path read. A tensor map of a
+    temporary is re-encoded for each hit's pointer of a followed-stream temporary (as the
+    arguments' maps are); an executor-owned temporary keeps its buffer (a new one clears the
+    cache), so its map stays as the full path encoded it."""
     has_tensor_maps = any(k.tensor_maps for k in host.kernels)
-    if has_tensor_maps and any(slot.kind == "tensor_map" and slot.index < 0
-                               for planned, *_ in launched for slot in planned.slots):
-        return None
     if not all(arrays.key_agrees(key, ptr, arg) for key, ptr, arg in zip(keys, ptrs, prepared)):
         return None
     producer_streams: list[Callable[[int], int]] = []
@@ -204,8 +203,10 @@ def _cached_launch(host: HostProgram, kernels: Mapping[str, Any], planned: Plann
     slots = tuple((pos, slot.index) for pos, slot in enumerate(planned.slots) if slot.kind == "array")
     slots += tuple((pos, temp_slot[slot.name]) for pos, slot in enumerate(planned.slots)
                    if slot.kind == "temp" and slot.name in temp_slot)
-    maps = tuple((pos, slot.index, slot.map, *tensor_map_geometry(host, slot.name, env))
-                 for pos, slot in enumerate(planned.slots) if slot.kind == "tensor_map")
+    maps = tuple((pos, slot.index if slot.index >= 0 else temp_slot[slot.name], slot.map,
+                  *tensor_map_geometry(host, slot.name, env))
+                 for pos, slot in enumerate(planned.slots)
+                 if slot.kind == "tensor_map" and (slot.index >= 0 or slot.name in temp_slot))
     template = list(params)
     for pos, *_ in slots + maps:
         template[pos] = None
