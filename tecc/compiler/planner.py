@@ -46,18 +46,19 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..ir.errors import ScheduleError, ShapeError
 from ..ir.target import Target
 from ..ir.tensor import Tensor
 from ..passes.default_schedule import DEFAULT_THREADS
 from .cost.analysis import KernelInfo
-from .cost.model import DEFAULT_PARAMETERS, Cost, CostParameters, Workload, predict
+from .candidate import Candidate, CompileCheck
+from .cost.model import DEFAULT_PARAMETERS, CostParameters, predict
 from .plan import Plan, Step
 from .program import Program, resolve_target
 from .rankings import ACTIVE, GroupRanking, Ranking, Rankings, context_key, group_key, ranking_key, shared_rankings
-from .strategies.registry import AnyStrategy, GraphStrategy, Point, Strategy, graph_strategies, strategies
+from .strategies.registry import GraphStrategy, Strategy, graph_strategies, strategies
 
 # A strategy whose primitives refused this many of its points for one kernel is not tried
 # further there: the refusals that recur are the program's, not the point's (a loop whose
@@ -82,38 +83,6 @@ GRAPH_TIE = 0.05
 # program.
 SCATTER_PER_KERNEL = ("the program scatters (tc.scatter_add) and the build is not deterministic: its stages are "
                       "planned per kernel (atomics, scatter_atomic, against the masked sum)")
-
-# (scheduled program, kernel name or None for every kernel, arch) -> ptxas's report per kernel
-# (or None), or ScheduleError to pass over the point
-CompileCheck = Callable[[Any, "str | None", str], "Mapping[str, Any] | None"]
-
-
-@dataclass
-class Candidate:
-    """One (strategy, point) with its workload and predicted cost: of one kernel for a per-kernel
-    strategy, of the kernels it replaces for a graph strategy."""
-
-    strategy: AnyStrategy
-    point: Point
-    workload: Workload
-    cost: Cost
-    failed: str | None = None          # why the schedule primitives (or the compile check) refused it
-    resources: Mapping[str, Any] | None = None   # ptxas's report of a compile-checked graph point
-
-    @property
-    def label(self) -> str:
-        return self.strategy.describe(self.point)
-
-    @property
-    def ok(self) -> bool:
-        return self.cost.ok and self.failed is None
-
-    @property
-    def ranked_seconds(self) -> float:
-        """The time the point is ranked at: predicted, over a graph strategy's margin."""
-        margin = self.strategy.margin if isinstance(self.strategy, GraphStrategy) else 1.0
-        return self.cost.total / margin
-
 
 @dataclass
 class KernelPlan:

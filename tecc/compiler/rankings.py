@@ -24,15 +24,13 @@ import re
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from . import options as knobs
+from .candidate import Candidate, CompileCheck
 from .cost.model import CostParameters
 from .program import Program
 from .strategies.registry import graph_strategies, strategies
-
-if TYPE_CHECKING:
-    from .planner import Candidate, CompileCheck
 
 
 @dataclass
