@@ -160,4 +160,4 @@ def test_the_training_examples_annotations_name_public_tecc_types() -> None:
     y = tc.compute((3,), lambda i: module.gelu(x[i]), name="y")
     v = np.random.default_rng().standard_normal(3).astype(np.float32)
     want = 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3)))
-    np.testing.assert_allclose(tc.build([x, y], target="sim")(v), want, rtol=1e-6)
+    np.testing.assert_allclose(tc.build([x, y], target="sim")(v), want, rtol=1e-5, atol=1e-6)  # float32 near gelu's cancellation (1 + tanh -> 0)
