@@ -39,7 +39,7 @@ from tecc.ir import dtype as dt
 from tecc.ir.dtype import DType
 from tecc.ir.descriptor import DESCRIPTOR_ALIGNMENT
 from tecc.ir.errors import CompileError
-from tecc.ir.expr import Binary, Call, Expr, Var, const_int, free_vars, walk
+from tecc.ir.expr import Binary, Call, Expr, Var, const_int, const_product, free_vars, walk
 from tecc.ir.philox import RandomUniform
 from tecc.ir.stmt import (
     Allocate,
@@ -141,13 +141,8 @@ def needs_64bit_indexing(buffer: Buffer) -> bool:
     extents = buffer.shape + (buffer.strides or ())
     if any(e.dtype == dt.int64 or any(v.dtype == dt.int64 for v in free_vars(e)) for e in extents):
         return True
-    count = 1
-    for s in buffer.shape:
-        value = const_int(s)
-        if value is None:
-            return False
-        count *= value
-    return count >= INT32_LIMIT
+    count = const_product(buffer.shape)
+    return count is not None and count >= INT32_LIMIT
 
 
 def _stmt_exprs(s: Stmt) -> list[Expr]:

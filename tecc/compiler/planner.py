@@ -246,7 +246,7 @@ def _plan(program: Program, params: CostParameters, only: Sequence[str] | None, 
     only_list = None if only is None else list(only) + ["naive"]
     memo = ACTIVE.get()
     program_key = group_key(program, params, only_list, compile_check, weigh) if memo is not None else None
-    known = memo.groups.get(program_key) if memo is not None and program_key is not None else None
+    known = memo.groups.get(program_key) if memo is not None else None
     if graph_only and known is not None and known.chosen is None:
         return None   # a twin of a program no graph point took
     kernel_plans: list[KernelPlan] = []
@@ -288,16 +288,8 @@ def _plan(program: Program, params: CostParameters, only: Sequence[str] | None, 
     schedule = None
     if group is not None and (known is None or known.chosen is not None):  # (a twin of a refusal is refused)
         schedule = _realize_group(program, group, compile_check, weigh, known.chosen if known is not None else None)
-    if memo is not None and program_key is not None and known is None:
-        memo.groups[program_key] = GroupRanking(group.ranked if group is not None else [],
-                                              group.rejected if group is not None else [],
-                                              group.declined if group is not None else [],
-                                              tuple(program.kernels.index(k) for k in group.kernels)
-                                              if group is not None else (),
-                                              group.evaluated if group is not None else 0,
-                                              group is None,
-                                              None if group is None or group.chosen is None else
-                                              group.ranked.index(group.chosen))
+    if memo is not None and known is None:
+        memo.groups[program_key] = _group_ranking(program, group)
     if schedule is None and graph_only:
         return None
     if schedule is None and regions and only is None:
@@ -360,6 +352,16 @@ def _in_regions(program: Program, params: CostParameters, compile_check: Compile
     if composed is None:
         return None
     return composed, [taken[id(m)] for m in composed.parts if id(m) in taken]
+
+
+def _group_ranking(program: Program, group: GroupPlan | None) -> GroupRanking:
+    """What Rankings.groups keeps of a program's graph-level planning (`group`: None when no
+    graph strategy was asked) for the programs of its structure."""
+    if group is None:
+        return GroupRanking([], [], [], (), 0, absent=True, chosen=None)
+    return GroupRanking(group.ranked, group.rejected, group.declined,
+                        tuple(program.kernels.index(k) for k in group.kernels), group.evaluated, absent=False,
+                        chosen=None if group.chosen is None else group.ranked.index(group.chosen))
 
 
 def _plan_group(program: Program, kernel_plans: list[KernelPlan], params: CostParameters,

@@ -129,10 +129,9 @@ def group_key(program: Program, params: CostParameters, only: Sequence[str] | No
     strategies, precise math, the compile check and its arch, and `weigh`."""
     args = "; ".join(f"{t.shape} {t.dtype} {getattr(t.op, 'strides', None)}" for t in program.args)
     registered = tuple(id(s) for s in graph_strategies()) + tuple(id(s) for s in strategies())
-    check = None if compile_check is None else getattr(compile_check, "__qualname__", repr(compile_check))
     return (structure(program.module, f"{args}\n"), repr(program.target), tuple(sorted(program.sizes.items())),
-            repr(params), None if only is None else tuple(only), registered, knobs.precise_math(), check,
-            program.compile_arch, weigh, program.scatters)
+            repr(params), None if only is None else tuple(only), registered, knobs.precise_math(),
+            _check_name(compile_check), program.compile_arch, weigh, program.scatters)
 
 
 def context_key(program: Program, kernel: str, compile_check: CompileCheck | None) -> tuple[Any, ...]:
@@ -140,8 +139,12 @@ def context_key(program: Program, kernel: str, compile_check: CompileCheck | Non
     (the program's own buffers, or temporaries), the compile check and the arch it compiles for."""
     own = {getattr(p, "name", None) for p in program.module.params}
     roles = tuple(getattr(p, "name", None) in own for p in program.module.kernel(kernel).params)
-    check = None if compile_check is None else getattr(compile_check, "__qualname__", repr(compile_check))
-    return (roles, check, program.compile_arch)
+    return (roles, _check_name(compile_check), program.compile_arch)
+
+
+def _check_name(compile_check: CompileCheck | None) -> str | None:
+    """A compile check as a key holds it: its qualified name (the checks are module functions)."""
+    return None if compile_check is None else getattr(compile_check, "__qualname__", repr(compile_check))
 
 
 def structure(kernel: Any, prefix: str = "") -> str:

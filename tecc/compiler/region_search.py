@@ -84,6 +84,7 @@ class _Stages:
         self.order = list(self.prog.stages)
         self.index = {id(t): n for n, t in enumerate(self.order)}
         self._through: dict[int, set[int]] = {}
+        self._reducing: dict[int, tuple[Tensor, ...]] = {}
         self.reads: dict[int, set[int]] = {id(t): self._reads_of(t) for t in self.order}
         self.readers: dict[int, set[int]] = {id(t): set() for t in self.order}
         for t in self.order:
@@ -112,16 +113,21 @@ class _Stages:
             hit = self._through[id(t)] = self._reads_of(t)
         return hit
 
-    def reducing(self, t: Tensor) -> list[Tensor]:
+    def reducing(self, t: Tensor) -> tuple[Tensor, ...]:
         """The computes of stage `t` that reduce: itself, and those inlined into it (a
-        contraction or a sum inlined into its cast: `float(mm)[i, j]`)."""
+        contraction or a sum inlined into its cast: `float(mm)[i, j]`); found once per stage
+        (the region search asks for every stage of every candidate region)."""
+        hit = self._reducing.get(id(t))
+        if hit is not None:
+            return hit
         op = t.op
         assert isinstance(op, ComputeOp)
         found = [t] if op.reductions else []
         for n in walk(op.body):
             if isinstance(n, TensorRead) and n.tensor in self.prog.inlined and isinstance(n.tensor.op, ComputeOp):
                 found += [u for u in self.reducing(n.tensor) if u not in found]
-        return found
+        self._reducing[id(t)] = tuple(found)
+        return self._reducing[id(t)]
 
     def reductions(self, t: Tensor) -> tuple[Reduce, ...]:
         """The reductions stage `t` computes, its own and those inlined into it (`reducing`)."""

@@ -84,6 +84,18 @@ def size_product(extents: Sequence[Expr]) -> Expr:
     return total
 
 
+def const_product(extents: Sequence[ExprLike]) -> int | None:
+    """The product of sizes that are all integer constants, or None when one is not (a symbolic
+    size): a shape's static element count."""
+    total = 1
+    for e in extents:
+        c = const_int(e)
+        if c is None:
+            return None
+        total *= c
+    return total
+
+
 def to_shape(shape: Sequence[ExprLike] | ExprLike) -> tuple[Expr, ...]:
     """Normalize a shape given as ints / integer expressions."""
     dims: Sequence[ExprLike] = (shape,) if isinstance(shape, (int, float, Expr)) else shape
@@ -109,6 +121,6 @@ __all__ = [
     "ExprLike", "FLOAT_INTRINSICS", "INTRINSICS", "IterVar", "MEMORY_INTRINSICS", "Not", "OPAQUE_INTRINSICS",
     "REDUCERS", "Reduce",
     "ReduceAxis", "Select", "TensorRead", "Var", "WARP_INTRINSICS", "as_expr", "atomic_add", "binary", "call",
-    "cast", "compare", "const_int", "free_vars", "index_expr", "load_cg", "logical_and", "opaque", "reduce_identity",
+    "cast", "compare", "const_int", "const_product", "free_vars", "index_expr", "load_cg", "logical_and", "opaque", "reduce_identity",
     "select", "size_product", "substitute", "thread_fence", "to_shape", "walk", "warp_shuffle",
 ]

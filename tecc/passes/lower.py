@@ -39,7 +39,7 @@ from ..ir.expr import (
     Var,
     binary,
     cast,
-    const_int,
+    const_product,
     free_vars,
     logical_and,
     reduce_identity,
@@ -228,15 +228,16 @@ def _plain(t: Tensor) -> bool:
 
 def _reads_statistics(prog: Program, t: Tensor, elementwise: set[Tensor]) -> bool:
     """Whether t reads, directly or through elementwise computes, a reduction of fewer elements."""
-    size = _elements(t)
-    return any(isinstance(s.op, ComputeOp) and s.op.reductions and (size is None or _elements(s) != size)
-               for s in _beyond(prog.graph.predecessors, t, elementwise))
+    size = const_product(t.shape)
+    return any(isinstance(s.op, ComputeOp) and s.op.reductions and (size is None or const_product(s.shape) != size)
+               for s in _beyond(prog.graph.predecessors, t, elementwise.__contains__))
 
 
 def _beyond(neighbours: Callable[[Tensor], Iterable[Tensor]], t: Tensor,
-            through: set[Tensor] | frozenset[Tensor]) -> Iterator[Tensor]:
+            through: Callable[[Tensor], bool]) -> Iterator[Tensor]:
     """The tensors reached from t along `neighbours` (the program graph's predecessors or
-    successors), passing through the tensors of `through` to the first one not in it, each once."""
+    successors), passing through the tensors `through` accepts to the first one it does not,
+    each once."""
     seen: set[int] = set()
     frontier = list(neighbours(t))
     while frontier:
@@ -244,50 +245,28 @@ def _beyond(neighbours: Callable[[Tensor], Iterable[Tensor]], t: Tensor,
         if id(s) in seen:
             continue
         seen.add(id(s))
-        if s in through:
+        if through(s):
             frontier.extend(neighbours(s))
         else:
             yield s
-
-
-def _elements(t: Tensor) -> int | None:
-    n = 1
-    for d in t.shape:
-        k = const_int(d)
-        if k is None:
-            return None
-        n *= k
-    return n
 
 
 def _selects_tensors(t: Tensor) -> bool:
     op = t.op
     if not isinstance(op, ComputeOp):
         return False
-    for n in walk(op.body):
-        if isinstance(n, Select):
-            sides = [{id(r.tensor) for r in walk(x) if isinstance(r, TensorRead)} for x in (n.a, n.b)]
-            if sides[0] and sides[1] and sides[0] != sides[1]:
-                return True
-    return False
+    return any(isinstance(n, Select) and _read_different_tensors(n.a, n.b) for n in walk(op.body))
 
 
 def _reaches_contraction(prog: Program, t: Tensor, elementwise: set[Tensor], views_only: bool = False) -> bool:
     """Whether `t` reaches a stage summing products through elementwise computes only (with
     `views_only`: through views and widening conversions; a narrowing copy on the way is the
     stage narrowed_operands keeps, where the value is stored)."""
-    seen: set[int] = set()
-    frontier = list(prog.graph.successors(t))
-    while frontier:
-        s = frontier.pop()
-        if id(s) in seen:
-            continue
-        seen.add(id(s))
-        if s in elementwise and (not views_only or (_plain(s) and not _narrowing_copy(s))):
-            frontier.extend(prog.graph.successors(s))
-        elif _sums_products(s) and (not views_only or _multiplies_two_tensors(s)):
-            return True
-    return False
+    def through(s: Tensor) -> bool:
+        return s in elementwise and (not views_only or (_plain(s) and not _narrowing_copy(s)))
+
+    return any(_sums_products(s) and (not views_only or _multiplies_two_tensors(s))
+               for s in _beyond(prog.graph.successors, t, through))
 
 
 def _multiplies_two_tensors(t: Tensor) -> bool:
@@ -295,13 +274,14 @@ def _multiplies_two_tensors(t: Tensor) -> bool:
     convolution; not a sum of squares)."""
     op = t.op
     assert isinstance(op, ComputeOp)
-    for r in op.reductions:
-        for n in walk(r.source):
-            if isinstance(n, Binary) and n.op == "*":
-                sides = [{id(x.tensor) for x in walk(e) if isinstance(x, TensorRead)} for e in (n.a, n.b)]
-                if sides[0] and sides[1] and sides[0] != sides[1]:
-                    return True
-    return False
+    return any(isinstance(n, Binary) and n.op == "*" and _read_different_tensors(n.a, n.b)
+               for r in op.reductions for n in walk(r.source))
+
+
+def _read_different_tensors(a: Expr, b: Expr) -> bool:
+    """Whether `a` and `b` both read tensors, and not the same ones."""
+    sides = [{id(r.tensor) for r in walk(x) if isinstance(r, TensorRead)} for x in (a, b)]
+    return bool(sides[0]) and bool(sides[1]) and sides[0] != sides[1]
 
 
 def _narrowing_copy(t: Tensor) -> bool:
@@ -350,7 +330,7 @@ def epilogue_consumer(prog: Program, t: Tensor, inlined: frozenset[Tensor]) -> T
 
 def _stages_reached(prog: Program, t: Tensor, inlined: frozenset[Tensor]) -> list[Tensor]:
     """The stages that read `t`, directly or through inlined computes."""
-    return list(_beyond(prog.graph.successors, t, inlined))
+    return list(_beyond(prog.graph.successors, t, inlined.__contains__))
 
 
 def _reads_through(e: Expr, t: Tensor, inlined: frozenset[Tensor], found: list[tuple[Expr, ...]]

@@ -51,7 +51,7 @@ from typing import Any, Sequence
 
 from ...ir.errors import ScheduleError
 from ...ir.evaluate import evaluate_int
-from ...ir.expr import Expr, TensorRead, Var, const_int, free_vars, walk
+from ...ir.expr import Expr, TensorRead, Var, const_int, const_product, free_vars, walk
 from ...ir.tensor import Tensor
 from ...ir.target import Target
 from ...passes.rewrite.fuse_rows import (COLUMN_KERNEL_REGISTERS, ROW_KERNEL_REGISTERS, SM_REGISTERS, SM_THREADS, fuse_rows,
@@ -290,7 +290,7 @@ def _choice(tensors: Sequence[Tensor], target: Target) -> RowFusedChoice | str:
     if stages > 1 and fused >= unfused:
         return f"fused, the rows would move {fused:.0f} B/row, no fewer than the {unfused:.0f} B/row of the stage kernels"
     rows_per_block, priced = 1, ""
-    n_rows = _const_rows(group)
+    n_rows = const_product(group.rows)
     if cache == "registers" and columns is not None and n_rows is not None:
         arrays = max(len(row_inputs), 1)
         rows_per_block, priced = choose_rows_per_block(n_rows, columns, itemsize, vector, threads, arrays,
@@ -397,7 +397,7 @@ def _column_choice(group: Any, tgt: Target) -> RowFusedChoice | str:
     where, into, resident, words, smem = next(f for f in fits if f[2] == best)
     prefetch = into is not None
     row_blocks = tgt.sm_count * resident
-    n_rows = _const_rows(group)
+    n_rows = const_product(group.rows)
     if n_rows is not None:
         row_blocks = max(1, min(row_blocks, n_rows))
         row_blocks = -(-n_rows // -(-n_rows // row_blocks))  # as many rows per block, fewer blocks
@@ -486,16 +486,6 @@ def _column_point(columns: int, vector: int, arrays: int, target_elements: int) 
         return None
     threads = next((t for t in fits if -(-columns // (t * vector)) * vector <= target_elements), fits[-1])
     return threads, -(-columns // (threads * vector)) * vector
-
-
-def _const_rows(group: Any) -> int | None:
-    n = 1
-    for e in group.rows:
-        c = const_int(e)
-        if c is None:
-            return None
-        n *= c
-    return n
 
 
 # a warp per row is taken over the one-block-per-row point only when predicted this much faster:

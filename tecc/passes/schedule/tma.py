@@ -67,7 +67,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ...ir.expr import Const, Expr, Var, const_int, size_product
+from ...ir.expr import Const, Expr, Var, const_int, const_product, size_product
 from ...ir.stmt import Buffer
 from ...ir.tma_stmt import MAX_RANK, TMA_ALIGN
 from ..simplify import linear_form
@@ -155,12 +155,9 @@ def tma_dims(buffer: Buffer, indices: Sequence[Expr], groups: Mapping[str, Seque
 def _chain_refusal(buffer: Buffer, d: int, inner: Sequence[Axis]) -> str | None:
     """Why dimension d of `buffer` and the next, whose index runs over the axes `inner`, cannot
     be one dimension of a tensor map (their strides do not chain), or None."""
-    run = 1
-    for _, e in inner:
-        n = const_int(e)
-        if n is None:
-            return f"its dimensions {d} and {d + 1} are merged over axes of symbolic extent"
-        run *= n
+    run = const_product([e for _, e in inner])
+    if run is None:
+        return f"its dimensions {d} and {d + 1} are merged over axes of symbolic extent"
     size = const_int(buffer.shape[d + 1])
     if size != run:
         return (f"its dimension {d + 1} has {buffer.shape[d + 1]} elements, not the {run} its axes take: the merged "
