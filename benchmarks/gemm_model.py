@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gemm_small import candidates, device_us, plan_of  # noqa: E402  (benchmarks/gemm_small.py)
+from gemm_small import best_per_strategy, candidates, device_us, timed_rows  # noqa: E402  (benchmarks/gemm_small.py)
 
 T, C, V = 8192, 768, 50304
 # name -> (M, N, K, layout): layout "nt" C = A[M,K] B[N,K]^T, "nn" A[M,K] B[K,N], "tn" A[K,M]^T B[K,N]
@@ -78,8 +78,6 @@ def program(m: int, n: int, k: int, layout: str, views: bool = False) -> list[An
 def rows_for(name: str, reps: int, target: Any, views: bool = False) -> list[dict[str, Any]]:
     import torch
 
-    import tecc as tc
-
     m, n, k, layout = GEMMS[name]
     args = program(m, n, k, layout, views)
     res, ranked = candidates(args, target)
@@ -94,27 +92,10 @@ def rows_for(name: str, reps: int, target: Any, views: bool = False) -> list[dic
     # tecc's arguments: the same storage, [BATCH, T / BATCH, C] where the program reads a view
     a_arg, b_arg = (x.view(viewed(tuple(x.shape), True)) if views else x for x in (a, b))
     pick = res.kernels[0].chosen
-    runs: list[tuple[str, Any, Any]] = [("plan", res.plan, pick)]
-    for strategy in ("gemm_wgmma", "gemm_tensor_core"):
-        best = next((x for x in ranked if x.strategy.name == strategy), None)
-        if best is not None and (best.strategy is not pick.strategy or best.point != pick.point):
-            runs.append((f"best {strategy}", None, best))
+    runs = [("plan", res.plan, pick)] + best_per_strategy(pick, ranked, ("gemm_wgmma", "gemm_tensor_core"))
     shape = f"{name} {m}x{n}x{k} {layout}" + (" views" if views else "")
-    rows: list[dict[str, Any]] = [{"shape": shape, "what": "cuBLAS", "device_us": t_cublas}]
-    for what, plan, cand in runs:
-        try:
-            kern = tc.build(args, plan=plan if plan is not None else plan_of(args, cand.strategy, cand.point))
-            out.fill_(float("nan"))
-            kern(a_arg, b_arg, out)
-            torch.cuda.synchronize()
-            err = float((out.double() - ref).abs().max() / ref.abs().max())
-            t = device_us(lambda: kern(a_arg, b_arg, out), reps)
-        except Exception as exc:  # noqa: BLE001 - report and go on
-            rows.append({"shape": shape, "what": what, "error": f"{type(exc).__name__}: {exc}"[:300]})
-            continue
-        rows.append({"shape": shape, "what": what, "plan": cand.label, "predicted_us": cand.cost.total * 1e6,
-                     "device_us": t, "ratio": t_cublas / t, "rel_err": err})
-    return rows
+    return [{"shape": shape, "what": "cuBLAS", "device_us": t_cublas}] + timed_rows(shape, runs, args, (a_arg, b_arg),
+                                                                                    out, ref, t_cublas, reps)
 
 
 def main() -> None:

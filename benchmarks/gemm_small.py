@@ -39,7 +39,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -107,6 +107,45 @@ def plan_of(args: list[Any], strategy: Any, point: dict[str, Any]) -> Any:
     return sch.plan
 
 
+def best_per_strategy(pick: Any, ranked: list[Any], names: Sequence[str]) -> list[tuple[str, Any, Any]]:
+    """("best NAME", None, candidate) for each strategy in `names` whose best-predicted point in
+    `ranked` is not the planner's `pick`: the runs timed beside the plan."""
+    runs = []
+    for strategy in names:
+        best = next((x for x in ranked if x.strategy.name == strategy), None)
+        if best is not None and (best.strategy is not pick.strategy or best.point != pick.point):
+            runs.append((f"best {strategy}", None, best))
+    return runs
+
+
+def timed_rows(shape: str, runs: list[tuple[str, Any, Any]], args: list[Any], inputs: Sequence[Any], out: Any,
+               ref: Any, t_ref: float, reps: int) -> list[dict[str, Any]]:
+    """A row per run (what, plan or None, candidate): built (the plan, else the candidate's
+    point), run on `inputs` into NaN-poisoned `out`, checked against the float64 `ref` (the
+    worst element's error relative to the largest) and timed by device time, with t_ref / t as
+    its ratio; a run that fails is a row with its error."""
+    import torch
+
+    import tecc as tc
+
+    rows: list[dict[str, Any]] = []
+    for what, plan, cand in runs:
+        try:
+            kern = tc.build(args, plan=plan if plan is not None else plan_of(args, cand.strategy, cand.point))
+            out.fill_(float("nan"))
+            kern(*inputs, out)
+            torch.cuda.synchronize()
+            err = float((out.double() - ref).abs().max() / ref.abs().max())
+            t = device_us(lambda: kern(*inputs, out), reps)
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            rows.append({"shape": shape, "what": what, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            continue
+        rows.append({"shape": shape, "what": what, "plan": cand.label, "point": dict(cand.point),
+                     "predicted_us": cand.cost.total * 1e6, "device_us": t, "ratio": t_ref / t, "rel_err": err,
+                     "resources": str(getattr(kern, "resources", ""))})
+    return rows
+
+
 def fixed_cost_row(batch: int, m: int, n: int, cand: Any, reps: int, shape: str) -> dict[str, Any]:
     """The device time of `cand`'s point (split dropped) on M x N x 64: one k tile."""
     import torch
@@ -126,8 +165,6 @@ def fixed_cost_row(batch: int, m: int, n: int, cand: Any, reps: int, shape: str)
 
 def gemm_rows(batch: int, m: int, n: int, k: int, reps: int, target: Any, fixed: bool = False) -> list[dict[str, Any]]:
     import torch
-
-    import tecc as tc
 
     shape = f"{batch}x{m}x{n}x{k}" if batch > 1 else f"{m}x{n}x{k}"
     args = matmul_tensors(batch, m, n, k, "float16")
@@ -151,20 +188,7 @@ def gemm_rows(batch: int, m: int, n: int, k: int, reps: int, target: Any, fixed:
         if extra is not None and extra.point != pick.point:
             runs.append((what, None, extra))
     rows = [{"shape": shape, "what": "cuBLAS", "device_us": t_cublas}]
-    for what, plan, cand in runs:
-        try:
-            kern = tc.build(args, plan=plan if plan is not None else plan_of(args, cand.strategy, cand.point))
-            c.fill_(float("nan"))
-            kern(a, b, c)
-            torch.cuda.synchronize()
-            err = float((c.double() - ref).abs().max() / ref.abs().max())
-            t = device_us(lambda: kern(a, b, c), reps)
-        except Exception as exc:  # noqa: BLE001 - report and go on
-            rows.append({"shape": shape, "what": what, "error": f"{type(exc).__name__}: {exc}"[:300]})
-            continue
-        rows.append({"shape": shape, "what": what, "plan": cand.label, "point": dict(cand.point),
-                     "predicted_us": cand.cost.total * 1e6, "device_us": t, "ratio": t_cublas / t, "rel_err": err,
-                     "resources": str(getattr(kern, "resources", ""))})
+    rows += timed_rows(shape, runs, args, (a, b), c, ref, t_cublas, reps)
     if fixed and pick.strategy.name.startswith("gemm_wgmma"):
         rows.append(fixed_cost_row(batch, m, n, pick, reps, shape))
     return rows
@@ -174,7 +198,6 @@ def conv_rows(reps: int, target: Any) -> list[dict[str, Any]]:
     import torch
     import torch.nn.functional as F
 
-    import tecc as tc
     from conv import conv_tensors
 
     n, h, w, c, f, r, stride = CONV
@@ -190,27 +213,9 @@ def conv_rows(reps: int, target: Any) -> list[dict[str, Any]]:
     t_cudnn = device_us(lambda: F.conv2d(x_cl, w_cl), reps)
     layer = f"{n}x{h}x{w}x{c}->{f} 1x1"
     pick = res.kernels[0].chosen
-    runs: list[tuple[str, Any, Any]] = [("plan", res.plan, pick)]
-    for strategy in ("gemm_tensor_core", "gemm_wgmma"):
-        best = next((x for x in ranked if x.strategy.name == strategy), None)
-        if best is not None and (best.strategy is not pick.strategy or best.point != pick.point):
-            runs.append((f"best {strategy}", None, best))
-    rows = [{"shape": layer, "what": "cuDNN", "device_us": t_cudnn}]
-    for what, plan, cand in runs:
-        try:
-            kern = tc.build(args, plan=plan if plan is not None else plan_of(args, cand.strategy, cand.point))
-            y.fill_(float("nan"))
-            kern(x, w_tecc, y)
-            torch.cuda.synchronize()
-            err = float((y.double() - ref).abs().max() / ref.abs().max())
-            t = device_us(lambda: kern(x, w_tecc, y), reps)
-        except Exception as exc:  # noqa: BLE001
-            rows.append({"shape": layer, "what": what, "error": f"{type(exc).__name__}: {exc}"[:300]})
-            continue
-        rows.append({"shape": layer, "what": what, "plan": cand.label, "point": dict(cand.point),
-                     "predicted_us": cand.cost.total * 1e6, "device_us": t, "ratio": t_cudnn / t, "rel_err": err,
-                     "resources": str(getattr(kern, "resources", ""))})
-    return rows
+    runs = [("plan", res.plan, pick)] + best_per_strategy(pick, ranked, ("gemm_tensor_core", "gemm_wgmma"))
+    return [{"shape": layer, "what": "cuDNN", "device_us": t_cudnn}] + timed_rows(layer, runs, args, (x, w_tecc), y,
+                                                                                 ref, t_cudnn, reps)
 
 
 def main() -> None:
