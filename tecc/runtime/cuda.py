@@ -17,6 +17,7 @@ A call with device arrays only is remembered under its arguments' layout key (th
 docs/runtime.md "Repeated calls"): a later call with the same key skips steps 1-2 and relaunches
 the cached launches for the new data pointers, after re-checking their alignment and overlap and
 ordering the stream after the producers' (torch's current stream, for tensors read by attribute).
+A hit whose exact pointers were seen before replays the call as one CUDA graph (graphs.py).
 What is remembered and re-checked is launch_cache.py's; which stream a call runs on, streams.py's.
 
 Kernel ABI (docs/runtime.md, "Kernel ABI"): a kernel's parameters are `KernelInfo.params` in
@@ -36,7 +37,7 @@ from typing import Any, Callable, Sequence
 
 from ..ir.errors import DeviceError, LaunchError, ResourceError
 from ..ir.expr import Var
-from . import arrays, index_errors
+from . import arrays, graphs, index_errors
 from .arrays import Argument
 from .host import HostProgram, KernelInfo, resolve_launch, temp_bytes
 from .launch_cache import (CALL_CACHE_SIZE, AllocatingCall, CachedCall, CachedLaunch, LaunchRecord,  # noqa: F401
@@ -129,7 +130,7 @@ def describe_launch(module: str, kernel: str, grid: Sequence[int], block: Sequen
             f"dynamic shared memory {dynamic_smem} bytes)")
 
 
-class CudaExecutor:
+class CudaExecutor(graphs.GraphReplay):
     """Runs a HostProgram's kernels from `cubin` on a CUDA device.
 
     `executor(*arrays)` runs the module on arrays in `host.buffer_params` order: NumPy arrays
@@ -146,14 +147,17 @@ class CudaExecutor:
     LaunchError that names the kernel and its launch configuration.
     alignment: the base alignment in bytes required of device arrays' data pointers (default
     16, what vectorized kernels assume; lower it only for code known to make no vector access).
+    cuda_graphs: replay a repeated call with the same pointers as one CUDA graph (graphs.py);
+    None (default): unless TECC_CUDA_GRAPHS=0. `graph_stats` counts captures and graph launches.
 
     `kernels` maps kernel names to the loaded cuda.core Kernels; `last_launches` lists the
     launches of the last call (LaunchRecord) for profiling."""
 
     follows_producer = False  # launch on torch's current stream (set by __init__ for stream=None)
+    cuda_graphs = False  # replay repeated calls as CUDA graphs (set by __init__: on unless TECC_CUDA_GRAPHS=0)
 
     def __init__(self, host: HostProgram, cubin: bytes, *, stream: Any = None, device: Any = None,
-                 debug_sync: bool = False, alignment: int = DEFAULT_ALIGNMENT) -> None:
+                 debug_sync: bool = False, alignment: int = DEFAULT_ALIGNMENT, cuda_graphs: bool | None = None) -> None:
         self.host = host
         self._planned = plan_launches(host)
         self.device = current_device(device)
@@ -163,6 +167,7 @@ class CudaExecutor:
         self.follows_producer = stream is None
         self.debug_sync = debug_sync
         self.alignment = alignment
+        self.cuda_graphs = graphs.enabled_by_environment() if cuda_graphs is None else bool(cuda_graphs)
         self.last_launches: list[LaunchRecord] = []
         self._temps: dict[str, Any] = {}
         # temporaries of calls on followed torch streams, per (stream handle, name), outside capture
@@ -189,7 +194,6 @@ class CudaExecutor:
         # calls that leave their outputs out, under the inputs' keys
         self._allocating: dict[tuple[Any, ...], AllocatingCall] = {}
         self._arity = len(self.host.buffer_params)
-        self._alias_pairs = alias_pairs(self.host)
         self._stream_ptr = int(self.stream.handle)
         self._home_stream = (self.stream, self._stream_ptr)  # `stream` and its handle, as made
         self._followed: dict[int, Any] = {}  # producer stream handle -> cuda.core Stream
@@ -199,6 +203,9 @@ class CudaExecutor:
         # encoded tensor maps by (spec, pointer, shape, strides) (tensor_map.py)
         self._tensor_maps: dict[tuple[Any, ...], EncodedTensorMap] = {}
         self._packed_launches: dict[tuple[Any, ...], tuple[Any, Callable[[], None]]] = {}
+        self.graph_stats = graphs.GraphStats()
+        self._capture_stream: Any = None  # made on the first capture (graphs.py: never the caller's stream)
+        self._capture_lock = threading.Lock()  # one capture at a time on that stream
 
     def __repr__(self) -> str:
         return f"<CudaExecutor {self.host.name} on {self.arch} kernels={list(self.kernels)}>"
@@ -370,6 +377,8 @@ class CudaExecutor:
             for launch in cached.launches:
                 self._launch(launch.info, launch.grid, launch.block, self._with_maps(launch, ptrs))
             return True
+        if self.cuda_graphs and len(cached.launches) >= graphs.MIN_LAUNCHES and self._replay_graph(cached, ptrs):
+            return True
         submit = self._submit
         for done, launch in enumerate(cached.launches):
             try:
@@ -461,7 +470,7 @@ class CudaExecutor:
         call with the same keys passes the same checks."""
         keys, ptrs = found
         cached = cached_call(self.host, self.kernels, keys, ptrs, prepared, launched, per_call_temps,
-                             alignment=self.alignment, alias_pairs=self._alias_pairs,
+                             alignment=self.alignment,
                              follows_producer=self.follows_producer)
         if cached is None:
             return
