@@ -252,10 +252,14 @@ class CompiledGraph:
 
 
 def with_cuda_graph(compiled: CompiledGraph) -> Callable[[list[Any]], Any]:
-    """Replay the graph's launches as one CUDA graph: the first call runs as is (warm-up: loads
-    the cubins, fills the launch caches), the second captures into static inputs and outputs,
-    every later call copies its inputs in, replays, and returns clones of the outputs (they
-    outlive the next replay)."""
+    """Replay the whole graph as one CUDA graph (`cudagraphs=True`, the torch-level variant):
+    the first call runs as is (warm-up: loads the cubins, fills the launch caches), the second
+    captures into static inputs and outputs, every later call copies its inputs in, replays, and
+    returns clones of the outputs (they outlive the next replay). It captures what the runtime's
+    own graphs leave on the host (fallbacks, views, output allocation) at the price of those
+    copies; without it each program's call is already one graph launch once its pointers repeat
+    (tecc/runtime/graphs.py; docs/models.md, "Runtime"). Inside this capture the runtime sees
+    the stream capturing and launches plainly into it."""
     state: dict[str, Any] = {}
 
     def run(args: list[Any]) -> Any:
