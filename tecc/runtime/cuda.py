@@ -364,12 +364,9 @@ class CudaExecutor(graphs.GraphReplay):
             self._wait_for_stream(current_stream(self._device_ordinal))
         owners: list[Any] = []  # the temporaries' owners, alive until their launches are queued
         if cached.temps:
-            ptrs = list(ptrs)
-            like = args[cached.temps_like]
-            for name, nbytes, zero in cached.temps:
-                ptr, owner = arrays.stream_temporary(like, nbytes, zero, self._stream_temps, (self._stream_ptr, name))
-                ptrs.append(ptr)
-                owners.append(owner)
+            temp_ptrs, owners = arrays.stream_temporaries(args[cached.temps_like], cached.temps, self._stream_temps,
+                                                          self._stream_ptr)
+            ptrs = [*ptrs, *temp_ptrs]
         # Straight to the driver unless something must see each launch: debug_sync, or a
         # wrapper around `_launch` (tc.profile() installs one).
         if self.debug_sync or type(self)._launch is not _PLAIN_LAUNCH:
@@ -547,20 +544,12 @@ class CudaExecutor(graphs.GraphReplay):
 
     def _allocate_temps_like(self, env: dict[Var, int], like: Any) -> tuple[dict[str, int], list[Any], tuple[tuple[str, int, bool], ...]]:
         """The temporaries of a call on the followed stream of the torch tensor `like`, from its
-        allocator (arrays.stream_temporary: kept per stream, per call under CUDA-graph capture,
+        allocator (arrays.stream_temporaries: kept per stream, per call under CUDA-graph capture,
         so replays find them where the capture put them): their pointers, their owners (keep them
         until the launches are queued) and each one's (name, bytes, zero_init)."""
-        pointers: dict[str, int] = {}
-        owners: list[Any] = []
-        sizes = []
-        for temp in self.host.temps:
-            nbytes = temp_bytes(temp, env)
-            ptr, owner = arrays.stream_temporary(like, nbytes, temp.zero_init, self._stream_temps,
-                                                 (self._stream_ptr, temp.name))
-            pointers[temp.name] = ptr
-            owners.append(owner)
-            sizes.append((temp.name, nbytes, bool(temp.zero_init)))
-        return pointers, owners, tuple(sizes)
+        sizes = tuple((temp.name, temp_bytes(temp, env), bool(temp.zero_init)) for temp in self.host.temps)
+        ptrs, owners = arrays.stream_temporaries(like, sizes, self._stream_temps, self._stream_ptr)
+        return {name: ptr for (name, _, _), ptr in zip(sizes, ptrs)}, owners, sizes
 
     def _param(self, slot: ParamSlot, pointers: list[int], temps: dict[str, int], values: dict[str, int],
                env: dict[Var, int] | None = None) -> Any:

@@ -77,7 +77,7 @@ class CachedCall:
     launches go on the first one's current stream, with nothing to wait for.
     `temps` are the (name, bytes, zero_init) of temporaries taken from the allocator of argument
     `temps_like` (a followed torch stream: torch's caching allocator; kept per stream outside
-    CUDA-graph capture, per call under it: arrays.stream_temporary); their pointers fill the
+    CUDA-graph capture, per call under it: arrays.stream_temporaries); their pointers fill the
     parameter slots numbered from the arity on. `records` is what
     `last_launches` says after a hit. `graphs` are the call's CUDA graphs by exact pointers
     (graphs.py), `accepted` the pointer sets `accepts` has passed (up to ACCEPTED_POINTERS)."""
