@@ -73,7 +73,7 @@ class GraphStub(StubExecutor):
 
     def _capture_graph(self, submit, launches):
         before = len(self.submitted)
-        submit()
+        submit(type("CaptureStream", (), {"handle": 0xCAF})())
         captured = self.submitted[before:]
         del self.submitted[before:]
         if self.fail_capture:
@@ -318,10 +318,11 @@ def test_a_capture_that_fails_ends_the_capture_and_raises(monkeypatch):
     assert graphs.stream_capturing(1), "when the driver cannot say, the stream counts as captured"
 
 
-def test_the_executor_captures_on_its_own_stream_and_restores_the_calls_stream(full_path, monkeypatch):
+def test_the_executor_captures_on_its_own_stream_and_launches_the_graph_on_the_calls(full_path, monkeypatch):
     class Recording(StubExecutor):
-        def _submit(self, kernel, config, params):
-            self.submitted.append((kernel, config.grid, config.block, list(params), self._stream_ptr))
+        def _submit(self, kernel, config, params, stream=None):
+            handle = self._stream_ptr if stream is None else stream.handle
+            self.submitted.append((kernel, config.grid, config.block, list(params), handle))
 
         def _stream_capturing(self):
             return False
@@ -336,8 +337,10 @@ def test_the_executor_captures_on_its_own_stream_and_restores_the_calls_stream(f
     def capture(stream_handle, submit, launches, keep=None):
         before = len(f.submitted)
         submit()
-        captured.append((stream_handle, launches, keep, [s[-1] for s in f.submitted[before:]]))
-        return FakeGraph(f.submitted[before:])
+        queued = f.submitted[before:]
+        del f.submitted[before:]  # captured, not run
+        captured.append((stream_handle, launches, keep, [s[-1] for s in queued]))
+        return FakeGraph(queued)
 
     monkeypatch.setattr(graphs, "capture", capture)
     launched = []
@@ -346,7 +349,8 @@ def test_the_executor_captures_on_its_own_stream_and_restores_the_calls_stream(f
     for _ in range(4):
         f(*args)
     assert captured == [(0xCAF, 2, "module", [0xCAF, 0xCAF])], "the launches are captured on the capture stream"
-    assert launched == [0x5EED, 0x5EED] and f._stream_ptr == 0x5EED and made == [0xCAF]
+    assert launched == [0x5EED, 0x5EED] and made == [0xCAF], "the graph launches on the call's stream"
+    assert [s[-1] for s in f.submitted] == [0x5EED] * 4, "the plain launches went to the call's stream"
 
 
 # ---- the launch cache's overlap check --------------------------------------------------------------

@@ -599,29 +599,34 @@ class CudaExecutor(graphs.GraphReplay):
         if self.debug_sync:
             self._synchronize(f"{what} failed while running")
 
-    def _submit(self, kernel: Any, config: Any, params: Sequence[Any]) -> None:
-        """Hand one launch to the driver: cuda.core's `launch` (cuLaunchKernelEx) on the stream."""
+    def _submit(self, kernel: Any, config: Any, params: Sequence[Any], stream: Any = None) -> None:
+        """Hand one launch to the driver: cuda.core's `launch` (cuLaunchKernelEx) on the call's
+        stream, or on `stream` (a cuda.core Stream: the capture stream of a CUDA graph, graphs.py)."""
         global _cuda_core_launch
         if _cuda_core_launch is None:
             from cuda.core import launch
 
             _cuda_core_launch = launch
+        if stream is None:
+            stream, stream_ptr = self.stream, self._stream_ptr
+        else:
+            stream_ptr = int(stream.handle)
         if any(isinstance(p, EncodedTensorMap) for p in params):
             # cuda.core's launch takes no raw by-value structure: the driver's cuLaunchKernel does.
             # The packed parameter block is kept per (launch configuration, stream, parameters):
             # a repeated call with the same pointers (its maps are the same encoded objects)
             # relaunches the bytes packed before (the driver copies them at each launch).
-            key = (id(config), self._stream_ptr, tuple(params))
+            key = (id(config), stream_ptr, tuple(params))
             packed = self._packed_launches.get(key)
             if packed is None or packed[0] is not config:
-                prepared = prepare_packed(int(self.stream.handle), kernel.handle, _dims(config.grid),
+                prepared = prepare_packed(int(stream.handle), kernel.handle, _dims(config.grid),
                                           _dims(config.block), int(config.shmem_size or 0), params)
                 if len(self._packed_launches) >= PACKED_LAUNCHES:
                     self._packed_launches.clear()
                 packed = self._packed_launches[key] = (config, prepared)
             packed[1]()
             return
-        _cuda_core_launch(self.stream, config, kernel, *params)
+        _cuda_core_launch(stream, config, kernel, *params)
 
     def _finish_host_call(self, prepared: list[Argument], staged: list[Any]) -> None:
         outputs = set(self.host.outputs)

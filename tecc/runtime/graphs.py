@@ -218,7 +218,7 @@ class GraphReplay:
     graph_stats: GraphStats
     _capture_stream: Any
     _capture_lock: Any
-    _submit: Callable[[Any, Any, Any], None]
+    _submit: Callable[..., None]
     _with_maps: Callable[[Any, list[int]], list[Any]]
 
     def _replay_graph(self, cached: CachedCall, ptrs: list[int]) -> bool:
@@ -258,9 +258,9 @@ class GraphReplay:
         before the capture, so that only the launches happen while capturing."""
         params = [self._with_maps(launch, ptrs) for launch in cached.launches]
 
-        def submit_all() -> None:
+        def submit_all(stream: Any) -> None:
             for launch, launch_params in zip(cached.launches, params):
-                self._submit(launch.kernel, launch.config, launch_params)
+                self._submit(launch.kernel, launch.config, launch_params, stream)
 
         try:
             graph = self._capture_graph(submit_all, len(params))
@@ -272,23 +272,21 @@ class GraphReplay:
         self.graph_stats.captured += 1
         return graph
 
-    def _capture_graph(self, submit: Callable[[], None], launches: int) -> Any:
-        """Capture `submit`'s launches into an instantiated graph, on the executor's private
-        capture stream (the caller's stream may be the legacy default stream, which cannot be
-        captured; a graph launches on any stream): `self.stream` names that stream meanwhile."""
+    def _capture_graph(self, submit: Callable[[Any], None], launches: int) -> Any:
+        """Capture `submit(stream)`'s launches into an instantiated graph, on the executor's
+        private capture stream (made once, non-blocking: cuda.core's default). Not the caller's
+        stream: that may be the legacy default stream, which cannot be captured, and a graph
+        launches on any stream. The executor's own stream is left as it is, so another thread's
+        call meanwhile launches where it should."""
         with self._capture_lock:
             if self._capture_stream is None:
                 self._capture_stream = self.device.create_stream()
-            capture_stream = self._capture_stream
-            saved = self.stream, self._stream_ptr
-            self.stream, self._stream_ptr = capture_stream, int(capture_stream.handle)
+            stream = self._capture_stream
             try:
-                return capture(self._stream_ptr, submit, launches, keep=self.object_code)
+                return capture(int(stream.handle), lambda: submit(stream), launches, keep=self.object_code)
             except Exception:
                 self._capture_stream = None  # a fresh one next time, whatever state this one is in
                 raise
-            finally:
-                self.stream, self._stream_ptr = saved
 
     def _launch_graph(self, graph: Any) -> None:
         graph.launch(self._stream_ptr)
