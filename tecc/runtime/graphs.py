@@ -245,8 +245,10 @@ class GraphReplay:
             self._launch_graph(graph)
         except Exception as exc:  # noqa: BLE001 - the driver's error, named with the call
             self.last_launches = []
-            raise LaunchError(f"{self.host.name}: the CUDA graph of its {len(cached.launches)} launches "
-                              f"({', '.join(r.kernel for r in cached.records)}) failed to launch: {exc}") from exc
+            names = [r.kernel for r in cached.records]
+            listed = ", ".join(names[:6]) + (f", ... {names[-1]}" if len(names) > 6 else "")
+            raise LaunchError(f"{self.host.name}: the CUDA graph of its {len(names)} launches ({listed}) failed to "
+                              f"launch: {exc}") from exc
         self.graph_stats.launched += 1
         self.last_launches = list(cached.records)
         return True
