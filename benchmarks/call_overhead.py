@@ -2,11 +2,13 @@
 Plain launches; wall time of N back-to-back calls / N, synchronized at the end. Then the tecc
 kernel as a registered torch op (tc.torch.op) against a torch.library custom op that wraps a raw
 cuda.core launch of the same cubin (the issue's bar: at most 1.5x), and both captured in a CUDA
-graph (replays run no Python: host time per replay is the same for both).
+graph (replays run no Python: host time per replay is the same for both). Last, a multi-launch
+program (16 layers of a row softmax and a 256x256 GEMM, ~40 launches) with plain launches and
+as the executor's own CUDA graph (tecc/runtime/graphs.py): host time per call, GPU time per call.
 
 Runs against whichever tecc is imported (PYTHONPATH), so an older checkout can be timed by the
 same script: rows whose parts that checkout lacks are left out."""
-import datetime, time
+import datetime, sys, time
 import torch
 import tecc as tc
 from tecc.runtime import arrays
@@ -40,6 +42,76 @@ def per_call(fn, reps=N):
         best = t if best is None else min(best, t)
     return best * 1e6
 
+
+# ---- a multi-launch program: plain launches against the executor's own CUDA graph ---------------------
+def softmax_linear(h, W, m, k, layer):
+    """H = fp16(softmax(h) @ W): a row kernel, the rows into a temporary, a GEMM reading it."""
+    c, c2, r = (tc.reduce_axis(k, name=f"{a}{layer}") for a in ("c", "d", "r"))
+    mx = tc.compute((m,), lambda i: tc.max(tc.cast(h[i, c], "float32"), axis=c), name=f"mx{layer}")
+    e = tc.compute((m, k), lambda i, j: tc.exp(tc.cast(h[i, j], "float32") - mx[i]), name=f"e{layer}")
+    s = tc.compute((m,), lambda i: tc.sum(e[i, c2], axis=c2), name=f"s{layer}")
+    P = tc.compute((m, k), lambda i, j: tc.cast(e[i, j] / s[i], "float16"), name=f"P{layer}")
+    return tc.compute((m, k), lambda i, j: tc.cast(tc.sum(tc.cast(P[i, r], "float32") * tc.cast(W[r, j], "float32"),
+                                                          axis=r), "float16"), name=f"H{layer}")
+
+
+def host_per_call(fn, calls=20, rounds=20):
+    """Host time of `calls` calls queued without waiting (the launch queue does not fill), / calls."""
+    best = None
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t = (time.perf_counter() - t0) / calls
+        best = t if best is None else min(best, t)
+    torch.cuda.synchronize()
+    return best * 1e6
+
+
+def gpu_per_call(fn, calls=20):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
+
+
+def multi_launch(layers=16, m=256):
+    """Host and GPU time per call of a program of ~2.5 launches per layer, plain and as the
+    executor's CUDA graph (`executor.cuda_graphs` switched between the rows)."""
+    X = tc.placeholder((m, m), "float16", name="X")
+    Ws = [tc.placeholder((m, m), "float16", name=f"W{layer}") for layer in range(layers)]
+    h = X
+    for layer, w in enumerate(Ws):
+        h = softmax_linear(h, w, m, m, layer)
+    chain = tc.build([X, *Ws, h], name="softmax_linear_chain")
+    args = [torch.randn(m, m, device="cuda", dtype=torch.float16) for _ in range(layers + 1)]
+    out = torch.empty(m, m, device="cuda", dtype=torch.float16)
+    run = lambda: chain(*args, out)  # noqa: E731
+    run()
+    torch.cuda.synchronize()
+    reference = out.clone()
+    print()
+    print(f"{chain.name}: {len(chain.host.calls)} launches per call, {len(chain.host.temps)} temporaries")
+    print("| launches | host us per call | wall us per call (back to back) | elapsed us per call (events around 20 calls) |")
+    print("| --- | --- | --- | --- |")
+    for label, graphs_on in (("plain", False), ("executor's CUDA graph", True)):
+        chain.executor.cuda_graphs = graphs_on
+        for _ in range(3):
+            run()  # with graphs on, captured on the second sight of these pointers
+        host, wall, gpu = host_per_call(run), per_call(run, 2000), gpu_per_call(run)
+        print(f"| {label} | {host:.1f} | {wall:.1f} | {gpu:.1f} |", flush=True)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, reference, rtol=1e-2, atol=1e-3, msg=f"{label}: the chain's result changed")
+    print("graph counts:", chain.executor.graph_stats)
+
+
+if "--multi-launch" in sys.argv:  # this section alone
+    multi_launch()
+    raise SystemExit
 
 from cuda.core import launch
 if not ex._calls:
@@ -212,6 +284,8 @@ for label, fn in (("tecc op", op), ("raw custom op", raw_op)):
     graph = graph_of(fn)
     t = per_call(graph.replay, reps=1000)
     print(f"| {label} | {t:.1f} | {t / K:.2f} |", flush=True)
+
+multi_launch()
 
 # ---- where the tecc op's host time goes (python benchmarks/call_overhead.py --profile) -----------------
 import sys

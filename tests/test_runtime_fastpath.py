@@ -155,7 +155,7 @@ class StubExecutor(CudaExecutor):
         self.submitted = []
         self.waits = []
 
-    def _submit(self, kernel, config, params):
+    def _submit(self, kernel, config, params, stream=None):
         self.submitted.append((kernel, config.grid, config.block, list(params)))
 
     def _record_and_wait(self, producer):

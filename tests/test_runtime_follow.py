@@ -23,9 +23,9 @@ class FollowingStub(StubExecutor):
         self.stream = type("FakeStream", (), {"handle": handle, "sync": lambda self: None})()
         self._stream_ptr = handle
 
-    def _submit(self, kernel, config, params):
-        super()._submit(kernel, config, params)
-        self.streams.append(self._stream_ptr)
+    def _submit(self, kernel, config, params, stream=None):
+        super()._submit(kernel, config, params, stream)
+        self.streams.append(self._stream_ptr if stream is None else stream.handle)
 
 
 def test_torch_calls_launch_on_torchs_current_stream_without_waiting(full_path, faketorch):

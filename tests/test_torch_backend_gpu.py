@@ -76,6 +76,32 @@ def test_programs_run_on_the_callers_stream():
     torch.testing.assert_close(y, model(x * 2), rtol=1e-5, atol=1e-5)
 
 
+def test_a_training_loop_replays_its_programs_as_cuda_graphs_with_the_same_losses(monkeypatch):
+    """The executor's own graphs (tecc/runtime/graphs.py, on by default): steps after the second
+    replay each program as one graph -- torch's caching allocator gives the same pointers every
+    step -- and train as the plain launches do (TECC_CUDA_GRAPHS=0) and as eager does."""
+    from tecc.runtime.cuda import CudaExecutor
+
+    launched = []
+    plain_graph_launch = CudaExecutor._launch_graph
+    monkeypatch.setattr(CudaExecutor, "_launch_graph",
+                        lambda self, graph: launched.append(self.host.name) or plain_graph_launch(self, graph))
+    torch.manual_seed(0)
+    model = GPT().cuda()
+    twins = [copy.deepcopy(model) for _ in range(2)]
+    data = batches(8)
+    expected = _train(model, data)
+    with_graphs = _train(torch.compile(twins[0], backend="tecc", options={"fallback": "error"}), data)
+    assert launched, "no program was replayed as a CUDA graph"
+    torch._dynamo.reset()
+    monkeypatch.setenv("TECC_CUDA_GRAPHS", "0")
+    count = len(launched)
+    plain = _train(torch.compile(twins[1], backend="tecc", options={"fallback": "error"}), data)
+    assert len(launched) == count, "TECC_CUDA_GRAPHS=0 must launch plainly"
+    assert max(abs(a - b) for a, b in zip(expected, with_graphs)) <= 1e-4, (expected, with_graphs)
+    assert max(abs(a - b) for a, b in zip(plain, with_graphs)) <= 1e-5, (plain, with_graphs)
+
+
 def test_cudagraphs_replays_the_graph_with_new_inputs():
     torch.manual_seed(0)
     model = MLP().cuda()

@@ -1,6 +1,7 @@
 """Every knob of tecc in one place: environment variables and their defaults.
 
-Nothing else reads the environment; values are read when a build starts, never at import time.
+Nothing else reads the environment (but the runtime, for TECC_CUDA_GRAPHS, below: it runs saved
+artifacts without the compiler); values are read when a build starts, never at import time.
 
 | variable            | default                         | meaning |
 |---------------------|---------------------------------|---------|
@@ -14,6 +15,7 @@ Nothing else reads the environment; values are read when a build starts, never a
 | TECC_SIM_CHECKS     | 1                               | 0 turns off the emulator's out-of-bounds / race / uninitialized-read checks (faster) |
 | TECC_VERIFY_IR      | 1                               | 0 skips the IR verifier between passes |
 | TECC_STRICT_PLANS   | unset                           | 1: the planner's plan that fails to build with a TeccError raises instead of falling back to the generic schedule (the fuzzer and tests use it to find strategy bugs; other exceptions are raised always) |
+| TECC_CUDA_GRAPHS    | 1                               | 0 turns off the CUDA executor's graphs of repeated calls (read by tecc/runtime/graphs.py when an executor is made: the runtime runs without the compiler) |
 | TECC_PRECISE_MATH   | unset                           | 1 keeps the precise sinf/cosf (and a GELU's erff/tanhf) where a result rounded to float16/bfloat16 would get the cheap sin_approx/cos_approx (gelu_erf_approx/gelu_tanh_approx) (tecc/passes/approx_math.py) |
 """
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import ctypes
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -470,26 +470,35 @@ def allocate_like(obj: Any, nbytes: int, zero: bool) -> tuple[int, Any]:
     return int(owner.data_ptr()), owner
 
 
-def stream_temporary(obj: Any, nbytes: int, zero: bool, kept: dict[Any, tuple[int, Any, int]],
-                     key: Any) -> tuple[int, Any]:
-    """(data pointer, owner) of a kernel temporary for a call on torch-like `obj`'s current stream.
+def stream_temporaries(obj: Any, temps: Sequence[tuple[str, int, bool]], kept: dict[Any, tuple[int, Any, int]],
+                       stream_ptr: int) -> tuple[list[int], list[Any]]:
+    """(data pointers, owners) of a call's kernel temporaries, each (name, bytes, zero_init), for
+    a call on torch-like `obj`'s current stream `stream_ptr`.
 
     Under CUDA-graph capture each call takes its own from the graph's pool (allocate_like), so
-    replays find them where the capture put them. Otherwise the temporary is kept in `kept` under
-    `key` (the stream and the temporary's name) and reused by later calls on that stream: launches
-    on one stream run in order, so a later call cannot overwrite what an earlier one still reads,
-    and a zero-initialized temporary is left zero by every kernel that changes it. This saves the
-    allocation (and for zero_init the memset) of every call."""
+    replays find them where the capture put them. Otherwise each temporary is kept in `kept` under
+    (stream, name) and reused by later calls on that stream: launches on one stream run in order,
+    so a later call cannot overwrite what an earlier one still reads, and a zero-initialized
+    temporary is left zero by every kernel that changes it. This saves the allocation (and for
+    zero_init the memset) of every call, and gives a repeated call the same pointers (what the
+    executor's CUDA graphs are keyed by). Whether the stream is capturing is asked once per call."""
     package = sys.modules[type(obj).__module__.partition(".")[0]]
     # torch's C entry point when there is one (its Python wrapper costs a microsecond per call)
     capturing = getattr(getattr(package, "_C", None), "_cuda_isCurrentStreamCapturing", None)
     if (capturing or package.cuda.is_current_stream_capturing)():
-        return allocate_like(obj, nbytes, zero)
-    found = kept.get(key)
-    if found is None or found[2] < nbytes:
-        ptr, owner = allocate_like(obj, nbytes, zero)
-        found = kept[key] = (ptr, owner, nbytes)
-    return found[0], found[1]
+        made = [allocate_like(obj, nbytes, zero) for _, nbytes, zero in temps]
+        return [ptr for ptr, _ in made], [owner for _, owner in made]
+    ptrs: list[int] = []
+    owners: list[Any] = []
+    for name, nbytes, zero in temps:
+        key = (stream_ptr, name)
+        found = kept.get(key)
+        if found is None or found[2] < nbytes:
+            ptr, owner = allocate_like(obj, nbytes, zero)
+            found = kept[key] = (ptr, owner, nbytes)
+        ptrs.append(found[0])
+        owners.append(found[1])
+    return ptrs, owners
 
 
 def producer_stream(key: tuple[Any, ...]) -> Callable[[int], int] | None:

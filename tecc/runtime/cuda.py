@@ -17,6 +17,7 @@ A call with device arrays only is remembered under its arguments' layout key (th
 docs/runtime.md "Repeated calls"): a later call with the same key skips steps 1-2 and relaunches
 the cached launches for the new data pointers, after re-checking their alignment and overlap and
 ordering the stream after the producers' (torch's current stream, for tensors read by attribute).
+A hit whose exact pointers were seen before replays the call as one CUDA graph (graphs.py).
 What is remembered and re-checked is launch_cache.py's; which stream a call runs on, streams.py's.
 
 Kernel ABI (docs/runtime.md, "Kernel ABI"): a kernel's parameters are `KernelInfo.params` in
@@ -36,7 +37,7 @@ from typing import Any, Callable, Sequence
 
 from ..ir.errors import DeviceError, LaunchError, ResourceError
 from ..ir.expr import Var
-from . import arrays, index_errors
+from . import arrays, graphs, index_errors
 from .arrays import Argument
 from .host import HostProgram, KernelInfo, resolve_launch, temp_bytes
 from .launch_cache import (CALL_CACHE_SIZE, AllocatingCall, CachedCall, CachedLaunch, LaunchRecord,  # noqa: F401
@@ -129,7 +130,7 @@ def describe_launch(module: str, kernel: str, grid: Sequence[int], block: Sequen
             f"dynamic shared memory {dynamic_smem} bytes)")
 
 
-class CudaExecutor:
+class CudaExecutor(graphs.GraphReplay):
     """Runs a HostProgram's kernels from `cubin` on a CUDA device.
 
     `executor(*arrays)` runs the module on arrays in `host.buffer_params` order: NumPy arrays
@@ -146,14 +147,17 @@ class CudaExecutor:
     LaunchError that names the kernel and its launch configuration.
     alignment: the base alignment in bytes required of device arrays' data pointers (default
     16, what vectorized kernels assume; lower it only for code known to make no vector access).
+    cuda_graphs: replay a repeated call with the same pointers as one CUDA graph (graphs.py);
+    None (default): unless TECC_CUDA_GRAPHS=0. `graph_stats` counts captures and graph launches.
 
     `kernels` maps kernel names to the loaded cuda.core Kernels; `last_launches` lists the
     launches of the last call (LaunchRecord) for profiling."""
 
     follows_producer = False  # launch on torch's current stream (set by __init__ for stream=None)
+    cuda_graphs = False  # replay repeated calls as CUDA graphs (set by __init__: on unless TECC_CUDA_GRAPHS=0)
 
     def __init__(self, host: HostProgram, cubin: bytes, *, stream: Any = None, device: Any = None,
-                 debug_sync: bool = False, alignment: int = DEFAULT_ALIGNMENT) -> None:
+                 debug_sync: bool = False, alignment: int = DEFAULT_ALIGNMENT, cuda_graphs: bool | None = None) -> None:
         self.host = host
         self._planned = plan_launches(host)
         self.device = current_device(device)
@@ -163,6 +167,7 @@ class CudaExecutor:
         self.follows_producer = stream is None
         self.debug_sync = debug_sync
         self.alignment = alignment
+        self.cuda_graphs = graphs.enabled_by_environment() if cuda_graphs is None else bool(cuda_graphs)
         self.last_launches: list[LaunchRecord] = []
         self._temps: dict[str, Any] = {}
         # temporaries of calls on followed torch streams, per (stream handle, name), outside capture
@@ -189,7 +194,6 @@ class CudaExecutor:
         # calls that leave their outputs out, under the inputs' keys
         self._allocating: dict[tuple[Any, ...], AllocatingCall] = {}
         self._arity = len(self.host.buffer_params)
-        self._alias_pairs = alias_pairs(self.host)
         self._stream_ptr = int(self.stream.handle)
         self._home_stream = (self.stream, self._stream_ptr)  # `stream` and its handle, as made
         self._followed: dict[int, Any] = {}  # producer stream handle -> cuda.core Stream
@@ -199,6 +203,9 @@ class CudaExecutor:
         # encoded tensor maps by (spec, pointer, shape, strides) (tensor_map.py)
         self._tensor_maps: dict[tuple[Any, ...], EncodedTensorMap] = {}
         self._packed_launches: dict[tuple[Any, ...], tuple[Any, Callable[[], None]]] = {}
+        self.graph_stats = graphs.GraphStats()
+        self._capture_stream: Any = None  # made on the first capture (graphs.py: never the caller's stream)
+        self._capture_lock = threading.Lock()  # one capture at a time on that stream
 
     def __repr__(self) -> str:
         return f"<CudaExecutor {self.host.name} on {self.arch} kernels={list(self.kernels)}>"
@@ -357,18 +364,17 @@ class CudaExecutor:
             self._wait_for_stream(current_stream(self._device_ordinal))
         owners: list[Any] = []  # the temporaries' owners, alive until their launches are queued
         if cached.temps:
-            ptrs = list(ptrs)
-            like = args[cached.temps_like]
-            for name, nbytes, zero in cached.temps:
-                ptr, owner = arrays.stream_temporary(like, nbytes, zero, self._stream_temps, (self._stream_ptr, name))
-                ptrs.append(ptr)
-                owners.append(owner)
+            temp_ptrs, owners = arrays.stream_temporaries(args[cached.temps_like], cached.temps, self._stream_temps,
+                                                          self._stream_ptr)
+            ptrs = [*ptrs, *temp_ptrs]
         # Straight to the driver unless something must see each launch: debug_sync, or a
         # wrapper around `_launch` (tc.profile() installs one).
         if self.debug_sync or type(self)._launch is not _PLAIN_LAUNCH:
             self.last_launches = []
             for launch in cached.launches:
                 self._launch(launch.info, launch.grid, launch.block, self._with_maps(launch, ptrs))
+            return True
+        if self.cuda_graphs and len(cached.launches) >= graphs.MIN_LAUNCHES and self._replay_graph(cached, ptrs):
             return True
         submit = self._submit
         for done, launch in enumerate(cached.launches):
@@ -461,7 +467,7 @@ class CudaExecutor:
         call with the same keys passes the same checks."""
         keys, ptrs = found
         cached = cached_call(self.host, self.kernels, keys, ptrs, prepared, launched, per_call_temps,
-                             alignment=self.alignment, alias_pairs=self._alias_pairs,
+                             alignment=self.alignment,
                              follows_producer=self.follows_producer)
         if cached is None:
             return
@@ -538,20 +544,12 @@ class CudaExecutor:
 
     def _allocate_temps_like(self, env: dict[Var, int], like: Any) -> tuple[dict[str, int], list[Any], tuple[tuple[str, int, bool], ...]]:
         """The temporaries of a call on the followed stream of the torch tensor `like`, from its
-        allocator (arrays.stream_temporary: kept per stream, per call under CUDA-graph capture,
+        allocator (arrays.stream_temporaries: kept per stream, per call under CUDA-graph capture,
         so replays find them where the capture put them): their pointers, their owners (keep them
         until the launches are queued) and each one's (name, bytes, zero_init)."""
-        pointers: dict[str, int] = {}
-        owners: list[Any] = []
-        sizes = []
-        for temp in self.host.temps:
-            nbytes = temp_bytes(temp, env)
-            ptr, owner = arrays.stream_temporary(like, nbytes, temp.zero_init, self._stream_temps,
-                                                 (self._stream_ptr, temp.name))
-            pointers[temp.name] = ptr
-            owners.append(owner)
-            sizes.append((temp.name, nbytes, bool(temp.zero_init)))
-        return pointers, owners, tuple(sizes)
+        sizes = tuple((temp.name, temp_bytes(temp, env), bool(temp.zero_init)) for temp in self.host.temps)
+        ptrs, owners = arrays.stream_temporaries(like, sizes, self._stream_temps, self._stream_ptr)
+        return {name: ptr for (name, _, _), ptr in zip(sizes, ptrs)}, owners, sizes
 
     def _param(self, slot: ParamSlot, pointers: list[int], temps: dict[str, int], values: dict[str, int],
                env: dict[Var, int] | None = None) -> Any:
@@ -601,29 +599,34 @@ class CudaExecutor:
         if self.debug_sync:
             self._synchronize(f"{what} failed while running")
 
-    def _submit(self, kernel: Any, config: Any, params: Sequence[Any]) -> None:
-        """Hand one launch to the driver: cuda.core's `launch` (cuLaunchKernelEx) on the stream."""
+    def _submit(self, kernel: Any, config: Any, params: Sequence[Any], stream: Any = None) -> None:
+        """Hand one launch to the driver: cuda.core's `launch` (cuLaunchKernelEx) on the call's
+        stream, or on `stream` (a cuda.core Stream: the capture stream of a CUDA graph, graphs.py)."""
         global _cuda_core_launch
         if _cuda_core_launch is None:
             from cuda.core import launch
 
             _cuda_core_launch = launch
+        if stream is None:
+            stream, stream_ptr = self.stream, self._stream_ptr
+        else:
+            stream_ptr = int(stream.handle)
         if any(isinstance(p, EncodedTensorMap) for p in params):
             # cuda.core's launch takes no raw by-value structure: the driver's cuLaunchKernel does.
             # The packed parameter block is kept per (launch configuration, stream, parameters):
             # a repeated call with the same pointers (its maps are the same encoded objects)
             # relaunches the bytes packed before (the driver copies them at each launch).
-            key = (id(config), self._stream_ptr, tuple(params))
+            key = (id(config), stream_ptr, tuple(params))
             packed = self._packed_launches.get(key)
             if packed is None or packed[0] is not config:
-                prepared = prepare_packed(int(self.stream.handle), kernel.handle, _dims(config.grid),
+                prepared = prepare_packed(int(stream.handle), kernel.handle, _dims(config.grid),
                                           _dims(config.block), int(config.shmem_size or 0), params)
                 if len(self._packed_launches) >= PACKED_LAUNCHES:
                     self._packed_launches.clear()
                 packed = self._packed_launches[key] = (config, prepared)
             packed[1]()
             return
-        _cuda_core_launch(self.stream, config, kernel, *params)
+        _cuda_core_launch(stream, config, kernel, *params)
 
     def _finish_host_call(self, prepared: list[Argument], staged: list[Any]) -> None:
         outputs = set(self.host.outputs)

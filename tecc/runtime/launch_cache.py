@@ -6,7 +6,8 @@ A key is each argument's `arrays.device_key`, in order (for a torch-like tensor 
 its type, shape, strides, dtype and device; the pointer is not part of it). A call is remembered
 only when every key says what the full path read (`arrays.key_agrees`), so a later call with the
 same keys passes the same binding and shape checks; the two checks that depend on the pointers
-themselves (alignment, overlap) are redone on every hit (`CachedCall.accepts`).
+themselves (alignment, overlap) are redone for every new set of pointers (`CachedCall.accepts`).
+A cached call also holds its CUDA graphs, by exact pointers (graphs.py).
 
 Bookkeeping only: the executor (cuda.py) decides when to look up, remember and replay, and
 launches; nothing here touches the device.
@@ -14,18 +15,22 @@ launches; nothing here touches the device.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from ..ir.expr import Var
 from . import arrays
 from .arrays import Argument
+from .graphs import CallGraphs
 from .host import HostProgram, KernelInfo, bind_arguments
-from .marshal import PlannedLaunch, byte_span, tensor_map_geometry
+from .marshal import PlannedLaunch, byte_span, tensor_map_geometry, written_overlap
 from .tensor_map import TensorMapSpec
 
 # Distinct argument layouts remembered per executor; the oldest is forgotten past this.
 CALL_CACHE_SIZE = 64
+# Pointer sets a cached call remembers having accepted (alignment and overlap are functions of
+# the pointers alone, so a set accepted once is accepted again without redoing the checks).
+ACCEPTED_POINTERS = 16
 
 # A call's key (each argument's key, in order) and the arguments' data pointers.
 Keys = tuple[tuple[Any, ...], ...]
@@ -64,38 +69,47 @@ class CachedCall:
     """What a call with one key of argument layouts launches, once checked by the full path.
 
     `needs` is each argument's required pointer alignment and `spans` its byte span from its
-    pointer: the two checks that depend on the pointers themselves, redone on every hit.
+    pointer, `written` whether the kernels write it: the two checks that depend on the pointers
+    themselves (alignment; no overlap with a written array), redone for every new set of pointers.
     `producer_streams` are the current-stream readers of the producers whose arrays were read by
     attribute (torch): on every hit the executor's stream waits on each one's current stream --
     or, when `follow` (an executor made without a stream, every device argument torch's), the
     launches go on the first one's current stream, with nothing to wait for.
     `temps` are the (name, bytes, zero_init) of temporaries taken from the allocator of argument
     `temps_like` (a followed torch stream: torch's caching allocator; kept per stream outside
-    CUDA-graph capture, per call under it: arrays.stream_temporary); their pointers fill the
+    CUDA-graph capture, per call under it: arrays.stream_temporaries); their pointers fill the
     parameter slots numbered from the arity on. `records` is what
-    `last_launches` says after a hit."""
+    `last_launches` says after a hit. `graphs` are the call's CUDA graphs by exact pointers
+    (graphs.py), `accepted` the pointer sets `accepts` has passed (up to ACCEPTED_POINTERS)."""
 
     launches: tuple[CachedLaunch, ...]
     needs: tuple[int, ...]
     spans: tuple[tuple[int, int], ...]
-    alias_pairs: tuple[tuple[int, int], ...]
+    written: tuple[bool, ...]
     producer_streams: tuple[Callable[[int], int], ...] = ()
     records: tuple[LaunchRecord, ...] = ()
     follow: bool = False
     temps: tuple[tuple[str, int, bool], ...] = ()
     temps_like: int = -1
+    graphs: CallGraphs = field(default_factory=CallGraphs, compare=False, repr=False)
+    accepted: dict[tuple[int, ...], None] = field(default_factory=dict, compare=False, repr=False)
 
     def accepts(self, ptrs: Sequence[int]) -> bool:
         """Whether this call's launches may run on the data pointers `ptrs`: each aligned as
-        its argument needs, and no two arrays that must not alias overlapping. When not, the
-        full path raises the error that names them."""
+        its argument needs, and no array the kernels write overlapping another. When not, the
+        full path raises the error that names them. Remembered per pointer set: a training
+        loop passes the same pointers every step."""
+        key = tuple(ptrs)
+        if key in self.accepted:
+            return True
         for ptr, need in zip(ptrs, self.needs):
             if ptr % need:
                 return False
-        spans = self.spans
-        for i, j in self.alias_pairs:
-            if ptrs[i] + spans[i][0] < ptrs[j] + spans[j][1] and ptrs[j] + spans[j][0] < ptrs[i] + spans[i][1]:
-                return False
+        if written_overlap(ptrs, self.spans, self.written):
+            return False
+        if len(self.accepted) >= ACCEPTED_POINTERS:
+            self.accepted.clear()
+        self.accepted[key] = None
         return True
 
 
@@ -156,7 +170,7 @@ def with_pointers(launch: CachedLaunch, ptrs: list[int]) -> list[Any]:
 
 def cached_call(host: HostProgram, kernels: Mapping[str, Any], keys: Keys, ptrs: Sequence[int],
                 prepared: Sequence[Argument], launched: Sequence[tuple[Any, ...]], per_call_temps: Any, *,
-                alignment: int, alias_pairs: tuple[tuple[int, int], ...], follows_producer: bool) -> CachedCall | None:
+                alignment: int, follows_producer: bool) -> CachedCall | None:
     """What the launch cache keeps of a call the full path has just checked and launched
     (`launched`: (planned launch, grid, block, parameters) each; `per_call_temps`: None, or the
     followed argument's position and each temporary's (name, bytes, zero_init)), or None when
@@ -183,7 +197,7 @@ def cached_call(host: HostProgram, kernels: Mapping[str, Any], keys: Keys, ptrs:
         launches,
         needs=tuple(max(alignment, arg.info.dtype.bytes) for arg in prepared),
         spans=tuple(byte_span(arg.info) for arg in prepared),
-        alias_pairs=alias_pairs,
+        written=tuple(param.name in host.outputs for param in host.buffer_params),
         producer_streams=tuple(producer_streams),
         records=tuple(LaunchRecord(launch.info.name, launch.grid, launch.block, launch.info.dynamic_smem)
                       for launch in launches),

@@ -194,6 +194,25 @@ def alias_pairs(host: HostProgram) -> tuple[tuple[int, int], ...]:
                  if buffers[i].name in outputs or buffers[j].name in outputs)
 
 
+def written_overlap(ptrs: Sequence[int], spans: Sequence[tuple[int, int]], written: Sequence[bool]) -> bool:
+    """Whether two arrays overlap of which at least one is written: what `alias_pairs` and
+    `check_aliasing` refuse, decided in O(n log n) instead of over every pair (a whole-graph
+    program has a hundred arguments and thousands of pairs). Array k covers the bytes
+    [ptrs[k] + spans[k][0], ptrs[k] + spans[k][1]), never empty. Sorted by their first byte, an
+    array overlaps an earlier one exactly when it starts before the furthest end among them: so
+    a sweep keeps the furthest end of all earlier arrays and of the written ones."""
+    ranges = sorted((ptr + lo, ptr + hi, w) for ptr, (lo, hi), w in zip(ptrs, spans, written))
+    end_any = end_written = -1 << 64
+    for lo, hi, w in ranges:
+        if lo < end_written or (w and lo < end_any):
+            return True
+        if hi > end_any:
+            end_any = hi
+        if w and hi > end_written:
+            end_written = hi
+    return False
+
+
 def check_aliasing(host: HostProgram, prepared: Sequence[Argument]) -> None:
     """Device arrays used in place must not overlap an array the kernels write (the kernels'
     pointers are `__restrict__`, so overlap is undefined behaviour: stale or torn results).

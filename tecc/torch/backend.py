@@ -14,7 +14,7 @@ Options (`torch.compile(..., options={...})`):
 | option | default | meaning |
 | --- | --- | --- |
 | `fallback` | `"aten"` | `"aten"`: an op tecc cannot lower runs as ATen inside the compiled graph (logged); `"error"`: raise a TeccError naming the op and its FX node |
-| `cudagraphs` | `False` | replay each graph's launches as one CUDA graph (CUDA tensors, static shapes) |
+| `cudagraphs` | `False` | capture each whole graph (fallbacks included) with torch.cuda.graph, inputs copied in and outputs copied out (CUDA tensors, static shapes); without it each program still replays as the runtime's own CUDA graph (docs/models.md, "Runtime") |
 | `dump_ir` | `None` | a folder: each graph's FX code, the node -> kernel map and every program's IR dumps |
 | `arch` | `None` | the GPU architecture to compile for (`"sm_90"`); default: the device's |
 | `partitioner` | `"default"` | what the forward saves for the backward: `"default"`, AOTAutograd's default partitioner (saves what the backward reads); `"min_cut"`, its min-cut rematerialization partitioner (inductor's: saves the fewest bytes and recomputes cheap elementwise values in the backward; a loss head then saves its bf16 logits and two row statistics, not float32 log-probabilities) |

@@ -4,7 +4,9 @@ A slot holds one runtime value (a graph input, a program's output, an ATen resul
 torch). The list is computed once, at compile time; a call binds the symbolic sizes from the
 inputs, runs the steps in order and frees every slot after its last reader (so intermediate
 tensors go back to torch's caching allocator as soon as they are dead), then returns the
-output slots. Three kinds of step:
+output slots. What a step resolves per call (its argument templates, its outputs' shapes) is
+compiled once, when the step is made (`compile_template`), so a call runs little Python beyond
+the steps themselves. Three kinds of step:
 
 - `RunProgram`: one tecc program (one `tc.build` of a segment, which may launch many kernels):
   its outputs are allocated with torch (`torch.empty`, on the inputs' device, from the caching
@@ -17,7 +19,7 @@ output slots. Three kinds of step:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -59,6 +61,39 @@ def resolve(template: Any, slots: list[Any], env: Env) -> Any:
     return template
 
 
+Resolver = Callable[[list[Any], Env], Any]
+
+
+def compile_template(template: Any) -> Resolver:
+    """`resolve(template, ...)` decided once: a function of (slots, env) that gives what
+    `resolve` gives, made of one closure per Slot, Size, list, tuple and dict in the template;
+    a part that holds none of them (and no list or dict, which `resolve` makes afresh per call)
+    is returned as it is."""
+    if _constant(template):
+        return lambda slots, env: template
+    if isinstance(template, Slot):
+        index = template.index
+        return lambda slots, env: slots[index]
+    if isinstance(template, Size):
+        return lambda slots, env: resolve(template, slots, env)
+    if isinstance(template, list):
+        items = [compile_template(t) for t in template]
+        return lambda slots, env: [item(slots, env) for item in items]
+    if isinstance(template, tuple):
+        items = [compile_template(t) for t in template]
+        return lambda slots, env: tuple(item(slots, env) for item in items)
+    assert isinstance(template, dict)
+    entries = [(k, compile_template(v)) for k, v in template.items()]
+    return lambda slots, env: {k: entry(slots, env) for k, entry in entries}
+
+
+def _constant(template: Any) -> bool:
+    """Whether `resolve` returns `template` itself: no Slot, Size, list or dict in it."""
+    if isinstance(template, tuple):
+        return all(_constant(t) for t in template)
+    return not isinstance(template, (Slot, Size, list, dict))
+
+
 def shape_of(shape: Sequence[Any], env: Env) -> tuple[int, ...]:
     return tuple(int(evaluate(s, env)) if isinstance(s, Expr) else int(s) for s in shape)
 
@@ -89,6 +124,12 @@ class RunProgram:
     # an input is passed permuted to that order, an output allocated in it and permuted back
     input_orders: tuple[tuple[int, ...] | None, ...] = ()
     output_orders: tuple[tuple[int, ...] | None, ...] = ()
+    # per output: its shape when no size in it is symbolic (made once), else None
+    _static_shapes: tuple[tuple[int, ...] | None, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._static_shapes = tuple(None if any(isinstance(n, Expr) for n in shape) else tuple(int(n) for n in shape)
+                                    for _, shape, _ in self.outputs)
 
     def _carriers(self, env: Env, device: Any) -> list[Any]:
         if self.emulate:
@@ -107,8 +148,8 @@ class RunProgram:
             args.append(t)
         device = args[0].device if args else self.device
         outs = []
-        for position, (slot, shape, dtype) in enumerate(self.outputs):
-            out = torch.empty(shape_of(shape, env), dtype=dtype, device=device)
+        for position, ((slot, shape, dtype), static) in enumerate(zip(self.outputs, self._static_shapes)):
+            out = torch.empty(static if static is not None else shape_of(shape, env), dtype=dtype, device=device)
             order = self.output_orders[position] if self.output_orders else None
             slots[slot] = out if order is None else out.permute([order.index(d) for d in range(len(order))])
             outs.append(out)
@@ -116,7 +157,8 @@ class RunProgram:
         if self.emulate:
             self.kernel.sim(*[_as_numpy(t) for t in args], *carriers, *[_as_numpy(t) for t in outs])
         else:
-            self.kernel(*[t.detach() for t in args], *carriers, *outs)
+            # a tensor that requires grad is passed detached (the runtime reads no autograd state)
+            self.kernel(*[t.detach() if t.requires_grad else t for t in args], *carriers, *outs)
 
 
 @dataclass
@@ -128,9 +170,14 @@ class RunAten:
     kwargs: Any
     output: int
     name: str = ""
+    _resolvers: tuple[Resolver, Resolver] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._resolvers = (compile_template(self.args), compile_template(self.kwargs))
 
     def run(self, slots: list[Any], env: Env) -> None:
-        slots[self.output] = self.fn(*resolve(self.args, slots, env), **resolve(self.kwargs, slots, env))
+        args, kwargs = self._resolvers
+        slots[self.output] = self.fn(*args(slots, env), **kwargs(slots, env))
 
 
 @dataclass
@@ -141,11 +188,15 @@ class MakeView:
     chain: tuple[tuple[Callable[..., Any], Any, Any], ...]
     output: int
     name: str = ""
+    _links: tuple[tuple[Callable[..., Any], Resolver, Resolver], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._links = tuple((fn, compile_template(args), compile_template(kwargs)) for fn, args, kwargs in self.chain)
 
     def run(self, slots: list[Any], env: Env) -> None:
         value = slots[self.base]
-        for fn, args, kwargs in self.chain:
-            value = fn(value, *resolve(args, slots, env), **resolve(kwargs, slots, env))
+        for fn, args, kwargs in self._links:
+            value = fn(value, *args(slots, env), **kwargs(slots, env))
         slots[self.output] = value
 
 
@@ -166,6 +217,7 @@ class CompiledGraph:
         self.steps = tuple(steps)
         self.frees = tuple(frees)
         self.outputs = outputs
+        self._outputs = compile_template(outputs)
         self.sizes = tuple(sizes)   # (size var, input position, dimension or None for an int input)
         self.report = report
 
@@ -188,7 +240,7 @@ class CompiledGraph:
             step.run(slots, env)
             for s in free:
                 slots[s] = None
-        return resolve(self.outputs, slots, env)
+        return self._outputs(slots, env)
 
     @property
     def programs(self) -> list[RunProgram]:
@@ -200,10 +252,14 @@ class CompiledGraph:
 
 
 def with_cuda_graph(compiled: CompiledGraph) -> Callable[[list[Any]], Any]:
-    """Replay the graph's launches as one CUDA graph: the first call runs as is (warm-up: loads
-    the cubins, fills the launch caches), the second captures into static inputs and outputs,
-    every later call copies its inputs in, replays, and returns clones of the outputs (they
-    outlive the next replay)."""
+    """Replay the whole graph as one CUDA graph (`cudagraphs=True`, the torch-level variant):
+    the first call runs as is (warm-up: loads the cubins, fills the launch caches), the second
+    captures into static inputs and outputs, every later call copies its inputs in, replays, and
+    returns clones of the outputs (they outlive the next replay). It captures what the runtime's
+    own graphs leave on the host (fallbacks, views, output allocation) at the price of those
+    copies; without it each program's call is already one graph launch once its pointers repeat
+    (tecc/runtime/graphs.py; docs/models.md, "Runtime"). Inside this capture the runtime sees
+    the stream capturing and launches plainly into it."""
     state: dict[str, Any] = {}
 
     def run(args: list[Any]) -> Any:

@@ -1,0 +1,302 @@
+"""CUDA graphs of cached calls (docs/runtime.md, "CUDA graphs of repeated calls").
+
+A launch-cache hit (launch_cache.py) still submits every kernel of the call from Python, one
+driver launch each: a whole-graph program of the model backend launches ~60 kernels per layer,
+and the host then submits slower than the GPU runs them. So a hit whose exact pointers were seen
+before replays the call as one CUDA graph instead:
+
+- the **key** is the stream and every pointer the launches take: the arguments' and those of the
+  temporaries taken from the followed stream's allocator (what changes between hits; the scalars,
+  grids and executor-owned temporaries are fixed per cached call, and a new temporary clears
+  the cache). A graph writes exactly where the call's arrays are, so a different pointer simply
+  misses: correct by construction;
+- the first time a key is seen the call launches as before (`CallGraphs.second_sight` notes it);
+  the second time, its launches are captured (driver stream capture on a private stream of the
+  executor, `capture`: the legacy default stream, torch's default, cannot be captured) and the
+  graph is launched; every later hit with that key is one `cuGraphLaunch`. A training loop with
+  torch's caching allocator gets the same addresses every step, so it replays graphs from its
+  third step on;
+- each cached call keeps at most `GRAPHS_PER_CALL` graphs, the least recently used destroyed;
+- a call whose capture fails launches plainly from then on (`CallGraphs.failed`): nothing is
+  raised, a launch error is raised by the plain launch as before.
+
+Where graphs are not used (the executor decides, cuda.py): `TECC_CUDA_GRAPHS=0` or
+`executor.cuda_graphs = False`, `debug_sync=True`, a wrapped `_launch` (tc.profile()), a call of
+fewer than `MIN_LAUNCHES` launches (a one-kernel graph saves nothing), and a call whose stream is
+being captured by someone else (a user's `torch.cuda.graph`: the plain launches go into their graph).
+
+The bookkeeping (`CallGraphs`, `GraphStats`) is pure Python; `capture`, `stream_capturing` and
+`CapturedGraph` call the driver through cuda.bindings, imported when first needed.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Hashable
+
+from ..ir.errors import LaunchError
+
+if TYPE_CHECKING:
+    from .launch_cache import CachedCall
+
+GRAPHS_PER_CALL = 4   # graphs kept per cached call (pointer sets in use at once: usually one)
+SEEN_PER_CALL = 8     # keys seen once, remembered per cached call until a second sight
+MIN_LAUNCHES = 2      # a call of one launch gains nothing from a graph (cuGraphLaunch is one call too)
+
+
+def enabled_by_environment() -> bool:
+    """TECC_CUDA_GRAPHS (docs/knobs.md): anything but "0" (the default "1") lets executors replay
+    repeated calls as CUDA graphs. Read when an executor is made (the runtime runs without the
+    compiler, whose options.py lists the knobs, so it reads this one itself)."""
+    return os.environ.get("TECC_CUDA_GRAPHS", "1") != "0"
+
+
+@dataclass
+class GraphStats:
+    """An executor's graph counts: graphs `captured`, graph launches (`launched`, the launch
+    right after each capture included) and cached calls that `gave_up` after a failed capture."""
+
+    captured: int = 0
+    launched: int = 0
+    gave_up: int = 0
+
+
+class CallGraphs:
+    """One cached call's graphs, by key (the stream and every pointer), least recently used
+    first; the keys seen once; and whether a capture of this call failed (then no more graphs).
+    Bookkeeping only: the graphs are whatever the executor captured (anything with `close()`)."""
+
+    __slots__ = ("graphs", "seen", "failed", "size", "seen_size")
+
+    def __init__(self, size: int = GRAPHS_PER_CALL, seen_size: int = SEEN_PER_CALL) -> None:
+        self.graphs: OrderedDict[Hashable, Any] = OrderedDict()
+        self.seen: OrderedDict[Hashable, None] = OrderedDict()
+        self.failed = False
+        self.size = size
+        self.seen_size = seen_size
+
+    def find(self, key: Hashable) -> Any:
+        """The graph captured for `key` (now the most recently used), or None."""
+        graph = self.graphs.get(key)
+        if graph is not None:
+            self.graphs.move_to_end(key)
+        return graph
+
+    def second_sight(self, key: Hashable) -> bool:
+        """Whether `key` was seen before (then it is forgotten here: a graph is captured for it);
+        else it is remembered, the oldest of more than `seen_size` keys forgotten."""
+        if key in self.seen:
+            del self.seen[key]
+            return True
+        self.seen[key] = None
+        if len(self.seen) > self.seen_size:
+            self.seen.popitem(last=False)
+        return False
+
+    def keep(self, key: Hashable, graph: Any) -> list[Any]:
+        """Keep `graph` for `key`; returns the graphs evicted to stay within `size` (to close)."""
+        self.graphs[key] = graph
+        self.graphs.move_to_end(key)
+        evicted = []
+        while len(self.graphs) > self.size:
+            evicted.append(self.graphs.popitem(last=False)[1])
+        return evicted
+
+    def give_up(self) -> list[Any]:
+        """No more graphs for this call (a capture failed): returns the graphs kept (to close)."""
+        self.failed = True
+        dropped = list(self.graphs.values())
+        self.graphs.clear()
+        self.seen.clear()
+        return dropped
+
+
+# ---- the driver ----------------------------------------------------------------------------------
+
+def _check(err: Any, what: str) -> None:
+    from cuda.bindings import driver
+
+    if err != driver.CUresult.CUDA_SUCCESS:
+        name = getattr(err, "name", str(err))
+        raise LaunchError(f"{what} failed: {name}")
+
+
+def stream_capturing(stream_handle: int) -> bool:
+    """Whether the stream is being captured into a graph (cuStreamIsCapturing). True also when
+    the driver cannot say: the legacy default stream answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+    while a blocking stream of the context is capturing (then launch plainly, as before)."""
+    from cuda.bindings import driver
+
+    err, status = driver.cuStreamIsCapturing(driver.CUstream(stream_handle))
+    if err != driver.CUresult.CUDA_SUCCESS:
+        return True
+    return bool(status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
+
+
+def _destroy_exec(handle: Any, keep: Any) -> None:
+    """Destroy an instantiated graph (a graph still running is freed when it completes:
+    cuGraphExecDestroy). `keep` (the loaded module) lives until then. Errors are ignored: the
+    context may already be gone."""
+    try:
+        from cuda.bindings import driver
+
+        driver.cuGraphExecDestroy(handle)
+    except Exception:  # noqa: BLE001 - best effort while tearing down
+        pass
+    del keep
+
+
+class CapturedGraph:
+    """An instantiated graph (CUgraphExec) of one call's launches. `launch(stream)` replays it;
+    `close()` (or garbage collection) destroys it. It keeps `keep` (the executor's loaded module,
+    whose kernels its nodes launch) alive as long as it exists."""
+
+    __slots__ = ("handle", "launches", "_finalizer", "__weakref__")
+
+    def __init__(self, handle: Any, launches: int, keep: Any = None) -> None:
+        self.handle = handle
+        self.launches = launches
+        self._finalizer = weakref.finalize(self, _destroy_exec, handle, keep)
+        self._finalizer.atexit = False  # at interpreter exit the driver may be gone before us
+
+    def launch(self, stream_handle: int) -> None:
+        from cuda.bindings import driver
+
+        (err,) = driver.cuGraphLaunch(self.handle, driver.CUstream(stream_handle))
+        _check(err, "cuGraphLaunch")
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def capture(stream_handle: int, submit: Callable[[], None], launches: int, keep: Any = None) -> CapturedGraph:
+    """Capture what `submit()` queues on the stream into a graph and instantiate it.
+
+    The capture is thread-local (CU_STREAM_CAPTURE_MODE_THREAD_LOCAL): other threads' work is
+    not affected. `submit` must queue its work on `stream_handle` and do nothing else with the
+    device (no allocation, no synchronization). Raises (LaunchError, or what `submit` raised)
+    when the capture fails; the stream is left not capturing either way."""
+    from cuda.bindings import driver
+
+    stream = driver.CUstream(stream_handle)
+    (err,) = driver.cuStreamBeginCapture(stream, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+    _check(err, "cuStreamBeginCapture")
+    try:
+        submit()
+    except BaseException:
+        err, graph = driver.cuStreamEndCapture(stream)  # end it, so the stream can be used again
+        if err == driver.CUresult.CUDA_SUCCESS and int(graph):
+            driver.cuGraphDestroy(graph)
+        raise
+    err, graph = driver.cuStreamEndCapture(stream)
+    _check(err, "cuStreamEndCapture")
+    try:
+        err, handle = driver.cuGraphInstantiate(graph, 0)
+    finally:
+        driver.cuGraphDestroy(graph)  # the executable graph does not need its source graph
+    _check(err, "cuGraphInstantiate")
+    return CapturedGraph(handle, launches, keep)
+
+
+# ---- the executor's graph path -------------------------------------------------------------------
+
+class GraphReplay:
+    """The CUDA executor's graph path (cuda.py's CudaExecutor inherits it): replay a cached
+    call as its graph, capture it, launch it. It uses the executor's stream, device, loaded
+    module (`object_code`), `_submit` (one launch) and `_with_maps` (a cached launch's
+    parameters for the call's pointers)."""
+
+    host: Any
+    device: Any
+    stream: Any
+    _stream_ptr: int
+    object_code: Any
+    last_launches: list[Any]
+    graph_stats: GraphStats
+    _capture_stream: Any
+    _capture_lock: Any
+    _submit: Callable[..., None]
+    _with_maps: Callable[[Any, list[int]], list[Any]]
+
+    def _replay_graph(self, cached: CachedCall, ptrs: list[int]) -> bool:
+        """Launch the cached call as its CUDA graph for these exact pointers (and this stream),
+        capturing it when they are seen for the second time (graphs.py). False (nothing
+        launched) when the call launches plainly: pointers seen for the first time, a stream
+        someone else is capturing, a call whose capture failed."""
+        state = cached.graphs
+        if state.failed:
+            return False
+        key = (self._stream_ptr, *ptrs)
+        graph = state.find(key)
+        if graph is None and not state.second_sight(key):
+            return False
+        if self._stream_capturing():
+            return False  # a user's capture (torch.cuda.graph): the plain launches go into it
+        if graph is None:
+            graph = self._capture(cached, ptrs)
+            if graph is None:
+                return False
+            for evicted in state.keep(key, graph):
+                evicted.close()
+        try:
+            self._launch_graph(graph)
+        except Exception as exc:  # noqa: BLE001 - the driver's error, named with the call
+            self.last_launches = []
+            names = [r.kernel for r in cached.records]
+            listed = ", ".join(names[:6]) + (f", ... {names[-1]}" if len(names) > 6 else "")
+            raise LaunchError(f"{self.host.name}: the CUDA graph of its {len(names)} launches ({listed}) failed to "
+                              f"launch: {exc}") from exc
+        self.graph_stats.launched += 1
+        self.last_launches = list(cached.records)
+        return True
+
+    def _capture(self, cached: CachedCall, ptrs: list[int]) -> Any:
+        """The call's launches for `ptrs` captured as a graph; None when the capture failed (the
+        call then launches plainly from now on; nothing is raised here: a launch that really
+        fails raises from the plain launch). The parameters (tensor maps encoded) are made
+        before the capture, so that only the launches happen while capturing."""
+        params = [self._with_maps(launch, ptrs) for launch in cached.launches]
+
+        def submit_all(stream: Any) -> None:
+            for launch, launch_params in zip(cached.launches, params):
+                self._submit(launch.kernel, launch.config, launch_params, stream)
+
+        try:
+            graph = self._capture_graph(submit_all, len(params))
+        except Exception:  # noqa: BLE001 - any failure: launch plainly instead, and stop trying
+            for dropped in cached.graphs.give_up():
+                dropped.close()
+            self.graph_stats.gave_up += 1
+            return None
+        self.graph_stats.captured += 1
+        return graph
+
+    def _capture_graph(self, submit: Callable[[Any], None], launches: int) -> Any:
+        """Capture `submit(stream)`'s launches into an instantiated graph, on the executor's
+        private capture stream (made once, non-blocking: cuda.core's default). Not the caller's
+        stream: that may be the legacy default stream, which cannot be captured, and a graph
+        launches on any stream. The executor's own stream is left as it is, so another thread's
+        call meanwhile launches where it should."""
+        with self._capture_lock:
+            if self._capture_stream is None:
+                self._capture_stream = self.device.create_stream()
+            stream = self._capture_stream
+            try:
+                return capture(int(stream.handle), lambda: submit(stream), launches, keep=self.object_code)
+            except Exception:
+                self._capture_stream = None  # a fresh one next time, whatever state this one is in
+                raise
+
+    def _launch_graph(self, graph: Any) -> None:
+        graph.launch(self._stream_ptr)
+
+    def _stream_capturing(self) -> bool:
+        """Whether the call's stream is being captured by someone else (cuStreamIsCapturing)."""
+        return stream_capturing(self._stream_ptr)
+
+
+__all__ = ["CallGraphs", "CapturedGraph", "GRAPHS_PER_CALL", "GraphReplay", "GraphStats", "MIN_LAUNCHES", "SEEN_PER_CALL",
+           "capture", "enabled_by_environment", "stream_capturing"]
