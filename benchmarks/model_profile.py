@@ -85,6 +85,9 @@ def profile(label: str, run, model, data, warmup: int, top: int, host: int = 0) 
     for name, durations in rows[: top or None]:
         total = sum(durations) / steps / 1e3
         print(f"| {total:.3f} | {len(durations) / steps:.0f} | {statistics.mean(durations):.1f} | {name[:110]} |")
+    if label.startswith("tecc"):
+        from tecc.runtime.graphs import TOTALS
+        print(f"tecc's CUDA graphs of repeated calls so far in this process: {TOTALS}")
     if host:
         host_profile(label, run, opt, timed, host)
 

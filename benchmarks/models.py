@@ -262,6 +262,15 @@ def convnet(args: argparse.Namespace) -> list[str]:
     return INFERENCE_HEADER + _inference("convnet (stem + 3x 3x3 64, 56x56) bf16 b32", base, x, args)
 
 
+def _graph_totals() -> str:
+    """The runtime's CUDA-graph counts (tecc/runtime/graphs.py TOTALS), or why there are none."""
+    try:
+        from tecc.runtime.graphs import TOTALS
+    except ImportError as exc:
+        return f"unavailable ({exc})"
+    return str(TOTALS)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["gpt2", "hf-gpt2", "resnet50", "convnet"],
@@ -300,6 +309,7 @@ def main() -> None:
 
     fallen = sorted({op for r in reports() for op in r.fallback_ops})
     lines += ["", f"tecc fallbacks: {', '.join(fallen) if fallen else 'none'}"]
+    lines += [f"tecc CUDA graphs of repeated calls (all runs of this process): {_graph_totals()}"]
     text = "\n".join(lines)
     print("\n" + text)
     if args.out:

@@ -176,6 +176,15 @@ def resnet50(args: argparse.Namespace, torchvision: Any) -> list[str]:
     return rows
 
 
+def _graph_totals() -> str:
+    """The runtime's CUDA-graph counts (tecc/runtime/graphs.py TOTALS), or why there are none."""
+    try:
+        from tecc.runtime.graphs import TOTALS
+    except ImportError as exc:
+        return f"unavailable ({exc})"
+    return str(TOTALS)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="SDPA only, 20 GPT-2 steps, 10 resnet50 calls")
@@ -212,6 +221,7 @@ def main() -> None:
 
     fallen = sorted({op for r in reports() for op in r.fallback_ops})
     lines += ["", f"tecc fallbacks: {', '.join(fallen) if fallen else 'none'}"]
+    lines += [f"tecc CUDA graphs of repeated calls (all runs of this process): {_graph_totals()}"]
     print("\n" + "\n".join(lines))
 
 

@@ -57,11 +57,17 @@ def enabled_by_environment() -> bool:
 @dataclass
 class GraphStats:
     """An executor's graph counts: graphs `captured`, graph launches (`launched`, the launch
-    right after each capture included) and cached calls that `gave_up` after a failed capture."""
+    right after each capture included), cached calls that `gave_up` after a failed capture, and
+    `first_sights`: hits launched plainly because their pointers were new (a steady loop whose
+    count keeps growing gets new addresses every call and never replays)."""
 
     captured: int = 0
     launched: int = 0
     gave_up: int = 0
+    first_sights: int = 0
+
+
+TOTALS = GraphStats()  # the same counts summed over every executor of the process (benchmarks print it)
 
 
 class CallGraphs:
@@ -232,6 +238,8 @@ class GraphReplay:
         key = (self._stream_ptr, *ptrs)
         graph = state.find(key)
         if graph is None and not state.second_sight(key):
+            self.graph_stats.first_sights += 1
+            TOTALS.first_sights += 1
             return False
         if self._stream_capturing():
             return False  # a user's capture (torch.cuda.graph): the plain launches go into it
@@ -250,6 +258,7 @@ class GraphReplay:
             raise LaunchError(f"{self.host.name}: the CUDA graph of its {len(names)} launches ({listed}) failed to "
                               f"launch: {exc}") from exc
         self.graph_stats.launched += 1
+        TOTALS.launched += 1
         self.last_launches = list(cached.records)
         return True
 
@@ -270,8 +279,10 @@ class GraphReplay:
             for dropped in cached.graphs.give_up():
                 dropped.close()
             self.graph_stats.gave_up += 1
+            TOTALS.gave_up += 1
             return None
         self.graph_stats.captured += 1
+        TOTALS.captured += 1
         return graph
 
     def _capture_graph(self, submit: Callable[[Any], None], launches: int) -> Any:
@@ -299,4 +310,4 @@ class GraphReplay:
 
 
 __all__ = ["CallGraphs", "CapturedGraph", "GRAPHS_PER_CALL", "GraphReplay", "GraphStats", "MIN_LAUNCHES", "SEEN_PER_CALL",
-           "capture", "enabled_by_environment", "stream_capturing"]
+           "TOTALS", "capture", "enabled_by_environment", "stream_capturing"]
