@@ -125,6 +125,7 @@ def test_a_repeated_call_replays_one_graph_from_its_third_call(full_path):
     assert full_path["binds"] == 1
     assert len(f.submitted) == 4, "the full path and the first hit launch plainly (two launches each)"
     assert f.graph_stats == graphs.GraphStats(captured=1, launched=3, gave_up=0)
+    assert f.graph_stats.first_sights == 1, "the first hit's pointers were new"
     graph = f.graph_launches[0][0]
     assert all(g is graph for g, _ in f.graph_launches) and all(s == 0x5EED for _, s in f.graph_launches)
     ptrs = [a.__cuda_array_interface__["data"][0] for a in args]

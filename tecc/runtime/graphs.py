@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Hashable
 
 from ..ir.errors import LaunchError
@@ -64,7 +64,7 @@ class GraphStats:
     captured: int = 0
     launched: int = 0
     gave_up: int = 0
-    first_sights: int = 0
+    first_sights: int = field(default=0, compare=False)  # a diagnostic: not part of equality
 
 
 TOTALS = GraphStats()  # the same counts summed over every executor of the process (benchmarks print it)
