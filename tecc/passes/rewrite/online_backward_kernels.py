@@ -138,8 +138,10 @@ class BackwardKernels(TileStaging):
                 add = IfThenElse(compare("<", col, extent), add)
             shuffles = [BufferStore(partial, (zero,), partial[zero] + warp_shuffle("shfl_xor", partial[zero], m))
                         for m in (16, 8, 4, 2, 1)]
-            value = SubexpressionReplacer({red: cast(partial[zero], red.dtype)}).visit(
-                substitute(op.body, dict(zip(op.axes, at))))
+            # the reduction replaced before the row is substituted: substituting first would build a
+            # new Reduce that the replacer does not find, and lane 0 would sum the row again alone
+            value = substitute(SubexpressionReplacer({red: cast(partial[zero], red.dtype)}).visit(op.body),
+                               dict(zip(op.axes, at)))
             st2, val2 = lower.value(value)
             body.append(seq(BufferStore(partial, (zero,), Const(0.0, dt.float32)),
                             For(k, zero, Const(-(-extent // 32), dt.int32), "unroll", add), *shuffles,

@@ -13,12 +13,16 @@ is the mma.sync kernel's, unchanged. Per query block of BM rows:
                                           the register A of k16 step k), dQ's -> a blocked tile
     wgmma.fence; dV += Pᵀ·dO, dK += dSᵀ·Q  m64n{d}k16, A from registers, B = the row tile MN-major
     fence.proxy.async; barrier            dS's tile written by the threads, visible to wgmma
-    wgmma.fence; dQ_part = dS·K           m64n{d}k16 per 64 queries over the warpgroup's own 64
-                                          keys: A = dS's tile MN-major ([queries / 64][keys][64]),
-                                          B = the K tile MN-major; commit; wait; float32 atomics
+    wgmma.fence; dQ_part = dS·K           m64n{d / G}k16 per 64 queries over all BN keys, warpgroup
+                                          g of G = BN / 64 owning columns g·d / G ..: A = dS's tile
+                                          MN-major ([queries / 64][keys][64]), B = the K tile
+                                          MN-major from g's first column; commit; wait; float32 atomics
 
-Each warpgroup adds the dQ of its own keys (with two warpgroups, two atomics per element and
-tile instead of one, and no exchange of dS between warpgroups). The tiles are the forward's
+The warpgroups split dQ's columns, not its keys: one atomic per element and tile (as
+FlashAttention-2), where a split by keys (each warpgroup its own 64) would add every element
+once per warpgroup. Each reads the other's rows of dS's tile: the barrier before the dQ group
+publishes them, and the one at the top of the next step (the ring's) keeps them until both
+warpgroups' dQ groups are waited for. The tiles are the forward's
 blocked swizzled ones ([stages][width / W][rows][W], TileStaging.blocked), read through
 descriptors (TileStaging.operand).
 """
@@ -95,14 +99,28 @@ class KeyMajorWgmma(KeyMajor):
                         for o in chain.of_kind("key")}
         self.accs = {id(o.tensor): self.frag("acc_frag", self.pv[id(o.tensor)], "d", o.columns // 2)
                      for o in chain.of_kind("key")}
-        # dQ in chunks of 64 columns (one column block of the K tile each: half the accumulator of
-        # d = 128 at once, which keeps the kernel within 255 registers), the whole d below that
-        self.dq_chunk = {id(o.tensor): 64 if o.columns % 64 == 0 else o.columns for o in self.row_side}
+        # dQ's columns split among the warpgroups (each sums all BN keys for its share) where each
+        # share is whole chunks inside the K tile's column blocks, else each warpgroup sums its own
+        # 64 keys over all columns; in chunks of at most 64 columns (one column block of the K
+        # tile: half the accumulator of d = 128 at once, which keeps the kernel within 255 registers)
+        self.dq_groups = {id(o.tensor): self._column_split(o) for o in self.row_side}
+        self.dq_width = {id(o.tensor): o.columns // self.dq_groups[id(o.tensor)] for o in self.row_side}
+        self.dq_chunk = {k: 64 if w % 64 == 0 else w for k, w in self.dq_width.items()}
         self.dq_row = {k: wgmma_intrinsic(self.dtype.name, n) for k, n in self.dq_chunk.items()}
         self.dq_frags = {id(o.tensor): self.frag("row_frag", self.dq_row[id(o.tensor)], "d", self.dq_chunk[id(o.tensor)] // 2)
                          for o in self.row_side}
         for o in chain.of_kind("key"):
             check_wgmma_relayout(self.qk, self.pv[id(o.tensor)], WHERE)
+
+    def _column_split(self, o: GradOutput) -> int:
+        """Into how many warpgroups' shares dQ's columns split: BN / 64 when each share is a wgmma
+        n of whole chunks inside one column block of the K tile (d = 64: 32 each; d = 128: 64), else 1."""
+        groups = self.BN // 64
+        width, block = o.columns // groups, block_width(o.columns)
+        if groups == 1 or o.columns % groups:
+            return 1
+        fits = width % 64 == 0 and block == 64 if width >= 64 else width in WGMMA_N and block % width == 0
+        return groups if fits else 1
 
     def _allocations(self) -> list[Buffer]:
         out = [b for b, _ in self.key_tiles.values()] + [b for b, _ in self.row_tiles.values()]
@@ -129,14 +147,14 @@ class KeyMajorWgmma(KeyMajor):
         return register_a_outputs(self, stage, outs, self.row_tiles, "query_step", self.BM)
 
     def _row_side(self) -> Stmt:
-        """dQ_part[64 queries x d] = dS·K over the warpgroup's 64 keys per 64 queries: A = dS's tile
-        MN-major, B = the K tile MN-major; float32 atomics from the accumulator."""
+        """dQ_part[64 queries x d] = dS·K over all BN keys of the block, the columns split among
+        the warpgroups (warpgroup g owns d / (BN / 64) of them; `_column_split`), or over each
+        warpgroup's own 64 keys where they do not split: A = dS's tile MN-major, B = the K tile
+        MN-major from the share's first column; float32 atomics from the accumulator, one per
+        element and tile when split (FlashAttention-2's count), else one per warpgroup."""
         if not self.row_side:
             return seq()
         assert self.weights_tile is not None
-        chain, zero = self.chain, Const(0, dt.int32)
-        ws = self.weights_tile
-        w = block_width(self.BM)
         out: list[Stmt] = [AsyncProxyFence(), Barrier()]
         for o in self.row_side:
             assert o.operand is not None
@@ -144,28 +162,40 @@ class KeyMajorWgmma(KeyMajor):
             dq, row, chunk = self.dq_frags[id(o.tensor)], self.dq_row[id(o.tensor)], self.dq_chunk[id(o.tensor)]
             acc = self.accumulators[id(o.tensor)]
             tile_w = block_width(self.tile_width(tile))
+            width = self.dq_width[id(o.tensor)]
             for mq in range(self.BM // 64):
-                for c0 in range(0, o.columns, chunk):
-                    out += [WarpgroupFence(), self.unrolled("key_step", 4, lambda kk, tile=tile, dq=dq, row=row, mq=mq,
-                                                            c0=c0, tw=tile_w: self._dq_step(kk, tile, dq, row, mq, c0, tw)),
+                for c in range(0, width, chunk):
+                    split = self.dq_groups[id(o.tensor)] > 1
+                    c0: Expr | int = self.warpgroup * width + c if split else c
+                    # split: every key of the block; else the warpgroup's own 64
+                    k0 = None if split else self.warpgroup * 4
+                    steps = self.BN // 16 if split else 4
+                    out += [WarpgroupFence(), self.unrolled("key_step", steps, lambda kk, tile=tile, dq=dq, row=row,
+                                                            mq=mq, c0=c0, k0=k0, tw=tile_w:
+                                                            self._dq_step(kk, k0, tile, dq, row, mq, c0, tw)),
                             WarpgroupCommit(), WarpgroupWait(0, (dq,)),
                             self.unrolled("dq_n", chunk // 8, lambda nt, mq=mq, c0=c0, dq=dq, acc=acc:
                                           self._dq_add(nt, mq, c0, dq, acc))]
         return seq(*out)
 
-    def _dq_step(self, kk: Var, tile: Buffer, dq: Buffer, row: str, mq: int, c0: int, tile_w: int) -> Stmt:
-        """k16 step kk of the warpgroup's 64 keys: A = dS's tile MN-major at queries 64·mq.., B =
-        the K tile MN-major at columns c0.. (a whole column block of it)."""
+    def _dq_step(self, kk: Var, k0: Expr | None, tile: Buffer, dq: Buffer, row: str, mq: int, c0: Expr | int,
+                 tile_w: int) -> Stmt:
+        """k16 step k0 + kk of the block's keys: A = dS's tile MN-major at queries 64·mq.., B = the
+        K tile MN-major at columns c0.. (inside one column block of it: an MN-major start moves n
+        before the swizzle, as the hardware adds the start address)."""
         zero = Const(0, dt.int32)
         assert self.weights_tile is not None
         w = block_width(self.BM)
-        k = self.warpgroup * 4 + kk
+        k = kk if k0 is None else k0 + kk
         a = SharedMatrix(self.weights_tile, mq * (self.BN * w) + k * (16 * w), descriptor(w, "MN", self.BN))
         b = self.operand(tile, zero, zero, k, mn_major=True)
-        b = SharedMatrix(b.buffer, b.start + (c0 // tile_w) * (self.BN * tile_w), b.descriptor)
+        start = b.start + (c0 // tile_w) * (self.BN * tile_w)
+        if not isinstance(c0, int):
+            start = start + c0 % tile_w
+        b = SharedMatrix(b.buffer, start, b.descriptor)
         return WarpgroupMatrixMultiply(row, FragmentRef(dq, zero), a, b, compare("!=", kk, zero))
 
-    def _dq_add(self, nt: Var, mq: int, c0: int, dq: Buffer, acc: Buffer) -> Stmt:
+    def _dq_add(self, nt: Var, mq: int, c0: Expr | int, dq: Buffer, acc: Buffer) -> Stmt:
         """The accumulator's n8 tile nt added to dQ's float32 accumulator (rows past the end not)."""
         chain = self.chain
 
