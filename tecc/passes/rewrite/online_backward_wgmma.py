@@ -11,12 +11,14 @@ is the mma.sync kernel's, unchanged. Per query block of BM rows:
                                           tile, both K-major; commit; wait
     P, dV's and dK's weights -> register A fragments (the accumulator's elements 8k .. 8k + 7 are
                                           the register A of k16 step k), dQ's -> a blocked tile
-    wgmma.fence; dV += Pᵀ·dO, dK += dSᵀ·Q  m64n{d}k16, A from registers, B = the row tile MN-major
+    wgmma.fence; dV += Pᵀ·dO, dK += dSᵀ·Q  m64n{d}k16, A from registers, B = the row tile MN-major;
+                                          committed, not waited for when dQ follows
     fence.proxy.async; barrier            dS's tile written by the threads, visible to wgmma
     wgmma.fence; dQ_part = dS·K           m64n{d / G}k16 per 64 queries over all BN keys, warpgroup
                                           g of G = BN / 64 owning columns g·d / G ..: A = dS's tile
                                           MN-major ([queries / 64][keys][64]), B = the K tile
-                                          MN-major from g's first column; commit; wait; float32 atomics
+                                          MN-major from g's first column; commit; wait (for
+                                          both groups); float32 atomics
 
 The warpgroups split dQ's columns, not its keys: one atomic per element and tile (as
 FlashAttention-2), where a split by keys (each warpgroup its own 64) would add every element
@@ -140,11 +142,13 @@ class KeyMajorWgmma(KeyMajor):
 
     def _key_side(self, stage: Expr) -> Stmt:
         """acc[64 keys x C] += wᵀ·X: A = the weights from registers (k16 step kk of the queries),
-        B = X's row tile MN-major (k = the queries)."""
+        B = X's row tile MN-major (k = the queries). With row-side outputs the group is left in
+        flight: dQ's group queues behind it and dQ's wait covers both (`_row_side`), so the
+        tensor cores run through the barrier between them."""
         outs = self.chain.of_kind("key")
         if not outs:
             return seq()
-        return register_a_outputs(self, stage, outs, self.row_tiles, "query_step", self.BM)
+        return register_a_outputs(self, stage, outs, self.row_tiles, "query_step", self.BM, wait=not self.row_side)
 
     def _row_side(self) -> Stmt:
         """dQ_part[64 queries x d] = dS·K over all BN keys of the block, the columns split among
@@ -156,6 +160,7 @@ class KeyMajorWgmma(KeyMajor):
             return seq()
         assert self.weights_tile is not None
         out: list[Stmt] = [AsyncProxyFence(), Barrier()]
+        in_flight = tuple(self.accs[id(o.tensor)] for o in self.chain.of_kind("key"))   # _key_side's group
         for o in self.row_side:
             assert o.operand is not None
             tile = self.key_tiles[tile_key(o.operand)][0]
@@ -173,9 +178,10 @@ class KeyMajorWgmma(KeyMajor):
                     out += [WarpgroupFence(), self.unrolled("key_step", steps, lambda kk, tile=tile, dq=dq, row=row,
                                                             mq=mq, c0=c0, k0=k0, tw=tile_w:
                                                             self._dq_step(kk, k0, tile, dq, row, mq, c0, tw)),
-                            WarpgroupCommit(), WarpgroupWait(0, (dq,)),
+                            WarpgroupCommit(), WarpgroupWait(0, (dq, *in_flight)),
                             self.unrolled("dq_n", chunk // 8, lambda nt, mq=mq, c0=c0, dq=dq, acc=acc:
                                           self._dq_add(nt, mq, c0, dq, acc))]
+                    in_flight = ()
         return seq(*out)
 
     def _dq_step(self, kk: Var, k0: Expr | None, tile: Buffer, dq: Buffer, row: str, mq: int, c0: Expr | int,
@@ -277,16 +283,19 @@ def row_key_contractions(kernel: KeyMajorWgmma | QueryMajorWgmma, stage: Expr, k
 
 
 def register_a_outputs(kernel: KeyMajorWgmma | QueryMajorWgmma, stage: Expr, outs: list[GradOutput], tiles: Tiles,
-                       label: str, k: int) -> Stmt:
-    """acc += w·X for each output of `outs` as one wgmma group, waited for: A = its weights from
-    registers, B = its operand's tile in `tiles` of ring stage `stage` MN-major, over `k` (the
-    queries or the keys) in k16 steps."""
+                       label: str, k: int, wait: bool = True) -> Stmt:
+    """acc += w·X for each output of `outs` as one wgmma group, waited for unless not `wait` (then
+    committed and left in flight: a later wait must cover it before the accumulators or the
+    register A are touched): A = its weights from registers, B = its operand's tile in `tiles` of
+    ring stage `stage` MN-major, over `k` (the queries or the keys) in k16 steps."""
     steps = []
     for o in outs:
         assert o.operand is not None
         key = id(o.tensor)
         steps.append(kernel.wgmma_register_a(label, kernel.pv[key], kernel.accs[key], kernel.w_frags[key],
                                              tiles[tile_key(o.operand)][0], stage, k // 16))
+    if not wait:
+        return seq(WarpgroupFence(), *steps, WarpgroupCommit())
     return kernel.wgmma_group(steps, tuple(kernel.accs.values()))
 
 
