@@ -257,8 +257,10 @@ class BackwardKernels(TileStaging):
         keeps the guard everywhere); `self.whole` says which."""
         chain = self.chain
         staged = {id(read) for _, read in self.stat_tiles.values()}
+        # the operands of the row-key contractions are the tensor cores' (staged tiles), not reads per element
+        contracted = {n for c in chain.contractions for n in walk(c.node) if isinstance(n, TensorRead)}
         for value in [chain.probs, *(o.weight for o in chain.outputs)]:
-            if any(isinstance(n, TensorRead) and id(n) not in staged for n in walk(value)):
+            if any(isinstance(n, TensorRead) and id(n) not in staged and n not in contracted for n in walk(value)):
                 self.whole = "every tile guarded (the weights read a tensor per element)"
                 return None
         qv, kv, first, block = (Var(self.unique(n), dt.int32) for n in ("query0", "key0", "query_block", "key_block"))
