@@ -69,6 +69,9 @@ class BackwardKernels(TileStaging):
     query-major kernel computes them."""
 
     accs: dict[int, Buffer]   # the kernel's output accumulators by id(output tensor): set by the kernel's _fragments
+    # whether tiles isl proves whole run an unguarded copy of the elementwise stage (the step's
+    # `whole_tiles`): fewer instructions per element, more registers (both copies are in the loop)
+    unguarded_tiles = True
 
     def __init__(self, chain: BackwardChain, threads: int, atomics: bool, name: str | None,
                  like: "BackwardKernels | None" = None) -> None:
@@ -256,6 +259,9 @@ class BackwardKernels(TileStaging):
         (key_tiles.whole_tile, proved by isl), or None (a bias or mask tensor read per element
         keeps the guard everywhere); `self.whole` says which."""
         chain = self.chain
+        if not self.unguarded_tiles:
+            self.whole = "every tile guarded (whole_tiles=False: one copy of the elementwise stage)"
+            return None
         staged = {id(read) for _, read in self.stat_tiles.values()}
         # the operands of the row-key contractions are the tensor cores' (staged tiles), not reads per element
         contracted = {n for c in chain.contractions for n in walk(c.node) if isinstance(n, TensorRead)}
