@@ -4,7 +4,7 @@ cuDNN backends) in the same process (docs/training.md, "The backward of attentio
     python benchmarks/attention_backward.py [--quick] [--gpt2] [--dtype float16|bfloat16] [--gqa-only]
                                             [--seqs 1024 8192] [--dims 64] [--tiling KEYS ROWS DQ] [--dq-kernel]
                                             [--step '{"key_tile": 128, "rows": 64, "wgmma": true}']
-                                            [--kernels] [--out DIR]
+                                            [--kernels] [--variant JSON ...] [--out DIR]
 
 Each row builds the forward tc.grad asks for (`g.forward`: O and its log-sum-exp, one kernel) and
 the backward (`g.args`: the pre-pass, the key-block-major kernel with dQ by float32 atomics, dQ's
@@ -21,7 +21,8 @@ query-major kernel instead of float32 atomics (the plan's other form). `--step J
 exactly this online_backward_mma step (any form: `"wgmma": true` for the Hopper kernels, `"dq":
 "kernel"` with `"dq_rows"`, `"dq_key_tile"`, `"whole_tiles": false` for every tile guarded), e.g.
 the d = 128 Hopper form the planner passes over.
-`--gpt2`: only GPT-2's shape (B = 8, H = 12, S = 1024, d = 64; causal, then not), bfloat16
+`--variant JSON` (repeatable): also time that step on each shape's inputs (one process: the
+inputs and SDPA's times shared). `--gpt2`: only GPT-2's shape (B = 8, H = 12, S = 1024, d = 64; causal, then not), bfloat16
 unless --dtype says otherwise; the full grid also ends with its causal row. `--kernels`: each
 kernel's own time (CUPTI, torch.profiler) of tecc's backward and of both SDPA backends', so the
 pre-pass, the key-block-major kernel and the conversion are seen apart. The run ends with the
@@ -182,12 +183,16 @@ def markdown_rows(rows: list[dict[str, Any]]) -> str:
                    f"{r['tecc_tflops']:.0f} | {r.get('sdpa_flash_us', float('nan')):.1f} | "
                    f"{r.get('sdpa_cudnn_us', float('nan')):.1f} | {r['ratio']:.3f} | {r['rel_err']:.1e} | "
                    f"{r['plan'].replace('online_backward_mma ', '')} |")
+        for v in r.get("variants", []):
+            if "us" in v:
+                out.append(f"| (same, another step) | {r['causal']} | {v['us']:.1f} | {r['tecc_tflops'] * r['tecc_us'] / v['us']:.0f} "
+                           f"| | | {v['ratio']:.3f} | {v['rel_err']:.1e} | {json.dumps(v['step'])} |")
     return "\n".join(out)
 
 
 def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int, tiling: tuple[int, ...] | None,
               dq_kernel: bool = False, step: dict[str, Any] | None = None, batch_heads: tuple[int, int] | None = None,
-              kernels: bool = False) -> dict[str, Any]:
+              kernels: bool = False, variants: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     import torch
 
     import tecc as tc
@@ -224,7 +229,22 @@ def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int, tiling: tup
     plan = bwd.plan.steps[0].args if bwd.plan.steps else {}
     if kernels:
         print_kernel_times(lambda: bwd(q, k, v, o, lse, do, *grads), q, k, v, do, causal, f"B{b} H{h} S{s} d{d}")
-    return {"S": s, "d": d, "B": b, "H": h, "H_kv": h // groups, "dtype": dtype, "causal": causal, "rel_err": err,
+    timed = []
+    for variant in variants or []:   # other steps on the same inputs, against the same SDPA times
+        try:
+            other = tc.build(g.args, plan=Plan((Step("online_backward_mma", variant),), "given", ""))
+            out = [torch.full(t.shape, float("nan"), device="cuda", dtype=tdt) for t in (q, k, v)]
+            other(q, k, v, o, lse, do, *out)
+            torch.cuda.synchronize()
+            t = time_call(lambda: other(q, k, v, o, lse, do, *out), reps)
+            timed.append({"step": variant, "us": t * 1e6, "ratio": best / t,
+                          "rel_err": reference_error(q, k, v, do, out, causal, groups)})
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            timed.append({"step": variant, "error": f"{type(exc).__name__}: {exc}"[:300]})
+        print(f"  variant {json.dumps(variant)}: " + (f"{timed[-1]['us']:.1f} us, ratio {timed[-1]['ratio']:.3f}, "
+                                                      f"rel err {timed[-1]['rel_err']:.1e}" if "us" in timed[-1]
+                                                      else timed[-1]["error"]), flush=True)
+    return {"variants": timed, "S": s, "d": d, "B": b, "H": h, "H_kv": h // groups, "dtype": dtype, "causal": causal, "rel_err": err,
             "tecc_us": t_tecc * 1e6, "tecc_tflops": flops / t_tecc / 1e12, "tecc_forward_us": t_fwd * 1e6,
             **{f"sdpa_{n}_us": t * 1e6 for n, t in refs.items()}, "ratio": best / t_tecc,
             "kernels": len(bwd.module.kernels), "plan": f"{bwd.plan.strategy} {dict(plan)}", "build_s": build_s}
@@ -247,6 +267,8 @@ def main() -> None:
                     help="the online_backward_mma step's arguments to time instead of the plan")
     ap.add_argument("--gpt2", action="store_true", help="only GPT-2's shape: B 8, H 12, S 1024, d 64 (bfloat16)")
     ap.add_argument("--kernels", action="store_true", help="each kernel's time (torch.profiler) beside the totals")
+    ap.add_argument("--variant", type=json.loads, action="append", default=None, metavar="JSON",
+                    help="also time this online_backward_mma step on the same inputs (repeatable)")
     ap.add_argument("--out", default=None)
     opts = ap.parse_args()
     if opts.gpt2 and "--dtype" not in sys.argv:
@@ -269,7 +291,7 @@ def main() -> None:
         for causal in causals:
             try:
                 row = run_shape(s, d, opts.dtype, causal, groups, tuple(opts.tiling) if opts.tiling else None,
-                                opts.dq_kernel, opts.step, batch_heads, opts.kernels)
+                                opts.dq_kernel, opts.step, batch_heads, opts.kernels, opts.variant)
             except Exception as exc:  # noqa: BLE001 - report and go on
                 row = {"S": s, "d": d, "causal": causal, "groups": groups, "error": f"{type(exc).__name__}: {exc}"[:400]}
                 print(row, flush=True)
