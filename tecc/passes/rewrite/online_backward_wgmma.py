@@ -7,9 +7,10 @@ is the mma.sync kernel's, unchanged. Per query block of BM rows:
 
     wait; fence.proxy.async; barrier      the row tiles (Q, dO) landed and are visible to wgmma
     the next query block's tiles -> the other stage
-    wgmma.fence; Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ   m64n{BM}k16, A = the warpgroup's 64 key rows, B = the row
-                                          tile, both K-major; commit; wait
-    P, dV's and dK's weights -> register A fragments (the accumulator's elements 8k .. 8k + 7 are
+    wgmma.fence; Sᵀ = K·Qᵀ; dPᵀ = V·dOᵀ   m64n{BM}k16, A = the warpgroup's 64 key rows, B = the row
+                                          tile, both K-major; a group each; wait for Sᵀ's
+    P                                     in place, while dPᵀ's group runs; then wait for it
+    dV's and dK's weights -> register A fragments (the accumulator's elements 8k .. 8k + 7 are
                                           the register A of k16 step k), dQ's -> a blocked tile
     wgmma.fence; dV += Pᵀ·dO, dK += dSᵀ·Q  m64n{d}k16, A from registers, B = the row tile MN-major;
                                           committed, not waited for when dQ follows
@@ -52,7 +53,7 @@ from ...ir.stmt import (
 )
 from ..schedule.tensorize_wgmma import wgmma_intrinsic
 from .mma_tiles import block_width, check_wgmma_relayout, descriptor
-from .online_backward import BackwardChain, GradOutput
+from .online_backward import BackwardChain, Contraction, GradOutput
 from .online_backward_dq import QueryMajor
 from .online_backward_kernels import WHERE, BackwardKernels, Tiles, tile_key
 from .online_backward_key_major import KeyMajor
@@ -137,8 +138,29 @@ class KeyMajorWgmma(KeyMajor):
 
     def _contractions(self, stage: Expr) -> Stmt:
         """Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ: the warpgroup's 64 key rows (K-major A) by the row tile (K-major
-        B), scale-d false on the first k16 step; then waited for."""
-        return row_key_contractions(self, stage, keys_first=True)
+        B), scale-d false on the first k16 step. The scores are their own group, waited for
+        while the others run (`_elementwise` computes P meanwhile, then waits for the rest)."""
+        score = self.c_frags[id(self.score_node())]
+        others = [c for c in self.chain.contractions if self.c_frags[id(c.node)] is not score]
+        if not others:
+            return row_key_contractions(self, stage, keys_first=True)
+        steps = {id(c.node): self._scores_step(c, stage) for c in self.chain.contractions}
+        return seq(WarpgroupFence(), steps[id(self.score_node())], WarpgroupCommit(),
+                   *(steps[id(c.node)] for c in others), WarpgroupCommit(), WarpgroupWait(1, (score,)))
+
+    def _scores_step(self, c: Contraction, stage: Expr) -> Stmt:
+        key_tile = self.key_tiles[tile_key(c.key_operand)][0]
+        row_tile = self.row_tiles[tile_key(c.row_operand)][0]
+        return self.wgmma_k_major("depth_step", self.qk, self.c_frags[id(c.node)], key_tile, self.warpgroup * 64,
+                                  row_tile, stage, c.depth // 16)
+
+    def _elementwise(self, stage: Expr, parts: str = "all") -> Stmt:
+        """P while the contractions after the scores run, their wait, then the weights."""
+        score = self.c_frags[id(self.score_node())]
+        others = tuple(f for f in self.c_frags.values() if f is not score)
+        if not others or parts != "all":
+            return super()._elementwise(stage, parts)
+        return seq(super()._elementwise(stage, "probs"), WarpgroupWait(0, others), super()._elementwise(stage, "weights"))
 
     def _key_side(self, stage: Expr) -> Stmt:
         """acc[64 keys x C] += wᵀ·X: A = the weights from registers (k16 step kk of the queries),
