@@ -1,9 +1,10 @@
 """The backward of attention: tc.grad of the program users write vs SDPA's backward (flash and
 cuDNN backends) in the same process (docs/training.md, "The backward of attention").
 
-    python benchmarks/attention_backward.py [--quick] [--dtype float16|bfloat16] [--gqa-only]
+    python benchmarks/attention_backward.py [--quick] [--gpt2] [--dtype float16|bfloat16] [--gqa-only]
                                             [--seqs 1024 8192] [--dims 64] [--tiling KEYS ROWS DQ] [--dq-kernel]
-                                            [--step '{"key_tile": 128, "rows": 64, "wgmma": true}'] [--out DIR]
+                                            [--step '{"key_tile": 128, "rows": 64, "wgmma": true}']
+                                            [--kernels] [--variant JSON ...] [--out DIR]
 
 Each row builds the forward tc.grad asks for (`g.forward`: O and its log-sum-exp, one kernel) and
 the backward (`g.args`: the pre-pass, the key-block-major kernel with dQ by float32 atomics, dQ's
@@ -18,7 +19,14 @@ H = 2048 / d (d = 128, GQA: 32 query heads over 8 K/V heads). About 3-4 minutes 
 (`--quick`: S in {1k, 4k}, d = 64, no GQA). `--dq-kernel`: the planned tiling with dQ by the
 query-major kernel instead of float32 atomics (the plan's other form). `--step JSON`: time
 exactly this online_backward_mma step (any form: `"wgmma": true` for the Hopper kernels, `"dq":
-"kernel"` with `"dq_rows"`, `"dq_key_tile"`), e.g. the d = 128 Hopper form the planner passes over.
+"kernel"` with `"dq_rows"`, `"dq_key_tile"`, `"whole_tiles": false` for every tile guarded), e.g.
+the d = 128 Hopper form the planner passes over.
+`--variant JSON` (repeatable): also time that step on each shape's inputs (one process: the
+inputs and SDPA's times shared). `--gpt2`: only GPT-2's shape (B = 8, H = 12, S = 1024, d = 64; causal, then not), bfloat16
+unless --dtype says otherwise; the full grid also ends with its causal row. `--kernels`: each
+kernel's own time (CUPTI, torch.profiler) of tecc's backward and of both SDPA backends', so the
+pre-pass, the key-block-major kernel and the conversion are seen apart. The run ends with the
+rows as a Markdown table to paste into benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.gemm import time_call  # noqa: E402
 
 _PROGRAMS: dict[tuple[Any, ...], Any] = {}
+# GPT-2 small's attention in training at 8 sequences of 1024 tokens: (B, H), d = 64
+GPT2_BATCH_HEADS = (8, 12)
 
 
 def attention_grad(h: int, d: int, dtype: str, causal: bool, groups: int) -> Any:
@@ -122,14 +132,73 @@ def reference_error(q: Any, k: Any, v: Any, do: Any, grads: list[Any], causal: b
     return max(float(((g.double() - w.grad).abs() / (1 + w.grad.abs())).max()) for g, w in zip(got, (qq, kk, vv)))
 
 
+def print_kernel_times(tecc_call: Any, q: Any, k: Any, v: Any, do: Any, causal: bool, label: str, reps: int = 10) -> None:
+    """Each kernel's mean time per call (CUPTI through torch.profiler) of tecc's backward and of
+    each SDPA backend's (forward under the backend, then the backward alone profiled)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+    from torch.profiler import ProfilerActivity, profile
+
+    def per_kernel(fn: Any) -> list[tuple[float, str]]:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                fn()
+            torch.cuda.synchronize()
+        total: dict[str, float] = {}
+        for e in prof.events():
+            if e.device_type.name == "CUDA":
+                total[e.name] = total.get(e.name, 0.0) + e.time_range.elapsed_us() / reps
+        return sorted(((t, n) for n, t in total.items()), reverse=True)
+
+    calls = [("tecc", tecc_call)]
+    qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        try:
+            with sdpa_kernel([backend]):
+                o = sdpa(qq, kk, vv, is_causal=causal)
+            calls.append((f"SDPA {name}", lambda o=o: o.backward(do, retain_graph=True)))
+        except Exception as exc:  # noqa: BLE001 - a backend torch does not offer for this shape
+            print(f"  SDPA {name} unavailable: {type(exc).__name__}", flush=True)
+    for name, fn in calls:
+        rows = per_kernel(fn)
+        print(f"  kernels of {name} backward ({label}, causal={causal}): {sum(t for t, _ in rows):.1f} us per call", flush=True)
+        for t, n in rows:
+            print(f"    {t:9.1f} us  {n[:110]}", flush=True)
+
+
+def markdown_rows(rows: list[dict[str, Any]]) -> str:
+    """The rows as a Markdown table (benchmarks/RESULTS.md's form)."""
+    out = ["| shape | causal | tecc us | TFLOP/s | SDPA flash us | SDPA cuDNN us | ratio | rel err | plan |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if "tecc_us" not in r:
+            out.append(f"| S{r['S']} d{r['d']} | {r['causal']} | error: {r['error'][:80]} | | | | | | |")
+            continue
+        heads = f"{r['H']}/{r['H_kv']}" if r["H"] != r["H_kv"] else str(r["H"])
+        out.append(f"| B{r['B']} H{heads} S{r['S']} d{r['d']} {r['dtype']} | {r['causal']} | {r['tecc_us']:.1f} | "
+                   f"{r['tecc_tflops']:.0f} | {r.get('sdpa_flash_us', float('nan')):.1f} | "
+                   f"{r.get('sdpa_cudnn_us', float('nan')):.1f} | {r['ratio']:.3f} | {r['rel_err']:.1e} | "
+                   f"{r['plan'].replace('online_backward_mma ', '')} |")
+        for v in r.get("variants", []):
+            if "us" in v:
+                out.append(f"| (same, another step) | {r['causal']} | {v['us']:.1f} | {r['tecc_tflops'] * r['tecc_us'] / v['us']:.0f} "
+                           f"| | | {v['ratio']:.3f} | {v['rel_err']:.1e} | {json.dumps(v['step'])} |")
+    return "\n".join(out)
+
+
 def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int, tiling: tuple[int, ...] | None,
-              dq_kernel: bool = False, step: dict[str, Any] | None = None) -> dict[str, Any]:
+              dq_kernel: bool = False, step: dict[str, Any] | None = None, batch_heads: tuple[int, int] | None = None,
+              kernels: bool = False, variants: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     import torch
 
     import tecc as tc
     from tecc.compiler.plan import Plan, Step
 
-    b, h = max(1, 16384 // s), (2048 // d if groups == 1 else 32)
+    b, h = batch_heads or (max(1, 16384 // s), (2048 // d if groups == 1 else 32))
     g, fwd, bwd, build_s = attention_grad(h, d, dtype, causal, groups)
     if (tiling or dq_kernel) and bwd.plan.strategy == "online_backward_mma":
         args = dict(bwd.plan.steps[0].args)
@@ -158,7 +227,24 @@ def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int, tiling: tup
     refs = sdpa_backward_times(q, k, v, do, causal, reps)
     best = min(refs.values()) if refs else float("nan")
     plan = bwd.plan.steps[0].args if bwd.plan.steps else {}
-    return {"S": s, "d": d, "B": b, "H": h, "H_kv": h // groups, "dtype": dtype, "causal": causal, "rel_err": err,
+    if kernels:
+        print_kernel_times(lambda: bwd(q, k, v, o, lse, do, *grads), q, k, v, do, causal, f"B{b} H{h} S{s} d{d}")
+    timed = []
+    for variant in variants or []:   # other steps on the same inputs, against the same SDPA times
+        try:
+            other = tc.build(g.args, plan=Plan((Step("online_backward_mma", variant),), "given", ""))
+            out = [torch.full(t.shape, float("nan"), device="cuda", dtype=tdt) for t in (q, k, v)]
+            other(q, k, v, o, lse, do, *out)
+            torch.cuda.synchronize()
+            t = time_call(lambda: other(q, k, v, o, lse, do, *out), reps)
+            timed.append({"step": variant, "us": t * 1e6, "ratio": best / t,
+                          "rel_err": reference_error(q, k, v, do, out, causal, groups)})
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            timed.append({"step": variant, "error": f"{type(exc).__name__}: {exc}"[:300]})
+        print(f"  variant {json.dumps(variant)}: " + (f"{timed[-1]['us']:.1f} us, ratio {timed[-1]['ratio']:.3f}, "
+                                                      f"rel err {timed[-1]['rel_err']:.1e}" if "us" in timed[-1]
+                                                      else timed[-1]["error"]), flush=True)
+    return {"variants": timed, "S": s, "d": d, "B": b, "H": h, "H_kv": h // groups, "dtype": dtype, "causal": causal, "rel_err": err,
             "tecc_us": t_tecc * 1e6, "tecc_tflops": flops / t_tecc / 1e12, "tecc_forward_us": t_fwd * 1e6,
             **{f"sdpa_{n}_us": t * 1e6 for n, t in refs.items()}, "ratio": best / t_tecc,
             "kernels": len(bwd.module.kernels), "plan": f"{bwd.plan.strategy} {dict(plan)}", "build_s": build_s}
@@ -179,27 +265,39 @@ def main() -> None:
                     help="dQ by the query-major kernel (64 rows over key blocks of 64) instead of float32 atomics")
     ap.add_argument("--step", type=json.loads, default=None, metavar="JSON",
                     help="the online_backward_mma step's arguments to time instead of the plan")
+    ap.add_argument("--gpt2", action="store_true", help="only GPT-2's shape: B 8, H 12, S 1024, d 64 (bfloat16)")
+    ap.add_argument("--kernels", action="store_true", help="each kernel's time (torch.profiler) beside the totals")
+    ap.add_argument("--variant", type=json.loads, action="append", default=None, metavar="JSON",
+                    help="also time this online_backward_mma step on the same inputs (repeatable)")
     ap.add_argument("--out", default=None)
     opts = ap.parse_args()
+    if opts.gpt2 and "--dtype" not in sys.argv:
+        opts.dtype = "bfloat16"
     seqs = tuple(opts.seqs) if opts.seqs else ((1024, 4096) if opts.quick else (1024, 2048, 4096, 8192))
     dims = tuple(opts.dims) if opts.dims else ((64,) if opts.quick else (64, 128))
-    configs = [] if opts.gqa_only else [(d, s, 1) for d in dims for s in seqs]
-    if not opts.quick:
-        configs += [(128, s, 4) for s in (1024, 4096, 8192)]
+    # (d, S, groups, (B, H) or None for B = 16384 / S and H = 2048 / d, the causal forms)
+    configs: list[tuple[int, int, int, tuple[int, int] | None, tuple[bool, ...]]] = []
+    if not opts.gqa_only and not opts.gpt2:
+        configs += [(d, s, 1, None, (False, True)) for d in dims for s in seqs]
+    if not opts.quick and not opts.gpt2:
+        configs += [(128, s, 4, None, (False, True)) for s in (1024, 4096, 8192)]
+    if opts.gpt2 or not (opts.quick or opts.gqa_only):
+        configs.append((64, 1024, 1, GPT2_BATCH_HEADS, (True, False) if opts.gpt2 else (True,)))
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  dtype {opts.dtype}", flush=True)
     print(f"{'S':>6} {'d':>4} {'B':>3} {'H':>6} {'causal':>6} {'tecc us':>10} {'TF/s':>6} {'flash us':>9} "
           f"{'cudnn us':>9} {'ratio':>6} {'bwd/fwd':>7} {'rel err':>8}  plan", flush=True)
     rows: list[dict[str, Any]] = []
-    for d, s, groups in configs:
-        for causal in (False, True):
+    for d, s, groups, batch_heads, causals in configs:
+        for causal in causals:
             try:
                 row = run_shape(s, d, opts.dtype, causal, groups, tuple(opts.tiling) if opts.tiling else None,
-                                opts.dq_kernel, opts.step)
+                                opts.dq_kernel, opts.step, batch_heads, opts.kernels, opts.variant)
             except Exception as exc:  # noqa: BLE001 - report and go on
                 row = {"S": s, "d": d, "causal": causal, "groups": groups, "error": f"{type(exc).__name__}: {exc}"[:400]}
                 print(row, flush=True)
                 rows.append(row)
                 continue
+            row["gpt2"] = batch_heads == GPT2_BATCH_HEADS
             rows.append(row)
             heads = f"{row['H']}/{row['H_kv']}" if groups > 1 else str(row["H"])
             print(f"{s:6d} {d:4d} {row['B']:3d} {heads:>6} {str(causal):>6} {row['tecc_us']:10.1f} "
@@ -208,14 +306,21 @@ def main() -> None:
                   f"{row['tecc_us'] / row['tecc_forward_us']:7.2f} {row['rel_err']:8.1e}  {row['plan']} "
                   f"({row['kernels']} kernels)", flush=True)
             prev = rows[-2] if len(rows) >= 2 else {}
-            if causal and "tecc_us" in prev and prev["S"] == s and prev["d"] == d and prev.get("H_kv") == row["H_kv"]:
+            if (causal and "tecc_us" in prev and prev["S"] == s and prev["d"] == d and prev.get("H_kv") == row["H_kv"]
+                    and not prev["causal"]):
                 row["causal_over_noncausal"] = row["tecc_us"] / prev["tecc_us"]
                 print(f"{'':>6} causal / non-causal time: {row['causal_over_noncausal']:.3f} (target <= 0.55 at S = 8k)",
                       flush=True)
-    ratios = [r["ratio"] for r in rows if "ratio" in r and r["ratio"] == r["ratio"]]
+    # the issue's grid (B = 16384 / S, H = 2048 / d, grouped heads); GPT-2's row is reported apart
+    ratios = [r["ratio"] for r in rows if "ratio" in r and r["ratio"] == r["ratio"] and not r.get("gpt2")]
     if ratios:
         print(f"geometric mean ratio vs the fastest SDPA backward: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.4f} "
               f"over {len(ratios)} shapes; lowest {min(ratios):.3f}", flush=True)
+    for r in rows:
+        if r.get("gpt2") and "ratio" in r:
+            print(f"GPT-2 (B8 H12 S1024 d64 {r['dtype']}, causal={r['causal']}): tecc {r['tecc_us']:.1f} us, "
+                  f"ratio {r['ratio']:.3f} vs the fastest SDPA backward", flush=True)
+    print(markdown_rows(rows), flush=True)
     if opts.out:
         Path(opts.out).mkdir(parents=True, exist_ok=True)
         (Path(opts.out) / f"attention_backward_{opts.dtype}.json").write_text(json.dumps(rows, indent=1))

@@ -199,6 +199,22 @@ def test_hopper_form_with_head_dim_128():
     run_backward(1, 2, 70, 70, 128, "float16", mask="causal", the_plan=the_plan, arch="sm_90")
 
 
+@pytest.mark.parametrize("D,dtype", [(64, "bfloat16"), (128, "float16")])
+def test_hopper_form_splits_dq_columns_between_the_warpgroups(D, dtype):
+    """With two warpgroups (128 keys) each sums dS·K over all the block's keys for half of dQ's
+    columns (d = 64: n32 from column 32 of the K tile's 128B-swizzled row; d = 128: one column
+    block each), so each element of dQ takes one atomic per tile, added in pairs of columns
+    (atomic_add_pair): GPT-2's head dim, causal, long enough (260) that key block 0 meets query
+    blocks below the diagonal, which run the unguarded copy of the elementwise stage."""
+    the_plan = Plan((Step("online_backward_mma", WGMMA_PLANS["atomic_2wg"]),), "test", "")
+    k = run_backward(1, 2, 260, 260, D, dtype, mask="causal", the_plan=the_plan, arch="sm_90")
+    main = next(f for f in k.module.kernels if f.name.endswith("_backward_mma_kernel"))
+    rows = {s.intrinsic for s in iter_stmts(main.body) if isinstance(s, WarpgroupMatrixMultiply)}
+    assert any(r.startswith(f"wgmma.m64n{D // 2}k16") for r in rows), rows
+    assert "without the per-element guard" in dict(main.attrs)["tensorize"], dict(main.attrs)["tensorize"]
+    assert "atomic_add_pair" in str(main.body) and "atomic_add(" not in str(main.body)
+
+
 @pytest.mark.parametrize("D,dtype,tiling", [(64, "float16", (64, 64, 32)), (128, "bfloat16", (64, 16, 32)),
                                             (128, "float16", (128, 32, 32))])
 def test_head_dims_64_and_128(D, dtype, tiling):
@@ -402,6 +418,7 @@ GPU_CASES = [(64, "float16", False, 1, 1024), (64, "float16", True, 1, 1024), (1
 @pytest.mark.gpu
 @pytest.mark.parametrize("D,dtype,causal,groups,S,form", [(c + (None,)) for c in GPU_CASES] +
                          [(128, "float16", True, 2, 1024, "kernel"), (64, "bfloat16", False, 1, 333, "atomic_2wg"),
+                          (64, "bfloat16", True, 1, 1024, "atomic_2wg"), (128, "float16", False, 1, 1024, "atomic_2wg"),
                           (128, "bfloat16", False, 4, 2048, "kernel")])
 def test_attention_backward_on_the_gpu_matches_sdpa(D, dtype, causal, groups, S, form):
     """The planned kernels on the GPU against torch's SDPA backward (float32 math from the same

@@ -39,7 +39,7 @@ from tecc.ir import dtype as dt
 from tecc.ir.dtype import DType
 from tecc.ir.descriptor import DESCRIPTOR_ALIGNMENT
 from tecc.ir.errors import CompileError
-from tecc.ir.expr import Binary, Call, Expr, Var, const_int, const_product, free_vars, walk
+from tecc.ir.expr import ATOMIC_INTRINSICS, Binary, Call, Expr, Var, const_int, const_product, free_vars, walk
 from tecc.ir.philox import RandomUniform
 from tecc.ir.stmt import (
     Allocate,
@@ -238,7 +238,7 @@ class KernelEmitter:
         self.stored = {id(s.buffer) for s in iter_stmts(func.body) if isinstance(s, BufferStore)}
         # an atomic writes its element too: that buffer is no `const` parameter either
         self.stored |= {id(n.args[0].buffer) for s in iter_stmts(func.body) for e in _stmt_exprs(s)  # type: ignore[attr-defined]
-                        for n in walk(e) if isinstance(n, Call) and n.name == "atomic_add"}
+                        for n in walk(e) if isinstance(n, Call) and n.name in ATOMIC_INTRINSICS}
         self.wide = {p for p in func.params if isinstance(p, Buffer) and needs_64bit_indexing(p)}
         self.dynamic_shared = shared_offsets(func)
         self.descriptor_buffers = warpgroup.descriptor_buffers(func) | tma.swizzled_destinations(func)

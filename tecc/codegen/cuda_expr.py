@@ -486,6 +486,8 @@ class ExprEmitter:
         element = e.args[0]
         assert isinstance(element, BufferLoad)  # Call checked it
         address = f"&{self.buffer_ref(element.buffer, element.indices)}"
+        if e.name == "atomic_add_pair":
+            return f"tecc_red_add_pair({address}, {self.code(e.args[1])}, {self.code(e.args[2])})", POSTFIX
         if e.name == "atomic_add":
             if element.dtype == dt.int64:  # CUDA's 64-bit integer atomicAdd is unsigned: the same bits
                 added = (f"atomicAdd(reinterpret_cast<unsigned long long*>({address}), "
@@ -626,6 +628,13 @@ def device_helpers(intrinsics: set[str]) -> list[str]:
             "  int y;\n"
             "  asm volatile(\"mov.b32 %0, %1;\" : \"=r\"(y) : \"r\"(x));\n"
             "  return y;\n"
+            "}\n")
+    if "atomic_add_pair" in intrinsics:
+        helpers.append(
+            "// atomic_add_pair (tecc/ir/expr.py): two float32 additions in one 8-byte reduction (sm_90).\n"
+            "__device__ __forceinline__ int tecc_red_add_pair(float* p, float a, float b) {\n"
+            "  asm volatile(\"red.global.add.v2.f32 [%0], {%1, %2};\" :: \"l\"(p), \"f\"(a), \"f\"(b) : \"memory\");\n"
+            "  return 0;\n"
             "}\n")
     if "exp2_approx" in intrinsics:
         helpers.append(

@@ -174,6 +174,12 @@ def atomic_add(element: Expr, value: ExprLike) -> Expr:
     return Call("atomic_add", (element, as_expr(value, element.dtype)), element.dtype)
 
 
+def atomic_add_pair(element: Expr, first: Expr, second: Expr) -> Expr:
+    """`red.global.add.v2.f32` of (first, second) into float32 `element` and the next element of
+    its innermost dimension (see MEMORY_INTRINSICS: sm_90 and newer, 8-byte aligned); int32 0."""
+    return Call("atomic_add_pair", (element, first, second), dt.int32)
+
+
 def load_cg(element: Expr) -> Expr:
     """`__ldcg(&element)`: a global element read at L2 (see MEMORY_INTRINSICS)."""
     return Call("load_cg", (element,), element.dtype)

@@ -18,10 +18,11 @@ from typing import Iterable, Sequence
 from . import dtype as dt
 from .errors import DTypeError, ShapeError
 from .arith import (
-    as_expr, atomic_add, binary, call, cast, compare, load_cg, logical_and, opaque, select, thread_fence, warp_shuffle,
+    as_expr, atomic_add, atomic_add_pair, binary, call, cast, compare, load_cg, logical_and, opaque, select, thread_fence,
+    warp_shuffle,
 )
 from .expr_nodes import (
-    APPROX_INTRINSICS, ATOMIC_DTYPES, FLOAT_INTRINSICS, INTRINSICS, MEMORY_INTRINSICS, OPAQUE_INTRINSICS, REDUCERS,
+    APPROX_INTRINSICS, ATOMIC_DTYPES, ATOMIC_INTRINSICS, FLOAT_INTRINSICS, INTRINSICS, MEMORY_INTRINSICS, OPAQUE_INTRINSICS, REDUCERS,
     WARP_INTRINSICS, Binary,
     BufferLoad, Builders, Call, Cast, Compare, Const, Expr, ExprLike, IterVar, Not, Reduce, ReduceAxis,
     Select, TensorRead, Var, const_int, index_expr, reduce_identity,
@@ -117,10 +118,10 @@ def to_shape(shape: Sequence[ExprLike] | ExprLike) -> tuple[Expr, ...]:
 
 
 __all__ = [
-    "APPROX_INTRINSICS", "ATOMIC_DTYPES", "Binary", "BufferLoad", "Builders", "Call", "Cast", "Compare", "Const", "Expr",
+    "APPROX_INTRINSICS", "ATOMIC_DTYPES", "ATOMIC_INTRINSICS", "Binary", "BufferLoad", "Builders", "Call", "Cast", "Compare", "Const", "Expr",
     "ExprLike", "FLOAT_INTRINSICS", "INTRINSICS", "IterVar", "MEMORY_INTRINSICS", "Not", "OPAQUE_INTRINSICS",
     "REDUCERS", "Reduce",
-    "ReduceAxis", "Select", "TensorRead", "Var", "WARP_INTRINSICS", "as_expr", "atomic_add", "binary", "call",
+    "ReduceAxis", "Select", "TensorRead", "Var", "WARP_INTRINSICS", "as_expr", "atomic_add", "atomic_add_pair", "binary", "call",
     "cast", "compare", "const_int", "const_product", "free_vars", "index_expr", "load_cg", "logical_and", "opaque", "reduce_identity",
     "select", "size_product", "substitute", "thread_fence", "to_shape", "walk", "warp_shuffle",
 ]

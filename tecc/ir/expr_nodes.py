@@ -433,13 +433,21 @@ WARP_INTRINSICS = ("shfl_xor", "shfl_down", "shfl_idx")
 #       is lane order (docs/emulator.md). A float atomic accumulates (a scatter's sum, the
 #       attention backward's dQ) and announces nothing, so the emulator's publication check (a
 #       store fenced before an atomic) applies to integer atomics only.
+#   atomic_add_pair(buf[.., c], v0, v1) -- v0 added to float32 element buf[.., c] and v1 to
+#       buf[.., c + 1] (the next element of the innermost dimension, which must exist and be
+#       contiguous), each as atomic_add but as one 8-byte vector reduction (`red.global.add.v2.f32`,
+#       sm_90 and newer: no value back, half the instructions and L2 requests of two atomics);
+#       the pair's first element must be 8-byte aligned (c even, the row's start 8-byte aligned).
+#       Its value is an int32 0; it stands in an Evaluate statement.
 #   load_cg(buf[i])  -- the element of a global buffer read at L2 (__ldcg, ld.global.cg), never
 #       through L1 or the non-coherent read-only path: it sees what another block of the same
 #       kernel stored and published (a store, thread_fence, then an atomic this block observed).
 #   thread_fence()   -- __threadfence(): this thread's global stores before it are visible to
 #       every thread of the device before any of its memory accesses after it. Its value is an
 #       int32 0; it stands in an Evaluate statement.
-MEMORY_INTRINSICS = ("atomic_add", "load_cg", "thread_fence")
+MEMORY_INTRINSICS = ("atomic_add", "atomic_add_pair", "load_cg", "thread_fence")
+# the memory intrinsics that add into their first argument's element (its buffer is written)
+ATOMIC_INTRINSICS = ("atomic_add", "atomic_add_pair")
 # An optimization barrier (loop IR only):
 #   opaque(x)        -- the int32 value x, computed again where it stands: the CUDA compiler
 #       (nvcc and ptxas) may not hoist what is derived from it above this point, nor keep it in
@@ -488,12 +496,16 @@ def _check_memory_intrinsic(name: str, args: tuple[Expr, ...], dtype: DType) -> 
         if args or dtype != dt.int32:
             raise TeccError(f"thread_fence() takes no arguments and is int32, got {len(args)} argument(s), {dtype}")
         return
-    want = 2 if name == "atomic_add" else 1
+    want = {"atomic_add": 2, "atomic_add_pair": 3}.get(name, 1)
     target = args[0] if args else None
     if len(args) != want or not isinstance(target, BufferLoad) or getattr(target.buffer, "scope", None) != "global":
         raise TeccError(f"{name} takes {want} argument(s), the first a global buffer element (a BufferLoad)")
     if name == "load_cg" and dtype != target.dtype:
         raise DTypeError(f"load_cg of {target} is {target.dtype}, not {dtype}")
+    if name == "atomic_add_pair" and not (target.dtype == args[1].dtype == args[2].dtype == dt.float32
+                                          and dtype == dt.int32):
+        raise DTypeError(f"atomic_add_pair adds two float32 values to float32 elements and is int32; got "
+                         f"{target.dtype} element {target}, {args[1].dtype} and {args[2].dtype} values, {dtype}")
     if name == "atomic_add" and not (target.dtype == args[1].dtype == dtype and dtype in ATOMIC_DTYPES):
         raise DTypeError(f"atomic_add needs an element, value and result of one dtype among "
                          f"{', '.join(d.name for d in ATOMIC_DTYPES)}; got {target.dtype} element {target}, "

@@ -69,6 +69,9 @@ class BackwardKernels(TileStaging):
     query-major kernel computes them."""
 
     accs: dict[int, Buffer]   # the kernel's output accumulators by id(output tensor): set by the kernel's _fragments
+    # whether tiles isl proves whole run an unguarded copy of the elementwise stage (the step's
+    # `whole_tiles`): fewer instructions per element, more registers (both copies are in the loop)
+    unguarded_tiles = True
 
     def __init__(self, chain: BackwardChain, threads: int, atomics: bool, name: str | None,
                  like: "BackwardKernels | None" = None) -> None:
@@ -138,8 +141,10 @@ class BackwardKernels(TileStaging):
                 add = IfThenElse(compare("<", col, extent), add)
             shuffles = [BufferStore(partial, (zero,), partial[zero] + warp_shuffle("shfl_xor", partial[zero], m))
                         for m in (16, 8, 4, 2, 1)]
-            value = SubexpressionReplacer({red: cast(partial[zero], red.dtype)}).visit(
-                substitute(op.body, dict(zip(op.axes, at))))
+            # the reduction replaced before the row is substituted: substituting first would build a
+            # new Reduce that the replacer does not find, and lane 0 would sum the row again alone
+            value = substitute(SubexpressionReplacer({red: cast(partial[zero], red.dtype)}).visit(op.body),
+                               dict(zip(op.axes, at)))
             st2, val2 = lower.value(value)
             body.append(seq(BufferStore(partial, (zero,), Const(0.0, dt.float32)),
                             For(k, zero, Const(-(-extent // 32), dt.int32), "unroll", add), *shuffles,
@@ -254,9 +259,14 @@ class BackwardKernels(TileStaging):
         (key_tiles.whole_tile, proved by isl), or None (a bias or mask tensor read per element
         keeps the guard everywhere); `self.whole` says which."""
         chain = self.chain
+        if not self.unguarded_tiles:
+            self.whole = "every tile guarded (whole_tiles=False: one copy of the elementwise stage)"
+            return None
         staged = {id(read) for _, read in self.stat_tiles.values()}
+        # the operands of the row-key contractions are the tensor cores' (staged tiles), not reads per element
+        contracted = {n for c in chain.contractions for n in walk(c.node) if isinstance(n, TensorRead)}
         for value in [chain.probs, *(o.weight for o in chain.outputs)]:
-            if any(isinstance(n, TensorRead) and id(n) not in staged for n in walk(value)):
+            if any(isinstance(n, TensorRead) and id(n) not in staged and n not in contracted for n in walk(value)):
                 self.whole = "every tile guarded (the weights read a tensor per element)"
                 return None
         qv, kv, first, block = (Var(self.unique(n), dt.int32) for n in ("query0", "key0", "query_block", "key_block"))

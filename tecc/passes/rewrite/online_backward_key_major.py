@@ -269,10 +269,11 @@ class KeyMajor(BackwardKernels):
             repl[read] = buf[stage, nt * 8 + cc]
         return repl, query, key, ok, here
 
-    def _elementwise(self, stage: Expr) -> Stmt:
+    def _elementwise(self, stage: Expr, parts: str = "all") -> Stmt:
         """Per accumulator element: P = exp(s - lse) in place of the score's fragment, then every
         output's weight: key side into its A fragment, row side into the shared tile, tile outputs
-        to global memory; 0 past the keys or the queries."""
+        to global memory; 0 past the keys or the queries. `parts` "probs": P alone (before the
+        other contractions are waited for), "weights": the weights alone (P already in place)."""
         chain = self.chain
         score_frag = self.c_frags[id(self.score_node())]
         whole = self.whole_tiles(self.q0, self.kb * self.BN, self.BM, self.BN)
@@ -285,6 +286,10 @@ class KeyMajor(BackwardKernels):
                 repl, ok = {**repl, **kept}, Const(True, dt.bool_)
             at = {chain.query: query, chain.key: key}
             stmts: list[Stmt] = [self._guarded(score_frag, (here,), self.probability(repl, at), ok)]
+            if parts == "probs":
+                return seq(*stmts)
+            if parts == "weights":
+                stmts = []
             for o in chain.outputs:
                 if o.kind == "row" and not self.row_side:
                     continue
@@ -302,6 +307,12 @@ class KeyMajor(BackwardKernels):
                     stmts.append(IfThenElse(ok, seq(*st, BufferStore(self.buffers[o.tensor], idx, cast(val, o.tensor.dtype)))))
             return seq(*stmts)
 
+        if parts == "probs":   # no dropout draws: they weigh the outputs, not P
+            tiles = self.unrolled("tile_n", self.BM // 8, lambda nt: self.unrolled("tile_e", 4, lambda e: one(nt, e, True)))
+            if whole is None:
+                return tiles
+            return IfThenElse(whole, self.unrolled("tile_n", self.BM // 8, lambda nt: self.unrolled(
+                "tile_e", 4, lambda e: one(nt, e, False))), tiles)
         return self.elementwise_tiles(one, self.BM // 8, whole, lambda form, nt: key_major_keeps(
             form, self.lane, self.q0 + nt * 8, self.kb * self.BN + self.warp * 16, self.unique, self.lower.value,
             chain.query, chain.key))

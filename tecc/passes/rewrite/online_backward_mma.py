@@ -55,12 +55,14 @@ DQ_FORMS = ("atomic", "kernel")
 
 def online_backward_mma(args: list[Tensor], key_tile: int = 64, rows: int = 64, dq_columns: int = 32,
                         name: str | None = None, dq: str = "atomic", dq_rows: int = 64, dq_key_tile: int = 64,
-                        wgmma: bool = False) -> Module:
+                        wgmma: bool = False, whole_tiles: bool = True) -> Module:
     """The kernels of the backward program `args` (module docstring): blocks of `key_tile` keys
     (16 per warp), query blocks of `rows`. `dq` "atomic": the row-side outputs (dQ) by float32
     atomics in units of 16 rows x `dq_columns`, then converted; "kernel": by the query-major kernel
     (online_backward_dq) of `dq_rows` query rows per block over key blocks of `dq_key_tile`.
-    `wgmma`: the key-block-major kernel in its Hopper form (online_backward_wgmma, sm_90a)."""
+    `wgmma`: the key-block-major kernel in its Hopper form (online_backward_wgmma, sm_90a).
+    `whole_tiles`: the tiles isl proves whole run the elementwise stage without guards (a second,
+    unguarded copy of it); False keeps one guarded copy, fewer registers."""
     chain = backward_chain(args)
     for what, n in (("key_tile", key_tile), ("rows", rows), ("dq_columns", dq_columns), ("dq_rows", dq_rows),
                     ("dq_key_tile", dq_key_tile)):
@@ -72,15 +74,15 @@ def online_backward_mma(args: list[Tensor], key_tile: int = 64, rows: int = 64, 
         main: KeyMajor = KeyMajorWgmma(chain, key_tile, rows, dq == "atomic", name)
     else:
         main = KeyMajor(chain, key_tile, rows, dq_columns, dq == "atomic", name)
+    main.unguarded_tiles = whole_tiles
     kernels = [main.prepass_kernel()]
     if chain.of_kind("key") or chain.of_kind("tile") or main.row_side:
         kernels.append(main.main_kernel())
     kernels.append(main.convert_kernel())
     if dq == "kernel" and chain.of_kind("row"):
-        if wgmma:
-            kernels.append(QueryMajorWgmma(chain, dq_rows, dq_key_tile, name, like=main).kernel())
-        else:
-            kernels.append(QueryMajor(chain, dq_rows, dq_key_tile, name, like=main).kernel())
+        rows_kernel = (QueryMajorWgmma if wgmma else QueryMajor)(chain, dq_rows, dq_key_tile, name, like=main)
+        rows_kernel.unguarded_tiles = whole_tiles
+        kernels.append(rows_kernel.kernel())
     found = [k for k in kernels if k is not None]
     prog = chain.program
     mname = identifier(name or next(a.name for a in reversed(prog.args) if not a.is_placeholder))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 from ...ir.errors import ScheduleError
-from ...ir.expr import BufferLoad, Call, Const, Expr, walk
+from ...ir.expr import ATOMIC_INTRINSICS, BufferLoad, Call, Const, Expr, walk
 from ...ir.stmt import (
     Allocate,
     Buffer,
@@ -79,7 +79,7 @@ def stage_leaves(func: PrimFunc, stage: str) -> list[tuple[Stmt, tuple[Stmt, ...
 def _atomic_target(s: Evaluate) -> str | None:
     """The stage an `atomic_add` statement adds into, or None."""
     v = s.value
-    if isinstance(v, Call) and v.name == "atomic_add" and isinstance(v.args[0], BufferLoad):
+    if isinstance(v, Call) and v.name in ATOMIC_INTRINSICS and isinstance(v.args[0], BufferLoad):
         return v.args[0].buffer.tensor  # type: ignore[no-any-return]
     return None
 

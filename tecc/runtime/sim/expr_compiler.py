@@ -23,7 +23,7 @@ from ...ir.philox import RandomUniform, uniform_from_index
 from ...ir.index_checks import IndexCheck
 from ...ir.stmt import Buffer
 from . import numerics as nm
-from .memory_intrinsics import atomic_add, run_fence
+from .memory_intrinsics import atomic_add, atomic_add_pair, run_fence
 from .state import LaneState, restrict
 
 Closure = Callable[[LaneState], Any]
@@ -335,17 +335,23 @@ def _compile_memory_intrinsic(e: Call, scope: Scope) -> Closure:
     assert isinstance(element, BufferLoad)  # Call checked it
     if e.name == "load_cg":
         return compile_expr(element, scope)  # lockstep: every earlier store is already in memory
-    if e.name != "atomic_add":
+    if e.name not in ("atomic_add", "atomic_add_pair"):
         raise TeccError(f"kernel {scope.kernel}: the emulator has no rule for {e.name}")
     slot = scope.buffer_slot(element.buffer)
     dims = scope.dims_to_check(element.buffer, element.indices)
     fidx = compile_indices(element.indices, scope)
     fval = compile_expr(e.args[1], scope)
+    if e.name == "atomic_add":
+        def run(st: LaneState) -> Any:
+            return atomic_add(st, st.mems[slot], fidx(st), fval(st), dims)
 
-    def run(st: LaneState) -> Any:
-        return atomic_add(st, st.mems[slot], fidx(st), fval(st), dims)
+        return run
+    fsecond = compile_expr(e.args[2], scope)
 
-    return run
+    def run_pair(st: LaneState) -> Any:
+        return atomic_add_pair(st, st.mems[slot], fidx(st), fval(st), fsecond(st), dims)
+
+    return run_pair
 
 
 def _compile_random(e: RandomUniform, scope: Scope) -> Closure:

@@ -45,8 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from ...ir.errors import RaceError
-from ...ir.expr import Call, walk
+from ...ir.errors import OutOfBoundsError, RaceError
+from ...ir.expr import ATOMIC_INTRINSICS, Call, walk
 from ...ir.stmt import BufferStore, Evaluate, For, IfThenElse, LetStmt, Stmt, iter_stmts
 from .memory import GlobalMemory, check_bounds, flat_index
 from .state import LaneState
@@ -68,7 +68,7 @@ def uses_atomics(body: Stmt) -> bool:
             exprs = [s.value]
         elif isinstance(s, For):
             exprs = [s.min, s.extent]
-        if any(isinstance(n, Call) and n.name == "atomic_add" for e in exprs for n in walk(e)):
+        if any(isinstance(n, Call) and n.name in ATOMIC_INTRINSICS for e in exprs for n in walk(e)):
             return True
     return False
 
@@ -103,6 +103,29 @@ def atomic_add(st: LaneState, mem: GlobalMemory, idx: tuple[Any, ...], value: An
     np.add.at(mem.flat, f, v)
     with np.errstate(over="ignore", invalid="ignore"):
         return old.astype(kind)
+
+
+def atomic_add_pair(st: LaneState, mem: GlobalMemory, idx: tuple[Any, ...], first: Any, second: Any,
+                    dims: Any) -> int:
+    """atomic_add_pair (MEMORY_INTRINSICS): `first` added to the element at idx and `second` to
+    the next one of the innermost dimension, as two float32 atomic_adds in lane order; the pair
+    must lie inside that dimension and start 8 bytes aligned (an even element offset: buffers
+    start aligned), as red.global.add.v2.f32 needs."""
+    nxt = (*idx[:-1], np.asarray(idx[-1]) + 1)
+    if st.checks:
+        # the second element's column is one past what the static bounds proof (dims) covered
+        last = len(mem.shape) - 1
+        check_bounds(st, "atomic add (pair's second element)", "global", mem.name, mem.shape, nxt,
+                     (*(d for d in dims if d != last), last))
+        where = np.broadcast_to(np.asarray(flat_index(idx, mem.strides, mem.wide) + mem.origin), (st.layout.lanes,))
+        active = where if st.mask is None else where[st.mask]
+        if np.any(active % 2):
+            raise OutOfBoundsError(f"atomic_add_pair into {mem.name}: a pair starts at an odd element "
+                                   f"({int(active[np.flatnonzero(active % 2)[0]])}), not 8 bytes aligned; "
+                                   "pair even columns with the next")
+    atomic_add(st, mem, idx, first, dims)
+    atomic_add(st, mem, nxt, second, dims)
+    return 0
 
 
 def run_fence(st: LaneState) -> int:
@@ -172,4 +195,4 @@ def _check_published(st: LaneState) -> None:
             raise err
 
 
-__all__ = ["atomic_add", "note_barrier", "note_global_store", "run_fence", "uses_atomics"]
+__all__ = ["atomic_add", "atomic_add_pair", "note_barrier", "note_global_store", "run_fence", "uses_atomics"]
