@@ -18,6 +18,7 @@ that needs it (cache="none").
 
 import ml_dtypes
 import numpy as np
+import pytest
 
 import tecc as tc
 from tecc.compiler.plan import Plan, Step
@@ -147,3 +148,44 @@ def test_a_row_read_twice_by_a_streamed_walk_stays_in_registers():
 def test_a_short_row_stays_in_registers():
     choice = propose(loss_forward(64, 1024), "sm_90")
     assert choice is not None and choice.cache == "registers", choice and choice.plan
+
+
+def test_the_streamed_kernels_compile_for_sm_90_without_spills_at_two_blocks_per_sm():
+    """NVRTC + ptxas (no GPU): at GPT-2's vocabulary both kernels keep 16-byte loads, no local
+    memory, and at most 64 registers (two blocks of 512 threads per SM)."""
+    from nvrtc_checks import skip_without_nvrtc
+
+    skip_without_nvrtc("sm_90")
+    for args in (loss_forward(8192, 50304), loss_backward(8192, 50304)):
+        f = tc.build(args, target="cuda", arch="sm_90")
+        assert f.plan.steps[0].args["cache"] in ("online", "none"), f.plan
+        assert "ld.global.nc.v4" in f.ptx, f.plan
+        for name, res in f.resources.items():
+            assert res.spill_stores == 0 and res.spill_loads == 0 and res.registers <= 64, (name, res)
+
+
+@pytest.mark.gpu
+def test_the_streamed_loss_rows_on_the_gpu_match_float64():
+    """The planner's kernels at GPT-2's vocabulary (1024 rows) on the GPU against float64."""
+    rows, vocab = 1024, 50304
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((rows, vocab)) * 3).astype(ml_dtypes.bfloat16)
+    xd = x.astype(np.float64)
+    fwd = tc.build(loss_forward(rows, vocab), target="cuda")
+    assert fwd.plan.steps[0].args["cache"] == "online", fwd.plan
+    m_out, lse_out = np.full((rows, 1), np.nan, np.float32), np.full((rows, 1), np.nan, np.float32)
+    fwd(x, m_out, lse_out)
+    m = xd.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(xd - m).sum(axis=1, keepdims=True))
+    assert np.array_equal(m_out, m.astype(np.float32))
+    assert _rel(lse_out, lse) <= 1e-5
+    bwd = tc.build(loss_backward(rows, vocab), target="cuda")
+    assert bwd.plan.steps[0].args["cache"] == "none", bwd.plan
+    t = rng.integers(0, vocab, (rows, 1)).astype(np.int32)
+    w = np.full((rows, 1), 1.0 / rows, np.float32)
+    dx = np.full((rows, vocab), np.nan, ml_dtypes.bfloat16)
+    bwd(x, t, w, m_out, lse_out, dx)
+    onehot = -(np.arange(vocab)[None, :] == t).astype(np.float64) * w
+    want = onehot - np.exp(xd - m_out - lse_out) * onehot.sum(axis=1, keepdims=True)
+    err = np.abs(dx.astype(np.float64) - want)
+    assert np.all(err <= 2 ** -8 * np.abs(want) + 1e-30), float(err.max())

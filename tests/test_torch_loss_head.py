@@ -13,7 +13,9 @@ rows, not one thread.
   runtime allocates poisoned (NaN) before the kernels write it.
 * Planned for sm_90 at GPT-2's size (8192 x 50304 logits), without a GPU: the forward's and the
   backward's passes over the logits are one row kernel each, predicted near the DRAM time of
-  the bytes they must move, and no kernel of the head is the naive one-thread fallback.
+  the bytes they must move, and no kernel of the head is the naive one-thread fallback. Under
+  the min-cut partitioner (the backend's default) the forward saves the bf16 logits and two row
+  statistics, and both kernels stream the logits, read once each.
 """
 
 from __future__ import annotations
@@ -184,8 +186,8 @@ def test_cross_entropy_head_plans_one_row_kernel_per_pass_over_the_logits_for_sm
 
 def test_the_head_compiles_for_sm_90_without_spills_in_its_row_kernels():
     """NVRTC + ptxas (no GPU): the forward's and backward's programs at GPT-2's size, their row
-    kernels (the log-softmax group, the NLL's mean with its int64 targets cached in registers,
-    the backward's row sum and dX) compile without spills."""
+    kernels (the row statistics, the NLL's mean with its int64 targets cached in registers, the
+    backward's row sum and dX) compile without spills."""
     from nvrtc_checks import skip_without_nvrtc
 
     import tecc as tc
@@ -213,9 +215,11 @@ def test_the_head_compiles_for_sm_90_without_spills_in_its_row_kernels():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="torch has no CUDA")
+@pytest.mark.parametrize("partitioner", ["min_cut", "default"])
 @pytest.mark.parametrize("vocab", [50304, 1031])
-def test_the_head_on_the_gpu_matches_float64(vocab):
-    """The compiled head under bf16 autocast on CUDA against float64 from the bf16 operands."""
+def test_the_head_on_the_gpu_matches_float64(vocab, partitioner):
+    """The compiled head under bf16 autocast on CUDA against float64 from the bf16 operands
+    (min_cut at 50,304: both row kernels streamed)."""
     torch._dynamo.reset()
     torch.manual_seed(vocab)
     rows, width = 4096, 768
@@ -226,7 +230,7 @@ def test_the_head_on_the_gpu_matches_float64(vocab):
     t = torch.randint(0, vocab, (rows,), device="cuda")
     t[::7] = IGNORE
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = torch.compile(model, backend="tecc", options={"fallback": "error"})(x, t)
+        loss = torch.compile(model, backend="tecc", options={"fallback": "error", "partitioner": partitioner})(x, t)
     loss.backward()
     xb = x.detach().bfloat16().double()
     wb = model.w.detach().bfloat16().double().requires_grad_(True)
