@@ -449,6 +449,7 @@ class _RowKernel:
         reductions computed in one pass where online_stats.py recognises them (cache="online"),
         else each reduction's accumulation and all-reduce, and each output's stores."""
         self.stmts.extend(self.finish(None))
+        copies = statistic_copies(self.group, self.values, self.inliner, self.row_idx) if self.cache == "online" else {}
         for i, (t, expr, r) in enumerate(passes):
             if i in self.merged:
                 self.touched.append(set())
@@ -456,8 +457,7 @@ class _RowKernel:
             pair = None
             if self.cache == "online":
                 assert self.chunks is not None and isinstance(self.col, Var)
-                pair = max_sum_exp_pair(passes, i, self.values, statistic_copies(
-                    self.group, self.values, self.inliner, self.row_idx)) or welford_pair(passes, i, self.col)
+                pair = max_sum_exp_pair(passes, i, self.values, copies) or welford_pair(passes, i, self.col)
             if pair is not None:
                 self.online_pair(passes, i, pair)
                 continue
