@@ -2,10 +2,12 @@
 
     python benchmarks/loss_head.py                          # cross-entropy alone on bf16 logits, 8192 x 50304
     python benchmarks/loss_head.py --mode head              # logits = x @ W^T under bf16 autocast, then the loss
-    python benchmarks/loss_head.py --rows 8192 --vocab 50304 --backends eager inductor tecc tecc:min_cut
+    python benchmarks/loss_head.py --rows 8192 --vocab 50304 --backends eager inductor tecc tecc:default
 
-A backend "tecc:min_cut" is tecc with options={"partitioner": "min_cut"} (the forward saves the
-bf16 logits and the row statistics instead of float32 log-probabilities: tecc/torch/backend.py).
+"tecc" is the backend with its default options (partitioner "min_cut": the forward saves the
+bf16 logits and two row statistics, the backward recomputes the float32 cast); a backend
+"tecc:NAME" is tecc with options={"partitioner": NAME} ("default": AOTAutograd's default
+partitioner, which saves float32 log-probabilities: tecc/torch/backend.py).
 
 --mode ce: F.cross_entropy(logits.float(), targets, ignore_index=-1) on bf16 logits that require
 grad (GPT-2's loss after its lm_head, as the ATen graphs tecc gets from benchmarks/model_kernels.py
@@ -16,7 +18,9 @@ rows x 768, W of vocab x 768) under bf16 autocast, as in the model.
 Every backend's loss and gradient are first checked against float64 (torch on the same operands)
 within bf16's bound (2e-2 relative, the gradient by its norm). Then per backend: the median of
 --reps CUDA-event timings of one forward + backward (gradients cleared between calls), and the
-ratio to the fastest backend. tecc's kernels for these graphs are listed by
+ratio to the fastest backend; then, per backend, the kernels of --profile steps by CUPTI
+(torch.profiler: each kernel's device time per step, so the host's share of the step shows as
+the difference). tecc's kernels for these graphs are listed by
 `python benchmarks/model_kernels.py --model gpt2 --layers 1` (the rows whose FX nodes hold amax,
 sum_1, div, sum_4).
 """
@@ -24,6 +28,7 @@ sum_1, div, sum_4).
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import sys
 from pathlib import Path
@@ -90,12 +95,14 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=8192)
     p.add_argument("--vocab", type=int, default=50304)
     p.add_argument("--width", type=int, default=768)
-    p.add_argument("--backends", nargs="+", default=["eager", "inductor", "tecc", "tecc:min_cut"])
+    p.add_argument("--backends", nargs="+", default=["eager", "inductor", "tecc", "tecc:default"])
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--profile", type=int, default=3, help="steps timed kernel by kernel (0: none)")
     args = p.parse_args()
     model, leaves, t = make(args.mode, args.rows, args.vocab, args.width)
     want, grads = reference(args.mode, leaves, t)
     times: dict[str, float] = {}
+    profiles: dict[str, str] = {}
     for backend in args.backends:
         torch._dynamo.reset()
         if backend == "eager":
@@ -120,12 +127,34 @@ def main() -> None:
             b.synchronize()
             samples.append(a.elapsed_time(b) * 1e3)
         times[backend] = statistics.median(samples)
+        if args.profile:
+            profiles[backend] = kernel_times(lambda: step(fn, leaves, t), args.profile)
         print(f"{backend:9s} {times[backend]:9.1f} us  loss rel err {err:.1e}, grad rel err {gerr:.1e}"
               + ("" if ok else "  CHECK FAILED"))
     best = min(times.values())
     print(f"# {args.mode}: {args.rows} x {args.vocab}" + (f", width {args.width}" if args.mode == "head" else ""))
     for backend, us in times.items():
         print(f"| {backend} | {us:.1f} us | {us / best:.2f}x the fastest |")
+    for backend, table in profiles.items():
+        print(f"\n## {backend}: kernels per step (CUPTI)\n{table}")
+
+
+def kernel_times(run, steps: int) -> str:
+    """Each kernel's device time per step over `steps` calls of `run`, as a table, busiest first."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = collections.defaultdict(list)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
+            kernels[e.name].append(e.device_time)
+    busy = sum(sum(v) for v in kernels.values()) / steps
+    lines = [f"busy {busy:.1f} us per step", "| us per step | launches | kernel |", "| --- | --- | --- |"]
+    for name, durations in sorted(kernels.items(), key=lambda kv: -sum(kv[1])):
+        lines.append(f"| {sum(durations) / steps:.1f} | {len(durations) / steps:.0f} | {name[:100]} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ graphs, with the strategy the planner chose and its predicted time on an archite
     python benchmarks/model_kernels.py --model gpt2 --layers 12 --top 0      # every kernel
     python benchmarks/model_kernels.py --model convnet --arch sm_80
     python benchmarks/model_kernels.py --model gpt2 --graph backward --explain lm_head_dir/
-    python benchmarks/model_kernels.py --partitioner min_cut   # the forward saves what min-cut saves
+    python benchmarks/model_kernels.py --partitioner default   # the forward saves what AOTAutograd's default saves
 
 The model's forward and backward graphs are traced as `torch.compile(backend="tecc")` gets them
 (AOTAutograd with tecc's decompositions) on CPU tensors at the benchmark's full size
@@ -72,7 +72,7 @@ def _empty_outputs(gm: torch.fx.GraphModule) -> Callable[..., list[Any]]:
 
 
 def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], train: bool,
-          autocast: torch.dtype | None, partitioner: str = "default") -> dict[str, torch.fx.GraphModule]:
+          autocast: torch.dtype | None, partitioner: str = "min_cut") -> dict[str, torch.fx.GraphModule]:
     """The forward and backward (or inference) ATen graphs of `model(*inputs)`, split by the
     backend's `partitioner` option (tecc/torch/backend.py)."""
     from torch._functorch.aot_autograd import aot_module_simplified
@@ -104,7 +104,7 @@ def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], train: bool,
     return graphs
 
 
-def gpt2(layers: int, partitioner: str = "default") -> dict[str, torch.fx.GraphModule]:
+def gpt2(layers: int, partitioner: str = "min_cut") -> dict[str, torch.fx.GraphModule]:
     """GPT-2 small's training step (benchmarks/models.py): batch 8 x 1024, bf16 autocast, SDPA."""
     from train_gpt import GPT
 
@@ -114,7 +114,7 @@ def gpt2(layers: int, partitioner: str = "default") -> dict[str, torch.fx.GraphM
     return trace(model, (idx, idx), train=True, autocast=torch.bfloat16, partitioner=partitioner)
 
 
-def convnet(layers: int, partitioner: str = "default") -> dict[str, torch.fx.GraphModule]:
+def convnet(layers: int, partitioner: str = "min_cut") -> dict[str, torch.fx.GraphModule]:
     """benchmarks/models.py's conv net: bf16 channels_last inference, batch 32 at 224 x 224."""
     from torch import nn
 
@@ -242,7 +242,7 @@ def main() -> None:
     p.add_argument("--graph", default=None, help="only this graph: forward, backward or inference")
     p.add_argument("--top", type=int, default=30, help="rows shown (0: all)")
     p.add_argument("--explain", default=None, help="a folder: each program's explain() text")
-    p.add_argument("--partitioner", choices=["default", "min_cut"], default="default",
+    p.add_argument("--partitioner", choices=["min_cut", "default"], default="min_cut",
                    help="what the forward saves for the backward (the backend's option of that name)")
     args = p.parse_args()
     layers = args.layers if args.layers is not None else (1 if args.model == "gpt2" else 3)

@@ -4,7 +4,7 @@ backend, by CUPTI (torch.profiler), side by side (the measured counterpart of mo
     python benchmarks/model_profile.py                         # GPT-2 small, 2 layers, eager/inductor/tecc
     python benchmarks/model_profile.py --layers 12 --top 40 --backends inductor tecc
     python benchmarks/model_profile.py --cudagraphs            # tecc also with options={"cudagraphs": True}
-    python benchmarks/model_profile.py --min-cut               # tecc also with options={"partitioner": "min_cut"}
+    python benchmarks/model_profile.py --aot-default           # tecc also with options={"partitioner": "default"}
 
 The model and step are benchmarks/models.py's (bf16 autocast, AdamW outside the compiled model,
 batch 8 x 1024 tokens). After --warmup steps, --steps steps run under the profiler. Per backend:
@@ -98,7 +98,8 @@ def main() -> None:
     p.add_argument("--attention", default="sdpa", choices=["sdpa", "masked"])
     p.add_argument("--backends", nargs="+", default=["eager", "inductor", "tecc"])
     p.add_argument("--cudagraphs", action="store_true", help="also tecc with options={'cudagraphs': True}")
-    p.add_argument("--min-cut", action="store_true", help="also tecc with options={'partitioner': 'min_cut'}")
+    p.add_argument("--aot-default", action="store_true",
+                   help="also tecc with options={'partitioner': 'default'} (AOTAutograd's default partitioner)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--top", type=int, default=30)
@@ -111,8 +112,8 @@ def main() -> None:
     variants = [(b, {}) for b in args.backends]
     if args.cudagraphs:
         variants.append(("tecc", {"cudagraphs": True}))
-    if args.min_cut:
-        variants.append(("tecc", {"partitioner": "min_cut"}))
+    if args.aot_default:
+        variants.append(("tecc", {"partitioner": "default"}))
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}; GPT-2 {args.layers}L {args.attention}")
     for backend, options in variants:
         torch._dynamo.reset()

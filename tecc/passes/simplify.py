@@ -282,6 +282,18 @@ class _SimplifyStmts(StmtMutator):
         return self.generic_visit(s)
 
 
+def same_index(a: Expr, b: Expr) -> bool:
+    """Whether two index expressions are equal for every value of their variables by the rules
+    that need no bounds (linear form, `(x // c)*c + x % c -> x`): a row read through a reshape
+    of [B, T, C] to [B·T, C] is `X[r // T * T + r % T, c]`, which is `X[r, c]`."""
+    if a is b:
+        return True
+    if not (a.dtype.is_int and b.dtype.is_int):
+        return False
+    simplifier = Simplifier(Bounds())
+    return simplifier.visit(a) is simplifier.visit(b)
+
+
 def simplify_func(func: PrimFunc) -> PrimFunc:
     return _SimplifyStmts().visit_func(func)
 

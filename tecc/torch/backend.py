@@ -3,8 +3,8 @@ one ATen graph.
 
 tecc registers itself in the `torch_dynamo_backends` entry-point group (pyproject.toml), so
 `backend="tecc"` works after `pip install tecc` with no `import tecc`. Dynamo hands the backend
-an FX graph of torch ops; AOTAutograd (`aot_module_simplified`, its default partitioner deciding
-what the forward saves for the backward) traces it into a forward and a backward ATen graph,
+an FX graph of torch ops; AOTAutograd (`aot_module_simplified`, its min-cut partitioner deciding
+what the forward saves for the backward: the `partitioner` option) traces it into a forward and a backward ATen graph,
 decomposed to core ATen with torch's own tables (decompositions.py). Each ATen graph is then
 compiled by `compile_graph`: planned (graph.py), its programs built with `tc.build`, and its
 launch list assembled (launch.py).
@@ -17,7 +17,7 @@ Options (`torch.compile(..., options={...})`):
 | `cudagraphs` | `False` | capture each whole graph (fallbacks included) with torch.cuda.graph, inputs copied in and outputs copied out (CUDA tensors, static shapes); without it each program still replays as the runtime's own CUDA graph (docs/models.md, "Runtime") |
 | `dump_ir` | `None` | a folder: each graph's FX code, the node -> kernel map and every program's IR dumps |
 | `arch` | `None` | the GPU architecture to compile for (`"sm_90"`); default: the device's |
-| `partitioner` | `"default"` | what the forward saves for the backward: `"default"`, AOTAutograd's default partitioner (saves what the backward reads); `"min_cut"`, its min-cut rematerialization partitioner (inductor's: saves the fewest bytes and recomputes cheap elementwise values in the backward; a loss head then saves its bf16 logits and two row statistics, not float32 log-probabilities) |
+| `partitioner` | `"min_cut"` | what the forward saves for the backward: `"min_cut"`, AOTAutograd's min-cut rematerialization partitioner (inductor's too: saves the fewest bytes and recomputes cheap elementwise values in the backward; a loss head then saves its bf16 logits and two row statistics, and its backward recomputes the float32 cast, instead of 1.6 GB of float32 log-probabilities written and read back at GPT-2's size); `"default"`, AOTAutograd's default partitioner (saves what the backward reads) |
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from .runtime import CompiledGraph, with_cuda_graph
 log = logging.getLogger("tecc.torch")
 
 FALLBACKS = ("aten", "error")
-PARTITIONERS = ("default", "min_cut")
+PARTITIONERS = ("min_cut", "default")
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Options:
     cudagraphs: bool = False
     dump_ir: str | None = None
     arch: str | None = None
-    partitioner: str = "default"
+    partitioner: str = "min_cut"
 
     @staticmethod
     def parse(options: dict[str, Any] | None) -> "Options":
@@ -70,10 +70,11 @@ class Options:
         if fallback not in FALLBACKS:
             raise TeccError(f"torch.compile(backend='tecc'): fallback={fallback!r}; use 'aten' (run ops tecc cannot "
                             "lower as ATen) or 'error' (raise instead)")
-        partitioner = given.get("partitioner", "default")
+        partitioner = given.get("partitioner", "min_cut")
         if partitioner not in PARTITIONERS:
-            raise TeccError(f"torch.compile(backend='tecc'): partitioner={partitioner!r}; use 'default' "
-                            "(AOTAutograd's default) or 'min_cut' (its min-cut rematerialization partitioner)")
+            raise TeccError(f"torch.compile(backend='tecc'): partitioner={partitioner!r}; use 'min_cut' "
+                            "(AOTAutograd's min-cut rematerialization partitioner, the default) or 'default' "
+                            "(AOTAutograd's default partitioner)")
         dump = given.get("dump_ir")
         return Options(fallback, bool(given.get("cudagraphs", False)), str(dump) if dump else None,
                        given.get("arch"), partitioner)
@@ -107,7 +108,7 @@ def tecc_backend(gm: GraphModule, example_inputs: Sequence[Any], options: dict[s
 
 
 def partition(partitioner: str) -> dict[str, Any]:
-    """aot_module_simplified's partition_fn for the option (none: its default)."""
+    """aot_module_simplified's partition_fn for the option (none: AOTAutograd's default)."""
     if partitioner == "min_cut":
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 

@@ -223,8 +223,13 @@ def _strides(val: torch.Tensor, name: str, shape: Sequence[Any]) -> Any:
     place)."""
     if _contiguous(val):
         return None
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
     try:
-        unit = val.ndim > 0 and int(val.stride()[-1]) == 1
+        # a symbolic stride is asked without a guard: int() of it specializes its symbol (a
+        # tensor the min-cut partitioner saves for the backward of tests/test_torch_backend.py's
+        # GPT under dynamic=True pinned the sequence length: a recompile per length)
+        unit = val.ndim > 0 and statically_known_true(val.stride()[-1] == 1)
     except Exception:  # noqa: BLE001 - a symbolic stride torch cannot decide: any strides
         return "any"
     if not unit:

@@ -226,13 +226,44 @@ def _contracts(group: Any) -> bool:
     return False
 
 
-def _online_pairs(tensors: Sequence[Tensor], threads: int) -> int:
-    """How many reduction passes fuse_rows(cache="online") folds into the pass before them."""
+def _online_walk(tensors: Sequence[Tensor], threads: int) -> tuple[int, int]:
+    """(pairs, reads) of fuse_rows(cache="online"): how many reduction passes it folds into the
+    pass before them, and how many of its passes read the row from global memory (0, 0 where it
+    refuses the group)."""
     try:
         (kernel,) = fuse_rows(tensors, threads, "online").kernels
     except ScheduleError:
-        return 0
-    return int(dict(kernel.attrs).get("online_pairs", 0))  # type: ignore[call-overload]
+        return 0, 0
+    attrs = dict(kernel.attrs)
+    return int(attrs.get("online_pairs", 0)), int(attrs.get("row_reads", 0))  # type: ignore[call-overload]
+
+
+def _online_pairs(tensors: Sequence[Tensor], threads: int) -> int:
+    """How many reduction passes fuse_rows(cache="online") folds into the pass before them."""
+    return _online_walk(tensors, threads)[0]
+
+
+# A row that fills the registers (fills_registers) leaves one block per SM: the SM's loads stop
+# while that block reduces, computes and stores its row (each all-reduce a barrier). Where the
+# chunked walk reads the row only once anyway -- statistics alone (a loss's forward saving
+# max and log-sum-exp: the max and the sum of exp one online pass), or passes that compute from
+# indices and row values before the one pass that reads the row (the loss's backward: the
+# one-hot's row sum, then dX) -- caching buys no read and the row streams instead, in chunks of
+# LONG_ROW_BYTES per thread, STREAM_THREADS per block: the cross-entropy's forward over 50,304
+# bf16 logits took 61-62 registers at 512 and 1024 threads (ptxas, sm_90), so two blocks per SM
+# at 512, one at 1024.
+STREAM_THREADS = 512
+
+
+def streams_once(tensors: Sequence[Tensor], columns: int, threads: int, vector: int, arrays: int) -> str | None:
+    """The chunked walk's cache ("online" or "none") for a row kept in registers at `threads` x
+    `vector` when the row fills the registers and that walk reads it once (above); else None."""
+    if not fills_registers(columns, threads, vector, arrays):
+        return None
+    pairs, reads = _online_walk(tensors, STREAM_THREADS)
+    if reads != 1:
+        return None
+    return "online" if pairs else "none"
 
 
 def propose(tensors: Sequence[Tensor], target: Target | str | None = None) -> RowFusedChoice | None:
@@ -268,12 +299,17 @@ def _choice(tensors: Sequence[Tensor], target: Target) -> RowFusedChoice | str:
     if cache == "registers" and columns is not None:
         threads, vector = fit_row_registers(columns, threads, vector, len(row_inputs), itemsize)
     unroll = 1
+    streamed = None
+    if cache == "registers" and columns is not None and len(sizes) == 1:
+        streamed = streams_once(tensors, columns, threads, vector, len(row_inputs))
+        if streamed is not None:
+            cache, threads = streamed, STREAM_THREADS
     if cache != "registers":
         long_vector, unroll = choose_long_row(columns, itemsize)
         vector = long_vector if len(sizes) == 1 else 1
     # bytes per row, fused: inputs once (cache="none": once per reduction pass + once for outputs)
-    passes = 1 if cache == "registers" else len(group.reductions) + (1 if group.elementwise else 0)
-    if cache == "none":
+    passes = 1 if cache == "registers" or streamed else len(group.reductions) + (1 if group.elementwise else 0)
+    if cache == "none" and not streamed:
         # a row too long for registers: a max and a following sum of exp(· - max) share one
         # pass (running max with a rescaled sum), one read of the row fewer per pair
         pairs = _online_pairs(tensors, threads)
@@ -308,6 +344,8 @@ def _choice(tensors: Sequence[Tensor], target: Target) -> RowFusedChoice | str:
     layout = (f"{rows_per_block} rows per block, one warp each" if rows_per_block > 1 else f"{threads} threads")
     if unroll > 1:
         layout += f", chunks of {unroll} vectors"
+    if streamed:
+        layout += " (the row read once either way: streamed, not cached in registers that leave one block per SM)"
     plan = Plan((Step("fuse_rows", step_args),), "row_fused",
                 f"{stages} stage(s) sharing rows of {group.columns} in one kernel: {fused:.0f} B/row "
                 f"instead of {unfused:.0f} B/row unfused; {layout}, row cache {cache}, vector {vector}" + priced)

@@ -72,6 +72,7 @@ from ...ir.tensor import Tensor
 from ...ir.visitor import ExprMutator, SubexpressionReplacer
 from ..lower import COMBINE, Inliner, exprs_of, kernel_params, same_shape, signature, unflatten
 from ..names import identifier
+from ..simplify import same_index
 from .online_stats import (
     centered_sum,
     max_sum_exp_pair,
@@ -84,7 +85,7 @@ from .row_chunks import ColumnWalk
 from .row_columns import MAX_COLUMN_BLOCKS_PER_SM, ColumnPartials, row_loop
 from .row_group import RowGroup, row_group
 from .row_passes import (Pass, RowInliner, finish_reduction, first_pass, peak_row_words, reads_only, row_passes,
-                         row_spans, shared_column_values)
+                         row_spans, shared_column_values, statistic_copies)
 from .row_prefetch import PREFETCH_INTO, StagedRows
 from ..schedule.cross_thread import WARP, allreduce
 
@@ -133,7 +134,7 @@ class _CacheRow(ExprMutator):
 
     def visit_BufferLoad(self, e: BufferLoad) -> Expr:
         cache = self.caches.get(e.buffer)
-        if cache is not None and same_shape(e.indices, self.key):
+        if cache is not None and len(e.indices) == len(self.key) and all(map(same_index, e.indices, self.key)):
             return cast(cache[self.k], e.buffer.dtype)
         return self.generic_visit(e)
 
@@ -448,6 +449,7 @@ class _RowKernel:
         reductions computed in one pass where online_stats.py recognises them (cache="online"),
         else each reduction's accumulation and all-reduce, and each output's stores."""
         self.stmts.extend(self.finish(None))
+        copies = statistic_copies(self.group, self.values, self.inliner, self.row_idx) if self.cache == "online" else {}
         for i, (t, expr, r) in enumerate(passes):
             if i in self.merged:
                 self.touched.append(set())
@@ -455,7 +457,7 @@ class _RowKernel:
             pair = None
             if self.cache == "online":
                 assert self.chunks is not None and isinstance(self.col, Var)
-                pair = max_sum_exp_pair(passes, i, self.values) or welford_pair(passes, i, self.col)
+                pair = max_sum_exp_pair(passes, i, self.values, copies) or welford_pair(passes, i, self.col)
             if pair is not None:
                 self.online_pair(passes, i, pair)
                 continue
@@ -607,6 +609,8 @@ class _RowKernel:
             attrs += (("online_pairs", len(self.merged)),)
         if self.welford:  # of which mean/variance pairs (Welford / Chan moments)
             attrs += (("welford_pairs", self.welford),)
+        if self.chunks is not None:  # the passes that read the row from global memory
+            attrs += (("row_reads", self.chunks.reads),)
         if self.cache == "registers":
             blocks = self.resident_blocks()
             if blocks > 1:

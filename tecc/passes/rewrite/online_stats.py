@@ -27,7 +27,7 @@ expressions, in program order) of different stages, the first being the last pas
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ...ir import dtype as dt
 from ...ir.dtype import DType
@@ -58,10 +58,13 @@ NewLocal = Callable[[str, DType, int], Buffer]
 ZERO = Const(0, dt.int32)
 
 
-def max_sum_exp_pair(passes: Sequence[Pass], i: int, values: dict[Tensor, Buffer]) -> tuple[Tensor, Reduce, Expr] | None:
+def max_sum_exp_pair(passes: Sequence[Pass], i: int, values: dict[Tensor, Buffer],
+                     copies: Mapping[Expr, Expr] | None = None) -> tuple[Tensor, Reduce, Expr] | None:
     """(stage, Reduce, h) when pass i is a stage `m = max_c a(c)` (the whole stage) and pass i+1
     a sum `Σ_c exp(h(c) - m)` with h free of m: the pair one pass computes with a running max
-    and a rescaled sum."""
+    and a rescaled sum. `copies` maps the register of a row value that is a statistic itself
+    (a keepdim max `m'[r, 0] = m[r]`, which a loss saves for its backward and then reads) to
+    the statistic's: the sum may subtract either."""
     if i + 1 >= len(passes):
         return None
     t, _, r = passes[i]
@@ -73,11 +76,12 @@ def max_sum_exp_pair(passes: Sequence[Pass], i: int, values: dict[Tensor, Buffer
     if not r.acc_dtype.is_float or r2.acc_dtype != r.acc_dtype or t2 is t:
         return None
     m = values[t][ZERO]
+    same = [m] + [k for k, v in (copies or {}).items() if v is m]
     if not (isinstance(expr2, Call) and expr2.name == "exp" and isinstance(expr2.args[0], Binary)
-            and expr2.args[0].op == "-" and expr2.args[0].b is m and expr2.dtype == r2.acc_dtype):
+            and expr2.args[0].op == "-" and any(expr2.args[0].b is e for e in same) and expr2.dtype == r2.acc_dtype):
         return None
     h = expr2.args[0].a
-    if _reads(h, m):
+    if any(_reads(h, e) for e in same):
         return None
     return t2, r2, h
 

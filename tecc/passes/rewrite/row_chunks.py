@@ -34,6 +34,7 @@ from ...ir import dtype as dt
 from ...ir.expr import BufferLoad, Const, Expr, Var, const_int, substitute, walk
 from ...ir.stmt import Buffer, BufferStore, For, IfThenElse, Stmt, seq
 from ...ir.visitor import SubexpressionReplacer
+from ..simplify import same_index
 
 
 @dataclass
@@ -91,6 +92,7 @@ class ColumnWalk:
     new_buffer: Callable[[BufferLoad, int], Buffer]
     registers: dict[int, tuple[Expr, Buffer]] = field(default_factory=dict)
     start: Expr | None = None
+    reads: int = 0    # the passes so far that load the row (a pass computing only from indices loads none)
 
     def __post_init__(self) -> None:
         self.j, self.u, self.v, self.t = (self.new_var(n) for n in ("j", "u", "v", "t"))
@@ -109,7 +111,7 @@ class ColumnWalk:
             for n in walk(e):
                 if (isinstance(n, BufferLoad) and n.buffer.scope == "global" and n not in out
                         and 1 <= len(n.indices) <= len(row) + 1 and n.indices[-1] is self.col
-                        and all(a is b for a, b in zip(n.indices[:-1], row[len(row) + 1 - len(n.indices):]))):
+                        and all(map(same_index, n.indices[:-1], row[len(row) + 1 - len(n.indices):]))):
                     out.append(n)
         return out
 
@@ -117,6 +119,7 @@ class ColumnWalk:
         """The walk of one pass whose per-column expressions are `exprs`: every chunk loads the
         staged loads of `exprs` into registers, then runs `body(chunk)`."""
         loads = self.staged_loads(exprs, row)
+        self.reads += bool(loads)
         for load in loads:
             if id(load) not in self.registers:
                 self.registers[id(load)] = (load, self.new_buffer(load, self.unroll * self.vector))

@@ -156,5 +156,22 @@ def reads_only(t: Tensor, values: dict[Tensor, Buffer], known: set[Tensor], inli
     return all(u in known for u, buf in values.items() if id(buf) in loaded)
 
 
+def statistic_copies(group: RowGroup, values: dict[Tensor, Buffer], inliner: ExprMutator,
+                     row_idx: tuple[Expr, ...]) -> dict[Expr, Expr]:
+    """The register of each row value that is a reduction stage's value itself (a keepdim
+    statistic `m'[r, 0] = m[r]`, which a loss saves for its backward) -> that stage's register
+    (online_stats.max_sum_exp_pair reads through them)."""
+    stats = {id(values[t]): t for t in group.reductions}
+    out: dict[Expr, Expr] = {}
+    for u in group.row_values:
+        op = u.op
+        assert isinstance(op, ComputeOp)
+        at = row_idx + (Const(0, dt.int32),) * (len(op.axes) - len(row_idx))
+        body = inliner.visit(substitute(op.body, dict(zip(op.axes, at))))
+        if isinstance(body, BufferLoad) and id(body.buffer) in stats and body.dtype == u.dtype:
+            out[values[u][Const(0, dt.int32)]] = body
+    return out
+
+
 __all__ = ["EXPENSIVE", "Pass", "RowInliner", "finish_reduction", "first_pass", "peak_row_words", "reads_only", "row_passes",
-           "row_spans", "shared_column_values"]
+           "row_spans", "shared_column_values", "statistic_copies"]
