@@ -89,7 +89,9 @@ def main() -> None:
                 print(f"| {R}x{C} | {dtype} | {label} | {t * 1e6:.1f} | {nbytes / t / 1e9:.0f} | "
                       f"{100 * nbytes / t / 1e9 / copy_gbps:.0f}% | {err:.1e} | {point} |", flush=True)
             eager = lambda x: x.float().sum(0).to(x.dtype)  # noqa: E731
-            refs = [("torch", eager)] + ([] if a.no_compile else [("torch.compile", torch.compile(eager, dynamic=False))])
+            refs = [("torch", eager)]
+            if not a.no_compile:
+                refs.append(("torch.compile", torch.compile(eager, dynamic=False)))
             for label, fn in refs:
                 t = time_it(Rotation([lambda x=x: fn(x) for x in xs]), stream, a.reps)
                 print(f"| {R}x{C} | {dtype} | {label} | {t * 1e6:.1f} | {nbytes / t / 1e9:.0f} | "

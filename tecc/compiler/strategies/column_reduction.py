@@ -300,7 +300,8 @@ def split_workload(info: KernelInfo, point: Point, itemsize: int) -> Workload:
             instructions=outputs / 32 * (3.0 * s + 8.0), bytes_in_flight=4.0 * min(s, 4),
             chain_cycles=-(-s // 4) * GLOBAL_LATENCY_CYCLES, notes=[f"one thread per output folds {s} partials"])
     return Workload(
-        blocks=blocks, threads=threads, registers={"addressing": 16, "values": -(-u * v * itemsize // 4), "accumulators": v},
+        blocks=blocks, threads=threads,
+        registers={"addressing": 16, "values": -(-u * v * itemsize // 4), "accumulators": v},
         smem_bytes=4 * threads * v, flops=info.flops, fma_ops=float(info.iterations * max(info.flops_per_iteration, 1)),
         special_ops=float(info.iterations * info.special_per_iteration),
         dram_bytes=data + (2 * partials if s > 1 else 0.0), l2_bytes=data + (2 * partials if s > 1 else 0.0),
