@@ -188,6 +188,27 @@ def test_row_kernels_ask_for_full_occupancy_when_the_row_fits():
     assert "__launch_bounds__(512, 3)" in k.source
 
 
+def test_a_row_kernel_without_the_occupancy_request_replays_and_matches_numpy():
+    """fuse_rows(occupancy=False), the fallback of a group reading many tensors where ptxas spills
+    under the request (row_fused.without_occupancy): `__launch_bounds__` without a block count,
+    the step kept in the plan, the same results."""
+    from tecc.compiler.strategies.row_fused import without_occupancy
+
+    args = norms.layer_norm(5, 8192)
+    asked = tc.build(args, target="sim", plan=propose(args).plan)
+    free = tc.build(args, target="sim", plan=without_occupancy(propose(args).plan))
+    assert "__launch_bounds__(512, 3)" in asked.source and "__launch_bounds__(512)" in free.source
+    assert free.plan.steps[0].args["occupancy"] is False
+    replayed = tc.build(args, target="sim", plan=free.plan.to_json())
+    assert replayed.source == free.source
+    rng = np.random.default_rng()
+    x, g, b = rng.standard_normal((5, 8192)), rng.standard_normal(8192), rng.standard_normal(8192)
+    x, g, b = (v.astype(np.float32) for v in (x, g, b))
+    y = np.full((5, 8192), np.nan, np.float32)
+    free(x, g, b, y)
+    np.testing.assert_allclose(y, norms.np_layer_norm(x.astype(np.float64), g, b), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("shape,threads", [((3, 300), 64), ((2, 1000), 128), ((1, 1), 32), ((0, 40), 64), ((2, 33), 64)])
 def test_online_softmax_reads_the_row_twice_and_matches_numpy(log, shape, threads):

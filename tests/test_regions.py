@@ -140,3 +140,104 @@ def test_the_composed_module_keeps_the_program_signature(dims):
     f = tc.build([Q, K, V, W, P, lse], target="sim")
     assert [b.name for b in f.host.buffer_params] == ["sQ", "sK", "sV", "sW", "sP", "slse"]
     assert "sO" in [t.name for t in f.host.temps]   # the attention output: between the two parts
+
+
+def norm_backward_with_residual(R: int, C: int, half: bool, K: int = 16):
+    """A layer norm backward's shape of program (GPT-2's): the gradient G arrives from a GEMM,
+    two row statistics s1 = sum_c G*g and s2 = sum_c G*g*X feed dx; dx (cast to bfloat16 when
+    `half`, as autocast does) feeds the next GEMM H, and the residual gradient out = dx + H - t
+    adds dx to what came through that GEMM. out's region with s1 / s2 would run before and after
+    H at once (a cycle), which used to drop the whole region: each statistic became a per-kernel
+    reduction of its own."""
+    low = "bfloat16" if half else "float32"
+    A = tc.placeholder((R, K), low, name="A")
+    B = tc.placeholder((K, C), low, name="B")
+    X = tc.placeholder((R, C), "float32", name="X")
+    g = tc.placeholder((C,), "float32", name="g")
+    W = tc.placeholder((C, C), low, name="W")
+    k, c1, c2, c3, c4 = (tc.reduce_axis(n, x) for n, x in ((K, "k"), (C, "c1"), (C, "c2"), (C, "c3"), (C, "c4")))
+
+    def matmul(shape, a, b, axis, name):
+        return tc.compute(shape, lambda i, j: tc.cast(tc.sum(tc.cast(a(i, axis), "float32")
+                                                             * tc.cast(b(axis, j), "float32"), axis=axis), low),
+                          name=name)
+
+    G = matmul((R, C), lambda i, r: A[i, r], lambda r, j: B[r, j], k, "G")
+    s1 = tc.compute((R,), lambda i: tc.sum(G[i, c1] * g[c1], axis=c1), name="s1")
+    s2 = tc.compute((R,), lambda i: tc.sum(G[i, c2] * g[c2] * X[i, c2], axis=c2), name="s2")
+    dx = tc.compute((R, C), lambda i, j: G[i, j] * g[j] * C - s1[i] - X[i, j] * s2[i], name="dx")
+    dx_low = tc.compute((R, C), lambda i, j: tc.cast(dx[i, j], low), name="dx_low") if half else dx
+    H = matmul((R, C), lambda i, r: dx_low[i, r], lambda r, j: W[r, j], c3, "H")
+    t = tc.compute((R,), lambda i: tc.sum(H[i, c4] * X[i, c4], axis=c4), name="t")
+    out = tc.compute((R, C), lambda i, j: dx[i, j] + H[i, j] - t[i], name="out")
+    return [A, B, X, g, W, out]
+
+
+def norm_backward_reference(a, b, x, g, w, half: bool):
+    import ml_dtypes
+
+    def low(v):
+        return v.astype(ml_dtypes.bfloat16).astype(np.float64) if half else v
+
+    a, b, x, g, w = (v.astype(np.float64) for v in (a, b, x, g, w))
+    G = low(a @ b)
+    s1 = (G * g).sum(1, keepdims=True)
+    s2 = (G * g * x).sum(1, keepdims=True)
+    dx = G * g * x.shape[1] - s1 - x * s2
+    H = low(low(dx) @ w)
+    return dx + H - (H * x).sum(1, keepdims=True)
+
+
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("rows, columns", [(37, 45), (5, 130), (0, 45)])
+def test_row_statistics_read_across_a_gemm_are_one_row_kernel(half, rows, columns):
+    """The two statistics and dx share one row kernel (the cycle through H leaves out the residual
+    sum, which gets a row kernel of its own after H), and the program computes what NumPy does."""
+    import ml_dtypes
+
+    args = norm_backward_with_residual(rows, columns, half)
+    f = tc.build(args, target="sim")
+    assert f.plan.strategy == "regions", f.plan.reason
+    names = [k.name for k in f.module.kernels]
+    # one row kernel for s1 and s2 (and dx_low, which the GEMM reads), one for t and out; before,
+    # s1 and s2 were per-kernel reductions, a kernel each
+    assert not {"s1_kernel", "s2_kernel"} & set(names), (names, f.plan.reason)
+    assert sum(n.endswith("_rows_kernel") for n in names) == 2, (names, f.plan.reason)
+    rng = np.random.default_rng()
+    low = ml_dtypes.bfloat16 if half else np.float32
+    a, b = rng.standard_normal((rows, 16)).astype(low), rng.standard_normal((16, columns)).astype(low)
+    x, g = rng.standard_normal((rows, columns)).astype(np.float32), rng.standard_normal(columns).astype(np.float32)
+    w = (rng.standard_normal((columns, columns)) / np.sqrt(columns)).astype(low)
+    (out,) = run(f, a, b, x, g, w)
+    want = norm_backward_reference(a, b, x, g, w, half)
+    if rows == 0:
+        assert out.shape == (0, columns)
+        return
+    # float32: sums of ~100 terms; bfloat16: dx rounded before the GEMM (a dx at a rounding
+    # boundary may round the other way in float32 than in float64), H rounded after it
+    bound = (2.0 ** -7 if half else 1e-5) * np.abs(want).max()
+    worst = np.unravel_index(np.argmax(np.abs(out - want)), want.shape)
+    assert np.abs(out - want).max() <= bound, (f.plan.reason, worst, out[worst], want[worst])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, columns", [(8192, 768), (1000, 770)])
+def test_gpu_row_statistics_read_across_a_gemm_match_numpy(rows, columns):
+    """GPT-2's layer norm backward shape on the GPU (bf16 GEMMs, float32 rows): the composed
+    module with one row kernel for both sums and dx against NumPy, outputs poisoned."""
+    import ml_dtypes
+
+    args = norm_backward_with_residual(rows, columns, True, K=64)
+    f = tc.build(args, target="cuda")
+    names = [k.name for k in f.module.kernels]
+    assert not {"s1_kernel", "s2_kernel"} & set(names), (names, f.plan.reason)
+    rng = np.random.default_rng(rows)
+    a = rng.standard_normal((rows, 64)).astype(ml_dtypes.bfloat16)
+    b = (rng.standard_normal((64, columns)) / 8).astype(ml_dtypes.bfloat16)
+    x, g = rng.standard_normal((rows, columns)).astype(np.float32), rng.standard_normal(columns).astype(np.float32)
+    w = (rng.standard_normal((columns, columns)) / np.sqrt(columns)).astype(ml_dtypes.bfloat16)
+    out = np.full((rows, columns), np.nan, np.float32)
+    f(a, b, x, g, w, out)
+    want = norm_backward_reference(a, b, x, g, w, True)
+    worst = np.unravel_index(np.argmax(np.abs(out - want)), want.shape)
+    assert np.abs(out - want).max() <= 2.0 ** -7 * np.abs(want).max(), (f.plan.reason, worst, out[worst], want[worst])

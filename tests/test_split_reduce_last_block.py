@@ -220,6 +220,32 @@ def test_strategy_picks_one_wave_at_1024_columns_and_keeps_the_measured_two_wave
     assert choose_point(1024, 1024, 131072, 2).family == "one wave"
 
 
+def test_a_grid_of_one_block_per_sm_keeps_every_row_of_a_thread_in_flight():
+    """GPT-2's parameter gradients sum 8192 rows of 768 columns: the one-wave point has 6 x 16
+    blocks (MIN_ROWS caps the splits), each alone on its SM, so a thread loads all its 16 bf16 rows
+    (8 float32 ones: 128 bytes) at once instead of 4 per round; wider grids keep unroll 4."""
+    cases = {
+        ("bfloat16", 8192, 768): (32, 16, 16, 4),
+        ("float32", 8192, 768): (32, 16, 8, 4),
+        ("bfloat16", 8192, 2304): (32, 8, 4, 4),    # 144 blocks: two per SM, unroll 4
+        ("bfloat16", 8192, 3072): (32, 8, 4, 4),
+        ("bfloat16", 16384, 1024): (32, 32, 4, 4),  # the measured one-wave point
+    }
+    for (dtype, rows, columns), want in cases.items():
+        step = propose(column(rows, columns, dtype)).plan.steps[0].args
+        got = (step["threads_y"], step["splits"], step["unroll"], step.get("outputs_per_thread", 1))
+        assert got == want, (dtype, rows, columns, step)
+
+
+@pytest.mark.parametrize("shape", [(4099, 260), (1000, 300), (8192, 768)])
+def test_the_planned_point_of_few_rows_matches_numpy(shape):
+    """The planner's point for few rows (16 rows in flight per thread, a guarded last round when
+    the rows do not divide: 4099 = 8 splits x 32 threads x 16 rows + 3) in the emulator."""
+    k = tc.build(column(*shape, "bfloat16"), target="sim")
+    assert k.plan.strategy == "column_reduction" and k.plan.steps[0].args["unroll"] == 16, k.plan
+    run_calls(k, "column", shape, "bfloat16", calls=2, seed=sum(shape))
+
+
 def test_auto_plan_builds_one_kernel_and_matches_numpy():
     k = tc.build(column(2048, 1024, "bfloat16"), target="sim")
     assert k.plan.strategy == "column_reduction" and len(k.module.kernels) == 1, k.plan
@@ -436,6 +462,8 @@ def test_header_says_zero_the_counter_once(tmp_path):
 GPU_CASES = [
     ("column", (16384, 1024), "bfloat16", None),             # the strategy's one-wave points
     ("column", (16384, 1024), "float32", None),
+    ("column", (8192, 768), "bfloat16", None),               # GPT-2's gradients: a block per SM, unroll 16
+    ("column", (8192, 768), "float32", None),
     ("middle", (16, 1024, 1024), "bfloat16", None),
     ("column", (16384, 4096), "bfloat16", None),             # a two-wave point, one pass (32 splits)
     ("column", (3001, 999), "float16", plan_of(16, 8, 4)),    # partial blocks, row guards

@@ -173,10 +173,45 @@ def _grow(st: _Stages, seed: Tensor, row_group: bool, claimed: set[int]) -> set[
                 or (_spans(t, rows, 1) and (not reds or (not row_group and reads_rows))))
             backward = (not row_group and k not in st.outputs and st.readers[k] and st.readers[k] <= members
                         and _spans(t, rows, 1) and t.shape[-1] is keys)
-            if forward or backward:
+            if forward or backward or _sibling(st, t, rows, keys, members):
                 members.add(k)
                 changed = True
-    return members
+    return _without_cycles(st, seed, members)
+
+
+def _sibling(st: _Stages, t: Tensor, rows: Sequence[object], keys: object, members: set[int]) -> bool:
+    """Whether stage `t` is another statistic of the same rows that a member reads: a reduction
+    over one axis of the seed's extent, of the rows' shape, that reads no member (a layer norm
+    backward's sum of dy*g next to the sum of dy*g*xhat, both read by dx). It is upstream of the
+    members, so adding it closes no cycle; one row kernel then computes both, where each was a
+    kernel of its own."""
+    k = id(t)
+    if not (st.readers[k] & members) or st.reads[k] & members or not _spans(t, rows, 0):
+        return False
+    reds = _row_axes(st, t)
+    return reds is not None and all(r.axes[0].extent is keys for r in reds)
+
+
+def _without_cycles(st: _Stages, seed: Tensor, members: set[int]) -> set[int]:
+    """`members` less those that depend on a stage outside them which itself depends on a member
+    (a residual gradient dx1 + dx2 whose dx2 comes through a GEMM of dx1): with them the region
+    could not run as one part, and the whole region used to be dropped. What remains keeps the
+    seed; an empty set when the seed itself would go."""
+    while True:
+        after: set[int] = set()
+        before: set[int] = set()
+        for m in members:
+            after |= nx.descendants(st.graph, m)
+            before |= nx.ancestors(st.graph, m)
+        between = (after & before) - members
+        if not between:
+            return members
+        late: set[int] = set()
+        for b in between:
+            late |= nx.descendants(st.graph, b)
+        if id(seed) in late:
+            return set()
+        members = members - late
 
 
 def _acyclic(st: _Stages, members: set[int]) -> bool:
@@ -301,7 +336,7 @@ def _find_regions(st: _Stages, graph_level: GraphLevel) -> list[tuple[set[int], 
         tried: list[set[int]] = []
         for row_group in (False, True):
             members = _grow(st, seed, row_group, claimed)
-            if members in tried or not _acyclic(st, members) or (len(members) == 1 and _contraction(st, seed)):
+            if not members or members in tried or (len(members) == 1 and _contraction(st, seed)):
                 continue
             tried.append(members)
             part = regions.cut(_outputs(st, members), _boundaries(st, members))

@@ -390,7 +390,8 @@ class Schedule(TensorCorePrimitives):
 
     def fuse_rows(self, threads: int, cache: str = "registers", vector: int = 1, rows_per_block: int = 1,
                   unroll: int = 1, row_blocks: int = 0, column_sums: str = "local", prefetch: bool = False,
-                  float_rows: bool = False, whole_steps: bool = False, prefetch_into: str = "registers") -> None:
+                  float_rows: bool = False, whole_steps: bool = False, prefetch_into: str = "registers",
+                  occupancy: bool = True) -> None:
         """Replace the module by ONE kernel computing every stage that shares the row (a
         reduce→elementwise graph: softmax, layer norm, a row sum; see tecc.passes.rewrite.fuse_rows):
         one block of `threads` threads per row, cross-thread reductions, the row kept in
@@ -403,7 +404,8 @@ class Schedule(TensorCorePrimitives):
         keeps 16-bit row registers converted to float32 (one conversion per element, not one per
         pass); `whole_steps` tests the row's end at the last step of a thread's walk only (the
         steps below are straight-line code); `prefetch_into="shared"` stages the prefetched row in
-        shared memory by cp.async instead of registers. It must be the first step."""
+        shared memory by cp.async instead of registers; `occupancy=False` drops the kernel's request
+        for resident blocks (`__launch_bounds__`' second argument). It must be the first step."""
         if self._steps:
             raise ScheduleError("fuse_rows rewrites the whole module: it must be the first step of a plan")
         start = time.perf_counter()
@@ -411,7 +413,7 @@ class Schedule(TensorCorePrimitives):
                                     rows_per_block=int(rows_per_block), unroll=int(unroll),
                                     row_blocks=int(row_blocks), column_sums=column_sums, prefetch=bool(prefetch),
                                     float_rows=bool(float_rows), whole_steps=bool(whole_steps),
-                                    prefetch_into=prefetch_into)
+                                    prefetch_into=prefetch_into, occupancy=bool(occupancy))
         self.timing.append(("fuse_rows", time.perf_counter() - start))
         args: dict[str, Any] = {"threads": int(threads), "cache": cache}
         if vector != 1:
@@ -432,6 +434,8 @@ class Schedule(TensorCorePrimitives):
             args["whole_steps"] = True
         if prefetch_into != "registers":
             args["prefetch_into"] = prefetch_into
+        if not occupancy:
+            args["occupancy"] = False
         self._record(Step("fuse_rows", args))
 
     def online_contraction(self, threads: int = 32, rows_per_block: int = 4) -> None:

@@ -95,6 +95,7 @@ WARP_READ_BYTES = 128        # a warp row read below this (bf16 at V = 1) is wha
 ONE_WAVE_OUTPUTS = 4         # V of the one-wave point (measured best for bf16 and float32)
 ONE_WAVE_THREADS_Y = 32      # 1024-thread blocks (module docstring: within a point of the best)
 ONE_WAVE_UNROLL = 4
+SOLO_UNROLL_BYTES = 128      # rows in flight per thread of a block alone on its SM (solo_unroll)
 ONE_WAVE_MAX_BYTES = 64 << 20  # inputs up to this take the one-wave point (1024 columns: 32/64 MiB)
 ONE_PASS_MIN_SPLITS = 8      # two-wave points combine in one pass from this many splits
 
@@ -172,7 +173,21 @@ def one_wave_point(outputs: int, last: int, reduced: int, itemsize: int, sms: in
     wanted = -(-(sms * SM_THREADS) // (blocks_x * THREADS_X * threads_y))
     most = min(MAX_SPLITS, max(1, reduced // (threads_y * MIN_ROWS)))
     splits = _power_of_two_splits(max(1, min(wanted, most)), reduced, threads_y)
-    return ColumnPoint(threads_y, splits, ONE_WAVE_UNROLL, v, "one wave")
+    return ColumnPoint(threads_y, splits, solo_unroll(blocks_x * splits, reduced, splits, threads_y, v, itemsize, sms),
+                       v, "one wave")
+
+
+def solo_unroll(blocks: int, reduced: int, splits: int, threads_y: int, v: int, itemsize: int, sms: int) -> int:
+    """The one-wave point's unroll: ONE_WAVE_UNROLL, or, when the grid leaves every block an SM of
+    its own (few rows: MIN_ROWS caps the splits below a wave), every row of a thread in flight at
+    once, up to SOLO_UNROLL_BYTES per thread. Such a block has the SM's registers to itself
+    (1024 threads x 64), so the wider unroll costs no residency; with 4 loads per round a thread
+    of GPT-2's 8192 x 768 bf16 gradients (96 blocks, 16 rows per thread) waited out 4 rounds of
+    DRAM latency, 3.1 MB in flight over the GPU."""
+    rows = -(-reduced // (splits * threads_y))
+    if blocks > sms or rows <= ONE_WAVE_UNROLL:
+        return ONE_WAVE_UNROLL
+    return max(ONE_WAVE_UNROLL, min(rows, SOLO_UNROLL_BYTES // (v * itemsize)))
 
 
 def choose_point(outputs: int | None, last: int | None, reduced: int | None, itemsize: int,
@@ -285,7 +300,8 @@ def split_workload(info: KernelInfo, point: Point, itemsize: int) -> Workload:
             instructions=outputs / 32 * (3.0 * s + 8.0), bytes_in_flight=4.0 * min(s, 4),
             chain_cycles=-(-s // 4) * GLOBAL_LATENCY_CYCLES, notes=[f"one thread per output folds {s} partials"])
     return Workload(
-        blocks=blocks, threads=threads, registers={"addressing": 16, "values": u * v, "accumulators": v},
+        blocks=blocks, threads=threads,
+        registers={"addressing": 16, "values": -(-u * v * itemsize // 4), "accumulators": v},
         smem_bytes=4 * threads * v, flops=info.flops, fma_ops=float(info.iterations * max(info.flops_per_iteration, 1)),
         special_ops=float(info.iterations * info.special_per_iteration),
         dram_bytes=data + (2 * partials if s > 1 else 0.0), l2_bytes=data + (2 * partials if s > 1 else 0.0),
@@ -324,4 +340,4 @@ register(ColumnReduction())
 
 
 __all__ = ["ColumnChoice", "ColumnPoint", "ColumnReduction", "split_workload", "choose_combine", "choose_outputs_per_thread", "choose_point",
-           "choose_splits", "one_wave_point", "propose"]
+           "choose_splits", "one_wave_point", "propose", "solo_unroll"]

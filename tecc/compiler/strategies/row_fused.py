@@ -354,9 +354,28 @@ def _choice(tensors: Sequence[Tensor], target: Target) -> RowFusedChoice | str:
             and fills_registers(columns, threads, vector, len(row_inputs))
             and columns % (threads * vector)):
         plan, fallbacks = straight_walk(plan, wide_vector(columns, itemsize, vector, wide))
+    if cache == "registers" and sum(t.is_placeholder for t in group.program.args) > MANY_INPUTS:
+        fallbacks += tuple(without_occupancy(p) for p in (plan, *fallbacks))
     return RowFusedChoice(plan, int(step_args["threads"]), cache, fused, unfused, plan.reason, vector,
                           rows_per_block, unroll, len(group.reductions), stages, passes, max(len(row_inputs), 1),
                           itemsize, bool(group.elementwise), fallbacks=fallbacks)
+
+
+# A row group reading more tensors than this (GPT-2's backward: each layer norm's dx recomputed in
+# the kernel of the next, through the residual gradient, reads its gradient and input rows, two
+# row statistics, two sums and the weight) keeps more addresses and values live than
+# min_blocks_per_sm's estimate of the kernel's own registers: at 768 columns and 128 threads those
+# kernels spilled 20-88 bytes under the requested occupancy (2 to 5 layer norms carried; one
+# layer norm backward, 7 inputs, did not). Their plans carry a fallback without the request,
+# taken where ptxas spills the first (`pipeline.first_without_spills`).
+MANY_INPUTS = 8
+
+
+def without_occupancy(plan: Plan) -> Plan:
+    """`plan` (one fuse_rows step) without the kernel's request for resident blocks."""
+    (step,) = plan.steps
+    return Plan((Step("fuse_rows", {**step.args, "occupancy": False}),), plan.strategy,
+                plan.reason + "; no occupancy request (ptxas spilled under it)")
 
 
 def wide_vector(columns: int, itemsize: int, vector: int, wide: int) -> int:

@@ -152,7 +152,7 @@ class _CacheRow(ExprMutator):
 def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", name: str | None = None,
               vector: int = 1, rows_per_block: int = 1, unroll: int = 1, row_blocks: int = 0,
               column_sums: str = "local", prefetch: bool = False, float_rows: bool = False,
-              whole_steps: bool = False, prefetch_into: str = "registers") -> Module:
+              whole_steps: bool = False, prefetch_into: str = "registers", occupancy: bool = True) -> Module:
     """The module of ONE kernel computing the row group `args` (see the module docstring), and
     with column reductions (row_group.py) a second kernel that combines their partial sums.
 
@@ -192,12 +192,15 @@ def fuse_rows(args: Sequence[Tensor], threads: int, cache: str = "registers", na
     to straight-line code (the cross-entropy over 50,304 bf16 logits then issues its row's loads
     together instead of one after another, and 2880 -> 2736 instructions per row); without it
     every step is a branch (the compiler does not know tx < T).
-    The kernel asks for `min_blocks_per_sm` resident blocks (see SM_THREADS above)."""
+    The kernel asks for `min_blocks_per_sm` resident blocks (see SM_THREADS above); with
+    `occupancy=False` it asks for none, and ptxas gives it the registers it needs (the fallback
+    of a group that reads many rows, whose own registers the request's estimate leaves out)."""
     group = row_group(args)
     _check_point(group, threads, cache, vector, unroll, rows_per_block, row_blocks, prefetch)
     if prefetch_into not in PREFETCH_INTO or (prefetch_into == "shared" and not prefetch):
         raise ScheduleError(f"fuse_rows: prefetch_into={prefetch_into!r} needs prefetch=True and one of {PREFETCH_INTO}")
     rows = _RowKernel(group, threads, cache, vector, rows_per_block, unroll, row_blocks, whole_steps)
+    rows.occupancy = occupancy
     rows.cache_row(prefetch, float_rows, prefetch_into)
     rows.row_registers()
     rows.row_passes(rows.passes())
@@ -281,6 +284,7 @@ class _RowKernel:
         self.K: Expr = Const(-(-(c_const or 0) // (T * V)), dt.int32)
         self.needs_guard = c_const is not None and c_const % (T * V) != 0
         self.whole_steps = whole_steps  # only the last step tests the row's end (guard)
+        self.occupancy = True  # ask for min_blocks_per_sm resident blocks (fuse_rows' `occupancy`)
         self.varying = {k, v, tx}  # what a row-invariant value is free of (row_algebra.py)
 
         self.base_inliner = Inliner(prog.inlined, buffers)
@@ -611,7 +615,7 @@ class _RowKernel:
             attrs += (("welford_pairs", self.welford),)
         if self.chunks is not None:  # the passes that read the row from global memory
             attrs += (("row_reads", self.chunks.reads),)
-        if self.cache == "registers":
+        if self.cache == "registers" and self.occupancy:
             blocks = self.resident_blocks()
             if blocks > 1:
                 attrs += (("min_blocks_per_sm", blocks),)
