@@ -65,7 +65,7 @@ from ..ir.stmt import (
     seq,
 )
 from ..ir.index_checks import IndexCheck
-from ..ir.scatter import data_dependent
+from ..ir.scatter import ScatterOp, data_dependent
 from ..ir.tensor import ComputeOp, PlaceholderOp, Tensor
 from ..ir.visitor import ExprMutator
 from .names import fresh_name, identifier
@@ -140,7 +140,7 @@ def choose_inlined(prog: Program, epilogues: bool = False) -> Program:
     if epilogues:
         inlined -= shared_long_chains(prog, inlined)
     if epilogues:
-        inlined |= {t for t in prog.order if epilogue_consumer(prog, t, frozenset(inlined)) is not None}
+        inlined |= epilogue_reductions(prog, frozenset(inlined))
     return Program(prog.args, prog.graph, prog.order, frozenset(inlined))
 
 
@@ -300,6 +300,19 @@ def _sums_products(t: Tensor) -> bool:
         for r in op.reductions)
 
 
+def epilogue_reductions(prog: Program, inlined: frozenset[Tensor]) -> set[Tensor]:
+    """The reduction stages inlined into their epilogue consumer (`epilogue_consumer`), at most
+    one per consumer, producers first: a kernel holding two reductions (`D = mm_a + mm_b`, both
+    inlined) is neither of them to the strategies (no GEMM takes two contractions, no scatter
+    strategy a contraction), so it would fall to the thread-per-output reduction."""
+    taken: dict[int, Tensor] = {}
+    for t in prog.order:
+        d = epilogue_consumer(prog, t, inlined)
+        if d is not None and id(d) not in taken:
+            taken[id(d)] = t
+    return set(taken.values())
+
+
 def epilogue_consumer(prog: Program, t: Tensor, inlined: frozenset[Tensor]) -> Tensor | None:
     """The consumer D of reduction stage `t` into which `t` is inlined, or None.
 
@@ -310,10 +323,15 @@ def epilogue_consumer(prog: Program, t: Tensor, inlined: frozenset[Tensor]) -> T
     The reduction is then computed once per output as before, and C's write and read back
     (2·|C|·itemsize bytes) and a kernel launch disappear. A consumer that reads C at another
     index or more than once would recompute the reduction; one that is itself inlined further
-    would move it into a kernel of another shape: neither is done."""
+    would move it into a kernel of another shape: neither is done. A scatter stays a stage: its
+    atomic realization (`scatter_atomic`) adds each position once, while inlined it is the
+    gather-wise form, which searches every position for every output element (GPT-2's tied
+    embedding gradient `mm + embedding_dense_backward`: 50257 x 768 outputs x 8192 positions)."""
     outputs = {id(a) for a in prog.args}
     op = t.op
     if id(t) in outputs or not isinstance(op, ComputeOp) or not op.reductions or t in inlined:
+        return None
+    if isinstance(op, ScatterOp):
         return None
     reached = _stages_reached(prog, t, inlined)
     if len(reached) != 1:
@@ -609,4 +627,4 @@ def exprs_of(body: Stmt) -> list[Expr]:
 
 
 __all__ = ["COMBINE", "Inliner", "Program", "buffer_for", "choose_inlined", "collect_program", "epilogue_consumer",
-           "exprs_of", "global_buffers", "kernel_params", "lower", "narrowed_operands", "scalar_vars", "unflatten"]
+           "epilogue_reductions", "exprs_of", "global_buffers", "kernel_params", "lower", "narrowed_operands", "scalar_vars", "unflatten"]
