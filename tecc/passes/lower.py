@@ -6,7 +6,7 @@ Steps, in order:
 2. Inline elementwise producers (computes without a reduction that are not outputs) into their
    consumers, so chains of elementwise ops never round-trip through memory (except a 16-bit copy
    of a wider float that a contraction reads: `narrowed_operands`); a reduction whose
-   only consumer is an elementwise output reading it at its own index (an epilogue such as
+   only consumer is an elementwise stage reading it at its own index (an epilogue such as
    `relu(C[i, j] + bias[j])`) is inlined too, so the store of the reduction applies it.
 3. Give every remaining stage a buffer: outputs and inputs are the module's parameters, other
    stages become temporaries the host allocates.
@@ -316,8 +316,9 @@ def epilogue_reductions(prog: Program, inlined: frozenset[Tensor]) -> set[Tensor
 def epilogue_consumer(prog: Program, t: Tensor, inlined: frozenset[Tensor]) -> Tensor | None:
     """The consumer D of reduction stage `t` into which `t` is inlined, or None.
 
-    Inlining saves bytes exactly when it moves no work: D is an output stage of the same shape
-    without a reduction of its own, the only stage `t` reaches (directly, or through elementwise
+    Inlining saves bytes exactly when it moves no work: D is a stage (an output, or a compute kept
+    stored because a contraction reads it: the batch norm and relu between two convolutions) of
+    the same shape without a reduction of its own, the only stage `t` reaches (directly, or through elementwise
     computes inlined into D: a view, a batch norm and a relu after a convolution), and D reads
     `t` once, at its own index, once those computes are expanded (D[i, j] = f(C[i, j], ...)).
     The reduction is then computed once per output as before, and C's write and read back
@@ -338,7 +339,7 @@ def epilogue_consumer(prog: Program, t: Tensor, inlined: frozenset[Tensor]) -> T
         return None
     d = reached[0]
     dop = d.op
-    if id(d) not in outputs or not isinstance(dop, ComputeOp) or dop.reductions or not same_shape(d.shape, t.shape):
+    if d in inlined or not isinstance(dop, ComputeOp) or dop.reductions or not same_shape(d.shape, t.shape):
         return None
     reads = _reads_through(dop.body, t, inlined, [])
     if len(reads) != 1 or len(reads[0]) != len(dop.axes) or not all(a is b for a, b in zip(reads[0], dop.axes)):
