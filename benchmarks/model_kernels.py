@@ -72,9 +72,11 @@ def _empty_outputs(gm: torch.fx.GraphModule) -> Callable[..., list[Any]]:
 
 
 def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], train: bool,
-          autocast: torch.dtype | None, partitioner: str = "min_cut") -> dict[str, torch.fx.GraphModule]:
-    """The forward and backward (or inference) ATen graphs of `model(*inputs)`, split by the
-    backend's `partitioner` option (tecc/torch/backend.py)."""
+          autocast: torch.dtype | None, partitioner: str = "min_cut",
+          kwargs: dict[str, Any] | None = None) -> dict[str, torch.fx.GraphModule]:
+    """The forward and backward (or inference) ATen graphs of `model(*inputs, **kwargs)`, split by
+    the backend's `partitioner` option (tecc/torch/backend.py). A model that dynamo splits at a
+    graph break gives several: the second graph's are `forward1`, `backward1`, ..."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
     from tecc.torch.backend import partition
@@ -82,10 +84,15 @@ def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], train: bool,
 
     graphs: dict[str, torch.fx.GraphModule] = {}
 
+    count = [0]
+
     def backend(gm: torch.fx.GraphModule, example: Sequence[Any]) -> Any:
+        suffix = str(count[0]) if count[0] else ""
+        count[0] += 1
+
         def keep(kind: str) -> Callable[..., Any]:
             def compiler(g: torch.fx.GraphModule, _: Any) -> Any:
-                graphs[kind] = g
+                graphs[kind + suffix] = g
                 fn = _empty_outputs(g)
                 fn._boxed_call = True  # type: ignore[attr-defined]
                 return fn
@@ -97,9 +104,9 @@ def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], train: bool,
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend)
     with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None), torch.set_grad_enabled(train):
-        out = compiled(*inputs)
+        out = compiled(*inputs, **(kwargs or {}))
     if train:
-        out.backward()
+        (out.loss if hasattr(out, "loss") else out).backward()
     torch._dynamo.reset()
     return graphs
 
@@ -132,7 +139,65 @@ def convnet(layers: int, partitioner: str = "min_cut") -> dict[str, torch.fx.Gra
     return trace(model, (x,), train=False, autocast=None)
 
 
-MODELS = {"gpt2": gpt2, "convnet": convnet}
+def hf_gpt2(layers: int, partitioner: str = "default") -> dict[str, torch.fx.GraphModule]:
+    """benchmarks/models_hf.py's model: transformers' GPT2LMHeadModel(GPT2Config()) with its own
+    SDPA attention and loss (`labels=`), batch 8 x 1024, bf16 autocast, dropout 0. transformers is
+    not a tecc dependency (PYTHONPATH to an install of it). Its loss is a second graph (a graph
+    break in transformers' logging): `forward1` / `backward1`."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=layers, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                     attn_implementation="sdpa")
+    model = transformers.GPT2LMHeadModel(config).train()
+    idx = torch.randint(0, config.vocab_size, (8, 1024))
+    return trace(model, (), train=True, autocast=torch.bfloat16, partitioner=partitioner,
+                 kwargs={"input_ids": idx, "labels": idx})
+
+
+def resnet50(layers: int, partitioner: str = "default") -> dict[str, torch.fx.GraphModule]:
+    """benchmarks/models_hf.py's resnet50 (bf16 channels_last inference, batch 32 at 224 x 224)
+    written here as torchvision's architecture (conv 7x7/2, batch norm, relu, max pool 3x3/2,
+    Bottleneck stages [3, 4, 6, 3] of widths 64/128/256/512 x 4, the stride on the 3x3 conv, a
+    strided 1x1 downsample; average pool, linear): a copy of the architecture for planning on the
+    CPU only, since torchvision's wheels do not always load against the installed torch.
+    `layers` caps the blocks per stage (0: all)."""
+    from torch import nn
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin: int, width: int, stride: int) -> None:
+            super().__init__()
+            cout = width * 4
+            self.conv1, self.bn1 = nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width)
+            self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+            self.bn2 = nn.BatchNorm2d(width)
+            self.conv3, self.bn3 = nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout)
+            self.relu = nn.ReLU(inplace=True)
+            self.downsample = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+                               if stride != 1 or cin != cout else None)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            identity = x if self.downsample is None else self.downsample(x)
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.relu(self.bn2(self.conv2(out)))
+            return self.relu(self.bn3(self.conv3(out)) + identity)
+
+    torch.manual_seed(0)
+    body: list[nn.Module] = [nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64),
+                             nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)]
+    cin = 64
+    for i, (blocks, width) in enumerate(zip([3, 4, 6, 3], [64, 128, 256, 512])):
+        for b in range(min(blocks, layers) if layers else blocks):
+            body.append(Bottleneck(cin, width, 2 if b == 0 and i > 0 else 1))
+            cin = width * 4
+    body += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 1000)]
+    cl = torch.channels_last
+    model = nn.Sequential(*body).eval().to(torch.bfloat16).to(memory_format=cl)
+    x = torch.randn(32, 3, 224, 224, dtype=torch.bfloat16).to(memory_format=cl)
+    return trace(model, (x,), train=False, autocast=None)
+
+
+MODELS = {"gpt2": gpt2, "convnet": convnet, "hf-gpt2": hf_gpt2, "resnet50": resnet50}
 
 
 # ---- planning ---------------------------------------------------------------------------------------
@@ -237,19 +302,29 @@ def table(rows: list[Row], top: int, scale: float = 1.0) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=sorted(MODELS), default="gpt2")
-    p.add_argument("--layers", type=int, default=None, help="GPT-2 blocks (default 1) / conv layers (default 3)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="GPT-2 blocks (default 1) / conv layers (default 3) / resnet50 blocks per stage (default 0: all)")
     p.add_argument("--arch", default="sm_90")
     p.add_argument("--graph", default=None, help="only this graph: forward, backward or inference")
     p.add_argument("--top", type=int, default=30, help="rows shown (0: all)")
+    p.add_argument("--nodes", default=None, help="print the graphs' FX nodes whose op's name contains this "
+                   "(e.g. attention), with their arguments and shapes")
     p.add_argument("--explain", default=None, help="a folder: each program's explain() text")
     p.add_argument("--partitioner", choices=["min_cut", "default"], default="min_cut",
                    help="what the forward saves for the backward (the backend's option of that name)")
     args = p.parse_args()
-    layers = args.layers if args.layers is not None else (1 if args.model == "gpt2" else 3)
+    layers = args.layers if args.layers is not None else {"gpt2": 1, "hf-gpt2": 1, "resnet50": 0}.get(args.model, 3)
     start = time.perf_counter()
     graphs = MODELS[args.model](layers, args.partitioner)
     print(f"# {args.model} ({layers} layer(s)) traced in {time.perf_counter() - start:.1f} s: "
           + ", ".join(f"{k} {len(g.graph.nodes)} nodes" for k, g in graphs.items()))
+    if args.nodes:
+        for kind, gm in graphs.items():
+            for node in gm.graph.nodes:
+                if node.op == "call_function" and args.nodes in str(node.target):
+                    val = node.meta.get("val")
+                    shape = [tuple(v.shape) for v in val] if isinstance(val, (tuple, list)) else tuple(getattr(val, "shape", ()))
+                    print(f"# {kind}: {node.name} = {node.target}{tuple(str(a) for a in node.args)} {node.kwargs or ''} -> {shape}")
     rows, fallbacks = plan_model(graphs, args.arch, args.graph, args.explain)
     print(table(rows, args.top))
     for line in fallbacks:

@@ -75,6 +75,54 @@ class _Timer:
         return out, elapsed * 1e3, elapsed
 
 
+def _kernel_profile(label: str, fn: Callable[[], Any], calls: int, top: int) -> None:
+    """`calls` more calls of fn under torch.profiler (CUPTI): the GPU's busy time per call (the
+    sum of its kernels' durations) against the call's time, so a gap shows host time the GPU
+    waited for, and the top kernels by time."""
+    import collections
+
+    times = []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+    kernels: dict[str, list[float]] = collections.defaultdict(list)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
+            kernels[e.name].append(e.device_time)
+    busy = sum(sum(v) for v in kernels.values()) / calls / 1e3
+    count = sum(len(v) for v in kernels.values()) / calls
+    print(f"\n## {label}: {statistics.median(times):.2f} ms per call (events), kernels busy {busy:.2f} ms, "
+          f"{count:.0f} kernels per call")
+    print("| ms per call | launches per call | mean us | kernel |\n| --- | --- | --- | --- |")
+    for name, durations in sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:top]:
+        print(f"| {sum(durations) / calls / 1e3:.3f} | {len(durations) / calls:.0f} | {statistics.mean(durations):.1f} "
+              f"| {name[:110]} |")
+    _launch_cache_counts()
+
+
+def _launch_cache_counts() -> None:
+    """tecc's programs compiled in this process: how their calls ran so far (the launch cache's
+    hits against full checked calls; a program whose every call is checked pays tens of
+    microseconds of Python per kernel, docs/runtime.md "Repeated calls")."""
+    import gc
+
+    from tecc.torch.runtime import CompiledGraph
+
+    # the compiled graphs are held by dynamo's and AOTAutograd's wrappers, not by tecc: found
+    # among the live objects (a benchmark's look, not an API)
+    for graph in [o for o in gc.get_objects() if isinstance(o, CompiledGraph)]:
+        for program in graph.programs:
+            executor = getattr(program.kernel, "_executor", None)
+            if executor is not None:
+                print(f"tecc {graph.name} / {program.name}: {executor.calls_cached} call(s) from the launch cache, "
+                      f"{executor.calls_checked} checked in full")
+
+
 def _row(model: str, backend: str, times: list[float], first: float, error: str, peak: str) -> str:
     ms = f"{statistics.median(times):.2f}" if times else "-"
     return f"| {model} | {backend} | {ms} | {first:.1f} | {error} | {peak} |"
@@ -130,6 +178,8 @@ def gpt2(args: argparse.Namespace, transformers: Any) -> list[str]:
                         times.append(ms)
                     losses.append(loss.item())
                 results[backend] = (times, first, losses, _peak(args.device))
+                if args.profile and args.device == "cuda":
+                    _kernel_profile(f"{label} / {backend}", lambda: step(data[-1]), 2, args.profile)
             except Exception:  # noqa: BLE001 - report the failure, go on with the other backends
                 print(f"{label} / {backend} failed:\n{traceback.format_exc()}")
             del model
@@ -170,6 +220,9 @@ def resnet50(args: argparse.Namespace, torchvision: Any) -> list[str]:
                         times.append(ms)
             error = ((y.float() - reference).abs().max() / reference.abs().max()).item()
             rows.append(_row(label, backend, times, first, f"rel. error vs fp32 {error:.2e}", _peak(args.device)))
+            if args.profile and args.device == "cuda":
+                with torch.no_grad():
+                    _kernel_profile(f"{label} / {backend}", lambda: run(xb), 3, args.profile)
         except Exception:  # noqa: BLE001
             print(f"{label} / {backend} failed:\n{traceback.format_exc()}")
         del model
@@ -194,6 +247,9 @@ def main() -> None:
     p.add_argument("--attention", nargs="+", default=None, choices=["eager", "sdpa"])
     p.add_argument("--fallback", default="error", choices=["error", "aten"])
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after each backend's timing, a few calls under torch.profiler: GPU busy time against "
+                        "the call's time and the top N kernels")
     args = p.parse_args()
     args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device == "cpu" and not args.tiny:

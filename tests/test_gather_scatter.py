@@ -352,6 +352,70 @@ def test_planner_adds_a_gpt2_embedding_backward_with_atomics_unless_deterministi
     assert any(name == "scatter_atomic" and "deterministic" in why for name, why in strict.kernels[0].declined)
 
 
+def tied_embedding_gradient(n, d, v, dtype="float32", index="int32"):
+    """GPT-2's tied token-embedding gradient: the lm head's weight gradient dLᵀ·h (in `dtype`,
+    then float32, as under autocast) plus the embedding's scatter of dY, one output."""
+    dL = tc.placeholder((n, v), dtype, name="dL")
+    h = tc.placeholder((n, d), dtype, name="h")
+    dY = tc.placeholder((n, d), "float32", name="dY")
+    idx = tc.placeholder((n,), index, name="idx")
+    k = tc.reduce_axis(n, name="k")
+    mm = tc.compute((v, d), lambda i, j: tc.cast(tc.sum(tc.cast(dL[k, i], "float32") * tc.cast(h[k, j], "float32"),
+                                                        axis=k), dtype), name="mm")
+    emb = tc.scatter_add((v, d), (n, d), at=lambda i, j: (idx[i], j), value=lambda i, j: dY[i, j], name="emb")
+    dW = tc.compute((v, d), lambda i, j: tc.cast(mm[i, j], "float32") + emb[i, j], name="dW")
+    return [dL, h, dY, idx, dW]
+
+
+def test_a_scatter_is_not_inlined_into_its_reader_and_only_one_reduction_is():
+    """dW = mm + scatter, both read once at dW's own index: the contraction becomes dW's kernel
+    (an epilogue), the scatter stays a stage of its own (inlined, it is the gather-wise search of
+    every position for every output, which no strategy but the thread-per-output reduction
+    takes), and the emulator gives NumPy's sum."""
+    n, d, v = 40, 12, 9
+    tensors = tied_embedding_gradient(n, d, v)
+    assert [k.name for k in lower(tensors).kernels] == ["emb_kernel", "dW_kernel"]
+    f = tc.build(tensors, target="sim")
+    dl, h, dy = random((n, v), "float32"), random((n, d), "float32"), random((n, d), "float32")
+    ix = RNG.integers(0, v, n).astype("int32")
+    out = poisoned((v, d), "float32")
+    f.sim(dl, h, dy, ix, out)
+    want = dl.astype(np.float64).T @ h.astype(np.float64)
+    np.add.at(want, ix, dy.astype(np.float64))
+    check_close(out, want, "float32", "tied embedding gradient", f.plan)
+
+
+def test_two_reductions_read_by_one_output_leave_one_inlined():
+    """D = A·B + A·C: each contraction alone would be D's epilogue; inlining both makes a kernel
+    of two reductions that no GEMM takes, so only one is inlined (the first in the program's
+    order), the other is stored."""
+    A = tc.placeholder((24, 16), "float32", name="A")
+    B = tc.placeholder((16, 20), "float32", name="B")
+    C = tc.placeholder((16, 20), "float32", name="C")
+    k, m = tc.reduce_axis(16, name="k"), tc.reduce_axis(16, name="m")
+    AB = tc.compute((24, 20), lambda i, j: tc.sum(A[i, k] * B[k, j], axis=k), name="AB")
+    AC = tc.compute((24, 20), lambda i, j: tc.sum(A[i, m] * C[m, j], axis=m), name="AC")
+    D = tc.compute((24, 20), lambda i, j: AB[i, j] + AC[i, j], name="D")
+    names = [k.name for k in lower([A, B, C, D]).kernels]
+    assert len(names) == 2 and names[0] in ("AB_kernel", "AC_kernel") and names[1] == "D_kernel", names
+    f = tc.build([A, B, C, D], target="sim")
+    a, b, c = random((24, 16), "float32"), random((16, 20), "float32"), random((16, 20), "float32")
+    out = poisoned((24, 20), "float32")
+    f.sim(a, b, c, out)
+    check_close(out, a.astype(np.float64) @ (b.astype(np.float64) + c), "float32", "A·B + A·C", f.plan)
+
+
+def test_gpt2_tied_embedding_gradient_is_a_gemm_and_an_atomic_scatter():
+    """At GPT-2's sizes (8192 positions, width 768, vocabulary 50257, bf16) on sm_90: the
+    contraction on tensor cores with the add as its epilogue, the scatter by atomics; a few ms
+    predicted in all (inlined together they were one thread-per-output reduction: 2 s)."""
+    result = tc.plan_program(tied_embedding_gradient(8192, 768, 50257, "bfloat16", "int64"), "sm_90")
+    chosen = {kp.kernel: kp.chosen for kp in result.kernels}
+    assert chosen["emb_kernel"].strategy.name == "scatter_atomic", tc.explain(result)
+    assert chosen["dW_kernel"].strategy.name in ("gemm_wgmma", "gemm_tensor_core"), tc.explain(result)
+    assert sum(c.cost.total for c in chosen.values()) < 5e-3, tc.explain(result)
+
+
 def test_gathered_rows_are_coalesced_along_an_affine_fastest_axis():
     W, idx, Y = embedding(1024, 768, 50257)
     (kernel,) = lower([W, idx, Y]).kernels

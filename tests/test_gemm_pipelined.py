@@ -288,6 +288,31 @@ def test_epilogue_fuses_into_the_matmul_kernel(point: dict[str, int]) -> None:
     assert np.allclose(d, ref, rtol=1e-5, atol=1e-4), (point, worst, d[worst], ref[worst])
 
 
+def test_epilogue_fuses_into_a_stored_activation_that_the_next_product_reads() -> None:
+    """D = relu(A·B + bias) is no output but the operand of E = D·B2, so D is stored (a conv's
+    batch norm and relu before the next conv): A·B is computed in D's kernel, not stored apart."""
+    M, N, K = 48, 40, 24
+    A = tc.placeholder((M, K), "float32", name="A")
+    B = tc.placeholder((K, N), "float32", name="B")
+    B2 = tc.placeholder((N, N), "float32", name="B2")
+    bias = tc.placeholder((N,), "float32", name="bias")
+    k, m = tc.reduce_axis(K, name="k"), tc.reduce_axis(N, name="m")
+    C = tc.compute((M, N), lambda i, j: tc.sum(A[i, k] * B[k, j], axis=k), name="C")
+    D = tc.compute((M, N), lambda i, j: tc.maximum(C[i, j] + bias[j], 0.0), name="D")
+    E = tc.compute((M, N), lambda i, j: tc.sum(D[i, m] * B2[m, j], axis=m), name="E")
+    tensors = [A, B, B2, bias, E]
+    assert [kern.name for kern in lower(tensors).kernels] == ["D_kernel", "E_kernel"]
+    f = tc.build(tensors, target="sim")
+    rng = np.random.default_rng(9)
+    a, b = rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
+    b2, bi = rng.standard_normal((N, N), dtype=np.float32), rng.standard_normal((N,), dtype=np.float32)
+    e = np.full((M, N), np.nan, np.float32)
+    f.sim(a, b, b2, bi, e)
+    ref = np.maximum(a.astype(np.float64) @ b + bi, 0) @ b2
+    worst = np.unravel_index(np.argmax(np.abs(e - ref)), ref.shape)
+    assert np.allclose(e, ref, rtol=1e-5, atol=1e-4), (worst, e[worst], ref[worst], f.plan)
+
+
 def test_epilogue_is_not_fused_where_it_would_not_save_bytes() -> None:
     """C kept as its own kernel when it is an output, has two consumers, or is read at another index;
     choose_inlined without the flag (fuse_rows, split_reduce) never inlines a reduction."""

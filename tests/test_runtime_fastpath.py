@@ -193,9 +193,11 @@ def test_a_repeated_call_relaunches_with_the_new_pointers_without_binding_again(
     f = StubExecutor(axpy_program())
     f(*axpy_arrays())
     assert full_path == {"views": 3, "binds": 1}
+    assert (f.calls_cached, f.calls_checked) == (0, 1)
     again = axpy_arrays(base=0x9000_0000)
     f(*again)
     assert full_path == {"views": 3, "binds": 1}, "the second call should be a cache hit"
+    assert (f.calls_cached, f.calls_checked) == (1, 1), "the executor counts the hit"
     first, second = f.submitted
     assert first[:3] == second[:3] == ("<kernel axpy>", (16, 1, 1), (256, 1, 1))
     assert second[3][:3] == [a.__cuda_array_interface__["data"][0] for a in again]
@@ -657,7 +659,96 @@ def test_a_tma_map_of_a_followed_stream_temporary_is_cached_and_reencoded_for_it
     assert full_path["binds"] == 1, "a hit binds nothing"
     launches = f.submitted[-len(host.kernels):]
     t_map = next(p for _, _, _, params in launches for p in params if isinstance(p, tuple) and p[1] == "T")
-    t_ptr = f._stream_temps[(0x5EED, "T")][0]
+    t_ptr = f._stream_temps[(0x5EED, f._storage["T"])][0]
     assert t_map == ("map", "T", t_ptr), "the map is encoded for this call's temporary"
     writer = next(params for kern, _, _, params in launches if kern == "<kernel T_kernel>")
     assert t_ptr in writer, "the kernel writing T and the GEMM's map see the same temporary"
+
+
+def _chained_products(n=32, links=4):
+    """X·W·W·W·W as `links` contraction stages: the first links-1 products are temporaries, each
+    live from the launch writing it to the next one reading it."""
+    import tecc as tc
+
+    X = tc.placeholder((n, n), "float32", name="X")
+    W = tc.placeholder((n, n), "float32", name="W")
+
+    def product(prev, step):
+        k = tc.reduce_axis(n, name=f"k{step}")
+        return tc.compute((n, n), lambda i, j: tc.sum(prev[i, k] * W[k, j], axis=k), name=f"T{step}")
+
+    out = X
+    for step in range(links):
+        out = product(out, step)
+    return [X, W, out]
+
+
+def test_temporaries_whose_launches_do_not_overlap_share_a_storage():
+    """T0 (launches 0-1) and T2 (2-3) share; T1 (1-2) overlaps both, so it has its own; a
+    zero_init temporary never shares (marshal.shared_storage)."""
+    import dataclasses
+
+    import tecc as tc
+    from tecc.runtime.marshal import shared_storage
+
+    host = tc.build(_chained_products(), target="sim").host
+    assert [c.kernel for c in host.calls] == ["T0_kernel", "T1_kernel", "T2_kernel", "T3_kernel"]
+    storage = shared_storage(host, plan_launches(host))
+    assert storage["T0"] == storage["T2"] and storage["T1"] != storage["T0"], storage
+    zeroed = dataclasses.replace(host, temps=tuple(dataclasses.replace(t, zero_init=t.name == "T0")
+                                                   for t in host.temps))
+    storage = shared_storage(zeroed, plan_launches(zeroed))
+    assert storage["T0"] == "T0" and storage["T2"] != storage["T1"], storage
+
+
+def test_followed_stream_temporaries_of_disjoint_launches_get_one_pointer(full_path, faketorch, monkeypatch):
+    """On torch's allocator (a followed stream) T0 and T2 are one allocation, on the full path
+    and on a launch-cache hit; T1, alive between them, is another."""
+    import tecc as tc
+
+    host = tc.build(_chained_products(), target="sim").host
+    uint8 = FakeTorchDtype("uint8")
+    monkeypatch.setitem(TORCH_DTYPES, np.dtype(np.uint8), uint8)
+    faketorch.uint8 = uint8
+    f = StubExecutor(host)
+    f.follows_producer = True
+    f._stream_ptr = 0x5EED
+    f._home_stream = (f.stream, 0x5EED)
+    monkeypatch.setattr(StubExecutor, "_use_stream", lambda self, handle: None)
+    args = [TorchLike(np.ones((32, 32), np.float32)) for _ in range(3)]
+    for call in range(2):
+        f(*args)
+        # each launch's pointer for each temporary it passes, by the host program's argument names
+        seen = [{name: params[pos] for pos, name in enumerate(c.args) if name.startswith("T") and name != "T3"}
+                for c, (_, _, _, params) in zip(host.calls, f.submitted[-4:])]
+        assert seen[0]["T0"] == seen[1]["T0"] and seen[1]["T1"] == seen[2]["T1"] and seen[2]["T2"] == seen[3]["T2"]
+        assert seen[0]["T0"] == seen[2]["T2"] and seen[1]["T1"] != seen[1]["T0"], (call, seen)
+    assert (f.calls_checked, f.calls_cached) == (1, 1)
+
+
+@pytest.mark.gpu
+def test_chained_products_with_shared_temporaries_match_float64_on_torch_tensors():
+    """X·W·W·W·W on CUDA torch tensors, whose temporaries T0 and T2 share one allocation from
+    torch's allocator: three calls (the first checked, then launch-cache hits, fresh inputs each)
+    against NumPy in float64."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    import tecc as tc
+
+    n = 256
+    f = tc.build(_chained_products(n), target="cuda")
+    for seed in range(3):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        x = torch.randn(n, n, device="cuda", generator=g)
+        w = torch.randn(n, n, device="cuda", generator=g) / n ** 0.5
+        out = torch.full((n, n), float("nan"), device="cuda")
+        f(x, w, out)
+        torch.cuda.synchronize()
+        wd = w.double().cpu().numpy()
+        want = x.double().cpu().numpy() @ wd @ wd @ wd @ wd
+        got = out.double().cpu().numpy()
+        worst = np.unravel_index(np.argmax(np.abs(got - want)), want.shape)
+        assert np.allclose(got, want, rtol=1e-4, atol=1e-4), (seed, worst, got[worst], want[worst], f.plan)
+    executor = f.executor
+    assert executor._storage["T0"] == executor._storage["T2"] and executor.calls_cached == 2

@@ -6,7 +6,7 @@ Steps, in order:
 2. Inline elementwise producers (computes without a reduction that are not outputs) into their
    consumers, so chains of elementwise ops never round-trip through memory (except a 16-bit copy
    of a wider float that a contraction reads: `narrowed_operands`); a reduction whose
-   only consumer is an elementwise output reading it at its own index (an epilogue such as
+   only consumer is an elementwise stage reading it at its own index (an epilogue such as
    `relu(C[i, j] + bias[j])`) is inlined too, so the store of the reduction applies it.
 3. Give every remaining stage a buffer: outputs and inputs are the module's parameters, other
    stages become temporaries the host allocates.
@@ -65,7 +65,7 @@ from ..ir.stmt import (
     seq,
 )
 from ..ir.index_checks import IndexCheck
-from ..ir.scatter import data_dependent
+from ..ir.scatter import ScatterOp, data_dependent
 from ..ir.tensor import ComputeOp, PlaceholderOp, Tensor
 from ..ir.visitor import ExprMutator
 from .names import fresh_name, identifier
@@ -140,7 +140,7 @@ def choose_inlined(prog: Program, epilogues: bool = False) -> Program:
     if epilogues:
         inlined -= shared_long_chains(prog, inlined)
     if epilogues:
-        inlined |= {t for t in prog.order if epilogue_consumer(prog, t, frozenset(inlined)) is not None}
+        inlined |= epilogue_reductions(prog, frozenset(inlined))
     return Program(prog.args, prog.graph, prog.order, frozenset(inlined))
 
 
@@ -300,27 +300,46 @@ def _sums_products(t: Tensor) -> bool:
         for r in op.reductions)
 
 
+def epilogue_reductions(prog: Program, inlined: frozenset[Tensor]) -> set[Tensor]:
+    """The reduction stages inlined into their epilogue consumer (`epilogue_consumer`), at most
+    one per consumer, producers first: a kernel holding two reductions (`D = mm_a + mm_b`, both
+    inlined) is neither of them to the strategies (no GEMM takes two contractions, no scatter
+    strategy a contraction), so it would fall to the thread-per-output reduction."""
+    taken: dict[int, Tensor] = {}
+    for t in prog.order:
+        d = epilogue_consumer(prog, t, inlined)
+        if d is not None and id(d) not in taken:
+            taken[id(d)] = t
+    return set(taken.values())
+
+
 def epilogue_consumer(prog: Program, t: Tensor, inlined: frozenset[Tensor]) -> Tensor | None:
     """The consumer D of reduction stage `t` into which `t` is inlined, or None.
 
-    Inlining saves bytes exactly when it moves no work: D is an output stage of the same shape
-    without a reduction of its own, the only stage `t` reaches (directly, or through elementwise
+    Inlining saves bytes exactly when it moves no work: D is a stage (an output, or a compute kept
+    stored because a contraction reads it: the batch norm and relu between two convolutions) of
+    the same shape without a reduction of its own, the only stage `t` reaches (directly, or through elementwise
     computes inlined into D: a view, a batch norm and a relu after a convolution), and D reads
     `t` once, at its own index, once those computes are expanded (D[i, j] = f(C[i, j], ...)).
     The reduction is then computed once per output as before, and C's write and read back
     (2·|C|·itemsize bytes) and a kernel launch disappear. A consumer that reads C at another
     index or more than once would recompute the reduction; one that is itself inlined further
-    would move it into a kernel of another shape: neither is done."""
+    would move it into a kernel of another shape: neither is done. A scatter stays a stage: its
+    atomic realization (`scatter_atomic`) adds each position once, while inlined it is the
+    gather-wise form, which searches every position for every output element (GPT-2's tied
+    embedding gradient `mm + embedding_dense_backward`: 50257 x 768 outputs x 8192 positions)."""
     outputs = {id(a) for a in prog.args}
     op = t.op
     if id(t) in outputs or not isinstance(op, ComputeOp) or not op.reductions or t in inlined:
+        return None
+    if isinstance(op, ScatterOp):
         return None
     reached = _stages_reached(prog, t, inlined)
     if len(reached) != 1:
         return None
     d = reached[0]
     dop = d.op
-    if id(d) not in outputs or not isinstance(dop, ComputeOp) or dop.reductions or not same_shape(d.shape, t.shape):
+    if d in inlined or not isinstance(dop, ComputeOp) or dop.reductions or not same_shape(d.shape, t.shape):
         return None
     reads = _reads_through(dop.body, t, inlined, [])
     if len(reads) != 1 or len(reads[0]) != len(dop.axes) or not all(a is b for a, b in zip(reads[0], dop.axes)):
@@ -609,4 +628,4 @@ def exprs_of(body: Stmt) -> list[Expr]:
 
 
 __all__ = ["COMBINE", "Inliner", "Program", "buffer_for", "choose_inlined", "collect_program", "epilogue_consumer",
-           "exprs_of", "global_buffers", "kernel_params", "lower", "narrowed_operands", "scalar_vars", "unflatten"]
+           "epilogue_reductions", "exprs_of", "global_buffers", "kernel_params", "lower", "narrowed_operands", "scalar_vars", "unflatten"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import ctypes
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -471,13 +471,14 @@ def allocate_like(obj: Any, nbytes: int, zero: bool) -> tuple[int, Any]:
 
 
 def stream_temporaries(obj: Any, temps: Sequence[tuple[str, int, bool]], kept: dict[Any, tuple[int, Any, int]],
-                       stream_ptr: int) -> tuple[list[int], list[Any]]:
+                       stream_ptr: int, storage: Mapping[str, str] | None = None) -> tuple[list[int], list[Any]]:
     """(data pointers, owners) of a call's kernel temporaries, each (name, bytes, zero_init), for
     a call on torch-like `obj`'s current stream `stream_ptr`.
 
     Under CUDA-graph capture each call takes its own from the graph's pool (allocate_like), so
     replays find them where the capture put them. Otherwise each temporary is kept in `kept` under
-    (stream, name) and reused by later calls on that stream: launches on one stream run in order,
+    (stream, its storage: `storage[name]`, marshal.shared_storage's sharing by liveness, else its
+    name) and reused by later calls on that stream: launches on one stream run in order,
     so a later call cannot overwrite what an earlier one still reads, and a zero-initialized
     temporary is left zero by every kernel that changes it. This saves the allocation (and for
     zero_init the memset) of every call, and gives a repeated call the same pointers (what the
@@ -491,7 +492,7 @@ def stream_temporaries(obj: Any, temps: Sequence[tuple[str, int, bool]], kept: d
     ptrs: list[int] = []
     owners: list[Any] = []
     for name, nbytes, zero in temps:
-        key = (stream_ptr, name)
+        key = (stream_ptr, storage[name] if storage is not None else name)
         found = kept.get(key)
         if found is None or found[2] < nbytes:
             ptr, owner = allocate_like(obj, nbytes, zero)

@@ -115,6 +115,39 @@ def plan_launches(host: HostProgram) -> tuple[PlannedLaunch, ...]:
     return tuple(planned)
 
 
+def shared_storage(host: HostProgram, planned: Sequence[PlannedLaunch]) -> dict[str, str]:
+    """Temporary -> the name of the storage it lives in: temporaries whose launches do not
+    overlap in the call sequence share one (launches on one stream run in order, so a temporary
+    first written after another's last reader may take its memory). A program's temporaries
+    then take about its largest working set, not their sum (a 12-layer GPT-2 backward program
+    stores each layer's GEMM outputs and activations: ~0.2 GiB a layer, each layer's dead once
+    the layer's kernels ran). A zero_init temporary keeps a storage of its own (its kernels
+    leave it zero for the next call, which a sharer would break), as does one no launch uses.
+    Storages are reused first-fit, most recently freed first; a temporary's live range runs
+    from the first launch that passes it (or its tensor map) to the last."""
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for position, launch in enumerate(planned):
+        for slot in launch.slots:
+            if slot.kind == "temp" or (slot.kind == "tensor_map" and slot.index < 0):
+                first.setdefault(slot.name, position)
+                last[slot.name] = position
+    storage: dict[str, str] = {t.name: t.name for t in host.temps}
+    free: list[tuple[int, str]] = []  # (last launch of its latest temporary, storage)
+    count = 0
+    for name in sorted((t.name for t in host.temps if not t.zero_init and t.name in first), key=first.__getitem__):
+        reusable = [entry for entry in free if entry[0] < first[name]]
+        if reusable:
+            entry = max(reusable)
+            free.remove(entry)
+            chosen = entry[1]
+        else:
+            chosen, count = f"storage{count}", count + 1
+        storage[name] = chosen
+        free.append((last[name], chosen))
+    return storage
+
+
 def _bindable_var_names(host: HostProgram) -> set[str]:
     """Names of the variables argument binding assigns: whole dimensions or strides of arrays."""
     names: set[str] = set()
