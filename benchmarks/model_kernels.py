@@ -139,7 +139,7 @@ def convnet(layers: int, partitioner: str = "min_cut") -> dict[str, torch.fx.Gra
     return trace(model, (x,), train=False, autocast=None)
 
 
-def hf_gpt2(layers: int, partitioner: str = "default") -> dict[str, torch.fx.GraphModule]:
+def hf_gpt2(layers: int, partitioner: str = "min_cut") -> dict[str, torch.fx.GraphModule]:
     """benchmarks/models_hf.py's model: transformers' GPT2LMHeadModel(GPT2Config()) with its own
     SDPA attention and loss (`labels=`), batch 8 x 1024, bf16 autocast, dropout 0. transformers is
     not a tecc dependency (PYTHONPATH to an install of it). Its loss is a second graph (a graph
@@ -155,7 +155,7 @@ def hf_gpt2(layers: int, partitioner: str = "default") -> dict[str, torch.fx.Gra
                  kwargs={"input_ids": idx, "labels": idx})
 
 
-def resnet50(layers: int, partitioner: str = "default") -> dict[str, torch.fx.GraphModule]:
+def resnet50(layers: int, partitioner: str = "min_cut") -> dict[str, torch.fx.GraphModule]:
     """benchmarks/models_hf.py's resnet50 (bf16 channels_last inference, batch 32 at 224 x 224)
     written here as torchvision's architecture (conv 7x7/2, batch norm, relu, max pool 3x3/2,
     Bottleneck stages [3, 4, 6, 3] of widths 64/128/256/512 x 4, the stride on the 3x3 conv, a
