@@ -201,12 +201,15 @@ def store(key: str, code: CompiledCode, directory: str | os.PathLike[str] | None
         return None
 
 
-def compile_cached(source: str, *, arch: str, name: str, options: Sequence[str] = ()) -> tuple[CompiledCode, bool]:
+def compile_cached(source: str, *, arch: str, name: str, options: Sequence[str] = (),
+                   threads: int = 1) -> tuple[CompiledCode, bool]:
     """`compile_cuda` through the cache: (compiled code, True when it came from the cache).
+    `threads`: compile_cuda's (NVRTC's split compile of a source of several kernels); not part
+    of the key, since the kernels' machine code is the same.
 
     With TECC_NO_CACHE=1 this is `compile_cuda` (never a hit, nothing written)."""
     if not knobs.cache_enabled():
-        return compile_cuda(source, arch=arch, name=name, options=options), False
+        return compile_cuda(source, arch=arch, name=name, options=options, threads=threads), False
     key = cache_key(source, arch=arch, name=name, options=options)
     hit = lookup(key)
     if hit is not None:
@@ -214,7 +217,7 @@ def compile_cached(source: str, *, arch: str, name: str, options: Sequence[str] 
         STATS.last_hit = key
         return hit, True
     STATS.misses += 1
-    code = compile_cuda(source, arch=arch, name=name, options=options)
+    code = compile_cuda(source, arch=arch, name=name, options=options, threads=threads)
     store(key, code)
     STATS.compiled[key] = STATS.misses
     return code, False

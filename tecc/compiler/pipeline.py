@@ -149,7 +149,8 @@ def compile_module(module: Module, plan: Plan, target: str, *, arch: str | None,
         the_arch = arch or knobs.default_arch_override() or default_arch()
         start = time.perf_counter()
         compiled, cached = compile_cached(distinct_source(prelude, module.kernels, texts, twins) if twins else source,
-                                          arch=the_arch, name=module.name, options=tuple(options))
+                                          arch=the_arch, name=module.name, options=tuple(options),
+                                          threads=knobs.compile_threads())
         timing.seconds.append(("nvrtc (cache hit)" if cached else "nvrtc", time.perf_counter() - start))
         if twins:  # a twin's ptxas report is its entry's
             resources = dict(compiled.resources)
