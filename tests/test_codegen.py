@@ -443,7 +443,7 @@ def _elf_sections(cubin: bytes) -> dict[str, bytes]:
 def test_split_compile_keeps_every_kernels_machine_code() -> None:
     """compile_cuda(threads=N) compiles a unit of several kernels with NVRTC's --split-compile:
     the same PTX, resources and machine code (every .text section) as one thread; only the
-    cubin's note of the tool options may differ. So the compile cache keys it without them."""
+    cubin's note of the tool options may differ (and the log: tests/test_cache.py)."""
     source = emit_source([elementwise(), half_math(), tiled_matmul()])
     one = compile_cuda(source, arch="sm_90")
     split = compile_cuda(source, arch="sm_90", threads=2)

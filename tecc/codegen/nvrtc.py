@@ -172,8 +172,10 @@ def compile_cuda(source: str, *, arch: str = DEFAULT_ARCH, name: str = "tecc",
     `threads` > 1: a source of several kernels is compiled with NVRTC's `--split-compile`, which
     optimizes and assembles its kernels in that many threads (`split_compile_flags`). ptxas
     compiles each kernel on its own either way: the kernels' machine code (the cubin's .text
-    sections), their resources and the PTX are the same; only the cubin's note of the tool
-    options differs (tests/test_codegen.py compares them).
+    sections), their resources and the PTX are the same (tests/test_codegen.py compares them);
+    the cubin's note of the tool options differs, and ptxas's performance advisories (C75xx) go
+    to the process's stderr instead of the log, so a compile whose log is read for them (the
+    planner's checks) must not split.
 
     Raises CompileError (with `.log` and `.source`) when NVRTC rejects the source; the message
     quotes the offending lines with their numbers."""

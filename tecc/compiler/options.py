@@ -14,7 +14,7 @@ Nothing else reads the environment; values are read when a build starts, never a
 | TECC_SIM_CHECKS     | 1                               | 0 turns off the emulator's out-of-bounds / race / uninitialized-read checks (faster) |
 | TECC_VERIFY_IR      | 1                               | 0 skips the IR verifier between passes |
 | TECC_STRICT_PLANS   | unset                           | 1: the planner's plan that fails to build with a TeccError raises instead of falling back to the generic schedule (the fuzzer and tests use it to find strategy bugs; other exceptions are raised always) |
-| TECC_COMPILE_THREADS | the machine's CPUs (at most 16) | how many NVRTC compiles the planner's compile checks run at once (realize.py: a check's compile overlaps the planning of the next kernels); 1: one at a time |
+| TECC_COMPILE_THREADS | the machine's CPUs (at most 16) | how many NVRTC compiles the planner's compile checks run at once (realize.py: a check's compile overlaps the planning of the next kernels), and the threads of NVRTC's split compile of a build's module of several kernels; 1: one at a time, no split |
 | TECC_PRECISE_MATH   | unset                           | 1 keeps the precise sinf/cosf (and a GELU's erff/tanhf) where a result rounded to float16/bfloat16 would get the cheap sin_approx/cos_approx (gelu_erf_approx/gelu_tanh_approx) (tecc/passes/approx_math.py) |
 """
 
