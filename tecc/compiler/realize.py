@@ -102,6 +102,8 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None or _POOL._max_workers != threads:   # (TECC_COMPILE_THREADS changed)
+            if _POOL is not None:
+                _POOL.shutdown(wait=False)
             _POOL = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tecc-compile-check")
         return _POOL
 
