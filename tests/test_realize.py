@@ -96,3 +96,8 @@ def test_compile_threads_knob_is_checked(monkeypatch):
         options.compile_threads()
     monkeypatch.setenv("TECC_COMPILE_THREADS", "3")
     assert options.compile_threads() == 3
+    monkeypatch.delenv("TECC_SPLIT_COMPILE", raising=False)
+    assert options.split_compile() == 1
+    monkeypatch.setenv("TECC_SPLIT_COMPILE", "x")
+    with pytest.raises(tc.TeccError, match="TECC_SPLIT_COMPILE"):
+        options.split_compile()

@@ -14,7 +14,8 @@ Nothing else reads the environment; values are read when a build starts, never a
 | TECC_SIM_CHECKS     | 1                               | 0 turns off the emulator's out-of-bounds / race / uninitialized-read checks (faster) |
 | TECC_VERIFY_IR      | 1                               | 0 skips the IR verifier between passes |
 | TECC_STRICT_PLANS   | unset                           | 1: the planner's plan that fails to build with a TeccError raises instead of falling back to the generic schedule (the fuzzer and tests use it to find strategy bugs; other exceptions are raised always) |
-| TECC_COMPILE_THREADS | the machine's CPUs (at most 16) | how many NVRTC compiles the planner's compile checks run at once (realize.py: a check's compile overlaps the planning of the next kernels), and the threads of NVRTC's split compile of a build's module of several kernels; 1: one at a time, no split |
+| TECC_COMPILE_THREADS | half the machine's CPUs (1 to 8) | how many of the planner's compile checks (NVRTC) run at once (realize.py: a check's compile overlaps the planning of the next kernels); 1: one at a time |
+| TECC_SPLIT_COMPILE  | 1                               | N > 1: a build's final compile of a module of several kernels uses NVRTC's --split-compile=N (cache.compile_cached) |
 | TECC_PRECISE_MATH   | unset                           | 1 keeps the precise sinf/cosf (and a GELU's erff/tanhf) where a result rounded to float16/bfloat16 would get the cheap sin_approx/cos_approx (gelu_erf_approx/gelu_tanh_approx) (tecc/passes/approx_math.py) |
 """
 
@@ -103,12 +104,22 @@ def strict_plans() -> bool:
 
 def compile_threads() -> int:
     """TECC_COMPILE_THREADS: how many compile checks the planner runs at once (realize.py);
-    default the machine's CPUs, at most 16, at least 1."""
-    env = os.environ.get("TECC_COMPILE_THREADS", "")
-    if env.strip():
-        try:
-            return max(1, int(env))
-        except ValueError:
-            raise TeccError(f"TECC_COMPILE_THREADS={env!r} is not a whole number (1: compile checks one at a "
-                            "time)") from None
-    return max(1, min(16, os.cpu_count() or 1))
+    default half the machine's CPUs, 1 to 8 (on a 2-core machine that others load, a check
+    compiling beside the planning slowed both: measured in docs/cache.md)."""
+    return _threads("TECC_COMPILE_THREADS", max(1, min(8, (os.cpu_count() or 1) // 2)))
+
+
+def split_compile() -> int:
+    """TECC_SPLIT_COMPILE: the threads of NVRTC's split compile of a build's module of several
+    kernels (1, the default: none)."""
+    return _threads("TECC_SPLIT_COMPILE", 1)
+
+
+def _threads(variable: str, default: int) -> int:
+    env = os.environ.get(variable, "")
+    if not env.strip():
+        return default
+    try:
+        return max(1, int(env))
+    except ValueError:
+        raise TeccError(f"{variable}={env!r} is not a whole number (1: one thread)") from None
