@@ -4,6 +4,7 @@
     python benchmarks/compile_profile.py --layers 12 --top 40
     python benchmarks/compile_profile.py --layers 2 --profile /tmp/gpt2.prof --graphs forward
     python benchmarks/compile_profile.py --layers 12 --second-process   # then the disk-cache hit
+    python benchmarks/compile_profile.py --dump /tmp/after && diff -r /tmp/before /tmp/after
 
 The model is docs/examples/train_gpt.py's GPT at GPT-2 small's sizes (width 768, 12 heads,
 vocabulary 50304, batch 8 x 1024 tokens, bf16 autocast, SDPA or masked attention). Its forward
@@ -120,8 +121,9 @@ class Phases:
             self.add(name, time.perf_counter() - start)
 
 
-def compile_for_cuda(gm: Any, name: str, arch: str | None, phases: Phases) -> Any:
-    """compile_graph's steps (backend.py) with the programs built for target "cuda"."""
+def compile_for_cuda(gm: Any, name: str, arch: str | None, phases: Phases, dump: str | None = None) -> Any:
+    """compile_graph's steps (backend.py) with the programs built for target "cuda"; `dump`: a
+    folder to write each program's CUDA C and plan into (write_dump)."""
     from tecc.torch import backend, cache
     from tecc.torch.graph import plan_graph
     from tecc.torch.launch import assemble
@@ -139,12 +141,26 @@ def compile_for_cuda(gm: Any, name: str, arch: str | None, phases: Phases) -> An
         for step, seconds in kernel.timing.seconds:
             if step != "plan":  # the planner's wall time is taken whole (_Wrapped)
                 phases.add(f"  build: {_phase_of(step)}", seconds)
+    if dump is not None:
+        write_dump(Path(dump) / name, kernels)
     compiled = phases.timed("assemble", assemble, plan, kernels, False)
     report = GraphReport.of(plan, kernels, time.perf_counter() - start)
     report.distinct = sum(1 for k in kernels for info in k.host.kernels if not info.entry)  # type: ignore[attr-defined]
     compiled.report = report
     phases.timed("cache.store", cache.store, key, compiled, kernels, report)
     return report
+
+
+def write_dump(folder: Path, kernels: Any) -> None:
+    """Each program's CUDA C (`<module>.cu`, every kernel under its own name, as Kernel.source
+    holds it) and plan (`<module>.plan`: the JSON with its reason), so two versions of tecc can
+    be compared on a model's graphs with `diff -r`: a change that means to keep the generated
+    code must leave both byte-identical."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for kernel in kernels:
+        stem = kernel.module.name
+        (folder / f"{stem}.cu").write_text(kernel.source)
+        (folder / f"{stem}.plan").write_text(kernel.plan.to_json() + "\n")
 
 
 def _key_options(arch: str | None) -> dict[str, Any]:
@@ -223,7 +239,7 @@ def first_compile(args: argparse.Namespace) -> None:
         start = time.perf_counter()
         if profile is not None:
             profile.enable()
-        report = compile_for_cuda(gm, f"g0_{kind}", args.arch, phases)
+        report = compile_for_cuda(gm, f"g0_{kind}", args.arch, phases, args.dump)
         if profile is not None:
             profile.disable()
         seconds = time.perf_counter() - start
@@ -301,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--graphs", nargs="+", choices=("forward", "backward"), default=["forward", "backward"])
     p.add_argument("--top", type=int, default=0, help="print the top N cProfile entries (cumulative and own time)")
     p.add_argument("--profile", default=None, help="write the cProfile of the compile to this file")
+    p.add_argument("--dump", default=None, help="write each graph's programs' CUDA C and plans into this folder "
+                   "(DIR/<graph>/<module>.cu, .plan), to diff two versions of tecc")
     p.add_argument("--cache-dir", default=None, help="the TECC_CACHE_DIR to use (default: a fresh temporary one)")
     p.add_argument("--second-process", action="store_true", help="then load the graphs in a new process")
     p.add_argument("--child-load", action="store_true", help=argparse.SUPPRESS)

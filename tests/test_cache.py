@@ -46,6 +46,33 @@ def test_key_depends_on_everything_that_changes_the_binary() -> None:
     assert cache.cache_key("src2", **base) != key
 
 
+def test_a_split_compile_is_never_what_a_compile_check_reads(cache_dir: Path) -> None:
+    """A build's final compile of several kernels uses NVRTC's split compile, whose log lacks
+    ptxas's C75xx warnings (the wgmma serialization the planner's check reads): its entry has a
+    key of its own, which a one-thread compile (a check) never takes; the build takes a check's
+    entry of the same source."""
+    from tecc.codegen import emit_source
+
+    from tecc.compiler import pipeline
+
+    n = tc.var("n")
+    x = tc.placeholder((n,), "float32", name="x")
+    y = tc.compute((n,), lambda i: tc.exp(x[i]) * 2.0, name="y")
+    z = tc.compute((n,), lambda i: tc.log(y[i] + x[i]), name="z")
+    module = pipeline.schedule_module([x, y, z], pipeline.default_plan(), name="two", dumper=None,
+                                      timing=pipeline.PassTiming())
+    module = pipeline.finish_module(module, pipeline.default_plan(), dumper=None, timing=pipeline.PassTiming())
+    source = emit_source(module.kernels)
+    assert source.count("__global__") == 2
+    split, hit = cache.compile_cached(source, arch="sm_90", name="two", threads=2)
+    assert not hit and any(o.startswith("--split-compile") for o in split.options)
+    one, hit = cache.compile_cached(source, arch="sm_90", name="two")   # as a check asks
+    assert not hit and not any(o.startswith("--split-compile") for o in one.options)
+    again, hit = cache.compile_cached(source, arch="sm_90", name="two", threads=2)
+    assert hit and again.options == one.options   # the one-thread entry, log and all
+    assert len(cache.entries()) == 2
+
+
 def test_second_build_is_served_from_the_cache(cache_dir: Path) -> None:
     first = build(_op(), "cuda", name="axpb", arch="sm_90")
     assert not _hit(first)

@@ -425,6 +425,40 @@ def test_one_unit_holds_several_kernels() -> None:
     assert set(compile_cuda(source).resources) == {"scale_exp", "half_math", "matmul_tiled"}
 
 
+def _elf_sections(cubin: bytes) -> dict[str, bytes]:
+    """Name -> contents of every section of a 64-bit little-endian ELF (a cubin)."""
+    import struct
+
+    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
+    entry_size, count, names_at = struct.unpack_from("<HHH", cubin, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQ", cubin, shoff + n * entry_size) for n in range(count)]
+    names = headers[names_at][4]
+    out = {}
+    for name, kind, _, _, offset, size in headers:
+        label = cubin[names + name:cubin.index(b"\0", names + name)].decode()
+        out[label] = b"" if kind == 8 else cubin[offset:offset + size]   # 8: SHT_NOBITS
+    return out
+
+
+def test_split_compile_keeps_every_kernels_machine_code() -> None:
+    """compile_cuda(threads=N) compiles a unit of several kernels with NVRTC's --split-compile:
+    the same PTX, resources and machine code (every .text section) as one thread; only the
+    cubin's note of the tool options may differ (and the log: tests/test_cache.py)."""
+    source = emit_source([elementwise(), half_math(), tiled_matmul()])
+    one = compile_cuda(source, arch="sm_90")
+    split = compile_cuda(source, arch="sm_90", threads=2)
+    assert "--split-compile=2" in split.options and not any("split" in o for o in one.options)
+    assert split.ptx == one.ptx and split.resources == one.resources
+    a, b = _elf_sections(one.cubin), _elf_sections(split.cubin)
+    assert set(a) == set(b)
+    texts = [n for n in a if n.startswith(".text.")]
+    assert len(texts) == 3, sorted(a)
+    assert [n for n in a if a[n] != b[n]] in ([], [".note.nv.tkinfo"])
+    # one kernel: nothing to split
+    assert compile_cuda(source_of("half_math"), arch="sm_90", threads=4).options == \
+        compile_cuda(source_of("half_math"), arch="sm_90").options
+
+
 def test_cubin_matches_cuda_core_program() -> None:
     """The bindings path builds exactly the cubin cuda.core's Program builds from the same options."""
     from cuda.core import Program, ProgramOptions

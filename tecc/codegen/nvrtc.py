@@ -164,13 +164,22 @@ def _spelled(arch: str, include: tuple[str, ...]) -> list[str]:
 
 
 def compile_cuda(source: str, *, arch: str = DEFAULT_ARCH, name: str = "tecc",
-                 options: Sequence[str] = ()) -> CompiledCode:
+                 options: Sequence[str] = (), threads: int = 1) -> CompiledCode:
     """Compile one CUDA C translation unit for `arch` ('sm_90', ...) to PTX and cubin. A source
     emit_source marked as needing the architecture-specific target (wgmma) is compiled for
     `arch` + 'a' (sm_90a); the result's `arch` says which.
 
+    `threads` > 1: a source of several kernels is compiled with NVRTC's `--split-compile`, which
+    optimizes and assembles its kernels in that many threads (`split_compile_flags`). ptxas
+    compiles each kernel on its own either way: the kernels' machine code (the cubin's .text
+    sections), their resources and the PTX are the same (tests/test_codegen.py compares them);
+    the cubin's note of the tool options differs, and ptxas's performance advisories (C75xx) go
+    to the process's stderr instead of the log, so a compile whose log is read for them (the
+    planner's checks) must not split.
+
     Raises CompileError (with `.log` and `.source`) when NVRTC rejects the source; the message
     quotes the offending lines with their numbers."""
+    options = (*options, *split_compile_flags(source, threads))
     code = _compile(source, arch=arch, name=name, options=options)
     if code.resources or ".entry" not in code.ptx:
         return code
@@ -188,6 +197,15 @@ def compile_cuda(source: str, *, arch: str = DEFAULT_ARCH, name: str = "tecc",
     resources = {k: v for k, v in probe.resources.items() if not k.startswith(_PROBE_PREFIX)}
     log = "\n".join(line for line in probe.log.splitlines() if _PROBE_PREFIX not in line)
     return dataclasses.replace(code, resources=resources, log=log)
+
+
+def split_compile_flags(source: str, threads: int) -> list[str]:
+    """`--split-compile=threads` for a source of more than one kernel when `threads` > 1 (NVRTC
+    12.4+ has the option; tecc asks for 13), else nothing."""
+    if threads <= 1 or source.count("__global__") < 2:
+        return []
+    major, minor = (int(x) for x in nvrtc_version().split("."))
+    return [f"--split-compile={threads}"] if (major, minor) >= (13, 0) else []
 
 
 _PROBE_PREFIX = "tecc_resource_probe_"

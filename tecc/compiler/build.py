@@ -107,7 +107,7 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
         if found is not None:  # planned and scheduled by an earlier build (build_cache.py)
             timing.seconds.append(("build cache hit", 0.0))
             kernel = compile_module(found.module, found.plan, target, arch=arch, options=options, dumper=None,
-                                    timing=timing)
+                                    timing=timing, threads=knobs.split_compile())
             kernel.planning_report = found.report
             return kernel
 
@@ -123,7 +123,8 @@ def build(args: Sequence[Tensor] | Schedule, target: str = "cuda", *, name: str 
     module, chosen, planning, fallbacks = _first_that_builds(candidates, program, dumper, timing)
     if key is not None and not fallbacks:
         build_cache.store(key, chosen, module, planning)
-    kernel = compile_module(module, chosen, target, arch=arch, options=options, dumper=dumper, timing=timing)
+    kernel = compile_module(module, chosen, target, arch=arch, options=options, dumper=dumper, timing=timing,
+                            threads=knobs.split_compile())
     kernel.planning = planning
     kernel.fallbacks = fallbacks
     return kernel

@@ -42,10 +42,12 @@ from pathlib import Path
 from typing import Sequence
 
 from ..codegen import CompiledCode, KernelResources, compile_cuda
-from ..codegen.nvrtc import nvrtc_version
+from ..codegen.nvrtc import nvrtc_version, split_compile_flags
 from . import build_cache
 from . import options as knobs
 
+# stands in the key of an entry compiled with NVRTC's split compile (compile_cached)
+SPLIT_KEY = "(split compile)"
 CACHE_FORMAT = 2  # 2: resources always from a ptxas report (format 1 could keep none: nvrtc.compile_cuda)
 MAGIC = b"TECC-CACHE 1\n"
 SUBDIR = f"cubin/v{CACHE_FORMAT}"
@@ -201,20 +203,31 @@ def store(key: str, code: CompiledCode, directory: str | os.PathLike[str] | None
         return None
 
 
-def compile_cached(source: str, *, arch: str, name: str, options: Sequence[str] = ()) -> tuple[CompiledCode, bool]:
+def compile_cached(source: str, *, arch: str, name: str, options: Sequence[str] = (),
+                   threads: int = 1) -> tuple[CompiledCode, bool]:
     """`compile_cuda` through the cache: (compiled code, True when it came from the cache).
+
+    `threads` > 1 (a build's final compile): a source of several kernels is compiled with
+    NVRTC's split compile (compile_cuda), whose kernels' machine code is the same but whose log
+    lacks ptxas's performance warnings (C75xx: they go to the process's stderr), which the
+    planner's compile checks read. So such an entry is stored under a key of its own, which a
+    check never looks up; the build still takes a check's entry for the same source first.
 
     With TECC_NO_CACHE=1 this is `compile_cuda` (never a hit, nothing written)."""
     if not knobs.cache_enabled():
-        return compile_cuda(source, arch=arch, name=name, options=options), False
-    key = cache_key(source, arch=arch, name=name, options=options)
-    hit = lookup(key)
-    if hit is not None:
-        STATS.hits += 1
-        STATS.last_hit = key
-        return hit, True
+        return compile_cuda(source, arch=arch, name=name, options=options, threads=threads), False
+    keys = [cache_key(source, arch=arch, name=name, options=options)]
+    if split_compile_flags(source, threads):
+        keys.append(cache_key(source, arch=arch, name=name, options=(*options, SPLIT_KEY)))
+    for key in keys:
+        hit = lookup(key)
+        if hit is not None:
+            STATS.hits += 1
+            STATS.last_hit = key
+            return hit, True
     STATS.misses += 1
-    code = compile_cuda(source, arch=arch, name=name, options=options)
+    code = compile_cuda(source, arch=arch, name=name, options=options, threads=threads)
+    key = keys[-1]
     store(key, code)
     STATS.compiled[key] = STATS.misses
     return code, False

@@ -16,6 +16,8 @@ artifacts without the compiler); values are read when a build starts, never at i
 | TECC_VERIFY_IR      | 1                               | 0 skips the IR verifier between passes |
 | TECC_STRICT_PLANS   | unset                           | 1: the planner's plan that fails to build with a TeccError raises instead of falling back to the generic schedule (the fuzzer and tests use it to find strategy bugs; other exceptions are raised always) |
 | TECC_CUDA_GRAPHS    | 1                               | 0 turns off the CUDA executor's graphs of repeated calls (read by tecc/runtime/graphs.py when an executor is made: the runtime runs without the compiler) |
+| TECC_COMPILE_THREADS | half the machine's CPUs (1 to 8) | how many of the planner's compile checks (NVRTC) run at once (realize.py: a check's compile overlaps the planning of the next kernels); 1: one at a time |
+| TECC_SPLIT_COMPILE  | 1                               | N > 1: a build's final compile of a module of several kernels uses NVRTC's --split-compile=N (cache.compile_cached) |
 | TECC_PRECISE_MATH   | unset                           | 1 keeps the precise sinf/cosf (and a GELU's erff/tanhf) where a result rounded to float16/bfloat16 would get the cheap sin_approx/cos_approx (gelu_erf_approx/gelu_tanh_approx) (tecc/passes/approx_math.py) |
 """
 
@@ -24,6 +26,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..ir.errors import TeccError
 
 
 @dataclass(frozen=True)
@@ -98,3 +102,26 @@ def strict_plans() -> bool:
     fails to build with a TeccError raises instead of falling back to the generic schedule
     (tecc/compiler/build.py)."""
     return os.environ.get("TECC_STRICT_PLANS", "") not in ("", "0")
+
+
+def compile_threads() -> int:
+    """TECC_COMPILE_THREADS: how many compile checks the planner runs at once (realize.py);
+    default half the machine's CPUs, 1 to 8 (on a 2-core machine that others load, a check
+    compiling beside the planning slowed both: measured in docs/cache.md)."""
+    return _threads("TECC_COMPILE_THREADS", max(1, min(8, (os.cpu_count() or 1) // 2)))
+
+
+def split_compile() -> int:
+    """TECC_SPLIT_COMPILE: the threads of NVRTC's split compile of a build's module of several
+    kernels (1, the default: none)."""
+    return _threads("TECC_SPLIT_COMPILE", 1)
+
+
+def _threads(variable: str, default: int) -> int:
+    env = os.environ.get(variable, "")
+    if not env.strip():
+        return default
+    try:
+        return max(1, int(env))
+    except ValueError:
+        raise TeccError(f"{variable}={env!r} is not a whole number (1: one thread)") from None

@@ -128,8 +128,10 @@ def finish_module(module: Module, plan: Plan, *, dumper: DumpIR | None, timing: 
 
 
 def compile_module(module: Module, plan: Plan, target: str, *, arch: str | None, options: Sequence[str],
-                   dumper: DumpIR | None, timing: PassTiming) -> Kernel:
-    """Step 3: CUDA C from the final loop IR, then NVRTC (target "cuda"), as a Kernel."""
+                   dumper: DumpIR | None, timing: PassTiming, threads: int = 1) -> Kernel:
+    """Step 3: CUDA C from the final loop IR, then NVRTC (target "cuda"), as a Kernel. `threads`
+    > 1: a module of several kernels compiles with NVRTC's split compile (cache.compile_cached;
+    a build's final compile, never a compile check, whose ptxas warnings the split loses)."""
     start = time.perf_counter()
     prelude, texts = emit_parts(module.kernels)
     source = prelude + "".join("\n" + t for t in texts)
@@ -149,7 +151,7 @@ def compile_module(module: Module, plan: Plan, target: str, *, arch: str | None,
         the_arch = arch or knobs.default_arch_override() or default_arch()
         start = time.perf_counter()
         compiled, cached = compile_cached(distinct_source(prelude, module.kernels, texts, twins) if twins else source,
-                                          arch=the_arch, name=module.name, options=tuple(options))
+                                          arch=the_arch, name=module.name, options=tuple(options), threads=threads)
         timing.seconds.append(("nvrtc (cache hit)" if cached else "nvrtc", time.perf_counter() - start))
         if twins:  # a twin's ptxas report is its entry's
             resources = dict(compiled.resources)

@@ -24,9 +24,10 @@ One planning path (docs/cost-model.md, "The planner"):
    kernels it claims when it is predicted cheaper than the sum of their best points, or within
    GRAPH_TIE of it (a tie at one bound: the rewrite measured on such programs stays);
 5. realization, cheapest first: a graph point by its rewrite step on a `Schedule`, the
-   per-kernel plans by each kernel's best point its primitives take; a point the primitives
-   refuse (ScheduleError), or whose compile check finds spills, is recorded and the next is
-   tried. The naive strategy (the default schedule) always succeeds, so every kernel gets a plan.
+   per-kernel plans by each kernel's best point its primitives take (realize.py, which runs
+   the compile checks in threads); a point the primitives refuse (ScheduleError), or whose
+   compile check finds spills, is recorded and the next is tried. The naive strategy (the
+   default schedule) always succeeds, so every kernel gets a plan.
    Kernels that differ only in names (a model's layers: rankings.py) share one ranking, and a
    strategy refused FAILURES_PER_STRATEGY times for a kernel is not tried further there;
 6. regions: when no graph point takes the whole program, the parts that the graph strategies
@@ -57,14 +58,9 @@ from .candidate import Candidate, CompileCheck
 from .cost.model import DEFAULT_PARAMETERS, CostParameters, predict
 from .plan import Plan, Step
 from .program import Program, resolve_target
+from .realize import FAILURES_PER_STRATEGY, realize
 from .rankings import ACTIVE, GroupRanking, Ranking, Rankings, context_key, group_key, ranking_key, shared_rankings
 from .strategies.registry import GraphStrategy, Strategy, graph_strategies, strategies
-
-# A strategy whose primitives refused this many of its points for one kernel is not tried
-# further there: the refusals that recur are the program's, not the point's (a loop whose
-# dependences isl cannot rule out, e.g. over symbolic extents, refuses every parallel binding),
-# and each try schedules the kernel again.
-FAILURES_PER_STRATEGY = 6
 
 # A rewrite predicted within this fraction of the per-kernel plans it replaces is realized first.
 # Both are then at one bound (DRAM, for the memory-bound rewrites), where the model's terms do not
@@ -300,14 +296,14 @@ def _plan(program: Program, params: CostParameters, only: Sequence[str] | None, 
             return PlanResult(composed.plan, tgt, kernel_plans, search, time.perf_counter() - start,
                               dict(program.sizes), None, group, program, composed.module, seconds, parts)
     if schedule is None:
-        schedule = _realize(program, kernel_plans, compile_check, list(zip(rankings, contexts)))
-    realize = time.perf_counter() - start
+        schedule = realize(program, kernel_plans, compile_check, list(zip(rankings, contexts)))
+    realize_seconds = time.perf_counter() - start
     for kp in kernel_plans:
         kp.ranked = _keep(kp.ranked, keep)
     if group is not None:
         group.ranked = _keep(group.ranked, keep)
     plan = _plan_of(program, schedule, kernel_plans, group)
-    return PlanResult(plan, tgt, kernel_plans, search, realize, dict(program.sizes), schedule, group, program)
+    return PlanResult(plan, tgt, kernel_plans, search, realize_seconds, dict(program.sizes), schedule, group, program)
 
 
 def _in_regions(program: Program, params: CostParameters, compile_check: CompileCheck | None
@@ -405,7 +401,7 @@ def _realize_group(program: Program, group: GroupPlan, compile_check: CompileChe
     """Realize the best graph point predicted cheaper than the per-kernel plans it replaces (any
     graph point without `weigh`), and return its Schedule; None when there is none (or every
     such point was refused). `twin`: the position of the point realized for a program of the
-    same structure, tried first and not compiled again (as `_realize` does for a kernel)."""
+    same structure, tried first and not compiled again (as `realize` does for a kernel)."""
     from .schedule import Schedule
 
     order = group.ranked if twin is None else group.ranked[twin:] + group.ranked[:twin]
@@ -450,48 +446,6 @@ def _keep(ranked: list[Candidate], keep: int) -> list[Candidate]:
     return out + [c for c in ranked if c.failed is not None]
 
 
-
-def _realize(program: Program, kernel_plans: list[KernelPlan], compile_check: CompileCheck | None,
-             rankings: Sequence[tuple[Ranking, tuple[Any, ...]]] | None = None) -> Any:
-    """Apply each kernel's best realizable candidate on one Schedule, and return it. A kernel
-    with an earlier twin (`structure`: in this program, or in an earlier one planned with the
-    same `Rankings`) tries the twin's chosen point first: the points ranked before it were refused
-    for the twin, and would be for the kernel; and the point is not compiled again to check
-    for spills (the same code up to names, so the same registers)."""
-    from .schedule import Schedule
-
-    sch = Schedule(program.args, name=program.name, lowered=program.module)
-    for number, kp in enumerate(kernel_plans):
-        failures: dict[str, int] = {}
-        ranking, context = rankings[number] if rankings is not None else (None, ())
-        order = list(kp.ranked)
-        checked = None  # the twin's point, which ptxas already compiled without spilling
-        position = ranking.chosen[context][0] if ranking is not None and context in ranking.chosen else None
-        if position is not None:
-            order = order[position:] + order[:position]
-            checked = order[0]
-        for cand in order:
-            if cand.strategy.uses_default_schedule:
-                kp.chosen = cand
-                break
-            if failures.get(cand.strategy.name, 0) >= FAILURES_PER_STRATEGY:
-                cand.failed = f"not tried: {FAILURES_PER_STRATEGY} better points of {cand.strategy.name} failed"
-                continue
-            before = sch.checkpoint()
-            try:
-                cand.strategy.apply(sch, kp.info, cand.point)  # type: ignore[arg-type]
-                if cand.strategy.compile_checked and compile_check is not None and cand is not checked:
-                    compile_check(sch, kp.kernel, program.compile_arch)
-                kp.chosen = cand
-                break
-            except ScheduleError as exc:
-                cand.failed = str(exc).splitlines()[0]
-                failures[cand.strategy.name] = failures.get(cand.strategy.name, 0) + 1
-                sch.rollback(before)  # as if the candidate had never been tried
-        if ranking is not None and position is None:
-            at = kp.ranked.index(kp.chosen)
-            ranking.chosen[context] = (at, tuple(c.failed for c in kp.ranked[:at]))
-    return sch
 
 
 def _plan_of(program: Program, schedule: Any, kernel_plans: list[KernelPlan], group: GroupPlan | None) -> Plan:
@@ -569,6 +523,6 @@ def _graph_lost(group: GroupPlan) -> str:
     return "; ".join(words)
 
 
-__all__ = ["GRAPH_TIE", "SCATTER_PER_KERNEL", "Candidate", "GroupPlan", "KernelPlan", "PlanResult", "Rankings",
-           "candidates_for", "graph_candidates_for", "shared_rankings",
+__all__ = ["FAILURES_PER_STRATEGY", "GRAPH_TIE", "SCATTER_PER_KERNEL", "Candidate", "GroupPlan", "KernelPlan",
+           "PlanResult", "Rankings", "candidates_for", "graph_candidates_for", "shared_rankings",
            "plan_program", "plan_strategy", "resolve_target"]

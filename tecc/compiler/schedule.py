@@ -110,17 +110,19 @@ class Schedule(TensorCorePrimitives):
     def checkpoint(self) -> tuple[Any, ...]:
         """The schedule's state now (its IR, steps and pending caches), for `rollback`: the
         planner tries a strategy's primitives and, when one refuses, returns to this state
-        instead of lowering and replaying the whole program again."""
+        instead of lowering and replaying the whole program again. Any checkpoint can be
+        returned to, also one taken after steps that a later rollback undid (the planner applies
+        the next candidates of a kernel while a compile check of an earlier one runs)."""
         pending = {k: replace(v) for k, v in self._pending.items()}
-        return (self.mod, len(self._steps), pending, len(self.timing))
+        return (self.mod, tuple(self._steps), pending, tuple(self.timing))
 
     def rollback(self, state: tuple[Any, ...]) -> None:
         """Return to a `checkpoint` (the steps after it are forgotten)."""
         mod, steps, pending, timing = state
         self.mod = mod
-        del self._steps[steps:]
+        self._steps = list(steps)
         self._pending = {k: replace(v) for k, v in pending.items()}
-        del self.timing[timing:]
+        self.timing = list(timing)
 
     def replay(self, plan: Plan) -> None:
         """Apply every step of `plan` in order (plan_replay.checked_step says what a step may be)."""

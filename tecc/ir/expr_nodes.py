@@ -24,6 +24,7 @@ every target implements; in short:
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from typing import Any, Callable, NamedTuple, Union
 
@@ -61,6 +62,7 @@ def _build() -> Builders:
     return _builders
 
 _INTERN: "weakref.WeakValueDictionary[tuple[Any, ...], Expr]" = weakref.WeakValueDictionary()
+_INTERN_LOCK = threading.Lock()
 
 
 def _key_part(value: object) -> object:
@@ -116,7 +118,11 @@ class Expr:
             return hit
         node = object.__new__(cls)
         node._init(*args)
-        _INTERN[key] = node
+        with _INTERN_LOCK:   # two threads building the same node get one (the planner's compile checks run in threads)
+            hit = _INTERN.get(key)
+            if hit is not None:
+                return hit
+            _INTERN[key] = node
         return node
 
     def _init(self, *args: Any) -> None:  # pragma: no cover - every subclass defines it

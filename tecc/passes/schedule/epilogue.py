@@ -69,10 +69,27 @@ class AccumulatorReplacer(ExprMutator):
         return self.generic_visit(e)
 
 
+# paired_columns of each (layout map, lanes, elements) asked before: a map is an intrinsic table
+# row's Layout (hashable, by value), the same few for every tensor-core kernel of a build, whose
+# check enumerates every (lane, element): 128 x 64 of them for a 64 x 256 wgmma accumulator
+_PAIRED: dict[tuple[Any, int, int], bool] = {}
+
+
 def paired_columns(c_map: Callable[[Any, Any], tuple[Any, Any]], lanes: int, elements: int) -> bool:
     """Whether an accumulator layout map keeps elements 2j, 2j + 1 of every lane at (row, col),
     (row, col + 1) with col even (mma.sync's C and wgmma's D fragments do: PTX ISA, "Matrix
     fragments"), so one 2-element store writes both (a 4-byte store of 16-bit outputs)."""
+    key = (c_map, lanes, elements)
+    try:
+        known = _PAIRED.get(key)
+    except TypeError:   # a map that is no Layout (a plain function): checked every time
+        return _paired_columns(c_map, lanes, elements)
+    if known is None:
+        known = _PAIRED[key] = _paired_columns(c_map, lanes, elements)
+    return known
+
+
+def _paired_columns(c_map: Callable[[Any, Any], tuple[Any, Any]], lanes: int, elements: int) -> bool:
     for lane in range(lanes):
         for j in range(elements // 2):
             (r0, c0), (r1, c1) = c_map(lane, 2 * j), c_map(lane, 2 * j + 1)

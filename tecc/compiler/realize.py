@@ -1,0 +1,343 @@
+"""Realization of the per-kernel plans: each kernel's best point that the primitives take and its
+compile check passes, applied on one Schedule; the compile checks' NVRTC runs in threads.
+
+For each kernel, cheapest first (planner.py, step 5): its candidates are applied on the
+Schedule; a point the primitives refuse (ScheduleError) is recorded and the next tried, and a
+point of a `compile_checked` strategy is compiled (`compile_check`, NVRTC: ptxas's spills) before
+it is taken. A kernel with an earlier twin (rankings.py) tries the twin's point first and does
+not compile it again. A strategy refused FAILURES_PER_STRATEGY times for a kernel is not tried
+further there. The naive strategy always succeeds.
+
+A compile check is one NVRTC compile of one kernel (0.5-2 s for a tensor-core kernel), and the
+checks of a program were a chain: each waited for the one before. But a check rarely decides
+anything the next kernels depend on, and NVRTC releases the GIL. So the realization goes on
+while a check compiles (`_Ahead`):
+
+- a point whose check is in flight is taken *provisionally*, and the next kernels are realized
+  after it; at most TECC_COMPILE_THREADS checks are in flight, and at the end each is waited
+  for, oldest first. A check that refuses its point puts the realization back where that point
+  was applied (the Schedule's checkpoint, and every mark left on the candidates and rankings
+  since, through an undo log) and goes on with the kernel's next point, as a check that refused
+  at once would have: the choices and the Schedule are those of the one-at-a-time order;
+- once a check of a kernel has refused a point, its next points are likely refused too (a
+  tiling that spills is followed in the ranking by its neighbours): the next compile-checked
+  points of that kernel are applied at once, each from the kernel's starting state, and their
+  checks run together; they are then taken in ranking order, the first that passes chosen.
+
+TECC_COMPILE_THREADS=1 checks one point at a time, as before. A check's compile lands in the
+compile cache (cache.py), so the one a realization undid and repeats costs no second NVRTC run.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ..ir.errors import ScheduleError
+from . import options as knobs
+from .candidate import Candidate, CompileCheck
+from .plan import Plan
+from .rankings import Ranking
+
+# A strategy whose primitives refused this many of its points for one kernel is not tried
+# further there: the refusals that recur are the program's, not the point's (a loop whose
+# dependences isl cannot rule out, e.g. over symbolic extents, refuses every parallel binding),
+# and each try schedules the kernel again.
+FAILURES_PER_STRATEGY = 6
+
+_MISSING = object()
+
+# a point applied: (the Schedule's checkpoint after it, None, its compile check in flight or None),
+# or (None, the primitives' refusal, None)
+_Outcome = tuple["tuple[Any, ...] | None", "str | None", "Future[Any] | None"]
+
+
+class _Undo:
+    """The marks the realization leaves on shared objects (a candidate's `failed`, a
+    KernelPlan's `chosen`, a Ranking's `chosen` entry), logged so that a provisional choice a
+    check refused can be taken back with everything realized after it."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[Any, Any, Any, bool]] = []   # (object, attribute or key, old value, is a key)
+
+    def set(self, obj: Any, name: str, value: Any) -> None:
+        self.log.append((obj, name, getattr(obj, name), False))
+        setattr(obj, name, value)
+
+    def put(self, table: dict[Any, Any], key: Any, value: Any) -> None:
+        self.log.append((table, key, table.get(key, _MISSING), True))
+        table[key] = value
+
+    def mark(self) -> int:
+        return len(self.log)
+
+    def undo(self, mark: int) -> None:
+        while len(self.log) > mark:
+            obj, name, old, is_key = self.log.pop()
+            if not is_key:
+                setattr(obj, name, old)
+            elif old is _MISSING:
+                del obj[name]
+            else:
+                obj[name] = old
+
+
+@dataclass
+class _Scheduled:
+    """What a compile check reads of a Schedule: its IR and its plan, as they were when the
+    check was asked (the Schedule itself moves on)."""
+
+    mod: Any
+    plan: Plan
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL._max_workers != threads:   # (TECC_COMPILE_THREADS changed)
+            if _POOL is not None:
+                _POOL.shutdown(wait=False)
+            _POOL = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tecc-compile-check")
+        return _POOL
+
+
+@dataclass
+class _Provisional:
+    """A kernel's point taken while its compile check runs: where to return when it refuses."""
+
+    number: int                     # the kernel's position in the program
+    position: int                   # the point's position in the kernel's order of candidates
+    failures: dict[str, int]        # refusals per strategy of the kernel before the point
+    before: tuple[Any, ...]         # the Schedule's checkpoint before the point was applied
+    mark: int                       # the undo log's length before the point was applied
+    check: Future[Any]
+    cand: Candidate
+
+
+@dataclass
+class _Kernel:
+    """Where the realization of one kernel stands: its candidates in the order tried, the first
+    to try, the refusals per strategy so far."""
+
+    order: list[Candidate]
+    checked: Candidate | None       # the twin's point: compiled for the twin already
+    start: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+    hurried: bool = False           # a check of this kernel refused a point: check the next ones together
+
+
+class _Ahead:
+    """The realization of a program's kernels with compile checks in flight (module docstring)."""
+
+    def __init__(self, program: Any, kernel_plans: list[Any], compile_check: CompileCheck | None,
+                 rankings: Sequence[tuple[Ranking, tuple[Any, ...]]] | None) -> None:
+        from .schedule import Schedule
+
+        self.program, self.kernel_plans, self.compile_check = program, kernel_plans, compile_check
+        self.rankings = rankings
+        self.sch = Schedule(program.args, name=program.name, lowered=program.module)
+        self.threads = knobs.compile_threads()
+        self.undo = _Undo()
+        self.pending: list[_Provisional] = []
+        self.context = contextvars.copy_context()
+
+    def run(self) -> Any:
+        number: int = 0
+        resume: _Kernel | None = None
+        while True:
+            while number < len(self.kernel_plans):
+                self._kernel(number, resume)
+                resume = None
+                number += 1
+                if len(self.pending) >= self.threads:   # as many checks in flight as threads: wait for the oldest
+                    refused = self._settle(oldest=True)
+                    if refused is not None:
+                        number, resume = refused
+            refused = self._settle()
+            if refused is None:
+                return self.sch
+            number, resume = refused
+
+    # ---- one kernel --------------------------------------------------------------------------
+    def _state(self, number: int, resume: _Kernel | None) -> _Kernel:
+        if resume is not None:
+            return resume
+        kp = self.kernel_plans[number]
+        ranking, context = self.rankings[number] if self.rankings is not None else (None, ())
+        order = list(kp.ranked)
+        checked = None  # the twin's point, which ptxas already compiled without spilling
+        position = ranking.chosen[context][0] if ranking is not None and context in ranking.chosen else None
+        if position is not None:
+            order = order[position:] + order[:position]
+            checked = order[0]
+        return _Kernel(order, checked)
+
+    def _kernel(self, number: int, resume: _Kernel | None) -> None:
+        ahead: dict[int, _Outcome] = {}
+        try:
+            self._realize_kernel(number, resume, ahead)
+        finally:
+            for _, _, check in ahead.values():   # points checked ahead that the kernel did not reach
+                if check is not None:
+                    check.cancel()
+
+    def _realize_kernel(self, number: int, resume: _Kernel | None,
+                        ahead: dict[int, _Outcome]) -> None:
+        kp = self.kernel_plans[number]
+        state = self._state(number, resume)
+        base = self.sch.checkpoint()
+        for at in range(state.start, len(state.order)):
+            cand = state.order[at]
+            if cand.strategy.uses_default_schedule:
+                self._choose(number, cand)
+                return
+            if state.failures.get(cand.strategy.name, 0) >= FAILURES_PER_STRATEGY:
+                self.undo.set(cand, "failed", f"not tried: {FAILURES_PER_STRATEGY} better points of "
+                                              f"{cand.strategy.name} failed")
+                continue
+            if state.hurried and at not in ahead:
+                ahead.update(self._apply_ahead(number, state, at, base))
+            if at in ahead:
+                after, refusal, check = ahead.pop(at)
+            else:
+                after, refusal, check = self._apply(number, state, cand, base)
+            if refusal is None and check is not None and not state.hurried and self.threads > 1:
+                # taken provisionally: the next kernels are realized while the check compiles
+                assert after is not None
+                self.sch.rollback(after)
+                self.pending.append(_Provisional(number, at, dict(state.failures), base, self.undo.mark(),
+                                                 check, cand))
+                self._choose(number, cand)
+                return
+            if refusal is None and check is not None:
+                refusal = _refusal(check)
+            if refusal is None:
+                assert after is not None
+                self.sch.rollback(after)
+                self._choose(number, cand)
+                return
+            self.undo.set(cand, "failed", refusal)
+            state.failures[cand.strategy.name] = state.failures.get(cand.strategy.name, 0) + 1
+            if check is not None:
+                state.hurried = True
+            self.sch.rollback(base)  # as if the candidate had never been tried
+        raise AssertionError(f"{kp.kernel}: no candidate realized (the naive strategy always is)")
+
+    def _needs_check(self, cand: Candidate, state: _Kernel) -> bool:
+        return bool(cand.strategy.compile_checked) and self.compile_check is not None and cand is not state.checked
+
+    def _apply(self, number: int, state: _Kernel, cand: Candidate, base: tuple[Any, ...]
+               ) -> _Outcome:
+        """Apply `cand` from `base`: (the Schedule's state after it, None, its compile check in
+        flight or None), or (None, the primitives' refusal, None). Leaves the Schedule at `base`."""
+        kp = self.kernel_plans[number]
+        self.sch.rollback(base)
+        try:
+            cand.strategy.apply(self.sch, kp.info, cand.point)  # type: ignore[arg-type]
+        except ScheduleError as exc:
+            self.sch.rollback(base)
+            return None, str(exc).splitlines()[0], None
+        after = self.sch.checkpoint()
+        check = None
+        if self._needs_check(cand, state):
+            check = self._submit(kp.kernel)
+        self.sch.rollback(base)
+        return after, None, check
+
+    def _apply_ahead(self, number: int, state: _Kernel, at: int, base: tuple[Any, ...]
+                     ) -> dict[int, _Outcome]:
+        """The next compile-checked points of the kernel from position `at`, applied from `base`
+        with their checks in flight together (as many as TECC_COMPILE_THREADS)."""
+        out: dict[int, _Outcome] = {}
+        failures = dict(state.failures)
+        for n in range(at, len(state.order)):
+            if len(out) >= max(1, self.threads):
+                break
+            cand = state.order[n]
+            if cand.strategy.uses_default_schedule:
+                break
+            if failures.get(cand.strategy.name, 0) >= FAILURES_PER_STRATEGY or not self._needs_check(cand, state):
+                if n == at:
+                    break
+                continue
+            out[n] = self._apply(number, state, cand, base)
+            if out[n][1] is not None:   # refused by the primitives: counts as the realization counts it
+                failures[cand.strategy.name] = failures.get(cand.strategy.name, 0) + 1
+        return out
+
+    def _submit(self, kernel: str) -> Future[Any]:
+        assert self.compile_check is not None
+        snapshot = _Scheduled(self.sch.mod, self.sch.plan)
+        check, arch = self.compile_check, self.program.compile_arch
+        future: Future[Any]
+        if self.threads <= 1:
+            future = Future()
+            try:
+                future.set_result(check(snapshot, kernel, arch))
+            except ScheduleError as exc:
+                future.set_exception(exc)
+            return future
+        return _pool(self.threads).submit(self.context.copy().run, check, snapshot, kernel, arch)
+
+    def _choose(self, number: int, cand: Candidate) -> None:
+        kp = self.kernel_plans[number]
+        self.undo.set(kp, "chosen", cand)
+        ranking, context = self.rankings[number] if self.rankings is not None else (None, ())
+        if ranking is not None and context not in ranking.chosen:
+            at = kp.ranked.index(cand)
+            self.undo.put(ranking.chosen, context, (at, tuple(c.failed for c in kp.ranked[:at])))
+
+    # ---- the provisional choices ------------------------------------------------------------
+    def _settle(self, oldest: bool = False) -> tuple[int, _Kernel] | None:
+        """Wait for every check in flight (the oldest alone with `oldest`), oldest first. The
+        first that refuses its point: the realization put back to before that point, and (the
+        kernel's number, where its realization goes on); None when every one passed."""
+        while self.pending:
+            first = self.pending[0]
+            refusal = _refusal(first.check)
+            if refusal is None:
+                self.pending.pop(0)
+                if oldest:
+                    return None
+                continue
+            for later in self.pending[1:]:
+                later.check.cancel()
+            self.pending.clear()
+            self.undo.undo(first.mark)
+            self.sch.rollback(first.before)
+            self.undo.set(first.cand, "failed", refusal)
+            failures = dict(first.failures)
+            failures[first.cand.strategy.name] = failures.get(first.cand.strategy.name, 0) + 1
+            state = self._state(first.number, None)
+            return first.number, _Kernel(state.order, state.checked, first.position + 1, failures, hurried=True)
+        return None
+
+
+def _refusal(check: Future[Any]) -> str | None:
+    """The first line of the ScheduleError a compile check raised, or None when it passed (any
+    other error is raised: a check that cannot compile is no refusal)."""
+    try:
+        check.result()
+    except ScheduleError as exc:
+        return str(exc).splitlines()[0]
+    return None
+
+
+def realize(program: Any, kernel_plans: list[Any], compile_check: CompileCheck | None,
+            rankings: Sequence[tuple[Ranking, tuple[Any, ...]]] | None = None) -> Any:
+    """Apply each kernel's best realizable candidate on one Schedule, and return it (module
+    docstring). A kernel with an earlier twin (`rankings`: in this program, or in an earlier one
+    planned with the same `Rankings`) tries the twin's chosen point first: the points ranked
+    before it were refused for the twin, and would be for the kernel; and the point is not
+    compiled again to check for spills (the same code up to names, so the same registers)."""
+    return _Ahead(program, kernel_plans, compile_check, rankings).run()
+
+
+__all__ = ["FAILURES_PER_STRATEGY", "realize"]

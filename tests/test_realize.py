@@ -1,0 +1,103 @@
+"""The realization's compile checks in threads (tecc/compiler/realize.py): a point whose check is
+in flight is taken provisionally and the next kernels realized after it; a refusal puts the
+realization back to that point. The plan, the scheduled IR and every candidate's mark must be
+those of checking one point at a time."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import pytest
+
+import tecc as tc
+from tecc.compiler.pipeline import only_kernel
+from tecc.compiler.planner import plan_program
+from tecc.ir.errors import ScheduleError
+
+
+def _program():
+    """Two fp16 GEMMs of different shapes (tensor-core kernels: compile-checked on sm_90) with an
+    elementwise stage between them, and a third GEMM of the first's shape (its twin)."""
+    a = tc.placeholder((256, 512), "float16", name="a")
+    b = tc.placeholder((512, 384), "float16", name="b")
+    w = tc.placeholder((384, 128), "float16", name="w")
+    a2 = tc.placeholder((256, 512), "float16", name="a2")
+    k1, k2, k3 = tc.reduce_axis(512, name="k1"), tc.reduce_axis(384, name="k2"), tc.reduce_axis(512, name="k3")
+    c = tc.compute((256, 384), lambda i, j: tc.cast(tc.sum(tc.cast(a[i, k1], "float32") * tc.cast(b[k1, j], "float32"),
+                                                         axis=k1), "float16"), name="c")
+    d = tc.compute((256, 384), lambda i, j: tc.cast(tc.exp(tc.cast(c[i, j], "float32")), "float16"), name="d")
+    e = tc.compute((256, 128), lambda i, j: tc.sum(tc.cast(d[i, k2], "float32") * tc.cast(w[k2, j], "float32"),
+                                                   axis=k2), name="e")
+    f = tc.compute((256, 384), lambda i, j: tc.cast(tc.sum(tc.cast(a2[i, k3], "float32") * tc.cast(b[k3, j], "float32"),
+                                                         axis=k3), "float16"), name="f")
+    return [a, b, w, a2, d, e, f]
+
+
+class _Check:
+    """A compile check that refuses about half the points, by a hash of the kernel's scheduled
+    IR (so the same point is refused whichever thread asks, and whenever). With `linger`, a
+    check returns only once the next one has begun (or after 10 s): it stands for a compile that
+    takes longer than the planner's work between two checks, so checks run ahead must overlap.
+    It counts the checks in flight."""
+
+    def __init__(self, linger: bool) -> None:
+        self.linger = linger
+        self.lock = threading.Condition()
+        self.running = 0
+        self.most = 0
+        self.calls = 0
+
+    def __call__(self, schedule, kernel, arch):
+        with self.lock:
+            self.running += 1
+            self.calls += 1
+            self.most = max(self.most, self.running)
+            number = self.calls
+            self.lock.notify_all()
+            if self.linger:
+                self.lock.wait_for(lambda: self.calls > number, timeout=10.0)
+        try:
+            text = str(only_kernel(schedule.mod, kernel) if kernel is not None else schedule.mod)
+            if hashlib.sha256(text.encode()).digest()[0] % 2:
+                raise ScheduleError(f"{kernel} refused by the test's check")
+            return None
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+def _planned(threads: str, monkeypatch):
+    monkeypatch.setenv("TECC_COMPILE_THREADS", threads)
+    check = _Check(linger=threads != "1")
+    result = plan_program(_program(), "sm_90", compile_check=check, regions=False)
+    marks = [(kp.kernel, c.label, c.failed) for kp in result.kernels for c in kp.ranked]
+    return result, marks, check
+
+
+def test_checks_in_threads_choose_what_one_check_at_a_time_chooses(monkeypatch):
+    serial, serial_marks, one = _planned("1", monkeypatch)
+    threaded, threaded_marks, many = _planned("4", monkeypatch)
+    assert one.most == 1
+    assert many.most > 1, "no two compile checks ran at once"
+    refused = [m for m in serial_marks if m[2] is not None and "refused by the test" in m[2]]
+    assert refused, "the test's check refused no point: nothing to put back"
+    assert threaded.plan.to_json() == serial.plan.to_json()
+    assert str(threaded.schedule.mod) == str(serial.schedule.mod)
+    assert threaded_marks == serial_marks
+    assert [kp.chosen.label for kp in threaded.kernels] == [kp.chosen.label for kp in serial.kernels]
+
+
+def test_compile_threads_knob_is_checked(monkeypatch):
+    from tecc.compiler import options
+
+    monkeypatch.setenv("TECC_COMPILE_THREADS", "many")
+    with pytest.raises(tc.TeccError, match="TECC_COMPILE_THREADS"):
+        options.compile_threads()
+    monkeypatch.setenv("TECC_COMPILE_THREADS", "3")
+    assert options.compile_threads() == 3
+    monkeypatch.delenv("TECC_SPLIT_COMPILE", raising=False)
+    assert options.split_compile() == 1
+    monkeypatch.setenv("TECC_SPLIT_COMPILE", "x")
+    with pytest.raises(tc.TeccError, match="TECC_SPLIT_COMPILE"):
+        options.split_compile()
