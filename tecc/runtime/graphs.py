@@ -35,13 +35,11 @@ import os
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Hashable
+from typing import Any, Callable, Hashable
 
 from ..ir.errors import LaunchError
 
-if TYPE_CHECKING:
-    from .launch_cache import CachedCall
-
+# A cached call (launch_cache.CachedCall) is typed Any here: launch_cache imports this module.
 GRAPHS_PER_CALL = 4   # graphs kept per cached call (pointer sets in use at once: usually one)
 SEEN_PER_CALL = 8     # keys seen once, remembered per cached call until a second sight
 MIN_LAUNCHES = 2      # a call of one launch gains nothing from a graph (cuGraphLaunch is one call too)
@@ -227,7 +225,7 @@ class GraphReplay:
     _submit: Callable[..., None]
     _with_maps: Callable[[Any, list[int]], list[Any]]
 
-    def _replay_graph(self, cached: CachedCall, ptrs: list[int]) -> bool:
+    def _replay_graph(self, cached: Any, ptrs: list[int]) -> bool:
         """Launch the cached call as its CUDA graph for these exact pointers (and this stream),
         capturing it when they are seen for the second time (graphs.py). False (nothing
         launched) when the call launches plainly: pointers seen for the first time, a stream
@@ -262,7 +260,7 @@ class GraphReplay:
         self.last_launches = list(cached.records)
         return True
 
-    def _capture(self, cached: CachedCall, ptrs: list[int]) -> Any:
+    def _capture(self, cached: Any, ptrs: list[int]) -> Any:
         """The call's launches for `ptrs` captured as a graph; None when the capture failed (the
         call then launches plainly from now on; nothing is raised here: a launch that really
         fails raises from the plain launch). The parameters (tensor maps encoded) are made
