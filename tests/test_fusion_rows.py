@@ -314,3 +314,25 @@ def test_the_row_kernel_of_an_empty_row_is_priced():
         cost = predict(fused_workload(info, {"threads": 64, "cache": cache, "vector": 1, "unroll": 4}, target("sm_90")),
                        target("sm_90"))
         assert cost.ok and 0 < cost.total < 1e-4, (cache, cost.total)
+
+
+@pytest.mark.parametrize("columns", [0, 5])
+def test_a_row_group_with_column_reductions_over_no_rows_plans_and_runs(columns):
+    """A row sum and a column product and sum over zero rows: the column plan's rows per block
+    once divided by zero (found by tests/test_fuzz_programs.py). The column reductions over no
+    rows are their identities (1 for the product, 0 for the sum), written for every column."""
+    X = tc.placeholder((0, columns), "float32", name="X")
+    c = tc.reduce_axis(columns, name="c")
+    r = tc.reduce_axis(0, name="r")
+    S0 = tc.compute((0,), lambda i: tc.sum(X[i, c], axis=c), name="S0")
+    P = tc.compute((columns,), lambda j: tc.prod(X[r, j], axis=r), name="P")
+    r2 = tc.reduce_axis(0, name="r2")
+    S = tc.compute((columns,), lambda j: tc.sum(X[r2, j] * 2.0, axis=r2), name="S")
+    f = tc.build([X, S0, P, S], target="sim", arch="sm_90")
+    x = np.zeros((0, columns), np.float32)
+    s0 = np.full((0,), np.nan, np.float32)
+    p = np.full((columns,), np.nan, np.float32)
+    s = np.full((columns,), np.nan, np.float32)
+    f(x, s0, p, s)
+    np.testing.assert_array_equal(p, np.ones(columns, np.float32))
+    np.testing.assert_array_equal(s, np.zeros(columns, np.float32))

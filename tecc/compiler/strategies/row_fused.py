@@ -457,7 +457,8 @@ def _column_choice(group: Any, tgt: Target) -> RowFusedChoice | str:
     n_rows = const_product(group.rows)
     if n_rows is not None:
         row_blocks = max(1, min(row_blocks, n_rows))
-        row_blocks = -(-n_rows // -(-n_rows // row_blocks))  # as many rows per block, fewer blocks
+        if n_rows:  # no rows: one block, which writes the column sums' identities
+            row_blocks = -(-n_rows // -(-n_rows // row_blocks))  # as many rows per block, fewer blocks
     names = ", ".join(t.name for t in group.column_reductions)
     step_args: dict[str, Any] = {"threads": threads, "cache": "registers"}
     if vector > 1:
