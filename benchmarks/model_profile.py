@@ -40,6 +40,25 @@ def _step(run, opt, idx, targets) -> None:
     opt.zero_grad(set_to_none=True)
 
 
+def cupti_calls(fn, calls: int) -> tuple[list[float], dict[str, list[float]]]:
+    """`calls` calls of fn under torch.profiler (CUPTI): each call's time in ms (CUDA events,
+    synchronized) and every kernel's durations in us by name (benchmarks/models_hf.py uses it too)."""
+    times = []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+    kernels: dict[str, list[float]] = collections.defaultdict(list)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
+            kernels[e.name].append(e.device_time)
+    return times, kernels
+
+
 def host_profile(label: str, run, opt, data, top: int) -> None:
     """The host's time per step by Python function (cProfile over the steps, each synchronized):
     what the CPU does between launches when the GPU waits."""
@@ -61,20 +80,9 @@ def profile(label: str, run, model, data, warmup: int, top: int, host: int = 0) 
     for idx, targets in data[:warmup]:
         _step(run, opt, idx, targets)
     torch.cuda.synchronize()
-    times = []
     timed = data[warmup:]
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for idx, targets in timed:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            _step(run, opt, idx, targets)
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-    kernels: dict[str, list[float]] = collections.defaultdict(list)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
-            kernels[e.name].append(e.device_time)
+    batches = iter(timed)
+    times, kernels = cupti_calls(lambda: _step(run, opt, *next(batches)), len(timed))
     steps = len(timed)
     busy = sum(sum(v) for v in kernels.values()) / steps / 1e3
     count = sum(len(v) for v in kernels.values()) / steps

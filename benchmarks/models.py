@@ -262,8 +262,9 @@ def convnet(args: argparse.Namespace) -> list[str]:
     return INFERENCE_HEADER + _inference("convnet (stem + 3x 3x3 64, 56x56) bf16 b32", base, x, args)
 
 
-def _graph_totals() -> str:
-    """The runtime's CUDA-graph counts (tecc/runtime/graphs.py TOTALS), or why there are none."""
+def graph_totals() -> str:
+    """The runtime's CUDA-graph counts (tecc/runtime/graphs.py TOTALS), or why there are none
+    (benchmarks/models_hf.py prints them too)."""
     try:
         from tecc.runtime.graphs import TOTALS
     except ImportError as exc:
@@ -309,7 +310,7 @@ def main() -> None:
 
     fallen = sorted({op for r in reports() for op in r.fallback_ops})
     lines += ["", f"tecc fallbacks: {', '.join(fallen) if fallen else 'none'}"]
-    lines += [f"tecc CUDA graphs of repeated calls (all runs of this process): {_graph_totals()}"]
+    lines += [f"tecc CUDA graphs of repeated calls (all runs of this process): {graph_totals()}"]
     text = "\n".join(lines)
     print("\n" + text)
     if args.out:

@@ -79,21 +79,9 @@ def _kernel_profile(label: str, fn: Callable[[], Any], calls: int, top: int) -> 
     """`calls` more calls of fn under torch.profiler (CUPTI): the GPU's busy time per call (the
     sum of its kernels' durations) against the call's time, so a gap shows host time the GPU
     waited for, and the top kernels by time."""
-    import collections
+    from model_profile import cupti_calls  # benchmarks/model_profile.py
 
-    times = []
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-    kernels: dict[str, list[float]] = collections.defaultdict(list)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
-            kernels[e.name].append(e.device_time)
+    times, kernels = cupti_calls(fn, calls)
     busy = sum(sum(v) for v in kernels.values()) / calls / 1e3
     count = sum(len(v) for v in kernels.values()) / calls
     print(f"\n## {label}: {statistics.median(times):.2f} ms per call (events), kernels busy {busy:.2f} ms, "
@@ -229,15 +217,6 @@ def resnet50(args: argparse.Namespace, torchvision: Any) -> list[str]:
     return rows
 
 
-def _graph_totals() -> str:
-    """The runtime's CUDA-graph counts (tecc/runtime/graphs.py TOTALS), or why there are none."""
-    try:
-        from tecc.runtime.graphs import TOTALS
-    except ImportError as exc:
-        return f"unavailable ({exc})"
-    return str(TOTALS)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="SDPA only, 20 GPT-2 steps, 10 resnet50 calls")
@@ -277,7 +256,9 @@ def main() -> None:
 
     fallen = sorted({op for r in reports() for op in r.fallback_ops})
     lines += ["", f"tecc fallbacks: {', '.join(fallen) if fallen else 'none'}"]
-    lines += [f"tecc CUDA graphs of repeated calls (all runs of this process): {_graph_totals()}"]
+    from models import graph_totals  # benchmarks/models.py
+
+    lines += [f"tecc CUDA graphs of repeated calls (all runs of this process): {graph_totals()}"]
     print("\n" + "\n".join(lines))
 
 

@@ -623,6 +623,20 @@ def test_an_allocating_hit_still_rechecks_alignment(full_path, faketorch):
         kernel(shifted, TorchLike(np.ones(64, np.float32)))
 
 
+def _followed_stream_stub(host, faketorch, monkeypatch):
+    """A stub executor of `host` that follows the producer's torch stream (stream 0x5EED) and
+    takes its temporaries from torch's allocator (uint8 tensors of the fake torch)."""
+    uint8 = FakeTorchDtype("uint8")
+    monkeypatch.setitem(TORCH_DTYPES, np.dtype(np.uint8), uint8)
+    faketorch.uint8 = uint8
+    f = StubExecutor(host)
+    f.follows_producer = True
+    f._stream_ptr = 0x5EED
+    f._home_stream = (f.stream, 0x5EED)
+    monkeypatch.setattr(StubExecutor, "_use_stream", lambda self, handle: None)
+    return f
+
+
 def test_a_tma_map_of_a_followed_stream_temporary_is_cached_and_reencoded_for_its_pointer(full_path, faketorch,
                                                                                            monkeypatch):
     """A program whose GEMM reads an intermediate (a temporary) by TMA, as a model graph's GEMMs
@@ -641,14 +655,7 @@ def test_a_tma_map_of_a_followed_stream_temporary_is_cached_and_reencoded_for_it
                                                        axis=k), "bfloat16"), name="C")
     host = tc.build([X, W, C], target="cuda", arch="sm_90").host
     assert any(m.param == "T" for kern in host.kernels for m in kern.tensor_maps), "the GEMM reads T by TMA"
-    uint8 = FakeTorchDtype("uint8")
-    monkeypatch.setitem(TORCH_DTYPES, np.dtype(np.uint8), uint8)
-    faketorch.uint8 = uint8
-    f = StubExecutor(host)
-    f.follows_producer = True
-    f._stream_ptr = 0x5EED
-    f._home_stream = (f.stream, 0x5EED)
-    monkeypatch.setattr(StubExecutor, "_use_stream", lambda self, handle: None)
+    f = _followed_stream_stub(host, faketorch, monkeypatch)
     monkeypatch.setattr(StubExecutor, "_tensor_map", lambda self, spec, ptr, shape, strides: ("map", spec.param, ptr))
     bf16 = ml_dtypes.bfloat16
     args = [TorchLike(np.ones((M, K), bf16)), TorchLike(np.ones((N, K), bf16)), TorchLike(np.zeros((M, N), bf16))]
@@ -707,14 +714,7 @@ def test_followed_stream_temporaries_of_disjoint_launches_get_one_pointer(full_p
     import tecc as tc
 
     host = tc.build(_chained_products(), target="sim").host
-    uint8 = FakeTorchDtype("uint8")
-    monkeypatch.setitem(TORCH_DTYPES, np.dtype(np.uint8), uint8)
-    faketorch.uint8 = uint8
-    f = StubExecutor(host)
-    f.follows_producer = True
-    f._stream_ptr = 0x5EED
-    f._home_stream = (f.stream, 0x5EED)
-    monkeypatch.setattr(StubExecutor, "_use_stream", lambda self, handle: None)
+    f = _followed_stream_stub(host, faketorch, monkeypatch)
     args = [TorchLike(np.ones((32, 32), np.float32)) for _ in range(3)]
     for call in range(2):
         f(*args)
