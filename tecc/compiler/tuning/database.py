@@ -171,6 +171,10 @@ class Winner:
     measurement_id: int | None
 
 
+def _is_lock_error(exc: sqlite3.Error) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
+
+
 class TuningDB:
     """The tuning database at `path` (default: TECC_TUNING_DB, else TECC_CACHE_DIR/tuning.sqlite).
 
@@ -201,7 +205,7 @@ class TuningDB:
 
     def _init(self, conn: sqlite3.Connection) -> None:
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
+            self._enter_wal(conn)
             # the version is read inside the write transaction: two processes opening a
             # version-1 file one after the other must not both migrate it
             conn.execute("BEGIN IMMEDIATE")
@@ -224,9 +228,25 @@ class TuningDB:
                             f"tecc's {SCHEMA_VERSION}; upgrade tecc or point TECC_TUNING_DB elsewhere")
         self._ready = True
 
+    def _enter_wal(self, conn: sqlite3.Connection) -> None:
+        """Switch the file to write-ahead logging. The switch needs the file to itself, and SQLite
+        answers "locked" at once, without waiting, when processes that opened a new file together
+        collide on it (a reader upgrading its lock would deadlock); so wait here, as a write would."""
+        deadline = time.monotonic() + self.BUSY_TIMEOUT_S
+        pause = 0.002
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if not _is_lock_error(exc) or time.monotonic() > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(2 * pause, 0.1)
+
     def _database_error(self, exc: sqlite3.Error) -> TeccError:
         """The TeccError for an SQLite failure: a lock held too long, or a damaged file."""
-        if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
+        if _is_lock_error(exc):
             # SQLite's locks die with the process that held them, so a lock that outlives
             # BUSY_TIMEOUT_S is held by a live process (or lost by a file system without locks)
             return TuningDBLocked(
