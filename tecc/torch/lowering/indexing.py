@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 from ...ir import dtype as dt
 from ...ir import ops as te
-from ...ir.expr import Const, Expr, ExprLike
+from ...ir.expr import Const, Expr, ExprLike, const_product
 from ...ir.scatter import scatter_add
 from ...ir.tensor import Tensor, reduce_axis
 from .context import LoweringContext, Unsupported, broadcast_read, constant, static_int
@@ -62,16 +62,6 @@ def _wrapped(v: Expr, size: ExprLike) -> Expr:
 def _same(a: ExprLike, b: ExprLike) -> bool:
     """Whether two sizes are the same (the same expression, or equal constants)."""
     return a is b or (static_int(a) is not None and static_int(a) == static_int(b))
-
-
-def _product(sizes: Sequence[ExprLike]) -> int | None:
-    total = 1
-    for s in sizes:
-        n = static_int(s)
-        if n is None:
-            return None
-        total *= n
-    return total
 
 
 def _dim(x: Tensor, dim: int) -> int:
@@ -249,7 +239,7 @@ class _Overwrite:
 
 
 def _check_search(shape: Sequence[ExprLike], positions: Sequence[ExprLike]) -> None:
-    outputs, searched = _product(shape), _product(positions)
+    outputs, searched = const_product(shape), const_product(positions)
     if outputs is None or searched is None:
         raise Unsupported("an overwriting scatter over symbolic sizes (its gather-wise search has no bound)")
     if searched > 1 and outputs * searched > PUT_LIMIT:  # one position: a comparison per element, no search
