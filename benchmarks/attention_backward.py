@@ -42,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gemm import time_call  # noqa: E402
+from benchmarks.gemm import kernel_durations, time_call  # noqa: E402
 
 _PROGRAMS: dict[tuple[Any, ...], Any] = {}
 # GPT-2 small's attention in training at 8 sequences of 1024 tokens: (B, H), d = 64
@@ -138,21 +138,10 @@ def print_kernel_times(tecc_call: Any, q: Any, k: Any, v: Any, do: Any, causal: 
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
-    from torch.profiler import ProfilerActivity, profile
 
     def per_kernel(fn: Any) -> list[tuple[float, str]]:
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(reps):
-                fn()
-            torch.cuda.synchronize()
-        total: dict[str, float] = {}
-        for e in prof.events():
-            if e.device_type.name == "CUDA":
-                total[e.name] = total.get(e.name, 0.0) + e.time_range.elapsed_us() / reps
-        return sorted(((t, n) for n, t in total.items()), reverse=True)
+        kernels = kernel_durations(fn, reps, warmup=3)
+        return sorted(((sum(d) / reps, n) for n, d in kernels.items()), reverse=True)
 
     calls = [("tecc", tecc_call)]
     qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))

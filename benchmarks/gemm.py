@@ -175,6 +175,28 @@ def time_kernels(fn: Any, reps: int) -> float:
     return times[len(times) // 2]
 
 
+def kernel_durations(fn: Any, calls: int, warmup: int = 0) -> dict[str, list[float]]:
+    """Every CUDA kernel's device durations in µs by name over `calls` calls of `fn` under
+    torch.profiler (CUPTI), after `warmup` calls outside it (benchmarks/gemm_small.py,
+    attention_backward.py, loss_head.py, model_profile.py and models_hf.py time kernels with it)."""
+    import collections
+
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = collections.defaultdict(list)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
+            kernels[e.name].append(e.device_time)
+    return dict(kernels)
+
+
 def time_stream(fn: Any, reps: int, calls: int = 10) -> float:
     """Median over `reps` rounds of (time of `calls` back-to-back calls between two events) /
     `calls`: the host work of one call overlaps the GPU work of the previous one, so this is GPU

@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gemm import matmul_tensors  # noqa: E402  (benchmarks/gemm.py)
+from gemm import kernel_durations, matmul_tensors  # noqa: E402  (benchmarks/gemm.py)
 
 # (batch, M, N, K)
 SHAPES = [(1, 1000, 1000, 1000), (1, 1024, 1024, 8192), (64, 512, 512, 64), (1, 1024, 1024, 4096),
@@ -64,21 +64,10 @@ EXTRA = {(1, 1024, 1024, 8192): [("S4 TMA-store epilogue", {"bm": 128, "bn": 256
 def device_us(fn: Callable[[], Any], reps: int) -> float:
     """Mean GPU time of one call of `fn` in µs: the CUDA kernels CUPTI records over `reps` calls
     (after a warm-up), summed, over `reps`."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    # the device-side events (kernels, and a library's own memsets), each with its interval in µs
-    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    kernels = kernel_durations(fn, reps, warmup=3)
     if not kernels:
         raise RuntimeError("the profiler recorded no CUDA kernels (CUPTI unavailable?)")
-    return float(sum(e.time_range.elapsed_us() for e in kernels)) / reps
+    return sum(sum(d) for d in kernels.values()) / reps
 
 
 def candidates(args: list[Any], target: Any) -> tuple[Any, list[Any]]:

@@ -28,7 +28,6 @@ sum_1, div, sum_4).
 from __future__ import annotations
 
 import argparse
-import collections
 import statistics
 import sys
 from pathlib import Path
@@ -37,6 +36,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gemm import kernel_durations  # noqa: E402  (benchmarks/gemm.py)
 
 IGNORE = -1
 
@@ -141,15 +143,7 @@ def main() -> None:
 
 def kernel_times(run, steps: int) -> str:
     """Each kernel's device time per step over `steps` calls of `run`, as a table, busiest first."""
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            run()
-        torch.cuda.synchronize()
-    kernels: dict[str, list[float]] = collections.defaultdict(list)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
-            kernels[e.name].append(e.device_time)
+    kernels = kernel_durations(run, steps)
     busy = sum(sum(v) for v in kernels.values()) / steps
     lines = [f"busy {busy:.1f} us per step", "| us per step | launches | kernel |", "| --- | --- | --- |"]
     for name, durations in sorted(kernels.items(), key=lambda kv: -sum(kv[1])):

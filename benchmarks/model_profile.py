@@ -17,7 +17,6 @@ which name the FX nodes they compute (dump_ir maps them back).
 from __future__ import annotations
 
 import argparse
-import collections
 import statistics
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "docs" / "examples"))
 
+from gemm import kernel_durations  # noqa: E402  (benchmarks/gemm.py)
 from models import _batches  # noqa: E402  (benchmarks/models.py)
 from train_gpt import GPT  # noqa: E402
 
@@ -44,18 +44,16 @@ def cupti_calls(fn, calls: int) -> tuple[list[float], dict[str, list[float]]]:
     """`calls` calls of fn under torch.profiler (CUPTI): each call's time in ms (CUDA events,
     synchronized) and every kernel's durations in us by name (benchmarks/models_hf.py uses it too)."""
     times = []
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-    kernels: dict[str, list[float]] = collections.defaultdict(list)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
-            kernels[e.name].append(e.device_time)
+
+    def timed() -> None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+
+    kernels = kernel_durations(timed, calls)
     return times, kernels
 
 
