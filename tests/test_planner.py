@@ -73,13 +73,14 @@ def test_gemm_is_planned_with_tiling_and_explained():
 def test_planning_a_gemm_takes_well_under_a_second():
     args = _matmul(2048, 2048, 2048)
     plan_program(args, "sm_90")                                           # warm imports
-    start = time.perf_counter()
+    # CPU time of this process (its threads included), not wall time: other processes on a loaded
+    # machine (CI runs on two cores) stretch the wall clock, not the work. Recorded in
+    # docs/cost-model.md; the search is the planner's own time, the rest is the schedule
+    # primitives that build runs anyway
+    start = time.process_time()
     result = plan_program(args, "sm_90")
-    total = time.perf_counter() - start
-    # recorded in docs/cost-model.md; the search is the planner's own time, the rest is the
-    # schedule primitives that build runs anyway
-    assert result.search_seconds < 0.6, result.search_seconds
-    assert total < 3.0
+    total = time.process_time() - start
+    assert total < 1.0, (total, result.search_seconds)
 
 
 def _sample(cands, n):
