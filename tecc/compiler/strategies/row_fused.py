@@ -57,6 +57,7 @@ from ...ir.target import Target
 from ...passes.rewrite.fuse_rows import (COLUMN_KERNEL_REGISTERS, ROW_KERNEL_REGISTERS, SM_REGISTERS, SM_THREADS, fuse_rows,
                                          row_group)
 from ...passes.rewrite.row_columns import MAX_COLUMN_BLOCKS_PER_SM
+from ...passes.rewrite.row_passes import one_hot_sums
 from ...passes.rewrite.row_prefetch import ASYNC_BYTES, stage_bytes
 from ...passes.schedule.cross_thread import WARP
 from ..cost.analysis import DEFAULT_SIZE, KernelInfo
@@ -308,7 +309,10 @@ def _choice(tensors: Sequence[Tensor], target: Target) -> RowFusedChoice | str:
         long_vector, unroll = choose_long_row(columns, itemsize)
         vector = long_vector if len(sizes) == 1 else 1
     # bytes per row, fused: inputs once (cache="none": once per reduction pass + once for outputs)
-    passes = 1 if cache == "registers" or streamed else len(group.reductions) + (1 if group.elementwise else 0)
+    # a sum over a one-hot row is computed once per row, without a walk (row_algebra.delta_sum)
+    closed = one_hot_sums(group)
+    walked = len(group.reductions) - len(closed)
+    passes = 1 if cache == "registers" or streamed else walked + (1 if group.elementwise else 0)
     if cache == "none" and not streamed:
         # a row too long for registers: a max and a following sum of exp(· - max) share one
         # pass (running max with a rescaled sum), one read of the row fewer per pair
@@ -330,7 +334,7 @@ def _choice(tensors: Sequence[Tensor], target: Target) -> RowFusedChoice | str:
     if cache == "registers" and columns is not None and n_rows is not None:
         arrays = max(len(row_inputs), 1)
         rows_per_block, priced = choose_rows_per_block(n_rows, columns, itemsize, vector, threads, arrays,
-                                                       len(group.reductions), stages, fused, target)
+                                                       walked, stages, fused, target)
     step_args: dict[str, Any] = {"threads": WARP if rows_per_block > 1 else threads, "cache": cache}
     if vector > 1:
         step_args["vector"] = vector
@@ -357,8 +361,9 @@ def _choice(tensors: Sequence[Tensor], target: Target) -> RowFusedChoice | str:
     if cache == "registers" and sum(t.is_placeholder for t in group.program.args) > MANY_INPUTS:
         fallbacks += tuple(without_occupancy(p) for p in (plan, *fallbacks))
     return RowFusedChoice(plan, int(step_args["threads"]), cache, fused, unfused, plan.reason, vector,
-                          rows_per_block, unroll, len(group.reductions), stages, passes, max(len(row_inputs), 1),
-                          itemsize, bool(group.elementwise), fallbacks=fallbacks)
+                          rows_per_block, unroll, walked, stages, passes, max(len(row_inputs), 1),
+                          itemsize, bool(group.elementwise), fallbacks=fallbacks,
+                          closed=tuple(sorted(f"{t.name}_kernel" for t in closed)))
 
 
 # A row group reading more tensors than this (GPT-2's backward: each layer norm's dx recomputed in
@@ -661,7 +666,7 @@ class RowFused(GraphStrategy):
             return row_point_workload(n_rows, columns, choice.itemsize, int(point.get("vector", 1)),
                                       int(point["threads"]), int(point.get("rows_per_block", 1)), choice.arrays,
                                       choice.reductions, choice.stages, choice.fused_bytes_per_row)
-        infos = [program.info(k) for k in program.kernels]
+        infos = [program.info(k) for k in program.kernels if k not in choice.closed]
         flops = sum(i.flops for i in infos)
         special = float(sum(i.iterations * i.special_per_iteration for i in infos))
         arith = float(sum(i.iterations * (i.arith_instructions_per_iteration or i.flops_per_iteration) for i in infos))

@@ -44,6 +44,9 @@ class RowFusedChoice:
     # plans to take, in order, where ptxas spills the planned kernel (row_fused's compile check,
     # `RowFused.space`): the straight-line walk's counterpart (every step tested, or straight)
     fallbacks: tuple[Plan, ...] = ()
+    # the kernels of the reduction stages computed once per row, without a walk (sums over a
+    # one-hot row: row_algebra.delta_sum); their arithmetic is not the fused kernel's
+    closed: tuple[str, ...] = ()
 
 
 @dataclass

@@ -80,7 +80,7 @@ from .online_stats import (
     welford_moments,
     welford_pair,
 )
-from .row_algebra import group_invariants, invariant_divisions, split_invariant
+from .row_algebra import delta_sum, group_invariants, invariant_divisions, split_invariant
 from .row_chunks import ColumnWalk
 from .row_columns import MAX_COLUMN_BLOCKS_PER_SM, ColumnPartials, row_loop
 from .row_group import RowGroup, row_group
@@ -504,6 +504,13 @@ class _RowKernel:
         """Reduce `r` of stage `t`: the thread's columns accumulated (storing the `keep` values as
         they are computed), all-reduced over the block; the stage's row value after its last."""
         cache, stmts = self.cache, self.stmts
+        closed = delta_sum(expr, self.col, self.group.columns, self.varying, r.acc_dtype) \
+            if r.combiner == "sum" and not keep else None
+        if closed is not None:  # a one-hot row: no walk (row_algebra.py)
+            self.accs[id(r)] = cast(closed, r.dtype)
+            if last_of_stage:
+                stmts.extend(self.finish(t))
+            return
         acc = Buffer(self.unique(f"{t.name}_acc"), r.acc_dtype, (1,), "local", tensor=f"{t.name}.acc")
         self.allocs.append(acc)
         stmts.append(BufferStore(acc, (ZERO,), reduce_identity(r.combiner, r.acc_dtype)))

@@ -19,6 +19,13 @@ and tc.grad writes products as the chain rule hands them over: layer norm's dvar
   `dloss / s` was divided once per vector of every thread (~6% of that kernel's instructions).
   Not below a Select's branches (a Select may guard a read that is out of bounds elsewhere).
 
+- `delta_sum(e, col, columns, varying, acc_dtype)`: a sum over the row of a source that depends on
+  the column only through one test `col == E` with E free of the column (a one-hot row: cross-
+  entropy's backward sums the scatter of -1 at the target) is that source at the hit plus the
+  other columns' value: Σ_c S = [0 ≤ E < C]·S_true + (C − [0 ≤ E < C])·S_false, once per row, no
+  walk over the row. The columns' common value S_false (0·dloss there) is kept, so a NaN or an
+  infinity in it still poisons the sum as the walk's 0·inf would.
+
 Only the association of multiplications changes (a few ulps, as any reordering of a float
 product); divisions, sums and casts are left alone, and so is a product with a single invariant
 factor (nothing to save: the forward normalizations' `d·r·g` keeps its form and its bits).
@@ -28,8 +35,11 @@ from __future__ import annotations
 
 from typing import Collection
 
-from ...ir.expr import Binary, Expr, Select, Var, binary, free_vars
+from ...ir.arith import cast, compare, logical_and, select
+from ...ir.expr import Binary, Cast, Compare, Expr, Select, Var, binary, free_vars, walk
+from ...ir.expr_visitor import SubexpressionReplacer
 from ...ir.visitor import ExprMutator
+from ...ir import dtype as dt
 
 
 def _varies(e: Expr, varying: Collection[Var]) -> bool:
@@ -114,4 +124,38 @@ def invariant_divisions(e: Expr, varying: Collection[Var]) -> list[Expr]:
     return out
 
 
-__all__ = ["group_invariants", "invariant_divisions", "split_invariant"]
+def _hit(cond: Expr, col: Expr, column_vars: Collection[Var]) -> Expr | None:
+    """E when `cond` is `col == E` or `E == col` (either side maybe cast), with E free of the column."""
+    if not (isinstance(cond, Compare) and cond.op == "=="):
+        return None
+    for mine, other in ((cond.a, cond.b), (cond.b, cond.a)):
+        bare = mine.a if isinstance(mine, Cast) and mine.dtype.is_int else mine
+        if bare is col and other.dtype.is_int and not _varies(other, column_vars):
+            return other
+    return None
+
+
+def delta_sum(e: Expr, col: Expr, columns: Expr, varying: Collection[Var], acc_dtype: dt.DType) -> Expr | None:
+    """Σ over the row's C = `columns` columns of the source `e` in closed form, accumulated in
+    `acc_dtype`, when `e` depends on the column `col` only through one `col == E` test (module
+    docstring); else None."""
+    column_vars = set(varying) | set(free_vars(col))
+    if not _varies(e, column_vars):
+        return None
+    tests = {id(n): n for n in walk(e) if isinstance(n, Select) and _hit(n.cond, col, column_vars) is not None}
+    if len({id(n.cond) for n in tests.values()}) != 1:
+        return None
+    cond = next(iter(tests.values())).cond
+    hit = _hit(cond, col, column_vars)
+    assert hit is not None
+    on = SubexpressionReplacer({n: n.a for n in tests.values()}).visit(e)
+    off = SubexpressionReplacer({n: n.b for n in tests.values()}).visit(e)
+    if _varies(on, column_vars) or _varies(off, column_vars):
+        return None
+    inside = logical_and(compare(">=", hit, 0), compare("<", hit, cast(columns, hit.dtype)))
+    on, off = cast(on, acc_dtype), cast(off, acc_dtype)
+    n = cast(columns, acc_dtype)
+    return select(inside, on + (n - 1) * off, n * off)
+
+
+__all__ = ["delta_sum", "group_invariants", "invariant_divisions", "split_invariant"]

@@ -19,6 +19,7 @@ from ...ir.stmt import Buffer, BufferStore, IfThenElse, Stmt
 from ...ir.tensor import ComputeOp, Tensor
 from ...ir.visitor import ExprMutator
 from ..lower import Inliner
+from .row_algebra import delta_sum
 from .row_group import RowGroup, at_the_row
 
 
@@ -66,6 +67,27 @@ def row_passes(group: RowGroup, inliner: ExprMutator, row_idx: tuple[Expr, ...],
             body = substitute(op.body, dict(zip(op.axes, row_idx + (col,))))
             passes.append((t, inliner.visit(body), None))
     return passes
+
+
+class _AnyBuffer(dict):  # type: ignore[type-arg]
+    """A buffer for every tensor asked for (one_hot_sums reads expressions, it builds no kernel)."""
+
+    def __missing__(self, t: Tensor) -> Buffer:
+        self[t] = buf = Buffer(t.name, t.dtype, tuple(t.shape))
+        return buf
+
+
+def one_hot_sums(group: RowGroup) -> set[Tensor]:
+    """The group's reduction stages whose every Reduce fuse_rows computes in closed form, without a
+    walk over the row (row_algebra.delta_sum: a sum over a one-hot row), for the cost model."""
+    row = tuple(Var(f"row{i}", dt.int32) for i in range(len(group.rows)))
+    col = Var("col", dt.int32)
+    closed: dict[Tensor, bool] = {}
+    for t, expr, r in row_passes(group, Inliner(group.program.inlined, _AnyBuffer()), row, col):
+        if r is not None:
+            one_hot = r.combiner == "sum" and delta_sum(expr, col, group.columns, (), r.acc_dtype) is not None
+            closed[t] = closed.get(t, True) and one_hot
+    return {t for t, yes in closed.items() if yes}
 
 
 def finish_reduction(t: Tensor, row_idx: tuple[Expr, ...], accs: dict[int, Expr], inliner: ExprMutator,
@@ -173,5 +195,5 @@ def statistic_copies(group: RowGroup, values: dict[Tensor, Buffer], inliner: Exp
     return out
 
 
-__all__ = ["EXPENSIVE", "Pass", "RowInliner", "finish_reduction", "first_pass", "peak_row_words", "reads_only", "row_passes",
+__all__ = ["EXPENSIVE", "Pass", "RowInliner", "finish_reduction", "first_pass", "one_hot_sums", "peak_row_words", "reads_only", "row_passes",
            "row_spans", "shared_column_values", "statistic_copies"]
