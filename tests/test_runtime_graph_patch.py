@@ -13,7 +13,7 @@ import types
 
 import numpy as np
 import pytest
-from test_runtime_fastpath import StubExecutor, full_path  # noqa: F401
+from test_runtime_fastpath import StubExecutor, TorchLike, _followed_stream_stub, faketorch, full_path  # noqa: F401
 from test_runtime_graphs import FakeGraph, GraphStub, pair_arrays, two_kernel_program
 
 from tecc.ir.errors import LaunchError
@@ -343,3 +343,57 @@ def test_call_graphs_plan_capture_patch_and_replay():
     state.patchable = False
     assert state.plan("c", patching=True) == "plain" and state.plan("c", patching=True) == "capture"
     assert StubExecutor.graph_patching is False, "patching is off unless asked for"
+
+
+def test_a_gemm_reading_a_moving_temporary_by_tma_gets_its_map_patched(full_path, faketorch, monkeypatch):
+    """A program whose GEMM reads an intermediate (a temporary from the followed torch stream) by
+    TMA, as a model graph's GEMMs do: when the input and the temporaries move, the patched nodes'
+    parameters, the re-encoded tensor map included, are byte for byte what a plain launch of the
+    same call passes (`_with_maps` for its pointers)."""
+    import ml_dtypes
+
+    import tecc as tc
+
+    M, K, N = 256, 128, 256
+    X = tc.placeholder((M, K), "bfloat16", name="X")
+    W = tc.placeholder((N, K), "bfloat16", name="W")
+    r, k = tc.reduce_axis(K, name="r"), tc.reduce_axis(K, name="k")
+    s = tc.compute((M,), lambda i: tc.sum(tc.cast(X[i, r], "float32"), axis=r), name="s")
+    T = tc.compute((M, K), lambda i, c: tc.cast(tc.cast(X[i, c], "float32") / (s[i] + 1.0), "bfloat16"), name="T")
+    C = tc.compute((M, N), lambda i, j: tc.cast(tc.sum(tc.cast(T[i, k], "float32") * tc.cast(W[j, k], "float32"),
+                                                       axis=k), "bfloat16"), name="C")
+    host = tc.build([X, W, C], target="cuda", arch="sm_90").host
+    assert any(m.param == "T" for kern in host.kernels for m in kern.tensor_maps), "the GEMM reads T by TMA"
+
+    class CheckedPatchStub(PatchStub):
+        def _replay_graph(self, cached, ptrs):
+            self.call = (cached, list(ptrs))
+            return super()._replay_graph(cached, ptrs)
+
+        def _launch_graph(self, graph):
+            cached, ptrs = self.call
+            want = [param_bytes(self._with_maps(launch, ptrs)) for launch in cached.launches]
+            assert graph.node_bytes == want, "the graph's nodes pass what plain launches of this call pass"
+            self.graph_runs += 1
+
+    f = _followed_stream_stub(host, faketorch, monkeypatch, cls=CheckedPatchStub)
+    f.graph_runs, encoded = 0, []
+
+    def tensor_map(self, spec, ptr, shape, strides):
+        encoded.append((spec.param, ptr))
+        return fake_map(ptr)
+
+    monkeypatch.setattr(StubExecutor, "_tensor_map", tensor_map)
+    bf16 = ml_dtypes.bfloat16
+    w, c = TorchLike(np.ones((N, K), bf16)), TorchLike(np.zeros((M, N), bf16))
+    kept = []  # earlier temporaries stay alive, so new ones get new addresses
+    for _ in range(5):
+        kept.append(dict(f._stream_temps))
+        f._stream_temps.clear()
+        f(TorchLike(np.ones((M, K), bf16)), w, c)
+    assert full_path["binds"] == 1 and f.graph_runs == 4
+    stats = f.graph_stats
+    assert (stats.captured, stats.patched, stats.unpatchable) == (1, 3, 0), stats
+    assert stats.patched_nodes == 3 * len(host.kernels), "X and the temporaries move: every launch takes one"
+    t_ptr = f._stream_temps[(0x5EED, f._storage["T"])][0]
+    assert ("T", t_ptr) in encoded, "the map of the last call's temporary was encoded for the patch"
