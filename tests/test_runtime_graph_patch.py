@@ -337,6 +337,7 @@ def test_call_graphs_plan_capture_patch_and_replay():
     state.keep("a", "graph")
     assert state.plan("a", patching=True) == "replay"
     assert state.plan("b", patching=True) == "patch"
+    assert state.oldest(lambda graph: False) is None and state.oldest(lambda graph: True) == ("a", "graph")
     state.rekey("a", "b")
     assert state.find("b") == "graph" and state.find("a") is None
     assert state.plan("a", patching=True) == "capture", "a key seen before gets its own graph while there is room"
@@ -397,3 +398,17 @@ def test_a_gemm_reading_a_moving_temporary_by_tma_gets_its_map_patched(full_path
     assert stats.patched_nodes == 3 * len(host.kernels), "X and the temporaries move: every launch takes one"
     t_ptr = f._stream_temps[(0x5EED, f._storage["T"])][0]
     assert ("T", t_ptr) in encoded, "the map of the last call's temporary was encoded for the patch"
+
+
+def test_graphs_captured_before_patching_was_switched_on_are_replaced_by_patchable_ones(full_path):
+    f = PatchStub(two_kernel_program(), patching=False)
+    calls = moving_outputs(6)
+    for args in [calls[0]] * 3:
+        f(*args)
+    assert f.graph_stats.captured == 1
+    f.graph_patching = True
+    for args in calls[1:4]:
+        f(*args)
+    stats = f.graph_stats
+    # call 1: the only graph has nothing to patch with: a patchable one is captured; 2, 3 patch it
+    assert (stats.captured, stats.patched, stats.unpatchable) == (2, 2, 0), stats

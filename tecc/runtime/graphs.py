@@ -123,9 +123,9 @@ class CallGraphs:
             return "capture"
         return "patch"
 
-    def oldest(self) -> tuple[Hashable, Any]:
-        """The least recently used graph and its key (there is one)."""
-        return next(iter(self.graphs.items()))
+    def oldest(self, usable: Callable[[Any], bool]) -> tuple[Hashable, Any] | None:
+        """The least recently used graph for which `usable(graph)`, and its key; None if none is."""
+        return next(((key, graph) for key, graph in self.graphs.items() if usable(graph)), None)
 
     def rekey(self, old: Hashable, new: Hashable) -> None:
         """The graph kept for `old` now holds the pointers of `new` (it was patched): kept under
@@ -288,6 +288,11 @@ def capture(stream_handle: int, submit: Callable[[], None], launches: int, keep:
 
 # ---- the executor's graph path -------------------------------------------------------------------
 
+def _has_patch(graph: Any) -> bool:
+    """Whether a kept graph can be patched (its nodes were mapped: graph_patch.NodePatch)."""
+    return getattr(graph, "patch", None) is not None
+
+
 class GraphReplay:
     """The CUDA executor's graph path (cuda.py's CudaExecutor inherits it): replay a cached
     call as its graph, capture it, patch it for new pointers (`graph_patching`), launch it. It
@@ -325,6 +330,9 @@ class GraphReplay:
         state = cached.graphs
         key = (self._stream_ptr, *ptrs)
         action = state.plan(key, self.graph_patching)
+        victim = state.oldest(_has_patch) if action == "patch" else None
+        if action == "patch" and victim is None:
+            action = "capture"  # the graphs were captured before patching was switched on
         if action == "plain":
             if not state.failed:
                 self.graph_stats.first_sights += 1
@@ -334,8 +342,8 @@ class GraphReplay:
             return False  # a user's capture (torch.cuda.graph): the plain launches go into it
         if action == "replay":
             graph = state.graphs[key]
-        elif action == "patch":
-            graph = self._patch(cached, key, ptrs)
+        elif victim is not None:
+            graph = self._patch(cached, victim, key, ptrs)
         else:
             graph = self._capture(cached, ptrs)
             if graph is not None:
@@ -406,14 +414,13 @@ class GraphReplay:
         graph.drop_source()
         return why
 
-    def _patch(self, cached: Any, key: Hashable, ptrs: list[int]) -> Any:
-        """The call's least recently used graph patched for `ptrs` and kept under `key`; None
-        when a patch failed (the graph is dropped and the call patches no more)."""
+    def _patch(self, cached: Any, victim: tuple[Hashable, Any], key: Hashable, ptrs: list[int]) -> Any:
+        """The call's graph `victim` (its key and graph: the least recently used patchable one)
+        patched for `ptrs` and kept under `key`; None when a patch failed (the graph is dropped
+        and the call patches no more)."""
         state = cached.graphs
-        old_key, graph = state.oldest()
+        old_key, graph = victim
         try:
-            if graph.patch is None:
-                raise LaunchError("the graph's nodes were not mapped")
             changed = graph.patch.patch(cached.launches, ptrs, self._tensor_map,
                                         lambda node, params: self._set_node_params(graph, node, params))
         except Exception as exc:  # noqa: BLE001 - half patched: drop it, launch plainly
