@@ -25,6 +25,10 @@ Where graphs are not used (the executor decides, cuda.py): `TECC_CUDA_GRAPHS=0` 
 fewer than `MIN_LAUNCHES` launches (a one-kernel graph saves nothing), and a call whose stream is
 being captured by someone else (a user's `torch.cuda.graph`: the plain launches go into their graph).
 
+With `TECC_CUDA_GRAPHS=patch` a call's graph is also patched for new pointers instead of
+launching plainly (graph_patch.py: the kernel nodes whose pointers changed get new parameters);
+`CallGraphs.plan` decides between replay, capture, patch and a plain launch.
+
 The bookkeeping (`CallGraphs`, `GraphStats`) is pure Python; `capture`, `stream_capturing` and
 `CapturedGraph` call the driver through cuda.bindings, imported when first needed.
 """
