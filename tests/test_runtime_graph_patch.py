@@ -14,7 +14,7 @@ import types
 import numpy as np
 import pytest
 from test_runtime_fastpath import StubExecutor, TorchLike, _followed_stream_stub, faketorch, full_path  # noqa: F401
-from test_runtime_graphs import FakeGraph, GraphStub, pair_arrays, two_kernel_program
+from test_runtime_graphs import FakeDriver, FakeGraph, GraphStub, pair_arrays, two_kernel_program
 
 from tecc.ir.errors import LaunchError
 from tecc.runtime import graph_patch, graphs
@@ -154,6 +154,20 @@ class FakeGraphDriver:
                                                                          int(p.kernelParams))) or (ok,))
 
 
+def test_a_patchable_capture_keeps_its_source_graph_until_closed(monkeypatch):
+    drv = FakeDriver(monkeypatch)
+    graph = graphs.capture(0xCAF, lambda: None, 2, keep_source=True)
+    assert drv.names() == ["cuStreamBeginCapture", "cuStreamEndCapture", "cuGraphInstantiate"]
+    assert int(graph.source) == 0xA11, "the nodes a patch names belong to the source graph"
+    graph.close()
+    assert drv.calls[-2:] == [("cuGraphExecDestroy", 0xE0), ("cuGraphDestroy", 0xA11)]
+    dropped = graphs.capture(0xCAF, lambda: None, 2, keep_source=True)
+    dropped.drop_source()
+    assert drv.calls[-1] == ("cuGraphDestroy", 0xA11) and dropped.source is None
+    dropped.close()
+    assert drv.names().count("cuGraphDestroy") == 2, "a dropped source graph is destroyed once"
+
+
 EXPECTED = [({0xF1}, (16, 1, 1), (256, 1, 1), 0), ({0xF2}, (32, 1, 1), (128, 1, 1), 1024),
             ({0xF1}, (16, 1, 1), (256, 1, 1), 0)]
 
@@ -168,7 +182,7 @@ def test_the_nodes_of_a_one_stream_capture_map_to_the_launches_in_order(monkeypa
     nodes, params = graph_patch.kernel_nodes("graph", EXPECTED)
     assert [int(n) for n in nodes] == [0xA, 0xB, 0xC]
     assert [int(p.func) for p in params] == [0xF1, 0xF2, 0xF1] and params[1].sharedMemBytes == 1024
-    graph_patch.set_node_params(drv.driver.CUgraphExec(0xE0), nodes[1], types.SimpleNamespace(kernelParams=0x99))
+    graph_patch.node_setter(drv.driver.CUgraphExec(0xE0))(nodes[1], types.SimpleNamespace(kernelParams=0x99))
     assert drv.set == [(0xE0, 0xB, 0x99)]
 
 
@@ -234,6 +248,9 @@ class PatchStub(GraphStub):
             return self.unmappable
         count = len(graph.launches)
         return [(graph, i) for i in range(count)], [types.SimpleNamespace(kernelParams=None) for _ in range(count)]
+
+    def _node_setter(self, graph):
+        return lambda node, params: self._set_node_params(graph, node, params)
 
     def _set_node_params(self, graph, node, params):
         if self.fail_set:

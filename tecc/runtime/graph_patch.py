@@ -212,15 +212,21 @@ def node_mismatch(node_params: Any, want: tuple[set[int], tuple[int, ...], tuple
     return ""
 
 
-def set_node_params(graph_exec: Any, node: Any, node_params: Any) -> None:
-    """cuGraphExecKernelNodeSetParams: the node's next launches in `graph_exec` take
-    `node_params` (copied by the driver during the call)."""
+def node_setter(graph_exec: Any) -> Callable[[Any, Any], None]:
+    """`set(node, node_params)`: cuGraphExecKernelNodeSetParams on `graph_exec`, so that the
+    node's next launches take `node_params` (copied by the driver during the call). The driver
+    function is looked up once per patch, not per node."""
     from cuda.bindings import driver
 
-    (err,) = driver.cuGraphExecKernelNodeSetParams(graph_exec, node, node_params)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise LaunchError(f"cuGraphExecKernelNodeSetParams failed: {getattr(err, 'name', err)}")
+    set_params, ok = driver.cuGraphExecKernelNodeSetParams, driver.CUresult.CUDA_SUCCESS
+
+    def set_node(node: Any, node_params: Any) -> None:
+        (err,) = set_params(graph_exec, node, node_params)
+        if err != ok:
+            raise LaunchError(f"cuGraphExecKernelNodeSetParams failed: {getattr(err, 'name', err)}")
+
+    return set_node
 
 
 __all__ = ["NodePatch", "chain_order", "changed_launches", "kernel_handles", "kernel_nodes", "node_mismatch",
-           "pointer_users", "set_node_params"]
+           "node_setter", "pointer_users"]

@@ -425,8 +425,7 @@ class GraphReplay:
         state = cached.graphs
         old_key, graph = victim
         try:
-            changed = graph.patch.patch(cached.launches, ptrs, self._tensor_map,
-                                        lambda node, params: self._set_node_params(graph, node, params))
+            changed = graph.patch.patch(cached.launches, ptrs, self._tensor_map, self._node_setter(graph))
         except Exception as exc:  # noqa: BLE001 - half patched: drop it, launch plainly
             state.drop(old_key).close()
             self._unpatchable(cached, f"a patch failed: {exc}")
@@ -471,10 +470,11 @@ class GraphReplay:
                     for launch in cached.launches]
         return kernel_nodes(graph.source, expected)
 
-    def _set_node_params(self, graph: Any, node: Any, params: Any) -> None:
-        from .graph_patch import set_node_params
+    def _node_setter(self, graph: Any) -> Callable[[Any, Any], None]:
+        """`set(node, node_params)` for the nodes of `graph` (graph_patch.node_setter)."""
+        from .graph_patch import node_setter
 
-        set_node_params(graph.handle, node, params)
+        return node_setter(graph.handle)
 
     def _launch_graph(self, graph: Any) -> None:
         graph.launch(self._stream_ptr)
