@@ -240,6 +240,7 @@ def test_a_patched_tma_map_reads_the_new_array(program):
     executor(x, w, c)  # captured for these pointers
     (cached,) = executor._calls.values()
     maps = [index for launch in cached.launches for _, index, *_ in launch.map_slots]
+    kept = []  # every call's arrays alive: no address comes back (it would get a graph of its own)
     for call in range(3):
         x2, w2 = fresh_inputs()
         c2 = torch.full((M, N), float("nan"), device="cuda")
@@ -247,5 +248,6 @@ def test_a_patched_tma_map_reads_the_new_array(program):
         x.fill_(float("nan"))
         executor(x2, w2, c2)
         check(c2, x2, w2, f"moved arrays, call {call} (maps of arguments {sorted(set(maps))})")
+        kept.append((x, w, c))
         x, w, c = x2, w2, c2
     assert executor.graph_stats.patched == 3 and executor.graph_stats.unpatchable == 0, executor.graph_stats
