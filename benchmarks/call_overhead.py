@@ -4,7 +4,9 @@ kernel as a registered torch op (tc.torch.op) against a torch.library custom op 
 cuda.core launch of the same cubin (the issue's bar: at most 1.5x), and both captured in a CUDA
 graph (replays run no Python: host time per replay is the same for both). Last, a multi-launch
 program (16 layers of a row softmax and a 256x256 GEMM, ~40 launches) with plain launches and
-as the executor's own CUDA graph (tecc/runtime/graphs.py): host time per call, GPU time per call.
+as the executor's own CUDA graph (tecc/runtime/graphs.py): host time per call, GPU time per call;
+then with its output at a new address every call: plain, exact-pointer graphs, and the graph
+patched for the new pointers (tecc/runtime/graph_patch.py).
 
 Runs against whichever tecc is imported (PYTHONPATH), so an older checkout can be timed by the
 same script: rows whose parts that checkout lacks are left out."""
@@ -79,6 +81,9 @@ def gpu_per_call(fn, calls=20):
     return start.elapsed_time(end) * 1e3 / calls
 
 
+MOVING_OUTPUTS = 16  # more than the graphs a call keeps (4) and the pointer sets it remembers (8)
+
+
 def multi_launch(layers=16, m=256):
     """Host and GPU time per call of a program of ~2.5 launches per layer, plain and as the
     executor's CUDA graph (`executor.cuda_graphs` switched between the rows)."""
@@ -98,15 +103,32 @@ def multi_launch(layers=16, m=256):
     print(f"{chain.name}: {len(chain.host.calls)} launches per call, {len(chain.host.temps)} temporaries")
     print("| launches | host us per call | wall us per call (back to back) | elapsed us per call (events around 20 calls) |")
     print("| --- | --- | --- | --- |")
-    for label, graphs_on in (("plain", False), ("executor's CUDA graph", True)):
-        chain.executor.cuda_graphs = graphs_on
+    outs = [torch.empty_like(out) for _ in range(MOVING_OUTPUTS)]
+    turn = [0]
+
+    def run_moving():  # a new output every call, as a training loop's outputs from torch's allocator
+        turn[0] = (turn[0] + 1) % len(outs)
+        chain(*args, outs[turn[0]])
+
+    rows = [("plain", run, False), ("executor's CUDA graph", run, True),
+            (f"plain, output moving over {MOVING_OUTPUTS} arrays", run_moving, False),
+            (f"executor's CUDA graph (exact pointers), output moving over {MOVING_OUTPUTS}", run_moving, True),
+            (f"executor's CUDA graph patched (TECC_CUDA_GRAPHS=patch), output moving over {MOVING_OUTPUTS}",
+             run_moving, "patch")]
+    for label, fn, mode in rows:
+        if mode == "patch" and not hasattr(chain.executor, "graph_patching"):
+            continue  # an older checkout
+        chain.executor.cuda_graphs = bool(mode)
+        if hasattr(chain.executor, "graph_patching"):
+            chain.executor.graph_patching = mode == "patch"
         for _ in range(3):
-            run()  # with graphs on, captured on the second sight of these pointers
-        host, wall, gpu = host_per_call(run), per_call(run, 2000), gpu_per_call(run)
+            fn()  # with graphs on, captured on the second sight of these pointers
+        host, wall, gpu = host_per_call(fn), per_call(fn, 2000), gpu_per_call(fn)
         print(f"| {label} | {host:.1f} | {wall:.1f} | {gpu:.1f} |", flush=True)
         torch.cuda.synchronize()
-        torch.testing.assert_close(out, reference, rtol=1e-2, atol=1e-3, msg=f"{label}: the chain's result changed")
-    print("graph counts:", chain.executor.graph_stats)
+        for result in ([out] if fn is run else outs):
+            torch.testing.assert_close(result, reference, rtol=1e-2, atol=1e-3, msg=f"{label}: the chain's result changed")
+        print(f"  graph counts after this row: {chain.executor.graph_stats}")
 
 
 if "--multi-launch" in sys.argv:  # this section alone

@@ -623,13 +623,14 @@ def test_an_allocating_hit_still_rechecks_alignment(full_path, faketorch):
         kernel(shifted, TorchLike(np.ones(64, np.float32)))
 
 
-def _followed_stream_stub(host, faketorch, monkeypatch):
-    """A stub executor of `host` that follows the producer's torch stream (stream 0x5EED) and
-    takes its temporaries from torch's allocator (uint8 tensors of the fake torch)."""
+def _followed_stream_stub(host, faketorch, monkeypatch, cls=None):
+    """A stub executor of `host` (a StubExecutor, or of `cls`) that follows the producer's torch
+    stream (stream 0x5EED) and takes its temporaries from torch's allocator (uint8 tensors of
+    the fake torch)."""
     uint8 = FakeTorchDtype("uint8")
     monkeypatch.setitem(TORCH_DTYPES, np.dtype(np.uint8), uint8)
     faketorch.uint8 = uint8
-    f = StubExecutor(host)
+    f = (cls or StubExecutor)(host)
     f.follows_producer = True
     f._stream_ptr = 0x5EED
     f._home_stream = (f.stream, 0x5EED)

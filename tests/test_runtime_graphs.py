@@ -335,7 +335,8 @@ def test_the_executor_captures_on_its_own_stream_and_launches_the_graph_on_the_c
     f.device.create_stream = lambda: made.append(0xCAF) or type("Stream", (), {"handle": 0xCAF})()
     captured = []
 
-    def capture(stream_handle, submit, launches, keep=None):
+    def capture(stream_handle, submit, launches, keep=None, keep_source=False):
+        assert not keep_source, "without patching the source graph is not kept"
         before = len(f.submitted)
         submit()
         queued = f.submitted[before:]

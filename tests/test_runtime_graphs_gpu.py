@@ -3,8 +3,10 @@ repeated calls"): a multi-launch program (a row softmax into a temporary that a 
 on sm_90) called repeatedly with the same arrays replays one graph from its third call; new
 pointers miss and compute right; a user's torch.cuda.graph around the call still captures it;
 TECC_CUDA_GRAPHS=0 and an executor with its own stream. Every result against NumPy in float64
-on fresh random inputs, outputs poisoned before each call. The CPU tests of the same logic are
-tests/test_runtime_graphs.py."""
+on fresh random inputs, outputs poisoned before each call. With TECC_CUDA_GRAPHS=patch: one graph
+patched for arrays that move (every array, the output alone, a TMA-read array whose old memory is
+poisoned). The CPU tests of the same logic are tests/test_runtime_graphs.py and
+tests/test_runtime_graph_patch.py."""
 
 from __future__ import annotations
 
@@ -164,3 +166,88 @@ def test_an_executor_with_its_own_stream_replays_graphs_on_it(program):
         check(c, x, w, f"own stream, call {call}")
     assert executor.graph_stats == GraphStats(captured=1, launched=2, gave_up=0)
     assert executor._temps, "an executor with its own stream keeps its temporaries (in the graph's parameters)"
+
+
+# ---- patched graphs (TECC_CUDA_GRAPHS=patch, tecc/runtime/graph_patch.py) -----------------------
+
+def patching_executor(program) -> CudaExecutor:
+    executor = CudaExecutor(program.host, program.cubin, cuda_graphs="patch")
+    assert executor.cuda_graphs and executor.graph_patching
+    return executor
+
+
+def test_a_patched_graph_computes_right_when_every_array_moves(program):
+    """Fresh X, W and C on every call (all kept alive: every call's pointers are new): the call's
+    one graph is patched for each and computes what plain launches compute, the output poisoned
+    before each call."""
+    executor = patching_executor(program)
+    kept = []
+    for call in range(6):
+        x, w = fresh_inputs()
+        c = torch.full((M, N), float("nan"), device="cuda")
+        kept.append((x, w, c))
+        executor(x, w, c)
+        check(c, x, w, f"patched graph, call {call}")
+    stats = executor.graph_stats
+    assert stats.unpatchable == 0, f"the graph could not be patched: {stats.unpatchable_why}"
+    # call 0 takes the full path; call 1 captures the graph; calls 2-5 patch and replay it
+    assert (stats.captured, stats.patched, stats.launched, stats.first_sights) == (1, 4, 5, 0), stats
+    (cached,) = executor._calls.values()
+    arity = len(program.host.buffer_params)
+    takes_argument = sum(any(index < arity for _, index in launch.array_slots) or
+                         any(index < arity for _, index, *_ in launch.map_slots) for launch in cached.launches)
+    assert stats.patched_nodes == 4 * takes_argument, "X, W and C move: each launch taking one is patched"
+    x, w, c = kept[2]
+    new_x, new_w = fresh_inputs()
+    x.copy_(new_x)
+    w.copy_(new_w)
+    c.fill_(float("nan"))
+    executor(x, w, c)  # pointers seen before, no longer the graph's: a graph of their own
+    check(c, x, w, "the third arrays again, on new values")
+    assert (executor.graph_stats.captured, executor.graph_stats.launched) == (2, 6)
+
+
+def test_a_moving_output_patches_only_the_launches_that_take_it(program):
+    """X and W stay, C is new on every call (a training loop's outputs from torch's allocator):
+    only the launches that take C get new parameters; each call computes right."""
+    executor = patching_executor(program)
+    x, w = fresh_inputs()
+    kept = []
+    for call in range(5):
+        new_x, new_w = fresh_inputs()
+        x.copy_(new_x)
+        w.copy_(new_w)
+        c = torch.full((M, N), float("nan"), device="cuda")
+        kept.append(c)
+        executor(x, w, c)
+        check(c, x, w, f"moving output, call {call}")
+    (cached,) = executor._calls.values()
+    c_index = [p.name for p in program.host.buffer_params].index("C")
+    takes_c = sum(any(index == c_index for _, index in launch.array_slots) or
+                  any(index == c_index for _, index, *_ in launch.map_slots) for launch in cached.launches)
+    stats = executor.graph_stats
+    assert 0 < takes_c < len(cached.launches), "the softmax launches do not take C"
+    assert (stats.patched, stats.patched_nodes, stats.unpatchable) == (3, 3 * takes_c, 0), stats
+
+
+def test_a_patched_tma_map_reads_the_new_array(program):
+    """On sm_90 the GEMM reads an argument or temporary by TMA: a moving W (a new map) must be
+    read at its new address, not the captured one (the old W is overwritten with garbage)."""
+    executor = patching_executor(program)
+    x, w = fresh_inputs()
+    c = torch.empty(M, N, device="cuda")
+    executor(x, w, c)
+    executor(x, w, c)  # captured for these pointers
+    (cached,) = executor._calls.values()
+    maps = [index for launch in cached.launches for _, index, *_ in launch.map_slots]
+    kept = []  # every call's arrays alive: no address comes back (it would get a graph of its own)
+    for call in range(3):
+        x2, w2 = fresh_inputs()
+        c2 = torch.full((M, N), float("nan"), device="cuda")
+        w.fill_(float("nan"))  # the arrays the graph held: a node still reading them gives NaN
+        x.fill_(float("nan"))
+        executor(x2, w2, c2)
+        check(c2, x2, w2, f"moved arrays, call {call} (maps of arguments {sorted(set(maps))})")
+        kept.append((x, w, c))
+        x, w, c = x2, w2, c2
+    assert executor.graph_stats.patched == 3 and executor.graph_stats.unpatchable == 0, executor.graph_stats

@@ -102,6 +102,30 @@ def test_a_training_loop_replays_its_programs_as_cuda_graphs_with_the_same_losse
     assert max(abs(a - b) for a, b in zip(plain, with_graphs)) <= 1e-5, (plain, with_graphs)
 
 
+def test_a_training_loop_with_patched_graphs_trains_like_plain_launches(monkeypatch):
+    """TECC_CUDA_GRAPHS=patch (tecc/runtime/graph_patch.py): every program call after a
+    program's first hit replays its graph, patched where pointers moved (no call launches
+    plainly for new pointers), and trains as the plain launches do."""
+    import dataclasses
+
+    from tecc.runtime import graphs
+
+    torch.manual_seed(0)
+    model = GPT().cuda()
+    twins = [copy.deepcopy(model) for _ in range(2)]
+    data = batches(8)
+    monkeypatch.setenv("TECC_CUDA_GRAPHS", "0")
+    plain = _train(torch.compile(twins[0], backend="tecc", options={"fallback": "error"}), data)
+    torch._dynamo.reset()
+    monkeypatch.setenv("TECC_CUDA_GRAPHS", "patch")
+    before = dataclasses.replace(graphs.TOTALS)
+    patched = _train(torch.compile(twins[1], backend="tecc", options={"fallback": "error"}), data)
+    after = graphs.TOTALS
+    assert after.unpatchable == before.unpatchable, f"a graph could not be patched: {after.unpatchable_why}"
+    assert after.launched > before.launched and after.first_sights == before.first_sights, (before, after)
+    assert max(abs(a - b) for a, b in zip(plain, patched)) <= 1e-5, (plain, patched)
+
+
 def test_cudagraphs_replays_the_graph_with_new_inputs():
     torch.manual_seed(0)
     model = MLP().cuda()

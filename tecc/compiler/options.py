@@ -15,7 +15,7 @@ artifacts without the compiler); values are read when a build starts, never at i
 | TECC_SIM_CHECKS     | 1                               | 0 turns off the emulator's out-of-bounds / race / uninitialized-read checks (faster) |
 | TECC_VERIFY_IR      | 1                               | 0 skips the IR verifier between passes |
 | TECC_STRICT_PLANS   | unset                           | 1: the planner's plan that fails to build with a TeccError raises instead of falling back to the generic schedule (the fuzzer and tests use it to find strategy bugs; other exceptions are raised always) |
-| TECC_CUDA_GRAPHS    | 1                               | 0 turns off the CUDA executor's graphs of repeated calls (read by tecc/runtime/graphs.py when an executor is made: the runtime runs without the compiler) |
+| TECC_CUDA_GRAPHS    | 1                               | 0 turns off the CUDA executor's graphs of repeated calls; patch also patches a call's graph for new pointers (read by tecc/runtime/graphs.py when an executor is made: the runtime runs without the compiler) |
 | TECC_COMPILE_THREADS | half the machine's CPUs (1 to 8) | how many of the planner's compile checks (NVRTC) run at once (realize.py: a check's compile overlaps the planning of the next kernels); 1: one at a time |
 | TECC_SPLIT_COMPILE  | 1                               | N > 1: a build's final compile of a module of several kernels uses NVRTC's --split-compile=N (cache.compile_cached) |
 | TECC_PRECISE_MATH   | unset                           | 1 keeps the precise sinf/cosf (and a GELU's erff/tanhf) where a result rounded to float16/bfloat16 would get the cheap sin_approx/cos_approx (gelu_erf_approx/gelu_tanh_approx) (tecc/passes/approx_math.py) |

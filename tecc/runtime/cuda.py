@@ -148,17 +148,19 @@ class CudaExecutor(graphs.GraphReplay):
     LaunchError that names the kernel and its launch configuration.
     alignment: the base alignment in bytes required of device arrays' data pointers (default
     16, what vectorized kernels assume; lower it only for code known to make no vector access).
-    cuda_graphs: replay a repeated call with the same pointers as one CUDA graph (graphs.py);
-    None (default): unless TECC_CUDA_GRAPHS=0. `graph_stats` counts captures and graph launches.
+    cuda_graphs: replay a repeated call with the same pointers as one CUDA graph (graphs.py):
+    True / False; "patch": and patch a call's graph for new pointers (graph_patch.py); None
+    (default): TECC_CUDA_GRAPHS's mode. `graph_stats` counts captures, patches and graph launches.
 
     `kernels` maps kernel names to the loaded cuda.core Kernels; `last_launches` lists the
     launches of the last call (LaunchRecord) for profiling."""
 
     follows_producer = False  # launch on torch's current stream (set by __init__ for stream=None)
     cuda_graphs = False  # replay repeated calls as CUDA graphs (set by __init__: on unless TECC_CUDA_GRAPHS=0)
+    graph_patching = False  # patch a call's graph for new pointers (set by __init__: TECC_CUDA_GRAPHS=patch)
 
     def __init__(self, host: HostProgram, cubin: bytes, *, stream: Any = None, device: Any = None,
-                 debug_sync: bool = False, alignment: int = DEFAULT_ALIGNMENT, cuda_graphs: bool | None = None) -> None:
+                 debug_sync: bool = False, alignment: int = DEFAULT_ALIGNMENT, cuda_graphs: bool | str | None = None) -> None:
         self.host = host
         self._planned = plan_launches(host)
         self.device = current_device(device)
@@ -168,7 +170,9 @@ class CudaExecutor(graphs.GraphReplay):
         self.follows_producer = stream is None
         self.debug_sync = debug_sync
         self.alignment = alignment
-        self.cuda_graphs = graphs.enabled_by_environment() if cuda_graphs is None else bool(cuda_graphs)
+        mode = graphs.mode_from_environment() if cuda_graphs is None else cuda_graphs
+        self.cuda_graphs = mode not in ("0", False)
+        self.graph_patching = mode == "patch"
         self.last_launches: list[LaunchRecord] = []
         self._temps: dict[str, Any] = {}
         # temporaries of calls on followed torch streams, per (stream handle, name), outside capture
@@ -213,6 +217,7 @@ class CudaExecutor(graphs.GraphReplay):
         self.graph_stats = graphs.GraphStats()
         self._capture_stream: Any = None  # made on the first capture (graphs.py: never the caller's stream)
         self._capture_lock = threading.Lock()  # one capture at a time on that stream
+        self._graph_lock = threading.Lock()  # with patching: a graph patched and launched by one thread at a time
 
     def __repr__(self) -> str:
         return f"<CudaExecutor {self.host.name} on {self.arch} kernels={list(self.kernels)}>"
