@@ -152,6 +152,9 @@ class Access:
     # no affine offset, but every index is affine or an affine index // or % a constant (a view
     # transposing merged dimensions, O[i // T, k // D, i % T, k % D]): tensorize splits such axes
     split: bool = False
+    # where `split`: per buffer dimension (its affine index, "" / "//" / "%", the constant), so
+    # the cost model can place each lane's element (traffic.split_lane_offsets); row-major dims
+    split_dims: tuple[tuple[Affine, str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -311,8 +314,20 @@ def _access(buf: Buffer, indices: tuple[Expr, ...], env: Mapping[Var, int]) -> A
         a is not None or (isinstance(i, Binary) and i.op in ("//", "%") and affine(i.a, env) is not None
                           and (const_int(i.b) or 0) > 0)
         for a, i in zip(per_dim, indices))
+    split_dims: tuple[tuple[Affine, str, int], ...] = ()
+    if split and buf.strides is None:
+        parts = []
+        for a, i in zip(per_dim, indices):
+            if a is not None:
+                parts.append((a, "", 1))
+            else:
+                assert isinstance(i, Binary)
+                inner = affine(i.a, env)
+                assert inner is not None
+                parts.append((inner, i.op, const_int(i.b) or 1))
+        split_dims = tuple(parts)
     return Access(buf.name, buf.tensor, buf.dtype.bytes, offset, index_vars, per_dim, tuple(dims), buf.dtype.name,
-                  gathered, gather_vars, split)
+                  gathered, gather_vars, split, split_dims)
 
 
 def _canonical(ix: Expr, env: Mapping[Var, int]) -> Expr:

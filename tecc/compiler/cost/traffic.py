@@ -18,9 +18,10 @@ elements per lane); the reduction loop runs inside the thread. From the affine o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 from ...ir.target import Target
-from .analysis import Access, KernelInfo
+from .analysis import Access, Affine, KernelInfo
 from .warp import WARP, global_cost, lane_offsets
 
 # L1/shared pipe cycles per line of a scattered warp read (several lines, one 32-byte sector of
@@ -117,6 +118,26 @@ def gathered_cost(a: Access, lanes: dict[str, list[int]], vector: int) -> tuple[
     return sectors, lines
 
 
+def split_lane_offsets(a: Access, lanes: Mapping[str, Sequence[int]], shift: str = "") -> list[int]:
+    """The element offset each lane reads where the access's indices are affine or an affine
+    index // or % a constant (`Access.split_dims`: a view that merges or splits dimensions, e.g.
+    the heads of [B, H, S, D] read as [B, S, H·D]), with the variable `shift` one past the lane's
+    value (the next element of a vector)."""
+    stride, strides = 1, []
+    for d in reversed(a.dims):
+        strides.append(stride)
+        stride *= d
+    strides.reverse()
+    moved = {v: [x + 1 for x in vals] for v, vals in lanes.items() if v == shift}
+    at = {**lanes, **moved}
+    out = [0] * WARP
+    for (inner, op, c), st in zip(a.split_dims, strides):
+        values = lane_offsets(Affine(inner.coeff, inner.const), at)
+        for lane, x in enumerate(values):
+            out[lane] += st * (x // c if op == "//" else x % c if op == "%" else x)
+    return out
+
+
 def one_thread_per_output(info: KernelInfo, target: Target, vector: int = 1) -> Traffic:
     lanes = unravel_lanes(info, vector)
     reduce_vars = {v for v, _ in info.reduction}
@@ -131,11 +152,20 @@ def one_thread_per_output(info: KernelInfo, target: Target, vector: int = 1) -> 
         elif a.gathered is not None:
             vec = vector if abs(a.gathered.get(vec_var)) == 1 else 1
             sectors, lines = gathered_cost(a, lanes, vec)
+        elif a.split_dims:
+            offsets = split_lane_offsets(a, lanes)
+            unit = [o + 1 for o in offsets] == split_lane_offsets(a, lanes, vec_var)
+            vec = vector if unit else 1
+            sectors, lines = global_cost(offsets, a.itemsize, vec)
         else:
             sectors, lines = WARP, WARP
-        uses_reduce = known is None or bool((set(known.vars) | a.gather_vars) & reduce_vars)
+        if a.split_dims:
+            uses_reduce = bool(set().union(*a.index_vars) & reduce_vars)
+            loads_per_lane = 1 if vec == vector else vector
+        else:
+            uses_reduce = known is None or bool((set(known.vars) | a.gather_vars) & reduce_vars)
+            loads_per_lane = 1 if (known is not None and abs(known.get(vec_var)) == 1) else vector
         per_thread = info.reduce_extent if uses_reduce else 1
-        loads_per_lane = 1 if (known is not None and abs(known.get(vec_var)) == 1) else vector
         instr = warps * per_thread * loads_per_lane
         reuse = 1.0
         if uses_reduce and a.offset is not None and info.reduction:
