@@ -638,15 +638,15 @@ def _followed_stream_stub(host, faketorch, monkeypatch, cls=None):
     return f
 
 
-def test_a_tma_map_of_a_followed_stream_temporary_is_cached_and_reencoded_for_its_pointer(full_path, faketorch,
-                                                                                           monkeypatch):
-    """A program whose GEMM reads an intermediate (a temporary) by TMA, as a model graph's GEMMs
-    read the graph's intermediates: its calls are cached like any other (they were not, and every
-    call took the full path), and each hit encodes the temporary's map for the temporary's pointer
-    of that call (taken from the followed torch stream)."""
+TMA_TEMPORARY_SIZES = (256, 128, 256)
+
+
+def tma_temporary_gemm():
+    """The host program (built for sm_90) of C = T·Wᵀ where T = X / (row sum of X + 1) is a
+    temporary the GEMM reads by TMA, as a model graph's GEMMs read its intermediates."""
     import tecc as tc
 
-    M, K, N = 256, 128, 256
+    M, K, N = TMA_TEMPORARY_SIZES
     X = tc.placeholder((M, K), "bfloat16", name="X")
     W = tc.placeholder((N, K), "bfloat16", name="W")
     r, k = tc.reduce_axis(K, name="r"), tc.reduce_axis(K, name="k")
@@ -656,6 +656,17 @@ def test_a_tma_map_of_a_followed_stream_temporary_is_cached_and_reencoded_for_it
                                                        axis=k), "bfloat16"), name="C")
     host = tc.build([X, W, C], target="cuda", arch="sm_90").host
     assert any(m.param == "T" for kern in host.kernels for m in kern.tensor_maps), "the GEMM reads T by TMA"
+    return host
+
+
+def test_a_tma_map_of_a_followed_stream_temporary_is_cached_and_reencoded_for_its_pointer(full_path, faketorch,
+                                                                                           monkeypatch):
+    """A program whose GEMM reads an intermediate (a temporary) by TMA, as a model graph's GEMMs
+    read the graph's intermediates: its calls are cached like any other (they were not, and every
+    call took the full path), and each hit encodes the temporary's map for the temporary's pointer
+    of that call (taken from the followed torch stream)."""
+    M, K, N = TMA_TEMPORARY_SIZES
+    host = tma_temporary_gemm()
     f = _followed_stream_stub(host, faketorch, monkeypatch)
     monkeypatch.setattr(StubExecutor, "_tensor_map", lambda self, spec, ptr, shape, strides: ("map", spec.param, ptr))
     bf16 = ml_dtypes.bfloat16

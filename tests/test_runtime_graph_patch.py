@@ -13,7 +13,8 @@ import types
 
 import numpy as np
 import pytest
-from test_runtime_fastpath import StubExecutor, TorchLike, _followed_stream_stub, faketorch, full_path  # noqa: F401
+from test_runtime_fastpath import (TMA_TEMPORARY_SIZES, StubExecutor, TorchLike, _followed_stream_stub,  # noqa: F401
+                                   faketorch, full_path, tma_temporary_gemm)
 from test_runtime_graphs import FakeDriver, FakeGraph, GraphStub, pair_arrays, two_kernel_program
 
 from tecc.ir.errors import LaunchError
@@ -370,18 +371,8 @@ def test_a_gemm_reading_a_moving_temporary_by_tma_gets_its_map_patched(full_path
     same call passes (`_with_maps` for its pointers)."""
     import ml_dtypes
 
-    import tecc as tc
-
-    M, K, N = 256, 128, 256
-    X = tc.placeholder((M, K), "bfloat16", name="X")
-    W = tc.placeholder((N, K), "bfloat16", name="W")
-    r, k = tc.reduce_axis(K, name="r"), tc.reduce_axis(K, name="k")
-    s = tc.compute((M,), lambda i: tc.sum(tc.cast(X[i, r], "float32"), axis=r), name="s")
-    T = tc.compute((M, K), lambda i, c: tc.cast(tc.cast(X[i, c], "float32") / (s[i] + 1.0), "bfloat16"), name="T")
-    C = tc.compute((M, N), lambda i, j: tc.cast(tc.sum(tc.cast(T[i, k], "float32") * tc.cast(W[j, k], "float32"),
-                                                       axis=k), "bfloat16"), name="C")
-    host = tc.build([X, W, C], target="cuda", arch="sm_90").host
-    assert any(m.param == "T" for kern in host.kernels for m in kern.tensor_maps), "the GEMM reads T by TMA"
+    M, K, N = TMA_TEMPORARY_SIZES
+    host = tma_temporary_gemm()
 
     class CheckedPatchStub(PatchStub):
         def _replay_graph(self, cached, ptrs):
