@@ -66,6 +66,29 @@ def main_read(info: KernelInfo) -> Access | None:
     return max(cands, key=buffer_bytes, default=None)
 
 
+def rows_follow_outputs(info: KernelInfo, x: Access) -> bool:
+    """Whether consecutive outputs (the spatial axes fused row-major, as `apply` fuses them) read
+    consecutive rows of `x`: each spatial axis's coefficient in x's offset is the row stride times
+    the extents inside it. Only then is a block's staged box `threads` rows, as `_row_staged`
+    prices it; a read that skips a spatial axis (a weight broadcast over the batch, W[j, k] for
+    out[i, j]) or takes them in another order makes the box the span of the block's rows (with
+    the fused index wrapping, up to the whole of x: a [1000, 64] tile per block for a
+    32 x 1000 output, 32x the modeled shared memory and copy)."""
+    assert x.offset is not None
+    stride = 0
+    inner = 1
+    for var, extent in reversed(info.spatial):
+        if extent == 1:
+            continue
+        coeff = x.offset.get(var)
+        if stride == 0:
+            stride = coeff
+        if coeff <= 0 or coeff != stride * inner:
+            return False
+        inner *= extent
+    return True
+
+
 class Reduction(Strategy):
     name = "reduction"
     description = "row (shared-memory staged rows) / column / generic (one thread per output)"
@@ -82,7 +105,8 @@ class Reduction(Strategy):
             for u in UNROLL:
                 if u <= info.reduction[-1][1]:
                     yield {"mapping": "thread", "threads": t, "unroll": u}
-        if info.reduce_kind == "row" and len(info.reduction) == 1 and main_read(info) is not None:
+        x = main_read(info)
+        if info.reduce_kind == "row" and len(info.reduction) == 1 and x is not None and rows_follow_outputs(info, x):
             for t in THREADS:
                 for w in TILES:
                     if w > 2 * info.reduction[-1][1]:
