@@ -136,6 +136,16 @@ def test_rows_staged_only_where_consecutive_outputs_read_consecutive_rows():
     assert not _staged_points([x3, swapped])
     nested = tc.compute((4, 8), lambda a, b: tc.sum(x3[a, b, c3], axis=c3), name="nested")
     assert _staged_points([x3, nested])
+    # a row shared by the 16 outputs of an inner axis (A[i, k] for C[i, j] = Σ_k A[i, k] B[j, k], A
+    # the larger read): every block stages whole groups of 16
+    A = tc.placeholder((64, 128), "float32", name="A")
+    k = tc.reduce_axis(128, name="k")
+    B = tc.placeholder((16, 128), "float32", name="B")
+    shared = tc.compute((64, 16), lambda i, j: tc.sum(A[i, k] * B[j, k], axis=k), name="shared")
+    assert {p["threads"] for p in _staged_points([A, B, shared])} == {32, 64, 128, 256, 512}
+    B48 = tc.placeholder((48, 128), "float32", name="B48")
+    odd = tc.compute((64, 48), lambda i, j: tc.sum(A[i, k] * B48[j, k], axis=k), name="odd")
+    assert not _staged_points([A, B48, odd])   # 48 outputs per row: a block of 32 straddles two rows
 
 
 def test_the_broadcast_weight_rows_match_float64_numpy_in_the_emulator():

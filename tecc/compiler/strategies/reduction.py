@@ -66,27 +66,41 @@ def main_read(info: KernelInfo) -> Access | None:
     return max(cands, key=buffer_bytes, default=None)
 
 
-def rows_follow_outputs(info: KernelInfo, x: Access) -> bool:
-    """Whether consecutive outputs (the spatial axes fused row-major, as `apply` fuses them) read
-    consecutive rows of `x`: each spatial axis's coefficient in x's offset is the row stride times
-    the extents inside it. Only then is a block's staged box `threads` rows, as `_row_staged`
-    prices it; a read that skips a spatial axis (a weight broadcast over the batch, W[j, k] for
-    out[i, j]) or takes them in another order makes the box the span of the block's rows (with
-    the fused index wrapping, up to the whole of x: a [1000, 64] tile per block for a
-    32 x 1000 output, 32x the modeled shared memory and copy)."""
+def outputs_per_row(info: KernelInfo, x: Access) -> int | None:
+    """How many consecutive outputs (the spatial axes fused row-major, as `apply` fuses them)
+    share one row of `x` when its rows follow the outputs: x's offset skips the innermost spatial
+    axes (their extents' product is the answer; 1 when it skips none) and takes the others
+    row-major, each axis's coefficient the row stride times the extents inside it. None when
+    not: a read that skips an outer axis (a weight broadcast over the batch, W[j, k] for
+    out[i, j]) or takes the axes in another order. A block of `threads` outputs then stages
+    the span of its rows, which with the fused index wrapping is up to the whole of x (a
+    [1000, 64] tile per block for a 32 x 1000 output: 32x the shared memory and copy that
+    `_row_staged` prices for `threads` rows)."""
     assert x.offset is not None
+    shared = 1
     stride = 0
     inner = 1
     for var, extent in reversed(info.spatial):
         if extent == 1:
             continue
         coeff = x.offset.get(var)
+        if stride == 0 and coeff == 0:
+            shared *= extent
+            continue
         if stride == 0:
             stride = coeff
         if coeff <= 0 or coeff != stride * inner:
-            return False
+            return None
         inner *= extent
-    return True
+    return shared
+
+
+def stages_whole_rows(info: KernelInfo, x: Access, threads: int) -> bool:
+    """Whether a block of `threads` outputs stages at most `threads` rows of x, as `_row_staged`
+    prices it: x's rows follow the outputs (`outputs_per_row`) and a block holds whole groups of
+    outputs sharing a row, or lies inside one."""
+    per_row = outputs_per_row(info, x)
+    return per_row is not None and (per_row % threads == 0 or threads % per_row == 0)
 
 
 class Reduction(Strategy):
@@ -106,8 +120,10 @@ class Reduction(Strategy):
                 if u <= info.reduction[-1][1]:
                     yield {"mapping": "thread", "threads": t, "unroll": u}
         x = main_read(info)
-        if info.reduce_kind == "row" and len(info.reduction) == 1 and x is not None and rows_follow_outputs(info, x):
+        if info.reduce_kind == "row" and len(info.reduction) == 1 and x is not None:
             for t in THREADS:
+                if not stages_whole_rows(info, x, t):
+                    continue
                 for w in TILES:
                     if w > 2 * info.reduction[-1][1]:
                         continue
