@@ -70,10 +70,10 @@ class _Memory:
         for d, (size, stride) in enumerate(zip(sizes, strides)):
             if size == 1:
                 continue
-            b = next((b for b in dims if stride >= self.strides[b]), None)
-            if b is None or stride % self.strides[b]:
+            digit = next((b for b in dims if stride >= self.strides[b]), None)
+            if digit is None or stride % self.strides[digit]:
                 return None
-            found[b][1].append((d, stride // self.strides[b]))
+            found[digit][1].append((d, stride // self.strides[digit]))
         for b, (const, terms) in found.items():
             if const + sum((sizes[d] - 1) * factor for d, factor in terms) >= self.sizes[b]:
                 return None
