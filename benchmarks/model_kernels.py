@@ -6,6 +6,7 @@ graphs, with the strategy the planner chose and its predicted time on an archite
     python benchmarks/model_kernels.py --model convnet --arch sm_80
     python benchmarks/model_kernels.py --model gpt2 --graph backward --explain lm_head_dir/
     python benchmarks/model_kernels.py --partitioner default   # the forward saves what AOTAutograd's default saves
+    python benchmarks/model_kernels.py --model resnet50 --roofline --check-build   # + rooflines, generated launches
 
 The model's forward and backward graphs are traced as `torch.compile(backend="tecc")` gets them
 (AOTAutograd with tecc's decompositions) on CPU tensors at the benchmark's full size
@@ -45,6 +46,13 @@ from tecc.torch.graph import GraphPlan, plan_graph  # noqa: E402
 from tecc.torch.lowering import Sizes  # noqa: E402
 
 
+# The roofline column's peaks: an H200 (what benchmarks/models_hf.py measures on), which has the
+# H100's SMs and clocks (tecc's sm_90 target) and 4.8 TB/s of HBM3e.
+ROOF_DRAM = 4.8e12          # bytes/s
+ROOF_TENSOR = 989e12        # dense 16-bit tensor-core FLOP/s
+ROOF_FP32 = 66.9e12         # FP32 FLOP/s (a contraction that is not on tensor cores, any other kernel)
+
+
 @dataclass
 class Row:
     graph: str
@@ -55,6 +63,22 @@ class Row:
     seconds: float
     bound: str
     nodes: list[str]
+    kind: str = ""                      # the kernel's shape: elementwise / reduction / contraction, extents
+    roof: float = 0.0                   # seconds at the H200's DRAM bandwidth or FLOP peak (0: a group row)
+    launch: tuple[int, int, int] = (0, 0, 0)   # the chosen workload's blocks, threads and shared bytes per block
+
+
+def _roofline(info: Any, on_tensor_cores: bool) -> float:
+    from tecc.compiler.cost.traffic import compulsory_bytes
+
+    flops = float(info.flops)
+    return max(compulsory_bytes(info) / ROOF_DRAM, flops / (ROOF_TENSOR if on_tensor_cores else ROOF_FP32))
+
+
+def _shape(info: Any) -> str:
+    spatial = "x".join(str(e) for _, e in info.spatial)
+    reduce = "x".join(str(e) for _, e in info.reduction)
+    return f"{info.kind} [{spatial}]" + (f" / [{reduce}]" if reduce else "")
 
 
 # ---- tracing: the ATen graphs the backend would get ------------------------------------------------
@@ -237,7 +261,10 @@ def _rows_of(result: PlanResult, graph: str, program: str) -> list[Row]:
         if kp.kernel in claimed:
             continue
         c = kp.chosen
-        rows.append(Row(graph, program, (kp.kernel,), c.strategy.name, c.label, c.cost.total, c.cost.bound, []))
+        tensor = c.strategy.name.startswith(("gemm_tensor_core", "gemm_wgmma"))
+        w = c.workload
+        rows.append(Row(graph, program, (kp.kernel,), c.strategy.name, c.label, c.cost.total, c.cost.bound, [],
+                        _shape(kp.info), _roofline(kp.info, tensor), (w.blocks, w.threads, w.smem_bytes)))
     return rows
 
 
@@ -299,6 +326,66 @@ def table(rows: list[Row], top: int, scale: float = 1.0) -> str:
     return "\n".join(lines)
 
 
+def roofline_table(rows: list[Row]) -> str:
+    """Every kernel with its shape, the chosen launch, the predicted time against the roofline at
+    the H200's peaks (compulsory DRAM bytes / 4.8 TB/s, FLOPs / the tensor-core or FP32 peak),
+    largest ratio first: a kernel far above its roofline is where the plan is weak or the model
+    wrong (its generated code is the next thing to read: --check-build)."""
+    ordered = sorted((r for r in rows if r.roof), key=lambda r: -r.seconds / r.roof)
+    lines = ["| kernel | shape (kind [spatial] / [reduced]) | strategy | blocks x threads, smem | predicted us "
+             "| roofline us | ratio |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in ordered:
+        blocks, threads, smem = r.launch
+        lines.append(f"| {r.kernels[0]} | {r.kind} | {r.strategy} | {blocks} x {threads}, {smem / 1024:.1f} KiB | "
+                     f"{r.seconds * 1e6:.1f} | {r.roof * 1e6:.1f} | {r.seconds / r.roof:.1f} |")
+    return "\n".join(lines)
+
+
+def check_build(graphs: dict[str, torch.fx.GraphModule], arch: str) -> list[str]:
+    """Build every program for `arch` (NVRTC, no GPU) and set each kernel's launch and shared
+    memory as generated beside what its chosen point was priced with: a kernel whose grid or
+    shared memory differs from the model's is priced for code it does not run (resnet50's
+    classifier: 4 KiB of staged rows priced, 130 KiB generated). Returns the lines of a table."""
+    from tecc.compiler import build
+    from tecc.runtime.host import resolve_launch
+
+    lines = ["| kernel | strategy | modeled blocks x threads, smem | built grid x block, smem | registers, spills | check |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for kind, gm in graphs.items():
+        plan = plan_graph(gm, kind, Sizes(), set())
+        for seg in plan.segments:
+            f = build(seg.args, target="cuda", name=seg.name, arch=arch)
+            infos = {k.name: k for k in f.host.kernels}
+            for kp in _kernel_plans(f.planning):
+                info = infos.get(kp.kernel)
+                if info is None:
+                    continue
+                w = kp.chosen.workload
+                grid, block = resolve_launch(info, {}, f.host.name)
+                res = f.resources.get(info.function)
+                built_smem = info.dynamic_smem + (res.shared_bytes if res else 0)
+                blocks, threads = grid[0] * grid[1] * grid[2], block[0] * block[1] * block[2]
+                flag = []
+                if blocks != w.blocks or threads != w.threads:
+                    flag.append("launch differs")
+                if built_smem > 1.25 * w.smem_bytes + 2048:
+                    flag.append(f"shared memory {built_smem / max(w.smem_bytes, 1):.0f}x the model's")
+                if res and res.spill_stores:
+                    flag.append("spills")
+                lines.append(f"| {kp.kernel} | {kp.chosen.strategy.name} | {w.blocks} x {w.threads}, "
+                             f"{w.smem_bytes / 1024:.1f} KiB | {grid} x {block}, {built_smem / 1024:.1f} KiB | "
+                             f"{res.registers if res else '?'}, {res.spill_stores if res else '?'} | "
+                             f"{'; '.join(flag) or 'ok'} |")
+    return lines
+
+
+def _kernel_plans(result: PlanResult) -> list[Any]:
+    if result.parts:
+        return [kp for part in result.parts for kp in _kernel_plans(part)]
+    claimed = set(result.group.kernels) if result.group is not None and result.group.chosen is not None else set()
+    return [kp for kp in result.kernels if kp.kernel not in claimed]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=sorted(MODELS), default="gpt2")
@@ -310,6 +397,11 @@ def main() -> None:
     p.add_argument("--nodes", default=None, help="print the graphs' FX nodes whose op's name contains this "
                    "(e.g. attention), with their arguments and shapes")
     p.add_argument("--explain", default=None, help="a folder: each program's explain() text")
+    p.add_argument("--roofline", action="store_true",
+                   help="also every kernel's predicted time against its roofline at the H200's peaks")
+    p.add_argument("--check-build", action="store_true",
+                   help="also build the programs (NVRTC) and set each kernel's generated launch and shared "
+                        "memory beside the model's (minutes for a whole model)")
     p.add_argument("--partitioner", choices=["min_cut", "default"], default="min_cut",
                    help="what the forward saves for the backward (the backend's option of that name)")
     args = p.parse_args()
@@ -329,6 +421,10 @@ def main() -> None:
     print(table(rows, args.top))
     for line in fallbacks:
         print(f"ATen fallback: {line}")
+    if args.roofline:
+        print("\n" + roofline_table(rows))
+    if args.check_build:
+        print("\n" + "\n".join(check_build(graphs, args.arch)))
 
 
 if __name__ == "__main__":

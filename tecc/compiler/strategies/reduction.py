@@ -66,6 +66,43 @@ def main_read(info: KernelInfo) -> Access | None:
     return max(cands, key=buffer_bytes, default=None)
 
 
+def outputs_per_row(info: KernelInfo, x: Access) -> int | None:
+    """How many consecutive outputs (the spatial axes fused row-major, as `apply` fuses them)
+    share one row of `x` when its rows follow the outputs: x's offset skips the innermost spatial
+    axes (their extents' product is the answer; 1 when it skips none) and takes the others
+    row-major, each axis's coefficient the row stride times the extents inside it. None when
+    not: a read that skips an outer axis (a weight broadcast over the batch, W[j, k] for
+    out[i, j]) or takes the axes in another order. A block of `threads` outputs then stages
+    the span of its rows, which with the fused index wrapping is up to the whole of x (a
+    [1000, 64] tile per block for a 32 x 1000 output: 32x the shared memory and copy that
+    `_row_staged` prices for `threads` rows)."""
+    assert x.offset is not None
+    shared = 1
+    stride = 0
+    inner = 1
+    for var, extent in reversed(info.spatial):
+        if extent == 1:
+            continue
+        coeff = x.offset.get(var)
+        if stride == 0 and coeff == 0:
+            shared *= extent
+            continue
+        if stride == 0:
+            stride = coeff
+        if coeff <= 0 or coeff != stride * inner:
+            return None
+        inner *= extent
+    return shared
+
+
+def stages_whole_rows(info: KernelInfo, x: Access, threads: int) -> bool:
+    """Whether a block of `threads` outputs stages at most `threads` rows of x, as `_row_staged`
+    prices it: x's rows follow the outputs (`outputs_per_row`) and a block holds whole groups of
+    outputs sharing a row, or lies inside one."""
+    per_row = outputs_per_row(info, x)
+    return per_row is not None and (per_row % threads == 0 or threads % per_row == 0)
+
+
 class Reduction(Strategy):
     name = "reduction"
     description = "row (shared-memory staged rows) / column / generic (one thread per output)"
@@ -82,8 +119,11 @@ class Reduction(Strategy):
             for u in UNROLL:
                 if u <= info.reduction[-1][1]:
                     yield {"mapping": "thread", "threads": t, "unroll": u}
-        if info.reduce_kind == "row" and len(info.reduction) == 1 and main_read(info) is not None:
+        x = main_read(info)
+        if info.reduce_kind == "row" and len(info.reduction) == 1 and x is not None:
             for t in THREADS:
+                if not stages_whole_rows(info, x, t):
+                    continue
                 for w in TILES:
                     if w > 2 * info.reduction[-1][1]:
                         continue

@@ -50,6 +50,35 @@ class _Memory:
         return tuple(te.cast(0, flat.dtype) if size == 1 else (flat // stride) % size
                      for size, stride in zip(self.sizes, self.strides))
 
+    def digits(self, sizes: Sequence[int], strides: Sequence[int],
+               start: int) -> list[tuple[int, list[tuple[int, int]]]] | None:
+        """The base coordinates of view element i as sums of the view's indices, without a
+        division: per base dimension (its size not 1), the constant from `start` and (view dim,
+        factor) terms, when every view stride is a whole multiple of one base dimension's stride
+        and the terms of each base dimension stay below its size. The memory position
+        start + Σ i_d · stride_d then has exactly these digits in the base's mixed radix (a dense
+        base writes each position one way), so they are the coordinates `coordinates` computes
+        with // and %. None when the view crosses a digit (a carry): the general form."""
+        dims = sorted((b for b in range(len(self.sizes)) if self.sizes[b] != 1), key=lambda b: -self.strides[b])
+        found: dict[int, tuple[int, list[tuple[int, int]]]] = {}
+        rest = start
+        for b in dims:
+            found[b] = (rest // self.strides[b], [])
+            rest %= self.strides[b]
+        if rest:
+            return None
+        for d, (size, stride) in enumerate(zip(sizes, strides)):
+            if size == 1:
+                continue
+            digit = next((b for b in dims if stride >= self.strides[b]), None)
+            if digit is None or stride % self.strides[digit]:
+                return None
+            found[digit][1].append((d, stride // self.strides[digit]))
+        for b, (const, terms) in found.items():
+            if const + sum((sizes[d] - 1) * factor for d, factor in terms) >= self.sizes[b]:
+                return None
+        return [found.get(b, (0, [])) if self.sizes[b] != 1 else (0, []) for b in range(len(self.sizes))]
+
 
 def _geometry(size: Any, stride: Any, offset: Any) -> tuple[list[int], list[int], int]:
     sizes = [static_int(s) for s in size]
@@ -72,7 +101,18 @@ def lower_as_strided(ctx: LoweringContext, x: Any, size: Any, stride: Any, stora
         raise Unsupported("as_strided of a non-tensor")
     memory = _Memory(ctx)
     sizes, strides, start = _geometry(size, stride, storage_offset)
+    digits = memory.digits(sizes, strides, start)
+    if digits is not None:  # affine in the view's indices: a reader's analysis sees a plain read
+        return ctx.compute(ctx.out_shape(), lambda *i: x[tuple(_digit(i, const, terms) for const, terms in digits)])
     return ctx.compute(ctx.out_shape(), lambda *i: x[memory.coordinates(_flat(i, strides, start))])
+
+
+def _digit(idx: Sequence[Expr], const: int, terms: Sequence[tuple[int, int]]) -> Any:
+    value: Any = const
+    for d, factor in terms:
+        term = idx[d] if factor == 1 else idx[d] * factor
+        value = term if isinstance(value, int) and value == 0 else value + term
+    return value
 
 
 def lower_as_strided_scatter(ctx: LoweringContext, x: Any, src: Any, size: Any, stride: Any,
