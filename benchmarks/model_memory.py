@@ -270,11 +270,40 @@ def run_compiled(ledger: Ledger, compiled: Any, gm: torch.fx.GraphModule, args: 
     return outputs if isinstance(outputs, list) else [outputs]
 
 
+def _held(value: Any) -> bool:
+    """Whether `value` holds memory: a storage, a tuple holding one, or a view of one (a view
+    of a value the floor does not materialize holds none)."""
+    while isinstance(value, View):
+        value = value.base
+    if isinstance(value, tuple):
+        return any(_held(v) for v in value)
+    return isinstance(value, Storage)
+
+
+def _is_view(node: Any) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and (
+        node.target is operator.getitem or isinstance(node.target, torch._ops.OpOverload) and node.target.is_view)
+
+
+def _bases(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
+    """The nodes whose memory the graph's outputs hold: each output, or for a view the node it
+    views (through views), with the category of the output ("" when it is an output itself)."""
+    found: dict[torch.fx.Node, str] = {}
+    for out in _outputs(gm):
+        node = out
+        while _is_view(node) and isinstance(node.args[0], torch.fx.Node):
+            node = node.args[0]
+        if isinstance(node, torch.fx.Node):
+            found.setdefault(node, "" if node is out else "intermediates")
+    return found
+
+
 def run_aten(ledger: Ledger, gm: torch.fx.GraphModule, args: list[Any], name: str, kinds: Callable[[str], str],
              materialize: bool) -> list[Any]:
     """One call of the ATen graph itself node by node (an fx Interpreter's walk): each
-    non-view value allocated (when `materialize`, else only what `kinds` calls an output or
-    saved) and dropped after its last reader."""
+    non-view value allocated (when `materialize`, else only what the graph returns or saves,
+    or the base its returned views view) and dropped after its last reader."""
+    kept = _bases(gm)
     env: dict[torch.fx.Node, Any] = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node, value in zip(placeholders, args):
@@ -294,13 +323,13 @@ def run_aten(ledger: Ledger, gm: torch.fx.GraphModule, args: list[Any], name: st
             inputs = [env.get(n) for n in node.all_input_nodes]
             base = _first_tensor(inputs)
             val = node.meta.get("val")
-            if node.target is operator.getitem:
+            if node.target is operator.getitem and _held(env.get(node.args[0])):  # type: ignore[arg-type]
                 seq = env.get(node.args[0])  # type: ignore[arg-type]
                 env[node] = seq[node.args[1]] if isinstance(seq, tuple) else View(seq)
-            elif isinstance(node.target, torch._ops.OpOverload) and node.target.is_view and base is not None:
+            elif isinstance(node.target, torch._ops.OpOverload) and node.target.is_view and _held(base):
                 env[node] = View(base)
-            elif materialize or kinds(node.name) != "intermediates":
-                env[node] = _value_of(val, ledger, kinds(node.name), f"{name}:{node.name}")
+            elif materialize or node in kept:
+                env[node] = _value_of(val, ledger, kept.get(node) or kinds(node.name), f"{name}:{node.name}")
             else:
                 env[node] = None
         elif node.op == "output":
@@ -327,12 +356,13 @@ class Pair:
     forward: torch.fx.GraphModule
     backward: torch.fx.GraphModule
     saved: int  # the forward's last `saved` outputs are the backward's first inputs
+    linked: frozenset[str] = frozenset()  # the forward's inputs that an earlier graph returns
 
     @property
     def params(self) -> set[str]:
         """The forward's inputs that get a gradient (the backward's output in their position)."""
         return {n.name for n, g in zip(_placeholders(self.forward), _outputs(self.backward))
-                if isinstance(g, torch.fx.Node)}
+                if isinstance(g, torch.fx.Node) and n.name not in self.linked}
 
     @property
     def user_outputs(self) -> int:
@@ -345,7 +375,9 @@ def pairs_of(graphs: dict[str, torch.fx.GraphModule]) -> list[Pair]:
     while f"forward{suffix or ''}" in graphs:
         fw, bw = graphs[f"forward{suffix or ''}"], graphs[f"backward{suffix or ''}"]
         saved = sum(1 for n in _placeholders(bw) if not n.name.startswith("tangents"))
-        found.append(Pair(fw, bw, saved))
+        earlier = [_val(n) for p in found for n in _outputs(p.forward)[: len(_outputs(p.forward)) - p.saved]]
+        linked = frozenset(n.name for n in _placeholders(fw) if any(_same(v, _val(n)) for v in earlier))
+        found.append(Pair(fw, bw, saved, linked))
         suffix += 1
     return found
 
@@ -373,7 +405,7 @@ def step(ledger: Ledger, pairs: list[Pair], run_forward: Callable[..., list[Any]
         args = []
         for node in _placeholders(pair.forward):
             val = _val(node)
-            match = next((s for v, s in produced if _same(v, val)), None)
+            match = next((s for v, s in produced if _same(v, val)), None) if node.name in pair.linked else None
             if match is not None:
                 args.append(match)
             elif node.name in pair.params:
@@ -386,7 +418,7 @@ def step(ledger: Ledger, pairs: list[Pair], run_forward: Callable[..., list[Any]
         user = pair.user_outputs
         for position, value in enumerate(outs):
             ledger.relabel(value, "graph outputs" if position < user else "saved for backward")
-        produced = [(_val(n), s) for n, s in zip(_outputs(pair.forward)[:user], outs[:user])]
+        produced += [(_val(n), s) for n, s in zip(_outputs(pair.forward)[:user], outs[:user])]
         saved_per_pair.append(list(outs[user:]))
         del outs, args
     produced = []
@@ -401,15 +433,15 @@ def step(ledger: Ledger, pairs: list[Pair], run_forward: Callable[..., list[Any]
             args.append(match if match is not None else Storage(ledger, tensor_bytes(val), "tangents", node.name))
         upstream = []
         outs = run_backward(ledger, number, pair, args)
-        for value in outs:
-            ledger.relabel(value, "gradients")
         fw_inputs = _placeholders(pair.forward)
         for node, value in zip(fw_inputs, outs):
             if value is None:
                 continue
             if node.name in pair.params:
+                ledger.relabel(value, "gradients")
                 grads.append(value)
-            else:
+            elif node.name in pair.linked:
+                ledger.relabel(value, "tangents")
                 upstream.append((_val(node), value))
         del outs, args
     ledger.where = "after the backward"
@@ -424,9 +456,13 @@ def categorize(pair: Pair, kind: str) -> Callable[[Any], str]:
         user = {n.name for n in outs[: pair.user_outputs] if isinstance(n, torch.fx.Node)}
     else:
         outs = _outputs(pair.backward)
-        saved, user = set(), {n.name for n in outs if isinstance(n, torch.fx.Node)}
+        linked = {g.name for n, g in zip(_placeholders(pair.forward), outs)
+                  if isinstance(g, torch.fx.Node) and n.name in pair.linked}
+        saved, user = set(), {n.name for n in outs if isinstance(n, torch.fx.Node) and n.name not in linked}
 
     def of(name: str) -> str:
+        if kind == "backward" and name in linked:
+            return "tangents"
         if name in saved:
             return "saved for backward"
         if name in user:
@@ -467,41 +503,54 @@ def aten_runner(kind: str, materialize: bool) -> Callable[..., list[Any]]:
 
 # ---- what is saved ----------------------------------------------------------------------------------
 CHEAP = {"convert_element_type", "mul", "add", "sub", "div", "neg", "rsqrt", "tanh", "gelu", "where", "exp",
-         "relu", "pow", "clone", "view", "reshape", "permute", "transpose", "expand", "t", "_to_copy"}
+         "relu", "pow", "clone", "_to_copy"}
+
+
+def _op(node: torch.fx.Node) -> str:
+    return "input" if node.op == "placeholder" else getattr(node.target, "__name__", str(node.target)).split(".")[0]
 
 
 def saved_table(pair: Pair, number: int, top: int) -> tuple[list[str], dict[str, int]]:
-    """The forward's saved tensors: grouped by (op, dtype, shape), with flags."""
+    """The forward's saved tensors by the memory they hold: each saved value's base (the node
+    it views, through views; itself when it is no view), counted once, grouped by (op, dtype,
+    shape) of the base, with flags: a graph input (no new memory), a float32 value computed
+    from a bf16 one, the size of the logits, a pointwise op (recomputable from its inputs)."""
     outs = _outputs(pair.forward)[pair.user_outputs:]
     groups: dict[tuple[str, str, str, str], list[int]] = {}
     flags: dict[str, int] = {}
-    logits_like = max((tensor_bytes(_val(n)) for n in outs), default=0)
-    for node in outs:
+    views: dict[torch.fx.Node, int] = {}
+    for out in outs:
+        node = out
+        while _is_view(node) and isinstance(node.args[0], torch.fx.Node):
+            node = node.args[0]
+        if isinstance(node, torch.fx.Node) and isinstance(_val(node), torch.Tensor):
+            views[node] = views.get(node, 0) + 1
+    logits_like = max((tensor_bytes(_val(n)) for n in views), default=0)
+    for node, count in views.items():
         val = _val(node)
-        if not isinstance(val, torch.Tensor):
-            continue
         nbytes = tensor_bytes(val)
-        op = "input" if node.op == "placeholder" else getattr(node.target, "__name__", str(node.target)).split(".")[0]
+        op = _op(node)
         flag = []
         if node.op == "placeholder":
             flag.append("graph input (no new memory)")
             nbytes = 0
-        if val.dtype == torch.float32 and any(isinstance(a, torch.fx.Node) and _val(a) is not None and
-                                              getattr(_val(a), "dtype", None) == torch.bfloat16
+        if val.dtype == torch.float32 and any(getattr(_val(a), "dtype", None) == torch.bfloat16
                                               for a in node.all_input_nodes):
             flag.append("fp32 of bf16")
         if nbytes and nbytes == logits_like and nbytes > 2**28:
             flag.append("logits-sized")
         if op in CHEAP and node.op != "placeholder":
-            flag.append("pointwise/view")
+            flag.append(f"pointwise ({', '.join(_op(a) for a in node.all_input_nodes)})")
         for f in flag:
+            f = f.split(" (")[0]
             flags[f] = flags.get(f, 0) + nbytes
-        key = (op, str(val.dtype).replace("torch.", ""), "x".join(str(int(s)) for s in val.shape), ", ".join(flag))
+        shape = "x".join(str(int(n)) for n in val.shape)
+        key = (op, str(val.dtype).replace("torch.", ""), shape, ", ".join(flag) + (f"; {count} views" if count > 1 else ""))
         groups.setdefault(key, []).append(nbytes)
     rows = sorted(groups.items(), key=lambda kv: -sum(kv[1]))
-    lines = [f"saved by forward{number or ''} for backward{number or ''}: {len(outs)} values, "
-             f"{sum(sum(v) for v in groups.values()) / GIB:.3f} GiB",
-             "| op | dtype | shape | count | GiB | flags |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = [f"saved by forward{number or ''} for backward{number or ''}: {len(outs)} values over {len(views)} "
+             f"memories, {sum(sum(v) for v in groups.values()) / GIB:.3f} GiB",
+             "| op (of the memory) | dtype | shape | count | GiB | flags |", "| --- | --- | --- | --- | --- | --- |"]
     for (op, dtype, shape, flag), sizes in rows[: top or None]:
         lines.append(f"| {op} | {dtype} | {shape} | {len(sizes)} | {sum(sizes) / GIB:.3f} | {flag} |")
     return lines, flags

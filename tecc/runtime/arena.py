@@ -47,8 +47,9 @@ def layout(temps: Sequence[tuple[str, int, bool]], storage: Mapping[str, str] | 
     """The offsets of `temps` ((name, bytes, zero_init) each) in an arena.
 
     With `ranges` (marshal.live_ranges: each temporary's first and last launch), temporaries
-    whose launches do not overlap may take the same bytes: each is placed, largest first, at the
-    lowest offset where it overlaps no placed temporary live at the same time (so the arena is
+    whose launches do not overlap may take the same bytes: each is placed at the lowest offset
+    where it overlaps no placed temporary live at the same time (greedy, in three orders, the
+    smallest kept: `_packed`; so the arena is
     about the most bytes live at one launch, not a sum of storages each as large as the largest
     temporary it ever held). A temporary no launch passes overlaps nothing. Without `ranges`:
     one region per storage (`storage[name]`, marshal.shared_storage; each temporary its own
@@ -75,17 +76,32 @@ def _aligned(nbytes: int) -> int:
 
 
 def _packed(temps: Sequence[tuple[str, int, bool]], ranges: Mapping[str, tuple[int, int]]) -> Layout:
-    """`layout` by live ranges: largest first, each at the lowest offset clear of the placed
-    temporaries whose ranges overlap its own (greedy; ties by first launch, then position)."""
-    order = sorted((i for i, (_, _, zero) in enumerate(temps) if not zero),
-                   key=lambda i: (-_aligned(temps[i][1]), ranges.get(temps[i][0], (-1, -1))[0], i))
+    """`layout` by live ranges: the smallest of three greedy placements (largest first; first
+    used first; longest lived first), each temporary at the lowest offset clear of the placed
+    ones whose ranges overlap its own. Ties keep the temporaries' order, so a layout is
+    reproducible."""
+    spans = [(_aligned(nbytes), *ranges.get(name, (-1, -2))) for name, nbytes, _ in temps]  # (-1, -2): no launch
+    kept = [i for i, (_, _, zero) in enumerate(temps) if not zero]
+    orders = (sorted(kept, key=lambda i: (-spans[i][0], spans[i][1], i)),
+              sorted(kept, key=lambda i: (spans[i][1], -spans[i][0], i)),
+              sorted(kept, key=lambda i: (spans[i][1] - spans[i][2], -spans[i][0], i)))
+    best: Layout | None = None
+    for order in orders:
+        placed = _place(order, spans, len(temps))
+        if best is None or placed.nbytes < best.nbytes:
+            best = placed
+    assert best is not None
+    return best
+
+
+def _place(order: Sequence[int], spans: Sequence[tuple[int, int, int]], count: int) -> Layout:
+    """Place temporaries `order` (their (bytes, first, last) in `spans`) one by one at the
+    lowest offset where they overlap no placed temporary live at the same launch."""
     placed: list[tuple[int, int, int, int]] = []  # (first, last, start, end)
-    offsets: list[int | None] = [None] * len(temps)
+    offsets: list[int | None] = [None] * count
     end = 0
     for i in order:
-        name, nbytes, _ = temps[i]
-        size = _aligned(nbytes)
-        first, last = ranges.get(name, (-1, -2))  # used by no launch: overlaps nothing
+        size, first, last = spans[i]
         busy = sorted((s, e) for f, l, s, e in placed if f <= last and first <= l)
         offset = 0
         for s, e in busy:
