@@ -239,9 +239,19 @@ def run_compiled(ledger: Ledger, compiled: Any, gm: torch.fx.GraphModule, args: 
     slots: list[Any] = [None] * compiled.slot_count
     slots[: compiled.inputs] = args
     args.clear()
+    # the fake value of each slot a graph input or a view fills (a program's outputs are dense)
+    vals = {i: _val(n) for i, n in enumerate(_placeholders(gm))}
+    for step in compiled.steps:
+        if isinstance(step, (MakeView, RunAten)) and step.name in nodes:
+            vals[step.output] = _val(nodes[step.name])
     for number, (step, free) in enumerate(zip(compiled.steps, compiled.frees)):
         ledger.where = f"{compiled.name} step {number} ({type(step).__name__} {step.name})"
         if isinstance(step, RunProgram):
+            # an input the program takes row-major that is not: RunProgram.run's .contiguous() copy
+            copies = [Storage(ledger, val.numel() * val.element_size(), "input copies", f"{step.name}:in{slot}")
+                      for slot, dense in zip(step.inputs, step.contiguous)
+                      if dense and isinstance(val := vals.get(slot), torch.Tensor) and not val.is_contiguous()
+                      and not step.input_orders]
             for slot, shape, dtype in step.outputs:
                 numel = 1
                 for n in shape:
@@ -249,7 +259,7 @@ def run_compiled(ledger: Ledger, compiled: Any, gm: torch.fx.GraphModule, args: 
                 slots[slot] = Storage(ledger, numel * torch.empty((), dtype=dtype).element_size(), kinds(slot),
                                       f"{compiled.name}:{step.name}:out{slot}")
             held = arenas.take(ledger, step.kernel, temp_category)
-            del held
+            del held, copies
         elif isinstance(step, RunAten):
             node = nodes.get(step.name)
             base = _first_tensor(_resolve(step.args, slots))
@@ -287,14 +297,14 @@ def _is_view(node: Any) -> bool:
 
 def _bases(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
     """The nodes whose memory the graph's outputs hold: each output, or for a view the node it
-    views (through views), with the category of the output ("" when it is an output itself)."""
+    views (through views), with the name of (the first) output that holds it."""
     found: dict[torch.fx.Node, str] = {}
     for out in _outputs(gm):
         node = out
         while _is_view(node) and isinstance(node.args[0], torch.fx.Node):
             node = node.args[0]
-        if isinstance(node, torch.fx.Node):
-            found.setdefault(node, "" if node is out else "intermediates")
+        if isinstance(node, torch.fx.Node) and isinstance(out, torch.fx.Node):
+            found.setdefault(node, out.name)
     return found
 
 
@@ -329,7 +339,7 @@ def run_aten(ledger: Ledger, gm: torch.fx.GraphModule, args: list[Any], name: st
             elif isinstance(node.target, torch._ops.OpOverload) and node.target.is_view and _held(base):
                 env[node] = View(base)
             elif materialize or node in kept:
-                env[node] = _value_of(val, ledger, kept.get(node) or kinds(node.name), f"{name}:{node.name}")
+                env[node] = _value_of(val, ledger, kinds(kept.get(node, node.name)), f"{name}:{node.name}")
             else:
                 env[node] = None
         elif node.op == "output":
@@ -558,7 +568,7 @@ def saved_table(pair: Pair, number: int, top: int) -> tuple[list[str], dict[str,
 
 # ---- reporting ----------------------------------------------------------------------------------------
 ORDER = ("parameters", "gradients", "saved for backward", "graph outputs", "inputs", "tangents", "intermediates",
-         "temporaries (forward)", "temporaries (backward)", "temporaries (stream arena)")
+         "temporaries (forward)", "temporaries (backward)", "temporaries (stream arena)", "input copies")
 
 
 def breakdown(label: str, ledger: Ledger, extra: dict[str, int]) -> list[str]:
