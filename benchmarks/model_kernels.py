@@ -310,7 +310,7 @@ def main() -> None:
     p.add_argument("--nodes", default=None, help="print the graphs' FX nodes whose op's name contains this "
                    "(e.g. attention), with their arguments and shapes")
     p.add_argument("--explain", default=None, help="a folder: each program's explain() text")
-    p.add_argument("--partitioner", choices=["min_cut", "default"], default="min_cut",
+    p.add_argument("--partitioner", choices=["min_cut", "default", "recompute"], default="min_cut",
                    help="what the forward saves for the backward (the backend's option of that name)")
     args = p.parse_args()
     layers = args.layers if args.layers is not None else {"gpt2": 1, "hf-gpt2": 1, "resnet50": 0}.get(args.model, 3)
