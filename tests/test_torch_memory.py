@@ -107,9 +107,10 @@ def test_the_stream_arena_keeps_one_working_set(tiny):
 
 def test_the_recompute_partitioner_saves_less_and_trains_like_eager():
     """partitioner="recompute" (the min-cut partition recomputing the cheap values the
-    backward's GEMMs read): under bf16 autocast the tiny GPT's forward saves fewer values and
-    bytes than under min_cut (its MLP's GELU output, the layer norms' bf16 outputs and the bf16 weights are
-    recomputed), and in float32 it trains three steps within 1e-4 of eager in the emulator."""
+    backward's GEMMs read): a GPT-2 small layer's forward (bf16 autocast, batch 8 x 1024) saves
+    less than under min_cut (its MLP's GELU output, the layer norms' bf16 outputs and the bf16
+    weights are recomputed), and the tiny GPT in float32 trains three steps within 1e-4 of
+    eager in the emulator."""
     import copy
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -121,15 +122,17 @@ def test_the_recompute_partitioner_saves_less_and_trains_like_eager():
 
     assert Options.parse({"partitioner": "recompute"}).partitioner == "recompute"
     saved = {}
-    for partitioner in ("min_cut", "recompute"):
-        torch.manual_seed(0)
-        model = GPT(attention="sdpa")
-        idx, targets = batches(1)[0]
-        graphs = mk.trace(model, (idx, targets), train=True, autocast=torch.bfloat16, partitioner=partitioner)
-        (pair,) = mm.pairs_of(graphs)
-        values = mm._outputs(pair.forward)[pair.user_outputs:]
-        saved[partitioner] = (len(values), sum(mm.tensor_bytes(mm._val(n)) for n in values))
-    assert saved["recompute"][0] < saved["min_cut"][0] and saved["recompute"][1] < saved["min_cut"][1], saved
+    for partitioner in ("min_cut", "recompute"):  # one GPT-2 small layer, traced on the CPU (nothing runs)
+        (pair,) = mm.pairs_of(mk.gpt2(1, partitioner))
+        bases = {}
+        for node in mm._outputs(pair.forward)[pair.user_outputs:]:
+            while mm._is_view(node):
+                node = node.args[0]
+            if node.op != "placeholder":
+                bases[node] = mm.tensor_bytes(mm._val(node))
+        saved[partitioner] = sum(bases.values())
+    # the GELU output (48 MiB), two layer norms' bf16 outputs (12 MiB each), the bf16 weights
+    assert saved["recompute"] <= saved["min_cut"] - 72 * 2**20, saved
 
     torch.manual_seed(0)
     model = GPT(attention="sdpa")

@@ -129,7 +129,27 @@ def recomputing_min_cut(joint: GraphModule, inputs: Any, **kwargs: Any) -> Any:
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     with config.patch(ban_recompute_materialized_backward=False):
-        return min_cut_rematerialization_partition(joint, inputs, **kwargs)
+        forward, backward = min_cut_rematerialization_partition(joint, inputs, **kwargs)
+    sink_to_first_use(backward)
+    return forward, backward
+
+
+def sink_to_first_use(gm: GraphModule) -> None:
+    """Move each pure node of `gm` right before its first user (last node first, so a chain
+    follows its reader): the partitioner puts the backward's recomputed values at its start,
+    where every layer's would be live at once; next to their readers, one layer's are."""
+    graph = gm.graph
+    for node in reversed(list(graph.nodes)):
+        if node.op != "call_function" or not node.users or node.is_impure():
+            continue
+        users = set(node.users)
+        first = node.next
+        while first.op != "root" and first not in users:
+            first = first.next
+        if first is not node.next and first.op not in ("root", "output"):
+            first.prepend(node)
+    graph.lint()
+    gm.recompile()
 
 
 def _bound_symbols(gm: GraphModule) -> set[Any]:
