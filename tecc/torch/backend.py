@@ -17,7 +17,7 @@ Options (`torch.compile(..., options={...})`):
 | `cudagraphs` | `False` | capture each whole graph (fallbacks included) with torch.cuda.graph, inputs copied in and outputs copied out (CUDA tensors, static shapes); without it each program still replays as the runtime's own CUDA graph (docs/models.md, "Runtime") |
 | `dump_ir` | `None` | a folder: each graph's FX code, the node -> kernel map and every program's IR dumps |
 | `arch` | `None` | the GPU architecture to compile for (`"sm_90"`); default: the device's |
-| `partitioner` | `"min_cut"` | what the forward saves for the backward: `"min_cut"`, AOTAutograd's min-cut rematerialization partitioner (inductor's too: saves the fewest bytes and recomputes cheap elementwise values in the backward; a loss head then saves its bf16 logits and two row statistics, and its backward recomputes the float32 cast, instead of 1.6 GB of float32 log-probabilities written and read back at GPT-2's size); `"default"`, AOTAutograd's default partitioner (saves what the backward reads); `"recompute"`, the min-cut partitioner allowed to recompute cheap values that the backward reads through a GEMM (`ban_recompute_materialized_backward` off: an MLP's GELU output, a layer norm's bf16 output, bf16 copies of weights are recomputed from what is saved anyway, one layer at a time, instead of saved for every layer: about 1.1 GiB less for GPT-2 small at batch 8 × 1024, for an elementwise pass per recomputed value in the backward) |
+| `partitioner` | `"min_cut"` | what the forward saves for the backward: `"min_cut"`, AOTAutograd's min-cut rematerialization partitioner (inductor's too: saves the fewest bytes and recomputes cheap elementwise values in the backward; a loss head then saves its bf16 logits and two row statistics, and its backward recomputes the float32 cast, instead of 1.6 GB of float32 log-probabilities written and read back at GPT-2's size); `"default"`, AOTAutograd's default partitioner (saves what the backward reads); `"recompute"`, the min-cut partitioner allowed to recompute cheap values that the backward reads through a GEMM (`ban_recompute_materialized_backward` off: an MLP's GELU output, a layer norm's bf16 output, bf16 copies of weights are recomputed from what is saved anyway, one layer at a time, instead of saved for every layer: 1.1 GiB less saved by transformers' GPT-2 small at batch 8 × 1024, 0.23 GiB off its peak (benchmarks/model_memory.py), for an elementwise pass per recomputed value in the backward) |
 """
 
 from __future__ import annotations
@@ -123,33 +123,15 @@ def recomputing_min_cut(joint: GraphModule, inputs: Any, **kwargs: Any) -> Any:
     """The min-cut partition with `ban_recompute_materialized_backward` off: a cheap value (a
     pointwise op of saved values) that a backward GEMM reads is recomputed in the backward, not
     saved. torch bans that by default because the recomputed value is written to memory in the
-    backward anyway (no bandwidth saved); it is, one layer at a time, in the stream arena
-    (tecc/runtime/arena.py), where the saved one was held for every layer from the forward on."""
+    backward anyway (no bandwidth saved); it is, as a temporary of the backward program (in the
+    stream arena, tecc/runtime/arena.py), where the saved one was held from the forward on.
+    (The backward program runs the kernels that read only its inputs first, so every layer's
+    recomputed values are live together: docs/models.md, "Memory".)"""
     from torch._functorch import config
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     with config.patch(ban_recompute_materialized_backward=False):
-        forward, backward = min_cut_rematerialization_partition(joint, inputs, **kwargs)
-    sink_to_first_use(backward)
-    return forward, backward
-
-
-def sink_to_first_use(gm: GraphModule) -> None:
-    """Move each pure node of `gm` right before its first user (last node first, so a chain
-    follows its reader): the partitioner puts the backward's recomputed values at its start,
-    where every layer's would be live at once; next to their readers, one layer's are."""
-    graph = gm.graph
-    for node in reversed(list(graph.nodes)):
-        if node.op != "call_function" or not node.users or node.is_impure():
-            continue
-        users = set(node.users)
-        first = node.next
-        while first.op != "root" and first not in users:
-            first = first.next
-        if first is not node.next and first.op not in ("root", "output"):
-            first.prepend(node)
-    graph.lint()
-    gm.recompile()
+        return min_cut_rematerialization_partition(joint, inputs, **kwargs)
 
 
 def _bound_symbols(gm: GraphModule) -> set[Any]:
