@@ -47,12 +47,12 @@ def _package(name: str) -> Any:
         return None
 
 
-def _compiled(model: Any, backend: str, fallback: str) -> Any:
+def _compiled(model: Any, backend: str, fallback: str, partitioner: str = "min_cut") -> Any:
     if backend == "eager":
         return model
     if backend == "inductor":
         return torch.compile(model)
-    return torch.compile(model, backend="tecc", options={"fallback": fallback})
+    return torch.compile(model, backend="tecc", options={"fallback": fallback, "partitioner": partitioner})
 
 
 class _Timer:
@@ -173,7 +173,7 @@ def gpt2(args: argparse.Namespace, transformers: Any) -> list[str]:
             _reset(args.device)
             model = copy.deepcopy(base)
             try:
-                run = _compiled(model, backend, args.fallback)
+                run = _compiled(model, backend, args.fallback, args.partitioner)
                 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
                 time_it = _Timer(args.device)
 
@@ -258,6 +258,8 @@ def main() -> None:
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="after each backend's timing, a few calls under torch.profiler: GPU busy time against "
                         "the call's time and the top N kernels")
+    p.add_argument("--partitioner", default="min_cut", choices=["min_cut", "default", "recompute"],
+                   help="tecc's partitioner option for GPT-2 (what its forward saves for the backward)")
     p.add_argument("--memory-snapshot", default=None, metavar="DIR",
                    help="dump torch's allocation history of each backend's GPT-2 steps into DIR (pytorch.org/memory_viz)")
     args = p.parse_args()
