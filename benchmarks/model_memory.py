@@ -2,30 +2,29 @@
 
     python benchmarks/model_memory.py                                  # GPT-2 small, 12 layers
     PYTHONPATH=$PWD:DIR python benchmarks/model_memory.py --model hf-gpt2   # transformers' GPT2LMHeadModel
-    python benchmarks/model_memory.py --layers 2 --saved                # every saved tensor listed
+    python benchmarks/model_memory.py --layers 2 --saved 0 --partitioner recompute   # every saved memory
 
 The model's forward and backward ATen graphs are traced as the backend gets them
-(benchmarks/model_kernels.py: AOTAutograd, tecc's decompositions, the min-cut partitioner, bf16
+(benchmarks/model_kernels.py: AOTAutograd, tecc's decompositions, the --partitioner, bf16
 autocast, batch 8 x 1024) and compiled as the backend compiles them for target "cuda" (NVRTC runs
 here; the graphs go into TECC_CACHE_DIR, so a second run loads them). Then one training step is
 replayed on a ledger of allocations instead of a GPU: each compiled graph's launch list runs
 (runtime.py: RunProgram, RunAten, MakeView over slots, each slot freed after its last reader),
-a program's outputs are allocated as `torch.empty` would, its kernel temporaries as the CUDA
-executor takes them (cuda.py, arrays.stream_temporaries: grouped into storages by
-marshal.shared_storage and kept per stream from the first call on), views share their base's
-storage, and storages die when nothing holds them (Python's reference counts do the freeing, as
-torch's tensors do). The step: forward graph(s) in order, the saved tensors held for the
-backward, backward graph(s) in reverse (each consumes its saved tensors, boxed), the parameter
-gradients kept. The peak of the ledger is printed with what was live then, by category:
-
-- model state: the parameters, their gradients and AdamW's two float32 states (the same for
-  every backend; models_hf.py also keeps an untouched copy of the model: one more parameters);
-- saved: what the forward hands to the backward (the partitioner's choice), with --saved each
-  one (its FX node, dtype, shape, bytes), and the flags: float32 copies of bf16 values, tensors
-  the size of the logits, values cheap to recompute (pointwise of other saved tensors);
-- the programs' outputs inside a graph (between programs and ATen fallbacks), and the
-  temporaries of each program (kept by the executor between calls: the forward's are live
-  during the backward and the other way round).
+a program's outputs are allocated as `torch.empty` would (and the `.contiguous()` copy of an
+input it takes row-major), views share their base's storage, and storages die when nothing
+holds them (Python's reference counts do the freeing, as torch's tensors do). The kernel
+temporaries are kept from one call to the next two ways, one tecc row each: per program (each
+executor its own, in marshal.shared_storage's storages: the runtime before tecc/runtime/arena.py)
+and in one stream arena shared by every program, placed by live range (arrays.stream_temporaries
+now). The step: forward graph(s) in order (transformers' loss is a graph of its own, fed the
+model's logits), the saved tensors held for the backward, backward graph(s) in reverse (each
+consumes its saved tensors, boxed), the parameter gradients kept. The peak is printed with what
+was live then, by category (parameters, gradients, saved, tangents, temporaries, ...; AdamW's
+two float32 states added: the same for every backend, as is models_hf.py's untouched copy of the
+model, not counted); then the saved tensors by the memory they hold (a view is not counted
+twice), flagged: float32 values computed from bf16 ones, logits-sized, pointwise (recomputable
+from their inputs); then each program's temporaries: summed, in storages, placed by live range,
+and the most bytes live at one launch (the least any placement needs).
 
 Two references for inductor on the same graphs: the floor (the same step holding only the
 parameters, gradients, optimizer states, saved tensors and the graphs' inputs and outputs: no
@@ -194,10 +193,6 @@ class Arenas:
         return held
 
 
-def _nodes(gm: torch.fx.GraphModule) -> dict[str, torch.fx.Node]:
-    return {n.name: n for n in gm.graph.nodes}
-
-
 def _value_of(val: Any, ledger: Ledger, category: str, name: str) -> Any:
     if isinstance(val, (tuple, list)):
         return tuple(_value_of(v, ledger, category, f"{name}[{i}]") for i, v in enumerate(val))
@@ -235,7 +230,7 @@ def run_compiled(ledger: Ledger, compiled: Any, gm: torch.fx.GraphModule, args: 
     a step writes into a slot."""
     from tecc.torch.runtime import MakeView, RunAten, RunProgram
 
-    nodes = _nodes(gm)
+    nodes = {n.name: n for n in gm.graph.nodes}
     slots: list[Any] = [None] * compiled.slot_count
     slots[: compiled.inputs] = args
     args.clear()
