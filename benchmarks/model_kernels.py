@@ -402,7 +402,7 @@ def main() -> None:
     p.add_argument("--check-build", action="store_true",
                    help="also build the programs (NVRTC) and set each kernel's generated launch and shared "
                         "memory beside the model's (minutes for a whole model)")
-    p.add_argument("--partitioner", choices=["min_cut", "default"], default="min_cut",
+    p.add_argument("--partitioner", choices=["min_cut", "default", "recompute"], default="min_cut",
                    help="what the forward saves for the backward (the backend's option of that name)")
     args = p.parse_args()
     layers = args.layers if args.layers is not None else {"gpt2": 1, "hf-gpt2": 1, "resnet50": 0}.get(args.model, 3)

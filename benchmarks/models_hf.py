@@ -3,6 +3,7 @@
     python benchmarks/models_hf.py --quick       # GPT-2 small (SDPA) training + resnet50 inference, ~4 min on an H200
     python benchmarks/models_hf.py               # also GPT-2 with transformers' "eager" attention, more steps
     python benchmarks/models_hf.py --tiny        # the CPU tests' small sizes (CPU: eager and tecc in the emulator)
+    python benchmarks/models_hf.py --quick --models gpt2 --memory-snapshot /tmp/mem   # who holds the peak
 
 GPT-2: transformers.GPT2LMHeadModel(GPT2Config()) (12 layers, width 768, 12 heads, vocabulary
 50257, random weights), batch 8 x 1024 tokens, bf16 autocast, dropout 0, the loss from
@@ -46,12 +47,12 @@ def _package(name: str) -> Any:
         return None
 
 
-def _compiled(model: Any, backend: str, fallback: str) -> Any:
+def _compiled(model: Any, backend: str, fallback: str, partitioner: str = "min_cut") -> Any:
     if backend == "eager":
         return model
     if backend == "inductor":
         return torch.compile(model)
-    return torch.compile(model, backend="tecc", options={"fallback": fallback})
+    return torch.compile(model, backend="tecc", options={"fallback": fallback, "partitioner": partitioner})
 
 
 class _Timer:
@@ -127,6 +128,32 @@ def _reset(device: str) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+def _record_memory(args: argparse.Namespace, label: str, backend: str, start: bool) -> None:
+    """--memory-snapshot DIR: torch's allocation history over a backend's steps, dumped as
+    DIR/<model>_<backend>.pickle (open it at pytorch.org/memory_viz: what is live at the peak,
+    and who allocated it); after tecc's steps, the bytes of tecc's stream arenas (the kernel
+    temporaries of every program, tecc/runtime/arena.py), printed either way."""
+    if args.device != "cuda":
+        return
+    if not start and backend == "tecc":
+        from tecc.runtime.arena import arena_bytes
+
+        print(f"{label} / tecc: stream arenas {arena_bytes() / 2**30:.3f} GiB, "
+              f"peak {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
+    if not args.memory_snapshot:
+        return
+    if start:
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+        return
+    from pathlib import Path
+
+    path = Path(args.memory_snapshot) / f"{label.replace(' ', '_')}_{backend}.pickle"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.cuda.memory._dump_snapshot(str(path))
+    torch.cuda.memory._record_memory_history(enabled=None)
+    print(f"{label} / {backend}: memory history in {path}")
+
+
 def gpt2(args: argparse.Namespace, transformers: Any) -> list[str]:
     rows = []
     for attention in args.attention:
@@ -146,7 +173,7 @@ def gpt2(args: argparse.Namespace, transformers: Any) -> list[str]:
             _reset(args.device)
             model = copy.deepcopy(base)
             try:
-                run = _compiled(model, backend, args.fallback)
+                run = _compiled(model, backend, args.fallback, args.partitioner)
                 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
                 time_it = _Timer(args.device)
 
@@ -159,6 +186,7 @@ def gpt2(args: argparse.Namespace, transformers: Any) -> list[str]:
                     return loss
 
                 losses, times, first = [], [], 0.0
+                _record_memory(args, label, backend, start=True)
                 for i, ids in enumerate(data):
                     loss, ms, wall = time_it(lambda: step(ids))
                     first = wall if i == 0 else first
@@ -166,6 +194,7 @@ def gpt2(args: argparse.Namespace, transformers: Any) -> list[str]:
                         times.append(ms)
                     losses.append(loss.item())
                 results[backend] = (times, first, losses, _peak(args.device))
+                _record_memory(args, label, backend, start=False)
                 if args.profile and args.device == "cuda":
                     _kernel_profile(f"{label} / {backend}", lambda: step(data[-1]), 2, args.profile)
             except Exception:  # noqa: BLE001 - report the failure, go on with the other backends
@@ -229,6 +258,10 @@ def main() -> None:
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="after each backend's timing, a few calls under torch.profiler: GPU busy time against "
                         "the call's time and the top N kernels")
+    p.add_argument("--partitioner", default="min_cut", choices=["min_cut", "default", "recompute"],
+                   help="tecc's partitioner option for GPT-2 (what its forward saves for the backward)")
+    p.add_argument("--memory-snapshot", default=None, metavar="DIR",
+                   help="dump torch's allocation history of each backend's GPT-2 steps into DIR (pytorch.org/memory_viz)")
     args = p.parse_args()
     args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device == "cpu" and not args.tiny:

@@ -678,7 +678,8 @@ def test_a_tma_map_of_a_followed_stream_temporary_is_cached_and_reencoded_for_it
     assert full_path["binds"] == 1, "a hit binds nothing"
     launches = f.submitted[-len(host.kernels):]
     t_map = next(p for _, _, _, params in launches for p in params if isinstance(p, tuple) and p[1] == "T")
-    t_ptr = f._stream_temps[(0x5EED, f._storage["T"])][0]
+    (kept,) = [entry for key, entry in f._stream_temps.items() if key[:2] == ("signature", 0x5EED)]
+    t_ptr = kept[3][[name for name, _, _ in kept[0]].index("T")]
     assert t_map == ("map", "T", t_ptr), "the map is encoded for this call's temporary"
     writer = next(params for kern, _, _, params in launches if kern == "<kernel T_kernel>")
     assert t_ptr in writer, "the kernel writing T and the GEMM's map see the same temporary"

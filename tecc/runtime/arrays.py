@@ -470,35 +470,73 @@ def allocate_like(obj: Any, nbytes: int, zero: bool) -> tuple[int, Any]:
     return int(owner.data_ptr()), owner
 
 
-def stream_temporaries(obj: Any, temps: Sequence[tuple[str, int, bool]], kept: dict[Any, tuple[int, Any, int]],
-                       stream_ptr: int, storage: Mapping[str, str] | None = None) -> tuple[list[int], list[Any]]:
-    """(data pointers, owners) of a call's kernel temporaries, each (name, bytes, zero_init), for
-    a call on torch-like `obj`'s current stream `stream_ptr`.
+SIGNATURES_KEPT = 8  # per executor: the call signatures whose arena pointers stream_temporaries remembers
 
-    Under CUDA-graph capture each call takes its own from the graph's pool (allocate_like), so
-    replays find them where the capture put them. Otherwise each temporary is kept in `kept` under
-    (stream, its storage: `storage[name]`, marshal.shared_storage's sharing by liveness, else its
-    name) and reused by later calls on that stream: launches on one stream run in order,
-    so a later call cannot overwrite what an earlier one still reads, and a zero-initialized
-    temporary is left zero by every kernel that changes it. This saves the allocation (and for
-    zero_init the memset) of every call, and gives a repeated call the same pointers (what the
-    executor's CUDA graphs are keyed by). Whether the stream is capturing is asked once per call."""
+
+def stream_temporaries(obj: Any, temps: Sequence[tuple[str, int, bool]], kept: dict[Any, Any],
+                       stream_ptr: int, storage: Mapping[str, str] | None = None,
+                       ranges: Mapping[str, tuple[int, int]] | None = None) -> tuple[list[int], list[Any]]:
+    """(data pointers, owners) of a call's kernel temporaries, each (name, bytes, zero_init), for
+    a call on torch-like `obj`'s current stream `stream_ptr`. Temporaries whose launches do not
+    overlap share memory: placed by their live ranges (`ranges`, marshal.live_ranges:
+    arena.layout), or grouped by `storage[name]` (marshal.shared_storage) without them.
+
+    Under CUDA-graph capture each call takes its own from the graph's pool (allocate_like: one
+    block laid out by storage, a zero_init temporary apart), so replays find them where the
+    capture put them. Otherwise they live in the stream's arena (arena.py), which every executor
+    calling on that stream shares: launches on one stream run in order, so no program's
+    temporaries are in use while another's kernels run, and a stream holds one working set (its
+    largest program's), not one per program. A zero_init temporary (left zero by every kernel
+    that changes it) is kept apart in `kept` under (stream, its storage). This saves the
+    allocation (and for zero_init the memset) of every call, and gives a repeated call the same
+    pointers (what the executor's CUDA graphs are keyed by). `kept` also remembers, per call
+    signature `temps`, its layout and pointers in the arena last used (and so holds that arena).
+    Whether the stream is capturing is asked once per call."""
+    from . import arena
+
     package = sys.modules[type(obj).__module__.partition(".")[0]]
     # torch's C entry point when there is one (its Python wrapper costs a microsecond per call)
     capturing = getattr(getattr(package, "_C", None), "_cuda_isCurrentStreamCapturing", None)
     if (capturing or package.cuda.is_current_stream_capturing)():
-        made = [allocate_like(obj, nbytes, zero) for _, nbytes, zero in temps]
-        return [ptr for ptr, _ in made], [owner for _, owner in made]
-    ptrs: list[int] = []
-    owners: list[Any] = []
-    for name, nbytes, zero in temps:
-        key = (stream_ptr, storage[name] if storage is not None else name)
+        plan = arena.layout(temps, storage, ranges)
+        base, block = allocate_like(obj, plan.nbytes, False) if plan.nbytes else (0, None)
+        ptrs, owners = [], [block]
+        for (_, nbytes, zero), offset in zip(temps, plan.offsets):
+            if offset is None:
+                ptr, owner = allocate_like(obj, nbytes, zero)
+                ptrs.append(ptr)
+                owners.append(owner)
+            else:
+                ptrs.append(base + offset)
+        return ptrs, owners
+    signature = ("signature", stream_ptr, id(temps))
+    entry = kept.get(signature)
+    if entry is None or entry[0] is not temps:
+        known = [k for k in kept if k[0] == "signature"]
+        if len(known) >= SIGNATURES_KEPT:  # a new tuple each full-path call: forget the old ones
+            for k in known:
+                del kept[k]
+        entry = (temps, arena.layout(temps, storage, ranges), None, [], [])
+    plan = entry[1]
+    area = arena.stream_arena(getattr(obj, "device", None), stream_ptr, plan.nbytes,
+                              lambda nbytes: allocate_like(obj, nbytes, False)) if plan.nbytes else None
+    if entry[2] is area and entry[3]:
+        return entry[3], entry[4]
+    ptrs = []
+    owners: list[Any] = [area]
+    for (name, nbytes, zero), offset in zip(temps, plan.offsets):
+        if offset is not None:
+            assert area is not None
+            ptrs.append(area.ptr + offset)
+            continue
+        key = ("zero_init", stream_ptr, storage[name] if storage is not None else name)
         found = kept.get(key)
         if found is None or found[2] < nbytes:
             ptr, owner = allocate_like(obj, nbytes, zero)
             found = kept[key] = (ptr, owner, nbytes)
         ptrs.append(found[0])
         owners.append(found[1])
+    kept[signature] = (temps, plan, area, ptrs, owners)
     return ptrs, owners
 
 

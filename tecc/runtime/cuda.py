@@ -43,8 +43,8 @@ from .host import HostProgram, KernelInfo, resolve_launch, temp_bytes
 from .launch_cache import (CALL_CACHE_SIZE, AllocatingCall, CachedCall, CachedLaunch, LaunchRecord,  # noqa: F401
                            cached_call, read_keys, with_pointers)
 from .marshal import (DEFAULT_ALIGNMENT, ParamSlot, PlannedLaunch, alias_pairs, byte_span, check_aliasing,  # noqa: F401
-                      check_device_arrays, plan_launches, prepare_arguments, scalar_argument, shared_storage,
-                      tensor_map_geometry)
+                      check_device_arrays, live_ranges, plan_launches, prepare_arguments, scalar_argument,
+                      shared_storage, tensor_map_geometry)
 from .streams import (CU_STREAM_LEGACY, FOLLOWED_STREAMS, LEGACY_DEFAULT_STREAMS, as_stream,  # noqa: F401
                       followed_producer, same_stream)
 from .tensor_map import EncodedTensorMap, TensorMapSpec, encode_arguments, encode_tensor_map, prepare_packed
@@ -175,8 +175,9 @@ class CudaExecutor(graphs.GraphReplay):
         self.graph_patching = mode == "patch"
         self.last_launches: list[LaunchRecord] = []
         self._temps: dict[str, Any] = {}
-        # temporaries of calls on followed torch streams, per (stream handle, name), outside capture
-        self._stream_temps: dict[tuple[int, str], tuple[int, Any, int]] = {}
+        # temporaries of calls on followed torch streams outside capture (arrays.stream_temporaries:
+        # the stream's arena each call signature last used, the zero_init ones kept apart)
+        self._stream_temps: dict[tuple[Any, ...], Any] = {}
         self._dummy: Any = None
         self._init_launch_cache()
 
@@ -198,6 +199,7 @@ class CudaExecutor(graphs.GraphReplay):
         self._calls: dict[tuple[Any, ...], CachedCall] = {}
         # temporaries from torch's allocator share storages by liveness (marshal.shared_storage)
         self._storage = shared_storage(self.host, self._planned)
+        self._ranges = live_ranges(self._planned)  # and are placed in the stream's arena by them (arena.py)
         # how calls ran: `cached` from the launch cache, `checked` through the full path (a
         # benchmark's check that repeated calls hit: benchmarks/models_hf.py --profile)
         self.calls_cached = 0
@@ -380,7 +382,7 @@ class CudaExecutor(graphs.GraphReplay):
         owners: list[Any] = []  # the temporaries' owners, alive until their launches are queued
         if cached.temps:
             temp_ptrs, owners = arrays.stream_temporaries(args[cached.temps_like], cached.temps, self._stream_temps,
-                                                          self._stream_ptr, self._storage)
+                                                          self._stream_ptr, self._storage, self._ranges)
             ptrs = [*ptrs, *temp_ptrs]
         # Straight to the driver unless something must see each launch: debug_sync, or a
         # wrapper around `_launch` (tc.profile() installs one).
@@ -563,7 +565,8 @@ class CudaExecutor(graphs.GraphReplay):
         so replays find them where the capture put them): their pointers, their owners (keep them
         until the launches are queued) and each one's (name, bytes, zero_init)."""
         sizes = tuple((temp.name, temp_bytes(temp, env), bool(temp.zero_init)) for temp in self.host.temps)
-        ptrs, owners = arrays.stream_temporaries(like, sizes, self._stream_temps, self._stream_ptr, self._storage)
+        ptrs, owners = arrays.stream_temporaries(like, sizes, self._stream_temps, self._stream_ptr, self._storage,
+                                                 self._ranges)
         return {name: ptr for (name, _, _), ptr in zip(sizes, ptrs)}, owners, sizes
 
     def _param(self, slot: ParamSlot, pointers: list[int], temps: dict[str, int], values: dict[str, int],

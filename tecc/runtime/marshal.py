@@ -115,6 +115,19 @@ def plan_launches(host: HostProgram) -> tuple[PlannedLaunch, ...]:
     return tuple(planned)
 
 
+def live_ranges(planned: Sequence[PlannedLaunch]) -> dict[str, tuple[int, int]]:
+    """Temporary -> (first, last): the positions in the call sequence of the first launch that
+    passes it (or its tensor map) and of the last. A temporary no launch passes has none."""
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for position, launch in enumerate(planned):
+        for slot in launch.slots:
+            if slot.kind == "temp" or (slot.kind == "tensor_map" and slot.index < 0):
+                first.setdefault(slot.name, position)
+                last[slot.name] = position
+    return {name: (position, last[name]) for name, position in first.items()}
+
+
 def shared_storage(host: HostProgram, planned: Sequence[PlannedLaunch]) -> dict[str, str]:
     """Temporary -> the name of the storage it lives in: temporaries whose launches do not
     overlap in the call sequence share one (launches on one stream run in order, so a temporary
@@ -124,19 +137,16 @@ def shared_storage(host: HostProgram, planned: Sequence[PlannedLaunch]) -> dict[
     the layer's kernels ran). A zero_init temporary keeps a storage of its own (its kernels
     leave it zero for the next call, which a sharer would break), as does one no launch uses.
     Storages are reused first-fit, most recently freed first; a temporary's live range runs
-    from the first launch that passes it (or its tensor map) to the last."""
-    first: dict[str, int] = {}
-    last: dict[str, int] = {}
-    for position, launch in enumerate(planned):
-        for slot in launch.slots:
-            if slot.kind == "temp" or (slot.kind == "tensor_map" and slot.index < 0):
-                first.setdefault(slot.name, position)
-                last[slot.name] = position
+    from the first launch that passes it (or its tensor map) to the last (`live_ranges`).
+    (Temporaries in a stream's arena are placed by offset instead: arena.layout.)"""
+    ranges = live_ranges(planned)
     storage: dict[str, str] = {t.name: t.name for t in host.temps}
     free: list[tuple[int, str]] = []  # (last launch of its latest temporary, storage)
     count = 0
-    for name in sorted((t.name for t in host.temps if not t.zero_init and t.name in first), key=first.__getitem__):
-        reusable = [entry for entry in free if entry[0] < first[name]]
+    for name in sorted((t.name for t in host.temps if not t.zero_init and t.name in ranges),
+                       key=lambda n: ranges[n][0]):
+        first, last = ranges[name]
+        reusable = [entry for entry in free if entry[0] < first]
         if reusable:
             entry = max(reusable)
             free.remove(entry)
@@ -144,7 +154,7 @@ def shared_storage(host: HostProgram, planned: Sequence[PlannedLaunch]) -> dict[
         else:
             chosen, count = f"storage{count}", count + 1
         storage[name] = chosen
-        free.append((last[name], chosen))
+        free.append((last, chosen))
     return storage
 
 

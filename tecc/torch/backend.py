@@ -17,7 +17,7 @@ Options (`torch.compile(..., options={...})`):
 | `cudagraphs` | `False` | capture each whole graph (fallbacks included) with torch.cuda.graph, inputs copied in and outputs copied out (CUDA tensors, static shapes); without it each program still replays as the runtime's own CUDA graph (docs/models.md, "Runtime") |
 | `dump_ir` | `None` | a folder: each graph's FX code, the node -> kernel map and every program's IR dumps |
 | `arch` | `None` | the GPU architecture to compile for (`"sm_90"`); default: the device's |
-| `partitioner` | `"min_cut"` | what the forward saves for the backward: `"min_cut"`, AOTAutograd's min-cut rematerialization partitioner (inductor's too: saves the fewest bytes and recomputes cheap elementwise values in the backward; a loss head then saves its bf16 logits and two row statistics, and its backward recomputes the float32 cast, instead of 1.6 GB of float32 log-probabilities written and read back at GPT-2's size); `"default"`, AOTAutograd's default partitioner (saves what the backward reads) |
+| `partitioner` | `"min_cut"` | what the forward saves for the backward: `"min_cut"`, AOTAutograd's min-cut rematerialization partitioner (inductor's too: saves the fewest bytes and recomputes cheap elementwise values in the backward; a loss head then saves its bf16 logits and two row statistics, and its backward recomputes the float32 cast, instead of 1.6 GB of float32 log-probabilities written and read back at GPT-2's size); `"default"`, AOTAutograd's default partitioner (saves what the backward reads); `"recompute"`, the min-cut partitioner allowed to recompute cheap values that the backward reads through a GEMM (`ban_recompute_materialized_backward` off: an MLP's GELU output, a layer norm's bf16 output, bf16 copies of weights are recomputed from what is saved anyway, one layer at a time, instead of saved for every layer: 1.1 GiB less saved by transformers' GPT-2 small at batch 8 × 1024, 0.23 GiB off its peak (benchmarks/model_memory.py), for an elementwise pass per recomputed value in the backward) |
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from .runtime import CompiledGraph, with_cuda_graph
 log = logging.getLogger("tecc.torch")
 
 FALLBACKS = ("aten", "error")
-PARTITIONERS = ("min_cut", "default")
+PARTITIONERS = ("min_cut", "default", "recompute")
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,9 @@ class Options:
         partitioner = given.get("partitioner", "min_cut")
         if partitioner not in PARTITIONERS:
             raise TeccError(f"torch.compile(backend='tecc'): partitioner={partitioner!r}; use 'min_cut' "
-                            "(AOTAutograd's min-cut rematerialization partitioner, the default) or 'default' "
-                            "(AOTAutograd's default partitioner)")
+                            "(AOTAutograd's min-cut rematerialization partitioner, the default), 'default' "
+                            "(AOTAutograd's default partitioner) or 'recompute' (min-cut, recomputing cheap values "
+                            "the backward's GEMMs read instead of saving them)")
         dump = given.get("dump_ir")
         return Options(fallback, bool(given.get("cudagraphs", False)), str(dump) if dump else None,
                        given.get("arch"), partitioner)
@@ -113,7 +114,24 @@ def partition(partitioner: str) -> dict[str, Any]:
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 
         return {"partition_fn": min_cut_rematerialization_partition}
+    if partitioner == "recompute":
+        return {"partition_fn": recomputing_min_cut}
     return {}
+
+
+def recomputing_min_cut(joint: GraphModule, inputs: Any, **kwargs: Any) -> Any:
+    """The min-cut partition with `ban_recompute_materialized_backward` off: a cheap value (a
+    pointwise op of saved values) that a backward GEMM reads is recomputed in the backward, not
+    saved. torch bans that by default because the recomputed value is written to memory in the
+    backward anyway (no bandwidth saved); it is, as a temporary of the backward program (in the
+    stream arena, tecc/runtime/arena.py), where the saved one was held from the forward on.
+    (The backward program runs the kernels that read only its inputs first, so every layer's
+    recomputed values are live together: docs/models.md, "Memory".)"""
+    from torch._functorch import config
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    with config.patch(ban_recompute_materialized_backward=False):
+        return min_cut_rematerialization_partition(joint, inputs, **kwargs)
 
 
 def _bound_symbols(gm: GraphModule) -> set[Any]:
