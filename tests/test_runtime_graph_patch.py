@@ -18,7 +18,7 @@ from test_runtime_fastpath import (TMA_TEMPORARY_SIZES, StubExecutor, TorchLike,
 from test_runtime_graphs import FakeDriver, FakeGraph, GraphStub, pair_arrays, two_kernel_program
 
 from tecc.ir.errors import LaunchError
-from tecc.runtime import graph_patch, graphs
+from tecc.runtime import arena, graph_patch, graphs
 from tecc.runtime.tensor_map import EncodedTensorMap, PackedParameters
 
 
@@ -395,16 +395,18 @@ def test_a_gemm_reading_a_moving_temporary_by_tma_gets_its_map_patched(full_path
     monkeypatch.setattr(StubExecutor, "_tensor_map", tensor_map)
     bf16 = ml_dtypes.bfloat16
     w, c = TorchLike(np.ones((N, K), bf16)), TorchLike(np.zeros((M, N), bf16))
-    kept = []  # earlier temporaries stay alive, so new ones get new addresses
+    kept = []  # earlier temporaries (and their stream arena) stay alive, so new ones get new addresses
     for _ in range(5):
         kept.append(dict(f._stream_temps))
         f._stream_temps.clear()
+        arena._ARENAS.clear()  # the next call takes a new arena, not the one its earlier calls hold
         f(TorchLike(np.ones((M, K), bf16)), w, c)
     assert full_path["binds"] == 1 and f.graph_runs == 4
     stats = f.graph_stats
     assert (stats.captured, stats.patched, stats.unpatchable) == (1, 3, 0), stats
     assert stats.patched_nodes == 3 * len(host.kernels), "X and the temporaries move: every launch takes one"
-    t_ptr = f._stream_temps[(0x5EED, f._storage["T"])][0]
+    (entry,) = [e for key, e in f._stream_temps.items() if key[:2] == ("signature", 0x5EED)]
+    t_ptr = entry[3][[name for name, _, _ in entry[0]].index("T")]
     assert ("T", t_ptr) in encoded, "the map of the last call's temporary was encoded for the patch"
 
 
