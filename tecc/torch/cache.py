@@ -31,12 +31,12 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.fx import GraphModule
 
-from ..compiler import load
 from ..compiler import options as knobs
 from ..compiler.build_cache import source_fingerprint
 from ..compiler.cache import nvrtc_version
 from ..ir.expr import Expr
 from ..ir.serialize import VarTable, expr_from_json, expr_to_json
+from ..runtime.artifact import load
 from .report import GraphReport
 from .runtime import CompiledGraph, MakeView, RunAten, RunProgram, Size, Slot
 
