@@ -54,13 +54,7 @@ def enabled() -> bool:
 
 def graph_key(gm: GraphModule, options: dict[str, Any], target: str) -> str:
     """The hex SHA-256 naming a graph's entry (module docstring)."""
-    nodes = []
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            nodes.append([node.name, str(tuple(val.shape)), str(val.dtype), str(val.stride()), str(val.device)])
-        else:
-            nodes.append([node.name, repr(val)])
+    nodes = [[node.name, _value_key(node.meta.get("val"))] for node in gm.graph.nodes]
     device = ""
     if target == "cuda" and torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
@@ -69,6 +63,17 @@ def graph_key(gm: GraphModule, options: dict[str, Any], target: str) -> str:
               "device": device, "arch": knobs.default_arch_override(), "tecc": source_fingerprint(),
               "torch": torch.__version__, "nvrtc": nvrtc_version() if target == "cuda" else ""}
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _value_key(val: Any) -> Any:
+    """What the key holds of a node's value: a tensor's shape, dtype, strides and device, and a
+    tuple or list of them element by element (not its repr: printing a fake tensor costs ~0.2 ms,
+    and a GPT's backward graph has hundreds of multi-output nodes)."""
+    if isinstance(val, torch.Tensor):
+        return [str(tuple(val.shape)), str(val.dtype), str(val.stride()), str(val.device)]
+    if isinstance(val, (list, tuple)):
+        return {type(val).__name__: [_value_key(v) for v in val]}
+    return repr(val)
 
 
 def entry_dir(key: str) -> Path:
