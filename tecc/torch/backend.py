@@ -179,6 +179,7 @@ def compile_graph(gm: GraphModule, example_inputs: Sequence[Any], opts: Options,
         if hit is not None:
             compiled, report = hit
             report.name = compiled.name = name
+            report.seconds = time.perf_counter() - start  # the load's (the compile's are the first process's)
             record(report)
             if report.fallbacks:
                 log.warning("%s", report.fallback_message())
