@@ -14,6 +14,10 @@ a string, a dtype, a device, a layout or a memory format, or nested lists of the
 graph uncached. Programs built for the emulator (CPU tensors) have no cubin and are not cached
 here (the build cache keeps their plans, docs/cache.md). `TECC_NO_CACHE=1` or
 `TECC_BUILD_CACHE=0` turn this cache off with the others. A damaged entry is a miss.
+
+A hit needs the runtime alone (`tecc.runtime.artifact.load`, the launch list's steps) and the
+compiler's options and version strings for the key: loading imports none of the compiler's
+pipeline (docs/models.md, "A second process").
 """
 
 from __future__ import annotations
