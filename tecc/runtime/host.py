@@ -24,7 +24,6 @@ from ..ir.expr import Expr, Var, const_int, free_vars
 from ..ir.index_checks import CheckSite, index_check_sites
 from ..ir.serialize import (
     VarTable,
-    expr_from_json,
     expr_to_json,
     param_from_json,
     param_to_json,
@@ -167,7 +166,7 @@ class HostProgram:
             KernelInfo(
                 k["name"],
                 tuple(param(p) for p in k["params"]),
-                tuple(expr_from_json(g, table) for g in k["grid"]),  # type: ignore[arg-type]
+                tuple(table.expr(g) for g in k["grid"]),  # type: ignore[arg-type]
                 tuple(k["block"]),  # type: ignore[arg-type]
                 k.get("dynamic_smem", 0),
                 tuple(TensorMapSpec.from_json(m) for m in k.get("tensor_maps", ())),
