@@ -13,7 +13,8 @@ an argument this format cannot write (an object that is not a tensor slot, a siz
 a string, a dtype, a device, a layout or a memory format, or nested lists of them) leaves the
 graph uncached. Programs built for the emulator (CPU tensors) have no cubin and are not cached
 here (the build cache keeps their plans, docs/cache.md). `TECC_NO_CACHE=1` or
-`TECC_BUILD_CACHE=0` turn this cache off with the others. A damaged entry is a miss.
+`TECC_BUILD_CACHE=0` turn this cache off with the others. A damaged entry is a miss, and the
+compile that follows replaces it.
 
 A hit needs the runtime alone (`tecc.runtime.artifact.load`, the launch list's steps) and the
 compiler's options and version strings for the key: loading imports none of the compiler's
@@ -217,8 +218,14 @@ def store(key: str, compiled: CompiledGraph, kernels: Sequence[Any], report: Gra
         (work / "graph.json").write_text(json.dumps(doc))
         try:
             os.replace(work, final)
-        except OSError:  # another process stored it first: theirs is as good
-            shutil.rmtree(work, ignore_errors=True)
+        except OSError:  # an entry is there: another process stored it first, or it is damaged
+            if load_graph(key) is None:  # damaged (this compile missed it): replace it
+                shutil.rmtree(final, ignore_errors=True)
+                try:
+                    os.replace(work, final)
+                except OSError:
+                    pass
+            shutil.rmtree(work, ignore_errors=True)  # gone once renamed
         return final
     except (NotCacheable, OSError, ValueError, TypeError):
         return None
