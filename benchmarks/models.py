@@ -142,23 +142,75 @@ def _second_process(attention: str, args: argparse.Namespace) -> str:
     """tecc's first call in a new process that finds the compiled graphs in the disk cache."""
     command = [sys.executable, str(Path(__file__).resolve()), "--child-compile", attention, "--layers",
                str(args.layers)] + (["--strict"] if args.strict else [])
+    start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=dict(os.environ))
+    process = time.perf_counter() - start
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [""]
         return f"| gpt2 {args.layers}L {attention} | tecc, second process | failed: {tail[0][:160]} | | | |"
     found = json.loads(lines[-1])
+    print(f"\nsecond process (gpt2 {args.layers}L {attention}), seconds: whole process {process:.1f}; "
+          + "; ".join(f"{name} {seconds:.2f}" for name, seconds in found["phases"].items()))
     return (f"| gpt2 {args.layers}L {attention} | tecc, second process (disk cache) | | {found['first']:.1f} | "
             f"{found['loss']:.4f} | |")
 
 
+# dynamo's timers (torch._dynamo.utils.compile_times) that split a second process's first call
+DYNAMO_PHASES = {"bytecode_tracing": "dynamo tracing", "create_aot_dispatcher_function": "AOTAutograd (forward)",
+                 "aot_trace_joint_graph": "  of which the joint trace", "backward._backward_impl": "first backward call"}
+
+
 def _child_compile(attention: str, args: argparse.Namespace) -> None:
+    """The second process: its first step, split into phases (printed as JSON): `torch.compile`
+    (tecc imported through the entry point), dynamo's timers (DYNAMO_PHASES; the AOTAutograd
+    forward phase includes tecc's load of the forward graph, the first backward call its load
+    of the backward graph and that backward's run) and tecc's own load of each graph from the
+    disk cache (its report's seconds)."""
+    from torch._dynamo.utils import compile_times
+
     torch.manual_seed(0)
     vocab, width, heads, context, batch = 50304, 768, 12, 1024, 8
     model = GPT(vocab, width, heads, args.layers, context, attention).cuda()
     data = _batches(1, batch, context, vocab)
-    _, first, losses = _train(_compiled(model, "tecc", args.strict), model, data, 1)
-    print(json.dumps({"first": first, "loss": losses[0]}))
+    start = time.perf_counter()
+    compiled = _compiled(model, "tecc", args.strict)
+    phases = {"torch.compile (imports tecc)": time.perf_counter() - start}
+    phases["AOTAutograd's partitioner"] = 0.0  # its first call imports torch._inductor (the min-cut's CSE pass)
+    _time_partitioner(phases, "AOTAutograd's partitioner")
+    _, first, losses = _train(compiled, model, data, 1)
+    phases["first step"] = first
+    names, seconds = compile_times(repr="csv", aggregate=True)
+    timers = dict(zip(names, seconds))
+    phases.update({label: float(timers[name]) for name, label in DYNAMO_PHASES.items() if name in timers})
+    from tecc.torch.report import reports
+
+    phases.update({f"tecc load {r.name}": r.seconds for r in reports()})
+    print(json.dumps({"first": first, "loss": losses[0], "phases": phases}))
+
+
+def _time_partitioner(phases: dict[str, float], label: str) -> None:
+    """Add the seconds of the backend's partition_fn (AOTAutograd's partitioner) to phases[label]."""
+    from tecc.torch import backend
+
+    chosen = backend.partition
+
+    def timed_partition(name: str) -> dict:
+        found = chosen(name)
+        inner = found.get("partition_fn")
+        if inner is None:
+            return found
+
+        def partition_fn(*a, **kw):
+            start = time.perf_counter()
+            try:
+                return inner(*a, **kw)
+            finally:
+                phases[label] += time.perf_counter() - start
+
+        return {**found, "partition_fn": partition_fn}
+
+    backend.partition = timed_partition
 
 
 def hf_gpt2(args: argparse.Namespace) -> list[str]:

@@ -297,3 +297,74 @@ def test_a_compiled_graph_is_cached_on_disk_and_loaded_by_the_next_compile(tmp_p
     torch.testing.assert_close(second, first, rtol=0, atol=0)
     torch.testing.assert_close(second, model(x), rtol=1e-5, atol=1e-5)
     assert reports()[-1].programs == reports()[0].programs
+
+
+@pytest.mark.parametrize("damage", ["graph.json", "manifest", "cubin", "tecc version"])
+def test_a_damaged_or_stale_graph_entry_is_compiled_again(tmp_path, monkeypatch, damage):
+    """A graph entry that cannot be read (its launch list or a program's manifest cut short, a
+    cubin without its ELF header) is a miss, as is one stored by another version of tecc (its
+    key differs): the graph is compiled again, computes what it did, and its new entry (in
+    place of the damaged one) serves the next compile."""
+    import tecc.torch.backend as backend
+    from tecc.compiler import build_cache
+
+    monkeypatch.setenv("TECC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TECC_BUILD_CACHE", "1")
+    monkeypatch.setattr(backend, "_target", lambda emulate: "cuda")
+    torch.manual_seed(0)
+    model = MLP()
+    x = torch.randn(6, 16)
+    first = compiled(model)(x)
+    (entry,) = [p.parent for p in (tmp_path / "graphs").rglob("graph.json")]
+    if damage == "tecc version":
+        monkeypatch.setattr(build_cache, "_FINGERPRINT", "another tecc")
+    else:
+        file = entry / {"graph.json": "graph.json", "manifest": "p0.json", "cubin": "p0.cubin"}[damage]
+        data = file.read_bytes()
+        file.write_bytes(data[: len(data) // 2] if damage != "cubin" else b"not a cubin" + data[4:])
+    torch._dynamo.reset()
+    planned = []
+    plan = backend.plan_graph
+    monkeypatch.setattr(backend, "plan_graph", lambda *a, **kw: planned.append(1) or plan(*a, **kw))
+    second = compiled(model)(x)
+    assert planned, f"the {damage} damage was not noticed: the graph was loaded"
+    torch.testing.assert_close(second, first, rtol=0, atol=0)
+    # the compile stored its graph in place of the damaged entry: the next one loads it
+    torch._dynamo.reset()
+    planned.clear()
+    torch.testing.assert_close(compiled(model)(x), first, rtol=0, atol=0)
+    assert not planned, "the entry written after the damage does not load"
+
+
+def test_a_second_process_loads_the_cached_graph_without_the_compiler(tmp_path, monkeypatch):
+    """A new process that finds the graph on disk imports neither the planner nor the passes nor
+    the lowering (tecc.compiler's names, tecc.torch's ops and the backend's compile path are
+    imported on first use), and computes what the first process's compile computed."""
+    import tecc.torch.backend as backend
+
+    monkeypatch.setenv("TECC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TECC_BUILD_CACHE", "1")
+    monkeypatch.setattr(backend, "_target", lambda emulate: "cuda")
+    torch.manual_seed(0)
+    model = MLP()
+    x = torch.randn(6, 16)
+    torch.save({"state": model.state_dict(), "x": x, "out": compiled(model)(x).detach()}, tmp_path / "first.pt")
+    code = (
+        "import sys, torch\n"
+        "from tecc.torch import backend\n"
+        "backend._target = lambda emulate: 'cuda'  # as the first process: programs with cubins, run emulated\n"
+        "from torch_models import MLP\n"
+        f"saved = torch.load({str(tmp_path / 'first.pt')!r})\n"
+        "model = MLP()\n"
+        "model.load_state_dict(saved['state'])\n"
+        "out = torch.compile(model, backend='tecc')(saved['x'])\n"
+        "torch.testing.assert_close(out, saved['out'], rtol=0, atol=0)\n"
+        "heavy = sorted(m for m in sys.modules if m in ('tecc.compiler.planner', 'tecc.compiler.build', 'tecc.passes', "
+        "'tecc.torch.graph', 'tecc.torch.lowering', 'tecc.torch.launch', 'tecc.torch.ops', 'islpy'))\n"
+        "assert not heavy, f'a cache hit imported {heavy}'\n"
+        "from tecc.torch.report import reports\n"
+        "assert reports() and all(r.seconds > 0 for r in reports()), reports()  # the load's seconds\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), *sys.path])}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]

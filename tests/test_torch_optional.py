@@ -49,3 +49,31 @@ def test_tc_torch_is_the_tecc_torch_module_when_torch_imports(tmp_path) -> None:
     env = {**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{__import__('os').environ.get('PYTHONPATH', '')}"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_compiler_package_imports_its_names_on_first_use() -> None:
+    """tecc.compiler's names come on first use, so its small modules (options, the build cache)
+    import without the pipeline; `build` and `explain` stay the functions even when their
+    submodules are imported first."""
+    code = (
+        "import sys\n"
+        "from tecc.compiler import build_cache, options\n"
+        "assert 'tecc.compiler.planner' not in sys.modules and 'tecc.passes' not in sys.modules\n"
+        "import tecc.compiler.build, tecc.compiler.explain  # the submodules first\n"
+        "import tecc, tecc.compiler\n"
+        "from tecc.compiler import build, explain, load, gpu_available\n"
+        "assert callable(build) and build.__module__ == 'tecc.compiler.build', build\n"
+        "assert callable(explain) and explain.__module__ == 'tecc.compiler.explain', explain\n"
+        "assert tecc.build is build and tecc.compiler.build is build and tecc.explain is explain\n"
+        "assert load.__module__ == 'tecc.runtime.artifact' and gpu_available.__module__ == 'tecc.runtime.cuda'\n"
+        "assert sys.modules['tecc.compiler.build'].build is build\n"
+        "assert set(tecc.compiler.__all__) <= set(dir(tecc.compiler))\n"
+        "try:\n"
+        "    tecc.compiler.no_such_name\n"
+        "except AttributeError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]

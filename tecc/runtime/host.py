@@ -24,7 +24,6 @@ from ..ir.expr import Expr, Var, const_int, free_vars
 from ..ir.index_checks import CheckSite, index_check_sites
 from ..ir.serialize import (
     VarTable,
-    expr_from_json,
     expr_to_json,
     param_from_json,
     param_to_json,
@@ -149,13 +148,25 @@ class HostProgram:
     @staticmethod
     def from_json(j: Mapping[str, Any]) -> "HostProgram":
         table = VarTable()
-        params = tuple(param_from_json(p, table) for p in j["params"])
-        temps = tuple(param_from_json(t, table) for t in j["temps"])
+        # a parameter's JSON (its repr) -> what it decodes to: the kernels' parameters repeat the
+        # program's arrays and temporaries (a whole-graph program: 3213 parameters, 1131 distinct),
+        # each decoded once (the runtime reads a buffer's fields and name, never its identity)
+        decoded: dict[str, Buffer | Var] = {}
+
+        def param(p: dict[str, Any]) -> Buffer | Var:
+            key = repr(p)
+            found = decoded.get(key)
+            if found is None:
+                found = decoded[key] = param_from_json(p, table)
+            return found
+
+        params = tuple(param(p) for p in j["params"])
+        temps = tuple(param(t) for t in j["temps"])
         kernels = tuple(
             KernelInfo(
                 k["name"],
-                tuple(param_from_json(p, table) for p in k["params"]),
-                tuple(expr_from_json(g, table) for g in k["grid"]),  # type: ignore[arg-type]
+                tuple(param(p) for p in k["params"]),
+                tuple(table.expr(g) for g in k["grid"]),  # type: ignore[arg-type]
                 tuple(k["block"]),  # type: ignore[arg-type]
                 k.get("dynamic_smem", 0),
                 tuple(TensorMapSpec.from_json(m) for m in k.get("tensor_maps", ())),

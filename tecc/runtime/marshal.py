@@ -259,8 +259,15 @@ def written_overlap(ptrs: Sequence[int], spans: Sequence[tuple[int, int]], writt
 def check_aliasing(host: HostProgram, prepared: Sequence[Argument]) -> None:
     """Device arrays used in place must not overlap an array the kernels write (the kernels'
     pointers are `__restrict__`, so overlap is undefined behaviour: stale or torn results).
-    ShapeError names both arguments. Host arrays are staged into their own buffers: never shared."""
+    ShapeError names both arguments. Host arrays are staged into their own buffers: never shared.
+    Decided by `written_overlap` (a whole-graph program's first call has ~400 arguments and
+    ~50,000 pairs); only when it finds an overlap are the pairs walked, to name them."""
     buffers = host.buffer_params
+    outputs = set(host.outputs)
+    used = [k for k, a in enumerate(prepared) if not a.is_host and a.nbytes != 0]
+    if not written_overlap([prepared[k].ptr for k in used], [byte_span(prepared[k].info) for k in used],
+                           [buffers[k].name in outputs for k in used]):
+        return
     for i, j in alias_pairs(host):
         a, b = prepared[i], prepared[j]
         if a.is_host or b.is_host or a.nbytes == 0 or b.nbytes == 0:

@@ -26,21 +26,20 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from torch.fx import GraphModule
 
-from ..compiler import build
-from ..compiler.planner import Rankings, shared_rankings
 from ..ir.errors import TeccError
 from . import cache
 from .decompositions import decomposition_table
-from .graph import GraphPlan, plan_graph
-from .launch import assemble
-from .lowering import Sizes
-from .report import GraphReport, record, write_dumps
+from .report import GraphReport, record
 from .runtime import CompiledGraph, with_cuda_graph
+
+if TYPE_CHECKING:
+    from ..compiler.planner import Rankings
+    from .graph import GraphPlan
 
 log = logging.getLogger("tecc.torch")
 
@@ -83,10 +82,23 @@ class Options:
 
 _graphs = itertools.count()
 
-# the planner's rankings of every kernel this process compiled for a graph: a model's layers
-# (and its forward and backward graphs) share kernels of one structure, ranked and realized once
-# (planner.Rankings)
-RANKINGS = Rankings()
+
+def __getattr__(name: str) -> Any:
+    """`RANKINGS`: the planner's rankings of every kernel this process compiled for a graph (a
+    model's layers, and its forward and backward graphs, share kernels of one structure, ranked
+    and realized once: planner.Rankings), made with the first compile. A process that only loads
+    graphs from the disk cache never imports the planner."""
+    if name == "RANKINGS":
+        from ..compiler.planner import Rankings
+
+        rankings = globals()["RANKINGS"] = Rankings()
+        return rankings
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _rankings() -> Rankings:
+    made = globals().get("RANKINGS")
+    return made if made is not None else __getattr__("RANKINGS")  # type: ignore[no-any-return]
 
 
 def tecc_backend(gm: GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None,
@@ -185,11 +197,15 @@ def compile_graph(gm: GraphModule, example_inputs: Sequence[Any], opts: Options,
         if hit is not None:
             compiled, report = hit
             report.name = compiled.name = name
+            report.seconds = time.perf_counter() - start  # the load's (the compile's are the first process's)
             record(report)
             if report.fallbacks:
                 log.warning("%s", report.fallback_message())
             log.info("tecc: graph %s from the cache (%.2f s)", name, time.perf_counter() - start)
             return _with_constants(_finished(compiled, opts, emulate, bool(compiled.sizes)), lift_constants(gm))
+    from .lowering import Sizes
+    from .report import write_dumps
+
     constants = lift_constants(gm)
     sizes = Sizes()
     plan = plan_graph(gm, name, sizes, _bound_symbols(gm))
@@ -212,11 +228,28 @@ def compile_graph(gm: GraphModule, example_inputs: Sequence[Any], opts: Options,
     return _with_constants(_finished(compiled, opts, emulate, bool(sizes.vars)), constants)
 
 
+def plan_graph(gm: GraphModule, name: str, sizes: Any, bound: set[Any]) -> GraphPlan:
+    """graph.plan_graph (the lowering, imported with the first compile: a cache hit needs none)."""
+    from .graph import plan_graph as plan
+
+    return plan(gm, name, sizes, bound)
+
+
+def assemble(plan: GraphPlan, kernels: Sequence[Any], emulate: bool) -> CompiledGraph:
+    """launch.assemble (imported with the first compile, as plan_graph)."""
+    from .launch import assemble as launch_list
+
+    return launch_list(plan, kernels, emulate)
+
+
 def build_programs(plan: GraphPlan, target: str, opts: Options, deterministic: bool) -> list[Any]:
     """`tc.build` of each program of the graph, the planner's rankings shared with every graph
     this process compiled (`RANKINGS`)."""
+    from ..compiler import build
+    from ..compiler.planner import shared_rankings
+
     kernels = []
-    with shared_rankings(RANKINGS):
+    with shared_rankings(_rankings()):
         for seg in plan.segments:
             dump = f"{opts.dump_ir}/{plan.name}/{seg.name}" if opts.dump_ir else None
             kernels.append(build(seg.args, target=target, name=seg.name, arch=opts.arch, dump_ir=dump,

@@ -13,7 +13,12 @@ an argument this format cannot write (an object that is not a tensor slot, a siz
 a string, a dtype, a device, a layout or a memory format, or nested lists of them) leaves the
 graph uncached. Programs built for the emulator (CPU tensors) have no cubin and are not cached
 here (the build cache keeps their plans, docs/cache.md). `TECC_NO_CACHE=1` or
-`TECC_BUILD_CACHE=0` turn this cache off with the others. A damaged entry is a miss.
+`TECC_BUILD_CACHE=0` turn this cache off with the others. A damaged entry is a miss, and the
+compile that follows replaces it.
+
+A hit needs the runtime alone (`tecc.runtime.artifact.load`, the launch list's steps) and the
+compiler's options and version strings for the key: loading imports none of the compiler's
+pipeline (docs/models.md, "A second process").
 """
 
 from __future__ import annotations
@@ -31,12 +36,12 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.fx import GraphModule
 
-from ..compiler import load
 from ..compiler import options as knobs
 from ..compiler.build_cache import source_fingerprint
 from ..compiler.cache import nvrtc_version
 from ..ir.expr import Expr
 from ..ir.serialize import VarTable, expr_from_json, expr_to_json
+from ..runtime.artifact import load
 from .report import GraphReport
 from .runtime import CompiledGraph, MakeView, RunAten, RunProgram, Size, Slot
 
@@ -54,13 +59,7 @@ def enabled() -> bool:
 
 def graph_key(gm: GraphModule, options: dict[str, Any], target: str) -> str:
     """The hex SHA-256 naming a graph's entry (module docstring)."""
-    nodes = []
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            nodes.append([node.name, str(tuple(val.shape)), str(val.dtype), str(val.stride()), str(val.device)])
-        else:
-            nodes.append([node.name, repr(val)])
+    nodes = [[node.name, _value_key(node.meta.get("val"))] for node in gm.graph.nodes]
     device = ""
     if target == "cuda" and torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
@@ -69,6 +68,17 @@ def graph_key(gm: GraphModule, options: dict[str, Any], target: str) -> str:
               "device": device, "arch": knobs.default_arch_override(), "tecc": source_fingerprint(),
               "torch": torch.__version__, "nvrtc": nvrtc_version() if target == "cuda" else ""}
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _value_key(val: Any) -> Any:
+    """What the key holds of a node's value: a tensor's shape, dtype, strides and device, and a
+    tuple or list of them element by element (not its repr: printing a fake tensor costs ~0.2 ms,
+    and a GPT's backward graph has hundreds of multi-output nodes)."""
+    if isinstance(val, torch.Tensor):
+        return [str(tuple(val.shape)), str(val.dtype), str(val.stride()), str(val.device)]
+    if isinstance(val, (list, tuple)):
+        return {type(val).__name__: [_value_key(v) for v in val]}
+    return repr(val)
 
 
 def entry_dir(key: str) -> Path:
@@ -208,8 +218,14 @@ def store(key: str, compiled: CompiledGraph, kernels: Sequence[Any], report: Gra
         (work / "graph.json").write_text(json.dumps(doc))
         try:
             os.replace(work, final)
-        except OSError:  # another process stored it first: theirs is as good
-            shutil.rmtree(work, ignore_errors=True)
+        except OSError:  # an entry is there: another process stored it first, or it is damaged
+            if load_graph(key) is None:  # damaged (this compile missed it): replace it
+                shutil.rmtree(final, ignore_errors=True)
+                try:
+                    os.replace(work, final)
+                except OSError:
+                    pass
+            shutil.rmtree(work, ignore_errors=True)  # gone once renamed
         return final
     except (NotCacheable, OSError, ValueError, TypeError):
         return None

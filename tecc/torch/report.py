@@ -8,7 +8,9 @@ each FX node, and the dumps (`options={"dump_ir": DIR}`).
                                    schedule step, NN_cuda.cu, ...), plus program.txt (the tensor
                                    expressions and the signature) and explain.txt (the plan)
 
-`reports()` keeps the reports of this process's recent compiles (newest last).
+`reports()` keeps the reports of this process's recent compiles (newest last). A graph loaded
+from the disk cache has its report stored with it: this module imports the graph planner (for
+`GraphReport.of`, the placement and the dumps) only when a compile asks for them.
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ from __future__ import annotations
 import os
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from torch.fx import Node
 
-from ..compiler.kernel import Kernel
 from ..ir.tensor import ComputeOp, Tensor
-from .graph import ATEN, INPUT, SCALAR, SEED, TECC, GraphPlan, is_view_node, op_name
+
+if TYPE_CHECKING:
+    from ..compiler.kernel import Kernel
+    from .graph import GraphPlan
 
 _RECENT: deque["GraphReport"] = deque(maxlen=64)
 
@@ -41,6 +45,8 @@ class GraphReport:
 
     @staticmethod
     def of(plan: GraphPlan, kernels: Sequence[Kernel], seconds: float) -> "GraphReport":
+        from .graph import op_name
+
         programs = [(seg.name, [k.name for k in kernel.module.kernels]) for seg, kernel in zip(plan.segments, kernels)]
         fallbacks: dict[str, list[tuple[str, str]]] = {}
         for node in plan.fallbacks:
@@ -119,6 +125,8 @@ def _kernels_of(t: Tensor, kernel_names: Sequence[str], readers: dict[int, list[
 
 
 def placement(plan: GraphPlan, kernels: Sequence[Kernel]) -> dict[str, str]:
+    from .graph import ATEN, INPUT, SCALAR, SEED, TECC, is_view_node
+
     out: dict[str, str] = {}
     where: dict[Node, str] = {}
     for seg, kernel in zip(plan.segments, kernels):
@@ -154,6 +162,8 @@ def placement(plan: GraphPlan, kernels: Sequence[Kernel]) -> dict[str, str]:
 
 # ---- dumps -------------------------------------------------------------------------------------
 def _node_line(node: Node, where: str) -> str:
+    from .graph import op_name
+
     val = node.meta.get("val")
     shape = ""
     if hasattr(val, "shape") and hasattr(val, "dtype"):

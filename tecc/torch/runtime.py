@@ -25,9 +25,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..compiler.kernel import Kernel
 from ..ir.evaluate import evaluate
 from ..ir.expr import Expr, Var
+from ..runtime.runnable import RunnableKernel
 
 Env = dict[Var, int]
 
@@ -112,7 +112,7 @@ def _as_numpy(t: torch.Tensor) -> np.ndarray:
 class RunProgram:
     """One tecc program: read `inputs`, allocate and write `outputs`."""
 
-    kernel: Kernel
+    kernel: RunnableKernel                            # a built Kernel, or a LoadedKernel from the disk cache
     inputs: tuple[int, ...]
     contiguous: tuple[bool, ...]                      # per input: the placeholder wants row-major
     outputs: tuple[tuple[int, tuple[Any, ...], torch.dtype], ...]   # (slot, shape, dtype)
