@@ -176,6 +176,19 @@ def test_conv_net_in_eval_matches_eager():
     assert fallen_back() == set()
 
 
+def test_conv_net_in_eval_channels_last_matches_eager():
+    """channels_last: the average pool reads the NHWC stage under its logical NCHW view, over (h, w)
+    as one reduced axis (a column reduction split over blocks where the planner ranks it first)."""
+    torch.manual_seed(0)
+    model = ConvNet().eval().to(memory_format=torch.channels_last)
+    x = torch.randn(3, 3, 20, 20).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        ref = model(x)
+        y = compiled(model, fallback="error")(x)
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
+    assert fallen_back() == set()
+
+
 def test_one_dynamic_compile_serves_three_sequence_lengths():
     torch.manual_seed(0)
     model = GPT(context=32, layers=1)

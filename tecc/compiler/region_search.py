@@ -48,11 +48,12 @@ from typing import Callable, Sequence
 
 import networkx as nx
 
-from ..ir.expr import Binary, Call, Reduce, TensorRead, free_vars, walk
+from ..ir.expr import Binary, Call, Expr, Reduce, TensorRead, free_vars, substitute, walk
 from ..ir.scatter import ScatterOp
 from ..ir.stmt import Module
 from ..ir.tensor import ComputeOp, Tensor
 from ..passes.lower import Program, choose_inlined, collect_program, same_shape
+from ..passes.rewrite.split_reduce import merged_axes
 from . import regions
 from .plan import Plan, Step
 
@@ -367,28 +368,45 @@ def _contraction(st: _Stages, t: Tensor) -> bool:
     return False
 
 
+def _reads_through_views(st: _Stages, e: Expr, depth: int = 8) -> list[TensorRead]:
+    """The tensor reads of `e`, a read of an inlined compute replaced by its body's reads at the
+    read's indices (a channels_last tensor's logical NCHW view read as the NHWC stage under it)."""
+    out: list[TensorRead] = []
+    for n in walk(e):
+        if not isinstance(n, TensorRead):
+            continue
+        inner = n.tensor.op
+        if depth and n.tensor in st.prog.inlined and isinstance(inner, ComputeOp) and not inner.reductions:
+            out += _reads_through_views(st, substitute(inner.body, dict(zip(inner.axes, n.indices))), depth - 1)
+        else:
+            out.append(n)
+    return out
+
+
 def _column_statistic(st: _Stages, t: Tensor) -> bool:
     """A stage reducing over one axis that its output does not iterate at its innermost (a
     bias's gradient, a column sum: sum_r x[r, c]), alone a region of its own (step 2b): the
     column reduction's split spreads the reduced axis over blocks, where one thread per output
     of a few hundred outputs leaves the GPU idle. The reduction may be inlined into the stage
-    (a cast of the column sum)."""
+    (a cast of the column sum). Also a reduction over several axes that split_reduce reads as
+    one (merged_axes: a global average pool over (h, w) of an NHWC input, 32 x 64 outputs of
+    3136 rows each), whose output may have several axes."""
     owners = st.reducing(t)
     if len(owners) != 1:
         return False
     t = owners[0]
     op = t.op
     assert isinstance(op, ComputeOp)
-    if len(op.reductions) != 1 or len(op.reductions[0].axes) != 1:
+    if len(op.reductions) != 1 or len(merged_axes(op.reductions[0]).axes) != 1:
         return False
     wide = [ax for ax, d in zip(op.axes, t.shape) if str(d) != "1"]
-    if len(wide) != 1:
+    if not wide or (len(wide) > 1 and len(op.reductions[0].axes) == 1):
         return False
-    reduced = op.reductions[0].axes[0]
-    for read in walk(op.body):
-        if isinstance(read, TensorRead) and read.indices:
+    reduced = set(op.reductions[0].axes)
+    for read in _reads_through_views(st, op.body):
+        if read.indices:
             last = free_vars(read.indices[-1])
-            if wide[0] in last and reduced not in last:
+            if wide[-1] in last and not reduced & last:
                 return True
     return False
 

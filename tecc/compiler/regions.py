@@ -21,6 +21,7 @@ first. A call of a part's kernel passes the composed module's buffer of the same
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from typing import Iterable, Sequence
 
@@ -33,6 +34,7 @@ from ..passes.names import fresh_name
 from .plan import Plan, Step
 
 REGION = "region"
+CUT_RECURSION_LIMIT = 100_000
 
 
 def by_name(args: Sequence[Tensor]) -> dict[str, Tensor]:
@@ -83,7 +85,14 @@ def cut(outputs: Sequence[Tensor], boundaries: Iterable[Tensor]) -> list[Tensor]
     """The signature of the part computing `outputs` (module docstring): its placeholders, in
     the order first read, then its outputs (rebuilt where they read a boundary)."""
     cutter = _Cutter({id(b) for b in boundaries} - {id(o) for o in outputs})
-    made = [cutter.tensor(o) if not o.is_placeholder else o for o in outputs]
+    # the rebuild recurses through the part's producers, a few frames per stage: a region at the
+    # end of resnet50's graph (its average pool) reaches back through every layer
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, CUT_RECURSION_LIMIT))
+    try:
+        made = [cutter.tensor(o) if not o.is_placeholder else o for o in outputs]
+    finally:
+        sys.setrecursionlimit(limit)
     return list(dict.fromkeys(cutter.placeholders)) + made
 
 

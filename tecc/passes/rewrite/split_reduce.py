@@ -77,7 +77,7 @@ from ...ir.errors import ScheduleError
 from ...ir.expr import (BufferLoad, Const, Expr, Reduce, Var, binary, cast, const_int, free_vars, load_cg,
                        reduce_identity, size_product, substitute, walk)
 from ...ir.stmt import Allocate, Barrier, Buffer, BufferStore, For, IfThenElse, KernelCall, Module, PrimFunc, Stmt, seq
-from ...ir.tensor import ComputeOp, Tensor
+from ...ir.tensor import ComputeOp, Tensor, reduce_axis
 from .last_block import COMBINE_FORMS, MAX_GRID_Y, LastBlockHandshake
 from .reduction_stage import LoweredReduction, reduction_stage
 from ..lower import COMBINE, Inliner, buffer_for, choose_inlined, collect_program, kernel_params, unflatten
@@ -86,10 +86,36 @@ from ..names import identifier
 ZERO = Const(0, dt.int32)
 
 
+def merged_axes(r: Reduce) -> Reduce:
+    """`r` over one axis where it reduces over several, each from 0 with a constant extent: their
+    mixed-radix index, the first axis outermost (a global average pool's (h, w) of an NHWC input
+    read as one axis of H·W rows, `X[n, hw // W, hw % W, c]`, which the lowering's linear form
+    reads at hw·C + c). The same points in the same order, so the same reduction; else `r`."""
+    if len(r.axes) < 2:
+        return r
+    extents = [const_int(a.extent) for a in r.axes]
+    if any(e is None or e < 1 for e in extents) or any(const_int(a.lo) != 0 for a in r.axes):
+        return r
+    total = 1
+    for e in extents:
+        total *= e  # type: ignore[operator]
+    axis = reduce_axis(total, name="_".join(a.name for a in r.axes))
+    subs: dict[Var, Expr] = {}
+    stride = total
+    for i, (a, e) in enumerate(zip(r.axes, extents)):
+        assert e is not None
+        stride //= e
+        digit = axis // stride if stride > 1 else axis
+        subs[a] = digit if i == 0 else digit % e
+    return Reduce(r.combiner, substitute(r.source, subs), (axis,))
+
+
 def reduction_over_one_axis(args: Sequence[Tensor]) -> tuple[Tensor, Reduce]:
     """The one reduction stage of the program `args` and its Reduce, or ScheduleError: one
-    reduced axis and an output of rank >= 1 (a full reduction is split_rows' business)."""
+    reduced axis (several of constant extents merged into one: `merged_axes`) and an output of
+    rank >= 1 (a full reduction is split_rows' business)."""
     t, r = reduction_stage(args, "split_reduce")
+    r = merged_axes(r)
     if len(r.axes) != 1:
         raise ScheduleError(f"split_reduce: {t.name} reduces over {len(r.axes)} axes; one axis from 0 is needed")
     if not t.shape:
