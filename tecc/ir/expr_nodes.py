@@ -107,9 +107,10 @@ def _compare(op: str) -> _Operator:
 class Expr:
     """Base of every scalar expression. `dtype` is the scalar type it evaluates to."""
 
-    __slots__ = ("dtype", "__weakref__")
+    __slots__ = ("dtype", "__weakref__", "_kids")
     _fields: tuple[str, ...] = ()
     dtype: DType
+    _kids: tuple["Expr", ...]    # `children`, found once (a node never changes)
 
     def __new__(cls, *args: Any) -> "Expr":
         key = (cls,) + tuple(_key_part(a) for a in args)
@@ -138,6 +139,16 @@ class Expr:
 
     @property
     def children(self) -> tuple["Expr", ...]:
+        """The expressions among the node's fields, in order (the walks' and visitors' edges);
+        found once per node: a hash-consed subexpression is walked many times."""
+        try:
+            return self._kids
+        except AttributeError:
+            kids = self._children()
+            object.__setattr__(self, "_kids", kids)
+            return kids
+
+    def _children(self) -> tuple["Expr", ...]:
         out: list[Expr] = []
         for f in self._fields:
             v = getattr(self, f)
