@@ -66,9 +66,10 @@ _INTERN_LOCK = threading.Lock()
 
 
 def _key_part(value: object) -> object:
-    """The part of an intern key that stands for one constructor argument."""
+    """The part of an intern key that stands for one constructor argument: an expression by its
+    identity (a bare int: every int argument is tagged), a value by its value."""
     if isinstance(value, Expr):
-        return ("e", id(value))
+        return id(value)
     if isinstance(value, tuple):
         return ("t",) + tuple(_key_part(v) for v in value)
     if isinstance(value, bool):
@@ -107,13 +108,14 @@ def _compare(op: str) -> _Operator:
 class Expr:
     """Base of every scalar expression. `dtype` is the scalar type it evaluates to."""
 
-    __slots__ = ("dtype", "__weakref__", "_kids")
+    __slots__ = ("dtype", "__weakref__", "_kids", "_vars")
     _fields: tuple[str, ...] = ()
     dtype: DType
     _kids: tuple["Expr", ...]    # `children`, found once (a node never changes)
+    _vars: frozenset["Var"]      # its free variables (tecc.ir.expr.free_vars), found once
 
     def __new__(cls, *args: Any) -> "Expr":
-        key = (cls,) + tuple(_key_part(a) for a in args)
+        key = (cls, *map(_key_part, args))
         hit = _INTERN.get(key)
         if hit is not None:
             return hit
