@@ -52,9 +52,9 @@ from tecc.ir.expr import (
     Not,
     Select,
     Var,
+    buffers_read,
     cast,
     const_int,
-    walk,
 )
 from tecc.ir.philox import RandomUniform
 from tecc.ir.index_checks import RECORD_SYMBOL, RECORD_WORDS, IndexCheck
@@ -619,7 +619,7 @@ INDEX_CHECK_HELPERS = (
 
 def _reads_memory(e: Expr) -> bool:
     """Whether an index reads a buffer (a data-dependent index)."""
-    return any(isinstance(n, BufferLoad) for n in walk(e))
+    return bool(buffers_read(e))
 
 
 def device_helpers(intrinsics: set[str]) -> list[str]:

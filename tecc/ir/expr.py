@@ -13,7 +13,7 @@ The parts live in their own modules, layered so that none imports one above it:
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from . import dtype as dt
 from .errors import DTypeError, ShapeError
@@ -60,6 +60,31 @@ def frozen_free_vars(e: Expr) -> frozenset[Var]:
             found = found | {n}
         object.__setattr__(n, "_vars", found)
     return e._vars
+
+
+def buffers_read(e: Expr) -> frozenset[Any]:
+    """The buffers of every BufferLoad in `e` (found once per node and kept on it)."""
+    try:
+        return e._bufs
+    except AttributeError:
+        pass
+    stack = [e]
+    while stack:
+        n = stack[-1]
+        if hasattr(n, "_bufs"):
+            stack.pop()
+            continue
+        kids = n.children
+        missing = [k for k in kids if not hasattr(k, "_bufs")]
+        if missing:
+            stack.extend(missing)
+            continue
+        stack.pop()
+        found: frozenset[Any] = frozenset().union(*(k._bufs for k in kids)) if len(kids) != 1 else kids[0]._bufs
+        if isinstance(n, BufferLoad):
+            found = found | {n.buffer}
+        object.__setattr__(n, "_bufs", found)
+    return e._bufs
 
 
 def substitute(e: Expr, mapping: dict[Var, Expr]) -> Expr:
@@ -132,6 +157,6 @@ __all__ = [
     "ExprLike", "FLOAT_INTRINSICS", "INTRINSICS", "IterVar", "MEMORY_INTRINSICS", "Not", "OPAQUE_INTRINSICS",
     "REDUCERS", "Reduce",
     "ReduceAxis", "Select", "TensorRead", "Var", "WARP_INTRINSICS", "as_expr", "atomic_add", "atomic_add_pair", "binary", "call",
-    "cast", "compare", "const_int", "const_product", "free_vars", "frozen_free_vars", "index_expr", "load_cg", "logical_and", "opaque", "reduce_identity",
+    "cast", "compare", "const_int", "const_product", "buffers_read", "free_vars", "frozen_free_vars", "index_expr", "load_cg", "logical_and", "opaque", "reduce_identity",
     "select", "size_product", "substitute", "thread_fence", "to_shape", "walk", "warp_shuffle",
 ]

@@ -108,11 +108,12 @@ def _compare(op: str) -> _Operator:
 class Expr:
     """Base of every scalar expression. `dtype` is the scalar type it evaluates to."""
 
-    __slots__ = ("dtype", "__weakref__", "_kids", "_vars")
+    __slots__ = ("dtype", "__weakref__", "_kids", "_vars", "_bufs")
     _fields: tuple[str, ...] = ()
     dtype: DType
     _kids: tuple["Expr", ...]    # `children`, found once (a node never changes)
     _vars: frozenset["Var"]      # its free variables (tecc.ir.expr.free_vars), found once
+    _bufs: frozenset[Any]        # the buffers it reads (tecc.ir.expr.buffers_read), found once
 
     def __new__(cls, *args: Any) -> "Expr":
         key = (cls, *map(_key_part, args))

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from ..ir.errors import ScheduleError
-from ..ir.expr import BufferLoad, Expr, Var, free_vars, frozen_free_vars, walk
+from ..ir.expr import BufferLoad, Expr, Var, buffers_read, free_vars, frozen_free_vars, walk
 from ..ir.stmt import (
     Allocate,
     AsyncCopy,
@@ -43,13 +43,12 @@ class _Verifier(StmtVisitor):
         self.buffers: set[Buffer] = {p for p in func.params if isinstance(p, Buffer)}
         self.thread_vars: set[Var] = set()
         self.thread_dependent_depth = 0
-        self.loaded: dict[int, tuple[Expr, frozenset[Buffer]]] = {}   # id(expression) -> the buffers it reads
 
     def fail(self, msg: str) -> None:
         raise ScheduleError(f"kernel {self.func.name}: {msg}")
 
     def visit_expr(self, e: Expr) -> None:
-        if frozen_free_vars(e) <= self.vars and self._reads(e) <= self.buffers:
+        if frozen_free_vars(e) <= self.vars and buffers_read(e) <= self.buffers:
             return
         for v in free_vars(e):
             if v not in self.vars:
@@ -57,13 +56,6 @@ class _Verifier(StmtVisitor):
         for n in walk(e):
             if isinstance(n, BufferLoad) and n.buffer not in self.buffers:
                 self.fail(f"buffer {n.buffer.name} is read in {e} outside its allocation / not a parameter")
-
-    def _reads(self, e: Expr) -> frozenset[Buffer]:
-        """The buffers `e` reads (found once per expression: a kernel's statements share them)."""
-        hit = self.loaded.get(id(e))
-        if hit is None:
-            hit = self.loaded[id(e)] = (e, frozenset(n.buffer for n in walk(e) if isinstance(n, BufferLoad)))
-        return hit[1]
 
     def _depends_on_thread(self, e: Expr) -> bool:
         return not frozen_free_vars(e).isdisjoint(self.thread_vars)
