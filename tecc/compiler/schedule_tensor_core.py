@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ..ir.errors import ScheduleError
 from ..ir.stmt import KernelCall, Module, PrimFunc
 from ..passes import schedule as prim
+from ..passes.schedule import legality
 from ..passes.simplify import simplify_func
 from .plan import Step
 
@@ -67,17 +68,21 @@ class TensorCorePrimitives:
 
     @contextmanager
     def deferring(self, on: bool = True) -> Iterator[None]:
-        """The tensor-core steps inside the block record without emitting; the kernels are
-        emitted once when it ends (not when a step raises: the caller rolls back). `on` False
-        (or a Schedule writing dumps, one per step): every step emits, as outside."""
+        """For a point the primitives took for a twin of the kernel (the planner's realization):
+        the tensor-core steps inside the block record without emitting, the kernels emitted once
+        when it ends (not when a step raises: the caller rolls back), and the dependence checks
+        of the loop primitives are not computed again (legality.TRUSTED). `on` False (or a
+        Schedule writing dumps, one per step): every step emits and checks, as outside."""
         if not on or self._dump is not None:
             yield
             return
         self._defer = True
+        trusted = legality.TRUSTED.set(True)
         try:
             yield
         finally:
             self._defer = False
+            legality.TRUSTED.reset(trusted)
         self._emit_deferred()
 
     def _deferred_apply(self, kernel: str, step: Step, fn: Callable[[PrimFunc], PrimFunc]) -> PrimFunc | None:
