@@ -63,6 +63,14 @@ def _build() -> Builders:
 
 _INTERN: "weakref.WeakValueDictionary[tuple[Any, ...], Expr]" = weakref.WeakValueDictionary()
 _INTERN_LOCK = threading.Lock()
+# the table's own dict of weak references (WeakValueDictionary.get is a Python method around it;
+# the table is never iterated, so no removal is pending)
+_INTERN_REFS: dict[tuple[Any, ...], Any] = getattr(_INTERN, "data")
+
+
+def _interned(key: tuple[Any, ...]) -> "Expr | None":
+    ref = _INTERN_REFS.get(key)
+    return ref() if ref is not None else None
 
 
 def _key_part(value: object) -> object:
@@ -117,7 +125,7 @@ class Expr:
 
     def __new__(cls, *args: Any) -> "Expr":
         key = (cls, *map(_key_part, args))
-        hit = _INTERN.get(key)
+        hit = _interned(key)
         if hit is not None:
             return hit
         node = object.__new__(cls)
@@ -239,6 +247,16 @@ class Const(Expr):
     value: Union[int, float, bool]
 
     def __new__(cls, value: Union[int, float, bool], dtype: DType) -> "Const":
+        if type(dtype) is DType:   # a constant built before: its key, without the checks it passed then
+            kind = type(value)
+            if kind is int and dtype.is_int:
+                hit = _interned((cls, ("i", value), dtype))
+            elif kind is float and dtype.is_float:
+                hit = _interned((cls, ("f", repr(value)), dtype))
+            else:
+                hit = None
+            if hit is not None:
+                return hit  # type: ignore[return-value]
         dtype = dt.as_dtype(dtype)
         if dtype.is_bool:
             value = bool(value)
