@@ -29,7 +29,7 @@ The rules, each one the contract the SIMT emulator (tecc/runtime/sim) implements
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -52,9 +52,9 @@ from tecc.ir.expr import (
     Not,
     Select,
     Var,
+    buffers_read,
     cast,
     const_int,
-    walk,
 )
 from tecc.ir.philox import RandomUniform
 from tecc.ir.index_checks import RECORD_SYMBOL, RECORD_WORDS, IndexCheck
@@ -180,6 +180,9 @@ class ExprEmitter:
         # the site number of a data-dependent index check in the module's error record
         # (tecc/ir/index_checks.py); the kernel emitter sets it
         self.check_code: Callable[[IndexCheck], int] = lambda e: -1
+        # offset()'s answers by the identity of its arguments, which the entry keeps alive (an
+        # unrolled tile reads the same elements through many statements)
+        self._offsets: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     # ---- entry points ---------------------------------------------------------------------
     def code(self, e: Expr) -> str:
@@ -240,6 +243,15 @@ class ExprEmitter:
         `strides`: the buffer's strides as a branch knows them (a launch-tested copy's unit
         stride as the constant 1, matrix.async_copy), else its own. `through_layout=False`:
         the logical offset of a swizzled buffer, before its layout."""
+        key = (id(buffer), tuple(map(id, indices)), None if strides is None else tuple(map(id, strides)),
+               through_layout)
+        hit = self._offsets.get(key)
+        if hit is None:
+            hit = self._offsets[key] = (buffer, indices, strides, self._offset(buffer, indices, strides, through_layout))
+        return hit[-1]  # type: ignore[no-any-return]
+
+    def _offset(self, buffer: Buffer, indices: tuple[Expr, ...], strides: tuple[Expr, ...] | None,
+                through_layout: bool) -> Expr:
         index_type = dt.int64 if buffer in self.wide else None
         total: Expr | None = None
         whole: Expr | None = None  # terms that move a swizzled offset by whole periods
@@ -607,7 +619,7 @@ INDEX_CHECK_HELPERS = (
 
 def _reads_memory(e: Expr) -> bool:
     """Whether an index reads a buffer (a data-dependent index)."""
-    return any(isinstance(n, BufferLoad) for n in walk(e))
+    return bool(buffers_read(e))
 
 
 def device_helpers(intrinsics: set[str]) -> list[str]:

@@ -24,13 +24,15 @@ import re
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from . import options as knobs
 from .candidate import Candidate, CompileCheck
 from .cost.model import CostParameters
 from .program import Program
 from .strategies.registry import graph_strategies, strategies
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -76,6 +78,7 @@ class Rankings:
         self.limit = limit
         self._found: dict[tuple[Any, ...], Ranking] = {}
         self.groups: dict[tuple[Any, ...], GroupRanking] = {}   # by _group_key
+        self.shared: dict[tuple[Any, ...], Any] = {}             # by_structure's answers
         self.hits = 0
         self.misses = 0
 
@@ -93,11 +96,14 @@ class Rankings:
             del self._found[next(iter(self._found))]
         while len(self.groups) > self.limit:
             del self.groups[next(iter(self.groups))]
+        while len(self.shared) > self.limit:
+            del self.shared[next(iter(self.shared))]
         return ranking
 
     def clear(self) -> None:
         self._found.clear()
         self.groups.clear()
+        self.shared.clear()
         self.hits = self.misses = 0
 
 
@@ -127,11 +133,37 @@ def group_key(program: Program, params: CostParameters, only: Sequence[str] | No
     """What a program's graph-level planning depends on: its lowered module and its arguments
     (shapes, dtypes, strides) up to names, the Target, the sizes, the cost parameters, the
     strategies, precise math, the compile check and its arch, and `weigh`."""
-    args = "; ".join(f"{t.shape} {t.dtype} {getattr(t.op, 'strides', None)}" for t in program.args)
     registered = tuple(id(s) for s in graph_strategies()) + tuple(id(s) for s in strategies())
-    return (structure(program.module, f"{args}\n"), repr(program.target), tuple(sorted(program.sizes.items())),
+    return (program_structure(program), repr(program.target), tuple(sorted(program.sizes.items())),
             repr(params), None if only is None else tuple(only), registered, knobs.precise_math(),
             _check_name(compile_check), program.compile_arch, weigh, program.scatters)
+
+
+def program_structure(program: Program) -> str:
+    """The structure of a program's lowered module and its arguments (shapes, dtypes, strides)
+    up to names (`structure`), computed once per program."""
+    def compute() -> str:
+        args = "; ".join(f"{t.shape} {t.dtype} {getattr(t.op, 'strides', None)}" for t in program.args)
+        return structure(program.module, f"{args}\n")
+
+    return program.memo("rankings/structure", compute)
+
+
+def by_structure(program: Program, key: str, compute: Callable[[], T]) -> T:
+    """`compute()` once per structure of `program` (`program_structure`), Target, sizes, compile
+    arch and precise math, under the active Rankings (`ACTIVE`; without one, every time): what a
+    graph strategy finds by compiling the program (row_fused's first plan that does not spill)
+    holds for every program of its structure, as a kernel's realized point does for its twins.
+    The value must not hold names of the program (a position, a count): it serves its twins.
+    `key` names the question ("row_fused/plan")."""
+    memo = ACTIVE.get()
+    if memo is None:
+        return compute()
+    full = (key, program_structure(program), repr(program.target), tuple(sorted(program.sizes.items())),
+            program.compile_arch, knobs.precise_math())
+    if full not in memo.shared:
+        memo.shared[full] = compute()
+    return memo.shared[full]  # type: ignore[no-any-return]
 
 
 def context_key(program: Program, kernel: str, compile_check: CompileCheck | None) -> tuple[Any, ...]:
@@ -197,5 +229,5 @@ def _names(root: Any) -> set[str]:
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-__all__ = ["ACTIVE", "GroupRanking", "Ranking", "Rankings", "context_key", "group_key", "ranking_key",
-           "shared_rankings", "structure"]
+__all__ = ["ACTIVE", "GroupRanking", "Ranking", "Rankings", "by_structure", "context_key", "group_key",
+           "program_structure", "ranking_key", "shared_rankings", "structure"]

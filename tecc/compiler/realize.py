@@ -240,7 +240,10 @@ class _Ahead:
         kp = self.kernel_plans[number]
         self.sch.rollback(base)
         try:
-            cand.strategy.apply(self.sch, kp.info, cand.point)  # type: ignore[arg-type]
+            # the twin's point: every step of it emitted for the twin, so its tensor-core steps
+            # need not emit their kernel one by one (Schedule.deferring: the same kernel at the end)
+            with self.sch.deferring(cand is state.checked):
+                cand.strategy.apply(self.sch, kp.info, cand.point)  # type: ignore[arg-type]
         except ScheduleError as exc:
             self.sch.rollback(base)
             return None, str(exc).splitlines()[0], None

@@ -91,7 +91,7 @@ class Schedule(TensorCorePrimitives):
         start = time.perf_counter()
         self._tensors = list(tensors)
         self._name = name
-        self.mod: Module = lowered if lowered is not None else lower(self._tensors, name)
+        self.mod = lowered if lowered is not None else lower(self._tensors, name)
         self.timing: list[tuple[str, float]] = [("lower", time.perf_counter() - start)]
         self._steps: list[Step] = []
         self._pending: dict[str, _PendingRead] = {}
@@ -139,7 +139,8 @@ class Schedule(TensorCorePrimitives):
 
     # ---- addressing -------------------------------------------------------------------------
     def _kernel_of_stage(self, stage: str) -> PrimFunc:
-        for k in self.mod.kernels:
+        # (a kernel whose emission is deferred holds its stage's lowered body: it is found there)
+        for k in self._mod.kernels:
             if prim.stage_leaves(k, stage):
                 return k
         names = sorted({s.buffer.tensor for k in self.mod.kernels for s, _ in _stores(k)})
@@ -178,6 +179,9 @@ class Schedule(TensorCorePrimitives):
 
     # ---- applying ---------------------------------------------------------------------------
     def _apply(self, kernel: str, step: Step, fn: Any) -> PrimFunc:
+        deferred = self._deferred_apply(kernel, step, fn)   # (inside `deferring`: recorded, not emitted)
+        if deferred is not None:
+            return deferred
         try:
             func = self.mod.kernel(kernel)
         except KeyError:

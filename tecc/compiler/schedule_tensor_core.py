@@ -9,7 +9,10 @@
     sch.persistent("C", blocks=132)                      # blocks loop over the output tiles
     sch.epilogue("C", "tma")                             # the outputs staged, written by TMA stores
 
-Each call is one Step of the plan and one dump. A plan recorded before these primitives holds one
+Each call is one Step of the plan and one dump, and emits the kernel from its record again.
+Inside `deferring()` (the planner realizing a twin's point, whose every step emitted for its
+twin) a step only records: the kernel is emitted once, from the last record, when the block ends
+or when anything reads `mod` -- the same kernel, less five emissions of a wgmma kernel. A plan recorded before these primitives holds one
 `tensorize` step with the whole kernel's parameters (stages, producer, persistent, epilogue,
 staged_output, fragment_pipeline, group_m); `Schedule.replay` expands it into these steps
 (`replay_legacy_tensorize`), so tuning databases and caches that keep such plans still build
@@ -19,11 +22,13 @@ the same kernels.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
 
 from ..ir.errors import ScheduleError
-from ..ir.stmt import KernelCall, Module
+from ..ir.stmt import KernelCall, Module, PrimFunc
 from ..passes import schedule as prim
+from ..passes.schedule import legality
 from ..passes.simplify import simplify_func
 from .plan import Step
 
@@ -34,6 +39,11 @@ LEGACY_TENSORIZE_ARGS = ("stages", "producer", "persistent", "epilogue", "staged
                          "group_m")
 
 
+# the primitives `deferring` lets wait for their emission (split_k rewrites the module: it emits)
+DEFERRABLE = ("tensorize", "stage_operand", "pipeline", "pipeline_fragments", "warp_specialize", "tile_order",
+              "persistent", "epilogue")
+
+
 class TensorCorePrimitives:
     """The tensor-core primitives (module docstring); a part of `Schedule`."""
 
@@ -41,8 +51,69 @@ class TensorCorePrimitives:
     _loop: Any
     _apply: Any
     _record: Any
-    mod: Any
+    _dump: Any
     timing: Any
+
+    # ---- the module, its kernels emitted (module docstring: `deferring`) ---------------------
+    @property
+    def mod(self) -> Module:
+        if self.__dict__.get("_deferred"):
+            self._emit_deferred()
+        return self._mod
+
+    @mod.setter
+    def mod(self, value: Module) -> None:
+        self._mod = value
+        self._deferred: set[str] = set()
+
+    @contextmanager
+    def deferring(self, on: bool = True) -> Iterator[None]:
+        """For a point the primitives took for a twin of the kernel (the planner's realization):
+        the tensor-core steps inside the block record without emitting, the kernels emitted once
+        when it ends (not when a step raises: the caller rolls back), and the dependence checks
+        of the loop primitives are not computed again (legality.TRUSTED). `on` False (or a
+        Schedule writing dumps, one per step): every step emits and checks, as outside."""
+        if not on or self._dump is not None:
+            yield
+            return
+        self._defer = True
+        trusted = legality.TRUSTED.set(True)
+        try:
+            yield
+        finally:
+            self._defer = False
+            legality.TRUSTED.reset(trusted)
+        self._emit_deferred()
+
+    def _deferred_apply(self, kernel: str, step: Step, fn: Callable[[PrimFunc], PrimFunc]) -> PrimFunc | None:
+        """Schedule._apply of a step inside `deferring`: the primitive's record on the kernel,
+        not emitted; None when the step emits as always."""
+        if not self.__dict__.get("_defer") or step.primitive not in DEFERRABLE:
+            return None
+        try:
+            func = self._mod.kernel(kernel)
+        except KeyError:
+            raise ScheduleError(f"{step.primitive}: no kernel {kernel!r}") from None
+        start = time.perf_counter()
+        token = prim.tensor_core.DEFER.set(True)
+        try:
+            new: PrimFunc = fn(func)
+        finally:
+            prim.tensor_core.DEFER.reset(token)
+        self.timing.append((step.primitive, time.perf_counter() - start))
+        self._mod = self._mod.with_kernels([new if k.name == kernel else k for k in self._mod.kernels])
+        self._deferred.add(kernel)
+        self._record(step)
+        return new
+
+    def _emit_deferred(self) -> None:
+        """Each kernel whose steps were deferred emitted from its last record, as its last step
+        would have (`simplify_func(emit(record))`)."""
+        for name in sorted(self._deferred):
+            record = prim.tensor_core.record_of(self._mod.kernel(name), "the deferred tensor-core steps")
+            new = simplify_func(prim.tensor_core.emit(record))
+            self._mod = self._mod.with_kernels([new if k.name == name else k for k in self._mod.kernels])
+        self._deferred = set()
 
     def tensorize(self, stage: Any, intrinsic: str = "auto", block: Sequence[int] = (64, 64),
                   warps: Sequence[int] = (2, 2), k_tile: int = 32) -> Any:
@@ -69,7 +140,7 @@ class TensorCorePrimitives:
         """The tensors the tensorized `stage` reads as its A (rows) and B (columns) operands (one
         tensor when it multiplies a tensor by itself)."""
         st = self._stage(stage)
-        return prim.gemm_operands(self.mod.kernel(st.kernel), st.name)  # type: ignore[attr-defined]
+        return prim.gemm_operands(self._mod.kernel(st.kernel), st.name)  # (the record alone)
 
     def stage_operand(self, stage: Any, tensor: str, layout: str = "swizzle") -> None:
         """Stage the tensorized stage's operand `tensor` in shared memory: cp.async copies of 16,
@@ -187,4 +258,4 @@ def is_legacy_tensorize(step: Step) -> bool:
     return step.primitive == "tensorize" and any(k in step.args for k in LEGACY_TENSORIZE_ARGS)
 
 
-__all__ = ["TENSOR_CORE_PRIMITIVES", "TensorCorePrimitives", "is_legacy_tensorize"]
+__all__ = ["DEFERRABLE", "TENSOR_CORE_PRIMITIVES", "TensorCorePrimitives", "is_legacy_tensorize"]

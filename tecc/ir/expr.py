@@ -13,7 +13,7 @@ The parts live in their own modules, layered so that none imports one above it:
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from . import dtype as dt
 from .errors import DTypeError, ShapeError
@@ -31,25 +31,60 @@ from .expr_visitor import VarSubstituter
 
 
 def free_vars(e: Expr) -> set[Var]:
-    """Every Var that occurs in `e` (reduce axes included, their domains too)."""
-    seen: set[int] = set()
-    out: set[Var] = set()
+    """Every Var that occurs in `e` (reduce axes included, their domains too). Each node's set is
+    found once and kept on it (nodes never change; a hash-consed subexpression is asked often)."""
+    return set(frozen_free_vars(e))
+
+
+def frozen_free_vars(e: Expr) -> frozenset[Var]:
+    """`free_vars` as the node keeps it (no copy: for a reader that only tests or intersects)."""
+    try:
+        return e._vars
+    except AttributeError:
+        pass
     stack = [e]
     while stack:
-        n = stack.pop()
-        if id(n) in seen:
+        n = stack[-1]
+        if hasattr(n, "_vars"):
+            stack.pop()
             continue
-        seen.add(id(n))
+        # a variable's own domain (an IterVar's lo and extent), a read's indices, else the children
+        kids = (n.lo, n.extent) if isinstance(n, IterVar) else n.children
+        missing = [k for k in kids if not hasattr(k, "_vars")]
+        if missing:
+            stack.extend(missing)
+            continue
+        stack.pop()
+        found: frozenset[Var] = frozenset().union(*(k._vars for k in kids)) if len(kids) != 1 else kids[0]._vars
         if isinstance(n, Var):
-            out.add(n)
-            if isinstance(n, IterVar):
-                stack.extend([n.lo, n.extent])
+            found = found | {n}
+        object.__setattr__(n, "_vars", found)
+    return e._vars
+
+
+def buffers_read(e: Expr) -> frozenset[Any]:
+    """The buffers of every BufferLoad in `e` (found once per node and kept on it)."""
+    try:
+        return e._bufs
+    except AttributeError:
+        pass
+    stack = [e]
+    while stack:
+        n = stack[-1]
+        if hasattr(n, "_bufs"):
+            stack.pop()
             continue
-        if isinstance(n, TensorRead):
-            stack.extend(n.indices)
+        kids = n.children
+        missing = [k for k in kids if not hasattr(k, "_bufs")]
+        if missing:
+            stack.extend(missing)
             continue
-        stack.extend(n.children)
-    return out
+        stack.pop()
+        found: frozenset[Any] = frozenset().union(*(k._bufs for k in kids)) if len(kids) != 1 else kids[0]._bufs
+        if isinstance(n, BufferLoad):
+            found = found | {n.buffer}
+        object.__setattr__(n, "_bufs", found)
+    return e._bufs
 
 
 def substitute(e: Expr, mapping: dict[Var, Expr]) -> Expr:
@@ -122,6 +157,6 @@ __all__ = [
     "ExprLike", "FLOAT_INTRINSICS", "INTRINSICS", "IterVar", "MEMORY_INTRINSICS", "Not", "OPAQUE_INTRINSICS",
     "REDUCERS", "Reduce",
     "ReduceAxis", "Select", "TensorRead", "Var", "WARP_INTRINSICS", "as_expr", "atomic_add", "atomic_add_pair", "binary", "call",
-    "cast", "compare", "const_int", "const_product", "free_vars", "index_expr", "load_cg", "logical_and", "opaque", "reduce_identity",
+    "cast", "compare", "const_int", "const_product", "buffers_read", "free_vars", "frozen_free_vars", "index_expr", "load_cg", "logical_and", "opaque", "reduce_identity",
     "select", "size_product", "substitute", "thread_fence", "to_shape", "walk", "warp_shuffle",
 ]

@@ -63,12 +63,21 @@ def _build() -> Builders:
 
 _INTERN: "weakref.WeakValueDictionary[tuple[Any, ...], Expr]" = weakref.WeakValueDictionary()
 _INTERN_LOCK = threading.Lock()
+# the table's own dict of weak references (WeakValueDictionary.get is a Python method around it;
+# the table is never iterated, so no removal is pending)
+_INTERN_REFS: dict[tuple[Any, ...], Any] = getattr(_INTERN, "data")
+
+
+def _interned(key: tuple[Any, ...]) -> "Expr | None":
+    ref = _INTERN_REFS.get(key)
+    return ref() if ref is not None else None
 
 
 def _key_part(value: object) -> object:
-    """The part of an intern key that stands for one constructor argument."""
+    """The part of an intern key that stands for one constructor argument: an expression by its
+    identity (a bare int: every int argument is tagged), a value by its value."""
     if isinstance(value, Expr):
-        return ("e", id(value))
+        return id(value)
     if isinstance(value, tuple):
         return ("t",) + tuple(_key_part(v) for v in value)
     if isinstance(value, bool):
@@ -107,13 +116,16 @@ def _compare(op: str) -> _Operator:
 class Expr:
     """Base of every scalar expression. `dtype` is the scalar type it evaluates to."""
 
-    __slots__ = ("dtype", "__weakref__")
+    __slots__ = ("dtype", "__weakref__", "_kids", "_vars", "_bufs")
     _fields: tuple[str, ...] = ()
     dtype: DType
+    _kids: tuple["Expr", ...]    # `children`, found once (a node never changes)
+    _vars: frozenset["Var"]      # its free variables (tecc.ir.expr.free_vars), found once
+    _bufs: frozenset[Any]        # the buffers it reads (tecc.ir.expr.buffers_read), found once
 
     def __new__(cls, *args: Any) -> "Expr":
-        key = (cls,) + tuple(_key_part(a) for a in args)
-        hit = _INTERN.get(key)
+        key = (cls, *map(_key_part, args))
+        hit = _interned(key)
         if hit is not None:
             return hit
         node = object.__new__(cls)
@@ -138,6 +150,16 @@ class Expr:
 
     @property
     def children(self) -> tuple["Expr", ...]:
+        """The expressions among the node's fields, in order (the walks' and visitors' edges);
+        found once per node: a hash-consed subexpression is walked many times."""
+        try:
+            return self._kids
+        except AttributeError:
+            kids = self._children()
+            object.__setattr__(self, "_kids", kids)
+            return kids
+
+    def _children(self) -> tuple["Expr", ...]:
         out: list[Expr] = []
         for f in self._fields:
             v = getattr(self, f)
@@ -225,6 +247,16 @@ class Const(Expr):
     value: Union[int, float, bool]
 
     def __new__(cls, value: Union[int, float, bool], dtype: DType) -> "Const":
+        if type(dtype) is DType:   # a constant built before: its key, without the checks it passed then
+            kind = type(value)
+            if kind is int and dtype.is_int:
+                hit = _interned((cls, ("i", value), dtype))
+            elif kind is float and dtype.is_float:
+                hit = _interned((cls, ("f", repr(value)), dtype))
+            else:
+                hit = None
+            if hit is not None:
+                return hit  # type: ignore[return-value]
         dtype = dt.as_dtype(dtype)
         if dtype.is_bool:
             value = bool(value)

@@ -21,17 +21,37 @@ def visit_method(obj: Any, prefix: str, node: Any) -> Callable[[Any], Any]:
     """The most specific `visit_<Class>` for `node`, following its class hierarchy
     (so `visit_Var` also sees IterVar and ReduceAxis), else `generic_visit`. A node with a
     `dispatch_name` (an instruction statement: its row's constructor, e.g. WarpgroupWait) answers
-    to `visit_<dispatch_name>` first."""
-    named = getattr(node, "dispatch_name", None)
-    if named is not None:
-        m = getattr(obj, prefix + named, None)
-        if m is not None:
-            return m  # type: ignore[no-any-return]
-    for klass in type(node).__mro__:
-        m = getattr(obj, prefix + klass.__name__, None)
-        if m is not None:
-            return m  # type: ignore[no-any-return]
-    return obj.generic_visit  # type: ignore[no-any-return]
+    to `visit_<dispatch_name>` first. The method's name is found once per visitor class and node
+    class (and dispatch name), kept in the visitor class's own table."""
+    table: dict[tuple[Any, ...], str] | None = type(obj).__dict__.get("_visit_methods")
+    if table is None:
+        table = {}
+        setattr(type(obj), "_visit_methods", table)
+    kind = type(node)
+    name = table.get((prefix, kind))
+    if name is None:
+        name = table[(prefix, kind)] = _NAMED if hasattr(kind, "dispatch_name") else _method_name(
+            type(obj), prefix, kind, None)
+    if name is _NAMED:
+        named = node.dispatch_name
+        name = table.get((prefix, kind, named))
+        if name is None:
+            name = table[(prefix, kind, named)] = _method_name(type(obj), prefix, kind, named)
+    return getattr(obj, name)  # type: ignore[no-any-return]
+
+
+_NAMED = "(by its dispatch name)"   # a node class whose nodes answer to their dispatch name first
+
+
+def _method_name(visitor: type, prefix: str, kind: type, named: str | None) -> str:
+    """The name of the method `visit_method` takes for a node of class `kind` (with dispatch
+    name `named`) on a visitor of class `visitor`."""
+    if named is not None and getattr(visitor, prefix + named, None) is not None:
+        return prefix + named
+    for klass in kind.__mro__:
+        if getattr(visitor, prefix + klass.__name__, None) is not None:
+            return prefix + klass.__name__
+    return "generic_visit"
 
 
 class ExprVisitor:

@@ -102,11 +102,16 @@ class _Encoder:
 
 
 def module_to_json(module: stmt_module.Module) -> str:
-    """The module as JSON text (see the module docstring)."""
-    enc = _Encoder()
-    root = enc.node(module)
-    return json.dumps({"format": FORMAT, "version": VERSION, "root": root, "objects": enc.objects},
-                      separators=(",", ":"))
+    """The module as JSON text (see the module docstring); written once per module object (a
+    build stores its final module in the build cache, and the saved artifact holds it again)."""
+    text: str | None = module.__dict__.get("_loop_json")
+    if text is None:
+        enc = _Encoder()
+        root = enc.node(module)
+        text = json.dumps({"format": FORMAT, "version": VERSION, "root": root, "objects": enc.objects},
+                          separators=(",", ":"))
+        object.__setattr__(module, "_loop_json", text)
+    return text
 
 
 def module_from_json(text: str, where: str = "loop IR") -> stmt_module.Module:

@@ -10,6 +10,7 @@ islpy >= 2026.2 dropped the implicit BasicSet -> Set conversions; every conversi
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -140,19 +141,29 @@ def find_out_of_bounds(index: Expr, extent: Expr, conditions: Sequence[Expr] = (
     text, dims, params = dom
     if any(isinstance(v, IterVar) and names(v) not in dims for v in names.by_var):
         return None  # an iteration variable of an extent is itself unbounded here: unknown
-    src = f"[{', '.join(params)}] -> {{ [{', '.join(dims)}] : {text} }}"
+    sample = _sample_point(f"[{', '.join(params)}] -> {{ [{', '.join(dims)}] : {text} }}")
+    if sample is None:
+        return None
+    inverse = {n: v.name for v, n in names.by_var.items()}
+    return Violation({inverse.get(isl_name, isl_name): value for isl_name, value in sample})
+
+
+@functools.lru_cache(maxsize=8192)
+def _sample_point(src: str) -> tuple[tuple[str, int], ...] | None:
+    """A point of the isl set `src` as (isl name, value) pairs, parameters first, or None when it
+    is empty. Kept per text: a model's layers ask the same bounds questions in the same words
+    (their compute axes have the same names), and isl answers a text the same way every time."""
     bad = isl.Set(src)
     if bad.is_empty():
         return None
     pt = bad.sample_point()
-    point: dict[str, int] = {}
+    point: list[tuple[str, int]] = []
     space = pt.get_space()
-    inverse = {n: v.name for v, n in names.by_var.items()}
     for kind in (isl.dim_type.param, isl.dim_type.set):
         for pos in range(space.dim(kind)):
             isl_name = space.get_dim_name(kind, pos) or f"d{pos}"
-            point[inverse.get(isl_name, isl_name)] = int(pt.get_coordinate_val(kind, pos).to_python())
-    return Violation(point)
+            point.append((isl_name, int(pt.get_coordinate_val(kind, pos).to_python())))
+    return tuple(point)
 
 
 # ---- the statement model of a kernel body: domains, accesses, schedules, dependences ----------

@@ -85,9 +85,14 @@ class Buffer:
         return len(self.shape)
 
     def row_major_strides(self) -> tuple[Expr, ...]:
-        """Strides of a contiguous row-major layout of this shape."""
-        trailing = list(reversed(self.shape))
-        return tuple(reversed([size_product(trailing[:d]) for d in range(len(trailing))]))
+        """Strides of a contiguous row-major layout of this shape (found once per buffer: the code
+        generator asks at every access)."""
+        found: tuple[Expr, ...] | None = self.__dict__.get("_row_major")
+        if found is None:
+            trailing = list(reversed(self.shape))
+            found = tuple(reversed([size_product(trailing[:d]) for d in range(len(trailing))]))
+            object.__setattr__(self, "_row_major", found)
+        return found
 
     def effective_strides(self) -> tuple[Expr, ...]:
         return self.strides if self.strides is not None else self.row_major_strides()

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from ..ir.errors import ScheduleError
-from ..ir.expr import BufferLoad, Expr, Var, free_vars, walk
+from ..ir.expr import BufferLoad, Expr, Var, buffers_read, free_vars, frozen_free_vars, walk
 from ..ir.stmt import (
     Allocate,
     AsyncCopy,
@@ -48,6 +48,8 @@ class _Verifier(StmtVisitor):
         raise ScheduleError(f"kernel {self.func.name}: {msg}")
 
     def visit_expr(self, e: Expr) -> None:
+        if frozen_free_vars(e) <= self.vars and buffers_read(e) <= self.buffers:
+            return
         for v in free_vars(e):
             if v not in self.vars:
                 self.fail(f"variable {v.name} is used in {e} but not bound (not a parameter, loop or let)")
@@ -56,7 +58,7 @@ class _Verifier(StmtVisitor):
                 self.fail(f"buffer {n.buffer.name} is read in {e} outside its allocation / not a parameter")
 
     def _depends_on_thread(self, e: Expr) -> bool:
-        return bool(free_vars(e) & self.thread_vars)
+        return not frozen_free_vars(e).isdisjoint(self.thread_vars)
 
     def visit_For(self, s: For) -> None:
         self.visit_expr(s.min)

@@ -139,6 +139,17 @@ def split_lane_offsets(a: Access, lanes: Mapping[str, Sequence[int]], shift: str
 
 
 def one_thread_per_output(info: KernelInfo, target: Target, vector: int = 1) -> Traffic:
+    """The traffic of one thread per output (`vector` consecutive outputs each), found once per
+    KernelInfo, Target and vector (every point of the simple strategies asks): the Traffic is
+    shared, its reader must not change it."""
+    memo: dict[tuple[int, int], tuple[Target, Traffic]] = info.__dict__.setdefault("_one_thread_traffic", {})
+    hit = memo.get((id(target), vector))
+    if hit is None or hit[0] is not target:
+        hit = memo[(id(target), vector)] = (target, _one_thread_per_output(info, target, vector))
+    return hit[1]
+
+
+def _one_thread_per_output(info: KernelInfo, target: Target, vector: int = 1) -> Traffic:
     lanes = unravel_lanes(info, vector)
     reduce_vars = {v for v, _ in info.reduction}
     vec_var = info.spatial[-1][0] if info.spatial else ""

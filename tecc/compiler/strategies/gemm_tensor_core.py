@@ -349,7 +349,16 @@ def copy_sizes(info: KernelInfo) -> tuple[int, int]:
 
 
 def gemm_view(info: KernelInfo) -> GemmView | str:
-    """The GEMM view of a contraction (module docstring), or why there is none."""
+    """The GEMM view of a contraction (module docstring), or why there is none; found once per
+    KernelInfo (frozen: every point of the GEMM strategies asks for it, several times)."""
+    found: GemmView | str | None = info.__dict__.get("_gemm_view")
+    if found is None:
+        found = _gemm_view(info)
+        object.__setattr__(info, "_gemm_view", found)
+    return found
+
+
+def _gemm_view(info: KernelInfo) -> GemmView | str:
     reduce_vars = {v for v, _ in info.reduction}
     under = [x for x in info.reads if reduce_vars & set().union(*x.index_vars)]
     if len(under) != 2:

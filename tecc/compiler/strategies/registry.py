@@ -194,10 +194,16 @@ class ChosenPointStrategy(GraphStrategy):
         return str(self._chosen(program).reason)
 
 
+_LOADED: list[bool] = []   # load_all has gone through the package once
+
+
 def load_all() -> None:
-    """Import every strategy module of this package (each registers itself). A module that
-    fails to import is skipped and its error kept in LOAD_ERRORS: one broken strategy file
-    must not take the planner down (naive always remains)."""
+    """Import every strategy module of this package (each registers itself), once per process
+    (the planner asks at every kernel; listing the package's files each time cost seconds a
+    model). A module that fails to import is skipped and its error kept in LOAD_ERRORS: one
+    broken strategy file must not take the planner down (naive always remains)."""
+    if _LOADED:
+        return
     from . import __name__ as package
     from . import __path__ as here
 
@@ -207,6 +213,7 @@ def load_all() -> None:
                 importlib.import_module(f"{package}.{mod.name}")
             except Exception as exc:  # noqa: BLE001 - reported through LOAD_ERRORS
                 LOAD_ERRORS[mod.name] = f"{type(exc).__name__}: {exc}"
+    _LOADED.append(True)
 
 
 def strategies() -> list[Strategy]:

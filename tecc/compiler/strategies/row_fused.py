@@ -65,6 +65,7 @@ from ..cost.model import Workload, predict
 from ..pipeline import first_without_spills
 from ..plan import Plan, Step
 from ..program import Program, resolve_target
+from ..rankings import by_structure
 from .registry import GraphStrategy, Point, register
 from .row_fused_cost import (
     ColumnWalk,
@@ -612,11 +613,19 @@ def _program_plan(program: Program) -> Plan:
     """The choice's plan, or where ptxas spills its kernel for the build's arch the first of its
     fallbacks that does not (RowFusedChoice.fallbacks: the straight-line walk's counterpart;
     `pipeline.first_without_spills`: no compile without fallbacks, nor without NVRTC, and the
-    plan itself where every one spills); memoized per program."""
+    plan itself where every one spills); memoized per program, and its position among the
+    fallbacks per structure (`rankings.by_structure`: a model's layers compile it once)."""
     choice = _program_choice(program)
     assert isinstance(choice, RowFusedChoice)
-    return program.memo("row_fused/plan", lambda: first_without_spills(
-        program.args, (choice.plan, *choice.fallbacks), program.compile_arch, program.name, lowered=program.module))
+    plans = (choice.plan, *choice.fallbacks)
+    if len(plans) < 2:
+        return choice.plan
+
+    def first() -> int:   # the position of the plan taken: it serves the programs of this structure
+        found = first_without_spills(program.args, plans, program.compile_arch, program.name, lowered=program.module)
+        return next(n for n, plan in enumerate(plans) if plan is found)
+
+    return program.memo("row_fused/plan", lambda: plans[by_structure(program, "row_fused/plan", first)])
 
 
 def _rows_at(rows: Sequence[Expr], sizes: dict[str, int]) -> int:

@@ -14,6 +14,7 @@ result that differs from the serial one in the last bits (docs/schedule.md).
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Callable, Sequence
 
 from ...ir import poly
@@ -23,6 +24,11 @@ from ...ir.stmt import BufferStore, For, PrimFunc
 from .loops import reads_buffer
 
 ASSOCIATIVE = ("+", "*", "min", "max", "fmin", "fmax")
+
+# Set while the planner applies again the point its primitives took for a twin of the kernel (the
+# same loops and accesses up to names: tecc/compiler/rankings.py, Schedule.deferring): the
+# dependences are the twin's, which these checks passed, so they are not computed again.
+TRUSTED: ContextVar[bool] = ContextVar("tecc_legality_trusted", default=False)
 
 
 def is_reduction_update(node: object) -> bool:
@@ -66,7 +72,10 @@ def _describe(deps: poly.Dependences, bad: object) -> str:
 
 def check_schedule(func: PrimFunc, what: str, entries: Callable[[poly.PolyStmt], Sequence[object]],
                    reductions_commute: bool) -> None:
-    """Raise ScheduleError when the schedule given by `entries` breaks a dependence of `func`."""
+    """Raise ScheduleError when the schedule given by `entries` breaks a dependence of `func`
+    (nothing is checked under TRUSTED)."""
+    if TRUSTED.get():
+        return
     # the unordered dependences (pairs in both directions) and one map to the old schedule
     # followed by the new: poly.keeps_order asks the question without the lexicographic order
     # of the old schedule (`dependences(ordered=True)`) and of the new (`respects`), the costly
@@ -113,7 +122,10 @@ def _padded(entries: Sequence[object], width: int) -> list[object]:
 
 
 def check_parallel(func: PrimFunc, loop: For, what: str) -> None:
-    """Raise ScheduleError when `loop` carries a dependence (its iterations are not independent)."""
+    """Raise ScheduleError when `loop` carries a dependence (its iterations are not independent;
+    nothing is checked under TRUSTED)."""
+    if TRUSTED.get():
+        return
     deps = poly.dependences(func.body, ordered=False)  # carried or not is the same in both directions
     level = None
     for s in deps.space.stmts:

@@ -36,6 +36,7 @@ dropped before codegen (`drop_records`).
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import Iterable, Sequence
 
@@ -64,8 +65,19 @@ def record_of(func: PrimFunc, where: str) -> TileSchedule:
     return record
 
 
+# Set while a Schedule defers the emission of its tensor-core kernels (Schedule.deferring: a
+# twin's realized point, whose every step emitted for its twin): `emit` then gives the lowered
+# kernel carrying the record, which is all the next primitive reads; the Schedule emits the
+# last record once.
+DEFER: ContextVar[bool] = ContextVar("tecc_defer_tensor_core_emission", default=False)
+
+
 def emit(record: TileSchedule) -> PrimFunc:
-    """The kernel of a TileSchedule, carrying the record."""
+    """The kernel of a TileSchedule, carrying the record (under DEFER: the lowered kernel
+    carrying it, to be emitted later)."""
+    if DEFER.get():
+        src = record.source
+        return PrimFunc(src.name, src.params, src.body, src.attrs + ((RECORD, record),))
     builder = WgmmaKernel if record.row.startswith("wgmma") else MmaKernel
     func = builder(record).kernel()
     return PrimFunc(func.name, func.params, func.body, func.attrs + ((RECORD, record),))
@@ -288,6 +300,6 @@ def epilogue(func: PrimFunc, stage: str, kind: str) -> PrimFunc:
     return emit(check(replace(record, epilogue=kind), where))
 
 
-__all__ = ["K_TILE_LOOP", "RECORD", "drop_records", "epilogue", "forget_record", "gemm_operands", "persistent",
+__all__ = ["DEFER", "K_TILE_LOOP", "RECORD", "drop_records", "epilogue", "forget_record", "gemm_operands", "persistent",
            "pipeline", "pipeline_fragments", "record_of", "split_k", "stage_operand", "tensorize", "tile_order",
            "warp_specialize"]
