@@ -18,15 +18,7 @@ from tecc.compiler.cost.analysis import analyze_kernel  # noqa: E402
 from tecc.compiler.strategies import get  # noqa: E402
 from tecc.ir.target import target  # noqa: E402
 from tecc.passes.lower import lower  # noqa: E402
-from tecc.torch.report import clear_reports  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    clear_reports()
-    yield
-    torch._dynamo.reset()
+from torch_models import fresh_dynamo  # noqa: E402,F401  (tests/torch_models.py)
 
 
 def compiled(fn):

@@ -17,17 +17,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tecc  # noqa: E402
-from tecc.torch.report import clear_reports, reports  # noqa: E402
+from tecc.torch.report import reports  # noqa: E402
 
-from torch_models import GPT, MLP, ConvNet, batches  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    clear_reports()
-    yield
-    torch._dynamo.reset()
+from torch_models import ConvNet, GPT, MLP, batches, fresh_dynamo  # noqa: E402,F401
 
 
 def compiled(model, **options):

@@ -9,19 +9,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tecc.torch.report import clear_reports, reports  # noqa: E402
+from tecc.torch.report import reports  # noqa: E402
 
-from torch_models import GPT, MLP, ConvNet, batches  # noqa: E402
+from torch_models import ConvNet, GPT, MLP, batches, fresh_dynamo  # noqa: E402,F401
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    clear_reports()
-    yield
-    torch._dynamo.reset()
 
 
 def _train(model, data, autocast=None):

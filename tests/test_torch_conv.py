@@ -13,16 +13,9 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 import tecc  # noqa: E402
-from tecc.torch.report import clear_reports, reports  # noqa: E402
+from torch_models import fresh_dynamo  # noqa: E402,F401  (tests/torch_models.py)
+from tecc.torch.report import reports  # noqa: E402
 from tecc.torch.runtime import RunProgram  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    clear_reports()
-    yield
-    torch._dynamo.reset()
 
 
 def compiled(fn, **options):

@@ -24,7 +24,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tecc.torch.report import clear_reports, reports  # noqa: E402
+from torch_models import fresh_dynamo  # noqa: E402,F401  (tests/torch_models.py)
+from tecc.torch.report import reports  # noqa: E402
 
 
 def _import_torchvision():
@@ -65,14 +66,6 @@ def _torchvision():
     if torchvision is None:
         pytest.skip("torchvision is not installed")
     return torchvision
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    clear_reports()
-    yield
-    torch._dynamo.reset()
 
 
 def compiled(model):

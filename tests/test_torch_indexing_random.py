@@ -15,15 +15,14 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 import tecc  # noqa: E402
-from tecc.torch.report import clear_reports, reports  # noqa: E402
+from tecc.torch.report import reports  # noqa: E402
+from torch_models import fresh_dynamo  # noqa: E402,F401  (tests/torch_models.py)
 
 
 @pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    clear_reports()
+def nondeterministic_after():
+    """fresh_dynamo (tests/torch_models.py) around each test, and torch's deterministic mode off after it."""
     yield
-    torch._dynamo.reset()
     torch.use_deterministic_algorithms(False)
 
 

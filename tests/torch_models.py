@@ -1,13 +1,26 @@
 """Small models the torch.compile backend's tests train and run (tests/test_torch_backend.py,
-tests/test_torch_ddp.py): a GPT with either attention form, an MLP and a conv net."""
+tests/test_torch_ddp.py): a GPT with either attention form, an MLP and a conv net; and
+`fresh_dynamo`, the autouse fixture of the backend's test modules (imported by each)."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from tecc.torch.report import clear_reports
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles afresh: dynamo's caches and tecc's compile reports cleared around it."""
+    torch._dynamo.reset()
+    clear_reports()
+    yield
+    torch._dynamo.reset()
 
 
 class Block(nn.Module):
