@@ -74,7 +74,7 @@ from typing import Sequence
 
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
-from ...ir.expr import (BufferLoad, Const, Expr, Reduce, Var, binary, cast, const_int, free_vars, load_cg,
+from ...ir.expr import (BufferLoad, Const, Expr, Reduce, TensorRead, Var, binary, cast, const_int, free_vars, load_cg,
                        reduce_identity, size_product, substitute, walk)
 from ...ir.stmt import Allocate, Barrier, Buffer, BufferStore, For, IfThenElse, KernelCall, Module, PrimFunc, Stmt, seq
 from ...ir.tensor import ComputeOp, Tensor, reduce_axis
@@ -87,7 +87,8 @@ ZERO = Const(0, dt.int32)
 
 
 def merged_axes(r: Reduce) -> Reduce:
-    """`r` over one axis where it reduces over several, each from 0 with a constant extent: their
+    """`r` over one axis where it reduces over several, each from 0 with a constant extent and read
+    only as a whole index (`X[n, h, w, c]`; not a window's `X[n, p + r - 1, ..]`): their
     mixed-radix index, the first axis outermost (a global average pool's (h, w) of an NHWC input
     read as one axis of H·W rows, `X[n, hw // W, hw % W, c]`, which the lowering's linear form
     reads at hw·C + c). The same points in the same order, so the same reduction; else `r`."""
@@ -96,6 +97,10 @@ def merged_axes(r: Reduce) -> Reduce:
     extents = [const_int(a.extent) for a in r.axes]
     if any(e is None or e < 1 for e in extents) or any(const_int(a.lo) != 0 for a in r.axes):
         return r
+    axes = set(r.axes)
+    for read in walk(r.source):  # each reduced axis a whole index of its own: no window (a stencil)
+        if isinstance(read, TensorRead) and any(free_vars(i) & axes and i not in axes for i in read.indices):
+            return r
     total = 1
     for e in extents:
         total *= e  # type: ignore[operator]
