@@ -30,6 +30,9 @@ import torch
 from torch._functorch import partitioners
 sys.path.insert(0, "tests")
 from torch_models import GPT
+if os.environ.get("TARGET") == "cuda":  # programs with cubins (NVRTC needs no GPU), run in the emulator
+    from tecc.torch import backend
+    backend._target = lambda emulate: "cuda"
 
 calls = [0]
 original = partitioners.min_cut_rematerialization_partition
@@ -57,10 +60,10 @@ print(json.dumps({"losses": losses, "grad": grad, "partitions": calls[0], "aot":
 """
 
 
-def run_child(tmp_path: Path, forbid: bool = False, aot: bool = True) -> dict:
+def run_child(tmp_path: Path, forbid: bool = False, aot: bool = True, target: str = "sim") -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT), TECC_CACHE_DIR=str(tmp_path / "tecc"),
                TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "torch"), FORBID="1" if forbid else "0", AOT="1" if aot else "0",
-               TECC_BUILD_CACHE="1")  # the suite turns tecc's caches off (conftest.py); the option needs them
+               TECC_BUILD_CACHE="1", TARGET=target)  # the suite turns tecc's caches off (conftest.py); the option needs them
     env.pop("TECC_NO_CACHE", None)
     done = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
@@ -91,6 +94,28 @@ def test_second_process_skips_trace_and_partitioner(tmp_path: Path) -> None:
     assert third["losses"] == first["losses"] and third["grad"] == first["grad"]
 
 
+def test_the_entry_points_at_teccs_disk_cache(tmp_path: Path) -> None:
+    """Graphs in tecc's disk cache (built for CUDA, as on a GPU): the entry holds their keys, not
+    the ATen graphs; a second process loads them by key; with tecc's entries gone, the entry is
+    a miss: traced and partitioned again, then stored anew and hit by the next process."""
+    first = run_child(tmp_path, target="cuda")
+    assert first["aot"].get("autograd_cache_saved") == 1, first
+    tecc_entries = list((tmp_path / "tecc" / "graphs").rglob("graph.json"))
+    assert len(tecc_entries) == 2  # forward and backward
+    second = run_child(tmp_path, forbid=True, target="cuda")
+    assert second["partitions"] == 0 and second["aot"].get("autograd_cache_hit") == 1, second
+    assert second["losses"] == first["losses"] and second["grad"] == first["grad"]
+
+    for entry in tecc_entries:
+        (entry.parent / "p0.json").write_text("{")  # a damaged program manifest
+    third = run_child(tmp_path, target="cuda")
+    assert third["partitions"] == 1 and third["aot"].get("autograd_cache_miss") == 1, third
+    assert third["aot"].get("autograd_cache_saved") == 1, third
+    assert third["losses"] == first["losses"] and third["grad"] == first["grad"]
+    fourth = run_child(tmp_path, forbid=True, target="cuda")
+    assert fourth["partitions"] == 0 and fourth["aot"].get("autograd_cache_hit") == 1, fourth
+
+
 def test_option_off_writes_no_entry(tmp_path: Path) -> None:
     off = run_child(tmp_path, aot=False)
     assert off["partitions"] == 1 and not entries(tmp_path) and not off["aot"], off
@@ -107,6 +132,10 @@ def test_unreadable_graph_is_a_miss() -> None:
     nothing.prepare_for_serialization()
     with pytest.raises(FXGraphCacheMiss, match="not in tecc's disk cache"):
         nothing.post_compile([], None, {})
+    missing = aot_cache.TeccOutputCode(lambda args: args, Options(), "g0_forward", "0" * 64, None)
+    missing.prepare_for_serialization()
+    with pytest.raises(FXGraphCacheMiss, match="missing or damaged"):
+        missing.post_compile([], None, {})
 
 
 def test_without_the_api_compiles_as_before(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

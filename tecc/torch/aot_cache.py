@@ -164,10 +164,13 @@ class TeccOutputCode(_output_code_base()):  # type: ignore[misc]
             return
         from .backend import compile_graph, from_disk_cache
 
-        if self.key is not None and self.graph is None:  # no constants to lift: the key is enough
+        FXGraphCacheMiss = _imports()[0]
+
+        if self.key is not None:  # no constants to lift: the key is enough
             self.fn = from_disk_cache(self.key, self.options, self.name, [])
             if self.fn is not None:
                 return
+            raise FXGraphCacheMiss(f"tecc: graph {self.name} is not in tecc's disk cache (missing or damaged)")
         gm = self._graph()
         self.fn = compile_graph(gm, [], self.options, self.name)
 

@@ -133,17 +133,16 @@ def _identity(opts: Options) -> dict[str, Any]:
 
 
 def _for_aot_cache(gm: GraphModule, opts: Options, name: str) -> Any:
-    """compile_graph's callable as AOTAutograd's cache stores it (aot_cache.TeccOutputCode): the
-    ATen graph kept, before its constants are lifted, when tecc's disk cache may not be enough."""
+    """compile_graph's callable as AOTAutograd's cache stores it (aot_cache.TeccOutputCode): tecc's
+    key when its disk cache holds the graph and the graph has no constants to lift, else the
+    ATen graph, pickled before the compile changes it (lifted constants, a seed node)."""
     start = time.perf_counter_ns()
     constants = _has_constants(gm)
-    graph = aot_cache.dump_graph(gm) if _emulated(gm) or constants else None
+    graph = aot_cache.dump_graph(gm)
     fn, key = compile_keyed(gm, opts, name)
-    if constants and graph is None:
-        key = None  # the key alone would load the graph without its constants: a later process traces
-    elif key is None and graph is None:
-        graph = aot_cache.dump_graph(gm)
-    code = aot_cache.TeccOutputCode(fn, opts, name, key, graph)
+    if key is not None and not constants:
+        graph = None  # the key is enough
+    code = aot_cache.TeccOutputCode(fn, opts, name, None if constants else key, graph)
     code._time_taken_ns = time.perf_counter_ns() - start
     return code
 
