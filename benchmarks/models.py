@@ -6,6 +6,8 @@
     python benchmarks/models.py --layers 2 --steps 5     # a quick look
     python benchmarks/models.py --quick                  # GPT-2 small (SDPA) and the conv net, 6 steps, the three
                                                          #   backends, tecc's compile in a second process (~4-6 min)
+    python benchmarks/models.py --models gpt2 --attention sdpa --backends tecc --steps 3 --warmup 1 --aot-cache
+                                                         # the second process without and with aot_cache
 
 GPT-2 small: 12 layers, width 768, 12 heads, vocabulary 50304, batch 8 x 1024 tokens, bf16
 autocast, AdamW outside the compiled model (lr 1e-4), dropout 0. For each backend the model
@@ -27,8 +29,12 @@ torchvision does; each is skipped with a message otherwise.
 
 After tecc's GPT-2 run, a second process compiles the same model with the same TECC_CACHE_DIR
 (the graph cache on disk, docs/cache.md) and reports its first call (compile + one step): the
-issue's bound is 3 s for the compile (--no-second-process skips it). A backend that fails is a
-row with its error, and the others still run.
+issue's bound is 3 s for the compile (--no-second-process skips it). With --aot-cache tecc runs
+with options={"aot_cache": True} (AOTAutograd's cache holds its result: the second process skips
+the joint trace and the partitioner, tecc/torch/aot_cache.py) and the second process runs twice,
+without the option then with it; its phases then include AOTAutograd's cache counters (a hit
+is "AOTAutograd cache hit (count) 1.00"). A backend that fails is a row with its error, and the
+others still run.
 
 tecc runs with fallback="aten" unless --strict (fallback="error"); the ops that fell back are
 listed. Rows are printed as markdown and, with --out, written to a file for RESULTS.md.
@@ -57,12 +63,13 @@ from train_gpt import GPT  # noqa: E402
 BACKENDS = ("eager", "inductor", "tecc")
 
 
-def _compiled(model, backend: str, strict: bool):
+def _compiled(model, backend: str, strict: bool, aot_cache: bool = False):
     if backend == "eager":
         return model
     if backend == "inductor":
         return torch.compile(model)
-    return torch.compile(model, backend="tecc", options={"fallback": "error" if strict else "aten"})
+    return torch.compile(model, backend="tecc", options={"fallback": "error" if strict else "aten",
+                                                         "aot_cache": aot_cache})
 
 
 def _batches(steps: int, batch: int, context: int, vocab: int):
@@ -103,7 +110,7 @@ def _compare(label: str, base, data, args: argparse.Namespace) -> list[str]:
         torch._dynamo.reset()
         model = copy.deepcopy(base)
         try:
-            results[backend] = _train(_compiled(model, backend, args.strict), model, data, args.warmup)
+            results[backend] = _train(_compiled(model, backend, args.strict, args.aot_cache), model, data, args.warmup)
         except Exception as exc:  # noqa: BLE001 - a failing backend is reported, the others still run
             message = str(exc).strip().splitlines()
             rows.append(f"| {label} | {backend} | failed: {type(exc).__name__}: {message[0][:160] if message else ''} "
@@ -134,25 +141,29 @@ def gpt2(args: argparse.Namespace) -> list[str]:
         data = _batches(args.steps, batch, context, vocab)
         rows += _compare(f"gpt2 {args.layers}L {attention}", base, data, args)
         if "tecc" in args.backends and args.second_process:
-            rows.append(_second_process(attention, args))
+            if args.aot_cache:  # the same second process without the option: tecc's disk cache alone
+                rows.append(_second_process(attention, args, aot_cache=False))
+            rows.append(_second_process(attention, args, aot_cache=args.aot_cache))
     return HEADER + rows
 
 
-def _second_process(attention: str, args: argparse.Namespace) -> str:
-    """tecc's first call in a new process that finds the compiled graphs in the disk cache."""
+def _second_process(attention: str, args: argparse.Namespace, aot_cache: bool) -> str:
+    """tecc's first call in a new process that finds the compiled graphs in the disk cache (and,
+    with `aot_cache`, AOTAutograd's result in torch's cache: no joint trace, no partitioner)."""
     command = [sys.executable, str(Path(__file__).resolve()), "--child-compile", attention, "--layers",
-               str(args.layers)] + (["--strict"] if args.strict else [])
+               str(args.layers)] + (["--strict"] if args.strict else []) + (["--aot-cache"] if aot_cache else [])
+    what = "tecc, second process (disk cache" + (" + AOTAutograd's cache)" if aot_cache else ")")
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=dict(os.environ))
     process = time.perf_counter() - start
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [""]
-        return f"| gpt2 {args.layers}L {attention} | tecc, second process | failed: {tail[0][:160]} | | | |"
+        return f"| gpt2 {args.layers}L {attention} | {what} | failed: {tail[0][:160]} | | | |"
     found = json.loads(lines[-1])
-    print(f"\nsecond process (gpt2 {args.layers}L {attention}), seconds: whole process {process:.1f}; "
+    print(f"\n{what} (gpt2 {args.layers}L {attention}), seconds: whole process {process:.1f}; "
           + "; ".join(f"{name} {seconds:.2f}" for name, seconds in found["phases"].items()))
-    return (f"| gpt2 {args.layers}L {attention} | tecc, second process (disk cache) | | {found['first']:.1f} | "
+    return (f"| gpt2 {args.layers}L {attention} | {what} | | {found['first']:.1f} | "
             f"{found['loss']:.4f} | |")
 
 
@@ -174,7 +185,7 @@ def _child_compile(attention: str, args: argparse.Namespace) -> None:
     model = GPT(vocab, width, heads, args.layers, context, attention).cuda()
     data = _batches(1, batch, context, vocab)
     start = time.perf_counter()
-    compiled = _compiled(model, "tecc", args.strict)
+    compiled = _compiled(model, "tecc", args.strict, args.aot_cache)
     phases = {"torch.compile (imports tecc)": time.perf_counter() - start}
     phases["AOTAutograd's partitioner"] = 0.0  # its first call imports torch._inductor (the min-cut's CSE pass)
     _time_partitioner(phases, "AOTAutograd's partitioner")
@@ -186,6 +197,10 @@ def _child_compile(attention: str, args: argparse.Namespace) -> None:
     from tecc.torch.report import reports
 
     phases.update({f"tecc load {r.name}": r.seconds for r in reports()})
+    from torch._dynamo.utils import counters
+
+    phases.update({f"AOTAutograd cache {k.removeprefix('autograd_cache_')} (count)": float(v)
+                   for k, v in counters["aot_autograd"].items()})
     print(json.dumps({"first": first, "loss": losses[0], "phases": phases}))
 
 
@@ -253,7 +268,7 @@ def _inference(label: str, base, x, args: argparse.Namespace) -> list[str]:
         xb = x.to(torch.bfloat16).to(memory_format=torch.channels_last)
         times, first = [], None
         try:
-            run = _compiled(model, backend, args.strict)
+            run = _compiled(model, backend, args.strict, args.aot_cache)
             with torch.no_grad():
                 for step in range(args.steps):
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -338,6 +353,8 @@ def main() -> None:
     p.add_argument("--strict", action="store_true", help="tecc with fallback='error'")
     p.add_argument("--no-second-process", dest="second_process", action="store_false",
                    help="skip the second process that loads tecc's compiled graphs from the disk cache")
+    p.add_argument("--aot-cache", action="store_true",
+                   help="tecc with options={'aot_cache': True}; the second process then runs with and without it")
     p.add_argument("--child-compile", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help="also write the markdown rows here")
     args = p.parse_args()

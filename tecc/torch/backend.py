@@ -18,10 +18,12 @@ Options (`torch.compile(..., options={...})`):
 | `dump_ir` | `None` | a folder: each graph's FX code, the node -> kernel map and every program's IR dumps |
 | `arch` | `None` | the GPU architecture to compile for (`"sm_90"`); default: the device's |
 | `partitioner` | `"min_cut"` | what the forward saves for the backward: `"min_cut"`, AOTAutograd's min-cut rematerialization partitioner (inductor's too: saves the fewest bytes and recomputes cheap elementwise values in the backward; a loss head then saves its bf16 logits and two row statistics, and its backward recomputes the float32 cast, instead of 1.6 GB of float32 log-probabilities written and read back at GPT-2's size); `"default"`, AOTAutograd's default partitioner (saves what the backward reads); `"recompute"`, the min-cut partitioner allowed to recompute cheap values that the backward reads through a GEMM (`ban_recompute_materialized_backward` off: an MLP's GELU output, a layer norm's bf16 output, bf16 copies of weights are recomputed from what is saved anyway, one layer at a time, instead of saved for every layer: 1.1 GiB less saved by transformers' GPT-2 small at batch 8 × 1024, 0.23 GiB off its peak (benchmarks/model_memory.py), for an elementwise pass per recomputed value in the backward) |
+| `aot_cache` | `False` | keep AOTAutograd's result in torch's AOTAutogradCache (TORCHINDUCTOR_CACHE_DIR/aotautograd), its entry naming tecc's disk-cache entries: a second process skips AOTAutograd's joint trace and partitioner (aot_cache.py). Off by default until measured on a GPU; a torch without the API compiles as without it. The backward is then compiled with the forward, not at the first backward call |
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -32,7 +34,7 @@ import torch
 from torch.fx import GraphModule
 
 from ..ir.errors import TeccError
-from . import cache
+from . import aot_cache, cache
 from .decompositions import decomposition_table
 from .report import GraphReport, record
 from .runtime import CompiledGraph, with_cuda_graph
@@ -56,11 +58,12 @@ class Options:
     dump_ir: str | None = None
     arch: str | None = None
     partitioner: str = "min_cut"
+    aot_cache: bool = False
 
     @staticmethod
     def parse(options: dict[str, Any] | None) -> "Options":
         given = dict(options or {})
-        known = {"fallback", "cudagraphs", "dump_ir", "arch", "partitioner"}
+        known = {"fallback", "cudagraphs", "dump_ir", "arch", "partitioner", "aot_cache"}
         unknown = sorted(set(given) - known)
         if unknown:
             raise TeccError(f"torch.compile(backend='tecc'): unknown option(s) {', '.join(unknown)}; the options are "
@@ -77,7 +80,7 @@ class Options:
                             "the backward's GEMMs read instead of saving them)")
         dump = given.get("dump_ir")
         return Options(fallback, bool(given.get("cudagraphs", False)), str(dump) if dump else None,
-                       given.get("arch"), partitioner)
+                       given.get("arch"), partitioner, bool(given.get("aot_cache", False)))
 
 
 _graphs = itertools.count()
@@ -108,16 +111,45 @@ def tecc_backend(gm: GraphModule, example_inputs: Sequence[Any], options: dict[s
 
     opts = Options.parse(options)
     number = next(_graphs)
+    aot = opts.aot_cache and not opts.dump_ir and cache.enabled() and aot_cache.available()
 
     def compiler(kind: str) -> Callable[[GraphModule, Sequence[Any]], Any]:
         def compile_fn(graph: GraphModule, inputs: Sequence[Any]) -> Any:
+            if aot:
+                return _for_aot_cache(graph, opts, f"g{number}_{kind}")
             return compile_graph(graph, inputs, opts, f"g{number}_{kind}")
 
-        return compile_fn
+        return aot_cache.serializable(compile_fn) if aot else compile_fn
 
-    return aot_module_simplified(gm, example_inputs, fw_compiler=compiler("forward"),
-                                 bw_compiler=compiler("backward"), inference_compiler=compiler("inference"),
-                                 decompositions=decomposition_table(), **partition(opts.partitioner))
+    with aot_cache.engaged(_identity(opts)) if aot else contextlib.nullcontext():
+        return aot_module_simplified(gm, example_inputs, fw_compiler=compiler("forward"),
+                                     bw_compiler=compiler("backward"), inference_compiler=compiler("inference"),
+                                     decompositions=decomposition_table(), **partition(opts.partitioner))
+
+
+def _identity(opts: Options) -> dict[str, Any]:
+    """The options that AOTAutograd's cache key must hold for tecc (aot_cache.identity)."""
+    return {"fallback": opts.fallback, "cudagraphs": opts.cudagraphs, "arch": opts.arch,
+            "partitioner": opts.partitioner}
+
+
+def _for_aot_cache(gm: GraphModule, opts: Options, name: str) -> Any:
+    """compile_graph's callable as AOTAutograd's cache stores it (aot_cache.TeccOutputCode): tecc's
+    key when its disk cache holds the graph and the graph has no constants to lift, else the
+    ATen graph, pickled before the compile changes it (lifted constants, a seed node)."""
+    start = time.perf_counter_ns()
+    constants = _has_constants(gm)
+    graph = aot_cache.dump_graph(gm)
+    fn, key = compile_keyed(gm, opts, name)
+    if key is not None and not constants:
+        graph = None  # the key is enough
+    code = aot_cache.TeccOutputCode(fn, opts, name, None if constants else key, graph)
+    code._time_taken_ns = time.perf_counter_ns() - start
+    return code
+
+
+def _has_constants(gm: GraphModule) -> bool:
+    return any(n.op == "get_attr" and isinstance(_attribute(gm, n.target), torch.Tensor) for n in gm.graph.nodes)
 
 
 def partition(partitioner: str) -> dict[str, Any]:
@@ -184,6 +216,12 @@ def _refuse_fallbacks(plan: GraphPlan) -> None:
 
 def compile_graph(gm: GraphModule, example_inputs: Sequence[Any], opts: Options, name: str) -> Any:
     """One ATen graph compiled: its programs built with tc.build, its launch list assembled."""
+    return compile_keyed(gm, opts, name)[0]
+
+
+def compile_keyed(gm: GraphModule, opts: Options, name: str) -> tuple[Any, str | None]:
+    """compile_graph's callable, and the graph's key in tecc's disk cache when the cache holds
+    it (None: not cached, as the emulator's graphs)."""
     start = time.perf_counter()
     emulate = _emulated(gm)
     target = _target(emulate)
@@ -193,20 +231,14 @@ def compile_graph(gm: GraphModule, example_inputs: Sequence[Any], opts: Options,
     if cache.enabled() and not opts.dump_ir:  # a hit writes no dumps: compile when they are asked for
         key = cache.graph_key(gm, {"fallback": opts.fallback, "arch": opts.arch, "deterministic": deterministic},
                               target)
-        hit = cache.load_graph(key)
-        if hit is not None:
-            compiled, report = hit
-            report.name = compiled.name = name
-            report.seconds = time.perf_counter() - start  # the load's (the compile's are the first process's)
-            record(report)
-            if report.fallbacks:
-                log.warning("%s", report.fallback_message())
-            log.info("tecc: graph %s from the cache (%.2f s)", name, time.perf_counter() - start)
-            return _with_constants(_finished(compiled, opts, emulate, bool(compiled.sizes)), lift_constants(gm))
+    constants = lift_constants(gm)
+    if key is not None:
+        loaded = from_disk_cache(key, opts, name, constants, start)
+        if loaded is not None:
+            return loaded, key
     from .lowering import Sizes
     from .report import write_dumps
 
-    constants = lift_constants(gm)
     sizes = Sizes()
     plan = plan_graph(gm, name, sizes, _bound_symbols(gm))
     if opts.fallback == "error":
@@ -223,9 +255,26 @@ def compile_graph(gm: GraphModule, example_inputs: Sequence[Any], opts: Options,
     log.info("%s", report.summary())
     if opts.dump_ir:
         write_dumps(opts.dump_ir, plan, kernels, report)
-    if key is not None:
-        cache.store(key, compiled, kernels, report)
-    return _with_constants(_finished(compiled, opts, emulate, bool(sizes.vars)), constants)
+    stored = key is not None and cache.store(key, compiled, kernels, report) is not None
+    return _with_constants(_finished(compiled, opts, emulate, bool(sizes.vars)), constants), key if stored else None
+
+
+def from_disk_cache(key: str, opts: Options, name: str, constants: list[torch.Tensor],
+                    start: float | None = None) -> Any:
+    """The callable of the graph tecc's disk cache holds under `key`, or None (a miss)."""
+    start = time.perf_counter() if start is None else start
+    hit = cache.load_graph(key)
+    if hit is None:
+        return None
+    compiled, report = hit
+    report.name = compiled.name = name
+    report.seconds = time.perf_counter() - start  # the load's (the compile's are the first process's)
+    record(report)
+    if report.fallbacks:
+        log.warning("%s", report.fallback_message())
+    log.info("tecc: graph %s from the cache (%.2f s)", name, time.perf_counter() - start)
+    emulate = any(getattr(step, "emulate", False) for step in compiled.steps)
+    return _with_constants(_finished(compiled, opts, emulate, bool(compiled.sizes)), constants)
 
 
 def plan_graph(gm: GraphModule, name: str, sizes: Any, bound: set[Any]) -> GraphPlan:

@@ -1,0 +1,157 @@
+"""The torch backend's `aot_cache` option (tecc/torch/aot_cache.py): a second process gets the
+forward and backward graphs from AOTAutograd's cache, without the joint trace and the
+partitioner, and trains the same; an unusable entry falls back to tracing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tecc.torch import aot_cache
+from tecc.torch.backend import Options, tecc_backend
+from torch_models import GPT, fresh_dynamo  # noqa: F401 - the autouse fixture
+
+pytestmark = pytest.mark.skipif(not aot_cache.available(), reason="this torch has no usable AOTAutograd cache")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Trains the tiny GPT two SGD steps with the option; prints the losses, a gradient's sum, how
+# often the min-cut partitioner ran and AOTAutograd's cache counters. FORBID=1: the partitioner
+# raises (a hit must not reach it).
+CHILD = r"""
+import json, os, sys
+import torch
+from torch._functorch import partitioners
+sys.path.insert(0, "tests")
+from torch_models import GPT
+if os.environ.get("TARGET") == "cuda":  # programs with cubins (NVRTC needs no GPU), run in the emulator
+    from tecc.torch import backend
+    backend._target = lambda emulate: "cuda"
+
+calls = [0]
+original = partitioners.min_cut_rematerialization_partition
+def counted(*args, **kwargs):
+    calls[0] += 1
+    if os.environ.get("FORBID") == "1":
+        raise RuntimeError("the partitioner ran")
+    return original(*args, **kwargs)
+partitioners.min_cut_rematerialization_partition = counted
+
+torch.manual_seed(0)
+model = GPT(layers=1)
+idx, targets = torch.randint(0, 128, (2, 16)), torch.randint(0, 128, (2, 16))
+step = torch.compile(model, backend="tecc", options={"aot_cache": os.environ.get("AOT", "1") == "1"})
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+losses = []
+for _ in range(2):
+    loss = step(idx, targets)
+    loss.backward()
+    grad = float(model.head.weight.grad.double().abs().sum())
+    opt.step(); opt.zero_grad()
+    losses.append(loss.item())
+from torch._dynamo.utils import counters
+print(json.dumps({"losses": losses, "grad": grad, "partitions": calls[0], "aot": dict(counters["aot_autograd"])}))
+"""
+
+
+def run_child(tmp_path: Path, forbid: bool = False, aot: bool = True, target: str = "sim") -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TECC_CACHE_DIR=str(tmp_path / "tecc"),
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "torch"), FORBID="1" if forbid else "0", AOT="1" if aot else "0",
+               TECC_BUILD_CACHE="1", TARGET=target)  # the suite turns tecc's caches off (conftest.py); the option needs them
+    env.pop("TECC_NO_CACHE", None)
+    done = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def entries(tmp_path: Path) -> list[Path]:
+    folder = tmp_path / "torch" / "aotautograd"
+    return [p for p in folder.rglob("*") if p.is_file()] if folder.exists() else []
+
+
+def test_second_process_skips_trace_and_partitioner(tmp_path: Path) -> None:
+    first = run_child(tmp_path)
+    assert first["partitions"] == 1 and first["aot"].get("autograd_cache_saved") == 1, first
+    assert len(entries(tmp_path)) == 1
+    second = run_child(tmp_path, forbid=True)  # the partitioner raises if it runs
+    assert second["partitions"] == 0 and second["aot"].get("autograd_cache_hit") == 1, second
+    assert "autograd_cache_bypass" not in second["aot"], second
+    assert second["losses"] == first["losses"] and second["grad"] == first["grad"]
+    assert second["losses"][1] < second["losses"][0]  # it trains
+
+    # a damaged entry: torch reads it as a miss, traces and partitions again, trains the same
+    for path in entries(tmp_path):
+        path.write_bytes(b"not a pickle")
+    third = run_child(tmp_path)
+    assert third["partitions"] == 1 and "autograd_cache_hit" not in third["aot"], third
+    assert third["losses"] == first["losses"] and third["grad"] == first["grad"]
+
+
+def test_the_entry_points_at_teccs_disk_cache(tmp_path: Path) -> None:
+    """Graphs in tecc's disk cache (built for CUDA, as on a GPU): the entry holds their keys, not
+    the ATen graphs; a second process loads them by key; with tecc's entries gone, the entry is
+    a miss: traced and partitioned again, then stored anew and hit by the next process."""
+    first = run_child(tmp_path, target="cuda")
+    assert first["aot"].get("autograd_cache_saved") == 1, first
+    tecc_entries = list((tmp_path / "tecc" / "graphs").rglob("graph.json"))
+    assert len(tecc_entries) == 2  # forward and backward
+    second = run_child(tmp_path, forbid=True, target="cuda")
+    assert second["partitions"] == 0 and second["aot"].get("autograd_cache_hit") == 1, second
+    assert second["losses"] == first["losses"] and second["grad"] == first["grad"]
+
+    for entry in tecc_entries:
+        (entry.parent / "p0.json").write_text("{")  # a damaged program manifest
+    third = run_child(tmp_path, target="cuda")
+    assert third["partitions"] == 1 and third["aot"].get("autograd_cache_miss") == 1, third
+    assert third["aot"].get("autograd_cache_saved") == 1, third
+    assert third["losses"] == first["losses"] and third["grad"] == first["grad"]
+    fourth = run_child(tmp_path, forbid=True, target="cuda")
+    assert fourth["partitions"] == 0 and fourth["aot"].get("autograd_cache_hit") == 1, fourth
+
+
+def test_option_off_writes_no_entry(tmp_path: Path) -> None:
+    off = run_child(tmp_path, aot=False)
+    assert off["partitions"] == 1 and not entries(tmp_path) and not off["aot"], off
+
+
+def test_unreadable_graph_is_a_miss() -> None:
+    from torch._functorch._aot_autograd.autograd_cache import FXGraphCacheMiss
+
+    code = aot_cache.TeccOutputCode(lambda args: args, Options(), "g0_forward", None, b"not a graph")
+    code.prepare_for_serialization()
+    with pytest.raises(FXGraphCacheMiss, match="cannot be read"):
+        code.post_compile([], None, {})
+    nothing = aot_cache.TeccOutputCode(lambda args: args, Options(), "g0_forward", None, None)
+    nothing.prepare_for_serialization()
+    with pytest.raises(FXGraphCacheMiss, match="not in tecc's disk cache"):
+        nothing.post_compile([], None, {})
+    missing = aot_cache.TeccOutputCode(lambda args: args, Options(), "g0_forward", "0" * 64, None)
+    missing.prepare_for_serialization()
+    with pytest.raises(FXGraphCacheMiss, match="missing or damaged"):
+        missing.post_compile([], None, {})
+
+
+def test_without_the_api_compiles_as_before(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A torch without the cache's names (torch 2.11 may lack some): the option changes nothing."""
+    monkeypatch.setattr(aot_cache, "_AVAILABLE", False)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "torch"))
+    monkeypatch.setenv("TECC_CACHE_DIR", str(tmp_path / "tecc"))
+    monkeypatch.setenv("TECC_BUILD_CACHE", "1")  # only the missing API stands in the way
+    torch.manual_seed(0)
+    model = GPT(layers=1)
+    idx, targets = torch.randint(0, 128, (2, 16)), torch.randint(0, 128, (2, 16))
+    expected = model(idx, targets)
+    got = torch.compile(model, backend=tecc_backend, options={"aot_cache": True})(idx, targets)
+    torch.testing.assert_close(got, expected, rtol=2e-5, atol=2e-5)
+    assert not entries(tmp_path)
+
+
+def test_option_parsed() -> None:
+    assert Options.parse({"aot_cache": True}).aot_cache and not Options.parse({}).aot_cache
