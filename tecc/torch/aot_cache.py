@@ -117,6 +117,16 @@ def engaged(options: dict[str, Any]) -> Iterator[None]:
         yield
 
 
+# the backend's loaders, set by tecc.torch.backend when it is imported (it imports this module;
+# this module importing it back would be a circle): compile_graph and from_disk_cache
+_BACKEND: dict[str, Callable[..., Any]] = {}
+
+
+def connect(compile_graph: Callable[..., Any], from_disk_cache: Callable[..., Any]) -> None:
+    """Give TeccOutputCode.post_compile the backend's loaders (called once by tecc.torch.backend)."""
+    _BACKEND.update(compile_graph=compile_graph, from_disk_cache=from_disk_cache)
+
+
 def serializable(compile_fn: Callable[[GraphModule, Sequence[Any]], Any]) -> Any:
     """The compiler as AOTAutograd's cache wants it (a SerializableAOTDispatchCompiler)."""
     _, SerializableAOTDispatchCompiler, _, _, _ = _imports()
@@ -162,8 +172,8 @@ class TeccOutputCode(_output_code_base()):  # type: ignore[misc]
         from the stored ATen graph, else torch's FXGraphCacheMiss (torch then traces afresh)."""
         if self.fn is not None:
             return
-        from .backend import compile_graph, from_disk_cache
-
+        assert _BACKEND, "tecc.torch.backend connects its loaders when it is imported"
+        compile_graph, from_disk_cache = _BACKEND["compile_graph"], _BACKEND["from_disk_cache"]
         FXGraphCacheMiss = _imports()[0]
 
         if self.key is not None:  # no constants to lift: the key is enough

@@ -359,3 +359,6 @@ def _finished(compiled: CompiledGraph, opts: Options, emulate: bool, dynamic: bo
     if opts.cudagraphs and not emulate and not dynamic:
         return with_cuda_graph(compiled)
     return compiled
+
+
+aot_cache.connect(compile_graph, from_disk_cache)  # what a hit of AOTAutograd's cache loads with
