@@ -13,7 +13,7 @@ The parts live in their own modules, layered so that none imports one above it:
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from . import dtype as dt
 from .errors import DTypeError, ShapeError
@@ -41,25 +41,9 @@ def frozen_free_vars(e: Expr) -> frozenset[Var]:
     try:
         return e._vars
     except AttributeError:
-        pass
-    stack = [e]
-    while stack:
-        n = stack[-1]
-        if hasattr(n, "_vars"):
-            stack.pop()
-            continue
         # a variable's own domain (an IterVar's lo and extent), a read's indices, else the children
-        kids = (n.lo, n.extent) if isinstance(n, IterVar) else n.children
-        missing = [k for k in kids if not hasattr(k, "_vars")]
-        if missing:
-            stack.extend(missing)
-            continue
-        stack.pop()
-        found: frozenset[Var] = frozenset().union(*(k._vars for k in kids)) if len(kids) != 1 else kids[0]._vars
-        if isinstance(n, Var):
-            found = found | {n}
-        object.__setattr__(n, "_vars", found)
-    return e._vars
+        return _kept_union(e, "_vars", lambda n: (n.lo, n.extent) if isinstance(n, IterVar) else n.children,
+                           lambda n: frozenset((n,)) if isinstance(n, Var) else None)
 
 
 def buffers_read(e: Expr) -> frozenset[Any]:
@@ -67,24 +51,33 @@ def buffers_read(e: Expr) -> frozenset[Any]:
     try:
         return e._bufs
     except AttributeError:
-        pass
+        return _kept_union(e, "_bufs", lambda n: n.children,
+                           lambda n: frozenset((n.buffer,)) if isinstance(n, BufferLoad) else None)
+
+
+def _kept_union(e: Expr, attr: str, kids_of: Callable[[Expr], Sequence[Expr]],
+                own: Callable[[Expr], frozenset[Any] | None]) -> frozenset[Any]:
+    """A set per node, kept on it as `attr`: the union of its `kids_of` nodes' sets and its `own`
+    items; found bottom-up without recursion, each node once (nodes never change)."""
     stack = [e]
     while stack:
         n = stack[-1]
-        if hasattr(n, "_bufs"):
+        if hasattr(n, attr):
             stack.pop()
             continue
-        kids = n.children
-        missing = [k for k in kids if not hasattr(k, "_bufs")]
+        kids = kids_of(n)
+        missing = [k for k in kids if not hasattr(k, attr)]
         if missing:
             stack.extend(missing)
             continue
         stack.pop()
-        found: frozenset[Any] = frozenset().union(*(k._bufs for k in kids)) if len(kids) != 1 else kids[0]._bufs
-        if isinstance(n, BufferLoad):
-            found = found | {n.buffer}
-        object.__setattr__(n, "_bufs", found)
-    return e._bufs
+        found: frozenset[Any] = (frozenset().union(*(getattr(k, attr) for k in kids)) if len(kids) != 1
+                                 else getattr(kids[0], attr))
+        mine = own(n)
+        if mine:
+            found = found | mine
+        object.__setattr__(n, attr, found)
+    return getattr(e, attr)  # type: ignore[no-any-return]
 
 
 def substitute(e: Expr, mapping: dict[Var, Expr]) -> Expr:
