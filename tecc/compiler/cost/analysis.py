@@ -25,7 +25,7 @@ the box spanned along each buffer dimension (what `cache_read` allocates, tecc.p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from ...ir.evaluate import evaluate_int
 from ...ir.expr import (
@@ -357,33 +357,31 @@ def _merged_dims(indices: tuple[Expr, ...], dims: list[int]) -> tuple[tuple[Expr
     return tuple(out), ext
 
 
+def row_major_strides(dims: Sequence[int]) -> list[int]:
+    """The element strides of a row-major array of extents `dims`."""
+    strides = [1] * len(dims)
+    for i in range(len(dims) - 2, -1, -1):
+        strides[i] = strides[i + 1] * dims[i + 1]
+    return strides
+
+
 def _flat_offset(buf: Buffer, per_dim: tuple[Affine | None, ...], dims: list[int],
                  env: Mapping[Var, int]) -> Affine | None:
     """The flat element offset of an access whose per-dimension indices are `per_dim`."""
     offset: Affine | None = None
     if all(a is not None for a in per_dim):
-        strides: list[int] | None = []
-        if buf.strides is None:
-            acc = 1
-            rev: list[int] = []
-            for d in reversed(dims):
-                rev.append(acc)
-                acc *= d
-            strides = list(reversed(rev))
-        else:
+        strides: list[int] | None = None
+        if buf.strides is not None:
+            strides = []
             for s in buf.strides:
                 try:
-                    strides.append(evaluate_int(s, env))  # type: ignore[union-attr]
+                    strides.append(evaluate_int(s, env))
                 except Exception:  # noqa: BLE001 - a stride parameter: assume row-major below
                     strides = None
                     break
-            if strides is None:  # rank by the usual call (a contiguous array); vector access not provable
-                acc = 1
-                rev = []
-                for d in reversed(dims):
-                    rev.append(acc)
-                    acc *= d
-                strides = list(reversed(rev))
+        if strides is None:  # row-major, or, with stride parameters, ranked by the usual call (a
+            # contiguous array; vector access not provable)
+            strides = row_major_strides(dims)
         coeff: dict[str, int] = {}
         const = 0
         for a, st in zip(per_dim, strides):

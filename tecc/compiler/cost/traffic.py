@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from ...ir.target import Target
-from .analysis import Access, Affine, KernelInfo
+from .analysis import Access, Affine, KernelInfo, row_major_strides
 from .warp import WARP, global_cost, lane_offsets
 
 # L1/shared pipe cycles per line of a scattered warp read (several lines, one 32-byte sector of
@@ -123,11 +123,7 @@ def split_lane_offsets(a: Access, lanes: Mapping[str, Sequence[int]], shift: str
     index // or % a constant (`Access.split_dims`: a view that merges or splits dimensions, e.g.
     the heads of [B, H, S, D] read as [B, S, H·D]), with the variable `shift` one past the lane's
     value (the next element of a vector)."""
-    stride, strides = 1, []
-    for d in reversed(a.dims):
-        strides.append(stride)
-        stride *= d
-    strides.reverse()
+    strides = row_major_strides(a.dims)
     moved = {v: [x + 1 for x in vals] for v, vals in lanes.items() if v == shift}
     at = {**lanes, **moved}
     out = [0] * WARP
