@@ -13,7 +13,8 @@ import pytest
 from tecc.runtime import arena
 from tecc.runtime.marshal import live_ranges, plan_launches
 
-from test_runtime_fastpath import TORCH_DTYPES, TorchLike, _chained_products, _followed_stream_stub
+from test_runtime_fastpath import (TORCH_DTYPES, TorchLike, _chained_products, _followed_stream_stub,
+                                   chained_products_on_torch)
 from test_runtime_fastpath import faketorch, full_path  # noqa: F401 - fixtures
 
 
@@ -179,15 +180,7 @@ def test_programs_sharing_a_stream_arena_match_float64_on_torch_tensors():
     programs = {n: tc.build(_chained_products(n), target="cuda") for n in (128, 256)}
     for seed in range(3):
         for n, f in programs.items():
-            g = torch.Generator(device="cuda").manual_seed(seed * 7 + n)
-            x = torch.randn(n, n, device="cuda", generator=g)
-            w = torch.randn(n, n, device="cuda", generator=g) / n ** 0.5
-            out = torch.full((n, n), float("nan"), device="cuda")
-            f(x, w, out)
-            torch.cuda.synchronize()
-            wd = w.double().cpu().numpy()
-            want = x.double().cpu().numpy() @ wd @ wd @ wd @ wd
-            got = out.double().cpu().numpy()
+            got, want = chained_products_on_torch(f, n, seed * 7 + n)
             assert np.allclose(got, want, rtol=1e-4, atol=1e-4), (seed, n, np.abs(got - want).max())
     largest = max(arena.layout(tuple((t.name, n * n * 4, False) for t in f.host.temps), None,
                                live_ranges(plan_launches(f.host))).nbytes for n, f in programs.items())

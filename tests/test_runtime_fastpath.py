@@ -685,6 +685,21 @@ def test_a_tma_map_of_a_followed_stream_temporary_is_cached_and_reencoded_for_it
     assert t_ptr in writer, "the kernel writing T and the GEMM's map see the same temporary"
 
 
+def chained_products_on_torch(f, n, seed):
+    """(tecc's, float64 NumPy's) X·W·W·W·W of `f` (_chained_products(n) built for CUDA) on fresh
+    CUDA torch tensors drawn from `seed`, the output poisoned before the call."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(n, n, device="cuda", generator=g)
+    w = torch.randn(n, n, device="cuda", generator=g) / n ** 0.5
+    out = torch.full((n, n), float("nan"), device="cuda")
+    f(x, w, out)
+    torch.cuda.synchronize()
+    wd = w.double().cpu().numpy()
+    return out.double().cpu().numpy(), x.double().cpu().numpy() @ wd @ wd @ wd @ wd
+
+
 def _chained_products(n=32, links=4):
     """X·W·W·W·W as `links` contraction stages: the first links-1 products are temporaries, each
     live from the launch writing it to the next one reading it."""
@@ -752,15 +767,7 @@ def test_chained_products_with_shared_temporaries_match_float64_on_torch_tensors
     n = 256
     f = tc.build(_chained_products(n), target="cuda")
     for seed in range(3):
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        x = torch.randn(n, n, device="cuda", generator=g)
-        w = torch.randn(n, n, device="cuda", generator=g) / n ** 0.5
-        out = torch.full((n, n), float("nan"), device="cuda")
-        f(x, w, out)
-        torch.cuda.synchronize()
-        wd = w.double().cpu().numpy()
-        want = x.double().cpu().numpy() @ wd @ wd @ wd @ wd
-        got = out.double().cpu().numpy()
+        got, want = chained_products_on_torch(f, n, seed)
         worst = np.unravel_index(np.argmax(np.abs(got - want)), want.shape)
         assert np.allclose(got, want, rtol=1e-4, atol=1e-4), (seed, worst, got[worst], want[worst], f.plan)
     executor = f.executor

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 import tecc  # noqa: E402
 from tecc.torch.report import reports  # noqa: E402
 
-from torch_models import ConvNet, GPT, MLP, batches, fresh_dynamo  # noqa: E402,F401
+from torch_models import ConvNet, GPT, MLP, batches, fresh_dynamo, train  # noqa: E402,F401
 
 
 def compiled(model, **options):
@@ -37,18 +37,6 @@ def tecc_error(excinfo) -> BaseException:
 
 def fallen_back() -> set[str]:
     return {op for r in reports() for op in r.fallback_ops}
-
-
-def train(model, data, lr=0.1):
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    losses = []
-    for idx, targets in data:
-        loss = model(idx, targets)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
 
 
 def test_mlp_forward_and_gradients_match_eager_with_no_fallback():
@@ -279,17 +267,23 @@ def test_the_training_example_runs_and_matches_eager(capsys):
     assert "tecc trains like eager" in capsys.readouterr().out
 
 
-def test_a_compiled_graph_is_cached_on_disk_and_loaded_by_the_next_compile(tmp_path, monkeypatch):
+def _mlp_in_the_graph_cache(tmp_path, monkeypatch):
+    """(the backend module, an MLP, its input, its first output) after a first compile that stored
+    the graph in a disk cache under tmp_path: programs with cubins (built for CUDA: NVRTC needs no
+    GPU), run in the emulator on CPU tensors."""
     import tecc.torch.backend as backend
 
     monkeypatch.setenv("TECC_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TECC_BUILD_CACHE", "1")
-    # programs with cubins (built for CUDA: NVRTC needs no GPU), run in the emulator on CPU tensors
     monkeypatch.setattr(backend, "_target", lambda emulate: "cuda")
     torch.manual_seed(0)
     model = MLP()
     x = torch.randn(6, 16)
-    first = compiled(model)(x)
+    return backend, model, x, compiled(model)(x)
+
+
+def test_a_compiled_graph_is_cached_on_disk_and_loaded_by_the_next_compile(tmp_path, monkeypatch):
+    backend, model, x, first = _mlp_in_the_graph_cache(tmp_path, monkeypatch)
     entries = list((tmp_path / "graphs").rglob("graph.json"))
     assert len(entries) == 1 and list(entries[0].parent.glob("p0.cubin"))
     torch._dynamo.reset()
@@ -310,16 +304,9 @@ def test_a_damaged_or_stale_graph_entry_is_compiled_again(tmp_path, monkeypatch,
     cubin without its ELF header) is a miss, as is one stored by another version of tecc (its
     key differs): the graph is compiled again, computes what it did, and its new entry (in
     place of the damaged one) serves the next compile."""
-    import tecc.torch.backend as backend
     from tecc.compiler import build_cache
 
-    monkeypatch.setenv("TECC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("TECC_BUILD_CACHE", "1")
-    monkeypatch.setattr(backend, "_target", lambda emulate: "cuda")
-    torch.manual_seed(0)
-    model = MLP()
-    x = torch.randn(6, 16)
-    first = compiled(model)(x)
+    backend, model, x, first = _mlp_in_the_graph_cache(tmp_path, monkeypatch)
     (entry,) = [p.parent for p in (tmp_path / "graphs").rglob("graph.json")]
     if damage == "tecc version":
         monkeypatch.setattr(build_cache, "_FINGERPRINT", "another tecc")
@@ -345,15 +332,8 @@ def test_a_second_process_loads_the_cached_graph_without_the_compiler(tmp_path, 
     """A new process that finds the graph on disk imports neither the planner nor the passes nor
     the lowering (tecc.compiler's names, tecc.torch's ops and the backend's compile path are
     imported on first use), and computes what the first process's compile computed."""
-    import tecc.torch.backend as backend
-
-    monkeypatch.setenv("TECC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("TECC_BUILD_CACHE", "1")
-    monkeypatch.setattr(backend, "_target", lambda emulate: "cuda")
-    torch.manual_seed(0)
-    model = MLP()
-    x = torch.randn(6, 16)
-    torch.save({"state": model.state_dict(), "x": x, "out": compiled(model)(x).detach()}, tmp_path / "first.pt")
+    _, model, x, first = _mlp_in_the_graph_cache(tmp_path, monkeypatch)
+    torch.save({"state": model.state_dict(), "x": x, "out": first.detach()}, tmp_path / "first.pt")
     code = (
         "import sys, torch\n"
         "from tecc.torch import backend\n"

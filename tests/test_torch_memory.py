@@ -116,7 +116,7 @@ def test_the_recompute_partitioner_saves_less_and_trains_like_eager():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import model_kernels as mk
     import model_memory as mm
-    from torch_models import GPT, batches
+    from torch_models import GPT, batches, train
 
     from tecc.torch.backend import Options
 
@@ -139,19 +139,8 @@ def test_the_recompute_partitioner_saves_less_and_trains_like_eager():
     twin = copy.deepcopy(model)
     data = batches(3)
 
-    def train(m):
-        opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        losses = []
-        for idx, targets in data:
-            loss = m(idx, targets)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss.item())
-        return losses
-
     torch._dynamo.reset()
-    expected = train(model)
-    got = train(torch.compile(twin, backend="tecc", options={"fallback": "error", "partitioner": "recompute"}))
+    expected = train(model, data)
+    got = train(torch.compile(twin, backend="tecc", options={"fallback": "error", "partitioner": "recompute"}), data)
     torch._dynamo.reset()
     assert max(abs(a - b) for a, b in zip(expected, got)) <= 1e-4, (expected, got)

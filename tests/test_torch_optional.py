@@ -6,6 +6,10 @@ import subprocess
 import sys
 
 
+def _python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`code` run by a new Python process (this one's interpreter), its output captured."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+
 def test_importing_and_using_tecc_does_not_import_torch() -> None:
     code = (
         "import sys, numpy as np, tecc as tc\n"
@@ -17,7 +21,7 @@ def test_importing_and_using_tecc_does_not_import_torch() -> None:
         "import tecc.runtime.cuda, tecc.runtime.outputs, tecc.compiler\n"
         "assert 'torch' not in sys.modules, 'tecc imported torch'\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = _python(code)
     assert result.returncode == 0, result.stderr
 
 
@@ -32,7 +36,7 @@ def test_tc_torch_without_torch_says_how_to_install_it() -> None:
         "else:\n"
         "    raise AssertionError('tc.torch imported without torch')\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = _python(code)
     assert result.returncode == 0, result.stderr[-2000:]
 
 
@@ -47,7 +51,7 @@ def test_tc_torch_is_the_tecc_torch_module_when_torch_imports(tmp_path) -> None:
         "assert module is tecc.torch and callable(module.op) and callable(module.function)\n"
     )
     env = {**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{__import__('os').environ.get('PYTHONPATH', '')}"}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    result = _python(code, env)
     assert result.returncode == 0, result.stderr[-2000:]
 
 
@@ -75,5 +79,5 @@ def test_the_compiler_package_imports_its_names_on_first_use() -> None:
         "else:\n"
         "    raise AssertionError('no AttributeError')\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = _python(code)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -98,6 +98,19 @@ class ConvNet(nn.Module):
         return self.fc(x.flatten(1))
 
 
+def train(model: nn.Module, data: list[tuple[torch.Tensor, torch.Tensor]], lr: float = 0.1) -> list[float]:
+    """The losses of one SGD step per batch of `data` (token batches, as `batches` gives them)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for idx, targets in data:
+        loss = model(idx, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
 def batches(steps: int, batch: int = 2, context: int = 16, vocab: int = 128, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
     return [(torch.randint(0, vocab, (batch, context), generator=g), torch.randint(0, vocab, (batch, context), generator=g))
