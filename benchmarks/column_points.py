@@ -26,11 +26,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from memory_bound import Rotation, col_sum, direct_launcher, time_it  # noqa: E402
+from memory_bound import Rotation, col_sum, time_it, timed  # noqa: E402
 
 import tecc as tc  # noqa: E402
 from tecc.compiler.plan import Plan, Step  # noqa: E402
-from tecc.runtime.cuda import CudaExecutor  # noqa: E402
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 SHAPES = [(8192, 768), (8192, 2304), (8192, 3072)]
@@ -77,14 +76,8 @@ def main() -> None:
             for label, what in variants(args).items():
                 kern = what if not isinstance(what, dict) else tc.build(
                     args, plan=Plan((Step("split_reduce", what),), "column_reduction", label))
-                runs = []
-                for x in xs:
-                    y = torch.empty(C, device="cuda", dtype=tdt)
-                    kern._executor = CudaExecutor(kern.host, kern.cubin, stream=stream)  # no launch-cache hit
-                    runs.append((y, direct_launcher(kern, [x, y])))
-                torch.cuda.synchronize()
-                err = ((runs[0][0].double() - ref).abs() / (ref.abs() + 1.0)).max().item()
-                t = time_it(Rotation([r[1] for r in runs]), stream, a.reps)
+                y, t = timed(kern, xs, (C,), tdt, stream, a.reps)
+                err = ((y.double() - ref).abs() / (ref.abs() + 1.0)).max().item()
                 point = ", ".join(f"{k}={v}" for k, v in kern.plan.steps[0].args.items())
                 print(f"| {R}x{C} | {dtype} | {label} | {t * 1e6:.1f} | {nbytes / t / 1e9:.0f} | "
                       f"{100 * nbytes / t / 1e9 / copy_gbps:.0f}% | {err:.1e} | {point} |", flush=True)

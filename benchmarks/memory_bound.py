@@ -176,6 +176,18 @@ class Rotation:
         return fn()
 
 
+def timed(kern, xs, out_shape, tdt, stream, reps):
+    """(the first input's output, the median time) of `kern` on each input of `xs` in turn, each
+    with a fresh output of `out_shape` and an executor of its own (no launch-cache hit)."""
+    sets = []
+    for x in xs:
+        y = torch.empty(out_shape, device="cuda", dtype=tdt)
+        kern._executor = CudaExecutor(kern.host, kern.cubin, stream=stream)  # no launch-cache hit
+        sets.append((y, direct_launcher(kern, [x, y])))
+    torch.cuda.synchronize()
+    return sets[0][0], time_it(Rotation([s[1] for s in sets]), stream, reps)
+
+
 def parse_shapes(a) -> list[tuple[int, int]]:
     if a.shapes:
         return [tuple(int(v) for v in s.lower().split("x")) for s in a.shapes]

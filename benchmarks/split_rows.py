@@ -24,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from memory_bound import Rotation, direct_launcher, time_it  # noqa: E402
+from memory_bound import Rotation, time_it, timed  # noqa: E402
 
 import tecc as tc  # noqa: E402
 from tecc.compiler.plan import Plan, Step  # noqa: E402
@@ -36,7 +36,6 @@ from tecc.compiler.strategies.split_rows import (  # noqa: E402
     choose_splits,
 )
 from tecc.ir.target import from_device  # noqa: E402
-from tecc.runtime.cuda import CudaExecutor  # noqa: E402
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 ROWS = [(8, 1 << 24), (1, 1 << 26), (64, 1 << 20), (2, 3 * (1 << 20) + 7), (8, (1 << 22) + 3), (132, 1 << 20),
@@ -54,16 +53,6 @@ def full_sum(A: int, B: int, dtype: str) -> list[tc.Tensor]:
     X = tc.placeholder((A, B), dtype, name="X")
     i, j = tc.reduce_axis(A, name="i"), tc.reduce_axis(B, name="j")
     return [X, tc.compute((), lambda: tc.cast(tc.sum(tc.cast(X[i, j], "float32"), axis=[i, j]), dtype), name="Y")]
-
-
-def timed(kern, xs, out_shape, tdt, stream, reps):
-    sets = []
-    for x in xs:
-        y = torch.empty(out_shape, device="cuda", dtype=tdt)
-        kern._executor = CudaExecutor(kern.host, kern.cubin, stream=stream)  # no launch-cache hit
-        sets.append((y, direct_launcher(kern, [x, y])))
-    torch.cuda.synchronize()
-    return sets[0][0], time_it(Rotation([s[1] for s in sets]), stream, reps)
 
 
 def main() -> None:
