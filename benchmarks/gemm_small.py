@@ -183,6 +183,48 @@ def gemm_rows(batch: int, m: int, n: int, k: int, reps: int, target: Any, fixed:
     return rows
 
 
+# GPT-2 small's weight gradients at 8 x 1024 tokens: dW[m, n] = sum_t X[t, m] dY[t, n], both operands
+# stored with the reduction outermost (a Linear's input and output gradient), bf16 in, float32 out
+# (autocast's bf16 product cast to the float32 parameter's gradient): c_attn, attn.c_proj, c_fc,
+# mlp.c_proj.
+WEIGHT_GRADS = [(768, 2304, 8192), (768, 768, 8192), (768, 3072, 8192), (3072, 768, 8192)]
+
+
+def weight_grad_tensors(m: int, n: int, k: int) -> list[Any]:
+    """dW = float32(bfloat16(X^T dY)) with X [k, m] and dY [k, n] (the weight-gradient layout)."""
+    import tecc as tc
+
+    r = tc.reduce_axis(k, name="t")
+    X = tc.placeholder((k, m), "bfloat16", name="X")
+    dY = tc.placeholder((k, n), "bfloat16", name="dY")
+    prod = tc.compute((m, n), lambda i, j: tc.cast(tc.sum(tc.cast(X[r, i], "float32") * tc.cast(dY[r, j], "float32"),
+                                                          axis=r), "bfloat16"), name="P")
+    dW = tc.compute((m, n), lambda i, j: tc.cast(prod[i, j], "float32"), name="dW")
+    return [X, dY, dW]
+
+
+def weight_grad_rows(m: int, n: int, k: int, reps: int, target: Any, points: int) -> list[dict[str, Any]]:
+    """The plan and the `points` best-predicted wgmma points of a weight gradient, each by device
+    time against cuBLAS (torch.mm(X.t(), dY).float(), its cast included)."""
+    import torch
+
+    shape = f"dW {m}x{n}x{k}"
+    args = weight_grad_tensors(m, n, k)
+    res, ranked = candidates(args, target)
+    g = torch.Generator(device="cuda").manual_seed(m + n + k)
+    x = torch.randn(k, m, device="cuda", generator=g).bfloat16()
+    dy = torch.randn(k, n, device="cuda", generator=g).bfloat16()
+    out = torch.empty(m, n, device="cuda", dtype=torch.float32)
+    ref = torch.mm(x.double().t(), dy.double())
+    t_cublas = device_us(lambda: torch.mm(x.t(), dy).float(), reps)
+    pick = res.kernels[0].chosen
+    runs: list[tuple[str, Any, Any]] = [("plan", res.plan, pick)]
+    wgmma = [c for c in ranked if c.strategy.name == "gemm_wgmma" and c.point != pick.point]
+    runs += [(f"rank {i + 1}", None, c) for i, c in enumerate(wgmma[:points])]
+    rows = [{"shape": shape, "what": "cuBLAS", "device_us": t_cublas}]
+    return rows + timed_rows(shape, runs, args, (x, dy), out, ref, t_cublas, reps)
+
+
 def conv_rows(reps: int, target: Any) -> list[dict[str, Any]]:
     import torch
     import torch.nn.functional as F
@@ -217,6 +259,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=50, help="calls per timed row (CUPTI device time)")
     ap.add_argument("--shapes", default=None, help="comma-separated indices into SHAPES")
     ap.add_argument("--no-conv", action="store_true", help="no rows of the 1x1 256->64 convolution")
+    ap.add_argument("--weight-grads", type=int, default=0, metavar="N",
+                    help="only GPT-2's weight gradients (WEIGHT_GRADS): the plan and the N best-predicted points")
     ap.add_argument("--fixed", action="store_true", help="also time each pick's point with K = 64 (one k tile)")
     opts = ap.parse_args()
     target = from_device()
@@ -227,7 +271,9 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     groups = [lambda s=s: gemm_rows(*s, opts.reps, target, opts.fixed) for s in shapes]
-    if not opts.no_conv:
+    if opts.weight_grads:
+        groups = [lambda s=s: weight_grad_rows(*s, opts.reps, target, opts.weight_grads) for s in WEIGHT_GRADS]
+    elif not opts.no_conv:
         groups.append(lambda: conv_rows(opts.reps, target))
     for group in groups:
         for row in group():

@@ -104,12 +104,20 @@ def _launch_cache_counts() -> None:
 
     # the compiled graphs are held by dynamo's and AOTAutograd's wrappers, not by tecc: found
     # among the live objects (a benchmark's look, not an API)
-    for graph in [o for o in gc.get_objects() if isinstance(o, CompiledGraph)]:
+    for graph in [o for o in gc.get_objects() if _is_graph(o, CompiledGraph)]:
         for program in graph.programs:
             executor = getattr(program.kernel, "_executor", None)
             if executor is not None:
                 print(f"tecc {graph.name} / {program.name}: {executor.calls_cached} call(s) from the launch cache, "
                       f"{executor.calls_checked} checked in full")
+
+
+def _is_graph(o: object, kind: type) -> bool:
+    """isinstance(o, kind), False for a weak proxy whose object is gone (gc lists them)."""
+    try:
+        return isinstance(o, kind)
+    except ReferenceError:
+        return False
 
 
 def _row(model: str, backend: str, times: list[float], first: float, error: str, peak: str) -> str:

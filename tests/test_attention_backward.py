@@ -14,7 +14,7 @@ import pytest
 import tecc as tc
 from tecc.compiler.plan import Plan, Step
 from tecc.ir.errors import ScheduleError
-from tecc.ir.stmt import Allocate, MatrixMultiply, WarpgroupMatrixMultiply, iter_stmts
+from tecc.ir.stmt import Allocate, For, MatrixMultiply, WarpgroupMatrixMultiply, iter_stmts
 from tecc.passes.rewrite.online_backward import backward_chain
 
 from nvrtc_checks import skip_without_nvrtc
@@ -283,6 +283,25 @@ def test_fully_masked_query_blocks_are_skipped():
     chain = backward_chain(g.args)
     from tecc.compiler.strategies.online_backward import visited_fraction
     assert visited_fraction(chain, 32, 32) == pytest.approx((4 + 3 + 2 + 1) / 16)
+
+
+def grid_bindings(kernel) -> list[tuple[str, str]]:
+    """The kernel's block loops, outermost first: (binding, loop variable)."""
+    return [(s.kind, s.var.name) for s in iter_stmts(kernel.body) if isinstance(s, For) and s.kind.startswith("blockIdx")]
+
+
+@pytest.mark.parametrize("mask", ["causal", None])
+def test_causal_key_blocks_launch_longest_first(mask):
+    """Causal: the first key blocks visit the most query blocks, so the heads run along x and
+    the key blocks along y (every head's first key block launched first, the short ones last);
+    without a mask every key block's work is the same and the key blocks stay along x."""
+    ins, outs = masked_attention(2, 3, 128, 128, 16, "float16", mask=mask)
+    g = tc.grad(outs[0], ins)
+    k = tc.build(g.args, target="sim", plan=plan(32, 32, 16))
+    main = next(f for f in k.module.kernels if f.name.endswith("_backward_mma_kernel"))
+    kinds = dict((name.split("_")[0], kind) for kind, name in grid_bindings(main))
+    want = {"head": "blockIdx.x", "key": "blockIdx.y"} if mask else {"head": "blockIdx.y", "key": "blockIdx.x"}
+    assert kinds == want, grid_bindings(main)
 
 
 def test_refuses_float32_operands_and_the_build_falls_back():

@@ -340,7 +340,7 @@ def test_a_patch_that_fails_drops_the_graph_and_the_call_launches_plainly(full_p
 
 
 def test_patch_mode_comes_from_the_environment(monkeypatch):
-    for value, enabled, patching in [(None, True, False), ("0", False, False), ("1", True, False),
+    for value, enabled, patching in [(None, True, True), ("0", False, False), ("1", True, False),
                                      ("patch", True, True), ("PATCH", True, True)]:
         if value is None:
             monkeypatch.delenv("TECC_CUDA_GRAPHS", raising=False)

@@ -108,11 +108,11 @@ def test_a_key_is_captured_on_its_second_sight_and_graphs_are_evicted_least_rece
 
 def test_the_environment_turns_graphs_off(monkeypatch):
     monkeypatch.delenv("TECC_CUDA_GRAPHS", raising=False)
-    assert graphs.enabled_by_environment()
+    assert graphs.enabled_by_environment() and graphs.patching_by_environment(), "patching graphs is the default"
     monkeypatch.setenv("TECC_CUDA_GRAPHS", "0")
     assert not graphs.enabled_by_environment()
     monkeypatch.setenv("TECC_CUDA_GRAPHS", "1")
-    assert graphs.enabled_by_environment()
+    assert graphs.enabled_by_environment() and not graphs.patching_by_environment()
 
 
 # ---- the executor: when it replays a graph --------------------------------------------------------

@@ -61,7 +61,8 @@ print(json.dumps({"losses": losses, "grad": grad, "partitions": calls[0], "aot":
 
 
 def run_child(tmp_path: Path, forbid: bool = False, aot: bool = True, target: str = "sim") -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TECC_CACHE_DIR=str(tmp_path / "tecc"),
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)  # keeps where tecc's entry point is
+    env = dict(os.environ, PYTHONPATH=path, TECC_CACHE_DIR=str(tmp_path / "tecc"),
                TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "torch"), FORBID="1" if forbid else "0", AOT="1" if aot else "0",
                TECC_BUILD_CACHE="1", TARGET=target)  # the suite turns tecc's caches off (conftest.py); the option needs them
     env.pop("TECC_NO_CACHE", None)

@@ -216,7 +216,8 @@ def test_the_space_fits_the_opt_in_shared_memory_and_names_the_design_point() ->
     for load in ("cp.async", "tma"):
         assert {"bm": 128, "bn": 256, "stages": 4, "load": load} in rungs
         assert {"bm": 128, "bn": 256, "stages": 5, "load": load} not in rungs  # 241 KiB: over the 227 KiB opt-in
-    assert {(p["bm"], p["bn"]) for p in points} == {(bm, bn) for bm in (64, 128) for bn in (64, 128, 256)}
+    assert {(p["bm"], p["bn"]) for p in points} == {(bm, bn) for bm in (64, 128) for bn in (64, 128, 192, 256)}
+    assert all(p["load"] == "tma" for p in points if p["bn"] == 192), "192-wide tiles on the TMA ring only"
     assert all(shared_bytes(p, 4) <= sm90.smem_per_block_optin for p in points)
 
 

@@ -157,7 +157,7 @@ class CudaExecutor(graphs.GraphReplay):
 
     follows_producer = False  # launch on torch's current stream (set by __init__ for stream=None)
     cuda_graphs = False  # replay repeated calls as CUDA graphs (set by __init__: on unless TECC_CUDA_GRAPHS=0)
-    graph_patching = False  # patch a call's graph for new pointers (set by __init__: TECC_CUDA_GRAPHS=patch)
+    graph_patching = False  # patch a call's graph for new pointers (set by __init__: TECC_CUDA_GRAPHS=patch, the default)
 
     def __init__(self, host: HostProgram, cubin: bytes, *, stream: Any = None, device: Any = None,
                  debug_sync: bool = False, alignment: int = DEFAULT_ALIGNMENT, cuda_graphs: bool | str | None = None) -> None:

@@ -1,5 +1,5 @@
 """Patching a cached call's CUDA graph for new pointers (docs/runtime.md, "Patching graphs for new
-pointers"; on with `TECC_CUDA_GRAPHS=patch`).
+pointers"; on by default, `TECC_CUDA_GRAPHS=patch`; `1` turns it off).
 
 A graph captured for one set of pointers (graphs.py) writes exactly there. A training loop with
 torch's caching allocator often gives a call's outputs and gradients new addresses every call, so

@@ -25,8 +25,8 @@ Where graphs are not used (the executor decides, cuda.py): `TECC_CUDA_GRAPHS=0` 
 fewer than `MIN_LAUNCHES` launches (a one-kernel graph saves nothing), and a call whose stream is
 being captured by someone else (a user's `torch.cuda.graph`: the plain launches go into their graph).
 
-With `TECC_CUDA_GRAPHS=patch` a call's graph is also patched for new pointers instead of
-launching plainly (graph_patch.py: the kernel nodes whose pointers changed get new parameters);
+By default (`TECC_CUDA_GRAPHS=patch`; `1` replays exact pointers only) a call's graph is also
+patched for new pointers instead of launching plainly (graph_patch.py: the kernel nodes whose pointers changed get new parameters);
 `CallGraphs.plan` decides between replay, capture, patch and a plain launch.
 
 The bookkeeping (`CallGraphs`, `GraphStats`) is pure Python; `capture`, `stream_capturing` and
@@ -50,11 +50,11 @@ MIN_LAUNCHES = 2      # a call of one launch gains nothing from a graph (cuGraph
 
 
 def mode_from_environment() -> str:
-    """TECC_CUDA_GRAPHS (docs/knobs.md): "0" no graphs; "patch" graphs, and a call's graph
-    patched for new pointers (graph_patch.py); anything else (the default "1") graphs replayed
-    on exact pointers. Read when an executor is made (the runtime runs without the compiler,
-    whose options.py lists the knobs, so it reads this one itself)."""
-    return os.environ.get("TECC_CUDA_GRAPHS", "1").strip().lower()
+    """TECC_CUDA_GRAPHS (docs/knobs.md): "0" no graphs; "patch" (the default) graphs, and a
+    call's graph patched for new pointers (graph_patch.py); "1" graphs replayed on exact pointers
+    only. Read when an executor is made (the runtime runs without the compiler, whose options.py
+    lists the knobs, so it reads this one itself)."""
+    return os.environ.get("TECC_CUDA_GRAPHS", "patch").strip().lower()
 
 
 def enabled_by_environment() -> bool:

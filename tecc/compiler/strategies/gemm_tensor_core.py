@@ -69,6 +69,7 @@ from ...ir.dtype import int32
 from ...ir.expr import Const
 from ...ir.target import Target
 from ...passes.schedule.implicit_gemm import contiguous_copy, gemm_order, layout_of, run_time_stride
+from ...passes.schedule.tile_kernel import GROUP_M
 from ..cost.analysis import Access, KernelInfo
 from ..cost.model import Workload
 from ..cost.occupancy import occupancy
@@ -163,9 +164,10 @@ def sm_chain(target: Target, rate: float, point: Point, blocks: int, k_tiles: in
 
 
 def wave_dram_bytes(info: KernelInfo, target: Target, point: Point, batch: int, resident: int, l2: float) -> float:
-    """DRAM bytes: each wave of resident blocks (blockIdx.x over column tiles fastest) reads the
-    A panels of the row tiles and the B panels of the column tiles it spans once; L2 serves the
-    other blocks of the wave. At least the compulsory bytes, at most every block's panels.
+    """DRAM bytes: each wave of resident blocks (blockIdx.x over column tiles fastest; a
+    persistent grid's tiles in the grouped order of GROUP_M row tiles) reads the A panels of the
+    row tiles and the B panels of the column tiles it spans once; L2 serves the other blocks of
+    the wave. At least the compulsory bytes, at most every block's panels.
 
     An implicit GEMM's panel is a gathered view of a smaller tensor: a 3x3 convolution's A panel
     of BM rows and K = 9·C columns reads about BM·C distinct input elements (each tap re-reads
@@ -189,6 +191,12 @@ def wave_dram_bytes(info: KernelInfo, target: Target, point: Point, batch: int, 
     waves = _ceil(blocks, wave)
     rows = min(row_tiles * batch, _ceil(min(wave, blocks), col_tiles))
     cols = min(col_tiles, wave)
+    if point.get("persistent") and rows < min(GROUP_M, row_tiles):
+        # the persistent grid's grouped order: a wave spans GROUP_M row tiles and the column
+        # tiles the wave covers over them (GPT-2's lm head, 64 x 197 tiles: B's 77 MB read 8
+        # times, not once per row tile)
+        rows = min(GROUP_M, row_tiles)
+        cols = min(col_tiles, _ceil(min(wave, blocks), rows))
     streamed = 0.0
     for operand, panels, elements in ((view.a, rows * bm, m * k * batch), (view.b, cols * bn, k * n * batch)):
         per_operand = waves * 2.0 * k * panels * gather_ratio(operand, elements)

@@ -108,7 +108,9 @@ from .gemm_split import (split_chain, split_handover_cycles, split_label, split_
 from .registry import Point, Strategy, register
 
 BLOCK_M = (64, 128)
-BLOCK_N = (64, 128, 256)
+# 192: a wave of 128 x 192 tiles fills the SMs where 128 x 256 leaves them half idle or needs
+# split-K (GPT-2's 768 x 3072 weight gradients: 96 tiles instead of 72; TMA rings only)
+BLOCK_N = (64, 128, 192, 256)
 # Listed in the order the planner takes among equal predictions (the sort is stable): 4 stages
 # keep two tiles loading while one wgmma group runs (the design point), 3 one, 5 three; 2 stages
 # must wait for every wgmma group.
@@ -381,6 +383,8 @@ class GemmWgmma(Strategy):
                 continue  # tensorize stages the output on the cp.async ring (the TMA ring has its own epilogue)
             if (bm >= 2 * m and bm > BLOCK_M[0]) or (bn >= 2 * n and bn > BLOCK_N[0]):
                 continue  # a tile twice the matrix leaves half its warpgroups idle
+            if bn == 192 and load != "tma":
+                continue  # measured slower than 128 on the cp.async ring (RESULTS.md, stop 29)
             k_tiles = -(-max(view.k, 1) // self.k_tile)
             for split in split_parts(k_tiles, view.batch * -(-m // bm) * -(-n // bn), target):
                 if deeper_than_the_k_loop(stages, k_tiles // split, load):

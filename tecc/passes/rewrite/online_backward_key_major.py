@@ -67,10 +67,10 @@ class KeyMajor(BackwardKernels):
         chain, BN, BM = self.chain, self.BN, self.BM
         zero = Const(0, dt.int32)
         n_heads = size_product(chain.lead_extents)
-        if (const_int(n_heads) or 0) > MAX_GRID_Y:
-            raise ScheduleError(f"{WHERE}: {const_int(n_heads)} heads exceed the grid's y extent {MAX_GRID_Y}")
         self._stage_buffers()
         count, first = self._query_blocks()
+        if not self.longest_first and (const_int(n_heads) or 0) > MAX_GRID_Y:
+            raise ScheduleError(f"{WHERE}: {const_int(n_heads)} heads exceed the grid's y extent {MAX_GRID_Y}")
         groups = 1
         for g in chain.group_extents:
             groups *= g
@@ -112,9 +112,16 @@ class KeyMajor(BackwardKernels):
         for buf in reversed(self._allocations()):
             body = Allocate(buf, body)
         body = For(self.tx, zero, Const(self.threads, dt.int32), "threadIdx.x", body)
-        body = For(self.kb, zero, (chain.keys + (BN - 1)) // BN, "blockIdx.x", body)
-        if chain.lead:
-            body = For(self.by, zero, n_heads, "blockIdx.y", body)
+        key_blocks = (chain.keys + (BN - 1)) // BN
+        if self.longest_first and chain.lead:
+            # the heads along x, launched first: every head's first key block (the most query
+            # blocks under the mask), then every head's second, ... -- the longest blocks first,
+            # so the last wave is not one long block on an otherwise idle GPU
+            body = For(self.by, zero, n_heads, "blockIdx.x", For(self.kb, zero, key_blocks, "blockIdx.y", body))
+        else:
+            body = For(self.kb, zero, key_blocks, "blockIdx.x", body)
+            if chain.lead:
+                body = For(self.by, zero, n_heads, "blockIdx.y", body)
         return self._func(self.unique(f"{self._label()}_backward_mma_kernel"), body, self.describe())
 
     def describe(self) -> str:
@@ -129,6 +136,7 @@ class KeyMajor(BackwardKernels):
         chain = self.chain
         blocks = (chain.rows[-1] + (self.BM - 1)) // self.BM
         self.skipping = "every query block visited"
+        self.longest_first = False   # key blocks of unequal work launched longest first (main_kernel)
         if chain.of_kind("tile") or not all(vanishes(o.weight, chain.probs) for o in chain.outputs):
             return blocks, Const(0, dt.int32)
         found = query_block_start(kept_conditions(chain.score), chain.query, chain.key, self.kb, self.BN, self.BM,
@@ -137,6 +145,7 @@ class KeyMajor(BackwardKernels):
             return blocks, Const(0, dt.int32)
         first = binary("min", found[0], blocks)
         self.skipping = found[1]
+        self.longest_first = const_int(first) is None   # a first query block that varies with the key block
         return blocks - first, first
 
     def _stage_buffers(self) -> None:
