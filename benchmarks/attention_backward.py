@@ -78,8 +78,11 @@ def attention_grad(h: int, d: int, dtype: str, causal: bool, groups: int) -> Any
         name="O")
     g = tc.grad(O, [Q, K, V])
     t0 = time.perf_counter()
-    fwd = tc.build(list(g.forward))
-    bwd = tc.build(g.args)
+    # planned at GPT-2-like sizes (B = 16 at S = 1024, the grid's B·S): unbound, the planner
+    # assumes B = S = 1024, where the per-kernel plans' (B, H, S, S) scores undercut the online form
+    sizes = {"B": 16, "S": 1024}
+    fwd = tc.build(list(g.forward), sizes=sizes)
+    bwd = tc.build(g.args, sizes=sizes)
     _PROGRAMS[key] = (g, fwd, bwd, time.perf_counter() - t0)
     return _PROGRAMS[key]
 

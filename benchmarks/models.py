@@ -7,7 +7,7 @@
     python benchmarks/models.py --quick                  # GPT-2 small (SDPA) and the conv net, 6 steps, the three
                                                          #   backends, tecc's compile in a second process (~4-6 min)
     python benchmarks/models.py --models gpt2 --attention sdpa --backends tecc --steps 3 --warmup 1 --aot-cache
-                                                         # the second process without and with aot_cache
+                                                         # the second process without, then with aot_cache
 
 GPT-2 small: 12 layers, width 768, 12 heads, vocabulary 50304, batch 8 x 1024 tokens, bf16
 autocast, AdamW outside the compiled model (lr 1e-4), dropout 0. For each backend the model
@@ -29,12 +29,12 @@ torchvision does; each is skipped with a message otherwise.
 
 After tecc's GPT-2 run, a second process compiles the same model with the same TECC_CACHE_DIR
 (the graph cache on disk, docs/cache.md) and reports its first call (compile + one step): the
-issue's bound is 3 s for the compile (--no-second-process skips it). With --aot-cache tecc runs
-with options={"aot_cache": True} (AOTAutograd's cache holds its result: the second process skips
-the joint trace and the partitioner, tecc/torch/aot_cache.py) and the second process runs twice,
-without the option then with it; its phases then include AOTAutograd's cache counters (a hit
-is "AOTAutograd cache hit (count) 1.00"). A backend that fails is a row with its error, and the
-others still run.
+issue's bound is 3 s for the compile (--no-second-process skips it). tecc's option `aot_cache` is
+on by default (AOTAutograd's cache holds its result: the second process skips the joint trace and
+the partitioner, tecc/torch/aot_cache.py; its phases include AOTAutograd's cache counters, a hit
+is "AOTAutograd cache hit (count) 1.00"); --aot-cache also runs the second process without it
+first, --no-aot-cache runs tecc with options={"aot_cache": False} throughout. A backend that
+fails is a row with its error, and the others still run.
 
 tecc runs with fallback="aten" unless --strict (fallback="error"); the ops that fell back are
 listed. Rows are printed as markdown and, with --out, written to a file for RESULTS.md.
@@ -63,13 +63,15 @@ from train_gpt import GPT  # noqa: E402
 BACKENDS = ("eager", "inductor", "tecc")
 
 
-def _compiled(model, backend: str, strict: bool, aot_cache: bool = False):
+def _compiled(model, backend: str, strict: bool, aot_cache: bool = True):
     if backend == "eager":
         return model
     if backend == "inductor":
         return torch.compile(model)
-    return torch.compile(model, backend="tecc", options={"fallback": "error" if strict else "aten",
-                                                         "aot_cache": aot_cache})
+    options = {"fallback": "error" if strict else "aten"}
+    if not aot_cache:   # on by default (the backend's option)
+        options["aot_cache"] = False
+    return torch.compile(model, backend="tecc", options=options)
 
 
 def _batches(steps: int, batch: int, context: int, vocab: int):
@@ -141,7 +143,7 @@ def gpt2(args: argparse.Namespace) -> list[str]:
         data = _batches(args.steps, batch, context, vocab)
         rows += _compare(f"gpt2 {args.layers}L {attention}", base, data, args)
         if "tecc" in args.backends and args.second_process:
-            if args.aot_cache:  # the same second process without the option: tecc's disk cache alone
+            if args.compare_aot_cache and args.aot_cache:  # the same second process without the option first
                 rows.append(_second_process(attention, args, aot_cache=False))
             rows.append(_second_process(attention, args, aot_cache=args.aot_cache))
     return HEADER + rows
@@ -151,7 +153,7 @@ def _second_process(attention: str, args: argparse.Namespace, aot_cache: bool) -
     """tecc's first call in a new process that finds the compiled graphs in the disk cache (and,
     with `aot_cache`, AOTAutograd's result in torch's cache: no joint trace, no partitioner)."""
     command = [sys.executable, str(Path(__file__).resolve()), "--child-compile", attention, "--layers",
-               str(args.layers)] + (["--strict"] if args.strict else []) + (["--aot-cache"] if aot_cache else [])
+               str(args.layers)] + (["--strict"] if args.strict else []) + ([] if aot_cache else ["--no-aot-cache"])
     what = "tecc, second process (disk cache" + (" + AOTAutograd's cache)" if aot_cache else ")")
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=dict(os.environ))
@@ -353,8 +355,10 @@ def main() -> None:
     p.add_argument("--strict", action="store_true", help="tecc with fallback='error'")
     p.add_argument("--no-second-process", dest="second_process", action="store_false",
                    help="skip the second process that loads tecc's compiled graphs from the disk cache")
-    p.add_argument("--aot-cache", action="store_true",
-                   help="tecc with options={'aot_cache': True}; the second process then runs with and without it")
+    p.add_argument("--aot-cache", dest="compare_aot_cache", action="store_true",
+                   help="the second process also without tecc's option aot_cache (on by default), first")
+    p.add_argument("--no-aot-cache", dest="aot_cache", action="store_false",
+                   help="tecc with options={'aot_cache': False} (the first and the second process)")
     p.add_argument("--child-compile", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help="also write the markdown rows here")
     args = p.parse_args()

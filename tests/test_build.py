@@ -313,3 +313,24 @@ def test_a_plan_made_for_another_program_is_refused_naming_the_kernels_it_addres
     with pytest.raises(tc.ScheduleError, match=r"the plan is for another program: it names kernel\(s\) C_kernel, "
                                                r"and this program's kernels are Y_kernel \(plan step 0, "):
         tc.build([X, Y], target="sim", plan=plan)
+
+
+def test_a_tensor_named_like_a_size_variable_is_renamed_not_refused() -> None:
+    """Scores named `S` over a length `S`: the size variable keeps its name (the user's, in the
+    kernels' parameters) and the tensor's buffer takes a fresh one wherever a part of the plan
+    stores it; the planner takes the program (it used to fail on the name and fall back to one
+    naive kernel per stage). Checked in the emulator against NumPy."""
+    S = tc.var("S")
+    x = tc.placeholder((S, 8), "float32", name="x")
+    k = tc.reduce_axis(8, name="k")
+    scores = tc.compute((S, S), lambda i, j: tc.sum(x[i, k] * x[j, k], axis=k), name="S")
+    j = tc.reduce_axis(S, name="j")
+    out = tc.compute((S,), lambda i: tc.max(scores[i, j], axis=j), name="out")
+    f = tc.build([x, out], target="sim")
+    assert "fell back" not in f.explain(), f.explain()
+    rng = np.random.default_rng()
+    xv = rng.standard_normal((37, 8)).astype(np.float32)
+    got = np.full(37, np.nan, np.float32)
+    f(xv, got)
+    want = (xv.astype(np.float64) @ xv.astype(np.float64).T).max(axis=1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

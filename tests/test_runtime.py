@@ -152,6 +152,28 @@ def test_wrong_argument_count_is_an_error():
         prepare_arguments(axpy_program(), [np.zeros(3, np.float32)] * 2)
 
 
+def outer_max_program() -> HostProgram:
+    """t[i, j] = x[i] * x[j] into an (n, n) temporary, then out[i] = max_j t[i, j]: two kernels."""
+    n = Var("n", dt.int32, "size")
+    x, out = Buffer("x", dt.float32, (n,)), Buffer("out", dt.float32, (n,))
+    t = Buffer("t", dt.float32, (n, n))
+    outer = KernelInfo("outer", (x, t, n), ((n * n + 255) // 256, ONE, ONE), (256, 1, 1))
+    row_max = KernelInfo("row_max", (t, out, n), ((n + 255) // 256, ONE, ONE), (256, 1, 1))
+    return HostProgram("outer_max", (x, out, n), (t,), (outer, row_max),
+                       (Call("outer", ("x", "t", "n")), Call("row_max", ("t", "out", "n"))), ("out",))
+
+
+def test_a_temporary_past_32_bit_offsets_is_a_shape_error_naming_it():
+    """46341² elements: every argument fits int32 offsets, the (n, n) temporary does not."""
+    host = outer_max_program()
+    fits = [ArrayInfo((46340,), (1,), dt.float32)] * 2
+    assert {v.name: value for v, value in bind_arguments(host, fits).items()} == {"n": 46340}  # 46340² < 2^31
+    too_big = [ArrayInfo((46341,), (1,), dt.float32)] * 2
+    with pytest.raises(ShapeError, match=r"outer_max: the temporary t \[n, n\] would hold 2147488281 elements.*"
+                                         r"tc.var\(name, 'int64'\)"):
+        bind_arguments(host, too_big)
+
+
 def test_non_contiguous_array_for_a_contiguous_buffer_is_a_shape_error_when_used_in_place():
     # Device arrays are bound as they are; describe() gives binding what it would see.
     host = axpy_program()

@@ -155,4 +155,5 @@ def test_without_the_api_compiles_as_before(monkeypatch: pytest.MonkeyPatch, tmp
 
 
 def test_option_parsed() -> None:
-    assert Options.parse({"aot_cache": True}).aot_cache and not Options.parse({}).aot_cache
+    assert Options.parse({}).aot_cache, "on by default"
+    assert Options.parse({"aot_cache": True}).aot_cache and not Options.parse({"aot_cache": False}).aot_cache

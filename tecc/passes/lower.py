@@ -512,19 +512,21 @@ class Signature:
 
 def signature(prog: Program) -> Signature:
     """Buffers for `prog.args` and their size/stride variables; every lowering starts here."""
-    names: set[str] = set()
-    buffers = {t: buffer_for(t, fresh_name(t.name, names, sep="_")) for t in prog.args}
     scalars: list[Var] = []
     for t in prog.args:
-        b = buffers[t]
+        b = buffer_for(t, t.name)
         for e in b.shape + (b.strides or ()):
             for v in sorted(free_vars(e), key=lambda v: v.name):
                 if v not in scalars:
                     scalars.append(v)
-    for v in scalars:
-        if v.name in names:
-            raise TeccError(f"build(): the size variable {v.name} has the same name as a tensor; rename one")
-        names.add(v.name)
+    if len({v.name for v in scalars}) < len(scalars):
+        twice = sorted({v.name for v in scalars if sum(w.name == v.name for w in scalars) > 1})
+        raise TeccError(f"build(): two different size variables are named {', '.join(twice)}; rename one")
+    # the size variables keep their names (the user's, in the kernels' parameters); a tensor of the
+    # same name -- a buffer of a program's part, or a score tensor `S` over a length `S` -- takes
+    # a fresh one (S_1)
+    names: set[str] = {v.name for v in scalars}
+    buffers = {t: buffer_for(t, fresh_name(t.name, names, sep="_")) for t in prog.args}
     return Signature(buffers, scalars, names)
 
 

@@ -247,7 +247,29 @@ def bind_arguments(prog: HostProgram, infos: Sequence[ArrayInfo]) -> dict[Var, i
                 f"{prog.name}: {v.name} = {value} does not fit the kernel's int32 index; "
                 f"declare it tc.var({v.name!r}, 'int64')"
             )
+    for temp in prog.temps:
+        _check_int32_temporary(prog.name, temp, env)
     return env
+
+
+def _check_int32_temporary(module: str, buf: Buffer, env: Mapping[Var, int]) -> None:
+    """A temporary whose sizes are all int32 is indexed with 32-bit offsets as the arguments are
+    (`_check_int32_offsets`), and the kernel that writes it counts its elements in int32: at 2^31
+    elements or more both wrap (a (B, H, S, S) score buffer at B·H·S² = 2^31 was written nowhere)."""
+    if any(e.dtype == dt.int64 for e in buf.shape):
+        return
+    static = [const_int(e) for e in buf.shape]
+    if all(c is not None for c in static):
+        return  # sizes known at build time: the emitter chose the offsets' width
+    count = _product([max(n, 0) for n in temp_shape(buf, env)])
+    if count >= 2**31:
+        sizes = ", ".join(sorted({v.name for e in buf.shape for v in free_vars(e)}))
+        raise ShapeError(
+            f"{module}: the temporary {buf.name} [{', '.join(str(s) for s in buf.shape)}] would hold {count} "
+            f"elements at these sizes, more than 32-bit indexing reaches; declare {sizes} with "
+            f"tc.var(name, 'int64') so the kernels use 64-bit offsets (or plan the program so that it "
+            f"needs no such buffer: the explain() of its build says why it has one)"
+        )
 
 
 def _check_int32_offsets(module: str, buf: Buffer, info: ArrayInfo) -> None:
