@@ -208,6 +208,23 @@ def _label(point: dict[str, Any]) -> str:
 
 NEAR = 1.05   # points predicted within 5% of the best are ordered by their tensor term
 
+# The sm_90 order (`order`): the wgmma forms first, the query-major dQ before atomics, then the
+# model's tensor-time order. The model's own order (its bound, an L2 stream of row tiles no
+# measurement has calibrated, then the tensor term) took dQ by atomics on wgmma at d = 64 and
+# the mma.sync form at d = 128; per call on the H200 (fp16, B·S = 16384, H·d = 2048; GPT-2's
+# shape in bf16), the pick against the wgmma form with the query-major dQ, in us:
+MEASURED_ON_SM90 = {
+    "S 1024 d 64": (2595.5, 2021.5), "S 1024 d 64 causal": (1952.7, 1572.5),
+    "S 4096 d 64": (8192.0, 6808.0),
+    "S 1024 d 128": (3732.9, 1936.5), "S 1024 d 128 causal": (2735.6, 1432.1),
+    "GPT-2 causal (bf16)": (418.1, 346.8), "GPT-2 (bf16)": (522.8, 448.2),
+}
+
+
+def _sm90_preference(point: Point) -> tuple[int, int]:
+    """(0 for wgmma, else 1; 0 for the query-major dQ, else 1): `order`'s first keys on sm_90."""
+    return (0 if point.get("wgmma") else 1, 0 if point.get("dq") == "kernel" else 1)
+
 
 def _chain(program: Program) -> BackwardChain | str:
     """The program's backward chain, or why it is none (memoized per program)."""
@@ -299,6 +316,10 @@ class OnlineBackwardMma(GraphStrategy):
             position = space.index(c.point) if c.point in space else len(space)
             return cost.total, cost.terms.get("tensor", 0.0) + after, position
         keys = {id(c): nominal(c) for c in ranked}
+        if target.sm == WGMMA_ARCH:
+            # measured, not modelled: on the H200 the Hopper forms with the query-major dQ beat the
+            # model's picks at every shape timed (MEASURED_ON_SM90), so they are tried first
+            return sorted(ranked, key=lambda c: (_sm90_preference(c.point), keys[id(c)][1], keys[id(c)][2]))
         best = min(k[0] for k in keys.values())
         near = sorted((c for c in ranked if keys[id(c)][0] <= NEAR * best), key=lambda c: keys[id(c)][1:])
         rest = sorted((c for c in ranked if keys[id(c)][0] > NEAR * best), key=lambda c: (keys[id(c)][0], keys[id(c)][2]))
