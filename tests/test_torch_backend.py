@@ -270,7 +270,9 @@ def test_the_training_example_runs_and_matches_eager(capsys):
 def _mlp_in_the_graph_cache(tmp_path, monkeypatch):
     """(the backend module, an MLP, its input, its first output) after a first compile that stored
     the graph in a disk cache under tmp_path: programs with cubins (built for CUDA: NVRTC needs no
-    GPU), run in the emulator on CPU tensors."""
+    GPU), run in the emulator on CPU tensors. Without the option aot_cache (on by default), which
+    would compile the backward graph with the forward and keep AOTAutograd's entry beside tecc's:
+    these tests are about tecc's own graph cache (test_torch_aot_cache.py has the option's)."""
     import tecc.torch.backend as backend
 
     monkeypatch.setenv("TECC_CACHE_DIR", str(tmp_path))
@@ -279,7 +281,7 @@ def _mlp_in_the_graph_cache(tmp_path, monkeypatch):
     torch.manual_seed(0)
     model = MLP()
     x = torch.randn(6, 16)
-    return backend, model, x, compiled(model)(x)
+    return backend, model, x, compiled(model, aot_cache=False)(x)
 
 
 def test_a_compiled_graph_is_cached_on_disk_and_loaded_by_the_next_compile(tmp_path, monkeypatch):
@@ -292,7 +294,7 @@ def test_a_compiled_graph_is_cached_on_disk_and_loaded_by_the_next_compile(tmp_p
         raise AssertionError("the second compile planned the graph instead of loading it")
 
     monkeypatch.setattr(backend, "plan_graph", no_planning)
-    second = compiled(model)(x)
+    second = compiled(model, aot_cache=False)(x)
     torch.testing.assert_close(second, first, rtol=0, atol=0)
     torch.testing.assert_close(second, model(x), rtol=1e-5, atol=1e-5)
     assert reports()[-1].programs == reports()[0].programs
@@ -318,13 +320,13 @@ def test_a_damaged_or_stale_graph_entry_is_compiled_again(tmp_path, monkeypatch,
     planned = []
     plan = backend.plan_graph
     monkeypatch.setattr(backend, "plan_graph", lambda *a, **kw: planned.append(1) or plan(*a, **kw))
-    second = compiled(model)(x)
+    second = compiled(model, aot_cache=False)(x)
     assert planned, f"the {damage} damage was not noticed: the graph was loaded"
     torch.testing.assert_close(second, first, rtol=0, atol=0)
     # the compile stored its graph in place of the damaged entry: the next one loads it
     torch._dynamo.reset()
     planned.clear()
-    torch.testing.assert_close(compiled(model)(x), first, rtol=0, atol=0)
+    torch.testing.assert_close(compiled(model, aot_cache=False)(x), first, rtol=0, atol=0)
     assert not planned, "the entry written after the damage does not load"
 
 
@@ -342,7 +344,7 @@ def test_a_second_process_loads_the_cached_graph_without_the_compiler(tmp_path, 
         f"saved = torch.load({str(tmp_path / 'first.pt')!r})\n"
         "model = MLP()\n"
         "model.load_state_dict(saved['state'])\n"
-        "out = torch.compile(model, backend='tecc')(saved['x'])\n"
+        "out = torch.compile(model, backend='tecc', options={'aot_cache': False})(saved['x'])\n"
         "torch.testing.assert_close(out, saved['out'], rtol=0, atol=0)\n"
         "heavy = sorted(m for m in sys.modules if m in ('tecc.compiler.planner', 'tecc.compiler.build', 'tecc.passes', "
         "'tecc.torch.graph', 'tecc.torch.lowering', 'tecc.torch.launch', 'tecc.torch.ops', 'islpy'))\n"
