@@ -50,7 +50,8 @@ from ...passes.rewrite.online_contraction_mma import (
 )
 from ...passes.rewrite.online_mma_chain import element_strides
 from ..cost.attention import AttentionLaunch, Tiling, attention_workload, head_dim_class, simt_workload
-from ..cost.model import Workload
+from ..cost.analysis import DEFAULT_SIZE
+from ..cost.model import Workload, predict
 from ..cost.occupancy import occupancy
 from ..pipeline import compile_module, schedule_module, wgmma_serialized
 from ..plan import Plan, Step
@@ -126,7 +127,7 @@ def shared_bytes(rows: int, key_tile: int, depth: int, columns: int, itemsize: i
 class ChainFacts:
     """The recognized chain of a program and what every form's guard, space and cost read."""
 
-    def __init__(self, program: Program, chain: OnlineChain) -> None:
+    def __init__(self, program: Program, chain: OnlineChain, unset: int = NOMINAL_LENGTH) -> None:
         self.program = program
         self.chain = chain
         self.tcc: TensorCoreChain | None = None
@@ -138,8 +139,10 @@ class ChainFacts:
         self.columns = const_int(chain.columns) or 0
         self.depth = self.tcc.depth if self.tcc is not None else self.columns
         self.widest = max(self.depth, self.columns)
-        env = {v: int(program.sizes.get(v.name, NOMINAL_LENGTH)) for e in (*chain.rows, chain.keys)
+        env = {v: int(program.sizes.get(v.name, unset)) for e in (*chain.rows, chain.keys)
                for v in walk(e) if isinstance(v, Var)}
+        # the sizes the extents were evaluated at (proven_tiles' `sizes`)
+        self.sizes = {v.name: value for v, value in env.items()}
         self.queries = _value(chain.rows[-1], env)
         self.keys = _value(chain.keys, env)
         self.heads = 1
@@ -168,6 +171,20 @@ def chain_facts(program: Program) -> ChainFacts | str:
             return "the output's column extent is symbolic (the partial output lives in registers)"
         return ChainFacts(program, chain)
     return program.memo("online_contraction/chain", recognize)
+
+
+def priced_facts(program: Program) -> ChainFacts:
+    """The chain's facts with every symbolic extent the program does not size at the per-kernel
+    analysis' DEFAULT_SIZE: what a rewrite point is predicted at (`workload`), so that it is
+    weighed against the per-kernel plans of the kernels it replaces at the same extents. The
+    points are still ordered at NOMINAL_LENGTH (`order`, chain_facts): the fits' length. At
+    8192 for B and S against the per-kernel plans' 1024, a symbolic attention's online form was
+    priced ~400x the per-kernel plans' (B·H 64x, S² 64x) and its (B, H, S, S) scores materialized."""
+    facts = chain_facts(program)
+    assert isinstance(facts, ChainFacts)
+    if all(const_int(e) is not None for e in (*facts.chain.rows, facts.chain.keys)):
+        return facts
+    return program.memo("online_contraction/priced", lambda: ChainFacts(program, facts.chain, DEFAULT_SIZE))
 
 
 def proven_tiles(chain: OnlineChain, rows: int, key_tile: int, sizes: Mapping[str, int] | None = None
@@ -306,11 +323,26 @@ class _TensorCoreForm(GraphStrategy):
                       int(point.get("warp_rows", 16)) if self.form == "mma.sync" else 0, bool(point.get("overlap")))
 
     def workload(self, program: Program, point: Point) -> Workload:
+        return self.workload_at(program, point, priced_facts(program))
+
+    def order(self, program: Program, ranked: list[Any]) -> list[Any]:
+        """The points in the order of their predictions at NOMINAL_LENGTH (chain_facts), as they
+        were ranked before `workload` priced them at the per-kernel plans' sizes (priced_facts;
+        the same where every extent is constant)."""
         facts = chain_facts(program)
         assert isinstance(facts, ChainFacts)
+        if facts is priced_facts(program):
+            return ranked
+
+        def nominal(c: Any) -> tuple[float, float, int]:
+            cost = predict(self.workload_at(program, c.point, facts), program.target)
+            return cost.total, cost.terms.get("chain", 0.0), c.workload.threads
+        return sorted(ranked, key=nominal)
+
+    def workload_at(self, program: Program, point: Point, facts: ChainFacts) -> Workload:
         tiling = self.tiling(point)
         splits = int(point.get("kv_splits", 1))
-        found = proven_tiles(facts.chain, tiling.rows, tiling.key_tile, program.sizes)
+        found = proven_tiles(facts.chain, tiling.rows, tiling.key_tile, facts.sizes)
         whole = -(-facts.keys // tiling.key_tile)
         tiles, guarded = (found[0], found[1]) if found is not None else (float(whole), 1.0 if facts.keys % tiling.key_tile else 0.0)
         launch = AttentionLaunch(blocks=-(-facts.queries // tiling.rows) * facts.heads * splits, tiles=tiles / splits,
@@ -531,8 +563,7 @@ class OnlineContractionSimt(GraphStrategy):
         return [{"threads": THREADS, "rows_per_block": ROWS_PER_BLOCK}]
 
     def workload(self, program: Program, point: Point) -> Workload:
-        facts = chain_facts(program)
-        assert isinstance(facts, ChainFacts)
+        facts = priced_facts(program)
         return simt_workload(facts.queries, facts.keys, facts.heads, facts.depth, facts.columns, facts.itemsize,
                              int(point["threads"]), int(point["rows_per_block"]), score_wavefronts(facts.chain))
 
