@@ -154,6 +154,21 @@ def test_without_the_api_compiles_as_before(monkeypatch: pytest.MonkeyPatch, tmp
     assert not entries(tmp_path)
 
 
+def test_symbolic_sizes_keep_the_option_off(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """dynamic=True: the option (tested with static shapes only) stays off -- no AOTAutograd
+    entry -- and one compile serves two lengths as without it."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "torch"))
+    monkeypatch.setenv("TECC_CACHE_DIR", str(tmp_path / "tecc"))
+    monkeypatch.setenv("TECC_BUILD_CACHE", "1")
+    torch.manual_seed(0)
+    model = GPT(layers=1)
+    step = torch.compile(model, backend=tecc_backend, dynamic=True)
+    for length in (12, 16):
+        idx, targets = torch.randint(0, 128, (2, length)), torch.randint(0, 128, (2, length))
+        torch.testing.assert_close(step(idx, targets), model(idx, targets), rtol=2e-5, atol=2e-5)
+    assert not entries(tmp_path)
+
+
 def test_option_parsed() -> None:
     assert Options.parse({}).aot_cache, "on by default"
     assert Options.parse({"aot_cache": True}).aot_cache and not Options.parse({"aot_cache": False}).aot_cache

@@ -111,7 +111,8 @@ def tecc_backend(gm: GraphModule, example_inputs: Sequence[Any], options: dict[s
 
     opts = Options.parse(options)
     number = next(_graphs)
-    aot = opts.aot_cache and not opts.dump_ir and cache.enabled() and aot_cache.available()
+    aot = (opts.aot_cache and not opts.dump_ir and cache.enabled() and aot_cache.available()
+           and not _symbolic(example_inputs))
 
     def compiler(kind: str) -> Callable[[GraphModule, Sequence[Any]], Any]:
         def compile_fn(graph: GraphModule, inputs: Sequence[Any]) -> Any:
@@ -125,6 +126,16 @@ def tecc_backend(gm: GraphModule, example_inputs: Sequence[Any], options: dict[s
         return aot_module_simplified(gm, example_inputs, fw_compiler=compiler("forward"),
                                      bw_compiler=compiler("backward"), inference_compiler=compiler("inference"),
                                      decompositions=decomposition_table(), **partition(opts.partitioner))
+
+
+def _symbolic(example_inputs: Sequence[Any]) -> bool:
+    """Whether dynamo traced with symbolic sizes (`dynamic=True`, or sizes it saw change): the
+    option `aot_cache` is tested with static shapes only (docs/models.md), so it stays off."""
+    for x in example_inputs:
+        if isinstance(x, torch.SymInt) or (isinstance(x, torch.Tensor)
+                                           and any(isinstance(d, torch.SymInt) for d in x.shape)):
+            return True
+    return False
 
 
 def _identity(opts: Options) -> dict[str, Any]:
