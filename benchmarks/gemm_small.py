@@ -284,8 +284,9 @@ def main() -> None:
             pred = f"{row['predicted_us']:8.1f}" if "predicted_us" in row else " " * 8
             ratio = f"{row['ratio']:6.2f}" if "ratio" in row else " " * 6
             err = f"{row['rel_err']:8.1e}" if "rel_err" in row else " " * 8
+            point = json.dumps(row["point"], separators=(",", ":")) if "point" in row else ""
             print(f"{row['shape']:>22} {row['what']:>22} {pred} {row['device_us']:10.2f} {ratio} {err}  "
-                  f"{row.get('plan', '')[:110]}", flush=True)
+                  f"{point or row.get('plan', '')[:110]}", flush=True)
     print(f"({time.perf_counter() - t0:.0f} s)", flush=True)
     if opts.out:
         Path(opts.out).mkdir(parents=True, exist_ok=True)
