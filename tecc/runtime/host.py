@@ -256,17 +256,13 @@ def _check_int32_temporary(module: str, buf: Buffer, env: Mapping[Var, int]) -> 
     """A temporary whose sizes are all int32 is indexed with 32-bit offsets as the arguments are
     (`_check_int32_offsets`), and the kernel that writes it counts its elements in int32: at 2^31
     elements or more both wrap (a (B, H, S, S) score buffer at B·H·S² = 2^31 was written nowhere)."""
-    if any(e.dtype == dt.int64 for e in buf.shape):
+    if not _indexed_in_int32(tuple(buf.shape), buf):
         return
-    static = [const_int(e) for e in buf.shape]
-    if all(c is not None for c in static):
-        return  # sizes known at build time: the emitter chose the offsets' width
     count = _product([max(n, 0) for n in temp_shape(buf, env)])
     if count >= 2**31:
-        sizes = ", ".join(sorted({v.name for e in buf.shape for v in free_vars(e)}))
         raise ShapeError(
             f"{module}: the temporary {buf.name} [{', '.join(str(s) for s in buf.shape)}] would hold {count} "
-            f"elements at these sizes, more than 32-bit indexing reaches; declare {sizes} with "
+            f"elements at these sizes, more than 32-bit indexing reaches; declare {_size_names(buf.shape)} with "
             f"tc.var(name, 'int64') so the kernels use 64-bit offsets (or plan the program so that it "
             f"needs no such buffer: the explain() of its build says why it has one)"
         )
@@ -276,18 +272,30 @@ def _check_int32_offsets(module: str, buf: Buffer, info: ArrayInfo) -> None:
     """Kernels index a buffer whose sizes are all int32 with 32-bit offsets (the emitter's rule);
     an array whose largest offset does not fit would be read at wrapped addresses."""
     exprs = tuple(buf.shape) + tuple(buf.strides or ())
-    if any(e.dtype == dt.int64 for e in exprs) or any(s == 0 for s in info.shape):
+    if not _indexed_in_int32(exprs, buf) or any(s == 0 for s in info.shape):
         return
-    static = [const_int(e) for e in buf.shape]
-    if all(c is not None for c in static) and _product(static) >= 2**31:  # type: ignore[arg-type]
-        return  # the emitter already uses 64-bit offsets for this buffer
     largest = sum((n - 1) * abs(st) for n, st in zip(info.shape, info.strides))
     if largest >= 2**31:
-        sizes = ", ".join(sorted({v.name for e in exprs for v in free_vars(e)})) or "its sizes"
         raise ShapeError(
             f"{module}: argument {buf.name} spans {largest + 1} elements, more than 32-bit indexing "
-            f"reaches; declare {sizes} with tc.var(name, 'int64') so the kernel uses 64-bit offsets"
+            f"reaches; declare {_size_names(exprs) or 'its sizes'} with tc.var(name, 'int64') so the kernel "
+            f"uses 64-bit offsets"
         )
+
+
+def _indexed_in_int32(exprs: tuple[Expr, ...], buf: Buffer) -> bool:
+    """Whether the kernels index `buf` with 32-bit offsets (the emitter's rule): none of its sizes
+    and strides (`exprs`) is int64, and its sizes are not constants of 2^31 elements or more (the
+    emitter then uses 64-bit offsets)."""
+    if any(e.dtype == dt.int64 for e in exprs):
+        return False
+    static = [const_int(e) for e in buf.shape]
+    return not (all(c is not None for c in static) and _product(static) >= 2**31)  # type: ignore[arg-type]
+
+
+def _size_names(exprs: Sequence[Expr]) -> str:
+    """The size variables of `exprs`, sorted and comma-separated ('' for none)."""
+    return ", ".join(sorted({v.name for e in exprs for v in free_vars(e)}))
 
 
 def _product(values: Sequence[int]) -> int:
