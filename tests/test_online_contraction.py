@@ -387,25 +387,13 @@ def test_symbolic_batch_and_length_plan_the_online_form_without_sizes():
     plans are (DEFAULT_SIZE), not at NOMINAL_LENGTH, so it is weighed fairly and taken -- before,
     B·H and S² at 8192 priced it ~400x the per-kernel plans', which then stored the (B, H, S, S)
     scores (2^31 elements at B 4, H 32, S 4096)."""
-    B, S = tc.var("B"), tc.var("S")
-    q, k, v = (tc.placeholder((B, 4, S, 32), "float16", name=n) for n in "qkv")
-    r = tc.reduce_axis(32, name="r")
-    j1, j2, j3 = (tc.reduce_axis(S, name=n) for n in ("j1", "j2", "j3"))
-    s = tc.compute((B, 4, S, S), lambda b, h, i, j: tc.sum(tc.cast(q[b, h, i, r], "float32")
-                                                          * tc.cast(k[b, h, j, r], "float32"), axis=r), name="s")
-    m = tc.compute((B, 4, S), lambda b, h, i: tc.max(s[b, h, i, j1], axis=j1), name="m")
-    e = tc.compute((B, 4, S, S), lambda b, h, i, j: tc.exp(s[b, h, i, j] - m[b, h, i]), name="e")
-    l = tc.compute((B, 4, S), lambda b, h, i: tc.sum(e[b, h, i, j2], axis=j2), name="l")
-    o = tc.compute((B, 4, S, 32), lambda b, h, i, c: tc.cast(
-        tc.sum(e[b, h, i, j3] * tc.cast(v[b, h, j3, c], "float32"), axis=j3) / l[b, h, i], "float16"), name="o")
-    f = tc.build([q, k, v, o], target="sim", arch="sm_90")
+    ins, outs = attention(tc.var("B"), 4, tc.var("S"), 32, "float16")
+    f = tc.build(ins + outs, target="sim", arch="sm_90")
     assert f.plan.strategy.startswith("online_contraction"), f.explain()
     assert len(f.module.kernels) == 1, [kern.name for kern in f.module.kernels]
     rng = np.random.default_rng()
-    qv, kv, vv = (rng.standard_normal((2, 4, 40, 32)).astype(np.float16) for _ in range(3))
+    x = [rng.standard_normal((2, 4, 40, 32)).astype(np.float16) for _ in range(3)]
     got = np.full((2, 4, 40, 32), np.nan, np.float16)
-    f(qv, kv, vv, got)
-    x = np.einsum("bhid,bhjd->bhij", qv.astype(np.float64), kv.astype(np.float64))
-    p = np.exp(x - x.max(-1, keepdims=True))
-    want = np.einsum("bhij,bhjd->bhid", p / p.sum(-1, keepdims=True), vv.astype(np.float64))
-    np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-2, atol=2e-2)
+    f(*x, got)
+    want, _ = reference(*x)
+    check("symbolic attention at B 2, S 40", got, want, bound(np.float16, 40), f.plan)
