@@ -171,19 +171,34 @@ def concatenated_operands(prog: Program, elementwise: set[Tensor]) -> set[Tensor
 # kernels recompute every later layer's chain (GPT-2's 12 layers: bodies of 200+ reads, beyond
 # any register budget, and work quadratic in the depth).
 CHAIN_READS = 48
+# ... or when it would read more than this many distinct tensors of its own size: each of its
+# readers' kernels then reads them all again, where storing it costs one write and one read per
+# reader (the residual stream's gradient, `dx_l = dx_(l+1) + dY_l·γ·rstd_l·(...)`, reads dx_(l+1),
+# dY_l and x_l: stored at every layer, so the layers' kernels are the same code, and the
+# depth's quadratic reads of a longer chain are gone).
+CHAIN_TENSORS = 2
 
 
 def shared_long_chains(prog: Program, inlined: set[Tensor]) -> set[Tensor]:
-    """The inlined computes that CHAIN_READS says to store, producers first."""
+    """The inlined computes that CHAIN_READS or CHAIN_TENSORS says to store, producers first."""
     kept: set[Tensor] = set()
     reads: dict[int, int] = {}
+    wide: dict[int, frozenset[int]] = {}   # the tensors of its own size an inlined compute reads
     for t in prog.order:
         op = t.op
         if not isinstance(op, ComputeOp):
             continue
         n = _tree_reads(op.body, lambda src: reads.get(id(src), 1) if src in inlined and src not in kept else 1, {})
         reads[id(t)] = n
-        if t in inlined and n > CHAIN_READS and len(set(prog.graph.successors(t))) >= 2:
+        size = const_product(t.shape)
+        found: set[int] = set()
+        for r in walk(op.body):
+            if not isinstance(r, TensorRead) or size is None or const_product(r.tensor.shape) != size:
+                continue
+            src = r.tensor
+            found |= wide[id(src)] if src in inlined and src not in kept and id(src) in wide else {id(src)}
+        wide[id(t)] = frozenset(found)
+        if t in inlined and (n > CHAIN_READS or len(found) > CHAIN_TENSORS) and len(set(prog.graph.successors(t))) >= 2:
             kept.add(t)
     return kept
 
