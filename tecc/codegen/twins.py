@@ -7,9 +7,10 @@ their time per kernel, so the translation unit given to NVRTC holds each such ke
 it as `entry`). The full source, every kernel under its own name, stays the module's CUDA C.
 
 Kernel B is A's twin when A's text, with A's names replaced by B's, is B's text exactly. A's
-names are its own name and its parameters' (paired with B's by position), and the identifiers
-it derives from them (`addmm_acc`, `copy_A_1`: a parameter's name as whole `_`-separated
-segments of the identifier); every other
+names are its own name, its parameters' (paired with B's by position), its local buffers'
+(paired with B's in the order of their allocations: a row kernel's registers named after the
+tensor inlined into it, `add_21_row`), and the identifiers it derives from them (`addmm_acc`,
+`copy_A_1`: such a name as whole `_`-separated segments of the identifier); every other
 identifier (CUDA's, the device helpers', loop variables named after axes) must be the same in
 both. The replacement must be one to one (no two names of A become one of B), so B is A with
 its kernel-local names renamed consistently, which is the same code.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from tecc.ir.stmt import PrimFunc
+from tecc.ir.stmt import Allocate, PrimFunc, iter_stmts
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -53,8 +54,11 @@ def renames_to(a: PrimFunc, a_text: str, b: PrimFunc, b_text: str, fixed: frozen
     if len(a.params) != len(b.params):
         return False
     names = {a.name: b.name}
-    for pa, pb in zip(a.params, b.params):
-        if names.setdefault(pa.name, pb.name) != pb.name:
+    local_a, local_b = _local_names(a), _local_names(b)
+    if len(local_a) != len(local_b):
+        return False
+    for x, y in [(pa.name, pb.name) for pa, pb in zip(a.params, b.params)] + list(zip(local_a, local_b)):
+        if names.setdefault(x, y) != y:
             return False
     prefixes = sorted(names, key=len, reverse=True)
     image: dict[str, str] = {}   # a name of B -> the name of A it replaces
@@ -80,6 +84,11 @@ def renames_to(a: PrimFunc, a_text: str, b: PrimFunc, b_text: str, fixed: frozen
         return _IDENTIFIER.sub(rename, a_text) == b_text
     except _Differs:
         return False
+
+
+def _local_names(f: PrimFunc) -> list[str]:
+    """The names of the kernel's local and shared buffers, in the order of their allocations."""
+    return [s.buffer.name for s in iter_stmts(f.body) if isinstance(s, Allocate)]
 
 
 def _segment(t: str, p: str) -> int:
