@@ -384,6 +384,9 @@ def main() -> None:
     fallen = sorted({op for r in reports() for op in r.fallback_ops})
     lines += ["", f"tecc fallbacks: {', '.join(fallen) if fallen else 'none'}"]
     lines += [f"tecc CUDA graphs of repeated calls (all runs of this process): {graph_totals()}"]
+    from tecc.torch import background
+
+    lines += [f"tecc graphs compiled by a worker process (option parallel_compile): {background.STATS}"]
     text = "\n".join(lines)
     print("\n" + text)
     if args.out:

@@ -12,6 +12,9 @@ import pytest
 import tecc as tc
 from tecc.codegen import emit_parts, twin_entries
 from tecc.codegen.twins import renames_to
+from tecc.ir import dtype as dt
+from tecc.ir.expr import Var
+from tecc.ir.stmt import Allocate, Buffer, BufferStore, For, PrimFunc, seq
 from tecc.compiler import planner
 from tecc.compiler.planner import Rankings, shared_rankings
 from tecc.runtime.artifact import load, manifest_version
@@ -87,7 +90,27 @@ def test_a_saved_twin_is_format_version_4_and_loads_with_its_entry(tmp_path):
 
 
 def _kernel(name, *params):
-    return SimpleNamespace(name=name, params=[SimpleNamespace(name=p) for p in params])
+    return SimpleNamespace(name=name, params=[SimpleNamespace(name=p) for p in params], body=seq())
+
+
+def _row_sum(name: str, a: str, out: str, acc: str) -> PrimFunc:
+    """out[r] = sum_j a[r, j] (64 x 256), one thread per row, accumulating in a local buffer `acc`
+    (a row kernel's registers are named after the tensor they hold, not after a parameter)."""
+    A, O = Buffer(a, dt.float32, (64, 256)), Buffer(out, dt.float32, (64,))
+    r_acc = Buffer(acc, dt.float32, (1,), "local")
+    r, j = Var("r"), Var("j")
+    body = seq(BufferStore(r_acc, (0,), 0.0),
+               For(j, 0, 256, "serial", BufferStore(r_acc, (0,), r_acc[0] + A[r, j])),
+               BufferStore(O, (r,), r_acc[0]))
+    return PrimFunc(name, (A, O), For(r, 0, 64, "threadIdx.x", Allocate(r_acc, body)))
+
+
+def test_twins_may_name_their_local_buffers_differently():
+    kernels = [_row_sum("k0", "x0", "y0", "add_21_row"), _row_sum("k1", "x1", "y1", "add_17_row"),
+               _row_sum("k2", "x2", "y2", "x2")]   # its buffer named like its parameter: not k0's code renamed
+    prelude, texts = emit_parts(kernels)
+    assert "add_17_row" in texts[1]
+    assert twin_entries(kernels, texts, prelude) == {"k1": "k0"}
 
 
 def test_renaming_is_of_the_kernels_own_names_one_to_one():

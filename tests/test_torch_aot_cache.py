@@ -46,7 +46,10 @@ partitioners.min_cut_rematerialization_partition = counted
 torch.manual_seed(0)
 model = GPT(layers=1)
 idx, targets = torch.randint(0, 128, (2, 16)), torch.randint(0, 128, (2, 16))
-step = torch.compile(model, backend="tecc", options={"aot_cache": os.environ.get("AOT", "1") == "1"})
+options = {"aot_cache": os.environ.get("AOT", "1") == "1"}
+if os.environ.get("PARALLEL"):
+    options["parallel_compile"] = os.environ["PARALLEL"] == "1"
+step = torch.compile(model, backend="tecc", options=options)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 losses = []
 for _ in range(2):
@@ -56,15 +59,18 @@ for _ in range(2):
     opt.step(); opt.zero_grad()
     losses.append(loss.item())
 from torch._dynamo.utils import counters
-print(json.dumps({"losses": losses, "grad": grad, "partitions": calls[0], "aot": dict(counters["aot_autograd"])}))
+from tecc.torch import background
+print(json.dumps({"losses": losses, "grad": grad, "partitions": calls[0], "aot": dict(counters["aot_autograd"]),
+                  "workers": background.STATS}))
 """
 
 
-def run_child(tmp_path: Path, forbid: bool = False, aot: bool = True, target: str = "sim") -> dict:
+def run_child(tmp_path: Path, forbid: bool = False, aot: bool = True, target: str = "sim",
+              parallel: str = "") -> dict:
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)  # keeps where tecc's entry point is
     env = dict(os.environ, PYTHONPATH=path, TECC_CACHE_DIR=str(tmp_path / "tecc"),
                TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "torch"), FORBID="1" if forbid else "0", AOT="1" if aot else "0",
-               TECC_BUILD_CACHE="1", TARGET=target)  # the suite turns tecc's caches off (conftest.py); the option needs them
+               TECC_BUILD_CACHE="1", TARGET=target, PARALLEL=parallel)  # the suite turns tecc's caches off (conftest.py); the option needs them
     env.pop("TECC_NO_CACHE", None)
     done = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
@@ -115,6 +121,48 @@ def test_the_entry_points_at_teccs_disk_cache(tmp_path: Path) -> None:
     assert third["losses"] == first["losses"] and third["grad"] == first["grad"]
     fourth = run_child(tmp_path, forbid=True, target="cuda")
     assert fourth["partitions"] == 0 and fourth["aot"].get("autograd_cache_hit") == 1, fourth
+
+
+def test_forward_compiled_by_a_worker(tmp_path: Path) -> None:
+    """Option parallel_compile (background.py): the forward graph compiles in a worker process
+    while the backward compiles here; its first call loads the worker's entry from the disk
+    cache. It trains exactly as the graphs compiled here, and a second process finds both
+    graphs (no worker then)."""
+    here = run_child(tmp_path / "here", target="cuda", parallel="0")
+    assert here["workers"]["started"] == 0, here
+    worker = run_child(tmp_path / "worker", target="cuda", parallel="1")
+    assert worker["workers"] == {"started": 1, "loaded": 1, "compiled_here": 0}, worker
+    assert worker["losses"] == here["losses"] and worker["grad"] == here["grad"]
+    assert len(list((tmp_path / "worker" / "tecc" / "graphs").rglob("graph.json"))) == 2
+    again = run_child(tmp_path / "worker", forbid=True, target="cuda", parallel="1")
+    assert again["workers"]["started"] == 0 and again["losses"] == here["losses"], again
+
+
+def test_a_failed_worker_compiles_here(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A worker that cannot compile its graph (here: a request it cannot read) exits non-zero;
+    the graph's first call compiles it in this process and logs the worker's failure."""
+    from tecc.torch import background
+
+    before = dict(background.STATS)
+    pending = background.start(b"not a graph", Options(), "g0_forward", "0" * 64, False, "cuda",
+                               lambda key: pytest.fail("nothing was stored to load"), lambda: (lambda args: ["here", *args]))
+    with caplog.at_level("WARNING", logger="tecc.torch"):
+        assert pending([1]) == ["here", 1]
+    assert pending.process.returncode != 0
+    assert "compiling it in this process" in caplog.text and "g0_forward" in caplog.text
+    assert background.STATS["compiled_here"] == before["compiled_here"] + 1
+    assert pending([2]) == ["here", 2]  # resolved once
+
+
+def test_when_a_graph_goes_to_a_worker() -> None:
+    from tecc.torch import background
+
+    small = torch.fx.symbolic_trace(lambda x: x + 1)
+    assert not background.wanted(small, None, "cuda")  # auto: too few ops for a worker's start
+    assert background.wanted(small, True, "cuda") and not background.wanted(small, False, "cuda")
+    assert not background.wanted(small, True, "sim")  # the emulator's graphs are not in the disk cache
+    with pytest.raises(Exception, match="parallel_compile"):
+        Options.parse({"parallel_compile": "yes"})
 
 
 def test_option_off_writes_no_entry(tmp_path: Path) -> None:

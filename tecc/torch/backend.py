@@ -19,11 +19,13 @@ Options (`torch.compile(..., options={...})`):
 | `arch` | `None` | the GPU architecture to compile for (`"sm_90"`); default: the device's |
 | `partitioner` | `"min_cut"` | what the forward saves for the backward: `"min_cut"`, AOTAutograd's min-cut rematerialization partitioner (inductor's too: saves the fewest bytes and recomputes cheap elementwise values in the backward; a loss head then saves its bf16 logits and two row statistics, and its backward recomputes the float32 cast, instead of 1.6 GB of float32 log-probabilities written and read back at GPT-2's size); `"default"`, AOTAutograd's default partitioner (saves what the backward reads); `"recompute"`, the min-cut partitioner allowed to recompute cheap values that the backward reads through a GEMM (`ban_recompute_materialized_backward` off: an MLP's GELU output, a layer norm's bf16 output, bf16 copies of weights are recomputed from what is saved anyway, one layer at a time, instead of saved for every layer: 1.1 GiB less saved by transformers' GPT-2 small at batch 8 × 1024, 0.23 GiB off its peak (benchmarks/model_memory.py), for an elementwise pass per recomputed value in the backward) |
 | `aot_cache` | `True` | keep AOTAutograd's result in torch's AOTAutogradCache (TORCHINDUCTOR_CACHE_DIR/aotautograd), its entry naming tecc's disk-cache entries: a second process skips AOTAutograd's joint trace and partitioner (aot_cache.py; H200, 12-layer GPT-2: the second process's first step 7.4 -> 4.6 s). A torch without the API compiles as without it; off with TECC_NO_CACHE=1. The backward is then compiled with the forward, not at the first backward call |
+| `parallel_compile` | `None` (auto) | with `aot_cache` (AOTAutograd then compiles the backward right after the forward), compile the forward graph in a worker process while this one compiles the backward; the forward's first call waits for the worker and loads the graph from tecc's disk cache (a failed worker is logged and the graph compiled in the caller's process then). Auto: on for a CUDA graph of at least 150 ATen ops on a machine of 4 or more CPUs (the worker's start, ~2-3 s of importing torch, is then hidden behind the backward's compile); never for the emulator's graphs, a graph with tensor constants, or with `dump_ir` (tecc/torch/background.py) |
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import time
@@ -34,7 +36,7 @@ import torch
 from torch.fx import GraphModule
 
 from ..ir.errors import TeccError
-from . import aot_cache, cache
+from . import aot_cache, background, cache
 from .decompositions import decomposition_table
 from .report import GraphReport, record
 from .runtime import CompiledGraph, with_cuda_graph
@@ -59,11 +61,12 @@ class Options:
     arch: str | None = None
     partitioner: str = "min_cut"
     aot_cache: bool = True
+    parallel_compile: bool | None = None
 
     @staticmethod
     def parse(options: dict[str, Any] | None) -> "Options":
         given = dict(options or {})
-        known = {"fallback", "cudagraphs", "dump_ir", "arch", "partitioner", "aot_cache"}
+        known = {"fallback", "cudagraphs", "dump_ir", "arch", "partitioner", "aot_cache", "parallel_compile"}
         unknown = sorted(set(given) - known)
         if unknown:
             raise TeccError(f"torch.compile(backend='tecc'): unknown option(s) {', '.join(unknown)}; the options are "
@@ -79,8 +82,12 @@ class Options:
                             "(AOTAutograd's default partitioner) or 'recompute' (min-cut, recomputing cheap values "
                             "the backward's GEMMs read instead of saving them)")
         dump = given.get("dump_ir")
+        parallel = given.get("parallel_compile")
+        if parallel not in (None, True, False):
+            raise TeccError(f"torch.compile(backend='tecc'): parallel_compile={parallel!r}; use True (compile the "
+                            "forward graph in a worker process beside the backward), False, or leave it out (auto)")
         return Options(fallback, bool(given.get("cudagraphs", False)), str(dump) if dump else None,
-                       given.get("arch"), partitioner, bool(given.get("aot_cache", True)))
+                       given.get("arch"), partitioner, bool(given.get("aot_cache", True)), parallel)
 
 
 _graphs = itertools.count()
@@ -117,7 +124,7 @@ def tecc_backend(gm: GraphModule, example_inputs: Sequence[Any], options: dict[s
     def compiler(kind: str) -> Callable[[GraphModule, Sequence[Any]], Any]:
         def compile_fn(graph: GraphModule, inputs: Sequence[Any]) -> Any:
             if aot:
-                return _for_aot_cache(graph, opts, f"g{number}_{kind}")
+                return _for_aot_cache(graph, opts, f"g{number}_{kind}", parallel=kind == "forward")
             return compile_graph(graph, inputs, opts, f"g{number}_{kind}")
 
         return aot_cache.serializable(compile_fn) if aot else compile_fn
@@ -144,19 +151,67 @@ def _identity(opts: Options) -> dict[str, Any]:
             "partitioner": opts.partitioner}
 
 
-def _for_aot_cache(gm: GraphModule, opts: Options, name: str) -> Any:
+def _for_aot_cache(gm: GraphModule, opts: Options, name: str, parallel: bool = False) -> Any:
     """compile_graph's callable as AOTAutograd's cache stores it (aot_cache.TeccOutputCode): tecc's
     key when its disk cache holds the graph and the graph has no constants to lift, else the
-    ATen graph, pickled before the compile changes it (lifted constants, a seed node)."""
+    ATen graph, pickled before the compile changes it (lifted constants, a seed node). `parallel`
+    (the forward graph, whose backward AOTAutograd compiles next): compiled by a worker process
+    where the option `parallel_compile` says so (background.py)."""
     start = time.perf_counter_ns()
     constants = _has_constants(gm)
     graph = aot_cache.dump_graph(gm)
-    fn, key = compile_keyed(gm, opts, name)
+    found = _in_worker(gm, opts, name) if parallel and graph is not None and not constants else None
+    if found is not None:
+        fn, key = found
+    else:
+        fn, key = compile_keyed(gm, opts, name)
     if key is not None and not constants:
         graph = None  # the key is enough
     code = aot_cache.TeccOutputCode(fn, opts, name, None if constants else key, graph)
     code._time_taken_ns = time.perf_counter_ns() - start
     return code
+
+
+def _in_worker(gm: GraphModule, opts: Options, name: str) -> tuple[Any, str] | None:
+    """The graph's callable and key: loaded from the disk cache, or a worker's Pending callable
+    (background.py); None where the graph does not go to a worker."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    target = _target(_emulated(gm))
+    key = graph_key(gm, opts, deterministic)
+    if key is None or not background.wanted(gm, opts.parallel_compile, target):
+        return None
+    loaded = from_disk_cache(key, opts, name, [])
+    if loaded is not None:
+        return loaded, key
+    if target == "cuda" and opts.arch is None:  # the worker compiles for this process's GPU
+        from ..codegen.nvrtc import default_arch
+        from ..compiler import options as knobs
+
+        opts = dataclasses.replace(opts, arch=knobs.default_arch_override() or default_arch())
+
+    graph = _values_only(gm)
+    if graph is None:
+        return None
+
+    def here() -> Any:
+        return compile_stored(gm, opts, name, key, deterministic, [], time.perf_counter(), target)[0]
+
+    return background.start(graph, opts, name, key, deterministic, target,
+                            lambda k: from_disk_cache(k, opts, name, []), here), key
+
+
+def _values_only(gm: GraphModule) -> bytes | None:
+    """The graph pickled with only its nodes' values in their metadata (what the lowering
+    reads): the rest (the module stack, the source functions) may name classes of the caller's
+    modules, which a worker process cannot import (a model defined in `__main__`)."""
+    kept = {node: node.meta for node in gm.graph.nodes}
+    try:
+        for node, meta in kept.items():
+            node.meta = {"val": meta["val"]} if "val" in meta else {}
+        return aot_cache.dump_graph(gm)
+    finally:
+        for node, meta in kept.items():
+            node.meta = meta
 
 
 def _has_constants(gm: GraphModule) -> bool:
@@ -234,27 +289,40 @@ def compile_keyed(gm: GraphModule, opts: Options, name: str) -> tuple[Any, str |
     """compile_graph's callable, and the graph's key in tecc's disk cache when the cache holds
     it (None: not cached, as the emulator's graphs)."""
     start = time.perf_counter()
-    emulate = _emulated(gm)
-    target = _target(emulate)
-    key = None
     # torch.use_deterministic_algorithms(True): scatters sum in a fixed order, never by atomics
     deterministic = torch.are_deterministic_algorithms_enabled()
-    if cache.enabled() and not opts.dump_ir:  # a hit writes no dumps: compile when they are asked for
-        key = cache.graph_key(gm, {"fallback": opts.fallback, "arch": opts.arch, "deterministic": deterministic},
-                              target)
+    key = graph_key(gm, opts, deterministic)
     constants = lift_constants(gm)
     if key is not None:
         loaded = from_disk_cache(key, opts, name, constants, start)
         if loaded is not None:
             return loaded, key
+    return compile_stored(gm, opts, name, key, deterministic, constants, start)
+
+
+def graph_key(gm: GraphModule, opts: Options, deterministic: bool) -> str | None:
+    """The graph's key in tecc's disk cache (cache.graph_key), or None: the cache is off, or
+    dumps are asked for (a hit writes none, so such a graph is compiled)."""
+    if not cache.enabled() or opts.dump_ir:
+        return None
+    return cache.graph_key(gm, {"fallback": opts.fallback, "arch": opts.arch, "deterministic": deterministic},
+                           _target(_emulated(gm)))
+
+
+def compile_stored(gm: GraphModule, opts: Options, name: str, key: str | None, deterministic: bool,
+                   constants: list[torch.Tensor], start: float, target: str | None = None) -> tuple[Any, str | None]:
+    """The graph compiled (its constants lifted as `constants`) for `target` (None: `_target`'s)
+    and stored in tecc's disk cache under `key` (None: not stored): its callable, and the key
+    when the entry was written."""
     from .lowering import Sizes
     from .report import write_dumps
 
+    emulate = _emulated(gm)
     sizes = Sizes()
     plan = plan_graph(gm, name, sizes, _bound_symbols(gm))
     if opts.fallback == "error":
         _refuse_fallbacks(plan)
-    kernels = build_programs(plan, target, opts, deterministic)
+    kernels = build_programs(plan, target or _target(emulate), opts, deterministic)
     compiled: CompiledGraph = assemble(plan, kernels, emulate)
     report = GraphReport.of(plan, kernels, time.perf_counter() - start)
     compiled.report = report

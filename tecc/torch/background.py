@@ -1,0 +1,157 @@
+"""A graph compiled in a process of its own while this one compiles the next (option
+`parallel_compile`).
+
+With the option `aot_cache` AOTAutograd compiles the backward graph right after the forward,
+before either runs; tecc's planner is Python, one graph at a time per process. So the forward
+graph goes to a worker process (`python -m tecc.torch.background REQUEST`: torch's GraphPickler
+bytes of the ATen graph, the options, the name and the graph's key in tecc's disk cache), which
+compiles it as this process would and stores it in the disk cache under that key, while this
+process compiles the backward. The forward's callable (`Pending`) waits for the worker at its
+first call and loads the graph from the disk cache; where the worker failed (its log's tail is
+logged) it compiles the graph in this process then, as without the option (a TeccError of
+`fallback="error"` is raised there).
+
+`wanted` says when: for a graph built for CUDA (the emulator's are not kept in the disk cache),
+the option True, or left None (auto) for one of at least
+MIN_NODES ops on a machine of at least MIN_CPUS CPUs (the worker's start, ~2-3 s of importing
+torch, is hidden behind the backward's compile only when that takes longer). The graph must
+have no tensor constants (lifted into inputs by the compile, which the key does not see) and
+its key must be known (the disk cache on, no dumps asked).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from torch.fx import GraphModule
+
+log = logging.getLogger("tecc.torch")
+
+MIN_NODES = 150   # ATen ops of a graph worth a worker of its own (auto)
+MIN_CPUS = 4      # a worker beside this process's compile needs cores of its own (auto)
+
+_RUNNING: list[subprocess.Popen[bytes]] = []
+# this process's workers: started; graphs loaded from a worker's entry; graphs compiled here
+# after their worker failed
+STATS = {"started": 0, "loaded": 0, "compiled_here": 0}
+
+
+def wanted(gm: GraphModule, option: bool | None, target: str) -> bool:
+    """Whether the graph compiles in a worker (module docstring): the option, else auto; never
+    a graph built for the emulator (target "sim", which the disk cache does not hold)."""
+    if target == "sim" or option is False:
+        return False
+    if option:
+        return True
+    ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+    return ops >= MIN_NODES and (os.cpu_count() or 1) >= MIN_CPUS
+
+
+class Pending:
+    """A graph's callable while a worker compiles it: the first call waits for the worker and
+    loads the graph from tecc's disk cache (`load(key)`), else compiles it here (`fallback()`)."""
+
+    _boxed_call = True
+
+    def __init__(self, name: str, key: str, process: subprocess.Popen[bytes], log_path: Path,
+                 load: Callable[[str], Any], fallback: Callable[[], Any]) -> None:
+        self.name, self.key, self.process, self.log_path = name, key, process, log_path
+        self._load, self._fallback = load, fallback
+        self.fn: Any = None
+        self.waited = 0.0   # seconds the first call waited for the worker
+
+    def __call__(self, inputs: Any) -> Any:
+        return self.resolve()(inputs)
+
+    def resolve(self) -> Any:
+        """The compiled graph's callable (waits for the worker once)."""
+        if self.fn is None:
+            start = time.perf_counter()
+            code = self.process.wait()
+            self.waited = time.perf_counter() - start
+            _forget(self.process)
+            fn = self._load(self.key) if code == 0 else None
+            if fn is None:
+                log.warning("tecc: the worker compiling graph %s %s; compiling it in this process (worker's log: %s)",
+                            self.name, f"exited with {code}" if code else "stored nothing", _tail(self.log_path))
+                fn = self._fallback()
+                STATS["compiled_here"] += 1
+            else:
+                STATS["loaded"] += 1
+                log.info("tecc: graph %s compiled by a worker (waited %.1f s at its first call)", self.name, self.waited)
+            self.fn = fn
+            self.log_path.unlink(missing_ok=True)
+        return self.fn
+
+
+def start(graph: bytes, options: Any, name: str, key: str, deterministic: bool, target: str,
+          load: Callable[[str], Any], fallback: Callable[[], Any]) -> Pending:
+    """Start a worker compiling the ATen graph `graph` (GraphPickler bytes) for `target` into the
+    disk cache under `key`; its Pending callable."""
+    folder = Path(tempfile.mkdtemp(prefix="tecc-worker-"))
+    request = folder / "request.pickle"
+    request.write_bytes(pickle.dumps({"graph": graph, "options": options, "name": name, "key": key,
+                                      "deterministic": deterministic, "target": target}))
+    log_path = folder / "worker.log"
+    env = dict(os.environ)
+    here = str(Path(__file__).resolve().parents[2])   # the folder holding the tecc package
+    env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    with open(log_path, "wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "tecc.torch.background", str(request)],
+                                   stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    _RUNNING.append(process)
+    STATS["started"] += 1
+    log.info("tecc: graph %s compiling in a worker (pid %d)", name, process.pid)
+    return Pending(name, key, process, log_path, load, fallback)
+
+
+def _forget(process: subprocess.Popen[bytes]) -> None:
+    if process in _RUNNING:
+        _RUNNING.remove(process)
+
+
+def _tail(path: Path, lines: int = 6) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:]) or "(empty)"
+    except OSError:
+        return "(none)"
+
+
+@atexit.register
+def _stop_workers() -> None:
+    """A process ending before its graphs ran stops their workers (nothing waits for them)."""
+    for process in list(_RUNNING):
+        if process.poll() is None:
+            process.terminate()
+
+
+def main(argv: list[str]) -> int:
+    """The worker: compile the request's graph into the disk cache (`backend.compile_stored`)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx._graph_pickler import GraphPickler
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from . import backend
+
+    request = pickle.loads(Path(argv[0]).read_bytes())
+    Path(argv[0]).unlink(missing_ok=True)
+    gm = GraphPickler.loads(request["graph"], FakeTensorMode(shape_env=ShapeEnv()))
+    start = time.perf_counter()
+    _, stored = backend.compile_stored(gm, request["options"], request["name"], request["key"],
+                                       request["deterministic"], [], start, request["target"])
+    print(f"tecc worker: graph {request['name']} compiled in {time.perf_counter() - start:.1f} s"
+          + ("" if stored else ", not stored"), flush=True)
+    return 0 if stored else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
