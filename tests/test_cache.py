@@ -47,9 +47,9 @@ def test_key_depends_on_everything_that_changes_the_binary() -> None:
 
 
 def test_a_split_compile_is_never_what_a_compile_check_reads(cache_dir: Path) -> None:
-    """A build's final compile of several kernels uses NVRTC's split compile, whose log lacks
-    ptxas's C75xx warnings (the wgmma serialization the planner's check reads): its entry has a
-    key of its own, which a one-thread compile (a check) never takes; the build takes a check's
+    """A build's final compile of several kernels uses NVRTC's split compile, whose ptxas
+    C75xx warnings (the wgmma serialization the planner's check reads) come from the process's
+    stderr, not NVRTC's log: its entry has a key of its own, which a one-thread compile (a check) never takes; the build takes a check's
     entry of the same source."""
     from tecc.codegen import emit_source
 

@@ -459,6 +459,29 @@ def test_split_compile_keeps_every_kernels_machine_code() -> None:
         compile_cuda(source_of("half_math"), arch="sm_90").options
 
 
+def test_split_compile_takes_ptxas_advisories_from_stderr_into_the_log(capfd: pytest.CaptureFixture[str],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split's ptxas threads print their advisories (C75xx) to file descriptor 2; compile_cuda
+    captures it while it compiles: the advisories go into the log (where a one-thread compile has
+    them), and whatever else was written there meanwhile is written back to stderr."""
+    from tecc.codegen import nvrtc
+
+    inner = nvrtc._compile_reported
+
+    def noisy(*args: object) -> object:
+        os.write(2, b"ptxas info    : (C7519) warpgroup.arrive is injected in function 'k'\nanother thread's line\n")
+        return inner(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(nvrtc, "_compile_reported", noisy)
+    source = emit_source([elementwise(), half_math()])
+    split = compile_cuda(source, arch="sm_90", threads=2)
+    err = capfd.readouterr().err
+    assert "(C7519)" in split.log and "C7519" not in err and "another thread's line" in err
+    assert "another thread's line" not in split.log
+    one = compile_cuda(source, arch="sm_90")   # no split: nothing captured, the line stays on stderr
+    assert "C7519" in capfd.readouterr().err and "C7519" not in one.log
+
+
 def test_cubin_matches_cuda_core_program() -> None:
     """The bindings path builds exactly the cubin cuda.core's Program builds from the same options."""
     from cuda.core import Program, ProgramOptions

@@ -18,14 +18,17 @@ headers it bundles (`use_bundled_headers`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
 import re
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from tecc.ir.errors import CompileError
 
@@ -173,13 +176,33 @@ def compile_cuda(source: str, *, arch: str = DEFAULT_ARCH, name: str = "tecc",
     optimizes and assembles its kernels in that many threads (`split_compile_flags`). ptxas
     compiles each kernel on its own either way: the kernels' machine code (the cubin's .text
     sections), their resources and the PTX are the same (tests/test_codegen.py compares them);
-    the cubin's note of the tool options differs, and ptxas's performance advisories (C75xx) go
-    to the process's stderr instead of the log, so a compile whose log is read for them (the
-    planner's checks) must not split.
+    the cubin's note of the tool options differs, and ptxas's performance advisories (C75xx),
+    which the split's threads print to the process's stderr, are taken from there into the log
+    (fd 2 is captured while it compiles; what else was written there is written back after), so
+    the user sees none of them; a compile whose log is read for them (the planner's checks)
+    still does not split, as the capture is the one file descriptor of the whole process.
 
     Raises CompileError (with `.log` and `.source`) when NVRTC rejects the source; the message
     quotes the offending lines with their numbers."""
-    options = (*options, *split_compile_flags(source, threads))
+    split = split_compile_flags(source, threads)
+    if not split:
+        return _compile_reported(source, arch, name, tuple(options))
+    # the split's ptxas threads print their advisories to fd 2: taken into the log, where a
+    # compile without the split has them, not shown to the user
+    with _stderr_captured() as captured:
+        code = _compile_reported(source, arch, name, (*options, *split))
+    advisories = [line for line in captured.text.splitlines() if line.startswith("ptxas")]
+    others = [line for line in captured.text.splitlines() if line and not line.startswith("ptxas")]
+    if others:   # what other threads wrote meanwhile goes where it was going
+        sys.stderr.write("\n".join(others) + "\n")
+    if not advisories:
+        return code
+    return dataclasses.replace(code, log="\n".join(([code.log.rstrip()] if code.log.strip() else []) + advisories))
+
+
+def _compile_reported(source: str, arch: str, name: str, options: tuple[str, ...]) -> CompiledCode:
+    """`_compile`, with ptxas's report of every kernel (a probe compile where the driver's
+    compute cache left it empty)."""
     code = _compile(source, arch=arch, name=name, options=options)
     if code.resources or ".entry" not in code.ptx:
         return code
@@ -197,6 +220,32 @@ def compile_cuda(source: str, *, arch: str = DEFAULT_ARCH, name: str = "tecc",
     resources = {k: v for k, v in probe.resources.items() if not k.startswith(_PROBE_PREFIX)}
     log = "\n".join(line for line in probe.log.splitlines() if _PROBE_PREFIX not in line)
     return dataclasses.replace(code, resources=resources, log=log)
+
+
+class _Captured:
+    text = ""
+
+
+@contextlib.contextmanager
+def _stderr_captured() -> Iterator[_Captured]:
+    """File descriptor 2 into a temporary file while the block runs; the text is the yielded
+    object's after the block (nothing captured where fd 2 cannot be duplicated)."""
+    captured = _Captured()
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield captured
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            captured.text = tmp.read().decode(errors="replace")
 
 
 def split_compile_flags(source: str, threads: int) -> list[str]:
