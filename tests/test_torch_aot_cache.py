@@ -146,11 +146,13 @@ def test_a_failed_worker_compiles_here(tmp_path: Path, caplog: pytest.LogCapture
     before = dict(background.STATS)
     pending = background.start(b"not a graph", Options(), "g0_forward", "0" * 64, False, "cuda",
                                lambda key: pytest.fail("nothing was stored to load"), lambda: (lambda args: ["here", *args]))
+    assert pending is not None
     with caplog.at_level("WARNING", logger="tecc.torch"):
         assert pending([1]) == ["here", 1]
     assert pending.process.returncode != 0
     assert "compiling it in this process" in caplog.text and "g0_forward" in caplog.text
     assert background.STATS["compiled_here"] == before["compiled_here"] + 1
+    assert not pending.log_path.parent.exists()   # the worker's request and log are gone
     assert pending([2]) == ["here", 2]  # resolved once
 
 

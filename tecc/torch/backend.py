@@ -196,8 +196,9 @@ def _in_worker(gm: GraphModule, opts: Options, name: str) -> tuple[Any, str] | N
     def here() -> Any:
         return compile_stored(gm, opts, name, key, deterministic, [], time.perf_counter(), target)[0]
 
-    return background.start(graph, opts, name, key, deterministic, target,
-                            lambda k: from_disk_cache(k, opts, name, []), here), key
+    pending = background.start(graph, opts, name, key, deterministic, target,
+                               lambda k: from_disk_cache(k, opts, name, []), here)
+    return None if pending is None else (pending, key)
 
 
 def _values_only(gm: GraphModule) -> bytes | None:

@@ -25,6 +25,7 @@ import atexit
 import logging
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -89,14 +90,15 @@ class Pending:
                 STATS["loaded"] += 1
                 log.info("tecc: graph %s compiled by a worker (waited %.1f s at its first call)", self.name, self.waited)
             self.fn = fn
-            self.log_path.unlink(missing_ok=True)
+            shutil.rmtree(self.log_path.parent, ignore_errors=True)
         return self.fn
 
 
 def start(graph: bytes, options: Any, name: str, key: str, deterministic: bool, target: str,
-          load: Callable[[str], Any], fallback: Callable[[], Any]) -> Pending:
+          load: Callable[[str], Any], fallback: Callable[[], Any]) -> Pending | None:
     """Start a worker compiling the ATen graph `graph` (GraphPickler bytes) for `target` into the
-    disk cache under `key`; its Pending callable."""
+    disk cache under `key`; its Pending callable, or None where no worker could be started (the
+    reason logged: the caller compiles the graph itself)."""
     folder = Path(tempfile.mkdtemp(prefix="tecc-worker-"))
     request = folder / "request.pickle"
     request.write_bytes(pickle.dumps({"graph": graph, "options": options, "name": name, "key": key,
@@ -105,9 +107,14 @@ def start(graph: bytes, options: Any, name: str, key: str, deterministic: bool, 
     env = dict(os.environ)
     here = str(Path(__file__).resolve().parents[2])   # the folder holding the tecc package
     env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    with open(log_path, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "tecc.torch.background", str(request)],
-                                   stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    try:
+        with open(log_path, "wb") as out:
+            process = subprocess.Popen([sys.executable, "-m", "tecc.torch.background", str(request)],
+                                       stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    except OSError as exc:
+        log.warning("tecc: no worker for graph %s (%s); compiling it in this process", name, exc)
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
     _RUNNING.append(process)
     STATS["started"] += 1
     log.info("tecc: graph %s compiling in a worker (pid %d)", name, process.pid)
