@@ -222,3 +222,26 @@ def test_symbolic_sizes_keep_the_option_off(monkeypatch: pytest.MonkeyPatch, tmp
 def test_option_parsed() -> None:
     assert Options.parse({}).aot_cache, "on by default"
     assert Options.parse({"aot_cache": True}).aot_cache and not Options.parse({"aot_cache": False}).aot_cache
+
+
+def test_a_worker_gets_the_graph_with_its_values_only() -> None:
+    """The graph a worker compiles is pickled with only its nodes' values in their metadata: the
+    rest may name the caller's classes (a model in `__main__`), which the worker cannot import;
+    the caller's graph keeps its metadata."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tecc.torch import backend
+
+    class LocalModel(torch.nn.Module):   # as a script's own class
+        pass
+
+    with FakeTensorMode():
+        x = torch.empty(8, 16)
+        gm = make_fx(lambda x: (torch.relu(x) * 2,), tracing_mode="fake")(x)
+    for node in gm.graph.nodes:
+        node.meta["nn_module_stack"] = {"m": ("m", LocalModel)}
+    data = backend._values_only(gm)
+    assert data is not None and b"LocalModel" not in data
+    assert all(n.meta["nn_module_stack"]["m"][1] is LocalModel for n in gm.graph.nodes)
+    assert all("val" in n.meta for n in gm.graph.nodes if n.op != "output")

@@ -159,14 +159,15 @@ def _for_aot_cache(gm: GraphModule, opts: Options, name: str, parallel: bool = F
     where the option `parallel_compile` says so (background.py)."""
     start = time.perf_counter_ns()
     constants = _has_constants(gm)
-    graph = aot_cache.dump_graph(gm)
-    found = _in_worker(gm, opts, name) if parallel and graph is not None and not constants else None
-    if found is not None:
+    found = _in_worker(gm, opts, name) if parallel and not constants else None
+    if found is not None:   # no constants: the key is enough
         fn, key = found
+        graph = None
     else:
+        graph = aot_cache.dump_graph(gm)
         fn, key = compile_keyed(gm, opts, name)
-    if key is not None and not constants:
-        graph = None  # the key is enough
+        if key is not None and not constants:
+            graph = None  # the key is enough
     code = aot_cache.TeccOutputCode(fn, opts, name, None if constants else key, graph)
     code._time_taken_ns = time.perf_counter_ns() - start
     return code
