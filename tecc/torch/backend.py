@@ -204,8 +204,9 @@ def _in_worker(gm: GraphModule, opts: Options, name: str) -> tuple[Any, str] | N
 
 def _values_only(gm: GraphModule) -> bytes | None:
     """The graph pickled with only its nodes' values in their metadata (what the lowering
-    reads): the rest (the module stack, the source functions) may name classes of the caller's
-    modules, which a worker process cannot import (a model defined in `__main__`)."""
+    reads): the rest may name the caller's classes, which a worker process cannot import (the
+    tests' tiny GPT's forward failed so in its worker), or hold what GraphPickler cannot write
+    (transformers' GPT-2 forward on the GPU: "Cannot access data pointer of Tensor")."""
     kept = {node: node.meta for node in gm.graph.nodes}
     try:
         for node, meta in kept.items():
