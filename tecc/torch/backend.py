@@ -164,7 +164,11 @@ def _for_aot_cache(gm: GraphModule, opts: Options, name: str, parallel: bool = F
         fn, key = found
         graph = None
     else:
-        graph = aot_cache.dump_graph(gm)
+        # pickled before the compile changes it, and only where the key will not be enough (the
+        # emulator's graphs are not stored; ~0.4 s for GPT-2's backward): a CUDA graph whose
+        # store then fails has neither, and a later process traces it again
+        needed = constants or _target(_emulated(gm)) == "sim"
+        graph = aot_cache.dump_graph(gm) if needed else None
         fn, key = compile_keyed(gm, opts, name)
         if key is not None and not constants:
             graph = None  # the key is enough
