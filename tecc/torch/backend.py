@@ -210,7 +210,9 @@ def _values_only(gm: GraphModule) -> bytes | None:
     """The graph pickled with only its nodes' values in their metadata (what the lowering
     reads): the rest may name the caller's classes, which a worker process cannot import (the
     tests' tiny GPT's forward failed so in its worker), or hold what GraphPickler cannot write
-    (transformers' GPT-2 forward on the GPU: "Cannot access data pointer of Tensor")."""
+    (transformers' GPT-2 forward on the GPU could not be pickled whole, "Cannot access data
+    pointer of Tensor"; whether its values-only graph can is not measured yet). None where it
+    cannot be pickled either: the caller compiles the graph itself."""
     kept = {node: node.meta for node in gm.graph.nodes}
     try:
         for node, meta in kept.items():
