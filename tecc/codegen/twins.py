@@ -62,9 +62,13 @@ def renames_to(a: PrimFunc, a_text: str, b: PrimFunc, b_text: str, fixed: frozen
             return False
     prefixes = sorted(names, key=len, reverse=True)
     image: dict[str, str] = {}   # a name of B -> the name of A it replaces
+    done: dict[str, str] = {}    # an identifier of A -> its image (an identifier recurs many times)
 
     def rename(match: re.Match[str]) -> str:
         t = match.group(0)
+        u = done.get(t)
+        if u is not None:
+            return u
         u = t
         if t in fixed or t.startswith("__"):
             pass
@@ -78,6 +82,7 @@ def renames_to(a: PrimFunc, a_text: str, b: PrimFunc, b_text: str, fixed: frozen
                     break
         if image.setdefault(u, t) != t:
             raise _Differs
+        done[t] = u
         return u
 
     try:
