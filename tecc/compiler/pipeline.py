@@ -112,10 +112,6 @@ def finish_module(module: Module, plan: Plan, *, dumper: DumpIR | None, timing: 
     instruments: list[Any] = [timing]
     if dumper is not None:
         instruments.append(dumper)
-    if knobs.verify_ir():
-        verify_module(module)
-        instruments.append(VerifyIR())
-
     # 2. the fixed tail of the pipeline
     pipeline = [
         _default_schedule_pass(plan),
@@ -124,7 +120,17 @@ def finish_module(module: Module, plan: Plan, *, dumper: DumpIR | None, timing: 
              (("precise", knobs.precise_math()),)),
         Pass("unique_names", unique_names),
     ]
-    return PassManager(pipeline, instruments).run(module)
+    if not knobs.verify_ir():
+        return PassManager(pipeline, instruments).run(module)
+    verify_module(module)
+    finished = PassManager(pipeline, instruments).run(module)
+    try:
+        verify_module(finished)   # the tail's result (a model's module: verified once, not after each pass)
+    except TeccError:
+        # which pass broke it: the tail again, verified after each pass (VerifyIR names the pass)
+        PassManager(pipeline, [VerifyIR()]).run(module)
+        raise
+    return finished
 
 
 def compile_module(module: Module, plan: Plan, target: str, *, arch: str | None, options: Sequence[str],
