@@ -3,7 +3,7 @@
 
 With the option `aot_cache` AOTAutograd compiles the backward graph right after the forward,
 before either runs; tecc's planner is Python, one graph at a time per process. So the forward
-graph goes to a worker process (`python -m tecc.torch.background REQUEST`: torch's GraphPickler
+graph goes to a worker process (`python -m tecc.torch.worker REQUEST`: torch's GraphPickler
 bytes of the ATen graph, the options, the name and the graph's key in tecc's disk cache), which
 compiles it as this process would and stores it in the disk cache under that key, while this
 process compiles the backward. The forward's callable (`Pending`) waits for the worker at its
@@ -109,7 +109,7 @@ def start(graph: bytes, options: Any, name: str, key: str, deterministic: bool, 
     env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     try:
         with open(log_path, "wb") as out:
-            process = subprocess.Popen([sys.executable, "-m", "tecc.torch.background", str(request)],
+            process = subprocess.Popen([sys.executable, "-m", "tecc.torch.worker", str(request)],
                                        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     except OSError as exc:
         log.warning("tecc: no worker for graph %s (%s); compiling it in this process", name, exc)
@@ -139,26 +139,3 @@ def _stop_workers() -> None:
     for process in list(_RUNNING):
         if process.poll() is None:
             process.terminate()
-
-
-def main(argv: list[str]) -> int:
-    """The worker: compile the request's graph into the disk cache (`backend.compile_stored`)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx._graph_pickler import GraphPickler
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    from . import backend
-
-    request = pickle.loads(Path(argv[0]).read_bytes())
-    Path(argv[0]).unlink(missing_ok=True)
-    gm = GraphPickler.loads(request["graph"], FakeTensorMode(shape_env=ShapeEnv()))
-    start = time.perf_counter()
-    _, stored = backend.compile_stored(gm, request["options"], request["name"], request["key"],
-                                       request["deterministic"], [], start, request["target"])
-    print(f"tecc worker: graph {request['name']} compiled in {time.perf_counter() - start:.1f} s"
-          + ("" if stored else ", not stored"), flush=True)
-    return 0 if stored else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
