@@ -42,8 +42,8 @@ MIN_CPUS = 4      # a worker beside this process's compile needs cores of its ow
 
 _RUNNING: list[subprocess.Popen[bytes]] = []
 # this process's workers: started; graphs loaded from a worker's entry; graphs compiled here
-# after their worker failed
-STATS = {"started": 0, "loaded": 0, "compiled_here": 0}
+# after their worker failed; seconds the graphs' first calls waited for their workers
+STATS: dict[str, float] = {"started": 0, "loaded": 0, "compiled_here": 0, "waited_s": 0.0}
 
 
 def wanted(gm: GraphModule, option: bool | None, target: str) -> bool:
@@ -79,6 +79,7 @@ class Pending:
             start = time.perf_counter()
             code = self.process.wait()
             self.waited = time.perf_counter() - start
+            STATS["waited_s"] = round(STATS["waited_s"] + self.waited, 2)
             _forget(self.process)
             fn = self._load(self.key) if code == 0 else None
             if fn is None:
