@@ -25,7 +25,6 @@ Options (`torch.compile(..., options={...})`):
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import logging
 import time
@@ -180,20 +179,18 @@ def _for_aot_cache(gm: GraphModule, opts: Options, name: str, parallel: bool = F
 def _in_worker(gm: GraphModule, opts: Options, name: str) -> tuple[Any, str] | None:
     """The graph's callable and key: loaded from the disk cache, or a worker's Pending callable
     (background.py); None where the graph does not go to a worker."""
-    deterministic = torch.are_deterministic_algorithms_enabled()
     target = _target(_emulated(gm))
+    if not background.wanted(gm, opts.parallel_compile, target):
+        return None
+    deterministic = torch.are_deterministic_algorithms_enabled()
     key = graph_key(gm, opts, deterministic)
-    if key is None or not background.wanted(gm, opts.parallel_compile, target):
+    if key is None:
         return None
     loaded = from_disk_cache(key, opts, name, [])
     if loaded is not None:
         return loaded, key
-    if target == "cuda" and opts.arch is None:  # the worker compiles for this process's GPU
-        from ..codegen.nvrtc import default_arch
-        from ..compiler import options as knobs
-
-        opts = dataclasses.replace(opts, arch=knobs.default_arch_override() or default_arch())
-
+    # the options as they are (arch None: the worker plans for the live GPU's properties, as
+    # this process would; an arch string would plan with that arch's table instead)
     graph = _values_only(gm)
     if graph is None:
         return None

@@ -12,9 +12,10 @@ logged) it compiles the graph in this process then, as without the option (a Tec
 `fallback="error"` is raised there).
 
 `wanted` says when: for a graph built for CUDA (the emulator's are not kept in the disk cache),
-the option True, or left None (auto) for one of at least
-MIN_NODES ops on a machine of at least MIN_CPUS CPUs (the worker's start, ~2-3 s of importing
-torch, is hidden behind the backward's compile only when that takes longer). The graph must
+the option True, or left None (auto) for one of at least MIN_NODES ops on a machine of at least
+MIN_CPUS CPUs (the worker's start, ~2-3 s of importing torch, is hidden behind the backward's
+compile only when that takes longer). The worker plans for the live GPU's properties, as this
+process does (the options go as they are: an `arch` left None stays None). The graph must
 have no tensor constants (lifted into inputs by the compile, which the key does not see) and
 its key must be known (the disk cache on, no dumps asked).
 """
