@@ -191,8 +191,9 @@ def compile_cuda(source: str, *, arch: str = DEFAULT_ARCH, name: str = "tecc",
     # compile without the split has them, not shown to the user
     with _stderr_captured() as captured:
         code = _compile_reported(source, arch, name, (*options, *split))
-    advisories = [line for line in captured.text.splitlines() if line.startswith("ptxas")]
-    others = [line for line in captured.text.splitlines() if line and not line.startswith("ptxas")]
+    lines = captured.text.splitlines()
+    advisories = [line for line in lines if line.startswith("ptxas")]
+    others = [line for line in lines if line and not line.startswith("ptxas")]
     if others:   # what other threads wrote meanwhile goes where it was going
         sys.stderr.write("\n".join(others) + "\n")
     if not advisories:

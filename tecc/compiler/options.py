@@ -108,7 +108,7 @@ def compile_threads() -> int:
     """TECC_COMPILE_THREADS: how many compile checks the planner runs at once (realize.py);
     default half the machine's CPUs, 1 to 8 (on a 2-core machine that others load, a check
     compiling beside the planning slowed both: measured in docs/cache.md)."""
-    return _threads("TECC_COMPILE_THREADS", max(1, min(8, (os.cpu_count() or 1) // 2)))
+    return _threads("TECC_COMPILE_THREADS", _half_the_cpus())
 
 
 def split_compile() -> int:
@@ -116,7 +116,12 @@ def split_compile() -> int:
     kernels; default half the machine's CPUs, 1 to 8 (1: none; on the GPU host's 16 cores the
     backward of GPT-2 small compiled in 0.09 s per kernel with 8 threads, 0.32 s with one:
     docs/cache.md)."""
-    return _threads("TECC_SPLIT_COMPILE", max(1, min(8, (os.cpu_count() or 1) // 2)))
+    return _threads("TECC_SPLIT_COMPILE", _half_the_cpus())
+
+
+def _half_the_cpus() -> int:
+    """The threads' default: half the machine's CPUs, 1 to 8."""
+    return max(1, min(8, (os.cpu_count() or 1) // 2))
 
 
 def _threads(variable: str, default: int) -> int:

@@ -192,8 +192,8 @@ def shared_long_chains(prog: Program, inlined: set[Tensor]) -> set[Tensor]:
         reads[id(t)] = n
         size = const_product(t.shape)
         found: set[int] = set()
-        for r in walk(op.body):
-            if not isinstance(r, TensorRead) or size is None or const_product(r.tensor.shape) != size:
+        for r in walk(op.body) if size is not None else ():
+            if not isinstance(r, TensorRead) or const_product(r.tensor.shape) != size:
                 continue
             src = r.tensor
             found |= wide[id(src)] if src in inlined and src not in kept and id(src) in wide else {id(src)}
