@@ -102,7 +102,8 @@ def capture(layers: int, attention: str, batch: int = BATCH, context: int = CONT
 
 
 ORDER = ("graph_key", "lift_constants", "plan_graph (lowering)", "tc.build (all programs)", "  build: lower to loop IR",
-         "  build: planner (search + realize)", "    of which compile checks (NVRTC)", "  build: schedule (replay the plan)",
+         "  build: planner (search + realize)", "    of which compile checks (NVRTC)",
+         "    of which waiting for checks in flight", "  build: schedule (replay the plan)",
          "  build: fixed passes", "  build: emit CUDA C", "  build: nvrtc (final module)", "assemble", "cache.store")
 
 
@@ -200,8 +201,12 @@ def _instrument() -> list[_Wrapped]:
 
     build = importlib.import_module("tecc.compiler.build")
     planner = importlib.import_module("tecc.compiler.planner")
+    realize = importlib.import_module("tecc.compiler.realize")
+    # (the checks compile in threads, summed over them; the planner waits for those in flight in
+    # realize._refusal, on its own thread)
     return [_Wrapped(planner, "plan_program", "  build: planner (search + realize)"),
-            _Wrapped(build, "refuse_spills", "    of which compile checks (NVRTC)")]
+            _Wrapped(build, "refuse_spills", "    of which compile checks (NVRTC)"),
+            _Wrapped(realize, "_refusal", "    of which waiting for checks in flight")]
 
 
 def _nvrtc_counter() -> list[float]:

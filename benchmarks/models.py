@@ -154,6 +154,8 @@ def _second_process(attention: str, args: argparse.Namespace, aot_cache: bool) -
     with `aot_cache`, AOTAutograd's result in torch's cache: no joint trace, no partitioner)."""
     command = [sys.executable, str(Path(__file__).resolve()), "--child-compile", attention, "--layers",
                str(args.layers)] + (["--strict"] if args.strict else []) + ([] if aot_cache else ["--no-aot-cache"])
+    if args.profile_second_process:
+        command += ["--profile-second-process", args.profile_second_process]
     what = "tecc, second process (disk cache" + (" + AOTAutograd's cache)" if aot_cache else ")")
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=dict(os.environ))
@@ -165,6 +167,11 @@ def _second_process(attention: str, args: argparse.Namespace, aot_cache: bool) -
     found = json.loads(lines[-1])
     print(f"\n{what} (gpt2 {args.layers}L {attention}), seconds: whole process {process:.1f}; "
           + "; ".join(f"{name} {seconds:.2f}" for name, seconds in found["phases"].items()))
+    if args.profile_second_process:
+        import pstats
+
+        print(f"its first step under cProfile ({args.profile_second_process}), the top 40 by cumulative time:")
+        pstats.Stats(args.profile_second_process).sort_stats("cumulative").print_stats(40)
     return (f"| gpt2 {args.layers}L {attention} | {what} | | {found['first']:.1f} | "
             f"{found['loss']:.4f} | |")
 
@@ -191,7 +198,16 @@ def _child_compile(attention: str, args: argparse.Namespace) -> None:
     phases = {"torch.compile (imports tecc)": time.perf_counter() - start}
     phases["AOTAutograd's partitioner"] = 0.0  # its first call imports torch._inductor (the min-cut's CSE pass)
     _time_partitioner(phases, "AOTAutograd's partitioner")
+    profile = None
+    if args.profile_second_process:
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
     _, first, losses = _train(compiled, model, data, 1)
+    if profile is not None:
+        profile.disable()
+        profile.dump_stats(args.profile_second_process)
     phases["first step"] = first
     names, seconds = compile_times(repr="csv", aggregate=True)
     timers = dict(zip(names, seconds))
@@ -359,6 +375,9 @@ def main() -> None:
                    help="the second process also without tecc's option aot_cache (on by default), first")
     p.add_argument("--no-aot-cache", dest="aot_cache", action="store_false",
                    help="tecc with options={'aot_cache': False} (the first and the second process)")
+    p.add_argument("--profile-second-process", default=None, metavar="FILE",
+                   help="run the second process's first step under cProfile, write its stats to FILE and print "
+                        "the top entries (the step's time is then the profiled one)")
     p.add_argument("--child-compile", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help="also write the markdown rows here")
     args = p.parse_args()

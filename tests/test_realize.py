@@ -41,8 +41,9 @@ class _Check:
     takes longer than the planner's work between two checks, so checks run ahead must overlap.
     It counts the checks in flight."""
 
-    def __init__(self, linger: bool) -> None:
+    def __init__(self, linger: bool, until: threading.Event | None = None) -> None:
         self.linger = linger
+        self.until = until
         self.lock = threading.Condition()
         self.running = 0
         self.most = 0
@@ -57,6 +58,8 @@ class _Check:
             self.lock.notify_all()
             if self.linger:
                 self.lock.wait_for(lambda: self.calls > number, timeout=10.0)
+        if self.until is not None:   # (outside the lock: the other checks go on meanwhile)
+            self.until.wait(timeout=10.0)
         try:
             text = str(only_kernel(schedule.mod, kernel) if kernel is not None else schedule.mod)
             if hashlib.sha256(text.encode()).digest()[0] % 2:
@@ -101,3 +104,78 @@ def test_compile_threads_knob_is_checked(monkeypatch):
     monkeypatch.setenv("TECC_SPLIT_COMPILE", "x")
     with pytest.raises(tc.TeccError, match="TECC_SPLIT_COMPILE"):
         options.split_compile()
+
+
+def _gemm(a, b, name):
+    (m, k), (_, n) = a.shape, b.shape
+    r = tc.reduce_axis(int(k), name=f"k_{name}")
+    return tc.compute((m, n), lambda i, j: tc.cast(tc.sum(tc.cast(a[i, r], "float32") * tc.cast(b[r, j], "float32"),
+                                                          axis=r), "float16"), name=name)
+
+
+def _softmax(x, name):
+    m, n = x.shape
+    j, j2 = tc.reduce_axis(int(n), name=f"j_{name}"), tc.reduce_axis(int(n), name=f"j2_{name}")
+    mx = tc.compute((m,), lambda i: tc.max(tc.cast(x[i, j], "float32"), axis=j), name=f"{name}_max")
+    s = tc.compute((m,), lambda i: tc.sum(tc.exp(tc.cast(x[i, j2], "float32") - mx[i]), axis=j2), name=f"{name}_sum")
+    return tc.compute((m, n), lambda i, c: tc.cast(tc.exp(tc.cast(x[i, c], "float32") - mx[i]) / s[i], "float16"),
+                      name=name)
+
+
+def _layers(count: int):
+    """`count` layers of GEMM, softmax, GEMM, softmax: planned in regions (the softmaxes row
+    fused), the GEMMs per-kernel parts between them, the later layers' GEMMs twins of the
+    earlier layers' (the first layer's first GEMM reads x, not a softmax: no twin)."""
+    x = tc.placeholder((256, 512), "float16", name="x")
+    w1 = tc.placeholder((512, 384), "float16", name="w1")
+    w2 = tc.placeholder((384, 512), "float16", name="w2")
+    h = x
+    for layer in range(count):
+        h = _softmax(_gemm(_softmax(_gemm(h, w1, f"c1_{layer}"), f"p1_{layer}"), w2, f"c2_{layer}"), f"p2_{layer}")
+    return [x, w1, w2, h]
+
+
+def _planned_in_regions(threads: str, monkeypatch, until_settled: bool = False):
+    """The three layers planned with TECC_COMPILE_THREADS=`threads`; `until_settled`: every
+    check returns only once the planner settles a realization (realize._Ahead.finish), so that
+    the later parts are planned while the earlier parts' checks are all in flight."""
+    from tecc.compiler import realize
+
+    monkeypatch.setenv("TECC_COMPILE_THREADS", threads)
+    settling = threading.Event()
+    check = _Check(linger=threads != "1" and not until_settled, until=settling if until_settled else None)
+    provisional, finish, made = [], realize._Ahead.finish, realize._Provisional
+
+    def noted(self, *args, **kwargs):
+        made.__init__(self, *args, **kwargs)
+        provisional.append(self)
+
+    def settle(self):
+        settling.set()
+        return finish(self)
+
+    monkeypatch.setattr(realize, "_Provisional", type("Noted", (made,), {"__init__": noted}))
+    monkeypatch.setattr(realize._Ahead, "finish", settle)
+    result = plan_program(_layers(3), "sm_90", compile_check=check)
+    assert result.plan.strategy == "regions" and len(result.parts) > 6
+    marks = [(kp.kernel, c.label, c.failed) for part in result.parts for kp in part.kernels for c in kp.ranked]
+    return result, marks, check, provisional
+
+
+@pytest.mark.parametrize("until_settled", [False, True])
+def test_parts_planned_in_regions_check_while_the_next_parts_are_planned(monkeypatch, until_settled):
+    """A part between regions returns with its checks in flight (realize.deferring) and its
+    later twins take its point on that check: the choices are still those of one check at a
+    time, refusals (and twins of refused points) included."""
+    serial, serial_marks, one, _ = _planned_in_regions("1", monkeypatch)
+    threaded, threaded_marks, many, provisional = _planned_in_regions("4", monkeypatch, until_settled)
+    assert one.most == 1
+    assert many.most > 1, "no two compile checks ran at once"
+    refused = [m for m in serial_marks if m[2] is not None and "refused by the test" in m[2]]
+    assert refused, "the test's check refused no point: nothing to put back"
+    if until_settled:   # later parts' twins took points whose checks were in flight, one of them refused
+        twins = [p for p in provisional if p.twin]
+        assert twins and any(p.check.exception() is not None for p in twins)
+    assert threaded.plan.to_json() == serial.plan.to_json()
+    assert str(threaded.composed) == str(serial.composed)
+    assert threaded_marks == serial_marks

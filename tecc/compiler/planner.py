@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..ir.errors import ScheduleError, ShapeError
 from ..ir.target import Target
@@ -58,7 +58,7 @@ from .candidate import Candidate, CompileCheck
 from .cost.model import DEFAULT_PARAMETERS, CostParameters, predict
 from .plan import Plan, Step
 from .program import Program, resolve_target
-from .realize import FAILURES_PER_STRATEGY, realize
+from .realize import FAILURES_PER_STRATEGY, deferring, realize_later
 from .rankings import ACTIVE, GroupRanking, Ranking, Rankings, context_key, group_key, ranking_key, shared_rankings
 from .strategies.registry import GraphStrategy, Strategy, graph_strategies, strategies
 
@@ -237,6 +237,15 @@ def plan_program(args: Sequence[Tensor] | Program, target: Target | str | None =
 def _plan(program: Program, params: CostParameters, only: Sequence[str] | None, keep: int,
           compile_check: CompileCheck | None, weigh: bool, regions: bool, graph_only: bool) -> PlanResult | None:
     """plan_program of a Program; with `graph_only`, None unless a graph point takes it."""
+    return _plan_later(program, params, only, keep, compile_check, weigh, regions, graph_only)()
+
+
+def _plan_later(program: Program, params: CostParameters, only: Sequence[str] | None, keep: int,
+                compile_check: CompileCheck | None, weigh: bool, regions: bool, graph_only: bool
+                ) -> Callable[[], PlanResult | None]:
+    """`_plan` in two steps: planned now, and a function that returns the PlanResult once the
+    per-kernel realization's compile checks settled (realize_later: left in flight within
+    realize.deferring, the parts of a program planned in regions)."""
     tgt = program.target
     start = time.perf_counter()
     only_list = None if only is None else list(only) + ["naive"]
@@ -244,16 +253,18 @@ def _plan(program: Program, params: CostParameters, only: Sequence[str] | None, 
     program_key = group_key(program, params, only_list, compile_check, weigh) if memo is not None else None
     known = memo.groups.get(program_key) if memo is not None else None
     if graph_only and known is not None and known.chosen is None:
-        return None   # a twin of a program no graph point took
+        return lambda: None   # a twin of a program no graph point took
     kernel_plans: list[KernelPlan] = []
     rankings: list[Ranking] = []
     contexts: list[tuple[Any, ...]] = []   # per kernel: where its realized point holds (context_key)
     here: set[int] = set()                  # the rankings of this program's kernels so far
+    copied: list[tuple[KernelPlan, Ranking, tuple[Any, ...]]] = []   # kernels given their twin's refusals
     for kernel in program.kernels:
         info = program.info(kernel)
         key = ranking_key(program, kernel, params, only_list)
         ranking = memo.get(key) if memo is not None else None
         context = context_key(program, kernel, compile_check)
+        twin_of_earlier = ranking is not None and id(ranking) not in here
         if ranking is not None:   # the same loops and accesses: the same ranking
             # the first of its structure in this program has the points before the one realized
             # for its twin as that twin's realization left them (refused, not tried), as its own
@@ -277,6 +288,8 @@ def _plan(program: Program, params: CostParameters, only: Sequence[str] | None, 
         contexts.append(context)
         kernel_plans.append(KernelPlan(kernel, info, valid[0], valid, ranking.rejected, ranking.declined,
                                        ranking.evaluated))
+        if twin_of_earlier:
+            copied.append((kernel_plans[-1], ranking, context))
     group = _plan_group(program, kernel_plans, params, only_list, known)
     search = time.perf_counter() - start
 
@@ -287,23 +300,37 @@ def _plan(program: Program, params: CostParameters, only: Sequence[str] | None, 
     if memo is not None and known is None:
         memo.groups[program_key] = _group_ranking(program, group)
     if schedule is None and graph_only:
-        return None
+        return lambda: None
     if schedule is None and regions and only is None:
         found = _in_regions(program, params, compile_check)
         if found is not None:
             composed, parts = found
             seconds = sum(p.predicted_seconds for p in parts)
-            return PlanResult(composed.plan, tgt, kernel_plans, search, time.perf_counter() - start,
-                              dict(program.sizes), None, group, program, composed.module, seconds, parts)
-    if schedule is None:
-        schedule = realize(program, kernel_plans, compile_check, list(zip(rankings, contexts)))
+            result = PlanResult(composed.plan, tgt, kernel_plans, search, time.perf_counter() - start,
+                                dict(program.sizes), None, group, program, composed.module, seconds, parts)
+            return lambda: result
+    realized = (realize_later(program, kernel_plans, compile_check, list(zip(rankings, contexts)))
+                if schedule is None else lambda: schedule)
     realize_seconds = time.perf_counter() - start
-    for kp in kernel_plans:
-        kp.ranked = _keep(kp.ranked, keep)
-    if group is not None:
-        group.ranked = _keep(group.ranked, keep)
-    plan = _plan_of(program, schedule, kernel_plans, group)
-    return PlanResult(plan, tgt, kernel_plans, search, realize_seconds, dict(program.sizes), schedule, group, program)
+
+    def settled() -> PlanResult:
+        began = time.perf_counter()
+        final = realized()
+        for kp, ranking, context in copied:
+            # the twin's refusals as its realization settled them (it may have settled after
+            # this program was ranked: realize.deferring)
+            _, failed = ranking.chosen.get(context, (0, ()))
+            for c, mark in zip(kp.ranked, failed):
+                if c.failed is None and mark is not None:
+                    c.failed = mark
+        for kp in kernel_plans:
+            kp.ranked = _keep(kp.ranked, keep)
+        if group is not None:
+            group.ranked = _keep(group.ranked, keep)
+        plan = _plan_of(program, final, kernel_plans, group)
+        return PlanResult(plan, tgt, kernel_plans, search, realize_seconds + time.perf_counter() - began,
+                          dict(program.sizes), final, group, program)
+    return settled
 
 
 def _in_regions(program: Program, params: CostParameters, compile_check: CompileCheck | None
@@ -334,15 +361,22 @@ def _in_regions(program: Program, params: CostParameters, compile_check: Compile
         taken[id(found.schedule.mod)] = found
         return found.plan, found.schedule.mod
 
-    def per_kernel(part: list[Tensor], number: int) -> tuple[Plan, Any]:
+    def per_kernel(part: list[Tensor], number: int) -> Callable[[], tuple[Plan, Any]]:
         name = f"{program.name or 'program'}_part{number}"
-        found = _plan(part_program(part, name), params, None, 8, compile_check, True, False, graph_only=False)
-        assert found is not None
-        taken[id(found.schedule.mod)] = found
-        return found.plan, found.schedule.mod
+        later = _plan_later(part_program(part, name), params, None, 8, compile_check, True, False, graph_only=False)
+
+        def settled() -> tuple[Plan, Any]:
+            found = later()
+            assert found is not None
+            taken[id(found.schedule.mod)] = found
+            return found.plan, found.schedule.mod
+        return settled
 
     try:
-        composed = region_search.propose(program.args, graph_level, per_kernel, program.module.name, DEFAULT_THREADS)
+        # each part's compile checks compile while the next parts are planned (realize.deferring)
+        with deferring():
+            composed = region_search.propose(program.args, graph_level, per_kernel, program.module.name,
+                                             DEFAULT_THREADS)
     except ShapeError:
         return None
     if composed is None:

@@ -24,17 +24,27 @@ while a check compiles (`_Ahead`):
   points of that kernel are applied at once, each from the kernel's starting state, and their
   checks run together; they are then taken in ranking order, the first that passes chosen.
 
+A program planned in regions (planner.py, step 6) realizes each part between the regions as a
+program of its own, and each would wait for its checks before the next part is planned. Within
+`deferring()` (the planner's regions) a part's realization returns with its checks in flight
+(`realize_later`): the region search goes on to the next parts, and each part is settled, in
+order, when the composed module is built. A kernel whose twin in an earlier part was taken
+provisionally (its point not compiled again) takes it provisionally too, on the twin's check:
+if that check refuses (or a refusal before it cancels it), the kernel is realized again from
+the start, as it would have been after the twin's settled choice.
+
 TECC_COMPILE_THREADS=1 checks one point at a time, as before. A check's compile lands in the
 compile cache (cache.py), so the one a realization undid and repeats costs no second NVRTC run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ..ir.errors import ScheduleError
 from . import options as knobs
@@ -49,6 +59,12 @@ from .rankings import Ranking
 FAILURES_PER_STRATEGY = 6
 
 _MISSING = object()
+
+# Within `deferring()`: the checks in flight of provisional choices that later programs' twins
+# take on trust, by (id of the Ranking, context): see the module docstring
+# (with the realization that took it, which settles it)
+_SHARED: contextvars.ContextVar["dict[tuple[int, Any], tuple[Future[Any], _Ahead]] | None"] = contextvars.ContextVar(
+    "tecc_realize_shared_checks", default=None)
 
 # a point applied: (the Schedule's checkpoint after it, None, its compile check in flight or None),
 # or (None, the primitives' refusal, None)
@@ -119,6 +135,7 @@ class _Provisional:
     mark: int                       # the undo log's length before the point was applied
     check: Future[Any]
     cand: Candidate
+    twin: bool = False              # the check is an earlier program's twin's (module docstring)
 
 
 @dataclass
@@ -148,28 +165,35 @@ class _Ahead:
         self.pending: list[_Provisional] = []
         self.context = contextvars.copy_context()
 
-    def run(self) -> Any:
-        number: int = 0
-        resume: _Kernel | None = None
+    def advance(self, number: int = 0, resume: _Kernel | None = None) -> None:
+        """Realize the kernels from `number` on, with at most `threads` checks in flight."""
+        while number < len(self.kernel_plans):
+            self._kernel(number, resume)
+            resume = None
+            number += 1
+            if len(self.pending) >= self.threads:   # as many checks in flight as threads: wait for the oldest
+                refused = self._settle(oldest=True)
+                if refused is not None:
+                    number, resume = refused
+
+    def finish(self) -> Any:
+        """Wait for the checks in flight, realizing again from where one refused; the Schedule."""
         while True:
-            while number < len(self.kernel_plans):
-                self._kernel(number, resume)
-                resume = None
-                number += 1
-                if len(self.pending) >= self.threads:   # as many checks in flight as threads: wait for the oldest
-                    refused = self._settle(oldest=True)
-                    if refused is not None:
-                        number, resume = refused
             refused = self._settle()
             if refused is None:
                 return self.sch
-            number, resume = refused
+            self.advance(*refused)
 
     # ---- one kernel --------------------------------------------------------------------------
     def _state(self, number: int, resume: _Kernel | None) -> _Kernel:
         if resume is not None:
             return resume
         kp = self.kernel_plans[number]
+        shared = self._shared(number)
+        if shared is not None and shared[1] is not self and _failed(shared[0]):
+            # the twin's check refused (or a refusal before it cancelled it): its program settled
+            # first, so that the twin's choice here is the one checking one at a time makes
+            shared[1].finish()
         ranking, context = self.rankings[number] if self.rankings is not None else (None, ())
         order = list(kp.ranked)
         checked = None  # the twin's point, which ptxas already compiled without spilling
@@ -178,6 +202,15 @@ class _Ahead:
             order = order[position:] + order[:position]
             checked = order[0]
         return _Kernel(order, checked)
+
+    def _shared(self, number: int) -> tuple[Future[Any], _Ahead] | None:
+        """The check (and its realization) of the point a twin of kernel `number` took
+        provisionally, while that realization is not settled (within `deferring`)."""
+        table = _SHARED.get()
+        if table is None or self.rankings is None:
+            return None
+        ranking, context = self.rankings[number]
+        return table.get((id(ranking), context))
 
     def _kernel(self, number: int, resume: _Kernel | None) -> None:
         ahead: dict[int, _Outcome] = {}
@@ -215,7 +248,21 @@ class _Ahead:
                 self.pending.append(_Provisional(number, at, dict(state.failures), base, self.undo.mark(),
                                                  check, cand))
                 self._choose(number, cand)
+                table = _SHARED.get()
+                if table is not None and self.rankings is not None:   # for later programs' twins
+                    ranking, context = self.rankings[number]
+                    self.undo.put(table, (id(ranking), context), (check, self))
                 return
+            if refusal is None and check is None and cand is state.checked and self.threads > 1:
+                shared = self._shared(number)
+                if shared is not None and shared[1] is not self and not shared[0].done():
+                    # the twin's point on the twin's check, still in flight (an earlier program's)
+                    assert after is not None
+                    self.sch.rollback(after)
+                    self.pending.append(_Provisional(number, at, dict(state.failures), base, self.undo.mark(),
+                                                     shared[0], cand, twin=True))
+                    self._choose(number, cand)
+                    return
             if refusal is None and check is not None:
                 refusal = _refusal(check)
             if refusal is None:
@@ -304,23 +351,31 @@ class _Ahead:
         kernel's number, where its realization goes on); None when every one passed."""
         while self.pending:
             first = self.pending[0]
-            refusal = _refusal(first.check)
+            refusal = "cancelled" if first.check.cancelled() else _refusal(first.check)
             if refusal is None:
                 self.pending.pop(0)
                 if oldest:
                     return None
                 continue
             for later in self.pending[1:]:
-                later.check.cancel()
+                if not later.twin:   # (a twin's check is an earlier program's to settle)
+                    later.check.cancel()
             self.pending.clear()
             self.undo.undo(first.mark)
             self.sch.rollback(first.before)
+            if first.twin:   # the twin's check: the kernel realized again, as after the twin's choice
+                return first.number, self._state(first.number, None)
             self.undo.set(first.cand, "failed", refusal)
             failures = dict(first.failures)
             failures[first.cand.strategy.name] = failures.get(first.cand.strategy.name, 0) + 1
             state = self._state(first.number, None)
             return first.number, _Kernel(state.order, state.checked, first.position + 1, failures, hurried=True)
         return None
+
+
+def _failed(check: Future[Any]) -> bool:
+    """Whether a check is done and did not pass (refused, or cancelled)."""
+    return check.done() and (check.cancelled() or check.exception() is not None)
 
 
 def _refusal(check: Future[Any]) -> str | None:
@@ -340,7 +395,31 @@ def realize(program: Any, kernel_plans: list[Any], compile_check: CompileCheck |
     planned with the same `Rankings`) tries the twin's chosen point first: the points ranked
     before it were refused for the twin, and would be for the kernel; and the point is not
     compiled again to check for spills (the same code up to names, so the same registers)."""
-    return _Ahead(program, kernel_plans, compile_check, rankings).run()
+    return realize_later(program, kernel_plans, compile_check, rankings)()
 
 
-__all__ = ["FAILURES_PER_STRATEGY", "realize"]
+def realize_later(program: Any, kernel_plans: list[Any], compile_check: CompileCheck | None,
+                  rankings: Sequence[tuple[Ranking, tuple[Any, ...]]] | None = None) -> Callable[[], Any]:
+    """`realize`, in two steps: the kernels realized now, and a function that waits for the
+    checks still in flight (realizing again where one refused) and returns the Schedule. Outside
+    `deferring()` no check is left in flight (the function only returns the Schedule)."""
+    ahead = _Ahead(program, kernel_plans, compile_check, rankings)
+    ahead.advance()
+    if _SHARED.get() is None or not ahead.pending:
+        schedule = ahead.finish()
+        return lambda: schedule
+    return ahead.finish
+
+
+@contextlib.contextmanager
+def deferring() -> Iterator[None]:
+    """Within: `realize_later` returns with the checks in flight, and later programs' twins of
+    a provisional point take it on its check (module docstring)."""
+    token = _SHARED.set({})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+__all__ = ["FAILURES_PER_STRATEGY", "deferring", "realize", "realize_later"]

@@ -59,8 +59,10 @@ from .plan import Plan, Step
 
 # a part's signature -> the plan of a graph strategy that takes it (weighed and realized), or None
 GraphLevel = Callable[[list[Tensor]], "tuple[Plan, Module] | None"]
-# a part's signature and its number -> the planner's plan of it and its scheduled module
-PerKernel = Callable[[list[Tensor], int], "tuple[Plan, Module]"]
+# a part's signature and its number -> a function that returns the planner's plan of it and its
+# scheduled module (called once the later parts were planned: the planner's compile checks of a
+# part compile meanwhile, realize.deferring)
+PerKernel = Callable[[list[Tensor], int], "Callable[[], tuple[Plan, Module]]"]
 
 
 @dataclass
@@ -459,24 +461,27 @@ def propose(args: Sequence[Tensor], graph_level: GraphLevel, per_kernel: PerKern
     if len(found) == 1 and len(region_of) == len(st.order):
         return None
     parts = _parts(st, found, region_of)
-    steps: list[Step] = []
-    modules: list[Module] = []
+    planned: list[tuple[int, list[Tensor], Callable[[], tuple[Plan, Module]]]] = []
     done: list[Tensor] = []
-    reasons: list[str] = []
     for number, (members, region) in enumerate(parts):
         outputs = _outputs(st, members)
         if not outputs:
             continue
         part = regions.cut(outputs, done)
         if region is not None:
-            plan, module = found[region][1], found[region][2]
+            planned.append((number, outputs, lambda taken=found[region]: (taken[1], taken[2])))
         else:
-            plan, module = per_kernel(part, number)
+            planned.append((number, outputs, per_kernel(part, number)))
+        done.extend(outputs)
+    steps: list[Step] = []
+    modules: list[Module] = []
+    reasons: list[str] = []
+    for number, outputs, settled in planned:
+        plan, module = settled()
         steps.append(regions.region_step(outputs, plan))
         modules.append(module)
         reasons.append(f"part {number} ({', '.join(t.name for t in outputs[:3])}{', ...' if len(outputs) > 3 else ''}): "
                        f"{plan.strategy}")
-        done.extend(outputs)
     steps.append(Step("default_schedule", {"threads": threads}))
     strategies = sorted({s.args["plan"]["strategy"] for s in steps if s.primitive == regions.REGION})
     plan = Plan(tuple(steps), "regions", f"{len(found)} region(s) of graph-level rewrites ({', '.join(strategies)}); "
