@@ -19,10 +19,11 @@ while a check compiles (`_Ahead`):
   was applied (the Schedule's checkpoint, and every mark left on the candidates and rankings
   since, through an undo log) and goes on with the kernel's next point, as a check that refused
   at once would have: the choices and the Schedule are those of the one-at-a-time order;
-- once a check of a kernel has refused a point, its next points are likely refused too (a
-  tiling that spills is followed in the ranking by its neighbours): the next compile-checked
-  points of that kernel are applied at once, each from the kernel's starting state, and their
-  checks run together; they are then taken in ranking order, the first that passes chosen.
+- once a check of a kernel has refused a point, its next points may be refused too (a tiling
+  that spills is followed in the ranking by its neighbours): the next compile-checked points of
+  that kernel are applied at once, each from the kernel's starting state, and their checks run
+  together (2, then twice as many per batch refused again, up to TECC_COMPILE_THREADS); they
+  are then taken in ranking order, the first that passes chosen.
 
 A program planned in regions (planner.py, step 6) realizes each part between the regions as a
 program of its own, and each would wait for its checks before the next part is planned. Within
@@ -148,6 +149,7 @@ class _Kernel:
     start: int = 0
     failures: dict[str, int] = field(default_factory=dict)
     hurried: bool = False           # a check of this kernel refused a point: check the next ones together
+    batches: int = 0                # the batches of points checked together so far (_apply_ahead)
 
 
 class _Ahead:
@@ -304,11 +306,17 @@ class _Ahead:
     def _apply_ahead(self, number: int, state: _Kernel, at: int, base: tuple[Any, ...]
                      ) -> dict[int, _Outcome]:
         """The next compile-checked points of the kernel from position `at`, applied from `base`
-        with their checks in flight together (as many as TECC_COMPILE_THREADS)."""
+        with their checks in flight together: 2 in the kernel's first batch, twice as many in
+        each next (its points refused again), at most TECC_COMPILE_THREADS. (The point after a
+        refused one mostly passes: GPT-2's backward on the H200 checked 7 at once after each of
+        two refusals, and the first of them passed both times, the other 6 compiled for nothing
+        beside the planning and the forward's worker.)"""
         out: dict[int, _Outcome] = {}
         failures = dict(state.failures)
+        state.batches += 1
+        width = min(max(1, self.threads), 2 ** state.batches)
         for n in range(at, len(state.order)):
-            if len(out) >= max(1, self.threads):
+            if len(out) >= width:
                 break
             cand = state.order[n]
             if cand.strategy.uses_default_schedule:
