@@ -392,6 +392,10 @@ def _refusal(check: Future[Any]) -> str | None:
     try:
         check.result()
     except ScheduleError as exc:
+        # the Future keeps the exception, whose traceback the raise here extends with this
+        # frame and its callers' (the realization, its Schedule and checkpoints): a cycle that
+        # kept them alive until the garbage collector's next full collection
+        exc.__traceback__ = None
         return str(exc).splitlines()[0]
     return None
 
@@ -423,11 +427,16 @@ def realize_later(program: Any, kernel_plans: list[Any], compile_check: CompileC
 def deferring() -> Iterator[None]:
     """Within: `realize_later` returns with the checks in flight, and later programs' twins of
     a provisional point take it on its check (module docstring)."""
-    token = _SHARED.set({})
+    table: dict[tuple[int, Any], tuple[Future[Any], _Ahead]] = {}
+    token = _SHARED.set(table)
     try:
         yield
     finally:
         _SHARED.reset(token)
+        # the realizations' copies of the context hold the table, and the table them: a cycle
+        # that kept every part's Schedule (and its checkpoints) alive until the next full
+        # collection of the garbage collector
+        table.clear()
 
 
 __all__ = ["FAILURES_PER_STRATEGY", "deferring", "realize", "realize_later"]
