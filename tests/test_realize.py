@@ -179,3 +179,26 @@ def test_parts_planned_in_regions_check_while_the_next_parts_are_planned(monkeyp
     assert threaded.plan.to_json() == serial.plan.to_json()
     assert str(threaded.composed) == str(serial.composed)
     assert threaded_marks == serial_marks
+
+
+def test_a_realization_is_freed_when_planned(monkeypatch):
+    """No reference cycle keeps a realization (its Schedule and every checkpoint) alive after
+    the planning: a refused check's exception, kept by its Future, held the frames that held the
+    realization, and the deferred checks' table held the realizations (realize.py)."""
+    import gc
+
+    from tecc.compiler import realize
+
+    monkeypatch.setenv("TECC_COMPILE_THREADS", "4")
+    check = _Check(linger=False)
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        plan_program(_layers(2), "sm_90", compile_check=check)
+        alive = sum(1 for o in gc.get_objects() if isinstance(o, realize._Ahead))
+    finally:
+        if enabled:
+            gc.enable()
+    assert check.calls > 0
+    assert alive == 0, f"{alive} realization(s) alive after planning, held by a reference cycle"

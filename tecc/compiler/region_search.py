@@ -44,7 +44,7 @@ The plan is a list of `region` steps (regions.py) and the composed module is bui
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import networkx as nx
 
@@ -201,17 +201,10 @@ def _without_cycles(st: _Stages, seed: Tensor, members: set[int]) -> set[int]:
     could not run as one part, and the whole region used to be dropped. What remains keeps the
     seed; an empty set when the seed itself would go."""
     while True:
-        after: set[int] = set()
-        before: set[int] = set()
-        for m in members:
-            after |= nx.descendants(st.graph, m)
-            before |= nx.ancestors(st.graph, m)
-        between = (after & before) - members
+        between = (_beyond(st.graph.succ, members) & _beyond(st.graph.pred, members)) - members
         if not between:
             return members
-        late: set[int] = set()
-        for b in between:
-            late |= nx.descendants(st.graph, b)
+        late = _beyond(st.graph.succ, between)
         if id(seed) in late:
             return set()
         members = members - late
@@ -219,13 +212,21 @@ def _without_cycles(st: _Stages, seed: Tensor, members: set[int]) -> set[int]:
 
 def _acyclic(st: _Stages, members: set[int]) -> bool:
     """Whether no stage outside `members` lies on a path between two members."""
-    after: set[int] = set()
-    for m in members:
-        after |= nx.descendants(st.graph, m)
-    before: set[int] = set()
-    for m in members:
-        before |= nx.ancestors(st.graph, m)
-    return not ((after & before) - members)
+    return not ((_beyond(st.graph.succ, members) & _beyond(st.graph.pred, members)) - members)
+
+
+def _beyond(edges: Mapping[int, Iterable[int]], sources: Iterable[int]) -> set[int]:
+    """The stages a path of one edge or more reaches from any of `sources` along `edges` (the
+    graph's successors: the union of their descendants; its predecessors: of their ancestors),
+    found in one walk rather than one per source."""
+    seen: set[int] = set()
+    stack = [n for s in sources for n in edges[s]]
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(edges[n])
+    return seen
 
 
 def _outputs(st: _Stages, members: set[int]) -> list[Tensor]:
