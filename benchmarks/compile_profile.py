@@ -4,6 +4,7 @@
     python benchmarks/compile_profile.py --layers 12 --top 40
     python benchmarks/compile_profile.py --layers 2 --profile /tmp/gpt2.prof --graphs forward
     python benchmarks/compile_profile.py --layers 12 --second-process   # then the disk-cache hit
+    python benchmarks/compile_profile.py --layers 4 --twin-parts   # repeated parts: renamings of the first?
     python benchmarks/compile_profile.py --layers 12 --cache-dir DIR --load-only   # the hit again, from DIR
     python benchmarks/compile_profile.py --dump /tmp/after && diff -r /tmp/before /tmp/after
 
@@ -234,6 +235,7 @@ def first_compile(args: argparse.Namespace) -> None:
     print(f"captured {args.layers}-layer GPT ({args.attention}) forward/backward in {time.perf_counter() - start:.1f} s "
           f"(not counted below)")
     nvrtc_spent = _nvrtc_counter()
+    planned = _Planned() if args.twin_parts else None
     wrapped = _instrument()
     total = 0.0
     profile = cProfile.Profile() if args.top or args.profile else None
@@ -244,6 +246,8 @@ def first_compile(args: argparse.Namespace) -> None:
             w.phases = phases
         before = list(nvrtc_spent)
         start, cpu = time.perf_counter(), time.process_time()
+        if planned is not None:
+            planned.results = []
         if profile is not None:
             profile.enable()
         report = compile_for_cuda(gm, f"g0_{kind}", args.arch, phases, args.dump)
@@ -258,6 +262,9 @@ def first_compile(args: argparse.Namespace) -> None:
               f"{nvrtc_spent[0] - before[0]:.1f} s (wall, summed over threads)")
         for name, s in phases.seconds.items():
             print(f"  {name:<44s} {s:8.2f} s")
+        if planned is not None and planned.results is not None:
+            print(f"  twin parts: {twin_parts(planned.results)}")
+            planned.results = None
     print(f"\nfirst compile, all graphs: {total:.1f} s")
     if profile is not None:
         if args.profile:
@@ -269,6 +276,60 @@ def first_compile(args: argparse.Namespace) -> None:
             out = io.StringIO()
             pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(args.top)
             print(out.getvalue())
+
+
+class _Planned:
+    """The results of planner.plan_program while set (--twin-parts)."""
+
+    def __init__(self) -> None:
+        import importlib
+
+        planner = importlib.import_module("tecc.compiler.planner")
+        self.inner = planner.plan_program
+        self.results: list[Any] | None = None
+        planner.plan_program = self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        result = self.inner(*args, **kwargs)
+        if self.results is not None:
+            self.results.append(result)
+        return result
+
+
+def twin_parts(results: list[Any]) -> str:
+    """Of the programs planned in regions, how many parts repeat an earlier part's structure
+    (rankings.program_structure), and how many of those are the earlier part's scheduled module
+    and plan steps with its names replaced by theirs (the names paired in the order they first
+    appear in the two part programs; a derived name, `addmm_5_acc`, through its `_`-separated
+    segments, as codegen/twins.py pairs kernels): what planning a repeated part once, by
+    renaming, would rely on."""
+    import re
+
+    from tecc.codegen.twins import renamed
+    from tecc.compiler import rankings
+
+    identifier = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+    def names_in_order(program: Any) -> list[str]:
+        own = rankings._names(program.module)
+        return list(dict.fromkeys(w for w in identifier.findall(str(program.module)) if w in own))
+
+    parts = [part for r in results for part in r.parts if part.program is not None and part.schedule is not None]
+    groups: dict[str, list[Any]] = {}
+    for part in parts:
+        groups.setdefault(rankings.program_structure(part.program), []).append(part)
+    repeats = same = 0
+    for first, *later in groups.values():
+        for part in later:
+            repeats += 1
+            pairs = list(zip(names_in_order(first.program), names_in_order(part.program)))
+            names = dict(pairs)
+            steps = [repr(step) for step in first.schedule.plan.steps]
+            if (len(names) == len(pairs) and renamed(str(first.schedule.mod), names) == str(part.schedule.mod)
+                    and renamed("\n".join(steps), names) == "\n".join(repr(s) for s in part.schedule.plan.steps)):
+                same += 1
+    return (f"{len(parts)} parts planned in regions, {len(groups)} structures: {repeats} repeat an earlier part, "
+            f"{same} of them its scheduled module and plan renamed")
 
 
 def second_process(args: argparse.Namespace) -> None:
@@ -339,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
                    "(DIR/<graph>/<module>.cu, .plan), to diff two versions of tecc")
     p.add_argument("--cache-dir", default=None, help="the TECC_CACHE_DIR to use (default: a fresh temporary one)")
     p.add_argument("--second-process", action="store_true", help="then load the graphs in a new process")
+    p.add_argument("--twin-parts", action="store_true", help="after each graph, how many of its parts planned in "
+                   "regions are an earlier part's scheduled module renamed (twin_parts)")
     p.add_argument("--load-only", action="store_true", help="with --cache-dir: no first compile, only the new "
                    "process that loads the graphs a run before stored there")
     p.add_argument("--child-load", action="store_true", help=argparse.SUPPRESS)

@@ -60,9 +60,16 @@ def renames_to(a: PrimFunc, a_text: str, b: PrimFunc, b_text: str, fixed: frozen
     for x, y in [(pa.name, pb.name) for pa, pb in zip(a.params, b.params)] + list(zip(local_a, local_b)):
         if names.setdefault(x, y) != y:
             return False
+    return renamed(a_text, names, fixed) == b_text
+
+
+def renamed(text: str, names: dict[str, str], fixed: frozenset[str] = frozenset()) -> str | None:
+    """`text` with each identifier that is a key of `names`, or holds one as whole `_`-separated
+    segments (`copy_A_1` holds `A`: the longest key found), replaced by its image; `fixed`
+    identifiers and those starting with `__` kept. None when two identifiers would become one."""
     prefixes = sorted(names, key=len, reverse=True)
-    image: dict[str, str] = {}   # a name of B -> the name of A it replaces
-    done: dict[str, str] = {}    # an identifier of A -> its image (an identifier recurs many times)
+    image: dict[str, str] = {}   # a new identifier -> the identifier of `text` it replaces
+    done: dict[str, str] = {}    # an identifier of `text` -> its image (an identifier recurs many times)
 
     def rename(match: re.Match[str]) -> str:
         t = match.group(0)
@@ -86,9 +93,9 @@ def renames_to(a: PrimFunc, a_text: str, b: PrimFunc, b_text: str, fixed: frozen
         return u
 
     try:
-        return _IDENTIFIER.sub(rename, a_text) == b_text
+        return _IDENTIFIER.sub(rename, text)
     except _Differs:
-        return False
+        return None
 
 
 def _local_names(f: PrimFunc) -> list[str]:
