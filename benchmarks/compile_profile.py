@@ -141,10 +141,7 @@ def compile_for_cuda(gm: Any, name: str, arch: str | None, phases: Phases, dump:
     plan = phases.timed("plan_graph (lowering)", plan_graph, gm, name, sizes, backend._bound_symbols(gm))
     opts = backend.Options.parse({"arch": arch})
     kernels = phases.timed("tc.build (all programs)", backend.build_programs, plan, "cuda", opts, False)
-    for kernel in kernels:
-        for step, seconds in kernel.timing.seconds:
-            if step != "plan":  # the planner's wall time is taken whole (_Wrapped)
-                phases.add(f"  build: {_phase_of(step)}", seconds)
+    add_build_phases(phases, kernels)
     if dump is not None:
         write_dump(Path(dump) / name, kernels)
     compiled = phases.timed("assemble", assemble, plan, kernels, False)
@@ -169,6 +166,15 @@ def write_dump(folder: Path, kernels: Any) -> None:
 
 def _key_options(arch: str | None) -> dict[str, Any]:
     return {"fallback": "aten", "arch": arch, "deterministic": False}
+
+
+def add_build_phases(phases: Phases, kernels: Any) -> None:
+    """The built kernels' timing steps added to `phases`, grouped (_phase_of); the planner's
+    wall time is taken whole (_Wrapped), not from its step."""
+    for kernel in kernels:
+        for step, seconds in kernel.timing.seconds:
+            if step != "plan":
+                phases.add(f"  build: {_phase_of(step)}", seconds)
 
 
 def _phase_of(step: str) -> str:

@@ -118,10 +118,7 @@ def instrument(clock: Clock, checks: bool, profile: str | None) -> None:
                 profiler.dump_stats(str(Path(profile) / f"{plan.name}.prof"))   # type: ignore[arg-type]
             for w in wrapped:
                 w.phases = None
-        for kernel in kernels:
-            for step, seconds in kernel.timing.seconds:
-                if step != "plan":
-                    phases.add(f"  build: {compile_profile._phase_of(step)}", seconds)
+        compile_profile.add_build_phases(phases, kernels)
         print(f"         {plan.name}'s tc.build: NVRTC {nvrtc[1] - before[1]} compiles, {nvrtc[0] - before[0]:.1f} s "
               "(summed over threads); " + "; ".join(f"{n.strip()} {v:.2f} s" for n, v in phases.seconds.items() if v),
               flush=True)

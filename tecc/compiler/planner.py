@@ -269,7 +269,7 @@ def _plan_later(program: Program, params: CostParameters, only: Sequence[str] | 
             # the first of its structure in this program has the points before the one realized
             # for its twin as that twin's realization left them (refused, not tried), as its own
             # would; a later one in this program clears them (it tries its twin's point first)
-            _, failed = ranking.chosen.get(context, (0, ())) if id(ranking) not in here else (0, ())
+            _, failed = ranking.chosen.get(context, (0, ())) if twin_of_earlier else (0, ())
             valid = [replace(c, failed=failed[n] if n < len(failed) else None) for n, c in enumerate(ranking.ranked)]
         else:
             cands, declined = candidates_for(info, tgt, params, only_list)

@@ -62,8 +62,8 @@ FAILURES_PER_STRATEGY = 6
 _MISSING = object()
 
 # Within `deferring()`: the checks in flight of provisional choices that later programs' twins
-# take on trust, by (id of the Ranking, context): see the module docstring
-# (with the realization that took it, which settles it)
+# take on trust, with the realization that took each (which settles it), by (id of the Ranking,
+# context): see the module docstring
 _SHARED: contextvars.ContextVar["dict[tuple[int, Any], tuple[Future[Any], _Ahead]] | None"] = contextvars.ContextVar(
     "tecc_realize_shared_checks", default=None)
 
@@ -208,11 +208,16 @@ class _Ahead:
     def _shared(self, number: int) -> tuple[Future[Any], _Ahead] | None:
         """The check (and its realization) of the point a twin of kernel `number` took
         provisionally, while that realization is not settled (within `deferring`)."""
+        slot = self._shared_slot(number)
+        return None if slot is None else slot[0].get(slot[1])
+
+    def _shared_slot(self, number: int) -> tuple[dict[tuple[int, Any], Any], tuple[int, Any]] | None:
+        """The table of `deferring` and kernel `number`'s key in it (None outside `deferring`)."""
         table = _SHARED.get()
         if table is None or self.rankings is None:
             return None
         ranking, context = self.rankings[number]
-        return table.get((id(ranking), context))
+        return table, (id(ranking), context)
 
     def _kernel(self, number: int, resume: _Kernel | None) -> None:
         ahead: dict[int, _Outcome] = {}
@@ -250,10 +255,9 @@ class _Ahead:
                 self.pending.append(_Provisional(number, at, dict(state.failures), base, self.undo.mark(),
                                                  check, cand))
                 self._choose(number, cand)
-                table = _SHARED.get()
-                if table is not None and self.rankings is not None:   # for later programs' twins
-                    ranking, context = self.rankings[number]
-                    self.undo.put(table, (id(ranking), context), (check, self))
+                slot = self._shared_slot(number)
+                if slot is not None:   # for later programs' twins
+                    self.undo.put(*slot, (check, self))
                 return
             if refusal is None and check is None and cand is state.checked and self.threads > 1:
                 shared = self._shared(number)
