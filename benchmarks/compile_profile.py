@@ -303,12 +303,12 @@ class _Planned:
 
 
 def twin_parts(results: list[Any]) -> str:
-    """Of the programs planned in regions, how many parts repeat an earlier part's structure
-    (rankings.program_structure), and how many of those are the earlier part's scheduled module
+    """Of the programs planned in regions, how many parts the planner gave an earlier part's
+    planning renamed (part_twins.py), and, of those it planned (all with TECC_PART_TWINS=0), how
+    many repeat an earlier part's structure (rankings.program_structure), and how many of those are the earlier part's scheduled module
     and plan steps with its names replaced by theirs (the names paired in the order they first
     appear in the two part programs; a derived name, `addmm_5_acc`, through its `_`-separated
-    segments, as codegen/twins.py pairs kernels): what planning a repeated part once, by
-    renaming, would rely on."""
+    segments, as codegen/twins.py pairs kernels): what the planner's renaming relies on."""
     import re
 
     from tecc.codegen.twins import renamed
@@ -320,7 +320,9 @@ def twin_parts(results: list[Any]) -> str:
         own = rankings._names(program.module)
         return list(dict.fromkeys(w for w in identifier.findall(str(program.module)) if w in own))
 
-    parts = [part for r in results for part in r.parts if part.program is not None and part.schedule is not None]
+    every = [part for r in results for part in r.parts]
+    parts = [part for part in every if part.program is not None and part.schedule is not None]
+    given = len(every) - len(parts)   # given an earlier part's planning renamed (tecc/compiler/part_twins.py)
     groups: dict[str, list[Any]] = {}
     for part in parts:
         groups.setdefault(rankings.program_structure(part.program), []).append(part)
@@ -334,8 +336,9 @@ def twin_parts(results: list[Any]) -> str:
             if (len(names) == len(pairs) and renamed(str(first.schedule.mod), names) == str(part.schedule.mod)
                     and renamed("\n".join(steps), names) == "\n".join(repr(s) for s in part.schedule.plan.steps)):
                 same += 1
-    return (f"{len(parts)} parts planned in regions, {len(groups)} structures: {repeats} repeat an earlier part, "
-            f"{same} of them its scheduled module and plan renamed")
+    return (f"{len(every)} parts planned in regions, {given} given an earlier part's plan and module renamed "
+            f"(TECC_PART_TWINS=0 plans each itself); of the {len(parts)} planned, {len(groups)} structures: "
+            f"{repeats} repeat an earlier part, {same} of them its scheduled module and plan renamed")
 
 
 def second_process(args: argparse.Namespace) -> None:

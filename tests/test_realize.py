@@ -135,13 +135,16 @@ def _layers(count: int):
     return [x, w1, w2, h]
 
 
-def _planned_in_regions(threads: str, monkeypatch, until_settled: bool = False):
+def _planned_in_regions(threads: str, monkeypatch, until_settled: bool = False, part_twins: bool = False):
     """The three layers planned with TECC_COMPILE_THREADS=`threads`; `until_settled`: every
     check returns only once the planner settles a realization (realize._Ahead.finish), so that
-    the later parts are planned while the earlier parts' checks are all in flight."""
+    the later parts are planned while the earlier parts' checks are all in flight. Without
+    `part_twins` every part is planned itself (TECC_PART_TWINS=0), so that a later layer's
+    kernels are realized as twins of the earlier layer's (realize.py), not renamed."""
     from tecc.compiler import realize
 
     monkeypatch.setenv("TECC_COMPILE_THREADS", threads)
+    monkeypatch.setenv("TECC_PART_TWINS", "1" if part_twins else "0")
     settling = threading.Event()
     check = _Check(linger=threads != "1" and not until_settled, until=settling if until_settled else None)
     provisional, finish, made = [], realize._Ahead.finish, realize._Provisional
@@ -179,6 +182,11 @@ def test_parts_planned_in_regions_check_while_the_next_parts_are_planned(monkeyp
     assert threaded.plan.to_json() == serial.plan.to_json()
     assert str(threaded.composed) == str(serial.composed)
     assert threaded_marks == serial_marks
+    # the later layers' parts given the first layer's plans renamed (part_twins.py): the same
+    renamed, renamed_marks, _, _ = _planned_in_regions("4", monkeypatch, until_settled, part_twins=True)
+    assert renamed.plan.to_json() == serial.plan.to_json()
+    assert str(renamed.composed) == str(serial.composed)
+    assert renamed_marks == serial_marks
 
 
 def test_a_realization_is_freed_when_planned(monkeypatch):

@@ -68,7 +68,7 @@ from tecc.ir.stmt import (
 from tecc.ir.index_checks import index_check_sites, site_codes
 from tecc.ir.visitor import matrix_stmt_exprs
 
-from . import instructions, matrix, philox, tma, warpgroup
+from . import instructions, matrix, philox, tma, twins, warpgroup
 
 from .cuda_expr import FLOAT_OP_HELPER, ExprEmitter, c_type, device_helpers
 from .ranges import RangeEnv
@@ -99,6 +99,14 @@ def sanitize(name: str) -> str:
     if text[0].isdigit():
         text = "_" + text
     return text + "_" if text in _RESERVED else text
+
+
+def written_as(name: str) -> str | None:
+    """The identifier `sanitize` writes for `name` when it only replaces characters C does not
+    take (`A.shared` -> `A_shared`); None when it adds one (a keyword or built-in: `max_`), since
+    an identifier derived from the name (`max_acc`) then is not the written name extended."""
+    text = re.sub(r"[^0-9A-Za-z_]", "_", name)
+    return text if text and sanitize(name) == text else None
 
 
 class NameTable:
@@ -552,5 +560,12 @@ def emit_parts(funcs: Sequence[PrimFunc]) -> tuple[str, list[str]]:
     if helpers:
         text += "\n" + "".join(helpers)
     codes = site_codes(index_check_sites(funcs))
-    return text, [emit_kernel(f, codes) for f in funcs]
+    checked = {kernel for kernel, _, _ in codes}   # their error codes differ kernel to kernel
+    # the kernels of one structure (a model's layers) written from one text (twins.py)
+    templates = twins.Templates(lambda f: emit_kernel(f, codes), written_as, frozenset(twins.identifiers(text)))
+    texts = []
+    for f in funcs:
+        written = templates.text(f) if f.name not in checked else None
+        texts.append(written if written is not None else emit_kernel(f, codes))
+    return text, texts
 

@@ -6,6 +6,17 @@ their time per kernel, so the translation unit given to NVRTC holds each such ke
 (`distinct_source`); the others run the first one's entry function (`HostProgram` kernels carry
 it as `entry`). The full source, every kernel under its own name, stays the module's CUDA C.
 
+The emitter writes the kernels of one structure from one text (`Templates`): `kernel_structure`
+describes a kernel's loop IR with its names numbered in order of first appearance (every node's
+class and fields, each variable's identity; of its attributes those the emitter reads,
+`EMITTED_ATTRS`). The first kernel of a structure is emitted once with each of its names
+replaced by a placeholder (`tecc_twin0`, `tecc_twin1`, ...: identifiers no CUDA, device helper or
+PTX word holds), and every kernel of that structure, the first included, is that text with the
+placeholders replaced by its own names (a derived identifier, `tecc_twin3_acc`, through its
+segments). So no identifier the emitter writes for itself (`max`, `f32` in a PTX string) can be
+taken for a name; a kernel whose names the emitter would write otherwise (a C keyword or CUDA
+built-in gets a `_`), or whose replacement is not one to one, is emitted from its IR.
+
 Kernel B is A's twin when A's text, with A's names replaced by B's, is B's text exactly. A's
 names are its own name, its parameters' (paired with B's by position), its local buffers'
 (paired with B's in the order of their allocations: a row kernel's registers named after the
@@ -18,16 +29,16 @@ its kernel-local names renamed consistently, which is the same code.
 
 from __future__ import annotations
 
-import re
-from typing import Sequence
+from typing import Callable, Sequence
 
-from tecc.ir.stmt import Allocate, PrimFunc, iter_stmts
+from tecc.ir.rename import IDENTIFIER as _IDENTIFIER
+from tecc.ir.rename import IRRenaming, NameClash, Renaming, StructureText, UnknownNode
+from tecc.ir.stmt import Allocate, Buffer, PrimFunc, iter_stmts
 
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-
-class _Differs(Exception):
-    pass
+def identifiers(text: str) -> list[str]:
+    """The identifiers of `text`, in order (with repeats)."""
+    return _IDENTIFIER.findall(text)
 
 
 def twin_entries(funcs: Sequence[PrimFunc], texts: Sequence[str], prelude: str) -> dict[str, str]:
@@ -67,34 +78,9 @@ def renamed(text: str, names: dict[str, str], fixed: frozenset[str] = frozenset(
     """`text` with each identifier that is a key of `names`, or holds one as whole `_`-separated
     segments (`copy_A_1` holds `A`: the longest key found), replaced by its image; `fixed`
     identifiers and those starting with `__` kept. None when two identifiers would become one."""
-    prefixes = sorted(names, key=len, reverse=True)
-    image: dict[str, str] = {}   # a new identifier -> the identifier of `text` it replaces
-    done: dict[str, str] = {}    # an identifier of `text` -> its image (an identifier recurs many times)
-
-    def rename(match: re.Match[str]) -> str:
-        t = match.group(0)
-        u = done.get(t)
-        if u is not None:
-            return u
-        u = t
-        if t in fixed or t.startswith("__"):
-            pass
-        elif t in names:
-            u = names[t]
-        else:
-            for p in prefixes:
-                at = _segment(t, p)
-                if at >= 0:
-                    u = t[:at] + names[p] + t[at + len(p):]
-                    break
-        if image.setdefault(u, t) != t:
-            raise _Differs
-        done[t] = u
-        return u
-
     try:
-        return _IDENTIFIER.sub(rename, text)
-    except _Differs:
+        return Renaming(names, fixed).text(text)
+    except NameClash:
         return None
 
 
@@ -103,18 +89,67 @@ def _local_names(f: PrimFunc) -> list[str]:
     return [s.buffer.name for s in iter_stmts(f.body) if isinstance(s, Allocate)]
 
 
-def _segment(t: str, p: str) -> int:
-    """Where `p` is whole `_`-separated segments of identifier `t` (`copy_A_1` holds `A`), or -1."""
-    at = t.find(p)
-    while at >= 0:
-        end = at + len(p)
-        if (at == 0 or t[at - 1] == "_") and (end == len(t) or t[end] == "_"):
-            return at
-        at = t.find(p, at + 1)
-    return -1
-
-
 def distinct_source(prelude: str, funcs: Sequence[PrimFunc], texts: Sequence[str],
                     entries: dict[str, str]) -> str:
     """The translation unit NVRTC compiles: the prelude and every kernel that is no twin."""
     return prelude + "".join("\n" + t for f, t in zip(funcs, texts) if f.name not in entries)
+
+
+class Templates:
+    """The kernels of one structure written from one text (module docstring). `emit`: the
+    emitter of one kernel; `written(name)`: the identifier the emitter writes for an IR name
+    (`A.shared` -> `A_shared`), None where it would not write that name with its characters
+    alone (a keyword gets a `_`); `fixed`: identifiers never renamed (the prelude's)."""
+
+    PLACEHOLDER = "tecc_twin"
+
+    def __init__(self, emit: Callable[[PrimFunc], str], written: Callable[[str], str | None],
+                 fixed: frozenset[str]) -> None:
+        self.emit, self.written, self.fixed = emit, written, fixed
+        self.texts: dict[str, str | None] = {}   # a structure -> its text with placeholders (None: not writable so)
+        self.firsts: dict[str, PrimFunc] = {}    # a structure -> its first kernel (emitted from its IR)
+
+    def text(self, func: PrimFunc) -> str | None:
+        """The kernel's CUDA C from its structure's text, or None (emit it from its IR: the first
+        of a structure, until a second one comes)."""
+        try:
+            key, names = kernel_structure(func)
+        except UnknownNode:
+            return None
+        spelled = [self.written(n) for n in names]
+        if any(w is None for w in spelled):
+            return None
+        if key not in self.texts:
+            first = self.firsts.setdefault(key, func)
+            if first is func:
+                return None
+            self.texts[key] = self._template(first)
+        template = self.texts[key]
+        if template is None:
+            return None
+        return renamed(template, {f"{self.PLACEHOLDER}{n}": w for n, w in enumerate(spelled) if w is not None},
+                       self.fixed)
+
+    def _template(self, func: PrimFunc) -> str | None:
+        """The kernel's text with its names replaced by placeholders (None: not one to one)."""
+        _, names = kernel_structure(func)
+        try:
+            generic = IRRenaming(Renaming({name: f"{self.PLACEHOLDER}{n}" for n, name in enumerate(names)})).kernel(func)
+        except (NameClash, UnknownNode):
+            return None
+        return self.emit(generic)
+
+
+# the kernel attributes the emitter reads (cuda.py KernelEmitter.signature); the others (a
+# primitive's notes) do not change the code and are left out of `kernel_structure`
+EMITTED_ATTRS = ("min_blocks_per_sm",)
+
+
+def kernel_structure(func: PrimFunc) -> tuple[str, list[str]]:
+    """The kernel's loop IR as text with its names numbered (ir/rename.py StructureText), and its
+    names in order of first appearance: two kernels with the same text are the same code up to
+    the names paired in order. UnknownNode for a value it cannot describe."""
+    text = StructureText({Buffer: ("name", "tensor")})
+    attrs = tuple((k, v) for k, v in func.attrs if k in EMITTED_ATTRS)
+    described = f"{text.name(func.name)}({text.value(func.params)}){text.value(attrs)}\n{text.value(func.body)}"
+    return described, text.names

@@ -18,6 +18,7 @@ artifacts without the compiler); values are read when a build starts, never at i
 | TECC_CUDA_GRAPHS    | patch                           | 0 turns off the CUDA executor's graphs of repeated calls; patch (the default) also patches a call's graph for new pointers, 1 replays exact pointers only (read by tecc/runtime/graphs.py when an executor is made: the runtime runs without the compiler) |
 | TECC_COMPILE_THREADS | half the machine's CPUs (1 to 8) | how many of the planner's compile checks (NVRTC) run at once (realize.py: a check's compile overlaps the planning of the next kernels); 1: one at a time |
 | TECC_SPLIT_COMPILE  | half the machine's CPUs (1 to 8) | N > 1: a build's final compile of a module of several kernels uses NVRTC's --split-compile=N (cache.compile_cached) |
+| TECC_PART_TWINS     | 1                               | 0: a program planned in regions plans every part itself, instead of giving a part of an earlier part's structure that part's plan and module renamed (part_twins.py) |
 | TECC_PRECISE_MATH   | unset                           | 1 keeps the precise sinf/cosf (and a GELU's erff/tanhf) where a result rounded to float16/bfloat16 would get the cheap sin_approx/cos_approx (gelu_erf_approx/gelu_tanh_approx) (tecc/passes/approx_math.py) |
 """
 
@@ -95,6 +96,11 @@ def precise_math() -> bool:
     """True when TECC_PRECISE_MATH is set to anything but '' or '0': no cheap sin/cos/GELU, even where
     the result is rounded to a 16-bit float (the approx_math pass and the cost model both ask)."""
     return os.environ.get("TECC_PRECISE_MATH", "") not in ("", "0")
+
+
+def part_twins() -> bool:
+    """The planner's repeated parts (part_twins.py): on unless TECC_PART_TWINS=0."""
+    return os.environ.get("TECC_PART_TWINS", "1") != "0"
 
 
 def strict_plans() -> bool:

@@ -58,6 +58,8 @@ from .candidate import Candidate, CompileCheck
 from .cost.model import DEFAULT_PARAMETERS, CostParameters, predict
 from .plan import Plan, Step
 from .program import Program, resolve_target
+from . import options as knobs
+from .part_twins import NameClash, PartRenaming, UnknownNode, signature
 from .realize import FAILURES_PER_STRATEGY, deferring, realize_later
 from .rankings import ACTIVE, GroupRanking, Ranking, Rankings, context_key, group_key, ranking_key, shared_rankings
 from .strategies.registry import GraphStrategy, Strategy, graph_strategies, strategies
@@ -350,12 +352,23 @@ def _in_regions(program: Program, params: CostParameters, compile_check: Compile
         return Program.of(part, name=name, target=program.target, sizes=program.sizes,
                           compile_arch=program.compile_arch)
 
+    twins = _Twins(taken) if knobs.part_twins() else None
+
     def graph_level(part: list[Tensor]) -> tuple[Plan, Any] | None:
+        known = twins.seen(part, program.name, True) if twins is not None else None
+        if known is not None and known.earlier is not None:
+            if known.earlier() is None:
+                return None   # no graph point took the earlier part
+            renamed = known.renamed()
+            if renamed is not None:
+                return renamed
         try:
             part_prog = part_program(part, program.name)
         except ShapeError:
             return None
         found = _plan(part_prog, params, None, 8, compile_check, True, False, graph_only=True)
+        if known is not None:
+            known.planned(lambda: found)
         if found is None:
             return None
         taken[id(found.schedule.mod)] = found
@@ -363,13 +376,28 @@ def _in_regions(program: Program, params: CostParameters, compile_check: Compile
 
     def per_kernel(part: list[Tensor], number: int) -> Callable[[], tuple[Plan, Any]]:
         name = f"{program.name or 'program'}_part{number}"
+        known = twins.seen(part, name, False) if twins is not None else None
+        if known is not None and known.earlier is not None:
+            return known.renamed_later(lambda: per_kernel_planned(part, name, None))
+        return per_kernel_planned(part, name, known)
+
+    def per_kernel_planned(part: list[Tensor], name: str, known: "_Twin | None") -> Callable[[], tuple[Plan, Any]]:
         later = _plan_later(part_program(part, name), params, None, 8, compile_check, True, False, graph_only=False)
+        settled_result: list[PlanResult] = []
+
+        def result() -> PlanResult:
+            if not settled_result:
+                found = later()
+                assert found is not None
+                settled_result.append(found)
+            return settled_result[0]
 
         def settled() -> tuple[Plan, Any]:
-            found = later()
-            assert found is not None
+            found = result()
             taken[id(found.schedule.mod)] = found
             return found.plan, found.schedule.mod
+        if known is not None:
+            known.planned(result)
         return settled
 
     try:
@@ -382,6 +410,68 @@ def _in_regions(program: Program, params: CostParameters, compile_check: Compile
     if composed is None:
         return None
     return composed, [taken[id(m)] for m in composed.parts if id(m) in taken]
+
+
+class _Twins:
+    """The parts of a program planned in regions, by structure (part_twins.py): a part of an
+    earlier part's structure is given that part's plan and module renamed. `taken`: id(module)
+    -> the part's planning, where a renamed part's goes too."""
+
+    def __init__(self, taken: dict[int, PlanResult]) -> None:
+        self.taken = taken
+        self.firsts: dict[str, tuple[list[str], Callable[[], PlanResult | None]]] = {}
+
+    def seen(self, part: list[Tensor], name: str | None, graph_only: bool) -> "_Twin | None":
+        """The part's twin record: `earlier` set when a part of its structure was planned the
+        same way (`graph_only`: a region's graph points alone, else a part between regions);
+        None when its structure cannot be described (planned as always)."""
+        try:
+            key, names = signature(part, name)
+        except UnknownNode:
+            return None
+        key = f"{'graph' if graph_only else 'part'}\n{key}"
+        return _Twin(self, key, names, self.firsts.get(key))
+
+
+class _Twin:
+    def __init__(self, twins: _Twins, key: str, names: list[str],
+                 first: tuple[list[str], Callable[[], PlanResult | None]] | None) -> None:
+        self.twins, self.key, self.names = twins, key, names
+        self.earlier = first[1] if first is not None else None
+        self.earlier_names = first[0] if first is not None else []
+
+    def planned(self, result: Callable[[], PlanResult | None]) -> None:
+        """This part was planned (the first of its structure): `result` gives its planning."""
+        self.twins.firsts.setdefault(self.key, (self.names, result))
+
+    def renamed(self) -> tuple[Plan, Any] | None:
+        """The earlier part's plan and module with its names replaced by this part's, or None when
+        the renaming is not one to one or meets a node it does not know."""
+        assert self.earlier is not None
+        first = self.earlier()
+        assert first is not None and first.schedule is not None
+        try:
+            renaming = PartRenaming(self.earlier_names, self.names)
+            plan = renaming.plan(first.plan)
+            module = renaming.module(first.schedule.mod)
+        except (NameClash, UnknownNode):
+            return None
+        group = first.group
+        if group is not None:
+            group = replace(group, kernels=tuple(renaming.kernel(k) for k in group.kernels))
+        self.twins.taken[id(module)] = replace(
+            first, plan=plan, kernels=[replace(kp, kernel=renaming.kernel(kp.kernel)) for kp in first.kernels],
+            group=group, schedule=None, program=None, search_seconds=0.0, realize_seconds=0.0)
+        return plan, module
+
+    def renamed_later(self, plan_itself: Callable[[], Callable[[], tuple[Plan, Any]]]
+                      ) -> Callable[[], tuple[Plan, Any]]:
+        """`renamed` once the earlier part settled (a per-kernel part: realize.deferring); the
+        part planned itself (`plan_itself`) when the renaming refuses."""
+        def settled() -> tuple[Plan, Any]:
+            found = self.renamed()
+            return found if found is not None else plan_itself()()
+        return settled
 
 
 def _group_ranking(program: Program, group: GroupPlan | None) -> GroupRanking:
