@@ -53,13 +53,13 @@ from ..ir.errors import ScheduleError, ShapeError
 from ..ir.target import Target
 from ..ir.tensor import Tensor
 from ..passes.default_schedule import DEFAULT_THREADS
-from .cost.analysis import KernelInfo
+from . import options as knobs
 from .candidate import Candidate, CompileCheck
+from .cost.analysis import KernelInfo
 from .cost.model import DEFAULT_PARAMETERS, CostParameters, predict
+from .part_twins import NameClash, PartRenaming, UnknownNode, signature
 from .plan import Plan, Step
 from .program import Program, resolve_target
-from . import options as knobs
-from .part_twins import NameClash, PartRenaming, UnknownNode, signature
 from .realize import FAILURES_PER_STRATEGY, deferring, realize_later
 from .rankings import ACTIVE, GroupRanking, Ranking, Rankings, context_key, group_key, ranking_key, shared_rankings
 from .strategies.registry import GraphStrategy, Strategy, graph_strategies, strategies
@@ -434,6 +434,9 @@ class _Twins:
 
 
 class _Twin:
+    """One part as `_Twins` saw it: its structure's key and names, and the earlier part of that
+    structure (`earlier`: its planning, once settled; None for the first)."""
+
     def __init__(self, twins: _Twins, key: str, names: list[str],
                  first: tuple[list[str], Callable[[], PlanResult | None]] | None) -> None:
         self.twins, self.key, self.names = twins, key, names

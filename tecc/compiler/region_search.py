@@ -79,8 +79,12 @@ class _Stages:
     """The program's stages (computes that lowering does not inline) and which stages each reads,
     through the computes inlined into it."""
 
-    def __init__(self, args: Sequence[Tensor], stored: frozenset[Tensor] = frozenset()) -> None:
-        prog = choose_inlined(collect_program(args), epilogues=True)
+    def __init__(self, args: Sequence[Tensor], stored: frozenset[Tensor] = frozenset(),
+                 chosen: Program | None = None) -> None:
+        # `chosen`: the program's inlining, when an earlier _Stages of the same args found it (a
+        # model's whole graph: found once, not again for the stored views)
+        self.chosen = chosen if chosen is not None else choose_inlined(collect_program(args), epilogues=True)
+        prog = self.chosen
         # `stored`: views that a region reads as its operands, made stages (_operand_views)
         self.prog: Program = Program(prog.args, prog.graph, prog.order, prog.inlined - stored)
         self.outputs = {id(a) for a in args}
@@ -162,12 +166,15 @@ def _grow(st: _Stages, seed: Tensor, row_group: bool, claimed: set[int]) -> set[
     assert red is not None
     keys = red[0].axes[0].extent
     members = {id(seed)}
+    # every condition below needs a member that reads the stage or that it reads: the others are
+    # passed over without asking them (a model's graph has ~1000 stages, a region a few)
+    near = st.reads[id(seed)] | st.readers[id(seed)]
     changed = True
     while changed:
         changed = False
         for t in st.order:
             k = id(t)
-            if k in members or k in claimed:
+            if k not in near or k in members or k in claimed:
                 continue
             reds = st.reduces(t)
             reads_rows = any(_spans(st.tensor(r), rows, 0) for r in st.reads[k] & members)
@@ -178,6 +185,7 @@ def _grow(st: _Stages, seed: Tensor, row_group: bool, claimed: set[int]) -> set[
                         and _spans(t, rows, 1) and t.shape[-1] is keys)
             if forward or backward or _sibling(st, t, rows, keys, members):
                 members.add(k)
+                near |= st.reads[k] | st.readers[k]
                 changed = True
     return _without_cycles(st, seed, members)
 
@@ -452,7 +460,7 @@ def propose(args: Sequence[Tensor], graph_level: GraphLevel, per_kernel: PerKern
     st = _Stages(args)
     views = _operand_views(st)
     if views:
-        st = _Stages(args, views)
+        st = _Stages(args, views, st.chosen)
     if len(st.order) < 2:
         return None
     found = _find_regions(st, graph_level)
