@@ -52,7 +52,7 @@ from ..ir.expr import Binary, Call, Expr, Reduce, TensorRead, free_vars, substit
 from ..ir.scatter import ScatterOp
 from ..ir.stmt import Module
 from ..ir.tensor import ComputeOp, Tensor
-from ..passes.lower import Program, choose_inlined, collect_program, same_shape
+from ..passes.lower import Program, choose_inlined, collect_program, reached as _reached, same_shape
 from ..passes.rewrite.split_reduce import merged_axes
 from . import regions
 from .plan import Plan, Step
@@ -289,7 +289,11 @@ def _grow_backward(st: _Stages, probs: Tensor, claimed: set[int]) -> set[int]:
     stages only members read that span the rows or the rows and one axis (Δ, dP)."""
     rows = probs.shape[:-1]
     memo: dict[int, bool] = {}
-    members = {id(t) for t in st.order if id(t) not in claimed and (t is probs or _sees(st, t, probs, memo))}
+    # only the stages the program's graph reaches from `probs` through inlined computes can read
+    # it: the others are not walked (a model's graph has ~1000 stages, an attention backward ~10)
+    near = {id(probs)} | {id(s) for s in _reached(st.prog.graph.successors, probs, st.prog.inlined.__contains__)}
+    members = {id(t) for t in st.order
+               if id(t) in near and id(t) not in claimed and (t is probs or _sees(st, t, probs, memo))}
     changed = bool(members)
     while changed:
         changed = False

@@ -245,10 +245,10 @@ def _reads_statistics(prog: Program, t: Tensor, elementwise: set[Tensor]) -> boo
     """Whether t reads, directly or through elementwise computes, a reduction of fewer elements."""
     size = const_product(t.shape)
     return any(isinstance(s.op, ComputeOp) and s.op.reductions and (size is None or const_product(s.shape) != size)
-               for s in _beyond(prog.graph.predecessors, t, elementwise.__contains__))
+               for s in reached(prog.graph.predecessors, t, elementwise.__contains__))
 
 
-def _beyond(neighbours: Callable[[Tensor], Iterable[Tensor]], t: Tensor,
+def reached(neighbours: Callable[[Tensor], Iterable[Tensor]], t: Tensor,
             through: Callable[[Tensor], bool]) -> Iterator[Tensor]:
     """The tensors reached from t along `neighbours` (the program graph's predecessors or
     successors), passing through the tensors `through` accepts to the first one it does not,
@@ -281,7 +281,7 @@ def _reaches_contraction(prog: Program, t: Tensor, elementwise: set[Tensor], vie
         return s in elementwise and (not views_only or (_plain(s) and not _narrowing_copy(s)))
 
     return any(_sums_products(s) and (not views_only or _multiplies_two_tensors(s))
-               for s in _beyond(prog.graph.successors, t, through))
+               for s in reached(prog.graph.successors, t, through))
 
 
 def _multiplies_two_tensors(t: Tensor) -> bool:
@@ -353,10 +353,10 @@ def epilogue_consumer(prog: Program, t: Tensor, inlined: frozenset[Tensor],
         return None
     if isinstance(op, ScatterOp):
         return None
-    reached = _stages_reached(prog, t, inlined)
-    if len(reached) != 1:
+    readers = _stages_reached(prog, t, inlined)
+    if len(readers) != 1:
         return None
-    d = reached[0]
+    d = readers[0]
     dop = d.op
     if d in inlined or not isinstance(dop, ComputeOp) or dop.reductions or not same_shape(d.shape, t.shape):
         return None
@@ -368,7 +368,7 @@ def epilogue_consumer(prog: Program, t: Tensor, inlined: frozenset[Tensor],
 
 def _stages_reached(prog: Program, t: Tensor, inlined: frozenset[Tensor]) -> list[Tensor]:
     """The stages that read `t`, directly or through inlined computes."""
-    return list(_beyond(prog.graph.successors, t, inlined.__contains__))
+    return list(reached(prog.graph.successors, t, inlined.__contains__))
 
 
 def _reads_through(e: Expr, t: Tensor, inlined: frozenset[Tensor], found: list[tuple[Expr, ...]]
@@ -648,5 +648,6 @@ def exprs_of(body: Stmt) -> list[Expr]:
     return out
 
 
-__all__ = ["COMBINE", "Inliner", "Program", "buffer_for", "choose_inlined", "collect_program", "epilogue_consumer",
-           "epilogue_reductions", "exprs_of", "global_buffers", "kernel_params", "lower", "narrowed_operands", "scalar_vars", "unflatten"]
+__all__ = ["COMBINE", "Inliner", "Program", "buffer_for", "choose_inlined", "collect_program",
+           "epilogue_consumer", "epilogue_reductions", "exprs_of", "global_buffers", "kernel_params", "lower",
+           "narrowed_operands", "reached", "scalar_vars", "unflatten"]
