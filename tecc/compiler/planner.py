@@ -404,7 +404,7 @@ def _in_regions(program: Program, params: CostParameters, compile_check: Compile
         # each part's compile checks compile while the next parts are planned (realize.deferring)
         with deferring():
             composed = region_search.propose(program.args, graph_level, per_kernel, program.module.name,
-                                             DEFAULT_THREADS)
+                                             DEFAULT_THREADS, program.inlining())
     except ShapeError:
         return None
     if composed is None:

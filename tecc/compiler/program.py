@@ -24,10 +24,14 @@ from ..ir.stmt import Module
 from ..ir.target import Target, from_device
 from ..ir.target import target as target_of
 from ..ir.tensor import Tensor
-from ..passes.lower import collect_program, lower
+from ..passes.lower import Program as LoweredProgram
+from ..passes.lower import collect_program, inlining, lower
 from .cost.analysis import KernelInfo, analyze_kernel
 
 T = TypeVar("T")
+
+# Program.memo's key of the lowering's inlining (`Program.inlining`)
+INLINING = "lower/inlining"
 
 # What the planner ranks for when neither the build nor the environment names an arch and no
 # device answers: the reference part of the newest architecture tecc has tables for.
@@ -93,7 +97,10 @@ class Program:
         """Lower `tensors` (the only lowering of a build) and resolve the target."""
         tgt = resolve_target(target)
         args = tuple(tensors)
-        return cls(args, name, lower(list(args), name), tgt, dict(sizes or {}), compile_arch or tgt.arch)
+        chosen = inlining(list(args))
+        program = cls(args, name, lower(list(args), name, chosen), tgt, dict(sizes or {}), compile_arch or tgt.arch)
+        program._memo[INLINING] = chosen
+        return program
 
     @property
     def args(self) -> list[Tensor]:
@@ -108,6 +115,11 @@ class Program:
         """Whether a stage of the program is a scatter (tc.scatter_add: a ScatterOp)."""
         return self.memo("program/scatters", lambda: any(isinstance(t.op, ScatterOp)
                                                            for t in collect_program(self.args).order))
+
+    def inlining(self) -> LoweredProgram:
+        """The tensor program with the computes its lowering inlined chosen (passes/lower.py
+        `inlining`), as the lowering found it: the region search reads the same stages."""
+        return self.memo(INLINING, lambda: inlining(self.args))
 
     def info(self, kernel: str) -> KernelInfo:
         """analyze_kernel of the lowered kernel `kernel` at the program's sizes (computed once)."""

@@ -457,11 +457,11 @@ def _parts(st: _Stages, found: list[tuple[set[int], Plan, Module]],
 
 
 def propose(args: Sequence[Tensor], graph_level: GraphLevel, per_kernel: PerKernel, name: str,
-            threads: int) -> Composed | None:
+            threads: int, chosen: Program | None = None) -> Composed | None:
     """The program planned in parts (module docstring), or None when no graph strategy takes a
     part of it, or one takes all of it. `name`: the composed module's (the program's lowered
-    module's name)."""
-    st = _Stages(args)
+    module's name); `chosen`: the program's inlining as its lowering found it (lower.inlining)."""
+    st = _Stages(args, chosen=chosen)
     views = _operand_views(st)
     if views:
         st = _Stages(args, views, st.chosen)

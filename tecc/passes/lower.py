@@ -549,9 +549,15 @@ def signature(prog: Program) -> Signature:
     return Signature(buffers, scalars, names)
 
 
-def lower(args: Sequence[Tensor], name: str | None = None) -> Module:
-    """Lower the program whose signature is `args` to a module of naive (serial) kernels."""
-    prog = choose_inlined(collect_program(args), epilogues=True)
+def inlining(args: Sequence[Tensor]) -> Program:
+    """The program `args` with the computes `lower` inlines chosen (its stages: the kernels)."""
+    return choose_inlined(collect_program(args), epilogues=True)
+
+
+def lower(args: Sequence[Tensor], name: str | None = None, chosen: Program | None = None) -> Module:
+    """Lower the program whose signature is `args` to a module of naive (serial) kernels.
+    `chosen`: its `inlining`, when the caller has it."""
+    prog = chosen if chosen is not None else inlining(args)
     sig = signature(prog)
     buffers, scalars, names, unique = dict(sig.buffers), sig.scalars, sig.names, sig.unique
     temps: list[Buffer] = []
@@ -649,5 +655,5 @@ def exprs_of(body: Stmt) -> list[Expr]:
 
 
 __all__ = ["COMBINE", "Inliner", "Program", "buffer_for", "choose_inlined", "collect_program",
-           "epilogue_consumer", "epilogue_reductions", "exprs_of", "global_buffers", "kernel_params", "lower",
+           "epilogue_consumer", "epilogue_reductions", "exprs_of", "global_buffers", "inlining", "kernel_params", "lower",
            "narrowed_operands", "reached", "scalar_vars", "unflatten"]
