@@ -93,9 +93,14 @@ _RESERVED = frozenset("""
 """.split()) | frozenset(philox.HELPER_NAMES + ("uint2", "uint4", "make_uint2", "make_uint4", "__umulhi"))
 
 
+def _c_characters(name: str) -> str:
+    """`name` with every character C does not take in an identifier replaced by `_`."""
+    return re.sub(r"[^0-9A-Za-z_]", "_", name)
+
+
 def sanitize(name: str) -> str:
     """A C identifier for an IR name: `A.shared` -> `A_shared`; keywords get a trailing `_`."""
-    text = re.sub(r"[^0-9A-Za-z_]", "_", name) or "v"
+    text = _c_characters(name) or "v"
     if text[0].isdigit():
         text = "_" + text
     return text + "_" if text in _RESERVED else text
@@ -105,7 +110,7 @@ def written_as(name: str) -> str | None:
     """The identifier `sanitize` writes for `name` when it only replaces characters C does not
     take (`A.shared` -> `A_shared`); None when it adds one (a keyword or built-in: `max_`), since
     an identifier derived from the name (`max_acc`) then is not the written name extended."""
-    text = re.sub(r"[^0-9A-Za-z_]", "_", name)
+    text = _c_characters(name)
     return text if text and sanitize(name) == text else None
 
 

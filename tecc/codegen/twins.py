@@ -107,7 +107,8 @@ class Templates:
                  fixed: frozenset[str]) -> None:
         self.emit, self.written, self.fixed = emit, written, fixed
         self.texts: dict[str, str | None] = {}   # a structure -> its text with placeholders (None: not writable so)
-        self.firsts: dict[str, PrimFunc] = {}    # a structure -> its first kernel (emitted from its IR)
+        # a structure -> its first kernel (emitted from its IR) and that kernel's names
+        self.firsts: dict[str, tuple[PrimFunc, list[str]]] = {}
 
     def text(self, func: PrimFunc) -> str | None:
         """The kernel's CUDA C from its structure's text, or None (emit it from its IR: the first
@@ -116,23 +117,25 @@ class Templates:
             key, names = kernel_structure(func)
         except UnknownNode:
             return None
-        spelled = [self.written(n) for n in names]
-        if any(w is None for w in spelled):
-            return None
+        images: dict[str, str] = {}
+        for n, name in enumerate(names):
+            spelled = self.written(name)
+            if spelled is None:
+                return None
+            images[f"{self.PLACEHOLDER}{n}"] = spelled
         if key not in self.texts:
-            first = self.firsts.setdefault(key, func)
+            first, first_names = self.firsts.setdefault(key, (func, names))
             if first is func:
                 return None
-            self.texts[key] = self._template(first)
+            self.texts[key] = self._template(first, first_names)
         template = self.texts[key]
         if template is None:
             return None
-        return renamed(template, {f"{self.PLACEHOLDER}{n}": w for n, w in enumerate(spelled) if w is not None},
-                       self.fixed)
+        return renamed(template, images, self.fixed)
 
-    def _template(self, func: PrimFunc) -> str | None:
-        """The kernel's text with its names replaced by placeholders (None: not one to one)."""
-        _, names = kernel_structure(func)
+    def _template(self, func: PrimFunc, names: list[str]) -> str | None:
+        """The kernel's text with its names (`kernel_structure`'s, in order) replaced by
+        placeholders (None: not one to one)."""
         try:
             generic = IRRenaming(Renaming({name: f"{self.PLACEHOLDER}{n}" for n, name in enumerate(names)})).kernel(func)
         except (NameClash, UnknownNode):

@@ -44,6 +44,7 @@ the rankings for `explain`.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -383,14 +384,12 @@ def _in_regions(program: Program, params: CostParameters, compile_check: Compile
 
     def per_kernel_planned(part: list[Tensor], name: str, known: "_Twin | None") -> Callable[[], tuple[Plan, Any]]:
         later = _plan_later(part_program(part, name), params, None, 8, compile_check, True, False, graph_only=False)
-        settled_result: list[PlanResult] = []
 
-        def result() -> PlanResult:
-            if not settled_result:
-                found = later()
-                assert found is not None
-                settled_result.append(found)
-            return settled_result[0]
+        @functools.cache
+        def result() -> PlanResult:   # (once: the part's settle and its later twins' ask for it)
+            found = later()
+            assert found is not None
+            return found
 
         def settled() -> tuple[Plan, Any]:
             found = result()

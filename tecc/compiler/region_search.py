@@ -52,7 +52,7 @@ from ..ir.expr import Binary, Call, Expr, Reduce, TensorRead, free_vars, substit
 from ..ir.scatter import ScatterOp
 from ..ir.stmt import Module
 from ..ir.tensor import ComputeOp, Tensor
-from ..passes.lower import Program, choose_inlined, collect_program, reached as _reached, same_shape
+from ..passes.lower import Program, inlining, reached as _reached, same_shape
 from ..passes.rewrite.split_reduce import merged_axes
 from . import regions
 from .plan import Plan, Step
@@ -83,7 +83,7 @@ class _Stages:
                  chosen: Program | None = None) -> None:
         # `chosen`: the program's inlining, when an earlier _Stages of the same args found it (a
         # model's whole graph: found once, not again for the stored views)
-        self.chosen = chosen if chosen is not None else choose_inlined(collect_program(args), epilogues=True)
+        self.chosen = chosen if chosen is not None else inlining(args)
         prog = self.chosen
         # `stored`: views that a region reads as its operands, made stages (_operand_views)
         self.prog: Program = Program(prog.args, prog.graph, prog.order, prog.inlined - stored)

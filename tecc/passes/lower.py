@@ -321,7 +321,7 @@ def epilogue_reductions(prog: Program, inlined: frozenset[Tensor]) -> set[Tensor
     inlined) is neither of them to the strategies (no GEMM takes two contractions, no scatter
     strategy a contraction), so it would fall to the thread-per-output reduction."""
     taken: dict[int, Tensor] = {}
-    outputs = frozenset(id(a) for a in prog.args)   # (once, not per stage: a model's graph has ~1000 of each)
+    outputs = frozenset(id(a) for a in prog.args)
     for t in prog.order:
         d = epilogue_consumer(prog, t, inlined, outputs)
         if d is not None and id(d) not in taken:
@@ -329,8 +329,7 @@ def epilogue_reductions(prog: Program, inlined: frozenset[Tensor]) -> set[Tensor
     return set(taken.values())
 
 
-def epilogue_consumer(prog: Program, t: Tensor, inlined: frozenset[Tensor],
-                      outputs: frozenset[int] | None = None) -> Tensor | None:
+def epilogue_consumer(prog: Program, t: Tensor, inlined: frozenset[Tensor], outputs: frozenset[int]) -> Tensor | None:
     """The consumer D of reduction stage `t` into which `t` is inlined, or None.
 
     Inlining saves bytes exactly when it moves no work: D is a stage (an output, or a compute kept
@@ -345,9 +344,7 @@ def epilogue_consumer(prog: Program, t: Tensor, inlined: frozenset[Tensor],
     atomic realization (`scatter_atomic`) adds each position once, while inlined it is the
     gather-wise form, which searches every position for every output element (GPT-2's tied
     embedding gradient `mm + embedding_dense_backward`: 50257 x 768 outputs x 8192 positions).
-    `outputs`: the ids of `prog.args`, when the caller has them."""
-    if outputs is None:
-        outputs = frozenset(id(a) for a in prog.args)
+    `outputs`: the ids of `prog.args` (made once by the caller, not per stage)."""
     op = t.op
     if id(t) in outputs or not isinstance(op, ComputeOp) or not op.reductions or t in inlined:
         return None
