@@ -11,7 +11,7 @@ the backward (`g.args`: the pre-pass, the key-block-major kernel with dQ by floa
 conversion), with B and S symbolic so that each (d, causal, groups) compiles once; runs them on
 fresh random inputs, checks dQ, dK, dV against a float64 SDPA backward on the first query heads
 (|err| / (1 + |want|)), and times the backward with CUDA events (median) against SDPA's flash and
-cuDNN backward (`out.backward(dO, retain_graph=True)` after a forward under that backend; grouped
+cuDNN backward (`torch.autograd.grad(out, (Q, K, V), dO)` after a forward under that backend; grouped
 K/V heads with enable_gqa where the backend takes it, else expanded, which the row says). TFLOP/s
 counts 2.5x the forward's FLOPs (4·B·H·S²·d, halved when causal), as FlashAttention's benchmarks;
 `ratio` is the fastest SDPA backend's time over tecc's (> 1: tecc faster). B = 16384 / S and
@@ -25,7 +25,9 @@ the d = 128 Hopper form the planner passes over.
 inputs and SDPA's times shared). `--gpt2`: only GPT-2's shape (B = 8, H = 12, S = 1024, d = 64; causal, then not), bfloat16
 unless --dtype says otherwise; the full grid also ends with its causal row. `--kernels`: each
 kernel's own time (CUPTI, torch.profiler) of tecc's backward and of both SDPA backends', so the
-pre-pass, the key-block-major kernel and the conversion are seen apart. The run ends with the
+pre-pass, the key-block-major kernel and the conversion are seen apart, and the kernel-time ratio
+(the fastest SDPA backend's kernels over tecc's: the GPU's time without the host's, which in a
+model's step overlaps the kernels; with --variant, each variant's too). The run ends with the
 rows as a Markdown table to paste into benchmarks/RESULTS.md.
 """
 
@@ -89,8 +91,10 @@ def attention_grad(h: int, d: int, dtype: str, causal: bool, groups: int) -> Any
 
 def sdpa_backward_times(q: Any, k: Any, v: Any, do: Any, causal: bool, reps: int) -> dict[str, float]:
     """Each SDPA backend's backward time: a forward under the backend with grad, then
-    `out.backward(do, retain_graph=True)` timed (grouped K/V with enable_gqa where taken, else
-    expanded to the query heads: then autograd also sums dK, dV over the groups)."""
+    `torch.autograd.grad(out, (q, k, v), do, retain_graph=True)` timed -- the gradients returned,
+    not added into `.grad` (`out.backward` would time three extra add kernels per call after the
+    first; grouped K/V with enable_gqa where taken, else expanded to the query heads: then
+    autograd also sums dK, dV over the groups)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
@@ -107,17 +111,15 @@ def sdpa_backward_times(q: Any, k: Any, v: Any, do: Any, causal: bool, reps: int
                         o = sdpa(qq, kk, vv, is_causal=causal, **kw)
                     else:
                         o = sdpa(qq, kk.repeat_interleave(groups, 1), vv.repeat_interleave(groups, 1), is_causal=causal)
-                    o.backward(do, retain_graph=True)
+                    torch.autograd.grad(o, (qq, kk, vv), do, retain_graph=True)
                     torch.cuda.synchronize()
-                    out[name] = time_call(lambda: o.backward(do, retain_graph=True), reps)
+                    out[name] = time_call(lambda: torch.autograd.grad(o, (qq, kk, vv), do, retain_graph=True), reps)
                 if groups > 1 and not kw:
                     print(f"  SDPA {name}: K/V expanded to {q.shape[1]} heads (no enable_gqa)", flush=True)
                 break
             except Exception as exc:  # noqa: BLE001 - a backend torch does not offer for this shape
                 print(f"  SDPA {name} backward unavailable{' with enable_gqa' if kw else ''}: {type(exc).__name__}: "
                       f"{str(exc)[:120]}", flush=True)
-        for t in (qq, kk, vv):
-            t.grad = None
     return out
 
 
@@ -135,9 +137,12 @@ def reference_error(q: Any, k: Any, v: Any, do: Any, grads: list[Any], causal: b
     return max(float(((g.double() - w.grad).abs() / (1 + w.grad.abs())).max()) for g, w in zip(got, (qq, kk, vv)))
 
 
-def print_kernel_times(tecc_call: Any, q: Any, k: Any, v: Any, do: Any, causal: bool, label: str, reps: int = 10) -> None:
+def print_kernel_times(tecc_call: Any, q: Any, k: Any, v: Any, do: Any, causal: bool, label: str,
+                       reps: int = 10) -> dict[str, float]:
     """Each kernel's mean time per call (CUPTI through torch.profiler) of tecc's backward and of
-    each SDPA backend's (forward under the backend, then the backward alone profiled)."""
+    each SDPA backend's (forward under the backend, then the backward alone profiled, its
+    gradients returned as in `sdpa_backward_times`). Returns each one's kernel time per call (us)
+    by name ("tecc", "SDPA flash", "SDPA cudnn"): the GPU's busy time, without the host's."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
@@ -152,14 +157,20 @@ def print_kernel_times(tecc_call: Any, q: Any, k: Any, v: Any, do: Any, causal: 
         try:
             with sdpa_kernel([backend]):
                 o = sdpa(qq, kk, vv, is_causal=causal)
-            calls.append((f"SDPA {name}", lambda o=o: o.backward(do, retain_graph=True)))
+            calls.append((f"SDPA {name}", lambda o=o: torch.autograd.grad(o, (qq, kk, vv), do, retain_graph=True)))
         except Exception as exc:  # noqa: BLE001 - a backend torch does not offer for this shape
             print(f"  SDPA {name} unavailable: {type(exc).__name__}", flush=True)
+    sums = {}
     for name, fn in calls:
         rows = per_kernel(fn)
-        print(f"  kernels of {name} backward ({label}, causal={causal}): {sum(t for t, _ in rows):.1f} us per call", flush=True)
+        sums[name] = sum(t for t, _ in rows)
+        print(f"  kernels of {name} backward ({label}, causal={causal}): {sums[name]:.1f} us per call", flush=True)
         for t, n in rows:
             print(f"    {t:9.1f} us  {n[:110]}", flush=True)
+    refs = [t for n, t in sums.items() if n != "tecc"]
+    if refs and sums.get("tecc"):
+        print(f"  kernel-time ratio (the fastest SDPA backend's kernels / tecc's): {min(refs) / sums['tecc']:.3f}", flush=True)
+    return sums
 
 
 def markdown_rows(rows: list[dict[str, Any]]) -> str:
@@ -219,8 +230,10 @@ def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int, tiling: tup
     refs = sdpa_backward_times(q, k, v, do, causal, reps)
     best = min(refs.values()) if refs else float("nan")
     plan = bwd.plan.steps[0].args if bwd.plan.steps else {}
+    kernel_us = {}
     if kernels:
-        print_kernel_times(lambda: bwd(q, k, v, o, lse, do, *grads), q, k, v, do, causal, f"B{b} H{h} S{s} d{d}")
+        kernel_us = print_kernel_times(lambda: bwd(q, k, v, o, lse, do, *grads), q, k, v, do, causal,
+                                       f"B{b} H{h} S{s} d{d}")
     timed = []
     for variant in variants or []:   # other steps on the same inputs, against the same SDPA times
         try:
@@ -231,6 +244,13 @@ def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int, tiling: tup
             t = time_call(lambda: other(q, k, v, o, lse, do, *out), reps)
             timed.append({"step": variant, "us": t * 1e6, "ratio": best / t,
                           "rel_err": reference_error(q, k, v, do, out, causal, groups)})
+            if kernels:   # the variant's own kernels (its kernel-time ratio against the same SDPA sums)
+                rows_v = sorted(((sum(d) / 10, n) for n, d in kernel_durations(
+                    lambda: other(q, k, v, o, lse, do, *out), 10, warmup=3).items()), reverse=True)
+                timed[-1]["kernel_us"] = sum(x for x, _ in rows_v)
+                refs_k = [x for n, x in kernel_us.items() if n != "tecc"]
+                print(f"  variant {json.dumps(variant)} kernels: " + ", ".join(f"{n[:48]} {x:.1f}" for x, n in rows_v)
+                      + (f"; kernel-time ratio {min(refs_k) / timed[-1]['kernel_us']:.3f}" if refs_k else ""), flush=True)
         except Exception as exc:  # noqa: BLE001 - report and go on
             timed.append({"step": variant, "error": f"{type(exc).__name__}: {exc}"[:300]})
         print(f"  variant {json.dumps(variant)}: " + (f"{timed[-1]['us']:.1f} us, ratio {timed[-1]['ratio']:.3f}, "
@@ -239,7 +259,8 @@ def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int, tiling: tup
     return {"variants": timed, "S": s, "d": d, "B": b, "H": h, "H_kv": h // groups, "dtype": dtype, "causal": causal, "rel_err": err,
             "tecc_us": t_tecc * 1e6, "tecc_tflops": flops / t_tecc / 1e12, "tecc_forward_us": t_fwd * 1e6,
             **{f"sdpa_{n}_us": t * 1e6 for n, t in refs.items()}, "ratio": best / t_tecc,
-            "kernels": len(bwd.module.kernels), "plan": f"{bwd.plan.strategy} {dict(plan)}", "build_s": build_s}
+            "kernels": len(bwd.module.kernels), "plan": f"{bwd.plan.strategy} {dict(plan)}", "build_s": build_s,
+            "kernel_us": kernel_us}
 
 
 def main() -> None:

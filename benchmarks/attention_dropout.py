@@ -126,13 +126,12 @@ def sdpa_dropout_times(q: Any, k: Any, v: Any, do: Any, causal: bool, p: float, 
                     torch.cuda.synchronize()
                     out[f"{name}_fwd"] = time_call(lambda: sdpa(q, k, v, is_causal=causal, dropout_p=p), reps)
                 o = sdpa(qq, kk, vv, is_causal=causal, dropout_p=p)
-                o.backward(do, retain_graph=True)
+                # the gradients returned, not added into .grad (that would time three adds per call)
+                torch.autograd.grad(o, (qq, kk, vv), do, retain_graph=True)
                 torch.cuda.synchronize()
-                out[f"{name}_bwd"] = time_call(lambda: o.backward(do, retain_graph=True), reps)
+                out[f"{name}_bwd"] = time_call(lambda: torch.autograd.grad(o, (qq, kk, vv), do, retain_graph=True), reps)
         except Exception as exc:  # noqa: BLE001 - a backend without dropout for this shape
             print(f"  SDPA {name} with dropout_p={p} unavailable: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
-        for t in (qq, kk, vv):
-            t.grad = None
     return out
 
 

@@ -177,12 +177,15 @@ WGMMA_PLANS = {
     "atomic_2wg": {"key_tile": 128, "rows": 64, "dq_columns": 32, "wgmma": True},
     "atomic_1wg": {"key_tile": 64, "rows": 64, "dq_columns": 32, "wgmma": True},
     "kernel": {"key_tile": 128, "rows": 32, "dq": "kernel", "dq_rows": 128, "dq_key_tile": 64, "wgmma": True},
+    # one warpgroup per block in both kernels: the first form tried on sm_90 at d <= 64
+    "narrow": {"key_tile": 64, "rows": 64, "dq": "kernel", "dq_rows": 64, "dq_key_tile": 64, "wgmma": True},
 }
 
 
 @pytest.mark.parametrize("case,form", [("causal_odd", "atomic_2wg"), ("grouped_4_bf16", "atomic_1wg"),
                                        ("bias_causal", "kernel"), ("decode_like", "kernel"),
-                                       ("bottom_right", "atomic_2wg"), ("mask_tensor", "kernel")])
+                                       ("bottom_right", "atomic_2wg"), ("mask_tensor", "kernel"),
+                                       ("causal_odd", "narrow"), ("grouped_4_bf16", "narrow")])
 def test_hopper_form_matches_float64_numpy(case, form):
     """The wgmma kernels (online_backward_wgmma): a warpgroup per 64 keys (and per 64 query rows
     in the query-major dQ kernel), the same elementwise stage, in the emulator."""

@@ -57,7 +57,9 @@ def backward_tilings(widest: int, wgmma: bool = False) -> tuple[dict[str, Any], 
     blocks of 64). `wgmma` (sm_90) adds the Hopper forms (online_backward_wgmma: a warpgroup per
     64 keys, and per 64 query rows in the query-major kernel): 128 x 64 with either dQ form, and
     128 x 32 with the query-major dQ (128 rows over 64-key blocks; at d = 128 the atomics' m64 dQ
-    tile does not fit beside the accumulators)."""
+    tile does not fit beside the accumulators); at d <= 64 also one warpgroup per block in both
+    kernels (64 x 64 with the query-major dQ of 64 rows over 64-key blocks, its query blocks in a
+    ring of 3 stages or 2) and 128 x 64 with that dQ kernel."""
     if widest > 64:
         tiles = ((128, 32), (64, 32), (64, 16), (128, 16))
     else:
@@ -66,6 +68,11 @@ def backward_tilings(widest: int, wgmma: bool = False) -> tuple[dict[str, Any], 
     kernel_dq = {"dq": "kernel", "dq_rows": 64, "dq_key_tile": 64}
     if wgmma:   # the query-major kernel on wgmma: two warpgroups of 64 rows over 64-key blocks
         wide = {"dq": "kernel", "dq_rows": 128, "dq_key_tile": 64}
+        if widest <= 64:   # one warpgroup per block in both kernels (SM90_MEASURED_FIRST)
+            narrow = {"dq": "kernel", "dq_rows": 64, "dq_key_tile": 64}
+            points.append({"key_tile": 64, "rows": 64, **narrow, "wgmma": True, "stages": 3})
+            points.append({"key_tile": 64, "rows": 64, **narrow, "wgmma": True})
+            points.append({"key_tile": 128, "rows": 64, **narrow, "wgmma": True})
         points.append({"key_tile": 128, "rows": 64, "dq_columns": 32, "wgmma": True})
         points.append({"key_tile": 128, "rows": 64, **wide, "wgmma": True})
         points.append({"key_tile": 128, "rows": 32, **wide, "wgmma": True})
@@ -143,6 +150,7 @@ def backward_workload(chain: BackwardChain, point: dict[str, Any], target: Targe
     flops = 2.0 * BN * BM * (depth + key_cols + side) * tiles
     row_bytes = sum(2 * BM * (const_int(b.shape[-1]) or 0) for b in _row_widths(chain))
     NQ = int(point.get("dq_columns", 32))
+    stages = int(point.get("stages", 2))
     regs = (registers or {}).get("main") or (BM // 2 * len(chain.contractions) + BM // 4 * len(chain.of_kind("key"))
                                              + key_cols // 2 + (NQ // 2 if side else 0) + 48)
     atomics = tiles * BM * side
@@ -151,8 +159,9 @@ def backward_workload(chain: BackwardChain, point: dict[str, Any], target: Targe
                                                               registers, sizes)
     return Workload(
         blocks=blocks, threads=2 * BN, registers={"ptxas" if registers else "fragments": regs},
-        # the key tiles once, the row tiles in a 2-stage ring, dS's [BN][BM] tile, lse and Δ per stage
-        smem_bytes=2 * BN * depth + 2 * row_bytes + (2 * BN * BM if side else 0) + 16 * BM, smem_opt_in=True,
+        # the key tiles once, the row tiles in a ring of `stages`, dS's [BN][BM] tile, lse and Δ per stage
+        smem_bytes=2 * BN * depth + stages * row_bytes + (2 * BN * BM if side else 0) + 8 * stages * BM,
+        smem_opt_in=True,
         flops=flops, tensor_flops=flops, tensor_rate=rate, special_ops=elements, fma_ops=elements * 6,
         # an atomic (red.global.add.f32: no reply) moves its 4 bytes to the L2 slice that adds it
         l2_bytes=tiles * (row_bytes + 8 * BM) + blocks * 2 * BN * depth + 4 * atomics,
@@ -203,7 +212,8 @@ def _label(point: dict[str, Any]) -> str:
     dq = (f"dQ by a query-major kernel {point['dq_rows']}x{point['dq_key_tile']}" if point.get("dq") == "kernel"
           else f"dQ by atomics ({point['dq_columns']} columns per unit)")
     guard = "" if point.get("whole_tiles", True) else ", every tile guarded"
-    return f"{'wgmma ' if point.get('wgmma') else ''}{point['key_tile']}x{point['rows']}, {dq}{guard}"
+    ring = f", {point['stages']}-stage ring of query blocks" if point.get("stages", 2) != 2 else ""
+    return f"{'wgmma ' if point.get('wgmma') else ''}{point['key_tile']}x{point['rows']}, {dq}{ring}{guard}"
 
 
 NEAR = 1.05   # points predicted within 5% of the best are ordered by their tensor term
@@ -221,9 +231,30 @@ MEASURED_ON_SM90 = {
 }
 
 
-def _sm90_preference(point: Point) -> tuple[int, int]:
-    """(0 for wgmma, else 1; 0 for the query-major dQ, else 1): `order`'s first keys on sm_90."""
-    return (0 if point.get("wgmma") else 1, 0 if point.get("dq") == "kernel" else 1)
+# Then, at d <= 64, one warpgroup per block in both kernels (64 keys; dQ's 64 rows over 64-key
+# blocks) with a 3-stage ring of query blocks, the same with 2 stages, then 128 keys with that dQ
+# kernel, each before the two-warpgroup dQ kernel (128 rows) of the table above. GPT-2's shape in
+# bf16 (B 8, H 12, S 1024, d 64), each kernel's time summed (CUPTI), us: causal 298.0 (128 x 64,
+# dQ 128 x 64: its key-major kernel 199.2, dQ 83.3) -> 284.7 (128 x 64, dQ 64 x 64: 199.5, 69.4)
+# -> 252.6 (64 x 64, dQ 64 x 64: 169.0, 67.9); not causal 385.4 -> 379.9 -> 380.8 (the key-major
+# kernel 271-272 at either width, dQ 98.3 -> 93.0-93.4). A warpgroup's block of ~163 registers
+# fits three to an SM where two warpgroups fit one; the causal key blocks of 64 also balance the
+# triangle better. The key-major kernel's ring at 2 / 3 / 4 stages (another run): 172.7 / 161.0 /
+# 194.2 causal, 273.1 / 267.4 / 322.0 not (the query-major kernel's, not a step argument, was
+# slower at 3: 69.6 -> 72.5).
+SM90_MEASURED_FIRST = (
+    {"key_tile": 64, "rows": 64, "dq": "kernel", "dq_rows": 64, "dq_key_tile": 64, "wgmma": True, "stages": 3},
+    {"key_tile": 64, "rows": 64, "dq": "kernel", "dq_rows": 64, "dq_key_tile": 64, "wgmma": True},
+    {"key_tile": 128, "rows": 64, "dq": "kernel", "dq_rows": 64, "dq_key_tile": 64, "wgmma": True},
+)
+
+
+def _sm90_preference(point: Point) -> tuple[int, int, int]:
+    """(0 for wgmma, else 1; 0 for the query-major dQ, else 1; the point's place in
+    SM90_MEASURED_FIRST, after it those not in it): `order`'s first keys on sm_90."""
+    bare = {k: v for k, v in point.items() if k != "whole_tiles"}
+    measured = next((i for i, p in enumerate(SM90_MEASURED_FIRST) if p == bare), len(SM90_MEASURED_FIRST))
+    return (0 if point.get("wgmma") else 1, 0 if point.get("dq") == "kernel" else 1, measured)
 
 
 def _chain(program: Program) -> BackwardChain | str:

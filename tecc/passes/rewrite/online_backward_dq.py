@@ -70,9 +70,10 @@ class QueryMajor(BackwardKernels):
         self.q0 = Var(self.unique("query0"), dt.int32)
         n_keys = self._key_blocks()
         stage = self.kt % STAGES
+        ahead = STAGES - 1   # key blocks in flight beyond the one computed
         step = seq(
-            *ring_step(STAGES - 1, self._publish(), self.kt + 1, n_keys, self._copy_keys((self.kt + 1) % STAGES,
-                                                                                         self.kt + 1)),
+            *ring_step(ahead, self._publish(), self.kt + ahead, n_keys, self._copy_keys((self.kt + ahead) % STAGES,
+                                                                                        self.kt + ahead)),
             self._contractions(stage),
             self._elementwise(stage),
             self._row_side(stage),
@@ -81,7 +82,8 @@ class QueryMajor(BackwardKernels):
             *(self.unrolled("acc_zero", o.columns // 2, lambda e, acc=self.accs[id(o.tensor)]:
                             BufferStore(acc, (e,), Const(0.0, dt.float32))) for o in self.outputs),
             self._copy_rows(),
-            *ring_fill(STAGES - 1, lambda _: IfThenElse(compare("<", zero, n_keys), self._copy_keys(zero, zero))),
+            *ring_fill(ahead, lambda s: IfThenElse(compare("<", Const(s, dt.int32), n_keys),
+                                                   self._copy_keys(Const(s, dt.int32), Const(s, dt.int32)))),
             For(self.kt, zero, n_keys, "serial", step),
             AsyncWait(0),
             self._epilogue(),

@@ -27,6 +27,7 @@ from ...ir.expr import (
     cast,
     compare,
     const_int,
+    logical_and,
     select,
     size_product,
     substitute,
@@ -61,6 +62,39 @@ Tiles = dict[tuple[int, tuple[int, ...]], tuple[Buffer, TensorRead]]
 def unflatten(flat: Expr, extents: tuple[Expr, ...]) -> tuple[Expr, ...]:
     """Row-major indices of `flat` over `extents` (the first index takes what is left)."""
     return head_indices(flat, extents) if extents else ()
+
+
+def prepass_vector(chain: BackwardChain) -> tuple[int, int]:
+    """(elements per load, lanes per row) of the pre-pass: 16 bytes of the narrowest-read row per
+    load where the summed extents divide by it (8 of a 16-bit row, 4 of a float32 one), and as many
+    lanes per row as one load each covers (a power of two up to the warp): d = 64 in bfloat16 is 8
+    lanes of 8 elements, four rows per warp. 1 element and 32 lanes where no width divides."""
+    extents: list[int] = []
+    width = 8
+    for stat in chain.statistics:
+        red = next((n for n in walk(stat.op.body) if isinstance(n, Reduce)), None)
+        extent = const_int(red.axes[0].extent) if red is not None else None
+        if extent is None:
+            return 1, 32
+        extents.append(extent)
+        for n in walk(red.source):
+            if isinstance(n, TensorRead):
+                width = min(width, max(16 // n.tensor.dtype.bytes, 1))
+    while width > 1 and any(e % width for e in extents):
+        width //= 2
+    lanes = 32
+    while lanes > 1 and extents and any(lanes * width > e for e in extents):
+        lanes //= 2
+    return width, lanes
+
+
+def _halvings(lanes: int) -> tuple[int, ...]:
+    """The shuffle distances that sum groups of `lanes` lanes (lanes/2, ..., 1)."""
+    out, m = [], lanes // 2
+    while m:
+        out.append(m)
+        m //= 2
+    return tuple(out)
 
 
 class BackwardKernels(TileStaging):
@@ -110,19 +144,26 @@ class BackwardKernels(TileStaging):
     # ---- the pre-pass: row statistics, accumulators zeroed ----------------------------------------
 
     def prepass_kernel(self) -> PrimFunc | None:
+        """One group of `lanes` lanes per forward row (`prepass_vector`): each lane reads `width`
+        consecutive elements of the row per step (one 16-byte load of a 16-bit row), the group's
+        partial sums meet by shuffles, and its first lane writes the statistic; the row-side
+        accumulators are zeroed by the same group."""
         chain = self.chain
         if not chain.statistics and not self.accumulators:
             return None
         u = self.unique
         zero = Const(0, dt.int32)
         rows = chain.rows
-        per_block = 4
+        warps = 4
+        width, lanes = prepass_vector(chain)
+        per_block = warps * (32 // lanes)
         bx, t = Var(u("row_block"), dt.int32), Var(u("thread"), dt.int32)
-        lane, flat = t % 32, bx * per_block + t // 32
+        lane, flat = t % lanes, bx * per_block + t // lanes
         total = size_product(rows)
+        inside = compare("<", flat, total)
         at = unflatten(flat, tuple(rows))
         lower = ExpressionLowering(self.buffers, u)
-        partial = Buffer(u("partial"), dt.float32, (Const(1, dt.int32),), "local")
+        partial = Buffer(u("partial"), dt.float32, (Const(width, dt.int32),), "local")
         body: list[Stmt] = []
         for stat in chain.statistics:
             op = stat.op
@@ -132,71 +173,92 @@ class BackwardKernels(TileStaging):
             extent = const_int(axis.extent)
             if extent is None:
                 raise ScheduleError(f"{WHERE}: the row statistic {stat.name} sums over a symbolic extent")
-            k = Var(u("k"), dt.int32)
-            col = lane + 32 * k
+            k, v = Var(u("k"), dt.int32), Var(u("v"), dt.int32)
+            col = k * (lanes * width) + lane * width + v
             src = substitute(red.source, {**dict(zip(op.axes, at)), axis: col})
             st, val = lower.value(src)
-            add = seq(*st, BufferStore(partial, (zero,), partial[zero] + cast(val, dt.float32)))
-            if extent % 32:
+            add: Stmt = seq(*st, BufferStore(partial, (v,), partial[v] + cast(val, dt.float32)))
+            if extent % (lanes * width):
                 add = IfThenElse(compare("<", col, extent), add)
+            vector = For(v, zero, Const(width, dt.int32), "unroll" if st or width == 1 else "vectorize", add)
+            total_sum: Expr = partial[zero]
+            for i in range(1, width):
+                total_sum = total_sum + partial[Const(i, dt.int32)]
+            # the shuffles outside the row guard: every lane of the warp takes part (a warp's last
+            # rows may lie past the end)
             shuffles = [BufferStore(partial, (zero,), partial[zero] + warp_shuffle("shfl_xor", partial[zero], m))
-                        for m in (16, 8, 4, 2, 1)]
+                        for m in _halvings(lanes)]
             # the reduction replaced before the row is substituted: substituting first would build a
             # new Reduce that the replacer does not find, and lane 0 would sum the row again alone
             value = substitute(SubexpressionReplacer({red: cast(partial[zero], red.dtype)}).visit(op.body),
                                dict(zip(op.axes, at)))
             st2, val2 = lower.value(value)
-            body.append(seq(BufferStore(partial, (zero,), Const(0.0, dt.float32)),
-                            For(k, zero, Const(-(-extent // 32), dt.int32), "unroll", add), *shuffles,
-                            IfThenElse(compare("==", lane, zero),
-                                       seq(*st2, BufferStore(self.buffers[stat], at, cast(val2, stat.dtype))))))
-        for o in self.row_side:
+            body += [For(v, zero, Const(width, dt.int32), "unroll", BufferStore(partial, (v,), Const(0.0, dt.float32))),
+                     IfThenElse(inside, For(k, zero, Const(-(-extent // (lanes * width)), dt.int32), "unroll", vector)),
+                     BufferStore(partial, (zero,), total_sum), *shuffles,
+                     IfThenElse(logical_and(inside, compare("==", lane, zero)),
+                                seq(*st2, BufferStore(self.buffers[stat], at, cast(val2, stat.dtype))))]
+        for o in self.row_side:   # 16-byte stores of zeros where the columns come in fours
             acc = self.accumulators[id(o.tensor)]
-            k = Var(u("k"), dt.int32)
-            col = lane + 32 * k
+            k, v = Var(u("k"), dt.int32), Var(u("v"), dt.int32)
+            four = 4 if o.columns % 4 == 0 else 1
+            col = k * (lanes * four) + lane * four + v
             zero_it: Stmt = BufferStore(acc, at + (col,), Const(0.0, dt.float32))
-            if o.columns % 32:
+            if o.columns % (lanes * four):
                 zero_it = IfThenElse(compare("<", col, o.columns), zero_it)
-            body.append(For(k, zero, Const(-(-o.columns // 32), dt.int32), "unroll", zero_it))
-        stmt: Stmt = IfThenElse(compare("<", flat, total), seq(*body))
+            steps = Const(-(-o.columns // (lanes * four)), dt.int32)
+            body.append(IfThenElse(inside, For(k, zero, steps, "unroll",
+                                               For(v, zero, Const(four, dt.int32), "vectorize", zero_it))))
+        stmt: Stmt = seq(*body)
         for buf in reversed([partial, *lower.allocs]):
             stmt = Allocate(buf, stmt)
         stmt = For(bx, zero, (total + (per_block - 1)) // per_block, "blockIdx.x",
-                   For(t, zero, Const(32 * per_block, dt.int32), "threadIdx.x", stmt))
+                   For(t, zero, Const(32 * warps, dt.int32), "threadIdx.x", stmt))
         return self._func(u(f"{self._label()}_backward_prepass_kernel"), stmt,
-                          "the row statistics (one warp per row) and the row-side accumulators zeroed")
+                          f"the row statistics ({lanes} lanes per row, {width} elements per load) and the "
+                          "row-side accumulators zeroed")
 
     # ---- the conversion of the row-side accumulators -------------------------------------------------
 
     def convert_kernel(self) -> PrimFunc | None:
+        """One thread per `width` consecutive elements of a row-side output's rows (4 where every
+        output's last extent is a constant multiple of 4: one 16-byte load of the float32
+        accumulators, one vector store of the output), else one per element."""
         outs = self.row_side
         if not outs:
             return None
         u = self.unique
         zero = Const(0, dt.int32)
         threads = 256
+        lasts = [const_int(o.tensor.shape[-1]) for o in outs]
+        width = 4 if all(n is not None and n % 4 == 0 for n in lasts) else 1
         bx, t = Var(u("convert_block"), dt.int32), Var(u("thread"), dt.int32)
-        flat = bx * threads + t
+        flat = (bx * threads + t) * width
         lower = ExpressionLowering(self.buffers, u)
         body: list[Stmt] = []
         widest = outs[0].tensor.shape
         for o in outs:
             at = unflatten(flat, tuple(o.tensor.shape))
+            v = Var(u("v"), dt.int32)
+            lane = at[:-1] + (at[-1] + v,) if width > 1 else at
             acc = self.accumulators[id(o.tensor)]
-            value = substitute(o.epilogue, {**dict(zip(o.axes, at)), o.acc: acc[at]})
+            value = substitute(o.epilogue, {**dict(zip(o.axes, lane)), o.acc: acc[lane]})
             st, val = lower.value(value)
-            body.append(IfThenElse(compare("<", flat, size_product(o.tensor.shape)),
-                                   seq(*st, BufferStore(self.buffers[o.tensor], at, cast(val, o.tensor.dtype)))))
+            store: Stmt = seq(*st, BufferStore(self.buffers[o.tensor], lane, cast(val, o.tensor.dtype)))
+            if width > 1:
+                store = For(v, zero, Const(width, dt.int32), "unroll" if st else "vectorize", store)
+            body.append(IfThenElse(compare("<", flat, size_product(o.tensor.shape)), store))
         total = size_product(widest)
         for o in outs[1:]:
             total = binary("max", total, size_product(o.tensor.shape))
         stmt: Stmt = seq(*body)
         for buf in reversed(lower.allocs):
             stmt = Allocate(buf, stmt)
-        stmt = For(bx, zero, (total + (threads - 1)) // threads, "blockIdx.x",
+        per_block = threads * width
+        stmt = For(bx, zero, (total + (per_block - 1)) // per_block, "blockIdx.x",
                    For(t, zero, Const(threads, dt.int32), "threadIdx.x", stmt))
         return self._func(u(f"{self._label()}_backward_convert_kernel"), stmt,
-                          "the row-side outputs from their float32 accumulators")
+                          f"the row-side outputs from their float32 accumulators ({width} per thread)")
 
     def _label(self) -> str:
         return self.chain.outputs[0].tensor.name

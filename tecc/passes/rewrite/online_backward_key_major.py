@@ -53,6 +53,10 @@ class KeyMajor(BackwardKernels):
     """The key-block-major kernel (online_backward_mma's docstring, 2.): the key-side outputs in registers, the
     tile outputs to global memory, the row-side ones by float32 atomics when `atomics`."""
 
+    # the depth of the query blocks' cp.async ring (the step's `stages`: 2..4, `stages - 1` blocks
+    # in flight beyond the one computed)
+    stages = STAGES
+
     def __init__(self, chain: BackwardChain, key_tile: int, rows: int, dq_columns: int, atomics: bool,
                  name: str | None) -> None:
         super().__init__(chain, 2 * key_tile, atomics, name)
@@ -82,13 +86,14 @@ class KeyMajor(BackwardKernels):
             ext = tuple(Const(n, dt.int32) for n in chain.group_extents)
             return dict(zip(chain.groups, unflatten(g_flat, ext))), qb * BM
 
+        ahead = self.stages - 1   # query blocks in flight beyond the one computed
         here, q0 = at_step(self.it)
-        nxt, q0_next = at_step(self.it + 1)
-        stage = self.it % STAGES
+        nxt, q0_next = at_step(self.it + ahead)
+        stage = self.it % self.stages
         self.q0 = Var(self.unique("query0"), dt.int32)
         step_body = seq(
-            *ring_step(STAGES - 1, self._publish(), self.it + 1, n_steps,
-                       self._copy_rows((self.it + 1) % STAGES, nxt, q0_next)),
+            *ring_step(ahead, self._publish(), self.it + ahead, n_steps,
+                       self._copy_rows((self.it + ahead) % self.stages, nxt, q0_next)),
             self._contractions(stage),
             self._elementwise(stage),
             self._key_side(stage),
@@ -97,12 +102,16 @@ class KeyMajor(BackwardKernels):
         for g, value in reversed(list(here.items())):
             step_body = LetStmt(g, value, step_body)
         step_body = LetStmt(self.q0, q0, step_body)
-        start, _ = at_step(zero)
+        def fill(s: int) -> Stmt:
+            if s == 0:
+                return IfThenElse(compare("<", zero, n_steps), self._copy_rows(zero, at_step(zero)[0], first * BM))
+            at = Const(s, dt.int32)
+            return IfThenElse(compare("<", at, n_steps), self._copy_rows(at, *at_step(at)))
+
         body = seq(
             self._init(),
             self._copy_keys(),
-            *ring_fill(STAGES - 1, lambda _: IfThenElse(compare("<", zero, n_steps),
-                                                        self._copy_rows(zero, start, first * BM))),
+            *ring_fill(ahead, fill),
             For(self.it, zero, n_steps, "serial", step_body),
             AsyncWait(0),
             self._epilogue(),
@@ -129,7 +138,7 @@ class KeyMajor(BackwardKernels):
         outs = ", ".join(f"{o.tensor.name} ({o.kind} side)" if o.kind != "tile" else f"{o.tensor.name} (tile)"
                          for o in chain.outputs)
         return (f"{self.intrinsic}: blocks of {self.BN} keys ({self.warps} warps of 16), query blocks of {self.BM} "
-                f"through a {STAGES}-stage cp.async ring; {outs}; {self.skipping}; {self.whole}")
+                f"through a {self.stages}-stage cp.async ring; {outs}; {self.skipping}; {self.whole}")
 
     def _query_blocks(self) -> tuple[Expr, Expr]:
         """(query blocks this key block visits, the first), from the mask (isl, key_tiles)."""
@@ -169,16 +178,16 @@ class KeyMajor(BackwardKernels):
                 table[tile_key(read)] = (self._tile_buffer(label, read, stages, rows, width), read)
         for c in chain.contractions:
             tile(self.key_tiles, c.key_operand, 1, BN, whole(c.key_operand, c.depth, str(c.node)), "key_tile")
-            tile(self.row_tiles, c.row_operand, STAGES, BM, whole(c.row_operand, c.depth, str(c.node)), "row_tile")
+            tile(self.row_tiles, c.row_operand, self.stages, BM, whole(c.row_operand, c.depth, str(c.node)), "row_tile")
         for o in chain.outputs:
             if o.operand is None:
                 continue
             width = whole(o.operand, o.columns, o.tensor.name)
             if o.kind == "key":
-                tile(self.row_tiles, o.operand, STAGES, BM, width, "row_tile")
+                tile(self.row_tiles, o.operand, self.stages, BM, width, "row_tile")
             else:
                 tile(self.key_tiles, o.operand, 1, BN, width, "key_tile")
-        self.staged_reads(STAGES, BM)
+        self.staged_reads(self.stages, BM)
         self.weights_tile = self._weights_buffer() if self.row_side else None
         self._fragments()
 

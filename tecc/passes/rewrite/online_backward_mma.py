@@ -55,14 +55,15 @@ DQ_FORMS = ("atomic", "kernel")
 
 def online_backward_mma(args: list[Tensor], key_tile: int = 64, rows: int = 64, dq_columns: int = 32,
                         name: str | None = None, dq: str = "atomic", dq_rows: int = 64, dq_key_tile: int = 64,
-                        wgmma: bool = False, whole_tiles: bool = True) -> Module:
+                        wgmma: bool = False, whole_tiles: bool = True, stages: int = 2) -> Module:
     """The kernels of the backward program `args` (module docstring): blocks of `key_tile` keys
     (16 per warp), query blocks of `rows`. `dq` "atomic": the row-side outputs (dQ) by float32
     atomics in units of 16 rows x `dq_columns`, then converted; "kernel": by the query-major kernel
     (online_backward_dq) of `dq_rows` query rows per block over key blocks of `dq_key_tile`.
     `wgmma`: the key-block-major kernel in its Hopper form (online_backward_wgmma, sm_90a).
     `whole_tiles`: the tiles isl proves whole run the elementwise stage without guards (a second,
-    unguarded copy of it); False keeps one guarded copy, fewer registers."""
+    unguarded copy of it); False keeps one guarded copy, fewer registers. `stages`: the depth of the
+    key-block-major kernel's ring of query blocks (2, 3 or 4)."""
     chain = backward_chain(args)
     for what, n in (("key_tile", key_tile), ("rows", rows), ("dq_columns", dq_columns), ("dq_rows", dq_rows),
                     ("dq_key_tile", dq_key_tile)):
@@ -70,11 +71,15 @@ def online_backward_mma(args: list[Tensor], key_tile: int = 64, rows: int = 64, 
             raise ScheduleError(f"{WHERE}: {what}={n} must be 16, 32, 64 or 128 (m16, n8 and k16 steps of 16 rows)")
     if dq not in DQ_FORMS:
         raise ScheduleError(f"{WHERE}: dq={dq!r} must be one of {DQ_FORMS}")
+    if stages not in (2, 3, 4):
+        raise ScheduleError(f"{WHERE}: stages={stages} must be 2, 3 or 4 (query blocks in the key-block-major "
+                            "kernel's cp.async ring)")
     if wgmma:
         main: KeyMajor = KeyMajorWgmma(chain, key_tile, rows, dq == "atomic", name)
     else:
         main = KeyMajor(chain, key_tile, rows, dq_columns, dq == "atomic", name)
     main.unguarded_tiles = whole_tiles
+    main.stages = stages
     kernels = [main.prepass_kernel()]
     if chain.of_kind("key") or chain.of_kind("tile") or main.row_side:
         kernels.append(main.main_kernel())
