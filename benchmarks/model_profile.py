@@ -5,6 +5,7 @@ backend, by CUPTI (torch.profiler), side by side (the measured counterpart of mo
     python benchmarks/model_profile.py --layers 12 --top 40 --backends inductor tecc
     python benchmarks/model_profile.py --cudagraphs            # tecc also with options={"cudagraphs": True}
     python benchmarks/model_profile.py --aot-default           # tecc also with options={"partitioner": "default"}
+    python benchmarks/model_profile.py --layers 12 --gaps 25   # also where the GPU waits for the host
 
 The model and step are benchmarks/models.py's (bf16 autocast, AdamW outside the compiled model,
 batch 8 x 1024 tokens). After --warmup steps, --steps steps run under the profiler. Per backend:
@@ -73,7 +74,53 @@ def host_profile(label: str, run, opt, data, top: int) -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(top)
 
 
-def profile(label: str, run, model, data, warmup: int, top: int, host: int = 0) -> None:
+def gap_profile(label: str, run, opt, data, top: int) -> None:
+    """Where the GPU waits within the steps: the steps run back to back (no synchronization
+    between them, as in training) under torch.profiler with CPU and CUDA activity; the GPU's idle
+    time is the profiled window from the first kernel's start to the last one's end less the
+    union of the kernels' intervals. Prints it per step and the `top` longest gaps, each with the
+    kernels before and after it and the host's events (torch ops, CUDA API calls) that overlap
+    it longest: what the host was doing while the GPU had nothing queued."""
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for idx, targets in data:
+            _step(run, opt, idx, targets)
+        torch.cuda.synchronize()
+    events = prof.events()
+    kernels = sorted((e for e in events if e.device_type == cuda and e.device_time > 0),
+                     key=lambda e: e.time_range.start)
+    host = [e for e in events if e.device_type == cpu]
+    if not kernels:
+        print(f"\n### {label}: no kernels recorded")
+        return
+    gaps, end, busy = [], kernels[0].time_range.start, 0.0
+    prev = None
+    for k in kernels:
+        start, stop = k.time_range.start, k.time_range.end
+        if start > end:
+            gaps.append((start - end, end, start, prev.name if prev else "", k.name))
+        busy += max(0.0, stop - max(start, end))
+        if stop >= end:
+            end, prev = stop, k
+    window = end - kernels[0].time_range.start
+    steps = len(data)
+    print(f"\n### {label}: GPU idle within {steps} back-to-back step(s): {(window - busy) / steps / 1e3:.2f} ms per "
+          f"step of {window / steps / 1e3:.2f} ms ({len(gaps) / steps:.0f} gaps per step; "
+          f"{sum(g[0] for g in gaps if g[0] > 20) / steps / 1e3:.2f} ms per step in gaps over 20 us)")
+    print("| gap us | after kernel | before kernel | host events overlapping it (us of overlap) |")
+    print("| --- | --- | --- | --- |")
+    for length, a, b, before, after in sorted(gaps, reverse=True)[:top]:
+        overlap = []
+        for e in host:
+            o = min(e.time_range.end, b) - max(e.time_range.start, a)
+            if o > 0.2 * length:
+                overlap.append((o, e.name))
+        names = ", ".join(f"{n[:40]} ({o:.0f})" for o, n in sorted(overlap, reverse=True)[:5])
+        print(f"| {length:.0f} | {before[:50]} | {after[:50]} | {names} |")
+
+
+def profile(label: str, run, model, data, warmup: int, top: int, host: int = 0, gaps: int = 0) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for idx, targets in data[:warmup]:
         _step(run, opt, idx, targets)
@@ -96,6 +143,8 @@ def profile(label: str, run, model, data, warmup: int, top: int, host: int = 0) 
         print(f"tecc's CUDA graphs of repeated calls so far in this process: {TOTALS}")
     if host:
         host_profile(label, run, opt, timed, host)
+    if gaps:
+        gap_profile(label, run, opt, timed, gaps)
 
 
 def main() -> None:
@@ -110,6 +159,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--host", type=int, default=0, help="also the host's top N Python functions by time (cProfile)")
+    p.add_argument("--gaps", type=int, default=0,
+                   help="also the GPU's idle time between kernels and its N longest gaps with the host's events then")
     args = p.parse_args()
     vocab, width, heads, context, batch = 50304, 768, 12, 1024, 8
     torch.manual_seed(0)
@@ -133,7 +184,7 @@ def main() -> None:
             run = torch.compile(model, backend="tecc", options={"fallback": "aten", **options})
         label = backend + (f" {options}" if options else "")
         try:
-            profile(label, run, model, data, args.warmup, args.top, args.host)
+            profile(label, run, model, data, args.warmup, args.top, args.host, args.gaps)
         except Exception as exc:  # noqa: BLE001 - one failing backend is reported, the others still run
             print(f"\n## {label}: failed: {type(exc).__name__}: {str(exc)[:300]}")
         del model, run
