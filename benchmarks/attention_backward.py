@@ -20,7 +20,9 @@ H = 2048 / d (d = 128, GQA: 32 query heads over 8 K/V heads). About 3-4 minutes 
 query-major kernel instead of float32 atomics (the plan's other form). `--step JSON`: time
 exactly this online_backward_mma step (any form: `"wgmma": true` for the Hopper kernels, `"dq":
 "kernel"` with `"dq_rows"`, `"dq_key_tile"`, `"whole_tiles": false` for every tile guarded), e.g.
-the d = 128 Hopper form the planner passes over.
+the d = 128 Hopper form the planner passes over. `--qkv-views`: Q, K, V as views of one
+[B, S, 3, H, d] tensor (rows 3·H·d apart), the program built with run-time strides, as a model's
+attention reads its QKV projection (not for grouped heads).
 `--variant JSON` (repeatable): also time that step on each shape's inputs (one process: the
 inputs and SDPA's times shared). `--gpt2`: only GPT-2's shape (B = 8, H = 12, S = 1024, d = 64; causal, then not), bfloat16
 unless --dtype says otherwise; the full grid also ends with its causal row. `--kernels`: each
@@ -51,18 +53,25 @@ _PROGRAMS: dict[tuple[Any, ...], Any] = {}
 GPT2_BATCH_HEADS = (8, 12)
 
 
-def attention_grad(h: int, d: int, dtype: str, causal: bool, groups: int) -> Any:
+def attention_grad(h: int, d: int, dtype: str, causal: bool, groups: int, views: bool = False) -> Any:
     """tc.grad of attention (B and S symbolic) over Q, K, V: (gradients, forward kernel, backward
-    kernel), built once per configuration."""
+    kernel), built once per configuration. `views`: Q, K, V take run-time strides (the last one
+    1), as a model's views of its QKV projection do."""
     import tecc as tc
+    from tecc.ir import dtype as dt
+    from tecc.ir.expr import Var
 
-    key = (h, d, dtype, causal, groups)
+    key = (h, d, dtype, causal, groups, views)
     if key in _PROGRAMS:
         return _PROGRAMS[key]
     B, S = tc.var("B"), tc.var("S")
-    Q = tc.placeholder((B, h, S, d), dtype, name="Q")
-    K = tc.placeholder((B, h // groups, S, d), dtype, name="K")
-    V = tc.placeholder((B, h // groups, S, d), dtype, name="V")
+
+    def strides(name: str) -> Any:
+        return tuple(Var(f"{name}_stride{i}", dt.int32, "stride") for i in range(3)) + (1,) if views else None
+
+    Q = tc.placeholder((B, h, S, d), dtype, name="Q", strides=strides("Q"))
+    K = tc.placeholder((B, h // groups, S, d), dtype, name="K", strides=strides("K"))
+    V = tc.placeholder((B, h // groups, S, d), dtype, name="V", strides=strides("V"))
     r = tc.reduce_axis(d, name="d")
     j1, j2, j3 = (tc.reduce_axis(S, name=n) for n in ("j1", "j2", "j3"))
     scale = 1.0 / math.sqrt(d)
@@ -182,7 +191,8 @@ def markdown_rows(rows: list[dict[str, Any]]) -> str:
             out.append(f"| S{r['S']} d{r['d']} | {r['causal']} | error: {r['error'][:80]} | | | | | | |")
             continue
         heads = f"{r['H']}/{r['H_kv']}" if r["H"] != r["H_kv"] else str(r["H"])
-        out.append(f"| B{r['B']} H{heads} S{r['S']} d{r['d']} {r['dtype']} | {r['causal']} | {r['tecc_us']:.1f} | "
+        views = " (QKV views)" if r.get("qkv_views") else ""
+        out.append(f"| B{r['B']} H{heads} S{r['S']} d{r['d']} {r['dtype']}{views} | {r['causal']} | {r['tecc_us']:.1f} | "
                    f"{r['tecc_tflops']:.0f} | {r.get('sdpa_flash_us', float('nan')):.1f} | "
                    f"{r.get('sdpa_cudnn_us', float('nan')):.1f} | {r['ratio']:.3f} | {r['rel_err']:.1e} | "
                    f"{r['plan'].replace('online_backward_mma ', '')} |")
@@ -195,14 +205,15 @@ def markdown_rows(rows: list[dict[str, Any]]) -> str:
 
 def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int, tiling: tuple[int, ...] | None,
               dq_kernel: bool = False, step: dict[str, Any] | None = None, batch_heads: tuple[int, int] | None = None,
-              kernels: bool = False, variants: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+              kernels: bool = False, variants: list[dict[str, Any]] | None = None,
+              views: bool = False) -> dict[str, Any]:
     import torch
 
     import tecc as tc
     from tecc.compiler.plan import Plan, Step
 
     b, h = batch_heads or (max(1, 16384 // s), (2048 // d if groups == 1 else 32))
-    g, fwd, bwd, build_s = attention_grad(h, d, dtype, causal, groups)
+    g, fwd, bwd, build_s = attention_grad(h, d, dtype, causal, groups, views)
     if (tiling or dq_kernel) and bwd.plan.strategy == "online_backward_mma":
         args = dict(bwd.plan.steps[0].args)
         if tiling:
@@ -213,8 +224,12 @@ def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int, tiling: tup
     if step:
         bwd = tc.build(g.args, plan=Plan((Step("online_backward_mma", step),), "given", ""))
     tdt = getattr(torch, dtype)
-    q = torch.randn(b, h, s, d, device="cuda", dtype=tdt)
-    k, v = (torch.randn(b, h // groups, s, d, device="cuda", dtype=tdt) for _ in range(2))
+    if views:   # Q, K, V as views of one [B, S, 3, H, d] projection output, as a model's attention reads them
+        qkv = torch.randn(b, s, 3, h, d, device="cuda", dtype=tdt)
+        q, k, v = (qkv[:, :, i].permute(0, 2, 1, 3) for i in range(3))
+    else:
+        q = torch.randn(b, h, s, d, device="cuda", dtype=tdt)
+        k, v = (torch.randn(b, h // groups, s, d, device="cuda", dtype=tdt) for _ in range(2))
     o = torch.full((b, h, s, d), float("nan"), device="cuda", dtype=tdt)
     lse = torch.full((b, h, s), float("nan"), device="cuda", dtype=torch.float32)
     fwd(q, k, v, o, lse)
@@ -260,7 +275,7 @@ def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int, tiling: tup
             "tecc_us": t_tecc * 1e6, "tecc_tflops": flops / t_tecc / 1e12, "tecc_forward_us": t_fwd * 1e6,
             **{f"sdpa_{n}_us": t * 1e6 for n, t in refs.items()}, "ratio": best / t_tecc,
             "kernels": len(bwd.module.kernels), "plan": f"{bwd.plan.strategy} {dict(plan)}", "build_s": build_s,
-            "kernel_us": kernel_us}
+            "kernel_us": kernel_us, "qkv_views": views}
 
 
 def main() -> None:
@@ -279,6 +294,8 @@ def main() -> None:
     ap.add_argument("--step", type=json.loads, default=None, metavar="JSON",
                     help="the online_backward_mma step's arguments to time instead of the plan")
     ap.add_argument("--gpt2", action="store_true", help="only GPT-2's shape: B 8, H 12, S 1024, d 64 (bfloat16)")
+    ap.add_argument("--qkv-views", action="store_true",
+                    help="Q, K, V as views of one [B, S, 3, H, d] tensor, the program built with run-time strides")
     ap.add_argument("--kernels", action="store_true", help="each kernel's time (torch.profiler) beside the totals")
     ap.add_argument("--variant", type=json.loads, action="append", default=None, metavar="JSON",
                     help="also time this online_backward_mma step on the same inputs (repeatable)")
@@ -304,7 +321,8 @@ def main() -> None:
         for causal in causals:
             try:
                 row = run_shape(s, d, opts.dtype, causal, groups, tuple(opts.tiling) if opts.tiling else None,
-                                opts.dq_kernel, opts.step, batch_heads, opts.kernels, opts.variant)
+                                opts.dq_kernel, opts.step, batch_heads, opts.kernels, opts.variant,
+                                opts.qkv_views and groups == 1)
             except Exception as exc:  # noqa: BLE001 - report and go on
                 row = {"S": s, "d": d, "causal": causal, "groups": groups, "error": f"{type(exc).__name__}: {exc}"[:400]}
                 print(row, flush=True)

@@ -197,6 +197,59 @@ def test_hopper_form_matches_float64_numpy(case, form):
     assert dict(main.attrs)["tensorize"].startswith("wgmma"), dict(main.attrs)["tensorize"]
 
 
+@pytest.mark.parametrize("stages", [3, 4])
+def test_ring_of_query_blocks_three_and_four_deep(stages):
+    """The key-block-major kernel's ring of `stages` query blocks (stages - 1 in flight beyond the
+    one computed; the step's `stages`): causal, lengths that leave a partial last block and key
+    blocks with fewer query blocks than the ring is deep; the emulator checks every cp.async
+    against its wait and barrier."""
+    form = dict(WGMMA_PLANS["narrow"], stages=stages)
+    k = run_backward(1, 2, 150, 150, 64, "bfloat16", mask="causal", arch="sm_90",
+                     the_plan=Plan((Step("online_backward_mma", form),), "test", ""))
+    assert k.plan.steps[0].args["stages"] == stages
+    main = next(f for f in k.module.kernels if f.name.endswith("_backward_mma_kernel"))
+    assert f"{stages}-stage cp.async ring" in dict(main.attrs)["tensorize"]
+
+
+def test_ring_depth_outside_two_to_four_is_refused():
+    ins, outs = masked_attention(1, 2, 64, 64, 64, "bfloat16", mask="causal")
+    g = tc.grad(outs[0], [t for t in ins if t.dtype.is_float])
+    bad = Plan((Step("online_backward_mma", dict(WGMMA_PLANS["narrow"], stages=5)),), "test", "")
+    with pytest.raises(ScheduleError, match="stages=5 must be 2, 3 or 4"):
+        tc.build(g.args, target="sim", arch="sm_90", plan=bad)
+
+
+@pytest.mark.parametrize("D,dtype,expected", [(64, "bfloat16", (8, 8)), (128, "float16", (8, 16)),
+                                              (16, "bfloat16", (8, 2)), (32, "float16", (8, 4))])
+def test_pre_pass_reads_sixteen_bytes_per_lane(D, dtype, expected):
+    """The pre-pass's (elements per load, lanes per row): 16 bytes of a 16-bit row per load where
+    the head dim divides by 8 (every head dim the tensor-core form takes: 16, 32, 64, 128), as
+    many lanes as a row has such loads, up to the warp;
+    the kernel's loads of dO and O are then 16-byte vector loads, and Δ still matches float64."""
+    from tecc.passes.rewrite.online_backward_kernels import prepass_vector
+
+    ins, outs = masked_attention(1, 2, 33, 33, D, dtype)
+    g = tc.grad(outs[0], [t for t in ins if t.dtype.is_float])
+    assert prepass_vector(backward_chain(g.args)) == expected
+    narrow = Plan((Step("online_backward_mma", WGMMA_PLANS["narrow"]),), "test", "")
+    k = run_backward(1, 2, 33, 33, D, dtype, arch="sm_90", the_plan=narrow)
+    prepass = next(f for f in k.module.kernels if f.name.endswith("_backward_prepass_kernel"))
+    source = k.source[k.source.index(prepass.name):]
+    source = source[:source.index("\n}\n")]
+    assert "reinterpret_cast<const uint4*>" in source   # 8 elements of 2 bytes per load
+
+
+def test_dq_conversion_moves_four_elements_per_thread():
+    """The atomics form's conversion of dQ from its float32 accumulator: one 16-byte load and one
+    vector store per thread of four consecutive elements (a partial last row block included)."""
+    atomic = Plan((Step("online_backward_mma", WGMMA_PLANS["atomic_1wg"]),), "test", "")
+    k = run_backward(1, 2, 37, 37, 64, "bfloat16", mask="causal", arch="sm_90", the_plan=atomic)
+    convert = next(f for f in k.module.kernels if f.name.endswith("_backward_convert_kernel"))
+    source = k.source[k.source.index(convert.name):]
+    source = source[:source.index("\n}\n")]
+    assert "const float4" in source and "reinterpret_cast<uint2*>" in source, source
+
+
 def test_hopper_form_with_head_dim_128():
     the_plan = Plan((Step("online_backward_mma", WGMMA_PLANS["kernel"]),), "test", "")
     run_backward(1, 2, 70, 70, 128, "float16", mask="causal", the_plan=the_plan, arch="sm_90")
