@@ -197,14 +197,15 @@ def test_hopper_form_matches_float64_numpy(case, form):
     assert dict(main.attrs)["tensorize"].startswith("wgmma"), dict(main.attrs)["tensorize"]
 
 
-@pytest.mark.parametrize("stages", [3, 4])
-def test_ring_of_query_blocks_three_and_four_deep(stages):
+@pytest.mark.parametrize("stages,arch", [(3, "sm_90"), (4, "sm_90"), (3, "sm_80")])
+def test_ring_of_query_blocks_three_and_four_deep(stages, arch):
     """The key-block-major kernel's ring of `stages` query blocks (stages - 1 in flight beyond the
-    one computed; the step's `stages`): causal, lengths that leave a partial last block and key
-    blocks with fewer query blocks than the ring is deep; the emulator checks every cp.async
-    against its wait and barrier."""
-    form = dict(WGMMA_PLANS["narrow"], stages=stages)
-    k = run_backward(1, 2, 150, 150, 64, "bfloat16", mask="causal", arch="sm_90",
+    one computed; the step's `stages`), on wgmma and on mma.sync with dQ by atomics: causal,
+    lengths that leave a partial last block and key blocks with fewer query blocks than the ring
+    is deep; the emulator checks every cp.async against its wait and barrier."""
+    base = WGMMA_PLANS["narrow"] if arch == "sm_90" else {"key_tile": 64, "rows": 32, "dq_columns": 32}
+    form = dict(base, stages=stages)
+    k = run_backward(1, 2, 150, 150, 64, "bfloat16", mask="causal", arch=arch,
                      the_plan=Plan((Step("online_backward_mma", form),), "test", ""))
     assert k.plan.steps[0].args["stages"] == stages
     main = next(f for f in k.module.kernels if f.name.endswith("_backward_mma_kernel"))

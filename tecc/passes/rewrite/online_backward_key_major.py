@@ -102,7 +102,10 @@ class KeyMajor(BackwardKernels):
         for g, value in reversed(list(here.items())):
             step_body = LetStmt(g, value, step_body)
         step_body = LetStmt(self.q0, q0, step_body)
+
         def fill(s: int) -> Stmt:
+            """The ring's fill: query block s of the key block into stage s (block 0 at the first
+            query block the mask keeps, as the loop's first step reads it)."""
             if s == 0:
                 return IfThenElse(compare("<", zero, n_steps), self._copy_rows(zero, at_step(zero)[0], first * BM))
             at = Const(s, dt.int32)
