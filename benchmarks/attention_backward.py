@@ -146,6 +146,12 @@ def reference_error(q: Any, k: Any, v: Any, do: Any, grads: list[Any], causal: b
     return max(float(((g.double() - w.grad).abs() / (1 + w.grad.abs())).max()) for g, w in zip(got, (qq, kk, vv)))
 
 
+def per_kernel(fn: Any, reps: int) -> list[tuple[float, str]]:
+    """Each kernel's mean time per call of `fn` in us (CUPTI), with its name, longest first."""
+    kernels = kernel_durations(fn, reps, warmup=3)
+    return sorted(((sum(d) / reps, n) for n, d in kernels.items()), reverse=True)
+
+
 def print_kernel_times(tecc_call: Any, q: Any, k: Any, v: Any, do: Any, causal: bool, label: str,
                        reps: int = 10) -> dict[str, float]:
     """Each kernel's mean time per call (CUPTI through torch.profiler) of tecc's backward and of
@@ -155,10 +161,6 @@ def print_kernel_times(tecc_call: Any, q: Any, k: Any, v: Any, do: Any, causal: 
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
-
-    def per_kernel(fn: Any) -> list[tuple[float, str]]:
-        kernels = kernel_durations(fn, reps, warmup=3)
-        return sorted(((sum(d) / reps, n) for n, d in kernels.items()), reverse=True)
 
     calls = [("tecc", tecc_call)]
     qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
@@ -171,7 +173,7 @@ def print_kernel_times(tecc_call: Any, q: Any, k: Any, v: Any, do: Any, causal: 
             print(f"  SDPA {name} unavailable: {type(exc).__name__}", flush=True)
     sums = {}
     for name, fn in calls:
-        rows = per_kernel(fn)
+        rows = per_kernel(fn, reps)
         sums[name] = sum(t for t, _ in rows)
         print(f"  kernels of {name} backward ({label}, causal={causal}): {sums[name]:.1f} us per call", flush=True)
         for t, n in rows:
@@ -260,8 +262,7 @@ def run_shape(s: int, d: int, dtype: str, causal: bool, groups: int, tiling: tup
             timed.append({"step": variant, "us": t * 1e6, "ratio": best / t,
                           "rel_err": reference_error(q, k, v, do, out, causal, groups)})
             if kernels:   # the variant's own kernels (its kernel-time ratio against the same SDPA sums)
-                rows_v = sorted(((sum(d) / 10, n) for n, d in kernel_durations(
-                    lambda: other(q, k, v, o, lse, do, *out), 10, warmup=3).items()), reverse=True)
+                rows_v = per_kernel(lambda: other(q, k, v, o, lse, do, *out), 10)
                 timed[-1]["kernel_us"] = sum(x for x, _ in rows_v)
                 refs_k = [x for n, x in kernel_us.items() if n != "tecc"]
                 print(f"  variant {json.dumps(variant)} kernels: " + ", ".join(f"{n[:48]} {x:.1f}" for x, n in rows_v)
