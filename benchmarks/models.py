@@ -29,10 +29,14 @@ torchvision does; each is skipped with a message otherwise.
 
 After tecc's GPT-2 run, a second process compiles the same model with the same TECC_CACHE_DIR
 (the graph cache on disk, docs/cache.md) and reports its first call (compile + one step): the
-issue's bound is 3 s for the compile (--no-second-process skips it). tecc's option `aot_cache` is
+issue's bound is 3 s for the compile (--no-second-process skips it); after inductor's run, the
+same for inductor (its FX graph cache and AOTAutograd cache, filled by its run), the reference.
+The first step is split into the host's forward call, its backward call and the rest (the
+optimizer's first step, the wait for the GPU). tecc's option `aot_cache` is
 on by default (AOTAutograd's cache holds its result: the second process skips the joint trace and
 the partitioner, tecc/torch/aot_cache.py; its phases include AOTAutograd's cache counters, a hit
-is "AOTAutograd cache hit (count) 1.00"); --aot-cache also runs the second process without it
+is "AOTAutograd cache hit (count) 1.00"; where tecc's own entry skips AOTAutograd altogether,
+tecc/torch/direct.py, no AOTAutograd counter moves and "tecc direct entries used" counts it); --aot-cache also runs the second process without it
 first, --no-aot-cache runs tecc with options={"aot_cache": False} throughout. A backend that
 fails is a row with its error, and the others still run.
 
@@ -146,17 +150,21 @@ def gpt2(args: argparse.Namespace) -> list[str]:
             if args.compare_aot_cache and args.aot_cache:  # the same second process without the option first
                 rows.append(_second_process(attention, args, aot_cache=False))
             rows.append(_second_process(attention, args, aot_cache=args.aot_cache))
+        if "inductor" in args.backends and args.second_process:  # the reference: inductor's caches hit
+            rows.append(_second_process(attention, args, aot_cache=True, backend="inductor"))
     return HEADER + rows
 
 
-def _second_process(attention: str, args: argparse.Namespace, aot_cache: bool) -> str:
-    """tecc's first call in a new process that finds the compiled graphs in the disk cache (and,
-    with `aot_cache`, AOTAutograd's result in torch's cache: no joint trace, no partitioner)."""
+def _second_process(attention: str, args: argparse.Namespace, aot_cache: bool, backend: str = "tecc") -> str:
+    """`backend`'s first call in a new process that finds the compiled graphs in the disk cache
+    (tecc's and, with `aot_cache`, AOTAutograd's result in torch's cache: no joint trace, no
+    partitioner; inductor's FX graph cache and AOTAutograd cache, filled by this process's run)."""
     command = [sys.executable, str(Path(__file__).resolve()), "--child-compile", attention, "--layers",
-               str(args.layers)] + (["--strict"] if args.strict else []) + ([] if aot_cache else ["--no-aot-cache"])
-    if args.profile_second_process:
+               str(args.layers), "--child-backend", backend] + (["--strict"] if args.strict else []) \
+        + ([] if aot_cache else ["--no-aot-cache"])
+    if args.profile_second_process and backend == "tecc":
         command += ["--profile-second-process", args.profile_second_process]
-    what = "tecc, second process (disk cache" + (" + AOTAutograd's cache)" if aot_cache else ")")
+    what = f"{backend}, second process (disk cache" + (" + AOTAutograd's cache)" if aot_cache else ")")
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=dict(os.environ))
     process = time.perf_counter() - start
@@ -167,7 +175,7 @@ def _second_process(attention: str, args: argparse.Namespace, aot_cache: bool) -
     found = json.loads(lines[-1])
     print(f"\n{what} (gpt2 {args.layers}L {attention}), seconds: whole process {process:.1f}; "
           + "; ".join(f"{name} {seconds:.2f}" for name, seconds in found["phases"].items()))
-    if args.profile_second_process:
+    if args.profile_second_process and backend == "tecc":
         import pstats
 
         print(f"its first step under cProfile ({args.profile_second_process}), the top 40 by cumulative time:")
@@ -194,10 +202,12 @@ def _child_compile(attention: str, args: argparse.Namespace) -> None:
     model = GPT(vocab, width, heads, args.layers, context, attention).cuda()
     data = _batches(1, batch, context, vocab)
     start = time.perf_counter()
-    compiled = _compiled(model, "tecc", args.strict, args.aot_cache)
-    phases = {"torch.compile (imports tecc)": time.perf_counter() - start}
-    phases["AOTAutograd's partitioner"] = 0.0  # its first call imports torch._inductor (the min-cut's CSE pass)
-    _time_partitioner(phases, "AOTAutograd's partitioner")
+    compiled = _compiled(model, args.child_backend, args.strict, args.aot_cache)
+    phases = {f"torch.compile (imports {args.child_backend})": time.perf_counter() - start}
+    if args.child_backend == "tecc":
+        phases["AOTAutograd's partitioner"] = 0.0  # its first call imports torch._inductor (the min-cut's CSE pass)
+        _time_partitioner(phases, "AOTAutograd's partitioner")
+    compiled = _split_first_step(compiled, phases)
     profile = None
     if args.profile_second_process:
         import cProfile
@@ -209,17 +219,45 @@ def _child_compile(attention: str, args: argparse.Namespace) -> None:
         profile.disable()
         profile.dump_stats(args.profile_second_process)
     phases["first step"] = first
+    phases["  of which the optimizer step and the synchronize"] = first - phases["  of which the forward call"] \
+        - phases["  of which the backward call"]
     names, seconds = compile_times(repr="csv", aggregate=True)
     timers = dict(zip(names, seconds))
     phases.update({label: float(timers[name]) for name, label in DYNAMO_PHASES.items() if name in timers})
-    from tecc.torch.report import reports
+    if args.child_backend == "tecc":
+        from tecc.torch.report import reports
 
-    phases.update({f"tecc load {r.name}": r.seconds for r in reports()})
+        phases.update({f"tecc load {r.name}": r.seconds for r in reports()})
+        from tecc.torch import direct
+
+        phases["tecc direct entries used (count)"] = float(direct.STATS["hits"])
     from torch._dynamo.utils import counters
 
     phases.update({f"AOTAutograd cache {k.removeprefix('autograd_cache_')} (count)": float(v)
                    for k, v in counters["aot_autograd"].items()})
     print(json.dumps({"first": first, "loss": losses[0], "phases": phases}))
+
+
+def _split_first_step(compiled, phases: dict[str, float]):
+    """`compiled` whose first call records the seconds until the forward returns and until the
+    loss's backward returns (both asynchronous on the GPU: what the host spent) in phases."""
+    calls = []
+
+    def run(idx, targets):
+        start = time.perf_counter()
+        loss = compiled(idx, targets)
+        if not calls:
+            calls.append(True)
+            phases["  of which the forward call"] = time.perf_counter() - start
+            original = loss.backward
+
+            def backward(*a, **kw):
+                begin = time.perf_counter()
+                original(*a, **kw)
+                phases["  of which the backward call"] = time.perf_counter() - begin
+            loss.backward = backward
+        return loss
+    return run
 
 
 def _time_partitioner(phases: dict[str, float], label: str) -> None:
@@ -379,6 +417,7 @@ def main() -> None:
                    help="run the second process's first step under cProfile, write its stats to FILE and print "
                         "the top entries (the step's time is then the profiled one)")
     p.add_argument("--child-compile", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child-backend", default="tecc", help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help="also write the markdown rows here")
     args = p.parse_args()
     if not torch.cuda.is_available():

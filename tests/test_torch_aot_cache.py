@@ -59,9 +59,10 @@ for _ in range(2):
     opt.step(); opt.zero_grad()
     losses.append(loss.item())
 from torch._dynamo.utils import counters
-from tecc.torch import background
+from tecc.torch import background, decompositions, direct
 print(json.dumps({"losses": losses, "grad": grad, "partitions": calls[0], "aot": dict(counters["aot_autograd"]),
-                  "workers": background.STATS}))
+                  "workers": background.STATS, "table_built": decompositions.decomposition_table()._built,
+                  "direct": direct.STATS}))
 """
 
 
@@ -86,9 +87,10 @@ def entries(tmp_path: Path) -> list[Path]:
 def test_second_process_skips_trace_and_partitioner(tmp_path: Path) -> None:
     first = run_child(tmp_path)
     assert first["partitions"] == 1 and first["aot"].get("autograd_cache_saved") == 1, first
-    assert len(entries(tmp_path)) == 1
+    assert len(entries(tmp_path)) == 1 and first["table_built"]
     second = run_child(tmp_path, forbid=True)  # the partitioner raises if it runs
     assert second["partitions"] == 0 and second["aot"].get("autograd_cache_hit") == 1, second
+    assert not second["table_built"]  # a hit does not trace: the decomposition table is never built
     assert "autograd_cache_bypass" not in second["aot"], second
     assert second["losses"] == first["losses"] and second["grad"] == first["grad"]
     assert second["losses"][1] < second["losses"][0]  # it trains
@@ -109,6 +111,7 @@ def test_the_entry_points_at_teccs_disk_cache(tmp_path: Path) -> None:
     assert first["aot"].get("autograd_cache_saved") == 1, first
     tecc_entries = list((tmp_path / "tecc" / "graphs").rglob("graph.json"))
     assert len(tecc_entries) == 2  # forward and backward
+    drop_direct_entries(tmp_path)  # else the next process skips AOTAutograd (direct.py)
     second = run_child(tmp_path, forbid=True, target="cuda")
     assert second["partitions"] == 0 and second["aot"].get("autograd_cache_hit") == 1, second
     assert second["losses"] == first["losses"] and second["grad"] == first["grad"]
@@ -119,8 +122,41 @@ def test_the_entry_points_at_teccs_disk_cache(tmp_path: Path) -> None:
     assert third["partitions"] == 1 and third["aot"].get("autograd_cache_miss") == 1, third
     assert third["aot"].get("autograd_cache_saved") == 1, third
     assert third["losses"] == first["losses"] and third["grad"] == first["grad"]
+    drop_direct_entries(tmp_path)
     fourth = run_child(tmp_path, forbid=True, target="cuda")
     assert fourth["partitions"] == 0 and fourth["aot"].get("autograd_cache_hit") == 1, fourth
+
+
+def drop_direct_entries(tmp_path: Path) -> None:
+    for path in (tmp_path / "tecc" / "direct").rglob("*.json"):
+        path.unlink()
+
+
+def test_a_later_process_skips_aotautograd(tmp_path: Path) -> None:
+    """direct.py: the first process records the runtime's facts beside the two graphs' keys; the
+    next builds the autograd function itself (AOTAutograd not called: no cache lookup, no trace,
+    no partition) and trains exactly as the first. A damaged entry goes through AOTAutograd's
+    cache; graphs gone from tecc's disk cache go through AOTAutograd's trace, which records anew."""
+    first = run_child(tmp_path, target="cuda")
+    assert first["direct"] == {"hits": 0, "stored": 1, "not_recorded": ""}, first
+    second = run_child(tmp_path, forbid=True, target="cuda")
+    assert second["direct"]["hits"] == 1 and second["partitions"] == 0 and not second["aot"], second
+    assert second["losses"] == first["losses"] and second["grad"] == first["grad"]
+    assert second["losses"][1] < second["losses"][0]  # the gradients reached the parameters
+
+    for path in (tmp_path / "tecc" / "direct").rglob("*.json"):
+        path.write_text("{")
+    damaged = run_child(tmp_path, forbid=True, target="cuda")
+    assert damaged["direct"]["hits"] == 0 and damaged["aot"].get("autograd_cache_hit") == 1, damaged
+    assert damaged["losses"] == first["losses"]
+
+    for entry in (tmp_path / "tecc" / "graphs").rglob("graph.json"):
+        (entry.parent / "p0.json").write_text("{")  # the graphs cannot be loaded
+    gone = run_child(tmp_path, target="cuda")
+    assert gone["direct"]["hits"] == 0 and gone["partitions"] == 1 and gone["direct"]["stored"] == 1, gone
+    assert gone["losses"] == first["losses"] and gone["grad"] == first["grad"]
+    again = run_child(tmp_path, forbid=True, target="cuda")
+    assert again["direct"]["hits"] == 1 and again["losses"] == first["losses"], again
 
 
 def test_forward_compiled_by_a_worker(tmp_path: Path) -> None:
@@ -248,3 +284,58 @@ def test_a_worker_gets_the_graph_with_its_values_only() -> None:
     assert computed and all(set(n.meta) == {"val"} for n in computed)
     assert [tuple(n.meta["val"].shape) for n in computed] == [(8, 16)] * len(computed)
     assert all(n.meta["stack_trace"] == "the caller's frames" for n in gm.graph.nodes)
+
+
+def _direct_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tecc.torch import backend
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "torch"))
+    monkeypatch.setenv("TECC_CACHE_DIR", str(tmp_path / "tecc"))
+    monkeypatch.setenv("TECC_BUILD_CACHE", "1")
+    monkeypatch.setattr(backend, "_target", lambda emulate: "cuda")  # graphs in the disk cache (cubins, run emulated)
+
+
+def test_an_inference_graph_comes_back_directly(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The conv net in eval under no_grad: one inference graph, recorded, then (dynamo reset, as
+    in a new process) called without AOTAutograd, with the same result."""
+    from tecc.torch import direct
+    from torch_models import ConvNet
+
+    _direct_env(monkeypatch, tmp_path)
+    torch.manual_seed(0)
+    model, x = ConvNet().eval(), torch.randn(2, 3, 16, 16)
+    before = dict(direct.STATS)
+    with torch.no_grad():
+        first = torch.compile(model, backend="tecc")(x)
+        assert direct.STATS["stored"] == before["stored"] + 1, direct.STATS
+        torch._dynamo.reset()
+        again = torch.compile(model, backend="tecc")(x)
+        expected = model(x)
+    assert direct.STATS["hits"] == before["hits"] + 1, direct.STATS
+    assert torch.equal(first, again) and not again.requires_grad
+    torch.testing.assert_close(again, expected, rtol=2e-5, atol=2e-5)
+
+
+def test_a_graph_that_mutates_an_input_is_not_recorded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Batch norm in training updates its running statistics (an input mutated in the graph):
+    AOTAutograd's runtime does that, so the graph keeps going through it."""
+    from tecc.torch import direct
+    from torch_models import ConvNet
+
+    _direct_env(monkeypatch, tmp_path)
+    torch.manual_seed(0)
+    model = ConvNet().train()
+    stored = direct.STATS["stored"]
+    torch.compile(model, backend="tecc")(torch.randn(2, 3, 16, 16)).sum().backward()
+    assert direct.STATS["not_recorded"] == "an input is mutated" and direct.STATS["stored"] == stored
+    assert not list((tmp_path / "tecc" / "direct").rglob("*.json"))
+
+
+def test_a_tangent_gets_the_strides_its_graph_was_compiled_for() -> None:
+    from tecc.torch.direct import _strided
+
+    g = torch.arange(6.0).reshape(2, 3)
+    same = _strided(g, (2, 3), (3, 1))
+    assert same is g
+    moved = _strided(g.t().contiguous().t(), (2, 3), (3, 1))
+    assert moved.stride() == (3, 1) and torch.equal(moved, g)

@@ -355,3 +355,17 @@ def test_a_second_process_loads_the_cached_graph_without_the_compiler(tmp_path, 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), *sys.path])}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_the_decomposition_table_is_built_at_its_first_read():
+    from tecc.torch import decompositions
+
+    table = decompositions._Table()
+    assert not table._built
+    merged = {**table}  # what AOTAutograd does with it when it traces
+    assert table._built and len(merged) == len(table) > 100
+    aten = torch.ops.aten
+    assert aten.native_layer_norm.default in table and table.get(aten.native_layer_norm.default) is not None
+    assert all(op not in table for op in decompositions.KEEP)
+    assert dict(decompositions._Table()).keys() == merged.keys() == table.copy().keys()
+    assert bool(decompositions._Table())

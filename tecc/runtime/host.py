@@ -13,6 +13,7 @@ dimension.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -76,11 +77,11 @@ class HostProgram:
     # names them (tecc/ir/index_checks.py; docs/runtime.md, "Data-dependent indices")
     index_checks: tuple[CheckSite, ...] = ()
 
-    @property
+    @functools.cached_property
     def buffer_params(self) -> tuple[Buffer, ...]:
         return tuple(p for p in self.params if isinstance(p, Buffer))
 
-    @property
+    @functools.cached_property
     def size_vars(self) -> tuple[Var, ...]:
         return tuple(p for p in self.params if isinstance(p, Var))
 

@@ -18,7 +18,7 @@ Options (`torch.compile(..., options={...})`):
 | `dump_ir` | `None` | a folder: each graph's FX code, the node -> kernel map and every program's IR dumps |
 | `arch` | `None` | the GPU architecture to compile for (`"sm_90"`); default: the device's |
 | `partitioner` | `"min_cut"` | what the forward saves for the backward: `"min_cut"`, AOTAutograd's min-cut rematerialization partitioner (inductor's too: saves the fewest bytes and recomputes cheap elementwise values in the backward; a loss head then saves its bf16 logits and two row statistics, and its backward recomputes the float32 cast, instead of 1.6 GB of float32 log-probabilities written and read back at GPT-2's size); `"default"`, AOTAutograd's default partitioner (saves what the backward reads); `"recompute"`, the min-cut partitioner allowed to recompute cheap values that the backward reads through a GEMM (`ban_recompute_materialized_backward` off: an MLP's GELU output, a layer norm's bf16 output, bf16 copies of weights are recomputed from what is saved anyway, one layer at a time, instead of saved for every layer: 1.1 GiB less saved by transformers' GPT-2 small at batch 8 × 1024, 0.23 GiB off its peak (benchmarks/model_memory.py), for an elementwise pass per recomputed value in the backward) |
-| `aot_cache` | `True` | keep AOTAutograd's result in torch's AOTAutogradCache (TORCHINDUCTOR_CACHE_DIR/aotautograd), its entry naming tecc's disk-cache entries: a second process skips AOTAutograd's joint trace and partitioner (aot_cache.py; H200, 12-layer GPT-2: the second process's first step 7.4 -> 4.6 s). A torch without the API compiles as without it; off with TECC_NO_CACHE=1. The backward is then compiled with the forward, not at the first backward call |
+| `aot_cache` | `True` | keep AOTAutograd's result in torch's AOTAutogradCache (TORCHINDUCTOR_CACHE_DIR/aotautograd), its entry naming tecc's disk-cache entries: a second process skips AOTAutograd's joint trace and partitioner (aot_cache.py; H200, 12-layer GPT-2: the second process's first step 7.4 -> 4.6 s), and AOTAutograd altogether where its runtime would only call the graphs (direct.py). A torch without the API compiles as without it; off with TECC_NO_CACHE=1. The backward is then compiled with the forward, not at the first backward call |
 | `parallel_compile` | `None` (auto) | with `aot_cache` (AOTAutograd then compiles the backward right after the forward), compile the forward graph in a worker process while this one compiles the backward; the forward's first call waits for the worker and loads the graph from tecc's disk cache (a failed worker is logged and the graph compiled in the caller's process then). Auto: on for a CUDA graph of at least 150 ATen ops on a machine of 4 or more CPUs (the worker's start, ~2-3 s of importing torch, is then hidden behind the backward's compile); never for the emulator's graphs, a graph with tensor constants, or with `dump_ir` (tecc/torch/background.py) |
 """
 
@@ -35,7 +35,7 @@ import torch
 from torch.fx import GraphModule
 
 from ..ir.errors import TeccError
-from . import aot_cache, background, cache
+from . import aot_cache, background, cache, direct
 from .decompositions import decomposition_table
 from .report import GraphReport, record
 from .runtime import CompiledGraph, with_cuda_graph
@@ -119,19 +119,34 @@ def tecc_backend(gm: GraphModule, example_inputs: Sequence[Any], options: dict[s
     number = next(_graphs)
     aot = (opts.aot_cache and not opts.dump_ir and cache.enabled() and aot_cache.available()
            and not _symbolic(example_inputs))
+    # a later process's graph without AOTAutograd (direct.py): its entry, else one recorded now
+    entry_key = direct.key(gm, example_inputs, aot_cache.identity(_identity(opts))) if aot else None
+    if entry_key is not None:
+        found = direct.load(entry_key, lambda key, name: from_disk_cache(key, opts, name, []), f"g{number}")
+        if found is not None:
+            return found
+    recorder = direct.Recorder(len(example_inputs)) if entry_key is not None else None
 
     def compiler(kind: str) -> Callable[[GraphModule, Sequence[Any]], Any]:
         def compile_fn(graph: GraphModule, inputs: Sequence[Any]) -> Any:
             if aot:
-                return _for_aot_cache(graph, opts, f"g{number}_{kind}", parallel=kind == "forward")
+                if recorder is not None:  # before the compile changes the graph (lifted constants)
+                    recorder.note(kind, graph)
+                code = _for_aot_cache(graph, opts, f"g{number}_{kind}", parallel=kind == "forward")
+                if recorder is not None:
+                    recorder.keyed(kind, code.key)
+                return code
             return compile_graph(graph, inputs, opts, f"g{number}_{kind}")
 
         return aot_cache.serializable(compile_fn) if aot else compile_fn
 
     with aot_cache.engaged(_identity(opts)) if aot else contextlib.nullcontext():
-        return aot_module_simplified(gm, example_inputs, fw_compiler=compiler("forward"),
-                                     bw_compiler=compiler("backward"), inference_compiler=compiler("inference"),
-                                     decompositions=decomposition_table(), **partition(opts.partitioner))
+        compiled = aot_module_simplified(gm, example_inputs, fw_compiler=compiler("forward"),
+                                         bw_compiler=compiler("backward"), inference_compiler=compiler("inference"),
+                                         decompositions=decomposition_table(), **partition(opts.partitioner))
+    if recorder is not None and entry_key is not None and (recorder.graphs or recorder.refused):  # else: a hit
+        recorder.save(entry_key)
+    return compiled
 
 
 def _symbolic(example_inputs: Sequence[Any]) -> bool:

@@ -12,6 +12,7 @@ embedding's backward, one tc.scatter_add (lowering/indexing.py).
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -37,11 +38,56 @@ KEEP = (
 )
 
 
-@functools.cache
-def decomposition_table() -> dict[Any, Any]:
-    """The table (made once per process: building it takes ~0.1 s). AOTAutograd only reads it."""
+def _build() -> dict[Any, Any]:
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(list(EXTRA)))
     for op in KEEP:
         table.pop(op, None)
     return table
+
+
+class _Table(dict[Any, Any]):
+    """The table, built at its first read (~0.1-0.2 s): AOTAutograd reads it only when it traces,
+    so a hit of its cache (a second process) never builds it. Every read goes through a method
+    that builds it first; once built, the entries are the dict's own."""
+
+    _built = False
+
+    def _ready(self) -> "_Table":
+        if not self._built:
+            self._built = True
+            super().update(_build())
+        return self
+
+    def __len__(self) -> int:
+        return super(_Table, self._ready()).__len__()
+
+    def __iter__(self) -> Iterator[Any]:
+        return super(_Table, self._ready()).__iter__()
+
+    def __contains__(self, key: object) -> bool:
+        return super(_Table, self._ready()).__contains__(key)
+
+    def __getitem__(self, key: Any) -> Any:
+        return super(_Table, self._ready()).__getitem__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return super(_Table, self._ready()).get(key, default)
+
+    def keys(self) -> Any:
+        return super(_Table, self._ready()).keys()
+
+    def items(self) -> Any:
+        return super(_Table, self._ready()).items()
+
+    def values(self) -> Any:
+        return super(_Table, self._ready()).values()
+
+    def copy(self) -> dict[Any, Any]:
+        return dict(self.items())
+
+
+@functools.cache
+def decomposition_table() -> dict[Any, Any]:
+    """The table (one per process, built at its first read). AOTAutograd only reads it."""
+    return _Table()
