@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -339,3 +340,57 @@ def test_a_tangent_gets_the_strides_its_graph_was_compiled_for() -> None:
     assert same is g
     moved = _strided(g.t().contiguous().t(), (2, 3), (3, 1))
     assert moved.stride() == (3, 1) and torch.equal(moved, g)
+
+
+def test_outputs_with_and_without_gradients_come_back_directly(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A training graph returning two tensors that take a gradient (the second's arrives
+    transposed: other strides than the compiled ones), an integer tensor and a detached one:
+    after dynamo forgets the graph, the direct runtime gives the same values, the same
+    requires_grad and the same parameter gradients as the first compile and as eager. An output
+    that is a view of an intermediate is AOTAutograd's to regenerate: not recorded."""
+    from tecc.torch import direct
+
+    _direct_env(monkeypatch, tmp_path)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 6)
+            self.view = False
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            y = torch.tanh(self.fc(x))
+            out = (y * 2.0, y + 1.0, y.argmax(dim=1), y.detach() * 3.0)
+            return out + ((y * 5.0).t(),) if self.view else out
+
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(5, 8)
+
+    def run(fn: Any) -> tuple[list[torch.Tensor], torch.Tensor]:
+        net.zero_grad()
+        outs = fn(x)
+        (outs[0].sum() + (outs[1].t() * torch.arange(30.0).reshape(6, 5)).sum()).backward()
+        return [o.detach().clone() for o in outs] + [torch.tensor([o.requires_grad for o in outs])], \
+            net.fc.weight.grad.clone()
+
+    before = dict(direct.STATS)
+    expected, expected_grad = run(net)
+    first, first_grad = run(torch.compile(net, backend="tecc"))
+    assert direct.STATS["stored"] == before["stored"] + 1, direct.STATS
+    torch._dynamo.reset()
+    again, again_grad = run(torch.compile(net, backend="tecc"))
+    assert direct.STATS["hits"] == before["hits"] + 1, direct.STATS
+    for got in (first, again):
+        assert got[-1].tolist() == [True, True, False, False]
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(again_grad, expected_grad, rtol=1e-5, atol=1e-5)
+    assert torch.equal(again_grad, first_grad)
+
+    torch._dynamo.reset()
+    net.view = True
+    stored = direct.STATS["stored"]
+    viewed, _ = run(torch.compile(net, backend="tecc"))
+    assert direct.STATS["not_recorded"] == "an output aliases an input or another output", direct.STATS
+    assert direct.STATS["stored"] == stored
+    torch.testing.assert_close(viewed[4], net(x)[4].detach(), rtol=1e-5, atol=1e-5)
