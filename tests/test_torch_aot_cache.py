@@ -394,3 +394,37 @@ def test_outputs_with_and_without_gradients_come_back_directly(monkeypatch: pyte
     assert direct.STATS["not_recorded"] == "an output aliases an input or another output", direct.STATS
     assert direct.STATS["stored"] == stored
     torch.testing.assert_close(viewed[4], net(x)[4].detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_direct_backward_leaves_the_saved_tensors_to_the_graph() -> None:
+    """The backward graph gets the saved tensors in a list it clears, and nothing else holds
+    them: each is freed after its last reader (the activations' memory during the backward)."""
+    import gc
+    import weakref
+
+    from tecc.torch.direct import _training
+
+    seen: dict[str, Any] = {}
+
+    def forward(args: list[Any]) -> list[torch.Tensor]:
+        x = args[0]
+        args.clear()
+        saved = x * 2.0
+        seen["ref"] = weakref.ref(saved)
+        return [x * 3.0, saved]
+
+    def backward(args: list[Any]) -> list[torch.Tensor]:
+        saved, tangent = args
+        args.clear()
+        result = saved * tangent
+        del saved
+        gc.collect()
+        seen["alive"] = seen["ref"]() is not None
+        return [result]
+
+    run = _training(forward, backward, 1, [True], [((4,), (1,))])
+    x = torch.randn(4, requires_grad=True)
+    (y,) = run(x)
+    y.sum().backward()
+    assert seen["alive"] is False
+    torch.testing.assert_close(x.grad, x.detach() * 2.0)

@@ -272,11 +272,13 @@ def _training(forward: Callable[[list[Any]], Any], backward: Callable[[list[Any]
             if torch.is_grad_enabled():
                 raise RuntimeError("tecc: a compiled graph's backward cannot be differentiated again "
                                    "(double backward is not supported, as with AOTAutograd)")
-            saved = list(ctx.saved_tensors)
+            # the boxed list is the only holder of the saved tensors the backward graph is given
+            # (it clears the list and frees each after its last reader, as under AOTAutograd)
+            args = list(ctx.saved_tensors)
             if hasattr(ctx, "maybe_clear_saved_tensors"):
-                ctx.maybe_clear_saved_tensors()  # the backward graph frees each after its last reader
+                ctx.maybe_clear_saved_tensors()
             given = [g for g, d in zip(grads, differentiable) if d]
-            args = saved + [_strided(g, shape, strides) for g, (shape, strides) in zip(given, tangents)]
+            args += [_strided(g, shape, strides) for g, (shape, strides) in zip(given, tangents)]
             with _autocast_off():
                 return tuple(backward(args))
 
