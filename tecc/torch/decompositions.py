@@ -55,8 +55,8 @@ class _Table(dict[Any, Any]):
 
     def _ready(self) -> "_Table":
         if not self._built:
-            self._built = True
             super().update(_build())
+            self._built = True  # after the entries: a concurrent reader builds again rather than reads half
         return self
 
     def __len__(self) -> int:
