@@ -359,3 +359,54 @@ def test_resnet50_bf16_channels_last_batch_32_matches_eager_on_the_gpu():
     error = ((y.float() - reference).abs().max() / reference.abs().max()).item()
     assert error <= 3e-2, error
     assert_no_fallback()
+
+
+HF_CHILD = r"""
+import json, os, sys
+import torch
+sys.path.insert(0, "tests")
+from test_torch_hf_models import gpt2, token_batches
+from tecc.torch import backend, direct
+backend._target = lambda emulate: "cuda"   # graphs in the disk cache (cubins, run in the emulator)
+model = gpt2(os.environ["ATTENTION"])
+run = torch.compile(model, backend="tecc", options={"fallback": "error"})
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+losses = []
+for ids in token_batches(2):
+    out = run(input_ids=ids, labels=ids)
+    out.loss.backward()
+    grad = float(model.lm_head.weight.grad.double().abs().sum())
+    opt.step(); opt.zero_grad()
+    losses.append(out.loss.item())
+print(json.dumps({"losses": losses, "grad": grad, "direct": direct.STATS}))
+"""
+
+
+@pytest.mark.parametrize("attention", ["sdpa"])
+def test_gpt2_lm_head_model_in_a_later_process_skips_aotautograd(attention, tmp_path):
+    """transformers' GPT-2 in two processes with tecc's caches: the model's graph is recorded
+    (tecc/torch/direct.py) and the next process calls it without AOTAutograd, training exactly
+    as the first; the loss's graph (after transformers' graph break) returns a view, which
+    AOTAutograd's runtime regenerates, so it is not recorded and keeps AOTAutograd's cache."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    _transformers()
+    root = Path(__file__).resolve().parent.parent
+    path = os.pathsep.join(p for p in (str(root), *sys.path) if p)
+    env = dict(os.environ, PYTHONPATH=path, TECC_CACHE_DIR=str(tmp_path / "tecc"), ATTENTION=attention,
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "torch"), TECC_BUILD_CACHE="1")
+    env.pop("TECC_NO_CACHE", None)
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", HF_CHILD], cwd=root, env=env, capture_output=True, text=True,
+                              timeout=900)
+        assert done.returncode == 0, done.stderr[-4000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["direct"]["stored"] == 1, first
+    assert first["direct"]["not_recorded"] == "an output aliases an input or another output", first
+    assert second["direct"]["hits"] == 1, second
+    assert second["losses"] == first["losses"] and second["grad"] == first["grad"]
