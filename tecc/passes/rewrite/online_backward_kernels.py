@@ -32,13 +32,13 @@ from ...ir.expr import (
     size_product,
     substitute,
     walk,
-    warp_shuffle,
 )
 from ...ir.intrinsics import lookup
 from ...ir.stmt import Allocate, AsyncCopy, Buffer, BufferStore, For, IfThenElse, PrimFunc, Stmt, seq
 from ...ir.tensor import ComputeOp
 from ...ir.visitor import SubexpressionReplacer
 from ..lower import kernel_params, signature
+from ..schedule.cross_thread import warp_allreduce
 from ..schedule.tensorize import INTRINSICS
 from .key_tiles import kept_conditions, whole_tile
 from .mma_tiles import LOG2E, TileStaging, fold_log2e
@@ -86,15 +86,6 @@ def prepass_vector(chain: BackwardChain) -> tuple[int, int]:
     while lanes > 1 and extents and any(lanes * width > e for e in extents):
         lanes //= 2
     return width, lanes
-
-
-def _halvings(lanes: int) -> tuple[int, ...]:
-    """The shuffle distances that sum groups of `lanes` lanes (lanes/2, ..., 1)."""
-    out, m = [], lanes // 2
-    while m:
-        out.append(m)
-        m //= 2
-    return tuple(out)
 
 
 class BackwardKernels(TileStaging):
@@ -186,8 +177,7 @@ class BackwardKernels(TileStaging):
                 total_sum = total_sum + partial[Const(i, dt.int32)]
             # the shuffles outside the row guard: every lane of the warp takes part (a warp's last
             # rows may lie past the end)
-            shuffles = [BufferStore(partial, (zero,), partial[zero] + warp_shuffle("shfl_xor", partial[zero], m))
-                        for m in _halvings(lanes)]
+            shuffles = warp_allreduce(partial, "+", lanes)
             # the reduction replaced before the row is substituted: substituting first would build a
             # new Reduce that the replacer does not find, and lane 0 would sum the row again alone
             value = substitute(SubexpressionReplacer({red: cast(partial[zero], red.dtype)}).visit(op.body),
@@ -195,7 +185,7 @@ class BackwardKernels(TileStaging):
             st2, val2 = lower.value(value)
             body += [For(v, zero, Const(width, dt.int32), "unroll", BufferStore(partial, (v,), Const(0.0, dt.float32))),
                      IfThenElse(inside, For(k, zero, Const(-(-extent // (lanes * width)), dt.int32), "unroll", vector)),
-                     BufferStore(partial, (zero,), total_sum), *shuffles,
+                     BufferStore(partial, (zero,), total_sum), shuffles,
                      IfThenElse(logical_and(inside, compare("==", lane, zero)),
                                 seq(*st2, BufferStore(self.buffers[stat], at, cast(val2, stat.dtype))))]
         for o in self.row_side:   # 16-byte stores of zeros where the columns come in fours

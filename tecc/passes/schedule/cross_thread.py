@@ -47,11 +47,13 @@ WARP = 32
 COMBINERS = ("+", "*", "max", "min", "fmax", "fmin")
 
 
-def warp_allreduce(acc: Buffer, op: str) -> Stmt:
-    """The shuffle butterfly: every lane's acc[0] becomes the warp's combination."""
+def warp_allreduce(acc: Buffer, op: str, lanes: int = WARP) -> Stmt:
+    """The shuffle butterfly: every lane's acc[0] becomes the combination over its group of
+    `lanes` consecutive lanes (a power of two up to the warp; lanes ^ m for m = lanes/2, ..., 1:
+    the whole warp by default)."""
     zero = Const(0, dt.int32)
     steps: list[Stmt] = []
-    mask = WARP // 2
+    mask = lanes // 2
     while mask >= 1:
         steps.append(BufferStore(acc, (zero,), binary(op, acc[zero], warp_shuffle("shfl_xor", acc[zero], mask))))
         mask //= 2
@@ -81,16 +83,11 @@ def allreduce(acc: Buffer, op: str, lane: Expr, threads: int, name: str, shuffle
     zero = Const(0, dt.int32)
     red = Buffer(name, acc.dtype, (warps,), "shared", tensor=f"{acc.tensor}.block")
     if shuffle_stage and warps & (warps - 1) == 0:
-        steps: list[Stmt] = []
-        mask = warps // 2
-        while mask >= 1:
-            steps.append(BufferStore(acc, (zero,), binary(op, acc[zero], warp_shuffle("shfl_xor", acc[zero], mask))))
-            mask //= 2
         return seq(warp_stage, Allocate(red, seq(
             IfThenElse(lane % WARP == 0, BufferStore(red, (lane // WARP,), acc[zero])),
             Barrier(),
             BufferStore(acc, (zero,), red[lane % warps]),
-            *steps)))
+            warp_allreduce(acc, op, warps))))
     w = Var(f"{name}_w", dt.int32)
     block_stage = seq(
         IfThenElse(lane % WARP == 0, BufferStore(red, (lane // WARP,), acc[zero])),
