@@ -68,11 +68,8 @@ def backward_tilings(widest: int, wgmma: bool = False) -> tuple[dict[str, Any], 
     kernel_dq = {"dq": "kernel", "dq_rows": 64, "dq_key_tile": 64}
     if wgmma:   # the query-major kernel on wgmma: two warpgroups of 64 rows over 64-key blocks
         wide = {"dq": "kernel", "dq_rows": 128, "dq_key_tile": 64}
-        if widest <= 64:   # one warpgroup per block in both kernels (SM90_MEASURED_FIRST)
-            narrow = {"dq": "kernel", "dq_rows": 64, "dq_key_tile": 64}
-            points.append({"key_tile": 64, "rows": 64, **narrow, "wgmma": True, "stages": 3})
-            points.append({"key_tile": 64, "rows": 64, **narrow, "wgmma": True})
-            points.append({"key_tile": 128, "rows": 64, **narrow, "wgmma": True})
+        if widest <= 64:   # one warpgroup per block in both kernels
+            points.extend(dict(p) for p in SM90_MEASURED_FIRST)
         points.append({"key_tile": 128, "rows": 64, "dq_columns": 32, "wgmma": True})
         points.append({"key_tile": 128, "rows": 64, **wide, "wgmma": True})
         points.append({"key_tile": 128, "rows": 32, **wide, "wgmma": True})
