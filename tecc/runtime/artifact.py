@@ -183,18 +183,20 @@ def write_artifact(path: str | os.PathLike[str], manifest: Mapping[str, Any], cu
     validate_manifest(manifest)
     files = artifact_paths(path)
     files["json"].parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(files["cubin"], bytes(cubin))
+    write_atomically(files["cubin"], bytes(cubin))
     if ptx is not None:
-        _atomic_write(files["ptx"], ptx.encode("utf-8"))
+        write_atomically(files["ptx"], ptx.encode("utf-8"))
     if cuda_source is not None:
-        _atomic_write(files["cu"], cuda_source.encode("utf-8"))
+        write_atomically(files["cu"], cuda_source.encode("utf-8"))
     if loop_ir is not None:
-        _atomic_write(files["ir"], loop_ir.encode("utf-8"))
-    _atomic_write(files["json"], json.dumps(manifest, indent=2).encode("utf-8"))
+        write_atomically(files["ir"], loop_ir.encode("utf-8"))
+    write_atomically(files["json"], json.dumps(manifest, indent=2).encode("utf-8"))
     return Path(path)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes) -> None:
+    """`data` written to a temporary beside `path`, then renamed over it: a reader sees the old
+    file or the new one, never half of one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)

@@ -91,14 +91,13 @@ def identity(options: dict[str, Any]) -> str:
 
 
 @contextlib.contextmanager
-def engaged(options: dict[str, Any]) -> Iterator[None]:
+def engaged(uuid: str) -> Iterator[None]:
     """AOTAutograd's cache on, bundled (the output code pickled into the entry), and tecc's
-    identity in its key, for one `aot_module_simplified` call."""
+    identity (`identity(options)`) in its key, for one `aot_module_simplified` call."""
     from torch._functorch import config
     from torch._inductor import config as inductor_config
 
     _, _, CustomGraphPass, _, _ = _imports()
-    uuid = identity(options)
 
     class TeccKey(CustomGraphPass):  # type: ignore[misc, valid-type]
         """Never run: its uuid puts tecc's identity into torch's key."""

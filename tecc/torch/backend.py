@@ -119,8 +119,9 @@ def tecc_backend(gm: GraphModule, example_inputs: Sequence[Any], options: dict[s
     number = next(_graphs)
     aot = (opts.aot_cache and not opts.dump_ir and cache.enabled() and aot_cache.available()
            and not _symbolic(example_inputs))
+    identity = aot_cache.identity(_identity(opts)) if aot else ""
     # a later process's graph without AOTAutograd (direct.py): its entry, else one recorded now
-    entry_key = direct.key(gm, example_inputs, aot_cache.identity(_identity(opts))) if aot else None
+    entry_key = direct.key(gm, example_inputs, identity) if aot else None
     if entry_key is not None:
         found = direct.load(entry_key, lambda key, name: from_disk_cache(key, opts, name, []), f"g{number}")
         if found is not None:
@@ -140,7 +141,7 @@ def tecc_backend(gm: GraphModule, example_inputs: Sequence[Any], options: dict[s
 
         return aot_cache.serializable(compile_fn) if aot else compile_fn
 
-    with aot_cache.engaged(_identity(opts)) if aot else contextlib.nullcontext():
+    with aot_cache.engaged(identity) if aot else contextlib.nullcontext():
         compiled = aot_module_simplified(gm, example_inputs, fw_compiler=compiler("forward"),
                                          bw_compiler=compiler("backward"), inference_compiler=compiler("inference"),
                                          decompositions=decomposition_table(), **partition(opts.partitioner))

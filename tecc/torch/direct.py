@@ -36,7 +36,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -45,6 +44,7 @@ import torch
 from torch.fx import GraphModule
 
 from ..compiler import options as knobs
+from ..runtime.artifact import write_atomically
 
 log = logging.getLogger("tecc.torch")
 
@@ -156,9 +156,7 @@ class Recorder:
         path = _path(entry_key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = path.with_suffix(f".{os.getpid()}.tmp")
-            temporary.write_text(json.dumps(entry))
-            temporary.replace(path)
+            write_atomically(path, json.dumps(entry).encode())
         except OSError as e:
             log.info("tecc: direct entry not written (%s)", e)
             return False
