@@ -84,11 +84,13 @@ def _batches(steps: int, batch: int, context: int, vocab: int):
              torch.randint(0, vocab, (batch, context), generator=g).cuda()) for _ in range(steps)]
 
 
-def _train(run, model, data, warmup: int) -> tuple[float, float, list[float]]:
-    """(median step ms after warmup, first call s, losses) of AdamW steps under bf16 autocast."""
+def _train(run, model, data, warmup: int) -> tuple[float, float, list[float], float]:
+    """(median step ms after warmup, first call s, losses, the first step's peak of allocated GPU
+    memory in GiB: the weights, the optimizer's state made at its first step, the activations the
+    forward saves, the backward's) of AdamW steps under bf16 autocast."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     losses, times = [], []
-    first = None
+    first = peak = None
     torch.cuda.reset_peak_memory_stats()
     for step, (idx, targets) in enumerate(data):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -103,30 +105,23 @@ def _train(run, model, data, warmup: int) -> tuple[float, float, list[float]]:
         torch.cuda.synchronize()
         if first is None:
             first = time.perf_counter() - wall
-            FIRST_STEP_PEAK.append(torch.cuda.max_memory_allocated() / 2**30)
+            peak = torch.cuda.max_memory_allocated() / 2**30
         if step >= warmup:
             times.append(start.elapsed_time(end))
         losses.append(loss.item())
-    return (statistics.median(times) if times else float("nan")), first or float("nan"), losses
-
-
-# the peak of allocated GPU memory over each _train call's first step, GiB (the weights, the
-# optimizer's state made at its first step, the activations the forward saves, the backward's)
-FIRST_STEP_PEAK: list[float] = []
+    nan = float("nan")
+    return (statistics.median(times) if times else nan), first or nan, losses, nan if peak is None else peak
 
 
 def _compare(label: str, base, data, args: argparse.Namespace) -> list[str]:
     """One row per backend for the model `base` (each from a copy of its weights)."""
-    results: dict[str, tuple[float, float, list[float]]] = {}
-    peaks: dict[str, float] = {}
+    results: dict[str, tuple[float, float, list[float], float]] = {}
     rows = []
     for backend in args.backends:
         torch._dynamo.reset()
         model = copy.deepcopy(base)
         try:
-            FIRST_STEP_PEAK.clear()
             results[backend] = _train(_compiled(model, backend, args.strict, args.aot_cache), model, data, args.warmup)
-            peaks[backend] = FIRST_STEP_PEAK[0]
         except Exception as exc:  # noqa: BLE001 - a failing backend is reported, the others still run
             message = str(exc).strip().splitlines()
             rows.append(f"| {label} | {backend} | failed: {type(exc).__name__}: {message[0][:160] if message else ''} "
@@ -134,11 +129,11 @@ def _compare(label: str, base, data, args: argparse.Namespace) -> list[str]:
         del model
         torch.cuda.empty_cache()
     eager = results.get("eager")
-    for backend, (ms, first, losses) in results.items():
+    for backend, (ms, first, losses, _) in results.items():
         diff = max(abs(a - b) for a, b in zip(losses, eager[2])) if eager else float("nan")
         rows.append(f"| {label} | {backend} | {ms:.1f} | {first:.1f} | {losses[-1]:.4f} | {diff:.2e} |")
     print(f"\n{label}: peak GiB of the first step (training only, this process): "
-          + ", ".join(f"{b} {p:.2f}" for b, p in peaks.items()))
+          + ", ".join(f"{b} {r[3]:.2f}" for b, r in results.items()))
     print(f"\nlosses per step ({label}):")
     print("step " + " ".join(f"{b:>10s}" for b in results))
     for step in range(len(data)):
@@ -226,12 +221,12 @@ def _child_compile(attention: str, args: argparse.Namespace) -> None:
 
         profile = cProfile.Profile()
         profile.enable()
-    _, first, losses = _train(compiled, model, data, 1)
+    _, first, losses, peak = _train(compiled, model, data, 1)
     if profile is not None:
         profile.disable()
         profile.dump_stats(args.profile_second_process)
     phases["first step"] = first
-    phases["peak GiB of the first step"] = FIRST_STEP_PEAK[-1]
+    phases["peak GiB of the first step"] = peak
     phases["  of which the optimizer step and the synchronize"] = first - phases["  of which the forward call"] \
         - phases["  of which the backward call"]
     names, seconds = compile_times(repr="csv", aggregate=True)
