@@ -282,6 +282,35 @@ def _shared_random_calls(emitter: StatementEmitter, value: Expr, v: Var, lanes: 
     return lane_nodes
 
 
+# a pair of 16-bit floats in one 32-bit register, and the conversion of two float32 values into it
+_PAIRS = {dt.bfloat16: ("__nv_bfloat162", "__floats2bfloat162_rn"), dt.float16: ("__half2", "__floats2half2_rn")}
+
+
+def _emit_pair_conversion(emitter: StatementEmitter, store: BufferStore, v: Var, width: int) -> bool:
+    """A 2-lane store of two float32 values converted to a 16-bit fragment (registers, declared
+    16-byte aligned) at an even offset: one paired conversion into the 32-bit register that holds
+    both, `*reinterpret_cast<__nv_bfloat162*>(&frag[base]) = __floats2bfloat162_rn(a, b)` (one
+    F2FP.PACK_AB), where two scalar conversions leave ptxas packing the pair and splitting it into
+    two 16-bit values that byte permutes join again where an mma operand reads the pair. False
+    (nothing emitted) for any other store."""
+    buffer = store.buffer
+    if width != 2 or buffer.scope != "fragment" or buffer.dtype not in _PAIRS:
+        return False
+    offset = emitter.expr.offset(buffer, store.indices)
+    if affine_coefficient(offset, v) != 1:
+        return False
+    base = substitute(offset, {v: Const(0, v.dtype)})
+    values = [substitute(store.value, {v: Const(k, v.dtype)}) for k in range(2)]
+    if not divisible_by(base, 2) or not all(isinstance(x, Cast) and x.dtype == buffer.dtype
+                                             and x.a.dtype == dt.float32 for x in values):
+        return False
+    pair, convert = _PAIRS[buffer.dtype]
+    code = emitter.expr.code
+    emitter.line(f"*reinterpret_cast<{pair}*>(&{emitter.buffer_name(buffer)}[{code(base)}]) = "
+                 f"{convert}({', '.join(code(x.a) for x in values)});")  # type: ignore[attr-defined]
+    return True
+
+
 def emit_vector_loop(emitter: StatementEmitter, loop: For) -> bool:
     """Emit `loop` (kind vectorize) with vector accesses; False (nothing emitted) when it does
     not have the shape described in the module docstring.
@@ -301,6 +330,8 @@ def emit_vector_loop(emitter: StatementEmitter, loop: For) -> bool:
     if width not in (2, 4, 8, 16) or const_int(loop.min) != 0 or not isinstance(store, BufferStore):
         return False
     v = loop.var
+    if guard is None and _emit_pair_conversion(emitter, store, v, width):
+        return True
     store_base = _contiguous_base(emitter, store.buffer, store.indices, v, width)
     vector_loads_found = []
     for node, conds in _guarded_loads(store.value, v):

@@ -70,6 +70,8 @@ def backward_tilings(widest: int, wgmma: bool = False) -> tuple[dict[str, Any], 
         wide = {"dq": "kernel", "dq_rows": 128, "dq_key_tile": 64}
         if widest <= 64:   # one warpgroup per block in both kernels
             points.extend(dict(p) for p in SM90_MEASURED_FIRST)
+        else:   # one warpgroup per block of the key-major kernel, two of dQ's
+            points.extend(dict(p) for p in SM90_WIDE_MEASURED_FIRST)
         points.append({"key_tile": 128, "rows": 64, "dq_columns": 32, "wgmma": True})
         points.append({"key_tile": 128, "rows": 64, **wide, "wgmma": True})
         points.append({"key_tile": 128, "rows": 32, **wide, "wgmma": True})
@@ -148,8 +150,11 @@ def backward_workload(chain: BackwardChain, point: dict[str, Any], target: Targe
     row_bytes = sum(2 * BM * (const_int(b.shape[-1]) or 0) for b in _row_widths(chain))
     NQ = int(point.get("dq_columns", 32))
     stages = int(point.get("stages", 2))
+    # the fragments, plus addressing: 48 on mma.sync, 24 on wgmma (whose descriptors are uniform
+    # registers; 64 x 64 at d = 128: 224 fragment registers, 236 from ptxas)
     regs = (registers or {}).get("main") or (BM // 2 * len(chain.contractions) + BM // 4 * len(chain.of_kind("key"))
-                                             + key_cols // 2 + (NQ // 2 if side else 0) + 48)
+                                             + key_cols // 2 + (NQ // 2 if side else 0)
+                                             + (24 if point.get("wgmma") else 48))
     atomics = tiles * BM * side
     elements = tiles * BN * BM
     then = None if atomic or not row_cols else _rows_workload(chain, point, target, rate if point.get("wgmma") else sync_rate,
@@ -246,11 +251,26 @@ SM90_MEASURED_FIRST = (
 )
 
 
+# At d = 128 (stop 35, the kernels' index arithmetic, masked tiles and epilogue rewritten; fp16,
+# `attention_backward.py --dims 128 --seqs 1024 4096 --variant ...`, us per call): 64 keys x 64
+# rows in a 2-stage ring (two blocks per SM: a 3-stage ring of 128-wide rows leaves one) with dQ
+# over 128 rows, against the earlier pick 128 x 32 (dQ 128 rows), 128 x 64 and 64 x 64 (3
+# stages, dQ 64 rows): S 1k 1077.1 / 1208.9 / 1080.9 / 1178.6, causal 715.0 / 855.7 / 725.8 /
+# 799.4; S 4k 3550.6 / 4093.4 / 3639.4 / 4050.5, causal 2048.9 / 2315.4 / 2021.2 / 2210.3;
+# grouped (32 over 8 heads) S 8k 14071.5 / 17723.5 / 14905.6 / 17174.0.
+SM90_WIDE_MEASURED_FIRST = (
+    {"key_tile": 64, "rows": 64, "dq": "kernel", "dq_rows": 128, "dq_key_tile": 64, "wgmma": True, "stages": 2},
+    {"key_tile": 128, "rows": 64, "dq": "kernel", "dq_rows": 128, "dq_key_tile": 64, "wgmma": True},
+)
+
+
 def _sm90_preference(point: Point) -> tuple[int, int, int]:
     """(0 for wgmma, else 1; 0 for the query-major dQ, else 1; the point's place in
-    SM90_MEASURED_FIRST, after it those not in it): `order`'s first keys on sm_90."""
+    SM90_MEASURED_FIRST (SM90_WIDE_MEASURED_FIRST at d > 64), after it those not in it): `order`'s
+    first keys on sm_90."""
     bare = {k: v for k, v in point.items() if k != "whole_tiles"}
-    measured = next((i for i, p in enumerate(SM90_MEASURED_FIRST) if p == bare), len(SM90_MEASURED_FIRST))
+    first = SM90_MEASURED_FIRST + SM90_WIDE_MEASURED_FIRST
+    measured = next((i for i, p in enumerate(first) if p == bare), len(first))
     return (0 if point.get("wgmma") else 1, 0 if point.get("dq") == "kernel" else 1, measured)
 
 

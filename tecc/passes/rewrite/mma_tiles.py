@@ -15,15 +15,34 @@ from typing import Any, Callable
 
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
-from ...ir.expr import Binary, Cast, Const, Expr, Select, TensorRead, Var, binary, cast, compare, const_int, select, substitute
+from ...ir.expr import (
+    Binary,
+    BufferLoad,
+    Cast,
+    Const,
+    Expr,
+    Select,
+    TensorRead,
+    Var,
+    binary,
+    cast,
+    compare,
+    const_int,
+    free_vars,
+    select,
+    substitute,
+    walk,
+)
 from ...ir.descriptor import MatrixDescriptor
 from ...ir.intrinsics import WARPGROUP_SIZE, lookup
 from ...ir.stmt import (
     AsyncCopy,
     Buffer,
+    BufferStore,
     For,
     FragmentRef,
     MatrixMultiply,
+    Seq,
     SharedMatrix,
     Stmt,
     WarpgroupCommit,
@@ -76,6 +95,11 @@ class TileStaging:
         v = Var(self.unique(label), dt.int32)
         rolled = (("pragma_unroll", 1),) if kind == "serial" else ()
         return For(v, Const(0, dt.int32), Const(extent, dt.int32), kind, body(v), rolled)
+
+    def element_loop(self, label: str, extent: int, body: Callable[[Var], Stmt]) -> Stmt:
+        """An unrolled loop over a fragment's elements (`unrolled`), its 16-bit fragment stores
+        in pairs where they can be (`paired_stores`)."""
+        return paired_stores(self.unrolled(label, extent, body), self.unique)
 
     def blocked(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
         """The Hopper form's shared tile [stages][width / W][rows][W] of `read`: W = block_width(width)
@@ -243,3 +267,54 @@ def _fold(e: Expr) -> Expr:
 
 __all__ = ["LOG2E", "TileStaging", "block_width", "check_relayout", "check_wgmma_relayout", "descriptor", "fold_log2e",
            "two_n8_tiles"]
+
+
+def _stores(s: Stmt) -> list[Stmt]:
+    return [x for part in s.stmts for x in _stores(part)] if isinstance(s, Seq) else [s]
+
+
+def paired_stores(loop: Stmt, unique: Callable[[str], str]) -> Stmt:
+    """An unrolled loop `for e < 2n: a[base_a + e] = ...; b[base_b + e] = ...` over fragment
+    elements, split into one loop per store (each iteration reads the loop's own buffers only at
+    its element, so the order across stores is free), each store of float32 values converted to a
+    16-bit fragment as n pairs of a 2-lane vector loop: one paired conversion into the 32-bit
+    register an mma operand reads (codegen: vectorize). Any other loop is returned unchanged."""
+    if not isinstance(loop, For) or loop.kind != "unroll" or const_int(loop.min) != 0:
+        return loop
+    extent, e = const_int(loop.extent), loop.var
+    stores = _stores(loop.body)
+    if not extent or extent % 2 or not all(isinstance(x, BufferStore) and len(x.indices) == 1 for x in stores):
+        return loop
+
+    def base(index: Expr) -> Expr | None:
+        if index is e:
+            return Const(0, dt.int32)
+        if isinstance(index, Binary) and index.op == "+" and index.b is e and e not in free_vars(index.a):
+            return index.a
+        return None
+    written = {id(x.buffer): x.indices[0] for x in stores if isinstance(x, BufferStore)}
+    for x in stores:
+        assert isinstance(x, BufferStore)
+        if base(x.indices[0]) is None:
+            return loop
+        for n in walk(x.value):   # the loop's buffers read only at the element's own index
+            if isinstance(n, BufferLoad) and id(n.buffer) in written and n.indices != (written[id(n.buffer)],):
+                return loop
+    if not any(isinstance(x, BufferStore) and x.buffer.scope == "fragment" and x.buffer.dtype.bytes == 2
+               and isinstance(x.value, Cast) for x in stores):
+        return loop
+    loops: list[Stmt] = []
+    for x in stores:
+        assert isinstance(x, BufferStore)
+        if x.buffer.scope == "fragment" and x.buffer.dtype.bytes == 2 and isinstance(x.value, Cast):
+            h, lane = Var(unique("pair"), dt.int32), Var(unique("pair_v"), dt.int32)
+            at = {e: h * 2 + lane}
+            inner = For(lane, Const(0, dt.int32), Const(2, dt.int32), "vectorize",
+                        BufferStore(x.buffer, tuple(substitute(i, at) for i in x.indices), substitute(x.value, at)))
+            loops.append(For(h, Const(0, dt.int32), Const(extent // 2, dt.int32), "unroll", inner))
+        else:
+            fresh = Var(unique(e.name), dt.int32)
+            loops.append(For(fresh, loop.min, loop.extent, "unroll",
+                             BufferStore(x.buffer, tuple(substitute(i, {e: fresh}) for i in x.indices),
+                                         substitute(x.value, {e: fresh})), loop.annotations))
+    return seq(*loops)

@@ -205,9 +205,10 @@ class QueryMajor(BackwardKernels):
         chain = self.chain
         score_frag = self.c_frags[id(self.score_node())]
         whole = self.whole_tiles(self.q0, self.kt * self.BN, self.BM, self.BN)
+        inside = self.inside_tiles(self.q0, self.kt * self.BN, self.BM, self.BN, whole)
         kept = {c: Const(True, dt.bool_) for c in kept_conditions(chain.score)}
 
-        def one(nt: Var, e: Expr, guarded: bool, keep: dict[Expr, Expr] | None = None) -> Stmt:
+        def one(nt: Var, e: Expr, guarded: bool | str, keep: dict[Expr, Expr] | None = None) -> Stmt:
             rr, cc = self.c_map(self.lane, e)
             here = 4 * nt + e
             query = self.q0 + self.warp * 16 + rr
@@ -217,18 +218,17 @@ class QueryMajor(BackwardKernels):
             for buf, read in self.stat_tiles.values():
                 repl[read] = buf[Const(0, dt.int32), self.warp * 16 + rr]
             repl.update(keep or {})
-            if not guarded:
-                repl, ok = {**repl, **kept}, Const(True, dt.bool_)
+            repl, wrepl, ok = self.element_mode(guarded, repl, ok, kept)
             at = {chain.query: query, chain.key: key}
             stmts: list[Stmt] = [self._guarded(score_frag, (here,), self.probability(repl, at), ok)]
             for o in self.outputs:
-                w = self.weight(o, repl, score_frag[here], at)
+                w = self.weight(o, wrepl, score_frag[here], at)
                 stmts.append(self._guarded(self.w_frags[id(o.tensor)], (here,), w, ok))
             return seq(*stmts)
 
         return self.elementwise_tiles(one, self.BN // 8, whole, lambda form, nt: query_major_keeps(
             form, self.lane, self.q0 + self.warp * 16, self.kt * self.BN + nt * 8, self.unique, self.lower.value,
-            chain.query, chain.key))
+            chain.query, chain.key), inside)
 
     def _row_side(self, stage: Expr) -> Stmt:
         """acc[16 queries x C] += w·Y: A = w from registers (k16 step kk of the keys), B = Y's key
@@ -251,7 +251,8 @@ class QueryMajor(BackwardKernels):
     def _epilogue(self) -> Stmt:
         """Each row-side output's element (query, column) through its epilogue, rows past the end
         not stored."""
-        return self.fragment_outputs(self.outputs, self.chain.query, self.q0, self.chain.rows[-1])
+        return self.fragment_outputs(self.outputs, self.chain.query, self.q0, self.chain.rows[-1],
+                                     [b for b, _ in [*self.key_tiles.values(), *self.row_tiles.values()]])
 
 
 __all__ = ["QueryMajor"]

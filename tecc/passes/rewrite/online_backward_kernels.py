@@ -34,12 +34,13 @@ from ...ir.expr import (
     walk,
 )
 from ...ir.intrinsics import lookup
-from ...ir.stmt import Allocate, AsyncCopy, Buffer, BufferStore, For, IfThenElse, PrimFunc, Stmt, seq
+from ...ir.stmt import Allocate, AsyncCopy, Barrier, Buffer, BufferStore, For, IfThenElse, PrimFunc, Stmt, seq
 from ...ir.tensor import ComputeOp
 from ...ir.visitor import SubexpressionReplacer
 from ..lower import kernel_params, signature
 from ..schedule.cross_thread import warp_allreduce
 from ..schedule.tensorize import INTRINSICS
+from ..schedule.thread_partition import tile_copy
 from .key_tiles import kept_conditions, whole_tile
 from .mma_tiles import LOG2E, TileStaging, fold_log2e
 from .online_backward import BackwardChain, GradOutput
@@ -48,6 +49,8 @@ from .online_contraction import ExpressionLowering, head_indices
 
 WHERE = "online_backward_mma"
 STAGES = 2
+# a tile inside the extents whose elements only the mask decides (BackwardKernels.element_mode)
+MASKED = "masked"
 
 
 def tile_key(read: TensorRead) -> tuple[int, tuple[int, ...]]:
@@ -330,11 +333,44 @@ class BackwardKernels(TileStaging):
         self.whole = "tiles inside the extents and the mask (isl) without the per-element guard"
         return substitute(found, {qv: q0, kv: k0})
 
-    def fragment_outputs(self, outs: list[GradOutput], axis: Var, first: Expr, extent: Expr) -> Stmt:
+    def inside_tiles(self, q0: Expr, k0: Expr, rows: int, keys: int, whole: Expr | None) -> Expr | None:
+        """When the tile of queries [q0, q0 + rows) x keys [k0, k0 + keys) lies inside the extents
+        (the masked tiles on the diagonal of a causal mask, at sizes that are multiples of the
+        tile): the elementwise stage then keeps the mask's conditions but drops the per-element
+        range guard (`element_mode`, MASKED). None when no tile is whole (`whole`: then the
+        weights read tensors per element, or tiles are all guarded by choice) or the score has no
+        mask (a tile inside the extents is then whole)."""
+        chain = self.chain
+        if whole is None or not kept_conditions(chain.score):
+            return None
+        self.whole += "; tiles inside the extents under the mask without the range guard"
+        return compare("<=", k0 + keys, chain.keys) & compare("<=", q0 + rows, chain.rows[-1])
+
+    def element_mode(self, guarded: bool | str, repl: dict[Expr, Expr], ok: Expr,
+                     kept: dict[Expr, Expr]) -> tuple[dict[Expr, Expr], dict[Expr, Expr], Expr]:
+        """(P's replacements, the weights', the element's guard) for a tile `guarded` (True: every
+        element tested against the extents, the mask in the expressions), whole (False: neither)
+        or MASKED (inside the extents: no range guard; the mask stays in P, which is then exactly
+        0 where it is false, so the weights that vanish with P drop it too)."""
+        true = Const(True, dt.bool_)
+        if guarded is False:
+            both = {**repl, **kept}
+            return both, both, true
+        if guarded == MASKED:
+            vanish = all(vanishes(o.weight, self.chain.probs) for o in self.chain.outputs)
+            return repl, ({**repl, **kept} if vanish else repl), true
+        return repl, repl, ok
+
+    def fragment_outputs(self, outs: list[GradOutput], axis: Var, first: Expr, extent: Expr,
+                         free_tiles: list[Buffer] | None = None) -> Stmt:
         """Each output's accumulator (`self.accs`: C fragments of 16 rows per warp) through the
         output's epilogue (its cast) to global memory: element e of n8 tile nt at row first + the
         warp's 16 + the fragment's row of `axis` (the keys or the queries), column nt·8 + the
-        fragment's column; rows at or past `extent` not stored."""
+        fragment's column; rows at or past `extent` not stored. Through shared memory where
+        `free_tiles` (staged tiles the loop no longer reads) hold them (`staged_outputs`)."""
+        staged = self.staged_outputs(outs, axis, first, extent, free_tiles or [])
+        if staged is not None:
+            return staged
         chain = self.chain
         out: list[Stmt] = []
         for o in outs:
@@ -351,36 +387,107 @@ class BackwardKernels(TileStaging):
                 "out_e", 4, lambda e: one(nt, e))))
         return seq(*out)
 
+    def staged_outputs(self, outs: list[GradOutput], axis: Var, first: Expr, extent: Expr,
+                       free_tiles: list[Buffer]) -> Stmt | None:
+        """The outputs through shared memory: each accumulator's elements converted in pairs into a
+        stage of a free tile ([stages][rows][width], or the Hopper form's [stages][width / W][rows]
+        [W]) of the output's dtype and width with room for the rows, a barrier, then 16-byte
+        chunks of whole rows to global memory, rows past `extent` not stored: a thread's dozens of
+        2-byte stores, eight rows apart, become a few 16-byte ones of whole lines. None (the
+        fragments stored directly) where the slots do not hold every output, or an output's
+        epilogue reads memory (it is evaluated for every row here, in range or not)."""
+        chain = self.chain
+        rows = self.warps * 16
+        slots = [(buf, s) for buf in free_tiles for s in range(const_int(buf.shape[0]) or 0)]
+        chosen: list[tuple[GradOutput, Buffer, int]] = []
+        for o in outs:
+            dtype = o.tensor.dtype
+            if dtype.bytes != 2 or any(isinstance(n, TensorRead) for n in walk(o.epilogue)):
+                return None
+            for k, (buf, s) in enumerate(slots):
+                width = (const_int(buf.shape[1]) or 0) * (const_int(buf.shape[3]) or 0) if len(buf.shape) == 4 \
+                    else const_int(buf.shape[2])
+                tile_rows = const_int(buf.shape[-2])
+                if buf.dtype == dtype and width == o.columns and (tile_rows or 0) >= rows:
+                    chosen.append((o, buf, s))
+                    del slots[k]
+                    break
+            else:
+                return None
+
+        def at(buf: Buffer, s: int, r: Expr, col: Expr) -> tuple[Expr, ...]:
+            if len(buf.shape) == 4:
+                w = const_int(buf.shape[3])
+                assert w is not None
+                return Const(s, dt.int32), col // w, r, col % w
+            return Const(s, dt.int32), r, col
+
+        def index(o: GradOutput, row: Expr, col: Expr) -> tuple[Expr, ...]:
+            return tuple(substitute(i, {axis: row, chain.column: col}) for i in o.index)
+
+        writes: list[Stmt] = []
+        copies: list[Stmt] = []
+        for o, buf, s in chosen:
+            acc = self.accs[id(o.tensor)]
+
+            def pair(nt: Var, h: Var, o: GradOutput = o, acc: Buffer = acc, buf: Buffer = buf, s: int = s) -> Stmt:
+                """Elements 2h, 2h + 1 of n8 tile nt: two adjacent columns of one row (the C
+                pattern), one 4-byte store (in one W block: the pair starts at an even column)."""
+                v = Var(self.unique("out_pair"), dt.int32)
+                e = h * 2 + v
+                rr, cc = self.c_map(self.lane, e)
+                r0, c0 = self.c_map(self.lane, h * 2)
+                *lead, last = at(buf, s, self.warp * 16 + r0, nt * 8 + c0)
+                st, val = self.lower.value(substitute(o.epilogue, {
+                    **dict(zip(o.axes, index(o, first + self.warp * 16 + rr, nt * 8 + cc))), o.acc: acc[4 * nt + e]}))
+                return For(v, Const(0, dt.int32), Const(2, dt.int32), "vectorize",
+                           seq(*st, BufferStore(buf, (*lead, last + v), cast(val, o.tensor.dtype))))
+            writes.append(self.unrolled("out_n", o.columns // 8, lambda nt, pair=pair: self.unrolled(
+                "out_h", 2, lambda h: pair(nt, h))))
+
+            def copy(r: Expr, col: Expr, o: GradOutput = o, buf: Buffer = buf, s: int = s) -> Stmt:
+                v = Var(self.unique("out_v"), dt.int32)
+                # the chunk's 8 columns lie in one block of W (col a multiple of 8): v moves the last index
+                *lead, last = at(buf, s, r, col)
+                return IfThenElse(compare("<", first + r, extent), For(v, Const(0, dt.int32), Const(8, dt.int32), "vectorize",
+                                  BufferStore(self.buffers[o.tensor], index(o, first + r, col + v), buf[(*lead, last + v)])))
+            copies.append(tile_copy(self.unrolled, f"out_{o.tensor.name}", self.tx, self.threads, rows, o.columns, 8, copy))
+        return seq(Barrier(), *writes, Barrier(), *copies)
+
     def elementwise_tiles(self, one: Callable[..., Stmt], n8_tiles: int, whole: Expr | None,
-                          keeps_at: Callable[[KeepForm, Var], tuple[Callable[[Stmt], Stmt], list[Expr]]]) -> Stmt:
+                          keeps_at: Callable[[KeepForm, Var], tuple[Callable[[Stmt], Stmt], list[Expr]]],
+                          inside: Expr | None = None) -> Stmt:
         """The elementwise stage over a warp's `n8_tiles` n8 tiles of 4 fragment elements each,
-        `one(nt, e, guarded, keep=None)` per element: guarded unless `whole` (the tile's test)
-        holds. With the chain's dropout on m16n8 fragments, the keep bits of an n8 tile come from
-        one Philox call per four elements (`keeps_at(form, nt)`: its wrap and the four bits)
-        behind a uniform branch, the per-element draws in the other."""
+        `one(nt, e, guarded, keep=None)` per element: unguarded where `whole` (the tile's test)
+        holds, MASKED where `inside` does, else guarded. With the chain's dropout on m16n8
+        fragments, the keep bits of an n8 tile come from one Philox call per four elements
+        (`keeps_at(form, nt)`: its wrap and the four bits) behind a uniform branch, the
+        per-element draws in the other."""
         form = keep_form(self.chain) if m16n8(self.c_map) else None
 
-        def tile(guarded: bool, shared: bool = False) -> Stmt:
+        def tile(guarded: bool | str, shared: bool = False) -> Stmt:
             def n8(nt: Var) -> Stmt:
                 if not shared:
-                    return self.unrolled("tile_e", 4, lambda e: one(nt, e, guarded))
+                    return self.element_loop("tile_e", 4, lambda e: one(nt, e, guarded))
                 assert form is not None
                 wrap, keeps = keeps_at(form, nt)
                 return wrap(seq(*(one(nt, Const(e, dt.int32), guarded, {form.cond: keeps[e]}) for e in range(4))))
             return self.unrolled("tile_n", n8_tiles, n8)
 
-        def both(guarded: bool) -> Stmt:
+        def both(guarded: bool | str) -> Stmt:
             return tile(guarded) if form is None else uniform_branch(form, tile(guarded, True), tile(guarded))
-        return both(True) if whole is None else IfThenElse(whole, both(False), both(True))
+        return by_tile(both, whole, inside)
 
     def _guarded(self, buf: Buffer, idx: tuple[Expr, ...], value: Expr, ok: Expr) -> Stmt:
         """buf[idx] = value where `ok`, else 0; a value that reads global memory (a bias, a mask)
         is evaluated only where `ok` (its reads are in bounds there)."""
         st, val = self.lower.value(value)
-        val = cast(val, buf.dtype)
         if st or any(isinstance(n, BufferLoad) and n.buffer.scope == "global" for n in walk(val)):
-            return IfThenElse(ok, seq(*st, BufferStore(buf, idx, val)), BufferStore(buf, idx, Const(0.0, buf.dtype)))
-        return BufferStore(buf, idx, select(ok, val, Const(0.0, buf.dtype)))
+            return IfThenElse(ok, seq(*st, BufferStore(buf, idx, cast(val, buf.dtype))),
+                              BufferStore(buf, idx, Const(0.0, buf.dtype)))
+        # the conversion outermost (of the guarded float), so that two elements convert as a pair
+        # (TileStaging.element_loop)
+        return BufferStore(buf, idx, cast(select(ok, val, Const(0.0, val.dtype)), buf.dtype))
 
     def _func(self, name: str, body: Stmt, what: str) -> PrimFunc:
         chain = self.chain
@@ -388,6 +495,15 @@ class BackwardKernels(TileStaging):
         attrs: tuple[tuple[str, object], ...] = (("online_backward", tuple(o.tensor.name for o in chain.outputs)),
                                                  ("tensorize", what))
         return PrimFunc(name, params, body, attrs)
+
+
+def by_tile(stage: Callable[[bool | str], Stmt], whole: Expr | None, inside: Expr | None) -> Stmt:
+    """`stage(False)` where `whole` holds, `stage(MASKED)` where `inside` does, else
+    `stage(True)` (BackwardKernels.element_mode)."""
+    guarded = stage(True)
+    if inside is not None:
+        guarded = IfThenElse(inside, stage(MASKED), guarded)
+    return guarded if whole is None else IfThenElse(whole, stage(False), guarded)
 
 
 def vanishes(w: Expr, p: Expr) -> bool:
@@ -411,4 +527,4 @@ def vanishes(w: Expr, p: Expr) -> bool:
 
 
 
-__all__ = ["BackwardKernels", "STAGES", "Tiles", "WHERE", "tile_key", "unflatten", "vanishes"]
+__all__ = ["BackwardKernels", "MASKED", "STAGES", "by_tile", "Tiles", "WHERE", "tile_key", "unflatten", "vanishes"]

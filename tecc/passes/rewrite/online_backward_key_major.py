@@ -8,6 +8,8 @@ online_backward_kernels'. Its Hopper form (online_backward_wgmma) is a subclass.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
 from ...ir.expr import (
@@ -45,7 +47,16 @@ from .key_tiles import kept_conditions, query_block_start
 from .mma_tiles import check_relayout, two_n8_tiles
 from .online_backward import BackwardChain
 from .online_backward_dropout import key_major_keeps
-from .online_backward_kernels import STAGES, WHERE, BackwardKernels, Tiles, tile_key, unflatten, vanishes
+from .online_backward_kernels import (
+    STAGES,
+    WHERE,
+    BackwardKernels,
+    Tiles,
+    by_tile,
+    tile_key,
+    unflatten,
+    vanishes,
+)
 from .online_contraction import MAX_GRID_Y
 
 
@@ -81,19 +92,34 @@ class KeyMajor(BackwardKernels):
         n_steps = Const(groups, dt.int32) * count
 
         def at_step(step: Expr) -> tuple[dict[Var, Expr], Expr]:
-            """The group variables and the first query row of iteration `step`."""
+            """The group variables and the first query row of iteration `step` (0 <= step <
+            n_steps: with one group the step is the query block's offset, no division)."""
+            if groups == 1:
+                return {}, (first + step) * BM
             g_flat, qb = step // count, first + step % count
             ext = tuple(Const(n, dt.int32) for n in chain.group_extents)
             return dict(zip(chain.groups, unflatten(g_flat, ext))), qb * BM
 
+        def bound(step: Expr, body: Callable[[dict[Var, Expr], Expr], Stmt]) -> Stmt:
+            """`body` of iteration `step`'s group variables and first query row, each computed
+            once (LetStmt) rather than in every copy's address."""
+            values, q0 = at_step(step)
+            names = {g: Var(self.unique(f"{g.name}_next"), dt.int32) for g in values}
+            q0_var = Var(self.unique("query0_next"), dt.int32)
+            out = body(dict(names), q0_var)
+            out = LetStmt(q0_var, q0, out)
+            for g, value in reversed(list(values.items())):
+                out = LetStmt(names[g], value, out)
+            return out
+
         ahead = self.stages - 1   # query blocks in flight beyond the one computed
         here, q0 = at_step(self.it)
-        nxt, q0_next = at_step(self.it + ahead)
         stage = self.it % self.stages
         self.q0 = Var(self.unique("query0"), dt.int32)
+        refill = bound(self.it + ahead, lambda nxt, q0_next: self._copy_rows((self.it + ahead) % self.stages, nxt,
+                                                                               q0_next))
         step_body = seq(
-            *ring_step(ahead, self._publish(), self.it + ahead, n_steps,
-                       self._copy_rows((self.it + ahead) % self.stages, nxt, q0_next)),
+            *ring_step(ahead, self._publish(), self.it + ahead, n_steps, refill),
             self._contractions(stage),
             self._elementwise(stage),
             self._key_side(stage),
@@ -109,7 +135,7 @@ class KeyMajor(BackwardKernels):
             if s == 0:
                 return IfThenElse(compare("<", zero, n_steps), self._copy_rows(zero, at_step(zero)[0], first * BM))
             at = Const(s, dt.int32)
-            return IfThenElse(compare("<", at, n_steps), self._copy_rows(at, *at_step(at)))
+            return IfThenElse(compare("<", at, n_steps), bound(at, lambda g, q: self._copy_rows(at, g, q)))
 
         body = seq(
             self._init(),
@@ -298,13 +324,14 @@ class KeyMajor(BackwardKernels):
         chain = self.chain
         score_frag = self.c_frags[id(self.score_node())]
         whole = self.whole_tiles(self.q0, self.kb * self.BN, self.BM, self.BN)
+        inside = self.inside_tiles(self.q0, self.kb * self.BN, self.BM, self.BN, whole)
         kept = {c: Const(True, dt.bool_) for c in kept_conditions(chain.score)}
 
-        def one(nt: Var, e: Expr, guarded: bool, keep: dict[Expr, Expr] | None = None) -> Stmt:
+        def one(nt: Var, e: Expr, guarded: bool | str, keep: dict[Expr, Expr] | None = None) -> Stmt:
             repl, query, key, ok, here = self._element(nt, e, stage)
             repl.update(keep or {})
-            if not guarded:   # a whole tile (isl): inside the extents, every mask condition true
-                repl, ok = {**repl, **kept}, Const(True, dt.bool_)
+            # a whole tile (isl): inside the extents, every mask condition true; MASKED: inside
+            repl, wrepl, ok = self.element_mode(guarded, repl, ok, kept)
             at = {chain.query: query, chain.key: key}
             stmts: list[Stmt] = [self._guarded(score_frag, (here,), self.probability(repl, at), ok)]
             if parts == "probs":
@@ -314,7 +341,7 @@ class KeyMajor(BackwardKernels):
             for o in chain.outputs:
                 if o.kind == "row" and not self.row_side:
                     continue
-                w = self.weight(o, repl, score_frag[here], at)
+                w = self.weight(o, wrepl, score_frag[here], at)
                 if o.kind == "key":
                     stmts.append(self._guarded(self.w_frags[id(o.tensor)], (here,), w, ok))
                 elif o.kind == "row":
@@ -329,14 +356,11 @@ class KeyMajor(BackwardKernels):
             return seq(*stmts)
 
         if parts == "probs":   # no dropout draws: they weigh the outputs, not P
-            tiles = self.unrolled("tile_n", self.BM // 8, lambda nt: self.unrolled("tile_e", 4, lambda e: one(nt, e, True)))
-            if whole is None:
-                return tiles
-            return IfThenElse(whole, self.unrolled("tile_n", self.BM // 8, lambda nt: self.unrolled(
-                "tile_e", 4, lambda e: one(nt, e, False))), tiles)
+            return by_tile(lambda guarded: self.unrolled("tile_n", self.BM // 8, lambda nt: self.unrolled(
+                "tile_e", 4, lambda e: one(nt, e, guarded))), whole, inside)
         return self.elementwise_tiles(one, self.BM // 8, whole, lambda form, nt: key_major_keeps(
             form, self.lane, self.q0 + nt * 8, self.kb * self.BN + self.warp * 16, self.unique, self.lower.value,
-            chain.query, chain.key))
+            chain.query, chain.key), inside)
 
     def _key_side(self, stage: Expr) -> Stmt:
         """acc[16 keys x C] += wᵀ·X for each key-side output: A = w from registers (k16 step kk of
@@ -409,7 +433,8 @@ class KeyMajor(BackwardKernels):
         """The key-side outputs: element (key, column) of each accumulator through the output's
         epilogue (its cast), keys past the end not stored."""
         chain = self.chain
-        return self.fragment_outputs(chain.of_kind("key"), chain.key, self.kb * self.BN, chain.keys)
+        return self.fragment_outputs(chain.of_kind("key"), chain.key, self.kb * self.BN, chain.keys,
+                                     [b for b, _ in [*self.row_tiles.values(), *self.key_tiles.values()]])
 
 
 __all__ = ["KeyMajor"]
