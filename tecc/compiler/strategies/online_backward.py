@@ -240,8 +240,8 @@ MEASURED_ON_SM90 = {
 # dQ 128 x 64: its key-major kernel 199.2, dQ 83.3) -> 284.7 (128 x 64, dQ 64 x 64: 199.5, 69.4)
 # -> 252.6 (64 x 64, dQ 64 x 64: 169.0, 67.9); not causal 385.4 -> 379.9 -> 380.8 (the key-major
 # kernel 271-272 at either width, dQ 98.3 -> 93.0-93.4). A warpgroup's block of ~163 registers
-# fits three to an SM where two warpgroups fit one; the causal key blocks of 64 also balance the
-# triangle better. The key-major kernel's ring at 2 / 3 / 4 stages (another run): 172.7 / 161.0 /
+# fits three to an SM where two warpgroups fit one (128 registers, four, since stop 35's
+# epilogue through shared memory); the causal key blocks of 64 also balance the triangle better. The key-major kernel's ring at 2 / 3 / 4 stages (another run): 172.7 / 161.0 /
 # 194.2 causal, 273.1 / 267.4 / 322.0 not (the query-major kernel's, not a step argument, was
 # slower at 3: 69.6 -> 72.5).
 SM90_MEASURED_FIRST = (
@@ -257,8 +257,11 @@ SM90_MEASURED_FIRST = (
 # over 128 rows, against the earlier pick 128 x 32 (dQ 128 rows), 128 x 64 and 64 x 64 (3
 # stages, dQ 64 rows): S 1k 1077.1 / 1208.9 / 1080.9 / 1178.6, causal 715.0 / 855.7 / 725.8 /
 # 799.4; S 4k 3550.6 / 4093.4 / 3639.4 / 4050.5, causal 2048.9 / 2315.4 / 2021.2 / 2210.3;
-# grouped (32 over 8 heads) S 8k 14071.5 / 17723.5 / 14905.6 / 17174.0.
+# grouped (32 over 8 heads) S 8k 14071.5 / 17723.5 / 14905.6 / 17174.0. Then (another run, S 4k
+# and 8k) dQ over 64 rows beat dQ over 128 at 7 of 8 shapes: S 8k 7063.9 -> 6774.4, causal
+# 3806.7 -> 3554.2; grouped S 8k 14140.1 -> 14443.6 (the one slower), causal 7269.2 -> 6947.3.
 SM90_WIDE_MEASURED_FIRST = (
+    {"key_tile": 64, "rows": 64, "dq": "kernel", "dq_rows": 64, "dq_key_tile": 64, "wgmma": True, "stages": 2},
     {"key_tile": 64, "rows": 64, "dq": "kernel", "dq_rows": 128, "dq_key_tile": 64, "wgmma": True, "stages": 2},
     {"key_tile": 128, "rows": 64, "dq": "kernel", "dq_rows": 128, "dq_key_tile": 64, "wgmma": True},
 )
