@@ -7,7 +7,7 @@ element, the row statistics staged per block of query rows, and the guard on par
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Mapping
 
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
@@ -347,7 +347,7 @@ class BackwardKernels(TileStaging):
         return compare("<=", k0 + keys, chain.keys) & compare("<=", q0 + rows, chain.rows[-1])
 
     def element_mode(self, guarded: bool | str, repl: dict[Expr, Expr], ok: Expr,
-                     kept: dict[Expr, Expr]) -> tuple[dict[Expr, Expr], dict[Expr, Expr], Expr]:
+                     kept: Mapping[Expr, Expr]) -> tuple[dict[Expr, Expr], dict[Expr, Expr], Expr]:
         """(P's replacements, the weights', the element's guard) for a tile `guarded` (True: every
         element tested against the extents, the mask in the expressions), whole (False: neither)
         or MASKED (inside the extents: no range guard; the mask stays in P, which is then exactly
@@ -442,8 +442,10 @@ class BackwardKernels(TileStaging):
                     **dict(zip(o.axes, index(o, first + self.warp * 16 + rr, nt * 8 + cc))), o.acc: acc[4 * nt + e]}))
                 return For(v, Const(0, dt.int32), Const(2, dt.int32), "vectorize",
                            seq(*st, BufferStore(buf, (*lead, last + v), cast(val, o.tensor.dtype))))
-            writes.append(self.unrolled("out_n", o.columns // 8, lambda nt, pair=pair: self.unrolled(
-                "out_h", 2, lambda h: pair(nt, h))))
+
+            def n8(nt: Var, pair: Callable[[Var, Var], Stmt] = pair) -> Stmt:
+                return self.unrolled("out_h", 2, lambda h: pair(nt, h))
+            writes.append(self.unrolled("out_n", o.columns // 8, n8))
 
             def copy(r: Expr, col: Expr, o: GradOutput = o, buf: Buffer = buf, s: int = s) -> Stmt:
                 v = Var(self.unique("out_v"), dt.int32)
