@@ -41,7 +41,8 @@ first, --no-aot-cache runs tecc with options={"aot_cache": False} throughout. A 
 fails is a row with its error, and the others still run.
 
 tecc runs with fallback="aten" unless --strict (fallback="error"); the ops that fell back are
-listed. Rows are printed as markdown and, with --out, written to a file for RESULTS.md.
+listed. --tecc-cudagraphs adds options={"cudagraphs": True} (each compiled graph replayed whole
+as one CUDA graph, its inputs copied in: docs/models.md). Rows are printed as markdown and, with --out, written to a file for RESULTS.md.
 """
 
 from __future__ import annotations
@@ -67,12 +68,16 @@ from train_gpt import GPT  # noqa: E402
 BACKENDS = ("eager", "inductor", "tecc")
 
 
+# options every tecc compile of this process adds (--tecc-cudagraphs)
+TECC_OPTIONS: dict[str, object] = {}
+
+
 def _compiled(model, backend: str, strict: bool, aot_cache: bool = True):
     if backend == "eager":
         return model
     if backend == "inductor":
         return torch.compile(model)
-    options = {"fallback": "error" if strict else "aten"}
+    options = {"fallback": "error" if strict else "aten", **TECC_OPTIONS}
     if not aot_cache:   # on by default (the backend's option)
         options["aot_cache"] = False
     return torch.compile(model, backend="tecc", options=options)
@@ -168,7 +173,7 @@ def _second_process(attention: str, args: argparse.Namespace, aot_cache: bool, b
     partitioner; inductor's FX graph cache and AOTAutograd cache, filled by this process's run)."""
     command = [sys.executable, str(Path(__file__).resolve()), "--child-compile", attention, "--layers",
                str(args.layers), "--child-backend", backend] + (["--strict"] if args.strict else []) \
-        + ([] if aot_cache else ["--no-aot-cache"])
+        + ([] if aot_cache else ["--no-aot-cache"]) + (["--tecc-cudagraphs"] if args.tecc_cudagraphs else [])
     if args.profile_second_process and backend == "tecc":
         command += ["--profile-second-process", args.profile_second_process]
     what = f"{backend}, second process (disk cache" + (" + AOTAutograd's cache)" if aot_cache else ")")
@@ -415,6 +420,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true",
                    help="GPT-2 small with SDPA and the conv net only, 6 steps (2 warm-up), and the second process")
     p.add_argument("--strict", action="store_true", help="tecc with fallback='error'")
+    p.add_argument("--tecc-cudagraphs", action="store_true",
+                   help="tecc with options={'cudagraphs': True}: each compiled graph captured whole (docs/models.md)")
     p.add_argument("--no-second-process", dest="second_process", action="store_false",
                    help="skip the second process that loads tecc's compiled graphs from the disk cache")
     p.add_argument("--aot-cache", dest="compare_aot_cache", action="store_true",
@@ -431,6 +438,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("benchmarks/models.py needs a CUDA GPU")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if args.tecc_cudagraphs:
+        TECC_OPTIONS["cudagraphs"] = True
     if args.child_compile:
         _child_compile(args.child_compile, args)
         return

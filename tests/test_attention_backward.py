@@ -147,6 +147,8 @@ CASES = {
     "decode_like": dict(Sq=8, Sk=100, D=32, dtype="float16"),
     "bottom_right": dict(Sq=24, Sk=90, D=32, dtype="float16", mask="bottom_right"),
     "more_queries": dict(Sq=70, Sk=33, D=16, dtype="bfloat16", mask="causal"),
+    # keys past every query under the mask: key blocks with no query block (dK, dV zero there)
+    "more_keys": dict(Sq=40, Sk=150, D=16, dtype="float16", mask="causal"),
     "mask_tensor": dict(Sq=40, Sk=40, D=16, dtype="float16", mask="tensor"),
     "bias_causal": dict(Sq=40, Sk=40, D=16, dtype="float16", mask="causal", bias=True),
 }
@@ -179,13 +181,19 @@ WGMMA_PLANS = {
     "kernel": {"key_tile": 128, "rows": 32, "dq": "kernel", "dq_rows": 128, "dq_key_tile": 64, "wgmma": True},
     # one warpgroup per block in both kernels: the first form tried on sm_90 at d <= 64
     "narrow": {"key_tile": 64, "rows": 64, "dq": "kernel", "dq_rows": 64, "dq_key_tile": 64, "wgmma": True},
+    # the same with each step's dV/dK wgmmas in flight into the next step
+    "overlap": {"key_tile": 64, "rows": 64, "dq": "kernel", "dq_rows": 64, "dq_key_tile": 64, "wgmma": True,
+                "overlap": True},
 }
 
 
 @pytest.mark.parametrize("case,form", [("causal_odd", "atomic_2wg"), ("grouped_4_bf16", "atomic_1wg"),
                                        ("bias_causal", "kernel"), ("decode_like", "kernel"),
                                        ("bottom_right", "atomic_2wg"), ("mask_tensor", "kernel"),
-                                       ("causal_odd", "narrow"), ("grouped_4_bf16", "narrow")])
+                                       ("causal_odd", "narrow"), ("grouped_4_bf16", "narrow"),
+                                       ("causal_odd", "overlap"), ("grouped_4_bf16", "overlap"),
+                                       ("more_queries", "overlap"), ("decode_like", "overlap"),
+                                       ("more_keys", "narrow"), ("more_keys", "overlap")])
 def test_hopper_form_matches_float64_numpy(case, form):
     """The wgmma kernels (online_backward_wgmma): a warpgroup per 64 keys (and per 64 query rows
     in the query-major dQ kernel), the same elementwise stage, in the emulator."""

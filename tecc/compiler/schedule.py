@@ -520,7 +520,7 @@ class Schedule(TensorCorePrimitives):
 
     def online_backward_mma(self, key_tile: int = 64, rows: int = 64, dq_columns: int = 32, dq: str = "atomic",
                             dq_rows: int = 64, dq_key_tile: int = 64, wgmma: bool = False, whole_tiles: bool = True,
-                            stages: int = 2) -> None:
+                            stages: int = 2, overlap: bool = False) -> None:
         """Replace the module by the tensor-core kernels of the backward of an online contraction
         (the program tc.grad writes for attention; tecc.passes.rewrite.online_backward_mma): a
         pre-pass for the row statistics and one kernel over blocks of `key_tile` keys walking
@@ -529,13 +529,15 @@ class Schedule(TensorCorePrimitives):
         rows over key blocks of `dq_key_tile` ("kernel"). `wgmma`: the key-block-major kernel on
         warpgroup MMA (sm_90a). `whole_tiles` False: every tile through the guarded elementwise
         stage (one copy of it, fewer registers). `stages`: the depth (2-4) of the key-block-major
-        kernel's ring of query blocks. It must be the first step."""
+        kernel's ring of query blocks. `overlap`: its dV/dK wgmmas left in flight into the next
+        step (one warpgroup per block, dQ by the query-major kernel). It must be the first step."""
         if self._steps:
             raise ScheduleError("online_backward_mma rewrites the whole module: it must be the first step of a plan")
         start = time.perf_counter()
         self.mod = online_backward_mma_module(self._tensors, int(key_tile), int(rows), int(dq_columns), name=self._name,
                                               dq=str(dq), dq_rows=int(dq_rows), dq_key_tile=int(dq_key_tile),
-                                              wgmma=bool(wgmma), whole_tiles=bool(whole_tiles), stages=int(stages))
+                                              wgmma=bool(wgmma), whole_tiles=bool(whole_tiles), stages=int(stages),
+                                              overlap=bool(overlap))
         self.timing.append(("online_backward_mma", time.perf_counter() - start))
         args: dict[str, Any] = {"key_tile": int(key_tile), "rows": int(rows)}
         if dq == "atomic":
@@ -548,6 +550,8 @@ class Schedule(TensorCorePrimitives):
             args["whole_tiles"] = False
         if int(stages) != 2:
             args["stages"] = int(stages)
+        if overlap:
+            args["overlap"] = True
         self._record(Step("online_backward_mma", args))
 
     def split_reduce(self, threads_x: int = 32, threads_y: int = 8, splits: int = 1, unroll: int = 4,

@@ -132,14 +132,15 @@ class TileStaging:
             compare("!=", kd, zero)))
 
     def wgmma_register_a(self, label: str, intrinsic: str, acc: Buffer, a: Buffer, b: Buffer, b_stage: Expr,
-                         steps: int) -> Stmt:
+                         steps: int, accumulate: Expr | None = None) -> Stmt:
         """acc += A·B over `steps` k16 steps of wgmma: A from registers (elements 8·k .. 8·k + 7 of
         the fragment `a` at step k: the C-to-A identity, check_wgmma_relayout), B the blocked tile
         `b` of stage `b_stage` MN-major (its rows are the k)."""
         zero = Const(0, dt.int32)
         return self.unrolled(label, steps, lambda kk: WarpgroupMatrixMultiply(
             intrinsic, FragmentRef(acc, zero), FragmentRef(a, 8 * kk),
-            self.operand(b, b_stage, zero, kk, mn_major=True), Const(True, dt.bool_)))
+            self.operand(b, b_stage, zero, kk, mn_major=True),
+            Const(True, dt.bool_) if accumulate is None else (accumulate | compare("!=", kk, zero))))
 
     @staticmethod
     def wgmma_group(steps: list[Stmt], results: tuple[Buffer, ...]) -> Stmt:

@@ -90,6 +90,7 @@ class KeyMajor(BackwardKernels):
         for g in chain.group_extents:
             groups *= g
         n_steps = Const(groups, dt.int32) * count
+        self.n_steps = n_steps
 
         def at_step(step: Expr) -> tuple[dict[Var, Expr], Expr]:
             """The group variables and the first query row of iteration `step` (0 <= step <
@@ -118,9 +119,16 @@ class KeyMajor(BackwardKernels):
         self.q0 = Var(self.unique("query0"), dt.int32)
         refill = bound(self.it + ahead, lambda nxt, q0_next: self._copy_rows((self.it + ahead) % self.stages, nxt,
                                                                                q0_next))
+        head = ring_step(ahead, self._publish(), self.it + ahead, n_steps, refill)
+        # the wait, the publish and the barrier; then the refill and its commit (after the
+        # contractions' first wait where the last step's key-side wgmmas are left in flight:
+        # the refilled stage is the one they read)
+        top, refill_commit = head[:-2], head[-2:]
         step_body = seq(
-            *ring_step(ahead, self._publish(), self.it + ahead, n_steps, refill),
+            *top,
+            *([] if self.overlap else refill_commit),
             self._contractions(stage),
+            *(refill_commit if self.overlap else []),
             self._elementwise(stage),
             self._key_side(stage),
             self._row_side(),
@@ -142,6 +150,7 @@ class KeyMajor(BackwardKernels):
             self._copy_keys(),
             *ring_fill(ahead, fill),
             For(self.it, zero, n_steps, "serial", step_body),
+            self._drain(),
             AsyncWait(0),
             self._epilogue(),
         )
@@ -161,6 +170,13 @@ class KeyMajor(BackwardKernels):
             if chain.lead:
                 body = For(self.by, zero, n_heads, "blockIdx.y", body)
         return self._func(self.unique(f"{self._label()}_backward_mma_kernel"), body, self.describe())
+
+    # the key-side contractions of a step left in flight into the next (the Hopper form's)
+    overlap = False
+
+    def _drain(self) -> Stmt:
+        """What completes the loop's last in-flight work before the epilogue (nothing here)."""
+        return seq()
 
     def describe(self) -> str:
         chain = self.chain

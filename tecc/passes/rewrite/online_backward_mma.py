@@ -55,7 +55,7 @@ DQ_FORMS = ("atomic", "kernel")
 
 def online_backward_mma(args: list[Tensor], key_tile: int = 64, rows: int = 64, dq_columns: int = 32,
                         name: str | None = None, dq: str = "atomic", dq_rows: int = 64, dq_key_tile: int = 64,
-                        wgmma: bool = False, whole_tiles: bool = True, stages: int = 2) -> Module:
+                        wgmma: bool = False, whole_tiles: bool = True, stages: int = 2, overlap: bool = False) -> Module:
     """The kernels of the backward program `args` (module docstring): blocks of `key_tile` keys
     (16 per warp), query blocks of `rows`. `dq` "atomic": the row-side outputs (dQ) by float32
     atomics in units of 16 rows x `dq_columns`, then converted; "kernel": by the query-major kernel
@@ -63,7 +63,9 @@ def online_backward_mma(args: list[Tensor], key_tile: int = 64, rows: int = 64, 
     `wgmma`: the key-block-major kernel in its Hopper form (online_backward_wgmma, sm_90a).
     `whole_tiles`: the tiles isl proves whole run the elementwise stage without guards (a second,
     unguarded copy of it); False keeps one guarded copy, fewer registers. `stages`: the depth of the
-    key-block-major kernel's ring of query blocks (2, 3 or 4)."""
+    key-block-major kernel's ring of query blocks (2, 3 or 4). `overlap` (wgmma, one warpgroup
+    per block, dQ by the query-major kernel): the key-block-major kernel leaves each step's dV/dK
+    wgmmas in flight into the next step's scores (online_backward_wgmma)."""
     chain = backward_chain(args)
     for what, n in (("key_tile", key_tile), ("rows", rows), ("dq_columns", dq_columns), ("dq_rows", dq_rows),
                     ("dq_key_tile", dq_key_tile)):
@@ -74,8 +76,12 @@ def online_backward_mma(args: list[Tensor], key_tile: int = 64, rows: int = 64, 
     if stages not in (2, 3, 4):
         raise ScheduleError(f"{WHERE}: stages={stages} must be 2, 3 or 4 (query blocks in the key-block-major "
                             "kernel's cp.async ring)")
+    if overlap and (not wgmma or key_tile != 64 or (dq == "atomic" and chain.of_kind("row"))):
+        raise ScheduleError(f"{WHERE}: overlap=True needs the Hopper form (wgmma) with one warpgroup per block "
+                            f"(key_tile=64) and dQ by the query-major kernel (dq='kernel'); got wgmma={wgmma}, "
+                            f"key_tile={key_tile}, dq={dq!r}")
     if wgmma:
-        main: KeyMajor = KeyMajorWgmma(chain, key_tile, rows, dq == "atomic", name)
+        main: KeyMajor = KeyMajorWgmma(chain, key_tile, rows, dq == "atomic", name, overlap=overlap)
     else:
         main = KeyMajor(chain, key_tile, rows, dq_columns, dq == "atomic", name)
     main.unguarded_tiles = whole_tiles

@@ -62,7 +62,8 @@ from .online_backward_key_major import KeyMajor
 class KeyMajorWgmma(KeyMajor):
     """The key-block-major kernel on wgmma (module docstring)."""
 
-    def __init__(self, chain: BackwardChain, key_tile: int, rows: int, atomics: bool, name: str | None) -> None:
+    def __init__(self, chain: BackwardChain, key_tile: int, rows: int, atomics: bool, name: str | None,
+                 overlap: bool = False) -> None:
         if key_tile not in (64, 128):
             raise ScheduleError(f"{WHERE} (wgmma): key_tile={key_tile} must be 64 or 128 (a warpgroup per 64 keys)")
         if rows not in (32, 64, 128) or (atomics and chain.of_kind("row") and rows % 64):
@@ -71,10 +72,19 @@ class KeyMajorWgmma(KeyMajor):
         super().__init__(chain, key_tile, rows, 32, atomics, name)
         self.warpgroup = self.tx // WARPGROUP_SIZE
         self.qk = wgmma_intrinsic(self.dtype.name, rows)
+        self.overlap = overlap
 
     def describe(self) -> str:
-        return "wgmma " + super().describe().replace(f"({self.warps} warps of 16)",
+        text = "wgmma " + super().describe().replace(f"({self.warps} warps of 16)",
                                                      f"({self.BN // 64} warpgroups of 64)")
+        return text + ("; each step's dV/dK wgmmas in flight into the next step's scores" if self.overlap else "")
+
+    def _drain(self) -> Stmt:
+        """The last step's key-side group, left in flight (`overlap`), waited for."""
+        if not self.overlap:
+            return seq()
+        accs = tuple(self.accs[id(o.tensor)] for o in self.chain.of_kind("key"))
+        return seq(WarpgroupWait(0, accs), IfThenElse(compare("==", self.n_steps, Const(0, dt.int32)), super()._init()))
 
     def _tile_buffer(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
         return self.blocked(label, read, stages, rows, width)
@@ -145,6 +155,9 @@ class KeyMajorWgmma(KeyMajor):
         if not others:
             return row_key_contractions(self, stage, keys_first=True)
         steps = {id(c.node): self._scores_step(c, stage) for c in self.chain.contractions}
+        # with `overlap` the last step's key-side group is ahead of these two in the queue: the
+        # wait for the scores completes it too (its accumulators are next touched by this step's
+        # key-side wgmmas, ordered after the wait as every asm statement is)
         return seq(WarpgroupFence(), steps[id(self.score_node())], WarpgroupCommit(),
                    *(steps[id(c.node)] for c in others), WarpgroupCommit(), WarpgroupWait(1, (score,)))
 
@@ -170,7 +183,14 @@ class KeyMajorWgmma(KeyMajor):
         outs = self.chain.of_kind("key")
         if not outs:
             return seq()
-        return register_a_outputs(self, stage, outs, self.row_tiles, "query_step", self.BM, wait=not self.row_side)
+        return register_a_outputs(self, stage, outs, self.row_tiles, "query_step", self.BM,
+                                  wait=not (self.row_side or self.overlap),
+                                  accumulate=compare("!=", self.it, Const(0, dt.int32)) if self.overlap else None)
+
+    def _init(self) -> Stmt:
+        """With `overlap` the accumulators are not zeroed: the first step's wgmmas do not read them
+        (scale-d false on its first k16 step), and `_drain` zeroes them where no step ran."""
+        return seq() if self.overlap else super()._init()
 
     def _row_side(self) -> Stmt:
         """dQ_part[64 queries x d] = dS·K over all BN keys of the block, the columns split among
@@ -314,7 +334,7 @@ def row_key_contractions(kernel: KeyMajorWgmma | QueryMajorWgmma, stage: Expr, k
 
 
 def register_a_outputs(kernel: KeyMajorWgmma | QueryMajorWgmma, stage: Expr, outs: list[GradOutput], tiles: Tiles,
-                       label: str, k: int, wait: bool = True) -> Stmt:
+                       label: str, k: int, wait: bool = True, accumulate: Expr | None = None) -> Stmt:
     """acc += w·X for each output of `outs` as one wgmma group, waited for unless not `wait` (then
     committed and left in flight: a later wait must cover it before the accumulators or the
     register A are touched): A = its weights from registers, B = its operand's tile in `tiles` of
@@ -324,7 +344,7 @@ def register_a_outputs(kernel: KeyMajorWgmma | QueryMajorWgmma, stage: Expr, out
         assert o.operand is not None
         key = id(o.tensor)
         steps.append(kernel.wgmma_register_a(label, kernel.pv[key], kernel.accs[key], kernel.w_frags[key],
-                                             tiles[tile_key(o.operand)][0], stage, k // 16))
+                                             tiles[tile_key(o.operand)][0], stage, k // 16, accumulate))
     if not wait:
         return seq(WarpgroupFence(), *steps, WarpgroupCommit())
     return kernel.wgmma_group(steps, tuple(kernel.accs.values()))
