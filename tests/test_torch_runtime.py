@@ -1,6 +1,6 @@
 """The compiled graph's per-call Python (tecc/torch/runtime.py): argument templates compiled once
 give what `resolve` gives on every call, fresh lists and dicts included; outputs of static shape
-are allocated at that shape."""
+are allocated at that shape; a chain of view ops becomes one as_strided after its first call."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tecc as tc  # noqa: E402
-from tecc.torch.runtime import RunAten, Size, Slot, compile_template, resolve  # noqa: E402
+from tecc.torch.runtime import MakeView, RunAten, Size, Slot, compile_template, resolve  # noqa: E402
 
 
 def test_a_compiled_template_gives_what_resolve_gives():
@@ -37,3 +37,61 @@ def test_an_aten_step_resolves_its_arguments_per_call():
         slots = [value, None]
         step.run(slots, {n: size})
         assert slots[1].shape == (size, 2) and slots[1].dtype == torch.float64 and bool((slots[1] == value).all())
+
+
+def _chain_result(base, chain):
+    value = base
+    for fn, args, kwargs in chain:
+        value = fn(value, *args, **kwargs)
+    return value
+
+
+def test_a_view_chain_is_one_as_strided_from_its_second_call():
+    """A chain of fixed view ops (reshape, select, permute: a QKV projection split into heads)
+    gives the chain's sizes, strides and offset, in the base's storage, on every call; after the
+    first it is one as_strided (the chain's ops are not called again for a base like the first)."""
+    aten = torch.ops.aten
+    ops = ((aten.reshape.default, ([4, 6, 3, 2, 5],), {}), (aten.select.int, (2, 1), {}),
+           (aten.permute.default, ([0, 2, 1, 3],), {}))
+    calls = []
+
+    def counted(fn):
+        def call(*a, **k):
+            calls.append(fn)
+            return fn(*a, **k)
+        return call
+    step = MakeView(0, tuple((counted(fn), a, k) for fn, a, k in ops), 1, "q")
+    rng = np.random.default_rng()
+    for n in range(3):
+        base = torch.from_numpy(rng.standard_normal((24, 30)).astype(np.float32))
+        slots = [base, None]
+        step.run(slots, {})
+        got, want = slots[1], _chain_result(base, ops)
+        assert (got.shape, got.stride(), got.storage_offset()) == (want.shape, want.stride(), want.storage_offset())
+        assert got.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+        assert torch.equal(got, want)
+        assert len(calls) == 3, f"call {n}: the chain's ops ran {len(calls)} times in all"
+
+
+def test_a_view_chain_runs_again_for_another_base_and_never_remembers_a_copy():
+    """A base of other strides (a transposed one) runs the chain again; a reshape that had to
+    copy (not a view of the base) is not remembered; arguments read per call (a symbolic size)
+    keep the chain on every call."""
+    aten = torch.ops.aten
+    rng = np.random.default_rng()
+    step = MakeView(0, ((aten.reshape.default, ([6, 4],), {}),), 1, "r")
+    contiguous = torch.from_numpy(rng.standard_normal((4, 6)).astype(np.float32))
+    transposed = torch.from_numpy(rng.standard_normal((6, 4)).astype(np.float32)).t()
+    for base in (contiguous, transposed, contiguous, transposed):
+        slots = [base, None]
+        step.run(slots, {})
+        assert torch.equal(slots[1], base.reshape(6, 4))
+    # the transposed base's reshape copies: only the contiguous base's view is remembered
+    assert list(step._strided) == [(contiguous.shape, contiguous.stride(), contiguous.dtype)]
+    n = tc.var("n")
+    sized = MakeView(0, ((aten.reshape.default, ([Size(n), -1],), {}),), 1, "s")
+    for rows in (2, 3, 2):
+        slots = [contiguous.reshape(-1), None]
+        sized.run(slots, {n: rows})
+        assert slots[1].shape == (rows, 24 // rows)
+    assert not sized._strided
