@@ -240,10 +240,11 @@ MEASURED_ON_SM90 = {
 # dQ 128 x 64: its key-major kernel 199.2, dQ 83.3) -> 284.7 (128 x 64, dQ 64 x 64: 199.5, 69.4)
 # -> 252.6 (64 x 64, dQ 64 x 64: 169.0, 67.9); not causal 385.4 -> 379.9 -> 380.8 (the key-major
 # kernel 271-272 at either width, dQ 98.3 -> 93.0-93.4). A warpgroup's block of ~163 registers
-# fits three to an SM where two warpgroups fit one (128 registers, four, since stop 35's
-# epilogue through shared memory); the causal key blocks of 64 also balance the triangle better. The key-major kernel's ring at 2 / 3 / 4 stages (another run): 172.7 / 161.0 /
+# fits three to an SM where two warpgroups fit one; the causal key blocks of 64 also balance the
+# triangle better. The key-major kernel's ring at 2 / 3 / 4 stages (another run): 172.7 / 161.0 /
 # 194.2 causal, 273.1 / 267.4 / 322.0 not (the query-major kernel's, not a step argument, was
-# slower at 3: 69.6 -> 72.5).
+# slower at 3: 69.6 -> 72.5). Stop 35 (the kernels' instructions cut): 64 x 64 at 3 / 2 stages
+# 99.1 + 62.7 / 97.8 + 61.9 us causal, 128 x 64 120.0 + 62.6, dQ over 128 rows 98.7 + 71.0.
 SM90_MEASURED_FIRST = (
     {"key_tile": 64, "rows": 64, "dq": "kernel", "dq_rows": 64, "dq_key_tile": 64, "wgmma": True, "stages": 3},
     {"key_tile": 64, "rows": 64, "dq": "kernel", "dq_rows": 64, "dq_key_tile": 64, "wgmma": True},
