@@ -505,7 +505,8 @@ GPU_CASES = [(64, "float16", False, 1, 1024), (64, "float16", True, 1, 1024), (1
 @pytest.mark.parametrize("D,dtype,causal,groups,S,form", [(c + (None,)) for c in GPU_CASES] +
                          [(128, "float16", True, 2, 1024, "kernel"), (64, "bfloat16", False, 1, 333, "atomic_2wg"),
                           (64, "bfloat16", True, 1, 1024, "atomic_2wg"), (128, "float16", False, 1, 1024, "atomic_2wg"),
-                          (128, "bfloat16", False, 4, 2048, "kernel")])
+                          (128, "bfloat16", False, 4, 2048, "kernel"), (64, "bfloat16", True, 1, 1024, "overlap"),
+                          (128, "float16", False, 2, 333, "overlap")])
 def test_attention_backward_on_the_gpu_matches_sdpa(D, dtype, causal, groups, S, form):
     """The planned kernels on the GPU against torch's SDPA backward (float32 math from the same
     16-bit inputs as the reference, the bound of the emulator tests)."""
