@@ -624,3 +624,31 @@ def test_integer_products_keep_the_parentheses_around_a_division_on_their_right(
             got = eval(text.replace("/", "//"), {"s": sv, "C": cv})
             assert got == evaluate_int(e, {s: sv, c: cv}), (text, sv, cv)
     assert emitter.code(s * (c * 2 * 3)) == "s * C * 2 * 3"  # pure products still print bare
+
+
+def test_fragment_stores_of_converted_floats_pair_into_one_register() -> None:
+    """mma_tiles.paired_stores splits an element loop per store and writes each float32 -> bf16
+    fragment store as 2-lane vector loops, which codegen emits as one __floats2bfloat162_rn into
+    the 32-bit register holding both (not two conversions merged by byte permutes). A loop that
+    stores one buffer twice, or reads a stored buffer at another element, stays as it was."""
+    from tecc.passes.rewrite.mma_tiles import paired_stores
+
+    names = iter(range(100))
+    a, b = Buffer("A", float32, (256,)), Buffer("B", "bfloat16", (256,))
+    s = Buffer("S", float32, (8,), "local")
+    f = Buffer("F", "bfloat16", (8,), "fragment", fragment=("mma.m16n8k16.f32.bf16", "a"))
+    tx, e, c = Var("tx"), Var("e"), Var("c")
+    loop = For(e, 0, 8, "unroll", seq(BufferStore(s, (e,), a[tx * 8 + e] * 2.0),
+                                       BufferStore(f, (e,), cast(s[e] + 1.0, "bfloat16"))))
+    paired = paired_stores(loop, lambda label: f"{label}_{next(names)}")
+    assert paired is not loop
+    body = For(tx, 0, 32, "threadIdx.x", Allocate(s, Allocate(f, seq(
+        paired, For(c, 0, 8, "unroll", BufferStore(b, (tx * 8 + c,), f[c]))))))
+    text = emit_kernel(PrimFunc("pairs", (a, b), body))
+    assert "*reinterpret_cast<__nv_bfloat162*>(&F[" in text and "__floats2bfloat162_rn(S[" in text, text
+    assert "__float2bfloat16_rn(" not in text, text
+    twice = For(e, 0, 8, "unroll", seq(BufferStore(f, (e,), cast(a[e], "bfloat16")),
+                                        BufferStore(f, (e + 0,), cast(a[e] * 2.0, "bfloat16"))))
+    assert paired_stores(twice, lambda label: label) is twice
+    shifted = For(e, 0, 8, "unroll", seq(BufferStore(s, (e,), a[e]), BufferStore(f, (e,), cast(s[7 - e], "bfloat16"))))
+    assert paired_stores(shifted, lambda label: label) is shifted

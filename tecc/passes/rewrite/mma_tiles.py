@@ -276,10 +276,11 @@ def _stores(s: Stmt) -> list[Stmt]:
 
 def paired_stores(loop: Stmt, unique: Callable[[str], str]) -> Stmt:
     """An unrolled loop `for e < 2n: a[base_a + e] = ...; b[base_b + e] = ...` over fragment
-    elements, split into one loop per store (each iteration reads the loop's own buffers only at
-    its element, so the order across stores is free), each store of float32 values converted to a
-    16-bit fragment as n pairs of a 2-lane vector loop: one paired conversion into the 32-bit
-    register an mma operand reads (codegen: vectorize). Any other loop is returned unchanged."""
+    elements, split into one loop per store (each buffer stored once, and each iteration reads
+    the loop's own buffers only at its element, so the order across stores is free), each store
+    of float32 values converted to a 16-bit fragment as n pairs of a 2-lane vector loop: one
+    paired conversion into the 32-bit register an mma operand reads (codegen: vectorize). Any
+    other loop is returned unchanged."""
     if not isinstance(loop, For) or loop.kind != "unroll" or const_int(loop.min) != 0:
         return loop
     extent, e = const_int(loop.extent), loop.var
@@ -294,6 +295,8 @@ def paired_stores(loop: Stmt, unique: Callable[[str], str]) -> Stmt:
             return index.a
         return None
     written = {id(x.buffer): x.indices[0] for x in stores if isinstance(x, BufferStore)}
+    if len(written) != len(stores):   # a buffer stored twice: its stores' order across iterations stays
+        return loop
     for x in stores:
         assert isinstance(x, BufferStore)
         if base(x.indices[0]) is None:
