@@ -180,14 +180,15 @@ class RunAten:
         slots[self.output] = self.fn(*args(slots, env), **kwargs(slots, env))
 
 
-def _fixed(template: Any) -> bool:
-    """Whether an argument template holds no slot and no symbolic size (the same every call)."""
+def _same_every_call(template: Any) -> bool:
+    """Whether an argument template holds no slot and no symbolic size (unlike `_constant`, lists
+    and dicts count: `resolve` makes them afresh, but with the same items every call)."""
     if isinstance(template, (Slot, Size)):
         return False
     if isinstance(template, (list, tuple)):
-        return all(_fixed(t) for t in template)
+        return all(_same_every_call(t) for t in template)
     if isinstance(template, dict):
-        return all(_fixed(t) for t in template.values())
+        return all(_same_every_call(t) for t in template.values())
     return True
 
 
@@ -211,7 +212,7 @@ class MakeView:
 
     def __post_init__(self) -> None:
         self._links = tuple((fn, compile_template(args), compile_template(kwargs)) for fn, args, kwargs in self.chain)
-        self._fixed = all(_fixed(args) and _fixed(kwargs) for _, args, kwargs in self.chain)
+        self._fixed = all(_same_every_call(args) and _same_every_call(kwargs) for _, args, kwargs in self.chain)
         self._strided = {}
 
     def run(self, slots: list[Any], env: Env) -> None:

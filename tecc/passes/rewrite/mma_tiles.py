@@ -156,6 +156,16 @@ class TileStaging:
         dims = [const_int(x) or 0 for x in buf.shape]
         return dims[1] * dims[3] if len(dims) == 4 else dims[-1]
 
+    @staticmethod
+    def tile_index(buf: Buffer, stage: Expr, r: Expr, col: Expr) -> tuple[Expr, ...]:
+        """Where row r, column col of stage `stage` lies in a staged tile: [stage][r][col], or in
+        the Hopper form's blocked [stages][width / W][rows][W] at [stage][col / W][r][col % W]."""
+        if len(buf.shape) == 4:
+            w = const_int(buf.shape[3])
+            assert w is not None
+            return stage, col // w, r, col % w
+        return stage, r, col
+
     def copy_tile(self, dst: Buffer, stage: Expr, read: TensorRead, at: dict[Var, Expr], row0: Expr, extent: Expr,
                   rows: int, width: int, axes: tuple[Var, Var] | None = None) -> Stmt:
         """cp.async of rows [row0, row0 + rows) x [0, width) of the read tensor into dst[stage],
@@ -178,13 +188,8 @@ class TileStaging:
                 return tuple(substitute(e, {**at, row: row0 + r, column: col}) for e in idx)
 
         def copy(r: Expr, col: Expr) -> Stmt:
-            if len(dst.shape) == 4:
-                w = const_int(dst.shape[3])
-                assert w is not None
-                at_dst: tuple[Expr, ...] = (stage, col // w, r, col % w)
-            else:
-                at_dst = (stage, r, col)
-            return AsyncCopy(dst, at_dst, src, source(r, col), 16, compare("<", row0 + r, extent), "cg")
+            return AsyncCopy(dst, self.tile_index(dst, stage, r, col), src, source(r, col), 16,
+                             compare("<", row0 + r, extent), "cg")
         return tile_copy(self.unrolled, f"copy_{read.tensor.name}", self.tx, self.threads, rows, width, CHUNK, copy)
 
 

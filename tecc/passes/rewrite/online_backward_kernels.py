@@ -7,6 +7,7 @@ element, the row statistics staged per block of query rows, and the guard on par
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Callable, Mapping
 
 from ...ir import dtype as dt
@@ -333,6 +334,12 @@ class BackwardKernels(TileStaging):
         self.whole = "tiles inside the extents and the mask (isl) without the per-element guard"
         return substitute(found, {qv: q0, kv: k0})
 
+    @cached_property
+    def weights_vanish(self) -> bool:
+        """Whether every output's weight is 0 wherever P is (`vanishes`): then a tile where every
+        P is 0 adds nothing, and a mask that P applies need not be applied again to the weights."""
+        return all(vanishes(o.weight, self.chain.probs) for o in self.chain.outputs)
+
     def inside_tiles(self, q0: Expr, k0: Expr, rows: int, keys: int, whole: Expr | None) -> Expr | None:
         """When the tile of queries [q0, q0 + rows) x keys [k0, k0 + keys) lies inside the extents
         (the masked tiles on the diagonal of a causal mask, at sizes that are multiples of the
@@ -357,8 +364,7 @@ class BackwardKernels(TileStaging):
             both = {**repl, **kept}
             return both, both, true
         if guarded == MASKED:
-            vanish = all(vanishes(o.weight, self.chain.probs) for o in self.chain.outputs)
-            return repl, ({**repl, **kept} if vanish else repl), true
+            return repl, ({**repl, **kept} if self.weights_vanish else repl), true
         return repl, repl, ok
 
     def fragment_outputs(self, outs: list[GradOutput], axis: Var, first: Expr, extent: Expr,
@@ -405,22 +411,12 @@ class BackwardKernels(TileStaging):
             if dtype.bytes != 2 or any(isinstance(n, TensorRead) for n in walk(o.epilogue)):
                 return None
             for k, (buf, s) in enumerate(slots):
-                width = (const_int(buf.shape[1]) or 0) * (const_int(buf.shape[3]) or 0) if len(buf.shape) == 4 \
-                    else const_int(buf.shape[2])
-                tile_rows = const_int(buf.shape[-2])
-                if buf.dtype == dtype and width == o.columns and (tile_rows or 0) >= rows:
+                if buf.dtype == dtype and self.tile_width(buf) == o.columns and (const_int(buf.shape[-2]) or 0) >= rows:
                     chosen.append((o, buf, s))
                     del slots[k]
                     break
             else:
                 return None
-
-        def at(buf: Buffer, s: int, r: Expr, col: Expr) -> tuple[Expr, ...]:
-            if len(buf.shape) == 4:
-                w = const_int(buf.shape[3])
-                assert w is not None
-                return Const(s, dt.int32), col // w, r, col % w
-            return Const(s, dt.int32), r, col
 
         def index(o: GradOutput, row: Expr, col: Expr) -> tuple[Expr, ...]:
             return tuple(substitute(i, {axis: row, chain.column: col}) for i in o.index)
@@ -437,7 +433,7 @@ class BackwardKernels(TileStaging):
                 e = h * 2 + v
                 rr, cc = self.c_map(self.lane, e)
                 r0, c0 = self.c_map(self.lane, h * 2)
-                *lead, last = at(buf, s, self.warp * 16 + r0, nt * 8 + c0)
+                *lead, last = self.tile_index(buf, Const(s, dt.int32), self.warp * 16 + r0, nt * 8 + c0)
                 st, val = self.lower.value(substitute(o.epilogue, {
                     **dict(zip(o.axes, index(o, first + self.warp * 16 + rr, nt * 8 + cc))), o.acc: acc[4 * nt + e]}))
                 return For(v, Const(0, dt.int32), Const(2, dt.int32), "vectorize",
@@ -450,7 +446,7 @@ class BackwardKernels(TileStaging):
             def copy(r: Expr, col: Expr, o: GradOutput = o, buf: Buffer = buf, s: int = s) -> Stmt:
                 v = Var(self.unique("out_v"), dt.int32)
                 # the chunk's 8 columns lie in one block of W (col a multiple of 8): v moves the last index
-                *lead, last = at(buf, s, r, col)
+                *lead, last = self.tile_index(buf, Const(s, dt.int32), r, col)
                 return IfThenElse(compare("<", first + r, extent), For(v, Const(0, dt.int32), Const(8, dt.int32), "vectorize",
                                   BufferStore(self.buffers[o.tensor], index(o, first + r, col + v), buf[(*lead, last + v)])))
             copies.append(tile_copy(self.unrolled, f"out_{o.tensor.name}", self.tx, self.threads, rows, o.columns, 8, copy))

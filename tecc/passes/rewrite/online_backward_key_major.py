@@ -55,7 +55,6 @@ from .online_backward_kernels import (
     by_tile,
     tile_key,
     unflatten,
-    vanishes,
 )
 from .online_contraction import MAX_GRID_Y
 
@@ -90,7 +89,6 @@ class KeyMajor(BackwardKernels):
         for g in chain.group_extents:
             groups *= g
         n_steps = Const(groups, dt.int32) * count
-        self.n_steps = n_steps
 
         def at_step(step: Expr) -> tuple[dict[Var, Expr], Expr]:
             """The group variables and the first query row of iteration `step` (0 <= step <
@@ -150,7 +148,7 @@ class KeyMajor(BackwardKernels):
             self._copy_keys(),
             *ring_fill(ahead, fill),
             For(self.it, zero, n_steps, "serial", step_body),
-            self._drain(),
+            self._drain(n_steps),
             AsyncWait(0),
             self._epilogue(),
         )
@@ -174,8 +172,9 @@ class KeyMajor(BackwardKernels):
     # the key-side contractions of a step left in flight into the next (the Hopper form's)
     overlap = False
 
-    def _drain(self) -> Stmt:
-        """What completes the loop's last in-flight work before the epilogue (nothing here)."""
+    def _drain(self, n_steps: Expr) -> Stmt:
+        """What completes the loop's last in-flight work before the epilogue (nothing here; the
+        loop ran `n_steps` steps)."""
         return seq()
 
     def describe(self) -> str:
@@ -191,7 +190,7 @@ class KeyMajor(BackwardKernels):
         blocks = (chain.rows[-1] + (self.BM - 1)) // self.BM
         self.skipping = "every query block visited"
         self.longest_first = False   # key blocks of unequal work launched longest first (main_kernel)
-        if chain.of_kind("tile") or not all(vanishes(o.weight, chain.probs) for o in chain.outputs):
+        if chain.of_kind("tile") or not self.weights_vanish:
             return blocks, Const(0, dt.int32)
         found = query_block_start(kept_conditions(chain.score), chain.query, chain.key, self.kb, self.BN, self.BM,
                                   chain.rows[-1], chain.keys)

@@ -79,12 +79,13 @@ class KeyMajorWgmma(KeyMajor):
                                                      f"({self.BN // 64} warpgroups of 64)")
         return text + ("; each step's dV/dK wgmmas in flight into the next step's scores" if self.overlap else "")
 
-    def _drain(self) -> Stmt:
-        """The last step's key-side group, left in flight (`overlap`), waited for."""
+    def _drain(self, n_steps: Expr) -> Stmt:
+        """The last step's key-side group, left in flight (`overlap`), waited for; the
+        accumulators zeroed where no step ran (`_init` leaves them to the first step)."""
         if not self.overlap:
             return seq()
         accs = tuple(self.accs[id(o.tensor)] for o in self.chain.of_kind("key"))
-        return seq(WarpgroupWait(0, accs), IfThenElse(compare("==", self.n_steps, Const(0, dt.int32)), super()._init()))
+        return seq(WarpgroupWait(0, accs), IfThenElse(compare("==", n_steps, Const(0, dt.int32)), super()._init()))
 
     def _tile_buffer(self, label: str, read: TensorRead, stages: int, rows: int, width: int) -> Buffer:
         return self.blocked(label, read, stages, rows, width)
