@@ -280,6 +280,32 @@ def test_the_planner_keeps_k_whole_where_tiles_fill_the_gpu(shape: tuple[int, in
     assert "split" not in c.point, c.label
 
 
+def weight_gradient(m: int, n: int, k: int) -> list[tc.Tensor]:
+    """dW = float32(bfloat16(Xᵀ·dY)), X [k, m] and dY [k, n]: a Linear layer's weight gradient."""
+    r = tc.reduce_axis(k, name="t")
+    x = tc.placeholder((k, m), "bfloat16", name="X")
+    dy = tc.placeholder((k, n), "bfloat16", name="dY")
+    prod = tc.compute((m, n), lambda i, j: tc.cast(tc.sum(tc.cast(x[r, i], "float32") * tc.cast(dy[r, j], "float32"),
+                                                          axis=r), "bfloat16"), name="P")
+    return [x, dy, tc.compute((m, n), lambda i, j: tc.cast(prod[i, j], "float32"), name="dW")]
+
+
+def test_split_points_are_offered_only_where_their_work_units_run_in_one_wave() -> None:
+    """GPT-2's 768 x 3072 x 8192 weight gradient: 96 tiles of 128 x 192 on 132 SMs. Split 4
+    (384 units, three per SM) was planned and ran 82-97 µs on the H200 against 67 µs unsplit
+    (gemm_split.split_in_one_wave): no point with more units than block slots is offered, and
+    the pick keeps K whole; 768 x 768 x 8192 (24 such tiles) still splits in one wave."""
+    info = analyze_kernel(lower(weight_gradient(768, 3072, 8192)).kernels[0])
+    cands, _ = candidates_for(info, H200, only=["gemm_wgmma"])
+    for c in cands:
+        if "split" in c.point:
+            tiles = -(-768 // int(c.point["bm"])) * -(-3072 // int(c.point["bn"]))
+            assert tiles * int(c.point["split"]) <= H200.sm_count * max(1, H200.smem_per_sm // c.workload.smem_bytes)
+    assert not any(c.point.get("split") in (4, 8) and c.point["bn"] == 192 for c in cands)
+    assert "split" not in chosen(weight_gradient(768, 3072, 8192)).point
+    assert int(chosen(weight_gradient(768, 768, 8192)).point.get("split", 1)) > 1
+
+
 def test_a_one_k_tile_batch_offers_no_split() -> None:
     """The 64-batch 512 x 512 x 64 bmm (attention's Q·Kᵀ) has one 64-wide k tile per output tile:
     nothing to split, and 512 output tiles fill the SMs anyway."""

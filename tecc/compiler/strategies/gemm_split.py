@@ -173,6 +173,24 @@ def split_parts(k_tiles: int, output_tiles: int, target: Target) -> tuple[int, .
     return (1,) + tuple(s for s in SPLITS if k_tiles % s == 0 and k_tiles // s >= MIN_SPLIT_K_TILES)
 
 
+def split_in_one_wave(point: Point, tiles: int, smem_bytes: int, target: Target) -> bool:
+    """Whether a split point's work units (`tiles` output tiles x S parts) run in one wave: at
+    most one per block slot of the SMs, counting the slots the block's shared memory leaves
+    (`smem_bytes`). Beyond one wave the hand-over is no longer paid once: the part that arrives
+    last sums and runs the epilogue, so it starts its next unit late and is the last to arrive
+    again, and `split_chain` (fitted on one-wave points only) prices every later round far too
+    low. H200, device time (benchmarks/gemm_small.py --weight-grads 6, bf16, float32 out):
+    768 x 3072 x 8192 in 128 x 192 tiles, 96 tiles on 132 SMs -- unsplit 67.4 us; split 4 (384
+    units, predicted 72.5-81.0) 82.2-97.1 us; split 8 (predicted 81.9) 233 us, against cuBLAS
+    59.3; 768 x 768 x 8192 in 64 x 192 tiles split 8 (384 units) 65.5-66.4 us against 28.1-29.2
+    for the one-wave split 2 and 128 x 192 split 4 points. The one-wave points the split model
+    was fitted on (1024 x 1024 x 8192, 1024 x 1024 x 4096) are all offered as before."""
+    if split_of(point) == 1:
+        return True
+    slots = max(1, target.smem_per_sm // max(smem_bytes + target.smem_reserved_per_block, 1))
+    return tiles * split_of(point) <= target.sm_count * slots
+
+
 def split_label(point: Point) -> str:
     """What `describe` says of a split point ('' unsplit)."""
     return f", split-K {split_of(point)} (the last part sums the partials)" if split_of(point) > 1 else ""
@@ -210,6 +228,6 @@ def split_chain(point: Point, main: float, per_tile: float, once: float, base: f
 
 
 __all__ = ["MIN_SPLIT_K_TILES", "SPLITS", "SPLIT_TILES_PER_SM", "TMA_CONSUMER_REGISTERS", "mma_split_registers",
-           "split_chain", "split_handover_cycles", "split_label", "split_note", "split_of", "split_parts",
+           "split_chain", "split_handover_cycles", "split_in_one_wave", "split_label", "split_note", "split_of", "split_parts",
            "split_publish_cycles", "split_registers", "split_sum_cycles", "split_traffic", "wgmma_split_sum",
            "wgmma_sum_in_flight"]

@@ -103,8 +103,8 @@ from .gemm_tensor_core import (
     worth_staging,
 )
 from .gemm_epilogue_cost import epilogue_math_cycles, epilogue_math_note
-from .gemm_split import (split_chain, split_handover_cycles, split_label, split_note, split_of, split_parts,
-                         split_registers, split_traffic, wgmma_split_sum)
+from .gemm_split import (split_chain, split_handover_cycles, split_in_one_wave, split_label, split_note, split_of,
+                         split_parts, split_registers, split_traffic, wgmma_split_sum)
 from .registry import Point, Strategy, register
 
 BLOCK_M = (64, 128)
@@ -386,7 +386,8 @@ class GemmWgmma(Strategy):
             if bn == 192 and load != "tma":
                 continue  # measured slower than 128 on the cp.async ring (RESULTS.md, stop 29)
             k_tiles = -(-max(view.k, 1) // self.k_tile)
-            for split in split_parts(k_tiles, view.batch * -(-m // bm) * -(-n // bn), target):
+            tiles = view.batch * -(-m // bm) * -(-n // bn)
+            for split in split_parts(k_tiles, tiles, target):
                 if deeper_than_the_k_loop(stages, k_tiles // split, load):
                     continue
                 point: Point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
@@ -395,12 +396,14 @@ class GemmWgmma(Strategy):
                 if load == "cp.async":
                     if staged:
                         point["staged_output"] = True
-                    if shared_bytes(point) + staged_output_bytes(point, itemsize) <= target.smem_per_block_optin:
+                    smem = shared_bytes(point) + staged_output_bytes(point, itemsize)
+                    if smem <= target.smem_per_block_optin and split_in_one_wave(point, tiles, smem, target):
                         yield point
                     continue
                 for epilogue, persistent in product(epilogues, (target.sm_count, 0)):
                     rung = dict(point, epilogue=epilogue, persistent=persistent)
-                    if shared_bytes(rung, info.write.itemsize) <= target.smem_per_block_optin:
+                    smem = shared_bytes(rung, info.write.itemsize)
+                    if smem <= target.smem_per_block_optin and split_in_one_wave(rung, tiles, smem, target):
                         yield rung
 
     def workload(self, info: KernelInfo, point: Point, target: Target) -> Workload:
@@ -637,13 +640,15 @@ class GemmWgmmaTF32(GemmWgmma):
                 continue  # a tile twice the matrix leaves half its warpgroups idle
             if load == "tma" and side == 64 and self.register_operand(info):
                 continue  # ptxas serializes its wgmmas (C7520: a compiler-inserted arrive on a divergent path)
-            for split in split_parts(k_tiles, view.batch * -(-view.m // bm) * -(-view.n // bn), target):
+            tiles = view.batch * -(-view.m // bm) * -(-view.n // bn)
+            for split in split_parts(k_tiles, tiles, target):
                 point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
                 if split > 1:
                     point["split"] = split
                 if shared_bytes(point) > target.smem_per_block_optin:
                     continue
-                yield point
+                if split_in_one_wave(point, tiles, shared_bytes(point), target):
+                    yield point
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:
         self.main_loop(sch, info, point)   # tf32 points have no persistent or epilogue knob
