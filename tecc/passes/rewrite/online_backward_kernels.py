@@ -94,7 +94,9 @@ def prepass_vector(chain: BackwardChain) -> tuple[int, int]:
 
 def _at_the_row(indices: tuple[Expr, ...], row_at: tuple[Expr, ...]) -> bool:
     """Whether a read at `indices` is a row statistic: the row's own index expressions in order
-    (the same objects), the other indices constants."""
+    (the same objects), with or without constant indices beside them."""
+    if len(indices) == len(row_at) and all(a is b for a, b in zip(indices, row_at)):
+        return True
     varying = [e for e in indices if not isinstance(e, Const)]
     return len(varying) == len(row_at) and all(a is b for a, b in zip(varying, row_at))
 
