@@ -302,7 +302,9 @@ def test_split_points_are_offered_only_where_their_work_units_run_in_one_wave() 
             tiles = -(-768 // int(c.point["bm"])) * -(-3072 // int(c.point["bn"]))
             assert tiles * int(c.point["split"]) <= H200.sm_count * max(1, H200.smem_per_sm // c.workload.smem_bytes)
     assert not any(c.point.get("split") in (4, 8) and c.point["bn"] == 192 for c in cands)
-    assert "split" not in chosen(weight_gradient(768, 3072, 8192)).point
+    pick = chosen(weight_gradient(768, 3072, 8192))
+    assert "split" not in pick.point
+    assert any(n.startswith("split-K 2, 4, 8 not offered") for n in pick.workload.notes), pick.workload.notes
     assert int(chosen(weight_gradient(768, 768, 8192)).point.get("split", 1)) > 1
 
 

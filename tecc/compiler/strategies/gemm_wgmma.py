@@ -487,6 +487,13 @@ class GemmWgmma(Strategy):
             notes.append(math_note)
         if splits > 1:
             notes.append(split_note(point, tiles, k_tiles, split_l2, wgmma_split_sum(target, point, groups)))
+        else:
+            beyond = [s for s in split_parts(k_tiles, tiles, target)[1:] if not split_in_one_wave(
+                {**point, "split": s}, tiles, shared_bytes({**point, "split": s}, info.write.itemsize), target)]
+            if beyond:
+                notes.append(f"split-K {', '.join(map(str, beyond))} not offered at this tile: {tiles} tiles x S parts "
+                             "would not run in one wave of the SMs' block slots, where the part that sums is late "
+                             "for its next unit every round (gemm_split.split_in_one_wave)")
         if persistent:
             units = "work units" if splits > 1 else "tiles"
             notes.append(f"persistent grid of {persistent} blocks over {blocks} {units} "
