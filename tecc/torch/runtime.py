@@ -89,9 +89,19 @@ def compile_template(template: Any) -> Resolver:
 
 def _constant(template: Any) -> bool:
     """Whether `resolve` returns `template` itself: no Slot, Size, list or dict in it."""
-    if isinstance(template, tuple):
-        return all(_constant(t) for t in template)
-    return not isinstance(template, (Slot, Size, list, dict))
+    return _free_of(template, (Slot, Size, list, dict))
+
+
+def _free_of(template: Any, kinds: tuple[type, ...]) -> bool:
+    """Whether no part of an argument template (itself, or an item of a list, tuple or dict in
+    it) is one of `kinds`."""
+    if isinstance(template, kinds):
+        return False
+    if isinstance(template, (list, tuple)):
+        return all(_free_of(t, kinds) for t in template)
+    if isinstance(template, dict):
+        return all(_free_of(t, kinds) for t in template.values())
+    return True
 
 
 def shape_of(shape: Sequence[Any], env: Env) -> tuple[int, ...]:
@@ -183,13 +193,7 @@ class RunAten:
 def _same_every_call(template: Any) -> bool:
     """Whether an argument template holds no slot and no symbolic size (unlike `_constant`, lists
     and dicts count: `resolve` makes them afresh, but with the same items every call)."""
-    if isinstance(template, (Slot, Size)):
-        return False
-    if isinstance(template, (list, tuple)):
-        return all(_same_every_call(t) for t in template)
-    if isinstance(template, dict):
-        return all(_same_every_call(t) for t in template.values())
-    return True
+    return _free_of(template, (Slot, Size))
 
 
 @dataclass

@@ -652,9 +652,8 @@ class GemmWgmmaTF32(GemmWgmma):
                 point = {"bm": bm, "bn": bn, "stages": stages, "load": load}
                 if split > 1:
                     point["split"] = split
-                if shared_bytes(point) > target.smem_per_block_optin:
-                    continue
-                if split_in_one_wave(point, tiles, shared_bytes(point), target):
+                smem = shared_bytes(point)
+                if smem <= target.smem_per_block_optin and split_in_one_wave(point, tiles, smem, target):
                     yield point
 
     def apply(self, sch: Any, info: KernelInfo, point: Point) -> None:

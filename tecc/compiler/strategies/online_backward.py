@@ -267,14 +267,17 @@ SM90_WIDE_MEASURED_FIRST = (
     {"key_tile": 128, "rows": 64, "dq": "kernel", "dq_rows": 128, "dq_key_tile": 64, "wgmma": True},
 )
 
+# the measured orders in one (a point is in one of them: d <= 64 or d > 64)
+SM90_PREFERRED = SM90_MEASURED_FIRST + SM90_WIDE_MEASURED_FIRST
+
 
 def _sm90_preference(point: Point) -> tuple[int, int, int]:
     """(0 for wgmma, else 1; 0 for the query-major dQ, else 1; the point's place in
-    SM90_MEASURED_FIRST (SM90_WIDE_MEASURED_FIRST at d > 64), after it those not in it): `order`'s
+    SM90_PREFERRED (SM90_MEASURED_FIRST, or SM90_WIDE_MEASURED_FIRST at d > 64), after it those
+    not in it): `order`'s
     first keys on sm_90."""
     bare = {k: v for k, v in point.items() if k != "whole_tiles"}
-    first = SM90_MEASURED_FIRST + SM90_WIDE_MEASURED_FIRST
-    measured = next((i for i, p in enumerate(first) if p == bare), len(first))
+    measured = next((i for i, p in enumerate(SM90_PREFERRED) if p == bare), len(SM90_PREFERRED))
     return (0 if point.get("wgmma") else 1, 0 if point.get("dq") == "kernel" else 1, measured)
 
 

@@ -309,13 +309,15 @@ def paired_stores(loop: Stmt, unique: Callable[[str], str]) -> Stmt:
         for n in walk(x.value):   # the loop's buffers read only at the element's own index
             if isinstance(n, BufferLoad) and id(n.buffer) in written and n.indices != (written[id(n.buffer)],):
                 return loop
-    if not any(isinstance(x, BufferStore) and x.buffer.scope == "fragment" and x.buffer.dtype.bytes == 2
-               and isinstance(x.value, Cast) for x in stores):
+    def pairable(x: BufferStore) -> bool:   # a conversion stored to a 16-bit register fragment
+        return x.buffer.scope == "fragment" and x.buffer.dtype.bytes == 2 and isinstance(x.value, Cast)
+
+    if not any(isinstance(x, BufferStore) and pairable(x) for x in stores):
         return loop
     loops: list[Stmt] = []
     for x in stores:
         assert isinstance(x, BufferStore)
-        if x.buffer.scope == "fragment" and x.buffer.dtype.bytes == 2 and isinstance(x.value, Cast):
+        if pairable(x):
             h, lane = Var(unique("pair"), dt.int32), Var(unique("pair_v"), dt.int32)
             at = {e: h * 2 + lane}
             inner = For(lane, Const(0, dt.int32), Const(2, dt.int32), "vectorize",

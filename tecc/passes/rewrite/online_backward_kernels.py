@@ -35,6 +35,7 @@ from ...ir.expr import (
     walk,
 )
 from ...ir.intrinsics import lookup
+from ...ir.online_chain import same_indices
 from ...ir.stmt import Allocate, AsyncCopy, Barrier, Buffer, BufferStore, For, IfThenElse, PrimFunc, Stmt, seq
 from ...ir.tensor import ComputeOp
 from ...ir.visitor import SubexpressionReplacer
@@ -95,10 +96,7 @@ def prepass_vector(chain: BackwardChain) -> tuple[int, int]:
 def _at_the_row(indices: tuple[Expr, ...], row_at: tuple[Expr, ...]) -> bool:
     """Whether a read at `indices` is a row statistic: the row's own index expressions in order
     (the same objects), with or without constant indices beside them."""
-    if len(indices) == len(row_at) and all(a is b for a, b in zip(indices, row_at)):
-        return True
-    varying = [e for e in indices if not isinstance(e, Const)]
-    return len(varying) == len(row_at) and all(a is b for a, b in zip(varying, row_at))
+    return same_indices(indices, row_at) or same_indices([e for e in indices if not isinstance(e, Const)], row_at)
 
 
 class BackwardKernels(TileStaging):
