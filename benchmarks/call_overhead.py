@@ -223,7 +223,7 @@ if cl is None or not hasattr(tc, "grad"):
 from cuda.core import Stream
 
 op = tc.torch.op(f, "tecc_bench::scale")
-from tecc.torch import _Signature
+from tecc.torch.ops import _Signature
 op_signature = _Signature(f, "op tecc_bench::scale")
 _streams = {}
 

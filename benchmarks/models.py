@@ -173,7 +173,8 @@ def _second_process(attention: str, args: argparse.Namespace, aot_cache: bool, b
     partitioner; inductor's FX graph cache and AOTAutograd cache, filled by this process's run)."""
     command = [sys.executable, str(Path(__file__).resolve()), "--child-compile", attention, "--layers",
                str(args.layers), "--child-backend", backend] + (["--strict"] if args.strict else []) \
-        + ([] if aot_cache else ["--no-aot-cache"]) + (["--tecc-cudagraphs"] if args.tecc_cudagraphs else [])
+        + ([] if aot_cache else ["--no-aot-cache"]) + (["--tecc-cudagraphs"] if args.tecc_cudagraphs else []) \
+        + (["--tecc-partitioner", args.tecc_partitioner] if args.tecc_partitioner else [])
     if args.profile_second_process and backend == "tecc":
         command += ["--profile-second-process", args.profile_second_process]
     what = f"{backend}, second process (disk cache" + (" + AOTAutograd's cache)" if aot_cache else ")")
@@ -422,6 +423,8 @@ def main() -> None:
     p.add_argument("--strict", action="store_true", help="tecc with fallback='error'")
     p.add_argument("--tecc-cudagraphs", action="store_true",
                    help="tecc with options={'cudagraphs': True}: each compiled graph captured whole (docs/models.md)")
+    p.add_argument("--tecc-partitioner", default=None, choices=["min_cut", "default", "recompute"],
+                   help="tecc with options={'partitioner': ...} (docs/models.md)")
     p.add_argument("--no-second-process", dest="second_process", action="store_false",
                    help="skip the second process that loads tecc's compiled graphs from the disk cache")
     p.add_argument("--aot-cache", dest="compare_aot_cache", action="store_true",
@@ -440,6 +443,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     if args.tecc_cudagraphs:
         TECC_OPTIONS["cudagraphs"] = True
+    if args.tecc_partitioner:
+        TECC_OPTIONS["partitioner"] = args.tecc_partitioner
     if args.child_compile:
         _child_compile(args.child_compile, args)
         return

@@ -373,6 +373,26 @@ def test_the_overlap_sweep_agrees_with_the_check_over_every_pair():
         assert written_overlap(ptrs, spans, written) == expected, f"case {case}: {ptrs}, {spans}, {written}"
 
 
+def test_the_numpy_pointer_checks_agree_with_the_python_ones():
+    """marshal.PointerChecks (what a cached call of 32 arguments or more runs per new pointer
+    set) gives the verdict of the alignment loop and the overlap sweep, ties in the sort and
+    negative strides included."""
+    from tecc.runtime.marshal import PointerChecks
+
+    rng = np.random.default_rng()
+    for case in range(3000):
+        count = int(rng.integers(1, 40))
+        ptrs = [int(p) * 8 for p in rng.integers(0, 60, count)]
+        spans = []
+        for _ in range(count):
+            lo = -int(rng.integers(0, 3)) * 64 if rng.random() < 0.2 else 0
+            spans.append((lo, int(rng.integers(1, 120))))
+        written = [bool(w) for w in rng.random(count) < 0.3]
+        needs = [int(n) for n in rng.choice([1, 2, 4, 8, 16], count)]
+        expected = all(p % n == 0 for p, n in zip(ptrs, needs)) and not written_overlap(ptrs, spans, written)
+        assert PointerChecks(spans, written, needs).passes(ptrs) == expected, f"case {case}: {ptrs}, {spans}, {written}, {needs}"
+
+
 def test_a_cached_call_checks_a_pointer_set_once(full_path, monkeypatch):
     f = StubExecutor(two_kernel_program())
     args = pair_arrays()

@@ -118,6 +118,47 @@ def test_a_training_loop_with_patched_graphs_trains_like_plain_launches(monkeypa
     assert max(abs(a - b) for a, b in zip(plain, patched)) <= 1e-5, (plain, patched)
 
 
+def test_programs_relaunch_on_pointers_and_still_train_like_eager(monkeypatch):
+    """From a compiled graph's second call with inputs of the same layouts, each program is
+    relaunched on its new pointers without reading its arguments' keys (tecc/torch/runtime.py,
+    CudaExecutor.relaunch); the losses stay eager's. With TECC_RELAUNCH=0 nothing relaunches and
+    the losses are the same to the last bit."""
+    from tecc.runtime.cuda import CudaExecutor
+
+    relaunched = []
+    plain_relaunch = CudaExecutor.relaunch
+    monkeypatch.setattr(CudaExecutor, "relaunch",
+                        lambda self, *a: relaunched.append(self.host.name) or plain_relaunch(self, *a))
+    torch.manual_seed(0)
+    model = GPT().cuda()
+    twins = [copy.deepcopy(model) for _ in range(2)]
+    data = batches(6)
+    expected = _train(model, data)
+    fast = _train(torch.compile(twins[0], backend="tecc", options={"fallback": "error"}), data)
+    assert relaunched, "no program was relaunched on pointers"
+    torch._dynamo.reset()
+    monkeypatch.setenv("TECC_RELAUNCH", "0")
+    count = len(relaunched)
+    keyed = _train(torch.compile(twins[1], backend="tecc", options={"fallback": "error"}), data)
+    assert len(relaunched) == count, "TECC_RELAUNCH=0 must not relaunch"
+    assert max(abs(a - b) for a, b in zip(expected, fast)) <= 1e-4, (expected, fast)
+    assert fast == keyed, (fast, keyed)
+
+
+def test_a_graph_called_with_inputs_of_other_strides_keys_them_and_relaunches_each():
+    """Contiguous and transposed inputs alternate: each layout is keyed once, then relaunched,
+    and every call gives eager's result."""
+    torch.manual_seed(0)
+    model = MLP().cuda()
+    run = torch.compile(model, backend="tecc", options={"fallback": "error"}, dynamic=False)
+    with torch.no_grad():
+        for step in range(6):
+            x = torch.randn(32, 16, device="cuda")
+            if step % 2:
+                x = torch.randn(16, 32, device="cuda").t()
+            torch.testing.assert_close(run(x), model(x), rtol=1e-5, atol=1e-5, msg=f"call {step}")
+
+
 def test_cudagraphs_replays_the_graph_with_new_inputs():
     torch.manual_seed(0)
     model = MLP().cuda()

@@ -95,3 +95,74 @@ def test_a_view_chain_runs_again_for_another_base_and_never_remembers_a_copy():
         sized.run(slots, {n: rows})
         assert slots[1].shape == (rows, 24 // rows)
     assert not sized._strided
+
+
+class _RecordingKernel:
+    """A stand-in for a RunnableKernel on the GPU: `call_entry` computes y = 2x + 1 (as the
+    executor's keyed path would) and hands out an entry; `relaunch` computes the same from the
+    data pointers it is given, so a wrong pointer would give a wrong result."""
+
+    def __init__(self):
+        self.keyed = 0
+        self.relaunched = 0
+
+    def call_entry(self, x, y):
+        self.keyed += 1
+        y.copy_(x * 2 + 1)
+        return ("entry", self.keyed)
+
+    def relaunch(self, entry, ptrs, args):
+        x, y = args
+        assert ptrs == [x.data_ptr(), y.data_ptr()]
+        self.relaunched += 1
+        y.copy_(x * 2 + 1)
+        return True
+
+
+def _graph(kernel, steps_before=(), contiguous=True):
+    from tecc.torch.runtime import CompiledGraph, RunProgram
+
+    source = 1 if steps_before else 0
+    program = RunProgram(kernel, (source,), (contiguous,), ((2, (4,), torch.float32),), False, "scale", device="cpu")
+    steps = (*steps_before, program)
+    frees = tuple(() for _ in steps)
+    return CompiledGraph("g", 1, 3, steps, frees, [Slot(2)], [])
+
+
+def test_a_program_relaunches_on_pointers_when_the_graph_inputs_keep_their_layouts():
+    """The first call of a layout goes through the keyed path; later calls with inputs of the
+    same sizes, strides and dtype relaunch the entry on the new pointers; another layout (a
+    strided input, copied to row-major) is keyed again, and then relaunched in its turn."""
+    kernel = _RecordingKernel()
+    graph = _graph(kernel)
+    rng = np.random.default_rng()
+    fresh = [torch.from_numpy(rng.standard_normal(4).astype(np.float32)) for _ in range(3)]
+    strided = [torch.from_numpy(rng.standard_normal(8).astype(np.float32))[::2] for _ in range(2)]
+    for n, x in enumerate([*fresh, *strided]):
+        (y,) = graph([x])
+        assert torch.allclose(y, x * 2 + 1), n
+    assert (kernel.keyed, kernel.relaunched) == (2, 3)
+
+
+def test_a_fallback_result_of_other_sizes_is_keyed_again():
+    """An input made by an ATen fallback is compared on a relaunch: the graph inputs' layouts
+    alone do not vouch for it (an op whose output layout follows the values)."""
+    slicer = RunAten(torch.narrow, (Slot(0), 0, 0, 4), {}, 1, "narrow")
+    kernel = _RecordingKernel()
+    graph = _graph(kernel, (slicer,))
+    rng = np.random.default_rng()
+    x = torch.from_numpy(rng.standard_normal(6).astype(np.float32))
+    graph([x])
+    graph([x.clone()])
+    assert (kernel.keyed, kernel.relaunched) == (1, 1)
+    assert graph.steps[1].watched == (0,)
+    # the same graph input layout, but the fallback now gives another stride
+    wide = RunAten(lambda t: t.as_strided((4,), (2,)), (Slot(0),), {}, 1, "strided")
+    kernel2 = _RecordingKernel()
+    graph2 = _graph(kernel2, (wide,), contiguous=False)
+    x8 = torch.from_numpy(rng.standard_normal(8).astype(np.float32))
+    graph2([x8])
+    graph2.steps[0].fn = lambda t: t.as_strided((4,), (1,))
+    (y,) = graph2([x8.clone()])
+    assert torch.allclose(y, x8[:4] * 2 + 1)
+    assert (kernel2.keyed, kernel2.relaunched) == (2, 0)

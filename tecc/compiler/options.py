@@ -103,6 +103,12 @@ def part_twins() -> bool:
     return os.environ.get("TECC_PART_TWINS", "1") != "0"
 
 
+def relaunch() -> bool:
+    """A compiled torch graph's programs relaunched on their pointers alone when the graph's
+    inputs keep their layouts (tecc/torch/runtime.py): on unless TECC_RELAUNCH=0, read per call."""
+    return os.environ.get("TECC_RELAUNCH", "1") != "0"
+
+
 def strict_plans() -> bool:
     """True when TECC_STRICT_PLANS is set to anything but '' or '0': the planner's plan that
     fails to build with a TeccError raises instead of falling back to the generic schedule

@@ -40,7 +40,7 @@ from ..ir.expr import Var
 from . import arrays, graphs, index_errors
 from .arrays import Argument
 from .host import HostProgram, KernelInfo, resolve_launch, temp_bytes
-from .launch_cache import (CALL_CACHE_SIZE, AllocatingCall, CachedCall, CachedLaunch, LaunchRecord,  # noqa: F401
+from .launch_cache import (CALL_CACHE_SIZE, AllocatingCall, CachedCall, CachedLaunch, LaunchEntry, LaunchRecord,  # noqa: F401
                            cached_call, read_keys, with_pointers)
 from .marshal import (DEFAULT_ALIGNMENT, ParamSlot, PlannedLaunch, alias_pairs, byte_span, check_aliasing,  # noqa: F401
                       check_device_arrays, live_ranges, plan_launches, prepare_arguments, scalar_argument,
@@ -197,6 +197,7 @@ class CudaExecutor(graphs.GraphReplay):
     def _init_launch_cache(self) -> None:
         """The launch cache (docs/runtime.md, "Repeated calls"): argument keys -> CachedCall."""
         self._calls: dict[tuple[Any, ...], CachedCall] = {}
+        self._cache_generation = 0  # bumped whenever the cached entries stop being valid
         # temporaries from torch's allocator share storages by liveness (marshal.shared_storage)
         self._storage = shared_storage(self.host, self._planned)
         self._ranges = live_ranges(self._planned)  # and are placed in the stream's arena by them (arena.py)
@@ -204,6 +205,7 @@ class CudaExecutor(graphs.GraphReplay):
         # benchmark's check that repeated calls hit: benchmarks/models_hf.py --profile)
         self.calls_cached = 0
         self.calls_checked = 0
+        self.calls_relaunched = 0  # of the cached: relaunched on pointers alone (`relaunch`)
         # calls that leave their outputs out, under the inputs' keys
         self._allocating: dict[tuple[Any, ...], AllocatingCall] = {}
         self._arity = len(self.host.buffer_params)
@@ -267,6 +269,12 @@ class CudaExecutor(graphs.GraphReplay):
 
     # ---- running ----------------------------------------------------------------------------
     def __call__(self, *args: Any) -> None:
+        self.call(args)
+
+    def call(self, args: tuple[Any, ...]) -> LaunchEntry | None:
+        """Run a call with every argument given; return the launch-cache entry it ran as or was
+        remembered as (what `relaunch` takes), or None when it is none (host arrays, a key the
+        full path does not vouch for)."""
         if self.follows_producer:
             self.stream, self._stream_ptr = self._home_stream  # until a call's arguments say otherwise
         found = self._argument_keys(args)
@@ -274,11 +282,32 @@ class CudaExecutor(graphs.GraphReplay):
             cached = self._calls.get(found[0])
             if cached is not None and self._replay(cached, found[1], args):
                 self.calls_cached += 1
-                return
+                return LaunchEntry(cached, self._cache_generation)
         self.calls_checked += 1
         launched = self._call_checked(args)
         if found is not None and launched is not None:
-            self._remember(found, *launched)
+            cached = self._remember(found, *launched)
+            if cached is not None:
+                return LaunchEntry(cached, self._cache_generation)
+        return None
+
+    def relaunch(self, entry: LaunchEntry, ptrs: list[int], args: tuple[Any, ...]) -> bool:
+        """Launch a call `call` returned `entry` for, on new data pointers `ptrs` (`args`' own,
+        in order), without reading the arguments' keys: the caller vouches that each argument
+        has the device, dtype, shape and strides it had then (tecc/torch/runtime.py knows it
+        of a whole graph from its inputs). The pointers' own checks (alignment, overlap) are
+        redone as on any hit. False, with nothing launched, when the entry is stale (the
+        executor's temporaries were reallocated since) or the pointers fail those checks: the
+        caller then makes the call the ordinary way."""
+        if entry.generation != self._cache_generation:
+            return False
+        if self.follows_producer:
+            self.stream, self._stream_ptr = self._home_stream
+        if not self._replay(entry.cached, ptrs, args):
+            return False
+        self.calls_cached += 1
+        self.calls_relaunched += 1
+        return True
 
     def call_allocating(self, inputs: tuple[Any, ...]) -> list[Any] | None:
         """The outputs of a call that leaves them out (`f(*inputs)`), when it is a launch-cache
@@ -478,19 +507,20 @@ class CudaExecutor(graphs.GraphReplay):
         return prepared, launched, per_call_temps
 
     def _remember(self, found: tuple[tuple[tuple[Any, ...], ...], list[int]], prepared: list[Argument],
-                  launched: list[tuple[Any, ...]], per_call_temps: Any = None) -> None:
+                  launched: list[tuple[Any, ...]], per_call_temps: Any = None) -> CachedCall | None:
         """Cache a call the full path has just checked and launched, under its arguments' keys --
         only when every key says what the full path read (`arrays.key_agrees`), so that a later
-        call with the same keys passes the same checks."""
+        call with the same keys passes the same checks. Returns the entry, or None."""
         keys, ptrs = found
         cached = cached_call(self.host, self.kernels, keys, ptrs, prepared, launched, per_call_temps,
                              alignment=self.alignment,
                              follows_producer=self.follows_producer)
         if cached is None:
-            return
+            return None
         if len(self._calls) >= CALL_CACHE_SIZE:
             del self._calls[next(iter(self._calls))]
         self._calls[keys] = cached
+        return cached
 
     def _pointer_device(self, ptr: int) -> int:
         """The ordinal of the device that owns device pointer `ptr` (cuPointerGetAttribute)."""
@@ -555,6 +585,7 @@ class CudaExecutor(graphs.GraphReplay):
                     buf.fill(0, stream=self.stream)  # cuMemsetD8Async, ordered before the launches
                 self._temps[temp.name] = buf
                 self._calls.clear()  # cached launches hold the old buffer's pointer
+                self._cache_generation += 1  # and so do the entries `call` handed out
                 self._allocating.clear()
             pointers[temp.name] = int(buf.handle)
         return pointers

@@ -23,11 +23,14 @@ from . import arrays
 from .arrays import Argument
 from .graphs import CallGraphs
 from .host import HostProgram, KernelInfo, bind_arguments
-from .marshal import PlannedLaunch, byte_span, tensor_map_geometry, written_overlap
+from .marshal import PlannedLaunch, PointerChecks, byte_span, tensor_map_geometry, written_overlap
 from .tensor_map import TensorMapSpec
 
 # Distinct argument layouts remembered per executor; the oldest is forgotten past this.
 CALL_CACHE_SIZE = 64
+# Argument lists at least this long check a new pointer set in NumPy (marshal.PointerChecks),
+# shorter ones in Python (fewer microseconds for a handful of arguments).
+NUMPY_CHECKS = 32
 # Pointer sets a cached call remembers having accepted (alignment and overlap are functions of
 # the pointers alone, so a set accepted once is accepted again without redoing the checks).
 ACCEPTED_POINTERS = 16
@@ -93,6 +96,7 @@ class CachedCall:
     temps_like: int = -1
     graphs: CallGraphs = field(default_factory=CallGraphs, compare=False, repr=False)
     accepted: dict[tuple[int, ...], None] = field(default_factory=dict, compare=False, repr=False)
+    checks: list[PointerChecks] = field(default_factory=list, compare=False, repr=False)  # made on first use
 
     def accepts(self, ptrs: Sequence[int]) -> bool:
         """Whether this call's launches may run on the data pointers `ptrs`: each aligned as
@@ -102,15 +106,32 @@ class CachedCall:
         key = tuple(ptrs)
         if key in self.accepted:
             return True
-        for ptr, need in zip(ptrs, self.needs):
-            if ptr % need:
+        if len(ptrs) >= NUMPY_CHECKS:
+            checks = self.checks
+            if not checks:
+                checks.append(PointerChecks(self.spans, self.written, self.needs))
+            if not checks[0].passes(ptrs):  # (a pointer past int64 does not occur: CUDA's are below 2^49)
                 return False
-        if written_overlap(ptrs, self.spans, self.written):
-            return False
+        else:
+            for ptr, need in zip(ptrs, self.needs):
+                if ptr % need:
+                    return False
+            if written_overlap(ptrs, self.spans, self.written):
+                return False
         if len(self.accepted) >= ACCEPTED_POINTERS:
             self.accepted.clear()
         self.accepted[key] = None
         return True
+
+
+@dataclass(frozen=True)
+class LaunchEntry:
+    """What `CudaExecutor.call` hands its caller: the cached call it ran as, and the executor's
+    cache generation then (an entry of an older generation holds temporaries' pointers that are
+    gone, so `CudaExecutor.relaunch` refuses it)."""
+
+    cached: CachedCall
+    generation: int
 
 
 @dataclass(frozen=True)

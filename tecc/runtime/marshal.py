@@ -256,6 +256,37 @@ def written_overlap(ptrs: Sequence[int], spans: Sequence[tuple[int, int]], writt
     return False
 
 
+class PointerChecks:
+    """`written_overlap` and the alignment check of one argument list, for any pointers, in
+    NumPy: the spans, written flags and alignments are made arrays once, and each new pointer set
+    costs a sort and two running maxima in C (~25 us for ~400 arguments, where the Python sweep
+    takes ~110 and the alignment loop ~10 more: a training step's program call sees a new pointer
+    set every step). Same verdicts as `written_overlap` (ties in the sort: arrays starting at one
+    byte overlap, whichever comes first)."""
+
+    def __init__(self, spans: Sequence[tuple[int, int]], written: Sequence[bool], needs: Sequence[int]) -> None:
+        self.lo = np.array([lo for lo, _ in spans], dtype=np.int64)
+        self.hi = np.array([hi for _, hi in spans], dtype=np.int64)
+        self.written = np.array(written, dtype=bool)
+        self.needs = np.array(needs, dtype=np.int64)
+
+    def passes(self, ptrs: Sequence[int]) -> bool:
+        """Whether every pointer is aligned as its argument needs and no written array overlaps
+        another array."""
+        p = np.array(ptrs, dtype=np.int64)
+        if np.any(p % self.needs):
+            return False
+        lo, hi = p + self.lo, p + self.hi
+        order = np.argsort(lo, kind="stable")
+        lo, hi, written = lo[order], hi[order], self.written[order]
+        floor = np.iinfo(np.int64).min
+        end_any = np.maximum.accumulate(hi)                              # furthest end so far
+        end_written = np.maximum.accumulate(np.where(written, hi, floor))  # ... of a written one
+        before_any = np.concatenate(([floor], end_any[:-1]))
+        before_written = np.concatenate(([floor], end_written[:-1]))
+        return not bool(np.any((lo < before_written) | (written & (lo < before_any))))
+
+
 def check_aliasing(host: HostProgram, prepared: Sequence[Argument]) -> None:
     """Device arrays used in place must not overlap an array the kernels write (the kernels'
     pointers are `__restrict__`, so overlap is undefined behaviour: stale or torn results).

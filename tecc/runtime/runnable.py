@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 from ..ir.errors import DeviceError
 from . import cuda
 from .host import HostProgram
+from .launch_cache import LaunchEntry
 from .outputs import OutputAllocator, returned
 
 
@@ -76,6 +77,21 @@ class RunnableKernel:
             return returned(outputs)
         self._runner()(*args)
         return None
+
+    def call_entry(self, *args: Any) -> LaunchEntry | None:
+        """`f(*args)` with every argument given, on the GPU; returns the launch-cache entry the
+        call ran as (None when it is none), which `relaunch` launches again for new pointers."""
+        if self._runs_in_emulator():
+            self._runner()(*args)
+            return None
+        return self.executor.call(args)
+
+    def relaunch(self, entry: LaunchEntry, ptrs: list[int], args: tuple[Any, ...]) -> bool:
+        """The call `call_entry` returned `entry` for, again, on `args` (data pointers `ptrs`),
+        whose devices, dtypes, shapes and strides the caller vouches are the ones of then
+        (CudaExecutor.relaunch). False, nothing launched, when it cannot: call again then."""
+        executor = self._executor
+        return executor is not None and executor.relaunch(entry, ptrs, args)
 
     @property
     def allocator(self) -> OutputAllocator:

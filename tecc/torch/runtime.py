@@ -19,14 +19,17 @@ the steps themselves. Three kinds of step:
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
+from ..compiler import options
 from ..ir.evaluate import evaluate
 from ..ir.expr import Expr, Var
+from ..runtime.launch_cache import LaunchEntry
 from ..runtime.runnable import RunnableKernel
 
 Env = dict[Var, int]
@@ -136,17 +139,28 @@ class RunProgram:
     output_orders: tuple[tuple[int, ...] | None, ...] = ()
     # per output: its shape when no size in it is symbolic (made once), else None
     _static_shapes: tuple[tuple[int, ...] | None, ...] = field(init=False, repr=False, compare=False)
+    # positions of the inputs an ATen fallback made (CompiledGraph: their layouts are compared)
+    watched: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    # per number of the graph inputs' layouts: the launch-cache entry the program's call ran as,
+    # and the watched inputs' layouts then
+    _entries: dict[int, tuple[LaunchEntry, tuple[Any, ...]]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._static_shapes = tuple(None if any(isinstance(n, Expr) for n in shape) else tuple(int(n) for n in shape)
                                     for _, shape, _ in self.outputs)
+        self._entries = {}
 
     def _carriers(self, env: Env, device: Any) -> list[Any]:
         if self.emulate:
             return [np.broadcast_to(np.zeros(1, np.int32), (env[v],)) for v in self.carriers]
         return [torch.zeros(1, dtype=torch.int32, device=device).expand(env[v]) for v in self.carriers]
 
-    def run(self, slots: list[Any], env: Env) -> None:
+    def run(self, slots: list[Any], env: Env, layouts: int | None = None) -> None:
+        """Allocate the outputs into their slots and run the program. `layouts` numbers the
+        graph inputs' layouts of this call (CompiledGraph.__call__; None: not known): every
+        argument then has the layout it had on the earlier call of that number, so the launch
+        that call ran as is launched again on the new pointers alone (RunnableKernel.relaunch),
+        without reading each argument's key."""
         args = []
         for position, (slot, contiguous) in enumerate(zip(self.inputs, self.contiguous)):
             t = slots[slot]
@@ -159,16 +173,28 @@ class RunProgram:
         device = args[0].device if args else self.device
         outs = []
         for position, ((slot, shape, dtype), static) in enumerate(zip(self.outputs, self._static_shapes)):
-            out = torch.empty(static if static is not None else shape_of(shape, env), dtype=dtype, device=device)
+            # (sizes as separate arguments: ~0.5 us less per call than a tuple, in torch's parser)
+            out = torch.empty(*(static if static is not None else shape_of(shape, env)), dtype=dtype, device=device) \
+                if shape else torch.empty((), dtype=dtype, device=device)
             order = self.output_orders[position] if self.output_orders else None
             slots[slot] = out if order is None else out.permute([order.index(d) for d in range(len(order))])
             outs.append(out)
         carriers = self._carriers(env, device) if self.carriers else []
         if self.emulate:
             self.kernel.sim(*[_as_numpy(t) for t in args], *carriers, *[_as_numpy(t) for t in outs])
-        else:
-            # a tensor that requires grad is passed detached (the runtime reads no autograd state)
-            self.kernel(*[t.detach() if t.requires_grad else t for t in args], *carriers, *outs)
+            return
+        known = self._entries.get(layouts) if layouts is not None else None
+        if known is not None and known[1] == self._watched_layouts(args):
+            full = (*args, *carriers, *outs)
+            if self.kernel.relaunch(known[0], [t.data_ptr() for t in full], full):
+                return
+        # a tensor that requires grad is passed detached (the runtime reads no autograd state)
+        entry = self.kernel.call_entry(*[t.detach() if t.requires_grad else t for t in args], *carriers, *outs)
+        if layouts is not None and entry is not None:
+            self._entries[layouts] = (entry, self._watched_layouts(args))
+
+    def _watched_layouts(self, args: list[Any]) -> tuple[Any, ...]:
+        return tuple((args[p].shape, args[p].stride(), args[p].dtype) for p in self.watched)
 
 
 @dataclass
@@ -238,6 +264,13 @@ class MakeView:
 
 Step = RunProgram | RunAten | MakeView
 
+_SHAPE = operator.attrgetter("shape")
+_DTYPE = operator.attrgetter("dtype")
+
+# Distinct input layouts a compiled graph numbers (a graph with static shapes sees one; dynamic
+# sizes, a few); calls past them run their programs through the launch cache's keys.
+LAYOUTS_KEPT = 16
+
 
 class CompiledGraph:
     """What the backend returns for one ATen graph: call it with the graph's inputs (a list,
@@ -256,6 +289,24 @@ class CompiledGraph:
         self._outputs = compile_template(outputs)
         self.sizes = tuple(sizes)   # (size var, input position, dimension or None for an int input)
         self.report = report
+        self._layout_numbers: dict[tuple[Any, ...], int] = {}   # the inputs' layouts seen -> their number
+        self._last_layouts: tuple[tuple[Any, ...], int] | None = None
+        self._watch_fallback_results()
+
+    def _watch_fallback_results(self) -> None:
+        """Tell each program which of its inputs an ATen fallback made (itself, or the base of
+        the view it is): their layouts are not vouched for by the graph inputs' (an op whose
+        output sizes depend on the values: nonzero, unique), so a relaunch compares them first."""
+        from_fallback = [False] * self.slot_count
+        for step in self.steps:
+            if isinstance(step, RunAten):
+                from_fallback[step.output] = True
+            elif isinstance(step, MakeView):
+                from_fallback[step.output] = from_fallback[step.base]
+            else:
+                for slot, _, _ in step.outputs:
+                    from_fallback[slot] = False
+                step.watched = tuple(p for p, slot in enumerate(step.inputs) if from_fallback[slot])
 
     def bind_sizes(self, args: Sequence[Any]) -> Env:
         env: Env = {}
@@ -270,13 +321,51 @@ class CompiledGraph:
         slots: list[Any] = [None] * self.slot_count
         slots[: self.inputs] = args
         env = self.bind_sizes(args) if self.sizes else {}
+        # programs relaunched on pointers alone when the inputs' layouts repeat; TECC_RELAUNCH=0:
+        # every program call reads its arguments' keys (docs/knobs.md)
+        layouts = self._layouts_number(args) if options.relaunch() else None
         if isinstance(args, list):
             args.clear()
         for step, free in zip(self.steps, self.frees):
-            step.run(slots, env)
+            if type(step) is RunProgram:
+                step.run(slots, env, layouts)
+            else:
+                step.run(slots, env)
             for s in free:
                 slots[s] = None
         return self._outputs(slots, env)
+
+    def _layouts_number(self, args: Sequence[Any]) -> int | None:
+        """A number for the layouts of this call's inputs: each tensor's sizes, strides, dtype and
+        device, each other input's value (None when a tensor has a lazy negative or conjugate
+        bit). Two calls with one number pass every program arguments of the same layouts: a
+        program's outputs are
+        allocated from the sizes, a view's layout and an ATen op's output layout follow from
+        their inputs', and so on back to the graph's inputs. So a program's launch-cache entry
+        found on the first call of a number serves every later call of it on the pointers alone
+        (RunProgram.run). None past LAYOUTS_KEPT distinct layouts."""
+        tensor = torch.Tensor
+        tensors = [a for a in args if isinstance(a, tensor)]
+        if any(map(tensor.is_neg, tensors)) or any(map(tensor.is_conj, tensors)):
+            return None
+        # (each read by `map` over the tensors: ~0.5 us a tensor, where one tuple per tensor
+        # built in Python costs twice that)
+        others = tuple(a for a in args if not isinstance(a, tensor)) if len(tensors) != len(args) else ()
+        layouts = (others, tuple(map(_SHAPE, tensors)), tuple(map(tensor.stride, tensors)), tuple(map(_DTYPE, tensors)),
+                   tuple(map(tensor.get_device, tensors)))
+        last = self._last_layouts
+        if last is not None and last[0] == layouts:
+            return last[1]
+        try:
+            number = self._layout_numbers.get(layouts)
+        except TypeError:  # an input that cannot be a key (unhashable): no number
+            return None
+        if number is None:
+            if len(self._layout_numbers) >= LAYOUTS_KEPT:
+                return None
+            number = self._layout_numbers[layouts] = len(self._layout_numbers)
+        self._last_layouts = (layouts, number)
+        return number
 
     @property
     def programs(self) -> list[RunProgram]:

@@ -1,0 +1,116 @@
+"""GPT-2 small's training step under inductor and tecc in alternating rounds of one process.
+
+    python benchmarks/step_rounds.py                          # 6 rounds of 5 steps each
+    python benchmarks/step_rounds.py --variants TECC_RELAUNCH=0 --rounds 8
+
+The host's speed drifts within a process and differs between machine instances by 20% and more
+(inductor's step measured 22.0 and 27.3 ms on two H200 hosts), so a ratio taken from two blocks
+of steps run one after the other carries that drift. Here every backend (and each tecc variant,
+an environment knob that tecc reads per call: `--variants NAME=VALUE ...`) runs `--steps` steps
+in turn, round after round; the median of each one's steps (CUDA events around a synchronized
+step, as benchmarks/models.py times them: forward under bf16 autocast, backward, AdamW) and
+its rounds' medians are printed, with the ratios against inductor. Each backend trains its own
+copy of the model on the same batches; the last losses are printed to show they agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "docs" / "examples"))
+
+import torch  # noqa: E402
+
+from models import _batches  # noqa: E402  (benchmarks/models.py)
+from train_gpt import GPT  # noqa: E402
+
+
+def _step(run, opt, idx, targets) -> tuple[float, float]:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = run(idx, targets)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end), loss.item()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--steps", type=int, default=5, help="steps per backend per round")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--attention", default="sdpa", choices=["masked", "sdpa"])
+    p.add_argument("--variants", nargs="*", default=[], help="tecc variants, each NAME=VALUE of an environment knob")
+    args = p.parse_args()
+
+    torch.manual_seed(0)
+    base = GPT(50304, 768, args.layers, 12, 1024, args.attention).cuda()
+    data = _batches(args.warmup + args.rounds * args.steps, 8, 1024, 50304)
+    runs = {}
+    for backend in ("inductor", "tecc"):
+        model = copy.deepcopy(base)
+        compiled = torch.compile(model) if backend == "inductor" else \
+            torch.compile(model, backend="tecc", options={"fallback": "aten"})
+        runs[backend] = (compiled, torch.optim.AdamW(model.parameters(), lr=1e-4))
+    labels = ["inductor", "tecc", *[f"tecc {v}" for v in args.variants]]
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}; GPT-2 {args.layers}L {args.attention}, "
+          f"{args.rounds} rounds of {args.steps} steps per backend")
+
+    def run_as(label: str, idx, targets) -> tuple[float, float]:
+        backend = "inductor" if label == "inductor" else "tecc"
+        saved = {}
+        if label.startswith("tecc "):
+            name, _, value = label[5:].partition("=")
+            saved[name] = os.environ.get(name)
+            os.environ[name] = value
+        try:
+            return _step(*runs[backend], idx, targets)
+        finally:
+            for name, old in saved.items():
+                if old is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = old
+
+    for backend in ("inductor", "tecc"):  # compile and warm up
+        for idx, targets in data[: args.warmup]:
+            _step(*runs[backend], idx, targets)
+    times: dict[str, list[list[float]]] = {label: [] for label in labels}
+    losses: dict[str, float] = {}
+    batches = data[args.warmup:]
+    for r in range(args.rounds):
+        for label in labels:
+            own = []
+            for idx, targets in batches[r * args.steps:(r + 1) * args.steps]:
+                ms, loss = run_as(label, idx, targets)
+                own.append(ms)
+            times[label].append(own)
+            losses[label] = loss
+    print("\n| backend | step ms (median of all steps) | rounds' medians | vs inductor |")
+    print("| --- | --- | --- | --- |")
+    ref = statistics.median([t for rnd in times["inductor"] for t in rnd])
+    for label in labels:
+        every = [t for rnd in times[label] for t in rnd]
+        med = statistics.median(every)
+        rounds = " / ".join(f"{statistics.median(rnd):.2f}" for rnd in times[label])
+        print(f"| {label} | {med:.2f} | {rounds} | {ref / med:.3f}x |")
+    print("\nlast losses (each backend trains its own copy; tecc's variants share tecc's):",
+          ", ".join(f"{k} {v:.4f}" for k, v in losses.items()))
+
+
+if __name__ == "__main__":
+    main()
