@@ -33,12 +33,15 @@ from models import _batches  # noqa: E402  (benchmarks/models.py)
 from train_gpt import GPT  # noqa: E402
 
 
-def _step(run, opt, idx, targets) -> None:
+def _step(run, opt, idx, targets):
+    """One training step (bf16 autocast, backward, AdamW), as benchmarks/models.py runs it;
+    returns the loss."""
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss = run(idx, targets)
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
+    return loss
 
 
 def cupti_calls(fn, calls: int) -> tuple[list[float], dict[str, list[float]]]:

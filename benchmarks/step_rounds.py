@@ -2,11 +2,13 @@
 
     python benchmarks/step_rounds.py                          # 6 rounds of 5 steps each
     python benchmarks/step_rounds.py --variants TECC_RELAUNCH=0 --rounds 8
+    python benchmarks/step_rounds.py --partitioners min_cut recompute
 
 The host's speed drifts within a process and differs between machine instances by 20% and more
 (inductor's step measured 22.0 and 27.3 ms on two H200 hosts), so a ratio taken from two blocks
 of steps run one after the other carries that drift. Here every backend (and each tecc variant,
-an environment knob that tecc reads per call: `--variants NAME=VALUE ...`) runs `--steps` steps
+an environment knob that tecc reads per call: `--variants NAME=VALUE ...`; each partitioner of
+`--partitioners`, a model of its own compiled with that option) runs `--steps` steps
 in turn, round after round; the median of each one's steps (CUDA events around a synchronized
 step, as benchmarks/models.py times them: forward under bf16 autocast, backward, AdamW) and
 its rounds' medians are printed, with the ratios against inductor. Each backend trains its own
@@ -29,6 +31,7 @@ sys.path.insert(0, str(HERE.parent / "docs" / "examples"))
 
 import torch  # noqa: E402
 
+from model_profile import _step as train_step  # noqa: E402  (benchmarks/model_profile.py)
 from models import _batches  # noqa: E402  (benchmarks/models.py)
 from train_gpt import GPT  # noqa: E402
 
@@ -37,11 +40,7 @@ def _step(run, opt, idx, targets) -> tuple[float, float]:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = run(idx, targets)
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    loss = train_step(run, opt, idx, targets)
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end), loss.item()
@@ -55,25 +54,30 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--attention", default="sdpa", choices=["masked", "sdpa"])
     p.add_argument("--variants", nargs="*", default=[], help="tecc variants, each NAME=VALUE of an environment knob")
+    p.add_argument("--partitioners", nargs="+", default=["min_cut"], choices=["min_cut", "default", "recompute"],
+                   help="tecc's partitioner option, a compiled model for each (default: the backend's default; "
+                        "the first is the one the --variants run)")
     args = p.parse_args()
 
     torch.manual_seed(0)
     base = GPT(50304, 768, args.layers, 12, 1024, args.attention).cuda()
     data = _batches(args.warmup + args.rounds * args.steps, 8, 1024, 50304)
     runs = {}
-    for backend in ("inductor", "tecc"):
+    tecc_runs = ["tecc"] if len(args.partitioners) == 1 else [f"tecc partitioner={p}" for p in args.partitioners]
+    for backend in ("inductor", *tecc_runs):
         model = copy.deepcopy(base)
+        partitioner = backend.partition("=")[2] or args.partitioners[0]
         compiled = torch.compile(model) if backend == "inductor" else \
-            torch.compile(model, backend="tecc", options={"fallback": "aten"})
+            torch.compile(model, backend="tecc", options={"fallback": "aten", "partitioner": partitioner})
         runs[backend] = (compiled, torch.optim.AdamW(model.parameters(), lr=1e-4))
-    labels = ["inductor", "tecc", *[f"tecc {v}" for v in args.variants]]
+    labels = ["inductor", *tecc_runs, *[f"tecc {v}" for v in args.variants]]
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}; GPT-2 {args.layers}L {args.attention}, "
           f"{args.rounds} rounds of {args.steps} steps per backend")
 
     def run_as(label: str, idx, targets) -> tuple[float, float]:
-        backend = "inductor" if label == "inductor" else "tecc"
+        backend = label if label in runs else tecc_runs[0]
         saved = {}
-        if label.startswith("tecc "):
+        if label not in runs:
             name, _, value = label[5:].partition("=")
             saved[name] = os.environ.get(name)
             os.environ[name] = value
@@ -86,7 +90,7 @@ def main() -> None:
                 else:
                     os.environ[name] = old
 
-    for backend in ("inductor", "tecc"):  # compile and warm up
+    for backend in runs:  # compile and warm up
         for idx, targets in data[: args.warmup]:
             _step(*runs[backend], idx, targets)
     times: dict[str, list[list[float]]] = {label: [] for label in labels}
@@ -108,7 +112,7 @@ def main() -> None:
         med = statistics.median(every)
         rounds = " / ".join(f"{statistics.median(rnd):.2f}" for rnd in times[label])
         print(f"| {label} | {med:.2f} | {rounds} | {ref / med:.3f}x |")
-    print("\nlast losses (each backend trains its own copy; tecc's variants share tecc's):",
+    print("\nlast losses (each backend trains its own copy; tecc's knob variants share tecc's):",
           ", ".join(f"{k} {v:.4f}" for k, v in losses.items()))
 
 

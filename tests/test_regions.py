@@ -96,6 +96,30 @@ def test_two_attention_layers_in_a_chain_are_two_regions_with_a_part_between():
     np.testing.assert_allclose(p2, ref_p2, rtol=1e-4, atol=1e-4)
 
 
+def test_a_stage_that_depends_on_no_region_runs_in_the_part_of_its_reader():
+    """A value computed from the program's inputs alone (W2 squared, as a backward recomputes a
+    value from a saved one) is computed in the part of the stage that reads it, after the
+    attention region, not in the first part: its output is then alive for one part, not the
+    whole program."""
+    (Q, K, V, W), P, lse = attention_layer("z", causal=False)
+    W2 = tc.placeholder((16, 16), "float32", name="W2")
+    r, c = tc.reduce_axis(16, "r"), tc.reduce_axis(16, "c")
+    Wsq = tc.compute((16, 16), lambda a, b: tc.sum(W2[a, r] * W2[r, b], axis=r), name="Wsq")
+    Z = tc.compute((1, 2, 24, 16), lambda b, h, i, j: tc.sum(P[b, h, i, c] * Wsq[c, j], axis=c), name="Z")
+    f = tc.build([Q, K, V, W, W2, Z, lse], target="sim")
+    assert f.plan.strategy == "regions", f.plan.reason
+    names = [k.name for k in f.module.kernels]
+    online = next(n for n, name in enumerate(names) if "online" in name)
+    square = next(n for n, name in enumerate(names) if "Wsq" in name)
+    assert square > online, f"W2 squared runs before the region: {names}"
+    q, k, v, w, w2 = rand(1, 2, 24, 16), rand(1, 2, 24, 16), rand(1, 2, 24, 16), rand(16, 16), rand(16, 16)
+    z, ls = run(f, q, k, v, w, w2)
+    ref_p, ref_lse = reference(q, k, v, w, causal=False)
+    want = ref_p @ (w2.astype(np.float64) @ w2)
+    np.testing.assert_allclose(z, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    np.testing.assert_allclose(ls, ref_lse, rtol=1e-5, atol=1e-5)
+
+
 def test_a_program_with_no_graph_level_part_is_planned_kernel_by_kernel():
     A = tc.placeholder((8, 12), "float32", name="A")
     B = tc.placeholder((12, 5), "float32", name="B")

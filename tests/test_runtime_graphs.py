@@ -357,16 +357,22 @@ def test_the_executor_captures_on_its_own_stream_and_launches_the_graph_on_the_c
 
 # ---- the launch cache's overlap check --------------------------------------------------------------
 
+def _random_arrays(rng, count, unit, places, longest, share_written):
+    """`count` arrays' pointers (multiples of `unit` below unit * places), byte spans (a fifth
+    reaching below the pointer, as negative strides do) and written flags."""
+    ptrs = [int(p) * unit for p in rng.integers(0, places, count)]
+    spans = []
+    for _ in range(count):
+        lo = -int(rng.integers(0, 3)) * 64 if rng.random() < 0.2 else 0
+        spans.append((lo, int(rng.integers(1, longest))))
+    return ptrs, spans, [bool(w) for w in rng.random(count) < share_written]
+
+
 def test_the_overlap_sweep_agrees_with_the_check_over_every_pair():
     rng = np.random.default_rng()
     for case in range(3000):
         count = int(rng.integers(1, 7))
-        ptrs = [int(p) * 16 for p in rng.integers(0, 40, count)]
-        spans = []
-        for _ in range(count):
-            lo = -int(rng.integers(0, 3)) * 64 if rng.random() < 0.2 else 0
-            spans.append((lo, int(rng.integers(1, 200))))
-        written = [bool(w) for w in rng.random(count) < 0.5]
+        ptrs, spans, written = _random_arrays(rng, count, 16, 40, 200, 0.5)
         pairs = [(i, j) for i in range(count) for j in range(i + 1, count) if written[i] or written[j]]
         expected = any(ptrs[i] + spans[i][0] < ptrs[j] + spans[j][1] and ptrs[j] + spans[j][0] < ptrs[i] + spans[i][1]
                        for i, j in pairs)
@@ -382,12 +388,7 @@ def test_the_numpy_pointer_checks_agree_with_the_python_ones():
     rng = np.random.default_rng()
     for case in range(3000):
         count = int(rng.integers(1, 40))
-        ptrs = [int(p) * 8 for p in rng.integers(0, 60, count)]
-        spans = []
-        for _ in range(count):
-            lo = -int(rng.integers(0, 3)) * 64 if rng.random() < 0.2 else 0
-            spans.append((lo, int(rng.integers(1, 120))))
-        written = [bool(w) for w in rng.random(count) < 0.3]
+        ptrs, spans, written = _random_arrays(rng, count, 8, 60, 120, 0.3)
         needs = [int(n) for n in rng.choice([1, 2, 4, 8, 16], count)]
         expected = all(p % n == 0 for p, n in zip(ptrs, needs)) and not written_overlap(ptrs, spans, written)
         assert PointerChecks(spans, written, needs).passes(ptrs) == expected, f"case {case}: {ptrs}, {spans}, {written}, {needs}"
@@ -407,3 +408,46 @@ def test_a_cached_call_checks_a_pointer_set_once(full_path, monkeypatch):
     overlapping = FakeDeviceArray((4096,), a.__cuda_array_interface__["data"][0] + 64)
     with pytest.raises(Exception, match=r"argument 1 \(a\) and argument 2 \(b\) of pair overlap in memory"):
         f(x, a, overlapping)
+
+
+def test_a_relaunch_runs_the_entry_a_call_returned_on_other_pointers(full_path):
+    """`CudaExecutor.call` returns the cached call it was remembered as; `relaunch` launches it
+    on other pointers without reading a key (no full-path view, no binding), refuses a stale
+    entry (the executor's cache generation moved on) and pointers that overlap a written array,
+    launching nothing then."""
+    from tecc.runtime.launch_cache import LaunchEntry
+
+    f = StubExecutor(two_kernel_program())
+    f.cuda_graphs = False
+    cached = f.call(tuple(pair_arrays()))
+    assert cached is not None and len(f.submitted) == 2
+    entry = LaunchEntry(cached, f.cache_generation)
+    views, binds = full_path["views"], full_path["binds"]
+    other = pair_arrays(base=0x9000_0000)
+    ptrs = [a.__cuda_array_interface__["data"][0] for a in other]
+    assert f.relaunch(entry, ptrs, tuple(other))
+    assert len(f.submitted) == 4 and (full_path["views"], full_path["binds"]) == (views, binds)
+    relaunched = [p for _, _, _, params in f.submitted[2:] for p in params]
+    assert set(ptrs) <= set(relaunched) and not {a.__cuda_array_interface__["data"][0] for a in pair_arrays()} & set(relaunched)
+    overlapping = [ptrs[0], ptrs[1], ptrs[1] + 64]
+    assert not f.relaunch(entry, overlapping, tuple(other)) and len(f.submitted) == 4
+    f.cache_generation += 1
+    assert not f.relaunch(entry, ptrs, tuple(other)) and len(f.submitted) == 4
+
+
+def test_a_runnable_kernel_hands_out_entries_that_relaunch(full_path):
+    """RunnableKernel.call_entry makes the call and returns its entry with the executor's
+    generation; relaunch passes it back to the executor (what tecc/torch/runtime.py does)."""
+    from tecc.runtime.runnable import RunnableKernel
+
+    f = StubExecutor(two_kernel_program())
+    f.cuda_graphs = False
+    k = RunnableKernel(f.host)
+    k._executor = f
+    entry = k.call_entry(*pair_arrays())
+    again = k.call_entry(*pair_arrays(base=0xA000_0000))  # a hit: the same entry
+    assert entry is not None and again is not None and again.cached is entry.cached
+    assert entry.generation == f.cache_generation
+    other = pair_arrays(base=0x9000_0000)
+    assert k.relaunch(entry, [a.__cuda_array_interface__["data"][0] for a in other], tuple(other))
+    assert len(f.submitted) == 6

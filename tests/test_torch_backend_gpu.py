@@ -68,28 +68,36 @@ def test_programs_run_on_the_callers_stream():
     torch.testing.assert_close(y, model(x * 2), rtol=1e-5, atol=1e-5)
 
 
+def _trained_with_and_without(monkeypatch, method, knob, steps):
+    """GPT trained eagerly, then compiled twice, the second time with the environment `knob`
+    set to 0; `CudaExecutor.method`'s calls counted. Returns the three runs' losses and the
+    calls made by the first compiled run and by the second."""
+    from tecc.runtime.cuda import CudaExecutor
+
+    calls = []
+    plain = getattr(CudaExecutor, method)
+    monkeypatch.setattr(CudaExecutor, method, lambda self, *a: calls.append(self.host.name) or plain(self, *a))
+    torch.manual_seed(0)
+    model = GPT().cuda()
+    twins = [copy.deepcopy(model) for _ in range(2)]
+    data = batches(steps)
+    expected = _train(model, data)
+    on = _train(torch.compile(twins[0], backend="tecc", options={"fallback": "error"}), data)
+    count = len(calls)
+    torch._dynamo.reset()
+    monkeypatch.setenv(knob, "0")
+    off = _train(torch.compile(twins[1], backend="tecc", options={"fallback": "error"}), data)
+    return expected, on, off, count, len(calls) - count
+
+
 def test_a_training_loop_replays_its_programs_as_cuda_graphs_with_the_same_losses(monkeypatch):
     """The executor's own graphs (tecc/runtime/graphs.py, on by default): steps after the second
     replay each program as one graph -- torch's caching allocator gives the same pointers every
     step -- and train as the plain launches do (TECC_CUDA_GRAPHS=0) and as eager does."""
-    from tecc.runtime.cuda import CudaExecutor
-
-    launched = []
-    plain_graph_launch = CudaExecutor._launch_graph
-    monkeypatch.setattr(CudaExecutor, "_launch_graph",
-                        lambda self, graph: launched.append(self.host.name) or plain_graph_launch(self, graph))
-    torch.manual_seed(0)
-    model = GPT().cuda()
-    twins = [copy.deepcopy(model) for _ in range(2)]
-    data = batches(8)
-    expected = _train(model, data)
-    with_graphs = _train(torch.compile(twins[0], backend="tecc", options={"fallback": "error"}), data)
+    expected, with_graphs, plain, launched, launched_off = _trained_with_and_without(
+        monkeypatch, "_launch_graph", "TECC_CUDA_GRAPHS", 8)
     assert launched, "no program was replayed as a CUDA graph"
-    torch._dynamo.reset()
-    monkeypatch.setenv("TECC_CUDA_GRAPHS", "0")
-    count = len(launched)
-    plain = _train(torch.compile(twins[1], backend="tecc", options={"fallback": "error"}), data)
-    assert len(launched) == count, "TECC_CUDA_GRAPHS=0 must launch plainly"
+    assert launched_off == 0, "TECC_CUDA_GRAPHS=0 must launch plainly"
     assert max(abs(a - b) for a, b in zip(expected, with_graphs)) <= 1e-4, (expected, with_graphs)
     assert max(abs(a - b) for a, b in zip(plain, with_graphs)) <= 1e-5, (plain, with_graphs)
 
@@ -123,24 +131,10 @@ def test_programs_relaunch_on_pointers_and_still_train_like_eager(monkeypatch):
     relaunched on its new pointers without reading its arguments' keys (tecc/torch/runtime.py,
     CudaExecutor.relaunch); the losses stay eager's. With TECC_RELAUNCH=0 nothing relaunches and
     the losses are the same to the last bit."""
-    from tecc.runtime.cuda import CudaExecutor
-
-    relaunched = []
-    plain_relaunch = CudaExecutor.relaunch
-    monkeypatch.setattr(CudaExecutor, "relaunch",
-                        lambda self, *a: relaunched.append(self.host.name) or plain_relaunch(self, *a))
-    torch.manual_seed(0)
-    model = GPT().cuda()
-    twins = [copy.deepcopy(model) for _ in range(2)]
-    data = batches(6)
-    expected = _train(model, data)
-    fast = _train(torch.compile(twins[0], backend="tecc", options={"fallback": "error"}), data)
+    expected, fast, keyed, relaunched, relaunched_off = _trained_with_and_without(
+        monkeypatch, "relaunch", "TECC_RELAUNCH", 6)
     assert relaunched, "no program was relaunched on pointers"
-    torch._dynamo.reset()
-    monkeypatch.setenv("TECC_RELAUNCH", "0")
-    count = len(relaunched)
-    keyed = _train(torch.compile(twins[1], backend="tecc", options={"fallback": "error"}), data)
-    assert len(relaunched) == count, "TECC_RELAUNCH=0 must not relaunch"
+    assert relaunched_off == 0, "TECC_RELAUNCH=0 must not relaunch"
     assert max(abs(a - b) for a, b in zip(expected, fast)) <= 1e-4, (expected, fast)
     assert fast == keyed, (fast, keyed)
 

@@ -36,7 +36,9 @@ they take:
 4. The rest of the program is planned in parts between the regions (`per_kernel`, the planner
    again): a stage joins the part after the last region it depends on (as graph-level programs
    do in the torch backend), so the parts run in order and each reads only earlier parts'
-   outputs.
+   outputs. A stage that depends on no region (a value a backward recomputes from a saved
+   one) joins the part of its earliest reader, or the part just before its earliest reading
+   region: in the first part, every layer's recomputed values would be alive at once.
 
 The plan is a list of `region` steps (regions.py) and the composed module is built here once.
 """
@@ -431,7 +433,8 @@ def _parts(st: _Stages, found: list[tuple[set[int], Plan, Module]],
     """The parts in launch order: per level, the remaining stages of that level, then its regions
     (module docstring, step 4). A remaining stage's level is the highest among the remaining
     stages it reads and one past the regions it reads; a region's is the highest among what
-    it reads, regions included (regions of one level run in dependence order)."""
+    it reads, regions included (regions of one level run in dependence order). A stage that
+    depends on no region takes the lowest level among its readers instead: as late as it can."""
     contracted: nx.DiGraph = nx.DiGraph()
 
     def node(k: int) -> object:
@@ -445,6 +448,18 @@ def _parts(st: _Stages, found: list[tuple[set[int], Plan, Module]],
         region = isinstance(n, tuple)
         level[n] = max((level[p] + (1 if isinstance(p, tuple) and not region else 0)
                         for p in contracted.predecessors(n)), default=0)
+    # A stage that depends on no region (it reads the program's inputs and other such stages:
+    # a value the backward recomputes from a saved one) would run in the first part, and its
+    # output stay alive from there to its reader, every layer's at once; it runs in the part of
+    # its earliest reader instead (or just before that reader's region), as late as it can.
+    after_region: set[object] = set()
+    for n in order:
+        if isinstance(n, tuple) or any(p in after_region for p in contracted.predecessors(n)):
+            after_region.add(n)
+    for n in reversed(order):
+        readers = list(contracted.successors(n))
+        if n not in after_region and readers:
+            level[n] = min(level[r] for r in readers)
     parts: list[tuple[set[int], int | None]] = []
     for lvl in sorted(set(level.values())):
         rest = {k for k in st.index if not isinstance(node(k), tuple) and level[k] == lvl}

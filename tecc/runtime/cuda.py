@@ -197,7 +197,7 @@ class CudaExecutor(graphs.GraphReplay):
     def _init_launch_cache(self) -> None:
         """The launch cache (docs/runtime.md, "Repeated calls"): argument keys -> CachedCall."""
         self._calls: dict[tuple[Any, ...], CachedCall] = {}
-        self._cache_generation = 0  # bumped whenever the cached entries stop being valid
+        self.cache_generation = 0  # bumped whenever the cached entries stop being valid
         # temporaries from torch's allocator share storages by liveness (marshal.shared_storage)
         self._storage = shared_storage(self.host, self._planned)
         self._ranges = live_ranges(self._planned)  # and are placed in the stream's arena by them (arena.py)
@@ -271,10 +271,10 @@ class CudaExecutor(graphs.GraphReplay):
     def __call__(self, *args: Any) -> None:
         self.call(args)
 
-    def call(self, args: tuple[Any, ...]) -> LaunchEntry | None:
+    def call(self, args: tuple[Any, ...]) -> CachedCall | None:
         """Run a call with every argument given; return the launch-cache entry it ran as or was
-        remembered as (what `relaunch` takes), or None when it is none (host arrays, a key the
-        full path does not vouch for)."""
+        remembered as (with `cache_generation`, what `relaunch` takes), or None when it is none
+        (host arrays, a key the full path does not vouch for)."""
         if self.follows_producer:
             self.stream, self._stream_ptr = self._home_stream  # until a call's arguments say otherwise
         found = self._argument_keys(args)
@@ -282,13 +282,11 @@ class CudaExecutor(graphs.GraphReplay):
             cached = self._calls.get(found[0])
             if cached is not None and self._replay(cached, found[1], args):
                 self.calls_cached += 1
-                return LaunchEntry(cached, self._cache_generation)
+                return cached
         self.calls_checked += 1
         launched = self._call_checked(args)
         if found is not None and launched is not None:
-            cached = self._remember(found, *launched)
-            if cached is not None:
-                return LaunchEntry(cached, self._cache_generation)
+            return self._remember(found, *launched)
         return None
 
     def relaunch(self, entry: LaunchEntry, ptrs: list[int], args: tuple[Any, ...]) -> bool:
@@ -299,7 +297,7 @@ class CudaExecutor(graphs.GraphReplay):
         redone as on any hit. False, with nothing launched, when the entry is stale (the
         executor's temporaries were reallocated since) or the pointers fail those checks: the
         caller then makes the call the ordinary way."""
-        if entry.generation != self._cache_generation:
+        if entry.generation != self.cache_generation:
             return False
         if self.follows_producer:
             self.stream, self._stream_ptr = self._home_stream
@@ -585,7 +583,7 @@ class CudaExecutor(graphs.GraphReplay):
                     buf.fill(0, stream=self.stream)  # cuMemsetD8Async, ordered before the launches
                 self._temps[temp.name] = buf
                 self._calls.clear()  # cached launches hold the old buffer's pointer
-                self._cache_generation += 1  # and so do the entries `call` handed out
+                self.cache_generation += 1  # and so do the entries `call` handed out
                 self._allocating.clear()
             pointers[temp.name] = int(buf.handle)
         return pointers

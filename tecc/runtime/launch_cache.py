@@ -126,9 +126,9 @@ class CachedCall:
 
 @dataclass(frozen=True)
 class LaunchEntry:
-    """What `CudaExecutor.call` hands its caller: the cached call it ran as, and the executor's
-    cache generation then (an entry of an older generation holds temporaries' pointers that are
-    gone, so `CudaExecutor.relaunch` refuses it)."""
+    """What `RunnableKernel.call_entry` hands its caller: the cached call a call ran as
+    (`CudaExecutor.call`), and the executor's cache generation then (an entry of an older
+    generation holds temporaries' pointers that are gone, so `CudaExecutor.relaunch` refuses it)."""
 
     cached: CachedCall
     generation: int

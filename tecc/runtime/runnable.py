@@ -84,7 +84,9 @@ class RunnableKernel:
         if self._runs_in_emulator():
             self._runner()(*args)
             return None
-        return self.executor.call(args)
+        executor = self.executor
+        cached = executor.call(args)
+        return None if cached is None else LaunchEntry(cached, executor.cache_generation)
 
     def relaunch(self, entry: LaunchEntry, ptrs: list[int], args: tuple[Any, ...]) -> bool:
         """The call `call_entry` returned `entry` for, again, on `args` (data pointers `ptrs`),
