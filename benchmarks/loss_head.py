@@ -4,8 +4,9 @@
     python benchmarks/loss_head.py --mode head              # logits = x @ W^T under bf16 autocast, then the loss
     python benchmarks/loss_head.py --rows 8192 --vocab 50304 --backends eager inductor tecc tecc:default
 
-"tecc" is the backend with its default options (partitioner "min_cut": the forward saves the
-bf16 logits and two row statistics, the backward recomputes the float32 cast); a backend
+"tecc" is the backend with its default options (partitioner "recompute", a min-cut variant:
+the forward saves the bf16 logits and two row statistics, the backward recomputes the float32
+cast); a backend
 "tecc:NAME" is tecc with options={"partitioner": NAME} ("default": AOTAutograd's default
 partitioner, which saves float32 log-probabilities: tecc/torch/backend.py).
 

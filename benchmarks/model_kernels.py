@@ -96,7 +96,7 @@ def _empty_outputs(gm: torch.fx.GraphModule) -> Callable[..., list[Any]]:
 
 
 def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], train: bool,
-          autocast: torch.dtype | None, partitioner: str = "min_cut",
+          autocast: torch.dtype | None, partitioner: str = "recompute",
           kwargs: dict[str, Any] | None = None) -> dict[str, torch.fx.GraphModule]:
     """The forward and backward (or inference) ATen graphs of `model(*inputs, **kwargs)`, split by
     the backend's `partitioner` option (tecc/torch/backend.py). A model that dynamo splits at a
@@ -135,7 +135,7 @@ def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], train: bool,
     return graphs
 
 
-def gpt2(layers: int, partitioner: str = "min_cut") -> dict[str, torch.fx.GraphModule]:
+def gpt2(layers: int, partitioner: str = "recompute") -> dict[str, torch.fx.GraphModule]:
     """GPT-2 small's training step (benchmarks/models.py): batch 8 x 1024, bf16 autocast, SDPA."""
     from train_gpt import GPT
 
@@ -145,7 +145,7 @@ def gpt2(layers: int, partitioner: str = "min_cut") -> dict[str, torch.fx.GraphM
     return trace(model, (idx, idx), train=True, autocast=torch.bfloat16, partitioner=partitioner)
 
 
-def convnet(layers: int, partitioner: str = "min_cut") -> dict[str, torch.fx.GraphModule]:
+def convnet(layers: int, partitioner: str = "recompute") -> dict[str, torch.fx.GraphModule]:
     """benchmarks/models.py's conv net: bf16 channels_last inference, batch 32 at 224 x 224."""
     from torch import nn
 
@@ -163,7 +163,7 @@ def convnet(layers: int, partitioner: str = "min_cut") -> dict[str, torch.fx.Gra
     return trace(model, (x,), train=False, autocast=None)
 
 
-def hf_gpt2(layers: int, partitioner: str = "min_cut") -> dict[str, torch.fx.GraphModule]:
+def hf_gpt2(layers: int, partitioner: str = "recompute") -> dict[str, torch.fx.GraphModule]:
     """benchmarks/models_hf.py's model: transformers' GPT2LMHeadModel(GPT2Config()) with its own
     SDPA attention and loss (`labels=`), batch 8 x 1024, bf16 autocast, dropout 0. transformers is
     not a tecc dependency (PYTHONPATH to an install of it). Its loss is a second graph (a graph
@@ -179,7 +179,7 @@ def hf_gpt2(layers: int, partitioner: str = "min_cut") -> dict[str, torch.fx.Gra
                  kwargs={"input_ids": idx, "labels": idx})
 
 
-def resnet50(layers: int, partitioner: str = "min_cut") -> dict[str, torch.fx.GraphModule]:
+def resnet50(layers: int, partitioner: str = "recompute") -> dict[str, torch.fx.GraphModule]:
     """benchmarks/models_hf.py's resnet50 (bf16 channels_last inference, batch 32 at 224 x 224)
     written here as torchvision's architecture (conv 7x7/2, batch norm, relu, max pool 3x3/2,
     Bottleneck stages [3, 4, 6, 3] of widths 64/128/256/512 x 4, the stride on the 3x3 conv, a
@@ -402,7 +402,7 @@ def main() -> None:
     p.add_argument("--check-build", action="store_true",
                    help="also build the programs (NVRTC) and set each kernel's generated launch and shared "
                         "memory beside the model's (minutes for a whole model)")
-    p.add_argument("--partitioner", choices=["min_cut", "default", "recompute"], default="min_cut",
+    p.add_argument("--partitioner", choices=["min_cut", "default", "recompute"], default="recompute",
                    help="what the forward saves for the backward (the backend's option of that name)")
     args = p.parse_args()
     layers = args.layers if args.layers is not None else {"gpt2": 1, "hf-gpt2": 1, "resnet50": 0}.get(args.model, 3)

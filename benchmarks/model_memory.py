@@ -643,7 +643,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--model", choices=("gpt2", "hf-gpt2"), default="gpt2")
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--arch", default="sm_90")
-    p.add_argument("--partitioner", choices=("min_cut", "default", "recompute"), default="min_cut")
+    p.add_argument("--partitioner", choices=("min_cut", "default", "recompute"), default="recompute")
     p.add_argument("--saved", type=int, default=12, help="rows of the saved-tensor table (0: all)")
     p.add_argument("--cache-dir", default=None, help="TECC_CACHE_DIR (default: the environment's)")
     args = p.parse_args(argv)

@@ -47,7 +47,7 @@ def _package(name: str) -> Any:
         return None
 
 
-def _compiled(model: Any, backend: str, fallback: str, partitioner: str = "min_cut") -> Any:
+def _compiled(model: Any, backend: str, fallback: str, partitioner: str = "recompute") -> Any:
     if backend == "eager":
         return model
     if backend == "inductor":
@@ -266,7 +266,7 @@ def main() -> None:
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="after each backend's timing, a few calls under torch.profiler: GPU busy time against "
                         "the call's time and the top N kernels")
-    p.add_argument("--partitioner", default="min_cut", choices=["min_cut", "default", "recompute"],
+    p.add_argument("--partitioner", default="recompute", choices=["min_cut", "default", "recompute"],
                    help="tecc's partitioner option for GPT-2 (what its forward saves for the backward)")
     p.add_argument("--memory-snapshot", default=None, metavar="DIR",
                    help="dump torch's allocation history of each backend's GPT-2 steps into DIR (pytorch.org/memory_viz)")

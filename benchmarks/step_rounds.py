@@ -54,7 +54,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--attention", default="sdpa", choices=["masked", "sdpa"])
     p.add_argument("--variants", nargs="*", default=[], help="tecc variants, each NAME=VALUE of an environment knob")
-    p.add_argument("--partitioners", nargs="+", default=["min_cut"], choices=["min_cut", "default", "recompute"],
+    p.add_argument("--partitioners", nargs="+", default=["recompute"], choices=["min_cut", "default", "recompute"],
                    help="tecc's partitioner option, a compiled model for each (default: the backend's default; "
                         "the first is the one the --variants run)")
     args = p.parse_args()

@@ -169,6 +169,25 @@ def test_conv_net_in_eval_channels_last_matches_eager():
     assert fallen_back() == set()
 
 
+def test_a_causal_softmax_of_symbolic_length_is_right_in_every_row():
+    """Scores, a causal mask and softmax over a symbolic length, the probabilities an output:
+    one row kernel with the online max and sum (the row's length is unknown, so it is not kept
+    in registers). A thread whose columns are all masked (-inf) while its running max is still
+    -inf adds exp(-inf - m) = 0, not exp(-inf + inf) = NaN: before, every row but the last
+    (the only one with no masked column) came out NaN."""
+
+    def f(q, k):
+        s = (q @ k.transpose(-1, -2)) * 0.25
+        positions = torch.arange(q.shape[-2])
+        masked = ~((positions[None, :] - positions[:, None]) <= 0)
+        return torch.softmax(torch.where(masked, float("-inf"), s), -1)
+
+    run = torch.compile(f, backend="tecc", dynamic=True, options={"fallback": "error"})
+    for length in (8, 12):
+        q, k = torch.randn(2, 4, length, 16), torch.randn(2, 4, length, 16)
+        torch.testing.assert_close(run(q, k), f(q, k), rtol=1e-5, atol=1e-6, msg=f"length {length}")
+
+
 def test_one_dynamic_compile_serves_three_sequence_lengths():
     torch.manual_seed(0)
     model = GPT(context=32, layers=1)

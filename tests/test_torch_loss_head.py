@@ -14,7 +14,7 @@ rows, not one thread.
 * Planned for sm_90 at GPT-2's size (8192 x 50304 logits), without a GPU: the forward's and the
   backward's passes over the logits are one row kernel each, predicted near the DRAM time of
   the bytes they must move, and no kernel of the head is the naive one-thread fallback. Under
-  the min-cut partitioner (the backend's default) the forward saves the bf16 logits and two row
+  the min-cut partitioner (the backend's default is a variant of it) the forward saves the bf16 logits and two row
   statistics, and both kernels stream the logits, read once each.
 """
 
@@ -248,7 +248,7 @@ def test_an_unknown_partitioner_is_refused_naming_the_choices():
     from tecc.ir.errors import TeccError
     from tecc.torch.backend import Options
 
-    assert Options.parse(None).partitioner == "min_cut"
+    assert Options.parse(None).partitioner == "recompute"
     assert Options.parse({"partitioner": "default"}).partitioner == "default"
     with pytest.raises(TeccError, match="partitioner='greedy'.*'min_cut'.*'default'"):
         Options.parse({"partitioner": "greedy"})

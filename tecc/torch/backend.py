@@ -17,7 +17,7 @@ Options (`torch.compile(..., options={...})`):
 | `cudagraphs` | `False` | capture each whole graph (fallbacks included) with torch.cuda.graph, inputs copied in and outputs copied out (CUDA tensors, static shapes); without it each program still replays as the runtime's own CUDA graph (docs/models.md, "Runtime") |
 | `dump_ir` | `None` | a folder: each graph's FX code, the node -> kernel map and every program's IR dumps |
 | `arch` | `None` | the GPU architecture to compile for (`"sm_90"`); default: the device's |
-| `partitioner` | `"min_cut"` | what the forward saves for the backward: `"min_cut"`, AOTAutograd's min-cut rematerialization partitioner (inductor's too: saves the fewest bytes and recomputes cheap elementwise values in the backward; a loss head then saves its bf16 logits and two row statistics, and its backward recomputes the float32 cast, instead of 1.6 GB of float32 log-probabilities written and read back at GPT-2's size); `"default"`, AOTAutograd's default partitioner (saves what the backward reads); `"recompute"`, the min-cut partitioner allowed to recompute cheap values that the backward reads through a GEMM (`ban_recompute_materialized_backward` off: an MLP's GELU output, a layer norm's bf16 output, bf16 copies of weights are recomputed from what is saved anyway, each right before its first reader, instead of saved for every layer: GPT-2 small at batch 8 × 1024 peaks at 5.50 GiB instead of 6.47 on an H200, its step ~2% slower; not yet right with symbolic sizes: docs/models.md, "Memory") |
+| `partitioner` | `"recompute"` | what the forward saves for the backward: `"recompute"`, AOTAutograd's min-cut rematerialization partitioner allowed to recompute cheap values that the backward reads through a GEMM (`ban_recompute_materialized_backward` off: an MLP's GELU output, a layer norm's bf16 output, bf16 copies of weights are recomputed in the backward from what is saved anyway, each right before its first reader, instead of saved for every layer: GPT-2 small at batch 8 × 1024 peaks at 5.50 GiB instead of 6.47 on an H200, its step ~2% slower); `"min_cut"`, the min-cut partitioner as inductor runs it (saves the fewest bytes and recomputes cheap elementwise values except those a GEMM reads; a loss head then saves its bf16 logits and two row statistics, and its backward recomputes the float32 cast, instead of 1.6 GB of float32 log-probabilities written and read back at GPT-2's size: both min-cut variants do this); `"default"`, AOTAutograd's default partitioner (saves what the backward reads) |
 | `aot_cache` | `True` | keep AOTAutograd's result in torch's AOTAutogradCache (TORCHINDUCTOR_CACHE_DIR/aotautograd), its entry naming tecc's disk-cache entries: a second process skips AOTAutograd's joint trace and partitioner (aot_cache.py; H200, 12-layer GPT-2: the second process's first step 7.4 -> 4.6 s), and AOTAutograd altogether where its runtime would only call the graphs (direct.py). A torch without the API compiles as without it; off with TECC_NO_CACHE=1. The backward is then compiled with the forward, not at the first backward call |
 | `parallel_compile` | `None` (auto) | with `aot_cache` (AOTAutograd then compiles the backward right after the forward), compile the forward graph in a worker process while this one compiles the backward; the forward's first call waits for the worker and loads the graph from tecc's disk cache (a failed worker is logged and the graph compiled in the caller's process then). Auto: on for a CUDA graph of at least 150 ATen ops on a machine of 4 or more CPUs (the worker's start, ~2-3 s of importing torch, is then hidden behind the backward's compile); never for the emulator's graphs, a graph with tensor constants, or with `dump_ir` (tecc/torch/background.py) |
 """
@@ -58,7 +58,7 @@ class Options:
     cudagraphs: bool = False
     dump_ir: str | None = None
     arch: str | None = None
-    partitioner: str = "min_cut"
+    partitioner: str = "recompute"
     aot_cache: bool = True
     parallel_compile: bool | None = None
 
@@ -74,12 +74,13 @@ class Options:
         if fallback not in FALLBACKS:
             raise TeccError(f"torch.compile(backend='tecc'): fallback={fallback!r}; use 'aten' (run ops tecc cannot "
                             "lower as ATen) or 'error' (raise instead)")
-        partitioner = given.get("partitioner", "min_cut")
+        partitioner = given.get("partitioner", "recompute")
         if partitioner not in PARTITIONERS:
-            raise TeccError(f"torch.compile(backend='tecc'): partitioner={partitioner!r}; use 'min_cut' "
-                            "(AOTAutograd's min-cut rematerialization partitioner, the default), 'default' "
-                            "(AOTAutograd's default partitioner) or 'recompute' (min-cut, recomputing cheap values "
-                            "the backward's GEMMs read instead of saving them)")
+            raise TeccError(f"torch.compile(backend='tecc'): partitioner={partitioner!r}; use 'recompute' "
+                            "(the default: AOTAutograd's min-cut partitioner, recomputing cheap values the "
+                            "backward's GEMMs read instead of saving them), 'min_cut' (AOTAutograd's min-cut "
+                            "rematerialization partitioner as inductor runs it) or 'default' (AOTAutograd's default "
+                            "partitioner)")
         dump = given.get("dump_ir")
         parallel = given.get("parallel_compile")
         if parallel not in (None, True, False):

@@ -98,21 +98,34 @@ def online_max_sum(a: Expr, h: Expr, columns: ColumnWalk, row: tuple[Expr, ...],
         m_own = m_acc; <allreduce m_acc, max>; s_acc = s_acc·exp(m_own - m_acc); <allreduce s_acc, +>
 
     exp(old - new) is taken as 1 when the two are equal, so a thread that has seen no column
-    (or only -inf) keeps s = 0 instead of 0·exp(-inf + inf) = NaN."""
+    (or only -inf) keeps s = 0 instead of 0·exp(-inf + inf) = NaN. A column of -inf (a masked
+    score) adds exp(-inf - m) = 0 also while the running max is still -inf (a causal row's
+    masked tail, all of one thread's columns): where h is the max's own a, each chunk subtracts
+    0 instead of a max of -inf (all its columns are -inf then), one select per chunk; otherwise
+    each -inf column adds 0 by a select of its own. Without either, exp(-inf + inf) = NaN
+    spreads to the whole row through the block's reduction."""
     ft = m_acc.dtype
     m_new, m_own, m_chunk = (new_local(f"{stage}_{k}", ft, 1) for k in ("new", "own", "chunk"))
+    minus_inf = reduce_identity("max", ft)
+
+    def term(ch: Chunk) -> Expr:
+        if h is a:
+            shift = select(compare("==", m_new[ZERO], minus_inf), Const(0.0, ft), m_new[ZERO])
+            return call("exp", ch.value(h) - shift)
+        value = ch.value(h)
+        return select(compare("==", value, minus_inf), Const(0.0, ft), call("exp", value - m_new[ZERO]))
 
     def chunk(ch: Chunk) -> Stmt:
         if ch.elements == 1:
             chunk_max: list[Stmt] = [BufferStore(m_new, (ZERO,), binary("max", m_acc[ZERO], ch.value(a)))]
         else:
-            chunk_max = [BufferStore(m_chunk, (ZERO,), reduce_identity("max", ft)),
+            chunk_max = [BufferStore(m_chunk, (ZERO,), minus_inf),
                          ch.each(BufferStore(m_chunk, (ZERO,), binary("max", m_chunk[ZERO], ch.value(a)))),
                          BufferStore(m_new, (ZERO,), binary("max", m_acc[ZERO], m_chunk[ZERO]))]
         return seq(
             *chunk_max,
             BufferStore(s_acc, (ZERO,), s_acc[ZERO] * rescale(m_acc[ZERO], m_new[ZERO])),
-            ch.each(BufferStore(s_acc, (ZERO,), s_acc[ZERO] + call("exp", ch.value(h) - m_new[ZERO]))),
+            ch.each(BufferStore(s_acc, (ZERO,), s_acc[ZERO] + term(ch))),
             BufferStore(m_acc, (ZERO,), m_new[ZERO]),
         )
 
