@@ -411,7 +411,7 @@ def test_a_cached_call_checks_a_pointer_set_once(full_path, monkeypatch):
 
 
 def test_a_relaunch_runs_the_entry_a_call_returned_on_other_pointers(full_path):
-    """`CudaExecutor.call` returns the cached call it was remembered as; `relaunch` launches it
+    """`CudaExecutor.keyed_call` returns the cached call it was remembered as; `relaunch` launches it
     on other pointers without reading a key (no full-path view, no binding), refuses a stale
     entry (the executor's cache generation moved on) and pointers that overlap a written array,
     launching nothing then."""
@@ -419,7 +419,7 @@ def test_a_relaunch_runs_the_entry_a_call_returned_on_other_pointers(full_path):
 
     f = StubExecutor(two_kernel_program())
     f.cuda_graphs = False
-    cached = f.call(tuple(pair_arrays()))
+    cached = f.keyed_call(tuple(pair_arrays()))
     assert cached is not None and len(f.submitted) == 2
     entry = LaunchEntry(cached, f.cache_generation)
     views, binds = full_path["views"], full_path["binds"]

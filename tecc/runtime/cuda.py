@@ -40,8 +40,8 @@ from ..ir.expr import Var
 from . import arrays, graphs, index_errors
 from .arrays import Argument
 from .host import HostProgram, KernelInfo, resolve_launch, temp_bytes
-from .launch_cache import (CALL_CACHE_SIZE, AllocatingCall, CachedCall, CachedLaunch, LaunchEntry, LaunchRecord,  # noqa: F401
-                           cached_call, read_keys, with_pointers)
+from .launch_cache import (CALL_CACHE_SIZE, AllocatingCall, CachedCall, CachedLaunch, LaunchEntry,  # noqa: F401
+                           LaunchRecord, cached_call, read_keys, with_pointers)
 from .marshal import (DEFAULT_ALIGNMENT, ParamSlot, PlannedLaunch, alias_pairs, byte_span, check_aliasing,  # noqa: F401
                       check_device_arrays, live_ranges, plan_launches, prepare_arguments, scalar_argument,
                       shared_storage, tensor_map_geometry)
@@ -269,9 +269,9 @@ class CudaExecutor(graphs.GraphReplay):
 
     # ---- running ----------------------------------------------------------------------------
     def __call__(self, *args: Any) -> None:
-        self.call(args)
+        self.keyed_call(args)
 
-    def call(self, args: tuple[Any, ...]) -> CachedCall | None:
+    def keyed_call(self, args: tuple[Any, ...]) -> CachedCall | None:
         """Run a call with every argument given; return the launch-cache entry it ran as or was
         remembered as (with `cache_generation`, what `relaunch` takes), or None when it is none
         (host arrays, a key the full path does not vouch for)."""
@@ -290,7 +290,7 @@ class CudaExecutor(graphs.GraphReplay):
         return None
 
     def relaunch(self, entry: LaunchEntry, ptrs: list[int], args: tuple[Any, ...]) -> bool:
-        """Launch a call `call` returned `entry` for, on new data pointers `ptrs` (`args`' own,
+        """Launch a call `keyed_call` returned `entry` for, on new data pointers `ptrs` (`args`' own,
         in order), without reading the arguments' keys: the caller vouches that each argument
         has the device, dtype, shape and strides it had then (tecc/torch/runtime.py knows it
         of a whole graph from its inputs). The pointers' own checks (alignment, overlap) are
@@ -583,7 +583,7 @@ class CudaExecutor(graphs.GraphReplay):
                     buf.fill(0, stream=self.stream)  # cuMemsetD8Async, ordered before the launches
                 self._temps[temp.name] = buf
                 self._calls.clear()  # cached launches hold the old buffer's pointer
-                self.cache_generation += 1  # and so do the entries `call` handed out
+                self.cache_generation += 1  # and so do the entries `keyed_call` handed out
                 self._allocating.clear()
             pointers[temp.name] = int(buf.handle)
         return pointers

@@ -127,7 +127,7 @@ class CachedCall:
 @dataclass(frozen=True)
 class LaunchEntry:
     """What `RunnableKernel.call_entry` hands its caller: the cached call a call ran as
-    (`CudaExecutor.call`), and the executor's cache generation then (an entry of an older
+    (`CudaExecutor.keyed_call`), and the executor's cache generation then (an entry of an older
     generation holds temporaries' pointers that are gone, so `CudaExecutor.relaunch` refuses it)."""
 
     cached: CachedCall

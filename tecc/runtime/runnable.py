@@ -85,7 +85,7 @@ class RunnableKernel:
             self._runner()(*args)
             return None
         executor = self.executor
-        cached = executor.call(args)
+        cached = executor.keyed_call(args)
         return None if cached is None else LaunchEntry(cached, executor.cache_generation)
 
     def relaunch(self, entry: LaunchEntry, ptrs: list[int], args: tuple[Any, ...]) -> bool:
