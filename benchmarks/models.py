@@ -410,6 +410,8 @@ def graph_totals() -> str:
 
 
 def main() -> None:
+    from tecc.torch.backend import PARTITIONERS
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["gpt2", "hf-gpt2", "resnet50", "convnet"],
                    choices=["gpt2", "hf-gpt2", "resnet50", "convnet"])
@@ -423,7 +425,7 @@ def main() -> None:
     p.add_argument("--strict", action="store_true", help="tecc with fallback='error'")
     p.add_argument("--tecc-cudagraphs", action="store_true",
                    help="tecc with options={'cudagraphs': True}: each compiled graph captured whole (docs/models.md)")
-    p.add_argument("--tecc-partitioner", default=None, choices=["min_cut", "default", "recompute"],
+    p.add_argument("--tecc-partitioner", default=None, choices=PARTITIONERS,
                    help="tecc with options={'partitioner': ...} (docs/models.md)")
     p.add_argument("--no-second-process", dest="second_process", action="store_false",
                    help="skip the second process that loads tecc's compiled graphs from the disk cache")

@@ -23,6 +23,7 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from unittest import mock
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -34,6 +35,8 @@ import torch  # noqa: E402
 from model_profile import _step as train_step  # noqa: E402  (benchmarks/model_profile.py)
 from models import _batches  # noqa: E402  (benchmarks/models.py)
 from train_gpt import GPT  # noqa: E402
+
+from tecc.torch.backend import PARTITIONERS, Options  # noqa: E402
 
 
 def _step(run, opt, idx, targets) -> tuple[float, float]:
@@ -54,7 +57,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--attention", default="sdpa", choices=["masked", "sdpa"])
     p.add_argument("--variants", nargs="*", default=[], help="tecc variants, each NAME=VALUE of an environment knob")
-    p.add_argument("--partitioners", nargs="+", default=["recompute"], choices=["min_cut", "default", "recompute"],
+    p.add_argument("--partitioners", nargs="+", default=[Options.parse(None).partitioner], choices=PARTITIONERS,
                    help="tecc's partitioner option, a compiled model for each (default: the backend's default; "
                         "the first is the one the --variants run)")
     args = p.parse_args()
@@ -75,20 +78,11 @@ def main() -> None:
           f"{args.rounds} rounds of {args.steps} steps per backend")
 
     def run_as(label: str, idx, targets) -> tuple[float, float]:
-        backend = label if label in runs else tecc_runs[0]
-        saved = {}
-        if label not in runs:
-            name, _, value = label[5:].partition("=")
-            saved[name] = os.environ.get(name)
-            os.environ[name] = value
-        try:
-            return _step(*runs[backend], idx, targets)
-        finally:
-            for name, old in saved.items():
-                if old is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = old
+        if label in runs:
+            return _step(*runs[label], idx, targets)
+        name, _, value = label[5:].partition("=")   # a knob variant of the first tecc model
+        with mock.patch.dict(os.environ, {name: value}):
+            return _step(*runs[tecc_runs[0]], idx, targets)
 
     for backend in runs:  # compile and warm up
         for idx, targets in data[: args.warmup]:

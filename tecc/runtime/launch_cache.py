@@ -96,7 +96,12 @@ class CachedCall:
     temps_like: int = -1
     graphs: CallGraphs = field(default_factory=CallGraphs, compare=False, repr=False)
     accepted: dict[tuple[int, ...], None] = field(default_factory=dict, compare=False, repr=False)
-    checks: list[PointerChecks] = field(default_factory=list, compare=False, repr=False)  # made on first use
+    # long argument lists: the pointer checks in NumPy, made from needs, spans and written
+    checks: PointerChecks | None = field(init=False, default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.needs) >= NUMPY_CHECKS:
+            object.__setattr__(self, "checks", PointerChecks(self.spans, self.written, self.needs))
 
     def accepts(self, ptrs: Sequence[int]) -> bool:
         """Whether this call's launches may run on the data pointers `ptrs`: each aligned as
@@ -106,11 +111,8 @@ class CachedCall:
         key = tuple(ptrs)
         if key in self.accepted:
             return True
-        if len(ptrs) >= NUMPY_CHECKS:
-            checks = self.checks
-            if not checks:
-                checks.append(PointerChecks(self.spans, self.written, self.needs))
-            if not checks[0].passes(ptrs):  # (a pointer past int64 does not occur: CUDA's are below 2^49)
+        if self.checks is not None:
+            if not self.checks.passes(ptrs):  # (a pointer past int64 does not occur: CUDA's are below 2^49)
                 return False
         else:
             for ptr, need in zip(ptrs, self.needs):

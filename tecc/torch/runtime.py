@@ -339,11 +339,10 @@ class CompiledGraph:
         """A number for the layouts of this call's inputs: each tensor's sizes, strides, dtype and
         device, each other input's value (None when a tensor has a lazy negative or conjugate
         bit). Two calls with one number pass every program arguments of the same layouts: a
-        program's outputs are
-        allocated from the sizes, a view's layout and an ATen op's output layout follow from
-        their inputs', and so on back to the graph's inputs. So a program's launch-cache entry
-        found on the first call of a number serves every later call of it on the pointers alone
-        (RunProgram.run). None past LAYOUTS_KEPT distinct layouts."""
+        program's outputs are allocated from the sizes, a view's layout and an ATen op's output
+        layout follow from their inputs', and so on back to the graph's inputs. So a program's
+        launch-cache entry found on the first call of a number serves every later call of it on
+        the pointers alone (RunProgram.run). None past LAYOUTS_KEPT distinct layouts."""
         tensor = torch.Tensor
         tensors = [a for a in args if isinstance(a, tensor)]
         if any(map(tensor.is_neg, tensors)) or any(map(tensor.is_conj, tensors)):
