@@ -125,9 +125,11 @@ class Phases:
             self.add(name, time.perf_counter() - start)
 
 
-def compile_for_cuda(gm: Any, name: str, arch: str | None, phases: Phases, dump: str | None = None) -> Any:
-    """compile_graph's steps (backend.py) with the programs built for target "cuda"; `dump`: a
-    folder to write each program's CUDA C and plan into (write_dump)."""
+def compile_for_cuda(gm: Any, name: str, arch: str | None, phases: Phases, dump: str | None = None,
+                     kind: str = "forward") -> Any:
+    """compile_graph's steps (backend.py) with the programs built for target "cuda" (`gm` is
+    AOTAutograd's graph of `kind`); `dump`: a folder to write each program's CUDA C and plan into
+    (write_dump)."""
     from tecc.torch import backend, cache
     from tecc.torch.graph import plan_graph
     from tecc.torch.launch import assemble
@@ -135,11 +137,12 @@ def compile_for_cuda(gm: Any, name: str, arch: str | None, phases: Phases, dump:
     from tecc.torch.report import GraphReport
 
     start = time.perf_counter()
-    key = phases.timed("graph_key", cache.graph_key, gm, _key_options(arch), "cuda")
+    opts = backend_options(arch, kind)
+    key = phases.timed("graph_key", cache.graph_key, gm, _key_options(arch, kind), "cuda")
     phases.timed("lift_constants", backend.lift_constants, gm)
     sizes = Sizes()
-    plan = phases.timed("plan_graph (lowering)", plan_graph, gm, name, sizes, backend._bound_symbols(gm))
-    opts = backend.Options.parse({"arch": arch})
+    plan = phases.timed("plan_graph (lowering)", plan_graph, gm, name, sizes, backend._bound_symbols(gm),
+                        opts.cut_for_memory)
     kernels = phases.timed("tc.build (all programs)", backend.build_programs, plan, "cuda", opts, False)
     add_build_phases(phases, kernels)
     if dump is not None:
@@ -164,8 +167,16 @@ def write_dump(folder: Path, kernels: Any) -> None:
         (folder / f"{stem}.plan").write_text(kernel.plan.to_json() + "\n")
 
 
-def _key_options(arch: str | None) -> dict[str, Any]:
-    return {"fallback": "aten", "arch": arch, "deterministic": False}
+def _key_options(arch: str | None, kind: str) -> dict[str, Any]:
+    """backend.graph_key's options for AOTAutograd's graph of `kind` under the default options."""
+    cut = backend_options(arch, kind).cut_for_memory
+    return {"fallback": "aten", "arch": arch, "deterministic": False, "memory_parts": cut}
+
+
+def backend_options(arch: str | None, kind: str) -> Any:
+    from tecc.torch import backend
+
+    return backend.Options.parse({"arch": arch}).for_graph(kind)
 
 
 def add_build_phases(phases: Phases, kernels: Any) -> None:
@@ -256,7 +267,7 @@ def first_compile(args: argparse.Namespace) -> None:
             planned.results = []
         if profile is not None:
             profile.enable()
-        report = compile_for_cuda(gm, f"g0_{kind}", args.arch, phases, args.dump)
+        report = compile_for_cuda(gm, f"g0_{kind}", args.arch, phases, args.dump, kind)
         if profile is not None:
             profile.disable()
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -374,7 +385,7 @@ def child_load(args: argparse.Namespace) -> None:
         start = time.perf_counter()
         if profile is not None:
             profile.enable()
-        key = phases.timed("graph_key", cache.graph_key, gm, _key_options(args.arch), "cuda")
+        key = phases.timed("graph_key", cache.graph_key, gm, _key_options(args.arch, kind), "cuda")
         hit = phases.timed("cache.load_graph", cache.load_graph, key)
         if hit is None:
             raise SystemExit(f"{kind}: no entry in the disk cache (key {key[:16]})")

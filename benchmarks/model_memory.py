@@ -124,24 +124,27 @@ def tensor_bytes(val: Any) -> int:
 
 
 # ---- compiling the graphs as the backend does (target cuda, NVRTC) ---------------------------------
-def compile_cuda(gm: torch.fx.GraphModule, name: str, arch: str) -> Any:
-    """The CompiledGraph the backend would make of `gm` for a GPU of `arch`, from TECC_CACHE_DIR
-    when a run before stored it (tecc/torch/backend.py compile_graph's steps)."""
+def compile_cuda(gm: torch.fx.GraphModule, name: str, arch: str, kind: str = "forward",
+                 memory_parts: bool = True) -> Any:
+    """The CompiledGraph the backend would make of `gm` (AOTAutograd's graph of `kind`) for a GPU
+    of `arch`, from TECC_CACHE_DIR when a run before stored it (tecc/torch/backend.py
+    compile_graph's steps)."""
     from tecc.torch import backend, cache
     from tecc.torch.graph import plan_graph
     from tecc.torch.launch import assemble
     from tecc.torch.lowering import Sizes
     from tecc.torch.report import GraphReport
 
-    options = {"fallback": "aten", "arch": arch, "deterministic": False}
+    opts = backend.Options.parse({"arch": arch, "memory_parts": memory_parts}).for_graph(kind)
+    options = {"fallback": "aten", "arch": arch, "deterministic": False, "memory_parts": opts.cut_for_memory}
     key = cache.graph_key(gm, options, "cuda")
     hit = cache.load_graph(key)
     backend.lift_constants(gm)
     if hit is not None:
         return hit[0]
     start = time.perf_counter()
-    plan = plan_graph(gm, name, Sizes(), backend._bound_symbols(gm))
-    kernels = backend.build_programs(plan, "cuda", backend.Options.parse({"arch": arch}), False)
+    plan = plan_graph(gm, name, Sizes(), backend._bound_symbols(gm), opts.cut_for_memory)
+    kernels = backend.build_programs(plan, "cuda", opts, False)
     compiled = assemble(plan, kernels, False)
     report = GraphReport.of(plan, kernels, time.perf_counter() - start)
     compiled.report = report
@@ -644,6 +647,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--arch", default="sm_90")
     p.add_argument("--partitioner", choices=("min_cut", "default", "recompute"), default="recompute")
+    p.add_argument("--no-memory-parts", action="store_true",
+                   help="the backward graph as one program (the backend's memory_parts=False)")
     p.add_argument("--saved", type=int, default=12, help="rows of the saved-tensor table (0: all)")
     p.add_argument("--cache-dir", default=None, help="TECC_CACHE_DIR (default: the environment's)")
     args = p.parse_args(argv)
@@ -657,7 +662,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"traced in {time.perf_counter() - start:.1f} s ({', '.join(graphs)})")
     pairs = pairs_of(graphs)
     start = time.perf_counter()
-    compiled = {kind: compile_cuda(gm, f"g_{kind}", args.arch) for kind, gm in graphs.items()}
+    compiled = {kind: compile_cuda(gm, f"g_{kind}", args.arch, kind, not args.no_memory_parts)
+                for kind, gm in graphs.items()}
     print(f"# compiled for cuda {args.arch} in {time.perf_counter() - start:.1f} s (TECC_CACHE_DIR "
           f"{os.environ.get('TECC_CACHE_DIR', '~/.cache/tecc')})\n")
 

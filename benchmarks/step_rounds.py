@@ -3,15 +3,20 @@
     python benchmarks/step_rounds.py                          # 6 rounds of 5 steps each
     python benchmarks/step_rounds.py --variants TECC_RELAUNCH=0 --rounds 8
     python benchmarks/step_rounds.py --partitioners min_cut recompute
+    python benchmarks/step_rounds.py --option-sets memory_parts=True memory_parts=False
 
 The host's speed drifts within a process and differs between machine instances by 20% and more
 (inductor's step measured 22.0 and 27.3 ms on two H200 hosts), so a ratio taken from two blocks
 of steps run one after the other carries that drift. Here every backend (and each tecc variant,
 an environment knob that tecc reads per call: `--variants NAME=VALUE ...`; each partitioner of
-`--partitioners`, a model of its own compiled with that option) runs `--steps` steps
+`--partitioners`, and each set of backend options of `--option-sets`, a model of its own compiled
+with those options) runs `--steps` steps
 in turn, round after round; the median of each one's steps (CUDA events around a synchronized
 step, as benchmarks/models.py times them: forward under bf16 autocast, backward, AdamW) and
-its rounds' medians are printed, with the ratios against inductor. Each backend trains its own
+its rounds' medians are printed, with the ratios against inductor, and each compiled model's
+first-step peak: the most GPU memory allocated during its first step above what was allocated
+before it (the step's activations, gradients, temporaries and AdamW's new state; the other
+models' memory is not counted). Each backend trains its own
 copy of the model on the same batches; the last losses are printed to show they agree.
 """
 
@@ -39,6 +44,15 @@ from train_gpt import GPT  # noqa: E402
 from tecc.torch.backend import PARTITIONERS, Options  # noqa: E402
 
 
+def _option_set(text: str) -> dict[str, object]:
+    """"k=v,k=v" as backend options (True / False as booleans)."""
+    options: dict[str, object] = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        options[key] = {"True": True, "False": False}.get(value, value)
+    return options
+
+
 def _step(run, opt, idx, targets) -> tuple[float, float]:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
@@ -60,18 +74,23 @@ def main() -> None:
     p.add_argument("--partitioners", nargs="+", default=[Options.parse(None).partitioner], choices=PARTITIONERS,
                    help="tecc's partitioner option, a compiled model for each (default: the backend's default; "
                         "the first is the one the --variants run)")
+    p.add_argument("--option-sets", nargs="+", default=None, metavar="K=V[,K=V]",
+                   help="instead of --partitioners: sets of tecc backend options, a compiled model for each "
+                        "(values True / False are booleans)")
     args = p.parse_args()
+    option_sets = [_option_set(s) for s in args.option_sets] if args.option_sets else \
+        [{"partitioner": partitioner} for partitioner in args.partitioners]
 
     torch.manual_seed(0)
     base = GPT(50304, 768, args.layers, 12, 1024, args.attention).cuda()
     data = _batches(args.warmup + args.rounds * args.steps, 8, 1024, 50304)
     runs = {}
-    tecc_runs = ["tecc"] if len(args.partitioners) == 1 else [f"tecc partitioner={p}" for p in args.partitioners]
-    for backend in ("inductor", *tecc_runs):
+    tecc_runs = ["tecc"] if len(option_sets) == 1 else \
+        ["tecc " + ",".join(f"{k}={v}" for k, v in options.items()) for options in option_sets]
+    for backend, options in (("inductor", None), *zip(tecc_runs, option_sets)):
         model = copy.deepcopy(base)
-        partitioner = backend.partition("=")[2] or args.partitioners[0]
-        compiled = torch.compile(model) if backend == "inductor" else \
-            torch.compile(model, backend="tecc", options={"fallback": "aten", "partitioner": partitioner})
+        compiled = torch.compile(model) if options is None else \
+            torch.compile(model, backend="tecc", options={"fallback": "aten", **options})
         runs[backend] = (compiled, torch.optim.AdamW(model.parameters(), lr=1e-4))
     labels = ["inductor", *tecc_runs, *[f"tecc {v}" for v in args.variants]]
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}; GPT-2 {args.layers}L {args.attention}, "
@@ -84,9 +103,14 @@ def main() -> None:
         with mock.patch.dict(os.environ, {name: value}):
             return _step(*runs[tecc_runs[0]], idx, targets)
 
+    peaks: dict[str, float] = {}
     for backend in runs:  # compile and warm up
-        for idx, targets in data[: args.warmup]:
+        for number, (idx, targets) in enumerate(data[: args.warmup]):
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
             _step(*runs[backend], idx, targets)
+            if number == 0:  # the first step: no optimizer state yet, no memory kept from a step before
+                peaks[backend] = (torch.cuda.max_memory_allocated() - before) / 2**30
     times: dict[str, list[list[float]]] = {label: [] for label in labels}
     losses: dict[str, float] = {}
     batches = data[args.warmup:]
@@ -98,14 +122,15 @@ def main() -> None:
                 own.append(ms)
             times[label].append(own)
             losses[label] = loss
-    print("\n| backend | step ms (median of all steps) | rounds' medians | vs inductor |")
-    print("| --- | --- | --- | --- |")
+    print("\n| backend | step ms (median of all steps) | rounds' medians | vs inductor | first step's peak GiB |")
+    print("| --- | --- | --- | --- | --- |")
     ref = statistics.median([t for rnd in times["inductor"] for t in rnd])
     for label in labels:
         every = [t for rnd in times[label] for t in rnd]
         med = statistics.median(every)
         rounds = " / ".join(f"{statistics.median(rnd):.2f}" for rnd in times[label])
-        print(f"| {label} | {med:.2f} | {rounds} | {ref / med:.3f}x |")
+        peak = f"{peaks[label]:.2f}" if label in peaks else ""
+        print(f"| {label} | {med:.2f} | {rounds} | {ref / med:.3f}x | {peak} |")
     print("\nlast losses (each backend trains its own copy; tecc's knob variants share tecc's):",
           ", ".join(f"{k} {v:.4f}" for k, v in losses.items()))
 

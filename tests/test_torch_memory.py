@@ -29,7 +29,7 @@ def tiny():
     model = GPT(128, 64, 4, 2, 32, "sdpa")
     idx = torch.randint(0, 128, (2, 32))
     graphs = mk.trace(model, (idx, idx), train=True, autocast=torch.bfloat16)
-    compiled = {kind: mm.compile_cuda(gm, f"g_{kind}", "sm_90") for kind, gm in graphs.items()}
+    compiled = {kind: mm.compile_cuda(gm, f"g_{kind}", "sm_90", kind) for kind, gm in graphs.items()}
     return mm, mm.pairs_of(graphs), compiled
 
 

@@ -20,6 +20,7 @@ Options (`torch.compile(..., options={...})`):
 | `partitioner` | `"recompute"` | what the forward saves for the backward: `"recompute"`, AOTAutograd's min-cut rematerialization partitioner allowed to recompute cheap values that the backward reads through a GEMM (`ban_recompute_materialized_backward` off: an MLP's GELU output, a layer norm's bf16 output, bf16 copies of weights are recomputed in the backward from what is saved anyway, each right before its first reader, instead of saved for every layer: GPT-2 small at batch 8 × 1024 peaks at 5.50 GiB instead of 6.47 on an H200, its step ~2% slower); `"min_cut"`, the min-cut partitioner as inductor runs it (saves the fewest bytes and recomputes cheap elementwise values except those a GEMM reads; a loss head then saves its bf16 logits and two row statistics, and its backward recomputes the float32 cast, instead of 1.6 GB of float32 log-probabilities written and read back at GPT-2's size: both min-cut variants do this); `"default"`, AOTAutograd's default partitioner (saves what the backward reads) |
 | `aot_cache` | `True` | keep AOTAutograd's result in torch's AOTAutogradCache (TORCHINDUCTOR_CACHE_DIR/aotautograd), its entry naming tecc's disk-cache entries: a second process skips AOTAutograd's joint trace and partitioner (aot_cache.py; H200, 12-layer GPT-2: the second process's first step 7.4 -> 4.6 s), and AOTAutograd altogether where its runtime would only call the graphs (direct.py). A torch without the API compiles as without it; off with TECC_NO_CACHE=1. The backward is then compiled with the forward, not at the first backward call |
 | `parallel_compile` | `None` (auto) | with `aot_cache` (AOTAutograd then compiles the backward right after the forward), compile the forward graph in a worker process while this one compiles the backward; the forward's first call waits for the worker and loads the graph from tecc's disk cache (a failed worker is logged and the graph compiled in the caller's process then). Auto: on for a CUDA graph of at least 150 ATen ops on a machine of 4 or more CPUs (the worker's start, ~2-3 s of importing torch, is then hidden behind the backward's compile); never for the emulator's graphs, a graph with tensor constants, or with `dump_ir` (tecc/torch/background.py) |
+| `memory_parts` | `True` | cut a backward graph's program into parts (up to 8) where the fewest bytes cross, so that its gradients are allocated and its saved tensors freed as the backward runs instead of all at its first kernel (memory_parts.py); `False`: one program per graph (where no ATen fallback splits it) |
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import contextlib
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
@@ -61,11 +62,14 @@ class Options:
     partitioner: str = "recompute"
     aot_cache: bool = True
     parallel_compile: bool | None = None
+    memory_parts: bool = True
+    backward: bool = False      # not an option: set per graph, for the backward's (memory_parts.py)
 
     @staticmethod
     def parse(options: dict[str, Any] | None) -> "Options":
         given = dict(options or {})
-        known = {"fallback", "cudagraphs", "dump_ir", "arch", "partitioner", "aot_cache", "parallel_compile"}
+        known = {"fallback", "cudagraphs", "dump_ir", "arch", "partitioner", "aot_cache", "parallel_compile",
+                 "memory_parts"}
         unknown = sorted(set(given) - known)
         if unknown:
             raise TeccError(f"torch.compile(backend='tecc'): unknown option(s) {', '.join(unknown)}; the options are "
@@ -87,7 +91,18 @@ class Options:
             raise TeccError(f"torch.compile(backend='tecc'): parallel_compile={parallel!r}; use True (compile the "
                             "forward graph in a worker process beside the backward), False, or leave it out (auto)")
         return Options(fallback, bool(given.get("cudagraphs", False)), str(dump) if dump else None,
-                       given.get("arch"), partitioner, bool(given.get("aot_cache", True)), parallel)
+                       given.get("arch"), partitioner, bool(given.get("aot_cache", True)), parallel,
+                       bool(given.get("memory_parts", True)))
+
+    def for_graph(self, kind: str) -> "Options":
+        """The options one of AOTAutograd's graphs ("forward", "backward", "inference") is
+        compiled with."""
+        return replace(self, backward=kind == "backward")
+
+    @property
+    def cut_for_memory(self) -> bool:
+        """Whether the graph's programs are cut into parts for memory (memory_parts.py)."""
+        return self.memory_parts and self.backward
 
 
 _graphs = itertools.count()
@@ -130,15 +145,17 @@ def tecc_backend(gm: GraphModule, example_inputs: Sequence[Any], options: dict[s
     recorder = direct.Recorder(len(example_inputs)) if entry_key is not None else None
 
     def compiler(kind: str) -> Callable[[GraphModule, Sequence[Any]], Any]:
+        graph_opts = opts.for_graph(kind)
+
         def compile_fn(graph: GraphModule, inputs: Sequence[Any]) -> Any:
             if aot:
                 if recorder is not None:  # before the compile changes the graph (lifted constants)
                     recorder.note(kind, graph)
-                code = _for_aot_cache(graph, opts, f"g{number}_{kind}", parallel=kind == "forward")
+                code = _for_aot_cache(graph, graph_opts, f"g{number}_{kind}", parallel=kind == "forward")
                 if recorder is not None:
                     recorder.keyed(kind, code.key)
                 return code
-            return compile_graph(graph, inputs, opts, f"g{number}_{kind}")
+            return compile_graph(graph, inputs, graph_opts, f"g{number}_{kind}")
 
         return aot_cache.serializable(compile_fn) if aot else compile_fn
 
@@ -164,7 +181,7 @@ def _symbolic(example_inputs: Sequence[Any]) -> bool:
 def _identity(opts: Options) -> dict[str, Any]:
     """The options that AOTAutograd's cache key must hold for tecc (aot_cache.identity)."""
     return {"fallback": opts.fallback, "cudagraphs": opts.cudagraphs, "arch": opts.arch,
-            "partitioner": opts.partitioner}
+            "partitioner": opts.partitioner, "memory_parts": opts.memory_parts}
 
 
 def _for_aot_cache(gm: GraphModule, opts: Options, name: str, parallel: bool = False) -> Any:
@@ -328,8 +345,8 @@ def graph_key(gm: GraphModule, opts: Options, deterministic: bool) -> str | None
     dumps are asked for (a hit writes none, so such a graph is compiled)."""
     if not cache.enabled() or opts.dump_ir:
         return None
-    return cache.graph_key(gm, {"fallback": opts.fallback, "arch": opts.arch, "deterministic": deterministic},
-                           _target(_emulated(gm)))
+    return cache.graph_key(gm, {"fallback": opts.fallback, "arch": opts.arch, "deterministic": deterministic,
+                                "memory_parts": opts.cut_for_memory}, _target(_emulated(gm)))
 
 
 def compile_stored(gm: GraphModule, opts: Options, name: str, key: str | None, deterministic: bool,
@@ -342,7 +359,7 @@ def compile_stored(gm: GraphModule, opts: Options, name: str, key: str | None, d
 
     emulate = _emulated(gm)
     sizes = Sizes()
-    plan = plan_graph(gm, name, sizes, _bound_symbols(gm))
+    plan = plan_graph(gm, name, sizes, _bound_symbols(gm), opts.cut_for_memory)
     if opts.fallback == "error":
         _refuse_fallbacks(plan)
     kernels = build_programs(plan, target or _target(emulate), opts, deterministic)
@@ -379,11 +396,11 @@ def from_disk_cache(key: str, opts: Options, name: str, constants: list[torch.Te
     return _with_constants(_finished(compiled, opts, emulate, bool(compiled.sizes)), constants)
 
 
-def plan_graph(gm: GraphModule, name: str, sizes: Any, bound: set[Any]) -> GraphPlan:
+def plan_graph(gm: GraphModule, name: str, sizes: Any, bound: set[Any], backward: bool = False) -> GraphPlan:
     """graph.plan_graph (the lowering, imported with the first compile: a cache hit needs none)."""
     from .graph import plan_graph as plan
 
-    return plan(gm, name, sizes, bound)
+    return plan(gm, name, sizes, bound, backward)
 
 
 def assemble(plan: GraphPlan, kernels: Sequence[Any], emulate: bool) -> CompiledGraph:

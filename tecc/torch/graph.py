@@ -330,14 +330,14 @@ def levels(gm: GraphModule, kinds: dict[Node, str]) -> dict[Node, int]:
     return level
 
 
-def _users_outside(node: Node, kinds: dict[Node, str], level: dict[Node, int], home: int) -> bool:
+def users_outside(node: Node, kinds: dict[Node, str], level: dict[Node, int], home: int) -> bool:
     """Whether anything outside program `home` reads `node`, directly or through views."""
     for user in node.users:
         kind = kinds.get(user)
         if user.op == "output" or kind == ATEN:
             return True
         if kind == TECC and is_view_node(user, kinds):
-            if _users_outside(user, kinds, level, home):
+            if users_outside(user, kinds, level, home):
                 return True
         elif kind == TECC and level[user] != home:
             return True
@@ -360,7 +360,7 @@ def segments(gm: GraphModule, name: str, sizes: Sizes, kinds: dict[Node, str],
         for node in members:
             lowerer.value(node)
         outputs = [n for n in members if not is_view_node(n, kinds) and isinstance(lowerer.values.get(n), Tensor)
-                   and _users_outside(n, kinds, level, lvl)]
+                   and users_outside(n, kinds, level, lvl)]
         seg.values = lowerer.values
         seg.inputs = list(lowerer.placeholders)
         seg.input_orders = [lowerer.orders.get(n) for n in seg.inputs]
@@ -421,10 +421,15 @@ def _unbound_sizes(args: list[Tensor]) -> list[Var]:
     return [v for v in used if v not in whole]
 
 
-def plan_graph(gm: GraphModule, name: str, sizes: Sizes, bound: set[Any]) -> GraphPlan:
+def plan_graph(gm: GraphModule, name: str, sizes: Sizes, bound: set[Any], backward: bool = False) -> GraphPlan:
+    """The graph's plan; a `backward` graph's levels cut into parts for memory (memory_parts.py)."""
     seed = seed_node(gm)
     random = RandomDraws()
     kinds, reasons = classify(gm, sizes, bound, random, seed)
     level = levels(gm, kinds)
+    if backward:
+        from .memory_parts import split_levels  # (it imports this module's helpers)
+
+        level = split_levels(gm, kinds, level)
     return GraphPlan(gm, name, sizes, kinds, reasons, level, segments(gm, name, sizes, kinds, level, random, seed),
                      seed)
