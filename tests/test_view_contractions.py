@@ -192,3 +192,53 @@ def test_the_conv_nets_convolutions_plan_on_tensor_cores_for_sm_90() -> None:
     assert all(r.strategy in TENSOR_CORES for r in convs), [(r.kernels, r.label) for r in convs]
     assert not fallbacks
     assert sum(r.seconds for r in rows) < 2e-3, model_kernels.table(rows, 0)
+
+
+def per_head_copy(B: int, T: int, H: int, D: int) -> tuple[list[tc.Tensor], Callable[..., np.ndarray]]:
+    """dP = dO_h @ V_hᵀ for every head, as the backward of attention written by hand computes it:
+    dO arrives as a GEMM's output [B·T, H·D], its per-head copy (`clone` of a permute, G) is read
+    through a view merging batch and head, [B·H, T, D]. Inlined, the contraction would read
+    g[(z // H)·T + i, (z % H)·D + r], which no tensor-core strategy takes
+    (tecc.passes.lower.regathered_operands keeps the view a stage of its own)."""
+    g, v = tc.placeholder((B * T, H * D), BF16, "g"), tc.placeholder((B * H, T, D), BF16, "v")
+    G = tc.compute((B, H, T, D), lambda b, h, t, d: g[b * T + t, h * D + d], name="G")
+    Gv = tc.compute((B * H, T, D), lambda z, t, d: G[z // H, z % H, t, d], name="Gv")
+    r = tc.reduce_axis(D, "r")
+    C = tc.compute((B * H, T, T), lambda z, i, j: tc.cast(tc.sum(tc.cast(Gv[z, i, r], F32) * tc.cast(v[z, j, r], F32),
+                                                                   axis=r), BF16), name="C")
+
+    def reference(g: np.ndarray, v: np.ndarray) -> np.ndarray:
+        heads = g.reshape(B, T, H, D).transpose(0, 2, 1, 3).reshape(B * H, T, D)
+        return heads @ v.transpose(0, 2, 1)
+
+    return [g, v, C], reference
+
+
+def test_a_per_head_copy_stays_a_stage_so_the_batched_gemm_is_a_contraction() -> None:
+    tensors, _ = per_head_copy(2, 16, 2, 16)
+    module = lower(tensors)
+    names = sorted(k.name for k in module.kernels)
+    assert "Gv_kernel" in names, names
+    (kernel,) = [k for k in module.kernels if k.name.startswith("C")]
+    assert analyze_kernel(kernel).kind == "contraction"
+    # at GPT-2's size (8 x 1024 tokens, 12 heads of 64) it plans on tensor cores
+    result = plan_program(per_head_copy(8, 1024, 12, 64)[0], "sm_90")
+    chosen = {kp.kernel: kp.chosen.strategy.name for kp in result.kernels}
+    assert chosen["C_kernel"] in TENSOR_CORES, chosen
+
+
+def test_the_batched_gemm_over_a_per_head_copy_computes_it() -> None:
+    tensors, reference = per_head_copy(2, 32, 2, 16)
+    plan = plan_program(tensors, "sm_80", only=["gemm_tensor_core", "elementwise"]).plan
+    assert "gemm_tensor_core" in plan.strategy, plan.reason
+    f = tc.build(tensors, target="sim", arch="sm_80", plan=plan)
+    rng = np.random.default_rng(11)
+    g = rng.uniform(-1, 1, (64, 32)).astype(np_dtype(BF16))
+    v = rng.uniform(-1, 1, (4, 32, 16)).astype(np_dtype(BF16))
+    out = np.full((4, 32, 32), np.nan, dtype=np_dtype(BF16))
+    f(g, v, out)
+    exact = reference(g.astype(np.float64), v.astype(np.float64))
+    size = reference(np.abs(g.astype(np.float64)), np.abs(v.astype(np.float64)))
+    bound = 17 * 2.0**-24 * size + 2.0**-8 * (np.abs(exact) + 17 * 2.0**-24 * size)
+    assert np.isfinite(out.astype(np.float64)).all()
+    assert (np.abs(out.astype(np.float64) - exact) <= bound).all()

@@ -39,6 +39,7 @@ from ..ir.expr import (
     Var,
     binary,
     cast,
+    const_int,
     const_product,
     free_vars,
     logical_and,
@@ -68,6 +69,7 @@ from ..ir.index_checks import IndexCheck
 from ..ir.scatter import ScatterOp, data_dependent
 from ..ir.tensor import ComputeOp, PlaceholderOp, Tensor
 from ..ir.visitor import ExprMutator
+from .simplify import linear_form
 from .names import fresh_name, identifier
 
 
@@ -135,7 +137,8 @@ def choose_inlined(prog: Program, epilogues: bool = False) -> Program:
         if id(t) not in outputs and isinstance(t.op, ComputeOp) and not t.op.reductions
     }
     if epilogues:  # the kernels of the program as built (the row rewrites choose their own)
-        inlined -= concatenated_operands(prog, inlined) | computed_operands(prog, inlined)
+        inlined -= (concatenated_operands(prog, inlined) | computed_operands(prog, inlined)
+                    | regathered_operands(prog, inlined))
     inlined -= narrowed_operands(prog, inlined)
     if epilogues:
         inlined -= shared_long_chains(prog, inlined)
@@ -231,6 +234,68 @@ def computed_operands(prog: Program, elementwise: set[Tensor]) -> set[Tensor]:
         if not _reads_statistics(prog, t, elementwise):
             kept.add(t)
     return kept
+
+
+def regathered_operands(prog: Program, elementwise: set[Tensor]) -> set[Tensor]:
+    """The copies (views, permuted clones: a read or a conversion of one) that a contraction
+    reads at an affine index, but through which, inlined, it would read the stage beneath at an
+    index that is neither affine nor split (`x // c`, `x % c` of an affine x) in each dimension:
+    attention written by hand, whose per-head operands are copies of [B, S, H, D] views read as
+    [B·H, S, D] (`(i // H)·S + s` as a row of the [B·S, H·D] GEMM output beneath). They stay
+    stages of their own, written once in the contraction's order: inlined, no tensor-core
+    strategy takes the read, and the batched GEMM would be planned as a generic reduction."""
+    kept: set[Tensor] = set()
+    for c in prog.order:
+        op = c.op
+        if c in elementwise or not isinstance(op, ComputeOp) or not (_sums_products(c) and _multiplies_two_tensors(c)):
+            continue
+        for r in op.reductions:
+            for n in walk(r.source):
+                if (isinstance(n, TensorRead) and n.tensor in elementwise and n.tensor not in kept and _plain(n.tensor)
+                        and _tileable(n.indices, n.tensor.shape)
+                        and not all(_tileable(ix, shape) for ix, shape in _reads_beneath(n, elementwise))):
+                    kept.add(n.tensor)
+    return kept
+
+
+def _reads_beneath(read: TensorRead, elementwise: set[Tensor]) -> list[tuple[tuple[Expr, ...], tuple[Expr, ...]]]:
+    """The (indices, shape) at which `read` reads the tensors beneath it once the copies it goes
+    through (plain computes of `elementwise`) are inlined."""
+    t = read.tensor
+    op = t.op
+    if t not in elementwise or not _plain(t) or not isinstance(op, ComputeOp):
+        return [(read.indices, tuple(t.shape))]
+    body = substitute(op.body, dict(zip(op.axes, read.indices)))
+    return [found for n in walk(body) if isinstance(n, TensorRead) for found in _reads_beneath(n, elementwise)]
+
+
+def _tileable(indices: Sequence[Expr], shape: Sequence[Expr]) -> bool:
+    """Whether a read's indices are what the contraction strategies tile: each affine in the
+    loop variables, or an affine index // or % a constant (a split axis), or two neighbours
+    `x // n`, `x % n` with n the next dimension's extent (a merged axis)."""
+    out = list(indices)
+    d = 0
+    while d + 1 < len(out):
+        a, b = out[d], out[d + 1]
+        if (isinstance(a, Binary) and a.op == "//" and isinstance(b, Binary) and b.op == "%" and a.a is b.a
+                and const_int(a.b) is not None and const_int(a.b) == const_int(b.b) == const_int(shape[d + 1])):
+            out[d:d + 2] = [a.a]
+            continue
+        d += 1
+    return all(_affine_index(i) or (isinstance(i, Binary) and i.op in ("//", "%") and _affine_index(i.a)
+                                    and (const_int(i.b) or 0) > 0) for i in out)
+
+
+def _affine_index(e: Expr) -> bool:
+    """Whether an integer index is a sum of constants times variables (a size variable may scale
+    a loop variable: its value is known at the launch)."""
+    terms, _ = linear_form(e)
+    return all(isinstance(a, Var) or (isinstance(a, Binary) and a.op == "*" and _one_index_var(a)) for a in terms)
+
+
+def _one_index_var(e: Expr) -> bool:
+    return sum(1 for v in free_vars(e) if v.kind == "index") <= 1 and not any(
+        isinstance(n, Binary) and n.op in ("//", "%") for n in walk(e))
 
 
 def _plain(t: Tensor) -> bool:
