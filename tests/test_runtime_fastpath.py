@@ -772,3 +772,43 @@ def test_chained_products_with_shared_temporaries_match_float64_on_torch_tensors
         assert np.allclose(got, want, rtol=1e-4, atol=1e-4), (seed, worst, got[worst], want[worst], f.plan)
     executor = f.executor
     assert executor._storage["T0"] == executor._storage["T2"] and executor.calls_cached == 2
+
+
+def test_a_prepared_launch_runs_a_followed_call_on_new_pointers(full_path, faketorch, monkeypatch):
+    """CudaExecutor.prepared (what a registered torch op relaunches with, tecc/torch/ops.py): a
+    cached call of one launch on torch tensors, its stream the producer's, made a callable of
+    the data pointers. It launches on new pointers without reading a key or taking the full
+    path, and refuses (launching nothing) a misaligned pointer, a stale entry and an executor
+    whose launches are watched (debug_sync)."""
+    from tecc.runtime.launch_cache import LaunchEntry
+
+    f = _followed_stream_stub(axpy_program(), faketorch, monkeypatch)
+    launched = []
+    monkeypatch.setattr(rt_cuda, "_cuda_core_launch",
+                        lambda stream, config, kernel, *params: launched.append((stream.handle, kernel, params)))
+    cached = f.keyed_call(tuple(TorchLike(np.zeros(4096, np.float32)) for _ in range(3)))
+    assert cached is not None and cached.follow
+    go = f.prepared(LaunchEntry(cached, f.cache_generation))
+    assert go is not None
+    seen = dict(full_path)
+    ptrs = [0x9000_0000, 0x9010_0000, 0x9020_0000]
+    assert go(ptrs) and len(launched) == 1 and full_path == seen
+    stream, kernel, params = launched[0]
+    assert stream == 0x5EED and kernel == "<kernel axpy>" and [p for p in params if p in ptrs] == ptrs
+    assert f.calls_relaunched == 1 and [r.kernel for r in f.last_launches] == ["axpy"]
+    assert not go([0x9000_0004, 0x9010_0000, 0x9020_0000]) and len(launched) == 1
+    f.debug_sync = True
+    assert not go(ptrs) and len(launched) == 1
+    f.debug_sync = False
+    f.cache_generation += 1
+    assert not go(ptrs) and len(launched) == 1
+
+
+def test_a_call_of_several_launches_is_not_prepared(full_path, faketorch, monkeypatch):
+    from test_runtime_graphs import two_kernel_program
+
+    from tecc.runtime.launch_cache import LaunchEntry
+
+    f = _followed_stream_stub(two_kernel_program(), faketorch, monkeypatch)
+    cached = f.keyed_call(tuple(TorchLike(np.zeros(4096, np.float32)) for _ in range(3)))
+    assert cached is not None and f.prepared(LaunchEntry(cached, f.cache_generation)) is None

@@ -194,3 +194,42 @@ def test_autograd_function_gradcheck_on_the_gpu() -> None:
     p = softmax()
     apply = tc.torch.function([*p.inputs, p.output], tc.grad(p.output, p.inputs))
     assert torch.autograd.gradcheck(apply, tuple(_inputs(p)), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+def test_a_registered_op_relaunches_a_layout_it_ran_before() -> None:
+    """A second call with the inputs' sizes, strides, dtypes and devices of an earlier one runs
+    that call's launch on the new pointers (no argument keys read); other strides or another
+    size are a call of their own; every result is the expression's. The memory the output will
+    take is poisoned first (a NaN block freed right before the call: torch's caching allocator
+    hands it out again)."""
+    N = tc.var("N")
+    X = tc.placeholder((N,), "float32", name="X", strides="any")   # read with its strides
+    Y = tc.placeholder((N,), "float32", name="Y")
+    Z = tc.compute((N,), lambda i: X[i] * 2.5 + Y[i], name="Z")
+    op = tc.torch.op([X, Y, Z], _name("relaunch"))
+    g = _generator()
+
+    def check(x, y):
+        poison = torch.full(x.shape, float("nan"), device="cuda")
+        del poison
+        z = op(x, y)
+        torch.testing.assert_close(z, x * 2.5 + y, rtol=1e-6, atol=1e-6)
+        return z
+
+    x, y = (torch.randn(1000, device="cuda", generator=g) for _ in range(2))
+    check(x, y)
+    executor = op.kernel.executor
+    relaunched = executor.calls_relaunched
+    for _ in range(3):   # new data at new addresses
+        x, y = (torch.randn(1000, device="cuda", generator=g) for _ in range(2))
+        check(x, y)
+    assert executor.calls_relaunched == relaunched + 3
+    # a strided input: another layout, its own call, then relaunched too
+    wide = torch.randn(2000, device="cuda", generator=g)
+    check(wide[::2], y)
+    check(wide[::2], y)
+    assert executor.calls_relaunched == relaunched + 4
+    # another length (N is symbolic): its own launch and outputs
+    x5, y5 = (torch.randn(5, device="cuda", generator=g) for _ in range(2))
+    assert check(x5, y5).shape == (5,)
+    assert executor.calls_relaunched == relaunched + 4

@@ -161,3 +161,14 @@ def test_the_training_examples_annotations_name_public_tecc_types() -> None:
     v = np.random.default_rng().standard_normal(3).astype(np.float32)
     want = 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3)))
     np.testing.assert_allclose(tc.build([x, y], target="sim")(v), want, rtol=1e-5, atol=1e-6)  # float32 near gelu's cancellation (1 + tanh -> 0)
+
+
+def test_torch_compile_fullgraph_traces_an_op_in_the_emulator() -> None:
+    """The op's call is what dynamo traces as one node (no graph break): a call path that goes
+    around the op overload (its `_op`) would break the graph."""
+    X = tc.placeholder((8,), "float32", name="X")
+    Y = tc.compute((8,), lambda i: X[i] * 2.0, name="Y")
+    op = tc.torch.op([X, Y], f"tecc_sim_test::double_{secrets.token_hex(4)}", target="sim")
+    compiled = torch.compile(lambda x: op(x) + 1.0, fullgraph=True, backend="eager")
+    x = torch.randn(8)
+    torch.testing.assert_close(compiled(x), x * 2.0 + 1.0)

@@ -307,6 +307,19 @@ class CudaExecutor(graphs.GraphReplay):
         self.calls_relaunched += 1
         return True
 
+    def prepared(self, entry: LaunchEntry) -> "PreparedLaunch | None":
+        """`relaunch` of `entry` made ready for a caller that allocates every array the kernels
+        write afresh for each call (so none can overlap another argument) and whose arguments
+        are torch tensors on one current stream: a single launch without temporaries or tensor
+        maps, run with about the Python of a raw launch (PreparedLaunch). None where the entry
+        is not such a call (relaunch it then)."""
+        cached = entry.cached
+        if (len(cached.launches) != 1 or cached.temps or not cached.follow or len(cached.producer_streams) != 1
+                or cached.launches[0].map_slots
+                or any(isinstance(p, EncodedTensorMap) for p in cached.launches[0].params)):
+            return None
+        return PreparedLaunch(self, entry)
+
     def call_allocating(self, inputs: tuple[Any, ...]) -> list[Any] | None:
         """The outputs of a call that leaves them out (`f(*inputs)`), when it is a launch-cache
         hit: the inputs' keys find what an earlier such call learned (`learn_allocating`), the
@@ -700,6 +713,53 @@ class CudaExecutor(graphs.GraphReplay):
 
 # The unwrapped `_launch`: a cache hit launches directly only while no one has wrapped it.
 _PLAIN_LAUNCH = CudaExecutor._launch
+
+
+class PreparedLaunch:
+    """One cached launch (CudaExecutor.prepared) run again on new data pointers: the pointers'
+    alignment checked, the launch put on the producer's current stream (as a hit does), the
+    parameters filled in and handed to the driver. The written arrays' overlap with the others
+    is not checked: the caller allocates them afresh for each call. False, nothing launched,
+    when it cannot run so (the entry stale, a pointer misaligned, launches watched: debug_sync
+    or tc.profile): the caller then makes the call the ordinary way."""
+
+    __slots__ = ("executor", "generation", "launch", "needs", "producer", "records")
+
+    def __init__(self, executor: CudaExecutor, entry: LaunchEntry) -> None:
+        self.executor = executor
+        self.generation = entry.generation
+        self.launch = entry.cached.launches[0]
+        self.needs = entry.cached.needs
+        self.producer = entry.cached.producer_streams[0]
+        self.records = entry.cached.records
+
+    def __call__(self, ptrs: list[int]) -> bool:
+        global _cuda_core_launch
+        executor = self.executor
+        if (self.generation != executor.cache_generation or executor.debug_sync
+                or type(executor)._launch is not _PLAIN_LAUNCH or _cuda_core_launch is None):
+            return False
+        for ptr, need in zip(ptrs, self.needs):
+            if ptr % need:
+                return False
+        launch = self.launch
+        params = list(launch.params)
+        for pos, index in launch.array_slots:
+            params[pos] = ptrs[index]
+        executor.device.set_current()
+        handle = self.producer(executor._device_ordinal)
+        if handle != executor._stream_ptr:
+            executor._use_stream(handle)
+        try:
+            _cuda_core_launch(executor.stream, launch.config, launch.kernel, *params)
+        except Exception as exc:  # noqa: BLE001 - cuda.core raises CUDAError (driver) or ValueError
+            what = describe_launch(executor.host.name, launch.info.name, launch.grid, launch.block,
+                                   launch.info.dynamic_smem)
+            raise LaunchError(f"{what} failed to launch: {exc}") from exc
+        executor.last_launches = list(self.records)
+        executor.calls_cached += 1
+        executor.calls_relaunched += 1
+        return True
 
 # cuda.core's `launch`, imported on the first launch (an import statement per launch costs ~0.3 us).
 _cuda_core_launch: Any = None

@@ -95,6 +95,12 @@ class RunnableKernel:
         executor = self._executor
         return executor is not None and executor.relaunch(entry, ptrs, args)
 
+    def prepared(self, entry: LaunchEntry) -> Callable[[list[int]], bool] | None:
+        """`relaunch` of `entry` for a caller that allocates the written arrays afresh for each
+        call, as one callable of the data pointers (CudaExecutor.prepared), or None."""
+        executor = self._executor
+        return None if executor is None else executor.prepared(entry)
+
     @property
     def allocator(self) -> OutputAllocator:
         """What makes the outputs of a call that leaves them out (tecc.runtime.outputs)."""
