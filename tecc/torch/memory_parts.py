@@ -9,15 +9,15 @@ buffer after its last use does.
 
 A cut costs what crosses it: a value computed before and read after becomes an output of the
 earlier part (written to memory, where one program could have kept it in registers or in the
-stream arena). A value a GEMM or convolution reads is in memory anyway (its kernel stages its
-operand tiles from there), so crossing costs it nothing. So the cuts go where the least crosses: the graph order is walked, and once the
-parts before a candidate would free or allocate a share of the level's volume (`PARTS` parts at
-most, each at least `MIN_PART_BYTES`), the cut is the position in the next such share where the
-fewest bytes cross, taken only if they are under a quarter of the share. Between layers of a
-transformer's backward that is one activation's gradient; after a loss head's backward row
-kernel, the logits' gradient (which the head's GEMMs read), so the saved logits are freed
-before those GEMMs run. A position where a multi-output value
-(a tuple) crosses is never a cut: only tensors leave a program.
+stream arena). A value that a GEMM or a convolution reads is in memory anyway (its kernel stages
+its operand tiles from there), so it crosses for free. So the cuts go where the least crosses:
+the graph order is walked, and once the parts before a candidate would free or allocate a share
+of the level's volume (`PARTS` parts at most, each at least `MIN_PART_BYTES`), the cut is the
+position in the next such share where the fewest bytes cross, taken only if they are under a
+quarter of the share. Between layers of a transformer's backward that is one activation's
+gradient; after a loss head's backward row kernel it is the logits' gradient (which the head's
+GEMMs read), so the saved logits are freed before those GEMMs run. A position where a
+multi-output value (a tuple) crosses is never a cut: only tensors leave a program.
 
 Only backward graphs are cut (their inputs are the saved tensors, which die as the backward
 consumes them; a forward's are parameters and the user's inputs, held by their owners), and only
@@ -27,6 +27,7 @@ program per level.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from itertools import accumulate
 from typing import Sequence
 
@@ -38,6 +39,8 @@ from .lowering.context import static_int
 
 PARTS = 8                    # parts of one level at most
 MIN_PART_BYTES = 64 << 20    # a part frees or allocates at least this much
+# the ops whose kernels read their operands from memory, tile by tile (the cost of a crossing
+# only: no rewrite depends on this list)
 _STAGED = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default,
            torch.ops.aten.baddbmm.default, torch.ops.aten.convolution.default,
            torch.ops.aten.convolution_backward.default}
@@ -52,7 +55,6 @@ def split_levels(gm: GraphModule, kinds: dict[Node, str], level: dict[Node, int]
     for node in gm.graph.nodes:
         if kinds.get(node) == TECC:
             members.setdefault(level[node], []).append(node)
-    first: dict[int, int] = {}
     last: dict[int, int] = {}
     parts: dict[Node, int] = {}
     number = 0
@@ -63,7 +65,6 @@ def split_levels(gm: GraphModule, kinds: dict[Node, str], level: dict[Node, int]
         for part, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
             for node in nodes[lo:hi]:
                 parts[node] = number + part
-        first[lvl] = number
         last[lvl] = number + len(cuts)
         number += len(cuts) + 1
     return {node: parts[node] if kinds.get(node) == TECC else last[lvl]
@@ -81,7 +82,9 @@ def part_cuts(nodes: Sequence[Node], kinds: dict[Node, str], level: dict[Node, i
             continue
         for a in node.all_input_nodes:
             last[_root(a, kinds)] = i
-    volume = [0] * n                   # bytes a member allocates (an output) or frees (an input's last read)
+    # bytes a member allocates (an output) or frees (an input's last read here: one that a later
+    # level reads too is counted, an overestimate that moves a cut, not its correctness)
+    volume = [0] * n
     starts = [0.0] * (n + 2)           # bytes that start (+) and stop (-) crossing at each position
     for value, i in last.items():
         if value not in position:
@@ -120,11 +123,9 @@ def part_cuts(nodes: Sequence[Node], kinds: dict[Node, str], level: dict[Node, i
 
 
 def _reaching(before: list[int], volume: float) -> int:
-    """The first position p whose volume before it reaches `volume` (len - 1 when none does)."""
-    for p, v in enumerate(before):
-        if v >= volume:
-            return p
-    return len(before) - 1
+    """The first position p whose volume before it reaches `volume` (len - 1 when none does;
+    `before` never decreases)."""
+    return min(bisect_left(before, volume), len(before) - 1)
 
 
 def _staged_operand(node: Node, kinds: dict[Node, str]) -> bool:

@@ -179,6 +179,7 @@ class _Signature:
 # Distinct input layouts an op relaunches (a model calls an op with a few).
 LAYOUTS_KEPT = 16
 
+
 def _argument_name(name: str, pos: int) -> str:
     reserved = {"self", "out", "Tensor", "int", "float", "bool"}
     return name if name.isidentifier() and name not in reserved else f"arg{pos}"
