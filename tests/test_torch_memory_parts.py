@@ -20,8 +20,9 @@ from torch_models import GPT, batches, fresh_dynamo, train  # noqa: E402,F401
 @pytest.fixture
 def small_parts(monkeypatch):
     """Parts of a few kilobytes, so that the tiny GPT's backward is cut (at GPT-2's size a part
-    is 1/8 of the backward's volume, at least 64 MiB)."""
+    is 1/8 of the backward's volume, at least 64 MiB, and a cut lowers the peak by 64 MiB)."""
     monkeypatch.setattr(memory_parts, "MIN_PART_BYTES", 4096)
+    monkeypatch.setattr(memory_parts, "MIN_GAIN_BYTES", 1024)
     monkeypatch.setattr(memory_parts, "PARTS", 6)
 
 
@@ -90,6 +91,9 @@ def test_the_cuts_go_where_little_crosses_and_never_through_a_tuple(small_parts)
         crossing = {memory_parts._root(a, kinds) for a in crossing}
         sizes = [memory_parts._bytes(a) for a in crossing if a in position]
         assert None not in sizes, [a.name for a in crossing]   # no tuple crosses
+    # each cut was kept because the modelled peak went down
+    ledger = memory_parts._Ledger(nodes, kinds, level, lvl)
+    assert ledger.peak(cuts) < ledger.peak([])
     # the cut GPT's parts: the renumbered levels keep the graph's order and one level per part
     split = memory_parts.split_levels(gm, kinds, level)
     assert sorted(set(split[n] for n in nodes)) == list(range(len(cuts) + 1))
@@ -115,3 +119,28 @@ def test_a_wrong_option_names_memory_parts_among_the_options():
     while exc is not None and not isinstance(exc, tecc.TeccError):
         exc = getattr(exc, "inner_exception", None) or exc.__cause__
     assert exc is not None and "unknown option(s) memory_part;" in str(exc) and "memory_parts," in str(exc), excinfo.value
+
+
+def test_gpt2s_backward_is_cut_once_after_the_loss_heads_row_kernel():
+    """At GPT-2 small's sizes (two layers, batch 8 x 1024, bf16 autocast, as the backend gets the
+    graphs), with the default thresholds: one cut, so that the saved logits die before the head's
+    GEMMs and the gradients are allocated after; no cut between layers (it would lower no peak
+    and compile the layers' kernels twice)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import model_kernels
+
+    from tecc.torch.backend import _bound_symbols
+    from tecc.torch.graph import plan_graph
+    from tecc.torch.lowering import Sizes
+
+    gm = model_kernels.gpt2(2)["backward"]
+    plan = plan_graph(gm, "backward", Sizes(), _bound_symbols(gm), backward=True)
+    head, rest = plan.segments
+    assert len(rest.nodes) > 10 * len(head.nodes)
+    (out,) = head.outputs   # the logits' gradient, [8192, 50304] in bfloat16
+    assert tuple(out.meta["val"].shape) == (8192, 50304) and out.meta["val"].dtype == torch.bfloat16
+    logits = [n for n in head.inputs if tuple(getattr(n.meta.get("val"), "shape", ())) == (8192, 50304)]
+    assert logits and not any(n in rest.inputs for n in logits), "the saved logits are read by the head's part only"

@@ -10,14 +10,26 @@ buffer after its last use does.
 A cut costs what crosses it: a value computed before and read after becomes an output of the
 earlier part (written to memory, where one program could have kept it in registers or in the
 stream arena). A value that a GEMM or a convolution reads is in memory anyway (its kernel stages
-its operand tiles from there), so it crosses for free. So the cuts go where the least crosses:
-the graph order is walked, and once the parts before a candidate would free or allocate a share
-of the level's volume (`PARTS` parts at most, each at least `MIN_PART_BYTES`), the cut is the
-position in the next such share where the fewest bytes cross, taken only if they are under a
-quarter of the share. Between layers of a transformer's backward that is one activation's
-gradient; after a loss head's backward row kernel it is the logits' gradient (which the head's
-GEMMs read), so the saved logits are freed before those GEMMs run. A position where a
-multi-output value (a tuple) crosses is never a cut: only tensors leave a program.
+its operand tiles from there), so it crosses for free. And each part is built on its own: a
+model's repeated layers in two parts are compiled twice (the kernel twins that make a layer's
+kernels one compile are found within a program). So the cuts are few and where they pay:
+
+1. **Candidates.** The graph order is walked; once the parts before a position would free or
+   allocate a share of the level's volume (`PARTS` parts at most, each at least
+   `MIN_PART_BYTES`), the candidate is the position in the next share where the fewest bytes
+   cross, if under a quarter of the share (between a transformer's layers: one activation's
+   gradient; after a loss head's backward row kernel: the logits' gradient, which the head's
+   GEMMs read).
+2. **Cuts.** A ledger of the level (`_Ledger.peak`: in each part, the inputs not yet freed, the
+   outputs so far, the values crossing a cut, the in-memory values inside the part) models the
+   peak for a set of cuts; candidates are added greedily while one lowers it by at least
+   `MIN_GAIN_BYTES` and 2%. GPT-2's backward gets one cut, after the loss head's row kernel: the
+   saved logits die before the head's GEMMs run, and the layers' gradients are allocated after
+   that; a cut between layers would lower no peak (the saved activations are all alive at the
+   start) and compile the layers' kernels twice.
+
+A position where a multi-output value (a tuple) crosses is never a cut: only tensors leave a
+program.
 
 Only backward graphs are cut (their inputs are the saved tensors, which die as the backward
 consumes them; a forward's are parameters and the user's inputs, held by their owners), and only
@@ -39,6 +51,7 @@ from .lowering.context import static_int
 
 PARTS = 8                    # parts of one level at most
 MIN_PART_BYTES = 64 << 20    # a part frees or allocates at least this much
+MIN_GAIN_BYTES = 64 << 20    # a cut lowers the modelled peak by at least this much (and 2%)
 # the ops whose kernels read their operands from memory, tile by tile (the cost of a crossing
 # only: no rewrite depends on this list)
 _STAGED = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default,
@@ -73,53 +86,111 @@ def split_levels(gm: GraphModule, kinds: dict[Node, str], level: dict[Node, int]
 
 def part_cuts(nodes: Sequence[Node], kinds: dict[Node, str], level: dict[Node, int], lvl: int) -> list[int]:
     """The positions in `nodes` (one level's members, graph order) before which a new part
-    starts (module docstring); [] keeps the level one program."""
-    n = len(nodes)
-    position = {node: i for i, node in enumerate(nodes)}
-    last: dict[Node, int] = {}         # a value (a view's base) -> the last member reading it
-    for i, node in enumerate(nodes):
-        if is_view_node(node, kinds):
-            continue
-        for a in node.all_input_nodes:
-            last[_root(a, kinds)] = i
-    # bytes a member allocates (an output) or frees (an input's last read here: one that a later
-    # level reads too is counted, an overestimate that moves a cut, not its correctness)
-    volume = [0] * n
-    starts = [0.0] * (n + 2)           # bytes that start (+) and stop (-) crossing at each position
-    for value, i in last.items():
-        if value not in position:
-            volume[i] += _bytes(value) or 0
-    for i, node in enumerate(nodes):
-        if is_view_node(node, kinds):
-            continue
-        if users_outside(node, kinds, level, lvl):
-            volume[i] += _bytes(node) or 0
-            continue
-        end = last.get(node, i)
-        if end > i and not _staged_operand(node, kinds):
-            size = _bytes(node)
-            starts[i + 1] += _UNCUTTABLE if size is None else size
-            starts[end + 1] -= _UNCUTTABLE if size is None else size
-    crossing = list(accumulate(starts))  # crossing[p]: bytes computed before position p and read from p on
-    before = [0, *accumulate(volume)]  # before[p]: the volume of positions < p
-    total = before[n]
-    share = max(total / PARTS, MIN_PART_BYTES)
-    if total < 2 * share:
-        return []
+    starts (module docstring): of the candidates `_candidates` finds, those that lower the
+    level's modelled peak (`_Ledger`), each by at least `MIN_GAIN_BYTES` and 2%, taken greedily;
+    [] keeps the level one program."""
+    ledger = _Ledger(nodes, kinds, level, lvl)
+    candidates = ledger.candidates()
     cuts: list[int] = []
-    start = 0
-    lo = _reaching(before, before[start] + share)
-    while lo < n:
-        hi = _reaching(before, before[lo] + share)
-        candidates = [p for p in range(lo, min(hi, n - 1) + 1) if total - before[p] >= share / 2]
-        best = min(candidates, key=lambda p: (crossing[p], p), default=None)
-        if best is not None and crossing[best] <= share / 4:
-            cuts.append(best)
-            start = best
-            lo = _reaching(before, before[start] + share)
-        else:
-            lo = hi + 1
+    peak = ledger.peak(cuts)
+    while candidates and len(cuts) < PARTS - 1:
+        tried = min(((ledger.peak(sorted([*cuts, c])), c) for c in candidates), key=lambda t: (t[0], t[1]))
+        if peak - tried[0] < max(MIN_GAIN_BYTES, 0.02 * peak):
+            break
+        peak = tried[0]
+        cuts = sorted([*cuts, tried[1]])
+        candidates.remove(tried[1])
     return cuts
+
+
+class _Ledger:
+    """One level's members as memory: the inputs each freed after its last reader here, the
+    outputs each allocated when its part starts, and the values computed here that are read
+    later (start, end, bytes, whether in memory anyway: a GEMM's or convolution's operand).
+    An input a later level reads too is counted as freed: an overestimate that moves a cut,
+    not its correctness."""
+
+    def __init__(self, nodes: Sequence[Node], kinds: dict[Node, str], level: dict[Node, int], lvl: int) -> None:
+        self.n = n = len(nodes)
+        position = {node: i for i, node in enumerate(nodes)}
+        last: dict[Node, int] = {}         # a value (a view's base) -> the last member reading it
+        for i, node in enumerate(nodes):
+            if is_view_node(node, kinds):
+                continue
+            for a in node.all_input_nodes:
+                last[_root(a, kinds)] = i
+        self.inputs = [(i, _bytes(v) or 0) for v, i in last.items() if v not in position]    # (last read, bytes)
+        self.outputs: list[tuple[int, int]] = []                                            # (position, bytes)
+        self.values: list[tuple[int, int, float, bool]] = []                                 # (start, end, bytes, staged)
+        for i, node in enumerate(nodes):
+            if is_view_node(node, kinds):
+                continue
+            if users_outside(node, kinds, level, lvl):
+                self.outputs.append((i, _bytes(node) or 0))
+            elif last.get(node, i) > i:
+                size = _bytes(node)
+                self.values.append((i, last[node], _UNCUTTABLE if size is None else float(size),
+                                    _staged_operand(node, kinds)))
+        self.total_in = sum(b for _, b in self.inputs)
+
+    def candidates(self) -> list[int]:
+        """Where a cut may go: walking the graph order, once the parts before a position free or
+        allocate a share of the level's volume (`PARTS` parts at most, each at least
+        `MIN_PART_BYTES`), the position in the next share where the fewest bytes cross that
+        would not be in memory anyway, if under a quarter of the share."""
+        n = self.n
+        volume = [0] * n
+        for i, b in self.inputs + self.outputs:
+            volume[i] += b
+        starts = [0.0] * (n + 2)           # bytes that start (+) and stop (-) crossing at each position
+        for i, end, size, staged in self.values:
+            if not staged:
+                starts[i + 1] += size
+                starts[end + 1] -= size
+        crossing = list(accumulate(starts))  # crossing[p]: bytes computed before p and read from p on
+        before = [0, *accumulate(volume)]  # before[p]: the volume of positions < p
+        total = before[n]
+        share = max(total / PARTS, MIN_PART_BYTES)
+        if total < 2 * share:
+            return []
+        found: list[int] = []
+        lo = _reaching(before, share)
+        while lo < n:
+            hi = _reaching(before, before[lo] + share)
+            window = [p for p in range(lo, min(hi, n - 1) + 1) if total - before[p] >= share / 2]
+            best = min(window, key=lambda p: (crossing[p], p), default=None)
+            if best is not None and crossing[best] <= share / 4:
+                found.append(best)
+                lo = _reaching(before, before[best] + share)
+            else:
+                lo = hi + 1
+        return found
+
+    def peak(self, cuts: Sequence[int]) -> float:
+        """The most bytes live in one part when the level is cut at `cuts` (sorted): the inputs
+        not yet freed, the outputs of this part and the earlier ones, the values crossing a cut
+        that are alive during the part (outputs of an earlier part or of this one), and the most
+        bytes live at once of the values in memory anyway that stay inside the part (a
+        program's temporaries)."""
+        bounds = [0, *cuts, self.n]
+        crossing = [(i, end, size) for i, end, size, _ in self.values
+                    if any(i < c <= end for c in cuts)]
+        peak = 0.0
+        for lo, hi in zip(bounds, bounds[1:]):
+            live = (self.total_in - sum(b for i, b in self.inputs if i < lo)
+                    + sum(b for i, b in self.outputs if i < hi)
+                    + sum(size for i, end, size in crossing if i < hi and end >= lo))
+            change: dict[int, float] = {}
+            for i, end, size, staged in self.values:
+                if staged and lo <= i and end < hi and not any(i < c <= end for c in cuts):
+                    change[i + 1] = change.get(i + 1, 0.0) + size
+                    change[end + 1] = change.get(end + 1, 0.0) - size
+            inside = running = 0.0
+            for p in sorted(change):
+                running += change[p]
+                inside = max(inside, running)
+            peak = max(peak, live + inside)
+        return peak
 
 
 def _reaching(before: list[int], volume: float) -> int:
