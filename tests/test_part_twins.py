@@ -134,3 +134,21 @@ def test_a_name_the_emitter_changes_is_emitted_from_its_ir():
     assert written == emitted
     by_kernel = {f.name: text for f, text in zip(funcs, written)}
     assert "__restrict__ max_" in by_kernel["exp_kernel"] and "max_" not in by_kernel["y2_kernel"]
+
+
+def test_the_signature_of_a_part_deeper_than_pythons_recursion_limit():
+    """A part that reaches back through a long chain of stages (resnet50's last region reaches
+    back through every layer) is described under regions.deep_recursion, as the cut that made it:
+    a chain of 3000 computes, where the default limit (1000 frames) raised RecursionError out of
+    the planner. Two such chains under other names have one structure."""
+    def chain(prefix):
+        x = tc.placeholder((16,), "float32", name=f"{prefix}x")
+        t = x
+        for i in range(3000):
+            t = (lambda prev, i: tc.compute((16,), lambda j: prev[j] * 1.5 + 1.0, name=f"{prefix}c{i}"))(t, i)
+        return [x, t]
+
+    text, names = signature(chain("a_"))
+    other, other_names = signature(chain("b_"))
+    assert len(names) == 3002 and {"a_x", "a_c0", "a_c2999"} <= set(names)
+    assert text == other and [n.replace("a_", "b_", 1) for n in names] == other_names

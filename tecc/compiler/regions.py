@@ -21,9 +21,10 @@ first. A call of a part's kernel passes the composed module's buffer of the same
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import replace
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from ..ir.expr import Expr, TensorRead
 from ..ir.stmt import Buffer, KernelCall, KernelParam, Module, PrimFunc
@@ -87,13 +88,22 @@ def cut(outputs: Sequence[Tensor], boundaries: Iterable[Tensor]) -> list[Tensor]
     cutter = _Cutter({id(b) for b in boundaries} - {id(o) for o in outputs})
     # the rebuild recurses through the part's producers, a few frames per stage: a region at the
     # end of resnet50's graph (its average pool) reaches back through every layer
+    with deep_recursion():
+        made = [cutter.tensor(o) if not o.is_placeholder else o for o in outputs]
+    return list(dict.fromkeys(cutter.placeholders)) + made
+
+
+@contextlib.contextmanager
+def deep_recursion() -> Iterator[None]:
+    """Python's recursion limit raised to CUT_RECURSION_LIMIT for a walk that recurses through a
+    part's producers, a few frames per stage (a part that reaches back through every layer of
+    resnet50), and set back after."""
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, CUT_RECURSION_LIMIT))
     try:
-        made = [cutter.tensor(o) if not o.is_placeholder else o for o in outputs]
+        yield
     finally:
         sys.setrecursionlimit(limit)
-    return list(dict.fromkeys(cutter.placeholders)) + made
 
 
 def compose(args: Sequence[Tensor], parts: Sequence[Module], name: str) -> Module:
