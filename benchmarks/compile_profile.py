@@ -131,7 +131,6 @@ def compile_for_cuda(gm: Any, name: str, arch: str | None, phases: Phases, dump:
     AOTAutograd's graph of `kind`); `dump`: a folder to write each program's CUDA C and plan into
     (write_dump)."""
     from tecc.torch import backend, cache
-    from tecc.torch.graph import plan_graph
     from tecc.torch.launch import assemble
     from tecc.torch.lowering import Sizes
     from tecc.torch.report import GraphReport
@@ -141,7 +140,7 @@ def compile_for_cuda(gm: Any, name: str, arch: str | None, phases: Phases, dump:
     key = phases.timed("graph_key", cache.graph_key, gm, _key_options(arch, kind), "cuda")
     phases.timed("lift_constants", backend.lift_constants, gm)
     sizes = Sizes()
-    plan = phases.timed("plan_graph (lowering)", plan_graph, gm, name, sizes, backend._bound_symbols(gm),
+    plan = phases.timed("plan_graph (lowering)", backend.plan_graph, gm, name, sizes, backend._bound_symbols(gm),
                         opts.cut_for_memory)
     kernels = phases.timed("tc.build (all programs)", backend.build_programs, plan, "cuda", opts, False)
     add_build_phases(phases, kernels)

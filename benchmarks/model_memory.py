@@ -130,7 +130,6 @@ def compile_cuda(gm: torch.fx.GraphModule, name: str, arch: str, kind: str = "fo
     of `arch`, from TECC_CACHE_DIR when a run before stored it (tecc/torch/backend.py
     compile_graph's steps)."""
     from tecc.torch import backend, cache
-    from tecc.torch.graph import plan_graph
     from tecc.torch.launch import assemble
     from tecc.torch.lowering import Sizes
     from tecc.torch.report import GraphReport
@@ -143,7 +142,7 @@ def compile_cuda(gm: torch.fx.GraphModule, name: str, arch: str, kind: str = "fo
     if hit is not None:
         return hit[0]
     start = time.perf_counter()
-    plan = plan_graph(gm, name, Sizes(), backend._bound_symbols(gm), opts.cut_for_memory)
+    plan = backend.plan_graph(gm, name, Sizes(), backend._bound_symbols(gm), opts.cut_for_memory)
     kernels = backend.build_programs(plan, "cuda", opts, False)
     compiled = assemble(plan, kernels, False)
     report = GraphReport.of(plan, kernels, time.perf_counter() - start)

@@ -132,8 +132,7 @@ def test_gpt2s_backward_is_cut_once_after_the_loss_heads_row_kernel():
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import model_kernels
 
-    from tecc.torch.backend import _bound_symbols
-    from tecc.torch.graph import plan_graph
+    from tecc.torch.backend import _bound_symbols, plan_graph
     from tecc.torch.lowering import Sizes
 
     gm = model_kernels.gpt2(2)["backward"]

@@ -397,10 +397,15 @@ def from_disk_cache(key: str, opts: Options, name: str, constants: list[torch.Te
 
 
 def plan_graph(gm: GraphModule, name: str, sizes: Any, bound: set[Any], backward: bool = False) -> GraphPlan:
-    """graph.plan_graph (the lowering, imported with the first compile: a cache hit needs none)."""
+    """graph.plan_graph (the lowering, imported with the first compile: a cache hit needs none);
+    a `backward` graph's levels cut into parts for memory (memory_parts.split_levels)."""
     from .graph import plan_graph as plan
 
-    return plan(gm, name, sizes, bound, backward)
+    if not backward:
+        return plan(gm, name, sizes, bound)
+    from .memory_parts import split_levels
+
+    return plan(gm, name, sizes, bound, split_levels)
 
 
 def assemble(plan: GraphPlan, kernels: Sequence[Any], emulate: bool) -> CompiledGraph:

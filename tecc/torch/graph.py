@@ -421,15 +421,17 @@ def _unbound_sizes(args: list[Tensor]) -> list[Var]:
     return [v for v in used if v not in whole]
 
 
-def plan_graph(gm: GraphModule, name: str, sizes: Sizes, bound: set[Any], backward: bool = False) -> GraphPlan:
-    """The graph's plan; a `backward` graph's levels cut into parts for memory (memory_parts.py)."""
+Cut = Callable[[GraphModule, dict[Node, str], dict[Node, int]], dict[Node, int]]
+
+
+def plan_graph(gm: GraphModule, name: str, sizes: Sizes, bound: set[Any], cut: Cut | None = None) -> GraphPlan:
+    """The graph's plan; with `cut`, its levels renumbered by it (a backward graph's levels cut
+    into parts for memory: memory_parts.split_levels, which backend.plan_graph passes)."""
     seed = seed_node(gm)
     random = RandomDraws()
     kinds, reasons = classify(gm, sizes, bound, random, seed)
     level = levels(gm, kinds)
-    if backward:
-        from .memory_parts import split_levels  # (it imports this module's helpers)
-
-        level = split_levels(gm, kinds, level)
+    if cut is not None:
+        level = cut(gm, kinds, level)
     return GraphPlan(gm, name, sizes, kinds, reasons, level, segments(gm, name, sizes, kinds, level, random, seed),
                      seed)
