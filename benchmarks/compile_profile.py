@@ -168,8 +168,9 @@ def write_dump(folder: Path, kernels: Any) -> None:
 
 def _key_options(arch: str | None, kind: str) -> dict[str, Any]:
     """backend.graph_key's options for AOTAutograd's graph of `kind` under the default options."""
-    cut = backend_options(arch, kind).cut_for_memory
-    return {"fallback": "aten", "arch": arch, "deterministic": False, "memory_parts": cut}
+    from tecc.torch import backend
+
+    return backend.key_options(backend_options(arch, kind), False)
 
 
 def backend_options(arch: str | None, kind: str) -> Any:

@@ -135,8 +135,7 @@ def compile_cuda(gm: torch.fx.GraphModule, name: str, arch: str, kind: str = "fo
     from tecc.torch.report import GraphReport
 
     opts = backend.Options.parse({"arch": arch, "memory_parts": memory_parts}).for_graph(kind)
-    options = {"fallback": "aten", "arch": arch, "deterministic": False, "memory_parts": opts.cut_for_memory}
-    key = cache.graph_key(gm, options, "cuda")
+    key = cache.graph_key(gm, backend.key_options(opts, False), "cuda")
     hit = cache.load_graph(key)
     backend.lift_constants(gm)
     if hit is not None:

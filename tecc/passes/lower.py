@@ -69,7 +69,7 @@ from ..ir.index_checks import IndexCheck
 from ..ir.scatter import ScatterOp, data_dependent
 from ..ir.tensor import ComputeOp, PlaceholderOp, Tensor
 from ..ir.visitor import ExprMutator
-from .simplify import linear_form
+from .simplify import linear_form, merged_dims
 from .names import fresh_name, identifier
 
 
@@ -270,20 +270,13 @@ def _reads_beneath(read: TensorRead, elementwise: set[Tensor]) -> list[tuple[tup
 
 
 def _tileable(indices: Sequence[Expr], shape: Sequence[Expr]) -> bool:
-    """Whether a read's indices are what the contraction strategies tile: each affine in the
-    loop variables, or an affine index // or % a constant (a split axis), or two neighbours
-    `x // n`, `x % n` with n the next dimension's extent (a merged axis)."""
-    out = list(indices)
-    d = 0
-    while d + 1 < len(out):
-        a, b = out[d], out[d + 1]
-        if (isinstance(a, Binary) and a.op == "//" and isinstance(b, Binary) and b.op == "%" and a.a is b.a
-                and const_int(a.b) is not None and const_int(a.b) == const_int(b.b) == const_int(shape[d + 1])):
-            out[d:d + 2] = [a.a]
-            continue
-        d += 1
+    """Whether a read's indices are what the contraction strategies tile (the reads
+    compiler/cost/analysis.py takes as affine or split): each affine in the loop variables, or an
+    affine index // or % a constant (a split axis), once two neighbours `x // n`, `x % n` with n
+    the next dimension's extent are merged (simplify.merged_dims)."""
+    merged, _ = merged_dims(indices, [const_int(s) or -1 for s in shape])
     return all(_affine_index(i) or (isinstance(i, Binary) and i.op in ("//", "%") and _affine_index(i.a)
-                                    and (const_int(i.b) or 0) > 0) for i in out)
+                                    and (const_int(i.b) or 0) > 0) for i in merged)
 
 
 def _affine_index(e: Expr) -> bool:

@@ -20,7 +20,7 @@ dominate the build.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 from ..ir.expr import Binary, Cast, Const, Expr, Var, binary, const_int
 from ..ir.stmt import For, LetStmt, Module, PrimFunc, Stmt
@@ -131,6 +131,26 @@ def _sum(terms: list[Expr], like: Expr) -> Expr:
     for t in terms[1:]:
         out = binary("+", out, t)
     return out
+
+
+def merged_dims(indices: Sequence[Expr], dims: Sequence[int]) -> tuple[tuple[Expr, ...], list[int]]:
+    """A row-major buffer of extents `dims` read as B[.., x // n, x % n, ..] with n its next
+    dimension's extent (a view merging two dimensions of a tensor computed in the program) as the
+    same read of the buffer with those two dimensions merged, B'[.., x, ..]: the same addresses,
+    affine in x. (An extent not known as a constant: pass a negative one, which no constant
+    matches.)"""
+    out, ext = list(indices), list(dims)
+    d = 0
+    while d + 1 < len(out):
+        a, b = out[d], out[d + 1]
+        if (isinstance(a, Binary) and a.op == "//" and isinstance(b, Binary) and b.op == "%"
+                and str(a.a) == str(b.a) and const_int(a.b) == const_int(b.b) == ext[d + 1]):
+            out[d:d + 2] = [b.a]
+            ext[d:d + 2] = [ext[d] * ext[d + 1]]
+            d = max(d - 1, 0)
+            continue
+        d += 1
+    return tuple(out), ext
 
 
 def linear_form(e: Expr) -> tuple[dict[Expr, int], int]:

@@ -112,11 +112,12 @@ class OutputAllocator:
             else:
                 make = allocator_like(first, self.host.name)
                 outputs = [make(shape, buf.dtype) for shape, buf in zip(shapes, self.outputs)]
-        full: list[Any] = []
-        given, made = iter(args), iter(outputs)
-        for is_output in self._positions:
-            full.append(next(made) if is_output else next(given))
-        return full, outputs
+        return list(self.interleave(args, outputs)), outputs
+
+    def interleave(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> tuple[Any, ...]:
+        """The whole argument list: `inputs` and `outputs`, each in its signature position."""
+        given, made = iter(inputs), iter(outputs)
+        return tuple(next(made) if is_output else next(given) for is_output in self._positions)
 
 
 def returned(outputs: list[Any]) -> Any:

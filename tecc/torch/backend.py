@@ -345,8 +345,13 @@ def graph_key(gm: GraphModule, opts: Options, deterministic: bool) -> str | None
     dumps are asked for (a hit writes none, so such a graph is compiled)."""
     if not cache.enabled() or opts.dump_ir:
         return None
-    return cache.graph_key(gm, {"fallback": opts.fallback, "arch": opts.arch, "deterministic": deterministic,
-                                "memory_parts": opts.cut_for_memory}, _target(_emulated(gm)))
+    return cache.graph_key(gm, key_options(opts, deterministic), _target(_emulated(gm)))
+
+
+def key_options(opts: Options, deterministic: bool) -> dict[str, Any]:
+    """The options a graph's key in tecc's disk cache holds: those that change what is built."""
+    return {"fallback": opts.fallback, "arch": opts.arch, "deterministic": deterministic,
+            "memory_parts": opts.cut_for_memory}
 
 
 def compile_stored(gm: GraphModule, opts: Options, name: str, key: str | None, deterministic: bool,

@@ -173,16 +173,17 @@ class _Ledger:
         bytes live at once of the values in memory anyway that stay inside the part (a
         program's temporaries)."""
         bounds = [0, *cuts, self.n]
-        crossing = [(i, end, size) for i, end, size, _ in self.values
-                    if any(i < c <= end for c in cuts)]
+        crosses = [any(i < c <= end for c in cuts) for i, end, _, _ in self.values]
+        crossing = [(i, end, size) for (i, end, size, _), x in zip(self.values, crosses) if x]
+        in_memory = [(i, end, size) for (i, end, size, staged), x in zip(self.values, crosses) if staged and not x]
         peak = 0.0
         for lo, hi in zip(bounds, bounds[1:]):
             live = (self.total_in - sum(b for i, b in self.inputs if i < lo)
                     + sum(b for i, b in self.outputs if i < hi)
                     + sum(size for i, end, size in crossing if i < hi and end >= lo))
             change: dict[int, float] = {}
-            for i, end, size, staged in self.values:
-                if staged and lo <= i and end < hi and not any(i < c <= end for c in cuts):
+            for i, end, size in in_memory:
+                if lo <= i and end < hi:
                     change[i + 1] = change.get(i + 1, 0.0) + size
                     change[end + 1] = change.get(end + 1, 0.0) - size
             inside = running = 0.0

@@ -79,11 +79,6 @@ class _Signature:
         self._relaunch: dict[tuple[Any, ...], tuple[LaunchEntry, Callable[[list[int]], bool] | None,
                                                     tuple[tuple[tuple[int, ...] | None, Any], ...], Any]] = {}
 
-    def _full(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> tuple[Any, ...]:
-        """The kernel's whole argument list: the inputs and the outputs in signature order."""
-        given, made = iter(inputs), iter(outputs)
-        return tuple(next(made) if is_output else next(given) for is_output in self.allocator.positions)
-
     def schema(self) -> str:
         names = [_argument_name(buf.name, pos) for pos, buf in enumerate(self.inputs)]
         returns = "Tensor" if len(self.outputs) == 1 else "(" + ", ".join("Tensor" for _ in self.outputs) + ")"
@@ -136,7 +131,7 @@ class _Signature:
         # ~1.5 us less than torch.empty; the sizes as separate arguments otherwise
         outputs = [torch.empty_like(tensors[0]) if shape is None else torch.empty(*shape, dtype=dtype, device=device)
                    if shape else torch.empty((), dtype=dtype, device=device) for shape, dtype in recipe]
-        full = (*tensors, *outputs) if self._inputs_first else self._full(tensors, outputs)
+        full = (*tensors, *outputs) if self._inputs_first else self.allocator.interleave(tensors, outputs)
         ptrs = [t.data_ptr() for t in full]
         if prepared(ptrs) if prepared is not None else self.kernel.relaunch(entry, ptrs, full):
             return outputs[0] if len(outputs) == 1 else tuple(outputs)

@@ -54,7 +54,7 @@ from ...ir.stmt import (
     Stmt,
 )
 from ...passes.approx_math import approximate_expr
-from ...passes.simplify import from_linear, linear_form
+from ...passes.simplify import from_linear, linear_form, merged_dims
 from .. import options as knobs
 
 # The size assumed for a symbolic dimension the caller gives no value for. Plans stay valid for
@@ -299,7 +299,7 @@ def _access(buf: Buffer, indices: tuple[Expr, ...], env: Mapping[Var, int]) -> A
         except Exception:  # noqa: BLE001
             dims.append(DEFAULT_SIZE)
     if buf.strides is None and any(a is None for a in per_dim):
-        indices, dims = _merged_dims(indices, dims)
+        indices, dims = merged_dims(indices, dims)
         per_dim = tuple(affine(i, env) for i in indices)
     index_vars = tuple(frozenset(v.name for v in free_vars(i) if v.kind == "index") for i in indices)
     offset = _flat_offset(buf, per_dim, dims, env)
@@ -337,24 +337,6 @@ def _canonical(ix: Expr, env: Mapping[Var, int]) -> Expr:
         return ix
     terms, const = linear_form(ix)
     return from_linear(terms, const, ix)
-
-
-def _merged_dims(indices: tuple[Expr, ...], dims: list[int]) -> tuple[tuple[Expr, ...], list[int]]:
-    """A row-major buffer read as B[.., x // n, x % n, ..] with n its next dimension's extent (a
-    view merging two dimensions of a tensor computed in the program) as the same read of the
-    buffer with those two dimensions merged, B'[.., x, ..]: the same addresses, affine in x."""
-    out, ext = list(indices), list(dims)
-    d = 0
-    while d + 1 < len(out):
-        a, b = out[d], out[d + 1]
-        if (isinstance(a, Binary) and a.op == "//" and isinstance(b, Binary) and b.op == "%"
-                and str(a.a) == str(b.a) and const_int(a.b) == const_int(b.b) == ext[d + 1]):
-            out[d:d + 2] = [b.a]
-            ext[d:d + 2] = [ext[d] * ext[d + 1]]
-            d = max(d - 1, 0)
-            continue
-        d += 1
-    return tuple(out), ext
 
 
 def row_major_strides(dims: Sequence[int]) -> list[int]:
