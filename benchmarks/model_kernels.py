@@ -103,7 +103,7 @@ def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], train: bool,
     graph break gives several: the second graph's are `forward1`, `backward1`, ..."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
-    from tecc.torch.backend import partition
+    from tecc.torch.backend import lift_constants, partition
     from tecc.torch.decompositions import decomposition_table
 
     graphs: dict[str, torch.fx.GraphModule] = {}
@@ -132,6 +132,8 @@ def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], train: bool,
     if train:
         (out.loss if hasattr(out, "loss") else out).backward()
     torch._dynamo.reset()
+    for g in graphs.values():   # tensor constants become inputs, as the backend makes them
+        lift_constants(g)
     return graphs
 
 

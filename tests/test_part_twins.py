@@ -4,12 +4,16 @@ what planning it would give."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 import tecc as tc
+from tecc.compiler import regions
 from tecc.compiler.part_twins import NameClash, PartRenaming, signature
 from tecc.compiler.plan import Plan, Step
 from tecc.compiler.planner import plan_program
+from tecc.ir.tensor import producers_first
 
 from test_realize import _Check, _layers
 
@@ -136,19 +140,45 @@ def test_a_name_the_emitter_changes_is_emitted_from_its_ir():
     assert "__restrict__ max_" in by_kernel["exp_kernel"] and "max_" not in by_kernel["y2_kernel"]
 
 
+def _chain(prefix, stages=3000):
+    x = tc.placeholder((16,), "float32", name=f"{prefix}x")
+    t = x
+    for i in range(stages):
+        t = (lambda prev, i: tc.compute((16,), lambda j: prev[j] * 1.5 + 1.0, name=f"{prefix}c{i}"))(t, i)
+    return [x, t]
+
+
 def test_the_signature_of_a_part_deeper_than_pythons_recursion_limit():
     """A part that reaches back through a long chain of stages (resnet50's last region reaches
     back through every layer) is described under regions.deep_recursion, as the cut that made it:
     a chain of 3000 computes, where the default limit (1000 frames) raised RecursionError out of
     the planner. Two such chains under other names have one structure."""
-    def chain(prefix):
-        x = tc.placeholder((16,), "float32", name=f"{prefix}x")
-        t = x
-        for i in range(3000):
-            t = (lambda prev, i: tc.compute((16,), lambda j: prev[j] * 1.5 + 1.0, name=f"{prefix}c{i}"))(t, i)
-        return [x, t]
-
-    text, names = signature(chain("a_"))
-    other, other_names = signature(chain("b_"))
+    text, names = signature(_chain("a_"))
+    other, other_names = signature(_chain("b_"))
     assert len(names) == 3002 and {"a_x", "a_c0", "a_c2999"} <= set(names)
     assert text == other and [n.replace("a_", "b_", 1) for n in names] == other_names
+
+
+def test_a_deep_part_is_cut_and_described_a_stage_at_a_time(monkeypatch):
+    """Under torch.compile every Python call also counts against the interpreter's C recursion
+    limit, which sys.setrecursionlimit does not raise: on Python 3.12 resnet50 through the backend
+    raised RecursionError ~5000 frames deep while describing its last region, the limit at
+    100,000. The cut and the description take the stages producers first (ir/tensor.py
+    producers_first) and recurse through one stage at a time: emulated with Python's limit 150
+    frames above the test's own depth and deep_recursion raising nothing."""
+    monkeypatch.setattr(regions, "CUT_RECURSION_LIMIT", 0)
+    x, out = _chain("d_")
+    chain = {t.name: t for t in producers_first([out])}
+    depth, frame = 0, sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(depth + 150)
+    try:
+        part = regions.cut([out], [chain["d_c1000"]])
+        text, names = signature(part)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert [t.name for t in part] == ["d_c1000", "d_c2999"] and part[0].is_placeholder
+    assert names[:2] == ["d_c1000", "j"] and len(names) == 2001     # 2000 tensors, the axis j
+    assert list(chain)[:2] == ["d_x", "d_c0"] and len(chain) == 3001

@@ -184,3 +184,155 @@ def test_gpt2_sdpa_forward_over_qkv_views_plans_on_tensor_cores(op, arch):
     assert result.plan.strategy == "online_contraction_mma", result.plan
     (step,) = result.plan.steps
     assert step.primitive == "online_contraction_mma" and bool(step.args.get("wgmma")) == (arch == "sm_90"), step
+
+
+def _index_mask_attention(q, k, v):
+    """SDPA with the float causal mask built in the graph from `arange` and `le`, as transformers
+    builds it for SDPA under torch.compile: `where(j <= i, 0, -inf)`, [B, 1, S, S]."""
+    S = q.shape[-2]
+    pos = torch.arange(S)
+    keep = (pos[None, None, None, :] <= pos[None, None, :, None]).expand(q.shape[0], -1, S, S)
+    mask = torch.where(keep, torch.tensor(0.0, dtype=q.dtype), torch.tensor(float("-inf"), dtype=q.dtype))
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def test_a_float_mask_of_indices_is_the_causal_mask_in_the_emulator():
+    """The index-built float mask through the backend (forward and backward, float32, the
+    emulator) against float64 eager with the same mask: the scores read `where(j <= i, S, -inf)`,
+    no mask stored; gradients too."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 24, 16, generator=gen, requires_grad=True) for _ in range(3))
+    out = torch.compile(_index_mask_attention, backend="tecc", options={"fallback": "error"})(q, k, v)
+    g = torch.randn(out.shape, generator=gen)
+    out.backward(g)
+    ref = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    want = _index_mask_attention(*ref)
+    want.backward(g.double())
+    scale = want.abs().max().item()
+    assert (out.detach().double() - want).abs().max().item() <= 1e-5 * scale
+    for x, r in zip((q, k, v), ref):
+        assert (x.grad.double() - r.grad).abs().max().item() <= 1e-5 * (r.grad.abs().max().item() + 1e-9)
+    torch._dynamo.reset()
+
+
+def _mask_program(kind: str, S: int, D: int = 64):
+    """The SDPA backward op (CPU flash form) under a float mask: `kind` "index" (built from
+    arange and le in the graph), "causal" (is_causal=True, no mask) or "data" (a mask input)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    B, H = 2, 4
+    q = torch.empty(B, H, S, D, dtype=torch.bfloat16)
+    lse = torch.empty(B, H, S, dtype=torch.float32)
+
+    def fn(g, q, k, v, o, lse, data):
+        if kind == "index":
+            pos = torch.arange(S)
+            keep = (pos[None, None, None, :] <= pos[None, None, :, None]).expand(B, -1, S, S)
+            mask = torch.where(keep, torch.full((), 0.0, dtype=q.dtype), torch.full((), float("-inf"), dtype=q.dtype))
+        else:
+            mask = data if kind == "data" else None
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
+            g, q, k, v, o, lse, 0.0, kind == "causal", attn_mask=mask, scale=D ** -0.5)
+
+    data = torch.empty(B, 1, S, S, dtype=torch.bfloat16)
+    gm = make_fx(fn, tracing_mode="fake")(*(torch.empty_like(q) for _ in range(5)), lse, data)
+    plan = plan_graph(gm, "attention_backward", Sizes(), set())
+    assert not plan.fallbacks
+    (seg,) = plan.segments
+    return seg.args
+
+
+def test_a_float_mask_of_indices_plans_as_the_causal_backward_for_sm_90():
+    """transformers' index-built causal mask plans as is_causal's backward does (the masked key
+    blocks skipped: the same prediction), reading no mask; a mask that is data is read and
+    every block computed (lowering/attention.py, additive_keep)."""
+    from tecc.compiler.planner import plan_program
+
+    S = 512
+    found = {kind: plan_program(_mask_program(kind, S), "sm_90") for kind in ("index", "causal", "data")}
+    assert all(r.plan.strategy.startswith("online_backward") for r in found.values()), \
+        {k: r.plan.strategy for k, r in found.items()}
+    assert found["index"].predicted_seconds == pytest.approx(found["causal"].predicted_seconds, rel=1e-6)
+    assert found["data"].predicted_seconds > 1.2 * found["causal"].predicted_seconds
+    reads = {t.name for t in _mask_program("index", S) if t.is_placeholder}
+    assert not any("where" in n or "mask" in n for n in reads), reads
+
+
+def test_additive_keep_takes_only_zero_or_minus_infinity_of_the_indices():
+    import math
+
+    import tecc as tc
+    from tecc.torch.lowering.attention import additive_keep
+
+    ninf = tc.const(-math.inf, "float32") if hasattr(tc, "const") else -math.inf
+    causal = tc.compute((1, 1, 8, 8), lambda b, h, i, j: tc.where(j <= i, 0.0, ninf), name="causal_mask")
+    keep = additive_keep(causal)
+    assert keep is not None
+    b, h, i, j = (tc.var(n) for n in "bhij")
+    assert str(keep((b, h, i, j), (2, 4, 8, 8))) == "j <= i"
+    data = tc.placeholder((1, 1, 8, 8), "bool", name="data")
+    from_data = tc.compute((1, 1, 8, 8), lambda b, h, i, j: tc.where(data[b, h, i, j], 0.0, ninf), name="m2")
+    finite = tc.compute((1, 1, 8, 8), lambda b, h, i, j: tc.where(j <= i, 0.0, -1.0), name="m3")
+    assert additive_keep(from_data) is None and additive_keep(finite) is None and additive_keep(data) is None
+
+
+def test_additive_keep_reads_torchs_conversion_of_a_boolean_mask():
+    """torch's SDPA hands its fused CUDA ops a boolean mask as where(logical_not(keep), -inf, 0):
+    the same keep, the comparison turned around rather than negated."""
+    import math
+
+    import tecc as tc
+    from tecc.torch.lowering.attention import additive_keep
+
+    pos = tc.compute((8,), lambda i: tc.cast(i, "int64"), name="pos")
+    keep = tc.compute((1, 1, 8, 8), lambda b, h, i, j: pos[j] <= pos[i], name="keep")
+    bias = tc.compute((1, 1, 8, 8), lambda b, h, i, j: tc.where(~keep[b, h, i, j], -math.inf, 0.0), name="bias")
+    found = additive_keep(bias)
+    assert found is not None
+    b, h, i, j = (tc.var(n) for n in "bhij")
+    assert str(found((b, h, i, j), (2, 4, 8, 8))) == "j <= i"
+
+
+def test_additive_keep_takes_a_finite_stand_in_for_minus_infinity_where_no_row_is_masked_whole():
+    """transformers (5.17 on the GPU machine) masks with torch.finfo(float16).min, -65504: taken
+    as -inf where the diagonal of the square mask is kept (the causal mask; every row keeps a
+    key), not where a row may be masked whole (eager's softmax of such a row is uniform), nor
+    for a value near 0."""
+    import tecc as tc
+    from tecc.torch.lowering.attention import additive_keep
+
+    def mask(cond, value, keys=8):
+        return tc.compute((1, 1, 8, keys), lambda b, h, i, j: tc.where(cond(i, j), 0.0, value), name="m")
+
+    b, h, i, j = (tc.var(n) for n in "bhij")
+    causal = additive_keep(mask(lambda i, j: j <= i, -65504.0))
+    assert causal is not None and str(causal((b, h, i, j), (2, 4, 8, 8))) == "j <= i"
+    assert additive_keep(mask(lambda i, j: j < i, -65504.0)) is None          # row 0 masked whole
+    assert additive_keep(mask(lambda i, j: j < i, float("-inf"))) is not None
+    assert additive_keep(mask(lambda i, j: j <= i, -100.0)) is None
+    assert additive_keep(mask(lambda i, j: j <= i, -65504.0, keys=16)) is None   # not square
+
+
+def test_a_float16_min_mask_of_indices_matches_eager_in_the_emulator():
+    """The causal mask at -65504 (transformers' masking value) through the backend against
+    float64 eager with the same mask: equal to float32 precision (every masked exp underflows)."""
+    def fn(q, k, v):
+        S = q.shape[-2]
+        pos = torch.arange(S)
+        keep = (pos[None, None, None, :] <= pos[None, None, :, None]).expand(q.shape[0], -1, S, S)
+        mask = torch.where(keep, torch.tensor(0.0, dtype=q.dtype), torch.tensor(-65504.0, dtype=q.dtype))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 2, 16, 8, generator=gen, requires_grad=True) for _ in range(3))
+    out = torch.compile(fn, backend="tecc", options={"fallback": "error"})(q, k, v)
+    out.sum().backward()
+    ref = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    want = fn(*ref)
+    want.sum().backward()
+    assert (out.detach().double() - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+    for x, r in zip((q, k, v), ref):
+        assert (x.grad.double() - r.grad).abs().max().item() <= 1e-5 * (r.grad.abs().max().item() + 1e-9)
+    torch._dynamo.reset()

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 from ..ir.rename import IRRenaming, NameClash, Renaming, StructureText, UnknownNode
 from ..ir.stmt import Module
-from ..ir.tensor import Tensor
+from ..ir.tensor import Tensor, producers_first
 from .plan import Plan, Step
 from .regions import deep_recursion
 
@@ -44,8 +44,8 @@ def signature(part: Sequence[Tensor], name: str | None = None) -> tuple[str, lis
     text with names numbered, and its names in order of first appearance (module docstring).
     `name`: the part program's own name, the first name (a per-kernel part's `..._part3`).
     UnknownNode for a value it cannot describe. (The description recurses through the part's
-    producers, a few frames per stage: under `regions.deep_recursion`, as the cut that made
-    the part.)"""
+    producers, a few frames per stage: the tensors are described producers first, so that each
+    description recurses only through its own operation; and under `regions.deep_recursion`.)"""
     with deep_recursion():
         return _Describer(name).part(part)
 
@@ -61,6 +61,8 @@ class _Describer(StructureText):
             self.name(name)
 
     def part(self, part: Sequence[Tensor]) -> tuple[str, list[str]]:
+        for t in producers_first(part):
+            self.value(t)
         signature = " ".join(self.value(t) for t in part)
         return signature + "\n" + "\n".join(self.tensors), self.names
 

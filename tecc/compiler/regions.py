@@ -28,7 +28,7 @@ from typing import Iterable, Iterator, Sequence
 
 from ..ir.expr import Expr, TensorRead
 from ..ir.stmt import Buffer, KernelCall, KernelParam, Module, PrimFunc
-from ..ir.tensor import ComputeOp, Tensor, placeholder
+from ..ir.tensor import ComputeOp, Tensor, placeholder, producers_first
 from ..ir.visitor import ExprMutator
 from ..passes.lower import collect_program, signature
 from ..passes.names import fresh_name
@@ -86,9 +86,13 @@ def cut(outputs: Sequence[Tensor], boundaries: Iterable[Tensor]) -> list[Tensor]
     """The signature of the part computing `outputs` (module docstring): its placeholders, in
     the order first read, then its outputs (rebuilt where they read a boundary)."""
     cutter = _Cutter({id(b) for b in boundaries} - {id(o) for o in outputs})
-    # the rebuild recurses through the part's producers, a few frames per stage: a region at the
-    # end of resnet50's graph (its average pool) reaches back through every layer
+    # the rebuild recurses through a tensor's producers: a region at the end of resnet50's graph
+    # (its average pool) reaches back through every layer, so the producers are rebuilt first and
+    # each rebuild recurses through its own body only (ir/tensor.py producers_first)
+    computed = [o for o in outputs if not o.is_placeholder]
     with deep_recursion():
+        for t in producers_first(computed, stop=lambda t: id(t) in cutter.boundaries):
+            cutter.tensor(t)
         made = [cutter.tensor(o) if not o.is_placeholder else o for o in outputs]
     return list(dict.fromkeys(cutter.placeholders)) + made
 

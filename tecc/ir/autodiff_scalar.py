@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from .errors import GradientError
-from .expr import Binary, Call, Cast, Const, Expr, Select, TensorRead, binary, call, cast, compare, select
+from .expr import Binary, Call, Cast, Const, Expr, Select, TensorRead, binary, call, cast, compare, postorder, select
 from .philox import RandomUniform
 
 def _differentiable_read(e: Expr, active: set[int]) -> bool:
@@ -32,21 +32,7 @@ def _needs_gradient(body: Expr, active: set[int]) -> set[int]:
 
 def _postorder(body: Expr) -> list[Expr]:
     """The nodes of `body`, children before parents, each once; reads are leaves."""
-    order: list[Expr] = []
-    seen: set[int] = set()
-    stack: list[tuple[Expr, bool]] = [(body, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        if not isinstance(node, TensorRead):
-            stack.extend((c, False) for c in reversed(node.children))
-    return order
+    return postorder([body], lambda node: () if isinstance(node, TensorRead) else node.children)
 
 
 LN2 = math.log(2.0)

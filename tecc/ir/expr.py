@@ -85,6 +85,28 @@ def substitute(e: Expr, mapping: dict[Var, Expr]) -> Expr:
     return VarSubstituter(mapping).visit(e)
 
 
+def postorder(roots: Sequence[Any], children: Callable[[Any], Iterable[Any]]) -> list[Any]:
+    """The nodes of a DAG reached from `roots`, each once and after its `children` (a depth-first
+    post-order, children in their given order), found without recursion: a walk that takes the
+    nodes in this order recurses through one node at a time (a model's program reaches back
+    through every layer, deeper than Python's stack allows under torch.compile, where each call
+    also counts against the interpreter's C recursion limit)."""
+    order: list[Any] = []
+    seen: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(r, False) for r in reversed(roots)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        stack.extend((c, False) for c in reversed(list(children(node))))
+    return order
+
+
 def walk(e: Expr) -> Iterable[Expr]:
     """Every node of `e`, each once, parents before children."""
     seen: set[int] = set()
@@ -151,5 +173,5 @@ __all__ = [
     "REDUCERS", "Reduce",
     "ReduceAxis", "Select", "TensorRead", "Var", "WARP_INTRINSICS", "as_expr", "atomic_add", "atomic_add_pair", "binary", "call",
     "cast", "compare", "const_int", "const_product", "buffers_read", "free_vars", "frozen_free_vars", "index_expr", "load_cg", "logical_and", "opaque", "reduce_identity",
-    "select", "size_product", "substitute", "thread_fence", "to_shape", "walk", "warp_shuffle",
+    "postorder", "select", "size_product", "substitute", "thread_fence", "to_shape", "walk", "warp_shuffle",
 ]

@@ -33,6 +33,7 @@ from .expr import (
     const_int,
     free_vars,
     index_expr,
+    postorder,
     to_shape,
     walk,
 )
@@ -329,3 +330,11 @@ def unused_free_vars(t: Tensor) -> set[Var]:
     if not isinstance(t.op, ComputeOp):
         return set()
     return {v for v in free_vars(t.op.body) if not isinstance(v, IterVar)}
+
+
+def producers_first(outputs: Sequence[Tensor], stop: Callable[[Tensor], bool] | None = None) -> list[Tensor]:
+    """Every tensor that `outputs` reach through their operations' inputs, each after the tensors
+    it reads (expr.postorder: no recursion, inputs in their operation's order); a tensor for which
+    `stop` holds is listed but its inputs are not followed. A walk that takes the tensors in this
+    order recurses through one operation at a time (regions.cut, part_twins.signature)."""
+    return postorder(outputs, lambda t: () if stop is not None and stop(t) else t.op.input_tensors)

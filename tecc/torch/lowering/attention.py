@@ -24,8 +24,11 @@ from typing import Any, Callable, Sequence
 
 from ...ir import dtype as dt
 from ...ir import ops as te
-from ...ir.expr import Expr, ExprLike
-from ...ir.tensor import Tensor, reduce_axis
+from ...ir.arith import binary, compare
+from ...ir.expr import Binary, Cast, Compare, Const, Expr, ExprLike, Not, Select, TensorRead, substitute
+from ...ir.tensor import ComputeOp, Tensor, reduce_axis
+from ...ir.visitor import ExprMutator
+from ...passes.simplify import linear_form
 from .context import LoweringContext, Unsupported, broadcast_read, constant, static_int
 
 
@@ -87,10 +90,14 @@ def _score_fn(q: Tensor, k: Tensor, heads: _Heads, causal: bool, mask: Any) -> C
     def raw(b: Expr, h: Expr, i: Expr, j: Expr) -> Expr:
         return te.sum(_f32(q[b, h, i, d]) * _f32(k[b, heads.kv(h), j, d]), d) * scale
 
+    keep = additive_keep(mask) if isinstance(mask, Tensor) and not mask.dtype.is_bool else None
+
     def masked(s: Expr, b: Expr, h: Expr, i: Expr, j: Expr) -> Expr:
         if causal:
             s = te.where(j <= i, s, ninf)
-        if isinstance(mask, Tensor):
+        if keep is not None:
+            s = te.where(keep((b, h, i, j), shape), s, ninf)
+        elif isinstance(mask, Tensor):
             m = broadcast_read(mask, (b, h, i, j), shape)
             s = te.where(m, s, ninf) if mask.dtype.is_bool else s + _f32(m)
         return s
@@ -98,6 +105,155 @@ def _score_fn(q: Tensor, k: Tensor, heads: _Heads, causal: bool, mask: Any) -> C
     score = lambda b, h, i, j: masked(raw(b, h, i, j), b, h, i, j)  # noqa: E731
     score.raw, score.masked, score.shape = raw, masked, shape  # type: ignore[attr-defined]
     return score
+
+
+def additive_keep(mask: Tensor) -> Callable[[Sequence[Expr], Sequence[ExprLike]], Expr] | None:
+    """For a float mask computed in the graph as `where(keep, 0, -inf)` (or `where(not keep, -inf,
+    0)`, torch's conversion of a boolean mask for its fused SDPA ops) with `keep` a function of
+    the indices alone (what transformers builds for SDPA under torch.compile: the causal mask
+    from `arange` and `le`): (score index, score shape) -> `keep` there, as an index expression.
+    Softmax(S + mask) is then softmax(where(keep, S, -inf)): the mask inside the scores, whose
+    masked key blocks the online kernels skip, instead of a stored [B, 1, L, S] tensor read at
+    every score and every key block computed. The two differ only where a masked score is itself
+    +inf or NaN. A finite masked value (MASKED_AT_MOST or below: transformers' -65504) is taken
+    as -inf where `keep` holds on the diagonal of a square mask (no row masked whole); they then
+    differ only where a masked score exceeds its row's largest kept score by |value| - 104 or
+    more (whose exp eager does not round to 0). None for any other mask."""
+    op = mask.op
+    if type(op) is not ComputeOp:
+        return None
+    body = op.body
+    while isinstance(body, Cast):
+        body = body.a
+    if not isinstance(body, Select):
+        return None
+    chosen = (_constant(body.a), _constant(body.b))
+    if chosen[0] == 0.0 and chosen[1] is not None and chosen[1] <= MASKED_AT_MOST:
+        masked, kept_when = chosen[1], True
+    elif chosen[1] == 0.0 and chosen[0] is not None and chosen[0] <= MASKED_AT_MOST:
+        masked, kept_when = chosen[0], False      # torch's where(logical_not(keep), -inf, 0)
+    else:
+        return None
+    try:
+        cond = _IndexOnly().visit(body.cond)
+    except _ReadsData:
+        return None
+    cond = _int32_compares(cond if kept_when else _negated(cond))
+    if masked != -math.inf and not _keeps_the_diagonal(cond, op.axes, mask.shape):
+        return None
+
+    def keep(idx: Sequence[Expr], shape: Sequence[ExprLike]) -> Expr:
+        offset = len(idx) - mask.ndim
+        at = [Const(0, ax.dtype) if static_int(n) == 1 and static_int(shape[offset + d]) != 1 else idx[offset + d]
+              for d, (ax, n) in enumerate(zip(op.axes, mask.shape))]
+        return substitute(cond, dict(zip(op.axes, at)))
+    return keep
+
+
+# a float mask's value for a masked score, at most: -inf, or a finite stand-in for it (transformers
+# writes torch.finfo(float16).min, -65504) that exp() takes to 0 next to any kept score within
+# |value| - 104 of it (float32's exp underflows below -103.97)
+MASKED_AT_MOST = -1.0e4
+
+
+class _ReadsData(Exception):
+    pass
+
+
+def _keeps_the_diagonal(cond: Expr, axes: Sequence[Any], shape: Sequence[ExprLike]) -> bool:
+    """Whether `cond` over a square (rows, keys) mask holds at key = row, so that no row is
+    masked whole: with a finite masked value eager's softmax of a row masked whole is uniform
+    over it, where the -inf form's is not."""
+    if len(axes) < 2 or static_int(shape[-1]) is None or static_int(shape[-1]) != static_int(shape[-2]):
+        return False
+    return _holds(substitute(cond, {axes[-1]: axes[-2]}))
+
+
+def _holds(cond: Expr) -> bool:
+    """Whether `cond` is true at every point: a comparison whose sides differ by a constant, or a
+    conjunction (disjunction) of such."""
+    if isinstance(cond, Binary) and cond.op in ("&", "|"):
+        a, b = _holds(cond.a), _holds(cond.b)
+        return (a and b) if cond.op == "&" else (a or b)
+    if isinstance(cond, Compare) and cond.a.dtype.is_int and cond.b.dtype.is_int:
+        terms, diff = linear_form(binary("-", cond.a, cond.b))
+        if any(terms.values()):
+            return False
+        return {"<": diff < 0, "<=": diff <= 0, ">": diff > 0, ">=": diff >= 0, "==": diff == 0, "!=": diff != 0}[cond.op]
+    return False
+
+
+_OPPOSITE = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}
+
+
+def _negated(cond: Expr) -> Expr:
+    """`not cond`, a double negation or a comparison turned around rather than wrapped."""
+    if isinstance(cond, Not):
+        return cond.a
+    if isinstance(cond, Compare) and not cond.a.dtype.is_float:
+        return compare(_OPPOSITE[cond.op], cond.a, cond.b)
+    return ~cond
+
+
+def _int32_compares(cond: Expr) -> Expr:
+    """`cond` with each comparison of int64 index arithmetic (`arange` is int64: `int64(j) <=
+    int64(i)`) made on the int32 index variables, as the masks the online kernels bound their key
+    loops by are written."""
+    if isinstance(cond, Binary) and cond.op in ("&", "|") and cond.dtype.is_bool:
+        return binary(cond.op, _int32_compares(cond.a), _int32_compares(cond.b))
+    if isinstance(cond, Compare):
+        a, b = _int32(cond.a), _int32(cond.b)
+        if a is not None and b is not None:
+            return compare(cond.op, a, b)
+    return cond
+
+
+def _int32(e: Expr) -> Expr | None:
+    """Int64 index arithmetic that neither grows nor wraps (casts of int32 values, int32-range
+    constants, + - min max of those: a bound on a dimension's index) in int32, or None."""
+    if e.dtype == dt.int32:
+        return e
+    if isinstance(e, Cast) and e.dtype == dt.int64 and e.a.dtype == dt.int32:
+        return e.a
+    if isinstance(e, Const) and e.dtype == dt.int64 and -(1 << 30) <= int(e.value) < (1 << 30):
+        return Const(int(e.value), dt.int32)
+    if isinstance(e, Binary) and e.op in ("+", "-", "min", "max"):
+        a, b = _int32(e.a), _int32(e.b)
+        if a is not None and b is not None:
+            return binary(e.op, a, b)
+    return None
+
+
+class _IndexOnly(ExprMutator):
+    """An expression with every read of an elementwise compute replaced by its body at the read's
+    indices; _ReadsData where it reads an input or a reduction (data, not indices)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.depth = 0
+
+    def visit_TensorRead(self, e: TensorRead) -> Expr:
+        op = e.tensor.op
+        if type(op) is not ComputeOp or op.reductions or self.depth > 64:
+            raise _ReadsData(e.tensor.name)
+        idx = [self.visit(i) for i in e.indices]
+        self.depth += 1
+        try:
+            return self.visit(substitute(op.body, dict(zip(op.axes, idx))))
+        finally:
+            self.depth -= 1
+
+
+def _constant(e: Expr, depth: int = 8) -> float | None:
+    """The value of `e` when it is a constant: a literal, a cast of one, or a read of a compute
+    whose body is one (a `scalar_tensor`)."""
+    while isinstance(e, Cast):
+        e = e.a
+    if isinstance(e, Const):
+        return float(e.value)
+    if isinstance(e, TensorRead) and depth > 0 and isinstance(e.tensor.op, ComputeOp):
+        return _constant(e.tensor.op.body, depth - 1)
+    return None
 
 
 def _scores(ctx: LoweringContext, q: Tensor, k: Tensor, heads: _Heads, causal: bool, mask: Any) -> Tensor:

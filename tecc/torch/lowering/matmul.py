@@ -3,18 +3,41 @@
 float16/bfloat16 operands are cast to float32 inside the sum and the result rounded once (what
 cuBLAS and ATen's CPU kernels do, and the form tecc's tensor-core strategies recognise); addmm's
 bias is added in float32 before that one rounding.
+
+A large 2-d operand whose rows in memory are not a multiple of 16 bytes (a vocabulary of 50,257
+tokens: the loss head's logits and their gradient) is read through a copy in its own memory
+order with those rows padded with zeros (`_realigned`): a tensor map needs 16-byte strides and
+cp.async 16-byte rows, so unpadded, the GEMM falls back to scalar loads (transformers' GPT-2 head,
+measured on an H200: 3.4-3.8 ms per backward GEMM, where one pass over the operand costs ~0.5).
+Where the padded dimension is the contraction's k, the sum runs over the padded extent and the
+other operand gets zero rows too. One copy serves every contraction of the program that reads
+the same memory (the head's dX and dW both read the logits' gradient). A product whose own rows
+are unaligned (the forward's logits; an mm, no bias, over a sum of PAD_PRODUCT_MIN_K or more) is
+computed padded, with `b` read through a copy with zero columns, so the GEMM stores whole tiles
+by TMA, and copied out to its shape.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ...ir import dtype as dt
 from ...ir import ops as te
 from ...ir.dtype import DType
-from ...ir.expr import Expr
-from ...ir.tensor import Tensor, reduce_axis
-from .context import LoweringContext, Unsupported, as_value, broadcast_read
+from ...ir.expr import Expr, TensorRead
+from ...ir.tensor import ComputeOp, Tensor, compute, reduce_axis
+from .context import LoweringContext, Unsupported, as_value, broadcast_read, static_int
+
+# an operand of fewer elements is read as it is: a copy would cost more than its loads
+REALIGN_MIN_ELEMENTS = 1 << 20
+# rows of this many bytes are what a tensor map and cp.async take
+ROW_ALIGNMENT = 16
+# a product with unaligned rows is computed padded and copied out only over a sum at least this
+# long: the copy moves each output twice more, which a short sum's GEMM does not win back
+# (measured at k = 768, GPT-2's head on an H200: 2.39 ms stored from registers, 1.02 + 0.77 padded)
+PAD_PRODUCT_MIN_K = 512
 
 
 def _accumulator(d: DType) -> DType:
@@ -27,14 +50,20 @@ def _operand(x: Expr, acc: DType) -> Expr:
     return te.cast(x, acc)
 
 
-def _contract(ctx: LoweringContext, a: Any, b: Any, bias: Any = None, beta: Any = 1, alpha: Any = 1) -> Tensor:
+def _contract(ctx: LoweringContext, a: Any, b: Any, bias: Any = None, beta: Any = 1, alpha: Any = 1,
+              operands: tuple[int, int] = (0, 1)) -> Tensor:
     """out[.., i, j] = beta·bias + alpha·Σ_k a[.., i, k]·b[.., k, j] (a batch dimension or none;
-    a 1-d a or b is a vector)."""
+    a 1-d a or b is a vector); `operands`: the positions of a and b among the node's arguments."""
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):
         raise Unsupported("a matrix product of non-tensors")
     out = ctx.out_dtype()
     acc = _accumulator(out)
     shape = ctx.out_shape()
+    wide = None
+    if a.ndim == 2 and b.ndim == 2:
+        a, b, wide = _aligned_operands(ctx, a, b, operands, out, bias is None)
+        if wide is not None:
+            shape = (shape[0], wide)
     k_extent = a.shape[-1]
     k = reduce_axis(k_extent, "k")
 
@@ -57,7 +86,10 @@ def _contract(ctx: LoweringContext, a: Any, b: Any, bias: Any = None, beta: Any 
             total = term + total
         return te.cast(total, out)
 
-    return ctx.compute(shape, body)
+    if wide is None:
+        return ctx.compute(shape, body)
+    padded = ctx.compute(shape, body, suffix="_padded")
+    return ctx.compute(ctx.out_shape(), lambda i, j: padded[i, j])
 
 
 def _is_one(x: Any) -> bool:
@@ -77,7 +109,7 @@ def lower_bmm(ctx: LoweringContext, a: Any, b: Any) -> Tensor:
 
 
 def lower_addmm(ctx: LoweringContext, bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
-    return _contract(ctx, a, b, bias, beta, alpha)
+    return _contract(ctx, a, b, bias, beta, alpha, operands=(1, 2))
 
 
 def lower_baddbmm(ctx: LoweringContext, bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
@@ -90,3 +122,117 @@ def lower_mv(ctx: LoweringContext, a: Any, v: Any) -> Tensor:
 
 def lower_dot(ctx: LoweringContext, a: Any, b: Any) -> Tensor:
     return _contract(ctx, a, b)
+
+
+def _aligned_operands(ctx: LoweringContext, a: Tensor, b: Tensor, operands: tuple[int, int], out: DType,
+                      plain: bool) -> tuple[Tensor, Tensor, int | None]:
+    """`a` [M, K] and `b` [K, N] (the node's arguments at `operands`), each read through a padded
+    copy where its rows in memory are not a multiple of ROW_ALIGNMENT bytes, and the padded
+    output width when the product's own rows are not (`plain`: no bias, whose read the padded
+    columns would overrun) -- module docstring; with k padded, both operands are."""
+    node = ctx.node
+    assert node is not None
+    args = [node.args[i] if i < len(node.args) else None for i in operands]
+    metas = [x.meta.get("val") if isinstance(x, torch.fx.Node) else None for x in args]
+    layouts = [_memory(x, m) for x, m in zip((a, b), metas)]
+    m, k, n = static_int(a.shape[0]), static_int(a.shape[1]), static_int(b.shape[1])
+    # the product's rows: padded when it is large and every operand's memory is known
+    wide = None
+    if (plain and m is not None and n is not None and k is not None and m * n >= REALIGN_MIN_ELEMENTS and m > 1
+            and k >= PAD_PRODUCT_MIN_K and (n * out.bytes) % ROW_ALIGNMENT and layouts[1] is not None):
+        wide = _padded(n, out.bytes)
+    if wide is None and not any(lay is not None and not lay.aligned for lay in layouts):
+        return a, b, None
+    # the logical dimension of k in each operand: a's last, b's first
+    pad_k = any(lay is not None and not lay.aligned and lay.inner == kdim
+                for lay, kdim in zip(layouts, (1, 0)))
+    if pad_k and (k is None or any(lay is None for lay in layouts)):
+        pad_k = False
+        if wide is None:
+            return a, b, None
+    kp = _padded(k, a.dtype.bytes) if pad_k and k is not None else None
+    made = []
+    for x, lay, kdim in zip((a, b), layouts, (1, 0)):
+        extend = {kdim: kp} if kp is not None else {}
+        if x is b and wide is not None:
+            extend[1] = wide
+        if lay is None or (lay.aligned and not extend):
+            made.append(x)
+        else:
+            made.append(_realigned(ctx, x, lay, extend))
+    return made[0], made[1], wide
+
+
+class _Memory:
+    """A 2-d operand's memory: its logical dimensions outermost first, its (logical) sizes, its
+    rows' stride, whether those rows are ROW_ALIGNMENT-byte multiples, and the tensor its views
+    start from."""
+
+    def __init__(self, order: tuple[int, int], sizes: tuple[int, int], row_stride: int, offset: int, itemsize: int,
+                 base: Tensor) -> None:
+        self.order = order
+        self.sizes = sizes
+        self.inner = order[1]
+        self.row_stride = row_stride
+        self.offset = offset
+        self.aligned = (row_stride * itemsize) % ROW_ALIGNMENT == 0
+        self.base = base
+
+
+def _memory(x: Tensor, val: Any) -> _Memory | None:
+    """The memory of operand `x` from its FX value's strides, or None when they are not static,
+    the operand is small, or its inner dimension is not dense."""
+    if not isinstance(val, torch.Tensor) or val.ndim != 2:
+        return None
+    found = [*val.shape, *val.stride(), val.storage_offset()]
+    if not all(type(n) is int for n in found):   # symbolic: read as it is (int() would specialize)
+        return None
+    values = [int(n) for n in found]
+    sizes, strides, offset = values[:2], values[2:4], values[4]
+    if sizes[0] * sizes[1] < REALIGN_MIN_ELEMENTS or min(sizes) < 2:
+        return None
+    inner = 1 if strides[1] == 1 else 0 if strides[0] == 1 else None
+    if inner is None:
+        return None
+    outer = 1 - inner
+    return _Memory((outer, inner), (sizes[0], sizes[1]), strides[outer], offset, x.dtype.bytes, _storage(x))
+
+
+def _storage(x: Tensor) -> Tensor:
+    """The tensor a chain of plain views (computes whose body is one read) reads."""
+    while isinstance(x.op, ComputeOp) and isinstance(x.op.body, TensorRead):
+        x = x.op.body.tensor
+    return x
+
+
+def _padded(n: int, itemsize: int) -> int:
+    per = ROW_ALIGNMENT // itemsize if ROW_ALIGNMENT % itemsize == 0 else 1
+    return -(-n // per) * per
+
+
+def _realigned(ctx: LoweringContext, x: Tensor, lay: _Memory, extend: dict[int, int]) -> Tensor:
+    """`x` read through a zero-padded copy in its memory order: the inner dimension padded to
+    ROW_ALIGNMENT bytes where its rows are not, and each logical dimension `d` of `extend` to
+    `extend[d]` (the sum's k, the product's columns), the view returned in the logical order with
+    those dimensions extended. The copy is made once per memory read (`LoweringContext.realigned`)."""
+    outer, inner = lay.order
+    extents = list(lay.sizes)
+    padded = list(extents)
+    if not lay.aligned:
+        padded[inner] = _padded(extents[inner], x.dtype.bytes)
+    for d, n in extend.items():
+        padded[d] = max(padded[d], n)
+    key = (id(lay.base), lay.offset, lay.row_stride, extents[outer], extents[inner], padded[outer], padded[inner],
+           x.dtype.name)
+    found = ctx.realigned.get(key)
+    if found is None:
+        def body(r: Expr, c: Expr) -> Expr:
+            logical = [r, c] if outer == 0 else [c, r]
+            return te.where((r < extents[outer]) & (c < extents[inner]), x[logical[0], logical[1]],
+                            te.cast(0, x.dtype))
+        copy = ctx.compute((padded[outer], padded[inner]), body, suffix="_aligned")
+        ctx.realigned[key] = (copy, x)
+    else:
+        copy = found[0]
+    shape = tuple(padded[d] if d in extend else extents[d] for d in (0, 1))
+    return compute(shape, lambda i, j: copy[i, j] if outer == 0 else copy[j, i], name=ctx.name("_aligned_view"))
