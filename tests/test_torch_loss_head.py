@@ -313,3 +313,23 @@ def test_the_head_gemms_over_an_unaligned_vocabulary_plan_on_tma_for_sm_90():
     assert sorted(r.graph for r in copies) == ["backward", "backward", "forward"], rows  # dL and W; W
     forward = [r for r in gemms if r.graph == "forward"]
     assert forward[0].kernels[0].endswith("_padded_kernel") and "TMA store" in forward[0].label, rows
+
+
+def test_two_products_over_different_memory_of_one_tensor_read_their_own_padded_copies(monkeypatch):
+    """`x @ w + x.t().contiguous() @ w` with x's rows unaligned (6 float32, 24 bytes): the second
+    product's operand is a copy (its own storage) with the same sizes and strides as x, so it
+    gets its own padded copy, not x's (a copy is shared only between views of one storage)."""
+    import tecc.torch.lowering.matmul as mm
+
+    monkeypatch.setattr(mm, "REALIGN_MIN_ELEMENTS", 0)
+
+    def f(x, w):
+        return x @ w + x.t().contiguous() @ w
+
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(11)
+    x, w = torch.randn(6, 6, generator=gen), torch.randn(6, 5, generator=gen)
+    got = torch.compile(f, backend="tecc", options={"fallback": "error"})(x, w)
+    want = f(x.double(), w.double())
+    assert _rel(got.double().numpy(), want.numpy()) <= 1e-6
+    torch._dynamo.reset()

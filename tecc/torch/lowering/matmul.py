@@ -26,8 +26,8 @@ import torch
 from ...ir import dtype as dt
 from ...ir import ops as te
 from ...ir.dtype import DType
-from ...ir.expr import Expr, TensorRead
-from ...ir.tensor import ComputeOp, Tensor, compute, reduce_axis
+from ...ir.expr import Expr
+from ...ir.tensor import Tensor, compute, reduce_axis
 from .context import LoweringContext, Unsupported, as_value, broadcast_read, static_int
 
 # an operand of fewer elements is read as it is: a copy would cost more than its loads
@@ -133,8 +133,7 @@ def _aligned_operands(ctx: LoweringContext, a: Tensor, b: Tensor, operands: tupl
     node = ctx.node
     assert node is not None
     args = [node.args[i] if i < len(node.args) else None for i in operands]
-    metas = [x.meta.get("val") if isinstance(x, torch.fx.Node) else None for x in args]
-    layouts = [_memory(x, m) for x, m in zip((a, b), metas)]
+    layouts = [_memory(x, arg) if isinstance(arg, torch.fx.Node) else None for x, arg in zip((a, b), args)]
     m, k, n = static_int(a.shape[0]), static_int(a.shape[1]), static_int(b.shape[1])
     # the product's rows: padded when it is large and every operand's memory is known
     wide = None
@@ -165,11 +164,11 @@ def _aligned_operands(ctx: LoweringContext, a: Tensor, b: Tensor, operands: tupl
 
 class _Memory:
     """A 2-d operand's memory: its logical dimensions outermost first, its (logical) sizes, its
-    rows' stride, whether those rows are ROW_ALIGNMENT-byte multiples, and the tensor its views
-    start from."""
+    rows' stride, whether those rows are ROW_ALIGNMENT-byte multiples, and the FX node whose
+    storage it is a view of."""
 
     def __init__(self, order: tuple[int, int], sizes: tuple[int, int], row_stride: int, offset: int, itemsize: int,
-                 base: Tensor) -> None:
+                 base: torch.fx.Node) -> None:
         self.order = order
         self.sizes = sizes
         self.inner = order[1]
@@ -179,9 +178,10 @@ class _Memory:
         self.base = base
 
 
-def _memory(x: Tensor, val: Any) -> _Memory | None:
-    """The memory of operand `x` from its FX value's strides, or None when they are not static,
-    the operand is small, or its inner dimension is not dense."""
+def _memory(x: Tensor, node: torch.fx.Node) -> _Memory | None:
+    """The memory of operand `x` from its FX node's value's strides, or None when they are not
+    static, the operand is small, or its inner dimension is not dense."""
+    val = node.meta.get("val")
     if not isinstance(val, torch.Tensor) or val.ndim != 2:
         return None
     found = [*val.shape, *val.stride(), val.storage_offset()]
@@ -195,14 +195,16 @@ def _memory(x: Tensor, val: Any) -> _Memory | None:
     if inner is None:
         return None
     outer = 1 - inner
-    return _Memory((outer, inner), (sizes[0], sizes[1]), strides[outer], offset, x.dtype.bytes, _storage(x))
+    return _Memory((outer, inner), (sizes[0], sizes[1]), strides[outer], offset, x.dtype.bytes, _storage(node))
 
 
-def _storage(x: Tensor) -> Tensor:
-    """The tensor a chain of plain views (computes whose body is one read) reads."""
-    while isinstance(x.op, ComputeOp) and isinstance(x.op.body, TensorRead):
-        x = x.op.body.tensor
-    return x
+def _storage(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose storage a chain of ATen views starting at `node` reads (its strides and
+    offset are in that storage): two operands of one storage, offset, strides and sizes are the
+    same memory. A copy (a clone, a contiguous transpose) is a storage of its own."""
+    while getattr(node.target, "is_view", False) and node.args and isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+    return node
 
 
 def _padded(n: int, itemsize: int) -> int:
