@@ -150,7 +150,7 @@ def _chain(prefix, stages=3000):
 
 def test_the_signature_of_a_part_deeper_than_pythons_recursion_limit():
     """A part that reaches back through a long chain of stages (resnet50's last region reaches
-    back through every layer) is described under regions.deep_recursion, as the cut that made it:
+    back through every layer) is described producers first, as the cut that made it rebuilds it:
     a chain of 3000 computes, where the default limit (1000 frames) raised RecursionError out of
     the planner. Two such chains under other names have one structure."""
     text, names = signature(_chain("a_"))
@@ -159,14 +159,13 @@ def test_the_signature_of_a_part_deeper_than_pythons_recursion_limit():
     assert text == other and [n.replace("a_", "b_", 1) for n in names] == other_names
 
 
-def test_a_deep_part_is_cut_and_described_a_stage_at_a_time(monkeypatch):
+def test_a_deep_part_is_cut_and_described_a_stage_at_a_time():
     """Under torch.compile every Python call also counts against the interpreter's C recursion
     limit, which sys.setrecursionlimit does not raise: on Python 3.12 resnet50 through the backend
     raised RecursionError ~5000 frames deep while describing its last region, the limit at
     100,000. The cut and the description take the stages producers first (ir/tensor.py
     producers_first) and recurse through one stage at a time: emulated with Python's limit 150
-    frames above the test's own depth and deep_recursion raising nothing."""
-    monkeypatch.setattr(regions, "CUT_RECURSION_LIMIT", 0)
+    frames above the test's own depth."""
     x, out = _chain("d_")
     chain = {t.name: t for t in producers_first([out])}
     depth, frame = 0, sys._getframe()

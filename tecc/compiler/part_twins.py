@@ -34,7 +34,6 @@ from ..ir.rename import IRRenaming, NameClash, Renaming, StructureText, UnknownN
 from ..ir.stmt import Module
 from ..ir.tensor import Tensor, producers_first
 from .plan import Plan, Step
-from .regions import deep_recursion
 
 __all__ = ["NameClash", "PartRenaming", "UnknownNode", "signature"]
 
@@ -43,11 +42,10 @@ def signature(part: Sequence[Tensor], name: str | None = None) -> tuple[str, lis
     """The structure of the part program `part` (its signature: placeholders, then outputs) as
     text with names numbered, and its names in order of first appearance (module docstring).
     `name`: the part program's own name, the first name (a per-kernel part's `..._part3`).
-    UnknownNode for a value it cannot describe. (The description recurses through the part's
-    producers, a few frames per stage: the tensors are described producers first, so that each
-    description recurses only through its own operation; and under `regions.deep_recursion`.)"""
-    with deep_recursion():
-        return _Describer(name).part(part)
+    UnknownNode for a value it cannot describe. (A part may reach back through every layer of a
+    model: the tensors are described producers first, so that each description recurses only
+    through its own operation, as regions.cut rebuilds them.)"""
+    return _Describer(name).part(part)
 
 
 class _Describer(StructureText):

@@ -21,10 +21,8 @@ first. A call of a part's kernel passes the composed module's buffer of the same
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from dataclasses import replace
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Sequence
 
 from ..ir.expr import Expr, TensorRead
 from ..ir.stmt import Buffer, KernelCall, KernelParam, Module, PrimFunc
@@ -35,7 +33,6 @@ from ..passes.names import fresh_name
 from .plan import Plan, Step
 
 REGION = "region"
-CUT_RECURSION_LIMIT = 100_000
 
 
 def by_name(args: Sequence[Tensor]) -> dict[str, Tensor]:
@@ -90,24 +87,10 @@ def cut(outputs: Sequence[Tensor], boundaries: Iterable[Tensor]) -> list[Tensor]
     # (its average pool) reaches back through every layer, so the producers are rebuilt first and
     # each rebuild recurses through its own body only (ir/tensor.py producers_first)
     computed = [o for o in outputs if not o.is_placeholder]
-    with deep_recursion():
-        for t in producers_first(computed, stop=lambda t: id(t) in cutter.boundaries):
-            cutter.tensor(t)
-        made = [cutter.tensor(o) if not o.is_placeholder else o for o in outputs]
+    for t in producers_first(computed, stop=lambda t: id(t) in cutter.boundaries):
+        cutter.tensor(t)
+    made = [cutter.tensor(o) if not o.is_placeholder else o for o in outputs]
     return list(dict.fromkeys(cutter.placeholders)) + made
-
-
-@contextlib.contextmanager
-def deep_recursion() -> Iterator[None]:
-    """Python's recursion limit raised to CUT_RECURSION_LIMIT for a walk that recurses through a
-    part's producers, a few frames per stage (a part that reaches back through every layer of
-    resnet50), and set back after."""
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, CUT_RECURSION_LIMIT))
-    try:
-        yield
-    finally:
-        sys.setrecursionlimit(limit)
 
 
 def compose(args: Sequence[Tensor], parts: Sequence[Module], name: str) -> Module:

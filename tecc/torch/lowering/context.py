@@ -252,9 +252,9 @@ class LoweringContext:
         self.seed = seed
         # a logical tensor computed in its memory order -> (the stored tensor, the order)
         self.stored: dict[int, tuple[Tensor, tuple[int, ...]]] = {}
-        # a contraction operand's memory -> its zero-padded copy and the operand it was made from
-        # (matmul.py, _realigned; the operand kept alive so the key's ids stay unique)
-        self.realigned: dict[tuple[Any, ...], tuple[Tensor, Tensor]] = {}
+        # a contraction operand's memory (its storage's FX node, offset, strides, sizes) -> its
+        # zero-padded copy (matmul.py, _realigned)
+        self.realigned: dict[tuple[Any, ...], Tensor] = {}
 
     # ---- the node being lowered ----------------------------------------------------------------
     @property

@@ -224,17 +224,14 @@ def _realigned(ctx: LoweringContext, x: Tensor, lay: _Memory, extend: dict[int, 
         padded[inner] = _padded(extents[inner], x.dtype.bytes)
     for d, n in extend.items():
         padded[d] = max(padded[d], n)
-    key = (id(lay.base), lay.offset, lay.row_stride, extents[outer], extents[inner], padded[outer], padded[inner],
+    key = (lay.base, lay.offset, lay.row_stride, extents[outer], extents[inner], padded[outer], padded[inner],
            x.dtype.name)
-    found = ctx.realigned.get(key)
-    if found is None:
+    copy = ctx.realigned.get(key)
+    if copy is None:
         def body(r: Expr, c: Expr) -> Expr:
             logical = [r, c] if outer == 0 else [c, r]
             return te.where((r < extents[outer]) & (c < extents[inner]), x[logical[0], logical[1]],
                             te.cast(0, x.dtype))
-        copy = ctx.compute((padded[outer], padded[inner]), body, suffix="_aligned")
-        ctx.realigned[key] = (copy, x)
-    else:
-        copy = found[0]
+        copy = ctx.realigned[key] = ctx.compute((padded[outer], padded[inner]), body, suffix="_aligned")
     shape = tuple(padded[d] if d in extend else extents[d] for d in (0, 1))
     return compute(shape, lambda i, j: copy[i, j] if outer == 0 else copy[j, i], name=ctx.name("_aligned_view"))
