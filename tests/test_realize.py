@@ -210,3 +210,42 @@ def test_a_realization_is_freed_when_planned(monkeypatch):
             gc.enable()
     assert check.calls > 0
     assert alive == 0, f"{alive} realization(s) alive after planning, held by a reference cycle"
+
+
+def test_a_twin_whose_check_refuses_while_its_point_is_applied_is_realized_again(monkeypatch):
+    """A later part's twin found its twin's check in flight (realize._Ahead._state), and the
+    check refused while the twin's point was applied: the twin's program settles first and the
+    kernel is realized again, as one check at a time would (a slow machine's CI once took the
+    refused point: the check was done when asked whether it was still in flight)."""
+    import concurrent.futures
+
+    from tecc.compiler import realize
+
+    serial, serial_marks, _, _ = _planned_in_regions("1", monkeypatch)
+    monkeypatch.setenv("TECC_COMPILE_THREADS", "4")
+    monkeypatch.setenv("TECC_PART_TWINS", "0")
+    settling = threading.Event()   # the checks return once a realization settles, or here
+    check = _Check(linger=False, until=settling)
+    apply, finish, refused_meanwhile = realize._Ahead._apply, realize._Ahead.finish, []
+
+    def applied_while_the_twin_is_checked(self, number, state, cand, base):
+        out = apply(self, number, state, cand, base)
+        shared = self._shared(number) if cand is state.checked else None
+        if shared is not None and shared[1] is not self and not shared[0].done():
+            settling.set()
+            concurrent.futures.wait([shared[0]], timeout=20.0)
+            refused_meanwhile.append(shared[0].exception() is not None)
+        return out
+
+    def settle(self):
+        settling.set()
+        return finish(self)
+
+    monkeypatch.setattr(realize._Ahead, "_apply", applied_while_the_twin_is_checked)
+    monkeypatch.setattr(realize._Ahead, "finish", settle)
+    threaded = plan_program(_layers(3), "sm_90", compile_check=check)
+    marks = [(kp.kernel, c.label, c.failed) for part in threaded.parts for kp in part.kernels for c in kp.ranked]
+    assert any(refused_meanwhile), "no twin's check refused while the twin's point was applied"
+    assert threaded.plan.to_json() == serial.plan.to_json()
+    assert str(threaded.composed) == str(serial.composed)
+    assert marks == serial_marks

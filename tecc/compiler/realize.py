@@ -261,6 +261,14 @@ class _Ahead:
                 return
             if refusal is None and check is None and cand is state.checked and self.threads > 1:
                 shared = self._shared(number)
+                if shared is not None and shared[1] is not self and _failed(shared[0]):
+                    # the twin's check refused while the point was applied here (after `_state`
+                    # found it in flight): as `_state` does, its program settled first, and the
+                    # kernel realized from the start (no mark left yet: the twin's point is the first)
+                    assert at == 0
+                    self.sch.rollback(base)
+                    self._realize_kernel(number, None, ahead)
+                    return
                 if shared is not None and shared[1] is not self and not shared[0].done():
                     # the twin's point on the twin's check, still in flight (an earlier program's)
                     assert after is not None
