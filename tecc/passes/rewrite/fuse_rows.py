@@ -51,6 +51,7 @@ from ...ir.expr import (
     binary,
     cast,
     const_int,
+    free_vars,
     reduce_identity,
     substitute,
     walk,
@@ -122,19 +123,21 @@ def min_blocks_per_sm(threads: int, row_words: int, kernel_registers: int = ROW_
 
 
 class _CacheRow(ExprMutator):
-    """Loads `X[row.., col]` of a cached input become the register `x_row[k]`. A 16-bit input
+    """Loads `X[row.., col]` of a cached input (or of a view of the rows, at its own index of
+    the row: `keys`) become the register `x_row[k]`. A 16-bit input
     cached in float32 (fuse_rows' `float_rows`) is read as `x_row[k]` wherever it is converted
     to float32, and rounded back (exactly) where its own type is read; a float32 value rounded
     to the type it was loaded from and widened again is itself (the round trip is exact)."""
 
-    def __init__(self, caches: dict[Buffer, Buffer], row: tuple[Expr, ...], col: Expr, k: Expr) -> None:
+    def __init__(self, caches: dict[Buffer, Buffer], keys: dict[Buffer, tuple[Expr, ...]], k: Expr) -> None:
         super().__init__()
-        self.caches, self.key, self.k = caches, row + (col,), k
+        self.caches, self.keys, self.k = caches, keys, k
         self.widened = {id(reg): src.dtype for src, reg in caches.items() if reg.dtype != src.dtype}
 
     def visit_BufferLoad(self, e: BufferLoad) -> Expr:
-        cache = self.caches.get(e.buffer)
-        if cache is not None and len(e.indices) == len(self.key) and all(map(same_index, e.indices, self.key)):
+        cache, key = self.caches.get(e.buffer), self.keys.get(e.buffer)
+        if cache is not None and key is not None and len(e.indices) == len(key) \
+                and all(map(same_index, e.indices, key)):
             return cast(cache[self.k], e.buffer.dtype)
         return self.generic_visit(e)
 
@@ -355,8 +358,10 @@ class _RowKernel:
         of the row into its registers."""
         group, unique, slot = self.group, self.unique, self.slot
         row_shape = group.rows + (group.columns,)
-        cached = [t for t in self.prog.args if t.is_placeholder and same_shape(t.shape, row_shape)]
-        if prefetch and into == "shared" and self.cache == "registers" and cached:
+        keys = self.row_reads()
+        cached = list(keys)
+        plain = all(same_shape(t.shape, row_shape) for t in cached)
+        if prefetch and into == "shared" and self.cache == "registers" and cached and plain:
             self.stage_rows(cached, float_rows)
             return
         for t in cached if self.cache == "registers" else []:
@@ -366,7 +371,7 @@ class _RowKernel:
                          tensor=f"{t.name}.local")
             self.caches[src] = reg
             self.allocs.append(reg)
-            load = src[self.row_idx + (self.col,)]
+            load = src[keys[t]]
             if not prefetch:
                 self.stmts.append(self.column_loop(BufferStore(reg, (slot,), cast(load, reg.dtype)), vectorized=True))
                 continue
@@ -376,7 +381,37 @@ class _RowKernel:
             self.stmts.append(self.column_loop(BufferStore(reg, (slot,), cast(nxt[slot], reg.dtype))))
         if self.prefetched:
             self.prefetch_next_row()
-        self.cacher = _CacheRow(self.caches, self.row_idx, self.col, self.slot)
+        self.cacher = _CacheRow(self.caches, {self.buffers[t]: keys[t] for t in cached}, self.slot)
+
+    def row_reads(self) -> dict[Tensor, tuple[Expr, ...]]:
+        """The row inputs (RowGroup.row_inputs) and the index of the row's element at `col` in
+        each: [row.., col] for an input of the row's shape; for a view of the rows, the index the
+        passes read it at, where they read it at one index whose last is the column and whose
+        others do not move with it (else it is not cached: its reads stay loads)."""
+        group = self.group
+        row_shape = group.rows + (group.columns,)
+        col_vars = free_vars(self.col)
+        passes = None
+        out: dict[Tensor, tuple[Expr, ...]] = {}
+        for t in group.row_inputs:
+            if same_shape(t.shape, row_shape):
+                out[t] = self.row_idx + (self.col,)
+                continue
+            if passes is None:
+                # (the statistics' registers are not made yet: placeholders stand for them here)
+                stand_in = {u: Buffer(u.name, u.dtype, (1,), "local") for u in group.reductions + group.row_values}
+                passes = row_passes(group, RowInliner(self.base_inliner, stand_in, self.row_idx), self.row_idx, self.col)
+            src = self.buffers[t]
+            reads = [n.indices for _, expr, _ in passes for n in walk(expr)
+                     if isinstance(n, BufferLoad) and n.buffer is src]
+            if not reads:
+                continue
+            first = reads[0]
+            if not same_index(first[-1], self.col) or any(free_vars(i) & col_vars for i in first[:-1]):
+                continue
+            if all(len(r) == len(first) and all(map(same_index, r, first)) for r in reads[1:]):
+                out[t] = tuple(first)
+        return out
 
     def stage_rows(self, cached: list[Tensor], float_rows: bool) -> None:
         """prefetch_into="shared": this row taken from the shared stages after the wait for its
@@ -401,7 +436,8 @@ class _RowKernel:
         self.stmts.extend([staged.wait(), *takes,
                            IfThenElse(self.flat_row + self.row_blocks < self.n_rows, staged.issue(self.step + 1)),
                            staged.commit()])
-        self.cacher = _CacheRow(self.caches, self.row_idx, self.col, self.slot)
+        key = self.row_idx + (self.col,)
+        self.cacher = _CacheRow(self.caches, {self.buffers[t]: key for t in cached}, self.slot)
 
     def prefetch_next_row(self) -> None:
         """The next row's loads, in flight while this row is computed."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ...ir.errors import ScheduleError
-from ...ir.expr import Expr, Reduce, TensorRead, const_int, walk
+from ...ir.expr import Expr, Reduce, TensorRead, const_int, const_product, walk
 from ...ir.tensor import ComputeOp, Tensor
 from ..lower import Program, choose_inlined, collect_program, same_shape
 
@@ -54,10 +54,31 @@ class RowGroup:
     @property
     def row_inputs(self) -> tuple[Tensor, ...]:
         """The inputs that hold a row: shape rows + (columns,), read along the row (the ones
-        fuse_rows caches). An input of shape rows + (1,), read at [row.., 0] (a per-row target
-        or scale kept with its size-1 axis), is a per-row value, not a row."""
-        return tuple(t for t in self.program.args
-                     if t.is_placeholder and same_shape(t.shape, self.rows + (self.columns,)))
+        fuse_rows caches), or a view of such rows: (columns,) last and leading dimensions that
+        multiply to the rows' (transformers' logits [B, T, V] read as B·T rows of V through a
+        view: fuse_rows caches it where the passes read it at one index of the row; a view of
+        another element size than the rows of the row's shape is left out). An input
+        of shape rows + (1,), read at [row.., 0] (a per-row target or scale kept with its
+        size-1 axis), is a per-row value, not a row."""
+        rows = self.rows + (self.columns,)
+        plain = [t for t in self.program.args if t.is_placeholder and same_shape(t.shape, rows)]
+        sizes = {t.dtype.bits for t in plain}
+        # a view of another element size than the rows of the row's own shape is read in place:
+        # the cached arrays take one vector width (row_fused), which the first chooses
+        views = [t for t in self.program.args if t.is_placeholder and t not in plain
+                 and holds_rows(t.shape, self.rows, self.columns) and (not sizes or t.dtype.bits in sizes)]
+        return tuple(t for t in self.program.args if t in plain or t in views)
+
+
+def holds_rows(shape: Sequence[Expr], rows: Sequence[Expr], columns: Expr) -> bool:
+    """Whether a tensor of `shape` holds the rows: rows + (columns,), or (columns,) last after
+    leading dimensions whose constant product is the rows' (a view of them: RowGroup.row_inputs)."""
+    if same_shape(tuple(shape), tuple(rows) + (columns,)):
+        return True
+    if len(shape) < 2 or not same_shape((shape[-1],), (columns,)):
+        return False
+    lead, want = const_product(shape[:-1]), const_product(rows)
+    return lead is not None and lead == want
 
 
 def row_group(args: Sequence[Tensor]) -> RowGroup:
@@ -177,4 +198,4 @@ def _fmt(shape: Sequence[Expr]) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
-__all__ = ["RowGroup", "at_the_row", "row_group", "row_shaped"]
+__all__ = ["RowGroup", "at_the_row", "holds_rows", "row_group", "row_shaped"]

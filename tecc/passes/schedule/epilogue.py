@@ -5,7 +5,11 @@ Each lane's accumulator elements sit at (row, col) of the block tile by the accu
 fragment's layout map (the intrinsic-table row's; the family says where a fragment tile starts:
 `accumulator_position`). Each is stored as the stage's own store with acc[0] replaced by the
 element, guarded by row < M and col < N, the row and column unflattened into their axes: bias,
-activations, residuals, scales and the cast to the output dtype fuse as written. Three ways out:
+activations, residuals, scales and the cast to the output dtype fuse as written. The parts of
+the store's value that read neither a row nor the accumulator and cost more than a load (an
+inference batch norm's 1 / sqrt(var + eps) of the column's channel) are computed once per column
+a lane holds, not once per element (`column_invariants`): each lane's elements go by column groups
+(`column_groups`), the group's values first, in registers. Three ways out:
 
 - "registers": every thread stores its elements to global memory. Elements 2j, 2j + 1 (adjacent
   columns) are stored together by a vectorize loop where the innermost column extent is even
@@ -30,9 +34,13 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ...ir.errors import ScheduleError
-from ...ir.expr import BufferLoad, Const, Expr, Var, const_int, substitute, walk
+from ...ir.expr import (
+    FLOAT_INTRINSICS, Binary, BufferLoad, Call, Const, Expr, Select, Var, const_int, free_vars, substitute, walk,
+)
+from ...ir.expr_visitor import SubexpressionReplacer
 from ...ir.intrinsics import WARPGROUP_SIZE
 from ...ir.stmt import (
+    Allocate,
     AsyncProxyFence,
     Barrier,
     Buffer,
@@ -96,6 +104,13 @@ def _paired_columns(c_map: Callable[[Any, Any], tuple[Any, Any]], lanes: int, el
             if r0 != r1 or c1 != c0 + 1 or c0 % 2:
                 return False
     return True
+
+
+def _costly(e: Expr) -> bool:
+    """Whether `e` holds a float division or a math intrinsic (what the epilogue computes once
+    per column: `KernelEpilogue.column_invariants`)."""
+    return any((isinstance(x, Call) and x.name in FLOAT_INTRINSICS)
+               or (isinstance(x, Binary) and x.op in ("/", "pow") and x.dtype.is_float) for x in walk(e))
 
 
 def output_dims(c: Contraction) -> tuple[MapDim, ...] | str:
@@ -193,6 +208,11 @@ class KernelEpilogue(TileStaging):
         # Cᵀ's adjacent accumulator columns are adjacent rows of C: no pairs in the swapped form
         paired = not transposed and self.pairs_columns(self.accumulator_lanes(), per_tile)
 
+        hoisted = self.column_invariants() if paired else ()
+        groups = self.column_groups() if hoisted else None
+        if groups is not None:
+            return self.finish_output(self.by_column_groups(hoisted, *groups))
+
         def tile(q: Var | None) -> Stmt:
             def element(e: Expr) -> Stmt:
                 first = e if q is None else q * per_tile + e
@@ -229,10 +249,90 @@ class KernelEpilogue(TileStaging):
         values.update(unflatten(c.cols, column))
         return values
 
-    def fused_value(self, element: Expr, values: dict[Var, Expr]) -> Expr:
-        """The stage's store expression with the accumulator replaced by `element`, at `values`."""
+    def fused_value(self, element: Expr, values: dict[Var, Expr], computed: dict[Expr, Expr] | None = None) -> Expr:
+        """The stage's store expression with the accumulator replaced by `element`, at `values`;
+        the parts in `computed` (`column_invariants`) replaced by their registers."""
         c = self.c
-        return substitute(AccumulatorReplacer(c.acc, element).visit(c.store.value), values)
+        value = SubexpressionReplacer(computed).visit(c.store.value) if computed else c.store.value
+        return substitute(AccumulatorReplacer(c.acc, element).visit(value), values)
+
+    # ---- what the fused tail computes once per column ------------------------------------------------
+    def column_invariants(self) -> tuple[Expr, ...]:
+        """The largest parts of the store's value that read no row axis, no accumulator and not
+        the output, and cost more than loads and arithmetic: a float division or a math intrinsic
+        (an inference batch norm's 1 / sqrt(var[c] + eps)), none from a side of a where(). Each is computed once per column a
+        lane holds (`by_column_groups`) instead of once per element: ptxas does not merge the
+        IEEE square roots and divisions of the unrolled elements (a 128 x 128 mma.sync tile's
+        epilogue computed 64 of each per thread for 8 columns)."""
+        c = self.c
+        rows = {v for v, _ in c.rows}
+        found: list[Expr] = []
+        seen: set[int] = set()
+        stack = [c.store.value]
+        while stack:
+            e = stack.pop()
+            if id(e) in seen:
+                continue
+            seen.add(id(e))
+            if _costly(e) and not free_vars(e) & rows \
+                    and not any(isinstance(x, BufferLoad) and x.buffer in (c.acc, c.store.buffer) for x in walk(e)):
+                found.append(e)
+                continue
+            # a side of a where() is evaluated only where its condition picks it (a load it guards
+            # may be out of bounds elsewhere): nothing under it is taken out alone
+            stack.extend(reversed((e.cond,) if isinstance(e, Select) else e.children))
+        return tuple(found)
+
+    def column_groups(self) -> tuple[int, int, Callable[[Expr, Expr], tuple[Expr | None, Expr]]] | None:
+        """(G, W, at): a lane's accumulator column pairs as G groups of W pairs that share their
+        two columns, pair w of group g being the elements at(g, w) = (fragment tile or None,
+        first element) -- the family's; None where it gives none (every element on its own)."""
+        return None
+
+    def by_column_groups(self, hoisted: tuple[Expr, ...], count: int, width: int,
+                         at: Callable[[Expr, Expr], tuple[Expr | None, Expr]]) -> Stmt:
+        """The registers epilogue by column groups (`column_groups`): each group's `hoisted`
+        values at its two columns into registers (guarded by column < N, as the stores are),
+        then its pairs stored (`output_pair`) reading them."""
+        t = self.t
+        per_tile = self.tile_elements()
+        lane_index = self.accumulator_lane()
+
+        def group(g: Var) -> Stmt:
+            q, e = at(g, int32(0))
+            r, col = self.c_map(lane_index, e)
+            row_in_block, column_in_block = self.accumulator_position(q, r, col)
+            regs, fill = self.column_registers(hoisted, self.by * t.bm + row_in_block, self.bx * t.bn + column_in_block)
+
+            def pair(w: Var) -> Stmt:
+                qw, ew = at(g, w)
+                rw, colw = self.c_map(lane_index, ew)
+                rib, cib = self.accumulator_position(qw, rw, colw)
+                first = ew if qw is None else qw * per_tile + ew
+                return self.output_pair(rib, cib, first, regs=dict(zip(hoisted, regs)))
+            body = seq(fill, self.unrolled("out_w", width, pair))
+            for reg in regs:
+                body = Allocate(reg, body)
+            return body
+        return self.unrolled("out_g", count, group)
+
+    def column_registers(self, hoisted: tuple[Expr, ...], row: Expr, column: Expr) -> tuple[list[Buffer], Stmt]:
+        """Registers of two elements for each of `hoisted` and the statement that fills them with
+        its values at the even `column` of the output and the next (guarded by column < N where
+        the tiles do not divide the output, as the stores are): `by_column_groups`."""
+        c = self.c
+        out = c.store.buffer
+        n = self.names.get("col_v", 0)
+        self.names["col_v"] = n + 1
+        v = Var("col_v" if n == 0 else f"col_v{n}")
+        values = self.output_values(row, column)
+        inner = c.cols[-1][0]
+        values[inner] = values[inner] + v   # (column + v) % e = column % e + v: e and column even
+        regs = [Buffer(f"{out.name}_col{k}" if n == 0 else f"{out.name}_col{k}_{n}", e.dtype, int32_shape(2),
+                       "local", tensor=f"{out.tensor}.column") for k, e in enumerate(hoisted)]
+        fill: Stmt = For(v, int32(0), int32(2), "unroll",
+                         seq(*(BufferStore(reg, (v,), substitute(e, values)) for reg, e in zip(regs, hoisted))))
+        return regs, (fill if self.tiles_divide() else IfThenElse(column < c.n, fill))
 
     def output(self, row_in_block: Expr, column_in_block: Expr, element: Expr) -> Stmt:
         """The stage's own store of output (row, column) -- the block's row_in_block,
@@ -250,7 +350,8 @@ class KernelEpilogue(TileStaging):
             target = BufferStore(store.buffer, tuple(substitute(ix, values) for ix in store.indices), value)
         return self.guarded(row, column, target)
 
-    def output_pair(self, row_in_block: Expr, column_in_block: Expr, first: Expr) -> Stmt:
+    def output_pair(self, row_in_block: Expr, column_in_block: Expr, first: Expr,
+                    regs: dict[Expr, Buffer] | None = None) -> Stmt:
         """Outputs (row, column) and (row, column + 1) from accumulator elements `first` and
         `first` + 1, column even (`pairs_columns`): a `vectorize` loop of 2 over the innermost
         column axis, so where the output is contiguous along it codegen stores both with one
@@ -267,7 +368,8 @@ class KernelEpilogue(TileStaging):
         values = self.output_values(row, column)
         inner = c.cols[-1][0]
         values[inner] = values[inner] + lane    # (column + v) % e = column % e + v: e and column even
-        value = self.fused_value(self.frag_c[first + lane], values)
+        computed = {e: BufferLoad(reg, (lane,)) for e, reg in regs.items()} if regs else None
+        value = self.fused_value(self.frag_c[first + lane], values, computed)
         if self.out_tile is not None:
             target = BufferStore(self.out_tile, (row_in_block, column_in_block + lane), value)
         else:
@@ -362,7 +464,7 @@ class KernelEpilogue(TileStaging):
         row0 = self.warpgroup * 64
         paired = self.pairs_columns(self.accumulator_lanes(), self.tile_elements())
 
-        def element(e: Expr, lane: Var | None) -> Stmt:
+        def element(e: Expr, lane: Var | None, regs: dict[Expr, Buffer] | None = None) -> Stmt:
             r, col = self.c_map(thread, e)
             row = self.by * t.bm + row0 + r
             column = self.bx * t.bn + col
@@ -370,7 +472,8 @@ class KernelEpilogue(TileStaging):
             if lane is not None:
                 inner = c.cols[-1][0]
                 values[inner] = values[inner] + lane   # col even, the extent even: same outer axes
-            value = self.fused_value(self.frag_c[e if lane is None else e + lane], values)
+            computed = {x: BufferLoad(reg, (lane,)) for x, reg in regs.items()} if regs and lane is not None else None
+            value = self.fused_value(self.frag_c[e if lane is None else e + lane], values, computed)
             local = row0 + r
             within = col % width if lane is None else col % width + lane
             store = BufferStore(self.staging, (col // width, local // 8, local % 8, within), value)
@@ -378,12 +481,27 @@ class KernelEpilogue(TileStaging):
             # TMA store clips the staged tile's out-of-range rows and columns itself
             return IfThenElse((row < c.m) & (column < c.n), store) if self.staging_guard(value) else store
 
-        def pair(p: Var) -> Stmt:
+        def pair(p: Expr, regs: dict[Expr, Buffer] | None = None) -> Stmt:
             n = self.names.get("stage_v", 0)
             self.names["stage_v"] = n + 1
             lane = Var("stage_v" if n == 0 else f"stage_v{n}")
-            return For(lane, int32(0), int32(2), "vectorize", element(p * 2, lane))
-        if paired:
+            return For(lane, int32(0), int32(2), "vectorize", element(p * 2, lane, regs))
+        hoisted = self.column_invariants() if paired else ()
+        groups = self.column_groups() if hoisted else None
+        if groups is not None:   # the column invariants once per column group (`by_column_groups`)
+            count, per_group, at = groups
+
+            def group(g: Var) -> Stmt:
+                _, first = at(g, int32(0))
+                r, col = self.c_map(thread, first)
+                regs, fill = self.column_registers(hoisted, self.by * t.bm + row0 + r, self.bx * t.bn + col)
+                pairs = self.unrolled("stage_w", per_group, lambda w: pair(at(g, w)[1] // 2, dict(zip(hoisted, regs))))
+                body = seq(fill, pairs)
+                for reg in regs:
+                    body = Allocate(reg, body)
+                return body
+            writes = self.unrolled("stage_g", count, group)
+        elif paired:
             writes = self.unrolled("stage_e", self.tile_elements() // 2, pair)
         else:
             writes = self.unrolled("stage_e", self.tile_elements(), lambda e: element(e, None))

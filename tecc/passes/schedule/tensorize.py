@@ -65,7 +65,7 @@ matching, tiling, staging and epilogue, with steps 4-5 replaced by wgmmas that r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from ...ir import dtype as dt
 from ...ir.errors import ScheduleError
@@ -214,6 +214,14 @@ class MmaKernel(Pipeline):
 
     def tile_elements(self) -> int:
         return 4
+
+    def column_groups(self) -> tuple[int, int, Callable[[Expr, Expr], tuple[Expr | None, Expr]]] | None:
+        # tile q = mi * TN + ni holds columns ni * 8 + c_map's column; its two pairs (elements 0,
+        # 1 and 2, 3) share them a row 8 apart: group ni holds pairs (mi, p) of the TM tiles
+        t = self.t
+        if any(self.c_map(lane, 0)[1] != self.c_map(lane, 2)[1] for lane in range(32)):
+            return None
+        return t.tn, 2 * t.tm, lambda g, w: (w // 2 * t.tn + g, w % 2 * 2)
 
     def accumulator_position(self, tile: Expr | None, r: Expr, col: Expr) -> tuple[Expr, Expr]:
         t = self.t

@@ -74,6 +74,7 @@ emulator does the same).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 from ...ir import dtype as dt
 from ...ir.descriptor import MatrixDescriptor
@@ -508,6 +509,15 @@ class WgmmaKernel(MmaKernel):
 
     def accumulator_position(self, tile: Expr | None, r: Expr, col: Expr) -> tuple[Expr, Expr]:
         return self.warpgroup * 64 + r, col
+
+    def column_groups(self) -> tuple[int, int, Callable[[Expr, Expr], tuple[Expr | None, Expr]]] | None:
+        # D's elements 4j .. 4j + 3 are columns 8j + 2·(lane % 4) and the next, at rows r and
+        # r + 8: pairs 2j and 2j + 1 share their columns
+        elements = self.tile_elements()
+        if elements % 4 or any(self.c_map(lane, 4 * j)[1] != self.c_map(lane, 4 * j + 2)[1]
+                               for lane in range(WARPGROUP_SIZE) for j in range(elements // 4)):
+            return None
+        return elements // 4, 2, lambda g, w: (None, (g * 2 + w) * 2)
 
     def transposed_output(self) -> bool:
         return self.swap
