@@ -159,8 +159,8 @@ def test_dump_ir_writes_one_file_per_pass_then_cuda_and_ptx(tmp_path: Path):
     A, B, C = _matmul()
     tc.build([A, B, C], target="cuda", dump_ir=tmp_path, plan=tc.default_plan())
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["00_lower.txt", "01_default_schedule.txt", "02_simplify.txt", "03_approx_math.txt",
-                     "04_unique_names.txt", "05_cuda.cu", "06_C.ptx"]
+    assert names == ["00_lower.txt", "01_default_schedule.txt", "02_simplify.txt", "03_hoist_invariants.txt",
+                     "04_approx_math.txt", "05_unique_names.txt", "06_cuda.cu", "07_C.ptx"]
     lowered = (tmp_path / "00_lower.txt").read_text()
     assert "for i in range(M):" in lowered and "C_acc[0] = C_acc[0] + A[i, k] * B[k, j]" in lowered
     assert "# blockIdx.x" in (tmp_path / "01_default_schedule.txt").read_text()
@@ -172,7 +172,7 @@ def test_planned_build_dumps_lower_then_every_primitive_then_the_tail(tmp_path: 
     names = sorted(p.name for p in tmp_path.iterdir())
     primitives = [s.primitive for s in f.plan.steps if s.primitive != "default_schedule"]
     assert primitives, f"the planner chose no primitives for matmul: {f.plan}"
-    expected = ["lower"] + primitives + ["default_schedule", "simplify", "approx_math", "unique_names"]
+    expected = ["lower"] + primitives + ["default_schedule", "simplify", "hoist_invariants", "approx_math", "unique_names"]
     assert [n.split("_", 1)[1].rsplit(".", 1)[0] for n in names[:-2]] == expected
     assert names[-2].endswith("_cuda.cu") and names[-1].endswith("_C.ptx")
     assert [int(n.split("_", 1)[0]) for n in names] == list(range(len(names)))

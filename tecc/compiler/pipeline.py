@@ -27,6 +27,7 @@ from ..ir.tensor import Tensor
 from ..passes.approx_math import approx_math
 from ..passes.default_schedule import DEFAULT_THREADS, default_schedule
 from ..passes.lower import lower
+from ..passes.hoist_invariants import hoist_invariants
 from ..passes.manager import DumpIR, Pass, PassManager, PassTiming, VerifyIR
 from ..passes.names import identifier
 from ..passes.schedule import drop_records
@@ -116,6 +117,7 @@ def finish_module(module: Module, plan: Plan, *, dumper: DumpIR | None, timing: 
     pipeline = [
         _default_schedule_pass(plan),
         Pass("simplify", simplify),
+        Pass("hoist_invariants", hoist_invariants),
         Pass("approx_math", lambda m: approx_math(m, precise=knobs.precise_math()),
              (("precise", knobs.precise_math()),)),
         Pass("unique_names", unique_names),
