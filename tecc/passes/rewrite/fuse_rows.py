@@ -399,7 +399,8 @@ class _RowKernel:
                 continue
             if passes is None:
                 # (the statistics' registers are not made yet: placeholders stand for them here)
-                stand_in = {u: Buffer(u.name, u.dtype, (1,), "local") for u in group.reductions + group.row_values}
+                stand_in = {u: Buffer(u.name, u.dtype, (Const(1, dt.int32),), "local")
+                            for u in group.reductions + group.row_values}
                 passes = row_passes(group, RowInliner(self.base_inliner, stand_in, self.row_idx), self.row_idx, self.col)
             src = self.buffers[t]
             reads = [n.indices for _, expr, _ in passes for n in walk(expr)

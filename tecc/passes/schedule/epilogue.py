@@ -31,7 +31,7 @@ a lane holds, not once per element (`column_invariants`): each lane's elements g
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ...ir.errors import ScheduleError
 from ...ir.expr import (
@@ -249,7 +249,7 @@ class KernelEpilogue(TileStaging):
         values.update(unflatten(c.cols, column))
         return values
 
-    def fused_value(self, element: Expr, values: dict[Var, Expr], computed: dict[Expr, Expr] | None = None) -> Expr:
+    def fused_value(self, element: Expr, values: dict[Var, Expr], computed: Mapping[Expr, Expr] | None = None) -> Expr:
         """The stage's store expression with the accumulator replaced by `element`, at `values`;
         the parts in `computed` (`column_invariants`) replaced by their registers."""
         c = self.c
@@ -322,17 +322,24 @@ class KernelEpilogue(TileStaging):
         the tiles do not divide the output, as the stores are): `by_column_groups`."""
         c = self.c
         out = c.store.buffer
-        n = self.names.get("col_v", 0)
-        self.names["col_v"] = n + 1
-        v = Var("col_v" if n == 0 else f"col_v{n}")
-        values = self.output_values(row, column)
-        inner = c.cols[-1][0]
-        values[inner] = values[inner] + v   # (column + v) % e = column % e + v: e and column even
+        v, values = self.pair_values("col_v", row, column)
+        n = self.names["col_v"] - 1
         regs = [Buffer(f"{out.name}_col{k}" if n == 0 else f"{out.name}_col{k}_{n}", e.dtype, int32_shape(2),
                        "local", tensor=f"{out.tensor}.column") for k, e in enumerate(hoisted)]
         fill: Stmt = For(v, int32(0), int32(2), "unroll",
                          seq(*(BufferStore(reg, (v,), substitute(e, values)) for reg, e in zip(regs, hoisted))))
         return regs, (fill if self.tiles_divide() else IfThenElse(column < c.n, fill))
+
+    def pair_values(self, label: str, row: Expr, column: Expr) -> tuple[Var, dict[Var, Expr]]:
+        """A new lane variable named after `label` (0 or 1: the even `column` or the next) and the
+        loop axes' values at output (row, column + lane)."""
+        n = self.names.get(label, 0)
+        self.names[label] = n + 1
+        lane = Var(label if n == 0 else f"{label}{n}")
+        values = self.output_values(row, column)
+        inner = self.c.cols[-1][0]
+        values[inner] = values[inner] + lane    # (column + v) % e = column % e + v: e and column even
+        return lane, values
 
     def output(self, row_in_block: Expr, column_in_block: Expr, element: Expr) -> Stmt:
         """The stage's own store of output (row, column) -- the block's row_in_block,
@@ -359,15 +366,9 @@ class KernelEpilogue(TileStaging):
         covers whole 32-byte sectors of 8 rows (16 bytes per row from each of two stores) rather
         than every other 2-byte element -- and reads a residual operand the same way. The guard
         is the even column's: column + 1 < N whenever column < N (N even)."""
-        c = self.c
-        store = c.store
+        store = self.c.store
         row, column = self.by * self.t.bm + row_in_block, self.bx * self.t.bn + column_in_block
-        n = self.names.get("out_v", 0)
-        self.names["out_v"] = n + 1
-        lane = Var("out_v" if n == 0 else f"out_v{n}")
-        values = self.output_values(row, column)
-        inner = c.cols[-1][0]
-        values[inner] = values[inner] + lane    # (column + v) % e = column % e + v: e and column even
+        lane, values = self.pair_values("out_v", row, column)
         computed = {e: BufferLoad(reg, (lane,)) for e, reg in regs.items()} if regs else None
         value = self.fused_value(self.frag_c[first + lane], values, computed)
         if self.out_tile is not None:
