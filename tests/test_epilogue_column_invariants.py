@@ -143,3 +143,22 @@ def test_only_costly_parts_of_the_column_alone_are_taken_out(name: str, tail: An
             "a column's exp on a side of where()": np.where(np.arange(64) < 40, acc * np.exp(v.astype(np.float64)),
                                                             acc)}[name]
     np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", sorted(PLANS))
+def test_a_batch_norm_tail_on_the_gpu_matches_numpy(kernel: str) -> None:
+    m, n, k = 200, 264, 96
+    _, plan = PLANS[kernel]
+    dtype = "bfloat16" if kernel.startswith("wgmma") else "float16"
+    f = tc.build(batch_norm_gemm(m, n, k, dtype), target="cuda", plan=plan)
+    run_and_check(f, m, n, k, dtype, residual=True, seed=17)
+
+
+@pytest.mark.gpu
+def test_the_planners_batch_norm_convolution_tail_on_the_gpu_matches_numpy() -> None:
+    """resnet50's 1 x 1 convolution 64 -> 256 at 56 x 56 as its GEMM (M = 8 x 56 x 56), planned."""
+    m, n, k = 8 * 56 * 56, 256, 64
+    f = tc.build(batch_norm_gemm(m, n, k, "bfloat16"), target="cuda")
+    assert f.plan.strategy.startswith("gemm_"), f.plan.strategy
+    run_and_check(f, m, n, k, "bfloat16", residual=True, seed=19)

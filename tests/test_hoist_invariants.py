@@ -9,6 +9,7 @@ kernel writes, an index the loops' ranges do not bound, a value that changes in 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import tecc as tc
 from tecc.ir.stmt import For, LetStmt, iter_stmts
@@ -103,3 +104,18 @@ def test_a_kernel_without_costly_invariants_is_left_as_it_is():
     y = tc.compute((4,), lambda r: tc.sum(x[r, k] * 2.0, axis=k), name="y")
     module = lower([x, y])
     assert hoist_invariants(module) is module
+
+
+@pytest.mark.gpu
+def test_a_pools_batch_norm_on_the_gpu_matches_numpy():
+    shape = (4, 56, 58, 64)
+    f = tc.build(pool_of_batch_norm(*shape), target="cuda")
+    assert _lets(f)
+    g = np.random.default_rng(5)
+    x = g.standard_normal(shape).astype(np.float32)
+    c = shape[-1]
+    mean, var = g.standard_normal(c).astype(np.float32), g.uniform(0.25, 4.0, c).astype(np.float32)
+    gamma, beta = g.uniform(0.5, 2.0, c).astype(np.float32), g.standard_normal(c).astype(np.float32)
+    out = np.full((4, 28, 29, c), np.nan, np.float32)
+    f(x, mean, var, gamma, beta, out)
+    np.testing.assert_allclose(out, reference(x, mean, var, gamma, beta), rtol=2e-6, atol=1e-6)
