@@ -3,7 +3,8 @@ a lane holds (tecc/passes/schedule/epilogue.py, `column_invariants`): an inferen
 after a convolution, `relu((acc - mean[j]) · (1 / sqrt(var[j] + eps)) · γ[j] + β[j] + R[i, j])`,
 takes its 1 / sqrt(var[j] + eps) into registers for each column group of the lane, not for
 each accumulator element (ptxas merged none of them: a 128 x 128 mma.sync tile computed 64
-square roots and 64 IEEE divisions per thread for 8 columns).
+square roots and 64 IEEE divisions per thread for 8 columns); where 8 lanes of a warp hold the
+same columns (wgmma), each computes an eighth of them and shuffles them to the others.
 
 Every kernel runs in the emulator against NumPy in float64 on fresh random inputs with the output
 poisoned (NaN), through mma.sync, wgmma's register epilogue and wgmma's TMA-stored epilogue, at
@@ -76,9 +77,10 @@ def run_and_check(f: Any, m: int, n: int, k: int, dtype: str, residual: bool, se
 
 
 def square_roots_outside_the_stores(f: Any) -> bool:
-    """Whether every sqrt of the kernel IR is in a column register's fill, none in a store of C."""
+    """Whether every sqrt of the kernel IR is in a column register's fill (C_col, or C_own where
+    the lanes that share a column take it by a shuffle), none in a store of C."""
     lines = [line.strip() for line in str(f.module).splitlines() if "sqrt(" in line]
-    return bool(lines) and all(line.startswith("C_col") for line in lines)
+    return bool(lines) and all(line.startswith(("C_col", "C_own")) for line in lines)
 
 
 PLANS = {
@@ -98,6 +100,9 @@ def test_a_batch_norm_tail_takes_its_column_values_once_per_column(kernel: str, 
     dtype = "bfloat16" if kernel.startswith("wgmma") else "float16"
     f = tc.build(batch_norm_gemm(m, n, k, dtype), target="sim", arch=arch, plan=plan)
     assert square_roots_outside_the_stores(f), str(f.module)
+    # wgmma's D fragment gives each column to the 8 lanes of one lane % 4: each computes an
+    # eighth of the groups, and the values reach the others by warp shuffles
+    assert ("shfl_idx(C_own0" in str(f.module)) == kernel.startswith("wgmma")
     run_and_check(f, m, n, k, dtype, residual=True, seed=m + n + len(kernel))
 
 

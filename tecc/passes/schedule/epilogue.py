@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from ...ir.errors import ScheduleError
+from ...ir.arith import warp_shuffle
 from ...ir.expr import (
     FLOAT_INTRINSICS, Binary, BufferLoad, Call, Const, Expr, Select, Var, const_int, free_vars, substitute, walk,
 )
@@ -289,6 +290,59 @@ class KernelEpilogue(TileStaging):
         first element) -- the family's; None where it gives none (every element on its own)."""
         return None
 
+    def column_sharing(self) -> int:
+        """How many lanes of a warp hold each column group (lanes 4 apart: wgmma's D fragment
+        gives a column to the 8 lanes of one lane % 4), 1 where none share: `shared_columns`."""
+        return 1
+
+    def shared_columns(self, hoisted: tuple[Expr, ...], count: int, column_of: Callable[[Expr], Expr]
+                       ) -> tuple[Callable[[Stmt], Stmt], Callable[[Expr], tuple[list[Buffer], Stmt]]] | None:
+        """Where S lanes of a warp (`column_sharing`, lanes 4 apart) hold each of the `count`
+        column groups: each lane computes the `hoisted` values of count / S groups (group
+        j·S + lane // 4 at slot j, its column `column_of(group)`) once, and each group's values
+        reach the lanes that hold it by a warp shuffle from the lane that computed them -- a
+        shuffle per value instead of a division or square root per column a lane holds (64 per
+        thread for a 128 x 256 wgmma tile). (a function putting the lane's share, computed, and
+        its registers around the stores, a function of a group giving its registers and the
+        shuffles that fill them); None where no lanes share or the groups do not divide among
+        them."""
+        share = self.column_sharing()
+        if share <= 1 or count % share or count < share:
+            return None
+        c, out = self.c, self.c.store.buffer
+        lane = self.tx % 32
+        slots = count // share
+        n = self.names.get("col_own", 0)
+        self.names["col_own"] = n + 1
+        own = [Buffer(f"{out.name}_own{k}" if n == 0 else f"{out.name}_own{k}_{n}", e.dtype, int32_shape(2 * slots),
+                      "local", tensor=f"{out.tensor}.column") for k, e in enumerate(hoisted)]
+
+        def slot(j: Var) -> Stmt:
+            column = column_of(j * share + lane // 4)
+            v, values = self.pair_values("own_v", self.by * self.t.bm, column)
+            fill = For(v, int32(0), int32(2), "unroll", seq(*(
+                BufferStore(reg, (j * 2 + v,), substitute(e, values)) for reg, e in zip(own, hoisted))))
+            return fill if self.tiles_divide() else IfThenElse(column < c.n, fill)
+        zero = seq(*(For(z, int32(0), int32(2 * slots), "unroll", BufferStore(reg, (z,), Const(0, reg.dtype)))
+                     for reg in own for z in [Var(f"{reg.name}_z")]))
+        pre: Stmt = seq(zero, self.unrolled("col_slot", slots, slot))
+
+        def group(g: Expr) -> tuple[list[Buffer], Stmt]:
+            regs, _ = self.column_buffers(hoisted)
+            src = (g % share) * 4 + lane % 4
+            v = Var(f"{regs[0].name}_v")
+            take = For(v, int32(0), int32(2), "unroll", seq(*(
+                BufferStore(reg, (v,), warp_shuffle("shfl_idx", BufferLoad(mine, ((g // share) * 2 + v,)), src))
+                for reg, mine in zip(regs, own))))
+            return regs, take
+
+        def around(stores: Stmt) -> Stmt:
+            body = seq(pre, stores)
+            for reg in own:
+                body = Allocate(reg, body)
+            return body
+        return around, group
+
     def by_column_groups(self, hoisted: tuple[Expr, ...], count: int, width: int,
                          at: Callable[[Expr, Expr], tuple[Expr | None, Expr]]) -> Stmt:
         """The registers epilogue by column groups (`column_groups`): each group's `hoisted`
@@ -298,11 +352,21 @@ class KernelEpilogue(TileStaging):
         per_tile = self.tile_elements()
         lane_index = self.accumulator_lane()
 
+        def column_of(g: Expr) -> Expr:
+            q, e = at(g, int32(0))
+            r, col = self.c_map(lane_index, e)
+            return self.bx * t.bn + self.accumulator_position(q, r, col)[1]
+        shared = self.shared_columns(hoisted, count, column_of)
+
         def group(g: Var) -> Stmt:
             q, e = at(g, int32(0))
             r, col = self.c_map(lane_index, e)
             row_in_block, column_in_block = self.accumulator_position(q, r, col)
-            regs, fill = self.column_registers(hoisted, self.by * t.bm + row_in_block, self.bx * t.bn + column_in_block)
+            if shared is not None:
+                regs, fill = shared[1](g)
+            else:
+                regs, fill = self.column_registers(hoisted, self.by * t.bm + row_in_block,
+                                                   self.bx * t.bn + column_in_block)
 
             def pair(w: Var) -> Stmt:
                 qw, ew = at(g, w)
@@ -314,21 +378,31 @@ class KernelEpilogue(TileStaging):
             for reg in regs:
                 body = Allocate(reg, body)
             return body
-        return self.unrolled("out_g", count, group)
+        stores = self.unrolled("out_g", count, group)
+        return stores if shared is None else shared[0](stores)
 
     def column_registers(self, hoisted: tuple[Expr, ...], row: Expr, column: Expr) -> tuple[list[Buffer], Stmt]:
         """Registers of two elements for each of `hoisted` and the statement that fills them with
         its values at the even `column` of the output and the next (guarded by column < N where
         the tiles do not divide the output, as the stores are): `by_column_groups`."""
         c = self.c
-        out = c.store.buffer
         v, values = self.pair_values("col_v", row, column)
-        n = self.names["col_v"] - 1
-        regs = [Buffer(f"{out.name}_col{k}" if n == 0 else f"{out.name}_col{k}_{n}", e.dtype, int32_shape(2),
-                       "local", tensor=f"{out.tensor}.column") for k, e in enumerate(hoisted)]
+        regs, _ = self.column_buffers(hoisted, self.names["col_v"] - 1)
         fill: Stmt = For(v, int32(0), int32(2), "unroll",
                          seq(*(BufferStore(reg, (v,), substitute(e, values)) for reg, e in zip(regs, hoisted))))
         return regs, (fill if self.tiles_divide() else IfThenElse(column < c.n, fill))
+
+    def column_buffers(self, hoisted: tuple[Expr, ...], n: int | None = None) -> tuple[list[Buffer], int]:
+        """Two-element registers for each of `hoisted` (a column pair's values), named by the
+        n-th column group of the kernel (the next one when n is None)."""
+        out = self.c.store.buffer
+        if n is None:
+            n = self.names.get("col_regs", 0)
+            self.names["col_regs"] = n + 1
+            return [Buffer(f"{out.name}_col{k}_s{n}", e.dtype, int32_shape(2), "local", tensor=f"{out.tensor}.column")
+                    for k, e in enumerate(hoisted)], n
+        return [Buffer(f"{out.name}_col{k}" if n == 0 else f"{out.name}_col{k}_{n}", e.dtype, int32_shape(2),
+                       "local", tensor=f"{out.tensor}.column") for k, e in enumerate(hoisted)], n
 
     def pair_values(self, label: str, row: Expr, column: Expr) -> tuple[Var, dict[Var, Expr]]:
         """A new lane variable named after `label` (0 or 1: the even `column` or the next) and the
@@ -491,17 +565,24 @@ class KernelEpilogue(TileStaging):
         groups = self.column_groups() if hoisted else None
         if groups is not None:   # the column invariants once per column group (`by_column_groups`)
             count, per_group, at = groups
+            shared = self.shared_columns(hoisted, count,
+                                         lambda g: self.bx * t.bn + self.c_map(thread, at(g, int32(0))[1])[1])
 
             def group(g: Var) -> Stmt:
                 _, first = at(g, int32(0))
                 r, col = self.c_map(thread, first)
-                regs, fill = self.column_registers(hoisted, self.by * t.bm + row0 + r, self.bx * t.bn + col)
+                if shared is not None:
+                    regs, fill = shared[1](g)
+                else:
+                    regs, fill = self.column_registers(hoisted, self.by * t.bm + row0 + r, self.bx * t.bn + col)
                 pairs = self.unrolled("stage_w", per_group, lambda w: pair(at(g, w)[1] // 2, dict(zip(hoisted, regs))))
                 body = seq(fill, pairs)
                 for reg in regs:
                     body = Allocate(reg, body)
                 return body
             writes = self.unrolled("stage_g", count, group)
+            if shared is not None:
+                writes = shared[0](writes)
         elif paired:
             writes = self.unrolled("stage_e", self.tile_elements() // 2, pair)
         else:

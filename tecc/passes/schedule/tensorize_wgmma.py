@@ -519,6 +519,14 @@ class WgmmaKernel(MmaKernel):
             return None
         return elements // 4, 2, lambda g, w: (None, (g * 2 + w) * 2)
 
+    def column_sharing(self) -> int:
+        # D's columns follow lane % 4 alone: the 8 lanes of a warp 4 apart hold the same ones
+        elements = self.tile_elements()
+        if any(self.c_map(lane, e)[1] != self.c_map(lane % 4, e)[1]
+               for lane in range(WARPGROUP_SIZE) for e in range(0, elements, 2)):
+            return 1
+        return 8
+
     def transposed_output(self) -> bool:
         return self.swap
 
