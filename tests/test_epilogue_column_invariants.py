@@ -106,6 +106,27 @@ def test_a_batch_norm_tail_takes_its_column_values_once_per_column(kernel: str, 
     run_and_check(f, m, n, k, dtype, residual=True, seed=m + n + len(kernel))
 
 
+@pytest.mark.parametrize("arch,steps", [
+    ("sm_80", {"block": (64, 64), "warps": (2, 2), "k_tile": 32, "stages": 2, "splits": 3}),
+    ("sm_90", {"intrinsic": "wgmma", "block": (64, 128), "warps": (4, 1), "k_tile": 64, "stages": 2, "splits": 2}),
+    ("sm_90", {"intrinsic": "wgmma", "block": (128, 128), "warps": (8, 1), "k_tile": 64, "stages": 3,
+               "producer": "tma", "persistent": 2}),
+])
+def test_the_column_values_with_split_k_and_a_persistent_grid(arch: str, steps: dict[str, Any]) -> None:
+    """split-K (the last part sums the partials, then the tail) and a persistent grid (a block's
+    tiles in turn, each its own columns): the column values are those of the tile stored."""
+    from tensor_core_steps import schedule_tensor_core
+
+    from tecc.compiler.schedule import Schedule
+
+    m, n, k = 136, 264, 200
+    dtype = "bfloat16" if arch == "sm_90" else "float16"
+    sch = schedule_tensor_core(Schedule(batch_norm_gemm(m, n, k, dtype)), **steps)
+    f = tc.build(sch, target="sim", arch=arch)
+    assert square_roots_outside_the_stores(f), str(f.module)
+    run_and_check(f, m, n, k, dtype, residual=True, seed=23)
+
+
 def test_without_a_residual_the_tail_is_the_same_batch_norm() -> None:
     m, n, k = 96, 72, 40
     f = tc.build(batch_norm_gemm(m, n, k, "float16", residual=False), target="sim", arch="sm_80",
