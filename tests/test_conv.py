@@ -324,8 +324,8 @@ def test_a_staged_output_is_refused_where_chunks_do_not_fit() -> None:
 
 
 def test_the_tensor_core_spaces_offer_staged_outputs_and_no_rings_deeper_than_the_k_loop() -> None:
-    """The ResNet 1x1 layer 56x56, 64 -> 256 channels (K = 64: one wgmma k tile): no wgmma ring
-    deeper than the k loop needs; staged-output points where the output's rows are whole 16-byte
+    """The ResNet 1x1 layer 56x56, 64 -> 256 channels (K = 64: one wgmma k tile): no wgmma or
+    mma.sync ring deeper than the k loop needs (mma.sync's took 4 stages, 128 KiB); staged-output points where the output's rows are whole 16-byte
     chunks, priced with fewer L2 bytes and L1 wavefronts than in registers; none for F = 12."""
     from tecc.compiler.cost.analysis import analyze_kernel
     from tecc.compiler.planner import resolve_target
@@ -338,6 +338,10 @@ def test_the_tensor_core_spaces_offer_staged_outputs_and_no_rings_deeper_than_th
     wg_points = list(wgmma.space(info, target))
     assert wg_points and max(int(p["stages"]) for p in wg_points) == 2
     mma_points = list(mma.space(info, target))
+    # mma.sync's ring loads S - 1 k tiles ahead: none deeper than one stage past the k loop's
+    for p in mma_points:
+        k_tiles = -(-64 // int(p["bk"]))
+        assert int(p["stages"]) <= max(2, k_tiles + 1), p
     for strategy, points in ((wgmma, wg_points), (mma, mma_points)):
         staged_points = [p for p in points if p.get("staged_output")]
         assert staged_points, strategy.name

@@ -217,6 +217,14 @@ def gather_ratio(operand: Access, view_elements: int) -> float:
     return min(1.0, real / view_elements)
 
 
+def ring_deeper_than_the_k_loop(stages: int, k_tiles: int) -> bool:
+    """Whether a cp.async ring of `stages` (S - 1 k tiles loaded ahead) is deeper than a k loop
+    of `k_tiles` needs: one stage fewer already loads every k tile ahead. Such a point costs only
+    shared memory, hence resident blocks (resnet50's 1 x 1 convolutions over 64 channels, one k
+    tile, took 4 stages: 128 KiB per block). gemm_wgmma's `deeper_than_the_k_loop` is its ring's."""
+    return stages > 2 and stages - 2 >= k_tiles
+
+
 def shared_bytes(point: Point, operand_bytes: int = 2) -> int:
     return int(point["stages"]) * (int(point["bm"]) + int(point["bn"])) * int(point["bk"]) * operand_bytes
 
@@ -535,6 +543,8 @@ class GemmTensorCore(Strategy):
             pipelines = (False, True) if self.offer_pipelined and (bk // self.precision.k_step) % 2 == 0 else (False,)
             splits = split_parts(_ceil(max(view.k, 1), bk), view.batch * _ceil(m, bm) * _ceil(n, bn), target)
             for split, staged, pipelined in product(splits, (False, True) if worth else (False,), pipelines):
+                if ring_deeper_than_the_k_loop(stages, _ceil(_ceil(max(view.k, 1), bk), split)):
+                    continue
                 point = {"bm": bm, "bn": bn, "warps_m": wm, "warps_n": wn, "bk": bk, "stages": stages}
                 if split > 1:
                     point["split"] = split
