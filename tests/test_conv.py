@@ -325,8 +325,9 @@ def test_a_staged_output_is_refused_where_chunks_do_not_fit() -> None:
 
 def test_the_tensor_core_spaces_offer_staged_outputs_and_no_rings_deeper_than_the_k_loop() -> None:
     """The ResNet 1x1 layer 56x56, 64 -> 256 channels (K = 64: one wgmma k tile): no wgmma or
-    mma.sync ring deeper than the k loop needs (mma.sync's took 4 stages, 128 KiB); staged-output points where the output's rows are whole 16-byte
-    chunks, priced with fewer L2 bytes and L1 wavefronts than in registers; none for F = 12."""
+    mma.sync ring deeper than the k loop needs (mma.sync's took 4 stages, 128 KiB); staged-output
+    points where the output's rows are whole 16-byte chunks, priced with fewer L2 bytes and L1
+    wavefronts than in registers; none for F = 12."""
     from tecc.compiler.cost.analysis import analyze_kernel
     from tecc.compiler.planner import resolve_target
     from tecc.compiler.strategies import get

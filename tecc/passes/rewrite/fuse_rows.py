@@ -401,7 +401,8 @@ class _RowKernel:
                 # (the statistics' registers are not made yet: placeholders stand for them here)
                 stand_in = {u: Buffer(u.name, u.dtype, (Const(1, dt.int32),), "local")
                             for u in group.reductions + group.row_values}
-                passes = row_passes(group, RowInliner(self.base_inliner, stand_in, self.row_idx), self.row_idx, self.col)
+                inliner = RowInliner(self.base_inliner, stand_in, self.row_idx)
+                passes = row_passes(group, inliner, self.row_idx, self.col)
             src = self.buffers[t]
             reads = [n.indices for _, expr, _ in passes for n in walk(expr)
                      if isinstance(n, BufferLoad) and n.buffer is src]

@@ -261,10 +261,11 @@ class KernelEpilogue(TileStaging):
     def column_invariants(self) -> tuple[Expr, ...]:
         """The largest parts of the store's value that read no row axis, no accumulator and not
         the output, and cost more than loads and arithmetic: a float division or a math intrinsic
-        (an inference batch norm's 1 / sqrt(var[c] + eps)), none from a side of a where(). Each is computed once per column a
-        lane holds (`by_column_groups`) instead of once per element: ptxas does not merge the
-        IEEE square roots and divisions of the unrolled elements (a 128 x 128 mma.sync tile's
-        epilogue computed 64 of each per thread for 8 columns)."""
+        (an inference batch norm's 1 / sqrt(var[c] + eps)), none from a side of a where(). Each
+        is computed once per column a lane holds (`by_column_groups`) instead of once per
+        element: ptxas does not merge the IEEE square roots and divisions of the unrolled
+        elements (a 128 x 128 mma.sync tile's epilogue computed 64 of each per thread for 8
+        columns)."""
         c = self.c
         rows = {v for v, _ in c.rows}
         found: list[Expr] = []
