@@ -7,6 +7,7 @@ graphs, with the strategy the planner chose and its predicted time on an archite
     python benchmarks/model_kernels.py --model gpt2 --graph backward --explain lm_head_dir/
     python benchmarks/model_kernels.py --partitioner default   # the forward saves what AOTAutograd's default saves
     python benchmarks/model_kernels.py --model resnet50 --roofline --check-build   # + rooflines, generated launches
+    python benchmarks/model_kernels.py --model resnet50 --sass   # + each kernel's SASS instruction count
 
 The model's forward and backward graphs are traced as `torch.compile(backend="tecc")` gets them
 (AOTAutograd with tecc's decompositions) on CPU tensors at the benchmark's full size
@@ -381,6 +382,49 @@ def check_build(graphs: dict[str, torch.fx.GraphModule], arch: str) -> list[str]
     return lines
 
 
+def sass_counts(graphs: dict[str, torch.fx.GraphModule], arch: str) -> list[str]:
+    """Build every program for `arch` (NVRTC, no GPU) and count each kernel's SASS (cuobjdump and
+    nvdisasm on PATH, e.g. from the nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels):
+    instructions (static: tecc's loops are mostly unrolled), CALLs (IEEE division and square root
+    slow paths, one per call site) and MUFU instructions. A kernel far above its predicted time
+    whose instructions are mostly not its loads and MMAs is recomputing something (stop 40:
+    resnet50's batch norm tails). Returns the lines of a table, or why it cannot."""
+    import re
+    import shutil
+    import subprocess
+    import tempfile
+
+    from tecc.compiler import build
+
+    if shutil.which("cuobjdump") is None or shutil.which("nvdisasm") is None:
+        return ["--sass needs cuobjdump and nvdisasm on PATH (pip download nvidia-cuda-cuobjdump "
+                "nvidia-cuda-nvdisasm; their bin/ folders)"]
+    lines = ["| program | kernel | SASS instructions | CALL | MUFU |", "| --- | --- | --- | --- | --- |"]
+    for kind, gm in graphs.items():
+        plan = plan_graph(gm, kind, Sizes(), set())
+        for seg in plan.segments:
+            f = build(seg.args, target="cuda", name=seg.name, arch=arch)
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as tmp:
+                tmp.write(f.cubin)
+                tmp.flush()
+                sass = subprocess.run(["cuobjdump", "--dump-sass", tmp.name], capture_output=True, text=True,
+                                      check=True).stdout
+            counts: dict[str, list[int]] = {}
+            current = None
+            for line in sass.splitlines():
+                m = re.search(r"Function : (\S+)", line)
+                if m:
+                    current = m.group(1)
+                    counts[current] = [0, 0, 0]
+                elif current is not None and re.match(r"\s+/\*[0-9a-f]{4,6}\*/", line):
+                    counts[current][0] += 1
+                    counts[current][1] += "CALL" in line
+                    counts[current][2] += "MUFU" in line
+            for name, (total, calls, mufu) in sorted(counts.items(), key=lambda kv: -kv[1][0]):
+                lines.append(f"| {seg.name} | {name} | {total} | {calls} | {mufu} |")
+    return lines
+
+
 def _kernel_plans(result: PlanResult) -> list[Any]:
     if result.parts:
         return [kp for part in result.parts for kp in _kernel_plans(part)]
@@ -404,6 +448,9 @@ def main() -> None:
     p.add_argument("--check-build", action="store_true",
                    help="also build the programs (NVRTC) and set each kernel's generated launch and shared "
                         "memory beside the model's (minutes for a whole model)")
+    p.add_argument("--sass", action="store_true",
+                   help="also build the programs and count each kernel's SASS instructions, CALLs and MUFUs "
+                        "(cuobjdump and nvdisasm on PATH)")
     p.add_argument("--partitioner", choices=["min_cut", "default", "recompute"], default="recompute",
                    help="what the forward saves for the backward (the backend's option of that name)")
     args = p.parse_args()
@@ -427,6 +474,8 @@ def main() -> None:
         print("\n" + roofline_table(rows))
     if args.check_build:
         print("\n" + "\n".join(check_build(graphs, args.arch)))
+    if args.sass:
+        print("\n" + "\n".join(sass_counts(graphs, args.arch)))
 
 
 if __name__ == "__main__":
