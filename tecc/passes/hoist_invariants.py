@@ -15,7 +15,8 @@ A subexpression is taken out of `for v` where it is
 - safe to evaluate before the loop, also where the loop body would not have (a side of a
   where(), a guard, a loop that runs no iteration): every load reads a global buffer that
   nothing in the kernel writes, at indices the enclosing loops' constant ranges keep inside the
-  buffer's constant shape (simplify.Bounds). Float arithmetic does not trap.
+  buffer's constant shape (simplify.Bounds); nor an atomic, nor a load past the L1 (load_cg)
+  takes it. Float arithmetic does not trap.
 
 The largest such subexpressions are taken, outermost loop first (an expression invariant in
 two nested loops goes before the outer one). Kernels without such loops are returned as they
@@ -26,8 +27,8 @@ from __future__ import annotations
 
 from ..ir import dtype as dt
 from ..ir.expr import (
-    FLOAT_INTRINSICS, INTRINSICS, Binary, BufferLoad, Call, Cast, Compare, Const, Expr, Not, Select, Var, const_int,
-    free_vars, walk,
+    FLOAT_INTRINSICS, INTRINSICS, MEMORY_INTRINSICS, Binary, BufferLoad, Call, Cast, Compare, Const, Expr, Not, Select,
+    Var, const_int, free_vars, walk,
 )
 from ..ir.stmt import BufferStore, For, LetStmt, Module, PrimFunc, Stmt, iter_stmts
 from ..ir.visitor import StmtMutator, SubexpressionReplacer
@@ -59,6 +60,10 @@ class _Hoist(StmtMutator):
     def __init__(self, func: PrimFunc) -> None:
         self.bounds = Bounds()
         self.written = {id(s.buffer) for s in iter_stmts(func.body) if isinstance(s, BufferStore)}
+        # a buffer an atomic updates, or that is read past the L1 (load_cg: other blocks write it)
+        self.written |= {id(x.args[0].buffer) for e in exprs_of(func.body) for x in walk(e)
+                         if isinstance(x, Call) and x.name in MEMORY_INTRINSICS and x.args
+                         and isinstance(x.args[0], BufferLoad)}
         self.taken = 0
         self.names = {s.var.name for s in iter_stmts(func.body) if isinstance(s, (For, LetStmt))}
 
