@@ -38,7 +38,9 @@ from .simplify import Bounds
 _PURE = (Binary, Compare, Not, Cast, Select, Const, Var, BufferLoad)
 
 
-def _costly(e: Expr) -> bool:
+def costly(e: Expr) -> bool:
+    """Whether `e` holds a float division or `pow`, or a math intrinsic: what is worth computing
+    once where it is invariant (here, and a GEMM tail's column values: schedule/epilogue.py)."""
     return any((isinstance(x, Call) and x.name in FLOAT_INTRINSICS)
                or (isinstance(x, Binary) and x.op in ("/", "pow") and x.dtype.is_float) for x in walk(e))
 
@@ -79,7 +81,8 @@ class _Hoist(StmtMutator):
         return True
 
     def movable(self, e: Expr, inside: set[Var]) -> bool:
-        return (_costly(e) and _pure(e) and not free_vars(e) & inside
+        # (the variables first: a node's own, no walk of its subtree)
+        return (not free_vars(e) & inside and costly(e) and _pure(e)
                 and all(self.in_bounds(x) for x in walk(e) if isinstance(x, BufferLoad)))
 
     def candidates(self, loop: For) -> list[Expr]:
@@ -148,4 +151,4 @@ def hoist_invariants(module: Module) -> Module:
     return module.with_kernels(kernels)
 
 
-__all__ = ["hoist_func", "hoist_invariants"]
+__all__ = ["costly", "hoist_func", "hoist_invariants"]

@@ -541,9 +541,10 @@ class GemmTensorCore(Strategy):
                 continue
             worth = stageable and worth_staging(bm, bn, view.k, self.precision.operand_bytes, itemsize)
             pipelines = (False, True) if self.offer_pipelined and (bk // self.precision.k_step) % 2 == 0 else (False,)
-            splits = split_parts(_ceil(max(view.k, 1), bk), view.batch * _ceil(m, bm) * _ceil(n, bn), target)
+            k_tiles = _ceil(max(view.k, 1), bk)
+            splits = split_parts(k_tiles, view.batch * _ceil(m, bm) * _ceil(n, bn), target)
             for split, staged, pipelined in product(splits, (False, True) if worth else (False,), pipelines):
-                if ring_deeper_than_the_k_loop(stages, _ceil(_ceil(max(view.k, 1), bk), split)):
+                if ring_deeper_than_the_k_loop(stages, _ceil(k_tiles, split)):
                     continue
                 point = {"bm": bm, "bn": bn, "warps_m": wm, "warps_n": wn, "bk": bk, "stages": stages}
                 if split > 1:

@@ -35,9 +35,7 @@ from typing import Any, Callable, Mapping
 
 from ...ir.errors import ScheduleError
 from ...ir.arith import warp_shuffle
-from ...ir.expr import (
-    FLOAT_INTRINSICS, Binary, BufferLoad, Call, Const, Expr, Select, Var, const_int, free_vars, substitute, walk,
-)
+from ...ir.expr import BufferLoad, Const, Expr, Select, Var, const_int, free_vars, substitute, walk
 from ...ir.expr_visitor import SubexpressionReplacer
 from ...ir.intrinsics import WARPGROUP_SIZE
 from ...ir.stmt import (
@@ -58,6 +56,7 @@ from ...ir.stmt import (
 )
 from ...ir.tma_stmt import SWIZZLE_BYTES, TMA_ALIGN, swizzle_layout
 from ...ir.visitor import ExprMutator
+from ..hoist_invariants import costly
 from .implicit_gemm import Contraction, unflatten
 from .tile_kernel import TileSchedule, int32, int32_shape
 from .tile_staging import TileStaging
@@ -105,13 +104,6 @@ def _paired_columns(c_map: Callable[[Any, Any], tuple[Any, Any]], lanes: int, el
             if r0 != r1 or c1 != c0 + 1 or c0 % 2:
                 return False
     return True
-
-
-def _costly(e: Expr) -> bool:
-    """Whether `e` holds a float division or a math intrinsic (what the epilogue computes once
-    per column: `KernelEpilogue.column_invariants`)."""
-    return any((isinstance(x, Call) and x.name in FLOAT_INTRINSICS)
-               or (isinstance(x, Binary) and x.op in ("/", "pow") and x.dtype.is_float) for x in walk(e))
 
 
 def output_dims(c: Contraction) -> tuple[MapDim, ...] | str:
@@ -212,7 +204,18 @@ class KernelEpilogue(TileStaging):
         hoisted = self.column_invariants() if paired else ()
         groups = self.column_groups() if hoisted else None
         if groups is not None:
-            return self.finish_output(self.by_column_groups(hoisted, *groups))
+            count, width, at = groups
+            lane = self.accumulator_lane()
+
+            def column_of(g: Expr) -> Expr:
+                q, e = at(g, int32(0))
+                return self.bx * self.t.bn + self.accumulator_position(q, *self.c_map(lane, e))[1]
+
+            def pair(g: Expr, w: Expr, regs: dict[Expr, Buffer]) -> Stmt:
+                q, e = at(g, w)
+                row, column = self.accumulator_position(q, *self.c_map(lane, e))
+                return self.output_pair(row, column, e if q is None else q * per_tile + e, regs)
+            return self.finish_output(self.by_column_groups(hoisted, count, width, column_of, pair, ("out_g", "out_w")))
 
         def tile(q: Var | None) -> Stmt:
             def element(e: Expr) -> Stmt:
@@ -276,7 +279,7 @@ class KernelEpilogue(TileStaging):
             if id(e) in seen:
                 continue
             seen.add(id(e))
-            if _costly(e) and not free_vars(e) & rows \
+            if costly(e) and not free_vars(e) & rows \
                     and not any(isinstance(x, BufferLoad) and x.buffer in (c.acc, c.store.buffer) for x in walk(e)):
                 found.append(e)
                 continue
@@ -329,7 +332,7 @@ class KernelEpilogue(TileStaging):
         pre: Stmt = seq(zero, self.unrolled("col_slot", slots, slot))
 
         def group(g: Expr) -> tuple[list[Buffer], Stmt]:
-            regs, _ = self.column_buffers(hoisted)
+            regs = self.column_buffers(hoisted)
             src = (g % share) * 4 + lane % 4
             v = Var(f"{regs[0].name}_v")
             take = For(v, int32(0), int32(2), "unroll", seq(*(
@@ -345,65 +348,43 @@ class KernelEpilogue(TileStaging):
         return around, group
 
     def by_column_groups(self, hoisted: tuple[Expr, ...], count: int, width: int,
-                         at: Callable[[Expr, Expr], tuple[Expr | None, Expr]]) -> Stmt:
-        """The registers epilogue by column groups (`column_groups`): each group's `hoisted`
-        values at its two columns into registers (guarded by column < N, as the stores are),
-        then its pairs stored (`output_pair`) reading them."""
-        t = self.t
-        per_tile = self.tile_elements()
-        lane_index = self.accumulator_lane()
-
-        def column_of(g: Expr) -> Expr:
-            q, e = at(g, int32(0))
-            r, col = self.c_map(lane_index, e)
-            return self.bx * t.bn + self.accumulator_position(q, r, col)[1]
+                         column_of: Callable[[Expr], Expr], pair: Callable[[Expr, Expr, dict[Expr, Buffer]], Stmt],
+                         labels: tuple[str, str]) -> Stmt:
+        """A lane's column groups (`column_groups`: `count` groups of `width` pairs, group g's even
+        column `column_of(g)`), each group's `hoisted` values first, in registers (computed, or
+        shuffled from the lane that computed them: `shared_columns`), then its pairs stored by
+        `pair(g, w, registers)`; the loops named `labels` (the registers and the staged epilogue's)."""
         shared = self.shared_columns(hoisted, count, column_of)
 
         def group(g: Var) -> Stmt:
-            q, e = at(g, int32(0))
-            r, col = self.c_map(lane_index, e)
-            row_in_block, column_in_block = self.accumulator_position(q, r, col)
-            if shared is not None:
-                regs, fill = shared[1](g)
-            else:
-                regs, fill = self.column_registers(hoisted, self.by * t.bm + row_in_block,
-                                                   self.bx * t.bn + column_in_block)
-
-            def pair(w: Var) -> Stmt:
-                qw, ew = at(g, w)
-                rw, colw = self.c_map(lane_index, ew)
-                rib, cib = self.accumulator_position(qw, rw, colw)
-                first = ew if qw is None else qw * per_tile + ew
-                return self.output_pair(rib, cib, first, regs=dict(zip(hoisted, regs)))
-            body = seq(fill, self.unrolled("out_w", width, pair))
+            regs, fill = shared[1](g) if shared is not None else self.column_registers(hoisted, column_of(g))
+            computed = dict(zip(hoisted, regs))
+            body = seq(fill, self.unrolled(labels[1], width, lambda w: pair(g, w, computed)))
             for reg in regs:
                 body = Allocate(reg, body)
             return body
-        stores = self.unrolled("out_g", count, group)
+        stores = self.unrolled(labels[0], count, group)
         return stores if shared is None else shared[0](stores)
 
-    def column_registers(self, hoisted: tuple[Expr, ...], row: Expr, column: Expr) -> tuple[list[Buffer], Stmt]:
+    def column_registers(self, hoisted: tuple[Expr, ...], column: Expr) -> tuple[list[Buffer], Stmt]:
         """Registers of two elements for each of `hoisted` and the statement that fills them with
         its values at the even `column` of the output and the next (guarded by column < N where
-        the tiles do not divide the output, as the stores are): `by_column_groups`."""
-        c = self.c
-        v, values = self.pair_values("col_v", row, column)
-        regs, _ = self.column_buffers(hoisted, self.names["col_v"] - 1)
+        the tiles do not divide the output, as the stores are): `by_column_groups`. (Any row will
+        do: the hoisted values read none.)"""
+        v, values = self.pair_values("col_v", self.by * self.t.bm, column)
+        regs = self.column_buffers(hoisted)
         fill: Stmt = For(v, int32(0), int32(2), "unroll",
                          seq(*(BufferStore(reg, (v,), substitute(e, values)) for reg, e in zip(regs, hoisted))))
-        return regs, (fill if self.tiles_divide() else IfThenElse(column < c.n, fill))
+        return regs, (fill if self.tiles_divide() else IfThenElse(column < self.c.n, fill))
 
-    def column_buffers(self, hoisted: tuple[Expr, ...], n: int | None = None) -> tuple[list[Buffer], int]:
+    def column_buffers(self, hoisted: tuple[Expr, ...]) -> list[Buffer]:
         """Two-element registers for each of `hoisted` (a column pair's values), named by the
-        n-th column group of the kernel (the next one when n is None)."""
+        kernel's next column group."""
         out = self.c.store.buffer
-        if n is None:
-            n = self.names.get("col_regs", 0)
-            self.names["col_regs"] = n + 1
-            return [Buffer(f"{out.name}_col{k}_s{n}", e.dtype, int32_shape(2), "local", tensor=f"{out.tensor}.column")
-                    for k, e in enumerate(hoisted)], n
-        return [Buffer(f"{out.name}_col{k}" if n == 0 else f"{out.name}_col{k}_{n}", e.dtype, int32_shape(2),
-                       "local", tensor=f"{out.tensor}.column") for k, e in enumerate(hoisted)], n
+        n = self.names.get("col_regs", 0)
+        self.names["col_regs"] = n + 1
+        return [Buffer(f"{out.name}_col{k}" if n == 0 else f"{out.name}_col{k}_{n}", e.dtype, int32_shape(2), "local",
+                       tensor=f"{out.tensor}.column") for k, e in enumerate(hoisted)]
 
     def pair_values(self, label: str, row: Expr, column: Expr) -> tuple[Var, dict[Var, Expr]]:
         """A new lane variable named after `label` (0 or 1: the even `column` or the next) and the
@@ -566,24 +547,9 @@ class KernelEpilogue(TileStaging):
         groups = self.column_groups() if hoisted else None
         if groups is not None:   # the column invariants once per column group (`by_column_groups`)
             count, per_group, at = groups
-            shared = self.shared_columns(hoisted, count,
-                                         lambda g: self.bx * t.bn + self.c_map(thread, at(g, int32(0))[1])[1])
-
-            def group(g: Var) -> Stmt:
-                _, first = at(g, int32(0))
-                r, col = self.c_map(thread, first)
-                if shared is not None:
-                    regs, fill = shared[1](g)
-                else:
-                    regs, fill = self.column_registers(hoisted, self.by * t.bm + row0 + r, self.bx * t.bn + col)
-                pairs = self.unrolled("stage_w", per_group, lambda w: pair(at(g, w)[1] // 2, dict(zip(hoisted, regs))))
-                body = seq(fill, pairs)
-                for reg in regs:
-                    body = Allocate(reg, body)
-                return body
-            writes = self.unrolled("stage_g", count, group)
-            if shared is not None:
-                writes = shared[0](writes)
+            writes = self.by_column_groups(
+                hoisted, count, per_group, lambda g: self.bx * t.bn + self.c_map(thread, at(g, int32(0))[1])[1],
+                lambda g, w, regs: pair(at(g, w)[1] // 2, regs), ("stage_g", "stage_w"))
         elif paired:
             writes = self.unrolled("stage_e", self.tile_elements() // 2, pair)
         else:
