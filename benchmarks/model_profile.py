@@ -21,6 +21,7 @@ import argparse
 import statistics
 import sys
 from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -61,34 +62,39 @@ def cupti_calls(fn, calls: int) -> tuple[list[float], dict[str, list[float]]]:
     return times, kernels
 
 
-def host_profile(label: str, run, opt, data, top: int) -> None:
+def host_profile(label: str, steps: Sequence[Callable[[], Any]], top: int) -> None:
     """The host's time per step by Python function (cProfile over the steps, each synchronized):
-    what the CPU does between launches when the GPU waits."""
+    what the CPU does between launches when the GPU waits. `steps`: one call per step
+    (benchmarks/models_hf.py passes its own)."""
     import cProfile
     import pstats
 
     prof = cProfile.Profile()
-    for idx, targets in data:
+    for step in steps:
         prof.enable()
-        _step(run, opt, idx, targets)
+        step()
         prof.disable()
         torch.cuda.synchronize()
-    print(f"\n### {label}: host time by function over {len(data)} step(s) (cProfile, tottime)")
+    print(f"\n### {label}: host time by function over {len(steps)} step(s) (cProfile, tottime)")
     pstats.Stats(prof).sort_stats("tottime").print_stats(top)
 
 
-def gap_profile(label: str, run, opt, data, top: int) -> None:
+def gap_profile(label: str, steps: Sequence[Callable[[], Any]], top: int, synchronized: bool = False) -> None:
     """Where the GPU waits within the steps: the steps run back to back (no synchronization
     between them, as in training) under torch.profiler with CPU and CUDA activity; the GPU's idle
     time is the profiled window from the first kernel's start to the last one's end less the
     union of the kernels' intervals. Prints it per step and the `top` longest gaps, each with the
     kernels before and after it and the host's events (torch ops, CUDA API calls) that overlap
-    it longest: what the host was doing while the GPU had nothing queued."""
+    it longest: what the host was doing while the GPU had nothing queued. `synchronized`: each
+    step waits for the GPU before the next starts (as a timing loop that synchronizes per step
+    does): the host's time to the next step's first kernel is then a gap too."""
     cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for idx, targets in data:
-            _step(run, opt, idx, targets)
+        for step in steps:
+            step()
+            if synchronized:
+                torch.cuda.synchronize()
         torch.cuda.synchronize()
     events = prof.events()
     kernels = sorted((e for e in events if e.device_type == cuda and e.device_time > 0),
@@ -107,10 +113,11 @@ def gap_profile(label: str, run, opt, data, top: int) -> None:
         if stop >= end:
             end, prev = stop, k
     window = end - kernels[0].time_range.start
-    steps = len(data)
-    print(f"\n### {label}: GPU idle within {steps} back-to-back step(s): {(window - busy) / steps / 1e3:.2f} ms per "
-          f"step of {window / steps / 1e3:.2f} ms ({len(gaps) / steps:.0f} gaps per step; "
-          f"{sum(g[0] for g in gaps if g[0] > 20) / steps / 1e3:.2f} ms per step in gaps over 20 us)")
+    count = len(steps)
+    how = "synchronized" if synchronized else "back-to-back"
+    print(f"\n### {label}: GPU idle within {count} {how} step(s): {(window - busy) / count / 1e3:.2f} ms per "
+          f"step of {window / count / 1e3:.2f} ms ({len(gaps) / count:.0f} gaps per step; "
+          f"{sum(g[0] for g in gaps if g[0] > 20) / count / 1e3:.2f} ms per step in gaps over 20 us)")
     print("| gap us | after kernel | before kernel | host events overlapping it (us of overlap) |")
     print("| --- | --- | --- | --- |")
     for length, a, b, before, after in sorted(gaps, reverse=True)[:top]:
@@ -144,10 +151,11 @@ def profile(label: str, run, model, data, warmup: int, top: int, host: int = 0, 
     if label.startswith("tecc"):
         from tecc.runtime.graphs import TOTALS
         print(f"tecc's CUDA graphs of repeated calls so far in this process: {TOTALS}")
+    calls = [lambda batch=batch: _step(run, opt, *batch) for batch in timed]
     if host:
-        host_profile(label, run, opt, timed, host)
+        host_profile(label, calls, host)
     if gaps:
-        gap_profile(label, run, opt, timed, gaps)
+        gap_profile(label, calls, gaps)
 
 
 def main() -> None:

@@ -4,6 +4,7 @@
     python benchmarks/models_hf.py               # also GPT-2 with transformers' "eager" attention, more steps
     python benchmarks/models_hf.py --tiny        # the CPU tests' small sizes (CPU: eager and tecc in the emulator)
     python benchmarks/models_hf.py --quick --models gpt2 --memory-snapshot /tmp/mem   # who holds the peak
+    python benchmarks/models_hf.py --quick --models gpt2 --profile 40 --gaps 25   # kernels, and where the GPU waits
 
 GPT-2: transformers.GPT2LMHeadModel(GPT2Config()) (12 layers, width 768, 12 heads, vocabulary
 50257, random weights), batch 8 x 1024 tokens, bf16 autocast, dropout 0, the loss from
@@ -92,6 +93,20 @@ def _kernel_profile(label: str, fn: Callable[[], Any], calls: int, top: int) -> 
         print(f"| {sum(durations) / calls / 1e3:.3f} | {len(durations) / calls:.0f} | {statistics.mean(durations):.1f} "
               f"| {name[:110]} |")
     _launch_cache_counts()
+
+
+def _host_and_gaps(args: argparse.Namespace, label: str, steps: list[Callable[[], Any]]) -> None:
+    """--gaps N / --host N (CUDA only): where the GPU waited for the host within three of
+    `steps`, each synchronized as the timing loop's are, and the host's top N Python functions
+    over the other three (benchmarks/model_profile.py)."""
+    if args.device != "cuda" or not (args.host or args.gaps):
+        return
+    from model_profile import gap_profile, host_profile  # benchmarks/model_profile.py
+
+    if args.gaps:
+        gap_profile(label, steps[:3], args.gaps, synchronized=True)
+    if args.host:
+        host_profile(label, steps[3:], args.host)
 
 
 def _launch_cache_counts() -> None:
@@ -205,6 +220,10 @@ def gpt2(args: argparse.Namespace, transformers: Any) -> list[str]:
                 _record_memory(args, label, backend, start=False)
                 if args.profile and args.device == "cuda":
                     _kernel_profile(f"{label} / {backend}", lambda: step(data[-1]), 2, args.profile)
+                # new batches, as every timed step had (tensors seen before replay what they ran as)
+                fresh = [torch.randint(0, config.vocab_size, (batch, length), generator=g).to(args.device)
+                         for _ in range(6)]
+                _host_and_gaps(args, f"{label} / {backend}", [lambda ids=ids: step(ids) for ids in fresh])
             except Exception:  # noqa: BLE001 - report the failure, go on with the other backends
                 print(f"{label} / {backend} failed:\n{traceback.format_exc()}")
             del model
@@ -248,6 +267,8 @@ def resnet50(args: argparse.Namespace, torchvision: Any) -> list[str]:
             if args.profile and args.device == "cuda":
                 with torch.no_grad():
                     _kernel_profile(f"{label} / {backend}", lambda: run(xb), 3, args.profile)
+            with torch.no_grad():
+                _host_and_gaps(args, f"{label} / {backend}", [lambda: run(xb)] * 6)
         except Exception:  # noqa: BLE001
             print(f"{label} / {backend} failed:\n{traceback.format_exc()}")
         del model
@@ -266,6 +287,10 @@ def main() -> None:
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="after each backend's timing, a few calls under torch.profiler: GPU busy time against "
                         "the call's time and the top N kernels")
+    p.add_argument("--host", type=int, default=0, metavar="N",
+                   help="also the host's top N Python functions by time over 3 steps (cProfile)")
+    p.add_argument("--gaps", type=int, default=0, metavar="N",
+                   help="also the GPU's idle time within 3 steps (each synchronized) and its N longest gaps")
     p.add_argument("--partitioner", default="recompute", choices=["min_cut", "default", "recompute"],
                    help="tecc's partitioner option for GPT-2 (what its forward saves for the backward)")
     p.add_argument("--memory-snapshot", default=None, metavar="DIR",

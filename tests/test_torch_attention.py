@@ -177,10 +177,17 @@ def test_gpt2_sdpa_forward_over_qkv_views_plans_on_tensor_cores(op, arch):
     """GPT-2 small's attention (B 8, H 12, S 1024, d 64, bf16, causal) reads q, k, v as views of
     the QKV GEMM's output: one tensor-core kernel for the target (wgmma on sm_90), the views read
     in place (no copy kernel), for cuDNN's op (its log-sum-exp [B, H, S, 1] a row output) and
-    the CPU one."""
+    the CPU one, whose log-sum-exp [B, H, S] eager lays out as (B, S, H): the program writes it
+    in that order (graph.py `_write_order`), a small kernel of its own after the attention's."""
     from tecc.compiler.planner import plan_program
 
     result = plan_program(_qkv_forward_program(op, 8, 12, 1024, 64), arch)
+    if op == "cpu":
+        assert result.plan.strategy == "regions", result.plan
+        attention, ordered = result.parts
+        assert [k.kernel for k in ordered.kernels] == ["getitem_4_ordered_kernel"], ordered.plan
+        assert ordered.plan.strategy == "elementwise", ordered.plan
+        result = attention
     assert result.plan.strategy == "online_contraction_mma", result.plan
     (step,) = result.plan.steps
     assert step.primitive == "online_contraction_mma" and bool(step.args.get("wgmma")) == (arch == "sm_90"), step

@@ -13,9 +13,8 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 import tecc  # noqa: E402
-from torch_models import fresh_dynamo  # noqa: E402,F401  (tests/torch_models.py)
+from torch_models import fresh_dynamo, programs  # noqa: E402,F401  (tests/torch_models.py)
 from tecc.torch.report import reports  # noqa: E402
-from tecc.torch.runtime import RunProgram  # noqa: E402
 
 
 def compiled(fn, **options):
@@ -71,23 +70,6 @@ def test_bfloat16_convolution_sums_in_float32_and_rounds_once():
     # one rounding of the float32 sum: within half a bfloat16 ulp of the exact result (plus the
     # float32 accumulation's few ulps)
     torch.testing.assert_close(y.double(), want, rtol=2 ** -8, atol=1e-3)
-
-
-@pytest.fixture
-def programs(monkeypatch):
-    """The RunProgram steps of the graphs compiled in the test."""
-    from tecc.torch import backend
-
-    found: list[RunProgram] = []
-    assemble = backend.assemble
-
-    def spy(*args, **kwargs):
-        graph = assemble(*args, **kwargs)
-        found.extend(s for s in graph.steps if isinstance(s, RunProgram))
-        return graph
-
-    monkeypatch.setattr(backend, "assemble", spy)
-    return found
 
 
 def test_channels_last_is_read_and_written_in_its_memory_order(programs):
@@ -171,3 +153,67 @@ def test_the_padded_fp16_nhwc_layer_is_an_implicit_gemm_on_tensor_cores(arch, ba
     # (wgmma or mma.sync), its padding a guarded load; never the generic reduction
     assert all(s in ("gemm_tensor_core", "gemm_wgmma") for s in chosen.values()), f.explain()
     assert f.planning.predicted_seconds < 300e-6, f.explain()
+
+
+@pytest.mark.parametrize("cin,wide", [(3, 4), (1, 2), (5, 8)])
+def test_few_input_channels_are_read_through_a_padded_copy(programs, monkeypatch, cin, wide):
+    """A 16-bit convolution of few input channels (resnet's RGB stem: 3) reads its input and
+    filters through channels-last copies padded with zeros to the next cp.async size
+    (convolution.py `_padded_channels`): two small kernels before the convolution's, the same
+    result (the zeros add nothing)."""
+    from tecc.torch.lowering import convolution
+
+    monkeypatch.setattr(convolution, "PAD_CHANNELS_MIN_ELEMENTS", 64)  # the emulator's sizes
+    torch.manual_seed(cin)
+    cl = torch.channels_last
+    x = torch.randn(2, cin, 11, 9).bfloat16().to(memory_format=cl)
+    w = torch.randn(8, cin, 7, 7).bfloat16().to(memory_format=cl)
+
+    def fn(x, w):
+        return torch.relu(F.conv2d(x, w, stride=2, padding=3))
+
+    y = compiled(fn)(x, w)
+    want = fn(x.double(), w.double())
+    torch.testing.assert_close(y.double(), want, rtol=2 ** -7, atol=2e-2 * float(want.abs().max()) * 2 ** -7)
+    kernels = sorted(k for r in reports() for _, names in r.programs for k in names)
+    assert kernels == ["convolution_channels_kernel", "convolution_filters_kernel", "relu_kernel"], kernels
+    (program,) = programs
+    # the padded copies are the program's temporaries (its arguments are still x, w and y),
+    # channels-last with `wide` channels
+    assert len(program.inputs) == 2 and len(program.outputs) == 1
+    temps = {b.name: tuple(int(n) for n in b.shape) for b in program.kernel.module.temps}
+    assert temps == {"convolution_channels": (2, 11, 9, wide), "convolution_filters": (8, 7, 7, wide)}, temps
+
+
+def test_few_channels_below_the_size_threshold_are_read_in_place():
+    torch.manual_seed(1)
+    x = torch.randn(1, 3, 6, 6).bfloat16()
+    w = torch.randn(4, 3, 3, 3).bfloat16()
+    y = compiled(lambda x, w: F.conv2d(x, w, padding=1))(x, w)
+    torch.testing.assert_close(y.double(), F.conv2d(x.double(), w.double(), padding=1), rtol=2 ** -7, atol=5e-2)
+    kernels = [k for r in reports() for _, names in r.programs for k in names]
+    assert kernels == ["convolution_kernel"], kernels
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch has no CUDA")
+def test_resnet_stem_on_the_gpu_reads_padded_channels(programs):
+    """resnet50's stem at its size (bf16, channels_last, 32x3x224x224, 7x7 stride 2): the
+    padded channel copies and the implicit GEMM's 8-byte copies on the GPU, against float64."""
+    torch.manual_seed(7)
+    cl = torch.channels_last
+    x = torch.randn(32, 3, 224, 224, device="cuda").bfloat16().to(memory_format=cl)
+    w = (torch.randn(64, 3, 7, 7, device="cuda") * 0.1).bfloat16().to(memory_format=cl)
+
+    def fn(x, w):
+        return torch.relu(F.conv2d(x, w, stride=2, padding=3))
+
+    f = compiled(fn)
+    f(x, w)  # compiled; the next call's output comes from the cache the poison was freed into
+    torch.empty(32 * 64 * 112 * 112, dtype=torch.bfloat16, device="cuda").fill_(float("nan"))
+    y = f(x, w)
+    want = fn(x.double(), w.double())
+    err = float((y.double() - want).abs().max() / want.abs().max())
+    assert err < 2 ** -7, err
+    kernels = sorted(k for r in reports() for _, names in r.programs for k in names)
+    assert kernels == ["convolution_channels_kernel", "convolution_filters_kernel", "relu_kernel"], kernels

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tecc as tc  # noqa: E402
-from tecc.torch.runtime import MakeView, RunAten, Size, Slot, compile_template, resolve  # noqa: E402
+from tecc.torch.runtime import MakeView, RunAten, RunProgram, Size, Slot, compile_template, resolve  # noqa: E402
 
 
 def test_a_compiled_template_gives_what_resolve_gives():
@@ -166,3 +166,25 @@ def test_a_fallback_result_of_other_sizes_is_keyed_again():
     (y,) = graph2([x8.clone()])
     assert torch.allclose(y, x8[:4] * 2 + 1)
     assert (kernel2.keyed, kernel2.relaunched) == (2, 0)
+
+
+def test_a_programs_arguments_are_checked_once_per_layouts_number():
+    """RunProgram._arguments: under a layouts number whose first call copied nothing, the inputs
+    are taken as they are (the permuted ones permuted), only those an ATen fallback made
+    (`watched`) are checked again; a number whose first call copied checks every call."""
+    cl = torch.channels_last
+    w = torch.randn(4, 3, 2, 2).to(memory_format=cl)
+    x, y = torch.randn(5, 6), torch.randn(6, 5)
+    program = RunProgram(kernel=None, inputs=(0, 1, 2), contiguous=(True, True, True), outputs=(), emulate=True,
+                         input_orders=((0, 2, 3, 1), None, None))
+    program.watched = (2,)
+    first = program._arguments([w, x, y], 0)
+    assert first[0].is_contiguous() and first[0].data_ptr() == w.data_ptr() and first[1] is x and first[2] is y
+    # the same number: x is taken as it is (its layout is vouched for), the watched y is checked
+    again = program._arguments([w, x, y.t()], 0)
+    assert again[1] is x and again[2].is_contiguous() and torch.equal(again[2], y.t())
+    # a number whose first call made a copy: every call checks every input
+    copied = program._arguments([w, x.t(), y], 1)
+    assert copied[1].is_contiguous() and torch.equal(copied[1], x.t())
+    assert program._arguments([w, x.t(), y], 1)[1].is_contiguous()
+    assert program._uncopied == {0}

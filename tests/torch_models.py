@@ -23,6 +23,24 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.fixture
+def programs(monkeypatch):
+    """The RunProgram steps of the graphs compiled in the test (import it where it is used)."""
+    from tecc.torch import backend
+    from tecc.torch.runtime import RunProgram
+
+    found: list[RunProgram] = []
+    assemble = backend.assemble
+
+    def spy(*args, **kwargs):
+        graph = assemble(*args, **kwargs)
+        found.extend(s for s in graph.steps if isinstance(s, RunProgram))
+        return graph
+
+    monkeypatch.setattr(backend, "assemble", spy)
+    return found
+
+
 class Block(nn.Module):
     """A pre-norm transformer block; attention as masked_fill + softmax, or through SDPA."""
 

@@ -35,7 +35,7 @@ from ..ir.expr import Const, Var, free_vars
 from ..ir.tensor import ComputeOp, Tensor, compute, placeholder
 from .lowering import (LOWERINGS, RANDOM_OPS, LoweringContext, RandomDraws, Sizes, Unsupported, is_view, tecc_dtype,
                        why_not)
-from .lowering.context import Namer, in_order, memory_order
+from .lowering.context import Namer, boundary_order, dense_order, in_order, memory_order
 
 # node kinds: a graph input; computed by a tecc program; run as ATen; a size evaluated on the
 # host; an output of a lowered op that tecc does not compute (attention's random-generator state
@@ -155,7 +155,8 @@ class _Lowerer:
 
     def placeholder(self, node: Node) -> Tensor:
         """A value from outside as this program reads it: a placeholder, or the logical view of a
-        placeholder in the value's memory order (channels_last)."""
+        placeholder in the value's memory order (channels_last, a transposed matrix:
+        `boundary_order`)."""
         found = self.logical.get(node, self.placeholders.get(node))
         if found is not None:
             return found
@@ -164,7 +165,7 @@ class _Lowerer:
             raise Unsupported(f"{node.name} is not a tensor")
         shape = self.sizes.shape(val.shape)
         name = self.ctx.namer(node.name)
-        order = self.orders[node] = memory_order(val)
+        order = self.orders[node] = boundary_order(val)
         if order is not None:
             stored = self.placeholders[node] = placeholder(tuple(shape[d] for d in order), tecc_dtype(val.dtype),
                                                            name=name)
@@ -380,7 +381,8 @@ def segments(gm: GraphModule, name: str, sizes: Sizes, kinds: dict[Node, str],
 def _distinct_outputs(seg: Segment, lowerer: _Lowerer) -> list[Tensor]:
     """The output tensors, each a compute of its own: an output that is a placeholder or another
     output's tensor is written by an identity compute (build takes each tensor once). A value
-    computed in its memory order (LoweringContext.compute) is written in that order."""
+    computed in its memory order (LoweringContext.compute) is written in that order, one whose
+    eager strides are another dense order (`dense_order`) by a compute in that order."""
     seen: set[int] = {id(t) for t in lowerer.placeholders.values()}
     tensors = []
     seg.output_orders = []
@@ -389,6 +391,8 @@ def _distinct_outputs(seg: Segment, lowerer: _Lowerer) -> list[Tensor]:
         stored, order = lowerer.ctx.stored.get(id(t), (t, None))
         if id(stored) not in seen:
             t = stored
+            if order is None and (order := _write_order(node, t)) is not None:
+                t = _in_memory_order(t, order, lowerer.ctx.namer(node.name + "_ordered"))
         else:
             order = None
             if id(t) in seen:
@@ -399,6 +403,28 @@ def _distinct_outputs(seg: Segment, lowerer: _Lowerer) -> list[Tensor]:
         tensors.append(t)
         seg.output_orders.append(order)
     return tensors
+
+
+def _write_order(node: Node, t: Tensor) -> tuple[int, ...] | None:
+    """The memory order an output `t` computed in the logical one is written in: eager's
+    (`dense_order`), so that what the next program, a view or the caller is handed has the
+    strides its trace saw, where `t` is elementwise (its body is inlined into the write in that
+    order: no kernel more). None for a row-major or channels_last value (the latter computed in
+    its order already) and for a reduction's or a contraction's result, whose kernel stores it
+    in the logical order: a copy in eager's order would be a kernel more. Not yet: the attention
+    templates writing their output as eager lays it out, (B, S, H, D) (then transformers'
+    `transpose(1, 2).reshape(...)` of it is a view, not the runtime's copy)."""
+    if isinstance(t.op, ComputeOp) and t.op.reductions:
+        return None
+    val = node.meta.get("val")
+    return None if memory_order(val) is not None else dense_order(val)
+
+
+def _in_memory_order(t: Tensor, order: tuple[int, ...], name: str) -> Tensor:
+    """t stored in `order` (its dimensions outermost first): the compute the program writes."""
+    inverse = [order.index(d) for d in range(len(order))]
+    return compute(tuple(t.shape[d] for d in order), lambda *j: t[tuple(j[inverse[d]] for d in range(len(order)))],
+                   name=name)
 
 
 def _unbound_sizes(args: list[Tensor]) -> list[Var]:

@@ -144,11 +144,17 @@ class RunProgram:
     # per number of the graph inputs' layouts: the launch-cache entry the program's call ran as,
     # and the watched inputs' layouts then
     _entries: dict[int, tuple[LaunchEntry, tuple[Any, ...]]] = field(init=False, repr=False, compare=False)
+    # the numbers of the graph inputs' layouts under which no input needed a copy (`_arguments`),
+    # and the inputs passed permuted: (position, order)
+    _uncopied: set[int] = field(init=False, repr=False, compare=False)
+    _ordered: tuple[tuple[int, tuple[int, ...]], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._static_shapes = tuple(None if any(isinstance(n, Expr) for n in shape) else tuple(int(n) for n in shape)
                                     for _, shape, _ in self.outputs)
         self._entries = {}
+        self._uncopied = set()
+        self._ordered = tuple((p, o) for p, o in enumerate(self.input_orders) if o is not None)
 
     def _carriers(self, env: Env, device: Any) -> list[Any]:
         if self.emulate:
@@ -161,15 +167,7 @@ class RunProgram:
         argument then has the layout it had on the earlier call of that number, so the launch
         that call ran as is launched again on the new pointers alone (RunnableKernel.relaunch),
         without reading each argument's key."""
-        args = []
-        for position, (slot, contiguous) in enumerate(zip(self.inputs, self.contiguous)):
-            t = slots[slot]
-            order = self.input_orders[position] if self.input_orders else None
-            if order is not None:
-                t = t.permute(order)
-            if contiguous and not t.is_contiguous():
-                t = t.contiguous()
-            args.append(t)
+        args = self._arguments(slots, layouts)
         device = args[0].device if args else self.device
         outs = []
         for position, ((slot, shape, dtype), static) in enumerate(zip(self.outputs, self._static_shapes)):
@@ -192,6 +190,33 @@ class RunProgram:
         entry = self.kernel.call_entry(*[t.detach() if t.requires_grad else t for t in args], *carriers, *outs)
         if layouts is not None and entry is not None:
             self._entries[layouts] = (entry, self._watched_layouts(args))
+
+    def _arguments(self, slots: list[Any], layouts: int | None) -> list[Any]:
+        """The program's inputs as it reads them: permuted to their memory order (`input_orders`),
+        made contiguous where the placeholder wants it and they are not. Under a layouts number
+        whose first call copied nothing, every input has the layout it had then, so only the
+        permutes are redone and only the inputs an ATen fallback made (`watched`) are checked: a
+        whole model's parameters (resnet50's 267 inputs) cost a list, not a check each."""
+        if layouts is not None and layouts in self._uncopied:
+            args = [slots[s] for s in self.inputs]
+            for position, memory in self._ordered:
+                args[position] = args[position].permute(memory)
+            for position in self.watched:
+                if self.contiguous[position] and not args[position].is_contiguous():
+                    args[position] = args[position].contiguous()
+            return args
+        args, copied = [], False
+        for position, (slot, contiguous) in enumerate(zip(self.inputs, self.contiguous)):
+            t = slots[slot]
+            order = self.input_orders[position] if self.input_orders else None
+            if order is not None:
+                t = t.permute(order)
+            if contiguous and not t.is_contiguous():
+                t, copied = t.contiguous(), True
+            args.append(t)
+        if layouts is not None and not copied:
+            self._uncopied.add(layouts)
+        return args
 
     def _watched_layouts(self, args: list[Any]) -> tuple[Any, ...]:
         return tuple((args[p].shape, args[p].stride(), args[p].dtype) for p in self.watched)

@@ -212,6 +212,43 @@ def memory_order(val: Any) -> tuple[int, ...] | None:
     return (0, *range(2, val.ndim), 1)
 
 
+def dense_order(val: Any) -> tuple[int, ...] | None:
+    """The dimensions of a dense permutation of a row-major tensor by stride, outermost first
+    (size-1 dimensions outermost, by position): (0, 2, 1, 3) for attention's output laid out
+    (B, S, H, D), (1, 0) for a transposed matrix. None for a row-major tensor, one that is not
+    dense (a slice) and one with symbolic sizes or strides (asking them would specialize their
+    symbols)."""
+    if not isinstance(val, torch.Tensor) or val.ndim < 2:
+        return None
+    sizes, strides = val.shape, val.stride()
+    if not all(type(n) is int for n in (*sizes, *strides)) or 0 in sizes or val.is_contiguous():
+        return None
+    order = tuple(sorted(range(val.ndim), key=lambda d: (sizes[d] > 1, -strides[d], d)))
+    if order == tuple(range(val.ndim)):
+        return None
+    expected = 1
+    for d in reversed(order):
+        if sizes[d] > 1 and strides[d] != expected:
+            return None
+        expected *= sizes[d]
+    return order
+
+
+def boundary_order(val: Any) -> tuple[int, ...] | None:
+    """The memory order a program reads an input value in: channels_last's (`memory_order`), or,
+    for a dense permutation whose last dimension is not of stride 1 (`dense_order`: a transposed
+    matrix, the activation a weight's gradient reads as X^T; the (B, S, H) log-sum-exp of the CPU's
+    attention), that order: the placeholder is its row-major tensor and the runtime passes the
+    value permuted to it (no copy, where a row-major placeholder would copy it). None for any
+    other layout: row-major, rows contiguous (read in place through stride parameters), not dense
+    or symbolic (copied contiguous)."""
+    order = memory_order(val)
+    if order is not None:
+        return order
+    order = dense_order(val)
+    return order if order is not None and val.stride()[-1] != 1 else None
+
+
 def in_order(t: Tensor, order: Sequence[int], name: str) -> Tensor:
     """The logical tensor whose memory-ordered form is `t` (a view: an index expression)."""
     inverse = [order.index(d) for d in range(len(order))]

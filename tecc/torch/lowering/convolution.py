@@ -28,7 +28,7 @@ from ...ir import dtype as dt
 from ...ir import ops as te
 from ...ir.dtype import DType
 from ...ir.expr import Expr, ExprLike
-from ...ir.tensor import Tensor, reduce_axis
+from ...ir.tensor import Tensor, compute, reduce_axis
 from .context import LoweringContext, Unsupported, constant, static_int
 
 
@@ -100,6 +100,44 @@ class _Conv:
         return value if cond is None else te.where(cond, value, constant(0, self.x.dtype))
 
 
+# a convolution's input of at least this many elements, with few channels, is read through a
+# copy with its channels padded (`_padded_channels`): smaller, the copy costs more than it saves
+PAD_CHANNELS_MIN_ELEMENTS = 1 << 20
+# channel counts a padded copy takes: the cp.async sizes of 16-bit elements (4, 8, 16 bytes)
+_CHANNEL_COPIES = (2, 4, 8)
+
+
+def _padded_channels(ctx: LoweringContext, conv: _Conv) -> tuple[Tensor, Tensor] | None:
+    """For a 16-bit convolution of few input channels (the stem's RGB: C = 3, whose rows of 6
+    bytes no copy of the implicit GEMM takes, so every element of its gathered operand is a
+    guarded load with its own index arithmetic), the input and the filters copied channels-last
+    with their channels padded with zeros to the next copy size (3 -> 4: one 8-byte cp.async per
+    tap and pixel; 6 -> 8; an odd count above 8 to a multiple of 4), which the contraction then
+    sums over: the zeros add nothing. None where the rows take copies already (2, 4, 8 or an even
+    count above 8 channels), where the convolution is grouped, or where the input is smaller than
+    PAD_CHANNELS_MIN_ELEMENTS."""
+    x, w = conv.x, conv.w
+    channels = static_int(conv.in_per_group)
+    if conv.groups != 1 or channels is None or channels in _CHANNEL_COPIES or (channels > 8 and channels % 2 == 0) \
+            or x.dtype not in (dt.float16, dt.bfloat16) or w.dtype != x.dtype:
+        return None
+    elements = 1
+    for n in x.shape:
+        size = static_int(n)
+        elements *= size if size is not None else PAD_CHANNELS_MIN_ELEMENTS
+    if elements < PAD_CHANNELS_MIN_ELEMENTS:
+        return None
+    wide = next((n for n in _CHANNEL_COPIES if n >= channels), -(-channels // 4) * 4)
+    zero = constant(0, x.dtype)
+    xp = compute((x.shape[0], *conv.spatial, wide),
+                 lambda *i: te.where(i[-1] < channels, x[(i[0], i[-1], *i[1:-1])], zero),
+                 name=ctx.name("_channels"))
+    wp = compute((w.shape[0], *conv.taps, wide),
+                 lambda *i: te.where(i[-1] < channels, w[(i[0], i[-1], *i[1:-1])], zero),
+                 name=ctx.name("_filters"))
+    return xp, wp
+
+
 def _product(a: Expr, b: Expr, acc: DType) -> Expr:
     return te.cast(a, acc) * te.cast(b, acc)
 
@@ -109,13 +147,23 @@ def lower_convolution(ctx: LoweringContext, x: Any, weight: Any, bias: Any, stri
     conv = _Conv(x, weight, stride, padding, dilation, transposed, output_padding, groups)
     out = ctx.out_dtype()
     acc = _acc(out)
+    padded = _padded_channels(ctx, conv)
 
     def body(*idx: Expr) -> Expr:  # (n, f, *o): compute takes the axes as *args
         n, f, o = idx[0], idx[1], idx[2:]
-        c = reduce_axis(conv.in_per_group, "c")
         t = [reduce_axis(conv.taps[d], f"r{d}") for d in range(conv.dims)]
-        xv = conv.read_x(n, conv.channel(f, c), conv.position(o, t))
-        total = te.sum(_product(xv, conv.w[(f, c, *t)], acc), [c, *t])
+        if padded is None:
+            c = reduce_axis(conv.in_per_group, "c")
+            xv = conv.read_x(n, conv.channel(f, c), conv.position(o, t))
+            wv = conv.w[(f, c, *t)]
+        else:
+            xp, wp = padded
+            c = reduce_axis(xp.shape[-1], "c")
+            pos = conv.position(o, t)
+            cond = conv.inside(pos)
+            xv = xp[(n, *pos, c)] if cond is None else te.where(cond, xp[(n, *pos, c)], constant(0, xp.dtype))
+            wv = wp[(f, *t, c)]
+        total = te.sum(_product(xv, wv, acc), [c, *t])
         if isinstance(bias, Tensor):
             total = total + te.cast(bias[(f,)], acc)
         return te.cast(total, out)
