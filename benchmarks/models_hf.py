@@ -95,6 +95,23 @@ def _kernel_profile(label: str, fn: Callable[[], Any], calls: int, top: int) -> 
     _launch_cache_counts()
 
 
+def _host_probe(launches: int = 2000) -> float:
+    """The host's time per eager launch of a tiny kernel (`add_` on 256 floats), median of 5
+    rounds, in us. The comparison with inductor is host-sensitive (inductor launches ~780 kernels
+    per GPT-2 step from Python, tecc replays a CUDA graph per program): a machine whose probe is
+    well above the others' gives ratios that are not comparable with theirs (RESULTS.md, stop 41)."""
+    x = torch.zeros(256, device="cuda")
+    rounds = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(launches):
+            x.add_(1.0)
+        rounds.append((time.perf_counter() - start) / launches * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(rounds)
+
+
 def _host_and_gaps(args: argparse.Namespace, label: str, steps: list[Callable[[], Any]]) -> None:
     """--gaps N / --host N (CUDA only): where the GPU waited for the host within three of
     `steps`, each synchronized as the timing loop's are, and the host's top N Python functions
@@ -307,7 +324,8 @@ def main() -> None:
         args.gpt2_steps, args.resnet_steps, args.warmup = 4, 3, 1
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (tecc in the emulator)"
-    lines = [f"{device}, torch {torch.__version__}", "",
+    probe = f", host probe {_host_probe():.1f} us per eager launch" if args.device == "cuda" else ""
+    lines = [f"{device}, torch {torch.__version__}{probe}", "",
              "| model | backend | ms (median) | first call s | error | peak GiB |", "| --- | --- | --- | --- | --- | --- |"]
     # torchvision first: transformers imports it when it is installed
     torchvision = _package("torchvision") if "resnet50" in args.models or "gpt2" in args.models else None
