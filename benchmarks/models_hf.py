@@ -112,14 +112,15 @@ def _host_probe(launches: int = 2000) -> float:
     return statistics.median(rounds)
 
 
-def _host_and_gaps(args: argparse.Namespace, label: str, steps: list[Callable[[], Any]]) -> None:
-    """--gaps N / --host N (CUDA only): where the GPU waited for the host within three of
-    `steps`, each synchronized as the timing loop's are, and the host's top N Python functions
-    over the other three (benchmarks/model_profile.py)."""
+def _host_and_gaps(args: argparse.Namespace, label: str, make_steps: Callable[[], list[Callable[[], Any]]]) -> None:
+    """--gaps N / --host N (CUDA only): where the GPU waited for the host within three of the
+    steps `make_steps` gives (made only then), each synchronized as the timing loop's are, and the
+    host's top N Python functions over the other three (benchmarks/model_profile.py)."""
     if args.device != "cuda" or not (args.host or args.gaps):
         return
     from model_profile import gap_profile, host_profile  # benchmarks/model_profile.py
 
+    steps = make_steps()
     if args.gaps:
         gap_profile(label, steps[:3], args.gaps, synchronized=True)
     if args.host:
@@ -237,10 +238,13 @@ def gpt2(args: argparse.Namespace, transformers: Any) -> list[str]:
                 _record_memory(args, label, backend, start=False)
                 if args.profile and args.device == "cuda":
                     _kernel_profile(f"{label} / {backend}", lambda: step(data[-1]), 2, args.profile)
-                # new batches, as every timed step had (tensors seen before replay what they ran as)
-                fresh = [torch.randint(0, config.vocab_size, (batch, length), generator=g).to(args.device)
-                         for _ in range(6)]
-                _host_and_gaps(args, f"{label} / {backend}", [lambda ids=ids: step(ids) for ids in fresh])
+                def fresh_steps() -> list[Callable[[], Any]]:
+                    # new batches, as every timed step had (tensors seen before replay what they ran as)
+                    batches = [torch.randint(0, config.vocab_size, (batch, length), generator=g).to(args.device)
+                               for _ in range(6)]
+                    return [lambda ids=ids: step(ids) for ids in batches]
+
+                _host_and_gaps(args, f"{label} / {backend}", fresh_steps)
             except Exception:  # noqa: BLE001 - report the failure, go on with the other backends
                 print(f"{label} / {backend} failed:\n{traceback.format_exc()}")
             del model
@@ -285,7 +289,7 @@ def resnet50(args: argparse.Namespace, torchvision: Any) -> list[str]:
                 with torch.no_grad():
                     _kernel_profile(f"{label} / {backend}", lambda: run(xb), 3, args.profile)
             with torch.no_grad():
-                _host_and_gaps(args, f"{label} / {backend}", [lambda: run(xb)] * 6)
+                _host_and_gaps(args, f"{label} / {backend}", lambda: [lambda: run(xb)] * 6)
         except Exception:  # noqa: BLE001
             print(f"{label} / {backend} failed:\n{traceback.format_exc()}")
         del model

@@ -35,7 +35,7 @@ from ..ir.expr import Const, Var, free_vars
 from ..ir.tensor import ComputeOp, Tensor, compute, placeholder
 from .lowering import (LOWERINGS, RANDOM_OPS, LoweringContext, RandomDraws, Sizes, Unsupported, is_view, tecc_dtype,
                        why_not)
-from .lowering.context import Namer, boundary_order, dense_order, in_order, memory_order
+from .lowering.context import Namer, boundary_order, dense_order, in_order, memory_order, to_order
 
 # node kinds: a graph input; computed by a tecc program; run as ATen; a size evaluated on the
 # host; an output of a lowered op that tecc does not compute (attention's random-generator state
@@ -392,7 +392,7 @@ def _distinct_outputs(seg: Segment, lowerer: _Lowerer) -> list[Tensor]:
         if id(stored) not in seen:
             t = stored
             if order is None and (order := _write_order(node, t)) is not None:
-                t = _in_memory_order(t, order, lowerer.ctx.namer(node.name + "_ordered"))
+                t = to_order(t, order, lowerer.ctx.namer(node.name + "_ordered"))
         else:
             order = None
             if id(t) in seen:
@@ -418,13 +418,6 @@ def _write_order(node: Node, t: Tensor) -> tuple[int, ...] | None:
         return None
     val = node.meta.get("val")
     return None if memory_order(val) is not None else dense_order(val)
-
-
-def _in_memory_order(t: Tensor, order: tuple[int, ...], name: str) -> Tensor:
-    """t stored in `order` (its dimensions outermost first): the compute the program writes."""
-    inverse = [order.index(d) for d in range(len(order))]
-    return compute(tuple(t.shape[d] for d in order), lambda *j: t[tuple(j[inverse[d]] for d in range(len(order)))],
-                   name=name)
 
 
 def _unbound_sizes(args: list[Tensor]) -> list[Var]:

@@ -256,6 +256,14 @@ def in_order(t: Tensor, order: Sequence[int], name: str) -> Tensor:
     return compute(shape, lambda *i: t[tuple(i[order[k]] for k in range(len(order)))], name=name)
 
 
+def to_order(t: Tensor, order: Sequence[int], name: str) -> Tensor:
+    """`in_order`'s inverse: the logical tensor `t` stored in `order` (its dimensions outermost
+    first), the compute a program writes for an output eager lays out so (graph.py)."""
+    inverse = [order.index(d) for d in range(len(order))]
+    return compute(tuple(t.shape[d] for d in order), lambda *j: t[tuple(j[inverse[d]] for d in range(len(order)))],
+                   name=name)
+
+
 class RandomDraws:
     """The random numbers of one graph (lowering/random.py): each call of the compiled graph
     draws one 64-bit seed from torch's generator (the graph's seed node, graph.py), and every
