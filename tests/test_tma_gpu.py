@@ -135,3 +135,19 @@ def test_the_planner_takes_the_staged_persistent_rung_at_4096_on_gpu() -> None:
     assert f.plan.strategy == "gemm_wgmma", f.plan.reason
     assert "warp_specialize" in steps, f.plan
     assert (steps["pipeline"]["producer"], steps["epilogue"]["kind"], steps["persistent"]["blocks"]) == ("tma", "tma", sms)
+
+
+@pytest.mark.parametrize("m,n,k,block,persistent,relu_bias", [
+    (1000, 1001, 768, (128, 256), True, False),    # rows of 1001 halves: odd, no tensor map for C
+    (8192, 50257, 768, (128, 256), True, False),   # transformers' GPT-2 head
+    (777, 300, 200, (64, 128), False, True)])      # 600-byte rows, a fused bias + relu, one block per tile
+def test_an_output_with_unaligned_rows_through_the_threads_epilogue_on_gpu(
+        m: int, n: int, k: int, block: tuple[int, int], persistent: bool, relu_bias: bool) -> None:
+    """Epilogue "threads": the staging tile copied out by the consumer threads' guarded element
+    stores, for outputs TMA cannot store (B stored [n][k] so that TMA loads it)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    plan = store_plan(block, 3, sms if persistent else 0)
+    plan["steps"][0]["args"]["epilogue"] = "threads"
+    f = _run(m, n, k, "bfloat16", out="bfloat16", b_t=True, relu_bias=relu_bias, plan=plan)
+    assert [s.name for s in f.host.kernels[0].tensor_maps] == ["A_tmap", "B_tmap"]
+    assert "the threads' stores" in f.module.kernels[0].attr("tensorize")

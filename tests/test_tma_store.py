@@ -21,7 +21,7 @@ import tecc as tc
 from tecc.compiler.cost.analysis import analyze_kernel
 from tecc.compiler.pipeline import wgmma_serialized
 from tecc.compiler.planner import candidates_for
-from tecc.compiler.strategies.gemm_wgmma import shared_bytes, tma_store_refusal_for
+from tecc.compiler.strategies.gemm_wgmma import shared_bytes, thread_store_refusal_for, tma_store_refusal_for
 from tecc.ir import dtype as dt
 from tecc.ir.errors import DivergenceError, RaceError, ScheduleError
 from tecc.ir.intrinsics import IntrinsicError
@@ -176,6 +176,60 @@ def test_an_output_whose_rows_tma_cannot_stride_keeps_the_register_epilogue() ->
     assert "not a multiple of 16 bytes" in str(tma_store_refusal_for(analyze_kernel(lower(tensors).kernels[0])))
 
 
+def threads_plan(block: tuple[int, int], stages: int, persistent: int = 0) -> dict[str, Any]:
+    plan = store_plan(block, stages, persistent)
+    plan["steps"][0]["args"]["epilogue"] = "threads"
+    return plan
+
+
+@pytest.mark.parametrize("dtype,out", [("bfloat16", "bfloat16"), ("float16", "float32")])
+def test_an_output_with_unaligned_rows_is_copied_out_of_the_staging_tile_by_the_threads(dtype: str, out: str) -> None:
+    """Rows of 100 elements (200 or 400 bytes: no tensor map): epilogue "threads" stages the
+    tile as the TMA epilogue does and the warpgroups' threads store it, guarded at M and N
+    (136 x 100: partial row and column tiles)."""
+    m, n, k = 136, 100, 128
+    tensors, how = contraction(m, n, k, dtype, out=out, b_t=True)
+    f, arrays = run(tensors, how, m, n, k, seed=3, plan=threads_plan((128, 64), 2))
+    check(arrays, how, f"threads {dtype} -> {out}")
+    assert f.module.kernels[0].attr("tensorize").endswith("epilogue through shared memory + the threads' stores)")
+    assert not stores_of(f) and len(global_output_stores(f)) == 1   # one guarded element store, unrolled
+
+
+def test_a_persistent_grid_with_the_threads_epilogue_and_a_fused_bias_matches_numpy() -> None:
+    """200 x 134 over 5 persistent blocks: each block stages several tiles in turn, the next
+    tile's writes after the barrier that follows the previous copy."""
+    m, n, k = 200, 134, 96
+    tensors, how = contraction(m, n, k, "float16", out="float16", b_t=True,
+                               epilogue=lambda acc, bias: tc.maximum(acc + bias, tc.const(0.0, "float16")))
+    f, arrays = run(tensors, how, m, n, k, seed=5, plan=threads_plan((64, 128), 3, 5))
+    check(arrays, how, "threads persistent", epilogue=lambda e, b: np.maximum(e + b, 0.0))
+
+
+def _threads_kernel() -> tuple[PrimFunc, dict[str, np.ndarray]]:
+    """6 tiles of 64 x 64 over 2 blocks, rows of 100 halves."""
+    m, n, k = 192, 100, 64
+    tensors, _ = contraction(m, n, k, "float16", out="float16", b_t=True)   # B [n][k]: TMA loads it
+    func = tensorized(lower(tensors).kernels[0], "C", "wgmma", (64, 64), (4, 1), 64, 2, producer="tma",
+                      persistent=2, epilogue="threads")
+    g = np.random.default_rng(1)
+    args = {"A": g.uniform(-1, 1, (m, k)).astype(np.float16), "B": g.uniform(-1, 1, (n, k)).astype(np.float16),
+            "C": np.full((m, n), np.nan, np.float16)}
+    return func, args
+
+
+def test_the_threads_epilogue_runs_race_free_and_each_barrier_is_needed() -> None:
+    func, args = _threads_kernel()
+    _simulate(func, args)
+    a, b = args["A"].astype(np.float64), args["B"].astype(np.float64)
+    assert np.allclose(args["C"].astype(np.float64), a @ b.T, atol=0.1)
+    barriers = [s for s in iter_stmts(func.body) if isinstance(s, NamedBarrier)]
+    assert len(barriers) == 2   # before the tile's writes (persistent), before the copy
+    for dropped in barriers:
+        edited = Edit(drop=lambda prev, s, nxt, d=dropped: s is d).visit(func.body)
+        with pytest.raises(RaceError):
+            _simulate(PrimFunc(func.name, func.params, edited, func.attrs), _threads_kernel()[1])
+
+
 def test_an_unknown_epilogue_or_one_without_the_tma_ring_is_refused() -> None:
     tensors, _ = contraction(64, 64, 64, "float16", out="float16")
     kernel = lower(tensors).kernels[0]
@@ -183,6 +237,8 @@ def test_an_unknown_epilogue_or_one_without_the_tma_ring_is_refused() -> None:
         tensorized(kernel, "C", "wgmma", (64, 64), (4, 1), 64, 2, producer="tma", epilogue="smem")
     with pytest.raises(ScheduleError, match="built for the warp-specialized TMA ring"):
         tensorized(kernel, "C", "wgmma", (64, 64), (4, 1), 64, 2, epilogue="tma")
+    with pytest.raises(ScheduleError, match="threads' staged epilogue is built for the warp-specialized TMA ring"):
+        tensorized(kernel, "C", "wgmma", (64, 64), (4, 1), 64, 2, epilogue="threads")
 
 
 # ---- the races the emulator must report ---------------------------------------------------------------
@@ -274,12 +330,21 @@ def test_the_strategy_enumerates_and_prices_the_epilogue_and_the_persistent_grid
     assert "epilogue through shared memory + TMA store" in top.label
 
 
-def test_an_output_tma_cannot_store_offers_only_the_register_epilogue() -> None:
+def test_an_output_tma_cannot_store_offers_the_threads_and_the_register_epilogues() -> None:
+    """Rows of 100 halves: no TMA store; the staging tile copied out by the threads instead,
+    priced below the register epilogue, whose unpaired 2-byte stores fill a quarter of a sector."""
     tensors, _ = contraction(512, 100, 512, "float16", out="float16", b_t=True)   # B rows of K: TMA loads them
     info = analyze_kernel(lower(tensors).kernels[0])
     cands, _ = candidates_for(info, H200)
-    epilogues = {c.point.get("epilogue") for c in cands if c.ok and c.point.get("load") == "tma"}
-    assert epilogues == {"registers"}
+    tma = [c for c in cands if c.ok and c.point.get("load") == "tma"]
+    assert {c.point.get("epilogue") for c in tma} == {"threads", "registers"}
+    assert all(shared_bytes(c.point) > shared_bytes({**c.point, "epilogue": "registers"})
+               for c in tma if c.point["epilogue"] == "threads")   # the staging tile is counted
+    threads = [c for c in tma if c.point["epilogue"] == "threads"]
+    assert "copied out by the threads' stores" in " ".join(threads[0].workload.notes)
+    assert thread_store_refusal_for(info) is None and "not a multiple of 16 bytes" in str(tma_store_refusal_for(info))
+    best = {e: min(c.cost.total for c in tma if c.point["epilogue"] == e) for e in ("threads", "registers")}
+    assert best["threads"] < best["registers"], best
 
 
 # ---- CUDA and ptxas ----------------------------------------------------------------------------------

@@ -219,8 +219,9 @@ class TensorCorePrimitives:
     def epilogue(self, stage: Any, kind: str) -> None:
         """How the tensorized stage's fused tail stores its outputs: "registers" (each thread its
         accumulator elements), "staged" (through a padded shared tile, copied out in 16-byte
-        chunks; the cp.async kernels) or "tma" (a swizzled staging tile written out by TMA
-        stores; the warp-specialized kernel) (tecc/passes/schedule/epilogue.py)."""
+        chunks; the cp.async kernels), "tma" (a swizzled staging tile written out by TMA
+        stores; the warp-specialized kernel) or "threads" (that staging tile written out by the
+        consumer threads, for outputs TMA cannot store) (tecc/passes/schedule/epilogue.py)."""
         st = self._stage(stage)
         self._apply(st.kernel, Step("epilogue", {"stage": str(st), "kind": kind}),
                     lambda f: prim.epilogue(f, st.name, kind))

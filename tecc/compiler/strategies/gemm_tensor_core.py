@@ -460,11 +460,11 @@ STAGED_OUTPUT_PAD_BYTES = 16
 
 def output_stageable(info: KernelInfo, view: GemmView) -> bool:
     """Whether the staged epilogue can take this contraction's output (epilogue "staged"): one column
-    axis, the output's innermost, whose extent is a whole number of 16-byte chunks."""
-    chunk = 16 // max(info.write.itemsize, 1)
+    axis, the output's innermost (copied out in 16-byte chunks where its extent is a whole number
+    of them, else element by element: epilogue.copy_chunk)."""
     last = info.write.per_dim[-1] if info.write.per_dim else None
     inner = info.spatial[-1][0]
-    return (view.column_axes == 1 and view.n % chunk == 0 and last is not None
+    return (view.column_axes == 1 and last is not None
             and dict(last.coeff) == {inner: 1} and info.write.itemsize in (2, 4))
 
 
@@ -474,8 +474,12 @@ def output_stageable(info: KernelInfo, view: GemmView) -> bool:
 STAGED_OUTPUT_MIN_SHARE = 1.0 / 8.0
 
 
-def worth_staging(bm: int, bn: int, k: int, operand_bytes: int, itemsize: int) -> bool:
-    """Whether a BM x BN block's output is a large enough share of its traffic to offer staging."""
+def worth_staging(bm: int, bn: int, k: int, operand_bytes: int, itemsize: int, n: int = 0) -> bool:
+    """Whether a BM x BN block's output is a large enough share of its traffic to offer staging,
+    or its rows of `n` elements are not 16-byte multiples: the register epilogue then stores
+    single elements of 8 rows per warp instruction (no column pairs), staging whole row runs."""
+    if n and (n * itemsize) % 16:
+        return True
     return bm * bn * itemsize >= STAGED_OUTPUT_MIN_SHARE * (bm + bn) * max(k, 1) * operand_bytes
 
 
@@ -486,13 +490,14 @@ def staged_output_bytes(point: Point, itemsize: int) -> int:
     return int(point["bm"]) * (int(point["bn"]) * itemsize + STAGED_OUTPUT_PAD_BYTES)
 
 
-def output_traffic(out_bytes: float, itemsize: int, staged: bool) -> tuple[float, float, float]:
+def output_traffic(out_bytes: float, itemsize: int, staged: bool, paired: bool = True) -> tuple[float, float, float]:
     """(L2 bytes requested, L1 global wavefronts, shared wavefronts) of writing `out_bytes` of
     output (the comment above): staged, whole lines plus a shared write and read of each byte;
-    in registers, 8 · itemsize useful bytes per line and per 32-byte sector at most."""
+    in registers, 8 · itemsize useful bytes per line and per 32-byte sector at most (4 · itemsize
+    where the columns are not stored in pairs: an odd row length)."""
     if staged:
         return out_bytes, out_bytes / 128.0, 2.0 * out_bytes / 128.0
-    useful = 8.0 * itemsize
+    useful = (8.0 if paired else 4.0) * itemsize
     return out_bytes * max(1.0, 32.0 / useful), out_bytes / useful, 0.0
 
 
@@ -539,7 +544,7 @@ class GemmTensorCore(Strategy):
                 continue  # a tile twice the matrix leaves half its warps idle
             if not (WARP_TILE[0] <= bm // wm <= WARP_TILE[1] and WARP_TILE[0] <= bn // wn <= WARP_TILE[1]):
                 continue
-            worth = stageable and worth_staging(bm, bn, view.k, self.precision.operand_bytes, itemsize)
+            worth = stageable and worth_staging(bm, bn, view.k, self.precision.operand_bytes, itemsize, n)
             pipelines = (False, True) if self.offer_pipelined and (bk // self.precision.k_step) % 2 == 0 else (False,)
             k_tiles = _ceil(max(view.k, 1), bk)
             splits = split_parts(k_tiles, view.batch * _ceil(m, bm) * _ceil(n, bn), target)
@@ -577,7 +582,7 @@ class GemmTensorCore(Strategy):
         a_bytes, b_bytes = p.operand_bytes * m * k * batch, p.operand_bytes * k * n * batch
         out_bytes = float(m * n * batch * info.write.itemsize)
         staged_out = bool(point.get("staged_output"))
-        out_l2, out_wavefronts, out_smem = output_traffic(out_bytes, info.write.itemsize, staged_out)
+        out_l2, out_wavefronts, out_smem = output_traffic(out_bytes, info.write.itemsize, staged_out, n % 2 == 0)
         l2 = a_bytes * col_tiles + b_bytes * row_tiles + out_l2
         sizes = view.copies
         copies = sum(tile // size // threads for tile, size in ((bm * bk, sizes[0]), (bn * bk, sizes[1])) if size)

@@ -58,7 +58,10 @@ wgmma constants are assumed until this path is timed):
   "epilogue": "registers" (each thread stores its accumulator elements to global memory) or
   "tma" (through a 128B-swizzled shared staging tile of BM x BN output elements, written out by
   TMA stores; epilogue.py), offered where the output can take a tensor map
-  (`tma_store_refusal_for`), its staging tile counted in the shared-memory budget;
+  (`tma_store_refusal_for`), its staging tile counted in the shared-memory budget; where it
+  cannot (rows not a multiple of 16 bytes: a vocabulary of 50,257 logits), "threads" instead
+  (the same staging tile, copied out by the consumer threads' element stores, whole runs of a
+  row per warp store, at THREAD_COPY_BYTES_PER_CYCLE and never under the next tile's k loop);
   "persistent": 0 (one block per output tile) or the SM count (rung 4: blocks loop over the
   tiles in a grouped order, step 5).
 - the per-tile fixed cost (`tile_fixed_cycles`), in the chain relative to one block per tile
@@ -134,6 +137,9 @@ WGMMA_DRAIN_CYCLES = 128.0
 TMA_SYNC_CYCLES = 60.0
 LOADS = ("cp.async", "tma")
 EPILOGUES = ("tma", "registers")   # the TMA rung's epilogue knob; the planner prefers "tma" among equals
+# Where TMA cannot store the output (rows not a multiple of 16 bytes): the staging tile copied out
+# by the consumer threads instead ("threads"), beside the register epilogue.
+UNALIGNED_EPILOGUES = ("threads", "registers")
 # Output bytes per cycle one SM's consumers store from their wgmma fragments (4-byte pieces, 8
 # rows per warp instruction: half of each 32-byte sector). Fitted: 8192^3 and 4096^3 on an H200
 # differ by 0.93 us per k tile and leave ~4.5 us per 128x256 fp16 tile (~8900 cycles at 1.98 GHz),
@@ -141,6 +147,10 @@ EPILOGUES = ("tma", "registers")   # the TMA rung's epilogue knob; the planner p
 REGISTER_EPILOGUE_BYTES_PER_CYCLE = 8.0
 # The staged epilogue's fence.proxy.async, named barrier and store issue. Assumed, not fitted.
 TMA_STORE_SYNC_CYCLES = 200.0
+# Output bytes per cycle one SM's consumer threads copy from the staging tile to global memory
+# (epilogue "threads"): a warp's store is 32 adjacent elements of a row, 64 bytes of 2-byte outputs
+# over two or three 32-byte sectors, behind a 64-byte shared load. Assumed, not fitted.
+THREAD_COPY_BYTES_PER_CYCLE = 32.0
 PRODUCER_THREADS = 128
 TMA_LAUNCH_REGISTERS = 168   # 65536 / 384 rounded down to 8: two consumer warpgroups and the producer
 
@@ -151,8 +161,14 @@ def load_of(point: Point) -> str:
 
 
 def epilogue_of(point: Point) -> str:
-    """The point's epilogue: "registers" (plans made before the staged epilogue have none) or "tma"."""
+    """The point's epilogue: "registers" (plans made before the staged epilogue have none), "tma"
+    or "threads"."""
     return str(point.get("epilogue", "registers"))
+
+
+def staging_tile(point: Point) -> bool:
+    """Whether the point's epilogue writes its outputs to the swizzled staging tile first."""
+    return epilogue_of(point) in ("tma", "threads")
 
 
 def aligned_slot(nbytes: int) -> int:
@@ -168,7 +184,7 @@ def shared_bytes(point: Point, out_itemsize: int = 2) -> int:
     allocation's start to 1024 bytes."""
     stages = int(point["stages"])
     barriers = 2 * aligned_slot(8 * stages) if load_of(point) == "tma" else 0
-    staging = int(point["bm"]) * int(point["bn"]) * out_itemsize if epilogue_of(point) == "tma" else 0
+    staging = int(point["bm"]) * int(point["bn"]) * out_itemsize if staging_tile(point) else 0
     handover = DESCRIPTOR_ALIGNMENT if split_of(point) > 1 else 0   # split-K's counts: their own aligned slot
     ring = stages * (int(point["bm"]) + int(point["bn"])) * K_TILE * 2
     return ring + DESCRIPTOR_ALIGNMENT + barriers + aligned_slot(staging) + handover
@@ -190,17 +206,36 @@ def tma_store_refusal_for(info: KernelInfo) -> str | None:
     return None
 
 
+def thread_store_refusal_for(info: KernelInfo) -> str | None:
+    """Why the staging tile cannot be copied out by the threads (epilogue "threads"), or None;
+    the analysis-level mirror of epilogue.thread_store_refusal."""
+    if info.write.itemsize not in (2, 4):
+        return f"the output's {info.write.itemsize}-byte elements (the staging tile's swizzle takes 2 or 4 bytes)"
+    return None
+
+
+def epilogues_for(info: KernelInfo) -> tuple[str, ...]:
+    """The TMA rung's epilogues for this output: TMA stores where a tensor map can take it, else
+    the threads' copy out of the staging tile where that can, and the registers always."""
+    if tma_store_refusal_for(info) is None:
+        return EPILOGUES
+    return UNALIGNED_EPILOGUES if thread_store_refusal_for(info) is None else EPILOGUES[1:]
+
+
 def tile_fixed_cycles(target: Target, point: Point, out_itemsize: int) -> tuple[float, float]:
     """(cycles each output tile adds to its SM's chain beyond its k loop, cycles paid once per
     block): the ring's fill and the epilogue (module docstring)."""
     bm, bn = int(point["bm"]), int(point["bn"])
     out_bytes = bm * bn * out_itemsize
     persistent = bool(point.get("persistent"))
-    if epilogue_of(point) == "tma":
+    if staging_tile(point):
         # two adjacent columns per store (epilogue.py, staged_epilogue): 4 or 8 bytes per lane,
         # conflict-free under the swizzle, so a wavefront per 128 bytes the warp writes
         writes = out_bytes / SMEM_WAVEFRONT_BYTES + TMA_STORE_SYNC_CYCLES
-        read_out = 0.0 if persistent else out_bytes / SMEM_WAVEFRONT_BYTES
+        if epilogue_of(point) == "threads":   # the consumers copy it out themselves, never overlapped
+            read_out = out_bytes / THREAD_COPY_BYTES_PER_CYCLE
+        else:
+            read_out = 0.0 if persistent else out_bytes / SMEM_WAVEFRONT_BYTES
         epilogue = writes + read_out
     else:
         epilogue = out_bytes / REGISTER_EPILOGUE_BYTES_PER_CYCLE
@@ -291,7 +326,7 @@ def tma_registers(bm: int, bn: int, point: Point | None = None, groups: int = 0)
     if (groups or bm // 64) == 2:   # the consumer warpgroups (tf32's Cᵀ form splits the columns)
         return {"launch bound (setmaxnreg)": TMA_LAUNCH_REGISTERS}
     parts = {"accumulators": bn // 2, "addressing": ADDRESSING, "descriptors": 4}
-    if point is not None and epilogue_of(point) == "tma":
+    if point is not None and staging_tile(point):
         parts["staging addresses"] = bn // 8    # one per staged column pair
     if point is not None and point.get("persistent"):
         parts["tile loop"] = 8
@@ -375,11 +410,11 @@ class GemmWgmma(Strategy):
         assert not isinstance(view, str)
         m, n = view.m, view.n
         loads = LOADS if tma_refusal_for(info) is None else LOADS[:1]
-        epilogues = EPILOGUES if tma_store_refusal_for(info) is None else EPILOGUES[1:]
+        epilogues = epilogues_for(info)
         stageable, itemsize = output_stageable(info, view), info.write.itemsize
         for load, bm, bn, stages, staged in product(loads, BLOCK_M, BLOCK_N, STAGES, (False, True)):
             if staged and (load == "tma" or not stageable
-                           or not worth_staging(bm, bn, view.k, self.element_bytes, itemsize)):
+                           or not worth_staging(bm, bn, view.k, self.element_bytes, itemsize, n)):
                 continue  # tensorize stages the output on the cp.async ring (the TMA ring has its own epilogue)
             if (bm >= 2 * m and bm > BLOCK_M[0]) or (bn >= 2 * n and bn > BLOCK_N[0]):
                 continue  # a tile twice the matrix leaves half its warpgroups idle
@@ -427,7 +462,7 @@ class GemmWgmma(Strategy):
         out_bytes = float(m * n * batch * info.write.itemsize)
         staged_out = bool(point.get("staged_output"))
         out_l2, out_wavefronts, out_smem = output_traffic(out_bytes, info.write.itemsize,
-                                                          staged_out or epilogue_of(point) == "tma")
+                                                          staged_out or staging_tile(point), n % 2 == 0)
         out_tile = staged_output_bytes(point, info.write.itemsize)
         l2 = a_bytes * col_tiles + b_bytes * row_tiles + out_l2
         sizes = copy_sizes(info) if load == "cp.async" else (0, 0)
@@ -475,12 +510,13 @@ class GemmWgmma(Strategy):
                  f"{resident} block(s) per SM share the tensor pipe: idle {idle:.0%} of each k tile"]
         if load == "tma":
             per_tile, once = tile_fixed_cycles(target, point, info.write.itemsize)
-            how = ("through a swizzled shared staging tile and TMA stores" if epilogue_of(point) == "tma"
-                   else "from registers")
+            how = {"tma": "through a swizzled shared staging tile and TMA stores",
+                   "threads": "through a swizzled shared staging tile copied out by the threads' stores"
+                   }.get(epilogue_of(point), "from registers")
             fill = (f"the ring's fill ({once:.0f} cycles) once per block" if persistent
                     else "with the ring's fill")
             notes.append(f"epilogue {how}: {per_tile:.0f} cycles per output tile ({fill})")
-            if epilogue_of(point) == "registers" and tma_store_refusal_for(info) is not None:
+            if epilogue_of(point) != "tma" and tma_store_refusal_for(info) is not None:
                 notes.append(f"no TMA-store epilogue: {tma_store_refusal_for(info)}")
         math_note = epilogue_math_note(info, bm, bn, target, -(-blocks // target.sm_count))
         if math_note is not None:
@@ -555,6 +591,8 @@ class GemmWgmma(Strategy):
                           if point.get("persistent") else "")
             if epilogue_of(point) == "tma":
                 persistent += ", epilogue through shared memory + TMA store"
+            elif epilogue_of(point) == "threads":
+                persistent += ", epilogue through shared memory + the threads' stores"
             return (f"gemm_wgmma(wgmma.m64n{bn}k16 f32 accumulators, block {bm}x{bn}, {bm // 64} consumer "
                     f"warpgroup(s) + 1 TMA producer warpgroup, k-tile {K_TILE}, {stages} TMA stages{split}"
                     f"{persistent}; rung: wgmma + TMA + mbarrier ring, warp-specialized, 128B swizzle)")

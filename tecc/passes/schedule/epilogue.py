@@ -15,7 +15,9 @@ a lane holds, not once per element (`column_invariants`): each lane's elements g
   columns) are stored together by a vectorize loop where the innermost column extent is even
   (`output_pair`: one 4- or 8-byte store).
 - "staged": the values go to a padded shared tile of the block's BM x BN outputs, which the block
-  then copies to the output in 16-byte chunks, whole lines per warp (`finish_output`).
+  then copies to the output in 16-byte chunks, whole lines per warp (`finish_output`); element by
+  element where the output's rows are not a whole number of chunks (rows of 50,257 logits: a warp's
+  store is then 32 adjacent elements of a row).
 - "tma" (the warp-specialized wgmma kernel): each consumer warpgroup writes its 64 rows into a
   128B-swizzled staging tile C_stage[BN/W][BM/8][8][W] (W = 128 bytes of output elements; the
   row's multiple of 8 its own dimension keeps it outside the swizzle's XOR in codegen), fences
@@ -27,6 +29,15 @@ a lane holds, not once per element (`column_invariants`): each lane's elements g
   or columns that are several axes are one flat dimension where the output's dimensions chain).
   `tma_store_refusal` says when the output cannot take a tensor map (the register epilogue is
   kept then, and the summary says why).
+- "threads" (the warp-specialized wgmma kernel, for an output TMA cannot store: rows that are not
+  a multiple of 16 bytes, as a vocabulary of 50,257 logits): the same swizzled staging tile, then
+  the warpgroup's own threads copy its 64 rows out, consecutive threads consecutive elements of
+  a row (a warp's store covers 32 adjacent elements however the row is aligned), each store
+  guarded by row < M and column < N. A named barrier before the copy (the staged values are
+  read by other threads) and, in a persistent block, another before the next tile's writes
+  (the copy has read the tile). The stores do not overlap the next tile's k loop as TMA's do,
+  but the values cross to global memory in whole runs of a row, where the register epilogue
+  stores 2-byte pieces of 8 rows per warp instruction.
 """
 
 from __future__ import annotations
@@ -112,6 +123,18 @@ def output_dims(c: Contraction) -> tuple[MapDim, ...] | str:
     return tma_dims(c.store.buffer, c.store.indices, {"row": c.rows, "column": c.cols}, [v for v, _ in c.batch])
 
 
+def thread_store_refusal(c: Contraction) -> str | None:
+    """Why the output cannot be copied out of the staging tile by the threads (epilogue
+    "threads"), or None: a global output of 2- or 4-byte elements (the staging tile's 128B
+    swizzle), any strides -- each element is stored through the output's own indices."""
+    out = c.store.buffer
+    if out.scope != "global":
+        return f"the output {out.name} is a {out.scope} buffer"
+    if out.dtype.bytes not in (2, 4):
+        return f"the output's {out.dtype} elements are not 2 or 4 bytes"
+    return None
+
+
 def tma_store_refusal(c: Contraction) -> str | None:
     """Why the stage's output cannot be written by TMA stores from a staging tile, or None: the
     output a global buffer indexed by batch axes, then the rows, then the columns innermost, each
@@ -152,8 +175,16 @@ class KernelEpilogue(TileStaging):
         self.store_refusal = tma_store_refusal(c) if t.epilogue == "tma" else None
         if self.store_refusal is None and t.epilogue == "tma" and self.transposed_output():
             self.store_refusal = "the accumulators hold Cᵀ (tf32's swapped form)"
+        if t.epilogue == "threads":
+            refusal = thread_store_refusal(c) or ("the accumulators hold Cᵀ (tf32's swapped form)"
+                                                   if self.transposed_output() else None)
+            if refusal is not None:
+                raise ScheduleError(f"epilogue({c.store.buffer.tensor or c.store.buffer.name}, 'threads'): "
+                                    f"{refusal}; keep the registers epilogue")
+        # TMA stores out of the staging tile; the threads' stores out of it
         self.store_staged = t.epilogue == "tma" and self.store_refusal is None
-        if self.store_staged:
+        self.store_threads = t.epilogue == "threads"
+        if self.store_staged or self.store_threads:
             out = c.store.buffer
             width = SWIZZLE_BYTES["128B"] // out.dtype.bytes   # output elements per 128-byte staging row
             self.stage_width = width
@@ -161,6 +192,7 @@ class KernelEpilogue(TileStaging):
             # dimension, so that codegen keeps the row's multiple of 8 outside the XOR
             self.staging = Buffer(f"{out.name}_stage", out.dtype, int32_shape(t.bn // width, t.bm // 8, 8, width),
                                   "shared", tensor=f"{out.tensor}.stage", layout=swizzle_layout("128B", out.dtype.bytes))
+        if self.store_staged:
             dims = output_dims(c)
             assert not isinstance(dims, str)   # tma_store_refusal found none
             self.out_dims: tuple[MapDim, ...] = dims
@@ -446,41 +478,50 @@ class KernelEpilogue(TileStaging):
         return store if self.tiles_divide() else IfThenElse((row < self.c.m) & (column < self.c.n), store)
 
     # ---- the staged epilogue: the block's outputs through shared memory ------------------------------
+    def copy_chunk(self) -> int:
+        """Elements per copy of the staged output: a 16-byte chunk where the column extent is a
+        multiple of it (the rows stay 16-byte aligned), else one element."""
+        chunk = 16 // self.c.store.buffer.dtype.bytes
+        n = const_int(self.c.cols[0][1]) if len(self.c.cols) == 1 else None
+        return chunk if n is not None and n % chunk == 0 else 1
+
     def output_tile(self) -> Buffer:
         """The block's BM x BN outputs in shared memory, rows padded by 16 bytes (consecutive
         rows start 4 banks apart, so a warp's paired stores of 8 rows x 4 lanes hit 32 banks),
-        or a ScheduleError when the output cannot be copied out in 16-byte chunks."""
+        or a ScheduleError when the output cannot be copied out along one column axis."""
         c, t = self.c, self.t
         where = f"epilogue({c.store.buffer.tensor or c.store.buffer.name}, 'staged')"
         out = c.store.buffer
-        chunk = 16 // out.dtype.bytes
+        pad = 16 // out.dtype.bytes
+        chunk = self.copy_chunk()
         (j, extent), = c.cols if len(c.cols) == 1 else ((None, None),)
         n = const_int(extent) if extent is not None else None
-        if j is None or n is None or n % chunk:
-            raise ScheduleError(f"{where}: the output is copied out in 16-byte chunks along one column axis of a "
-                                f"constant extent that is a multiple of {chunk}; the columns here are "
-                                f"{', '.join(f'{v.name} ({e})' for v, e in c.cols)}: keep the registers epilogue")
+        if j is None or n is None:
+            raise ScheduleError(f"{where}: the output is copied out along one column axis of a constant extent; the "
+                                f"columns here are {', '.join(f'{v.name} ({e})' for v, e in c.cols)}: keep the "
+                                "registers epilogue")
         if out.strides is not None or not (isinstance(c.store.indices[-1], Var) and c.store.indices[-1] is j):
             raise ScheduleError(f"{where}: the output {out.name} must be contiguous along its column axis {j.name} "
                                 "(its innermost index): keep the registers epilogue")
         if (t.bm * t.bn // chunk) % t.threads:
-            raise ScheduleError(f"{where}: a {t.bm}x{t.bn} output tile is not a whole number of 16-byte chunks per "
-                                f"thread for {t.threads} threads")
-        return Buffer(f"{out.name}_out", out.dtype, int32_shape(t.bm, t.bn + chunk), "shared",
+            raise ScheduleError(f"{where}: a {t.bm}x{t.bn} output tile is not a whole number of "
+                                f"{chunk * out.dtype.bytes}-byte copies per thread for {t.threads} threads")
+        return Buffer(f"{out.name}_out", out.dtype, int32_shape(t.bm, t.bn + pad), "shared",
                       tensor=f"{out.tensor}.out")
 
     def finish_output(self, stores: Stmt) -> Stmt:
         """The epilogue's statements, then, with a staged output, a barrier and the copy of the
-        block's tile to the output: thread tx copies 16-byte chunks tx, tx + threads, ... in row
-        order (a warp stores whole 128-byte lines of consecutive rows), each guarded by its row
-        and its column (N is a multiple of the chunk) and addressed through the output's own
-        indices with the row unflattened and the column axis at column .. column + chunk - 1
-        (a `vectorize` loop: one 16-byte store, one 16-byte shared load)."""
+        block's tile to the output: thread tx copies 16-byte chunks (`copy_chunk`: or elements)
+        tx, tx + threads, ... in row order (a warp stores whole 128-byte lines of consecutive
+        rows), each guarded by its row and its column (N is a multiple of the chunk) and
+        addressed through the output's own indices with the row unflattened and the column
+        axis at column .. column + chunk - 1 (a `vectorize` loop: one 16-byte store, one
+        16-byte shared load)."""
         if self.out_tile is None:
             return stores
         c, t = self.c, self.t
         store, tile = c.store, self.out_tile
-        chunk = 16 // tile.dtype.bytes
+        chunk = self.copy_chunk()
         per_row = t.bn // chunk
         j = c.cols[0][0]
 
@@ -519,7 +560,7 @@ class KernelEpilogue(TileStaging):
         thread = self.tx % WARPGROUP_SIZE
         width = self.stage_width
         row0 = self.warpgroup * 64
-        paired = self.pairs_columns(self.accumulator_lanes(), self.tile_elements())
+        paired = self.pairs_columns(self.accumulator_lanes(), self.tile_elements()) or self.pairs_staged()
 
         def element(e: Expr, lane: Var | None, regs: dict[Expr, Buffer] | None = None) -> Stmt:
             r, col = self.c_map(thread, e)
@@ -572,6 +613,12 @@ class KernelEpilogue(TileStaging):
             return seq(*out, BulkCommit())
         # one named barrier per consumer warpgroup, id 1 + warpgroup (0 is __syncthreads')
         sync = NamedBarrier(self.warpgroup + 1, WARPGROUP_SIZE)
+        if self.store_threads:
+            return seq(
+                sync if t.persistent else None,   # the previous tile's copy has read the staging tile
+                writes,
+                sync,
+                self.thread_copies(row0))
         return seq(
             IfThenElse(thread == 0, BulkWait(0)) if t.persistent else None,   # the previous tile's store read it
             sync if t.persistent else None,
@@ -581,4 +628,43 @@ class KernelEpilogue(TileStaging):
             IfThenElse(thread == 0, copies()))
 
 
-__all__ = ["AccumulatorReplacer", "KernelEpilogue", "paired_columns", "tma_store_refusal"]
+    def pairs_staged(self) -> bool:
+        """Whether the threads' epilogue stages column pairs where `pairs_columns` refuses them
+        for an odd column extent: one column axis (no unflattening) and a value that reads no
+        global memory, so the pair's second element needs no guard of its own (it lands in the
+        staging tile, and the copy out guards each element). Unpaired, ptxas serialized the
+        wgmmas (C7514) of the non-persistent 128 x 256 kernel."""
+        c = self.c
+        reads = any(isinstance(x, BufferLoad) and x.buffer.scope == "global" for x in walk(c.store.value))
+        return (self.store_threads and len(c.cols) == 1 and not reads
+                and paired_columns(self.c_map, self.accumulator_lanes(), self.tile_elements()))
+
+    def thread_copies(self, row0: Expr) -> Stmt:
+        """The warpgroup's 64 staged rows (from block row `row0`) stored by its threads (module
+        docstring, "threads"): warp w copies rows w, w + 4, ..., each as BN / 32 runs of 32
+        adjacent columns (lane l the run's l-th), read from the swizzled staging tile and stored
+        through the output's own indices, guarded by row < M and column < N where the tiles do
+        not divide them. A serial loop over the rows: the runs' addresses differ by constants
+        and their column guards are the same in every row (ptxas keeps them out of the loop);
+        a flat element index unrolled over the tile cost ~4 times the instructions per element."""
+        c, t = self.c, self.t
+        thread = self.tx % WARPGROUP_SIZE
+        lane, warp = thread % 32, thread // 32
+        width = self.stage_width
+        n = self.names.get("out_row", 0)
+        self.names["out_row"] = n + 1
+        rr = Var("out_row" if n == 0 else f"out_row{n}")
+        r = rr * 4 + warp
+        row = self.by * t.bm + row0 + r
+
+        def piece(j: Var) -> Stmt:
+            col = j * 32 + lane
+            column = self.bx * t.bn + col
+            values = self.output_values(row, column)
+            value = BufferLoad(self.staging, (col // width, (row0 + r) // 8, r % 8, col % width))
+            store = BufferStore(c.store.buffer, tuple(substitute(ix, values) for ix in c.store.indices), value)
+            return self.guarded(row, column, store)
+        return For(rr, int32(0), int32(64 // 4), "serial", self.unrolled("out_copy", t.bn // 32, piece))
+
+
+__all__ = ["AccumulatorReplacer", "KernelEpilogue", "paired_columns", "thread_store_refusal", "tma_store_refusal"]

@@ -121,7 +121,7 @@ class Pipeline(SplitReduction):
         out = [self.shared["A"], self.shared["B"]]
         if self.out_tile is not None:
             out.append(self.out_tile)
-        if self.store_staged:
+        if self.store_staged or self.store_threads:
             out.append(self.staging)
         out.extend(self.fetched.values())
         if t.producer == "tma":
@@ -404,7 +404,7 @@ class Pipeline(SplitReduction):
                 zero,
                 consume_loop,
                 self.drain(),
-                self.staged_epilogue() if self.store_staged else self.epilogue())),
+                self.staged_epilogue() if self.store_staged or self.store_threads else self.epilogue())),
             # the last tile's stores must have read the staging tile before the block exits
             IfThenElse(thread == 0, BulkWait(0)) if self.store_staged else None)
         return seq(init, Barrier(), IfThenElse(producer, producer_role, consumer_role))

@@ -154,8 +154,9 @@ def check(record: TileSchedule, where: str) -> TileSchedule:
     if record.epilogue == "staged" and record.producer == "tma" and record.stages > 1:
         raise ScheduleError(f"{where}: the staged epilogue is built for the cp.async ring only (the TMA ring's "
                             "producer warpgroup takes no part in the epilogue's barrier); use epilogue 'tma'")
-    if record.epilogue == "tma" and not record.warp_specialized:
-        raise ScheduleError(f"{where}: the TMA-store epilogue is built for the warp-specialized TMA ring: apply "
+    if record.epilogue in ("tma", "threads") and not record.warp_specialized:
+        what = "TMA-store" if record.epilogue == "tma" else "threads' staged"
+        raise ScheduleError(f"{where}: the {what} epilogue is built for the warp-specialized TMA ring: apply "
                             "pipeline(..., producer='tma') and warp_specialize first")
     return record
 
@@ -291,8 +292,10 @@ def persistent(func: PrimFunc, stage: str, blocks: int, group_m: int = GROUP_M) 
 
 def epilogue(func: PrimFunc, stage: str, kind: str) -> PrimFunc:
     """The fused tail: "registers" (each thread stores its accumulator elements), "staged" (the
-    block's outputs through a padded shared tile, copied out in 16-byte chunks) or "tma" (a
-    swizzled staging tile written out by TMA stores; the warp-specialized kernel)."""
+    block's outputs through a padded shared tile, copied out in 16-byte chunks), "tma" (a
+    swizzled staging tile written out by TMA stores; the warp-specialized kernel) or "threads"
+    (that staging tile written out by the consumer threads' element stores, for an output TMA
+    cannot store: rows not a multiple of 16 bytes)."""
     where = f"epilogue({stage}, {kind!r})"
     record = record_of(func, where)
     if kind not in EPILOGUES:

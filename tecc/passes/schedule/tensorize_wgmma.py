@@ -305,6 +305,8 @@ class WgmmaKernel(MmaKernel):
                     if t.persistent else "")
             if self.store_staged:
                 epilogue = ", epilogue through shared memory + TMA store"
+            elif self.store_threads:
+                epilogue = ", epilogue through shared memory + the threads' stores"
             elif self.store_refusal is not None:
                 epilogue = f", epilogue from registers (no TMA store: {self.store_refusal})"
             else:

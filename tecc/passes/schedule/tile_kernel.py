@@ -33,7 +33,7 @@ from .implicit_gemm import Contraction
 
 LAYOUTS = ("swizzle", "none")      # an operand tile's shared layout (stage_operand)
 PRODUCERS = ("cp.async", "tma")    # who fills the ring (pipeline)
-EPILOGUES = ("registers", "staged", "tma")   # how the outputs leave (epilogue)
+EPILOGUES = ("registers", "staged", "tma", "threads")   # how the outputs leave (epilogue)
 GROUP_M = 8                        # row tiles per group of the persistent grid's order
 
 

@@ -12,9 +12,10 @@ measured on an H200: 3.4-3.8 ms per backward GEMM, where one pass over the opera
 Where the padded dimension is the contraction's k, the sum runs over the padded extent and the
 other operand gets zero rows too. One copy serves every contraction of the program that reads
 the same memory (the head's dX and dW both read the logits' gradient). A product whose own rows
-are unaligned (the forward's logits; an mm, no bias, over a sum of PAD_PRODUCT_MIN_K or more) is
-computed padded, with `b` read through a copy with zero columns, so the GEMM stores whole tiles
-by TMA, and copied out to its shape.
+are unaligned (the forward's logits) is stored as it is: the GEMM's epilogue stages its tile in
+shared memory and copies it out in runs of a row (epilogue "threads" on sm_90, "staged" element
+copies on the cp.async rings; tecc/passes/schedule/epilogue.py). (It was computed padded and
+copied out: 1.03 + 0.77 ms for transformers' GPT-2 head on an H200.)
 """
 
 from __future__ import annotations
@@ -34,10 +35,6 @@ from .context import LoweringContext, Unsupported, as_value, broadcast_read, sta
 REALIGN_MIN_ELEMENTS = 1 << 20
 # rows of this many bytes are what a tensor map and cp.async take
 ROW_ALIGNMENT = 16
-# a product with unaligned rows is computed padded and copied out only over a sum at least this
-# long: the copy moves each output twice more, which a short sum's GEMM does not win back
-# (measured at k = 768, GPT-2's head on an H200: 2.39 ms stored from registers, 1.02 + 0.77 padded)
-PAD_PRODUCT_MIN_K = 512
 
 
 def _accumulator(d: DType) -> DType:
@@ -59,11 +56,8 @@ def _contract(ctx: LoweringContext, a: Any, b: Any, bias: Any = None, beta: Any 
     out = ctx.out_dtype()
     acc = _accumulator(out)
     shape = ctx.out_shape()
-    wide = None
     if a.ndim == 2 and b.ndim == 2:
-        a, b, wide = _aligned_operands(ctx, a, b, operands, out, bias is None)
-        if wide is not None:
-            shape = (shape[0], wide)
+        a, b = _aligned_operands(ctx, a, b, operands)
     k_extent = a.shape[-1]
     k = reduce_axis(k_extent, "k")
 
@@ -86,10 +80,7 @@ def _contract(ctx: LoweringContext, a: Any, b: Any, bias: Any = None, beta: Any 
             total = term + total
         return te.cast(total, out)
 
-    if wide is None:
-        return ctx.compute(shape, body)
-    padded = ctx.compute(shape, body, suffix="_padded")
-    return ctx.compute(ctx.out_shape(), lambda i, j: padded[i, j])
+    return ctx.compute(shape, body)
 
 
 def _is_one(x: Any) -> bool:
@@ -124,42 +115,31 @@ def lower_dot(ctx: LoweringContext, a: Any, b: Any) -> Tensor:
     return _contract(ctx, a, b)
 
 
-def _aligned_operands(ctx: LoweringContext, a: Tensor, b: Tensor, operands: tuple[int, int], out: DType,
-                      plain: bool) -> tuple[Tensor, Tensor, int | None]:
+def _aligned_operands(ctx: LoweringContext, a: Tensor, b: Tensor, operands: tuple[int, int]) -> tuple[Tensor, Tensor]:
     """`a` [M, K] and `b` [K, N] (the node's arguments at `operands`), each read through a padded
-    copy where its rows in memory are not a multiple of ROW_ALIGNMENT bytes, and the padded
-    output width when the product's own rows are not (`plain`: no bias, whose read the padded
-    columns would overrun) -- module docstring; with k padded, both operands are."""
+    copy where its rows in memory are not a multiple of ROW_ALIGNMENT bytes -- module docstring;
+    with k padded, both operands are."""
     node = ctx.node
     assert node is not None
     args = [node.args[i] if i < len(node.args) else None for i in operands]
     layouts = [_memory(x, arg) if isinstance(arg, torch.fx.Node) else None for x, arg in zip((a, b), args)]
-    m, k, n = static_int(a.shape[0]), static_int(a.shape[1]), static_int(b.shape[1])
-    # the product's rows: padded when it is large and every operand's memory is known
-    wide = None
-    if (plain and m is not None and n is not None and k is not None and m * n >= REALIGN_MIN_ELEMENTS and m > 1
-            and k >= PAD_PRODUCT_MIN_K and (n * out.bytes) % ROW_ALIGNMENT and layouts[1] is not None):
-        wide = _padded(n, out.bytes)
-    if wide is None and not any(lay is not None and not lay.aligned for lay in layouts):
-        return a, b, None
+    if not any(lay is not None and not lay.aligned for lay in layouts):
+        return a, b
+    k = static_int(a.shape[1])
     # the logical dimension of k in each operand: a's last, b's first
     pad_k = any(lay is not None and not lay.aligned and lay.inner == kdim
                 for lay, kdim in zip(layouts, (1, 0)))
     if pad_k and (k is None or any(lay is None for lay in layouts)):
-        pad_k = False
-        if wide is None:
-            return a, b, None
+        return a, b
     kp = _padded(k, a.dtype.bytes) if pad_k and k is not None else None
     made = []
     for x, lay, kdim in zip((a, b), layouts, (1, 0)):
         extend = {kdim: kp} if kp is not None else {}
-        if x is b and wide is not None:
-            extend[1] = wide
         if lay is None or (lay.aligned and not extend):
             made.append(x)
         else:
             made.append(_realigned(ctx, x, lay, extend))
-    return made[0], made[1], wide
+    return made[0], made[1]
 
 
 class _Memory:
@@ -189,6 +169,11 @@ def _memory(x: Tensor, node: torch.fx.Node) -> _Memory | None:
         return None
     values = [int(n) for n in found]
     sizes, strides, offset = values[:2], values[2:4], values[4]
+    if node.op != "placeholder" and _storage(node) is node:
+        # computed in the program, read there as the lowering computed it: row-major (eager may
+        # lay it out otherwise -- a cast of a transposed weight keeps the transpose's strides --,
+        # which only the copy made for the program's outside readers follows)
+        strides, offset = [sizes[1], 1], 0
     if sizes[0] * sizes[1] < REALIGN_MIN_ELEMENTS or min(sizes) < 2:
         return None
     inner = 1 if strides[1] == 1 else 0 if strides[0] == 1 else None
