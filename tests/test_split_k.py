@@ -101,10 +101,12 @@ def test_split_k_of_tf32_wgmma_in_its_transposed_form(producer: str) -> None:
 
 
 @pytest.mark.parametrize("steps,splits", [(WGMMA_COPY, 3), (dict(WGMMA_TMA, persistent=7, epilogue="tma"), 2),
-                                          (MMA, 2)])
+                                          (dict(WGMMA_TMA, persistent=7, epilogue="threads"), 2), (MMA, 2)])
 def test_batched_split_k_with_a_fused_bias_and_relu(steps: dict[str, Any], splits: int) -> None:
     """Three batches, each output tile's parts on blockIdx.z (or consecutive persistent work
-    units); the epilogue (bias, relu, the cast) runs once, in the last part, on the summed tile."""
+    units); the epilogue (bias, relu, the cast) runs once, in the last part, on the summed tile
+    (with epilogue "threads", copied out by the threads at once: split-K and batch axes keep the
+    copy out of the next tile's k loop)."""
     b, m, n, k = 3, 80, 72, 456   # A's rows of 912 bytes: TMA strides are multiples of 16 bytes
 
     def bias_relu(x: Any, bias: Any) -> Any:

@@ -195,14 +195,18 @@ def test_an_output_with_unaligned_rows_is_copied_out_of_the_staging_tile_by_the_
     assert not stores_of(f) and len(global_output_stores(f)) == 1   # one guarded element store, unrolled
 
 
-def test_a_persistent_grid_with_the_threads_epilogue_and_a_fused_bias_matches_numpy() -> None:
-    """200 x 134 over 5 persistent blocks: each block stages several tiles in turn, the next
-    tile's writes after the barrier that follows the previous copy."""
-    m, n, k = 200, 134, 96
+@pytest.mark.parametrize("m,n,k,blocks", [(200, 134, 96, 5),    # 2 k tiles: 8 rows of each warp per k tile
+                                          (130, 70, 192, 3),     # 3 k tiles: 6, 6, then the last 4
+                                          (70, 90, 64, 4)])      # 1 k tile; fewer tiles (4) than blocks
+def test_a_persistent_grid_with_the_threads_epilogue_and_a_fused_bias_matches_numpy(m: int, n: int, k: int,
+                                                                                    blocks: int) -> None:
+    """Each block stages several tiles in turn; a tile's copy runs under the next tile's k loop
+    (its rows spread over the first k tiles), the block's last tile after the tile loop, and the
+    next tile's writes after the barrier that follows the copy."""
     tensors, how = contraction(m, n, k, "float16", out="float16", b_t=True,
                                epilogue=lambda acc, bias: tc.maximum(acc + bias, tc.const(0.0, "float16")))
-    f, arrays = run(tensors, how, m, n, k, seed=5, plan=threads_plan((64, 128), 3, 5))
-    check(arrays, how, "threads persistent", epilogue=lambda e, b: np.maximum(e + b, 0.0))
+    f, arrays = run(tensors, how, m, n, k, seed=m + k, plan=threads_plan((64, 128), 3, blocks))
+    check(arrays, how, f"threads persistent {m}x{n}x{k} over {blocks}", epilogue=lambda e, b: np.maximum(e + b, 0.0))
 
 
 def _threads_kernel() -> tuple[PrimFunc, dict[str, np.ndarray]]:

@@ -61,7 +61,8 @@ wgmma constants are assumed until this path is timed):
   (`tma_store_refusal_for`), its staging tile counted in the shared-memory budget; where it
   cannot (rows not a multiple of 16 bytes: a vocabulary of 50,257 logits), "threads" instead
   (the same staging tile, copied out by the consumer threads' element stores, whole runs of a
-  row per warp store, at THREAD_COPY_BYTES_PER_CYCLE and never under the next tile's k loop);
+  row per warp store, at THREAD_COPY_BYTES_PER_CYCLE, or under the next tile's k loop in the
+  persistent grid without split-K);
   "persistent": 0 (one block per output tile) or the SM count (rung 4: blocks loop over the
   tiles in a grouped order, step 5).
 - the per-tile fixed cost (`tile_fixed_cycles`), in the chain relative to one block per tile
@@ -232,8 +233,10 @@ def tile_fixed_cycles(target: Target, point: Point, out_itemsize: int) -> tuple[
         # two adjacent columns per store (epilogue.py, staged_epilogue): 4 or 8 bytes per lane,
         # conflict-free under the swizzle, so a wavefront per 128 bytes the warp writes
         writes = out_bytes / SMEM_WAVEFRONT_BYTES + TMA_STORE_SYNC_CYCLES
-        if epilogue_of(point) == "threads":   # the consumers copy it out themselves, never overlapped
-            read_out = out_bytes / THREAD_COPY_BYTES_PER_CYCLE
+        if epilogue_of(point) == "threads":
+            # the consumers copy it out themselves: under the next tile's k loop in the persistent
+            # grid without split-K (epilogue.deferred_copy), between k loops otherwise
+            read_out = 0.0 if persistent and split_of(point) == 1 else out_bytes / THREAD_COPY_BYTES_PER_CYCLE
         else:
             read_out = 0.0 if persistent else out_bytes / SMEM_WAVEFRONT_BYTES
         epilogue = writes + read_out

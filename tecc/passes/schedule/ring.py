@@ -123,6 +123,8 @@ class Pipeline(SplitReduction):
             out.append(self.out_tile)
         if self.store_staged or self.store_threads:
             out.append(self.staging)
+        if self.previous is not None:
+            out.append(self.previous)
         out.extend(self.fetched.values())
         if t.producer == "tma":
             out.append(self.full)
@@ -390,7 +392,9 @@ class Pipeline(SplitReduction):
             return seq(
                 BarrierWait(BarrierRef(self.full, stage), (g // S) % 2),
                 self.compute_tile(stage, registers, 1),
-                release if t.release else None)
+                release if t.release else None,
+                # the threads' copy of the previous tile, while this k tile's wgmmas run
+                self.deferred_copy(kt))
 
         consume_loop = self.k_loop(consume)
         load_tile = Var("load_tile")
@@ -405,6 +409,7 @@ class Pipeline(SplitReduction):
                 consume_loop,
                 self.drain(),
                 self.staged_epilogue() if self.store_staged or self.store_threads else self.epilogue())),
+            self.final_copy(),
             # the last tile's stores must have read the staging tile before the block exits
             IfThenElse(thread == 0, BulkWait(0)) if self.store_staged else None)
         return seq(init, Barrier(), IfThenElse(producer, producer_role, consumer_role))
