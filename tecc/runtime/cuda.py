@@ -731,7 +731,7 @@ class PreparedLaunch:
         self.launch = entry.cached.launches[0]
         self.needs = entry.cached.needs
         self.producer = entry.cached.producer_streams[0]
-        self.records = entry.cached.records
+        self.records = list(entry.cached.records)   # one list for every call: last_launches is only read
 
     def __call__(self, ptrs: list[int]) -> bool:
         global _cuda_core_launch
@@ -756,7 +756,7 @@ class PreparedLaunch:
             what = describe_launch(executor.host.name, launch.info.name, launch.grid, launch.block,
                                    launch.info.dynamic_smem)
             raise LaunchError(f"{what} failed to launch: {exc}") from exc
-        executor.last_launches = list(self.records)
+        executor.last_launches = self.records
         executor.calls_cached += 1
         executor.calls_relaunched += 1
         return True

@@ -118,14 +118,14 @@ class _Signature:
         then mostly torch's own dispatch of the op (docs/pytorch.md, "Host time per call").
         (The layout read inline and the tensors passed bare: each Python frame and call on this
         path is a visible share of a call's ~20 us.)"""
-        layout = []
-        for t in tensors:
-            if not isinstance(t, torch.Tensor) or t.is_neg() or t.is_conj():
-                return self.run(tensors, None)
-            layout.append((t.shape, t.stride(), t.dtype, t.get_device()))
-        known = self._relaunch.get(tuple(layout))
+        try:
+            # (a layout with the lazy negative or conjugate bit is never remembered: `run`)
+            layout = tuple([(t.shape, t.stride(), t.dtype, t.get_device(), t.is_neg() or t.is_conj()) for t in tensors])
+        except (AttributeError, TypeError):   # not a tensor (an array has no stride())
+            return self.run(tensors, None)
+        known = self._relaunch.get(layout)
         if known is None:
-            return self.run(tensors, tuple(layout))
+            return self.run(tensors, layout)
         entry, prepared, recipe, device = known
         # an output of the first input's sizes, dtype and (contiguous) strides is made like it,
         # ~1.5 us less than torch.empty; the sizes as separate arguments otherwise
@@ -135,7 +135,7 @@ class _Signature:
         ptrs = [t.data_ptr() for t in full]
         if prepared(ptrs) if prepared is not None else self.kernel.relaunch(entry, ptrs, full):
             return outputs[0] if len(outputs) == 1 else tuple(outputs)
-        return self.run(tensors, tuple(layout))
+        return self.run(tensors, layout)
 
     def run(self, tensors: Sequence[Any], layout: tuple[Any, ...] | None = None) -> Any:
         """The kernel on torch tensors: compiled on CUDA tensors, in the emulator on CPU ones.
@@ -154,7 +154,8 @@ class _Signature:
             if self.kernel.target == "sim":
                 raise TeccError(f"{self.kernel.name} was built for the emulator (target='sim') and got CUDA tensors; "
                                 "build it with target='cuda', or pass CPU tensors")
-            if layout is None or copied or len(self._relaunch) >= LAYOUTS_KEPT or -1 in (d for *_, d in layout):
+            if (layout is None or copied or len(self._relaunch) >= LAYOUTS_KEPT
+                    or any(device == -1 or lazy for *_, device, lazy in layout)):
                 return self.kernel(*args)
             full, outputs = self.allocator.complete(args)
             entry = self.kernel.call_entry(*full)
