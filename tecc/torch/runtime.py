@@ -19,6 +19,7 @@ the steps themselves. Three kinds of step:
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -148,6 +149,8 @@ class RunProgram:
     # and the inputs passed permuted: (position, order)
     _uncopied: set[int] = field(init=False, repr=False, compare=False)
     _ordered: tuple[tuple[int, tuple[int, ...]], ...] = field(init=False, repr=False, compare=False)
+    # per device: per output, a tensor its allocations are made like (`_prototypes`), or None
+    _protos: dict[Any, tuple[Any, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._static_shapes = tuple(None if any(isinstance(n, Expr) for n in shape) else tuple(int(n) for n in shape)
@@ -155,6 +158,7 @@ class RunProgram:
         self._entries = {}
         self._uncopied = set()
         self._ordered = tuple((p, o) for p, o in enumerate(self.input_orders) if o is not None)
+        self._protos = {}
 
     def _carriers(self, env: Env, device: Any) -> list[Any]:
         if self.emulate:
@@ -169,10 +173,15 @@ class RunProgram:
         without reading each argument's key."""
         args = self._arguments(slots, layouts)
         device = args[0].device if args else self.device
+        protos = self._protos.get(device) if not self.emulate else None
+        if protos is None and not self.emulate:
+            protos = self._protos[device] = self._prototypes(device)
         outs = []
         for position, ((slot, shape, dtype), static) in enumerate(zip(self.outputs, self._static_shapes)):
+            proto = protos[position] if protos else None
             # (sizes as separate arguments: ~0.5 us less per call than a tuple, in torch's parser)
-            out = torch.empty(*(static if static is not None else shape_of(shape, env)), dtype=dtype, device=device) \
+            out = torch.empty_like(proto) if proto is not None else \
+                torch.empty(*(static if static is not None else shape_of(shape, env)), dtype=dtype, device=device) \
                 if shape else torch.empty((), dtype=dtype, device=device)
             order = self.output_orders[position] if self.output_orders else None
             slots[slot] = out if order is None else out.permute([order.index(d) for d in range(len(order))])
@@ -190,6 +199,22 @@ class RunProgram:
         entry = self.kernel.call_entry(*[t.detach() if t.requires_grad else t for t in args], *carriers, *outs)
         if layouts is not None and entry is not None:
             self._entries[layouts] = (entry, self._watched_layouts(args))
+
+    def _prototypes(self, device: Any) -> tuple[Any, ...]:
+        """Per output of static shape and more than one element, a one-element tensor on `device`
+        expanded to it: `torch.empty_like` of it (overlapping, so made contiguous) allocates the
+        output in ~1.6 us of the host's time where `torch.empty` with the sizes takes ~3 (measured
+        on an H200's host; a GPT-2 training step allocates ~340 outputs). None for the others."""
+        protos = []
+        for (_, _, dtype), static in zip(self.outputs, self._static_shapes):
+            proto = None
+            if static and math.prod(static) > 1:
+                proto = torch.empty(1, dtype=dtype, device=device).expand(static)
+                made = torch.empty_like(proto)
+                if made.shape != static or not made.is_contiguous() or made.dtype != dtype:
+                    proto = None   # (not what torch.empty makes: allocate with the sizes)
+            protos.append(proto)
+        return tuple(protos)
 
     def _arguments(self, slots: list[Any], layouts: int | None) -> list[Any]:
         """The program's inputs as it reads them: permuted to their memory order (`input_orders`),
