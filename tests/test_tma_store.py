@@ -210,15 +210,8 @@ def test_a_persistent_grid_with_the_threads_epilogue_and_a_fused_bias_matches_nu
 
 
 def _threads_kernel() -> tuple[PrimFunc, dict[str, np.ndarray]]:
-    """6 tiles of 64 x 64 over 2 blocks, rows of 100 halves."""
-    m, n, k = 192, 100, 64
-    tensors, _ = contraction(m, n, k, "float16", out="float16", b_t=True)   # B [n][k]: TMA loads it
-    func = tensorized(lower(tensors).kernels[0], "C", "wgmma", (64, 64), (4, 1), 64, 2, producer="tma",
-                      persistent=2, epilogue="threads")
-    g = np.random.default_rng(1)
-    args = {"A": g.uniform(-1, 1, (m, k)).astype(np.float16), "B": g.uniform(-1, 1, (n, k)).astype(np.float16),
-            "C": np.full((m, n), np.nan, np.float16)}
-    return func, args
+    """6 tiles of 64 x 64 over 2 blocks, rows of 100 halves (B stored [n][k]: TMA loads it)."""
+    return _persistent_kernel(n=100, epilogue="threads", b_t=True, seed=1)
 
 
 def test_the_threads_epilogue_runs_race_free_and_each_barrier_is_needed() -> None:
@@ -247,14 +240,16 @@ def test_an_unknown_epilogue_or_one_without_the_tma_ring_is_refused() -> None:
 
 # ---- the races the emulator must report ---------------------------------------------------------------
 
-def _persistent_kernel() -> tuple[PrimFunc, dict[str, np.ndarray]]:
-    """6 tiles of 64 x 64 over 2 blocks: each block stages three tiles in turn."""
-    m, n, k = 192, 128, 64
-    tensors, _ = contraction(m, n, k, "float16", out="float16")
+def _persistent_kernel(n: int = 128, epilogue: str = "tma", b_t: bool = False,
+                       seed: int = 0) -> tuple[PrimFunc, dict[str, np.ndarray]]:
+    """6 tiles of 64 x n over 2 blocks: each block stages three tiles in turn."""
+    m, k = 192, 64
+    tensors, _ = contraction(m, n, k, "float16", out="float16", b_t=b_t)
     func = tensorized(lower(tensors).kernels[0], "C", "wgmma", (64, 64), (4, 1), 64, 2, producer="tma",
-                           persistent=2, epilogue="tma")
-    g = np.random.default_rng(0)
-    args = {"A": g.uniform(-1, 1, (m, k)).astype(np.float16), "B": g.uniform(-1, 1, (k, n)).astype(np.float16),
+                      persistent=2, epilogue=epilogue)
+    g = np.random.default_rng(seed)
+    args = {"A": g.uniform(-1, 1, (m, k)).astype(np.float16),
+            "B": g.uniform(-1, 1, (n, k) if b_t else (k, n)).astype(np.float16),
             "C": np.full((m, n), np.nan, np.float16)}
     return func, args
 
