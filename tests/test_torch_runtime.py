@@ -188,3 +188,23 @@ def test_a_programs_arguments_are_checked_once_per_layouts_number():
     assert copied[1].is_contiguous() and torch.equal(copied[1], x.t())
     assert program._arguments([w, x.t(), y], 1)[1].is_contiguous()
     assert program._uncopied == {0}
+
+
+def test_outputs_of_static_shape_are_allocated_like_an_expanded_prototype():
+    """RunProgram._prototypes: per output of static shape and more than one element, a one-element
+    tensor expanded to it, whose torch.empty_like is the contiguous tensor torch.empty makes;
+    none for a 0-d, a one-element or a symbolic shape (allocated with the sizes)."""
+    n = tc.var("n")
+    outputs = ((0, (8, 3, 5), torch.bfloat16), (1, (4, 1, 6), torch.float32), (2, (), torch.float32),
+               (3, (1, 1), torch.float16), (4, (n, 4), torch.float32), (5, (2, 3, 4, 5), torch.int64))
+    program = RunProgram(kernel=None, inputs=(), contiguous=(), outputs=outputs,  # type: ignore[arg-type]
+                         emulate=False)
+    protos = program._prototypes(torch.device("cpu"))
+    assert [p is not None for p in protos] == [True, True, False, False, False, True]
+    for (_, shape, dtype), proto in zip(outputs, protos):
+        if proto is None:
+            continue
+        assert proto.untyped_storage().nbytes() == proto.element_size()   # one element, expanded
+        made, want = torch.empty_like(proto), torch.empty(*shape, dtype=dtype)
+        assert (made.shape, made.stride(), made.dtype) == (want.shape, want.stride(), want.dtype)
+        assert made.untyped_storage().data_ptr() != proto.untyped_storage().data_ptr()
