@@ -173,8 +173,8 @@ class RunProgram:
         without reading each argument's key."""
         args = self._arguments(slots, layouts)
         device = args[0].device if args else self.device
-        protos = self._protos.get(device) if not self.emulate else None
-        if protos is None and not self.emulate:
+        protos = () if self.emulate else self._protos.get(device)
+        if protos is None:
             protos = self._protos[device] = self._prototypes(device)
         outs = []
         for position, ((slot, shape, dtype), static) in enumerate(zip(self.outputs, self._static_shapes)):

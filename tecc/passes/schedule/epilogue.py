@@ -130,6 +130,11 @@ def output_dims(c: Contraction) -> tuple[MapDim, ...] | str:
     return tma_dims(c.store.buffer, c.store.indices, {"row": c.rows, "column": c.cols}, [v for v, _ in c.batch])
 
 
+def reads_global(value: Expr) -> bool:
+    """Whether an epilogue's value reads global memory besides the accumulator (a bias, a residual)."""
+    return any(isinstance(x, BufferLoad) and x.buffer.scope == "global" for x in walk(value))
+
+
 def thread_store_refusal(c: Contraction) -> str | None:
     """Why the output cannot be copied out of the staging tile by the threads (epilogue
     "threads"), or None: a global output of 2- or 4-byte elements (the staging tile's 128B
@@ -432,9 +437,7 @@ class KernelEpilogue(TileStaging):
     def pair_values(self, label: str, row: Expr, column: Expr) -> tuple[Var, dict[Var, Expr]]:
         """A new lane variable named after `label` (0 or 1: the even `column` or the next) and the
         loop axes' values at output (row, column + lane)."""
-        n = self.names.get(label, 0)
-        self.names[label] = n + 1
-        lane = Var(label if n == 0 else f"{label}{n}")
+        lane = self.fresh_var(label)
         values = self.output_values(row, column)
         inner = self.c.cols[-1][0]
         values[inner] = values[inner] + lane    # (column + v) % e = column % e + v: e and column even
@@ -559,8 +562,7 @@ class KernelEpilogue(TileStaging):
         unguarded at every shape -- a branch per element less --, and where the tiles divide
         every element's reads are in range: without the branches ptxas issues a fused
         epilogue's loads together instead of paying each one's latency in turn."""
-        reads = any(isinstance(x, BufferLoad) and x.buffer.scope == "global" for x in walk(value))
-        return reads and not self.tiles_divide()
+        return reads_global(value) and not self.tiles_divide()
 
     def staged_epilogue(self) -> Stmt:
         """A consumer warpgroup's tile through the swizzled staging tile and TMA stores (module
@@ -591,9 +593,7 @@ class KernelEpilogue(TileStaging):
             return IfThenElse((row < c.m) & (column < c.n), store) if self.staging_guard(value) else store
 
         def pair(p: Expr, regs: dict[Expr, Buffer] | None = None) -> Stmt:
-            n = self.names.get("stage_v", 0)
-            self.names["stage_v"] = n + 1
-            lane = Var("stage_v" if n == 0 else f"stage_v{n}")
+            lane = self.fresh_var("stage_v")
             return For(lane, int32(0), int32(2), "vectorize", element(p * 2, lane, regs))
         hoisted = self.column_invariants() if paired else ()
         groups = self.column_groups() if hoisted else None
@@ -637,7 +637,7 @@ class KernelEpilogue(TileStaging):
                 sync if t.persistent else None,   # the previous tile's copy has read the staging tile
                 writes,
                 sync,
-                self.thread_copies(row0))
+                self.thread_copies(row0, self.by, self.bx))
         return seq(
             IfThenElse(thread == 0, BulkWait(0)) if t.persistent else None,   # the previous tile's store read it
             sync if t.persistent else None,
@@ -654,24 +654,19 @@ class KernelEpilogue(TileStaging):
         staging tile, and the copy out guards each element). Unpaired, ptxas serialized the
         wgmmas (C7514) of the non-persistent 128 x 256 kernel."""
         c = self.c
-        reads = any(isinstance(x, BufferLoad) and x.buffer.scope == "global" for x in walk(c.store.value))
-        return (self.store_threads and len(c.cols) == 1 and not reads
+        return (self.store_threads and len(c.cols) == 1 and not reads_global(c.store.value)
                 and paired_columns(self.c_map, self.accumulator_lanes(), self.tile_elements()))
 
-    def thread_copies(self, row0: Expr) -> Stmt:
-        """The warpgroup's 64 staged rows (from block row `row0`) stored by its threads (module
+    def thread_copies(self, row0: Expr, by: Expr, bx: Expr) -> Stmt:
+        """The warpgroup's 64 staged rows (from block row `row0`) of the tile at block row `by`,
+        column `bx` stored by its threads (module
         docstring, "threads"): warp w copies rows w, w + 4, ..., each as BN / 32 runs of 32
         adjacent columns (`copy_row`). A serial loop over the rows: the runs' addresses differ
         by constants and their column guards are the same in every row (ptxas keeps them out
         of the loop); a flat element index unrolled over the tile cost ~4 times the
         instructions per element."""
-        rr = self.copy_var("out_row")
-        return For(rr, int32(0), int32(COPY_ROWS), "serial", self.copy_row(row0, rr, self.by, self.bx))
-
-    def copy_var(self, label: str) -> Var:
-        n = self.names.get(label, 0)
-        self.names[label] = n + 1
-        return Var(label if n == 0 else f"{label}{n}")
+        rr = self.fresh_var("out_row")
+        return For(rr, int32(0), int32(COPY_ROWS), "serial", self.copy_row(row0, rr, by, bx))
 
     def copy_row(self, row0: Expr, rr: Expr, by: Expr, bx: Expr) -> Stmt:
         """Row rr · 4 + warp of the warpgroup's 64 staged rows of the tile at block row `by`,
@@ -717,7 +712,7 @@ class KernelEpilogue(TileStaging):
         prev = self.previous_tile()
         by, bx = BufferLoad(prev, (int32(0),)), BufferLoad(prev, (int32(1),))
         row0 = self.warpgroup * 64
-        v = self.copy_var("out_row")
+        v = self.fresh_var("out_row")
         rr = kt * per + v
         body = For(v, int32(0), int32(per), "unroll",
                    IfThenElse(rr < COPY_ROWS, self.copy_row(row0, rr, by, bx)) if COPY_ROWS % per else
@@ -729,9 +724,7 @@ class KernelEpilogue(TileStaging):
         if not self.defers_copy():
             return None
         prev = self.previous_tile()
-        rr = self.copy_var("out_row")
-        copy = For(rr, int32(0), int32(COPY_ROWS), "serial",
-                   self.copy_row(self.warpgroup * 64, rr, BufferLoad(prev, (int32(0),)), BufferLoad(prev, (int32(1),))))
+        copy = self.thread_copies(self.warpgroup * 64, BufferLoad(prev, (int32(0),)), BufferLoad(prev, (int32(1),)))
         return IfThenElse(self.block_id < self.work_units(), copy)
 
 

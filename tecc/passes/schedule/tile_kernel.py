@@ -170,12 +170,6 @@ class TileSchedule:
         return "; ".join(parts)
 
 
-def unrolled_loop(name: str, extent: int, body: Callable[[Var], Stmt]) -> Stmt:
-    """An unrolled loop of `extent` over a variable `name`, its body built from the variable."""
-    v = Var(name)
-    return For(v, int32(0), int32(extent), "unroll", body(v))
-
-
 class TileKernel:
     """The block tile of a tensorized stage: blocks over (batch, row tiles, column tiles), one
     threadIdx.x loop, the warp coordinates, the batch indices of the block, loop names kept
@@ -224,12 +218,17 @@ class TileKernel:
         accumulators, laid out by `c_map`."""
         raise NotImplementedError
 
-    def unrolled(self, name: str, extent: int, body: Callable[[Var], Stmt]) -> Stmt:
-        """An unrolled loop whose variable is named uniquely in the kernel (primitives address
-        loops by name): the second `copy_a` loop is `copy_a1`."""
+    def fresh_var(self, name: str) -> Var:
+        """A loop variable named uniquely in the kernel (primitives address loops by name): the
+        second `copy_a` is `copy_a1`."""
         n = self.names.get(name, 0)
         self.names[name] = n + 1
-        return unrolled_loop(name if n == 0 else f"{name}{n}", extent, body)
+        return Var(name if n == 0 else f"{name}{n}")
+
+    def unrolled(self, name: str, extent: int, body: Callable[[Var], Stmt]) -> Stmt:
+        """An unrolled loop whose variable is named uniquely in the kernel (`fresh_var`)."""
+        v = self.fresh_var(name)
+        return For(v, int32(0), int32(extent), "unroll", body(v))
 
     def kernel(self) -> PrimFunc:
         """The kernel: the main loops (`dispatch`) under their buffers' allocations, the thread
@@ -346,4 +345,4 @@ class TileKernel:
 
 
 __all__ = ["EPILOGUES", "GROUP_M", "LAYOUTS", "PRODUCERS", "BlockTile", "TileKernel", "TileSchedule", "ceil_div",
-           "grouped_tile", "int32", "int32_shape", "persistent_trips", "plus", "unrolled_loop"]
+           "grouped_tile", "int32", "int32_shape", "persistent_trips", "plus"]
