@@ -233,3 +233,11 @@ def test_a_registered_op_relaunches_a_layout_it_ran_before() -> None:
     x5, y5 = (torch.randn(5, device="cuda", generator=g) for _ in range(2))
     assert check(x5, y5).shape == (5,)
     assert executor.calls_relaunched == relaunched + 4
+    # back to the first layout after others (its layout read again), then the C++ check of the
+    # last layout taken twice; the strided layout again fails that check and is read
+    for _ in range(3):
+        x, y = (torch.randn(1000, device="cuda", generator=g) for _ in range(2))
+        check(x, y)
+    assert executor.calls_relaunched == relaunched + 7
+    check(wide[::2], y)
+    assert executor.calls_relaunched == relaunched + 8

@@ -208,3 +208,44 @@ def test_outputs_of_static_shape_are_allocated_like_an_expanded_prototype():
         made, want = torch.empty_like(proto), torch.empty(*shape, dtype=dtype)
         assert (made.shape, made.stride(), made.dtype) == (want.shape, want.stride(), want.dtype)
         assert made.untyped_storage().data_ptr() != proto.untyped_storage().data_ptr()
+
+
+def test_the_layouts_number_from_the_c_check_is_the_one_the_fields_give(monkeypatch):
+    """CompiledGraph._layouts_number: the number a call gets through the last number's C++ check
+    (tensor_guard) is the one reading every tensor's fields gives, over calls that keep and
+    change sizes, strides, dtypes, requires_grad, the lazy negative bit and the other inputs."""
+    from tecc.torch import runtime
+    from tecc.torch.runtime import CompiledGraph, tensor_guard
+
+    x, w = torch.randn(4, 6), torch.randn(6, 3)
+    assert tensor_guard([x, w]) is not None, "this torch has no TensorGuards (the check is never taken)"
+    changes = [
+        [x, w, 3], [x, w, 4], [x.t().contiguous().t(), w, 3], [x.double(), w, 3], [x.clone().requires_grad_(), w, 3],
+        [x[:, :5], w, 3], [x._neg_view(), w, 3], [3, w, x], [torch.randn(2, 6), w, 3], [x, w, 3.0], [x, w, True],
+    ]
+    # each layout twice (new tensors of it the second time), then back to the first
+    calls = [c for args in changes for c in (args, [a.clone() if isinstance(a, torch.Tensor) else a for a in args])]
+    calls.append([x, w, 3])
+
+    def numbers() -> list[int | None]:
+        graph = CompiledGraph("g", 3, 3, (), (), [], [])
+        return [graph._layouts_number(list(args)) for args in calls]
+
+    passed = []
+
+    class Counted:
+        def __init__(self, guard):
+            self.guard = guard
+
+        def check(self, *tensors):
+            ok = self.guard.check(*tensors)
+            passed.append(ok)
+            return ok
+
+    monkeypatch.setattr(runtime, "tensor_guard", lambda tensors: Counted(tensor_guard(tensors)))
+    checked = numbers()
+    assert passed.count(True) >= 4 and passed.count(False) >= 4   # both ways taken
+    monkeypatch.setattr(runtime, "tensor_guard", lambda tensors: None)
+    read = numbers()
+    assert checked == read
+    assert read[:6] == [0, 0, 1, 1, 2, 2] and read[12] is None and read[-1] == 0 and read[14] not in (0, None)
