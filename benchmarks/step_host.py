@@ -91,7 +91,8 @@ class Phases:
         return ", ".join(f"{k} {v * 1e3:.2f} ms x{self.calls[k]}" for k, v in self.seconds.items())
 
     def firsts(self) -> str:
-        """When the step's first compiled-graph call and first graph launch began and ended."""
+        """When the step's first compiled-graph call, first program call and first graph launch
+        began and ended."""
         return ", ".join(f"{k} {a * 1e3:.2f}-{b * 1e3:.2f} ms" for k, (a, b) in self.first.items()
                          if k in ("compiled_graph_call", "RunProgram", "launch_graph"))
 
@@ -187,7 +188,8 @@ def main() -> None:
                    help="cProfile each step's first compiled-graph call (the forward) from the fourth step on; "
                         "print the top N functions by own time at the end")
     p.add_argument("--fine", action="store_true",
-                   help="also the parts of a program's call (layouts number, arguments, relaunch, replay)")
+                   help="also the parts of a program's call (layouts number, arguments, relaunch, replay, "
+                        "pointer checks)")
     args = p.parse_args()
     phases, actions = Phases(), []
     instrument(phases, actions, args.fine)

@@ -446,17 +446,29 @@ def tensor_guard(tensors: Sequence[Any]) -> Any:
     when each has the same dispatch keys (device type, the lazy negative and conjugate bits),
     dtype, device index, requires_grad, sizes and strides. torch's TensorGuards, the C++ check
     dynamo's guards run on a compiled frame's tensors, made with every size and stride static;
-    None where this torch has none or refuses the tensors (they are then read in Python)."""
-    try:
-        from torch._C._dynamo import guards
+    None where this torch has none or refuses the tensors (they are then read in Python).
+    (The class is looked up once: a graph's call that finds no check makes one again.)"""
+    global _TENSOR_GUARDS
+    if _TENSOR_GUARDS is None:
+        try:
+            from torch._C._dynamo import guards
 
+            _TENSOR_GUARDS = guards.TensorGuards
+        except Exception:  # noqa: BLE001 - an internal API: absent or broken means "no check"
+            _TENSOR_GUARDS = False
+    if _TENSOR_GUARDS is False:
+        return None
+    try:
         # (its stub types each list item as one size; the C++ reads one list per tensor)
-        make: Any = guards.TensorGuards
-        guard = make(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
-                     dynamic_dims_strides=[list(t.stride()) for t in tensors])
+        guard = _TENSOR_GUARDS(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                               dynamic_dims_strides=[list(t.stride()) for t in tensors])
         return guard if guard.check(*tensors) else None
     except Exception:  # noqa: BLE001 - an internal API: any refusal means "no check"
         return None
+
+
+# torch's TensorGuards class once `tensor_guard` has looked it up; False: this torch has none
+_TENSOR_GUARDS: Any = None
 
 
 def with_cuda_graph(compiled: CompiledGraph) -> Callable[[list[Any]], Any]:
